@@ -1,0 +1,1 @@
+//! ATA over Ethernet (r11) wire format, ATA command set and target/initiator state machines; no sockets

@@ -1,0 +1,85 @@
+//! Block backends behind one trait.
+//!
+//! A [`BlockDevice`] is a flat array of bytes with positional, thread-safe
+//! reads and writes (`pread`/`pwrite` semantics: many threads may call it at
+//! once). Front-ends never talk to a backend directly: they go through a
+//! [`Volume`], which checks ranges and read-only mode in one place and counts
+//! I/O for the lab.
+//!
+//! Backends are opened from a spec string, see [`BackendSpec::parse`]:
+//! `ram:SIZE`, `file:PATH[,size=SIZE]`, or a plain path (regular file or
+//! block device), each followed by options `direct`, `sync`, `readonly`.
+
+mod file;
+mod size;
+mod spec;
+mod volume;
+
+pub use file::FileDevice;
+pub use size::{format_size, parse_size};
+pub use spec::{BackendKind, BackendSpec};
+pub use volume::{IoStats, IoStatsSnapshot, Volume};
+
+use std::io;
+
+/// Logical block size every front-end uses. AoE, SCSI and NVMe namespaces in
+/// blockwire all expose 512-byte sectors.
+pub const SECTOR_SIZE: u32 = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error("access at offset {offset} length {len} is past the end of the device ({size} bytes)")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("the device is read-only")]
+    ReadOnly,
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, BlockError>;
+
+/// How writes reach stable storage; front-ends report this to initiators
+/// (SCSI WCE bit, NVMe volatile write cache) so they know whether to flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Data lives in memory only (RAM disk): nothing survives a restart.
+    Volatile,
+    /// Writes are acknowledged once they reach the OS page cache; FLUSH makes
+    /// them durable (fdatasync).
+    WriteBack,
+    /// Every write is durable before it is acknowledged (O_DSYNC).
+    WriteThrough,
+}
+
+/// Static facts about an opened backend.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceInfo {
+    pub size_bytes: u64,
+    pub read_only: bool,
+    pub durability: Durability,
+    /// Whether `discard` really deallocates (hole punch / BLKDISCARD).
+    pub supports_discard: bool,
+    /// Human-readable description, e.g. `file:/dev/shm/x (O_DIRECT)`.
+    pub description: String,
+}
+
+/// A backend. All methods take absolute byte offsets already checked by
+/// [`Volume`]; implementations only have to do the I/O.
+pub trait BlockDevice: Send + Sync + 'static {
+    fn info(&self) -> &DeviceInfo;
+    /// Fill `buf` from `offset`. Reading a hole returns zeroes.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Make every acknowledged write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Deallocate a range; it reads back as zeroes afterwards.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Write zeroes over a range (may deallocate).
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()>;
+}
+
+/// Open a backend from its spec.
+pub fn open(spec: &BackendSpec) -> Result<Box<dyn BlockDevice>> {
+    Ok(Box::new(FileDevice::open(spec)?))
+}

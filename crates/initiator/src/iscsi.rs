@@ -1,0 +1,8 @@
+//! iscsi client (being built; see the iscsi issue).
+
+use crate::{BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
+use std::sync::Arc;
+
+pub async fn connect(url: &TargetUrl, _opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
+    Err(ClientError::Protocol(format!("{url}: the iscsi initiator is not built yet")))
+}

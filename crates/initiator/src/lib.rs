@@ -1,0 +1,108 @@
+//! Userspace initiators behind one trait.
+//!
+//! [`connect`] turns a URL into a [`BlockClient`]:
+//! - `aoe://IFACE/SHELF.SLOT`
+//! - `iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN`
+//! - `nvme+tcp://HOST[:PORT]/SUBNQN/NSID`
+//!
+//! Clients are shared between tasks (`Arc<dyn BlockClient>`): every method
+//! takes `&self`, and each client keeps many requests in flight internally
+//! (tags, ITTs, command IDs), so concurrency is simply concurrent calls.
+
+mod url;
+pub use url::{TargetUrl, UrlError};
+
+pub mod aoe;
+pub mod iscsi;
+pub mod nvme;
+
+use async_trait::async_trait;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Url(#[from] UrlError),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("target reported an error: {0}")]
+    Target(String),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    #[error("request out of range: offset {offset} length {len}, device has {size} bytes")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("not connected: {0}")]
+    Disconnected(String),
+}
+
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// Options shared by every protocol; each client ignores what does not apply.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Our iSCSI initiator IQN / NVMe host NQN (a sensible default if None).
+    pub initiator_name: Option<String>,
+    /// NVMe/TCP: number of I/O queues (connections) to open.
+    pub queues: usize,
+    /// Commands in flight per queue/session the client should allow.
+    pub queue_depth: usize,
+    /// iSCSI / NVMe: ask for CRC32C header and data digests.
+    pub header_digest: bool,
+    pub data_digest: bool,
+    /// How long to wait for the target before giving up on one request.
+    pub timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            initiator_name: None,
+            queues: 1,
+            queue_depth: 128,
+            header_digest: false,
+            data_digest: false,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A remote (or local) disk addressed in bytes. Offsets and lengths must be
+/// multiples of [`BlockClient::block_size`].
+#[async_trait]
+pub trait BlockClient: Send + Sync {
+    /// What this client is connected to, for logs and reports.
+    fn describe(&self) -> String;
+    fn size_bytes(&self) -> u64;
+    fn block_size(&self) -> u32 {
+        512
+    }
+    async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    async fn write(&self, offset: u64, data: &[u8]) -> Result<()>;
+    /// Make acknowledged writes durable on the target.
+    async fn flush(&self) -> Result<()>;
+    /// Log out / disconnect cleanly.
+    async fn close(&self) -> Result<()>;
+}
+
+/// Check an I/O request against the device geometry before it goes on the wire.
+pub fn check_range(client: &dyn BlockClient, offset: u64, len: usize) -> Result<()> {
+    let bs = client.block_size() as u64;
+    let size = client.size_bytes();
+    let end = offset.checked_add(len as u64);
+    if offset % bs != 0 || len as u64 % bs != 0 || end.map_or(true, |e| e > size) {
+        return Err(ClientError::OutOfRange { offset, len: len as u64, size });
+    }
+    Ok(())
+}
+
+/// Connect to the target a URL names.
+pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
+    match TargetUrl::parse(url)? {
+        u @ TargetUrl::Aoe { .. } => aoe::connect(&u, opts).await,
+        u @ TargetUrl::Iscsi { .. } => iscsi::connect(&u, opts).await,
+        u @ TargetUrl::Nvme { .. } => nvme::connect(&u, opts).await,
+    }
+}

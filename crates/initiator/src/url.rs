@@ -1,0 +1,152 @@
+//! Target URLs, one scheme per protocol.
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetUrl {
+    /// `aoe://IFACE/SHELF.SLOT`
+    Aoe { iface: String, shelf: u16, slot: u8 },
+    /// `iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN`
+    Iscsi { host: String, port: u16, iqn: String, lun: u64, user: Option<String>, secret: Option<String> },
+    /// `nvme+tcp://HOST[:PORT]/SUBNQN/NSID`
+    Nvme { host: String, port: u16, subnqn: String, nsid: u32 },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid target URL {url:?}: {why}")]
+pub struct UrlError {
+    pub url: String,
+    pub why: String,
+}
+
+fn err(url: &str, why: impl Into<String>) -> UrlError {
+    UrlError { url: url.to_string(), why: why.into() }
+}
+
+/// Split `HOST[:PORT]`, accepting `[v6addr]:port`.
+fn host_port(url: &str, s: &str, default_port: u16) -> Result<(String, u16), UrlError> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').ok_or_else(|| err(url, "unclosed [ in host"))?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().map_err(|_| err(url, "bad port"))?,
+            None if after.is_empty() => default_port,
+            None => return Err(err(url, "junk after ]")),
+        };
+        return Ok((h.to_string(), port));
+    }
+    match s.rsplit_once(':') {
+        Some((h, p)) => Ok((h.to_string(), p.parse().map_err(|_| err(url, format!("bad port {p:?}")))?)),
+        None => Ok((s.to_string(), default_port)),
+    }
+    .and_then(|(h, p)| if h.is_empty() { Err(err(url, "empty host")) } else { Ok((h, p)) })
+}
+
+impl TargetUrl {
+    pub fn parse(url: &str) -> Result<Self, UrlError> {
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| err(url, "missing scheme://"))?;
+        match scheme {
+            "aoe" => {
+                let (iface, addr) = rest.split_once('/').ok_or_else(|| err(url, "expected aoe://IFACE/SHELF.SLOT"))?;
+                let (shelf, slot) = addr.split_once('.').ok_or_else(|| err(url, "expected SHELF.SLOT"))?;
+                let shelf: u16 = shelf.parse().map_err(|_| err(url, "shelf must be 0..65534"))?;
+                let slot: u8 = slot.parse().map_err(|_| err(url, "slot must be 0..254"))?;
+                if iface.is_empty() || shelf == 0xFFFF || slot == 0xFF {
+                    return Err(err(url, "interface missing or broadcast shelf/slot"));
+                }
+                Ok(TargetUrl::Aoe { iface: iface.to_string(), shelf, slot })
+            }
+            "iscsi" => {
+                let (auth, rest) = match rest.rsplit_once('@') {
+                    Some((a, r)) => (Some(a), r),
+                    None => (None, rest),
+                };
+                let mut parts = rest.splitn(3, '/');
+                let hp = parts.next().unwrap_or_default();
+                let iqn = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| err(url, "missing target IQN"))?;
+                let lun = parts.next().unwrap_or("0");
+                let lun: u64 = lun.parse().map_err(|_| err(url, "LUN must be a number"))?;
+                let (host, port) = host_port(url, hp, 3260)?;
+                let (user, secret) = match auth {
+                    Some(a) => match a.split_once('%') {
+                        Some((u, s)) => (Some(u.to_string()), Some(s.to_string())),
+                        None => (Some(a.to_string()), None),
+                    },
+                    None => (None, None),
+                };
+                Ok(TargetUrl::Iscsi { host, port, iqn: iqn.to_string(), lun, user, secret })
+            }
+            "nvme+tcp" | "nvme-tcp" | "nvme" => {
+                let mut parts = rest.splitn(3, '/');
+                let hp = parts.next().unwrap_or_default();
+                let subnqn = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| err(url, "missing subsystem NQN"))?;
+                let nsid: u32 = parts.next().unwrap_or("1").parse().map_err(|_| err(url, "NSID must be a number"))?;
+                if nsid == 0 || nsid == u32::MAX {
+                    return Err(err(url, "NSID must be between 1 and 0xFFFFFFFE"));
+                }
+                let (host, port) = host_port(url, hp, 4420)?;
+                Ok(TargetUrl::Nvme { host, port, subnqn: subnqn.to_string(), nsid })
+            }
+            other => Err(err(url, format!("unknown scheme {other:?} (aoe, iscsi, nvme+tcp)"))),
+        }
+    }
+
+    pub fn protocol(&self) -> &'static str {
+        match self {
+            TargetUrl::Aoe { .. } => "aoe",
+            TargetUrl::Iscsi { .. } => "iscsi",
+            TargetUrl::Nvme { .. } => "nvme",
+        }
+    }
+}
+
+impl fmt::Display for TargetUrl {
+    /// Prints the URL without the CHAP secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let host = |h: &str| if h.contains(':') { format!("[{h}]") } else { h.to_string() };
+        match self {
+            TargetUrl::Aoe { iface, shelf, slot } => write!(f, "aoe://{iface}/{shelf}.{slot}"),
+            TargetUrl::Iscsi { host: h, port, iqn, lun, user, .. } => {
+                let u = user.as_ref().map(|u| format!("{u}@")).unwrap_or_default();
+                write!(f, "iscsi://{u}{}:{port}/{iqn}/{lun}", host(h))
+            }
+            TargetUrl::Nvme { host: h, port, subnqn, nsid } => write!(f, "nvme+tcp://{}:{port}/{subnqn}/{nsid}", host(h)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_scheme() {
+        assert_eq!(
+            TargetUrl::parse("aoe://veth0/1.2").unwrap(),
+            TargetUrl::Aoe { iface: "veth0".into(), shelf: 1, slot: 2 }
+        );
+        assert_eq!(
+            TargetUrl::parse("iscsi://bob%s3cret@10.0.0.1:3261/iqn.2026-11.org.example:t/3").unwrap(),
+            TargetUrl::Iscsi {
+                host: "10.0.0.1".into(),
+                port: 3261,
+                iqn: "iqn.2026-11.org.example:t".into(),
+                lun: 3,
+                user: Some("bob".into()),
+                secret: Some("s3cret".into())
+            }
+        );
+        assert_eq!(
+            TargetUrl::parse("nvme+tcp://[::1]/nqn.2026-11.org.example:s/2").unwrap(),
+            TargetUrl::Nvme { host: "::1".into(), port: 4420, subnqn: "nqn.2026-11.org.example:s".into(), nsid: 2 }
+        );
+        for bad in ["aoe://veth0/1", "aoe://x/65535.1", "iscsi://h", "nvme+tcp://h/n/0", "http://x/y", "iscsi://:1/iqn/0"] {
+            assert!(TargetUrl::parse(bad).is_err(), "{bad} should fail");
+        }
+    }
+
+    #[test]
+    fn display_hides_secret() {
+        let u = TargetUrl::parse("iscsi://bob%s3cret@h/iqn.x:y/0").unwrap();
+        assert_eq!(u.to_string(), "iscsi://bob@h:3260/iqn.x:y/0");
+    }
+}

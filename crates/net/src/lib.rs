@@ -1,0 +1,1 @@
+//! Network drivers: AF_PACKET sockets with batched receive/send, TCP helpers

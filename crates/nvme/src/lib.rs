@@ -1,0 +1,1 @@
+//! NVMe command set, NVMe/TCP PDUs and controller logic; no sockets

@@ -1,0 +1,1 @@
+//! SCSI disk emulation (SPC/SBC) over a Volume; transport independent, no sockets

@@ -1,0 +1,418 @@
+//! `blockwire serve` configuration: a TOML file, quick flags, or both (flags
+//! add to the file). The same structure is saved as JSON for `--dump-config`.
+//!
+//! ```toml
+//! [[volume]]
+//! name = "disk0"
+//! backend = "file:/srv/disk0.img,size=10G,sync"
+//!
+//! [[aoe.export]]
+//! interface = "eth1"
+//! volume = "disk0"
+//! shelf = 1
+//! slot = 0
+//!
+//! [iscsi]
+//! listen = ["0.0.0.0:3260"]
+//! [[iscsi.target]]
+//! iqn = "iqn.2026-11.org.example:disk0"
+//! luns = [{ lun = 0, volume = "disk0" }]
+//! allowed_initiators = ["iqn.1993-08.org.debian:01:abc"]   # empty: anyone
+//! chap = { user = "bob", secret = "0123456789ab" }
+//! mutual_chap = { user = "target", secret = "ba9876543210" }
+//!
+//! [nvme]
+//! listen = ["0.0.0.0:4420"]
+//! discovery_listen = "0.0.0.0:8009"
+//! [[nvme.subsystem]]
+//! nqn = "nqn.2026-11.org.example:disk0"
+//! namespaces = [{ nsid = 1, volume = "disk0" }]
+//! allowed_hosts = []                                        # empty: any host
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+/// Name prefixes used for the default target/subsystem of quick flags.
+pub const DEFAULT_IQN_PREFIX: &str = "iqn.2026-11.org.blockwire";
+pub const DEFAULT_NQN_PREFIX: &str = "nqn.2026-11.org.blockwire";
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    #[serde(default, rename = "volume")]
+    pub volumes: Vec<VolumeConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aoe: Option<AoeConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iscsi: Option<IscsiConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme: Option<NvmeConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeConfig {
+    pub name: String,
+    /// Backend spec, see `bw_block::BackendSpec::parse`.
+    pub backend: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AoeConfig {
+    #[serde(default, rename = "export")]
+    pub exports: Vec<AoeExport>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AoeExport {
+    pub interface: String,
+    pub volume: String,
+    pub shelf: u16,
+    pub slot: u8,
+    /// Initial Query Config string (empty by default; initiators may set it).
+    #[serde(default)]
+    pub config_string: String,
+    /// Outstanding-request buffer count advertised in Query Config replies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffers: Option<u16>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiConfig {
+    #[serde(default)]
+    pub listen: Vec<SocketAddr>,
+    #[serde(default, rename = "target")]
+    pub targets: Vec<IscsiTarget>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTarget {
+    pub iqn: String,
+    #[serde(default = "one")]
+    pub portal_group_tag: u16,
+    pub luns: Vec<IscsiLun>,
+    /// Initiator IQNs allowed to log in; empty means anyone.
+    #[serde(default)]
+    pub allowed_initiators: Vec<String>,
+    /// Initiator must authenticate with these credentials (CHAP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap: Option<Credentials>,
+    /// Target authenticates itself to the initiator with these (mutual CHAP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_chap: Option<Credentials>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiLun {
+    pub lun: u64,
+    pub volume: String,
+    #[serde(default)]
+    pub readonly: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    pub user: String,
+    pub secret: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeConfig {
+    #[serde(default)]
+    pub listen: Vec<SocketAddr>,
+    /// Discovery controller listener (port 8009 by convention). The I/O
+    /// listeners answer discovery connects too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_listen: Option<SocketAddr>,
+    #[serde(default, rename = "subsystem")]
+    pub subsystems: Vec<NvmeSubsystem>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeSubsystem {
+    pub nqn: String,
+    pub namespaces: Vec<NvmeNamespace>,
+    /// Host NQNs allowed to connect; empty means any host.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeNamespace {
+    pub nsid: u32,
+    pub volume: String,
+    #[serde(default)]
+    pub readonly: bool,
+}
+
+fn one() -> u16 {
+    1
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("config {path}: {source}")]
+    Parse { path: String, source: toml::de::Error },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ServeConfig {
+    pub fn from_toml_file(path: &str) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })
+    }
+
+    /// `NAME=BACKEND[,opts]` from `--volume`.
+    pub fn add_volume_flag(&mut self, flag: &str) -> Result<(), ConfigError> {
+        let (name, backend) = flag
+            .split_once('=')
+            .ok_or_else(|| ConfigError::Invalid(format!("--volume {flag:?}: expected NAME=BACKEND[,options]")))?;
+        self.volumes.push(VolumeConfig { name: name.trim().into(), backend: backend.trim().into() });
+        Ok(())
+    }
+
+    /// `IFACE,volume=NAME,shelf=N,slot=M[,buffers=N][,config=STRING]` from `--aoe`.
+    pub fn add_aoe_flag(&mut self, flag: &str) -> Result<(), ConfigError> {
+        let bad = |why: &str| ConfigError::Invalid(format!("--aoe {flag:?}: {why}"));
+        let mut parts = flag.split(',');
+        let interface = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| bad("missing interface"))?;
+        let (mut volume, mut shelf, mut slot, mut buffers, mut config_string) = (None, None, None, None, String::new());
+        for p in parts {
+            let (k, v) = p.split_once('=').ok_or_else(|| bad("expected key=value"))?;
+            match k {
+                "volume" => volume = Some(v.to_string()),
+                "shelf" => shelf = Some(v.parse::<u16>().map_err(|_| bad("shelf must be 0..65534"))?),
+                "slot" => slot = Some(v.parse::<u8>().map_err(|_| bad("slot must be 0..254"))?),
+                "buffers" => buffers = Some(v.parse::<u16>().map_err(|_| bad("buffers must be a number"))?),
+                "config" => config_string = v.to_string(),
+                _ => return Err(bad(&format!("unknown key {k:?}"))),
+            }
+        }
+        let volume = match volume {
+            Some(v) => v,
+            None if self.volumes.len() == 1 => self.volumes[0].name.clone(),
+            None => return Err(bad("volume=NAME is required when there is not exactly one volume")),
+        };
+        self.aoe.get_or_insert_with(Default::default).exports.push(AoeExport {
+            interface: interface.into(),
+            volume,
+            shelf: shelf.unwrap_or(0),
+            slot: slot.unwrap_or(0),
+            config_string,
+            buffers,
+        });
+        Ok(())
+    }
+
+    /// `--iscsi ADDR[:PORT]`: listen there; with no target configured, export
+    /// every volume as LUNs 0.. of one default target open to anyone.
+    pub fn add_iscsi_flag(&mut self, addr: &str) -> Result<(), ConfigError> {
+        let sa = parse_listen(addr, 3260)?;
+        let ic = self.iscsi.get_or_insert_with(Default::default);
+        ic.listen.push(sa);
+        if ic.targets.is_empty() {
+            let host = hostname();
+            ic.targets.push(IscsiTarget {
+                iqn: format!("{DEFAULT_IQN_PREFIX}:{host}"),
+                portal_group_tag: 1,
+                luns: self
+                    .volumes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| IscsiLun { lun: i as u64, volume: v.name.clone(), readonly: false })
+                    .collect(),
+                allowed_initiators: vec![],
+                chap: None,
+                mutual_chap: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// `--nvme ADDR[:PORT]`: like `--iscsi`, namespaces 1.. of one default subsystem.
+    pub fn add_nvme_flag(&mut self, addr: &str) -> Result<(), ConfigError> {
+        let sa = parse_listen(addr, 4420)?;
+        let nc = self.nvme.get_or_insert_with(Default::default);
+        nc.listen.push(sa);
+        if nc.discovery_listen.is_none() {
+            nc.discovery_listen = Some(SocketAddr::new(sa.ip(), 8009));
+        }
+        if nc.subsystems.is_empty() {
+            let host = hostname();
+            nc.subsystems.push(NvmeSubsystem {
+                nqn: format!("{DEFAULT_NQN_PREFIX}:{host}"),
+                namespaces: self
+                    .volumes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| NvmeNamespace { nsid: i as u32 + 1, volume: v.name.clone(), readonly: false })
+                    .collect(),
+                allowed_hosts: vec![],
+                serial: None,
+                model: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// Cross-checks that TOML syntax cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let inv = |s: String| Err(ConfigError::Invalid(s));
+        if self.volumes.is_empty() {
+            return inv("no volumes: give --volume NAME=BACKEND or [[volume]] in the config".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for v in &self.volumes {
+            if v.name.is_empty() || !names.insert(v.name.as_str()) {
+                return inv(format!("volume name {:?} is empty or used twice", v.name));
+            }
+            bw_block::BackendSpec::parse(&v.backend).map_err(|e| ConfigError::Invalid(format!("volume {}: {e}", v.name)))?;
+        }
+        let known = |n: &str| names.contains(n);
+        if let Some(a) = &self.aoe {
+            let mut addrs = std::collections::HashSet::new();
+            for e in &a.exports {
+                if !known(&e.volume) {
+                    return inv(format!("AoE export on {} names unknown volume {:?}", e.interface, e.volume));
+                }
+                if e.shelf == 0xFFFF || e.slot == 0xFF {
+                    return inv(format!("AoE shelf {} slot {} is the broadcast address", e.shelf, e.slot));
+                }
+                if !addrs.insert((e.interface.as_str(), e.shelf, e.slot)) {
+                    return inv(format!("AoE {}.{} exported twice on {}", e.shelf, e.slot, e.interface));
+                }
+                if e.config_string.len() > 1024 {
+                    return inv("AoE config string longer than 1024 bytes".into());
+                }
+            }
+        }
+        if let Some(i) = &self.iscsi {
+            for t in &i.targets {
+                if !t.iqn.starts_with("iqn.") && !t.iqn.starts_with("eui.") && !t.iqn.starts_with("naa.") {
+                    return inv(format!("iSCSI target name {:?} must start with iqn., eui. or naa.", t.iqn));
+                }
+                for l in &t.luns {
+                    if !known(&l.volume) {
+                        return inv(format!("iSCSI target {} LUN {} names unknown volume {:?}", t.iqn, l.lun, l.volume));
+                    }
+                }
+            }
+        }
+        if let Some(n) = &self.nvme {
+            for s in &n.subsystems {
+                if !s.nqn.starts_with("nqn.") {
+                    return inv(format!("NVMe subsystem name {:?} must start with nqn.", s.nqn));
+                }
+                for ns in &s.namespaces {
+                    if ns.nsid == 0 || ns.nsid == u32::MAX || !known(&ns.volume) {
+                        return inv(format!("NVMe {} namespace {} is invalid or names unknown volume {:?}", s.nqn, ns.nsid, ns.volume));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `ADDR`, `ADDR:PORT`, `:PORT` or `[v6]:PORT`.
+pub fn parse_listen(s: &str, default_port: u16) -> Result<SocketAddr, ConfigError> {
+    let s = s.trim();
+    let with_port = if s.parse::<std::net::IpAddr>().is_ok() {
+        if s.contains(':') { format!("[{s}]:{default_port}") } else { format!("{s}:{default_port}") }
+    } else if let Some(p) = s.strip_prefix(':') {
+        format!("0.0.0.0:{p}")
+    } else {
+        s.to_string()
+    };
+    with_port
+        .parse()
+        .map_err(|_| ConfigError::Invalid(format!("listen address {s:?}: expected IP[:PORT]")))
+}
+
+fn hostname() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "localhost".into());
+    let h: String = raw
+        .trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c.to_ascii_lowercase() } else { '-' })
+        .collect();
+    if h.is_empty() { "localhost".into() } else { h }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_build_a_valid_config() {
+        let mut c = ServeConfig::default();
+        c.add_volume_flag("d0=ram:64M").unwrap();
+        c.add_volume_flag("d1=file:/tmp/x,size=1G").unwrap();
+        c.add_aoe_flag("veth0,volume=d1,shelf=3,slot=4").unwrap();
+        c.add_iscsi_flag("127.0.0.1").unwrap();
+        c.add_nvme_flag("127.0.0.1:4421").unwrap();
+        c.validate().unwrap();
+        let i = c.iscsi.as_ref().unwrap();
+        assert_eq!(i.listen[0].port(), 3260);
+        assert_eq!(i.targets[0].luns.len(), 2);
+        let n = c.nvme.as_ref().unwrap();
+        assert_eq!(n.subsystems[0].namespaces[1].nsid, 2);
+        assert_eq!(n.discovery_listen.unwrap().port(), 8009);
+        assert_eq!(c.aoe.as_ref().unwrap().exports[0].shelf, 3);
+    }
+
+    #[test]
+    fn toml_round_trips_and_rejects_unknowns() {
+        let text = r#"
+            [[volume]]
+            name = "disk0"
+            backend = "ram:1G"
+            [[aoe.export]]
+            interface = "eth1"
+            volume = "disk0"
+            shelf = 1
+            slot = 0
+            [iscsi]
+            listen = ["0.0.0.0:3260"]
+            [[iscsi.target]]
+            iqn = "iqn.2026-11.org.example:disk0"
+            luns = [{ lun = 0, volume = "disk0" }]
+            chap = { user = "bob", secret = "0123456789ab" }
+        "#;
+        let c: ServeConfig = toml::from_str(text).unwrap();
+        c.validate().unwrap();
+        let back: ServeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        assert!(toml::from_str::<ServeConfig>("[[volume]]\nname='a'\nbackend='ram:1M'\ncolour='red'").is_err());
+    }
+
+    #[test]
+    fn validation_catches_mistakes() {
+        let mut c = ServeConfig::default();
+        assert!(c.validate().is_err());
+        c.add_volume_flag("d=ram:1M").unwrap();
+        c.add_aoe_flag("eth0,volume=nope").unwrap();
+        assert!(c.validate().is_err());
+        assert!(c.add_aoe_flag("eth0,shelf=x").is_err());
+        assert!(parse_listen("::1", 3260).unwrap().port() == 3260);
+        assert!(parse_listen(":3261", 3260).unwrap().port() == 3261);
+        assert!(parse_listen("nohost", 1).is_err());
+    }
+}

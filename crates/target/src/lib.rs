@@ -1,0 +1,141 @@
+//! `blockwire serve`: open the volumes, start every configured front-end
+//! (AoE, iSCSI, NVMe/TCP) at once, run until SIGINT/SIGTERM.
+
+pub mod config;
+pub mod aoe;
+pub mod iscsi;
+pub mod nvme;
+
+use anyhow::Context;
+use bw_block::{BackendSpec, Volume};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use config::ServeConfig;
+
+/// Every opened volume by name.
+pub type Volumes = Arc<HashMap<String, Volume>>;
+
+/// A front-end's running part: resolves when it has shut down.
+pub type Running = JoinHandle<anyhow::Result<()>>;
+
+/// Shutdown signal shared by all front-ends; cheap to clone.
+#[derive(Clone)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    pub fn new() -> (watch::Sender<bool>, Shutdown) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Shutdown(rx))
+    }
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+    /// Resolves once shutdown has been requested.
+    pub async fn wait(&mut self) {
+        while !*self.0.borrow() {
+            if self.0.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
+    let mut map = HashMap::new();
+    for v in &cfg.volumes {
+        let spec = BackendSpec::parse(&v.backend).map_err(anyhow::Error::msg)?;
+        let vol = Volume::open(&v.name, &spec).with_context(|| format!("volume {}", v.name))?;
+        log::info!("volume {}: {} ({} bytes)", v.name, vol.info().description, vol.size_bytes());
+        map.insert(v.name.clone(), vol);
+    }
+    Ok(Arc::new(map))
+}
+
+/// Start every front-end; each binds its sockets before this returns, so the
+/// caller can announce readiness.
+pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) -> anyhow::Result<Vec<Running>> {
+    let mut running = Vec::new();
+    if let Some(a) = &cfg.aoe {
+        if !a.exports.is_empty() {
+            running.push(aoe::start(a, volumes, shutdown.clone()).await.context("AoE")?);
+        }
+    }
+    if let Some(i) = &cfg.iscsi {
+        if !i.listen.is_empty() {
+            running.push(iscsi::start(i, volumes, shutdown.clone()).await.context("iSCSI")?);
+        }
+    }
+    if let Some(n) = &cfg.nvme {
+        if !n.listen.is_empty() {
+            running.push(nvme::start(n, volumes, shutdown.clone()).await.context("NVMe/TCP")?);
+        }
+    }
+    if running.is_empty() {
+        anyhow::bail!("nothing to serve: give --aoe, --iscsi or --nvme (or the same in the config file)");
+    }
+    Ok(running)
+}
+
+/// Run until SIGINT/SIGTERM, then stop every front-end and flush volumes.
+pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
+    cfg.validate()?;
+    let volumes = open_volumes(&cfg)?;
+    let (stop_tx, shutdown) = Shutdown::new();
+    let running = start(&cfg, &volumes, &shutdown).await?;
+    // Tests and scripts wait for this exact line.
+    eprintln!("blockwire: ready (pid {})", std::process::id());
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut failed = None;
+    let mut all = futures_select(running);
+    tokio::select! {
+        _ = sigterm.recv() => log::info!("SIGTERM: shutting down"),
+        _ = sigint.recv() => log::info!("SIGINT: shutting down"),
+        r = all.recv() => failed = r,
+    }
+    let _ = stop_tx.send(true);
+    // Give front-ends a moment to close sessions cleanly.
+    let deadline = tokio::time::sleep(std::time::Duration::from_secs(5));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            r = all.recv() => match r {
+                Some(Err(e)) if failed.is_none() => failed = Some(Err(e)),
+                Some(_) => {}
+                None => break,
+            },
+            _ = &mut deadline => { log::warn!("front-ends did not stop within 5 s"); break; }
+        }
+    }
+    for v in volumes.values() {
+        if let Err(e) = v.flush() {
+            log::error!("flush of volume {} at shutdown failed: {e}", v.name());
+        }
+    }
+    match failed {
+        Some(Err(e)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Funnel front-end results into one channel as they finish.
+fn futures_select(running: Vec<Running>) -> tokio::sync::mpsc::Receiver<anyhow::Result<()>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(running.len().max(1));
+    for h in running {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let r = match h.await {
+                Ok(r) => r,
+                Err(e) => Err(anyhow::anyhow!("front-end task panicked: {e}")),
+            };
+            if let Err(e) = &r {
+                log::error!("front-end stopped: {e:#}");
+            }
+            let _ = tx.send(r).await;
+        });
+    }
+    rx
+}
