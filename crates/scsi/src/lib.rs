@@ -79,59 +79,441 @@ impl ScsiOutcome {
     }
 }
 
+mod block_io;
+mod cdb;
 mod ident;
+mod inquiry;
+mod mode;
+mod opcodes;
+mod reservation;
+pub mod sense;
+mod ua;
+
+pub use inquiry::naa_designator;
+pub use sense::Sense;
+
+use cdb::{be16, be32, cdb_len, op, truncate_to};
+use reservation::{Denied, Reservations};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use ua::UnitAttentions;
+
+/// One logical unit: the volume, its identity and its mutable SCSI state.
+pub(crate) struct Lun {
+    number: u64,
+    volume: Volume,
+    cfg: LunConfig,
+    /// Capacity in 512-byte blocks (re-read by [`ScsiTarget::capacity_changed`]).
+    blocks: AtomicU64,
+    /// Whether the backend really deallocates (UNMAP, LBPME).
+    discard: bool,
+    /// Configured or backend read-only.
+    read_only: bool,
+    /// Software write protect (control mode page SWP).
+    swp: AtomicBool,
+    /// Write cache enable (caching mode page WCE); when off every write is
+    /// followed by a flush.
+    wce: AtomicBool,
+    wce_default: bool,
+    wce_changeable: bool,
+    ua: UnitAttentions,
+    res: Reservations,
+    /// Serialises COMPARE AND WRITE commands.
+    caw_lock: Mutex<()>,
+}
+
+impl Lun {
+    fn new(number: u64, volume: Volume, cfg: LunConfig) -> Self {
+        let info = volume.info();
+        let wce_default = info.durability != bw_block::Durability::WriteThrough;
+        let blocks = volume.sectors();
+        Lun {
+            number,
+            discard: info.supports_discard,
+            read_only: cfg.read_only || volume.read_only(),
+            wce_changeable: info.durability == bw_block::Durability::WriteBack,
+            wce: AtomicBool::new(wce_default),
+            wce_default,
+            swp: AtomicBool::new(false),
+            blocks: AtomicU64::new(blocks),
+            volume,
+            cfg,
+            ua: UnitAttentions::default(),
+            res: Reservations::default(),
+            caw_lock: Mutex::new(()),
+        }
+    }
+
+    #[inline]
+    fn blocks(&self) -> u64 {
+        self.blocks.load(Relaxed)
+    }
+
+    fn write_protected(&self) -> bool {
+        self.read_only || self.swp.load(Relaxed)
+    }
+
+    fn reset(&self) {
+        self.res.clear_spc2(None);
+        self.swp.store(false, Relaxed);
+        self.wce.store(self.wce_default, Relaxed);
+        self.ua.broadcast(Sense::POWER_ON_RESET);
+    }
+}
+
+/// Why a command did not complete with GOOD.
+enum Fail {
+    Check(Sense),
+    Conflict,
+}
+
+impl From<Sense> for Fail {
+    fn from(s: Sense) -> Self {
+        Fail::Check(s)
+    }
+}
+
+impl From<Denied> for Fail {
+    fn from(d: Denied) -> Self {
+        match d {
+            Denied::Conflict => Fail::Conflict,
+            Denied::Check(s) => Fail::Check(s),
+        }
+    }
+}
+
+impl ScsiOutcome {
+    fn from_result(r: Result<(), Fail>) -> Self {
+        match r {
+            Ok(()) => ScsiOutcome::GOOD,
+            Err(Fail::Check(s)) => ScsiOutcome::check(s),
+            Err(Fail::Conflict) => ScsiOutcome { status: status::RESERVATION_CONFLICT, sense: Vec::new() },
+        }
+    }
+
+    /// CHECK CONDITION with `sense`.
+    pub fn check(sense: Sense) -> Self {
+        ScsiOutcome { status: status::CHECK_CONDITION, sense: sense.to_fixed() }
+    }
+}
 
 /// All logical units of one target; `Send + Sync`, share it with `Arc`.
 pub struct ScsiTarget {
-    luns: Vec<(u64, Volume, LunConfig)>,
+    luns: Vec<Lun>,
+    /// Initiator port names by nexus, for PERSISTENT RESERVE IN / READ FULL STATUS.
+    names: Mutex<HashMap<NexusId, String>>,
 }
 
 impl ScsiTarget {
     /// Build a target from `(lun number, volume, config)` triples.
     pub fn new(luns: Vec<(u64, Volume, LunConfig)>) -> Self {
-        ScsiTarget { luns }
+        let mut luns: Vec<Lun> = luns.into_iter().map(|(n, v, c)| Lun::new(n, v, c)).collect();
+        luns.sort_by_key(|l| l.number);
+        luns.dedup_by_key(|l| l.number);
+        ScsiTarget { luns, names: Mutex::new(HashMap::new()) }
     }
 
     /// The mapped LUN numbers, ascending.
     pub fn luns(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.luns.iter().map(|l| l.0).collect();
-        v.sort_unstable();
-        v
+        self.luns.iter().map(|l| l.number).collect()
+    }
+
+    #[inline]
+    fn lun(&self, lun: u64) -> Option<&Lun> {
+        self.luns.iter().find(|l| l.number == lun)
+    }
+
+    /// Optional: record the initiator port name of a nexus (e.g.
+    /// `iqn.1994-05.com.redhat:abc,i,0x23d000000001`) so PERSISTENT RESERVE IN
+    /// READ FULL STATUS can report a TransportID for it.
+    pub fn set_initiator_name(&self, nexus: NexusId, name: &str) {
+        self.names.lock().unwrap_or_else(|p| p.into_inner()).insert(nexus, name.to_string());
+    }
+
+    /// The backend of `lun` changed size: re-read it and raise CAPACITY DATA
+    /// HAS CHANGED for every nexus. `false` if no such LUN.
+    pub fn capacity_changed(&self, lun: u64) -> bool {
+        match self.lun(lun) {
+            Some(l) => {
+                l.blocks.store(l.volume.sectors(), Relaxed);
+                l.ua.broadcast(Sense::CAPACITY_CHANGED);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Execute one command.
     ///
     /// `data_out` is the data the initiator sent; it may be shorter or longer
-    /// than the CDB asks for (the command then fails or ignores the excess as
-    /// SPC/SBC say). `data_in` is cleared and filled with the full data the
-    /// command produces; the transport truncates it to the expected transfer
-    /// length and computes residuals.
+    /// than the CDB asks for (WRITE writes the whole blocks received and
+    /// ignores excess; parameter lists that are cut short fail). `data_in` is
+    /// cleared and filled with the data the command returns, already cut to
+    /// the CDB's allocation length; the transport truncates it further to the
+    /// expected transfer length and computes residuals.
     pub fn execute(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[u8], data_in: &mut Vec<u8>) -> ScsiOutcome {
-        let _ = (nexus, lun, cdb, data_out);
-        data_in.clear();
-        ScsiOutcome::GOOD
+        let r = self.run(nexus, lun, cdb, data_out, data_in);
+        if r.is_err() {
+            data_in.clear();
+        }
+        ScsiOutcome::from_result(r)
+    }
+
+    fn run(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
+        let Some(&opcode) = cdb.first() else { return Err(Sense::INVALID_OPCODE.into()) };
+        let len = cdb_len(opcode);
+        if cdb.len() < len {
+            return Err(Sense::invalid_cdb_field(0, None).into());
+        }
+        let Some(l) = self.lun(lun) else {
+            out.clear();
+            return match opcode {
+                op::INQUIRY => Ok(inquiry::inquiry(None, cdb, out)?),
+                op::REPORT_LUNS => Ok(self.report_luns(cdb, out)?),
+                op::REQUEST_SENSE => Ok(request_sense(cdb, Sense::LUN_NOT_SUPPORTED, out)?),
+                _ => Err(Sense::LUN_NOT_SUPPORTED.into()),
+            };
+        };
+        // Fast path for plain reads and writes: UA and reservation checks
+        // are each one atomic load unless something is pending.
+        match opcode {
+            op::READ_10 | op::READ_16 | op::WRITE_10 | op::WRITE_16 => {
+                if cdb[len - 1] & 0x05 != 0 {
+                    return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
+                }
+                if let Some(s) = l.ua.take(nexus) {
+                    return Err(s.into());
+                }
+                l.res.check(nexus, cdb)?;
+                return if opcode == op::READ_10 || opcode == op::READ_16 {
+                    Ok(l.read(cdb, out)?)
+                } else {
+                    out.clear();
+                    Ok(l.write(cdb, data_out, false)?)
+                };
+            }
+            _ => {}
+        }
+        out.clear();
+        if !opcodes::SUPPORTED.iter().any(|i| i.opcode == opcode) {
+            return Err(Sense::INVALID_OPCODE.into());
+        }
+        if cdb[len - 1] & 0x05 != 0 {
+            // NACA / LINK: not supported.
+            return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
+        }
+        match opcode {
+            op::INQUIRY | op::REPORT_LUNS => {}
+            op::REQUEST_SENSE => {
+                let pending = l.ua.take(nexus).unwrap_or(Sense::NO_SENSE);
+                return Ok(request_sense(cdb, pending, out)?);
+            }
+            _ => {
+                if let Some(s) = l.ua.take(nexus) {
+                    return Err(s.into());
+                }
+            }
+        }
+        l.res.check(nexus, cdb)?;
+        self.dispatch(nexus, l, cdb, data_out, out)
+    }
+
+    fn dispatch(&self, nexus: NexusId, l: &Lun, cdb: &[u8], data_out: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
+        match cdb[0] {
+            op::TEST_UNIT_READY => Ok(()),
+            op::INQUIRY => Ok(inquiry::inquiry(Some(l), cdb, out)?),
+            op::REPORT_LUNS => Ok(self.report_luns(cdb, out)?),
+            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => Ok(l.read(cdb, out)?),
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => Ok(l.write(cdb, data_out, false)?),
+            op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => Ok(l.write(cdb, data_out, true)?),
+            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => Ok(l.verify(cdb, data_out)?),
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 => Ok(l.write_same(cdb, data_out)?),
+            op::UNMAP => Ok(l.unmap(cdb, data_out)?),
+            op::COMPARE_AND_WRITE => Ok(l.compare_and_write(cdb, data_out)?),
+            op::PRE_FETCH_10 | op::PRE_FETCH_16 => Ok(l.pre_fetch(cdb)?),
+            op::SYNC_CACHE_10 | op::SYNC_CACHE_16 => Ok(l.synchronize_cache(cdb)?),
+            op::READ_CAPACITY_10 => Ok(l.read_capacity_10(cdb, out)?),
+            op::SERVICE_ACTION_IN_16 => match cdb[1] & 0x1f {
+                op::SAI_READ_CAPACITY_16 => Ok(l.read_capacity_16(cdb, out)?),
+                _ => Err(Sense::invalid_cdb_field(1, Some(4)).into()),
+            },
+            op::MODE_SENSE_6 => Ok(mode::mode_sense(l, cdb, false, out)?),
+            op::MODE_SENSE_10 => Ok(mode::mode_sense(l, cdb, true, out)?),
+            op::MODE_SELECT_6 => Ok(mode::mode_select(l, cdb, false, data_out)?),
+            op::MODE_SELECT_10 => Ok(mode::mode_select(l, cdb, true, data_out)?),
+            op::START_STOP_UNIT => Ok(start_stop_unit(l, cdb)?),
+            op::PREVENT_ALLOW => {
+                // Not removable: PREVENT 0 and 1 are accepted and change nothing.
+                if cdb[4] & 0x03 > 1 {
+                    return Err(Sense::invalid_cdb_field(4, Some(1)).into());
+                }
+                Ok(())
+            }
+            op::RESERVE_6 => {
+                if cdb[1] & 0x01 != 0 {
+                    return Err(Sense::invalid_cdb_field(1, Some(0)).into()); // extents: obsolete
+                }
+                Ok(l.res.reserve6(nexus)?)
+            }
+            op::RELEASE_6 => Ok(l.res.release6(nexus)?),
+            op::PR_IN => {
+                let names = self.names.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let name_of = |n: NexusId| names.get(&n).cloned().unwrap_or_else(|| format!("blockwire.nexus.{n}"));
+                Ok(l.res.pr_in(cdb, &name_of, out)?)
+            }
+            op::PR_OUT => Ok(l.res.pr_out(nexus, cdb, data_out, &l.ua)?),
+            op::MAINTENANCE_IN => match cdb[1] & 0x1f {
+                op::MI_REPORT_SUPPORTED_OPCODES => Ok(opcodes::report_supported_opcodes(cdb, out)?),
+                op::MI_REPORT_SUPPORTED_TMF => Ok(opcodes::report_supported_tmf(cdb, out)?),
+                _ => Err(Sense::invalid_cdb_field(1, Some(4)).into()),
+            },
+            _ => Err(Sense::INVALID_OPCODE.into()),
+        }
+    }
+
+    /// REPORT LUNS. LUN 0 is always listed so initiators can probe a target
+    /// whose LUN 0 is not mapped (it then answers INQUIRY with qualifier 3).
+    fn report_luns(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+        let select = cdb[2];
+        let alloc = be32(cdb, 6) as usize;
+        if alloc < 16 {
+            return Err(Sense::invalid_cdb_field(6, None));
+        }
+        out.extend_from_slice(&[0; 8]);
+        match select {
+            0x00 | 0x02 => {
+                let mut numbers = self.luns();
+                if numbers.first() != Some(&0) {
+                    numbers.insert(0, 0);
+                }
+                for n in numbers {
+                    out.extend_from_slice(&encode_lun(n));
+                }
+            }
+            0x01 => {} // well-known LUNs: none
+            _ => return Err(Sense::invalid_cdb_field(2, None)),
+        }
+        let len = (out.len() - 8) as u32;
+        out[0..4].copy_from_slice(&len.to_be_bytes());
+        truncate_to(out, alloc);
+        Ok(())
     }
 
     /// How many data-out bytes this CDB transfers (so the transport can
-    /// solicit them), or `None` if it is not a data-out command.
+    /// solicit them), or `None` if it is not a data-out command (or the CDB
+    /// is too short to tell).
     pub fn data_out_len(&self, lun: u64, cdb: &[u8]) -> Option<usize> {
-        let _ = (lun, cdb);
-        None
+        let _ = lun; // the length depends on the CDB only
+        let &opcode = cdb.first()?;
+        if cdb.len() < cdb_len(opcode) {
+            return None;
+        }
+        let blocks = |n: u64| Some((n as usize).saturating_mul(block_io::BLOCK));
+        match opcode {
+            op::WRITE_6
+            | op::WRITE_10
+            | op::WRITE_12
+            | op::WRITE_16
+            | op::WRITE_VERIFY_10
+            | op::WRITE_VERIFY_12
+            | op::WRITE_VERIFY_16 => blocks(block_io::lba_and_len(cdb).1),
+            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => match (cdb[1] >> 1) & 0x03 {
+                0b01 => blocks(block_io::lba_and_len(cdb).1),
+                0b11 => Some(block_io::BLOCK),
+                _ => None,
+            },
+            op::WRITE_SAME_10 => Some(block_io::BLOCK),
+            op::WRITE_SAME_16 if cdb[1] & 0x01 != 0 => None,
+            op::WRITE_SAME_16 => Some(block_io::BLOCK),
+            op::UNMAP => Some(be16(cdb, 7) as usize),
+            op::COMPARE_AND_WRITE => blocks(2 * cdb[13] as u64),
+            op::MODE_SELECT_6 => Some(mode::select_len(cdb, false)),
+            op::MODE_SELECT_10 => Some(mode::select_len(cdb, true)),
+            op::PR_OUT => Some(be32(cdb, 5) as usize),
+            _ => None,
+        }
     }
 
     /// LUN reset: aborts nothing itself (the transport aborts its tasks),
-    /// releases RESERVE(6) and raises a POWER ON, RESET, OR BUS DEVICE RESET
-    /// OCCURRED unit attention for every nexus. `false` if no such LUN.
+    /// releases RESERVE(6), returns mode parameters to their defaults and
+    /// raises a POWER ON, RESET, OR BUS DEVICE RESET OCCURRED unit attention
+    /// for every nexus. `false` if no such LUN.
     pub fn lun_reset(&self, lun: u64) -> bool {
-        self.luns.iter().any(|l| l.0 == lun)
+        match self.lun(lun) {
+            Some(l) => {
+                l.reset();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Target reset: [`ScsiTarget::lun_reset`] on every LUN.
-    pub fn target_reset(&self) {}
+    pub fn target_reset(&self) {
+        for l in &self.luns {
+            l.reset();
+        }
+    }
 
     /// The nexus ended (session closed): drop the RESERVE(6) it held and its
     /// pending unit attentions. Persistent reservations survive, as SPC says.
     pub fn nexus_gone(&self, nexus: NexusId) {
-        let _ = nexus;
+        for l in &self.luns {
+            l.res.clear_spc2(Some(nexus));
+            l.ua.forget(nexus);
+        }
+        self.names.lock().unwrap_or_else(|p| p.into_inner()).remove(&nexus);
     }
+}
+
+/// SAM-5 LUN encoding: peripheral addressing below 256, flat space below
+/// 16384, extended flat space above.
+pub fn encode_lun(lun: u64) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    if lun < 256 {
+        b[1] = lun as u8;
+    } else if lun < 0x4000 {
+        b[0] = 0x40 | (lun >> 8) as u8;
+        b[1] = lun as u8;
+    } else {
+        // Extended flat space addressing (SAM-5 4.7.8), 24-bit.
+        b[0] = 0xd2;
+        b[1] = (lun >> 16) as u8;
+        b[2] = (lun >> 8) as u8;
+        b[3] = lun as u8;
+    }
+    b
+}
+
+/// Decode an 8-byte LUN field as [`encode_lun`] writes it (peripheral, flat
+/// or extended flat); `None` for other addressing methods.
+pub fn decode_lun(b: [u8; 8]) -> Option<u64> {
+    match b[0] >> 6 {
+        0 if b[0] == 0 => Some(b[1] as u64),
+        1 => Some((((b[0] & 0x3f) as u64) << 8) | b[1] as u64),
+        3 if b[0] == 0xd2 => Some(((b[1] as u64) << 16) | ((b[2] as u64) << 8) | b[3] as u64),
+        _ => None,
+    }
+}
+
+/// REQUEST SENSE: returns `pending` (a unit attention, NO SENSE, or LUN NOT
+/// SUPPORTED) as fixed-format parameter data.
+fn request_sense(cdb: &[u8], pending: Sense, out: &mut Vec<u8>) -> Result<(), Sense> {
+    if cdb[1] & 0x01 != 0 {
+        return Err(Sense::invalid_cdb_field(1, Some(0))); // descriptor format not supported
+    }
+    out.extend_from_slice(&pending.to_fixed());
+    truncate_to(out, cdb[4] as usize);
+    Ok(())
+}
+
+/// START STOP UNIT on a non-removable disk that is always ready: power
+/// conditions and START/LOEJ are accepted and change nothing.
+fn start_stop_unit(_l: &Lun, cdb: &[u8]) -> Result<(), Sense> {
+    let power_condition = cdb[4] >> 4;
+    if !matches!(power_condition, 0x0..=0x3 | 0x5 | 0x7 | 0xa | 0xb) {
+        return Err(Sense::invalid_cdb_field(4, Some(7)));
+    }
+    Ok(())
 }

@@ -1,0 +1,359 @@
+//! SBC commands that move or check blocks: READ/WRITE (6/10/12/16), WRITE
+//! AND VERIFY, VERIFY, WRITE SAME, UNMAP, COMPARE AND WRITE, PRE-FETCH,
+//! SYNCHRONIZE CACHE and READ CAPACITY.
+
+use crate::cdb::{be16, be24, be32, be64, op, truncate_to};
+use crate::inquiry::{MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BLOCKS};
+use crate::sense::{key, Sense};
+use crate::Lun;
+use bw_block::{BlockError, Durability};
+use std::sync::atomic::Ordering::Relaxed;
+
+pub const BLOCK: usize = 512;
+const BLOCK_U64: u64 = 512;
+
+/// Map a backend error to sense data: EIO-like failures are medium errors,
+/// a full backing store is SPACE ALLOCATION FAILED, anything else is a
+/// hardware (target) failure.
+pub fn io_sense(e: &BlockError, write: bool) -> Sense {
+    match e {
+        BlockError::OutOfRange { .. } => Sense::LBA_OUT_OF_RANGE,
+        BlockError::ReadOnly => Sense::WRITE_PROTECTED,
+        BlockError::Io(io) => match io.raw_os_error() {
+            Some(libc_enospc) if libc_enospc == 28 => Sense::new(key::DATA_PROTECT, 0x27, 0x07),
+            Some(5) | Some(61) | None if write => Sense::WRITE_ERROR,
+            Some(5) | Some(61) | None => Sense::UNRECOVERED_READ_ERROR,
+            Some(_) => Sense::INTERNAL_TARGET_FAILURE,
+        },
+    }
+}
+
+/// (LBA, number of blocks) of a READ/WRITE/VERIFY-style CDB.
+#[inline]
+pub fn lba_and_len(cdb: &[u8]) -> (u64, u64) {
+    match cdb[0] >> 5 {
+        0 => {
+            // 6-byte: 21-bit LBA; transfer length 0 means 256 blocks.
+            let lba = (be24(cdb, 1) & 0x1f_ffff) as u64;
+            let n = if cdb[4] == 0 { 256 } else { cdb[4] as u64 };
+            (lba, n)
+        }
+        1 | 2 => (be32(cdb, 2) as u64, be16(cdb, 7) as u64),
+        5 => (be32(cdb, 2) as u64, be32(cdb, 6) as u64),
+        _ => (be64(cdb, 2), be32(cdb, 10) as u64),
+    }
+}
+
+impl Lun {
+    #[inline]
+    fn check_range(&self, lba: u64, n: u64) -> Result<(), Sense> {
+        match lba.checked_add(n) {
+            Some(end) if end <= self.blocks() => Ok(()),
+            _ => Err(Sense::LBA_OUT_OF_RANGE),
+        }
+    }
+
+    #[inline]
+    fn check_writable(&self) -> Result<(), Sense> {
+        if self.write_protected() {
+            Err(Sense::WRITE_PROTECTED)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Flush if the initiator asked for FUA or turned the write cache off;
+    /// backends that are already write-through or volatile need nothing.
+    fn flush_after_write(&self, fua: bool) -> Result<(), Sense> {
+        if (fua || !self.wce.load(Relaxed)) && self.volume.info().durability == Durability::WriteBack {
+            self.volume.flush().map_err(|e| io_sense(&e, true))?;
+        }
+        Ok(())
+    }
+
+    /// READ (6/10/12/16). Fast path: no allocation beyond `out`.
+    pub fn read(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+        if cdb[0] != op::READ_6 && cdb[1] & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7))); // RDPROTECT: no protection information
+        }
+        let (lba, n) = lba_and_len(cdb);
+        self.check_range(lba, n)?;
+        if n > MAX_TRANSFER_BLOCKS as u64 {
+            return Err(Sense::invalid_cdb_field(if cdb[0] == op::READ_6 { 4 } else { 7 }, None));
+        }
+        let len = n as usize * BLOCK;
+        // Reuse the caller's buffer without zero-filling what the read overwrites anyway.
+        if out.capacity() >= len {
+            out.truncate(0);
+            out.resize(len, 0);
+        } else {
+            *out = vec![0; len];
+        }
+        if len > 0 {
+            self.volume.read_at(out, lba * BLOCK_U64).map_err(|e| {
+                out.clear();
+                io_sense(&e, false)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// WRITE (6/10/12/16) and WRITE AND VERIFY (10/12/16). Writes the whole
+    /// blocks the initiator actually sent (an iSCSI overflow may send fewer),
+    /// ignores excess data.
+    pub fn write(&self, cdb: &[u8], data: &[u8], verify: bool) -> Result<(), Sense> {
+        if cdb[0] != op::WRITE_6 && cdb[1] & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7))); // WRPROTECT
+        }
+        let (lba, n) = lba_and_len(cdb);
+        self.check_range(lba, n)?;
+        if n > MAX_TRANSFER_BLOCKS as u64 {
+            return Err(Sense::invalid_cdb_field(if cdb[0] == op::WRITE_6 { 4 } else { 7 }, None));
+        }
+        self.check_writable()?;
+        let want = n as usize * BLOCK;
+        let have = want.min(data.len() / BLOCK * BLOCK);
+        if have == 0 {
+            return Ok(());
+        }
+        let data = &data[..have];
+        self.volume.write_at(data, lba * BLOCK_U64).map_err(|e| io_sense(&e, true))?;
+        let fua = cdb[0] != op::WRITE_6 && cdb[1] & 0x08 != 0;
+        self.flush_after_write(fua || verify)?;
+        if verify && cdb[1] & 0x02 != 0 {
+            // BYTCHK: read the medium back and compare.
+            self.compare_medium(lba, data)?;
+        }
+        Ok(())
+    }
+
+    /// Compare `expected` with the medium from `lba`, in bounded chunks.
+    /// Returns MISCOMPARE with the offset of the first differing byte.
+    fn compare_medium(&self, lba: u64, expected: &[u8]) -> Result<(), Sense> {
+        const CHUNK: usize = 1 << 20;
+        let mut buf = vec![0u8; expected.len().min(CHUNK)];
+        for (i, want) in expected.chunks(CHUNK).enumerate() {
+            let got = &mut buf[..want.len()];
+            let at = lba * BLOCK_U64 + (i * CHUNK) as u64;
+            self.volume.read_at(got, at).map_err(|e| io_sense(&e, false))?;
+            if let Some(pos) = got.iter().zip(want).position(|(a, b)| a != b) {
+                return Err(Sense::MISCOMPARE_DURING_VERIFY.with_information((i * CHUNK + pos) as u32));
+            }
+        }
+        Ok(())
+    }
+
+    /// VERIFY (10/12/16): BYTCHK 0 reads the range, 01b compares the data
+    /// sent, 11b compares one sent block against every block.
+    pub fn verify(&self, cdb: &[u8], data: &[u8]) -> Result<(), Sense> {
+        if cdb[1] & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7))); // VRPROTECT
+        }
+        let bytchk = (cdb[1] >> 1) & 0x03;
+        let (lba, n) = lba_and_len(cdb);
+        self.check_range(lba, n)?;
+        if bytchk == 0b10 {
+            return Err(Sense::invalid_cdb_field(1, Some(2)));
+        }
+        if n > MAX_TRANSFER_BLOCKS as u64 {
+            return Err(Sense::invalid_cdb_field(7, None));
+        }
+        let len = n as usize * BLOCK;
+        match bytchk {
+            0 => {
+                // Medium verification: every block must be readable.
+                let mut buf = vec![0u8; len.min(1 << 20)];
+                let mut done = 0;
+                while done < len {
+                    let k = (len - done).min(buf.len());
+                    self.volume
+                        .read_at(&mut buf[..k], lba * BLOCK_U64 + done as u64)
+                        .map_err(|e| io_sense(&e, false))?;
+                    done += k;
+                }
+                Ok(())
+            }
+            1 => {
+                let have = len.min(data.len() / BLOCK * BLOCK);
+                self.compare_medium(lba, &data[..have])
+            }
+            _ => {
+                if data.len() < BLOCK {
+                    return Err(Sense::invalid_cdb_field(1, Some(2)));
+                }
+                let block = &data[..BLOCK];
+                let mut buf = vec![0u8; BLOCK];
+                for i in 0..n {
+                    self.volume.read_at(&mut buf, (lba + i) * BLOCK_U64).map_err(|e| io_sense(&e, false))?;
+                    if let Some(pos) = buf.iter().zip(block).position(|(a, b)| a != b) {
+                        return Err(Sense::MISCOMPARE_DURING_VERIFY.with_information(pos as u32));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// WRITE SAME (10/16): UNMAP with a zero block (or NDOB) deallocates,
+    /// otherwise the block is replicated over the range.
+    pub fn write_same(&self, cdb: &[u8], data: &[u8]) -> Result<(), Sense> {
+        let sixteen = cdb[0] == op::WRITE_SAME_16;
+        let flags = cdb[1];
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7))); // WRPROTECT
+        }
+        if flags & 0x10 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(4))); // ANCHOR unsupported
+        }
+        if flags & 0x06 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(1))); // PBDATA/LBDATA
+        }
+        let ndob = sixteen && flags & 0x01 != 0;
+        let unmap = flags & 0x08 != 0;
+        let (lba, n) = if sixteen { (be64(cdb, 2), be32(cdb, 10) as u64) } else { (be32(cdb, 2) as u64, be16(cdb, 7) as u64) };
+        if n == 0 {
+            return Err(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None)); // WSNZ
+        }
+        if n > MAX_WRITE_SAME_BLOCKS {
+            return Err(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None));
+        }
+        self.check_range(lba, n)?;
+        self.check_writable()?;
+        // No data at all with UNMAP set (an initiator sending no data-out)
+        // is taken as a zero block; a partial block is an error.
+        let no_data = ndob || (unmap && data.is_empty());
+        if !no_data && data.len() != BLOCK {
+            return Err(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None));
+        }
+        let zero = no_data || data.iter().all(|b| *b == 0);
+        let (off, len) = (lba * BLOCK_U64, n * BLOCK_U64);
+        let r = if zero && unmap && self.discard {
+            self.volume.discard(off, len)
+        } else if zero {
+            self.volume.write_zeroes(off, len)
+        } else {
+            self.replicate(&data[..BLOCK], off, len)
+        };
+        r.map_err(|e| io_sense(&e, true))?;
+        self.flush_after_write(false)
+    }
+
+    fn replicate(&self, block: &[u8], off: u64, len: u64) -> bw_block::Result<()> {
+        const CHUNK_BLOCKS: usize = 2048;
+        let blocks = (len / BLOCK_U64) as usize;
+        let chunk: Vec<u8> = block.iter().copied().cycle().take(blocks.min(CHUNK_BLOCKS) * BLOCK).collect();
+        let mut done = 0u64;
+        while done < len {
+            let k = (len - done).min(chunk.len() as u64) as usize;
+            self.volume.write_at(&chunk[..k], off + done)?;
+            done += k as u64;
+        }
+        Ok(())
+    }
+
+    /// UNMAP: validate every block descriptor, then punch each range.
+    pub fn unmap(&self, cdb: &[u8], params: &[u8]) -> Result<(), Sense> {
+        if cdb[1] & 0x01 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(0))); // ANCHOR
+        }
+        if !self.discard {
+            return Err(Sense::INVALID_OPCODE);
+        }
+        let list_len = be16(cdb, 7) as usize;
+        if list_len == 0 {
+            return Ok(());
+        }
+        if list_len < 8 {
+            return Err(Sense::PARAM_LIST_LENGTH_ERROR);
+        }
+        self.check_writable()?;
+        let p = &params[..list_len.min(params.len())];
+        if p.len() < 8 {
+            return Err(Sense::PARAM_LIST_LENGTH_ERROR);
+        }
+        let bd_len = be16(p, 2) as usize;
+        if bd_len > p.len() - 8 {
+            return Err(Sense::PARAM_LIST_LENGTH_ERROR);
+        }
+        let descriptors = &p[8..8 + bd_len / 16 * 16];
+        if descriptors.len() / 16 > MAX_UNMAP_DESCRIPTORS as usize {
+            return Err(Sense::invalid_param_field(2, None));
+        }
+        for d in descriptors.chunks_exact(16) {
+            self.check_range(be64(d, 0), be32(d, 8) as u64)?;
+        }
+        for d in descriptors.chunks_exact(16) {
+            let (lba, n) = (be64(d, 0), be32(d, 8) as u64);
+            if n > 0 {
+                self.volume.discard(lba * BLOCK_U64, n * BLOCK_U64).map_err(|e| io_sense(&e, true))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// COMPARE AND WRITE: atomic with respect to other COMPARE AND WRITEs on
+    /// this LUN (the VMware ATS use case), not to plain writes.
+    pub fn compare_and_write(&self, cdb: &[u8], data: &[u8]) -> Result<(), Sense> {
+        if cdb[1] & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        }
+        let lba = be64(cdb, 2);
+        let n = cdb[13] as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        if n > MAX_COMPARE_AND_WRITE_BLOCKS as u64 {
+            return Err(Sense::invalid_cdb_field(13, None));
+        }
+        self.check_range(lba, n)?;
+        self.check_writable()?;
+        let len = n as usize * BLOCK;
+        if data.len() != 2 * len {
+            return Err(Sense::invalid_cdb_field(13, None));
+        }
+        let (verify, write) = data.split_at(len);
+        let _guard = self.caw_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.compare_medium(lba, verify)?;
+        self.volume.write_at(write, lba * BLOCK_U64).map_err(|e| io_sense(&e, true))?;
+        self.flush_after_write(cdb[1] & 0x08 != 0)
+    }
+
+    /// PRE-FETCH (10/16): range check only; the page cache does the rest.
+    pub fn pre_fetch(&self, cdb: &[u8]) -> Result<(), Sense> {
+        let (lba, n) = lba_and_len(cdb);
+        self.check_range(lba, n)
+    }
+
+    /// SYNCHRONIZE CACHE (10/16): a real flush of the backend.
+    pub fn synchronize_cache(&self, cdb: &[u8]) -> Result<(), Sense> {
+        let (lba, n) = lba_and_len(cdb);
+        self.check_range(lba, n)?;
+        self.volume.flush().map_err(|e| io_sense(&e, true))
+    }
+
+    /// READ CAPACITY (10).
+    pub fn read_capacity_10(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+        if cdb[8] & 0x01 == 0 && be32(cdb, 2) != 0 {
+            return Err(Sense::invalid_cdb_field(2, None)); // LBA without PMI
+        }
+        let last = self.blocks().saturating_sub(1);
+        out.extend_from_slice(&u32::try_from(last).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(&(BLOCK as u32).to_be_bytes());
+        Ok(())
+    }
+
+    /// READ CAPACITY (16); LBPME/LBPRZ when the backend can deallocate.
+    pub fn read_capacity_16(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+        let alloc = be32(cdb, 10) as usize;
+        out.extend_from_slice(&self.blocks().saturating_sub(1).to_be_bytes());
+        out.extend_from_slice(&(BLOCK as u32).to_be_bytes());
+        out.resize(32, 0);
+        // LBPPBE 3: 4 KiB physical blocks, matching the optimal granularity.
+        out[13] = 0x03;
+        if self.discard {
+            out[14] = 0x80 | 0x40; // LBPME, LBPRZ
+        }
+        truncate_to(out, alloc);
+        Ok(())
+    }
+}

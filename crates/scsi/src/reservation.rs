@@ -1,0 +1,432 @@
+//! Reservations: SPC-2 RESERVE(6)/RELEASE(6) and SPC-4 persistent
+//! reservations (PERSISTENT RESERVE IN/OUT), one state per logical unit.
+//!
+//! Registrations are held per I_T nexus as the transport identifies it. The
+//! access check runs on every command, so it first reads an atomic flag that
+//! is only set while some reservation exists.
+
+use crate::cdb::{be16, be32, be64, op, truncate_to};
+use crate::sense::Sense;
+use crate::ua::UnitAttentions;
+use crate::NexusId;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// Persistent reservation types (SPC-4 table 169).
+#[allow(dead_code)] // the named constants document the numbers and serve the tests
+pub mod pr_type {
+    pub const WRITE_EXCLUSIVE: u8 = 1;
+    pub const EXCLUSIVE_ACCESS: u8 = 3;
+    pub const WRITE_EXCLUSIVE_REGISTRANTS_ONLY: u8 = 5;
+    pub const EXCLUSIVE_ACCESS_REGISTRANTS_ONLY: u8 = 6;
+    pub const WRITE_EXCLUSIVE_ALL_REGISTRANTS: u8 = 7;
+    pub const EXCLUSIVE_ACCESS_ALL_REGISTRANTS: u8 = 8;
+
+    pub fn valid(t: u8) -> bool {
+        matches!(t, 1 | 3 | 5 | 6 | 7 | 8)
+    }
+    pub fn all_registrants(t: u8) -> bool {
+        matches!(t, 7 | 8)
+    }
+    pub fn registrants_only_or_all(t: u8) -> bool {
+        matches!(t, 5..=8)
+    }
+    pub fn exclusive_access(t: u8) -> bool {
+        matches!(t, 3 | 6 | 8)
+    }
+}
+
+/// Why a command may not run.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Denied {
+    Conflict,
+    Check(Sense),
+}
+
+impl From<Sense> for Denied {
+    fn from(s: Sense) -> Self {
+        Denied::Check(s)
+    }
+}
+
+#[derive(Default)]
+pub struct Reservations {
+    /// True while a RESERVE(6) or a persistent reservation is held.
+    held: AtomicBool,
+    inner: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Holder of the SPC-2 RESERVE(6) reservation.
+    spc2: Option<NexusId>,
+    generation: u32,
+    /// Registered (nexus, key) pairs in registration order.
+    registrants: Vec<(NexusId, u64)>,
+    /// Persistent reservation: (holder, type). For all-registrants types the
+    /// holder is whoever reserved, but every registrant counts as holder.
+    reservation: Option<(NexusId, u8)>,
+}
+
+impl State {
+    fn key_of(&self, nexus: NexusId) -> Option<u64> {
+        self.registrants.iter().find(|(n, _)| *n == nexus).map(|(_, k)| *k)
+    }
+    fn is_holder(&self, nexus: NexusId) -> bool {
+        match self.reservation {
+            Some((_, t)) if pr_type::all_registrants(t) => self.key_of(nexus).is_some(),
+            Some((h, _)) => h == nexus,
+            None => false,
+        }
+    }
+    fn unregister(&mut self, nexus: NexusId, ua: &UnitAttentions) {
+        self.registrants.retain(|(n, _)| *n != nexus);
+        if let Some((h, t)) = self.reservation {
+            let release = if pr_type::all_registrants(t) { self.registrants.is_empty() } else { h == nexus };
+            if release {
+                self.reservation = None;
+                if pr_type::registrants_only_or_all(t) && !pr_type::all_registrants(t) {
+                    // SPC-4 5.12.11.2.2: registrants-only reservation lost its holder.
+                    for (n, _) in &self.registrants {
+                        ua.raise_for(*n, Sense::RESERVATIONS_RELEASED);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Commands that never conflict with any reservation (SPC-4 5.12.1 table 62
+/// plus the SPC-2 list): identification, sense and capability queries.
+fn always_allowed(cdb: &[u8]) -> bool {
+    match cdb[0] {
+        op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE | op::READ_CAPACITY_10 => true,
+        op::SERVICE_ACTION_IN_16 => cdb[1] & 0x1f == op::SAI_READ_CAPACITY_16,
+        op::MAINTENANCE_IN => matches!(cdb[1] & 0x1f, op::MI_REPORT_SUPPORTED_OPCODES | op::MI_REPORT_SUPPORTED_TMF),
+        op::PREVENT_ALLOW => cdb[4] & 0x03 == 0,
+        _ => false,
+    }
+}
+
+/// Commands a non-holder may still run under a Write Exclusive reservation:
+/// those that neither modify the medium nor the device's state.
+fn reads_only(cdb: &[u8]) -> bool {
+    matches!(
+        cdb[0],
+        op::READ_6
+            | op::READ_10
+            | op::READ_12
+            | op::READ_16
+            | op::VERIFY_10
+            | op::VERIFY_12
+            | op::VERIFY_16
+            | op::PRE_FETCH_10
+            | op::PRE_FETCH_16
+            | op::MODE_SENSE_6
+            | op::MODE_SENSE_10
+            | op::TEST_UNIT_READY
+    )
+}
+
+impl Reservations {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update_flag(&self, s: &State) {
+        self.held.store(s.spc2.is_some() || s.reservation.is_some(), Ordering::Release);
+    }
+
+    /// Whether `nexus` may run `cdb` now. PR IN/OUT and RESERVE/RELEASE do
+    /// their own checks and are let through here.
+    pub fn check(&self, nexus: NexusId, cdb: &[u8]) -> Result<(), Denied> {
+        if !self.held.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if always_allowed(cdb) || matches!(cdb[0], op::RESERVE_6 | op::RELEASE_6 | op::PR_IN | op::PR_OUT) {
+            return Ok(());
+        }
+        let s = self.lock();
+        if let Some(holder) = s.spc2 {
+            return if holder == nexus { Ok(()) } else { Err(Denied::Conflict) };
+        }
+        let Some((holder, t)) = s.reservation else { return Ok(()) };
+        let registered = s.key_of(nexus).is_some();
+        let full_access = holder == nexus || (pr_type::registrants_only_or_all(t) && registered);
+        if full_access || (!pr_type::exclusive_access(t) && reads_only(cdb)) {
+            Ok(())
+        } else {
+            Err(Denied::Conflict)
+        }
+    }
+
+    /// RESERVE(6): the whole logical unit for this nexus.
+    pub fn reserve6(&self, nexus: NexusId) -> Result<(), Denied> {
+        let mut s = self.lock();
+        if !s.registrants.is_empty() || s.reservation.is_some() {
+            return Err(Denied::Conflict); // SPC-4 5.12.3: PR in effect
+        }
+        match s.spc2 {
+            Some(h) if h != nexus => Err(Denied::Conflict),
+            _ => {
+                s.spc2 = Some(nexus);
+                self.update_flag(&s);
+                Ok(())
+            }
+        }
+    }
+
+    /// RELEASE(6): drops this nexus's reservation; a no-op for anyone else.
+    pub fn release6(&self, nexus: NexusId) -> Result<(), Denied> {
+        let mut s = self.lock();
+        if s.reservation.is_some() {
+            return Err(Denied::Conflict);
+        }
+        if s.spc2 == Some(nexus) {
+            s.spc2 = None;
+            self.update_flag(&s);
+        }
+        Ok(())
+    }
+
+    /// LUN reset / nexus loss: RESERVE(6) does not survive either.
+    pub fn clear_spc2(&self, only: Option<NexusId>) {
+        let mut s = self.lock();
+        if only.is_none() || s.spc2 == only {
+            s.spc2 = None;
+            self.update_flag(&s);
+        }
+    }
+
+    /// PERSISTENT RESERVE IN.
+    pub fn pr_in(&self, cdb: &[u8], names: &dyn Fn(NexusId) -> String, out: &mut Vec<u8>) -> Result<(), Sense> {
+        let alloc = be16(cdb, 7) as usize;
+        let s = self.lock();
+        match cdb[1] & 0x1f {
+            0 => {
+                // READ KEYS
+                out.extend_from_slice(&s.generation.to_be_bytes());
+                out.extend_from_slice(&((s.registrants.len() * 8) as u32).to_be_bytes());
+                for (_, k) in &s.registrants {
+                    out.extend_from_slice(&k.to_be_bytes());
+                }
+            }
+            1 => {
+                // READ RESERVATION
+                out.extend_from_slice(&s.generation.to_be_bytes());
+                match s.reservation {
+                    Some((h, t)) => {
+                        out.extend_from_slice(&16u32.to_be_bytes());
+                        let key = if pr_type::all_registrants(t) { 0 } else { s.key_of(h).unwrap_or(0) };
+                        out.extend_from_slice(&key.to_be_bytes());
+                        out.extend_from_slice(&[0, 0, 0, 0, 0, t & 0x0f, 0, 0]);
+                    }
+                    None => out.extend_from_slice(&0u32.to_be_bytes()),
+                }
+            }
+            2 => {
+                // REPORT CAPABILITIES: CRH; no SIP_C/ATP_C/PTPL_C; type mask valid.
+                out.extend_from_slice(&[0x00, 0x08, 0x10, 0x80]);
+                out.extend_from_slice(&[0x80 | 0x40 | 0x20 | 0x08 | 0x02, 0x01, 0, 0]);
+            }
+            3 => {
+                // READ FULL STATUS
+                out.extend_from_slice(&s.generation.to_be_bytes());
+                out.extend_from_slice(&[0; 4]);
+                for (n, k) in &s.registrants {
+                    let holder = s.is_holder(*n);
+                    out.extend_from_slice(&k.to_be_bytes());
+                    out.extend_from_slice(&[0; 4]);
+                    out.push(if holder { 0x01 } else { 0 });
+                    out.push(match s.reservation {
+                        Some((_, t)) if holder => t & 0x0f,
+                        _ => 0,
+                    });
+                    out.extend_from_slice(&[0; 4]);
+                    out.extend_from_slice(&1u16.to_be_bytes()); // relative target port 1
+                    let tid = iscsi_transport_id(&names(*n));
+                    out.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+                    out.extend_from_slice(&tid);
+                }
+                let len = (out.len() - 8) as u32;
+                out[4..8].copy_from_slice(&len.to_be_bytes());
+            }
+            _ => return Err(Sense::invalid_cdb_field(1, Some(4))),
+        }
+        truncate_to(out, alloc);
+        Ok(())
+    }
+
+    /// PERSISTENT RESERVE OUT with its parameter list.
+    pub fn pr_out(&self, nexus: NexusId, cdb: &[u8], params: &[u8], ua: &UnitAttentions) -> Result<(), Denied> {
+        let action = cdb[1] & 0x1f;
+        let scope = cdb[2] >> 4;
+        let ptype = cdb[2] & 0x0f;
+        let list_len = be32(cdb, 5) as usize;
+        if !matches!(action, 0..=4 | 6) {
+            return Err(Sense::invalid_cdb_field(1, Some(4)).into());
+        }
+        if list_len != 24 {
+            return Err(Sense::PARAM_LIST_LENGTH_ERROR.into());
+        }
+        if params.len() < 24 {
+            return Err(Sense::PARAM_LIST_LENGTH_ERROR.into());
+        }
+        let key = be64(params, 0);
+        let sa_key = be64(params, 8);
+        let flags = params[20];
+        if flags & 0x08 != 0 {
+            return Err(Sense::invalid_param_field(20, Some(3)).into()); // SPEC_I_PT
+        }
+        if flags & 0x04 != 0 {
+            return Err(Sense::invalid_param_field(20, Some(2)).into()); // ALL_TG_PT
+        }
+        if flags & 0x01 != 0 {
+            return Err(Sense::invalid_param_field(20, Some(0)).into()); // APTPL
+        }
+        let needs_type = matches!(action, 1 | 2 | 4);
+        if needs_type {
+            if scope != 0 {
+                return Err(Sense::invalid_cdb_field(2, Some(4)).into());
+            }
+            if !pr_type::valid(ptype) {
+                return Err(Sense::invalid_cdb_field(2, Some(0)).into());
+            }
+        }
+        let mut s = self.lock();
+        if s.spc2.is_some_and(|h| h != nexus) {
+            return Err(Denied::Conflict);
+        }
+        let mine = s.key_of(nexus);
+        match action {
+            0 | 6 => {
+                // REGISTER / REGISTER AND IGNORE EXISTING KEY
+                if action == 0 {
+                    match mine {
+                        None if key != 0 => return Err(Denied::Conflict),
+                        Some(k) if k != key => return Err(Denied::Conflict),
+                        _ => {}
+                    }
+                }
+                match (mine, sa_key) {
+                    (None, 0) => {}
+                    (None, k) => {
+                        s.registrants.push((nexus, k));
+                        s.generation = s.generation.wrapping_add(1);
+                    }
+                    (Some(_), 0) => {
+                        s.unregister(nexus, ua);
+                        s.generation = s.generation.wrapping_add(1);
+                    }
+                    (Some(_), k) => {
+                        if let Some(r) = s.registrants.iter_mut().find(|(n, _)| *n == nexus) {
+                            r.1 = k;
+                        }
+                        s.generation = s.generation.wrapping_add(1);
+                    }
+                }
+            }
+            1 => {
+                // RESERVE
+                if mine != Some(key) || mine.is_none() {
+                    return Err(Denied::Conflict);
+                }
+                match s.reservation {
+                    None => s.reservation = Some((nexus, ptype)),
+                    Some((_, t)) if s.is_holder(nexus) && t == ptype => {}
+                    Some(_) => return Err(Denied::Conflict),
+                }
+            }
+            2 => {
+                // RELEASE
+                if mine != Some(key) || mine.is_none() {
+                    return Err(Denied::Conflict);
+                }
+                if let Some((_, t)) = s.reservation {
+                    if s.is_holder(nexus) {
+                        if t != ptype {
+                            return Err(Sense::INVALID_RELEASE_OF_PR.into());
+                        }
+                        s.reservation = None;
+                        if pr_type::registrants_only_or_all(t) {
+                            for (n, _) in s.registrants.iter().filter(|(n, _)| *n != nexus) {
+                                ua.raise_for(*n, Sense::RESERVATIONS_RELEASED);
+                            }
+                        }
+                    }
+                }
+            }
+            3 => {
+                // CLEAR
+                if mine != Some(key) || mine.is_none() {
+                    return Err(Denied::Conflict);
+                }
+                for (n, _) in s.registrants.iter().filter(|(n, _)| *n != nexus) {
+                    ua.raise_for(*n, Sense::RESERVATIONS_PREEMPTED);
+                }
+                s.registrants.clear();
+                s.reservation = None;
+                s.generation = s.generation.wrapping_add(1);
+            }
+            4 => {
+                // PREEMPT
+                if mine != Some(key) || mine.is_none() {
+                    return Err(Denied::Conflict);
+                }
+                let preempt_regs = |s: &mut State, only_key: Option<u64>| -> usize {
+                    let victims: Vec<NexusId> = s
+                        .registrants
+                        .iter()
+                        .filter(|(n, k)| *n != nexus && only_key.map_or(true, |ok| *k == ok))
+                        .map(|(n, _)| *n)
+                        .collect();
+                    for v in &victims {
+                        ua.raise_for(*v, Sense::REGISTRATIONS_PREEMPTED);
+                    }
+                    s.registrants.retain(|(n, _)| !victims.contains(n));
+                    victims.len()
+                };
+                match s.reservation {
+                    Some((_, t)) if pr_type::all_registrants(t) => {
+                        if sa_key == 0 {
+                            preempt_regs(&mut s, None);
+                            s.reservation = Some((nexus, ptype));
+                        } else if preempt_regs(&mut s, Some(sa_key)) == 0 {
+                            return Err(Denied::Conflict);
+                        }
+                    }
+                    Some((holder, _)) if s.key_of(holder) == Some(sa_key) => {
+                        preempt_regs(&mut s, Some(sa_key));
+                        s.reservation = Some((nexus, ptype));
+                    }
+                    _ => {
+                        if sa_key == 0 {
+                            return Err(Sense::invalid_param_field(8, None).into());
+                        }
+                        if preempt_regs(&mut s, Some(sa_key)) == 0 {
+                            return Err(Denied::Conflict);
+                        }
+                    }
+                }
+                s.generation = s.generation.wrapping_add(1);
+            }
+            _ => unreachable!("checked above"),
+        }
+        self.update_flag(&s);
+        Ok(())
+    }
+}
+
+/// iSCSI TransportID, format 00b (SPC-4 7.6.4.6): the initiator name,
+/// NUL-terminated and padded to a multiple of 4 bytes (at least 20 bytes).
+fn iscsi_transport_id(name: &str) -> Vec<u8> {
+    let mut body: Vec<u8> = name.bytes().filter(|b| *b != 0).collect();
+    body.push(0);
+    while body.len() % 4 != 0 || body.len() < 16 {
+        body.push(0);
+    }
+    let mut t = vec![0x05, 0];
+    t.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    t.extend_from_slice(&body);
+    t
+}
