@@ -1,0 +1,429 @@
+//! `blockwire bench`: a small fio. `numjobs` groups of `iodepth` workers share
+//! one client (like fio jobs sharing one kernel block device); each worker
+//! keeps one request outstanding, so `numjobs * iodepth` requests are in
+//! flight. Latency is recorded per request in HDR histograms.
+
+use crate::cpu::CpuTimes;
+use bw_initiator::BlockClient;
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rw {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+    RandRw,
+    /// Sequential mix (fio's `rw`/`readwrite`).
+    Rw,
+}
+
+impl std::str::FromStr for Rw {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "read" => Rw::Read,
+            "write" => Rw::Write,
+            "randread" => Rw::RandRead,
+            "randwrite" => Rw::RandWrite,
+            "randrw" => Rw::RandRw,
+            "rw" | "readwrite" => Rw::Rw,
+            _ => return Err(format!("unknown --rw {s:?} (read, write, randread, randwrite, randrw, rw)")),
+        })
+    }
+}
+
+impl Rw {
+    fn random(self) -> bool {
+        matches!(self, Rw::RandRead | Rw::RandWrite | Rw::RandRw)
+    }
+    /// Percentage of reads.
+    fn read_pct(self, mix: u8) -> u8 {
+        match self {
+            Rw::Read | Rw::RandRead => 100,
+            Rw::Write | Rw::RandWrite => 0,
+            Rw::RandRw | Rw::Rw => mix.min(100),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchParams {
+    pub rw: Rw,
+    pub bs: usize,
+    pub iodepth: usize,
+    pub numjobs: usize,
+    pub rwmixread: u8,
+    /// Stop after this long...
+    pub runtime: Option<Duration>,
+    /// ...or after this many requests in total (whichever comes first).
+    pub ios: Option<u64>,
+    /// Region of the device to use: `offset .. offset+size` (size 0 = to the end).
+    pub offset: u64,
+    pub size: u64,
+    pub seed: u64,
+    /// Requests issued before measuring starts (warms caches and windows).
+    pub ramp_ios: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latency {
+    pub min: u64,
+    pub mean: f64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DirectionReport {
+    pub ios: u64,
+    pub bytes: u64,
+    pub iops: f64,
+    pub bw_bytes: f64,
+    pub lat_ns: Latency,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub target: String,
+    pub rw: Rw,
+    pub bs: usize,
+    pub iodepth: usize,
+    pub numjobs: usize,
+    pub rwmixread: u8,
+    pub runtime_s: f64,
+    pub ios: u64,
+    pub bytes: u64,
+    pub iops: f64,
+    pub bw_bytes: f64,
+    pub lat_ns: Latency,
+    pub read: DirectionReport,
+    pub write: DirectionReport,
+    pub cpu_user_s: f64,
+    pub cpu_sys_s: f64,
+    /// Client CPU seconds per request (user + sys).
+    pub cpu_per_io_us: f64,
+    pub errors: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("invalid parameters: {0}")]
+    Params(String),
+    #[error("{op} of {len} bytes at offset {offset} failed: {source}")]
+    Io { op: &'static str, offset: u64, len: usize, source: bw_initiator::ClientError },
+}
+
+struct Shared {
+    stop: AtomicBool,
+    issued: AtomicU64,
+    limit: u64,
+    measuring: AtomicBool,
+}
+
+struct WorkerResult {
+    read: Histogram<u64>,
+    write: Histogram<u64>,
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(100, 120_000_000_000, 3).expect("static bounds are valid")
+}
+
+pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<BenchReport, BenchError> {
+    let bs = client.block_size() as u64;
+    let dev = client.size_bytes();
+    if p.bs == 0 || p.bs as u64 % bs != 0 {
+        return Err(BenchError::Params(format!("--bs must be a non-zero multiple of {bs}")));
+    }
+    let size = if p.size == 0 { dev.saturating_sub(p.offset) } else { p.size };
+    if p.offset % bs != 0 || p.offset.checked_add(size).map_or(true, |e| e > dev) {
+        return Err(BenchError::Params(format!("region {}+{size} does not fit the device ({dev} bytes)", p.offset)));
+    }
+    let numjobs = p.numjobs.max(1) as u64;
+    let blocks_per_job = size / numjobs / p.bs as u64;
+    if blocks_per_job == 0 {
+        return Err(BenchError::Params(format!("region of {size} bytes is too small for {numjobs} jobs of --bs {}", p.bs)));
+    }
+    if p.runtime.is_none() && p.ios.is_none() {
+        return Err(BenchError::Params("give --runtime or --ios".into()));
+    }
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        issued: AtomicU64::new(0),
+        limit: p.ios.map_or(u64::MAX, |n| n + p.ramp_ios),
+        measuring: AtomicBool::new(p.ramp_ios == 0),
+    });
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for job in 0..numjobs {
+        // Sequential workers of one job share a cursor so together they stream.
+        let cursor = Arc::new(AtomicU64::new(0));
+        let job_base = p.offset + job * blocks_per_job * p.bs as u64;
+        for w in 0..p.iodepth.max(1) {
+            let (client, shared, cursor, p) = (client.clone(), shared.clone(), cursor.clone(), p.clone());
+            let seed = p.seed ^ (job << 32) ^ w as u64;
+            tasks.spawn(async move { worker(client, shared, cursor, p, job_base, blocks_per_job, seed).await });
+        }
+    }
+
+    // Ramp: wait until the warm-up requests are through, then start the clock.
+    if p.ramp_ios > 0 {
+        while shared.issued.load(Ordering::Relaxed) < p.ramp_ios && !tasks.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            if tasks.try_join_next().is_some() {
+                break;
+            }
+        }
+        shared.measuring.store(true, Ordering::Relaxed);
+    }
+    let cpu0 = CpuTimes::now();
+    let t0 = Instant::now();
+    if let Some(rt) = p.runtime {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(rt).await;
+            shared.stop.store(true, Ordering::Relaxed);
+        });
+    }
+    let mut read = new_hist();
+    let mut write = new_hist();
+    let mut first_err = None;
+    let mut errors = 0;
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(w)) => {
+                read.add(&w.read).expect("same bounds");
+                write.add(&w.write).expect("same bounds");
+            }
+            Ok(Err(e)) => {
+                errors += 1;
+                shared.stop.store(true, Ordering::Relaxed);
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                errors += 1;
+                shared.stop.store(true, Ordering::Relaxed);
+                first_err.get_or_insert(BenchError::Params(format!("worker panicked: {e}")));
+            }
+        }
+    }
+    let elapsed = t0.elapsed().as_secs_f64().max(1e-9);
+    let cpu = CpuTimes::now().since(&cpu0);
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let dir = |h: &Histogram<u64>| {
+        let ios = h.len();
+        let bytes = ios * p.bs as u64;
+        DirectionReport { ios, bytes, iops: ios as f64 / elapsed, bw_bytes: bytes as f64 / elapsed, lat_ns: latency(h) }
+    };
+    let (r, w) = (dir(&read), dir(&write));
+    let mut all = read.clone();
+    all.add(&write).expect("same bounds");
+    let ios = r.ios + w.ios;
+    Ok(BenchReport {
+        target: client.describe(),
+        rw: p.rw,
+        bs: p.bs,
+        iodepth: p.iodepth,
+        numjobs: p.numjobs,
+        rwmixread: p.rw.read_pct(p.rwmixread),
+        runtime_s: elapsed,
+        ios,
+        bytes: r.bytes + w.bytes,
+        iops: ios as f64 / elapsed,
+        bw_bytes: (r.bytes + w.bytes) as f64 / elapsed,
+        lat_ns: latency(&all),
+        read: r,
+        write: w,
+        cpu_user_s: cpu.user_s,
+        cpu_sys_s: cpu.sys_s,
+        cpu_per_io_us: if ios > 0 { (cpu.user_s + cpu.sys_s) * 1e6 / ios as f64 } else { 0.0 },
+        errors,
+    })
+}
+
+fn latency(h: &Histogram<u64>) -> Latency {
+    if h.is_empty() {
+        return Latency::default();
+    }
+    Latency {
+        min: h.min(),
+        mean: h.mean(),
+        p50: h.value_at_quantile(0.50),
+        p90: h.value_at_quantile(0.90),
+        p99: h.value_at_quantile(0.99),
+        p999: h.value_at_quantile(0.999),
+        max: h.max(),
+    }
+}
+
+async fn worker(
+    client: Arc<dyn BlockClient>,
+    shared: Arc<Shared>,
+    cursor: Arc<AtomicU64>,
+    p: BenchParams,
+    job_base: u64,
+    blocks: u64,
+    seed: u64,
+) -> Result<WorkerResult, BenchError> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut buf = vec![0u8; p.bs];
+    // Incompressible, non-zero data so no layer can cheat on zero pages.
+    rng.fill(&mut buf[..]);
+    let read_pct = p.rw.read_pct(p.rwmixread);
+    let mut res = WorkerResult { read: new_hist(), write: new_hist() };
+    loop {
+        if shared.stop.load(Ordering::Relaxed) || shared.issued.fetch_add(1, Ordering::Relaxed) >= shared.limit {
+            return Ok(res);
+        }
+        let block = if p.rw.random() {
+            rng.gen_range(0..blocks)
+        } else {
+            cursor.fetch_add(1, Ordering::Relaxed) % blocks
+        };
+        let offset = job_base + block * p.bs as u64;
+        let is_read = read_pct == 100 || (read_pct > 0 && rng.gen_range(0..100u8) < read_pct);
+        let t = Instant::now();
+        let r = if is_read { client.read(offset, &mut buf).await } else { client.write(offset, &buf).await };
+        let ns = t.elapsed().as_nanos() as u64;
+        r.map_err(|source| BenchError::Io { op: if is_read { "read" } else { "write" }, offset, len: p.bs, source })?;
+        if shared.measuring.load(Ordering::Relaxed) {
+            let h = if is_read { &mut res.read } else { &mut res.write };
+            h.saturating_record(ns.max(100));
+        }
+    }
+}
+
+impl BenchReport {
+    /// The human table `blockwire bench` prints.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "{}  {:?} bs={} iodepth={} numjobs={}{}  {:.1} s\n",
+            self.target,
+            self.rw,
+            bw_size(self.bs as u64),
+            self.iodepth,
+            self.numjobs,
+            if matches!(self.rw, Rw::RandRw | Rw::Rw) { format!(" rwmixread={}", self.rwmixread) } else { String::new() },
+            self.runtime_s
+        )
+        .to_lowercase();
+        s.push_str(&format!(
+            "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            "op", "IOPS", "MiB/s", "lat p50", "p99", "p99.9", "ios"
+        ));
+        for (name, d) in [("read", &self.read), ("write", &self.write)] {
+            if d.ios == 0 {
+                continue;
+            }
+            s.push_str(&format!(
+                "{:<6} {:>10.0} {:>10.1} {:>10} {:>10} {:>10} {:>10}\n",
+                name,
+                d.iops,
+                d.bw_bytes / (1 << 20) as f64,
+                fmt_ns(d.lat_ns.p50),
+                fmt_ns(d.lat_ns.p99),
+                fmt_ns(d.lat_ns.p999),
+                d.ios
+            ));
+        }
+        s.push_str(&format!(
+            "client cpu: user {:.2} s, sys {:.2} s, {:.1} us per I/O\n",
+            self.cpu_user_s, self.cpu_sys_s, self.cpu_per_io_us
+        ));
+        s
+    }
+}
+
+fn bw_size(b: u64) -> String {
+    if b >= 1 << 20 && b % (1 << 20) == 0 {
+        format!("{}MiB", b >> 20)
+    } else if b >= 1024 && b % 1024 == 0 {
+        format!("{}KiB", b >> 10)
+    } else {
+        format!("{b}B")
+    }
+}
+
+fn fmt_ns(ns: u64) -> String {
+    if ns >= 10_000_000 {
+        format!("{:.1}ms", ns as f64 / 1e6)
+    } else {
+        format!("{:.1}us", ns as f64 / 1e3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verify::tests::mem;
+
+    fn params(rw: Rw) -> BenchParams {
+        BenchParams {
+            rw,
+            bs: 4096,
+            iodepth: 4,
+            numjobs: 2,
+            rwmixread: 75,
+            runtime: None,
+            ios: Some(2000),
+            offset: 0,
+            size: 0,
+            seed: 1,
+            ramp_ios: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn counts_exactly_the_requested_ios_and_mix() {
+        let r = bench(mem(1 << 20, None), &params(Rw::RandRw)).await.unwrap();
+        assert_eq!(r.ios, 2000);
+        assert_eq!(r.bytes, 2000 * 4096);
+        let frac = r.read.ios as f64 / r.ios as f64;
+        assert!((0.65..0.85).contains(&frac), "read fraction {frac}");
+        assert!(r.lat_ns.p50 <= r.lat_ns.p99 && r.lat_ns.p99 <= r.lat_ns.max);
+        let w = bench(mem(1 << 20, None), &params(Rw::Write)).await.unwrap();
+        assert_eq!((w.read.ios, w.write.ios), (0, 2000));
+    }
+
+    #[tokio::test]
+    async fn sequential_jobs_stay_in_their_region() {
+        // 2 jobs over 1 MiB: each owns 512 KiB; everything written must be inside the device.
+        let mut p = params(Rw::Write);
+        p.bs = 64 << 10;
+        let r = bench(mem(1 << 20, None), &p).await.unwrap();
+        assert_eq!(r.write.ios, 2000);
+    }
+
+    #[tokio::test]
+    async fn rejects_bad_parameters() {
+        let mut p = params(Rw::Read);
+        p.bs = 1000;
+        assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
+        let mut p = params(Rw::Read);
+        p.ios = None;
+        assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
+        let mut p = params(Rw::Read);
+        p.numjobs = 1000;
+        p.bs = 1 << 20;
+        assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
+    }
+
+    #[test]
+    fn parses_rw_names() {
+        assert_eq!("randrw".parse::<Rw>().unwrap(), Rw::RandRw);
+        assert!("randomread".parse::<Rw>().is_err());
+    }
+}
