@@ -1,1 +1,72 @@
-//! NVMe command set, NVMe/TCP PDUs and controller logic; no sockets
+//! NVMe command set, NVMe/TCP PDUs and controller logic; no sockets.
+//!
+//! - [`pdu`]: the NVMe/TCP PDU codec (common header, IC, capsules, data
+//!   PDUs, R2T, TermReq; CRC32C header/data digests), data as `Bytes`.
+//! - [`command`]: the 64-byte submission entry and 16-byte completion.
+//! - [`status`]: status codes as Linux spells them (SCT << 8 | SC, DNR 0x4000).
+//! - [`fabrics`]: Connect / Property Get/Set / Disconnect encodings.
+//! - [`identify`], [`logpage`]: data structures the host reads.
+//! - [`controller`]: one controller's admin state machine (properties,
+//!   features, AER, keep-alive, logs) and [`io`]: the NVM command set over a
+//!   `bw_block::Volume`.
+//!
+//! The target and the initiator crates put sockets around these.
+
+pub mod command;
+pub mod controller;
+pub mod fabrics;
+pub mod identify;
+pub mod io;
+pub mod logpage;
+pub mod pdu;
+pub mod status;
+pub mod subsystem;
+
+pub use command::{Cqe, Sqe};
+pub use controller::{AdminOutcome, Completion, Controller};
+pub use subsystem::{Namespace, Subsystem, DISCOVERY_NQN};
+
+pub use pdu::{Digests, Pdu, PduError};
+pub use status::Status;
+
+
+/// Logical block size of every namespace (matches `bw_block::SECTOR_SIZE`).
+pub const LBA_SIZE: u32 = 512;
+/// log2 of [`LBA_SIZE`].
+pub const LBA_SHIFT: u32 = 9;
+
+/// Write `s` into a fixed field, padded with `pad` (NVMe strings are
+/// space-padded ASCII; NQNs are NUL-padded).
+pub(crate) fn put_str(dst: &mut [u8], s: &str, pad: u8) {
+    dst.fill(pad);
+    let b = s.as_bytes();
+    let n = b.len().min(dst.len());
+    dst[..n].copy_from_slice(&b[..n]);
+}
+
+/// Read a NUL- or space-padded ASCII field.
+pub fn get_str(src: &[u8]) -> String {
+    let end = src.iter().position(|&c| c == 0).unwrap_or(src.len());
+    String::from_utf8_lossy(&src[..end]).trim_end().to_string()
+}
+
+pub(crate) fn le16(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+pub(crate) fn le32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+pub(crate) fn le64(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+pub(crate) fn put16(b: &mut [u8], o: usize, v: u16) {
+    b[o..o + 2].copy_from_slice(&v.to_le_bytes());
+}
+pub(crate) fn put32(b: &mut [u8], o: usize, v: u32) {
+    b[o..o + 4].copy_from_slice(&v.to_le_bytes());
+}
+pub(crate) fn put64(b: &mut [u8], o: usize, v: u64) {
+    b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+}

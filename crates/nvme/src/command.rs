@@ -1,0 +1,217 @@
+//! The 64-byte submission queue entry (SQE) and 16-byte completion queue
+//! entry (CQE), as views with named accessors.
+
+use crate::{le16, le32, le64, put16, put32, put64, Status};
+
+/// Admin opcodes.
+pub mod admin {
+    pub const DELETE_SQ: u8 = 0x00;
+    pub const CREATE_SQ: u8 = 0x01;
+    pub const GET_LOG_PAGE: u8 = 0x02;
+    pub const DELETE_CQ: u8 = 0x04;
+    pub const CREATE_CQ: u8 = 0x05;
+    pub const IDENTIFY: u8 = 0x06;
+    pub const ABORT: u8 = 0x08;
+    pub const SET_FEATURES: u8 = 0x09;
+    pub const GET_FEATURES: u8 = 0x0A;
+    pub const ASYNC_EVENT: u8 = 0x0C;
+    pub const KEEP_ALIVE: u8 = 0x18;
+}
+
+/// NVM command set opcodes.
+pub mod nvm {
+    pub const FLUSH: u8 = 0x00;
+    pub const WRITE: u8 = 0x01;
+    pub const READ: u8 = 0x02;
+    pub const COMPARE: u8 = 0x05;
+    pub const WRITE_ZEROES: u8 = 0x08;
+    pub const DSM: u8 = 0x09;
+}
+
+/// The fabrics command opcode; the command type is in byte 4 (fctype).
+pub const FABRICS_OPCODE: u8 = 0x7F;
+
+/// SGL descriptor types as the TCP transport uses them (type << 4 | subtype).
+pub mod sgl {
+    /// Data block, offset subtype: data is in the capsule (offset in `addr`).
+    pub const INCAPSULE: u8 = 0x01;
+    /// Transport data block, transport-specific subtype A: data moves in
+    /// H2CData/C2HData PDUs.
+    pub const TRANSPORT: u8 = 0x5A;
+}
+
+/// PSDT = 01 (SGL for data, metadata contiguous) in the SQE flags byte.
+pub const FLAGS_PSDT_SGL: u8 = 0x40;
+
+/// One SGL data descriptor (bytes 24..40 of the SQE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sgl {
+    pub addr: u64,
+    pub length: u32,
+    pub kind: u8,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Sqe(pub [u8; 64]);
+
+impl Default for Sqe {
+    fn default() -> Self {
+        Sqe([0; 64])
+    }
+}
+
+impl std::fmt::Debug for Sqe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sqe(opc {:#04x} cid {} nsid {} cdw10 {:#x})", self.opcode(), self.cid(), self.nsid(), self.cdw(10))
+    }
+}
+
+impl Sqe {
+    /// From exactly 64 bytes (callers slice the capsule header).
+    pub fn from_slice(b: &[u8]) -> Sqe {
+        let mut a = [0u8; 64];
+        a.copy_from_slice(&b[..64]);
+        Sqe(a)
+    }
+    /// A new command with the SGL flag set, as every fabrics host sends.
+    pub fn new(opcode: u8, cid: u16, nsid: u32) -> Sqe {
+        let mut s = Sqe::default();
+        s.0[0] = opcode;
+        s.0[1] = FLAGS_PSDT_SGL;
+        s.set_cid(cid);
+        put32(&mut s.0, 4, nsid);
+        s
+    }
+    /// A fabrics command of type `fctype`.
+    pub fn fabrics(fctype: u8, cid: u16) -> Sqe {
+        let mut s = Sqe::new(FABRICS_OPCODE, cid, 0);
+        s.0[4] = fctype;
+        s
+    }
+    pub fn opcode(&self) -> u8 {
+        self.0[0]
+    }
+    pub fn flags(&self) -> u8 {
+        self.0[1]
+    }
+    pub fn cid(&self) -> u16 {
+        le16(&self.0, 2)
+    }
+    pub fn set_cid(&mut self, cid: u16) {
+        put16(&mut self.0, 2, cid)
+    }
+    pub fn nsid(&self) -> u32 {
+        le32(&self.0, 4)
+    }
+    /// Fabrics command type (only meaningful when opcode is 0x7F).
+    pub fn fctype(&self) -> u8 {
+        self.0[4]
+    }
+    pub fn is_fabrics(&self) -> bool {
+        self.opcode() == FABRICS_OPCODE
+    }
+    /// Command dword N (10..=15), also 2 and 3.
+    pub fn cdw(&self, n: usize) -> u32 {
+        le32(&self.0, n * 4)
+    }
+    pub fn set_cdw(&mut self, n: usize, v: u32) {
+        put32(&mut self.0, n * 4, v)
+    }
+    pub fn sgl(&self) -> Sgl {
+        Sgl { addr: le64(&self.0, 24), length: le32(&self.0, 32), kind: self.0[39] }
+    }
+    pub fn set_sgl(&mut self, s: Sgl) {
+        put64(&mut self.0, 24, s.addr);
+        put32(&mut self.0, 32, s.length);
+        self.0[36..39].fill(0);
+        self.0[39] = s.kind;
+    }
+    /// Data flows host to controller (opcode bit 0; bit 1 is the other way).
+    /// Fabrics commands carry the direction in fctype instead.
+    pub fn is_host_to_ctrl(&self) -> bool {
+        if self.is_fabrics() {
+            self.fctype() & 1 == 1
+        } else {
+            self.opcode() & 1 == 1
+        }
+    }
+    /// Starting LBA (cdw10-11) and zero-based block count (cdw12 bits 15:0)
+    /// of Read/Write/Compare/Write Zeroes.
+    pub fn slba(&self) -> u64 {
+        le64(&self.0, 40)
+    }
+    pub fn nlb(&self) -> u32 {
+        (self.cdw(12) & 0xFFFF) + 1
+    }
+    pub fn set_rw(&mut self, slba: u64, blocks: u32) {
+        put64(&mut self.0, 40, slba);
+        self.set_cdw(12, blocks.saturating_sub(1) & 0xFFFF);
+    }
+}
+
+/// A completion queue entry. `status` is without the phase bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cqe {
+    /// Command specific dword 0 and dword 1 (dw1 is the upper half for
+    /// 8-byte Property Get results).
+    pub result: u64,
+    pub sq_head: u16,
+    pub sq_id: u16,
+    pub cid: u16,
+    pub status: Status,
+}
+
+impl Cqe {
+    pub const LEN: usize = 16;
+    pub fn parse(b: &[u8]) -> Cqe {
+        Cqe {
+            result: le64(b, 0),
+            sq_head: le16(b, 8),
+            sq_id: le16(b, 10),
+            cid: le16(b, 12),
+            status: Status::from_wire(le16(b, 14)),
+        }
+    }
+    pub fn write(&self, b: &mut [u8]) {
+        put64(b, 0, self.result);
+        put16(b, 8, self.sq_head);
+        put16(b, 10, self.sq_id);
+        put16(b, 12, self.cid);
+        put16(b, 14, self.status.wire(false));
+    }
+    pub fn dw0(&self) -> u32 {
+        self.result as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqe_layout_matches_spec_offsets() {
+        let mut s = Sqe::new(nvm::READ, 0x1234, 1);
+        s.set_rw(0x0102030405, 8);
+        s.set_sgl(Sgl { addr: 0, length: 4096, kind: sgl::TRANSPORT });
+        let b = s.0;
+        assert_eq!(&b[0..8], &[0x02, 0x40, 0x34, 0x12, 1, 0, 0, 0]);
+        assert_eq!(&b[24..40], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0x5A]);
+        assert_eq!(&b[40..48], &[5, 4, 3, 2, 1, 0, 0, 0]);
+        assert_eq!(&b[48..52], &[7, 0, 0, 0]);
+        assert_eq!(s.nlb(), 8);
+        assert_eq!(s.slba(), 0x0102030405);
+        assert!(!s.is_host_to_ctrl());
+        assert!(Sqe::new(nvm::WRITE, 0, 1).is_host_to_ctrl());
+        assert!(Sqe::fabrics(0x01, 0).is_host_to_ctrl()); // Connect carries data
+        assert!(!Sqe::fabrics(0x04, 0).is_host_to_ctrl()); // Property Get
+    }
+
+    #[test]
+    fn cqe_round_trip_and_bytes() {
+        let c = Cqe { result: 0x11223344, sq_head: 5, sq_id: 1, cid: 0xBEEF, status: Status::LBA_RANGE.dnr() };
+        let mut b = [0u8; 16];
+        c.write(&mut b);
+        assert_eq!(b, [0x44, 0x33, 0x22, 0x11, 0, 0, 0, 0, 5, 0, 1, 0, 0xEF, 0xBE, 0x00, 0x81]);
+        assert_eq!(Cqe::parse(&b), c);
+    }
+}

@@ -1,0 +1,458 @@
+//! One controller's admin state: properties (CAP/VS/CC/CSTS), features,
+//! Identify, Get Log Page, Async Event Requests, keep-alive. Connect and
+//! Disconnect are handled by whoever owns the set of controllers (the
+//! target); everything else on the admin queue comes here.
+
+use crate::command::{admin, Sqe};
+use crate::fabrics::{fctype, reg, Property};
+use crate::identify::{self, cns, CtrlParams};
+use crate::logpage::{self, lid, DiscoveryEntry, LogRequest};
+use crate::subsystem::Subsystem;
+use crate::Status;
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Maximum queue entries (CAP.MQES + 1) and MAXCMD.
+pub const MAX_QUEUE_ENTRIES: u16 = 1024;
+/// I/O queues one controller may have.
+pub const MAX_IO_QUEUES: u16 = 64;
+/// In-capsule data the target accepts on I/O queues, bytes.
+pub const INCAPSULE_DATA: u32 = 16384;
+/// MDTS: 2^8 pages of 4 KiB = 1 MiB per command.
+pub const MDTS: u8 = 8;
+/// Keep-alive granularity (KAS) in 100 ms units.
+pub const KAS: u16 = 10;
+/// Outstanding AERs, zero-based (4).
+pub const AERL: u8 = 3;
+pub const FIRMWARE: &str = "0.1";
+
+pub mod feature {
+    pub const VOLATILE_WC: u8 = 0x06;
+    pub const NUM_QUEUES: u8 = 0x07;
+    pub const ASYNC_EVENT: u8 = 0x0B;
+    pub const KATO: u8 = 0x0F;
+}
+
+/// Async event: notice, namespace attribute changed, log page 04h.
+pub const AEN_NS_CHANGED: u32 = 0x02 | (0x00 << 8) | (0x04 << 16);
+
+/// What the controller serves.
+#[derive(Debug, Clone)]
+pub enum Role {
+    Nvm(Arc<Subsystem>),
+    /// A discovery controller with the entries this host may see.
+    Discovery(Vec<DiscoveryEntry>),
+}
+
+/// Keep-alive bookkeeping shared with every queue of the controller: any
+/// command counts as traffic (like Linux nvmet), so a busy host that is
+/// late with its Keep Alive is not torn down.
+#[derive(Debug)]
+pub struct KeepAlive {
+    epoch: Instant,
+    last_ms: AtomicU64,
+    kato_ms: AtomicU32,
+}
+
+impl KeepAlive {
+    pub fn new(kato_ms: u32, now: Instant) -> KeepAlive {
+        KeepAlive { epoch: now, last_ms: AtomicU64::new(0), kato_ms: AtomicU32::new(kato_ms) }
+    }
+    pub fn touch(&self, now: Instant) {
+        self.last_ms.store(now.saturating_duration_since(self.epoch).as_millis() as u64, Relaxed);
+    }
+    pub fn kato(&self) -> Option<Duration> {
+        match self.kato_ms.load(Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms as u64)),
+        }
+    }
+    pub fn set_kato_ms(&self, ms: u32) {
+        self.kato_ms.store(ms, Relaxed)
+    }
+    /// True once no command arrived for a whole KATO.
+    pub fn expired(&self, now: Instant) -> bool {
+        match self.kato() {
+            None => false,
+            Some(k) => {
+                let last = self.epoch + Duration::from_millis(self.last_ms.load(Relaxed));
+                now.saturating_duration_since(last) > k
+            }
+        }
+    }
+}
+
+/// A finished admin command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub cid: u16,
+    pub status: Status,
+    pub result: u64,
+    /// Data for the host (controller to host transfer).
+    pub data: Option<Bytes>,
+}
+
+impl Completion {
+    fn status(cid: u16, status: Status) -> Completion {
+        Completion { cid, status, result: 0, data: None }
+    }
+    fn result(cid: u16, result: u64) -> Completion {
+        Completion { cid, status: Status::SUCCESS, result, data: None }
+    }
+    fn data(cid: u16, data: Vec<u8>, want: usize) -> Completion {
+        let mut data = data;
+        data.truncate(want);
+        Completion { cid, status: Status::SUCCESS, result: 0, data: Some(Bytes::from(data)) }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum AdminOutcome {
+    Complete(Completion),
+    /// An Async Event Request parked until an event happens.
+    Held,
+}
+
+#[derive(Debug)]
+pub struct Controller {
+    pub cntlid: u16,
+    pub role: Role,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub keep_alive: Arc<KeepAlive>,
+    cc: u32,
+    csts: u32,
+    aec: u32,
+    wce: bool,
+    /// I/O queues granted by Set Features (Number of Queues).
+    io_queues: u16,
+    aers: VecDeque<u16>,
+    events: VecDeque<u32>,
+    changed_ns: Vec<u32>,
+}
+
+fn cap() -> u64 {
+    (MAX_QUEUE_ENTRIES as u64 - 1) // MQES
+        | 1 << 16 // CQR: contiguous queues required
+        | 30 << 24 // TO: 15 s in 500 ms units
+        | 1 << 37 // CSS: NVM command set
+}
+
+impl Controller {
+    pub fn new(cntlid: u16, role: Role, hostnqn: String, hostid: [u8; 16], kato_ms: u32, now: Instant) -> Controller {
+        let ka = Arc::new(KeepAlive::new(kato_ms, now));
+        ka.touch(now);
+        let wce = matches!(&role, Role::Nvm(s) if s.write_cache());
+        Controller {
+            cntlid,
+            role,
+            hostnqn,
+            hostid,
+            keep_alive: ka,
+            cc: 0,
+            csts: 0,
+            aec: 0,
+            wce,
+            io_queues: MAX_IO_QUEUES,
+            aers: VecDeque::new(),
+            events: VecDeque::new(),
+            changed_ns: Vec::new(),
+        }
+    }
+
+    pub fn subsystem(&self) -> Option<&Arc<Subsystem>> {
+        match &self.role {
+            Role::Nvm(s) => Some(s),
+            Role::Discovery(_) => None,
+        }
+    }
+    pub fn is_discovery(&self) -> bool {
+        matches!(self.role, Role::Discovery(_))
+    }
+    pub fn ready(&self) -> bool {
+        self.csts & 1 != 0
+    }
+    /// Number of I/O queues the host may connect (qid 1..=n).
+    pub fn io_queues(&self) -> u16 {
+        if self.is_discovery() {
+            0
+        } else {
+            self.io_queues
+        }
+    }
+    pub fn shut_down(&self) -> bool {
+        (self.csts >> 2) & 3 == 2
+    }
+
+    fn params(&self) -> CtrlParams {
+        let (subnqn, nn, serial, model, cntrltype) = match &self.role {
+            Role::Nvm(s) => (s.nqn.clone(), s.max_nsid(), s.serial.clone(), s.model.clone(), identify::CNTRLTYPE_IO),
+            Role::Discovery(_) => (crate::DISCOVERY_NQN.to_string(), 0, "discovery".into(), "blockwire discovery".into(), identify::CNTRLTYPE_DISCOVERY),
+        };
+        CtrlParams {
+            cntlid: self.cntlid,
+            cntrltype,
+            serial,
+            model,
+            firmware: FIRMWARE.into(),
+            subnqn,
+            nn,
+            vwc: self.wce,
+            mdts: MDTS,
+            maxcmd: MAX_QUEUE_ENTRIES,
+            ioccsz: (64 + INCAPSULE_DATA) / 16,
+            iorcsz: 1,
+            kas: KAS,
+            aerl: AERL,
+            oncs: if cntrltype == identify::CNTRLTYPE_IO { identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES } else { 0 },
+        }
+    }
+
+    /// Property Get / Property Set (fabrics commands on the admin queue).
+    pub fn property(&mut self, sqe: &Sqe) -> Completion {
+        let cid = sqe.cid();
+        let p = Property::parse(sqe);
+        if sqe.fctype() == fctype::PROPERTY_SET {
+            return match p.offset {
+                reg::CC => {
+                    self.set_cc(p.value as u32);
+                    Completion::status(cid, Status::SUCCESS)
+                }
+                _ => Completion::status(cid, Status::INVALID_FIELD.dnr()),
+            };
+        }
+        let v = match (p.offset, p.size8) {
+            (reg::CAP, true) => cap(),
+            (reg::VS, false) => identify::VERSION as u64,
+            (reg::CC, false) => self.cc as u64,
+            (reg::CSTS, false) => self.csts as u64,
+            _ => return Completion::status(cid, Status::INVALID_FIELD.dnr()),
+        };
+        Completion::result(cid, v)
+    }
+
+    fn set_cc(&mut self, new: u32) {
+        let old = self.cc;
+        self.cc = new;
+        let en = new & 1 != 0;
+        if en && old & 1 == 0 {
+            // Entry sizes must be 2^6 and 2^4 bytes, else controller fatal.
+            if (new >> 16) & 0xF != 6 || (new >> 20) & 0xF != 4 {
+                self.csts |= 1 << 1; // CFS
+            } else {
+                self.csts = 1;
+            }
+        } else if !en && old & 1 != 0 {
+            // Controller reset.
+            self.csts = 0;
+            self.aers.clear();
+        }
+        let shn = (new >> 14) & 3;
+        if shn != 0 && (old >> 14) & 3 == 0 {
+            // Normal or abrupt shutdown: make everything durable first.
+            if let Role::Nvm(s) = &self.role {
+                for ns in &s.namespaces {
+                    if let Err(e) = ns.volume.flush() {
+                        log::warn!("controller {}: flush at shutdown failed: {e}", self.cntlid);
+                    }
+                }
+            }
+            self.csts = (self.csts & !(3 << 2)) | (2 << 2); // SHST: complete
+        } else if shn == 0 {
+            self.csts &= !(3 << 2);
+        }
+    }
+
+    /// Execute one admin command (everything but Connect/Disconnect).
+    pub fn execute_admin(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> AdminOutcome {
+        self.keep_alive.touch(now);
+        let cid = sqe.cid();
+        let done = |c: Completion| AdminOutcome::Complete(c);
+        if sqe.is_fabrics() {
+            return done(match sqe.fctype() {
+                fctype::PROPERTY_GET | fctype::PROPERTY_SET => self.property(sqe),
+                // No authentication is offered (Connect never asks for it).
+                _ => Completion::status(cid, Status::INVALID_OPCODE.dnr()),
+            });
+        }
+        if !self.ready() {
+            return done(Completion::status(cid, Status::CMD_SEQ_ERROR));
+        }
+        let _ = data;
+        done(match sqe.opcode() {
+            admin::IDENTIFY => self.identify(sqe),
+            admin::GET_LOG_PAGE => self.get_log_page(sqe),
+            admin::SET_FEATURES => self.set_features(sqe),
+            admin::GET_FEATURES => self.get_features(sqe),
+            admin::KEEP_ALIVE => Completion::status(cid, Status::SUCCESS),
+            // Commands complete too fast to abort: report "not aborted".
+            admin::ABORT => Completion::result(cid, 1),
+            admin::ASYNC_EVENT => {
+                if let Some(ev) = self.events.pop_front() {
+                    Completion::result(cid, ev as u64)
+                } else if self.aers.len() > AERL as usize {
+                    Completion::status(cid, Status::ASYNC_LIMIT.dnr())
+                } else {
+                    self.aers.push_back(cid);
+                    return AdminOutcome::Held;
+                }
+            }
+            _ => Completion::status(cid, Status::INVALID_OPCODE.dnr()),
+        })
+    }
+
+    fn identify(&self, sqe: &Sqe) -> Completion {
+        let cid = sqe.cid();
+        let want = sqe.sgl().length as usize;
+        let c = (sqe.cdw(10) & 0xFF) as u8;
+        let csi = (sqe.cdw(11) >> 24) as u8;
+        let nsid = sqe.nsid();
+        let bad_ns = Completion::status(cid, Status::INVALID_NS.dnr());
+        let page = match (c, &self.role) {
+            (cns::CONTROLLER, _) => identify::controller(&self.params()),
+            (cns::NAMESPACE, Role::Nvm(s)) => match s.namespace(nsid) {
+                Some(ns) => identify::namespace(ns),
+                // Inactive but valid NSID: a zeroed structure.
+                None if nsid != 0 && nsid <= s.max_nsid() => vec![0u8; identify::LEN],
+                None => return bad_ns,
+            },
+            (cns::ACTIVE_NS_LIST, Role::Nvm(s)) => {
+                if nsid >= 0xFFFF_FFFE {
+                    return bad_ns;
+                }
+                identify::active_ns_list(s, nsid)
+            }
+            (cns::NS_DESCRIPTORS, Role::Nvm(s)) => match s.namespace(nsid) {
+                Some(ns) => identify::ns_descriptors(ns),
+                None => return bad_ns,
+            },
+            // NVM command set specific structures: no limits to report.
+            (cns::CS_CONTROLLER, Role::Nvm(_)) if csi == 0 => vec![0u8; identify::LEN],
+            (cns::CS_NAMESPACE, Role::Nvm(s)) if csi == 0 => match s.namespace(nsid) {
+                Some(_) => vec![0u8; identify::LEN],
+                None => return bad_ns,
+            },
+            _ => return Completion::status(cid, Status::INVALID_FIELD.dnr()),
+        };
+        Completion::data(cid, page, want.min(identify::LEN))
+    }
+
+    fn get_log_page(&mut self, sqe: &Sqe) -> Completion {
+        let cid = sqe.cid();
+        let r = LogRequest::parse(sqe);
+        if r.len > sqe.sgl().length as usize {
+            return Completion::status(cid, Status::SGL_INVALID_DATA.dnr());
+        }
+        let page = match (r.lid, &self.role) {
+            (lid::DISCOVERY, Role::Discovery(entries)) => logpage::discovery_log(entries.len() as u64, entries),
+            (lid::ERROR, _) => logpage::error_log(),
+            (lid::SMART, _) => logpage::smart(self.subsystem().map(|s| s.as_ref())),
+            (lid::FW_SLOT, _) => logpage::firmware_slots(FIRMWARE),
+            (lid::CHANGED_NS, Role::Nvm(_)) => {
+                let p = logpage::changed_ns(&self.changed_ns);
+                if !r.rae {
+                    self.changed_ns.clear();
+                }
+                p
+            }
+            (lid::CMD_EFFECTS, Role::Nvm(_)) => logpage::command_effects(),
+            _ => return Completion::status(cid, Status::INVALID_LOG_PAGE.dnr()),
+        };
+        match logpage::window(&page, &r) {
+            Some(d) => Completion::data(cid, d, r.len),
+            None => Completion::status(cid, Status::INVALID_FIELD.dnr()),
+        }
+    }
+
+    fn set_features(&mut self, sqe: &Sqe) -> Completion {
+        let cid = sqe.cid();
+        let c10 = sqe.cdw(10);
+        let v = sqe.cdw(11);
+        if c10 & (1 << 31) != 0 {
+            return Completion::status(cid, Status::FEATURE_NOT_SAVEABLE.dnr());
+        }
+        match c10 as u8 {
+            feature::NUM_QUEUES => {
+                let (nsq, ncq) = (v & 0xFFFF, v >> 16);
+                if nsq == 0xFFFF || ncq == 0xFFFF || self.is_discovery() {
+                    return Completion::status(cid, Status::INVALID_FIELD.dnr());
+                }
+                let granted = (nsq.min(ncq) + 1).min(MAX_IO_QUEUES as u32) as u16;
+                self.io_queues = granted;
+                let z = (granted - 1) as u64;
+                Completion::result(cid, z | z << 16)
+            }
+            feature::ASYNC_EVENT => {
+                self.aec = v;
+                Completion::status(cid, Status::SUCCESS)
+            }
+            feature::KATO => {
+                self.keep_alive.set_kato_ms(v);
+                Completion::status(cid, Status::SUCCESS)
+            }
+            feature::VOLATILE_WC if self.subsystem().is_some_and(|s| s.write_cache()) => {
+                // The page cache is the write cache; it cannot be turned off,
+                // but with WCE clear we still honour every Flush.
+                self.wce = v & 1 != 0;
+                Completion::status(cid, Status::SUCCESS)
+            }
+            _ => Completion::status(cid, Status::INVALID_FIELD.dnr()),
+        }
+    }
+
+    fn get_features(&self, sqe: &Sqe) -> Completion {
+        let cid = sqe.cid();
+        let c10 = sqe.cdw(10);
+        let sel = (c10 >> 8) & 7;
+        let fid = c10 as u8;
+        if sel == 3 {
+            // Supported capabilities: changeable, not saveable.
+            return match fid {
+                feature::NUM_QUEUES | feature::ASYNC_EVENT | feature::KATO | feature::VOLATILE_WC => Completion::result(cid, 1 << 2),
+                _ => Completion::status(cid, Status::INVALID_FIELD.dnr()),
+            };
+        }
+        let default = sel == 1;
+        let v = match fid {
+            feature::NUM_QUEUES if !self.is_discovery() => {
+                let z = (if default { MAX_IO_QUEUES } else { self.io_queues } - 1) as u32;
+                z | z << 16
+            }
+            feature::ASYNC_EVENT => if default { 0 } else { self.aec },
+            feature::KATO => self.keep_alive.kato_ms.load(Relaxed),
+            feature::VOLATILE_WC if self.subsystem().is_some_and(|s| s.write_cache()) => (if default { true } else { self.wce }) as u32,
+            _ => return Completion::status(cid, Status::INVALID_FIELD.dnr()),
+        };
+        Completion::result(cid, v as u64)
+    }
+
+    /// A namespace's attributes changed (resize, new namespace). Returns the
+    /// AER completion to send, if one was waiting and the host asked for
+    /// these notices.
+    pub fn namespace_changed(&mut self, nsid: u32) -> Option<Completion> {
+        if !self.changed_ns.contains(&nsid) {
+            self.changed_ns.push(nsid);
+        }
+        if self.aec & (1 << 8) == 0 {
+            return None;
+        }
+        match self.aers.pop_front() {
+            Some(cid) => Some(Completion::result(cid, AEN_NS_CHANGED as u64)),
+            None => {
+                self.events.push_back(AEN_NS_CHANGED);
+                None
+            }
+        }
+    }
+
+    /// AERs currently parked.
+    pub fn held_aers(&self) -> usize {
+        self.aers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,149 @@
+use super::*;
+use crate::command::{sgl, Sgl};
+use crate::subsystem::Namespace;
+use bw_block::{BackendSpec, Volume};
+
+fn ctrl() -> Controller {
+    let v = Volume::open("v", &BackendSpec::ram(1 << 20)).unwrap();
+    let s = Subsystem { nqn: "nqn.t:s".into(), serial: "S".into(), model: "M".into(), namespaces: vec![Namespace::new("nqn.t:s", 1, v, false)], allowed_hosts: vec![] };
+    Controller::new(3, Role::Nvm(Arc::new(s)), "nqn.h".into(), [0; 16], 5000, Instant::now())
+}
+
+fn run(c: &mut Controller, s: Sqe) -> Completion {
+    match c.execute_admin(&s, &[], Instant::now()) {
+        AdminOutcome::Complete(x) => x,
+        AdminOutcome::Held => panic!("held"),
+    }
+}
+
+fn enable(c: &mut Controller) {
+    assert!(run(c, Property::set_sqe(1, reg::CC, 0x46_0001)).status.is_success());
+    assert_eq!(run(c, Property::get_sqe(2, reg::CSTS, false)).result, 1);
+}
+
+fn with_len(mut s: Sqe, len: u32) -> Sqe {
+    s.set_sgl(Sgl { addr: 0, length: len, kind: sgl::TRANSPORT });
+    s
+}
+
+#[test]
+fn properties_enable_and_shutdown() {
+    let mut c = ctrl();
+    let cap = run(&mut c, Property::get_sqe(1, reg::CAP, true)).result;
+    assert_eq!(cap & 0xFFFF, 1023);
+    assert_eq!((cap >> 37) & 1, 1);
+    assert_eq!(run(&mut c, Property::get_sqe(1, reg::VS, false)).result, 0x10300);
+    // Admin commands before CC.EN are a sequence error.
+    let id = with_len(Sqe::new(admin::IDENTIFY, 4, 0), 4096);
+    assert_eq!(run(&mut c, id).status, Status::CMD_SEQ_ERROR);
+    enable(&mut c);
+    assert!(run(&mut c, Property::set_sqe(1, reg::CC, 0x46_4001)).status.is_success());
+    assert_eq!(run(&mut c, Property::get_sqe(2, reg::CSTS, false)).result, 0x9);
+    assert_eq!(run(&mut c, Property::get_sqe(2, 0x40, false)).status, Status::INVALID_FIELD.dnr());
+    // Bad entry sizes: controller fatal status.
+    let mut c = ctrl();
+    run(&mut c, Property::set_sqe(1, reg::CC, 0x1));
+    assert_eq!(run(&mut c, Property::get_sqe(2, reg::CSTS, false)).result & 2, 2);
+}
+
+#[test]
+fn identify_controller_and_namespace() {
+    let mut c = ctrl();
+    enable(&mut c);
+    let mut s = with_len(Sqe::new(admin::IDENTIFY, 4, 0), 4096);
+    s.set_cdw(10, cns::CONTROLLER as u32);
+    let d = run(&mut c, s).data.unwrap();
+    let id = identify::IdCtrl::parse(&d).unwrap();
+    assert_eq!(id.cntlid, 3);
+    assert!(id.kas > 0 && id.ioccsz >= 4 && id.iorcsz >= 1 && id.icdoff == 0 && id.sgls & 3 != 0);
+    assert_eq!(id.nn, 1);
+    let mut s = with_len(Sqe::new(admin::IDENTIFY, 4, 1), 4096);
+    s.set_cdw(10, cns::NAMESPACE as u32);
+    let d = run(&mut c, s).data.unwrap();
+    assert_eq!(identify::parse_namespace(&d), Some((2048, 512, false)));
+    let mut s = with_len(Sqe::new(admin::IDENTIFY, 4, 5), 4096);
+    s.set_cdw(10, cns::NAMESPACE as u32);
+    assert_eq!(run(&mut c, s).status, Status::INVALID_NS.dnr());
+    let mut s = with_len(Sqe::new(admin::IDENTIFY, 4, 0), 4096);
+    s.set_cdw(10, 0x42);
+    assert_eq!(run(&mut c, s).status, Status::INVALID_FIELD.dnr());
+    assert_eq!(run(&mut c, with_len(Sqe::new(0x77, 9, 0), 0)).status, Status::INVALID_OPCODE.dnr());
+}
+
+#[test]
+fn features_and_logs() {
+    let mut c = ctrl();
+    enable(&mut c);
+    let mut s = Sqe::new(admin::SET_FEATURES, 5, 0);
+    s.set_cdw(10, feature::NUM_QUEUES as u32);
+    s.set_cdw(11, 0x0003_0003);
+    assert_eq!(run(&mut c, s).result, 0x0003_0003);
+    assert_eq!(c.io_queues(), 4);
+    s.set_cdw(11, 0x1000_1000);
+    assert_eq!(run(&mut c, s).result, ((MAX_IO_QUEUES as u64 - 1) << 16) | (MAX_IO_QUEUES as u64 - 1));
+    let mut s = Sqe::new(admin::SET_FEATURES, 5, 0);
+    s.set_cdw(10, feature::KATO as u32);
+    s.set_cdw(11, 1234);
+    assert!(run(&mut c, s).status.is_success());
+    let mut g = Sqe::new(admin::GET_FEATURES, 6, 0);
+    g.set_cdw(10, feature::KATO as u32);
+    assert_eq!(run(&mut c, g).result, 1234);
+    g.set_cdw(10, 0x55);
+    assert_eq!(run(&mut c, g).status, Status::INVALID_FIELD.dnr());
+    let l = LogRequest { lid: lid::SMART, rae: false, len: 512, offset: 0 };
+    let d = run(&mut c, with_len(l.to_sqe(7, 0xFFFF_FFFF), 512)).data.unwrap();
+    assert_eq!(d.len(), 512);
+    assert_eq!(d[3], 100);
+    let l = LogRequest { lid: lid::CMD_EFFECTS, rae: false, len: 4096, offset: 0 };
+    assert_eq!(run(&mut c, with_len(l.to_sqe(7, 0), 4096)).data.unwrap().len(), 4096);
+    let l = LogRequest { lid: 0x33, rae: false, len: 512, offset: 0 };
+    assert_eq!(run(&mut c, with_len(l.to_sqe(7, 0), 512)).status, Status::INVALID_LOG_PAGE.dnr());
+}
+
+#[test]
+fn aer_is_held_until_an_event() {
+    let mut c = ctrl();
+    enable(&mut c);
+    let mut s = Sqe::new(admin::SET_FEATURES, 5, 0);
+    s.set_cdw(10, feature::ASYNC_EVENT as u32);
+    s.set_cdw(11, 1 << 8);
+    run(&mut c, s);
+    for cid in 10..14 {
+        assert_eq!(c.execute_admin(&Sqe::new(admin::ASYNC_EVENT, cid, 0), &[], Instant::now()), AdminOutcome::Held);
+    }
+    assert_eq!(run(&mut c, Sqe::new(admin::ASYNC_EVENT, 20, 0)).status, Status::ASYNC_LIMIT.dnr());
+    let done = c.namespace_changed(1).unwrap();
+    assert_eq!((done.cid, done.result), (10, AEN_NS_CHANGED as u64));
+    let l = LogRequest { lid: lid::CHANGED_NS, rae: false, len: 4096, offset: 0 };
+    let d = run(&mut c, with_len(l.to_sqe(7, 0), 4096)).data.unwrap();
+    assert_eq!(&d[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn keep_alive_expires_without_traffic() {
+    let t0 = Instant::now();
+    let ka = KeepAlive::new(1000, t0);
+    ka.touch(t0);
+    assert!(!ka.expired(t0 + Duration::from_millis(900)));
+    assert!(ka.expired(t0 + Duration::from_millis(1100)));
+    ka.touch(t0 + Duration::from_millis(1050));
+    assert!(!ka.expired(t0 + Duration::from_millis(1500)));
+    assert!(!KeepAlive::new(0, t0).expired(t0 + Duration::from_secs(3600)));
+}
+
+#[test]
+fn discovery_controller_serves_log_page() {
+    let e = DiscoveryEntry { subnqn: "nqn.t:s".into(), traddr: "127.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: 2 };
+    let mut c = Controller::new(1, Role::Discovery(vec![e.clone()]), "h".into(), [0; 16], 0, Instant::now());
+    enable(&mut c);
+    let l = LogRequest { lid: lid::DISCOVERY, rae: false, len: 16, offset: 0 };
+    let d = run(&mut c, with_len(l.to_sqe(1, 0), 16)).data.unwrap();
+    assert_eq!(logpage::discovery_numrec(&d), Some(1));
+    let l = LogRequest { lid: lid::DISCOVERY, rae: false, len: 2048, offset: 0 };
+    let d = run(&mut c, with_len(l.to_sqe(1, 0), 2048)).data.unwrap();
+    assert_eq!(logpage::parse_discovery_log(&d).unwrap().1, vec![e]);
+    let mut s = with_len(Sqe::new(admin::IDENTIFY, 4, 0), 4096);
+    s.set_cdw(10, cns::CONTROLLER as u32);
+    let d = run(&mut c, s).data.unwrap();
+    assert_eq!(identify::IdCtrl::parse(&d).unwrap().cntrltype, identify::CNTRLTYPE_DISCOVERY);
+}

@@ -1,0 +1,165 @@
+//! NVMe over Fabrics commands: Connect (with its 1024-byte data), Property
+//! Get/Set, Disconnect; authentication is not offered.
+
+use crate::command::{sgl, Sgl, Sqe};
+use crate::{get_str, le16, le32, le64, put16, put32, put64, put_str};
+
+pub mod fctype {
+    pub const PROPERTY_SET: u8 = 0x00;
+    pub const CONNECT: u8 = 0x01;
+    pub const PROPERTY_GET: u8 = 0x04;
+    pub const AUTH_SEND: u8 = 0x05;
+    pub const AUTH_RECEIVE: u8 = 0x06;
+    pub const DISCONNECT: u8 = 0x08;
+}
+
+/// Controller property offsets.
+pub mod reg {
+    pub const CAP: u32 = 0x00;
+    pub const VS: u32 = 0x08;
+    pub const CC: u32 = 0x14;
+    pub const CSTS: u32 = 0x1C;
+}
+
+pub const CONNECT_DATA_LEN: usize = 1024;
+/// Connect CATTR bit: the host disables submission queue flow control.
+pub const CATTR_DISABLE_SQFLOW: u8 = 1 << 2;
+
+/// Offsets inside the Connect data, for error reporting (IPO).
+pub const CD_CNTLID: u32 = 16;
+pub const CD_SUBNQN: u32 = 256;
+pub const CD_HOSTNQN: u32 = 512;
+/// Offsets inside the Connect SQE.
+pub const CS_QID: u32 = 42;
+pub const CS_SQSIZE: u32 = 44;
+
+/// Invalid parameter attributes for a Connect error in the Connect data.
+pub fn ipo_data(offset: u32) -> u64 {
+    ((1u32 << 16) | offset) as u64
+}
+/// ... or in the Connect SQE.
+pub fn ipo_sqe(offset: u32) -> u64 {
+    offset as u64
+}
+
+/// The SQE fields of Connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connect {
+    pub recfmt: u16,
+    pub qid: u16,
+    /// Zero-based submission queue size.
+    pub sqsize: u16,
+    pub cattr: u8,
+    /// Keep-alive timeout in milliseconds (admin queue; 0 = none).
+    pub kato_ms: u32,
+}
+
+impl Connect {
+    pub fn parse(s: &Sqe) -> Connect {
+        Connect { recfmt: le16(&s.0, 40), qid: le16(&s.0, 42), sqsize: le16(&s.0, 44), cattr: s.0[46], kato_ms: le32(&s.0, 48) }
+    }
+    pub fn to_sqe(&self, cid: u16) -> Sqe {
+        let mut s = Sqe::fabrics(fctype::CONNECT, cid);
+        s.set_sgl(Sgl { addr: 0, length: CONNECT_DATA_LEN as u32, kind: sgl::INCAPSULE });
+        put16(&mut s.0, 40, self.recfmt);
+        put16(&mut s.0, 42, self.qid);
+        put16(&mut s.0, 44, self.sqsize);
+        s.0[46] = self.cattr;
+        put32(&mut s.0, 48, self.kato_ms);
+        s
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectData {
+    pub hostid: [u8; 16],
+    /// 0xFFFF on the admin queue asks for a dynamic controller ID.
+    pub cntlid: u16,
+    pub subnqn: String,
+    pub hostnqn: String,
+}
+
+impl ConnectData {
+    /// None if the data is shorter than 1024 bytes.
+    pub fn parse(b: &[u8]) -> Option<ConnectData> {
+        if b.len() < CONNECT_DATA_LEN {
+            return None;
+        }
+        let mut hostid = [0u8; 16];
+        hostid.copy_from_slice(&b[..16]);
+        Some(ConnectData { hostid, cntlid: le16(b, 16), subnqn: get_str(&b[256..512]), hostnqn: get_str(&b[512..768]) })
+    }
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; CONNECT_DATA_LEN];
+        b[..16].copy_from_slice(&self.hostid);
+        put16(&mut b, 16, self.cntlid);
+        put_str(&mut b[256..511], &self.subnqn, 0);
+        put_str(&mut b[512..767], &self.hostnqn, 0);
+        b
+    }
+}
+
+/// Property Get/Set fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Property {
+    /// 8-byte access (CAP) instead of 4.
+    pub size8: bool,
+    pub offset: u32,
+    pub value: u64,
+}
+
+impl Property {
+    pub fn parse(s: &Sqe) -> Property {
+        Property { size8: s.0[40] & 0x7 == 1, offset: le32(&s.0, 44), value: le64(&s.0, 48) }
+    }
+    pub fn get_sqe(cid: u16, offset: u32, size8: bool) -> Sqe {
+        let mut s = Sqe::fabrics(fctype::PROPERTY_GET, cid);
+        s.0[40] = size8 as u8;
+        put32(&mut s.0, 44, offset);
+        s
+    }
+    pub fn set_sqe(cid: u16, offset: u32, value: u64) -> Sqe {
+        let mut s = Sqe::fabrics(fctype::PROPERTY_SET, cid);
+        put32(&mut s.0, 44, offset);
+        put64(&mut s.0, 48, value);
+        s
+    }
+}
+
+pub fn disconnect_sqe(cid: u16) -> Sqe {
+    Sqe::fabrics(fctype::DISCONNECT, cid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_sqe_and_data_layout() {
+        let c = Connect { recfmt: 0, qid: 3, sqsize: 127, cattr: 0, kato_ms: 5000 };
+        let s = c.to_sqe(9);
+        assert_eq!(&s.0[..5], &[0x7F, 0x40, 9, 0, 0x01]);
+        assert_eq!(&s.0[40..52], &[0, 0, 3, 0, 127, 0, 0, 0, 0x88, 0x13, 0, 0]);
+        assert_eq!(s.sgl().length, 1024);
+        assert_eq!(Connect::parse(&s), c);
+        let d = ConnectData { hostid: [7; 16], cntlid: 0xFFFF, subnqn: "nqn.a:b".into(), hostnqn: "nqn.h:1".into() };
+        let b = d.encode();
+        assert_eq!(&b[16..18], &[0xFF, 0xFF]);
+        assert_eq!(&b[256..263], b"nqn.a:b");
+        assert_eq!(b[263], 0);
+        assert_eq!(&b[512..519], b"nqn.h:1");
+        assert_eq!(ConnectData::parse(&b), Some(d));
+        assert_eq!(ConnectData::parse(&b[..1000]), None);
+        assert_eq!(ipo_data(CD_HOSTNQN), 0x10200);
+    }
+
+    #[test]
+    fn property_layout() {
+        let s = Property::get_sqe(1, reg::CAP, true);
+        assert_eq!(&s.0[..5], &[0x7F, 0x40, 1, 0, 0x04]);
+        assert_eq!(s.0[40], 1);
+        let s = Property::set_sqe(2, reg::CC, 0x460001);
+        assert_eq!(&s.0[44..52], &[0x14, 0, 0, 0, 0x01, 0x00, 0x46, 0x00]);
+        assert_eq!(Property::parse(&s), Property { size8: false, offset: 0x14, value: 0x460001 });
+    }
+}

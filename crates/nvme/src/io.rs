@@ -1,0 +1,250 @@
+//! The NVM command set over a `Volume`: Read, Write, Flush, Compare, Write
+//! Zeroes, Dataset Management (deallocate). Blocking calls: the caller picks
+//! the thread.
+
+use crate::command::{nvm, Sqe};
+use crate::subsystem::{Namespace, Subsystem};
+use crate::{le32, le64, Status, LBA_SHIFT};
+use bw_block::BlockError;
+use bytes::Bytes;
+
+/// Outcome of one I/O command: status and, for reads, the data.
+#[derive(Debug)]
+pub struct IoDone {
+    pub status: Status,
+    pub data: Option<Bytes>,
+}
+
+impl IoDone {
+    fn ok() -> IoDone {
+        IoDone { status: Status::SUCCESS, data: None }
+    }
+    fn err(s: Status) -> IoDone {
+        IoDone { status: s, data: None }
+    }
+}
+
+/// Write protected namespace (generic status 0x20).
+pub const NS_WRITE_PROTECTED: Status = Status(0x20);
+
+/// Bytes of data the host will send with this command (writes, compare,
+/// DSM range list) or expects back (reads), from its SGL.
+pub fn transfer_len(sqe: &Sqe) -> u32 {
+    sqe.sgl().length
+}
+
+/// Cheap checks that need no I/O, done before any data is moved: opcode,
+/// namespace, LBA range, transfer length. The target runs them before it
+/// sends an R2T so a bad write fails without its data crossing the wire.
+pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
+    let op = sqe.opcode();
+    if op == nvm::FLUSH && sqe.nsid() == 0xFFFF_FFFF {
+        return Ok(());
+    }
+    let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
+    match op {
+        nvm::READ | nvm::WRITE | nvm::COMPARE => {
+            check_range(ns, sqe.slba(), sqe.nlb() as u64)?;
+            if sqe.sgl().length as u64 != (sqe.nlb() as u64) << LBA_SHIFT {
+                return Err(Status::SGL_INVALID_DATA.dnr());
+            }
+            if op == nvm::WRITE && ns.read_only() {
+                return Err(NS_WRITE_PROTECTED.dnr());
+            }
+            Ok(())
+        }
+        nvm::WRITE_ZEROES => {
+            check_range(ns, sqe.slba(), sqe.nlb() as u64)?;
+            if ns.read_only() {
+                return Err(NS_WRITE_PROTECTED.dnr());
+            }
+            Ok(())
+        }
+        nvm::DSM => {
+            let nr = (sqe.cdw(10) & 0xFF) as u32 + 1;
+            if sqe.sgl().length < nr * 16 {
+                return Err(Status::SGL_INVALID_DATA.dnr());
+            }
+            if sqe.cdw(11) & 0x4 != 0 && ns.read_only() {
+                return Err(NS_WRITE_PROTECTED.dnr());
+            }
+            Ok(())
+        }
+        nvm::FLUSH => Ok(()),
+        _ => Err(Status::INVALID_OPCODE.dnr()),
+    }
+}
+
+fn check_range(ns: &Namespace, slba: u64, nlb: u64) -> Result<(), Status> {
+    match slba.checked_add(nlb) {
+        Some(end) if end <= ns.blocks() => Ok(()),
+        _ => Err(Status::LBA_RANGE.dnr()),
+    }
+}
+
+fn map_err(e: BlockError, write: bool) -> Status {
+    match e {
+        BlockError::OutOfRange { .. } => Status::LBA_RANGE.dnr(),
+        BlockError::ReadOnly => NS_WRITE_PROTECTED.dnr(),
+        BlockError::Io(_) if write => Status::WRITE_FAULT,
+        BlockError::Io(_) => Status::READ_ERROR,
+    }
+}
+
+/// Run one I/O command. `data` is what the host sent (writes, compare, DSM).
+pub fn execute(subsys: &Subsystem, sqe: &Sqe, data: &[u8]) -> IoDone {
+    if let Err(s) = precheck(subsys, sqe) {
+        return IoDone::err(s);
+    }
+    let op = sqe.opcode();
+    if op == nvm::FLUSH && sqe.nsid() == 0xFFFF_FFFF {
+        for ns in &subsys.namespaces {
+            if let Err(e) = ns.volume.flush() {
+                return IoDone::err(map_err(e, true));
+            }
+        }
+        return IoDone::ok();
+    }
+    let Some(ns) = subsys.namespace(sqe.nsid()) else { return IoDone::err(Status::INVALID_NS.dnr()) };
+    let off = sqe.slba() << LBA_SHIFT;
+    let len = (sqe.nlb() as usize) << LBA_SHIFT;
+    // Force Unit Access: the data must be durable before completion.
+    let fua = sqe.cdw(12) & (1 << 30) != 0;
+    match op {
+        nvm::READ => {
+            let mut buf = vec![0u8; len];
+            match ns.volume.read_at(&mut buf, off) {
+                Ok(()) => IoDone { status: Status::SUCCESS, data: Some(Bytes::from(buf)) },
+                Err(e) => IoDone::err(map_err(e, false)),
+            }
+        }
+        nvm::WRITE => {
+            if data.len() != len {
+                return IoDone::err(Status::SGL_INVALID_DATA.dnr());
+            }
+            let r = ns.volume.write_at(data, off).and_then(|()| if fua { ns.volume.flush() } else { Ok(()) });
+            match r {
+                Ok(()) => IoDone::ok(),
+                Err(e) => IoDone::err(map_err(e, true)),
+            }
+        }
+        nvm::COMPARE => {
+            if data.len() != len {
+                return IoDone::err(Status::SGL_INVALID_DATA.dnr());
+            }
+            let mut buf = vec![0u8; len];
+            match ns.volume.read_at(&mut buf, off) {
+                Ok(()) if buf == data => IoDone::ok(),
+                Ok(()) => IoDone::err(Status::COMPARE_FAILED.dnr()),
+                Err(e) => IoDone::err(map_err(e, false)),
+            }
+        }
+        nvm::WRITE_ZEROES => match ns.volume.write_zeroes(off, len as u64) {
+            Ok(()) => IoDone::ok(),
+            Err(e) => IoDone::err(map_err(e, true)),
+        },
+        nvm::FLUSH => match ns.volume.flush() {
+            Ok(()) => IoDone::ok(),
+            Err(e) => IoDone::err(map_err(e, true)),
+        },
+        nvm::DSM => {
+            let nr = (sqe.cdw(10) & 0xFF) as usize + 1;
+            if data.len() < nr * 16 {
+                return IoDone::err(Status::SGL_INVALID_DATA.dnr());
+            }
+            let deallocate = sqe.cdw(11) & 0x4 != 0;
+            // Validate every range before touching any.
+            let ranges: Vec<(u64, u64)> = (0..nr).map(|i| (le64(data, i * 16 + 8), le32(data, i * 16 + 4) as u64)).collect();
+            for &(slba, nlb) in &ranges {
+                if let Err(s) = check_range(ns, slba, nlb) {
+                    return IoDone::err(s);
+                }
+            }
+            if deallocate {
+                for (slba, nlb) in ranges {
+                    if let Err(e) = ns.volume.discard(slba << LBA_SHIFT, nlb << LBA_SHIFT) {
+                        return IoDone::err(map_err(e, true));
+                    }
+                }
+            }
+            IoDone::ok()
+        }
+        _ => IoDone::err(Status::INVALID_OPCODE.dnr()),
+    }
+}
+
+/// Encode DSM ranges (context attributes 0) for a host.
+pub fn dsm_ranges(ranges: &[(u64, u32)]) -> Vec<u8> {
+    let mut b = vec![0u8; ranges.len() * 16];
+    for (i, (slba, nlb)) in ranges.iter().enumerate() {
+        crate::put32(&mut b, i * 16 + 4, *nlb);
+        crate::put64(&mut b, i * 16 + 8, *slba);
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{sgl, Sgl};
+    use bw_block::{BackendSpec, Volume};
+
+    fn subsys() -> Subsystem {
+        let v = Volume::open("v", &BackendSpec::ram(64 * 512)).unwrap();
+        let ro = Volume::open("ro", &BackendSpec::parse("ram:4k,readonly").unwrap()).unwrap();
+        Subsystem {
+            nqn: "nqn.t:s".into(),
+            serial: "s".into(),
+            model: "m".into(),
+            namespaces: vec![Namespace::new("nqn.t:s", 1, v, false), Namespace::new("nqn.t:s", 2, ro, false)],
+            allowed_hosts: vec![],
+        }
+    }
+
+    fn rw(op: u8, nsid: u32, slba: u64, blocks: u32) -> Sqe {
+        let mut s = Sqe::new(op, 1, nsid);
+        s.set_rw(slba, blocks);
+        s.set_sgl(Sgl { addr: 0, length: blocks * 512, kind: sgl::TRANSPORT });
+        s
+    }
+
+    #[test]
+    fn write_read_compare_zeroes_discard() {
+        let s = subsys();
+        let data = vec![0x5Au8; 1024];
+        assert_eq!(execute(&s, &rw(nvm::WRITE, 1, 4, 2), &data).status, Status::SUCCESS);
+        let r = execute(&s, &rw(nvm::READ, 1, 4, 2), &[]);
+        assert_eq!(r.data.unwrap()[..], data[..]);
+        assert_eq!(execute(&s, &rw(nvm::COMPARE, 1, 4, 2), &data).status, Status::SUCCESS);
+        assert_eq!(execute(&s, &rw(nvm::COMPARE, 1, 4, 2), &[0u8; 1024]).status, Status::COMPARE_FAILED.dnr());
+        let mut wz = rw(nvm::WRITE_ZEROES, 1, 4, 1);
+        wz.set_sgl(Sgl { addr: 0, length: 0, kind: sgl::TRANSPORT });
+        assert_eq!(execute(&s, &wz, &[]).status, Status::SUCCESS);
+        let r = execute(&s, &rw(nvm::READ, 1, 4, 2), &[]).data.unwrap();
+        assert!(r[..512].iter().all(|&b| b == 0) && r[512..].iter().all(|&b| b == 0x5A));
+        let mut dsm = Sqe::new(nvm::DSM, 1, 1);
+        dsm.set_cdw(10, 0);
+        dsm.set_cdw(11, 4);
+        dsm.set_sgl(Sgl { addr: 0, length: 16, kind: sgl::INCAPSULE });
+        assert_eq!(execute(&s, &dsm, &dsm_ranges(&[(5, 1)])).status, Status::SUCCESS);
+        let r = execute(&s, &rw(nvm::READ, 1, 5, 1), &[]).data.unwrap();
+        assert!(r.iter().all(|&b| b == 0));
+        assert_eq!(execute(&s, &dsm, &dsm_ranges(&[(63, 2)])).status, Status::LBA_RANGE.dnr());
+        let mut fl = Sqe::new(nvm::FLUSH, 1, 0xFFFF_FFFF);
+        fl.set_sgl(Sgl { addr: 0, length: 0, kind: sgl::TRANSPORT });
+        assert_eq!(execute(&s, &fl, &[]).status, Status::SUCCESS);
+    }
+
+    #[test]
+    fn error_statuses() {
+        let s = subsys();
+        assert_eq!(execute(&s, &rw(nvm::READ, 1, 63, 2), &[]).status, Status::LBA_RANGE.dnr());
+        assert_eq!(execute(&s, &rw(nvm::READ, 1, u64::MAX, 2), &[]).status, Status::LBA_RANGE.dnr());
+        assert_eq!(execute(&s, &rw(nvm::READ, 9, 0, 1), &[]).status, Status::INVALID_NS.dnr());
+        assert_eq!(execute(&s, &rw(0x7E, 1, 0, 1), &[]).status, Status::INVALID_OPCODE.dnr());
+        assert_eq!(execute(&s, &rw(nvm::WRITE, 2, 0, 1), &[0; 512]).status, NS_WRITE_PROTECTED.dnr());
+        let mut bad = rw(nvm::READ, 1, 0, 2);
+        bad.set_sgl(Sgl { addr: 0, length: 512, kind: sgl::TRANSPORT });
+        assert_eq!(execute(&s, &bad, &[]).status, Status::SGL_INVALID_DATA.dnr());
+    }
+}

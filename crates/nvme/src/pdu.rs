@@ -1,0 +1,490 @@
+//! NVMe/TCP PDUs (NVMe/TCP transport spec 1.0; Linux `include/linux/nvme-tcp.h`).
+//!
+//! Every PDU starts with an 8-byte common header: type, flags, hlen, pdo,
+//! plen (little-endian u32, whole PDU length). After the `hlen`-byte header
+//! comes an optional 4-byte CRC32C header digest (HDGST flag), then data at
+//! offset `pdo`, then an optional CRC32C data digest (DDGST flag). ICReq and
+//! ICResp never carry digests.
+//!
+//! [`decode`] frames and validates one PDU from a receive buffer, lending the
+//! payload as `Bytes` (no copy); [`Pdu::encode_parts`] produces the header
+//! bytes, the payload and the trailing digest separately so a sender can
+//! write large payloads without copying them.
+
+use crate::command::{Cqe, Sqe};
+use crate::{le16, le32, put16, put32};
+use bytes::{BufMut, Bytes, BytesMut};
+
+pub mod kind {
+    pub const IC_REQ: u8 = 0x00;
+    pub const IC_RESP: u8 = 0x01;
+    pub const H2C_TERM_REQ: u8 = 0x02;
+    pub const C2H_TERM_REQ: u8 = 0x03;
+    pub const CAPSULE_CMD: u8 = 0x04;
+    pub const CAPSULE_RESP: u8 = 0x05;
+    pub const H2C_DATA: u8 = 0x06;
+    pub const C2H_DATA: u8 = 0x07;
+    pub const R2T: u8 = 0x09;
+}
+
+pub mod flags {
+    pub const HDGST: u8 = 0x01;
+    pub const DDGST: u8 = 0x02;
+    /// Data PDUs: last PDU of the transfer.
+    pub const DATA_LAST: u8 = 0x04;
+    /// C2HData: the command completed successfully, no CapsuleResp follows.
+    pub const DATA_SUCCESS: u8 = 0x08;
+}
+
+/// Digest bits in ICReq/ICResp.
+pub const IC_HDGST: u8 = 0x01;
+pub const IC_DDGST: u8 = 0x02;
+
+pub const CH_LEN: usize = 8;
+pub const IC_LEN: usize = 128;
+pub const CMD_HLEN: usize = 72;
+pub const RESP_HLEN: usize = 24;
+pub const DATA_HLEN: usize = 24;
+pub const R2T_HLEN: usize = 24;
+pub const TERM_HLEN: usize = 24;
+pub const DIGEST_LEN: usize = 4;
+/// A TermReq carries at most this much of the offending PDU's header.
+pub const TERM_MAX_DATA: usize = 152 - TERM_HLEN;
+
+/// Fatal error status (FES) of a TermReq.
+pub mod fes {
+    pub const INVALID_HEADER_FIELD: u16 = 0x01;
+    pub const PDU_SEQUENCE_ERROR: u16 = 0x02;
+    pub const HEADER_DIGEST_ERROR: u16 = 0x03;
+    pub const DATA_OUT_OF_RANGE: u16 = 0x04;
+    pub const R2T_LIMIT_EXCEEDED: u16 = 0x05;
+    pub const UNSUPPORTED_PARAMETER: u16 = 0x06;
+}
+
+/// Digests negotiated for a connection (after the IC exchange).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Digests {
+    pub header: bool,
+    pub data: bool,
+}
+
+impl Digests {
+    pub fn from_ic_bits(bits: u8) -> Digests {
+        Digests { header: bits & IC_HDGST != 0, data: bits & IC_DDGST != 0 }
+    }
+    pub fn ic_bits(self) -> u8 {
+        (self.header as u8 * IC_HDGST) | (self.data as u8 * IC_DDGST)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommonHeader {
+    pub kind: u8,
+    pub flags: u8,
+    pub hlen: u8,
+    pub pdo: u8,
+    pub plen: u32,
+}
+
+impl CommonHeader {
+    pub fn parse(b: &[u8]) -> CommonHeader {
+        CommonHeader { kind: b[0], flags: b[1], hlen: b[2], pdo: b[3], plen: le32(b, 4) }
+    }
+    fn write(&self, b: &mut [u8]) {
+        b[0] = self.kind;
+        b[1] = self.flags;
+        b[2] = self.hlen;
+        b[3] = self.pdo;
+        put32(b, 4, self.plen);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcReq {
+    pub pfv: u16,
+    /// Host PDU data alignment (dwords, zero-based).
+    pub hpda: u8,
+    pub digests: Digests,
+    /// Zero-based number of R2Ts the host accepts outstanding per command.
+    pub maxr2t: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcResp {
+    pub pfv: u16,
+    /// Controller PDU data alignment; Linux hosts accept only 0.
+    pub cpda: u8,
+    pub digests: Digests,
+    /// Largest H2CData payload the controller accepts (bytes, not zero-based).
+    pub maxh2cdata: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TermReq {
+    pub fes: u16,
+    /// Fatal error information: the byte offset of the bad header field.
+    pub fei: u32,
+    /// The header of the PDU that caused the error (up to 128 bytes).
+    pub data: Bytes,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapsuleCmd {
+    pub sqe: Sqe,
+    /// In-capsule data (empty when the command has none).
+    pub data: Bytes,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataPdu {
+    pub cid: u16,
+    /// Transfer tag: echoes the R2T's ttag in H2CData; 0 in C2HData.
+    pub ttag: u16,
+    pub offset: u32,
+    pub last: bool,
+    /// C2HData only: completes the command without a CapsuleResp.
+    pub success: bool,
+    pub data: Bytes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct R2t {
+    pub cid: u16,
+    pub ttag: u16,
+    pub offset: u32,
+    pub length: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pdu {
+    IcReq(IcReq),
+    IcResp(IcResp),
+    H2CTermReq(TermReq),
+    C2HTermReq(TermReq),
+    CapsuleCmd(CapsuleCmd),
+    CapsuleResp(Cqe),
+    H2CData(DataPdu),
+    C2HData(DataPdu),
+    R2T(R2t),
+}
+
+/// Why a PDU could not be decoded. Each maps to the TermReq the receiver
+/// sends before closing ([`PduError::fes`], [`PduError::fei`]), except data
+/// digest errors, which fail only the command they belong to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PduError {
+    #[error("unknown PDU type {0:#04x}")]
+    UnknownType(u8),
+    #[error("PDU type {kind:#04x}: header length {hlen} (expected {want})")]
+    BadHlen { kind: u8, hlen: u8, want: u8 },
+    #[error("PDU type {kind:#04x}: bad PDU length {plen}")]
+    BadPlen { kind: u8, plen: u32 },
+    #[error("PDU type {kind:#04x}: bad data offset {pdo}")]
+    BadPdo { kind: u8, pdo: u8 },
+    #[error("PDU type {kind:#04x}: digest flags {flags:#04x} do not match the negotiated digests")]
+    DigestFlags { kind: u8, flags: u8 },
+    #[error("PDU type {kind:#04x}: header digest mismatch")]
+    HeaderDigest { kind: u8 },
+    #[error("PDU type {kind:#04x} for command {cid}: data digest mismatch")]
+    DataDigest { kind: u8, cid: u16 },
+    #[error("PDU of {plen} bytes is larger than the {max}-byte limit")]
+    TooLarge { plen: u32, max: u32 },
+}
+
+impl PduError {
+    /// Fatal error status for the TermReq; None for errors that only fail a
+    /// command.
+    pub fn fes(&self) -> Option<u16> {
+        match self {
+            PduError::DataDigest { .. } => None,
+            PduError::HeaderDigest { .. } => Some(fes::HEADER_DIGEST_ERROR),
+            PduError::TooLarge { .. } => Some(fes::DATA_OUT_OF_RANGE),
+            _ => Some(fes::INVALID_HEADER_FIELD),
+        }
+    }
+    /// Byte offset of the offending field in the PDU header.
+    pub fn fei(&self) -> u32 {
+        match self {
+            PduError::UnknownType(_) => 0,
+            PduError::DigestFlags { .. } => 1,
+            PduError::BadHlen { .. } => 2,
+            PduError::BadPdo { .. } => 3,
+            PduError::BadPlen { .. } | PduError::TooLarge { .. } => 4,
+            _ => 0,
+        }
+    }
+}
+
+fn expected_hlen(kind: u8) -> Option<usize> {
+    Some(match kind {
+        kind::IC_REQ | kind::IC_RESP => IC_LEN,
+        kind::H2C_TERM_REQ | kind::C2H_TERM_REQ => TERM_HLEN,
+        kind::CAPSULE_CMD => CMD_HLEN,
+        kind::CAPSULE_RESP => RESP_HLEN,
+        kind::H2C_DATA | kind::C2H_DATA => DATA_HLEN,
+        kind::R2T => R2T_HLEN,
+        _ => return None,
+    })
+}
+
+pub fn crc32c(b: &[u8]) -> u32 {
+    crc32c::crc32c(b)
+}
+
+/// Frame one PDU from the front of `buf`. Returns `Ok(None)` when more bytes
+/// are needed; on success the PDU's bytes are removed from `buf`.
+/// `max_plen` bounds what a peer can make us buffer.
+pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Option<Pdu>, PduError> {
+    if buf.len() < CH_LEN {
+        return Ok(None);
+    }
+    let ch = CommonHeader::parse(&buf[..CH_LEN]);
+    let want = expected_hlen(ch.kind).ok_or(PduError::UnknownType(ch.kind))?;
+    if ch.hlen as usize != want {
+        return Err(PduError::BadHlen { kind: ch.kind, hlen: ch.hlen, want: want as u8 });
+    }
+    let is_ic = matches!(ch.kind, kind::IC_REQ | kind::IC_RESP);
+    let is_term = matches!(ch.kind, kind::H2C_TERM_REQ | kind::C2H_TERM_REQ);
+    // TermReqs are sent when the digest state may be in doubt: like Linux, take
+    // them without digests.
+    let hd = if is_ic || is_term {
+        if ch.flags & (flags::HDGST | flags::DDGST) != 0 && is_ic {
+            return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
+        }
+        0
+    } else {
+        if (ch.flags & flags::HDGST != 0) != digests.header {
+            return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
+        }
+        if digests.header { DIGEST_LEN } else { 0 }
+    };
+    let plen = ch.plen as usize;
+    if ch.plen > max_plen {
+        return Err(PduError::TooLarge { plen: ch.plen, max: max_plen });
+    }
+    if plen < want + hd || (is_ic && plen != IC_LEN) {
+        return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
+    }
+    let has_data_room = plen > want + hd;
+    let carries_data = matches!(ch.kind, kind::CAPSULE_CMD | kind::H2C_DATA | kind::C2H_DATA);
+    if has_data_room && !carries_data && !is_term {
+        return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
+    }
+    if buf.len() < plen {
+        buf.reserve(plen - buf.len());
+        return Ok(None);
+    }
+    let raw = buf.split_to(plen).freeze();
+    if hd != 0 {
+        let got = le32(&raw, want);
+        if crc32c(&raw[..want]) != got {
+            return Err(PduError::HeaderDigest { kind: ch.kind });
+        }
+    }
+    // Payload bounds.
+    let (data_start, data_end) = if carries_data && has_data_room {
+        let dd = if ch.flags & flags::DDGST != 0 { DIGEST_LEN } else { 0 };
+        if (dd != 0) != digests.data {
+            return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
+        }
+        let pdo = ch.pdo as usize;
+        if pdo < want + hd || pdo + dd > plen {
+            return Err(PduError::BadPdo { kind: ch.kind, pdo: ch.pdo });
+        }
+        (pdo, plen - dd)
+    } else {
+        (want + hd, want + hd)
+    };
+    let h = &raw[..want];
+    let data = raw.slice(data_start..data_end);
+    let cid_of = || match ch.kind {
+        kind::CAPSULE_CMD => le16(h, CH_LEN + 2),
+        _ => le16(h, 8),
+    };
+    if data_end < plen && ch.flags & flags::DDGST != 0 {
+        let got = le32(&raw, data_end);
+        if crc32c(&data) != got {
+            return Err(PduError::DataDigest { kind: ch.kind, cid: cid_of() });
+        }
+    }
+    let pdu = match ch.kind {
+        kind::IC_REQ => Pdu::IcReq(IcReq {
+            pfv: le16(h, 8),
+            hpda: h[10],
+            digests: Digests::from_ic_bits(h[11]),
+            maxr2t: le32(h, 12),
+        }),
+        kind::IC_RESP => Pdu::IcResp(IcResp {
+            pfv: le16(h, 8),
+            cpda: h[10],
+            digests: Digests::from_ic_bits(h[11]),
+            maxh2cdata: le32(h, 12),
+        }),
+        kind::H2C_TERM_REQ | kind::C2H_TERM_REQ => {
+            let t = TermReq { fes: le16(h, 8), fei: le32(h, 10), data: raw.slice(want..plen) };
+            if ch.kind == kind::H2C_TERM_REQ {
+                Pdu::H2CTermReq(t)
+            } else {
+                Pdu::C2HTermReq(t)
+            }
+        }
+        kind::CAPSULE_CMD => Pdu::CapsuleCmd(CapsuleCmd { sqe: Sqe::from_slice(&h[CH_LEN..CH_LEN + 64]), data }),
+        kind::CAPSULE_RESP => Pdu::CapsuleResp(Cqe::parse(&h[CH_LEN..CH_LEN + 16])),
+        kind::H2C_DATA | kind::C2H_DATA => {
+            let length = le32(h, 16);
+            if length as usize != data.len() {
+                return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
+            }
+            let d = DataPdu {
+                cid: le16(h, 8),
+                ttag: le16(h, 10),
+                offset: le32(h, 12),
+                last: ch.flags & flags::DATA_LAST != 0,
+                success: ch.flags & flags::DATA_SUCCESS != 0,
+                data,
+            };
+            if ch.kind == kind::H2C_DATA {
+                Pdu::H2CData(d)
+            } else {
+                Pdu::C2HData(d)
+            }
+        }
+        kind::R2T => Pdu::R2T(R2t { cid: le16(h, 8), ttag: le16(h, 10), offset: le32(h, 12), length: le32(h, 16) }),
+        other => return Err(PduError::UnknownType(other)),
+    };
+    Ok(Some(pdu))
+}
+
+/// A PDU ready to send: header (with header digest and padding), payload,
+/// and the data digest if any.
+pub struct Encoded {
+    pub head: Bytes,
+    pub data: Bytes,
+    pub ddgst: Option<[u8; 4]>,
+}
+
+impl Encoded {
+    pub fn len(&self) -> usize {
+        self.head.len() + self.data.len() + if self.ddgst.is_some() { 4 } else { 0 }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// All parts in one buffer (small PDUs, tests).
+    pub fn concat(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        v.extend_from_slice(&self.head);
+        v.extend_from_slice(&self.data);
+        if let Some(d) = self.ddgst {
+            v.extend_from_slice(&d);
+        }
+        v
+    }
+}
+
+impl Pdu {
+    pub fn kind(&self) -> u8 {
+        match self {
+            Pdu::IcReq(_) => kind::IC_REQ,
+            Pdu::IcResp(_) => kind::IC_RESP,
+            Pdu::H2CTermReq(_) => kind::H2C_TERM_REQ,
+            Pdu::C2HTermReq(_) => kind::C2H_TERM_REQ,
+            Pdu::CapsuleCmd(_) => kind::CAPSULE_CMD,
+            Pdu::CapsuleResp(_) => kind::CAPSULE_RESP,
+            Pdu::H2CData(_) => kind::H2C_DATA,
+            Pdu::C2HData(_) => kind::C2H_DATA,
+            Pdu::R2T(_) => kind::R2T,
+        }
+    }
+
+    /// Encode with the connection's digests. Data PDUs and capsules with data
+    /// put the payload right after the header (PDO = hlen + header digest),
+    /// which is what a CPDA/HPDA of 0 asks for.
+    pub fn encode_parts(&self, digests: Digests) -> Encoded {
+        let k = self.kind();
+        let hlen = expected_hlen(k).unwrap_or(CH_LEN);
+        let is_ic = matches!(self, Pdu::IcReq(_) | Pdu::IcResp(_));
+        let is_term = matches!(self, Pdu::H2CTermReq(_) | Pdu::C2HTermReq(_));
+        let hd = if digests.header && !is_ic && !is_term { DIGEST_LEN } else { 0 };
+        let mut h = BytesMut::zeroed(hlen);
+        let mut fl = 0u8;
+        let data: Bytes = match self {
+            Pdu::IcReq(r) => {
+                put16(&mut h, 8, r.pfv);
+                h[10] = r.hpda;
+                h[11] = r.digests.ic_bits();
+                put32(&mut h, 12, r.maxr2t);
+                Bytes::new()
+            }
+            Pdu::IcResp(r) => {
+                put16(&mut h, 8, r.pfv);
+                h[10] = r.cpda;
+                h[11] = r.digests.ic_bits();
+                put32(&mut h, 12, r.maxh2cdata);
+                Bytes::new()
+            }
+            Pdu::H2CTermReq(t) | Pdu::C2HTermReq(t) => {
+                put16(&mut h, 8, t.fes);
+                put32(&mut h, 10, t.fei);
+                t.data.slice(..t.data.len().min(TERM_MAX_DATA))
+            }
+            Pdu::CapsuleCmd(c) => {
+                h[CH_LEN..CH_LEN + 64].copy_from_slice(&c.sqe.0);
+                c.data.clone()
+            }
+            Pdu::CapsuleResp(cqe) => {
+                cqe.write(&mut h[CH_LEN..CH_LEN + 16]);
+                Bytes::new()
+            }
+            Pdu::H2CData(d) | Pdu::C2HData(d) => {
+                put16(&mut h, 8, d.cid);
+                put16(&mut h, 10, d.ttag);
+                put32(&mut h, 12, d.offset);
+                put32(&mut h, 16, d.data.len() as u32);
+                if d.last {
+                    fl |= flags::DATA_LAST;
+                }
+                if d.success {
+                    fl |= flags::DATA_SUCCESS;
+                }
+                d.data.clone()
+            }
+            Pdu::R2T(r) => {
+                put16(&mut h, 8, r.cid);
+                put16(&mut h, 10, r.ttag);
+                put32(&mut h, 12, r.offset);
+                put32(&mut h, 16, r.length);
+                Bytes::new()
+            }
+        };
+        let dd = if digests.data && !data.is_empty() && !is_term { DIGEST_LEN } else { 0 };
+        if hd != 0 {
+            fl |= flags::HDGST;
+        }
+        if dd != 0 {
+            fl |= flags::DDGST;
+        }
+        let pdo = if data.is_empty() || is_term { 0 } else { (hlen + hd) as u8 };
+        let plen = (hlen + hd + data.len() + dd) as u32;
+        CommonHeader { kind: k, flags: fl, hlen: hlen as u8, pdo, plen }.write(&mut h);
+        if hd != 0 {
+            let c = crc32c(&h);
+            h.put_u32_le(c);
+        }
+        let ddgst = if dd != 0 { Some(crc32c(&data).to_le_bytes()) } else { None };
+        Encoded { head: h.freeze(), data, ddgst }
+    }
+
+    /// Encode into one contiguous buffer.
+    pub fn encode(&self, digests: Digests, out: &mut BytesMut) {
+        let e = self.encode_parts(digests);
+        out.extend_from_slice(&e.head);
+        out.extend_from_slice(&e.data);
+        if let Some(d) = e.ddgst {
+            out.extend_from_slice(&d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

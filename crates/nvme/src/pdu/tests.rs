@@ -1,0 +1,207 @@
+//! Byte vectors for every PDU type and round-trip properties.
+
+use super::*;
+use crate::command::{sgl, Sgl};
+use crate::Status;
+use proptest::prelude::*;
+
+const NONE: Digests = Digests { header: false, data: false };
+const BOTH: Digests = Digests { header: true, data: true };
+
+fn dec(bytes: &[u8], d: Digests) -> Result<Option<Pdu>, PduError> {
+    let mut b = BytesMut::from(bytes);
+    let r = decode(&mut b, d, 1 << 20);
+    if let Ok(Some(_)) = r {
+        assert!(b.is_empty(), "decode must consume exactly one PDU");
+    }
+    r
+}
+
+#[test]
+fn icreq_bytes() {
+    let p = Pdu::IcReq(IcReq { pfv: 0, hpda: 0, digests: BOTH, maxr2t: 0 });
+    let b = p.encode_parts(BOTH).concat();
+    assert_eq!(b.len(), 128);
+    assert_eq!(&b[..16], &[0x00, 0x00, 128, 0, 128, 0, 0, 0, 0, 0, 0, 0x03, 0, 0, 0, 0]);
+    assert!(b[16..].iter().all(|&x| x == 0));
+    // IC PDUs never carry digests, whatever was negotiated.
+    assert_eq!(dec(&b, BOTH).unwrap(), Some(p));
+}
+
+#[test]
+fn icresp_bytes() {
+    let p = Pdu::IcResp(IcResp { pfv: 0, cpda: 0, digests: Digests { header: true, data: false }, maxh2cdata: 0x20000 });
+    let b = p.encode_parts(NONE).concat();
+    assert_eq!(&b[..16], &[0x01, 0x00, 128, 0, 128, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0x00, 0x02, 0x00]);
+    assert_eq!(dec(&b, NONE).unwrap(), Some(p));
+}
+
+#[test]
+fn capsule_cmd_with_incapsule_data_and_digests() {
+    let mut sqe = Sqe::new(0x01, 7, 1);
+    sqe.set_rw(0, 1);
+    sqe.set_sgl(Sgl { addr: 0, length: 512, kind: sgl::INCAPSULE });
+    let p = Pdu::CapsuleCmd(CapsuleCmd { sqe, data: Bytes::from(vec![0xAB; 512]) });
+    let b = p.encode_parts(BOTH).concat();
+    // hlen 72 + hdgst 4 + 512 data + ddgst 4
+    assert_eq!(&b[..8], &[0x04, 0x03, 72, 76, 0x50, 0x02, 0, 0]);
+    assert_eq!(b.len(), 592);
+    assert_eq!(u32::from_le_bytes(b[72..76].try_into().unwrap()), crc32c::crc32c(&b[..72]));
+    assert_eq!(u32::from_le_bytes(b[588..592].try_into().unwrap()), crc32c::crc32c(&[0xAB; 512]));
+    assert_eq!(dec(&b, BOTH).unwrap(), Some(p.clone()));
+    // Without digests: pdo 72, plen 584.
+    let b = p.encode_parts(NONE).concat();
+    assert_eq!(&b[..8], &[0x04, 0x00, 72, 72, 0x48, 0x02, 0, 0]);
+    assert_eq!(dec(&b, NONE).unwrap(), Some(p));
+}
+
+#[test]
+fn capsule_cmd_without_data_has_pdo_zero() {
+    let p = Pdu::CapsuleCmd(CapsuleCmd { sqe: Sqe::new(0x18, 1, 0), data: Bytes::new() });
+    let b = p.encode_parts(NONE).concat();
+    assert_eq!(&b[..8], &[0x04, 0x00, 72, 0, 72, 0, 0, 0]);
+    assert_eq!(b[8], 0x18);
+    assert_eq!(dec(&b, NONE).unwrap(), Some(p));
+}
+
+#[test]
+fn capsule_resp_bytes() {
+    let cqe = Cqe { result: 1, sq_head: 2, sq_id: 0, cid: 3, status: Status::INVALID_FIELD.dnr() };
+    let p = Pdu::CapsuleResp(cqe);
+    let b = p.encode_parts(NONE).concat();
+    assert_eq!(b, vec![0x05, 0, 24, 0, 24, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0x04, 0x80]);
+    assert_eq!(dec(&b, NONE).unwrap(), Some(p));
+}
+
+#[test]
+fn data_pdus_and_r2t_bytes() {
+    let c2h = Pdu::C2HData(DataPdu { cid: 9, ttag: 0, offset: 4096, last: true, success: true, data: Bytes::from_static(&[1, 2, 3, 4]) });
+    let b = c2h.encode_parts(NONE).concat();
+    assert_eq!(&b[..24], &[0x07, 0x0C, 24, 24, 28, 0, 0, 0, 9, 0, 0, 0, 0, 0x10, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(dec(&b, NONE).unwrap(), Some(c2h));
+    let h2c = Pdu::H2CData(DataPdu { cid: 9, ttag: 5, offset: 0, last: false, success: false, data: Bytes::from_static(&[7; 8]) });
+    let b = h2c.encode_parts(BOTH).concat();
+    assert_eq!(&b[..4], &[0x06, 0x03, 24, 28]);
+    assert_eq!(dec(&b, BOTH).unwrap(), Some(h2c));
+    let r2t = Pdu::R2T(R2t { cid: 9, ttag: 5, offset: 512, length: 65536 });
+    let b = r2t.encode_parts(NONE).concat();
+    assert_eq!(b, vec![0x09, 0, 24, 0, 24, 0, 0, 0, 9, 0, 5, 0, 0, 2, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]);
+    assert_eq!(dec(&b, NONE).unwrap(), Some(r2t));
+}
+
+#[test]
+fn term_req_bytes() {
+    let t = Pdu::C2HTermReq(TermReq { fes: fes::INVALID_HEADER_FIELD, fei: 2, data: Bytes::from_static(&[0x04, 0, 99, 0]) });
+    let b = t.encode_parts(BOTH).concat();
+    assert_eq!(b, vec![0x03, 0, 24, 0, 28, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x04, 0, 99, 0]);
+    assert_eq!(dec(&b, BOTH).unwrap(), Some(t));
+}
+
+#[test]
+fn partial_input_waits_for_more() {
+    let b = Pdu::R2T(R2t { cid: 1, ttag: 1, offset: 0, length: 1 }).encode_parts(NONE).concat();
+    for n in 0..b.len() {
+        assert_eq!(dec(&b[..n], NONE).unwrap(), None);
+    }
+}
+
+#[test]
+fn malformed_headers_are_rejected_with_fes() {
+    let e = dec(&[0x42, 0, 24, 0, 24, 0, 0, 0], NONE).unwrap_err();
+    assert_eq!((e.fes(), e.fei()), (Some(fes::INVALID_HEADER_FIELD), 0));
+    let e = dec(&[0x04, 0, 99, 0, 72, 0, 0, 0], NONE).unwrap_err();
+    assert_eq!(e.fei(), 2);
+    let e = dec(&[0x04, 0, 72, 0, 10, 0, 0, 0], NONE).unwrap_err();
+    assert!(matches!(e, PduError::BadPlen { .. }));
+    let e = dec(&[0x04, 0, 72, 0, 0xFF, 0xFF, 0xFF, 0x7F], NONE).unwrap_err();
+    assert_eq!(e.fes(), Some(fes::DATA_OUT_OF_RANGE));
+    // Header digest negotiated but flag missing.
+    let b = Pdu::R2T(R2t { cid: 1, ttag: 1, offset: 0, length: 1 }).encode_parts(NONE).concat();
+    assert!(matches!(dec(&b, BOTH).unwrap_err(), PduError::DigestFlags { .. }));
+    // Corrupt header digest.
+    let mut b = Pdu::R2T(R2t { cid: 1, ttag: 1, offset: 0, length: 1 }).encode_parts(BOTH).concat();
+    b[12] ^= 1;
+    assert_eq!(dec(&b, BOTH).unwrap_err().fes(), Some(fes::HEADER_DIGEST_ERROR));
+    // Corrupt data digest: not fatal, names the command.
+    let mut b = Pdu::H2CData(DataPdu { cid: 77, ttag: 0, offset: 0, last: true, success: false, data: Bytes::from_static(&[1; 16]) })
+        .encode_parts(BOTH)
+        .concat();
+    let n = b.len();
+    b[n - 1] ^= 0xFF;
+    let e = dec(&b, BOTH).unwrap_err();
+    assert_eq!(e, PduError::DataDigest { kind: kind::H2C_DATA, cid: 77 });
+    assert_eq!(e.fes(), None);
+    // pdo pointing inside the header.
+    let mut b = Pdu::H2CData(DataPdu { cid: 1, ttag: 0, offset: 0, last: true, success: false, data: Bytes::from_static(&[1; 16]) })
+        .encode_parts(NONE)
+        .concat();
+    b[3] = 8;
+    assert!(matches!(dec(&b, NONE).unwrap_err(), PduError::BadPdo { .. }));
+    // data_length disagreeing with plen.
+    let mut b = Pdu::H2CData(DataPdu { cid: 1, ttag: 0, offset: 0, last: true, success: false, data: Bytes::from_static(&[1; 16]) })
+        .encode_parts(NONE)
+        .concat();
+    b[16] = 15;
+    assert!(dec(&b, NONE).is_err());
+}
+
+fn arb_digests() -> impl Strategy<Value = Digests> {
+    (any::<bool>(), any::<bool>()).prop_map(|(header, data)| Digests { header, data })
+}
+
+fn arb_pdu() -> impl Strategy<Value = Pdu> {
+    let data = proptest::collection::vec(any::<u8>(), 0..600).prop_map(Bytes::from);
+    prop_oneof![
+        (any::<u16>(), any::<u8>(), 0u8..4, any::<u32>()).prop_map(|(pfv, hpda, d, maxr2t)| Pdu::IcReq(IcReq {
+            pfv,
+            hpda,
+            digests: Digests::from_ic_bits(d),
+            maxr2t
+        })),
+        (any::<u16>(), any::<u8>(), 0u8..4, any::<u32>()).prop_map(|(pfv, cpda, d, m)| Pdu::IcResp(IcResp {
+            pfv,
+            cpda,
+            digests: Digests::from_ic_bits(d),
+            maxh2cdata: m
+        })),
+        (proptest::collection::vec(any::<u8>(), 64), data.clone())
+            .prop_map(|(s, data)| Pdu::CapsuleCmd(CapsuleCmd { sqe: Sqe::from_slice(&s), data })),
+        (any::<u64>(), any::<u16>(), any::<u16>(), any::<u16>(), 0u16..0x7FFF).prop_map(|(result, sq_head, sq_id, cid, st)| {
+            Pdu::CapsuleResp(Cqe { result, sq_head, sq_id, cid, status: Status(st) })
+        }),
+        (any::<u16>(), any::<u16>(), any::<u32>(), any::<bool>(), proptest::collection::vec(any::<u8>(), 1..600))
+            .prop_map(|(cid, ttag, offset, last, d)| Pdu::H2CData(DataPdu { cid, ttag, offset, last, success: false, data: d.into() })),
+        (any::<u16>(), any::<u32>(), any::<bool>(), any::<bool>(), proptest::collection::vec(any::<u8>(), 1..600))
+            .prop_map(|(cid, offset, last, success, d)| Pdu::C2HData(DataPdu { cid, ttag: 0, offset, last, success, data: d.into() })),
+        (any::<u16>(), any::<u16>(), any::<u32>(), any::<u32>()).prop_map(|(cid, ttag, offset, length)| Pdu::R2T(R2t { cid, ttag, offset, length })),
+        (any::<u16>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..100))
+            .prop_map(|(fes, fei, d)| Pdu::H2CTermReq(TermReq { fes, fei, data: d.into() })),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn every_pdu_round_trips(p in arb_pdu(), d in arb_digests()) {
+        let bytes = p.encode_parts(d).concat();
+        prop_assert_eq!(dec(&bytes, d).unwrap(), Some(p));
+    }
+
+    #[test]
+    fn several_pdus_in_one_buffer_split_anywhere(ps in proptest::collection::vec(arb_pdu(), 1..5), d in arb_digests(), cut in 0usize..2000) {
+        let mut all = Vec::new();
+        for p in &ps { all.extend(p.encode_parts(d).concat()); }
+        let cut = cut.min(all.len());
+        let mut buf = BytesMut::from(&all[..cut]);
+        let mut got = Vec::new();
+        while let Some(p) = decode(&mut buf, d, 1 << 20).unwrap() { got.push(p); }
+        buf.extend_from_slice(&all[cut..]);
+        while let Some(p) = decode(&mut buf, d, 1 << 20).unwrap() { got.push(p); }
+        prop_assert_eq!(got, ps);
+    }
+
+    #[test]
+    fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400), d in arb_digests()) {
+        let mut buf = BytesMut::from(&bytes[..]);
+        while let Ok(Some(_)) = decode(&mut buf, d, 1 << 16) {}
+    }
+}
