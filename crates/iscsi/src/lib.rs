@@ -1,1 +1,15 @@
-//! iSCSI (RFC 7143) PDUs, login negotiation, CHAP and session logic; no sockets
+//! iSCSI (RFC 7143) without sockets: PDU framing and typed headers, login
+//! text and key negotiation, CHAP, the target's login state machine and its
+//! full-feature session logic, and the initiator's login engine. The
+//! `bw-target` and `bw-initiator` crates put these on TCP.
+
+pub mod chap;
+pub mod login;
+pub mod msg;
+pub mod negotiate;
+pub mod pdu;
+pub mod session;
+pub mod text;
+
+pub use msg::Message;
+pub use pdu::{Bhs, Decoder, Digests, Opcode, Pdu, PduError};

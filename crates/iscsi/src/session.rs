@@ -1,0 +1,745 @@
+//! Target side of the full feature phase, one connection per session
+//! (MaxConnections=1), error recovery level 0.
+//!
+//! [`TargetSession`] is fed PDUs and returns [`Action`]s: PDUs to send and
+//! SCSI commands to execute. Commands run elsewhere (in parallel); their
+//! results come back through [`TargetSession::complete`], which turns them
+//! into Data-In PDUs and the status. The command window (MaxCmdSN) only
+//! opens as commands finish, so an initiator never has more than the queue
+//! depth outstanding.
+
+use crate::msg::*;
+use crate::negotiate::{SessionParams, SessionType};
+use crate::pdu::{extended_cdb, Pdu, RESERVED_TAG};
+use crate::text;
+use bytes::{BufMut, Bytes, BytesMut};
+use std::collections::HashMap;
+
+/// RFC 1982 serial number comparison: a < b.
+pub fn sn_lt(a: u32, b: u32) -> bool {
+    a != b && b.wrapping_sub(a) < 0x8000_0000
+}
+
+/// SCSI status codes the transport uses itself.
+pub mod status {
+    pub const GOOD: u8 = 0x00;
+    pub const CHECK_CONDITION: u8 = 0x02;
+    pub const BUSY: u8 = 0x08;
+    pub const TASK_ABORTED: u8 = 0x40;
+}
+
+/// Fixed-format sense data: ILLEGAL REQUEST / INVALID FIELD IN INFORMATION
+/// UNIT (0x0E/0x03), for data-out transfers shorter than the CDB asks for.
+pub fn sense_invalid_field_in_iu() -> Vec<u8> {
+    let mut s = vec![0u8; 18];
+    s[0] = 0x70;
+    s[2] = 0x05;
+    s[7] = 10;
+    s[12] = 0x0E;
+    s[13] = 0x03;
+    s
+}
+
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub session_type: SessionType,
+    pub params: SessionParams,
+    pub queue_depth: u32,
+    pub exp_cmd_sn: u32,
+    pub stat_sn: u32,
+    pub cid: u16,
+    /// For SendTargets: every target this initiator may see, with portals
+    /// (`ADDR:PORT,TPGT`), and the session's own target name.
+    pub targets: Vec<(String, Vec<String>)>,
+    pub current_target: Option<String>,
+}
+
+/// A SCSI command ready to run.
+#[derive(Debug, Clone)]
+pub struct Exec {
+    pub itt: u32,
+    /// Unique per session: matches results to tasks even if an ITT is
+    /// reused after an abort.
+    pub id: u64,
+    pub lun: u64,
+    pub cdb: Bytes,
+    /// Everything the initiator sent (EDTL bytes for writes, else empty).
+    pub data_out: Bytes,
+    pub edtl: u32,
+    pub read: bool,
+    pub write: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum Action {
+    Send(Pdu),
+    Execute(Exec),
+    /// Reset the LUN in the SCSI layer, then call [`TargetSession::finish_tmf`].
+    LunReset { itt: u32, lun: u64 },
+    /// Reset the whole target, then call [`TargetSession::finish_tmf`];
+    /// `cold`: close the connection after the response.
+    TargetReset { itt: u32, cold: bool },
+    /// Send everything queued before this, then close the connection.
+    Close,
+}
+
+/// Errors that end the connection (ERL 0 has no recovery from these).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    #[error("protocol error: {0}")]
+    Protocol(&'static str),
+}
+
+#[derive(Debug)]
+struct R2tState {
+    ttt: u32,
+    offset: u32,
+    len: u32,
+    received: u32,
+    next_data_sn: u32,
+}
+
+#[derive(Debug)]
+struct Task {
+    id: u64,
+    lun: u64,
+    cdb: Bytes,
+    edtl: u32,
+    read: bool,
+    write: bool,
+    buf: BytesMut,
+    /// Bytes of data-out received so far.
+    received: u32,
+    /// End (exclusive) of the unsolicited burst still expected, if any.
+    unsolicited_end: Option<u32>,
+    unsolicited_data_sn: u32,
+    next_r2t_offset: u32,
+    r2t_sn: u32,
+    r2ts: Vec<R2tState>,
+    executing: bool,
+}
+
+pub struct TargetSession {
+    cfg: SessionConfig,
+    params: SessionParams,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+    stat_sn: u32,
+    tasks: HashMap<u32, Task>,
+    next_id: u64,
+    next_ttt: u32,
+    /// Target-initiated NOP-In waiting for its NOP-Out answer.
+    ping_outstanding: Option<u32>,
+    /// Text request split over PDUs (C bit), and a long answer being sent in parts.
+    text_partial: Vec<u8>,
+    text_pending: Option<(u32, Bytes)>,
+}
+
+impl TargetSession {
+    pub fn new(cfg: SessionConfig) -> Self {
+        let qd = cfg.queue_depth.max(1);
+        TargetSession {
+            params: cfg.params.clone(),
+            exp_cmd_sn: cfg.exp_cmd_sn,
+            max_cmd_sn: cfg.exp_cmd_sn.wrapping_add(qd - 1),
+            stat_sn: cfg.stat_sn,
+            tasks: HashMap::new(),
+            next_id: 1,
+            next_ttt: 1,
+            ping_outstanding: None,
+            text_partial: Vec::new(),
+            text_pending: None,
+            cfg,
+        }
+    }
+
+    pub fn params(&self) -> &SessionParams {
+        &self.params
+    }
+    pub fn exp_cmd_sn(&self) -> u32 {
+        self.exp_cmd_sn
+    }
+    pub fn max_cmd_sn(&self) -> u32 {
+        self.max_cmd_sn
+    }
+    pub fn outstanding(&self) -> usize {
+        self.tasks.len()
+    }
+    pub fn ping_outstanding(&self) -> bool {
+        self.ping_outstanding.is_some()
+    }
+
+    fn take_stat_sn(&mut self) -> u32 {
+        let s = self.stat_sn;
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        s
+    }
+
+    fn new_ttt(&mut self) -> u32 {
+        let t = self.next_ttt;
+        self.next_ttt = self.next_ttt.wrapping_add(1);
+        if self.next_ttt == RESERVED_TAG {
+            self.next_ttt = 1;
+        }
+        t
+    }
+
+    /// A command slot was freed: open the window by one.
+    fn slot_done(&mut self) {
+        self.max_cmd_sn = self.max_cmd_sn.wrapping_add(1);
+    }
+
+    /// Check and consume the CmdSN of a non-immediate command. `false`: the
+    /// command is outside the window and must be ignored silently.
+    fn accept_cmd_sn(&mut self, immediate: bool, cmd_sn: u32) -> bool {
+        if immediate {
+            return true;
+        }
+        if cmd_sn == self.exp_cmd_sn {
+            self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn reject(&mut self, bhs: &crate::pdu::Bhs, reason: u8) -> Pdu {
+        let m = Reject {
+            reason,
+            stat_sn: self.take_stat_sn(),
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn,
+            data_sn: 0,
+        };
+        Pdu::new(Message::Reject(m).encode(), Bytes::copy_from_slice(&bhs.0))
+    }
+
+    /// Target-initiated NOP-In (keep-alive / liveness check); `None` if one
+    /// is already waiting for its answer.
+    pub fn ping(&mut self) -> Option<Pdu> {
+        if self.ping_outstanding.is_some() {
+            return None;
+        }
+        let ttt = self.new_ttt();
+        self.ping_outstanding = Some(ttt);
+        let m = NopIn { lun: 0, itt: RESERVED_TAG, ttt, stat_sn: self.stat_sn, exp_cmd_sn: self.exp_cmd_sn, max_cmd_sn: self.max_cmd_sn };
+        Some(Pdu::new(Message::NopIn(m).encode(), Bytes::new()))
+    }
+
+    /// Async Message announcing that the target will drop the connection
+    /// (sent before shutdown).
+    pub fn async_drop_all(&mut self, time2wait: u16) -> Pdu {
+        let m = AsyncMessage {
+            lun: 0,
+            stat_sn: self.take_stat_sn(),
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn,
+            event: async_event::DROP_ALL_CONNECTIONS,
+            vcode: 0,
+            parameter1: 0,
+            parameter2: time2wait,
+            parameter3: 0,
+        };
+        Pdu::new(Message::AsyncMessage(m).encode(), Bytes::new())
+    }
+
+    /// Handle one received PDU.
+    pub fn on_pdu(&mut self, pdu: Pdu, out: &mut Vec<Action>) -> Result<(), SessionError> {
+        let msg = match Message::decode(&pdu.bhs) {
+            Ok(m) => m,
+            Err(_) => {
+                out.push(Action::Send(self.reject(&pdu.bhs, reject_reason::COMMAND_NOT_SUPPORTED)));
+                return Ok(());
+            }
+        };
+        let discovery = self.cfg.session_type == SessionType::Discovery;
+        match msg {
+            Message::ScsiCommand(c) if !discovery => self.on_command(c, pdu, out),
+            Message::DataOut(d) if !discovery => self.on_data_out(d, pdu.data, out),
+            Message::NopOut(n) => {
+                self.on_nop_out(n, pdu.data, out);
+                Ok(())
+            }
+            Message::TaskMgmtRequest(t) if !discovery => {
+                self.on_tmf(t, out);
+                Ok(())
+            }
+            Message::TextRequest(t) => {
+                self.on_text(t, pdu, out);
+                Ok(())
+            }
+            Message::LogoutRequest(l) => {
+                self.on_logout(l, out);
+                Ok(())
+            }
+            Message::SnackRequest(_) => {
+                // SNACK needs error recovery level 1 or more.
+                out.push(Action::Send(self.reject(&pdu.bhs, reject_reason::PROTOCOL_ERROR)));
+                Ok(())
+            }
+            Message::LoginRequest(_) => {
+                out.push(Action::Send(self.reject(&pdu.bhs, reject_reason::PROTOCOL_ERROR)));
+                Ok(())
+            }
+            Message::ScsiCommand(_) | Message::DataOut(_) | Message::TaskMgmtRequest(_) => {
+                // Not allowed in a discovery session.
+                out.push(Action::Send(self.reject(&pdu.bhs, reject_reason::PROTOCOL_ERROR)));
+                Ok(())
+            }
+            _ => {
+                // A target-only opcode sent by the initiator.
+                out.push(Action::Send(self.reject(&pdu.bhs, reject_reason::PROTOCOL_ERROR)));
+                Ok(())
+            }
+        }
+    }
+
+    fn on_command(&mut self, c: ScsiCommand, pdu: Pdu, out: &mut Vec<Action>) -> Result<(), SessionError> {
+        if !self.accept_cmd_sn(c.immediate, c.cmd_sn) {
+            log_drop(c.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
+            return Ok(());
+        }
+        // Slots freed for rejected commands so the window keeps its size.
+        let free = |s: &mut Self| {
+            if !c.immediate {
+                s.slot_done()
+            }
+        };
+        if c.itt == RESERVED_TAG || self.tasks.contains_key(&c.itt) {
+            free(self);
+            out.push(Action::Send(self.reject(&pdu.bhs, reject_reason::INVALID_PDU_FIELD)));
+            return Ok(());
+        }
+        let imm = pdu.data.len() as u32;
+        if imm > 0 && (!c.write || !self.params.immediate_data || imm > self.params.first_burst_length || imm > c.edtl) {
+            return Err(SessionError::Protocol("immediate data not allowed or too long"));
+        }
+        let cdb = match extended_cdb(&pdu.ahs) {
+            Some(ext) => {
+                let mut v = c.cdb.to_vec();
+                v.extend_from_slice(ext);
+                Bytes::from(v)
+            }
+            None => Bytes::copy_from_slice(&c.cdb),
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let edtl = if c.write { c.edtl } else { 0 };
+        // Unsolicited Data-Out follows unless the F bit says otherwise.
+        let unsolicited_end = if c.write && !c.final_ && !self.params.initial_r2t {
+            Some(self.params.first_burst_length.min(c.edtl))
+        } else {
+            None
+        };
+        if c.write && !c.final_ && self.params.initial_r2t {
+            return Err(SessionError::Protocol("unsolicited data announced but InitialR2T=Yes"));
+        }
+        let mut task = Task {
+            id,
+            lun: c.lun,
+            cdb,
+            edtl: c.edtl,
+            read: c.read,
+            write: c.write,
+            buf: BytesMut::new(),
+            received: imm,
+            unsolicited_end,
+            unsolicited_data_sn: 0,
+            next_r2t_offset: unsolicited_end.unwrap_or(imm),
+            r2t_sn: 0,
+            r2ts: Vec::new(),
+            executing: false,
+        };
+        if imm == edtl {
+            // All data (possibly none) is here: no copy needed.
+            let data = pdu.data;
+            self.tasks.insert(c.itt, task);
+            self.start(c.itt, data, out);
+            return Ok(());
+        }
+        task.buf = BytesMut::zeroed(edtl as usize);
+        task.buf[..imm as usize].copy_from_slice(&pdu.data);
+        self.tasks.insert(c.itt, task);
+        self.issue_r2ts(c.itt, out);
+        Ok(())
+    }
+
+    fn start(&mut self, itt: u32, data: Bytes, out: &mut Vec<Action>) {
+        if let Some(t) = self.tasks.get_mut(&itt) {
+            t.executing = true;
+            out.push(Action::Execute(Exec {
+                itt,
+                id: t.id,
+                lun: t.lun,
+                cdb: t.cdb.clone(),
+                data_out: data,
+                edtl: t.edtl,
+                read: t.read,
+                write: t.write,
+            }));
+        }
+    }
+
+    /// Send R2Ts for data not yet requested, up to MaxOutstandingR2T.
+    fn issue_r2ts(&mut self, itt: u32, out: &mut Vec<Action>) {
+        let max_out = self.params.max_outstanding_r2t.max(1) as usize;
+        let burst = self.params.max_burst_length.max(512);
+        loop {
+            let Some(t) = self.tasks.get(&itt) else { return };
+            if t.unsolicited_end.is_some() || t.r2ts.len() >= max_out || t.next_r2t_offset >= t.edtl {
+                return;
+            }
+            let ttt = self.new_ttt();
+            let (stat_sn, exp, max) = (self.stat_sn, self.exp_cmd_sn, self.max_cmd_sn);
+            let Some(t) = self.tasks.get_mut(&itt) else { return };
+            let len = burst.min(t.edtl - t.next_r2t_offset);
+            let r = R2t {
+                lun: t.lun,
+                itt,
+                ttt,
+                stat_sn,
+                exp_cmd_sn: exp,
+                max_cmd_sn: max,
+                r2t_sn: t.r2t_sn,
+                buffer_offset: t.next_r2t_offset,
+                desired_length: len,
+            };
+            t.r2ts.push(R2tState { ttt, offset: t.next_r2t_offset, len, received: 0, next_data_sn: 0 });
+            t.r2t_sn += 1;
+            t.next_r2t_offset += len;
+            out.push(Action::Send(Pdu::new(Message::R2t(r).encode(), Bytes::new())));
+        }
+    }
+
+    fn on_data_out(&mut self, d: DataOut, data: Bytes, out: &mut Vec<Action>) -> Result<(), SessionError> {
+        let Some(t) = self.tasks.get_mut(&d.itt) else {
+            // Data for a task we aborted (or never had): drop it.
+            return Ok(());
+        };
+        if t.executing || !t.write {
+            return Err(SessionError::Protocol("Data-Out for a task that is not receiving data"));
+        }
+        let len = data.len() as u32;
+        let off = d.buffer_offset;
+        let end = off.checked_add(len).ok_or(SessionError::Protocol("buffer offset overflow"))?;
+        if end > t.edtl {
+            return Err(SessionError::Protocol("Data-Out beyond the expected data transfer length"));
+        }
+        let mut sequence_done = false;
+        if d.ttt == RESERVED_TAG {
+            let Some(uend) = t.unsolicited_end else {
+                return Err(SessionError::Protocol("unsolicited Data-Out not allowed"));
+            };
+            if d.data_sn != t.unsolicited_data_sn || end > uend {
+                return Err(SessionError::Protocol("bad DataSN or offset in unsolicited Data-Out"));
+            }
+            t.unsolicited_data_sn += 1;
+            if d.final_ {
+                t.unsolicited_end = None;
+                sequence_done = true;
+            }
+        } else {
+            let Some(i) = t.r2ts.iter().position(|r| r.ttt == d.ttt) else {
+                return Err(SessionError::Protocol("Data-Out with unknown Target Transfer Tag"));
+            };
+            let r = &mut t.r2ts[i];
+            if d.data_sn != r.next_data_sn || off < r.offset || end > r.offset + r.len {
+                return Err(SessionError::Protocol("bad DataSN or offset in solicited Data-Out"));
+            }
+            r.next_data_sn += 1;
+            r.received += len;
+            if d.final_ || r.received >= r.len {
+                if r.received != r.len {
+                    return Err(SessionError::Protocol("R2T sequence ended short"));
+                }
+                t.r2ts.remove(i);
+                sequence_done = true;
+            }
+        }
+        t.buf[off as usize..end as usize].copy_from_slice(&data);
+        t.received += len;
+        if t.received >= t.edtl && t.r2ts.is_empty() && t.unsolicited_end.is_none() {
+            let buf = std::mem::take(&mut t.buf).freeze();
+            self.start(d.itt, buf, out);
+        } else if sequence_done {
+            self.issue_r2ts(d.itt, out);
+        }
+        Ok(())
+    }
+
+    /// A command finished: `status`/`sense` from the SCSI layer, `data_in`
+    /// everything it produced, `write_residual` from [`write_outcome`].
+    pub fn complete(&mut self, itt: u32, id: u64, status: u8, sense: &[u8], mut data_in: Vec<u8>, write_residual: Residual, out: &mut Vec<Action>) {
+        match self.tasks.get(&itt) {
+            Some(t) if t.id == id => {}
+            _ => return, // aborted meanwhile
+        }
+        let Some(t) = self.tasks.remove(&itt) else { return };
+        self.slot_done();
+        let edtl = t.edtl as usize;
+        let read_residual = if t.write && !t.read {
+            write_residual
+        } else {
+            let r = Residual::of(data_in.len(), edtl);
+            data_in.truncate(edtl);
+            r
+        };
+        let data_in = Bytes::from(data_in);
+        let mss = self.params.max_send_data_segment_length.max(512) as usize;
+        let burst = self.params.max_burst_length.max(512) as usize;
+        let mut data_sn = 0u32;
+        let collapse = sense.is_empty();
+        let mut off = 0usize;
+        while off < data_in.len() {
+            // Each PDU ends at the segment limit or at a burst boundary.
+            let burst_end = (off / burst + 1) * burst;
+            let end = (off + mss).min(data_in.len()).min(burst_end);
+            let last = end == data_in.len();
+            let with_status = last && collapse;
+            let m = DataIn {
+                final_: last || end == burst_end,
+                ack: false,
+                has_status: with_status,
+                status: if with_status { status } else { 0 },
+                lun: t.lun,
+                itt,
+                ttt: RESERVED_TAG,
+                stat_sn: if with_status { self.take_stat_sn() } else { 0 },
+                exp_cmd_sn: self.exp_cmd_sn,
+                max_cmd_sn: self.max_cmd_sn,
+                data_sn,
+                buffer_offset: off as u32,
+                residual: if with_status { read_residual } else { Residual::None },
+            };
+            out.push(Action::Send(Pdu::new(Message::DataIn(m).encode(), data_in.slice(off..end))));
+            data_sn += 1;
+            off = end;
+        }
+        if data_in.is_empty() || !collapse {
+            let r = ScsiResponse {
+                response: 0,
+                status,
+                itt,
+                stat_sn: self.take_stat_sn(),
+                exp_cmd_sn: self.exp_cmd_sn,
+                max_cmd_sn: self.max_cmd_sn,
+                exp_data_sn: data_sn.max(t.r2t_sn),
+                residual: read_residual,
+            };
+            let data = if sense.is_empty() {
+                Bytes::new()
+            } else {
+                let mut b = BytesMut::with_capacity(2 + sense.len());
+                b.put_u16(sense.len() as u16);
+                b.put_slice(sense);
+                b.freeze()
+            };
+            out.push(Action::Send(Pdu::new(Message::ScsiResponse(r).encode(), data)));
+        }
+    }
+
+    fn on_nop_out(&mut self, n: NopOut, data: Bytes, out: &mut Vec<Action>) {
+        if n.itt == RESERVED_TAG {
+            // Answer to our NOP-In (or an unsolicited one-way ping): no reply.
+            if n.ttt != RESERVED_TAG && self.ping_outstanding == Some(n.ttt) {
+                self.ping_outstanding = None;
+            }
+            if !n.immediate && n.cmd_sn == self.exp_cmd_sn {
+                // A non-immediate NOP-Out with no reply still uses a CmdSN.
+                self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+                self.slot_done();
+            }
+            return;
+        }
+        if !self.accept_cmd_sn(n.immediate, n.cmd_sn) {
+            return;
+        }
+        if !n.immediate {
+            self.slot_done();
+        }
+        let m = NopIn {
+            lun: n.lun,
+            itt: n.itt,
+            ttt: RESERVED_TAG,
+            stat_sn: self.take_stat_sn(),
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn,
+        };
+        out.push(Action::Send(Pdu::new(Message::NopIn(m).encode(), data)));
+    }
+
+    fn abort_where(&mut self, pred: impl Fn(&Task) -> bool) -> usize {
+        let victims: Vec<u32> = self.tasks.iter().filter(|(_, t)| pred(t)).map(|(k, _)| *k).collect();
+        for itt in &victims {
+            self.tasks.remove(itt);
+            self.slot_done();
+        }
+        victims.len()
+    }
+
+    fn on_tmf(&mut self, t: TaskMgmtRequest, out: &mut Vec<Action>) {
+        if !self.accept_cmd_sn(t.immediate, t.cmd_sn) {
+            return;
+        }
+        if !t.immediate {
+            self.slot_done();
+        }
+        let response = match TmfFunction::from_u8(t.function) {
+            Some(TmfFunction::AbortTask) => {
+                // Matched by tag alone: some initiators leave the LUN at 0.
+                if let Some(id) = self.tasks.get(&t.referenced_task_tag).map(|x| x.id) {
+                    self.abort_where(|x| x.id == id);
+                    tmf_response::FUNCTION_COMPLETE
+                } else {
+                    tmf_response::TASK_DOES_NOT_EXIST
+                }
+            }
+            Some(TmfFunction::AbortTaskSet) | Some(TmfFunction::ClearTaskSet) => {
+                self.abort_where(|x| x.lun == t.lun);
+                tmf_response::FUNCTION_COMPLETE
+            }
+            Some(TmfFunction::LunReset) => {
+                self.abort_where(|x| x.lun == t.lun);
+                out.push(Action::LunReset { itt: t.itt, lun: t.lun });
+                return;
+            }
+            Some(TmfFunction::TargetWarmReset) | Some(TmfFunction::TargetColdReset) => {
+                self.abort_where(|_| true);
+                out.push(Action::TargetReset { itt: t.itt, cold: t.function == TmfFunction::TargetColdReset as u8 });
+                return;
+            }
+            Some(TmfFunction::TaskReassign) => tmf_response::REASSIGNMENT_NOT_SUPPORTED,
+            Some(TmfFunction::ClearAca) | None => tmf_response::NOT_SUPPORTED,
+        };
+        out.push(Action::Send(self.finish_tmf(t.itt, response)));
+    }
+
+    /// The TMF Response for a task management request.
+    pub fn finish_tmf(&mut self, itt: u32, response: u8) -> Pdu {
+        let m = TaskMgmtResponse { response, itt, stat_sn: self.take_stat_sn(), exp_cmd_sn: self.exp_cmd_sn, max_cmd_sn: self.max_cmd_sn };
+        Pdu::new(Message::TaskMgmtResponse(m).encode(), Bytes::new())
+    }
+
+    fn on_text(&mut self, t: TextRequest, pdu: Pdu, out: &mut Vec<Action>) {
+        if !self.accept_cmd_sn(t.immediate, t.cmd_sn) {
+            return;
+        }
+        if !t.immediate {
+            self.slot_done();
+        }
+        let mss = self.params.max_send_data_segment_length.max(512) as usize;
+        // Continuation of a long answer we are sending in parts.
+        if t.ttt != RESERVED_TAG {
+            match self.text_pending.take() {
+                Some((ttt, rest)) if ttt == t.ttt => {
+                    self.text_reply(t.itt, t.lun, rest, mss, out);
+                }
+                _ => out.push(Action::Send(self.reject(&pdu.bhs, reject_reason::INVALID_PDU_FIELD))),
+            }
+            return;
+        }
+        self.text_partial.extend_from_slice(&pdu.data);
+        if self.text_partial.len() > 64 * 1024 {
+            self.text_partial.clear();
+            out.push(Action::Send(self.reject(&pdu.bhs, reject_reason::PROTOCOL_ERROR)));
+            return;
+        }
+        if t.continue_ {
+            let m = TextResponse { final_: false, continue_: false, lun: t.lun, itt: t.itt, ttt: self.new_ttt(), stat_sn: self.take_stat_sn(), exp_cmd_sn: self.exp_cmd_sn, max_cmd_sn: self.max_cmd_sn };
+            out.push(Action::Send(Pdu::new(Message::TextResponse(m).encode(), Bytes::new())));
+            return;
+        }
+        let raw = std::mem::take(&mut self.text_partial);
+        let pairs = match text::parse(&raw) {
+            Ok(p) => p,
+            Err(_) => {
+                out.push(Action::Send(self.reject(&pdu.bhs, reject_reason::PROTOCOL_ERROR)));
+                return;
+            }
+        };
+        let mut answer: Vec<(String, String)> = Vec::new();
+        for (k, v) in &pairs {
+            if k == "SendTargets" {
+                if v == "All" && self.cfg.session_type != SessionType::Discovery {
+                    // RFC 7143 13.3: "All" only in discovery sessions; a normal
+                    // session gets its own target.
+                    answer.extend(crate::login::send_targets(&self.cfg.targets, "", self.cfg.current_target.as_deref()));
+                } else {
+                    answer.extend(crate::login::send_targets(&self.cfg.targets, v, self.cfg.current_target.as_deref()));
+                }
+            } else {
+                answer.push((k.clone(), "NotUnderstood".into()));
+            }
+        }
+        self.text_reply(t.itt, t.lun, Bytes::from(text::encode(&answer)), mss, out);
+    }
+
+    fn text_reply(&mut self, itt: u32, lun: u64, body: Bytes, mss: usize, out: &mut Vec<Action>) {
+        let more = body.len() > mss;
+        let ttt = if more { self.new_ttt() } else { RESERVED_TAG };
+        let m = TextResponse {
+            final_: !more,
+            continue_: more,
+            lun,
+            itt,
+            ttt,
+            stat_sn: self.take_stat_sn(),
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn,
+        };
+        let now = body.slice(..body.len().min(mss));
+        if more {
+            self.text_pending = Some((ttt, body.slice(mss..)));
+        }
+        out.push(Action::Send(Pdu::new(Message::TextResponse(m).encode(), now)));
+    }
+
+    fn on_logout(&mut self, l: LogoutRequest, out: &mut Vec<Action>) {
+        if !self.accept_cmd_sn(l.immediate, l.cmd_sn) {
+            return;
+        }
+        if !l.immediate {
+            self.slot_done();
+        }
+        let response = match l.reason {
+            0 => 0,
+            1 if l.cid == self.cfg.cid => 0,
+            1 => 1,
+            _ => 2,
+        };
+        // Outstanding tasks end with the session.
+        if response == 0 {
+            self.abort_where(|_| true);
+        }
+        let m = LogoutResponse {
+            response,
+            itt: l.itt,
+            stat_sn: self.take_stat_sn(),
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn,
+            time2wait: 0,
+            time2retain: 0,
+        };
+        out.push(Action::Send(Pdu::new(Message::LogoutResponse(m).encode(), Bytes::new())));
+        if response == 0 {
+            out.push(Action::Close);
+        }
+    }
+}
+
+fn log_drop(_cmd_sn: u32, _exp: u32, _max: u32) {
+    // Out-of-window commands are ignored silently (RFC 7143 3.2.2.1).
+}
+
+/// Decide how a write-type command's data maps onto what the CDB asks for.
+/// `wanted` is the data-out length the CDB implies, `got` what the
+/// initiator sent (its EDTL). Returns the residual to report and, when the
+/// initiator sent too little, the CHECK CONDITION sense to fail it with.
+pub fn write_outcome(wanted: usize, got: usize) -> (Residual, Option<Vec<u8>>) {
+    let r = Residual::of(wanted, got);
+    if wanted > got {
+        (r, Some(sense_invalid_field_in_iu()))
+    } else {
+        (r, None)
+    }
+}
