@@ -20,7 +20,8 @@ pub fn io_sense(e: &BlockError, write: bool) -> Sense {
         BlockError::OutOfRange { .. } => Sense::LBA_OUT_OF_RANGE,
         BlockError::ReadOnly => Sense::WRITE_PROTECTED,
         BlockError::Io(io) => match io.raw_os_error() {
-            Some(libc_enospc) if libc_enospc == 28 => Sense::new(key::DATA_PROTECT, 0x27, 0x07),
+            // Linux errno values: ENOSPC 28, EIO 5, ENODATA 61.
+            Some(28) => Sense::new(key::DATA_PROTECT, 0x27, 0x07), // SPACE ALLOCATION FAILED WRITE PROTECT
             Some(5) | Some(61) | None if write => Sense::WRITE_ERROR,
             Some(5) | Some(61) | None => Sense::UNRECOVERED_READ_ERROR,
             Some(_) => Sense::INTERNAL_TARGET_FAILURE,

@@ -377,7 +377,7 @@ impl Reservations {
                     let victims: Vec<NexusId> = s
                         .registrants
                         .iter()
-                        .filter(|(n, k)| *n != nexus && only_key.map_or(true, |ok| *k == ok))
+                        .filter(|(n, k)| *n != nexus && !matches!(only_key, Some(ok) if *k != ok))
                         .map(|(n, _)| *n)
                         .collect();
                     for v in &victims {
@@ -422,7 +422,7 @@ impl Reservations {
 fn iscsi_transport_id(name: &str) -> Vec<u8> {
     let mut body: Vec<u8> = name.bytes().filter(|b| *b != 0).collect();
     body.push(0);
-    while body.len() % 4 != 0 || body.len() < 16 {
+    while body.len() & 3 != 0 || body.len() < 16 {
         body.push(0);
     }
     let mut t = vec![0x05, 0];
