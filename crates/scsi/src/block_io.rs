@@ -83,9 +83,12 @@ impl Lun {
             return Err(Sense::invalid_cdb_field(if cdb[0] == op::READ_6 { 4 } else { 7 }, None));
         }
         let len = n as usize * BLOCK;
-        // Reuse the caller's buffer without zero-filling what the read overwrites anyway.
-        if out.capacity() >= len {
-            out.truncate(0);
+        // Reuse the caller's buffer: bytes already there are overwritten by
+        // the read, so only growth gets zero-filled (execute clears `out` if
+        // the read fails).
+        if out.len() >= len {
+            out.truncate(len);
+        } else if out.capacity() >= len {
             out.resize(len, 0);
         } else {
             *out = vec![0; len];

@@ -467,6 +467,12 @@ impl ScsiTarget {
     }
 }
 
+// The transport shares one target between all its sessions and threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ScsiTarget>();
+};
+
 /// SAM-5 LUN encoding: peripheral addressing below 256, flat space below
 /// 16384, extended flat space above.
 pub fn encode_lun(lun: u64) -> [u8; 8] {
