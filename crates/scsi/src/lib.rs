@@ -96,7 +96,7 @@ use cdb::{be16, be32, cdb_len, op, truncate_to};
 use reservation::{Denied, Reservations};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use ua::UnitAttentions;
 
 /// One logical unit: the volume, its identity and its mutable SCSI state.
@@ -201,8 +201,12 @@ impl ScsiOutcome {
 /// All logical units of one target; `Send + Sync`, share it with `Arc`.
 pub struct ScsiTarget {
     luns: Vec<Lun>,
-    /// Initiator port names by nexus, for PERSISTENT RESERVE IN / READ FULL STATUS.
-    names: Mutex<HashMap<NexusId, String>>,
+    /// Initiator port identity of each nexus whose name the transport told
+    /// us (see [`ScsiTarget::set_initiator_name`]).
+    ports: RwLock<HashMap<NexusId, u64>>,
+    /// Initiator port names by identity, kept after the nexus ends so READ
+    /// FULL STATUS can still name registrants that are not logged in.
+    port_names: Mutex<HashMap<u64, String>>,
 }
 
 impl ScsiTarget {
@@ -211,7 +215,7 @@ impl ScsiTarget {
         let mut luns: Vec<Lun> = luns.into_iter().map(|(n, v, c)| Lun::new(n, v, c)).collect();
         luns.sort_by_key(|l| l.number);
         luns.dedup_by_key(|l| l.number);
-        ScsiTarget { luns, names: Mutex::new(HashMap::new()) }
+        ScsiTarget { luns, ports: RwLock::new(HashMap::new()), port_names: Mutex::new(HashMap::new()) }
     }
 
     /// The mapped LUN numbers, ascending.
@@ -224,11 +228,22 @@ impl ScsiTarget {
         self.luns.iter().find(|l| l.number == lun)
     }
 
-    /// Optional: record the initiator port name of a nexus (e.g.
-    /// `iqn.1994-05.com.redhat:abc,i,0x23d000000001`) so PERSISTENT RESERVE IN
-    /// READ FULL STATUS can report a TransportID for it.
+    /// Optional but recommended: record the SCSI initiator port name of a
+    /// nexus (iSCSI: `<initiator name>,i,0x<ISID in hex>`). Unit attentions,
+    /// reservations and registrations then belong to that initiator port, so
+    /// a session that is reinstated with the same name and ISID keeps its
+    /// persistent reservation registrations (SPC-4 I_T nexus semantics), and
+    /// PERSISTENT RESERVE IN / READ FULL STATUS reports its TransportID.
+    /// Without it each `NexusId` is its own initiator port.
     pub fn set_initiator_name(&self, nexus: NexusId, name: &str) {
-        self.names.lock().unwrap_or_else(|p| p.into_inner()).insert(nexus, name.to_string());
+        let id = ident::port_identity(name);
+        self.ports.write().unwrap_or_else(|p| p.into_inner()).insert(nexus, id);
+        self.port_names.lock().unwrap_or_else(|p| p.into_inner()).insert(id, name.to_string());
+    }
+
+    /// The initiator port a nexus stands for (its own id if unnamed).
+    fn identity(&self, nexus: NexusId) -> u64 {
+        self.ports.read().unwrap_or_else(|p| p.into_inner()).get(&nexus).copied().unwrap_or(nexus)
     }
 
     /// The backend of `lun` changed size: re-read it and raise CAPACITY DATA
@@ -282,10 +297,13 @@ impl ScsiTarget {
                 if cdb[len - 1] & 0x05 != 0 {
                     return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
                 }
-                if let Some(s) = l.ua.take(nexus) {
-                    return Err(s.into());
+                if l.ua.active() || l.res.held() {
+                    let who = self.identity(nexus);
+                    if let Some(s) = l.ua.take(who) {
+                        return Err(s.into());
+                    }
+                    l.res.check(who, cdb)?;
                 }
-                l.res.check(nexus, cdb)?;
                 return if opcode == op::READ_10 || opcode == op::READ_16 {
                     Ok(l.read(cdb, out)?)
                 } else {
@@ -303,23 +321,25 @@ impl ScsiTarget {
             // NACA / LINK: not supported.
             return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
         }
+        let who = self.identity(nexus);
         match opcode {
             op::INQUIRY | op::REPORT_LUNS => {}
             op::REQUEST_SENSE => {
-                let pending = l.ua.take(nexus).unwrap_or(Sense::NO_SENSE);
+                let pending = l.ua.take(who).unwrap_or(Sense::NO_SENSE);
                 return Ok(request_sense(cdb, pending, out)?);
             }
             _ => {
-                if let Some(s) = l.ua.take(nexus) {
+                if let Some(s) = l.ua.take(who) {
                     return Err(s.into());
                 }
             }
         }
-        l.res.check(nexus, cdb)?;
-        self.dispatch(nexus, l, cdb, data_out, out)
+        l.res.check(who, cdb)?;
+        self.dispatch(who, l, cdb, data_out, out)
     }
 
-    fn dispatch(&self, nexus: NexusId, l: &Lun, cdb: &[u8], data_out: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
+    /// `who` is the initiator port identity (see [`ScsiTarget::identity`]).
+    fn dispatch(&self, who: u64, l: &Lun, cdb: &[u8], data_out: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
         match cdb[0] {
             op::TEST_UNIT_READY => Ok(()),
             op::INQUIRY => Ok(inquiry::inquiry(Some(l), cdb, out)?),
@@ -354,15 +374,15 @@ impl ScsiTarget {
                 if cdb[1] & 0x01 != 0 {
                     return Err(Sense::invalid_cdb_field(1, Some(0)).into()); // extents: obsolete
                 }
-                Ok(l.res.reserve6(nexus)?)
+                Ok(l.res.reserve6(who)?)
             }
-            op::RELEASE_6 => Ok(l.res.release6(nexus)?),
+            op::RELEASE_6 => Ok(l.res.release6(who)?),
             op::PR_IN => {
-                let names = self.names.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let name_of = |n: NexusId| names.get(&n).cloned().unwrap_or_else(|| format!("blockwire.nexus.{n}"));
+                let names = self.port_names.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let name_of = |n: u64| names.get(&n).cloned().unwrap_or_else(|| format!("blockwire.nexus.{n}"));
                 Ok(l.res.pr_in(cdb, &name_of, out)?)
             }
-            op::PR_OUT => Ok(l.res.pr_out(nexus, cdb, data_out, &l.ua)?),
+            op::PR_OUT => Ok(l.res.pr_out(who, cdb, data_out, &l.ua)?),
             op::MAINTENANCE_IN => match cdb[1] & 0x1f {
                 op::MI_REPORT_SUPPORTED_OPCODES => Ok(opcodes::report_supported_opcodes(cdb, out)?),
                 op::MI_REPORT_SUPPORTED_TMF => Ok(opcodes::report_supported_tmf(cdb, out)?),
@@ -459,11 +479,12 @@ impl ScsiTarget {
     /// The nexus ended (session closed): drop the RESERVE(6) it held and its
     /// pending unit attentions. Persistent reservations survive, as SPC says.
     pub fn nexus_gone(&self, nexus: NexusId) {
+        let who = self.identity(nexus);
         for l in &self.luns {
-            l.res.clear_spc2(Some(nexus));
-            l.ua.forget(nexus);
+            l.res.clear_spc2(Some(who));
+            l.ua.forget(who);
         }
-        self.names.lock().unwrap_or_else(|p| p.into_inner()).remove(&nexus);
+        self.ports.write().unwrap_or_else(|p| p.into_inner()).remove(&nexus);
     }
 }
 

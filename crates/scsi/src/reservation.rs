@@ -137,6 +137,12 @@ impl Reservations {
         self.held.store(s.spc2.is_some() || s.reservation.is_some(), Ordering::Release);
     }
 
+    /// Whether any reservation is held (cheap pre-check).
+    #[inline]
+    pub fn held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
     /// Whether `nexus` may run `cdb` now. PR IN/OUT and RESERVE/RELEASE do
     /// their own checks and are let through here.
     pub fn check(&self, nexus: NexusId, cdb: &[u8]) -> Result<(), Denied> {

@@ -38,6 +38,12 @@ impl UnitAttentions {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether any condition was ever raised (cheap pre-check).
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
     /// Raise `sense` for every nexus (present and future). A POWER ON/RESET
     /// supersedes every older condition, as SPC-4 6.? allows.
     pub fn broadcast(&self, sense: Sense) {

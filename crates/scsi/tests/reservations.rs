@@ -97,6 +97,7 @@ fn reservation(t: &bw_scsi::ScsiTarget) -> Option<(u64, u8)> {
 fn register_and_read_keys() {
     let t = ram_target(64);
     assert_eq!(keys(&t), (0, vec![]));
+    t.set_initiator_name(2, "iqn.2026-11.test:client,i,0x400001370000");
     good(&t, 1, &prout(REGISTER, 0), &prout_params(0, 0xaa));
     good(&t, 2, &prout(REGISTER_IGNORE, 0), &prout_params(0, 0xbb));
     assert_eq!(keys(&t), (2, vec![0xaa, 0xbb]));
@@ -130,7 +131,7 @@ fn register_and_read_keys() {
     assert_eq!(u64::from_be_bytes(full[8..16].try_into().unwrap()), 0xbb);
     let tid = &full[8 + 24..];
     assert_eq!(tid[0], 0x05, "iSCSI TransportID");
-    assert!(tid[4..].starts_with(b"iqn.2026-11.test:client\0"));
+    assert!(tid[4..].starts_with(b"iqn.2026-11.test:client,i,0x400001370000\0"));
     assert_eq!(u16::from_be_bytes([tid[2], tid[3]]) as usize % 4, 0);
 }
 
@@ -253,4 +254,28 @@ fn clear_and_preempt() {
     assert_eq!(reservation(&t), None);
     check(&t, 2, &tur(), &[], (6, 0x2a, 0x03));
     good(&t, 2, &write10(0, 1, 0), &pattern(1, 0));
+}
+
+#[test]
+fn named_initiator_port_keeps_registration_across_sessions() {
+    let t = ram_target(64);
+    let port = "iqn.2026-11.test:host,i,0x400001370001";
+    t.set_initiator_name(10, port);
+    good(&t, 10, &prout(REGISTER, 0), &prout_params(0, 0x77));
+    good(&t, 10, &prout(RESERVE, WE), &prout_params(0x77, 0));
+    t.nexus_gone(10);
+    // The same initiator port logs in again as a new session: it still
+    // holds the reservation and can write; another port cannot.
+    t.set_initiator_name(11, port);
+    good(&t, 11, &write10(0, 1, 0), &pattern(1, 0));
+    t.set_initiator_name(12, "iqn.2026-11.test:other,i,0x400001370002");
+    conflict(&t, 12, &write10(0, 1, 0), &pattern(1, 0));
+    good(&t, 11, &prout(REGISTER, 0), &prout_params(0x77, 0));
+    assert_eq!(keys(&t).1, Vec::<u64>::new());
+    good(&t, 12, &write10(0, 1, 0), &pattern(1, 0));
+    // RESERVE(6) from the named port ends with its session.
+    good(&t, 11, &RESERVE6, &[]);
+    conflict(&t, 12, &read10(0, 1, 0), &[]);
+    t.nexus_gone(11);
+    good(&t, 12, &read10(0, 1, 0), &[]);
 }
