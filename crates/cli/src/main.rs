@@ -1,1 +1,365 @@
-fn main() {}
+//! The `blockwire` binary: serve disks, attach to them, measure them.
+
+use anyhow::{bail, Context};
+use bw_initiator::{ConnectOptions, TargetUrl};
+use bw_workload::{BenchParams, Rw, VerifyParams};
+use clap::{Args, Parser, Subcommand};
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
+struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Export volumes over AoE, iSCSI and NVMe/TCP until SIGINT/SIGTERM.
+    Serve(ServeArgs),
+    /// Write a deterministic pattern to a remote disk, read it back, compare.
+    Verify(VerifyArgs),
+    /// Measure IOPS, bandwidth, latency and client CPU against a remote disk.
+    Bench(BenchArgs),
+    /// ATA over Ethernet tools.
+    #[command(subcommand)]
+    Aoe(AoeCmd),
+    /// iSCSI tools.
+    #[command(subcommand)]
+    Iscsi(IscsiCmd),
+    /// NVMe over TCP tools.
+    #[command(subcommand)]
+    Nvme(NvmeCmd),
+    /// Run the same workloads over every protocol and peer; report speed, latency, CPU and wire bytes.
+    Lab(bw_lab::LabArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// A volume: NAME=BACKEND[,opts]; BACKEND is ram:SIZE, file:PATH or a device path;
+    /// opts: size=SIZE (create a file), direct, sync, readonly. Repeatable.
+    #[arg(long = "volume", value_name = "NAME=BACKEND[,opts]")]
+    volumes: Vec<String>,
+    /// Export over AoE: IFACE,volume=NAME,shelf=N,slot=M[,buffers=N][,config=STR]. Repeatable.
+    #[arg(long = "aoe", value_name = "IFACE,volume=NAME,shelf=N,slot=M")]
+    aoe: Vec<String>,
+    /// Serve iSCSI on ADDR[:PORT] (default port 3260). With no [[iscsi.target]] configured,
+    /// every volume becomes a LUN of one default target. Repeatable.
+    #[arg(long = "iscsi", value_name = "ADDR[:PORT]")]
+    iscsi: Vec<String>,
+    /// Serve NVMe/TCP on ADDR[:PORT] (default port 4420; discovery on 8009). With no
+    /// [[nvme.subsystem]] configured, every volume becomes a namespace of one default subsystem. Repeatable.
+    #[arg(long = "nvme", value_name = "ADDR[:PORT]")]
+    nvme: Vec<String>,
+    /// TOML configuration file; flags add to it.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: Option<String>,
+    /// Write the effective configuration as JSON to FILE at start-up.
+    #[arg(long, value_name = "FILE")]
+    save_config: Option<String>,
+    /// Print the effective configuration as JSON and exit without serving.
+    #[arg(long)]
+    print_config: bool,
+}
+
+#[derive(Args, Clone)]
+struct ClientArgs {
+    /// Our iSCSI initiator IQN / NVMe host NQN.
+    #[arg(long, value_name = "NAME")]
+    initiator_name: Option<String>,
+    /// NVMe/TCP: number of I/O queues (connections).
+    #[arg(long, default_value_t = 1)]
+    queues: usize,
+    /// Request CRC32C header digests (iSCSI, NVMe/TCP).
+    #[arg(long)]
+    header_digest: bool,
+    /// Request CRC32C data digests (iSCSI, NVMe/TCP).
+    #[arg(long)]
+    data_digest: bool,
+    /// Seconds to wait for the target before giving up on a request.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// Client runtime threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+impl ClientArgs {
+    fn options(&self, queue_depth: usize) -> ConnectOptions {
+        ConnectOptions {
+            initiator_name: self.initiator_name.clone(),
+            queues: self.queues.max(1),
+            queue_depth: queue_depth.max(1),
+            header_digest: self.header_digest,
+            data_digest: self.data_digest,
+            timeout: Duration::from_secs(self.timeout.max(1)),
+        }
+    }
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    /// aoe://IFACE/SHELF.SLOT, iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN or nvme+tcp://HOST[:PORT]/SUBNQN/NSID
+    url: String,
+    /// Bytes to write and check (K/M/G suffixes).
+    #[arg(long, value_parser = size_arg)]
+    size: u64,
+    /// Where to start, in bytes.
+    #[arg(long, default_value = "0", value_parser = size_arg)]
+    offset: u64,
+    /// Pattern seed: the same seed writes the same data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Bytes per request.
+    #[arg(long, default_value = "1M", value_parser = size_arg)]
+    chunk: u64,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Target URL (see `blockwire verify --help`).
+    url: String,
+    /// read, write, randread, randwrite, randrw, rw
+    #[arg(long, default_value = "randread")]
+    rw: Rw,
+    /// Block size per request (K/M suffixes).
+    #[arg(long, default_value = "4k", value_parser = size_arg)]
+    bs: u64,
+    /// Requests in flight per job.
+    #[arg(long, default_value_t = 1)]
+    iodepth: usize,
+    /// Jobs; all share one connection like fio jobs sharing one kernel device.
+    #[arg(long, default_value_t = 1)]
+    numjobs: usize,
+    /// Percentage of reads for randrw / rw.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    rwmixread: u8,
+    /// Seconds to run.
+    #[arg(long, value_name = "SECS")]
+    runtime: Option<f64>,
+    /// Total requests to run (instead of, or as well as, --runtime).
+    #[arg(long)]
+    ios: Option<u64>,
+    /// Region to use: start offset and size in bytes (size 0 = to the end).
+    #[arg(long, default_value = "0", value_parser = size_arg)]
+    offset: u64,
+    #[arg(long, default_value = "0", value_parser = size_arg)]
+    size: u64,
+    /// Warm-up requests before the clock starts.
+    #[arg(long, default_value_t = 0)]
+    ramp_ios: u64,
+    /// Seed for offsets and data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Subcommand)]
+enum AoeCmd {
+    /// Broadcast a Query Config on IFACE and list the targets that answer.
+    Discover {
+        iface: String,
+        /// Seconds to wait for answers.
+        #[arg(long, default_value_t = 1.0)]
+        wait: f64,
+    },
+}
+
+#[derive(Subcommand)]
+enum IscsiCmd {
+    /// List the targets a portal offers (SendTargets=All).
+    Discover {
+        /// HOST[:PORT] (default port 3260).
+        portal: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum NvmeCmd {
+    /// Print the discovery log of a discovery controller.
+    Discover {
+        /// HOST[:PORT] (default port 8009).
+        address: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    bw_block::parse_size(s)
+}
+
+/// `HOST[:PORT]` or `[V6]:PORT`.
+fn split_host_port(s: &str, default_port: u16) -> anyhow::Result<(String, u16)> {
+    let url = format!("iscsi://{s}/iqn.x:y/0");
+    match TargetUrl::parse(&url) {
+        Ok(TargetUrl::Iscsi { host, port, .. }) => Ok((host, if s.ends_with(&format!(":{port}")) { port } else { default_port })),
+        _ => bail!("invalid address {s:?}: expected HOST[:PORT]"),
+    }
+}
+
+fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all().build()?)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let default_level = match (cli.verbose, &cli.cmd) {
+        (0, Cmd::Serve(_)) | (0, Cmd::Lab(_)) => "info",
+        (0, _) => "warn",
+        (1, _) => "info",
+        (2, _) => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_level))
+        .format_timestamp_millis()
+        .init();
+    if let Err(e) = run(cli) {
+        eprintln!("blockwire: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
+        Cmd::Serve(a) => serve(a),
+        Cmd::Verify(a) => {
+            let rt = runtime(a.client.threads)?;
+            rt.block_on(async {
+                let client = bw_initiator::connect(&a.url, &a.client.options(a.concurrency)).await?;
+                let p = VerifyParams {
+                    offset: a.offset,
+                    size: a.size,
+                    seed: a.seed,
+                    chunk: a.chunk as usize,
+                    concurrency: a.concurrency,
+                };
+                let r = bw_workload::verify(client.clone(), &p).await;
+                let _ = client.close().await;
+                let r = r?;
+                println!(
+                    "verify {}: {} bytes at offset {} OK (write {:.2} s, read {:.2} s)",
+                    client.describe(),
+                    r.size,
+                    r.offset,
+                    r.write_s,
+                    r.read_s
+                );
+                Ok(())
+            })
+        }
+        Cmd::Bench(a) => {
+            if a.runtime.is_none() && a.ios.is_none() {
+                bail!("give --runtime SECS or --ios N");
+            }
+            let rt = runtime(a.client.threads)?;
+            rt.block_on(async {
+                let client = bw_initiator::connect(&a.url, &a.client.options(a.iodepth * a.numjobs)).await?;
+                let p = BenchParams {
+                    rw: a.rw,
+                    bs: a.bs as usize,
+                    iodepth: a.iodepth,
+                    numjobs: a.numjobs,
+                    rwmixread: a.rwmixread,
+                    runtime: a.runtime.map(Duration::from_secs_f64),
+                    ios: a.ios,
+                    offset: a.offset,
+                    size: a.size,
+                    seed: a.seed,
+                    ramp_ios: a.ramp_ios,
+                };
+                let r = bw_workload::bench(client.clone(), &p).await;
+                let _ = client.close().await;
+                let r = r?;
+                if a.json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    print!("{}", r.table());
+                }
+                Ok(())
+            })
+        }
+        Cmd::Aoe(AoeCmd::Discover { iface, wait }) => {
+            let rt = runtime(1)?;
+            let found = rt.block_on(bw_initiator::aoe::discover(&iface, Duration::from_secs_f64(wait.max(0.01))))?;
+            print_discovered(found, &format!("no AoE targets answered on {iface}"))
+        }
+        Cmd::Iscsi(IscsiCmd::Discover { portal, client }) => {
+            let (host, port) = split_host_port(&portal, 3260)?;
+            let rt = runtime(client.threads)?;
+            let found = rt.block_on(bw_initiator::iscsi::discover(&host, port, &client.options(1)))?;
+            print_discovered(found, &format!("the portal {portal} offers no targets"))
+        }
+        Cmd::Nvme(NvmeCmd::Discover { address, client }) => {
+            let (host, port) = split_host_port(&address, 8009)?;
+            let rt = runtime(client.threads)?;
+            let found = rt.block_on(bw_initiator::nvme::discover(&host, port, &client.options(1)))?;
+            print_discovered(found, &format!("the discovery log at {address} is empty"))
+        }
+        Cmd::Lab(a) => bw_lab::run(a),
+    }
+}
+
+fn print_discovered(found: Vec<String>, none: &str) -> anyhow::Result<()> {
+    if found.is_empty() {
+        bail!("{none}");
+    }
+    for line in found {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let mut cfg = match &a.config {
+        Some(path) => bw_target::ServeConfig::from_toml_file(path)?,
+        None => bw_target::ServeConfig::default(),
+    };
+    for v in &a.volumes {
+        cfg.add_volume_flag(v)?;
+    }
+    for x in &a.aoe {
+        cfg.add_aoe_flag(x)?;
+    }
+    for x in &a.iscsi {
+        cfg.add_iscsi_flag(x)?;
+    }
+    for x in &a.nvme {
+        cfg.add_nvme_flag(x)?;
+    }
+    cfg.validate()?;
+    let json = serde_json::to_string_pretty(&cfg)?;
+    if a.print_config {
+        println!("{json}");
+        return Ok(());
+    }
+    if let Some(path) = &a.save_config {
+        std::fs::write(path, &json).with_context(|| format!("writing {path}"))?;
+    }
+    if let Some(i) = &cfg.iscsi {
+        for t in &i.targets {
+            log::info!("iSCSI target {} ({} LUNs) on {:?}", t.iqn, t.luns.len(), i.listen);
+        }
+    }
+    if let Some(n) = &cfg.nvme {
+        for s in &n.subsystems {
+            log::info!("NVMe subsystem {} ({} namespaces) on {:?}", s.nqn, s.namespaces.len(), n.listen);
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(bw_target::serve(cfg))
+}

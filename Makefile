@@ -1,0 +1,49 @@
+# blockwire: `make demo` and `make test` work as root on a fresh Debian machine.
+SHELL := /bin/bash
+CARGO ?= cargo
+BIN := target/release/blockwire
+# Debian packages the tests, benchmarks and demo use (peers, clients, the kernel VM, the report check).
+DEB_PACKAGES := tgt vblade libiscsi-bin qemu-utils qemu-block-extra qemu-system-x86 fio tshark \
+	iperf3 iproute2 e2fsprogs busybox-static kmod cpio open-iscsi chromium ethtool procps
+# Seconds each fuzz target runs under `make fuzz`.
+FUZZ_SECONDS ?= 60
+
+.PHONY: all deps build test demo fuzz bench clean
+
+all: build
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@command -v $(CARGO) >/dev/null || { echo "cargo (Rust stable) is required: see https://rustup.rs" >&2; exit 1; }
+
+build: deps
+	$(CARGO) build --release --workspace
+
+# Every test: unit, property and byte-vector tests, then the integration tests
+# (namespaces, peers, tshark, the kernel VM, the lab report in Chromium).
+test: build
+	$(CARGO) test --release --workspace --no-fail-fast
+
+demo: build
+	$(BIN) lab --quick
+
+bench: build
+	@for b in bench/*; do [ -x "$$b" ] && { echo "== $$b"; "$$b"; }; done
+
+# Coverage-guided fuzzing of every parser (needs cargo-fuzz; the seed corpora
+# also run as ordinary tests in `make test`).
+fuzz: deps
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	@for d in crates/*/fuzz; do \
+		for t in $$(cd $$d && RUSTC_BOOTSTRAP=1 cargo fuzz list); do \
+			echo "== fuzz $$d $$t ($(FUZZ_SECONDS) s)"; \
+			(cd $$d && RUSTC_BOOTSTRAP=1 cargo fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS)) || exit 1; \
+		done; \
+	done
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,271 @@
+//! Test kit shared by the integration tests: start `blockwire serve` and wait
+//! until it is ready, network namespaces with veth pairs, the kernel VM, free
+//! ports. Everything a test creates is removed on drop, processes by PID.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub fn blockwire_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_blockwire"))
+}
+
+/// The repository root (two levels above this crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+/// `../shared` beside the repository.
+pub fn shared_dir() -> PathBuf {
+    repo_root().join("../shared")
+}
+
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (namespaces, raw sockets); run `make test` as root");
+}
+
+/// A short unique suffix for names of namespaces and interfaces.
+pub fn unique(tag: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{tag}{}{}", std::process::id() % 100_000, N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Run a command, panic with its output if it fails.
+pub fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().expect("spawn sh");
+    assert!(
+        out.status.success(),
+        "command failed: {cmd}\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Run `blockwire ARGS` (optionally inside a namespace) and return its output.
+pub fn blockwire(netns: Option<&str>, args: &[&str]) -> Output {
+    let mut c = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(blockwire_bin());
+            c
+        }
+        None => Command::new(blockwire_bin()),
+    };
+    c.args(args).output().expect("spawn blockwire")
+}
+
+/// Like [`blockwire`], panicking with both streams if it fails; returns stdout.
+pub fn blockwire_ok(netns: Option<&str>, args: &[&str]) -> String {
+    let out = blockwire(netns, args);
+    assert!(
+        out.status.success(),
+        "blockwire {args:?} failed ({})\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A running `blockwire serve`. Stopped with SIGTERM (then SIGKILL) on drop.
+pub struct Serve {
+    child: Option<Child>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Serve {
+    pub fn start(args: &[&str]) -> Serve {
+        Serve::start_in(None, args)
+    }
+
+    /// Start `blockwire serve ARGS`, inside `netns` if given (`ip netns exec`
+    /// execs, so the PID is blockwire's own), and wait for its ready line.
+    pub fn start_in(netns: Option<&str>, args: &[&str]) -> Serve {
+        let mut c = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(blockwire_bin());
+                c
+            }
+            None => Command::new(blockwire_bin()),
+        };
+        c.arg("serve").args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = c.spawn().expect("spawn blockwire serve");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[serve] {line}");
+                if line.contains("blockwire: ready") {
+                    let _ = tx.send(());
+                }
+                log2.lock().expect("log lock").push(line);
+            }
+        });
+        let mut s = Serve { child: Some(child), log };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if rx.recv_timeout(Duration::from_millis(50)).is_ok() {
+                return s;
+            }
+            if let Some(st) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                std::thread::sleep(Duration::from_millis(100));
+                panic!("blockwire serve {args:?} exited with {st} before it was ready:\n{}", s.log_text());
+            }
+            assert!(Instant::now() < deadline, "blockwire serve {args:?} not ready after 30 s:\n{}", s.log_text());
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().expect("log lock").join("\n")
+    }
+
+    /// Whether the process is still running (it must survive bad input).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// SIGTERM and wait; returns the exit status (should be success).
+    pub fn stop(mut self) -> ExitStatus {
+        self.terminate().expect("serve was running")
+    }
+
+    fn terminate(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        // SAFETY: signalling our own child by PID.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// A network namespace joined to the root namespace by a veth pair:
+/// `ns_if` lives inside `ns`, `host_if` stays outside. Removed on drop.
+pub struct NetnsPair {
+    pub ns: String,
+    pub host_if: String,
+    pub ns_if: String,
+}
+
+impl NetnsPair {
+    /// `tag` keeps names apart between tests (at most 4 characters).
+    pub fn new(tag: &str, mtu: u32) -> NetnsPair {
+        require_root();
+        let id = unique(tag);
+        let p = NetnsPair { ns: format!("bw-{id}"), host_if: format!("bw{id}h"), ns_if: format!("bw{id}n") };
+        assert!(p.host_if.len() <= 15, "interface name too long: {}", p.host_if);
+        sh(&format!("ip netns add {}", p.ns));
+        sh(&format!("ip link add {} mtu {mtu} type veth peer name {} mtu {mtu}", p.host_if, p.ns_if));
+        sh(&format!("ip link set {} netns {}", p.ns_if, p.ns));
+        sh(&format!("ip link set {} up", p.host_if));
+        sh(&format!("ip -n {} link set {} up && ip -n {} link set lo up", p.ns, p.ns_if, p.ns));
+        p
+    }
+
+    /// Give both ends IPv4 addresses in a private /30 that exists only on this veth.
+    /// Returns (host address, namespace address).
+    pub fn with_ipv4(&self, subnet: u8) -> (String, String) {
+        let (h, n) = (format!("10.254.{subnet}.1"), format!("10.254.{subnet}.2"));
+        sh(&format!("ip addr add {h}/30 dev {}", self.host_if));
+        sh(&format!("ip -n {} addr add {n}/30 dev {}", self.ns, self.ns_if));
+        (h, n)
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Wait until something accepts TCP connections on 127.0.0.1:port.
+pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// Result of a kernel VM run.
+pub struct VmRun {
+    pub status: ExitStatus,
+    pub output: String,
+}
+
+/// Boot the Debian kernel under qemu and run `script` inside it
+/// (`../shared/tools/kernel-vm run SCRIPT [--tap IF]`), with optional qemu
+/// hostfwd rules. The guest reaches the host's 127.0.0.1 as 10.0.2.2.
+pub fn kernel_vm(script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmRun {
+    require_root();
+    let tool = shared_dir().join("tools/kernel-vm");
+    assert!(tool.exists(), "{} is missing: CI needs ../shared beside the repository", tool.display());
+    let mut c = Command::new(&tool);
+    c.arg("run").arg(script);
+    if let Some(t) = tap {
+        c.args(["--tap", t]);
+    }
+    if let Some(f) = hostfwd {
+        c.env("KVM_HOSTFWD", f);
+    }
+    c.env("KVM_TIMEOUT", std::env::var("KVM_TIMEOUT").unwrap_or_else(|_| "900".into()));
+    let out = c.stdin(Stdio::null()).output().expect("spawn kernel-vm");
+    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("---- kernel-vm {} ----\n{output}\n---- end ----", script.display());
+    VmRun { status: out.status, output }
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("blockwire-{}", unique(tag)));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
