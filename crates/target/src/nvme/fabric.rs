@@ -1,0 +1,175 @@
+//! The controllers alive on this target: Connect creates (admin queue) or
+//! joins (I/O queue) them; admin-queue loss or a keep-alive timeout tears
+//! them down and closes every queue they have.
+
+use bw_nvme::controller::{KeepAlive, Role};
+use bw_nvme::fabrics::{self, Connect, ConnectData};
+use bw_nvme::logpage::{DiscoveryEntry, SUBTYPE_NVME};
+use bw_nvme::{Controller, Status, Subsystem, DISCOVERY_NQN};
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::watch;
+
+pub struct CtrlEntry {
+    pub cntlid: u16,
+    pub ctrl: Mutex<Controller>,
+    pub keep_alive: Arc<KeepAlive>,
+    pub subsys: Option<Arc<Subsystem>>,
+    pub hostnqn: String,
+    /// Becomes true when the controller is torn down; every queue watches it.
+    pub kill: watch::Sender<bool>,
+    qids: Mutex<HashSet<u16>>,
+}
+
+impl CtrlEntry {
+    pub fn killed(&self) -> watch::Receiver<bool> {
+        self.kill.subscribe()
+    }
+    pub fn release_queue(&self, qid: u16) {
+        if let Ok(mut q) = self.qids.lock() {
+            q.remove(&qid);
+        }
+    }
+}
+
+/// A refused Connect: status plus the invalid-parameter location.
+pub struct Refusal {
+    pub status: Status,
+    pub result: u64,
+}
+
+fn refuse(status: Status, result: u64) -> Refusal {
+    Refusal { status: status.dnr(), result }
+}
+
+pub struct Fabric {
+    subsystems: Vec<Arc<Subsystem>>,
+    ports: Vec<SocketAddr>,
+    ctrls: Mutex<HashMap<u16, Arc<CtrlEntry>>>,
+    next_cntlid: Mutex<u16>,
+}
+
+impl Fabric {
+    pub fn new(subsystems: Vec<Arc<Subsystem>>, ports: Vec<SocketAddr>) -> Fabric {
+        Fabric { subsystems, ports, ctrls: Mutex::new(HashMap::new()), next_cntlid: Mutex::new(1) }
+    }
+
+    fn lock_ctrls(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<CtrlEntry>>> {
+        self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Discovery log entries this host may see. `local` is the address the
+    /// host reached us on, reported for wildcard listeners.
+    fn discovery_entries(&self, hostnqn: &str, local: Option<SocketAddr>) -> Vec<DiscoveryEntry> {
+        let mut v = Vec::new();
+        for s in self.subsystems.iter().filter(|s| s.host_allowed(hostnqn)) {
+            for (i, p) in self.ports.iter().enumerate() {
+                let ip = if p.ip().is_unspecified() { local.map(|l| l.ip()).unwrap_or(p.ip()) } else { p.ip() };
+                v.push(DiscoveryEntry { subnqn: s.nqn.clone(), traddr: ip.to_string(), trsvcid: p.port().to_string(), portid: i as u16 + 1, subtype: SUBTYPE_NVME });
+            }
+        }
+        v
+    }
+
+    fn alloc_cntlid(&self, taken: &HashMap<u16, Arc<CtrlEntry>>) -> Option<u16> {
+        let mut next = self.next_cntlid.lock().unwrap_or_else(|p| p.into_inner());
+        // Dynamic controller IDs are 1..=0xFFEF.
+        for _ in 0..0xFFEF {
+            let id = *next;
+            *next = if id >= 0xFFEF { 1 } else { id + 1 };
+            if !taken.contains_key(&id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// Connect on the admin queue: create a controller.
+    pub fn connect_admin(&self, c: &Connect, d: &ConnectData, local: Option<SocketAddr>) -> Result<Arc<CtrlEntry>, Refusal> {
+        if d.cntlid != 0xFFFF {
+            // Only the dynamic controller model is offered.
+            return Err(refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_CNTLID)));
+        }
+        let role = if d.subnqn == DISCOVERY_NQN {
+            Role::Discovery(self.discovery_entries(&d.hostnqn, local))
+        } else {
+            let s = self
+                .subsystems
+                .iter()
+                .find(|s| s.nqn == d.subnqn)
+                .ok_or_else(|| refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_SUBNQN)))?;
+            if !s.host_allowed(&d.hostnqn) {
+                log::warn!("nvme: host {} is not allowed on {}", d.hostnqn, s.nqn);
+                return Err(refuse(Status::CONNECT_INVALID_HOST, fabrics::ipo_data(fabrics::CD_HOSTNQN)));
+            }
+            Role::Nvm(s.clone())
+        };
+        let subsys = match &role {
+            Role::Nvm(s) => Some(s.clone()),
+            Role::Discovery(_) => None,
+        };
+        let mut ctrls = self.lock_ctrls();
+        let cntlid = self.alloc_cntlid(&ctrls).ok_or_else(|| refuse(Status::CONNECT_CTRL_BUSY, 0))?;
+        let ctrl = Controller::new(cntlid, role, d.hostnqn.clone(), d.hostid, c.kato_ms, Instant::now());
+        let (kill, _) = watch::channel(false);
+        let e = Arc::new(CtrlEntry {
+            cntlid,
+            keep_alive: ctrl.keep_alive.clone(),
+            ctrl: Mutex::new(ctrl),
+            subsys,
+            hostnqn: d.hostnqn.clone(),
+            kill,
+            qids: Mutex::new(HashSet::from([0])),
+        });
+        ctrls.insert(cntlid, e.clone());
+        log::info!("nvme: controller {cntlid} for {} on {} (kato {} ms)", d.hostnqn, d.subnqn, c.kato_ms);
+        Ok(e)
+    }
+
+    /// Connect on an I/O queue: join an existing controller.
+    pub fn connect_io(&self, c: &Connect, d: &ConnectData) -> Result<Arc<CtrlEntry>, Refusal> {
+        let e = self
+            .lock_ctrls()
+            .get(&d.cntlid)
+            .cloned()
+            .ok_or_else(|| refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_CNTLID)))?;
+        let subsys_ok = e.subsys.as_ref().is_some_and(|s| s.nqn == d.subnqn);
+        if !subsys_ok || e.hostnqn != d.hostnqn {
+            return Err(refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_CNTLID)));
+        }
+        let (ready, nq) = {
+            let g = e.ctrl.lock().unwrap_or_else(|p| p.into_inner());
+            (g.ready(), g.io_queues())
+        };
+        if !ready {
+            return Err(Refusal { status: Status::CMD_SEQ_ERROR, result: 0 });
+        }
+        if c.qid > nq {
+            return Err(refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_sqe(fabrics::CS_QID)));
+        }
+        let mut q = e.qids.lock().unwrap_or_else(|p| p.into_inner());
+        if !q.insert(c.qid) {
+            return Err(refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_sqe(fabrics::CS_QID)));
+        }
+        drop(q);
+        e.keep_alive.touch(Instant::now());
+        Ok(e)
+    }
+
+    /// Tear a controller down: forget it and close all its queues.
+    pub fn remove(&self, cntlid: u16, why: &str) {
+        if let Some(e) = self.lock_ctrls().remove(&cntlid) {
+            log::info!("nvme: controller {cntlid} ({}) torn down: {why}", e.hostnqn);
+            let _ = e.kill.send(true);
+        }
+    }
+
+    pub fn shutdown_all(&self) {
+        let all: Vec<u16> = self.lock_ctrls().keys().copied().collect();
+        for id in all {
+            self.remove(id, "target shutting down");
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! NVMe/TCP front-end: listeners, the set of live controllers, and one task
+//! per TCP connection (each connection is one queue: admin or I/O).
+//!
+//! Protocol logic lives in `bw_nvme` (PDU codec, controller state machine,
+//! NVM command set); this module moves bytes and owns the controllers.
+
+mod conn;
+mod fabric;
+
+use crate::config::NvmeConfig;
+use crate::{Running, Shutdown, Volumes};
+use anyhow::Context;
+use bw_nvme::{Namespace, Subsystem};
+use fabric::Fabric;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+/// Build the subsystems a config describes.
+fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Subsystem>>> {
+    let mut out = Vec::new();
+    for s in &cfg.subsystems {
+        let mut namespaces = Vec::new();
+        for n in &s.namespaces {
+            let v = volumes.get(&n.volume).with_context(|| format!("subsystem {}: no volume {:?}", s.nqn, n.volume))?;
+            namespaces.push(Namespace::new(&s.nqn, n.nsid, v.clone(), n.readonly));
+        }
+        let serial = s.serial.clone().unwrap_or_else(|| format!("BW{:08X}{:04X}", crc32c_str(&s.nqn), out.len()));
+        out.push(Arc::new(Subsystem {
+            nqn: s.nqn.clone(),
+            serial,
+            model: s.model.clone().unwrap_or_else(|| "blockwire".into()),
+            namespaces,
+            allowed_hosts: s.allowed_hosts.clone(),
+        }));
+    }
+    Ok(out)
+}
+
+fn crc32c_str(s: &str) -> u32 {
+    // Stable serial numbers: a cheap hash of the NQN.
+    s.bytes().fold(0x811C_9DC5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193))
+}
+
+pub async fn start(cfg: &NvmeConfig, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<Running> {
+    let subs = subsystems(cfg, volumes)?;
+    let mut listeners = Vec::new();
+    let mut bound = Vec::new();
+    for addr in &cfg.listen {
+        let l = TcpListener::bind(addr).await.with_context(|| format!("NVMe/TCP listen on {addr}"))?;
+        bound.push(l.local_addr()?);
+        listeners.push(l);
+    }
+    if let Some(d) = cfg.discovery_listen {
+        if !cfg.listen.contains(&d) {
+            let l = TcpListener::bind(d).await.with_context(|| format!("NVMe/TCP discovery listen on {d}"))?;
+            log::info!("nvme: discovery controller on {}", l.local_addr()?);
+            listeners.push(l);
+        }
+    }
+    for s in &subs {
+        let ports: Vec<String> = bound.iter().map(|a| a.to_string()).collect();
+        eprintln!("blockwire: nvme subsystem {} ({} namespaces) on {}", s.nqn, s.namespaces.len(), ports.join(", "));
+    }
+    let fabric = Arc::new(Fabric::new(subs, bound));
+    let mut tasks = Vec::new();
+    for l in listeners {
+        let fabric = fabric.clone();
+        let shutdown = shutdown.clone();
+        tasks.push(tokio::spawn(accept_loop(l, fabric, shutdown)));
+    }
+    let mut sd = shutdown;
+    Ok(tokio::spawn(async move {
+        sd.wait().await;
+        for t in &tasks {
+            t.abort();
+        }
+        fabric.shutdown_all();
+        Ok(())
+    }))
+}
+
+async fn accept_loop(l: TcpListener, fabric: Arc<Fabric>, mut shutdown: Shutdown) {
+    loop {
+        tokio::select! {
+            _ = shutdown.wait() => return,
+            r = l.accept() => match r {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let local: Option<SocketAddr> = stream.local_addr().ok();
+                    let fabric = fabric.clone();
+                    let sd = shutdown.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = conn::serve(stream, peer, local, fabric, sd).await {
+                            log::info!("nvme: connection from {peer} ended: {e:#}");
+                        }
+                    });
+                }
+                Err(e) => {
+                    log::warn!("nvme: accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
