@@ -1,1 +1,152 @@
-//! The lab.
+//! The lab: every protocol and every peer, side by side, in one command.
+//!
+//! `blockwire lab` builds two network namespaces joined by a veth pair per
+//! MTU, serves one tmpfs-backed volume with `blockwire serve` (AoE, iSCSI and
+//! NVMe/TCP at once), tgtd (iSCSI) and vblade (AoE), drives `blockwire bench`
+//! against each from the other namespace, runs fio on the backing file as the
+//! local baseline, and writes results.json, results.csv and report.html.
+//!
+//! Modules, one job each: `plan` (what to run), `topology` (namespaces and
+//! veths), `targets` (target processes), `runner` (one bench or fio run),
+//! `machine` (/proc facts, idle wait), `cleanup` (tracking and signal
+//! handling), `stats` and `accounting` (numbers), `report` (CSV, HTML, SVG).
+
+pub mod accounting;
+pub mod cleanup;
+pub mod lab;
+pub mod machine;
+pub mod plan;
+pub mod report;
+pub mod results;
+pub mod runner;
+pub mod stats;
+pub mod svg;
+pub mod targets;
+pub mod topology;
+
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    pub command: Option<LabCommand>,
+    /// Small sizes, one MTU, short runs and a small sweep grid (under 5 minutes).
+    #[arg(long)]
+    pub quick: bool,
+    /// blockwire protocols to measure (default: aoe,iscsi,nvme).
+    #[arg(long, value_name = "LIST")]
+    pub protocols: Option<String>,
+    /// Peer targets on the same backing file: tgt (iSCSI), vblade (AoE), or none (default: tgt,vblade).
+    #[arg(long, value_name = "LIST")]
+    pub peers: Option<String>,
+    /// MTUs, one veth pair each (default: 1500,9000; --quick: 1500).
+    #[arg(long, value_name = "LIST")]
+    pub mtu: Option<String>,
+    /// micro, sweep or all (default: all).
+    #[arg(long)]
+    pub suite: Option<String>,
+    /// Repetitions of every case (default 3; --quick: 2).
+    #[arg(long)]
+    pub repeat: Option<u32>,
+    /// Output directory (default: ./lab-YYYYMMDD-HHMMSS).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Volume size, e.g. 1G (default 1G; --quick: 256M).
+    #[arg(long)]
+    pub size: Option<String>,
+    /// Seconds per micro run (default 3; --quick: 1).
+    #[arg(long, value_name = "SECS")]
+    pub runtime: Option<u32>,
+    /// Seconds per sweep point (default 2; --quick: 1).
+    #[arg(long, value_name = "SECS")]
+    pub sweep_runtime: Option<u32>,
+    /// Skip the local fio baseline.
+    #[arg(long)]
+    pub no_baseline: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum LabCommand {
+    /// Re-render OUT/report.html (and results.csv) from OUT/results.json.
+    Report {
+        /// The output directory of an earlier run.
+        out: PathBuf,
+    },
+}
+
+pub fn run(args: LabArgs) -> anyhow::Result<()> {
+    if let Some(LabCommand::Report { out }) = &args.command {
+        let results = results::Results::load(&out.join("results.json"))?;
+        report::write_all(out, &results)?;
+        println!("lab: report re-rendered: {}", out.join("report.html").display());
+        return Ok(());
+    }
+    let plan = plan::Plan::from_choices(&plan::Choices {
+        quick: args.quick,
+        protocols: args.protocols.clone(),
+        peers: args.peers.clone(),
+        mtu: args.mtu.clone(),
+        suite: args.suite.clone(),
+        repeat: args.repeat,
+        size: args.size.clone(),
+        runtime: args.runtime,
+        sweep_runtime: args.sweep_runtime,
+        no_baseline: args.no_baseline,
+    })?;
+    preflight(&plan)?;
+    // Before any thread exists, so every thread inherits the blocked mask.
+    cleanup::install_signal_handler()?;
+    let exe = std::env::current_exe()?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        let stamp: String = results::utc_now().chars().filter(|c| c.is_ascii_digit()).collect();
+        PathBuf::from(format!("lab-{}-{}", &stamp[..8], &stamp[8..]))
+    });
+    std::fs::create_dir_all(&out)?;
+    eprintln!(
+        "lab: {} runs planned ({} subjects, MTU {:?}, repeat {}), output in {}",
+        plan.total_runs(),
+        plan.subjects().len() + plan.baseline as usize,
+        plan.params.mtus,
+        plan.params.repeat,
+        out.display()
+    );
+    let mut lab = lab::Lab::new(plan, exe, out.clone());
+    let r = lab.run();
+    let report = out.join("report.html");
+    if report.exists() {
+        eprintln!("lab: results: {}", out.join("results.json").display());
+        eprintln!("lab: report:  {}", report.display());
+    }
+    if r.is_ok() {
+        report::print_recommendations(&lab.results);
+    }
+    r
+}
+
+/// Fail early with a clear message when the lab cannot work at all.
+fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        anyhow::bail!("the lab creates network namespaces and veth pairs: run it as root");
+    }
+    for tool in ["ip", "ping"] {
+        anyhow::ensure!(which(tool), "{tool} is not installed (package iproute2 / iputils-ping)");
+    }
+    if plan.baseline {
+        anyhow::ensure!(which("fio"), "fio is not installed (or pass --no-baseline)");
+    }
+    let need = plan.params.size_bytes;
+    if let Ok(st) = nix::sys::statvfs::statvfs("/dev/shm") {
+        let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+        anyhow::ensure!(free > need, "/dev/shm has {} MiB free, the volume needs {} MiB", free >> 20, need >> 20);
+    }
+    Ok(())
+}
+
+fn which(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+        || ["/usr/sbin", "/sbin", "/usr/bin"].iter().any(|d| std::path::Path::new(d).join(tool).is_file())
+}

@@ -1,0 +1,413 @@
+//! The run itself: set up the topology and the backing file, then for each
+//! MTU and each target program run every workload on every subject it
+//! serves, `repeat` times, recording raw samples as it goes.
+
+use crate::accounting::{Case, Metric};
+use crate::cleanup::{interrupted, registry, Resource};
+use crate::plan::Plan;
+use crate::results::{unix_now, utc_now, Failure, Results, Sample, Subject, Workload, WireCounters, FORMAT};
+use crate::targets::{self, TargetProcess};
+use crate::topology::{Link, Topology};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Consecutive failed runs after which a subject is given up (at this MTU).
+const MAX_CONSECUTIVE_FAILURES: u32 = 2;
+
+pub struct Lab {
+    pub plan: Plan,
+    pub exe: PathBuf,
+    pub out: PathBuf,
+    pub results: Results,
+    backing: PathBuf,
+    progress: ProgressBar,
+}
+
+/// Fill the backing file with non-zero data so reads touch real pages
+/// (a sparse tmpfs file would answer reads from the shared zero page).
+fn make_backing(path: &Path, size: u64) -> anyhow::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    let mut block = vec![0u8; 1 << 20];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for chunk in block.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+impl Lab {
+    pub fn new(plan: Plan, exe: PathBuf, out: PathBuf) -> Lab {
+        let mut results = Results { format: FORMAT, started_utc: utc_now(), ..Default::default() };
+        results.params = plan.params.clone();
+        results.machine = crate::machine::machine_info();
+        results.software = crate::machine::software(&exe);
+        let progress = ProgressBar::new(plan.total_runs());
+        progress.set_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs, ~{eta} left  {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        let backing = PathBuf::from(format!("/dev/shm/bwlab-{}.img", std::process::id()));
+        Lab { plan, exe, out, results, backing, progress }
+    }
+
+    fn say(&self, line: &str) {
+        self.progress.println(line);
+    }
+
+    fn save(&self) -> anyhow::Result<()> {
+        self.results.save(&self.out.join("results.json"))
+    }
+
+    /// The whole run. Partial results are saved even when it fails.
+    pub fn run(&mut self) -> anyhow::Result<()> {
+        let outcome = self.run_inner();
+        self.results.finished_utc = utc_now();
+        if let Err(e) = &outcome {
+            self.results.aborted = Some(if interrupted() { "interrupted".to_string() } else { format!("{e:#}") });
+        }
+        self.progress.finish_and_clear();
+        let saved = self.save().and_then(|_| crate::report::write_all(&self.out, &self.results));
+        for e in registry().cleanup_all() {
+            eprintln!("lab: cleanup: {e}");
+        }
+        outcome?;
+        saved
+    }
+
+    fn run_inner(&mut self) -> anyhow::Result<()> {
+        let size = self.plan.params.size_bytes;
+        let backing = self.backing.clone();
+        self.say(&format!("lab: filling backing file {} ({} MiB) ...", backing.display(), size >> 20));
+        let (backing_token, ()) =
+            registry().create(Resource::File(backing.clone()), || make_backing(&backing, size))?;
+        self.results.params.backing = format!(
+            "{} ({} MiB, tmpfs) shared by every target and the local baseline",
+            backing.display(),
+            size >> 20
+        );
+        self.say("lab: creating namespaces and veth pairs ...");
+        let topo = Topology::setup(&self.plan.params.mtus)?;
+        self.results.params.veth_offloads_off = topo.offloads_off;
+        self.results.subjects = self
+            .plan
+            .subjects()
+            .into_iter()
+            .map(|(key, target, protocol)| Subject {
+                key,
+                protocol,
+                target,
+                initiator: "blockwire".into(),
+                unavailable: None,
+            })
+            .collect();
+        if self.plan.baseline {
+            self.results.subjects.push(Subject {
+                key: "local-fio".into(),
+                protocol: "local".into(),
+                target: "tmpfs file".into(),
+                initiator: "fio (io_uring)".into(),
+                unavailable: None,
+            });
+        }
+        self.save()?;
+        self.progress.enable_steady_tick(Duration::from_millis(200));
+        self.print_table_header();
+        let links = topo.links.clone();
+        for (i, link) in links.iter().enumerate() {
+            self.run_link(&topo, link, i == 0)?;
+        }
+        if self.plan.baseline {
+            self.run_baseline()?;
+        }
+        self.progress.finish_and_clear();
+        topo.teardown()?;
+        registry().release(backing_token)?;
+        Ok(())
+    }
+
+    fn mark_unavailable(&mut self, key: &str, mtu: u32, reason: String) {
+        self.say(&format!("lab: {key} at MTU {mtu}: unavailable: {reason}"));
+        if let Some(s) = self.results.subjects.iter_mut().find(|s| s.key == key) {
+            if s.unavailable.is_none() {
+                s.unavailable = Some(reason.clone());
+            }
+        }
+        self.results.failures.push(Failure { subject: key.into(), mtu: Some(mtu), workload: String::new(), reason });
+        // Its runs will not happen: keep the progress bar honest.
+        let skipped = self.runs_per_subject(mtu);
+        self.progress.inc(skipped);
+    }
+
+    fn runs_per_subject(&self, mtu: u32) -> u64 {
+        let r = self.plan.params.repeat as u64;
+        let sweep = if Some(&mtu) == self.plan.params.mtus.first() { self.plan.sweep.len() as u64 } else { 0 };
+        (self.plan.micro.len() as u64 + sweep) * r
+    }
+
+    /// All subjects at one MTU: blockwire serve (all its protocols at once),
+    /// then tgt, then vblade, each alone on the link while measured.
+    fn run_link(&mut self, topo: &Topology, link: &Link, with_sweep: bool) -> anyhow::Result<()> {
+        let subjects = self.plan.subjects();
+        let ours: Vec<String> =
+            subjects.iter().filter(|(_, t, _)| t == "blockwire").map(|(_, _, p)| p.clone()).collect();
+        if !ours.is_empty() {
+            self.progress.set_message(format!("MTU {}: starting blockwire serve", link.mtu));
+            let (proc, status) = targets::start_blockwire(&self.exe, topo, link, &self.backing, &ours);
+            for (proto, st) in &status {
+                if let Err(why) = st {
+                    self.mark_unavailable(&targets::subject_key("blockwire", proto), link.mtu, why.clone());
+                }
+            }
+            if let Some(mut p) = proc {
+                let ok: Vec<String> =
+                    status.iter().filter(|(_, s)| s.is_ok()).map(|(p, _)| p.clone()).collect();
+                for proto in ok {
+                    self.run_subject(topo, link, &targets::subject_key("blockwire", &proto), &mut p, with_sweep)?;
+                }
+                p.stop();
+            }
+        }
+        for peer in self.plan.params.peers.clone() {
+            let key = subjects.iter().find(|(_, t, _)| *t == peer).map(|(k, _, _)| k.clone()).unwrap_or_default();
+            self.progress.set_message(format!("MTU {}: starting {peer}", link.mtu));
+            let started = match peer.as_str() {
+                "tgt" => targets::start_tgt(topo, link, &self.backing),
+                _ => targets::start_vblade(topo, link, &self.backing),
+            };
+            match started {
+                Ok(mut p) => {
+                    let r = self.run_subject(topo, link, &key, &mut p, with_sweep);
+                    p.stop();
+                    r?;
+                }
+                Err(why) => self.mark_unavailable(&key, link.mtu, why),
+            }
+        }
+        Ok(())
+    }
+
+    fn run_subject(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        key: &str,
+        target: &mut TargetProcess,
+        with_sweep: bool,
+    ) -> anyhow::Result<()> {
+        let url = targets::url_for(key, link).ok_or_else(|| anyhow::anyhow!("no URL for {key}"))?;
+        let mut jobs: Vec<(String, Workload, u32)> =
+            self.plan.micro.iter().map(|w| ("micro".to_string(), w.clone(), self.plan.params.runtime_s)).collect();
+        if with_sweep {
+            jobs.extend(self.plan.sweep.iter().map(|w| ("sweep".to_string(), w.clone(), self.plan.params.sweep_runtime_s)));
+        }
+        let mut consecutive_failures = 0;
+        let mut remaining = self.runs_per_subject(link.mtu);
+        for (suite, w, runtime) in jobs {
+            let mut samples = vec![];
+            for rep in 1..=self.plan.params.repeat {
+                if interrupted() {
+                    anyhow::bail!("interrupted");
+                }
+                if !target.alive() {
+                    let why = format!("{} died: {}", target.name, target.log_tail());
+                    self.progress.inc(remaining);
+                    self.results.failures.push(Failure {
+                        subject: key.into(),
+                        mtu: Some(link.mtu),
+                        workload: w.name.clone(),
+                        reason: why.clone(),
+                    });
+                    self.say(&format!("lab: {key}: {why}"));
+                    return Ok(());
+                }
+                self.progress.set_message(format!("{key} MTU {} {} #{rep}", link.mtu, w.name));
+                match self.one_networked_run(topo, link, key, &url, &suite, &w, rep, runtime, target) {
+                    Ok(s) => {
+                        consecutive_failures = 0;
+                        samples.push(s.clone());
+                        self.results.samples.push(s);
+                    }
+                    Err(e) => {
+                        if interrupted() {
+                            anyhow::bail!("interrupted");
+                        }
+                        consecutive_failures += 1;
+                        self.results.failures.push(Failure {
+                            subject: key.into(),
+                            mtu: Some(link.mtu),
+                            workload: w.name.clone(),
+                            reason: format!("{e:#}"),
+                        });
+                        self.say(&format!("lab: {key} {} run {rep} failed: {e:#}", w.name));
+                    }
+                }
+                self.progress.inc(1);
+                remaining = remaining.saturating_sub(1);
+                if consecutive_failures >= MAX_CONSECUTIVE_FAILURES {
+                    self.progress.inc(remaining);
+                    let reason = format!("gave up after {MAX_CONSECUTIVE_FAILURES} failed runs in a row");
+                    if samples.is_empty() && self.results.samples.iter().all(|s| s.subject != key) {
+                        if let Some(s) = self.results.subjects.iter_mut().find(|s| s.key == key) {
+                            s.unavailable.get_or_insert_with(|| {
+                                self.results.failures.last().map(|f| f.reason.clone()).unwrap_or(reason.clone())
+                            });
+                        }
+                    }
+                    self.say(&format!("lab: {key} at MTU {}: {reason}", link.mtu));
+                    return Ok(());
+                }
+            }
+            self.print_case_row(key, Some(link.mtu), &suite, &w, samples);
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn one_networked_run(
+        &self,
+        topo: &Topology,
+        link: &Link,
+        key: &str,
+        url: &str,
+        suite: &str,
+        w: &Workload,
+        rep: u32,
+        runtime: u32,
+        target: &TargetProcess,
+    ) -> anyhow::Result<Sample> {
+        let (busy, waited) = crate::machine::wait_idle(
+            self.plan.params.idle_threshold,
+            Duration::from_secs_f64(self.plan.params.idle_max_wait_s),
+        );
+        let started_unix = unix_now();
+        let wire0 = topo.client_counters(link)?;
+        let cpu0 = target.cpu_seconds()?;
+        let bench = crate::runner::run_bench(&self.exe, &topo.client_ns, url, w, runtime, self.plan.params.size_bytes)?;
+        let cpu1 = target.cpu_seconds()?;
+        let wire1 = topo.client_counters(link)?;
+        Ok(Sample {
+            subject: key.into(),
+            mtu: Some(link.mtu),
+            suite: suite.into(),
+            workload: w.clone(),
+            repeat: rep,
+            bench,
+            target_cpu_s: Some(cpu1 - cpu0),
+            wire: Some(WireCounters::delta(&wire0, &wire1)),
+            busy_before: busy,
+            idle_wait_s: waited,
+            started_unix,
+        })
+    }
+
+    fn run_baseline(&mut self) -> anyhow::Result<()> {
+        let mut jobs: Vec<(String, Workload, u32)> =
+            self.plan.micro.iter().map(|w| ("micro".to_string(), w.clone(), self.plan.params.runtime_s)).collect();
+        jobs.extend(self.plan.sweep.iter().map(|w| ("sweep".to_string(), w.clone(), self.plan.params.sweep_runtime_s)));
+        for (suite, w, runtime) in jobs {
+            let mut samples = vec![];
+            for rep in 1..=self.plan.params.repeat {
+                if interrupted() {
+                    anyhow::bail!("interrupted");
+                }
+                self.progress.set_message(format!("local fio {} #{rep}", w.name));
+                let (busy, waited) = crate::machine::wait_idle(
+                    self.plan.params.idle_threshold,
+                    Duration::from_secs_f64(self.plan.params.idle_max_wait_s),
+                );
+                let started_unix = unix_now();
+                match crate::runner::run_fio(&self.backing, &w, runtime, self.plan.params.size_bytes) {
+                    Ok(bench) => {
+                        let s = Sample {
+                            subject: "local-fio".into(),
+                            mtu: None,
+                            suite: suite.clone(),
+                            workload: w.clone(),
+                            repeat: rep,
+                            bench,
+                            target_cpu_s: None,
+                            wire: None,
+                            busy_before: busy,
+                            idle_wait_s: waited,
+                            started_unix,
+                        };
+                        samples.push(s.clone());
+                        self.results.samples.push(s);
+                    }
+                    Err(e) => {
+                        if interrupted() {
+                            anyhow::bail!("interrupted");
+                        }
+                        self.results.failures.push(Failure {
+                            subject: "local-fio".into(),
+                            mtu: None,
+                            workload: w.name.clone(),
+                            reason: format!("{e:#}"),
+                        });
+                        self.say(&format!("lab: local fio {} failed: {e:#}", w.name));
+                    }
+                }
+                self.progress.inc(1);
+            }
+            self.print_case_row("local-fio", None, &suite, &w, samples);
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    fn print_table_header(&self) {
+        self.say(&format!(
+            "{:<16} {:>5} {:<18} {:>19} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "subject", "MTU", "workload", "IOPS (mean±sd)", "MiB/s", "p99 µs", "tgt µs/op", "ini µs/op", "wire B/op"
+        ));
+    }
+
+    fn print_case_row(&self, key: &str, mtu: Option<u32>, suite: &str, w: &Workload, samples: Vec<Sample>) {
+        if samples.is_empty() {
+            return;
+        }
+        let case = Case {
+            key: crate::accounting::CaseKey {
+                suite: suite.into(),
+                mtu,
+                workload: w.name.clone(),
+                subject: key.into(),
+            },
+            workload: w.clone(),
+            samples,
+        };
+        let m = |metric: Metric| case.summary(metric).map(|s| s.mean);
+        let f = |v: Option<f64>, prec: usize| v.map(|x| format!("{x:.prec$}")).unwrap_or_else(|| "-".into());
+        let iops = case
+            .summary(Metric::Iops)
+            .map(|s| format!("{:.0}±{:.0}", s.mean, s.stddev))
+            .unwrap_or_else(|| "-".into());
+        let errors = case.errors();
+        self.say(&format!(
+            "{:<16} {:>5} {:<18} {:>19} {:>9} {:>9} {:>9} {:>9} {:>9}{}",
+            key,
+            mtu.map(|m| m.to_string()).unwrap_or_else(|| "local".into()),
+            w.name,
+            iops,
+            f(m(Metric::MibPerS), 1),
+            f(m(Metric::LatP99Us), 0),
+            f(m(Metric::TargetCpuUsPerOp), 1),
+            f(m(Metric::InitiatorCpuUsPerOp), 1),
+            f(m(Metric::WireBytesPerOp), 0),
+            if errors > 0 { format!("  ({errors} I/O errors)") } else { String::new() }
+        ));
+    }
+}

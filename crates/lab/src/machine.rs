@@ -1,0 +1,152 @@
+//! Facts from /proc: CPU time of a process, whole-machine busy share (to wait
+//! for idle before each run), and what machine and software the run used.
+
+use crate::results::{MachineInfo, Software};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn clk_tck() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// utime + stime (fields 14 and 15) of a /proc/PID/stat line, in ticks.
+pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name (field 2) may contain spaces and parentheses: split
+    // after the last ')'. Fields after it start at field 3 (state).
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// CPU seconds (user + system, all threads) used so far by a live process.
+pub fn process_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| anyhow::anyhow!("process {pid} is gone: {e}"))?;
+    let ticks = parse_stat_cpu_ticks(&s).ok_or_else(|| anyhow::anyhow!("cannot parse /proc/{pid}/stat"))?;
+    Ok(ticks as f64 / clk_tck())
+}
+
+/// (busy, total) jiffies from the aggregate `cpu` line of /proc/stat.
+pub fn parse_proc_stat_totals(text: &str) -> Option<(u64, u64)> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    if v.len() < 4 {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest is inside user).
+    let idle = v[3] + v.get(4).copied().unwrap_or(0);
+    let total: u64 = v.iter().take(8).sum();
+    Some((total - idle, total))
+}
+
+fn proc_stat_totals() -> Option<(u64, u64)> {
+    parse_proc_stat_totals(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// Busy share of all CPUs (0..1) over `window`.
+pub fn busy_share(window: Duration) -> f64 {
+    let a = proc_stat_totals();
+    std::thread::sleep(window);
+    let b = proc_stat_totals();
+    match (a, b) {
+        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => (b1 - b0) as f64 / (t1 - t0) as f64,
+        _ => 0.0,
+    }
+}
+
+/// Wait until the machine's busy share over a 300 ms window drops below
+/// `threshold`, at most `max_wait`. Returns (last busy share, seconds waited).
+/// Bounded on purpose: on a shared machine "idle" may never come, and the
+/// busy share is recorded with each sample so noisy runs are visible.
+pub fn wait_idle(threshold: f64, max_wait: Duration) -> (f64, f64) {
+    let start = Instant::now();
+    loop {
+        let b = busy_share(Duration::from_millis(300));
+        if b < threshold || start.elapsed() >= max_wait || crate::cleanup::interrupted() {
+            return (b, start.elapsed().as_secs_f64());
+        }
+    }
+}
+
+pub fn machine_info() -> MachineInfo {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let mem_total_bytes = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(0);
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+    MachineInfo { cpu_model, cpus, kernel, mem_total_bytes, hostname }
+}
+
+fn first_line(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    let text = if out.stdout.is_empty() { out.stderr } else { out.stdout };
+    String::from_utf8_lossy(&text).lines().next().map(|l| l.trim().to_string())
+}
+
+fn debian_version(package: &str) -> Option<String> {
+    let out = Command::new("dpkg-query").args(["-W", "-f", "${Version}", package]).output().ok()?;
+    if out.status.success() {
+        Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        None
+    }
+}
+
+pub fn software(blockwire_exe: &std::path::Path) -> Software {
+    let na = || "not installed".to_string();
+    Software {
+        blockwire: first_line(&blockwire_exe.to_string_lossy(), &["--version"]).unwrap_or_else(na),
+        tgt: debian_version("tgt").map(|v| format!("tgt {v}")).unwrap_or_else(na),
+        vblade: debian_version("vblade").map(|v| format!("vblade {v}")).unwrap_or_else(na),
+        fio: first_line("fio", &["--version"]).unwrap_or_else(na),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_cpu_fields_even_with_odd_names() {
+        // Recorded /proc/PID/stat of a process whose name has spaces and ')'.
+        let line = "4242 (tgtd (x) y) S 1 4242 4242 0 -1 4194560 3051 0 0 0 157 42 0 0 20 0 3 0 12345 123456789 1000 18446744073709551615 0 0 0 0 0 0 0 4096 0 0 0 0 17 1 0 0 0 0 0";
+        assert_eq!(parse_stat_cpu_ticks(line), Some(199));
+        assert_eq!(parse_stat_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn own_cpu_time_is_readable() {
+        let s = process_cpu_seconds(std::process::id()).unwrap();
+        assert!(s >= 0.0);
+        assert!(process_cpu_seconds(u32::MAX - 1).is_err());
+    }
+
+    #[test]
+    fn proc_stat_busy_totals() {
+        let text = "cpu  100 5 50 800 20 3 2 0 0 0\ncpu0 50 2 25 400 10 1 1 0 0 0\nintr 1\n";
+        // busy = 100+5+50+3+2+0 = 160, total = 980.
+        assert_eq!(parse_proc_stat_totals(text), Some((160, 980)));
+        assert_eq!(parse_proc_stat_totals("intr 1"), None);
+        let b = busy_share(Duration::from_millis(50));
+        assert!((0.0..=1.0).contains(&b));
+    }
+}

@@ -1,0 +1,252 @@
+//! What a lab run will do, from the command line: subjects, MTUs, workloads,
+//! repetitions and durations, with `--quick` shrinking everything.
+
+use crate::results::{Params, Workload};
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * KIB;
+pub const GIB: u64 = 1024 * MIB;
+
+pub const ALL_PROTOCOLS: [&str; 3] = ["aoe", "iscsi", "nvme"];
+pub const ALL_PEERS: [&str; 2] = ["tgt", "vblade"];
+
+/// The micro suite: the studies' sequential/random cases.
+pub fn micro_workloads() -> Vec<Workload> {
+    let w = |name: &str, rw: &str, bs: u64, iodepth: u32, rwmixread: Option<u32>| Workload {
+        name: name.into(),
+        rw: rw.into(),
+        bs,
+        iodepth,
+        numjobs: 1,
+        rwmixread,
+    };
+    vec![
+        w("seqread-1m", "read", MIB, 1, None),
+        w("seqwrite-1m", "write", MIB, 1, None),
+        w("randread-4k-qd1", "randread", 4 * KIB, 1, None),
+        w("randread-4k-qd32", "randread", 4 * KIB, 32, None),
+        w("randwrite-4k-qd1", "randwrite", 4 * KIB, 1, None),
+        w("randwrite-4k-qd32", "randwrite", 4 * KIB, 32, None),
+        w("randrw75-4k-qd16", "randrw", 4 * KIB, 16, Some(75)),
+    ]
+}
+
+/// One point of the numjobs x iodepth sweep (4 KiB, 75 % reads).
+pub fn sweep_workload(numjobs: u32, iodepth: u32) -> Workload {
+    Workload {
+        name: format!("sweep-j{numjobs}-qd{iodepth}"),
+        rw: "randrw".into(),
+        bs: 4 * KIB,
+        iodepth,
+        numjobs,
+        rwmixread: Some(75),
+    }
+}
+
+/// Parse `1500,9000`-style lists.
+pub fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<Vec<T>> {
+    s.split(',')
+        .map(|x| x.trim())
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse::<T>().map_err(|_| anyhow::anyhow!("invalid {what} {x:?}")))
+        .collect()
+}
+
+/// `1G`, `64M`, `512K`, plain bytes.
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = s[i..].to_ascii_lowercase();
+            let mul = match unit.trim_end_matches("ib").trim_end_matches('b') {
+                "" => 1,
+                "k" => KIB,
+                "m" => MIB,
+                "g" => GIB,
+                "t" => GIB * 1024,
+                _ => anyhow::bail!("invalid size unit in {s:?}"),
+            };
+            (&s[..i], mul)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num.trim().parse().map_err(|_| anyhow::anyhow!("invalid size {s:?}"))?;
+    n.checked_mul(mul).filter(|v| *v > 0).ok_or_else(|| anyhow::anyhow!("invalid size {s:?}"))
+}
+
+/// Command-line choices before defaults are applied.
+#[derive(Debug, Clone, Default)]
+pub struct Choices {
+    pub quick: bool,
+    pub protocols: Option<String>,
+    pub peers: Option<String>,
+    pub mtu: Option<String>,
+    pub suite: Option<String>,
+    pub repeat: Option<u32>,
+    pub size: Option<String>,
+    pub runtime: Option<u32>,
+    pub sweep_runtime: Option<u32>,
+    pub no_baseline: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub params: Params,
+    pub micro: Vec<Workload>,
+    pub sweep: Vec<Workload>,
+    pub baseline: bool,
+}
+
+impl Plan {
+    pub fn from_choices(c: &Choices) -> anyhow::Result<Plan> {
+        let protocols: Vec<String> = match &c.protocols {
+            Some(s) => parse_list(s, "protocol")?,
+            None => ALL_PROTOCOLS.iter().map(|s| s.to_string()).collect(),
+        };
+        for p in &protocols {
+            anyhow::ensure!(ALL_PROTOCOLS.contains(&p.as_str()), "unknown protocol {p:?} (aoe, iscsi, nvme)");
+        }
+        let peers: Vec<String> = match c.peers.as_deref() {
+            Some("none") | Some("") => vec![],
+            Some(s) => parse_list(s, "peer")?,
+            None => ALL_PEERS.iter().map(|s| s.to_string()).collect(),
+        };
+        for p in &peers {
+            anyhow::ensure!(ALL_PEERS.contains(&p.as_str()), "unknown peer {p:?} (tgt, vblade, or none)");
+        }
+        let mtus: Vec<u32> = match &c.mtu {
+            Some(s) => parse_list(s, "MTU")?,
+            None if c.quick => vec![1500],
+            None => vec![1500, 9000],
+        };
+        anyhow::ensure!(!mtus.is_empty(), "no MTU given");
+        for &m in &mtus {
+            anyhow::ensure!((576..=65_535).contains(&m), "MTU {m} out of range 576..65535");
+        }
+        let suites: Vec<String> = match c.suite.as_deref().unwrap_or("all") {
+            "all" => vec!["micro".into(), "sweep".into()],
+            "micro" => vec!["micro".into()],
+            "sweep" => vec!["sweep".into()],
+            s => anyhow::bail!("unknown suite {s:?} (micro, sweep or all)"),
+        };
+        let repeat = c.repeat.unwrap_or(if c.quick { 2 } else { 3 });
+        anyhow::ensure!(repeat >= 1, "--repeat must be at least 1");
+        let size = match &c.size {
+            Some(s) => parse_size(s)?,
+            None if c.quick => 256 * MIB,
+            None => GIB,
+        };
+        anyhow::ensure!(size >= MIB, "--size must be at least 1 MiB");
+        let runtime_s = c.runtime.unwrap_or(if c.quick { 1 } else { 3 });
+        let sweep_runtime_s = c.sweep_runtime.unwrap_or(if c.quick { 1 } else { 2 }).max(1);
+        anyhow::ensure!(runtime_s >= 1, "--runtime must be at least 1 s");
+        let (sweep_numjobs, sweep_iodepth) =
+            if c.quick { (vec![1, 8], vec![1, 16]) } else { (vec![1, 4, 16, 64], vec![1, 4, 16, 64]) };
+        let micro = if suites.iter().any(|s| s == "micro") { micro_workloads() } else { vec![] };
+        let sweep = if suites.iter().any(|s| s == "sweep") {
+            sweep_numjobs
+                .iter()
+                .flat_map(|&j| sweep_iodepth.iter().map(move |&d| sweep_workload(j, d)))
+                .collect()
+        } else {
+            vec![]
+        };
+        let params = Params {
+            quick: c.quick,
+            protocols,
+            peers,
+            mtus,
+            suites,
+            repeat,
+            size_bytes: size,
+            runtime_s,
+            sweep_runtime_s,
+            sweep_numjobs,
+            sweep_iodepth,
+            backing: String::new(),
+            idle_max_wait_s: if c.quick { 2.0 } else { 5.0 },
+            idle_threshold: 0.25,
+            veth_offloads_off: false,
+        };
+        Ok(Plan { params, micro, sweep, baseline: !c.no_baseline })
+    }
+
+    /// Networked subjects in run order: blockwire's protocols, then peers.
+    pub fn subjects(&self) -> Vec<(String, String, String)> {
+        let mut v: Vec<(String, String, String)> = self
+            .params
+            .protocols
+            .iter()
+            .map(|p| (crate::targets::subject_key("blockwire", p), "blockwire".to_string(), p.clone()))
+            .collect();
+        for peer in &self.params.peers {
+            let proto = if peer == "tgt" { "iscsi" } else { "aoe" };
+            v.push((crate::targets::subject_key(peer, proto), peer.clone(), proto.to_string()));
+        }
+        v
+    }
+
+    /// How many bench runs the plan makes (for the progress bar).
+    pub fn total_runs(&self) -> u64 {
+        let r = self.params.repeat as u64;
+        let n_subj = self.subjects().len() as u64;
+        let n_mtu = self.params.mtus.len() as u64;
+        let micro = self.micro.len() as u64 * r;
+        // The sweep runs at the first MTU only (see the report's notes).
+        let sweep = self.sweep.len() as u64 * r;
+        let net = n_subj * (micro * n_mtu + sweep);
+        let local = if self.baseline { micro + sweep } else { 0 };
+        net + local
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_quick() {
+        let full = Plan::from_choices(&Choices::default()).unwrap();
+        assert_eq!(full.params.mtus, vec![1500, 9000]);
+        assert_eq!(full.params.repeat, 3);
+        assert_eq!(full.params.size_bytes, GIB);
+        assert_eq!(full.sweep.len(), 16);
+        assert_eq!(full.subjects().len(), 5);
+        // 5 subjects x (7 x 3 x 2 MTUs + 16 x 3) + local (21 + 48)
+        assert_eq!(full.total_runs(), 5 * (42 + 48) + 69);
+        let quick = Plan::from_choices(&Choices { quick: true, ..Default::default() }).unwrap();
+        assert_eq!(quick.params.mtus, vec![1500]);
+        assert_eq!(quick.sweep.len(), 4);
+        assert!(quick.params.size_bytes < GIB);
+    }
+
+    #[test]
+    fn choices_are_validated() {
+        let bad = |c: Choices| Plan::from_choices(&c).is_err();
+        assert!(bad(Choices { protocols: Some("aoe,fc".into()), ..Default::default() }));
+        assert!(bad(Choices { peers: Some("lio".into()), ..Default::default() }));
+        assert!(bad(Choices { mtu: Some("100".into()), ..Default::default() }));
+        assert!(bad(Choices { suite: Some("macro".into()), ..Default::default() }));
+        assert!(bad(Choices { repeat: Some(0), ..Default::default() }));
+        let p = Plan::from_choices(&Choices {
+            protocols: Some("aoe".into()),
+            peers: Some("none".into()),
+            suite: Some("micro".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(p.subjects(), vec![("blockwire-aoe".into(), "blockwire".into(), "aoe".into())]);
+        assert!(p.sweep.is_empty());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1G").unwrap(), GIB);
+        assert_eq!(parse_size("64MiB").unwrap(), 64 * MIB);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("512k").unwrap(), 512 * KIB);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("").is_err());
+    }
+}

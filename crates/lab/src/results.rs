@@ -1,0 +1,257 @@
+//! What a lab run records: every raw sample plus the context needed to read
+//! it later (machine, software versions, parameters). `results.json` is this
+//! structure; the report and the CSV are derived from it alone.
+
+use serde::{Deserialize, Serialize};
+
+/// What `blockwire bench --json` prints (and what the fio baseline is
+/// converted into), per run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BenchResult {
+    pub iops: f64,
+    /// Bytes per second.
+    pub bw_bytes: f64,
+    pub lat_ns: Latency,
+    pub cpu_user_s: f64,
+    pub cpu_sys_s: f64,
+    pub ios: u64,
+    pub bytes: u64,
+    pub runtime_s: f64,
+    pub errors: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub mean: f64,
+}
+
+/// Counter deltas of the client-side veth over one run (both directions).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct WireCounters {
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+}
+
+impl WireCounters {
+    /// `after - before`, saturating (counters never go backwards on a live link).
+    pub fn delta(before: &WireCounters, after: &WireCounters) -> WireCounters {
+        WireCounters {
+            rx_bytes: after.rx_bytes.saturating_sub(before.rx_bytes),
+            tx_bytes: after.tx_bytes.saturating_sub(before.tx_bytes),
+            rx_packets: after.rx_packets.saturating_sub(before.rx_packets),
+            tx_packets: after.tx_packets.saturating_sub(before.tx_packets),
+        }
+    }
+    pub fn bytes(&self) -> u64 {
+        self.rx_bytes + self.tx_bytes
+    }
+    pub fn frames(&self) -> u64 {
+        self.rx_packets + self.tx_packets
+    }
+}
+
+/// One workload shape, fio vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Workload {
+    /// Stable name used as the case key, e.g. `randread-4k-qd32`.
+    pub name: String,
+    /// `read`, `write`, `randread`, `randwrite` or `randrw`.
+    pub rw: String,
+    pub bs: u64,
+    pub iodepth: u32,
+    pub numjobs: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rwmixread: Option<u32>,
+}
+
+impl Workload {
+    pub fn is_sequential(&self) -> bool {
+        self.rw == "read" || self.rw == "write"
+    }
+}
+
+/// One measured run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Subject key, e.g. `blockwire-aoe`, `tgt-iscsi`, `vblade-aoe`, `local-fio`.
+    pub subject: String,
+    /// `None` for the local baseline (no network).
+    pub mtu: Option<u32>,
+    /// `micro` or `sweep`.
+    pub suite: String,
+    pub workload: Workload,
+    /// 1-based repetition number.
+    pub repeat: u32,
+    pub bench: BenchResult,
+    /// CPU seconds (user + system) of the target process over the run;
+    /// `None` for the local baseline.
+    pub target_cpu_s: Option<f64>,
+    pub wire: Option<WireCounters>,
+    /// Busy share of all CPUs (0..1) measured just before the run started,
+    /// after waiting for the machine to be idle.
+    pub busy_before: f64,
+    /// Seconds spent waiting for the machine to become idle.
+    pub idle_wait_s: f64,
+    pub started_unix: f64,
+}
+
+/// A run or a whole subject that produced no numbers, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    pub subject: String,
+    pub mtu: Option<u32>,
+    /// Empty when the whole subject could not start.
+    pub workload: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineInfo {
+    pub cpu_model: String,
+    pub cpus: usize,
+    pub kernel: String,
+    pub mem_total_bytes: u64,
+    pub hostname: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Software {
+    pub blockwire: String,
+    pub tgt: String,
+    pub vblade: String,
+    pub fio: String,
+}
+
+/// The parameters the run used, after defaults and `--quick` were applied.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    pub quick: bool,
+    pub protocols: Vec<String>,
+    pub peers: Vec<String>,
+    pub mtus: Vec<u32>,
+    pub suites: Vec<String>,
+    pub repeat: u32,
+    pub size_bytes: u64,
+    pub runtime_s: u32,
+    pub sweep_runtime_s: u32,
+    pub sweep_numjobs: Vec<u32>,
+    pub sweep_iodepth: Vec<u32>,
+    /// Where the volume lives, e.g. `/dev/shm file (tmpfs) shared by every target`.
+    pub backing: String,
+    /// How long to wait at most for the machine to be idle before a run.
+    pub idle_max_wait_s: f64,
+    pub idle_threshold: f64,
+    /// Offloads switched off on the veths so frames have real MTU sizes.
+    pub veth_offloads_off: bool,
+}
+
+/// A subject the lab tried to measure: who serves and who initiates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Subject {
+    pub key: String,
+    pub protocol: String,
+    /// The target implementation (`blockwire`, `tgt`, `vblade`, `fio` for local).
+    pub target: String,
+    /// The initiator (`blockwire` unless a peer client is named, `fio` locally).
+    pub initiator: String,
+    /// `None` when it ran; `Some(reason)` when it was unavailable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    pub format: u32,
+    pub started_utc: String,
+    pub finished_utc: String,
+    pub params: Params,
+    pub machine: MachineInfo,
+    pub software: Software,
+    pub subjects: Vec<Subject>,
+    pub samples: Vec<Sample>,
+    pub failures: Vec<Failure>,
+    /// Set when the run was cut short (SIGINT/SIGTERM or an error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aborted: Option<String>,
+}
+
+pub const FORMAT: u32 = 1;
+
+impl Results {
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Results> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let r: Results = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{} is not a lab results file: {e}", path.display()))?;
+        Ok(r)
+    }
+
+    pub fn save(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    }
+
+    pub fn subject(&self, key: &str) -> Option<&Subject> {
+        self.subjects.iter().find(|s| s.key == key)
+    }
+}
+
+/// UTC time as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days, no time crate needed).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format_utc(secs)
+}
+
+pub fn format_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formatting() {
+        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(format_utc(1_795_290_712), "2026-11-21T19:51:52Z");
+    }
+
+    #[test]
+    fn wire_delta_and_sums() {
+        let a = WireCounters { rx_bytes: 100, tx_bytes: 50, rx_packets: 2, tx_packets: 1 };
+        let b = WireCounters { rx_bytes: 1100, tx_bytes: 550, rx_packets: 12, tx_packets: 6 };
+        let d = WireCounters::delta(&a, &b);
+        assert_eq!(d.bytes(), 1500);
+        assert_eq!(d.frames(), 15);
+        assert_eq!(WireCounters::delta(&b, &a).bytes(), 0);
+    }
+}

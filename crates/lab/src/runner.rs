@@ -1,0 +1,291 @@
+//! One measured run: `blockwire bench ... --json` in the client namespace
+//! against a URL, or fio on the backing file for the local baseline.
+
+use crate::cleanup::registry;
+use crate::results::{BenchResult, Latency, Workload};
+use crate::topology::ns_command;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Run a command to completion with a deadline, tracked for cleanup.
+/// Returns (exit ok, stdout, stderr, rusage CPU seconds of it and its reaped children).
+fn run_tracked(mut cmd: Command, what: &str, timeout: Duration) -> anyhow::Result<(bool, String, String, f64)> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let (token, mut child) = registry().spawn(&mut cmd, what)?;
+    let pid = child.id();
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + timeout;
+    let mut status = 0i32;
+    // SAFETY: zeroed rusage is a valid initial value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let mut timed_out = false;
+    loop {
+        // SAFETY: wait4 on our own child; WNOHANG never blocks.
+        let r = unsafe { libc::wait4(pid as i32, &mut status, libc::WNOHANG, &mut ru) };
+        if r == pid as i32 {
+            break;
+        }
+        if r < 0 {
+            // Reaped by the signal path's cleanup (interrupted).
+            status = -1;
+            break;
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            crate::cleanup::kill_all(&[pid]);
+            status = -1;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    registry().forget(token);
+    drop(child);
+    let stdout = t_out.join().unwrap_or_default();
+    let mut stderr = t_err.join().unwrap_or_default();
+    if timed_out {
+        stderr.push_str(&format!("\n(killed after {timeout:?})"));
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let cpu = tv(ru.ru_utime) + tv(ru.ru_stime);
+    let ok = status != -1 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    Ok((ok, stdout, stderr, cpu))
+}
+
+fn last_lines(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// The bench arguments for `workload` (fio-style names).
+pub fn bench_args(url: &str, w: &Workload, runtime_s: u32, size: u64) -> Vec<String> {
+    let mut a = vec![
+        "bench".to_string(),
+        url.to_string(),
+        "--rw".into(),
+        w.rw.clone(),
+        "--bs".into(),
+        w.bs.to_string(),
+        "--iodepth".into(),
+        w.iodepth.to_string(),
+        "--numjobs".into(),
+        w.numjobs.to_string(),
+        "--runtime".into(),
+        runtime_s.to_string(),
+        "--size".into(),
+        size.to_string(),
+        "--json".into(),
+    ];
+    if let Some(m) = w.rwmixread {
+        a.push("--rwmixread".into());
+        a.push(m.to_string());
+    }
+    a
+}
+
+/// Parse the one JSON object `bench --json` prints (the last `{...}` line
+/// or the whole output when pretty-printed).
+pub fn parse_bench_json(stdout: &str) -> anyhow::Result<BenchResult> {
+    let trimmed = stdout.trim();
+    if let Ok(r) = serde_json::from_str::<BenchResult>(trimmed) {
+        return Ok(r);
+    }
+    if let Some(start) = trimmed.find('{') {
+        if let Ok(r) = serde_json::from_str::<BenchResult>(&trimmed[start..]) {
+            return Ok(r);
+        }
+    }
+    for line in trimmed.lines().rev() {
+        if line.trim_start().starts_with('{') {
+            return serde_json::from_str(line.trim()).map_err(|e| anyhow::anyhow!("bench JSON: {e}"));
+        }
+    }
+    anyhow::bail!("bench printed no JSON object: {}", last_lines(stdout, 3))
+}
+
+pub fn run_bench(
+    exe: &Path,
+    client_ns: &str,
+    url: &str,
+    w: &Workload,
+    runtime_s: u32,
+    size: u64,
+) -> anyhow::Result<BenchResult> {
+    let mut cmd = ns_command(client_ns, &exe.to_string_lossy());
+    cmd.args(bench_args(url, w, runtime_s, size));
+    let timeout = Duration::from_secs(runtime_s as u64 + 60);
+    let (ok, stdout, stderr, _) = run_tracked(cmd, "blockwire bench", timeout)?;
+    if !ok {
+        anyhow::bail!("bench {url} {} failed: {}", w.name, last_lines(&stderr, 3));
+    }
+    parse_bench_json(&stdout).map_err(|e| anyhow::anyhow!("{e} (stderr: {})", last_lines(&stderr, 2)))
+}
+
+/// fio directly on the backing file: the local, no-network reference.
+/// io_uring gives real queue depth on tmpfs (libaio would complete
+/// synchronously on buffered files).
+pub fn fio_args(file: &Path, w: &Workload, runtime_s: u32, size: u64) -> Vec<String> {
+    let mut a = vec![
+        "--name=baseline".to_string(),
+        format!("--filename={}", file.display()),
+        format!("--rw={}", w.rw),
+        format!("--bs={}", w.bs),
+        format!("--iodepth={}", w.iodepth),
+        format!("--numjobs={}", w.numjobs),
+        "--ioengine=io_uring".into(),
+        "--time_based".into(),
+        format!("--runtime={runtime_s}"),
+        format!("--size={size}"),
+        "--group_reporting".into(),
+        "--output-format=json".into(),
+    ];
+    if let Some(m) = w.rwmixread {
+        a.push(format!("--rwmixread={m}"));
+    }
+    a
+}
+
+pub fn run_fio(file: &Path, w: &Workload, runtime_s: u32, size: u64) -> anyhow::Result<BenchResult> {
+    let mut cmd = Command::new("fio");
+    cmd.args(fio_args(file, w, runtime_s, size));
+    let (ok, stdout, stderr, cpu) = run_tracked(cmd, "fio", Duration::from_secs(runtime_s as u64 + 60))?;
+    if !ok {
+        anyhow::bail!("fio {} failed: {}", w.name, last_lines(&stderr, 3));
+    }
+    let mut r = parse_fio_json(&stdout)?;
+    // rusage covers fio and its reaped job processes: the client CPU.
+    r.cpu_user_s = cpu;
+    r.cpu_sys_s = 0.0;
+    Ok(r)
+}
+
+/// Convert fio's JSON (group_reporting: one job) into a BenchResult. Reads
+/// and writes are summed; for mixed loads the latency percentiles are those
+/// of the direction with more I/Os for p50 and the worse of the two for the
+/// tails (fio does not merge histograms across directions).
+pub fn parse_fio_json(text: &str) -> anyhow::Result<BenchResult> {
+    // fio may print notes before the JSON.
+    let start = text.find('{').ok_or_else(|| anyhow::anyhow!("fio printed no JSON"))?;
+    let v: serde_json::Value = serde_json::from_str(&text[start..])?;
+    let job = v
+        .get("jobs")
+        .and_then(|j| j.get(0))
+        .ok_or_else(|| anyhow::anyhow!("fio JSON has no jobs"))?;
+    let mut r = BenchResult::default();
+    let mut dirs = vec![];
+    for dir in ["read", "write"] {
+        let d = job.get(dir).ok_or_else(|| anyhow::anyhow!("fio JSON lacks {dir}"))?;
+        let f = |k: &str| d.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
+        let ios = f("total_ios") as u64;
+        r.iops += f("iops");
+        r.bw_bytes += f("bw_bytes");
+        r.ios += ios;
+        r.bytes += f("io_bytes") as u64;
+        if ios > 0 {
+            let clat = d.get("clat_ns");
+            let pct = |p: &str| {
+                clat.and_then(|c| c.get("percentile"))
+                    .and_then(|x| x.get(p))
+                    .and_then(|x| x.as_f64())
+                    .unwrap_or(0.0)
+            };
+            let mean = d.get("lat_ns").and_then(|l| l.get("mean")).and_then(|x| x.as_f64()).unwrap_or(0.0);
+            dirs.push((ios, Latency { p50: pct("50.000000"), p99: pct("99.000000"), p999: pct("99.900000"), mean }));
+        }
+    }
+    if let Some((_, main)) = dirs.iter().max_by_key(|(ios, _)| *ios) {
+        r.lat_ns.p50 = main.p50;
+    }
+    let total: u64 = dirs.iter().map(|(n, _)| n).sum();
+    for (n, l) in &dirs {
+        r.lat_ns.p99 = r.lat_ns.p99.max(l.p99);
+        r.lat_ns.p999 = r.lat_ns.p999.max(l.p999);
+        r.lat_ns.mean += l.mean * *n as f64 / total.max(1) as f64;
+    }
+    r.errors = job.get("error").and_then(|x| x.as_u64()).unwrap_or(0);
+    r.runtime_s = job.get("job_runtime").and_then(|x| x.as_f64()).unwrap_or(0.0) / 1e3;
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w() -> Workload {
+        Workload { name: "randrw".into(), rw: "randrw".into(), bs: 4096, iodepth: 16, numjobs: 2, rwmixread: Some(75) }
+    }
+
+    #[test]
+    fn bench_json_in_various_shapes() {
+        let one = r#"{"iops":1000.5,"bw_bytes":4098048,"lat_ns":{"p50":900,"p99":2000,"p999":5000,"mean":950},"cpu_user_s":0.1,"cpu_sys_s":0.2,"ios":3001,"bytes":12292096,"runtime_s":3.0,"errors":0,"extra":"ignored"}"#;
+        let r = parse_bench_json(one).unwrap();
+        assert_eq!(r.ios, 3001);
+        assert_eq!(r.lat_ns.p999, 5000.0);
+        let with_noise = format!("connecting...\n{one}\n");
+        assert_eq!(parse_bench_json(&with_noise).unwrap(), r);
+        let pretty = serde_json::to_string_pretty(&r).unwrap();
+        assert_eq!(parse_bench_json(&pretty).unwrap(), r);
+        assert!(parse_bench_json("no json here").is_err());
+        assert!(parse_bench_json(r#"{"iops": 1}"#).is_err(), "missing fields must not pass");
+    }
+
+    #[test]
+    fn bench_and_fio_arguments() {
+        let a = bench_args("aoe://x/1.0", &w(), 3, 1 << 20);
+        assert_eq!(a[0..2], ["bench", "aoe://x/1.0"]);
+        assert!(a.windows(2).any(|p| p == ["--rwmixread", "75"]));
+        assert!(a.windows(2).any(|p| p == ["--numjobs", "2"]));
+        assert!(a.contains(&"--json".to_string()));
+        let f = fio_args(Path::new("/dev/shm/f"), &w(), 3, 1 << 20);
+        assert!(f.contains(&"--rwmixread=75".to_string()));
+        assert!(f.contains(&"--filename=/dev/shm/f".to_string()));
+    }
+
+    #[test]
+    fn fio_json_conversion() {
+        // Trimmed fio 3.33 output of a randrw 75/25 run.
+        let text = r#"note: both iodepth >= 1 and synchronous I/O engine are selected
+{"fio version":"fio-3.33","jobs":[{"jobname":"baseline","error":0,"job_runtime":2000,
+"read":{"io_bytes":307200000,"bw_bytes":153600000,"iops":37500.0,"total_ios":75000,
+  "clat_ns":{"mean":20000.0,"percentile":{"50.000000":18000,"99.000000":60000,"99.900000":120000}},
+  "lat_ns":{"mean":21000.0}},
+"write":{"io_bytes":102400000,"bw_bytes":51200000,"iops":12500.0,"total_ios":25000,
+  "clat_ns":{"mean":30000.0,"percentile":{"50.000000":25000,"99.000000":90000,"99.900000":100000}},
+  "lat_ns":{"mean":31000.0}},
+"usr_cpu":20.0,"sys_cpu":30.0}]}"#;
+        let r = parse_fio_json(text).unwrap();
+        assert_eq!(r.iops, 50_000.0);
+        assert_eq!(r.ios, 100_000);
+        assert_eq!(r.bytes, 409_600_000);
+        assert_eq!(r.lat_ns.p50, 18_000.0);
+        assert_eq!(r.lat_ns.p99, 90_000.0);
+        assert_eq!(r.lat_ns.p999, 120_000.0);
+        assert!((r.lat_ns.mean - (21_000.0 * 0.75 + 31_000.0 * 0.25)).abs() < 1e-6);
+        assert_eq!(r.runtime_s, 2.0);
+        assert!(parse_fio_json("{}").is_err());
+    }
+
+    #[test]
+    fn fio_really_runs_on_a_file() {
+        let path = std::env::temp_dir().join(format!("bwlab-fio-unit-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        let wl = Workload { name: "randread".into(), rw: "randread".into(), bs: 4096, iodepth: 4, numjobs: 1, rwmixread: None };
+        let r = run_fio(&path, &wl, 1, 1 << 20);
+        let _ = std::fs::remove_file(&path);
+        let r = r.unwrap();
+        assert!(r.ios > 0 && r.iops > 0.0 && r.lat_ns.p50 > 0.0, "{r:?}");
+        assert_eq!(r.bytes, r.ios * 4096);
+    }
+}

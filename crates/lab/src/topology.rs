@@ -1,0 +1,233 @@
+//! Two network namespaces (target side, client side) joined by one veth pair
+//! per MTU. Every protocol, blockwire's and the peers', crosses the same veth,
+//! so their wire counters and latencies are comparable.
+//!
+//! Addresses come from 198.18.0.0/15, the range set aside for benchmarking
+//! (RFC 2544); they exist only inside the two namespaces the lab creates.
+
+use crate::cleanup::{registry, Resource, Token};
+use crate::results::WireCounters;
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+#[derive(Debug, Clone)]
+pub struct Link {
+    pub mtu: u32,
+    pub target_if: String,
+    pub client_if: String,
+    pub target_ip: Ipv4Addr,
+    pub client_ip: Ipv4Addr,
+}
+
+#[derive(Debug)]
+pub struct Topology {
+    pub target_ns: String,
+    pub client_ns: String,
+    pub links: Vec<Link>,
+    /// TSO/GSO/GRO switched off on every veth (see `setup`).
+    pub offloads_off: bool,
+    tokens: Vec<Token>,
+}
+
+/// Names unique per lab process: namespaces `bwlab<pid>t|c`, veths
+/// `bwl<pid><a..>t|c` (at most 15 bytes, the kernel's limit).
+pub fn names(pid: u32) -> (String, String) {
+    (format!("bwlab{pid}t"), format!("bwlab{pid}c"))
+}
+
+pub fn veth_names(pid: u32, index: usize) -> (String, String) {
+    let idx = (b'a' + (index as u8 % 26)) as char;
+    (format!("bwl{pid}{idx}t"), format!("bwl{pid}{idx}c"))
+}
+
+/// A command run inside namespace `ns` (`ip netns exec` execs it, so the PID
+/// of the spawned child is the program's own PID).
+pub fn ns_command(ns: &str, program: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, program]);
+    c
+}
+
+fn sh(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", args[0]))?;
+    if !out.status.success() {
+        anyhow::bail!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Topology {
+    pub fn setup(mtus: &[u32]) -> anyhow::Result<Topology> {
+        anyhow::ensure!(mtus.len() <= 26, "at most 26 MTUs");
+        let pid = std::process::id();
+        let (tns, cns) = names(pid);
+        let reg = registry();
+        let mut tokens = vec![];
+        for ns in [&tns, &cns] {
+            let (t, ()) = reg.create(Resource::Netns(ns.clone()), || {
+                sh(&["ip", "netns", "add", ns])?;
+                Ok(())
+            })?;
+            tokens.push(t);
+            sh(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+            // No IPv6 chatter (router solicitations, DAD) in the wire counters.
+            let _ = sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+            let _ = sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
+        }
+        let mut links = vec![];
+        let mut offloads_off = true;
+        for (i, &mtu) in mtus.iter().enumerate() {
+            let (tif, cif) = veth_names(pid, i);
+            let (t, ()) = reg.create(Resource::Veth { ns: Some(tns.clone()), name: tif.clone() }, || {
+                sh(&["ip", "link", "add", &tif, "netns", &tns, "type", "veth", "peer", "name", &cif, "netns", &cns])?;
+                Ok(())
+            })?;
+            tokens.push(t);
+            let target_ip = Ipv4Addr::new(198, 18, i as u8, 1);
+            let client_ip = Ipv4Addr::new(198, 18, i as u8, 2);
+            for (ns, ifname, ip) in [(&tns, &tif, target_ip), (&cns, &cif, client_ip)] {
+                let mtu_s = mtu.to_string();
+                sh(&["ip", "-n", ns, "link", "set", ifname, "mtu", &mtu_s])?;
+                sh(&["ip", "-n", ns, "addr", "add", &format!("{ip}/24"), "dev", ifname])?;
+                // veth would otherwise pass 64 KiB TCP super-frames: with
+                // segmentation offloads off, frames on the veth have real MTU
+                // sizes, so frames/op and MTU effects mean what they say.
+                let off = sh(&["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tso", "off", "gso", "off", "gro", "off"]);
+                if let Err(e) = off {
+                    log::warn!("cannot switch offloads off on {ifname}: {e}");
+                    offloads_off = false;
+                }
+                sh(&["ip", "-n", ns, "link", "set", ifname, "up"])?;
+            }
+            links.push(Link { mtu, target_if: tif, client_if: cif, target_ip, client_ip });
+        }
+        let topo = Topology { target_ns: tns, client_ns: cns, links, offloads_off, tokens };
+        topo.wait_reachable()?;
+        Ok(topo)
+    }
+
+    /// Wait until every link passes a ping (the veth carrier comes up async).
+    fn wait_reachable(&self) -> anyhow::Result<()> {
+        for l in &self.links {
+            let ip = l.target_ip.to_string();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let ok = Command::new("ip")
+                    .args(["netns", "exec", &self.client_ns, "ping", "-c1", "-W1", &ip])
+                    .output()
+                    .map(|o| o.status.success())
+                    .unwrap_or(false);
+                if ok {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    anyhow::bail!("link {} -> {ip} did not come up", l.client_if);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// Counters of the client-side end of `link` (sent + received are both
+    /// there: the veth has no other traffic).
+    pub fn client_counters(&self, link: &Link) -> anyhow::Result<WireCounters> {
+        let out = sh(&["ip", "-n", &self.client_ns, "-s", "-j", "link", "show", "dev", &link.client_if])?;
+        parse_ip_stats_json(&out)
+    }
+
+    /// Remove the veths and namespaces (also done by the registry on abort).
+    pub fn teardown(self) -> anyhow::Result<()> {
+        let mut first_err = None;
+        for t in self.tokens.into_iter().rev() {
+            if let Err(e) = registry().release(t) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Parse `ip -s -j link show dev IF` output (iproute2 JSON, `stats64`).
+pub fn parse_ip_stats_json(text: &str) -> anyhow::Result<WireCounters> {
+    let v: serde_json::Value = serde_json::from_str(text)?;
+    let s = v
+        .get(0)
+        .and_then(|l| l.get("stats64").or_else(|| l.get("stats")))
+        .ok_or_else(|| anyhow::anyhow!("no stats64 in `ip -s -j link` output"))?;
+    let num = |dir: &str, k: &str| -> anyhow::Result<u64> {
+        s.get(dir)
+            .and_then(|d| d.get(k))
+            .and_then(|x| x.as_u64())
+            .ok_or_else(|| anyhow::anyhow!("`ip -s -j link` output lacks {dir}.{k}"))
+    };
+    Ok(WireCounters {
+        rx_bytes: num("rx", "bytes")?,
+        tx_bytes: num("tx", "bytes")?,
+        rx_packets: num("rx", "packets")?,
+        tx_packets: num("tx", "packets")?,
+    })
+}
+
+/// Namespaces, links and mounts on this machine whose names belong to the
+/// lab run with `pid` (for leak checks).
+pub fn leftovers(pid: u32) -> Vec<String> {
+    let (tns, cns) = names(pid);
+    let veth_prefix = format!("bwl{pid}");
+    let mut out = vec![];
+    if let Ok(s) = sh(&["ip", "netns", "list"]) {
+        for l in s.lines() {
+            let n = l.split_whitespace().next().unwrap_or("");
+            if n == tns || n == cns {
+                out.push(format!("namespace {n}"));
+            }
+        }
+    }
+    if let Ok(s) = sh(&["ip", "-o", "link", "show"]) {
+        for l in s.lines() {
+            if let Some(name) = l.split(": ").nth(1) {
+                let name = name.split('@').next().unwrap_or(name);
+                if name.starts_with(&veth_prefix) {
+                    out.push(format!("link {name}"));
+                }
+            }
+        }
+    }
+    if let Ok(m) = std::fs::read_to_string("/proc/mounts") {
+        for l in m.lines() {
+            if l.contains(&tns) || l.contains(&cns) || l.contains(&format!("bwlab-{pid}")) {
+                out.push(format!("mount {l}"));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fit_the_kernel_limit() {
+        let (t, c) = veth_names(4_194_304, 25);
+        assert!(t.len() <= 15 && c.len() <= 15, "{t} {c}");
+        assert_ne!(t, c);
+        assert_ne!(veth_names(12, 0), veth_names(12, 1));
+    }
+
+    #[test]
+    fn parses_iproute2_json_counters() {
+        // Recorded from `ip -s -j link show dev X` (iproute2 6.1).
+        let text = r#"[{"ifindex":5,"link_index":4,"ifname":"bwl1a","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":1500,"qdisc":"noqueue","operstate":"UP","linkmode":"DEFAULT","group":"default","txqlen":1000,"link_type":"ether","address":"aa:bb:cc:dd:ee:ff","broadcast":"ff:ff:ff:ff:ff:ff","link_netnsid":0,"stats64":{"rx":{"bytes":123456,"packets":321,"errors":0,"dropped":0,"over_errors":0,"multicast":0},"tx":{"bytes":6543,"packets":45,"errors":0,"dropped":0,"carrier_errors":0,"collisions":0}}}]"#;
+        let c = parse_ip_stats_json(text).unwrap();
+        assert_eq!(c, WireCounters { rx_bytes: 123456, tx_bytes: 6543, rx_packets: 321, tx_packets: 45 });
+        assert!(parse_ip_stats_json("[]").is_err());
+        assert!(parse_ip_stats_json("not json").is_err());
+    }
+}
