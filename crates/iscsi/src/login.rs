@@ -241,7 +241,8 @@ impl<'a> TargetLogin<'a> {
             self.security(pairs, &mut out)?;
         }
         let ready = req.csg != stage::SECURITY || self.auth == Auth::Done;
-        if req.transit && req.csg == stage::SECURITY && !ready {
+        if req.csg == stage::SECURITY && self.auth == Auth::Start && self.auth_required() {
+            // CHAP is required but the initiator did not offer any AuthMethod.
             return Err(login_status::AUTHENTICATION_FAILURE);
         }
         let transit = req.transit && ready;
