@@ -304,7 +304,8 @@ impl Lun {
         let lba = be64(cdb, 2);
         let n = cdb[13] as u64;
         if n == 0 {
-            return Ok(());
+            // No blocks is no error, but data sent with it does not fit the CDB.
+            return if data.is_empty() { Ok(()) } else { Err(Sense::invalid_cdb_field(13, None)) };
         }
         if n > MAX_COMPARE_AND_WRITE_BLOCKS as u64 {
             return Err(Sense::invalid_cdb_field(13, None));

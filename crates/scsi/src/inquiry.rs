@@ -10,7 +10,7 @@ pub const MAX_TRANSFER_BLOCKS: u32 = 8192; // 4 MiB per command
 pub const OPTIMAL_TRANSFER_BLOCKS: u32 = 2048; // 1 MiB
 pub const OPTIMAL_GRANULARITY_BLOCKS: u16 = 8; // 4 KiB pages underneath
 pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
-pub const MAX_WRITE_SAME_BLOCKS: u64 = 0x10_0000; // 512 MiB
+pub const MAX_WRITE_SAME_BLOCKS: u64 = 0xffff; // as LIO: 32 MiB - 512
 pub const MAX_COMPARE_AND_WRITE_BLOCKS: u8 = 255;
 
 /// Locally administered company id (U/L bit set) for our NAA designators.

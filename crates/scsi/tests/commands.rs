@@ -407,6 +407,13 @@ fn compare_and_write() {
     assert_eq!(u32::from_be_bytes(o.sense[3..7].try_into().unwrap()), first_diff);
     assert_eq!(good(&t, 1, &read10(4, 2, 0), &[]), new);
     check(&t, 1, &c, &buf[..1024], INVALID_FIELD_IN_CDB);
+    let mut big = buf.clone();
+    big.extend_from_slice(&[0; 512]);
+    check(&t, 1, &c, &big, INVALID_FIELD_IN_CDB); // more data than 2 x NLB blocks
+    let mut zero = c;
+    zero[13] = 0;
+    good(&t, 1, &zero, &[]);
+    check(&t, 1, &zero, &buf, INVALID_FIELD_IN_CDB); // NLB 0 with data
     c[2..10].copy_from_slice(&63u64.to_be_bytes());
     check(&t, 1, &c, &buf, LBA_OUT_OF_RANGE);
     assert_eq!(t.data_out_len(0, &c), Some(2048));
