@@ -1,8 +1,0 @@
-//! nvme client (being built; see the nvme issue).
-
-use crate::{BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
-use std::sync::Arc;
-
-pub async fn connect(url: &TargetUrl, _opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
-    Err(ClientError::Protocol(format!("{url}: the nvme initiator is not built yet")))
-}

@@ -1,0 +1,320 @@
+//! NVMe/TCP initiator: `nvme+tcp://HOST[:PORT]/SUBNQN/NSID`.
+//!
+//! One admin queue plus `ConnectOptions::queues` I/O queues (one TCP
+//! connection each), many commands in flight per queue, digests as asked,
+//! small writes in the capsule and larger ones on R2T, keep-alive on the
+//! admin queue, Disconnect and a controller shutdown on close.
+
+mod queue;
+
+use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
+use async_trait::async_trait;
+use bw_nvme::command::{admin, nvm, Sqe};
+use bw_nvme::controller::feature;
+use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property, CATTR_DISABLE_SQFLOW};
+use bw_nvme::identify::{self, cns, IdCtrl};
+use bw_nvme::logpage::{self, lid, LogRequest};
+use bw_nvme::pdu::Digests;
+use bytes::Bytes;
+use queue::Queue;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Keep-alive timeout we ask for; Keep Alive goes out every half of it.
+const KATO_MS: u32 = 10_000;
+/// Admin queue depth (Linux uses 32 as well).
+const ADMIN_DEPTH: usize = 32;
+
+fn proto(s: impl Into<String>) -> ClientError {
+    ClientError::Protocol(s.into())
+}
+
+/// Our host NQN: the one given, else one derived from the machine's host name.
+fn host_nqn(opts: &ConnectOptions) -> String {
+    opts.initiator_name.clone().unwrap_or_else(|| {
+        let h = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "localhost".into());
+        format!("nqn.2026-11.org.blockwire:initiator:{}", h.trim())
+    })
+}
+
+fn host_id(hostnqn: &str) -> [u8; 16] {
+    let mut id = [0u8; 16];
+    for (i, c) in id.chunks_mut(4).enumerate() {
+        let seeded = format!("{i}:{hostnqn}");
+        c.copy_from_slice(&bw_nvme::pdu::crc32c(seeded.as_bytes()).to_le_bytes());
+    }
+    id
+}
+
+/// An admin queue connected and enabled: controller ID and identify data.
+struct Admin {
+    q: Arc<Queue>,
+    cntlid: u16,
+    id: IdCtrl,
+    mqes: u16,
+}
+
+async fn fabrics_connect(q: &Queue, qid: u16, sqsize: u16, kato_ms: u32, data: ConnectData) -> Result<u16> {
+    let c = Connect { recfmt: 0, qid, sqsize, cattr: CATTR_DISABLE_SQFLOW, kato_ms };
+    let d = q.submit_raw(c.to_sqe(0), Some(Bytes::from(data.encode())), 0).await?;
+    if !d.cqe.status.is_success() {
+        return Err(ClientError::Target(format!("Connect (queue {qid}) refused: {} (parameter {:#x})", d.cqe.status, d.cqe.dw0())));
+    }
+    Ok(d.cqe.dw0() as u16)
+}
+
+async fn prop_get(q: &Queue, off: u32, size8: bool) -> Result<u64> {
+    Ok(q.submit(Property::get_sqe(0, off, size8), None, 0).await?.cqe.result)
+}
+
+async fn prop_set(q: &Queue, off: u32, v: u64) -> Result<()> {
+    q.submit(Property::set_sqe(0, off, v), None, 0).await.map(|_| ())
+}
+
+async fn open_admin(host: &str, port: u16, subnqn: &str, opts: &ConnectOptions, kato_ms: u32) -> Result<Admin> {
+    let digests = Digests { header: opts.header_digest, data: opts.data_digest };
+    let q = Queue::open(host, port, 0, digests, ADMIN_DEPTH, opts.timeout).await?;
+    let hostnqn = host_nqn(opts);
+    let data = ConnectData { hostid: host_id(&hostnqn), cntlid: 0xFFFF, subnqn: subnqn.into(), hostnqn };
+    let cntlid = fabrics_connect(&q, 0, ADMIN_DEPTH as u16 - 1, kato_ms, data).await?;
+    let cap = prop_get(&q, reg::CAP, true).await?;
+    // Enable: 64-byte SQEs, 16-byte CQEs, NVM command set.
+    prop_set(&q, reg::CC, (6 << 16) | (4 << 20) | 1).await?;
+    let to = Duration::from_millis(500 * ((cap >> 24) & 0xFF).max(1));
+    let t0 = std::time::Instant::now();
+    loop {
+        let csts = prop_get(&q, reg::CSTS, false).await?;
+        if csts & 2 != 0 {
+            return Err(proto("controller fatal status while enabling"));
+        }
+        if csts & 1 != 0 {
+            break;
+        }
+        if t0.elapsed() > to {
+            return Err(ClientError::Timeout("controller did not become ready".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut s = Sqe::new(admin::IDENTIFY, 0, 0);
+    s.set_cdw(10, cns::CONTROLLER as u32);
+    let d = q.submit(s, None, identify::LEN as u32).await?;
+    let id = IdCtrl::parse(&d.data).ok_or_else(|| proto("short Identify Controller data"))?;
+    if id.cntlid != cntlid {
+        return Err(proto(format!("Identify cntlid {} differs from Connect's {cntlid}", id.cntlid)));
+    }
+    if id.icdoff != 0 || id.sgls & 3 == 0 {
+        return Err(proto("controller needs ICDOFF 0 and SGL support"));
+    }
+    Ok(Admin { q: Arc::new(q), cntlid, id, mqes: (cap & 0xFFFF) as u16 })
+}
+
+async fn shutdown_admin(q: &Queue) {
+    // Normal shutdown; wait briefly for SHST complete.
+    if prop_set(q, reg::CC, (6 << 16) | (4 << 20) | 1 | (1 << 14)).await.is_ok() {
+        for _ in 0..50 {
+            match prop_get(q, reg::CSTS, false).await {
+                Ok(c) if (c >> 2) & 3 == 2 => break,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+pub struct NvmeClient {
+    url: String,
+    admin: Arc<Queue>,
+    io: Vec<Arc<Queue>>,
+    next: AtomicUsize,
+    nsid: u32,
+    size: u64,
+    block: u32,
+    max_transfer: usize,
+    closed: AtomicBool,
+    keep_alive: tokio::task::JoinHandle<()>,
+    cntlid: u16,
+}
+
+pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
+    Ok(Arc::new(NvmeClient::connect(url, opts).await?))
+}
+
+impl NvmeClient {
+    pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<NvmeClient> {
+        let TargetUrl::Nvme { host, port, subnqn, nsid } = url else {
+            return Err(proto(format!("{url} is not an nvme+tcp URL")));
+        };
+        let a = open_admin(host, *port, subnqn, opts, KATO_MS).await?;
+        let want = opts.queues.clamp(1, 0xFFFF) as u32;
+        let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
+        s.set_cdw(10, feature::NUM_QUEUES as u32);
+        s.set_cdw(11, (want - 1) | (want - 1) << 16);
+        let r = a.q.submit(s, None, 0).await?.cqe.dw0();
+        let granted = ((r & 0xFFFF).min(r >> 16) + 1).min(want) as usize;
+        let mut s = Sqe::new(admin::IDENTIFY, 0, *nsid);
+        s.set_cdw(10, cns::NAMESPACE as u32);
+        let d = a.q.submit(s, None, identify::LEN as u32).await?;
+        let (blocks, block, _ro) = identify::parse_namespace(&d.data).ok_or_else(|| proto(format!("namespace {nsid}: bad Identify Namespace data")))?;
+        if blocks == 0 {
+            return Err(ClientError::Target(format!("namespace {nsid} is not active")));
+        }
+        // Queue depth: what was asked, bounded by MQES and MAXCMD.
+        let mut depth = opts.queue_depth.clamp(2, a.mqes as usize + 1);
+        if a.id.maxcmd > 0 {
+            depth = depth.min(a.id.maxcmd as usize);
+        }
+        let digests = Digests { header: opts.header_digest, data: opts.data_digest };
+        let hostnqn = host_nqn(opts);
+        let incapsule = (a.id.ioccsz as usize * 16).saturating_sub(64);
+        let mut io = Vec::new();
+        for qid in 1..=granted as u16 {
+            let mut q = Queue::open(host, *port, qid, digests, depth, opts.timeout).await?;
+            let data = ConnectData { hostid: host_id(&hostnqn), cntlid: a.cntlid, subnqn: subnqn.clone(), hostnqn: hostnqn.clone() };
+            fabrics_connect(&q, qid, depth as u16 - 1, 0, data).await?;
+            q.incapsule = incapsule;
+            io.push(Arc::new(q));
+        }
+        let max_transfer = if a.id.mdts == 0 { 1 << 20 } else { (4096usize << a.id.mdts).min(8 << 20) };
+        let ka_q = a.q.clone();
+        let keep_alive = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(KATO_MS as u64 / 2)).await;
+                if ka_q.is_dead() || ka_q.submit(Sqe::new(admin::KEEP_ALIVE, 0, 0), None, 0).await.is_err() {
+                    log::warn!("nvme: keep-alive failed");
+                    return;
+                }
+            }
+        });
+        log::info!("nvme: {url}: controller {} with {granted} I/O queues of depth {depth}, {blocks} blocks of {block} bytes", a.cntlid);
+        Ok(NvmeClient {
+            url: url.to_string(),
+            admin: a.q,
+            io,
+            next: AtomicUsize::new(0),
+            nsid: *nsid,
+            size: blocks * block as u64,
+            block,
+            max_transfer,
+            closed: AtomicBool::new(false),
+            keep_alive,
+            cntlid: a.cntlid,
+        })
+    }
+
+    fn queue(&self) -> &Arc<Queue> {
+        let i = self.next.fetch_add(1, Relaxed) % self.io.len();
+        &self.io[i]
+    }
+
+    /// Number of I/O queues connected.
+    pub fn io_queues(&self) -> usize {
+        self.io.len()
+    }
+
+    /// Run one NVM command on an I/O queue; a raw completion for tests.
+    pub async fn io_raw(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<queue::Done> {
+        self.queue().submit_raw(sqe, out, in_len).await
+    }
+
+    fn rw_sqe(&self, op: u8, offset: u64, len: usize) -> Sqe {
+        let mut s = Sqe::new(op, 0, self.nsid);
+        s.set_rw(offset / self.block as u64, (len / self.block as usize) as u32);
+        s
+    }
+}
+
+impl Drop for NvmeClient {
+    fn drop(&mut self) {
+        self.keep_alive.abort();
+    }
+}
+
+#[async_trait]
+impl BlockClient for NvmeClient {
+    fn describe(&self) -> String {
+        format!("{} (controller {}, {} I/O queues)", self.url, self.cntlid, self.io.len())
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size
+    }
+    fn block_size(&self) -> u32 {
+        self.block
+    }
+
+    async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_range(self, offset, buf.len())?;
+        let mut done = 0;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(self.max_transfer);
+            let d = self.queue().submit(self.rw_sqe(nvm::READ, offset + done as u64, n), None, n as u32).await?;
+            if d.data.len() != n {
+                return Err(proto(format!("read of {n} bytes returned {}", d.data.len())));
+            }
+            buf[done..done + n].copy_from_slice(&d.data);
+            done += n;
+        }
+        Ok(())
+    }
+
+    async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        check_range(self, offset, data.len())?;
+        let mut done = 0;
+        while done < data.len() {
+            let n = (data.len() - done).min(self.max_transfer);
+            let chunk = Bytes::copy_from_slice(&data[done..done + n]);
+            self.queue().submit(self.rw_sqe(nvm::WRITE, offset + done as u64, n), Some(chunk), 0).await?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.queue().submit(Sqe::new(nvm::FLUSH, 0, self.nsid), None, 0).await.map(|_| ())
+    }
+
+    async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Relaxed) {
+            return Ok(());
+        }
+        self.keep_alive.abort();
+        for q in &self.io {
+            if let Err(e) = q.submit(fabrics::disconnect_sqe(0), None, 0).await {
+                log::debug!("nvme: disconnect of queue {}: {e}", q.qid);
+            }
+        }
+        shutdown_admin(&self.admin).await;
+        Ok(())
+    }
+}
+
+/// Read the discovery log of the discovery controller at HOST:PORT; one line
+/// per entry.
+pub async fn discover(host: &str, port: u16, opts: &ConnectOptions) -> Result<Vec<String>> {
+    let a = open_admin(host, port, bw_nvme::DISCOVERY_NQN, opts, 0).await?;
+    let get = |len: usize| {
+        let q = a.q.clone();
+        async move {
+            let r = LogRequest { lid: lid::DISCOVERY, rae: false, len, offset: 0 };
+            q.submit(r.to_sqe(0, 0), None, len as u32).await
+        }
+    };
+    let head = get(1024).await?;
+    let n = logpage::discovery_numrec(&head.data).ok_or_else(|| proto("short discovery log header"))?;
+    let full = get(1024 * (n.min(1000) as usize + 1)).await?;
+    let (genctr, entries) = logpage::parse_discovery_log(&full.data).ok_or_else(|| proto("bad discovery log"))?;
+    shutdown_admin(&a.q).await;
+    log::debug!("nvme: discovery log generation {genctr}, {} entries", entries.len());
+    Ok(entries
+        .iter()
+        .map(|e| {
+            let kind = match e.subtype {
+                logpage::SUBTYPE_NVME => "nvme",
+                logpage::SUBTYPE_CURRENT_DISCOVERY => "current-discovery",
+                1 => "discovery-referral",
+                _ => "unknown",
+            };
+            format!("nvme+tcp://{}:{}/{} (subtype {kind}, portid {})", e.traddr.trim(), e.trsvcid.trim(), e.subnqn, e.portid)
+        })
+        .collect())
+}

@@ -1,0 +1,325 @@
+//! One NVMe/TCP queue from the host side: a TCP connection with a writer
+//! task, a reader task that routes C2HData / R2T / CapsuleResp to the
+//! command they belong to, and command-ID multiplexing so many commands are
+//! in flight at once.
+
+use crate::{ClientError, Result};
+use bw_nvme::command::{sgl, Cqe, Sgl, Sqe};
+use bw_nvme::pdu::{self, DataPdu, Digests, IcReq, Pdu};
+use bw_nvme::Status;
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+/// A finished command: completion entry and the data the controller sent.
+pub struct Done {
+    pub cqe: Cqe,
+    pub data: Bytes,
+}
+
+struct Inflight {
+    done: oneshot::Sender<Result<Done>>,
+    chunks: Vec<Bytes>,
+    received: usize,
+    /// Data to send when the controller asks for it with R2T.
+    write_data: Option<Bytes>,
+}
+
+struct Shared {
+    inflight: Mutex<HashMap<u16, Inflight>>,
+    free_cids: Mutex<Vec<u16>>,
+    /// Set when the connection died: why.
+    dead: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn fail_all(&self, why: &str) {
+        if let Ok(mut d) = self.dead.lock() {
+            d.get_or_insert_with(|| why.to_string());
+        }
+        let all: Vec<Inflight> = match self.inflight.lock() {
+            Ok(mut m) => m.drain().map(|(_, v)| v).collect(),
+            Err(_) => Vec::new(),
+        };
+        for f in all {
+            let _ = f.done.send(Err(ClientError::Disconnected(why.to_string())));
+        }
+    }
+}
+
+pub struct Queue {
+    pub qid: u16,
+    tx: mpsc::Sender<Pdu>,
+    shared: Arc<Shared>,
+    slots: Semaphore,
+    /// Largest in-capsule data this queue accepts.
+    pub incapsule: usize,
+    timeout: Duration,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+fn proto(s: impl Into<String>) -> ClientError {
+    ClientError::Protocol(s.into())
+}
+
+impl Queue {
+    /// TCP connect and the ICReq/ICResp exchange. `depth` commands may be in
+    /// flight at once (the caller connects with sqsize = depth - 1... or more).
+    pub async fn open(host: &str, port: u16, qid: u16, digests: Digests, depth: usize, timeout: Duration) -> Result<Queue> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| ClientError::Timeout(format!("connecting to {host}:{port}")))??;
+        stream.set_nodelay(true)?;
+        let (mut rd, mut wr) = stream.into_split();
+        let ic = Pdu::IcReq(IcReq { pfv: 0, hpda: 0, digests, maxr2t: 0 });
+        wr.write_all(&ic.encode_parts(Digests::default()).concat()).await?;
+        let mut buf = BytesMut::with_capacity(256 * 1024);
+        let resp = tokio::time::timeout(timeout, async {
+            loop {
+                if let Some(p) = pdu::decode(&mut buf, Digests::default(), 4096).map_err(|e| proto(e.to_string()))? {
+                    return Ok::<Pdu, ClientError>(p);
+                }
+                if rd.read_buf(&mut buf).await? == 0 {
+                    return Err(ClientError::Disconnected("connection closed during ICReq".into()));
+                }
+            }
+        })
+        .await
+        .map_err(|_| ClientError::Timeout("ICResp".into()))??;
+        let maxh2cdata = match resp {
+            Pdu::IcResp(r) => {
+                if r.pfv != 0 || r.cpda != 0 {
+                    return Err(proto(format!("ICResp: unsupported pfv {} / cpda {}", r.pfv, r.cpda)));
+                }
+                if r.digests != digests {
+                    return Err(proto(format!("ICResp: digests {:?}, asked for {:?}", r.digests, digests)));
+                }
+                if r.maxh2cdata < 4096 || r.maxh2cdata % 4 != 0 {
+                    return Err(proto(format!("ICResp: invalid MAXH2CDATA {}", r.maxh2cdata)));
+                }
+                r.maxh2cdata
+            }
+            Pdu::C2HTermReq(t) => return Err(proto(format!("target terminated the connection: FES {:#x}", t.fes))),
+            other => return Err(proto(format!("expected ICResp, got PDU type {:#04x}", other.kind()))),
+        };
+        let depth = depth.clamp(1, 65535);
+        let shared = Arc::new(Shared {
+            inflight: Mutex::new(HashMap::new()),
+            free_cids: Mutex::new((0..depth as u16).rev().collect()),
+            dead: Mutex::new(None),
+        });
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(write_loop(wr, rx, digests));
+        let reader = tokio::spawn(read_loop(rd, buf, digests, shared.clone(), tx.clone(), maxh2cdata as usize));
+        Ok(Queue { qid, tx, shared, slots: Semaphore::new(depth), incapsule: 8192, timeout, reader })
+    }
+
+    /// Submit one command. `out` is data for the controller: sent in the
+    /// capsule when it fits, else on R2T. Returns the completion and any
+    /// data the controller sent; an error status becomes `ClientError::Target`
+    /// unless `raw` is set.
+    pub async fn submit_raw(&self, mut sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
+        if let Some(why) = self.shared.dead.lock().ok().and_then(|d| d.clone()) {
+            return Err(ClientError::Disconnected(why));
+        }
+        let _permit = self.slots.acquire().await.map_err(|_| ClientError::Disconnected("queue closed".into()))?;
+        let cid = self
+            .shared
+            .free_cids
+            .lock()
+            .ok()
+            .and_then(|mut f| f.pop())
+            .ok_or_else(|| proto("no free command id"))?;
+        sqe.set_cid(cid);
+        let (done_tx, done_rx) = oneshot::channel();
+        let mut capsule_data = Bytes::new();
+        let mut write_data = None;
+        match out {
+            Some(d) if d.len() <= self.incapsule => {
+                sqe.set_sgl(Sgl { addr: 0, length: d.len() as u32, kind: sgl::INCAPSULE });
+                capsule_data = d;
+            }
+            Some(d) => {
+                sqe.set_sgl(Sgl { addr: 0, length: d.len() as u32, kind: sgl::TRANSPORT });
+                write_data = Some(d);
+            }
+            None => sqe.set_sgl(Sgl { addr: 0, length: in_len, kind: sgl::TRANSPORT }),
+        }
+        if let Ok(mut m) = self.shared.inflight.lock() {
+            m.insert(cid, Inflight { done: done_tx, chunks: Vec::new(), received: 0, write_data });
+        }
+        let sent = self.tx.send(Pdu::CapsuleCmd(pdu::CapsuleCmd { sqe, data: capsule_data })).await;
+        let r = if sent.is_err() {
+            Err(ClientError::Disconnected("queue writer stopped".into()))
+        } else {
+            match tokio::time::timeout(self.timeout, done_rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(ClientError::Disconnected("queue closed".into())),
+                Err(_) => {
+                    // The command may still complete later; its CID stays
+                    // retired so a late reply cannot be taken for another.
+                    self.shared.fail_all("command timed out");
+                    return Err(ClientError::Timeout(format!("queue {} command {:?}", self.qid, sqe)));
+                }
+            }
+        };
+        if let Ok(mut m) = self.shared.inflight.lock() {
+            m.remove(&cid);
+        }
+        if let Ok(mut f) = self.shared.free_cids.lock() {
+            f.push(cid);
+        }
+        r
+    }
+
+    /// Like [`Queue::submit_raw`] but an unsuccessful status is an error.
+    pub async fn submit(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
+        let op = sqe.opcode();
+        let d = self.submit_raw(sqe, out, in_len).await?;
+        if !d.cqe.status.is_success() {
+            return Err(ClientError::Target(format!("queue {} opcode {op:#04x}: {}", self.qid, d.cqe.status)));
+        }
+        Ok(d)
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.shared.dead.lock().map(|d| d.is_some()).unwrap_or(true)
+    }
+}
+
+async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Pdu>, d: Digests) {
+    let mut w = BufWriter::with_capacity(256 * 1024, wr);
+    while let Some(p) = rx.recv().await {
+        let mut batch = vec![p];
+        while let Ok(p) = rx.try_recv() {
+            batch.push(p);
+        }
+        for p in &batch {
+            let e = p.encode_parts(d);
+            if w.write_all(&e.head).await.is_err() || (!e.data.is_empty() && w.write_all(&e.data).await.is_err()) {
+                return;
+            }
+            if let Some(dd) = e.ddgst {
+                if w.write_all(&dd).await.is_err() {
+                    return;
+                }
+            }
+        }
+        if w.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
+async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc<Shared>, tx: mpsc::Sender<Pdu>, maxh2cdata: usize) {
+    let why = loop {
+        let p = match pdu::decode(&mut buf, d, (8 << 20) + 256) {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                if buf.capacity() - buf.len() < 64 * 1024 {
+                    buf.reserve(256 * 1024);
+                }
+                match rd.read_buf(&mut buf).await {
+                    Ok(0) => break "target closed the connection".to_string(),
+                    Ok(_) => continue,
+                    Err(e) => break format!("receive failed: {e}"),
+                }
+            }
+            Err(e) => break format!("malformed PDU from target: {e}"),
+        };
+        match p {
+            Pdu::CapsuleResp(cqe) => finish(&sh, cqe.cid, Ok(cqe)),
+            Pdu::C2HData(dp) => {
+                let mut bad = None;
+                if let Ok(mut m) = sh.inflight.lock() {
+                    match m.get_mut(&dp.cid) {
+                        Some(f) if dp.offset as usize == f.received => {
+                            f.received += dp.data.len();
+                            f.chunks.push(dp.data);
+                        }
+                        Some(_) => bad = Some(format!("C2HData for command {} at unexpected offset {}", dp.cid, dp.offset)),
+                        None => bad = Some(format!("C2HData for unknown command {}", dp.cid)),
+                    }
+                }
+                if let Some(b) = bad {
+                    break b;
+                }
+                if dp.success {
+                    if !dp.last {
+                        break "C2HData with SUCCESS but not LAST".into();
+                    }
+                    finish(&sh, dp.cid, Ok(Cqe { cid: dp.cid, ..Default::default() }));
+                }
+            }
+            Pdu::R2T(r) => {
+                let data = sh.inflight.lock().ok().and_then(|m| m.get(&r.cid).and_then(|f| f.write_data.clone()));
+                let Some(data) = data else { break format!("R2T for unknown command {}", r.cid) };
+                let (off, len) = (r.offset as usize, r.length as usize);
+                if len == 0 || off + len > data.len() {
+                    break format!("R2T offset {off} length {len} outside the {}-byte transfer", data.len());
+                }
+                // One R2T may ask for more than one H2CData PDU may carry.
+                let mut sent = 0;
+                while sent < len {
+                    let n = (len - sent).min(maxh2cdata);
+                    let p = Pdu::H2CData(DataPdu {
+                        cid: r.cid,
+                        ttag: r.ttag,
+                        offset: (off + sent) as u32,
+                        last: sent + n == len,
+                        success: false,
+                        data: data.slice(off + sent..off + sent + n),
+                    });
+                    if tx.send(p).await.is_err() {
+                        break;
+                    }
+                    sent += n;
+                }
+            }
+            Pdu::C2HTermReq(t) => break format!("target terminated the connection: FES {:#x} FEI {}", t.fes, t.fei),
+            other => break format!("unexpected PDU type {:#04x} from target", other.kind()),
+        }
+    };
+    log::debug!("nvme queue reader: {why}");
+    sh.fail_all(&why);
+}
+
+fn finish(sh: &Shared, cid: u16, r: std::result::Result<Cqe, ClientError>) {
+    let f = sh.inflight.lock().ok().and_then(|mut m| m.remove(&cid));
+    if let Some(f) = f {
+        let out = r.map(|cqe| {
+            let data = if f.chunks.len() == 1 {
+                f.chunks.into_iter().next().unwrap_or_default()
+            } else {
+                let mut all = BytesMut::with_capacity(f.received);
+                for c in f.chunks {
+                    all.extend_from_slice(&c);
+                }
+                all.freeze()
+            };
+            Done { cqe, data }
+        });
+        let _ = f.done.send(out);
+    }
+}
+
+/// Status of a completion as a Result.
+pub fn check(cqe: &Cqe, what: &str) -> Result<()> {
+    if cqe.status == Status::SUCCESS || cqe.status.is_success() {
+        Ok(())
+    } else {
+        Err(ClientError::Target(format!("{what}: {}", cqe.status)))
+    }
+}
