@@ -10,7 +10,24 @@
 //! One [`ScsiTarget`] holds every LUN of one target and is shared by all
 //! sessions through an `Arc`; each session is an I_T nexus identified by a
 //! [`NexusId`] the transport assigns. Per-nexus state (unit attentions,
-//! reservations) lives here, keyed by that id.
+//! reservations) lives here, keyed by that id — or by the initiator port
+//! name when the transport gives one ([`ScsiTarget::set_initiator_name`]).
+//!
+//! Commands (modules): INQUIRY with VPD 0x00/0x80/0x83/0xB0/0xB1/0xB2
+//! (`inquiry`); MODE SENSE/SELECT 6/10 with the caching, control and
+//! informational-exceptions pages (`mode`); READ/WRITE 6/10/12/16, WRITE AND
+//! VERIFY, VERIFY, WRITE SAME 10/16, UNMAP, COMPARE AND WRITE, PRE-FETCH,
+//! SYNCHRONIZE CACHE, READ CAPACITY 10/16 (`block_io`); RESERVE/RELEASE(6)
+//! and PERSISTENT RESERVE IN/OUT (`reservation`); REPORT SUPPORTED OPERATION
+//! CODES / TASK MANAGEMENT FUNCTIONS (`opcodes`); unit attentions (`ua`);
+//! TEST UNIT READY, REQUEST SENSE, REPORT LUNS, START STOP UNIT and PREVENT
+//! ALLOW MEDIUM REMOVAL here. Not implemented (answered INVALID COMMAND
+//! OPERATION CODE, which initiators and libiscsi treat as "unsupported"): GET
+//! LBA STATUS, EXTENDED COPY, ORWRITE, WRITE ATOMIC, READ DEFECT DATA,
+//! SANITIZE, FORMAT UNIT; PR OUT PREEMPT AND ABORT is an invalid field.
+//!
+//! Checked against libiscsi's `iscsi-test-cu -t SCSI` (215 tests) through
+//! the blockwire iSCSI target.
 
 use bw_block::Volume;
 
