@@ -84,9 +84,10 @@ pub fn mode_sense(l: &Lun, cdb: &[u8], ten: bool, out: &mut Vec<u8>) -> Result<(
     let code = cdb[2] & 0x3f;
     let subpage = cdb[3];
     let alloc = if ten { be16(cdb, 7) as usize } else { cdb[4] as usize };
+    let one = [code];
     let wanted: &[u8] = match (code, subpage) {
         (ALL_PAGES, 0x00 | 0xff) => &PAGES,
-        (c, 0) if PAGES.contains(&c) => std::slice::from_ref(PAGES.iter().find(|p| **p == c).unwrap_or(&PAGES[0])),
+        (c, 0) if PAGES.contains(&c) => &one,
         (c, _) if PAGES.contains(&c) || c == ALL_PAGES => return Err(Sense::invalid_cdb_field(3, None)),
         _ => return Err(Sense::invalid_cdb_field(2, Some(5))),
     };

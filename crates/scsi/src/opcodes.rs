@@ -126,10 +126,7 @@ pub fn report_supported_opcodes(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sen
             // 1: by opcode (must not have service actions); 2: by opcode +
             // service action (must have them); 3: either.
             let with_sa = has_service_actions(req_op);
-            if (options == 1 && with_sa) || (options == 2 && !with_sa && is_known_opcode(req_op)) {
-                return Err(Sense::invalid_cdb_field(2, Some(0)));
-            }
-            if options == 2 && !with_sa {
+            if (options == 1 && with_sa) || (options == 2 && !with_sa) {
                 return Err(Sense::invalid_cdb_field(2, Some(0)));
             }
             let found = SUPPORTED
@@ -152,10 +149,6 @@ pub fn report_supported_opcodes(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sen
     }
     truncate_to(out, alloc);
     Ok(())
-}
-
-fn is_known_opcode(opcode: u8) -> bool {
-    SUPPORTED.iter().any(|i| i.opcode == opcode)
 }
 
 /// REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS (MAINTENANCE IN / 0x0D): abort
