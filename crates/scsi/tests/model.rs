@@ -8,6 +8,12 @@ use proptest::prelude::*;
 
 const BLOCKS: u64 = 96;
 
+const SUPPORTED_OPCODES: [u8; 39] = [
+    0x00, 0x03, 0x08, 0x0a, 0x12, 0x15, 0x16, 0x17, 0x1a, 0x1b, 0x1e, 0x25, 0x28, 0x2a, 0x2e, 0x2f, 0x34, 0x35, 0x41,
+    0x42, 0x55, 0x5a, 0x5e, 0x5f, 0x88, 0x89, 0x8a, 0x8e, 0x8f, 0x90, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0xa8, 0xaa, 0xae,
+    0xaf,
+];
+
 #[derive(Debug, Clone)]
 enum Op {
     Write { lba: u64, n: u64, seed: u8, size: u8 },
@@ -104,11 +110,18 @@ proptest! {
         prop_assert_eq!(all, model);
     }
 
-    // Arbitrary CDBs and data never panic, and failures always carry
-    // well-formed fixed sense data and no data-in.
+    // Arbitrary CDBs (mostly with a supported opcode) and data never panic,
+    // and failures always carry well-formed fixed sense data and no data-in.
     #[test]
-    fn arbitrary_cdbs_are_handled(cdb in proptest::collection::vec(any::<u8>(), 0..20), data in proptest::collection::vec(any::<u8>(), 0..1200), lun in 0u64..3) {
+    fn arbitrary_cdbs_are_handled(
+        opcode in prop_oneof![any::<u8>(), proptest::sample::select(SUPPORTED_OPCODES.to_vec())],
+        rest in proptest::collection::vec(any::<u8>(), 0..19),
+        data in proptest::collection::vec(any::<u8>(), 0..1200),
+        lun in 0u64..3,
+    ) {
         let t = ram_target(64);
+        let mut cdb = vec![opcode];
+        cdb.extend_from_slice(&rest);
         let mut out = Vec::new();
         let o = t.execute(7, lun, &cdb, &data, &mut out);
         if o.status == bw_scsi::status::CHECK_CONDITION {
