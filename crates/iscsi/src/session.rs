@@ -412,6 +412,32 @@ impl TargetSession {
     }
 
     fn on_data_out(&mut self, d: DataOut, data: Bytes, out: &mut Vec<Action>) -> Result<(), SessionError> {
+        let itt = d.itt;
+        match self.data_out_inner(d, data, out) {
+            Err(SessionError::Protocol(why)) if self.tasks.get(&itt).is_some_and(|t| !t.executing) => {
+                // A sequencing error in one task's data (wrong DataSN, offset,
+                // tag) fails that task only; the connection stays up.
+                self.fail_task(itt, why, out);
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// End a task that is still receiving data with CHECK CONDITION,
+    /// ABORTED COMMAND / DATA PHASE ERROR (4B/00).
+    fn fail_task(&mut self, itt: u32, _why: &'static str, out: &mut Vec<Action>) {
+        let Some(t) = self.tasks.get(&itt) else { return };
+        let id = t.id;
+        let mut sense = vec![0u8; 18];
+        sense[0] = 0x70;
+        sense[2] = 0x0B;
+        sense[7] = 10;
+        sense[12] = 0x4B;
+        self.complete(itt, id, status::CHECK_CONDITION, &sense, Vec::new(), Residual::None, out);
+    }
+
+    fn data_out_inner(&mut self, d: DataOut, data: Bytes, out: &mut Vec<Action>) -> Result<(), SessionError> {
         let Some(t) = self.tasks.get_mut(&d.itt) else {
             // Data for a task we aborted (or never had): drop it.
             return Ok(());
