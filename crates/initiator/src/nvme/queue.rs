@@ -6,7 +6,6 @@
 use crate::{ClientError, Result};
 use bw_nvme::command::{sgl, Cqe, Sgl, Sqe};
 use bw_nvme::pdu::{self, DataPdu, Digests, IcReq, Pdu};
-use bw_nvme::Status;
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -312,14 +311,5 @@ fn finish(sh: &Shared, cid: u16, r: std::result::Result<Cqe, ClientError>) {
             Done { cqe, data }
         });
         let _ = f.done.send(out);
-    }
-}
-
-/// Status of a completion as a Result.
-pub fn check(cqe: &Cqe, what: &str) -> Result<()> {
-    if cqe.status == Status::SUCCESS || cqe.status.is_success() {
-        Ok(())
-    } else {
-        Err(ClientError::Target(format!("{what}: {}", cqe.status)))
     }
 }
