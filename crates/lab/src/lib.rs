@@ -52,13 +52,13 @@ pub struct LabArgs {
     /// Output directory (default: ./lab-YYYYMMDD-HHMMSS).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Volume size, e.g. 1G (default 1G; --quick: 256M).
+    /// Volume size, e.g. 1G (default 1G; --quick: 128M).
     #[arg(long)]
     pub size: Option<String>,
     /// Seconds per micro run (default 3; --quick: 1).
     #[arg(long, value_name = "SECS")]
     pub runtime: Option<u32>,
-    /// Seconds per sweep point (default 2; --quick: 1).
+    /// Seconds per sweep point (default 1).
     #[arg(long, value_name = "SECS")]
     pub sweep_runtime: Option<u32>,
     /// Skip the local fio baseline.
@@ -130,9 +130,7 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         anyhow::bail!("the lab creates network namespaces and veth pairs: run it as root");
     }
-    for tool in ["ip", "ping"] {
-        anyhow::ensure!(which(tool), "{tool} is not installed (package iproute2 / iputils-ping)");
-    }
+    anyhow::ensure!(which("ip"), "ip is not installed (package iproute2)");
     if plan.baseline {
         anyhow::ensure!(which("fio"), "fio is not installed (or pass --no-baseline)");
     }

@@ -133,12 +133,12 @@ impl Plan {
         anyhow::ensure!(repeat >= 1, "--repeat must be at least 1");
         let size = match &c.size {
             Some(s) => parse_size(s)?,
-            None if c.quick => 256 * MIB,
+            None if c.quick => 128 * MIB,
             None => GIB,
         };
         anyhow::ensure!(size >= MIB, "--size must be at least 1 MiB");
         let runtime_s = c.runtime.unwrap_or(if c.quick { 1 } else { 3 });
-        let sweep_runtime_s = c.sweep_runtime.unwrap_or(if c.quick { 1 } else { 2 }).max(1);
+        let sweep_runtime_s = c.sweep_runtime.unwrap_or(1).max(1);
         anyhow::ensure!(runtime_s >= 1, "--runtime must be at least 1 s");
         let (sweep_numjobs, sweep_iodepth) =
             if c.quick { (vec![1, 8], vec![1, 16]) } else { (vec![1, 4, 16, 64], vec![1, 4, 16, 64]) };

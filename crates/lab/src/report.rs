@@ -380,9 +380,10 @@ code{background:#f4f4f4;padding:0 3px}
 /// Marks the document once every chart has a non-empty laid-out box, so a
 /// headless browser's DOM dump shows the charts really rendered.
 const CHECK_SCRIPT: &str = r#"
+var bwErrors=0;window.addEventListener('error',function(){bwErrors++;});
 window.addEventListener('load',function(){var s=document.querySelectorAll('svg.chart'),ok=0;
 for(var i=0;i<s.length;i++){var b=s[i].getBBox();if(b.width>0&&b.height>0&&s[i].querySelectorAll('rect').length>0)ok++;}
-document.body.setAttribute('data-charts',String(s.length));document.body.setAttribute('data-charts-rendered',String(ok));});
+var d=document.body;d.setAttribute('data-charts',String(s.length));d.setAttribute('data-charts-rendered',String(ok));d.setAttribute('data-errors',String(bwErrors));});
 "#;
 
 fn subject_colors(r: &Results) -> BTreeMap<String, String> {
@@ -542,9 +543,9 @@ pub fn html(r: &Results) -> String {
             (Metric::MibPerS, Some(Metric::Iops), "throughput"),
             (Metric::LatP50Us, None, "latency p50"),
             (Metric::LatP99Us, None, "latency p99"),
-            (Metric::TotalCpuUsPerOp, None, "CPU per op (target + initiator)"),
-            (Metric::CpuMsPerMib, None, "CPU per MiB (target + initiator)"),
-            (Metric::WireBytesPerOp, None, "bytes on the wire per op (sent + received)"),
+            (Metric::TotalCpuUsPerOp, None, "CPU/op, target+initiator"),
+            (Metric::CpuMsPerMib, None, "CPU/MiB, target+initiator"),
+            (Metric::WireBytesPerOp, None, "wire bytes/op, sent+received"),
         ];
         for (seq_metric, rand_metric, title) in charts {
             h.push_str("<div class=\"charts\">");
@@ -574,7 +575,7 @@ pub fn html(r: &Results) -> String {
                 if values.iter().flatten().all(|v| v.is_none()) {
                     continue;
                 }
-                let t = format!("{title}: {} (MTU {mtu_v})", if seq { "sequential 1 MiB" } else { "random 4 KiB" });
+                let t = format!("{title}: {}", if seq { "seq 1 MiB" } else { "random 4 KiB" });
                 h.push_str(&svg::grouped_bars(&t, metric.label(), &groups, &series, &values));
             }
             h.push_str("</div>");

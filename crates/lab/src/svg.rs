@@ -63,12 +63,14 @@ pub fn short(v: f64) -> String {
 /// group names under the axis.
 pub fn grouped_bars(title: &str, unit: &str, groups: &[String], series: &[(String, String)], values: &[Vec<Option<Bar>>]) -> String {
     let (left, right, top, bottom) = (64.0, 16.0, 44.0, 58.0);
-    let bar_w = 16.0;
     let group_gap = 22.0;
+    // Groups at least 124 px wide so workload names under them do not collide.
+    let bar_w = ((124.0 - group_gap) / series.len().max(1) as f64).clamp(10.0, 22.0);
     let group_w = series.len().max(1) as f64 * bar_w + group_gap;
-    let plot_w = (groups.len().max(1) as f64 * group_w).max(260.0);
+    let plot_w = (groups.len().max(1) as f64 * group_w).max(300.0);
     let plot_h = 220.0;
-    let legend_rows = series.len().div_ceil(3) as f64;
+    let legend_cols = ((plot_w / 165.0).floor() as usize).max(1);
+    let legend_rows = series.len().div_ceil(legend_cols) as f64;
     let width = left + plot_w + right;
     let height = top + legend_rows * 16.0 + plot_h + bottom;
     let plot_top = top + legend_rows * 16.0;
@@ -86,11 +88,11 @@ pub fn grouped_bars(title: &str, unit: &str, groups: &[String], series: &[(Strin
         r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" role="img" aria-label="{t}">"#,
         t = esc(title)
     );
-    let _ = write!(s, r#"<text x="{:.0}" y="18" class="title">{}</text>"#, left, esc(title));
+    let _ = write!(s, r#"<text x="8" y="18" class="title">{}</text>"#, esc(title));
     // Legend.
     for (i, (name, color)) in series.iter().enumerate() {
-        let lx = left + (i % 3) as f64 * 190.0;
-        let ly = 30.0 + (i / 3) as f64 * 16.0;
+        let lx = left + (i % legend_cols) as f64 * 165.0;
+        let ly = 30.0 + (i / legend_cols) as f64 * 16.0;
         let _ = write!(
             s,
             r#"<rect x="{lx:.0}" y="{:.0}" width="10" height="10" fill="{color}"/><text x="{:.0}" y="{:.0}" class="small">{}</text>"#,

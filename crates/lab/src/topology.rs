@@ -109,24 +109,22 @@ impl Topology {
         Ok(topo)
     }
 
-    /// Wait until every link passes a ping (the veth carrier comes up async).
+    /// Wait until both ends of every link report carrier (operstate UP);
+    /// veth carrier comes up asynchronously after `link set up`.
     fn wait_reachable(&self) -> anyhow::Result<()> {
         for l in &self.links {
-            let ip = l.target_ip.to_string();
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            loop {
-                let ok = Command::new("ip")
-                    .args(["netns", "exec", &self.client_ns, "ping", "-c1", "-W1", &ip])
-                    .output()
-                    .map(|o| o.status.success())
-                    .unwrap_or(false);
-                if ok {
-                    break;
+            for (ns, ifname) in [(&self.target_ns, &l.target_if), (&self.client_ns, &l.client_if)] {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                loop {
+                    let out = sh(&["ip", "-n", ns, "-j", "link", "show", "dev", ifname])?;
+                    if out.contains("\"operstate\":\"UP\"") {
+                        break;
+                    }
+                    if std::time::Instant::now() > deadline {
+                        anyhow::bail!("{ifname} in {ns} did not come up: {out}");
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
                 }
-                if std::time::Instant::now() > deadline {
-                    anyhow::bail!("link {} -> {ip} did not come up", l.client_if);
-                }
-                std::thread::sleep(std::time::Duration::from_millis(100));
             }
         }
         Ok(())

@@ -1,0 +1,252 @@
+//! End-to-end: `blockwire lab --quick` with small sizes produces results.json,
+//! results.csv and report.html; the report renders in headless Chromium
+//! (charts laid out, no script errors; a screenshot is kept); and the lab
+//! leaves no namespace, veth, process, mount or file behind, also when it is
+//! interrupted with SIGINT in the middle of a run. Needs root.
+
+mod common;
+
+use common::{blockwire_bin, require_root};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kept after the test (screenshot for people to look at).
+fn out_dir(tag: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lab-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create out dir");
+    d
+}
+
+/// PIDs of all descendants of `root` (walks /proc by parent PID).
+fn descendants(root: u32) -> Vec<(u32, String)> {
+    let mut procs = vec![];
+    for e in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(") ") else { continue };
+        let ppid: u32 = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        procs.push((pid, ppid, cmd));
+    }
+    let mut out = vec![];
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for (pid, ppid, cmd) in &procs {
+            if *ppid == p {
+                out.push((*pid, cmd.clone()));
+                frontier.push(*pid);
+            }
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')).unwrap_or(false))
+        .unwrap_or(false)
+}
+
+/// Everything a lab run with this PID could have left behind.
+fn assert_nothing_left(lab_pid: u32, children: &[(u32, String)]) {
+    let mut left = bw_lab::topology::leftovers(lab_pid);
+    for (pid, cmd) in children {
+        if alive(*pid) {
+            left.push(format!("process {pid} ({cmd})"));
+        }
+    }
+    let prefix = format!("bwlab-{lab_pid}");
+    for dir in ["/dev/shm", "/tmp"] {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) {
+                left.push(format!("file {dir}/{name}"));
+            }
+        }
+    }
+    assert!(left.is_empty(), "the lab left things behind: {left:#?}");
+}
+
+/// Open the report in headless Chromium: DOM dump after load (the report's
+/// inline check marks how many charts got a laid-out box and how many
+/// script errors happened) and a screenshot.
+fn check_in_chromium(report: &Path, screenshot: &Path) {
+    let profile = std::env::temp_dir().join(format!("bwlab-chromium-{}", std::process::id()));
+    let url = format!("file://{}", report.canonicalize().expect("report path").display());
+    let chromium = |extra: &[&str]| {
+        let out = Command::new("/usr/bin/chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                "--enable-logging=stderr",
+                "--v=0",
+                "--virtual-time-budget=3000",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .args(extra)
+            .arg(&url)
+            .output()
+            .expect("run chromium");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, dom, log) = chromium(&["--dump-dom"]);
+    assert!(ok, "chromium --dump-dom failed: {log}");
+    let attr = |name: &str| -> Option<u32> {
+        let k = format!("{name}=\"");
+        let i = dom.find(&k)? + k.len();
+        dom[i..].split('"').next()?.parse().ok()
+    };
+    let charts = attr("data-charts").expect("report's load handler did not run (no data-charts)");
+    let rendered = attr("data-charts-rendered").expect("no data-charts-rendered");
+    assert!(charts >= 4, "expected several charts, found {charts}");
+    assert_eq!(rendered, charts, "only {rendered} of {charts} charts rendered with a non-empty box");
+    assert_eq!(attr("data-errors"), Some(0), "script errors in the report");
+    let console_errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("CONSOLE") && (l.contains("Uncaught") || l.contains("Error")))
+        .collect();
+    assert!(console_errors.is_empty(), "console errors: {console_errors:#?}");
+    let shot = format!("--screenshot={}", screenshot.display());
+    let (ok, _, log) = chromium(&[&shot, "--window-size=1400,3200"]);
+    assert!(ok, "chromium --screenshot failed: {log}");
+    let png = std::fs::read(screenshot).expect("screenshot written");
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 20_000, "screenshot looks empty ({} bytes)", png.len());
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+#[test]
+fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
+    require_root();
+    let out = out_dir("e2e");
+    let mut child = Command::new(blockwire_bin())
+        .args(["lab", "--quick", "--protocols", "aoe", "--peers", "vblade", "--repeat", "1"])
+        .args(["--size", "16M", "--runtime", "1", "--sweep-runtime", "1", "--out"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start blockwire lab");
+    let lab_pid = child.id();
+    // Collect the lab's children while it runs, for the leak check.
+    let mut seen: Vec<(u32, String)> = vec![];
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        for d in descendants(lab_pid) {
+            if !seen.iter().any(|(p, _)| *p == d.0) {
+                seen.push(d);
+            }
+        }
+        if let Some(st) = child.try_wait().expect("wait lab") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "lab --quick did not finish in 10 minutes");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let output = child.wait_with_output().expect("lab output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(status.success(), "lab failed: {stderr}");
+    for f in ["results.json", "results.csv", "report.html"] {
+        let p = out.join(f);
+        assert!(p.metadata().map(|m| m.len() > 0).unwrap_or(false), "{} missing or empty", p.display());
+    }
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).expect("results.json parses");
+    let samples = results["samples"].as_array().expect("samples");
+    let count = |subject: &str| samples.iter().filter(|s| s["subject"] == subject).count();
+    assert!(count("blockwire-aoe") > 0, "no blockwire AoE sample; subjects: {}", results["subjects"]);
+    assert!(count("local-fio") > 0, "no local baseline sample");
+    let aoe = samples.iter().find(|s| s["subject"] == "blockwire-aoe").unwrap();
+    assert!(aoe["bench"]["ios"].as_u64().unwrap_or(0) > 0);
+    assert!(aoe["wire"]["rx_packets"].as_u64().unwrap_or(0) > 0, "no wire counters: {aoe}");
+    assert!(aoe["target_cpu_s"].as_f64().is_some());
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), samples.len() + 1, "one CSV row per sample");
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("id=\"recommendation\""));
+
+    let screenshot = out.join("report.png");
+    check_in_chromium(&out.join("report.html"), &screenshot);
+    println!("lab report screenshot: {}", screenshot.display());
+    if Path::new("/work/notes").is_dir() {
+        let _ = std::fs::copy(&screenshot, "/work/notes/lab-report.png");
+    }
+
+    // `lab report OUT` re-renders from results.json alone.
+    std::fs::remove_file(out.join("report.html")).unwrap();
+    let st = Command::new(blockwire_bin()).args(["lab", "report"]).arg(&out).status().unwrap();
+    assert!(st.success());
+    assert_eq!(std::fs::read_to_string(out.join("report.html")).unwrap(), html, "re-render differs");
+
+    assert!(!seen.is_empty(), "the lab started no processes?");
+    assert_nothing_left(lab_pid, &seen);
+}
+
+#[test]
+fn interrupted_lab_leaves_nothing_behind() {
+    require_root();
+    let out = out_dir("sigint");
+    let mut child = Command::new(blockwire_bin())
+        .args(["lab", "--quick", "--protocols", "aoe", "--peers", "vblade", "--suite", "micro", "--repeat", "2"])
+        .args(["--size", "16M", "--runtime", "3", "--out"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start blockwire lab");
+    let lab_pid = child.id();
+    let mut seen: Vec<(u32, String)> = vec![];
+    // Wait until a measurement is under way (a bench or fio child exists),
+    // then interrupt as a terminal's Ctrl-C would.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        for d in descendants(lab_pid) {
+            if !seen.iter().any(|(p, _)| *p == d.0) {
+                seen.push(d);
+            }
+        }
+        let measuring = descendants(lab_pid).iter().any(|(_, c)| c.contains(" bench ") || c.starts_with("fio "));
+        if measuring {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "lab ended before any measurement started");
+        assert!(Instant::now() < deadline, "no measurement started within 3 minutes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Target processes exist by now too: record them before the signal.
+    seen.extend(descendants(lab_pid));
+    // SAFETY: kill(2) on the child we started.
+    assert_eq!(unsafe { libc::kill(lab_pid as i32, libc::SIGINT) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "lab did not stop within 60 s of SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    use std::io::Read;
+    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    assert!(!status.success(), "an interrupted lab must not report success");
+    assert!(stderr.contains("SIGINT"), "lab did not notice the signal: {stderr}");
+    assert_nothing_left(lab_pid, &seen);
+    // What was measured before the interruption is kept and marked.
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).expect("partial results.json")).unwrap();
+    assert_eq!(results["aborted"], "interrupted");
+    assert!(out.join("report.html").exists());
+    let _ = std::fs::remove_dir_all(&out);
+}
