@@ -1,0 +1,102 @@
+//! libiscsi's conformance suite (`iscsi-test-cu`, Debian libiscsi-bin 1.19)
+//! against `blockwire serve --iscsi`: the gate list from PROTOCOLS.md plus
+//! iSCSIResiduals and iSCSIdatasn must all pass.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+const GATE: &[&str] = &[
+    "SCSI.Inquiry",
+    "SCSI.Mandatory",
+    "SCSI.ModeSense6",
+    "SCSI.NoMedia",
+    "SCSI.Prefetch10",
+    "SCSI.Prefetch16",
+    "SCSI.PreventAllow",
+    "SCSI.ReadCapacity10",
+    "SCSI.ReadCapacity16",
+    "SCSI.Read6",
+    "SCSI.Read10",
+    "SCSI.Read12",
+    "SCSI.Read16",
+    "SCSI.ReadOnly",
+    "SCSI.ReportSupportedOpcodes.Simple",
+    "SCSI.Reserve6.Simple",
+    "SCSI.StartStopUnit",
+    "SCSI.TestUnitReady",
+    "SCSI.Write10",
+    "SCSI.Write12",
+    "SCSI.Write16",
+    "SCSI.WriteVerify10",
+    "SCSI.WriteVerify12",
+    "SCSI.WriteVerify16",
+    "SCSI.Verify10",
+    "SCSI.Verify12",
+    "SCSI.Verify16",
+    "SCSI.WriteSame10.Simple",
+    "SCSI.WriteSame16.Simple",
+    "SCSI.Unmap.Simple",
+    "SCSI.Unmap.VPD",
+    "SCSI.Unmap.ZeroBlocks",
+    "iSCSI.iSCSITMF",
+    "iSCSI.iSCSIcmdsn",
+    "iSCSI.iSCSIResiduals",
+    "iSCSI.iSCSIdatasn",
+];
+
+fn have_test_cu() -> bool {
+    Command::new("iscsi-test-cu").arg("-l").output().is_ok_and(|o| o.status.success())
+}
+
+/// Run suites and return (passed, failed, full output).
+fn run_suites(url: &str, tests: &str, extra: &[&str]) -> (u32, u32, String) {
+    let out = Command::new("iscsi-test-cu")
+        .args(["--dataloss", "-t", tests])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("run iscsi-test-cu");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // "  tests  138  138  138  0  0" in the CUnit run summary.
+    let line = text.lines().find(|l| l.trim_start().starts_with("tests")).unwrap_or_else(|| panic!("no CUnit summary:\n{text}"));
+    let n: Vec<u32> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    assert!(n.len() >= 4, "odd summary line {line:?}");
+    (n[2], n[3], text)
+}
+
+fn failed_tests(text: &str) -> Vec<String> {
+    let mut cur = String::new();
+    let mut out = Vec::new();
+    for l in text.lines() {
+        if let Some(t) = l.trim_start().strip_prefix("Test: ") {
+            cur = t.split(" ...").next().unwrap_or(t).to_string();
+        }
+        if l.contains("FAILED") && !cur.is_empty() && out.last() != Some(&cur) {
+            out.push(cur.clone());
+        }
+    }
+    out
+}
+
+#[test]
+fn libiscsi_gate_passes() {
+    if !have_test_cu() {
+        panic!("iscsi-test-cu not found: install Debian package libiscsi-bin");
+    }
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let serve = Serve::start(&["--volume", "d0=ram:128M", "--iscsi", &listen]);
+    let log = serve.log_text();
+    let iqn = log
+        .lines()
+        .find_map(|l| l.split("iSCSI target ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no target IQN printed at start-up:\n{log}"))
+        .to_string();
+    let url = format!("iscsi://{listen}/{iqn}/0");
+    let (passed, failed, text) = run_suites(&url, &GATE.join(","), &[]);
+    eprintln!("{text}");
+    assert_eq!(failed, 0, "libiscsi gate failures: {:?}", failed_tests(&text));
+    assert!(passed >= 130, "only {passed} libiscsi tests ran and passed");
+}
