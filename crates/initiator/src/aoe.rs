@@ -33,7 +33,10 @@ use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 
 /// Most frames we keep in flight to one target (the Linux driver's cap).
 pub const MAX_WINDOW: usize = 64;
-const MIN_RTO: Duration = Duration::from_millis(20);
+/// Floor for the retransmit timeout. Under load a 2-core host can delay a
+/// reply by tens of milliseconds (scheduling, not loss); a spurious
+/// retransmit halves the window, so stay well above that.
+const MIN_RTO: Duration = Duration::from_millis(100);
 const MAX_RTO: Duration = Duration::from_secs(5);
 const DISCOVERY_TRIES: u32 = 3;
 const DISCOVERY_WAIT: Duration = Duration::from_millis(700);
@@ -79,6 +82,9 @@ struct Ctl {
     /// Permits to forget as they come back (after the window shrank).
     debt: usize,
     clean: usize,
+    /// Last time the window was halved: at most once per timeout period,
+    /// since one loss event times out many frames at once.
+    last_cut: Instant,
 }
 
 #[derive(Default)]
@@ -281,7 +287,7 @@ impl AoeClient {
             size_bytes: AtomicU64::new(0),
             free: Mutex::new((0..max_window).rev().collect()),
             window: Semaphore::new(window),
-            ctl: Mutex::new(Ctl { rtt: RttEstimator::new(MIN_RTO, MAX_RTO), window, max_window, debt: 0, clean: 0 }),
+            ctl: Mutex::new(Ctl { rtt: RttEstimator::new(MIN_RTO, MAX_RTO), window, max_window, debt: 0, clean: 0, last_cut: Instant::now() }),
             seq: AtomicU32::new(1),
             timeout: opts.timeout,
             counters: Counters::default(),
@@ -431,6 +437,11 @@ impl Shared {
 
     fn on_timeout(&self) {
         let mut c = lock(&self.ctl);
+        let now = Instant::now();
+        if now.duration_since(c.last_cut) < c.rtt.timeout() {
+            return;
+        }
+        c.last_cut = now;
         let new = (c.window / 2).max(1);
         c.debt += c.window - new;
         c.window = new;
@@ -608,12 +619,15 @@ impl BlockClient for AoeClient {
 
     async fn close(&self) -> Result<()> {
         let c = &self.shared.counters;
+        let drops = self.shared.sock.get_ref().take_statistics().map(|s| s.1).unwrap_or(0);
         log::debug!(
-            "{}: {} frames sent, {} retransmits, {} stray replies",
+            "{}: {} frames sent, {} retransmits, {} stray replies, {} dropped by our socket, window {}",
             self.shared.url,
             c.frames.load(Relaxed),
             c.retransmits.load(Relaxed),
-            c.stray.load(Relaxed)
+            c.stray.load(Relaxed),
+            drops,
+            self.window()
         );
         self.receiver.abort();
         Ok(())

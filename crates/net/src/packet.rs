@@ -17,6 +17,7 @@ pub struct InterfaceInfo {
 
 // setsockopt names and values from <linux/if_packet.h>, not all in libc.
 const PACKET_FANOUT: libc::c_int = 18;
+const PACKET_STATISTICS: libc::c_int = 6;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const PACKET_FANOUT_FLAG_ROLLOVER: u32 = 0x1000;
 
@@ -203,6 +204,18 @@ impl PacketSocket {
         } | PACKET_FANOUT_FLAG_ROLLOVER;
         let v = (group as u32) | (m << 16);
         self.setsockopt_int(libc::SOL_PACKET, PACKET_FANOUT, v as libc::c_int)
+    }
+
+    /// Frames received and frames the kernel dropped because this socket's
+    /// receive buffer was full, since the last call (PACKET_STATISTICS).
+    pub fn take_statistics(&self) -> io::Result<(u64, u64)> {
+        let mut st = [0u32; 2]; // struct tpacket_stats { tp_packets, tp_drops }
+        let mut len = mem::size_of_val(&st) as libc::socklen_t;
+        // SAFETY: pointer to a live 8-byte buffer and its length.
+        cvt(unsafe {
+            libc::getsockopt(self.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_STATISTICS, st.as_mut_ptr() as *mut libc::c_void, &mut len)
+        })?;
+        Ok((st[0] as u64, st[1] as u64))
     }
 
     /// Send one frame (Ethernet header included).

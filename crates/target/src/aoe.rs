@@ -53,6 +53,8 @@ struct Counters {
     ignored: AtomicU64,
     batches: AtomicU64,
     errors: AtomicU64,
+    /// Frames the kernel dropped because a worker socket's buffer was full.
+    drops: AtomicU64,
 }
 
 struct Interface {
@@ -98,13 +100,14 @@ pub async fn start(cfg: &AoeConfig, volumes: &Volumes, mut shutdown: Shutdown) -
         for i in &interfaces {
             let c = &i.counters;
             log::info!(
-                "aoe {}: {} frames in {} batches, {} replies, {} ignored, {} socket errors",
+                "aoe {}: {} frames in {} batches, {} replies, {} ignored, {} socket errors, {} dropped (socket full)",
                 i.name,
                 c.frames.load(Relaxed),
                 c.batches.load(Relaxed),
                 c.replies.load(Relaxed),
                 c.ignored.load(Relaxed),
-                c.errors.load(Relaxed)
+                c.errors.load(Relaxed),
+                c.drops.load(Relaxed)
             );
         }
         Ok(())
@@ -223,5 +226,8 @@ fn worker(sock: PacketSocket, ifc: &Interface, stop: &AtomicBool) {
                 }
             }
         }
+    }
+    if let Ok((_, drops)) = sock.take_statistics() {
+        c.drops.fetch_add(drops, Relaxed);
     }
 }
