@@ -1,0 +1,69 @@
+//! The Linux nvme-tcp host (a real Debian kernel under qemu) against
+//! `blockwire serve`: connect with and without digests, O_DIRECT 8 MiB
+//! write/read/compare, ext4 + e2fsck, disconnect, a host NQN outside the
+//! allow list refused, the discovery controller; all in one boot
+//! (tests/kernel-vm/nvme.sh). Then our own discovery client reads the same
+//! discovery log.
+
+mod common;
+use common::*;
+
+const NQN: &str = "nqn.2026-11.org.blockwire:kvm-test";
+const HOSTNQN: &str = "nqn.2026-11.org.blockwire:kernel-vm";
+const BADNQN: &str = "nqn.2026-11.org.blockwire:intruder";
+
+#[test]
+fn linux_nvme_tcp_host_against_blockwire() {
+    require_root();
+    let dir = TempDir::new("nvk");
+    let (port, dport) = (free_port(), free_port());
+    let cfg = dir.path().join("serve.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+[[volume]]
+name = "d0"
+backend = "file:{}/disk.img,size=256M"
+[nvme]
+listen = ["127.0.0.1:{port}"]
+discovery_listen = "127.0.0.1:{dport}"
+[[nvme.subsystem]]
+nqn = "{NQN}"
+namespaces = [{{ nsid = 1, volume = "d0" }}]
+allowed_hosts = ["{HOSTNQN}"]
+"#,
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let mut serve = Serve::start(&["--config", cfg.to_str().unwrap(), "-v"]);
+    let script = dir.path().join("nvme.sh");
+    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme.sh")).unwrap();
+    std::fs::write(&script, format!("PORT={port}\nDPORT={dport}\nNQN={NQN}\nHOSTNQN={HOSTNQN}\nBADNQN={BADNQN}\n{body}")).unwrap();
+    let run = kernel_vm(&script, None, None);
+    for step in [
+        "NVME-OK: no-digest O_DIRECT 8 MiB write/read/compare",
+        "NVME-OK: disconnect (no digests)",
+        "NVME-OK: digest O_DIRECT 8 MiB write/read/compare",
+        "NVME-OK: ext4 mkfs/mount/write/e2fsck clean",
+        "NVME-OK: disconnect (digests)",
+        "NVME-OK: disallowed host refused",
+        "NVME-OK: discovery controller connect/disconnect",
+        "NVME-ALL-OK",
+    ] {
+        assert!(run.output.contains(step), "guest did not report {step:?}\n{}", run.output);
+    }
+    assert!(run.status.success(), "guest script failed");
+    assert!(serve.is_running(), "target died");
+    let log = serve.log_text();
+    assert!(log.contains(&format!("host {BADNQN} is not allowed")), "refusal not logged:\n{log}");
+    // The kernel connected the discovery controller; our client reads its log.
+    let out = blockwire_ok(None, &["nvme", "discover", &format!("127.0.0.1:{dport}"), "--initiator-name", HOSTNQN]);
+    assert!(out.contains(NQN) && out.contains(&port.to_string()), "discovery log does not list the subsystem:\n{out}");
+    // A host outside the allow list sees nothing in the discovery log.
+    let out = blockwire(None, &["nvme", "discover", &format!("127.0.0.1:{dport}"), "--initiator-name", BADNQN]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains(NQN), "discovery log shows the subsystem to a disallowed host:\n{text}");
+    assert!(serve.stop().success());
+}
