@@ -1,0 +1,334 @@
+//! AoE end to end over a veth pair: `blockwire serve` inside a namespace,
+//! the initiator (CLI and library) and raw frames outside. Needs root.
+
+mod common;
+use bw_aoe::ata::{self, AFLAG_WRITE};
+use bw_aoe::frame::{AoeHeader, Mac};
+use bw_aoe::initiator::{self as req, Addr, AtaRequest};
+use bw_aoe::mask::{Directive, DirectiveCommand, MCMD_EDIT, MCMD_READ};
+use bw_aoe::qc::ConfigCommand;
+use bw_aoe::rr;
+use bw_initiator::aoe::AoeClient;
+use bw_initiator::{BlockClient, ClientError, ConnectOptions, TargetUrl};
+use bw_net::PacketSocket;
+use common::*;
+use std::time::{Duration, Instant};
+
+/// A target in a namespace: e1.2 = 80 MiB RAM disk, e1.3 = read-only 8 MiB.
+fn target(tag: &str, mtu: u32) -> (NetnsPair, Serve) {
+    let pair = NetnsPair::new(tag, mtu);
+    let serve = Serve::start_in(
+        Some(&pair.ns),
+        &[
+            "--volume",
+            "d=ram:80M",
+            "--volume",
+            "ro=ram:8M,readonly",
+            "--aoe",
+            &format!("{},volume=d,shelf=1,slot=2", pair.ns_if),
+            "--aoe",
+            &format!("{},volume=ro,shelf=1,slot=3", pair.ns_if),
+        ],
+    );
+    (pair, serve)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
+}
+
+fn client(rt: &tokio::runtime::Runtime, iface: &str, slot: u8) -> AoeClient {
+    let url = TargetUrl::parse(&format!("aoe://{iface}/1.{slot}")).expect("url");
+    let opts = ConnectOptions { timeout: Duration::from_secs(5), ..Default::default() };
+    rt.block_on(AoeClient::connect(&url, &opts)).expect("connect")
+}
+
+fn end_to_end(mtu: u32, sectors: u8) {
+    let (pair, mut serve) = target("ae", mtu);
+    let out = blockwire_ok(None, &["aoe", "discover", &pair.host_if]);
+    assert!(out.contains("e1.2") && out.contains("e1.3"), "discover: {out}");
+    assert!(out.contains("80M") && out.contains(&format!("sectors/frame {sectors}")), "discover: {out}");
+    let url = format!("aoe://{}/1.2", pair.host_if);
+    let v = blockwire_ok(None, &["verify", &url, "--size", "64M"]);
+    eprintln!("verify: {v}");
+
+    let rt = runtime();
+    let c = client(&rt, &pair.host_if, 2);
+    assert_eq!(c.frame_sectors(), sectors);
+    assert_eq!(c.size_bytes(), 80 << 20);
+    // Unaligned-to-frame sizes and the last sector of the disk.
+    let data: Vec<u8> = (0..(sectors as usize * 3 + 1) * 512).map(|i| (i * 7 % 253) as u8).collect();
+    let off = (80 << 20) - data.len() as u64;
+    rt.block_on(c.write(off, &data)).expect("write at the end");
+    let mut back = vec![0u8; data.len()];
+    rt.block_on(c.read(off, &mut back)).expect("read at the end");
+    assert_eq!(back, data);
+    rt.block_on(c.flush()).expect("flush");
+
+    // Read-only export: writes fail with an ATA error (ABRT), reads work.
+    let ro = client(&rt, &pair.host_if, 3);
+    match rt.block_on(ro.write(0, &[1u8; 512])) {
+        Err(ClientError::Target(m)) => assert!(m.contains("ABRT") && m.contains("ATA"), "{m}"),
+        other => panic!("write to read-only export: {other:?}"),
+    }
+    let mut b = [0u8; 512];
+    rt.block_on(ro.read(0, &mut b)).expect("read-only export still reads");
+    assert!(serve.is_running());
+    assert!(serve.stop().success());
+}
+
+#[test]
+fn aoe_end_to_end_mtu_1500() {
+    end_to_end(1500, 2);
+}
+
+#[test]
+fn aoe_end_to_end_mtu_9000() {
+    end_to_end(9000, 17);
+}
+
+/// Raw frames from made-up MACs, to test per-initiator behaviour.
+struct Raw {
+    sock: PacketSocket,
+    target: Mac,
+}
+
+impl Raw {
+    fn new(iface: &str, target: Mac) -> Raw {
+        let sock = PacketSocket::open(iface, bw_aoe::ETHERTYPE_AOE).expect("packet socket");
+        sock.set_recv_timeout(Duration::from_millis(100)).unwrap();
+        Raw { sock, target }
+    }
+
+    fn to(&self, src: Mac, slot: u8) -> Addr {
+        Addr { src, dst: self.target, shelf: 1, slot }
+    }
+
+    /// Send `frame` and wait up to `wait` for the reply with the same tag.
+    fn exchange(&self, frame: &[u8], wait: Duration) -> Option<Vec<u8>> {
+        let tag = AoeHeader::parse(frame).map(|h| h.tag()).ok();
+        let src = &frame[6..12];
+        self.sock.send(frame).expect("send");
+        let deadline = Instant::now() + wait;
+        let mut buf = vec![0u8; 9100];
+        while Instant::now() < deadline {
+            let Ok(n) = self.sock.recv(&mut buf) else { continue };
+            let f = &buf[..n];
+            if let Ok(h) = AoeHeader::parse(f) {
+                if h.is_response() && &f[0..6] == src && (tag.is_none() || Some(h.tag()) == tag) {
+                    return Some(f.to_vec());
+                }
+            }
+        }
+        None
+    }
+
+    fn ata(&self, src: Mac, tag: u32, r: &AtaRequest<'_>) -> Option<Vec<u8>> {
+        let mut f = vec![0u8; 9100];
+        let n = req::ata(&mut f, &self.to(src, 2), tag, r).unwrap();
+        self.exchange(&f[..n], Duration::from_secs(1))
+    }
+
+    fn qc(&self, src: Mac, tag: u32) -> Option<Vec<u8>> {
+        let mut f = [0u8; 64];
+        let n = req::query_config(&mut f, &self.to(src, 2), tag, ConfigCommand::Read, b"").unwrap();
+        self.exchange(&f[..n], Duration::from_millis(600))
+    }
+}
+
+const FAKE: Mac = [0x02, 0xfa, 0x4e, 0, 0, 1];
+
+#[test]
+fn aoe_reserve_release_and_mac_mask() {
+    let (pair, mut serve) = target("ar", 1500);
+    let rt = runtime();
+    let c = client(&rt, &pair.host_if, 2);
+    let me = bw_net::interface_info(&pair.host_if).unwrap().mac;
+    let raw = Raw::new(&pair.host_if, c.target().mac);
+
+    // Reserve for ourselves: the other MAC gets error 6 on ATA, IDENTIFY still answers.
+    assert_eq!(rt.block_on(c.reserve_release(rr::RCMD_SET, &[me])).unwrap(), vec![me]);
+    let r = raw.ata(FAKE, 1, &AtaRequest::write(0, &[9u8; 512])).expect("reply to reserved write");
+    assert_eq!((r[14], r[15]), (0x1C, 6), "error 6 target reserved");
+    let r = raw.ata(FAKE, 2, &AtaRequest::simple(ata::CMD_IDENTIFY_DEVICE)).expect("identify reply");
+    assert_eq!(r[14], 0x18);
+    // The other MAC cannot take it with rcmd 1, and we can still write.
+    let mut f = [0u8; 64];
+    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 3, rr::RCMD_SET, &[FAKE]).unwrap();
+    let r = raw.exchange(&f[..n], Duration::from_secs(1)).expect("reserve reply");
+    assert_eq!((r[14], r[15]), (0x1C, 6));
+    rt.block_on(c.write(0, &[1u8; 1024])).expect("holder writes");
+    // Force set by the other MAC locks us out.
+    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 4, rr::RCMD_FORCE_SET, &[FAKE]).unwrap();
+    let r = raw.exchange(&f[..n], Duration::from_secs(1)).expect("force reply");
+    assert_eq!(&r[24..32], &[2, 1, 0x02, 0xfa, 0x4e, 0, 0, 1]);
+    match rt.block_on(c.write(0, &[1u8; 512])) {
+        Err(ClientError::Target(m)) => assert!(m.contains("reserved"), "{m}"),
+        other => panic!("write while reserved by another MAC: {other:?}"),
+    }
+    // Release by the holder; everyone may write again.
+    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 5, rr::RCMD_SET, &[]).unwrap();
+    assert_eq!(&raw.exchange(&f[..n], Duration::from_secs(1)).expect("release")[24..26], &[1, 0]);
+    rt.block_on(c.write(0, &[2u8; 512])).expect("write after release");
+    assert_eq!(rt.block_on(c.reserve_release(rr::RCMD_READ, &[])).unwrap(), Vec::<Mac>::new());
+
+    // MAC mask: only our MAC is served; the other one gets silence.
+    assert!(raw.qc(FAKE, 10).is_some());
+    let add = Directive { command: DirectiveCommand::Add, mac: me };
+    let (merr, list) = rt.block_on(c.mac_mask(MCMD_EDIT, &[add])).unwrap();
+    assert_eq!((merr, list.len()), (0, 1));
+    assert_eq!(list[0].mac, me);
+    assert!(raw.qc(FAKE, 11).is_none(), "masked MAC must get no reply");
+    assert!(raw.ata(FAKE, 12, &AtaRequest::read(0, 1)).is_none());
+    let mut b = [0u8; 512];
+    rt.block_on(c.read(0, &mut b)).expect("listed MAC still served");
+    assert_eq!(b, [2u8; 512]);
+    // Bad directive: merror 2.
+    let bad = Directive { command: DirectiveCommand::Other(7), mac: FAKE };
+    assert_eq!(rt.block_on(c.mac_mask(MCMD_EDIT, &[bad])).unwrap().0, 2);
+    // Delete: open again.
+    let del = Directive { command: DirectiveCommand::Delete, mac: me };
+    assert_eq!(rt.block_on(c.mac_mask(MCMD_EDIT, &[del])).unwrap(), (0, vec![]));
+    assert!(raw.qc(FAKE, 13).is_some());
+    assert_eq!(rt.block_on(c.mac_mask(MCMD_READ, &[])).unwrap(), (0, vec![]));
+
+    // Config string: set if empty, then a different set fails with error 4;
+    // test-exact mismatch gets no reply (a timeout for the client).
+    let t = rt.block_on(c.query_config(ConfigCommand::SetIfEmpty, b"owner=test")).unwrap();
+    assert_eq!(t.config, b"owner=test");
+    match rt.block_on(c.query_config(ConfigCommand::SetIfEmpty, b"other")) {
+        Err(ClientError::Target(m)) => assert!(m.contains("error 4"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(rt.block_on(c.query_config(ConfigCommand::TestPrefix, b"owner")).is_ok());
+    let out = blockwire_ok(None, &["aoe", "discover", &pair.host_if]);
+    assert!(out.contains("owner=test"), "discover shows the config string: {out}");
+    assert!(serve.is_running());
+}
+
+#[test]
+fn aoe_malformed_frames_do_not_stop_the_target() {
+    let (pair, mut serve) = target("am", 1500);
+    let rt = runtime();
+    let c = client(&rt, &pair.host_if, 2);
+    let raw = Raw::new(&pair.host_if, c.target().mac);
+    let mut f = vec![0u8; 2000];
+    let n = req::ata(&mut f, &raw.to(FAKE, 2), 100, &AtaRequest::read(0, 1)).unwrap();
+
+    // Shorter than an AoE header: ignored.
+    raw.sock.send(&f[..20]).unwrap();
+    // Truncated ATA argument: bad argument (error 2).
+    let r = raw.exchange(&f[..30], Duration::from_secs(1)).expect("reply to truncated arg");
+    assert_eq!((r[14], r[15]), (0x1C, 2));
+    // Wrong version: error 5.
+    let mut v = f[..n].to_vec();
+    v[14] = 0x20;
+    let r = raw.exchange(&v, Duration::from_secs(1)).expect("reply to version 2");
+    assert_eq!((r[14], r[15]), (0x1C, 5));
+    // Sector count above what the MTU allows (2 at 1500), and zero: error 2.
+    for (tag, count) in [(101u32, 3u8), (102, 0), (103, 255)] {
+        let mut b = f[..n].to_vec();
+        b[20..24].copy_from_slice(&tag.to_be_bytes());
+        b[26] = count;
+        let r = raw.exchange(&b, Duration::from_secs(1)).expect("reply to bad count");
+        assert_eq!((r[14], r[15]), (0x1C, 2), "count {count}");
+    }
+    // Write announcing 2 sectors carrying 1: error 2.
+    let data = [7u8; 1024];
+    let wn = req::ata(&mut f, &raw.to(FAKE, 2), 104, &AtaRequest::write(0, &data)).unwrap();
+    let r = raw.exchange(&f[..wn - 512], Duration::from_secs(1)).expect("reply to short write");
+    assert_eq!((r[14], r[15]), (0x1C, 2));
+    // Write flag on a READ command: error 2.
+    let mut b = f[..36].to_vec();
+    b[27] = ata::CMD_READ_SECTORS_EXT;
+    b[24] |= AFLAG_WRITE;
+    b.resize(60, 0);
+    let r = raw.exchange(&b, Duration::from_secs(1)).expect("reply");
+    assert_eq!((r[14], r[15]), (0x1C, 2));
+    // LBA past the end: ATA status ERR with IDNF, not the E flag.
+    let r = raw.ata(FAKE, 105, &AtaRequest::read((80 << 20) / 512, 1)).expect("reply past end");
+    assert_eq!(r[14], 0x18);
+    assert_eq!(r[27] & ata::STATUS_ERR, ata::STATUS_ERR);
+    assert_eq!(r[25] & ata::ERR_IDNF, ata::ERR_IDNF);
+    // Unknown AoE command: error 1. Unknown ATA command: ABRT.
+    let mut u = f[..60].to_vec();
+    u[19] = 0x42;
+    let r = raw.exchange(&u, Duration::from_secs(1)).expect("reply to unknown command");
+    assert_eq!((r[14], r[15]), (0x1C, 1));
+    let r = raw.ata(FAKE, 106, &AtaRequest::simple(0x99)).expect("reply to unknown ATA");
+    assert_eq!((r[27], r[25]), (ata::STATUS_DRDY | ata::STATUS_ERR, ata::ERR_ABRT));
+    // A stream of random garbage with the AoE EtherType.
+    let mut seed = 0x1234_5678u32;
+    for _ in 0..500 {
+        let len = 14 + (seed % 1400) as usize;
+        let mut g = vec![0u8; len];
+        for b in g.iter_mut() {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            *b = (seed >> 16) as u8;
+        }
+        g[0..6].copy_from_slice(&raw.target);
+        g[6..12].copy_from_slice(&FAKE);
+        g[12] = 0x88;
+        g[13] = 0xa2;
+        raw.sock.send(&g).unwrap();
+    }
+    // Still serving, correctly.
+    assert!(serve.is_running());
+    let data: Vec<u8> = (0..8192).map(|i| (i % 256) as u8).collect();
+    rt.block_on(c.write(4096, &data)).expect("write after garbage");
+    let mut back = vec![0u8; 8192];
+    rt.block_on(c.read(4096, &mut back)).expect("read after garbage");
+    assert_eq!(back, data);
+    assert!(serve.stop().success());
+}
+
+#[test]
+fn aoe_frames_decode_cleanly_in_tshark() {
+    if std::process::Command::new("tshark").arg("--version").output().is_err() {
+        panic!("tshark is not installed (Debian package tshark)");
+    }
+    let (pair, _serve) = target("at", 9000);
+    let dir = TempDir::new("aoecap");
+    let cap = dir.path().join("aoe.pcapng");
+    let mut dumpcap = std::process::Command::new("dumpcap")
+        .args(["-q", "-i", &pair.host_if, "-f", "ether proto 0x88a2", "-w"])
+        .arg(&cap)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn dumpcap");
+    // dumpcap creates the file once it captures.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cap.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    blockwire_ok(None, &["aoe", "discover", &pair.host_if]);
+    blockwire_ok(None, &["verify", &format!("aoe://{}/1.2", pair.host_if), "--size", "2M"]);
+    // An ATA error reply (read-only export) is in the capture too.
+    let rt = runtime();
+    let ro = client(&rt, &pair.host_if, 3);
+    assert!(rt.block_on(ro.write(0, &[0u8; 512])).is_err());
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child by PID.
+    unsafe { libc::kill(dumpcap.id() as i32, libc::SIGINT) };
+    let _ = dumpcap.wait();
+
+    let tshark = |args: &[&str]| {
+        let out = std::process::Command::new("tshark").arg("-r").arg(&cap).args(args).output().expect("tshark");
+        // A bad display filter must fail the test, not read as "no matches".
+        assert!(out.status.success(), "tshark {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let total = tshark(&["-T", "fields", "-e", "frame.number"]).lines().count();
+    let aoe = tshark(&["-Y", "aoe", "-T", "fields", "-e", "frame.number"]).lines().count();
+    assert!(total > 100, "captured only {total} frames");
+    assert_eq!(aoe, total, "every frame decodes as AoE");
+    let bad = tshark(&["-Y", "_ws.malformed || _ws.expert.severity >= 6291456"]);
+    assert!(bad.trim().is_empty(), "malformed or expert warnings:\n{bad}");
+    let expert = tshark(&["-q", "-z", "expert"]);
+    assert!(!expert.contains("Malformed") && !expert.contains("Warnings (") && !expert.contains("Errors ("), "{expert}");
+    // The ATA error reply is there and decodes with its status.
+    let errs = tshark(&["-Y", "aoe.ata.status == 0x41"]);
+    assert!(!errs.trim().is_empty(), "ATA error reply not found in the capture");
+}
