@@ -314,7 +314,8 @@ async fn login(
         .map_err(|_| ClientError::Timeout(format!("connect to {host}:{port}")))??;
     stream.set_nodelay(true)?;
     let (mut rd, mut wr) = stream.into_split();
-    let digests = |on: bool| if on { vec![Digest::Crc32c] } else { vec![Digest::None] };
+    // Asked-for digests are preferred, not required: some targets (tgt) only do None.
+    let digests = |on: bool| if on { vec![Digest::Crc32c, Digest::None] } else { vec![Digest::None] };
     let limits = LocalLimits {
         header_digests: digests(opts.header_digest),
         data_digests: digests(opts.data_digest),
