@@ -4,6 +4,7 @@
 //! `bw-target` and `bw-initiator` crates put these on TCP.
 
 pub mod chap;
+pub mod fuzzing;
 pub mod initiator;
 pub mod login;
 pub mod msg;
