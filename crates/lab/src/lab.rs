@@ -23,7 +23,7 @@ pub struct Lab {
     pub results: Results,
     backing: PathBuf,
     progress: ProgressBar,
-    busy_streak: u32,
+    idle_spent: f64,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -60,7 +60,7 @@ impl Lab {
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         let backing = PathBuf::from(format!("/dev/shm/bwlab-{}.img", std::process::id()));
-        Lab { plan, exe, out, results, backing, progress, busy_streak: 0 }
+        Lab { plan, exe, out, results, backing, progress, idle_spent: 0.0 }
     }
 
     fn say(&self, line: &str) {
@@ -72,24 +72,23 @@ impl Lab {
         }
     }
 
-    /// Bounded wait for an idle machine. After three waits in a row that
-    /// ran out, the machine is taken as persistently busy (other work on a
-    /// shared box): waiting on would only stretch the run, so later runs
-    /// just measure the busy share (stored with every sample) and go.
+    /// Bounded wait for an idle machine: at most `idle_max_wait_s` per run
+    /// and `idle_budget_s` over the whole run. On a shared box "idle" may
+    /// come and go all the time; once the budget is spent, runs only measure
+    /// the busy share (stored with every sample) and go, so the run keeps to
+    /// its time limit.
     fn wait_idle(&mut self) -> (f64, f64) {
         let p = &self.plan.params;
-        let max = if self.busy_streak >= 3 { 0.0 } else { p.idle_max_wait_s };
+        let left = (p.idle_budget_s - self.idle_spent).max(0.0);
+        let max = p.idle_max_wait_s.min(left);
         let (busy, waited) = crate::machine::wait_idle(p.idle_threshold, Duration::from_secs_f64(max));
-        if busy >= p.idle_threshold {
-            self.busy_streak += 1;
-            if self.busy_streak == 3 {
-                self.say(&format!(
-                    "lab: the machine stays busy ({:.0}% CPU by other work): measuring anyway, noise will be higher",
-                    busy * 100.0
-                ));
-            }
-        } else {
-            self.busy_streak = 0;
+        self.idle_spent += waited;
+        if left > 0.0 && self.idle_spent >= p.idle_budget_s {
+            self.say(&format!(
+                "lab: the machine keeps getting busy (other work; {:.0}% now): idle-wait budget of {:.0} s spent, measuring without waiting from here on",
+                busy * 100.0,
+                p.idle_budget_s
+            ));
         }
         (busy, waited)
     }

@@ -164,7 +164,8 @@ impl Plan {
             sweep_numjobs,
             sweep_iodepth,
             backing: String::new(),
-            idle_max_wait_s: if c.quick { 2.0 } else { 5.0 },
+            idle_max_wait_s: if c.quick { 1.0 } else { 3.0 },
+            idle_budget_s: if c.quick { 20.0 } else { 180.0 },
             idle_threshold: 0.25,
             veth_offloads_off: false,
         };

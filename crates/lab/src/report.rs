@@ -584,7 +584,7 @@ pub fn html(r: &Results) -> String {
 
     // Full tables.
     h.push_str("<h2>All micro results</h2><p class=\"note\">mean ±stddev [min–max] over the repetitions; CPU from /proc/PID/stat (target) and the client's own getrusage (initiator).</p>");
-    h.push_str("<table><tr><th class=l>subject</th><th>MTU</th><th class=l>workload</th><th>n</th><th>IOPS</th><th>MiB/s</th><th>p50 µs</th><th>p99 µs</th><th>p99.9 µs</th><th>target CPU µs/op</th><th>initiator CPU µs/op</th><th>CPU ms/MiB</th><th>wire B/op</th><th>frames/op</th><th>I/O errors</th></tr>");
+    h.push_str("<table><tr><th class=l>subject</th><th>MTU</th><th class=l>workload</th><th>n</th><th>IOPS</th><th>MiB/s</th><th>p50 µs</th><th>p99 µs</th><th>p99.9 µs</th><th>target CPU µs/op</th><th>initiator CPU µs/op</th><th>CPU ms/MiB</th><th>wire B/op</th><th>frames/op</th><th>I/O errors</th><th>machine busy before (median)</th></tr>");
     for c in all.values().filter(|c| c.key.suite == "micro") {
         let _ = write!(
             h,
@@ -608,7 +608,10 @@ pub fn html(r: &Results) -> String {
         ] {
             let _ = write!(h, "<td>{}</td>", fmt_summary(c.summary(m)));
         }
-        let _ = write!(h, "<td>{}</td></tr>", c.errors());
+        let mut busy: Vec<f64> = c.samples.iter().map(|x| x.busy_before).collect();
+        busy.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        let median = busy.get(busy.len() / 2).copied().unwrap_or(0.0);
+        let _ = write!(h, "<td>{}</td><td>{:.0}%</td></tr>", c.errors(), median * 100.0);
     }
     h.push_str("</table>");
 
@@ -669,13 +672,14 @@ pub fn html(r: &Results) -> String {
 <li><b>Cache:</b> blockwire's initiators have no page cache or write-back cache, so the studies' <em>cached</em> variants do not apply and are not run; every result here is uncached.</li>\
 <li><b>CPU:</b> target CPU = utime+stime delta of the target process (all threads) from /proc/PID/stat across the bench run (includes its connection setup); initiator CPU = user+system time the bench reports for itself; fio's from getrusage of the fio process and its jobs.</li>\
 <li><b>Wire:</b> bytes and frames = rx+tx deltas of the client-side veth counters over the bench run, Ethernet header included, no preamble/FCS; they include the login/discovery of each run. Header bytes per frame = (wire bytes − payload bytes) / frames, ACKs and requests included.</li>\
-<li><b>Idle:</b> before each run the lab waits until the machine is less than {:.0}% busy (from /proc/stat, at most {:.0} s); the busy share is stored with each sample in results.json.</li>\
+<li><b>Idle:</b> before each run the lab waits until the machine is less than {:.0}% busy (from /proc/stat, at most {:.0} s per run and {:.0} s per lab run in total, so a shared machine cannot stretch the run); the busy share before each run is stored with the sample in results.json and its median per case is shown in the results table.</li>\
 <li><b>Sweep:</b> runs at the first MTU only, to fit the time budget.</li>\
 <li><b>Local fio latency</b> for mixed loads: p50 of the dominant direction, p99/p99.9 the worse of read and write.</li></ul>",
         esc(&p.backing),
         if p.veth_offloads_off { "off" } else { "left ON (ethtool failed)" },
         p.idle_threshold * 100.0,
-        p.idle_max_wait_s
+        p.idle_max_wait_s,
+        p.idle_budget_s
     );
 
     if !r.failures.is_empty() {

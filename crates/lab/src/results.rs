@@ -145,6 +145,9 @@ pub struct Params {
     pub backing: String,
     /// How long to wait at most for the machine to be idle before a run.
     pub idle_max_wait_s: f64,
+    /// Total seconds the whole run may spend waiting for idle.
+    #[serde(default)]
+    pub idle_budget_s: f64,
     pub idle_threshold: f64,
     /// Offloads switched off on the veths so frames have real MTU sizes.
     pub veth_offloads_off: bool,

@@ -64,8 +64,8 @@ pub fn short(v: f64) -> String {
 pub fn grouped_bars(title: &str, unit: &str, groups: &[String], series: &[(String, String)], values: &[Vec<Option<Bar>>]) -> String {
     let (left, right, top, bottom) = (64.0, 16.0, 44.0, 58.0);
     let group_gap = 22.0;
-    // Groups at least 124 px wide so workload names under them do not collide.
-    let bar_w = ((124.0 - group_gap) / series.len().max(1) as f64).clamp(10.0, 22.0);
+    // Groups at least 140 px wide so workload names under them do not collide.
+    let bar_w = ((140.0 - group_gap) / series.len().max(1) as f64).clamp(10.0, 22.0);
     let group_w = series.len().max(1) as f64 * bar_w + group_gap;
     let plot_w = (groups.len().max(1) as f64 * group_w).max(300.0);
     let plot_h = 220.0;
