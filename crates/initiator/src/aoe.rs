@@ -599,6 +599,13 @@ impl BlockClient for AoeClient {
         check_range(self, offset, buf.len())?;
         let chunk = self.shared.frame_sectors as usize * SECTOR;
         let lba = offset / SECTOR as u64;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if buf.len() <= chunk {
+            // One frame: skip the join machinery.
+            return self.read_frame(lba, buf).await;
+        }
         let frames = buf.chunks_mut(chunk).enumerate().map(|(i, c)| self.read_frame(lba + (i * chunk / SECTOR) as u64, c));
         futures::future::try_join_all(frames).await?;
         Ok(())
@@ -608,6 +615,12 @@ impl BlockClient for AoeClient {
         check_range(self, offset, data.len())?;
         let chunk = self.shared.frame_sectors as usize * SECTOR;
         let lba = offset / SECTOR as u64;
+        if data.is_empty() {
+            return Ok(());
+        }
+        if data.len() <= chunk {
+            return self.write_frame(lba, data).await;
+        }
         let frames = data.chunks(chunk).enumerate().map(|(i, c)| self.write_frame(lba + (i * chunk / SECTOR) as u64, c));
         futures::future::try_join_all(frames).await?;
         Ok(())

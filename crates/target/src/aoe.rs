@@ -40,6 +40,15 @@ fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8) * 2
 }
 
+/// How the kernel spreads frames over the workers: round robin by default;
+/// `BLOCKWIRE_AOE_FANOUT=cpu` keeps each CPU's frames on one socket.
+fn fanout_mode() -> FanoutMode {
+    match std::env::var("BLOCKWIRE_AOE_FANOUT").as_deref() {
+        Ok("cpu") => FanoutMode::Cpu,
+        _ => FanoutMode::LoadBalance,
+    }
+}
+
 /// Kernel memory one queued frame costs (skb truesize), estimated
 /// conservatively: the data buffer rounded up to a power of two plus overhead.
 fn frame_truesize(mtu: usize) -> usize {
@@ -131,7 +140,7 @@ fn open_interface(
         let s = PacketSocket::open(iface, ETHERTYPE_AOE).with_context(|| format!("AoE on interface {iface}"))?;
         let granted = s.set_buffer_sizes(SOCKET_BUFFER, SOCKET_BUFFER)?;
         s.set_recv_timeout(POLL)?;
-        s.join_fanout(group, FanoutMode::LoadBalance).with_context(|| format!("PACKET_FANOUT on {iface}"))?;
+        s.join_fanout(group, fanout_mode()).with_context(|| format!("PACKET_FANOUT on {iface}"))?;
         queued += granted / frame_truesize(s.mtu());
         sockets.push(s);
     }
