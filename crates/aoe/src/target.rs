@@ -196,7 +196,10 @@ impl Export {
         if h.is_response() {
             return Outcome::NoReply(Ignored::Response);
         }
-        if !self.addressed(&h) {
+        // Unicast frames for another station (seen in promiscuous mode or on
+        // a veth) belong to another target, even with our shelf.slot.
+        let dst = h.dst();
+        if !self.addressed(&h) || (dst != our_mac && dst[0] & 1 == 0) {
             return Outcome::NoReply(Ignored::NotAddressed);
         }
         let src = h.src();

@@ -558,7 +558,7 @@ async fn receive_loop(shared: Arc<Shared>) {
 
 fn deliver(shared: &Shared, frame: &[u8], now: Instant) {
     let Ok(h) = AoeHeader::parse(frame) else { return };
-    if !h.is_response() || h.src() != shared.info.mac || h.shelf() != shared.addr.shelf || h.slot() != shared.addr.slot {
+    if !h.is_response() || h.src() != shared.info.mac || h.dst() != shared.addr.src || h.shelf() != shared.addr.shelf || h.slot() != shared.addr.slot {
         return;
     }
     let tag = h.tag();

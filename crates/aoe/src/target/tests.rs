@@ -170,6 +170,12 @@ fn malformed_frames_are_ignored_or_rejected() {
     req[14] = 0x10;
     req[18] = 3;
     assert_eq!(e.handle(&req[..n], TARGET_MAC, &mut out), Outcome::NoReply(Ignored::NotAddressed));
+    // Our shelf.slot but unicast to another MAC: another target's business.
+    req[18] = 2;
+    req[0..6].copy_from_slice(&OTHER);
+    assert_eq!(e.handle(&req[..n], TARGET_MAC, &mut out), Outcome::NoReply(Ignored::NotAddressed));
+    req[0..6].copy_from_slice(&TARGET_MAC);
+    assert!(matches!(e.handle(&req[..n], TARGET_MAC, &mut out), Outcome::Reply(_)));
 }
 
 fn qc(e: &Export, src: Mac, cmd: ConfigCommand, s: &[u8]) -> Result<Vec<u8>, Ignored> {
@@ -329,6 +335,7 @@ proptest! {
     fn any_frame_gets_a_sane_outcome(mut bytes in proptest::collection::vec(any::<u8>(), 0..2000), cmd in 0u8..5, hdr in any::<bool>()) {
         let e = export();
         if hdr && bytes.len() >= 24 {
+            bytes[0..6].copy_from_slice(&TARGET_MAC);
             bytes[12] = 0x88; bytes[13] = 0xa2; bytes[14] = 0x10; bytes[16] = 0; bytes[17] = 1; bytes[18] = 2; bytes[19] = cmd;
         }
         let mut out = vec![0u8; e.reply_buffer_len()];
