@@ -23,6 +23,8 @@ pub const MAX_IO_QUEUES: u16 = 64;
 pub const INCAPSULE_DATA: u32 = 16384;
 /// MDTS: 2^8 pages of 4 KiB = 1 MiB per command.
 pub const MDTS: u8 = 8;
+/// Largest data transfer of one command in bytes (MDTS in bytes).
+pub const MAX_TRANSFER: u32 = 4096 << MDTS;
 /// Keep-alive granularity (KAS) in 100 ms units.
 pub const KAS: u16 = 10;
 /// Outstanding AERs, zero-based (4).
@@ -343,6 +345,9 @@ impl Controller {
     fn get_log_page(&mut self, sqe: &Sqe) -> Completion {
         let cid = sqe.cid();
         let r = LogRequest::parse(sqe);
+        if r.len > MAX_TRANSFER as usize {
+            return Completion::status(cid, Status::INVALID_FIELD.dnr());
+        }
         if r.len > sqe.sgl().length as usize {
             return Completion::status(cid, Status::SGL_INVALID_DATA.dnr());
         }

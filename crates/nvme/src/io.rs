@@ -44,6 +44,9 @@ pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
     let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
     match op {
         nvm::READ | nvm::WRITE | nvm::COMPARE => {
+            if (sqe.nlb() as u64) << LBA_SHIFT > crate::controller::MAX_TRANSFER as u64 {
+                return Err(Status::INVALID_FIELD.dnr());
+            }
             check_range(ns, sqe.slba(), sqe.nlb() as u64)?;
             if sqe.sgl().length as u64 != (sqe.nlb() as u64) << LBA_SHIFT {
                 return Err(Status::SGL_INVALID_DATA.dnr());

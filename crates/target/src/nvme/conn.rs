@@ -10,7 +10,7 @@ use super::fabric::{CtrlEntry, Fabric, Refusal};
 use crate::Shutdown;
 use anyhow::{anyhow, bail};
 use bw_nvme::command::{nvm, sgl, Cqe, Sqe};
-use bw_nvme::controller::{AdminOutcome, Completion, INCAPSULE_DATA, MAX_QUEUE_ENTRIES, MDTS};
+use bw_nvme::controller::{AdminOutcome, Completion, INCAPSULE_DATA, MAX_QUEUE_ENTRIES, MAX_TRANSFER};
 use bw_nvme::fabrics::{self, fctype, Connect, ConnectData, CATTR_DISABLE_SQFLOW};
 use bw_nvme::io::{self, IoDone};
 use bw_nvme::pdu::{self, fes, CapsuleCmd, DataPdu, Digests, IcResp, Pdu, PduError, R2t, TermReq};
@@ -28,8 +28,6 @@ use tokio::sync::{mpsc, watch};
 
 /// Largest H2CData payload we accept (also the most one R2T asks for).
 pub const MAXH2CDATA: u32 = 1 << 20;
-/// Largest transfer per command (MDTS, 4 KiB pages).
-const MAX_TRANSFER: u32 = 4096 << MDTS;
 /// Bound on one PDU's size: data plus headers, digests and padding.
 const MAX_PLEN: u32 = MAXH2CDATA + 256;
 
