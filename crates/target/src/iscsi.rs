@@ -1,4 +1,4 @@
-//! iSCSI front-end: TCP listeners, one task pair (reader, writer) per
+//! iSCSI front-end: TCP listeners, one task per
 //! connection, login via `bw_iscsi::login`, full feature phase via
 //! `bw_iscsi::session`, SCSI commands executed by `bw_scsi` in parallel.
 
@@ -232,11 +232,11 @@ async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown) ->
         s.set_initiator_name(nexus, &format!("{},i,0x{isid}", res.initiator_name));
     }
     let (tx, rx) = mpsc::unbounded_channel::<Out>();
-    let writer = tokio::spawn(writer(wr, rx, digests));
     let conn = Arc::new(Conn { session: Mutex::new(session), tx, scsi: scsi.clone(), nexus });
-    let r = full_feature(&conn, &mut rd, &mut buf, &dec, &mut shutdown).await;
-    let _ = conn.tx.send(Out::Close);
-    let _ = writer.await;
+    let mut io = ConnIo { rd, w: BufWriter::with_capacity(256 * 1024, wr), rx, digests, buf, dec };
+    let r = full_feature(&conn, &mut io, &mut shutdown).await;
+    let _ = io.w.flush().await;
+    let _ = io.w.shutdown().await;
     if let Some(s) = &scsi {
         s.nexus_gone(nexus);
     }
@@ -245,7 +245,6 @@ async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown) ->
 
 enum Out {
     Pdu(Pdu),
-    Close,
 }
 
 struct Conn {
@@ -259,32 +258,6 @@ impl Conn {
     fn lock(&self) -> std::sync::MutexGuard<'_, TargetSession> {
         self.session.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-async fn writer(wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Out>, d: Digests) {
-    let mut w = BufWriter::with_capacity(256 * 1024, wr);
-    'outer: while let Some(first) = rx.recv().await {
-        let mut item = Some(first);
-        // Batch whatever is queued before flushing.
-        while let Some(it) = item.take() {
-            match it {
-                Out::Pdu(p) => {
-                    if write_pdu(&mut w, &p, d).await.is_err() {
-                        break 'outer;
-                    }
-                }
-                Out::Close => {
-                    let _ = w.flush().await;
-                    break 'outer;
-                }
-            }
-            item = rx.try_recv().ok();
-        }
-        if w.flush().await.is_err() {
-            break;
-        }
-    }
-    let _ = w.shutdown().await;
 }
 
 fn lun_number(lun_field: u64) -> u64 {
@@ -382,24 +355,49 @@ fn dispatch(conn: &Arc<Conn>, actions: Vec<Action>) -> bool {
     keep_going
 }
 
-async fn full_feature(
-    conn: &Arc<Conn>,
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
-    buf: &mut BytesMut,
-    dec: &Decoder,
-    shutdown: &mut Shutdown,
-) -> anyhow::Result<()> {
+/// The socket side of one connection in full feature phase. One task does
+/// both directions: commands that run inline (small reads and writes) are
+/// answered without waking another thread; completions from the blocking
+/// pool arrive through `rx`.
+struct ConnIo {
+    rd: tokio::net::tcp::OwnedReadHalf,
+    w: BufWriter<OwnedWriteHalf>,
+    rx: mpsc::UnboundedReceiver<Out>,
+    digests: Digests,
+    buf: BytesMut,
+    dec: Decoder,
+}
+
+impl ConnIo {
+    /// Write `first` and everything else queued, then flush.
+    async fn drain(&mut self, first: Option<Out>) -> std::io::Result<bool> {
+        let mut item = first.or_else(|| self.rx.try_recv().ok());
+        if item.is_none() {
+            return Ok(true);
+        }
+        while let Some(Out::Pdu(p)) = item.take() {
+            write_pdu(&mut self.w, &p, self.digests).await?;
+            item = self.rx.try_recv().ok();
+        }
+        self.w.flush().await?;
+        Ok(true)
+    }
+}
+
+async fn full_feature(conn: &Arc<Conn>, io: &mut ConnIo, shutdown: &mut Shutdown) -> anyhow::Result<()> {
     let mut nop = tokio::time::interval(NOP_INTERVAL);
     nop.tick().await;
     let mut idle_ticks = 0u32;
+    let mut incoming: Option<Out> = None;
     loop {
-        // Decode everything already buffered before reading more.
-        let pdu = match dec.decode(buf) {
-            Ok(Some(p)) => Some(p),
-            Ok(None) => None,
-            Err(e) => anyhow::bail!("bad PDU: {e}"),
-        };
-        if let Some(pdu) = pdu {
+        // Handle every PDU already buffered, then send what that produced.
+        let mut open = true;
+        while open {
+            let pdu = match io.dec.decode(&mut io.buf) {
+                Ok(Some(p)) => p,
+                Ok(None) => break,
+                Err(e) => anyhow::bail!("bad PDU: {e}"),
+            };
             idle_ticks = 0;
             let mut out = Vec::new();
             let r = {
@@ -411,24 +409,26 @@ async fn full_feature(
                 }
                 r
             };
-            let go = dispatch(conn, out);
+            open = dispatch(conn, out);
             if let Err(e) = r {
+                let _ = io.drain(None).await;
                 anyhow::bail!("{e}");
             }
-            if !go {
-                return Ok(());
-            }
-            continue;
         }
-        if buf.capacity() - buf.len() < 64 * 1024 {
-            buf.reserve(256 * 1024);
+        if !io.drain(incoming.take()).await? || !open {
+            // Whatever was queued before the close has been written.
+            return Ok(());
+        }
+        if io.buf.capacity() - io.buf.len() < 64 * 1024 {
+            io.buf.reserve(256 * 1024);
         }
         tokio::select! {
-            r = rd.read_buf(buf) => {
+            r = io.rd.read_buf(&mut io.buf) => {
                 if r? == 0 {
                     return Ok(());
                 }
             }
+            o = io.rx.recv() => incoming = o,
             _ = nop.tick() => {
                 idle_ticks += 1;
                 let mut s = conn.lock();
@@ -441,7 +441,7 @@ async fn full_feature(
             }
             _ = shutdown.wait() => {
                 let p = conn.lock().async_drop_all(2);
-                let _ = conn.tx.send(Out::Pdu(p));
+                let _ = io.drain(Some(Out::Pdu(p))).await;
                 return Ok(());
             }
         }
