@@ -275,6 +275,22 @@ fn run_command(scsi: &ScsiTarget, nexus: u64, e: &Exec, data_in: &mut Vec<u8>) -
         }
         None => (&e.data_out[..0], bw_iscsi::msg::Residual::None),
     };
+    // WRITE SAME and COMPARE AND WRITE take an exact amount of data: more
+    // (or for COMPARE AND WRITE, less) than the CDB implies is an invalid
+    // request, not something to truncate.
+    if let Some(w) = wanted {
+        let edtl = e.edtl as usize;
+        let exact = matches!(e.cdb.first(), Some(0x41 | 0x93)) && edtl > w || e.cdb.first() == Some(&0x89) && edtl != w;
+        if exact {
+            let mut sense = vec![0u8; 18];
+            sense[0] = 0x70;
+            sense[2] = 0x05; // ILLEGAL REQUEST
+            sense[7] = 10;
+            sense[12] = 0x24; // INVALID FIELD IN CDB
+            data_in.clear();
+            return (bw_scsi::status::CHECK_CONDITION, sense, residual);
+        }
+    }
     let o = scsi.execute(nexus, lun, &e.cdb, data_out, data_in);
     (o.status, o.sense, residual)
 }
