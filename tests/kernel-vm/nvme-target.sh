@@ -6,7 +6,7 @@
 die() { echo "NVMET-FAIL: $*"; exit 1; }
 modprobe nvmet 2>/dev/null || modprobe nvmet || die "no nvmet module"
 modprobe nvmet-tcp 2>/dev/null || modprobe nvmet_tcp || die "no nvmet-tcp module"
-mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config || die "configfs"
+grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs none /sys/kernel/config || die "configfs"
 # 64 MiB backing file on the guest's tmpfs; nvmet serves it with buffered I/O.
 dd if=/dev/zero of=/tmp/disk bs=1M count=64 2>/dev/null
 S=/sys/kernel/config/nvmet/subsystems/$NQN

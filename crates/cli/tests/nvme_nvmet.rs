@@ -8,8 +8,7 @@ use common::*;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const NQN: &str = "nqn.2026-11.org.blockwire:nvmet";
 const DONE: &str = "nqn.2026-11.org.blockwire:host-done";
@@ -48,26 +47,32 @@ fn blockwire_initiator_against_linux_nvmet() {
         .expect("spawn kernel-vm");
     let mut vm = Vm(child);
     let out = vm.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel::<String>();
     let reader = std::thread::spawn(move || {
         let mut all = String::new();
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             eprintln!("[vm] {line}");
             all.push_str(&line);
             all.push('\n');
-            let _ = tx.send(line);
         }
         all
     });
-    let ready = loop {
-        match rx.recv_timeout(Duration::from_secs(900)) {
-            Ok(l) if l.contains("NVMET-READY") => break true,
-            Ok(l) if l.contains("NVMET-FAIL") || l.contains("TEST-RC=") => break false,
-            Ok(_) => continue,
-            Err(_) => break false,
+    // kernel-vm's console pipe is block-buffered, so the guest's "ready" line
+    // can arrive late: probe the forwarded port with our discovery client
+    // until the kernel target answers (qemu accepts before the guest does).
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut ready = false;
+    while Instant::now() < deadline {
+        if let Ok(Some(st)) = vm.0.try_wait() {
+            panic!("kernel-vm exited early ({st}):\n{}", reader.join().unwrap_or_default());
         }
-    };
-    assert!(ready, "the guest's nvmet target did not come up");
+        let o = blockwire(None, &["nvme", "discover", &format!("127.0.0.1:{port}"), "--timeout", "10"]);
+        if o.status.success() && String::from_utf8_lossy(&o.stdout).contains(NQN) {
+            ready = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    assert!(ready, "the guest's nvmet target did not come up within 15 minutes");
     let u = format!("nvme+tcp://127.0.0.1:{port}/{NQN}/1");
     let o = blockwire_ok(None, &["verify", &u, "--size", "24M", "--queues", "2", "--timeout", "120"]);
     assert!(o.contains("OK"), "{o}");
