@@ -49,6 +49,20 @@ fn fanout_mode() -> FanoutMode {
     }
 }
 
+/// With CPU fanout, worker w serves the frames that arrive on CPU w % n:
+/// pinning it there makes the wakeup local and cache-hot.
+fn pin_to_cpu(w: usize) {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: cpu_set_t is plain data; CPU_SET indexes within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(w % n, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            log::debug!("aoe worker {w}: cannot pin to CPU {}: {}", w % n, io::Error::last_os_error());
+        }
+    }
+}
+
 /// Kernel memory one queued frame costs (skb truesize), estimated
 /// conservatively: the data buffer rounded up to a power of two plus overhead.
 fn frame_truesize(mtu: usize) -> usize {
@@ -91,7 +105,12 @@ pub async fn start(cfg: &AoeConfig, volumes: &Volumes, mut shutdown: Shutdown) -
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("aoe-{}-{w}", ifc.name))
-                    .spawn(move || worker(sock, &ifc, &stop))
+                    .spawn(move || {
+                        if fanout_mode() == FanoutMode::Cpu {
+                            pin_to_cpu(w);
+                        }
+                        worker(sock, &ifc, &stop)
+                    })
                     .context("spawn AoE worker")?,
             );
         }
