@@ -27,9 +27,15 @@ const LOGIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Idle time after which we ping the initiator with a NOP-In; a second
 /// interval without an answer ends the connection.
 const NOP_INTERVAL: Duration = Duration::from_secs(15);
-/// Largest data-out/data-in moved inline on the runtime thread; bigger
-/// transfers and cache flushes go to the blocking pool.
-const INLINE_IO_LIMIT: usize = 64 * 1024;
+/// Largest READ/WRITE run inline on the connection's task; bigger
+/// transfers and everything else (flushes, unmaps) go to the blocking pool.
+/// `BLOCKWIRE_ISCSI_INLINE_MAX` overrides it, for measuring.
+fn inline_io_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("BLOCKWIRE_ISCSI_INLINE_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(64 * 1024)
+    })
+}
 
 struct Target {
     scsi: Arc<ScsiTarget>,
@@ -300,7 +306,7 @@ fn run_command(scsi: &ScsiTarget, nexus: u64, e: &Exec, data_in: &mut Vec<u8>) -
 /// may block for long and goes to the blocking pool.
 fn inline_ok(e: &Exec) -> bool {
     matches!(e.cdb.first(), Some(0x08 | 0x0A | 0x28 | 0x2A | 0xA8 | 0xAA | 0x88 | 0x8A))
-        && (e.edtl as usize) <= INLINE_IO_LIMIT
+        && (e.edtl as usize) <= inline_io_limit()
 }
 
 fn dispatch(conn: &Arc<Conn>, actions: Vec<Action>) -> bool {
