@@ -332,3 +332,53 @@ fn aoe_frames_decode_cleanly_in_tshark() {
     let errs = tshark(&["-Y", "aoe.ata.status == 0x41"]);
     assert!(!errs.trim().is_empty(), "ATA error reply not found in the capture");
 }
+
+/// Our initiator against vblade (a real peer, advertising 16 buffers):
+/// verify must pass and the window must respect vblade's buffer count.
+#[test]
+fn aoe_initiator_against_vblade() {
+    let vblade = std::process::Command::new("sh").args(["-c", "command -v vblade"]).output().expect("sh");
+    assert!(vblade.status.success(), "vblade is not installed (Debian package vblade)");
+    let pair = NetnsPair::new("av", 9000);
+    let dir = TempDir::new("aoevb");
+    let img = dir.path().join("vblade.img");
+    std::fs::File::create(&img).unwrap().set_len(32 << 20).unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _vb = Kill(
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &pair.ns, "vblade", "4", "5", &pair.ns_if])
+            .arg(&img)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn vblade"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = blockwire(None, &["aoe", "discover", &pair.host_if, "--wait", "0.5"]);
+        if String::from_utf8_lossy(&out.stdout).contains("e4.5") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "vblade never answered discovery");
+    }
+    let url = format!("aoe://{}/4.5", pair.host_if);
+    blockwire_ok(None, &["verify", &url, "--size", "16M", "--concurrency", "16"]);
+    let rt = runtime();
+    let u = TargetUrl::parse(&url).unwrap();
+    let c = rt.block_on(AoeClient::connect(&u, &ConnectOptions::default())).expect("connect to vblade");
+    assert_eq!(c.target().buffer_count, 16, "vblade's default buffer count");
+    assert!(c.window() <= 16);
+    let data = vec![0xA5u8; 1 << 20];
+    rt.block_on(c.write(1 << 20, &data)).expect("write 1 MiB to vblade");
+    let mut back = vec![0u8; 1 << 20];
+    rt.block_on(c.read(1 << 20, &mut back)).expect("read back");
+    assert_eq!(back, data);
+    assert!(c.window() <= 16);
+    assert_eq!(c.retransmits(), 0, "no frame should be lost within vblade's buffer count");
+}

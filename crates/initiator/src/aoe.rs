@@ -108,6 +108,7 @@ struct Shared {
     seq: AtomicU32,
     timeout: Duration,
     counters: Counters,
+    flush_ext_unsupported: std::sync::atomic::AtomicBool,
 }
 
 pub struct AoeClient {
@@ -291,6 +292,7 @@ impl AoeClient {
             seq: AtomicU32::new(1),
             timeout: opts.timeout,
             counters: Counters::default(),
+            flush_ext_unsupported: std::sync::atomic::AtomicBool::new(false),
             slots,
             info,
             sock,
@@ -627,7 +629,19 @@ impl BlockClient for AoeClient {
     }
 
     async fn flush(&self) -> Result<()> {
-        self.ata_simple(ata::CMD_FLUSH_CACHE_EXT).await.map(|_| ())
+        // FLUSH CACHE EXT first; targets that abort it (vblade only knows
+        // FLUSH CACHE) get the 28-bit command from then on.
+        if !self.shared.flush_ext_unsupported.load(Relaxed) {
+            match self.ata_simple(ata::CMD_FLUSH_CACHE_EXT).await {
+                Ok(_) => return Ok(()),
+                Err(ClientError::Target(m)) if m.contains("ABRT") => {
+                    log::debug!("{}: FLUSH CACHE EXT aborted, using FLUSH CACHE", self.shared.url);
+                    self.shared.flush_ext_unsupported.store(true, Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.ata_simple(ata::CMD_FLUSH_CACHE).await.map(|_| ())
     }
 
     async fn close(&self) -> Result<()> {
