@@ -115,7 +115,7 @@ pub fn execute(subsys: &Subsystem, sqe: &Sqe, data: &[u8]) -> IoDone {
     let fua = sqe.cdw(12) & (1 << 30) != 0;
     match op {
         nvm::READ => {
-            let mut buf = vec![0u8; len];
+            let mut buf = uninit_buffer(len);
             match ns.volume.read_at(&mut buf, off) {
                 Ok(()) => IoDone { status: Status::SUCCESS, data: Some(Bytes::from(buf)) },
                 Err(e) => IoDone::err(map_err(e, false)),
@@ -174,6 +174,17 @@ pub fn execute(subsys: &Subsystem, sqe: &Sqe, data: &[u8]) -> IoDone {
         }
         _ => IoDone::err(Status::INVALID_OPCODE.dnr()),
     }
+}
+
+/// A buffer for a read that will overwrite all of it. Zero-filling 1 MiB
+/// per read cost a fifth of the target's CPU time on large reads.
+fn uninit_buffer(len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    // SAFETY: u8 has no invalid bit patterns; the only user is
+    // `Volume::read_at`, which either fills the whole buffer (read_exact
+    // semantics) or fails, after which the buffer is dropped unread.
+    unsafe { v.set_len(len) };
+    v
 }
 
 /// Encode DSM ranges (context attributes 0) for a host.
