@@ -100,3 +100,38 @@ fn libiscsi_gate_passes() {
     assert_eq!(failed, 0, "libiscsi gate failures: {:?}", failed_tests(&text));
     assert!(passed >= 130, "only {passed} libiscsi tests ran and passed");
 }
+
+/// A read-only LUN (`readonly = true` in the config): libiscsi's ReadOnly
+/// suite checks that writes fail with DATA PROTECT and that MODE SENSE
+/// reports WP; the gate above ran it against a writable LUN, where it skips.
+#[test]
+fn libiscsi_read_only_lun() {
+    if !have_test_cu() {
+        panic!("iscsi-test-cu not found: install Debian package libiscsi-bin");
+    }
+    let port = free_port();
+    let dir = TempDir::new("iscsiro");
+    let cfg = dir.path().join("ro.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[volume]]\nname = \"d0\"\nbackend = \"ram:16M\"\n[iscsi]\nlisten = [\"127.0.0.1:{port}\"]\n\
+             [[iscsi.target]]\niqn = \"iqn.2026-11.org.blockwire.test:ro\"\nluns = [{{ lun = 0, volume = \"d0\", readonly = true }}]\n"
+        ),
+    )
+    .unwrap();
+    let _serve = Serve::start(&["--config", cfg.to_str().unwrap()]);
+    let url = format!("iscsi://127.0.0.1:{port}/iqn.2026-11.org.blockwire.test:ro/0");
+    let (passed, failed, text) = run_suites(&url, "SCSI.ReadOnly", &[]);
+    eprintln!("{text}");
+    assert_eq!(failed, 0, "ReadOnly failures: {:?}", failed_tests(&text));
+    assert!(passed >= 1);
+    // A LUN that is not reported write-protected makes the suite return
+    // after one or two checks; a real run makes a dozen or more.
+    let asserts: Vec<u32> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("asserts"))
+        .map(|l| l.split_whitespace().filter_map(|w| w.parse().ok()).collect())
+        .unwrap_or_default();
+    assert!(asserts.get(2).is_some_and(|n| *n >= 10), "ReadOnly suite did not really run:\n{text}");
+}
