@@ -227,8 +227,9 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
         let p = match pdu::decode(&mut buf, d, (8 << 20) + 256) {
             Ok(Some(p)) => p,
             Ok(None) => {
-                if buf.capacity() - buf.len() < 64 * 1024 {
-                    buf.reserve(256 * 1024);
+                // See the target's reader: grow only when full.
+                if buf.capacity() == buf.len() {
+                    buf.reserve(64 * 1024);
                 }
                 match rd.read_buf(&mut buf).await {
                     Ok(0) => break "target closed the connection".to_string(),

@@ -153,8 +153,11 @@ async fn next_pdu(rd: &mut OwnedReadHalf, buf: &mut BytesMut, d: Digests, max: u
         if let Some(p) = pdu::decode(buf, d, max)? {
             return Ok(Some(p));
         }
-        if buf.capacity() - buf.len() < 64 * 1024 {
-            buf.reserve(256 * 1024);
+        // `decode` reserved exactly what the current PDU still needs; only
+        // a full buffer needs more room. (Reserving more while earlier PDUs'
+        // payloads are still referenced would copy the partial PDU.)
+        if buf.capacity() == buf.len() {
+            buf.reserve(64 * 1024);
         }
         match rd.read_buf(buf).await {
             Ok(0) | Err(_) => return Ok(None),
