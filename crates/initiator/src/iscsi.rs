@@ -347,7 +347,7 @@ async fn login(
     let dec = Decoder::new(64 * 1024);
     let mut req = l.start();
     loop {
-        write_pdu(&mut wr, &req, Digests::default()).await?;
+        wr.write_all(&req.encode(Digests::default())).await?;
         let resp = tokio::time::timeout(opts.timeout, read_pdu(&mut rd, &mut buf, &dec))
             .await
             .map_err(|_| ClientError::Timeout("login response".into()))??;

@@ -11,6 +11,7 @@ use bw_iscsi::pdu::{Decoder, Digests, Pdu};
 use bw_iscsi::session::{write_outcome, Action, Exec, SessionConfig, TargetSession};
 use bw_scsi::{LunConfig, ScsiTarget};
 use bytes::BytesMut;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +19,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 /// Commands one session may have outstanding (MaxCmdSN window).
 pub const QUEUE_DEPTH: u32 = 128;
@@ -47,6 +48,9 @@ struct Ctx {
     listen: Vec<SocketAddr>,
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
+    /// Live normal sessions by (initiator name, ISID, target): a new login
+    /// with the same key reinstates the session, ending the old connection.
+    sessions: Mutex<HashMap<(String, [u8; 6], usize), (u64, Arc<Notify>)>>,
 }
 
 fn secret(c: &Option<crate::config::Credentials>) -> Option<Secret> {
@@ -85,6 +89,7 @@ pub async fn start(cfg: &IscsiConfig, volumes: &Volumes, shutdown: Shutdown) -> 
         listen: cfg.listen.clone(),
         next_tsih: AtomicU16::new(1),
         next_nexus: AtomicU64::new(1),
+        sessions: Mutex::new(HashMap::new()),
     });
     let mut listeners = Vec::new();
     for a in &cfg.listen {
@@ -190,7 +195,8 @@ async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown) ->
         };
         let Some(pdu) = pdu else { return Ok(()) };
         let (resp, step) = login.step(&pdu);
-        write_pdu(&mut wr, &resp, Digests::default()).await?;
+        // One write per response: login PDUs are small.
+        wr.write_all(&resp.encode(Digests::default())).await?;
         match step {
             LoginStep::Continue => {}
             LoginStep::Complete => break,
@@ -237,10 +243,25 @@ async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown) ->
         let isid: String = res.isid.iter().map(|b| format!("{b:02x}")).collect();
         s.set_initiator_name(nexus, &format!("{},i,0x{isid}", res.initiator_name));
     }
+    let ended = Arc::new(Notify::new());
+    let key = res.target.map(|t| (res.initiator_name.clone(), res.isid, t));
+    if let Some(k) = &key {
+        let old = ctx.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(k.clone(), (nexus, ended.clone()));
+        if let Some((_, old)) = old {
+            log::info!("iSCSI session of {} reinstated: ending the old connection", res.initiator_name);
+            old.notify_one();
+        }
+    }
     let (tx, rx) = mpsc::unbounded_channel::<Out>();
     let conn = Arc::new(Conn { session: Mutex::new(session), tx, scsi: scsi.clone(), nexus });
     let mut io = ConnIo { rd, w: BufWriter::with_capacity(256 * 1024, wr), rx, digests, buf, dec };
-    let r = full_feature(&conn, &mut io, &mut shutdown).await;
+    let r = full_feature(&conn, &mut io, &mut shutdown, &ended).await;
+    if let Some(k) = &key {
+        let mut map = ctx.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(k).is_some_and(|(n, _)| *n == nexus) {
+            map.remove(k);
+        }
+    }
     let _ = io.w.flush().await;
     let _ = io.w.shutdown().await;
     if let Some(s) = &scsi {
@@ -406,7 +427,7 @@ impl ConnIo {
     }
 }
 
-async fn full_feature(conn: &Arc<Conn>, io: &mut ConnIo, shutdown: &mut Shutdown) -> anyhow::Result<()> {
+async fn full_feature(conn: &Arc<Conn>, io: &mut ConnIo, shutdown: &mut Shutdown, reinstated: &Notify) -> anyhow::Result<()> {
     let mut nop = tokio::time::interval(NOP_INTERVAL);
     nop.tick().await;
     let mut idle_ticks = 0u32;
@@ -451,6 +472,7 @@ async fn full_feature(conn: &Arc<Conn>, io: &mut ConnIo, shutdown: &mut Shutdown
                 }
             }
             o = io.rx.recv() => incoming = o,
+            _ = reinstated.notified() => anyhow::bail!("session reinstated by a new login"),
             _ = nop.tick() => {
                 idle_ticks += 1;
                 let mut s = conn.lock();
