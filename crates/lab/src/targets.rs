@@ -246,7 +246,8 @@ fn tgtadm(topo: &Topology, port: u32, args: &[&str]) -> Result<(), String> {
 /// tgtd in the foreground with a control port of its own (so it never
 /// meets a system tgtd), one target with the backing file as LUN 1.
 pub fn start_tgt(topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
-    let port = 20_000 + std::process::id() % 40_000;
+    // tgtd accepts control ports up to 32767.
+    let port = 1_000 + std::process::id() % 31_000;
     // tgtd leaves its control socket and lock behind when killed.
     let sock = PathBuf::from(format!("/var/run/tgtd/socket.{port}"));
     let lock = PathBuf::from(format!("/var/run/tgtd/socket.{port}.lock"));
