@@ -42,6 +42,20 @@ allowed_hosts = [{}]
     cfg.to_str().unwrap().to_string()
 }
 
+/// The target's log gains a line containing every needle (the log is read
+/// from its stderr by another thread, so give it a moment).
+fn wait_log(serve: &Serve, needles: &[&str]) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        let log = serve.log_text();
+        if needles.iter().all(|n| log.contains(n)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
 fn url(port: u16, nsid: u32) -> String {
     format!("nvme+tcp://127.0.0.1:{port}/{NQN}/{nsid}")
 }
@@ -99,7 +113,7 @@ fn host_outside_allow_list_is_refused_at_connect() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("Connect") && err.contains("host not allowed"), "unexpected error: {err}");
     blockwire_ok(None, &["verify", &url(port, 1), "--size", "4M", "--initiator-name", GOOD_HOST]);
-    assert!(serve.log_text().contains("is not allowed on"));
+    assert!(wait_log(&serve, &["is not allowed on"]), "refusal not logged:\n{}", serve.log_text());
     assert!(serve.stop().success());
 }
 
@@ -193,8 +207,8 @@ fn silent_host_is_torn_down_after_kato() {
     // KATO 1 s, then silence: the controller and its connection must go.
     let (mut s, cntlid) = admin_connect(port, 1000);
     assert!(closed_within(&mut s, Duration::from_secs(60)), "connection still open long after KATO");
-    let log = serve.log_text();
-    assert!(log.contains(&format!("controller {cntlid}")) && log.contains("keep-alive timeout"), "no keep-alive teardown logged:\n{log}");
+    let who = format!("controller {cntlid} ");
+    assert!(wait_log(&serve, &[&who, "keep-alive timeout"]), "no keep-alive teardown logged:\n{}", serve.log_text());
     // An I/O queue connect to the dead controller is refused.
     let mut s = open(port);
     s.write_all(&icreq(0)).unwrap();

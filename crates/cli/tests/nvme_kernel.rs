@@ -56,8 +56,12 @@ allowed_hosts = ["{HOSTNQN}"]
     }
     assert!(run.status.success(), "guest script failed");
     assert!(serve.is_running(), "target died");
-    let log = serve.log_text();
-    assert!(log.contains(&format!("host {BADNQN} is not allowed")), "refusal not logged:\n{log}");
+    let needle = format!("host {BADNQN} is not allowed");
+    let t0 = std::time::Instant::now();
+    while !serve.log_text().contains(&needle) && t0.elapsed() < std::time::Duration::from_secs(20) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(serve.log_text().contains(&needle), "refusal not logged:\n{}", serve.log_text());
     // The kernel connected the discovery controller; our client reads its log.
     let out = blockwire_ok(None, &["nvme", "discover", &format!("127.0.0.1:{dport}"), "--initiator-name", HOSTNQN]);
     assert!(out.contains(NQN) && out.contains(&port.to_string()), "discovery log does not list the subsystem:\n{out}");

@@ -217,10 +217,18 @@ fn may_block(subsys: &Subsystem, sqe: &Sqe) -> bool {
 impl Conn {
     async fn run(&mut self, rd: &mut OwnedReadHalf, buf: &mut BytesMut, d: Digests, shutdown: &mut Shutdown) -> anyhow::Result<()> {
         loop {
-            let p = tokio::select! {
-                r = next_pdu(rd, buf, d, MAX_PLEN) => r,
-                _ = self.kill.changed() => return Ok(()),
-                _ = shutdown.wait() => return Ok(()),
+            // Handle every PDU already buffered before waiting on the socket
+            // (and the kill/shutdown signals) again: at high queue depth one
+            // read brings many capsules.
+            let p = match pdu::decode(buf, d, MAX_PLEN) {
+                Ok(Some(p)) if !*self.kill.borrow() => Ok(Some(p)),
+                Ok(Some(_)) => return Ok(()),
+                Ok(None) => tokio::select! {
+                    r = next_pdu(rd, buf, d, MAX_PLEN) => r,
+                    _ = self.kill.changed() => return Ok(()),
+                    _ = shutdown.wait() => return Ok(()),
+                },
+                Err(e) => Err(e),
             };
             let flow = match p {
                 Ok(None) => return Ok(()),
