@@ -26,7 +26,10 @@ build: deps
 # Every test: unit, property and byte-vector tests, then the integration tests
 # (namespaces, peers, tshark, the kernel VM, the lab report in Chromium).
 test: build
-	$(CARGO) test --release --workspace --no-fail-fast
+	@mkdir -p target
+	@set -o pipefail; $(CARGO) test --release --workspace --no-fail-fast 2>&1 | tee target/test.log; rc=$$?; \
+	awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test.log; \
+	exit $$rc
 
 demo: build
 	$(BIN) lab --quick
