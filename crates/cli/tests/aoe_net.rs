@@ -304,12 +304,14 @@ fn aoe_frames_decode_cleanly_in_tshark() {
     }
     std::thread::sleep(Duration::from_millis(500));
     blockwire_ok(None, &["aoe", "discover", &pair.host_if]);
-    blockwire_ok(None, &["verify", &format!("aoe://{}/1.2", pair.host_if), "--size", "2M"]);
-    // An ATA error reply (read-only export) is in the capture too.
+    // An ATA error reply (read-only export) is in the capture too. It goes
+    // first so the frames after it push it through dumpcap's buffers: the
+    // last frames before SIGINT were sometimes missing on a loaded machine.
     let rt = runtime();
     let ro = client(&rt, &pair.host_if, 3);
     assert!(rt.block_on(ro.write(0, &[0u8; 512])).is_err());
-    std::thread::sleep(Duration::from_millis(500));
+    blockwire_ok(None, &["verify", &format!("aoe://{}/1.2", pair.host_if), "--size", "2M"]);
+    std::thread::sleep(Duration::from_millis(1000));
     // SAFETY: signalling our own child by PID.
     unsafe { libc::kill(dumpcap.id() as i32, libc::SIGINT) };
     let _ = dumpcap.wait();
