@@ -6,6 +6,7 @@ use crate::{BackendKind, BackendSpec, BlockError, DeviceInfo, Durability};
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::{AsRawFd, FromRawFd};
 
@@ -201,6 +202,11 @@ impl crate::BlockDevice for FileDevice {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.write_at_inner(buf, offset)
+    }
+
+    fn zero_copy_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        // O_DIRECT bypasses the page cache that sendfile reads from.
+        (!self.direct).then(|| self.file.as_fd())
     }
 
     fn flush(&self) -> io::Result<()> {

@@ -77,6 +77,13 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Write zeroes over a range (may deallocate).
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// A descriptor that `sendfile`/`splice` may read from at the same
+    /// absolute offsets, so a front-end can move read data from the page
+    /// cache to a socket without copying it through user space. `None` when
+    /// reads must go through [`BlockDevice::read_at`] (e.g. O_DIRECT).
+    fn zero_copy_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// Open a backend from its spec.

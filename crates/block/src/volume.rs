@@ -115,6 +115,25 @@ impl Volume {
         self.count_err(self.inner.dev.read_at(buf, offset))
     }
 
+    /// Check and count a read that the caller will carry out itself with
+    /// `sendfile`/`splice` from the returned descriptor at `offset` (the
+    /// backend's offsets are the volume's). `Ok(None)`: this backend has no
+    /// zero-copy path; use [`Volume::read_at`]. Report a failed transfer with
+    /// [`Volume::note_error`].
+    pub fn zero_copy_read(&self, offset: u64, len: u64) -> Result<Option<std::os::fd::BorrowedFd<'_>>> {
+        self.check(offset, len)?;
+        let Some(fd) = self.inner.dev.zero_copy_fd() else { return Ok(None) };
+        let s = &self.inner.stats;
+        s.reads.fetch_add(1, Relaxed);
+        s.read_bytes.fetch_add(len, Relaxed);
+        Ok(Some(fd))
+    }
+
+    /// Count an I/O error the front-end hit outside the volume's own calls.
+    pub fn note_error(&self) {
+        self.inner.stats.errors.fetch_add(1, Relaxed);
+    }
+
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.check_write(offset, buf.len() as u64)?;
         let s = &self.inner.stats;
@@ -164,6 +183,27 @@ mod tests {
         assert!(matches!(ro.discard(0, 512), Err(BlockError::ReadOnly)));
         ro.read_at(&mut b, 0).unwrap();
         assert_eq!(ro.stats().reads, 1);
+    }
+
+    #[test]
+    fn zero_copy_read_hands_out_the_backing_fd() {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let v = Volume::open("z", &BackendSpec::ram(8192)).unwrap();
+        v.write_at(&[7u8; 512], 1024).unwrap();
+        assert!(matches!(v.zero_copy_read(8000, 512), Err(BlockError::OutOfRange { .. })));
+        let fd = v.zero_copy_read(1024, 512).unwrap().expect("ram has a zero-copy fd");
+        // sendfile from the fd at the volume offset into a pipe yields the data.
+        let (mut r, w) = std::io::pipe().unwrap();
+        let mut off: libc::off_t = 1024;
+        let n = unsafe { libc::sendfile(w.as_raw_fd(), fd.as_raw_fd(), &mut off, 512) };
+        assert_eq!(n, 512);
+        drop(w);
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert_eq!(got, vec![7u8; 512]);
+        assert_eq!(v.stats().reads, 1);
+        assert_eq!(v.stats().read_bytes, 512);
     }
 
     proptest! {
