@@ -10,6 +10,18 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::{AsRawFd, FromRawFd};
 
+/// Whether a file lives on tmpfs or ramfs (e.g. /dev/shm).
+fn on_memory_fs(file: &File) -> bool {
+    const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
+    const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
+    // SAFETY: statfs is plain data filled in by the kernel for a valid fd.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    matches!(st.f_type as libc::c_long, TMPFS_MAGIC | RAMFS_MAGIC)
+}
+
 /// Alignment O_DIRECT needs for buffers, offsets and lengths. 4096 covers
 /// every logical block size in common use.
 const DIRECT_ALIGN: usize = 4096;
@@ -63,6 +75,7 @@ impl FileDevice {
                     )
                     .into());
                 }
+                let memory_backed = !spec.direct && !is_block_device && on_memory_fs(&file);
                 let durability = if spec.sync { Durability::WriteThrough } else { Durability::WriteBack };
                 let mut description = format!("{}{}", if is_block_device { "blockdev:" } else { "file:" }, path.display());
                 for (on, name) in [(spec.direct, "O_DIRECT"), (spec.sync, "O_DSYNC"), (spec.readonly, "read-only")] {
@@ -78,6 +91,7 @@ impl FileDevice {
                         durability,
                         supports_discard: true,
                         description,
+                        memory_backed,
                     },
                     direct: spec.direct,
                     is_block_device,
@@ -104,6 +118,7 @@ impl FileDevice {
                 durability: Durability::Volatile,
                 supports_discard: true,
                 description: format!("ram:{}", crate::format_size(size)),
+                memory_backed: true,
             },
             direct: false,
             is_block_device: false,
@@ -344,6 +359,23 @@ mod tests {
             assert_eq!(&c, b"\0\0world\0\0\0");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn memory_backing_is_detected() {
+        assert!(FileDevice::open(&BackendSpec::ram(4096)).unwrap().info().memory_backed);
+        let shm = std::path::Path::new("/dev/shm");
+        if shm.is_dir() {
+            let path = shm.join(format!("bw-block-memtest-{}", std::process::id()));
+            let d = FileDevice::open(&BackendSpec::parse(&format!("file:{},size=4k", path.display())).unwrap()).unwrap();
+            assert!(d.info().memory_backed, "/dev/shm is tmpfs");
+            drop(d);
+            std::fs::remove_file(&path).unwrap();
+        }
+        // The crate's own directory is on a disk file system, not tmpfs.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let d = FileDevice::open(&BackendSpec::parse(&format!("file:{},readonly", path.display())).unwrap()).unwrap();
+        assert!(!d.info().memory_backed);
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub struct DeviceInfo {
     pub durability: Durability,
     /// Whether `discard` really deallocates (hole punch / BLKDISCARD).
     pub supports_discard: bool,
+    /// The data lives in memory (memfd, tmpfs/ramfs file) and is not read
+    /// with O_DIRECT: I/O is a memory copy that never waits for a device, so
+    /// front-ends need no extra threads to keep requests in flight.
+    pub memory_backed: bool,
     /// Human-readable description, e.g. `file:/dev/shm/x (O_DIRECT)`.
     pub description: String,
 }

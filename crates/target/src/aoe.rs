@@ -31,13 +31,25 @@ const MAX_ADVERTISED_BUFFERS: usize = 256;
 /// How often idle workers look at the stop flag.
 const POLL: Duration = Duration::from_millis(200);
 
-fn default_workers() -> usize {
+/// Worker threads for one interface. `memory_backed`: every export there
+/// lives in memory, so a request never waits for a device.
+fn default_workers(memory_backed: bool) -> usize {
     if let Some(n) = std::env::var("BLOCKWIRE_AOE_WORKERS").ok().and_then(|v| v.parse::<usize>().ok()) {
         return n.clamp(1, 64);
     }
-    // More threads than cores: a worker blocked on backend I/O (a real disk)
-    // must not stall the others.
-    std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8) * 2
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    if memory_backed {
+        // Each request is a memory copy: one worker per two cores keeps up
+        // with the wire (a batch of frames per wakeup), and leaves the other
+        // cores to the kernel's network processing. More workers only add
+        // wakeups and contention (measured: 2.5x the CPU per I/O with 4
+        // workers on 2 cores).
+        (cpus / 2).max(1)
+    } else {
+        // More threads than cores: a worker blocked on backend I/O (a real
+        // disk) must not stall the others.
+        cpus.clamp(2, 8) * 2
+    }
 }
 
 /// How the kernel spreads frames over the workers: round robin by default;
@@ -95,8 +107,9 @@ pub async fn start(cfg: &AoeConfig, volumes: &Volumes, mut shutdown: Shutdown) -
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
     let mut interfaces = Vec::new();
-    let workers = default_workers();
     for (n, (iface, exports)) in by_iface.into_iter().enumerate() {
+        let memory_backed = exports.iter().all(|e| volumes.get(&e.volume).is_some_and(|v| v.info().memory_backed));
+        let workers = default_workers(memory_backed);
         let (ifc, sockets) = open_interface(iface, &exports, volumes, workers, n)?;
         let ifc = Arc::new(ifc);
         for (w, sock) in sockets.into_iter().enumerate() {
