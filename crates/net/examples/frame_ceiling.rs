@@ -1,0 +1,116 @@
+//! The most request/reply frame pairs per second AF_PACKET sockets can move
+//! over one link on this machine, with nothing else done per frame: an upper
+//! bound for any userspace AoE target and initiator pair (bench/aoe-ceiling).
+//!
+//! `frame_ceiling respond IFACE REPLY_BYTES`: answer every frame with a
+//! REPLY_BYTES frame to its sender (batched recvmmsg/sendmmsg), until a
+//! stop frame comes; then print its CPU seconds.
+//! `frame_ceiling drive IFACE SECONDS WINDOW`: keep WINDOW requests (60-byte
+//! frames) in flight, batched both ways, for SECONDS; print one JSON line
+//! with pairs per second and the driver's CPU seconds.
+
+use bw_net::{FrameBatch, PacketSocket};
+use std::io;
+use std::time::{Duration, Instant};
+
+/// An ethertype from the IEEE "local experimental" range, so no real
+/// protocol handler (or AoE target) sees these frames.
+const ETHERTYPE: u16 = 0x88B5;
+const BATCH: usize = 64;
+const STOP: u8 = 0xEE;
+
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills a plain struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+fn header(frame: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
+    frame[0..6].copy_from_slice(&dst);
+    frame[6..12].copy_from_slice(&src);
+    frame[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
+}
+
+fn respond(iface: &str, reply_bytes: usize) -> io::Result<()> {
+    let sock = PacketSocket::open(iface, ETHERTYPE)?;
+    sock.set_buffer_sizes(4 << 20, 4 << 20)?;
+    let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
+    let mut tx = FrameBatch::new(BATCH, reply_bytes.max(60));
+    let me = sock.mac();
+    let start = cpu_seconds();
+    let mut pairs = 0u64;
+    eprintln!("frame_ceiling: responding on {iface} with {reply_bytes}-byte frames");
+    loop {
+        let n = sock.recv_batch(&mut rx)?;
+        let mut out = 0;
+        for i in 0..n {
+            let f = rx.frame(i);
+            if f.len() > 14 && f[14] == STOP {
+                println!("{{\"responder_cpu_s\": {:.3}, \"pairs\": {pairs}}}", cpu_seconds() - start);
+                return Ok(());
+            }
+            let mut src = [0u8; 6];
+            src.copy_from_slice(&f[6..12]);
+            header(tx.slot_mut(out), src, me);
+            tx.set_len(out, reply_bytes);
+            out += 1;
+        }
+        pairs += sock.send_batch(&mut tx, out)? as u64;
+    }
+}
+
+fn drive(iface: &str, seconds: f64, window: usize) -> io::Result<()> {
+    let sock = PacketSocket::open(iface, ETHERTYPE)?;
+    sock.set_buffer_sizes(4 << 20, 4 << 20)?;
+    sock.set_recv_timeout(Duration::from_millis(200))?;
+    let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
+    let mut tx = FrameBatch::new(BATCH, 60);
+    let me = sock.mac();
+    for i in 0..BATCH {
+        header(tx.slot_mut(i), [0xff; 6], me);
+        tx.set_len(i, 60);
+    }
+    let start = Instant::now();
+    let cpu0 = cpu_seconds();
+    let deadline = start + Duration::from_secs_f64(seconds);
+    let (mut inflight, mut pairs) = (0usize, 0u64);
+    while Instant::now() < deadline {
+        while inflight < window {
+            let k = (window - inflight).min(BATCH);
+            inflight += sock.send_batch(&mut tx, k)?;
+        }
+        match sock.recv_batch(&mut rx) {
+            Ok(n) => {
+                inflight -= n.min(inflight);
+                pairs += n as u64;
+            }
+            // A lost frame shrinks the real window; refill it.
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => inflight = 0,
+            Err(e) => return Err(e),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    tx.slot_mut(0)[14] = STOP;
+    sock.send_batch(&mut tx, 1)?;
+    println!("{{\"pairs_per_s\": {:.0}, \"driver_cpu_s\": {cpu:.3}, \"seconds\": {secs:.3}, \"window\": {window}}}", pairs as f64 / secs);
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let r = match args.get(1).map(String::as_str) {
+        Some("respond") if args.len() == 4 => respond(&args[2], args[3].parse().expect("REPLY_BYTES")),
+        Some("drive") if args.len() == 5 => drive(&args[2], args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW")),
+        _ => {
+            eprintln!("usage: frame_ceiling respond IFACE REPLY_BYTES | drive IFACE SECONDS WINDOW");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = r {
+        eprintln!("frame_ceiling: {e}");
+        std::process::exit(1);
+    }
+}
