@@ -174,7 +174,8 @@ pub struct Pdu {
     pub data: Bytes,
 }
 
-fn pad4(n: usize) -> usize {
+/// Padding after a data segment of `n` bytes.
+pub fn pad4(n: usize) -> usize {
     (4 - n % 4) % 4
 }
 
@@ -194,9 +195,16 @@ impl Pdu {
     /// Header part on the wire: BHS (with lengths filled in) + AHS + header
     /// digest. The data segment follows, then [`Pdu::trailer`].
     pub fn header_bytes(&self, d: Digests) -> BytesMut {
+        self.header_bytes_for(d, self.data.len())
+    }
+
+    /// Header part for a data segment of `data_len` bytes that the caller
+    /// sends itself (e.g. with `sendfile`), followed by [`pad4`] zero bytes
+    /// and no data digest.
+    pub fn header_bytes_for(&self, d: Digests, data_len: usize) -> BytesMut {
         let mut bhs = self.bhs;
         bhs.0[4] = (self.ahs.len() / 4) as u8;
-        bhs.set_data_segment_len(self.data.len());
+        bhs.set_data_segment_len(data_len);
         let mut out = BytesMut::with_capacity(BHS_LEN + self.ahs.len() + 4);
         out.put_slice(&bhs.0);
         out.put_slice(&self.ahs);

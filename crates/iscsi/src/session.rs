@@ -73,6 +73,11 @@ pub struct Exec {
 #[derive(Debug, Clone)]
 pub enum Action {
     Send(Pdu),
+    /// A Data-In PDU whose data segment is bytes `at..at + len` of the read
+    /// extent the transport gave [`TargetSession::complete_extent`]: send the
+    /// header of `pdu` for that length (see [`Pdu::header_bytes_for`]), then
+    /// those bytes, then padding. Only without a data digest.
+    SendExtent { pdu: Pdu, at: usize, len: usize },
     Execute(Exec),
     /// Reset the LUN in the SCSI layer, then call [`TargetSession::finish_tmf`].
     LunReset { itt: u32, lun: u64 },
@@ -496,12 +501,7 @@ impl TargetSession {
     /// A command finished: `status`/`sense` from the SCSI layer, `data_in`
     /// everything it produced, `write_residual` from [`write_outcome`].
     pub fn complete(&mut self, itt: u32, id: u64, status: u8, sense: &[u8], mut data_in: Vec<u8>, write_residual: Residual, out: &mut Vec<Action>) {
-        match self.tasks.get(&itt) {
-            Some(t) if t.id == id => {}
-            _ => return, // aborted meanwhile
-        }
-        let Some(t) = self.tasks.remove(&itt) else { return };
-        self.slot_done();
+        let Some(t) = self.take_task(itt, id) else { return };
         let edtl = t.edtl as usize;
         let read_residual = if t.write && !t.read {
             write_residual
@@ -511,16 +511,58 @@ impl TargetSession {
             r
         };
         let data_in = Bytes::from(data_in);
+        let len = data_in.len();
+        self.respond(itt, &t, status, sense, len, read_residual, out, |pdu, off, end| Action::Send(Pdu { data: data_in.slice(off..end), ..pdu }));
+    }
+
+    /// A read finished as a read extent of `len` bytes that the transport
+    /// sends itself: GOOD status, Data-In PDUs as [`Action::SendExtent`]
+    /// (the extent is cut to the expected transfer length).
+    pub fn complete_extent(&mut self, itt: u32, id: u64, len: usize, out: &mut Vec<Action>) {
+        let Some(t) = self.take_task(itt, id) else { return };
+        let edtl = t.edtl as usize;
+        let residual = Residual::of(len, edtl);
+        let len = len.min(edtl);
+        self.respond(itt, &t, status::GOOD, &[], len, residual, out, |pdu, at, end| Action::SendExtent { pdu, at, len: end - at });
+    }
+
+    /// The task `itt` if it is still the one with `id` (not aborted
+    /// meanwhile), removed; its command slot is freed.
+    fn take_task(&mut self, itt: u32, id: u64) -> Option<Task> {
+        match self.tasks.get(&itt) {
+            Some(t) if t.id == id => {}
+            _ => return None,
+        }
+        let t = self.tasks.remove(&itt)?;
+        self.slot_done();
+        Some(t)
+    }
+
+    /// Data-In PDUs for `len` bytes of data (built by `data_pdu` from a
+    /// header-only PDU and a byte range), with the status in the last one
+    /// when there is no sense data, else a SCSI Response after them.
+    #[allow(clippy::too_many_arguments)]
+    fn respond(
+        &mut self,
+        itt: u32,
+        t: &Task,
+        status: u8,
+        sense: &[u8],
+        len: usize,
+        read_residual: Residual,
+        out: &mut Vec<Action>,
+        data_pdu: impl Fn(Pdu, usize, usize) -> Action,
+    ) {
         let mss = self.params.max_send_data_segment_length.max(512) as usize;
         let burst = self.params.max_burst_length.max(512) as usize;
         let mut data_sn = 0u32;
         let collapse = sense.is_empty();
         let mut off = 0usize;
-        while off < data_in.len() {
+        while off < len {
             // Each PDU ends at the segment limit or at a burst boundary.
             let burst_end = (off / burst + 1) * burst;
-            let end = (off + mss).min(data_in.len()).min(burst_end);
-            let last = end == data_in.len();
+            let end = (off + mss).min(len).min(burst_end);
+            let last = end == len;
             let with_status = last && collapse;
             let m = DataIn {
                 final_: last || end == burst_end,
@@ -537,11 +579,11 @@ impl TargetSession {
                 buffer_offset: off as u32,
                 residual: if with_status { read_residual } else { Residual::None },
             };
-            out.push(Action::Send(Pdu::new(Message::DataIn(m).encode(), data_in.slice(off..end))));
+            out.push(data_pdu(Pdu::new(Message::DataIn(m).encode(), Bytes::new()), off, end));
             data_sn += 1;
             off = end;
         }
-        if data_in.is_empty() || !collapse {
+        if len == 0 || !collapse {
             let r = ScsiResponse {
                 response: 0,
                 status,
@@ -767,5 +809,89 @@ pub fn write_outcome(wanted: usize, got: usize) -> (Residual, Option<Vec<u8>>) {
         (r, Some(sense_invalid_field_in_iu()))
     } else {
         (r, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(mss: u32) -> TargetSession {
+        let params = SessionParams { max_send_data_segment_length: mss, ..SessionParams::default() };
+        TargetSession::new(SessionConfig {
+            session_type: SessionType::Normal,
+            params,
+            queue_depth: 8,
+            exp_cmd_sn: 1,
+            stat_sn: 10,
+            cid: 0,
+            targets: Vec::new(),
+            current_target: None,
+        })
+    }
+
+    fn read_command(s: &mut TargetSession, itt: u32, edtl: u32) -> Exec {
+        let c = ScsiCommand { final_: true, read: true, itt, edtl, cmd_sn: s.exp_cmd_sn(), cdb: [0x28; 16], ..Default::default() };
+        let mut out = Vec::new();
+        s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), &mut out).unwrap();
+        match out.pop() {
+            Some(Action::Execute(e)) => e,
+            other => panic!("expected Execute, got {other:?}"),
+        }
+    }
+
+    fn data_in(p: &Pdu) -> DataIn {
+        match Message::decode(&p.bhs).unwrap() {
+            Message::DataIn(d) => d,
+            m => panic!("expected Data-In, got {m:?}"),
+        }
+    }
+
+    /// A read extent becomes the same Data-In sequence as buffered data:
+    /// segments cut at MaxRecvDataSegmentLength, status in the last one,
+    /// and an extent longer than the EDTL is cut with an overflow residual.
+    #[test]
+    fn extent_completion_matches_buffered() {
+        for (len, edtl) in [(20_000usize, 20_000u32), (20_000, 12_288), (512, 4096)] {
+            let mut a = session(8192);
+            let mut b = session(8192);
+            let ea = read_command(&mut a, 5, edtl);
+            let eb = read_command(&mut b, 5, edtl);
+            let mut buffered = Vec::new();
+            a.complete(5, ea.id, status::GOOD, &[], vec![7u8; len], Residual::None, &mut buffered);
+            let mut extent = Vec::new();
+            b.complete_extent(5, eb.id, len, &mut extent);
+            assert_eq!(buffered.len(), extent.len());
+            let mut next = 0;
+            for (x, y) in buffered.iter().zip(&extent) {
+                let (Action::Send(p), Action::SendExtent { pdu, at, len: n }) = (x, y) else { panic!("{x:?} / {y:?}") };
+                assert_eq!((*at, p.data.len()), (next, *n));
+                next += n;
+                assert!(pdu.data.is_empty());
+                assert_eq!(data_in(p), data_in(pdu));
+                // The header sent for the extent carries its length.
+                assert_eq!(&pdu.header_bytes_for(Default::default(), *n)[..], &p.header_bytes(Default::default())[..]);
+            }
+            assert_eq!(next, len.min(edtl as usize));
+            let last = data_in(match extent.last() {
+                Some(Action::SendExtent { pdu, .. }) => pdu,
+                _ => unreachable!(),
+            });
+            assert!(last.has_status && last.final_);
+            assert_eq!(last.residual, Residual::of(len, edtl as usize));
+            assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
+            assert_eq!(a.max_cmd_sn(), b.max_cmd_sn());
+        }
+    }
+
+    /// A task aborted while its extent was being planned gets no PDUs.
+    #[test]
+    fn extent_for_aborted_task_is_dropped() {
+        let mut s = session(8192);
+        let e = read_command(&mut s, 9, 4096);
+        let mut out = Vec::new();
+        s.complete_extent(9, e.id + 1, 4096, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(s.outstanding(), 1);
     }
 }

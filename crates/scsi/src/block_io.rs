@@ -5,7 +5,8 @@
 use crate::cdb::{be16, be24, be32, be64, op, truncate_to};
 use crate::inquiry::{MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BLOCKS};
 use crate::sense::{key, Sense};
-use crate::Lun;
+use crate::{Lun, ReadExtent};
+use std::os::fd::AsRawFd;
 use bw_block::{BlockError, Durability};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -72,8 +73,8 @@ impl Lun {
         Ok(())
     }
 
-    /// READ (6/10/12/16). Fast path: no allocation beyond `out`.
-    pub fn read(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+    /// Checks of READ (6/10/12/16); the byte offset and length it reads.
+    fn read_range(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
         if cdb[0] != op::READ_6 && cdb[1] & 0xe0 != 0 {
             return Err(Sense::invalid_cdb_field(1, Some(7))); // RDPROTECT: no protection information
         }
@@ -82,7 +83,27 @@ impl Lun {
         if n > MAX_TRANSFER_BLOCKS as u64 {
             return Err(Sense::invalid_cdb_field(if cdb[0] == op::READ_6 { 4 } else { 7 }, None));
         }
-        let len = n as usize * BLOCK;
+        Ok((lba * BLOCK_U64, n as usize * BLOCK))
+    }
+
+    /// READ as a [`ReadExtent`] the transport sends itself; `None` if the
+    /// backend has no zero-copy path (or nothing is to be read): use
+    /// [`Lun::read`].
+    pub fn read_extent(&self, cdb: &[u8]) -> Result<Option<ReadExtent>, Sense> {
+        let (offset, len) = self.read_range(cdb)?;
+        if len == 0 {
+            return Ok(None);
+        }
+        match self.volume.zero_copy_read(offset, len as u64) {
+            Ok(Some(fd)) => Ok(Some(ReadExtent::new(self.volume.clone(), fd.as_raw_fd(), offset, len))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(io_sense(&e, false)),
+        }
+    }
+
+    /// READ (6/10/12/16). Fast path: no allocation beyond `out`.
+    pub fn read(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+        let (offset, len) = self.read_range(cdb)?;
         // Reuse the caller's buffer: bytes already there are overwritten by
         // the read, so only growth gets zero-filled (execute clears `out` if
         // the read fails).
@@ -94,7 +115,7 @@ impl Lun {
             *out = vec![0; len];
         }
         if len > 0 {
-            self.volume.read_at(out, lba * BLOCK_U64).map_err(|e| {
+            self.volume.read_at(out, offset).map_err(|e| {
                 out.clear();
                 io_sense(&e, false)
             })?;

@@ -96,6 +96,51 @@ impl ScsiOutcome {
     }
 }
 
+/// A READ whose data the transport moves itself, from the backend's page
+/// cache straight to the socket (`sendfile`), instead of through a buffer:
+/// `len` bytes at byte `offset` of [`ReadExtent::fd`]. Every SCSI check has
+/// passed and the read is counted in the volume's stats; if the transfer
+/// fails, report it with [`ReadExtent::note_error`].
+#[derive(Debug, Clone)]
+pub struct ReadExtent {
+    /// Keeps the backend, and with it `fd`, open.
+    volume: Volume,
+    fd: std::os::fd::RawFd,
+    pub offset: u64,
+    pub len: usize,
+}
+
+impl ReadExtent {
+    fn new(volume: Volume, fd: std::os::fd::RawFd, offset: u64, len: usize) -> Self {
+        ReadExtent { volume, fd, offset, len }
+    }
+
+    /// The backend's descriptor, valid as long as this extent.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: `fd` came from `volume`'s backend, which `self.volume`
+        // keeps alive (and open) for at least as long as the borrow.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) }
+    }
+
+    /// Count a transfer that failed after the checks.
+    pub fn note_error(&self) {
+        self.volume.note_error();
+    }
+}
+
+/// What [`ScsiTarget::plan_read`] decided for a command.
+#[derive(Debug)]
+pub enum ReadPlan {
+    /// The transport sends this extent as the data-in, with GOOD status.
+    Extent(ReadExtent),
+    /// The command failed its checks: complete it with this outcome.
+    Done(ScsiOutcome),
+    /// Not a zero-copy read (another command, a backend without a
+    /// descriptor, a pending unit attention or reservation): nothing was
+    /// done; run it with [`ScsiTarget::execute`].
+    Buffered,
+}
+
 mod block_io;
 mod cdb;
 mod ident;
@@ -290,6 +335,31 @@ impl ScsiTarget {
             data_in.clear();
         }
         ScsiOutcome::from_result(r)
+    }
+
+    /// For READ (10/16): check the command and return the byte range the
+    /// transport should send itself (see [`ReadExtent`]); anything that is
+    /// not the plain fast case comes back as [`ReadPlan::Buffered`] with no
+    /// side effect.
+    pub fn plan_read(&self, _nexus: NexusId, lun: u64, cdb: &[u8]) -> ReadPlan {
+        let Some(&opcode) = cdb.first() else { return ReadPlan::Buffered };
+        if opcode != op::READ_10 && opcode != op::READ_16 {
+            return ReadPlan::Buffered;
+        }
+        let len = cdb_len(opcode);
+        if cdb.len() < len || cdb[len - 1] & 0x05 != 0 {
+            return ReadPlan::Buffered;
+        }
+        let Some(l) = self.lun(lun) else { return ReadPlan::Buffered };
+        // Unit attentions and reservations: the general path handles them.
+        if l.ua.active() || l.res.held() {
+            return ReadPlan::Buffered;
+        }
+        match l.read_extent(cdb) {
+            Ok(Some(e)) => ReadPlan::Extent(e),
+            Ok(None) => ReadPlan::Buffered,
+            Err(s) => ReadPlan::Done(ScsiOutcome::check(s)),
+        }
     }
 
     fn run(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {

@@ -630,3 +630,54 @@ fn report_supported_opcodes() {
     assert_eq!(tmf[0] & 0x88, 0x88, "ABORT TASK and LUN RESET");
     check(&t, 1, &[0xa3, 0x05, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0], &[], INVALID_FIELD_IN_CDB);
 }
+
+// ------------------------------------------------- zero-copy read planning
+
+/// `plan_read` hands out the checked byte range of a plain READ (10/16);
+/// sending `len` bytes from `fd` at `offset` yields what a buffered READ
+/// returns. Failed checks come back as the outcome `execute` would give;
+/// anything else is left to `execute` untouched.
+#[test]
+fn plan_read_extents() {
+    use bw_scsi::ReadPlan;
+    use std::os::fd::AsRawFd;
+    let t = ram_target(64);
+    let pattern: Vec<u8> = (0..8 * BS).map(|i| (i * 7 % 251) as u8).collect();
+    good(&t, 1, &write10(4, 8, 0), &pattern);
+    let mut read16 = [0u8; 16];
+    read16[0] = 0x88;
+    read16[9] = 6;
+    read16[13] = 8;
+    for cdb in [&read10(4, 8, 0)[..], &read16[..]] {
+        let ReadPlan::Extent(x) = t.plan_read(1, 0, cdb) else { panic!("no extent for {cdb:02x?}") };
+        assert_eq!(x.len, 8 * BS);
+        let mut got = vec![0u8; x.len];
+        let n = unsafe { libc_pread(x.fd().as_raw_fd(), &mut got, x.offset) };
+        assert_eq!(n, x.len);
+        let want = good(&t, 1, cdb, &[]);
+        assert_eq!(got, want);
+        if cdb[0] == 0x28 {
+            assert_eq!(got, pattern);
+        }
+    }
+    // Out of range and RDPROTECT fail like execute does.
+    let ReadPlan::Done(o) = t.plan_read(1, 0, &read10(60, 8, 0)) else { panic!("out of range planned") };
+    assert_eq!(sense(&o), LBA_OUT_OF_RANGE);
+    let ReadPlan::Done(o) = t.plan_read(1, 0, &read10(0, 1, 0x20)) else { panic!("RDPROTECT planned") };
+    assert_eq!(sense(&o), INVALID_FIELD_IN_CDB);
+    // Not for the extent path: other opcodes, unknown LUNs, zero length, and
+    // a pending unit attention (which must still be reported by execute).
+    assert!(matches!(t.plan_read(1, 0, &write10(0, 1, 0)), ReadPlan::Buffered));
+    assert!(matches!(t.plan_read(1, 3, &read10(0, 1, 0)), ReadPlan::Buffered));
+    assert!(matches!(t.plan_read(1, 0, &read10(0, 0, 0)), ReadPlan::Buffered));
+    assert!(t.lun_reset(0));
+    assert!(matches!(t.plan_read(1, 0, &read10(0, 1, 0)), ReadPlan::Buffered));
+    check(&t, 1, &read10(0, 1, 0), &[], POWER_ON_RESET);
+}
+
+/// pread through std (no libc dependency in this crate's tests).
+unsafe fn libc_pread(fd: std::os::fd::RawFd, buf: &mut [u8], offset: u64) -> usize {
+    use std::os::unix::fs::FileExt;
+    let f = std::mem::ManuallyDrop::new(<std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd));
+    f.read_at(buf, offset).unwrap()
+}

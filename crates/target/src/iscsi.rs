@@ -9,8 +9,9 @@ use bw_iscsi::login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
 use bw_iscsi::negotiate::{LocalLimits, SessionType};
 use bw_iscsi::pdu::{Decoder, Digests, Pdu};
 use bw_iscsi::session::{write_outcome, Action, Exec, SessionConfig, TargetSession};
-use bw_scsi::{LunConfig, ScsiTarget};
+use bw_scsi::{LunConfig, ReadExtent, ReadPlan, ScsiTarget};
 use bytes::BytesMut;
+use std::os::fd::AsRawFd;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
@@ -35,6 +36,16 @@ fn inline_io_limit() -> usize {
     static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *LIMIT.get_or_init(|| {
         std::env::var("BLOCKWIRE_ISCSI_INLINE_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(64 * 1024)
+    })
+}
+/// Smallest READ sent zero-copy (`sendfile` from the backend, see
+/// [`bw_scsi::ReadExtent`]); smaller ones are copied, which lets many
+/// replies share one socket write. `BLOCKWIRE_ISCSI_ZERO_COPY_MIN`
+/// overrides it (a huge value turns zero-copy off), for measuring.
+fn zero_copy_min() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("BLOCKWIRE_ISCSI_ZERO_COPY_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(32 * 1024)
     })
 }
 
@@ -253,7 +264,9 @@ async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown) ->
         }
     }
     let (tx, rx) = mpsc::unbounded_channel::<Out>();
-    let conn = Arc::new(Conn { session: Mutex::new(session), tx, scsi: scsi.clone(), nexus });
+    // Zero-copy data-in cannot carry a data digest (it would need the bytes).
+    let zero_copy = !digests.data;
+    let conn = Arc::new(Conn { session: Mutex::new(session), tx, scsi: scsi.clone(), nexus, zero_copy });
     let mut io = ConnIo { rd, w: BufWriter::with_capacity(256 * 1024, wr), rx, digests, buf, dec };
     let r = full_feature(&conn, &mut io, &mut shutdown, &ended).await;
     if let Some(k) = &key {
@@ -270,8 +283,12 @@ async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown) ->
     r
 }
 
+/// What the connection's writer sends, in queue order.
 enum Out {
     Pdu(Pdu),
+    /// A Data-In PDU whose data segment is bytes `at..at + len` of a read
+    /// extent, sent with `sendfile` from the backend.
+    Extent { pdu: Pdu, extent: Arc<ReadExtent>, at: usize, len: usize },
 }
 
 struct Conn {
@@ -279,11 +296,54 @@ struct Conn {
     tx: mpsc::UnboundedSender<Out>,
     scsi: Option<Arc<ScsiTarget>>,
     nexus: u64,
+    /// Large READs go out as read extents (no data digest on this connection).
+    zero_copy: bool,
 }
 
 impl Conn {
     fn lock(&self) -> std::sync::MutexGuard<'_, TargetSession> {
         self.session.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queue the PDUs a session call produced (call with the session lock
+    /// held, so they keep their order).
+    fn queue(&self, out: Vec<Action>, extent: Option<&Arc<ReadExtent>>) {
+        for a in out {
+            match a {
+                Action::Send(p) => {
+                    let _ = self.tx.send(Out::Pdu(p));
+                }
+                Action::SendExtent { pdu, at, len } => {
+                    if let Some(x) = extent {
+                        let _ = self.tx.send(Out::Extent { pdu, extent: x.clone(), at, len });
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Try to answer a large READ zero-copy. `false`: run it the ordinary way.
+    fn try_zero_copy_read(&self, scsi: &ScsiTarget, e: &Exec) -> bool {
+        if !self.zero_copy || !e.read || e.write || (e.edtl as usize) < zero_copy_min() {
+            return false;
+        }
+        let mut out = Vec::new();
+        match scsi.plan_read(self.nexus, lun_number(e.lun), &e.cdb) {
+            ReadPlan::Buffered => return false,
+            ReadPlan::Extent(x) => {
+                let x = Arc::new(x);
+                let mut s = self.lock();
+                s.complete_extent(e.itt, e.id, x.len, &mut out);
+                self.queue(out, Some(&x));
+            }
+            ReadPlan::Done(o) => {
+                let mut s = self.lock();
+                s.complete(e.itt, e.id, o.status, &o.sense, Vec::new(), bw_iscsi::msg::Residual::None, &mut out);
+                self.queue(out, None);
+            }
+        }
+        true
     }
 }
 
@@ -337,22 +397,23 @@ fn dispatch(conn: &Arc<Conn>, actions: Vec<Action>) -> bool {
             Action::Send(p) => {
                 let _ = conn.tx.send(Out::Pdu(p));
             }
+            // Only produced by complete_extent, which `Conn::queue` handles.
+            Action::SendExtent { .. } => {}
             Action::Close => {
                 keep_going = false;
             }
             Action::Execute(e) => {
                 let Some(scsi) = conn.scsi.clone() else { continue };
+                if conn.try_zero_copy_read(&scsi, &e) {
+                    continue;
+                }
                 let c = conn.clone();
                 let finish = move |c: &Arc<Conn>, e: &Exec, status: u8, sense: Vec<u8>, data_in: Vec<u8>, res| {
                     let mut out = Vec::new();
                     // Hold the lock while queueing so PDUs keep their order.
                     let mut s = c.lock();
                     s.complete(e.itt, e.id, status, &sense, data_in, res, &mut out);
-                    for a in out {
-                        if let Action::Send(p) = a {
-                            let _ = c.tx.send(Out::Pdu(p));
-                        }
-                    }
+                    c.queue(out, None);
                 };
                 if inline_ok(&e) {
                     let mut data_in = Vec::new();
@@ -418,13 +479,59 @@ impl ConnIo {
         if item.is_none() {
             return Ok(true);
         }
-        while let Some(Out::Pdu(p)) = item.take() {
-            write_pdu(&mut self.w, &p, self.digests).await?;
+        while let Some(o) = item.take() {
+            match o {
+                Out::Pdu(p) => write_pdu(&mut self.w, &p, self.digests).await?,
+                Out::Extent { pdu, extent, at, len } => {
+                    self.w.write_all(&pdu.header_bytes_for(self.digests, len)).await?;
+                    self.w.flush().await?;
+                    send_extent(self.w.get_ref().as_ref(), &extent, at, len).await?;
+                    let pad = bw_iscsi::pdu::pad4(len);
+                    if pad > 0 {
+                        self.w.write_all(&[0u8; 4][..pad]).await?;
+                    }
+                }
+            }
             item = self.rx.try_recv().ok();
         }
         self.w.flush().await?;
         Ok(true)
     }
+}
+
+/// Send bytes `at..at + len` of `x` with `sendfile` on the (nonblocking)
+/// socket, waiting for room as needed. A failure after the header went out
+/// cannot be reported per command: it ends the connection.
+async fn send_extent(sock: &TcpStream, x: &ReadExtent, at: usize, len: usize) -> std::io::Result<()> {
+    let mut off = (x.offset + at as u64) as libc::off_t;
+    let mut left = len;
+    while left > 0 {
+        sock.writable().await?;
+        let r = sock.try_io(tokio::io::Interest::WRITABLE, || {
+            // SAFETY: both descriptors are open for the duration of the call.
+            let n = unsafe { libc::sendfile(sock.as_raw_fd(), x.fd().as_raw_fd(), &mut off, left) };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match r {
+            Ok(0) => {
+                x.note_error();
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "backend ended inside a read extent"));
+            }
+            Ok(n) => left -= n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                if matches!(e.raw_os_error(), Some(libc::EIO | libc::ENODATA | libc::EFAULT)) {
+                    x.note_error();
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn full_feature(conn: &Arc<Conn>, io: &mut ConnIo, shutdown: &mut Shutdown, reinstated: &Notify) -> anyhow::Result<()> {
