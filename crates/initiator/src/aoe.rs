@@ -12,6 +12,9 @@
 //!   reply to an old attempt is never mistaken for the new one.
 //! - A receiver task drains the socket in batches and hands each reply to
 //!   the slot its tag names (slot index in the tag's low byte).
+//! - Requests are queued, and a sender task sends everything queued with one
+//!   `sendmmsg` after the tasks woken by a batch of replies have all queued
+//!   their next request: one syscall per batch instead of one per frame.
 //! - Large I/O is split into frames of the negotiated sector count and
 //!   all its frames go out concurrently.
 
@@ -94,8 +97,17 @@ struct Counters {
     stray: AtomicU64,
 }
 
+/// Request frames waiting for the sender task.
+struct SendQueue {
+    batch: FrameBatch,
+    queued: usize,
+}
+
 struct Shared {
     sock: AsyncFd<PacketSocket>,
+    outq: Mutex<SendQueue>,
+    /// Set when the queue goes from empty to non-empty.
+    out_ready: Notify,
     url: String,
     addr: Addr,
     info: TargetInfo,
@@ -114,11 +126,13 @@ struct Shared {
 pub struct AoeClient {
     shared: Arc<Shared>,
     receiver: tokio::task::JoinHandle<()>,
+    sender: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for AoeClient {
     fn drop(&mut self) {
         self.receiver.abort();
+        self.sender.abort();
     }
 }
 
@@ -290,6 +304,8 @@ impl AoeClient {
             window: Semaphore::new(window),
             ctl: Mutex::new(Ctl { rtt: RttEstimator::new(MIN_RTO, MAX_RTO), window, max_window, debt: 0, clean: 0, last_cut: Instant::now() }),
             seq: AtomicU32::new(1),
+            outq: Mutex::new(SendQueue { batch: FrameBatch::new(MAX_WINDOW, frame_len.max(bw_aoe::MIN_FRAME)), queued: 0 }),
+            out_ready: Notify::new(),
             timeout: opts.timeout,
             counters: Counters::default(),
             flush_ext_unsupported: std::sync::atomic::AtomicBool::new(false),
@@ -298,7 +314,8 @@ impl AoeClient {
             sock,
         });
         let receiver = tokio::spawn(receive_loop(shared.clone()));
-        let client = AoeClient { shared, receiver };
+        let sender = tokio::spawn(send_loop(shared.clone(), FrameBatch::new(MAX_WINDOW, frame_len.max(bw_aoe::MIN_FRAME))));
+        let client = AoeClient { shared, receiver, sender };
         let id = client.identify().await?;
         client.shared.size_bytes.store(id.sectors * SECTOR as u64, Relaxed);
         log::debug!("{}: {} at {}, {} sectors, {} sectors/frame, window {window}/{max_window} (buffers {})",
@@ -405,6 +422,28 @@ impl AoeClient {
 }
 
 impl Shared {
+    /// Hand a request frame to the sender task (or send it here if the
+    /// queue is full).
+    async fn queue_frame(&self, frame: &[u8]) -> Result<()> {
+        let queued = {
+            let mut q = lock(&self.outq);
+            let i = q.queued;
+            if i == q.batch.capacity() || frame.len() > q.batch.frame_size() {
+                None
+            } else {
+                q.batch.slot_mut(i)[..frame.len()].copy_from_slice(frame);
+                q.batch.set_len(i, frame.len());
+                q.queued += 1;
+                Some(i == 0)
+            }
+        };
+        let Some(first) = queued else { return send_frame(&self.sock, frame).await };
+        if first {
+            self.out_ready.notify_one();
+        }
+        Ok(())
+    }
+
     fn next_tag(&self, slot: usize) -> u32 {
         let seq = self.seq.fetch_add(1, Relaxed) & 0x00FF_FFFF;
         (seq << 8) | slot as u32
@@ -497,7 +536,7 @@ impl Shared {
             }
             let rto = lock(&self.ctl).rtt.timeout().saturating_mul(1 << attempt.min(6)).min(MAX_RTO);
             let sent_at = Instant::now();
-            send_frame(&self.sock, &frame[..len]).await?;
+            self.queue_frame(&frame[..len]).await?;
             self.counters.frames.fetch_add(1, Relaxed);
             let expiry = (sent_at + rto).min(deadline);
             loop {
@@ -527,6 +566,48 @@ impl Shared {
             attempt += 1;
             self.counters.retransmits.fetch_add(1, Relaxed);
             log::debug!("{}: retransmit (attempt {attempt}, rto {rto:?})", self.url);
+        }
+    }
+}
+
+/// Send queued requests in batches. After a wakeup it yields once, so the
+/// tasks woken by the same batch of replies queue their next requests
+/// first and all go out with one `sendmmsg`.
+async fn send_loop(shared: Arc<Shared>, mut batch: FrameBatch) {
+    loop {
+        shared.out_ready.notified().await;
+        tokio::task::yield_now().await;
+        let n = {
+            let mut q = lock(&shared.outq);
+            std::mem::swap(&mut q.batch, &mut batch);
+            std::mem::replace(&mut q.queued, 0)
+        };
+        let mut sent = 0;
+        while sent < n {
+            // Frames before `sent` went out; send_batch restarts at 0, so
+            // after a partial send the rest go one by one.
+            let r = if sent == 0 {
+                shared.sock.get_ref().send_batch(&mut batch, n)
+            } else {
+                let len = batch.built_len(sent);
+                shared.sock.get_ref().send(&batch.slot_mut(sent)[..len]).map(|()| 1)
+            };
+            match r {
+                Ok(k) => sent += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match shared.sock.writable().await {
+                    Ok(mut g) => g.clear_ready(),
+                    Err(e) => {
+                        log::error!("{}: socket failed: {e}", shared.url);
+                        return;
+                    }
+                },
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // The requests time out and are sent again.
+                    log::warn!("{}: send failed: {e}", shared.url);
+                    break;
+                }
+            }
         }
     }
 }
@@ -657,6 +738,7 @@ impl BlockClient for AoeClient {
             self.window()
         );
         self.receiver.abort();
+        self.sender.abort();
         Ok(())
     }
 }

@@ -399,6 +399,11 @@ impl FrameBatch {
         self.lens[i] = len.min(self.frame_size);
     }
 
+    /// The length last given to [`FrameBatch::set_len`] for slot `i`.
+    pub fn built_len(&self, i: usize) -> usize {
+        self.lens[i]
+    }
+
     fn prepare_recv(&mut self) {
         for (iov, h) in self.iovs.iter_mut().zip(self.hdrs.iter_mut()) {
             iov.iov_len = self.frame_size;
