@@ -63,8 +63,10 @@ pub struct Exec {
     pub id: u64,
     pub lun: u64,
     pub cdb: Bytes,
-    /// Everything the initiator sent (EDTL bytes for writes, else empty).
-    pub data_out: Bytes,
+    /// Everything the initiator sent (EDTL bytes for writes, else empty),
+    /// in consecutive pieces as they arrived (immediate data, Data-Out
+    /// segments), not copied into one buffer.
+    pub data_out: Vec<Bytes>,
     pub edtl: u32,
     pub read: bool,
     pub write: bool,
@@ -112,7 +114,8 @@ struct Task {
     edtl: u32,
     read: bool,
     write: bool,
-    buf: BytesMut,
+    /// Data-out received so far: (buffer offset, bytes).
+    pieces: Vec<(u32, Bytes)>,
     /// Bytes of data-out received so far.
     received: u32,
     /// End (exclusive) of the unsolicited burst still expected, if any.
@@ -346,7 +349,7 @@ impl TargetSession {
             edtl: c.edtl,
             read: c.read,
             write: c.write,
-            buf: BytesMut::new(),
+            pieces: Vec::new(),
             received: imm,
             unsolicited_end,
             unsolicited_data_sn: 0,
@@ -356,20 +359,21 @@ impl TargetSession {
             executing: false,
         };
         if imm == edtl {
-            // All data (possibly none) is here: no copy needed.
-            let data = pdu.data;
+            // All data (possibly none) is here.
+            let data = if imm == 0 { Vec::new() } else { vec![pdu.data] };
             self.tasks.insert(c.itt, task);
             self.start(c.itt, data, out);
             return Ok(());
         }
-        task.buf = BytesMut::zeroed(edtl as usize);
-        task.buf[..imm as usize].copy_from_slice(&pdu.data);
+        if imm > 0 {
+            task.pieces.push((0, pdu.data));
+        }
         self.tasks.insert(c.itt, task);
         self.issue_r2ts(c.itt, out);
         Ok(())
     }
 
-    fn start(&mut self, itt: u32, data: Bytes, out: &mut Vec<Action>) {
+    fn start(&mut self, itt: u32, data: Vec<Bytes>, out: &mut Vec<Action>) {
         if let Some(t) = self.tasks.get_mut(&itt) {
             t.executing = true;
             out.push(Action::Execute(Exec {
@@ -487,11 +491,13 @@ impl TargetSession {
                 sequence_done = true;
             }
         }
-        t.buf[off as usize..end as usize].copy_from_slice(&data);
+        if !data.is_empty() {
+            t.pieces.push((off, data));
+        }
         t.received += len;
         if t.received >= t.edtl && t.r2ts.is_empty() && t.unsolicited_end.is_none() {
-            let buf = std::mem::take(&mut t.buf).freeze();
-            self.start(d.itt, buf, out);
+            let data = in_order(std::mem::take(&mut t.pieces), t.edtl as usize);
+            self.start(d.itt, data, out);
         } else if sequence_done {
             self.issue_r2ts(d.itt, out);
         }
@@ -795,6 +801,31 @@ impl TargetSession {
     }
 }
 
+/// The received pieces as consecutive buffers from offset 0. Pieces
+/// normally arrive in order and back to back (DataPDUInOrder); anything else
+/// (gaps, overlaps) is assembled into one zero-filled buffer of `len` bytes.
+fn in_order(mut pieces: Vec<(u32, Bytes)>, len: usize) -> Vec<Bytes> {
+    pieces.sort_by_key(|(off, _)| *off);
+    let mut next = 0usize;
+    let contiguous = pieces.iter().all(|(off, b)| {
+        let ok = *off as usize == next;
+        next += b.len();
+        ok
+    });
+    if contiguous {
+        return pieces.into_iter().map(|(_, b)| b).collect();
+    }
+    let mut buf = BytesMut::zeroed(len);
+    for (off, b) in pieces {
+        let off = off as usize;
+        let end = (off + b.len()).min(len);
+        if off < end {
+            buf[off..end].copy_from_slice(&b[..end - off]);
+        }
+    }
+    vec![buf.freeze()]
+}
+
 fn log_drop(_cmd_sn: u32, _exp: u32, _max: u32) {
     // Out-of-window commands are ignored silently (RFC 7143 3.2.2.1).
 }
@@ -882,6 +913,20 @@ mod tests {
             assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
             assert_eq!(a.max_cmd_sn(), b.max_cmd_sn());
         }
+    }
+
+    /// Data-out pieces are handed over as received when they tile the
+    /// buffer, and assembled into one buffer when they do not.
+    #[test]
+    fn data_out_pieces_in_order() {
+        let b = |v: &[u8]| Bytes::copy_from_slice(v);
+        let tiled = in_order(vec![(3, b(b"def")), (0, b(b"abc")), (6, b(b"g"))], 7);
+        assert_eq!(tiled, vec![b(b"abc"), b(b"def"), b(b"g")]);
+        let gap = in_order(vec![(0, b(b"ab")), (4, b(b"ef"))], 6);
+        assert_eq!(gap, vec![b(b"ab\0\0ef")]);
+        let overlap = in_order(vec![(0, b(b"abc")), (2, b(b"XY"))], 4);
+        assert_eq!(overlap, vec![b(b"abXY")]);
+        assert!(in_order(Vec::new(), 0).is_empty());
     }
 
     /// A task aborted while its extent was being planned gets no PDUs.

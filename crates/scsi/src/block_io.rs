@@ -127,6 +127,12 @@ impl Lun {
     /// blocks the initiator actually sent (an iSCSI overflow may send fewer),
     /// ignores excess data.
     pub fn write(&self, cdb: &[u8], data: &[u8], verify: bool) -> Result<(), Sense> {
+        self.write_pieces(cdb, &[data], verify)
+    }
+
+    /// [`Lun::write`] with the data in consecutive pieces (as a transport
+    /// received it), each written where it lands: no copy into one buffer.
+    pub fn write_pieces(&self, cdb: &[u8], pieces: &[&[u8]], verify: bool) -> Result<(), Sense> {
         if cdb[0] != op::WRITE_6 && cdb[1] & 0xe0 != 0 {
             return Err(Sense::invalid_cdb_field(1, Some(7))); // WRPROTECT
         }
@@ -137,17 +143,29 @@ impl Lun {
         }
         self.check_writable()?;
         let want = n as usize * BLOCK;
-        let have = want.min(data.len() / BLOCK * BLOCK);
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        let have = want.min(total / BLOCK * BLOCK);
         if have == 0 {
             return Ok(());
         }
-        let data = &data[..have];
-        self.volume.write_at(data, lba * BLOCK_U64).map_err(|e| io_sense(&e, true))?;
+        let (mut at, mut left) = (lba * BLOCK_U64, have);
+        for p in pieces {
+            let k = p.len().min(left);
+            if k > 0 {
+                self.volume.write_at(&p[..k], at).map_err(|e| io_sense(&e, true))?;
+            }
+            at += k as u64;
+            left -= k;
+        }
         let fua = cdb[0] != op::WRITE_6 && cdb[1] & 0x08 != 0;
         self.flush_after_write(fua || verify)?;
         if verify && cdb[1] & 0x02 != 0 {
             // BYTCHK: read the medium back and compare.
-            self.compare_medium(lba, data)?;
+            let data: std::borrow::Cow<[u8]> = match pieces {
+                [one] => (&one[..have]).into(),
+                _ => pieces.concat()[..have].to_vec().into(),
+            };
+            self.compare_medium(lba, &data)?;
         }
         Ok(())
     }

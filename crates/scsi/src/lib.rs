@@ -330,6 +330,13 @@ impl ScsiTarget {
     /// the CDB's allocation length; the transport truncates it further to the
     /// expected transfer length and computes residuals.
     pub fn execute(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[u8], data_in: &mut Vec<u8>) -> ScsiOutcome {
+        self.execute_pieces(nexus, lun, cdb, &[data_out], data_in)
+    }
+
+    /// [`ScsiTarget::execute`] with the data-out in consecutive pieces, as
+    /// a transport receives it: plain WRITEs write each piece where it
+    /// lands; other commands get the pieces joined into one buffer.
+    pub fn execute_pieces(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[&[u8]], data_in: &mut Vec<u8>) -> ScsiOutcome {
         let r = self.run(nexus, lun, cdb, data_out, data_in);
         if r.is_err() {
             data_in.clear();
@@ -362,7 +369,7 @@ impl ScsiTarget {
         }
     }
 
-    fn run(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
+    fn run(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[&[u8]], out: &mut Vec<u8>) -> Result<(), Fail> {
         let Some(&opcode) = cdb.first() else { return Err(Sense::INVALID_OPCODE.into()) };
         let len = cdb_len(opcode);
         if cdb.len() < len {
@@ -395,7 +402,7 @@ impl ScsiTarget {
                     Ok(l.read(cdb, out)?)
                 } else {
                     out.clear();
-                    Ok(l.write(cdb, data_out, false)?)
+                    Ok(l.write_pieces(cdb, data_out, false)?)
                 };
             }
             _ => {}
@@ -422,7 +429,12 @@ impl ScsiTarget {
             }
         }
         l.res.check(who, cdb)?;
-        self.dispatch(who, l, cdb, data_out, out)
+        let joined: std::borrow::Cow<[u8]> = match data_out {
+            [] => (&[][..]).into(),
+            [one] => (*one).into(),
+            _ => data_out.concat().into(),
+        };
+        self.dispatch(who, l, cdb, &joined, out)
     }
 
     /// `who` is the initiator port identity (see [`ScsiTarget::identity`]).

@@ -355,12 +355,21 @@ fn lun_number(lun_field: u64) -> u64 {
 fn run_command(scsi: &ScsiTarget, nexus: u64, e: &Exec, data_in: &mut Vec<u8>) -> (u8, Vec<u8>, bw_iscsi::msg::Residual) {
     let lun = lun_number(e.lun);
     let wanted = scsi.data_out_len(lun, &e.cdb);
-    let (data_out, residual) = match wanted {
+    // The pieces received, cut to what the CDB transfers.
+    let mut data_out: Vec<&[u8]> = Vec::with_capacity(e.data_out.len());
+    let residual = match wanted {
         Some(w) => {
-            let (r, _) = write_outcome(w, e.edtl as usize);
-            (&e.data_out[..w.min(e.data_out.len())], r)
+            let mut left = w;
+            for p in &e.data_out {
+                let k = p.len().min(left);
+                if k > 0 {
+                    data_out.push(&p[..k]);
+                }
+                left -= k;
+            }
+            write_outcome(w, e.edtl as usize).0
         }
-        None => (&e.data_out[..0], bw_iscsi::msg::Residual::None),
+        None => bw_iscsi::msg::Residual::None,
     };
     // WRITE SAME and COMPARE AND WRITE take an exact amount of data: more
     // (or for COMPARE AND WRITE, less) than the CDB implies is an invalid
@@ -378,7 +387,7 @@ fn run_command(scsi: &ScsiTarget, nexus: u64, e: &Exec, data_in: &mut Vec<u8>) -
             return (bw_scsi::status::CHECK_CONDITION, sense, residual);
         }
     }
-    let o = scsi.execute(nexus, lun, &e.cdb, data_out, data_in);
+    let o = scsi.execute_pieces(nexus, lun, &e.cdb, &data_out, data_in);
     (o.status, o.sense, residual)
 }
 
