@@ -94,6 +94,23 @@ fn map_err(e: BlockError, write: bool) -> Status {
     }
 }
 
+/// Where a Read command's data lives, after the checks [`execute`] makes:
+/// the volume, byte offset and length. For front-ends that move the bytes
+/// themselves (straight into a send buffer, or with sendfile).
+pub fn read_extent<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'a bw_block::Volume, u64, usize), Status> {
+    if sqe.opcode() != nvm::READ {
+        return Err(Status::INVALID_OPCODE.dnr());
+    }
+    precheck(subsys, sqe)?;
+    let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
+    Ok((&ns.volume, sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT))
+}
+
+/// The status for a failed read of a volume.
+pub fn read_error(e: BlockError) -> Status {
+    map_err(e, false)
+}
+
 /// Run one I/O command. `data` is what the host sent (writes, compare, DSM).
 pub fn execute(subsys: &Subsystem, sqe: &Sqe, data: &[u8]) -> IoDone {
     if let Err(s) = precheck(subsys, sqe) {

@@ -355,6 +355,131 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
     Ok(Some(pdu))
 }
 
+/// A data PDU's header, checked as [`decode`] checks it, before its payload
+/// has arrived: lets a receiver read the payload straight to where it
+/// belongs. The payload starts `data_start` bytes into the PDU and is
+/// `data_len` bytes long; `ddgst` says a 4-byte data digest follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataHeaderView {
+    pub kind: u8,
+    pub hdr: DataPduHeader,
+    pub data_start: usize,
+    pub data_len: usize,
+    pub ddgst: bool,
+}
+
+/// If `buf` starts with a complete C2HData/H2CData header (through the data
+/// offset), check and return it without consuming anything. `Ok(None)`: not
+/// a data PDU, a data PDU without payload, or not enough bytes yet.
+pub fn peek_data_header(buf: &[u8], digests: Digests, max_plen: u32) -> Result<Option<DataHeaderView>, PduError> {
+    if buf.len() < CH_LEN {
+        return Ok(None);
+    }
+    let ch = CommonHeader::parse(&buf[..CH_LEN]);
+    if !matches!(ch.kind, kind::C2H_DATA | kind::H2C_DATA) {
+        return Ok(None);
+    }
+    if ch.hlen as usize != DATA_HLEN {
+        return Err(PduError::BadHlen { kind: ch.kind, hlen: ch.hlen, want: DATA_HLEN as u8 });
+    }
+    if (ch.flags & flags::HDGST != 0) != digests.header {
+        return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
+    }
+    let hd = if digests.header { DIGEST_LEN } else { 0 };
+    if ch.plen > max_plen {
+        return Err(PduError::TooLarge { plen: ch.plen, max: max_plen });
+    }
+    let plen = ch.plen as usize;
+    if plen < DATA_HLEN + hd {
+        return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
+    }
+    if plen == DATA_HLEN + hd {
+        return Ok(None);
+    }
+    let dd = if ch.flags & flags::DDGST != 0 { DIGEST_LEN } else { 0 };
+    if (dd != 0) != digests.data {
+        return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
+    }
+    let pdo = ch.pdo as usize;
+    if pdo < DATA_HLEN + hd || pdo + dd > plen {
+        return Err(PduError::BadPdo { kind: ch.kind, pdo: ch.pdo });
+    }
+    if buf.len() < pdo {
+        return Ok(None);
+    }
+    if hd != 0 && crc32c(&buf[..DATA_HLEN]) != le32(buf, DATA_HLEN) {
+        return Err(PduError::HeaderDigest { kind: ch.kind });
+    }
+    let data_len = plen - dd - pdo;
+    if le32(buf, 16) as usize != data_len {
+        return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
+    }
+    let hdr = DataPduHeader {
+        cid: le16(buf, 8),
+        ttag: le16(buf, 10),
+        offset: le32(buf, 12),
+        last: ch.flags & flags::DATA_LAST != 0,
+        success: ch.flags & flags::DATA_SUCCESS != 0,
+    };
+    Ok(Some(DataHeaderView { kind: ch.kind, hdr, data_start: pdo, data_len, ddgst: dd != 0 }))
+}
+
+/// The header (and header digest) of a C2HData or H2CData PDU whose
+/// `len`-byte payload the sender writes itself, straight from where the data
+/// lives (a file with sendfile, the caller's buffer). When `digests.data` is
+/// set the sender must follow the payload with its CRC32C.
+pub struct DataHeader {
+    buf: [u8; DATA_HLEN + DIGEST_LEN],
+    len: usize,
+}
+
+impl DataHeader {
+    pub fn new(h2c: bool, d: &DataPduHeader, len: u32, digests: Digests) -> DataHeader {
+        let mut buf = [0u8; DATA_HLEN + DIGEST_LEN];
+        let hd = if digests.header { DIGEST_LEN } else { 0 };
+        let dd = if digests.data && len > 0 { DIGEST_LEN } else { 0 };
+        let mut fl = 0u8;
+        if d.last {
+            fl |= flags::DATA_LAST;
+        }
+        if d.success {
+            fl |= flags::DATA_SUCCESS;
+        }
+        if hd != 0 {
+            fl |= flags::HDGST;
+        }
+        if dd != 0 {
+            fl |= flags::DDGST;
+        }
+        let pdo = if len == 0 { 0 } else { (DATA_HLEN + hd) as u8 };
+        let kind = if h2c { kind::H2C_DATA } else { kind::C2H_DATA };
+        let plen = (DATA_HLEN + hd + dd) as u32 + len;
+        CommonHeader { kind, flags: fl, hlen: DATA_HLEN as u8, pdo, plen }.write(&mut buf);
+        put16(&mut buf, 8, d.cid);
+        put16(&mut buf, 10, d.ttag);
+        put32(&mut buf, 12, d.offset);
+        put32(&mut buf, 16, len);
+        if hd != 0 {
+            let c = crc32c(&buf[..DATA_HLEN]);
+            put32(&mut buf, DATA_HLEN, c);
+        }
+        DataHeader { buf, len: DATA_HLEN + hd }
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// The fields of a data PDU other than its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataPduHeader {
+    pub cid: u16,
+    pub ttag: u16,
+    pub offset: u32,
+    pub last: bool,
+    pub success: bool,
+}
+
 /// A PDU ready to send: header (with header digest and padding), payload,
 /// and the data digest if any.
 pub struct Encoded {
@@ -473,6 +598,53 @@ impl Pdu {
         }
         let ddgst = if dd != 0 { Some(crc32c(&data).to_le_bytes()) } else { None };
         Encoded { head: h.freeze(), data, ddgst }
+    }
+
+    /// Append the encoded PDU to `out`. Completions, the most common PDU,
+    /// are written in place without building the parts first.
+    pub fn encode_into(&self, digests: Digests, out: &mut Vec<u8>) {
+        if let Pdu::CapsuleResp(cqe) = self {
+            let hd = if digests.header { DIGEST_LEN } else { 0 };
+            let start = out.len();
+            out.resize(start + RESP_HLEN, 0);
+            let h = &mut out[start..];
+            let fl = if hd != 0 { flags::HDGST } else { 0 };
+            CommonHeader { kind: kind::CAPSULE_RESP, flags: fl, hlen: RESP_HLEN as u8, pdo: 0, plen: (RESP_HLEN + hd) as u32 }.write(h);
+            cqe.write(&mut h[CH_LEN..RESP_HLEN]);
+            if hd != 0 {
+                let c = crc32c(&out[start..]);
+                out.extend_from_slice(&c.to_le_bytes());
+            }
+            return;
+        }
+        if let Pdu::CapsuleCmd(c) = self {
+            // Commands, the host's most common PDU.
+            let hd = if digests.header { DIGEST_LEN } else { 0 };
+            let dd = if digests.data && !c.data.is_empty() { DIGEST_LEN } else { 0 };
+            let start = out.len();
+            out.resize(start + CMD_HLEN, 0);
+            let fl = (if hd != 0 { flags::HDGST } else { 0 }) | (if dd != 0 { flags::DDGST } else { 0 });
+            let pdo = if c.data.is_empty() { 0 } else { (CMD_HLEN + hd) as u8 };
+            let plen = (CMD_HLEN + hd + c.data.len() + dd) as u32;
+            let h = &mut out[start..];
+            CommonHeader { kind: kind::CAPSULE_CMD, flags: fl, hlen: CMD_HLEN as u8, pdo, plen }.write(h);
+            h[CH_LEN..CH_LEN + 64].copy_from_slice(&c.sqe.0);
+            if hd != 0 {
+                let crc = crc32c(&out[start..]);
+                out.extend_from_slice(&crc.to_le_bytes());
+            }
+            out.extend_from_slice(&c.data);
+            if dd != 0 {
+                out.extend_from_slice(&crc32c(&c.data).to_le_bytes());
+            }
+            return;
+        }
+        let e = self.encode_parts(digests);
+        out.extend_from_slice(&e.head);
+        out.extend_from_slice(&e.data);
+        if let Some(d) = e.ddgst {
+            out.extend_from_slice(&d);
+        }
     }
 
     /// Encode into one contiguous buffer.

@@ -247,11 +247,11 @@ impl BlockClient for NvmeClient {
         let mut done = 0;
         while done < buf.len() {
             let n = (buf.len() - done).min(self.max_transfer);
-            let d = self.queue().submit(self.rw_sqe(nvm::READ, offset + done as u64, n), None, n as u32).await?;
-            if d.data.len() != n {
-                return Err(proto(format!("read of {n} bytes returned {}", d.data.len())));
+            let sqe = self.rw_sqe(nvm::READ, offset + done as u64, n);
+            let d = self.queue().submit_read(sqe, &mut buf[done..done + n]).await?;
+            if d.received != n {
+                return Err(proto(format!("read of {n} bytes returned {}", d.received)));
             }
-            buf[done..done + n].copy_from_slice(&d.data);
             done += n;
         }
         Ok(())

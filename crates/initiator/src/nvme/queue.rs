@@ -1,24 +1,50 @@
 //! One NVMe/TCP queue from the host side: a TCP connection with a writer
 //! task, a reader task that routes C2HData / R2T / CapsuleResp to the
 //! command they belong to, and command-ID multiplexing so many commands are
-//! in flight at once.
+//! in flight at once. Read data goes straight from the socket into the
+//! caller's buffer when no data digest is in use (one copy, no staging).
 
 use crate::{ClientError, Result};
 use bw_nvme::command::{sgl, Cqe, Sgl, Sqe};
 use bw_nvme::pdu::{self, DataPdu, Digests, IcReq, Pdu};
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-/// A finished command: completion entry and the data the controller sent.
+/// A finished command: completion entry and the data the controller sent
+/// (`data` is empty when it went into the caller's buffer; `received`
+/// counts it either way).
 pub struct Done {
     pub cqe: Cqe,
     pub data: Bytes,
+    pub received: usize,
+}
+
+/// The caller's buffer for a read, filled in place by the reader task. Only
+/// touched with the inflight lock held; the submitting future takes it out
+/// under the same lock before the buffer can go away (also when dropped).
+struct Dest {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a Dest is only dereferenced under the inflight lock while the
+// buffer it points to is borrowed by the (still live) submitting future.
+unsafe impl Send for Dest {}
+
+impl Dest {
+    /// The buffer from `off` to its end.
+    ///
+    /// SAFETY: the caller holds the inflight lock and the Dest is still
+    /// registered, so the buffer is alive and nobody else touches it.
+    unsafe fn tail(&mut self, off: usize) -> &mut [u8] {
+        std::slice::from_raw_parts_mut(self.ptr.add(off), self.len - off)
+    }
 }
 
 struct Inflight {
@@ -27,6 +53,23 @@ struct Inflight {
     received: usize,
     /// Data to send when the controller asks for it with R2T.
     write_data: Option<Bytes>,
+    dest: Option<Dest>,
+}
+
+/// Unregisters a read's destination buffer when the submitting future ends,
+/// however it ends.
+struct DestGuard<'a> {
+    shared: &'a Shared,
+    cid: u16,
+}
+
+impl Drop for DestGuard<'_> {
+    fn drop(&mut self) {
+        let mut m = self.shared.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = m.get_mut(&self.cid) {
+            f.dest = None;
+        }
+    }
 }
 
 struct Shared {
@@ -128,7 +171,23 @@ impl Queue {
     /// capsule when it fits, else on R2T. Returns the completion and any
     /// data the controller sent; an error status becomes `ClientError::Target`
     /// unless `raw` is set.
-    pub async fn submit_raw(&self, mut sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
+    pub async fn submit_raw(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
+        self.submit_inner(sqe, out, in_len, None).await
+    }
+
+    /// Submit a command that reads `buf.len()` bytes into `buf`; an
+    /// unsuccessful status is an error.
+    pub async fn submit_read(&self, sqe: Sqe, buf: &mut [u8]) -> Result<Done> {
+        let op = sqe.opcode();
+        let dest = Dest { ptr: buf.as_mut_ptr(), len: buf.len() };
+        let d = self.submit_inner(sqe, None, buf.len() as u32, Some(dest)).await?;
+        if !d.cqe.status.is_success() {
+            return Err(ClientError::Target(format!("queue {} opcode {op:#04x}: {}", self.qid, d.cqe.status)));
+        }
+        Ok(d)
+    }
+
+    async fn submit_inner(&self, mut sqe: Sqe, out: Option<Bytes>, in_len: u32, dest: Option<Dest>) -> Result<Done> {
         if let Some(why) = self.shared.dead.lock().ok().and_then(|d| d.clone()) {
             return Err(ClientError::Disconnected(why));
         }
@@ -155,8 +214,9 @@ impl Queue {
             }
             None => sqe.set_sgl(Sgl { addr: 0, length: in_len, kind: sgl::TRANSPORT }),
         }
+        let guard = dest.is_some().then_some(DestGuard { shared: &self.shared, cid });
         if let Ok(mut m) = self.shared.inflight.lock() {
-            m.insert(cid, Inflight { done: done_tx, chunks: Vec::new(), received: 0, write_data });
+            m.insert(cid, Inflight { done: done_tx, chunks: Vec::new(), received: 0, write_data, dest });
         }
         let sent = self.tx.send(Pdu::CapsuleCmd(pdu::CapsuleCmd { sqe, data: capsule_data })).await;
         let r = if sent.is_err() {
@@ -173,6 +233,7 @@ impl Queue {
                 }
             }
         };
+        drop(guard);
         if let Ok(mut m) = self.shared.inflight.lock() {
             m.remove(&cid);
         }
@@ -197,41 +258,139 @@ impl Queue {
     }
 }
 
-async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Pdu>, d: Digests) {
-    let mut w = BufWriter::with_capacity(256 * 1024, wr);
+/// Payloads at least this long are written from where they are rather than
+/// copied into the batch buffer.
+const WRITE_DIRECT_MIN: usize = 64 * 1024;
+
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Pdu>, d: Digests) {
+    let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
     while let Some(p) = rx.recv().await {
-        let mut batch = vec![p];
-        while let Ok(p) = rx.try_recv() {
-            batch.push(p);
-        }
-        for p in &batch {
+        // Let the other ready tasks (callers woken by the completions just
+        // read) submit first, so one send carries many capsules: the
+        // scheduler would otherwise run this task right after each submit.
+        tokio::task::yield_now().await;
+        let mut next = Some(p);
+        while let Some(p) = next.take().or_else(|| rx.try_recv().ok()) {
+            let payload = match &p {
+                Pdu::CapsuleCmd(c) => c.data.len(),
+                Pdu::H2CData(h) => h.data.len(),
+                _ => 0,
+            };
+            if payload < WRITE_DIRECT_MIN {
+                p.encode_into(d, &mut batch);
+                continue;
+            }
             let e = p.encode_parts(d);
-            if w.write_all(&e.head).await.is_err() || (!e.data.is_empty() && w.write_all(&e.data).await.is_err()) {
+            batch.extend_from_slice(&e.head);
+            if wr.write_all(&batch).await.is_err() || wr.write_all(&e.data).await.is_err() {
                 return;
             }
+            batch.clear();
             if let Some(dd) = e.ddgst {
-                if w.write_all(&dd).await.is_err() {
-                    return;
-                }
+                batch.extend_from_slice(&dd);
             }
         }
-        if w.flush().await.is_err() {
+        if !batch.is_empty() && wr.write_all(&batch).await.is_err() {
             return;
         }
+        batch.clear();
+        if batch.capacity() > 1 << 20 {
+            batch = Vec::with_capacity(64 * 1024);
+        }
     }
-    let _ = w.shutdown().await;
+    let _ = wr.shutdown().await;
+}
+
+/// Largest PDU we accept from a target.
+const MAX_PLEN: u32 = (8 << 20) + 256;
+/// Without data digests, socket reads stop at this many bytes so that little
+/// of a large read's payload lands in the staging buffer (it goes straight
+/// to the caller's buffer instead).
+const READ_CHUNK: u64 = 64 * 1024;
+
+/// Is there a read buffer waiting for this C2HData payload, at this offset?
+fn wants_direct(sh: &Shared, v: &pdu::DataHeaderView) -> bool {
+    let m = sh.inflight.lock().unwrap_or_else(|p| p.into_inner());
+    m.get(&v.hdr.cid).is_some_and(|f| {
+        f.dest.as_ref().is_some_and(|dst| v.hdr.offset as usize == f.received && f.received + v.data_len <= dst.len)
+    })
+}
+
+/// Move a C2HData payload whose header `v` starts `buf` into its command's
+/// buffer: first what is already buffered, then straight from the socket.
+async fn recv_direct(rd: &mut OwnedReadHalf, buf: &mut BytesMut, sh: &Shared, v: &pdu::DataHeaderView) -> std::result::Result<(), String> {
+    let (cid, base, total) = (v.hdr.cid, v.hdr.offset as usize, v.data_len);
+    buf.advance(v.data_start);
+    let mut got = buf.len().min(total);
+    {
+        let mut m = sh.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(dst) = m.get_mut(&cid).and_then(|f| f.dest.as_mut()) {
+            // SAFETY: lock held, Dest registered; wants_direct checked bounds.
+            unsafe { dst.tail(base)[..got].copy_from_slice(&buf[..got]) };
+        }
+    }
+    buf.advance(got);
+    let mut scratch = Vec::new();
+    while got < total {
+        rd.readable().await.map_err(|e| format!("receive failed: {e}"))?;
+        let r = {
+            let mut m = sh.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            match m.get_mut(&cid).and_then(|f| f.dest.as_mut()) {
+                // SAFETY: as above; the lock is held across the read.
+                Some(dst) => rd.try_read(unsafe { &mut dst.tail(base + got)[..total - got] }),
+                None => {
+                    // The caller gave up on this command: drop its data.
+                    scratch.resize((total - got).min(64 * 1024), 0);
+                    rd.try_read(&mut scratch)
+                }
+            }
+        };
+        match r {
+            Ok(0) => return Err("target closed the connection".into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(format!("receive failed: {e}")),
+        }
+    }
+    if let Some(f) = sh.inflight.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&cid) {
+        f.received += total;
+    }
+    Ok(())
 }
 
 async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc<Shared>, tx: mpsc::Sender<Pdu>, maxh2cdata: usize) {
     let why = loop {
-        let p = match pdu::decode(&mut buf, d, (8 << 20) + 256) {
+        if !d.data {
+            match pdu::peek_data_header(&buf, d, MAX_PLEN) {
+                Err(e) => break format!("malformed PDU from target: {e}"),
+                Ok(Some(v)) if v.kind == pdu::kind::C2H_DATA && wants_direct(&sh, &v) => {
+                    if let Err(why) = recv_direct(&mut rd, &mut buf, &sh, &v).await {
+                        break why;
+                    }
+                    if v.hdr.success {
+                        if !v.hdr.last {
+                            break "C2HData with SUCCESS but not LAST".into();
+                        }
+                        finish(&sh, v.hdr.cid, Ok(Cqe { cid: v.hdr.cid, ..Default::default() }));
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+            }
+        }
+        // A data PDU's header still incomplete: read on without decode()
+        // reserving room for the whole payload.
+        let hdr_need = if buf.len() >= pdu::CH_LEN { (buf[3] as usize).max(pdu::DATA_HLEN) } else { pdu::CH_LEN };
+        let partial_data_header = !d.data && buf.first() == Some(&pdu::kind::C2H_DATA) && buf.len() < hdr_need;
+        let p = match if partial_data_header { Ok(None) } else { pdu::decode(&mut buf, d, MAX_PLEN) } {
             Ok(Some(p)) => p,
             Ok(None) => {
                 // See the target's reader: grow only when full.
                 if buf.capacity() == buf.len() {
                     buf.reserve(64 * 1024);
                 }
-                match rd.read_buf(&mut buf).await {
+                let r = if d.data { rd.read_buf(&mut buf).await } else { (&mut rd).take(READ_CHUNK).read_buf(&mut buf).await };
+                match r {
                     Ok(0) => break "target closed the connection".to_string(),
                     Ok(_) => continue,
                     Err(e) => break format!("receive failed: {e}"),
@@ -246,8 +405,14 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
                 if let Ok(mut m) = sh.inflight.lock() {
                     match m.get_mut(&dp.cid) {
                         Some(f) if dp.offset as usize == f.received => {
-                            f.received += dp.data.len();
-                            f.chunks.push(dp.data);
+                            let n = dp.data.len();
+                            match f.dest.as_mut() {
+                                // SAFETY: lock held, Dest registered.
+                                Some(dst) if f.received + n <= dst.len => unsafe { dst.tail(f.received)[..n].copy_from_slice(&dp.data) },
+                                Some(_) => bad = Some(format!("C2HData for command {} runs past the end of its buffer", dp.cid)),
+                                None => f.chunks.push(dp.data),
+                            }
+                            f.received += n;
                         }
                         Some(_) => bad = Some(format!("C2HData for command {} at unexpected offset {}", dp.cid, dp.offset)),
                         None => bad = Some(format!("C2HData for unknown command {}", dp.cid)),
@@ -309,7 +474,7 @@ fn finish(sh: &Shared, cid: u16, r: std::result::Result<Cqe, ClientError>) {
                 }
                 all.freeze()
             };
-            Done { cqe, data }
+            Done { cqe, data, received: f.received }
         });
         let _ = f.done.send(out);
     }

@@ -200,6 +200,50 @@ proptest! {
     }
 
     #[test]
+    fn encode_into_matches_encode_parts(p in arb_pdu(), d in arb_digests()) {
+        let mut v = vec![0xAA];
+        p.encode_into(d, &mut v);
+        prop_assert_eq!(&v[1..], &p.encode_parts(d).concat()[..]);
+    }
+
+    #[test]
+    fn data_header_plus_payload_matches_encode_parts(p in arb_pdu(), d in arb_digests()) {
+        let (h2c, dp) = match &p {
+            Pdu::H2CData(dp) => (true, dp),
+            Pdu::C2HData(dp) => (false, dp),
+            _ => return Ok(()),
+        };
+        let hdr = DataPduHeader { cid: dp.cid, ttag: dp.ttag, offset: dp.offset, last: dp.last, success: dp.success };
+        let mut v = DataHeader::new(h2c, &hdr, dp.data.len() as u32, d).bytes().to_vec();
+        v.extend_from_slice(&dp.data);
+        if d.data && !dp.data.is_empty() {
+            v.extend_from_slice(&crc32c(&dp.data).to_le_bytes());
+        }
+        prop_assert_eq!(v, p.encode_parts(d).concat());
+    }
+
+    #[test]
+    fn peek_data_header_agrees_with_decode(p in arb_pdu(), d in arb_digests(), cut in 0usize..700) {
+        let bytes = p.encode_parts(d).concat();
+        let cut = cut.min(bytes.len());
+        match peek_data_header(&bytes[..cut], d, 1 << 20).unwrap() {
+            None => {}
+            Some(v) => {
+                let Some(Pdu::C2HData(dp) | Pdu::H2CData(dp)) = dec(&bytes, d).unwrap() else { panic!("peeked a non-data PDU") };
+                prop_assert_eq!(v.kind, p.kind());
+                prop_assert_eq!(v.hdr, DataPduHeader { cid: dp.cid, ttag: dp.ttag, offset: dp.offset, last: dp.last, success: dp.success });
+                prop_assert_eq!(&bytes[v.data_start..v.data_start + v.data_len], &dp.data[..]);
+                prop_assert_eq!(v.ddgst, d.data);
+            }
+        }
+    }
+
+    #[test]
+    fn peek_data_header_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..100), d in arb_digests()) {
+        let _ = peek_data_header(&bytes, d, 1 << 16);
+    }
+
+    #[test]
     fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400), d in arb_digests()) {
         let mut buf = BytesMut::from(&bytes[..]);
         while let Ok(Some(_)) = decode(&mut buf, d, 1 << 16) {}

@@ -1,28 +1,31 @@
 //! One NVMe/TCP connection = one queue (admin or I/O).
 //!
-//! The reader half decodes PDUs and runs commands; replies go through a
-//! channel to a writer task, so reads from the socket, backend I/O and
-//! writes to the socket overlap. Commands that may block (O_DIRECT or
-//! O_DSYNC volumes, flushes, discards) run on the blocking pool and complete
-//! out of order, as NVMe allows.
+//! One task per connection reads PDUs, runs commands and appends the replies
+//! to an [`Outbox`], which it writes out without blocking between reads: no
+//! channel hop or second task per reply, and read data goes from the volume
+//! straight into the send buffer (small reads) or from the page cache to the
+//! socket with sendfile (large reads, no data digest). Commands that may
+//! block (O_DIRECT or O_DSYNC volumes, flushes, discards) run on the
+//! blocking pool and come back through a channel; they complete out of
+//! order, as NVMe allows.
 
 use super::fabric::{CtrlEntry, Fabric, Refusal};
+use super::outbox::Outbox;
 use crate::Shutdown;
 use anyhow::{anyhow, bail};
 use bw_nvme::command::{nvm, sgl, Cqe, Sqe};
 use bw_nvme::controller::{AdminOutcome, Completion, INCAPSULE_DATA, MAX_QUEUE_ENTRIES, MAX_TRANSFER};
 use bw_nvme::fabrics::{self, fctype, Connect, ConnectData, CATTR_DISABLE_SQFLOW};
 use bw_nvme::io::{self, IoDone};
-use bw_nvme::pdu::{self, fes, CapsuleCmd, DataPdu, Digests, IcResp, Pdu, PduError, R2t, TermReq};
+use bw_nvme::pdu::{self, fes, CapsuleCmd, DataHeader, DataPdu, DataPduHeader, Digests, IcResp, Pdu, PduError, R2t, TermReq};
 use bw_nvme::{Status, Subsystem};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering::Relaxed};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
@@ -30,6 +33,13 @@ use tokio::sync::{mpsc, watch};
 pub const MAXH2CDATA: u32 = 1 << 20;
 /// Bound on one PDU's size: data plus headers, digests and padding.
 const MAX_PLEN: u32 = MAXH2CDATA + 256;
+/// Reads at least this long go out with sendfile (when the backend allows
+/// and no data digest is needed); shorter ones are cheaper to copy.
+const ZERO_COPY_MIN: usize = 32 * 1024;
+/// Stop taking new PDUs while this much reply data waits in memory.
+const OUT_HIGH: usize = 4 << 20;
+/// Socket reads in a row before the task lets others run.
+const READS_PER_YIELD: u32 = 32;
 
 /// A write (or other host-to-controller command) waiting for its data.
 struct Pending {
@@ -39,37 +49,20 @@ struct Pending {
     total: usize,
 }
 
-/// What is fixed once the queue is connected, shared with completions that
-/// run on other tasks.
+/// A command finished on the blocking pool.
+struct Finished {
+    cid: u16,
+    done: IoDone,
+}
+
+/// Fixed once the queue is connected, plus the submission queue state.
 struct QueueInfo {
     qid: u16,
     sqflow_disabled: bool,
     /// Submission queue head, reported in every completion.
-    sqhd: AtomicU16,
+    sqhd: u16,
     sq_entries: u16,
-    outstanding: AtomicUsize,
-}
-
-impl QueueInfo {
-    fn cqe(&self, cid: u16, status: Status, result: u64) -> Pdu {
-        Pdu::CapsuleResp(Cqe { result, sq_head: self.sqhd.load(Relaxed), sq_id: self.qid, cid, status })
-    }
-}
-
-/// Send the data (if any) and the completion of one command.
-async fn send_completion(tx: &mpsc::Sender<Pdu>, q: &QueueInfo, cid: u16, status: Status, result: u64, data: Option<Bytes>) {
-    q.outstanding.fetch_sub(1, Relaxed);
-    let mut skip_resp = false;
-    if let Some(d) = data.filter(|d| !d.is_empty()) {
-        // With SQ flow control off the host needs no SQ head, so a
-        // successful read can complete with the data PDU alone.
-        let success = q.sqflow_disabled && status.is_success();
-        skip_resp = success;
-        let _ = tx.send(Pdu::C2HData(DataPdu { cid, ttag: 0, offset: 0, last: true, success, data: d })).await;
-    }
-    if !skip_resp {
-        let _ = tx.send(q.cqe(cid, status, result)).await;
-    }
+    outstanding: usize,
 }
 
 enum Flow {
@@ -82,20 +75,22 @@ struct Conn {
     fabric: Arc<Fabric>,
     local: Option<SocketAddr>,
     peer: SocketAddr,
-    tx: mpsc::Sender<Pdu>,
-    q: Arc<QueueInfo>,
+    digests: Digests,
+    out: Outbox,
+    /// Completions from the blocking pool come back through here.
+    done_tx: mpsc::UnboundedSender<Finished>,
+    q: QueueInfo,
     ctrl: Option<Arc<CtrlEntry>>,
     kill: watch::Receiver<bool>,
     _kill_keep: watch::Sender<bool>,
     pending: HashMap<u16, Pending>,
 }
 
-pub async fn serve(stream: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, fabric: Arc<Fabric>, mut shutdown: Shutdown) -> anyhow::Result<()> {
-    let (mut rd, mut wr) = stream.into_split();
+pub async fn serve(mut stream: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, fabric: Arc<Fabric>, mut shutdown: Shutdown) -> anyhow::Result<()> {
     let mut buf = BytesMut::with_capacity(256 * 1024);
     // Initialization: ICReq -> ICResp, no digests yet.
     let icreq = tokio::select! {
-        r = tokio::time::timeout(Duration::from_secs(30), next_pdu(&mut rd, &mut buf, Digests::default(), pdu::IC_LEN as u32)) => match r {
+        r = tokio::time::timeout(Duration::from_secs(30), next_pdu(&mut stream, &mut buf, Digests::default(), pdu::IC_LEN as u32)) => match r {
             Err(_) => bail!("no ICReq within 30 s"),
             Ok(r) => r,
         },
@@ -104,35 +99,36 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, local: Option<SocketAddr
     let req = match icreq {
         Ok(Some(Pdu::IcReq(r))) => r,
         Ok(None) => return Ok(()),
-        Ok(Some(p)) => return fatal_direct(&mut wr, fes::PDU_SEQUENCE_ERROR, 0, &[p.kind()], "first PDU is not ICReq").await,
-        Err(e) => return fatal_direct(&mut wr, e.fes().unwrap_or(fes::INVALID_HEADER_FIELD), e.fei(), &buf[..buf.len().min(128)], &e.to_string()).await,
+        Ok(Some(p)) => return fatal_direct(&mut stream, fes::PDU_SEQUENCE_ERROR, 0, &[p.kind()], "first PDU is not ICReq").await,
+        Err(e) => return fatal_direct(&mut stream, e.fes().unwrap_or(fes::INVALID_HEADER_FIELD), e.fei(), &buf[..buf.len().min(128)], &e.to_string()).await,
     };
     if req.pfv != 0 {
-        return fatal_direct(&mut wr, fes::UNSUPPORTED_PARAMETER, 8, &[], "unsupported PDU format version").await;
+        return fatal_direct(&mut stream, fes::UNSUPPORTED_PARAMETER, 8, &[], "unsupported PDU format version").await;
     }
     if req.hpda != 0 {
-        return fatal_direct(&mut wr, fes::UNSUPPORTED_PARAMETER, 10, &[], "host PDU data alignment not supported").await;
+        return fatal_direct(&mut stream, fes::UNSUPPORTED_PARAMETER, 10, &[], "host PDU data alignment not supported").await;
     }
     let digests = req.digests;
     let resp = Pdu::IcResp(IcResp { pfv: 0, cpda: 0, digests, maxh2cdata: MAXH2CDATA });
-    wr.write_all(&resp.encode_parts(Digests::default()).concat()).await?;
+    stream.write_all(&resp.encode_parts(Digests::default()).concat()).await?;
     log::debug!("nvme: {peer}: ICReq ok (header digest {}, data digest {})", digests.header, digests.data);
 
-    let (tx, rx) = mpsc::channel::<Pdu>(1024);
-    let writer = tokio::spawn(write_loop(wr, rx, digests));
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let (kill_keep, kill) = watch::channel(false);
     let mut c = Conn {
         fabric,
         local,
         peer,
-        tx,
-        q: Arc::new(QueueInfo { qid: 0, sqflow_disabled: false, sqhd: AtomicU16::new(0), sq_entries: 1, outstanding: AtomicUsize::new(0) }),
+        digests,
+        out: Outbox::default(),
+        done_tx,
+        q: QueueInfo { qid: 0, sqflow_disabled: false, sqhd: 0, sq_entries: 1, outstanding: 0 },
         ctrl: None,
         kill,
         _kill_keep: kill_keep,
         pending: HashMap::new(),
     };
-    let r = c.run(&mut rd, &mut buf, digests, &mut shutdown).await;
+    let r = c.run(&stream, &mut buf, &mut done_rx, &mut shutdown).await;
     // Teardown: an admin queue takes its controller with it.
     if let Some(e) = &c.ctrl {
         if c.q.qid == 0 {
@@ -141,24 +137,20 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, local: Option<SocketAddr
             e.release_queue(c.q.qid);
         }
     }
-    drop(c);
     // Let queued replies (a TermReq, a Disconnect's completion) go out.
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    if tokio::time::timeout(Duration::from_secs(5), c.out.drain(&stream)).await.is_ok() {
+        let _ = stream.shutdown().await;
+    }
     r
 }
 
 /// Read until one PDU is decoded; Ok(None) on a clean end of stream.
-async fn next_pdu(rd: &mut OwnedReadHalf, buf: &mut BytesMut, d: Digests, max: u32) -> Result<Option<Pdu>, PduError> {
+async fn next_pdu(rd: &mut TcpStream, buf: &mut BytesMut, d: Digests, max: u32) -> Result<Option<Pdu>, PduError> {
     loop {
         if let Some(p) = pdu::decode(buf, d, max)? {
             return Ok(Some(p));
         }
-        // `decode` reserved exactly what the current PDU still needs; only
-        // a full buffer needs more room. (Reserving more while earlier PDUs'
-        // payloads are still referenced would copy the partial PDU.)
-        if buf.capacity() == buf.len() {
-            buf.reserve(64 * 1024);
-        }
+        grow_if_full(buf);
         match rd.read_buf(buf).await {
             Ok(0) | Err(_) => return Ok(None),
             Ok(_) => {}
@@ -166,39 +158,20 @@ async fn next_pdu(rd: &mut OwnedReadHalf, buf: &mut BytesMut, d: Digests, max: u
     }
 }
 
-async fn fatal_direct(wr: &mut OwnedWriteHalf, fes: u16, fei: u32, hdr: &[u8], why: &str) -> anyhow::Result<()> {
+/// `decode` reserved exactly what the current PDU still needs; only a full
+/// buffer needs more room. (Reserving more while earlier PDUs' payloads are
+/// still referenced would copy the partial PDU.)
+fn grow_if_full(buf: &mut BytesMut) {
+    if buf.capacity() == buf.len() {
+        buf.reserve(64 * 1024);
+    }
+}
+
+async fn fatal_direct(wr: &mut TcpStream, fes: u16, fei: u32, hdr: &[u8], why: &str) -> anyhow::Result<()> {
     let t = Pdu::C2HTermReq(TermReq { fes, fei, data: Bytes::copy_from_slice(hdr) });
     let _ = wr.write_all(&t.encode_parts(Digests::default()).concat()).await;
     let _ = wr.shutdown().await;
     Err(anyhow!("{why} (C2HTermReq FES {fes:#x})"))
-}
-
-async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Pdu>, d: Digests) -> std::io::Result<()> {
-    let mut w = BufWriter::with_capacity(256 * 1024, wr);
-    while let Some(p) = rx.recv().await {
-        write_pdu(&mut w, &p, d).await?;
-        // Batch whatever else is ready into the same flush.
-        while let Ok(p) = rx.try_recv() {
-            write_pdu(&mut w, &p, d).await?;
-        }
-        w.flush().await?;
-        if matches!(p, Pdu::C2HTermReq(_)) {
-            break;
-        }
-    }
-    w.shutdown().await
-}
-
-async fn write_pdu(w: &mut BufWriter<OwnedWriteHalf>, p: &Pdu, d: Digests) -> std::io::Result<()> {
-    let e = p.encode_parts(d);
-    w.write_all(&e.head).await?;
-    if !e.data.is_empty() {
-        w.write_all(&e.data).await?;
-    }
-    if let Some(dd) = e.ddgst {
-        w.write_all(&dd).await?;
-    }
-    Ok(())
 }
 
 /// Commands that may sleep in the kernel run on the blocking pool; plain
@@ -215,63 +188,145 @@ fn may_block(subsys: &Subsystem, sqe: &Sqe) -> bool {
 }
 
 impl Conn {
-    async fn run(&mut self, rd: &mut OwnedReadHalf, buf: &mut BytesMut, d: Digests, shutdown: &mut Shutdown) -> anyhow::Result<()> {
+    async fn run(&mut self, stream: &TcpStream, buf: &mut BytesMut, done_rx: &mut mpsc::UnboundedReceiver<Finished>, shutdown: &mut Shutdown) -> anyhow::Result<()> {
+        let d = self.digests;
+        let mut reads_in_a_row = 0;
         loop {
-            // Handle every PDU already buffered before waiting on the socket
-            // (and the kill/shutdown signals) again: at high queue depth one
-            // read brings many capsules.
-            let p = match pdu::decode(buf, d, MAX_PLEN) {
-                Ok(Some(p)) if !*self.kill.borrow() => Ok(Some(p)),
-                Ok(Some(_)) => return Ok(()),
-                Ok(None) => tokio::select! {
-                    r = next_pdu(rd, buf, d, MAX_PLEN) => r,
-                    _ = self.kill.changed() => return Ok(()),
-                    _ = shutdown.wait() => return Ok(()),
-                },
-                Err(e) => Err(e),
+            // Handle every PDU already buffered before touching the socket
+            // again: at high queue depth one read brings many capsules.
+            // (Left true when the reply backlog, not a lack of bytes, stopped it.)
+            let mut stalled = true;
+            while self.out.buffered() < OUT_HIGH {
+                if *self.kill.borrow() {
+                    return Ok(());
+                }
+                let p = match pdu::decode(buf, d, MAX_PLEN) {
+                    Ok(Some(p)) => p,
+                    Ok(None) => {
+                        stalled = false;
+                        break;
+                    }
+                    Err(PduError::DataDigest { kind, cid }) if kind == pdu::kind::CAPSULE_CMD => {
+                        // The capsule was consumed; fail only this command.
+                        log::warn!("nvme: {}: data digest error on command {cid}", self.peer);
+                        self.q.outstanding += 1;
+                        self.complete(cid, Status::TRANSIENT_TRANSPORT, 0, None);
+                        continue;
+                    }
+                    Err(e @ PduError::DataDigest { .. }) => bail!("{e}: closing the queue"),
+                    Err(e) => {
+                        let hdr = Bytes::copy_from_slice(&buf[..buf.len().min(128)]);
+                        self.fatal(e.fes().unwrap_or(fes::INVALID_HEADER_FIELD), e.fei(), hdr);
+                        bail!("malformed PDU: {e}");
+                    }
+                };
+                if let Flow::Close = self.handle(p)? {
+                    return Ok(());
+                }
+            }
+            while let Ok(f) = done_rx.try_recv() {
+                self.finished(f);
+            }
+            self.out.send(stream)?;
+            let reading = self.out.buffered() < OUT_HIGH;
+            if reading && stalled {
+                // Room again: the PDUs already buffered come first.
+                continue;
+            }
+            if reading && reads_in_a_row < READS_PER_YIELD {
+                grow_if_full(buf);
+                match stream.try_read_buf(buf) {
+                    Ok(0) => return Ok(()),
+                    Ok(_) => {
+                        reads_in_a_row += 1;
+                        continue;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return Ok(()),
+                }
+            }
+            if reads_in_a_row >= READS_PER_YIELD {
+                reads_in_a_row = 0;
+                tokio::task::yield_now().await;
+                continue;
+            }
+            reads_in_a_row = 0;
+            let interest = match (reading, self.out.is_empty()) {
+                (true, true) => Interest::READABLE,
+                (true, false) => Interest::READABLE | Interest::WRITABLE,
+                (false, _) => Interest::WRITABLE,
             };
-            let flow = match p {
-                Ok(None) => return Ok(()),
-                Ok(Some(Pdu::CapsuleCmd(c))) => self.capsule(c).await?,
-                Ok(Some(Pdu::H2CData(h))) => self.h2c_data(h).await?,
-                Ok(Some(Pdu::H2CTermReq(t))) => bail!("host terminated the connection: FES {:#x} FEI {}", t.fes, t.fei),
-                Ok(Some(other)) => {
-                    self.fatal(fes::INVALID_HEADER_FIELD, 0, Bytes::from(vec![other.kind()])).await;
-                    bail!("unexpected PDU type {:#04x} from host", other.kind());
-                }
-                Err(PduError::DataDigest { kind, cid }) if kind == pdu::kind::CAPSULE_CMD => {
-                    // The capsule was consumed; fail only this command.
-                    log::warn!("nvme: {}: data digest error on command {cid}", self.peer);
-                    let _ = self.tx.send(self.q.cqe(cid, Status::TRANSIENT_TRANSPORT, 0)).await;
-                    Flow::Continue
-                }
-                Err(e @ PduError::DataDigest { .. }) => bail!("{e}: closing the queue"),
-                Err(e) => {
-                    let hdr = Bytes::copy_from_slice(&buf[..buf.len().min(128)]);
-                    self.fatal(e.fes().unwrap_or(fes::INVALID_HEADER_FIELD), e.fei(), hdr).await;
-                    bail!("malformed PDU: {e}");
-                }
-            };
-            if let Flow::Close = flow {
-                return Ok(());
+            tokio::select! {
+                r = stream.ready(interest) => { r?; }
+                Some(f) = done_rx.recv() => self.finished(f),
+                _ = self.kill.changed() => return Ok(()),
+                _ = shutdown.wait() => return Ok(()),
             }
         }
     }
 
-    async fn fatal(&self, fes: u16, fei: u32, hdr: Bytes) {
-        let _ = self.tx.send(Pdu::C2HTermReq(TermReq { fes, fei, data: hdr })).await;
+    fn handle(&mut self, p: Pdu) -> anyhow::Result<Flow> {
+        match p {
+            Pdu::CapsuleCmd(c) => self.capsule(c),
+            Pdu::H2CData(h) => self.h2c_data(h),
+            Pdu::H2CTermReq(t) => bail!("host terminated the connection: FES {:#x} FEI {}", t.fes, t.fei),
+            other => {
+                self.fatal(fes::INVALID_HEADER_FIELD, 0, Bytes::from(vec![other.kind()]));
+                bail!("unexpected PDU type {:#04x} from host", other.kind());
+            }
+        }
+    }
+
+    fn push(&mut self, p: &Pdu) {
+        p.encode_into(self.digests, self.out.buf_mut());
+    }
+
+    /// Queue a C2HTermReq; the caller then ends the connection.
+    fn fatal(&mut self, fes: u16, fei: u32, hdr: Bytes) {
+        self.push(&Pdu::C2HTermReq(TermReq { fes, fei, data: hdr }));
+    }
+
+    fn cqe(&self, cid: u16, status: Status, result: u64) -> Pdu {
+        Pdu::CapsuleResp(Cqe { result, sq_head: self.q.sqhd, sq_id: self.q.qid, cid, status })
+    }
+
+    /// Queue the data (if any) and the completion of one command.
+    fn complete(&mut self, cid: u16, status: Status, result: u64, data: Option<Bytes>) {
+        self.q.outstanding = self.q.outstanding.saturating_sub(1);
+        let mut skip_resp = false;
+        if let Some(d) = data.filter(|d| !d.is_empty()) {
+            // With SQ flow control off the host needs no SQ head, so a
+            // successful read can complete with the data PDU alone.
+            let success = self.q.sqflow_disabled && status.is_success();
+            skip_resp = success;
+            self.push(&Pdu::C2HData(DataPdu { cid, ttag: 0, offset: 0, last: true, success, data: d }));
+        }
+        if !skip_resp {
+            let c = self.cqe(cid, status, result);
+            self.push(&c);
+        }
+    }
+
+    fn finished(&mut self, f: Finished) {
+        self.complete(f.cid, f.done.status, 0, f.done.data);
+    }
+
+    fn fail(&mut self, cid: u16, st: Status) -> anyhow::Result<Flow> {
+        self.complete(cid, st, 0, None);
+        Ok(Flow::Continue)
     }
 
     /// A command arrived: account for it, collect its data, run it.
-    async fn capsule(&mut self, c: CapsuleCmd) -> anyhow::Result<Flow> {
+    fn capsule(&mut self, c: CapsuleCmd) -> anyhow::Result<Flow> {
         let sqe = c.sqe;
         let cid = sqe.cid();
-        let q = &self.q;
-        q.sqhd.store((q.sqhd.load(Relaxed) + 1) % q.sq_entries.max(1), Relaxed);
-        let n = q.outstanding.fetch_add(1, Relaxed) + 1;
-        if self.ctrl.is_some() && n > q.sq_entries as usize {
-            self.fatal(fes::PDU_SEQUENCE_ERROR, 0, Bytes::new()).await;
-            bail!("host has {n} commands outstanding on a queue of {} entries", q.sq_entries);
+        let q = &mut self.q;
+        q.sqhd = (q.sqhd + 1) % q.sq_entries.max(1);
+        q.outstanding += 1;
+        if self.ctrl.is_some() && q.outstanding > q.sq_entries as usize {
+            let (n, e) = (q.outstanding, q.sq_entries);
+            self.fatal(fes::PDU_SEQUENCE_ERROR, 0, Bytes::new());
+            bail!("host has {n} commands outstanding on a queue of {e} entries");
         }
         if let Some(e) = &self.ctrl {
             e.keep_alive.touch(Instant::now());
@@ -289,41 +344,36 @@ impl Conn {
                 None
             };
             if let Some(st) = st {
-                return self.fail(cid, st.dnr()).await;
+                return self.fail(cid, st.dnr());
             }
-            return self.dispatch(sqe, c.data).await;
+            return self.dispatch(sqe, c.data);
         }
         if sqe.is_host_to_ctrl() && s.length > 0 {
             // Data comes later in H2CData PDUs: ask for it with one R2T.
             if s.kind != sgl::TRANSPORT {
-                return self.fail(cid, Status::SGL_INVALID_TYPE.dnr()).await;
+                return self.fail(cid, Status::SGL_INVALID_TYPE.dnr());
             }
             if s.length > MAX_TRANSFER {
-                return self.fail(cid, Status::INVALID_FIELD.dnr()).await;
+                return self.fail(cid, Status::INVALID_FIELD.dnr());
             }
             if let (Some(e), true) = (&self.ctrl, self.q.qid > 0 && !sqe.is_fabrics()) {
                 if let Some(sub) = &e.subsys {
                     if let Err(st) = io::precheck(sub, &sqe) {
-                        return self.fail(cid, st).await;
+                        return self.fail(cid, st);
                     }
                 }
             }
             if self.pending.contains_key(&cid) {
-                return self.fail(cid, Status::CMDID_CONFLICT.dnr()).await;
+                return self.fail(cid, Status::CMDID_CONFLICT.dnr());
             }
             self.pending.insert(cid, Pending { sqe, chunks: Vec::new(), received: 0, total: s.length as usize });
-            let _ = self.tx.send(Pdu::R2T(R2t { cid, ttag: cid, offset: 0, length: s.length })).await;
+            self.push(&Pdu::R2T(R2t { cid, ttag: cid, offset: 0, length: s.length }));
             return Ok(Flow::Continue);
         }
-        self.dispatch(sqe, Bytes::new()).await
+        self.dispatch(sqe, Bytes::new())
     }
 
-    async fn fail(&self, cid: u16, st: Status) -> anyhow::Result<Flow> {
-        send_completion(&self.tx, &self.q, cid, st, 0, None).await;
-        Ok(Flow::Continue)
-    }
-
-    async fn h2c_data(&mut self, h: DataPdu) -> anyhow::Result<Flow> {
+    fn h2c_data(&mut self, h: DataPdu) -> anyhow::Result<Flow> {
         // Validate against the pending transfer first, then report.
         let problem = match self.pending.get(&h.ttag) {
             None => Some((fes::INVALID_HEADER_FIELD, 10, format!("H2CData for unknown transfer tag {}", h.ttag))),
@@ -337,7 +387,7 @@ impl Conn {
             Some(_) => None,
         };
         if let Some((f, fei, why)) = problem {
-            self.fatal(f, fei, Bytes::new()).await;
+            self.fatal(f, fei, Bytes::new());
             bail!("{why}");
         }
         let Some(p) = self.pending.get_mut(&h.ttag) else { return Ok(Flow::Continue) };
@@ -356,26 +406,26 @@ impl Conn {
             }
             all.freeze()
         };
-        self.dispatch(p.sqe, data).await
+        self.dispatch(p.sqe, data)
     }
 
     /// Run a command whose data (if any) is complete.
-    async fn dispatch(&mut self, sqe: Sqe, data: Bytes) -> anyhow::Result<Flow> {
+    fn dispatch(&mut self, sqe: Sqe, data: Bytes) -> anyhow::Result<Flow> {
         let cid = sqe.cid();
         let Some(e) = self.ctrl.clone() else {
             if sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT {
-                return self.connect(sqe, data).await;
+                return self.connect(sqe, data);
             }
-            return self.fail(cid, Status::CMD_SEQ_ERROR).await;
+            return self.fail(cid, Status::CMD_SEQ_ERROR);
         };
         if sqe.is_fabrics() {
             match sqe.fctype() {
-                fctype::CONNECT => return self.fail(cid, Status::CMD_SEQ_ERROR).await,
+                fctype::CONNECT => return self.fail(cid, Status::CMD_SEQ_ERROR),
                 fctype::DISCONNECT => {
-                    send_completion(&self.tx, &self.q, cid, Status::SUCCESS, 0, None).await;
+                    self.complete(cid, Status::SUCCESS, 0, None);
                     return Ok(Flow::Close);
                 }
-                _ if self.q.qid > 0 => return self.fail(cid, Status::INVALID_OPCODE.dnr()).await,
+                _ if self.q.qid > 0 => return self.fail(cid, Status::INVALID_OPCODE.dnr()),
                 _ => {}
             }
         }
@@ -385,26 +435,88 @@ impl Conn {
                 g.execute_admin(&sqe, &data, Instant::now())
             };
             if let AdminOutcome::Complete(Completion { cid, status, result, data }) = out {
-                send_completion(&self.tx, &self.q, cid, status, result, data).await;
+                self.complete(cid, status, result, data);
             }
             return Ok(Flow::Continue);
         }
-        let Some(sub) = e.subsys.clone() else { return self.fail(cid, Status::INVALID_OPCODE.dnr()).await };
+        let Some(sub) = e.subsys.clone() else { return self.fail(cid, Status::INVALID_OPCODE.dnr()) };
         if may_block(&sub, &sqe) {
-            let (tx, q) = (self.tx.clone(), self.q.clone());
-            tokio::spawn(async move {
-                let done = tokio::task::spawn_blocking(move || io::execute(&sub, &sqe, &data)).await;
-                let IoDone { status, data } = done.unwrap_or(IoDone { status: Status::INTERNAL, data: None });
-                send_completion(&tx, &q, cid, status, 0, data).await;
+            let tx = self.done_tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let run = std::panic::AssertUnwindSafe(|| io::execute(&sub, &sqe, &data));
+                let done = std::panic::catch_unwind(run).unwrap_or(IoDone { status: Status::INTERNAL, data: None });
+                let _ = tx.send(Finished { cid, done });
             });
+        } else if sqe.opcode() == nvm::READ {
+            self.read(&sub, &sqe);
         } else {
             let IoDone { status, data } = io::execute(&sub, &sqe, &data);
-            send_completion(&self.tx, &self.q, cid, status, 0, data).await;
+            self.complete(cid, status, 0, data);
         }
         Ok(Flow::Continue)
     }
 
-    async fn connect(&mut self, sqe: Sqe, data: Bytes) -> anyhow::Result<Flow> {
+    /// A read that cannot block: its data goes from the volume straight into
+    /// the send buffer behind the C2HData header, or, when large, from the
+    /// page cache to the socket with sendfile.
+    fn read(&mut self, sub: &Subsystem, sqe: &Sqe) {
+        let cid = sqe.cid();
+        let (vol, off, len) = match io::read_extent(sub, sqe) {
+            Ok(x) => x,
+            Err(st) => return self.complete(cid, st, 0, None),
+        };
+        if len == 0 {
+            return self.complete(cid, Status::SUCCESS, 0, None);
+        }
+        // With SQ flow control off, the data PDU alone completes the read.
+        let success = self.q.sqflow_disabled;
+        let hdr = DataHeader::new(false, &DataPduHeader { cid, ttag: 0, offset: 0, last: true, success }, len as u32, self.digests);
+        if !self.digests.data && len >= ZERO_COPY_MIN {
+            match vol.zero_copy_read(off, len as u64) {
+                Ok(Some(fd)) => {
+                    let fd = fd.as_raw_fd();
+                    self.out.buf_mut().extend_from_slice(hdr.bytes());
+                    self.out.push_file(vol.clone(), fd, off, len);
+                    self.q.outstanding = self.q.outstanding.saturating_sub(1);
+                    if !success {
+                        let c = self.cqe(cid, Status::SUCCESS, 0);
+                        self.push(&c);
+                    }
+                    return;
+                }
+                Ok(None) => {}
+                Err(e) => return self.complete(cid, io::read_error(e), 0, None),
+            }
+        }
+        let want_ddgst = self.digests.data;
+        let b = self.out.buf_mut();
+        let start = b.len();
+        b.extend_from_slice(hdr.bytes());
+        let dstart = b.len();
+        b.reserve(len);
+        // SAFETY: u8 has no invalid bit patterns and `read_at` either fills
+        // the whole slice or fails, after which it is truncated away unread.
+        unsafe { b.set_len(dstart + len) };
+        match vol.read_at(&mut b[dstart..], off) {
+            Ok(()) => {
+                if want_ddgst {
+                    let c = pdu::crc32c(&b[dstart..]);
+                    b.extend_from_slice(&c.to_le_bytes());
+                }
+                self.q.outstanding = self.q.outstanding.saturating_sub(1);
+                if !success {
+                    let c = self.cqe(cid, Status::SUCCESS, 0);
+                    self.push(&c);
+                }
+            }
+            Err(e) => {
+                b.truncate(start);
+                self.complete(cid, io::read_error(e), 0, None);
+            }
+        }
+    }
+
+    fn connect(&mut self, sqe: Sqe, data: Bytes) -> anyhow::Result<Flow> {
         let cid = sqe.cid();
         let c = Connect::parse(&sqe);
         let refused = |r: Refusal| (r.status, r.result);
@@ -423,19 +535,18 @@ impl Conn {
             Ok(e) => e,
             Err((status, result)) => {
                 log::info!("nvme: {}: Connect (qid {}) refused: {status}", self.peer, c.qid);
-                send_completion(&self.tx, &self.q, cid, status, result, None).await;
+                self.complete(cid, status, result, None);
                 return Ok(Flow::Continue);
             }
         };
         // The queue is now bound; its size and flow control are fixed.
-        let outstanding = self.q.outstanding.load(Relaxed);
-        self.q = Arc::new(QueueInfo {
+        self.q = QueueInfo {
             qid: c.qid,
             sqflow_disabled: c.cattr & CATTR_DISABLE_SQFLOW != 0,
-            sqhd: AtomicU16::new(1 % (c.sqsize + 1)),
+            sqhd: 1 % (c.sqsize + 1),
             sq_entries: c.sqsize + 1,
-            outstanding: AtomicUsize::new(outstanding),
-        });
+            outstanding: self.q.outstanding,
+        };
         self.kill = e.killed();
         if c.qid == 0 {
             if let Some(kato) = e.keep_alive.kato() {
@@ -444,7 +555,7 @@ impl Conn {
         }
         log::debug!("nvme: {}: queue {} of controller {} connected (sqsize {})", self.peer, c.qid, e.cntlid, c.sqsize);
         self.ctrl = Some(e.clone());
-        send_completion(&self.tx, &self.q, cid, Status::SUCCESS, e.cntlid as u64, None).await;
+        self.complete(cid, Status::SUCCESS, e.cntlid as u64, None);
         Ok(Flow::Continue)
     }
 }

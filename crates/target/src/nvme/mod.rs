@@ -6,6 +6,7 @@
 
 mod conn;
 mod fabric;
+mod outbox;
 
 use crate::config::NvmeConfig;
 use crate::{Running, Shutdown, Volumes};
