@@ -10,6 +10,7 @@
 //! `ram:SIZE`, `file:PATH[,size=SIZE]`, or a plain path (regular file or
 //! block device), each followed by options `direct`, `sync`, `readonly`.
 
+mod block_locks;
 mod file;
 mod size;
 mod spec;
