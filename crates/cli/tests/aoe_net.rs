@@ -16,12 +16,17 @@ use std::time::{Duration, Instant};
 
 /// A target in a namespace: e1.2 = 80 MiB RAM disk, e1.3 = read-only 8 MiB.
 fn target(tag: &str, mtu: u32) -> (NetnsPair, Serve) {
+    target_on(tag, mtu, "d=ram:80M")
+}
+
+/// The same with e1.2 on the given volume.
+fn target_on(tag: &str, mtu: u32, volume: &str) -> (NetnsPair, Serve) {
     let pair = NetnsPair::new(tag, mtu);
     let serve = Serve::start_in(
         Some(&pair.ns),
         &[
             "--volume",
-            "d=ram:80M",
+            volume,
             "--volume",
             "ro=ram:8M,readonly",
             "--aoe",
@@ -43,8 +48,8 @@ fn client(rt: &tokio::runtime::Runtime, iface: &str, slot: u8) -> AoeClient {
     rt.block_on(AoeClient::connect(&url, &opts)).expect("connect")
 }
 
-fn end_to_end(mtu: u32, sectors: u8) {
-    let (pair, mut serve) = target("ae", mtu);
+fn end_to_end(mtu: u32, sectors: u8, volume: &str) {
+    let (pair, mut serve) = target_on("ae", mtu, volume);
     let out = blockwire_ok(None, &["aoe", "discover", &pair.host_if]);
     assert!(out.contains("e1.2") && out.contains("e1.3"), "discover: {out}");
     assert!(out.contains("80M") && out.contains(&format!("sectors/frame {sectors}")), "discover: {out}");
@@ -74,17 +79,24 @@ fn end_to_end(mtu: u32, sectors: u8) {
     let mut b = [0u8; 512];
     rt.block_on(ro.read(0, &mut b)).expect("read-only export still reads");
     assert!(serve.is_running());
+    if volume.contains(",direct") {
+        assert!(serve.log_text().contains("I/O threads for device-backed exports"), "{}", serve.log_text());
+    }
     assert!(serve.stop().success());
 }
 
 #[test]
 fn aoe_end_to_end_mtu_1500() {
-    end_to_end(1500, 2);
+    end_to_end(1500, 2, "d=ram:80M");
 }
 
+/// At MTU 9000 e1.2 is an O_DIRECT file: not memory-backed, so its frames
+/// go through the target's I/O pool.
 #[test]
 fn aoe_end_to_end_mtu_9000() {
-    end_to_end(9000, 17);
+    let dir = TempDir::new_in(env!("CARGO_TARGET_TMPDIR"), "aoe-direct");
+    let volume = format!("d=file:{},size=80M,direct", dir.path().join("d.img").display());
+    end_to_end(9000, 17, &volume);
 }
 
 /// Raw frames from made-up MACs, to test per-initiator behaviour.

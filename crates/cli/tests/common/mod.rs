@@ -255,7 +255,12 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("blockwire-{}", unique(tag)));
+        Self::new_in(std::env::temp_dir(), tag)
+    }
+    /// Under `parent`, e.g. `env!("CARGO_TARGET_TMPDIR")` for a disk file
+    /// system where /tmp may be tmpfs.
+    pub fn new_in(parent: impl AsRef<Path>, tag: &str) -> TempDir {
+        let p = parent.as_ref().join(format!("blockwire-{}", unique(tag)));
         std::fs::create_dir_all(&p).expect("create temp dir");
         TempDir(p)
     }
