@@ -11,7 +11,7 @@ use bw_iscsi::initiator::{InitiatorConfig, InitiatorLogin, LoginDone, Progress};
 use bw_iscsi::login::Secret;
 use bw_iscsi::msg::*;
 use bw_iscsi::negotiate::{Digest, LocalLimits, SessionParams};
-use bw_iscsi::pdu::{Decoder, Digests, Pdu, RESERVED_TAG};
+use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu, RESERVED_TAG};
 use bw_iscsi::session::sn_lt;
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
@@ -270,16 +270,6 @@ async fn read_pdu(rd: &mut OwnedReadHalf, buf: &mut BytesMut, dec: &Decoder) -> 
             return Err(ClientError::Disconnected("target closed the connection".into()));
         }
     }
-}
-
-async fn write_pdu<W: AsyncWriteExt + Unpin>(w: &mut W, p: &Pdu, d: Digests) -> std::io::Result<()> {
-    w.write_all(&p.header_bytes(d)).await?;
-    if !p.data.is_empty() {
-        w.write_all(&p.data).await?;
-        let (t, n) = p.trailer(d);
-        w.write_all(&t[..n]).await?;
-    }
-    Ok(())
 }
 
 async fn writer(wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Pdu>, d: Digests) {

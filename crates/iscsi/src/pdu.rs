@@ -215,6 +215,25 @@ impl Pdu {
         out
     }
 
+    /// Header part for a data segment of `data_len` bytes without a heap
+    /// allocation for PDUs without AHS (every PDU a target sends).
+    pub fn head(&self, d: Digests, data_len: usize) -> Head {
+        if !self.ahs.is_empty() {
+            return Head::Long(self.header_bytes_for(d, data_len));
+        }
+        let mut b = [0u8; BHS_LEN + 4];
+        b[..BHS_LEN].copy_from_slice(&self.bhs.0);
+        b[4] = 0;
+        b[5..8].copy_from_slice(&(data_len as u32).to_be_bytes()[1..]);
+        let mut len = BHS_LEN;
+        if d.header {
+            let crc = crc32c::crc32c(&b[..BHS_LEN]);
+            b[BHS_LEN..].copy_from_slice(&crc.to_le_bytes());
+            len += 4;
+        }
+        Head::Short(b, len)
+    }
+
     /// Padding and data digest that follow the data segment (empty if none).
     pub fn trailer(&self, d: Digests) -> ([u8; 8], usize) {
         let mut t = [0u8; 8];
@@ -240,6 +259,36 @@ impl Pdu {
         out.put_slice(&t[..n]);
         out
     }
+}
+
+/// The header part of a PDU on the wire (see [`Pdu::head`]).
+pub enum Head {
+    Short([u8; BHS_LEN + 4], usize),
+    Long(BytesMut),
+}
+
+impl std::ops::Deref for Head {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Head::Short(b, n) => &b[..*n],
+            Head::Long(b) => b,
+        }
+    }
+}
+
+/// Write one PDU (header, data segment, padding and data digest) to an
+/// async writer; meant for a buffered writer, flushed by the caller.
+#[cfg(feature = "tokio")]
+pub async fn write_pdu<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, p: &Pdu, d: Digests) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    w.write_all(&p.head(d, p.data.len())).await?;
+    if !p.data.is_empty() {
+        w.write_all(&p.data).await?;
+        let (t, n) = p.trailer(d);
+        w.write_all(&t[..n]).await?;
+    }
+    Ok(())
 }
 
 /// Splits a byte stream into PDUs.
@@ -355,6 +404,22 @@ mod tests {
             assert_eq!(got.bhs.data_segment_len(), 5);
             assert!(buf.is_empty());
         }
+    }
+
+    #[test]
+    fn stack_head_matches_header_bytes() {
+        let mut bhs = Bhs::default();
+        bhs.0[0] = 0x25;
+        bhs.0[4] = 9; // stale lengths are replaced
+        bhs.set_u32(16, 0xabcd);
+        let p = Pdu::new(bhs, Bytes::from_static(b"xyz"));
+        for d in [Digests::default(), Digests { header: true, data: false }] {
+            assert_eq!(&p.head(d, 3)[..], &p.header_bytes(d)[..]);
+            assert_eq!(&p.head(d, 70000)[..], &p.header_bytes_for(d, 70000)[..]);
+        }
+        let with_ahs = Pdu { ahs: Bytes::from_static(&[0, 1, 1, 0]), ..p };
+        let d = Digests { header: true, data: true };
+        assert_eq!(&with_ahs.head(d, 3)[..], &with_ahs.header_bytes(d)[..]);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_iscsi::login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
 use bw_iscsi::negotiate::{LocalLimits, SessionType};
-use bw_iscsi::pdu::{Decoder, Digests, Pdu};
+use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu};
 use bw_iscsi::session::{write_outcome, Action, Exec, SessionConfig, TargetSession};
 use bw_scsi::{LunConfig, ReadExtent, ReadPlan, ScsiTarget};
 use bytes::BytesMut;
@@ -193,16 +193,6 @@ async fn read_pdu(rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut BytesMut, d
             return Ok(None);
         }
     }
-}
-
-async fn write_pdu<W: AsyncWriteExt + Unpin>(w: &mut W, p: &Pdu, d: Digests) -> std::io::Result<()> {
-    w.write_all(&p.header_bytes(d)).await?;
-    if !p.data.is_empty() {
-        w.write_all(&p.data).await?;
-        let (t, n) = p.trailer(d);
-        w.write_all(&t[..n]).await?;
-    }
-    Ok(())
 }
 
 /// Portal strings for SendTargets; wildcard listeners show the address
@@ -525,7 +515,7 @@ impl ConnIo {
             match o {
                 Out::Pdu(p) => write_pdu(&mut self.w, &p, self.digests).await?,
                 Out::Extent { pdu, extent, at, len } => {
-                    self.w.write_all(&pdu.header_bytes_for(self.digests, len)).await?;
+                    self.w.write_all(&pdu.head(self.digests, len)).await?;
                     self.w.flush().await?;
                     send_extent(self.w.get_ref().as_ref(), &extent, at, len).await?;
                     let pad = bw_iscsi::pdu::pad4(len);
