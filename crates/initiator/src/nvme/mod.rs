@@ -25,6 +25,8 @@ use std::time::Duration;
 const KATO_MS: u32 = 10_000;
 /// Admin queue depth (Linux uses 32 as well).
 const ADMIN_DEPTH: usize = 32;
+/// Transfers at least this long are spread over all I/O queues.
+const SPREAD_MIN: usize = 128 * 1024;
 
 fn proto(s: impl Into<String>) -> ClientError {
     ClientError::Protocol(s.into())
@@ -134,6 +136,8 @@ pub struct NvmeClient {
     closed: AtomicBool,
     keep_alive: tokio::task::JoinHandle<()>,
     cntlid: u16,
+    /// Threads serving the I/O queues when there are several.
+    io_rt: Option<tokio::runtime::Runtime>,
 }
 
 pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
@@ -167,12 +171,29 @@ impl NvmeClient {
         let digests = Digests { header: opts.header_digest, data: opts.data_digest };
         let hostnqn = host_nqn(opts);
         let incapsule = (a.id.ioccsz as usize * 16).saturating_sub(64);
+        // The first I/O queue runs on the caller's runtime; any further
+        // ones get threads of their own (like the Linux host's per-CPU
+        // queues), so the receive copies of large reads on different queues
+        // run in parallel whatever runtime the caller uses.
+        let io_rt = if granted > 1 {
+            Some(tokio::runtime::Builder::new_multi_thread().worker_threads(granted - 1).thread_name("nvme-io").enable_all().build()?)
+        } else {
+            None
+        };
         let mut io = Vec::new();
         for qid in 1..=granted as u16 {
-            let mut q = Queue::open(host, *port, qid, digests, depth, opts.timeout).await?;
+            let (host, port, timeout) = (host.clone(), *port, opts.timeout);
             let data = ConnectData { hostid: host_id(&hostnqn), cntlid: a.cntlid, subnqn: subnqn.clone(), hostnqn: hostnqn.clone() };
-            fabrics_connect(&q, qid, depth as u16 - 1, 0, data).await?;
-            q.incapsule = incapsule;
+            let open = async move {
+                let mut q = Queue::open(&host, port, qid, digests, depth, timeout).await?;
+                fabrics_connect(&q, qid, depth as u16 - 1, 0, data).await?;
+                q.incapsule = incapsule;
+                Ok::<Queue, ClientError>(q)
+            };
+            let q = match io_rt.as_ref().filter(|_| qid > 1) {
+                Some(rt) => rt.spawn(open).await.map_err(|e| proto(format!("opening queue {qid}: {e}")))??,
+                None => open.await?,
+            };
             io.push(Arc::new(q));
         }
         let max_transfer = if a.id.mdts == 0 { 1 << 20 } else { (4096usize << a.id.mdts).min(8 << 20) };
@@ -199,12 +220,24 @@ impl NvmeClient {
             closed: AtomicBool::new(false),
             keep_alive,
             cntlid: a.cntlid,
+            io_rt,
         })
     }
 
     fn queue(&self) -> &Arc<Queue> {
         let i = self.next.fetch_add(1, Relaxed) % self.io.len();
         &self.io[i]
+    }
+
+    /// The queue for a transfer of `len` bytes. Small ones stay on the first
+    /// queue, served by the caller's own threads: their cost is per command,
+    /// and handing them to another thread would add two wakeups each. Large
+    /// ones, whose cost is the receive copy, spread over all queues.
+    fn queue_for(&self, len: usize) -> &Arc<Queue> {
+        if len < SPREAD_MIN {
+            return &self.io[0];
+        }
+        self.queue()
     }
 
     /// Number of I/O queues connected.
@@ -227,6 +260,11 @@ impl NvmeClient {
 impl Drop for NvmeClient {
     fn drop(&mut self) {
         self.keep_alive.abort();
+        // The queues' tasks end with their connections; a runtime must not
+        // block in drop when the client is dropped inside another runtime.
+        if let Some(rt) = self.io_rt.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -248,7 +286,7 @@ impl BlockClient for NvmeClient {
         while done < buf.len() {
             let n = (buf.len() - done).min(self.max_transfer);
             let sqe = self.rw_sqe(nvm::READ, offset + done as u64, n);
-            let d = self.queue().submit_read(sqe, &mut buf[done..done + n]).await?;
+            let d = self.queue_for(n).submit_read(sqe, &mut buf[done..done + n]).await?;
             if d.received != n {
                 return Err(proto(format!("read of {n} bytes returned {}", d.received)));
             }
@@ -263,7 +301,7 @@ impl BlockClient for NvmeClient {
         while done < data.len() {
             let n = (data.len() - done).min(self.max_transfer);
             let chunk = Bytes::copy_from_slice(&data[done..done + n]);
-            self.queue().submit(self.rw_sqe(nvm::WRITE, offset + done as u64, n), Some(chunk), 0).await?;
+            self.queue_for(n).submit(self.rw_sqe(nvm::WRITE, offset + done as u64, n), Some(chunk), 0).await?;
             done += n;
         }
         Ok(())
