@@ -60,6 +60,19 @@ pub struct TargetInfo {
     pub config: Vec<u8>,
 }
 
+/// Where a read's data goes: the caller's buffer, written by the receiver
+/// task straight from the received frame (one copy instead of two).
+#[derive(Clone, Copy)]
+struct ReadDest {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is only dereferenced under the slot's `resp` lock
+// while the slot is armed, and the owner of the buffer disarms the slot
+// under that lock before its borrow ends (see `SlotLease`).
+unsafe impl Send for ReadDest {}
+
 /// Reply state of one slot, written by the receiver task.
 struct Resp {
     tag: u32,
@@ -68,6 +81,9 @@ struct Resp {
     received_at: Instant,
     frame: Vec<u8>,
     len: usize,
+    dest: Option<ReadDest>,
+    /// The reply's data went to `dest`; `frame` holds its headers only.
+    delivered: bool,
 }
 
 struct Slot {
@@ -290,7 +306,16 @@ impl AoeClient {
         let slots: Box<[Slot]> = (0..max_window)
             .map(|_| Slot {
                 req: Mutex::new(vec![0u8; frame_len.max(bw_aoe::MIN_FRAME).max(1100)]),
-                resp: Mutex::new(Resp { tag: 0, armed: false, complete: false, received_at: Instant::now(), frame: vec![0u8; reply_len], len: 0 }),
+                resp: Mutex::new(Resp {
+                    tag: 0,
+                    armed: false,
+                    complete: false,
+                    received_at: Instant::now(),
+                    frame: vec![0u8; reply_len],
+                    len: 0,
+                    dest: None,
+                    delivered: false,
+                }),
                 done: Notify::new(),
             })
             .collect();
@@ -402,14 +427,20 @@ impl AoeClient {
 
     async fn read_frame(&self, lba: u64, out: &mut [u8]) -> Result<()> {
         let sectors = (out.len() / SECTOR) as u8;
+        let dest = ReadDest { ptr: out.as_mut_ptr(), len: out.len() };
         self.shared
-            .exchange(
+            .exchange_into(
                 |b, to, tag| req::ata(b, to, tag, &AtaRequest::read(lba, sectors)),
-                |f| {
+                |f, delivered| {
+                    if delivered {
+                        // The receiver checked the status and copied the data.
+                        return Ok(());
+                    }
                     let (_, data) = ata_reply(f, out.len())?;
                     out.copy_from_slice(data);
                     Ok(())
                 },
+                Some(dest),
             )
             .await
     }
@@ -496,22 +527,30 @@ impl Shared {
         build: impl Fn(&mut [u8], &Addr, u32) -> std::result::Result<usize, bw_aoe::WireError>,
         parse: impl FnOnce(&[u8]) -> Result<T>,
     ) -> Result<T> {
+        self.exchange_into(build, |f, _| parse(f), None).await
+    }
+
+    /// [`Shared::exchange`], with a read's data going straight to `dest`
+    /// when the reply is a good ATA reply carrying enough of it (`parse`
+    /// then learns `delivered`).
+    async fn exchange_into<T>(
+        &self,
+        build: impl Fn(&mut [u8], &Addr, u32) -> std::result::Result<usize, bw_aoe::WireError>,
+        parse: impl FnOnce(&[u8], bool) -> Result<T>,
+        dest: Option<ReadDest>,
+    ) -> Result<T> {
         let permit = self.window.acquire().await.map_err(|_| ClientError::Disconnected("client closed".into()))?;
         let idx = match lock(&self.free).pop() {
             Some(i) => i,
             None => return Err(ClientError::Protocol("internal: no free slot under the window".into())),
         };
         let slot = &self.slots[idx];
-        let mut frame = std::mem::take(&mut *lock(&slot.req));
-        let r = self.exchange_in_slot(slot, idx, &mut frame, build, parse).await;
-        *lock(&slot.req) = frame;
-        {
-            let mut resp = lock(&slot.resp);
-            resp.armed = false;
-            resp.complete = false;
-        }
-        self.release(permit, idx);
-        r
+        let frame = std::mem::take(&mut *lock(&slot.req));
+        lock(&slot.resp).dest = dest;
+        let mut lease = SlotLease { shared: self, idx, frame, permit: Some(permit) };
+        let SlotLease { frame, .. } = &mut lease;
+        self.exchange_in_slot(slot, idx, frame, build, parse).await
+        // `lease` drops here, or when this future is dropped mid-flight.
     }
 
     async fn exchange_in_slot<T>(
@@ -520,7 +559,7 @@ impl Shared {
         idx: usize,
         frame: &mut [u8],
         build: impl Fn(&mut [u8], &Addr, u32) -> std::result::Result<usize, bw_aoe::WireError>,
-        parse: impl FnOnce(&[u8]) -> Result<T>,
+        parse: impl FnOnce(&[u8], bool) -> Result<T>,
     ) -> Result<T> {
         let deadline = Instant::now() + self.timeout;
         let len = build(frame, &self.addr, 0).map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -533,6 +572,7 @@ impl Shared {
                 r.tag = tag;
                 r.armed = true;
                 r.complete = false;
+                r.delivered = false;
             }
             let rto = lock(&self.ctl).rtt.timeout().saturating_mul(1 << attempt.min(6)).min(MAX_RTO);
             let sent_at = Instant::now();
@@ -545,7 +585,7 @@ impl Shared {
                     let r = lock(&slot.resp);
                     if r.complete && r.tag == tag {
                         let rtt = (attempt == 0).then(|| r.received_at.saturating_duration_since(sent_at));
-                        let out = parse(&r.frame[..r.len]);
+                        let out = parse(&r.frame[..r.len], r.delivered);
                         drop(r);
                         self.on_success(rtt);
                         return out;
@@ -612,6 +652,33 @@ async fn send_loop(shared: Arc<Shared>, mut batch: FrameBatch) {
     }
 }
 
+/// A slot taken for one exchange. Dropping it, also when the exchange's
+/// future is dropped mid-flight, disarms the slot (under its lock, so the
+/// receiver never writes into a read buffer whose borrow has ended), puts
+/// the request frame back and returns the slot and window permit.
+struct SlotLease<'a> {
+    shared: &'a Shared,
+    idx: usize,
+    frame: Vec<u8>,
+    permit: Option<SemaphorePermit<'a>>,
+}
+
+impl Drop for SlotLease<'_> {
+    fn drop(&mut self) {
+        let slot = &self.shared.slots[self.idx];
+        {
+            let mut r = lock(&slot.resp);
+            r.armed = false;
+            r.complete = false;
+            r.dest = None;
+        }
+        *lock(&slot.req) = std::mem::take(&mut self.frame);
+        if let Some(p) = self.permit.take() {
+            self.shared.release(p, self.idx);
+        }
+    }
+}
+
 /// Drain the socket in batches; hand each reply to the slot its tag names.
 async fn receive_loop(shared: Arc<Shared>) {
     let mut batch = FrameBatch::new(64, shared.sock.get_ref().mtu() + 18);
@@ -651,8 +718,21 @@ fn deliver(shared: &Shared, frame: &[u8], now: Instant) {
         shared.counters.stray.fetch_add(1, Relaxed);
         return;
     }
-    r.frame[..frame.len()].copy_from_slice(frame);
+    r.delivered = false;
     r.len = frame.len();
+    if let Some(d) = r.dest {
+        if let Ok(req::Reply { body: ReplyBody::Ata(a, data), .. }) = req::parse_reply(frame) {
+            if !a.failed() && data.len() >= d.len {
+                // SAFETY: see ReadDest: the slot is armed and we hold its lock,
+                // so the buffer is alive and nobody else touches it.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), d.ptr, d.len) };
+                r.delivered = true;
+                r.len = frame.len() - data.len();
+            }
+        }
+    }
+    let keep = r.len;
+    r.frame[..keep].copy_from_slice(&frame[..keep]);
     r.complete = true;
     r.received_at = now;
     drop(r);
