@@ -305,6 +305,19 @@ impl Decoder {
         Decoder { digests: Digests::default(), max_data }
     }
 
+    /// Length on the wire of the PDU at the front of `buf` (header, data,
+    /// padding, digests), once its BHS is there.
+    pub fn frame_len(&self, buf: &[u8]) -> Option<usize> {
+        if buf.len() < BHS_LEN {
+            return None;
+        }
+        let ahs = buf[4] as usize * 4;
+        let dlen = u32::from_be_bytes([0, buf[5], buf[6], buf[7]]) as usize;
+        let hd = if self.digests.header { 4 } else { 0 };
+        let data = if dlen == 0 { 0 } else { dlen + pad4(dlen) + if self.digests.data { 4 } else { 0 } };
+        Some(BHS_LEN + ahs + hd + data)
+    }
+
     /// Take one complete PDU off the front of `buf`, if there is one. On
     /// error the stream cannot be resynchronised: close the connection.
     pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Pdu>, PduError> {
@@ -398,6 +411,8 @@ mod tests {
             // Partial input yields nothing and keeps the bytes.
             let mut part = BytesMut::from(&wire[..50]);
             assert_eq!(dec.decode(&mut part).unwrap(), None);
+            assert_eq!(dec.frame_len(&part), Some(wire.len()));
+            assert_eq!(dec.frame_len(&wire[..47]), None);
             let got = dec.decode(&mut buf).unwrap().unwrap();
             assert_eq!(got.data, &b"hello"[..]);
             assert_eq!(got.bhs.itt(), 0x1234);

@@ -180,6 +180,18 @@ fn spawn_connection_thread(s: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, sd: Sh
     Ok(())
 }
 
+/// PDUs from this size on are read to their end and no further (see
+/// `full_feature`).
+const LARGE_PDU: usize = 64 * 1024;
+
+/// One read into `buf`, of at most `limit` bytes if given.
+async fn read_some(rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut BytesMut, limit: Option<usize>) -> std::io::Result<usize> {
+    match limit {
+        Some(n) => rd.take(n as u64).read_buf(buf).await,
+        None => rd.read_buf(buf).await,
+    }
+}
+
 /// Read until one PDU is complete.
 async fn read_pdu(rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut BytesMut, dec: &Decoder) -> anyhow::Result<Option<Pdu>> {
     loop {
@@ -601,11 +613,19 @@ async fn full_feature(conn: &Arc<Conn>, io: &mut ConnIo, shutdown: &mut Shutdown
             // Whatever was queued before the close has been written.
             return Ok(());
         }
-        if io.buf.capacity() - io.buf.len() < 64 * 1024 {
-            io.buf.reserve(256 * 1024);
+        // A large PDU half in the buffer: make room for all of it and read
+        // no further than its end, so the next PDU starts a read of its own
+        // and growing the buffer never copies a partial large PDU (its data
+        // is handed on without copying and may pin the old buffer).
+        let limit = io.dec.frame_len(&io.buf).filter(|&t| t > io.buf.len() && t >= LARGE_PDU).map(|t| t - io.buf.len());
+        match limit {
+            Some(n) => io.buf.reserve(n),
+            // Room for a whole PDU of the largest size after what is there.
+            None if io.buf.capacity() - io.buf.len() < 64 * 1024 => io.buf.reserve(io.dec.max_data + 64 * 1024),
+            None => {}
         }
         tokio::select! {
-            r = io.rd.read_buf(&mut io.buf) => {
+            r = read_some(&mut io.rd, &mut io.buf, limit) => {
                 if r? == 0 {
                     return Ok(());
                 }
