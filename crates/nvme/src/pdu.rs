@@ -480,6 +480,29 @@ pub struct DataPduHeader {
     pub success: bool,
 }
 
+/// Append a CapsuleCmd (commands, the host's most common PDU) with its
+/// in-capsule `data`, straight from where the caller keeps them.
+pub fn encode_capsule(sqe: &Sqe, data: &[u8], digests: Digests, out: &mut Vec<u8>) {
+    let hd = if digests.header { DIGEST_LEN } else { 0 };
+    let dd = if digests.data && !data.is_empty() { DIGEST_LEN } else { 0 };
+    let start = out.len();
+    out.resize(start + CMD_HLEN, 0);
+    let fl = (if hd != 0 { flags::HDGST } else { 0 }) | (if dd != 0 { flags::DDGST } else { 0 });
+    let pdo = if data.is_empty() { 0 } else { (CMD_HLEN + hd) as u8 };
+    let plen = (CMD_HLEN + hd + data.len() + dd) as u32;
+    let h = &mut out[start..];
+    CommonHeader { kind: kind::CAPSULE_CMD, flags: fl, hlen: CMD_HLEN as u8, pdo, plen }.write(h);
+    h[CH_LEN..CH_LEN + 64].copy_from_slice(&sqe.0);
+    if hd != 0 {
+        let crc = crc32c(&out[start..]);
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+    out.extend_from_slice(data);
+    if dd != 0 {
+        out.extend_from_slice(&crc32c(data).to_le_bytes());
+    }
+}
+
 /// A PDU ready to send: header (with header digest and padding), payload,
 /// and the data digest if any.
 pub struct Encoded {
@@ -618,26 +641,7 @@ impl Pdu {
             return;
         }
         if let Pdu::CapsuleCmd(c) = self {
-            // Commands, the host's most common PDU.
-            let hd = if digests.header { DIGEST_LEN } else { 0 };
-            let dd = if digests.data && !c.data.is_empty() { DIGEST_LEN } else { 0 };
-            let start = out.len();
-            out.resize(start + CMD_HLEN, 0);
-            let fl = (if hd != 0 { flags::HDGST } else { 0 }) | (if dd != 0 { flags::DDGST } else { 0 });
-            let pdo = if c.data.is_empty() { 0 } else { (CMD_HLEN + hd) as u8 };
-            let plen = (CMD_HLEN + hd + c.data.len() + dd) as u32;
-            let h = &mut out[start..];
-            CommonHeader { kind: kind::CAPSULE_CMD, flags: fl, hlen: CMD_HLEN as u8, pdo, plen }.write(h);
-            h[CH_LEN..CH_LEN + 64].copy_from_slice(&c.sqe.0);
-            if hd != 0 {
-                let crc = crc32c(&out[start..]);
-                out.extend_from_slice(&crc.to_le_bytes());
-            }
-            out.extend_from_slice(&c.data);
-            if dd != 0 {
-                out.extend_from_slice(&crc32c(&c.data).to_le_bytes());
-            }
-            return;
+            return encode_capsule(&c.sqe, &c.data, digests, out);
         }
         let e = self.encode_parts(digests);
         out.extend_from_slice(&e.head);

@@ -300,8 +300,8 @@ impl BlockClient for NvmeClient {
         let mut done = 0;
         while done < data.len() {
             let n = (data.len() - done).min(self.max_transfer);
-            let chunk = Bytes::copy_from_slice(&data[done..done + n]);
-            self.queue_for(n).submit(self.rw_sqe(nvm::WRITE, offset + done as u64, n), Some(chunk), 0).await?;
+            let sqe = self.rw_sqe(nvm::WRITE, offset + done as u64, n);
+            self.queue_for(n).submit_write(sqe, &data[done..done + n]).await?;
             done += n;
         }
         Ok(())

@@ -74,6 +74,10 @@ impl Drop for DestGuard<'_> {
 
 struct Shared {
     inflight: Mutex<HashMap<u16, Inflight>>,
+    /// Capsules encoded by the submitting tasks, waiting for the writer.
+    out: Mutex<Vec<u8>>,
+    /// Tells the writer `out` has something.
+    wake: tokio::sync::Notify,
     free_cids: Mutex<Vec<u16>>,
     /// Set when the connection died: why.
     dead: Mutex<Option<String>>,
@@ -96,7 +100,7 @@ impl Shared {
 
 pub struct Queue {
     pub qid: u16,
-    tx: mpsc::Sender<Pdu>,
+    digests: Digests,
     shared: Arc<Shared>,
     slots: Semaphore,
     /// Largest in-capsule data this queue accepts.
@@ -158,13 +162,17 @@ impl Queue {
         let depth = depth.clamp(1, 65535);
         let shared = Arc::new(Shared {
             inflight: Mutex::new(HashMap::new()),
+            out: Mutex::new(Vec::with_capacity(64 * 1024)),
+            wake: tokio::sync::Notify::new(),
             free_cids: Mutex::new((0..depth as u16).rev().collect()),
             dead: Mutex::new(None),
         });
+        // H2CData PDUs (answers to R2Ts) go from the reader to the writer
+        // through this channel; capsules through `Shared::out`.
         let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(write_loop(wr, rx, digests));
-        let reader = tokio::spawn(read_loop(rd, buf, digests, shared.clone(), tx.clone(), maxh2cdata as usize));
-        Ok(Queue { qid, tx, shared, slots: Semaphore::new(depth), incapsule: 8192, timeout, reader })
+        tokio::spawn(write_loop(wr, rx, shared.clone(), digests));
+        let reader = tokio::spawn(read_loop(rd, buf, digests, shared.clone(), tx, maxh2cdata as usize));
+        Ok(Queue { qid, digests, shared, slots: Semaphore::new(depth), incapsule: 8192, timeout, reader })
     }
 
     /// Submit one command. `out` is data for the controller: sent in the
@@ -172,7 +180,22 @@ impl Queue {
     /// data the controller sent; an error status becomes `ClientError::Target`
     /// unless `raw` is set.
     pub async fn submit_raw(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
-        self.submit_inner(sqe, out, in_len, None).await
+        let payload = match out {
+            Some(b) => Payload::Owned(b),
+            None => Payload::None,
+        };
+        self.submit_inner(sqe, payload, in_len, None).await
+    }
+
+    /// Submit a command that writes `data` (copied once: into the capsule,
+    /// or to a buffer for R2T); an unsuccessful status is an error.
+    pub async fn submit_write(&self, sqe: Sqe, data: &[u8]) -> Result<Done> {
+        let op = sqe.opcode();
+        let d = self.submit_inner(sqe, Payload::Borrowed(data), 0, None).await?;
+        if !d.cqe.status.is_success() {
+            return Err(ClientError::Target(format!("queue {} opcode {op:#04x}: {}", self.qid, d.cqe.status)));
+        }
+        Ok(d)
     }
 
     /// Submit a command that reads `buf.len()` bytes into `buf`; an
@@ -180,14 +203,14 @@ impl Queue {
     pub async fn submit_read(&self, sqe: Sqe, buf: &mut [u8]) -> Result<Done> {
         let op = sqe.opcode();
         let dest = Dest { ptr: buf.as_mut_ptr(), len: buf.len() };
-        let d = self.submit_inner(sqe, None, buf.len() as u32, Some(dest)).await?;
+        let d = self.submit_inner(sqe, Payload::None, buf.len() as u32, Some(dest)).await?;
         if !d.cqe.status.is_success() {
             return Err(ClientError::Target(format!("queue {} opcode {op:#04x}: {}", self.qid, d.cqe.status)));
         }
         Ok(d)
     }
 
-    async fn submit_inner(&self, mut sqe: Sqe, out: Option<Bytes>, in_len: u32, dest: Option<Dest>) -> Result<Done> {
+    async fn submit_inner(&self, mut sqe: Sqe, out: Payload<'_>, in_len: u32, dest: Option<Dest>) -> Result<Done> {
         if let Some(why) = self.shared.dead.lock().ok().and_then(|d| d.clone()) {
             return Err(ClientError::Disconnected(why));
         }
@@ -201,16 +224,29 @@ impl Queue {
             .ok_or_else(|| proto("no free command id"))?;
         sqe.set_cid(cid);
         let (done_tx, done_rx) = oneshot::channel();
-        let mut capsule_data = Bytes::new();
+        let mut capsule_data: &[u8] = &[];
         let mut write_data = None;
-        match out {
-            Some(d) if d.len() <= self.incapsule => {
-                sqe.set_sgl(Sgl { addr: 0, length: d.len() as u32, kind: sgl::INCAPSULE });
-                capsule_data = d;
+        let out_len = match &out {
+            Payload::None => None,
+            Payload::Owned(b) => Some(b.len()),
+            Payload::Borrowed(s) => Some(s.len()),
+        };
+        match out_len {
+            Some(n) if n <= self.incapsule => {
+                sqe.set_sgl(Sgl { addr: 0, length: n as u32, kind: sgl::INCAPSULE });
+                capsule_data = match &out {
+                    Payload::Owned(b) => b,
+                    Payload::Borrowed(s) => s,
+                    Payload::None => &[],
+                };
             }
-            Some(d) => {
-                sqe.set_sgl(Sgl { addr: 0, length: d.len() as u32, kind: sgl::TRANSPORT });
-                write_data = Some(d);
+            Some(n) => {
+                sqe.set_sgl(Sgl { addr: 0, length: n as u32, kind: sgl::TRANSPORT });
+                write_data = Some(match &out {
+                    Payload::Owned(b) => b.clone(),
+                    Payload::Borrowed(s) => Bytes::copy_from_slice(s),
+                    Payload::None => Bytes::new(),
+                });
             }
             None => sqe.set_sgl(Sgl { addr: 0, length: in_len, kind: sgl::TRANSPORT }),
         }
@@ -218,9 +254,13 @@ impl Queue {
         if let Ok(mut m) = self.shared.inflight.lock() {
             m.insert(cid, Inflight { done: done_tx, chunks: Vec::new(), received: 0, write_data, dest });
         }
-        let sent = self.tx.send(Pdu::CapsuleCmd(pdu::CapsuleCmd { sqe, data: capsule_data })).await;
-        let r = if sent.is_err() {
-            Err(ClientError::Disconnected("queue writer stopped".into()))
+        pdu::encode_capsule(&sqe, capsule_data, self.digests, &mut self.shared.out.lock().unwrap_or_else(|p| p.into_inner()));
+        self.shared.wake.notify_one();
+        // A writer or reader that died before the command was registered
+        // would never complete it.
+        let dead = self.shared.dead.lock().ok().and_then(|d| d.clone());
+        let r = if let Some(why) = dead {
+            Err(ClientError::Disconnected(why))
         } else {
             match tokio::time::timeout(self.timeout, done_rx).await {
                 Ok(Ok(r)) => r,
@@ -258,18 +298,33 @@ impl Queue {
     }
 }
 
+/// Data a command sends to the controller.
+enum Payload<'a> {
+    None,
+    Owned(Bytes),
+    Borrowed(&'a [u8]),
+}
+
 /// Payloads at least this long are written from where they are rather than
 /// copied into the batch buffer.
 const WRITE_DIRECT_MIN: usize = 64 * 1024;
 
-async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Pdu>, d: Digests) {
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Pdu>, sh: Arc<Shared>, d: Digests) {
     let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
-    while let Some(p) = rx.recv().await {
+    loop {
+        let mut next = tokio::select! {
+            _ = sh.wake.notified() => None,
+            p = rx.recv() => match p {
+                Some(p) => Some(p),
+                // The reader is gone: the connection is over.
+                None => break,
+            },
+        };
         // Let the other ready tasks (callers woken by the completions just
         // read) submit first, so one send carries many capsules: the
         // scheduler would otherwise run this task right after each submit.
         tokio::task::yield_now().await;
-        let mut next = Some(p);
+        std::mem::swap(&mut *sh.out.lock().unwrap_or_else(|p| p.into_inner()), &mut batch);
         while let Some(p) = next.take().or_else(|| rx.try_recv().ok()) {
             let payload = match &p {
                 Pdu::CapsuleCmd(c) => c.data.len(),
@@ -283,6 +338,7 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Pdu>, d: Dige
             let e = p.encode_parts(d);
             batch.extend_from_slice(&e.head);
             if wr.write_all(&batch).await.is_err() || wr.write_all(&e.data).await.is_err() {
+                sh.fail_all("send failed");
                 return;
             }
             batch.clear();
@@ -291,6 +347,7 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Pdu>, d: Dige
             }
         }
         if !batch.is_empty() && wr.write_all(&batch).await.is_err() {
+            sh.fail_all("send failed");
             return;
         }
         batch.clear();
