@@ -180,6 +180,13 @@ fn spawn_connection_thread(s: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, sd: Sh
     Ok(())
 }
 
+/// How many PDUs in a row are handled before the answers queued so far are
+/// sent; `BLOCKWIRE_ISCSI_FLUSH_EVERY` overrides it, for measuring.
+fn flush_every() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("BLOCKWIRE_ISCSI_FLUSH_EVERY").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX).max(1))
+}
+
 /// PDUs from this size on are read to their end and no further (see
 /// `full_feature`).
 const LARGE_PDU: usize = 64 * 1024;
@@ -586,6 +593,7 @@ async fn full_feature(conn: &Arc<Conn>, io: &mut ConnIo, shutdown: &mut Shutdown
     loop {
         // Handle every PDU already buffered, then send what that produced.
         let mut open = true;
+        let mut handled = 0usize;
         while open {
             let pdu = match io.dec.decode(&mut io.buf) {
                 Ok(Some(p)) => p,
@@ -607,6 +615,12 @@ async fn full_feature(conn: &Arc<Conn>, io: &mut ConnIo, shutdown: &mut Shutdown
             if let Err(e) = r {
                 let _ = io.drain(None).await;
                 anyhow::bail!("{e}");
+            }
+            handled += 1;
+            if handled % flush_every() == 0 && open {
+                // Answer part of a long burst now: the initiator works on
+                // these while we run the rest.
+                io.drain(incoming.take()).await?;
             }
         }
         if !io.drain(incoming.take()).await? || !open {
