@@ -416,6 +416,11 @@ async fn recv_direct(rd: &mut OwnedReadHalf, buf: &mut BytesMut, sh: &Shared, v:
 }
 
 async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc<Shared>, tx: mpsc::Sender<Pdu>, maxh2cdata: usize) {
+    // After a large payload went straight to its buffer, the next read takes
+    // just a data PDU header: the next large payload then follows it
+    // straight to its buffer too instead of partly into `buf`.
+    let hdr_len = (pdu::DATA_HLEN + if d.header { pdu::DIGEST_LEN } else { 0 }) as u64;
+    let mut header_only = false;
     let why = loop {
         if !d.data {
             match pdu::peek_data_header(&buf, d, MAX_PLEN) {
@@ -424,6 +429,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
                     if let Err(why) = recv_direct(&mut rd, &mut buf, &sh, &v).await {
                         break why;
                     }
+                    header_only = v.data_len >= READ_CHUNK as usize;
                     if v.hdr.success {
                         if !v.hdr.last {
                             break "C2HData with SUCCESS but not LAST".into();
@@ -446,7 +452,9 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
                 if buf.capacity() == buf.len() {
                     buf.reserve(64 * 1024);
                 }
-                let r = if d.data { rd.read_buf(&mut buf).await } else { (&mut rd).take(READ_CHUNK).read_buf(&mut buf).await };
+                let limit = if header_only { hdr_len.saturating_sub(buf.len() as u64).max(1) } else { READ_CHUNK };
+                header_only = false;
+                let r = if d.data { rd.read_buf(&mut buf).await } else { (&mut rd).take(limit).read_buf(&mut buf).await };
                 match r {
                     Ok(0) => break "target closed the connection".to_string(),
                     Ok(_) => continue,
