@@ -1,6 +1,8 @@
-//! iSCSI front-end: TCP listeners, one task per
+//! iSCSI front-end: TCP listeners, one thread (single-threaded runtime) per
 //! connection, login via `bw_iscsi::login`, full feature phase via
 //! `bw_iscsi::session`, SCSI commands executed by `bw_scsi` in parallel.
+//! Large READs are sent zero-copy (`sendfile` of a `bw_scsi::ReadExtent`),
+//! Data-Out reaches the backend in the pieces it arrived in.
 
 use crate::config::{IscsiConfig, IscsiTarget};
 use crate::{Running, Shutdown, Volumes};
