@@ -232,8 +232,11 @@ impl crate::BlockDevice for FileDevice {
     }
 
     fn zero_copy_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        // O_DIRECT bypasses the page cache that sendfile reads from.
-        (!self.direct).then(|| self.file.as_fd())
+        // Only where reads never wait for a device: front-ends sendfile on
+        // their network threads, and a cold page cache on a disk would stall
+        // them (reads there go to the blocking pool instead). O_DIRECT files
+        // are never memory-backed.
+        self.info.memory_backed.then(|| self.file.as_fd())
     }
 
     fn flush(&self) -> io::Result<()> {

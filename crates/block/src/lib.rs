@@ -85,7 +85,8 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// A descriptor that `sendfile`/`splice` may read from at the same
     /// absolute offsets, so a front-end can move read data from the page
     /// cache to a socket without copying it through user space. `None` when
-    /// reads must go through [`BlockDevice::read_at`] (e.g. O_DIRECT).
+    /// reads must go through [`BlockDevice::read_at`]: O_DIRECT, or data on
+    /// a device, where `sendfile` could block the calling network thread.
     fn zero_copy_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
