@@ -101,10 +101,13 @@ fn aoe_end_to_end_mtu_1500() {
     end_to_end(1500, 2, "d=ram:80M");
 }
 
-/// At MTU 9000 e1.2 is an O_DIRECT file: not memory-backed, so its frames
-/// go through the target's I/O pool.
+/// At MTU 9000 e1.2 is an O_DIRECT file: not memory-backed, so with
+/// BLOCKWIRE_AOE_IO_THREADS its frames go through the target's I/O pool.
+/// (The variable reaches other tests' targets too; only device-backed
+/// exports use it, and this is the only test with one.)
 #[test]
 fn aoe_end_to_end_mtu_9000() {
+    std::env::set_var("BLOCKWIRE_AOE_IO_THREADS", "32");
     let dir = TempDir::new_in(env!("CARGO_TARGET_TMPDIR"), "aoe-direct");
     let volume = format!("d=file:{},size=80M,direct", dir.path().join("d.img").display());
     end_to_end(9000, 17, &volume);
