@@ -14,8 +14,8 @@
 //! opt-in I/O pool (`BLOCKWIRE_AOE_IO_THREADS=N`) instead hands each frame
 //! to one of N threads (in a recycled buffer) for a deeper device queue:
 //! about 1.3x the IOPS of the default on a virtio disk, but the Linux aoe
-//! driver once hung during mkfs over it (all frames answered; 1 run in 5,
-//! cause not found), so it stays off by default.
+//! driver once hung during mkfs over it (all frames answered; 1 of 11 runs,
+//! under heavy load; cause not found), so it stays off by default.
 
 use crate::config::{AoeConfig, AoeExport};
 use crate::{Running, Shutdown, Volumes};
