@@ -335,14 +335,8 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
             if length as usize != data.len() {
                 return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
             }
-            let d = DataPdu {
-                cid: le16(h, 8),
-                ttag: le16(h, 10),
-                offset: le32(h, 12),
-                last: ch.flags & flags::DATA_LAST != 0,
-                success: ch.flags & flags::DATA_SUCCESS != 0,
-                data,
-            };
+            let DataPduHeader { cid, ttag, offset, last, success } = data_header(h, ch.flags);
+            let d = DataPdu { cid, ttag, offset, last, success, data };
             if ch.kind == kind::H2C_DATA {
                 Pdu::H2CData(d)
             } else {
@@ -414,13 +408,7 @@ pub fn peek_data_header(buf: &[u8], digests: Digests, max_plen: u32) -> Result<O
     if le32(buf, 16) as usize != data_len {
         return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
     }
-    let hdr = DataPduHeader {
-        cid: le16(buf, 8),
-        ttag: le16(buf, 10),
-        offset: le32(buf, 12),
-        last: ch.flags & flags::DATA_LAST != 0,
-        success: ch.flags & flags::DATA_SUCCESS != 0,
-    };
+    let hdr = data_header(buf, ch.flags);
     Ok(Some(DataHeaderView { kind: ch.kind, hdr, data_start: pdo, data_len, ddgst: dd != 0 }))
 }
 
@@ -478,6 +466,17 @@ pub struct DataPduHeader {
     pub offset: u32,
     pub last: bool,
     pub success: bool,
+}
+
+/// The fields of an H2CData/C2HData PDU header `h` (common header flags `f`).
+fn data_header(h: &[u8], f: u8) -> DataPduHeader {
+    DataPduHeader {
+        cid: le16(h, 8),
+        ttag: le16(h, 10),
+        offset: le32(h, 12),
+        last: f & flags::DATA_LAST != 0,
+        success: f & flags::DATA_SUCCESS != 0,
+    }
 }
 
 /// Append a CapsuleCmd (commands, the host's most common PDU) with its
