@@ -44,13 +44,13 @@ fn device_io_threads() -> usize {
     std::env::var("BLOCKWIRE_AOE_IO_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).map_or(0, |n| n.min(256))
 }
 
-/// Receive worker threads per interface.
-fn default_workers(memory_backed: bool) -> usize {
+/// Receive worker threads per interface; `io_threads`: the I/O pool's size.
+fn default_workers(memory_backed: bool, io_threads: usize) -> usize {
     if let Some(n) = std::env::var("BLOCKWIRE_AOE_WORKERS").ok().and_then(|v| v.parse::<usize>().ok()) {
         return n.clamp(1, 64);
     }
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-    if memory_backed || device_io_threads() > 0 {
+    if memory_backed || io_threads > 0 {
         // Each request is a memory copy (or goes to the I/O pool): one
         // worker per two cores keeps up with the wire (a batch of frames per
         // wakeup) and leaves the other cores to the kernel's network
@@ -111,6 +111,18 @@ struct Interface {
     counters: Counters,
 }
 
+impl Interface {
+    /// Room for the longest reply any export here can send.
+    fn reply_len(&self) -> usize {
+        self.exports.iter().map(|e| e.reply_buffer_len()).max().unwrap_or(1514)
+    }
+
+    fn note_no_reply(&self, why: impl std::fmt::Debug) {
+        self.counters.ignored.fetch_add(1, Relaxed);
+        log::trace!("aoe {}: no reply: {why:?}", self.name);
+    }
+}
+
 pub async fn start(cfg: &AoeConfig, volumes: &Volumes, mut shutdown: Shutdown) -> anyhow::Result<Running> {
     let mut by_iface: BTreeMap<&str, Vec<&AoeExport>> = BTreeMap::new();
     for e in &cfg.exports {
@@ -119,12 +131,14 @@ pub async fn start(cfg: &AoeConfig, volumes: &Volumes, mut shutdown: Shutdown) -
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
     let mut interfaces = Vec::new();
+    let io_threads = device_io_threads();
     for (n, (iface, exports)) in by_iface.into_iter().enumerate() {
         let memory_backed = exports.iter().all(|e| volumes.get(&e.volume).is_some_and(|v| v.info().memory_backed));
-        let (ifc, sockets) = open_interface(iface, &exports, volumes, default_workers(memory_backed), n)?;
+        let io_threads = if memory_backed { 0 } else { io_threads };
+        let (ifc, sockets) = open_interface(iface, &exports, volumes, default_workers(memory_backed, io_threads), n)?;
         let ifc = Arc::new(ifc);
         let sockets: Vec<Arc<PacketSocket>> = sockets.into_iter().map(Arc::new).collect();
-        let pool = if memory_backed || device_io_threads() == 0 { None } else { Some(IoPool::start(&sockets[0], &ifc, &mut threads)?) };
+        let pool = if io_threads == 0 { None } else { Some(IoPool::start(io_threads, &sockets[0], &ifc, &mut threads)?) };
         for (w, sock) in sockets.into_iter().enumerate() {
             let ifc = ifc.clone();
             let stop = stop.clone();
@@ -256,8 +270,7 @@ struct IoPool {
 impl IoPool {
     /// Start the pool threads; they end once every receive worker (holding
     /// the job senders) has.
-    fn start(sock: &Arc<PacketSocket>, ifc: &Arc<Interface>, threads: &mut Vec<JoinHandle<()>>) -> anyhow::Result<IoPool> {
-        let n = device_io_threads();
+    fn start(n: usize, sock: &Arc<PacketSocket>, ifc: &Arc<Interface>, threads: &mut Vec<JoinHandle<()>>) -> anyhow::Result<IoPool> {
         let frame_len = sock.mtu() + 18;
         let (jobs, job_rx) = mpsc::sync_channel::<Job>(2 * n);
         let (free_tx, free) = mpsc::sync_channel::<Vec<u8>>(2 * n);
@@ -287,7 +300,7 @@ impl IoPool {
 }
 
 fn io_thread(sock: &PacketSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<Job>>, free: &mpsc::SyncSender<Vec<u8>>) {
-    let mut reply = vec![0u8; ifc.exports.iter().map(|e| e.reply_buffer_len()).max().unwrap_or(1514)];
+    let mut reply = vec![0u8; ifc.reply_len()];
     let c = &ifc.counters;
     loop {
         let job = match lock(jobs).recv() {
@@ -305,10 +318,7 @@ fn io_thread(sock: &PacketSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<J
                         log::error!("aoe {}: send failed: {err}", ifc.name);
                     }
                 },
-                Outcome::NoReply(why) => {
-                    c.ignored.fetch_add(1, Relaxed);
-                    log::trace!("aoe {}: no reply: {why:?}", ifc.name);
-                }
+                Outcome::NoReply(why) => ifc.note_no_reply(why),
             }
         }
         let _ = free.send(job.buf);
@@ -318,9 +328,8 @@ fn io_thread(sock: &PacketSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<J
 fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<&IoPool>) {
     // VLAN-tagged frames can be 4 bytes longer than MTU + 14.
     let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
-    let reply_len = ifc.exports.iter().map(|e| e.reply_buffer_len()).max().unwrap_or(1514);
     // A broadcast may draw one reply per export.
-    let mut tx = FrameBatch::new(BATCH * ifc.exports.len().max(1), reply_len);
+    let mut tx = FrameBatch::new(BATCH * ifc.exports.len().max(1), ifc.reply_len());
     let c = &ifc.counters;
     while !stop.load(Relaxed) {
         let n = match sock.recv_batch(&mut rx) {
@@ -350,10 +359,7 @@ fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<
                         tx.set_len(out, len);
                         out += 1;
                     }
-                    Outcome::NoReply(why) => {
-                        c.ignored.fetch_add(1, Relaxed);
-                        log::trace!("aoe {}: no reply: {why:?}", ifc.name);
-                    }
+                    Outcome::NoReply(why) => ifc.note_no_reply(why),
                 }
             }
         }
