@@ -5,7 +5,9 @@
 //! - login refused with the right status class for a wrong CHAP secret, an
 //!   unknown target and an initiator outside the ACL;
 //! - a flood of malformed PDUs on some connections does not disturb another
-//!   session's verify.
+//!   session's verify;
+//! - a second login with the same initiator name and ISID reinstates the
+//!   session: the target ends the old connection, and only that one.
 
 mod common;
 use common::*;
@@ -235,3 +237,77 @@ fn malformed_pdu_flood_does_not_disturb_other_sessions() {
     // (R2T and Data-In splitting).
     blockwire_ok(None, &["verify", &url, "--size", "8M", "--chunk", "12K", "--header-digest", "--data-digest", "--seed", "3"]);
 }
+
+/// A normal-session login with a chosen ISID over a plain socket, driven by
+/// the sans-IO initiator login of bw-iscsi. Returns the connection in full
+/// feature phase.
+fn raw_login(port: u16, target: &str, isid: [u8; 6]) -> std::net::TcpStream {
+    use bw_iscsi::initiator::{InitiatorConfig, InitiatorLogin, Progress};
+    use bw_iscsi::pdu::{Decoder, Digests};
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut login = InitiatorLogin::new(InitiatorConfig {
+        initiator_name: "iqn.2026-11.org.blockwire.test:reinstate".into(),
+        target_name: Some(target.into()),
+        chap: None,
+        mutual_chap: None,
+        limits: bw_iscsi::negotiate::LocalLimits::default(),
+        isid,
+    });
+    let dec = Decoder::new(64 * 1024);
+    let mut buf = bytes::BytesMut::new();
+    let mut req = login.start();
+    loop {
+        s.write_all(&req.encode(Digests::default())).expect("send login request");
+        let resp = loop {
+            if let Some(p) = dec.decode(&mut buf).expect("login response decodes") {
+                break p;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).expect("read login response");
+            assert!(n > 0, "target closed the connection during login");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        match login.on_response(&resp).expect("login accepted") {
+            Progress::Send(p) => req = p,
+            Progress::Done(_) => return s,
+        }
+    }
+}
+
+/// Whether the target has closed `s`: EOF or reset within `wait`. Anything
+/// it sends first (an Async Message) is read past.
+fn closed_by_target(s: &mut std::net::TcpStream, wait: Duration) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+#[test]
+fn a_second_login_with_the_same_isid_reinstates_the_session() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut serve = Serve::start(&["--volume", "d0=ram:16M", "--iscsi", &listen]);
+    let iqn = target_iqn(&serve);
+    let isid = [0x80, 0x00, 0x02, 0x12, 0x34, 0x56];
+    let mut first = raw_login(port, &iqn, isid);
+    // Another ISID is another session: the first one stays.
+    let mut other = raw_login(port, &iqn, [0x80, 0x00, 0x02, 0xAB, 0xCD, 0xEF]);
+    assert!(!closed_by_target(&mut first, Duration::from_millis(500)), "a login with another ISID ended the first session");
+    let mut second = raw_login(port, &iqn, isid);
+    assert!(closed_by_target(&mut first, Duration::from_secs(5)), "the reinstated session's old connection is still open");
+    assert!(!closed_by_target(&mut second, Duration::from_millis(300)), "the reinstating connection was closed");
+    assert!(!closed_by_target(&mut other, Duration::from_millis(300)), "reinstatement ended an unrelated session");
+    assert!(serve.is_running(), "target died:\n{}", serve.log_text());
+    drop(serve);
+}
+
