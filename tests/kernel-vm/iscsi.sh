@@ -2,7 +2,8 @@
 # Guest side of crates/cli/tests/iscsi_kernel.rs: Linux open-iscsi + iscsi_tcp
 # against `blockwire serve --iscsi` on the host (reached as 10.0.2.2).
 # The test substitutes @PORT@, @IQN@, @IQN_CHAP@, @USER@, @SECRET@,
-# @MUSER@ and @MSECRET@ before booting.
+# @MUSER@, @MSECRET@ and the discovery secrets @DUSER@, @DSECRET@, @DMUSER@,
+# @DMSECRET@ before booting.
 set -e
 PORTAL=10.0.2.2:@PORT@
 IQN=@IQN@
@@ -15,8 +16,19 @@ sleep 1
 
 step() { echo "iscsi-guest: $*"; }
 
-step "discovery"
-iscsiadm -m discovery -t sendtargets -p $PORTAL > /tmp/disc
+step "discovery without CHAP must be refused"
+if iscsiadm -m discovery -t sendtargets -p $PORTAL > /tmp/disc0 2>&1; then
+  cat /tmp/disc0; echo "iscsi-guest: discovery without CHAP succeeded"; exit 1
+fi
+step "discovery with mutual CHAP"
+disc() { iscsiadm -m discoverydb -t sendtargets -p $PORTAL "$@"; }
+disc -o new >/dev/null 2>&1 || true
+disc -o update -n discovery.sendtargets.auth.authmethod -v CHAP
+disc -o update -n discovery.sendtargets.auth.username -v @DUSER@
+disc -o update -n discovery.sendtargets.auth.password -v @DSECRET@
+disc -o update -n discovery.sendtargets.auth.username_in -v @DMUSER@
+disc -o update -n discovery.sendtargets.auth.password_in -v @DMSECRET@
+disc --discover > /tmp/disc
 cat /tmp/disc
 grep -q " $IQN\$" /tmp/disc
 grep -q " $IQN_CHAP\$" /tmp/disc

@@ -181,7 +181,8 @@ enum AoeCmd {
 enum IscsiCmd {
     /// List the targets a portal offers (SendTargets=All).
     Discover {
-        /// HOST[:PORT] (default port 3260).
+        /// [USER%SECRET@]HOST[:PORT] (default port 3260); USER%SECRET answer
+        /// the portal's CHAP challenge when discovery requires one.
         portal: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -203,13 +204,33 @@ fn size_arg(s: &str) -> Result<u64, String> {
     bw_block::parse_size(s)
 }
 
-/// `HOST[:PORT]` or `[V6]:PORT`.
-fn split_host_port(s: &str, default_port: u16) -> anyhow::Result<(String, u16)> {
+/// A portal address: `[USER%SECRET@]HOST[:PORT]` or `[V6]:PORT`.
+struct Portal {
+    host: String,
+    port: u16,
+    user: Option<String>,
+    secret: Option<String>,
+}
+
+/// Parse a portal address the way the host part of an `iscsi://` URL is.
+fn parse_portal(s: &str, default_port: u16) -> anyhow::Result<Portal> {
     let url = format!("iscsi://{s}/iqn.x:y/0");
     match TargetUrl::parse(&url) {
-        Ok(TargetUrl::Iscsi { host, port, .. }) => Ok((host, if s.ends_with(&format!(":{port}")) { port } else { default_port })),
-        _ => bail!("invalid address {s:?}: expected HOST[:PORT]"),
+        Ok(TargetUrl::Iscsi { host, port, user, secret, .. }) => {
+            let port = if s.ends_with(&format!(":{port}")) { port } else { default_port };
+            Ok(Portal { host, port, user, secret })
+        }
+        _ => bail!("invalid address {s:?}: expected [USER%SECRET@]HOST[:PORT]"),
     }
+}
+
+/// `HOST[:PORT]` or `[V6]:PORT`.
+fn split_host_port(s: &str, default_port: u16) -> anyhow::Result<(String, u16)> {
+    let p = parse_portal(s, default_port)?;
+    if p.user.is_some() {
+        bail!("invalid address {s:?}: expected HOST[:PORT] (no credentials here)");
+    }
+    Ok((p.host, p.port))
 }
 
 fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
@@ -299,9 +320,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print_discovered(found, &format!("no AoE targets answered on {iface}"))
         }
         Cmd::Iscsi(IscsiCmd::Discover { portal, client }) => {
-            let (host, port) = split_host_port(&portal, 3260)?;
+            let p = parse_portal(&portal, 3260)?;
             let rt = runtime(client.threads)?;
-            let found = rt.block_on(bw_initiator::iscsi::discover(&host, port, &client.options(1)))?;
+            let (user, secret) = (p.user.as_deref(), p.secret.as_deref());
+            let found = rt.block_on(bw_initiator::iscsi::discover(&p.host, p.port, user, secret, &client.options(1)))?;
             print_discovered(found, &format!("the portal {portal} offers no targets"))
         }
         Cmd::Nvme(NvmeCmd::Discover { address, client }) => {

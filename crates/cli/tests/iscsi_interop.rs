@@ -3,7 +3,7 @@
 //!   offsets, against `blockwire serve --iscsi`;
 //! - blockwire's initiator (`verify`, `iscsi discover`) against tgt (tgtd);
 //! - login refused with the right status class for a wrong CHAP secret, an
-//!   unknown target and an initiator outside the ACL;
+//!   unknown target and an initiator outside the ACL; discovery CHAP;
 //! - a flood of malformed PDUs on some connections does not disturb another
 //!   session's verify;
 //! - a second login with the same initiator name and ISID reinstates the
@@ -177,6 +177,41 @@ fn logins_refused_with_the_right_status_class() {
     let listed = blockwire_ok(None, &["iscsi", "discover", &format!("127.0.0.1:{port}"), "--initiator-name", good[1]]);
     assert!(listed.contains(CHAP_IQN), "discovery did not list the target to an allowed initiator:\n{listed}");
     drop(serve);
+}
+
+#[test]
+fn discovery_requires_the_portal_chap_secret_when_configured() {
+    let port = free_port();
+    let dir = TempDir::new("iscsidisc");
+    let cfg = format!(
+        r#"
+[[volume]]
+name = "d0"
+backend = "ram:16M"
+[iscsi]
+listen = ["127.0.0.1:{port}"]
+discovery_chap = {{ user = "scan", secret = "scan-secret-42" }}
+[[iscsi.target]]
+iqn = "{CHAP_IQN}"
+luns = [{{ lun = 0, volume = "d0" }}]
+"#
+    );
+    let path = dir.path().join("disc.toml");
+    std::fs::write(&path, cfg).unwrap();
+    let mut serve = Serve::start(&["--config", path.to_str().unwrap()]);
+    let discover = |portal: String| {
+        let out = blockwire(None, &["iscsi", "discover", &portal]);
+        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    };
+    let (ok, out) = discover(format!("127.0.0.1:{port}"));
+    assert!(!ok && out.contains("0x0201"), "discovery without CHAP not refused with 0x0201:\n{out}");
+    let (ok, out) = discover(format!("scan%wrong-secret-1@127.0.0.1:{port}"));
+    assert!(!ok && out.contains("0x0201"), "discovery with a wrong secret not refused with 0x0201:\n{out}");
+    let (ok, out) = discover(format!("scan%scan-secret-42@127.0.0.1:{port}"));
+    assert!(ok && out.contains(CHAP_IQN), "discovery with the right secret did not list the target:\n{out}");
+    // The target itself has no CHAP: normal sessions need no discovery secret.
+    blockwire_ok(None, &["verify", &format!("iscsi://127.0.0.1:{port}/{CHAP_IQN}/0"), "--size", "1M"]);
+    assert!(serve.is_running(), "target died:\n{}", serve.log_text());
 }
 
 /// Garbage the target must survive, each on its own connection.

@@ -1,6 +1,7 @@
 //! Linux open-iscsi + iscsi_tcp (in a real Debian kernel under qemu, via
 //! ../shared/tools/kernel-vm) against `blockwire serve --iscsi`: discovery,
-//! login without and with mutual CHAP, a wrong secret refused, O_DIRECT
+//! (refused without CHAP, then with mutual CHAP), login without and with
+//! mutual CHAP, a wrong secret refused, O_DIRECT
 //! write/read/compare, ext4 + e2fsck, logout. Guest script:
 //! tests/kernel-vm/iscsi.sh.
 
@@ -15,6 +16,7 @@ fn linux_open_iscsi_against_blockwire() {
     let iqn = "iqn.2026-11.org.blockwire.test:plain";
     let iqn_chap = "iqn.2026-11.org.blockwire.test:chap";
     let (user, secret, muser, msecret) = ("guest-user", "guest-secret-123", "target-user", "target-secret-456");
+    let (duser, dsecret, dmuser, dmsecret) = ("scan-user", "scan-secret-789", "portal-user", "portal-secret-012");
     let config = format!(
         r#"
 [[volume]]
@@ -25,6 +27,8 @@ name = "d1"
 backend = "ram:16M"
 [iscsi]
 listen = ["127.0.0.1:{port}"]
+discovery_chap = {{ user = "{duser}", secret = "{dsecret}" }}
+discovery_mutual_chap = {{ user = "{dmuser}", secret = "{dmsecret}" }}
 [[iscsi.target]]
 iqn = "{iqn}"
 luns = [{{ lun = 0, volume = "d0" }}]
@@ -46,7 +50,11 @@ mutual_chap = {{ user = "{muser}", secret = "{msecret}" }}
         .replace("@USER@", user)
         .replace("@SECRET@", secret)
         .replace("@MUSER@", muser)
-        .replace("@MSECRET@", msecret);
+        .replace("@MSECRET@", msecret)
+        .replace("@DUSER@", duser)
+        .replace("@DSECRET@", dsecret)
+        .replace("@DMUSER@", dmuser)
+        .replace("@DMSECRET@", dmsecret);
     let script_path = dir.path().join("iscsi.sh");
     std::fs::write(&script_path, script).unwrap();
     let mut serve = Serve::start(&["--config", cfg_path.to_str().unwrap()]);

@@ -545,8 +545,10 @@ fn encode_lun(lun: u64) -> [u8; 8] {
 
 /// Targets found by discovery, one line each when printed:
 /// `IQN ADDR:PORT,TPGT [ADDR:PORT,TPGT ...]`.
-pub async fn discover(host: &str, port: u16, opts: &ConnectOptions) -> Result<Vec<String>> {
-    let (mut rd, mut wr, mut buf, done) = login(host, port, None, None, None, opts).await?;
+/// SendTargets=All in a discovery session; `user`/`secret` answer the
+/// portal's CHAP challenge if it requires one.
+pub async fn discover(host: &str, port: u16, user: Option<&str>, secret: Option<&str>, opts: &ConnectOptions) -> Result<Vec<String>> {
+    let (mut rd, mut wr, mut buf, done) = login(host, port, None, user, secret, opts).await?;
     let digests = Digests { header: done.params.header_digest, data: done.params.data_digest };
     let mut dec = Decoder::new(done.params.max_recv_data_segment_length as usize);
     dec.digests = digests;

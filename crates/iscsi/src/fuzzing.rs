@@ -48,6 +48,8 @@ fn config() -> LoginConfig {
         ],
         limits: LocalLimits::default(),
         queue_depth: 8,
+        discovery_chap: Some(Secret { user: "d".into(), secret: "discovery-secret".into() }),
+        discovery_mutual_chap: None,
     }
 }
 

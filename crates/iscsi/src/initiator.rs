@@ -267,6 +267,8 @@ mod tests {
             }],
             limits: LocalLimits::default(),
             queue_depth: 32,
+            discovery_chap: None,
+            discovery_mutual_chap: None,
         }
     }
 
@@ -333,6 +335,27 @@ mod tests {
         let bad = target(s("bob", "secret-one-12"), s("tgt", "other"), vec![]);
         let e = run(&bad, initiator(s("bob", "secret-one-12"), s("tgt", "secret-two-34"), Some("iqn.2026-11.org.test:t"))).unwrap_err();
         assert!(e.contains("mutual"), "{e}");
+    }
+
+    #[test]
+    fn discovery_chap_uses_the_portal_secrets() {
+        let mut t = target(s("bob", "secret-one-12"), None, vec![]);
+        // Without discovery secrets, discovery needs no CHAP even when the target does.
+        run(&t, initiator(None, None, None)).unwrap();
+        t.discovery_chap = s("disc", "discovery-1234");
+        t.discovery_mutual_chap = s("portal", "portal-secret-5");
+        let fail = format!("{:#06x}", login_status::AUTHENTICATION_FAILURE);
+        assert_eq!(run(&t, initiator(None, None, None)).unwrap_err(), fail);
+        // The target's secret is not the portal's.
+        assert_eq!(run(&t, initiator(s("bob", "secret-one-12"), None, None)).unwrap_err(), fail);
+        run(&t, initiator(s("disc", "discovery-1234"), None, None)).unwrap();
+        run(&t, initiator(s("disc", "discovery-1234"), s("portal", "portal-secret-5"), None)).unwrap();
+        let e = run(&t, initiator(s("disc", "discovery-1234"), s("portal", "wrong-secret-9"), None)).unwrap_err();
+        assert!(e.contains("mutual"), "{e}");
+        // Normal sessions still use the target's secret.
+        run(&t, initiator(s("bob", "secret-one-12"), None, Some("iqn.2026-11.org.test:t"))).unwrap();
+        let e = run(&t, initiator(s("disc", "discovery-1234"), None, Some("iqn.2026-11.org.test:t"))).unwrap_err();
+        assert_eq!(e, fail);
     }
 
     #[test]

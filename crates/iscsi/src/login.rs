@@ -36,6 +36,10 @@ pub struct LoginConfig {
     pub limits: LocalLimits,
     /// Commands a session may have outstanding (sets MaxCmdSN).
     pub queue_depth: u32,
+    /// A discovery session (SendTargets) must authenticate with these (CHAP).
+    pub discovery_chap: Option<Secret>,
+    /// The portal proves itself with these in discovery sessions (mutual CHAP).
+    pub discovery_mutual_chap: Option<Secret>,
 }
 
 /// What a successful login established.
@@ -284,8 +288,18 @@ impl<'a> TargetLogin<'a> {
         self.target.map(|i| &self.cfg.targets[i])
     }
 
+    /// The CHAP secrets of this login (what the initiator must prove, what
+    /// we prove in mutual CHAP): the target's for a normal session, the
+    /// portal's discovery secrets for a discovery session.
+    fn secrets(&self) -> (Option<&Secret>, Option<&Secret>) {
+        match self.session_type {
+            SessionType::Discovery => (self.cfg.discovery_chap.as_ref(), self.cfg.discovery_mutual_chap.as_ref()),
+            SessionType::Normal => self.target_info().map_or((None, None), |t| (t.chap.as_ref(), t.mutual_chap.as_ref())),
+        }
+    }
+
     fn auth_required(&self) -> bool {
-        self.target_info().is_some_and(|t| t.chap.is_some())
+        self.secrets().0.is_some()
     }
 
     fn security(&mut self, pairs: &[(String, String)], out: &mut Vec<(String, String)>) -> Result<(), u16> {
@@ -332,8 +346,8 @@ impl<'a> TargetLogin<'a> {
                 let (Some(n), Some(r)) = (text::get(pairs, "CHAP_N"), text::get(pairs, "CHAP_R")) else {
                     return Err(fail);
                 };
-                let t = self.target_info().ok_or(fail)?;
-                let cred = t.chap.as_ref().ok_or(fail)?;
+                let (cred, mutual) = self.secrets();
+                let cred = cred.ok_or(fail)?;
                 let got = chap::decode_binary(r).ok_or(fail)?;
                 let want = chap::response(alg, id, cred.secret.as_bytes(), &challenge);
                 if n != cred.user || !chap::verify(&want, &got) {
@@ -341,7 +355,7 @@ impl<'a> TargetLogin<'a> {
                 }
                 // Mutual CHAP: the initiator challenges us in the same request.
                 if let (Some(i), Some(c)) = (text::get(pairs, "CHAP_I"), text::get(pairs, "CHAP_C")) {
-                    let m = t.mutual_chap.as_ref().ok_or(fail)?;
+                    let m = mutual.ok_or(fail)?;
                     let their_id = crate::negotiate::parse_number(i).filter(|v| *v <= 255).ok_or(fail)? as u8;
                     let their_challenge = chap::decode_binary(c).ok_or(fail)?;
                     // Refuse a reflected challenge (RFC 7143 section 12.1.3).

@@ -14,6 +14,7 @@
 //!
 //! [iscsi]
 //! listen = ["0.0.0.0:3260"]
+//! discovery_chap = { user = "scan", secret = "0a1b2c3d4e5f" }  # optional
 //! [[iscsi.target]]
 //! iqn = "iqn.2026-11.org.example:disk0"
 //! luns = [{ lun = 0, volume = "disk0" }]
@@ -87,6 +88,15 @@ pub struct IscsiConfig {
     pub listen: Vec<SocketAddr>,
     #[serde(default, rename = "target")]
     pub targets: Vec<IscsiTarget>,
+    /// Discovery sessions (SendTargets) must authenticate with these (CHAP);
+    /// without them discovery is open (it still lists only the targets an
+    /// initiator's ACLs allow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_chap: Option<Credentials>,
+    /// The portal authenticates itself with these in discovery sessions
+    /// (mutual CHAP); needs `discovery_chap`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_mutual_chap: Option<Credentials>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -304,6 +314,9 @@ impl ServeConfig {
             }
         }
         if let Some(i) = &self.iscsi {
+            if i.discovery_mutual_chap.is_some() && i.discovery_chap.is_none() {
+                return inv("iscsi.discovery_mutual_chap needs iscsi.discovery_chap: the initiator authenticates first".into());
+            }
             for t in &i.targets {
                 if !t.iqn.starts_with("iqn.") && !t.iqn.starts_with("eui.") && !t.iqn.starts_with("naa.") {
                     return inv(format!("iSCSI target name {:?} must start with iqn., eui. or naa.", t.iqn));
@@ -391,15 +404,22 @@ mod tests {
             slot = 0
             [iscsi]
             listen = ["0.0.0.0:3260"]
+            discovery_chap = { user = "scan", secret = "0a1b2c3d4e5f" }
             [[iscsi.target]]
             iqn = "iqn.2026-11.org.example:disk0"
             luns = [{ lun = 0, volume = "disk0" }]
             chap = { user = "bob", secret = "0123456789ab" }
         "#;
-        let c: ServeConfig = toml::from_str(text).unwrap();
+        let mut c: ServeConfig = toml::from_str(text).unwrap();
         c.validate().unwrap();
         let back: ServeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
+        assert_eq!(c.iscsi.as_ref().and_then(|i| i.discovery_chap.as_ref()).map(|d| d.user.as_str()), Some("scan"));
+        // Mutual CHAP for discovery without one-way CHAP is a mistake.
+        if let Some(i) = c.iscsi.as_mut() {
+            i.discovery_mutual_chap = i.discovery_chap.take();
+        }
+        assert!(c.validate().is_err());
         assert!(toml::from_str::<ServeConfig>("[[volume]]\nname='a'\nbackend='ram:1M'\ncolour='red'").is_err());
     }
 

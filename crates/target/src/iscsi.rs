@@ -97,7 +97,13 @@ pub async fn start(cfg: &IscsiConfig, volumes: &Volumes, shutdown: Shutdown) -> 
         eprintln!("blockwire: iSCSI target {} ({} LUNs)", t.iqn, t.luns.len());
     }
     let ctx = Arc::new(Ctx {
-        login: LoginConfig { targets: infos, limits: LocalLimits::default(), queue_depth: QUEUE_DEPTH },
+        login: LoginConfig {
+            targets: infos,
+            limits: LocalLimits::default(),
+            queue_depth: QUEUE_DEPTH,
+            discovery_chap: secret(&cfg.discovery_chap),
+            discovery_mutual_chap: secret(&cfg.discovery_mutual_chap),
+        },
         targets,
         listen: cfg.listen.clone(),
         next_tsih: AtomicU16::new(1),
