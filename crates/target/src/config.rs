@@ -321,6 +321,9 @@ impl ServeConfig {
                 if !t.iqn.starts_with("iqn.") && !t.iqn.starts_with("eui.") && !t.iqn.starts_with("naa.") {
                     return inv(format!("iSCSI target name {:?} must start with iqn., eui. or naa.", t.iqn));
                 }
+                if t.mutual_chap.is_some() && t.chap.is_none() {
+                    return inv(format!("iSCSI target {}: mutual_chap needs chap: the initiator authenticates first", t.iqn));
+                }
                 for l in &t.luns {
                     if !known(&l.volume) {
                         return inv(format!("iSCSI target {} LUN {} names unknown volume {:?}", t.iqn, l.lun, l.volume));
@@ -415,9 +418,14 @@ mod tests {
         let back: ServeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
         assert_eq!(c.iscsi.as_ref().and_then(|i| i.discovery_chap.as_ref()).map(|d| d.user.as_str()), Some("scan"));
-        // Mutual CHAP for discovery without one-way CHAP is a mistake.
-        if let Some(i) = c.iscsi.as_mut() {
+        // Mutual CHAP without one-way CHAP is a mistake, for discovery and for a target.
+        let mut d = c.clone();
+        if let Some(i) = d.iscsi.as_mut() {
             i.discovery_mutual_chap = i.discovery_chap.take();
+        }
+        assert!(d.validate().is_err());
+        if let Some(t) = c.iscsi.as_mut().and_then(|i| i.targets.first_mut()) {
+            t.mutual_chap = t.chap.take();
         }
         assert!(c.validate().is_err());
         assert!(toml::from_str::<ServeConfig>("[[volume]]\nname='a'\nbackend='ram:1M'\ncolour='red'").is_err());
