@@ -308,14 +308,19 @@ impl Decoder {
     /// Length on the wire of the PDU at the front of `buf` (header, data,
     /// padding, digests), once its BHS is there.
     pub fn frame_len(&self, buf: &[u8]) -> Option<usize> {
-        if buf.len() < BHS_LEN {
-            return None;
-        }
-        let ahs = buf[4] as usize * 4;
-        let dlen = u32::from_be_bytes([0, buf[5], buf[6], buf[7]]) as usize;
+        let mut bhs = Bhs::default();
+        bhs.0.copy_from_slice(buf.get(..BHS_LEN)?);
+        Some(self.lengths(&bhs).1)
+    }
+
+    /// (header length incl. AHS and header digest, whole PDU length) on the
+    /// wire for the PDU that starts with `bhs`.
+    fn lengths(&self, bhs: &Bhs) -> (usize, usize) {
+        let dlen = bhs.data_segment_len();
         let hd = if self.digests.header { 4 } else { 0 };
-        let data = if dlen == 0 { 0 } else { dlen + pad4(dlen) + if self.digests.data { 4 } else { 0 } };
-        Some(BHS_LEN + ahs + hd + data)
+        let header_len = BHS_LEN + bhs.total_ahs_len() + hd;
+        let data_total = if dlen == 0 { 0 } else { dlen + pad4(dlen) + if self.digests.data { 4 } else { 0 } };
+        (header_len, header_len + data_total)
     }
 
     /// Take one complete PDU off the front of `buf`, if there is one. On
@@ -329,7 +334,7 @@ impl Decoder {
         let ahs_len = bhs.total_ahs_len();
         let dlen = bhs.data_segment_len();
         let hd = if self.digests.header { 4 } else { 0 };
-        let header_len = BHS_LEN + ahs_len + hd;
+        let (header_len, total) = self.lengths(&bhs);
         if buf.len() >= header_len && self.digests.header {
             let want = crc32c::crc32c(&buf[..BHS_LEN + ahs_len]);
             let got = u32::from_le_bytes([
@@ -345,8 +350,6 @@ impl Decoder {
         if dlen > self.max_data {
             return Err(PduError::DataTooLong { len: dlen, max: self.max_data });
         }
-        let data_total = if dlen == 0 { 0 } else { dlen + pad4(dlen) + if self.digests.data { 4 } else { 0 } };
-        let total = header_len + data_total;
         if buf.len() < total {
             buf.reserve(total - buf.len());
             return Ok(None);
