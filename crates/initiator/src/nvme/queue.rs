@@ -191,11 +191,7 @@ impl Queue {
     /// or to a buffer for R2T); an unsuccessful status is an error.
     pub async fn submit_write(&self, sqe: Sqe, data: &[u8]) -> Result<Done> {
         let op = sqe.opcode();
-        let d = self.submit_inner(sqe, Payload::Borrowed(data), 0, None).await?;
-        if !d.cqe.status.is_success() {
-            return Err(ClientError::Target(format!("queue {} opcode {op:#04x}: {}", self.qid, d.cqe.status)));
-        }
-        Ok(d)
+        self.succeeded(op, self.submit_inner(sqe, Payload::Borrowed(data), 0, None).await?)
     }
 
     /// Submit a command that reads `buf.len()` bytes into `buf`; an
@@ -203,7 +199,11 @@ impl Queue {
     pub async fn submit_read(&self, sqe: Sqe, buf: &mut [u8]) -> Result<Done> {
         let op = sqe.opcode();
         let dest = Dest { ptr: buf.as_mut_ptr(), len: buf.len() };
-        let d = self.submit_inner(sqe, Payload::None, buf.len() as u32, Some(dest)).await?;
+        self.succeeded(op, self.submit_inner(sqe, Payload::None, buf.len() as u32, Some(dest)).await?)
+    }
+
+    /// `d`, or an error naming the queue and opcode if its status is not success.
+    fn succeeded(&self, op: u8, d: Done) -> Result<Done> {
         if !d.cqe.status.is_success() {
             return Err(ClientError::Target(format!("queue {} opcode {op:#04x}: {}", self.qid, d.cqe.status)));
         }
@@ -226,26 +226,17 @@ impl Queue {
         let (done_tx, done_rx) = oneshot::channel();
         let mut capsule_data: &[u8] = &[];
         let mut write_data = None;
-        let out_len = match &out {
-            Payload::None => None,
-            Payload::Owned(b) => Some(b.len()),
-            Payload::Borrowed(s) => Some(s.len()),
-        };
-        match out_len {
-            Some(n) if n <= self.incapsule => {
-                sqe.set_sgl(Sgl { addr: 0, length: n as u32, kind: sgl::INCAPSULE });
-                capsule_data = match &out {
-                    Payload::Owned(b) => b,
-                    Payload::Borrowed(s) => s,
-                    Payload::None => &[],
-                };
+        match out.bytes() {
+            Some(d) if d.len() <= self.incapsule => {
+                sqe.set_sgl(Sgl { addr: 0, length: d.len() as u32, kind: sgl::INCAPSULE });
+                capsule_data = d;
             }
-            Some(n) => {
-                sqe.set_sgl(Sgl { addr: 0, length: n as u32, kind: sgl::TRANSPORT });
+            Some(d) => {
+                sqe.set_sgl(Sgl { addr: 0, length: d.len() as u32, kind: sgl::TRANSPORT });
+                // Kept until the controller asks for it with R2T.
                 write_data = Some(match &out {
                     Payload::Owned(b) => b.clone(),
-                    Payload::Borrowed(s) => Bytes::copy_from_slice(s),
-                    Payload::None => Bytes::new(),
+                    _ => Bytes::copy_from_slice(d),
                 });
             }
             None => sqe.set_sgl(Sgl { addr: 0, length: in_len, kind: sgl::TRANSPORT }),
@@ -286,11 +277,7 @@ impl Queue {
     /// Like [`Queue::submit_raw`] but an unsuccessful status is an error.
     pub async fn submit(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
         let op = sqe.opcode();
-        let d = self.submit_raw(sqe, out, in_len).await?;
-        if !d.cqe.status.is_success() {
-            return Err(ClientError::Target(format!("queue {} opcode {op:#04x}: {}", self.qid, d.cqe.status)));
-        }
-        Ok(d)
+        self.succeeded(op, self.submit_raw(sqe, out, in_len).await?)
     }
 
     pub fn is_dead(&self) -> bool {
@@ -303,6 +290,16 @@ enum Payload<'a> {
     None,
     Owned(Bytes),
     Borrowed(&'a [u8]),
+}
+
+impl Payload<'_> {
+    fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Payload::None => None,
+            Payload::Owned(b) => Some(b),
+            Payload::Borrowed(s) => Some(s),
+        }
+    }
 }
 
 /// Payloads at least this long are written from where they are rather than
