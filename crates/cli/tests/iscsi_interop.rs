@@ -140,9 +140,7 @@ allowed_initiators = ["iqn.2026-11.org.blockwire.test:good"]
 chap = {{ user = "alice", secret = "alice-secret-01" }}
 "#
     );
-    let path = dir.path().join("secure.toml");
-    std::fs::write(&path, cfg).unwrap();
-    Serve::start(&["--config", path.to_str().unwrap()])
+    Serve::with_config(dir, &cfg, &[])
 }
 
 #[test]
@@ -196,9 +194,7 @@ iqn = "{CHAP_IQN}"
 luns = [{{ lun = 0, volume = "d0" }}]
 "#
     );
-    let path = dir.path().join("disc.toml");
-    std::fs::write(&path, cfg).unwrap();
-    let mut serve = Serve::start(&["--config", path.to_str().unwrap()]);
+    let mut serve = Serve::with_config(&dir, &cfg, &[]);
     let discover = |portal: String| {
         let out = blockwire(None, &["iscsi", "discover", &portal]);
         (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))

@@ -40,8 +40,6 @@ chap = {{ user = "{user}", secret = "{secret}" }}
 mutual_chap = {{ user = "{muser}", secret = "{msecret}" }}
 "#
     );
-    let cfg_path = dir.path().join("serve.toml");
-    std::fs::write(&cfg_path, config).unwrap();
     let script = std::fs::read_to_string(repo_root().join("tests/kernel-vm/iscsi.sh")).unwrap();
     let script = script
         .replace("@PORT@", &port.to_string())
@@ -57,7 +55,7 @@ mutual_chap = {{ user = "{muser}", secret = "{msecret}" }}
         .replace("@DMSECRET@", dmsecret);
     let script_path = dir.path().join("iscsi.sh");
     std::fs::write(&script_path, script).unwrap();
-    let mut serve = Serve::start(&["--config", cfg_path.to_str().unwrap()]);
+    let mut serve = Serve::with_config(&dir, &config, &[]);
     let run = kernel_vm(&script_path, None, None);
     assert!(serve.is_running(), "target died:\n{}", serve.log_text());
     assert!(run.output.contains("iscsi-guest: ALL OK"), "guest script did not finish:\n{}", run.output);

@@ -111,16 +111,11 @@ fn libiscsi_read_only_lun() {
     }
     let port = free_port();
     let dir = TempDir::new("iscsiro");
-    let cfg = dir.path().join("ro.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[[volume]]\nname = \"d0\"\nbackend = \"ram:16M\"\n[iscsi]\nlisten = [\"127.0.0.1:{port}\"]\n\
-             [[iscsi.target]]\niqn = \"iqn.2026-11.org.blockwire.test:ro\"\nluns = [{{ lun = 0, volume = \"d0\", readonly = true }}]\n"
-        ),
-    )
-    .unwrap();
-    let _serve = Serve::start(&["--config", cfg.to_str().unwrap()]);
+    let cfg = format!(
+        "[[volume]]\nname = \"d0\"\nbackend = \"ram:16M\"\n[iscsi]\nlisten = [\"127.0.0.1:{port}\"]\n\
+         [[iscsi.target]]\niqn = \"iqn.2026-11.org.blockwire.test:ro\"\nluns = [{{ lun = 0, volume = \"d0\", readonly = true }}]\n"
+    );
+    let _serve = Serve::with_config(&dir, &cfg, &[]);
     let url = format!("iscsi://127.0.0.1:{port}/iqn.2026-11.org.blockwire.test:ro/0");
     let (passed, failed, text) = run_suites(&url, "SCSI.ReadOnly", &[]);
     eprintln!("{text}");

@@ -17,11 +17,8 @@ fn linux_nvme_tcp_host_against_blockwire() {
     require_root();
     let dir = TempDir::new("nvk");
     let (port, dport) = (free_port(), free_port());
-    let cfg = dir.path().join("serve.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"
+    let cfg = format!(
+        r#"
 [[volume]]
 name = "d0"
 backend = "file:{}/disk.img,size=256M"
@@ -33,11 +30,9 @@ nqn = "{NQN}"
 namespaces = [{{ nsid = 1, volume = "d0" }}]
 allowed_hosts = ["{HOSTNQN}"]
 "#,
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let mut serve = Serve::start(&["--config", cfg.to_str().unwrap(), "-v"]);
+        dir.path().display()
+    );
+    let mut serve = Serve::with_config(&dir, &cfg, &["-v"]);
     let script = dir.path().join("nvme.sh");
     let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme.sh")).unwrap();
     std::fs::write(&script, format!("PORT={port}\nDPORT={dport}\nNQN={NQN}\nHOSTNQN={HOSTNQN}\nBADNQN={BADNQN}\n{body}")).unwrap();

@@ -85,6 +85,16 @@ impl Serve {
         Serve::start_in(None, args)
     }
 
+    /// Write `toml` to `dir`/serve.toml and start `blockwire serve --config`
+    /// on it, with `extra` arguments after.
+    pub fn with_config(dir: &TempDir, toml: &str, extra: &[&str]) -> Serve {
+        let path = dir.path().join("serve.toml");
+        std::fs::write(&path, toml).expect("write serve.toml");
+        let mut args = vec!["--config", path.to_str().expect("UTF-8 temp path")];
+        args.extend_from_slice(extra);
+        Serve::start(&args)
+    }
+
     /// Start `blockwire serve ARGS`, inside `netns` if given (`ip netns exec`
     /// execs, so the PID is blockwire's own), and wait for its ready line.
     pub fn start_in(netns: Option<&str>, args: &[&str]) -> Serve {
