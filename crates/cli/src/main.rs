@@ -348,8 +348,8 @@ fn print_discovered(found: Vec<String>, none: &str) -> anyhow::Result<()> {
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let mut cfg = match &a.config {
-        Some(path) => bw_target::ServeConfig::from_toml_file(path)?,
-        None => bw_target::ServeConfig::default(),
+        Some(path) => bw_serve::ServeConfig::from_toml_file(path)?,
+        None => bw_serve::ServeConfig::default(),
     };
     for v in &a.volumes {
         cfg.add_volume_flag(v)?;
@@ -383,5 +383,5 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(bw_target::serve(cfg))
+    rt.block_on(bw_serve::serve(cfg))
 }

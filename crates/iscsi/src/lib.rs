@@ -1,7 +1,7 @@
 //! iSCSI (RFC 7143) without sockets: PDU framing and typed headers, login
 //! text and key negotiation, CHAP, the target's login state machine and its
 //! full-feature session logic, and the initiator's login engine. The
-//! `bw-target` and `bw-initiator` crates put these on TCP.
+//! `bw-serve` and `bw-initiator` crates put these on TCP.
 
 pub mod chap;
 pub mod fuzzing;

@@ -132,7 +132,7 @@ fn await_ready(mut p: TargetProcess, rx: &mpsc::Receiver<()>, timeout: Duration)
 }
 
 /// The `blockwire serve --config` TOML for `protocols` on `link` (schema of
-/// bw_target::config; written as text so the lab does not link the target).
+/// bw_serve::config; written as text so the lab does not link the target).
 fn serve_config(link: &Link, backing: &Path, protocols: &[String]) -> String {
     let ip = link.target_ip;
     let q = |s: &str| toml::Value::String(s.to_string()).to_string();
