@@ -12,12 +12,15 @@ FUZZ_SECONDS ?= 60
 
 all: build
 
+# Two passes: installing one package can remove another that was there
+# (Debian's qemu-block-extra replaces a backported qemu-utils), so check again.
 deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
+	@for pass in 1 2; do \
+		missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+		[ -z "$$missing" ] && break; \
 		echo "installing Debian packages:" $$missing; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	fi
+		{ [ $$pass = 2 ] || apt-get update -qq; } && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	done
 	@command -v $(CARGO) >/dev/null || { echo "cargo (Rust stable) is required: see https://rustup.rs" >&2; exit 1; }
 
 build: deps
