@@ -210,6 +210,44 @@ luns = [{{ lun = 0, volume = "d0" }}]
     assert!(serve.is_running(), "target died:\n{}", serve.log_text());
 }
 
+/// LUNs from 16384 up need SAM's extended flat space format. The initiator
+/// once had its own LUN encoder without it, so `.../16384` silently reached
+/// LUN 0: here LUN 0 is 1 MiB and LUN 16384 is 2 MiB, so a 2 MiB verify only
+/// passes on the right LUN.
+#[test]
+fn luns_above_16383_are_addressed_with_extended_flat_space() {
+    let port = free_port();
+    let dir = TempDir::new("iscsilun");
+    let iqn = "iqn.2026-11.org.blockwire.test:luns";
+    let cfg = format!(
+        r#"
+[[volume]]
+name = "small"
+backend = "ram:1M"
+[[volume]]
+name = "big"
+backend = "ram:2M"
+[[volume]]
+name = "mid"
+backend = "ram:3M"
+[iscsi]
+listen = ["127.0.0.1:{port}"]
+[[iscsi.target]]
+iqn = "{iqn}"
+luns = [{{ lun = 0, volume = "small" }}, {{ lun = 300, volume = "mid" }}, {{ lun = 16384, volume = "big" }}]
+"#
+    );
+    let mut serve = Serve::with_config(&dir, &cfg, &[]);
+    blockwire_ok(None, &["verify", &format!("iscsi://127.0.0.1:{port}/{iqn}/16384"), "--size", "2M"]);
+    blockwire_ok(None, &["verify", &format!("iscsi://127.0.0.1:{port}/{iqn}/300"), "--size", "3M"]);
+    let out = blockwire(None, &["verify", &format!("iscsi://127.0.0.1:{port}/{iqn}/16384"), "--size", "3M"]);
+    assert!(!out.status.success(), "LUN 16384 is 2 MiB: a 3 MiB verify must fail");
+    let out = blockwire(None, &["verify", &format!("iscsi://127.0.0.1:{port}/{iqn}/16777216"), "--size", "1M"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("LUN must be below 16777216"), "{err}");
+    assert!(serve.is_running(), "target died:\n{}", serve.log_text());
+}
+
 /// Garbage the target must survive, each on its own connection.
 fn malformed_streams() -> Vec<Vec<u8>> {
     let mut v = Vec::new();
@@ -285,7 +323,7 @@ fn raw_login(port: u16, target: &str, isid: [u8; 6]) -> std::net::TcpStream {
         mutual_chap: None,
         limits: bw_iscsi::negotiate::LocalLimits::default(),
         isid,
-    });
+    }, bw_iscsi::chap::ChapEntropy::from_os().expect("OS random"));
     let dec = Decoder::new(64 * 1024);
     let mut buf = bytes::BytesMut::new();
     let mut req = login.start();

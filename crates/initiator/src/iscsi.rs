@@ -318,7 +318,10 @@ async fn login(
         default_time2retain: 0,
         ..LocalLimits::default()
     };
-    let isid_tail = bw_iscsi::chap::random_bytes(3);
+    let entropy = bw_iscsi::chap::ChapEntropy::from_os().map_err(|e| proto(format!("no random numbers from the OS for the login: {e}")))?;
+    // The ISID's random qualifier comes from the same draw as the challenge
+    // (bytes the challenge, at most 32 of the 33, does not use up front).
+    let isid_tail = [entropy.0[30], entropy.0[31], entropy.0[32]];
     let chap = match (user, secret) {
         (Some(u), Some(s)) => Some(Secret { user: u.into(), secret: s.into() }),
         (Some(_), None) => return Err(proto("CHAP user given without a secret (user%secret@host)")),
@@ -332,7 +335,7 @@ async fn login(
         limits,
         // Random-qualifier ISID (type 0b10), different for each session.
         isid: [0x80, 0x00, 0x02, isid_tail[0], isid_tail[1], isid_tail[2]],
-    });
+    }, entropy);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let dec = Decoder::new(64 * 1024);
     let mut req = l.start();
@@ -510,7 +513,7 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
     };
     let (rd, wr, buf, done) = login(host, *port, Some(iqn), user.as_deref(), secret.as_deref(), opts).await?;
     let session = start_session(rd, wr, buf, &done, opts);
-    let lun_field = u64::from_be_bytes(encode_lun(*lun));
+    let lun_field = u64::from_be_bytes(bw_scsi::encode_lun(*lun));
     let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string() };
     // TEST UNIT READY first: it absorbs the unit attention a fresh nexus may have.
     client.scsi(&[0u8; 6], 0, Bytes::new()).await?;
@@ -529,18 +532,6 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
     client.size = (last_lba + 1) * block as u64;
     log::info!("{url}: {} bytes, {} byte blocks, params {:?}", client.size, block, done.params);
     Ok(Arc::new(client))
-}
-
-/// SAM LUN field for small LUN numbers (peripheral / flat addressing).
-fn encode_lun(lun: u64) -> [u8; 8] {
-    let mut b = [0u8; 8];
-    if lun < 256 {
-        b[1] = lun as u8;
-    } else {
-        b[0] = 0x40 | ((lun >> 8) & 0x3F) as u8;
-        b[1] = lun as u8;
-    }
-    b
 }
 
 /// Targets found by discovery, one line each when printed:

@@ -65,6 +65,10 @@ impl TargetUrl {
                 let iqn = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| err(url, "missing target IQN"))?;
                 let lun = parts.next().unwrap_or("0");
                 let lun: u64 = lun.parse().map_err(|_| err(url, "LUN must be a number"))?;
+                // The largest LUN the SAM extended flat space format holds.
+                if lun >= 1 << 24 {
+                    return Err(err(url, "LUN must be below 16777216"));
+                }
                 let (host, port) = host_port(url, hp, 3260)?;
                 let (user, secret) = match auth {
                     Some(a) => match a.split_once('%') {
