@@ -52,9 +52,10 @@ pub fn response(alg: ChapAlgorithm, id: u8, secret: &[u8], challenge: &[u8]) -> 
     }
 }
 
-/// Constant-time comparison, so timing does not leak how much matched.
+/// Constant-time comparison (subtle), so timing does not leak how much matched.
 pub fn verify(expected: &[u8], got: &[u8]) -> bool {
-    expected.len() == got.len() && expected.iter().zip(got).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    use subtle::ConstantTimeEq;
+    expected.ct_eq(got).into()
 }
 
 pub fn encode_hex(b: &[u8]) -> String {
@@ -66,62 +67,45 @@ pub fn encode_hex(b: &[u8]) -> String {
     s
 }
 
-/// Decode a binary value: `0x`/`0X` hex or `0b`/`0B` base64.
+/// Decode a binary value: `0x`/`0X` hex or `0b`/`0B` base64 (RFC 7143
+/// 6.1), strictly: any character outside the alphabet, or base64 with
+/// wrong padding, is refused. Hex may have an odd number of digits (a
+/// leading zero is implied).
 pub fn decode_binary(v: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
     if let Some(h) = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
-        let h = if h.len() % 2 == 1 { format!("0{h}") } else { h.to_string() };
-        (0..h.len()).step_by(2).map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok()).collect()
+        if h.is_empty() {
+            return None;
+        }
+        if h.len() % 2 == 1 { hex::decode(format!("0{h}")) } else { hex::decode(h) }.ok()
     } else if let Some(b) = v.strip_prefix("0b").or_else(|| v.strip_prefix("0B")) {
-        base64_decode(b)
+        base64::engine::general_purpose::STANDARD.decode(b).ok().filter(|d| !d.is_empty())
     } else {
         None
     }
 }
 
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let val = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let s = s.trim_end_matches('=');
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in s.bytes() {
-        acc = (acc << 6) | val(c)?;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    Some(out)
-}
+/// Random bytes for one login's CHAP identifier and challenge, drawn by the
+/// caller from the operating system's generator (`from_os`) and passed in,
+/// so the login state machines stay deterministic under test. There is no
+/// fallback: without the OS generator there is no login.
+#[derive(Clone, Copy, Debug)]
+pub struct ChapEntropy(pub [u8; 33]);
 
-/// Fresh random challenge bytes. Uses the kernel's generator; failing that
-/// (no /dev/urandom) falls back to time and address entropy mixed by SHA-256.
-pub fn random_bytes(n: usize) -> Vec<u8> {
-    use std::io::Read;
-    let mut buf = vec![0u8; n];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).is_ok() {
-        return buf;
+impl ChapEntropy {
+    pub fn from_os() -> Result<ChapEntropy, getrandom::Error> {
+        let mut b = [0u8; 33];
+        getrandom::getrandom(&mut b)?;
+        Ok(ChapEntropy(b))
     }
-    let mut out = Vec::new();
-    let mut ctr = 0u64;
-    while out.len() < n {
-        let mut h = sha2::Sha256::new();
-        h.update(format!("{:?}{ctr}{:p}", std::time::SystemTime::now(), &buf).as_bytes());
-        out.extend_from_slice(&h.finalize());
-        ctr += 1;
+    /// The CHAP identifier (CHAP_I).
+    pub fn id(&self) -> u8 {
+        self.0[0]
     }
-    out.truncate(n);
-    out
+    /// A challenge of `len` bytes (at most 32: the longest digest we offer).
+    pub fn challenge(&self, len: usize) -> Vec<u8> {
+        self.0[1..1 + len.min(32)].to_vec()
+    }
 }
 
 #[cfg(test)]
@@ -161,5 +145,26 @@ mod tests {
         assert_eq!(ChapAlgorithm::choose("7,5"), Some(ChapAlgorithm::Sha256));
         assert_eq!(ChapAlgorithm::choose("6,5"), Some(ChapAlgorithm::Md5));
         assert_eq!(ChapAlgorithm::choose("6"), None);
+    }
+
+    #[test]
+    fn binary_values_are_parsed_strictly() {
+        // Characters outside the alphabet, bad padding, empty values.
+        for bad in ["0x", "0x12 34", "0x12g4", "0b", "0bAQI", "0bAQ==x", "0bA*ID", "0bAQID=", "0xé1"] {
+            assert_eq!(decode_binary(bad), None, "{bad:?} must be refused");
+        }
+        assert_eq!(decode_binary("0bAQ=="), Some(vec![1]));
+        assert_eq!(decode_binary("0X0A"), Some(vec![10]));
+    }
+
+    #[test]
+    fn challenges_come_from_the_entropy_given() {
+        let e = ChapEntropy(core::array::from_fn(|i| i as u8));
+        assert_eq!(e.id(), 0);
+        assert_eq!(e.challenge(16), (1..17).collect::<Vec<u8>>());
+        assert_eq!(e.challenge(64).len(), 32);
+        // Two draws from the OS differ (a stuck generator would be caught here).
+        let (a, b) = (ChapEntropy::from_os().unwrap(), ChapEntropy::from_os().unwrap());
+        assert_ne!(a.0, b.0);
     }
 }

@@ -58,7 +58,7 @@ fn config() -> LoginConfig {
 pub fn login_text(data: &[u8]) {
     let _ = crate::text::parse(data);
     let cfg = config();
-    let mut login = TargetLogin::new(&cfg, 1);
+    let mut login = TargetLogin::new(&cfg, 1, crate::chap::ChapEntropy([7; 33]));
     for (i, chunk) in data.split(|b| *b == b'\n').enumerate().take(8) {
         let mut bhs = Bhs::default();
         bhs.0[0] = 0x43;

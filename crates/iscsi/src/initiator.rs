@@ -88,12 +88,14 @@ pub struct InitiatorLogin {
     cmd_sn: u32,
     exp_stat_sn: u32,
     rounds: u32,
+    entropy: chap::ChapEntropy,
 }
 
 impl InitiatorLogin {
-    pub fn new(cfg: InitiatorConfig) -> Self {
+    /// `entropy` makes the mutual-CHAP challenge (`ChapEntropy::from_os()`).
+    pub fn new(cfg: InitiatorConfig, entropy: chap::ChapEntropy) -> Self {
         let params = SessionParams { max_recv_data_segment_length: cfg.limits.max_recv_data_segment_length, ..Default::default() };
-        InitiatorLogin { cfg, phase: Phase::Auth, params, offered: Vec::new(), cmd_sn: 1, exp_stat_sn: 0, rounds: 0 }
+        InitiatorLogin { cfg, entropy, phase: Phase::Auth, params, offered: Vec::new(), cmd_sn: 1, exp_stat_sn: 0, rounds: 0 }
     }
 
     fn session_type(&self) -> SessionType {
@@ -190,8 +192,8 @@ impl InitiatorLogin {
                 let mut out = vec![("CHAP_N".to_string(), chap.user.clone()), ("CHAP_R".to_string(), chap::encode_hex(&resp))];
                 let mut mine = (0u8, Vec::new());
                 if self.cfg.mutual_chap.is_some() {
-                    let my_id = chap::random_bytes(1)[0];
-                    let my_ch = chap::random_bytes(alg.digest_len().max(16));
+                    let my_id = self.entropy.id();
+                    let my_ch = self.entropy.challenge(alg.digest_len().max(16));
                     out.push(("CHAP_I".into(), my_id.to_string()));
                     out.push(("CHAP_C".into(), chap::encode_hex(&my_ch)));
                     mine = (my_id, my_ch);
@@ -253,6 +255,7 @@ impl InitiatorLogin {
 mod tests {
     use super::*;
     use crate::login::{LoginConfig, LoginStep, TargetInfo, TargetLogin};
+    use crate::chap::ChapEntropy;
     use crate::msg::login_status;
 
     fn target(chap: Option<Secret>, mutual: Option<Secret>, acl: Vec<String>) -> LoginConfig {
@@ -280,12 +283,12 @@ mod tests {
             mutual_chap: mutual,
             limits: LocalLimits { header_digests: vec![crate::negotiate::Digest::Crc32c], ..LocalLimits::default() },
             isid: [0x80, 0, 0, 0, 0, 1],
-        })
+        }, ChapEntropy(core::array::from_fn(|i| 0xA0 ^ i as u8)))
     }
 
     /// Run both engines against each other; Ok(params) or the failing status.
     fn run(t: &LoginConfig, mut i: InitiatorLogin) -> Result<(LoginDone, Vec<String>), String> {
-        let mut tl = TargetLogin::new(t, 9);
+        let mut tl = TargetLogin::new(t, 9, ChapEntropy(core::array::from_fn(|i| i as u8)));
         let mut req = i.start();
         let mut seen = Vec::new();
         loop {

@@ -95,6 +95,7 @@ pub struct TargetLogin<'a> {
     /// Text of a request split over several PDUs (C bit).
     partial: Vec<u8>,
     result: Option<LoginResult>,
+    entropy: chap::ChapEntropy,
 }
 
 fn status_parts(s: u16) -> (u8, u8) {
@@ -102,11 +103,13 @@ fn status_parts(s: u16) -> (u8, u8) {
 }
 
 impl<'a> TargetLogin<'a> {
-    /// `tsih` is the session handle to give the session if login succeeds.
-    pub fn new(cfg: &'a LoginConfig, tsih: u16) -> Self {
+    /// `tsih` is the session handle to give the session if login succeeds;
+    /// `entropy` makes the CHAP challenge (`ChapEntropy::from_os()`).
+    pub fn new(cfg: &'a LoginConfig, tsih: u16, entropy: chap::ChapEntropy) -> Self {
         TargetLogin {
             cfg,
             tsih,
+            entropy,
             first: None,
             initiator_name: String::new(),
             session_type: SessionType::Normal,
@@ -334,8 +337,8 @@ impl<'a> TargetLogin<'a> {
             Auth::WantAlgorithm => {
                 if let Some(list) = text::get(pairs, "CHAP_A") {
                     let alg = ChapAlgorithm::choose(list).ok_or(fail)?;
-                    let id = chap::random_bytes(1)[0];
-                    let challenge = chap::random_bytes(alg.digest_len().max(16));
+                    let id = self.entropy.id();
+                    let challenge = self.entropy.challenge(alg.digest_len().max(16));
                     out.push(("CHAP_A".into(), alg.code().to_string()));
                     out.push(("CHAP_I".into(), id.to_string()));
                     out.push(("CHAP_C".into(), chap::encode_hex(&challenge)));

@@ -248,7 +248,8 @@ async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown) ->
             break t;
         }
     };
-    let mut login = TargetLogin::new(&ctx.login, tsih);
+    let entropy = bw_iscsi::chap::ChapEntropy::from_os().map_err(|e| anyhow::anyhow!("no random numbers from the OS for a CHAP challenge: {e}"))?;
+    let mut login = TargetLogin::new(&ctx.login, tsih, entropy);
     loop {
         let pdu = match tokio::time::timeout(LOGIN_TIMEOUT, read_pdu(&mut rd, &mut buf, &dec)).await {
             Ok(r) => r?,
