@@ -75,6 +75,24 @@ impl Metric {
         }
     }
 
+    /// What the metric measures, for sentences such as "2.2x less CPU per op".
+    pub fn noun(self) -> &'static str {
+        match self {
+            Metric::Iops => "IOPS",
+            Metric::MibPerS => "throughput",
+            Metric::LatP50Us => "median latency",
+            Metric::LatP99Us => "p99 latency",
+            Metric::LatP999Us => "p99.9 latency",
+            Metric::TargetCpuUsPerOp => "target CPU per op",
+            Metric::InitiatorCpuUsPerOp => "initiator CPU per op",
+            Metric::TotalCpuUsPerOp => "CPU per op",
+            Metric::CpuMsPerMib => "CPU per MiB",
+            Metric::WireBytesPerOp => "wire bytes per op",
+            Metric::FramesPerOp => "frames per op",
+            Metric::HeaderBytesPerFrame => "header bytes per frame",
+        }
+    }
+
     pub fn higher_is_better(self) -> bool {
         matches!(self, Metric::Iops | Metric::MibPerS)
     }
@@ -136,8 +154,11 @@ pub struct Case {
 
 impl Case {
     pub fn summary(&self, m: Metric) -> Option<Summary> {
-        let v: Vec<f64> = self.samples.iter().filter_map(|s| m.of(s)).collect();
-        Summary::of(&v)
+        Summary::of(&self.values(m))
+    }
+    /// The metric's value in every repetition that has it.
+    pub fn values(&self, m: Metric) -> Vec<f64> {
+        self.samples.iter().filter_map(|s| m.of(s)).collect()
     }
     pub fn errors(&self) -> u64 {
         self.samples.iter().map(|s| s.bench.errors).sum()

@@ -1,6 +1,6 @@
 //! The run itself: set up the topology and the backing file, then for each
-//! MTU and each target program run every workload on every subject it
-//! serves, `repeat` times, recording raw samples as it goes.
+//! MTU start every target and run every workload `repeat` times, each repeat
+//! over all subjects in a rotated order, recording raw samples as it goes.
 
 use crate::accounting::{Case, Metric};
 use crate::cleanup::{interrupted, registry, Resource};
@@ -15,6 +15,23 @@ use std::time::Duration;
 
 /// Consecutive failed runs after which a subject is given up (at this MTU).
 const MAX_CONSECUTIVE_FAILURES: u32 = 2;
+
+/// A subject being measured on one link, and how its runs are going.
+struct LiveSubject {
+    key: String,
+    url: String,
+    /// Index of the target process that serves it.
+    proc: usize,
+    done: u64,
+    consecutive_failures: u32,
+    gave_up: bool,
+}
+
+impl LiveSubject {
+    fn new(key: String, proc: usize) -> LiveSubject {
+        LiveSubject { key, url: String::new(), proc, done: 0, consecutive_failures: 0, gave_up: false }
+    }
+}
 
 pub struct Lab {
     pub plan: Plan,
@@ -178,15 +195,33 @@ impl Lab {
     }
 
     fn runs_per_subject(&self, mtu: u32) -> u64 {
-        let r = self.plan.params.repeat as u64;
-        let sweep = if Some(&mtu) == self.plan.params.mtus.first() { self.plan.sweep.len() as u64 } else { 0 };
-        (self.plan.micro.len() as u64 + sweep) * r
+        let p = &self.plan.params;
+        let sweep = if Some(&mtu) == p.mtus.first() { self.plan.sweep.len() as u64 } else { 0 };
+        self.plan.micro.len() as u64 * p.repeat as u64 + sweep * p.sweep_repeats() as u64
     }
 
-    /// All subjects at one MTU: blockwire serve (all its protocols at once),
-    /// then tgt, then vblade, each alone on the link while measured.
+    /// The runs of one link or of the baseline: (suite, workload, seconds, repeats).
+    fn jobs(&self, with_sweep: bool) -> Vec<(String, Workload, u32, u32)> {
+        let p = &self.plan.params;
+        let mut jobs: Vec<(String, Workload, u32, u32)> =
+            self.plan.micro.iter().map(|w| ("micro".to_string(), w.clone(), p.runtime_s, p.repeat)).collect();
+        if with_sweep {
+            jobs.extend(self.plan.sweep.iter().map(|w| ("sweep".to_string(), w.clone(), p.sweep_runtime_s, p.sweep_repeats())));
+        }
+        jobs
+    }
+
+    /// All subjects at one MTU, interleaved: every target is started first
+    /// (blockwire serve with all its protocols, tgt, vblade: they listen on
+    /// different ports and AoE shelves), then each workload runs every
+    /// subject once per repeat, one at a time, in an order rotated between
+    /// repeats. So all subjects see the same machine state: this machine's
+    /// speed drifts by tens of percent over minutes, and measuring subjects
+    /// one after another turned that drift into false differences.
     fn run_link(&mut self, topo: &Topology, link: &Link, with_sweep: bool) -> anyhow::Result<()> {
         let subjects = self.plan.subjects();
+        let mut procs: Vec<TargetProcess> = vec![];
+        let mut live: Vec<LiveSubject> = vec![];
         let ours: Vec<String> =
             subjects.iter().filter(|(_, t, _)| t == "blockwire").map(|(_, _, p)| p.clone()).collect();
         if !ours.is_empty() {
@@ -197,13 +232,11 @@ impl Lab {
                     self.mark_unavailable(&targets::subject_key("blockwire", proto), link.mtu, why.clone());
                 }
             }
-            if let Some(mut p) = proc {
-                let ok: Vec<String> =
-                    status.iter().filter(|(_, s)| s.is_ok()).map(|(p, _)| p.clone()).collect();
-                for proto in ok {
-                    self.run_subject(topo, link, &targets::subject_key("blockwire", &proto), &mut p, with_sweep)?;
+            if let Some(p) = proc {
+                for (proto, _) in status.iter().filter(|(_, s)| s.is_ok()) {
+                    live.push(LiveSubject::new(targets::subject_key("blockwire", proto), procs.len()));
                 }
-                p.stop();
+                procs.push(p);
             }
         }
         for peer in self.plan.params.peers.clone() {
@@ -214,92 +247,106 @@ impl Lab {
                 _ => targets::start_vblade(topo, link, &self.backing),
             };
             match started {
-                Ok(mut p) => {
-                    let r = self.run_subject(topo, link, &key, &mut p, with_sweep);
-                    p.stop();
-                    r?;
+                Ok(p) => {
+                    live.push(LiveSubject::new(key, procs.len()));
+                    procs.push(p);
                 }
                 Err(why) => self.mark_unavailable(&key, link.mtu, why),
             }
         }
-        Ok(())
+        let r = self.run_interleaved(topo, link, with_sweep, &mut procs, &mut live);
+        for p in procs {
+            p.stop();
+        }
+        r
     }
 
-    fn run_subject(
+    fn run_interleaved(
         &mut self,
         topo: &Topology,
         link: &Link,
-        key: &str,
-        target: &mut TargetProcess,
         with_sweep: bool,
+        procs: &mut [TargetProcess],
+        live: &mut [LiveSubject],
     ) -> anyhow::Result<()> {
-        let url = targets::url_for(key, link).ok_or_else(|| anyhow::anyhow!("no URL for {key}"))?;
-        let mut jobs: Vec<(String, Workload, u32)> =
-            self.plan.micro.iter().map(|w| ("micro".to_string(), w.clone(), self.plan.params.runtime_s)).collect();
-        if with_sweep {
-            jobs.extend(self.plan.sweep.iter().map(|w| ("sweep".to_string(), w.clone(), self.plan.params.sweep_runtime_s)));
+        for s in live.iter_mut() {
+            s.url = targets::url_for(&s.key, link).ok_or_else(|| anyhow::anyhow!("no URL for {}", s.key))?;
         }
-        let mut consecutive_failures = 0;
-        let mut remaining = self.runs_per_subject(link.mtu);
-        for (suite, w, runtime) in jobs {
-            let mut samples = vec![];
-            for rep in 1..=self.plan.params.repeat {
-                if interrupted() {
-                    anyhow::bail!("interrupted");
-                }
-                if !target.alive() {
-                    let why = format!("{} died: {}", target.name, target.log_tail());
-                    self.progress.inc(remaining);
-                    self.results.failures.push(Failure {
-                        subject: key.into(),
-                        mtu: Some(link.mtu),
-                        workload: w.name.clone(),
-                        reason: why.clone(),
-                    });
-                    self.say(&format!("lab: {key}: {why}"));
-                    return Ok(());
-                }
-                self.progress.set_message(format!("{key} MTU {} {} #{rep}", link.mtu, w.name));
-                match self.one_networked_run(topo, link, key, &url, &suite, &w, rep, runtime, target) {
-                    Ok(s) => {
-                        consecutive_failures = 0;
-                        samples.push(s.clone());
-                        self.results.samples.push(s);
+        let per_subject = self.runs_per_subject(link.mtu);
+        let n = live.len();
+        for (suite, w, runtime, repeats) in self.jobs(with_sweep) {
+            let mut samples: Vec<Vec<Sample>> = vec![vec![]; n];
+            for rep in 1..=repeats {
+                for turn in 0..n {
+                    let i = (turn + rep as usize - 1) % n;
+                    if interrupted() {
+                        anyhow::bail!("interrupted");
                     }
-                    Err(e) => {
-                        if interrupted() {
-                            anyhow::bail!("interrupted");
+                    if live[i].gave_up {
+                        continue;
+                    }
+                    let key = live[i].key.clone();
+                    let target = &mut procs[live[i].proc];
+                    if !target.alive() {
+                        let why = format!("{} died: {}", target.name, target.log_tail());
+                        self.give_up(&mut live[i], per_subject, link.mtu, &w.name, why, false);
+                        continue;
+                    }
+                    self.progress.set_message(format!("{key} MTU {} {} #{rep}", link.mtu, w.name));
+                    let url = live[i].url.clone();
+                    match self.one_networked_run(topo, link, &key, &url, &suite, &w, rep, runtime, &procs[live[i].proc]) {
+                        Ok(s) => {
+                            live[i].consecutive_failures = 0;
+                            samples[i].push(s.clone());
+                            self.results.samples.push(s);
                         }
-                        consecutive_failures += 1;
-                        self.results.failures.push(Failure {
-                            subject: key.into(),
-                            mtu: Some(link.mtu),
-                            workload: w.name.clone(),
-                            reason: format!("{e:#}"),
-                        });
-                        self.say(&format!("lab: {key} {} run {rep} failed: {e:#}", w.name));
-                    }
-                }
-                self.progress.inc(1);
-                remaining = remaining.saturating_sub(1);
-                if consecutive_failures >= MAX_CONSECUTIVE_FAILURES {
-                    self.progress.inc(remaining);
-                    let reason = format!("gave up after {MAX_CONSECUTIVE_FAILURES} failed runs in a row");
-                    if samples.is_empty() && self.results.samples.iter().all(|s| s.subject != key) {
-                        if let Some(s) = self.results.subjects.iter_mut().find(|s| s.key == key) {
-                            s.unavailable.get_or_insert_with(|| {
-                                self.results.failures.last().map(|f| f.reason.clone()).unwrap_or(reason.clone())
+                        Err(e) => {
+                            if interrupted() {
+                                anyhow::bail!("interrupted");
+                            }
+                            live[i].consecutive_failures += 1;
+                            self.results.failures.push(Failure {
+                                subject: key.clone(),
+                                mtu: Some(link.mtu),
+                                workload: w.name.clone(),
+                                reason: format!("{e:#}"),
                             });
+                            self.say(&format!("lab: {key} {} run {rep} failed: {e:#}", w.name));
                         }
                     }
-                    self.say(&format!("lab: {key} at MTU {}: {reason}", link.mtu));
-                    return Ok(());
+                    self.progress.inc(1);
+                    live[i].done += 1;
+                    if live[i].consecutive_failures >= MAX_CONSECUTIVE_FAILURES {
+                        let reason = format!("gave up after {MAX_CONSECUTIVE_FAILURES} failed runs in a row");
+                        self.give_up(&mut live[i], per_subject, link.mtu, &w.name, reason, true);
+                    }
                 }
             }
-            self.print_case_row(key, Some(link.mtu), &suite, &w, samples);
+            for (s, got) in live.iter().zip(samples) {
+                if !got.is_empty() {
+                    self.print_case_row(&s.key, Some(link.mtu), &suite, &w, got);
+                }
+            }
             self.save()?;
         }
         Ok(())
+    }
+
+    /// Stop measuring a subject at this MTU: record why, keep the progress
+    /// bar honest, and mark it unavailable if it never produced a sample.
+    fn give_up(&mut self, s: &mut LiveSubject, per_subject: u64, mtu: u32, workload: &str, why: String, failures_recorded: bool) {
+        s.gave_up = true;
+        self.progress.inc(per_subject.saturating_sub(s.done));
+        if !failures_recorded {
+            self.results.failures.push(Failure { subject: s.key.clone(), mtu: Some(mtu), workload: workload.into(), reason: why.clone() });
+        }
+        if self.results.samples.iter().all(|x| x.subject != s.key) {
+            let last = self.results.failures.last().map(|f| f.reason.clone()).unwrap_or(why.clone());
+            if let Some(subj) = self.results.subjects.iter_mut().find(|x| x.key == s.key) {
+                subj.unavailable.get_or_insert(last);
+            }
+        }
+        self.say(&format!("lab: {} at MTU {mtu}: {why}", s.key));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -338,12 +385,9 @@ impl Lab {
     }
 
     fn run_baseline(&mut self) -> anyhow::Result<()> {
-        let mut jobs: Vec<(String, Workload, u32)> =
-            self.plan.micro.iter().map(|w| ("micro".to_string(), w.clone(), self.plan.params.runtime_s)).collect();
-        jobs.extend(self.plan.sweep.iter().map(|w| ("sweep".to_string(), w.clone(), self.plan.params.sweep_runtime_s)));
-        for (suite, w, runtime) in jobs {
+        for (suite, w, runtime, repeats) in self.jobs(true) {
             let mut samples = vec![];
-            for rep in 1..=self.plan.params.repeat {
+            for rep in 1..=repeats {
                 if interrupted() {
                     anyhow::bail!("interrupted");
                 }

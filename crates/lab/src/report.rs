@@ -5,7 +5,7 @@
 
 use crate::accounting::{cases, Case, CaseKey, Metric};
 use crate::results::{Results, Sample};
-use crate::stats::{verdict, Summary, Verdict};
+use crate::stats::{advantage, describe_advantage, ratio_of_means, Summary, Verdict};
 use crate::svg::{self, esc, Bar};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -108,64 +108,67 @@ pub struct Decision {
     pub winner: Option<String>,
     /// Best by mean (even when not a winner).
     pub leader: String,
+    /// Subjects within the noise of the leader (empty when there is a winner).
+    pub tied: Vec<String>,
+    /// The leader's advantage over the runner-up, with its interval.
+    pub margin: Option<String>,
     pub text: String,
 }
 
-/// Relative advantage of `best` over `other` in the metric's good direction, in %.
-pub fn advantage_pct(m: Metric, best: f64, other: f64) -> f64 {
-    if m.higher_is_better() {
-        if other == 0.0 { f64::INFINITY } else { (best / other - 1.0) * 100.0 }
-    } else if best == 0.0 {
-        f64::INFINITY
-    } else {
-        (other / best - 1.0) * 100.0
-    }
-}
-
-fn fmt_pct(p: f64) -> String {
-    if p.is_finite() { format!("{p:.0}%") } else { "∞".into() }
-}
-
-/// Decide among `entries` (subject, summary). A winner is named only when it
-/// beats *every* other subject outside the noise (Welch p < 0.05 and no
-/// overlap of mean ± stddev).
-pub fn decide(metric: Metric, entries: &[(String, Summary)]) -> Option<Decision> {
-    if entries.is_empty() {
-        return None;
-    }
-    let mut sorted: Vec<&(String, Summary)> = entries.iter().collect();
-    sorted.sort_by(|a, b| {
-        let o = a.1.mean.partial_cmp(&b.1.mean).unwrap_or(std::cmp::Ordering::Equal);
-        if metric.higher_is_better() { o.reverse() } else { o }
-    });
-    let (best, bs) = sorted[0];
-    if sorted.len() == 1 {
-        return Some(Decision { metric, winner: None, leader: best.clone(), text: format!("only {best} measured") });
-    }
-    let (second, ss) = sorted[1];
-    let adv = advantage_pct(metric, bs.mean, ss.mean);
-    let mut tied = vec![];
-    let mut untestable = false;
-    for (name, s) in &sorted[1..] {
-        match verdict(bs, s) {
-            Verdict::Significant { .. } => {}
-            Verdict::WithinNoise { .. } => tied.push(name.clone()),
-            Verdict::Untestable => untestable = true,
+impl Decision {
+    /// What to pick, for the answer table: the winner, or the tie.
+    pub fn pick(&self) -> String {
+        match &self.winner {
+            Some(w) => w.clone(),
+            None if self.tied.is_empty() => format!("{} (untested)", self.leader),
+            None => format!("tie: {} ≈ {}", self.leader, self.tied.join(" ≈ ")),
         }
     }
-    let dir = if metric.higher_is_better() { "higher" } else { "lower" };
-    let (winner, text) = if untestable {
-        (
-            None,
-            format!("{best} leads {second} by {} ({dir} {}), but single runs have no known spread: no winner claimed (use --repeat 3)", fmt_pct(adv), metric.label()),
-        )
-    } else if tied.is_empty() {
-        let p = crate::stats::welch_p(bs, ss).unwrap_or(1.0);
-        (Some(best.clone()), format!("{best} wins: {} {dir} {} than runner-up {second} (p={p:.3})", fmt_pct(adv), metric.label()))
-    } else {
-        (None, format!("no clear winner: {best} and {} are within the noise (best leads by {})", tied.join(", "), fmt_pct(adv)))
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 }
+}
+
+/// Decide among `entries` (subject, the metric's value per repetition). The
+/// best by mean is named the winner only when its advantage over *every*
+/// other subject is clear: the whole 95% interval of the ratio of means
+/// beyond the 5% practical threshold (see `stats`). The text always states
+/// the advantage over the runner-up with its interval.
+pub fn decide(metric: Metric, entries: &[(String, Vec<f64>)]) -> Option<Decision> {
+    let mut sorted: Vec<&(String, Vec<f64>)> = entries.iter().filter(|(_, v)| !v.is_empty()).collect();
+    if sorted.is_empty() {
+        return None;
+    }
+    sorted.sort_by(|a, b| {
+        let o = mean(&a.1).total_cmp(&mean(&b.1));
+        if metric.higher_is_better() { o.reverse() } else { o }
+    });
+    let (best, bv) = sorted[0];
+    if sorted.len() == 1 {
+        return Some(Decision { metric, winner: None, leader: best.clone(), tied: vec![], margin: None, text: format!("only {best} measured") });
+    }
+    let hib = metric.higher_is_better();
+    let noun = metric.noun();
+    let (second, sv) = sorted[1];
+    let verdicts: Vec<(&String, Verdict)> = sorted[1..].iter().map(|(n, v)| (n, advantage(hib, bv, v))).collect();
+    let tied: Vec<String> = verdicts.iter().filter(|(_, v)| !matches!(v, Verdict::Clear(_))).map(|(n, _)| n.to_string()).collect();
+    let (winner, margin, text) = match verdicts[0].1 {
+        Verdict::Untestable => {
+            let f = if hib { mean(bv) / mean(sv) } else { mean(sv) / mean(bv) };
+            (None, None, format!("{best} leads {second} by {f:.2}x on {noun}, but single runs have no known spread: no winner claimed (use --repeat 5)"))
+        }
+        Verdict::Clear(ci) | Verdict::WithinNoise(ci) => {
+            let margin = format!("{} than {second}", describe_advantage(hib, noun, ci));
+            if tied.is_empty() {
+                (Some(best.clone()), Some(margin.clone()), format!("{best}: {margin}"))
+            } else {
+                (None, Some(margin.clone()), format!("within the noise: {best} vs {}: {margin}", tied.join(", ")))
+            }
+        }
     };
-    Some(Decision { metric, winner, leader: best.clone(), text })
+    let tied = if winner.is_some() || verdicts[0].1 == Verdict::Untestable { vec![] } else { tied };
+    Some(Decision { metric, winner, leader: best.clone(), tied, margin, text })
 }
 
 /// Networked cases of one (suite, mtu, workload), by subject.
@@ -198,9 +201,7 @@ pub fn recommendations(r: &Results) -> Vec<Recommendation> {
     let mut out = vec![];
     for ((suite, mtu, workload), cs) in group_by_workload(&all) {
         let (Some(mtu), true) = (mtu, suite == "micro") else { continue };
-        let entries = |m: Metric| -> Vec<(String, Summary)> {
-            cs.iter().filter_map(|c| c.summary(m).map(|s| (c.key.subject.clone(), s))).collect()
-        };
+        let entries = |m: Metric| -> Vec<(String, Vec<f64>)> { cs.iter().map(|c| (c.key.subject.clone(), c.values(m))).collect() };
         let tm = throughput_metric(cs[0]);
         let throughput = decide(tm, &entries(tm));
         let vs_local = throughput.as_ref().and_then(|d| {
@@ -220,12 +221,42 @@ pub fn recommendations(r: &Results) -> Vec<Recommendation> {
     out
 }
 
+/// The answer first: per scenario and workload, what to pick for speed and
+/// for CPU, and by how much. Rows: [scenario, workload, pick for speed,
+/// margin, pick for CPU per op, margin].
+pub fn answer_rows(recs: &[Recommendation]) -> Vec<[String; 6]> {
+    let cell = |d: &Option<Decision>| match d {
+        Some(d) => (d.pick(), d.margin.clone().unwrap_or_default()),
+        None => ("-".into(), String::new()),
+    };
+    recs.iter()
+        .map(|rec| {
+            let (sp, sm) = cell(&rec.throughput);
+            let (cp, cm) = cell(&rec.cpu);
+            [format!("MTU {}", rec.mtu), rec.workload.clone(), sp, sm, cp, cm]
+        })
+        .collect()
+}
+
 pub fn print_recommendations(r: &Results) {
     let recs = recommendations(r);
     if recs.is_empty() {
         return;
     }
-    println!("\nRecommendation (winner only when outside the noise: Welch p<0.05 and mean±sd apart)");
+    println!("\nAnswer: what to pick, by how much (95% interval; a winner only when the whole interval is more than 5% ahead of every other subject)");
+    let rows = answer_rows(&recs);
+    let head = ["scenario", "workload", "fastest", "by", "least CPU/op", "by"];
+    let widths: Vec<usize> =
+        (0..6).map(|i| rows.iter().map(|r| r[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
+    let line = |cells: &[&str]| {
+        let s: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        println!("  {}", s.join("  ").trim_end());
+    };
+    line(&head);
+    for r in &rows {
+        line(&r.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    println!("\nRecommendation in detail (throughput, median latency, CPU per op)");
     for rec in recs {
         println!("  MTU {} {}:", rec.mtu, rec.workload);
         for (what, d) in [("throughput", &rec.throughput), ("latency", &rec.latency), ("CPU/op", &rec.cpu)] {
@@ -241,6 +272,12 @@ pub fn print_recommendations(r: &Results) {
 
 // ---------------------------------------------------------------- findings (STUDIES.md §1)
 
+/// Are two cases apart on `metric` by more than the practical threshold,
+/// with 95% confidence?
+fn clearly_apart(a: &Case, b: &Case, metric: Metric) -> bool {
+    ratio_of_means(&a.values(metric), &b.values(metric)).is_some_and(|ci| ci.apart())
+}
+
 /// Geometric mean of `a/b` ratios of `metric` over the micro workloads both
 /// subjects ran at `mtu`, with how many were significantly apart.
 fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, mtu: u32, a: &str, b: &str, metric: Metric, only: Option<&str>) -> Option<(f64, usize, usize)> {
@@ -255,9 +292,7 @@ fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, mtu: u32, a: &str, b: &st
         let (Some(sa), Some(sb)) = (c.summary(metric), cb.summary(metric)) else { continue };
         if sa.mean > 0.0 && sb.mean > 0.0 {
             logs.push((sa.mean / sb.mean).ln());
-            if matches!(verdict(&sa, &sb), Verdict::Significant { .. }) {
-                significant += 1;
-            }
+            significant += clearly_apart(c, cb, metric) as usize;
         }
     }
     if logs.is_empty() {
@@ -339,7 +374,7 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                     let (Some(sa), Some(sb)) = (a.summary(metric), b.summary(metric)) else { continue };
                     if sa.mean > 0.0 && sb.mean > 0.0 {
                         logs.push((sa.mean / sb.mean).ln());
-                        sig += matches!(verdict(&sa, &sb), Verdict::Significant { .. }) as usize;
+                        sig += clearly_apart(a, b, metric) as usize;
                     }
                 }
                 if logs.is_empty() {
@@ -432,6 +467,22 @@ pub fn html(r: &Results) -> String {
     if let Some(a) = &r.aborted {
         let _ = write!(h, "<p class=\"warn\">This run did not finish ({}); the report shows what was measured before.</p>", esc(a));
     }
+    // The answer first.
+    let recs = recommendations(r);
+    if !recs.is_empty() {
+        h.push_str("<h2 id=\"answer\">Answer: what to pick, and by how much</h2>");
+        h.push_str("<p class=\"note\">Ratio of means with its 95% bootstrap interval. A subject is named only when the whole interval puts it more than 5% ahead of every other subject; otherwise the leaders are a tie.</p>");
+        h.push_str("<table><tr><th class=l>scenario</th><th class=l>workload</th><th class=l>fastest</th><th class=l>by</th><th class=l>least CPU per op</th><th class=l>by</th></tr>");
+        for row in answer_rows(&recs) {
+            h.push_str("<tr>");
+            for (i, c) in row.iter().enumerate() {
+                let class = if (i == 2 || i == 4) && !c.starts_with("tie") { "l win" } else { "l" };
+                let _ = write!(h, "<td class=\"{class}\">{}</td>", esc(c));
+            }
+            h.push_str("</tr>");
+        }
+        h.push_str("</table>");
+    }
     let p = &r.params;
     let _ = write!(
         h,
@@ -462,8 +513,7 @@ pub fn html(r: &Results) -> String {
 
     // Recommendation.
     h.push_str("<h2 id=\"recommendation\">Recommendation</h2>");
-    h.push_str("<p class=\"note\">Per workload, among the networked subjects: the best by mean wins only if it is apart from <em>every</em> other subject beyond the noise (Welch t-test p&lt;0.05 <em>and</em> mean±stddev intervals not overlapping). Latency is the median (p50); CPU is target + initiator CPU time per operation.</p>");
-    let recs = recommendations(r);
+    h.push_str("<p class=\"note\">Per workload, among the networked subjects: the best by mean wins only if the 95% bootstrap interval of its advantage over <em>every</em> other subject lies beyond 5%. Subjects were interleaved within each repetition (order rotated between repetitions), so all saw the same machine state. Latency is the median (p50); CPU is target + initiator CPU time per operation.</p>");
     if recs.is_empty() {
         h.push_str("<p>No micro-suite results to compare.</p>");
     }
@@ -668,7 +718,7 @@ pub fn html(r: &Results) -> String {
         h,
         "<h2>How this was measured</h2><ul class=\"note\">\
 <li><b>Backing:</b> {}. Every target (blockwire serve, tgtd, vblade) and the local fio baseline use this same tmpfs file, so the only difference between subjects is the protocol and the implementation, not the storage. (A private RAM disk for blockwire would skip the kernel's tmpfs read/write path that the peers pay, favouring blockwire.)</li>\
-<li><b>Topology:</b> two network namespaces joined by one veth pair per MTU; each target runs alone in the target namespace while measured (blockwire serve exports AoE, iSCSI and NVMe/TCP at once). The initiator is always <code>blockwire bench</code> in the client namespace. TSO/GSO/GRO are {} on the veths, so frames have real MTU sizes.</li>\
+<li><b>Topology:</b> two network namespaces joined by one veth pair per MTU; every target runs in the target namespace for the whole link (blockwire serve exports AoE, iSCSI and NVMe/TCP at once; tgt and vblade listen on their own port and shelf), and the subjects take turns: each workload runs every subject once per repetition, in an order rotated between repetitions, so slow drifts of the machine hit all subjects alike. The initiator is always <code>blockwire bench</code> in the client namespace. TSO/GSO/GRO are {} on the veths, so frames have real MTU sizes.</li>\
 <li><b>Cache:</b> blockwire's initiators have no page cache or write-back cache, so the studies' <em>cached</em> variants do not apply and are not run; every result here is uncached.</li>\
 <li><b>CPU:</b> target CPU = utime+stime delta of the target process (all threads) from /proc/PID/stat across the bench run (includes its connection setup); initiator CPU = user+system time the bench reports for itself; fio's from getrusage of the fio process and its jobs.</li>\
 <li><b>Wire:</b> bytes and frames = rx+tx deltas of the client-side veth counters over the bench run, Ethernet header included, no preamble/FCS; they include the login/discovery of each run. Header bytes per frame = (wire bytes − payload bytes) / frames, ACKs and requests included.</li>\
@@ -824,24 +874,25 @@ mod tests {
 
     #[test]
     fn decisions_respect_the_noise() {
-        let a = Summary::of(&[100.0, 101.0, 99.0]).unwrap();
-        let b = Summary::of(&[80.0, 81.0, 79.0]).unwrap();
-        let c = Summary::of(&[99.0, 102.0, 98.0]).unwrap();
-        let d = decide(Metric::Iops, &[("a".into(), a), ("b".into(), b)]).unwrap();
+        let e = |n: &str, v: &[f64]| (n.to_string(), v.to_vec());
+        let a = [100.0, 101.0, 99.0, 100.5, 99.5];
+        let b = [80.0, 81.0, 79.0, 80.5, 79.5];
+        let c = [99.0, 102.0, 98.0, 101.0, 100.0];
+        let d = decide(Metric::Iops, &[e("a", &a), e("b", &b)]).unwrap();
         assert_eq!(d.winner.as_deref(), Some("a"));
-        assert!(d.text.contains("25%"), "{}", d.text);
-        let d = decide(Metric::Iops, &[("a".into(), a), ("b".into(), b), ("c".into(), c)]).unwrap();
+        assert!(d.text.starts_with("a: 25% more IOPS ("), "{}", d.text);
+        assert!(d.text.ends_with(" than b"), "{}", d.text);
+        let d = decide(Metric::Iops, &[e("a", &a), e("b", &b), e("c", &c)]).unwrap();
         assert_eq!(d.winner, None, "a and c are within the noise: {}", d.text);
-        assert!(d.text.contains("no clear winner"));
-        // Lower is better for latency.
-        let d = decide(Metric::LatP50Us, &[("a".into(), a), ("b".into(), b)]).unwrap();
+        assert!(d.text.starts_with("within the noise: a vs c: 0% more IOPS ("), "{}", d.text);
+        // Lower is better for latency: b wins, told as a saving.
+        let d = decide(Metric::LatP50Us, &[e("a", &a), e("b", &b)]).unwrap();
         assert_eq!(d.winner.as_deref(), Some("b"));
+        assert!(d.text.starts_with("b: 20% less median latency ("), "{}", d.text);
         // Single runs: never a winner.
-        let one = Summary::of(&[10.0]).unwrap();
-        let two = Summary::of(&[5.0]).unwrap();
-        let d = decide(Metric::Iops, &[("x".into(), one), ("y".into(), two)]).unwrap();
+        let d = decide(Metric::Iops, &[e("x", &[10.0]), e("y", &[5.0])]).unwrap();
         assert_eq!(d.winner, None);
-        assert!(d.text.contains("no winner claimed"));
+        assert!(d.text.contains("no winner claimed"), "{}", d.text);
     }
 
     #[test]

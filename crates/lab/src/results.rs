@@ -136,6 +136,9 @@ pub struct Params {
     pub mtus: Vec<u32>,
     pub suites: Vec<String>,
     pub repeat: u32,
+    /// Repetitions of each sweep point (0 in older results: same as `repeat`).
+    #[serde(default)]
+    pub sweep_repeat: u32,
     pub size_bytes: u64,
     pub runtime_s: u32,
     pub sweep_runtime_s: u32,
@@ -151,6 +154,13 @@ pub struct Params {
     pub idle_threshold: f64,
     /// Offloads switched off on the veths so frames have real MTU sizes.
     pub veth_offloads_off: bool,
+}
+
+impl Params {
+    /// Repetitions of each sweep point.
+    pub fn sweep_repeats(&self) -> u32 {
+        if self.sweep_repeat == 0 { self.repeat } else { self.sweep_repeat }
+    }
 }
 
 /// A subject the lab tried to measure: who serves and who initiates.
