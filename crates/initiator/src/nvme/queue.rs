@@ -9,6 +9,7 @@ use bw_nvme::command::{sgl, Cqe, Sgl, Sqe};
 use bw_nvme::pdu::{self, DataPdu, Digests, IcReq, Pdu};
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -362,6 +363,17 @@ const MAX_PLEN: u32 = (8 << 20) + 256;
 /// to the caller's buffer instead).
 const READ_CHUNK: u64 = 64 * 1024;
 
+/// Most bytes a payload read waits for before the socket wakes us.
+const RCVLOWAT_MAX: usize = 256 * 1024;
+
+fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
+    let v = n as libc::c_int;
+    // SAFETY: a valid fd and a c_int option value of the right size.
+    unsafe {
+        libc::setsockopt(rd.as_ref().as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t);
+    }
+}
+
 /// Is there a read buffer waiting for this C2HData payload, at this offset?
 fn wants_direct(sh: &Shared, v: &pdu::DataHeaderView) -> bool {
     let m = sh.inflight.lock().unwrap_or_else(|p| p.into_inner());
@@ -385,6 +397,7 @@ async fn recv_direct(rd: &mut OwnedReadHalf, buf: &mut BytesMut, sh: &Shared, v:
     }
     buf.advance(got);
     let mut scratch = Vec::new();
+    let mut lowat = 1;
     while got < total {
         rd.readable().await.map_err(|e| format!("receive failed: {e}"))?;
         let r = {
@@ -402,9 +415,18 @@ async fn recv_direct(rd: &mut OwnedReadHalf, buf: &mut BytesMut, sh: &Shared, v:
         match r {
             Ok(0) => return Err("target closed the connection".into()),
             Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let want = (total - got).min(RCVLOWAT_MAX);
+                if want != lowat {
+                    set_rcvlowat(rd, want);
+                    lowat = want;
+                }
+            }
             Err(e) => return Err(format!("receive failed: {e}")),
         }
+    }
+    if lowat != 1 {
+        set_rcvlowat(rd, 1);
     }
     if let Some(f) = sh.inflight.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&cid) {
         f.received += total;
