@@ -134,7 +134,8 @@ pub fn describe_advantage(higher_is_better: bool, noun: &str, ci: RatioCi) -> St
     }
     // Percent: gain for higher-is-better, saving for lower-is-better.
     let pct = |f: f64| if higher_is_better { (f - 1.0) * 100.0 } else { (1.0 - 1.0 / f) * 100.0 };
-    let (p, lo, hi) = (pct(ci.ratio), pct(ci.lo), pct(ci.hi));
+    // Rounded first, so that a bound of -0.3% reads "0%", not "-0%".
+    let (p, lo, hi) = (pct(ci.ratio).round() + 0.0, pct(ci.lo).round() + 0.0, pct(ci.hi).round() + 0.0);
     if lo < 0.0 {
         format!("{p:.0}% {more} {noun} ({lo:.0}% to {hi:.0}%)")
     } else {
@@ -223,6 +224,8 @@ mod tests {
         assert_eq!(describe_advantage(false, "CPU per op", ci), "6.3x less CPU per op (5.1-7.9x)");
         let ci = RatioCi { ratio: 1.02, lo: 0.97, hi: 1.08 };
         assert_eq!(describe_advantage(true, "MiB/s", ci), "2% more MiB/s (-3% to 8%)");
+        let ci = RatioCi { ratio: 1.1, lo: 0.997, hi: 1.2 };
+        assert_eq!(describe_advantage(true, "IOPS", ci), "10% more IOPS (0-20%)");
     }
 
     proptest! {
