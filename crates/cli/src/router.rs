@@ -47,7 +47,7 @@ pub fn run(a: RouterArgs) -> anyhow::Result<()> {
         stop2.store(true, Ordering::Relaxed);
     });
     let ports: Vec<String> = spec.ports.iter().map(|(n, i)| format!("{n}={i}")).collect();
-    log::info!("router {}: ports {}; blockwire: ready", a.name, ports.join(" "));
+    log::info!("router {}: ports {}", a.name, ports.join(" "));
     let st = bw_router::run(&spec, stop).with_context(|| format!("router {}", a.name))?;
     log::info!("router {}: {}", a.name, st.line());
     Ok(())

@@ -18,6 +18,7 @@ pub mod machine;
 pub mod plan;
 pub mod report;
 pub mod results;
+pub mod route;
 pub mod runner;
 pub mod stats;
 pub mod svg;
