@@ -389,3 +389,365 @@ impl Drop for RouteNet {
         let _ = std::fs::remove_dir_all(&self.logdir);
     }
 }
+
+// ---------------------------------------------------------------------
+// The `route` suite: the same workloads over each path, router CPU, and
+// header bytes per frame from captures.
+
+/// What `blockwire lab --suite route` runs.
+#[derive(Debug, Clone)]
+pub struct SuitePlan {
+    pub paths: Vec<PathKind>,
+    pub protocols: Vec<String>,
+    pub mtu: u32,
+    /// Seconds per bench run.
+    pub runtime: f64,
+    /// Bytes written then read back by the copy case (and the volume size floor).
+    pub copy_bytes: u64,
+    /// Rounds; paths are interleaved within each round (machine speed drifts).
+    pub rounds: u32,
+}
+
+impl SuitePlan {
+    pub fn new(quick: bool) -> SuitePlan {
+        SuitePlan {
+            paths: vec![PathKind::Direct, PathKind::Mpls, PathKind::Vxlan],
+            protocols: vec!["aoe".into(), "iscsi".into(), "nvme".into()],
+            mtu: 9000,
+            runtime: if quick { 2.0 } else { 5.0 },
+            copy_bytes: if quick { 128 << 20 } else { 1 << 30 },
+            rounds: if quick { 1 } else { 3 },
+        }
+    }
+}
+
+/// One measured case.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RouteSample {
+    pub round: u32,
+    pub path: String,
+    pub protocol: String,
+    pub workload: String,
+    /// Bytes per second (copy: bytes written plus read over both phases).
+    pub bw_bytes: f64,
+    pub iops: f64,
+    pub mean_lat_us: f64,
+    /// CPU of each router during the run, as a fraction of one core.
+    pub router_cpu: Vec<(String, f64)>,
+    /// Frames (both directions) through the middle of the path per MiB of
+    /// data moved: a count, unlike the speeds robust to a busy machine.
+    pub frames_per_mib: f64,
+}
+
+/// Header bytes per full data frame, from a capture in the middle of a path.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Overhead {
+    pub path: String,
+    pub protocol: String,
+    /// Most common (frame length - data payload) over the data frames.
+    pub bytes_per_frame: u32,
+    pub frames: usize,
+}
+
+/// A `blockwire serve` in the target namespace, stopped on drop.
+struct TargetProc(Option<Child>);
+
+impl Drop for TargetProc {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            terminate(c);
+        }
+    }
+}
+
+fn start_target(net: &RouteNet, exe: &Path, size: u64, log: &Path) -> anyhow::Result<TargetProc> {
+    let logf = std::fs::File::create(log)?;
+    let child = Command::new("ip")
+        .args(["netns", "exec", &net.target_ns])
+        .arg(exe)
+        .args(["serve", "--volume", &format!("d=ram:{size}"), "--aoe", &format!("{CUSTOMER_IF},volume=d,shelf=1,slot=0")])
+        .args(["--iscsi", &format!("{TARGET_IP}:3260"), "--nvme", &format!("{TARGET_IP}:4420")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(logf)
+        .spawn()?;
+    let mut t = TargetProc(Some(child));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if std::fs::read_to_string(log).unwrap_or_default().contains("blockwire: ready") {
+            return Ok(t);
+        }
+        if let Some(st) = t.0.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            t.0 = None;
+            bail!("serve exited with {st}: {}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "serve not ready after 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn client(net: &RouteNet, exe: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let mut v = vec!["ip", "netns", "exec", &net.client_ns];
+    let exe_s = exe.to_str().context("exe path is not UTF-8")?;
+    v.push(exe_s);
+    v.extend_from_slice(args);
+    run(&v)
+}
+
+/// URL of protocol `p` on the path (names found by discovery).
+fn url_for(net: &RouteNet, exe: &Path, p: &str) -> anyhow::Result<String> {
+    Ok(match p {
+        "aoe" => format!("aoe://{CUSTOMER_IF}/1.0"),
+        "iscsi" => {
+            let out = client(net, exe, &["iscsi", "discover", TARGET_IP])?;
+            let iqn = out.split_whitespace().find(|w| w.starts_with("iqn.")).context("no IQN discovered")?;
+            format!("iscsi://{TARGET_IP}/{iqn}/0")
+        }
+        "nvme" => {
+            let out = client(net, exe, &["nvme", "discover", TARGET_IP])?;
+            // Lines are "nvme+tcp://ADDR:PORT/SUBNQN (subtype ...)".
+            let url = out
+                .split_whitespace()
+                .find(|w| w.starts_with("nvme+tcp://") && !w.contains("discovery"))
+                .with_context(|| format!("no NVM subsystem discovered: {out}"))?;
+            format!("{url}/1")
+        }
+        _ => bail!("unknown protocol {p:?}"),
+    })
+}
+
+/// The suite's workloads: (name, bench arguments); "copy" is special.
+const WORKLOADS: [(&str, &[&str]); 3] = [
+    ("seqread-1m-qd8", &["--rw", "read", "--bs", "1M", "--iodepth", "8"]),
+    ("randread-4k-qd32", &["--rw", "randread", "--bs", "4k", "--iodepth", "32"]),
+    ("copy", &[]),
+];
+
+fn cpu_fractions(before: &[(String, f64)], after: &[(String, f64)], wall: f64) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .map(|(n, a)| {
+            let b = before.iter().find(|(m, _)| m == n).map(|x| x.1).unwrap_or(0.0);
+            (n.clone(), (a - b) / wall.max(1e-6))
+        })
+        .collect()
+}
+
+/// Packets received plus sent on the path's middle interface so far.
+fn middle_packets(net: &RouteNet) -> u64 {
+    let (ns, ifname) = &net.capture_point;
+    let Ok(out) = run(&["ip", "-n", ns, "-s", "-j", "link", "show", "dev", ifname]) else { return 0 };
+    let Ok(j) = serde_json::from_str::<serde_json::Value>(&out) else { return 0 };
+    let st = &j[0]["stats64"];
+    st["rx"]["packets"].as_u64().unwrap_or(0) + st["tx"]["packets"].as_u64().unwrap_or(0)
+}
+
+/// (bytes per second, IOPS, mean latency in µs, wall seconds, bytes moved)
+fn one_case(net: &RouteNet, exe: &Path, url: &str, w: &str, args: &[&str], plan: &SuitePlan) -> anyhow::Result<(f64, f64, f64, f64, f64)> {
+    if w == "copy" {
+        let size = plan.copy_bytes.to_string();
+        let out = client(net, exe, &["verify", url, "--size", &size, "--seed", "5"])?;
+        // "... OK (write W s, read R s)"
+        let num = |key: &str| -> Option<f64> { out.split(key).nth(1)?.split_whitespace().next()?.parse().ok() };
+        let (ws, rs) = (num("write ").context("verify output")?, num("read ").context("verify output")?);
+        let wall = ws + rs;
+        return Ok((2.0 * plan.copy_bytes as f64 / wall, 0.0, 0.0, wall, 2.0 * plan.copy_bytes as f64));
+    }
+    let rt = plan.runtime.to_string();
+    let mut v = vec!["bench", url];
+    v.extend_from_slice(args);
+    v.extend_from_slice(&["--runtime", &rt, "--ramp-ios", "64", "--json"]);
+    let t = Instant::now();
+    let out = client(net, exe, &v)?;
+    let wall = t.elapsed().as_secs_f64();
+    let j: serde_json::Value = serde_json::from_str(out.trim()).with_context(|| format!("bench JSON: {out}"))?;
+    let f = |k: &str| j[k].as_f64().unwrap_or(0.0);
+    Ok((f("bw_bytes"), f("iops"), j["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1000.0, wall, f("bytes")))
+}
+
+/// Capture a short read of protocol `p` in the middle of the path and
+/// return the most common header bytes per data frame.
+fn measure_overhead(net: &RouteNet, exe: &Path, url: &str, p: &str, dir: &Path) -> anyhow::Result<Overhead> {
+    let pcap = dir.join(format!("{}-{p}.pcap", net.kind.name()));
+    let (ns, ifname) = &net.capture_point;
+    let mut tshark = Command::new("ip")
+        .args(["netns", "exec", ns, "tshark", "-q", "-c", "400", "-i", ifname, "-w"])
+        .arg(&pcap)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = client(net, exe, &["bench", url, "--rw", "read", "--bs", "1M", "--iodepth", "4", "--ios", "64"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tshark.try_wait()?.is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(tshark.id() as i32, libc::SIGINT) };
+    let _ = tshark.wait();
+    let pcap_s = pcap.to_str().context("pcap path")?;
+    let mut args = vec!["tshark".to_string(), "-r".into(), pcap_s.into()];
+    args.extend(tshark_decode_args());
+    let (filter, fields) = if p == "aoe" {
+        ("aoe.response==1 && aoe.sector_count>0 && aoe.aflags.w==0", ["-e", "frame.len", "-e", "aoe.sector_count"])
+    } else {
+        ("tcp.len>1000", ["-e", "frame.len", "-e", "tcp.len"])
+    };
+    args.extend(["-Y".into(), filter.into(), "-T".into(), "fields".into()]);
+    args.extend(fields.iter().map(|s| s.to_string()));
+    let argv: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let out = run(&argv)?;
+    let mut counts: std::collections::BTreeMap<u32, usize> = Default::default();
+    for l in out.lines() {
+        let v: Vec<u32> = l.split_whitespace().filter_map(|x| x.split(',').last()?.parse().ok()).collect();
+        if v.len() == 2 {
+            let payload = if p == "aoe" { v[1] * 512 } else { v[1] };
+            *counts.entry(v[0].saturating_sub(payload)).or_default() += 1;
+        }
+    }
+    let frames = counts.values().sum();
+    let (&bytes_per_frame, _) = counts.iter().max_by_key(|(_, n)| **n).context("no data frames in the capture")?;
+    Ok(Overhead { path: net.kind.name().into(), protocol: p.into(), bytes_per_frame, frames })
+}
+
+/// tshark options that decode the pseudowire (Ethernet with control word)
+/// under every route label of the chain.
+pub fn tshark_decode_args() -> Vec<String> {
+    EAST_LABELS.iter().chain(WEST_LABELS.iter()).flat_map(|l| ["-d".to_string(), format!("mpls.label=={l},pwethcw")]).collect()
+}
+
+/// Run the suite, print a table, write `out/route.json`.
+pub fn run_suite(plan: &SuitePlan, exe: &Path, out: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    let size = plan.copy_bytes.max(256 << 20);
+    let mut samples = vec![];
+    let mut overheads = vec![];
+    let tag = format!("{}", std::process::id() % 100_000);
+    for round in 0..plan.rounds {
+        for kind in &plan.paths {
+            let net = RouteNet::build(*kind, &tag, plan.mtu, exe)?;
+            let _target = start_target(&net, exe, size, &out.join(format!("serve-{}.log", kind.name())))?;
+            for p in &plan.protocols {
+                let url = url_for(&net, exe, p)?;
+                if round == 0 {
+                    match measure_overhead(&net, exe, &url, p, out) {
+                        Ok(o) => overheads.push(o),
+                        Err(e) => log::warn!("overhead of {p} over {}: {e:#}", kind.name()),
+                    }
+                }
+                for (w, args) in WORKLOADS {
+                    let before = net.router_cpu();
+                    let pk = middle_packets(&net);
+                    let (bw, iops, lat, wall, moved) = one_case(&net, exe, &url, w, args, plan)?;
+                    let frames_per_mib = (middle_packets(&net) - pk) as f64 / (moved / (1 << 20) as f64).max(1e-9);
+                    let router_cpu = cpu_fractions(&before, &net.router_cpu(), wall);
+                    let cpu: Vec<String> = router_cpu.iter().map(|(n, c)| format!("{n} {:.0}%", c * 100.0)).collect();
+                    eprintln!(
+                        "route: round {round} {:6} {:5} {:18} {:8.1} MB/s {:8.0} IOPS {:7.0} us {:6.0} frames/MiB  {}",
+                        kind.name(),
+                        p,
+                        w,
+                        bw / 1e6,
+                        iops,
+                        lat,
+                        frames_per_mib,
+                        cpu.join(" ")
+                    );
+                    samples.push(RouteSample {
+                        round,
+                        path: kind.name().into(),
+                        protocol: p.clone(),
+                        workload: w.into(),
+                        bw_bytes: bw,
+                        iops,
+                        mean_lat_us: lat,
+                        router_cpu,
+                        frames_per_mib,
+                    });
+                }
+            }
+        }
+    }
+    let summary = summarize(&samples);
+    for line in &summary {
+        println!("{line}");
+    }
+    for o in &overheads {
+        println!("header bytes per data frame: {:6} {:5} {} B ({} frames)", o.path, o.protocol, o.bytes_per_frame, o.frames);
+    }
+    let json = serde_json::json!({ "plan": format!("{plan:?}"), "samples": samples, "overheads": overheads, "summary": summary });
+    std::fs::write(out.join("route.json"), serde_json::to_string_pretty(&json)?)?;
+    println!("route: results in {}", out.join("route.json").display());
+    Ok(())
+}
+
+/// Median per (path, protocol, workload), and each path's cost against
+/// direct (median over rounds of the per-round ratio).
+pub fn summarize(samples: &[RouteSample]) -> Vec<String> {
+    let median = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        if v.is_empty() {
+            0.0
+        } else {
+            v[v.len() / 2]
+        }
+    };
+    let mut keys: Vec<(String, String)> = vec![];
+    for s in samples {
+        let k = (s.protocol.clone(), s.workload.clone());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let mut lines = vec![];
+    for (p, w) in keys {
+        let bw = |path: &str, round: u32| {
+            samples.iter().find(|s| s.path == path && s.protocol == p && s.workload == w && s.round == round).map(|s| s.bw_bytes)
+        };
+        let rounds: Vec<u32> = samples.iter().map(|s| s.round).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let mut parts = vec![];
+        for path in ["direct", "mpls", "vxlan"] {
+            let v: Vec<f64> = rounds.iter().filter_map(|r| bw(path, *r)).collect();
+            if v.is_empty() {
+                continue;
+            }
+            let mut s = format!("{path} {:.1} MB/s", median(v) / 1e6);
+            if path != "direct" {
+                let ratios: Vec<f64> = rounds.iter().filter_map(|r| Some(bw(path, *r)? / bw("direct", *r)?)).collect();
+                if !ratios.is_empty() {
+                    s.push_str(&format!(" ({:+.1}% vs direct)", (median(ratios) - 1.0) * 100.0));
+                }
+            }
+            parts.push(s);
+        }
+        lines.push(format!("{p:5} {w:18} {}", parts.join(", ")));
+    }
+    lines
+}
+
+/// `blockwire lab --suite route [--path ...] [--protocols ...] [--quick]`.
+pub fn run_cli(args: &crate::LabArgs) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    anyhow::ensure!(unsafe { libc::geteuid() } == 0, "the route suite creates network namespaces: run it as root");
+    let mut plan = SuitePlan::new(args.quick);
+    if let Some(p) = &args.path {
+        plan.paths = p.split(',').filter(|x| !x.is_empty()).map(PathKind::parse).collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(p) = &args.protocols {
+        plan.protocols = p.split(',').filter(|x| !x.is_empty()).map(String::from).collect();
+    }
+    if let Some(m) = &args.mtu {
+        plan.mtu = m.split(',').next().unwrap_or("9000").parse().context("--mtu")?;
+    }
+    if let Some(r) = args.repeat {
+        plan.rounds = r.max(1);
+    }
+    if let Some(r) = args.runtime {
+        plan.runtime = r as f64;
+    }
+    if let Some(s) = &args.size {
+        plan.copy_bytes = crate::plan::parse_size(s)?;
+    }
+    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("lab-route"));
+    run_suite(&plan, &std::env::current_exe()?, &out)
+}
