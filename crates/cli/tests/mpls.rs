@@ -89,10 +89,11 @@ fn aoe_and_iscsi_cross_five_routers() {
     // Westbound: ler2 pushed 201, lsr3 and lsr2 swapped: 203 at 253.
     assert!(pairs.contains(&(203, 253, 1000, 255)), "westbound labels: {pairs:?}");
     assert!(pairs.iter().all(|p| [(102, 254, 1000, 255), (203, 253, 1000, 255)].contains(p)), "{pairs:?}");
-    // The pseudowire's AoE decodes cleanly (pwethcw: Ethernet with control word).
-    let aoe = sh(&format!("tshark -r {pcap_s} -d mpls.label==102,pwethcw -d mpls.label==203,pwethcw -Y aoe -T fields -e aoe.cmd"));
+    // The pseudowire's AoE decodes cleanly. Decode-as keys on the bottom
+    // (customer) label: pwethcw = Ethernet pseudowire with control word.
+    let aoe = sh(&format!("tshark -r {pcap_s} -d mpls.label==1000,pwethcw -Y aoe -T fields -e aoe.cmd"));
     assert!(aoe.lines().count() >= 100, "AoE inside the labels: {aoe:?}");
-    let bad = sh(&format!("tshark -r {pcap_s} -d mpls.label==102,pwethcw -d mpls.label==203,pwethcw -Y _ws.malformed"));
+    let bad = sh(&format!("tshark -r {pcap_s} -d mpls.label==1000,pwethcw -Y _ws.malformed"));
     assert!(bad.trim().is_empty(), "malformed frames: {bad}");
 
     let found = blockwire_ok(Some(&net.client_ns), &["iscsi", "discover", TARGET_IP]);

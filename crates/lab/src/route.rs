@@ -437,6 +437,9 @@ pub struct RouteSample {
     /// Frames (both directions) through the middle of the path per MiB of
     /// data moved: a count, unlike the speeds robust to a busy machine.
     pub frames_per_mib: f64,
+    /// Router CPU per frame crossing the middle of the path, averaged over
+    /// the routers, in µs (MPLS only): the cost of one hop of this datapath.
+    pub router_us_per_frame: Option<f64>,
 }
 
 /// Header bytes per full data frame, from a capture in the middle of a path.
@@ -610,10 +613,11 @@ fn measure_overhead(net: &RouteNet, exe: &Path, url: &str, p: &str, dir: &Path) 
     Ok(Overhead { path: net.kind.name().into(), protocol: p.into(), bytes_per_frame, frames })
 }
 
-/// tshark options that decode the pseudowire (Ethernet with control word)
-/// under every route label of the chain.
+/// tshark options that decode the pseudowire (Ethernet with control word).
+/// Wireshark's decode-as keys on the bottom label, the customer's. (Its
+/// default heuristic also finds it: a first nibble of 0 after the stack.)
 pub fn tshark_decode_args() -> Vec<String> {
-    EAST_LABELS.iter().chain(WEST_LABELS.iter()).flat_map(|l| ["-d".to_string(), format!("mpls.label=={l},pwethcw")]).collect()
+    vec!["-d".into(), format!("mpls.label=={CUSTOMER_LABEL},pwethcw")]
 }
 
 /// Run the suite, print a table, write `out/route.json`.
@@ -639,11 +643,14 @@ pub fn run_suite(plan: &SuitePlan, exe: &Path, out: &Path) -> anyhow::Result<()>
                     let before = net.router_cpu();
                     let pk = middle_packets(&net);
                     let (bw, iops, lat, wall, moved) = one_case(&net, exe, &url, w, args, plan)?;
-                    let frames_per_mib = (middle_packets(&net) - pk) as f64 / (moved / (1 << 20) as f64).max(1e-9);
+                    let frames = middle_packets(&net).saturating_sub(pk);
+                    let frames_per_mib = frames as f64 / (moved / (1 << 20) as f64).max(1e-9);
                     let router_cpu = cpu_fractions(&before, &net.router_cpu(), wall);
+                    let router_us_per_frame = (!router_cpu.is_empty() && frames > 0)
+                        .then(|| router_cpu.iter().map(|(_, c)| c * wall).sum::<f64>() / router_cpu.len() as f64 / frames as f64 * 1e6);
                     let cpu: Vec<String> = router_cpu.iter().map(|(n, c)| format!("{n} {:.0}%", c * 100.0)).collect();
                     eprintln!(
-                        "route: round {round} {:6} {:5} {:18} {:8.1} MB/s {:8.0} IOPS {:7.0} us {:6.0} frames/MiB  {}",
+                        "route: round {round} {:6} {:5} {:18} {:8.1} MB/s {:8.0} IOPS {:7.0} us {:6.0} frames/MiB  {}{}",
                         kind.name(),
                         p,
                         w,
@@ -651,7 +658,8 @@ pub fn run_suite(plan: &SuitePlan, exe: &Path, out: &Path) -> anyhow::Result<()>
                         iops,
                         lat,
                         frames_per_mib,
-                        cpu.join(" ")
+                        cpu.join(" "),
+                        router_us_per_frame.map(|u| format!("  ({u:.1} us CPU/frame/router)")).unwrap_or_default()
                     );
                     samples.push(RouteSample {
                         round,
@@ -663,6 +671,7 @@ pub fn run_suite(plan: &SuitePlan, exe: &Path, out: &Path) -> anyhow::Result<()>
                         mean_lat_us: lat,
                         router_cpu,
                         frames_per_mib,
+                        router_us_per_frame,
                     });
                 }
             }
