@@ -16,7 +16,10 @@ pub struct RouterArgs {
     /// Edge: carry every frame from port CUSTOMER to the core as an Ethernet pseudowire,
     /// pushing labels ROUTE (top) and LABEL (bottom, the customer) and sending to next hop MAC;
     /// frames popped with LABEL below a --pop label go back out on CUSTOMER. Repeatable.
-    #[arg(long = "pseudowire", value_name = "customer=PORT,core=PORT,route=N,label=N,via=MAC")]
+    #[arg(
+        long = "pseudowire",
+        value_name = "customer=PORT,core=PORT,route=N,label=N,via=MAC"
+    )]
     pseudowires: Vec<String>,
     /// Switch: swap incoming top label IN for OUT, decrement its TTL, send on PORT to MAC. Repeatable.
     #[arg(long = "swap", value_name = "in=N,out=N,port=PORT,via=MAC")]
@@ -27,7 +30,9 @@ pub struct RouterArgs {
 }
 
 pub fn run(a: RouterArgs) -> anyhow::Result<()> {
-    let spec = bw_router::parse(&a.ports, &a.pseudowires, &a.swaps, &a.pops, |i| bw_net::interface_info(i).map(|x| x.mac))?;
+    let spec = bw_router::parse(&a.ports, &a.pseudowires, &a.swaps, &a.pops, |i| {
+        bw_net::interface_info(i).map(|x| x.mac)
+    })?;
     // Block SIGINT/SIGTERM in every thread; this one waits for them.
     // SAFETY: sigset operations on a local set; pthread_sigmask on this thread.
     let set = unsafe {

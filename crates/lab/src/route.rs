@@ -109,9 +109,16 @@ pub struct RouteNet {
 }
 
 fn run(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(args[0]).args(&args[1..]).output().with_context(|| format!("cannot run {}", args[0]))?;
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("cannot run {}", args[0]))?;
     if !out.status.success() {
-        bail!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -151,11 +158,40 @@ impl RouteNet {
             }
             PathKind::Vxlan => {
                 veth(&c, "under0", &t, "under0", mtu + VXLAN_EXTRA)?;
-                for (ns, me, peer) in [(&c, "198.19.0.2", "198.19.0.1"), (&t, "198.19.0.1", "198.19.0.2")] {
-                    in_ns(ns, &["ip", "addr", "add", &format!("{me}/30"), "dev", "under0"])?;
+                for (ns, me, peer) in [
+                    (&c, "198.19.0.2", "198.19.0.1"),
+                    (&t, "198.19.0.1", "198.19.0.2"),
+                ] {
+                    in_ns(
+                        ns,
+                        &["ip", "addr", "add", &format!("{me}/30"), "dev", "under0"],
+                    )?;
                     in_ns(ns, &["ip", "link", "set", "under0", "up"])?;
-                    in_ns(ns, &["ip", "link", "add", CUSTOMER_IF, "type", "vxlan", "id", "42", "local", me, "remote", peer, "dstport", "4789", "dev", "under0"])?;
-                    in_ns(ns, &["ip", "link", "set", CUSTOMER_IF, "mtu", &mtu.to_string()])?;
+                    in_ns(
+                        ns,
+                        &[
+                            "ip",
+                            "link",
+                            "add",
+                            CUSTOMER_IF,
+                            "type",
+                            "vxlan",
+                            "id",
+                            "42",
+                            "local",
+                            me,
+                            "remote",
+                            peer,
+                            "dstport",
+                            "4789",
+                            "dev",
+                            "under0",
+                        ],
+                    )?;
+                    in_ns(
+                        ns,
+                        &["ip", "link", "set", CUSTOMER_IF, "mtu", &mtu.to_string()],
+                    )?;
                     offloads_off(ns, "under0");
                 }
                 net.capture_point = (t.clone(), "under0".into());
@@ -181,7 +217,10 @@ impl RouteNet {
                 veth(&names[4], "cust", &t, CUSTOMER_IF, mtu)?;
                 for (r, n) in names.iter().enumerate() {
                     for (p, ifname) in ports(r).iter().enumerate() {
-                        in_ns(n, &["ip", "link", "set", ifname, "address", &router_mac(r, p)])?;
+                        in_ns(
+                            n,
+                            &["ip", "link", "set", ifname, "address", &router_mac(r, p)],
+                        )?;
                         offloads_off(n, ifname);
                     }
                 }
@@ -193,8 +232,14 @@ impl RouteNet {
             }
         }
         for (ns, ip) in [(&c, CLIENT_IP), (&t, TARGET_IP)] {
-            in_ns(ns, &["ip", "addr", "add", &format!("{ip}/24"), "dev", CUSTOMER_IF])?;
-            in_ns(ns, &["ip", "link", "set", CUSTOMER_IF, "mtu", &mtu.to_string()])?;
+            in_ns(
+                ns,
+                &["ip", "addr", "add", &format!("{ip}/24"), "dev", CUSTOMER_IF],
+            )?;
+            in_ns(
+                ns,
+                &["ip", "link", "set", CUSTOMER_IF, "mtu", &mtu.to_string()],
+            )?;
             offloads_off(ns, CUSTOMER_IF);
             in_ns(ns, &["ip", "link", "set", CUSTOMER_IF, "up"])?;
         }
@@ -208,20 +253,32 @@ impl RouteNet {
         in_ns(ns, &["ip", "link", "set", "lo", "up"])?;
         // No IPv6 chatter (router solicitations, DAD) on the paths.
         let _ = in_ns(ns, &["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
-        let _ = in_ns(ns, &["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
+        let _ = in_ns(
+            ns,
+            &["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"],
+        );
         Ok(())
     }
 
     fn start_router(&mut self, name: &str, ns: &str, args: Vec<String>) -> anyhow::Result<()> {
         let log = self.logdir.join(format!("{name}.log"));
-        let mut p = RouterProc { name: name.into(), ns: ns.into(), args, child: None, log };
+        let mut p = RouterProc {
+            name: name.into(),
+            ns: ns.into(),
+            args,
+            child: None,
+            log,
+        };
         self.spawn(&mut p)?;
         self.routers.push(p);
         Ok(())
     }
 
     fn spawn(&self, p: &mut RouterProc) -> anyhow::Result<()> {
-        let logf = std::fs::OpenOptions::new().create(true).append(true).open(&p.log)?;
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&p.log)?;
         let start_len = logf.metadata()?.len();
         let child = Command::new("ip")
             .args(["netns", "exec", &p.ns])
@@ -240,7 +297,11 @@ impl RouteNet {
             if let Ok(mut f) = std::fs::File::open(&p.log) {
                 let _ = f.read_to_string(&mut text);
             }
-            if text.get(start_len as usize..).unwrap_or("").contains("blockwire: ready") {
+            if text
+                .get(start_len as usize..)
+                .unwrap_or("")
+                .contains("blockwire: ready")
+            {
                 return Ok(());
             }
             if let Some(st) = p.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
@@ -256,17 +317,39 @@ impl RouteNet {
 
     /// Stop router `name` (SIGTERM, wait), returning its last log line (the counters).
     pub fn stop_router(&mut self, name: &str) -> anyhow::Result<String> {
-        let p = self.routers.iter_mut().find(|p| p.name == name).with_context(|| format!("no router {name}"))?;
+        let p = self
+            .routers
+            .iter_mut()
+            .find(|p| p.name == name)
+            .with_context(|| format!("no router {name}"))?;
         if let Some(c) = p.child.take() {
             terminate(c);
         }
-        Ok(p.log_text().lines().rev().find(|l| l.contains("received")).unwrap_or("").to_string())
+        Ok(p.log_text()
+            .lines()
+            .rev()
+            .find(|l| l.contains("received"))
+            .unwrap_or("")
+            .to_string())
     }
 
     /// Start router `name` again with the same arguments.
     pub fn start_router_again(&mut self, name: &str) -> anyhow::Result<()> {
-        let i = self.routers.iter().position(|p| p.name == name).with_context(|| format!("no router {name}"))?;
-        let mut p = std::mem::replace(&mut self.routers[i], RouterProc { name: String::new(), ns: String::new(), args: vec![], child: None, log: PathBuf::new() });
+        let i = self
+            .routers
+            .iter()
+            .position(|p| p.name == name)
+            .with_context(|| format!("no router {name}"))?;
+        let mut p = std::mem::replace(
+            &mut self.routers[i],
+            RouterProc {
+                name: String::new(),
+                ns: String::new(),
+                args: vec![],
+                child: None,
+                log: PathBuf::new(),
+            },
+        );
         let r = self.spawn(&mut p);
         self.routers[i] = p;
         r
@@ -274,7 +357,10 @@ impl RouteNet {
 
     /// CPU seconds (user + system) each router has used so far.
     pub fn router_cpu(&self) -> Vec<(String, f64)> {
-        self.routers.iter().filter_map(|p| Some((p.name.clone(), process_cpu_seconds(p.pid()?)?))).collect()
+        self.routers
+            .iter()
+            .filter_map(|p| Some((p.name.clone(), process_cpu_seconds(p.pid()?)?)))
+            .collect()
     }
 
     /// PIDs of every router process still running.
@@ -314,21 +400,39 @@ fn router_args(r: usize) -> Vec<String> {
         0 => {
             a.push(port("cust", "cust"));
             a.push(port("core", "core"));
-            a.push(format!("--pseudowire=customer=cust,core=core,route={},label={CUSTOMER_LABEL},via={}", EAST_LABELS[0], router_mac(1, 0)));
+            a.push(format!(
+                "--pseudowire=customer=cust,core=core,route={},label={CUSTOMER_LABEL},via={}",
+                EAST_LABELS[0],
+                router_mac(1, 0)
+            ));
             a.push(format!("--pop={}", WEST_LABELS[3]));
         }
         4 => {
             a.push(port("core", "core"));
             a.push(port("cust", "cust"));
-            a.push(format!("--pseudowire=customer=cust,core=core,route={},label={CUSTOMER_LABEL},via={}", WEST_LABELS[0], router_mac(3, 1)));
+            a.push(format!(
+                "--pseudowire=customer=cust,core=core,route={},label={CUSTOMER_LABEL},via={}",
+                WEST_LABELS[0],
+                router_mac(3, 1)
+            ));
             a.push(format!("--pop={}", EAST_LABELS[3]));
         }
         _ => {
             a.push(port("west", "west"));
             a.push(port("east", "east"));
             // Switch r swaps the label its west neighbour pushed or swapped.
-            a.push(format!("--swap=in={},out={},port=east,via={}", EAST_LABELS[r - 1], EAST_LABELS[r], router_mac(r + 1, 0)));
-            a.push(format!("--swap=in={},out={},port=west,via={}", WEST_LABELS[3 - r], WEST_LABELS[4 - r], router_mac(r - 1, 1)));
+            a.push(format!(
+                "--swap=in={},out={},port=east,via={}",
+                EAST_LABELS[r - 1],
+                EAST_LABELS[r],
+                router_mac(r + 1, 0)
+            ));
+            a.push(format!(
+                "--swap=in={},out={},port=west,via={}",
+                WEST_LABELS[3 - r],
+                WEST_LABELS[4 - r],
+                router_mac(r - 1, 1)
+            ));
         }
     }
     a
@@ -336,7 +440,10 @@ fn router_args(r: usize) -> Vec<String> {
 
 fn veth(ns_a: &str, if_a: &str, ns_b: &str, if_b: &str, mtu: u32) -> anyhow::Result<()> {
     let m = mtu.to_string();
-    run(&["ip", "link", "add", if_a, "netns", ns_a, "mtu", &m, "type", "veth", "peer", "name", if_b, "netns", ns_b, "mtu", &m])?;
+    run(&[
+        "ip", "link", "add", if_a, "netns", ns_a, "mtu", &m, "type", "veth", "peer", "name", if_b,
+        "netns", ns_b, "mtu", &m,
+    ])?;
     in_ns(ns_a, &["ip", "link", "set", if_a, "up"])?;
     in_ns(ns_b, &["ip", "link", "set", if_b, "up"])?;
     Ok(())
@@ -345,7 +452,12 @@ fn veth(ns_a: &str, if_a: &str, ns_b: &str, if_b: &str, mtu: u32) -> anyhow::Res
 /// Real MTU-sized frames with finished checksums (see the module comment).
 /// Best effort: a device without a feature refuses to change it.
 fn offloads_off(ns: &str, ifname: &str) {
-    if let Err(e) = in_ns(ns, &["ethtool", "-K", ifname, "tx", "off", "tso", "off", "gso", "off", "gro", "off"]) {
+    if let Err(e) = in_ns(
+        ns,
+        &[
+            "ethtool", "-K", ifname, "tx", "off", "tso", "off", "gso", "off", "gro", "off",
+        ],
+    ) {
         log::warn!("offloads on {ifname} in {ns}: {e}");
     }
 }
@@ -468,8 +580,19 @@ fn start_target(net: &RouteNet, exe: &Path, size: u64, log: &Path) -> anyhow::Re
     let child = Command::new("ip")
         .args(["netns", "exec", &net.target_ns])
         .arg(exe)
-        .args(["serve", "--volume", &format!("d=ram:{size}"), "--aoe", &format!("{CUSTOMER_IF},volume=d,shelf=1,slot=0")])
-        .args(["--iscsi", &format!("{TARGET_IP}:3260"), "--nvme", &format!("{TARGET_IP}:4420")])
+        .args([
+            "serve",
+            "--volume",
+            &format!("d=ram:{size}"),
+            "--aoe",
+            &format!("{CUSTOMER_IF},volume=d,shelf=1,slot=0"),
+        ])
+        .args([
+            "--iscsi",
+            &format!("{TARGET_IP}:3260"),
+            "--nvme",
+            &format!("{TARGET_IP}:4420"),
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(logf)
@@ -477,12 +600,18 @@ fn start_target(net: &RouteNet, exe: &Path, size: u64, log: &Path) -> anyhow::Re
     let mut t = TargetProc(Some(child));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if std::fs::read_to_string(log).unwrap_or_default().contains("blockwire: ready") {
+        if std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .contains("blockwire: ready")
+        {
             return Ok(t);
         }
         if let Some(st) = t.0.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
             t.0 = None;
-            bail!("serve exited with {st}: {}", std::fs::read_to_string(log).unwrap_or_default());
+            bail!(
+                "serve exited with {st}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
         }
         anyhow::ensure!(Instant::now() < deadline, "serve not ready after 30 s");
         std::thread::sleep(Duration::from_millis(50));
@@ -503,7 +632,10 @@ fn url_for(net: &RouteNet, exe: &Path, p: &str) -> anyhow::Result<String> {
         "aoe" => format!("aoe://{CUSTOMER_IF}/1.0"),
         "iscsi" => {
             let out = client(net, exe, &["iscsi", "discover", TARGET_IP])?;
-            let iqn = out.split_whitespace().find(|w| w.starts_with("iqn.")).context("no IQN discovered")?;
+            let iqn = out
+                .split_whitespace()
+                .find(|w| w.starts_with("iqn."))
+                .context("no IQN discovered")?;
             format!("iscsi://{TARGET_IP}/{iqn}/0")
         }
         "nvme" => {
@@ -521,16 +653,30 @@ fn url_for(net: &RouteNet, exe: &Path, p: &str) -> anyhow::Result<String> {
 
 /// The suite's workloads: (name, bench arguments); "copy" is special.
 const WORKLOADS: [(&str, &[&str]); 3] = [
-    ("seqread-1m-qd8", &["--rw", "read", "--bs", "1M", "--iodepth", "8"]),
-    ("randread-4k-qd32", &["--rw", "randread", "--bs", "4k", "--iodepth", "32"]),
+    (
+        "seqread-1m-qd8",
+        &["--rw", "read", "--bs", "1M", "--iodepth", "8"],
+    ),
+    (
+        "randread-4k-qd32",
+        &["--rw", "randread", "--bs", "4k", "--iodepth", "32"],
+    ),
     ("copy", &[]),
 ];
 
-fn cpu_fractions(before: &[(String, f64)], after: &[(String, f64)], wall: f64) -> Vec<(String, f64)> {
+fn cpu_fractions(
+    before: &[(String, f64)],
+    after: &[(String, f64)],
+    wall: f64,
+) -> Vec<(String, f64)> {
     after
         .iter()
         .map(|(n, a)| {
-            let b = before.iter().find(|(m, _)| m == n).map(|x| x.1).unwrap_or(0.0);
+            let b = before
+                .iter()
+                .find(|(m, _)| m == n)
+                .map(|x| x.1)
+                .unwrap_or(0.0);
             (n.clone(), (a - b) / wall.max(1e-6))
         })
         .collect()
@@ -539,22 +685,49 @@ fn cpu_fractions(before: &[(String, f64)], after: &[(String, f64)], wall: f64) -
 /// Packets received plus sent on the path's middle interface so far.
 fn middle_packets(net: &RouteNet) -> u64 {
     let (ns, ifname) = &net.capture_point;
-    let Ok(out) = run(&["ip", "-n", ns, "-s", "-j", "link", "show", "dev", ifname]) else { return 0 };
-    let Ok(j) = serde_json::from_str::<serde_json::Value>(&out) else { return 0 };
+    let Ok(out) = run(&["ip", "-n", ns, "-s", "-j", "link", "show", "dev", ifname]) else {
+        return 0;
+    };
+    let Ok(j) = serde_json::from_str::<serde_json::Value>(&out) else {
+        return 0;
+    };
     let st = &j[0]["stats64"];
     st["rx"]["packets"].as_u64().unwrap_or(0) + st["tx"]["packets"].as_u64().unwrap_or(0)
 }
 
 /// (bytes per second, IOPS, mean latency in µs, wall seconds, bytes moved)
-fn one_case(net: &RouteNet, exe: &Path, url: &str, w: &str, args: &[&str], plan: &SuitePlan) -> anyhow::Result<(f64, f64, f64, f64, f64)> {
+fn one_case(
+    net: &RouteNet,
+    exe: &Path,
+    url: &str,
+    w: &str,
+    args: &[&str],
+    plan: &SuitePlan,
+) -> anyhow::Result<(f64, f64, f64, f64, f64)> {
     if w == "copy" {
         let size = plan.copy_bytes.to_string();
         let out = client(net, exe, &["verify", url, "--size", &size, "--seed", "5"])?;
         // "... OK (write W s, read R s)"
-        let num = |key: &str| -> Option<f64> { out.split(key).nth(1)?.split_whitespace().next()?.parse().ok() };
-        let (ws, rs) = (num("write ").context("verify output")?, num("read ").context("verify output")?);
+        let num = |key: &str| -> Option<f64> {
+            out.split(key)
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        };
+        let (ws, rs) = (
+            num("write ").context("verify output")?,
+            num("read ").context("verify output")?,
+        );
         let wall = ws + rs;
-        return Ok((2.0 * plan.copy_bytes as f64 / wall, 0.0, 0.0, wall, 2.0 * plan.copy_bytes as f64));
+        return Ok((
+            2.0 * plan.copy_bytes as f64 / wall,
+            0.0,
+            0.0,
+            wall,
+            2.0 * plan.copy_bytes as f64,
+        ));
     }
     let rt = plan.runtime.to_string();
     let mut v = vec!["bench", url];
@@ -563,24 +736,54 @@ fn one_case(net: &RouteNet, exe: &Path, url: &str, w: &str, args: &[&str], plan:
     let t = Instant::now();
     let out = client(net, exe, &v)?;
     let wall = t.elapsed().as_secs_f64();
-    let j: serde_json::Value = serde_json::from_str(out.trim()).with_context(|| format!("bench JSON: {out}"))?;
+    let j: serde_json::Value =
+        serde_json::from_str(out.trim()).with_context(|| format!("bench JSON: {out}"))?;
     let f = |k: &str| j[k].as_f64().unwrap_or(0.0);
-    Ok((f("bw_bytes"), f("iops"), j["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1000.0, wall, f("bytes")))
+    Ok((
+        f("bw_bytes"),
+        f("iops"),
+        j["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1000.0,
+        wall,
+        f("bytes"),
+    ))
 }
 
 /// Capture a short read of protocol `p` in the middle of the path and
 /// return the most common header bytes per data frame.
-fn measure_overhead(net: &RouteNet, exe: &Path, url: &str, p: &str, dir: &Path) -> anyhow::Result<Overhead> {
+fn measure_overhead(
+    net: &RouteNet,
+    exe: &Path,
+    url: &str,
+    p: &str,
+    dir: &Path,
+) -> anyhow::Result<Overhead> {
     let pcap = dir.join(format!("{}-{p}.pcap", net.kind.name()));
     let (ns, ifname) = &net.capture_point;
     let mut tshark = Command::new("ip")
-        .args(["netns", "exec", ns, "tshark", "-q", "-c", "400", "-i", ifname, "-w"])
+        .args([
+            "netns", "exec", ns, "tshark", "-q", "-c", "400", "-i", ifname, "-w",
+        ])
         .arg(&pcap)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
     std::thread::sleep(Duration::from_millis(1500));
-    let _ = client(net, exe, &["bench", url, "--rw", "read", "--bs", "1M", "--iodepth", "4", "--ios", "64"]);
+    let _ = client(
+        net,
+        exe,
+        &[
+            "bench",
+            url,
+            "--rw",
+            "read",
+            "--bs",
+            "1M",
+            "--iodepth",
+            "4",
+            "--ios",
+            "64",
+        ],
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while tshark.try_wait()?.is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -592,7 +795,10 @@ fn measure_overhead(net: &RouteNet, exe: &Path, url: &str, p: &str, dir: &Path) 
     let mut args = vec!["tshark".to_string(), "-r".into(), pcap_s.into()];
     args.extend(tshark_decode_args());
     let (filter, fields) = if p == "aoe" {
-        ("aoe.response==1 && aoe.sector_count>0 && aoe.aflags.w==0", ["-e", "frame.len", "-e", "aoe.sector_count"])
+        (
+            "aoe.response==1 && aoe.sector_count>0 && aoe.aflags.w==0",
+            ["-e", "frame.len", "-e", "aoe.sector_count"],
+        )
     } else {
         ("tcp.len>1000", ["-e", "frame.len", "-e", "tcp.len"])
     };
@@ -602,15 +808,26 @@ fn measure_overhead(net: &RouteNet, exe: &Path, url: &str, p: &str, dir: &Path) 
     let out = run(&argv)?;
     let mut counts: std::collections::BTreeMap<u32, usize> = Default::default();
     for l in out.lines() {
-        let v: Vec<u32> = l.split_whitespace().filter_map(|x| x.split(',').last()?.parse().ok()).collect();
+        let v: Vec<u32> = l
+            .split_whitespace()
+            .filter_map(|x| x.split(',').last()?.parse().ok())
+            .collect();
         if v.len() == 2 {
             let payload = if p == "aoe" { v[1] * 512 } else { v[1] };
             *counts.entry(v[0].saturating_sub(payload)).or_default() += 1;
         }
     }
     let frames = counts.values().sum();
-    let (&bytes_per_frame, _) = counts.iter().max_by_key(|(_, n)| **n).context("no data frames in the capture")?;
-    Ok(Overhead { path: net.kind.name().into(), protocol: p.into(), bytes_per_frame, frames })
+    let (&bytes_per_frame, _) = counts
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .context("no data frames in the capture")?;
+    Ok(Overhead {
+        path: net.kind.name().into(),
+        protocol: p.into(),
+        bytes_per_frame,
+        frames,
+    })
 }
 
 /// tshark options that decode the pseudowire (Ethernet with control word).
@@ -630,7 +847,12 @@ pub fn run_suite(plan: &SuitePlan, exe: &Path, out: &Path) -> anyhow::Result<()>
     for round in 0..plan.rounds {
         for kind in &plan.paths {
             let net = RouteNet::build(*kind, &tag, plan.mtu, exe)?;
-            let _target = start_target(&net, exe, size, &out.join(format!("serve-{}.log", kind.name())))?;
+            let _target = start_target(
+                &net,
+                exe,
+                size,
+                &out.join(format!("serve-{}.log", kind.name())),
+            )?;
             for p in &plan.protocols {
                 let url = url_for(&net, exe, p)?;
                 if round == 0 {
@@ -646,9 +868,16 @@ pub fn run_suite(plan: &SuitePlan, exe: &Path, out: &Path) -> anyhow::Result<()>
                     let frames = middle_packets(&net).saturating_sub(pk);
                     let frames_per_mib = frames as f64 / (moved / (1 << 20) as f64).max(1e-9);
                     let router_cpu = cpu_fractions(&before, &net.router_cpu(), wall);
-                    let router_us_per_frame = (!router_cpu.is_empty() && frames > 0)
-                        .then(|| router_cpu.iter().map(|(_, c)| c * wall).sum::<f64>() / router_cpu.len() as f64 / frames as f64 * 1e6);
-                    let cpu: Vec<String> = router_cpu.iter().map(|(n, c)| format!("{n} {:.0}%", c * 100.0)).collect();
+                    let router_us_per_frame = (!router_cpu.is_empty() && frames > 0).then(|| {
+                        router_cpu.iter().map(|(_, c)| c * wall).sum::<f64>()
+                            / router_cpu.len() as f64
+                            / frames as f64
+                            * 1e6
+                    });
+                    let cpu: Vec<String> = router_cpu
+                        .iter()
+                        .map(|(n, c)| format!("{n} {:.0}%", c * 100.0))
+                        .collect();
                     eprintln!(
                         "route: round {round} {:6} {:5} {:18} {:8.1} MB/s {:8.0} IOPS {:7.0} us {:6.0} frames/MiB  {}{}",
                         kind.name(),
@@ -682,7 +911,10 @@ pub fn run_suite(plan: &SuitePlan, exe: &Path, out: &Path) -> anyhow::Result<()>
         println!("{line}");
     }
     for o in &overheads {
-        println!("header bytes per data frame: {:6} {:5} {} B ({} frames)", o.path, o.protocol, o.bytes_per_frame, o.frames);
+        println!(
+            "header bytes per data frame: {:6} {:5} {} B ({} frames)",
+            o.path, o.protocol, o.bytes_per_frame, o.frames
+        );
     }
     let json = serde_json::json!({ "plan": format!("{plan:?}"), "samples": samples, "overheads": overheads, "summary": summary });
     std::fs::write(out.join("route.json"), serde_json::to_string_pretty(&json)?)?;
@@ -711,9 +943,17 @@ pub fn summarize(samples: &[RouteSample]) -> Vec<String> {
     let mut lines = vec![];
     for (p, w) in keys {
         let bw = |path: &str, round: u32| {
-            samples.iter().find(|s| s.path == path && s.protocol == p && s.workload == w && s.round == round).map(|s| s.bw_bytes)
+            samples
+                .iter()
+                .find(|s| s.path == path && s.protocol == p && s.workload == w && s.round == round)
+                .map(|s| s.bw_bytes)
         };
-        let rounds: Vec<u32> = samples.iter().map(|s| s.round).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let rounds: Vec<u32> = samples
+            .iter()
+            .map(|s| s.round)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let mut parts = vec![];
         for path in ["direct", "mpls", "vxlan"] {
             let v: Vec<f64> = rounds.iter().filter_map(|r| bw(path, *r)).collect();
@@ -722,9 +962,15 @@ pub fn summarize(samples: &[RouteSample]) -> Vec<String> {
             }
             let mut s = format!("{path} {:.1} MB/s", median(v) / 1e6);
             if path != "direct" {
-                let ratios: Vec<f64> = rounds.iter().filter_map(|r| Some(bw(path, *r)? / bw("direct", *r)?)).collect();
+                let ratios: Vec<f64> = rounds
+                    .iter()
+                    .filter_map(|r| Some(bw(path, *r)? / bw("direct", *r)?))
+                    .collect();
                 if !ratios.is_empty() {
-                    s.push_str(&format!(" ({:+.1}% vs direct)", (median(ratios) - 1.0) * 100.0));
+                    s.push_str(&format!(
+                        " ({:+.1}% vs direct)",
+                        (median(ratios) - 1.0) * 100.0
+                    ));
                 }
             }
             parts.push(s);
@@ -737,16 +983,32 @@ pub fn summarize(samples: &[RouteSample]) -> Vec<String> {
 /// `blockwire lab --suite route [--path ...] [--protocols ...] [--quick]`.
 pub fn run_cli(args: &crate::LabArgs) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
-    anyhow::ensure!(unsafe { libc::geteuid() } == 0, "the route suite creates network namespaces: run it as root");
+    anyhow::ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "the route suite creates network namespaces: run it as root"
+    );
     let mut plan = SuitePlan::new(args.quick);
     if let Some(p) = &args.path {
-        plan.paths = p.split(',').filter(|x| !x.is_empty()).map(PathKind::parse).collect::<anyhow::Result<_>>()?;
+        plan.paths = p
+            .split(',')
+            .filter(|x| !x.is_empty())
+            .map(PathKind::parse)
+            .collect::<anyhow::Result<_>>()?;
     }
     if let Some(p) = &args.protocols {
-        plan.protocols = p.split(',').filter(|x| !x.is_empty()).map(String::from).collect();
+        plan.protocols = p
+            .split(',')
+            .filter(|x| !x.is_empty())
+            .map(String::from)
+            .collect();
     }
     if let Some(m) = &args.mtu {
-        plan.mtu = m.split(',').next().unwrap_or("9000").parse().context("--mtu")?;
+        plan.mtu = m
+            .split(',')
+            .next()
+            .unwrap_or("9000")
+            .parse()
+            .context("--mtu")?;
     }
     if let Some(r) = args.repeat {
         plan.rounds = r.max(1);
@@ -757,6 +1019,9 @@ pub fn run_cli(args: &crate::LabArgs) -> anyhow::Result<()> {
     if let Some(s) = &args.size {
         plan.copy_bytes = crate::plan::parse_size(s)?;
     }
-    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("lab-route"));
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("lab-route"));
     run_suite(&plan, &std::env::current_exe()?, &out)
 }

@@ -23,11 +23,19 @@ pub struct LabelEntry {
 impl LabelEntry {
     pub fn decode(b: [u8; 4]) -> LabelEntry {
         let v = u32::from_be_bytes(b);
-        LabelEntry { label: v >> 12, tc: ((v >> 9) & 7) as u8, bottom: v & 0x100 != 0, ttl: (v & 0xff) as u8 }
+        LabelEntry {
+            label: v >> 12,
+            tc: ((v >> 9) & 7) as u8,
+            bottom: v & 0x100 != 0,
+            ttl: (v & 0xff) as u8,
+        }
     }
 
     pub fn encode(&self) -> [u8; 4] {
-        let v = ((self.label & MAX_LABEL) << 12) | (((self.tc & 7) as u32) << 9) | ((self.bottom as u32) << 8) | self.ttl as u32;
+        let v = ((self.label & MAX_LABEL) << 12)
+            | (((self.tc & 7) as u32) << 9)
+            | ((self.bottom as u32) << 8)
+            | self.ttl as u32;
         v.to_be_bytes()
     }
 
@@ -60,7 +68,9 @@ impl ControlWord {
         if w[0] != 0 || w[1] != 0 {
             return None;
         }
-        Some(ControlWord { sequence: u16::from_be_bytes([w[2], w[3]]) })
+        Some(ControlWord {
+            sequence: u16::from_be_bytes([w[2], w[3]]),
+        })
     }
 }
 
@@ -71,10 +81,20 @@ mod tests {
     #[test]
     fn entry_bytes() {
         // label 1000 = 0x003E8, tc 0, bottom, ttl 255
-        let e = LabelEntry { label: 1000, tc: 0, bottom: true, ttl: 255 };
+        let e = LabelEntry {
+            label: 1000,
+            tc: 0,
+            bottom: true,
+            ttl: 255,
+        };
         assert_eq!(e.encode(), [0x00, 0x3E, 0x81, 0xFF]);
         assert_eq!(LabelEntry::decode([0x00, 0x3E, 0x81, 0xFF]), e);
-        let e = LabelEntry { label: MAX_LABEL, tc: 5, bottom: false, ttl: 1 };
+        let e = LabelEntry {
+            label: MAX_LABEL,
+            tc: 5,
+            bottom: false,
+            ttl: 1,
+        };
         assert_eq!(e.encode(), [0xFF, 0xFF, 0xFA, 0x01]);
         assert_eq!(LabelEntry::read(&[1, 2, 3]), None);
     }
@@ -82,7 +102,10 @@ mod tests {
     #[test]
     fn control_word() {
         assert_eq!(ControlWord { sequence: 0 }.encode(), [0; 4]);
-        assert_eq!(ControlWord::read(&[0, 0, 0, 7]), Some(ControlWord { sequence: 7 }));
+        assert_eq!(
+            ControlWord::read(&[0, 0, 0, 7]),
+            Some(ControlWord { sequence: 7 })
+        );
         assert_eq!(ControlWord::read(&[0x45, 0, 0, 0]), None);
         assert_eq!(ControlWord::read(&[0, 0, 0]), None);
     }

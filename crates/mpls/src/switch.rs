@@ -2,7 +2,9 @@
 //! ingress edge pushes, switch routers swap, the egress edge pops. The
 //! socket driver (`bw-router`) only moves bytes between this and the wire.
 
-use crate::label::{ControlWord, LabelEntry, ENTRY_LEN, ETHERTYPE_MPLS, FIRST_UNRESERVED_LABEL, MAX_LABEL};
+use crate::label::{
+    ControlWord, LabelEntry, ENTRY_LEN, ETHERTYPE_MPLS, FIRST_UNRESERVED_LABEL, MAX_LABEL,
+};
 use std::collections::BTreeMap;
 
 /// A port of the router, an index into [`RouterConfig::port_macs`].
@@ -136,7 +138,10 @@ impl Drop {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// Send the first `len` bytes of the output buffer on `port`.
-    Forward { port: PortId, len: usize },
+    Forward {
+        port: PortId,
+        len: usize,
+    },
     Drop(Drop),
 }
 
@@ -161,7 +166,13 @@ fn check_label(l: u32) -> Result<(), ConfigError> {
 impl LabelRouter {
     pub fn new(cfg: RouterConfig) -> Result<LabelRouter, ConfigError> {
         let ports = cfg.port_macs.len();
-        let port = |p: PortId| if p < ports { Ok(()) } else { Err(ConfigError::NoSuchPort(p)) };
+        let port = |p: PortId| {
+            if p < ports {
+                Ok(())
+            } else {
+                Err(ConfigError::NoSuchPort(p))
+            }
+        };
         if cfg.push_ttl < 2 {
             return Err(ConfigError::PushTtl);
         }
@@ -192,12 +203,19 @@ impl LabelRouter {
         }
         for pw in &cfg.pseudowires {
             let core_use = cfg.swaps.values().any(|s| s.port == pw.customer_port)
-                || cfg.pseudowires.iter().any(|p| p.core_port == pw.customer_port);
+                || cfg
+                    .pseudowires
+                    .iter()
+                    .any(|p| p.core_port == pw.customer_port);
             if core_use {
                 return Err(ConfigError::CustomerPortInCore(pw.customer_port));
             }
         }
-        Ok(LabelRouter { cfg, by_customer_port, by_customer_label })
+        Ok(LabelRouter {
+            cfg,
+            by_customer_port,
+            by_customer_label,
+        })
     }
 
     pub fn config(&self) -> &RouterConfig {
@@ -218,7 +236,12 @@ impl LabelRouter {
         }
     }
 
-    fn route(&self, in_port: PortId, frame: &[u8], out: &mut [u8]) -> Result<(PortId, usize), Drop> {
+    fn route(
+        &self,
+        in_port: PortId,
+        frame: &[u8],
+        out: &mut [u8],
+    ) -> Result<(PortId, usize), Drop> {
         if in_port >= self.cfg.port_macs.len() {
             return Err(Drop::UnknownPort);
         }
@@ -249,7 +272,11 @@ impl LabelRouter {
             o[..6].copy_from_slice(&s.next_hop);
             o[6..12].copy_from_slice(&self.cfg.port_macs[s.port]);
             o[12..14].copy_from_slice(&ETHERTYPE_MPLS.to_be_bytes());
-            let e = LabelEntry { label: s.out_label, ttl: top.ttl - 1, ..top };
+            let e = LabelEntry {
+                label: s.out_label,
+                ttl: top.ttl - 1,
+                ..top
+            };
             o[14..18].copy_from_slice(&e.encode());
             o[18..].copy_from_slice(&frame[18..]);
             return Ok((s.port, len));
@@ -272,8 +299,18 @@ impl LabelRouter {
         o[6..12].copy_from_slice(&self.cfg.port_macs[pw.core_port]);
         o[12..14].copy_from_slice(&ETHERTYPE_MPLS.to_be_bytes());
         let ttl = self.cfg.push_ttl;
-        let route = LabelEntry { label: pw.route_label, tc: 0, bottom: false, ttl };
-        let customer = LabelEntry { label: pw.customer_label, tc: 0, bottom: true, ttl };
+        let route = LabelEntry {
+            label: pw.route_label,
+            tc: 0,
+            bottom: false,
+            ttl,
+        };
+        let customer = LabelEntry {
+            label: pw.customer_label,
+            tc: 0,
+            bottom: true,
+            ttl,
+        };
         o[14..18].copy_from_slice(&route.encode());
         o[18..22].copy_from_slice(&customer.encode());
         o[22..26].copy_from_slice(&ControlWord { sequence: 0 }.encode());
@@ -291,7 +328,10 @@ impl LabelRouter {
         if !customer.bottom {
             return Err(Drop::BrokenStack);
         }
-        let pw = self.by_customer_label.get(&customer.label).ok_or(Drop::UnknownLabel)?;
+        let pw = self
+            .by_customer_label
+            .get(&customer.label)
+            .ok_or(Drop::UnknownLabel)?;
         let pw = &self.cfg.pseudowires[*pw];
         let rest = &stack[2 * ENTRY_LEN..];
         ControlWord::read(rest).ok_or(Drop::BadControlWord)?;
@@ -302,7 +342,9 @@ impl LabelRouter {
         if !self.carried(inner) {
             return Err(Drop::EtherTypeNotCarried);
         }
-        out.get_mut(..inner.len()).ok_or(Drop::TooBig)?.copy_from_slice(inner);
+        out.get_mut(..inner.len())
+            .ok_or(Drop::TooBig)?
+            .copy_from_slice(inner);
         Ok((pw.customer_port, inner.len()))
     }
 
@@ -316,7 +358,8 @@ impl LabelRouter {
 /// [`MAX_STACK_DEPTH`] entries.
 fn check_stack(stack: &[u8]) -> Result<(), Drop> {
     for i in 0..MAX_STACK_DEPTH {
-        let e = LabelEntry::read(&stack[(i * ENTRY_LEN).min(stack.len())..]).ok_or(Drop::BrokenStack)?;
+        let e = LabelEntry::read(&stack[(i * ENTRY_LEN).min(stack.len())..])
+            .ok_or(Drop::BrokenStack)?;
         if e.bottom {
             return Ok(());
         }

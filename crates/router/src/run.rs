@@ -40,19 +40,38 @@ impl Stats {
 
     /// One line: `received N forwarded N dropped ttl=N,unknown-label=N send-errors N`.
     pub fn line(&self) -> String {
-        let d: Vec<String> = self.dropped.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let d = if d.is_empty() { "none".to_string() } else { d.join(",") };
-        format!("received {} forwarded {} dropped {} send-errors {}", self.received, self.forwarded, d, self.send_errors)
+        let d: Vec<String> = self
+            .dropped
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let d = if d.is_empty() {
+            "none".to_string()
+        } else {
+            d.join(",")
+        };
+        format!(
+            "received {} forwarded {} dropped {} send-errors {}",
+            self.received, self.forwarded, d, self.send_errors
+        )
     }
 }
 
 /// Open every port and forward until `stop` is set; returns the counters.
 pub fn run(spec: &RouterSpec, stop: Arc<AtomicBool>) -> io::Result<Stats> {
-    let router = Arc::new(LabelRouter::new(spec.config.clone()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?);
+    let router = Arc::new(
+        LabelRouter::new(spec.config.clone())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+    );
     let mut socks = Vec::new();
     for (i, (name, iface)) in spec.ports.iter().enumerate() {
-        let et = if router.is_customer_port(i) { ETH_P_ALL } else { ETHERTYPE_MPLS };
-        let s = PacketSocket::open(iface, et).map_err(|e| io::Error::new(e.kind(), format!("port {name} ({iface}): {e}")))?;
+        let et = if router.is_customer_port(i) {
+            ETH_P_ALL
+        } else {
+            ETHERTYPE_MPLS
+        };
+        let s = PacketSocket::open(iface, et)
+            .map_err(|e| io::Error::new(e.kind(), format!("port {name} ({iface}): {e}")))?;
         s.set_recv_timeout(Duration::from_millis(100))?;
         let _ = s.set_buffer_sizes(4 << 20, 4 << 20);
         socks.push(s);
@@ -64,7 +83,8 @@ pub fn run(spec: &RouterSpec, stop: Arc<AtomicBool>) -> io::Result<Stats> {
     let total = Arc::new(Mutex::new(Stats::default()));
     let mut threads = Vec::new();
     for port in 0..socks.len() {
-        let (router, socks, stop, total) = (router.clone(), socks.clone(), stop.clone(), total.clone());
+        let (router, socks, stop, total) =
+            (router.clone(), socks.clone(), stop.clone(), total.clone());
         let name = format!("router-{}", spec.ports[port].0);
         threads.push(std::thread::Builder::new().name(name).spawn(move || {
             let st = forward_loop(&router, &socks, port, frame_size, &stop);
@@ -78,16 +98,34 @@ pub fn run(spec: &RouterSpec, stop: Arc<AtomicBool>) -> io::Result<Stats> {
     Ok(st)
 }
 
-fn forward_loop(router: &LabelRouter, socks: &[PacketSocket], port: usize, frame_size: usize, stop: &AtomicBool) -> Stats {
+fn forward_loop(
+    router: &LabelRouter,
+    socks: &[PacketSocket],
+    port: usize,
+    frame_size: usize,
+    stop: &AtomicBool,
+) -> Stats {
     let mut st = Stats::default();
     let mut inb = FrameBatch::new(BATCH, frame_size);
     // One outgoing batch per port, filled in receive order.
-    let mut outb: Vec<FrameBatch> = socks.iter().map(|_| FrameBatch::new(BATCH, frame_size)).collect();
+    let mut outb: Vec<FrameBatch> = socks
+        .iter()
+        .map(|_| FrameBatch::new(BATCH, frame_size))
+        .collect();
     let mut counts = vec![0usize; socks.len()];
     while !stop.load(Ordering::Relaxed) {
         let n = match socks[port].recv_batch(&mut inb) {
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
             Err(e) => {
                 // Interface going away (a neighbour restarting): keep trying.
                 log::debug!("receive on port {port}: {e}");

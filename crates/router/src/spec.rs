@@ -9,7 +9,11 @@ pub enum SpecError {
     #[error("port name {0:?} given twice")]
     DuplicatePort(String),
     #[error("{what} {text:?}: {why}")]
-    Bad { what: &'static str, text: String, why: String },
+    Bad {
+        what: &'static str,
+        text: String,
+        why: String,
+    },
     #[error("interface {iface}: {err}")]
     Interface { iface: String, err: std::io::Error },
     #[error(transparent)]
@@ -40,16 +44,28 @@ pub fn parse_mac(s: &str) -> Option<Mac> {
 
 /// `key=value,key=value` with exactly the keys in `keys`.
 fn fields<'a>(what: &'static str, text: &'a str, keys: &[&str]) -> Result<Vec<&'a str>, SpecError> {
-    let bad = |why: String| SpecError::Bad { what, text: text.to_string(), why };
+    let bad = |why: String| SpecError::Bad {
+        what,
+        text: text.to_string(),
+        why,
+    };
     let mut vals = vec![None; keys.len()];
     for kv in text.split(',') {
-        let (k, v) = kv.split_once('=').ok_or_else(|| bad(format!("{kv:?} is not KEY=VALUE")))?;
-        let i = keys.iter().position(|x| *x == k).ok_or_else(|| bad(format!("unknown key {k:?} (keys: {})", keys.join(", "))))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| bad(format!("{kv:?} is not KEY=VALUE")))?;
+        let i = keys
+            .iter()
+            .position(|x| *x == k)
+            .ok_or_else(|| bad(format!("unknown key {k:?} (keys: {})", keys.join(", "))))?;
         if vals[i].replace(v).is_some() {
             return Err(bad(format!("{k} given twice")));
         }
     }
-    keys.iter().zip(vals).map(|(k, v)| v.ok_or_else(|| bad(format!("{k}= missing")))).collect()
+    keys.iter()
+        .zip(vals)
+        .map(|(k, v)| v.ok_or_else(|| bad(format!("{k}= missing"))))
+        .collect()
 }
 
 /// Build a router from its command line. `mac_of` looks up an interface's
@@ -63,7 +79,10 @@ pub fn parse(
 ) -> Result<RouterSpec, SpecError> {
     let mut named: Vec<(String, String)> = Vec::new();
     for p in ports {
-        let (n, i) = p.split_once('=').filter(|(n, i)| !n.is_empty() && !i.is_empty()).ok_or_else(|| SpecError::Port(p.clone()))?;
+        let (n, i) = p
+            .split_once('=')
+            .filter(|(n, i)| !n.is_empty() && !i.is_empty())
+            .ok_or_else(|| SpecError::Port(p.clone()))?;
         if named.iter().any(|(x, _)| x == n) {
             return Err(SpecError::DuplicatePort(n.to_string()));
         }
@@ -71,17 +90,37 @@ pub fn parse(
     }
     let macs = named
         .iter()
-        .map(|(_, i)| mac_of(i).map_err(|err| SpecError::Interface { iface: i.clone(), err }))
+        .map(|(_, i)| {
+            mac_of(i).map_err(|err| SpecError::Interface {
+                iface: i.clone(),
+                err,
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let mut cfg = RouterConfig::new(macs);
     let port = |what: &'static str, text: &str, n: &str| {
-        named.iter().position(|(x, _)| x == n).ok_or_else(|| SpecError::Bad { what, text: text.to_string(), why: format!("no port named {n:?}") })
+        named
+            .iter()
+            .position(|(x, _)| x == n)
+            .ok_or_else(|| SpecError::Bad {
+                what,
+                text: text.to_string(),
+                why: format!("no port named {n:?}"),
+            })
     };
     let num = |what: &'static str, text: &str, v: &str| {
-        v.parse::<u32>().map_err(|_| SpecError::Bad { what, text: text.to_string(), why: format!("{v:?} is not a label number") })
+        v.parse::<u32>().map_err(|_| SpecError::Bad {
+            what,
+            text: text.to_string(),
+            why: format!("{v:?} is not a label number"),
+        })
     };
     let mac = |what: &'static str, text: &str, v: &str| {
-        parse_mac(v).ok_or_else(|| SpecError::Bad { what, text: text.to_string(), why: format!("{v:?} is not a MAC address") })
+        parse_mac(v).ok_or_else(|| SpecError::Bad {
+            what,
+            text: text.to_string(),
+            why: format!("{v:?} is not a MAC address"),
+        })
     };
     for t in pseudowires {
         const W: &str = "--pseudowire";
@@ -97,15 +136,26 @@ pub fn parse(
     for t in swaps {
         const S: &str = "--swap";
         let f = fields(S, t, &["in", "out", "port", "via"])?;
-        let s = Swap { out_label: num(S, t, f[1])?, port: port(S, t, f[2])?, next_hop: mac(S, t, f[3])? };
+        let s = Swap {
+            out_label: num(S, t, f[1])?,
+            port: port(S, t, f[2])?,
+            next_hop: mac(S, t, f[3])?,
+        };
         if cfg.swaps.insert(num(S, t, f[0])?, s).is_some() {
-            return Err(SpecError::Bad { what: S, text: t.clone(), why: "incoming label given twice".into() });
+            return Err(SpecError::Bad {
+                what: S,
+                text: t.clone(),
+                why: "incoming label given twice".into(),
+            });
         }
     }
     cfg.pop_labels.extend_from_slice(pops);
     // Validate now, so a bad command line fails before any socket opens.
     bw_mpls::LabelRouter::new(cfg.clone())?;
-    Ok(RouterSpec { ports: named, config: cfg })
+    Ok(RouterSpec {
+        ports: named,
+        config: cfg,
+    })
 }
 
 #[cfg(test)]
@@ -116,7 +166,10 @@ mod tests {
         match i {
             "v0" => Ok([2, 0, 0, 0, 0, 1]),
             "v1" => Ok([2, 0, 0, 0, 0, 2]),
-            _ => Err(std::io::Error::new(std::io::ErrorKind::NotFound, "no such interface")),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such interface",
+            )),
         }
     }
     fn s(v: &[&str]) -> Vec<String> {
@@ -125,25 +178,68 @@ mod tests {
 
     #[test]
     fn edge_and_switch() {
-        let r = parse(&s(&["c=v0", "k=v1"]), &s(&["customer=c,core=k,route=101,label=1000,via=02:00:00:00:00:0b"]), &[], &[204], macs).unwrap();
+        let r = parse(
+            &s(&["c=v0", "k=v1"]),
+            &s(&["customer=c,core=k,route=101,label=1000,via=02:00:00:00:00:0b"]),
+            &[],
+            &[204],
+            macs,
+        )
+        .unwrap();
         assert_eq!(r.config.pseudowires[0].core_port, 1);
         assert_eq!(r.config.pseudowires[0].next_hop, [2, 0, 0, 0, 0, 0xb]);
         assert_eq!(r.config.pop_labels, vec![204]);
-        let r = parse(&s(&["w=v0", "e=v1"]), &[], &s(&["in=101,out=102,port=e,via=2:0:0:0:0:c"]), &[], macs).unwrap();
+        let r = parse(
+            &s(&["w=v0", "e=v1"]),
+            &[],
+            &s(&["in=101,out=102,port=e,via=2:0:0:0:0:c"]),
+            &[],
+            macs,
+        )
+        .unwrap();
         assert_eq!(r.config.swaps[&101].out_label, 102);
     }
 
     #[test]
     fn errors_say_what_is_wrong() {
-        let e = |p: &[&str], w: &[&str], sw: &[&str]| parse(&s(p), &s(w), &s(sw), &[], macs).unwrap_err().to_string();
+        let e = |p: &[&str], w: &[&str], sw: &[&str]| {
+            parse(&s(p), &s(w), &s(sw), &[], macs)
+                .unwrap_err()
+                .to_string()
+        };
         assert!(e(&["c"], &[], &[]).contains("NAME=INTERFACE"));
         assert!(e(&["c=v0", "c=v1"], &[], &[]).contains("twice"));
         assert!(e(&["c=nope"], &[], &[]).contains("nope"));
-        assert!(e(&["w=v0"], &[], &["in=101,out=102,port=x,via=02:00:00:00:00:01"]).contains("no port named"));
+        assert!(e(
+            &["w=v0"],
+            &[],
+            &["in=101,out=102,port=x,via=02:00:00:00:00:01"]
+        )
+        .contains("no port named"));
         assert!(e(&["w=v0"], &[], &["in=101,out=102,port=w"]).contains("via= missing"));
-        assert!(e(&["w=v0"], &[], &["in=101,out=1x,port=w,via=02:00:00:00:00:01"]).contains("not a label"));
-        assert!(e(&["w=v0"], &[], &["in=101,out=102,port=w,via=02:00:00:00:01"]).contains("MAC"));
-        assert!(e(&["w=v0"], &[], &["in=3,out=102,port=w,via=02:00:00:00:00:01"]).contains("reserved"));
-        assert!(e(&["w=v0"], &[], &["in=101,out=102,port=w,via=02:00:00:00:00:01,ttl=3"]).contains("unknown key"));
+        assert!(e(
+            &["w=v0"],
+            &[],
+            &["in=101,out=1x,port=w,via=02:00:00:00:00:01"]
+        )
+        .contains("not a label"));
+        assert!(e(
+            &["w=v0"],
+            &[],
+            &["in=101,out=102,port=w,via=02:00:00:00:01"]
+        )
+        .contains("MAC"));
+        assert!(e(
+            &["w=v0"],
+            &[],
+            &["in=3,out=102,port=w,via=02:00:00:00:00:01"]
+        )
+        .contains("reserved"));
+        assert!(e(
+            &["w=v0"],
+            &[],
+            &["in=101,out=102,port=w,via=02:00:00:00:00:01,ttl=3"]
+        )
+        .contains("unknown key"));
     }
 }

@@ -12,13 +12,36 @@ fn mac(n: u8) -> Mac {
 /// ler1 (push 101, customer 1000) -> lsr 101->102 -> ler2 (pops 102).
 fn chain() -> (LabelRouter, LabelRouter, LabelRouter) {
     let mut a = RouterConfig::new(vec![mac(0xa0), mac(0xa1)]);
-    a.pseudowires.push(Pseudowire { customer_port: C, core_port: K, route_label: 101, customer_label: 1000, next_hop: mac(0xb0) });
+    a.pseudowires.push(Pseudowire {
+        customer_port: C,
+        core_port: K,
+        route_label: 101,
+        customer_label: 1000,
+        next_hop: mac(0xb0),
+    });
     let mut b = RouterConfig::new(vec![mac(0xb0), mac(0xb1)]);
-    b.swaps.insert(101, Swap { out_label: 102, port: E, next_hop: mac(0xc1) });
+    b.swaps.insert(
+        101,
+        Swap {
+            out_label: 102,
+            port: E,
+            next_hop: mac(0xc1),
+        },
+    );
     let mut c = RouterConfig::new(vec![mac(0xc0), mac(0xc1)]);
     c.pop_labels.push(102);
-    c.pseudowires.push(Pseudowire { customer_port: C, core_port: K, route_label: 201, customer_label: 1000, next_hop: mac(0xb1) });
-    (LabelRouter::new(a).unwrap(), LabelRouter::new(b).unwrap(), LabelRouter::new(c).unwrap())
+    c.pseudowires.push(Pseudowire {
+        customer_port: C,
+        core_port: K,
+        route_label: 201,
+        customer_label: 1000,
+        next_hop: mac(0xb1),
+    });
+    (
+        LabelRouter::new(a).unwrap(),
+        LabelRouter::new(b).unwrap(),
+        LabelRouter::new(c).unwrap(),
+    )
 }
 
 /// A broadcast AoE Query Config from 02:..:01.
@@ -98,8 +121,38 @@ fn malformed_mpls_is_dropped() {
     let (_, out) = fwd(&b, W, &with(&|x| x[17] = 2));
     assert_eq!(out[17], 1);
     // Unknown label (999) and a reserved one (3, implicit null).
-    assert_eq!(drop_reason(&b, W, &with(&|x| x[14..18].copy_from_slice(&LabelEntry { label: 999, tc: 0, bottom: false, ttl: 64 }.encode()))), Drop::UnknownLabel);
-    assert_eq!(drop_reason(&b, W, &with(&|x| x[14..18].copy_from_slice(&LabelEntry { label: 3, tc: 0, bottom: false, ttl: 64 }.encode()))), Drop::ReservedLabel);
+    assert_eq!(
+        drop_reason(
+            &b,
+            W,
+            &with(&|x| x[14..18].copy_from_slice(
+                &LabelEntry {
+                    label: 999,
+                    tc: 0,
+                    bottom: false,
+                    ttl: 64
+                }
+                .encode()
+            ))
+        ),
+        Drop::UnknownLabel
+    );
+    assert_eq!(
+        drop_reason(
+            &b,
+            W,
+            &with(&|x| x[14..18].copy_from_slice(
+                &LabelEntry {
+                    label: 3,
+                    tc: 0,
+                    bottom: false,
+                    ttl: 64
+                }
+                .encode()
+            ))
+        ),
+        Drop::ReservedLabel
+    );
     // Broken stacks: no bottom-of-stack bit anywhere, or cut short.
     let no_bottom = with(&|x| {
         x.truncate(22);
@@ -118,11 +171,38 @@ fn malformed_mpls_is_dropped() {
     assert_eq!(drop_reason(&c, K, &sw(&|x| x[16] |= 1)), Drop::BrokenStack);
     let three = sw(&|x| {
         x[20] &= !1;
-        x.splice(22..22, LabelEntry { label: 50, tc: 0, bottom: true, ttl: 9 }.encode());
+        x.splice(
+            22..22,
+            LabelEntry {
+                label: 50,
+                tc: 0,
+                bottom: true,
+                ttl: 9,
+            }
+            .encode(),
+        );
     });
     assert_eq!(drop_reason(&c, K, &three), Drop::BrokenStack);
-    assert_eq!(drop_reason(&c, K, &sw(&|x| x[18..22].copy_from_slice(&LabelEntry { label: 1001, tc: 0, bottom: true, ttl: 9 }.encode()))), Drop::UnknownLabel);
-    assert_eq!(drop_reason(&c, K, &sw(&|x| x[22] = 0x45)), Drop::BadControlWord);
+    assert_eq!(
+        drop_reason(
+            &c,
+            K,
+            &sw(&|x| x[18..22].copy_from_slice(
+                &LabelEntry {
+                    label: 1001,
+                    tc: 0,
+                    bottom: true,
+                    ttl: 9
+                }
+                .encode()
+            ))
+        ),
+        Drop::UnknownLabel
+    );
+    assert_eq!(
+        drop_reason(&c, K, &sw(&|x| x[22] = 0x45)),
+        Drop::BadControlWord
+    );
     assert_eq!(drop_reason(&c, K, &sw(&|x| x.truncate(30))), Drop::Runt);
     // Not for us, not MPLS, EtherType not carried (IPv6), runt, unknown port.
     assert_eq!(drop_reason(&b, W, &with(&|x| x[5] = 0x99)), Drop::NotForUs);
@@ -134,24 +214,66 @@ fn malformed_mpls_is_dropped() {
     assert_eq!(drop_reason(&a, 7, &aoe_frame()), Drop::UnknownPort);
     // An output buffer too small for the pushed frame.
     let mut small = [0u8; 70];
-    assert_eq!(a.process(C, &aoe_frame(), &mut small), Verdict::Drop(Drop::TooBig));
+    assert_eq!(
+        a.process(C, &aoe_frame(), &mut small),
+        Verdict::Drop(Drop::TooBig)
+    );
 }
 
 #[test]
 fn bad_configurations_are_refused() {
     let mut c = RouterConfig::new(vec![mac(1), mac(2)]);
-    c.swaps.insert(5, Swap { out_label: 100, port: 1, next_hop: mac(3) });
-    assert_eq!(LabelRouter::new(c.clone()).unwrap_err(), ConfigError::BadLabel(5));
+    c.swaps.insert(
+        5,
+        Swap {
+            out_label: 100,
+            port: 1,
+            next_hop: mac(3),
+        },
+    );
+    assert_eq!(
+        LabelRouter::new(c.clone()).unwrap_err(),
+        ConfigError::BadLabel(5)
+    );
     c.swaps.clear();
-    c.swaps.insert(100, Swap { out_label: 100, port: 2, next_hop: mac(3) });
-    assert_eq!(LabelRouter::new(c.clone()).unwrap_err(), ConfigError::NoSuchPort(2));
+    c.swaps.insert(
+        100,
+        Swap {
+            out_label: 100,
+            port: 2,
+            next_hop: mac(3),
+        },
+    );
+    assert_eq!(
+        LabelRouter::new(c.clone()).unwrap_err(),
+        ConfigError::NoSuchPort(2)
+    );
     c.swaps.clear();
-    c.swaps.insert(100, Swap { out_label: 101, port: 0, next_hop: mac(3) });
+    c.swaps.insert(
+        100,
+        Swap {
+            out_label: 101,
+            port: 0,
+            next_hop: mac(3),
+        },
+    );
     c.pop_labels.push(100);
-    assert_eq!(LabelRouter::new(c.clone()).unwrap_err(), ConfigError::SwapAndPop(100));
+    assert_eq!(
+        LabelRouter::new(c.clone()).unwrap_err(),
+        ConfigError::SwapAndPop(100)
+    );
     c.pop_labels.clear();
-    c.pseudowires.push(Pseudowire { customer_port: 0, core_port: 1, route_label: 200, customer_label: 300, next_hop: mac(3) });
-    assert_eq!(LabelRouter::new(c.clone()).unwrap_err(), ConfigError::CustomerPortInCore(0));
+    c.pseudowires.push(Pseudowire {
+        customer_port: 0,
+        core_port: 1,
+        route_label: 200,
+        customer_label: 300,
+        next_hop: mac(3),
+    });
+    assert_eq!(
+        LabelRouter::new(c.clone()).unwrap_err(),
+        ConfigError::CustomerPortInCore(0)
+    );
     c.push_ttl = 1;
     assert_eq!(LabelRouter::new(c).unwrap_err(), ConfigError::PushTtl);
 }
