@@ -562,6 +562,8 @@ pub struct Overhead {
     /// Most common (frame length - data payload) over the data frames.
     pub bytes_per_frame: u32,
     pub frames: usize,
+    /// Frames tshark marked malformed in the whole capture (should be 0).
+    pub malformed: usize,
 }
 
 /// A `blockwire serve` in the target namespace, stopped on drop.
@@ -757,6 +759,20 @@ fn measure_overhead(
     p: &str,
     dir: &Path,
 ) -> anyhow::Result<Overhead> {
+    // One retry: on a loaded machine a capture occasionally starts late.
+    measure_overhead_once(net, exe, url, p, dir).or_else(|e| {
+        log::info!("overhead of {p} over {}: {e:#}; once more", net.kind.name());
+        measure_overhead_once(net, exe, url, p, dir)
+    })
+}
+
+fn measure_overhead_once(
+    net: &RouteNet,
+    exe: &Path,
+    url: &str,
+    p: &str,
+    dir: &Path,
+) -> anyhow::Result<Overhead> {
     let pcap = dir.join(format!("{}-{p}.pcap", net.kind.name()));
     let (ns, ifname) = &net.capture_point;
     let mut tshark = Command::new("ip")
@@ -765,10 +781,27 @@ fn measure_overhead(
         ])
         .arg(&pcap)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()?;
-    std::thread::sleep(Duration::from_millis(1500));
-    let _ = client(
+    // tshark prints "Capturing on" once its socket is open; a fixed sleep
+    // was too short on a loaded machine.
+    let mut err = tshark.stderr.take().context("tshark stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = String::new();
+        let mut b = [0u8; 256];
+        while let Ok(n) = err.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            seen.push_str(&String::from_utf8_lossy(&b[..n]));
+            if seen.contains("Capturing on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let _ = rx.recv_timeout(Duration::from_secs(20));
+    let bench = client(
         net,
         exe,
         &[
@@ -791,6 +824,7 @@ fn measure_overhead(
     // SAFETY: signalling our own child.
     unsafe { libc::kill(tshark.id() as i32, libc::SIGINT) };
     let _ = tshark.wait();
+    bench.context("the read during the capture")?;
     let pcap_s = pcap.to_str().context("pcap path")?;
     let mut args = vec!["tshark".to_string(), "-r".into(), pcap_s.into()];
     args.extend(tshark_decode_args());
@@ -817,6 +851,11 @@ fn measure_overhead(
             *counts.entry(v[0].saturating_sub(payload)).or_default() += 1;
         }
     }
+    let mut m = vec!["tshark".to_string(), "-r".into(), pcap_s.into()];
+    m.extend(tshark_decode_args());
+    m.extend(["-Y".into(), "_ws.malformed".into()]);
+    let margv: Vec<&str> = m.iter().map(|s| s.as_str()).collect();
+    let malformed = run(&margv)?.lines().count();
     let frames = counts.values().sum();
     let (&bytes_per_frame, _) = counts
         .iter()
@@ -827,6 +866,7 @@ fn measure_overhead(
         protocol: p.into(),
         bytes_per_frame,
         frames,
+        malformed,
     })
 }
 
@@ -912,8 +952,8 @@ pub fn run_suite(plan: &SuitePlan, exe: &Path, out: &Path) -> anyhow::Result<()>
     }
     for o in &overheads {
         println!(
-            "header bytes per data frame: {:6} {:5} {} B ({} frames)",
-            o.path, o.protocol, o.bytes_per_frame, o.frames
+            "header bytes per data frame: {:6} {:5} {} B ({} frames; tshark: {} malformed)",
+            o.path, o.protocol, o.bytes_per_frame, o.frames, o.malformed
         );
     }
     let json = serde_json::json!({ "plan": format!("{plan:?}"), "samples": samples, "overheads": overheads, "summary": summary });
