@@ -6,6 +6,8 @@ use bw_workload::{BenchParams, Rw, VerifyParams};
 use clap::{Args, Parser, Subcommand};
 use std::time::Duration;
 
+mod router;
+
 #[derive(Parser)]
 #[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
 struct Cli {
@@ -35,6 +37,8 @@ enum Cmd {
     Nvme(NvmeCmd),
     /// Run the same workloads over every protocol and peer; report speed, latency, CPU and wire bytes.
     Lab(bw_lab::LabArgs),
+    /// Label-switching router (MPLS) on raw Ethernet ports, until SIGINT/SIGTERM.
+    Router(router::RouterArgs),
 }
 
 #[derive(Args)]
@@ -240,7 +244,7 @@ fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
 fn main() {
     let cli = Cli::parse();
     let default_level = match (cli.verbose, &cli.cmd) {
-        (0, Cmd::Serve(_)) | (0, Cmd::Lab(_)) => "info",
+        (0, Cmd::Serve(_)) | (0, Cmd::Lab(_)) | (0, Cmd::Router(_)) => "info",
         (0, _) => "warn",
         (1, _) => "info",
         (2, _) => "debug",
@@ -333,6 +337,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print_discovered(found, &format!("the discovery log at {address} is empty"))
         }
         Cmd::Lab(a) => bw_lab::run(a),
+        Cmd::Router(a) => router::run(a),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod machine;
 pub mod plan;
 pub mod report;
 pub mod results;
+pub mod route;
 pub mod runner;
 pub mod stats;
 pub mod svg;
@@ -64,6 +65,9 @@ pub struct LabArgs {
     /// Skip the local fio baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Suite route only: paths to compare (default: direct,mpls,vxlan).
+    #[arg(long, value_name = "LIST")]
+    pub path: Option<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -81,6 +85,9 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         report::write_all(out, &results)?;
         println!("lab: report re-rendered: {}", out.join("report.html").display());
         return Ok(());
+    }
+    if args.suite.as_deref() == Some("route") {
+        return route::run_cli(&args);
     }
     let plan = plan::Plan::from_choices(&plan::Choices {
         quick: args.quick,
