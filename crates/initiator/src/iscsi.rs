@@ -13,6 +13,7 @@ use bw_iscsi::msg::*;
 use bw_iscsi::negotiate::{Digest, LocalLimits, SessionParams};
 use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu, RESERVED_TAG};
 use bw_iscsi::session::sn_lt;
+use bw_scsi::{build, sense, status};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -359,24 +360,16 @@ pub struct IscsiClient {
     describe: String,
 }
 
-fn sense_key(sense: &[u8]) -> u8 {
-    match sense.first().map(|b| b & 0x7F) {
-        Some(0x70) | Some(0x71) => sense.get(2).map_or(0, |b| b & 0x0F),
-        Some(0x72) | Some(0x73) => sense.get(1).map_or(0, |b| b & 0x0F),
-        _ => 0,
-    }
-}
-
 impl IscsiClient {
     /// Run a command, retrying a few times on UNIT ATTENTION (reported once
     /// per nexus after resets and capacity changes).
     async fn scsi(&self, cdb: &[u8], read_len: usize, write: Bytes) -> Result<Vec<u8>> {
         for _ in 0..4 {
             let c = self.session.command(self.lun, cdb, read_len, write.clone()).await?;
-            if c.status == 0 {
+            if c.status == status::GOOD {
                 return Ok(c.data);
             }
-            if c.status == 0x02 && sense_key(&c.sense) == 0x06 {
+            if c.status == status::CHECK_CONDITION && sense::key_of(&c.sense) == Some(sense::key::UNIT_ATTENTION) {
                 continue;
             }
             return Err(ClientError::Target(format!(
@@ -388,14 +381,6 @@ impl IscsiClient {
         }
         Err(ClientError::Target(format!("SCSI command {:#04x}: unit attention does not clear", cdb[0])))
     }
-}
-
-fn rw16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
 }
 
 #[async_trait]
@@ -415,7 +400,7 @@ impl BlockClient for IscsiClient {
             return Ok(());
         }
         let bs = self.block as u64;
-        let cdb = rw16(0x88, offset / bs, (buf.len() as u64 / bs) as u32);
+        let cdb = build::read_16(offset / bs, (buf.len() as u64 / bs) as u32);
         let data = self.scsi(&cdb, buf.len(), Bytes::new()).await?;
         buf.copy_from_slice(&data);
         Ok(())
@@ -426,14 +411,12 @@ impl BlockClient for IscsiClient {
             return Ok(());
         }
         let bs = self.block as u64;
-        let cdb = rw16(0x8A, offset / bs, (data.len() as u64 / bs) as u32);
+        let cdb = build::write_16(offset / bs, (data.len() as u64 / bs) as u32);
         self.scsi(&cdb, 0, Bytes::copy_from_slice(data)).await?;
         Ok(())
     }
     async fn flush(&self) -> Result<()> {
-        // SYNCHRONIZE CACHE(10), whole device.
-        let cdb = [0x35u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        self.scsi(&cdb, 0, Bytes::new()).await?;
+        self.scsi(&build::synchronize_cache_10(), 0, Bytes::new()).await?;
         Ok(())
     }
     async fn close(&self) -> Result<()> {
@@ -516,15 +499,9 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
     let lun_field = u64::from_be_bytes(bw_scsi::encode_lun(*lun));
     let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string() };
     // TEST UNIT READY first: it absorbs the unit attention a fresh nexus may have.
-    client.scsi(&[0u8; 6], 0, Bytes::new()).await?;
-    // READ CAPACITY(16): SERVICE ACTION IN(16) / 0x10, allocation 32.
-    let mut rc = [0u8; 16];
-    rc[0] = 0x9E;
-    rc[1] = 0x10;
-    rc[13] = 32;
-    let cap = client.scsi(&rc, 32, Bytes::new()).await?;
-    let last_lba = u64::from_be_bytes(cap[0..8].try_into().map_err(|_| proto("short READ CAPACITY"))?);
-    let block = u32::from_be_bytes(cap[8..12].try_into().map_err(|_| proto("short READ CAPACITY"))?);
+    client.scsi(&build::test_unit_ready(), 0, Bytes::new()).await?;
+    let cap = client.scsi(&build::read_capacity_16(32), 32, Bytes::new()).await?;
+    let (last_lba, block) = build::parse_read_capacity_16(&cap).ok_or_else(|| proto("short READ CAPACITY"))?;
     if block == 0 || block % 512 != 0 {
         return Err(proto(format!("unsupported block size {block}")));
     }
