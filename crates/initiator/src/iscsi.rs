@@ -2,25 +2,28 @@
 //! in flight (ITT multiplexing, CmdSN window respected), immediate and
 //! unsolicited data as negotiated, R2T answered with Data-Out.
 //!
-//! A reader task owns the receive side and completes commands; sends go
-//! through one writer task so PDUs of different commands never interleave.
+//! The session logic is `bw_iscsi::initiator_session` (no sockets); this is
+//! its driver: a reader task feeds it the target's PDUs, one writer task sends
+//! what it asks for (so PDUs of different commands never interleave), and
+//! callers wait on its completions.
 
 use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
 use async_trait::async_trait;
 use bw_iscsi::initiator::{InitiatorConfig, InitiatorLogin, LoginDone, Progress};
 use bw_iscsi::login::Secret;
 use bw_iscsi::msg::*;
-use bw_iscsi::negotiate::{Digest, LocalLimits, SessionParams};
+use bw_iscsi::negotiate::{Digest, LocalLimits};
 use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu, RESERVED_TAG};
-use bw_iscsi::session::sn_lt;
+use bw_iscsi::initiator_session::{Action, Command, Completion, InitiatorSession, TaskError};
+use bw_scsi::{build, sense, status};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 const DEFAULT_INITIATOR: &str = "iqn.2026-11.org.blockwire:initiator";
 
@@ -28,235 +31,109 @@ fn proto(s: impl Into<String>) -> ClientError {
     ClientError::Protocol(s.into())
 }
 
-/// Result of one SCSI command.
-struct Completion {
-    status: u8,
-    sense: Bytes,
-    data: Vec<u8>,
-}
-
-struct Pending {
-    lun: u64,
-    /// Data-In lands here (read commands).
-    data: Vec<u8>,
-    /// Data-Out source for R2Ts (write commands).
-    write: Bytes,
-    done: Option<oneshot::Sender<Result<Completion>>>,
-}
-
-struct State {
-    cmd_sn: u32,
-    max_cmd_sn: u32,
-    exp_stat_sn: u32,
-    next_itt: u32,
-    pending: HashMap<u32, Pending>,
-    /// Set when the connection is gone; new commands fail with it.
-    dead: Option<String>,
+/// The session state machine and the callers waiting on it.
+struct Shared {
+    machine: InitiatorSession,
+    waiters: HashMap<u32, oneshot::Sender<std::result::Result<Completion, TaskError>>>,
     logout: Option<oneshot::Sender<()>>,
 }
 
 struct Session {
     tx: mpsc::UnboundedSender<Pdu>,
-    state: Mutex<State>,
-    window: Notify,
+    state: Mutex<Shared>,
     slots: Semaphore,
-    params: SessionParams,
-    timeout: Duration,
+}
+
+fn task_error(e: TaskError, cdb: &[u8]) -> ClientError {
+    match e {
+        TaskError::WindowClosed => ClientError::Timeout("command window stayed closed".into()),
+        TaskError::Timeout => ClientError::Timeout(format!("SCSI command {:#04x}", cdb[0])),
+        TaskError::Rejected(_) => proto(e.to_string()),
+        TaskError::ServiceResponse(_) => ClientError::Target(e.to_string()),
+        TaskError::Disconnected(why) => ClientError::Disconnected(why),
+    }
 }
 
 impl Session {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn update_window(&self, st: &mut State, exp_cmd_sn: u32, max_cmd_sn: u32) {
-        // Ignore nonsense windows (MaxCmdSN < ExpCmdSN - 1) as the RFC says.
-        if sn_lt(max_cmd_sn.wrapping_add(1), exp_cmd_sn) {
-            return;
-        }
-        if sn_lt(st.max_cmd_sn, max_cmd_sn) {
-            st.max_cmd_sn = max_cmd_sn;
-            self.window.notify_waiters();
+    /// Carry out the machine's actions: PDUs to the writer task, results to
+    /// the waiting callers.
+    fn run(&self, st: &mut Shared, out: Vec<Action>) {
+        for a in out {
+            match a {
+                Action::Send(p) => {
+                    let _ = self.tx.send(p);
+                }
+                Action::Complete { itt, result } => {
+                    if let Some(w) = st.waiters.remove(&itt) {
+                        let _ = w.send(result);
+                    }
+                }
+                Action::LoggedOut => {
+                    if let Some(l) = st.logout.take() {
+                        let _ = l.send(());
+                    }
+                }
+            }
         }
     }
 
     /// Run one SCSI command; `read_len` bytes expected back, `write` sent.
     async fn command(&self, lun: u64, cdb: &[u8], read_len: usize, write: Bytes) -> Result<Completion> {
         let _slot = self.slots.acquire().await.map_err(|_| ClientError::Disconnected("session closed".into()))?;
-        let rx = loop {
-            let notified = self.window.notified();
-            {
-                let mut st = self.lock();
-                if let Some(d) = &st.dead {
-                    return Err(ClientError::Disconnected(d.clone()));
-                }
-                if !sn_lt(st.max_cmd_sn, st.cmd_sn) {
-                    break self.submit(&mut st, lun, cdb, read_len, write.clone());
-                }
-            }
-            // Window closed: wait for a response that opens it.
-            if tokio::time::timeout(self.timeout, notified).await.is_err() {
-                return Err(ClientError::Timeout("command window stayed closed".into()));
-            }
-        };
-        match tokio::time::timeout(self.timeout, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(ClientError::Disconnected("connection lost".into())),
-            Err(_) => Err(ClientError::Timeout(format!("SCSI command {:#04x}", cdb[0]))),
-        }
-    }
-
-    /// Queue the command PDU (and unsolicited data) under the state lock, so
-    /// PDUs leave in CmdSN order.
-    fn submit(&self, st: &mut State, lun: u64, cdb: &[u8], read_len: usize, write: Bytes) -> oneshot::Receiver<Result<Completion>> {
-        let mut itt = st.next_itt;
-        while itt == RESERVED_TAG || st.pending.contains_key(&itt) {
-            itt = itt.wrapping_add(1);
-        }
-        st.next_itt = itt.wrapping_add(1);
-        let p = &self.params;
-        let mss = p.max_send_data_segment_length as usize;
-        let first_burst = p.first_burst_length as usize;
-        let imm_len = if p.immediate_data { write.len().min(first_burst).min(mss) } else { 0 };
-        let unsolicited_end = if p.initial_r2t { imm_len } else { write.len().min(first_burst) };
         let mut c = [0u8; 16];
         c[..cdb.len().min(16)].copy_from_slice(&cdb[..cdb.len().min(16)]);
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_: unsolicited_end == imm_len,
-            read: read_len > 0,
-            write: !write.is_empty(),
-            attr: 1, // SIMPLE
-            lun,
-            itt,
-            edtl: if write.is_empty() { read_len as u32 } else { write.len() as u32 },
-            cmd_sn: st.cmd_sn,
-            exp_stat_sn: st.exp_stat_sn,
-            cdb: c,
+        let now = Instant::now();
+        let mut rx = {
+            let mut st = self.lock();
+            let mut out = Vec::new();
+            let itt = st.machine.submit(Command { lun, cdb: c, read_len, write }, now, &mut out).map_err(|e| task_error(e, cdb))?;
+            let (tx, rx) = oneshot::channel();
+            st.waiters.insert(itt, tx);
+            self.run(&mut st, out);
+            rx
         };
-        st.cmd_sn = st.cmd_sn.wrapping_add(1);
-        let (tx, rx) = oneshot::channel();
-        st.pending.insert(itt, Pending { lun, data: vec![0u8; read_len], write: write.clone(), done: Some(tx) });
-        let _ = self.tx.send(Pdu::new(Message::ScsiCommand(cmd).encode(), write.slice(..imm_len)));
-        // Unsolicited Data-Out up to FirstBurstLength.
-        if unsolicited_end > imm_len {
-            self.send_data_out(lun, itt, RESERVED_TAG, st.exp_stat_sn, &write, imm_len, unsolicited_end);
-        }
-        rx
-    }
-
-    fn send_data_out(&self, lun: u64, itt: u32, ttt: u32, exp_stat_sn: u32, data: &Bytes, from: usize, to: usize) {
-        let mss = self.params.max_send_data_segment_length.max(512) as usize;
-        let mut off = from;
-        let mut sn = 0;
-        while off < to {
-            let end = (off + mss).min(to);
-            let d = DataOut { final_: end == to, lun, itt, ttt, exp_stat_sn, data_sn: sn, buffer_offset: off as u32 };
-            let _ = self.tx.send(Pdu::new(Message::DataOut(d).encode(), data.slice(off..end)));
-            sn += 1;
-            off = end;
-        }
-    }
-
-    fn finish(&self, st: &mut State, itt: u32, status: u8, sense: Bytes) {
-        if let Some(mut p) = st.pending.remove(&itt) {
-            if let Some(done) = p.done.take() {
-                let _ = done.send(Ok(Completion { status, sense, data: std::mem::take(&mut p.data) }));
+        // Wake at the session's next deadline (this command's or an earlier
+        // one's) and let the machine decide which commands expired.
+        let result = loop {
+            let next = self.lock().machine.next_deadline();
+            let Some(deadline) = next else { break (&mut rx).await };
+            match tokio::time::timeout_at(deadline.into(), &mut rx).await {
+                Ok(r) => break r,
+                Err(_) => {
+                    let mut st = self.lock();
+                    let mut out = Vec::new();
+                    st.machine.on_timer(Instant::now(), &mut out);
+                    self.run(&mut st, out);
+                }
             }
+        };
+        match result {
+            Ok(r) => r.map_err(|e| task_error(e, cdb)),
+            Err(_) => Err(ClientError::Disconnected("connection lost".into())),
         }
     }
 
     fn fail_all(&self, why: String) {
         let mut st = self.lock();
-        st.dead.get_or_insert(why.clone());
-        for (_, mut p) in st.pending.drain() {
-            if let Some(d) = p.done.take() {
-                let _ = d.send(Err(ClientError::Disconnected(why.clone())));
-            }
-        }
+        let mut out = Vec::new();
+        st.machine.fail_all(&why, &mut out);
+        self.run(&mut st, out);
         if let Some(l) = st.logout.take() {
             let _ = l.send(());
         }
-        self.window.notify_waiters();
     }
 
     /// Handle one PDU from the target.
     fn on_pdu(&self, pdu: Pdu) -> std::result::Result<(), String> {
-        let msg = Message::decode(&pdu.bhs).map_err(|e| e.to_string())?;
         let mut st = self.lock();
-        match msg {
-            Message::DataIn(d) => {
-                self.update_window(&mut st, d.exp_cmd_sn, d.max_cmd_sn);
-                let Some(p) = st.pending.get_mut(&d.itt) else { return Ok(()) };
-                let off = d.buffer_offset as usize;
-                let end = off + pdu.data.len();
-                if end > p.data.len() {
-                    return Err(format!("Data-In past the buffer ({end} > {})", p.data.len()));
-                }
-                p.data[off..end].copy_from_slice(&pdu.data);
-                if d.has_status {
-                    st.exp_stat_sn = d.stat_sn.wrapping_add(1);
-                    self.finish(&mut st, d.itt, d.status, Bytes::new());
-                }
-            }
-            Message::ScsiResponse(r) => {
-                st.exp_stat_sn = r.stat_sn.wrapping_add(1);
-                self.update_window(&mut st, r.exp_cmd_sn, r.max_cmd_sn);
-                let sense = if pdu.data.len() >= 2 {
-                    let n = u16::from_be_bytes([pdu.data[0], pdu.data[1]]) as usize;
-                    pdu.data.slice(2..(2 + n).min(pdu.data.len()))
-                } else {
-                    Bytes::new()
-                };
-                let status = if r.response != 0 { 0xFF } else { r.status };
-                self.finish(&mut st, r.itt, status, sense);
-            }
-            Message::R2t(r) => {
-                self.update_window(&mut st, r.exp_cmd_sn, r.max_cmd_sn);
-                let Some(p) = st.pending.get(&r.itt) else { return Ok(()) };
-                let from = r.buffer_offset as usize;
-                let to = from + r.desired_length as usize;
-                if to > p.write.len() {
-                    return Err("R2T asks for data past the end of the write".into());
-                }
-                let (lun, data) = (p.lun, p.write.clone());
-                self.send_data_out(lun, r.itt, r.ttt, st.exp_stat_sn, &data, from, to);
-            }
-            Message::NopIn(n) => {
-                self.update_window(&mut st, n.exp_cmd_sn, n.max_cmd_sn);
-                if n.ttt != RESERVED_TAG {
-                    // The target pings us: answer with the same TTT.
-                    let o = NopOut { immediate: true, lun: n.lun, itt: RESERVED_TAG, ttt: n.ttt, cmd_sn: st.cmd_sn, exp_stat_sn: st.exp_stat_sn };
-                    let _ = self.tx.send(Pdu::new(Message::NopOut(o).encode(), Bytes::new()));
-                }
-            }
-            Message::LogoutResponse(l) => {
-                st.exp_stat_sn = l.stat_sn.wrapping_add(1);
-                if let Some(w) = st.logout.take() {
-                    let _ = w.send(());
-                }
-            }
-            Message::AsyncMessage(a) => {
-                st.exp_stat_sn = a.stat_sn.wrapping_add(1);
-                if matches!(a.event, async_event::DROP_CONNECTION | async_event::DROP_ALL_CONNECTIONS | async_event::LOGOUT_REQUESTED) {
-                    return Err(format!("target asked to end the session (async event {})", a.event));
-                }
-            }
-            Message::Reject(r) => {
-                // The rejected header comes back as data: fail that command.
-                if pdu.data.len() >= 48 {
-                    let itt = u32::from_be_bytes([pdu.data[16], pdu.data[17], pdu.data[18], pdu.data[19]]);
-                    if let Some(mut p) = st.pending.remove(&itt) {
-                        if let Some(d) = p.done.take() {
-                            let _ = d.send(Err(proto(format!("target rejected the command (reason {:#04x})", r.reason))));
-                        }
-                    }
-                }
-            }
-            Message::TaskMgmtResponse(_) | Message::TextResponse(_) => {}
-            other => return Err(format!("unexpected PDU from target: {other:?}")),
-        }
-        Ok(())
+        let mut out = Vec::new();
+        let r = st.machine.on_pdu(pdu, &mut out);
+        self.run(&mut st, out);
+        r.map_err(|e| e.to_string())
     }
 }
 
@@ -359,24 +236,16 @@ pub struct IscsiClient {
     describe: String,
 }
 
-fn sense_key(sense: &[u8]) -> u8 {
-    match sense.first().map(|b| b & 0x7F) {
-        Some(0x70) | Some(0x71) => sense.get(2).map_or(0, |b| b & 0x0F),
-        Some(0x72) | Some(0x73) => sense.get(1).map_or(0, |b| b & 0x0F),
-        _ => 0,
-    }
-}
-
 impl IscsiClient {
     /// Run a command, retrying a few times on UNIT ATTENTION (reported once
     /// per nexus after resets and capacity changes).
     async fn scsi(&self, cdb: &[u8], read_len: usize, write: Bytes) -> Result<Vec<u8>> {
         for _ in 0..4 {
             let c = self.session.command(self.lun, cdb, read_len, write.clone()).await?;
-            if c.status == 0 {
+            if c.status == status::GOOD {
                 return Ok(c.data);
             }
-            if c.status == 0x02 && sense_key(&c.sense) == 0x06 {
+            if c.status == status::CHECK_CONDITION && sense::key_of(&c.sense) == Some(sense::key::UNIT_ATTENTION) {
                 continue;
             }
             return Err(ClientError::Target(format!(
@@ -388,14 +257,6 @@ impl IscsiClient {
         }
         Err(ClientError::Target(format!("SCSI command {:#04x}: unit attention does not clear", cdb[0])))
     }
-}
-
-fn rw16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
 }
 
 #[async_trait]
@@ -415,7 +276,7 @@ impl BlockClient for IscsiClient {
             return Ok(());
         }
         let bs = self.block as u64;
-        let cdb = rw16(0x88, offset / bs, (buf.len() as u64 / bs) as u32);
+        let cdb = build::read_16(offset / bs, (buf.len() as u64 / bs) as u32);
         let data = self.scsi(&cdb, buf.len(), Bytes::new()).await?;
         buf.copy_from_slice(&data);
         Ok(())
@@ -426,27 +287,26 @@ impl BlockClient for IscsiClient {
             return Ok(());
         }
         let bs = self.block as u64;
-        let cdb = rw16(0x8A, offset / bs, (data.len() as u64 / bs) as u32);
+        let cdb = build::write_16(offset / bs, (data.len() as u64 / bs) as u32);
         self.scsi(&cdb, 0, Bytes::copy_from_slice(data)).await?;
         Ok(())
     }
     async fn flush(&self) -> Result<()> {
-        // SYNCHRONIZE CACHE(10), whole device.
-        let cdb = [0x35u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        self.scsi(&cdb, 0, Bytes::new()).await?;
+        self.scsi(&build::synchronize_cache_10(), 0, Bytes::new()).await?;
         Ok(())
     }
     async fn close(&self) -> Result<()> {
         let s = &self.session;
         let rx = {
             let mut st = s.lock();
-            if st.dead.is_some() {
+            if st.machine.dead().is_some() {
                 return Ok(());
             }
             let (tx, rx) = oneshot::channel();
             st.logout = Some(tx);
-            let l = LogoutRequest { immediate: true, reason: 0, itt: RESERVED_TAG - 1, cid: 0, cmd_sn: st.cmd_sn, exp_stat_sn: st.exp_stat_sn };
-            let _ = s.tx.send(Pdu::new(Message::LogoutRequest(l).encode(), Bytes::new()));
+            let mut out = Vec::new();
+            st.machine.logout(&mut out);
+            s.run(&mut st, out);
             rx
         };
         let _ = tokio::time::timeout(Duration::from_secs(5), rx).await;
@@ -468,19 +328,12 @@ fn start_session(rd: OwnedReadHalf, wr: OwnedWriteHalf, buf: BytesMut, d: &Login
     tokio::spawn(writer(wr, rx, digests));
     let session = Arc::new(Session {
         tx,
-        state: Mutex::new(State {
-            cmd_sn: d.cmd_sn,
-            max_cmd_sn: d.max_cmd_sn,
-            exp_stat_sn: d.exp_stat_sn,
-            next_itt: 1,
-            pending: HashMap::new(),
-            dead: None,
+        state: Mutex::new(Shared {
+            machine: InitiatorSession::new(d.params.clone(), d.cmd_sn, d.max_cmd_sn, d.exp_stat_sn, opts.timeout),
+            waiters: HashMap::new(),
             logout: None,
         }),
-        window: Notify::new(),
         slots: Semaphore::new(opts.queue_depth.max(1)),
-        params: d.params.clone(),
-        timeout: opts.timeout,
     });
     let mut dec = Decoder::new(d.params.max_recv_data_segment_length as usize);
     dec.digests = digests;
@@ -497,7 +350,7 @@ fn start_session(rd: OwnedReadHalf, wr: OwnedWriteHalf, buf: BytesMut, d: &Login
                 }
                 Err(e) => break e.to_string(),
             }
-            if s2.lock().dead.is_some() {
+            if s2.lock().machine.dead().is_some() {
                 break "closed".into();
             }
         };
@@ -516,15 +369,9 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
     let lun_field = u64::from_be_bytes(bw_scsi::encode_lun(*lun));
     let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string() };
     // TEST UNIT READY first: it absorbs the unit attention a fresh nexus may have.
-    client.scsi(&[0u8; 6], 0, Bytes::new()).await?;
-    // READ CAPACITY(16): SERVICE ACTION IN(16) / 0x10, allocation 32.
-    let mut rc = [0u8; 16];
-    rc[0] = 0x9E;
-    rc[1] = 0x10;
-    rc[13] = 32;
-    let cap = client.scsi(&rc, 32, Bytes::new()).await?;
-    let last_lba = u64::from_be_bytes(cap[0..8].try_into().map_err(|_| proto("short READ CAPACITY"))?);
-    let block = u32::from_be_bytes(cap[8..12].try_into().map_err(|_| proto("short READ CAPACITY"))?);
+    client.scsi(&build::test_unit_ready(), 0, Bytes::new()).await?;
+    let cap = client.scsi(&build::read_capacity_16(32), 32, Bytes::new()).await?;
+    let (last_lba, block) = build::parse_read_capacity_16(&cap).ok_or_else(|| proto("short READ CAPACITY"))?;
     if block == 0 || block % 512 != 0 {
         return Err(proto(format!("unsupported block size {block}")));
     }

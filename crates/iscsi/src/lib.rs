@@ -6,6 +6,7 @@
 pub mod chap;
 pub mod fuzzing;
 pub mod initiator;
+pub mod initiator_session;
 pub mod login;
 pub mod msg;
 pub mod negotiate;

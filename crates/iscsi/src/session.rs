@@ -20,24 +20,12 @@ pub fn sn_lt(a: u32, b: u32) -> bool {
     a != b && b.wrapping_sub(a) < 0x8000_0000
 }
 
-/// SCSI status codes the transport uses itself.
-pub mod status {
-    pub const GOOD: u8 = 0x00;
-    pub const CHECK_CONDITION: u8 = 0x02;
-    pub const BUSY: u8 = 0x08;
-    pub const TASK_ABORTED: u8 = 0x40;
-}
+pub use bw_scsi::status;
 
 /// Fixed-format sense data: ILLEGAL REQUEST / INVALID FIELD IN INFORMATION
 /// UNIT (0x0E/0x03), for data-out transfers shorter than the CDB asks for.
 pub fn sense_invalid_field_in_iu() -> Vec<u8> {
-    let mut s = vec![0u8; 18];
-    s[0] = 0x70;
-    s[2] = 0x05;
-    s[7] = 10;
-    s[12] = 0x0E;
-    s[13] = 0x03;
-    s
+    bw_scsi::Sense::INVALID_FIELD_IN_IU.to_fixed()
 }
 
 #[derive(Debug, Clone)]
@@ -438,11 +426,7 @@ impl TargetSession {
     fn fail_task(&mut self, itt: u32, _why: &'static str, out: &mut Vec<Action>) {
         let Some(t) = self.tasks.get(&itt) else { return };
         let id = t.id;
-        let mut sense = vec![0u8; 18];
-        sense[0] = 0x70;
-        sense[2] = 0x0B;
-        sense[7] = 10;
-        sense[12] = 0x4B;
+        let sense = bw_scsi::Sense::DATA_PHASE_ERROR.to_fixed();
         self.complete(itt, id, status::CHECK_CONDITION, &sense, Vec::new(), Residual::None, out);
     }
 

@@ -43,6 +43,7 @@ pub mod status {
     pub const BUSY: u8 = 0x08;
     pub const RESERVATION_CONFLICT: u8 = 0x18;
     pub const TASK_SET_FULL: u8 = 0x28;
+    pub const TASK_ABORTED: u8 = 0x40;
 }
 
 /// Identity and policy of one logical unit.
@@ -142,6 +143,7 @@ pub enum ReadPlan {
 }
 
 mod block_io;
+pub mod build;
 mod cdb;
 mod ident;
 mod inquiry;
@@ -153,8 +155,10 @@ mod ua;
 
 pub use inquiry::naa_designator;
 pub use sense::Sense;
+/// Operation codes and service actions, for initiators as for this target.
+pub use cdb::op;
 
-use cdb::{be16, be32, cdb_len, op, truncate_to};
+use cdb::{be16, be32, cdb_len, truncate_to};
 use reservation::{Denied, Reservations};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

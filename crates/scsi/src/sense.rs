@@ -52,6 +52,10 @@ impl Sense {
     pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0C, 0x00);
     pub const INTERNAL_TARGET_FAILURE: Sense = Sense::new(key::HARDWARE_ERROR, 0x44, 0x00);
     pub const NO_SENSE: Sense = Sense::new(key::NO_SENSE, 0x00, 0x00);
+    /// For a transport's data-out shorter than the CDB asks for (iSCSI).
+    /// For a transport's data phase that went wrong (iSCSI Data-Out errors).
+    pub const DATA_PHASE_ERROR: Sense = Sense::new(key::ABORTED_COMMAND, 0x4B, 0x00);
+    pub const INVALID_FIELD_IN_IU: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x0E, 0x03);
 
     /// ILLEGAL REQUEST / INVALID FIELD IN CDB pointing at `byte` (and `bit`).
     pub fn invalid_cdb_field(byte: u16, bit: Option<u8>) -> Self {
@@ -92,6 +96,17 @@ impl Sense {
     }
 }
 
+/// The sense key of sense data in either format a target may send: fixed
+/// (response codes 0x70/0x71) or descriptor (0x72/0x73). `None` for anything
+/// else, including empty or truncated data.
+pub fn key_of(sense: &[u8]) -> Option<u8> {
+    match sense.first()? & 0x7F {
+        0x70 | 0x71 => sense.get(2).map(|b| b & 0x0F),
+        0x72 | 0x73 => sense.get(1).map(|b| b & 0x0F),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +118,26 @@ mod tests {
         let m = Sense::MISCOMPARE_DURING_VERIFY.with_information(700).to_fixed();
         assert_eq!(&m[..8], &[0xf0, 0, 0x0e, 0, 0, 0x02, 0xbc, 10]);
         assert_eq!((m[12], m[13]), (0x1d, 0));
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    #[test]
+    fn key_of_both_formats() {
+        assert_eq!(key_of(&Sense::POWER_ON_RESET.to_fixed()), Some(key::UNIT_ATTENTION));
+        // Descriptor format: key in byte 1.
+        assert_eq!(key_of(&[0x72, 0x06, 0x29, 0x00, 0, 0, 0, 0]), Some(key::UNIT_ATTENTION));
+        assert_eq!(key_of(&[0x70, 0]), None);
+        assert_eq!(key_of(&[]), None);
+        assert_eq!(key_of(&[0x12, 0, 6]), None);
+    }
+
+    #[test]
+    fn invalid_field_in_iu_layout() {
+        // The bytes the iSCSI target sent before it used this constant.
+        assert_eq!(Sense::INVALID_FIELD_IN_IU.to_fixed(), vec![0x70, 0, 5, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x0E, 3, 0, 0, 0, 0]);
     }
 }
