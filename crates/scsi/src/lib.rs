@@ -15,16 +15,20 @@
 //!
 //! Commands (modules): INQUIRY with VPD 0x00/0x80/0x83/0xB0/0xB1/0xB2
 //! (`inquiry`); MODE SENSE/SELECT 6/10 with the caching, control and
-//! informational-exceptions pages (`mode`); READ/WRITE 6/10/12/16, WRITE AND
-//! VERIFY, VERIFY, WRITE SAME 10/16, UNMAP, COMPARE AND WRITE, PRE-FETCH,
-//! SYNCHRONIZE CACHE, READ CAPACITY 10/16 (`block_io`); RESERVE/RELEASE(6)
-//! and PERSISTENT RESERVE IN/OUT (`reservation`); REPORT SUPPORTED OPERATION
-//! CODES / TASK MANAGEMENT FUNCTIONS (`opcodes`); unit attentions (`ua`);
-//! TEST UNIT READY, REQUEST SENSE, REPORT LUNS, START STOP UNIT and PREVENT
-//! ALLOW MEDIUM REMOVAL here. Not implemented (answered INVALID COMMAND
-//! OPERATION CODE, which initiators and libiscsi treat as "unsupported"): GET
-//! LBA STATUS, EXTENDED COPY, ORWRITE, WRITE ATOMIC, READ DEFECT DATA,
-//! SANITIZE, FORMAT UNIT; PR OUT PREEMPT AND ABORT is an invalid field.
+//! informational-exceptions pages (`mode`); LOG SENSE with the supported,
+//! temperature and informational-exceptions pages (`log`); READ/WRITE
+//! 6/10/12/16, WRITE AND VERIFY, VERIFY, WRITE SAME 10/16, UNMAP, COMPARE AND
+//! WRITE, PRE-FETCH, SYNCHRONIZE CACHE, READ CAPACITY 10/16 (`block_io`);
+//! GET LBA STATUS (`provisioning`); RESERVE/RELEASE(6) and PERSISTENT RESERVE
+//! IN/OUT (`reservation`); REPORT TARGET PORT GROUPS and implicit ALUA
+//! (`alua`); REPORT SUPPORTED OPERATION CODES / TASK MANAGEMENT FUNCTIONS
+//! (`opcodes`); unit attentions (`ua`); TEST UNIT READY, REQUEST SENSE,
+//! REPORT LUNS, START STOP UNIT and PREVENT ALLOW MEDIUM REMOVAL here. Not
+//! implemented (answered INVALID COMMAND OPERATION CODE, which initiators and
+//! libiscsi treat as "unsupported"; reasons in docs/conformance.md): LOG
+//! SELECT, SET TARGET PORT GROUPS (implicit ALUA only),
+//! EXTENDED COPY, ORWRITE, WRITE ATOMIC, READ DEFECT DATA, SANITIZE, FORMAT
+//! UNIT, SEND DIAGNOSTIC; PR OUT PREEMPT AND ABORT is an invalid field.
 //!
 //! Checked against libiscsi's `iscsi-test-cu -t SCSI` (215 tests) through
 //! the blockwire iSCSI target.
