@@ -90,6 +90,21 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn zero_copy_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
+    /// Whether the bytes at `offset` are backed by storage, and for how long
+    /// that stays so (at most `len`). Backends that cannot tell report
+    /// everything as allocated, which is always a safe answer.
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
+        let _ = offset;
+        Ok(Extent { allocated: true, len })
+    }
+}
+
+/// A run of bytes with one allocation state, starting at the offset asked
+/// about (see [`BlockDevice::allocation`]). Holes read back as zeroes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub allocated: bool,
+    pub len: u64,
 }
 
 /// Open a backend from its spec.

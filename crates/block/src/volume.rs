@@ -153,6 +153,16 @@ impl Volume {
         self.count_err(self.inner.dev.discard(offset, len))
     }
 
+    /// The allocation state at `offset` and how far it extends (at most
+    /// `len`, never past the end): the answer GET LBA STATUS and NVMe's
+    /// deallocated-block reporting give.
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<crate::Extent> {
+        self.check(offset, 1)?;
+        let len = len.min(self.size_bytes() - offset);
+        let e = self.count_err(self.inner.dev.allocation(offset, len))?;
+        Ok(crate::Extent { allocated: e.allocated, len: e.len.clamp(1, len) })
+    }
+
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check_write(offset, len)?;
         self.inner.stats.writes.fetch_add(1, Relaxed);

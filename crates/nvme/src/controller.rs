@@ -6,6 +6,7 @@
 use crate::command::{admin, Sqe};
 use crate::fabrics::{fctype, reg, Property};
 use crate::identify::{self, cns, CtrlParams};
+use crate::features::PlainFeatures;
 use crate::logpage::{self, lid, DiscoveryEntry, LogRequest};
 use crate::subsystem::Subsystem;
 use crate::Status;
@@ -134,6 +135,7 @@ pub struct Controller {
     aers: VecDeque<u16>,
     events: VecDeque<u32>,
     changed_ns: Vec<u32>,
+    plain: crate::features::PlainFeatures,
 }
 
 fn cap() -> u64 {
@@ -162,6 +164,7 @@ impl Controller {
             aers: VecDeque::new(),
             events: VecDeque::new(),
             changed_ns: Vec::new(),
+            plain: Default::default(),
         }
     }
 
@@ -353,6 +356,7 @@ impl Controller {
         }
         let page = match (r.lid, &self.role) {
             (lid::DISCOVERY, Role::Discovery(entries)) => logpage::discovery_log(entries.len() as u64, entries),
+            (lid::SUPPORTED, Role::Nvm(_)) => logpage::supported_pages(&logpage::NVM_PAGES),
             (lid::ERROR, _) => logpage::error_log(),
             (lid::SMART, _) => logpage::smart(self.subsystem().map(|s| s.as_ref())),
             (lid::FW_SLOT, _) => logpage::firmware_slots(FIRMWARE),
@@ -404,6 +408,10 @@ impl Controller {
                 self.wce = v & 1 != 0;
                 Completion::status(cid, Status::SUCCESS)
             }
+            fid if PlainFeatures::handles(fid) && !self.is_discovery() => match self.plain.set(fid, v) {
+                Ok(()) => Completion::status(cid, Status::SUCCESS),
+                Err(s) => Completion::status(cid, s.dnr()),
+            },
             _ => Completion::status(cid, Status::INVALID_FIELD.dnr()),
         }
     }
@@ -417,6 +425,7 @@ impl Controller {
             // Supported capabilities: changeable, not saveable.
             return match fid {
                 feature::NUM_QUEUES | feature::ASYNC_EVENT | feature::KATO | feature::VOLATILE_WC => Completion::result(cid, 1 << 2),
+                fid if PlainFeatures::handles(fid) && !self.is_discovery() => Completion::result(cid, 1 << 2),
                 _ => Completion::status(cid, Status::INVALID_FIELD.dnr()),
             };
         }
@@ -429,6 +438,10 @@ impl Controller {
             feature::ASYNC_EVENT => if default { 0 } else { self.aec },
             feature::KATO => self.keep_alive.kato_ms.load(Relaxed),
             feature::VOLATILE_WC if self.subsystem().is_some_and(|s| s.write_cache()) => (if default { true } else { self.wce }) as u32,
+            fid if PlainFeatures::handles(fid) && !self.is_discovery() => match self.plain.get(fid, sqe.cdw(11), default) {
+                Ok(v) => v,
+                Err(s) => return Completion::status(cid, s.dnr()),
+            },
             _ => return Completion::status(cid, Status::INVALID_FIELD.dnr()),
         };
         Completion::result(cid, v as u64)

@@ -15,6 +15,7 @@
 pub mod command;
 pub mod controller;
 pub mod fabrics;
+pub mod features;
 pub mod identify;
 pub mod io;
 pub mod logpage;

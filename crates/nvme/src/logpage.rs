@@ -6,6 +6,7 @@ use crate::subsystem::Subsystem;
 use crate::{get_str, le16, le32, le64, put16, put32, put64, put_str};
 
 pub mod lid {
+    pub const SUPPORTED: u8 = 0x00;
     pub const ERROR: u8 = 0x01;
     pub const SMART: u8 = 0x02;
     pub const FW_SLOT: u8 = 0x03;
@@ -59,6 +60,19 @@ pub fn window(page: &[u8], r: &LogRequest) -> Option<Vec<u8>> {
     let n = (page.len() - start).min(r.len);
     out[..n].copy_from_slice(&page[start..start + n]);
     Some(out)
+}
+
+/// The pages an I/O controller serves, listed in the Supported Log Pages log.
+pub const NVM_PAGES: [u8; 6] = [lid::SUPPORTED, lid::ERROR, lid::SMART, lid::FW_SLOT, lid::CHANGED_NS, lid::CMD_EFFECTS];
+
+/// Supported Log Pages (base spec 2.0 5.16.1.1): one dword per log id,
+/// bit 0 LSUPP (supported), bit 1 IOS (index offset) never set.
+pub fn supported_pages(lids: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; 1024];
+    for &l in lids {
+        put32(&mut b, l as usize * 4, 1);
+    }
+    b
 }
 
 /// One empty error log entry (64 bytes): no errors are recorded.
@@ -226,5 +240,9 @@ mod tests {
         let s = smart(None);
         assert_eq!(s[3], 100);
         assert_eq!(changed_ns(&[3])[..4], [3, 0, 0, 0]);
+        let p = supported_pages(&NVM_PAGES);
+        assert_eq!(p.len(), 1024);
+        assert_eq!(&p[..24], &[1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]);
+        assert!(p[24..].iter().all(|&b| b == 0));
     }
 }

@@ -21,6 +21,7 @@ pub mod op {
     pub const SYNC_CACHE_10: u8 = 0x35;
     pub const WRITE_SAME_10: u8 = 0x41;
     pub const UNMAP: u8 = 0x42;
+    pub const LOG_SENSE: u8 = 0x4D;
     pub const MODE_SELECT_10: u8 = 0x55;
     pub const MODE_SENSE_10: u8 = 0x5A;
     pub const PR_IN: u8 = 0x5E;
@@ -43,6 +44,8 @@ pub mod op {
 
     /// Service actions.
     pub const SAI_READ_CAPACITY_16: u8 = 0x10;
+    pub const SAI_GET_LBA_STATUS: u8 = 0x12;
+    pub const MI_REPORT_TARGET_PORT_GROUPS: u8 = 0x0A;
     pub const MI_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
     pub const MI_REPORT_SUPPORTED_TMF: u8 = 0x0D;
 }

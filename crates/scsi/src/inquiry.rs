@@ -64,7 +64,9 @@ pub fn inquiry(lun: Option<&Lun>, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), S
 }
 
 fn standard(lun: Option<&Lun>, peripheral: u8, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[peripheral, 0x00, 0x06, 0x12, 0, 0x00, 0x00, 0x02]);
+    // Byte 5: TPGS (implicit ALUA) for a mapped LUN.
+    let tpgs = if lun.is_some() { crate::alua::TPGS_IMPLICIT } else { 0 };
+    out.extend_from_slice(&[peripheral, 0x00, 0x06, 0x12, 0, tpgs, 0x00, 0x02]);
     let (vendor, product, revision) = match lun {
         Some(l) => (l.cfg.vendor.as_str(), l.cfg.product.as_str(), l.cfg.revision.as_str()),
         None => ("BLKWIRE", "no such LUN", "0"),
@@ -97,7 +99,11 @@ fn vpd(l: &Lun, page: u8, out: &mut Vec<u8>) -> Result<(), Sense> {
             out.extend_from_slice(&[0x02, 0x01, 0, t10.len() as u8]);
             out.extend_from_slice(&t10);
             // Relative target port 1 (target port association, iSCSI).
-            out.extend_from_slice(&[0x51, 0x94, 0, 4, 0, 0, 0, 1]);
+            let port = crate::alua::RELATIVE_TARGET_PORT.to_be_bytes();
+            out.extend_from_slice(&[0x51, 0x94, 0, 4, 0, 0, port[0], port[1]]);
+            // Target port group (target port association, iSCSI).
+            let group = l.cfg.port_group.id.to_be_bytes();
+            out.extend_from_slice(&[0x51, 0x95, 0, 4, 0, 0, group[0], group[1]]);
         }
         0xb0 => {
             let discard = l.discard;

@@ -15,16 +15,20 @@
 //!
 //! Commands (modules): INQUIRY with VPD 0x00/0x80/0x83/0xB0/0xB1/0xB2
 //! (`inquiry`); MODE SENSE/SELECT 6/10 with the caching, control and
-//! informational-exceptions pages (`mode`); READ/WRITE 6/10/12/16, WRITE AND
-//! VERIFY, VERIFY, WRITE SAME 10/16, UNMAP, COMPARE AND WRITE, PRE-FETCH,
-//! SYNCHRONIZE CACHE, READ CAPACITY 10/16 (`block_io`); RESERVE/RELEASE(6)
-//! and PERSISTENT RESERVE IN/OUT (`reservation`); REPORT SUPPORTED OPERATION
-//! CODES / TASK MANAGEMENT FUNCTIONS (`opcodes`); unit attentions (`ua`);
-//! TEST UNIT READY, REQUEST SENSE, REPORT LUNS, START STOP UNIT and PREVENT
-//! ALLOW MEDIUM REMOVAL here. Not implemented (answered INVALID COMMAND
-//! OPERATION CODE, which initiators and libiscsi treat as "unsupported"): GET
-//! LBA STATUS, EXTENDED COPY, ORWRITE, WRITE ATOMIC, READ DEFECT DATA,
-//! SANITIZE, FORMAT UNIT; PR OUT PREEMPT AND ABORT is an invalid field.
+//! informational-exceptions pages (`mode`); LOG SENSE with the supported,
+//! temperature and informational-exceptions pages (`log`); READ/WRITE
+//! 6/10/12/16, WRITE AND VERIFY, VERIFY, WRITE SAME 10/16, UNMAP, COMPARE AND
+//! WRITE, PRE-FETCH, SYNCHRONIZE CACHE, READ CAPACITY 10/16 (`block_io`);
+//! GET LBA STATUS (`provisioning`); RESERVE/RELEASE(6) and PERSISTENT RESERVE
+//! IN/OUT (`reservation`); REPORT TARGET PORT GROUPS and implicit ALUA
+//! (`alua`); REPORT SUPPORTED OPERATION CODES / TASK MANAGEMENT FUNCTIONS
+//! (`opcodes`); unit attentions (`ua`); TEST UNIT READY, REQUEST SENSE,
+//! REPORT LUNS, START STOP UNIT and PREVENT ALLOW MEDIUM REMOVAL here. Not
+//! implemented (answered INVALID COMMAND OPERATION CODE, which initiators and
+//! libiscsi treat as "unsupported"; reasons in docs/conformance.md): LOG
+//! SELECT, SET TARGET PORT GROUPS (implicit ALUA only),
+//! EXTENDED COPY, ORWRITE, WRITE ATOMIC, READ DEFECT DATA, SANITIZE, FORMAT
+//! UNIT, SEND DIAGNOSTIC; PR OUT PREEMPT AND ABORT is an invalid field.
 //!
 //! Checked against libiscsi's `iscsi-test-cu -t SCSI` (215 tests) through
 //! the blockwire iSCSI target.
@@ -61,6 +65,8 @@ pub struct LunConfig {
     pub serial: String,
     /// Low 64 bits of the NAA IEEE Registered Extended designator (VPD 0x83).
     pub naa_id: u64,
+    /// ALUA target port group this LUN is reached through, and its state.
+    pub port_group: PortGroup,
 }
 
 impl LunConfig {
@@ -77,6 +83,7 @@ impl LunConfig {
             revision: env!("CARGO_PKG_VERSION").chars().filter(|c| *c != '.').take(4).collect(),
             serial: format!("{id:016x}"),
             naa_id: id,
+            port_group: PortGroup::default(),
         }
     }
 }
@@ -142,17 +149,21 @@ pub enum ReadPlan {
     Buffered,
 }
 
+mod alua;
 mod block_io;
 pub mod build;
 mod cdb;
 mod ident;
 mod inquiry;
+mod log;
 mod mode;
 mod opcodes;
+mod provisioning;
 mod reservation;
 pub mod sense;
 mod ua;
 
+pub use alua::{AluaState, PortGroup};
 pub use inquiry::naa_designator;
 pub use sense::Sense;
 /// Operation codes and service actions, for initiators as for this target.
@@ -362,8 +373,9 @@ impl ScsiTarget {
             return ReadPlan::Buffered;
         }
         let Some(l) = self.lun(lun) else { return ReadPlan::Buffered };
-        // Unit attentions and reservations: the general path handles them.
-        if l.ua.active() || l.res.held() {
+        // Unit attentions, reservations and ALUA refusals: the general path
+        // handles them.
+        if l.ua.active() || l.res.held() || l.cfg.port_group.state.refusal().is_some() {
             return ReadPlan::Buffered;
         }
         match l.read_extent(cdb) {
@@ -388,6 +400,7 @@ impl ScsiTarget {
                 _ => Err(Sense::LUN_NOT_SUPPORTED.into()),
             };
         };
+        alua::permits(l.cfg.port_group.state, opcode)?;
         // Fast path for plain reads and writes: UA and reservation checks
         // are each one atomic load unless something is pending.
         match opcode {
@@ -459,8 +472,10 @@ impl ScsiTarget {
             op::READ_CAPACITY_10 => Ok(l.read_capacity_10(cdb, out)?),
             op::SERVICE_ACTION_IN_16 => match cdb[1] & 0x1f {
                 op::SAI_READ_CAPACITY_16 => Ok(l.read_capacity_16(cdb, out)?),
+                op::SAI_GET_LBA_STATUS => Ok(l.get_lba_status(cdb, out)?),
                 _ => Err(Sense::invalid_cdb_field(1, Some(4)).into()),
             },
+            op::LOG_SENSE => Ok(log::log_sense(cdb, out)?),
             op::MODE_SENSE_6 => Ok(mode::mode_sense(l, cdb, false, out)?),
             op::MODE_SENSE_10 => Ok(mode::mode_sense(l, cdb, true, out)?),
             op::MODE_SELECT_6 => Ok(mode::mode_select(l, cdb, false, data_out)?),
@@ -489,6 +504,7 @@ impl ScsiTarget {
             op::MAINTENANCE_IN => match cdb[1] & 0x1f {
                 op::MI_REPORT_SUPPORTED_OPCODES => Ok(opcodes::report_supported_opcodes(cdb, out)?),
                 op::MI_REPORT_SUPPORTED_TMF => Ok(opcodes::report_supported_tmf(cdb, out)?),
+                op::MI_REPORT_TARGET_PORT_GROUPS => Ok(alua::report_target_port_groups(l.cfg.port_group, cdb, out)?),
                 _ => Err(Sense::invalid_cdb_field(1, Some(4)).into()),
             },
             _ => Err(Sense::INVALID_OPCODE.into()),

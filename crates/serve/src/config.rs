@@ -21,6 +21,8 @@
 //! allowed_initiators = ["iqn.1993-08.org.debian:01:abc"]   # empty: anyone
 //! chap = { user = "bob", secret = "0123456789ab" }
 //! mutual_chap = { user = "target", secret = "ba9876543210" }
+//! target_port_group = 1              # ALUA group id (default 1)
+//! alua_state = "active-optimized"    # or active-non-optimized, standby, unavailable
 //!
 //! [nvme]
 //! listen = ["0.0.0.0:4420"]
@@ -115,6 +117,24 @@ pub struct IscsiTarget {
     /// Target authenticates itself to the initiator with these (mutual CHAP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mutual_chap: Option<Credentials>,
+    /// ALUA target port group of this target's portals (REPORT TARGET PORT
+    /// GROUPS, VPD 0x83); gateways exporting one volume use distinct ids.
+    #[serde(default = "one")]
+    pub target_port_group: u16,
+    /// The group's asymmetric access state, as initiators should see it.
+    #[serde(default)]
+    pub alua_state: AluaStateConfig,
+}
+
+/// ALUA states a target port group can be configured in.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum AluaStateConfig {
+    #[default]
+    ActiveOptimized,
+    ActiveNonOptimized,
+    Standby,
+    Unavailable,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -251,6 +271,8 @@ impl ServeConfig {
                 allowed_initiators: vec![],
                 chap: None,
                 mutual_chap: None,
+                target_port_group: 1,
+                alua_state: AluaStateConfig::default(),
             });
         }
         Ok(())

@@ -11,7 +11,7 @@ use bw_iscsi::login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
 use bw_iscsi::negotiate::{LocalLimits, SessionType};
 use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu};
 use bw_iscsi::session::{write_outcome, Action, Exec, SessionConfig, TargetSession};
-use bw_scsi::{LunConfig, ReadExtent, ReadPlan, ScsiTarget};
+use bw_scsi::{AluaState, LunConfig, PortGroup, ReadExtent, ReadPlan, ScsiTarget};
 use bytes::BytesMut;
 use std::os::fd::AsRawFd;
 use std::collections::HashMap;
@@ -70,12 +70,23 @@ fn secret(c: &Option<crate::config::Credentials>) -> Option<Secret> {
     c.as_ref().map(|c| Secret { user: c.user.clone(), secret: c.secret.clone() })
 }
 
+fn alua_state(s: crate::config::AluaStateConfig) -> AluaState {
+    use crate::config::AluaStateConfig as C;
+    match s {
+        C::ActiveOptimized => AluaState::ActiveOptimized,
+        C::ActiveNonOptimized => AluaState::ActiveNonOptimized,
+        C::Standby => AluaState::Standby,
+        C::Unavailable => AluaState::Unavailable,
+    }
+}
+
 fn build_target(t: &IscsiTarget, volumes: &Volumes) -> anyhow::Result<Target> {
     let mut luns = Vec::new();
     for l in &t.luns {
         let vol = volumes.get(&l.volume).with_context(|| format!("target {}: no volume {}", t.iqn, l.volume))?;
         let mut lc = LunConfig::for_volume(&l.volume, &t.iqn, l.lun);
         lc.read_only = l.readonly || vol.read_only();
+        lc.port_group = PortGroup { id: t.target_port_group, state: alua_state(t.alua_state) };
         luns.push((l.lun, vol.clone(), lc));
     }
     Ok(Target { scsi: Arc::new(ScsiTarget::new(luns)) })

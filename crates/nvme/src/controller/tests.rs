@@ -90,6 +90,23 @@ fn features_and_logs() {
     assert_eq!(run(&mut c, g).result, 1234);
     g.set_cdw(10, 0x55);
     assert_eq!(run(&mut c, g).status, Status::INVALID_FIELD.dnr());
+    // The mandatory features without behaviour: stored and returned.
+    for (fid, want) in [(0x01u32, 7u64), (0x02, 0), (0x04, 343), (0x0a, 0)] {
+        g.set_cdw(10, fid);
+        assert_eq!(run(&mut c, g).result, want, "feature {fid:#x}");
+    }
+    let mut s = Sqe::new(admin::SET_FEATURES, 5, 0);
+    s.set_cdw(10, 0x04);
+    s.set_cdw(11, 0x150);
+    assert!(run(&mut c, s).status.is_success());
+    g.set_cdw(10, 0x04);
+    assert_eq!(run(&mut c, g).result, 0x150);
+    s.set_cdw(10, 0x02);
+    s.set_cdw(11, 3); // power state 3 does not exist
+    assert_eq!(run(&mut c, s).status, Status::INVALID_FIELD.dnr());
+    let l = LogRequest { lid: lid::SUPPORTED, rae: false, len: 1024, offset: 0 };
+    let d = run(&mut c, with_len(l.to_sqe(7, 0), 1024)).data.unwrap();
+    assert_eq!((d[0], d[4], d[8], d[20], d[24]), (1, 1, 1, 1, 0));
     let l = LogRequest { lid: lid::SMART, rae: false, len: 512, offset: 0 };
     let d = run(&mut c, with_len(l.to_sqe(7, 0xFFFF_FFFF), 512)).data.unwrap();
     assert_eq!(d.len(), 512);

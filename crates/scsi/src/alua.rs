@@ -1,0 +1,143 @@
+//! Implicit ALUA (SPC-4 5.16): the TPGS bits of INQUIRY, the target port
+//! group designator of VPD 0x83 and REPORT TARGET PORT GROUPS (MAINTENANCE
+//! IN / 0x0A). One target port group per target by default, in the
+//! active/optimized state; the group id and state come from configuration
+//! so several gateways exporting one volume can tell initiators which path
+//! to prefer. Transitions are the configuration's, never the initiator's
+//! (SET TARGET PORT GROUPS is not implemented: implicit ALUA only).
+
+use crate::cdb::{be32, truncate_to};
+use crate::sense::Sense;
+
+/// Asymmetric access states (SPC-4 table 172).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AluaState {
+    #[default]
+    ActiveOptimized,
+    ActiveNonOptimized,
+    Standby,
+    Unavailable,
+}
+
+impl AluaState {
+    pub fn code(self) -> u8 {
+        match self {
+            AluaState::ActiveOptimized => 0x0,
+            AluaState::ActiveNonOptimized => 0x1,
+            AluaState::Standby => 0x2,
+            AluaState::Unavailable => 0x3,
+        }
+    }
+
+    /// The sense for a medium access refused in this state (SPC-4 5.16.2.4),
+    /// `None` when access is allowed.
+    pub fn refusal(self) -> Option<Sense> {
+        match self {
+            AluaState::ActiveOptimized | AluaState::ActiveNonOptimized => None,
+            AluaState::Standby => Some(Sense::new(crate::sense::key::NOT_READY, 0x04, 0x0b)),
+            AluaState::Unavailable => Some(Sense::new(crate::sense::key::NOT_READY, 0x04, 0x0c)),
+        }
+    }
+}
+
+/// Whether `opcode` may run in `state` (SPC-4 5.16.2.4.4-5): in standby
+/// and unavailable only the commands that inspect the LU or its paths
+/// (and, in standby, persistent reservations) run; the rest get NOT READY.
+pub fn permits(state: AluaState, opcode: u8) -> Result<(), Sense> {
+    use crate::cdb::op;
+    let Some(refusal) = state.refusal() else { return Ok(()) };
+    match opcode {
+        op::INQUIRY
+        | op::LOG_SENSE
+        | op::MODE_SENSE_6
+        | op::MODE_SENSE_10
+        | op::MODE_SELECT_6
+        | op::MODE_SELECT_10
+        | op::REPORT_LUNS
+        | op::MAINTENANCE_IN
+        | op::REQUEST_SENSE => Ok(()),
+        op::PR_IN | op::PR_OUT if state == AluaState::Standby => Ok(()),
+        _ => Err(refusal),
+    }
+}
+
+/// The target port group a LUN is reached through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortGroup {
+    pub id: u16,
+    pub state: AluaState,
+}
+
+impl Default for PortGroup {
+    fn default() -> Self {
+        PortGroup { id: 1, state: AluaState::ActiveOptimized }
+    }
+}
+
+/// Standard INQUIRY byte 5 TPGS field: implicit asymmetric access only.
+pub const TPGS_IMPLICIT: u8 = 0x10;
+/// The relative target port identifier every iSCSI portal of a target shares.
+pub const RELATIVE_TARGET_PORT: u16 = 1;
+
+/// REPORT TARGET PORT GROUPS: one group with one port.
+pub fn report_target_port_groups(group: PortGroup, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+    let extended = match cdb[1] >> 5 {
+        0 => false,
+        1 => true,
+        _ => return Err(Sense::invalid_cdb_field(1, Some(5))),
+    };
+    let alloc = be32(cdb, 6) as usize;
+    out.extend_from_slice(&[0; 4]);
+    if extended {
+        // Format 1, implicit transition time unknown (0).
+        out.extend_from_slice(&[0x10, 0, 0, 0]);
+    }
+    // PREF=0, state; supported states: T/O/LBD not, U S AN AO yes.
+    out.push(group.state.code());
+    out.push(0x0f);
+    out.extend_from_slice(&group.id.to_be_bytes());
+    out.extend_from_slice(&[0, 0x02, 0, 1]); // status: altered by implicit behaviour; one port
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&RELATIVE_TARGET_PORT.to_be_bytes());
+    // RETURN DATA LENGTH: the bytes after the first four.
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_be_bytes());
+    truncate_to(out, alloc);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_group_with_one_port() {
+        let g = PortGroup { id: 0x0102, state: AluaState::Standby };
+        let mut out = Vec::new();
+        report_target_port_groups(g, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out).unwrap();
+        assert_eq!(out, vec![0, 0, 0, 12, 0x02, 0x0f, 0x01, 0x02, 0, 0x02, 0, 1, 0, 0, 0, 1]);
+        out.clear();
+        report_target_port_groups(PortGroup::default(), &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out)
+            .unwrap();
+        assert_eq!(out, vec![0, 0, 0, 16, 0x10, 0, 0, 0, 0x00, 0x0f, 0, 1, 0, 0x02, 0, 1, 0, 0, 0, 1]);
+        out.clear();
+        report_target_port_groups(PortGroup::default(), &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0], &mut out)
+            .unwrap();
+        assert_eq!(out.len(), 6);
+        assert_eq!(
+            report_target_port_groups(PortGroup::default(), &[0xa3, 0x4a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out),
+            Err(Sense::invalid_cdb_field(1, Some(5)))
+        );
+    }
+
+    #[test]
+    fn states_gate_media_access() {
+        assert_eq!(AluaState::ActiveNonOptimized.refusal(), None);
+        assert_eq!(AluaState::Unavailable.refusal(), Some(Sense::new(2, 0x04, 0x0c)));
+        assert_eq!(permits(AluaState::Standby, 0x28), Err(Sense::new(2, 0x04, 0x0b)));
+        assert_eq!(permits(AluaState::Standby, 0x5e), Ok(()));
+        assert_eq!(permits(AluaState::Unavailable, 0x5e), Err(Sense::new(2, 0x04, 0x0c)));
+        assert_eq!(permits(AluaState::Unavailable, 0xa3), Ok(()));
+        assert_eq!(permits(AluaState::ActiveNonOptimized, 0x2a), Ok(()));
+    }
+}
