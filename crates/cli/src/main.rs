@@ -6,6 +6,8 @@ use bw_workload::{BenchParams, Rw, VerifyParams};
 use clap::{Args, Parser, Subcommand};
 use std::time::Duration;
 
+mod attach;
+
 #[derive(Parser)]
 #[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
 struct Cli {
@@ -35,6 +37,12 @@ enum Cmd {
     Nvme(NvmeCmd),
     /// Run the same workloads over every protocol and peer; report speed, latency, CPU and wire bytes.
     Lab(bw_lab::LabArgs),
+    /// A remote volume as one file in a FUSE file system (optionally a loop device).
+    Attach(attach::AttachArgs),
+    /// Attach, create a loop device, optionally make a file system, and mount it.
+    Mount(attach::MountArgs),
+    /// Undo `mount` or `attach`: unmount, detach the loop device, unmount FUSE, log out.
+    Umount(attach::UmountArgs),
 }
 
 #[derive(Args)]
@@ -258,6 +266,9 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Serve(a) => serve(a),
+        Cmd::Attach(a) => attach::attach(a),
+        Cmd::Mount(a) => attach::mount(a),
+        Cmd::Umount(a) => attach::umount(a),
         Cmd::Verify(a) => {
             let rt = runtime(a.client.threads)?;
             rt.block_on(async {
