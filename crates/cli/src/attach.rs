@@ -86,7 +86,9 @@ fn run_tool(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        bail!("{:?} failed: {}", cmd.get_program(), err.trim());
+        // One line for the user: tools append usage text after the reason.
+        let reason = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+        bail!("{} failed: {}", cmd.get_program().to_string_lossy(), reason.trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -349,9 +351,11 @@ fn all_states() -> Vec<Value> {
         .collect()
 }
 
+/// Running (a zombie waiting for a slow reaper counts as gone).
 fn pid_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the parenthesised command name.
+    pid > 0 && !matches!(stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next()), Some(Some('Z' | 'X')))
 }
 
 pub fn umount(a: UmountArgs) -> anyhow::Result<()> {
