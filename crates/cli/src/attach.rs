@@ -186,7 +186,7 @@ async fn wait_and_detach(dir: &Path, loop_dev: Option<&str>, client: Arc<dyn bw_
             return Ok(());
         }
         asked = true;
-        if let Some(l) = loop_dev {
+        if let Some(l) = loop_dev.filter(|l| loop_backs(l, dir)) {
             // Sets autoclear if the loop device is still open (mounted).
             let _ = run_tool(Command::new("losetup").args(["-d", l]));
             wait_loop_released(l, Duration::from_secs(5));
@@ -223,6 +223,14 @@ fn lazy_unmount(dir: &Path) {
     let c = cpath(dir);
     // SAFETY: c is a valid NUL-terminated path.
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+}
+
+/// Whether `dev` is still the loop device on a file under `dir` (loop
+/// numbers are reused: never detach someone else's).
+fn loop_backs(dev: &str, dir: &Path) -> bool {
+    let name = dev.trim_start_matches("/dev/");
+    std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .is_ok_and(|f| Path::new(f.trim()).starts_with(dir))
 }
 
 /// Wait until the loop device no longer holds a backing file.
@@ -378,13 +386,13 @@ fn undo(state: &Value, shown: &Path) -> anyhow::Result<()> {
             run_tool(Command::new("umount").arg(mp)).with_context(|| format!("{}: still mounted", shown.display()))?;
         }
     }
-    if let Some(dev) = state["loop"].as_str() {
+    let dir = PathBuf::from(state["dir"].as_str().unwrap_or_default());
+    if let Some(dev) = state["loop"].as_str().filter(|l| loop_backs(l, &dir)) {
         let _ = run_tool(Command::new("losetup").args(["-d", dev]));
-        if !wait_loop_released(dev, Duration::from_secs(10)) {
+        if !wait_loop_released(dev, Duration::from_secs(30)) {
             bail!("{dev} is still in use; not detaching {}", shown.display());
         }
     }
-    let dir = PathBuf::from(state["dir"].as_str().unwrap_or_default());
     let pid = state["pid"].as_i64().unwrap_or(0) as i32;
     if pid_alive(pid) {
         // The daemon flushes and unmounts on SIGTERM; a dead target makes its

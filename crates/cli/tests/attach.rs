@@ -45,6 +45,14 @@ fn check_tree(root: &Path) {
     }
 }
 
+/// Runs `blockwire umount` when a test ends, failed or not.
+struct Detach(String);
+impl Drop for Detach {
+    fn drop(&mut self) {
+        let _ = blockwire(None, &["umount", &self.0]);
+    }
+}
+
 /// What must be gone after `blockwire umount`.
 fn assert_nothing_left(mp: &Path, fuse_hint: &str) {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
@@ -71,6 +79,7 @@ fn roundtrip(url: &str, fs: &str, backing: Option<&Path>, tmp: &TempDir) {
     std::fs::create_dir_all(&mp).unwrap();
     let m = mp.to_str().unwrap();
     let hint = m.replace('/', "_");
+    let _guard = Detach(m.to_string());
     blockwire_ok(None, &["mount", url, m, "--mkfs", fs, "--timeout", "10"]);
     write_tree(&mp);
     blockwire_ok(None, &["umount", m]);
@@ -149,6 +158,7 @@ fn fio_verify_at_queue_depth_32_through_loop() {
     let dir = tmp.path().join("fuse");
     std::fs::create_dir_all(&dir).unwrap();
     let d = dir.to_str().unwrap();
+    let _guard = Detach(d.to_string());
     let line = blockwire_ok(None, &["attach", &url, d, "--loop", "--background", "--timeout", "10"]);
     let dev = line.split_whitespace().last().unwrap().to_string();
     assert!(dev.starts_with("/dev/loop"), "{line}");
@@ -187,6 +197,7 @@ fn target_killed_under_dd_then_back() {
     let dir = tmp.path().join("fuse");
     std::fs::create_dir_all(&dir).unwrap();
     let d = dir.to_str().unwrap();
+    let _guard = Detach(d.to_string());
     let line = blockwire_ok(None, &["attach", &url, d, "--loop", "--background", "--timeout", "3"]);
     let dev = line.split_whitespace().last().unwrap().to_string();
     let mut dd = Command::new("dd")
