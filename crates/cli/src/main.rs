@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use std::time::Duration;
 
 mod router;
+mod attach;
 
 #[derive(Parser)]
 #[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
@@ -39,6 +40,12 @@ enum Cmd {
     Lab(bw_lab::LabArgs),
     /// Label-switching router (MPLS) on raw Ethernet ports, until SIGINT/SIGTERM.
     Router(router::RouterArgs),
+    /// A remote volume as one file in a FUSE file system (optionally a loop device).
+    Attach(attach::AttachArgs),
+    /// Attach, create a loop device, optionally make a file system, and mount it.
+    Mount(attach::MountArgs),
+    /// Undo `mount` or `attach`: unmount, detach the loop device, unmount FUSE, log out.
+    Umount(attach::UmountArgs),
 }
 
 #[derive(Args)]
@@ -262,6 +269,9 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Serve(a) => serve(a),
+        Cmd::Attach(a) => attach::attach(a),
+        Cmd::Mount(a) => attach::mount(a),
+        Cmd::Umount(a) => attach::umount(a),
         Cmd::Verify(a) => {
             let rt = runtime(a.client.threads)?;
             rt.block_on(async {

@@ -36,6 +36,8 @@ pub enum ClientError {
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("not connected: {0}")]
     Disconnected(String),
+    #[error("not supported: {0}")]
+    Unsupported(String),
 }
 
 pub type Result<T> = std::result::Result<T, ClientError>;
@@ -83,6 +85,12 @@ pub trait BlockClient: Send + Sync {
     async fn write(&self, offset: u64, data: &[u8]) -> Result<()>;
     /// Make acknowledged writes durable on the target.
     async fn flush(&self) -> Result<()>;
+    /// Tell the target a range is no longer needed (UNMAP, Dataset Management
+    /// deallocate). Targets and protocols without it answer `Unsupported`.
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let _ = (offset, len);
+        Err(ClientError::Unsupported(format!("discard on {}", self.describe())))
+    }
     /// Log out / disconnect cleanly.
     async fn close(&self) -> Result<()>;
 }

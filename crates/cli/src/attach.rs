@@ -1,0 +1,426 @@
+//! `blockwire attach`, `mount` and `umount`: a remote volume as a file (FUSE),
+//! a block device (loop with direct I/O) and a mounted file system.
+//!
+//! Each attach daemon records itself in `/run/blockwire/attach-PID.json`
+//! (FUSE dir, loop device, mount point) so `umount` can undo it in order.
+
+use crate::ClientArgs;
+use anyhow::{bail, Context};
+use clap::Args;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const STATE_DIR: &str = "/run/blockwire";
+
+#[derive(Args)]
+pub struct AttachArgs {
+    /// Target URL (see `blockwire verify --help`).
+    pub url: String,
+    /// Empty directory to mount the FUSE file system on.
+    pub dir: PathBuf,
+    /// Name of the file that is the volume.
+    #[arg(long = "file", default_value = "disk")]
+    pub file: String,
+    /// Refuse writes.
+    #[arg(long)]
+    pub readonly: bool,
+    /// Also create a loop device (direct I/O) on the file and print it.
+    #[arg(long = "loop")]
+    pub make_loop: bool,
+    /// Return once attached, leaving the daemon running.
+    #[arg(long)]
+    pub background: bool,
+    /// Recorded for `blockwire umount` (set by `blockwire mount`).
+    #[arg(long, hide = true)]
+    pub mountpoint: Option<PathBuf>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Args)]
+pub struct MountArgs {
+    /// Target URL (see `blockwire verify --help`).
+    pub url: String,
+    /// Directory to mount the file system on.
+    pub mountpoint: PathBuf,
+    /// Make a file system first (destroys what is on the volume).
+    #[arg(long, value_parser = ["ext4", "xfs"])]
+    pub mkfs: Option<String>,
+    /// Mount options, passed to mount(8).
+    #[arg(short = 'o', value_name = "OPTS")]
+    pub options: Option<String>,
+    #[arg(long)]
+    pub readonly: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Args)]
+pub struct UmountArgs {
+    /// Mount point of `blockwire mount`, or the directory of `blockwire attach`.
+    pub target: PathBuf,
+}
+
+fn require_root() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("must run as root (FUSE mount, loop devices)");
+    }
+    Ok(())
+}
+
+fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::canonicalize(p).with_context(|| format!("{}", p.display()))
+}
+
+fn state_path(pid: u32) -> PathBuf {
+    Path::new(STATE_DIR).join(format!("attach-{pid}.json"))
+}
+
+fn run_tool(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        // One line for the user: tools append usage text after the reason.
+        let reason = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+        bail!("{} failed: {}", cmd.get_program().to_string_lossy(), reason.trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
+    require_root()?;
+    let dir = absolute(&a.dir)?;
+    if a.background {
+        let (_, line) = spawn_daemon(&a, &dir)?;
+        println!("{line}");
+        return Ok(());
+    }
+    bw_attach::prepare_process()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(a.client.threads.max(2)).enable_all().build()?;
+    let opts = a.client.options(128);
+    let timeout = opts.timeout;
+    let client = rt.block_on(async {
+        tokio::time::timeout(timeout, bw_attach::Reconnecting::connect(&a.url, opts))
+            .await
+            .map_err(|_| anyhow::anyhow!("{}: no answer in {timeout:?}", a.url))?
+            .with_context(|| a.url.clone())
+    })?;
+    let client: Arc<dyn bw_initiator::BlockClient> = Arc::new(client);
+    let size = client.size_bytes();
+    let fs_opts = bw_attach::AttachOptions {
+        file_name: a.file.clone(),
+        readonly: a.readonly,
+        fuse_threads: 2,
+        source: format!("blockwire:{}", redact(&a.url)),
+    };
+    let attached = bw_attach::attach(client.clone(), rt.handle().clone(), &dir, &fs_opts)?;
+    let file = dir.join(&a.file);
+    let loop_dev = if a.make_loop {
+        let mut cmd = Command::new("losetup");
+        cmd.args(["--direct-io=on", "--find", "--show"]);
+        if a.readonly {
+            cmd.arg("--read-only");
+        }
+        match run_tool(cmd.arg(&file)) {
+            Ok(dev) => Some(dev),
+            Err(e) => {
+                let _ = unmount_fuse(&dir);
+                let _ = attached.join();
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
+    std::fs::create_dir_all(STATE_DIR)?;
+    let state = json!({
+        "pid": std::process::id(), "url": redact(&a.url), "dir": dir, "file": file,
+        "loop": loop_dev, "mountpoint": a.mountpoint,
+    });
+    std::fs::write(state_path(std::process::id()), state.to_string())?;
+    let mut line = format!("attached {} at {} ({size} bytes)", redact(&a.url), file.display());
+    if let Some(l) = &loop_dev {
+        line.push_str(&format!(" loop {l}"));
+    }
+    println!("{line}");
+    std::io::stdout().flush()?;
+
+    let r = rt.block_on(wait_and_detach(&dir, loop_dev.as_deref(), client.clone()));
+    let _ = std::fs::remove_file(state_path(std::process::id()));
+    r?;
+    let _ = attached.join();
+    Ok(())
+}
+
+/// Hide an iSCSI CHAP secret (`USER%SECRET@`) in anything we print or store.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@'), url.find('%')) {
+        (Some(s), Some(at), Some(p)) if s < p && p < at => format!("{}%***{}", &url[..p], &url[at..]),
+        _ => url.to_string(),
+    }
+}
+
+/// Serve until SIGINT/SIGTERM; then detach the loop device, flush and
+/// unmount. If the file system is busy, keep serving; a second signal forces
+/// (aborts the FUSE connection and detaches the mount lazily).
+async fn wait_and_detach(dir: &Path, loop_dev: Option<&str>, client: Arc<dyn bw_initiator::BlockClient>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut asked = false;
+    loop {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        if asked {
+            log::warn!("second signal: aborting the FUSE connection at {}", dir.display());
+            let _ = bw_attach::abort_connection(dir);
+            lazy_unmount(dir);
+            return Ok(());
+        }
+        asked = true;
+        if let Some(l) = loop_dev.filter(|l| loop_backs(l, dir)) {
+            // Sets autoclear if the loop device is still open (mounted).
+            let _ = run_tool(Command::new("losetup").args(["-d", l]));
+            wait_loop_released(l, Duration::from_secs(5));
+        }
+        if let Err(e) = client.flush().await {
+            log::warn!("flush before detaching: {e}");
+        }
+        match unmount_fuse(dir) {
+            Ok(()) => {
+                let _ = client.close().await;
+                return Ok(());
+            }
+            Err(e) => eprintln!("blockwire: {}: {e}; still attached (signal again to force)", dir.display()),
+        }
+    }
+}
+
+fn cpath(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
+}
+
+/// Unmount (not lazily: a busy file system says so instead of lingering).
+fn unmount_fuse(dir: &Path) -> std::io::Result<()> {
+    let c = cpath(dir);
+    // SAFETY: c is a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn lazy_unmount(dir: &Path) {
+    let c = cpath(dir);
+    // SAFETY: c is a valid NUL-terminated path.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+}
+
+/// Whether `dev` is still the loop device on a file under `dir` (loop
+/// numbers are reused: never detach someone else's).
+fn loop_backs(dev: &str, dir: &Path) -> bool {
+    let name = dev.trim_start_matches("/dev/");
+    std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .is_ok_and(|f| Path::new(f.trim()).starts_with(dir))
+}
+
+/// Wait until the loop device no longer holds a backing file.
+fn wait_loop_released(dev: &str, limit: Duration) -> bool {
+    let name = dev.trim_start_matches("/dev/");
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if !Path::new(&format!("/sys/block/{name}/loop/backing_file")).exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Start `blockwire attach` without --background in its own session and wait
+/// for its ready line; its log goes to /run/blockwire/attach-PID.log.
+fn spawn_daemon(a: &AttachArgs, dir: &Path) -> anyhow::Result<(Value, String)> {
+    std::fs::create_dir_all(STATE_DIR)?;
+    let log_tmp = Path::new(STATE_DIR).join(format!("attach-starting-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_tmp)?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("attach").arg(&a.url).arg(dir).arg("--file").arg(&a.file);
+    if a.readonly {
+        cmd.arg("--readonly");
+    }
+    if a.make_loop {
+        cmd.arg("--loop");
+    }
+    if let Some(m) = &a.mountpoint {
+        cmd.arg("--mountpoint").arg(m);
+    }
+    let c = &a.client;
+    cmd.args(["--queues", &c.queues.to_string(), "--timeout", &c.timeout.to_string(), "--threads", &c.threads.to_string()]);
+    if let Some(n) = &c.initiator_name {
+        cmd.args(["--initiator-name", n]);
+    }
+    if c.header_digest {
+        cmd.arg("--header-digest");
+    }
+    if c.data_digest {
+        cmd.arg("--data-digest");
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+    // SAFETY: setsid is async-signal-safe; the daemon must not die with our terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the attach daemon")?;
+    let pid = child.id();
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    let log_path = Path::new(STATE_DIR).join(format!("attach-{pid}.log"));
+    let _ = std::fs::rename(&log_tmp, &log_path);
+    if !line.starts_with("attached ") {
+        let _ = child.wait();
+        let msg = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let _ = std::fs::remove_file(&log_path);
+        let last = msg.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("the attach daemon exited");
+        bail!("{}", last.trim_start_matches("blockwire: error: "));
+    }
+    let state: Value = serde_json::from_str(&std::fs::read_to_string(state_path(pid))?)?;
+    Ok((state, line.trim().to_string()))
+}
+
+pub fn mount(a: MountArgs) -> anyhow::Result<()> {
+    require_root()?;
+    let mp = absolute(&a.mountpoint)?;
+    if !mp.is_dir() {
+        bail!("{}: not a directory", mp.display());
+    }
+    if bw_attach::is_mountpoint(&mp) {
+        bail!("{}: already a mount point", mp.display());
+    }
+    let key: String = mp.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let fuse_dir = Path::new(STATE_DIR).join("fuse").join(key);
+    std::fs::create_dir_all(&fuse_dir)?;
+    let attach_args = AttachArgs {
+        url: a.url.clone(),
+        dir: fuse_dir.clone(),
+        file: "disk".into(),
+        readonly: a.readonly,
+        make_loop: true,
+        background: true,
+        mountpoint: Some(mp.clone()),
+        client: a.client.clone(),
+    };
+    let (state, _) = spawn_daemon(&attach_args, &fuse_dir).inspect_err(|_| {
+        let _ = std::fs::remove_dir(&fuse_dir);
+    })?;
+    let dev = state["loop"].as_str().unwrap_or_default().to_string();
+    let finish = || -> anyhow::Result<()> {
+        match a.mkfs.as_deref() {
+            Some("ext4") => run_tool(Command::new("mkfs.ext4").args(["-q", "-F", &dev]))?,
+            Some("xfs") => run_tool(Command::new("mkfs.xfs").args(["-q", "-f", &dev]))?,
+            _ => String::new(),
+        };
+        let mut cmd = Command::new("mount");
+        if let Some(o) = &a.options {
+            cmd.args(["-o", o]);
+        }
+        if a.readonly {
+            cmd.arg("-r");
+        }
+        run_tool(cmd.arg(&dev).arg(&mp))?;
+        Ok(())
+    };
+    if let Err(e) = finish() {
+        let _ = undo(&state, &mp);
+        return Err(e);
+    }
+    println!("mounted {} on {} ({dev})", redact(&a.url), mp.display());
+    Ok(())
+}
+
+fn all_states() -> Vec<Value> {
+    let Ok(rd) = std::fs::read_dir(STATE_DIR) else { return vec![] };
+    rd.flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .filter_map(|e| serde_json::from_str(&std::fs::read_to_string(e.path()).ok()?).ok())
+        .collect()
+}
+
+/// Running (a zombie waiting for a slow reaper counts as gone).
+fn pid_alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the parenthesised command name.
+    pid > 0 && !matches!(stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next()), Some(Some('Z' | 'X')))
+}
+
+pub fn umount(a: UmountArgs) -> anyhow::Result<()> {
+    require_root()?;
+    let target = std::fs::canonicalize(&a.target).unwrap_or(a.target.clone());
+    let matches = |s: &Value, k: &str| s[k].as_str().is_some_and(|p| Path::new(p) == target);
+    let Some(state) = all_states().into_iter().find(|s| matches(s, "mountpoint") || matches(s, "dir")) else {
+        println!("nothing attached at {}", target.display());
+        return Ok(());
+    };
+    undo(&state, &target)?;
+    println!("detached {}", target.display());
+    Ok(())
+}
+
+/// Undo an attach (and its mount) in order: file system, loop device, FUSE, daemon.
+fn undo(state: &Value, shown: &Path) -> anyhow::Result<()> {
+    if let Some(mp) = state["mountpoint"].as_str().map(Path::new) {
+        if bw_attach::is_mountpoint(mp) {
+            run_tool(Command::new("umount").arg(mp)).with_context(|| format!("{}: still mounted", shown.display()))?;
+        }
+    }
+    let dir = PathBuf::from(state["dir"].as_str().unwrap_or_default());
+    if let Some(dev) = state["loop"].as_str().filter(|l| loop_backs(l, &dir)) {
+        let _ = run_tool(Command::new("losetup").args(["-d", dev]));
+        if !wait_loop_released(dev, Duration::from_secs(30)) {
+            bail!("{dev} is still in use; not detaching {}", shown.display());
+        }
+    }
+    let pid = state["pid"].as_i64().unwrap_or(0) as i32;
+    if pid_alive(pid) {
+        // The daemon flushes and unmounts on SIGTERM; a dead target makes its
+        // flush fail after its timeout, so allow a little longer than that.
+        // SAFETY: plain kill(2) on the daemon's recorded PID.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let t0 = Instant::now();
+        while pid_alive(pid) && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    if bw_attach::is_mountpoint(&dir) {
+        // Daemon gone or stuck: fail every pending request, then unmount.
+        let _ = bw_attach::abort_connection(&dir);
+        lazy_unmount(&dir);
+    }
+    if pid_alive(pid) {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let t0 = Instant::now();
+        while pid_alive(pid) && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let _ = std::fs::remove_file(state_path(pid as u32));
+    let _ = std::fs::remove_file(Path::new(STATE_DIR).join(format!("attach-{pid}.log")));
+    if dir.starts_with(Path::new(STATE_DIR).join("fuse")) {
+        let _ = std::fs::remove_dir(&dir);
+    }
+    Ok(())
+}
