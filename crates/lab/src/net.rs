@@ -9,7 +9,7 @@ use crate::topology::{ns_command, Link, Topology};
 use serde::{Deserialize, Serialize};
 use std::process::Command;
 
-/// Parallel streams per iperf3 run (STUDIES.md §4 goes 1/2/4/8).
+/// Parallel streams per iperf3 run (study 4 in docs/studies.md went 1/2/4/8).
 pub const STREAMS: [u32; 4] = [1, 2, 4, 8];
 /// iperf3's TCP port inside the target namespace.
 pub const IPERF_PORT: u16 = 5201;

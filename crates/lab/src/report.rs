@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
-/// Header cost per frame from STUDIES.md section 3, for comparison.
+/// Header cost per frame from study 3 (docs/studies.md), for comparison.
 pub const STUDIES_HEADER_TABLE: [(&str, u32); 7] = [
     ("AoE", 32),
     ("AoE/MPLS", 50),
@@ -293,7 +293,7 @@ pub fn print_recommendations(r: &Results) {
     }
 }
 
-// ---------------------------------------------------------------- findings (STUDIES.md §1)
+// ---------------------------------------------------------------- findings (study 1, docs/studies.md)
 
 /// Are two cases apart on `metric` by more than the practical threshold,
 /// with 95% confidence?
@@ -573,7 +573,7 @@ pub fn html(r: &Results) -> String {
     // Findings.
     let fs = findings(r);
     if !fs.is_empty() {
-        h.push_str("<h2>Findings of STUDIES.md §1, checked</h2><table><tr><th class=l>claim</th><th class=l>compared</th><th class=l>measured</th><th class=l>verdict</th></tr>");
+        h.push_str("<h2>Findings of the AoE vs iSCSI study, checked</h2><table><tr><th class=l>claim</th><th class=l>compared</th><th class=l>measured</th><th class=l>verdict</th></tr>");
         for f in fs {
             let _ = write!(
                 h,
@@ -827,7 +827,7 @@ fn net_section(r: &Results) -> String {
 
 fn overhead_section(r: &Results, all: &BTreeMap<CaseKey, Case>) -> String {
     let mut h = String::new();
-    h.push_str("<h2>Header overhead per frame</h2><p class=\"note\">Measured on the 1 MiB sequential cases: non-payload bytes per frame (Ethernet/IP/TCP/protocol headers, requests, ACKs) and payload share of the wire. Next to it, the per-frame header cost table of STUDIES.md §3.</p><div class=\"charts\"><table><tr><th class=l>subject</th><th>MTU</th><th>read: header B/frame</th><th>read: frames/MiB</th><th>read: payload share</th><th>write: header B/frame</th><th>write: payload share</th></tr>");
+    h.push_str("<h2>Header overhead per frame</h2><p class=\"note\">Measured on the 1 MiB sequential cases: non-payload bytes per frame (Ethernet/IP/TCP/protocol headers, requests, ACKs) and payload share of the wire. Next to it, the per-frame header cost the MPLS study lists (docs/studies.md, study 3).</p><div class=\"charts\"><table><tr><th class=l>subject</th><th>MTU</th><th>read: header B/frame</th><th>read: frames/MiB</th><th>read: payload share</th><th>write: header B/frame</th><th>write: payload share</th></tr>");
     let mut any = false;
     for s in r.subjects.iter().filter(|s| s.protocol != "local") {
         for &mtu in &r.params.mtus {
@@ -865,7 +865,7 @@ fn overhead_section(r: &Results, all: &BTreeMap<CaseKey, Case>) -> String {
     if !any {
         h.push_str("<tr><td class=l colspan=7>no sequential cases measured</td></tr>");
     }
-    h.push_str("</table><table><tr><th class=l>STUDIES.md §3 encapsulation</th><th>header B/frame</th></tr>");
+    h.push_str("</table><table><tr><th class=l>study 3: encapsulation</th><th>header B/frame</th></tr>");
     for (name, b) in STUDIES_HEADER_TABLE {
         let _ = write!(h, "<tr><td class=l>{name}</td><td>{b}</td></tr>");
     }
