@@ -12,6 +12,7 @@
 //! handling), `stats` and `accounting` (numbers), `report` (CSV, HTML, SVG).
 
 pub mod accounting;
+pub mod cgroup;
 pub mod cleanup;
 pub mod lab;
 pub mod machine;
