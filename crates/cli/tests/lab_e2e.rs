@@ -131,7 +131,7 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     let out = out_dir("e2e");
     let mut child = Command::new(blockwire_bin())
         .args(["lab", "--quick", "--protocols", "aoe", "--peers", "vblade", "--repeat", "1"])
-        .args(["--size", "16M", "--runtime", "1", "--sweep-runtime", "1", "--out"])
+        .args(["--size", "16M", "--runtime", "1", "--sweep-runtime", "1", "--link", "1gbit", "--out"])
         .arg(&out)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -173,8 +173,20 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     assert!(aoe["target_cpu_s"].as_f64().is_some());
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), samples.len() + 1, "one CSV row per sample");
+    assert!(samples.iter().all(|s| s["link"] == "1gbit" || s["subject"] == "local-fio"), "samples not tagged with their link");
+    // The net suite ran first, on the shaped link: every stream count, and
+    // no rate above the 1 Gbit/s token bucket (an unshaped veth here runs at
+    // several Gbit/s; a busy machine can only make it slower, never faster).
+    let net = results["net"].as_array().expect("net samples");
+    for streams in [1, 2, 4, 8] {
+        let s = net.iter().find(|s| s["streams"] == streams).unwrap_or_else(|| panic!("no iperf3 run with {streams} streams"));
+        assert_eq!(s["link"], "1gbit");
+        let bps = s["bits_per_s"].as_f64().unwrap_or(0.0);
+        assert!(bps > 0.0 && bps < 1.1e9, "iperf3 over the 1gbit link reached {bps} bit/s");
+    }
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("id=\"recommendation\""));
+    assert!(html.contains("id=\"net\""), "no net section in the report");
 
     let screenshot = out.join("report.png");
     check_in_chromium(&out.join("report.html"), &screenshot);
@@ -198,7 +210,7 @@ fn interrupted_lab_leaves_nothing_behind() {
     require_root();
     let out = out_dir("sigint");
     let mut child = Command::new(blockwire_bin())
-        .args(["lab", "--quick", "--protocols", "aoe", "--peers", "vblade", "--suite", "micro", "--repeat", "2"])
+        .args(["lab", "--quick", "--protocols", "aoe", "--peers", "vblade", "--suite", "micro", "--repeat", "2", "--link", "1gbit"])
         .args(["--size", "16M", "--runtime", "3", "--out"])
         .arg(&out)
         .stdin(Stdio::null())

@@ -139,6 +139,7 @@ impl Metric {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CaseKey {
     pub suite: String,
+    pub link: String,
     pub mtu: Option<u32>,
     pub workload: String,
     pub subject: String,
@@ -171,6 +172,7 @@ pub fn cases(samples: &[Sample]) -> BTreeMap<CaseKey, Case> {
     for s in samples {
         let key = CaseKey {
             suite: s.suite.clone(),
+            link: s.link.clone(),
             mtu: s.mtu,
             workload: s.workload.name.clone(),
             subject: s.subject.clone(),
@@ -194,6 +196,7 @@ mod tests {
         Sample {
             subject: "blockwire-aoe".into(),
             mtu: Some(1500),
+            link: "none".into(),
             suite: "micro".into(),
             workload: Workload {
                 name: "randread-4k-qd1".into(),

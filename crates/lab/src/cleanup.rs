@@ -18,6 +18,8 @@ pub enum Resource {
     Netns(String),
     /// A veth end inside a namespace (`None`: the root namespace).
     Veth { ns: Option<String>, name: String },
+    /// A root qdisc (tc tbf link shaping) on a device inside a namespace.
+    Qdisc { ns: String, dev: String },
     File(PathBuf),
 }
 
@@ -235,6 +237,16 @@ fn release_resource(r: &Resource) -> anyhow::Result<()> {
                 Some(ns) => run_quiet(&["ip", "-n", ns, "link", "del", name]),
                 None => run_quiet(&["ip", "link", "del", name]),
             }
+        }
+        Resource::Qdisc { ns, dev } => {
+            // Gone with its namespace or device: nothing left to remove.
+            if !std::path::Path::new("/run/netns").join(ns).exists() {
+                return Ok(());
+            }
+            if !Command::new("ip").args(["-n", ns, "link", "show", dev]).output()?.status.success() {
+                return Ok(());
+            }
+            run_quiet(&["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"])
         }
         Resource::File(p) => match std::fs::remove_file(p) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),

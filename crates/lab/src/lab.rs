@@ -41,6 +41,8 @@ pub struct Lab {
     backing: PathBuf,
     progress: ProgressBar,
     idle_spent: f64,
+    /// The link shape being measured.
+    shape: String,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -77,7 +79,7 @@ impl Lab {
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         let backing = PathBuf::from(format!("/dev/shm/bwlab-{}.img", std::process::id()));
-        Lab { plan, exe, out, results, backing, progress, idle_spent: 0.0 }
+        Lab { plan, exe, out, results, backing, progress, idle_spent: 0.0, shape: crate::results::default_link() }
     }
 
     fn say(&self, line: &str) {
@@ -169,8 +171,26 @@ impl Lab {
         self.progress.enable_steady_tick(Duration::from_millis(200));
         self.print_table_header();
         let links = topo.links.clone();
-        for (i, link) in links.iter().enumerate() {
-            self.run_link(&topo, link, i == 0)?;
+        for shape in self.plan.links.clone() {
+            // Shape every veth pair, then measure the network before storage.
+            let mut qdiscs = vec![];
+            for link in &links {
+                qdiscs.extend(crate::net::apply_shape(&topo, link, &shape)?);
+            }
+            self.shape = shape.name.clone();
+            if self.plan.net_runs > 0 {
+                for link in &links {
+                    self.run_net(&topo, link, &shape)?;
+                }
+            }
+            if !self.jobs().is_empty() {
+                for link in &links {
+                    self.run_link(&topo, link)?;
+                }
+            }
+            for t in qdiscs {
+                registry().release(t)?;
+            }
         }
         if self.plan.baseline {
             self.run_baseline()?;
@@ -195,17 +215,61 @@ impl Lab {
     }
 
     fn runs_per_subject(&self, mtu: u32) -> u64 {
+        let _ = mtu;
         let p = &self.plan.params;
-        let sweep = if Some(&mtu) == p.mtus.first() { self.plan.sweep.len() as u64 } else { 0 };
-        self.plan.micro.len() as u64 * p.repeat as u64 + sweep * p.sweep_repeats() as u64
+        self.plan.micro.len() as u64 * p.repeat as u64 + self.plan.sweep.len() as u64 * p.sweep_repeats() as u64
+    }
+
+    /// The net suite on one link: iperf3's rate with 1..8 streams, the
+    /// ceiling every protocol on this link is shown against.
+    fn run_net(&mut self, topo: &Topology, link: &Link, shape: &crate::net::LinkShape) -> anyhow::Result<()> {
+        self.progress.set_message(format!("iperf3 MTU {} link {}", link.mtu, shape.name));
+        let runs = self.plan.net_runs as u64;
+        let repeats = runs / crate::net::STREAMS.len() as u64;
+        match crate::net::run_net(topo, link, shape, self.plan.params.net_runtime_s, repeats as u32) {
+            Ok(samples) => {
+                for n in crate::net::STREAMS {
+                    let v: Vec<&crate::net::NetSample> = samples.iter().filter(|s| s.streams == n).collect();
+                    if v.is_empty() {
+                        continue;
+                    }
+                    let k = v.len() as f64;
+                    self.say(&format!(
+                        "{:<16} {:>5} {:<18} {:>12.2} Gbit/s  client CPU {:.0}%  server CPU {:.0}%  link {}",
+                        "iperf3",
+                        link.mtu,
+                        format!("{n} stream(s)"),
+                        v.iter().map(|s| s.bits_per_s).sum::<f64>() / k / 1e9,
+                        v.iter().map(|s| s.client_cpu_pct).sum::<f64>() / k,
+                        v.iter().map(|s| s.server_cpu_pct).sum::<f64>() / k,
+                        shape.name
+                    ));
+                }
+                self.results.net.extend(samples);
+            }
+            Err(e) => {
+                if interrupted() {
+                    anyhow::bail!("interrupted");
+                }
+                self.say(&format!("lab: iperf3 at MTU {} link {} failed: {e:#}", link.mtu, shape.name));
+                self.results.failures.push(Failure {
+                    subject: "iperf3".into(),
+                    mtu: Some(link.mtu),
+                    workload: format!("net link {}", shape.name),
+                    reason: format!("{e:#}"),
+                });
+            }
+        }
+        self.progress.inc(runs);
+        self.save()
     }
 
     /// The runs of one link or of the baseline: (suite, workload, seconds, repeats).
-    fn jobs(&self, with_sweep: bool) -> Vec<(String, Workload, u32, u32)> {
+    fn jobs(&self) -> Vec<(String, Workload, u32, u32)> {
         let p = &self.plan.params;
         let mut jobs: Vec<(String, Workload, u32, u32)> =
             self.plan.micro.iter().map(|w| ("micro".to_string(), w.clone(), p.runtime_s, p.repeat)).collect();
-        if with_sweep {
+        {
             jobs.extend(self.plan.sweep.iter().map(|w| ("sweep".to_string(), w.clone(), p.sweep_runtime_s, p.sweep_repeats())));
         }
         jobs
@@ -218,7 +282,7 @@ impl Lab {
     /// repeats. So all subjects see the same machine state: this machine's
     /// speed drifts by tens of percent over minutes, and measuring subjects
     /// one after another turned that drift into false differences.
-    fn run_link(&mut self, topo: &Topology, link: &Link, with_sweep: bool) -> anyhow::Result<()> {
+    fn run_link(&mut self, topo: &Topology, link: &Link) -> anyhow::Result<()> {
         let subjects = self.plan.subjects();
         let mut procs: Vec<TargetProcess> = vec![];
         let mut live: Vec<LiveSubject> = vec![];
@@ -254,7 +318,7 @@ impl Lab {
                 Err(why) => self.mark_unavailable(&key, link.mtu, why),
             }
         }
-        let r = self.run_interleaved(topo, link, with_sweep, &mut procs, &mut live);
+        let r = self.run_interleaved(topo, link, &mut procs, &mut live);
         for p in procs {
             p.stop();
         }
@@ -265,7 +329,6 @@ impl Lab {
         &mut self,
         topo: &Topology,
         link: &Link,
-        with_sweep: bool,
         procs: &mut [TargetProcess],
         live: &mut [LiveSubject],
     ) -> anyhow::Result<()> {
@@ -274,7 +337,7 @@ impl Lab {
         }
         let per_subject = self.runs_per_subject(link.mtu);
         let n = live.len();
-        for (suite, w, runtime, repeats) in self.jobs(with_sweep) {
+        for (suite, w, runtime, repeats) in self.jobs() {
             let mut samples: Vec<Vec<Sample>> = vec![vec![]; n];
             for rep in 1..=repeats {
                 for turn in 0..n {
@@ -372,6 +435,7 @@ impl Lab {
         Ok(Sample {
             subject: key.into(),
             mtu: Some(link.mtu),
+            link: self.shape.clone(),
             suite: suite.into(),
             workload: w.clone(),
             repeat: rep,
@@ -385,7 +449,7 @@ impl Lab {
     }
 
     fn run_baseline(&mut self) -> anyhow::Result<()> {
-        for (suite, w, runtime, repeats) in self.jobs(true) {
+        for (suite, w, runtime, repeats) in self.jobs() {
             let mut samples = vec![];
             for rep in 1..=repeats {
                 if interrupted() {
@@ -399,6 +463,7 @@ impl Lab {
                         let s = Sample {
                             subject: "local-fio".into(),
                             mtu: None,
+                            link: crate::results::default_link(),
                             suite: suite.clone(),
                             workload: w.clone(),
                             repeat: rep,
@@ -447,6 +512,7 @@ impl Lab {
         let case = Case {
             key: crate::accounting::CaseKey {
                 suite: suite.into(),
+                link: if mtu.is_some() { self.shape.clone() } else { crate::results::default_link() },
                 mtu,
                 workload: w.name.clone(),
                 subject: key.into(),

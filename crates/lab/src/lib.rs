@@ -12,9 +12,11 @@
 //! handling), `stats` and `accounting` (numbers), `report` (CSV, HTML, SVG).
 
 pub mod accounting;
+pub mod cgroup;
 pub mod cleanup;
 pub mod lab;
 pub mod machine;
+pub mod net;
 pub mod plan;
 pub mod report;
 pub mod results;
@@ -44,9 +46,12 @@ pub struct LabArgs {
     /// MTUs, one veth pair each (default: 1500,9000; --quick: 1500).
     #[arg(long, value_name = "LIST")]
     pub mtu: Option<String>,
-    /// micro, sweep or all (default: all).
-    #[arg(long)]
+    /// Suites, comma-separated: net (iperf3 ceiling), micro, sweep, or all (default: all).
+    #[arg(long, value_name = "LIST")]
     pub suite: Option<String>,
+    /// Link shapes: none (plain veth) or tc tbf rates such as 1gbit,10gbit on both directions (default: none).
+    #[arg(long, value_name = "LIST")]
+    pub link: Option<String>,
     /// Repetitions of every case (default 3; --quick: 2).
     #[arg(long)]
     pub repeat: Option<u32>,
@@ -100,6 +105,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         runtime: args.runtime,
         sweep_runtime: args.sweep_runtime,
         no_baseline: args.no_baseline,
+        link: args.link.clone(),
     })?;
     preflight(&plan)?;
     // Before any thread exists, so every thread inherits the blocked mask.
@@ -140,6 +146,12 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
     anyhow::ensure!(which("ip"), "ip is not installed (package iproute2)");
     if plan.baseline {
         anyhow::ensure!(which("fio"), "fio is not installed (or pass --no-baseline)");
+    }
+    if plan.net_runs > 0 {
+        anyhow::ensure!(which("iperf3"), "iperf3 is not installed (or leave out the net suite)");
+    }
+    if plan.links.iter().any(|l| l.bits_per_s.is_some()) {
+        anyhow::ensure!(which("tc"), "tc is not installed (package iproute2)");
     }
     let need = plan.params.size_bytes;
     if let Ok(st) = nix::sys::statvfs::statvfs("/dev/shm") {

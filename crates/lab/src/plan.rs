@@ -90,11 +90,18 @@ pub struct Choices {
     pub runtime: Option<u32>,
     pub sweep_runtime: Option<u32>,
     pub no_baseline: bool,
+    pub link: Option<String>,
 }
+
+/// Suites in run order; `all` is every one the lab runs.
+pub const ALL_SUITES: [&str; 3] = ["net", "micro", "sweep"];
 
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub params: Params,
+    pub links: Vec<crate::net::LinkShape>,
+    /// iperf3 runs per link and MTU (0 without the net suite).
+    pub net_runs: u32,
     pub micro: Vec<Workload>,
     pub sweep: Vec<Workload>,
     pub baseline: bool,
@@ -126,12 +133,21 @@ impl Plan {
         for &m in &mtus {
             anyhow::ensure!((576..=65_535).contains(&m), "MTU {m} out of range 576..65535");
         }
-        let suites: Vec<String> = match c.suite.as_deref().unwrap_or("all") {
-            "all" => vec!["micro".into(), "sweep".into()],
-            "micro" => vec!["micro".into()],
-            "sweep" => vec!["sweep".into()],
-            s => anyhow::bail!("unknown suite {s:?} (micro, sweep or all)"),
+        let asked: Vec<String> = parse_list(c.suite.as_deref().unwrap_or("all"), "suite")?;
+        for s in &asked {
+            anyhow::ensure!(
+                s == "all" || ALL_SUITES.contains(&s.as_str()),
+                "unknown suite {s:?} (net, micro, sweep or all; fs needs `blockwire mount`, not merged yet)"
+            );
+        }
+        anyhow::ensure!(!asked.is_empty(), "no suite given");
+        let suites: Vec<String> =
+            ALL_SUITES.iter().filter(|s| asked.iter().any(|a| a == "all" || a == *s)).map(|s| s.to_string()).collect();
+        let links: Vec<crate::net::LinkShape> = match &c.link {
+            Some(s) => s.split(',').filter(|x| !x.trim().is_empty()).map(crate::net::parse_link).collect::<anyhow::Result<_>>()?,
+            None => vec![crate::net::LinkShape::none()],
         };
+        anyhow::ensure!(!links.is_empty(), "no link given");
         // Five repeats in --quick: with fewer, no interval is narrow enough to
         // name a winner even when one subject needs 8x the CPU of another.
         let repeat = c.repeat.unwrap_or(if c.quick { 5 } else { 3 });
@@ -163,7 +179,12 @@ impl Plan {
         } else {
             vec![]
         };
+        let net_runtime_s = if c.quick { 1 } else { 3 };
+        let net_repeat = if c.quick { 1 } else { repeat };
+        let net_runs = if suites.iter().any(|s| s == "net") { crate::net::STREAMS.len() as u32 * net_repeat } else { 0 };
         let params = Params {
+            links: links.iter().map(|l| l.name.clone()).collect(),
+            net_runtime_s,
             quick: c.quick,
             protocols,
             peers,
@@ -184,7 +205,7 @@ impl Plan {
             idle_threshold: 0.25,
             veth_offloads_off: false,
         };
-        Ok(Plan { params, micro, sweep, baseline: !c.no_baseline })
+        Ok(Plan { params, links, net_runs, micro, sweep, baseline: !c.no_baseline })
     }
 
     /// Networked subjects in run order: blockwire's protocols, then peers.
@@ -207,12 +228,13 @@ impl Plan {
         let r = self.params.repeat as u64;
         let n_subj = self.subjects().len() as u64;
         let n_mtu = self.params.mtus.len() as u64;
+        let n_links = self.links.len() as u64;
         let micro = self.micro.len() as u64 * r;
-        // The sweep runs at the first MTU only (see the report's notes).
         let sweep = self.sweep.len() as u64 * self.params.sweep_repeats() as u64;
-        let net = n_subj * (micro * n_mtu + sweep);
+        let iperf = self.net_runs as u64 * n_mtu * n_links;
+        let net = n_subj * (micro + sweep) * n_mtu * n_links;
         let local = if self.baseline { micro + sweep } else { 0 };
-        net + local
+        iperf + net + local
     }
 }
 
@@ -228,8 +250,14 @@ mod tests {
         assert_eq!(full.params.size_bytes, GIB);
         assert_eq!(full.sweep.len(), 16);
         assert_eq!(full.subjects().len(), 5);
-        // 5 subjects x (7 x 3 x 2 MTUs + 16 x 3) + local (21 + 48)
-        assert_eq!(full.total_runs(), 5 * (42 + 48) + 69);
+        // iperf3 4 stream counts x 3 x 2 MTUs + 5 subjects x (7 x 3 + 16 x 3) x 2 MTUs + local (21 + 48)
+        assert_eq!(full.total_runs(), 24 + 5 * (21 + 48) * 2 + 69);
+        assert_eq!(full.params.suites, vec!["net", "micro", "sweep"]);
+        let two_links = Plan::from_choices(&Choices { link: Some("none,1gbit".into()), ..Default::default() }).unwrap();
+        assert_eq!(two_links.total_runs(), 2 * (24 + 5 * (21 + 48) * 2) + 69);
+        let some = Plan::from_choices(&Choices { suite: Some("net,micro".into()), ..Default::default() }).unwrap();
+        assert_eq!(some.params.suites, vec!["net", "micro"]);
+        assert!(some.sweep.is_empty());
         let quick = Plan::from_choices(&Choices { quick: true, ..Default::default() }).unwrap();
         assert_eq!(quick.params.mtus, vec![1500]);
         assert_eq!(quick.sweep.len(), 4);
@@ -244,6 +272,8 @@ mod tests {
         assert!(bad(Choices { mtu: Some("100".into()), ..Default::default() }));
         assert!(bad(Choices { suite: Some("macro".into()), ..Default::default() }));
         assert!(bad(Choices { repeat: Some(0), ..Default::default() }));
+        assert!(bad(Choices { link: Some("1g".into()), ..Default::default() }));
+        assert!(bad(Choices { suite: Some("net,disk".into()), ..Default::default() }));
         let p = Plan::from_choices(&Choices {
             protocols: Some("aoe".into()),
             peers: Some("none".into()),

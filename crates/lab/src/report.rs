@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
-/// Header cost per frame from STUDIES.md section 3, for comparison.
+/// Header cost per frame from study 3 (docs/studies.md), for comparison.
 pub const STUDIES_HEADER_TABLE: [(&str, u32); 7] = [
     ("AoE", 32),
     ("AoE/MPLS", 50),
@@ -172,18 +172,39 @@ pub fn decide(metric: Metric, entries: &[(String, Vec<f64>)]) -> Option<Decision
 }
 
 /// Networked cases of one (suite, mtu, workload), by subject.
-fn group_by_workload(all: &BTreeMap<CaseKey, Case>) -> BTreeMap<(String, Option<u32>, String), Vec<&Case>> {
-    let mut g: BTreeMap<(String, Option<u32>, String), Vec<&Case>> = BTreeMap::new();
+fn group_by_workload(all: &BTreeMap<CaseKey, Case>) -> BTreeMap<(String, String, Option<u32>, String), Vec<&Case>> {
+    let mut g: BTreeMap<(String, String, Option<u32>, String), Vec<&Case>> = BTreeMap::new();
     for c in all.values() {
-        g.entry((c.key.suite.clone(), c.key.mtu, c.key.workload.clone())).or_default().push(c);
+        g.entry((c.key.suite.clone(), c.key.link.clone(), c.key.mtu, c.key.workload.clone())).or_default().push(c);
     }
     g
+}
+
+/// The first link shape of the run: the sections that show one scenario
+/// per MTU (charts, tables, findings) show this one.
+fn first_link(r: &Results) -> String {
+    r.params.links.first().cloned().unwrap_or_else(crate::results::default_link)
+}
+
+/// "MTU 1500" or "MTU 1500, 1gbit" with the iperf3 ceiling when measured.
+fn scenario(r: &Results, link: &str, mtu: u32) -> String {
+    let mut s = format!("MTU {mtu}");
+    if link != "none" {
+        s.push_str(&format!(", {link}"));
+    }
+    if let Some((bps, _)) = crate::net::ceiling(&r.net, link, mtu) {
+        s.push_str(&format!(" (net {:.0} MiB/s)", bps / 8.0 / 1_048_576.0));
+    }
+    s
 }
 
 /// Per MTU and micro workload: decisions on throughput, latency (p50) and
 /// total CPU per op among the networked subjects, plus the share of local.
 pub struct Recommendation {
     pub mtu: u32,
+    pub link: String,
+    /// "MTU 1500, 1gbit (net 112 MiB/s)": the scenario and its network ceiling.
+    pub scenario: String,
     pub workload: String,
     pub throughput: Option<Decision>,
     pub latency: Option<Decision>,
@@ -199,7 +220,7 @@ pub fn recommendations(r: &Results) -> Vec<Recommendation> {
         .map(|c| (c.key.workload.clone(), c))
         .collect();
     let mut out = vec![];
-    for ((suite, mtu, workload), cs) in group_by_workload(&all) {
+    for ((suite, link, mtu, workload), cs) in group_by_workload(&all) {
         let (Some(mtu), true) = (mtu, suite == "micro") else { continue };
         let entries = |m: Metric| -> Vec<(String, Vec<f64>)> { cs.iter().map(|c| (c.key.subject.clone(), c.values(m))).collect() };
         let tm = throughput_metric(cs[0]);
@@ -211,6 +232,8 @@ pub fn recommendations(r: &Results) -> Vec<Recommendation> {
         });
         out.push(Recommendation {
             mtu,
+            scenario: scenario(r, &link, mtu),
+            link,
             workload,
             throughput,
             latency: decide(Metric::LatP50Us, &entries(Metric::LatP50Us)),
@@ -233,7 +256,7 @@ pub fn answer_rows(recs: &[Recommendation]) -> Vec<[String; 6]> {
         .map(|rec| {
             let (sp, sm) = cell(&rec.throughput);
             let (cp, cm) = cell(&rec.cpu);
-            [format!("MTU {}", rec.mtu), rec.workload.clone(), sp, sm, cp, cm]
+            [rec.scenario.clone(), rec.workload.clone(), sp, sm, cp, cm]
         })
         .collect()
 }
@@ -258,7 +281,7 @@ pub fn print_recommendations(r: &Results) {
     }
     println!("\nRecommendation in detail (throughput, median latency, CPU per op)");
     for rec in recs {
-        println!("  MTU {} {}:", rec.mtu, rec.workload);
+        println!("  {} {}:", rec.scenario, rec.workload);
         for (what, d) in [("throughput", &rec.throughput), ("latency", &rec.latency), ("CPU/op", &rec.cpu)] {
             if let Some(d) = d {
                 println!("    {what:<10} {}", d.text);
@@ -270,7 +293,7 @@ pub fn print_recommendations(r: &Results) {
     }
 }
 
-// ---------------------------------------------------------------- findings (STUDIES.md §1)
+// ---------------------------------------------------------------- findings (study 1, docs/studies.md)
 
 /// Are two cases apart on `metric` by more than the practical threshold,
 /// with 95% confidence?
@@ -280,10 +303,11 @@ fn clearly_apart(a: &Case, b: &Case, metric: Metric) -> bool {
 
 /// Geometric mean of `a/b` ratios of `metric` over the micro workloads both
 /// subjects ran at `mtu`, with how many were significantly apart.
-fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, mtu: u32, a: &str, b: &str, metric: Metric, only: Option<&str>) -> Option<(f64, usize, usize)> {
+#[allow(clippy::too_many_arguments)]
+fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &str, mtu: u32, a: &str, b: &str, metric: Metric, only: Option<&str>) -> Option<(f64, usize, usize)> {
     let mut logs = vec![];
     let mut significant = 0;
-    for c in all.values().filter(|c| c.key.suite == "micro" && c.key.mtu == Some(mtu) && c.key.subject == a) {
+    for c in all.values().filter(|c| c.key.suite == "micro" && c.key.link == link && c.key.mtu == Some(mtu) && c.key.subject == a) {
         if only.is_some_and(|w| w != c.key.workload) {
             continue;
         }
@@ -313,8 +337,11 @@ pub fn findings(r: &Results) -> Vec<Finding> {
     let mut out = vec![];
     let mtus = &r.params.mtus;
     let Some(&mtu) = mtus.first() else { return out };
-    for (aoe, iscsi) in [("blockwire-aoe", "blockwire-iscsi"), ("vblade-aoe", "tgt-iscsi")] {
-        let pair = format!("{aoe} vs {iscsi} (MTU {mtu})");
+    let pairs = [("blockwire-aoe", "blockwire-iscsi"), ("vblade-aoe", "tgt-iscsi")];
+    let links = if r.params.links.is_empty() { vec![crate::results::default_link()] } else { r.params.links.clone() };
+    for (link, (aoe, iscsi)) in links.iter().flat_map(|l| pairs.iter().map(move |p| (l, *p))) {
+        let link = link.as_str();
+        let pair = format!("{aoe} vs {iscsi} (MTU {mtu}, link {link})");
         let judge = |ratio: f64, sig: usize, n: usize, want_above: Option<f64>| -> String {
             match want_above {
                 _ if sig == 0 => format!("inconclusive or equal: no workload significantly apart ({n} compared)"),
@@ -323,7 +350,7 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                 None => "n/a".into(),
             }
         };
-        if let Some((x, sig, n)) = ratio_over_workloads(&all, mtu, aoe, iscsi, Metric::MibPerS, Some("seqread-1m")) {
+        if let Some((x, sig, n)) = ratio_over_workloads(&all, link, mtu, aoe, iscsi, Metric::MibPerS, Some("seqread-1m")) {
             out.push(Finding {
                 claim: "AoE ~20% faster on uncached sequential reads",
                 pair: pair.clone(),
@@ -331,7 +358,7 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                 verdict: judge(x, sig, n, Some(1.05)),
             });
         }
-        if let Some((x, sig, _)) = ratio_over_workloads(&all, mtu, aoe, iscsi, Metric::Iops, Some("randread-4k-qd1")) {
+        if let Some((x, sig, _)) = ratio_over_workloads(&all, link, mtu, aoe, iscsi, Metric::Iops, Some("randread-4k-qd1")) {
             out.push(Finding {
                 claim: "equal on uncached random reads (disk seek dominated there; here RAM, so protocol cost shows)",
                 pair: pair.clone(),
@@ -339,7 +366,7 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                 verdict: if sig == 0 { "reproduced (within noise)".into() } else { "not reproduced (differ significantly)".into() },
             });
         }
-        if let Some((x, sig, n)) = ratio_over_workloads(&all, mtu, iscsi, aoe, Metric::TotalCpuUsPerOp, None) {
+        if let Some((x, sig, n)) = ratio_over_workloads(&all, link, mtu, iscsi, aoe, Metric::TotalCpuUsPerOp, None) {
             out.push(Finding {
                 claim: "iSCSI uses ~19% more CPU per operation",
                 pair: pair.clone(),
@@ -347,7 +374,7 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                 verdict: judge(x, sig, n, Some(1.0)),
             });
         }
-        if let Some((x, sig, n)) = ratio_over_workloads(&all, mtu, iscsi, aoe, Metric::WireBytesPerOp, None) {
+        if let Some((x, sig, n)) = ratio_over_workloads(&all, link, mtu, iscsi, aoe, Metric::WireBytesPerOp, None) {
             out.push(Finding {
                 claim: "iSCSI uses ~3% more network bytes per operation",
                 pair: pair.clone(),
@@ -369,7 +396,7 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                 let mut logs = vec![];
                 let mut sig = 0;
                 for w in ["seqread-1m", "seqwrite-1m"] {
-                    let k = |m: u32| CaseKey { suite: "micro".into(), mtu: Some(m), workload: w.into(), subject: subj.key.clone() };
+                    let k = |m: u32| CaseKey { suite: "micro".into(), link: first_link(r), mtu: Some(m), workload: w.into(), subject: subj.key.clone() };
                     let (Some(a), Some(b)) = (all.get(&k(big)), all.get(&k(small))) else { continue };
                     let (Some(sa), Some(sb)) = (a.summary(metric), b.summary(metric)) else { continue };
                     if sa.mean > 0.0 && sb.mean > 0.0 {
@@ -517,12 +544,13 @@ pub fn html(r: &Results) -> String {
     if recs.is_empty() {
         h.push_str("<p>No micro-suite results to compare.</p>");
     }
-    let mut by_mtu: BTreeMap<u32, Vec<&Recommendation>> = BTreeMap::new();
+    let mut by_mtu: BTreeMap<(String, u32), Vec<&Recommendation>> = BTreeMap::new();
     for rec in &recs {
-        by_mtu.entry(rec.mtu).or_default().push(rec);
+        by_mtu.entry((rec.link.clone(), rec.mtu)).or_default().push(rec);
     }
-    for (mtu, recs) in by_mtu {
-        let _ = write!(h, "<h3>MTU {mtu}</h3><table><tr><th class=l>workload</th><th class=l>throughput</th><th class=l>latency</th><th class=l>CPU per op</th><th class=l>best vs local</th></tr>");
+    for (_, recs) in by_mtu {
+        let _ = write!(h, "<h3>{}</h3>", esc(&recs[0].scenario));
+        let _ = write!(h, "<table><tr><th class=l>workload</th><th class=l>throughput</th><th class=l>latency</th><th class=l>CPU per op</th><th class=l>best vs local</th></tr>");
         for rec in recs {
             let cell = |d: &Option<Decision>| match d {
                 Some(d) if d.winner.is_some() => format!("<td class=\"l win\">{}</td>", esc(&d.text)),
@@ -545,7 +573,7 @@ pub fn html(r: &Results) -> String {
     // Findings.
     let fs = findings(r);
     if !fs.is_empty() {
-        h.push_str("<h2>Findings of STUDIES.md §1, checked</h2><table><tr><th class=l>claim</th><th class=l>compared</th><th class=l>measured</th><th class=l>verdict</th></tr>");
+        h.push_str("<h2>Findings of the AoE vs iSCSI study, checked</h2><table><tr><th class=l>claim</th><th class=l>compared</th><th class=l>measured</th><th class=l>verdict</th></tr>");
         for f in fs {
             let _ = write!(
                 h,
@@ -613,6 +641,7 @@ pub fn html(r: &Results) -> String {
                             .map(|subj| {
                                 let key = CaseKey {
                                     suite: "micro".into(),
+                                    link: if subj == "local-fio" { "none".into() } else { first_link(r) },
                                     mtu: if subj == "local-fio" { None } else { *mtu },
                                     workload: g.clone(),
                                     subject: subj.clone(),
@@ -677,41 +706,50 @@ pub fn html(r: &Results) -> String {
         let cols: Vec<String> = p.sweep_iodepth.iter().map(|d| d.to_string()).collect();
         let _ = write!(
             h,
-            "<h2>Sweep: 4 KiB random 75% read, numjobs × iodepth</h2><p class=\"note\">At MTU {} (the first MTU), {} s per point, mean of the repetitions. Bright = good in both maps.</p>",
-            p.mtus.first().copied().unwrap_or(0),
+            "<h2>Sweep: 4 KiB random 75% read, numjobs × iodepth</h2><p class=\"note\">Per MTU (link {}), {} s per point, mean of the repetitions. Bright = good in both maps. The local fio baseline has no MTU and is shown under each.</p>",
+            esc(&first_link(r)),
             p.sweep_runtime_s
         );
-        for subj in sweep_subjects {
-            h.push_str("<div class=\"charts\">");
-            for (metric, name) in [(Metric::Iops, "IOPS"), (Metric::LatP99Us, "latency p99 µs")] {
-                let values: Vec<Vec<Option<f64>>> = p
-                    .sweep_numjobs
-                    .iter()
-                    .map(|&j| {
-                        p.sweep_iodepth
-                            .iter()
-                            .map(|&d| {
-                                all.values()
-                                    .find(|c| {
-                                        c.key.suite == "sweep"
-                                            && c.key.subject == subj
-                                            && c.workload.numjobs == j
-                                            && c.workload.iodepth == d
-                                    })
-                                    .and_then(|c| c.summary(metric))
-                                    .map(|s| s.mean)
-                            })
-                            .collect()
-                    })
-                    .collect();
-                h.push_str(&svg::heatmap(&format!("{subj}: {name}"), "numjobs", "iodepth", &rows, &cols, &values, metric.higher_is_better()));
+        let link = first_link(r);
+        for &mtu in &p.mtus {
+            let _ = write!(h, "<h3>MTU {mtu}</h3>");
+            for subj in &sweep_subjects {
+                h.push_str("<div class=\"charts\">");
+                for (metric, name) in [(Metric::Iops, "IOPS"), (Metric::LatP99Us, "latency p99 µs")] {
+                    let values: Vec<Vec<Option<f64>>> = p
+                        .sweep_numjobs
+                        .iter()
+                        .map(|&j| {
+                            p.sweep_iodepth
+                                .iter()
+                                .map(|&d| {
+                                    all.values()
+                                        .find(|c| {
+                                            c.key.suite == "sweep"
+                                                && &c.key.subject == subj
+                                                && (c.key.mtu.is_none() || (c.key.mtu == Some(mtu) && c.key.link == link))
+                                                && c.workload.numjobs == j
+                                                && c.workload.iodepth == d
+                                        })
+                                        .and_then(|c| c.summary(metric))
+                                        .map(|s| s.mean)
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    if values.iter().flatten().all(|v| v.is_none()) {
+                        continue;
+                    }
+                    h.push_str(&svg::heatmap(&format!("{subj} MTU {mtu}: {name}"), "numjobs", "iodepth", &rows, &cols, &values, metric.higher_is_better()));
+                }
+                h.push_str("</div>");
             }
-            h.push_str("</div>");
         }
     }
 
     // Overhead.
     h.push_str(&overhead_section(r, &all));
+    h.push_str(&net_section(r));
 
     // Method notes.
     let _ = write!(
@@ -723,7 +761,7 @@ pub fn html(r: &Results) -> String {
 <li><b>CPU:</b> target CPU = utime+stime delta of the target process (all threads) from /proc/PID/stat across the bench run (includes its connection setup); initiator CPU = user+system time the bench reports for itself; fio's from getrusage of the fio process and its jobs.</li>\
 <li><b>Wire:</b> bytes and frames = rx+tx deltas of the client-side veth counters over the bench run, Ethernet header included, no preamble/FCS; they include the login/discovery of each run. Header bytes per frame = (wire bytes − payload bytes) / frames, ACKs and requests included.</li>\
 <li><b>Idle:</b> before each run the lab waits until the machine is less than {:.0}% busy (from /proc/stat, at most {:.0} s per run and {:.0} s per lab run in total, so a shared machine cannot stretch the run); the busy share before each run is stored with the sample in results.json and its median per case is shown in the results table.</li>\
-<li><b>Sweep:</b> runs at the first MTU only, to fit the time budget.</li>\
+<li><b>Sweep:</b> runs at every MTU and link; the heat maps show the first link.</li>\
 <li><b>Local fio latency</b> for mixed loads: p50 of the dominant direction, p99/p99.9 the worse of read and write.</li></ul>",
         esc(&p.backing),
         if p.veth_offloads_off { "off" } else { "left ON (ethtool failed)" },
@@ -750,13 +788,50 @@ pub fn html(r: &Results) -> String {
     h
 }
 
+/// The net suite: iperf3 rate and CPU per link shape, MTU and stream count.
+fn net_section(r: &Results) -> String {
+    let mut h = String::new();
+    if r.net.is_empty() {
+        return h;
+    }
+    let _ = write!(
+        h,
+        "<h2 id=\"net\">Network first: iperf3 between the namespaces</h2><p class=\"note\">TCP, {} s per run, mean over the repetitions (min–max in grey). CPU: iperf3's own share of one CPU on the sending client and the receiving server. A shaped link is tc tbf on both veth ends; the rate reached is what the row shows. The best row per link and MTU is the ceiling shown beside the protocols in the answer table.</p>",
+        r.params.net_runtime_s
+    );
+    h.push_str("<table><tr><th class=l>link</th><th>MTU</th><th>streams</th><th>Gbit/s</th><th>MiB/s</th><th>retransmits</th><th>client CPU %</th><th>server CPU %</th></tr>");
+    let mut keys: Vec<(String, u32, u32)> = r.net.iter().map(|s| (s.link.clone(), s.mtu, s.streams)).collect();
+    keys.sort();
+    keys.dedup();
+    for (link, mtu, streams) in keys {
+        let v: Vec<&crate::net::NetSample> = r.net.iter().filter(|s| s.link == link && s.mtu == mtu && s.streams == streams).collect();
+        let n = v.len() as f64;
+        let mean = |f: &dyn Fn(&crate::net::NetSample) -> f64| v.iter().map(|s| f(s)).sum::<f64>() / n;
+        let (lo, hi) = v.iter().fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(s.bits_per_s), hi.max(s.bits_per_s)));
+        let _ = write!(
+            h,
+            "<tr><td class=l>{}</td><td>{mtu}</td><td>{streams}</td><td>{:.2} <span class=\"tie\">[{:.2}–{:.2}]</span></td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td></tr>",
+            esc(&link),
+            mean(&|s| s.bits_per_s) / 1e9,
+            lo / 1e9,
+            hi / 1e9,
+            mean(&|s| s.bits_per_s) / 8.0 / 1_048_576.0,
+            mean(&|s| s.retransmits as f64),
+            mean(&|s| s.client_cpu_pct),
+            mean(&|s| s.server_cpu_pct)
+        );
+    }
+    h.push_str("</table>");
+    h
+}
+
 fn overhead_section(r: &Results, all: &BTreeMap<CaseKey, Case>) -> String {
     let mut h = String::new();
-    h.push_str("<h2>Header overhead per frame</h2><p class=\"note\">Measured on the 1 MiB sequential cases: non-payload bytes per frame (Ethernet/IP/TCP/protocol headers, requests, ACKs) and payload share of the wire. Next to it, the per-frame header cost table of STUDIES.md §3.</p><div class=\"charts\"><table><tr><th class=l>subject</th><th>MTU</th><th>read: header B/frame</th><th>read: frames/MiB</th><th>read: payload share</th><th>write: header B/frame</th><th>write: payload share</th></tr>");
+    h.push_str("<h2>Header overhead per frame</h2><p class=\"note\">Measured on the 1 MiB sequential cases: non-payload bytes per frame (Ethernet/IP/TCP/protocol headers, requests, ACKs) and payload share of the wire. Next to it, the per-frame header cost the MPLS study lists (docs/studies.md, study 3).</p><div class=\"charts\"><table><tr><th class=l>subject</th><th>MTU</th><th>read: header B/frame</th><th>read: frames/MiB</th><th>read: payload share</th><th>write: header B/frame</th><th>write: payload share</th></tr>");
     let mut any = false;
     for s in r.subjects.iter().filter(|s| s.protocol != "local") {
         for &mtu in &r.params.mtus {
-            let get = |w: &str| all.get(&CaseKey { suite: "micro".into(), mtu: Some(mtu), workload: w.into(), subject: s.key.clone() });
+            let get = |w: &str| all.get(&CaseKey { suite: "micro".into(), link: first_link(r), mtu: Some(mtu), workload: w.into(), subject: s.key.clone() });
             let (rd, wr) = (get("seqread-1m"), get("seqwrite-1m"));
             if rd.is_none() && wr.is_none() {
                 continue;
@@ -790,7 +865,7 @@ fn overhead_section(r: &Results, all: &BTreeMap<CaseKey, Case>) -> String {
     if !any {
         h.push_str("<tr><td class=l colspan=7>no sequential cases measured</td></tr>");
     }
-    h.push_str("</table><table><tr><th class=l>STUDIES.md §3 encapsulation</th><th>header B/frame</th></tr>");
+    h.push_str("</table><table><tr><th class=l>study 3: encapsulation</th><th>header B/frame</th></tr>");
     for (name, b) in STUDIES_HEADER_TABLE {
         let _ = write!(h, "<tr><td class=l>{name}</td><td>{b}</td></tr>");
     }
@@ -818,6 +893,7 @@ mod tests {
         Sample {
             subject: subject.into(),
             mtu,
+            link: "none".into(),
             suite: "micro".into(),
             workload: wl.clone(),
             repeat: rep,

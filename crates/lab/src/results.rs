@@ -82,6 +82,9 @@ pub struct Sample {
     pub subject: String,
     /// `None` for the local baseline (no network).
     pub mtu: Option<u32>,
+    /// The link shape (`none`, `1gbit`, ...; absent in older results: `none`).
+    #[serde(default = "default_link")]
+    pub link: String,
     /// `micro` or `sweep`.
     pub suite: String,
     pub workload: Workload,
@@ -154,6 +157,20 @@ pub struct Params {
     pub idle_threshold: f64,
     /// Offloads switched off on the veths so frames have real MTU sizes.
     pub veth_offloads_off: bool,
+    /// Link shapes, in run order (absent in older results: unshaped only).
+    #[serde(default = "default_links")]
+    pub links: Vec<String>,
+    /// Seconds per iperf3 run of the net suite.
+    #[serde(default)]
+    pub net_runtime_s: u32,
+}
+
+pub fn default_link() -> String {
+    "none".into()
+}
+
+fn default_links() -> Vec<String> {
+    vec![default_link()]
 }
 
 impl Params {
@@ -188,6 +205,9 @@ pub struct Results {
     pub subjects: Vec<Subject>,
     pub samples: Vec<Sample>,
     pub failures: Vec<Failure>,
+    /// The net suite's iperf3 runs.
+    #[serde(default)]
+    pub net: Vec<crate::net::NetSample>,
     /// Set when the run was cut short (SIGINT/SIGTERM or an error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aborted: Option<String>,

@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod cpu;
+pub mod flowop;
 pub mod pattern;
 pub mod verify;
 

@@ -1,0 +1,262 @@
+//! The network first, as the studies measure it: iperf3 with 1, 2, 4 and 8
+//! parallel TCP streams per MTU and link shape, with the CPU share of both
+//! ends (client and server namespace). The best rate is the ceiling shown
+//! beside every protocol's numbers. Link shapes are tc tbf on both directions
+//! of the veth pair (this kernel has no netem).
+
+use crate::cleanup::{registry, Resource, Token};
+use crate::topology::{ns_command, Link, Topology};
+use serde::{Deserialize, Serialize};
+use std::process::Command;
+
+/// Parallel streams per iperf3 run (study 4 in docs/studies.md went 1/2/4/8).
+pub const STREAMS: [u32; 4] = [1, 2, 4, 8];
+/// iperf3's TCP port inside the target namespace.
+pub const IPERF_PORT: u16 = 5201;
+
+/// A link shape: unshaped veth, or a token bucket at `bits_per_s`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkShape {
+    /// As given: `none`, `1gbit`, `10gbit`, `500mbit`.
+    pub name: String,
+    pub bits_per_s: Option<u64>,
+}
+
+impl LinkShape {
+    pub fn none() -> LinkShape {
+        LinkShape { name: "none".into(), bits_per_s: None }
+    }
+}
+
+/// Parse `none`, `1gbit`, `10gbit`, `100mbit` (tc's rate units).
+pub fn parse_link(s: &str) -> anyhow::Result<LinkShape> {
+    let s = s.trim().to_ascii_lowercase();
+    if s == "none" {
+        return Ok(LinkShape::none());
+    }
+    let (num, mul) = if let Some(n) = s.strip_suffix("gbit") {
+        (n, 1_000_000_000u64)
+    } else if let Some(n) = s.strip_suffix("mbit") {
+        (n, 1_000_000)
+    } else {
+        anyhow::bail!("invalid link {s:?} (none, or a rate such as 1gbit, 10gbit, 100mbit)");
+    };
+    let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("invalid link rate {s:?}"))?;
+    anyhow::ensure!(n > 0, "invalid link rate {s:?}");
+    Ok(LinkShape { name: s.clone(), bits_per_s: Some(n * mul) })
+}
+
+/// `tc` arguments that put a tbf of `bits_per_s` on `dev` (egress). The
+/// bucket holds 4 ms of traffic (at least 64 KiB), enough for the kernel's
+/// timer granularity at 10 Gbit/s; packets wait at most 20 ms in the queue.
+pub fn tbf_args(dev: &str, bits_per_s: u64) -> Vec<String> {
+    let burst = (bits_per_s / 8 / 250).max(64 * 1024);
+    ["qdisc", "replace", "dev", dev, "root", "tbf", "rate", &format!("{bits_per_s}bit"), "burst", &burst.to_string(), "latency", "20ms"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn tc(ns: &str, args: &[String]) -> anyhow::Result<()> {
+    let out = Command::new("ip").args(["netns", "exec", ns, "tc"]).args(args).output()?;
+    anyhow::ensure!(out.status.success(), "tc {} in {ns}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    Ok(())
+}
+
+/// Shape both directions of `link` (each veth end's egress), or remove the
+/// shaping for `none`. The qdiscs are tracked for Ctrl-C cleanup.
+pub fn apply_shape(topo: &Topology, link: &Link, shape: &LinkShape) -> anyhow::Result<Vec<Token>> {
+    let mut tokens = vec![];
+    for (ns, dev) in [(&topo.target_ns, &link.target_if), (&topo.client_ns, &link.client_if)] {
+        match shape.bits_per_s {
+            Some(rate) => {
+                let (t, ()) = registry().create(Resource::Qdisc { ns: ns.clone(), dev: dev.clone() }, || tc(ns, &tbf_args(dev, rate)))?;
+                tokens.push(t);
+            }
+            // The default qdisc comes back when the root one goes.
+            None => {
+                let _ = tc(ns, &["qdisc".into(), "del".into(), "dev".into(), dev.clone(), "root".into()]);
+            }
+        }
+    }
+    Ok(tokens)
+}
+
+/// One iperf3 run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetSample {
+    pub link: String,
+    pub mtu: u32,
+    pub streams: u32,
+    pub repeat: u32,
+    /// Received by the server, all streams together.
+    pub bits_per_s: f64,
+    pub retransmits: u64,
+    /// iperf3's CPU share of the client (sender) and the server (receiver), % of one CPU.
+    pub client_cpu_pct: f64,
+    pub server_cpu_pct: f64,
+}
+
+/// What one `iperf3 -J` run reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Iperf {
+    pub bits_per_s: f64,
+    pub retransmits: u64,
+    pub client_cpu_pct: f64,
+    pub server_cpu_pct: f64,
+}
+
+pub fn parse_iperf3_json(text: &str) -> anyhow::Result<Iperf> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| anyhow::anyhow!("iperf3 output is not JSON: {e}"))?;
+    if let Some(err) = v.get("error").and_then(|e| e.as_str()) {
+        anyhow::bail!("iperf3: {err}");
+    }
+    let end = v.get("end").ok_or_else(|| anyhow::anyhow!("iperf3 output has no end section"))?;
+    let f = |path: &[&str]| -> Option<f64> {
+        let mut x = end;
+        for p in path {
+            x = x.get(p)?;
+        }
+        x.as_f64()
+    };
+    Ok(Iperf {
+        bits_per_s: f(&["sum_received", "bits_per_second"]).ok_or_else(|| anyhow::anyhow!("iperf3 output lacks end.sum_received"))?,
+        retransmits: f(&["sum_sent", "retransmits"]).unwrap_or(0.0) as u64,
+        client_cpu_pct: f(&["cpu_utilization_percent", "host_total"]).unwrap_or(0.0),
+        server_cpu_pct: f(&["cpu_utilization_percent", "remote_total"]).unwrap_or(0.0),
+    })
+}
+
+pub fn iperf3_client_args(server: &str, streams: u32, secs: u32) -> Vec<String> {
+    ["-c", server, "-p", &IPERF_PORT.to_string(), "-P", &streams.to_string(), "-t", &secs.to_string(), "-J"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// The net suite on one link: an iperf3 server in the target namespace,
+/// clients with each stream count `repeats` times (stream counts rotated
+/// between repeats, like the subjects of the other suites).
+pub fn run_net(topo: &Topology, link: &Link, shape: &LinkShape, secs: u32, repeats: u32) -> anyhow::Result<Vec<NetSample>> {
+    let mut server = ns_command(&topo.target_ns, "iperf3");
+    server.args(["-s", "-B", &link.target_ip.to_string(), "-p", &IPERF_PORT.to_string()]);
+    server.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let (token, _child) = registry().spawn(&mut server, "iperf3 server")?;
+    let r = (|| {
+        let ip = link.target_ip.to_string();
+        // The server listens shortly after start: retry the first connection.
+        let mut first = Err(anyhow::anyhow!("iperf3 server did not answer"));
+        for _ in 0..50 {
+            first = one(topo, &ip, 1, 1);
+            if first.is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        first?;
+        let mut out = vec![];
+        for rep in 1..=repeats {
+            for turn in 0..STREAMS.len() {
+                if crate::cleanup::interrupted() {
+                    anyhow::bail!("interrupted");
+                }
+                let streams = STREAMS[(turn + rep as usize - 1) % STREAMS.len()];
+                let m = one(topo, &ip, streams, secs)?;
+                out.push(NetSample {
+                    link: shape.name.clone(),
+                    mtu: link.mtu,
+                    streams,
+                    repeat: rep,
+                    bits_per_s: m.bits_per_s,
+                    retransmits: m.retransmits,
+                    client_cpu_pct: m.client_cpu_pct,
+                    server_cpu_pct: m.server_cpu_pct,
+                });
+            }
+        }
+        Ok(out)
+    })();
+    let _ = registry().release(token);
+    r
+}
+
+fn one(topo: &Topology, ip: &str, streams: u32, secs: u32) -> anyhow::Result<Iperf> {
+    let out = ns_command(&topo.client_ns, "iperf3").args(iperf3_client_args(ip, streams, secs)).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_iperf3_json(&text)
+}
+
+/// The best mean rate over stream counts at (`link`, `mtu`), in bits/s.
+pub fn ceiling(samples: &[NetSample], link: &str, mtu: u32) -> Option<(f64, u32)> {
+    let mut best: Option<(f64, u32)> = None;
+    for &n in &STREAMS {
+        let v: Vec<f64> = samples.iter().filter(|s| s.link == link && s.mtu == mtu && s.streams == n).map(|s| s.bits_per_s).collect();
+        if v.is_empty() {
+            continue;
+        }
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        if best.map_or(true, |(b, _)| mean > b) {
+            best = Some((mean, n));
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_parse() {
+        assert_eq!(parse_link("none").unwrap(), LinkShape::none());
+        assert_eq!(parse_link("1gbit").unwrap().bits_per_s, Some(1_000_000_000));
+        assert_eq!(parse_link("10Gbit").unwrap().bits_per_s, Some(10_000_000_000));
+        assert_eq!(parse_link("100mbit").unwrap().bits_per_s, Some(100_000_000));
+        for bad in ["", "1g", "fast", "0gbit", "-1gbit"] {
+            assert!(parse_link(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tbf_bucket_covers_the_timer_tick() {
+        let a = tbf_args("veth0", 10_000_000_000);
+        assert_eq!(&a[..6], &["qdisc", "replace", "dev", "veth0", "root", "tbf"]);
+        let at = |k: &str| a[a.iter().position(|x| x == k).unwrap() + 1].clone();
+        assert_eq!(at("rate"), "10000000000bit");
+        // 4 ms at 10 Gbit/s = 5 MB; a smaller bucket caps the rate below the setting.
+        assert_eq!(at("burst"), "5000000");
+        let b = tbf_args("v", 1_000_000);
+        assert_eq!(b[b.iter().position(|x| x == "burst").unwrap() + 1], "65536");
+    }
+
+    #[test]
+    fn parses_iperf3_json() {
+        // Trimmed from `iperf3 -c ... -P 2 -J` (iperf3 3.12).
+        let text = r#"{"start":{},"intervals":[],"end":{"sum_sent":{"bytes":1250000000,"bits_per_second":9.9e9,"retransmits":3},
+            "sum_received":{"bytes":1240000000,"bits_per_second":9.8e9},
+            "cpu_utilization_percent":{"host_total":71.5,"host_user":2.0,"host_system":69.5,"remote_total":88.25,"remote_user":1.0,"remote_system":87.0}}}"#;
+        let m = parse_iperf3_json(text).unwrap();
+        assert_eq!(m, Iperf { bits_per_s: 9.8e9, retransmits: 3, client_cpu_pct: 71.5, server_cpu_pct: 88.25 });
+        let err = parse_iperf3_json(r#"{"start":{},"error":"unable to connect to server: Connection refused"}"#).unwrap_err();
+        assert!(format!("{err}").contains("Connection refused"));
+        assert!(parse_iperf3_json("").is_err());
+        assert!(parse_iperf3_json(r#"{"end":{}}"#).is_err());
+    }
+
+    #[test]
+    fn ceiling_is_the_best_mean_over_stream_counts() {
+        let s = |streams, bps| NetSample {
+            link: "none".into(),
+            mtu: 1500,
+            streams,
+            repeat: 1,
+            bits_per_s: bps,
+            retransmits: 0,
+            client_cpu_pct: 0.0,
+            server_cpu_pct: 0.0,
+        };
+        let v = vec![s(1, 5e9), s(1, 7e9), s(2, 6.5e9), s(2, 6.0e9), s(8, 1e9)];
+        assert_eq!(ceiling(&v, "none", 1500), Some((6.25e9, 2)));
+        assert_eq!(ceiling(&v, "1gbit", 1500), None);
+    }
+}
