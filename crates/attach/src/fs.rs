@@ -8,9 +8,9 @@
 
 use bw_initiator::{BlockClient, ClientError};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -39,7 +39,12 @@ pub struct VolumeFs {
 }
 
 impl VolumeFs {
-    pub fn new(client: Arc<dyn BlockClient>, rt: tokio::runtime::Handle, name: String, readonly: bool) -> VolumeFs {
+    pub fn new(
+        client: Arc<dyn BlockClient>,
+        rt: tokio::runtime::Handle,
+        name: String,
+        readonly: bool,
+    ) -> VolumeFs {
         VolumeFs {
             size: client.size_bytes(),
             block: client.block_size() as u64,
@@ -56,7 +61,12 @@ impl VolumeFs {
         let (kind, perm, size, nlink) = if ino == ROOT {
             (FileType::Directory, 0o755, 0, 2)
         } else {
-            (FileType::RegularFile, if self.readonly { 0o400 } else { 0o600 }, self.size, 1)
+            (
+                FileType::RegularFile,
+                if self.readonly { 0o400 } else { 0o600 },
+                self.size,
+                1,
+            )
         };
         FileAttr {
             ino,
@@ -88,7 +98,12 @@ fn errno(e: &ClientError) -> Errno {
 
 /// Read `[offset, offset+len)` (already clamped to the volume), widening to
 /// whole blocks when the request is not aligned.
-async fn read_range(client: &dyn BlockClient, block: u64, offset: u64, len: usize) -> Result<Vec<u8>, ClientError> {
+async fn read_range(
+    client: &dyn BlockClient,
+    block: u64,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<u8>, ClientError> {
     let start = offset / block * block;
     let end = (offset + len as u64).div_ceil(block) * block;
     let mut buf = vec![0u8; (end - start) as usize];
@@ -132,7 +147,8 @@ impl Filesystem for VolumeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // ASYNC_DIO: loop's direct I/O arrives as parallel requests instead
         // of one at a time; MAX_PAGES: requests up to MAX_REQUEST bytes.
-        let wanted = InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_ASYNC_READ | InitFlags::FUSE_MAX_PAGES;
+        let wanted =
+            InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_ASYNC_READ | InitFlags::FUSE_MAX_PAGES;
         let _ = config.add_capabilities(wanted & config.capabilities());
         let _ = config.set_max_write(MAX_REQUEST);
         let _ = config.set_max_readahead(MAX_REQUEST);
@@ -256,12 +272,26 @@ impl Filesystem for VolumeFs {
         });
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         // close(): nothing is buffered here; durability is fsync's job.
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let client = self.client.clone();
         self.rt.spawn(async move {
             match client.flush().await {
@@ -287,7 +317,11 @@ impl Filesystem for VolumeFs {
         let end = offset.saturating_add(length);
         if mode == 0 || mode == libc::FALLOC_FL_KEEP_SIZE {
             // Every byte of the volume already exists.
-            return if end <= self.size { reply.ok() } else { reply.error(Errno::EFBIG) };
+            return if end <= self.size {
+                reply.ok()
+            } else {
+                reply.error(Errno::EFBIG)
+            };
         }
         if mode != libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE {
             return reply.error(Errno::EOPNOTSUPP);
@@ -316,11 +350,22 @@ impl Filesystem for VolumeFs {
         });
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         if ino != ROOT {
             return reply.error(Errno::ENOTDIR);
         }
-        let entries = [(ROOT, FileType::Directory, "."), (ROOT, FileType::Directory, ".."), (DISK, FileType::RegularFile, self.name.as_str())];
+        let entries = [
+            (ROOT, FileType::Directory, "."),
+            (ROOT, FileType::Directory, ".."),
+            (DISK, FileType::RegularFile, self.name.as_str()),
+        ];
         for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(*ino, (i + 1) as u64, *kind, name) {
                 break;

@@ -55,7 +55,10 @@ pub fn prepare_process() -> Result<(), AttachError> {
             );
         }
         if libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) != 0 {
-            return Err(AttachError::Sys("mlockall", std::io::Error::last_os_error()));
+            return Err(AttachError::Sys(
+                "mlockall",
+                std::io::Error::last_os_error(),
+            ));
         }
     }
     Ok(())
@@ -90,14 +93,21 @@ pub fn attach(
         fuser::MountOption::NoDev,
         fuser::MountOption::NoSuid,
         fuser::MountOption::NoExec,
-        if opts.readonly { fuser::MountOption::RO } else { fuser::MountOption::RW },
+        if opts.readonly {
+            fuser::MountOption::RO
+        } else {
+            fuser::MountOption::RW
+        },
     ];
     config.n_threads = Some(opts.fuse_threads.max(1));
     config.clone_fd = true;
     let session = fuser::Session::new(fs, dir, &config)
         .and_then(fuser::Session::spawn)
         .map_err(|e| AttachError::Mount(dir.to_path_buf(), e))?;
-    Ok(Attached { session, dir: dir.to_path_buf() })
+    Ok(Attached {
+        session,
+        dir: dir.to_path_buf(),
+    })
 }
 
 impl Attached {

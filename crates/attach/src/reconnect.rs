@@ -36,7 +36,10 @@ impl Reconnecting {
     }
 
     fn current(&self) -> Option<Arc<dyn BlockClient>> {
-        self.current.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     async fn client(&self) -> Result<Arc<dyn BlockClient>> {
@@ -47,9 +50,12 @@ impl Reconnecting {
         if let Some(c) = self.current() {
             return Ok(c);
         }
-        let fresh = tokio::time::timeout(self.opts.timeout, bw_initiator::connect(&self.url, &self.opts))
-            .await
-            .map_err(|_| ClientError::Timeout(format!("reconnecting to {}", self.url)))??;
+        let fresh = tokio::time::timeout(
+            self.opts.timeout,
+            bw_initiator::connect(&self.url, &self.opts),
+        )
+        .await
+        .map_err(|_| ClientError::Timeout(format!("reconnecting to {}", self.url)))??;
         if fresh.size_bytes() != self.size || fresh.block_size() != self.block_size {
             // Another volume behind the same name: never write to it.
             return Err(ClientError::Protocol(format!(
@@ -70,7 +76,12 @@ impl Reconnecting {
     async fn bounded<T>(&self, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         tokio::time::timeout(self.opts.timeout, f)
             .await
-            .unwrap_or_else(|_| Err(ClientError::Timeout(format!("no answer from {} in {:?}", self.url, self.opts.timeout))))
+            .unwrap_or_else(|_| {
+                Err(ClientError::Timeout(format!(
+                    "no answer from {} in {:?}",
+                    self.url, self.opts.timeout
+                )))
+            })
     }
 
     /// Drop `failed` if it is still the current client and the error means the
@@ -79,7 +90,10 @@ impl Reconnecting {
         if let Err(e) = &r {
             let broken = matches!(
                 e,
-                ClientError::Io(_) | ClientError::Timeout(_) | ClientError::Disconnected(_) | ClientError::Protocol(_)
+                ClientError::Io(_)
+                    | ClientError::Timeout(_)
+                    | ClientError::Disconnected(_)
+                    | ClientError::Protocol(_)
             );
             if broken {
                 let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
@@ -130,7 +144,11 @@ impl BlockClient for Reconnecting {
         self.note(&c, r)
     }
     async fn close(&self) -> Result<()> {
-        let c = self.current.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let c = self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         match c {
             Some(c) => c.close().await,
             None => Ok(()),

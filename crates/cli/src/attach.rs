@@ -83,12 +83,22 @@ fn state_path(pid: u32) -> PathBuf {
 }
 
 fn run_tool(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         // One line for the user: tools append usage text after the reason.
-        let reason = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("no message");
-        bail!("{} failed: {}", cmd.get_program().to_string_lossy(), reason.trim());
+        let reason = err
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message");
+        bail!(
+            "{} failed: {}",
+            cmd.get_program().to_string_lossy(),
+            reason.trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -102,7 +112,10 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     bw_attach::prepare_process()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(a.client.threads.max(2)).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(a.client.threads.max(2))
+        .enable_all()
+        .build()?;
     let opts = a.client.options(128);
     let timeout = opts.timeout;
     let client = rt.block_on(async {
@@ -116,7 +129,11 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
     let fs_opts = bw_attach::AttachOptions {
         file_name: a.file.clone(),
         readonly: a.readonly,
-        fuse_threads: 2,
+        // Measuring knob (bench/attach-overhead); 2 readers by default.
+        fuse_threads: std::env::var("BLOCKWIRE_FUSE_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2),
         source: format!("blockwire:{}", redact(&a.url)),
     };
     let attached = bw_attach::attach(client.clone(), rt.handle().clone(), &dir, &fs_opts)?;
@@ -144,7 +161,11 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
         "loop": loop_dev, "mountpoint": a.mountpoint,
     });
     std::fs::write(state_path(std::process::id()), state.to_string())?;
-    let mut line = format!("attached {} at {} ({size} bytes)", redact(&a.url), file.display());
+    let mut line = format!(
+        "attached {} at {} ({size} bytes)",
+        redact(&a.url),
+        file.display()
+    );
     if let Some(l) = &loop_dev {
         line.push_str(&format!(" loop {l}"));
     }
@@ -161,7 +182,9 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
 /// Hide an iSCSI CHAP secret (`USER%SECRET@`) in anything we print or store.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.find('@'), url.find('%')) {
-        (Some(s), Some(at), Some(p)) if s < p && p < at => format!("{}%***{}", &url[..p], &url[at..]),
+        (Some(s), Some(at), Some(p)) if s < p && p < at => {
+            format!("{}%***{}", &url[..p], &url[at..])
+        }
         _ => url.to_string(),
     }
 }
@@ -169,7 +192,11 @@ fn redact(url: &str) -> String {
 /// Serve until SIGINT/SIGTERM; then detach the loop device, flush and
 /// unmount. If the file system is busy, keep serving; a second signal forces
 /// (aborts the FUSE connection and detaches the mount lazily).
-async fn wait_and_detach(dir: &Path, loop_dev: Option<&str>, client: Arc<dyn bw_initiator::BlockClient>) -> anyhow::Result<()> {
+async fn wait_and_detach(
+    dir: &Path,
+    loop_dev: Option<&str>,
+    client: Arc<dyn bw_initiator::BlockClient>,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
@@ -180,7 +207,10 @@ async fn wait_and_detach(dir: &Path, loop_dev: Option<&str>, client: Arc<dyn bw_
             _ = term.recv() => {}
         }
         if asked {
-            log::warn!("second signal: aborting the FUSE connection at {}", dir.display());
+            log::warn!(
+                "second signal: aborting the FUSE connection at {}",
+                dir.display()
+            );
             let _ = bw_attach::abort_connection(dir);
             lazy_unmount(dir);
             return Ok(());
@@ -199,7 +229,10 @@ async fn wait_and_detach(dir: &Path, loop_dev: Option<&str>, client: Arc<dyn bw_
                 let _ = client.close().await;
                 return Ok(());
             }
-            Err(e) => eprintln!("blockwire: {}: {e}; still attached (signal again to force)", dir.display()),
+            Err(e) => eprintln!(
+                "blockwire: {}: {e}; still attached (signal again to force)",
+                dir.display()
+            ),
         }
     }
 }
@@ -253,7 +286,11 @@ fn spawn_daemon(a: &AttachArgs, dir: &Path) -> anyhow::Result<(Value, String)> {
     let log_tmp = Path::new(STATE_DIR).join(format!("attach-starting-{}.log", std::process::id()));
     let log = std::fs::File::create(&log_tmp)?;
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.arg("attach").arg(&a.url).arg(dir).arg("--file").arg(&a.file);
+    cmd.arg("attach")
+        .arg(&a.url)
+        .arg(dir)
+        .arg("--file")
+        .arg(&a.file);
     if a.readonly {
         cmd.arg("--readonly");
     }
@@ -264,7 +301,14 @@ fn spawn_daemon(a: &AttachArgs, dir: &Path) -> anyhow::Result<(Value, String)> {
         cmd.arg("--mountpoint").arg(m);
     }
     let c = &a.client;
-    cmd.args(["--queues", &c.queues.to_string(), "--timeout", &c.timeout.to_string(), "--threads", &c.threads.to_string()]);
+    cmd.args([
+        "--queues",
+        &c.queues.to_string(),
+        "--timeout",
+        &c.timeout.to_string(),
+        "--threads",
+        &c.threads.to_string(),
+    ]);
     if let Some(n) = &c.initiator_name {
         cmd.args(["--initiator-name", n]);
     }
@@ -294,7 +338,11 @@ fn spawn_daemon(a: &AttachArgs, dir: &Path) -> anyhow::Result<(Value, String)> {
         let _ = child.wait();
         let msg = std::fs::read_to_string(&log_path).unwrap_or_default();
         let _ = std::fs::remove_file(&log_path);
-        let last = msg.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("the attach daemon exited");
+        let last = msg
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("the attach daemon exited");
         bail!("{}", last.trim_start_matches("blockwire: error: "));
     }
     let state: Value = serde_json::from_str(&std::fs::read_to_string(state_path(pid))?)?;
@@ -310,7 +358,11 @@ pub fn mount(a: MountArgs) -> anyhow::Result<()> {
     if bw_attach::is_mountpoint(&mp) {
         bail!("{}: already a mount point", mp.display());
     }
-    let key: String = mp.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let key: String = mp
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
     let fuse_dir = Path::new(STATE_DIR).join("fuse").join(key);
     std::fs::create_dir_all(&fuse_dir)?;
     let attach_args = AttachArgs {
@@ -352,7 +404,9 @@ pub fn mount(a: MountArgs) -> anyhow::Result<()> {
 }
 
 fn all_states() -> Vec<Value> {
-    let Ok(rd) = std::fs::read_dir(STATE_DIR) else { return vec![] };
+    let Ok(rd) = std::fs::read_dir(STATE_DIR) else {
+        return vec![];
+    };
     rd.flatten()
         .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
         .filter_map(|e| serde_json::from_str(&std::fs::read_to_string(e.path()).ok()?).ok())
@@ -361,16 +415,25 @@ fn all_states() -> Vec<Value> {
 
 /// Running (a zombie waiting for a slow reaper counts as gone).
 fn pid_alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
     // The state follows the parenthesised command name.
-    pid > 0 && !matches!(stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next()), Some(Some('Z' | 'X')))
+    pid > 0
+        && !matches!(
+            stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next()),
+            Some(Some('Z' | 'X'))
+        )
 }
 
 pub fn umount(a: UmountArgs) -> anyhow::Result<()> {
     require_root()?;
     let target = std::fs::canonicalize(&a.target).unwrap_or(a.target.clone());
     let matches = |s: &Value, k: &str| s[k].as_str().is_some_and(|p| Path::new(p) == target);
-    let Some(state) = all_states().into_iter().find(|s| matches(s, "mountpoint") || matches(s, "dir")) else {
+    let Some(state) = all_states()
+        .into_iter()
+        .find(|s| matches(s, "mountpoint") || matches(s, "dir"))
+    else {
         println!("nothing attached at {}", target.display());
         return Ok(());
     };
@@ -383,7 +446,8 @@ pub fn umount(a: UmountArgs) -> anyhow::Result<()> {
 fn undo(state: &Value, shown: &Path) -> anyhow::Result<()> {
     if let Some(mp) = state["mountpoint"].as_str().map(Path::new) {
         if bw_attach::is_mountpoint(mp) {
-            run_tool(Command::new("umount").arg(mp)).with_context(|| format!("{}: still mounted", shown.display()))?;
+            run_tool(Command::new("umount").arg(mp))
+                .with_context(|| format!("{}: still mounted", shown.display()))?;
         }
     }
     let dir = PathBuf::from(state["dir"].as_str().unwrap_or_default());

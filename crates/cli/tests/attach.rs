@@ -30,7 +30,9 @@ const FILES: usize = 24;
 
 fn write_tree(root: &Path) {
     for i in 0..FILES {
-        let dir = root.join(format!("d{}", i % 4)).join(format!("sub{}", i % 3));
+        let dir = root
+            .join(format!("d{}", i % 4))
+            .join(format!("sub{}", i % 3));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("f{i}")), contents(i)).unwrap();
     }
@@ -39,7 +41,10 @@ fn write_tree(root: &Path) {
 
 fn check_tree(root: &Path) {
     for i in 0..FILES {
-        let p = root.join(format!("d{}", i % 4)).join(format!("sub{}", i % 3)).join(format!("f{i}"));
+        let p = root
+            .join(format!("d{}", i % 4))
+            .join(format!("sub{}", i % 3))
+            .join(format!("f{i}"));
         let got = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         assert!(got == contents(i), "{} differs after remount", p.display());
     }
@@ -56,14 +61,21 @@ impl Drop for Detach {
 /// What must be gone after `blockwire umount`.
 fn assert_nothing_left(mp: &Path, fuse_hint: &str) {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-    assert!(!mounts.contains(mp.to_str().unwrap()), "still mounted:\n{mounts}");
+    assert!(
+        !mounts.contains(mp.to_str().unwrap()),
+        "still mounted:\n{mounts}"
+    );
     assert!(!mounts.contains(fuse_hint), "FUSE mount left:\n{mounts}");
     let loops = sh("losetup -a");
     assert!(!loops.contains(fuse_hint), "loop device left: {loops}");
 }
 
 fn fsck_clean(backing: &Path) {
-    let out = Command::new("e2fsck").arg("-fn").arg(backing).output().unwrap();
+    let out = Command::new("e2fsck")
+        .arg("-fn")
+        .arg(backing)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "e2fsck -fn {}: {}\n{}",
@@ -115,7 +127,10 @@ fn serve_sized(tmp: &TempDir, proto: &str, port: u16, size: &str) -> (Serve, Str
             format!("nvme+tcp://127.0.0.1:{port}/{NQN}/1"),
         ),
     };
-    let toml = format!("[[volume]]\nname = \"d0\"\nbackend = \"file:{},size={size}\"\n{listen}", img.display());
+    let toml = format!(
+        "[[volume]]\nname = \"d0\"\nbackend = \"file:{},size={size}\"\n{listen}",
+        img.display()
+    );
     (Serve::with_config(tmp, &toml, &[]), url)
 }
 
@@ -134,8 +149,16 @@ fn mount_ext4_and_xfs_over_nvme() {
     let (_serve, url) = serve_sized(&tmp, "nvme", free_port(), "320M");
     roundtrip(&url, "ext4", Some(&tmp.path().join("vol.img")), &tmp);
     roundtrip(&url, "xfs", None, &tmp);
-    let out = Command::new("xfs_repair").args(["-n", "-f"]).arg(tmp.path().join("vol.img")).output().unwrap();
-    assert!(out.status.success(), "xfs_repair -n: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("xfs_repair")
+        .args(["-n", "-f"])
+        .arg(tmp.path().join("vol.img"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "xfs_repair -n: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -147,7 +170,12 @@ fn mount_ext4_over_aoe() {
     let vol = format!("d0=file:{},size=128M", img.display());
     let aoe = format!("{},volume=d0,shelf=1,slot=0", pair.ns_if);
     let _serve = Serve::start_in(Some(&pair.ns), &["--volume", &vol, "--aoe", &aoe]);
-    roundtrip(&format!("aoe://{}/1.0", pair.host_if), "ext4", Some(&img), &tmp);
+    roundtrip(
+        &format!("aoe://{}/1.0", pair.host_if),
+        "ext4",
+        Some(&img),
+        &tmp,
+    );
 }
 
 #[test]
@@ -159,10 +187,25 @@ fn fio_verify_at_queue_depth_32_through_loop() {
     std::fs::create_dir_all(&dir).unwrap();
     let d = dir.to_str().unwrap();
     let _guard = Detach(d.to_string());
-    let line = blockwire_ok(None, &["attach", &url, d, "--loop", "--background", "--timeout", "10"]);
+    let line = blockwire_ok(
+        None,
+        &[
+            "attach",
+            &url,
+            d,
+            "--loop",
+            "--background",
+            "--timeout",
+            "10",
+        ],
+    );
     let dev = line.split_whitespace().last().unwrap().to_string();
     assert!(dev.starts_with("/dev/loop"), "{line}");
-    let dio = std::fs::read_to_string(format!("/sys/block/{}/loop/dio", dev.trim_start_matches("/dev/"))).unwrap();
+    let dio = std::fs::read_to_string(format!(
+        "/sys/block/{}/loop/dio",
+        dev.trim_start_matches("/dev/")
+    ))
+    .unwrap();
     assert_eq!(dio.trim(), "1", "loop device without direct I/O");
     let out = Command::new("fio")
         .args([
@@ -178,13 +221,19 @@ fn fio_verify_at_queue_depth_32_through_loop() {
             "--verify=crc32c",
             "--verify_fatal=1",
             "--do_verify=1",
+            // No local-*-verify.state file in the working directory.
+            "--verify_state_save=0",
         ])
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     blockwire_ok(None, &["umount", d]);
-    assert!(out.status.success() && !text.contains("verify failed") && !text.contains("bad "), "fio: {text}");
+    assert!(
+        out.status.success() && !text.contains("verify failed") && !text.contains("bad "),
+        "fio: {text}"
+    );
     assert_nothing_left(&dir, d);
 }
 
@@ -198,10 +247,27 @@ fn target_killed_under_dd_then_back() {
     std::fs::create_dir_all(&dir).unwrap();
     let d = dir.to_str().unwrap();
     let _guard = Detach(d.to_string());
-    let line = blockwire_ok(None, &["attach", &url, d, "--loop", "--background", "--timeout", "3"]);
+    let line = blockwire_ok(
+        None,
+        &[
+            "attach",
+            &url,
+            d,
+            "--loop",
+            "--background",
+            "--timeout",
+            "3",
+        ],
+    );
     let dev = line.split_whitespace().last().unwrap().to_string();
     let mut dd = Command::new("dd")
-        .args([&format!("of={dev}"), "if=/dev/zero", "bs=64k", "count=100000", "oflag=direct"])
+        .args([
+            &format!("of={dev}"),
+            "if=/dev/zero",
+            "bs=64k",
+            "count=100000",
+            "oflag=direct",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -224,14 +290,23 @@ fn target_killed_under_dd_then_back() {
     };
     let mut err = String::new();
     std::io::Read::read_to_string(&mut dd.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(!status.success() && err.contains("Input/output error"), "dd: {status} {err}");
+    assert!(
+        !status.success() && err.contains("Input/output error"),
+        "dd: {status} {err}"
+    );
 
     // The same target comes back on the same port: new I/O succeeds.
     let (_serve2, _) = serve_file_on(&tmp, port);
     let t0 = Instant::now();
     loop {
         let ok = Command::new("dd")
-            .args([&format!("of={dev}"), "if=/dev/zero", "bs=64k", "count=16", "oflag=direct"])
+            .args([
+                &format!("of={dev}"),
+                "if=/dev/zero",
+                "bs=64k",
+                "count=16",
+                "oflag=direct",
+            ])
             .stderr(Stdio::null())
             .status()
             .unwrap()
@@ -239,12 +314,20 @@ fn target_killed_under_dd_then_back() {
         if ok {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "no I/O 20 s after the target came back");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no I/O 20 s after the target came back"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     blockwire_ok(None, &["umount", d]);
     assert_nothing_left(&dir, d);
-    assert!(!sh("ps -eo args").lines().any(|l| l.contains("attach") && l.contains(d)), "attach daemon left");
+    assert!(
+        !sh("ps -eo args")
+            .lines()
+            .any(|l| l.contains("attach") && l.contains(d)),
+        "attach daemon left"
+    );
 }
 
 fn serve_file_on(tmp: &TempDir, port: u16) -> (Serve, String) {
