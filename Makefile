@@ -4,7 +4,8 @@ CARGO ?= cargo
 BIN := target/release/blockwire
 # Debian packages the tests, benchmarks and demo use (peers, clients, the kernel VM, the report check).
 DEB_PACKAGES := fuse3 xfsprogs tgt vblade libiscsi-bin qemu-utils qemu-block-extra qemu-system-x86 fio tshark \
-	iperf3 iproute2 e2fsprogs busybox-static kmod cpio open-iscsi chromium ethtool procps jq
+	iperf3 iproute2 e2fsprogs busybox-static kmod cpio open-iscsi chromium ethtool procps jq \
+	ceph-mon ceph-osd ceph-common librbd-dev
 # Seconds each fuzz target runs under `make fuzz`.
 FUZZ_SECONDS ?= 60
 

@@ -3,6 +3,8 @@
 //! ports. Everything a test creates is removed on drop, processes by PID.
 #![allow(dead_code)]
 
+pub mod ceph;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
