@@ -434,9 +434,14 @@ mod tests {
             iqn = "iqn.2026-11.org.example:disk0"
             luns = [{ lun = 0, volume = "disk0" }]
             chap = { user = "bob", secret = "0123456789ab" }
+            target_port_group = 7
+            alua_state = "active-non-optimized"
         "#;
         let mut c: ServeConfig = toml::from_str(text).unwrap();
         c.validate().unwrap();
+        let t = &c.iscsi.as_ref().unwrap().targets[0];
+        assert_eq!((t.target_port_group, t.alua_state), (7, AluaStateConfig::ActiveNonOptimized));
+        assert!(toml::from_str::<ServeConfig>(&text.replace("active-non-optimized", "sleepy")).is_err());
         let back: ServeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
         assert_eq!(c.iscsi.as_ref().and_then(|i| i.discovery_chap.as_ref()).map(|d| d.user.as_str()), Some("scan"));
