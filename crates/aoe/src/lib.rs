@@ -11,6 +11,7 @@
 
 pub mod ata;
 pub mod frame;
+pub mod flow;
 pub mod identify;
 pub mod initiator;
 pub mod mask;

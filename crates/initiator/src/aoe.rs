@@ -3,6 +3,8 @@
 //! - Connect: a Query Config to the broadcast MAC for our shelf.slot finds
 //!   the target's MAC, buffer count and sectors per frame; IDENTIFY gives
 //!   the size.
+//! - Window, retransmit timers and tags are decided by `bw_aoe::flow`
+//!   (no sockets, time passed in); this file carries its decisions out.
 //! - Every request occupies one of up to [`MAX_WINDOW`] slots. A window
 //!   (a semaphore) bounds the frames in flight: it starts at half the
 //!   target's buffer count (capped at 64), halves on every timeout and
@@ -22,13 +24,14 @@ use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, Targe
 use async_trait::async_trait;
 use bw_aoe::ata::{self, AtaArg};
 use bw_aoe::frame::{format_mac, AoeHeader, Mac};
-use bw_aoe::initiator::{self as req, Addr, AtaRequest, ReplyBody, RttEstimator};
+use bw_aoe::flow::{Exchange, Expired, Tags, Window};
+use bw_aoe::initiator::{self as req, Addr, AtaRequest, ReplyBody};
 use bw_aoe::mask::Directive;
 use bw_aoe::qc::ConfigCommand;
 use bw_aoe::{identify, max_sectors_for_mtu, BROADCAST_MAC, BROADCAST_SHELF, BROADCAST_SLOT, ETHERTYPE_AOE, SECTOR};
 use bw_net::{FrameBatch, PacketSocket};
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
@@ -93,19 +96,6 @@ struct Slot {
     done: Notify,
 }
 
-/// Window and timer state.
-struct Ctl {
-    rtt: RttEstimator,
-    window: usize,
-    max_window: usize,
-    /// Permits to forget as they come back (after the window shrank).
-    debt: usize,
-    clean: usize,
-    /// Last time the window was halved: at most once per timeout period,
-    /// since one loss event times out many frames at once.
-    last_cut: Instant,
-}
-
 #[derive(Default)]
 struct Counters {
     frames: AtomicU64,
@@ -132,8 +122,9 @@ struct Shared {
     slots: Box<[Slot]>,
     free: Mutex<Vec<usize>>,
     window: Semaphore,
-    ctl: Mutex<Ctl>,
-    seq: AtomicU32,
+    /// Congestion window and RTT (`bw_aoe::flow`; the semaphore carries out its decisions).
+    flow: Mutex<Window>,
+    tags: Mutex<Tags>,
     timeout: Duration,
     counters: Counters,
     flush_ext_unsupported: std::sync::atomic::AtomicBool,
@@ -300,7 +291,8 @@ impl AoeClient {
             return Err(ClientError::Protocol(format!("MTU {} of {iface} is too small for AoE", sock.get_ref().mtu())));
         }
         let max_window = (info.buffer_count as usize).clamp(1, MAX_WINDOW);
-        let window = (max_window / 2).max(1);
+        let flow = Window::new(max_window, MIN_RTO, MAX_RTO);
+        let window = flow.size();
         let frame_len = bw_aoe::ATA_HEADER_LEN + (frame_sectors as usize).max(1) * SECTOR;
         let reply_len = sock.get_ref().mtu() + 18;
         let slots: Box<[Slot]> = (0..max_window)
@@ -327,8 +319,8 @@ impl AoeClient {
             size_bytes: AtomicU64::new(0),
             free: Mutex::new((0..max_window).rev().collect()),
             window: Semaphore::new(window),
-            ctl: Mutex::new(Ctl { rtt: RttEstimator::new(MIN_RTO, MAX_RTO), window, max_window, debt: 0, clean: 0, last_cut: Instant::now() }),
-            seq: AtomicU32::new(1),
+            flow: Mutex::new(flow),
+            tags: Mutex::new(Tags::default()),
             outq: Mutex::new(SendQueue { batch: FrameBatch::new(MAX_WINDOW, frame_len.max(bw_aoe::MIN_FRAME)), queued: 0 }),
             out_ready: Notify::new(),
             timeout: opts.timeout,
@@ -358,7 +350,7 @@ impl AoeClient {
     }
     /// Current window (frames allowed in flight).
     pub fn window(&self) -> usize {
-        lock(&self.shared.ctl).window
+        lock(&self.shared.flow).size()
     }
     pub fn retransmits(&self) -> u64 {
         self.shared.counters.retransmits.load(Relaxed)
@@ -475,49 +467,19 @@ impl Shared {
         Ok(())
     }
 
-    fn next_tag(&self, slot: usize) -> u32 {
-        let seq = self.seq.fetch_add(1, Relaxed) & 0x00FF_FFFF;
-        (seq << 8) | slot as u32
-    }
-
     /// Return a permit, forgetting it if the window shrank meanwhile.
     fn release(&self, permit: SemaphorePermit<'_>, idx: usize) {
         lock(&self.free).push(idx);
-        let mut c = lock(&self.ctl);
-        if c.debt > 0 {
-            c.debt -= 1;
+        if !lock(&self.flow).on_release() {
             permit.forget();
         }
     }
 
     fn on_success(&self, rtt: Option<Duration>) {
-        let mut c = lock(&self.ctl);
-        if let Some(r) = rtt {
-            c.rtt.sample(r);
+        let open = lock(&self.flow).on_reply(rtt);
+        if open > 0 {
+            self.window.add_permits(open);
         }
-        c.clean += 1;
-        if c.clean >= c.window && c.window < c.max_window {
-            c.window += 1;
-            c.clean = 0;
-            if c.debt > 0 {
-                c.debt -= 1;
-            } else {
-                self.window.add_permits(1);
-            }
-        }
-    }
-
-    fn on_timeout(&self) {
-        let mut c = lock(&self.ctl);
-        let now = Instant::now();
-        if now.duration_since(c.last_cut) < c.rtt.timeout() {
-            return;
-        }
-        c.last_cut = now;
-        let new = (c.window / 2).max(1);
-        c.debt += c.window - new;
-        c.window = new;
-        c.clean = 0;
     }
 
     /// One request/reply exchange with retransmits. `build` writes the
@@ -561,11 +523,13 @@ impl Shared {
         build: impl Fn(&mut [u8], &Addr, u32) -> std::result::Result<usize, bw_aoe::WireError>,
         parse: impl FnOnce(&[u8], bool) -> Result<T>,
     ) -> Result<T> {
-        let deadline = Instant::now() + self.timeout;
         let len = build(frame, &self.addr, 0).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let mut attempt = 0u32;
+        let mut ex = {
+            let flow = lock(&self.flow);
+            Exchange::start(idx as u8, &mut lock(&self.tags), &flow, Instant::now(), self.timeout)
+        };
         loop {
-            let tag = self.next_tag(idx);
+            let tag = ex.tag();
             frame[20..24].copy_from_slice(&tag.to_be_bytes());
             {
                 let mut r = lock(&slot.resp);
@@ -574,24 +538,21 @@ impl Shared {
                 r.complete = false;
                 r.delivered = false;
             }
-            let rto = lock(&self.ctl).rtt.timeout().saturating_mul(1 << attempt.min(6)).min(MAX_RTO);
-            let sent_at = Instant::now();
             self.queue_frame(&frame[..len]).await?;
             self.counters.frames.fetch_add(1, Relaxed);
-            let expiry = (sent_at + rto).min(deadline);
             loop {
                 let notified = slot.done.notified();
                 {
                     let r = lock(&slot.resp);
-                    if r.complete && r.tag == tag {
-                        let rtt = (attempt == 0).then(|| r.received_at.saturating_duration_since(sent_at));
+                    if r.complete && ex.accepts(r.tag) {
+                        let rtt = ex.rtt_sample(r.received_at);
                         let out = parse(&r.frame[..r.len], r.delivered);
                         drop(r);
                         self.on_success(rtt);
                         return out;
                     }
                 }
-                if tokio::time::timeout_at(expiry.into(), notified).await.is_err() {
+                if tokio::time::timeout_at(ex.expiry().into(), notified).await.is_err() {
                     break;
                 }
             }
@@ -599,13 +560,19 @@ impl Shared {
             if lock(&slot.resp).complete {
                 continue; // raced with the reply: the inner loop picks it up next round
             }
-            self.on_timeout();
-            if Instant::now() >= deadline {
-                return Err(ClientError::Timeout(format!("{}: no reply after {attempt} retransmits", self.url)));
+            let expired = {
+                let mut flow = lock(&self.flow);
+                ex.on_expiry(Instant::now(), &mut lock(&self.tags), &mut flow)
+            };
+            match expired {
+                Expired::GiveUp { retransmits } => {
+                    return Err(ClientError::Timeout(format!("{}: no reply after {retransmits} retransmits", self.url)));
+                }
+                Expired::Retransmit { .. } => {
+                    self.counters.retransmits.fetch_add(1, Relaxed);
+                    log::debug!("{}: retransmit (attempt {})", self.url, ex.attempt());
+                }
             }
-            attempt += 1;
-            self.counters.retransmits.fetch_add(1, Relaxed);
-            log::debug!("{}: retransmit (attempt {attempt}, rto {rto:?})", self.url);
         }
     }
 }
@@ -712,7 +679,7 @@ fn deliver(shared: &Shared, frame: &[u8], now: Instant) {
         return;
     }
     let tag = h.tag();
-    let Some(slot) = shared.slots.get((tag & 0xFF) as usize) else { return };
+    let Some(slot) = shared.slots.get(Tags::slot(tag)) else { return };
     let mut r = lock(&slot.resp);
     if !r.armed || r.complete || r.tag != tag || frame.len() > r.frame.len() {
         shared.counters.stray.fetch_add(1, Relaxed);
