@@ -178,29 +178,26 @@ fn mount_ext4_over_aoe() {
     );
 }
 
+/// `blockwire attach URL TMP/fuse --loop --background`: the loop device, and
+/// a guard that detaches it when the test ends.
+fn attach_loop(tmp: &TempDir, url: &str, timeout: &str) -> (String, std::path::PathBuf, Detach) {
+    let dir = tmp.path().join("fuse");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    let guard = Detach(d.to_string());
+    let line = blockwire_ok(None, &["attach", url, d, "--loop", "--background", "--timeout", timeout]);
+    let dev = line.split_whitespace().last().unwrap().to_string();
+    assert!(dev.starts_with("/dev/loop"), "{line}");
+    (dev, dir, guard)
+}
+
 #[test]
 fn fio_verify_at_queue_depth_32_through_loop() {
     require_root();
     let tmp = TempDir::new("att-f");
     let (_serve, url) = serve_file(&tmp, "iscsi", free_port());
-    let dir = tmp.path().join("fuse");
-    std::fs::create_dir_all(&dir).unwrap();
+    let (dev, dir, _guard) = attach_loop(&tmp, &url, "10");
     let d = dir.to_str().unwrap();
-    let _guard = Detach(d.to_string());
-    let line = blockwire_ok(
-        None,
-        &[
-            "attach",
-            &url,
-            d,
-            "--loop",
-            "--background",
-            "--timeout",
-            "10",
-        ],
-    );
-    let dev = line.split_whitespace().last().unwrap().to_string();
-    assert!(dev.starts_with("/dev/loop"), "{line}");
     let dio = std::fs::read_to_string(format!(
         "/sys/block/{}/loop/dio",
         dev.trim_start_matches("/dev/")
@@ -243,23 +240,8 @@ fn target_killed_under_dd_then_back() {
     let tmp = TempDir::new("att-k");
     let port = free_port();
     let (serve, url) = serve_file(&tmp, "nvme", port);
-    let dir = tmp.path().join("fuse");
-    std::fs::create_dir_all(&dir).unwrap();
+    let (dev, dir, _guard) = attach_loop(&tmp, &url, "3");
     let d = dir.to_str().unwrap();
-    let _guard = Detach(d.to_string());
-    let line = blockwire_ok(
-        None,
-        &[
-            "attach",
-            &url,
-            d,
-            "--loop",
-            "--background",
-            "--timeout",
-            "3",
-        ],
-    );
-    let dev = line.split_whitespace().last().unwrap().to_string();
     let mut dd = Command::new("dd")
         .args([
             &format!("of={dev}"),
