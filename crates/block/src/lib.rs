@@ -33,7 +33,7 @@ pub enum BlockError {
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("the device is read-only")]
     ReadOnly,
-    #[error("I/O error: {0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
 }
 

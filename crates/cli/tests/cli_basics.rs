@@ -48,3 +48,30 @@ fn bad_input_gets_a_clear_error() {
         assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// Each error names the object it is about and says the cause once (an
+/// error printed as its message and again as its source read
+/// `X (os error 2): X (os error 2)`).
+#[test]
+fn errors_name_the_object_and_say_the_cause_once() {
+    let closed = free_port();
+    let url = format!("iscsi://127.0.0.1:{closed}/iqn.2026-11.org.blockwire.test:none/0");
+    let nvme = format!("nvme+tcp://127.0.0.1:{closed}/nqn.2026-11.org.blockwire.test:none/1");
+    let port = free_port().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    for (args, names, cause) in [
+        (vec!["serve", "--volume", "d0=file:/no/such/dir/x", "--iscsi", listen.as_str()], "/no/such/dir/x", "(os error 2)"),
+        (vec!["serve", "--config", "/no/such/dir/bw.toml"], "/no/such/dir/bw.toml", "(os error 2)"),
+        (vec!["verify", url.as_str(), "--size", "1M"], url.as_str(), "(os error 111)"),
+        (vec!["verify", nvme.as_str(), "--size", "1M"], nvme.as_str(), "(os error 111)"),
+        // No such interface: nothing is opened.
+        (vec!["serve", "--volume", "d0=ram:1M", "--aoe", "bwnosuch0,volume=d0,shelf=1,slot=0"], "bwnosuch0", "AoE"),
+    ] {
+        let out = blockwire(None, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or_default();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(last.contains(names), "{args:?}: does not name {names}: {last}");
+        assert_eq!(last.matches(cause).count(), 1, "{args:?}: cause not said exactly once: {last}");
+    }
+}

@@ -24,8 +24,11 @@ use std::time::Duration;
 pub enum ClientError {
     #[error(transparent)]
     Url(#[from] UrlError),
-    #[error("I/O error: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// Connecting to `url` failed (the cause is the source).
+    #[error("cannot connect to {url}")]
+    Connect { url: String, source: Box<ClientError> },
     #[error("target reported an error: {0}")]
     Target(String),
     #[error("protocol error: {0}")]
@@ -108,9 +111,14 @@ pub fn check_range(client: &dyn BlockClient, offset: u64, len: usize) -> Result<
 
 /// Connect to the target a URL names.
 pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
-    match TargetUrl::parse(url)? {
+    let r = match TargetUrl::parse(url)? {
         u @ TargetUrl::Aoe { .. } => aoe::connect(&u, opts).await,
         u @ TargetUrl::Iscsi { .. } => iscsi::connect(&u, opts).await,
         u @ TargetUrl::Nvme { .. } => nvme::connect(&u, opts).await,
-    }
+    };
+    // OS errors name no peer: say which URL they came from.
+    r.map_err(|e| match e {
+        ClientError::Io(_) => ClientError::Connect { url: url.to_string(), source: Box::new(e) },
+        e => e,
+    })
 }

@@ -16,7 +16,7 @@ pub enum Version {
 pub enum CgroupError {
     #[error("no memory cgroup controller under {0} (neither a v1 memory mount nor v2 with +memory)")]
     NoController(PathBuf),
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io { path: PathBuf, source: std::io::Error },
 }
 

@@ -197,7 +197,7 @@ fn open_interface(
     let group = (std::process::id() as u16).wrapping_mul(7).wrapping_add(group_offset as u16);
     let mut queued = 0usize;
     for _ in 0..workers {
-        let s = PacketSocket::open(iface, ETHERTYPE_AOE).with_context(|| format!("AoE on interface {iface}"))?;
+        let s = PacketSocket::open(iface, ETHERTYPE_AOE).context("AoE")?;
         let granted = s.set_buffer_sizes(SOCKET_BUFFER, SOCKET_BUFFER)?;
         s.set_recv_timeout(POLL)?;
         s.join_fanout(group, fanout_mode()).with_context(|| format!("PACKET_FANOUT on {iface}"))?;

@@ -195,9 +195,9 @@ fn one() -> u16 {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}")]
     Read { path: String, source: std::io::Error },
-    #[error("config {path}: {source}")]
+    #[error("config {path}")]
     Parse { path: String, source: toml::de::Error },
     #[error("{0}")]
     Invalid(String),

@@ -60,7 +60,7 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
     let mut running = Vec::new();
     if let Some(a) = &cfg.aoe {
         if !a.exports.is_empty() {
-            running.push(aoe::start(a, volumes, shutdown.clone()).await.context("AoE")?);
+            running.push(aoe::start(a, volumes, shutdown.clone()).await?);
         }
     }
     if let Some(i) = &cfg.iscsi {

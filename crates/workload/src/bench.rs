@@ -120,7 +120,7 @@ pub struct BenchReport {
 pub enum BenchError {
     #[error("invalid parameters: {0}")]
     Params(String),
-    #[error("{op} of {len} bytes at offset {offset} failed: {source}")]
+    #[error("{op} of {len} bytes at offset {offset} failed")]
     Io { op: &'static str, offset: u64, len: usize, source: bw_initiator::ClientError },
 }
 

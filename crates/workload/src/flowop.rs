@@ -244,7 +244,7 @@ pub enum Stop {
 
 #[derive(Debug, thiserror::Error)]
 pub enum FlowError {
-    #[error("preparing file set {set} in {dir}: {source}")]
+    #[error("preparing file set {set} in {dir}")]
     Prepare { set: String, dir: PathBuf, source: std::io::Error },
 }
 

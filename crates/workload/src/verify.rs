@@ -31,7 +31,7 @@ pub struct VerifyReport {
 pub enum VerifyError {
     #[error("invalid range: {0}")]
     Range(String),
-    #[error("{phase} at offset {offset} failed: {source}")]
+    #[error("{phase} at offset {offset} failed")]
     Io { phase: &'static str, offset: u64, source: ClientError },
     #[error("data mismatch at byte offset {offset} (sector {}): expected 0x{expected:02x}, found 0x{found:02x}", offset / 512)]
     Mismatch { offset: u64, expected: u8, found: u8 },
