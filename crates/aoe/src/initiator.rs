@@ -4,8 +4,8 @@
 use crate::ata::{AtaArg, AFLAG_EXTENDED, AFLAG_WRITE};
 use crate::frame::{AoeHeader, Command, HeaderFields, Mac};
 use crate::mask::{self, Directive, MaskList};
-use crate::qc::{ConfigCommand, QueryConfig};
-use crate::rr::{self, ReserveRelease};
+use crate::query_config::{ConfigCommand, QueryConfig};
+use crate::reserve_release::{self, ReserveRelease};
 use crate::{need_out, pad_frame, WireError, ATA_HEADER_LEN, SECTOR};
 use std::time::Duration;
 
@@ -97,7 +97,7 @@ pub fn mac_mask(out: &mut [u8], to: &Addr, tag: u32, mcmd: u8, directives: &[Dir
 /// Build a Reserve/Release request.
 pub fn reserve(out: &mut [u8], to: &Addr, tag: u32, rcmd: u8, macs: &[Mac]) -> Result<usize, WireError> {
     to.header(Command::ReserveRelease, tag).encode(out)?;
-    let n = rr::encode(out, rcmd, macs)?;
+    let n = reserve_release::encode(out, rcmd, macs)?;
     Ok(pad_frame(out, n))
 }
 

@@ -4,7 +4,7 @@
 //! property tests and fuzzers.
 //!
 //! - [`frame`]: Ethernet + AoE header view and encoder.
-//! - [`ata`], [`qc`], [`mask`], [`rr`]: the four command arguments.
+//! - [`ata`], [`query_config`], [`mask`], [`reserve_release`]: the four command arguments.
 //! - [`identify`]: the 512-byte IDENTIFY DEVICE page.
 //! - [`target`]: per-export state machine: request frame in, reply frame out.
 //! - [`initiator`]: request builders, reply parsing, RTT estimator.
@@ -15,8 +15,8 @@ pub mod flow;
 pub mod identify;
 pub mod initiator;
 pub mod mask;
-pub mod qc;
-pub mod rr;
+pub mod query_config;
+pub mod reserve_release;
 pub mod target;
 
 pub use frame::{AoeHeader, Command, ErrorCode, Mac, BROADCAST_MAC};

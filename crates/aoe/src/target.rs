@@ -12,8 +12,8 @@ use crate::ata::*;
 use crate::frame::{AoeHeader, Command, ErrorCode, HeaderFields, Mac, FLAG_ERROR, FLAG_RESPONSE};
 use crate::identify::{self, IdentifyInfo};
 use crate::mask::{self, Directive, DirectiveCommand, MaskList};
-use crate::qc::{ConfigCommand, QueryConfig};
-use crate::rr::{self, ReserveRelease};
+use crate::query_config::{ConfigCommand, QueryConfig};
+use crate::reserve_release::{self, ReserveRelease};
 use crate::{pad_frame, WireError, AOE_VERSION, ATA_HEADER_LEN, BROADCAST_SHELF, BROADCAST_SLOT, HEADER_LEN, SECTOR};
 use bw_block::{BlockError, Durability, Volume};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -159,7 +159,7 @@ impl Export {
     /// Size of the buffer [`Export::handle`] needs to write any reply.
     pub fn reply_buffer_len(&self) -> usize {
         (ATA_HEADER_LEN + self.settings.max_sectors as usize * SECTOR)
-            .max(HEADER_LEN + crate::qc::QC_ARG_LEN + crate::MAX_CONFIG_STRING)
+            .max(HEADER_LEN + crate::query_config::QC_ARG_LEN + crate::MAX_CONFIG_STRING)
             .max(crate::MIN_FRAME)
     }
 
@@ -421,9 +421,9 @@ impl Export {
         let list = {
             let mut c = self.control_mut();
             match r.rcmd {
-                rr::RCMD_READ => {}
-                rr::RCMD_SET | rr::RCMD_FORCE_SET => {
-                    if r.rcmd == rr::RCMD_SET && !c.reservations.is_empty() && !c.reservations.contains(&src) {
+                reserve_release::RCMD_READ => {}
+                reserve_release::RCMD_SET | reserve_release::RCMD_FORCE_SET => {
+                    if r.rcmd == reserve_release::RCMD_SET && !c.reservations.is_empty() && !c.reservations.contains(&src) {
                         drop(c);
                         return rt.error(ErrorCode::TargetReserved, frame, 2, out);
                     }
@@ -442,7 +442,7 @@ impl Export {
             }
             c.reservations.clone()
         };
-        match rt.header(out).and_then(|_| rr::encode(out, r.rcmd, &list)) {
+        match rt.header(out).and_then(|_| reserve_release::encode(out, r.rcmd, &list)) {
             Ok(n) => Outcome::Reply(pad_frame(out, n)),
             Err(_) => Outcome::NoReply(Ignored::NotAoe),
         }

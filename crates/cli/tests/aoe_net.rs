@@ -6,8 +6,8 @@ use bw_aoe::ata::{self, AFLAG_WRITE};
 use bw_aoe::frame::{AoeHeader, Mac};
 use bw_aoe::initiator::{self as req, Addr, AtaRequest};
 use bw_aoe::mask::{Directive, DirectiveCommand, MCMD_EDIT, MCMD_READ};
-use bw_aoe::qc::ConfigCommand;
-use bw_aoe::rr;
+use bw_aoe::query_config::ConfigCommand;
+use bw_aoe::reserve_release;
 use bw_initiator::aoe::AoeClient;
 use bw_initiator::{BlockClient, ClientError, ConnectOptions, TargetUrl};
 use bw_net::PacketSocket;
@@ -173,19 +173,19 @@ fn aoe_reserve_release_and_mac_mask() {
     let raw = Raw::new(&pair.host_if, c.target().mac);
 
     // Reserve for ourselves: the other MAC gets error 6 on ATA, IDENTIFY still answers.
-    assert_eq!(rt.block_on(c.reserve_release(rr::RCMD_SET, &[me])).unwrap(), vec![me]);
+    assert_eq!(rt.block_on(c.reserve_release(reserve_release::RCMD_SET, &[me])).unwrap(), vec![me]);
     let r = raw.ata(FAKE, 1, &AtaRequest::write(0, &[9u8; 512])).expect("reply to reserved write");
     assert_eq!((r[14], r[15]), (0x1C, 6), "error 6 target reserved");
     let r = raw.ata(FAKE, 2, &AtaRequest::simple(ata::CMD_IDENTIFY_DEVICE)).expect("identify reply");
     assert_eq!(r[14], 0x18);
     // The other MAC cannot take it with rcmd 1, and we can still write.
     let mut f = [0u8; 64];
-    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 3, rr::RCMD_SET, &[FAKE]).unwrap();
+    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 3, reserve_release::RCMD_SET, &[FAKE]).unwrap();
     let r = raw.exchange(&f[..n], Duration::from_secs(1)).expect("reserve reply");
     assert_eq!((r[14], r[15]), (0x1C, 6));
     rt.block_on(c.write(0, &[1u8; 1024])).expect("holder writes");
     // Force set by the other MAC locks us out.
-    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 4, rr::RCMD_FORCE_SET, &[FAKE]).unwrap();
+    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 4, reserve_release::RCMD_FORCE_SET, &[FAKE]).unwrap();
     let r = raw.exchange(&f[..n], Duration::from_secs(1)).expect("force reply");
     assert_eq!(&r[24..32], &[2, 1, 0x02, 0xfa, 0x4e, 0, 0, 1]);
     match rt.block_on(c.write(0, &[1u8; 512])) {
@@ -193,10 +193,10 @@ fn aoe_reserve_release_and_mac_mask() {
         other => panic!("write while reserved by another MAC: {other:?}"),
     }
     // Release by the holder; everyone may write again.
-    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 5, rr::RCMD_SET, &[]).unwrap();
+    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 5, reserve_release::RCMD_SET, &[]).unwrap();
     assert_eq!(&raw.exchange(&f[..n], Duration::from_secs(1)).expect("release")[24..26], &[1, 0]);
     rt.block_on(c.write(0, &[2u8; 512])).expect("write after release");
-    assert_eq!(rt.block_on(c.reserve_release(rr::RCMD_READ, &[])).unwrap(), Vec::<Mac>::new());
+    assert_eq!(rt.block_on(c.reserve_release(reserve_release::RCMD_READ, &[])).unwrap(), Vec::<Mac>::new());
 
     // MAC mask: only our MAC is served; the other one gets silence.
     assert!(raw.qc(FAKE, 10).is_some());

@@ -311,7 +311,7 @@ fn malformed_pdu_flood_does_not_disturb_other_sessions() {
 /// the sans-IO initiator login of bw-iscsi. Returns the connection in full
 /// feature phase.
 fn raw_login(port: u16, target: &str, isid: [u8; 6]) -> std::net::TcpStream {
-    use bw_iscsi::initiator::{InitiatorConfig, InitiatorLogin, Progress};
+    use bw_iscsi::initiator_login::{InitiatorConfig, InitiatorLogin, Progress};
     use bw_iscsi::pdu::{Decoder, Digests};
     use std::io::Read;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");

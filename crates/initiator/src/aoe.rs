@@ -27,7 +27,7 @@ use bw_aoe::frame::{format_mac, AoeHeader, Mac};
 use bw_aoe::flow::{Exchange, Expired, Tags, Window};
 use bw_aoe::initiator::{self as req, Addr, AtaRequest, ReplyBody};
 use bw_aoe::mask::Directive;
-use bw_aoe::qc::ConfigCommand;
+use bw_aoe::query_config::ConfigCommand;
 use bw_aoe::{identify, max_sectors_for_mtu, BROADCAST_MAC, BROADCAST_SHELF, BROADCAST_SLOT, ETHERTYPE_AOE, SECTOR};
 use bw_net::{FrameBatch, PacketSocket};
 use std::io;

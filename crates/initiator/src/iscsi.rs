@@ -9,8 +9,8 @@
 
 use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
 use async_trait::async_trait;
-use bw_iscsi::initiator::{InitiatorConfig, InitiatorLogin, LoginDone, Progress};
-use bw_iscsi::login::Secret;
+use bw_iscsi::initiator_login::{InitiatorConfig, InitiatorLogin, LoginDone, Progress};
+use bw_iscsi::target_login::Secret;
 use bw_iscsi::msg::*;
 use bw_iscsi::negotiate::{Digest, LocalLimits};
 use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu, RESERVED_TAG};

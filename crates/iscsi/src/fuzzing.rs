@@ -2,11 +2,11 @@
 //! the proptest smoke test: feed untrusted bytes to every parser and state
 //! machine and check invariants. Panics mean bugs.
 
-use crate::login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
+use crate::target_login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
 use crate::msg::Message;
 use crate::negotiate::{LocalLimits, SessionParams, SessionType};
 use crate::pdu::{Bhs, Decoder, Digests, Pdu, BHS_LEN};
-use crate::session::{Action, SessionConfig, TargetSession};
+use crate::target_session::{Action, SessionConfig, TargetSession};
 use bytes::{Bytes, BytesMut};
 
 /// Frame `data` as a PDU stream (both digest settings) and round-trip each

@@ -9,7 +9,7 @@
 use crate::msg::*;
 use crate::negotiate::SessionParams;
 use crate::pdu::{Pdu, RESERVED_TAG};
-use crate::session::sn_lt;
+use crate::target_session::sn_lt;
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

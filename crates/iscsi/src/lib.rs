@@ -5,13 +5,13 @@
 
 pub mod chap;
 pub mod fuzzing;
-pub mod initiator;
+pub mod initiator_login;
 pub mod initiator_session;
-pub mod login;
 pub mod msg;
 pub mod negotiate;
 pub mod pdu;
-pub mod session;
+pub mod target_login;
+pub mod target_session;
 pub mod text;
 
 pub use msg::Message;

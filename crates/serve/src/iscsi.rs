@@ -1,16 +1,16 @@
 //! iSCSI front-end: TCP listeners, one thread (single-threaded runtime) per
-//! connection, login via `bw_iscsi::login`, full feature phase via
-//! `bw_iscsi::session`, SCSI commands executed by `bw_scsi` in parallel.
+//! connection, login via `bw_iscsi::target_login`, full feature phase via
+//! `bw_iscsi::target_session`, SCSI commands executed by `bw_scsi` in parallel.
 //! Large READs are sent zero-copy (`sendfile` of a `bw_scsi::ReadExtent`),
 //! Data-Out reaches the backend in the pieces it arrived in.
 
 use crate::config::{IscsiConfig, IscsiTarget};
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
-use bw_iscsi::login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
+use bw_iscsi::target_login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
 use bw_iscsi::negotiate::{LocalLimits, SessionType};
 use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu};
-use bw_iscsi::session::{write_outcome, Action, Exec, SessionConfig, TargetSession};
+use bw_iscsi::target_session::{write_outcome, Action, Exec, SessionConfig, TargetSession};
 use bw_scsi::{AluaState, LunConfig, PortGroup, ReadExtent, ReadPlan, ScsiTarget};
 use bytes::BytesMut;
 use std::os::fd::AsRawFd;

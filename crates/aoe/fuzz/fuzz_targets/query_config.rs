@@ -1,6 +1,6 @@
 #![no_main]
 // Query Config argument: length field never trusted past the frame.
-use bw_aoe::qc::QueryConfig;
+use bw_aoe::query_config::QueryConfig;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -289,25 +289,25 @@ fn rr_req(e: &Export, src: Mac, rcmd: u8, macs: &[Mac]) -> Vec<u8> {
 #[test]
 fn reserve_release_semantics() {
     let e = export();
-    let r = rr_req(&e, HOST, rr::RCMD_READ, &[]);
+    let r = rr_req(&e, HOST, reserve_release::RCMD_READ, &[]);
     assert_eq!(&r[24..26], &[0, 0]);
     // HOST reserves for itself (list empty, so set is allowed).
-    let r = rr_req(&e, HOST, rr::RCMD_SET, &[HOST]);
+    let r = rr_req(&e, HOST, reserve_release::RCMD_SET, &[HOST]);
     assert_eq!(&r[24..32], &[1, 1, 2, 0, 0, 0, 0, 1]);
     // OTHER: ATA rejected with error 6, IDENTIFY still allowed, set refused.
     let w = ata(&e, OTHER, AtaRequest::write(0, &[1u8; 512]));
     assert_eq!((w[14], w[15]), (0x1C, 6));
     let id = ata(&e, OTHER, AtaRequest::simple(CMD_IDENTIFY_DEVICE));
     assert_eq!(id[14], 0x18);
-    let r = rr_req(&e, OTHER, rr::RCMD_SET, &[OTHER]);
+    let r = rr_req(&e, OTHER, reserve_release::RCMD_SET, &[OTHER]);
     assert_eq!((r[14], r[15]), (0x1C, 6));
     assert_eq!(status(&ata(&e, HOST, AtaRequest::write(0, &[1u8; 512]))), (STATUS_DRDY, 0));
     // Force set by OTHER takes it over.
-    let r = rr_req(&e, OTHER, rr::RCMD_FORCE_SET, &[OTHER]);
+    let r = rr_req(&e, OTHER, reserve_release::RCMD_FORCE_SET, &[OTHER]);
     assert_eq!(&r[24..32], &[2, 1, 2, 0, 0, 0, 0, 2]);
     assert_eq!(ata(&e, HOST, AtaRequest::read(0, 1))[15], 6);
     // Release (set with no MACs) by the holder.
-    let r = rr_req(&e, OTHER, rr::RCMD_SET, &[]);
+    let r = rr_req(&e, OTHER, reserve_release::RCMD_SET, &[]);
     assert_eq!(&r[24..26], &[1, 0]);
     assert_eq!(status(&ata(&e, HOST, AtaRequest::read(0, 1))), (STATUS_DRDY, 0));
     // Unknown rcmd.

@@ -3,7 +3,7 @@
 //! negotiated parameters.
 
 use crate::chap::{self, ChapAlgorithm};
-use crate::login::Secret;
+use crate::target_login::Secret;
 use crate::msg::{stage, LoginRequest, Message};
 use crate::negotiate::{accept_answer, offers, LocalLimits, SessionParams, SessionType};
 use crate::pdu::Pdu;
@@ -254,7 +254,7 @@ impl InitiatorLogin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::login::{LoginConfig, LoginStep, TargetInfo, TargetLogin};
+    use crate::target_login::{LoginConfig, LoginStep, TargetInfo, TargetLogin};
     use crate::chap::ChapEntropy;
     use crate::msg::login_status;
 

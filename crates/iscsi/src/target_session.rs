@@ -721,9 +721,9 @@ impl TargetSession {
                 if v == "All" && self.cfg.session_type != SessionType::Discovery {
                     // RFC 7143 13.3: "All" only in discovery sessions; a normal
                     // session gets its own target.
-                    answer.extend(crate::login::send_targets(&self.cfg.targets, "", self.cfg.current_target.as_deref()));
+                    answer.extend(crate::target_login::send_targets(&self.cfg.targets, "", self.cfg.current_target.as_deref()));
                 } else {
-                    answer.extend(crate::login::send_targets(&self.cfg.targets, v, self.cfg.current_target.as_deref()));
+                    answer.extend(crate::target_login::send_targets(&self.cfg.targets, v, self.cfg.current_target.as_deref()));
                 }
             } else {
                 answer.push((k.clone(), "NotUnderstood".into()));
