@@ -95,24 +95,38 @@ impl Window {
 }
 
 /// Tags: the low byte names the request's slot (so a reply finds its slot
-/// without a search), the upper 24 bits a sequence number that changes with
+/// without a search), the bits above it a sequence number that changes with
 /// every send, so a late reply to an earlier attempt is told apart.
+///
+/// Replies go to every initiator on the interface (one MAC): initiators
+/// sharing it must not share tags, or one takes another's reply (and its
+/// read data). [`Tags::for_initiator`] puts an id in the top 12 bits.
 #[derive(Debug, Clone)]
 pub struct Tags {
     seq: u32,
+    /// Fixed high bits (the initiator id, if any).
+    prefix: u32,
+    /// Bits of `seq` that fit below the prefix.
+    seq_mask: u32,
 }
 
 impl Default for Tags {
     fn default() -> Self {
-        Tags { seq: 1 }
+        Tags { seq: 1, prefix: 0, seq_mask: 0x00FF_FFFF }
     }
 }
 
 impl Tags {
+    /// Tags of one of up to 4096 initiators sharing an interface; `id`
+    /// must differ between them (it is taken modulo 4096).
+    pub fn for_initiator(id: u32) -> Self {
+        Tags { seq: 1, prefix: (id & 0xFFF) << 20, seq_mask: 0x0FFF }
+    }
+
     pub fn next(&mut self, slot: u8) -> u32 {
-        let seq = self.seq & 0x00FF_FFFF;
+        let seq = self.seq & self.seq_mask;
         self.seq = self.seq.wrapping_add(1);
-        (seq << 8) | slot as u32
+        self.prefix | (seq << 8) | slot as u32
     }
 
     /// The slot a tag belongs to.

@@ -68,6 +68,15 @@ struct ServeArgs {
     /// TOML configuration file; flags add to it.
     #[arg(long, short = 'c', value_name = "FILE")]
     config: Option<String>,
+    /// Most sessions each TCP front-end holds (iSCSI sessions, NVMe/TCP controllers).
+    #[arg(long, value_name = "N")]
+    max_sessions: Option<usize>,
+    /// Most TCP connections one initiator address may keep open per front-end.
+    #[arg(long, value_name = "N")]
+    max_connections_per_address: Option<usize>,
+    /// Seconds a new connection has to complete its iSCSI login or NVMe/TCP Connect.
+    #[arg(long, value_name = "SECONDS")]
+    login_timeout: Option<u64>,
     /// Write the effective configuration as JSON to FILE at start-up.
     #[arg(long, value_name = "FILE")]
     save_config: Option<String>,
@@ -377,6 +386,15 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     for x in &a.nvme {
         cfg.add_nvme_flag(x)?;
+    }
+    if let Some(n) = a.max_sessions {
+        cfg.limits.max_sessions = n;
+    }
+    if let Some(n) = a.max_connections_per_address {
+        cfg.limits.max_connections_per_address = n;
+    }
+    if let Some(s) = a.login_timeout {
+        cfg.limits.login_timeout_s = s;
     }
     cfg.validate()?;
     let json = serde_json::to_string_pretty(&cfg)?;

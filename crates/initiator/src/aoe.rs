@@ -271,6 +271,21 @@ fn ata_reply<'a>(frame: &'a [u8], want_data: usize) -> Result<(AtaArg, &'a [u8])
     }
 }
 
+/// A tag id for each client: replies reach every socket on the interface,
+/// so clients in one process (and, most likely, in different processes:
+/// the count starts at a random place) must not share tags.
+fn initiator_id() -> u32 {
+    static NEXT: std::sync::OnceLock<std::sync::atomic::AtomicU32> = std::sync::OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // RandomState is keyed from the OS random source.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        std::sync::atomic::AtomicU32::new(h.finish() as u32)
+    });
+    next.fetch_add(1, Relaxed)
+}
+
 pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
     Ok(Arc::new(AoeClient::connect(url, opts).await?))
 }
@@ -320,7 +335,7 @@ impl AoeClient {
             free: Mutex::new((0..max_window).rev().collect()),
             window: Semaphore::new(window),
             flow: Mutex::new(flow),
-            tags: Mutex::new(Tags::default()),
+            tags: Mutex::new(Tags::for_initiator(initiator_id())),
             outq: Mutex::new(SendQueue { batch: FrameBatch::new(MAX_WINDOW, frame_len.max(bw_aoe::MIN_FRAME)), queued: 0 }),
             out_ready: Notify::new(),
             timeout: opts.timeout,

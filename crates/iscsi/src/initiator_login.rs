@@ -46,6 +46,7 @@ pub fn describe_status(s: u16) -> &'static str {
         SESSION_TYPE_NOT_SUPPORTED => "session type not supported",
         SESSION_DOES_NOT_EXIST => "session does not exist",
         INVALID_DURING_LOGIN => "invalid request during login",
+        OUT_OF_RESOURCES => "target out of resources (session limit?)",
         x if x >> 8 == 2 => "initiator error",
         x if x >> 8 == 3 => "target error",
         _ => "unknown",

@@ -131,6 +131,16 @@ impl<'a> TargetLogin<'a> {
         &self.initiator_name
     }
 
+    /// Refuse the login `pdu` belongs to with `status` (e.g. OUT_OF_RESOURCES
+    /// when the portal holds all the sessions it may); close afterwards.
+    pub fn refuse(&mut self, pdu: &Pdu, status: u16) -> Pdu {
+        let req = match Message::decode(&pdu.bhs) {
+            Ok(Message::LoginRequest(r)) => r,
+            _ => LoginRequest { itt: pdu.bhs.itt(), ..Default::default() },
+        };
+        self.fail(&req, status).0
+    }
+
     /// Handle one PDU of the login phase and produce the response to send.
     pub fn step(&mut self, pdu: &Pdu) -> (Pdu, LoginStep) {
         let req = match pdu.bhs.opcode().ok().map(|_| Message::decode(&pdu.bhs)) {

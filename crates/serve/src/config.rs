@@ -31,6 +31,11 @@
 //! nqn = "nqn.2026-11.org.example:disk0"
 //! namespaces = [{ nsid = 1, volume = "disk0" }]
 //! allowed_hosts = []                                        # empty: any host
+//!
+//! [limits]                           # per front-end (iSCSI, NVMe/TCP); these are the defaults
+//! max_sessions = 4096                # iSCSI sessions / NVMe controllers
+//! max_connections_per_address = 1024
+//! login_timeout_s = 15               # accept to completed login / Connect
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -51,6 +56,9 @@ pub struct ServeConfig {
     pub iscsi: Option<IscsiConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvme: Option<NvmeConfig>,
+    /// Admission limits of the iSCSI and NVMe/TCP front-ends (each counts on its own).
+    #[serde(default)]
+    pub limits: crate::limits::Limits,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -307,6 +315,7 @@ impl ServeConfig {
     /// Cross-checks that TOML syntax cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let inv = |s: String| Err(ConfigError::Invalid(s));
+        self.limits.validate().map_err(ConfigError::Invalid)?;
         if self.volumes.is_empty() {
             return inv("no volumes: give --volume NAME=BACKEND or [[volume]] in the config".into());
         }
@@ -456,6 +465,9 @@ mod tests {
         }
         assert!(c.validate().is_err());
         assert!(toml::from_str::<ServeConfig>("[[volume]]\nname='a'\nbackend='ram:1M'\ncolour='red'").is_err());
+        let l: ServeConfig = toml::from_str("[limits]\nmax_sessions = 3\nlogin_timeout_s = 2").unwrap();
+        assert_eq!((l.limits.max_sessions, l.limits.login_timeout_s, l.limits.max_connections_per_address), (3, 2, 1024));
+        assert!(toml::from_str::<ServeConfig>("[limits]\nmax_session = 3").is_err());
     }
 
     #[test]

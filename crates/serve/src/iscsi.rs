@@ -5,6 +5,7 @@
 //! Data-Out reaches the backend in the pieces it arrived in.
 
 use crate::config::{IscsiConfig, IscsiTarget};
+use crate::limits::{Admission, Limits, Ticket};
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_iscsi::target_login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
@@ -26,8 +27,6 @@ use tokio::sync::{mpsc, Notify};
 
 /// Commands one session may have outstanding (MaxCmdSN window).
 pub const QUEUE_DEPTH: u32 = 128;
-/// How long a login may take between PDUs.
-const LOGIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Idle time after which we ping the initiator with a NOP-In; a second
 /// interval without an answer ends the connection.
 const NOP_INTERVAL: Duration = Duration::from_secs(15);
@@ -61,6 +60,8 @@ struct Ctx {
     listen: Vec<SocketAddr>,
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
+    /// Session and per-address limits, login timeout.
+    admission: Arc<Admission>,
     /// Live normal sessions by (initiator name, ISID, target): a new login
     /// with the same key reinstates the session, ending the old connection.
     sessions: Mutex<HashMap<(String, [u8; 6], usize), (u64, Arc<Notify>)>>,
@@ -92,7 +93,7 @@ fn build_target(t: &IscsiTarget, volumes: &Volumes) -> anyhow::Result<Target> {
     Ok(Target { scsi: Arc::new(ScsiTarget::new(luns)) })
 }
 
-pub async fn start(cfg: &IscsiConfig, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<Running> {
+pub async fn start(cfg: &IscsiConfig, limits: &Limits, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<Running> {
     let mut infos = Vec::new();
     let mut targets = Vec::new();
     for t in &cfg.targets {
@@ -119,6 +120,7 @@ pub async fn start(cfg: &IscsiConfig, volumes: &Volumes, shutdown: Shutdown) -> 
         listen: cfg.listen.clone(),
         next_tsih: AtomicU16::new(1),
         next_nexus: AtomicU64::new(1),
+        admission: Admission::new(limits.clone()),
         sessions: Mutex::new(HashMap::new()),
     });
     let mut listeners = Vec::new();
@@ -149,16 +151,23 @@ async fn accept_loop(l: TcpListener, ctx: Arc<Ctx>, mut shutdown: Shutdown) {
             _ = shutdown.wait() => return,
             r = l.accept() => match r {
                 Ok((s, peer)) => {
+                    let ticket = match ctx.admission.admit(peer.ip()) {
+                        Ok(t) => t,
+                        Err(why) => {
+                            log::warn!("iSCSI connection from {peer} refused: {why}");
+                            continue;
+                        }
+                    };
                     let ctx = ctx.clone();
                     let sd = shutdown.clone();
                     if own_thread_per_connection() {
-                        if let Err(e) = spawn_connection_thread(s, peer, ctx, sd) {
+                        if let Err(e) = spawn_connection_thread(s, peer, ctx, sd, ticket) {
                             log::warn!("iSCSI connection from {peer}: {e:#}");
                         }
                         continue;
                     }
                     tokio::spawn(async move {
-                        if let Err(e) = connection(s, ctx, sd).await {
+                        if let Err(e) = connection(s, ctx, sd, ticket).await {
                             log::info!("iSCSI connection from {peer} ended: {e:#}");
                         }
                     });
@@ -182,13 +191,13 @@ fn own_thread_per_connection() -> bool {
     *ON.get_or_init(|| std::env::var("BLOCKWIRE_ISCSI_CONN_THREADS").map_or(true, |v| v != "0"))
 }
 
-fn spawn_connection_thread(s: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, sd: Shutdown) -> anyhow::Result<()> {
+fn spawn_connection_thread(s: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, sd: Shutdown, ticket: Ticket) -> anyhow::Result<()> {
     let s = s.into_std()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     std::thread::Builder::new().name("iscsi-conn".into()).spawn(move || {
         rt.block_on(async move {
             let r = match TcpStream::from_std(s) {
-                Ok(s) => connection(s, ctx, sd).await,
+                Ok(s) => connection(s, ctx, sd, ticket).await,
                 Err(e) => Err(e.into()),
             };
             if let Err(e) = r {
@@ -246,7 +255,9 @@ fn portals(ctx: &Ctx, local: SocketAddr, tpgt: u16) -> Vec<String> {
         .collect()
 }
 
-async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown) -> anyhow::Result<()> {
+/// One connection, from accept to close; `ticket` holds its place in the
+/// admission limits until it ends.
+async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown, mut ticket: Ticket) -> anyhow::Result<()> {
     stream.set_nodelay(true)?;
     let local = stream.local_addr()?;
     let (mut rd, mut wr) = stream.into_split();
@@ -261,12 +272,22 @@ async fn connection(stream: TcpStream, ctx: Arc<Ctx>, mut shutdown: Shutdown) ->
     };
     let entropy = bw_iscsi::chap::ChapEntropy::from_os().map_err(|e| anyhow::anyhow!("no random numbers from the OS for a CHAP challenge: {e}"))?;
     let mut login = TargetLogin::new(&ctx.login, tsih, entropy);
+    // The whole login, not each PDU, has to fit in the timeout: a peer
+    // dripping a byte at a time must not hold its thread for ever.
+    let login_timeout = ctx.admission.limits().login_timeout();
+    let deadline = tokio::time::Instant::now() + login_timeout;
     loop {
-        let pdu = match tokio::time::timeout(LOGIN_TIMEOUT, read_pdu(&mut rd, &mut buf, &dec)).await {
+        let pdu = match tokio::time::timeout_at(deadline, read_pdu(&mut rd, &mut buf, &dec)).await {
             Ok(r) => r?,
-            Err(_) => anyhow::bail!("login timed out"),
+            Err(_) => anyhow::bail!("no complete login within {login_timeout:?} (login_timeout_s)"),
         };
         let Some(pdu) = pdu else { return Ok(()) };
+        if !ticket.begin_session() {
+            let resp = login.refuse(&pdu, bw_iscsi::msg::login_status::OUT_OF_RESOURCES);
+            wr.write_all(&resp.encode(Digests::default())).await?;
+            log::warn!("iSCSI login refused: {} sessions already (max_sessions)", ctx.admission.limits().max_sessions);
+            return Ok(());
+        }
         let (resp, step) = login.step(&pdu);
         // One write per response: login PDUs are small.
         wr.write_all(&resp.encode(Digests::default())).await?;

@@ -5,6 +5,7 @@ pub mod config;
 pub mod aoe;
 pub mod iscsi;
 pub mod nvme;
+pub mod limits;
 
 use anyhow::Context;
 use bw_block::{BackendSpec, Volume};
@@ -65,12 +66,12 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
     }
     if let Some(i) = &cfg.iscsi {
         if !i.listen.is_empty() {
-            running.push(iscsi::start(i, volumes, shutdown.clone()).await.context("iSCSI")?);
+            running.push(iscsi::start(i, &cfg.limits, volumes, shutdown.clone()).await.context("iSCSI")?);
         }
     }
     if let Some(n) = &cfg.nvme {
         if !n.listen.is_empty() {
-            running.push(nvme::start(n, volumes, shutdown.clone()).await.context("NVMe/TCP")?);
+            running.push(nvme::start(n, &cfg.limits, volumes, shutdown.clone()).await.context("NVMe/TCP")?);
         }
     }
     if running.is_empty() {

@@ -193,3 +193,14 @@ fn loss_duplication_and_reordering_complete_every_request_exactly_once() {
         assert!(o.rtt_average < Duration::from_millis(6), "seed {seed}: {o:?}");
     }
 }
+
+#[test]
+fn initiators_sharing_an_interface_never_share_tags() {
+    let mut a = Tags::for_initiator(7);
+    let mut b = Tags::for_initiator(8);
+    let ta: std::collections::HashSet<u32> = (0..10_000).map(|i| a.next((i % 256) as u8)).collect();
+    assert!((0..10_000).map(|i| b.next((i % 256) as u8)).all(|t| !ta.contains(&t)));
+    let mut c = Tags::for_initiator(7);
+    let (t1, t2) = (c.next(5), c.next(5));
+    assert!(t1 != t2 && Tags::slot(t1) == 5 && Tags::slot(t2) == 5);
+}

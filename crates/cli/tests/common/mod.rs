@@ -155,6 +155,32 @@ impl Serve {
         self.terminate().expect("serve was running")
     }
 
+    /// SIGKILL (a crash: no shutdown path runs) and reap the process.
+    pub fn kill_now(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("serve was running");
+        // SAFETY: signalling our own, not yet reaped child by PID.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        child.wait().expect("wait for killed serve")
+    }
+
+    /// SIGTERM, then wait up to `limit` for the exit; returns the status and
+    /// how long the exit took, or None (after a SIGKILL) if it hung.
+    pub fn terminate_within(mut self, limit: Duration) -> Option<(ExitStatus, Duration)> {
+        let mut child = self.child.take().expect("serve was running");
+        let t0 = Instant::now();
+        // SAFETY: signalling our own, not yet reaped child by PID.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        while t0.elapsed() < limit {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some((st, t0.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
     fn terminate(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
         // SAFETY: signalling our own child by PID.

@@ -84,14 +84,20 @@ struct Conn {
     kill: watch::Receiver<bool>,
     _kill_keep: watch::Sender<bool>,
     pending: HashMap<u16, Pending>,
+    /// Until a Connect succeeds (`ctrl` is set), the connection must not
+    /// outlive this.
+    login_deadline: tokio::time::Instant,
 }
 
-pub async fn serve(mut stream: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, fabric: Arc<Fabric>, mut shutdown: Shutdown) -> anyhow::Result<()> {
+/// `login_timeout`: from accept to a successful Connect; a connection that
+/// is silent, sends half a PDU or never connects is dropped then.
+pub async fn serve(mut stream: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, fabric: Arc<Fabric>, mut shutdown: Shutdown, login_timeout: Duration) -> anyhow::Result<()> {
+    let login_deadline = tokio::time::Instant::now() + login_timeout;
     let mut buf = BytesMut::with_capacity(256 * 1024);
     // Initialization: ICReq -> ICResp, no digests yet.
     let icreq = tokio::select! {
-        r = tokio::time::timeout(Duration::from_secs(30), next_pdu(&mut stream, &mut buf, Digests::default(), pdu::IC_LEN as u32)) => match r {
-            Err(_) => bail!("no ICReq within 30 s"),
+        r = tokio::time::timeout_at(login_deadline, next_pdu(&mut stream, &mut buf, Digests::default(), pdu::IC_LEN as u32)) => match r {
+            Err(_) => bail!("no ICReq within {login_timeout:?} (login_timeout_s)"),
             Ok(r) => r,
         },
         _ = shutdown.wait() => return Ok(()),
@@ -127,6 +133,7 @@ pub async fn serve(mut stream: TcpStream, peer: SocketAddr, local: Option<Socket
         kill,
         _kill_keep: kill_keep,
         pending: HashMap::new(),
+        login_deadline,
     };
     let r = c.run(&stream, &mut buf, &mut done_rx, &mut shutdown).await;
     // Teardown: an admin queue takes its controller with it.
@@ -261,6 +268,7 @@ impl Conn {
                 Some(f) = done_rx.recv() => self.finished(f),
                 _ = self.kill.changed() => return Ok(()),
                 _ = shutdown.wait() => return Ok(()),
+                _ = tokio::time::sleep_until(self.login_deadline), if self.ctrl.is_none() => bail!("no Connect before the login timeout (login_timeout_s)"),
             }
         }
     }

@@ -49,11 +49,18 @@ pub struct Fabric {
     ports: Vec<SocketAddr>,
     ctrls: Mutex<HashMap<u16, Arc<CtrlEntry>>>,
     next_cntlid: Mutex<u16>,
+    /// Controllers (NVM and discovery) alive at once: `limits.max_sessions`.
+    max_controllers: usize,
 }
 
 impl Fabric {
     pub fn new(subsystems: Vec<Arc<Subsystem>>, ports: Vec<SocketAddr>) -> Fabric {
-        Fabric { subsystems, ports, ctrls: Mutex::new(HashMap::new()), next_cntlid: Mutex::new(1) }
+        Fabric { subsystems, ports, ctrls: Mutex::new(HashMap::new()), next_cntlid: Mutex::new(1), max_controllers: usize::MAX }
+    }
+
+    pub fn with_max_controllers(mut self, n: usize) -> Fabric {
+        self.max_controllers = n;
+        self
     }
 
     fn lock_ctrls(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<CtrlEntry>>> {
@@ -111,6 +118,10 @@ impl Fabric {
             Role::Discovery(_) => None,
         };
         let mut ctrls = self.lock_ctrls();
+        if ctrls.len() >= self.max_controllers {
+            log::warn!("nvme: connect from {} refused: {} controllers already (max_sessions)", d.hostnqn, ctrls.len());
+            return Err(refuse(Status::CONNECT_CTRL_BUSY, 0));
+        }
         let cntlid = self.alloc_cntlid(&ctrls).ok_or_else(|| refuse(Status::CONNECT_CTRL_BUSY, 0))?;
         let ctrl = Controller::new(cntlid, role, d.hostnqn.clone(), d.hostid, c.kato_ms, Instant::now());
         let (kill, _) = watch::channel(false);

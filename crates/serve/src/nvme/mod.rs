@@ -9,6 +9,7 @@ mod fabric;
 mod outbox;
 
 use crate::config::NvmeConfig;
+use crate::limits::{Admission, Limits, Ticket};
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_nvme::{Namespace, Subsystem};
@@ -43,7 +44,7 @@ fn crc32c_str(s: &str) -> u32 {
     s.bytes().fold(0x811C_9DC5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193))
 }
 
-pub async fn start(cfg: &NvmeConfig, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<Running> {
+pub async fn start(cfg: &NvmeConfig, limits: &Limits, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<Running> {
     let subs = subsystems(cfg, volumes)?;
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
@@ -63,12 +64,13 @@ pub async fn start(cfg: &NvmeConfig, volumes: &Volumes, shutdown: Shutdown) -> a
         let ports: Vec<String> = bound.iter().map(|a| a.to_string()).collect();
         eprintln!("blockwire: nvme subsystem {} ({} namespaces) on {}", s.nqn, s.namespaces.len(), ports.join(", "));
     }
-    let fabric = Arc::new(Fabric::new(subs, bound));
+    let fabric = Arc::new(Fabric::new(subs, bound).with_max_controllers(limits.max_sessions));
+    let admission = Admission::new(limits.clone());
     let mut tasks = Vec::new();
     for l in listeners {
         let fabric = fabric.clone();
         let shutdown = shutdown.clone();
-        tasks.push(tokio::spawn(accept_loop(l, fabric, shutdown)));
+        tasks.push(tokio::spawn(accept_loop(l, fabric, admission.clone(), shutdown)));
     }
     let mut sd = shutdown;
     Ok(tokio::spawn(async move {
@@ -81,15 +83,23 @@ pub async fn start(cfg: &NvmeConfig, volumes: &Volumes, shutdown: Shutdown) -> a
     }))
 }
 
-async fn accept_loop(l: TcpListener, fabric: Arc<Fabric>, mut shutdown: Shutdown) {
+async fn accept_loop(l: TcpListener, fabric: Arc<Fabric>, admission: Arc<Admission>, mut shutdown: Shutdown) {
     loop {
         tokio::select! {
             _ = shutdown.wait() => return,
             r = l.accept() => match r {
                 Ok((stream, peer)) => {
+                    let ticket = match admission.admit(peer.ip()) {
+                        Ok(t) => t,
+                        Err(why) => {
+                            log::warn!("nvme: connection from {peer} refused: {why}");
+                            continue;
+                        }
+                    };
                     let _ = stream.set_nodelay(true);
                     let local: Option<SocketAddr> = stream.local_addr().ok();
-                    if let Err(e) = spawn_connection_thread(stream, peer, local, fabric.clone(), shutdown.clone()) {
+                    let login_timeout = admission.limits().login_timeout();
+                    if let Err(e) = spawn_connection_thread(stream, peer, local, fabric.clone(), shutdown.clone(), login_timeout, ticket) {
                         log::warn!("nvme: cannot start a thread for the connection from {peer}: {e:#}");
                     }
                 }
@@ -114,13 +124,17 @@ fn spawn_connection_thread(
     local: Option<SocketAddr>,
     fabric: Arc<Fabric>,
     shutdown: Shutdown,
+    login_timeout: std::time::Duration,
+    ticket: Ticket,
 ) -> anyhow::Result<()> {
     let stream = stream.into_std()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     std::thread::Builder::new().name("nvme-conn".into()).spawn(move || {
+        // Holds this connection's place in the admission limits until it ends.
+        let _ticket = ticket;
         rt.block_on(async move {
             let r = match tokio::net::TcpStream::from_std(stream) {
-                Ok(s) => conn::serve(s, peer, local, fabric, shutdown).await,
+                Ok(s) => conn::serve(s, peer, local, fabric, shutdown, login_timeout).await,
                 Err(e) => Err(e.into()),
             };
             if let Err(e) = r {
