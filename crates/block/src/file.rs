@@ -101,6 +101,7 @@ impl FileDevice {
                     is_block_device,
                 })
             }
+            BackendKind::Rbd(_) => Err(io::Error::other("an rbd: spec is opened by RbdDevice, not FileDevice").into()),
         }
     }
 

@@ -7,18 +7,22 @@
 //! I/O for the lab.
 //!
 //! Backends are opened from a spec string, see [`BackendSpec::parse`]:
-//! `ram:SIZE`, `file:PATH[,size=SIZE]`, or a plain path (regular file or
-//! block device), each followed by options `direct`, `sync`, `readonly`.
+//! `ram:SIZE`, `file:PATH[,size=SIZE]`, a plain path (regular file or
+//! block device), each followed by options `direct`, `sync`, `readonly`, or
+//! `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,size=SIZE][,timeout=SECS]` (a Ceph
+//! RBD image through librbd, loaded at run time).
 
 mod block_locks;
 mod file;
+mod rbd;
 mod size;
 mod spec;
 mod volume;
 
 pub use file::FileDevice;
+pub use rbd::RbdDevice;
 pub use size::{format_size, parse_size};
-pub use spec::{BackendKind, BackendSpec};
+pub use spec::{BackendKind, BackendSpec, RbdTarget};
 pub use volume::{IoStats, IoStatsSnapshot, Volume};
 
 use std::io;
@@ -109,5 +113,8 @@ pub struct Extent {
 
 /// Open a backend from its spec.
 pub fn open(spec: &BackendSpec) -> Result<Box<dyn BlockDevice>> {
-    Ok(Box::new(FileDevice::open(spec)?))
+    match &spec.kind {
+        BackendKind::Rbd(t) => Ok(Box::new(RbdDevice::open(spec, t)?)),
+        BackendKind::Ram { .. } | BackendKind::File { .. } => Ok(Box::new(FileDevice::open(spec)?)),
+    }
 }

@@ -1,5 +1,7 @@
-//! Backend spec strings: `ram:SIZE`, `file:PATH`, or a plain path, followed by
-//! comma-separated options `size=SIZE`, `direct`, `sync`, `readonly`.
+//! Backend spec strings: `ram:SIZE`, `file:PATH`, a plain path, or
+//! `rbd:POOL/IMAGE`, followed by comma-separated options `size=SIZE`,
+//! `direct`, `sync`, `readonly`, and for rbd `conf=PATH`, `id=USER`,
+//! `timeout=SECS`.
 
 use crate::parse_size;
 use std::path::PathBuf;
@@ -10,6 +12,31 @@ pub enum BackendKind {
     Ram { size: u64 },
     /// A regular file (created sparse with `size` if missing) or a block device.
     File { path: PathBuf, size: Option<u64> },
+    /// A Ceph RBD image, reached through librbd (created with `size` if
+    /// missing).
+    Rbd(RbdTarget),
+}
+
+/// Where an RBD image lives and how to reach its cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdTarget {
+    pub pool: String,
+    pub image: String,
+    /// ceph.conf to read; librados' default search path when `None`.
+    pub conf: Option<PathBuf>,
+    /// Ceph client id (the `USER` of `client.USER`); `admin` when `None`.
+    pub id: Option<String>,
+    pub size: Option<u64>,
+    /// Seconds a request to the cluster may take before it fails with an
+    /// error (librados waits forever by default); `None`: the default of
+    /// [`RbdTarget::DEFAULT_TIMEOUT_SECS`].
+    pub timeout_secs: Option<u32>,
+}
+
+impl RbdTarget {
+    /// Below the Linux initiators' 30 s command timeouts, so a cluster that
+    /// is gone shows up as failed commands rather than aborts and resets.
+    pub const DEFAULT_TIMEOUT_SECS: u32 = 20;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,12 +57,24 @@ impl BackendSpec {
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut parts = s.split(',');
         let head = parts.next().unwrap_or_default().trim();
+        let is_rbd = head.starts_with("rbd:");
         let mut size_opt = None;
+        let (mut conf, mut id, mut timeout_secs) = (None, None, None);
         let (mut direct, mut sync, mut readonly) = (false, false, false);
         for opt in parts {
             let opt = opt.trim();
             match opt.split_once('=') {
                 Some(("size", v)) => size_opt = Some(parse_size(v)?),
+                Some(("conf", v)) if is_rbd => conf = Some(PathBuf::from(v)),
+                Some(("id", v)) if is_rbd => id = Some(v.to_string()),
+                Some(("timeout", v)) if is_rbd => {
+                    let t: u32 = v.parse().map_err(|_| format!("timeout={v:?}: expected whole seconds"))?;
+                    if t == 0 {
+                        return Err("timeout=0: an rbd request needs a time limit above zero".into());
+                    }
+                    timeout_secs = Some(t);
+                }
+                Some((k @ ("conf" | "id" | "timeout"), _)) => return Err(format!("option {k}= is for rbd: backends only, in {s:?}")),
                 Some((k, _)) => return Err(format!("unknown backend option {k:?} in {s:?}")),
                 None => match opt {
                     "direct" => direct = true,
@@ -57,11 +96,23 @@ impl BackendSpec {
             BackendKind::Ram { size: parse_size(sz)? }
         } else if let Some(p) = head.strip_prefix("file:") {
             BackendKind::File { path: PathBuf::from(p), size: size_opt }
+        } else if let Some(rest) = head.strip_prefix("rbd:") {
+            if direct || sync {
+                return Err("options direct and sync make no sense for an rbd backend (every write is acknowledged by the OSDs)".into());
+            }
+            let (pool, image) = rest
+                .split_once('/')
+                .filter(|(p, i)| !p.is_empty() && !i.is_empty() && !i.contains('/'))
+                .ok_or_else(|| format!("invalid rbd backend {head:?}: expected rbd:POOL/IMAGE"))?;
+            if size_opt == Some(0) {
+                return Err("an rbd image needs a size above zero".into());
+            }
+            BackendKind::Rbd(RbdTarget { pool: pool.into(), image: image.into(), conf, id, size: size_opt, timeout_secs })
         } else if head.starts_with('/') || head.starts_with('.') {
             BackendKind::File { path: PathBuf::from(head), size: size_opt }
         } else {
             return Err(format!(
-                "invalid backend {head:?}: expected ram:SIZE, file:PATH or a path to a file or block device"
+                "invalid backend {head:?}: expected ram:SIZE, file:PATH, rbd:POOL/IMAGE or a path to a file or block device"
             ));
         };
         if let BackendKind::Ram { size } = kind {
@@ -81,6 +132,21 @@ impl std::fmt::Display for BackendSpec {
                 write!(f, "file:{}", path.display())?;
                 if let Some(s) = size {
                     write!(f, ",size={}", crate::format_size(*s))?;
+                }
+            }
+            BackendKind::Rbd(t) => {
+                write!(f, "rbd:{}/{}", t.pool, t.image)?;
+                if let Some(c) = &t.conf {
+                    write!(f, ",conf={}", c.display())?;
+                }
+                if let Some(id) = &t.id {
+                    write!(f, ",id={id}")?;
+                }
+                if let Some(s) = t.size {
+                    write!(f, ",size={}", crate::format_size(s))?;
+                }
+                if let Some(s) = t.timeout_secs {
+                    write!(f, ",timeout={s}")?;
                 }
             }
         }
@@ -112,8 +178,26 @@ mod tests {
     }
 
     #[test]
+    fn parses_rbd_specs() {
+        let r = BackendSpec::parse("rbd:pool/img,conf=/etc/ceph/x.conf,id=gw,size=1G,timeout=5,readonly").unwrap();
+        let want = RbdTarget {
+            pool: "pool".into(),
+            image: "img".into(),
+            conf: Some("/etc/ceph/x.conf".into()),
+            id: Some("gw".into()),
+            size: Some(1 << 30),
+            timeout_secs: Some(5),
+        };
+        assert_eq!(r.kind, BackendKind::Rbd(want));
+        assert!(r.readonly);
+        for bad in ["rbd:img", "rbd:/img", "rbd:pool/", "rbd:a/b/c", "rbd:p/i,direct", "rbd:p/i,size=0", "rbd:p/i,timeout=0", "rbd:p/i,timeout=x", "file:/x,conf=/y", "ram:1M,id=a"] {
+            assert!(BackendSpec::parse(bad).is_err(), "{bad} parsed");
+        }
+    }
+
+    #[test]
     fn display_round_trips() {
-        for s in ["ram:1G", "file:/tmp/a,size=2M,direct,sync,readonly", "file:/dev/sdb"] {
+        for s in ["ram:1G", "file:/tmp/a,size=2M,direct,sync,readonly", "file:/dev/sdb", "rbd:p/i,conf=/c,id=u,size=4M,timeout=3,readonly"] {
             let spec = BackendSpec::parse(s).unwrap();
             assert_eq!(BackendSpec::parse(&spec.to_string()).unwrap(), spec);
         }

@@ -50,8 +50,9 @@ enum Cmd {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// A volume: NAME=BACKEND[,opts]; BACKEND is ram:SIZE, file:PATH or a device path;
-    /// opts: size=SIZE (create a file), direct, sync, readonly. Repeatable.
+    /// A volume: NAME=BACKEND[,opts]; BACKEND is ram:SIZE, file:PATH, a device path or
+    /// rbd:POOL/IMAGE; opts: size=SIZE (create a file or image), direct, sync, readonly,
+    /// and for rbd conf=PATH, id=USER, timeout=SECS. Repeatable.
     #[arg(long = "volume", value_name = "NAME=BACKEND[,opts]")]
     volumes: Vec<String>,
     /// Export over AoE: IFACE,volume=NAME,shelf=N,slot=M[,buffers=N][,config=STR]. Repeatable.

@@ -368,6 +368,7 @@ impl Controller {
                 p
             }
             (lid::CMD_EFFECTS, Role::Nvm(_)) => logpage::command_effects(),
+            (lid::ANA, Role::Nvm(s)) => crate::ana::log_page(s, (sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0),
             _ => return Completion::status(cid, Status::INVALID_LOG_PAGE.dnr()),
         };
         match logpage::window(&page, &r) {
@@ -461,6 +462,25 @@ impl Controller {
             Some(cid) => Some(Completion::result(cid, AEN_NS_CHANGED as u64)),
             None => {
                 self.events.push_back(AEN_NS_CHANGED);
+                None
+            }
+        }
+    }
+
+    /// This gateway's ANA state of the subsystem changed (see
+    /// [`crate::ana::Ana::set_state`]). Returns the AER completion to send,
+    /// if one was waiting and the host enabled ANA change notices; else the
+    /// notice waits for the host's next AER.
+    pub fn ana_changed(&mut self) -> Option<Completion> {
+        if self.aec & crate::ana::AEC_ANA_CHANGE == 0 || self.is_discovery() {
+            return None;
+        }
+        match self.aers.pop_front() {
+            Some(cid) => Some(Completion::result(cid, crate::ana::AEN_ANA_CHANGE as u64)),
+            None => {
+                if !self.events.contains(&crate::ana::AEN_ANA_CHANGE) {
+                    self.events.push_back(crate::ana::AEN_ANA_CHANGE);
+                }
                 None
             }
         }

@@ -59,12 +59,18 @@ pub fn controller(p: &CtrlParams) -> Vec<u8> {
     put_str(&mut b[24..64], &p.model, b' ');
     put_str(&mut b[64..72], &p.firmware, b' ');
     b[72] = 6; // RAB: recommended arbitration burst
-    b[76] = 1 << 1; // CMIC: the subsystem may have several controllers
+    // CMIC: several ports (gateways), several controllers, ANA reporting.
+    b[76] = 1 << 0 | 1 << 1 | if p.cntrltype == CNTRLTYPE_IO { crate::ana::CMIC_ANA } else { 0 };
     b[77] = p.mdts;
     put16(&mut b, 78, p.cntlid);
     put32(&mut b, 80, VERSION);
     if p.cntrltype == CNTRLTYPE_IO {
-        put32(&mut b, 92, 1 << 8); // OAES: namespace attribute notices
+        // OAES: namespace attribute and ANA change notices.
+        put32(&mut b, 92, 1 << 8 | crate::ana::OAES_ANA_CHANGE);
+        b[343] = crate::ana::TRANSITION_TIME_S; // ANATT
+        b[344] = crate::ana::ANACAP;
+        put32(&mut b, 345, crate::ana::MAX_GROUPS); // ANAGRPMAX
+        put32(&mut b, 349, crate::ana::MAX_GROUPS); // NANAGRPID
     }
     b[111] = p.cntrltype;
     b[258] = 3; // ACL, zero-based
@@ -151,6 +157,7 @@ pub fn namespace(ns: &Namespace) -> Vec<u8> {
     b[30] = 1; // NMIC: may be shared by several controllers
     // DLFEAT: deallocated blocks read as zeroes; Write Zeroes may deallocate.
     b[33] = 0x01 | 0x08;
+    put32(&mut b, 92, ns.ana_group); // ANAGRPID
     b[99] = ns.read_only() as u8; // NSATTR: write protected
     b[104..120].copy_from_slice(&ns.uuid); // NGUID
     b[130] = crate::LBA_SHIFT as u8; // LBAF0: LBADS
@@ -232,6 +239,10 @@ mod tests {
         assert_eq!(&b[520..522], &[0x0D, 0]);
         assert_eq!(&b[4..8], b"SN1 ");
         assert_eq!(b[111], 1);
+        assert_eq!(b[76] & crate::ana::CMIC_ANA, crate::ana::CMIC_ANA);
+        assert_eq!((b[343], b[344]), (crate::ana::TRANSITION_TIME_S, crate::ana::ANACAP));
+        assert_eq!((le32(&b, 345), le32(&b, 349)), (128, 128));
+        assert_eq!(le32(&b, 92) & crate::ana::OAES_ANA_CHANGE, crate::ana::OAES_ANA_CHANGE);
         let id = IdCtrl::parse(&b).unwrap();
         assert_eq!((id.cntlid, id.mdts, id.nn, id.ioccsz, id.iorcsz, id.kas), (5, 8, 2, 260, 1, 10));
         assert_eq!(id.subnqn, "nqn.2026-11.org.blockwire:t");
@@ -244,13 +255,14 @@ mod tests {
         let b = namespace(&n);
         assert_eq!(&b[0..8], &2048u64.to_le_bytes());
         assert_eq!(b[130], 9);
+        assert_eq!(le32(&b, 92), 1); // ANAGRPID
         assert_eq!(parse_namespace(&b), Some((2048, 512, false)));
         let d = ns_descriptors(&n);
         assert_eq!(&d[0..4], &[2, 16, 0, 0]);
         assert_eq!(&d[20..24], &[3, 16, 0, 0]);
         assert_eq!(&d[40..45], &[4, 1, 0, 0, 0]);
         assert_eq!(&d[4..20], &n.uuid);
-        let s = Subsystem { nqn: "nqn.x:y".into(), serial: "s".into(), model: "m".into(), namespaces: vec![n.clone(), Namespace::new("nqn.x:y", 7, n.volume.clone(), false)], allowed_hosts: vec![] };
+        let s = Subsystem { nqn: "nqn.x:y".into(), serial: "s".into(), model: "m".into(), namespaces: vec![n.clone(), Namespace::new("nqn.x:y", 7, n.volume.clone(), false)], allowed_hosts: vec![], ana: Default::default() };
         let l = active_ns_list(&s, 0);
         assert_eq!(&l[..12], &[1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0]);
         let l = active_ns_list(&s, 1);

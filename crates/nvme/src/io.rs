@@ -42,6 +42,9 @@ pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
         return Ok(());
     }
     let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
+    if let Some(s) = subsys.ana.state().io_status() {
+        return Err(s);
+    }
     match op {
         nvm::READ | nvm::WRITE | nvm::COMPARE => {
             if (sqe.nlb() as u64) << LBA_SHIFT > crate::controller::MAX_TRANSFER as u64 {
@@ -229,6 +232,7 @@ mod tests {
             model: "m".into(),
             namespaces: vec![Namespace::new("nqn.t:s", 1, v, false), Namespace::new("nqn.t:s", 2, ro, false)],
             allowed_hosts: vec![],
+            ana: Default::default(),
         }
     }
 
@@ -237,6 +241,17 @@ mod tests {
         s.set_rw(slba, blocks);
         s.set_sgl(Sgl { addr: 0, length: blocks * 512, kind: sgl::TRANSPORT });
         s
+    }
+
+    #[test]
+    fn inaccessible_ana_path_refuses_io_for_another_path() {
+        let s = subsys();
+        s.ana.set_state(crate::ana::AnaState::Inaccessible);
+        let st = execute(&s, &rw(nvm::READ, 1, 0, 1), &[]).status;
+        assert_eq!(st, Status::ANA_INACCESSIBLE);
+        assert_eq!(st.0 & Status::DNR, 0, "the host must be free to retry on another path");
+        s.ana.set_state(crate::ana::AnaState::NonOptimized);
+        assert_eq!(execute(&s, &rw(nvm::READ, 1, 0, 1), &[]).status, Status::SUCCESS);
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod fabrics;
 pub mod features;
 pub mod identify;
 pub mod io;
+pub mod ana;
 pub mod logpage;
 pub mod pdu;
 pub mod status;

@@ -12,6 +12,7 @@ pub mod lid {
     pub const FW_SLOT: u8 = 0x03;
     pub const CHANGED_NS: u8 = 0x04;
     pub const CMD_EFFECTS: u8 = 0x05;
+    pub const ANA: u8 = 0x0C;
     pub const DISCOVERY: u8 = 0x70;
 }
 
@@ -63,7 +64,7 @@ pub fn window(page: &[u8], r: &LogRequest) -> Option<Vec<u8>> {
 }
 
 /// The pages an I/O controller serves, listed in the Supported Log Pages log.
-pub const NVM_PAGES: [u8; 6] = [lid::SUPPORTED, lid::ERROR, lid::SMART, lid::FW_SLOT, lid::CHANGED_NS, lid::CMD_EFFECTS];
+pub const NVM_PAGES: [u8; 7] = [lid::SUPPORTED, lid::ERROR, lid::SMART, lid::FW_SLOT, lid::CHANGED_NS, lid::CMD_EFFECTS, lid::ANA];
 
 /// Supported Log Pages (base spec 2.0 5.16.1.1): one dword per log id,
 /// bit 0 LSUPP (supported), bit 1 IOS (index offset) never set.
@@ -243,6 +244,7 @@ mod tests {
         let p = supported_pages(&NVM_PAGES);
         assert_eq!(p.len(), 1024);
         assert_eq!(&p[..24], &[1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]);
-        assert!(p[24..].iter().all(|&b| b == 0));
+        assert_eq!(&p[0x0C * 4..0x0C * 4 + 4], &[1, 0, 0, 0]); // ANA
+        assert!(p[24..0x0C * 4].iter().chain(&p[0x0D * 4..]).all(|&b| b == 0));
     }
 }

@@ -35,6 +35,10 @@ impl Status {
     pub const WRITE_FAULT: Status = Status(0x280);
     pub const READ_ERROR: Status = Status(0x281);
     pub const COMPARE_FAILED: Status = Status(0x285);
+    /// Path-related (status code type 3h): ANA states that refuse I/O.
+    pub const ANA_PERSISTENT_LOSS: Status = Status(0x301);
+    pub const ANA_INACCESSIBLE: Status = Status(0x302);
+    pub const ANA_TRANSITION: Status = Status(0x303);
     pub const DNR: u16 = 0x4000;
 
     /// The same status with Do Not Retry set.

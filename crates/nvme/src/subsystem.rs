@@ -13,6 +13,9 @@ pub struct Namespace {
     /// Stable unique id (NGUID and UUID descriptors), derived from the
     /// subsystem NQN and NSID so a host sees the same id after a restart.
     pub uuid: [u8; 16],
+    /// ANA group (ANAGRPID, 1..=[`crate::ana::MAX_GROUPS`]); the same on
+    /// every gateway exporting the namespace.
+    pub ana_group: u32,
 }
 
 impl Namespace {
@@ -25,7 +28,7 @@ impl Namespace {
         }
         uuid[6] = (uuid[6] & 0x0F) | 0x40; // version 4 layout
         uuid[8] = (uuid[8] & 0x3F) | 0x80; // RFC 4122 variant
-        Namespace { nsid, volume, readonly, uuid }
+        Namespace { nsid, volume, readonly, uuid, ana_group: 1 }
     }
     /// Size in logical blocks.
     pub fn blocks(&self) -> u64 {
@@ -44,6 +47,8 @@ pub struct Subsystem {
     pub namespaces: Vec<Namespace>,
     /// Host NQNs allowed to connect; empty means any host.
     pub allowed_hosts: Vec<String>,
+    /// This gateway's ANA state for the subsystem's groups.
+    pub ana: crate::ana::Ana,
 }
 
 impl Subsystem {

@@ -29,8 +29,11 @@
 //! discovery_listen = "0.0.0.0:8009"
 //! [[nvme.subsystem]]
 //! nqn = "nqn.2026-11.org.example:disk0"
-//! namespaces = [{ nsid = 1, volume = "disk0" }]
+//! namespaces = [{ nsid = 1, volume = "disk0" }]         # ana_group = 1 by default
 //! allowed_hosts = []                                        # empty: any host
+//! ana_state = "optimized"   # this gateway's ANA state: or non-optimized, inaccessible, persistent-loss
+//! # Gateways exporting one subsystem need distinct controller ids:
+//! # [nvme] cntlid_range = [1, 999] on one, [1000, 1999] on the next.
 //!
 //! [limits]                           # per front-end (iSCSI, NVMe/TCP); these are the defaults
 //! max_sessions = 4096                # iSCSI sessions / NVMe controllers
@@ -172,6 +175,11 @@ pub struct NvmeConfig {
     pub discovery_listen: Option<SocketAddr>,
     #[serde(default, rename = "subsystem")]
     pub subsystems: Vec<NvmeSubsystem>,
+    /// Controller ids this gateway hands out, inclusive. Several gateways
+    /// exporting one subsystem to one host must not overlap: Linux refuses
+    /// a second controller with an id it already has in the subsystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cntlid_range: Option<[u16; 2]>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -186,6 +194,21 @@ pub struct NvmeSubsystem {
     pub serial: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// This gateway's ANA state for the subsystem's namespaces (every
+    /// gateway of one subsystem reports its own).
+    #[serde(default)]
+    pub ana_state: AnaStateConfig,
+}
+
+/// ANA states a gateway can report for its path to a subsystem.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum AnaStateConfig {
+    #[default]
+    Optimized,
+    NonOptimized,
+    Inaccessible,
+    PersistentLoss,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -195,9 +218,16 @@ pub struct NvmeNamespace {
     pub volume: String,
     #[serde(default)]
     pub readonly: bool,
+    /// ANA group of the namespace, the same on every gateway (1..=128).
+    #[serde(default = "one_u32")]
+    pub ana_group: u32,
 }
 
 fn one() -> u16 {
+    1
+}
+
+fn one_u32() -> u32 {
     1
 }
 
@@ -302,11 +332,12 @@ impl ServeConfig {
                     .volumes
                     .iter()
                     .enumerate()
-                    .map(|(i, v)| NvmeNamespace { nsid: i as u32 + 1, volume: v.name.clone(), readonly: false })
+                    .map(|(i, v)| NvmeNamespace { nsid: i as u32 + 1, volume: v.name.clone(), readonly: false, ana_group: 1 })
                     .collect(),
                 allowed_hosts: vec![],
                 serial: None,
                 model: None,
+                ana_state: AnaStateConfig::default(),
             });
         }
         Ok(())
@@ -363,6 +394,11 @@ impl ServeConfig {
             }
         }
         if let Some(n) = &self.nvme {
+            if let Some([lo, hi]) = n.cntlid_range {
+                if lo == 0 || lo > hi || hi > 0xFFEF {
+                    return inv(format!("nvme.cntlid_range [{lo}, {hi}]: controller ids must be an ascending range within 1..=65519"));
+                }
+            }
             for s in &n.subsystems {
                 if !s.nqn.starts_with("nqn.") {
                     return inv(format!("NVMe subsystem name {:?} must start with nqn.", s.nqn));
@@ -370,6 +406,9 @@ impl ServeConfig {
                 for ns in &s.namespaces {
                     if ns.nsid == 0 || ns.nsid == u32::MAX || !known(&ns.volume) {
                         return inv(format!("NVMe {} namespace {} is invalid or names unknown volume {:?}", s.nqn, ns.nsid, ns.volume));
+                    }
+                    if ns.ana_group == 0 || ns.ana_group > bw_nvme::ana::MAX_GROUPS {
+                        return inv(format!("NVMe {} namespace {}: ana_group {} is not in 1..={}", s.nqn, ns.nsid, ns.ana_group, bw_nvme::ana::MAX_GROUPS));
                     }
                 }
             }
@@ -423,6 +462,33 @@ mod tests {
         assert_eq!(n.subsystems[0].namespaces[1].nsid, 2);
         assert_eq!(n.discovery_listen.unwrap().port(), 8009);
         assert_eq!(c.aoe.as_ref().unwrap().exports[0].shelf, 3);
+    }
+
+    #[test]
+    fn ana_state_groups_and_controller_id_ranges() {
+        let text = r#"
+            [[volume]]
+            name = "v"
+            backend = "ram:1M"
+            [nvme]
+            listen = ["127.0.0.1:4420"]
+            cntlid_range = [1000, 1999]
+            [[nvme.subsystem]]
+            nqn = "nqn.2026-11.org.example:v"
+            ana_state = "non-optimized"
+            namespaces = [{ nsid = 1, volume = "v", ana_group = 5 }, { nsid = 2, volume = "v" }]
+        "#;
+        let c: ServeConfig = toml::from_str(text).unwrap();
+        c.validate().unwrap();
+        let n = c.nvme.as_ref().unwrap();
+        assert_eq!(n.cntlid_range, Some([1000, 1999]));
+        assert_eq!(n.subsystems[0].ana_state, AnaStateConfig::NonOptimized);
+        assert_eq!((n.subsystems[0].namespaces[0].ana_group, n.subsystems[0].namespaces[1].ana_group), (5, 1));
+        for bad in [text.replace("[1000, 1999]", "[0, 5]"), text.replace("[1000, 1999]", "[9, 3]"), text.replace("ana_group = 5", "ana_group = 129")] {
+            let c: ServeConfig = toml::from_str(&bad).unwrap();
+            assert!(c.validate().is_err(), "accepted: {bad}");
+        }
+        assert!(toml::from_str::<ServeConfig>(&text.replace("non-optimized", "sleepy")).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@ fuzz_target!(|data: &[u8]| {
         model: "m".into(),
         namespaces: vec![Namespace::new("nqn.f:s", 1, v, false)],
         allowed_hosts: vec![],
+        ana: Default::default(),
     });
     let mut c = Controller::new(1, Role::Nvm(s.clone()), "h".into(), [0; 16], 1000, Instant::now());
     for chunk in data.chunks(80) {

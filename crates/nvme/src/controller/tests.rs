@@ -5,7 +5,7 @@ use bw_block::{BackendSpec, Volume};
 
 fn ctrl() -> Controller {
     let v = Volume::open("v", &BackendSpec::ram(1 << 20)).unwrap();
-    let s = Subsystem { nqn: "nqn.t:s".into(), serial: "S".into(), model: "M".into(), namespaces: vec![Namespace::new("nqn.t:s", 1, v, false)], allowed_hosts: vec![] };
+    let s = Subsystem { nqn: "nqn.t:s".into(), serial: "S".into(), model: "M".into(), namespaces: vec![Namespace::new("nqn.t:s", 1, v, false)], allowed_hosts: vec![], ana: Default::default() };
     Controller::new(3, Role::Nvm(Arc::new(s)), "nqn.h".into(), [0; 16], 5000, Instant::now())
 }
 
@@ -163,4 +163,32 @@ fn discovery_controller_serves_log_page() {
     s.set_cdw(10, cns::CONTROLLER as u32);
     let d = run(&mut c, s).data.unwrap();
     assert_eq!(identify::IdCtrl::parse(&d).unwrap().cntrltype, identify::CNTRLTYPE_DISCOVERY);
+}
+
+#[test]
+fn ana_log_page_and_change_notice() {
+    let mut c = ctrl();
+    enable(&mut c);
+    // No notice unless the host enabled ANA change notices.
+    assert_eq!(c.ana_changed(), None);
+    let mut sf = Sqe::new(admin::SET_FEATURES, 5, 0);
+    sf.set_cdw(10, feature::ASYNC_EVENT as u32);
+    sf.set_cdw(11, crate::ana::AEC_ANA_CHANGE);
+    assert!(run(&mut c, sf).status.is_success());
+    let aer = Sqe::new(admin::ASYNC_EVENT, 6, 0);
+    assert_eq!(c.execute_admin(&aer, &[], Instant::now()), AdminOutcome::Held);
+    let ana = c.subsystem().unwrap().ana.clone();
+    assert!(ana.set_state(crate::ana::AnaState::Inaccessible));
+    let done = c.ana_changed().expect("the parked AER completes");
+    assert_eq!((done.cid, done.result), (6, crate::ana::AEN_ANA_CHANGE as u64));
+    let log = LogRequest { lid: lid::ANA, rae: false, len: 16 + 32 + 4, offset: 0 };
+    let got = run(&mut c, with_len(log.to_sqe(7, 0xFFFF_FFFF), 52));
+    assert!(got.status.is_success());
+    let (chg, groups) = crate::ana::parse_log(&got.data.unwrap()).unwrap();
+    assert_eq!((chg, groups.len(), groups[0].group, groups[0].state, groups[0].nsids.clone()), (2, 1, 1, 3, vec![1]));
+    // A notice with no AER parked waits for the next one.
+    assert!(ana.set_state(crate::ana::AnaState::Optimized));
+    assert_eq!(c.ana_changed(), None);
+    let r = run(&mut c, Sqe::new(admin::ASYNC_EVENT, 8, 0));
+    assert_eq!(r.result, crate::ana::AEN_ANA_CHANGE as u64);
 }

@@ -51,15 +51,32 @@ pub struct Fabric {
     next_cntlid: Mutex<u16>,
     /// Controllers (NVM and discovery) alive at once: `limits.max_sessions`.
     max_controllers: usize,
+    /// Controller ids this gateway may hand out (inclusive).
+    cntlids: (u16, u16),
 }
 
 impl Fabric {
     pub fn new(subsystems: Vec<Arc<Subsystem>>, ports: Vec<SocketAddr>) -> Fabric {
-        Fabric { subsystems, ports, ctrls: Mutex::new(HashMap::new()), next_cntlid: Mutex::new(1), max_controllers: usize::MAX }
+        Fabric {
+            subsystems,
+            ports,
+            ctrls: Mutex::new(HashMap::new()),
+            next_cntlid: Mutex::new(1),
+            max_controllers: usize::MAX,
+            cntlids: (1, 0xFFEF),
+        }
     }
 
     pub fn with_max_controllers(mut self, n: usize) -> Fabric {
         self.max_controllers = n;
+        self
+    }
+
+    /// Hand out controller ids from `lo..=hi` only (several gateways of one
+    /// subsystem must not give one host two controllers with the same id).
+    pub fn with_cntlid_range(mut self, lo: u16, hi: u16) -> Fabric {
+        self.cntlids = (lo, hi);
+        self.next_cntlid = Mutex::new(lo);
         self
     }
 
@@ -82,10 +99,11 @@ impl Fabric {
 
     fn alloc_cntlid(&self, taken: &HashMap<u16, Arc<CtrlEntry>>) -> Option<u16> {
         let mut next = self.next_cntlid.lock().unwrap_or_else(|p| p.into_inner());
-        // Dynamic controller IDs are 1..=0xFFEF.
-        for _ in 0..0xFFEF {
+        // Dynamic controller IDs are 1..=0xFFEF; ours a configured part.
+        let (lo, hi) = self.cntlids;
+        for _ in lo..=hi {
             let id = *next;
-            *next = if id >= 0xFFEF { 1 } else { id + 1 };
+            *next = if id >= hi { lo } else { id + 1 };
             if !taken.contains_key(&id) {
                 return Some(id);
             }

@@ -8,8 +8,9 @@ mod conn;
 mod fabric;
 mod outbox;
 
-use crate::config::NvmeConfig;
 use crate::limits::{Admission, Limits, Ticket};
+use crate::config::{AnaStateConfig, NvmeConfig};
+use bw_nvme::ana::AnaState;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_nvme::{Namespace, Subsystem};
@@ -25,7 +26,9 @@ fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Sub
         let mut namespaces = Vec::new();
         for n in &s.namespaces {
             let v = volumes.get(&n.volume).with_context(|| format!("subsystem {}: no volume {:?}", s.nqn, n.volume))?;
-            namespaces.push(Namespace::new(&s.nqn, n.nsid, v.clone(), n.readonly));
+            let mut ns = Namespace::new(&s.nqn, n.nsid, v.clone(), n.readonly);
+            ns.ana_group = n.ana_group;
+            namespaces.push(ns);
         }
         let serial = s.serial.clone().unwrap_or_else(|| format!("BW{:08X}{:04X}", crc32c_str(&s.nqn), out.len()));
         out.push(Arc::new(Subsystem {
@@ -34,6 +37,12 @@ fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Sub
             model: s.model.clone().unwrap_or_else(|| "blockwire".into()),
             namespaces,
             allowed_hosts: s.allowed_hosts.clone(),
+            ana: bw_nvme::ana::Ana::new(match s.ana_state {
+                AnaStateConfig::Optimized => AnaState::Optimized,
+                AnaStateConfig::NonOptimized => AnaState::NonOptimized,
+                AnaStateConfig::Inaccessible => AnaState::Inaccessible,
+                AnaStateConfig::PersistentLoss => AnaState::PersistentLoss,
+            }),
         }));
     }
     Ok(out)
@@ -64,8 +73,9 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, volumes: &Volumes, shutdow
         let ports: Vec<String> = bound.iter().map(|a| a.to_string()).collect();
         eprintln!("blockwire: nvme subsystem {} ({} namespaces) on {}", s.nqn, s.namespaces.len(), ports.join(", "));
     }
-    let fabric = Arc::new(Fabric::new(subs, bound).with_max_controllers(limits.max_sessions));
     let admission = Admission::new(limits.clone());
+    let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
+    let fabric = Arc::new(Fabric::new(subs, bound).with_max_controllers(limits.max_sessions).with_cntlid_range(lo, hi));
     let mut tasks = Vec::new();
     for l in listeners {
         let fabric = fabric.clone();

@@ -1,0 +1,101 @@
+//! The few librados/librbd calls the rbd backend uses, loaded at run time
+//! with `libloading` so that `blockwire` starts (and serves every other
+//! backend) on machines without the Ceph client libraries. Signatures follow
+//! `rados/librados.h` and `rbd/librbd.h` (Ceph 16); only what [`super`]
+//! needs is here.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::OnceLock;
+
+pub type Rados = *mut c_void;
+pub type IoCtx = *mut c_void;
+pub type Image = *mut c_void;
+pub type Completion = *mut c_void;
+pub type Callback = extern "C" fn(Completion, *mut c_void);
+
+/// RBD_FEATURE_LAYERING: the only feature of images we create. Without
+/// exclusive-lock, several gateways can write one image without passing a
+/// lock back and forth (see docs/ceph.md).
+pub const FEATURE_LAYERING: u64 = 1;
+
+pub struct Lib {
+    pub rados_create2: unsafe extern "C" fn(*mut Rados, *const c_char, *const c_char, u64) -> c_int,
+    pub rados_conf_read_file: unsafe extern "C" fn(Rados, *const c_char) -> c_int,
+    pub rados_conf_set: unsafe extern "C" fn(Rados, *const c_char, *const c_char) -> c_int,
+    pub rados_connect: unsafe extern "C" fn(Rados) -> c_int,
+    pub rados_shutdown: unsafe extern "C" fn(Rados),
+    pub rados_ioctx_create: unsafe extern "C" fn(Rados, *const c_char, *mut IoCtx) -> c_int,
+    pub rados_ioctx_destroy: unsafe extern "C" fn(IoCtx),
+    pub rbd_create2: unsafe extern "C" fn(IoCtx, *const c_char, u64, u64, *mut c_int) -> c_int,
+    pub rbd_open: unsafe extern "C" fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int,
+    pub rbd_open_read_only: unsafe extern "C" fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int,
+    pub rbd_close: unsafe extern "C" fn(Image) -> c_int,
+    pub rbd_get_size: unsafe extern "C" fn(Image, *mut u64) -> c_int,
+    pub rbd_aio_create_completion: unsafe extern "C" fn(*mut c_void, Callback, *mut Completion) -> c_int,
+    pub rbd_aio_get_return_value: unsafe extern "C" fn(Completion) -> isize,
+    pub rbd_aio_release: unsafe extern "C" fn(Completion),
+    pub rbd_aio_read: unsafe extern "C" fn(Image, u64, usize, *mut c_char, Completion) -> c_int,
+    pub rbd_aio_write: unsafe extern "C" fn(Image, u64, usize, *const c_char, Completion) -> c_int,
+    pub rbd_aio_flush: unsafe extern "C" fn(Image, Completion) -> c_int,
+    pub rbd_aio_discard: unsafe extern "C" fn(Image, u64, u64, Completion) -> c_int,
+    pub rbd_aio_write_zeroes: unsafe extern "C" fn(Image, u64, usize, Completion, c_int, c_int) -> c_int,
+    // The libraries stay loaded for the life of the process: completions
+    // may call back into us from librados threads at any time.
+    _rados: libloading::Library,
+    _rbd: libloading::Library,
+}
+
+const RADOS_SONAME: &str = "librados.so.2";
+const RBD_SONAME: &str = "librbd.so.1";
+
+/// The loaded libraries, or why they could not be loaded (said once per
+/// process, the same way to every caller).
+pub fn lib() -> Result<&'static Lib, String> {
+    static LIB: OnceLock<Result<Lib, String>> = OnceLock::new();
+    LIB.get_or_init(load).as_ref().map_err(Clone::clone)
+}
+
+fn load() -> Result<Lib, String> {
+    let open = |name: &str| {
+        // SAFETY: loading the system's Ceph client library runs its
+        // initialisers, which is what linking against it would do too.
+        unsafe { libloading::Library::new(name) }.map_err(|e| {
+            format!("rbd: volumes need the Ceph client libraries (Debian: librbd1 librados2), and {name} could not be loaded: {e}")
+        })
+    };
+    let rados = open(RADOS_SONAME)?;
+    let rbd = open(RBD_SONAME)?;
+    macro_rules! sym {
+        ($lib:expr, $name:ident) => {{
+            // SAFETY: the field's type is the C prototype from the Ceph
+            // headers; the library outlives the pointer (kept in `Lib`).
+            let s: libloading::Symbol<_> = unsafe { $lib.get(concat!(stringify!($name), "\0").as_bytes()) }
+                .map_err(|e| format!("rbd: {} lacks {}: {e} (Ceph 15 or newer is needed)", stringify!($lib), stringify!($name)))?;
+            *s
+        }};
+    }
+    Ok(Lib {
+        rados_create2: sym!(rados, rados_create2),
+        rados_conf_read_file: sym!(rados, rados_conf_read_file),
+        rados_conf_set: sym!(rados, rados_conf_set),
+        rados_connect: sym!(rados, rados_connect),
+        rados_shutdown: sym!(rados, rados_shutdown),
+        rados_ioctx_create: sym!(rados, rados_ioctx_create),
+        rados_ioctx_destroy: sym!(rados, rados_ioctx_destroy),
+        rbd_create2: sym!(rbd, rbd_create2),
+        rbd_open: sym!(rbd, rbd_open),
+        rbd_open_read_only: sym!(rbd, rbd_open_read_only),
+        rbd_close: sym!(rbd, rbd_close),
+        rbd_get_size: sym!(rbd, rbd_get_size),
+        rbd_aio_create_completion: sym!(rbd, rbd_aio_create_completion),
+        rbd_aio_get_return_value: sym!(rbd, rbd_aio_get_return_value),
+        rbd_aio_release: sym!(rbd, rbd_aio_release),
+        rbd_aio_read: sym!(rbd, rbd_aio_read),
+        rbd_aio_write: sym!(rbd, rbd_aio_write),
+        rbd_aio_flush: sym!(rbd, rbd_aio_flush),
+        rbd_aio_discard: sym!(rbd, rbd_aio_discard),
+        rbd_aio_write_zeroes: sym!(rbd, rbd_aio_write_zeroes),
+        _rados: rados,
+        _rbd: rbd,
+    })
+}

@@ -1,0 +1,274 @@
+//! `rbd:POOL/IMAGE`: a Ceph RBD image through librbd.
+//!
+//! Every request is submitted with `rbd_aio_*` and its calling thread sleeps
+//! until librbd's completion callback fires, so the front-ends' I/O threads
+//! keep as many requests in flight at the cluster as they have threads; the
+//! network threads never wait on Ceph.
+//!
+//! Settings forced on every connection, because several gateways may serve
+//! one image at once:
+//! - `rbd_cache = false`: a write-back cache in one gateway would hide its
+//!   writes from the others (and lose them if the gateway dies); every write
+//!   is acknowledged only once the OSDs have it.
+//! - `rbd_skip_partial_discard = false`: a discard must read back as zeroes,
+//!   also where it covers only part of an object.
+//! - `rados_osd_op_timeout` / `rados_mon_op_timeout` / `client_mount_timeout`
+//!   = `timeout=` seconds: librados waits for a missing cluster forever by
+//!   default; a gateway must fail the request instead, so the initiator sees
+//!   an error and can use another path.
+
+mod ffi;
+
+use crate::{BackendSpec, BlockError, DeviceInfo, Durability, RbdTarget};
+use ffi::{Completion, Lib};
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::io;
+use std::sync::{Arc, Condvar, Mutex};
+
+pub struct RbdDevice {
+    lib: &'static Lib,
+    cluster: ffi::Rados,
+    ioctx: ffi::IoCtx,
+    image: ffi::Image,
+    info: DeviceInfo,
+}
+
+// SAFETY: librbd image handles and librados clusters are thread-safe (one
+// handle serves any number of concurrent aio requests); we never free them
+// before `drop`.
+unsafe impl Send for RbdDevice {}
+unsafe impl Sync for RbdDevice {}
+
+fn cstr(what: &str, s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} {s:?} contains a NUL byte")))
+}
+
+/// A librados/librbd return code (`-errno`) as an error saying what failed.
+fn check(r: c_int, what: impl FnOnce() -> String) -> io::Result<c_int> {
+    if r < 0 {
+        let e = io::Error::from_raw_os_error(-r);
+        return Err(io::Error::new(e.kind(), format!("{}: {e}", what())));
+    }
+    Ok(r)
+}
+
+impl RbdDevice {
+    pub fn open(spec: &BackendSpec, t: &RbdTarget) -> Result<Self, BlockError> {
+        let lib = ffi::lib().map_err(io::Error::other)?;
+        let name = format!("rbd:{}/{}", t.pool, t.image);
+        let id = cstr("client id", t.id.as_deref().unwrap_or("admin"))?;
+        let mut cluster: ffi::Rados = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; cluster and user names are C strings.
+        check(unsafe { (lib.rados_create2)(&mut cluster, c"ceph".as_ptr(), cstr("", &format!("client.{}", id.to_string_lossy()))?.as_ptr(), 0) }, || {
+            format!("{name}: rados_create2")
+        })?;
+        // From here on `dev`'s Drop releases whatever has been set up.
+        let mut dev = RbdDevice {
+            lib,
+            cluster,
+            ioctx: std::ptr::null_mut(),
+            image: std::ptr::null_mut(),
+            info: DeviceInfo {
+                size_bytes: 0,
+                read_only: spec.readonly,
+                durability: Durability::WriteThrough,
+                supports_discard: true,
+                memory_backed: false,
+                description: String::new(),
+            },
+        };
+        let conf = match &t.conf {
+            Some(p) => Some(cstr("conf path", p.to_str().ok_or_else(|| io::Error::other(format!("{name}: conf path is not UTF-8")))?)?),
+            None => None,
+        };
+        // SAFETY: a valid cluster handle; NULL asks for the default search path.
+        check(unsafe { (lib.rados_conf_read_file)(cluster, conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())) }, || {
+            format!("{name}: cannot read ceph config {}", t.conf.as_ref().map_or("(default search path)".into(), |p| p.display().to_string()))
+        })?;
+        let timeout = t.timeout_secs.unwrap_or(RbdTarget::DEFAULT_TIMEOUT_SECS).to_string();
+        for (k, v) in [
+            ("rbd_cache", "false"),
+            ("rbd_skip_partial_discard", "false"),
+            ("rados_osd_op_timeout", timeout.as_str()),
+            ("rados_mon_op_timeout", timeout.as_str()),
+            ("client_mount_timeout", timeout.as_str()),
+        ] {
+            let (ck, cv) = (cstr("option", k)?, cstr("value", v)?);
+            // SAFETY: valid handle, NUL-terminated strings.
+            check(unsafe { (lib.rados_conf_set)(cluster, ck.as_ptr(), cv.as_ptr()) }, || format!("{name}: setting {k}={v}"))?;
+        }
+        // SAFETY: a configured cluster handle.
+        check(unsafe { (lib.rados_connect)(cluster) }, || format!("{name}: cannot connect to the Ceph cluster"))?;
+        let pool = cstr("pool", &t.pool)?;
+        // SAFETY: connected handle, out-pointer into `dev`.
+        check(unsafe { (lib.rados_ioctx_create)(cluster, pool.as_ptr(), &mut dev.ioctx) }, || format!("{name}: pool {:?}", t.pool))?;
+        let image = cstr("image", &t.image)?;
+        let open = |dev: &mut RbdDevice| {
+            let f = if spec.readonly { lib.rbd_open_read_only } else { lib.rbd_open };
+            // SAFETY: valid ioctx, image name, out-pointer; NULL snapshot = the head.
+            unsafe { f(dev.ioctx, image.as_ptr(), &mut dev.image, std::ptr::null()) }
+        };
+        let mut r = open(&mut dev);
+        if r == -libc::ENOENT && !spec.readonly {
+            if let Some(size) = t.size {
+                let mut order: c_int = 0; // 0: librbd's default object size
+                // SAFETY: valid ioctx and name; `order` is an in/out int.
+                check(unsafe { (lib.rbd_create2)(dev.ioctx, image.as_ptr(), size, ffi::FEATURE_LAYERING, &mut order) }, || {
+                    format!("{name}: cannot create the image")
+                })?;
+                r = open(&mut dev);
+            }
+        }
+        check(r, || format!("{name}: cannot open the image{}", if r == -libc::ENOENT && t.size.is_none() { " (give size= to create it)" } else { "" }))?;
+        let mut size = 0u64;
+        // SAFETY: an open image and an out-pointer.
+        check(unsafe { (lib.rbd_get_size)(dev.image, &mut size) }, || format!("{name}: rbd_get_size"))?;
+        if let Some(want) = t.size {
+            if want != size {
+                return Err(io::Error::other(format!(
+                    "{name}: the image exists with {} but the spec says size={}",
+                    crate::format_size(size),
+                    crate::format_size(want)
+                ))
+                .into());
+            }
+        }
+        dev.info.size_bytes = size;
+        dev.info.description = format!("{name} ({}, {} s request timeout)", crate::format_size(size), timeout);
+        Ok(dev)
+    }
+
+    /// Submit one request with a fresh completion and sleep until librbd
+    /// calls back; returns the request's result (bytes for reads).
+    fn run(&self, what: &str, offset: u64, submit: impl FnOnce(Completion) -> c_int) -> io::Result<isize> {
+        let lib = self.lib;
+        let pending = Arc::new(Pending::default());
+        let arg = Arc::into_raw(pending.clone()) as *mut c_void;
+        let mut c: Completion = std::ptr::null_mut();
+        // SAFETY: `arg` is an Arc reference handed to the callback, which
+        // takes it back exactly once.
+        let r = unsafe { (lib.rbd_aio_create_completion)(arg, on_complete, &mut c) };
+        if r < 0 {
+            // SAFETY: the callback will never run: take the reference back.
+            drop(unsafe { Arc::from_raw(arg as *const Pending) });
+            return check(r, || format!("{}: rbd_aio_create_completion", self.info.description)).map(|_| 0);
+        }
+        let r = submit(c);
+        if r < 0 {
+            // SAFETY: a refused request never completes; release both.
+            unsafe {
+                (lib.rbd_aio_release)(c);
+                drop(Arc::from_raw(arg as *const Pending));
+            }
+            return check(r, || format!("{what} at {offset}: submitting to librbd")).map(|_| 0);
+        }
+        let ret = pending.wait();
+        // SAFETY: the callback has run (it set the result); librbd keeps
+        // its own reference until it is done with the completion.
+        unsafe { (lib.rbd_aio_release)(c) };
+        if ret < 0 {
+            check(ret as c_int, || format!("{what} at offset {offset} on {}", self.info.description))?;
+        }
+        Ok(ret)
+    }
+}
+
+#[derive(Default)]
+struct Pending {
+    result: Mutex<Option<isize>>,
+    done: Condvar,
+}
+
+impl Pending {
+    fn wait(&self) -> isize {
+        let mut g = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = *g {
+                return r;
+            }
+            g = self.done.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// librbd's completion callback, on one of its threads.
+extern "C" fn on_complete(c: Completion, arg: *mut c_void) {
+    // SAFETY: `arg` came from `Arc::into_raw` in `run`, and librbd calls
+    // back once per completion.
+    let pending = unsafe { Arc::from_raw(arg as *const Pending) };
+    let r = match ffi::lib() {
+        // SAFETY: a live completion, inside its own callback.
+        Ok(lib) => unsafe { (lib.rbd_aio_get_return_value)(c) },
+        Err(_) => -(libc::EIO as isize),
+    };
+    *pending.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    pending.done.notify_one();
+}
+
+impl crate::BlockDevice for RbdDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let (img, len, p) = (self.image, buf.len(), buf.as_mut_ptr() as *mut c_char);
+        // SAFETY: `buf` outlives the request: `run` returns only after the
+        // completion has fired.
+        let n = self.run("read", offset, |c| unsafe { (self.lib.rbd_aio_read)(img, offset, len, p, c) })?;
+        // librbd returns the bytes read; anything short (never expected
+        // inside the image) reads as zeroes.
+        if let Some(rest) = buf.get_mut(n.max(0) as usize..) {
+            rest.fill(0);
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let (img, len, p) = (self.image, buf.len(), buf.as_ptr() as *const c_char);
+        // SAFETY: as in read_at.
+        self.run("write", offset, |c| unsafe { (self.lib.rbd_aio_write)(img, offset, len, p, c) }).map(|_| ())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        let img = self.image;
+        // SAFETY: an open image.
+        self.run("flush", 0, |c| unsafe { (self.lib.rbd_aio_flush)(img, c) }).map(|_| ())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let img = self.image;
+        // SAFETY: an open image.
+        self.run("discard", offset, |c| unsafe { (self.lib.rbd_aio_discard)(img, offset, len, c) }).map(|_| ())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        let img = self.image;
+        // Split so each call's length fits size_t on any target.
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(1 << 30);
+            let off = offset + done;
+            // SAFETY: an open image; no flags (zeroing may deallocate).
+            self.run("write zeroes", off, |c| unsafe { (self.lib.rbd_aio_write_zeroes)(img, off, n as usize, c, 0, 0) })?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RbdDevice {
+    fn drop(&mut self) {
+        // SAFETY: each handle was created by us and is released once, image
+        // before ioctx before cluster; no request is in flight (every `run`
+        // waited for its completion and `&mut self` excludes new ones).
+        unsafe {
+            if !self.image.is_null() {
+                (self.lib.rbd_close)(self.image);
+            }
+            if !self.ioctx.is_null() {
+                (self.lib.rados_ioctx_destroy)(self.ioctx);
+            }
+            (self.lib.rados_shutdown)(self.cluster);
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Asymmetric Namespace Access (base spec 2.0, 8.1): how good this
+//! controller's path to each namespace is. Several gateways export one
+//! subsystem (same NQN, serial and namespace ids); each namespace belongs to
+//! one ANA group, the same on every gateway, and each gateway reports its
+//! own state for that group. The Linux host's native multipath sends I/O to
+//! optimized paths and falls back to non-optimized ones.
+//!
+//! Here: the per-gateway state ([`Ana`]), the ANA log page (LID 0Ch), and
+//! the Identify fields that announce ANA support.
+
+use crate::put32;
+use crate::put64;
+use crate::subsystem::Subsystem;
+use crate::Status;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// ANAGRPMAX and NANAGRPID: group ids 1..=MAX_GROUPS are valid (like Linux
+/// nvmet's 128).
+pub const MAX_GROUPS: u32 = 128;
+/// ANATT: seconds a transition may take.
+pub const TRANSITION_TIME_S: u8 = 10;
+/// ANACAP: reports optimized, non-optimized, inaccessible, persistent loss
+/// and change states; group ids do not change while a namespace is attached
+/// (bit 6); non-zero ANAGRPIDs are supported (bit 7).
+pub const ANACAP: u8 = 0x1F | 1 << 6 | 1 << 7;
+/// CMIC bit 3: ANA reporting supported.
+pub const CMIC_ANA: u8 = 1 << 3;
+/// OAES bit 11: ANA change notices supported.
+pub const OAES_ANA_CHANGE: u32 = 1 << 11;
+/// Async event: notice, ANA change (03h), log page 0Ch.
+pub const AEN_ANA_CHANGE: u32 = 0x02 | 0x03 << 8 | 0x0C << 16;
+/// Asynchronous Event Configuration bit enabling ANA change notices.
+pub const AEC_ANA_CHANGE: u32 = 1 << 11;
+/// Get Log Page LSP bit 0 for the ANA log: Return Groups Only (no NSIDs).
+pub const LSP_RGO: u32 = 1;
+
+/// ANA states (ANAS), as reported in the log page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum AnaState {
+    Optimized = 0x01,
+    NonOptimized = 0x02,
+    Inaccessible = 0x03,
+    PersistentLoss = 0x04,
+    Change = 0x0F,
+}
+
+impl AnaState {
+    fn from_u8(v: u8) -> AnaState {
+        match v {
+            0x02 => AnaState::NonOptimized,
+            0x03 => AnaState::Inaccessible,
+            0x04 => AnaState::PersistentLoss,
+            0x0F => AnaState::Change,
+            _ => AnaState::Optimized,
+        }
+    }
+
+    /// Status for an I/O command on a namespace in this state (path-related
+    /// status type 3h), or None if I/O is allowed. Without DNR: the host is
+    /// meant to retry on another path.
+    pub fn io_status(self) -> Option<Status> {
+        match self {
+            AnaState::Optimized | AnaState::NonOptimized => None,
+            AnaState::PersistentLoss => Some(Status::ANA_PERSISTENT_LOSS),
+            AnaState::Inaccessible => Some(Status::ANA_INACCESSIBLE),
+            AnaState::Change => Some(Status::ANA_TRANSITION),
+        }
+    }
+}
+
+/// This gateway's ANA state for a subsystem's groups. Shared by every
+/// controller of the subsystem (clones share the state), so a change is
+/// seen by all of them at once; `change_count` is CHGCNT of the log page.
+#[derive(Debug, Clone)]
+pub struct Ana {
+    state: Arc<AtomicU8>,
+    change_count: Arc<AtomicU64>,
+}
+
+impl Default for Ana {
+    fn default() -> Self {
+        Ana::new(AnaState::Optimized)
+    }
+}
+
+impl Ana {
+    pub fn new(state: AnaState) -> Ana {
+        Ana { state: Arc::new(AtomicU8::new(state as u8)), change_count: Arc::new(AtomicU64::new(1)) }
+    }
+    pub fn state(&self) -> AnaState {
+        AnaState::from_u8(self.state.load(Relaxed))
+    }
+    /// Change the state; true if it changed (then every controller of the
+    /// subsystem should send an ANA change notice, see
+    /// [`crate::Controller::ana_changed`]).
+    pub fn set_state(&self, s: AnaState) -> bool {
+        let changed = self.state.swap(s as u8, Relaxed) != s as u8;
+        if changed {
+            self.change_count.fetch_add(1, Relaxed);
+        }
+        changed
+    }
+    pub fn change_count(&self) -> u64 {
+        self.change_count.load(Relaxed)
+    }
+}
+
+/// The ANA log page: a 16-byte header (CHGCNT, NGRPS), then one 32-byte
+/// descriptor per group in use (ANAGRPID, NNSID, CHGCNT, ANAS) followed by
+/// its NSIDs unless `groups_only` (RGO).
+pub fn log_page(s: &Subsystem, groups_only: bool) -> Vec<u8> {
+    let mut groups: Vec<u32> = s.namespaces.iter().map(|n| n.ana_group).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    let chg = s.ana.change_count();
+    let mut b = vec![0u8; 16];
+    put64(&mut b, 0, chg);
+    b[8..10].copy_from_slice(&(groups.len() as u16).to_le_bytes());
+    for g in groups {
+        let mut nsids: Vec<u32> = s.namespaces.iter().filter(|n| n.ana_group == g).map(|n| n.nsid).collect();
+        nsids.sort_unstable();
+        let o = b.len();
+        b.resize(o + 32, 0);
+        put32(&mut b, o, g);
+        put32(&mut b, o + 4, if groups_only { 0 } else { nsids.len() as u32 });
+        put64(&mut b, o + 8, chg);
+        b[o + 16] = s.ana.state() as u8;
+        if !groups_only {
+            for id in nsids {
+                let o = b.len();
+                b.resize(o + 4, 0);
+                put32(&mut b, o, id);
+            }
+        }
+    }
+    b
+}
+
+/// One group descriptor as a host reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupDesc {
+    pub group: u32,
+    pub state: u8,
+    pub nsids: Vec<u32>,
+}
+
+/// Parse an ANA log page: (CHGCNT, groups). None if it is cut short.
+pub fn parse_log(b: &[u8]) -> Option<(u64, Vec<GroupDesc>)> {
+    let chg = u64::from_le_bytes(b.get(0..8)?.try_into().ok()?);
+    let n = u16::from_le_bytes(b.get(8..10)?.try_into().ok()?);
+    let mut o = 16;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let d = b.get(o..o + 32)?;
+        let group = u32::from_le_bytes(d[0..4].try_into().ok()?);
+        let nn = u32::from_le_bytes(d[4..8].try_into().ok()?) as usize;
+        let state = d[16] & 0x0F;
+        o += 32;
+        let mut nsids = Vec::with_capacity(nn.min(1024));
+        for _ in 0..nn {
+            nsids.push(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+            o += 4;
+        }
+        out.push(GroupDesc { group, state, nsids });
+    }
+    Some((chg, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::subsystem::Namespace;
+    use bw_block::{BackendSpec, Volume};
+
+    fn subsys(ana: Ana) -> Subsystem {
+        let v = Volume::open("v", &BackendSpec::ram(1 << 20)).unwrap();
+        let mut n3 = Namespace::new("nqn.t:s", 3, v.clone(), false);
+        n3.ana_group = 7;
+        Subsystem {
+            nqn: "nqn.t:s".into(),
+            serial: "S".into(),
+            model: "M".into(),
+            namespaces: vec![Namespace::new("nqn.t:s", 1, v.clone(), false), n3, Namespace::new("nqn.t:s", 2, v, false)],
+            allowed_hosts: vec![],
+            ana,
+        }
+    }
+
+    #[test]
+    fn log_page_lists_groups_with_their_namespaces() {
+        let s = subsys(Ana::new(AnaState::NonOptimized));
+        let b = log_page(&s, false);
+        // Header + group 1 (two NSIDs) + group 7 (one NSID).
+        assert_eq!(b.len(), 16 + 32 + 8 + 32 + 4);
+        assert_eq!(&b[8..10], &[2, 0]);
+        let (chg, groups) = parse_log(&b).unwrap();
+        assert_eq!(chg, 1);
+        assert_eq!(
+            groups,
+            vec![GroupDesc { group: 1, state: 2, nsids: vec![1, 2] }, GroupDesc { group: 7, state: 2, nsids: vec![3] }]
+        );
+        let rgo = log_page(&s, true);
+        assert_eq!(rgo.len(), 16 + 64);
+        assert_eq!(parse_log(&rgo).unwrap().1[1], GroupDesc { group: 7, state: 2, nsids: vec![] });
+    }
+
+    #[test]
+    fn state_changes_bump_the_change_count_once() {
+        let s = subsys(Ana::default());
+        assert_eq!(s.ana.state(), AnaState::Optimized);
+        assert!(s.ana.set_state(AnaState::Inaccessible));
+        assert!(!s.ana.set_state(AnaState::Inaccessible));
+        assert_eq!(s.ana.change_count(), 2);
+        let (chg, groups) = parse_log(&log_page(&s, false)).unwrap();
+        assert_eq!((chg, groups[0].state), (2, 3));
+        assert_eq!(AnaState::Inaccessible.io_status(), Some(Status::ANA_INACCESSIBLE));
+        assert_eq!(AnaState::NonOptimized.io_status(), None);
+        // Notice type 2, information 03h (ANA change), log page 0Ch.
+        assert_eq!(AEN_ANA_CHANGE, 0x000C_0302);
+    }
+}
