@@ -89,6 +89,9 @@ pub fn controller(p: &CtrlParams) -> Vec<u8> {
     // SGLS: SGLs supported (byte aligned), offsets in data block
     // descriptors (in-capsule data).
     put32(&mut b, 536, (1 << 0) | (1 << 20));
+    // MNAN: Linux refuses an ANA-reporting controller whose MNAN is 0 or
+    // above NN ("Invalid MNAN value"), and sizes its ANA log buffer by it.
+    put32(&mut b, 540, p.nn);
     put_str(&mut b[768..1023], &p.subnqn, 0);
     put32(&mut b, 1792, p.ioccsz);
     put32(&mut b, 1796, p.iorcsz);
@@ -242,6 +245,8 @@ mod tests {
         assert_eq!(b[76] & crate::ana::CMIC_ANA, crate::ana::CMIC_ANA);
         assert_eq!((b[343], b[344]), (crate::ana::TRANSITION_TIME_S, crate::ana::ANACAP));
         assert_eq!((le32(&b, 345), le32(&b, 349)), (128, 128));
+        // MNAN in 1..=NN, or Linux refuses the controller.
+        assert_eq!(le32(&b, 540), 2);
         assert_eq!(le32(&b, 92) & crate::ana::OAES_ANA_CHANGE, crate::ana::OAES_ANA_CHANGE);
         let id = IdCtrl::parse(&b).unwrap();
         assert_eq!((id.cntlid, id.mdts, id.nn, id.ioccsz, id.iorcsz, id.kas), (5, 8, 2, 260, 1, 10));
