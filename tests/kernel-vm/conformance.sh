@@ -1,4 +1,4 @@
-# Guest script for crates/cli/tests/conformance_kernel.rs: the tools an
+# Guest script for crates/cli/tests/integration/conformance_kernel.rs: the tools an
 # administrator types (nvme-cli, sg3-utils) against `blockwire serve`, in ONE
 # boot. The test prepends PORT, DPORT, NQN, HOSTNQN, ISCSI_PORT, IQN.
 # Every check prints exactly one line, "PASS name" or "FAIL name: why"; the

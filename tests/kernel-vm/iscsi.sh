@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of crates/cli/tests/iscsi_kernel.rs: Linux open-iscsi + iscsi_tcp
+# Guest side of crates/cli/tests/integration/iscsi_kernel.rs: Linux open-iscsi + iscsi_tcp
 # against `blockwire serve --iscsi` on the host (reached as 10.0.2.2).
 # The test substitutes @PORT@, @IQN@, @IQN_CHAP@, @USER@, @SECRET@,
 # @MUSER@, @MSECRET@ and the discovery secrets @DUSER@, @DSECRET@, @DMUSER@,

@@ -1,4 +1,4 @@
-# Guest script for crates/cli/tests/nvme_nvmet.rs: the kernel's own NVMe/TCP
+# Guest script for crates/cli/tests/integration/nvme_nvmet.rs: the kernel's own NVMe/TCP
 # target (nvmet-tcp, configured through configfs) for blockwire's initiator
 # on the host, reached through a qemu hostfwd to guest port 4420. The guest
 # stays up until the host connects with host NQN $DONE (or a deadline).

@@ -1,4 +1,4 @@
-# Guest script for crates/cli/tests/nvme_kernel.rs: the Linux nvme-tcp host
+# Guest script for crates/cli/tests/integration/nvme_kernel.rs: the Linux nvme-tcp host
 # against `blockwire serve --nvme`, in ONE boot. The test prepends the
 # settings below (PORT, DPORT, NQN, HOSTNQN, BADNQN); defaults are for running
 # it by hand with `kernel-vm run`. Runs under `sh -e` with busybox.

@@ -1,7 +1,7 @@
 //! Ceph RBD behind blockwire gateways (issue 14). Each test starts its own
 //! one-node cluster (`common::ceph`), about 10 s on a quiet machine.
 
-mod common;
+use crate::common;
 
 use common::blockwire_ok;
 use common::ceph::Ceph;

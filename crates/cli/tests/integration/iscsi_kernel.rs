@@ -5,7 +5,7 @@
 //! write/read/compare, ext4 + e2fsck, logout. Guest script:
 //! tests/kernel-vm/iscsi.sh.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -2,7 +2,7 @@
 //! against `blockwire serve --iscsi`: the gate list from PROTOCOLS.md plus
 //! iSCSIResiduals and iSCSIdatasn must all pass.
 
-mod common;
+use crate::common;
 use common::*;
 use std::process::Command;
 

@@ -3,7 +3,7 @@
 //! through a qemu port forward: `blockwire verify` with several queues and
 //! with digests, and discovery through the kernel's discovery controller.
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;

@@ -3,7 +3,7 @@
 //! verifier at queue depth 32 through the loop device; a target killed under
 //! I/O (EIO within the timeout, I/O resumes once it is back); tgt and vblade.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 use std::process::{Command, Stdio};

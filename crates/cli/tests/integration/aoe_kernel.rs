@@ -3,7 +3,7 @@
 //! writes and reads back 8 MiB with O_DIRECT, makes ext4, mounts it, writes
 //! a file, and e2fsck -fn must find it clean. Needs root and the kernel-vm image.
 
-mod common;
+use crate::common;
 use common::*;
 
 struct Tap(String);

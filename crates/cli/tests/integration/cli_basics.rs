@@ -1,6 +1,6 @@
 //! The CLI itself: help on every subcommand, config handling, clear errors.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -17,7 +17,7 @@
 //! (user-space buffers, an answer sent before the write). The page cache
 //! survives a process crash, so this is not a power-loss test.
 
-mod common;
+use crate::common;
 use bw_initiator::{BlockClient, ConnectOptions};
 use common::*;
 use rand::rngs::SmallRng;

@@ -4,7 +4,7 @@
 //! leaves no namespace, veth, process, mount or file behind, also when it is
 //! interrupted with SIGINT in the middle of a run. Needs root.
 
-mod common;
+use crate::common;
 
 use common::{blockwire_bin, require_root};
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 //! - a second login with the same initiator name and ISID reinstates the
 //!   session: the target ends the old connection, and only that one.
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::Write;
 use std::process::{Child, Command, Stdio};

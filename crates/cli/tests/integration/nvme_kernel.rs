@@ -5,7 +5,7 @@
 //! (tests/kernel-vm/nvme.sh). Then our own discovery client reads the same
 //! discovery log.
 
-mod common;
+use crate::common;
 use common::*;
 
 const NQN: &str = "nqn.2026-11.org.blockwire:kvm-test";

@@ -8,7 +8,7 @@
 //! refused with the right sense). Guest script:
 //! tests/kernel-vm/conformance.sh; each check prints one PASS/FAIL line.
 
-mod common;
+use crate::common;
 use common::*;
 
 const NQN: &str = "nqn.2026-11.org.blockwire:conformance";

@@ -1,7 +1,7 @@
 //! Test kit shared by the integration tests: start `blockwire serve` and wait
 //! until it is ready, network namespaces with veth pairs, the kernel VM, free
 //! ports. Everything a test creates is removed on drop, processes by PID.
-#![allow(dead_code)]
+
 
 pub mod ceph;
 

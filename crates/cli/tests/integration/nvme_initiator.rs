@@ -3,7 +3,7 @@
 //! keep-alive timeout, malformed PDUs (answered with C2HTermReq, ending only
 //! their own connection while another connection keeps working).
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;

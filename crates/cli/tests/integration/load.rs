@@ -8,7 +8,7 @@
 //! Sizes (defaults are the short `make test` versions; `make soak` raises them):
 //! `LOAD_SESSIONS` (256), `LOAD_LOGIN_CYCLES` (10000), `LOAD_IDLE_SOCKETS` (1000).
 
-mod common;
+use crate::common;
 use bw_initiator::{BlockClient, ConnectOptions};
 use bw_workload::verify::{verify, VerifyParams};
 use common::*;

@@ -1,7 +1,7 @@
 //! AoE end to end over a veth pair: `blockwire serve` inside a namespace,
 //! the initiator (CLI and library) and raw frames outside. Needs root.
 
-mod common;
+use crate::common;
 use bw_aoe::ata::{self, AFLAG_WRITE};
 use bw_aoe::frame::{AoeHeader, Mac};
 use bw_aoe::initiator::{self as req, Addr, AtaRequest};

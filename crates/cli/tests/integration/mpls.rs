@@ -1,7 +1,7 @@
 //! AoE and iSCSI across a five-router MPLS chain of `blockwire router`s in
 //! namespaces (client - LER - LSR - LSR - LSR - LER - target). Needs root.
 
-mod common;
+use crate::common;
 use bw_lab::route::{self, PathKind, RouteNet, CUSTOMER_IF, TARGET_IP};
 use common::*;
 use std::process::{Command, Stdio};

@@ -1,0 +1,23 @@
+//! Every integration test of the `blockwire` binary, in one test binary:
+//! one link instead of one per file. Each module is one area; `common` holds
+//! the fixtures (namespaces, `serve` processes, the kernel VM, Ceph).
+
+#[allow(dead_code)]
+mod common;
+
+mod aoe_kernel;
+mod aoe_net;
+mod attach;
+mod cli_basics;
+mod conformance_kernel;
+mod durability;
+mod iscsi_interop;
+mod iscsi_kernel;
+mod iscsi_libiscsi;
+mod lab_e2e;
+mod load;
+mod mpls;
+mod nvme_initiator;
+mod nvme_kernel;
+mod nvme_nvmet;
+mod rbd;
