@@ -1,381 +1,568 @@
-//! The FUSE file system: a root directory holding one regular file whose
-//! bytes are the remote volume.
-//!
-//! fuser calls these methods on its reader threads with borrowed request
-//! buffers; every I/O method copies what it needs (a write's payload
-//! included) and hands the request to the tokio runtime, so the reader goes
-//! straight back to /dev/fuse and many requests are in flight at once.
+//! The file system itself, without any I/O: a root directory holding one
+//! regular file whose bytes are the remote volume. A request goes in (the
+//! same parsed form whichever transport brought it), a [`Step`] comes out:
+//! an answer to send now, or volume I/O to run first (see `disk.rs`).
 
-use bw_initiator::{BlockClient, ClientError};
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
-};
-use std::ffi::OsStr;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
-use tokio::sync::RwLock;
+use crate::abi::{self, op, InHeader};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use zerocopy::{FromBytes, IntoBytes};
 
-const ROOT: INodeNo = INodeNo(1);
-const DISK: INodeNo = INodeNo(2);
+pub const ROOT: u64 = 1;
+pub const DISK: u64 = 2;
 /// Attributes never change behind the kernel's back, so it may cache them.
 const TTL: Duration = Duration::from_secs(3600);
-/// Largest request the kernel may send (FUSE_MAX_PAGES lets it exceed 128 KiB).
+/// Largest READ/WRITE the kernel may send (FUSE_MAX_PAGES lets it exceed 128 KiB).
 pub const MAX_REQUEST: u32 = 1 << 20;
 
+/// One request as the kernel sent it: the in header, the op's fixed header
+/// and what follows it (a name, a write's data).
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub header: InHeader,
+    pub op: &'a [u8],
+    pub payload: &'a [u8],
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ParseError {
+    #[error("request of {0} bytes is shorter than its header")]
+    Short(usize),
+    #[error("request says {said} bytes, {got} arrived")]
+    Length { said: u32, got: usize },
+}
+
+impl<'a> Request<'a> {
+    /// A request read from /dev/fuse: in header, op header, payload, back to back.
+    pub fn parse(buf: &'a [u8]) -> Result<Request<'a>, ParseError> {
+        let (header, rest) =
+            InHeader::read_from_prefix(buf).map_err(|_| ParseError::Short(buf.len()))?;
+        if header.len as usize != buf.len() {
+            return Err(ParseError::Length {
+                said: header.len,
+                got: buf.len(),
+            });
+        }
+        let n = abi::op_header_len(header.opcode).min(rest.len());
+        Ok(Request {
+            header,
+            op: &rest[..n],
+            payload: &rest[n..],
+        })
+    }
+
+    /// A request delivered into a ring entry: the in header and op header in
+    /// the header buffer, the payload in the payload buffer.
+    pub fn from_ring(
+        h: &'a abi::UringReqHeader,
+        payload: &'a [u8],
+    ) -> Result<Request<'a>, ParseError> {
+        let (header, _) =
+            InHeader::read_from_prefix(&h.in_out[..]).map_err(|_| ParseError::Short(0))?;
+        let n = abi::op_header_len(header.opcode);
+        Ok(Request {
+            header,
+            op: &h.op_in[..n],
+            payload,
+        })
+    }
+}
+
+/// Volume I/O a request needs before it can be answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Io<'a> {
+    /// Answer with exactly `len` bytes read at `offset` (already clamped to the volume).
+    Read { offset: u64, len: usize },
+    /// Answer with fuse_write_out { size: data.len() }.
+    Write { offset: u64, data: &'a [u8] },
+    /// fsync/fdatasync: the protocol's flush.
+    Flush,
+    /// Punch a hole: whole blocks `[offset, offset+len)`.
+    Discard { offset: u64, len: u64 },
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step<'a> {
+    /// Answer now: `error` is 0 or a positive errno; `body` follows the out header.
+    Reply {
+        error: i32,
+        body: Vec<u8>,
+    },
+    Io(Io<'a>),
+    /// Nothing to answer (FORGET, INTERRUPT).
+    Silent,
+    /// Answer with success, then stop serving (DESTROY).
+    Destroy,
+}
+
+fn ok(body: Vec<u8>) -> Step<'static> {
+    Step::Reply { error: 0, body }
+}
+
+fn err(errno: i32) -> Step<'static> {
+    Step::Reply {
+        error: errno,
+        body: Vec::new(),
+    }
+}
+
+/// The one-file file system.
+#[derive(Debug, Clone)]
 pub struct VolumeFs {
-    client: Arc<dyn BlockClient>,
-    rt: tokio::runtime::Handle,
-    name: String,
-    readonly: bool,
-    size: u64,
-    block: u64,
-    started: SystemTime,
-    /// Aligned writes share this lock; a read-modify-write of a partial
-    /// block holds it alone, so it never undoes a concurrent write to the
-    /// other part of that block.
-    rmw: Arc<RwLock<()>>,
+    pub name: String,
+    pub readonly: bool,
+    pub size: u64,
+    pub block: u64,
+    pub started: SystemTime,
 }
 
 impl VolumeFs {
-    pub fn new(
-        client: Arc<dyn BlockClient>,
-        rt: tokio::runtime::Handle,
-        name: String,
-        readonly: bool,
-    ) -> VolumeFs {
+    pub fn new(name: String, readonly: bool, size: u64, block: u64) -> VolumeFs {
         VolumeFs {
-            size: client.size_bytes(),
-            block: client.block_size() as u64,
-            client,
-            rt,
             name,
             readonly,
+            size,
+            block,
             started: SystemTime::now(),
-            rmw: Arc::new(RwLock::new(())),
         }
     }
 
-    fn attr(&self, ino: INodeNo) -> FileAttr {
-        let (kind, perm, size, nlink) = if ino == ROOT {
-            (FileType::Directory, 0o755, 0, 2)
+    fn attr(&self, ino: u64) -> abi::Attr {
+        let t = self.started.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let (mode, size, nlink) = if ino == ROOT {
+            (abi::S_IFDIR | 0o755, 0, 2)
         } else {
             (
-                FileType::RegularFile,
-                if self.readonly { 0o400 } else { 0o600 },
+                abi::S_IFREG | if self.readonly { 0o400 } else { 0o600 },
                 self.size,
                 1,
             )
         };
-        FileAttr {
+        abi::Attr {
             ino,
             size,
             blocks: size.div_ceil(512),
-            atime: self.started,
-            mtime: self.started,
-            ctime: self.started,
-            crtime: self.started,
-            kind,
-            perm,
+            atime: t.as_secs(),
+            mtime: t.as_secs(),
+            ctime: t.as_secs(),
+            atimensec: t.subsec_nanos(),
+            mtimensec: t.subsec_nanos(),
+            ctimensec: t.subsec_nanos(),
+            mode,
             nlink,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
             blksize: self.block.max(4096) as u32,
-            flags: 0,
-        }
-    }
-}
-
-fn errno(e: &ClientError) -> Errno {
-    match e {
-        ClientError::OutOfRange { .. } => Errno::EINVAL,
-        ClientError::Unsupported(_) => Errno::EOPNOTSUPP,
-        _ => Errno::EIO,
-    }
-}
-
-/// Read `[offset, offset+len)` (already clamped to the volume), widening to
-/// whole blocks when the request is not aligned.
-async fn read_range(
-    client: &dyn BlockClient,
-    block: u64,
-    offset: u64,
-    len: usize,
-) -> Result<Vec<u8>, ClientError> {
-    let start = offset / block * block;
-    let end = (offset + len as u64).div_ceil(block) * block;
-    let mut buf = vec![0u8; (end - start) as usize];
-    client.read(start, &mut buf).await?;
-    if start != offset || buf.len() != len {
-        let skip = (offset - start) as usize;
-        buf.drain(..skip);
-        buf.truncate(len);
-    }
-    Ok(buf)
-}
-
-async fn write_range(
-    client: &dyn BlockClient,
-    rmw: &RwLock<()>,
-    block: u64,
-    offset: u64,
-    data: Vec<u8>,
-) -> Result<(), ClientError> {
-    let end = offset + data.len() as u64;
-    if offset % block == 0 && end % block == 0 {
-        let _shared = rmw.read().await;
-        return client.write(offset, &data).await;
-    }
-    let _alone = rmw.write().await;
-    let start = offset / block * block;
-    let wide_end = end.div_ceil(block) * block;
-    let mut buf = vec![0u8; (wide_end - start) as usize];
-    // Only the first and last blocks hold bytes we must keep.
-    client.read(start, &mut buf[..block as usize]).await?;
-    if wide_end - block > start {
-        let tail = (wide_end - block - start) as usize;
-        client.read(wide_end - block, &mut buf[tail..]).await?;
-    }
-    let at = (offset - start) as usize;
-    buf[at..at + data.len()].copy_from_slice(&data);
-    client.write(start, &buf).await
-}
-
-impl Filesystem for VolumeFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // ASYNC_DIO: loop's direct I/O arrives as parallel requests instead
-        // of one at a time; MAX_PAGES: requests up to MAX_REQUEST bytes.
-        let wanted =
-            InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_ASYNC_READ | InitFlags::FUSE_MAX_PAGES;
-        let _ = config.add_capabilities(wanted & config.capabilities());
-        let _ = config.set_max_write(MAX_REQUEST);
-        let _ = config.set_max_readahead(MAX_REQUEST);
-        let _ = config.set_max_background(256);
-        let _ = config.set_congestion_threshold(192);
-        Ok(())
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if parent == ROOT && name == OsStr::new(&self.name) {
-            reply.entry(&TTL, &self.attr(DISK), Generation(0));
-        } else {
-            reply.error(Errno::ENOENT);
+            ..Default::default()
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        if ino == ROOT || ino == DISK {
-            reply.attr(&TTL, &self.attr(ino));
-        } else {
-            reply.error(Errno::ENOENT);
-        }
+    fn attr_out(&self, ino: u64) -> Step<'static> {
+        let out = abi::AttrOut {
+            attr_valid: TTL.as_secs(),
+            attr: self.attr(ino),
+            ..Default::default()
+        };
+        ok(out.as_bytes().to_vec())
     }
 
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        // The volume's size is the target's; O_TRUNC and ftruncate to another
-        // size would silently not happen, so refuse them. Times/modes are
-        // ignored (nothing to store them in).
-        if ino == DISK && size.is_some_and(|s| s != self.size) {
-            reply.error(Errno::EPERM);
-        } else {
-            reply.attr(&TTL, &self.attr(ino));
-        }
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if ino != DISK {
-            return reply.error(Errno::EISDIR);
-        }
-        if self.readonly && (flags.0 & libc::O_ACCMODE) != libc::O_RDONLY {
-            return reply.error(Errno::EROFS);
-        }
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let len = (size as u64).min(self.size.saturating_sub(offset)) as usize;
-        if len == 0 {
-            return reply.data(&[]);
-        }
-        let (client, block) = (self.client.clone(), self.block);
-        self.rt.spawn(async move {
-            match read_range(&*client, block, offset, len).await {
-                Ok(buf) => reply.data(&buf),
-                Err(e) => {
-                    log::warn!("read {len} at {offset}: {e}");
-                    reply.error(errno(&e))
+    /// What to do with one request.
+    pub fn handle<'a>(&self, req: &Request<'a>) -> Step<'a> {
+        let h = &req.header;
+        let ino = h.nodeid;
+        match h.opcode {
+            op::LOOKUP => {
+                // The name is NUL-terminated.
+                let name = req.payload.split(|&b| b == 0).next().unwrap_or_default();
+                if ino == ROOT && name == self.name.as_bytes() {
+                    let out = abi::EntryOut {
+                        nodeid: DISK,
+                        entry_valid: TTL.as_secs(),
+                        attr_valid: TTL.as_secs(),
+                        attr: self.attr(DISK),
+                        ..Default::default()
+                    };
+                    ok(out.as_bytes().to_vec())
+                } else {
+                    err(libc::ENOENT)
                 }
             }
-        });
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        if self.readonly {
-            return reply.error(Errno::EROFS);
-        }
-        if offset >= self.size {
-            return reply.error(Errno::ENOSPC);
-        }
-        let len = (data.len() as u64).min(self.size - offset) as usize;
-        // The copy happens here, before the reader thread reuses its buffer
-        // for the next request (the bug that corrupts qemu 7.2's FUSE export).
-        let payload = data[..len].to_vec();
-        let (client, rmw, block) = (self.client.clone(), self.rmw.clone(), self.block);
-        self.rt.spawn(async move {
-            match write_range(&*client, &rmw, block, offset, payload).await {
-                Ok(()) => reply.written(len as u32),
-                Err(e) => {
-                    log::warn!("write {len} at {offset}: {e}");
-                    reply.error(errno(&e))
+            op::FORGET | op::BATCH_FORGET | op::INTERRUPT => Step::Silent,
+            op::GETATTR if ino == ROOT || ino == DISK => self.attr_out(ino),
+            op::GETATTR => err(libc::ENOENT),
+            op::SETATTR => {
+                let Ok(s) = abi::SetattrIn::read_from_bytes(req.op) else {
+                    return err(libc::EINVAL);
+                };
+                // The volume's size is the target's: O_TRUNC or ftruncate to
+                // another size would silently not happen, so refuse them.
+                // Times and modes are accepted and forgotten.
+                if ino == DISK && s.valid & abi::FATTR_SIZE != 0 && s.size != self.size {
+                    err(libc::EPERM)
+                } else if ino == ROOT || ino == DISK {
+                    self.attr_out(ino)
+                } else {
+                    err(libc::ENOENT)
                 }
             }
-        });
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        // close(): nothing is buffered here; durability is fsync's job.
-        reply.ok();
-    }
-
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        let client = self.client.clone();
-        self.rt.spawn(async move {
-            match client.flush().await {
-                Ok(()) => reply.ok(),
-                Err(e) => {
-                    log::warn!("flush: {e}");
-                    reply.error(errno(&e))
+            op::OPEN => {
+                let Ok(o) = abi::OpenIn::read_from_bytes(req.op) else {
+                    return err(libc::EINVAL);
+                };
+                if ino != DISK {
+                    return err(libc::EISDIR);
                 }
+                if self.readonly && (o.flags as i32 & libc::O_ACCMODE) != libc::O_RDONLY {
+                    return err(libc::EROFS);
+                }
+                let out = abi::OpenOut {
+                    fh: 0,
+                    open_flags: abi::FOPEN_PARALLEL_DIRECT_WRITES,
+                    backing_id: 0,
+                };
+                ok(out.as_bytes().to_vec())
             }
-        });
+            op::READ => {
+                let Ok(r) = abi::ReadIn::read_from_bytes(req.op) else {
+                    return err(libc::EINVAL);
+                };
+                if ino != DISK {
+                    return err(libc::EISDIR);
+                }
+                let len = (r.size as u64).min(self.size.saturating_sub(r.offset)) as usize;
+                if len == 0 {
+                    return ok(Vec::new());
+                }
+                Step::Io(Io::Read {
+                    offset: r.offset,
+                    len,
+                })
+            }
+            op::WRITE => {
+                let Ok(w) = abi::WriteIn::read_from_bytes(req.op) else {
+                    return err(libc::EINVAL);
+                };
+                if ino != DISK {
+                    return err(libc::EISDIR);
+                }
+                if self.readonly {
+                    return err(libc::EROFS);
+                }
+                if w.size as usize != req.payload.len() {
+                    return err(libc::EINVAL);
+                }
+                if w.offset >= self.size {
+                    return err(libc::ENOSPC);
+                }
+                let len = (req.payload.len() as u64).min(self.size - w.offset) as usize;
+                Step::Io(Io::Write {
+                    offset: w.offset,
+                    data: &req.payload[..len],
+                })
+            }
+            op::STATFS => {
+                let bs = self.block.max(512);
+                let out = abi::StatfsOut {
+                    blocks: self.size / bs,
+                    files: 2,
+                    bsize: bs as u32,
+                    namelen: 255,
+                    frsize: bs as u32,
+                    ..Default::default()
+                };
+                ok(out.as_bytes().to_vec())
+            }
+            // close(): nothing is buffered here; durability is fsync's job.
+            op::RELEASE | op::RELEASEDIR | op::FLUSH | op::FSYNCDIR => ok(Vec::new()),
+            op::FSYNC => Step::Io(Io::Flush),
+            op::OPENDIR if ino == ROOT => ok(abi::OpenOut::default().as_bytes().to_vec()),
+            op::OPENDIR => err(libc::ENOTDIR),
+            op::READDIR => {
+                let Ok(r) = abi::ReadIn::read_from_bytes(req.op) else {
+                    return err(libc::EINVAL);
+                };
+                if ino != ROOT {
+                    return err(libc::ENOTDIR);
+                }
+                ok(self.readdir(r.offset, r.size as usize))
+            }
+            op::FALLOCATE => {
+                let Ok(f) = abi::FallocateIn::read_from_bytes(req.op) else {
+                    return err(libc::EINVAL);
+                };
+                self.fallocate(f.offset, f.length, f.mode as i32)
+            }
+            // The directory holds exactly one file.
+            op::MKNOD
+            | op::MKDIR
+            | op::UNLINK
+            | op::RMDIR
+            | op::RENAME
+            | op::LINK
+            | op::SYMLINK
+            | op::CREATE
+            | op::RENAME2
+            | op::TMPFILE
+            | op::SETXATTR
+            | op::REMOVEXATTR => err(libc::EPERM),
+            op::DESTROY => Step::Destroy,
+            // INIT is answered by fuser before the request loop starts; any
+            // other op (xattrs, locks, lseek, statx, ...) the kernel then
+            // handles itself or reports as unsupported.
+            _ => err(libc::ENOSYS),
+        }
     }
 
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
+    fn readdir(&self, offset: u64, max: usize) -> Vec<u8> {
+        let entries = [
+            (ROOT, abi::DT_DIR, "."),
+            (ROOT, abi::DT_DIR, ".."),
+            (DISK, abi::DT_REG, self.name.as_str()),
+        ];
+        let mut out = Vec::new();
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            let d = abi::Dirent {
+                ino: *ino,
+                off: i as u64 + 1,
+                namelen: name.len() as u32,
+                kind: *kind,
+            };
+            let len = (std::mem::size_of::<abi::Dirent>() + name.len()).next_multiple_of(8);
+            if out.len() + len > max {
+                break;
+            }
+            out.extend_from_slice(d.as_bytes());
+            out.extend_from_slice(name.as_bytes());
+            out.resize(out.len().next_multiple_of(8), 0);
+        }
+        out
+    }
+
+    fn fallocate(&self, offset: u64, length: u64, mode: i32) -> Step<'static> {
         let end = offset.saturating_add(length);
         if mode == 0 || mode == libc::FALLOC_FL_KEEP_SIZE {
             // Every byte of the volume already exists.
             return if end <= self.size {
-                reply.ok()
+                ok(Vec::new())
             } else {
-                reply.error(Errno::EFBIG)
+                err(libc::EFBIG)
             };
         }
         if mode != libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE {
-            return reply.error(Errno::EOPNOTSUPP);
+            return err(libc::EOPNOTSUPP);
         }
         if self.readonly {
-            return reply.error(Errno::EROFS);
+            return err(libc::EROFS);
         }
-        // Discard whole blocks only: partial blocks at the ends are left as
-        // they are (punching a hole may leave data; reading zeros is not
-        // promised by every target's UNMAP anyway).
+        // Discard whole blocks only: partial blocks at the ends keep their
+        // data (a hole may read back as anything the target chooses, so
+        // leaving bytes is within what punching promises here).
         let start = offset.div_ceil(self.block) * self.block;
         let stop = end.min(self.size) / self.block * self.block;
         if stop <= start {
-            return reply.ok();
+            return ok(Vec::new());
         }
-        let (client, rmw) = (self.client.clone(), self.rmw.clone());
-        self.rt.spawn(async move {
-            let _shared = rmw.read().await;
-            match client.discard(start, stop - start).await {
-                Ok(()) => reply.ok(),
-                Err(e) => {
-                    log::debug!("discard {start}+{}: {e}", stop - start);
-                    reply.error(errno(&e))
-                }
-            }
-        });
+        Step::Io(Io::Discard {
+            offset: start,
+            len: stop - start,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fs() -> VolumeFs {
+        VolumeFs::new("disk".into(), false, 1 << 20, 512)
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        if ino != ROOT {
-            return reply.error(Errno::ENOTDIR);
-        }
-        let entries = [
-            (ROOT, FileType::Directory, "."),
-            (ROOT, FileType::Directory, ".."),
-            (DISK, FileType::RegularFile, self.name.as_str()),
-        ];
-        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(*ino, (i + 1) as u64, *kind, name) {
-                break;
-            }
-        }
-        reply.ok();
+    /// A /dev/fuse request: header, op header, payload.
+    fn req(opcode: u32, nodeid: u64, op_hdr: &[u8], payload: &[u8]) -> Vec<u8> {
+        let len = 40 + op_hdr.len() + payload.len();
+        let h = InHeader {
+            len: len as u32,
+            opcode,
+            unique: 7,
+            nodeid,
+            ..Default::default()
+        };
+        [h.as_bytes(), op_hdr, payload].concat()
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let bs = self.block.max(512);
-        reply.statfs(self.size / bs, 0, 0, 2, 0, bs as u32, 255, bs as u32);
+    fn step(fs: &VolumeFs, buf: &[u8]) -> String {
+        format!("{:?}", fs.handle(&Request::parse(buf).unwrap()))
+    }
+
+    #[test]
+    fn lookup_finds_only_the_disk() {
+        let f = fs();
+        let b = req(op::LOOKUP, ROOT, &[], b"disk\0");
+        let Step::Reply { error: 0, body } = f.handle(&Request::parse(&b).unwrap()) else {
+            panic!()
+        };
+        let e = abi::EntryOut::read_from_bytes(&body).unwrap();
+        assert_eq!(
+            (e.nodeid, e.attr.size, e.attr.mode),
+            (DISK, 1 << 20, abi::S_IFREG | 0o600)
+        );
+        let b = req(op::LOOKUP, ROOT, &[], b"other\0");
+        assert_eq!(f.handle(&Request::parse(&b).unwrap()), err(libc::ENOENT));
+    }
+
+    #[test]
+    fn read_is_clamped_to_the_volume() {
+        let f = fs();
+        let r = abi::ReadIn {
+            offset: (1 << 20) - 512,
+            size: 4096,
+            ..Default::default()
+        };
+        let b = req(op::READ, DISK, r.as_bytes(), &[]);
+        assert_eq!(
+            f.handle(&Request::parse(&b).unwrap()),
+            Step::Io(Io::Read {
+                offset: (1 << 20) - 512,
+                len: 512
+            })
+        );
+        let r = abi::ReadIn {
+            offset: 1 << 20,
+            size: 4096,
+            ..Default::default()
+        };
+        let b = req(op::READ, DISK, r.as_bytes(), &[]);
+        assert_eq!(f.handle(&Request::parse(&b).unwrap()), ok(Vec::new()));
+    }
+
+    #[test]
+    fn write_payload_is_borrowed_and_checked() {
+        let f = fs();
+        let data = [9u8; 1024];
+        let w = abi::WriteIn {
+            offset: 4096,
+            size: 1024,
+            ..Default::default()
+        };
+        let b = req(op::WRITE, DISK, w.as_bytes(), &data);
+        assert_eq!(
+            f.handle(&Request::parse(&b).unwrap()),
+            Step::Io(Io::Write {
+                offset: 4096,
+                data: &data
+            })
+        );
+        // A size that disagrees with the payload is refused, not trusted.
+        let w = abi::WriteIn {
+            offset: 4096,
+            size: 4096,
+            ..Default::default()
+        };
+        let b = req(op::WRITE, DISK, w.as_bytes(), &data);
+        assert_eq!(f.handle(&Request::parse(&b).unwrap()), err(libc::EINVAL));
+        let ro = VolumeFs {
+            readonly: true,
+            ..fs()
+        };
+        let w = abi::WriteIn {
+            offset: 0,
+            size: 1024,
+            ..Default::default()
+        };
+        let b = req(op::WRITE, DISK, w.as_bytes(), &data);
+        assert_eq!(ro.handle(&Request::parse(&b).unwrap()), err(libc::EROFS));
+    }
+
+    #[test]
+    fn punch_hole_discards_whole_blocks_only() {
+        let f = fs();
+        let mode = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u32;
+        let a = abi::FallocateIn {
+            offset: 100,
+            length: 2000,
+            mode,
+            ..Default::default()
+        };
+        let b = req(op::FALLOCATE, DISK, a.as_bytes(), &[]);
+        assert_eq!(
+            f.handle(&Request::parse(&b).unwrap()),
+            Step::Io(Io::Discard {
+                offset: 512,
+                len: 1536
+            })
+        );
+        let a = abi::FallocateIn {
+            offset: 0,
+            length: 4096,
+            mode: libc::FALLOC_FL_COLLAPSE_RANGE as u32,
+            ..Default::default()
+        };
+        let b = req(op::FALLOCATE, DISK, a.as_bytes(), &[]);
+        assert_eq!(
+            f.handle(&Request::parse(&b).unwrap()),
+            err(libc::EOPNOTSUPP)
+        );
+    }
+
+    #[test]
+    fn truncate_to_another_size_is_refused() {
+        let f = fs();
+        let s = abi::SetattrIn {
+            valid: abi::FATTR_SIZE,
+            size: 0,
+            ..Default::default()
+        };
+        let b = req(op::SETATTR, DISK, s.as_bytes(), &[]);
+        assert_eq!(f.handle(&Request::parse(&b).unwrap()), err(libc::EPERM));
+        let s = abi::SetattrIn {
+            valid: abi::FATTR_SIZE,
+            size: 1 << 20,
+            ..Default::default()
+        };
+        let b = req(op::SETATTR, DISK, s.as_bytes(), &[]);
+        assert!(step(&f, &b).starts_with("Reply { error: 0"));
+    }
+
+    #[test]
+    fn readdir_lists_the_file_and_resumes_at_offset() {
+        let f = fs();
+        let r = abi::ReadIn {
+            size: 4096,
+            ..Default::default()
+        };
+        let Step::Reply { body, .. } =
+            f.handle(&Request::parse(&req(op::READDIR, ROOT, r.as_bytes(), &[])).unwrap())
+        else {
+            panic!()
+        };
+        assert_eq!(body.len(), 3 * 32);
+        assert_eq!(&body[64 + 24..64 + 28], b"disk");
+        let r = abi::ReadIn {
+            offset: 2,
+            size: 4096,
+            ..Default::default()
+        };
+        let Step::Reply { body, .. } =
+            f.handle(&Request::parse(&req(op::READDIR, ROOT, r.as_bytes(), &[])).unwrap())
+        else {
+            panic!()
+        };
+        assert_eq!(body.len(), 32);
+    }
+
+    #[test]
+    fn malformed_requests_are_refused_not_trusted() {
+        let f = fs();
+        assert_eq!(
+            Request::parse(&[0u8; 10]).unwrap_err(),
+            ParseError::Short(10)
+        );
+        let mut b = req(op::GETATTR, DISK, &[0u8; 16], &[]);
+        b[0] = 200; // claims more than arrived
+        assert!(matches!(Request::parse(&b), Err(ParseError::Length { .. })));
+        // A READ without its fuse_read_in.
+        let b = req(op::READ, DISK, &[], &[]);
+        assert_eq!(f.handle(&Request::parse(&b).unwrap()), err(libc::EINVAL));
+        assert_eq!(
+            f.handle(&Request::parse(&req(9999, DISK, &[], &[])).unwrap()),
+            err(libc::ENOSYS)
+        );
     }
 }

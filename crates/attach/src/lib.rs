@@ -2,17 +2,27 @@
 //! system. Reads and writes on the file become initiator I/O, fsync becomes
 //! the protocol's flush and `fallocate(PUNCH_HOLE)` a discard. A loop device
 //! on that file (with direct I/O) gives the kernel a block device, with no
-//! kernel initiator involved. See README.md for why fuser.
+//! kernel initiator involved.
+//!
+//! fuser mounts and answers INIT; the requests after that are served by our
+//! own loop (`dev.rs`, or `ring.rs` for FUSE over io_uring) on one thread
+//! that also runs the initiator. README.md says why, with the numbers.
 
+mod abi;
+mod dev;
+mod disk;
 mod fs;
 mod reconnect;
+mod ring;
 
-pub use fs::{VolumeFs, MAX_REQUEST};
+pub use fs::MAX_REQUEST;
 pub use reconnect::Reconnecting;
+pub use ring::enabled as uring_enabled;
 
-use bw_initiator::BlockClient;
+use bw_initiator::{BlockClient, ConnectOptions};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +33,22 @@ pub enum AttachError {
     Busy(PathBuf),
     #[error("{0}: {1}")]
     Sys(&'static str, std::io::Error),
+    /// The URL and why connecting failed, causes included.
+    #[error("{0}")]
+    Connect(String),
+    #[error("{0}: no answer in {1:?}")]
+    NoAnswer(String, std::time::Duration),
+    #[error("FUSE over io_uring: {0}")]
+    Uring(String),
+}
+
+/// How requests travel between the kernel and this daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// read(2)/write(2) on /dev/fuse.
+    Dev,
+    /// FUSE over io_uring with this many entries per CPU queue.
+    Uring { per_queue: usize },
 }
 
 /// What the FUSE file system looks like.
@@ -31,10 +57,9 @@ pub struct AttachOptions {
     /// Name of the one file (default `disk`).
     pub file_name: String,
     pub readonly: bool,
-    /// Threads reading /dev/fuse (each hands requests to the runtime).
-    pub fuse_threads: usize,
     /// Shown as the mount's source in /proc/mounts.
     pub source: String,
+    pub transport: Transport,
 }
 
 /// Keep the daemon out of the reclaim loop it serves: writes to the loop
@@ -64,18 +89,56 @@ pub fn prepare_process() -> Result<(), AttachError> {
     Ok(())
 }
 
-/// A mounted FUSE file system; dropping it (or [`Attached::unmount`])
-/// unmounts it.
-pub struct Attached {
-    session: fuser::BackgroundSession,
-    dir: PathBuf,
+/// Answers INIT for fuser's handshake; nothing else reaches it.
+struct Init {
+    uring: bool,
 }
 
-/// Mount the FUSE file system for `client` on `dir`. Returns once the kernel
-/// has completed the FUSE handshake, so the file is usable.
-pub fn attach(
+impl fuser::Filesystem for Init {
+    fn init(
+        &mut self,
+        _req: &fuser::Request,
+        config: &mut fuser::KernelConfig,
+    ) -> std::io::Result<()> {
+        use fuser::InitFlags as F;
+        // ASYNC_DIO: loop's direct I/O arrives as parallel requests instead
+        // of one at a time; MAX_PAGES: requests up to MAX_REQUEST bytes.
+        let mut wanted = F::FUSE_ASYNC_DIO | F::FUSE_ASYNC_READ | F::FUSE_MAX_PAGES;
+        if self.uring {
+            wanted |= F::FUSE_OVER_IO_URING;
+        }
+        let offered = config.capabilities();
+        if self.uring && !offered.contains(F::FUSE_OVER_IO_URING) {
+            self.uring = false;
+        }
+        let _ = config.add_capabilities(wanted & offered);
+        let _ = config.set_max_write(MAX_REQUEST);
+        let _ = config.set_max_readahead(MAX_REQUEST);
+        // Loop keeps up to 128 requests in flight; each holds a 1 MiB buffer
+        // here while it runs.
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+}
+
+/// A mounted FUSE file system served by its own thread.
+pub struct Attached {
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+    dir: PathBuf,
     client: Arc<dyn BlockClient>,
-    rt: tokio::runtime::Handle,
+    transport: Transport,
+}
+
+/// What the serving thread reports once the file is usable.
+type Ready = Result<(Arc<dyn BlockClient>, Transport), AttachError>;
+
+/// Connect to `url` and mount its volume as a file in `dir`. Returns once
+/// the kernel has completed the FUSE handshake, so the file is usable. The
+/// initiator and the request loop share one thread (see dev.rs for why).
+pub fn attach(
+    url: &str,
+    connect: ConnectOptions,
     dir: &Path,
     opts: &AttachOptions,
 ) -> Result<Attached, AttachError> {
@@ -85,7 +148,123 @@ pub fn attach(
     if !empty || is_mountpoint(dir) {
         return Err(AttachError::Busy(dir.to_path_buf()));
     }
-    let fs = VolumeFs::new(client, rt, opts.file_name.clone(), opts.readonly);
+    let (tx, rx) = std::sync::mpsc::channel::<Ready>();
+    let (url, dir_buf, opts2) = (url.to_string(), dir.to_path_buf(), opts.clone());
+    let thread = std::thread::Builder::new()
+        .name("bw-attach".into())
+        .spawn(move || serve_thread(&url, connect, &dir_buf, &opts2, tx))
+        .map_err(|e| AttachError::Sys("starting the attach thread", e))?;
+    match rx.recv() {
+        Ok(Ok((client, transport))) => Ok(Attached {
+            thread,
+            dir: dir.to_path_buf(),
+            client,
+            transport,
+        }),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => {
+            let r = thread.join();
+            Err(AttachError::Sys(
+                "attach thread",
+                match r {
+                    Ok(Err(e)) => e,
+                    _ => std::io::Error::other("ended before it was ready"),
+                },
+            ))
+        }
+    }
+}
+
+fn serve_thread(
+    url: &str,
+    connect: ConnectOptions,
+    dir: &Path,
+    opts: &AttachOptions,
+    ready: std::sync::mpsc::Sender<Ready>,
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let timeout = connect.timeout;
+        let client = match tokio::time::timeout(timeout, Reconnecting::connect(url, connect)).await
+        {
+            Ok(Ok(c)) => Arc::new(c) as Arc<dyn BlockClient>,
+            Ok(Err(e)) => {
+                let _ = ready.send(Err(AttachError::Connect(chain(url, &e))));
+                return Ok(());
+            }
+            Err(_) => {
+                let _ = ready.send(Err(AttachError::NoAnswer(url.to_string(), timeout)));
+                return Ok(());
+            }
+        };
+        let want_uring = matches!(opts.transport, Transport::Uring { .. });
+        let session = match mount(dir, opts, want_uring) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = client.close().await;
+                let _ = ready.send(Err(e));
+                return Ok(());
+            }
+        };
+        let fd = match std::os::fd::AsFd::as_fd(&session).try_clone_to_owned() {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = ready.send(Err(AttachError::Sys("dup /dev/fuse", e)));
+                return Ok(());
+            }
+        };
+        let fs = fs::VolumeFs::new(
+            opts.file_name.clone(),
+            opts.readonly,
+            client.size_bytes(),
+            client.block_size() as u64,
+        );
+        let disk = Rc::new(disk::Disk::new(client.clone()));
+        let r = match opts.transport {
+            Transport::Uring { per_queue } => {
+                // Until the ring is ready (and for FORGET/INTERRUPT after),
+                // the kernel still uses /dev/fuse: serve both.
+                let classic = fd.try_clone()?;
+                let dev_loop =
+                    tokio::task::spawn_local(dev::serve(classic, fs.clone(), disk.clone()));
+                let _ = ready.send(Ok((client.clone(), opts.transport)));
+                let r = ring::serve(fd, fs, disk, per_queue, MAX_REQUEST as usize).await;
+                dev_loop.abort();
+                r
+            }
+            Transport::Dev => {
+                let _ = ready.send(Ok((client.clone(), opts.transport)));
+                dev::serve(fd, fs, disk).await
+            }
+        };
+        // Unmounted (or aborted): the session's drop unmounts if still mounted.
+        drop(session);
+        r
+    })
+}
+
+/// "URL: error: cause: cause", one line.
+fn chain(url: &str, e: &dyn std::error::Error) -> String {
+    let mut s = format!("{url}: {e}");
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!(": {c}"));
+        cur = c.source();
+    }
+    s
+}
+
+fn mount(
+    dir: &Path,
+    opts: &AttachOptions,
+    uring: bool,
+) -> Result<fuser::Session<Init>, AttachError> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(opts.source.replace(',', "_")),
@@ -99,29 +278,32 @@ pub fn attach(
             fuser::MountOption::RW
         },
     ];
-    config.n_threads = Some(opts.fuse_threads.max(1));
-    config.clone_fd = true;
-    let session = fuser::Session::new(fs, dir, &config)
-        .and_then(fuser::Session::spawn)
-        .map_err(|e| AttachError::Mount(dir.to_path_buf(), e))?;
-    Ok(Attached {
-        session,
-        dir: dir.to_path_buf(),
-    })
+    if uring && !ring::enabled() {
+        return Err(AttachError::Uring(
+            "the fuse module has it off (echo Y > /sys/module/fuse/parameters/enable_uring)".into(),
+        ));
+    }
+    fuser::Session::new(Init { uring }, dir, &config)
+        .map_err(|e| AttachError::Mount(dir.to_path_buf(), e))
 }
 
 impl Attached {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
-    /// Unmount lazily (MNT_DETACH) and wait for the session to end.
-    pub fn unmount(self) -> std::io::Result<()> {
-        self.session.umount_and_join()
+    /// The client the file system serves from (for a flush before detaching).
+    pub fn client(&self) -> Arc<dyn BlockClient> {
+        self.client.clone()
     }
-    /// Wait for the session to end after the file system was unmounted (or
-    /// its connection aborted) by other means.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+    /// Wait for the serving thread to end after the file system was
+    /// unmounted (or its connection aborted).
     pub fn join(self) -> std::io::Result<()> {
-        self.session.join()
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("attach thread panicked")))
     }
 }
 
@@ -133,11 +315,29 @@ pub fn is_mountpoint(dir: &Path) -> bool {
     me.dev() != parent.dev() || me.ino() == parent.ino()
 }
 
+const FUSECTL: &str = "/sys/fs/fuse/connections";
+
 /// Abort the FUSE connection mounted at `dir` (every pending and future
-/// request fails with ENOTCONN), for unmounting while the daemon cannot answer.
+/// request fails with ENOTCONN), for unmounting while the daemon cannot
+/// answer. Mounts the fusectl file system first if nobody has.
 pub fn abort_connection(dir: &Path) -> std::io::Result<()> {
     let dev = std::fs::metadata(dir)?.dev();
     // The connection directory is named after the mount's device number.
     let minor = ((dev & 0xff) | ((dev >> 12) & !0xff)) as u32;
-    std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1")
+    let abort = format!("{FUSECTL}/{minor}/abort");
+    if !Path::new(&abort).exists() {
+        let c = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
+        let (src, target, fstype) = (c("fusectl"), c(FUSECTL), c("fusectl"));
+        // SAFETY: valid NUL-terminated strings; no data argument.
+        unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+    }
+    std::fs::write(abort, "1")
 }

@@ -35,11 +35,40 @@ pub struct AttachArgs {
     /// Return once attached, leaving the daemon running.
     #[arg(long)]
     pub background: bool,
+    /// How FUSE requests reach the daemon: `dev` (/dev/fuse), `uring` (FUSE
+    /// over io_uring, needs /sys/module/fuse/parameters/enable_uring = Y) or
+    /// `auto` (uring when the kernel allows it).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub fuse: FuseTransport,
     /// Recorded for `blockwire umount` (set by `blockwire mount`).
     #[arg(long, hide = true)]
     pub mountpoint: Option<PathBuf>,
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum FuseTransport {
+    Auto,
+    Dev,
+    Uring,
+}
+
+/// Ring entries per CPU queue: the deepest queue one CPU's requests reach
+/// without waiting in the kernel (loop submits from one worker at a time).
+const URING_PER_QUEUE: usize = 64;
+
+fn transport(t: FuseTransport) -> anyhow::Result<bw_attach::Transport> {
+    Ok(match t {
+        FuseTransport::Dev => bw_attach::Transport::Dev,
+        FuseTransport::Uring => bw_attach::Transport::Uring {
+            per_queue: URING_PER_QUEUE,
+        },
+        FuseTransport::Auto if bw_attach::uring_enabled() => bw_attach::Transport::Uring {
+            per_queue: URING_PER_QUEUE,
+        },
+        FuseTransport::Auto => bw_attach::Transport::Dev,
+    })
 }
 
 #[derive(Args)]
@@ -56,6 +85,9 @@ pub struct MountArgs {
     pub options: Option<String>,
     #[arg(long)]
     pub readonly: bool,
+    /// How FUSE requests reach the daemon (see `blockwire attach --help`).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub fuse: FuseTransport,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -112,31 +144,20 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     bw_attach::prepare_process()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(a.client.threads.max(2))
+    // The attach itself runs on its own thread (bw_attach::attach); this
+    // runtime only waits for signals.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let opts = a.client.options(128);
-    let timeout = opts.timeout;
-    let client = rt.block_on(async {
-        tokio::time::timeout(timeout, bw_attach::Reconnecting::connect(&a.url, opts))
-            .await
-            .map_err(|_| anyhow::anyhow!("{}: no answer in {timeout:?}", a.url))?
-            .with_context(|| a.url.clone())
-    })?;
-    let client: Arc<dyn bw_initiator::BlockClient> = Arc::new(client);
-    let size = client.size_bytes();
     let fs_opts = bw_attach::AttachOptions {
         file_name: a.file.clone(),
         readonly: a.readonly,
-        // Measuring knob (bench/attach-overhead); 2 readers by default.
-        fuse_threads: std::env::var("BLOCKWIRE_FUSE_THREADS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2),
         source: format!("blockwire:{}", redact(&a.url)),
+        transport: transport(a.fuse)?,
     };
-    let attached = bw_attach::attach(client.clone(), rt.handle().clone(), &dir, &fs_opts)?;
+    let attached = bw_attach::attach(&a.url, a.client.options(128), &dir, &fs_opts)?;
+    let client = attached.client();
+    let size = client.size_bytes();
     let file = dir.join(&a.file);
     let loop_dev = if a.make_loop {
         let mut cmd = Command::new("losetup");
@@ -297,6 +318,8 @@ fn spawn_daemon(a: &AttachArgs, dir: &Path) -> anyhow::Result<(Value, String)> {
     if a.make_loop {
         cmd.arg("--loop");
     }
+    cmd.arg("--fuse")
+        .arg(format!("{:?}", a.fuse).to_lowercase());
     if let Some(m) = &a.mountpoint {
         cmd.arg("--mountpoint").arg(m);
     }
@@ -372,6 +395,7 @@ pub fn mount(a: MountArgs) -> anyhow::Result<()> {
         readonly: a.readonly,
         make_loop: true,
         background: true,
+        fuse: a.fuse,
         mountpoint: Some(mp.clone()),
         client: a.client.clone(),
     };
