@@ -234,9 +234,26 @@ pub struct IscsiClient {
     size: u64,
     block: u32,
     describe: String,
+    /// Most blocks one UNMAP may name, if the LUN takes UNMAP at all
+    /// (LBPME in READ CAPACITY, LBPU in VPD B2, the count from VPD B0).
+    unmap_max_blocks: Option<u32>,
 }
 
 impl IscsiClient {
+    /// Whether the LUN takes UNMAP, and how many blocks at a time: as Linux
+    /// decides it (sd_read_block_limits/sd_discard_mode), VPD pages a target
+    /// does not have mean no.
+    async fn unmap_limit(&self) -> Option<u32> {
+        let b2 = self.scsi(&build::inquiry_vpd(build::vpd::LOGICAL_BLOCK_PROVISIONING, 64), 64, Bytes::new()).await.ok()?;
+        if !build::parse_lbpu(&b2) {
+            return None;
+        }
+        let b0 = self.scsi(&build::inquiry_vpd(build::vpd::BLOCK_LIMITS, 64), 64, Bytes::new()).await.ok()?;
+        let (max_lba, _descriptors) = build::parse_unmap_limits(&b0)?;
+        // A zero count means the device server does not implement UNMAP.
+        (max_lba > 0).then_some(max_lba)
+    }
+
     /// Run a command, retrying a few times on UNIT ATTENTION (reported once
     /// per nexus after resets and capacity changes).
     async fn scsi(&self, cdb: &[u8], read_len: usize, write: Bytes) -> Result<Vec<u8>> {
@@ -293,6 +310,23 @@ impl BlockClient for IscsiClient {
     }
     async fn flush(&self) -> Result<()> {
         self.scsi(&build::synchronize_cache_10(), 0, Bytes::new()).await?;
+        Ok(())
+    }
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let Some(max) = self.unmap_max_blocks else {
+            return Err(ClientError::Unsupported(format!("UNMAP on {} (the LUN reports no logical block provisioning)", self.describe)));
+        };
+        check_range(self, offset, len as usize)?;
+        let bs = self.block as u64;
+        let (mut lba, mut left) = (offset / bs, len / bs);
+        // One descriptor per command, each within the LUN's limit.
+        while left > 0 {
+            let n = left.min(max as u64) as u32;
+            let params = build::unmap_parameters(&[(lba, n)]);
+            self.scsi(&build::unmap(params.len() as u16), 0, Bytes::from(params)).await?;
+            lba += n as u64;
+            left -= n as u64;
+        }
         Ok(())
     }
     async fn close(&self) -> Result<()> {
@@ -367,7 +401,7 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
     let (rd, wr, buf, done) = login(host, *port, Some(iqn), user.as_deref(), secret.as_deref(), opts).await?;
     let session = start_session(rd, wr, buf, &done, opts);
     let lun_field = u64::from_be_bytes(bw_scsi::encode_lun(*lun));
-    let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string() };
+    let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string(), unmap_max_blocks: None };
     // TEST UNIT READY first: it absorbs the unit attention a fresh nexus may have.
     client.scsi(&build::test_unit_ready(), 0, Bytes::new()).await?;
     let cap = client.scsi(&build::read_capacity_16(32), 32, Bytes::new()).await?;
@@ -377,6 +411,9 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
     }
     client.block = block;
     client.size = (last_lba + 1) * block as u64;
+    if build::parse_lbpme(&cap) {
+        client.unmap_max_blocks = client.unmap_limit().await;
+    }
     log::info!("{url}: {} bytes, {} byte blocks, params {:?}", client.size, block, done.params);
     Ok(Arc::new(client))
 }

@@ -26,6 +26,10 @@ pub mod nvm {
     pub const COMPARE: u8 = 0x05;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DSM: u8 = 0x09;
+    /// Dataset Management CDW11 attribute: deallocate the ranges (AD).
+    pub const DSM_DEALLOCATE: u32 = 1 << 2;
+    /// Most ranges one Dataset Management command carries (NR is 0's based, 8 bits).
+    pub const DSM_MAX_RANGES: usize = 256;
 }
 
 /// The fabrics command opcode; the command type is in byte 4 (fctype).
@@ -146,6 +150,12 @@ impl Sqe {
     pub fn set_rw(&mut self, slba: u64, blocks: u32) {
         put64(&mut self.0, 40, slba);
         self.set_cdw(12, blocks.saturating_sub(1) & 0xFFFF);
+    }
+    /// Dataset Management of `ranges` ranges (1..=256, sent as data, see
+    /// `io::dsm_ranges`), deallocating them if `deallocate`.
+    pub fn set_dsm(&mut self, ranges: usize, deallocate: bool) {
+        self.set_cdw(10, (ranges.clamp(1, nvm::DSM_MAX_RANGES) - 1) as u32);
+        self.set_cdw(11, if deallocate { nvm::DSM_DEALLOCATE } else { 0 });
     }
 }
 

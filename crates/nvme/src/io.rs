@@ -269,8 +269,7 @@ mod tests {
         let r = execute(&s, &rw(nvm::READ, 1, 4, 2), &[]).data.unwrap();
         assert!(r[..512].iter().all(|&b| b == 0) && r[512..].iter().all(|&b| b == 0x5A));
         let mut dsm = Sqe::new(nvm::DSM, 1, 1);
-        dsm.set_cdw(10, 0);
-        dsm.set_cdw(11, 4);
+        dsm.set_dsm(1, true);
         dsm.set_sgl(Sgl { addr: 0, length: 16, kind: sgl::INCAPSULE });
         assert_eq!(execute(&s, &dsm, &dsm_ranges(&[(5, 1)])).status, Status::SUCCESS);
         let r = execute(&s, &rw(nvm::READ, 1, 5, 1), &[]).data.unwrap();

@@ -41,6 +41,64 @@ pub fn synchronize_cache_10() -> [u8; 10] {
     [op::SYNC_CACHE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]
 }
 
+/// INQUIRY for vital product data page `page`, at most `alloc` bytes back.
+pub fn inquiry_vpd(page: u8, alloc: u16) -> [u8; 6] {
+    let a = alloc.to_be_bytes();
+    [op::INQUIRY, 0x01, page, a[0], a[1], 0]
+}
+
+/// UNMAP with a parameter list of `param_len` bytes (see [`unmap_parameters`]).
+pub fn unmap(param_len: u16) -> [u8; 10] {
+    let l = param_len.to_be_bytes();
+    [op::UNMAP, 0, 0, 0, 0, 0, 0, l[0], l[1], 0]
+}
+
+/// UNMAP parameter list: header and one 16-byte block descriptor per
+/// (LBA, number of blocks).
+pub fn unmap_parameters(ranges: &[(u64, u32)]) -> Vec<u8> {
+    let descriptors = (ranges.len() * 16) as u16;
+    let mut p = Vec::with_capacity(8 + ranges.len() * 16);
+    p.extend_from_slice(&(descriptors + 6).to_be_bytes()); // UNMAP DATA LENGTH
+    p.extend_from_slice(&descriptors.to_be_bytes()); // BLOCK DESCRIPTOR DATA LENGTH
+    p.extend_from_slice(&[0; 4]);
+    for &(lba, blocks) in ranges {
+        p.extend_from_slice(&lba.to_be_bytes());
+        p.extend_from_slice(&blocks.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+    }
+    p
+}
+
+/// VPD pages a thin-provisioning-aware initiator reads.
+pub mod vpd {
+    /// Block Limits.
+    pub const BLOCK_LIMITS: u8 = 0xB0;
+    /// Logical Block Provisioning.
+    pub const LOGICAL_BLOCK_PROVISIONING: u8 = 0xB2;
+}
+
+/// LBPME (logical block provisioning management enabled) from a READ
+/// CAPACITY (16) answer.
+pub fn parse_lbpme(read_capacity_16: &[u8]) -> bool {
+    read_capacity_16.get(14).is_some_and(|b| b & 0x80 != 0)
+}
+
+/// LBPU (UNMAP supported) from the Logical Block Provisioning VPD page.
+pub fn parse_lbpu(vpd_b2: &[u8]) -> bool {
+    vpd_b2.get(1) == Some(&vpd::LOGICAL_BLOCK_PROVISIONING) && vpd_b2.get(5).is_some_and(|b| b & 0x80 != 0)
+}
+
+/// (MAXIMUM UNMAP LBA COUNT, MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT) from the
+/// Block Limits VPD page; `None` if the page is too short to carry them.
+pub fn parse_unmap_limits(vpd_b0: &[u8]) -> Option<(u32, u32)> {
+    if vpd_b0.get(1) != Some(&vpd::BLOCK_LIMITS) {
+        return None;
+    }
+    let lba = u32::from_be_bytes(vpd_b0.get(20..24)?.try_into().ok()?);
+    let desc = u32::from_be_bytes(vpd_b0.get(24..28)?.try_into().ok()?);
+    Some((lba, desc))
+}
+
 /// The parsed READ CAPACITY (16) answer: (last LBA, logical block length).
 /// `None` if `data` is shorter than the 12 bytes that carry them.
 pub fn parse_read_capacity_16(data: &[u8]) -> Option<(u64, u32)> {
@@ -52,7 +110,7 @@ pub fn parse_read_capacity_16(data: &[u8]) -> Option<(u64, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cdb::{be32, be64, cdb_len};
+    use crate::cdb::{be16, be32, be64, cdb_len};
 
     #[test]
     fn builders_fill_the_fields_the_target_decodes() {
@@ -66,6 +124,36 @@ mod tests {
         assert_eq!(cdb_len(test_unit_ready()[0]), test_unit_ready().len());
         assert_eq!(cdb_len(synchronize_cache_10()[0]), synchronize_cache_10().len());
         assert_eq!(cdb_len(rc[0]), rc.len());
+    }
+
+    #[test]
+    fn unmap_cdb_and_parameters_have_the_layout_the_target_decodes() {
+        let p = unmap_parameters(&[(7, 9), (1 << 40, 3)]);
+        assert_eq!(p.len(), 8 + 32);
+        assert_eq!((be16(&p, 0), be16(&p, 2)), (38, 32));
+        assert_eq!((be64(&p, 8), be32(&p, 16)), (7, 9));
+        assert_eq!((be64(&p, 24), be32(&p, 32)), (1 << 40, 3));
+        let c = unmap(p.len() as u16);
+        assert_eq!((c[0], be16(&c, 7), cdb_len(c[0])), (0x42, 40, c.len()));
+        let i = inquiry_vpd(vpd::BLOCK_LIMITS, 64);
+        assert_eq!((i[0], i[1] & 1, i[2], be16(&i, 3), cdb_len(i[0])), (0x12, 1, 0xB0, 64, i.len()));
+    }
+
+    #[test]
+    fn provisioning_answers() {
+        let mut rc = [0u8; 32];
+        assert!(!parse_lbpme(&rc));
+        rc[14] = 0x80;
+        assert!(parse_lbpme(&rc));
+        assert!(parse_lbpu(&[0, 0xB2, 0, 4, 0, 0x80, 0, 0]));
+        assert!(!parse_lbpu(&[0, 0xB2, 0, 4, 0, 0x40, 0, 0]));
+        assert!(!parse_lbpu(&[0, 0xB0, 0, 4, 0, 0x80, 0, 0]));
+        let mut b0 = [0u8; 64];
+        b0[1] = 0xB0;
+        b0[20..24].copy_from_slice(&1000u32.to_be_bytes());
+        b0[24..28].copy_from_slice(&16u32.to_be_bytes());
+        assert_eq!(parse_unmap_limits(&b0), Some((1000, 16)));
+        assert_eq!(parse_unmap_limits(&b0[..24]), None);
     }
 
     #[test]

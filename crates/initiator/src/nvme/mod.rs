@@ -138,6 +138,8 @@ pub struct NvmeClient {
     cntlid: u16,
     /// Threads serving the I/O queues when there are several.
     io_rt: Option<tokio::runtime::Runtime>,
+    /// Optional NVM commands the controller supports (Identify ONCS).
+    oncs: u16,
 }
 
 pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
@@ -221,6 +223,7 @@ impl NvmeClient {
             keep_alive,
             cntlid: a.cntlid,
             io_rt,
+            oncs: a.id.oncs,
         })
     }
 
@@ -309,6 +312,29 @@ impl BlockClient for NvmeClient {
 
     async fn flush(&self) -> Result<()> {
         self.queue().submit(Sqe::new(nvm::FLUSH, 0, self.nsid), None, 0).await.map(|_| ())
+    }
+
+    /// Dataset Management with the deallocate attribute.
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        if self.oncs & identify::ONCS_DSM == 0 {
+            return Err(ClientError::Unsupported(format!("deallocate on {} (no Dataset Management in ONCS)", self.url)));
+        }
+        check_range(self, offset, len as usize)?;
+        let bs = self.block as u64;
+        let (mut lba, mut left) = (offset / bs, len / bs);
+        while left > 0 {
+            let mut ranges = Vec::new();
+            while left > 0 && ranges.len() < nvm::DSM_MAX_RANGES {
+                let n = left.min(u32::MAX as u64) as u32;
+                ranges.push((lba, n));
+                lba += n as u64;
+                left -= n as u64;
+            }
+            let mut s = Sqe::new(nvm::DSM, 0, self.nsid);
+            s.set_dsm(ranges.len(), true);
+            self.queue().submit(s, Some(Bytes::from(bw_nvme::io::dsm_ranges(&ranges))), 0).await?;
+        }
+        Ok(())
     }
 
     async fn close(&self) -> Result<()> {
