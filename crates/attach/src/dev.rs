@@ -105,7 +105,7 @@ pub async fn serve(fd: OwnedFd, fs: VolumeFs, disk: Rc<Disk>) -> io::Result<()> 
         }
     }
     // SAFETY: the AsyncFd owns fd, so it stays open and the same while registered.
-    let afd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;
+    let afd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE | Interest::ERROR) }?;
     let ctx = Rc::new(Ctx {
         fd: raw,
         fs,
@@ -113,7 +113,9 @@ pub async fn serve(fd: OwnedFd, fs: VolumeFs, disk: Rc<Disk>) -> io::Result<()> 
         pool: Pool::default(),
     });
     loop {
-        let mut ready = afd.readable().await?;
+        // An aborted connection polls as EPOLLERR only, not readable; the
+        // read then says ENODEV.
+        let mut ready = afd.ready(Interest::READABLE | Interest::ERROR).await?;
         loop {
             let mut buf = ctx.pool.take();
             // SAFETY: buf is BUF_LEN writable bytes.

@@ -69,15 +69,20 @@ pub struct AttachOptions {
 /// linux/prctl.h (not exported by the libc crate).
 const PR_SET_IO_FLUSHER: libc::c_int = 57;
 
-pub fn prepare_process() -> Result<(), AttachError> {
+///
+/// Call before `attach` (the flags are inherited by the serving thread).
+/// PR_SET_IO_FLUSHER needs CAP_SYS_RESOURCE, which containers often drop:
+/// then this returns a warning for the caller to show once attached (a
+/// refused attach should say one thing: why it was refused).
+pub fn prepare_process() -> Result<Option<String>, AttachError> {
+    let mut warning = None;
     // SAFETY: prctl and mlockall take plain integers and touch no memory of ours.
     unsafe {
-        // Needs CAP_SYS_RESOURCE, which containers often drop: warn, go on.
         if libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0 {
-            log::warn!(
+            warning = Some(format!(
                 "prctl(PR_SET_IO_FLUSHER): {}; under memory pressure writeback through this attach may stall",
                 std::io::Error::last_os_error()
-            );
+            ));
         }
         if libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) != 0 {
             return Err(AttachError::Sys(
@@ -86,7 +91,7 @@ pub fn prepare_process() -> Result<(), AttachError> {
             ));
         }
     }
-    Ok(())
+    Ok(warning)
 }
 
 /// Answers INIT for fuser's handshake; nothing else reaches it.
@@ -126,12 +131,12 @@ impl fuser::Filesystem for Init {
 pub struct Attached {
     thread: std::thread::JoinHandle<std::io::Result<()>>,
     dir: PathBuf,
-    client: Arc<dyn BlockClient>,
+    client: Arc<Reconnecting>,
     transport: Transport,
 }
 
 /// What the serving thread reports once the file is usable.
-type Ready = Result<(Arc<dyn BlockClient>, Transport), AttachError>;
+type Ready = Result<(Arc<Reconnecting>, Transport), AttachError>;
 
 /// Connect to `url` and mount its volume as a file in `dir`. Returns once
 /// the kernel has completed the FUSE handshake, so the file is usable. The
@@ -142,12 +147,7 @@ pub fn attach(
     dir: &Path,
     opts: &AttachOptions,
 ) -> Result<Attached, AttachError> {
-    let empty = std::fs::read_dir(dir)
-        .map(|mut d| d.next().is_none())
-        .map_err(|e| AttachError::Mount(dir.to_path_buf(), e))?;
-    if !empty || is_mountpoint(dir) {
-        return Err(AttachError::Busy(dir.to_path_buf()));
-    }
+    check_dir(dir)?;
     let (tx, rx) = std::sync::mpsc::channel::<Ready>();
     let (url, dir_buf, opts2) = (url.to_string(), dir.to_path_buf(), opts.clone());
     let thread = std::thread::Builder::new()
@@ -193,13 +193,13 @@ fn serve_thread(
         let timeout = connect.timeout;
         let client = match tokio::time::timeout(timeout, Reconnecting::connect(url, connect)).await
         {
-            Ok(Ok(c)) => Arc::new(c) as Arc<dyn BlockClient>,
+            Ok(Ok(c)) => Arc::new(c),
             Ok(Err(e)) => {
                 let _ = ready.send(Err(AttachError::Connect(chain(url, &e))));
                 return Ok(());
             }
             Err(_) => {
-                let _ = ready.send(Err(AttachError::NoAnswer(url.to_string(), timeout)));
+                let _ = ready.send(Err(AttachError::NoAnswer(redact(url), timeout)));
                 return Ok(());
             }
         };
@@ -225,7 +225,7 @@ fn serve_thread(
             client.size_bytes(),
             client.block_size() as u64,
         );
-        let disk = Rc::new(disk::Disk::new(client.clone()));
+        let disk = Rc::new(disk::Disk::new(client.clone() as Arc<dyn BlockClient>));
         let r = match opts.transport {
             Transport::Uring { per_queue } => {
                 // Until the ring is ready (and for FORGET/INTERRUPT after),
@@ -249,7 +249,19 @@ fn serve_thread(
     })
 }
 
-/// "URL: error: cause: cause", one line.
+/// `url` with an iSCSI CHAP secret (`USER%SECRET@`) hidden, for anything
+/// printed or stored.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@'), url.find('%')) {
+        (Some(s), Some(at), Some(p)) if s < p && p < at => {
+            format!("{}%***{}", &url[..p], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// "URL: error: cause: cause", one line, with the URL's secret hidden
+/// wherever it appears (causes may quote the URL).
 fn chain(url: &str, e: &dyn std::error::Error) -> String {
     let mut s = format!("{url}: {e}");
     let mut cur = e.source();
@@ -257,7 +269,7 @@ fn chain(url: &str, e: &dyn std::error::Error) -> String {
         s.push_str(&format!(": {c}"));
         cur = c.source();
     }
-    s
+    s.replace(url, &redact(url))
 }
 
 fn mount(
@@ -295,6 +307,11 @@ impl Attached {
     pub fn client(&self) -> Arc<dyn BlockClient> {
         self.client.clone()
     }
+    /// False while the target is known to be unreachable: a request found
+    /// the connection broken and no reconnect has succeeded since.
+    pub fn target_reachable(&self) -> bool {
+        self.client.connected()
+    }
     pub fn transport(&self) -> Transport {
         self.transport
     }
@@ -305,6 +322,17 @@ impl Attached {
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("attach thread panicked")))
     }
+}
+
+/// `dir` can take an attach: an empty directory that is not a mount point.
+pub fn check_dir(dir: &Path) -> Result<(), AttachError> {
+    let empty = std::fs::read_dir(dir)
+        .map(|mut d| d.next().is_none())
+        .map_err(|e| AttachError::Mount(dir.to_path_buf(), e))?;
+    if !empty || is_mountpoint(dir) {
+        return Err(AttachError::Busy(dir.to_path_buf()));
+    }
+    Ok(())
 }
 
 /// Whether `dir` is the root of a mount (its device differs from its parent's).

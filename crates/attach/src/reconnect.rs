@@ -7,6 +7,7 @@
 
 use async_trait::async_trait;
 use bw_initiator::{BlockClient, ClientError, ConnectOptions, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub struct Reconnecting {
@@ -18,6 +19,10 @@ pub struct Reconnecting {
     current: Mutex<Option<Arc<dyn BlockClient>>>,
     /// One reconnect at a time; requests arriving meanwhile wait for it.
     connecting: tokio::sync::Mutex<()>,
+    /// Failed reconnect attempts so far. A request that waited while an
+    /// attempt failed fails too instead of trying again: with the target
+    /// unreachable, 32 queued requests must not wait 32 timeouts in turn.
+    failures: AtomicU64,
 }
 
 impl Reconnecting {
@@ -32,7 +37,13 @@ impl Reconnecting {
             opts,
             current: Mutex::new(Some(client)),
             connecting: tokio::sync::Mutex::new(()),
+            failures: AtomicU64::new(0),
         })
+    }
+
+    /// False from a broken connection until a reconnect succeeds.
+    pub fn connected(&self) -> bool {
+        self.current().is_some()
     }
 
     fn current(&self) -> Option<Arc<dyn BlockClient>> {
@@ -46,10 +57,30 @@ impl Reconnecting {
         if let Some(c) = self.current() {
             return Ok(c);
         }
+        let failures = self.failures.load(Ordering::Relaxed);
         let _one = self.connecting.lock().await;
         if let Some(c) = self.current() {
             return Ok(c);
         }
+        if self.failures.load(Ordering::Relaxed) != failures {
+            return Err(ClientError::Disconnected(format!(
+                "{} is unreachable",
+                self.url
+            )));
+        }
+        let fresh = match self.reconnect().await {
+            Ok(c) => c,
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        log::info!("reconnected to {}", self.url);
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    async fn reconnect(&self) -> Result<Arc<dyn BlockClient>> {
         let fresh = tokio::time::timeout(
             self.opts.timeout,
             bw_initiator::connect(&self.url, &self.opts),
@@ -67,8 +98,6 @@ impl Reconnecting {
                 self.block_size
             )));
         }
-        log::info!("reconnected to {}", self.url);
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(fresh.clone());
         Ok(fresh)
     }
 
@@ -153,5 +182,50 @@ impl BlockClient for Reconnecting {
             Some(c) => c.close().await,
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Requests queued behind a reconnect that fails fail with it: one
+    /// attempt for the lot, not one timeout each in turn.
+    #[tokio::test]
+    async fn waiters_behind_a_failed_reconnect_fail_without_trying_again() {
+        // Nothing listens on the port of a socket we bound and dropped.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let r = Arc::new(Reconnecting {
+            url: format!("iscsi://127.0.0.1:{port}/iqn.2026-11.org.blockwire:none/0"),
+            opts: ConnectOptions {
+                timeout: std::time::Duration::from_secs(5),
+                ..Default::default()
+            },
+            size: 1 << 20,
+            block_size: 512,
+            describe: "test".into(),
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            failures: AtomicU64::new(0),
+        });
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let r = r.clone();
+                tokio::spawn(async move { r.read(0, &mut [0u8; 512]).await })
+            })
+            .collect();
+        for t in tasks {
+            assert!(t.await.unwrap().is_err());
+        }
+        assert_eq!(
+            r.failures.load(Ordering::Relaxed),
+            1,
+            "each waiter tried to reconnect on its own"
+        );
+        assert!(!r.connected());
     }
 }

@@ -138,12 +138,13 @@ fn run_tool(cmd: &mut Command) -> anyhow::Result<String> {
 pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
     require_root()?;
     let dir = absolute(&a.dir)?;
+    bw_attach::check_dir(&dir)?;
     if a.background {
         let (_, line) = spawn_daemon(&a, &dir)?;
         println!("{line}");
         return Ok(());
     }
-    bw_attach::prepare_process()?;
+    let io_flusher_warning = bw_attach::prepare_process()?;
     // The attach itself runs on its own thread (bw_attach::attach); this
     // runtime only waits for signals.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -152,10 +153,13 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
     let fs_opts = bw_attach::AttachOptions {
         file_name: a.file.clone(),
         readonly: a.readonly,
-        source: format!("blockwire:{}", redact(&a.url)),
+        source: format!("blockwire:{}", bw_attach::redact(&a.url)),
         transport: transport(a.fuse)?,
     };
     let attached = bw_attach::attach(&a.url, a.client.options(128), &dir, &fs_opts)?;
+    if let Some(w) = io_flusher_warning {
+        log::warn!("{w}");
+    }
     let client = attached.client();
     let size = client.size_bytes();
     let file = dir.join(&a.file);
@@ -178,13 +182,14 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(STATE_DIR)?;
     let state = json!({
-        "pid": std::process::id(), "url": redact(&a.url), "dir": dir, "file": file,
+        "pid": std::process::id(), "url": bw_attach::redact(&a.url), "dir": dir, "file": file,
         "loop": loop_dev, "mountpoint": a.mountpoint,
     });
     std::fs::write(state_path(std::process::id()), state.to_string())?;
+    let state = state.clone();
     let mut line = format!(
         "attached {} at {} ({size} bytes)",
-        redact(&a.url),
+        bw_attach::redact(&a.url),
         file.display()
     );
     if let Some(l) = &loop_dev {
@@ -193,50 +198,64 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
     println!("{line}");
     std::io::stdout().flush()?;
 
-    let r = rt.block_on(wait_and_detach(&dir, loop_dev.as_deref(), client.clone()));
-    let _ = std::fs::remove_file(state_path(std::process::id()));
-    r?;
-    let _ = attached.join();
+    let state_file = state_path(std::process::id());
+    let r = rt.block_on(async {
+        tokio::select! {
+            r = wait_and_detach(&dir, loop_dev.as_deref(), client.clone()) => r,
+            _ = record_health(&attached, &state_file, state) => unreachable!("record_health never returns"),
+        }
+    });
+    let _ = std::fs::remove_file(&state_file);
+    // After a forced detach the serving thread may still wait on the
+    // target (requests already sent); the process exits without it.
+    if r? {
+        let _ = attached.join();
+    }
     Ok(())
 }
 
-/// Hide an iSCSI CHAP secret (`USER%SECRET@`) in anything we print or store.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.find('@'), url.find('%')) {
-        (Some(s), Some(at), Some(p)) if s < p && p < at => {
-            format!("{}%***{}", &url[..p], &url[at..])
+/// Keep `"target": "reachable" | "unreachable"` in the state file current,
+/// so `blockwire umount` knows when waiting for the target is pointless.
+async fn record_health(attached: &bw_attach::Attached, path: &Path, mut state: Value) {
+    let mut last = true;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = attached.target_reachable();
+        if now != last {
+            last = now;
+            state["target"] = json!(if now { "reachable" } else { "unreachable" });
+            let _ = std::fs::write(path, state.to_string());
         }
-        _ => url.to_string(),
     }
 }
 
 /// Serve until SIGINT/SIGTERM; then detach the loop device, flush and
-/// unmount. If the file system is busy, keep serving; a second signal forces
-/// (aborts the FUSE connection and detaches the mount lazily).
+/// unmount. If the file system is busy, keep serving; a second signal
+/// (also while the flush waits for a dead target) forces: the FUSE
+/// connection is aborted, so every waiting request fails, and the mount is
+/// detached lazily.
 async fn wait_and_detach(
     dir: &Path,
     loop_dev: Option<&str>,
     client: Arc<dyn bw_initiator::BlockClient>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
-    let mut asked = false;
-    loop {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+    let (tx, mut signals) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            if tx.send(()).is_err() {
+                return;
+            }
         }
-        if asked {
-            log::warn!(
-                "second signal: aborting the FUSE connection at {}",
-                dir.display()
-            );
-            let _ = bw_attach::abort_connection(dir);
-            lazy_unmount(dir);
-            return Ok(());
-        }
-        asked = true;
+    });
+    signals.recv().await;
+    let graceful = async {
         if let Some(l) = loop_dev.filter(|l| loop_backs(l, dir)) {
             // Sets autoclear if the loop device is still open (mounted).
             let _ = run_tool(Command::new("losetup").args(["-d", l]));
@@ -245,17 +264,30 @@ async fn wait_and_detach(
         if let Err(e) = client.flush().await {
             log::warn!("flush before detaching: {e}");
         }
-        match unmount_fuse(dir) {
+        unmount_fuse(dir)
+    };
+    tokio::select! {
+        r = graceful => match r {
             Ok(()) => {
                 let _ = client.close().await;
-                return Ok(());
+                eprintln!("blockwire: flushed and detached {}", dir.display());
+                return Ok(true);
             }
-            Err(e) => eprintln!(
-                "blockwire: {}: {e}; still attached (signal again to force)",
-                dir.display()
-            ),
-        }
+            Err(e) => {
+                eprintln!("blockwire: {}: {e}; still attached (signal again to force)", dir.display());
+                signals.recv().await;
+            }
+        },
+        _ = signals.recv() => {}
     }
+    // Second signal.
+    eprintln!(
+        "blockwire: second signal: aborting the FUSE connection at {}",
+        dir.display()
+    );
+    let _ = bw_attach::abort_connection(dir);
+    lazy_unmount(dir);
+    Ok(false)
 }
 
 fn cpath(p: &Path) -> std::ffi::CString {
@@ -423,7 +455,54 @@ pub fn mount(a: MountArgs) -> anyhow::Result<()> {
         let _ = undo(&state, &mp);
         return Err(e);
     }
-    println!("mounted {} on {} ({dev})", redact(&a.url), mp.display());
+    println!(
+        "mounted {} on {} ({dev})",
+        bw_attach::redact(&a.url),
+        mp.display()
+    );
+    Ok(())
+}
+
+/// umount(8) the file system on the loop device. Its last writes may wait
+/// for the target; if the attach daemon finds the target unreachable
+/// meanwhile (after at most its --timeout), the FUSE connection is aborted
+/// so those writes fail at once and the unmount completes.
+fn unmount_fs(mp: &Path, fuse_dir: &Path, pid: u32) -> anyhow::Result<()> {
+    let mut child = Command::new("umount")
+        .arg(mp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running umount")?;
+    let mut aborted = false;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        let down = std::fs::read_to_string(state_path(pid))
+            .ok()
+            .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+            .is_some_and(|s| s["target"] == "unreachable");
+        if down && !aborted && bw_attach::is_mountpoint(fuse_dir) {
+            eprintln!(
+                "blockwire: the target is unreachable; dropping writes it has not acknowledged"
+            );
+            let _ = bw_attach::abort_connection(fuse_dir);
+            aborted = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if !status.success() {
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        bail!(
+            "umount failed: {}",
+            err.lines().next().unwrap_or("no message").trim()
+        );
+    }
     Ok(())
 }
 
@@ -468,13 +547,13 @@ pub fn umount(a: UmountArgs) -> anyhow::Result<()> {
 
 /// Undo an attach (and its mount) in order: file system, loop device, FUSE, daemon.
 fn undo(state: &Value, shown: &Path) -> anyhow::Result<()> {
+    let dir = PathBuf::from(state["dir"].as_str().unwrap_or_default());
     if let Some(mp) = state["mountpoint"].as_str().map(Path::new) {
         if bw_attach::is_mountpoint(mp) {
-            run_tool(Command::new("umount").arg(mp))
+            unmount_fs(mp, &dir, state["pid"].as_i64().unwrap_or(0) as u32)
                 .with_context(|| format!("{}: still mounted", shown.display()))?;
         }
     }
-    let dir = PathBuf::from(state["dir"].as_str().unwrap_or_default());
     if let Some(dev) = state["loop"].as_str().filter(|l| loop_backs(l, &dir)) {
         let _ = run_tool(Command::new("losetup").args(["-d", dev]));
         if !wait_loop_released(dev, Duration::from_secs(30)) {

@@ -371,30 +371,7 @@ fn aoe_initiator_against_vblade() {
     let dir = TempDir::new("aoevb");
     let img = dir.path().join("vblade.img");
     std::fs::File::create(&img).unwrap().set_len(32 << 20).unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _vb = Kill(
-        std::process::Command::new("ip")
-            .args(["netns", "exec", &pair.ns, "vblade", "4", "5", &pair.ns_if])
-            .arg(&img)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn vblade"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = blockwire(None, &["aoe", "discover", &pair.host_if, "--wait", "0.5"]);
-        if String::from_utf8_lossy(&out.stdout).contains("e4.5") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "vblade never answered discovery");
-    }
+    let _vb = Vblade::start(&pair, 4, 5, &img);
     let url = format!("aoe://{}/4.5", pair.host_if);
     blockwire_ok(None, &["verify", &url, "--size", "16M", "--concurrency", "16"]);
     let rt = runtime();

@@ -12,7 +12,7 @@
 use crate::common;
 use common::*;
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 fn target_iqn(serve: &Serve) -> String {
@@ -75,45 +75,15 @@ fn qemu_img_convert_round_trip_and_qemu_io_odd_offsets() {
     assert_eq!(out.matches("read ").count(), 5, "qemu-io did not do all reads:\n{out}");
 }
 
-struct Tgtd {
-    child: Child,
-    control: u32,
-}
-
-impl Drop for Tgtd {
-    fn drop(&mut self) {
-        let _ = Command::new("tgtadm").args(["-C", &self.control.to_string(), "--op", "delete", "--mode", "system"]).output();
-        std::thread::sleep(Duration::from_millis(200));
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tgtadm(control: u32, args: &[&str]) {
-    let (ok, out) = run(Command::new("tgtadm").arg("-C").arg(control.to_string()).args(["--lld", "iscsi"]).args(args));
-    assert!(ok, "tgtadm {args:?}: {out}");
-}
-
 #[test]
 fn blockwire_initiator_against_tgt() {
     require_root();
-    let port = free_port();
-    let control = 1000 + std::process::id() % 50000;
     let dir = TempDir::new("iscsitgt");
     let img = dir.path().join("lun.img");
     sh(&format!("truncate -s 64M {}", img.display()));
-    let child = Command::new("tgtd")
-        .args(["-f", "-C", &control.to_string(), "--iscsi", &format!("portal=127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn tgtd (Debian package tgt)");
-    let _tgtd = Tgtd { child, control };
-    assert!(wait_for_port(port, Duration::from_secs(10)), "tgtd did not listen on {port}");
     let iqn = "iqn.2026-11.org.blockwire.test:tgt";
-    tgtadm(control, &["--op", "new", "--mode", "target", "--tid", "1", "-T", iqn]);
-    tgtadm(control, &["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", img.to_str().unwrap()]);
-    tgtadm(control, &["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"]);
+    let tgtd = Tgtd::start(&img, iqn);
+    let port = tgtd.port;
     let portal = format!("127.0.0.1:{port}");
     let listed = blockwire_ok(None, &["iscsi", "discover", &portal]);
     assert!(listed.contains(iqn), "discovery against tgt did not list {iqn}:\n{listed}");

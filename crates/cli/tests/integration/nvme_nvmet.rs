@@ -80,6 +80,8 @@ fn blockwire_initiator_against_linux_nvmet() {
     blockwire_ok(None, &["verify", &u, "--size", "8M", "--chunk", "512k", "--data-digest", "--seed", "9", "--timeout", "120"]);
     let d = blockwire_ok(None, &["nvme", "discover", &format!("127.0.0.1:{port}"), "--timeout", "120"]);
     assert!(d.contains(NQN), "kernel discovery log does not list {NQN}:\n{d}");
+    // blockwire mount against the kernel's target: ext4, a tree, fsck, remount.
+    crate::attach::roundtrip_through_attach(&u, &dir);
     // Tell the guest we are done: it watches dmesg for this host NQN.
     let _ = blockwire(None, &["verify", &u, "--size", "1M", "--initiator-name", DONE, "--timeout", "120"]);
     let status = vm.0.wait().expect("wait for kernel-vm");

@@ -312,3 +312,92 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A tgtd (the Linux SCSI target framework, Debian package tgt) on
+/// 127.0.0.1 with one target of one LUN (1) on `img`; on its own control
+/// port so tests can run side by side. Stopped on drop.
+pub struct Tgtd {
+    child: Child,
+    control: u32,
+    pub port: u16,
+}
+
+impl Tgtd {
+    pub fn start(img: &Path, iqn: &str) -> Tgtd {
+        require_root();
+        let port = free_port();
+        // Unique per test: the pid and the (unique) image path.
+        // tgtd takes control ports up to 32767.
+        let control = 1000 + (std::process::id().wrapping_add(crc(img.to_string_lossy().as_bytes()))) % 31000;
+        let log = img.with_extension("tgtd.log");
+        let child = Command::new("tgtd")
+            .args(["-f", "-C", &control.to_string(), "--iscsi", &format!("portal=127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("tgtd log"))
+            .spawn()
+            .expect("spawn tgtd (Debian package tgt)");
+        let t = Tgtd { child, control, port };
+        assert!(
+            wait_for_port(port, Duration::from_secs(10)),
+            "tgtd did not listen on {port}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        t.admin(&["--op", "new", "--mode", "target", "--tid", "1", "-T", iqn]);
+        t.admin(&["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", img.to_str().expect("UTF-8 path")]);
+        t.admin(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"]);
+        t
+    }
+
+    /// `tgtadm --lld iscsi ARGS` on this tgtd; panics if it fails.
+    pub fn admin(&self, args: &[&str]) {
+        let out = Command::new("tgtadm").arg("-C").arg(self.control.to_string()).args(["--lld", "iscsi"]).args(args).output().expect("spawn tgtadm");
+        assert!(out.status.success(), "tgtadm {args:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Tgtd {
+    fn drop(&mut self) {
+        let _ = Command::new("tgtadm").args(["-C", &self.control.to_string(), "--op", "delete", "--mode", "system"]).output();
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn crc(b: &[u8]) -> u32 {
+    b.iter().fold(17u32, |h, &c| h.wrapping_mul(31).wrapping_add(c as u32))
+}
+
+/// vblade (the reference AoE target, Debian package vblade) exporting `img`
+/// as SHELF.SLOT on the namespace end of `pair`, answering discovery before
+/// this returns. Killed on drop.
+pub struct Vblade(Child);
+
+impl Vblade {
+    pub fn start(pair: &NetnsPair, shelf: u16, slot: u8, img: &Path) -> Vblade {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &pair.ns, "vblade", &shelf.to_string(), &slot.to_string(), &pair.ns_if])
+            .arg(img)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn vblade (Debian package vblade)");
+        let v = Vblade(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let want = format!("e{shelf}.{slot}");
+        loop {
+            let out = blockwire(None, &["aoe", "discover", &pair.host_if, "--wait", "0.5"]);
+            if String::from_utf8_lossy(&out.stdout).contains(&want) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "vblade never answered discovery");
+        }
+    }
+}
+
+impl Drop for Vblade {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
