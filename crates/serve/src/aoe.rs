@@ -41,8 +41,17 @@ const POLL: Duration = Duration::from_millis(200);
 
 /// Threads of the opt-in I/O pool for device-backed exports (0: no pool).
 fn device_io_threads() -> usize {
-    std::env::var("BLOCKWIRE_AOE_IO_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).map_or(0, |n| n.min(256))
+    io_threads_setting().unwrap_or(0)
 }
+
+fn io_threads_setting() -> Option<usize> {
+    std::env::var("BLOCKWIRE_AOE_IO_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).map(|n| n.min(256))
+}
+
+/// I/O pool size for an interface with exports on remote volumes (rbd):
+/// each request waits a cluster round trip, so the pool is what keeps many
+/// in flight (the Linux aoe driver keeps up to its window per target).
+const REMOTE_IO_THREADS: usize = 64;
 
 /// Receive worker threads per interface; `io_threads`: the I/O pool's size.
 fn default_workers(memory_backed: bool, io_threads: usize) -> usize {
@@ -134,7 +143,12 @@ pub async fn start(cfg: &AoeConfig, volumes: &Volumes, mut shutdown: Shutdown) -
     let io_threads = device_io_threads();
     for (n, (iface, exports)) in by_iface.into_iter().enumerate() {
         let memory_backed = exports.iter().all(|e| volumes.get(&e.volume).is_some_and(|v| v.info().memory_backed));
-        let io_threads = if memory_backed { 0 } else { io_threads };
+        let remote = exports.iter().any(|e| volumes.get(&e.volume).is_some_and(|v| v.info().remote));
+        let io_threads = match () {
+            _ if memory_backed => 0,
+            _ if remote => io_threads_setting().filter(|&n| n > 0).unwrap_or(REMOTE_IO_THREADS),
+            _ => io_threads,
+        };
         let (ifc, sockets) = open_interface(iface, &exports, volumes, default_workers(memory_backed, io_threads), n)?;
         let ifc = Arc::new(ifc);
         let sockets: Vec<Arc<PacketSocket>> = sockets.into_iter().map(Arc::new).collect();

@@ -475,11 +475,14 @@ fn run_command(scsi: &ScsiTarget, nexus: u64, e: &Exec, data_in: &mut Vec<u8>) -
 }
 
 /// Whether a command is cheap enough to run on the runtime thread: small
-/// READ/WRITE 6/10/12/16. Everything else (flushes, unmaps, big transfers)
-/// may block for long and goes to the blocking pool.
-fn inline_ok(e: &Exec) -> bool {
+/// READ/WRITE 6/10/12/16 of a local volume. Everything else (flushes,
+/// unmaps, big transfers, any request to a remote volume such as rbd, which
+/// waits for a network round trip) may block for long and goes to the
+/// blocking pool, where many run at once.
+fn inline_ok(scsi: &ScsiTarget, e: &Exec) -> bool {
     matches!(e.cdb.first(), Some(0x08 | 0x0A | 0x28 | 0x2A | 0xA8 | 0xAA | 0x88 | 0x8A))
         && (e.edtl as usize) <= inline_io_limit()
+        && scsi.backend_info(lun_number(e.lun)).is_some_and(|i| !i.remote)
 }
 
 fn dispatch(conn: &Arc<Conn>, actions: Vec<Action>) -> bool {
@@ -507,7 +510,7 @@ fn dispatch(conn: &Arc<Conn>, actions: Vec<Action>) -> bool {
                     s.complete(e.itt, e.id, status, &sense, data_in, res, &mut out);
                     c.queue(out, None);
                 };
-                if inline_ok(&e) {
+                if inline_ok(&scsi, &e) {
                     let mut data_in = Vec::new();
                     let (st, sense, res) = run_command(&scsi, c.nexus, &e, &mut data_in);
                     finish(&c, &e, st, sense, data_in, res);

@@ -74,6 +74,7 @@ impl RbdDevice {
                 durability: Durability::WriteThrough,
                 supports_discard: true,
                 memory_backed: false,
+                remote: true,
                 description: String::new(),
             },
         };
