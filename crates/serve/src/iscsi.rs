@@ -87,7 +87,11 @@ fn build_target(t: &IscsiTarget, volumes: &Volumes) -> anyhow::Result<Target> {
         let vol = volumes.get(&l.volume).with_context(|| format!("target {}: no volume {}", t.iqn, l.volume))?;
         let mut lc = LunConfig::for_volume(&l.volume, &t.iqn, l.lun);
         lc.read_only = l.readonly || vol.read_only();
-        lc.port_group = PortGroup { id: t.target_port_group, state: alua_state(t.alua_state) };
+        lc.port_group = PortGroup {
+            id: t.target_port_group,
+            state: alua_state(t.alua_state),
+            relative_port: t.relative_target_port.unwrap_or(t.target_port_group.max(1)),
+        };
         luns.push((l.lun, vol.clone(), lc));
     }
     Ok(Target { scsi: Arc::new(ScsiTarget::new(luns)) })
