@@ -169,6 +169,20 @@ impl RbdDevice {
                 .into());
             }
         }
+        let mut features = 0u64;
+        // SAFETY: an open image and an out-pointer.
+        check(unsafe { (lib.rbd_get_features)(dev.image, &mut features) }, || format!("{name}: rbd_get_features"))?;
+        if features & ffi::FEATURE_EXCLUSIVE_LOCK != 0 && !spec.readonly {
+            // Works, but with several gateways librbd hands the lock from
+            // one to the other on every write: slow, and each hand-over
+            // stalls I/O.
+            log::warn!(
+                "{name}: the image has the exclusive-lock feature; if several gateways export it, disable it \
+                 (rbd feature disable {}/{} object-map fast-diff exclusive-lock)",
+                t.pool,
+                t.image
+            );
+        }
         dev.info.size_bytes = size;
         dev.info.description = format!("{name} ({}, {} s request timeout)", crate::format_size(size), timeout);
         Ok(dev)
