@@ -120,6 +120,17 @@ impl Orders {
     }
 }
 
+impl Drop for Orders {
+    /// On a failed test too: the thread holds gateway A, which must be
+    /// stopped with the test, not left running.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// `rbd export` of the image, then every block a guest ledger line names
 /// must hold its marker: "MARK-LEDGER: writer K blocks FIRST to LAST step 4 count N".
 fn check_ledgers(image: &[u8], output: &str, mark: &str) -> usize {
