@@ -34,7 +34,9 @@ pub fn csv(r: &Results) -> String {
     let mut s = String::new();
     let derived: Vec<Metric> = Metric::ALL.to_vec();
     s.push_str("subject,protocol,target,initiator,mtu,suite,workload,rw,bs,iodepth,numjobs,rwmixread,repeat,");
-    s.push_str("iops,bw_bytes,lat_p50_ns,lat_p99_ns,lat_p999_ns,lat_mean_ns,ios,bytes,runtime_s,errors,");
+    s.push_str(
+        "iops,bw_bytes,lat_p50_ns,lat_p99_ns,lat_p999_ns,lat_mean_ns,ios,bytes,runtime_s,errors,",
+    );
     s.push_str("initiator_cpu_user_s,initiator_cpu_sys_s,target_cpu_s,wire_rx_bytes,wire_tx_bytes,wire_rx_frames,wire_tx_frames,");
     s.push_str("busy_before,idle_wait_s,started_unix");
     for m in &derived {
@@ -68,7 +70,16 @@ pub fn csv(r: &Results) -> String {
         let _ = write!(
             s,
             "{},{},{},{},{},{},{},{},{},{},",
-            b.iops, b.bw_bytes, b.lat_ns.p50, b.lat_ns.p99, b.lat_ns.p999, b.lat_ns.mean, b.ios, b.bytes, b.runtime_s, b.errors
+            b.iops,
+            b.bw_bytes,
+            b.lat_ns.p50,
+            b.lat_ns.p99,
+            b.lat_ns.p999,
+            b.lat_ns.mean,
+            b.ios,
+            b.bytes,
+            b.runtime_s,
+            b.errors
         );
         let _ = write!(
             s,
@@ -97,7 +108,11 @@ pub fn csv(r: &Results) -> String {
 
 /// The throughput metric of a workload: MiB/s for 1 MiB sequential, IOPS otherwise.
 pub fn throughput_metric(c: &Case) -> Metric {
-    if c.workload.is_sequential() { Metric::MibPerS } else { Metric::Iops }
+    if c.workload.is_sequential() {
+        Metric::MibPerS
+    } else {
+        Metric::Iops
+    }
 }
 
 /// A comparison between the best subject and the others on one metric.
@@ -127,7 +142,11 @@ impl Decision {
 }
 
 fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 }
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
 }
 
 /// Decide among `entries` (subject, the metric's value per repetition). The
@@ -136,46 +155,97 @@ fn mean(v: &[f64]) -> f64 {
 /// beyond the 5% practical threshold (see `stats`). The text always states
 /// the advantage over the runner-up with its interval.
 pub fn decide(metric: Metric, entries: &[(String, Vec<f64>)]) -> Option<Decision> {
-    let mut sorted: Vec<&(String, Vec<f64>)> = entries.iter().filter(|(_, v)| !v.is_empty()).collect();
+    let mut sorted: Vec<&(String, Vec<f64>)> =
+        entries.iter().filter(|(_, v)| !v.is_empty()).collect();
     if sorted.is_empty() {
         return None;
     }
     sorted.sort_by(|a, b| {
         let o = mean(&a.1).total_cmp(&mean(&b.1));
-        if metric.higher_is_better() { o.reverse() } else { o }
+        if metric.higher_is_better() {
+            o.reverse()
+        } else {
+            o
+        }
     });
     let (best, bv) = sorted[0];
     if sorted.len() == 1 {
-        return Some(Decision { metric, winner: None, leader: best.clone(), tied: vec![], margin: None, text: format!("only {best} measured") });
+        return Some(Decision {
+            metric,
+            winner: None,
+            leader: best.clone(),
+            tied: vec![],
+            margin: None,
+            text: format!("only {best} measured"),
+        });
     }
     let hib = metric.higher_is_better();
     let noun = metric.noun();
     let (second, sv) = sorted[1];
-    let verdicts: Vec<(&String, Verdict)> = sorted[1..].iter().map(|(n, v)| (n, advantage(hib, bv, v))).collect();
-    let tied: Vec<String> = verdicts.iter().filter(|(_, v)| !matches!(v, Verdict::Clear(_))).map(|(n, _)| n.to_string()).collect();
+    let verdicts: Vec<(&String, Verdict)> = sorted[1..]
+        .iter()
+        .map(|(n, v)| (n, advantage(hib, bv, v)))
+        .collect();
+    let tied: Vec<String> = verdicts
+        .iter()
+        .filter(|(_, v)| !matches!(v, Verdict::Clear(_)))
+        .map(|(n, _)| n.to_string())
+        .collect();
     let (winner, margin, text) = match verdicts[0].1 {
         Verdict::Untestable => {
-            let f = if hib { mean(bv) / mean(sv) } else { mean(sv) / mean(bv) };
+            let f = if hib {
+                mean(bv) / mean(sv)
+            } else {
+                mean(sv) / mean(bv)
+            };
             (None, None, format!("{best} leads {second} by {f:.2}x on {noun}, but single runs have no known spread: no winner claimed (use --repeat 5)"))
         }
         Verdict::Clear(ci) | Verdict::WithinNoise(ci) => {
             let margin = format!("{} than {second}", describe_advantage(hib, noun, ci));
             if tied.is_empty() {
-                (Some(best.clone()), Some(margin.clone()), format!("{best}: {margin}"))
+                (
+                    Some(best.clone()),
+                    Some(margin.clone()),
+                    format!("{best}: {margin}"),
+                )
             } else {
-                (None, Some(margin.clone()), format!("within the noise: {best} vs {}: {margin}", tied.join(", ")))
+                (
+                    None,
+                    Some(margin.clone()),
+                    format!("within the noise: {best} vs {}: {margin}", tied.join(", ")),
+                )
             }
         }
     };
-    let tied = if winner.is_some() || verdicts[0].1 == Verdict::Untestable { vec![] } else { tied };
-    Some(Decision { metric, winner, leader: best.clone(), tied, margin, text })
+    let tied = if winner.is_some() || verdicts[0].1 == Verdict::Untestable {
+        vec![]
+    } else {
+        tied
+    };
+    Some(Decision {
+        metric,
+        winner,
+        leader: best.clone(),
+        tied,
+        margin,
+        text,
+    })
 }
 
 /// Networked cases of one (suite, mtu, workload), by subject.
-fn group_by_workload(all: &BTreeMap<CaseKey, Case>) -> BTreeMap<(String, String, Option<u32>, String), Vec<&Case>> {
+fn group_by_workload(
+    all: &BTreeMap<CaseKey, Case>,
+) -> BTreeMap<(String, String, Option<u32>, String), Vec<&Case>> {
     let mut g: BTreeMap<(String, String, Option<u32>, String), Vec<&Case>> = BTreeMap::new();
     for c in all.values() {
-        g.entry((c.key.suite.clone(), c.key.link.clone(), c.key.mtu, c.key.workload.clone())).or_default().push(c);
+        g.entry((
+            c.key.suite.clone(),
+            c.key.link.clone(),
+            c.key.mtu,
+            c.key.workload.clone(),
+        ))
+        .or_default()
+        .push(c);
     }
     g
 }
@@ -183,7 +253,11 @@ fn group_by_workload(all: &BTreeMap<CaseKey, Case>) -> BTreeMap<(String, String,
 /// The first link shape of the run: the sections that show one scenario
 /// per MTU (charts, tables, findings) show this one.
 fn first_link(r: &Results) -> String {
-    r.params.links.first().cloned().unwrap_or_else(crate::results::default_link)
+    r.params
+        .links
+        .first()
+        .cloned()
+        .unwrap_or_else(crate::results::default_link)
 }
 
 /// "MTU 1500" or "MTU 1500, 1gbit" with the iperf3 ceiling when measured.
@@ -221,14 +295,24 @@ pub fn recommendations(r: &Results) -> Vec<Recommendation> {
         .collect();
     let mut out = vec![];
     for ((suite, link, mtu, workload), cs) in group_by_workload(&all) {
-        let (Some(mtu), true) = (mtu, suite == "micro") else { continue };
-        let entries = |m: Metric| -> Vec<(String, Vec<f64>)> { cs.iter().map(|c| (c.key.subject.clone(), c.values(m))).collect() };
+        let (Some(mtu), true) = (mtu, suite == "micro") else {
+            continue;
+        };
+        let entries = |m: Metric| -> Vec<(String, Vec<f64>)> {
+            cs.iter()
+                .map(|c| (c.key.subject.clone(), c.values(m)))
+                .collect()
+        };
         let tm = throughput_metric(cs[0]);
         let throughput = decide(tm, &entries(tm));
         let vs_local = throughput.as_ref().and_then(|d| {
             let lc = local.get(&workload)?.summary(tm)?;
             let best = cs.iter().find(|c| c.key.subject == d.leader)?.summary(tm)?;
-            Some(format!("{} reaches {:.0}% of local fio", d.leader, best.mean / lc.mean * 100.0))
+            Some(format!(
+                "{} reaches {:.0}% of local fio",
+                d.leader,
+                best.mean / lc.mean * 100.0
+            ))
         });
         out.push(Recommendation {
             mtu,
@@ -268,11 +352,29 @@ pub fn print_recommendations(r: &Results) {
     }
     println!("\nAnswer: what to pick, by how much (95% interval; a winner only when the whole interval is more than 5% ahead of every other subject)");
     let rows = answer_rows(&recs);
-    let head = ["scenario", "workload", "fastest", "by", "least CPU/op", "by"];
-    let widths: Vec<usize> =
-        (0..6).map(|i| rows.iter().map(|r| r[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
+    let head = [
+        "scenario",
+        "workload",
+        "fastest",
+        "by",
+        "least CPU/op",
+        "by",
+    ];
+    let widths: Vec<usize> = (0..6)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([head[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     let line = |cells: &[&str]| {
-        let s: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let s: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         println!("  {}", s.join("  ").trim_end());
     };
     line(&head);
@@ -282,7 +384,11 @@ pub fn print_recommendations(r: &Results) {
     println!("\nRecommendation in detail (throughput, median latency, CPU per op)");
     for rec in recs {
         println!("  {} {}:", rec.scenario, rec.workload);
-        for (what, d) in [("throughput", &rec.throughput), ("latency", &rec.latency), ("CPU/op", &rec.cpu)] {
+        for (what, d) in [
+            ("throughput", &rec.throughput),
+            ("latency", &rec.latency),
+            ("CPU/op", &rec.cpu),
+        ] {
             if let Some(d) = d {
                 println!("    {what:<10} {}", d.text);
             }
@@ -304,16 +410,31 @@ fn clearly_apart(a: &Case, b: &Case, metric: Metric) -> bool {
 /// Geometric mean of `a/b` ratios of `metric` over the micro workloads both
 /// subjects ran at `mtu`, with how many were significantly apart.
 #[allow(clippy::too_many_arguments)]
-fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &str, mtu: u32, a: &str, b: &str, metric: Metric, only: Option<&str>) -> Option<(f64, usize, usize)> {
+fn ratio_over_workloads(
+    all: &BTreeMap<CaseKey, Case>,
+    link: &str,
+    mtu: u32,
+    a: &str,
+    b: &str,
+    metric: Metric,
+    only: Option<&str>,
+) -> Option<(f64, usize, usize)> {
     let mut logs = vec![];
     let mut significant = 0;
-    for c in all.values().filter(|c| c.key.suite == "micro" && c.key.link == link && c.key.mtu == Some(mtu) && c.key.subject == a) {
+    for c in all.values().filter(|c| {
+        c.key.suite == "micro" && c.key.link == link && c.key.mtu == Some(mtu) && c.key.subject == a
+    }) {
         if only.is_some_and(|w| w != c.key.workload) {
             continue;
         }
-        let key_b = CaseKey { subject: b.to_string(), ..c.key.clone() };
+        let key_b = CaseKey {
+            subject: b.to_string(),
+            ..c.key.clone()
+        };
         let Some(cb) = all.get(&key_b) else { continue };
-        let (Some(sa), Some(sb)) = (c.summary(metric), cb.summary(metric)) else { continue };
+        let (Some(sa), Some(sb)) = (c.summary(metric), cb.summary(metric)) else {
+            continue;
+        };
         if sa.mean > 0.0 && sb.mean > 0.0 {
             logs.push((sa.mean / sb.mean).ln());
             significant += clearly_apart(c, cb, metric) as usize;
@@ -322,7 +443,11 @@ fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &str, mtu: u32, a: 
     if logs.is_empty() {
         return None;
     }
-    Some(((logs.iter().sum::<f64>() / logs.len() as f64).exp(), significant, logs.len()))
+    Some((
+        (logs.iter().sum::<f64>() / logs.len() as f64).exp(),
+        significant,
+        logs.len(),
+    ))
 }
 
 pub struct Finding {
@@ -337,20 +462,40 @@ pub fn findings(r: &Results) -> Vec<Finding> {
     let mut out = vec![];
     let mtus = &r.params.mtus;
     let Some(&mtu) = mtus.first() else { return out };
-    let pairs = [("blockwire-aoe", "blockwire-iscsi"), ("vblade-aoe", "tgt-iscsi")];
-    let links = if r.params.links.is_empty() { vec![crate::results::default_link()] } else { r.params.links.clone() };
-    for (link, (aoe, iscsi)) in links.iter().flat_map(|l| pairs.iter().map(move |p| (l, *p))) {
+    let pairs = [
+        ("blockwire-aoe", "blockwire-iscsi"),
+        ("vblade-aoe", "tgt-iscsi"),
+    ];
+    let links = if r.params.links.is_empty() {
+        vec![crate::results::default_link()]
+    } else {
+        r.params.links.clone()
+    };
+    for (link, (aoe, iscsi)) in links
+        .iter()
+        .flat_map(|l| pairs.iter().map(move |p| (l, *p)))
+    {
         let link = link.as_str();
         let pair = format!("{aoe} vs {iscsi} (MTU {mtu}, link {link})");
         let judge = |ratio: f64, sig: usize, n: usize, want_above: Option<f64>| -> String {
             match want_above {
-                _ if sig == 0 => format!("inconclusive or equal: no workload significantly apart ({n} compared)"),
+                _ if sig == 0 => {
+                    format!("inconclusive or equal: no workload significantly apart ({n} compared)")
+                }
                 Some(th) if ratio > th => "reproduced".into(),
                 Some(_) => "not reproduced".into(),
                 None => "n/a".into(),
             }
         };
-        if let Some((x, sig, n)) = ratio_over_workloads(&all, link, mtu, aoe, iscsi, Metric::MibPerS, Some("seqread-1m")) {
+        if let Some((x, sig, n)) = ratio_over_workloads(
+            &all,
+            link,
+            mtu,
+            aoe,
+            iscsi,
+            Metric::MibPerS,
+            Some("seqread-1m"),
+        ) {
             out.push(Finding {
                 claim: "AoE ~20% faster on uncached sequential reads",
                 pair: pair.clone(),
@@ -358,7 +503,15 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                 verdict: judge(x, sig, n, Some(1.05)),
             });
         }
-        if let Some((x, sig, _)) = ratio_over_workloads(&all, link, mtu, aoe, iscsi, Metric::Iops, Some("randread-4k-qd1")) {
+        if let Some((x, sig, _)) = ratio_over_workloads(
+            &all,
+            link,
+            mtu,
+            aoe,
+            iscsi,
+            Metric::Iops,
+            Some("randread-4k-qd1"),
+        ) {
             out.push(Finding {
                 claim: "equal on uncached random reads (disk seek dominated there; here RAM, so protocol cost shows)",
                 pair: pair.clone(),
@@ -366,7 +519,9 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                 verdict: if sig == 0 { "reproduced (within noise)".into() } else { "not reproduced (differ significantly)".into() },
             });
         }
-        if let Some((x, sig, n)) = ratio_over_workloads(&all, link, mtu, iscsi, aoe, Metric::TotalCpuUsPerOp, None) {
+        if let Some((x, sig, n)) =
+            ratio_over_workloads(&all, link, mtu, iscsi, aoe, Metric::TotalCpuUsPerOp, None)
+        {
             out.push(Finding {
                 claim: "iSCSI uses ~19% more CPU per operation",
                 pair: pair.clone(),
@@ -374,11 +529,15 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                 verdict: judge(x, sig, n, Some(1.0)),
             });
         }
-        if let Some((x, sig, n)) = ratio_over_workloads(&all, link, mtu, iscsi, aoe, Metric::WireBytesPerOp, None) {
+        if let Some((x, sig, n)) =
+            ratio_over_workloads(&all, link, mtu, iscsi, aoe, Metric::WireBytesPerOp, None)
+        {
             out.push(Finding {
                 claim: "iSCSI uses ~3% more network bytes per operation",
                 pair: pair.clone(),
-                measured: format!("iSCSI/AoE wire bytes/op = {x:.3} (geo-mean over {n}, {sig} significant)"),
+                measured: format!(
+                    "iSCSI/AoE wire bytes/op = {x:.3} (geo-mean over {n}, {sig} significant)"
+                ),
                 verdict: judge(x, sig, n, Some(1.0)),
             });
         }
@@ -387,18 +546,33 @@ pub fn findings(r: &Results) -> Vec<Finding> {
         claim: "iSCSI faster on cached writes (client write-back)",
         pair: "all".into(),
         measured: "not measured".into(),
-        verdict: "n/a: blockwire's initiators have no client cache, so there is no cached variant to run".into(),
+        verdict:
+            "n/a: blockwire's initiators have no client cache, so there is no cached variant to run"
+                .into(),
     });
     if mtus.len() >= 2 {
         let (small, big) = (mtus[0], *mtus.last().unwrap_or(&mtus[0]));
         for subj in r.subjects.iter().filter(|s| s.protocol != "local") {
-            for (metric, what) in [(Metric::TotalCpuUsPerOp, "CPU/op"), (Metric::WireBytesPerOp, "bytes/op")] {
+            for (metric, what) in [
+                (Metric::TotalCpuUsPerOp, "CPU/op"),
+                (Metric::WireBytesPerOp, "bytes/op"),
+            ] {
                 let mut logs = vec![];
                 let mut sig = 0;
                 for w in ["seqread-1m", "seqwrite-1m"] {
-                    let k = |m: u32| CaseKey { suite: "micro".into(), link: first_link(r), mtu: Some(m), workload: w.into(), subject: subj.key.clone() };
-                    let (Some(a), Some(b)) = (all.get(&k(big)), all.get(&k(small))) else { continue };
-                    let (Some(sa), Some(sb)) = (a.summary(metric), b.summary(metric)) else { continue };
+                    let k = |m: u32| CaseKey {
+                        suite: "micro".into(),
+                        link: first_link(r),
+                        mtu: Some(m),
+                        workload: w.into(),
+                        subject: subj.key.clone(),
+                    };
+                    let (Some(a), Some(b)) = (all.get(&k(big)), all.get(&k(small))) else {
+                        continue;
+                    };
+                    let (Some(sa), Some(sb)) = (a.summary(metric), b.summary(metric)) else {
+                        continue;
+                    };
                     if sa.mean > 0.0 && sb.mean > 0.0 {
                         logs.push((sa.mean / sb.mean).ln());
                         sig += clearly_apart(a, b, metric) as usize;
@@ -452,19 +626,34 @@ fn subject_colors(r: &Results) -> BTreeMap<String, String> {
     r.subjects
         .iter()
         .enumerate()
-        .map(|(i, s)| (s.key.clone(), svg::PALETTE[i % svg::PALETTE.len()].to_string()))
+        .map(|(i, s)| {
+            (
+                s.key.clone(),
+                svg::PALETTE[i % svg::PALETTE.len()].to_string(),
+            )
+        })
         .collect()
 }
 
 fn bar_of(s: Summary) -> Bar {
-    Bar { mean: s.mean, lo: (s.mean - s.stddev).max(0.0), hi: s.mean + s.stddev }
+    Bar {
+        mean: s.mean,
+        lo: (s.mean - s.stddev).max(0.0),
+        hi: s.mean + s.stddev,
+    }
 }
 
 fn fmt_summary(s: Option<Summary>) -> String {
     match s {
         None => "–".into(),
         Some(s) if s.n < 2 => svg::short(s.mean),
-        Some(s) => format!("{} ±{} <span class=\"tie\">[{}–{}]</span>", svg::short(s.mean), svg::short(s.stddev), svg::short(s.min), svg::short(s.max)),
+        Some(s) => format!(
+            "{} ±{} <span class=\"tie\">[{}–{}]</span>",
+            svg::short(s.mean),
+            svg::short(s.stddev),
+            svg::short(s.min),
+            svg::short(s.max)
+        ),
     }
 }
 
@@ -476,7 +665,10 @@ pub fn html(r: &Results) -> String {
         h,
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>blockwire lab report</title><style>{CSS}</style><script>{CHECK_SCRIPT}</script></head><body>"
     );
-    let _ = write!(h, "<h1>blockwire lab: AoE, iSCSI and NVMe/TCP side by side</h1>");
+    let _ = write!(
+        h,
+        "<h1>blockwire lab: AoE, iSCSI and NVMe/TCP side by side</h1>"
+    );
     let _ = write!(
         h,
         "<p class=\"note\">Run {} → {} on {} ({} CPUs, {} GiB RAM, kernel {}). blockwire {}; {}; {}; {}.</p>",
@@ -503,7 +695,11 @@ pub fn html(r: &Results) -> String {
         for row in answer_rows(&recs) {
             h.push_str("<tr>");
             for (i, c) in row.iter().enumerate() {
-                let class = if (i == 2 || i == 4) && !c.starts_with("tie") { "l win" } else { "l" };
+                let class = if (i == 2 || i == 4) && !c.starts_with("tie") {
+                    "l win"
+                } else {
+                    "l"
+                };
                 let _ = write!(h, "<td class=\"{class}\">{}</td>", esc(c));
             }
             h.push_str("</tr>");
@@ -546,14 +742,19 @@ pub fn html(r: &Results) -> String {
     }
     let mut by_mtu: BTreeMap<(String, u32), Vec<&Recommendation>> = BTreeMap::new();
     for rec in &recs {
-        by_mtu.entry((rec.link.clone(), rec.mtu)).or_default().push(rec);
+        by_mtu
+            .entry((rec.link.clone(), rec.mtu))
+            .or_default()
+            .push(rec);
     }
     for (_, recs) in by_mtu {
         let _ = write!(h, "<h3>{}</h3>", esc(&recs[0].scenario));
         let _ = write!(h, "<table><tr><th class=l>workload</th><th class=l>throughput</th><th class=l>latency</th><th class=l>CPU per op</th><th class=l>best vs local</th></tr>");
         for rec in recs {
             let cell = |d: &Option<Decision>| match d {
-                Some(d) if d.winner.is_some() => format!("<td class=\"l win\">{}</td>", esc(&d.text)),
+                Some(d) if d.winner.is_some() => {
+                    format!("<td class=\"l win\">{}</td>", esc(&d.text))
+                }
                 Some(d) => format!("<td class=\"l tie\">{}</td>", esc(&d.text)),
                 None => "<td class=l>–</td>".into(),
             };
@@ -589,7 +790,11 @@ pub fn html(r: &Results) -> String {
 
     // Charts per MTU.
     let micro_mtus: Vec<Option<u32>> = {
-        let mut v: Vec<Option<u32>> = all.keys().filter(|k| k.suite == "micro").map(|k| k.mtu).collect();
+        let mut v: Vec<Option<u32>> = all
+            .keys()
+            .filter(|k| k.suite == "micro")
+            .map(|k| k.mtu)
+            .collect();
         v.dedup();
         v.sort();
         v.dedup();
@@ -599,7 +804,11 @@ pub fn html(r: &Results) -> String {
         r.subjects
             .iter()
             .map(|s| s.key.clone())
-            .filter(|k| all.keys().any(|c| c.suite == "micro" && &c.subject == k && (c.mtu == mtu || c.mtu.is_none())))
+            .filter(|k| {
+                all.keys().any(|c| {
+                    c.suite == "micro" && &c.subject == k && (c.mtu == mtu || c.mtu.is_none())
+                })
+            })
             .collect()
     };
     for mtu in micro_mtus.iter().filter(|m| m.is_some()) {
@@ -607,7 +816,16 @@ pub fn html(r: &Results) -> String {
         let subjects = subjects_in(*mtu);
         let series: Vec<(String, String)> = subjects
             .iter()
-            .map(|k| (if k == "local-fio" { "local fio (no network)".to_string() } else { k.clone() }, colors.get(k).cloned().unwrap_or_default()))
+            .map(|k| {
+                (
+                    if k == "local-fio" {
+                        "local fio (no network)".to_string()
+                    } else {
+                        k.clone()
+                    },
+                    colors.get(k).cloned().unwrap_or_default(),
+                )
+            })
             .collect();
         let _ = write!(h, "<h2>Micro benchmarks at MTU {mtu_v}</h2><p class=\"note\">Bars: mean; whiskers: ±1 stddev over the repetitions. The local fio baseline (grey context, no network) appears where it applies.</p>");
         let mut workloads: Vec<(String, bool)> = all
@@ -615,7 +833,12 @@ pub fn html(r: &Results) -> String {
             .filter(|c| c.key.suite == "micro" && c.key.mtu == *mtu)
             .map(|c| (c.key.workload.clone(), c.workload.is_sequential()))
             .collect();
-        workloads.sort_by_key(|(name, _)| crate::plan::micro_workloads().iter().position(|w| &w.name == name).unwrap_or(99));
+        workloads.sort_by_key(|(name, _)| {
+            crate::plan::micro_workloads()
+                .iter()
+                .position(|w| &w.name == name)
+                .unwrap_or(99)
+        });
         workloads.dedup();
         let charts: [(Metric, Option<Metric>, &str); 6] = [
             (Metric::MibPerS, Some(Metric::Iops), "throughput"),
@@ -628,8 +851,16 @@ pub fn html(r: &Results) -> String {
         for (seq_metric, rand_metric, title) in charts {
             h.push_str("<div class=\"charts\">");
             for seq in [true, false] {
-                let metric = if seq { seq_metric } else { rand_metric.unwrap_or(seq_metric) };
-                let groups: Vec<String> = workloads.iter().filter(|(_, s)| *s == seq).map(|(n, _)| n.clone()).collect();
+                let metric = if seq {
+                    seq_metric
+                } else {
+                    rand_metric.unwrap_or(seq_metric)
+                };
+                let groups: Vec<String> = workloads
+                    .iter()
+                    .filter(|(_, s)| *s == seq)
+                    .map(|(n, _)| n.clone())
+                    .collect();
                 if groups.is_empty() {
                     continue;
                 }
@@ -641,7 +872,11 @@ pub fn html(r: &Results) -> String {
                             .map(|subj| {
                                 let key = CaseKey {
                                     suite: "micro".into(),
-                                    link: if subj == "local-fio" { "none".into() } else { first_link(r) },
+                                    link: if subj == "local-fio" {
+                                        "none".into()
+                                    } else {
+                                        first_link(r)
+                                    },
                                     mtu: if subj == "local-fio" { None } else { *mtu },
                                     workload: g.clone(),
                                     subject: subj.clone(),
@@ -654,8 +889,17 @@ pub fn html(r: &Results) -> String {
                 if values.iter().flatten().all(|v| v.is_none()) {
                     continue;
                 }
-                let t = format!("{title}: {}", if seq { "seq 1 MiB" } else { "random 4 KiB" });
-                h.push_str(&svg::grouped_bars(&t, metric.label(), &groups, &series, &values));
+                let t = format!(
+                    "{title}: {}",
+                    if seq { "seq 1 MiB" } else { "random 4 KiB" }
+                );
+                h.push_str(&svg::grouped_bars(
+                    &t,
+                    metric.label(),
+                    &groups,
+                    &series,
+                    &values,
+                ));
             }
             h.push_str("</div>");
         }
@@ -669,7 +913,10 @@ pub fn html(r: &Results) -> String {
             h,
             "<tr><td class=l>{}</td><td>{}</td><td class=l>{}</td><td>{}</td>",
             esc(&c.key.subject),
-            c.key.mtu.map(|m| m.to_string()).unwrap_or_else(|| "local".into()),
+            c.key
+                .mtu
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "local".into()),
             esc(&c.key.workload),
             c.samples.len()
         );
@@ -690,7 +937,12 @@ pub fn html(r: &Results) -> String {
         let mut busy: Vec<f64> = c.samples.iter().map(|x| x.busy_before).collect();
         busy.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
         let median = busy.get(busy.len() / 2).copied().unwrap_or(0.0);
-        let _ = write!(h, "<td>{}</td><td>{:.0}%</td></tr>", c.errors(), median * 100.0);
+        let _ = write!(
+            h,
+            "<td>{}</td><td>{:.0}%</td></tr>",
+            c.errors(),
+            median * 100.0
+        );
     }
     h.push_str("</table>");
 
@@ -715,7 +967,8 @@ pub fn html(r: &Results) -> String {
             let _ = write!(h, "<h3>MTU {mtu}</h3>");
             for subj in &sweep_subjects {
                 h.push_str("<div class=\"charts\">");
-                for (metric, name) in [(Metric::Iops, "IOPS"), (Metric::LatP99Us, "latency p99 µs")] {
+                for (metric, name) in [(Metric::Iops, "IOPS"), (Metric::LatP99Us, "latency p99 µs")]
+                {
                     let values: Vec<Vec<Option<f64>>> = p
                         .sweep_numjobs
                         .iter()
@@ -727,7 +980,9 @@ pub fn html(r: &Results) -> String {
                                         .find(|c| {
                                             c.key.suite == "sweep"
                                                 && &c.key.subject == subj
-                                                && (c.key.mtu.is_none() || (c.key.mtu == Some(mtu) && c.key.link == link))
+                                                && (c.key.mtu.is_none()
+                                                    || (c.key.mtu == Some(mtu)
+                                                        && c.key.link == link))
                                                 && c.workload.numjobs == j
                                                 && c.workload.iodepth == d
                                         })
@@ -740,7 +995,15 @@ pub fn html(r: &Results) -> String {
                     if values.iter().flatten().all(|v| v.is_none()) {
                         continue;
                     }
-                    h.push_str(&svg::heatmap(&format!("{subj} MTU {mtu}: {name}"), "numjobs", "iodepth", &rows, &cols, &values, metric.higher_is_better()));
+                    h.push_str(&svg::heatmap(
+                        &format!("{subj} MTU {mtu}: {name}"),
+                        "numjobs",
+                        "iodepth",
+                        &rows,
+                        &cols,
+                        &values,
+                        metric.higher_is_better(),
+                    ));
                 }
                 h.push_str("</div>");
             }
@@ -778,7 +1041,11 @@ pub fn html(r: &Results) -> String {
                 "<tr><td class=l>{}</td><td>{}</td><td class=l>{}</td><td class=l>{}</td></tr>",
                 esc(&f.subject),
                 f.mtu.map(|m| m.to_string()).unwrap_or_default(),
-                esc(if f.workload.is_empty() { "(start)" } else { &f.workload }),
+                esc(if f.workload.is_empty() {
+                    "(start)"
+                } else {
+                    &f.workload
+                }),
                 esc(&f.reason)
             );
         }
@@ -800,14 +1067,25 @@ fn net_section(r: &Results) -> String {
         r.params.net_runtime_s
     );
     h.push_str("<table><tr><th class=l>link</th><th>MTU</th><th>streams</th><th>Gbit/s</th><th>MiB/s</th><th>retransmits</th><th>client CPU %</th><th>server CPU %</th></tr>");
-    let mut keys: Vec<(String, u32, u32)> = r.net.iter().map(|s| (s.link.clone(), s.mtu, s.streams)).collect();
+    let mut keys: Vec<(String, u32, u32)> = r
+        .net
+        .iter()
+        .map(|s| (s.link.clone(), s.mtu, s.streams))
+        .collect();
     keys.sort();
     keys.dedup();
     for (link, mtu, streams) in keys {
-        let v: Vec<&crate::net::NetSample> = r.net.iter().filter(|s| s.link == link && s.mtu == mtu && s.streams == streams).collect();
+        let v: Vec<&crate::net::NetSample> = r
+            .net
+            .iter()
+            .filter(|s| s.link == link && s.mtu == mtu && s.streams == streams)
+            .collect();
         let n = v.len() as f64;
-        let mean = |f: &dyn Fn(&crate::net::NetSample) -> f64| v.iter().map(|s| f(s)).sum::<f64>() / n;
-        let (lo, hi) = v.iter().fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(s.bits_per_s), hi.max(s.bits_per_s)));
+        let mean =
+            |f: &dyn Fn(&crate::net::NetSample) -> f64| v.iter().map(|s| f(s)).sum::<f64>() / n;
+        let (lo, hi) = v.iter().fold((f64::MAX, 0.0f64), |(lo, hi), s| {
+            (lo.min(s.bits_per_s), hi.max(s.bits_per_s))
+        });
         let _ = write!(
             h,
             "<tr><td class=l>{}</td><td>{mtu}</td><td>{streams}</td><td>{:.2} <span class=\"tie\">[{:.2}–{:.2}]</span></td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td></tr>",
@@ -831,18 +1109,38 @@ fn overhead_section(r: &Results, all: &BTreeMap<CaseKey, Case>) -> String {
     let mut any = false;
     for s in r.subjects.iter().filter(|s| s.protocol != "local") {
         for &mtu in &r.params.mtus {
-            let get = |w: &str| all.get(&CaseKey { suite: "micro".into(), link: first_link(r), mtu: Some(mtu), workload: w.into(), subject: s.key.clone() });
+            let get = |w: &str| {
+                all.get(&CaseKey {
+                    suite: "micro".into(),
+                    link: first_link(r),
+                    mtu: Some(mtu),
+                    workload: w.into(),
+                    subject: s.key.clone(),
+                })
+            };
             let (rd, wr) = (get("seqread-1m"), get("seqwrite-1m"));
             if rd.is_none() && wr.is_none() {
                 continue;
             }
             any = true;
-            let hb = |c: Option<&Case>| c.and_then(|c| c.summary(Metric::HeaderBytesPerFrame)).map(|s| format!("{:.1}", s.mean)).unwrap_or("–".into());
+            let hb = |c: Option<&Case>| {
+                c.and_then(|c| c.summary(Metric::HeaderBytesPerFrame))
+                    .map(|s| format!("{:.1}", s.mean))
+                    .unwrap_or("–".into())
+            };
             let share = |c: Option<&Case>| {
                 c.and_then(|c| {
                     let payload: u64 = c.samples.iter().map(|x| x.bench.bytes).sum();
-                    let wire: u64 = c.samples.iter().filter_map(|x| x.wire.map(|w| w.bytes())).sum();
-                    if wire > 0 { Some(format!("{:.1}%", payload as f64 / wire as f64 * 100.0)) } else { None }
+                    let wire: u64 = c
+                        .samples
+                        .iter()
+                        .filter_map(|x| x.wire.map(|w| w.bytes()))
+                        .sum();
+                    if wire > 0 {
+                        Some(format!("{:.1}%", payload as f64 / wire as f64 * 100.0))
+                    } else {
+                        None
+                    }
                 })
                 .unwrap_or("–".into())
             };
@@ -865,7 +1163,9 @@ fn overhead_section(r: &Results, all: &BTreeMap<CaseKey, Case>) -> String {
     if !any {
         h.push_str("<tr><td class=l colspan=7>no sequential cases measured</td></tr>");
     }
-    h.push_str("</table><table><tr><th class=l>study 3: encapsulation</th><th>header B/frame</th></tr>");
+    h.push_str(
+        "</table><table><tr><th class=l>study 3: encapsulation</th><th>header B/frame</th></tr>",
+    );
     for (name, b) in STUDIES_HEADER_TABLE {
         let _ = write!(h, "<tr><td class=l>{name}</td><td>{b}</td></tr>");
     }
@@ -887,8 +1187,18 @@ mod tests {
     use super::*;
     use crate::results::*;
 
-    fn sample(subject: &str, mtu: Option<u32>, workload: &str, rep: u32, iops: f64, cpu: f64) -> Sample {
-        let wl = crate::plan::micro_workloads().into_iter().find(|w| w.name == workload).unwrap();
+    fn sample(
+        subject: &str,
+        mtu: Option<u32>,
+        workload: &str,
+        rep: u32,
+        iops: f64,
+        cpu: f64,
+    ) -> Sample {
+        let wl = crate::plan::micro_workloads()
+            .into_iter()
+            .find(|w| w.name == workload)
+            .unwrap();
         let ios = (iops * 2.0) as u64;
         Sample {
             subject: subject.into(),
@@ -900,7 +1210,12 @@ mod tests {
             bench: BenchResult {
                 iops,
                 bw_bytes: iops * wl.bs as f64,
-                lat_ns: Latency { p50: 1e9 / iops, p99: 3e9 / iops, p999: 5e9 / iops, mean: 1.1e9 / iops },
+                lat_ns: Latency {
+                    p50: 1e9 / iops,
+                    p99: 3e9 / iops,
+                    p999: 5e9 / iops,
+                    mean: 1.1e9 / iops,
+                },
                 cpu_user_s: cpu / 2.0,
                 cpu_sys_s: cpu / 2.0,
                 ios,
@@ -909,7 +1224,12 @@ mod tests {
                 errors: 0,
             },
             target_cpu_s: mtu.map(|_| cpu),
-            wire: mtu.map(|_| WireCounters { rx_bytes: ios * (wl.bs + 200), tx_bytes: ios * 100, rx_packets: ios * 3, tx_packets: ios * 3 }),
+            wire: mtu.map(|_| WireCounters {
+                rx_bytes: ios * (wl.bs + 200),
+                tx_bytes: ios * 100,
+                rx_packets: ios * 3,
+                tx_packets: ios * 3,
+            }),
             busy_before: 0.01,
             idle_wait_s: 0.3,
             started_unix: 0.0,
@@ -917,13 +1237,26 @@ mod tests {
     }
 
     fn results() -> Results {
-        let mut r = Results { format: FORMAT, ..Default::default() };
+        let mut r = Results {
+            format: FORMAT,
+            ..Default::default()
+        };
         r.params.mtus = vec![1500];
         r.params.repeat = 3;
         r.params.sweep_numjobs = vec![1, 4];
         r.params.sweep_iodepth = vec![1, 16];
-        for (k, p, t) in [("blockwire-aoe", "aoe", "blockwire"), ("blockwire-iscsi", "iscsi", "blockwire"), ("local-fio", "local", "tmpfs file")] {
-            r.subjects.push(Subject { key: k.into(), protocol: p.into(), target: t.into(), initiator: "blockwire".into(), unavailable: None });
+        for (k, p, t) in [
+            ("blockwire-aoe", "aoe", "blockwire"),
+            ("blockwire-iscsi", "iscsi", "blockwire"),
+            ("local-fio", "local", "tmpfs file"),
+        ] {
+            r.subjects.push(Subject {
+                key: k.into(),
+                protocol: p.into(),
+                target: t.into(),
+                initiator: "blockwire".into(),
+                unavailable: None,
+            });
         }
         r.subjects.push(Subject {
             key: "blockwire-nvme".into(),
@@ -934,13 +1267,33 @@ mod tests {
         });
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for w in ["seqread-1m", "randread-4k-qd1", "randrw75-4k-qd16"] {
-                r.samples.push(sample("blockwire-aoe", Some(1500), w, rep, 20_000.0 * jitter, 1.0));
+                r.samples.push(sample(
+                    "blockwire-aoe",
+                    Some(1500),
+                    w,
+                    rep,
+                    20_000.0 * jitter,
+                    1.0,
+                ));
                 // iSCSI: clearly slower on seq read, same on random reads.
-                let iops = if w == "seqread-1m" { 15_000.0 } else { 20_000.0 * (2.0 - jitter) };
-                r.samples.push(sample("blockwire-iscsi", Some(1500), w, rep, iops, 1.3));
-                r.samples.push(sample("local-fio", None, w, rep, 90_000.0 * jitter, 0.5));
+                let iops = if w == "seqread-1m" {
+                    15_000.0
+                } else {
+                    20_000.0 * (2.0 - jitter)
+                };
+                r.samples
+                    .push(sample("blockwire-iscsi", Some(1500), w, rep, iops, 1.3));
+                r.samples
+                    .push(sample("local-fio", None, w, rep, 90_000.0 * jitter, 0.5));
             }
-            let mut s = sample("blockwire-aoe", Some(1500), "randread-4k-qd1", rep, 1000.0, 1.0);
+            let mut s = sample(
+                "blockwire-aoe",
+                Some(1500),
+                "randread-4k-qd1",
+                rep,
+                1000.0,
+                1.0,
+            );
             s.suite = "sweep".into();
             s.workload = crate::plan::sweep_workload(4, 16);
             r.samples.push(s);
@@ -960,11 +1313,20 @@ mod tests {
         assert!(d.text.ends_with(" than b"), "{}", d.text);
         let d = decide(Metric::Iops, &[e("a", &a), e("b", &b), e("c", &c)]).unwrap();
         assert_eq!(d.winner, None, "a and c are within the noise: {}", d.text);
-        assert!(d.text.starts_with("within the noise: a vs c: 0% more IOPS ("), "{}", d.text);
+        assert!(
+            d.text
+                .starts_with("within the noise: a vs c: 0% more IOPS ("),
+            "{}",
+            d.text
+        );
         // Lower is better for latency: b wins, told as a saving.
         let d = decide(Metric::LatP50Us, &[e("a", &a), e("b", &b)]).unwrap();
         assert_eq!(d.winner.as_deref(), Some("b"));
-        assert!(d.text.starts_with("b: 20% less median latency ("), "{}", d.text);
+        assert!(
+            d.text.starts_with("b: 20% less median latency ("),
+            "{}",
+            d.text
+        );
         // Single runs: never a winner.
         let d = decide(Metric::Iops, &[e("x", &[10.0]), e("y", &[5.0])]).unwrap();
         assert_eq!(d.winner, None);
@@ -977,15 +1339,34 @@ mod tests {
         let recs = recommendations(&r);
         assert_eq!(recs.len(), 3);
         let seq = recs.iter().find(|x| x.workload == "seqread-1m").unwrap();
-        assert_eq!(seq.throughput.as_ref().unwrap().winner.as_deref(), Some("blockwire-aoe"));
-        assert!(seq.vs_local.as_ref().unwrap().contains("22%"), "{:?}", seq.vs_local);
-        let rnd = recs.iter().find(|x| x.workload == "randread-4k-qd1").unwrap();
+        assert_eq!(
+            seq.throughput.as_ref().unwrap().winner.as_deref(),
+            Some("blockwire-aoe")
+        );
+        assert!(
+            seq.vs_local.as_ref().unwrap().contains("22%"),
+            "{:?}",
+            seq.vs_local
+        );
+        let rnd = recs
+            .iter()
+            .find(|x| x.workload == "randread-4k-qd1")
+            .unwrap();
         assert_eq!(rnd.throughput.as_ref().unwrap().winner, None);
         // AoE needs less CPU per op in every case (1.0 vs 1.3 s over the same ops... per op).
-        let cpu = recs.iter().find(|x| x.workload == "seqread-1m").unwrap().cpu.as_ref().unwrap();
+        let cpu = recs
+            .iter()
+            .find(|x| x.workload == "seqread-1m")
+            .unwrap()
+            .cpu
+            .as_ref()
+            .unwrap();
         assert_eq!(cpu.winner.as_deref(), Some("blockwire-aoe"));
         let fs = findings(&r);
-        let seqf = fs.iter().find(|f| f.claim.starts_with("AoE ~20%") && f.pair.starts_with("blockwire")).unwrap();
+        let seqf = fs
+            .iter()
+            .find(|f| f.claim.starts_with("AoE ~20%") && f.pair.starts_with("blockwire"))
+            .unwrap();
         assert_eq!(seqf.verdict, "reproduced");
         let rndf = fs.iter().find(|f| f.claim.starts_with("equal on")).unwrap();
         assert!(rndf.verdict.starts_with("reproduced"), "{}", rndf.verdict);
@@ -1002,7 +1383,10 @@ mod tests {
         assert!(page.contains("iSCSI/TCP/IP"));
         for forbidden in ["http://", "https://", "src=", "<link", "@import"] {
             let without_ns = page.replace("http://www.w3.org/2000/svg", "");
-            assert!(!without_ns.contains(forbidden), "external reference {forbidden}");
+            assert!(
+                !without_ns.contains(forbidden),
+                "external reference {forbidden}"
+            );
         }
         assert!(!page.contains("NaN"));
         let c = csv(&r);

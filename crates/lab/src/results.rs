@@ -4,8 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What `blockwire bench --json` prints (and what the fio baseline is
-/// converted into), per run.
+/// The numbers the lab keeps of one micro or sweep run, from
+/// `blockwire bench --json` ([`bw_workload_report::BenchReport`]) or
+/// converted from fio's JSON for the local baseline.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BenchResult {
     pub iops: f64,
@@ -20,12 +21,34 @@ pub struct BenchResult {
     pub errors: u64,
 }
 
+/// Latency in nanoseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     pub p50: f64,
     pub p99: f64,
     pub p999: f64,
     pub mean: f64,
+}
+
+impl From<&bw_workload_report::BenchReport> for BenchResult {
+    fn from(r: &bw_workload_report::BenchReport) -> BenchResult {
+        BenchResult {
+            iops: r.iops,
+            bw_bytes: r.bw_bytes,
+            lat_ns: Latency {
+                p50: r.lat_ns.p50 as f64,
+                p99: r.lat_ns.p99 as f64,
+                p999: r.lat_ns.p999 as f64,
+                mean: r.lat_ns.mean,
+            },
+            cpu_user_s: r.cpu_user_s,
+            cpu_sys_s: r.cpu_sys_s,
+            ios: r.ios,
+            bytes: r.bytes,
+            runtime_s: r.runtime_s,
+            errors: r.errors,
+        }
+    }
 }
 
 /// Counter deltas of the client-side veth over one run (both directions).
@@ -163,6 +186,12 @@ pub struct Params {
     /// Seconds per iperf3 run of the net suite.
     #[serde(default)]
     pub net_runtime_s: u32,
+    /// Link shapes with their rates (absent in older results).
+    #[serde(default)]
+    pub link_shapes: Vec<crate::net::LinkShape>,
+    /// The fs suite's sizes and limits (absent when it did not run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs: Option<crate::fs::FsParams>,
 }
 
 pub fn default_link() -> String {
@@ -176,7 +205,11 @@ fn default_links() -> Vec<String> {
 impl Params {
     /// Repetitions of each sweep point.
     pub fn sweep_repeats(&self) -> u32 {
-        if self.sweep_repeat == 0 { self.repeat } else { self.sweep_repeat }
+        if self.sweep_repeat == 0 {
+            self.repeat
+        } else {
+            self.sweep_repeat
+        }
     }
 }
 
@@ -205,9 +238,15 @@ pub struct Results {
     pub subjects: Vec<Subject>,
     pub samples: Vec<Sample>,
     pub failures: Vec<Failure>,
+    /// Each suite's own records beside `samples` (micro and sweep): a suite
+    /// with a shape of its own adds a field here and a section in
+    /// `report::SECTIONS`.
     /// The net suite's iperf3 runs.
     #[serde(default)]
     pub net: Vec<crate::net::NetSample>,
+    /// The fs suite's runs.
+    #[serde(default)]
+    pub fs: Vec<crate::fs::FsSample>,
     /// Set when the run was cut short (SIGINT/SIGTERM or an error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aborted: Option<String>,
@@ -257,7 +296,12 @@ pub fn format_utc(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 pub fn unix_now() -> f64 {
@@ -280,8 +324,18 @@ mod tests {
 
     #[test]
     fn wire_delta_and_sums() {
-        let a = WireCounters { rx_bytes: 100, tx_bytes: 50, rx_packets: 2, tx_packets: 1 };
-        let b = WireCounters { rx_bytes: 1100, tx_bytes: 550, rx_packets: 12, tx_packets: 6 };
+        let a = WireCounters {
+            rx_bytes: 100,
+            tx_bytes: 50,
+            rx_packets: 2,
+            tx_packets: 1,
+        };
+        let b = WireCounters {
+            rx_bytes: 1100,
+            tx_bytes: 550,
+            rx_packets: 12,
+            tx_packets: 6,
+        };
         let d = WireCounters::delta(&a, &b);
         assert_eq!(d.bytes(), 1500);
         assert_eq!(d.frames(), 15);

@@ -5,54 +5,13 @@
 
 use crate::cpu::CpuTimes;
 use bw_initiator::BlockClient;
+pub use bw_workload_report::{BenchReport, DirectionReport, Latency, Rw};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Rw {
-    Read,
-    Write,
-    RandRead,
-    RandWrite,
-    RandRw,
-    /// Sequential mix (fio's `rw`/`readwrite`).
-    Rw,
-}
-
-impl std::str::FromStr for Rw {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "read" => Rw::Read,
-            "write" => Rw::Write,
-            "randread" => Rw::RandRead,
-            "randwrite" => Rw::RandWrite,
-            "randrw" => Rw::RandRw,
-            "rw" | "readwrite" => Rw::Rw,
-            _ => return Err(format!("unknown --rw {s:?} (read, write, randread, randwrite, randrw, rw)")),
-        })
-    }
-}
-
-impl Rw {
-    fn random(self) -> bool {
-        matches!(self, Rw::RandRead | Rw::RandWrite | Rw::RandRw)
-    }
-    /// Percentage of reads.
-    fn read_pct(self, mix: u8) -> u8 {
-        match self {
-            Rw::Read | Rw::RandRead => 100,
-            Rw::Write | Rw::RandWrite => 0,
-            Rw::RandRw | Rw::Rw => mix.min(100),
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct BenchParams {
@@ -73,55 +32,17 @@ pub struct BenchParams {
     pub ramp_ios: u64,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Latency {
-    pub min: u64,
-    pub mean: f64,
-    pub p50: u64,
-    pub p90: u64,
-    pub p99: u64,
-    pub p999: u64,
-    pub max: u64,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct DirectionReport {
-    pub ios: u64,
-    pub bytes: u64,
-    pub iops: f64,
-    pub bw_bytes: f64,
-    pub lat_ns: Latency,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct BenchReport {
-    pub target: String,
-    pub rw: Rw,
-    pub bs: usize,
-    pub iodepth: usize,
-    pub numjobs: usize,
-    pub rwmixread: u8,
-    pub runtime_s: f64,
-    pub ios: u64,
-    pub bytes: u64,
-    pub iops: f64,
-    pub bw_bytes: f64,
-    pub lat_ns: Latency,
-    pub read: DirectionReport,
-    pub write: DirectionReport,
-    pub cpu_user_s: f64,
-    pub cpu_sys_s: f64,
-    /// Client CPU seconds per request (user + sys).
-    pub cpu_per_io_us: f64,
-    pub errors: u64,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("invalid parameters: {0}")]
     Params(String),
     #[error("{op} of {len} bytes at offset {offset} failed")]
-    Io { op: &'static str, offset: u64, len: usize, source: bw_initiator::ClientError },
+    Io {
+        op: &'static str,
+        offset: u64,
+        len: usize,
+        source: bw_initiator::ClientError,
+    },
 }
 
 struct Shared {
@@ -140,20 +61,35 @@ fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(100, 120_000_000_000, 3).expect("static bounds are valid")
 }
 
-pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<BenchReport, BenchError> {
+pub async fn bench(
+    client: Arc<dyn BlockClient>,
+    p: &BenchParams,
+) -> Result<BenchReport, BenchError> {
     let bs = client.block_size() as u64;
     let dev = client.size_bytes();
     if p.bs == 0 || p.bs as u64 % bs != 0 {
-        return Err(BenchError::Params(format!("--bs must be a non-zero multiple of {bs}")));
+        return Err(BenchError::Params(format!(
+            "--bs must be a non-zero multiple of {bs}"
+        )));
     }
-    let size = if p.size == 0 { dev.saturating_sub(p.offset) } else { p.size };
+    let size = if p.size == 0 {
+        dev.saturating_sub(p.offset)
+    } else {
+        p.size
+    };
     if p.offset % bs != 0 || p.offset.checked_add(size).map_or(true, |e| e > dev) {
-        return Err(BenchError::Params(format!("region {}+{size} does not fit the device ({dev} bytes)", p.offset)));
+        return Err(BenchError::Params(format!(
+            "region {}+{size} does not fit the device ({dev} bytes)",
+            p.offset
+        )));
     }
     let numjobs = p.numjobs.max(1) as u64;
     let blocks_per_job = size / numjobs / p.bs as u64;
     if blocks_per_job == 0 {
-        return Err(BenchError::Params(format!("region of {size} bytes is too small for {numjobs} jobs of --bs {}", p.bs)));
+        return Err(BenchError::Params(format!(
+            "region of {size} bytes is too small for {numjobs} jobs of --bs {}",
+            p.bs
+        )));
     }
     if p.runtime.is_none() && p.ios.is_none() {
         return Err(BenchError::Params("give --runtime or --ios".into()));
@@ -171,9 +107,12 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
         let cursor = Arc::new(AtomicU64::new(0));
         let job_base = p.offset + job * blocks_per_job * p.bs as u64;
         for w in 0..p.iodepth.max(1) {
-            let (client, shared, cursor, p) = (client.clone(), shared.clone(), cursor.clone(), p.clone());
+            let (client, shared, cursor, p) =
+                (client.clone(), shared.clone(), cursor.clone(), p.clone());
             let seed = p.seed ^ (job << 32) ^ w as u64;
-            tasks.spawn(async move { worker(client, shared, cursor, p, job_base, blocks_per_job, seed).await });
+            tasks.spawn(async move {
+                worker(client, shared, cursor, p, job_base, blocks_per_job, seed).await
+            });
         }
     }
 
@@ -226,7 +165,13 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
     let dir = |h: &Histogram<u64>| {
         let ios = h.len();
         let bytes = ios * p.bs as u64;
-        DirectionReport { ios, bytes, iops: ios as f64 / elapsed, bw_bytes: bytes as f64 / elapsed, lat_ns: latency(h) }
+        DirectionReport {
+            ios,
+            bytes,
+            iops: ios as f64 / elapsed,
+            bw_bytes: bytes as f64 / elapsed,
+            lat_ns: latency(h),
+        }
     };
     let (r, w) = (dir(&read), dir(&write));
     let mut all = read.clone();
@@ -249,7 +194,11 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
         write: w,
         cpu_user_s: cpu.user_s,
         cpu_sys_s: cpu.sys_s,
-        cpu_per_io_us: if ios > 0 { (cpu.user_s + cpu.sys_s) * 1e6 / ios as f64 } else { 0.0 },
+        cpu_per_io_us: if ios > 0 {
+            (cpu.user_s + cpu.sys_s) * 1e6 / ios as f64
+        } else {
+            0.0
+        },
         errors,
     })
 }
@@ -283,9 +232,14 @@ async fn worker(
     // Incompressible, non-zero data so no layer can cheat on zero pages.
     rng.fill(&mut buf[..]);
     let read_pct = p.rw.read_pct(p.rwmixread);
-    let mut res = WorkerResult { read: new_hist(), write: new_hist() };
+    let mut res = WorkerResult {
+        read: new_hist(),
+        write: new_hist(),
+    };
     loop {
-        if shared.stop.load(Ordering::Relaxed) || shared.issued.fetch_add(1, Ordering::Relaxed) >= shared.limit {
+        if shared.stop.load(Ordering::Relaxed)
+            || shared.issued.fetch_add(1, Ordering::Relaxed) >= shared.limit
+        {
             return Ok(res);
         }
         let block = if p.rw.random() {
@@ -296,72 +250,26 @@ async fn worker(
         let offset = job_base + block * p.bs as u64;
         let is_read = read_pct == 100 || (read_pct > 0 && rng.gen_range(0..100u8) < read_pct);
         let t = Instant::now();
-        let r = if is_read { client.read(offset, &mut buf).await } else { client.write(offset, &buf).await };
+        let r = if is_read {
+            client.read(offset, &mut buf).await
+        } else {
+            client.write(offset, &buf).await
+        };
         let ns = t.elapsed().as_nanos() as u64;
-        r.map_err(|source| BenchError::Io { op: if is_read { "read" } else { "write" }, offset, len: p.bs, source })?;
+        r.map_err(|source| BenchError::Io {
+            op: if is_read { "read" } else { "write" },
+            offset,
+            len: p.bs,
+            source,
+        })?;
         if shared.measuring.load(Ordering::Relaxed) {
-            let h = if is_read { &mut res.read } else { &mut res.write };
+            let h = if is_read {
+                &mut res.read
+            } else {
+                &mut res.write
+            };
             h.saturating_record(ns.max(100));
         }
-    }
-}
-
-impl BenchReport {
-    /// The human table `blockwire bench` prints.
-    pub fn table(&self) -> String {
-        let mut s = format!(
-            "{}  {:?} bs={} iodepth={} numjobs={}{}  {:.1} s\n",
-            self.target,
-            self.rw,
-            bw_size(self.bs as u64),
-            self.iodepth,
-            self.numjobs,
-            if matches!(self.rw, Rw::RandRw | Rw::Rw) { format!(" rwmixread={}", self.rwmixread) } else { String::new() },
-            self.runtime_s
-        )
-        .to_lowercase();
-        s.push_str(&format!(
-            "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-            "op", "IOPS", "MiB/s", "lat p50", "p99", "p99.9", "ios"
-        ));
-        for (name, d) in [("read", &self.read), ("write", &self.write)] {
-            if d.ios == 0 {
-                continue;
-            }
-            s.push_str(&format!(
-                "{:<6} {:>10.0} {:>10.1} {:>10} {:>10} {:>10} {:>10}\n",
-                name,
-                d.iops,
-                d.bw_bytes / (1 << 20) as f64,
-                fmt_ns(d.lat_ns.p50),
-                fmt_ns(d.lat_ns.p99),
-                fmt_ns(d.lat_ns.p999),
-                d.ios
-            ));
-        }
-        s.push_str(&format!(
-            "client cpu: user {:.2} s, sys {:.2} s, {:.1} us per I/O\n",
-            self.cpu_user_s, self.cpu_sys_s, self.cpu_per_io_us
-        ));
-        s
-    }
-}
-
-fn bw_size(b: u64) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
-        format!("{}MiB", b >> 20)
-    } else if b >= 1024 && b % 1024 == 0 {
-        format!("{}KiB", b >> 10)
-    } else {
-        format!("{b}B")
-    }
-}
-
-fn fmt_ns(ns: u64) -> String {
-    if ns >= 10_000_000 {
-        format!("{:.1}ms", ns as f64 / 1e6)
-    } else {
-        format!("{:.1}us", ns as f64 / 1e3)
     }
 }
 
@@ -388,7 +296,9 @@ mod tests {
 
     #[tokio::test]
     async fn counts_exactly_the_requested_ios_and_mix() {
-        let r = bench(mem(1 << 20, None), &params(Rw::RandRw)).await.unwrap();
+        let r = bench(mem(1 << 20, None), &params(Rw::RandRw))
+            .await
+            .unwrap();
         assert_eq!(r.ios, 2000);
         assert_eq!(r.bytes, 2000 * 4096);
         let frac = r.read.ios as f64 / r.ios as f64;
@@ -411,19 +321,22 @@ mod tests {
     async fn rejects_bad_parameters() {
         let mut p = params(Rw::Read);
         p.bs = 1000;
-        assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
+        assert!(matches!(
+            bench(mem(1 << 20, None), &p).await,
+            Err(BenchError::Params(_))
+        ));
         let mut p = params(Rw::Read);
         p.ios = None;
-        assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
+        assert!(matches!(
+            bench(mem(1 << 20, None), &p).await,
+            Err(BenchError::Params(_))
+        ));
         let mut p = params(Rw::Read);
         p.numjobs = 1000;
         p.bs = 1 << 20;
-        assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
-    }
-
-    #[test]
-    fn parses_rw_names() {
-        assert_eq!("randrw".parse::<Rw>().unwrap(), Rw::RandRw);
-        assert!("randomread".parse::<Rw>().is_err());
+        assert!(matches!(
+            bench(mem(1 << 20, None), &p).await,
+            Err(BenchError::Params(_))
+        ));
     }
 }
