@@ -112,17 +112,12 @@ impl Metric {
             Metric::LatP999Us => Some(b.lat_ns.p999 / 1e3),
             Metric::TargetCpuUsPerOp => per_op(s.target_cpu_s? * 1e6),
             Metric::InitiatorCpuUsPerOp => per_op(initiator_cpu * 1e6),
-            Metric::TotalCpuUsPerOp => {
-                per_op((s.target_cpu_s.unwrap_or(0.0) + initiator_cpu) * 1e6)
-            }
+            Metric::TotalCpuUsPerOp => per_op((s.target_cpu_s.unwrap_or(0.0) + initiator_cpu) * 1e6),
             Metric::CpuMsPerMib => {
                 if b.bytes == 0 {
                     None
                 } else {
-                    Some(
-                        (s.target_cpu_s.unwrap_or(0.0) + initiator_cpu) * 1e3
-                            / (b.bytes as f64 / MIB),
-                    )
+                    Some((s.target_cpu_s.unwrap_or(0.0) + initiator_cpu) * 1e3 / (b.bytes as f64 / MIB))
                 }
             }
             Metric::WireBytesPerOp => per_op(s.wire?.bytes() as f64),
@@ -183,11 +178,7 @@ pub fn cases(samples: &[Sample]) -> BTreeMap<CaseKey, Case> {
             subject: s.subject.clone(),
         };
         out.entry(key.clone())
-            .or_insert_with(|| Case {
-                key,
-                workload: s.workload.clone(),
-                samples: vec![],
-            })
+            .or_insert_with(|| Case { key, workload: s.workload.clone(), samples: vec![] })
             .samples
             .push(s.clone());
     }
@@ -219,12 +210,7 @@ mod tests {
             bench: BenchResult {
                 iops: 10_000.0,
                 bw_bytes: 10_000.0 * 4096.0,
-                lat_ns: Latency {
-                    p50: 95_000.0,
-                    p99: 180_000.0,
-                    p999: 400_000.0,
-                    mean: 99_000.0,
-                },
+                lat_ns: Latency { p50: 95_000.0, p99: 180_000.0, p999: 400_000.0, mean: 99_000.0 },
                 cpu_user_s: 0.4,
                 cpu_sys_s: 0.6,
                 ios: 30_000,
@@ -254,19 +240,10 @@ mod tests {
     fn cpu_accounting_per_op_and_per_mib() {
         let s = recorded();
         assert!(close(Metric::TargetCpuUsPerOp.of(&s).unwrap(), 50.0));
-        assert!(close(
-            Metric::InitiatorCpuUsPerOp.of(&s).unwrap(),
-            1.0e6 / 30_000.0
-        ));
-        assert!(close(
-            Metric::TotalCpuUsPerOp.of(&s).unwrap(),
-            2.5e6 / 30_000.0
-        ));
+        assert!(close(Metric::InitiatorCpuUsPerOp.of(&s).unwrap(), 1.0e6 / 30_000.0));
+        assert!(close(Metric::TotalCpuUsPerOp.of(&s).unwrap(), 2.5e6 / 30_000.0));
         // 2.5 CPU-seconds over 30000*4 KiB = 117.1875 MiB.
-        assert!(close(
-            Metric::CpuMsPerMib.of(&s).unwrap(),
-            2500.0 / 117.1875
-        ));
+        assert!(close(Metric::CpuMsPerMib.of(&s).unwrap(), 2500.0 / 117.1875));
         assert!(close(Metric::MibPerS.of(&s).unwrap(), 40_960_000.0 / MIB));
         assert!(close(Metric::LatP99Us.of(&s).unwrap(), 180.0));
     }
@@ -274,10 +251,7 @@ mod tests {
     #[test]
     fn wire_accounting_per_op_and_header_overhead() {
         let s = recorded();
-        assert!(close(
-            Metric::WireBytesPerOp.of(&s).unwrap(),
-            (4 * (14 + 36 + 1024) + 4 * 60) as f64
-        ));
+        assert!(close(Metric::WireBytesPerOp.of(&s).unwrap(), (4 * (14 + 36 + 1024) + 4 * 60) as f64));
         assert!(close(Metric::FramesPerOp.of(&s).unwrap(), 8.0));
         // Non-payload bytes per op: 4*(50) + 4*60 = 440 over 8 frames.
         assert!(close(Metric::HeaderBytesPerFrame.of(&s).unwrap(), 55.0));
@@ -291,10 +265,7 @@ mod tests {
         assert_eq!(Metric::WireBytesPerOp.of(&s), None);
         assert_eq!(Metric::TargetCpuUsPerOp.of(&s), None);
         // Local baseline: total CPU is the initiator's alone.
-        assert!(close(
-            Metric::TotalCpuUsPerOp.of(&s).unwrap(),
-            1.0e6 / 30_000.0
-        ));
+        assert!(close(Metric::TotalCpuUsPerOp.of(&s).unwrap(), 1.0e6 / 30_000.0));
         s.bench.ios = 0;
         s.bench.bytes = 0;
         assert_eq!(Metric::InitiatorCpuUsPerOp.of(&s), None);
@@ -312,10 +283,7 @@ mod tests {
         a.bench.iops = 8_000.0;
         let cs = cases(&[a, b, other]);
         assert_eq!(cs.len(), 2);
-        let c = cs
-            .values()
-            .find(|c| c.key.subject == "blockwire-aoe")
-            .unwrap();
+        let c = cs.values().find(|c| c.key.subject == "blockwire-aoe").unwrap();
         let s = c.summary(Metric::Iops).unwrap();
         assert_eq!(s.n, 2);
         assert!(close(s.mean, 10_000.0));

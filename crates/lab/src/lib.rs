@@ -105,10 +105,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
     if let Some(LabCommand::Report { out }) = &args.command {
         let results = results::Results::load(&out.join("results.json"))?;
         report::write_all(out, &results)?;
-        println!(
-            "lab: report re-rendered: {}",
-            out.join("report.html").display()
-        );
+        println!("lab: report re-rendered: {}", out.join("report.html").display());
         return Ok(());
     }
     if args.suite.as_deref() == Some("route") {
@@ -141,10 +138,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
     cleanup::install_signal_handler()?;
     let exe = std::env::current_exe()?;
     let out = args.out.clone().unwrap_or_else(|| {
-        let stamp: String = results::utc_now()
-            .chars()
-            .filter(|c| c.is_ascii_digit())
-            .collect();
+        let stamp: String = results::utc_now().chars().filter(|c| c.is_ascii_digit()).collect();
         PathBuf::from(format!("lab-{}-{}", &stamp[..8], &stamp[8..]))
     });
     std::fs::create_dir_all(&out)?;
@@ -180,10 +174,7 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
         anyhow::ensure!(which("fio"), "fio is not installed (or pass --no-baseline)");
     }
     if plan.net_runs > 0 {
-        anyhow::ensure!(
-            which("iperf3"),
-            "iperf3 is not installed (or leave out the net suite)"
-        );
+        anyhow::ensure!(which("iperf3"), "iperf3 is not installed (or leave out the net suite)");
     }
     if plan.links.iter().any(|l| l.bits_per_s.is_some()) {
         anyhow::ensure!(which("tc"), "tc is not installed (package iproute2)");
@@ -194,25 +185,11 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
             "the fs suite limits the client's memory with a memory cgroup, and {} has no memory controller",
             cgroup::ROOT
         );
-        anyhow::ensure!(
-            std::path::Path::new("/dev/fuse").exists(),
-            "the fs suite mounts through FUSE: /dev/fuse is missing (modprobe fuse)"
-        );
-        for (tool, package) in [
-            ("nsenter", "util-linux"),
-            ("losetup", "util-linux"),
-            ("mkfs.ext4", "e2fsprogs"),
-            ("fio", "fio"),
-        ] {
-            anyhow::ensure!(
-                which(tool),
-                "{tool} is not installed (package {package}); the fs suite needs it"
-            );
+        anyhow::ensure!(std::path::Path::new("/dev/fuse").exists(), "the fs suite mounts through FUSE: /dev/fuse is missing (modprobe fuse)");
+        for (tool, package) in [("nsenter", "util-linux"), ("losetup", "util-linux"), ("mkfs.ext4", "e2fsprogs"), ("fio", "fio")] {
+            anyhow::ensure!(which(tool), "{tool} is not installed (package {package}); the fs suite needs it");
         }
-        for (w, tool, package) in [
-            ("postmark", "postmark", "postmark"),
-            ("bonnie", "bonnie++", "bonnie++"),
-        ] {
+        for (w, tool, package) in [("postmark", "postmark", "postmark"), ("bonnie", "bonnie++", "bonnie++")] {
             if fs.workloads.iter().any(|x| x == w) {
                 anyhow::ensure!(which(tool), "{tool} is not installed (package {package}; or leave {w} out of --fs-workloads)");
             }
@@ -221,12 +198,7 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
     let need = plan.params.size_bytes;
     if let Ok(st) = nix::sys::statvfs::statvfs("/dev/shm") {
         let free = st.blocks_available() as u64 * st.fragment_size() as u64;
-        anyhow::ensure!(
-            free > need,
-            "/dev/shm has {} MiB free, the volume needs {} MiB",
-            free >> 20,
-            need >> 20
-        );
+        anyhow::ensure!(free > need, "/dev/shm has {} MiB free, the volume needs {} MiB", free >> 20, need >> 20);
     }
     Ok(())
 }
@@ -235,7 +207,5 @@ fn which(tool: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
         .unwrap_or(false)
-        || ["/usr/sbin", "/sbin", "/usr/bin"]
-            .iter()
-            .any(|d| std::path::Path::new(d).join(tool).is_file())
+        || ["/usr/sbin", "/sbin", "/usr/bin"].iter().any(|d| std::path::Path::new(d).join(tool).is_file())
 }

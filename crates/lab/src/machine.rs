@@ -8,11 +8,7 @@ use std::time::{Duration, Instant};
 fn clk_tck() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
+    if t > 0 { t as f64 } else { 100.0 }
 }
 
 /// utime + stime (fields 14 and 15) of a /proc/PID/stat line, in ticks.
@@ -30,19 +26,14 @@ pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
 pub fn process_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|e| anyhow::anyhow!("process {pid} is gone: {e}"))?;
-    let ticks =
-        parse_stat_cpu_ticks(&s).ok_or_else(|| anyhow::anyhow!("cannot parse /proc/{pid}/stat"))?;
+    let ticks = parse_stat_cpu_ticks(&s).ok_or_else(|| anyhow::anyhow!("cannot parse /proc/{pid}/stat"))?;
     Ok(ticks as f64 / clk_tck())
 }
 
 /// (busy, total) jiffies from the aggregate `cpu` line of /proc/stat.
 pub fn parse_proc_stat_totals(text: &str) -> Option<(u64, u64)> {
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
     if v.len() < 4 {
         return None;
     }
@@ -89,13 +80,8 @@ pub fn machine_info() -> MachineInfo {
         .and_then(|l| l.split_once(':'))
         .map(|(_, v)| v.trim().to_string())
         .unwrap_or_else(|| "unknown".into());
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
     let mem_total_bytes = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
@@ -106,37 +92,18 @@ pub fn machine_info() -> MachineInfo {
         })
         .map(|kib| kib * 1024)
         .unwrap_or(0);
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    MachineInfo {
-        cpu_model,
-        cpus,
-        kernel,
-        mem_total_bytes,
-        hostname,
-    }
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+    MachineInfo { cpu_model, cpus, kernel, mem_total_bytes, hostname }
 }
 
 fn first_line(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;
-    let text = if out.stdout.is_empty() {
-        out.stderr
-    } else {
-        out.stdout
-    };
-    String::from_utf8_lossy(&text)
-        .lines()
-        .next()
-        .map(|l| l.trim().to_string())
+    let text = if out.stdout.is_empty() { out.stderr } else { out.stdout };
+    String::from_utf8_lossy(&text).lines().next().map(|l| l.trim().to_string())
 }
 
 fn debian_version(package: &str) -> Option<String> {
-    let out = Command::new("dpkg-query")
-        .args(["-W", "-f", "${Version}", package])
-        .output()
-        .ok()?;
+    let out = Command::new("dpkg-query").args(["-W", "-f", "${Version}", package]).output().ok()?;
     if out.status.success() {
         Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
@@ -148,12 +115,8 @@ pub fn software(blockwire_exe: &std::path::Path) -> Software {
     let na = || "not installed".to_string();
     Software {
         blockwire: first_line(&blockwire_exe.to_string_lossy(), &["--version"]).unwrap_or_else(na),
-        tgt: debian_version("tgt")
-            .map(|v| format!("tgt {v}"))
-            .unwrap_or_else(na),
-        vblade: debian_version("vblade")
-            .map(|v| format!("vblade {v}"))
-            .unwrap_or_else(na),
+        tgt: debian_version("tgt").map(|v| format!("tgt {v}")).unwrap_or_else(na),
+        vblade: debian_version("vblade").map(|v| format!("vblade {v}")).unwrap_or_else(na),
         fio: first_line("fio", &["--version"]).unwrap_or_else(na),
     }
 }

@@ -24,10 +24,7 @@ pub struct LinkShape {
 
 impl LinkShape {
     pub fn none() -> LinkShape {
-        LinkShape {
-            name: "none".into(),
-            bits_per_s: None,
-        }
+        LinkShape { name: "none".into(), bits_per_s: None }
     }
 }
 
@@ -44,14 +41,9 @@ pub fn parse_link(s: &str) -> anyhow::Result<LinkShape> {
     } else {
         anyhow::bail!("invalid link {s:?} (none, or a rate such as 1gbit, 10gbit, 100mbit)");
     };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("invalid link rate {s:?}"))?;
+    let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("invalid link rate {s:?}"))?;
     anyhow::ensure!(n > 0, "invalid link rate {s:?}");
-    Ok(LinkShape {
-        name: s.clone(),
-        bits_per_s: Some(n * mul),
-    })
+    Ok(LinkShape { name: s.clone(), bits_per_s: Some(n * mul) })
 }
 
 /// `tc` arguments that put a tbf of `bits_per_s` on `dev` (egress). The
@@ -59,36 +51,15 @@ pub fn parse_link(s: &str) -> anyhow::Result<LinkShape> {
 /// timer granularity at 10 Gbit/s; packets wait at most 20 ms in the queue.
 pub fn tbf_args(dev: &str, bits_per_s: u64) -> Vec<String> {
     let burst = (bits_per_s / 8 / 250).max(64 * 1024);
-    [
-        "qdisc",
-        "replace",
-        "dev",
-        dev,
-        "root",
-        "tbf",
-        "rate",
-        &format!("{bits_per_s}bit"),
-        "burst",
-        &burst.to_string(),
-        "latency",
-        "20ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    ["qdisc", "replace", "dev", dev, "root", "tbf", "rate", &format!("{bits_per_s}bit"), "burst", &burst.to_string(), "latency", "20ms"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 fn tc(ns: &str, args: &[String]) -> anyhow::Result<()> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "tc"])
-        .args(args)
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "tc {} in {ns}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
+    let out = Command::new("ip").args(["netns", "exec", ns, "tc"]).args(args).output()?;
+    anyhow::ensure!(out.status.success(), "tc {} in {ns}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     Ok(())
 }
 
@@ -96,33 +67,15 @@ fn tc(ns: &str, args: &[String]) -> anyhow::Result<()> {
 /// shaping for `none`. The qdiscs are tracked for Ctrl-C cleanup.
 pub fn apply_shape(topo: &Topology, link: &Link, shape: &LinkShape) -> anyhow::Result<Vec<Token>> {
     let mut tokens = vec![];
-    for (ns, dev) in [
-        (&topo.target_ns, &link.target_if),
-        (&topo.client_ns, &link.client_if),
-    ] {
+    for (ns, dev) in [(&topo.target_ns, &link.target_if), (&topo.client_ns, &link.client_if)] {
         match shape.bits_per_s {
             Some(rate) => {
-                let (t, ()) = registry().create(
-                    Resource::Qdisc {
-                        ns: ns.clone(),
-                        dev: dev.clone(),
-                    },
-                    || tc(ns, &tbf_args(dev, rate)),
-                )?;
+                let (t, ()) = registry().create(Resource::Qdisc { ns: ns.clone(), dev: dev.clone() }, || tc(ns, &tbf_args(dev, rate)))?;
                 tokens.push(t);
             }
             // The default qdisc comes back when the root one goes.
             None => {
-                let _ = tc(
-                    ns,
-                    &[
-                        "qdisc".into(),
-                        "del".into(),
-                        "dev".into(),
-                        dev.clone(),
-                        "root".into(),
-                    ],
-                );
+                let _ = tc(ns, &["qdisc".into(), "del".into(), "dev".into(), dev.clone(), "root".into()]);
             }
         }
     }
@@ -154,14 +107,11 @@ pub struct Iperf {
 }
 
 pub fn parse_iperf3_json(text: &str) -> anyhow::Result<Iperf> {
-    let v: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| anyhow::anyhow!("iperf3 output is not JSON: {e}"))?;
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| anyhow::anyhow!("iperf3 output is not JSON: {e}"))?;
     if let Some(err) = v.get("error").and_then(|e| e.as_str()) {
         anyhow::bail!("iperf3: {err}");
     }
-    let end = v
-        .get("end")
-        .ok_or_else(|| anyhow::anyhow!("iperf3 output has no end section"))?;
+    let end = v.get("end").ok_or_else(|| anyhow::anyhow!("iperf3 output has no end section"))?;
     let f = |path: &[&str]| -> Option<f64> {
         let mut x = end;
         for p in path {
@@ -170,8 +120,7 @@ pub fn parse_iperf3_json(text: &str) -> anyhow::Result<Iperf> {
         x.as_f64()
     };
     Ok(Iperf {
-        bits_per_s: f(&["sum_received", "bits_per_second"])
-            .ok_or_else(|| anyhow::anyhow!("iperf3 output lacks end.sum_received"))?,
+        bits_per_s: f(&["sum_received", "bits_per_second"]).ok_or_else(|| anyhow::anyhow!("iperf3 output lacks end.sum_received"))?,
         retransmits: f(&["sum_sent", "retransmits"]).unwrap_or(0.0) as u64,
         client_cpu_pct: f(&["cpu_utilization_percent", "host_total"]).unwrap_or(0.0),
         server_cpu_pct: f(&["cpu_utilization_percent", "remote_total"]).unwrap_or(0.0),
@@ -179,45 +128,20 @@ pub fn parse_iperf3_json(text: &str) -> anyhow::Result<Iperf> {
 }
 
 pub fn iperf3_client_args(server: &str, streams: u32, secs: u32) -> Vec<String> {
-    [
-        "-c",
-        server,
-        "-p",
-        &IPERF_PORT.to_string(),
-        "-P",
-        &streams.to_string(),
-        "-t",
-        &secs.to_string(),
-        "-J",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    ["-c", server, "-p", &IPERF_PORT.to_string(), "-P", &streams.to_string(), "-t", &secs.to_string(), "-J"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 /// The net suite on one link: an iperf3 server in the target namespace,
 /// clients with each stream count `repeats` times (stream counts rotated
 /// between repeats, like the subjects of the other suites).
-pub fn run_net(
-    topo: &Topology,
-    link: &Link,
-    shape: &LinkShape,
-    secs: u32,
-    repeats: u32,
-) -> anyhow::Result<Vec<NetSample>> {
+pub fn run_net(topo: &Topology, link: &Link, shape: &LinkShape, secs: u32, repeats: u32) -> anyhow::Result<Vec<NetSample>> {
     let mut server = ns_command(&topo.target_ns, "iperf3");
-    server.args([
-        "-s",
-        "-B",
-        &link.target_ip.to_string(),
-        "-p",
-        &IPERF_PORT.to_string(),
-    ]);
-    server
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let (token, _child) =
-        registry().spawn(&mut server, "iperf3 server", crate::cleanup::Role::Service)?;
+    server.args(["-s", "-B", &link.target_ip.to_string(), "-p", &IPERF_PORT.to_string()]);
+    server.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let (token, _child) = registry().spawn(&mut server, "iperf3 server", crate::cleanup::Role::Service)?;
     let r = (|| {
         let ip = link.target_ip.to_string();
         // The server listens shortly after start: retry the first connection.
@@ -257,9 +181,7 @@ pub fn run_net(
 }
 
 fn one(topo: &Topology, ip: &str, streams: u32, secs: u32) -> anyhow::Result<Iperf> {
-    let out = ns_command(&topo.client_ns, "iperf3")
-        .args(iperf3_client_args(ip, streams, secs))
-        .output()?;
+    let out = ns_command(&topo.client_ns, "iperf3").args(iperf3_client_args(ip, streams, secs)).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     parse_iperf3_json(&text)
 }
@@ -268,11 +190,7 @@ fn one(topo: &Topology, ip: &str, streams: u32, secs: u32) -> anyhow::Result<Ipe
 pub fn ceiling(samples: &[NetSample], link: &str, mtu: u32) -> Option<(f64, u32)> {
     let mut best: Option<(f64, u32)> = None;
     for &n in &STREAMS {
-        let v: Vec<f64> = samples
-            .iter()
-            .filter(|s| s.link == link && s.mtu == mtu && s.streams == n)
-            .map(|s| s.bits_per_s)
-            .collect();
+        let v: Vec<f64> = samples.iter().filter(|s| s.link == link && s.mtu == mtu && s.streams == n).map(|s| s.bits_per_s).collect();
         if v.is_empty() {
             continue;
         }
@@ -292,10 +210,7 @@ mod tests {
     fn links_parse() {
         assert_eq!(parse_link("none").unwrap(), LinkShape::none());
         assert_eq!(parse_link("1gbit").unwrap().bits_per_s, Some(1_000_000_000));
-        assert_eq!(
-            parse_link("10Gbit").unwrap().bits_per_s,
-            Some(10_000_000_000)
-        );
+        assert_eq!(parse_link("10Gbit").unwrap().bits_per_s, Some(10_000_000_000));
         assert_eq!(parse_link("100mbit").unwrap().bits_per_s, Some(100_000_000));
         for bad in ["", "1g", "fast", "0gbit", "-1gbit"] {
             assert!(parse_link(bad).is_err(), "{bad}");
@@ -305,10 +220,7 @@ mod tests {
     #[test]
     fn tbf_bucket_covers_the_timer_tick() {
         let a = tbf_args("veth0", 10_000_000_000);
-        assert_eq!(
-            &a[..6],
-            &["qdisc", "replace", "dev", "veth0", "root", "tbf"]
-        );
+        assert_eq!(&a[..6], &["qdisc", "replace", "dev", "veth0", "root", "tbf"]);
         let at = |k: &str| a[a.iter().position(|x| x == k).unwrap() + 1].clone();
         assert_eq!(at("rate"), "10000000000bit");
         // 4 ms at 10 Gbit/s = 5 MB; a smaller bucket caps the rate below the setting.
@@ -324,19 +236,8 @@ mod tests {
             "sum_received":{"bytes":1240000000,"bits_per_second":9.8e9},
             "cpu_utilization_percent":{"host_total":71.5,"host_user":2.0,"host_system":69.5,"remote_total":88.25,"remote_user":1.0,"remote_system":87.0}}}"#;
         let m = parse_iperf3_json(text).unwrap();
-        assert_eq!(
-            m,
-            Iperf {
-                bits_per_s: 9.8e9,
-                retransmits: 3,
-                client_cpu_pct: 71.5,
-                server_cpu_pct: 88.25
-            }
-        );
-        let err = parse_iperf3_json(
-            r#"{"start":{},"error":"unable to connect to server: Connection refused"}"#,
-        )
-        .unwrap_err();
+        assert_eq!(m, Iperf { bits_per_s: 9.8e9, retransmits: 3, client_cpu_pct: 71.5, server_cpu_pct: 88.25 });
+        let err = parse_iperf3_json(r#"{"start":{},"error":"unable to connect to server: Connection refused"}"#).unwrap_err();
         assert!(format!("{err}").contains("Connection refused"));
         assert!(parse_iperf3_json("").is_err());
         assert!(parse_iperf3_json(r#"{"end":{}}"#).is_err());

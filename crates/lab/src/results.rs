@@ -35,12 +35,7 @@ impl From<&bw_workload_report::BenchReport> for BenchResult {
         BenchResult {
             iops: r.iops,
             bw_bytes: r.bw_bytes,
-            lat_ns: Latency {
-                p50: r.lat_ns.p50 as f64,
-                p99: r.lat_ns.p99 as f64,
-                p999: r.lat_ns.p999 as f64,
-                mean: r.lat_ns.mean,
-            },
+            lat_ns: Latency { p50: r.lat_ns.p50 as f64, p99: r.lat_ns.p99 as f64, p999: r.lat_ns.p999 as f64, mean: r.lat_ns.mean },
             cpu_user_s: r.cpu_user_s,
             cpu_sys_s: r.cpu_sys_s,
             ios: r.ios,
@@ -205,11 +200,7 @@ fn default_links() -> Vec<String> {
 impl Params {
     /// Repetitions of each sweep point.
     pub fn sweep_repeats(&self) -> u32 {
-        if self.sweep_repeat == 0 {
-            self.repeat
-        } else {
-            self.sweep_repeat
-        }
+        if self.sweep_repeat == 0 { self.repeat } else { self.sweep_repeat }
     }
 }
 
@@ -238,9 +229,9 @@ pub struct Results {
     pub subjects: Vec<Subject>,
     pub samples: Vec<Sample>,
     pub failures: Vec<Failure>,
-    /// Each suite's own records beside `samples` (micro and sweep): a suite
-    /// with a shape of its own adds a field here and a section in
-    /// `report::SECTIONS`.
+    // Each suite's own records beside `samples` (micro and sweep): a suite
+    // with a shape of its own adds a field here and a section in
+    // `report::SECTIONS`.
     /// The net suite's iperf3 runs.
     #[serde(default)]
     pub net: Vec<crate::net::NetSample>,
@@ -296,12 +287,7 @@ pub fn format_utc(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 pub fn unix_now() -> f64 {
@@ -324,18 +310,8 @@ mod tests {
 
     #[test]
     fn wire_delta_and_sums() {
-        let a = WireCounters {
-            rx_bytes: 100,
-            tx_bytes: 50,
-            rx_packets: 2,
-            tx_packets: 1,
-        };
-        let b = WireCounters {
-            rx_bytes: 1100,
-            tx_bytes: 550,
-            rx_packets: 12,
-            tx_packets: 6,
-        };
+        let a = WireCounters { rx_bytes: 100, tx_bytes: 50, rx_packets: 2, tx_packets: 1 };
+        let b = WireCounters { rx_bytes: 1100, tx_bytes: 550, rx_packets: 12, tx_packets: 6 };
         let d = WireCounters::delta(&a, &b);
         assert_eq!(d.bytes(), 1500);
         assert_eq!(d.frames(), 15);

@@ -32,22 +32,12 @@ impl Summary {
         };
         let min = v.iter().copied().fold(f64::INFINITY, f64::min);
         let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        Some(Summary {
-            n,
-            mean,
-            stddev,
-            min,
-            max,
-        })
+        Some(Summary { n, mean, stddev, min, max })
     }
 
     /// Coefficient of variation (stddev / mean), 0 for a zero mean.
     pub fn rel_spread(&self) -> f64 {
-        if self.mean == 0.0 {
-            0.0
-        } else {
-            self.stddev / self.mean.abs()
-        }
+        if self.mean == 0.0 { 0.0 } else { self.stddev / self.mean.abs() }
     }
 }
 
@@ -68,11 +58,7 @@ pub struct RatioCi {
 impl RatioCi {
     /// The same comparison seen from the other side (b over a).
     pub fn inverse(self) -> RatioCi {
-        RatioCi {
-            ratio: 1.0 / self.ratio,
-            lo: 1.0 / self.hi,
-            hi: 1.0 / self.lo,
-        }
+        RatioCi { ratio: 1.0 / self.ratio, lo: 1.0 / self.hi, hi: 1.0 / self.lo }
     }
     /// The whole interval lies beyond the practical threshold, either way.
     pub fn apart(self) -> bool {
@@ -100,16 +86,9 @@ pub fn ratio_of_means(a: &[f64], b: &[f64]) -> Option<RatioCi> {
     if ma <= 0.0 || mb <= 0.0 {
         return None;
     }
-    let seed = a.iter().chain(&b).fold(0xB10C_F1E1_u64, |h, x| {
-        (h ^ x.to_bits()).wrapping_mul(0x0100_0000_01B3)
-    });
+    let seed = a.iter().chain(&b).fold(0xB10C_F1E1_u64, |h, x| (h ^ x.to_bits()).wrapping_mul(0x0100_0000_01B3));
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-    let mut resample = |v: &[f64]| {
-        (0..v.len())
-            .map(|_| v[rng.gen_range(0..v.len())])
-            .sum::<f64>()
-            / v.len() as f64
-    };
+    let mut resample = |v: &[f64]| (0..v.len()).map(|_| v[rng.gen_range(0..v.len())]).sum::<f64>() / v.len() as f64;
     let mut ratios: Vec<f64> = (0..RESAMPLES)
         .filter_map(|_| {
             let (x, y) = (resample(&a), resample(&b));
@@ -118,11 +97,7 @@ pub fn ratio_of_means(a: &[f64], b: &[f64]) -> Option<RatioCi> {
         .collect();
     ratios.sort_by(|x, y| x.total_cmp(y));
     let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
-    Some(RatioCi {
-        ratio: ma / mb,
-        lo: at(0.025),
-        hi: at(0.975),
-    })
+    Some(RatioCi { ratio: ma / mb, lo: at(0.025), hi: at(0.975) })
 }
 
 /// Verdict on "is `a` better than `b`" for one metric.
@@ -140,11 +115,7 @@ pub enum Verdict {
 /// How much better `a` is than `b`: a factor in the metric's good direction
 /// (a/b when higher is better, b/a when lower is), with its interval.
 pub fn advantage(higher_is_better: bool, a: &[f64], b: &[f64]) -> Verdict {
-    let ci = if higher_is_better {
-        ratio_of_means(a, b)
-    } else {
-        ratio_of_means(b, a)
-    };
+    let ci = if higher_is_better { ratio_of_means(a, b) } else { ratio_of_means(b, a) };
     match ci {
         None => Verdict::Untestable,
         Some(ci) if ci.lo > 1.0 + PRACTICAL => Verdict::Clear(ci),
@@ -159,25 +130,12 @@ pub fn advantage(higher_is_better: bool, a: &[f64], b: &[f64]) -> Verdict {
 pub fn describe_advantage(higher_is_better: bool, noun: &str, ci: RatioCi) -> String {
     let more = if higher_is_better { "more" } else { "less" };
     if ci.ratio >= 1.5 {
-        return format!(
-            "{:.1}x {more} {noun} ({:.1}-{:.1}x)",
-            ci.ratio, ci.lo, ci.hi
-        );
+        return format!("{:.1}x {more} {noun} ({:.1}-{:.1}x)", ci.ratio, ci.lo, ci.hi);
     }
     // Percent: gain for higher-is-better, saving for lower-is-better.
-    let pct = |f: f64| {
-        if higher_is_better {
-            (f - 1.0) * 100.0
-        } else {
-            (1.0 - 1.0 / f) * 100.0
-        }
-    };
+    let pct = |f: f64| if higher_is_better { (f - 1.0) * 100.0 } else { (1.0 - 1.0 / f) * 100.0 };
     // Rounded first, so that a bound of -0.3% reads "0%", not "-0%".
-    let (p, lo, hi) = (
-        pct(ci.ratio).round() + 0.0,
-        pct(ci.lo).round() + 0.0,
-        pct(ci.hi).round() + 0.0,
-    );
+    let (p, lo, hi) = (pct(ci.ratio).round() + 0.0, pct(ci.lo).round() + 0.0, pct(ci.hi).round() + 0.0);
     if lo < 0.0 {
         format!("{p:.0}% {more} {noun} ({lo:.0}% to {hi:.0}%)")
     } else {
@@ -216,19 +174,11 @@ mod tests {
     #[test]
     fn an_8x_cpu_difference_over_5_repeats_is_a_clear_win() {
         let v = advantage(false, &NVME_CPU, &TGT_CPU);
-        let Verdict::Clear(ci) = v else {
-            panic!("expected a clear win, got {v:?}")
-        };
+        let Verdict::Clear(ci) = v else { panic!("expected a clear win, got {v:?}") };
         assert!(ci.ratio > 7.0 && ci.ratio < 9.0, "{ci:?}");
-        assert!(
-            ci.lo <= ci.ratio && ci.ratio <= ci.hi && ci.lo > 6.0,
-            "{ci:?}"
-        );
+        assert!(ci.lo <= ci.ratio && ci.ratio <= ci.hi && ci.lo > 6.0, "{ci:?}");
         // Seen from tgt's side it is a clear loss, never a win.
-        assert!(matches!(
-            advantage(false, &TGT_CPU, &NVME_CPU),
-            Verdict::WithinNoise(_)
-        ));
+        assert!(matches!(advantage(false, &TGT_CPU, &NVME_CPU), Verdict::WithinNoise(_)));
         let text = describe_advantage(false, "CPU per op", ci);
         assert!(text.starts_with("8.0x less CPU per op ("), "{text}");
     }
@@ -236,10 +186,7 @@ mod tests {
     #[test]
     fn two_draws_from_one_distribution_tie() {
         // Ten IOPS samples of one target at one setting, split in two.
-        let all = [
-            41_200.0, 39_800.0, 43_100.0, 40_500.0, 38_900.0, 42_300.0, 40_100.0, 41_900.0,
-            39_300.0, 42_800.0,
-        ];
+        let all = [41_200.0, 39_800.0, 43_100.0, 40_500.0, 38_900.0, 42_300.0, 40_100.0, 41_900.0, 39_300.0, 42_800.0];
         let (a, b) = all.split_at(5);
         for (x, y) in [(a, b), (b, a)] {
             let v = advantage(true, x, y);
@@ -256,19 +203,10 @@ mod tests {
         let a = [103.0, 103.1, 102.9, 103.0, 103.05];
         let b = [100.0, 100.1, 99.9, 100.0, 100.05];
         let v = advantage(true, &a, &b);
-        let Verdict::WithinNoise(ci) = v else {
-            panic!("3% must not be a win: {v:?}")
-        };
+        let Verdict::WithinNoise(ci) = v else { panic!("3% must not be a win: {v:?}") };
         // Statistically apart, practically not.
         assert!(ci.lo > 1.0 && ci.hi < 1.05, "{ci:?}");
-        assert_eq!(
-            describe_advantage(true, "IOPS", ci),
-            format!(
-                "3% more IOPS ({:.0}-{:.0}%)",
-                (ci.lo - 1.0) * 100.0,
-                (ci.hi - 1.0) * 100.0
-            )
-        );
+        assert_eq!(describe_advantage(true, "IOPS", ci), format!("3% more IOPS ({:.0}-{:.0}%)", (ci.lo - 1.0) * 100.0, (ci.hi - 1.0) * 100.0));
     }
 
     #[test]
@@ -280,42 +218,14 @@ mod tests {
     #[test]
     fn reductions_never_pass_100_percent() {
         // 1.4x less is a 29% saving; 6.33x less is said as a factor, not "533% lower".
-        let ci = RatioCi {
-            ratio: 1.4,
-            lo: 1.2,
-            hi: 1.6,
-        };
-        assert_eq!(
-            describe_advantage(false, "CPU per op", ci),
-            "29% less CPU per op (17-38%)"
-        );
-        let ci = RatioCi {
-            ratio: 6.33,
-            lo: 5.1,
-            hi: 7.9,
-        };
-        assert_eq!(
-            describe_advantage(false, "CPU per op", ci),
-            "6.3x less CPU per op (5.1-7.9x)"
-        );
-        let ci = RatioCi {
-            ratio: 1.02,
-            lo: 0.97,
-            hi: 1.08,
-        };
-        assert_eq!(
-            describe_advantage(true, "MiB/s", ci),
-            "2% more MiB/s (-3% to 8%)"
-        );
-        let ci = RatioCi {
-            ratio: 1.1,
-            lo: 0.997,
-            hi: 1.2,
-        };
-        assert_eq!(
-            describe_advantage(true, "IOPS", ci),
-            "10% more IOPS (0-20%)"
-        );
+        let ci = RatioCi { ratio: 1.4, lo: 1.2, hi: 1.6 };
+        assert_eq!(describe_advantage(false, "CPU per op", ci), "29% less CPU per op (17-38%)");
+        let ci = RatioCi { ratio: 6.33, lo: 5.1, hi: 7.9 };
+        assert_eq!(describe_advantage(false, "CPU per op", ci), "6.3x less CPU per op (5.1-7.9x)");
+        let ci = RatioCi { ratio: 1.02, lo: 0.97, hi: 1.08 };
+        assert_eq!(describe_advantage(true, "MiB/s", ci), "2% more MiB/s (-3% to 8%)");
+        let ci = RatioCi { ratio: 1.1, lo: 0.997, hi: 1.2 };
+        assert_eq!(describe_advantage(true, "IOPS", ci), "10% more IOPS (0-20%)");
     }
 
     proptest! {

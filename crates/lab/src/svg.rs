@@ -4,10 +4,7 @@
 use std::fmt::Write;
 
 pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// A bar: the mean, and the whisker range (mean ± stddev, clamped at 0).
@@ -18,9 +15,7 @@ pub struct Bar {
     pub hi: f64,
 }
 
-pub const PALETTE: [&str; 8] = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-];
+pub const PALETTE: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
 
 /// A "nice" axis maximum and tick step for values up to `max`.
 pub fn nice_axis(max: f64) -> (f64, f64) {
@@ -66,13 +61,7 @@ pub fn short(v: f64) -> String {
 
 /// Grouped bars: `values[group][series]`. Series names go in the legend,
 /// group names under the axis.
-pub fn grouped_bars(
-    title: &str,
-    unit: &str,
-    groups: &[String],
-    series: &[(String, String)],
-    values: &[Vec<Option<Bar>>],
-) -> String {
+pub fn grouped_bars(title: &str, unit: &str, groups: &[String], series: &[(String, String)], values: &[Vec<Option<Bar>>]) -> String {
     let (left, right, top, bottom) = (64.0, 16.0, 44.0, 58.0);
     let group_gap = 22.0;
     // Groups at least 140 px wide so workload names under them do not collide.
@@ -99,11 +88,7 @@ pub fn grouped_bars(
         r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" role="img" aria-label="{t}">"#,
         t = esc(title)
     );
-    let _ = write!(
-        s,
-        r#"<text x="8" y="18" class="title">{}</text>"#,
-        esc(title)
-    );
+    let _ = write!(s, r#"<text x="8" y="18" class="title">{}</text>"#, esc(title));
     // Legend.
     for (i, (name, color)) in series.iter().enumerate() {
         let lx = left + (i % legend_cols) as f64 * 165.0;
@@ -140,9 +125,7 @@ pub fn grouped_bars(
     for (g, name) in groups.iter().enumerate() {
         let gx = left + g as f64 * group_w + group_gap / 2.0;
         for (i, (sname, color)) in series.iter().enumerate() {
-            let Some(b) = values.get(g).and_then(|v| v.get(i)).copied().flatten() else {
-                continue;
-            };
+            let Some(b) = values.get(g).and_then(|v| v.get(i)).copied().flatten() else { continue };
             let x = gx + i as f64 * bar_w;
             let (yt, yb) = (y(b.mean), y(0.0));
             let _ = write!(
@@ -192,18 +175,8 @@ pub fn grouped_bars(
 
 /// Colour for t in 0..1 on a perceptual ramp (dark blue -> green -> yellow).
 pub fn ramp(t: f64) -> String {
-    let stops = [
-        (68.0, 1.0, 84.0),
-        (59.0, 82.0, 139.0),
-        (33.0, 145.0, 140.0),
-        (94.0, 201.0, 98.0),
-        (253.0, 231.0, 37.0),
-    ];
-    let t = if t.is_finite() {
-        t.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
+    let stops = [(68.0, 1.0, 84.0), (59.0, 82.0, 139.0), (33.0, 145.0, 140.0), (94.0, 201.0, 98.0), (253.0, 231.0, 37.0)];
+    let t = if t.is_finite() { t.clamp(0.0, 1.0) } else { 0.0 };
     let pos = t * (stops.len() - 1) as f64;
     let i = (pos.floor() as usize).min(stops.len() - 2);
     let f = pos - i as f64;
@@ -227,35 +200,18 @@ pub fn heatmap(
     let (left, top, cell_w, cell_h) = (70.0, 40.0, 62.0, 30.0);
     let width = left + col_labels.len() as f64 * cell_w + 12.0;
     let height = top + row_labels.len() as f64 * cell_h + 40.0;
-    let all: Vec<f64> = values
-        .iter()
-        .flatten()
-        .flatten()
-        .copied()
-        .filter(|v| v.is_finite())
-        .collect();
+    let all: Vec<f64> = values.iter().flatten().flatten().copied().filter(|v| v.is_finite()).collect();
     let (lo, hi) = all
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
-            (a.min(v), b.max(v))
-        });
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
     let mut s = String::new();
     let _ = write!(
         s,
         r#"<svg class="chart heatmap" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" role="img" aria-label="{t}">"#,
         t = esc(title)
     );
-    let _ = write!(
-        s,
-        r#"<text x="8" y="18" class="title">{}</text>"#,
-        esc(title)
-    );
-    let _ = write!(
-        s,
-        r#"<text x="8" y="{:.0}" class="small">{}</text>"#,
-        top - 6.0,
-        esc(&format!("{row_title} ↓ / {col_title} →"))
-    );
+    let _ = write!(s, r#"<text x="8" y="18" class="title">{}</text>"#, esc(title));
+    let _ = write!(s, r#"<text x="8" y="{:.0}" class="small">{}</text>"#, top - 6.0, esc(&format!("{row_title} ↓ / {col_title} →")));
     for (c, label) in col_labels.iter().enumerate() {
         let _ = write!(
             s,
@@ -267,13 +223,7 @@ pub fn heatmap(
     }
     for (r, label) in row_labels.iter().enumerate() {
         let ry = top + r as f64 * cell_h;
-        let _ = write!(
-            s,
-            r#"<text x="{:.0}" y="{:.1}" class="small" text-anchor="end">{}</text>"#,
-            left - 6.0,
-            ry + cell_h / 2.0 + 4.0,
-            esc(label)
-        );
+        let _ = write!(s, r#"<text x="{:.0}" y="{:.1}" class="small" text-anchor="end">{}</text>"#, left - 6.0, ry + cell_h / 2.0 + 4.0, esc(label));
         for c in 0..col_labels.len() {
             let v = values.get(r).and_then(|row| row.get(c)).copied().flatten();
             let cx = left + c as f64 * cell_w;
@@ -321,17 +271,9 @@ mod tests {
 
     #[test]
     fn axis_is_nice_and_covers_the_data() {
-        for (max, want_max, want_step) in [
-            (9.3, 10.0, 2.0),
-            (47_000.0, 50_000.0, 10_000.0),
-            (0.7, 0.8, 0.2),
-            (120.0, 125.0, 25.0),
-        ] {
+        for (max, want_max, want_step) in [(9.3, 10.0, 2.0), (47_000.0, 50_000.0, 10_000.0), (0.7, 0.8, 0.2), (120.0, 125.0, 25.0)] {
             let (m, st) = nice_axis(max);
-            assert!(
-                (m - want_max).abs() < 1e-9 && (st - want_step).abs() < 1e-9,
-                "{max} -> {m} {st}"
-            );
+            assert!((m - want_max).abs() < 1e-9 && (st - want_step).abs() < 1e-9, "{max} -> {m} {st}");
             assert!(m >= max);
         }
         assert_eq!(nice_axis(0.0), (1.0, 0.25));
@@ -341,31 +283,10 @@ mod tests {
     #[test]
     fn bars_chart_has_one_rect_per_value_and_escapes() {
         let groups = vec!["a<b".to_string(), "c".to_string()];
-        let series = vec![
-            ("x&y".to_string(), PALETTE[0].to_string()),
-            ("z".to_string(), PALETTE[1].to_string()),
-        ];
+        let series = vec![("x&y".to_string(), PALETTE[0].to_string()), ("z".to_string(), PALETTE[1].to_string())];
         let v = vec![
-            vec![
-                Some(Bar {
-                    mean: 5.0,
-                    lo: 4.0,
-                    hi: 6.0,
-                }),
-                None,
-            ],
-            vec![
-                Some(Bar {
-                    mean: 3.0,
-                    lo: 3.0,
-                    hi: 3.0,
-                }),
-                Some(Bar {
-                    mean: 1.0,
-                    lo: 0.5,
-                    hi: 1.5,
-                }),
-            ],
+            vec![Some(Bar { mean: 5.0, lo: 4.0, hi: 6.0 }), None],
+            vec![Some(Bar { mean: 3.0, lo: 3.0, hi: 3.0 }), Some(Bar { mean: 1.0, lo: 0.5, hi: 1.5 })],
         ];
         let svg = grouped_bars("T", "IOPS", &groups, &series, &v);
         assert_eq!(svg.matches(r#"class="bar""#).count(), 3);

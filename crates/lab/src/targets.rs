@@ -31,10 +31,7 @@ pub fn subject_key(target: &str, protocol: &str) -> String {
 pub fn url_for(subject: &str, link: &Link) -> Option<String> {
     let ip = link.target_ip;
     Some(match subject {
-        "blockwire-aoe" => format!(
-            "aoe://{}/{}.{}",
-            link.client_if, BLOCKWIRE_AOE.0, BLOCKWIRE_AOE.1
-        ),
+        "blockwire-aoe" => format!("aoe://{}/{}.{}", link.client_if, BLOCKWIRE_AOE.0, BLOCKWIRE_AOE.1),
         "vblade-aoe" => format!("aoe://{}/{}.{}", link.client_if, VBLADE_AOE.0, VBLADE_AOE.1),
         "blockwire-iscsi" => format!("iscsi://{ip}:{BLOCKWIRE_ISCSI_PORT}/{LAB_IQN}/0"),
         // tgt puts its controller on LUN 0; the disk is LUN 1.
@@ -84,9 +81,7 @@ fn spawn_logged(
     what: &str,
     ready_marker: Option<&'static str>,
 ) -> anyhow::Result<(TargetProcess, mpsc::Receiver<()>)> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let (token, mut child) = registry().spawn(&mut cmd, what, crate::cleanup::Role::Service)?;
     let log = Arc::new(Mutex::new(VecDeque::new()));
     let (tx, rx) = mpsc::channel();
@@ -112,25 +107,11 @@ fn spawn_logged(
         });
     }
     let pid = child.id();
-    Ok((
-        TargetProcess {
-            name: what.to_string(),
-            pid,
-            child,
-            token,
-            log,
-            extra: vec![],
-        },
-        rx,
-    ))
+    Ok((TargetProcess { name: what.to_string(), pid, child, token, log, extra: vec![] }, rx))
 }
 
 /// Wait for the ready line; on exit or timeout, stop it and return why.
-fn await_ready(
-    mut p: TargetProcess,
-    rx: &mpsc::Receiver<()>,
-    timeout: Duration,
-) -> Result<TargetProcess, String> {
+fn await_ready(mut p: TargetProcess, rx: &mpsc::Receiver<()>, timeout: Duration) -> Result<TargetProcess, String> {
     let deadline = Instant::now() + timeout;
     loop {
         if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
@@ -155,10 +136,7 @@ fn await_ready(
 fn serve_config(link: &Link, backing: &Path, protocols: &[String]) -> String {
     let ip = link.target_ip;
     let q = |s: &str| toml::Value::String(s.to_string()).to_string();
-    let mut t = format!(
-        "[[volume]]\nname = \"lab\"\nbackend = {}\n",
-        q(&format!("file:{}", backing.display()))
-    );
+    let mut t = format!("[[volume]]\nname = \"lab\"\nbackend = {}\n", q(&format!("file:{}", backing.display())));
     for p in protocols {
         match p.as_str() {
             "aoe" => {
@@ -195,15 +173,9 @@ fn start_serve_once(
     protocols: &[String],
 ) -> Result<TargetProcess, String> {
     let text = serve_config(link, backing, protocols);
-    let path = PathBuf::from(format!(
-        "/tmp/bwlab-{}-serve-{}.toml",
-        std::process::id(),
-        link.mtu
-    ));
+    let path = PathBuf::from(format!("/tmp/bwlab-{}-serve-{}.toml", std::process::id(), link.mtu));
     let (cfg_token, ()) = registry()
-        .create(Resource::File(path.clone()), || {
-            Ok(std::fs::write(&path, &text)?)
-        })
+        .create(Resource::File(path.clone()), || Ok(std::fs::write(&path, &text)?))
         .map_err(|e| e.to_string())?;
     let mut cmd = ns_command(&topo.target_ns, &exe.to_string_lossy());
     cmd.args(["serve", "--config"]).arg(&path);
@@ -233,12 +205,7 @@ pub fn start_blockwire(
         return (None, vec![]);
     }
     match start_serve_once(exe, topo, link, backing, protocols) {
-        Ok(p) => {
-            return (
-                Some(p),
-                protocols.iter().map(|p| (p.clone(), Ok(()))).collect(),
-            )
-        }
+        Ok(p) => return (Some(p), protocols.iter().map(|p| (p.clone(), Ok(()))).collect()),
         Err(e) if protocols.len() == 1 => return (None, vec![(protocols[0].clone(), Err(e))]),
         Err(e) => log::info!("serve with {protocols:?} failed ({e}); probing protocols one by one"),
     }
@@ -259,13 +226,7 @@ pub fn start_blockwire(
     }
     match start_serve_once(exe, topo, link, backing, &working) {
         Ok(p) => (Some(p), status),
-        Err(e) => (
-            None,
-            working
-                .iter()
-                .map(|w| (w.clone(), Err(e.clone())))
-                .collect(),
-        ),
+        Err(e) => (None, working.iter().map(|w| (w.clone(), Err(e.clone()))).collect()),
     }
 }
 
@@ -278,11 +239,7 @@ fn tgtadm(topo: &Topology, port: u32, args: &[&str]) -> Result<(), String> {
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "tgtadm {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("tgtadm {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
@@ -301,13 +258,7 @@ pub fn start_tgt(topo: &Topology, link: &Link, backing: &Path) -> Result<TargetP
         }
     }
     let mut cmd = ns_command(&topo.target_ns, "tgtd");
-    cmd.args([
-        "-f",
-        "-C",
-        &port.to_string(),
-        "--iscsi",
-        &format!("portal={}:{TGT_ISCSI_PORT}", link.target_ip),
-    ]);
+    cmd.args(["-f", "-C", &port.to_string(), "--iscsi", &format!("portal={}:{TGT_ISCSI_PORT}", link.target_ip)]);
     let (mut p, _rx) = spawn_logged(cmd, "tgtd", None).map_err(|e| e.to_string())?;
     p.extra = extra;
     // Ready when its control socket answers.
@@ -325,38 +276,9 @@ pub fn start_tgt(topo: &Topology, link: &Link, backing: &Path) -> Result<TargetP
     }
     let backing_s = backing.to_string_lossy();
     let setup = [
-        vec![
-            "--mode",
-            "target",
-            "--op",
-            "new",
-            "--tid",
-            "1",
-            "--targetname",
-            TGT_IQN,
-        ],
-        vec![
-            "--mode",
-            "logicalunit",
-            "--op",
-            "new",
-            "--tid",
-            "1",
-            "--lun",
-            "1",
-            "--backing-store",
-            &backing_s,
-        ],
-        vec![
-            "--mode",
-            "target",
-            "--op",
-            "bind",
-            "--tid",
-            "1",
-            "--initiator-address",
-            "ALL",
-        ],
+        vec!["--mode", "target", "--op", "new", "--tid", "1", "--targetname", TGT_IQN],
+        vec!["--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1", "--backing-store", &backing_s],
+        vec!["--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL"],
     ];
     for args in setup {
         if let Err(e) = tgtadm(topo, port, &args) {
@@ -372,12 +294,8 @@ pub fn start_tgt(topo: &Topology, link: &Link, backing: &Path) -> Result<TargetP
 /// moment and check it is still alive (the client's discovery retries).
 pub fn start_vblade(topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
     let mut cmd = ns_command(&topo.target_ns, "vblade");
-    cmd.args([
-        &VBLADE_AOE.0.to_string(),
-        &VBLADE_AOE.1.to_string(),
-        &link.target_if,
-    ])
-    .arg(backing);
+    cmd.args([&VBLADE_AOE.0.to_string(), &VBLADE_AOE.1.to_string(), &link.target_if])
+        .arg(backing);
     let (mut p, _rx) = spawn_logged(cmd, "vblade", None).map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_millis(500));
     if !p.alive() {
@@ -409,43 +327,24 @@ mod tests {
         let l = link();
         assert_eq!(url_for("blockwire-aoe", &l).unwrap(), "aoe://bwl1ac/1.0");
         assert_eq!(url_for("vblade-aoe", &l).unwrap(), "aoe://bwl1ac/2.0");
-        assert_eq!(
-            url_for("tgt-iscsi", &l).unwrap(),
-            format!("iscsi://198.18.1.1:3261/{TGT_IQN}/1")
-        );
-        assert_eq!(
-            url_for("blockwire-nvme", &l).unwrap(),
-            format!("nvme+tcp://198.18.1.1:4420/{LAB_NQN}/1")
-        );
+        assert_eq!(url_for("tgt-iscsi", &l).unwrap(), format!("iscsi://198.18.1.1:3261/{TGT_IQN}/1"));
+        assert_eq!(url_for("blockwire-nvme", &l).unwrap(), format!("nvme+tcp://198.18.1.1:4420/{LAB_NQN}/1"));
         assert!(url_for("nope", &l).is_none());
     }
 
     #[test]
     fn serve_config_is_well_formed_toml() {
-        let all: Vec<String> = ["aoe", "iscsi", "nvme"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let all: Vec<String> = ["aoe", "iscsi", "nvme"].iter().map(|s| s.to_string()).collect();
         let text = serve_config(&link(), Path::new("/dev/shm/x.img"), &all);
         let v: toml::Table = toml::from_str(&text).unwrap();
-        assert_eq!(
-            v["volume"][0]["backend"].as_str(),
-            Some("file:/dev/shm/x.img")
-        );
+        assert_eq!(v["volume"][0]["backend"].as_str(), Some("file:/dev/shm/x.img"));
         assert_eq!(v["aoe"]["export"][0]["interface"].as_str(), Some("bwl1at"));
         assert_eq!(v["aoe"]["export"][0]["shelf"].as_integer(), Some(1));
         assert_eq!(v["iscsi"]["listen"][0].as_str(), Some("198.18.1.1:3260"));
         assert_eq!(v["iscsi"]["target"][0]["iqn"].as_str(), Some(LAB_IQN));
-        assert_eq!(
-            v["iscsi"]["target"][0]["luns"][0]["lun"].as_integer(),
-            Some(0)
-        );
-        assert_eq!(
-            v["nvme"]["subsystem"][0]["namespaces"][0]["nsid"].as_integer(),
-            Some(1)
-        );
-        let only_aoe: toml::Table =
-            toml::from_str(&serve_config(&link(), Path::new("/x"), &all[..1])).unwrap();
+        assert_eq!(v["iscsi"]["target"][0]["luns"][0]["lun"].as_integer(), Some(0));
+        assert_eq!(v["nvme"]["subsystem"][0]["namespaces"][0]["nsid"].as_integer(), Some(1));
+        let only_aoe: toml::Table = toml::from_str(&serve_config(&link(), Path::new("/x"), &all[..1])).unwrap();
         assert!(only_aoe.get("iscsi").is_none() && only_aoe.get("nvme").is_none());
     }
 }

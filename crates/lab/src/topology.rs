@@ -54,11 +54,7 @@ fn sh(args: &[&str]) -> anyhow::Result<String> {
         .output()
         .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", args[0]))?;
     if !out.status.success() {
-        anyhow::bail!(
-            "`{}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        anyhow::bail!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -78,86 +74,37 @@ impl Topology {
             tokens.push(t);
             sh(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
             // No IPv6 chatter (router solicitations, DAD) in the wire counters.
-            let _ = sh(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                "net.ipv6.conf.all.disable_ipv6=1",
-            ]);
-            let _ = sh(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                "net.ipv6.conf.default.disable_ipv6=1",
-            ]);
+            let _ = sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+            let _ = sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
         }
         let mut links = vec![];
         let mut offloads_off = true;
         for (i, &mtu) in mtus.iter().enumerate() {
             let (tif, cif) = veth_names(pid, i);
-            let (t, ()) = reg.create(
-                Resource::Veth {
-                    ns: Some(tns.clone()),
-                    name: tif.clone(),
-                },
-                || {
-                    sh(&[
-                        "ip", "link", "add", &tif, "netns", &tns, "type", "veth", "peer", "name",
-                        &cif, "netns", &cns,
-                    ])?;
-                    Ok(())
-                },
-            )?;
+            let (t, ()) = reg.create(Resource::Veth { ns: Some(tns.clone()), name: tif.clone() }, || {
+                sh(&["ip", "link", "add", &tif, "netns", &tns, "type", "veth", "peer", "name", &cif, "netns", &cns])?;
+                Ok(())
+            })?;
             tokens.push(t);
             let target_ip = Ipv4Addr::new(198, 18, i as u8, 1);
             let client_ip = Ipv4Addr::new(198, 18, i as u8, 2);
             for (ns, ifname, ip) in [(&tns, &tif, target_ip), (&cns, &cif, client_ip)] {
                 let mtu_s = mtu.to_string();
                 sh(&["ip", "-n", ns, "link", "set", ifname, "mtu", &mtu_s])?;
-                sh(&[
-                    "ip",
-                    "-n",
-                    ns,
-                    "addr",
-                    "add",
-                    &format!("{ip}/24"),
-                    "dev",
-                    ifname,
-                ])?;
+                sh(&["ip", "-n", ns, "addr", "add", &format!("{ip}/24"), "dev", ifname])?;
                 // veth would otherwise pass 64 KiB TCP super-frames: with
                 // segmentation offloads off, frames on the veth have real MTU
                 // sizes, so frames/op and MTU effects mean what they say.
-                let off = sh(&[
-                    "ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tso", "off", "gso", "off",
-                    "gro", "off",
-                ]);
+                let off = sh(&["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tso", "off", "gso", "off", "gro", "off"]);
                 if let Err(e) = off {
                     log::warn!("cannot switch offloads off on {ifname}: {e}");
                     offloads_off = false;
                 }
                 sh(&["ip", "-n", ns, "link", "set", ifname, "up"])?;
             }
-            links.push(Link {
-                mtu,
-                target_if: tif,
-                client_if: cif,
-                target_ip,
-                client_ip,
-            });
+            links.push(Link { mtu, target_if: tif, client_if: cif, target_ip, client_ip });
         }
-        let topo = Topology {
-            target_ns: tns,
-            client_ns: cns,
-            links,
-            offloads_off,
-            tokens,
-        };
+        let topo = Topology { target_ns: tns, client_ns: cns, links, offloads_off, tokens };
         topo.wait_reachable()?;
         Ok(topo)
     }
@@ -166,10 +113,7 @@ impl Topology {
     /// veth carrier comes up asynchronously after `link set up`.
     fn wait_reachable(&self) -> anyhow::Result<()> {
         for l in &self.links {
-            for (ns, ifname) in [
-                (&self.target_ns, &l.target_if),
-                (&self.client_ns, &l.client_if),
-            ] {
+            for (ns, ifname) in [(&self.target_ns, &l.target_if), (&self.client_ns, &l.client_if)] {
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
                 loop {
                     let out = sh(&["ip", "-n", ns, "-j", "link", "show", "dev", ifname])?;
@@ -189,17 +133,7 @@ impl Topology {
     /// Counters of the client-side end of `link` (sent + received are both
     /// there: the veth has no other traffic).
     pub fn client_counters(&self, link: &Link) -> anyhow::Result<WireCounters> {
-        let out = sh(&[
-            "ip",
-            "-n",
-            &self.client_ns,
-            "-s",
-            "-j",
-            "link",
-            "show",
-            "dev",
-            &link.client_if,
-        ])?;
+        let out = sh(&["ip", "-n", &self.client_ns, "-s", "-j", "link", "show", "dev", &link.client_if])?;
         parse_ip_stats_json(&out)
     }
 
@@ -290,15 +224,7 @@ mod tests {
         // Recorded from `ip -s -j link show dev X` (iproute2 6.1).
         let text = r#"[{"ifindex":5,"link_index":4,"ifname":"bwl1a","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":1500,"qdisc":"noqueue","operstate":"UP","linkmode":"DEFAULT","group":"default","txqlen":1000,"link_type":"ether","address":"aa:bb:cc:dd:ee:ff","broadcast":"ff:ff:ff:ff:ff:ff","link_netnsid":0,"stats64":{"rx":{"bytes":123456,"packets":321,"errors":0,"dropped":0,"over_errors":0,"multicast":0},"tx":{"bytes":6543,"packets":45,"errors":0,"dropped":0,"carrier_errors":0,"collisions":0}}}]"#;
         let c = parse_ip_stats_json(text).unwrap();
-        assert_eq!(
-            c,
-            WireCounters {
-                rx_bytes: 123456,
-                tx_bytes: 6543,
-                rx_packets: 321,
-                tx_packets: 45
-            }
-        );
+        assert_eq!(c, WireCounters { rx_bytes: 123456, tx_bytes: 6543, rx_packets: 321, tx_packets: 45 });
         assert!(parse_ip_stats_json("[]").is_err());
         assert!(parse_ip_stats_json("not json").is_err());
     }

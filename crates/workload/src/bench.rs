@@ -5,10 +5,10 @@
 
 use crate::cpu::CpuTimes;
 use bw_initiator::BlockClient;
-pub use bw_workload_report::{BenchReport, DirectionReport, Latency, Rw};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+pub use bw_workload_report::{BenchReport, DirectionReport, Latency, Rw};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,12 +37,7 @@ pub enum BenchError {
     #[error("invalid parameters: {0}")]
     Params(String),
     #[error("{op} of {len} bytes at offset {offset} failed")]
-    Io {
-        op: &'static str,
-        offset: u64,
-        len: usize,
-        source: bw_initiator::ClientError,
-    },
+    Io { op: &'static str, offset: u64, len: usize, source: bw_initiator::ClientError },
 }
 
 struct Shared {
@@ -61,35 +56,20 @@ fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(100, 120_000_000_000, 3).expect("static bounds are valid")
 }
 
-pub async fn bench(
-    client: Arc<dyn BlockClient>,
-    p: &BenchParams,
-) -> Result<BenchReport, BenchError> {
+pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<BenchReport, BenchError> {
     let bs = client.block_size() as u64;
     let dev = client.size_bytes();
     if p.bs == 0 || p.bs as u64 % bs != 0 {
-        return Err(BenchError::Params(format!(
-            "--bs must be a non-zero multiple of {bs}"
-        )));
+        return Err(BenchError::Params(format!("--bs must be a non-zero multiple of {bs}")));
     }
-    let size = if p.size == 0 {
-        dev.saturating_sub(p.offset)
-    } else {
-        p.size
-    };
+    let size = if p.size == 0 { dev.saturating_sub(p.offset) } else { p.size };
     if p.offset % bs != 0 || p.offset.checked_add(size).map_or(true, |e| e > dev) {
-        return Err(BenchError::Params(format!(
-            "region {}+{size} does not fit the device ({dev} bytes)",
-            p.offset
-        )));
+        return Err(BenchError::Params(format!("region {}+{size} does not fit the device ({dev} bytes)", p.offset)));
     }
     let numjobs = p.numjobs.max(1) as u64;
     let blocks_per_job = size / numjobs / p.bs as u64;
     if blocks_per_job == 0 {
-        return Err(BenchError::Params(format!(
-            "region of {size} bytes is too small for {numjobs} jobs of --bs {}",
-            p.bs
-        )));
+        return Err(BenchError::Params(format!("region of {size} bytes is too small for {numjobs} jobs of --bs {}", p.bs)));
     }
     if p.runtime.is_none() && p.ios.is_none() {
         return Err(BenchError::Params("give --runtime or --ios".into()));
@@ -107,12 +87,9 @@ pub async fn bench(
         let cursor = Arc::new(AtomicU64::new(0));
         let job_base = p.offset + job * blocks_per_job * p.bs as u64;
         for w in 0..p.iodepth.max(1) {
-            let (client, shared, cursor, p) =
-                (client.clone(), shared.clone(), cursor.clone(), p.clone());
+            let (client, shared, cursor, p) = (client.clone(), shared.clone(), cursor.clone(), p.clone());
             let seed = p.seed ^ (job << 32) ^ w as u64;
-            tasks.spawn(async move {
-                worker(client, shared, cursor, p, job_base, blocks_per_job, seed).await
-            });
+            tasks.spawn(async move { worker(client, shared, cursor, p, job_base, blocks_per_job, seed).await });
         }
     }
 
@@ -165,13 +142,7 @@ pub async fn bench(
     let dir = |h: &Histogram<u64>| {
         let ios = h.len();
         let bytes = ios * p.bs as u64;
-        DirectionReport {
-            ios,
-            bytes,
-            iops: ios as f64 / elapsed,
-            bw_bytes: bytes as f64 / elapsed,
-            lat_ns: latency(h),
-        }
+        DirectionReport { ios, bytes, iops: ios as f64 / elapsed, bw_bytes: bytes as f64 / elapsed, lat_ns: latency(h) }
     };
     let (r, w) = (dir(&read), dir(&write));
     let mut all = read.clone();
@@ -194,11 +165,7 @@ pub async fn bench(
         write: w,
         cpu_user_s: cpu.user_s,
         cpu_sys_s: cpu.sys_s,
-        cpu_per_io_us: if ios > 0 {
-            (cpu.user_s + cpu.sys_s) * 1e6 / ios as f64
-        } else {
-            0.0
-        },
+        cpu_per_io_us: if ios > 0 { (cpu.user_s + cpu.sys_s) * 1e6 / ios as f64 } else { 0.0 },
         errors,
     })
 }
@@ -232,14 +199,9 @@ async fn worker(
     // Incompressible, non-zero data so no layer can cheat on zero pages.
     rng.fill(&mut buf[..]);
     let read_pct = p.rw.read_pct(p.rwmixread);
-    let mut res = WorkerResult {
-        read: new_hist(),
-        write: new_hist(),
-    };
+    let mut res = WorkerResult { read: new_hist(), write: new_hist() };
     loop {
-        if shared.stop.load(Ordering::Relaxed)
-            || shared.issued.fetch_add(1, Ordering::Relaxed) >= shared.limit
-        {
+        if shared.stop.load(Ordering::Relaxed) || shared.issued.fetch_add(1, Ordering::Relaxed) >= shared.limit {
             return Ok(res);
         }
         let block = if p.rw.random() {
@@ -250,24 +212,11 @@ async fn worker(
         let offset = job_base + block * p.bs as u64;
         let is_read = read_pct == 100 || (read_pct > 0 && rng.gen_range(0..100u8) < read_pct);
         let t = Instant::now();
-        let r = if is_read {
-            client.read(offset, &mut buf).await
-        } else {
-            client.write(offset, &buf).await
-        };
+        let r = if is_read { client.read(offset, &mut buf).await } else { client.write(offset, &buf).await };
         let ns = t.elapsed().as_nanos() as u64;
-        r.map_err(|source| BenchError::Io {
-            op: if is_read { "read" } else { "write" },
-            offset,
-            len: p.bs,
-            source,
-        })?;
+        r.map_err(|source| BenchError::Io { op: if is_read { "read" } else { "write" }, offset, len: p.bs, source })?;
         if shared.measuring.load(Ordering::Relaxed) {
-            let h = if is_read {
-                &mut res.read
-            } else {
-                &mut res.write
-            };
+            let h = if is_read { &mut res.read } else { &mut res.write };
             h.saturating_record(ns.max(100));
         }
     }
@@ -296,9 +245,7 @@ mod tests {
 
     #[tokio::test]
     async fn counts_exactly_the_requested_ios_and_mix() {
-        let r = bench(mem(1 << 20, None), &params(Rw::RandRw))
-            .await
-            .unwrap();
+        let r = bench(mem(1 << 20, None), &params(Rw::RandRw)).await.unwrap();
         assert_eq!(r.ios, 2000);
         assert_eq!(r.bytes, 2000 * 4096);
         let frac = r.read.ios as f64 / r.ios as f64;
@@ -321,22 +268,13 @@ mod tests {
     async fn rejects_bad_parameters() {
         let mut p = params(Rw::Read);
         p.bs = 1000;
-        assert!(matches!(
-            bench(mem(1 << 20, None), &p).await,
-            Err(BenchError::Params(_))
-        ));
+        assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
         let mut p = params(Rw::Read);
         p.ios = None;
-        assert!(matches!(
-            bench(mem(1 << 20, None), &p).await,
-            Err(BenchError::Params(_))
-        ));
+        assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
         let mut p = params(Rw::Read);
         p.numjobs = 1000;
         p.bs = 1 << 20;
-        assert!(matches!(
-            bench(mem(1 << 20, None), &p).await,
-            Err(BenchError::Params(_))
-        ));
+        assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
     }
 }

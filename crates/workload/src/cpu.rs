@@ -12,16 +12,10 @@ impl CpuTimes {
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
         unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
         let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-        CpuTimes {
-            user_s: secs(ru.ru_utime),
-            sys_s: secs(ru.ru_stime),
-        }
+        CpuTimes { user_s: secs(ru.ru_utime), sys_s: secs(ru.ru_stime) }
     }
 
     pub fn since(&self, earlier: &CpuTimes) -> CpuTimes {
-        CpuTimes {
-            user_s: self.user_s - earlier.user_s,
-            sys_s: self.sys_s - earlier.sys_s,
-        }
+        CpuTimes { user_s: self.user_s - earlier.user_s, sys_s: self.sys_s - earlier.sys_s }
     }
 }

@@ -43,11 +43,7 @@ pub fn check(buf: &[u8], offset: u64, seed: u64) -> Option<(u64, u8, u8)> {
         let at = offset + (i * SECTOR) as u64;
         fill_sector(&mut expect[..sector.len()], at, seed);
         if sector != &expect[..sector.len()] {
-            let j = sector
-                .iter()
-                .zip(expect.iter())
-                .position(|(a, b)| a != b)
-                .unwrap_or(0);
+            let j = sector.iter().zip(expect.iter()).position(|(a, b)| a != b).unwrap_or(0);
             return Some((at + j as u64, expect[j], sector[j]));
         }
     }
@@ -65,9 +61,7 @@ mod tests {
         fill(&mut a, 8192, 7);
         assert_eq!(check(&a, 8192, 7), None);
         // The same data checked as if it lived one sector later is wrong at its first byte.
-        assert!(
-            matches!(check(&a, 8192 + 512, 7), Some((o, _, _)) if o / 512 == (8192 + 512) / 512)
-        );
+        assert!(matches!(check(&a, 8192 + 512, 7), Some((o, _, _)) if o / 512 == (8192 + 512) / 512));
         // A different seed is wrong too.
         assert!(check(&a, 8192, 8).is_some());
     }

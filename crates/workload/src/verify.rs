@@ -32,29 +32,16 @@ pub enum VerifyError {
     #[error("invalid range: {0}")]
     Range(String),
     #[error("{phase} at offset {offset} failed")]
-    Io {
-        phase: &'static str,
-        offset: u64,
-        source: ClientError,
-    },
+    Io { phase: &'static str, offset: u64, source: ClientError },
     #[error("data mismatch at byte offset {offset} (sector {}): expected 0x{expected:02x}, found 0x{found:02x}", offset / 512)]
-    Mismatch {
-        offset: u64,
-        expected: u8,
-        found: u8,
-    },
+    Mismatch { offset: u64, expected: u8, found: u8 },
 }
 
-pub async fn verify(
-    client: Arc<dyn BlockClient>,
-    p: &VerifyParams,
-) -> Result<VerifyReport, VerifyError> {
+pub async fn verify(client: Arc<dyn BlockClient>, p: &VerifyParams) -> Result<VerifyReport, VerifyError> {
     let bs = client.block_size() as u64;
     let dev = client.size_bytes();
     if p.offset % bs != 0 || p.size % bs != 0 || p.size == 0 {
-        return Err(VerifyError::Range(format!(
-            "offset and size must be non-zero multiples of {bs} bytes"
-        )));
+        return Err(VerifyError::Range(format!("offset and size must be non-zero multiples of {bs} bytes")));
     }
     if p.offset.checked_add(p.size).map_or(true, |end| end > dev) {
         return Err(VerifyError::Range(format!(
@@ -65,20 +52,11 @@ pub async fn verify(
     let chunk = (p.chunk as u64 / bs * bs).max(bs);
     let t0 = Instant::now();
     run_phase(&client, p, chunk, Phase::Write).await?;
-    client.flush().await.map_err(|source| VerifyError::Io {
-        phase: "flush",
-        offset: 0,
-        source,
-    })?;
+    client.flush().await.map_err(|source| VerifyError::Io { phase: "flush", offset: 0, source })?;
     let write_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     run_phase(&client, p, chunk, Phase::Read).await?;
-    Ok(VerifyReport {
-        offset: p.offset,
-        size: p.size,
-        write_s,
-        read_s: t1.elapsed().as_secs_f64(),
-    })
+    Ok(VerifyReport { offset: p.offset, size: p.size, write_s, read_s: t1.elapsed().as_secs_f64() })
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -87,12 +65,7 @@ enum Phase {
     Read,
 }
 
-async fn run_phase(
-    client: &Arc<dyn BlockClient>,
-    p: &VerifyParams,
-    chunk: u64,
-    phase: Phase,
-) -> Result<(), VerifyError> {
+async fn run_phase(client: &Arc<dyn BlockClient>, p: &VerifyParams, chunk: u64, phase: Phase) -> Result<(), VerifyError> {
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..p.concurrency.max(1) {
@@ -110,31 +83,13 @@ async fn run_phase(
                 match phase {
                     Phase::Write => {
                         pattern::fill(b, off, p.seed);
-                        client
-                            .write(off, b)
-                            .await
-                            .map_err(|source| VerifyError::Io {
-                                phase: "write",
-                                offset: off,
-                                source,
-                            })?;
+                        client.write(off, b).await.map_err(|source| VerifyError::Io { phase: "write", offset: off, source })?;
                     }
                     Phase::Read => {
                         b.fill(0);
-                        client
-                            .read(off, b)
-                            .await
-                            .map_err(|source| VerifyError::Io {
-                                phase: "read",
-                                offset: off,
-                                source,
-                            })?;
+                        client.read(off, b).await.map_err(|source| VerifyError::Io { phase: "read", offset: off, source })?;
                         if let Some((offset, expected, found)) = pattern::check(b, off, p.seed) {
-                            return Err(VerifyError::Mismatch {
-                                offset,
-                                expected,
-                                found,
-                            });
+                            return Err(VerifyError::Mismatch { offset, expected, found });
                         }
                     }
                 }
@@ -148,10 +103,7 @@ async fn run_phase(
         if let Err(e) = r {
             let better = match (&first, &e) {
                 (None, _) => true,
-                (
-                    Some(VerifyError::Mismatch { offset: a, .. }),
-                    VerifyError::Mismatch { offset: b, .. },
-                ) => b < a,
+                (Some(VerifyError::Mismatch { offset: a, .. }), VerifyError::Mismatch { offset: b, .. }) => b < a,
                 (Some(VerifyError::Mismatch { .. }), _) => false,
                 (Some(_), VerifyError::Mismatch { .. }) => true,
                 _ => false,
@@ -199,8 +151,7 @@ pub(crate) mod tests {
         }
         async fn write(&self, offset: u64, data: &[u8]) -> bw_initiator::Result<()> {
             bw_initiator::check_range(self, offset, data.len())?;
-            self.data.lock().unwrap()[offset as usize..offset as usize + data.len()]
-                .copy_from_slice(data);
+            self.data.lock().unwrap()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
             Ok(())
         }
         async fn flush(&self) -> bw_initiator::Result<()> {
@@ -212,20 +163,11 @@ pub(crate) mod tests {
     }
 
     pub fn mem(size: usize, corrupt_at: Option<u64>) -> Arc<dyn BlockClient> {
-        Arc::new(MemClient {
-            data: Mutex::new(vec![0; size]),
-            corrupt_at,
-        })
+        Arc::new(MemClient { data: Mutex::new(vec![0; size]), corrupt_at })
     }
 
     fn params(size: u64) -> VerifyParams {
-        VerifyParams {
-            offset: 4096,
-            size,
-            seed: 1,
-            chunk: 64 << 10,
-            concurrency: 4,
-        }
+        VerifyParams { offset: 4096, size, seed: 1, chunk: 64 << 10, concurrency: 4 }
     }
 
     #[tokio::test]
@@ -235,26 +177,12 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn names_the_first_bad_offset() {
-        let e = verify(mem(4 << 20, Some(1_000_003)), &params(3 << 20))
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                VerifyError::Mismatch {
-                    offset: 1_000_003,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        let e = verify(mem(4 << 20, Some(1_000_003)), &params(3 << 20)).await.unwrap_err();
+        assert!(matches!(e, VerifyError::Mismatch { offset: 1_000_003, .. }), "{e}");
     }
 
     #[tokio::test]
     async fn rejects_ranges_past_the_end() {
-        assert!(matches!(
-            verify(mem(1 << 20, None), &params(1 << 20)).await,
-            Err(VerifyError::Range(_))
-        ));
+        assert!(matches!(verify(mem(1 << 20, None), &params(1 << 20)).await, Err(VerifyError::Range(_))));
     }
 }
