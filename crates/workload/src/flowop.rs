@@ -399,10 +399,20 @@ pub enum FlowError {
     },
 }
 
+/// Where a file of a set is. A file being created, open, deleted or
+/// stat-ed by one thread is `Busy` for the others (filebench's FSE_BUSY), so
+/// no thread opens a file that another has not finished creating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Absent,
+    Present,
+    Busy,
+}
+
 struct Set {
     def: FileSet,
     dir: PathBuf,
-    exists: Mutex<Vec<bool>>,
+    entries: Mutex<Vec<Entry>>,
 }
 
 impl Set {
@@ -411,14 +421,18 @@ impl Set {
             .join(format!("d{}", i / self.def.dirwidth.max(1)))
             .join(format!("f{i}"))
     }
-    /// A random index whose existence is `want`; flips it to `set_to`.
-    fn pick(&self, rng: &mut SmallRng, want: bool, set_to: bool) -> Option<usize> {
-        let mut g = self.exists.lock().unwrap_or_else(|p| p.into_inner());
+    /// A random file in state `from`, now `Busy`.
+    fn take(&self, rng: &mut SmallRng, from: Entry) -> Option<usize> {
+        let mut g = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let n = g.len();
         let start = rng.gen_range(0..n);
-        let i = (0..n).map(|k| (start + k) % n).find(|&i| g[i] == want)?;
-        g[i] = set_to;
+        let i = (0..n).map(|k| (start + k) % n).find(|&i| g[i] == from)?;
+        g[i] = Entry::Busy;
         Some(i)
+    }
+    /// Hand a taken file back in state `to`.
+    fn put(&self, i: usize, to: Entry) {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())[i] = to;
     }
     fn open(&self, i: usize, write: bool, dsync: bool) -> std::io::Result<File> {
         let mut o = OpenOptions::new();
@@ -471,14 +485,14 @@ fn prepare(dir: &Path, p: &Personality, drop_cache: bool) -> Result<Vec<Set>, Fl
         let set = Set {
             def: fs.clone(),
             dir: sdir.clone(),
-            exists: Mutex::new(vec![false; fs.count]),
+            entries: Mutex::new(vec![Entry::Absent; fs.count]),
         };
         for i in 0..fs.count {
             std::fs::create_dir_all(set.path(i).parent().unwrap_or(&sdir)).map_err(err)?;
             if i < pre {
                 let mut f = File::create(set.path(i)).map_err(err)?;
                 fill(&mut f, fs.size, &buf).map_err(err)?;
-                set.exists.lock().unwrap_or_else(|p| p.into_inner())[i] = true;
+                set.put(i, Entry::Present);
             }
         }
         if drop_cache {
@@ -529,12 +543,24 @@ fn buffer_size(p: &Personality, flowops: &[Flowop]) -> usize {
     need.max(4096) as usize
 }
 
+/// The thread's open file; it is `Busy` in its set until closed.
+struct OpenFile<'a> {
+    file: File,
+    set: &'a Set,
+    index: usize,
+}
+
+impl Drop for OpenFile<'_> {
+    fn drop(&mut self) {
+        self.set.put(self.index, Entry::Present);
+    }
+}
+
 struct Worker<'a> {
     sets: &'a [Set],
     kind: &'a str,
     rng: SmallRng,
-    /// The thread's open file and which set/index it is.
-    open: Option<(File, usize, usize)>,
+    open: Option<OpenFile<'a>>,
     /// Files kept open for random I/O (sets that are never deleted), as
     /// filebench keeps its oltp files open.
     held: HashMap<(usize, usize, bool), File>,
@@ -548,23 +574,38 @@ impl Worker<'_> {
     fn step(&mut self, op: &Flowop) -> std::io::Result<u64> {
         let none = || std::io::Error::other("no suitable file");
         let closed = || std::io::Error::other("no open file");
+        let sets = self.sets;
         match *op {
             Flowop::Create { set } => {
-                let s = &self.sets[set];
-                let i = s.pick(&mut self.rng, false, true).ok_or_else(none)?;
-                let f = OpenOptions::new()
+                self.open = None;
+                let s = &sets[set];
+                let i = s.take(&mut self.rng, Entry::Absent).ok_or_else(none)?;
+                let created = OpenOptions::new()
                     .read(true)
                     .write(true)
                     .create(true)
                     .truncate(true)
-                    .open(s.path(i))?;
-                self.open = Some((f, set, i));
+                    .open(s.path(i));
+                match created {
+                    Ok(file) => self.open = Some(OpenFile { file, set: s, index: i }),
+                    Err(e) => {
+                        s.put(i, Entry::Absent);
+                        return Err(e);
+                    }
+                }
                 Ok(0)
             }
             Flowop::Open { set } => {
-                let s = &self.sets[set];
-                let i = s.pick(&mut self.rng, true, true).ok_or_else(none)?;
-                self.open = Some((s.open(i, true, false)?, set, i));
+                self.open = None;
+                let s = &sets[set];
+                let i = s.take(&mut self.rng, Entry::Present).ok_or_else(none)?;
+                match s.open(i, true, false) {
+                    Ok(file) => self.open = Some(OpenFile { file, set: s, index: i }),
+                    Err(e) => {
+                        s.put(i, Entry::Present);
+                        return Err(e);
+                    }
+                }
                 Ok(0)
             }
             Flowop::Close => {
@@ -572,7 +613,7 @@ impl Worker<'_> {
                 Ok(0)
             }
             Flowop::ReadWhole { iosize } => {
-                let (f, _, _) = self.open.as_mut().ok_or_else(closed)?;
+                let f = &mut self.open.as_mut().ok_or_else(closed)?.file;
                 let mut total = 0;
                 let buf = self.buf.get(iosize as usize);
                 loop {
@@ -585,8 +626,8 @@ impl Worker<'_> {
                 Ok(total)
             }
             Flowop::WriteWhole { iosize } => {
-                let (f, set, _) = self.open.as_mut().ok_or_else(closed)?;
-                let size = self.sets[*set].def.size;
+                let o = self.open.as_mut().ok_or_else(closed)?;
+                let (f, size) = (&mut o.file, o.set.def.size);
                 let mut left = size;
                 while left > 0 {
                     let n = left.min(iosize) as usize;
@@ -597,36 +638,33 @@ impl Worker<'_> {
             }
             Flowop::AppendRand { mean } => {
                 let n = self.rng.gen_range(1..=2 * mean) as usize;
-                let (f, _, _) = self.open.as_mut().ok_or_else(closed)?;
+                let f = &self.open.as_ref().ok_or_else(closed)?.file;
                 let end = f.metadata()?.len();
                 f.write_all_at(self.buf.get(n), end)?;
                 Ok(n as u64)
             }
             Flowop::Fsync => {
-                let (f, _, _) = self.open.as_ref().ok_or_else(closed)?;
-                f.sync_all()?;
+                self.open.as_ref().ok_or_else(closed)?.file.sync_all()?;
                 Ok(0)
             }
             Flowop::Delete { set } => {
-                let s = &self.sets[set];
-                let i = s.pick(&mut self.rng, true, false).ok_or_else(none)?;
-                std::fs::remove_file(s.path(i))?;
+                let s = &sets[set];
+                let i = s.take(&mut self.rng, Entry::Present).ok_or_else(none)?;
+                let r = std::fs::remove_file(s.path(i));
+                s.put(i, if r.is_ok() { Entry::Absent } else { Entry::Present });
+                r?;
                 Ok(0)
             }
             Flowop::Stat { set } => {
-                let s = &self.sets[set];
-                let i = {
-                    let g = s.exists.lock().unwrap_or_else(|p| p.into_inner());
-                    let have: Vec<usize> = (0..g.len()).filter(|&i| g[i]).collect();
-                    *have
-                        .get(self.rng.gen_range(0..have.len().max(1)))
-                        .ok_or_else(none)?
-                };
-                std::fs::metadata(s.path(i))?;
+                let s = &sets[set];
+                let i = s.take(&mut self.rng, Entry::Present).ok_or_else(none)?;
+                let r = std::fs::metadata(s.path(i));
+                s.put(i, Entry::Present);
+                r?;
                 Ok(0)
             }
             Flowop::ReadRandom { set, iosize } | Flowop::WriteRandom { set, iosize, .. } => {
-                let s = &self.sets[set];
+                let s = &sets[set];
                 let i = self.rng.gen_range(0..s.def.count);
                 let write = matches!(op, Flowop::WriteRandom { .. });
                 let dsync = matches!(op, Flowop::WriteRandom { dsync: true, .. });
@@ -666,7 +704,9 @@ impl Worker<'_> {
                         .entry(key)
                         .or_insert_with(OpRecord::new)
                         .add(bytes, t.elapsed().as_nanos() as u64),
-                    Err(_) => *self.errors.entry(key).or_default() += 1,
+                    // The cause is part of the key: "no suitable file" (all
+                    // busy) is the workload's nature, an OS error is not.
+                    Err(e) => *self.errors.entry(format!("{key}: {e}")).or_default() += 1,
                 }
             }
             // A file left open by a failed step does not leak into the next loop.
@@ -912,6 +952,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Sixteen threads creating, opening and deleting among 20 files: an
+    /// open may find every file busy ("no suitable file"), but never a file
+    /// another thread has not finished creating or is deleting.
+    #[test]
+    fn concurrent_threads_never_race_on_a_file() {
+        let d = tmp("race");
+        let mut p = varmail(Scale { files: 50, threads: 1 });
+        p.threads[0].instances = 16;
+        let mut opened = 0;
+        for seed in 0..3 {
+            let r = run(&d, &p, opts(30, seed)).unwrap();
+            std::fs::remove_dir_all(&d).unwrap();
+            opened += count(&r, "filereader:openfile");
+            for op in r.errors.keys() {
+                assert!(op.ends_with(": no suitable file") || op.ends_with(": no open file"), "{:?}", r.errors);
+            }
+        }
+        assert!(opened > 0);
     }
 
     #[test]
