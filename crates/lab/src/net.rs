@@ -46,11 +46,16 @@ pub fn parse_link(s: &str) -> anyhow::Result<LinkShape> {
     Ok(LinkShape { name: s.clone(), bits_per_s: Some(n * mul) })
 }
 
+/// The token bucket for a rate: 4 ms of traffic, at least 64 KiB (bytes).
+pub fn tbf_burst(bits_per_s: u64) -> u64 {
+    (bits_per_s / 8 / 250).max(64 * 1024)
+}
+
 /// `tc` arguments that put a tbf of `bits_per_s` on `dev` (egress). The
 /// bucket holds 4 ms of traffic (at least 64 KiB), enough for the kernel's
 /// timer granularity at 10 Gbit/s; packets wait at most 20 ms in the queue.
 pub fn tbf_args(dev: &str, bits_per_s: u64) -> Vec<String> {
-    let burst = (bits_per_s / 8 / 250).max(64 * 1024);
+    let burst = tbf_burst(bits_per_s);
     ["qdisc", "replace", "dev", dev, "root", "tbf", "rate", &format!("{bits_per_s}bit"), "burst", &burst.to_string(), "latency", "20ms"]
         .iter()
         .map(|s| s.to_string())

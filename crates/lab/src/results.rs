@@ -231,7 +231,7 @@ pub struct Results {
     pub failures: Vec<Failure>,
     // Each suite's own records beside `samples` (micro and sweep): a suite
     // with a shape of its own adds a field here and a section in
-    // `report::SECTIONS`.
+    // `report::html::SECTIONS`.
     /// The net suite's iperf3 runs.
     #[serde(default)]
     pub net: Vec<crate::net::NetSample>,
