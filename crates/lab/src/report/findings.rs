@@ -65,15 +65,35 @@ fn ci_text(ci: RatioCi) -> String {
 /// The two AoE/iSCSI pairs the first study's claims are checked on.
 const PAIRS: [(&str, &str); 2] = [("blockwire-aoe", "blockwire-iscsi"), ("vblade-aoe", "tgt-iscsi")];
 
-/// "AoE is ahead by more than the threshold" style verdict on a ratio a/b
-/// whose claim is "a ahead".
+/// The interval lies within ±5% of 1: equal for practical purposes.
+fn equal(ci: RatioCi) -> bool {
+    ci.lo >= 1.0 / (1.0 + PRACTICAL) && ci.hi <= 1.0 + PRACTICAL
+}
+
+/// Verdict on a claim "a is ahead of b", from the ratio a/b: reproduced
+/// when the whole interval is beyond +5%, not reproduced when it is beyond
+/// -5% the other way or lies within ±5% (equal), inconclusive when it is
+/// too wide to say.
 fn ahead(ci: RatioCi, a: &str, b: &str) -> (Verdict, String) {
     if ci.lo > 1.0 + PRACTICAL {
         (Verdict::Reproduced, format!("{a} ahead: the whole interval is above {:.2}", 1.0 + PRACTICAL))
     } else if ci.hi < 1.0 / (1.0 + PRACTICAL) {
         (Verdict::NotReproduced, format!("{b} is ahead instead"))
+    } else if equal(ci) {
+        (Verdict::NotReproduced, "equal: the interval lies within 5% either way".into())
     } else {
-        (Verdict::NotReproduced, "within the noise: no difference beyond 5% either way".into())
+        (Verdict::Inconclusive, "the interval is too wide to say (more repetitions, or a quieter machine)".into())
+    }
+}
+
+/// Verdict on a claim "a and b are equal".
+fn same(ci: RatioCi) -> (Verdict, String) {
+    if equal(ci) {
+        (Verdict::Reproduced, "within 5% either way".into())
+    } else if ci.apart() {
+        (Verdict::NotReproduced, "they differ beyond 5%: on a RAM-backed volume the protocol's and implementation's cost per request is all there is; the study's disk seeks hid it".into())
+    } else {
+        (Verdict::Inconclusive, "the interval is too wide to say".into())
     }
 }
 
@@ -140,13 +160,7 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                     out.push(na(1, claim, &compared, "fewer than two runs: no interval".into()));
                     continue;
                 };
-                let (verdict, why) = if workload == "seqread-1m" {
-                    ahead(ci, "AoE", "iSCSI")
-                } else if ci.apart() {
-                    (Verdict::NotReproduced, "they differ beyond 5%: on a RAM-backed volume the protocol's and implementation's cost per request is all there is; the study's disk seeks hid it".into())
-                } else {
-                    (Verdict::Reproduced, "within 5% either way".into())
-                };
+                let (verdict, why) = if workload == "seqread-1m" { ahead(ci, "AoE", "iSCSI") } else { same(ci) };
                 out.push(Finding { study: 1, claim: claim.into(), compared, measured: format!("AoE/iSCSI {} {}", metric.label(), ci_text(ci)), verdict, why });
             }
         }
@@ -347,8 +361,10 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                         (Verdict::Reproduced, format!("ext4 keeps {:.0}% of the raw device's IOPS (the study's 10% was ZFS)", ci.ratio * 100.0))
                     } else if ci.apart() {
                         (Verdict::NotReproduced, "ext4 is faster than the raw device here".into())
-                    } else {
+                    } else if equal(ci) {
                         (Verdict::NotReproduced, "ext4 costs less than 5% for this job: one preallocated file and O_DIRECT leave little for the file system to do".into())
+                    } else {
+                        (Verdict::Inconclusive, "the interval is too wide to say".into())
                     };
                     out.push(Finding {
                         study: 4,

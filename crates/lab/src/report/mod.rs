@@ -277,6 +277,16 @@ mod tests {
         assert_eq!(cost.verdict, findings::Verdict::Reproduced);
         assert!(cost.measured.starts_with("IOPS ext4/raw 0.75 ("), "{}", cost.measured);
         assert!(f.iter().any(|x| x.study == 5 && x.verdict == findings::Verdict::NotApplicable));
+        // A wide interval decides nothing; a narrow one around 1 says "equal".
+        let mut wide = results();
+        for s in wide.fs.iter_mut().filter(|s| s.subject == "blockwire-aoe" && s.workload == "varmail") {
+            if s.repeat == 2 {
+                s.result = flow(300.0);
+            }
+        }
+        let f = findings(&wide);
+        let v = f.iter().find(|x| x.claim.contains("varmail") && x.compared.contains("blockwire-aoe")).unwrap();
+        assert_eq!(v.verdict, findings::Verdict::Inconclusive, "{v:?}");
     }
 
     #[test]
