@@ -204,13 +204,15 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
         // The workload ran inside the limit, and the protocol's CPU and bytes were counted.
         let peak = s["peak_mem_bytes"].as_u64().expect("cgroup peak memory");
         assert!(peak > 0 && peak <= 128 << 20, "peak {peak} outside the 128 MiB cgroup");
-        assert!(s["attach_cpu_s"].as_f64().is_some_and(|c| c > 0.0), "attach daemon CPU: {s}");
+        // (PostMark can run from the client cache alone: only presence is asserted.)
+        assert!(s["attach_cpu_s"].as_f64().is_some(), "attach daemon CPU: {s}");
         assert!(s["target_cpu_s"].as_f64().is_some(), "{s}");
     }
     let varmail = fs.iter().find(|s| s["subject"] == "blockwire-iscsi" && s["workload"] == "varmail").unwrap();
     assert!(varmail["result"]["ops"].as_u64().unwrap_or(0) > 0, "{varmail}");
     assert!(varmail["result"]["flowops"]["filereader:fsync"]["count"].as_u64().unwrap_or(0) > 0, "{varmail}");
     assert!(varmail["wire"]["tx_bytes"].as_u64().unwrap_or(0) > 0, "varmail's fsyncs sent nothing over the link: {varmail}");
+    assert!(varmail["attach_cpu_s"].as_f64().unwrap_or(0.0) > 0.0, "the attach daemon did no work for varmail: {varmail}");
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     for id in ["answer", "findings", "recommendation", "net", "links", "micro", "sweep", "fs"] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "no {id} section in the report");

@@ -352,7 +352,7 @@ fn micro(c: &Ctx) -> Option<Markup> {
                             all.get(&key).and_then(|x| x.summary(metric)).map(bar_of)
                         }).collect()).collect();
                         @if !groups.is_empty() && values.iter().flatten().any(|v| v.is_some()) {
-                            (PreEscaped(svg::grouped_bars(&format!("{title}: {}", if seq { "seq 1 MiB" } else { "random 4 KiB" }), metric.label(), &groups, &series, &values)))
+                            (svg::grouped_bars(&format!("{title}: {}", if seq { "seq 1 MiB" } else { "random 4 KiB" }), metric.label(), &groups, &series, &values))
                         }
                     }
                 }
@@ -407,7 +407,7 @@ fn sweep(c: &Ctx) -> Option<Markup> {
                                 .and_then(|x| x.summary(metric)).map(|s| s.mean)
                         }).collect()).collect();
                         @if values.iter().flatten().any(|v| v.is_some()) {
-                            (PreEscaped(svg::heatmap(&format!("{subj} MTU {mtu}: {name}"), "numjobs", "iodepth", &rows, &cols, &values, metric.higher_is_better())))
+                            (svg::heatmap(&format!("{subj} MTU {mtu}: {name}"), "numjobs", "iodepth", &rows, &cols, &values, metric.higher_is_better()))
                         }
                     }
                 }
@@ -463,7 +463,7 @@ fn fs(c: &Ctx) -> Option<Markup> {
                     @let groups: Vec<String> = rows.iter().filter(|x| crate::fs::FsWorkload::parse(x).is_ok_and(|w| matches!(w, crate::fs::FsWorkload::Flowop(_)))).cloned().collect();
                     @let values: Vec<Vec<Option<Bar>>> = groups.iter().map(|g| subjects.iter().map(|s| case(link, mem, g, s).and_then(|x| ci_bar(&x.values("ops/s")))).collect()).collect();
                     @if values.iter().flatten().any(|v| v.is_some()) {
-                        (PreEscaped(svg::grouped_bars(&format!("personalities at client mem {}", mem_name(mem)), "ops/s", &groups, &series, &values)))
+                        (svg::grouped_bars(&format!("personalities at client mem {}", mem_name(mem)), "ops/s", &groups, &series, &values))
                     }
                 }
             }
