@@ -78,6 +78,27 @@ struct ServeArgs {
     /// Seconds a new connection has to complete its iSCSI login or NVMe/TCP Connect.
     #[arg(long, value_name = "SECONDS")]
     login_timeout: Option<u64>,
+    /// [tuning] AoE receive threads per interface (0: by export kind).
+    #[arg(long, value_name = "N", help_heading = "Tuning")]
+    aoe_workers: Option<usize>,
+    /// [tuning] I/O pool threads for device-backed AoE exports (0: off).
+    #[arg(long, value_name = "N", help_heading = "Tuning")]
+    aoe_io_threads: Option<usize>,
+    /// [tuning] How AoE frames are spread over the workers: round-robin or cpu.
+    #[arg(long, value_name = "MODE", help_heading = "Tuning")]
+    aoe_fanout: Option<bw_serve::tuning::AoeFanout>,
+    /// [tuning] One thread per iSCSI connection (false: tasks on the shared runtime).
+    #[arg(long, value_name = "BOOL", help_heading = "Tuning")]
+    iscsi_connection_threads: Option<bool>,
+    /// [tuning] Smallest iSCSI READ sent with sendfile (bytes, or with K/M suffix).
+    #[arg(long, value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
+    iscsi_zero_copy_min: Option<usize>,
+    /// [tuning] Largest iSCSI READ/WRITE run on the connection's thread (bytes, or with K/M suffix).
+    #[arg(long, value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
+    iscsi_inline_max: Option<usize>,
+    /// [tuning] iSCSI PDUs handled in a row before answering (0: all buffered first).
+    #[arg(long, value_name = "N", help_heading = "Tuning")]
+    iscsi_flush_every: Option<usize>,
     /// Write the effective configuration as JSON to FILE at start-up.
     #[arg(long, value_name = "FILE")]
     save_config: Option<String>,
@@ -223,6 +244,11 @@ enum NvmeCmd {
 
 fn size_arg(s: &str) -> Result<u64, String> {
     bw_block::parse_size(s)
+}
+
+/// [`size_arg`] as a `usize`.
+fn byte_count_arg(s: &str) -> Result<usize, String> {
+    usize::try_from(size_arg(s)?).map_err(|_| format!("{s}: too large"))
 }
 
 /// A portal address: `[USER%SECRET@]HOST[:PORT]` or `[V6]:PORT`.
@@ -396,6 +422,28 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(s) = a.login_timeout {
         cfg.limits.login_timeout_s = s;
+    }
+    let t = &mut cfg.tuning;
+    if let Some(n) = a.aoe_workers {
+        t.aoe_workers = n;
+    }
+    if let Some(n) = a.aoe_io_threads {
+        t.aoe_io_threads = n;
+    }
+    if let Some(f) = a.aoe_fanout {
+        t.aoe_fanout = f;
+    }
+    if let Some(b) = a.iscsi_connection_threads {
+        t.iscsi_connection_threads = b;
+    }
+    if let Some(n) = a.iscsi_zero_copy_min {
+        t.iscsi_zero_copy_min = n;
+    }
+    if let Some(n) = a.iscsi_inline_max {
+        t.iscsi_inline_max = n;
+    }
+    if let Some(n) = a.iscsi_flush_every {
+        t.iscsi_flush_every = n;
     }
     cfg.validate()?;
     let json = serde_json::to_string_pretty(&cfg)?;
