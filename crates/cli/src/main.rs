@@ -246,6 +246,13 @@ fn size_arg(s: &str) -> Result<u64, String> {
     bw_block::parse_size(s)
 }
 
+/// `*setting = flag` if the flag was given.
+fn set_if<T>(setting: &mut T, flag: Option<T>) {
+    if let Some(v) = flag {
+        *setting = v;
+    }
+}
+
 /// [`size_arg`] as a `usize`.
 fn byte_count_arg(s: &str) -> Result<usize, String> {
     usize::try_from(size_arg(s)?).map_err(|_| format!("{s}: too large"))
@@ -414,37 +421,19 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     for x in &a.nvme {
         cfg.add_nvme_flag(x)?;
     }
-    if let Some(n) = a.max_sessions {
-        cfg.limits.max_sessions = n;
-    }
-    if let Some(n) = a.max_connections_per_address {
-        cfg.limits.max_connections_per_address = n;
-    }
-    if let Some(s) = a.login_timeout {
-        cfg.limits.login_timeout_s = s;
-    }
+    // Flags override the file.
+    let l = &mut cfg.limits;
+    set_if(&mut l.max_sessions, a.max_sessions);
+    set_if(&mut l.max_connections_per_address, a.max_connections_per_address);
+    set_if(&mut l.login_timeout_s, a.login_timeout);
     let t = &mut cfg.tuning;
-    if let Some(n) = a.aoe_workers {
-        t.aoe_workers = n;
-    }
-    if let Some(n) = a.aoe_io_threads {
-        t.aoe_io_threads = n;
-    }
-    if let Some(f) = a.aoe_fanout {
-        t.aoe_fanout = f;
-    }
-    if let Some(b) = a.iscsi_connection_threads {
-        t.iscsi_connection_threads = b;
-    }
-    if let Some(n) = a.iscsi_zero_copy_min {
-        t.iscsi_zero_copy_min = n;
-    }
-    if let Some(n) = a.iscsi_inline_max {
-        t.iscsi_inline_max = n;
-    }
-    if let Some(n) = a.iscsi_flush_every {
-        t.iscsi_flush_every = n;
-    }
+    set_if(&mut t.aoe_workers, a.aoe_workers);
+    set_if(&mut t.aoe_io_threads, a.aoe_io_threads);
+    set_if(&mut t.aoe_fanout, a.aoe_fanout);
+    set_if(&mut t.iscsi_connection_threads, a.iscsi_connection_threads);
+    set_if(&mut t.iscsi_zero_copy_min, a.iscsi_zero_copy_min);
+    set_if(&mut t.iscsi_inline_max, a.iscsi_inline_max);
+    set_if(&mut t.iscsi_flush_every, a.iscsi_flush_every);
     cfg.validate()?;
     let json = serde_json::to_string_pretty(&cfg)?;
     if a.print_config {

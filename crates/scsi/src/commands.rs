@@ -220,6 +220,7 @@ impl std::fmt::Debug for Command {
 }
 
 // Row builders, so each row reads as one line of the table.
+#[allow(clippy::too_many_arguments)]
 const fn cmd(
     opcode: u8,
     name: &'static str,
@@ -242,6 +243,7 @@ const fn cmd(
         handler,
     }
 }
+/// [`cmd`] for an opcode with service actions.
 #[allow(clippy::too_many_arguments)]
 const fn sa_cmd(
     opcode: u8,
@@ -254,17 +256,7 @@ const fn sa_cmd(
     execution: Execution,
     handler: Handler,
 ) -> Command {
-    Command {
-        opcode,
-        service_action: Some(sa),
-        name,
-        usage,
-        transfer,
-        conflict,
-        alua,
-        execution,
-        handler,
-    }
+    Command { service_action: Some(sa), ..cmd(opcode, name, usage, transfer, conflict, alua, execution, handler) }
 }
 
 use AluaAccess::{ActiveOnly, Always, UpToStandby};
