@@ -39,10 +39,18 @@ impl AoeLan {
         let lan = AoeLan {
             bridge: format!("bwbr{id}"),
             tap: format!("bwtp{id}"),
-            veths: (0..gateways).map(|g| (format!("bwg{g}{id}s"), format!("bwg{g}{id}b"))).collect(),
+            veths: (0..gateways)
+                .map(|g| (format!("bwg{g}{id}s"), format!("bwg{g}{id}b")))
+                .collect(),
         };
-        sh(&format!("ip link add {} type bridge forward_delay 0 && ip link set {} up", lan.bridge, lan.bridge));
-        sh(&format!("ip tuntap add dev {} mode tap && ip link set {} master {} && ip link set {} up", lan.tap, lan.tap, lan.bridge, lan.tap));
+        sh(&format!(
+            "ip link add {} type bridge forward_delay 0 && ip link set {} up",
+            lan.bridge, lan.bridge
+        ));
+        sh(&format!(
+            "ip tuntap add dev {} mode tap && ip link set {} master {} && ip link set {} up",
+            lan.tap, lan.tap, lan.bridge, lan.tap
+        ));
         for (s, b) in &lan.veths {
             sh(&format!("ip link add {s} type veth peer name {b} && ip link set {b} master {} && ip link set {b} up && ip link set {s} up", lan.bridge));
         }
@@ -52,17 +60,26 @@ impl AoeLan {
     /// The MAC of gateway `g`'s serving end, as the aoe driver's debugfs
     /// prints it (12 hex digits).
     fn mac(&self, g: usize) -> String {
-        std::fs::read_to_string(format!("/sys/class/net/{}/address", self.veths[g].0)).expect("veth address").trim().replace(':', "")
+        std::fs::read_to_string(format!("/sys/class/net/{}/address", self.veths[g].0))
+            .expect("veth address")
+            .trim()
+            .replace(':', "")
     }
 }
 
 impl Drop for AoeLan {
     fn drop(&mut self) {
         for (s, _) in &self.veths {
-            let _ = std::process::Command::new("ip").args(["link", "del", s]).output();
+            let _ = std::process::Command::new("ip")
+                .args(["link", "del", s])
+                .output();
         }
-        let _ = std::process::Command::new("ip").args(["link", "del", &self.tap]).output();
-        let _ = std::process::Command::new("ip").args(["link", "del", &self.bridge]).output();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.tap])
+            .output();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .output();
     }
 }
 
@@ -111,12 +128,20 @@ impl Orders {
             }
             done
         });
-        Orders { port, stop, thread: Some(thread) }
+        Orders {
+            port,
+            stop,
+            thread: Some(thread),
+        }
     }
 
     fn finish(mut self) -> Vec<String> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().expect("running").join().expect("control thread")
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("control thread")
     }
 }
 
@@ -135,10 +160,21 @@ impl Drop for Orders {
 /// must hold its marker: "MARK-LEDGER: writer K blocks FIRST to LAST step 4 count N".
 fn check_ledgers(image: &[u8], output: &str, mark: &str) -> usize {
     let mut checked = 0;
-    for line in output.lines().filter_map(|l| l.split_once(&format!("{mark}-LEDGER: ")).map(|(_, r)| r)) {
+    for line in output
+        .lines()
+        .filter_map(|l| l.split_once(&format!("{mark}-LEDGER: ")).map(|(_, r)| r))
+    {
         let w: Vec<&str> = line.split_whitespace().collect();
-        let (first, last, count): (u64, u64, u64) = (w[3].parse().expect("first"), w[5].parse().expect("last"), w[9].parse().expect("count"));
-        assert_eq!((last - first) / 4 + 1, count, "ledger {line:?} has gaps: a write failed or was skipped");
+        let (first, last, count): (u64, u64, u64) = (
+            w[3].parse().expect("first"),
+            w[5].parse().expect("last"),
+            w[9].parse().expect("count"),
+        );
+        assert_eq!(
+            (last - first) / 4 + 1,
+            count,
+            "ledger {line:?} has gaps: a write failed or was skipped"
+        );
         for b in (first..=last).step_by(4) {
             let want = format!("{mark} block {b:08}\n");
             let at = (b * 4096) as usize;
@@ -158,25 +194,54 @@ fn linux_host_uses_two_rbd_gateways_as_paths_and_survives_losing_one() {
     require_root();
     let ceph = Ceph::shared();
     let image = format!("mp{}", unique(""));
-    ceph.rbd(&["create", "--size", "64M", "--image-feature", "layering", &format!("rbd/{image}")]);
+    ceph.rbd(&[
+        "create",
+        "--size",
+        "64M",
+        "--image-feature",
+        "layering",
+        &format!("rbd/{image}"),
+    ]);
     let lan = AoeLan::new(2);
     let (dir_a, dir_b) = (TempDir::new("rbdgwa"), TempDir::new("rbdgwb"));
     let (ia, ib, na, nb) = (free_port(), free_port(), free_port(), free_port());
     let toml_a = gateway_toml(
         ceph,
-        &Gateway { image: &image, group: 1, preferred: true, iscsi_port: ia, nvme_port: na, aoe_if: Some(&lan.veths[0].0), timeout_s: 20 },
+        &Gateway {
+            image: &image,
+            group: 1,
+            preferred: true,
+            iscsi_port: ia,
+            nvme_port: na,
+            aoe_if: Some(&lan.veths[0].0),
+            timeout_s: 20,
+        },
     );
     let toml_b = gateway_toml(
         ceph,
-        &Gateway { image: &image, group: 2, preferred: false, iscsi_port: ib, nvme_port: nb, aoe_if: Some(&lan.veths[1].0), timeout_s: 20 },
+        &Gateway {
+            image: &image,
+            group: 2,
+            preferred: false,
+            iscsi_port: ib,
+            nvme_port: nb,
+            aoe_if: Some(&lan.veths[1].0),
+            timeout_s: 20,
+        },
     );
     let a = Arc::new(Mutex::new(Some(Serve::with_config(&dir_a, &toml_a, &[]))));
     let mut b = Serve::with_config(&dir_b, &toml_b, &[]);
-    let config_a = dir_a.path().join("serve.toml").to_str().expect("UTF-8").to_string();
+    let config_a = dir_a
+        .path()
+        .join("serve.toml")
+        .to_str()
+        .expect("UTF-8")
+        .to_string();
     let orders = Orders::serve(a.clone(), move || Serve::start(&["--config", &config_a]));
 
     let script = dir_a.path().join("rbd-gateways.sh");
-    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/rbd-gateways.sh")).expect("guest script");
+    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/rbd-gateways.sh"))
+        .expect("guest script");
     std::fs::write(
         &script,
         format!(
@@ -205,19 +270,35 @@ fn linux_host_uses_two_rbd_gateways_as_paths_and_survives_losing_one() {
         "MP-OK: AoE writes continue through B while A is down",
         "MP-ALL-OK",
     ] {
-        assert!(run.output.contains(step), "guest did not report {step:?}\n{}", run.output);
+        assert!(
+            run.output.contains(step),
+            "guest did not report {step:?}\n{}",
+            run.output
+        );
     }
     assert!(run.status.success(), "guest script failed");
-    assert_eq!(done, ["kill-a", "start-a", "kill-a"], "orders the guest gave");
+    assert_eq!(
+        done,
+        ["kill-a", "start-a", "kill-a"],
+        "orders the guest gave"
+    );
 
     // What the guest was told is written must be in the cluster itself.
     let export = dir_b.path().join("export.bin");
-    ceph.rbd(&["export", "--no-progress", &format!("rbd/{image}"), export.to_str().expect("UTF-8")]);
+    ceph.rbd(&[
+        "export",
+        "--no-progress",
+        &format!("rbd/{image}"),
+        export.to_str().expect("UTF-8"),
+    ]);
     let data = std::fs::read(&export).expect("read export");
     let nvme = check_ledgers(&data, &run.output, "nvme");
     let aoe = check_ledgers(&data, &run.output, "aoe");
     eprintln!("rbd_gateways: {nvme} NVMe and {aoe} AoE acknowledged writes found in rbd export");
-    assert!(nvme >= 160 && aoe >= 100, "too few acknowledged writes to mean anything: {nvme} NVMe, {aoe} AoE");
+    assert!(
+        nvme >= 160 && aoe >= 100,
+        "too few acknowledged writes to mean anything: {nvme} NVMe, {aoe} AoE"
+    );
 
     assert!(b.is_running(), "gateway B died:\n{}", b.log_text());
     assert!(b.stop().success(), "gateway B did not stop cleanly");

@@ -55,10 +55,17 @@ impl Ceph {
                     }
                 })
                 .expect("spawn the ceph-shared thread");
-            let ceph = rx.recv().expect("ceph-shared thread").unwrap_or_else(|e| std::panic::resume_unwind(e));
+            let ceph = rx
+                .recv()
+                .expect("ceph-shared thread")
+                .unwrap_or_else(|e| std::panic::resume_unwind(e));
             extern "C" fn stop_shared() {
                 if let Some(c) = SHARED.get() {
-                    let pids: Vec<i32> = [&c.osd, &c.mon].into_iter().flatten().map(|ch| ch.id() as i32).collect();
+                    let pids: Vec<i32> = [&c.osd, &c.mon]
+                        .into_iter()
+                        .flatten()
+                        .map(|ch| ch.id() as i32)
+                        .collect();
                     stop_daemons(&pids);
                     let _ = std::fs::remove_dir_all(c.dir.path());
                 }
@@ -74,7 +81,11 @@ impl Ceph {
     pub fn start() -> Ceph {
         for t in TOOLS {
             assert!(
-                Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success()),
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("command -v {t}"))
+                    .output()
+                    .is_ok_and(|o| o.status.success()),
                 "{t} is missing: install ceph-mon ceph-osd ceph-common (`make deps`)"
             );
         }
@@ -126,8 +137,17 @@ impl Ceph {
         }
         let conf_s = conf.to_str().expect("UTF-8 temp path").to_string();
         let monmap = d.join("monmap");
-        run_ok(Command::new("monmaptool").args(["--create", "--fsid", &fsid, "--addv", "a"]).arg(format!("[v2:127.0.0.1:{port}]")).arg(&monmap));
-        run_ok(Command::new("ceph-mon").args(["-c", &conf_s, "--mkfs", "-i", "a", "--monmap"]).arg(&monmap));
+        run_ok(
+            Command::new("monmaptool")
+                .args(["--create", "--fsid", &fsid, "--addv", "a"])
+                .arg(format!("[v2:127.0.0.1:{port}]"))
+                .arg(&monmap),
+        );
+        run_ok(
+            Command::new("ceph-mon")
+                .args(["-c", &conf_s, "--mkfs", "-i", "a", "--monmap"])
+                .arg(&monmap),
+        );
         let mon = daemon("ceph-mon")
             .args(["-f", "-c", &conf_s, "-i", "a"])
             .stdin(Stdio::null())
@@ -135,12 +155,25 @@ impl Ceph {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn ceph-mon");
-        let mut c = Ceph { dir, conf, mon: Some(mon), osd: None };
+        let mut c = Ceph {
+            dir,
+            conf,
+            mon: Some(mon),
+            osd: None,
+        };
 
         let osd_uuid = uuid();
         let id = c.ceph(&["osd", "new", &osd_uuid]).trim().to_string();
         std::fs::create_dir_all(d.join(format!("osd-{id}"))).expect("mkdir osd");
-        run_ok(Command::new("ceph-osd").args(["-c", &conf_s, "-i", &id, "--mkfs", "--osd-uuid", &osd_uuid]));
+        run_ok(Command::new("ceph-osd").args([
+            "-c",
+            &conf_s,
+            "-i",
+            &id,
+            "--mkfs",
+            "--osd-uuid",
+            &osd_uuid,
+        ]));
         let osd = daemon("ceph-osd")
             .args(["-f", "-c", &conf_s, "-i", &id])
             .stdin(Stdio::null())
@@ -156,17 +189,33 @@ impl Ceph {
             if stat.contains("\"num_up_osds\":1") {
                 break;
             }
-            assert!(Instant::now() < deadline, "ceph-osd not up after 60 s: {stat}\n{}", c.logs());
+            assert!(
+                Instant::now() < deadline,
+                "ceph-osd not up after 60 s: {stat}\n{}",
+                c.logs()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         c.ceph(&["osd", "pool", "create", "rbd", "8", "8"]);
         c.ceph(&["osd", "pool", "application", "enable", "rbd", "rbd"]);
         // Without a mgr there are no PG stats to wait on: an image create
         // (real I/O to the pool) only returns once the PGs are active.
-        let probe = c.rbd_output(&["create", "--size", "1M", "rbd/harness-probe"], Duration::from_secs(60));
-        assert!(probe.status.success(), "rbd create on the new pool failed: {}\n{}", String::from_utf8_lossy(&probe.stderr), c.logs());
+        let probe = c.rbd_output(
+            &["create", "--size", "1M", "rbd/harness-probe"],
+            Duration::from_secs(60),
+        );
+        assert!(
+            probe.status.success(),
+            "rbd create on the new pool failed: {}\n{}",
+            String::from_utf8_lossy(&probe.stderr),
+            c.logs()
+        );
         c.rbd(&["rm", "--no-progress", "rbd/harness-probe"]);
-        eprintln!("ceph: one-node cluster up in {:.1} s ({})", started.elapsed().as_secs_f64(), c.conf.display());
+        eprintln!(
+            "ceph: one-node cluster up in {:.1} s ({})",
+            started.elapsed().as_secs_f64(),
+            c.conf.display()
+        );
         c
     }
 
@@ -182,14 +231,23 @@ impl Ceph {
     /// `ceph -c CONF ARGS`, panicking with the output if it fails.
     pub fn ceph(&self, args: &[&str]) -> String {
         let out = self.tool("ceph", args, Duration::from_secs(30));
-        assert!(out.status.success(), "ceph {args:?} failed: {}\n{}", String::from_utf8_lossy(&out.stderr), self.logs());
+        assert!(
+            out.status.success(),
+            "ceph {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// `rbd -c CONF ARGS`, panicking with the output if it fails.
     pub fn rbd(&self, args: &[&str]) -> String {
         let out = self.rbd_output(args, Duration::from_secs(60));
-        assert!(out.status.success(), "rbd {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "rbd {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -242,8 +300,21 @@ impl Ceph {
     /// flight, from its admin socket (`objecter_requests`).
     pub fn client_ops_in_flight(&self, pid: u32) -> usize {
         let sock = self.dir.path().join(format!("run/client.admin.{pid}.asok"));
-        let out = self.tool("ceph", &["--admin-daemon", sock.to_str().expect("UTF-8 path"), "objecter_requests"], Duration::from_secs(10));
-        assert!(out.status.success(), "objecter_requests on {}: {}", sock.display(), String::from_utf8_lossy(&out.stderr));
+        let out = self.tool(
+            "ceph",
+            &[
+                "--admin-daemon",
+                sock.to_str().expect("UTF-8 path"),
+                "objecter_requests",
+            ],
+            Duration::from_secs(10),
+        );
+        assert!(
+            out.status.success(),
+            "objecter_requests on {}: {}",
+            sock.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         // {"ops": [{"tid": ...}, ...], "linger_ops": [...], ...}
         let text = String::from_utf8_lossy(&out.stdout);
         let ops = text.split("\"linger_ops\"").next().unwrap_or("");
@@ -270,7 +341,11 @@ impl Ceph {
 
 impl Drop for Ceph {
     fn drop(&mut self) {
-        let pids: Vec<i32> = [self.osd.take(), self.mon.take()].into_iter().flatten().map(|c| c.id() as i32).collect();
+        let pids: Vec<i32> = [self.osd.take(), self.mon.take()]
+            .into_iter()
+            .flatten()
+            .map(|c| c.id() as i32)
+            .collect();
         stop_daemons(&pids);
     }
 }
@@ -322,11 +397,17 @@ fn stop_daemons(pids: &[i32]) {
 }
 
 fn uuid() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/uuid").expect("read a random uuid").trim().to_string()
+    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .expect("read a random uuid")
+        .trim()
+        .to_string()
 }
 
 fn run_ok(c: &mut Command) {
-    let out = c.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+    let out = c
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
     assert!(
         out.status.success(),
         "{c:?} failed\nstdout: {}\nstderr: {}",
@@ -358,8 +439,14 @@ pub const GATEWAY_NQN: &str = "nqn.2026-11.org.blockwire:rbd-test";
 
 /// `blockwire serve` config of one gateway.
 pub fn gateway_toml(ceph: &Ceph, g: &Gateway) -> String {
-    let aoe = g.aoe_if.map_or(String::new(), |ifc| format!("[[aoe.export]]\ninterface = \"{ifc}\"\nvolume = \"v\"\nshelf = 7\nslot = 1\n"));
-    let (alua, ana) = if g.preferred { ("active-optimized", "optimized") } else { ("active-non-optimized", "non-optimized") };
+    let aoe = g.aoe_if.map_or(String::new(), |ifc| {
+        format!("[[aoe.export]]\ninterface = \"{ifc}\"\nvolume = \"v\"\nshelf = 7\nslot = 1\n")
+    });
+    let (alua, ana) = if g.preferred {
+        ("active-optimized", "optimized")
+    } else {
+        ("active-non-optimized", "non-optimized")
+    };
     let lo = 1 + (g.group - 1) * 1000;
     format!(
         r#"
