@@ -13,6 +13,7 @@
 //! The target and the initiator crates put sockets around these.
 
 pub mod command;
+pub mod commands;
 pub mod controller;
 pub mod fabrics;
 pub mod features;

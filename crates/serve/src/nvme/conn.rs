@@ -14,6 +14,7 @@ use super::outbox::Outbox;
 use crate::Shutdown;
 use anyhow::{anyhow, bail};
 use bw_nvme::command::{nvm, sgl, Cqe, Sqe};
+use bw_nvme::commands::{self, QueueKind};
 use bw_nvme::controller::{AdminOutcome, Completion, INCAPSULE_DATA, MAX_QUEUE_ENTRIES, MAX_TRANSFER};
 use bw_nvme::fabrics::{self, fctype, Connect, ConnectData, CATTR_DISABLE_SQFLOW};
 use bw_nvme::io::{self, IoDone};
@@ -181,17 +182,18 @@ async fn fatal_direct(wr: &mut TcpStream, fes: u16, fei: u32, hdr: &[u8], why: &
     Err(anyhow!("{why} (C2HTermReq FES {fes:#x})"))
 }
 
-/// Commands that may sleep in the kernel run on the blocking pool; plain
-/// reads and writes of RAM or page-cache backed volumes run inline.
+/// Commands that may sleep in the kernel (the table's `sleeps`, FUA
+/// writes, any command on an O_DIRECT, O_DSYNC or block-device volume) run
+/// on the blocking pool; plain reads and writes of RAM or page-cache backed
+/// volumes run inline.
 fn may_block(subsys: &Subsystem, sqe: &Sqe) -> bool {
-    match sqe.opcode() {
-        nvm::FLUSH | nvm::DSM | nvm::WRITE_ZEROES => true,
-        _ if sqe.cdw(12) & (1 << 30) != 0 => true, // FUA
-        _ => subsys.namespace(sqe.nsid()).is_some_and(|n| {
-            let i = n.volume.info();
-            i.durability == bw_block::Durability::WriteThrough || i.description.contains("O_DIRECT") || i.description.starts_with("blockdev:")
-        }),
+    if commands::lookup(QueueKind::Io, sqe.opcode()).is_some_and(|c| c.sleeps) || sqe.cdw(12) & (1 << 30) != 0 {
+        return true;
     }
+    subsys.namespace(sqe.nsid()).is_some_and(|n| {
+        let i = n.volume.info();
+        i.durability == bw_block::Durability::WriteThrough || i.description.contains("O_DIRECT") || i.description.starts_with("blockdev:")
+    })
 }
 
 impl Conn {
