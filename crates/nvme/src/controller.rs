@@ -77,6 +77,11 @@ impl KeepAlive {
     pub fn set_kato_ms(&self, ms: u32) {
         self.kato_ms.store(ms, Relaxed)
     }
+    /// When the controller expires unless a command arrives first.
+    pub fn deadline(&self) -> Option<Instant> {
+        let last = self.epoch + Duration::from_millis(self.last_ms.load(Relaxed));
+        self.kato().map(|k| last + k + Duration::from_millis(1))
+    }
     /// True once no command arrived for a whole KATO.
     pub fn expired(&self, now: Instant) -> bool {
         match self.kato() {

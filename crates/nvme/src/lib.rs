@@ -24,6 +24,7 @@ pub mod logpage;
 pub mod pdu;
 pub mod status;
 pub mod subsystem;
+pub mod target_queue;
 
 pub use command::{Cqe, Sqe};
 pub use controller::{AdminOutcome, Completion, Controller};
