@@ -17,6 +17,7 @@ pub mod commands;
 pub mod controller;
 pub mod fabrics;
 pub mod features;
+pub mod host_queue;
 pub mod identify;
 pub mod io;
 pub mod ana;
