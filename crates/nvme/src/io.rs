@@ -118,6 +118,9 @@ fn map_err(e: BlockError, write: bool) -> Status {
     match e {
         BlockError::OutOfRange { .. } => Status::LBA_RANGE.dnr(),
         BlockError::ReadOnly => NS_WRITE_PROTECTED.dnr(),
+        // The backend did not answer in time (rbd: the cluster is away):
+        // nothing is known to be wrong with the data, a retry may succeed.
+        BlockError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => Status::COMMAND_INTERRUPTED,
         BlockError::Io(_) if write => Status::WRITE_FAULT,
         BlockError::Io(_) => Status::READ_ERROR,
     }
@@ -338,5 +341,10 @@ mod tests {
         let mut bad = rw(nvm::READ, 1, 0, 2);
         bad.set_sgl(Sgl { addr: 0, length: 512, kind: sgl::TRANSPORT });
         assert_eq!(execute(&s, &bad, &[]).status, Status::SGL_INVALID_DATA.dnr());
+        // Backend failures: a timeout may be retried (no DNR), EIO is a media error.
+        let timeout = || BlockError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "rbd: timed out"));
+        assert_eq!((map_err(timeout(), true), map_err(timeout(), false)), (Status::COMMAND_INTERRUPTED, Status::COMMAND_INTERRUPTED));
+        let eio = || BlockError::Io(std::io::Error::from_raw_os_error(5));
+        assert_eq!((map_err(eio(), true), map_err(eio(), false)), (Status::WRITE_FAULT, Status::READ_ERROR));
     }
 }
