@@ -69,13 +69,9 @@ pub async fn serve(
     mut shutdown: Shutdown,
     login_timeout: Duration,
 ) -> anyhow::Result<()> {
-    let mut cfg = QueueConfig::new(Instant::now() + login_timeout);
-    if let Some(n) = std::env::var("BLOCKWIRE_NVME_C2H_MAX")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        cfg.max_c2h_data = n;
-    }
+    // One C2HData per read (up to MDTS): 128 KiB PDUs cost the target 14%
+    // and the host 21% more CPU per 1 MiB read (crates/nvme/README.md).
+    let cfg = QueueConfig::new(Instant::now() + login_timeout);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let (kill_keep, kill) = watch::channel(false);
     let mut c = Conn {
