@@ -327,8 +327,18 @@ async fn write_loop(mut wr: OwnedWriteHalf, sh: Arc<Shared>) {
 /// to the caller's buffer instead).
 const READ_CHUNK: u64 = 64 * 1024;
 
-/// Most bytes a payload read waits for before the socket wakes us.
-const RCVLOWAT_MAX: usize = 256 * 1024;
+/// Most bytes a payload read waits for before the socket wakes us: a whole
+/// MDTS-sized payload, so one wakeup per 1 MiB read (crates/nvme/README.md,
+/// measured together with `RECV_STAGE`).
+const RCVLOWAT_MAX: usize = 1 << 20;
+
+/// Bytes of a large payload read from the socket at a time, into a buffer
+/// that stays in the cache, then copied to the command's buffer. On the
+/// 2-vCPU VM this is measured on, the kernel's copy into a cold 1 MiB
+/// buffer costs more than this copy through 64 KiB, as our iSCSI initiator
+/// does it (with `RCVLOWAT_MAX`: client CPU per 1 MiB read 818 -> 427 us,
+/// crates/nvme/README.md).
+const RECV_STAGE: usize = 64 * 1024;
 
 fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
     let v = n as libc::c_int;
@@ -344,21 +354,31 @@ fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
     }
 }
 
-/// Read the rest of a C2HData payload from the socket straight into its
-/// command's buffer. While it is large, the socket is told not to wake us
-/// before `SO_RCVLOWAT` bytes are there: one wakeup per large chunk rather
-/// than per segment (each wakeup costs the sender a cross-CPU IPI).
+/// Read the rest of a C2HData payload from the socket into its command's
+/// buffer, through the staging buffer. While the payload is large, the
+/// socket is told not to wake us before `SO_RCVLOWAT` bytes (what is left
+/// of it) are there: one wakeup per payload rather than per segment (each
+/// wakeup costs the sender a cross-CPU IPI).
 async fn recv_direct(
     rd: &mut OwnedReadHalf,
     sh: &Shared,
     dr: &mut DirectRead,
+    stage: &mut Vec<u8>,
 ) -> std::result::Result<(), String> {
     let mut lowat = 1;
+    stage.resize(RECV_STAGE, 0);
     while !dr.is_done() {
         rd.readable()
             .await
             .map_err(|e| format!("receive failed: {e}"))?;
-        let r = sh.lock().direct_fill(dr, |dst| rd.try_read(dst));
+        let want = dr.left().min(RECV_STAGE);
+        let r = match rd.try_read(&mut stage[..want]) {
+            Ok(n) if n > 0 => sh.lock().direct_fill(dr, |dst| {
+                dst[..n].copy_from_slice(&stage[..n]);
+                Ok(n)
+            }),
+            r => r,
+        };
         match r {
             Ok(0) => return Err("target closed the connection".into()),
             Ok(_) => {}
@@ -384,13 +404,14 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
     // straight to its buffer too instead of partly into `buf`.
     let hdr_len = (pdu::DATA_HLEN + if d.header { pdu::DIGEST_LEN } else { 0 }) as u64;
     let mut header_only = false;
+    let mut stage = Vec::new();
     let why = loop {
         let direct = sh.lock().begin_direct(&mut buf);
         match direct {
             Err(e) => break e.to_string(),
             Ok(Some(mut dr)) => {
                 let large = dr.left() >= READ_CHUNK as usize;
-                if let Err(why) = recv_direct(&mut rd, &sh, &mut dr).await {
+                if let Err(why) = recv_direct(&mut rd, &sh, &mut dr, &mut stage).await {
                     break why;
                 }
                 header_only = large;

@@ -19,6 +19,30 @@ use fabric::Fabric;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
+/// NVMe/TCP framing for the shared reader: the common header's PLEN is the
+/// PDU's length; `max_plen` bounds what a peer can make us buffer.
+pub(super) struct NvmeFraming {
+    pub max_plen: u32,
+}
+
+impl crate::framing::Framing for NvmeFraming {
+    fn header_len(&self) -> usize {
+        bw_nvme::pdu::CH_LEN
+    }
+    fn pdu_len(&self, header: &[u8]) -> usize {
+        bw_nvme::pdu::CommonHeader::parse(header).plen as usize
+    }
+    fn max_pdu(&self) -> usize {
+        self.max_plen as usize
+    }
+    fn growth(&self) -> crate::framing::Growth {
+        // `pdu::decode` reserves exactly what a partial PDU still needs;
+        // only a full buffer needs more room (reserving more while earlier
+        // PDUs' payloads are still referenced would copy the partial PDU).
+        crate::framing::Growth { low_water: 1, chunk: 64 * 1024, large_pdu: usize::MAX }
+    }
+}
+
 /// Build the subsystems a config describes.
 fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Subsystem>>> {
     let mut out = Vec::new();
