@@ -8,6 +8,7 @@ use std::time::Duration;
 
 mod router;
 mod attach;
+mod flowop;
 
 #[derive(Parser)]
 #[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
@@ -27,6 +28,8 @@ enum Cmd {
     Verify(VerifyArgs),
     /// Measure IOPS, bandwidth, latency and client CPU against a remote disk.
     Bench(BenchArgs),
+    /// Run a filebench-style personality (webserver, fileserver, varmail, oltp) on a directory.
+    Flowop(flowop::FlowopArgs),
     /// ATA over Ethernet tools.
     #[command(subcommand)]
     Aoe(AoeCmd),
@@ -390,6 +393,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print_discovered(found, &format!("the discovery log at {address} is empty"))
         }
         Cmd::Lab(a) => bw_lab::run(a),
+        Cmd::Flowop(a) => flowop::run(a),
         Cmd::Router(a) => router::run(a),
     }
 }
