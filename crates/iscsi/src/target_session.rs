@@ -346,6 +346,16 @@ impl TargetSession {
             r2ts: Vec::new(),
             executing: false,
         };
+        if c.write && c.edtl > bw_scsi::MAX_DATA_OUT_BYTES {
+            // More data than any command takes (the Block Limits VPD page
+            // says so): refuse now rather than solicit it with R2Ts and
+            // hold gigabytes until the last byte arrives. Data-Out that
+            // still comes for this task is dropped as the task is gone.
+            self.tasks.insert(c.itt, task);
+            let sense = bw_scsi::Sense::INVALID_FIELD_IN_CDB.to_fixed();
+            self.complete(c.itt, id, status::CHECK_CONDITION, &sense, Vec::new(), Residual::None, out);
+            return Ok(());
+        }
         if imm == edtl {
             // All data (possibly none) is here.
             let data = if imm == 0 { Vec::new() } else { vec![pdu.data] };
@@ -911,6 +921,51 @@ mod tests {
         let overlap = in_order(vec![(0, b(b"abc")), (2, b(b"XY"))], 4);
         assert_eq!(overlap, vec![b(b"abXY")]);
         assert!(in_order(Vec::new(), 0).is_empty());
+    }
+
+    /// A WRITE announcing more data than any command takes is refused at
+    /// once with CHECK CONDITION, without an R2T (which would have the
+    /// target hold up to 4 GiB until the last byte came); its unsolicited
+    /// Data-Out is dropped; the window stays open. Found by the socket
+    /// fuzzer (crates/cli/tests/integration/socket_fuzz.rs).
+    #[test]
+    fn oversized_write_is_refused_without_r2t() {
+        for initial_r2t in [true, false] {
+            let params = SessionParams { initial_r2t, max_burst_length: 1 << 20, ..SessionParams::default() };
+            let mut s = TargetSession::new(SessionConfig {
+                session_type: SessionType::Normal,
+                params,
+                queue_depth: 8,
+                exp_cmd_sn: 1,
+                stat_sn: 10,
+                cid: 0,
+                targets: Vec::new(),
+                current_target: None,
+            });
+            let window = s.max_cmd_sn();
+            for (i, edtl) in [u32::MAX, bw_scsi::MAX_DATA_OUT_BYTES + 1].into_iter().enumerate() {
+                let itt = 20 + i as u32;
+                let c = ScsiCommand { final_: initial_r2t, write: true, itt, edtl, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
+                let mut out = Vec::new();
+                s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), &mut out).unwrap();
+                let [Action::Send(p)] = &out[..] else { panic!("EDTL {edtl:#x}: expected one response, got {out:?}") };
+                let Ok(Message::ScsiResponse(r)) = Message::decode(&p.bhs) else { panic!("EDTL {edtl:#x}: not a SCSI Response: {p:?}") };
+                assert_eq!((r.itt, r.status), (itt, status::CHECK_CONDITION));
+                assert_eq!(&p.data[2..][12..14], &[0x24, 0x00], "INVALID FIELD IN CDB");
+                // Unsolicited data for the refused task is dropped quietly.
+                let d = DataOut { final_: true, itt, ttt: RESERVED_TAG, ..Default::default() };
+                let mut more = Vec::new();
+                s.on_pdu(Pdu::new(Message::DataOut(d).encode(), Bytes::from(vec![0u8; 4096])), &mut more).unwrap();
+                assert!(more.is_empty(), "{more:?}");
+            }
+            assert_eq!(s.outstanding(), 0);
+            assert_eq!(s.max_cmd_sn(), window.wrapping_add(2));
+            // The largest transfer allowed is still solicited.
+            let c = ScsiCommand { final_: true, write: true, itt: 30, edtl: bw_scsi::MAX_DATA_OUT_BYTES, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
+            let mut out = Vec::new();
+            s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), &mut out).unwrap();
+            assert!(matches!(out.first().map(|a| match a { Action::Send(p) => Message::decode(&p.bhs).ok(), _ => None }), Some(Some(Message::R2t(_)))), "{out:?}");
+        }
     }
 
     /// A task aborted while its extent was being planned gets no PDUs.

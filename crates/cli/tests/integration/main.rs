@@ -21,3 +21,5 @@ mod nvme_initiator;
 mod nvme_kernel;
 mod nvme_nvmet;
 mod rbd;
+mod secrets;
+mod socket_fuzz;
