@@ -282,6 +282,26 @@ impl Sender<'_> {
     }
 }
 
+/// How a fuzzing session went.
+struct Outcome {
+    /// One of a few fixed phrases, counted per run.
+    ending: &'static str,
+    detail: String,
+    pdus: u64,
+    /// The mutations applied, PDU by PDU.
+    log: Vec<String>,
+}
+
+impl Outcome {
+    fn early(ending: &'static str, tx: Option<Sender>) -> Outcome {
+        let (pdus, log) = tx.map(|t| (t.pdus, t.log)).unwrap_or_default();
+        Outcome { ending, detail: String::new(), pdus, log }
+    }
+}
+
+/// Endings of a session that nothing disturbed.
+const CLEAN_ENDINGS: [&str; 2] = ["logged out", "closed by us"];
+
 // ---------------------------------------------------------------- iSCSI
 
 /// DataSegmentLength (24 bits), TotalAHSLength, Expected Data Transfer
@@ -324,6 +344,9 @@ struct IscsiSeen {
     pings: Vec<u32>,
     responses: u64,
     rejects: u64,
+    /// ITTs whose SCSI Response came.
+    done: std::collections::HashSet<u32>,
+    logged_out: bool,
 }
 
 fn iscsi_take(w: &mut Wire, dec: &IscsiDecoder, seen: &mut IscsiSeen) {
@@ -341,7 +364,11 @@ fn iscsi_take(w: &mut Wire, dec: &IscsiDecoder, seen: &mut IscsiSeen) {
                 match opcode {
                     0x31 => seen.r2ts.push_back((b.u32(16), b.u32(20), b.u32(40), b.u32(44))),
                     0x20 if b.u32(20) != 0xFFFF_FFFF => seen.pings.push(b.u32(20)),
-                    0x21 => seen.responses += 1,
+                    0x21 => {
+                        seen.responses += 1;
+                        seen.done.insert(b.u32(16));
+                    }
+                    0x26 => seen.logged_out = true,
                     0x3F => seen.rejects += 1,
                     _ => {}
                 }
@@ -364,9 +391,9 @@ fn cdb16(bytes: &[u8]) -> [u8; 16] {
 }
 
 /// One fuzzing session against the iSCSI front-end; returns how it ended.
-fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutation, u64>>) -> (String, Vec<String>) {
+fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutation, u64>>) -> Outcome {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let Some(wire) = Wire::connect(port) else { return ("connect failed".into(), vec![]) };
+    let Some(wire) = Wire::connect(port) else { return Outcome::early("connect failed", None) };
     let mut tx = Sender {
         wire,
         rng: SmallRng::seed_from_u64(seed ^ 0x5eed),
@@ -382,6 +409,8 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
     let immediate = rng.gen_bool(0.7);
     let first_burst: u32 = [8192, 65536][rng.gen_range(0..2)];
     let max_burst: u32 = [16384, 262144][rng.gen_range(0..2)];
+    // What the target will use: FirstBurstLength never exceeds MaxBurstLength.
+    let first_burst_used = first_burst.min(max_burst);
     let outstanding_r2t: u32 = rng.gen_range(1..=4);
     let mut isid = [0u8; 6];
     rng.fill(&mut isid[..]);
@@ -418,11 +447,11 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
     });
     let none = IscsiDigests { header: false, data: false };
     if !tx.pdu("Login", iscsi_wire(login.encode(), &text, none)) {
-        return ("closed during login".into(), tx.log);
+        return Outcome::early("closed during login", Some(tx));
     }
     // The Login Response.
     let mut dec = IscsiDecoder::new(1 << 24);
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(1);
     let resp = loop {
         tx.wire.pump(Duration::from_millis(20));
         match dec.decode(&mut tx.wire.inbox) {
@@ -431,10 +460,10 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
             _ => break None,
         }
     };
-    let Some(resp) = resp else { return ("no login response".into(), tx.log) };
+    let Some(resp) = resp else { return Outcome::early("no login response", Some(tx)) };
     let (status, final_) = (resp.bhs.u16(36), resp.bhs.0[1] & 0x80 != 0 && resp.bhs.0[1] & 3 == 3);
     if resp.bhs.0[0] & 0x3F != 0x23 || status != 0 || !final_ {
-        return (format!("login refused (status {status:#06x})"), tx.log);
+        return Outcome { ending: "login refused", detail: format!("status {status:#06x}"), pdus: tx.pdus, log: tx.log };
     }
     let mut cmd_sn = resp.bhs.u32(28);
     let mut seen = IscsiSeen { max_cmd_sn: resp.bhs.u32(32), ..Default::default() };
@@ -548,8 +577,8 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
             data[8..16].copy_from_slice(&lba.to_be_bytes());
             data[16..20].copy_from_slice(&8u32.to_be_bytes());
         }
-        let imm_len = if immediate { write_len.min(first_burst).min(65536) as usize } else { 0 };
-        let unsolicited_end = if !initial_r2t { write_len.min(first_burst) } else { 0 };
+        let imm_len = if immediate { write_len.min(first_burst_used).min(65536) as usize } else { 0 };
+        let unsolicited_end = if !initial_r2t { write_len.min(first_burst_used) } else { 0 };
         let final_ = write_len == 0 || initial_r2t || imm_len as u32 >= unsolicited_end;
         let cmd = ScsiCommand {
             immediate: false,
@@ -578,11 +607,12 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
             off += len;
             data_sn += 1;
         }
-        // Answer the R2Ts that come for this command (and any earlier one).
-        let need_r2t = write_len > off;
-        let deadline = Instant::now() + Duration::from_millis(if need_r2t { 500 } else { 0 });
+        // Answer the R2Ts for this command until all its data is sent or it
+        // ends (a mutated command may never get one: do not wait long).
+        let mut sent_all = write_len <= off;
+        let deadline = Instant::now() + Duration::from_millis(200);
         loop {
-            tx.wire.pump(Duration::from_millis(if need_r2t { 10 } else { 0 }));
+            tx.wire.pump(Duration::from_millis(if sent_all { 0 } else { 5 }));
             iscsi_take(&mut tx.wire, &dec, &mut seen);
             while let Some((r_itt, ttt, r_off, r_len)) = seen.r2ts.pop_front() {
                 if r_itt != itt {
@@ -598,27 +628,31 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
                     o += len;
                     sn += 1;
                 }
-                if end >= write_len {
-                    break;
-                }
+                sent_all |= end >= write_len;
             }
-            if !need_r2t
-                || tx.wire.closed
-                || Instant::now() >= deadline
-                || seen.responses > 0 && seen.r2ts.is_empty() && Instant::now() + Duration::from_millis(400) > deadline
-            {
+            if sent_all || seen.done.contains(&itt) || tx.wire.closed || Instant::now() >= deadline {
                 break;
             }
         }
     }
+    let mut how = if tx.wire.closed { "closed by the target" } else { "closed by us" };
     if rng.gen_bool(0.8) && !tx.wire.closed {
         let lo = Message::LogoutRequest(LogoutRequest { immediate: true, reason: 0, itt: itt + 1, cid: 0, cmd_sn, exp_stat_sn: 0 });
         tx.pdu("Logout", iscsi_wire(lo.encode(), &[], digests));
         tx.flush_held();
-        tx.wire.closed_within(Duration::from_secs(1));
+        // Outstanding commands finish first; then the Logout Response and the close.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !tx.wire.closed && Instant::now() < deadline {
+            tx.wire.pump(Duration::from_millis(20));
+            iscsi_take(&mut tx.wire, &dec, &mut seen);
+        }
+        how = match (seen.logged_out, tx.wire.closed) {
+            (true, true) => "logged out",
+            (false, true) => "closed by the target",
+            (_, false) => "logout not answered",
+        };
     }
-    let how = if tx.wire.closed { "closed by the target" } else { "closed by us" };
-    (format!("{how} after {} PDUs, {} responses, {} rejects", tx.pdus, seen.responses, seen.rejects), tx.log)
+    Outcome { ending: how, detail: format!("{} responses, {} rejects", seen.responses, seen.rejects), pdus: tx.pdus, log: tx.log }
 }
 
 // ---------------------------------------------------------------- NVMe/TCP
@@ -710,14 +744,14 @@ fn nvme_open(tx: &mut Sender, rng: &mut SmallRng, qid: u16, cntlid: u16, hostnqn
 }
 
 /// One fuzzing session: an admin queue and an I/O queue of one controller.
-fn nvme_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutation, u64>>) -> (String, Vec<String>) {
+fn nvme_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutation, u64>>) -> Outcome {
     let mut rng = SmallRng::seed_from_u64(seed);
     let digests = if rng.gen_bool(0.2) { bw_nvme::Digests { header: true, data: rng.gen_bool(0.5) } } else { bw_nvme::Digests::default() };
     let hostnqn = format!("nqn.2014-08.org.nvmexpress:uuid:fuzz-{}", seed % 5);
-    let Some(mut admin_tx) = nvme_sender(port, seed ^ 1, rate, counts) else { return ("connect failed".into(), vec![]) };
+    let Some(mut admin_tx) = nvme_sender(port, seed ^ 1, rate, counts) else { return Outcome::early("connect failed", None) };
     let mut admin_seen = NvmeSeen::default();
     let Some(cntlid) = nvme_open(&mut admin_tx, &mut rng, 0, 0xFFFF, &hostnqn, digests, &mut admin_seen) else {
-        return ("admin connect refused or closed".into(), admin_tx.log);
+        return Outcome::early("admin queue refused or closed", Some(admin_tx));
     };
     // Enable the controller, then a few admin commands.
     let mut cid: u16 = 10;
@@ -785,6 +819,8 @@ fn nvme_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutatio
     // The I/O queue.
     let mut io_seen = NvmeSeen::default();
     let mut report = format!("admin: {} PDUs, {} completions", admin_tx.pdus, admin_seen.completions);
+    let mut pdus = admin_tx.pdus;
+    let mut ending = "closed by us";
     let mut log = std::mem::take(&mut admin_tx.log);
     if let Some(mut io_tx) = nvme_sender(port, seed ^ 2, rate, counts) {
         // Wait for CC.EN to take before the I/O queue connects.
@@ -898,10 +934,21 @@ fn nvme_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutatio
             io_tx.wire.pump(Duration::from_millis(50));
             nvme_take(&mut io_tx.wire, digests, &mut io_seen);
         }
-        report += &format!("; I/O: {} PDUs, {} completions{}", io_tx.pdus, io_seen.completions, if io_tx.wire.closed { ", closed by the target" } else { "" });
+        report += &format!("; I/O: {} PDUs, {} completions", io_tx.pdus, io_seen.completions);
+        if io_seen.ic.is_none() || io_tx.pdus < 2 || (io_seen.completions == 0 && !io_tx.wire.closed) {
+            ending = "I/O queue refused";
+        }
+        pdus += io_tx.pdus;
+        if io_tx.wire.closed || io_seen.terminated {
+            ending = "closed by the target";
+        }
         log.extend(io_tx.log);
     }
-    (report, log)
+    admin_tx.wire.pump(Duration::ZERO);
+    if admin_tx.wire.closed || admin_seen.terminated {
+        ending = "closed by the target";
+    }
+    Outcome { ending, detail: report, pdus, log }
 }
 
 // ---------------------------------------------------------------- the run
@@ -944,7 +991,11 @@ fn clean_loop(url: String, stop: Arc<AtomicBool>) -> (u64, Vec<String>) {
         while !stop.load(Ordering::Relaxed) {
             let p = VerifyParams { offset: (seed % 4) * (1 << 20), size: 2 << 20, seed, chunk: 64 << 10, concurrency: 4 };
             match verify(client.clone(), &p).await {
-                Ok(_) => passes += 1,
+                Ok(_) => {
+                    passes += 1;
+                    // Leave the CPU to the fuzzers most of the time.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 Err(e) => {
                     failures.push(format!("{url}: verify {seed}: {e}"));
                     break;
@@ -979,8 +1030,8 @@ fn run(proto: Proto) {
     // take the baseline.
     let counts = Mutex::new(BTreeMap::new());
     for i in 0..20 {
-        let (how, _) = session(port, seed.wrapping_add(i), 0.0, &counts);
-        assert!(!how.contains("refused") && !how.contains("failed"), "a clean {proto:?} session failed: {how}");
+        let o = session(port, seed.wrapping_add(i), 0.0, &counts);
+        assert!(CLEAN_ENDINGS.contains(&o.ending), "a clean {proto:?} session ended {:?}: {}", o.ending, o.detail);
     }
     let before = settle(pid, None);
     let stop = Arc::new(AtomicBool::new(false));
@@ -991,31 +1042,37 @@ fn run(proto: Proto) {
     let sampler = Sampler::start(pid);
     let sessions = AtomicU64::new(0);
     let pdus_total = AtomicU64::new(0);
-    let endings = Mutex::new(BTreeMap::<String, u64>::new());
+    let endings = Mutex::new(BTreeMap::<&'static str, u64>::new());
+    let unmutated_failures = Mutex::new(Vec::<String>::new());
     let recent = Mutex::new(VecDeque::<String>::new());
     let dead = AtomicBool::new(false);
     let t0 = Instant::now();
     let counts = Mutex::new(BTreeMap::new());
     std::thread::scope(|sc| {
         for w in 0..FUZZERS as u64 {
-            let (sessions, endings, recent, dead, counts, pdus_total) = (&sessions, &endings, &recent, &dead, &counts, &pdus_total);
+            let (sessions, endings, recent, dead, counts, pdus_total, unmutated_failures) =
+                (&sessions, &endings, &recent, &dead, &counts, &pdus_total, &unmutated_failures);
             sc.spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(seed ^ (w << 32));
                 while t0.elapsed() < Duration::from_secs(secs) && !dead.load(Ordering::Relaxed) {
                     let s: u64 = rng.gen();
                     let rate = [0.0, 0.02, 0.1, 0.3][rng.gen_range(0..4)];
-                    let (how, log) = session(port, s, rate, counts);
+                    let o = session(port, s, rate, counts);
                     let n = sessions.fetch_add(1, Ordering::Relaxed) + 1;
-                    let kind = how.split(" after").next().unwrap_or(&how).split(" (").next().unwrap_or(&how).to_string();
-                    *endings.lock().expect("endings").entry(kind).or_default() += 1;
-                    pdus_total.fetch_add(how.split_whitespace().filter_map(|w| w.parse::<u64>().ok()).next().unwrap_or(0), Ordering::Relaxed);
+                    *endings.lock().expect("endings").entry(o.ending).or_default() += 1;
+                    pdus_total.fetch_add(o.pdus, Ordering::Relaxed);
+                    let line = format!("session {n} seed {s} rate {rate}: {} ({}), {} PDUs; {}", o.ending, o.detail, o.pdus, o.log.join("; "));
+                    // A session without mutations must go as a valid one does.
+                    if rate == 0.0 && !CLEAN_ENDINGS.contains(&o.ending) {
+                        unmutated_failures.lock().expect("unmutated").push(line.clone());
+                    }
                     let mut r = recent.lock().expect("recent");
-                    r.push_back(format!("session {n} seed {s} rate {rate}: {how}; {}", log.join("; ")));
+                    r.push_back(line);
                     if r.len() > 12 {
                         r.pop_front();
                     }
                     drop(r);
-                    if how == "connect failed" && TcpStream::connect(("127.0.0.1", port)).is_err() {
+                    if o.ending == "connect failed" && TcpStream::connect(("127.0.0.1", port)).is_err() {
                         dead.store(true, Ordering::Relaxed);
                     }
                 }
@@ -1033,12 +1090,15 @@ fn run(proto: Proto) {
     let counts = counts.into_inner().expect("counts");
     let mutations: u64 = counts.values().sum();
     eprintln!(
-        "SOCKET FUZZ {proto:?}: {} sessions, {mutations} mutations {counts:?}, in {fuzz_time:?} (busy machine); endings {:?}; \
+        "SOCKET FUZZ {proto:?}: {} sessions, {} PDUs, {mutations} mutations {counts:?}, in {fuzz_time:?} (busy machine); endings {:?}; \
          clean session: {passes} verifies of 2 MiB passed, {} failed; target before {before:?}, peak {peak:?}, after {after:?}",
         sessions.load(Ordering::Relaxed),
+        pdus_total.load(Ordering::Relaxed),
         endings.lock().expect("endings"),
         failures.len()
     );
+    let unmutated_failures = unmutated_failures.into_inner().expect("unmutated");
+    assert!(unmutated_failures.is_empty(), "sessions without mutations went wrong (the fuzzer's or the target's bug):\n{}", unmutated_failures.join("\n"));
     let recent = recent.into_inner().expect("recent");
     let last = || recent.iter().cloned().collect::<Vec<_>>().join("\n");
     assert!(
