@@ -102,12 +102,17 @@ struct ServeArgs {
     /// [tuning] iSCSI PDUs handled in a row before answering (0: all buffered first).
     #[arg(long, value_name = "N", help_heading = "Tuning")]
     iscsi_flush_every: Option<usize>,
-    /// Write the effective configuration as JSON to FILE at start-up.
+    /// Write the effective configuration as JSON to FILE (mode 600) at start-up;
+    /// secrets are redacted unless --show-secrets.
     #[arg(long, value_name = "FILE")]
     save_config: Option<String>,
-    /// Print the effective configuration as JSON and exit without serving.
+    /// Print the effective configuration as JSON and exit without serving;
+    /// secrets are redacted unless --show-secrets.
     #[arg(long)]
     print_config: bool,
+    /// Include CHAP secrets (and any other keys) in --print-config and --save-config.
+    #[arg(long)]
+    show_secrets: bool,
 }
 
 #[derive(Args, Clone)]
@@ -277,7 +282,7 @@ fn parse_portal(s: &str, default_port: u16) -> anyhow::Result<Portal> {
             let port = if s.ends_with(&format!(":{port}")) { port } else { default_port };
             Ok(Portal { host, port, user, secret })
         }
-        _ => bail!("invalid address {s:?}: expected [USER%SECRET@]HOST[:PORT]"),
+        _ => bail!("invalid address {:?}: expected [USER%SECRET@]HOST[:PORT]", bw_initiator::redact_url(&url).trim_start_matches("iscsi://").trim_end_matches("/iqn.x:y/0")),
     }
 }
 
@@ -439,13 +444,16 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     set_if(&mut t.iscsi_inline_max, a.iscsi_inline_max);
     set_if(&mut t.iscsi_flush_every, a.iscsi_flush_every);
     cfg.validate()?;
-    let json = serde_json::to_string_pretty(&cfg)?;
+    let json = cfg.to_json(a.show_secrets);
     if a.print_config {
         println!("{json}");
         return Ok(());
     }
+    if let Some(w) = a.config.as_deref().and_then(|p| bw_serve::config::permission_warning(p, &cfg)) {
+        log::warn!("{w}");
+    }
     if let Some(path) = &a.save_config {
-        std::fs::write(path, &json).with_context(|| format!("writing {path}"))?;
+        bw_serve::config::write_private(path, &json).with_context(|| format!("writing {path}"))?;
     }
     if let Some(i) = &cfg.iscsi {
         for t in &i.targets {

@@ -118,7 +118,11 @@ pub fn session_stream(data: &[u8]) {
                 _ => {}
             }
         }
+        // The window and the commands in it never exceed the queue depth;
+        // immediate commands sit outside it, and are bounded on their own.
         let window = s.max_cmd_sn().wrapping_sub(s.exp_cmd_sn()).wrapping_add(1);
-        assert!(window as usize + s.outstanding() <= 8 + 1, "window {window} + outstanding {} exceeds the queue depth", s.outstanding());
+        let in_window = s.outstanding() - s.immediate_outstanding();
+        assert!(window as usize + in_window <= 8 + 1, "window {window} + outstanding {in_window} exceeds the queue depth");
+        assert!(s.immediate_outstanding() <= crate::target_session::MAX_IMMEDIATE_TASKS);
     }
 }

@@ -10,10 +10,17 @@ use crate::pdu::{Opcode, Pdu};
 use crate::text;
 use bytes::Bytes;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
     pub user: String,
     pub secret: String,
+}
+
+/// The user name only: a CHAP secret never reaches a log through `{:?}`.
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secret").field("user", &self.user).field("secret", &"<redacted>").finish()
+    }
 }
 
 /// One target as login sees it.

@@ -171,6 +171,12 @@ mod ua;
 
 pub use alua::{AluaState, PortGroup};
 pub use inquiry::naa_designator;
+
+/// The most data-out any command accepts, in bytes: a WRITE of the
+/// MAXIMUM TRANSFER LENGTH in the Block Limits VPD page (parameter lists and
+/// COMPARE AND WRITE are smaller). Transports refuse larger transfers
+/// before receiving them.
+pub const MAX_DATA_OUT_BYTES: u32 = inquiry::MAX_TRANSFER_BLOCKS * 512;
 pub use sense::Sense;
 /// Operation codes and service actions, for initiators as for this target.
 pub use cdb::op;

@@ -70,10 +70,7 @@ struct Ctx {
 }
 
 fn secret(c: &Option<crate::config::Credentials>) -> Option<Secret> {
-    c.as_ref().map(|c| Secret {
-        user: c.user.clone(),
-        secret: c.secret.clone(),
-    })
+    c.as_ref().map(|c| Secret { user: c.user.clone(), secret: c.secret.expose().to_string() })
 }
 
 fn alua_state(s: crate::config::AluaStateConfig) -> AluaState {

@@ -22,3 +22,5 @@ mod nvme_kernel;
 mod nvme_nvmet;
 mod rbd;
 mod rbd_gateways;
+mod secrets;
+mod socket_fuzz;
