@@ -70,9 +70,12 @@ pub struct LabArgs {
     /// Skip the local fio baseline.
     #[arg(long)]
     pub no_baseline: bool,
-    /// Suite route only: paths to compare (default: direct,mpls,vxlan).
+    /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).
     #[arg(long, value_name = "LIST")]
     pub path: Option<String>,
+    /// Suite route only: MPLS router datapaths to measure: bpf, userspace (default: bpf,userspace).
+    #[arg(long, value_name = "LIST")]
+    pub datapath: Option<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]

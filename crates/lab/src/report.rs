@@ -750,6 +750,7 @@ pub fn html(r: &Results) -> String {
     // Overhead.
     h.push_str(&overhead_section(r, &all));
     h.push_str(&net_section(r));
+    h.push_str(&crate::route::report::section(r.route.as_ref()));
 
     // Method notes.
     let _ = write!(
