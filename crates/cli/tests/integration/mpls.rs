@@ -807,3 +807,148 @@ fn bpf_datapath_matches_the_state_machine_byte_for_byte() {
     );
     drop(ns);
 }
+
+// ------------------------------------------------------------------
+// Ctrl-C in the middle of `blockwire lab --suite route`.
+
+/// (pid, command line) of every process below `root`, from /proc.
+fn process_tree(root: u32) -> Vec<(u32, String)> {
+    let mut all = vec![];
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(") ")
+            .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok())
+            .unwrap_or(0);
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        all.push((pid, ppid, cmd));
+    }
+    let (mut out, mut todo) = (vec![], vec![root]);
+    while let Some(p) = todo.pop() {
+        for (pid, ppid, cmd) in &all {
+            if *ppid == p {
+                out.push((*pid, cmd.clone()));
+                todo.push(*pid);
+            }
+        }
+    }
+    out
+}
+
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn interrupted_route_suite_leaves_nothing_behind() {
+    require_root();
+    let out = TempDir::new("route-sigint");
+    let mut lab = Command::new(blockwire_bin())
+        .args(["lab", "--suite", "route", "--quick", "--protocols", "aoe"])
+        .args([
+            "--path",
+            "direct,mpls,vxlan",
+            "--datapath",
+            "bpf,userspace",
+            "--out",
+        ])
+        .arg(out.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start blockwire lab --suite route");
+    let lab_pid = lab.id();
+    let prefix = format!("bwr{}", lab_pid % 100_000);
+    // Wait until every path stands and a measurement runs, then Ctrl-C.
+    let mut seen: Vec<(u32, String)> = vec![];
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let tree = process_tree(lab_pid);
+        for d in &tree {
+            if !seen.iter().any(|(p, _)| *p == d.0) {
+                seen.push(d.clone());
+            }
+        }
+        let routers = tree.iter().filter(|(_, c)| c.contains(" router ")).count();
+        let measuring = tree
+            .iter()
+            .any(|(_, c)| c.contains(" bench ") || c.contains(" verify "));
+        if routers == 10 && measuring {
+            break;
+        }
+        assert!(
+            lab.try_wait().expect("wait").is_none(),
+            "the suite ended before measuring"
+        );
+        assert!(Instant::now() < deadline, "no measurement within 4 minutes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pids: Vec<u32> = seen.iter().map(|s| s.0).collect();
+    let bpf = bpf_objects(&pids);
+    assert!(
+        !bpf.0.is_empty() && bpf.1.len() == 12,
+        "BPF routers not up: {bpf:?}"
+    );
+    let namespaces: Vec<String> = sh("ip netns list")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&prefix))
+        .map(String::from)
+        .collect();
+    // client + target per path, and five routers per MPLS path.
+    assert_eq!(namespaces.len(), 2 * 4 + 2 * 5, "{namespaces:?}");
+    // SAFETY: kill(2) on the child we started.
+    assert_eq!(unsafe { libc::kill(lab_pid as i32, libc::SIGINT) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = lab.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the suite did not stop within 60 s of SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut lab.stderr.take().expect("stderr"), &mut stderr);
+    assert!(
+        !status.success(),
+        "an interrupted suite must not report success"
+    );
+    assert!(
+        stderr.contains("SIGINT"),
+        "the suite did not notice the signal: {stderr}"
+    );
+    let left: Vec<&(u32, String)> = seen.iter().filter(|(p, _)| running(*p)).collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
+    assert_gone(namespaces, pids, bpf);
+    let still: Vec<String> = sh("ip netns list")
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(String::from)
+        .collect();
+    assert!(still.is_empty(), "namespaces left: {still:?}");
+    // What was measured is kept, marked as cut short.
+    let r: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(out.path().join("results.json")).expect("results.json"),
+    )
+    .expect("JSON");
+    assert_eq!(r["aborted"], "interrupted");
+    assert!(
+        r["route"]["paths"].as_array().is_some_and(|p| p.len() == 4),
+        "{}",
+        r["route"]
+    );
+    assert!(out.path().join("report.html").exists());
+}

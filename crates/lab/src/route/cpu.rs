@@ -163,7 +163,8 @@ impl CpuSnapshot {
 
     /// Per-router (process CPU, BPF program time) and the whole account.
     pub fn since(&self, before: &CpuSnapshot) -> (Vec<(f64, f64)>, CpuAccount) {
-        let d = |a: f64, b: f64| (a - b).max(0.0);
+        // Counters never go back; a vanished process reads as 0, not negative.
+        let d = |a: f64, b: f64| if a > b { a - b } else { 0.0 };
         let per: Vec<(f64, f64)> = (0..self.routers.len().min(before.routers.len()))
             .map(|i| {
                 (

@@ -349,7 +349,7 @@ pub fn section(r: Option<&RouteResults>) -> String {
     let loads: Vec<f64> = r.samples.iter().map(|s| s.load1).collect();
     let _ = write!(
         h,
-        "<h2 id=\"route\">Routed paths: MPLS and VXLAN (study 3)</h2><p class=\"note\">Client and target in namespaces joined directly, across five MPLS routers (push, three swaps, pop; each router in its own namespace), or by a VXLAN tunnel; MTU {}; {} round(s), paths interleaved within each round; {} s per bench run, copy = write then read back {} MiB. Medians over rounds; the cost is the median of the per-round throughput ratios to direct. Median 1-minute load average during the runs: {} (the machine was shared: single numbers swing).</p>",
+        "<h2 id=\"route\">Routed paths: MPLS and VXLAN (study 3)</h2><p class=\"note\">Client and target in namespaces joined directly, across five MPLS routers (push, three swaps, pop; each router in its own namespace), or by a VXLAN tunnel; MTU {}; {} round(s); every case runs on all paths back to back, in an order rotated from case to case; {} s per bench run, copy = write then read back {} MiB. Medians over rounds; the cost is the median of the per-round throughput ratios to direct. Median 1-minute load average during the runs: {} (the machine was shared: single numbers swing).</p>",
         r.mtu,
         r.rounds,
         r.runtime_s,

@@ -486,62 +486,48 @@ pub fn run_suite(
         ..Default::default()
     };
     let size = plan.copy_bytes.max(256 << 20);
-    let tag = format!("{}", std::process::id() % 100_000);
     let ksoftirqd = super::cpu::ksoftirqd_pids();
+    // Every path stands at once (its own namespaces, routers and target),
+    // so each case runs on all paths back to back, in an order rotated from
+    // case to case: on a shared machine, the paths compared are seconds apart.
+    let mut live = vec![];
+    for (i, kind) in plan.paths.iter().enumerate() {
+        anyhow::ensure!(!interrupted(), "interrupted");
+        let tag = format!("{}{i}", std::process::id() % 100_000);
+        eprintln!("route: building path {}", kind.name());
+        let net = RouteNet::build(*kind, &tag, plan.mtu, exe)?;
+        let target = start_target(
+            &net,
+            exe,
+            size,
+            &out.join(format!("serve-{}.log", kind.name())),
+        )?;
+        let mut urls = vec![];
+        for p in &plan.protocols {
+            urls.push(url_for(&net, exe, p)?);
+        }
+        live.push((net, target, urls));
+    }
+    for (net, _, urls) in &live {
+        for (p, url) in plan.protocols.iter().zip(urls) {
+            match measure_overhead(net, exe, url, p, out) {
+                Ok(o) => res.overheads.push(o),
+                Err(e) if interrupted() => return Err(e),
+                Err(e) => log::warn!("overhead of {p} over {}: {e:#}", net.kind.name()),
+            }
+        }
+    }
+    let mut case = 0;
     for round in 0..plan.rounds {
-        for kind in &plan.paths {
-            anyhow::ensure!(!interrupted(), "interrupted");
-            let net = RouteNet::build(*kind, &tag, plan.mtu, exe)?;
-            let target = start_target(
-                &net,
-                exe,
-                size,
-                &out.join(format!("serve-{}.log", kind.name())),
-            )?;
-            for p in &plan.protocols {
-                let url = url_for(&net, exe, p)?;
-                if round == 0 {
-                    match measure_overhead(&net, exe, &url, p, out) {
-                        Ok(o) => res.overheads.push(o),
-                        Err(e) if interrupted() => return Err(e),
-                        Err(e) => log::warn!("overhead of {p} over {}: {e:#}", kind.name()),
-                    }
-                }
-                for (w, args) in WORKLOADS {
+        for (pi, p) in plan.protocols.iter().enumerate() {
+            for (w, args) in WORKLOADS {
+                case += 1;
+                for k in 0..live.len() {
                     anyhow::ensure!(!interrupted(), "interrupted");
-                    let pids = net.pids();
-                    let load = load1();
-                    let before = CpuSnapshot::take(target.pid(), &pids, &ksoftirqd);
-                    let pk = middle_packets(&net);
-                    let c = one_case(&net, exe, &url, w, args, plan)?;
-                    let after = CpuSnapshot::take(target.pid(), &pids, &ksoftirqd);
-                    let frames = middle_packets(&net).saturating_sub(pk);
-                    let (per_router, cpu) = after.since(&before);
-                    let routers: Vec<RouterCpu> = net
-                        .routers
-                        .iter()
-                        .zip(per_router)
-                        .map(|(r, (process_s, bpf_s))| RouterCpu {
-                            name: r.name.clone(),
-                            process_s,
-                            bpf_s,
-                        })
-                        .collect();
-                    let s = RouteSample {
-                        round,
-                        path: kind.name().into(),
-                        protocol: p.clone(),
-                        workload: w.into(),
-                        bw_bytes: c.bw_bytes,
-                        iops: c.iops,
-                        mean_lat_us: c.mean_lat_us,
-                        wall_s: c.wall_s,
-                        bytes: c.bytes,
-                        frames_per_mib: frames as f64 / (c.bytes / (1 << 20) as f64).max(1e-9),
-                        routers,
-                        cpu,
-                        load1: load,
-                    };
+                    let (net, target, urls) = &live[(k + case) % live.len()];
+                    let s = measure_case(
+                        net, target, &urls[pi], p, w, args, round, plan, exe, &ksoftirqd,
+                    )?;
                     eprintln!("{}", sample_line(&s));
                     res.samples.push(s);
                 }
@@ -549,6 +535,55 @@ pub fn run_suite(
         }
     }
     Ok(())
+}
+
+/// One workload on one path, with its CPU account and frame count.
+#[allow(clippy::too_many_arguments)]
+fn measure_case(
+    net: &RouteNet,
+    target: &TargetProc,
+    url: &str,
+    p: &str,
+    w: &str,
+    args: &[&str],
+    round: u32,
+    plan: &SuitePlan,
+    exe: &Path,
+    ksoftirqd: &[u32],
+) -> anyhow::Result<RouteSample> {
+    let pids = net.pids();
+    let load = load1();
+    let before = CpuSnapshot::take(target.pid(), &pids, ksoftirqd);
+    let pk = middle_packets(net);
+    let c = one_case(net, exe, url, w, args, plan)?;
+    let after = CpuSnapshot::take(target.pid(), &pids, ksoftirqd);
+    let frames = middle_packets(net).saturating_sub(pk);
+    let (per_router, cpu) = after.since(&before);
+    let routers: Vec<RouterCpu> = net
+        .routers
+        .iter()
+        .zip(per_router)
+        .map(|(r, (process_s, bpf_s))| RouterCpu {
+            name: r.name.clone(),
+            process_s,
+            bpf_s,
+        })
+        .collect();
+    Ok(RouteSample {
+        round,
+        path: net.kind.name().into(),
+        protocol: p.into(),
+        workload: w.into(),
+        bw_bytes: c.bw_bytes,
+        iops: c.iops,
+        mean_lat_us: c.mean_lat_us,
+        wall_s: c.wall_s,
+        bytes: c.bytes,
+        frames_per_mib: frames as f64 / (c.bytes / (1 << 20) as f64).max(1e-9),
+        routers,
+        cpu,
+        load1: load,
+    })
 }
 
 /// One terminal line per measured case.
