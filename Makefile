@@ -6,7 +6,7 @@ BIN := target/release/blockwire
 # clang, libbpf-dev and linux-libc-dev build the router's BPF datapath, bpftool checks it is gone after tests).
 DEB_PACKAGES := fuse3 xfsprogs tgt vblade libiscsi-bin qemu-utils qemu-block-extra qemu-system-x86 fio tshark \
 	iperf3 iproute2 e2fsprogs busybox-static kmod cpio open-iscsi chromium ethtool procps jq \
-	ceph-mon ceph-osd ceph-common librbd-dev clang libbpf-dev linux-libc-dev bpftool
+	ceph-mon ceph-osd ceph-common librbd-dev postmark bonnie++ clang libbpf-dev linux-libc-dev bpftool
 # Seconds each fuzz target runs under `make fuzz`.
 FUZZ_SECONDS ?= 60
 
@@ -36,6 +36,8 @@ test: build
 	awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test.log; \
 	exit $$rc
 
+# Every suite on a RAM disk with small sizes (under 5 minutes on a quiet
+# 2-core machine); the report path is printed at the end.
 demo: build
 	$(BIN) lab --quick
 

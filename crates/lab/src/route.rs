@@ -179,12 +179,12 @@ fn in_ns(ns: &str, args: &[&str]) -> anyhow::Result<String> {
 
 /// A long-lived child (router, target), tracked by the cleanup registry.
 pub fn spawn_service(cmd: &mut Command, what: &str) -> anyhow::Result<(Token, Child)> {
-    registry().spawn(cmd, what)
+    registry().spawn(cmd, what, crate::cleanup::Role::Service)
 }
 
 /// A child that does one job and ends (bench, verify, capture), tracked.
 pub fn spawn_workload(cmd: &mut Command, what: &str) -> anyhow::Result<(Token, Child)> {
-    registry().spawn(cmd, what)
+    registry().spawn(cmd, what, crate::cleanup::Role::Workload)
 }
 
 /// Run `cmd` to the end as a child the cleanup registry knows (so Ctrl-C

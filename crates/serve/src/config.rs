@@ -23,6 +23,7 @@
 //! mutual_chap = { user = "target", secret = "ba9876543210" }
 //! target_port_group = 1              # ALUA group id (default 1)
 //! alua_state = "active-optimized"    # or active-non-optimized, standby, unavailable
+//! relative_target_port = 1           # default: target_port_group; distinct per gateway
 //!
 //! [nvme]
 //! listen = ["0.0.0.0:4420"]
@@ -39,6 +40,15 @@
 //! max_sessions = 4096                # iSCSI sessions / NVMe controllers
 //! max_connections_per_address = 1024
 //! login_timeout_s = 15               # accept to completed login / Connect
+//!
+//! [tuning]                           # measuring knobs; these are the defaults
+//! aoe_workers = 0                    # receive threads per interface; 0: by export kind
+//! aoe_io_threads = 0                 # I/O pool for device-backed AoE exports; 0: off (64 for rbd volumes)
+//! aoe_fanout = "round-robin"         # or "cpu"
+//! iscsi_connection_threads = true    # false: connections as tasks on the shared runtime
+//! iscsi_zero_copy_min = 32768        # smallest READ sent with sendfile
+//! iscsi_inline_max = 65536           # largest READ/WRITE run on the connection's thread
+//! iscsi_flush_every = 0              # PDUs in a row before answering; 0: all buffered first
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -62,6 +72,9 @@ pub struct ServeConfig {
     /// Admission limits of the iSCSI and NVMe/TCP front-ends (each counts on its own).
     #[serde(default)]
     pub limits: crate::limits::Limits,
+    /// Threads and copies of the front-ends (see [`crate::tuning::Tuning`]).
+    #[serde(default)]
+    pub tuning: crate::tuning::Tuning,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -135,6 +148,11 @@ pub struct IscsiTarget {
     /// The group's asymmetric access state, as initiators should see it.
     #[serde(default)]
     pub alua_state: AluaStateConfig,
+    /// Relative target port identifier of this gateway's portals (VPD 0x83,
+    /// REPORT TARGET PORT GROUPS); distinct on every gateway of one LU.
+    /// Default: the same number as `target_port_group`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relative_target_port: Option<u16>,
 }
 
 /// ALUA states a target port group can be configured in.
@@ -311,6 +329,7 @@ impl ServeConfig {
                 mutual_chap: None,
                 target_port_group: 1,
                 alua_state: AluaStateConfig::default(),
+                relative_target_port: None,
             });
         }
         Ok(())
@@ -347,6 +366,7 @@ impl ServeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let inv = |s: String| Err(ConfigError::Invalid(s));
         self.limits.validate().map_err(ConfigError::Invalid)?;
+        self.tuning.validate().map_err(ConfigError::Invalid)?;
         if self.volumes.is_empty() {
             return inv("no volumes: give --volume NAME=BACKEND or [[volume]] in the config".into());
         }
@@ -385,6 +405,9 @@ impl ServeConfig {
                 }
                 if t.mutual_chap.is_some() && t.chap.is_none() {
                     return inv(format!("iSCSI target {}: mutual_chap needs chap: the initiator authenticates first", t.iqn));
+                }
+                if t.relative_target_port == Some(0) {
+                    return inv(format!("iSCSI target {}: relative_target_port 0 is reserved (1..=65535)", t.iqn));
                 }
                 for l in &t.luns {
                     if !known(&l.volume) {
@@ -516,6 +539,11 @@ mod tests {
         c.validate().unwrap();
         let t = &c.iscsi.as_ref().unwrap().targets[0];
         assert_eq!((t.target_port_group, t.alua_state), (7, AluaStateConfig::ActiveNonOptimized));
+        assert_eq!(t.relative_target_port, None, "defaults to the group id when the front-end starts");
+        let mut r: ServeConfig = toml::from_str(&text.replace("target_port_group = 7", "target_port_group = 7\nrelative_target_port = 0")).unwrap();
+        assert!(r.validate().is_err(), "relative target port 0 is reserved");
+        r.iscsi.as_mut().unwrap().targets[0].relative_target_port = Some(2);
+        r.validate().unwrap();
         assert!(toml::from_str::<ServeConfig>(&text.replace("active-non-optimized", "sleepy")).is_err());
         let back: ServeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);

@@ -23,7 +23,9 @@ use crate::{BackendSpec, BlockError, DeviceInfo, Durability, RbdTarget};
 use ffi::{Completion, Lib};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 pub struct RbdDevice {
     lib: &'static Lib,
@@ -31,6 +33,31 @@ pub struct RbdDevice {
     ioctx: ffi::IoCtx,
     image: ffi::Image,
     info: DeviceInfo,
+    failures: FailureLog,
+}
+
+/// Failed requests, logged at most once per [`FailureLog::EVERY`] with the
+/// count since the last line: during a cluster outage every request fails,
+/// and the operator needs the cause, not thousands of copies of it.
+#[derive(Default)]
+struct FailureLog {
+    since_last: AtomicU64,
+    last: Mutex<Option<Instant>>,
+}
+
+impl FailureLog {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    fn note(&self, e: &io::Error) {
+        let n = self.since_last.fetch_add(1, Relaxed) + 1;
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        self.since_last.store(0, Relaxed);
+        log::warn!("{e} ({n} failed request{} since the last report)", if n == 1 { "" } else { "s" });
+    }
 }
 
 // SAFETY: librbd image handles and librados clusters are thread-safe (one
@@ -43,11 +70,18 @@ fn cstr(what: &str, s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} {s:?} contains a NUL byte")))
 }
 
-/// A librados/librbd return code (`-errno`) as an error saying what failed.
+/// A librados/librbd failure (`-errno`) as an error saying what failed; the
+/// kind stays that of the errno (ETIMEDOUT: `TimedOut`, which front-ends
+/// report as retryable).
+fn rbd_error(r: c_int, what: impl FnOnce() -> String) -> io::Error {
+    let e = io::Error::from_raw_os_error(-r);
+    io::Error::new(e.kind(), format!("{}: {e}", what()))
+}
+
+/// A librados/librbd return code: negative values are errors.
 fn check(r: c_int, what: impl FnOnce() -> String) -> io::Result<c_int> {
     if r < 0 {
-        let e = io::Error::from_raw_os_error(-r);
-        return Err(io::Error::new(e.kind(), format!("{}: {e}", what())));
+        return Err(rbd_error(r, what));
     }
     Ok(r)
 }
@@ -69,13 +103,17 @@ impl RbdDevice {
             ioctx: std::ptr::null_mut(),
             image: std::ptr::null_mut(),
             info: DeviceInfo {
+                kind: crate::DeviceKind::Rbd,
+                direct: false,
                 size_bytes: 0,
                 read_only: spec.readonly,
                 durability: Durability::WriteThrough,
                 supports_discard: true,
                 memory_backed: false,
+                remote: true,
                 description: String::new(),
             },
+            failures: FailureLog::default(),
         };
         let conf = match &t.conf {
             Some(p) => Some(cstr("conf path", p.to_str().ok_or_else(|| io::Error::other(format!("{name}: conf path is not UTF-8")))?)?),
@@ -133,6 +171,20 @@ impl RbdDevice {
                 .into());
             }
         }
+        let mut features = 0u64;
+        // SAFETY: an open image and an out-pointer.
+        check(unsafe { (lib.rbd_get_features)(dev.image, &mut features) }, || format!("{name}: rbd_get_features"))?;
+        if features & ffi::FEATURE_EXCLUSIVE_LOCK != 0 && !spec.readonly {
+            // Works, but with several gateways librbd hands the lock from
+            // one to the other on every write: slow, and each hand-over
+            // stalls I/O.
+            log::warn!(
+                "{name}: the image has the exclusive-lock feature; if several gateways export it, disable it \
+                 (rbd feature disable {}/{} object-map fast-diff exclusive-lock)",
+                t.pool,
+                t.image
+            );
+        }
         dev.info.size_bytes = size;
         dev.info.description = format!("{name} ({}, {} s request timeout)", crate::format_size(size), timeout);
         Ok(dev)
@@ -167,7 +219,9 @@ impl RbdDevice {
         // its own reference until it is done with the completion.
         unsafe { (lib.rbd_aio_release)(c) };
         if ret < 0 {
-            check(ret as c_int, || format!("{what} at offset {offset} on {}", self.info.description))?;
+            let e = rbd_error(ret as c_int, || format!("{what} at offset {offset} on {}", self.info.description));
+            self.failures.note(&e);
+            return Err(e);
         }
         Ok(ret)
     }

@@ -4,8 +4,15 @@
 //! template; [`text_summary`] is the same for the terminal.
 
 use super::suite::{RouteResults, RouteSample, WORKLOADS};
-use crate::svg::esc;
 use std::fmt::Write;
+
+/// `s` safe inside HTML text and attribute values.
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
 
 /// The study's header bytes per frame (docs/studies.md, study 3).
 pub const STUDY_HEADERS: [(&str, u32); 6] = [
@@ -340,7 +347,8 @@ pub fn text_summary(r: &RouteResults) -> Vec<String> {
     lines
 }
 
-/// The report section for the route suite; empty when it did not run.
+/// The body of the report's route section (its title comes from the
+/// report's section list); empty when the suite did not run.
 pub fn section(r: Option<&RouteResults>) -> String {
     let Some(r) = r else {
         return String::new();
@@ -349,7 +357,7 @@ pub fn section(r: Option<&RouteResults>) -> String {
     let loads: Vec<f64> = r.samples.iter().map(|s| s.load1).collect();
     let _ = write!(
         h,
-        "<h2 id=\"route\">Routed paths: MPLS and VXLAN (study 3)</h2><p class=\"note\">Client and target in namespaces joined directly, across five MPLS routers (push, three swaps, pop; each router in its own namespace), or by a VXLAN tunnel; MTU {}; {} round(s); every case runs on all paths back to back, in an order rotated from case to case; {} s per bench run, copy = write then read back {} MiB. Medians over rounds; the cost is the median of the per-round throughput ratios to direct. Median 1-minute load average during the runs: {} (the machine was shared: single numbers swing).</p>",
+        "<p class=\"note\">Client and target in namespaces joined directly, across five MPLS routers (push, three swaps, pop; each router in its own namespace), or by a VXLAN tunnel; MTU {}; {} round(s); every case runs on all paths back to back, in an order rotated from case to case; {} s per bench run, copy = write then read back {} MiB. Medians over rounds; the cost is the median of the per-round throughput ratios to direct. Median 1-minute load average during the runs: {} (the machine was shared: single numbers swing).</p>",
         r.mtu,
         r.rounds,
         r.runtime_s,
