@@ -87,9 +87,12 @@ pub struct LabArgs {
     /// fs suite: seconds per flowop and fio run (default 5; --quick: 2).
     #[arg(long, value_name = "SECS")]
     pub fs_runtime: Option<u32>,
-    /// Suite route only: paths to compare (default: direct,mpls,vxlan).
+    /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).
     #[arg(long, value_name = "LIST")]
     pub path: Option<String>,
+    /// Suite route only: MPLS router datapaths to measure: bpf, userspace (default: bpf,userspace).
+    #[arg(long, value_name = "LIST")]
+    pub datapath: Option<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]

@@ -241,6 +241,9 @@ pub struct Results {
     /// Set when the run was cut short (SIGINT/SIGTERM or an error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aborted: Option<String>,
+    /// The route suite (`--suite route`): paths, samples, header overheads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<crate::route::RouteResults>,
 }
 
 pub const FORMAT: u32 = 1;

@@ -62,6 +62,7 @@ pub const SECTIONS: &[Section] = &[
     Section { id: "sweep", title: "Sweep: 4 KiB random 75% read, numjobs × iodepth", render: sweep },
     Section { id: "fs", title: "File systems: ext4 over each protocol, client memory limited", render: fs },
     Section { id: "overhead", title: "Header overhead per frame", render: overhead },
+    Section { id: "route", title: "Routed paths: MPLS and VXLAN (study 3)", render: route },
     Section { id: "method", title: "How this was measured", render: method },
     Section { id: "failures", title: "Failures", render: failures },
 ];
@@ -122,6 +123,11 @@ pub fn page(r: &Results) -> String {
     }
     .into_string()
         + "\n"
+}
+
+/// The route suite renders its own body (crates/lab/src/route/report.rs).
+fn route(c: &Ctx) -> Option<Markup> {
+    c.r.route.as_ref().map(|r| PreEscaped(crate::route::report::section(Some(r))))
 }
 
 fn answer(c: &Ctx) -> Option<Markup> {
