@@ -60,7 +60,7 @@ pub struct LabArgs {
     /// Link shapes: none (plain veth) or tc tbf rates such as 1gbit,10gbit on both directions (default: none).
     #[arg(long, value_name = "LIST")]
     pub link: Option<String>,
-    /// Repetitions of every case (default 3; --quick: 2).
+    /// Repetitions of every case (default 3; --quick: 5, each run shorter).
     #[arg(long)]
     pub repeat: Option<u32>,
     /// Output directory (default: ./lab-YYYYMMDD-HHMMSS).
