@@ -27,6 +27,16 @@ pub struct RouterArgs {
     /// Edge: a label that ends here (popped together with the customer label below it). Repeatable.
     #[arg(long = "pop", value_name = "LABEL")]
     pops: Vec<u32>,
+    /// Who forwards: `bpf` (tc and XDP programs in the kernel, Linux 6.6+) or
+    /// `userspace` (AF_PACKET sockets and the bw-mpls state machine).
+    #[arg(long, value_enum, default_value_t = Datapath::Bpf)]
+    datapath: Datapath,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Datapath {
+    Bpf,
+    Userspace,
 }
 
 pub fn run(a: RouterArgs) -> anyhow::Result<()> {
@@ -53,7 +63,11 @@ pub fn run(a: RouterArgs) -> anyhow::Result<()> {
     });
     let ports: Vec<String> = spec.ports.iter().map(|(n, i)| format!("{n}={i}")).collect();
     log::info!("router {}: ports {}", a.name, ports.join(" "));
-    let st = bw_router::run(&spec, stop).with_context(|| format!("router {}", a.name))?;
+    let st = match a.datapath {
+        Datapath::Userspace => bw_router::run(&spec, stop).map_err(anyhow::Error::from),
+        Datapath::Bpf => bw_router::bpf::run(&spec, stop).map_err(anyhow::Error::from),
+    }
+    .with_context(|| format!("router {}", a.name))?;
     log::info!("router {}: {}", a.name, st.line());
     Ok(())
 }

@@ -10,7 +10,7 @@
 //! (tags, ITTs, command IDs), so concurrency is simply concurrent calls.
 
 mod url;
-pub use url::{TargetUrl, UrlError};
+pub use url::{redact_url, TargetUrl, UrlError};
 
 pub mod aoe;
 pub mod iscsi;

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum TargetUrl {
     /// `aoe://IFACE/SHELF.SLOT`
     Aoe { iface: String, shelf: u16, slot: u8 },
@@ -20,7 +20,28 @@ pub struct UrlError {
 }
 
 fn err(url: &str, why: impl Into<String>) -> UrlError {
-    UrlError { url: url.to_string(), why: why.into() }
+    UrlError { url: redact_url(url), why: why.into() }
+}
+
+/// `url` with the CHAP secret of `USER%SECRET@` replaced by `***`, for
+/// anything printed or stored (the parse takes the last `@` as the end of
+/// the credentials, as here).
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    match rest.rsplit_once('@') {
+        Some((auth, tail)) => match auth.split_once('%') {
+            Some((user, _)) => format!("{scheme}://{user}%***@{tail}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// Like `Display`: the secret is left out.
+impl fmt::Debug for TargetUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TargetUrl({self})")
+    }
 }
 
 /// Split `HOST[:PORT]`, accepting `[v6addr]:port`.
@@ -152,5 +173,17 @@ mod tests {
     fn display_hides_secret() {
         let u = TargetUrl::parse("iscsi://bob%s3cret@h/iqn.x:y/0").unwrap();
         assert_eq!(u.to_string(), "iscsi://bob@h:3260/iqn.x:y/0");
+        assert!(!format!("{u:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn errors_hide_secret() {
+        for bad in ["iscsi://bob%s3cret@h", "iscsi://bob%s3cret@h/iqn.x:y/zz", "iscsi://bob%s3cret@h:99999/iqn.x:y/0"] {
+            let e = TargetUrl::parse(bad).unwrap_err();
+            let shown = format!("{e} {e:?}");
+            assert!(!shown.contains("s3cret") && shown.contains("bob%***@h"), "{shown}");
+        }
+        assert_eq!(redact_url("iscsi://h/iqn.x:y/0"), "iscsi://h/iqn.x:y/0");
+        assert_eq!(redact_url("iscsi://u@h/i/0"), "iscsi://u@h/i/0");
     }
 }

@@ -10,10 +10,17 @@ use crate::pdu::{Opcode, Pdu};
 use crate::text;
 use bytes::Bytes;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
     pub user: String,
     pub secret: String,
+}
+
+/// The user name only: a CHAP secret never reaches a log through `{:?}`.
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secret").field("user", &self.user).field("secret", &"<redacted>").finish()
+    }
 }
 
 /// One target as login sees it.
@@ -411,8 +418,8 @@ impl<'a> TargetLogin<'a> {
     fn fail(&mut self, req: &LoginRequest, status: u16) -> (Pdu, LoginStep) {
         let mut pdu = self.response(req, false, req.csg, 0, Vec::new());
         let (class, detail) = status_parts(status);
-        pdu.bhs.set_u8(36, class);
-        pdu.bhs.set_u8(37, detail);
+        pdu.bhs.set(crate::pdu::field::STATUS_CLASS, class);
+        pdu.bhs.set(crate::pdu::field::STATUS_DETAIL, detail);
         (pdu, LoginStep::Failed(status))
     }
 }

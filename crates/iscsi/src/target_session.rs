@@ -113,7 +113,14 @@ struct Task {
     r2t_sn: u32,
     r2ts: Vec<R2tState>,
     executing: bool,
+    /// Sent with the I bit: outside the CmdSN window, so ending it opens
+    /// no slot.
+    immediate: bool,
 }
+
+/// Immediate commands (which the CmdSN window does not bound) a session
+/// may have outstanding; more get TASK SET FULL.
+pub const MAX_IMMEDIATE_TASKS: usize = 16;
 
 pub struct TargetSession {
     cfg: SessionConfig,
@@ -161,6 +168,10 @@ impl TargetSession {
     pub fn outstanding(&self) -> usize {
         self.tasks.len()
     }
+    /// Of [`TargetSession::outstanding`], the immediate commands.
+    pub fn immediate_outstanding(&self) -> usize {
+        self.tasks.values().filter(|t| t.immediate).count()
+    }
     pub fn ping_outstanding(&self) -> bool {
         self.ping_outstanding.is_some()
     }
@@ -191,7 +202,9 @@ impl TargetSession {
         if immediate {
             return true;
         }
-        if cmd_sn == self.exp_cmd_sn {
+        // In order and inside the window: an initiator that ignores
+        // MaxCmdSN must not get more than the queue depth outstanding.
+        if cmd_sn == self.exp_cmd_sn && !sn_lt(self.max_cmd_sn, cmd_sn) {
             self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
             true
         } else {
@@ -345,7 +358,24 @@ impl TargetSession {
             r2t_sn: 0,
             r2ts: Vec::new(),
             executing: false,
+            immediate: c.immediate,
         };
+        if c.immediate && self.immediate_outstanding() >= MAX_IMMEDIATE_TASKS {
+            // Immediate commands bypass the window; bound them here.
+            self.tasks.insert(c.itt, task);
+            self.complete(c.itt, id, status::TASK_SET_FULL, &[], Vec::new(), Residual::None, out);
+            return Ok(());
+        }
+        if c.write && c.edtl > bw_scsi::MAX_DATA_OUT_BYTES {
+            // More data than any command takes (the Block Limits VPD page
+            // says so): refuse now rather than solicit it with R2Ts and
+            // hold gigabytes until the last byte arrives. Data-Out that
+            // still comes for this task is dropped as the task is gone.
+            self.tasks.insert(c.itt, task);
+            let sense = bw_scsi::Sense::INVALID_FIELD_IN_CDB.to_fixed();
+            self.complete(c.itt, id, status::CHECK_CONDITION, &sense, Vec::new(), Residual::None, out);
+            return Ok(());
+        }
         if imm == edtl {
             // All data (possibly none) is here.
             let data = if imm == 0 { Vec::new() } else { vec![pdu.data] };
@@ -524,7 +554,9 @@ impl TargetSession {
             _ => return None,
         }
         let t = self.tasks.remove(&itt)?;
-        self.slot_done();
+        if !t.immediate {
+            self.slot_done();
+        }
         Some(t)
     }
 
@@ -602,9 +634,8 @@ impl TargetSession {
             if n.ttt != RESERVED_TAG && self.ping_outstanding == Some(n.ttt) {
                 self.ping_outstanding = None;
             }
-            if !n.immediate && n.cmd_sn == self.exp_cmd_sn {
+            if !n.immediate && self.accept_cmd_sn(false, n.cmd_sn) {
                 // A non-immediate NOP-Out with no reply still uses a CmdSN.
-                self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
                 self.slot_done();
             }
             return;
@@ -629,8 +660,9 @@ impl TargetSession {
     fn abort_where(&mut self, pred: impl Fn(&Task) -> bool) -> usize {
         let victims: Vec<u32> = self.tasks.iter().filter(|(_, t)| pred(t)).map(|(k, _)| *k).collect();
         for itt in &victims {
-            self.tasks.remove(itt);
-            self.slot_done();
+            if self.tasks.remove(itt).is_some_and(|t| !t.immediate) {
+                self.slot_done();
+            }
         }
         victims.len()
     }
@@ -911,6 +943,117 @@ mod tests {
         let overlap = in_order(vec![(0, b(b"abc")), (2, b(b"XY"))], 4);
         assert_eq!(overlap, vec![b(b"abXY")]);
         assert!(in_order(Vec::new(), 0).is_empty());
+    }
+
+    /// A WRITE announcing more data than any command takes is refused at
+    /// once with CHECK CONDITION, without an R2T (which would have the
+    /// target hold up to 4 GiB until the last byte came); its unsolicited
+    /// Data-Out is dropped; the window stays open. Found by the socket
+    /// fuzzer (crates/cli/tests/integration/socket_fuzz.rs).
+    #[test]
+    fn oversized_write_is_refused_without_r2t() {
+        for initial_r2t in [true, false] {
+            let params = SessionParams { initial_r2t, max_burst_length: 1 << 20, ..SessionParams::default() };
+            let mut s = TargetSession::new(SessionConfig {
+                session_type: SessionType::Normal,
+                params,
+                queue_depth: 8,
+                exp_cmd_sn: 1,
+                stat_sn: 10,
+                cid: 0,
+                targets: Vec::new(),
+                current_target: None,
+            });
+            let window = s.max_cmd_sn();
+            for (i, edtl) in [u32::MAX, bw_scsi::MAX_DATA_OUT_BYTES + 1].into_iter().enumerate() {
+                let itt = 20 + i as u32;
+                let c = ScsiCommand { final_: initial_r2t, write: true, itt, edtl, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
+                let mut out = Vec::new();
+                s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), &mut out).unwrap();
+                let [Action::Send(p)] = &out[..] else { panic!("EDTL {edtl:#x}: expected one response, got {out:?}") };
+                let Ok(Message::ScsiResponse(r)) = Message::decode(&p.bhs) else { panic!("EDTL {edtl:#x}: not a SCSI Response: {p:?}") };
+                assert_eq!((r.itt, r.status), (itt, status::CHECK_CONDITION));
+                assert_eq!(&p.data[2..][12..14], &[0x24, 0x00], "INVALID FIELD IN CDB");
+                // Unsolicited data for the refused task is dropped quietly.
+                let d = DataOut { final_: true, itt, ttt: RESERVED_TAG, ..Default::default() };
+                let mut more = Vec::new();
+                s.on_pdu(Pdu::new(Message::DataOut(d).encode(), Bytes::from(vec![0u8; 4096])), &mut more).unwrap();
+                assert!(more.is_empty(), "{more:?}");
+            }
+            assert_eq!(s.outstanding(), 0);
+            assert_eq!(s.max_cmd_sn(), window.wrapping_add(2));
+            // The largest transfer allowed is still solicited.
+            let c = ScsiCommand { final_: true, write: true, itt: 30, edtl: bw_scsi::MAX_DATA_OUT_BYTES, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
+            let mut out = Vec::new();
+            s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), &mut out).unwrap();
+            assert!(matches!(out.first().map(|a| match a { Action::Send(p) => Message::decode(&p.bhs).ok(), _ => None }), Some(Some(Message::R2t(_)))), "{out:?}");
+        }
+    }
+
+    fn send(s: &mut TargetSession, m: Message) -> Vec<Action> {
+        let mut out = Vec::new();
+        s.on_pdu(Pdu::new(m.encode(), Bytes::new()), &mut out).unwrap();
+        out
+    }
+
+    fn is_r2t(a: &Action) -> bool {
+        matches!(a, Action::Send(p) if matches!(Message::decode(&p.bhs), Ok(Message::R2t(_))))
+    }
+
+    /// An initiator that ignores MaxCmdSN gets no more than the queue depth
+    /// outstanding: commands past the window are ignored (RFC 7143 3.2.2.1),
+    /// and accepted again once a slot opens. Found by the `session` fuzz target.
+    #[test]
+    fn commands_beyond_max_cmd_sn_are_ignored() {
+        let mut s = session(8192);
+        let first = s.exp_cmd_sn();
+        let mut r2ts = 0;
+        for i in 0..20u32 {
+            // WRITEs that wait for data which never comes.
+            let c = ScsiCommand { final_: true, write: true, itt: 100 + i, edtl: 4096, cmd_sn: first.wrapping_add(i), cdb: [0x8A; 16], ..Default::default() };
+            r2ts += send(&mut s, Message::ScsiCommand(c)).iter().filter(|a| is_r2t(a)).count();
+        }
+        assert_eq!((r2ts, s.outstanding()), (8, 8));
+        assert_eq!(s.exp_cmd_sn(), first.wrapping_add(8));
+        assert_eq!(s.max_cmd_sn(), first.wrapping_add(7), "window closed");
+        // Ending one task opens one slot, and the next CmdSN gets in.
+        let tmf = TaskMgmtRequest { immediate: true, function: TmfFunction::AbortTask as u8, itt: 1, referenced_task_tag: 100, ..Default::default() };
+        send(&mut s, Message::TaskMgmtRequest(tmf));
+        assert_eq!(s.max_cmd_sn(), first.wrapping_add(8));
+        let c = ScsiCommand { final_: true, write: true, itt: 200, edtl: 4096, cmd_sn: first.wrapping_add(8), cdb: [0x8A; 16], ..Default::default() };
+        assert!(send(&mut s, Message::ScsiCommand(c)).iter().any(is_r2t));
+        assert_eq!(s.outstanding(), 8);
+    }
+
+    /// Immediate commands sit outside the window: their end opens no slot,
+    /// and past MAX_IMMEDIATE_TASKS outstanding they get TASK SET FULL.
+    /// Found by the `session` fuzz target (regression input in
+    /// crates/iscsi/fuzz/regressions/session).
+    #[test]
+    fn immediate_commands_neither_open_the_window_nor_pile_up() {
+        let mut s = session(8192);
+        let (exp, max) = (s.exp_cmd_sn(), s.max_cmd_sn());
+        let mut execs = Vec::new();
+        let mut full = 0;
+        for i in 0..MAX_IMMEDIATE_TASKS as u32 + 5 {
+            let c = ScsiCommand { immediate: true, final_: true, read: true, itt: 300 + i, edtl: 512, cmd_sn: exp, cdb: [0x88; 16], ..Default::default() };
+            for a in send(&mut s, Message::ScsiCommand(c)) {
+                match a {
+                    Action::Execute(e) => execs.push(e),
+                    Action::Send(p) => match Message::decode(&p.bhs) {
+                        Ok(Message::ScsiResponse(r)) if r.status == status::TASK_SET_FULL => full += 1,
+                        other => panic!("{other:?}"),
+                    },
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        assert_eq!((execs.len(), full), (MAX_IMMEDIATE_TASKS, 5));
+        let mut out = Vec::new();
+        for e in execs {
+            s.complete(e.itt, e.id, status::GOOD, &[], vec![0u8; 512], Residual::None, &mut out);
+        }
+        assert_eq!((s.exp_cmd_sn(), s.max_cmd_sn(), s.outstanding()), (exp, max, 0), "immediate commands moved the window");
     }
 
     /// A task aborted while its extent was being planned gets no PDUs.

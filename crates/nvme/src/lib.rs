@@ -13,9 +13,11 @@
 //! The target and the initiator crates put sockets around these.
 
 pub mod command;
+pub mod commands;
 pub mod controller;
 pub mod fabrics;
 pub mod features;
+pub mod host_queue;
 pub mod identify;
 pub mod io;
 pub mod ana;
@@ -23,6 +25,7 @@ pub mod logpage;
 pub mod pdu;
 pub mod status;
 pub mod subsystem;
+pub mod target_queue;
 
 pub use command::{Cqe, Sqe};
 pub use controller::{AdminOutcome, Completion, Controller};

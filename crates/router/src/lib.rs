@@ -1,12 +1,20 @@
-//! `blockwire router`: a label-switching router on AF_PACKET sockets.
+//! `blockwire router`: a label-switching router, with two datapaths.
 //!
 //! [`spec`] turns the command line (`--port`, `--pseudowire`, `--swap`,
-//! `--pop`) into a [`bw_mpls::RouterConfig`]; [`run`] opens one socket per
-//! port and one thread per port, receives frames in batches, asks the
-//! [`bw_mpls::LabelRouter`] what to do with each and sends the results in
-//! batches. All forwarding decisions live in `bw-mpls`; this crate only
-//! moves bytes and counts.
+//! `--pop`) into a [`bw_mpls::RouterConfig`], the one description both
+//! datapaths use:
+//!
+//! - [`run`] (userspace): one AF_PACKET socket and one thread per port,
+//!   frames received in batches, each decided by the
+//!   [`bw_mpls::LabelRouter`] state machine and sent in batches;
+//! - [`bpf`] (kernel): tc and XDP programs (`bpf/mpls.bpf.c`) loaded with
+//!   aya, tables filled from the same config, checked byte for byte against
+//!   the state machine.
+//!
+//! See `docs/routing.md` for which is faster and why.
 
+pub mod bpf;
+pub mod netlink;
 pub mod run;
 pub mod spec;
 

@@ -6,7 +6,7 @@
 //! to prefer. Transitions are the configuration's, never the initiator's
 //! (SET TARGET PORT GROUPS is not implemented: implicit ALUA only).
 
-use crate::cdb::{be32, truncate_to};
+use crate::commands::AluaAccess;
 use crate::sense::Sense;
 
 /// Asymmetric access states (SPC-4 table 172).
@@ -40,45 +40,39 @@ impl AluaState {
     }
 }
 
-/// Whether `opcode` may run in `state` (SPC-4 5.16.2.4.4-5): in standby
-/// and unavailable only the commands that inspect the LU or its paths
-/// (and, in standby, persistent reservations) run; the rest get NOT READY.
-pub fn permits(state: AluaState, opcode: u8) -> Result<(), Sense> {
-    use crate::cdb::op;
+/// Whether a command with ALUA access class `access` (from its row) may
+/// run in `state` (SPC-4 5.16.2.4.4-5): in standby and unavailable only the
+/// commands that inspect the LU or its paths (and, in standby, persistent
+/// reservations) run; the rest get NOT READY.
+pub fn permits(state: AluaState, access: AluaAccess) -> Result<(), Sense> {
     let Some(refusal) = state.refusal() else { return Ok(()) };
-    match opcode {
-        op::INQUIRY
-        | op::LOG_SENSE
-        | op::MODE_SENSE_6
-        | op::MODE_SENSE_10
-        | op::MODE_SELECT_6
-        | op::MODE_SELECT_10
-        | op::REPORT_LUNS
-        | op::MAINTENANCE_IN
-        | op::REQUEST_SENSE => Ok(()),
-        op::PR_IN | op::PR_OUT if state == AluaState::Standby => Ok(()),
+    match access {
+        AluaAccess::Always => Ok(()),
+        AluaAccess::UpToStandby if state == AluaState::Standby => Ok(()),
         _ => Err(refusal),
     }
 }
 
-/// The target port group a LUN is reached through.
+/// The target port group a LUN is reached through, and the one target
+/// port (this gateway's portals) in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortGroup {
     pub id: u16,
     pub state: AluaState,
+    /// Relative target port identifier (VPD 0x83, RTPG). Gateways that
+    /// export one LU use distinct ones: a host tells the paths' ports apart
+    /// by it (SPC-4 4.3.5.8: unique within the SCSI target device).
+    pub relative_port: u16,
 }
 
 impl Default for PortGroup {
     fn default() -> Self {
-        PortGroup { id: 1, state: AluaState::ActiveOptimized }
+        PortGroup { id: 1, state: AluaState::ActiveOptimized, relative_port: 1 }
     }
 }
 
 /// Standard INQUIRY byte 5 TPGS field: implicit asymmetric access only.
 pub const TPGS_IMPLICIT: u8 = 0x10;
-/// The relative target port identifier every iSCSI portal of a target shares.
-pub const RELATIVE_TARGET_PORT: u16 = 1;
-
 /// REPORT TARGET PORT GROUPS: one group with one port.
 pub fn report_target_port_groups(group: PortGroup, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
     let extended = match cdb[1] >> 5 {
@@ -86,7 +80,6 @@ pub fn report_target_port_groups(group: PortGroup, cdb: &[u8], out: &mut Vec<u8>
         1 => true,
         _ => return Err(Sense::invalid_cdb_field(1, Some(5))),
     };
-    let alloc = be32(cdb, 6) as usize;
     out.extend_from_slice(&[0; 4]);
     if extended {
         // Format 1, implicit transition time unknown (0).
@@ -98,11 +91,10 @@ pub fn report_target_port_groups(group: PortGroup, cdb: &[u8], out: &mut Vec<u8>
     out.extend_from_slice(&group.id.to_be_bytes());
     out.extend_from_slice(&[0, 0x02, 0, 1]); // status: altered by implicit behaviour; one port
     out.extend_from_slice(&[0, 0]);
-    out.extend_from_slice(&RELATIVE_TARGET_PORT.to_be_bytes());
+    out.extend_from_slice(&group.relative_port.to_be_bytes());
     // RETURN DATA LENGTH: the bytes after the first four.
     let len = (out.len() - 4) as u32;
     out[..4].copy_from_slice(&len.to_be_bytes());
-    truncate_to(out, alloc);
     Ok(())
 }
 
@@ -112,18 +104,15 @@ mod tests {
 
     #[test]
     fn one_group_with_one_port() {
-        let g = PortGroup { id: 0x0102, state: AluaState::Standby };
+        let g = PortGroup { id: 0x0102, state: AluaState::Standby, relative_port: 3 };
         let mut out = Vec::new();
         report_target_port_groups(g, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out).unwrap();
-        assert_eq!(out, vec![0, 0, 0, 12, 0x02, 0x0f, 0x01, 0x02, 0, 0x02, 0, 1, 0, 0, 0, 1]);
+        assert_eq!(out, vec![0, 0, 0, 12, 0x02, 0x0f, 0x01, 0x02, 0, 0x02, 0, 1, 0, 0, 0, 3]);
         out.clear();
         report_target_port_groups(PortGroup::default(), &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out)
             .unwrap();
         assert_eq!(out, vec![0, 0, 0, 16, 0x10, 0, 0, 0, 0x00, 0x0f, 0, 1, 0, 0x02, 0, 1, 0, 0, 0, 1]);
         out.clear();
-        report_target_port_groups(PortGroup::default(), &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0], &mut out)
-            .unwrap();
-        assert_eq!(out.len(), 6);
         assert_eq!(
             report_target_port_groups(PortGroup::default(), &[0xa3, 0x4a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out),
             Err(Sense::invalid_cdb_field(1, Some(5)))
@@ -134,10 +123,14 @@ mod tests {
     fn states_gate_media_access() {
         assert_eq!(AluaState::ActiveNonOptimized.refusal(), None);
         assert_eq!(AluaState::Unavailable.refusal(), Some(Sense::new(2, 0x04, 0x0c)));
-        assert_eq!(permits(AluaState::Standby, 0x28), Err(Sense::new(2, 0x04, 0x0b)));
-        assert_eq!(permits(AluaState::Standby, 0x5e), Ok(()));
-        assert_eq!(permits(AluaState::Unavailable, 0x5e), Err(Sense::new(2, 0x04, 0x0c)));
-        assert_eq!(permits(AluaState::Unavailable, 0xa3), Ok(()));
-        assert_eq!(permits(AluaState::ActiveNonOptimized, 0x2a), Ok(()));
+        let class = |cdb: &[u8]| crate::commands::command(cdb).unwrap().alua;
+        let read10 = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        let pr_in = [0x5e, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+        let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+        assert_eq!(permits(AluaState::Standby, class(&read10)), Err(Sense::new(2, 0x04, 0x0b)));
+        assert_eq!(permits(AluaState::Standby, class(&pr_in)), Ok(()));
+        assert_eq!(permits(AluaState::Unavailable, class(&pr_in)), Err(Sense::new(2, 0x04, 0x0c)));
+        assert_eq!(permits(AluaState::Unavailable, class(&rtpg)), Ok(()));
+        assert_eq!(permits(AluaState::ActiveNonOptimized, class(&read10)), Ok(()));
     }
 }

@@ -1,7 +1,6 @@
 //! INQUIRY: standard data and the vital product data pages a Linux, Windows
 //! or VMware initiator reads to configure a disk.
 
-use crate::cdb::{be16, truncate_to};
 use crate::sense::Sense;
 use crate::Lun;
 
@@ -44,7 +43,6 @@ pub fn inquiry(lun: Option<&Lun>, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), S
         return Err(Sense::invalid_cdb_field(1, Some(1))); // CmdDt is obsolete
     }
     let page = cdb[2];
-    let alloc = be16(cdb, 3) as usize;
     let peripheral = if lun.is_some() { 0x00 } else { 0x7f };
     if !evpd {
         if page != 0 {
@@ -59,7 +57,6 @@ pub fn inquiry(lun: Option<&Lun>, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), S
         }
         out[0] = peripheral;
     }
-    truncate_to(out, alloc);
     Ok(())
 }
 
@@ -98,8 +95,8 @@ fn vpd(l: &Lun, page: u8, out: &mut Vec<u8>) -> Result<(), Sense> {
             ascii_field(&mut t10, &l.cfg.serial, l.cfg.serial.len().min(200));
             out.extend_from_slice(&[0x02, 0x01, 0, t10.len() as u8]);
             out.extend_from_slice(&t10);
-            // Relative target port 1 (target port association, iSCSI).
-            let port = crate::alua::RELATIVE_TARGET_PORT.to_be_bytes();
+            // Relative target port (target port association, iSCSI).
+            let port = l.cfg.port_group.relative_port.to_be_bytes();
             out.extend_from_slice(&[0x51, 0x94, 0, 4, 0, 0, port[0], port[1]]);
             // Target port group (target port association, iSCSI).
             let group = l.cfg.port_group.id.to_be_bytes();

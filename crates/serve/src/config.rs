@@ -1,5 +1,7 @@
 //! `blockwire serve` configuration: a TOML file, quick flags, or both (flags
-//! add to the file). The same structure is saved as JSON for `--dump-config`.
+//! add to the file). The same structure is printed (`--print-config`) and
+//! saved (`--save-config`) as JSON, with every [`Secret`] shown as
+//! `<redacted>` unless `--show-secrets` is given.
 //!
 //! ```toml
 //! [[volume]]
@@ -23,6 +25,7 @@
 //! mutual_chap = { user = "target", secret = "ba9876543210" }
 //! target_port_group = 1              # ALUA group id (default 1)
 //! alua_state = "active-optimized"    # or active-non-optimized, standby, unavailable
+//! relative_target_port = 1           # default: target_port_group; distinct per gateway
 //!
 //! [nvme]
 //! listen = ["0.0.0.0:4420"]
@@ -39,6 +42,15 @@
 //! max_sessions = 4096                # iSCSI sessions / NVMe controllers
 //! max_connections_per_address = 1024
 //! login_timeout_s = 15               # accept to completed login / Connect
+//!
+//! [tuning]                           # measuring knobs; these are the defaults
+//! aoe_workers = 0                    # receive threads per interface; 0: by export kind
+//! aoe_io_threads = 0                 # I/O pool for device-backed AoE exports; 0: off (64 for rbd volumes)
+//! aoe_fanout = "round-robin"         # or "cpu"
+//! iscsi_connection_threads = true    # false: connections as tasks on the shared runtime
+//! iscsi_zero_copy_min = 32768        # smallest READ sent with sendfile
+//! iscsi_inline_max = 65536           # largest READ/WRITE run on the connection's thread
+//! iscsi_flush_every = 0              # PDUs in a row before answering; 0: all buffered first
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -62,6 +74,9 @@ pub struct ServeConfig {
     /// Admission limits of the iSCSI and NVMe/TCP front-ends (each counts on its own).
     #[serde(default)]
     pub limits: crate::limits::Limits,
+    /// Threads and copies of the front-ends (see [`crate::tuning::Tuning`]).
+    #[serde(default)]
+    pub tuning: crate::tuning::Tuning,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -135,6 +150,11 @@ pub struct IscsiTarget {
     /// The group's asymmetric access state, as initiators should see it.
     #[serde(default)]
     pub alua_state: AluaStateConfig,
+    /// Relative target port identifier of this gateway's portals (VPD 0x83,
+    /// REPORT TARGET PORT GROUPS); distinct on every gateway of one LU.
+    /// Default: the same number as `target_port_group`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relative_target_port: Option<u16>,
 }
 
 /// ALUA states a target port group can be configured in.
@@ -161,7 +181,73 @@ pub struct IscsiLun {
 #[serde(deny_unknown_fields)]
 pub struct Credentials {
     pub user: String,
-    pub secret: String,
+    pub secret: Secret,
+}
+
+/// What a redacted secret looks like in printed and saved configurations.
+pub const REDACTED: &str = "<redacted>";
+
+/// A secret from the configuration (CHAP secrets; any key added later must
+/// use this type too). `Debug` and serialisation show [`REDACTED`], so a
+/// secret reaches a log, `--print-config` or `--save-config` only inside
+/// [`reveal_secrets`]; [`Secret::expose`] gives the value to the code that
+/// authenticates.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+    /// The secret itself, for authentication only: never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Secret {
+    type Error = String;
+    fn try_from(s: String) -> Result<Secret, String> {
+        if s == REDACTED {
+            // A configuration saved without --show-secrets, loaded back.
+            return Err(format!("a secret reads {REDACTED:?}: this configuration was saved without --show-secrets; write the real secret"));
+        }
+        Ok(Secret(s))
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+thread_local! {
+    static REVEAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if REVEAL.with(|r| r.get()) {
+            s.serialize_str(&self.0)
+        } else {
+            s.serialize_str(REDACTED)
+        }
+    }
+}
+
+/// Run `f` with secrets serialised as themselves (on this thread only), for
+/// an explicit `--show-secrets`.
+pub fn reveal_secrets<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            REVEAL.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(REVEAL.with(|r| r.replace(true)));
+    f()
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -247,6 +333,18 @@ impl ServeConfig {
         toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })
     }
 
+    /// The configuration as pretty JSON; secrets redacted unless `show_secrets`.
+    pub fn to_json(&self, show_secrets: bool) -> String {
+        let json = || serde_json::to_string_pretty(self).expect("a configuration always serialises");
+        if show_secrets { reveal_secrets(json) } else { json() }
+    }
+
+    /// Whether any secret is configured (the file holding them must be
+    /// private). Counts every [`Secret`] field, present and future.
+    pub fn has_secrets(&self) -> bool {
+        self.to_json(false).contains(&format!("\"{REDACTED}\""))
+    }
+
     /// `NAME=BACKEND[,opts]` from `--volume`.
     pub fn add_volume_flag(&mut self, flag: &str) -> Result<(), ConfigError> {
         let (name, backend) = flag
@@ -311,6 +409,7 @@ impl ServeConfig {
                 mutual_chap: None,
                 target_port_group: 1,
                 alua_state: AluaStateConfig::default(),
+                relative_target_port: None,
             });
         }
         Ok(())
@@ -347,6 +446,7 @@ impl ServeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let inv = |s: String| Err(ConfigError::Invalid(s));
         self.limits.validate().map_err(ConfigError::Invalid)?;
+        self.tuning.validate().map_err(ConfigError::Invalid)?;
         if self.volumes.is_empty() {
             return inv("no volumes: give --volume NAME=BACKEND or [[volume]] in the config".into());
         }
@@ -386,6 +486,9 @@ impl ServeConfig {
                 if t.mutual_chap.is_some() && t.chap.is_none() {
                     return inv(format!("iSCSI target {}: mutual_chap needs chap: the initiator authenticates first", t.iqn));
                 }
+                if t.relative_target_port == Some(0) {
+                    return inv(format!("iSCSI target {}: relative_target_port 0 is reserved (1..=65535)", t.iqn));
+                }
                 for l in &t.luns {
                     if !known(&l.volume) {
                         return inv(format!("iSCSI target {} LUN {} names unknown volume {:?}", t.iqn, l.lun, l.volume));
@@ -415,6 +518,26 @@ impl ServeConfig {
         }
         Ok(())
     }
+}
+
+/// A warning if the configuration file at `path` holds secrets and others
+/// than its owner may read it (as ssh does for private keys).
+pub fn permission_warning(path: &str, cfg: &ServeConfig) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    (mode & 0o077 != 0 && cfg.has_secrets()).then(|| {
+        format!("config {path} holds secrets but its mode {:04o} lets other users read it: chmod 600 {path}", mode & 0o7777)
+    })
+}
+
+/// Write `text` to a new file only its owner can read (secrets may be in it).
+pub fn write_private(path: &str, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    // `mode` applies only to a file this call creates.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes())
 }
 
 /// `ADDR`, `ADDR:PORT`, `:PORT` or `[v6]:PORT`.
@@ -516,8 +639,13 @@ mod tests {
         c.validate().unwrap();
         let t = &c.iscsi.as_ref().unwrap().targets[0];
         assert_eq!((t.target_port_group, t.alua_state), (7, AluaStateConfig::ActiveNonOptimized));
+        assert_eq!(t.relative_target_port, None, "defaults to the group id when the front-end starts");
+        let mut r: ServeConfig = toml::from_str(&text.replace("target_port_group = 7", "target_port_group = 7\nrelative_target_port = 0")).unwrap();
+        assert!(r.validate().is_err(), "relative target port 0 is reserved");
+        r.iscsi.as_mut().unwrap().targets[0].relative_target_port = Some(2);
+        r.validate().unwrap();
         assert!(toml::from_str::<ServeConfig>(&text.replace("active-non-optimized", "sleepy")).is_err());
-        let back: ServeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        let back: ServeConfig = toml::from_str(&reveal_secrets(|| toml::to_string(&c).unwrap())).unwrap();
         assert_eq!(back, c);
         assert_eq!(c.iscsi.as_ref().and_then(|i| i.discovery_chap.as_ref()).map(|d| d.user.as_str()), Some("scan"));
         // Mutual CHAP without one-way CHAP is a mistake, for discovery and for a target.
@@ -534,6 +662,73 @@ mod tests {
         let l: ServeConfig = toml::from_str("[limits]\nmax_sessions = 3\nlogin_timeout_s = 2").unwrap();
         assert_eq!((l.limits.max_sessions, l.limits.login_timeout_s, l.limits.max_connections_per_address), (3, 2, 1024));
         assert!(toml::from_str::<ServeConfig>("[limits]\nmax_session = 3").is_err());
+    }
+
+    const WITH_SECRETS: &str = r#"
+        [[volume]]
+        name = "v"
+        backend = "ram:1M"
+        [iscsi]
+        listen = ["127.0.0.1:3260"]
+        discovery_chap = { user = "scan", secret = "disc-Secret-1" }
+        discovery_mutual_chap = { user = "portal", secret = "disc-Secret-2" }
+        [[iscsi.target]]
+        iqn = "iqn.2026-11.org.example:v"
+        luns = [{ lun = 0, volume = "v" }]
+        chap = { user = "bob", secret = "tgt-Secret-3" }
+        mutual_chap = { user = "target", secret = "tgt-Secret-4" }
+    "#;
+    const SECRETS: [&str; 4] = ["disc-Secret-1", "disc-Secret-2", "tgt-Secret-3", "tgt-Secret-4"];
+
+    /// Printed, saved and debug-formatted configurations show no secret
+    /// unless revealed; revealed ones load back to the same configuration.
+    #[test]
+    fn secrets_are_redacted_unless_revealed() {
+        let c: ServeConfig = toml::from_str(WITH_SECRETS).unwrap();
+        c.validate().unwrap();
+        assert!(c.has_secrets());
+        let (shown, debug, revealed) = (c.to_json(false), format!("{c:?} {c:#?}"), c.to_json(true));
+        for s in SECRETS {
+            assert!(!shown.contains(s), "{s} in --print-config output:\n{shown}");
+            assert!(!debug.contains(s), "{s} in Debug output");
+            assert!(revealed.contains(s), "{s} missing with --show-secrets");
+        }
+        assert_eq!(shown.matches(REDACTED).count(), 4);
+        // Revealing is scoped: afterwards secrets are hidden again.
+        assert!(!c.to_json(false).contains(SECRETS[0]));
+        let back: ServeConfig = serde_json::from_str(&revealed).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.iscsi.as_ref().and_then(|i| i.targets[0].chap.as_ref()).map(|c| c.secret.expose()), Some("tgt-Secret-3"));
+        // A redacted save loaded back is refused, not taken as the secret "<redacted>".
+        let err = serde_json::from_str::<ServeConfig>(&shown).unwrap_err().to_string();
+        assert!(err.contains("--show-secrets"), "{err}");
+        let plain: ServeConfig = toml::from_str("[[volume]]\nname = \"v\"\nbackend = \"ram:1M\"").unwrap();
+        assert!(!plain.has_secrets());
+    }
+
+    #[test]
+    fn a_readable_file_with_secrets_gets_a_warning() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("bw-cfg-perm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve.toml");
+        let p = path.to_str().unwrap();
+        std::fs::write(&path, WITH_SECRETS).unwrap();
+        let c = ServeConfig::from_toml_file(p).unwrap();
+        let plain: ServeConfig = toml::from_str("[[volume]]\nname = \"v\"\nbackend = \"ram:1M\"").unwrap();
+        for (mode, warn) in [(0o644, true), (0o640, true), (0o604, true), (0o600, false), (0o400, false)] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let w = permission_warning(p, &c);
+            assert_eq!(w.is_some(), warn, "mode {mode:o}: {w:?}");
+            assert!(permission_warning(p, &plain).is_none(), "no secrets, no warning");
+        }
+        // Saved configurations are private, even over an existing readable file.
+        let saved = dir.join("saved.json");
+        std::fs::write(&saved, "old").unwrap();
+        std::fs::set_permissions(&saved, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_private(saved.to_str().unwrap(), &c.to_json(true)).unwrap();
+        assert_eq!(std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

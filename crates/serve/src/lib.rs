@@ -1,11 +1,14 @@
 //! `blockwire serve`: open the volumes, start every configured front-end
 //! (AoE, iSCSI, NVMe/TCP) at once, run until SIGINT/SIGTERM.
 
-pub mod config;
+pub mod accept;
 pub mod aoe;
+pub mod config;
+pub mod framing;
 pub mod iscsi;
-pub mod nvme;
 pub mod limits;
+pub mod nvme;
+pub mod tuning;
 
 use anyhow::Context;
 use bw_block::{BackendSpec, Volume};
@@ -61,12 +64,12 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
     let mut running = Vec::new();
     if let Some(a) = &cfg.aoe {
         if !a.exports.is_empty() {
-            running.push(aoe::start(a, volumes, shutdown.clone()).await?);
+            running.push(aoe::start(a, &cfg.tuning, volumes, shutdown.clone()).await?);
         }
     }
     if let Some(i) = &cfg.iscsi {
         if !i.listen.is_empty() {
-            running.push(iscsi::start(i, &cfg.limits, volumes, shutdown.clone()).await.context("iSCSI")?);
+            running.push(iscsi::start(i, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("iSCSI")?);
         }
     }
     if let Some(n) = &cfg.nvme {
@@ -80,9 +83,33 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
     Ok(running)
 }
 
+/// Raise the soft limit on open descriptors to the hard limit: every
+/// connection is a descriptor, and the usual soft limit of 1024 would have
+/// accept() fail long before the session limits (4096 by default) apply.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let soft = r.rlim_cur;
+            r.rlim_cur = r.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) == 0 {
+                log::debug!("open descriptor limit raised from {soft} to {}", r.rlim_max);
+            }
+        }
+        if r.rlim_cur < 8192 {
+            log::warn!("open descriptor limit is {}: connections beyond it will be refused (raise it with ulimit -n)", r.rlim_cur);
+        }
+    }
+}
+
 /// Run until SIGINT/SIGTERM, then stop every front-end and flush volumes.
 pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     cfg.validate()?;
+    raise_fd_limit();
     let volumes = open_volumes(&cfg)?;
     let (stop_tx, shutdown) = Shutdown::new();
     let running = start(&cfg, &volumes, &shutdown).await?;

@@ -27,13 +27,16 @@ fn env_or(name: &str, default: usize) -> usize {
 
 /// What /proc says about a process.
 #[derive(Debug, Clone, Copy, Default)]
-struct ProcStats {
-    rss_kib: u64,
-    threads: u64,
-    fds: u64,
+pub(crate) struct ProcStats {
+    pub rss_kib: u64,
+    /// Anonymous memory only: the heap, without the pages of memory-backed
+    /// volumes (memfd) the process has touched.
+    pub rss_anon_kib: u64,
+    pub threads: u64,
+    pub fds: u64,
 }
 
-fn proc_stats(pid: u32) -> ProcStats {
+pub(crate) fn proc_stats(pid: u32) -> ProcStats {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
     let field = |name: &str| -> u64 {
         status
@@ -44,18 +47,18 @@ fn proc_stats(pid: u32) -> ProcStats {
             .unwrap_or_else(|| panic!("{name} missing in /proc/{pid}/status"))
     };
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("read /proc fd").count() as u64;
-    ProcStats { rss_kib: field("VmRSS:"), threads: field("Threads:"), fds }
+    ProcStats { rss_kib: field("VmRSS:"), rss_anon_kib: field("RssAnon:"), threads: field("Threads:"), fds }
 }
 
 /// Samples a process every 50 ms until dropped; keeps the maxima.
-struct Sampler {
+pub(crate) struct Sampler {
     stop: Arc<AtomicBool>,
     peak: Arc<Mutex<ProcStats>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Sampler {
-    fn start(pid: u32) -> Sampler {
+    pub fn start(pid: u32) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let peak = Arc::new(Mutex::new(ProcStats::default()));
         let (s, p) = (stop.clone(), peak.clone());
@@ -64,6 +67,7 @@ impl Sampler {
                 let now = proc_stats(pid);
                 let mut m = p.lock().expect("peak");
                 m.rss_kib = m.rss_kib.max(now.rss_kib);
+                m.rss_anon_kib = m.rss_anon_kib.max(now.rss_anon_kib);
                 m.threads = m.threads.max(now.threads);
                 m.fds = m.fds.max(now.fds);
                 drop(m);
@@ -72,12 +76,26 @@ impl Sampler {
         });
         Sampler { stop, peak, thread: Some(thread) }
     }
-    fn finish(mut self) -> ProcStats {
+    pub fn finish(mut self) -> ProcStats {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
         *self.peak.lock().expect("peak")
+    }
+}
+
+/// Raise this process's descriptor limit to the hard limit: the larger
+/// `make soak` sizes hold thousands of sockets here (fresh machines start
+/// with a soft limit of 1024). The target raises its own.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
     }
 }
 
@@ -110,6 +128,7 @@ fn config(dir: &TempDir, volume: &str, ip: &str, iscsi_port: u16, nvme_port: u16
 #[test]
 fn mixed_sessions_all_verify_with_bounded_rss_and_threads() {
     let sessions = env_or("LOAD_SESSIONS", 256);
+    raise_fd_limit();
     let region: u64 = 256 << 10;
     let pair = NetnsPair::new("ld", 9000);
     let (host_ip, ns_ip) = pair.with_ipv4(177);
@@ -241,7 +260,7 @@ fn login_logout_cycles_leak_nothing() {
 
 /// Wait (up to 20 s: idle pool threads linger 10 s) until the process's
 /// threads and descriptors are back to `target`, or stop changing.
-fn settle(pid: u32, target: Option<ProcStats>) -> ProcStats {
+pub(crate) fn settle(pid: u32, target: Option<ProcStats>) -> ProcStats {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut last = proc_stats(pid);
     loop {
@@ -290,6 +309,7 @@ fn closed_by_target(s: &mut TcpStream, wait: Duration) -> bool {
 #[test]
 fn idle_and_half_pdu_sockets_do_not_block_logins_and_are_dropped() {
     let n = env_or("LOAD_IDLE_SOCKETS", 1000);
+    raise_fd_limit();
     let timeout_s = 3;
     let dir = TempDir::new("idle");
     let (ip, ipo) = (free_port(), free_port());

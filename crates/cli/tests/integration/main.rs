@@ -21,3 +21,6 @@ mod nvme_initiator;
 mod nvme_kernel;
 mod nvme_nvmet;
 mod rbd;
+mod rbd_gateways;
+mod secrets;
+mod socket_fuzz;

@@ -1,0 +1,715 @@
+//! The `route` suite (STUDIES.md §3): the same workloads over each path
+//! (direct, MPLS with each router datapath, VXLAN), interleaved within
+//! rounds, with the CPU of every router and of everything else
+//! (`super::cpu`), and the header bytes per frame from captures in the
+//! middle of each path. The results go into the lab's results.json
+//! (`Results::route`), which `blockwire lab report` renders
+//! (`super::report`).
+
+use super::cpu::{CpuAccount, CpuSnapshot};
+use super::{
+    spawn_service, tracked_output, Datapath, PathKind, RouteNet, CUSTOMER_IF, CUSTOMER_LABEL,
+    TARGET_IP,
+};
+use crate::cleanup::{interrupted, registry, Token};
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What `blockwire lab --suite route` runs.
+#[derive(Debug, Clone)]
+pub struct SuitePlan {
+    pub paths: Vec<PathKind>,
+    pub protocols: Vec<String>,
+    pub mtu: u32,
+    /// Seconds per bench run.
+    pub runtime: f64,
+    /// Bytes written then read back by the copy case (and the volume size floor).
+    pub copy_bytes: u64,
+    /// Rounds; paths are interleaved within each round (machine speed drifts).
+    pub rounds: u32,
+    pub quick: bool,
+}
+
+impl SuitePlan {
+    pub fn new(quick: bool) -> SuitePlan {
+        SuitePlan {
+            paths: vec![
+                PathKind::Direct,
+                PathKind::Mpls(Datapath::Bpf),
+                PathKind::Mpls(Datapath::Userspace),
+                PathKind::Vxlan,
+            ],
+            protocols: vec!["aoe".into(), "iscsi".into(), "nvme".into()],
+            mtu: 9000,
+            runtime: if quick { 2.0 } else { 5.0 },
+            copy_bytes: if quick { 128 << 20 } else { 1 << 30 },
+            rounds: if quick { 1 } else { 3 },
+            quick,
+        }
+    }
+}
+
+/// Everything the route suite measured: stored in results.json.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouteResults {
+    /// Path names in run order (`direct`, `mpls-bpf`, `mpls-userspace`, `vxlan`).
+    pub paths: Vec<String>,
+    pub protocols: Vec<String>,
+    pub mtu: u32,
+    pub runtime_s: f64,
+    pub copy_bytes: u64,
+    pub rounds: u32,
+    pub quick: bool,
+    pub samples: Vec<RouteSample>,
+    pub overheads: Vec<Overhead>,
+}
+
+/// The CPU of one router during one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouterCpu {
+    pub name: String,
+    /// utime + stime of the router process (the userspace datapath's work;
+    /// near 0 for BPF, whose process only holds the links).
+    pub process_s: f64,
+    /// Run time of the router's BPF programs (BPF datapath only).
+    pub bpf_s: f64,
+}
+
+/// One measured case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteSample {
+    pub round: u32,
+    pub path: String,
+    pub protocol: String,
+    pub workload: String,
+    /// Bytes per second (copy: bytes written plus read over both phases).
+    pub bw_bytes: f64,
+    pub iops: f64,
+    pub mean_lat_us: f64,
+    pub wall_s: f64,
+    /// Bytes moved (read plus written).
+    pub bytes: f64,
+    /// Frames (both directions) through the middle of the path per MiB of
+    /// data moved: a count, unlike the speeds robust to a busy machine.
+    pub frames_per_mib: f64,
+    pub routers: Vec<RouterCpu>,
+    pub cpu: CpuAccount,
+    /// 1-minute load average when the run started (the machine is shared).
+    pub load1: f64,
+}
+
+impl RouteSample {
+    /// Client + target + routers + ksoftirqd CPU per MiB moved, in ms.
+    pub fn cpu_ms_per_mib(&self) -> f64 {
+        self.cpu.total_s() * 1e3 / (self.bytes / (1 << 20) as f64).max(1e-9)
+    }
+
+    /// Router CPU (process or programs) per frame per router, in µs.
+    pub fn router_us_per_frame(&self) -> Option<f64> {
+        if self.routers.is_empty() || self.frames_per_mib <= 0.0 {
+            return None;
+        }
+        let frames = self.frames_per_mib * self.bytes / (1 << 20) as f64;
+        let cpu: f64 = self.routers.iter().map(|r| r.process_s + r.bpf_s).sum();
+        Some(cpu / self.routers.len() as f64 / frames * 1e6)
+    }
+}
+
+/// Header bytes per full data frame, from a capture in the middle of a path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Overhead {
+    pub path: String,
+    pub protocol: String,
+    /// Most common (frame length - data payload) over the data frames.
+    pub bytes_per_frame: u32,
+    pub frames: usize,
+    /// Frames tshark marked malformed in the whole capture (should be 0).
+    pub malformed: usize,
+}
+
+/// A `blockwire serve` in the target namespace, stopped on drop.
+struct TargetProc(Option<(Token, Child)>);
+
+impl TargetProc {
+    fn pid(&self) -> Option<u32> {
+        self.0.as_ref().map(|c| c.1.id())
+    }
+}
+
+impl Drop for TargetProc {
+    fn drop(&mut self) {
+        if let Some((t, _)) = self.0.take() {
+            let _ = registry().release(t);
+        }
+    }
+}
+
+fn start_target(net: &RouteNet, exe: &Path, size: u64, log: &Path) -> anyhow::Result<TargetProc> {
+    let logf = std::fs::File::create(log)?;
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &net.target_ns])
+        .arg(exe)
+        .args([
+            "serve",
+            "--volume",
+            &format!("d=ram:{size}"),
+            "--aoe",
+            &format!("{CUSTOMER_IF},volume=d,shelf=1,slot=0"),
+            "--iscsi",
+            &format!("{TARGET_IP}:3260"),
+            "--nvme",
+            &format!("{TARGET_IP}:4420"),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(logf);
+    let mut t = TargetProc(Some(spawn_service(&mut cmd, "blockwire serve")?));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .contains("blockwire: ready")
+        {
+            return Ok(t);
+        }
+        if let Some(st) = t.0.as_mut().and_then(|c| c.1.try_wait().ok().flatten()) {
+            bail!(
+                "serve exited with {st}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        anyhow::ensure!(Instant::now() < deadline, "serve not ready after 30 s");
+        anyhow::ensure!(!interrupted(), "interrupted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn client(net: &RouteNet, exe: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &net.client_ns])
+        .arg(exe)
+        .args(args);
+    tracked_output(
+        &mut cmd,
+        &format!("blockwire {}", args.first().unwrap_or(&"")),
+    )
+}
+
+/// URL of protocol `p` on the path (names found by discovery).
+fn url_for(net: &RouteNet, exe: &Path, p: &str) -> anyhow::Result<String> {
+    Ok(match p {
+        "aoe" => format!("aoe://{CUSTOMER_IF}/1.0"),
+        "iscsi" => {
+            let out = client(net, exe, &["iscsi", "discover", TARGET_IP])?;
+            let iqn = out
+                .split_whitespace()
+                .find(|w| w.starts_with("iqn."))
+                .context("no IQN discovered")?;
+            format!("iscsi://{TARGET_IP}/{iqn}/0")
+        }
+        "nvme" => {
+            let out = client(net, exe, &["nvme", "discover", TARGET_IP])?;
+            // Lines are "nvme+tcp://ADDR:PORT/SUBNQN (subtype ...)".
+            let url = out
+                .split_whitespace()
+                .find(|w| w.starts_with("nvme+tcp://") && !w.contains("discovery"))
+                .with_context(|| format!("no NVM subsystem discovered: {out}"))?;
+            format!("{url}/1")
+        }
+        _ => bail!("unknown protocol {p:?}"),
+    })
+}
+
+/// The suite's workloads: (name, bench arguments); "copy" is special.
+pub const WORKLOADS: [(&str, &[&str]); 3] = [
+    (
+        "seqread-1m-qd8",
+        &["--rw", "read", "--bs", "1M", "--iodepth", "8"],
+    ),
+    (
+        "randread-4k-qd32",
+        &["--rw", "randread", "--bs", "4k", "--iodepth", "32"],
+    ),
+    ("copy", &[]),
+];
+
+/// Frames that crossed the middle link so far, both directions: what each
+/// end received.
+fn middle_packets(net: &RouteNet) -> u64 {
+    net.middle
+        .iter()
+        .map(|(ns, ifname)| {
+            let Ok(out) = Command::new("ip")
+                .args(["-n", ns, "-s", "-j", "link", "show", "dev", ifname])
+                .output()
+            else {
+                return 0;
+            };
+            let Ok(j) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+                return 0;
+            };
+            j[0]["stats64"]["rx"]["packets"].as_u64().unwrap_or(0)
+        })
+        .sum()
+}
+
+/// What one workload run gives: speed and what moved.
+struct CaseResult {
+    bw_bytes: f64,
+    iops: f64,
+    mean_lat_us: f64,
+    wall_s: f64,
+    bytes: f64,
+}
+
+fn one_case(
+    net: &RouteNet,
+    exe: &Path,
+    url: &str,
+    w: &str,
+    args: &[&str],
+    plan: &SuitePlan,
+) -> anyhow::Result<CaseResult> {
+    if w == "copy" {
+        let size = plan.copy_bytes.to_string();
+        let out = client(net, exe, &["verify", url, "--size", &size, "--seed", "5"])?;
+        // "... OK (write W s, read R s)"
+        let num = |key: &str| -> Option<f64> {
+            out.split(key)
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        };
+        let (ws, rs) = (
+            num("write ").context("verify output")?,
+            num("read ").context("verify output")?,
+        );
+        let wall = ws + rs;
+        let bytes = 2.0 * plan.copy_bytes as f64;
+        return Ok(CaseResult {
+            bw_bytes: bytes / wall,
+            iops: 0.0,
+            mean_lat_us: 0.0,
+            wall_s: wall,
+            bytes,
+        });
+    }
+    let rt = plan.runtime.to_string();
+    let mut v = vec!["bench", url];
+    v.extend_from_slice(args);
+    v.extend_from_slice(&["--runtime", &rt, "--ramp-ios", "64", "--json"]);
+    let t = Instant::now();
+    let out = client(net, exe, &v)?;
+    let wall = t.elapsed().as_secs_f64();
+    let j: serde_json::Value =
+        serde_json::from_str(out.trim()).with_context(|| format!("bench JSON: {out}"))?;
+    let f = |k: &str| j[k].as_f64().unwrap_or(0.0);
+    Ok(CaseResult {
+        bw_bytes: f("bw_bytes"),
+        iops: f("iops"),
+        mean_lat_us: j["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1000.0,
+        wall_s: wall,
+        bytes: f("bytes"),
+    })
+}
+
+/// Capture a short read of protocol `p` in the middle of the path and
+/// return the most common header bytes per data frame.
+fn measure_overhead(
+    net: &RouteNet,
+    exe: &Path,
+    url: &str,
+    p: &str,
+    dir: &Path,
+) -> anyhow::Result<Overhead> {
+    // One retry: on a loaded machine a capture occasionally starts late.
+    measure_overhead_once(net, exe, url, p, dir).or_else(|e| {
+        anyhow::ensure!(!interrupted(), "interrupted");
+        log::info!("overhead of {p} over {}: {e:#}; once more", net.kind.name());
+        measure_overhead_once(net, exe, url, p, dir)
+    })
+}
+
+fn run_text(args: &[String]) -> anyhow::Result<String> {
+    let out = Command::new(&args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("cannot run {}", args[0]))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "`{}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn measure_overhead_once(
+    net: &RouteNet,
+    exe: &Path,
+    url: &str,
+    p: &str,
+    dir: &Path,
+) -> anyhow::Result<Overhead> {
+    let pcap = dir.join(format!("{}-{p}.pcap", net.kind.name()));
+    let (ns, ifname) = &net.capture_point();
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns", "exec", ns, "tshark", "-q", "-c", "400", "-i", ifname, "-w",
+    ])
+    .arg(&pcap)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    let (token, mut tshark) = spawn_service(&mut cmd, "tshark")?;
+    // tshark prints "Capturing on" once its socket is open; a fixed sleep
+    // was too short on a loaded machine.
+    let mut err = tshark.stderr.take().context("tshark stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = String::new();
+        let mut b = [0u8; 256];
+        while let Ok(n) = err.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            seen.push_str(&String::from_utf8_lossy(&b[..n]));
+            if seen.contains("Capturing on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let _ = rx.recv_timeout(Duration::from_secs(20));
+    let bench = client(
+        net,
+        exe,
+        &[
+            "bench",
+            url,
+            "--rw",
+            "read",
+            "--bs",
+            "1M",
+            "--iodepth",
+            "4",
+            "--ios",
+            "64",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tshark.try_wait()?.is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(tshark.id() as i32, libc::SIGINT) };
+    let _ = tshark.wait();
+    registry().forget(token);
+    bench.context("the read during the capture")?;
+    let pcap_s = pcap.to_str().context("pcap path")?.to_string();
+    let mut args = vec!["tshark".to_string(), "-r".into(), pcap_s.clone()];
+    args.extend(tshark_decode_args());
+    let (filter, fields) = if p == "aoe" {
+        (
+            "aoe.response==1 && aoe.sector_count>0 && aoe.aflags.w==0",
+            ["-e", "frame.len", "-e", "aoe.sector_count"],
+        )
+    } else {
+        ("tcp.len>1000", ["-e", "frame.len", "-e", "tcp.len"])
+    };
+    args.extend(["-Y".into(), filter.into(), "-T".into(), "fields".into()]);
+    args.extend(fields.iter().map(|s| s.to_string()));
+    let out = run_text(&args)?;
+    let mut counts: std::collections::BTreeMap<u32, usize> = Default::default();
+    for l in out.lines() {
+        let v: Vec<u32> = l
+            .split_whitespace()
+            .filter_map(|x| x.split(',').next_back()?.parse().ok())
+            .collect();
+        if v.len() == 2 {
+            let payload = if p == "aoe" { v[1] * 512 } else { v[1] };
+            *counts.entry(v[0].saturating_sub(payload)).or_default() += 1;
+        }
+    }
+    let mut m = vec!["tshark".to_string(), "-r".into(), pcap_s];
+    m.extend(tshark_decode_args());
+    m.extend(["-Y".into(), "_ws.malformed".into()]);
+    let malformed = run_text(&m)?.lines().count();
+    let frames = counts.values().sum();
+    let (&bytes_per_frame, _) = counts
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .context("no data frames in the capture")?;
+    Ok(Overhead {
+        path: net.kind.name().into(),
+        protocol: p.into(),
+        bytes_per_frame,
+        frames,
+        malformed,
+    })
+}
+
+/// tshark options that decode the pseudowire (Ethernet with control word).
+/// Wireshark's decode-as keys on the bottom label, the customer's. (Its
+/// default heuristic also finds it: a first nibble of 0 after the stack.)
+pub fn tshark_decode_args() -> Vec<String> {
+    vec!["-d".into(), format!("mpls.label=={CUSTOMER_LABEL},pwethcw")]
+}
+
+fn load1() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Run the suite into `res` (partial results stay there on error), printing
+/// one line per case.
+pub fn run_suite(
+    plan: &SuitePlan,
+    exe: &Path,
+    out: &Path,
+    res: &mut RouteResults,
+) -> anyhow::Result<()> {
+    *res = RouteResults {
+        paths: plan.paths.iter().map(|p| p.name().to_string()).collect(),
+        protocols: plan.protocols.clone(),
+        mtu: plan.mtu,
+        runtime_s: plan.runtime,
+        copy_bytes: plan.copy_bytes,
+        rounds: plan.rounds,
+        quick: plan.quick,
+        ..Default::default()
+    };
+    let size = plan.copy_bytes.max(256 << 20);
+    let ksoftirqd = super::cpu::ksoftirqd_pids();
+    // Every path stands at once (its own namespaces, routers and target),
+    // so each case runs on all paths back to back, in an order rotated from
+    // case to case: on a shared machine, the paths compared are seconds apart.
+    let mut live = vec![];
+    for (i, kind) in plan.paths.iter().enumerate() {
+        anyhow::ensure!(!interrupted(), "interrupted");
+        let tag = format!("{}{i}", std::process::id() % 100_000);
+        eprintln!("route: building path {}", kind.name());
+        let net = RouteNet::build(*kind, &tag, plan.mtu, exe)?;
+        let target = start_target(
+            &net,
+            exe,
+            size,
+            &out.join(format!("serve-{}.log", kind.name())),
+        )?;
+        let mut urls = vec![];
+        for p in &plan.protocols {
+            urls.push(url_for(&net, exe, p)?);
+        }
+        live.push((net, target, urls));
+    }
+    for (net, _, urls) in &live {
+        for (p, url) in plan.protocols.iter().zip(urls) {
+            match measure_overhead(net, exe, url, p, out) {
+                Ok(o) => res.overheads.push(o),
+                Err(e) if interrupted() => return Err(e),
+                Err(e) => log::warn!("overhead of {p} over {}: {e:#}", net.kind.name()),
+            }
+        }
+    }
+    let mut case = 0;
+    for round in 0..plan.rounds {
+        for (pi, p) in plan.protocols.iter().enumerate() {
+            for (w, args) in WORKLOADS {
+                case += 1;
+                for k in 0..live.len() {
+                    anyhow::ensure!(!interrupted(), "interrupted");
+                    let (net, target, urls) = &live[(k + case) % live.len()];
+                    let s = measure_case(
+                        net, target, &urls[pi], p, w, args, round, plan, exe, &ksoftirqd,
+                    )?;
+                    eprintln!("{}", sample_line(&s));
+                    res.samples.push(s);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One workload on one path, with its CPU account and frame count.
+#[allow(clippy::too_many_arguments)]
+fn measure_case(
+    net: &RouteNet,
+    target: &TargetProc,
+    url: &str,
+    p: &str,
+    w: &str,
+    args: &[&str],
+    round: u32,
+    plan: &SuitePlan,
+    exe: &Path,
+    ksoftirqd: &[u32],
+) -> anyhow::Result<RouteSample> {
+    let pids = net.pids();
+    let load = load1();
+    let before = CpuSnapshot::take(target.pid(), &pids, ksoftirqd);
+    let pk = middle_packets(net);
+    let c = one_case(net, exe, url, w, args, plan)?;
+    let after = CpuSnapshot::take(target.pid(), &pids, ksoftirqd);
+    let frames = middle_packets(net).saturating_sub(pk);
+    let (per_router, cpu) = after.since(&before);
+    let routers: Vec<RouterCpu> = net
+        .routers
+        .iter()
+        .zip(per_router)
+        .map(|(r, (process_s, bpf_s))| RouterCpu {
+            name: r.name.clone(),
+            process_s,
+            bpf_s,
+        })
+        .collect();
+    Ok(RouteSample {
+        round,
+        path: net.kind.name().into(),
+        protocol: p.into(),
+        workload: w.into(),
+        bw_bytes: c.bw_bytes,
+        iops: c.iops,
+        mean_lat_us: c.mean_lat_us,
+        wall_s: c.wall_s,
+        bytes: c.bytes,
+        frames_per_mib: frames as f64 / (c.bytes / (1 << 20) as f64).max(1e-9),
+        routers,
+        cpu,
+        load1: load,
+    })
+}
+
+/// One terminal line per measured case.
+pub fn sample_line(s: &RouteSample) -> String {
+    let routers: Vec<String> = s
+        .routers
+        .iter()
+        .map(|r| {
+            let t = (r.process_s + r.bpf_s) / s.wall_s.max(1e-9);
+            format!("{} {:.0}%", r.name, t * 100.0)
+        })
+        .collect();
+    format!(
+        "route: round {} {:14} {:5} {:16} {:8.1} MB/s {:7.0} IOPS {:6.0} frames/MiB  CPU {:5.1} ms/MiB (client {:.2} s, target {:.2} s, routers {:.2} s, bpf {:.3} s, ksoftirqd {:.2} s)  {}{}  load {:.1}",
+        s.round,
+        s.path,
+        s.protocol,
+        s.workload,
+        s.bw_bytes / 1e6,
+        s.iops,
+        s.frames_per_mib,
+        s.cpu_ms_per_mib(),
+        s.cpu.client_s,
+        s.cpu.target_s,
+        s.cpu.routers_s,
+        s.cpu.bpf_s,
+        s.cpu.ksoftirqd_s,
+        routers.join(" "),
+        s.router_us_per_frame()
+            .map(|u| format!("  ({u:.2} us/frame/router)"))
+            .unwrap_or_default(),
+        s.load1
+    )
+}
+
+/// `blockwire lab --suite route [--path ...] [--datapath ...] [--protocols ...] [--quick]`.
+pub fn run_cli(args: &crate::LabArgs) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    anyhow::ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "the route suite creates network namespaces: run it as root"
+    );
+    let mut plan = SuitePlan::new(args.quick);
+    let datapaths: Vec<Datapath> = match &args.datapath {
+        Some(d) => d
+            .split(',')
+            .filter(|x| !x.is_empty())
+            .map(Datapath::parse)
+            .collect::<anyhow::Result<_>>()?,
+        None => vec![Datapath::Bpf, Datapath::Userspace],
+    };
+    let paths = args.path.as_deref().unwrap_or("direct,mpls,vxlan");
+    plan.paths = vec![];
+    for p in paths.split(',').filter(|x| !x.is_empty()) {
+        plan.paths.extend(PathKind::parse(p, &datapaths)?);
+    }
+    anyhow::ensure!(!plan.paths.is_empty(), "no path given");
+    if let Some(p) = &args.protocols {
+        plan.protocols = p
+            .split(',')
+            .filter(|x| !x.is_empty())
+            .map(String::from)
+            .collect();
+    }
+    if let Some(m) = &args.mtu {
+        plan.mtu = m
+            .split(',')
+            .next()
+            .unwrap_or("9000")
+            .parse()
+            .context("--mtu")?;
+    }
+    if let Some(r) = args.repeat {
+        plan.rounds = r.max(1);
+    }
+    if let Some(r) = args.runtime {
+        plan.runtime = r as f64;
+    }
+    if let Some(s) = &args.size {
+        plan.copy_bytes = crate::plan::parse_size(s)?;
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("lab-route"));
+    std::fs::create_dir_all(&out)?;
+    // Before any thread exists, so every thread inherits the blocked mask.
+    crate::cleanup::install_signal_handler()?;
+    let exe = std::env::current_exe()?;
+    let mut results = crate::results::Results {
+        format: crate::results::FORMAT,
+        started_utc: crate::results::utc_now(),
+        machine: crate::machine::machine_info(),
+        software: crate::machine::software(&exe),
+        ..Default::default()
+    };
+    results.params.quick = plan.quick;
+    results.params.protocols = plan.protocols.clone();
+    results.params.mtus = vec![plan.mtu];
+    results.params.suites = vec!["route".into()];
+    results.params.repeat = plan.rounds;
+    results.params.size_bytes = plan.copy_bytes;
+    results.params.runtime_s = plan.runtime as u32;
+    results.params.veth_offloads_off = true;
+    let mut route = RouteResults::default();
+    let outcome = run_suite(&plan, &exe, &out, &mut route);
+    results.finished_utc = crate::results::utc_now();
+    if let Err(e) = &outcome {
+        results.aborted = Some(if interrupted() {
+            "interrupted".to_string()
+        } else {
+            format!("{e:#}")
+        });
+    }
+    for line in super::report::text_summary(&route) {
+        println!("{line}");
+    }
+    results.route = Some(route);
+    let saved = results
+        .save(&out.join("results.json"))
+        .and_then(|_| crate::report::write_all(&out, &results));
+    for e in registry().cleanup_all() {
+        eprintln!("lab: cleanup: {e}");
+    }
+    println!("route: results in {}", out.join("results.json").display());
+    println!("route: report in {}", out.join("report.html").display());
+    outcome?;
+    saved
+}
