@@ -21,7 +21,7 @@ use crate::common;
 use crate::load::{proc_stats, settle, Sampler};
 use bw_initiator::ConnectOptions;
 use bw_iscsi::msg::{DataOut, LoginRequest, LogoutRequest, Message, NopOut, ScsiCommand, TaskMgmtRequest, TextRequest, TmfFunction};
-use bw_iscsi::pdu::{Bhs, Decoder as IscsiDecoder};
+use bw_iscsi::pdu::{field, Bhs, Decoder as IscsiDecoder};
 use bw_nvme::command::{admin, nvm, sgl, Sgl};
 use bw_nvme::fabrics::{reg, Connect, ConnectData, Property};
 use bw_nvme::pdu::{CapsuleCmd, DataPdu, IcReq};
@@ -356,17 +356,17 @@ fn iscsi_take(w: &mut Wire, dec: &IscsiDecoder, seen: &mut IscsiSeen) {
                 let b = &p.bhs;
                 let opcode = b.0[0] & 0x3F;
                 if matches!(opcode, 0x20 | 0x21 | 0x25 | 0x31 | 0x22 | 0x26) {
-                    let m = b.u32(32);
+                    let m = field::MAX_CMD_SN.get(&b.0);
                     if (m.wrapping_sub(seen.max_cmd_sn) as i32) > 0 {
                         seen.max_cmd_sn = m;
                     }
                 }
                 match opcode {
-                    0x31 => seen.r2ts.push_back((b.u32(16), b.u32(20), b.u32(40), b.u32(44))),
-                    0x20 if b.u32(20) != 0xFFFF_FFFF => seen.pings.push(b.u32(20)),
+                    0x31 => seen.r2ts.push_back((field::ITT.get(&b.0), field::TTT.get(&b.0), field::BUFFER_OFFSET.get(&b.0), field::DESIRED_LENGTH.get(&b.0))),
+                    0x20 if field::TTT.get(&b.0) != 0xFFFF_FFFF => seen.pings.push(field::TTT.get(&b.0)),
                     0x21 => {
                         seen.responses += 1;
-                        seen.done.insert(b.u32(16));
+                        seen.done.insert(field::ITT.get(&b.0));
                     }
                     0x26 => seen.logged_out = true,
                     0x3F => seen.rejects += 1,
@@ -461,12 +461,12 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
         }
     };
     let Some(resp) = resp else { return Outcome::early("no login response", Some(tx)) };
-    let (status, final_) = (resp.bhs.u16(36), resp.bhs.0[1] & 0x80 != 0 && resp.bhs.0[1] & 3 == 3);
+    let (status, final_) = (login_status(&resp.bhs), resp.bhs.0[1] & 0x80 != 0 && resp.bhs.0[1] & 3 == 3);
     if resp.bhs.0[0] & 0x3F != 0x23 || status != 0 || !final_ {
         return Outcome { ending: "login refused", detail: format!("status {status:#06x}"), pdus: tx.pdus, log: tx.log };
     }
-    let mut cmd_sn = resp.bhs.u32(28);
-    let mut seen = IscsiSeen { max_cmd_sn: resp.bhs.u32(32), ..Default::default() };
+    let mut cmd_sn = field::EXP_CMD_SN.get(&resp.bhs.0);
+    let mut seen = IscsiSeen { max_cmd_sn: field::MAX_CMD_SN.get(&resp.bhs.0), ..Default::default() };
     dec.digests = bw_iscsi::pdu::Digests { header: digests.header, data: digests.data };
     let mut itt: u32 = 0x100;
     let n_cmds = rng.gen_range(4..40);
@@ -564,8 +564,8 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
                 let mut b = Bhs::default();
                 b.0[0] = 0x10;
                 b.0[1] = 0x80 | rng.gen_range(0..4);
-                b.set_u32(16, itt.wrapping_sub(1));
-                b.set_u32(20, 0xFFFF_FFFF);
+                field::ITT.set(&mut b.0, itt.wrapping_sub(1));
+                field::TTT.set(&mut b.0, 0xFFFF_FFFF);
                 tx.pdu("SNACK", iscsi_wire(b, &[], digests));
                 continue;
             }
@@ -1163,8 +1163,8 @@ fn iscsi_logged_in(port: u16) -> (Wire, u32) {
     loop {
         w.pump(Duration::from_millis(20));
         if let Ok(Some(p)) = dec.decode(&mut w.inbox) {
-            assert_eq!(p.bhs.u16(36), 0, "login refused");
-            return (w, p.bhs.u32(28));
+            assert_eq!(login_status(&p.bhs), 0, "login refused");
+            return (w, field::EXP_CMD_SN.get(&p.bhs.0));
         }
         assert!(Instant::now() < deadline && !w.closed, "no login response");
     }
@@ -1202,7 +1202,7 @@ fn iscsi_huge_data_segment_length_is_refused() {
                     let c = ScsiCommand { final_: true, write: true, itt: 1, edtl: 4096, cmd_sn, cdb: bw_scsi::build::write_16(0, 8), ..Default::default() };
                     (w, Message::ScsiCommand(c).encode())
                 };
-                bhs.set_u24(5, 0xFF_FFFF);
+                field::DATA_SEGMENT_LENGTH.set(&mut bhs.0, 0xFF_FFFF);
                 assert!(w.send(&bhs.0), "{phase}: header not sent");
                 // A little of the claimed data, then wait.
                 w.send(&[0u8; 4096]);
@@ -1242,9 +1242,9 @@ fn iscsi_huge_write_transfer_length_is_refused_without_r2t() {
                 w.pump(Duration::from_millis(20));
                 match dec.decode(&mut w.inbox) {
                     Ok(Some(p)) if p.bhs.0[0] & 0x3F == 0x31 => {
-                        panic!("WRITE with EDTL {edtl:#x} ({blocks} blocks) was answered with an R2T for {} bytes", p.bhs.u32(44))
+                        panic!("WRITE with EDTL {edtl:#x} ({blocks} blocks) was answered with an R2T for {} bytes", field::DESIRED_LENGTH.get(&p.bhs.0))
                     }
-                    Ok(Some(p)) if p.bhs.0[0] & 0x3F == 0x21 && p.bhs.u32(16) == itt => break p.bhs.0[3],
+                    Ok(Some(p)) if p.bhs.0[0] & 0x3F == 0x21 && field::ITT.get(&p.bhs.0) == itt => break p.bhs.0[3],
                     Ok(Some(_)) => {}
                     Ok(None) => {}
                     Err(e) => panic!("bad PDU from the target: {e}"),
@@ -1263,7 +1263,7 @@ fn iscsi_huge_write_transfer_length_is_refused_without_r2t() {
     loop {
         w.pump(Duration::from_millis(20));
         if let Ok(Some(p)) = dec.decode(&mut w.inbox) {
-            if p.bhs.0[0] & 0x3F == 0x21 && p.bhs.u32(16) == 0x99 {
+            if p.bhs.0[0] & 0x3F == 0x21 && field::ITT.get(&p.bhs.0) == 0x99 {
                 assert_eq!(p.bhs.0[3], 0, "TEST UNIT READY after the refusals");
                 break;
             }
@@ -1374,4 +1374,9 @@ fn nvme_tcp_huge_length_claims_are_refused() {
     assert!(serve.is_running());
     assert!(!serve.log_text().contains("panicked"));
     assert!(serve.stop().success());
+}
+
+/// A Login Response's Status-Class and Status-Detail as one number (0: success).
+fn login_status(b: &Bhs) -> u16 {
+    u16::from(field::STATUS_CLASS.get(&b.0)) << 8 | u16::from(field::STATUS_DETAIL.get(&b.0))
 }
