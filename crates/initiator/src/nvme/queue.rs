@@ -249,10 +249,12 @@ impl Queue {
         pdu::encode_capsule(&sqe, capsule_data, self.digests, &mut self.shared.out.lock().unwrap_or_else(|p| p.into_inner()));
         self.shared.wake.notify_one();
         // A writer or reader that died before the command was registered
-        // would never complete it.
+        // would never complete it. (One that died after completing it, as
+        // when a target answers and then closes, has left the result.)
         let dead = self.shared.dead.lock().ok().and_then(|d| d.clone());
+        let mut done_rx = done_rx;
         let r = if let Some(why) = dead {
-            Err(ClientError::Disconnected(why))
+            done_rx.try_recv().unwrap_or(Err(ClientError::Disconnected(why)))
         } else {
             match tokio::time::timeout(self.timeout, done_rx).await {
                 Ok(Ok(r)) => r,

@@ -66,6 +66,8 @@ pub struct ControllerAuth {
     step: Step,
     authenticated: bool,
     mutual: bool,
+    /// Hash and group of the last Negotiate accepted.
+    chosen: Option<(HashId, DhGroup)>,
     /// Why the exchange failed or is failing, for the log.
     why: Option<String>,
 }
@@ -79,6 +81,7 @@ impl ControllerAuth {
             step: Step::Idle,
             authenticated: false,
             mutual: false,
+            chosen: None,
             why: None,
         }
     }
@@ -100,6 +103,11 @@ impl ControllerAuth {
     /// Why it failed or is failing, in words (never with key material).
     pub fn why(&self) -> Option<&str> {
         self.why.as_deref()
+    }
+
+    /// The hash function and DH group in use.
+    pub fn chosen(&self) -> Option<(HashId, DhGroup)> {
+        self.chosen
     }
 
     /// The controller proved itself too (the host sent Success2).
@@ -142,7 +150,11 @@ impl ControllerAuth {
             (_, Message::Negotiate(n)) => self.negotiate(n, entropy),
             (_, Message::Failure2(f)) => {
                 self.authenticated = false;
-                self.why = Some(format!("the host sent AUTH_Failure2: {}", f.reason));
+                self.why = Some(if f.reason == FailureReason::FAILED {
+                    "the host refused the controller's response (AUTH_Failure2): is the host's dhchap_ctrl_secret this one?".into()
+                } else {
+                    format!("the host gave up with AUTH_Failure2: {}", f.reason)
+                });
                 self.step = Step::Failed(f.reason);
             }
             (Step::ReplyDue(t), Message::Reply(r)) => self.reply(t, r),
@@ -226,6 +238,7 @@ impl ControllerAuth {
                 Err(e) => return self.fail1(tid, FailureReason::DHGROUP_UNUSABLE, e.to_string()),
             },
         };
+        self.chosen = Some((hash, group));
         let c1 = entropy.challenge(hash.len()).to_vec();
         self.step = Step::ChallengeDue(Txn {
             tid,

@@ -3,7 +3,9 @@
 //! is 00 (use the key as it is) or the hash (01 SHA-256, 02 SHA-384,
 //! 03 SHA-512) that transforms it before use: HMAC(key, NQN ||
 //! "NVMe-over-Fabrics"), the NQN being the host's for the host key and the
-//! subsystem's for the controller key. Keys are 32, 48 or 64 bytes.
+//! subsystem's for the controller key. Keys are 32, 48 or 64 bytes; a
+//! transformed key is as long as its hash's output (nvme-cli refuses
+//! others, and Linux before 6.7 computed them differently).
 //!
 //! `nvme gen-dhchap-key` prints this form; Linux reads it
 //! (`nvme_auth_extract_key`).
@@ -26,6 +28,14 @@ pub enum SecretError {
     Length(usize),
     #[error("the key's CRC-32 does not match: the secret was mistyped or truncated")]
     Crc,
+    #[error(
+        "a key transformed with {hash} must be {want} bytes long, not {got} (as nvme-cli checks)"
+    )]
+    TransformLength {
+        hash: HashId,
+        want: usize,
+        got: usize,
+    },
     #[error("unexpected text after the key's closing ':'")]
     Trailing,
 }
@@ -67,16 +77,20 @@ impl Secret {
         if crc32fast::hash(key).to_le_bytes() != crc {
             return Err(SecretError::Crc);
         }
-        Ok(Secret {
-            transform,
-            key: Zeroizing::new(key.to_vec()),
-        })
+        Secret::from_key(key, transform)
     }
 
     /// A secret from raw key bytes (32, 48 or 64 of them).
     pub fn from_key(key: &[u8], transform: Option<HashId>) -> Result<Secret, SecretError> {
         if !matches!(key.len(), 32 | 48 | 64) {
             return Err(SecretError::Length(key.len()));
+        }
+        if let Some(hash) = transform.filter(|h| h.len() != key.len()) {
+            return Err(SecretError::TransformLength {
+                hash,
+                want: hash.len(),
+                got: key.len(),
+            });
         }
         Ok(Secret {
             transform,
@@ -198,6 +212,19 @@ mod tests {
             Err(SecretError::Trailing)
         );
         assert!(Secret::from_key(&[1; 40], None).is_err());
+        // `nvme check-dhchap-key` says "Invalid key length for SHA(512)".
+        let short512 = Secret::from_key(&[1; 32], None)
+            .unwrap()
+            .encode()
+            .replace(":00:", ":03:");
+        assert_eq!(
+            Secret::parse(&short512),
+            Err(SecretError::TransformLength {
+                hash: HashId::Sha512,
+                want: 64,
+                got: 32
+            })
+        );
         let dbg = format!("{:?}", Secret::parse(good).unwrap());
         assert!(!dbg.contains("AAEC") && dbg.contains("redacted"), "{dbg}");
     }

@@ -9,6 +9,7 @@
 //! blocking pool and come back through a channel; they complete out of
 //! order, as NVMe allows.
 
+use super::auth::{Gate, QueueAuth};
 use super::fabric::{CtrlEntry, Fabric, Refusal};
 use super::outbox::Outbox;
 use crate::Shutdown;
@@ -84,9 +85,11 @@ struct Conn {
     kill: watch::Receiver<bool>,
     _kill_keep: watch::Sender<bool>,
     pending: HashMap<u16, Pending>,
-    /// Until a Connect succeeds (`ctrl` is set), the connection must not
-    /// outlive this.
+    /// Until a Connect succeeds (`ctrl` is set) and, when the host must
+    /// authenticate, until it has, the connection must not outlive this.
     login_deadline: tokio::time::Instant,
+    /// DH-HMAC-CHAP on this queue, when its host must authenticate.
+    auth: Option<QueueAuth>,
 }
 
 /// `login_timeout`: from accept to a successful Connect; a connection that
@@ -134,6 +137,7 @@ pub async fn serve(mut stream: TcpStream, peer: SocketAddr, local: Option<Socket
         _kill_keep: kill_keep,
         pending: HashMap::new(),
         login_deadline,
+        auth: None,
     };
     let r = c.run(&stream, &mut buf, &mut done_rx, &mut shutdown).await;
     // Teardown: an admin queue takes its controller with it.
@@ -268,7 +272,7 @@ impl Conn {
                 Some(f) = done_rx.recv() => self.finished(f),
                 _ = self.kill.changed() => return Ok(()),
                 _ = shutdown.wait() => return Ok(()),
-                _ = tokio::time::sleep_until(self.login_deadline), if self.ctrl.is_none() => bail!("no Connect before the login timeout (login_timeout_s)"),
+                _ = tokio::time::sleep_until(self.login_deadline), if self.ctrl.is_none() || self.auth.as_ref().is_some_and(|a| !a.authenticated()) => bail!("no Connect or authentication before the login timeout (login_timeout_s)"),
             }
         }
     }
@@ -426,6 +430,16 @@ impl Conn {
             }
             return self.fail(cid, Status::CMD_SEQ_ERROR);
         };
+        if let Some(a) = self.auth.as_mut() {
+            if let Gate::Complete { status, data, close } = a.gate(&sqe, &data, &self.fabric.host_keys.seq) {
+                self.complete(cid, status, 0, data);
+                if close {
+                    self.fabric.remove(e.cntlid, "DH-HMAC-CHAP authentication failed");
+                    return Ok(Flow::Close);
+                }
+                return Ok(Flow::Continue);
+            }
+        }
         if sqe.is_fabrics() {
             match sqe.fctype() {
                 fctype::CONNECT => return self.fail(cid, Status::CMD_SEQ_ERROR),
@@ -562,8 +576,11 @@ impl Conn {
             }
         }
         log::debug!("nvme: {}: queue {} of controller {} connected (sqsize {})", self.peer, c.qid, e.cntlid, c.sqsize);
+        // Every queue of a controller whose host has a secret authenticates.
+        self.auth = e.auth.as_ref().and_then(|a| Some(QueueAuth::new(a.clone(), &e.hostnqn, &e.subsys.as_ref()?.nqn, e.cntlid, c.qid)));
+        let authreq = if self.auth.is_some() { fabrics::AUTHREQ_ATR as u64 } else { 0 };
         self.ctrl = Some(e.clone());
-        self.complete(cid, Status::SUCCESS, e.cntlid as u64, None);
+        self.complete(cid, Status::SUCCESS, e.cntlid as u64 | authreq, None);
         Ok(Flow::Continue)
     }
 }

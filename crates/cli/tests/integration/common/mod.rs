@@ -21,9 +21,10 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
 }
 
-/// `../shared` beside the repository.
+/// `../shared` beside the repository, or `$BLOCKWIRE_SHARED` (a git
+/// worktree elsewhere has no `../shared`).
 pub fn shared_dir() -> PathBuf {
-    repo_root().join("../shared")
+    std::env::var_os("BLOCKWIRE_SHARED").map(PathBuf::from).unwrap_or_else(|| repo_root().join("../shared"))
 }
 
 pub fn require_root() {
@@ -270,6 +271,12 @@ pub struct VmRun {
 /// (`../shared/tools/kernel-vm run SCRIPT [--tap IF]`), with optional qemu
 /// hostfwd rules. The guest reaches the host's 127.0.0.1 as 10.0.2.2.
 pub fn kernel_vm(script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmRun {
+    kernel_vm_in(None, script, tap, hostfwd)
+}
+
+/// [`kernel_vm`] with another image directory (`KVM_DIR`), e.g. one with a
+/// newer kernel (tests/kernel-vm/kernel-6.12.sh).
+pub fn kernel_vm_in(kvm_dir: Option<&Path>, script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmRun {
     require_root();
     let tool = shared_dir().join("tools/kernel-vm");
     assert!(tool.exists(), "{} is missing: CI needs ../shared beside the repository", tool.display());
@@ -282,6 +289,9 @@ pub fn kernel_vm(script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmR
         c.env("KVM_HOSTFWD", f);
     }
     c.env("KVM_TIMEOUT", std::env::var("KVM_TIMEOUT").unwrap_or_else(|_| "900".into()));
+    if let Some(d) = kvm_dir {
+        c.env("KVM_DIR", d);
+    }
     let out = c.stdin(Stdio::null()).output().expect("spawn kernel-vm");
     let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("---- kernel-vm {} ----\n{output}\n---- end ----", script.display());
