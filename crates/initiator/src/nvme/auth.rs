@@ -71,20 +71,30 @@ pub async fn authenticate(
         .map_err(|e| auth_err(format!("no random numbers from the OS: {e}")))?;
     let mut h = HostAuth::new(cfg, hostnqn, subnqn, qid, entropy);
     let mut act = h.start();
+    // Linux's target tears the controller down as it answers a failed
+    // Reply with AUTH_Failure1, and the answer may not make it out.
+    let mut last = "AUTH_Negotiate";
+    let closed = |e: ClientError, last: &str| {
+        match e {
+        ClientError::Disconnected(why) => auth_err(format!(
+            "queue {qid}: the controller closed the connection after our {last} ({why}): it refused us (wrong --dhchap-secret?)"
+        )),
+        e => e,
+    }
+    };
     loop {
         act = match act {
             HostAction::Send(b) => {
-                log::debug!(
-                    "nvme: queue {qid}: sending {}",
-                    Message::parse(&b).map(|m| m.name()).unwrap_or("?")
-                );
-                send(q, qid, b).await?;
+                last = Message::parse(&b).map(|m| m.name()).unwrap_or("?");
+                log::debug!("nvme: queue {qid}: sending {last}");
+                send(q, qid, b).await.map_err(|e| closed(e, last))?;
                 h.sent()
             }
             HostAction::Receive => {
                 let d = q
                     .submit_raw(AuthCommand::receive_sqe(0, RECEIVE_LEN), None, RECEIVE_LEN)
-                    .await?;
+                    .await
+                    .map_err(|e| closed(e, last))?;
                 if !d.cqe.status.is_success() {
                     return Err(auth_err(format!(
                         "queue {qid}: Auth Receive failed: {}",

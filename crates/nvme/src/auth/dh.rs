@@ -173,6 +173,27 @@ mod tests {
         hex_bytes(line.split_once(' ').unwrap().1.trim())
     }
 
+    /// What one exponentiation costs, per group (compare with
+    /// `openssl speed ffdh2048 ffdh8192`, which times one key agreement):
+    /// `cargo test --release -p bw-nvme dh_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn dh_speed() {
+        for g in DhGroup::ALL.into_iter().skip(1) {
+            let t0 = std::time::Instant::now();
+            let n = 5;
+            for i in 0..n {
+                let a = KeyPair::generate(g, &[i as u8 + 1; 64]).unwrap();
+                let b = KeyPair::generate(g, &[i as u8 + 9; 64]).unwrap();
+                a.shared_secret(b.public()).unwrap();
+            }
+            println!(
+                "{g}: {:.1} ms per modexp",
+                t0.elapsed().as_secs_f64() * 1000.0 / (3 * n) as f64
+            );
+        }
+    }
+
     #[test]
     fn agrees_with_openssl() {
         let (a_priv, a_pub, b_pub, shared) = (
