@@ -5,7 +5,7 @@ BIN := target/release/blockwire
 # Debian packages the tests, benchmarks and demo use (peers, clients, the kernel VM, the report check).
 DEB_PACKAGES := fuse3 xfsprogs tgt vblade libiscsi-bin qemu-utils qemu-block-extra qemu-system-x86 fio tshark \
 	iperf3 iproute2 e2fsprogs busybox-static kmod cpio open-iscsi chromium ethtool procps jq \
-	ceph-mon ceph-osd ceph-common librbd-dev
+	ceph-mon ceph-osd ceph-common librbd-dev postmark bonnie++
 # Seconds each fuzz target runs under `make fuzz`.
 FUZZ_SECONDS ?= 60
 
@@ -35,6 +35,8 @@ test: build
 	awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test.log; \
 	exit $$rc
 
+# Every suite on a RAM disk with small sizes (under 5 minutes on a quiet
+# 2-core machine); the report path is printed at the end.
 demo: build
 	$(BIN) lab --quick
 

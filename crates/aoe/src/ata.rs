@@ -4,7 +4,20 @@
 //! Layout: aflags, err/feature, sector count, cmd/status, LBA bytes 0..5
 //! (least significant first), 2 reserved. Sector data follows at offset 36.
 
-use crate::{need, need_out, WireError, ATA_HEADER_LEN, HEADER_LEN};
+use crate::{need, need_out, WireError, ATA_HEADER_LEN};
+
+/// The argument's fields, at their offsets in the frame, each defined once
+/// for [`AtaArg::parse`] and [`AtaArg::encode`].
+pub mod field {
+    use bw_wire::Field;
+    pub const AFLAGS: Field<u8> = Field::at(24);
+    pub const ERR_FEATURE: Field<u8> = Field::at(25);
+    pub const SECTOR_COUNT: Field<u8> = Field::at(26);
+    pub const CMD_STATUS: Field<u8> = Field::at(27);
+    pub const LBA: Field<[u8; 6]> = Field::at(28);
+    pub const RESERVED: Field<u16> = Field::at(34);
+    const _: () = assert!(AFLAGS.offset() == crate::HEADER_LEN && RESERVED.end() == crate::ATA_HEADER_LEN);
+}
 
 /// aflags bits.
 pub const AFLAG_EXTENDED: u8 = 0x40; // LBA48
@@ -56,23 +69,24 @@ impl AtaArg {
     /// Decode the argument of a frame (the full frame, header included).
     pub fn parse(frame: &[u8]) -> Result<AtaArg, WireError> {
         need(frame, ATA_HEADER_LEN)?;
-        let a = &frame[HEADER_LEN..ATA_HEADER_LEN];
-        let mut lba_bytes = [0u8; 6];
-        lba_bytes.copy_from_slice(&a[4..10]);
-        Ok(AtaArg { aflags: a[0], err_feature: a[1], sector_count: a[2], cmd_status: a[3], lba_bytes })
+        Ok(AtaArg {
+            aflags: field::AFLAGS.get(frame),
+            err_feature: field::ERR_FEATURE.get(frame),
+            sector_count: field::SECTOR_COUNT.get(frame),
+            cmd_status: field::CMD_STATUS.get(frame),
+            lba_bytes: field::LBA.get(frame),
+        })
     }
 
     /// Encode into bytes 24..36 of `frame`.
     pub fn encode(&self, frame: &mut [u8]) -> Result<(), WireError> {
         need_out(frame, ATA_HEADER_LEN)?;
-        let a = &mut frame[HEADER_LEN..ATA_HEADER_LEN];
-        a[0] = self.aflags;
-        a[1] = self.err_feature;
-        a[2] = self.sector_count;
-        a[3] = self.cmd_status;
-        a[4..10].copy_from_slice(&self.lba_bytes);
-        a[10] = 0;
-        a[11] = 0;
+        field::AFLAGS.set(frame, self.aflags);
+        field::ERR_FEATURE.set(frame, self.err_feature);
+        field::SECTOR_COUNT.set(frame, self.sector_count);
+        field::CMD_STATUS.set(frame, self.cmd_status);
+        field::LBA.set(frame, self.lba_bytes);
+        field::RESERVED.set(frame, 0);
         Ok(())
     }
 

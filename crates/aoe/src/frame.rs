@@ -2,6 +2,23 @@
 
 use crate::{need, need_out, WireError, AOE_VERSION, ETHERTYPE_AOE, HEADER_LEN};
 
+/// The header's fields (Ethernet, then AoE r11 section 2), each defined
+/// once for [`AoeHeader`] (reading) and [`HeaderFields::encode`] (writing).
+pub mod field {
+    use bw_wire::{Bits, Field};
+    pub const DST: Field<[u8; 6]> = Field::at(0);
+    pub const SRC: Field<[u8; 6]> = Field::at(6);
+    pub const ETHERTYPE: Field<u16> = Field::at(12);
+    pub const VERSION: Bits = Bits::at(14, 0xf0);
+    pub const FLAGS: Bits = Bits::at(14, 0x0f);
+    pub const ERROR: Field<u8> = Field::at(15);
+    pub const SHELF: Field<u16> = Field::at(16);
+    pub const SLOT: Field<u8> = Field::at(18);
+    pub const COMMAND: Field<u8> = Field::at(19);
+    pub const TAG: Field<u32> = Field::at(20);
+    const _: () = assert!(TAG.end() == crate::HEADER_LEN);
+}
+
 pub type Mac = [u8; 6];
 pub const BROADCAST_MAC: Mac = [0xFF; 6];
 
@@ -79,7 +96,7 @@ pub struct AoeHeader<'a> {
 impl<'a> AoeHeader<'a> {
     pub fn parse(buf: &'a [u8]) -> Result<Self, WireError> {
         need(buf, HEADER_LEN)?;
-        let et = u16::from_be_bytes([buf[12], buf[13]]);
+        let et = field::ETHERTYPE.get(buf);
         if et != ETHERTYPE_AOE {
             return Err(WireError::NotAoe(et));
         }
@@ -94,16 +111,16 @@ impl<'a> AoeHeader<'a> {
         &self.buf[HEADER_LEN..]
     }
     pub fn dst(&self) -> Mac {
-        mac_at(self.buf, 0)
+        field::DST.get(self.buf)
     }
     pub fn src(&self) -> Mac {
-        mac_at(self.buf, 6)
+        field::SRC.get(self.buf)
     }
     pub fn version(&self) -> u8 {
-        self.buf[14] >> 4
+        field::VERSION.get(self.buf)
     }
     pub fn flags(&self) -> u8 {
-        self.buf[14] & 0x0F
+        field::FLAGS.get(self.buf)
     }
     pub fn is_response(&self) -> bool {
         self.flags() & FLAG_RESPONSE != 0
@@ -112,19 +129,19 @@ impl<'a> AoeHeader<'a> {
         self.flags() & FLAG_ERROR != 0
     }
     pub fn error(&self) -> u8 {
-        self.buf[15]
+        field::ERROR.get(self.buf)
     }
     pub fn shelf(&self) -> u16 {
-        u16::from_be_bytes([self.buf[16], self.buf[17]])
+        field::SHELF.get(self.buf)
     }
     pub fn slot(&self) -> u8 {
-        self.buf[18]
+        field::SLOT.get(self.buf)
     }
     pub fn command(&self) -> Command {
-        Command::from_u8(self.buf[19])
+        Command::from_u8(field::COMMAND.get(self.buf))
     }
     pub fn tag(&self) -> u32 {
-        u32::from_be_bytes([self.buf[20], self.buf[21], self.buf[22], self.buf[23]])
+        field::TAG.get(self.buf)
     }
 }
 
@@ -151,15 +168,16 @@ impl HeaderFields {
     /// Write the 24-byte header at the start of `out`.
     pub fn encode(&self, out: &mut [u8]) -> Result<(), WireError> {
         need_out(out, HEADER_LEN)?;
-        out[0..6].copy_from_slice(&self.dst);
-        out[6..12].copy_from_slice(&self.src);
-        out[12..14].copy_from_slice(&ETHERTYPE_AOE.to_be_bytes());
-        out[14] = (AOE_VERSION << 4) | (self.flags & 0x0F);
-        out[15] = self.error;
-        out[16..18].copy_from_slice(&self.shelf.to_be_bytes());
-        out[18] = self.slot;
-        out[19] = self.command.to_u8();
-        out[20..24].copy_from_slice(&self.tag.to_be_bytes());
+        field::DST.set(out, self.dst);
+        field::SRC.set(out, self.src);
+        field::ETHERTYPE.set(out, ETHERTYPE_AOE);
+        field::VERSION.set(out, AOE_VERSION);
+        field::FLAGS.set(out, self.flags);
+        field::ERROR.set(out, self.error);
+        field::SHELF.set(out, self.shelf);
+        field::SLOT.set(out, self.slot);
+        field::COMMAND.set(out, self.command.to_u8());
+        field::TAG.set(out, self.tag);
         Ok(())
     }
 

@@ -2,11 +2,27 @@
 //! merror, directive count (u8), then 8-byte directives: reserved, dcmd
 //! (0 no-op, 1 add, 2 delete), MAC.
 
-use crate::frame::{mac_at, Mac};
+use crate::frame::Mac;
 use crate::{need, need_out, WireError, HEADER_LEN};
 
 pub const MASK_ARG_LEN: usize = 4;
 pub const DIRECTIVE_LEN: usize = 8;
+
+/// The argument's fields at their offsets in the frame, and a directive's
+/// within the directive, each defined once for parsing and encoding.
+pub mod field {
+    use bw_wire::Field;
+    pub const RESERVED: Field<u8> = Field::at(24);
+    pub const MCMD: Field<u8> = Field::at(25);
+    pub const MERROR: Field<u8> = Field::at(26);
+    pub const DIRECTIVE_COUNT: Field<u8> = Field::at(27);
+    /// In a directive.
+    pub const DIRECTIVE_RESERVED: Field<u8> = Field::at(0);
+    pub const DCMD: Field<u8> = Field::at(1);
+    pub const DIRECTIVE_MAC: Field<[u8; 6]> = Field::at(2);
+    const _: () = assert!(RESERVED.offset() == crate::HEADER_LEN && DIRECTIVE_COUNT.end() == crate::HEADER_LEN + super::MASK_ARG_LEN);
+    const _: () = assert!(DIRECTIVE_MAC.end() == super::DIRECTIVE_LEN);
+}
 
 pub const MCMD_READ: u8 = 0;
 pub const MCMD_EDIT: u8 = 1;
@@ -61,10 +77,14 @@ impl<'a> MaskList<'a> {
     /// Decode from a whole frame; every announced directive must be present.
     pub fn parse(frame: &'a [u8]) -> Result<Self, WireError> {
         need(frame, HEADER_LEN + MASK_ARG_LEN)?;
-        let a = &frame[HEADER_LEN..];
-        let count = a[3] as usize;
-        need(a, MASK_ARG_LEN + count * DIRECTIVE_LEN)?;
-        Ok(MaskList { mcmd: a[1], merror: a[2], directives: &a[MASK_ARG_LEN..MASK_ARG_LEN + count * DIRECTIVE_LEN] })
+        let count = field::DIRECTIVE_COUNT.get(frame) as usize;
+        let start = HEADER_LEN + MASK_ARG_LEN;
+        need(frame, start + count * DIRECTIVE_LEN)?;
+        Ok(MaskList {
+            mcmd: field::MCMD.get(frame),
+            merror: field::MERROR.get(frame),
+            directives: &frame[start..start + count * DIRECTIVE_LEN],
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -77,7 +97,7 @@ impl<'a> MaskList<'a> {
     pub fn directives(&self) -> impl Iterator<Item = Directive> + 'a {
         self.directives
             .chunks_exact(DIRECTIVE_LEN)
-            .map(|d| Directive { command: DirectiveCommand::from_u8(d[1]), mac: mac_at(d, 2) })
+            .map(|d| Directive { command: DirectiveCommand::from_u8(field::DCMD.get(d)), mac: field::DIRECTIVE_MAC.get(d) })
     }
 }
 
@@ -89,15 +109,14 @@ pub fn encode(frame: &mut [u8], mcmd: u8, merror: u8, directives: &[Directive]) 
     }
     let end = HEADER_LEN + MASK_ARG_LEN + directives.len() * DIRECTIVE_LEN;
     need_out(frame, end)?;
-    let a = &mut frame[HEADER_LEN..end];
-    a[0] = 0;
-    a[1] = mcmd;
-    a[2] = merror;
-    a[3] = directives.len() as u8;
-    for (d, out) in directives.iter().zip(a[MASK_ARG_LEN..].chunks_exact_mut(DIRECTIVE_LEN)) {
-        out[0] = 0;
-        out[1] = d.command.to_u8();
-        out[2..8].copy_from_slice(&d.mac);
+    field::RESERVED.set(frame, 0);
+    field::MCMD.set(frame, mcmd);
+    field::MERROR.set(frame, merror);
+    field::DIRECTIVE_COUNT.set(frame, directives.len() as u8);
+    for (d, out) in directives.iter().zip(frame[HEADER_LEN + MASK_ARG_LEN..end].chunks_exact_mut(DIRECTIVE_LEN)) {
+        field::DIRECTIVE_RESERVED.set(out, 0);
+        field::DCMD.set(out, d.command.to_u8());
+        field::DIRECTIVE_MAC.set(out, d.mac);
     }
     Ok(end)
 }

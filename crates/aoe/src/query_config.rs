@@ -6,6 +6,19 @@ use crate::{need, need_out, WireError, AOE_VERSION, HEADER_LEN, MAX_CONFIG_STRIN
 
 pub const QC_ARG_LEN: usize = 8;
 
+/// The argument's fields, at their offsets in the frame, each defined once
+/// for [`QueryConfig::parse`] and [`QueryConfig::encode`].
+pub mod field {
+    use bw_wire::{Bits, Field};
+    pub const BUFFER_COUNT: Field<u16> = Field::at(24);
+    pub const FIRMWARE_VERSION: Field<u16> = Field::at(26);
+    pub const SECTOR_COUNT: Field<u8> = Field::at(28);
+    pub const AOE_VERSION: Bits = Bits::at(29, 0xf0);
+    pub const CCMD: Bits = Bits::at(29, 0x0f);
+    pub const CONFIG_LENGTH: Field<u16> = Field::at(30);
+    const _: () = assert!(BUFFER_COUNT.offset() == crate::HEADER_LEN && CONFIG_LENGTH.end() == crate::HEADER_LEN + super::QC_ARG_LEN);
+}
+
 /// Config string sub-commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigCommand {
@@ -60,19 +73,19 @@ impl<'a> QueryConfig<'a> {
     /// and be at most 1024.
     pub fn parse(frame: &'a [u8]) -> Result<Self, WireError> {
         need(frame, HEADER_LEN + QC_ARG_LEN)?;
-        let a = &frame[HEADER_LEN..];
-        let len = u16::from_be_bytes([a[6], a[7]]) as usize;
+        let len = field::CONFIG_LENGTH.get(frame) as usize;
         if len > MAX_CONFIG_STRING {
             return Err(WireError::BadArg("config string longer than 1024 bytes"));
         }
-        need(a, QC_ARG_LEN + len)?;
+        let start = HEADER_LEN + QC_ARG_LEN;
+        need(frame, start + len)?;
         Ok(QueryConfig {
-            buffer_count: u16::from_be_bytes([a[0], a[1]]),
-            firmware_version: u16::from_be_bytes([a[2], a[3]]),
-            sector_count: a[4],
-            aoe_version: a[5] >> 4,
-            ccmd: a[5] & 0x0F,
-            config: &a[QC_ARG_LEN..QC_ARG_LEN + len],
+            buffer_count: field::BUFFER_COUNT.get(frame),
+            firmware_version: field::FIRMWARE_VERSION.get(frame),
+            sector_count: field::SECTOR_COUNT.get(frame),
+            aoe_version: field::AOE_VERSION.get(frame),
+            ccmd: field::CCMD.get(frame),
+            config: &frame[start..start + len],
         })
     }
 
@@ -87,13 +100,13 @@ impl<'a> QueryConfig<'a> {
         }
         let end = HEADER_LEN + QC_ARG_LEN + self.config.len();
         need_out(frame, end)?;
-        let a = &mut frame[HEADER_LEN..end];
-        a[0..2].copy_from_slice(&self.buffer_count.to_be_bytes());
-        a[2..4].copy_from_slice(&self.firmware_version.to_be_bytes());
-        a[4] = self.sector_count;
-        a[5] = (self.aoe_version << 4) | (self.ccmd & 0x0F);
-        a[6..8].copy_from_slice(&(self.config.len() as u16).to_be_bytes());
-        a[8..].copy_from_slice(self.config);
+        field::BUFFER_COUNT.set(frame, self.buffer_count);
+        field::FIRMWARE_VERSION.set(frame, self.firmware_version);
+        field::SECTOR_COUNT.set(frame, self.sector_count);
+        field::AOE_VERSION.set(frame, self.aoe_version);
+        field::CCMD.set(frame, self.ccmd);
+        field::CONFIG_LENGTH.set(frame, self.config.len() as u16);
+        frame[HEADER_LEN + QC_ARG_LEN..end].copy_from_slice(self.config);
         Ok(end)
     }
 

@@ -6,6 +6,15 @@ use crate::{need, need_out, WireError, HEADER_LEN};
 
 pub const RR_ARG_LEN: usize = 2;
 
+/// The argument's fields at their offsets in the frame, each defined once
+/// for [`ReserveRelease::parse`] and [`encode`].
+pub mod field {
+    use bw_wire::Field;
+    pub const RCMD: Field<u8> = Field::at(24);
+    pub const MAC_COUNT: Field<u8> = Field::at(25);
+    const _: () = assert!(RCMD.offset() == crate::HEADER_LEN && MAC_COUNT.end() == crate::HEADER_LEN + super::RR_ARG_LEN);
+}
+
 pub const RCMD_READ: u8 = 0;
 /// Set the list only if the requester is already on it (or it is empty).
 pub const RCMD_SET: u8 = 1;
@@ -22,10 +31,10 @@ impl<'a> ReserveRelease<'a> {
     /// Decode from a whole frame; every announced MAC must be present.
     pub fn parse(frame: &'a [u8]) -> Result<Self, WireError> {
         need(frame, HEADER_LEN + RR_ARG_LEN)?;
-        let a = &frame[HEADER_LEN..];
-        let n = a[1] as usize;
-        need(a, RR_ARG_LEN + 6 * n)?;
-        Ok(ReserveRelease { rcmd: a[0], macs: &a[RR_ARG_LEN..RR_ARG_LEN + 6 * n] })
+        let n = field::MAC_COUNT.get(frame) as usize;
+        let start = HEADER_LEN + RR_ARG_LEN;
+        need(frame, start + 6 * n)?;
+        Ok(ReserveRelease { rcmd: field::RCMD.get(frame), macs: &frame[start..start + 6 * n] })
     }
     pub fn len(&self) -> usize {
         self.macs.len() / 6
@@ -45,8 +54,8 @@ pub fn encode(frame: &mut [u8], rcmd: u8, macs: &[Mac]) -> Result<usize, WireErr
     }
     let end = HEADER_LEN + RR_ARG_LEN + 6 * macs.len();
     need_out(frame, end)?;
-    frame[HEADER_LEN] = rcmd;
-    frame[HEADER_LEN + 1] = macs.len() as u8;
+    field::RCMD.set(frame, rcmd);
+    field::MAC_COUNT.set(frame, macs.len() as u8);
     for (m, out) in macs.iter().zip(frame[HEADER_LEN + RR_ARG_LEN..end].chunks_exact_mut(6)) {
         out.copy_from_slice(m);
     }

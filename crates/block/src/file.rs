@@ -3,7 +3,7 @@
 //! number of threads may use one device at once.
 
 use crate::block_locks::BlockLocks;
-use crate::{BackendKind, BackendSpec, BlockError, DeviceInfo, Durability, Extent};
+use crate::{BackendKind, BackendSpec, BlockError, DeviceInfo, DeviceKind, Durability, Extent};
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -89,6 +89,8 @@ impl FileDevice {
                 Ok(FileDevice {
                     file,
                     info: DeviceInfo {
+                        kind: if is_block_device { DeviceKind::BlockDevice } else { DeviceKind::File },
+                        direct: spec.direct,
                         size_bytes,
                         read_only: spec.readonly,
                         durability,
@@ -118,6 +120,8 @@ impl FileDevice {
         Ok(FileDevice {
             file,
             info: DeviceInfo {
+                kind: DeviceKind::Ram,
+                direct: false,
                 size_bytes: size,
                 read_only,
                 durability: Durability::Volatile,
@@ -486,6 +490,31 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
         let d = FileDevice::open(&BackendSpec::parse(&format!("file:{},readonly", path.display())).unwrap()).unwrap();
         assert!(!d.info().memory_backed);
+    }
+
+    #[test]
+    fn device_facts_are_typed() {
+        let ram = FileDevice::open(&BackendSpec::ram(4096)).unwrap();
+        assert_eq!((ram.info().kind, ram.info().direct, ram.info().io_may_block()), (DeviceKind::Ram, false, false));
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let f = FileDevice::open(&BackendSpec::parse(&format!("file:{},readonly", path.display())).unwrap()).unwrap();
+        assert_eq!((f.info().kind, f.info().direct, f.info().io_may_block()), (DeviceKind::File, false, false));
+        // O_DIRECT and O_DSYNC files wait for the device.
+        let dir = std::env::temp_dir().join(format!("bw-block-facts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (opts, direct) in [("direct", true), ("sync", false)] {
+            let spec = format!("file:{}/{opts}.img,size=64k,{opts}", dir.display());
+            match FileDevice::open(&BackendSpec::parse(&spec).unwrap()) {
+                Ok(d) => {
+                    assert_eq!(d.info().direct, direct, "{opts}");
+                    assert!(d.info().io_may_block(), "{opts}");
+                }
+                // tmpfs refuses O_DIRECT
+                Err(e) if direct => eprintln!("no O_DIRECT here: {e}"),
+                Err(e) => panic!("{opts}: {e}"),
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

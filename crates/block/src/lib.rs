@@ -57,9 +57,28 @@ pub enum Durability {
     WriteThrough,
 }
 
-/// Static facts about an opened backend.
+/// What kind of store a backend is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// `ram:` (a memfd).
+    Ram,
+    /// A regular file.
+    File,
+    /// A block device node.
+    BlockDevice,
+    /// A Ceph RBD image (every request goes over the network).
+    Rbd,
+}
+
+/// Static facts about an opened backend. Front-ends decide from these
+/// typed fields, never from [`DeviceInfo::description`].
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DeviceInfo {
+    pub kind: DeviceKind,
+    /// Opened with O_DIRECT: reads and writes bypass the page cache and
+    /// wait for the device.
+    pub direct: bool,
     pub size_bytes: u64,
     pub read_only: bool,
     pub durability: Durability,
@@ -69,8 +88,19 @@ pub struct DeviceInfo {
     /// with O_DIRECT: I/O is a memory copy that never waits for a device, so
     /// front-ends need no extra threads to keep requests in flight.
     pub memory_backed: bool,
-    /// Human-readable description, e.g. `file:/dev/shm/x (O_DIRECT)`.
+    /// Human-readable description, e.g. `file:/dev/shm/x O_DIRECT`, for
+    /// logs only.
     pub description: String,
+}
+
+impl DeviceInfo {
+    /// Whether a read or write may sleep waiting for a device or the
+    /// network (O_DIRECT, a block device, RBD, or O_DSYNC writes), rather
+    /// than being a copy to or from the page cache: front-ends run such
+    /// I/O off their network threads.
+    pub fn io_may_block(&self) -> bool {
+        self.direct || self.durability == Durability::WriteThrough || matches!(self.kind, DeviceKind::BlockDevice | DeviceKind::Rbd)
+    }
 }
 
 /// A backend. All methods take absolute byte offsets already checked by

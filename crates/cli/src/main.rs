@@ -8,6 +8,7 @@ use std::time::Duration;
 
 mod router;
 mod attach;
+mod flowop;
 
 #[derive(Parser)]
 #[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
@@ -27,6 +28,8 @@ enum Cmd {
     Verify(VerifyArgs),
     /// Measure IOPS, bandwidth, latency and client CPU against a remote disk.
     Bench(BenchArgs),
+    /// Run a filebench-style personality (webserver, fileserver, varmail, oltp) on a directory.
+    Flowop(flowop::FlowopArgs),
     /// ATA over Ethernet tools.
     #[command(subcommand)]
     Aoe(AoeCmd),
@@ -78,6 +81,27 @@ struct ServeArgs {
     /// Seconds a new connection has to complete its iSCSI login or NVMe/TCP Connect.
     #[arg(long, value_name = "SECONDS")]
     login_timeout: Option<u64>,
+    /// [tuning] AoE receive threads per interface (0: by export kind).
+    #[arg(long, value_name = "N", help_heading = "Tuning")]
+    aoe_workers: Option<usize>,
+    /// [tuning] I/O pool threads for device-backed AoE exports (0: off).
+    #[arg(long, value_name = "N", help_heading = "Tuning")]
+    aoe_io_threads: Option<usize>,
+    /// [tuning] How AoE frames are spread over the workers: round-robin or cpu.
+    #[arg(long, value_name = "MODE", help_heading = "Tuning")]
+    aoe_fanout: Option<bw_serve::tuning::AoeFanout>,
+    /// [tuning] One thread per iSCSI connection (false: tasks on the shared runtime).
+    #[arg(long, value_name = "BOOL", help_heading = "Tuning")]
+    iscsi_connection_threads: Option<bool>,
+    /// [tuning] Smallest iSCSI READ sent with sendfile (bytes, or with K/M suffix).
+    #[arg(long, value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
+    iscsi_zero_copy_min: Option<usize>,
+    /// [tuning] Largest iSCSI READ/WRITE run on the connection's thread (bytes, or with K/M suffix).
+    #[arg(long, value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
+    iscsi_inline_max: Option<usize>,
+    /// [tuning] iSCSI PDUs handled in a row before answering (0: all buffered first).
+    #[arg(long, value_name = "N", help_heading = "Tuning")]
+    iscsi_flush_every: Option<usize>,
     /// Write the effective configuration as JSON to FILE at start-up.
     #[arg(long, value_name = "FILE")]
     save_config: Option<String>,
@@ -236,6 +260,18 @@ fn size_arg(s: &str) -> Result<u64, String> {
     bw_block::parse_size(s)
 }
 
+/// `*setting = flag` if the flag was given.
+fn set_if<T>(setting: &mut T, flag: Option<T>) {
+    if let Some(v) = flag {
+        *setting = v;
+    }
+}
+
+/// [`size_arg`] as a `usize`.
+fn byte_count_arg(s: &str) -> Result<usize, String> {
+    usize::try_from(size_arg(s)?).map_err(|_| format!("{s}: too large"))
+}
+
 /// A portal address: `[USER%SECRET@]HOST[:PORT]` or `[V6]:PORT`.
 struct Portal {
     host: String,
@@ -368,6 +404,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print_discovered(found, &format!("the discovery log at {address} is empty"))
         }
         Cmd::Lab(a) => bw_lab::run(a),
+        Cmd::Flowop(a) => flowop::run(a),
         Cmd::Router(a) => router::run(a),
     }
 }
@@ -399,15 +436,19 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     for x in &a.nvme {
         cfg.add_nvme_flag(x)?;
     }
-    if let Some(n) = a.max_sessions {
-        cfg.limits.max_sessions = n;
-    }
-    if let Some(n) = a.max_connections_per_address {
-        cfg.limits.max_connections_per_address = n;
-    }
-    if let Some(s) = a.login_timeout {
-        cfg.limits.login_timeout_s = s;
-    }
+    // Flags override the file.
+    let l = &mut cfg.limits;
+    set_if(&mut l.max_sessions, a.max_sessions);
+    set_if(&mut l.max_connections_per_address, a.max_connections_per_address);
+    set_if(&mut l.login_timeout_s, a.login_timeout);
+    let t = &mut cfg.tuning;
+    set_if(&mut t.aoe_workers, a.aoe_workers);
+    set_if(&mut t.aoe_io_threads, a.aoe_io_threads);
+    set_if(&mut t.aoe_fanout, a.aoe_fanout);
+    set_if(&mut t.iscsi_connection_threads, a.iscsi_connection_threads);
+    set_if(&mut t.iscsi_zero_copy_min, a.iscsi_zero_copy_min);
+    set_if(&mut t.iscsi_inline_max, a.iscsi_inline_max);
+    set_if(&mut t.iscsi_flush_every, a.iscsi_flush_every);
     cfg.validate()?;
     let json = serde_json::to_string_pretty(&cfg)?;
     if a.print_config {

@@ -545,7 +545,7 @@ impl Shared {
         };
         loop {
             let tag = ex.tag();
-            frame[20..24].copy_from_slice(&tag.to_be_bytes());
+            bw_aoe::frame::field::TAG.set(frame, tag);
             {
                 let mut r = lock(&slot.resp);
                 r.tag = tag;

@@ -5,7 +5,7 @@
 use crate::target_login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
 use crate::msg::Message;
 use crate::negotiate::{LocalLimits, SessionParams, SessionType};
-use crate::pdu::{Bhs, Decoder, Digests, Pdu, BHS_LEN};
+use crate::pdu::{field, Bhs, Decoder, Digests, Pdu, BHS_LEN};
 use crate::target_session::{Action, SessionConfig, TargetSession};
 use bytes::{Bytes, BytesMut};
 
@@ -61,9 +61,11 @@ pub fn login_text(data: &[u8]) {
     let mut login = TargetLogin::new(&cfg, 1, crate::chap::ChapEntropy([7; 33]));
     for (i, chunk) in data.split(|b| *b == b'\n').enumerate().take(8) {
         let mut bhs = Bhs::default();
-        bhs.0[0] = 0x43;
+        bhs.set_bits(field::OPCODE, crate::pdu::Opcode::LoginRequest as u8);
+        bhs.set_flag(field::IMMEDIATE, true);
+        // T, C, CSG and NSG from the input (the reserved bits 5..4 clear).
         bhs.0[1] = chunk.first().copied().unwrap_or(0x87) & 0xCF;
-        bhs.0[24] = i as u8;
+        bhs.set(field::CMD_SN, (i as u32) << 24);
         let pdu = Pdu::new(bhs, Bytes::copy_from_slice(chunk.get(1..).unwrap_or(&[])));
         let (resp, step) = login.step(&pdu);
         assert!(resp.bhs.opcode().is_ok());

@@ -1,22 +1,19 @@
 //! Typed views of every iSCSI PDU's header (RFC 7143 section 11). Each type
 //! converts to and from a [`Bhs`]; data segments stay in [`crate::Pdu`].
 
+use crate::pdu::field::*;
 use crate::pdu::{Bhs, Opcode, PduError};
 
 /// ISID: initiator part of the session identifier (6 bytes).
 pub type Isid = [u8; 6];
 
-fn base(op: Opcode, immediate: bool, flags: u8) -> Bhs {
+/// A header with the opcode, the I bit and the F bit (or T bit) set.
+fn base(op: Opcode, immediate: bool, final_: bool) -> Bhs {
     let mut b = Bhs::default();
-    b.0[0] = op as u8 | if immediate { 0x40 } else { 0 };
-    b.0[1] = flags;
+    b.set_bits(OPCODE, op as u8);
+    b.set_flag(IMMEDIATE, immediate);
+    b.set_flag(FINAL, final_);
     b
-}
-
-fn isid(b: &Bhs) -> Isid {
-    let mut i = [0u8; 6];
-    i.copy_from_slice(&b.0[8..14]);
-    i
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,27 +73,27 @@ impl Residual {
             Residual::None
         }
     }
-    fn flags(self) -> u8 {
-        match self {
-            Residual::None => 0,
-            Residual::Overflow(_) => 0x04,
-            Residual::Underflow(_) => 0x02,
-        }
-    }
-    fn count(self) -> u32 {
-        match self {
-            Residual::None => 0,
-            Residual::Overflow(n) | Residual::Underflow(n) => n,
-        }
-    }
-    fn parse(flags: u8, count: u32) -> Residual {
-        if flags & 0x04 != 0 {
+    /// The O/U flags and residual count of a SCSI Response or a Data-In
+    /// with status.
+    fn read(b: &Bhs) -> Residual {
+        let count = b.get(RESIDUAL_COUNT);
+        if b.flag(RESIDUAL_OVERFLOW) {
             Residual::Overflow(count)
-        } else if flags & 0x02 != 0 {
+        } else if b.flag(RESIDUAL_UNDERFLOW) {
             Residual::Underflow(count)
         } else {
             Residual::None
         }
+    }
+    fn write(self, b: &mut Bhs) {
+        let (o, u, count) = match self {
+            Residual::None => (false, false, 0),
+            Residual::Overflow(n) => (true, false, n),
+            Residual::Underflow(n) => (false, true, n),
+        };
+        b.set_flag(RESIDUAL_OVERFLOW, o);
+        b.set_flag(RESIDUAL_UNDERFLOW, u);
+        b.set(RESIDUAL_COUNT, count);
     }
 }
 
@@ -411,202 +408,197 @@ pub enum Message {
 
 impl Message {
     pub fn decode(b: &Bhs) -> Result<Message, PduError> {
-        let f = b.0[1];
-        let fin = f & 0x80 != 0;
+        let fin = b.flag(FINAL);
         let imm = b.immediate();
         Ok(match b.opcode()? {
             Opcode::NopOut => Message::NopOut(NopOut {
                 immediate: imm,
-                lun: b.u64(8),
-                itt: b.u32(16),
-                ttt: b.u32(20),
-                cmd_sn: b.u32(24),
-                exp_stat_sn: b.u32(28),
+                lun: b.get(LUN),
+                itt: b.get(ITT),
+                ttt: b.get(TTT),
+                cmd_sn: b.get(CMD_SN),
+                exp_stat_sn: b.get(EXP_STAT_SN),
             }),
-            Opcode::ScsiCommand => {
-                let mut cdb = [0u8; 16];
-                cdb.copy_from_slice(&b.0[32..48]);
-                Message::ScsiCommand(ScsiCommand {
-                    immediate: imm,
-                    final_: fin,
-                    read: f & 0x40 != 0,
-                    write: f & 0x20 != 0,
-                    attr: f & 0x07,
-                    lun: b.u64(8),
-                    itt: b.u32(16),
-                    edtl: b.u32(20),
-                    cmd_sn: b.u32(24),
-                    exp_stat_sn: b.u32(28),
-                    cdb,
-                })
-            }
+            Opcode::ScsiCommand => Message::ScsiCommand(ScsiCommand {
+                immediate: imm,
+                final_: fin,
+                read: b.flag(READ),
+                write: b.flag(WRITE),
+                attr: b.bits(ATTR),
+                lun: b.get(LUN),
+                itt: b.get(ITT),
+                edtl: b.get(EDTL),
+                cmd_sn: b.get(CMD_SN),
+                exp_stat_sn: b.get(EXP_STAT_SN),
+                cdb: b.get(CDB),
+            }),
             Opcode::TaskMgmtRequest => Message::TaskMgmtRequest(TaskMgmtRequest {
                 immediate: imm,
-                function: f & 0x7F,
-                lun: b.u64(8),
-                itt: b.u32(16),
-                referenced_task_tag: b.u32(20),
-                cmd_sn: b.u32(24),
-                exp_stat_sn: b.u32(28),
-                ref_cmd_sn: b.u32(32),
-                exp_data_sn: b.u32(36),
+                function: b.bits(TMF_FUNCTION),
+                lun: b.get(LUN),
+                itt: b.get(ITT),
+                referenced_task_tag: b.get(REFERENCED_TASK_TAG),
+                cmd_sn: b.get(CMD_SN),
+                exp_stat_sn: b.get(EXP_STAT_SN),
+                ref_cmd_sn: b.get(REF_CMD_SN),
+                exp_data_sn: b.get(EXP_DATA_SN),
             }),
             Opcode::LoginRequest => Message::LoginRequest(LoginRequest {
-                transit: fin,
-                continue_: f & 0x40 != 0,
-                csg: (f >> 2) & 3,
-                nsg: f & 3,
-                version_max: b.u8(2),
-                version_min: b.u8(3),
-                isid: isid(b),
-                tsih: b.u16(14),
-                itt: b.u32(16),
-                cid: b.u16(20),
-                cmd_sn: b.u32(24),
-                exp_stat_sn: b.u32(28),
+                transit: b.flag(TRANSIT),
+                continue_: b.flag(CONTINUE),
+                csg: b.bits(CSG),
+                nsg: b.bits(NSG),
+                version_max: b.get(VERSION_MAX),
+                version_min: b.get(VERSION_MIN),
+                isid: b.get(ISID),
+                tsih: b.get(TSIH),
+                itt: b.get(ITT),
+                cid: b.get(CID),
+                cmd_sn: b.get(CMD_SN),
+                exp_stat_sn: b.get(EXP_STAT_SN),
             }),
             Opcode::TextRequest => Message::TextRequest(TextRequest {
                 immediate: imm,
                 final_: fin,
-                continue_: f & 0x40 != 0,
-                lun: b.u64(8),
-                itt: b.u32(16),
-                ttt: b.u32(20),
-                cmd_sn: b.u32(24),
-                exp_stat_sn: b.u32(28),
+                continue_: b.flag(CONTINUE),
+                lun: b.get(LUN),
+                itt: b.get(ITT),
+                ttt: b.get(TTT),
+                cmd_sn: b.get(CMD_SN),
+                exp_stat_sn: b.get(EXP_STAT_SN),
             }),
             Opcode::DataOut => Message::DataOut(DataOut {
                 final_: fin,
-                lun: b.u64(8),
-                itt: b.u32(16),
-                ttt: b.u32(20),
-                exp_stat_sn: b.u32(28),
-                data_sn: b.u32(36),
-                buffer_offset: b.u32(40),
+                lun: b.get(LUN),
+                itt: b.get(ITT),
+                ttt: b.get(TTT),
+                exp_stat_sn: b.get(EXP_STAT_SN),
+                data_sn: b.get(DATA_SN),
+                buffer_offset: b.get(BUFFER_OFFSET),
             }),
             Opcode::LogoutRequest => Message::LogoutRequest(LogoutRequest {
                 immediate: imm,
-                reason: f & 0x7F,
-                itt: b.u32(16),
-                cid: b.u16(20),
-                cmd_sn: b.u32(24),
-                exp_stat_sn: b.u32(28),
+                reason: b.bits(LOGOUT_REASON),
+                itt: b.get(ITT),
+                cid: b.get(CID),
+                cmd_sn: b.get(CMD_SN),
+                exp_stat_sn: b.get(EXP_STAT_SN),
             }),
             Opcode::SnackRequest => Message::SnackRequest(SnackRequest {
-                snack_type: f & 0x0F,
-                lun: b.u64(8),
-                itt: b.u32(16),
-                ttt: b.u32(20),
-                exp_stat_sn: b.u32(28),
-                beg_run: b.u32(40),
-                run_length: b.u32(44),
+                snack_type: b.bits(SNACK_TYPE),
+                lun: b.get(LUN),
+                itt: b.get(ITT),
+                ttt: b.get(TTT),
+                exp_stat_sn: b.get(EXP_STAT_SN),
+                beg_run: b.get(BEG_RUN),
+                run_length: b.get(RUN_LENGTH),
             }),
             Opcode::NopIn => Message::NopIn(NopIn {
-                lun: b.u64(8),
-                itt: b.u32(16),
-                ttt: b.u32(20),
-                stat_sn: b.u32(24),
-                exp_cmd_sn: b.u32(28),
-                max_cmd_sn: b.u32(32),
+                lun: b.get(LUN),
+                itt: b.get(ITT),
+                ttt: b.get(TTT),
+                stat_sn: b.get(STAT_SN),
+                exp_cmd_sn: b.get(EXP_CMD_SN),
+                max_cmd_sn: b.get(MAX_CMD_SN),
             }),
             Opcode::ScsiResponse => Message::ScsiResponse(ScsiResponse {
-                response: b.u8(2),
-                status: b.u8(3),
-                itt: b.u32(16),
-                stat_sn: b.u32(24),
-                exp_cmd_sn: b.u32(28),
-                max_cmd_sn: b.u32(32),
-                exp_data_sn: b.u32(36),
-                residual: Residual::parse(f, b.u32(44)),
+                response: b.get(RESPONSE),
+                status: b.get(STATUS),
+                itt: b.get(ITT),
+                stat_sn: b.get(STAT_SN),
+                exp_cmd_sn: b.get(EXP_CMD_SN),
+                max_cmd_sn: b.get(MAX_CMD_SN),
+                exp_data_sn: b.get(EXP_DATA_SN),
+                residual: Residual::read(b),
             }),
             Opcode::TaskMgmtResponse => Message::TaskMgmtResponse(TaskMgmtResponse {
-                response: b.u8(2),
-                itt: b.u32(16),
-                stat_sn: b.u32(24),
-                exp_cmd_sn: b.u32(28),
-                max_cmd_sn: b.u32(32),
+                response: b.get(RESPONSE),
+                itt: b.get(ITT),
+                stat_sn: b.get(STAT_SN),
+                exp_cmd_sn: b.get(EXP_CMD_SN),
+                max_cmd_sn: b.get(MAX_CMD_SN),
             }),
             Opcode::LoginResponse => Message::LoginResponse(LoginResponse {
-                transit: fin,
-                continue_: f & 0x40 != 0,
-                csg: (f >> 2) & 3,
-                nsg: f & 3,
-                version_max: b.u8(2),
-                version_active: b.u8(3),
-                isid: isid(b),
-                tsih: b.u16(14),
-                itt: b.u32(16),
-                stat_sn: b.u32(24),
-                exp_cmd_sn: b.u32(28),
-                max_cmd_sn: b.u32(32),
-                status_class: b.u8(36),
-                status_detail: b.u8(37),
+                transit: b.flag(TRANSIT),
+                continue_: b.flag(CONTINUE),
+                csg: b.bits(CSG),
+                nsg: b.bits(NSG),
+                version_max: b.get(VERSION_MAX),
+                version_active: b.get(VERSION_ACTIVE),
+                isid: b.get(ISID),
+                tsih: b.get(TSIH),
+                itt: b.get(ITT),
+                stat_sn: b.get(STAT_SN),
+                exp_cmd_sn: b.get(EXP_CMD_SN),
+                max_cmd_sn: b.get(MAX_CMD_SN),
+                status_class: b.get(STATUS_CLASS),
+                status_detail: b.get(STATUS_DETAIL),
             }),
             Opcode::TextResponse => Message::TextResponse(TextResponse {
                 final_: fin,
-                continue_: f & 0x40 != 0,
-                lun: b.u64(8),
-                itt: b.u32(16),
-                ttt: b.u32(20),
-                stat_sn: b.u32(24),
-                exp_cmd_sn: b.u32(28),
-                max_cmd_sn: b.u32(32),
+                continue_: b.flag(CONTINUE),
+                lun: b.get(LUN),
+                itt: b.get(ITT),
+                ttt: b.get(TTT),
+                stat_sn: b.get(STAT_SN),
+                exp_cmd_sn: b.get(EXP_CMD_SN),
+                max_cmd_sn: b.get(MAX_CMD_SN),
             }),
             Opcode::DataIn => {
-                let has_status = f & 0x01 != 0;
+                let has_status = b.flag(STATUS_PRESENT);
                 Message::DataIn(DataIn {
                     final_: fin,
-                    ack: f & 0x40 != 0,
+                    ack: b.flag(ACKNOWLEDGE),
                     has_status,
-                    status: b.u8(3),
-                    lun: b.u64(8),
-                    itt: b.u32(16),
-                    ttt: b.u32(20),
-                    stat_sn: b.u32(24),
-                    exp_cmd_sn: b.u32(28),
-                    max_cmd_sn: b.u32(32),
-                    data_sn: b.u32(36),
-                    buffer_offset: b.u32(40),
-                    residual: if has_status { Residual::parse(f, b.u32(44)) } else { Residual::None },
+                    status: b.get(STATUS),
+                    lun: b.get(LUN),
+                    itt: b.get(ITT),
+                    ttt: b.get(TTT),
+                    stat_sn: b.get(STAT_SN),
+                    exp_cmd_sn: b.get(EXP_CMD_SN),
+                    max_cmd_sn: b.get(MAX_CMD_SN),
+                    data_sn: b.get(DATA_SN),
+                    buffer_offset: b.get(BUFFER_OFFSET),
+                    residual: if has_status { Residual::read(b) } else { Residual::None },
                 })
             }
             Opcode::LogoutResponse => Message::LogoutResponse(LogoutResponse {
-                response: b.u8(2),
-                itt: b.u32(16),
-                stat_sn: b.u32(24),
-                exp_cmd_sn: b.u32(28),
-                max_cmd_sn: b.u32(32),
-                time2wait: b.u16(40),
-                time2retain: b.u16(42),
+                response: b.get(RESPONSE),
+                itt: b.get(ITT),
+                stat_sn: b.get(STAT_SN),
+                exp_cmd_sn: b.get(EXP_CMD_SN),
+                max_cmd_sn: b.get(MAX_CMD_SN),
+                time2wait: b.get(TIME2WAIT),
+                time2retain: b.get(TIME2RETAIN),
             }),
             Opcode::R2t => Message::R2t(R2t {
-                lun: b.u64(8),
-                itt: b.u32(16),
-                ttt: b.u32(20),
-                stat_sn: b.u32(24),
-                exp_cmd_sn: b.u32(28),
-                max_cmd_sn: b.u32(32),
-                r2t_sn: b.u32(36),
-                buffer_offset: b.u32(40),
-                desired_length: b.u32(44),
+                lun: b.get(LUN),
+                itt: b.get(ITT),
+                ttt: b.get(TTT),
+                stat_sn: b.get(STAT_SN),
+                exp_cmd_sn: b.get(EXP_CMD_SN),
+                max_cmd_sn: b.get(MAX_CMD_SN),
+                r2t_sn: b.get(R2T_SN),
+                buffer_offset: b.get(BUFFER_OFFSET),
+                desired_length: b.get(DESIRED_LENGTH),
             }),
             Opcode::AsyncMessage => Message::AsyncMessage(AsyncMessage {
-                lun: b.u64(8),
-                stat_sn: b.u32(24),
-                exp_cmd_sn: b.u32(28),
-                max_cmd_sn: b.u32(32),
-                event: b.u8(36),
-                vcode: b.u8(37),
-                parameter1: b.u16(38),
-                parameter2: b.u16(40),
-                parameter3: b.u16(42),
+                lun: b.get(LUN),
+                stat_sn: b.get(STAT_SN),
+                exp_cmd_sn: b.get(EXP_CMD_SN),
+                max_cmd_sn: b.get(MAX_CMD_SN),
+                event: b.get(ASYNC_EVENT),
+                vcode: b.get(ASYNC_VCODE),
+                parameter1: b.get(PARAMETER1),
+                parameter2: b.get(PARAMETER2),
+                parameter3: b.get(PARAMETER3),
             }),
             Opcode::Reject => Message::Reject(Reject {
-                reason: b.u8(2),
-                stat_sn: b.u32(24),
-                exp_cmd_sn: b.u32(28),
-                max_cmd_sn: b.u32(32),
-                data_sn: b.u32(36),
+                reason: b.get(REJECT_REASON),
+                stat_sn: b.get(STAT_SN),
+                exp_cmd_sn: b.get(EXP_CMD_SN),
+                max_cmd_sn: b.get(MAX_CMD_SN),
+                data_sn: b.get(DATA_SN),
             }),
         })
     }
@@ -617,210 +609,217 @@ impl Message {
         use Message as M;
         match self {
             M::NopOut(m) => {
-                let mut b = base(Opcode::NopOut, m.immediate, 0x80);
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.ttt);
-                b.set_u32(24, m.cmd_sn);
-                b.set_u32(28, m.exp_stat_sn);
+                let mut b = base(Opcode::NopOut, m.immediate, true);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(TTT, m.ttt);
+                b.set(CMD_SN, m.cmd_sn);
+                b.set(EXP_STAT_SN, m.exp_stat_sn);
                 b
             }
             M::ScsiCommand(m) => {
-                let f = (m.final_ as u8) << 7 | (m.read as u8) << 6 | (m.write as u8) << 5 | (m.attr & 7);
-                let mut b = base(Opcode::ScsiCommand, m.immediate, f);
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.edtl);
-                b.set_u32(24, m.cmd_sn);
-                b.set_u32(28, m.exp_stat_sn);
-                b.0[32..48].copy_from_slice(&m.cdb);
+                let mut b = base(Opcode::ScsiCommand, m.immediate, m.final_);
+                b.set_flag(READ, m.read);
+                b.set_flag(WRITE, m.write);
+                b.set_bits(ATTR, m.attr);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(EDTL, m.edtl);
+                b.set(CMD_SN, m.cmd_sn);
+                b.set(EXP_STAT_SN, m.exp_stat_sn);
+                b.set(CDB, m.cdb);
                 b
             }
             M::TaskMgmtRequest(m) => {
-                let mut b = base(Opcode::TaskMgmtRequest, m.immediate, 0x80 | (m.function & 0x7F));
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.referenced_task_tag);
-                b.set_u32(24, m.cmd_sn);
-                b.set_u32(28, m.exp_stat_sn);
-                b.set_u32(32, m.ref_cmd_sn);
-                b.set_u32(36, m.exp_data_sn);
+                let mut b = base(Opcode::TaskMgmtRequest, m.immediate, true);
+                b.set_bits(TMF_FUNCTION, m.function);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(REFERENCED_TASK_TAG, m.referenced_task_tag);
+                b.set(CMD_SN, m.cmd_sn);
+                b.set(EXP_STAT_SN, m.exp_stat_sn);
+                b.set(REF_CMD_SN, m.ref_cmd_sn);
+                b.set(EXP_DATA_SN, m.exp_data_sn);
                 b
             }
             M::LoginRequest(m) => {
-                let f = (m.transit as u8) << 7 | (m.continue_ as u8) << 6 | (m.csg & 3) << 2 | (m.nsg & 3);
-                let mut b = base(Opcode::LoginRequest, true, f);
-                b.set_u8(2, m.version_max);
-                b.set_u8(3, m.version_min);
-                b.0[8..14].copy_from_slice(&m.isid);
-                b.set_u16(14, m.tsih);
-                b.set_u32(16, m.itt);
-                b.set_u16(20, m.cid);
-                b.set_u32(24, m.cmd_sn);
-                b.set_u32(28, m.exp_stat_sn);
+                let mut b = base(Opcode::LoginRequest, true, m.transit);
+                b.set_flag(CONTINUE, m.continue_);
+                b.set_bits(CSG, m.csg);
+                b.set_bits(NSG, m.nsg);
+                b.set(VERSION_MAX, m.version_max);
+                b.set(VERSION_MIN, m.version_min);
+                b.set(ISID, m.isid);
+                b.set(TSIH, m.tsih);
+                b.set(ITT, m.itt);
+                b.set(CID, m.cid);
+                b.set(CMD_SN, m.cmd_sn);
+                b.set(EXP_STAT_SN, m.exp_stat_sn);
                 b
             }
             M::TextRequest(m) => {
-                let f = (m.final_ as u8) << 7 | (m.continue_ as u8) << 6;
-                let mut b = base(Opcode::TextRequest, m.immediate, f);
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.ttt);
-                b.set_u32(24, m.cmd_sn);
-                b.set_u32(28, m.exp_stat_sn);
+                let mut b = base(Opcode::TextRequest, m.immediate, m.final_);
+                b.set_flag(CONTINUE, m.continue_);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(TTT, m.ttt);
+                b.set(CMD_SN, m.cmd_sn);
+                b.set(EXP_STAT_SN, m.exp_stat_sn);
                 b
             }
             M::DataOut(m) => {
-                let mut b = base(Opcode::DataOut, false, (m.final_ as u8) << 7);
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.ttt);
-                b.set_u32(28, m.exp_stat_sn);
-                b.set_u32(36, m.data_sn);
-                b.set_u32(40, m.buffer_offset);
+                let mut b = base(Opcode::DataOut, false, m.final_);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(TTT, m.ttt);
+                b.set(EXP_STAT_SN, m.exp_stat_sn);
+                b.set(DATA_SN, m.data_sn);
+                b.set(BUFFER_OFFSET, m.buffer_offset);
                 b
             }
             M::LogoutRequest(m) => {
-                let mut b = base(Opcode::LogoutRequest, m.immediate, 0x80 | (m.reason & 0x7F));
-                b.set_u32(16, m.itt);
-                b.set_u16(20, m.cid);
-                b.set_u32(24, m.cmd_sn);
-                b.set_u32(28, m.exp_stat_sn);
+                let mut b = base(Opcode::LogoutRequest, m.immediate, true);
+                b.set_bits(LOGOUT_REASON, m.reason);
+                b.set(ITT, m.itt);
+                b.set(CID, m.cid);
+                b.set(CMD_SN, m.cmd_sn);
+                b.set(EXP_STAT_SN, m.exp_stat_sn);
                 b
             }
             M::SnackRequest(m) => {
-                let mut b = base(Opcode::SnackRequest, false, 0x80 | (m.snack_type & 0x0F));
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.ttt);
-                b.set_u32(28, m.exp_stat_sn);
-                b.set_u32(40, m.beg_run);
-                b.set_u32(44, m.run_length);
+                let mut b = base(Opcode::SnackRequest, false, true);
+                b.set_bits(SNACK_TYPE, m.snack_type);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(TTT, m.ttt);
+                b.set(EXP_STAT_SN, m.exp_stat_sn);
+                b.set(BEG_RUN, m.beg_run);
+                b.set(RUN_LENGTH, m.run_length);
                 b
             }
             M::NopIn(m) => {
-                let mut b = base(Opcode::NopIn, false, 0x80);
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.ttt);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
+                let mut b = base(Opcode::NopIn, false, true);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(TTT, m.ttt);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
                 b
             }
             M::ScsiResponse(m) => {
-                let mut b = base(Opcode::ScsiResponse, false, 0x80 | m.residual.flags());
-                b.set_u8(2, m.response);
-                b.set_u8(3, m.status);
-                b.set_u32(16, m.itt);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
-                b.set_u32(36, m.exp_data_sn);
-                b.set_u32(44, m.residual.count());
+                let mut b = base(Opcode::ScsiResponse, false, true);
+                b.set(RESPONSE, m.response);
+                b.set(STATUS, m.status);
+                b.set(ITT, m.itt);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
+                b.set(EXP_DATA_SN, m.exp_data_sn);
+                m.residual.write(&mut b);
                 b
             }
             M::TaskMgmtResponse(m) => {
-                let mut b = base(Opcode::TaskMgmtResponse, false, 0x80);
-                b.set_u8(2, m.response);
-                b.set_u32(16, m.itt);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
+                let mut b = base(Opcode::TaskMgmtResponse, false, true);
+                b.set(RESPONSE, m.response);
+                b.set(ITT, m.itt);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
                 b
             }
             M::LoginResponse(m) => {
-                let f = (m.transit as u8) << 7 | (m.continue_ as u8) << 6 | (m.csg & 3) << 2 | (m.nsg & 3);
-                let mut b = base(Opcode::LoginResponse, false, f);
-                b.set_u8(2, m.version_max);
-                b.set_u8(3, m.version_active);
-                b.0[8..14].copy_from_slice(&m.isid);
-                b.set_u16(14, m.tsih);
-                b.set_u32(16, m.itt);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
-                b.set_u8(36, m.status_class);
-                b.set_u8(37, m.status_detail);
+                let mut b = base(Opcode::LoginResponse, false, m.transit);
+                b.set_flag(CONTINUE, m.continue_);
+                b.set_bits(CSG, m.csg);
+                b.set_bits(NSG, m.nsg);
+                b.set(VERSION_MAX, m.version_max);
+                b.set(VERSION_ACTIVE, m.version_active);
+                b.set(ISID, m.isid);
+                b.set(TSIH, m.tsih);
+                b.set(ITT, m.itt);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
+                b.set(STATUS_CLASS, m.status_class);
+                b.set(STATUS_DETAIL, m.status_detail);
                 b
             }
             M::TextResponse(m) => {
-                let f = (m.final_ as u8) << 7 | (m.continue_ as u8) << 6;
-                let mut b = base(Opcode::TextResponse, false, f);
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.ttt);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
+                let mut b = base(Opcode::TextResponse, false, m.final_);
+                b.set_flag(CONTINUE, m.continue_);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(TTT, m.ttt);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
                 b
             }
             M::DataIn(m) => {
-                let mut f = (m.final_ as u8) << 7 | (m.ack as u8) << 6;
+                let mut b = base(Opcode::DataIn, false, m.final_);
+                b.set_flag(ACKNOWLEDGE, m.ack);
                 if m.has_status {
-                    f |= 0x01 | m.residual.flags();
+                    b.set_flag(STATUS_PRESENT, true);
+                    b.set(STATUS, m.status);
+                    m.residual.write(&mut b);
                 }
-                let mut b = base(Opcode::DataIn, false, f);
-                if m.has_status {
-                    b.set_u8(3, m.status);
-                    b.set_u32(44, m.residual.count());
-                }
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.ttt);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
-                b.set_u32(36, m.data_sn);
-                b.set_u32(40, m.buffer_offset);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(TTT, m.ttt);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
+                b.set(DATA_SN, m.data_sn);
+                b.set(BUFFER_OFFSET, m.buffer_offset);
                 b
             }
             M::LogoutResponse(m) => {
-                let mut b = base(Opcode::LogoutResponse, false, 0x80);
-                b.set_u8(2, m.response);
-                b.set_u32(16, m.itt);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
-                b.set_u16(40, m.time2wait);
-                b.set_u16(42, m.time2retain);
+                let mut b = base(Opcode::LogoutResponse, false, true);
+                b.set(RESPONSE, m.response);
+                b.set(ITT, m.itt);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
+                b.set(TIME2WAIT, m.time2wait);
+                b.set(TIME2RETAIN, m.time2retain);
                 b
             }
             M::R2t(m) => {
-                let mut b = base(Opcode::R2t, false, 0x80);
-                b.set_u64(8, m.lun);
-                b.set_u32(16, m.itt);
-                b.set_u32(20, m.ttt);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
-                b.set_u32(36, m.r2t_sn);
-                b.set_u32(40, m.buffer_offset);
-                b.set_u32(44, m.desired_length);
+                let mut b = base(Opcode::R2t, false, true);
+                b.set(LUN, m.lun);
+                b.set(ITT, m.itt);
+                b.set(TTT, m.ttt);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
+                b.set(R2T_SN, m.r2t_sn);
+                b.set(BUFFER_OFFSET, m.buffer_offset);
+                b.set(DESIRED_LENGTH, m.desired_length);
                 b
             }
             M::AsyncMessage(m) => {
-                let mut b = base(Opcode::AsyncMessage, false, 0x80);
-                b.set_u64(8, m.lun);
-                b.set_u32(16, crate::pdu::RESERVED_TAG);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
-                b.set_u8(36, m.event);
-                b.set_u8(37, m.vcode);
-                b.set_u16(38, m.parameter1);
-                b.set_u16(40, m.parameter2);
-                b.set_u16(42, m.parameter3);
+                let mut b = base(Opcode::AsyncMessage, false, true);
+                b.set(LUN, m.lun);
+                b.set(ITT, crate::pdu::RESERVED_TAG);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
+                b.set(ASYNC_EVENT, m.event);
+                b.set(ASYNC_VCODE, m.vcode);
+                b.set(PARAMETER1, m.parameter1);
+                b.set(PARAMETER2, m.parameter2);
+                b.set(PARAMETER3, m.parameter3);
                 b
             }
             M::Reject(m) => {
-                let mut b = base(Opcode::Reject, false, 0x80);
-                b.set_u8(2, m.reason);
-                b.set_u32(16, crate::pdu::RESERVED_TAG);
-                b.set_u32(24, m.stat_sn);
-                b.set_u32(28, m.exp_cmd_sn);
-                b.set_u32(32, m.max_cmd_sn);
-                b.set_u32(36, m.data_sn);
+                let mut b = base(Opcode::Reject, false, true);
+                b.set(REJECT_REASON, m.reason);
+                b.set(ITT, crate::pdu::RESERVED_TAG);
+                b.set(STAT_SN, m.stat_sn);
+                b.set(EXP_CMD_SN, m.exp_cmd_sn);
+                b.set(MAX_CMD_SN, m.max_cmd_sn);
+                b.set(DATA_SN, m.data_sn);
                 b
             }
         }

@@ -8,6 +8,87 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 pub const BHS_LEN: usize = 48;
+
+/// Every Basic Header Segment field (RFC 7143 section 11), defined once:
+/// [`crate::msg`] decodes and encodes each message through these, and the
+/// framing here reads the lengths through them. Fields that share bytes in
+/// different PDUs have one name per meaning.
+pub mod field {
+    use bw_wire::{Bits, Field, Flag, U24};
+
+    // Byte 0.
+    pub const OPCODE: Bits = Bits::at(0, 0x3f);
+    pub const IMMEDIATE: Flag = Flag::at(0, 0x40);
+    // Byte 1: flags, by PDU.
+    pub const FINAL: Flag = Flag::at(1, 0x80);
+    /// SCSI Command.
+    pub const READ: Flag = Flag::at(1, 0x40);
+    pub const WRITE: Flag = Flag::at(1, 0x20);
+    pub const ATTR: Bits = Bits::at(1, 0x07);
+    /// Login request/response (TRANSIT is the F bit's place); Text.
+    pub const TRANSIT: Flag = Flag::at(1, 0x80);
+    pub const CONTINUE: Flag = Flag::at(1, 0x40);
+    pub const CSG: Bits = Bits::at(1, 0x0c);
+    pub const NSG: Bits = Bits::at(1, 0x03);
+    /// Data-In and SCSI Response.
+    pub const ACKNOWLEDGE: Flag = Flag::at(1, 0x40);
+    pub const RESIDUAL_OVERFLOW: Flag = Flag::at(1, 0x04);
+    pub const RESIDUAL_UNDERFLOW: Flag = Flag::at(1, 0x02);
+    pub const STATUS_PRESENT: Flag = Flag::at(1, 0x01);
+    /// Task Management request.
+    pub const TMF_FUNCTION: Bits = Bits::at(1, 0x7f);
+    /// Logout request.
+    pub const LOGOUT_REASON: Bits = Bits::at(1, 0x7f);
+    /// SNACK request.
+    pub const SNACK_TYPE: Bits = Bits::at(1, 0x0f);
+    // Bytes 2 and 3.
+    pub const RESPONSE: Field<u8> = Field::at(2);
+    pub const VERSION_MAX: Field<u8> = Field::at(2);
+    pub const REJECT_REASON: Field<u8> = Field::at(2);
+    pub const STATUS: Field<u8> = Field::at(3);
+    /// VERSION-MIN in a request, VERSION-ACTIVE in a response.
+    pub const VERSION_MIN: Field<u8> = Field::at(3);
+    pub const VERSION_ACTIVE: Field<u8> = Field::at(3);
+    // Lengths.
+    /// In 4-byte words.
+    pub const TOTAL_AHS_LENGTH: Field<u8> = Field::at(4);
+    pub const DATA_SEGMENT_LENGTH: Field<U24> = Field::at(5);
+    // Bytes 8..16.
+    pub const LUN: Field<u64> = Field::at(8);
+    pub const ISID: Field<[u8; 6]> = Field::at(8);
+    pub const TSIH: Field<u16> = Field::at(14);
+    // Bytes 16..24.
+    pub const ITT: Field<u32> = Field::at(16);
+    pub const TTT: Field<u32> = Field::at(20);
+    pub const EDTL: Field<u32> = Field::at(20);
+    pub const REFERENCED_TASK_TAG: Field<u32> = Field::at(20);
+    pub const CID: Field<u16> = Field::at(20);
+    // Sequence numbers.
+    pub const CMD_SN: Field<u32> = Field::at(24);
+    pub const STAT_SN: Field<u32> = Field::at(24);
+    pub const EXP_STAT_SN: Field<u32> = Field::at(28);
+    pub const EXP_CMD_SN: Field<u32> = Field::at(28);
+    pub const MAX_CMD_SN: Field<u32> = Field::at(32);
+    pub const REF_CMD_SN: Field<u32> = Field::at(32);
+    pub const CDB: Field<[u8; 16]> = Field::at(32);
+    pub const DATA_SN: Field<u32> = Field::at(36);
+    pub const R2T_SN: Field<u32> = Field::at(36);
+    pub const EXP_DATA_SN: Field<u32> = Field::at(36);
+    pub const STATUS_CLASS: Field<u8> = Field::at(36);
+    pub const STATUS_DETAIL: Field<u8> = Field::at(37);
+    pub const ASYNC_EVENT: Field<u8> = Field::at(36);
+    pub const ASYNC_VCODE: Field<u8> = Field::at(37);
+    pub const PARAMETER1: Field<u16> = Field::at(38);
+    pub const PARAMETER2: Field<u16> = Field::at(40);
+    pub const PARAMETER3: Field<u16> = Field::at(42);
+    pub const BUFFER_OFFSET: Field<u32> = Field::at(40);
+    pub const BEG_RUN: Field<u32> = Field::at(40);
+    pub const TIME2WAIT: Field<u16> = Field::at(40);
+    pub const TIME2RETAIN: Field<u16> = Field::at(42);
+    pub const RESIDUAL_COUNT: Field<u32> = Field::at(44);
+    pub const DESIRED_LENGTH: Field<u32> = Field::at(44);
+    pub const RUN_LENGTH: Field<u32> = Field::at(44);
+}
 /// ITT/TTT value meaning "none" (RFC 7143 "reserved tag").
 pub const RESERVED_TAG: u32 = 0xFFFF_FFFF;
 /// Largest data segment the 24-bit DataSegmentLength field can describe.
@@ -84,7 +165,7 @@ pub struct Bhs(pub [u8; BHS_LEN]);
 
 impl std::fmt::Debug for Bhs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Bhs(op={:#04x} ", self.0[0] & 0x3F)?;
+        write!(f, "Bhs(op={:#04x} ", self.opcode_raw())?;
         for b in &self.0 {
             write!(f, "{b:02x}")?;
         }
@@ -100,61 +181,54 @@ impl Default for Bhs {
 
 impl Bhs {
     pub fn opcode_raw(&self) -> u8 {
-        self.0[0] & 0x3F
+        field::OPCODE.get(&self.0)
     }
     pub fn opcode(&self) -> Result<Opcode, PduError> {
-        Opcode::from_u8(self.0[0])
+        Opcode::from_u8(self.opcode_raw())
     }
     pub fn immediate(&self) -> bool {
-        self.0[0] & 0x40 != 0
+        field::IMMEDIATE.get(&self.0)
     }
     pub fn final_bit(&self) -> bool {
-        self.0[1] & 0x80 != 0
+        field::FINAL.get(&self.0)
     }
     pub fn total_ahs_len(&self) -> usize {
-        self.0[4] as usize * 4
+        field::TOTAL_AHS_LENGTH.get(&self.0) as usize * 4
     }
     pub fn data_segment_len(&self) -> usize {
-        self.u24(5) as usize
+        field::DATA_SEGMENT_LENGTH.get(&self.0) as usize
     }
     pub fn set_data_segment_len(&mut self, len: usize) {
-        self.set_u24(5, len as u32)
+        field::DATA_SEGMENT_LENGTH.set(&mut self.0, len as u32)
     }
     pub fn itt(&self) -> u32 {
-        self.u32(16)
+        field::ITT.get(&self.0)
     }
 
-    pub fn u8(&self, at: usize) -> u8 {
-        self.0[at]
+    /// A field's value (see [`field`]).
+    #[inline]
+    pub fn get<C: bw_wire::Codec>(&self, f: bw_wire::Field<C>) -> C::Value {
+        f.get(&self.0)
     }
-    pub fn u16(&self, at: usize) -> u16 {
-        u16::from_be_bytes([self.0[at], self.0[at + 1]])
+    #[inline]
+    pub fn set<C: bw_wire::Codec>(&mut self, f: bw_wire::Field<C>, v: C::Value) {
+        f.set(&mut self.0, v)
     }
-    pub fn u24(&self, at: usize) -> u32 {
-        u32::from_be_bytes([0, self.0[at], self.0[at + 1], self.0[at + 2]])
+    #[inline]
+    pub fn flag(&self, f: bw_wire::Flag) -> bool {
+        f.get(&self.0)
     }
-    pub fn u32(&self, at: usize) -> u32 {
-        u32::from_be_bytes([self.0[at], self.0[at + 1], self.0[at + 2], self.0[at + 3]])
+    #[inline]
+    pub fn set_flag(&mut self, f: bw_wire::Flag, on: bool) {
+        f.set(&mut self.0, on)
     }
-    pub fn u64(&self, at: usize) -> u64 {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&self.0[at..at + 8]);
-        u64::from_be_bytes(b)
+    #[inline]
+    pub fn bits(&self, f: bw_wire::Bits) -> u8 {
+        f.get(&self.0)
     }
-    pub fn set_u8(&mut self, at: usize, v: u8) {
-        self.0[at] = v
-    }
-    pub fn set_u16(&mut self, at: usize, v: u16) {
-        self.0[at..at + 2].copy_from_slice(&v.to_be_bytes())
-    }
-    pub fn set_u24(&mut self, at: usize, v: u32) {
-        self.0[at..at + 3].copy_from_slice(&v.to_be_bytes()[1..])
-    }
-    pub fn set_u32(&mut self, at: usize, v: u32) {
-        self.0[at..at + 4].copy_from_slice(&v.to_be_bytes())
-    }
-    pub fn set_u64(&mut self, at: usize, v: u64) {
-        self.0[at..at + 8].copy_from_slice(&v.to_be_bytes())
+    #[inline]
+    pub fn set_bits(&mut self, f: bw_wire::Bits, v: u8) {
+        f.set(&mut self.0, v)
     }
 }
 
@@ -203,7 +277,7 @@ impl Pdu {
     /// and no data digest.
     pub fn header_bytes_for(&self, d: Digests, data_len: usize) -> BytesMut {
         let mut bhs = self.bhs;
-        bhs.0[4] = (self.ahs.len() / 4) as u8;
+        bhs.set(field::TOTAL_AHS_LENGTH, (self.ahs.len() / 4) as u8);
         bhs.set_data_segment_len(data_len);
         let mut out = BytesMut::with_capacity(BHS_LEN + self.ahs.len() + 4);
         out.put_slice(&bhs.0);
@@ -223,8 +297,8 @@ impl Pdu {
         }
         let mut b = [0u8; BHS_LEN + 4];
         b[..BHS_LEN].copy_from_slice(&self.bhs.0);
-        b[4] = 0;
-        b[5..8].copy_from_slice(&(data_len as u32).to_be_bytes()[1..]);
+        field::TOTAL_AHS_LENGTH.set(&mut b, 0);
+        field::DATA_SEGMENT_LENGTH.set(&mut b, data_len as u32);
         let mut len = BHS_LEN;
         if d.header {
             let crc = crc32c::crc32c(&b[..BHS_LEN]);
@@ -277,16 +351,53 @@ impl std::ops::Deref for Head {
     }
 }
 
-/// Write one PDU (header, data segment, padding and data digest) to an
-/// async writer; meant for a buffered writer, flushed by the caller.
+/// A PDU as it goes on the wire, in three parts (header with its digest,
+/// the data segment, then padding and data digest), so that both ends can
+/// send it with one vectored write and never copy the data segment.
+pub struct WireParts<'a> {
+    head: Head,
+    data: &'a [u8],
+    trailer: ([u8; 8], usize),
+}
+
+impl WireParts<'_> {
+    /// The parts as I/O slices (empty ones included).
+    pub fn io_slices(&self) -> [std::io::IoSlice<'_>; 3] {
+        [std::io::IoSlice::new(&self.head), std::io::IoSlice::new(self.data), std::io::IoSlice::new(&self.trailer.0[..self.trailer.1])]
+    }
+
+    /// Bytes on the wire.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.data.len() + self.trailer.1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl Pdu {
+    /// This PDU on the wire with digests `d` (see [`WireParts`]).
+    pub fn wire_parts(&self, d: Digests) -> WireParts<'_> {
+        WireParts { head: self.head(d, self.data.len()), data: &self.data, trailer: self.trailer(d) }
+    }
+}
+
+/// Write one PDU to an async writer with vectored writes (see
+/// [`Pdu::wire_parts`]); both the target and the initiator send every PDU
+/// through this. Meant for a buffered writer, flushed by the caller.
 #[cfg(feature = "tokio")]
 pub async fn write_pdu<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, p: &Pdu, d: Digests) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
-    w.write_all(&p.head(d, p.data.len())).await?;
-    if !p.data.is_empty() {
-        w.write_all(&p.data).await?;
-        let (t, n) = p.trailer(d);
-        w.write_all(&t[..n]).await?;
+    let parts = p.wire_parts(d);
+    let mut slices = parts.io_slices();
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        let n = w.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut bufs, n);
     }
     Ok(())
 }
@@ -401,8 +512,8 @@ mod tests {
     #[test]
     fn round_trip_with_digests_and_padding() {
         let mut bhs = Bhs::default();
-        bhs.0[0] = 0x01;
-        bhs.set_u32(16, 0x1234);
+        bhs.set_bits(field::OPCODE, 0x01);
+        bhs.set(field::ITT, 0x1234);
         let p = Pdu::new(bhs, Bytes::from_static(b"hello"));
         for d in [Digests::default(), Digests { header: true, data: true }] {
             let wire = p.encode(d);
@@ -427,9 +538,9 @@ mod tests {
     #[test]
     fn stack_head_matches_header_bytes() {
         let mut bhs = Bhs::default();
-        bhs.0[0] = 0x25;
-        bhs.0[4] = 9; // stale lengths are replaced
-        bhs.set_u32(16, 0xabcd);
+        bhs.set_bits(field::OPCODE, 0x25);
+        bhs.set(field::TOTAL_AHS_LENGTH, 9); // stale lengths are replaced
+        bhs.set(field::ITT, 0xabcd);
         let p = Pdu::new(bhs, Bytes::from_static(b"xyz"));
         for d in [Digests::default(), Digests { header: true, data: false }] {
             assert_eq!(&p.head(d, 3)[..], &p.header_bytes(d)[..]);
@@ -438,6 +549,46 @@ mod tests {
         let with_ahs = Pdu { ahs: Bytes::from_static(&[0, 1, 1, 0]), ..p };
         let d = Digests { header: true, data: true };
         assert_eq!(&with_ahs.head(d, 3)[..], &with_ahs.header_bytes(d)[..]);
+    }
+
+    #[test]
+    fn wire_parts_are_the_encoding() {
+        let mut bhs = Bhs::default();
+        bhs.set_bits(field::OPCODE, 0x25);
+        for data in [&b""[..], b"a", b"abcd", b"hello world"] {
+            let p = Pdu::new(bhs, Bytes::copy_from_slice(data));
+            for d in [Digests::default(), Digests { header: true, data: true }] {
+                let parts = p.wire_parts(d);
+                let joined: Vec<u8> = parts.io_slices().iter().flat_map(|s| s.to_vec()).collect();
+                assert_eq!(joined, p.encode(d).to_vec());
+                assert_eq!(parts.len(), p.wire_len(d));
+            }
+        }
+    }
+
+    #[cfg(feature = "tokio")]
+    #[tokio::test]
+    async fn write_pdu_survives_short_writes() {
+        // A writer that takes at most 7 bytes per call.
+        struct Trickle(Vec<u8>);
+        impl tokio::io::AsyncWrite for Trickle {
+            fn poll_write(mut self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>, b: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+                let n = b.len().min(7);
+                self.0.extend_from_slice(&b[..n]);
+                std::task::Poll::Ready(Ok(n))
+            }
+            fn poll_flush(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        let p = Pdu::new(Bhs::default(), Bytes::from_static(b"some data here"));
+        let d = Digests { header: true, data: true };
+        let mut w = Trickle(Vec::new());
+        write_pdu(&mut w, &p, d).await.unwrap();
+        assert_eq!(w.0, p.encode(d).to_vec());
     }
 
     #[test]

@@ -411,8 +411,8 @@ impl<'a> TargetLogin<'a> {
     fn fail(&mut self, req: &LoginRequest, status: u16) -> (Pdu, LoginStep) {
         let mut pdu = self.response(req, false, req.csg, 0, Vec::new());
         let (class, detail) = status_parts(status);
-        pdu.bhs.set_u8(36, class);
-        pdu.bhs.set_u8(37, detail);
+        pdu.bhs.set(crate::pdu::field::STATUS_CLASS, class);
+        pdu.bhs.set(crate::pdu::field::STATUS_DETAIL, detail);
         (pdu, LoginStep::Failed(status))
     }
 }

@@ -2,21 +2,29 @@
 //!
 //! `blockwire lab` builds two network namespaces joined by a veth pair per
 //! MTU, serves one tmpfs-backed volume with `blockwire serve` (AoE, iSCSI and
-//! NVMe/TCP at once), tgtd (iSCSI) and vblade (AoE), drives `blockwire bench`
-//! against each from the other namespace, runs fio on the backing file as the
-//! local baseline, and writes results.json, results.csv and report.html.
+//! NVMe/TCP at once), tgtd (iSCSI) and vblade (AoE), measures the network
+//! (iperf3), drives `blockwire bench` against each subject from the other
+//! namespace, mounts ext4 on each with `blockwire mount` for file-system
+//! workloads in a memory-limited cgroup, runs the same locally as the
+//! baseline, and writes results.json, results.csv and report.html.
 //!
-//! Modules, one job each: `plan` (what to run), `topology` (namespaces and
-//! veths), `targets` (target processes), `runner` (one bench or fio run),
+//! Modules, one job each: `plan` (what to run), `orchestrate` (the run: the
+//! interleaved loops over subjects), `topology` (namespaces and veths),
+//! `net` (link shapes, iperf3), `targets` (target processes), `runner` (one
+//! bench or fio run), `fs` (the fs workloads and their output), `mounts`
+//! (a file system on a subject), `cgroup` (client memory limits),
 //! `machine` (/proc facts, idle wait), `cleanup` (tracking and signal
-//! handling), `stats` and `accounting` (numbers), `report` (CSV, HTML, SVG).
+//! handling), `stats` and `accounting` (numbers), `report` (analysis,
+//! CSV, the HTML sections), `svg` (charts), `route` (the routed-path suite).
 
 pub mod accounting;
 pub mod cgroup;
 pub mod cleanup;
-pub mod lab;
+pub mod fs;
 pub mod machine;
+pub mod mounts;
 pub mod net;
+pub mod orchestrate;
 pub mod plan;
 pub mod report;
 pub mod results;
@@ -46,7 +54,7 @@ pub struct LabArgs {
     /// MTUs, one veth pair each (default: 1500,9000; --quick: 1500).
     #[arg(long, value_name = "LIST")]
     pub mtu: Option<String>,
-    /// Suites, comma-separated: net (iperf3 ceiling), micro, sweep, or all (default: all).
+    /// Suites, comma-separated: net (iperf3 ceiling), micro, sweep, fs (file systems over `blockwire mount`), or all (default: all).
     #[arg(long, value_name = "LIST")]
     pub suite: Option<String>,
     /// Link shapes: none (plain veth) or tc tbf rates such as 1gbit,10gbit on both directions (default: none).
@@ -70,6 +78,15 @@ pub struct LabArgs {
     /// Skip the local fio baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// fs suite: memory limits of the workload's cgroup, which bound the client's page cache (default: 256M,2G; --quick: 256M).
+    #[arg(long, value_name = "LIST")]
+    pub client_mem: Option<String>,
+    /// fs suite: workloads (webserver, fileserver, varmail, oltp, oltp-direct, postmark, bonnie, iogen, iogen-direct, iogen-raw; default: all; --quick: varmail).
+    #[arg(long, value_name = "LIST")]
+    pub fs_workloads: Option<String>,
+    /// fs suite: seconds per flowop and fio run (default 5; --quick: 2).
+    #[arg(long, value_name = "SECS")]
+    pub fs_runtime: Option<u32>,
     /// Suite route only: paths to compare (default: direct,mpls,vxlan).
     #[arg(long, value_name = "LIST")]
     pub path: Option<String>,
@@ -106,6 +123,15 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         sweep_runtime: args.sweep_runtime,
         no_baseline: args.no_baseline,
         link: args.link.clone(),
+        client_mem: args.client_mem.clone(),
+        fs_workloads: args.fs_workloads.clone(),
+        fs_runtime: args.fs_runtime,
+        mem_total: machine::machine_info().mem_total_bytes,
+        cgroup: match cgroup::detect(std::path::Path::new(cgroup::ROOT)) {
+            Ok((cgroup::Version::V1, _)) => "v1".into(),
+            Ok((cgroup::Version::V2, _)) => "v2".into(),
+            Err(_) => "none".into(),
+        },
     })?;
     preflight(&plan)?;
     // Before any thread exists, so every thread inherits the blocked mask.
@@ -124,7 +150,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         plan.params.repeat,
         out.display()
     );
-    let mut lab = lab::Lab::new(plan, exe, out.clone());
+    let mut lab = orchestrate::LabRun::new(plan, exe, out.clone());
     let r = lab.run();
     let report = out.join("report.html");
     if report.exists() {
@@ -152,6 +178,22 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
     }
     if plan.links.iter().any(|l| l.bits_per_s.is_some()) {
         anyhow::ensure!(which("tc"), "tc is not installed (package iproute2)");
+    }
+    if let Some(fs) = &plan.fs {
+        anyhow::ensure!(
+            cgroup::detect(std::path::Path::new(cgroup::ROOT)).is_ok(),
+            "the fs suite limits the client's memory with a memory cgroup, and {} has no memory controller",
+            cgroup::ROOT
+        );
+        anyhow::ensure!(std::path::Path::new("/dev/fuse").exists(), "the fs suite mounts through FUSE: /dev/fuse is missing (modprobe fuse)");
+        for (tool, package) in [("nsenter", "util-linux"), ("losetup", "util-linux"), ("mkfs.ext4", "e2fsprogs"), ("fio", "fio")] {
+            anyhow::ensure!(which(tool), "{tool} is not installed (package {package}); the fs suite needs it");
+        }
+        for (w, tool, package) in [("postmark", "postmark", "postmark"), ("bonnie", "bonnie++", "bonnie++")] {
+            if fs.workloads.iter().any(|x| x == w) {
+                anyhow::ensure!(which(tool), "{tool} is not installed (package {package}; or leave {w} out of --fs-workloads)");
+            }
+        }
     }
     let need = plan.params.size_bytes;
     if let Ok(st) = nix::sys::statvfs::statvfs("/dev/shm") {

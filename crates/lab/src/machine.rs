@@ -58,14 +58,15 @@ pub fn busy_share(window: Duration) -> f64 {
     }
 }
 
-/// Wait until the machine's busy share over a 300 ms window drops below
+/// Wait until the machine's busy share over a 150 ms window drops below
 /// `threshold`, at most `max_wait`. Returns (last busy share, seconds waited).
 /// Bounded on purpose: on a shared machine "idle" may never come, and the
 /// busy share is recorded with each sample so noisy runs are visible.
 pub fn wait_idle(threshold: f64, max_wait: Duration) -> (f64, f64) {
     let start = Instant::now();
     loop {
-        let b = busy_share(Duration::from_millis(300));
+        // 150 ms: 30 scheduler ticks on 2 CPUs, fine enough for a 25% threshold.
+        let b = busy_share(Duration::from_millis(150));
         if b < threshold || start.elapsed() >= max_wait || crate::cleanup::interrupted() {
             return (b, start.elapsed().as_secs_f64());
         }

@@ -46,11 +46,16 @@ pub fn parse_link(s: &str) -> anyhow::Result<LinkShape> {
     Ok(LinkShape { name: s.clone(), bits_per_s: Some(n * mul) })
 }
 
+/// The token bucket for a rate: 4 ms of traffic, at least 64 KiB (bytes).
+pub fn tbf_burst(bits_per_s: u64) -> u64 {
+    (bits_per_s / 8 / 250).max(64 * 1024)
+}
+
 /// `tc` arguments that put a tbf of `bits_per_s` on `dev` (egress). The
 /// bucket holds 4 ms of traffic (at least 64 KiB), enough for the kernel's
 /// timer granularity at 10 Gbit/s; packets wait at most 20 ms in the queue.
 pub fn tbf_args(dev: &str, bits_per_s: u64) -> Vec<String> {
-    let burst = (bits_per_s / 8 / 250).max(64 * 1024);
+    let burst = tbf_burst(bits_per_s);
     ["qdisc", "replace", "dev", dev, "root", "tbf", "rate", &format!("{bits_per_s}bit"), "burst", &burst.to_string(), "latency", "20ms"]
         .iter()
         .map(|s| s.to_string())
@@ -141,7 +146,7 @@ pub fn run_net(topo: &Topology, link: &Link, shape: &LinkShape, secs: u32, repea
     let mut server = ns_command(&topo.target_ns, "iperf3");
     server.args(["-s", "-B", &link.target_ip.to_string(), "-p", &IPERF_PORT.to_string()]);
     server.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
-    let (token, _child) = registry().spawn(&mut server, "iperf3 server")?;
+    let (token, _child) = registry().spawn(&mut server, "iperf3 server", crate::cleanup::Role::Service)?;
     let r = (|| {
         let ip = link.target_ip.to_string();
         // The server listens shortly after start: retry the first connection.

@@ -12,7 +12,12 @@ pub const ALL_PEERS: [&str; 2] = ["tgt", "vblade"];
 
 /// The micro suite: the studies' sequential/random cases.
 /// The micro workloads a `--quick` run keeps.
-const QUICK_MICRO: [&str; 4] = ["seqread-1m", "randread-4k-qd1", "randread-4k-qd32", "randwrite-4k-qd32"];
+const QUICK_MICRO: [&str; 4] = [
+    "seqread-1m",
+    "randread-4k-qd1",
+    "randread-4k-qd32",
+    "randwrite-4k-qd32",
+];
 
 pub fn micro_workloads() -> Vec<Workload> {
     let w = |name: &str, rw: &str, bs: u64, iodepth: u32, rwmixread: Option<u32>| Workload {
@@ -51,7 +56,10 @@ pub fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<V
     s.split(',')
         .map(|x| x.trim())
         .filter(|x| !x.is_empty())
-        .map(|x| x.parse::<T>().map_err(|_| anyhow::anyhow!("invalid {what} {x:?}")))
+        .map(|x| {
+            x.parse::<T>()
+                .map_err(|_| anyhow::anyhow!("invalid {what} {x:?}"))
+        })
         .collect()
 }
 
@@ -73,8 +81,13 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
         }
         None => (s, 1),
     };
-    let n: u64 = num.trim().parse().map_err(|_| anyhow::anyhow!("invalid size {s:?}"))?;
-    n.checked_mul(mul).filter(|v| *v > 0).ok_or_else(|| anyhow::anyhow!("invalid size {s:?}"))
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("invalid size {s:?}"))?;
+    n.checked_mul(mul)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| anyhow::anyhow!("invalid size {s:?}"))
 }
 
 /// Command-line choices before defaults are applied.
@@ -91,10 +104,95 @@ pub struct Choices {
     pub sweep_runtime: Option<u32>,
     pub no_baseline: bool,
     pub link: Option<String>,
+    pub client_mem: Option<String>,
+    pub fs_workloads: Option<String>,
+    pub fs_runtime: Option<u32>,
+    /// Total memory of the machine (bytes), for the default `--client-mem`.
+    pub mem_total: u64,
+    /// `v1`/`v2`: where the memory controller is (from `cgroup::detect`).
+    pub cgroup: String,
 }
 
 /// Suites in run order; `all` is every one the lab runs.
-pub const ALL_SUITES: [&str; 3] = ["net", "micro", "sweep"];
+pub const ALL_SUITES: [&str; 4] = ["net", "micro", "sweep", "fs"];
+
+/// The fs workloads `--quick` runs: one personality, the one with an fsync
+/// in every loop (the protocol's flush is on its path).
+const QUICK_FS: [&str; 1] = ["varmail"];
+
+/// The default client memory limits: 256 MiB and 2 GiB (the study's
+/// 512 MiB and 4 GiB, halved for a smaller machine), the larger one at most
+/// a quarter of the machine's memory.
+pub fn default_client_mem(mem_total: u64) -> Vec<u64> {
+    let large = (2 * GIB).min(mem_total / 4).max(512 * MIB);
+    vec![256 * MIB, large]
+}
+
+/// The fs suite's parameters for a volume of `size` bytes.
+fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::FsParams> {
+    let workloads: Vec<String> = match &c.fs_workloads {
+        Some(s) => parse_list(s, "fs workload")?,
+        None if c.quick => QUICK_FS.iter().map(|s| s.to_string()).collect(),
+        None => crate::fs::ALL
+            .iter()
+            .map(|w| w.name().to_string())
+            .collect(),
+    };
+    anyhow::ensure!(!workloads.is_empty(), "no fs workload given");
+    for w in &workloads {
+        crate::fs::FsWorkload::parse(w)?;
+    }
+    let mut client_mem: Vec<u64> = match &c.client_mem {
+        Some(s) => s
+            .split(',')
+            .filter(|x| !x.trim().is_empty())
+            .map(parse_size)
+            .collect::<anyhow::Result<_>>()?,
+        None if c.quick => default_client_mem(c.mem_total)[..1].to_vec(),
+        None => default_client_mem(c.mem_total),
+    };
+    client_mem.sort();
+    client_mem.dedup();
+    anyhow::ensure!(!client_mem.is_empty(), "no --client-mem given");
+    anyhow::ensure!(
+        client_mem[0] >= 64 * MIB,
+        "--client-mem below 64M leaves the workloads no room to run"
+    );
+    let smallest = client_mem[0];
+    // Files of fileserver scaled to about a third of the volume (filebench's
+    // 10000 x 128 KiB is 1.25 GiB); webserver and varmail (16 MiB) as they are.
+    let fileserver_bytes = 10_000 * 128 * KIB;
+    let fileserver_div = fileserver_bytes.div_ceil(size / 3).max(1) as usize;
+    let small_volume_div = if c.quick { 4 } else { 1 };
+    let flowop_scale = vec![
+        ("webserver".to_string(), small_volume_div, 1),
+        (
+            "fileserver".to_string(),
+            fileserver_div.max(small_volume_div),
+            1,
+        ),
+        ("varmail".to_string(), small_volume_div, 1),
+        ("oltp".to_string(), 1, 1),
+        ("oltp-direct".to_string(), 1, 1),
+    ];
+    // Twice the smallest limit (so it cannot all be cached), within half the volume.
+    let big_file = (2 * smallest).min(size / 2).max(16 * MIB) / MIB * MIB;
+    Ok(crate::fs::FsParams {
+        workloads,
+        client_mem,
+        cgroup: c.cgroup.clone(),
+        repeat: if c.quick { 3 } else { repeat },
+        runtime_s: c.fs_runtime.unwrap_or(if c.quick { 2 } else { 5 }).max(1),
+        flowop_scale,
+        postmark_files: if c.quick { 1000 } else { 5000 },
+        postmark_transactions: if c.quick { 5000 } else { 20_000 },
+        bonnie_size: big_file,
+        iogen_size: big_file,
+        iogen_jobs: 4,
+        iogen_bs: 8 * KIB,
+        iogen_read_pct: 70,
+    })
+}
 
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -105,6 +203,8 @@ pub struct Plan {
     pub micro: Vec<Workload>,
     pub sweep: Vec<Workload>,
     pub baseline: bool,
+    /// The fs suite, when it runs.
+    pub fs: Option<crate::fs::FsParams>,
 }
 
 impl Plan {
@@ -114,7 +214,10 @@ impl Plan {
             None => ALL_PROTOCOLS.iter().map(|s| s.to_string()).collect(),
         };
         for p in &protocols {
-            anyhow::ensure!(ALL_PROTOCOLS.contains(&p.as_str()), "unknown protocol {p:?} (aoe, iscsi, nvme)");
+            anyhow::ensure!(
+                ALL_PROTOCOLS.contains(&p.as_str()),
+                "unknown protocol {p:?} (aoe, iscsi, nvme)"
+            );
         }
         let peers: Vec<String> = match c.peers.as_deref() {
             Some("none") | Some("") => vec![],
@@ -122,7 +225,10 @@ impl Plan {
             None => ALL_PEERS.iter().map(|s| s.to_string()).collect(),
         };
         for p in &peers {
-            anyhow::ensure!(ALL_PEERS.contains(&p.as_str()), "unknown peer {p:?} (tgt, vblade, or none)");
+            anyhow::ensure!(
+                ALL_PEERS.contains(&p.as_str()),
+                "unknown peer {p:?} (tgt, vblade, or none)"
+            );
         }
         let mtus: Vec<u32> = match &c.mtu {
             Some(s) => parse_list(s, "MTU")?,
@@ -131,20 +237,30 @@ impl Plan {
         };
         anyhow::ensure!(!mtus.is_empty(), "no MTU given");
         for &m in &mtus {
-            anyhow::ensure!((576..=65_535).contains(&m), "MTU {m} out of range 576..65535");
+            anyhow::ensure!(
+                (576..=65_535).contains(&m),
+                "MTU {m} out of range 576..65535"
+            );
         }
         let asked: Vec<String> = parse_list(c.suite.as_deref().unwrap_or("all"), "suite")?;
         for s in &asked {
             anyhow::ensure!(
                 s == "all" || ALL_SUITES.contains(&s.as_str()),
-                "unknown suite {s:?} (net, micro, sweep or all; fs needs `blockwire mount`, not merged yet)"
+                "unknown suite {s:?} (net, micro, sweep, fs or all)"
             );
         }
         anyhow::ensure!(!asked.is_empty(), "no suite given");
-        let suites: Vec<String> =
-            ALL_SUITES.iter().filter(|s| asked.iter().any(|a| a == "all" || a == *s)).map(|s| s.to_string()).collect();
+        let suites: Vec<String> = ALL_SUITES
+            .iter()
+            .filter(|s| asked.iter().any(|a| a == "all" || a == *s))
+            .map(|s| s.to_string())
+            .collect();
         let links: Vec<crate::net::LinkShape> = match &c.link {
-            Some(s) => s.split(',').filter(|x| !x.trim().is_empty()).map(crate::net::parse_link).collect::<anyhow::Result<_>>()?,
+            Some(s) => s
+                .split(',')
+                .filter(|x| !x.trim().is_empty())
+                .map(crate::net::parse_link)
+                .collect::<anyhow::Result<_>>()?,
             None => vec![crate::net::LinkShape::none()],
         };
         anyhow::ensure!(!links.is_empty(), "no link given");
@@ -161,13 +277,19 @@ impl Plan {
         let runtime_s = c.runtime.unwrap_or(if c.quick { 1 } else { 3 });
         let sweep_runtime_s = c.sweep_runtime.unwrap_or(1).max(1);
         anyhow::ensure!(runtime_s >= 1, "--runtime must be at least 1 s");
-        let (sweep_numjobs, sweep_iodepth) =
-            if c.quick { (vec![1, 8], vec![1, 16]) } else { (vec![1, 4, 16, 64], vec![1, 4, 16, 64]) };
+        let (sweep_numjobs, sweep_iodepth) = if c.quick {
+            (vec![1, 8], vec![1, 16])
+        } else {
+            (vec![1, 4, 16, 64], vec![1, 4, 16, 64])
+        };
         let micro = if !suites.iter().any(|s| s == "micro") {
             vec![]
         } else if c.quick {
             // The demo's five-minute budget: the workloads the findings use.
-            micro_workloads().into_iter().filter(|w| QUICK_MICRO.contains(&w.name.as_str())).collect()
+            micro_workloads()
+                .into_iter()
+                .filter(|w| QUICK_MICRO.contains(&w.name.as_str()))
+                .collect()
         } else {
             micro_workloads()
         };
@@ -179,9 +301,18 @@ impl Plan {
         } else {
             vec![]
         };
+        let fs = if suites.iter().any(|s| s == "fs") {
+            Some(fs_params(c, size, repeat)?)
+        } else {
+            None
+        };
         let net_runtime_s = if c.quick { 1 } else { 3 };
         let net_repeat = if c.quick { 1 } else { repeat };
-        let net_runs = if suites.iter().any(|s| s == "net") { crate::net::STREAMS.len() as u32 * net_repeat } else { 0 };
+        let net_runs = if suites.iter().any(|s| s == "net") {
+            crate::net::STREAMS.len() as u32 * net_repeat
+        } else {
+            0
+        };
         let params = Params {
             links: links.iter().map(|l| l.name.clone()).collect(),
             net_runtime_s,
@@ -192,8 +323,8 @@ impl Plan {
             suites,
             repeat,
             // The heat maps show means and name no winner: one run per point
-            // is enough for a first look.
-            sweep_repeat: if c.quick { 1 } else { repeat },
+            // is enough for a first look (and keeps the full run within an hour).
+            sweep_repeat: 1,
             size_bytes: size,
             runtime_s,
             sweep_runtime_s,
@@ -204,8 +335,18 @@ impl Plan {
             idle_budget_s: if c.quick { 20.0 } else { 180.0 },
             idle_threshold: 0.25,
             veth_offloads_off: false,
+            link_shapes: links.clone(),
+            fs: fs.clone(),
         };
-        Ok(Plan { params, links, net_runs, micro, sweep, baseline: !c.no_baseline })
+        Ok(Plan {
+            params,
+            links,
+            net_runs,
+            micro,
+            sweep,
+            baseline: !c.no_baseline,
+            fs,
+        })
     }
 
     /// Networked subjects in run order: blockwire's protocols, then peers.
@@ -214,13 +355,64 @@ impl Plan {
             .params
             .protocols
             .iter()
-            .map(|p| (crate::targets::subject_key("blockwire", p), "blockwire".to_string(), p.clone()))
+            .map(|p| {
+                (
+                    crate::targets::subject_key("blockwire", p),
+                    "blockwire".to_string(),
+                    p.clone(),
+                )
+            })
             .collect();
         for peer in &self.params.peers {
             let proto = if peer == "tgt" { "iscsi" } else { "aoe" };
-            v.push((crate::targets::subject_key(peer, proto), peer.clone(), proto.to_string()));
+            v.push((
+                crate::targets::subject_key(peer, proto),
+                peer.clone(),
+                proto.to_string(),
+            ));
         }
         v
+    }
+
+    /// The fs subjects: the networked ones and the local baseline.
+    pub fn fs_subjects(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.subjects().into_iter().map(|(k, _, _)| k).collect();
+        if self.baseline {
+            v.push(crate::fs::LOCAL.to_string());
+        }
+        v
+    }
+
+    /// (workload, memory limit) pairs one fs subject runs per repetition.
+    pub fn fs_cases(&self, local: bool) -> Vec<(crate::fs::FsWorkload, u64)> {
+        let Some(p) = &self.fs else { return vec![] };
+        let mut v = vec![];
+        for w in p
+            .workloads
+            .iter()
+            .filter_map(|w| crate::fs::FsWorkload::parse(w).ok())
+        {
+            if w.local_only() && !local {
+                continue;
+            }
+            let limits = if w.at_every_limit() {
+                &p.client_mem[..]
+            } else {
+                &p.client_mem[..1]
+            };
+            v.extend(limits.iter().map(|&m| (w, m)));
+        }
+        v
+    }
+
+    /// fs runs per link (every subject, every repetition).
+    pub fn fs_runs(&self) -> u64 {
+        let Some(p) = &self.fs else { return 0 };
+        self.fs_subjects()
+            .iter()
+            .map(|s| self.fs_cases(s == crate::fs::LOCAL).len() as u64)
+            .sum::<u64>()
+            * p.repeat as u64
     }
 
     /// How many bench runs the plan makes (for the progress bar).
@@ -234,7 +426,7 @@ impl Plan {
         let iperf = self.net_runs as u64 * n_mtu * n_links;
         let net = n_subj * (micro + sweep) * n_mtu * n_links;
         let local = if self.baseline { micro + sweep } else { 0 };
-        iperf + net + local
+        iperf + net + local + self.fs_runs() * n_links
     }
 }
 
@@ -244,36 +436,144 @@ mod tests {
 
     #[test]
     fn defaults_and_quick() {
-        let full = Plan::from_choices(&Choices::default()).unwrap();
+        let full = Plan::from_choices(&choices()).unwrap();
         assert_eq!(full.params.mtus, vec![1500, 9000]);
         assert_eq!(full.params.repeat, 3);
         assert_eq!(full.params.size_bytes, GIB);
         assert_eq!(full.sweep.len(), 16);
         assert_eq!(full.subjects().len(), 5);
-        // iperf3 4 stream counts x 3 x 2 MTUs + 5 subjects x (7 x 3 + 16 x 3) x 2 MTUs + local (21 + 48)
-        assert_eq!(full.total_runs(), 24 + 5 * (21 + 48) * 2 + 69);
-        assert_eq!(full.params.suites, vec!["net", "micro", "sweep"]);
-        let two_links = Plan::from_choices(&Choices { link: Some("none,1gbit".into()), ..Default::default() }).unwrap();
-        assert_eq!(two_links.total_runs(), 2 * (24 + 5 * (21 + 48) * 2) + 69);
-        let some = Plan::from_choices(&Choices { suite: Some("net,micro".into()), ..Default::default() }).unwrap();
+        // fs: 4 personalities at 2 limits + oltp-direct, postmark, bonnie,
+        // iogen, iogen-direct at one = 13 per subject, 14 locally (iogen-raw);
+        // 5 subjects + local, 3 repetitions.
+        let fs = full.fs.as_ref().unwrap();
+        assert_eq!(fs.client_mem, vec![256 * MIB, 2 * GIB]);
+        assert_eq!(full.fs_cases(false).len(), 13);
+        assert_eq!(full.fs_cases(true).len(), 14);
+        assert_eq!(full.fs_runs(), (5 * 13 + 14) * 3);
+        // iperf3 4 stream counts x 3 x 2 MTUs + 5 subjects x (7 x 3 + 16) x 2 MTUs + local (21 + 16) + fs
+        assert_eq!(full.total_runs(), 24 + 5 * (21 + 16) * 2 + 37 + 237);
+        assert_eq!(full.params.suites, vec!["net", "micro", "sweep", "fs"]);
+        let two_links = Plan::from_choices(&Choices {
+            link: Some("none,1gbit".into()),
+            ..choices()
+        })
+        .unwrap();
+        assert_eq!(
+            two_links.total_runs(),
+            2 * (24 + 5 * (21 + 16) * 2 + 237) + 37
+        );
+        let some = Plan::from_choices(&Choices {
+            suite: Some("net,micro".into()),
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(some.params.suites, vec!["net", "micro"]);
         assert!(some.sweep.is_empty());
-        let quick = Plan::from_choices(&Choices { quick: true, ..Default::default() }).unwrap();
+        assert!(some.fs.is_none() && some.fs_runs() == 0);
+        let quick = Plan::from_choices(&Choices {
+            quick: true,
+            ..choices()
+        })
+        .unwrap();
         assert_eq!(quick.params.mtus, vec![1500]);
         assert_eq!(quick.sweep.len(), 4);
         assert!(quick.params.size_bytes < GIB);
+        // One personality at one limit on every subject.
+        let qfs = quick.fs.as_ref().unwrap();
+        assert_eq!(
+            (qfs.workloads.clone(), qfs.client_mem.clone()),
+            (vec!["varmail".to_string()], vec![256 * MIB])
+        );
+        assert_eq!(quick.fs_runs(), 6 * 3);
+    }
+
+    fn choices() -> Choices {
+        Choices {
+            mem_total: 24 * GIB,
+            cgroup: "v1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn client_memory_limits() {
+        assert_eq!(default_client_mem(24 * GIB), vec![256 * MIB, 2 * GIB]);
+        // A 2 GiB machine gets 256 MiB and 512 MiB.
+        assert_eq!(default_client_mem(2 * GIB), vec![256 * MIB, 512 * MIB]);
+        let p = Plan::from_choices(&Choices {
+            client_mem: Some("2G,512M".into()),
+            ..choices()
+        })
+        .unwrap();
+        let fs = p.fs.unwrap();
+        assert_eq!(
+            fs.client_mem,
+            vec![512 * MIB, 2 * GIB],
+            "sorted, smallest first"
+        );
+        // Bonnie++ and IOgen files: twice the smallest limit, within half the 1 GiB volume.
+        assert_eq!((fs.bonnie_size, fs.iogen_size), (512 * MIB, 512 * MIB));
+        assert!(Plan::from_choices(&Choices {
+            client_mem: Some("16M".into()),
+            ..choices()
+        })
+        .is_err());
+        assert!(Plan::from_choices(&Choices {
+            client_mem: Some("lots".into()),
+            ..choices()
+        })
+        .is_err());
+        assert!(Plan::from_choices(&Choices {
+            fs_workloads: Some("varmail,nfs".into()),
+            ..choices()
+        })
+        .is_err());
+        let one = Plan::from_choices(&Choices {
+            fs_workloads: Some("oltp".into()),
+            protocols: Some("iscsi".into()),
+            peers: Some("none".into()),
+            ..choices()
+        })
+        .unwrap();
+        // oltp at both limits on blockwire-iscsi and local.
+        assert_eq!(one.fs_runs(), 2 * 2 * 3);
     }
 
     #[test]
     fn choices_are_validated() {
         let bad = |c: Choices| Plan::from_choices(&c).is_err();
-        assert!(bad(Choices { protocols: Some("aoe,fc".into()), ..Default::default() }));
-        assert!(bad(Choices { peers: Some("lio".into()), ..Default::default() }));
-        assert!(bad(Choices { mtu: Some("100".into()), ..Default::default() }));
-        assert!(bad(Choices { suite: Some("macro".into()), ..Default::default() }));
-        assert!(bad(Choices { repeat: Some(0), ..Default::default() }));
-        assert!(bad(Choices { link: Some("1g".into()), ..Default::default() }));
-        assert!(bad(Choices { suite: Some("net,disk".into()), ..Default::default() }));
+        assert!(bad(Choices {
+            protocols: Some("aoe,fc".into()),
+            ..Default::default()
+        }));
+        assert!(bad(Choices {
+            peers: Some("lio".into()),
+            ..Default::default()
+        }));
+        assert!(bad(Choices {
+            mtu: Some("100".into()),
+            ..Default::default()
+        }));
+        assert!(bad(Choices {
+            suite: Some("macro".into()),
+            ..Default::default()
+        }));
+        assert!(bad(Choices {
+            repeat: Some(0),
+            ..Default::default()
+        }));
+        assert!(bad(Choices {
+            link: Some("1g".into()),
+            ..Default::default()
+        }));
+        assert!(bad(Choices {
+            suite: Some("net,disk".into()),
+            ..Default::default()
+        }));
+        assert!(!bad(Choices {
+            suite: Some("fs".into()),
+            ..choices()
+        }));
         let p = Plan::from_choices(&Choices {
             protocols: Some("aoe".into()),
             peers: Some("none".into()),
@@ -281,7 +581,10 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        assert_eq!(p.subjects(), vec![("blockwire-aoe".into(), "blockwire".into(), "aoe".into())]);
+        assert_eq!(
+            p.subjects(),
+            vec![("blockwire-aoe".into(), "blockwire".into(), "aoe".into())]
+        );
         assert!(p.sweep.is_empty());
     }
 

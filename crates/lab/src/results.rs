@@ -4,8 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What `blockwire bench --json` prints (and what the fio baseline is
-/// converted into), per run.
+/// The numbers the lab keeps of one micro or sweep run, from
+/// `blockwire bench --json` ([`bw_workload_report::BenchReport`]) or
+/// converted from fio's JSON for the local baseline.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BenchResult {
     pub iops: f64,
@@ -20,12 +21,29 @@ pub struct BenchResult {
     pub errors: u64,
 }
 
+/// Latency in nanoseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     pub p50: f64,
     pub p99: f64,
     pub p999: f64,
     pub mean: f64,
+}
+
+impl From<&bw_workload_report::BenchReport> for BenchResult {
+    fn from(r: &bw_workload_report::BenchReport) -> BenchResult {
+        BenchResult {
+            iops: r.iops,
+            bw_bytes: r.bw_bytes,
+            lat_ns: Latency { p50: r.lat_ns.p50 as f64, p99: r.lat_ns.p99 as f64, p999: r.lat_ns.p999 as f64, mean: r.lat_ns.mean },
+            cpu_user_s: r.cpu_user_s,
+            cpu_sys_s: r.cpu_sys_s,
+            ios: r.ios,
+            bytes: r.bytes,
+            runtime_s: r.runtime_s,
+            errors: r.errors,
+        }
+    }
 }
 
 /// Counter deltas of the client-side veth over one run (both directions).
@@ -163,6 +181,12 @@ pub struct Params {
     /// Seconds per iperf3 run of the net suite.
     #[serde(default)]
     pub net_runtime_s: u32,
+    /// Link shapes with their rates (absent in older results).
+    #[serde(default)]
+    pub link_shapes: Vec<crate::net::LinkShape>,
+    /// The fs suite's sizes and limits (absent when it did not run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs: Option<crate::fs::FsParams>,
 }
 
 pub fn default_link() -> String {
@@ -205,9 +229,15 @@ pub struct Results {
     pub subjects: Vec<Subject>,
     pub samples: Vec<Sample>,
     pub failures: Vec<Failure>,
+    // Each suite's own records beside `samples` (micro and sweep): a suite
+    // with a shape of its own adds a field here and a section in
+    // `report::html::SECTIONS`.
     /// The net suite's iperf3 runs.
     #[serde(default)]
     pub net: Vec<crate::net::NetSample>,
+    /// The fs suite's runs.
+    #[serde(default)]
+    pub fs: Vec<crate::fs::FsSample>,
     /// Set when the run was cut short (SIGINT/SIGTERM or an error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aborted: Option<String>,

@@ -4,16 +4,51 @@
 use crate::cleanup::registry;
 use crate::results::{BenchResult, Latency, Workload};
 use crate::topology::ns_command;
+use bw_workload_report::BenchReport;
 use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Run a command to completion with a deadline, tracked for cleanup.
-/// Returns (exit ok, stdout, stderr, rusage CPU seconds of it and its reaped children).
-fn run_tracked(mut cmd: Command, what: &str, timeout: Duration) -> anyhow::Result<(bool, String, String, f64)> {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let (token, mut child) = registry().spawn(&mut cmd, what)?;
+/// How a tracked command ended.
+#[derive(Debug, Clone, Default)]
+pub struct Finished {
+    /// Exited with status 0.
+    pub ok: bool,
+    /// The signal that ended it, if one did (SIGKILL from the OOM killer).
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// rusage CPU seconds of it and its reaped children.
+    pub cpu_s: f64,
+    pub elapsed_s: f64,
+}
+
+/// Run a command to completion with a deadline, tracked for cleanup (as a
+/// workload: the first Ctrl-C stops it).
+fn run_tracked(
+    cmd: Command,
+    what: &str,
+    timeout: Duration,
+) -> anyhow::Result<(bool, String, String, f64)> {
+    let f = run_workload(cmd, what, timeout, None)?;
+    Ok((f.ok, f.stdout, f.stderr, f.cpu_s))
+}
+
+/// Run a workload to completion with a deadline, tracked for cleanup, in
+/// the cgroup whose `cgroup.procs` is `cgroup` if given.
+pub fn run_workload(
+    mut cmd: Command,
+    what: &str,
+    timeout: Duration,
+    cgroup: Option<&Path>,
+) -> anyhow::Result<Finished> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let (token, mut child) =
+        registry().spawn_in(&mut cmd, what, crate::cleanup::Role::Workload, cgroup)?;
     let pid = child.id();
     let mut out = child.stdout.take().expect("piped");
     let mut err = child.stderr.take().expect("piped");
@@ -59,12 +94,20 @@ fn run_tracked(mut cmd: Command, what: &str, timeout: Duration) -> anyhow::Resul
         stderr.push_str(&format!("\n(killed after {timeout:?})"));
     }
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    let cpu = tv(ru.ru_utime) + tv(ru.ru_stime);
+    let cpu_s = tv(ru.ru_utime) + tv(ru.ru_stime);
     let ok = status != -1 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    Ok((ok, stdout, stderr, cpu))
+    let signal = (status != -1 && libc::WIFSIGNALED(status)).then(|| libc::WTERMSIG(status));
+    Ok(Finished {
+        ok,
+        signal,
+        stdout,
+        stderr,
+        cpu_s,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+    })
 }
 
-fn last_lines(s: &str, n: usize) -> String {
+pub fn last_lines(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
@@ -95,24 +138,32 @@ pub fn bench_args(url: &str, w: &Workload, runtime_s: u32, size: u64) -> Vec<Str
     a
 }
 
-/// Parse the one JSON object `bench --json` prints (the last `{...}` line
-/// or the whole output when pretty-printed).
-pub fn parse_bench_json(stdout: &str) -> anyhow::Result<BenchResult> {
+/// Parse the one JSON object a workload command prints with `--json`
+/// (`bench`: [`BenchReport`], `flowop`: `FlowReport`): the last `{...}`
+/// line, or the whole output when pretty-printed.
+pub fn parse_json_report<T: serde::de::DeserializeOwned>(stdout: &str) -> anyhow::Result<T> {
     let trimmed = stdout.trim();
-    if let Ok(r) = serde_json::from_str::<BenchResult>(trimmed) {
+    if let Ok(r) = serde_json::from_str::<T>(trimmed) {
         return Ok(r);
     }
     if let Some(start) = trimmed.find('{') {
-        if let Ok(r) = serde_json::from_str::<BenchResult>(&trimmed[start..]) {
+        if let Ok(r) = serde_json::from_str::<T>(&trimmed[start..]) {
             return Ok(r);
         }
     }
     for line in trimmed.lines().rev() {
         if line.trim_start().starts_with('{') {
-            return serde_json::from_str(line.trim()).map_err(|e| anyhow::anyhow!("bench JSON: {e}"));
+            return serde_json::from_str(line.trim())
+                .map_err(|e| anyhow::anyhow!("JSON report: {e}"));
         }
     }
-    anyhow::bail!("bench printed no JSON object: {}", last_lines(stdout, 3))
+    anyhow::bail!("printed no JSON object: {}", last_lines(stdout, 3))
+}
+
+/// What the lab keeps of a `blockwire bench --json` run.
+pub fn parse_bench_json(stdout: &str) -> anyhow::Result<BenchResult> {
+    let r: BenchReport = parse_json_report(stdout).map_err(|e| anyhow::anyhow!("bench {e}"))?;
+    Ok(BenchResult::from(&r))
 }
 
 pub fn run_bench(
@@ -130,7 +181,8 @@ pub fn run_bench(
     if !ok {
         anyhow::bail!("bench {url} {} failed: {}", w.name, last_lines(&stderr, 3));
     }
-    parse_bench_json(&stdout).map_err(|e| anyhow::anyhow!("{e} (stderr: {})", last_lines(&stderr, 2)))
+    parse_bench_json(&stdout)
+        .map_err(|e| anyhow::anyhow!("{e} (stderr: {})", last_lines(&stderr, 2)))
 }
 
 /// fio directly on the backing file: the local, no-network reference.
@@ -157,10 +209,16 @@ pub fn fio_args(file: &Path, w: &Workload, runtime_s: u32, size: u64) -> Vec<Str
     a
 }
 
-pub fn run_fio(file: &Path, w: &Workload, runtime_s: u32, size: u64) -> anyhow::Result<BenchResult> {
+pub fn run_fio(
+    file: &Path,
+    w: &Workload,
+    runtime_s: u32,
+    size: u64,
+) -> anyhow::Result<BenchResult> {
     let mut cmd = Command::new("fio");
     cmd.args(fio_args(file, w, runtime_s, size));
-    let (ok, stdout, stderr, cpu) = run_tracked(cmd, "fio", Duration::from_secs(runtime_s as u64 + 60))?;
+    let (ok, stdout, stderr, cpu) =
+        run_tracked(cmd, "fio", Duration::from_secs(runtime_s as u64 + 60))?;
     if !ok {
         anyhow::bail!("fio {} failed: {}", w.name, last_lines(&stderr, 3));
     }
@@ -177,7 +235,9 @@ pub fn run_fio(file: &Path, w: &Workload, runtime_s: u32, size: u64) -> anyhow::
 /// tails (fio does not merge histograms across directions).
 pub fn parse_fio_json(text: &str) -> anyhow::Result<BenchResult> {
     // fio may print notes before the JSON.
-    let start = text.find('{').ok_or_else(|| anyhow::anyhow!("fio printed no JSON"))?;
+    let start = text
+        .find('{')
+        .ok_or_else(|| anyhow::anyhow!("fio printed no JSON"))?;
     let v: serde_json::Value = serde_json::from_str(&text[start..])?;
     let job = v
         .get("jobs")
@@ -186,7 +246,9 @@ pub fn parse_fio_json(text: &str) -> anyhow::Result<BenchResult> {
     let mut r = BenchResult::default();
     let mut dirs = vec![];
     for dir in ["read", "write"] {
-        let d = job.get(dir).ok_or_else(|| anyhow::anyhow!("fio JSON lacks {dir}"))?;
+        let d = job
+            .get(dir)
+            .ok_or_else(|| anyhow::anyhow!("fio JSON lacks {dir}"))?;
         let f = |k: &str| d.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
         let ios = f("total_ios") as u64;
         r.iops += f("iops");
@@ -201,8 +263,20 @@ pub fn parse_fio_json(text: &str) -> anyhow::Result<BenchResult> {
                     .and_then(|x| x.as_f64())
                     .unwrap_or(0.0)
             };
-            let mean = d.get("lat_ns").and_then(|l| l.get("mean")).and_then(|x| x.as_f64()).unwrap_or(0.0);
-            dirs.push((ios, Latency { p50: pct("50.000000"), p99: pct("99.000000"), p999: pct("99.900000"), mean }));
+            let mean = d
+                .get("lat_ns")
+                .and_then(|l| l.get("mean"))
+                .and_then(|x| x.as_f64())
+                .unwrap_or(0.0);
+            dirs.push((
+                ios,
+                Latency {
+                    p50: pct("50.000000"),
+                    p99: pct("99.000000"),
+                    p999: pct("99.900000"),
+                    mean,
+                },
+            ));
         }
     }
     if let Some((_, main)) = dirs.iter().max_by_key(|(ios, _)| *ios) {
@@ -215,7 +289,11 @@ pub fn parse_fio_json(text: &str) -> anyhow::Result<BenchResult> {
         r.lat_ns.mean += l.mean * *n as f64 / total.max(1) as f64;
     }
     r.errors = job.get("error").and_then(|x| x.as_u64()).unwrap_or(0);
-    r.runtime_s = job.get("job_runtime").and_then(|x| x.as_f64()).unwrap_or(0.0) / 1e3;
+    r.runtime_s = job
+        .get("job_runtime")
+        .and_then(|x| x.as_f64())
+        .unwrap_or(0.0)
+        / 1e3;
     Ok(r)
 }
 
@@ -224,21 +302,35 @@ mod tests {
     use super::*;
 
     fn w() -> Workload {
-        Workload { name: "randrw".into(), rw: "randrw".into(), bs: 4096, iodepth: 16, numjobs: 2, rwmixread: Some(75) }
+        Workload {
+            name: "randrw".into(),
+            rw: "randrw".into(),
+            bs: 4096,
+            iodepth: 16,
+            numjobs: 2,
+            rwmixread: Some(75),
+        }
     }
 
     #[test]
     fn bench_json_in_various_shapes() {
-        let one = r#"{"iops":1000.5,"bw_bytes":4098048,"lat_ns":{"p50":900,"p99":2000,"p999":5000,"mean":950},"cpu_user_s":0.1,"cpu_sys_s":0.2,"ios":3001,"bytes":12292096,"runtime_s":3.0,"errors":0,"extra":"ignored"}"#;
+        // What `blockwire bench --json` printed (bw_workload_report::BenchReport).
+        let one = r#"{"target":"iscsi://198.18.0.1:3260/iqn.2026-11.org.blockwire.lab:disk/0","rw":"randrw","bs":4096,"iodepth":16,"numjobs":1,"rwmixread":75,"runtime_s":3.0,"ios":3001,"bytes":12292096,"iops":1000.5,"bw_bytes":4098048.0,"lat_ns":{"min":300,"mean":950.0,"p50":900,"p90":1500,"p99":2000,"p999":5000,"max":9000},"read":{"ios":2250,"bytes":9216000,"iops":750.0,"bw_bytes":3072000.0,"lat_ns":{"min":0,"mean":0.0,"p50":0,"p90":0,"p99":0,"p999":0,"max":0}},"write":{"ios":751,"bytes":3076096,"iops":250.5,"bw_bytes":1026048.0,"lat_ns":{"min":0,"mean":0.0,"p50":0,"p90":0,"p99":0,"p999":0,"max":0}},"cpu_user_s":0.1,"cpu_sys_s":0.2,"cpu_per_io_us":99.9,"errors":0}"#;
         let r = parse_bench_json(one).unwrap();
         assert_eq!(r.ios, 3001);
         assert_eq!(r.lat_ns.p999, 5000.0);
+        assert_eq!(r.lat_ns.mean, 950.0);
+        assert_eq!(r.cpu_sys_s, 0.2);
         let with_noise = format!("connecting...\n{one}\n");
         assert_eq!(parse_bench_json(&with_noise).unwrap(), r);
-        let pretty = serde_json::to_string_pretty(&r).unwrap();
+        let report: BenchReport = serde_json::from_str(one).unwrap();
+        let pretty = serde_json::to_string_pretty(&report).unwrap();
         assert_eq!(parse_bench_json(&pretty).unwrap(), r);
         assert!(parse_bench_json("no json here").is_err());
-        assert!(parse_bench_json(r#"{"iops": 1}"#).is_err(), "missing fields must not pass");
+        assert!(
+            parse_bench_json(r#"{"iops": 1}"#).is_err(),
+            "missing fields must not pass"
+        );
     }
 
     #[test]
@@ -281,7 +373,14 @@ mod tests {
     fn fio_really_runs_on_a_file() {
         let path = std::env::temp_dir().join(format!("bwlab-fio-unit-{}", std::process::id()));
         std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
-        let wl = Workload { name: "randread".into(), rw: "randread".into(), bs: 4096, iodepth: 4, numjobs: 1, rwmixread: None };
+        let wl = Workload {
+            name: "randread".into(),
+            rw: "randread".into(),
+            bs: 4096,
+            iodepth: 4,
+            numjobs: 1,
+            rwmixread: None,
+        };
         let r = run_fio(&path, &wl, 1, 1 << 20);
         let _ = std::fs::remove_file(&path);
         let r = r.unwrap();

@@ -100,6 +100,25 @@ pub fn ratio_of_means(a: &[f64], b: &[f64]) -> Option<RatioCi> {
     Some(RatioCi { ratio: ma / mb, lo: at(0.025), hi: at(0.975) })
 }
 
+/// The mean of `v` with a 95% percentile-bootstrap interval (resampled
+/// with replacement, seeded from the values so a re-render gives the same
+/// interval). `None` with fewer than two finite values.
+pub fn mean_ci(v: &[f64]) -> Option<(f64, f64)> {
+    use rand::{Rng, SeedableRng};
+    let v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.len() < 2 {
+        return None;
+    }
+    let seed = v.iter().fold(0x5EED_u64, |h, x| (h ^ x.to_bits()).wrapping_mul(0x0100_0000_01B3));
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut means: Vec<f64> = (0..RESAMPLES)
+        .map(|_| (0..v.len()).map(|_| v[rng.gen_range(0..v.len())]).sum::<f64>() / v.len() as f64)
+        .collect();
+    means.sort_by(|x, y| x.total_cmp(y));
+    let at = |q: f64| means[((means.len() - 1) as f64 * q).round() as usize];
+    Some((at(0.025), at(0.975)))
+}
+
 /// Verdict on "is `a` better than `b`" for one metric.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Verdict {
@@ -207,6 +226,21 @@ mod tests {
         // Statistically apart, practically not.
         assert!(ci.lo > 1.0 && ci.hi < 1.05, "{ci:?}");
         assert_eq!(describe_advantage(true, "IOPS", ci), format!("3% more IOPS ({:.0}-{:.0}%)", (ci.lo - 1.0) * 100.0, (ci.hi - 1.0) * 100.0));
+    }
+
+    #[test]
+    fn the_interval_of_a_mean_holds_it_and_narrows_with_agreement() {
+        let wide = [80.0, 120.0, 95.0, 105.0, 100.0];
+        let narrow = [99.0, 101.0, 100.0, 100.5, 99.5];
+        let (wl, wh) = mean_ci(&wide).unwrap();
+        let (nl, nh) = mean_ci(&narrow).unwrap();
+        assert!(wl < 100.0 && 100.0 < wh && nl < 100.0 && 100.0 < nh);
+        assert!(nh - nl < (wh - wl) / 5.0, "[{nl}, {nh}] vs [{wl}, {wh}]");
+        // Within the range of the data, and the same every time.
+        assert!(wl >= 80.0 && wh <= 120.0);
+        assert_eq!(mean_ci(&wide), mean_ci(&wide));
+        assert!(mean_ci(&[1.0]).is_none());
+        assert_eq!(mean_ci(&[5.0, 5.0, 5.0]), Some((5.0, 5.0)));
     }
 
     #[test]

@@ -1,11 +1,8 @@
-//! Inline SVG charts written as text: grouped bar charts with spread
-//! whiskers and heat maps. No scripts, fonts or styles from outside.
+//! Inline SVG charts, rendered with maud like the rest of the report (every
+//! label escaped): grouped bar charts with whiskers and heat maps. No
+//! scripts, fonts or styles from outside.
 
-use std::fmt::Write;
-
-pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
+use maud::{html, Markup};
 
 /// A bar: the mean, and the whisker range (mean ± stddev, clamped at 0).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,9 +56,14 @@ pub fn short(v: f64) -> String {
     }
 }
 
+/// One decimal, the precision every coordinate needs.
+fn f1(v: f64) -> String {
+    format!("{v:.1}")
+}
+
 /// Grouped bars: `values[group][series]`. Series names go in the legend,
 /// group names under the axis.
-pub fn grouped_bars(title: &str, unit: &str, groups: &[String], series: &[(String, String)], values: &[Vec<Option<Bar>>]) -> String {
+pub fn grouped_bars(title: &str, unit: &str, groups: &[String], series: &[(String, String)], values: &[Vec<Option<Bar>>]) -> Markup {
     let (left, right, top, bottom) = (64.0, 16.0, 44.0, 58.0);
     let group_gap = 22.0;
     // Groups at least 140 px wide so workload names under them do not collide.
@@ -74,103 +76,46 @@ pub fn grouped_bars(title: &str, unit: &str, groups: &[String], series: &[(Strin
     let width = left + plot_w + right;
     let height = top + legend_rows * 16.0 + plot_h + bottom;
     let plot_top = top + legend_rows * 16.0;
-    let max = values
-        .iter()
-        .flatten()
-        .flatten()
-        .map(|b| b.hi.max(b.mean))
-        .fold(0.0f64, f64::max);
+    let max = values.iter().flatten().flatten().map(|b| b.hi.max(b.mean)).fold(0.0f64, f64::max);
     let (ymax, step) = nice_axis(max);
     let y = |v: f64| plot_top + plot_h - (v / ymax).clamp(0.0, 1.05) * plot_h;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" role="img" aria-label="{t}">"#,
-        t = esc(title)
-    );
-    let _ = write!(s, r#"<text x="8" y="18" class="title">{}</text>"#, esc(title));
-    // Legend.
-    for (i, (name, color)) in series.iter().enumerate() {
-        let lx = left + (i % legend_cols) as f64 * 165.0;
-        let ly = 30.0 + (i / legend_cols) as f64 * 16.0;
-        let _ = write!(
-            s,
-            r#"<rect x="{lx:.0}" y="{:.0}" width="10" height="10" fill="{color}"/><text x="{:.0}" y="{:.0}" class="small">{}</text>"#,
-            ly - 9.0,
-            lx + 14.0,
-            ly,
-            esc(name)
-        );
-    }
-    // Axis and grid.
-    let mut tick = 0.0;
-    while tick <= ymax + step * 0.01 {
-        let ty = y(tick);
-        let _ = write!(
-            s,
-            r#"<line x1="{left:.0}" x2="{:.0}" y1="{ty:.1}" y2="{ty:.1}" class="grid"/><text x="{:.0}" y="{:.1}" class="small" text-anchor="end">{}</text>"#,
-            left + plot_w,
-            left - 4.0,
-            ty + 4.0,
-            short(tick)
-        );
-        tick += step;
-    }
-    let _ = write!(
-        s,
-        r#"<text transform="translate(14,{:.0}) rotate(-90)" class="small" text-anchor="middle">{}</text>"#,
-        plot_top + plot_h / 2.0,
-        esc(unit)
-    );
-    for (g, name) in groups.iter().enumerate() {
-        let gx = left + g as f64 * group_w + group_gap / 2.0;
-        for (i, (sname, color)) in series.iter().enumerate() {
-            let Some(b) = values.get(g).and_then(|v| v.get(i)).copied().flatten() else { continue };
-            let x = gx + i as f64 * bar_w;
-            let (yt, yb) = (y(b.mean), y(0.0));
-            let _ = write!(
-                s,
-                r#"<rect class="bar" x="{x:.1}" y="{yt:.1}" width="{:.1}" height="{:.1}" fill="{color}"><title>{} {}: {} {} (spread {}..{})</title></rect>"#,
-                bar_w - 2.0,
-                (yb - yt).max(0.5),
-                esc(sname),
-                esc(name),
-                short(b.mean),
-                esc(unit),
-                short(b.lo),
-                short(b.hi)
-            );
-            if b.hi > b.lo {
-                let cx = x + (bar_w - 2.0) / 2.0;
-                let _ = write!(
-                    s,
-                    r#"<path class="whisker" d="M{cx:.1} {:.1}V{:.1}M{:.1} {:.1}h6M{:.1} {:.1}h6"/>"#,
-                    y(b.lo),
-                    y(b.hi),
-                    cx - 3.0,
-                    y(b.lo),
-                    cx - 3.0,
-                    y(b.hi)
-                );
+    let ticks: Vec<f64> = (0..).map(|i| i as f64 * step).take_while(|t| *t <= ymax + step * 0.01).collect();
+    let (w, h) = (format!("{width:.0}"), format!("{height:.0}"));
+    html! {
+        svg class="chart" xmlns="http://www.w3.org/2000/svg" width=(w) height=(h) viewBox=(format!("0 0 {w} {h}")) role="img" aria-label=(title) {
+            text x="8" y="18" class="title" { (title) }
+            @for (i, (name, color)) in series.iter().enumerate() {
+                @let lx = left + (i % legend_cols) as f64 * 165.0;
+                @let ly = 30.0 + (i / legend_cols) as f64 * 16.0;
+                rect x=(f1(lx)) y=(f1(ly - 9.0)) width="10" height="10" fill=(color) {}
+                text x=(f1(lx + 14.0)) y=(f1(ly)) class="small" { (name) }
             }
+            @for t in &ticks {
+                line x1=(f1(left)) x2=(f1(left + plot_w)) y1=(f1(y(*t))) y2=(f1(y(*t))) class="grid" {}
+                text x=(f1(left - 4.0)) y=(f1(y(*t) + 4.0)) class="small" text-anchor="end" { (short(*t)) }
+            }
+            text transform=(format!("translate(14,{:.0}) rotate(-90)", plot_top + plot_h / 2.0)) class="small" text-anchor="middle" { (unit) }
+            @for (g, name) in groups.iter().enumerate() {
+                @let gx = left + g as f64 * group_w + group_gap / 2.0;
+                @for (i, (sname, color)) in series.iter().enumerate() {
+                    @if let Some(b) = values.get(g).and_then(|v| v.get(i)).copied().flatten() {
+                        @let x = gx + i as f64 * bar_w;
+                        @let (yt, yb) = (y(b.mean), y(0.0));
+                        rect class="bar" x=(f1(x)) y=(f1(yt)) width=(f1(bar_w - 2.0)) height=(f1((yb - yt).max(0.5))) fill=(color) {
+                            title { (sname) " " (name) ": " (short(b.mean)) " " (unit) " (spread " (short(b.lo)) ".." (short(b.hi)) ")" }
+                        }
+                        @if b.hi > b.lo {
+                            @let cx = x + (bar_w - 2.0) / 2.0;
+                            path class="whisker" d=(format!("M{cx:.1} {:.1}V{:.1}M{:.1} {:.1}h6M{:.1} {:.1}h6", y(b.lo), y(b.hi), cx - 3.0, y(b.lo), cx - 3.0, y(b.hi))) {}
+                        }
+                    }
+                }
+                text x=(f1(gx + series.len() as f64 * bar_w / 2.0)) y=(f1(plot_top + plot_h + 16.0)) class="small" text-anchor="middle" { (name) }
+            }
+            line x1=(f1(left)) x2=(f1(left)) y1=(f1(plot_top)) y2=(f1(plot_top + plot_h)) class="axis" {}
+            line x1=(f1(left)) x2=(f1(left + plot_w)) y1=(f1(plot_top + plot_h)) y2=(f1(plot_top + plot_h)) class="axis" {}
         }
-        let _ = write!(
-            s,
-            r#"<text x="{:.1}" y="{:.0}" class="small" text-anchor="middle">{}</text>"#,
-            gx + series.len() as f64 * bar_w / 2.0,
-            plot_top + plot_h + 16.0,
-            esc(name)
-        );
     }
-    let _ = write!(
-        s,
-        r#"<line x1="{left:.0}" x2="{left:.0}" y1="{plot_top:.0}" y2="{:.0}" class="axis"/><line x1="{left:.0}" x2="{:.0}" y1="{:.0}" y2="{:.0}" class="axis"/></svg>"#,
-        plot_top + plot_h,
-        left + plot_w,
-        plot_top + plot_h,
-        plot_top + plot_h
-    );
-    s
 }
 
 /// Colour for t in 0..1 on a perceptual ramp (dark blue -> green -> yellow).
@@ -196,73 +141,44 @@ pub fn heatmap(
     col_labels: &[String],
     values: &[Vec<Option<f64>>],
     higher_is_better: bool,
-) -> String {
+) -> Markup {
     let (left, top, cell_w, cell_h) = (70.0, 40.0, 62.0, 30.0);
     let width = left + col_labels.len() as f64 * cell_w + 12.0;
     let height = top + row_labels.len() as f64 * cell_h + 40.0;
     let all: Vec<f64> = values.iter().flatten().flatten().copied().filter(|v| v.is_finite()).collect();
-    let (lo, hi) = all
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg class="chart heatmap" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" role="img" aria-label="{t}">"#,
-        t = esc(title)
-    );
-    let _ = write!(s, r#"<text x="8" y="18" class="title">{}</text>"#, esc(title));
-    let _ = write!(s, r#"<text x="8" y="{:.0}" class="small">{}</text>"#, top - 6.0, esc(&format!("{row_title} ↓ / {col_title} →")));
-    for (c, label) in col_labels.iter().enumerate() {
-        let _ = write!(
-            s,
-            r#"<text x="{:.1}" y="{:.0}" class="small" text-anchor="middle">{}</text>"#,
-            left + c as f64 * cell_w + cell_w / 2.0,
-            top + row_labels.len() as f64 * cell_h + 16.0,
-            esc(label)
-        );
-    }
-    for (r, label) in row_labels.iter().enumerate() {
-        let ry = top + r as f64 * cell_h;
-        let _ = write!(s, r#"<text x="{:.0}" y="{:.1}" class="small" text-anchor="end">{}</text>"#, left - 6.0, ry + cell_h / 2.0 + 4.0, esc(label));
-        for c in 0..col_labels.len() {
-            let v = values.get(r).and_then(|row| row.get(c)).copied().flatten();
-            let cx = left + c as f64 * cell_w;
-            match v {
-                Some(v) => {
-                    let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
-                    let t = if higher_is_better { t } else { 1.0 - t };
-                    let fg = if t > 0.6 { "#000" } else { "#fff" };
-                    let _ = write!(
-                        s,
-                        r#"<rect class="cell" x="{cx:.0}" y="{ry:.0}" width="{:.0}" height="{:.0}" fill="{}"><title>{}={} {}={}: {}</title></rect><text x="{:.1}" y="{:.1}" class="small" text-anchor="middle" fill="{fg}">{}</text>"#,
-                        cell_w - 1.0,
-                        cell_h - 1.0,
-                        ramp(t),
-                        esc(row_title),
-                        esc(label),
-                        esc(col_title),
-                        esc(&col_labels[c]),
-                        short(v),
-                        cx + cell_w / 2.0,
-                        ry + cell_h / 2.0 + 4.0,
-                        short(v)
-                    );
-                }
-                None => {
-                    let _ = write!(
-                        s,
-                        r##"<rect class="cell empty" x="{cx:.0}" y="{ry:.0}" width="{:.0}" height="{:.0}" fill="#eee"/><text x="{:.1}" y="{:.1}" class="small" text-anchor="middle">–</text>"##,
-                        cell_w - 1.0,
-                        cell_h - 1.0,
-                        cx + cell_w / 2.0,
-                        ry + cell_h / 2.0 + 4.0
-                    );
+    let (lo, hi) = all.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+    let (w, h) = (format!("{width:.0}"), format!("{height:.0}"));
+    html! {
+        svg class="chart heatmap" xmlns="http://www.w3.org/2000/svg" width=(w) height=(h) viewBox=(format!("0 0 {w} {h}")) role="img" aria-label=(title) {
+            text x="8" y="18" class="title" { (title) }
+            text x="8" y=(f1(top - 6.0)) class="small" { (row_title) " ↓ / " (col_title) " →" }
+            @for (c, label) in col_labels.iter().enumerate() {
+                text x=(f1(left + c as f64 * cell_w + cell_w / 2.0)) y=(f1(top + row_labels.len() as f64 * cell_h + 16.0)) class="small" text-anchor="middle" { (label) }
+            }
+            @for (r, label) in row_labels.iter().enumerate() {
+                @let ry = top + r as f64 * cell_h;
+                text x=(f1(left - 6.0)) y=(f1(ry + cell_h / 2.0 + 4.0)) class="small" text-anchor="end" { (label) }
+                @for c in 0..col_labels.len() {
+                    @let cx = left + c as f64 * cell_w;
+                    @let (tx, ty) = (f1(cx + cell_w / 2.0), f1(ry + cell_h / 2.0 + 4.0));
+                    @match values.get(r).and_then(|row| row.get(c)).copied().flatten() {
+                        Some(v) => {
+                            @let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+                            @let t = if higher_is_better { t } else { 1.0 - t };
+                            rect class="cell" x=(f1(cx)) y=(f1(ry)) width=(f1(cell_w - 1.0)) height=(f1(cell_h - 1.0)) fill=(ramp(t)) {
+                                title { (row_title) "=" (label) " " (col_title) "=" (col_labels[c]) ": " (short(v)) }
+                            }
+                            text x=(tx) y=(ty) class="small" text-anchor="middle" fill=(if t > 0.6 { "#000" } else { "#fff" }) { (short(v)) }
+                        },
+                        None => {
+                            rect class="cell empty" x=(f1(cx)) y=(f1(ry)) width=(f1(cell_w - 1.0)) height=(f1(cell_h - 1.0)) fill="#eee" {}
+                            text x=(tx) y=(ty) class="small" text-anchor="middle" { "–" }
+                        },
+                    }
                 }
             }
         }
     }
-    s.push_str("</svg>");
-    s
 }
 
 #[cfg(test)]
@@ -288,7 +204,7 @@ mod tests {
             vec![Some(Bar { mean: 5.0, lo: 4.0, hi: 6.0 }), None],
             vec![Some(Bar { mean: 3.0, lo: 3.0, hi: 3.0 }), Some(Bar { mean: 1.0, lo: 0.5, hi: 1.5 })],
         ];
-        let svg = grouped_bars("T", "IOPS", &groups, &series, &v);
+        let svg = grouped_bars("T", "IOPS", &groups, &series, &v).into_string();
         assert_eq!(svg.matches(r#"class="bar""#).count(), 3);
         assert_eq!(svg.matches(r#"class="whisker""#).count(), 2);
         assert!(svg.contains("a&lt;b") && svg.contains("x&amp;y"));
@@ -301,8 +217,10 @@ mod tests {
         let rows = vec!["1".to_string(), "4".to_string()];
         let cols = vec!["1".to_string(), "16".to_string()];
         let v = vec![vec![Some(1.0), Some(2.0)], vec![None, Some(4.0)]];
-        let svg = heatmap("H", "jobs", "qd", &rows, &cols, &v, true);
+        let svg = heatmap("H", "jobs", "qd", &rows, &cols, &v, true).into_string();
         assert_eq!(svg.matches(r#"class="cell""#).count(), 3);
+        // Every SVG element is closed: in HTML, an unclosed <rect> would swallow its siblings.
+        assert_eq!(svg.matches("<rect").count(), svg.matches("</rect>").count());
         assert_eq!(svg.matches("cell empty").count(), 1);
         assert_eq!(ramp(0.0), "#440154");
         assert_eq!(ramp(1.0), "#fde725");

@@ -82,7 +82,7 @@ fn spawn_logged(
     ready_marker: Option<&'static str>,
 ) -> anyhow::Result<(TargetProcess, mpsc::Receiver<()>)> {
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let (token, mut child) = registry().spawn(&mut cmd, what)?;
+    let (token, mut child) = registry().spawn(&mut cmd, what, crate::cleanup::Role::Service)?;
     let log = Arc::new(Mutex::new(VecDeque::new()));
     let (tx, rx) = mpsc::channel();
     let streams: Vec<Box<dyn std::io::Read + Send>> = vec![

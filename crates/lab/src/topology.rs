@@ -173,8 +173,10 @@ pub fn parse_ip_stats_json(text: &str) -> anyhow::Result<WireCounters> {
     })
 }
 
-/// Namespaces, links and mounts on this machine whose names belong to the
-/// lab run with `pid` (for leak checks).
+/// Everything on this machine that belongs to the lab run with `pid`:
+/// namespaces, links, mounts, FUSE connections, loop devices, memory
+/// cgroups and attach daemons (for leak checks; qdiscs live on the lab's
+/// veths and go with them).
 pub fn leftovers(pid: u32) -> Vec<String> {
     let (tns, cns) = names(pid);
     let veth_prefix = format!("bwl{pid}");
@@ -197,11 +199,46 @@ pub fn leftovers(pid: u32) -> Vec<String> {
             }
         }
     }
+    let tag = format!("bwlab-{pid}");
+    // File systems, FUSE connections (the attach daemon's mount) and netns binds.
     if let Ok(m) = std::fs::read_to_string("/proc/mounts") {
         for l in m.lines() {
-            if l.contains(&tns) || l.contains(&cns) || l.contains(&format!("bwlab-{pid}")) {
+            if l.contains(&tns) || l.contains(&cns) || l.contains(&tag) {
                 out.push(format!("mount {l}"));
             }
+        }
+    }
+    // Loop devices on the lab's backing file.
+    for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Ok(f) = std::fs::read_to_string(e.path().join("loop/backing_file")) {
+            if f.contains(&tag) {
+                out.push(format!("loop device /dev/{name} on {}", f.trim()));
+            }
+        }
+    }
+    // Memory cgroups of the fs suite (v1 and v2 layouts).
+    for base in ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"] {
+        for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(&tag) {
+                out.push(format!("cgroup {}", e.path().display()));
+            }
+        }
+    }
+    // Attach daemons of `blockwire mount` (not the lab's children: they
+    // detach into their own session) and their state files.
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().parse::<u32>().is_err() {
+            continue;
+        }
+        let cmd = std::fs::read(e.path().join("cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
+        if cmd.contains(" attach ") && cmd.contains(&tag) {
+            out.push(format!("process {} ({})", e.file_name().to_string_lossy(), cmd.trim()));
+        }
+    }
+    for e in std::fs::read_dir("/run/blockwire").into_iter().flatten().flatten() {
+        if std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains(&tag)) {
+            out.push(format!("attach state {}", e.path().display()));
         }
     }
     out

@@ -6,7 +6,7 @@
 //! to prefer. Transitions are the configuration's, never the initiator's
 //! (SET TARGET PORT GROUPS is not implemented: implicit ALUA only).
 
-use crate::cdb::{be32, truncate_to};
+use crate::commands::AluaAccess;
 use crate::sense::Sense;
 
 /// Asymmetric access states (SPC-4 table 172).
@@ -40,23 +40,15 @@ impl AluaState {
     }
 }
 
-/// Whether `opcode` may run in `state` (SPC-4 5.16.2.4.4-5): in standby
-/// and unavailable only the commands that inspect the LU or its paths
-/// (and, in standby, persistent reservations) run; the rest get NOT READY.
-pub fn permits(state: AluaState, opcode: u8) -> Result<(), Sense> {
-    use crate::cdb::op;
+/// Whether a command with ALUA access class `access` (from its row) may
+/// run in `state` (SPC-4 5.16.2.4.4-5): in standby and unavailable only the
+/// commands that inspect the LU or its paths (and, in standby, persistent
+/// reservations) run; the rest get NOT READY.
+pub fn permits(state: AluaState, access: AluaAccess) -> Result<(), Sense> {
     let Some(refusal) = state.refusal() else { return Ok(()) };
-    match opcode {
-        op::INQUIRY
-        | op::LOG_SENSE
-        | op::MODE_SENSE_6
-        | op::MODE_SENSE_10
-        | op::MODE_SELECT_6
-        | op::MODE_SELECT_10
-        | op::REPORT_LUNS
-        | op::MAINTENANCE_IN
-        | op::REQUEST_SENSE => Ok(()),
-        op::PR_IN | op::PR_OUT if state == AluaState::Standby => Ok(()),
+    match access {
+        AluaAccess::Always => Ok(()),
+        AluaAccess::UpToStandby if state == AluaState::Standby => Ok(()),
         _ => Err(refusal),
     }
 }
@@ -86,7 +78,6 @@ pub fn report_target_port_groups(group: PortGroup, cdb: &[u8], out: &mut Vec<u8>
         1 => true,
         _ => return Err(Sense::invalid_cdb_field(1, Some(5))),
     };
-    let alloc = be32(cdb, 6) as usize;
     out.extend_from_slice(&[0; 4]);
     if extended {
         // Format 1, implicit transition time unknown (0).
@@ -102,7 +93,6 @@ pub fn report_target_port_groups(group: PortGroup, cdb: &[u8], out: &mut Vec<u8>
     // RETURN DATA LENGTH: the bytes after the first four.
     let len = (out.len() - 4) as u32;
     out[..4].copy_from_slice(&len.to_be_bytes());
-    truncate_to(out, alloc);
     Ok(())
 }
 
@@ -121,9 +111,6 @@ mod tests {
             .unwrap();
         assert_eq!(out, vec![0, 0, 0, 16, 0x10, 0, 0, 0, 0x00, 0x0f, 0, 1, 0, 0x02, 0, 1, 0, 0, 0, 1]);
         out.clear();
-        report_target_port_groups(PortGroup::default(), &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0], &mut out)
-            .unwrap();
-        assert_eq!(out.len(), 6);
         assert_eq!(
             report_target_port_groups(PortGroup::default(), &[0xa3, 0x4a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out),
             Err(Sense::invalid_cdb_field(1, Some(5)))
@@ -134,10 +121,14 @@ mod tests {
     fn states_gate_media_access() {
         assert_eq!(AluaState::ActiveNonOptimized.refusal(), None);
         assert_eq!(AluaState::Unavailable.refusal(), Some(Sense::new(2, 0x04, 0x0c)));
-        assert_eq!(permits(AluaState::Standby, 0x28), Err(Sense::new(2, 0x04, 0x0b)));
-        assert_eq!(permits(AluaState::Standby, 0x5e), Ok(()));
-        assert_eq!(permits(AluaState::Unavailable, 0x5e), Err(Sense::new(2, 0x04, 0x0c)));
-        assert_eq!(permits(AluaState::Unavailable, 0xa3), Ok(()));
-        assert_eq!(permits(AluaState::ActiveNonOptimized, 0x2a), Ok(()));
+        let class = |cdb: &[u8]| crate::commands::command(cdb).unwrap().alua;
+        let read10 = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        let pr_in = [0x5e, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+        let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+        assert_eq!(permits(AluaState::Standby, class(&read10)), Err(Sense::new(2, 0x04, 0x0b)));
+        assert_eq!(permits(AluaState::Standby, class(&pr_in)), Ok(()));
+        assert_eq!(permits(AluaState::Unavailable, class(&pr_in)), Err(Sense::new(2, 0x04, 0x0c)));
+        assert_eq!(permits(AluaState::Unavailable, class(&rtpg)), Ok(()));
+        assert_eq!(permits(AluaState::ActiveNonOptimized, class(&read10)), Ok(()));
     }
 }

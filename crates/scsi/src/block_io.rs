@@ -2,7 +2,7 @@
 //! AND VERIFY, VERIFY, WRITE SAME, UNMAP, COMPARE AND WRITE, PRE-FETCH,
 //! SYNCHRONIZE CACHE and READ CAPACITY.
 
-use crate::cdb::{be16, be24, be32, be64, op, truncate_to};
+use crate::cdb::{be16, be32, be64, field, op};
 use crate::inquiry::{MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BLOCKS};
 use crate::sense::{key, Sense};
 use crate::{Lun, ReadExtent};
@@ -33,16 +33,20 @@ pub fn io_sense(e: &BlockError, write: bool) -> Sense {
 /// (LBA, number of blocks) of a READ/WRITE/VERIFY-style CDB.
 #[inline]
 pub fn lba_and_len(cdb: &[u8]) -> (u64, u64) {
+    use crate::cdb::field::*;
     match cdb[0] >> 5 {
         0 => {
-            // 6-byte: 21-bit LBA; transfer length 0 means 256 blocks.
-            let lba = (be24(cdb, 1) & 0x1f_ffff) as u64;
-            let n = if cdb[4] == 0 { 256 } else { cdb[4] as u64 };
+            // 6-byte: transfer length 0 means 256 blocks.
+            let lba = (LBA_6.get(cdb) & LBA_6_MASK) as u64;
+            let n = match BLOCKS_6.get(cdb) {
+                0 => 256,
+                n => n as u64,
+            };
             (lba, n)
         }
-        1 | 2 => (be32(cdb, 2) as u64, be16(cdb, 7) as u64),
-        5 => (be32(cdb, 2) as u64, be32(cdb, 6) as u64),
-        _ => (be64(cdb, 2), be32(cdb, 10) as u64),
+        1 | 2 => (LBA_10.get(cdb) as u64, BLOCKS_10.get(cdb) as u64),
+        5 => (LBA_12.get(cdb) as u64, BLOCKS_12.get(cdb) as u64),
+        _ => (LBA_16.get(cdb), BLOCKS_16.get(cdb) as u64),
     }
 }
 
@@ -123,15 +127,11 @@ impl Lun {
         Ok(())
     }
 
-    /// WRITE (6/10/12/16) and WRITE AND VERIFY (10/12/16). Writes the whole
-    /// blocks the initiator actually sent (an iSCSI overflow may send fewer),
-    /// ignores excess data.
-    pub fn write(&self, cdb: &[u8], data: &[u8], verify: bool) -> Result<(), Sense> {
-        self.write_pieces(cdb, &[data], verify)
-    }
-
-    /// [`Lun::write`] with the data in consecutive pieces (as a transport
-    /// received it), each written where it lands: no copy into one buffer.
+    /// WRITE (6/10/12/16) and WRITE AND VERIFY (10/12/16) with the data in
+    /// consecutive pieces (as a transport received it), each written where
+    /// it lands: no copy into one buffer. Writes the whole blocks the
+    /// initiator actually sent (an iSCSI overflow may send fewer), ignores
+    /// excess data.
     pub fn write_pieces(&self, cdb: &[u8], pieces: &[&[u8]], verify: bool) -> Result<(), Sense> {
         if cdb[0] != op::WRITE_6 && cdb[1] & 0xe0 != 0 {
             return Err(Sense::invalid_cdb_field(1, Some(7))); // WRPROTECT
@@ -387,17 +387,15 @@ impl Lun {
     }
 
     /// READ CAPACITY (16); LBPME/LBPRZ when the backend can deallocate.
-    pub fn read_capacity_16(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
-        let alloc = be32(cdb, 10) as usize;
-        out.extend_from_slice(&self.blocks().saturating_sub(1).to_be_bytes());
-        out.extend_from_slice(&(BLOCK as u32).to_be_bytes());
+    pub fn read_capacity_16(&self, _cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
         out.resize(32, 0);
+        field::RC16_LAST_LBA.set(out, self.blocks().saturating_sub(1));
+        field::RC16_BLOCK_LENGTH.set(out, BLOCK as u32);
         // LBPPBE 3: 4 KiB physical blocks, matching the optimal granularity.
         out[13] = 0x03;
         if self.discard {
             out[14] = 0x80 | 0x40; // LBPME, LBPRZ
         }
-        truncate_to(out, alloc);
         Ok(())
     }
 }

@@ -1,7 +1,7 @@
 //! CDBs an initiator sends, built in one place from the same opcode table the
 //! target decodes with (`op`), so the two sides cannot disagree on a layout.
 
-use crate::cdb::op;
+use crate::cdb::{field, op};
 
 /// TEST UNIT READY (6).
 pub fn test_unit_ready() -> [u8; 6] {
@@ -13,16 +13,16 @@ pub fn test_unit_ready() -> [u8; 6] {
 pub fn read_capacity_16(alloc: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
     c[0] = op::SERVICE_ACTION_IN_16;
-    c[1] = op::SAI_READ_CAPACITY_16;
-    c[10..14].copy_from_slice(&alloc.to_be_bytes());
+    field::SERVICE_ACTION.set(&mut c, op::SAI_READ_CAPACITY_16);
+    field::SAI_ALLOCATION_LENGTH.set(&mut c, alloc);
     c
 }
 
 fn rw16(opcode: u8, lba: u64, blocks: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
     c[0] = opcode;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    field::LBA_16.set(&mut c, lba);
+    field::BLOCKS_16.set(&mut c, blocks);
     c
 }
 
@@ -44,15 +44,13 @@ pub fn synchronize_cache_10() -> [u8; 10] {
 /// The parsed READ CAPACITY (16) answer: (last LBA, logical block length).
 /// `None` if `data` is shorter than the 12 bytes that carry them.
 pub fn parse_read_capacity_16(data: &[u8]) -> Option<(u64, u32)> {
-    let last_lba = u64::from_be_bytes(data.get(0..8)?.try_into().ok()?);
-    let block = u32::from_be_bytes(data.get(8..12)?.try_into().ok()?);
-    Some((last_lba, block))
+    Some((field::RC16_LAST_LBA.try_get(data)?, field::RC16_BLOCK_LENGTH.try_get(data)?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cdb::{be32, be64, cdb_len};
+    use crate::cdb::{be32, be64};
 
     #[test]
     fn builders_fill_the_fields_the_target_decodes() {
@@ -62,10 +60,12 @@ mod tests {
         assert_eq!((w[0], be64(&w, 2), be32(&w, 10)), (0x8A, 5, 9));
         let rc = read_capacity_16(32);
         assert_eq!((rc[0], rc[1] & 0x1f, be32(&rc, 10)), (0x9E, 0x10, 32));
-        // Each builder's length is what the opcode group says.
-        assert_eq!(cdb_len(test_unit_ready()[0]), test_unit_ready().len());
-        assert_eq!(cdb_len(synchronize_cache_10()[0]), synchronize_cache_10().len());
-        assert_eq!(cdb_len(rc[0]), rc.len());
+        // Each builder builds a command of the table, with its row's length.
+        let built: [&[u8]; 5] = [&test_unit_ready(), &synchronize_cache_10(), &rc, &r, &w];
+        for cdb in built {
+            let row = crate::commands::command(cdb).expect("a supported command");
+            assert_eq!(row.cdb_len(), cdb.len(), "{}", row.name);
+        }
     }
 
     #[test]

@@ -50,6 +50,40 @@ pub mod op {
     pub const MI_REPORT_SUPPORTED_TMF: u8 = 0x0D;
 }
 
+/// CDB and parameter data fields that both an initiator (the builders in
+/// `build`) and this target (the decoders) use, each defined once.
+pub mod field {
+    use bw_wire::{Bits, Field, U24};
+
+    /// Byte 1 of SERVICE ACTION IN/OUT, MAINTENANCE IN/OUT, PERSISTENT
+    /// RESERVE IN/OUT CDBs.
+    pub const SERVICE_ACTION: Bits = Bits::at(1, 0x1f);
+    /// VERIFY and WRITE AND VERIFY: byte check mode.
+    pub const BYTCHK: Bits = Bits::at(1, 0x06);
+
+    /// READ/WRITE(6): 21-bit LBA (the top bits of byte 1 are reserved) and
+    /// transfer length (0 means 256 blocks).
+    pub const LBA_6: Field<U24> = Field::at(1);
+    pub const LBA_6_MASK: u32 = 0x1f_ffff;
+    pub const BLOCKS_6: Field<u8> = Field::at(4);
+    /// Group 1 and 2 (10-byte) block commands.
+    pub const LBA_10: Field<u32> = Field::at(2);
+    pub const BLOCKS_10: Field<u16> = Field::at(7);
+    /// Group 5 (12-byte) block commands.
+    pub const LBA_12: Field<u32> = Field::at(2);
+    pub const BLOCKS_12: Field<u32> = Field::at(6);
+    /// Group 4 (16-byte) block commands.
+    pub const LBA_16: Field<u64> = Field::at(2);
+    pub const BLOCKS_16: Field<u32> = Field::at(10);
+    /// SERVICE ACTION IN(16): allocation length (READ CAPACITY(16), GET LBA STATUS).
+    pub const SAI_ALLOCATION_LENGTH: Field<u32> = Field::at(10);
+
+    /// READ CAPACITY(16) parameter data: the last LBA and the logical
+    /// block length.
+    pub const RC16_LAST_LBA: Field<u64> = Field::at(0);
+    pub const RC16_BLOCK_LENGTH: Field<u32> = Field::at(8);
+}
+
 /// CDB length implied by the operation code's group (SPC-4 4.2.5.1).
 pub fn cdb_len(opcode: u8) -> usize {
     match opcode >> 5 {

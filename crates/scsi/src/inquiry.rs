@@ -1,7 +1,6 @@
 //! INQUIRY: standard data and the vital product data pages a Linux, Windows
 //! or VMware initiator reads to configure a disk.
 
-use crate::cdb::{be16, truncate_to};
 use crate::sense::Sense;
 use crate::Lun;
 
@@ -44,7 +43,6 @@ pub fn inquiry(lun: Option<&Lun>, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), S
         return Err(Sense::invalid_cdb_field(1, Some(1))); // CmdDt is obsolete
     }
     let page = cdb[2];
-    let alloc = be16(cdb, 3) as usize;
     let peripheral = if lun.is_some() { 0x00 } else { 0x7f };
     if !evpd {
         if page != 0 {
@@ -59,7 +57,6 @@ pub fn inquiry(lun: Option<&Lun>, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), S
         }
         out[0] = peripheral;
     }
-    truncate_to(out, alloc);
     Ok(())
 }
 

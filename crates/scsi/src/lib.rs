@@ -30,6 +30,11 @@
 //! EXTENDED COPY, ORWRITE, WRITE ATOMIC, READ DEFECT DATA, SANITIZE, FORMAT
 //! UNIT, SEND DIAGNOSTIC; PR OUT PREEMPT AND ABORT is an invalid field.
 //!
+//! Every supported command is one row of [`commands::COMMANDS`] (CDB
+//! length and usage data, data direction and length, reservation conflict
+//! class, ALUA access, inline or pooled execution) plus one handler
+//! function; see that module for what reads the row.
+//!
 //! Checked against libiscsi's `iscsi-test-cu -t SCSI` (215 tests) through
 //! the blockwire iSCSI target.
 
@@ -153,6 +158,7 @@ mod alua;
 mod block_io;
 pub mod build;
 mod cdb;
+pub mod commands;
 mod ident;
 mod inquiry;
 mod log;
@@ -169,7 +175,8 @@ pub use sense::Sense;
 /// Operation codes and service actions, for initiators as for this target.
 pub use cdb::op;
 
-use cdb::{be16, be32, cdb_len, truncate_to};
+use cdb::{be32, truncate_to};
+use commands::{Call, Handler, Lookup, Transfer};
 use reservation::{Denied, Reservations};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -240,7 +247,7 @@ impl Lun {
 }
 
 /// Why a command did not complete with GOOD.
-enum Fail {
+pub(crate) enum Fail {
     Check(Sense),
     Conflict,
 }
@@ -319,7 +326,7 @@ impl ScsiTarget {
     }
 
     /// The initiator port a nexus stands for (its own id if unnamed).
-    fn identity(&self, nexus: NexusId) -> u64 {
+    pub(crate) fn identity(&self, nexus: NexusId) -> u64 {
         self.ports.read().unwrap_or_else(|p| p.into_inner()).get(&nexus).copied().unwrap_or(nexus)
     }
 
@@ -359,16 +366,51 @@ impl ScsiTarget {
         ScsiOutcome::from_result(r)
     }
 
-    /// For READ (10/16): check the command and return the byte range the
+    /// Execute a command as a transport receives it (SAM-5 Execute
+    /// Command): `data_out` in the pieces that arrived, `buffer_size` the
+    /// data-out length the initiator announced (iSCSI's expected data
+    /// transfer length). Data beyond what the CDB transfers is cut off,
+    /// except for the commands whose row says an excess is an invalid
+    /// request ([`commands::Transfer::OutNoExcess`]). Also returns the
+    /// data-out length the CDB transfers, for the transport's residuals
+    /// (`None`: not a data-out command).
+    pub fn execute_transfer(
+        &self,
+        nexus: NexusId,
+        lun: u64,
+        cdb: &[u8],
+        data_out: &[&[u8]],
+        buffer_size: usize,
+        data_in: &mut Vec<u8>,
+    ) -> (ScsiOutcome, Option<usize>) {
+        let row = commands::command(cdb).filter(|c| cdb.len() >= c.cdb_len());
+        let Some(wanted) = row.and_then(|c| c.transfer.data_out(cdb)) else {
+            return (self.execute_pieces(nexus, lun, cdb, &[], data_in), None);
+        };
+        if matches!(row.map(|c| c.transfer), Some(Transfer::OutNoExcess(_))) && buffer_size > wanted {
+            data_in.clear();
+            return (ScsiOutcome::check(Sense::INVALID_FIELD_IN_CDB), Some(wanted));
+        }
+        // The pieces received, cut to what the CDB transfers.
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(data_out.len());
+        let mut left = wanted;
+        for p in data_out {
+            let k = p.len().min(left);
+            if k > 0 {
+                pieces.push(&p[..k]);
+            }
+            left -= k;
+        }
+        (self.execute_pieces(nexus, lun, cdb, &pieces, data_in), Some(wanted))
+    }
+
+    /// For a READ: check the command and return the byte range the
     /// transport should send itself (see [`ReadExtent`]); anything that is
     /// not the plain fast case comes back as [`ReadPlan::Buffered`] with no
     /// side effect.
     pub fn plan_read(&self, _nexus: NexusId, lun: u64, cdb: &[u8]) -> ReadPlan {
-        let Some(&opcode) = cdb.first() else { return ReadPlan::Buffered };
-        if opcode != op::READ_10 && opcode != op::READ_16 {
-            return ReadPlan::Buffered;
-        }
-        let len = cdb_len(opcode);
+        let Some(c) = commands::command(cdb).filter(|c| c.reads_medium()) else { return ReadPlan::Buffered };
+        let len = c.cdb_len();
         if cdb.len() < len || cdb[len - 1] & 0x05 != 0 {
             return ReadPlan::Buffered;
         }
@@ -385,135 +427,72 @@ impl ScsiTarget {
         }
     }
 
+    /// Run one command through the checks every command gets, in SAM-5 /
+    /// SPC-4 order, then its handler; everything command specific comes
+    /// from its row in [`commands::COMMANDS`].
     fn run(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[&[u8]], out: &mut Vec<u8>) -> Result<(), Fail> {
         let Some(&opcode) = cdb.first() else { return Err(Sense::INVALID_OPCODE.into()) };
-        let len = cdb_len(opcode);
+        let found = commands::lookup(cdb);
+        let row = match found {
+            Lookup::Found(c) | Lookup::UnknownServiceAction { like: c } => Some(c),
+            Lookup::UnknownOpcode => None,
+        };
+        let len = row.map_or(commands::group_cdb_len(opcode), |c| c.cdb_len());
         if cdb.len() < len {
             return Err(Sense::invalid_cdb_field(0, None).into());
         }
+        out.clear();
+        let call = Call { target: self, nexus, cdb, data_out };
         let Some(l) = self.lun(lun) else {
-            out.clear();
-            return match opcode {
-                op::INQUIRY => Ok(inquiry::inquiry(None, cdb, out)?),
-                op::REPORT_LUNS => Ok(self.report_luns(cdb, out)?),
-                op::REQUEST_SENSE => Ok(request_sense(cdb, Sense::LUN_NOT_SUPPORTED, out)?),
+            // Only INQUIRY, REPORT LUNS and REQUEST SENSE answer for a LUN
+            // that is not mapped.
+            return match found {
+                Lookup::Found(c @ commands::Command { handler: Handler::AnyLun(h), .. }) => {
+                    h(&call, None, out)?;
+                    truncate_data_in(c, cdb, out);
+                    Ok(())
+                }
                 _ => Err(Sense::LUN_NOT_SUPPORTED.into()),
             };
         };
-        alua::permits(l.cfg.port_group.state, opcode)?;
-        // Fast path for plain reads and writes: UA and reservation checks
-        // are each one atomic load unless something is pending.
-        match opcode {
-            op::READ_10 | op::READ_16 | op::WRITE_10 | op::WRITE_16 => {
-                if cdb[len - 1] & 0x05 != 0 {
-                    return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
-                }
-                if l.ua.active() || l.res.held() {
-                    let who = self.identity(nexus);
-                    if let Some(s) = l.ua.take(who) {
-                        return Err(s.into());
-                    }
-                    l.res.check(who, cdb)?;
-                }
-                return if opcode == op::READ_10 || opcode == op::READ_16 {
-                    Ok(l.read(cdb, out)?)
-                } else {
-                    out.clear();
-                    Ok(l.write_pieces(cdb, data_out, false)?)
-                };
-            }
-            _ => {}
-        }
-        out.clear();
-        if !opcodes::SUPPORTED.iter().any(|i| i.opcode == opcode) {
-            return Err(Sense::INVALID_OPCODE.into());
-        }
+        alua::permits(l.cfg.port_group.state, row.map_or(commands::AluaAccess::ActiveOnly, |c| c.alua))?;
+        let Some(row) = row else { return Err(Sense::INVALID_OPCODE.into()) };
         if cdb[len - 1] & 0x05 != 0 {
             // NACA / LINK: not supported.
             return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
         }
-        let who = self.identity(nexus);
-        match opcode {
-            op::INQUIRY | op::REPORT_LUNS => {}
-            op::REQUEST_SENSE => {
-                let pending = l.ua.take(who).unwrap_or(Sense::NO_SENSE);
-                return Ok(request_sense(cdb, pending, out)?);
-            }
-            _ => {
+        // Unit attentions and reservations: one atomic load each unless
+        // something is pending.
+        if l.ua.active() || l.res.held() {
+            let who = self.identity(nexus);
+            if !row.any_lun() {
                 if let Some(s) = l.ua.take(who) {
                     return Err(s.into());
                 }
             }
+            let conflict = match found {
+                Lookup::Found(c) => c.conflict.of(cdb),
+                _ => commands::unknown_service_action_conflict(opcode),
+            };
+            l.res.check(who, conflict)?;
         }
-        l.res.check(who, cdb)?;
-        let joined: std::borrow::Cow<[u8]> = match data_out {
-            [] => (&[][..]).into(),
-            [one] => (*one).into(),
-            _ => data_out.concat().into(),
-        };
-        self.dispatch(who, l, cdb, &joined, out)
+        let Lookup::Found(row) = found else { return Err(Sense::invalid_cdb_field(1, Some(4)).into()) };
+        match row.handler {
+            Handler::Lun(h) => h(&call, l, out)?,
+            Handler::AnyLun(h) => h(&call, Some(l), out)?,
+        }
+        truncate_data_in(row, cdb, out);
+        Ok(())
     }
 
-    /// `who` is the initiator port identity (see [`ScsiTarget::identity`]).
-    fn dispatch(&self, who: u64, l: &Lun, cdb: &[u8], data_out: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
-        match cdb[0] {
-            op::TEST_UNIT_READY => Ok(()),
-            op::INQUIRY => Ok(inquiry::inquiry(Some(l), cdb, out)?),
-            op::REPORT_LUNS => Ok(self.report_luns(cdb, out)?),
-            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => Ok(l.read(cdb, out)?),
-            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => Ok(l.write(cdb, data_out, false)?),
-            op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => Ok(l.write(cdb, data_out, true)?),
-            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => Ok(l.verify(cdb, data_out)?),
-            op::WRITE_SAME_10 | op::WRITE_SAME_16 => Ok(l.write_same(cdb, data_out)?),
-            op::UNMAP => Ok(l.unmap(cdb, data_out)?),
-            op::COMPARE_AND_WRITE => Ok(l.compare_and_write(cdb, data_out)?),
-            op::PRE_FETCH_10 | op::PRE_FETCH_16 => Ok(l.pre_fetch(cdb)?),
-            op::SYNC_CACHE_10 | op::SYNC_CACHE_16 => Ok(l.synchronize_cache(cdb)?),
-            op::READ_CAPACITY_10 => Ok(l.read_capacity_10(cdb, out)?),
-            op::SERVICE_ACTION_IN_16 => match cdb[1] & 0x1f {
-                op::SAI_READ_CAPACITY_16 => Ok(l.read_capacity_16(cdb, out)?),
-                op::SAI_GET_LBA_STATUS => Ok(l.get_lba_status(cdb, out)?),
-                _ => Err(Sense::invalid_cdb_field(1, Some(4)).into()),
-            },
-            op::LOG_SENSE => Ok(log::log_sense(cdb, out)?),
-            op::MODE_SENSE_6 => Ok(mode::mode_sense(l, cdb, false, out)?),
-            op::MODE_SENSE_10 => Ok(mode::mode_sense(l, cdb, true, out)?),
-            op::MODE_SELECT_6 => Ok(mode::mode_select(l, cdb, false, data_out)?),
-            op::MODE_SELECT_10 => Ok(mode::mode_select(l, cdb, true, data_out)?),
-            op::START_STOP_UNIT => Ok(start_stop_unit(l, cdb)?),
-            op::PREVENT_ALLOW => {
-                // Not removable: PREVENT 0 and 1 are accepted and change nothing.
-                if cdb[4] & 0x03 > 1 {
-                    return Err(Sense::invalid_cdb_field(4, Some(1)).into());
-                }
-                Ok(())
-            }
-            op::RESERVE_6 => {
-                if cdb[1] & 0x01 != 0 {
-                    return Err(Sense::invalid_cdb_field(1, Some(0)).into()); // extents: obsolete
-                }
-                Ok(l.res.reserve6(who)?)
-            }
-            op::RELEASE_6 => Ok(l.res.release6(who)?),
-            op::PR_IN => {
-                let names = self.port_names.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let name_of = |n: u64| names.get(&n).cloned().unwrap_or_else(|| format!("blockwire.nexus.{n}"));
-                Ok(l.res.pr_in(cdb, &name_of, out)?)
-            }
-            op::PR_OUT => Ok(l.res.pr_out(who, cdb, data_out, &l.ua)?),
-            op::MAINTENANCE_IN => match cdb[1] & 0x1f {
-                op::MI_REPORT_SUPPORTED_OPCODES => Ok(opcodes::report_supported_opcodes(cdb, out)?),
-                op::MI_REPORT_SUPPORTED_TMF => Ok(opcodes::report_supported_tmf(cdb, out)?),
-                op::MI_REPORT_TARGET_PORT_GROUPS => Ok(alua::report_target_port_groups(l.cfg.port_group, cdb, out)?),
-                _ => Err(Sense::invalid_cdb_field(1, Some(4)).into()),
-            },
-            _ => Err(Sense::INVALID_OPCODE.into()),
-        }
+    /// Names of the initiator ports seen so far, by identity.
+    pub(crate) fn port_names_snapshot(&self) -> HashMap<u64, String> {
+        self.port_names.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// REPORT LUNS. LUN 0 is always listed so initiators can probe a target
     /// whose LUN 0 is not mapped (it then answers INQUIRY with qualifier 3).
-    fn report_luns(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+    pub(crate) fn report_luns(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
         let select = cdb[2];
         let alloc = be32(cdb, 6) as usize;
         if alloc < 16 {
@@ -535,7 +514,6 @@ impl ScsiTarget {
         }
         let len = (out.len() - 8) as u32;
         out[0..4].copy_from_slice(&len.to_be_bytes());
-        truncate_to(out, alloc);
         Ok(())
     }
 
@@ -544,34 +522,11 @@ impl ScsiTarget {
     /// is too short to tell).
     pub fn data_out_len(&self, lun: u64, cdb: &[u8]) -> Option<usize> {
         let _ = lun; // the length depends on the CDB only
-        let &opcode = cdb.first()?;
-        if cdb.len() < cdb_len(opcode) {
+        let c = commands::command(cdb)?;
+        if cdb.len() < c.cdb_len() {
             return None;
         }
-        let blocks = |n: u64| Some((n as usize).saturating_mul(block_io::BLOCK));
-        match opcode {
-            op::WRITE_6
-            | op::WRITE_10
-            | op::WRITE_12
-            | op::WRITE_16
-            | op::WRITE_VERIFY_10
-            | op::WRITE_VERIFY_12
-            | op::WRITE_VERIFY_16 => blocks(block_io::lba_and_len(cdb).1),
-            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => match (cdb[1] >> 1) & 0x03 {
-                0b01 => blocks(block_io::lba_and_len(cdb).1),
-                0b11 => Some(block_io::BLOCK),
-                _ => None,
-            },
-            op::WRITE_SAME_10 => Some(block_io::BLOCK),
-            op::WRITE_SAME_16 if cdb[1] & 0x01 != 0 => None,
-            op::WRITE_SAME_16 => Some(block_io::BLOCK),
-            op::UNMAP => Some(be16(cdb, 7) as usize),
-            op::COMPARE_AND_WRITE => blocks(2 * cdb[13] as u64),
-            op::MODE_SELECT_6 => Some(mode::select_len(cdb, false)),
-            op::MODE_SELECT_10 => Some(mode::select_len(cdb, true)),
-            op::PR_OUT => Some(be32(cdb, 5) as usize),
-            _ => None,
-        }
+        c.transfer.data_out(cdb)
     }
 
     /// LUN reset: aborts nothing itself (the transport aborts its tasks),
@@ -643,23 +598,17 @@ pub fn decode_lun(b: [u8; 8]) -> Option<u64> {
     }
 }
 
-/// REQUEST SENSE: returns `pending` (a unit attention, NO SENSE, or LUN NOT
-/// SUPPORTED) as fixed-format parameter data.
-fn request_sense(cdb: &[u8], pending: Sense, out: &mut Vec<u8>) -> Result<(), Sense> {
-    if cdb[1] & 0x01 != 0 {
-        return Err(Sense::invalid_cdb_field(1, Some(0))); // descriptor format not supported
+/// Cut a data-in answer to the allocation length its row names.
+fn truncate_data_in(c: &commands::Command, cdb: &[u8], out: &mut Vec<u8>) {
+    if let Transfer::In(len) = c.transfer {
+        if let Some(n) = len.of(cdb) {
+            truncate_to(out, n);
+        }
     }
-    out.extend_from_slice(&pending.to_fixed());
-    truncate_to(out, cdb[4] as usize);
-    Ok(())
 }
 
-/// START STOP UNIT on a non-removable disk that is always ready: power
-/// conditions and START/LOEJ are accepted and change nothing.
-fn start_stop_unit(_l: &Lun, cdb: &[u8]) -> Result<(), Sense> {
-    let power_condition = cdb[4] >> 4;
-    if !matches!(power_condition, 0x0..=0x3 | 0x5 | 0x7 | 0xa | 0xb) {
-        return Err(Sense::invalid_cdb_field(4, Some(7)));
-    }
-    Ok(())
+/// Where a transport should run `cdb` (see [`commands::Execution`]);
+/// unknown commands fail at once, so inline.
+pub fn execution(cdb: &[u8]) -> commands::Execution {
+    commands::command(cdb).map_or(commands::Execution::Inline, |c| c.execution)
 }

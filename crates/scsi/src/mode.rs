@@ -3,7 +3,7 @@
 //! the backend has a write cache to turn off) and SWP (software write
 //! protect); nothing can be saved.
 
-use crate::cdb::{be16, truncate_to};
+use crate::cdb::be16;
 use crate::sense::Sense;
 use crate::Lun;
 use std::sync::atomic::Ordering::Relaxed;
@@ -83,7 +83,6 @@ pub fn mode_sense(l: &Lun, cdb: &[u8], ten: bool, out: &mut Vec<u8>) -> Result<(
     };
     let code = cdb[2] & 0x3f;
     let subpage = cdb[3];
-    let alloc = if ten { be16(cdb, 7) as usize } else { cdb[4] as usize };
     let one = [code];
     let wanted: &[u8] = match (code, subpage) {
         (ALL_PAGES, 0x00 | 0xff) => &PAGES,
@@ -126,7 +125,6 @@ pub fn mode_sense(l: &Lun, cdb: &[u8], ten: bool, out: &mut Vec<u8>) -> Result<(
     } else {
         out[0] = (out.len() - 1).min(255) as u8;
     }
-    truncate_to(out, alloc);
     Ok(())
 }
 

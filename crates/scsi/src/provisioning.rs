@@ -4,7 +4,7 @@
 //! thin-provisioning tools and qemu can skip holes.
 
 use crate::block_io::io_sense;
-use crate::cdb::{be32, be64, truncate_to};
+use crate::cdb::{be32, be64};
 use crate::sense::Sense;
 use crate::Lun;
 
@@ -56,7 +56,6 @@ impl Lun {
         // PARAMETER DATA LENGTH counts the bytes after itself.
         let len = (out.len() - 4) as u32;
         out[..4].copy_from_slice(&len.to_be_bytes());
-        truncate_to(out, alloc);
         Ok(())
     }
 }

@@ -5,7 +5,8 @@
 //! access check runs on every command, so it first reads an atomic flag that
 //! is only set while some reservation exists.
 
-use crate::cdb::{be16, be32, be64, op, truncate_to};
+use crate::cdb::{be32, be64};
+use crate::commands::Conflict;
 use crate::sense::Sense;
 use crate::ua::UnitAttentions;
 use crate::NexusId;
@@ -96,38 +97,6 @@ impl State {
     }
 }
 
-/// Commands that never conflict with any reservation (SPC-4 5.12.1 table 62
-/// plus the SPC-2 list): identification, sense and capability queries.
-fn always_allowed(cdb: &[u8]) -> bool {
-    match cdb[0] {
-        op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE | op::READ_CAPACITY_10 => true,
-        op::SERVICE_ACTION_IN_16 => cdb[1] & 0x1f == op::SAI_READ_CAPACITY_16,
-        op::MAINTENANCE_IN => matches!(cdb[1] & 0x1f, op::MI_REPORT_SUPPORTED_OPCODES | op::MI_REPORT_SUPPORTED_TMF),
-        op::PREVENT_ALLOW => cdb[4] & 0x03 == 0,
-        _ => false,
-    }
-}
-
-/// Commands a non-holder may still run under a Write Exclusive reservation:
-/// those that neither modify the medium nor the device's state.
-fn reads_only(cdb: &[u8]) -> bool {
-    matches!(
-        cdb[0],
-        op::READ_6
-            | op::READ_10
-            | op::READ_12
-            | op::READ_16
-            | op::VERIFY_10
-            | op::VERIFY_12
-            | op::VERIFY_16
-            | op::PRE_FETCH_10
-            | op::PRE_FETCH_16
-            | op::MODE_SENSE_6
-            | op::MODE_SENSE_10
-            | op::TEST_UNIT_READY
-    )
-}
-
 impl Reservations {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
@@ -143,13 +112,13 @@ impl Reservations {
         self.held.load(Ordering::Acquire)
     }
 
-    /// Whether `nexus` may run `cdb` now. PR IN/OUT and RESERVE/RELEASE do
-    /// their own checks and are let through here.
-    pub fn check(&self, nexus: NexusId, cdb: &[u8]) -> Result<(), Denied> {
+    /// Whether `nexus` may run a command of class `conflict` now (the
+    /// class comes from the command's row, see [`Conflict`]).
+    pub fn check(&self, nexus: NexusId, conflict: Conflict) -> Result<(), Denied> {
         if !self.held.load(Ordering::Acquire) {
             return Ok(());
         }
-        if always_allowed(cdb) || matches!(cdb[0], op::RESERVE_6 | op::RELEASE_6 | op::PR_IN | op::PR_OUT) {
+        if matches!(conflict, Conflict::Never | Conflict::Own) {
             return Ok(());
         }
         let s = self.lock();
@@ -159,7 +128,7 @@ impl Reservations {
         let Some((holder, t)) = s.reservation else { return Ok(()) };
         let registered = s.key_of(nexus).is_some();
         let full_access = holder == nexus || (pr_type::registrants_only_or_all(t) && registered);
-        if full_access || (!pr_type::exclusive_access(t) && reads_only(cdb)) {
+        if full_access || (!pr_type::exclusive_access(t) && matches!(conflict, Conflict::Read)) {
             Ok(())
         } else {
             Err(Denied::Conflict)
@@ -206,7 +175,6 @@ impl Reservations {
 
     /// PERSISTENT RESERVE IN.
     pub fn pr_in(&self, cdb: &[u8], names: &dyn Fn(NexusId) -> String, out: &mut Vec<u8>) -> Result<(), Sense> {
-        let alloc = be16(cdb, 7) as usize;
         let s = self.lock();
         match cdb[1] & 0x1f {
             0 => {
@@ -259,7 +227,6 @@ impl Reservations {
             }
             _ => return Err(Sense::invalid_cdb_field(1, Some(4))),
         }
-        truncate_to(out, alloc);
         Ok(())
     }
 

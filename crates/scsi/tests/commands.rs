@@ -681,3 +681,92 @@ unsafe fn libc_pread(fd: std::os::fd::RawFd, buf: &mut [u8], offset: u64) -> usi
     let f = std::mem::ManuallyDrop::new(<std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd));
     f.read_at(buf, offset).unwrap()
 }
+
+// ------------------------------------------------------- the command table
+
+/// REPORT SUPPORTED OPERATION CODES is generated from the table: the
+/// all-commands list is exactly its rows, in order, and each one-command
+/// answer carries the row's usage data.
+#[test]
+fn report_supported_opcodes_is_the_table() {
+    use bw_scsi::commands::COMMANDS;
+    let t = ram_target(64);
+    let all = good(&t, 1, &[0xa3, 0x0c, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0], &[]);
+    let listed: Vec<(u8, Option<u16>)> = all[4..]
+        .chunks(8)
+        .map(|d| (d[0], (d[5] & 1 != 0).then(|| u16::from_be_bytes([d[2], d[3]]))))
+        .collect();
+    let rows: Vec<(u8, Option<u16>)> = COMMANDS.iter().map(|c| (c.opcode, c.service_action.map(u16::from))).collect();
+    assert_eq!(listed, rows);
+    for c in COMMANDS {
+        let (opts, sa) = match c.service_action {
+            Some(sa) => (2, sa),
+            None => (1, 0),
+        };
+        let one = good(&t, 1, &[0xa3, 0x0c, opts, c.opcode, 0, sa, 0, 0, 1, 0, 0, 0], &[]);
+        assert_eq!(&one[4..], c.usage, "{}", c.name);
+    }
+}
+
+/// Every command with data-in returns at most its allocation length, cut
+/// by the dispatcher from the row (handlers do not truncate).
+#[test]
+fn data_in_is_cut_to_the_allocation_length_of_every_row() {
+    use bw_scsi::commands::{Len, Transfer, COMMANDS};
+    let t = ram_target(64);
+    let mut checked = 0;
+    for c in COMMANDS {
+        let Transfer::In(len) = c.transfer else { continue };
+        // A CDB of this command with its allocation length field set to 3
+        // (commands whose length is not a plain field are skipped).
+        let mut cdb = c.usage.to_vec();
+        cdb.iter_mut().skip(1).for_each(|b| *b = 0);
+        if let Some(sa) = c.service_action {
+            cdb[1] = sa;
+        }
+        match len {
+            Len::Byte(at) => cdb[at] = 3,
+            Len::Be16(at) => cdb[at..at + 2].copy_from_slice(&3u16.to_be_bytes()),
+            Len::Be32(at) => cdb[at..at + 4].copy_from_slice(&3u32.to_be_bytes()),
+            _ => continue,
+        }
+        if c.opcode == 0xa0 {
+            continue; // REPORT LUNS refuses allocation lengths below 16
+        }
+        if c.opcode == 0x4d {
+            cdb[2] = 0x40; // LOG SENSE: current values of the supported pages
+        }
+        if c.opcode == 0x1a || c.opcode == 0x5a {
+            cdb[2] = 0x3f; // MODE SENSE: all pages
+        }
+        let (o, d) = run(&t, 1, &cdb, &[]);
+        assert!(o.is_good(), "{}: {:02x?}", c.name, o.sense);
+        assert_eq!(d.len(), 3, "{}: {} bytes for an allocation length of 3", c.name, d.len());
+        checked += 1;
+    }
+    assert!(checked >= 12, "only {checked} rows checked");
+}
+
+/// A transport's data-out beyond what the CDB transfers is cut off, except
+/// for the rows that call an excess an invalid request.
+#[test]
+fn transport_data_out_excess() {
+    let t = ram_target(64);
+    let mut d = vec![0u8; 4096];
+    // WRITE(10) of one block with 2 blocks sent: the first one is written.
+    let data = pattern(2, 3);
+    let (o, wanted) = t.execute_transfer(1, 0, &write10(0, 1, 0), &[&data], 1024, &mut d);
+    assert!(o.is_good());
+    assert_eq!(wanted, Some(512));
+    assert_eq!(good(&t, 1, &read10(0, 1, 0), &[]), data[..512]);
+    // WRITE SAME(10) with more than one block: invalid, nothing written.
+    let (o, wanted) = t.execute_transfer(1, 0, &cdb10(0x41, 0, 8, 1), &[&data], 1024, &mut d);
+    assert_eq!((sense(&o), wanted), (INVALID_FIELD_IN_CDB, Some(512)));
+    assert_eq!(good(&t, 1, &read10(8, 1, 0), &[]), vec![0u8; 512]);
+    // Exactly one block is fine.
+    let (o, _) = t.execute_transfer(1, 0, &cdb10(0x41, 0, 8, 1), &[&data[..512]], 512, &mut d);
+    assert!(o.is_good());
+    // Not a data-out command.
+    let (o, wanted) = t.execute_transfer(1, 0, &tur(), &[], 0, &mut d);
+    assert!(o.is_good() && wanted.is_none());
+}

@@ -11,13 +11,14 @@
 //!
 //! Exports on a real device (anything not in memory) get more workers than
 //! cores, so a worker waiting for the disk does not stall the others. An
-//! opt-in I/O pool (`BLOCKWIRE_AOE_IO_THREADS=N`) instead hands each frame
+//! opt-in I/O pool (`[tuning] aoe_io_threads = N`) instead hands each frame
 //! to one of N threads (in a recycled buffer) for a deeper device queue:
 //! about 1.3x the IOPS of the default on a virtio disk, but the Linux aoe
 //! driver once hung during mkfs over it (all frames answered; 1 of 11 runs,
 //! under heavy load; cause not found), so it stays off by default.
 
 use crate::config::{AoeConfig, AoeExport};
+use crate::tuning::{AoeFanout, Tuning};
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_aoe::target::{Export, ExportSettings, Outcome};
@@ -39,15 +40,11 @@ const MAX_ADVERTISED_BUFFERS: usize = 256;
 /// How often idle workers look at the stop flag.
 const POLL: Duration = Duration::from_millis(200);
 
-/// Threads of the opt-in I/O pool for device-backed exports (0: no pool).
-fn device_io_threads() -> usize {
-    std::env::var("BLOCKWIRE_AOE_IO_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).map_or(0, |n| n.min(256))
-}
-
-/// Receive worker threads per interface; `io_threads`: the I/O pool's size.
-fn default_workers(memory_backed: bool, io_threads: usize) -> usize {
-    if let Some(n) = std::env::var("BLOCKWIRE_AOE_WORKERS").ok().and_then(|v| v.parse::<usize>().ok()) {
-        return n.clamp(1, 64);
+/// Receive worker threads per interface: `configured` if not 0, else by
+/// what the interface exports; `io_threads`: the I/O pool's size.
+fn workers(configured: usize, memory_backed: bool, io_threads: usize) -> usize {
+    if configured > 0 {
+        return configured;
     }
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     if memory_backed || io_threads > 0 {
@@ -65,11 +62,11 @@ fn default_workers(memory_backed: bool, io_threads: usize) -> usize {
 }
 
 /// How the kernel spreads frames over the workers: round robin by default;
-/// `BLOCKWIRE_AOE_FANOUT=cpu` keeps each CPU's frames on one socket.
-fn fanout_mode() -> FanoutMode {
-    match std::env::var("BLOCKWIRE_AOE_FANOUT").as_deref() {
-        Ok("cpu") => FanoutMode::Cpu,
-        _ => FanoutMode::LoadBalance,
+/// `cpu` keeps each CPU's frames on one socket.
+fn fanout_mode(f: AoeFanout) -> FanoutMode {
+    match f {
+        AoeFanout::Cpu => FanoutMode::Cpu,
+        AoeFanout::RoundRobin => FanoutMode::LoadBalance,
     }
 }
 
@@ -123,7 +120,7 @@ impl Interface {
     }
 }
 
-pub async fn start(cfg: &AoeConfig, volumes: &Volumes, mut shutdown: Shutdown) -> anyhow::Result<Running> {
+pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shutdown: Shutdown) -> anyhow::Result<Running> {
     let mut by_iface: BTreeMap<&str, Vec<&AoeExport>> = BTreeMap::new();
     for e in &cfg.exports {
         by_iface.entry(e.interface.as_str()).or_default().push(e);
@@ -131,11 +128,12 @@ pub async fn start(cfg: &AoeConfig, volumes: &Volumes, mut shutdown: Shutdown) -
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
     let mut interfaces = Vec::new();
-    let io_threads = device_io_threads();
+    let fanout = fanout_mode(tuning.aoe_fanout);
     for (n, (iface, exports)) in by_iface.into_iter().enumerate() {
         let memory_backed = exports.iter().all(|e| volumes.get(&e.volume).is_some_and(|v| v.info().memory_backed));
-        let io_threads = if memory_backed { 0 } else { io_threads };
-        let (ifc, sockets) = open_interface(iface, &exports, volumes, default_workers(memory_backed, io_threads), n)?;
+        let io_threads = if memory_backed { 0 } else { tuning.aoe_io_threads };
+        let workers = workers(tuning.aoe_workers, memory_backed, io_threads);
+        let (ifc, sockets) = open_interface(iface, &exports, volumes, workers, fanout, n)?;
         let ifc = Arc::new(ifc);
         let sockets: Vec<Arc<PacketSocket>> = sockets.into_iter().map(Arc::new).collect();
         let pool = if io_threads == 0 { None } else { Some(IoPool::start(io_threads, &sockets[0], &ifc, &mut threads)?) };
@@ -147,7 +145,7 @@ pub async fn start(cfg: &AoeConfig, volumes: &Volumes, mut shutdown: Shutdown) -
                 std::thread::Builder::new()
                     .name(format!("aoe-{}-{w}", ifc.name))
                     .spawn(move || {
-                        if fanout_mode() == FanoutMode::Cpu {
+                        if fanout == FanoutMode::Cpu {
                             pin_to_cpu(w);
                         }
                         worker(&sock, &ifc, &stop, pool.as_ref())
@@ -189,6 +187,7 @@ fn open_interface(
     exports: &[&AoeExport],
     volumes: &Volumes,
     workers: usize,
+    fanout: FanoutMode,
     group_offset: usize,
 ) -> anyhow::Result<(Interface, Vec<PacketSocket>)> {
     let mut sockets = Vec::with_capacity(workers);
@@ -200,7 +199,7 @@ fn open_interface(
         let s = PacketSocket::open(iface, ETHERTYPE_AOE).context("AoE")?;
         let granted = s.set_buffer_sizes(SOCKET_BUFFER, SOCKET_BUFFER)?;
         s.set_recv_timeout(POLL)?;
-        s.join_fanout(group, fanout_mode()).with_context(|| format!("PACKET_FANOUT on {iface}"))?;
+        s.join_fanout(group, fanout).with_context(|| format!("PACKET_FANOUT on {iface}"))?;
         queued += granted / frame_truesize(s.mtu());
         sockets.push(s);
     }

@@ -45,6 +45,15 @@
 //! max_sessions = 4096                # iSCSI sessions / NVMe controllers
 //! max_connections_per_address = 1024
 //! login_timeout_s = 15               # accept to completed login / Connect
+//!
+//! [tuning]                           # measuring knobs; these are the defaults
+//! aoe_workers = 0                    # receive threads per interface; 0: by export kind
+//! aoe_io_threads = 0                 # I/O pool for device-backed AoE exports; 0: off
+//! aoe_fanout = "round-robin"         # or "cpu"
+//! iscsi_connection_threads = true    # false: connections as tasks on the shared runtime
+//! iscsi_zero_copy_min = 32768        # smallest READ sent with sendfile
+//! iscsi_inline_max = 65536           # largest READ/WRITE run on the connection's thread
+//! iscsi_flush_every = 0              # PDUs in a row before answering; 0: all buffered first
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -68,6 +77,9 @@ pub struct ServeConfig {
     /// Admission limits of the iSCSI and NVMe/TCP front-ends (each counts on its own).
     #[serde(default)]
     pub limits: crate::limits::Limits,
+    /// Threads and copies of the front-ends (see [`crate::tuning::Tuning`]).
+    #[serde(default)]
+    pub tuning: crate::tuning::Tuning,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -429,6 +441,7 @@ impl ServeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let inv = |s: String| Err(ConfigError::Invalid(s));
         self.limits.validate().map_err(ConfigError::Invalid)?;
+        self.tuning.validate().map_err(ConfigError::Invalid)?;
         if self.volumes.is_empty() {
             return inv("no volumes: give --volume NAME=BACKEND or [[volume]] in the config".into());
         }

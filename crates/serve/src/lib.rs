@@ -1,11 +1,14 @@
 //! `blockwire serve`: open the volumes, start every configured front-end
 //! (AoE, iSCSI, NVMe/TCP) at once, run until SIGINT/SIGTERM.
 
-pub mod config;
+pub mod accept;
 pub mod aoe;
+pub mod config;
+pub mod framing;
 pub mod iscsi;
-pub mod nvme;
 pub mod limits;
+pub mod nvme;
+pub mod tuning;
 
 use anyhow::Context;
 use bw_block::{BackendSpec, Volume};
@@ -61,12 +64,12 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
     let mut running = Vec::new();
     if let Some(a) = &cfg.aoe {
         if !a.exports.is_empty() {
-            running.push(aoe::start(a, volumes, shutdown.clone()).await?);
+            running.push(aoe::start(a, &cfg.tuning, volumes, shutdown.clone()).await?);
         }
     }
     if let Some(i) = &cfg.iscsi {
         if !i.listen.is_empty() {
-            running.push(iscsi::start(i, &cfg.limits, volumes, shutdown.clone()).await.context("iSCSI")?);
+            running.push(iscsi::start(i, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("iSCSI")?);
         }
     }
     if let Some(n) = &cfg.nvme {

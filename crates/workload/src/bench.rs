@@ -8,51 +8,10 @@ use bw_initiator::BlockClient;
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+pub use bw_workload_report::{BenchReport, DirectionReport, Latency, Rw};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Rw {
-    Read,
-    Write,
-    RandRead,
-    RandWrite,
-    RandRw,
-    /// Sequential mix (fio's `rw`/`readwrite`).
-    Rw,
-}
-
-impl std::str::FromStr for Rw {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "read" => Rw::Read,
-            "write" => Rw::Write,
-            "randread" => Rw::RandRead,
-            "randwrite" => Rw::RandWrite,
-            "randrw" => Rw::RandRw,
-            "rw" | "readwrite" => Rw::Rw,
-            _ => return Err(format!("unknown --rw {s:?} (read, write, randread, randwrite, randrw, rw)")),
-        })
-    }
-}
-
-impl Rw {
-    fn random(self) -> bool {
-        matches!(self, Rw::RandRead | Rw::RandWrite | Rw::RandRw)
-    }
-    /// Percentage of reads.
-    fn read_pct(self, mix: u8) -> u8 {
-        match self {
-            Rw::Read | Rw::RandRead => 100,
-            Rw::Write | Rw::RandWrite => 0,
-            Rw::RandRw | Rw::Rw => mix.min(100),
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct BenchParams {
@@ -71,49 +30,6 @@ pub struct BenchParams {
     pub seed: u64,
     /// Requests issued before measuring starts (warms caches and windows).
     pub ramp_ios: u64,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Latency {
-    pub min: u64,
-    pub mean: f64,
-    pub p50: u64,
-    pub p90: u64,
-    pub p99: u64,
-    pub p999: u64,
-    pub max: u64,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct DirectionReport {
-    pub ios: u64,
-    pub bytes: u64,
-    pub iops: f64,
-    pub bw_bytes: f64,
-    pub lat_ns: Latency,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct BenchReport {
-    pub target: String,
-    pub rw: Rw,
-    pub bs: usize,
-    pub iodepth: usize,
-    pub numjobs: usize,
-    pub rwmixread: u8,
-    pub runtime_s: f64,
-    pub ios: u64,
-    pub bytes: u64,
-    pub iops: f64,
-    pub bw_bytes: f64,
-    pub lat_ns: Latency,
-    pub read: DirectionReport,
-    pub write: DirectionReport,
-    pub cpu_user_s: f64,
-    pub cpu_sys_s: f64,
-    /// Client CPU seconds per request (user + sys).
-    pub cpu_per_io_us: f64,
-    pub errors: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -306,65 +222,6 @@ async fn worker(
     }
 }
 
-impl BenchReport {
-    /// The human table `blockwire bench` prints.
-    pub fn table(&self) -> String {
-        let mut s = format!(
-            "{}  {:?} bs={} iodepth={} numjobs={}{}  {:.1} s\n",
-            self.target,
-            self.rw,
-            bw_size(self.bs as u64),
-            self.iodepth,
-            self.numjobs,
-            if matches!(self.rw, Rw::RandRw | Rw::Rw) { format!(" rwmixread={}", self.rwmixread) } else { String::new() },
-            self.runtime_s
-        )
-        .to_lowercase();
-        s.push_str(&format!(
-            "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-            "op", "IOPS", "MiB/s", "lat p50", "p99", "p99.9", "ios"
-        ));
-        for (name, d) in [("read", &self.read), ("write", &self.write)] {
-            if d.ios == 0 {
-                continue;
-            }
-            s.push_str(&format!(
-                "{:<6} {:>10.0} {:>10.1} {:>10} {:>10} {:>10} {:>10}\n",
-                name,
-                d.iops,
-                d.bw_bytes / (1 << 20) as f64,
-                fmt_ns(d.lat_ns.p50),
-                fmt_ns(d.lat_ns.p99),
-                fmt_ns(d.lat_ns.p999),
-                d.ios
-            ));
-        }
-        s.push_str(&format!(
-            "client cpu: user {:.2} s, sys {:.2} s, {:.1} us per I/O\n",
-            self.cpu_user_s, self.cpu_sys_s, self.cpu_per_io_us
-        ));
-        s
-    }
-}
-
-fn bw_size(b: u64) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
-        format!("{}MiB", b >> 20)
-    } else if b >= 1024 && b % 1024 == 0 {
-        format!("{}KiB", b >> 10)
-    } else {
-        format!("{b}B")
-    }
-}
-
-fn fmt_ns(ns: u64) -> String {
-    if ns >= 10_000_000 {
-        format!("{:.1}ms", ns as f64 / 1e6)
-    } else {
-        format!("{:.1}us", ns as f64 / 1e3)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,11 +276,5 @@ mod tests {
         p.numjobs = 1000;
         p.bs = 1 << 20;
         assert!(matches!(bench(mem(1 << 20, None), &p).await, Err(BenchError::Params(_))));
-    }
-
-    #[test]
-    fn parses_rw_names() {
-        assert_eq!("randrw".parse::<Rw>().unwrap(), Rw::RandRw);
-        assert!("randomread".parse::<Rw>().is_err());
     }
 }

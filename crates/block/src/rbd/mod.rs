@@ -69,6 +69,8 @@ impl RbdDevice {
             ioctx: std::ptr::null_mut(),
             image: std::ptr::null_mut(),
             info: DeviceInfo {
+                kind: crate::DeviceKind::Rbd,
+                direct: false,
                 size_bytes: 0,
                 read_only: spec.readonly,
                 durability: Durability::WriteThrough,

@@ -16,25 +16,16 @@ use std::time::{Duration, Instant};
 
 /// A target in a namespace: e1.2 = 80 MiB RAM disk, e1.3 = read-only 8 MiB.
 fn target(tag: &str, mtu: u32) -> (NetnsPair, Serve) {
-    target_on(tag, mtu, "d=ram:80M")
+    target_on(tag, mtu, "d=ram:80M", &[])
 }
 
-/// The same with e1.2 on the given volume.
-fn target_on(tag: &str, mtu: u32, volume: &str) -> (NetnsPair, Serve) {
+/// The same with e1.2 on the given volume, and more `serve` flags.
+fn target_on(tag: &str, mtu: u32, volume: &str, extra: &[&str]) -> (NetnsPair, Serve) {
     let pair = NetnsPair::new(tag, mtu);
-    let serve = Serve::start_in(
-        Some(&pair.ns),
-        &[
-            "--volume",
-            volume,
-            "--volume",
-            "ro=ram:8M,readonly",
-            "--aoe",
-            &format!("{},volume=d,shelf=1,slot=2", pair.ns_if),
-            "--aoe",
-            &format!("{},volume=ro,shelf=1,slot=3", pair.ns_if),
-        ],
-    );
+    let (d, ro) = (format!("{},volume=d,shelf=1,slot=2", pair.ns_if), format!("{},volume=ro,shelf=1,slot=3", pair.ns_if));
+    let mut args = vec!["--volume", volume, "--volume", "ro=ram:8M,readonly", "--aoe", &d, "--aoe", &ro];
+    args.extend_from_slice(extra);
+    let serve = Serve::start_in(Some(&pair.ns), &args);
     (pair, serve)
 }
 
@@ -48,8 +39,8 @@ fn client(rt: &tokio::runtime::Runtime, iface: &str, slot: u8) -> AoeClient {
     rt.block_on(AoeClient::connect(&url, &opts)).expect("connect")
 }
 
-fn end_to_end(mtu: u32, sectors: u8, volume: &str) {
-    let (pair, mut serve) = target_on("ae", mtu, volume);
+fn end_to_end(mtu: u32, sectors: u8, volume: &str, extra: &[&str]) {
+    let (pair, mut serve) = target_on("ae", mtu, volume, extra);
     let out = blockwire_ok(None, &["aoe", "discover", &pair.host_if]);
     assert!(out.contains("e1.2") && out.contains("e1.3"), "discover: {out}");
     assert!(out.contains("80M") && out.contains(&format!("sectors/frame {sectors}")), "discover: {out}");
@@ -98,19 +89,16 @@ fn end_to_end(mtu: u32, sectors: u8, volume: &str) {
 
 #[test]
 fn aoe_end_to_end_mtu_1500() {
-    end_to_end(1500, 2, "d=ram:80M");
+    end_to_end(1500, 2, "d=ram:80M", &[]);
 }
 
 /// At MTU 9000 e1.2 is an O_DIRECT file: not memory-backed, so with
-/// BLOCKWIRE_AOE_IO_THREADS its frames go through the target's I/O pool.
-/// (The variable reaches other tests' targets too; only device-backed
-/// exports use it, and this is the only test with one.)
+/// --aoe-io-threads its frames go through the target's I/O pool.
 #[test]
 fn aoe_end_to_end_mtu_9000() {
-    std::env::set_var("BLOCKWIRE_AOE_IO_THREADS", "32");
     let dir = TempDir::new_in(env!("CARGO_TARGET_TMPDIR"), "aoe-direct");
     let volume = format!("d=file:{},size=80M,direct", dir.path().join("d.img").display());
-    end_to_end(9000, 17, &volume);
+    end_to_end(9000, 17, &volume, &["--aoe-io-threads", "32"]);
 }
 
 /// Raw frames from made-up MACs, to test per-initiator behaviour.

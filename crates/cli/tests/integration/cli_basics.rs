@@ -34,6 +34,41 @@ fn print_config_merges_file_and_flags() {
     assert_eq!(v["iscsi"]["target"][0]["luns"].as_array().unwrap().len(), 2);
 }
 
+/// The tuning knobs (once environment variables) are settings: defaults
+/// shown by --print-config, set from the file, overridden by flags, and
+/// bad values refused.
+#[test]
+fn tuning_settings_come_from_file_and_flags() {
+    let dir = TempDir::new("tuning");
+    let cfg = dir.path().join("serve.toml");
+    std::fs::write(&cfg, "[tuning]\naoe_fanout = \"cpu\"\niscsi_inline_max = 8192\n").unwrap();
+    let base = ["serve", "--volume", "b=ram:8M", "--iscsi", "127.0.0.1:3999", "--print-config"];
+    let defaults: serde_json::Value = serde_json::from_str(&blockwire_ok(None, &base)).expect("JSON config");
+    let t = &defaults["tuning"];
+    assert_eq!(
+        (t["aoe_workers"].as_u64(), t["aoe_io_threads"].as_u64(), t["aoe_fanout"].as_str()),
+        (Some(0), Some(0), Some("round-robin"))
+    );
+    assert_eq!(
+        (t["iscsi_connection_threads"].as_bool(), t["iscsi_zero_copy_min"].as_u64(), t["iscsi_inline_max"].as_u64()),
+        (Some(true), Some(32768), Some(65536))
+    );
+    let mut args = base.to_vec();
+    args.extend(["--config", cfg.to_str().unwrap(), "--iscsi-zero-copy-min", "1M", "--aoe-workers", "3", "--iscsi-connection-threads", "false"]);
+    let set: serde_json::Value = serde_json::from_str(&blockwire_ok(None, &args)).expect("JSON config");
+    let t = &set["tuning"];
+    assert_eq!((t["aoe_fanout"].as_str(), t["iscsi_inline_max"].as_u64()), (Some("cpu"), Some(8192)), "from the file");
+    assert_eq!((t["iscsi_zero_copy_min"].as_u64(), t["aoe_workers"].as_u64()), (Some(1 << 20), Some(3)), "from flags");
+    assert_eq!(t["iscsi_connection_threads"].as_bool(), Some(false));
+    for (bad, needle) in [(vec!["--aoe-workers", "65"], "aoe_workers"), (vec!["--aoe-fanout", "rr"], "round-robin or cpu")] {
+        let mut args = base.to_vec();
+        args.extend(bad);
+        let out = blockwire(None, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn bad_input_gets_a_clear_error() {
     for (args, needle) in [

@@ -1,8 +1,11 @@
-//! End-to-end: `blockwire lab --quick` with small sizes produces results.json,
-//! results.csv and report.html; the report renders in headless Chromium
-//! (charts laid out, no script errors; a screenshot is kept); and the lab
-//! leaves no namespace, veth, process, mount or file behind, also when it is
-//! interrupted with SIGINT in the middle of a run. Needs root.
+//! End-to-end: `blockwire lab --quick` with small sizes, every suite but
+//! route (net, micro, sweep, and fs on ext4 over `blockwire mount` in a
+//! memory cgroup), produces results.json, results.csv, results-fs.csv and
+//! report.html; the report renders in headless Chromium (charts laid out,
+//! no script errors; a screenshot is kept); and the lab leaves no
+//! namespace, veth, qdisc, process, mount, FUSE connection, loop device,
+//! cgroup or file behind, also when it is interrupted with SIGINT in the
+//! middle of an fs workload. Needs root.
 
 use crate::common;
 
@@ -130,8 +133,9 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     require_root();
     let out = out_dir("e2e");
     let mut child = Command::new(blockwire_bin())
-        .args(["lab", "--quick", "--protocols", "aoe", "--peers", "vblade", "--repeat", "1"])
-        .args(["--size", "16M", "--runtime", "1", "--sweep-runtime", "1", "--link", "1gbit", "--out"])
+        .args(["lab", "--quick", "--protocols", "iscsi", "--peers", "none", "--repeat", "2"])
+        .args(["--size", "64M", "--runtime", "1", "--sweep-runtime", "1", "--link", "1gbit"])
+        .args(["--client-mem", "128M", "--fs-workloads", "varmail,postmark,iogen-direct,iogen-raw", "--fs-runtime", "1", "--out"])
         .arg(&out)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -157,7 +161,7 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     let output = child.wait_with_output().expect("lab output");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(status.success(), "lab failed: {stderr}");
-    for f in ["results.json", "results.csv", "report.html"] {
+    for f in ["results.json", "results.csv", "results-fs.csv", "report.html"] {
         let p = out.join(f);
         assert!(p.metadata().map(|m| m.len() > 0).unwrap_or(false), "{} missing or empty", p.display());
     }
@@ -165,12 +169,12 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
         serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).expect("results.json parses");
     let samples = results["samples"].as_array().expect("samples");
     let count = |subject: &str| samples.iter().filter(|s| s["subject"] == subject).count();
-    assert!(count("blockwire-aoe") > 0, "no blockwire AoE sample; subjects: {}", results["subjects"]);
+    assert!(count("blockwire-iscsi") > 0, "no blockwire iSCSI sample; subjects: {}", results["subjects"]);
     assert!(count("local-fio") > 0, "no local baseline sample");
-    let aoe = samples.iter().find(|s| s["subject"] == "blockwire-aoe").unwrap();
-    assert!(aoe["bench"]["ios"].as_u64().unwrap_or(0) > 0);
-    assert!(aoe["wire"]["rx_packets"].as_u64().unwrap_or(0) > 0, "no wire counters: {aoe}");
-    assert!(aoe["target_cpu_s"].as_f64().is_some());
+    let iscsi = samples.iter().find(|s| s["subject"] == "blockwire-iscsi").unwrap();
+    assert!(iscsi["bench"]["ios"].as_u64().unwrap_or(0) > 0);
+    assert!(iscsi["wire"]["rx_packets"].as_u64().unwrap_or(0) > 0, "no wire counters: {iscsi}");
+    assert!(iscsi["target_cpu_s"].as_f64().is_some());
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), samples.len() + 1, "one CSV row per sample");
     assert!(samples.iter().all(|s| s["link"] == "1gbit" || s["subject"] == "local-fio"), "samples not tagged with their link");
@@ -184,9 +188,36 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
         let bps = s["bits_per_s"].as_f64().unwrap_or(0.0);
         assert!(bps > 0.0 && bps < 1.1e9, "iperf3 over the 1gbit link reached {bps} bit/s");
     }
+    // The fs suite: every workload on the mounted iSCSI volume and locally,
+    // three repetitions each, inside the 128 MiB cgroup.
+    let fs = results["fs"].as_array().expect("fs samples");
+    let fs_count = |subject: &str, w: &str| fs.iter().filter(|s| s["subject"] == subject && s["workload"] == w).count();
+    for w in ["varmail", "postmark", "iogen-direct"] {
+        assert_eq!(fs_count("blockwire-iscsi", w), 3, "{w} over iSCSI; failures: {}", results["failures"]);
+        assert_eq!(fs_count("local-fs", w), 3, "{w} locally; failures: {}", results["failures"]);
+    }
+    assert_eq!(fs_count("local-fs", "iogen-raw"), 3);
+    assert_eq!(fs_count("blockwire-iscsi", "iogen-raw"), 0, "the raw device is local only");
+    for s in fs.iter().filter(|s| s["subject"] == "blockwire-iscsi") {
+        assert_eq!(s["client_mem"], 128u64 << 20);
+        assert_eq!(s["link"], "1gbit");
+        // The workload ran inside the limit, and the protocol's CPU and bytes were counted.
+        let peak = s["peak_mem_bytes"].as_u64().expect("cgroup peak memory");
+        assert!(peak > 0 && peak <= 128 << 20, "peak {peak} outside the 128 MiB cgroup");
+        // (PostMark can run from the client cache alone: only presence is asserted.)
+        assert!(s["attach_cpu_s"].as_f64().is_some(), "attach daemon CPU: {s}");
+        assert!(s["target_cpu_s"].as_f64().is_some(), "{s}");
+    }
+    let varmail = fs.iter().find(|s| s["subject"] == "blockwire-iscsi" && s["workload"] == "varmail").unwrap();
+    assert!(varmail["result"]["ops"].as_u64().unwrap_or(0) > 0, "{varmail}");
+    assert!(varmail["result"]["flowops"]["filereader:fsync"]["count"].as_u64().unwrap_or(0) > 0, "{varmail}");
+    assert!(varmail["wire"]["tx_bytes"].as_u64().unwrap_or(0) > 0, "varmail's fsyncs sent nothing over the link: {varmail}");
+    assert!(varmail["attach_cpu_s"].as_f64().unwrap_or(0.0) > 0.0, "the attach daemon did no work for varmail: {varmail}");
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
-    assert!(html.contains("id=\"recommendation\""));
-    assert!(html.contains("id=\"net\""), "no net section in the report");
+    for id in ["answer", "findings", "recommendation", "net", "links", "micro", "sweep", "fs"] {
+        assert!(html.contains(&format!("<section id=\"{id}\">")), "no {id} section in the report");
+    }
+    assert!(html.contains("fs varmail (ops/s)"), "no fs row in the answer table");
 
     let screenshot = out.join("report.png");
     check_in_chromium(&out.join("report.html"), &screenshot);
@@ -209,9 +240,12 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
 fn interrupted_lab_leaves_nothing_behind() {
     require_root();
     let out = out_dir("sigint");
+    // Interrupted in the middle of an fs workload on a shaped link: the
+    // qdiscs, namespaces, targets, the mount with its attach daemon, FUSE
+    // connection and loop device, and the workload's cgroup all exist then.
     let mut child = Command::new(blockwire_bin())
-        .args(["lab", "--quick", "--protocols", "aoe", "--peers", "vblade", "--suite", "micro", "--repeat", "2", "--link", "1gbit"])
-        .args(["--size", "16M", "--runtime", "3", "--out"])
+        .args(["lab", "--quick", "--protocols", "iscsi", "--peers", "none", "--suite", "fs", "--link", "1gbit"])
+        .args(["--size", "64M", "--client-mem", "128M", "--fs-workloads", "varmail", "--fs-runtime", "60", "--out"])
         .arg(&out)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -220,8 +254,6 @@ fn interrupted_lab_leaves_nothing_behind() {
         .expect("start blockwire lab");
     let lab_pid = child.id();
     let mut seen: Vec<(u32, String)> = vec![];
-    // Wait until a measurement is under way (a bench or fio child exists),
-    // then interrupt as a terminal's Ctrl-C would.
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         for d in descendants(lab_pid) {
@@ -229,16 +261,21 @@ fn interrupted_lab_leaves_nothing_behind() {
                 seen.push(d);
             }
         }
-        let measuring = descendants(lab_pid).iter().any(|(_, c)| c.contains(" bench ") || c.starts_with("fio "));
+        let measuring = descendants(lab_pid).iter().any(|(_, c)| c.contains(" flowop "));
         if measuring {
             break;
         }
-        assert!(child.try_wait().unwrap().is_none(), "lab ended before any measurement started");
-        assert!(Instant::now() < deadline, "no measurement started within 3 minutes");
+        assert!(child.try_wait().unwrap().is_none(), "lab ended before any fs workload started");
+        assert!(Instant::now() < deadline, "no fs workload started within 3 minutes");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Target processes exist by now too: record them before the signal.
     seen.extend(descendants(lab_pid));
+    // Everything the run is made of is there before the signal (else the check proves nothing).
+    let before = bw_lab::topology::leftovers(lab_pid);
+    for what in ["namespace", "mount", "loop device", "cgroup", "process"] {
+        assert!(before.iter().any(|l| l.starts_with(what)), "no {what} while the workload runs: {before:#?}");
+    }
+    assert!(before.iter().any(|l| l.contains("fuse")), "no FUSE connection while the workload runs: {before:#?}");
     // SAFETY: kill(2) on the child we started.
     assert_eq!(unsafe { libc::kill(lab_pid as i32, libc::SIGINT) }, 0);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -254,6 +291,7 @@ fn interrupted_lab_leaves_nothing_behind() {
     let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
     assert!(!status.success(), "an interrupted lab must not report success");
     assert!(stderr.contains("SIGINT"), "lab did not notice the signal: {stderr}");
+    assert!(!stderr.contains("lab: cleanup:"), "cleanup reported problems: {stderr}");
     assert_nothing_left(lab_pid, &seen);
     // What was measured before the interruption is kept and marked.
     let results: serde_json::Value =

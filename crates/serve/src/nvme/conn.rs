@@ -12,6 +12,8 @@
 use super::auth::{Gate, QueueAuth};
 use super::fabric::{CtrlEntry, Fabric, Refusal};
 use super::outbox::Outbox;
+use super::NvmeFraming;
+use crate::framing::{FrameReader, ReadError};
 use crate::Shutdown;
 use anyhow::{anyhow, bail};
 use bw_nvme::command::{nvm, sgl, Cqe, Sqe};
@@ -26,7 +28,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
@@ -96,10 +98,10 @@ struct Conn {
 /// is silent, sends half a PDU or never connects is dropped then.
 pub async fn serve(mut stream: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, fabric: Arc<Fabric>, mut shutdown: Shutdown, login_timeout: Duration) -> anyhow::Result<()> {
     let login_deadline = tokio::time::Instant::now() + login_timeout;
-    let mut buf = BytesMut::with_capacity(256 * 1024);
+    let mut reader = FrameReader::with_capacity(256 * 1024);
     // Initialization: ICReq -> ICResp, no digests yet.
     let icreq = tokio::select! {
-        r = tokio::time::timeout_at(login_deadline, next_pdu(&mut stream, &mut buf, Digests::default(), pdu::IC_LEN as u32)) => match r {
+        r = tokio::time::timeout_at(login_deadline, next_pdu(&mut stream, &mut reader, Digests::default(), pdu::IC_LEN as u32)) => match r {
             Err(_) => bail!("no ICReq within {login_timeout:?} (login_timeout_s)"),
             Ok(r) => r,
         },
@@ -109,7 +111,10 @@ pub async fn serve(mut stream: TcpStream, peer: SocketAddr, local: Option<Socket
         Ok(Some(Pdu::IcReq(r))) => r,
         Ok(None) => return Ok(()),
         Ok(Some(p)) => return fatal_direct(&mut stream, fes::PDU_SEQUENCE_ERROR, 0, &[p.kind()], "first PDU is not ICReq").await,
-        Err(e) => return fatal_direct(&mut stream, e.fes().unwrap_or(fes::INVALID_HEADER_FIELD), e.fei(), &buf[..buf.len().min(128)], &e.to_string()).await,
+        Err(e) => {
+            let hdr = &reader.pending()[..reader.pending().len().min(128)];
+            return fatal_direct(&mut stream, e.fes().unwrap_or(fes::INVALID_HEADER_FIELD), e.fei(), hdr, &e.to_string()).await;
+        }
     };
     if req.pfv != 0 {
         return fatal_direct(&mut stream, fes::UNSUPPORTED_PARAMETER, 8, &[], "unsupported PDU format version").await;
@@ -139,7 +144,7 @@ pub async fn serve(mut stream: TcpStream, peer: SocketAddr, local: Option<Socket
         login_deadline,
         auth: None,
     };
-    let r = c.run(&stream, &mut buf, &mut done_rx, &mut shutdown).await;
+    let r = c.run(&stream, &mut reader, &mut done_rx, &mut shutdown).await;
     // Teardown: an admin queue takes its controller with it.
     if let Some(e) = &c.ctrl {
         if c.q.qid == 0 {
@@ -155,26 +160,12 @@ pub async fn serve(mut stream: TcpStream, peer: SocketAddr, local: Option<Socket
     r
 }
 
-/// Read until one PDU is decoded; Ok(None) on a clean end of stream.
-async fn next_pdu(rd: &mut TcpStream, buf: &mut BytesMut, d: Digests, max: u32) -> Result<Option<Pdu>, PduError> {
-    loop {
-        if let Some(p) = pdu::decode(buf, d, max)? {
-            return Ok(Some(p));
-        }
-        grow_if_full(buf);
-        match rd.read_buf(buf).await {
-            Ok(0) | Err(_) => return Ok(None),
-            Ok(_) => {}
-        }
-    }
-}
-
-/// `decode` reserved exactly what the current PDU still needs; only a full
-/// buffer needs more room. (Reserving more while earlier PDUs' payloads are
-/// still referenced would copy the partial PDU.)
-fn grow_if_full(buf: &mut BytesMut) {
-    if buf.capacity() == buf.len() {
-        buf.reserve(64 * 1024);
+/// Read until one PDU is decoded; Ok(None) when the stream ends (or fails).
+async fn next_pdu(rd: &mut TcpStream, reader: &mut FrameReader, d: Digests, max: u32) -> Result<Option<Pdu>, PduError> {
+    match reader.next(rd, &NvmeFraming { max_plen: max }, |b| pdu::decode(b, d, max)).await {
+        Ok(p) => Ok(p),
+        Err(ReadError::Pdu(e)) => Err(e),
+        Err(ReadError::Io(_)) => Ok(None),
     }
 }
 
@@ -191,16 +182,14 @@ fn may_block(subsys: &Subsystem, sqe: &Sqe) -> bool {
     match sqe.opcode() {
         nvm::FLUSH | nvm::DSM | nvm::WRITE_ZEROES => true,
         _ if sqe.cdw(12) & (1 << 30) != 0 => true, // FUA
-        _ => subsys.namespace(sqe.nsid()).is_some_and(|n| {
-            let i = n.volume.info();
-            i.durability == bw_block::Durability::WriteThrough || i.description.contains("O_DIRECT") || i.description.starts_with("blockdev:")
-        }),
+        _ => subsys.namespace(sqe.nsid()).is_some_and(|n| n.volume.info().io_may_block()),
     }
 }
 
 impl Conn {
-    async fn run(&mut self, stream: &TcpStream, buf: &mut BytesMut, done_rx: &mut mpsc::UnboundedReceiver<Finished>, shutdown: &mut Shutdown) -> anyhow::Result<()> {
+    async fn run(&mut self, stream: &TcpStream, reader: &mut FrameReader, done_rx: &mut mpsc::UnboundedReceiver<Finished>, shutdown: &mut Shutdown) -> anyhow::Result<()> {
         let d = self.digests;
+        let framing = NvmeFraming { max_plen: MAX_PLEN };
         let mut reads_in_a_row = 0;
         loop {
             // Handle every PDU already buffered before touching the socket
@@ -211,7 +200,7 @@ impl Conn {
                 if *self.kill.borrow() {
                     return Ok(());
                 }
-                let p = match pdu::decode(buf, d, MAX_PLEN) {
+                let p = match pdu::decode(reader.buf(), d, MAX_PLEN) {
                     Ok(Some(p)) => p,
                     Ok(None) => {
                         stalled = false;
@@ -226,7 +215,7 @@ impl Conn {
                     }
                     Err(e @ PduError::DataDigest { .. }) => bail!("{e}: closing the queue"),
                     Err(e) => {
-                        let hdr = Bytes::copy_from_slice(&buf[..buf.len().min(128)]);
+                        let hdr = Bytes::copy_from_slice(&reader.pending()[..reader.pending().len().min(128)]);
                         self.fatal(e.fes().unwrap_or(fes::INVALID_HEADER_FIELD), e.fei(), hdr);
                         bail!("malformed PDU: {e}");
                     }
@@ -245,8 +234,7 @@ impl Conn {
                 continue;
             }
             if reading && reads_in_a_row < READS_PER_YIELD {
-                grow_if_full(buf);
-                match stream.try_read_buf(buf) {
+                match reader.try_fill(stream, &framing) {
                     Ok(0) => return Ok(()),
                     Ok(_) => {
                         reads_in_a_row += 1;

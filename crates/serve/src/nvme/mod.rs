@@ -9,16 +9,40 @@ mod conn;
 mod fabric;
 mod outbox;
 
-use crate::limits::{Admission, Limits, Ticket};
+use crate::accept::{Accepted, Acceptor, Threading};
+use crate::limits::{Admission, Limits};
 use crate::config::{AnaStateConfig, NvmeConfig};
 use bw_nvme::ana::AnaState;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_nvme::{Namespace, Subsystem};
 use fabric::Fabric;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
+
+/// NVMe/TCP framing for the shared reader: the common header's PLEN is the
+/// PDU's length; `max_plen` bounds what a peer can make us buffer.
+pub(super) struct NvmeFraming {
+    pub max_plen: u32,
+}
+
+impl crate::framing::Framing for NvmeFraming {
+    fn header_len(&self) -> usize {
+        bw_nvme::pdu::CH_LEN
+    }
+    fn pdu_len(&self, header: &[u8]) -> usize {
+        bw_nvme::pdu::CommonHeader::parse(header).plen as usize
+    }
+    fn max_pdu(&self) -> usize {
+        self.max_plen as usize
+    }
+    fn growth(&self) -> crate::framing::Growth {
+        // `pdu::decode` reserves exactly what a partial PDU still needs;
+        // only a full buffer needs more room (reserving more while earlier
+        // PDUs' payloads are still referenced would copy the partial PDU).
+        crate::framing::Growth { low_water: 1, chunk: 64 * 1024, large_pdu: usize::MAX }
+    }
+}
 
 /// Build the subsystems a config describes.
 fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Subsystem>>> {
@@ -80,81 +104,23 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, volumes: &Volumes, shutdow
     let admission = Admission::new(limits.clone());
     let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
     let fabric = Arc::new(Fabric::new(subs, bound).with_max_controllers(limits.max_sessions).with_cntlid_range(lo, hi).with_host_auth(auth::HostKeys::from_config(cfg)?));
-    let mut tasks = Vec::new();
-    for l in listeners {
-        let fabric = fabric.clone();
-        let shutdown = shutdown.clone();
-        tasks.push(tokio::spawn(accept_loop(l, fabric, admission.clone(), shutdown)));
-    }
-    let mut sd = shutdown;
-    Ok(tokio::spawn(async move {
-        sd.wait().await;
-        for t in &tasks {
-            t.abort();
+    let login_timeout = limits.login_timeout();
+    // One thread per connection (one queue), as iSCSI connections by
+    // default: see `Threading::ThreadPerConnection` for why.
+    let acceptor = Acceptor { name: "nvme", thread_name: "nvme-conn", admission, threading: Threading::ThreadPerConnection };
+    let f = fabric.clone();
+    let accepting = acceptor.run(listeners, shutdown, move |a| {
+        // `a.ticket` lives as long as the connection's future.
+        let Accepted { stream, peer, local, ticket, shutdown } = a;
+        let fabric = f.clone();
+        async move {
+            let _ticket = ticket;
+            conn::serve(stream, peer, local, fabric, shutdown, login_timeout).await
         }
+    });
+    Ok(tokio::spawn(async move {
+        let _ = accepting.await;
         fabric.shutdown_all();
         Ok(())
     }))
-}
-
-async fn accept_loop(l: TcpListener, fabric: Arc<Fabric>, admission: Arc<Admission>, mut shutdown: Shutdown) {
-    loop {
-        tokio::select! {
-            _ = shutdown.wait() => return,
-            r = l.accept() => match r {
-                Ok((stream, peer)) => {
-                    let ticket = match admission.admit(peer.ip()) {
-                        Ok(t) => t,
-                        Err(why) => {
-                            log::warn!("nvme: connection from {peer} refused: {why}");
-                            continue;
-                        }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let local: Option<SocketAddr> = stream.local_addr().ok();
-                    let login_timeout = admission.limits().login_timeout();
-                    if let Err(e) = spawn_connection_thread(stream, peer, local, fabric.clone(), shutdown.clone(), login_timeout, ticket) {
-                        log::warn!("nvme: cannot start a thread for the connection from {peer}: {e:#}");
-                    }
-                }
-                Err(e) => {
-                    log::warn!("nvme: accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-            }
-        }
-    }
-}
-
-/// Each connection (one queue) gets its own thread with a single-threaded
-/// runtime, as iSCSI connections do: the thread that waits for the socket
-/// also runs the command and writes the answer. On the shared work-stealing
-/// runtime a queue's task and the I/O driver that wakes it could sit on
-/// different workers and move between them from run to run, which made
-/// 1 MiB reads swing by 2x between otherwise identical runs.
-fn spawn_connection_thread(
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
-    local: Option<SocketAddr>,
-    fabric: Arc<Fabric>,
-    shutdown: Shutdown,
-    login_timeout: std::time::Duration,
-    ticket: Ticket,
-) -> anyhow::Result<()> {
-    let stream = stream.into_std()?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    std::thread::Builder::new().name("nvme-conn".into()).spawn(move || {
-        // Holds this connection's place in the admission limits until it ends.
-        let _ticket = ticket;
-        rt.block_on(async move {
-            let r = match tokio::net::TcpStream::from_std(stream) {
-                Ok(s) => conn::serve(s, peer, local, fabric, shutdown, login_timeout).await,
-                Err(e) => Err(e.into()),
-            };
-            if let Err(e) = r {
-                log::info!("nvme: connection from {peer} ended: {e:#}");
-            }
-        });
-    })?;
-    Ok(())
 }

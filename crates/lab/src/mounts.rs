@@ -1,0 +1,168 @@
+//! Putting a file system on a subject for the fs suite, tracked for
+//! cleanup: `blockwire mount URL MP --mkfs ext4` in the client namespace for
+//! a networked subject, a loop device on the backing file with ext4 for the
+//! local baseline.
+//!
+//! `blockwire mount` runs under `nsenter --net` (not `ip netns exec`, which
+//! also gives its command a mount namespace of its own): the attach daemon
+//! then talks through the client namespace's veth while the FUSE mount, the
+//! loop device and ext4 land in the lab's mount namespace, where the
+//! workloads run and where cleanup can see them.
+
+use crate::cleanup::{registry, Resource, Token};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// ext4 mount options for every subject: no background zeroing of inode
+/// tables (mkfs leaves them to the kernel's lazyinit thread, which would
+/// write to the volume during the measurements).
+pub const EXT4_OPTIONS: &str = "noinit_itable";
+
+/// Run a helper command (mount, mkfs, losetup) to completion, in its own
+/// process group so a terminal's Ctrl-C reaches only the lab, which then
+/// undoes things in order.
+pub fn helper(cmd: &mut Command) -> anyhow::Result<String> {
+    cmd.process_group(0);
+    let out = cmd
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run {:?}: {e}", cmd.get_program()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let why = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message")
+            .trim()
+            .to_string();
+        anyhow::bail!("{} failed: {why}", cmd.get_program().to_string_lossy());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A file system mounted for one subject.
+pub struct Mounted {
+    pub mountpoint: PathBuf,
+    /// The attach daemon (the protocol initiator) of a `blockwire mount`.
+    pub daemon_pid: Option<u32>,
+    tokens: Vec<Token>,
+}
+
+impl Mounted {
+    /// Unmount (and detach the loop device, FUSE and the daemon).
+    pub fn release(self) -> anyhow::Result<()> {
+        let mut first = Ok(());
+        for t in self.tokens.into_iter().rev() {
+            if let Err(e) = registry().release(t) {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+/// `blockwire mount URL MP --mkfs ext4` from the client namespace.
+pub fn mount_remote(exe: &Path, client_ns: &str, url: &str, mp: &Path) -> anyhow::Result<Mounted> {
+    let res = Resource::BlockwireMount {
+        exe: exe.to_path_buf(),
+        mountpoint: mp.to_path_buf(),
+    };
+    let (token, ()) = registry().create(res, || {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{client_ns}"))
+            .arg(exe)
+            .args(["mount", url])
+            .arg(mp)
+            .args(["--mkfs", "ext4", "-o", EXT4_OPTIONS, "--timeout", "30"]);
+        helper(&mut cmd).map(|_| ())
+    })?;
+    Ok(Mounted {
+        mountpoint: mp.to_path_buf(),
+        daemon_pid: attach_daemon_of(mp),
+        tokens: vec![token],
+    })
+}
+
+/// The PID of the attach daemon serving the mount at `mp`, from the state
+/// files `blockwire mount` leaves in /run/blockwire.
+pub fn attach_daemon_of(mp: &Path) -> Option<u32> {
+    for e in std::fs::read_dir("/run/blockwire").ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("attach-") && name.ends_with(".json")) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        if v["mountpoint"].as_str().map(Path::new) == Some(mp) {
+            return v["pid"].as_u64().map(|p| p as u32);
+        }
+    }
+    None
+}
+
+/// A loop device on `backing` (direct I/O, as `blockwire attach --loop`
+/// makes it), tracked. Returns its token and device path.
+pub fn loop_device(backing: &Path) -> anyhow::Result<(Token, String)> {
+    registry().create_tracked(|| {
+        let dev = helper(
+            Command::new("losetup")
+                .args(["--find", "--show", "--direct-io=on"])
+                .arg(backing),
+        )?;
+        anyhow::ensure!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
+        Ok((
+            Resource::Loop {
+                dev: dev.clone(),
+                backing: backing.to_path_buf(),
+            },
+            dev,
+        ))
+    })
+}
+
+/// ext4 on the local loop device `dev` (from [`loop_device`]), mounted on `mp`.
+pub fn mount_local(dev: &str, loop_token: Token, mp: &Path) -> anyhow::Result<Mounted> {
+    let made = helper(Command::new("mkfs.ext4").args(["-q", "-F", dev]));
+    if let Err(e) = made {
+        let _ = registry().release(loop_token);
+        return Err(e);
+    }
+    let mounted = registry().create(Resource::Mount(mp.to_path_buf()), || {
+        helper(
+            Command::new("mount")
+                .args(["-o", EXT4_OPTIONS, dev])
+                .arg(mp),
+        )
+        .map(|_| ())
+    });
+    match mounted {
+        Ok((t, ())) => Ok(Mounted {
+            mountpoint: mp.to_path_buf(),
+            daemon_pid: None,
+            tokens: vec![loop_token, t],
+        }),
+        Err(e) => {
+            let _ = registry().release(loop_token);
+            Err(e)
+        }
+    }
+}
+
+/// Remove what a workload left in its directory and write back the rest,
+/// so the next workload starts from the same file system state.
+pub fn clean_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("cleaning {}: {e}", dir.display()))?;
+    }
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    Ok(())
+}

@@ -1,0 +1,1102 @@
+//! The run itself: set up the topology and the backing file, then for each
+//! link shape measure the network, and for each MTU start every target and
+//! run every workload `repeat` times, each repeat over all subjects in a
+//! rotated order, recording raw samples as it goes. The fs suite runs at
+//! the first MTU of each link shape, with the same rotation, the local
+//! baseline taking its turn among the subjects.
+
+use crate::accounting::{Case, Metric};
+use crate::cleanup::{interrupted, registry, Resource};
+use crate::plan::Plan;
+use crate::results::{
+    unix_now, utc_now, Failure, Results, Sample, Subject, WireCounters, Workload, FORMAT,
+};
+use crate::targets::{self, TargetProcess};
+use crate::topology::{Link, Topology};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Consecutive failed runs after which a subject is given up (at this MTU).
+const MAX_CONSECUTIVE_FAILURES: u32 = 2;
+
+/// A subject being measured on one link, and how its runs are going.
+struct LiveSubject {
+    key: String,
+    url: String,
+    /// Index of the target process that serves it.
+    proc: usize,
+    done: u64,
+    consecutive_failures: u32,
+    gave_up: bool,
+}
+
+impl LiveSubject {
+    fn new(key: String, proc: usize) -> LiveSubject {
+        LiveSubject {
+            key,
+            url: String::new(),
+            proc,
+            done: 0,
+            consecutive_failures: 0,
+            gave_up: false,
+        }
+    }
+}
+
+pub struct LabRun {
+    pub plan: Plan,
+    pub exe: PathBuf,
+    pub out: PathBuf,
+    pub results: Results,
+    backing: PathBuf,
+    progress: ProgressBar,
+    idle_spent: f64,
+    /// The link shape being measured.
+    shape: String,
+    /// Where the fs suite mounts each subject in turn.
+    fs_dir: Option<PathBuf>,
+    /// Numbers the fs suite's cgroups.
+    fs_serial: u64,
+}
+
+/// Fill the backing file with non-zero data so reads touch real pages
+/// (a sparse tmpfs file would answer reads from the shared zero page).
+fn make_backing(path: &Path, size: u64) -> anyhow::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    let mut block = vec![0u8; 1 << 20];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for chunk in block.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+impl LabRun {
+    pub fn new(plan: Plan, exe: PathBuf, out: PathBuf) -> LabRun {
+        let mut results = Results {
+            format: FORMAT,
+            started_utc: utc_now(),
+            ..Default::default()
+        };
+        results.params = plan.params.clone();
+        results.machine = crate::machine::machine_info();
+        results.software = crate::machine::software(&exe);
+        let progress = ProgressBar::new(plan.total_runs());
+        progress.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs, ~{eta} left  {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        let backing = PathBuf::from(format!("/dev/shm/bwlab-{}.img", std::process::id()));
+        LabRun {
+            plan,
+            exe,
+            out,
+            results,
+            backing,
+            progress,
+            idle_spent: 0.0,
+            shape: crate::results::default_link(),
+            fs_dir: None,
+            fs_serial: 0,
+        }
+    }
+
+    fn say(&self, line: &str) {
+        // A hidden bar (not a terminal) swallows println: write directly then.
+        if self.progress.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.progress.println(line);
+        }
+    }
+
+    /// Bounded wait for an idle machine: at most `idle_max_wait_s` per run
+    /// and `idle_budget_s` over the whole run. On a shared box "idle" may
+    /// come and go all the time; once the budget is spent, runs only measure
+    /// the busy share (stored with every sample) and go, so the run keeps to
+    /// its time limit.
+    fn wait_idle(&mut self) -> (f64, f64) {
+        let p = &self.plan.params;
+        let left = (p.idle_budget_s - self.idle_spent).max(0.0);
+        let max = p.idle_max_wait_s.min(left);
+        let (busy, waited) =
+            crate::machine::wait_idle(p.idle_threshold, Duration::from_secs_f64(max));
+        self.idle_spent += waited;
+        if left > 0.0 && self.idle_spent >= p.idle_budget_s {
+            self.say(&format!(
+                "lab: the machine keeps getting busy (other work; {:.0}% now): idle-wait budget of {:.0} s spent, measuring without waiting from here on",
+                busy * 100.0,
+                p.idle_budget_s
+            ));
+        }
+        (busy, waited)
+    }
+
+    fn save(&self) -> anyhow::Result<()> {
+        self.results.save(&self.out.join("results.json"))
+    }
+
+    /// The whole run. Partial results are saved even when it fails.
+    pub fn run(&mut self) -> anyhow::Result<()> {
+        let outcome = self.run_inner();
+        self.results.finished_utc = utc_now();
+        if let Err(e) = &outcome {
+            self.results.aborted = Some(if interrupted() {
+                "interrupted".to_string()
+            } else {
+                format!("{e:#}")
+            });
+        }
+        self.progress.finish_and_clear();
+        let saved = self
+            .save()
+            .and_then(|_| crate::report::write_all(&self.out, &self.results));
+        for e in registry().cleanup_all() {
+            eprintln!("lab: cleanup: {e}");
+        }
+        outcome?;
+        saved
+    }
+
+    fn run_inner(&mut self) -> anyhow::Result<()> {
+        let size = self.plan.params.size_bytes;
+        let backing = self.backing.clone();
+        self.say(&format!(
+            "lab: filling backing file {} ({} MiB) ...",
+            backing.display(),
+            size >> 20
+        ));
+        let (backing_token, ()) = registry().create(Resource::File(backing.clone()), || {
+            make_backing(&backing, size)
+        })?;
+        self.results.params.backing = format!(
+            "{} ({} MiB, tmpfs) shared by every target and the local baseline",
+            backing.display(),
+            size >> 20
+        );
+        self.say("lab: creating namespaces and veth pairs ...");
+        let topo = Topology::setup(&self.plan.params.mtus)?;
+        self.results.params.veth_offloads_off = topo.offloads_off;
+        self.results.subjects = self
+            .plan
+            .subjects()
+            .into_iter()
+            .map(|(key, target, protocol)| Subject {
+                key,
+                protocol,
+                target,
+                initiator: "blockwire".into(),
+                unavailable: None,
+            })
+            .collect();
+        if self.plan.baseline && !self.jobs().is_empty() {
+            self.results.subjects.push(Subject {
+                key: "local-fio".into(),
+                protocol: "local".into(),
+                target: "tmpfs file".into(),
+                initiator: "fio (io_uring)".into(),
+                unavailable: None,
+            });
+        }
+        let mut fs_dir_token = None;
+        if self.plan.fs.is_some() {
+            if self.plan.baseline {
+                self.results.subjects.push(Subject {
+                    key: crate::fs::LOCAL.into(),
+                    protocol: "local".into(),
+                    target: "ext4 on a loop device over the backing file".into(),
+                    initiator: "the kernel (no network)".into(),
+                    unavailable: None,
+                });
+            }
+            let dir = PathBuf::from(format!("/tmp/bwlab-{}-fs", std::process::id()));
+            let (t, ()) = registry().create(Resource::Dir(dir.clone()), || {
+                Ok(std::fs::create_dir_all(&dir)?)
+            })?;
+            fs_dir_token = Some(t);
+            self.fs_dir = Some(dir);
+        }
+        self.save()?;
+        self.progress.enable_steady_tick(Duration::from_millis(200));
+        self.print_table_header();
+        let links = topo.links.clone();
+        for shape in self.plan.links.clone() {
+            // Shape every veth pair, then measure the network before storage.
+            let mut qdiscs = vec![];
+            for link in &links {
+                qdiscs.extend(crate::net::apply_shape(&topo, link, &shape)?);
+            }
+            self.shape = shape.name.clone();
+            if self.plan.net_runs > 0 {
+                for link in &links {
+                    self.run_net(&topo, link, &shape)?;
+                }
+            }
+            if !self.jobs().is_empty() || self.plan.fs.is_some() {
+                for (i, link) in links.iter().enumerate() {
+                    self.run_link(&topo, link, i == 0)?;
+                }
+            }
+            for t in qdiscs {
+                registry().release(t)?;
+            }
+        }
+        if self.plan.baseline {
+            self.run_baseline()?;
+        }
+        self.progress.finish_and_clear();
+        topo.teardown()?;
+        if let Some(t) = fs_dir_token {
+            registry().release(t)?;
+        }
+        registry().release(backing_token)?;
+        Ok(())
+    }
+
+    fn mark_unavailable(&mut self, key: &str, mtu: u32, reason: String) {
+        self.say(&format!("lab: {key} at MTU {mtu}: unavailable: {reason}"));
+        if let Some(s) = self.results.subjects.iter_mut().find(|s| s.key == key) {
+            if s.unavailable.is_none() {
+                s.unavailable = Some(reason.clone());
+            }
+        }
+        self.results.failures.push(Failure {
+            subject: key.into(),
+            mtu: Some(mtu),
+            workload: String::new(),
+            reason,
+        });
+        // Its runs will not happen: keep the progress bar honest.
+        let skipped = self.runs_per_subject(mtu);
+        self.progress.inc(skipped);
+    }
+
+    fn runs_per_subject(&self, mtu: u32) -> u64 {
+        let p = &self.plan.params;
+        let fs = match &self.plan.fs {
+            Some(f) if p.mtus.first() == Some(&mtu) => {
+                self.plan.fs_cases(false).len() as u64 * f.repeat as u64
+            }
+            _ => 0,
+        };
+        self.plan.micro.len() as u64 * p.repeat as u64
+            + self.plan.sweep.len() as u64 * p.sweep_repeats() as u64
+            + fs
+    }
+
+    /// The net suite on one link: iperf3's rate with 1..8 streams, the
+    /// ceiling every protocol on this link is shown against.
+    fn run_net(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        shape: &crate::net::LinkShape,
+    ) -> anyhow::Result<()> {
+        self.progress
+            .set_message(format!("iperf3 MTU {} link {}", link.mtu, shape.name));
+        let runs = self.plan.net_runs as u64;
+        let repeats = runs / crate::net::STREAMS.len() as u64;
+        match crate::net::run_net(
+            topo,
+            link,
+            shape,
+            self.plan.params.net_runtime_s,
+            repeats as u32,
+        ) {
+            Ok(samples) => {
+                for n in crate::net::STREAMS {
+                    let v: Vec<&crate::net::NetSample> =
+                        samples.iter().filter(|s| s.streams == n).collect();
+                    if v.is_empty() {
+                        continue;
+                    }
+                    let k = v.len() as f64;
+                    self.say(&format!(
+                        "{:<16} {:>5} {:<18} {:>12.2} Gbit/s  client CPU {:.0}%  server CPU {:.0}%  link {}",
+                        "iperf3",
+                        link.mtu,
+                        format!("{n} stream(s)"),
+                        v.iter().map(|s| s.bits_per_s).sum::<f64>() / k / 1e9,
+                        v.iter().map(|s| s.client_cpu_pct).sum::<f64>() / k,
+                        v.iter().map(|s| s.server_cpu_pct).sum::<f64>() / k,
+                        shape.name
+                    ));
+                }
+                self.results.net.extend(samples);
+            }
+            Err(e) => {
+                if interrupted() {
+                    anyhow::bail!("interrupted");
+                }
+                self.say(&format!(
+                    "lab: iperf3 at MTU {} link {} failed: {e:#}",
+                    link.mtu, shape.name
+                ));
+                self.results.failures.push(Failure {
+                    subject: "iperf3".into(),
+                    mtu: Some(link.mtu),
+                    workload: format!("net link {}", shape.name),
+                    reason: format!("{e:#}"),
+                });
+            }
+        }
+        self.progress.inc(runs);
+        self.save()
+    }
+
+    /// The runs of one link or of the baseline: (suite, workload, seconds, repeats).
+    fn jobs(&self) -> Vec<(String, Workload, u32, u32)> {
+        let p = &self.plan.params;
+        let mut jobs: Vec<(String, Workload, u32, u32)> = self
+            .plan
+            .micro
+            .iter()
+            .map(|w| ("micro".to_string(), w.clone(), p.runtime_s, p.repeat))
+            .collect();
+        {
+            jobs.extend(self.plan.sweep.iter().map(|w| {
+                (
+                    "sweep".to_string(),
+                    w.clone(),
+                    p.sweep_runtime_s,
+                    p.sweep_repeats(),
+                )
+            }));
+        }
+        jobs
+    }
+
+    /// All subjects at one MTU, interleaved: every target is started first
+    /// (blockwire serve with all its protocols, tgt, vblade: they listen on
+    /// different ports and AoE shelves), then each workload runs every
+    /// subject once per repeat, one at a time, in an order rotated between
+    /// repeats. So all subjects see the same machine state: this machine's
+    /// speed drifts by tens of percent over minutes, and measuring subjects
+    /// one after another turned that drift into false differences.
+    fn run_link(&mut self, topo: &Topology, link: &Link, first_mtu: bool) -> anyhow::Result<()> {
+        let subjects = self.plan.subjects();
+        let mut procs: Vec<TargetProcess> = vec![];
+        let mut live: Vec<LiveSubject> = vec![];
+        let ours: Vec<String> = subjects
+            .iter()
+            .filter(|(_, t, _)| t == "blockwire")
+            .map(|(_, _, p)| p.clone())
+            .collect();
+        if !ours.is_empty() {
+            self.progress
+                .set_message(format!("MTU {}: starting blockwire serve", link.mtu));
+            let (proc, status) =
+                targets::start_blockwire(&self.exe, topo, link, &self.backing, &ours);
+            for (proto, st) in &status {
+                if let Err(why) = st {
+                    self.mark_unavailable(
+                        &targets::subject_key("blockwire", proto),
+                        link.mtu,
+                        why.clone(),
+                    );
+                }
+            }
+            if let Some(p) = proc {
+                for (proto, _) in status.iter().filter(|(_, s)| s.is_ok()) {
+                    live.push(LiveSubject::new(
+                        targets::subject_key("blockwire", proto),
+                        procs.len(),
+                    ));
+                }
+                procs.push(p);
+            }
+        }
+        for peer in self.plan.params.peers.clone() {
+            let key = subjects
+                .iter()
+                .find(|(_, t, _)| *t == peer)
+                .map(|(k, _, _)| k.clone())
+                .unwrap_or_default();
+            self.progress
+                .set_message(format!("MTU {}: starting {peer}", link.mtu));
+            let started = match peer.as_str() {
+                "tgt" => targets::start_tgt(topo, link, &self.backing),
+                _ => targets::start_vblade(topo, link, &self.backing),
+            };
+            match started {
+                Ok(p) => {
+                    live.push(LiveSubject::new(key, procs.len()));
+                    procs.push(p);
+                }
+                Err(why) => self.mark_unavailable(&key, link.mtu, why),
+            }
+        }
+        let mut r = self.run_interleaved(topo, link, &mut procs, &mut live);
+        if r.is_ok() && first_mtu && self.plan.fs.is_some() {
+            r = self.run_fs(topo, link, &mut procs, &mut live);
+        }
+        for p in procs {
+            p.stop();
+        }
+        r
+    }
+
+    fn run_interleaved(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        procs: &mut [TargetProcess],
+        live: &mut [LiveSubject],
+    ) -> anyhow::Result<()> {
+        for s in live.iter_mut() {
+            s.url = targets::url_for(&s.key, link)
+                .ok_or_else(|| anyhow::anyhow!("no URL for {}", s.key))?;
+        }
+        let per_subject = self.runs_per_subject(link.mtu);
+        let n = live.len();
+        for (suite, w, runtime, repeats) in self.jobs() {
+            let mut samples: Vec<Vec<Sample>> = vec![vec![]; n];
+            for rep in 1..=repeats {
+                for turn in 0..n {
+                    let i = (turn + rep as usize - 1) % n;
+                    if interrupted() {
+                        anyhow::bail!("interrupted");
+                    }
+                    if live[i].gave_up {
+                        continue;
+                    }
+                    let key = live[i].key.clone();
+                    let target = &mut procs[live[i].proc];
+                    if !target.alive() {
+                        let why = format!("{} died: {}", target.name, target.log_tail());
+                        self.give_up(&mut live[i], per_subject, link.mtu, &w.name, why, false);
+                        continue;
+                    }
+                    self.progress
+                        .set_message(format!("{key} MTU {} {} #{rep}", link.mtu, w.name));
+                    let url = live[i].url.clone();
+                    match self.one_networked_run(
+                        topo,
+                        link,
+                        &key,
+                        &url,
+                        &suite,
+                        &w,
+                        rep,
+                        runtime,
+                        &procs[live[i].proc],
+                    ) {
+                        Ok(s) => {
+                            live[i].consecutive_failures = 0;
+                            samples[i].push(s.clone());
+                            self.results.samples.push(s);
+                        }
+                        Err(e) => {
+                            if interrupted() {
+                                anyhow::bail!("interrupted");
+                            }
+                            live[i].consecutive_failures += 1;
+                            self.results.failures.push(Failure {
+                                subject: key.clone(),
+                                mtu: Some(link.mtu),
+                                workload: w.name.clone(),
+                                reason: format!("{e:#}"),
+                            });
+                            self.say(&format!("lab: {key} {} run {rep} failed: {e:#}", w.name));
+                        }
+                    }
+                    self.progress.inc(1);
+                    live[i].done += 1;
+                    if live[i].consecutive_failures >= MAX_CONSECUTIVE_FAILURES {
+                        let reason = format!(
+                            "gave up after {MAX_CONSECUTIVE_FAILURES} failed runs in a row"
+                        );
+                        self.give_up(&mut live[i], per_subject, link.mtu, &w.name, reason, true);
+                    }
+                }
+            }
+            for (s, got) in live.iter().zip(samples) {
+                if !got.is_empty() {
+                    self.print_case_row(&s.key, Some(link.mtu), &suite, &w, got);
+                }
+            }
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    /// Stop measuring a subject at this MTU: record why, keep the progress
+    /// bar honest, and mark it unavailable if it never produced a sample.
+    fn give_up(
+        &mut self,
+        s: &mut LiveSubject,
+        per_subject: u64,
+        mtu: u32,
+        workload: &str,
+        why: String,
+        failures_recorded: bool,
+    ) {
+        s.gave_up = true;
+        self.progress.inc(per_subject.saturating_sub(s.done));
+        if !failures_recorded {
+            self.results.failures.push(Failure {
+                subject: s.key.clone(),
+                mtu: Some(mtu),
+                workload: workload.into(),
+                reason: why.clone(),
+            });
+        }
+        if self.results.samples.iter().all(|x| x.subject != s.key) {
+            let last = self
+                .results
+                .failures
+                .last()
+                .map(|f| f.reason.clone())
+                .unwrap_or(why.clone());
+            if let Some(subj) = self.results.subjects.iter_mut().find(|x| x.key == s.key) {
+                subj.unavailable.get_or_insert(last);
+            }
+        }
+        self.say(&format!("lab: {} at MTU {mtu}: {why}", s.key));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn one_networked_run(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        key: &str,
+        url: &str,
+        suite: &str,
+        w: &Workload,
+        rep: u32,
+        runtime: u32,
+        target: &TargetProcess,
+    ) -> anyhow::Result<Sample> {
+        let (busy, waited) = self.wait_idle();
+        let started_unix = unix_now();
+        let wire0 = topo.client_counters(link)?;
+        let cpu0 = target.cpu_seconds()?;
+        let bench = crate::runner::run_bench(
+            &self.exe,
+            &topo.client_ns,
+            url,
+            w,
+            runtime,
+            self.plan.params.size_bytes,
+        )?;
+        let cpu1 = target.cpu_seconds()?;
+        let wire1 = topo.client_counters(link)?;
+        Ok(Sample {
+            subject: key.into(),
+            mtu: Some(link.mtu),
+            link: self.shape.clone(),
+            suite: suite.into(),
+            workload: w.clone(),
+            repeat: rep,
+            bench,
+            target_cpu_s: Some(cpu1 - cpu0),
+            wire: Some(WireCounters::delta(&wire0, &wire1)),
+            busy_before: busy,
+            idle_wait_s: waited,
+            started_unix,
+        })
+    }
+
+    /// The fs suite on one link: every subject (the networked ones that are
+    /// still up, then the local baseline) gets ext4 mounted in its turn,
+    /// runs every (workload, memory limit) case, and is unmounted; the
+    /// order rotates between repetitions. Subjects share the backing file,
+    /// so only one is mounted at a time, and each turn starts on a fresh
+    /// file system with an empty client cache.
+    fn run_fs(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        procs: &mut [TargetProcess],
+        live: &mut [LiveSubject],
+    ) -> anyhow::Result<()> {
+        let Some(fsp) = self.plan.fs.clone() else {
+            return Ok(());
+        };
+        let Some(mp) = self.fs_dir.clone() else {
+            return Ok(());
+        };
+        // (key, url, target process index); the local baseline has neither.
+        let mut subjects: Vec<(String, Option<String>, Option<usize>)> = live
+            .iter()
+            .filter(|s| !s.gave_up)
+            .map(|s| (s.key.clone(), Some(s.url.clone()), Some(s.proc)))
+            .collect();
+        if self.plan.baseline {
+            subjects.push((crate::fs::LOCAL.to_string(), None, None));
+        }
+        let n = subjects.len();
+        let mut failed_turns = vec![0u32; n];
+        let first = self.results.fs.len();
+        for rep in 1..=fsp.repeat {
+            for turn in 0..n {
+                let i = (turn + rep as usize - 1) % n;
+                if interrupted() {
+                    anyhow::bail!("interrupted");
+                }
+                let (key, url, proc) = subjects[i].clone();
+                let local = url.is_none();
+                let cases = self.plan.fs_cases(local);
+                if failed_turns[i] >= MAX_CONSECUTIVE_FAILURES {
+                    self.progress.inc(cases.len() as u64);
+                    continue;
+                }
+                if let Some(pi) = proc {
+                    if !procs[pi].alive() {
+                        let why = format!("{} died: {}", procs[pi].name, procs[pi].log_tail());
+                        self.fs_failure(&key, Some(link.mtu), "(mount)", 0, why);
+                        failed_turns[i] = MAX_CONSECUTIVE_FAILURES;
+                        self.progress.inc(cases.len() as u64);
+                        continue;
+                    }
+                }
+                let target = proc.map(|pi| &procs[pi]);
+                match self.fs_turn(topo, link, &key, url.as_deref(), target, rep, &cases, &mp) {
+                    Ok(()) => failed_turns[i] = 0,
+                    Err(e) => {
+                        if interrupted() {
+                            anyhow::bail!("interrupted");
+                        }
+                        failed_turns[i] += 1;
+                        self.fs_failure(
+                            &key,
+                            if local { None } else { Some(link.mtu) },
+                            "(mount)",
+                            0,
+                            format!("{e:#}"),
+                        );
+                    }
+                }
+                self.save()?;
+            }
+        }
+        self.print_fs_rows(first);
+        Ok(())
+    }
+
+    fn fs_failure(
+        &mut self,
+        subject: &str,
+        mtu: Option<u32>,
+        workload: &str,
+        mem: u64,
+        reason: String,
+    ) {
+        let at = if mem > 0 {
+            format!(" at --client-mem {}M", mem >> 20)
+        } else {
+            String::new()
+        };
+        self.say(&format!("lab: fs {subject} {workload}{at}: {reason}"));
+        self.results.failures.push(Failure {
+            subject: subject.into(),
+            mtu,
+            workload: format!("fs {workload}{at}"),
+            reason,
+        });
+    }
+
+    /// One subject's turn: mount, every case, unmount. Cases that fail are
+    /// recorded and the turn goes on; a mount that fails ends the turn.
+    #[allow(clippy::too_many_arguments)]
+    fn fs_turn(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        key: &str,
+        url: Option<&str>,
+        target: Option<&TargetProcess>,
+        rep: u32,
+        cases: &[(crate::fs::FsWorkload, u64)],
+        mp: &Path,
+    ) -> anyhow::Result<()> {
+        use crate::fs::FsWorkload;
+        self.progress
+            .set_message(format!("fs {key} #{rep}: mounting"));
+        let mut left = cases.len() as u64;
+        let r = (|| -> anyhow::Result<()> {
+            let mounted = match url {
+                Some(url) => crate::mounts::mount_remote(&self.exe, &topo.client_ns, url, mp)?,
+                None => {
+                    // The raw device first: the file system goes on it next.
+                    let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;
+                    for &(w, mem) in cases.iter().filter(|(w, _)| *w == FsWorkload::IogenRaw) {
+                        self.fs_case(topo, link, key, None, None, rep, w, mem, mp, Some(&dev));
+                        left -= 1;
+                    }
+                    crate::mounts::mount_local(&dev, loop_token, mp)?
+                }
+            };
+            for &(w, mem) in cases.iter().filter(|(w, _)| *w != FsWorkload::IogenRaw) {
+                if interrupted() {
+                    break;
+                }
+                self.fs_case(
+                    topo,
+                    link,
+                    key,
+                    target,
+                    mounted.daemon_pid,
+                    rep,
+                    w,
+                    mem,
+                    mp,
+                    None,
+                );
+                left -= 1;
+            }
+            self.progress
+                .set_message(format!("fs {key} #{rep}: unmounting"));
+            mounted.release()
+        })();
+        self.progress.inc(left);
+        r
+    }
+
+    /// One workload at one memory limit, in a cgroup of its own; the sample
+    /// or the failure (an OOM kill among them) goes into the results.
+    #[allow(clippy::too_many_arguments)]
+    fn fs_case(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        key: &str,
+        target: Option<&TargetProcess>,
+        daemon: Option<u32>,
+        rep: u32,
+        w: crate::fs::FsWorkload,
+        mem: u64,
+        mp: &Path,
+        raw_dev: Option<&str>,
+    ) {
+        let local = key == crate::fs::LOCAL;
+        let mtu = if local { None } else { Some(link.mtu) };
+        self.progress
+            .set_message(format!("fs {key} {} {}M #{rep}", w.name(), mem >> 20));
+        let r = self.fs_case_inner(topo, link, key, target, daemon, rep, w, mem, mp, raw_dev);
+        match r {
+            Ok(s) => self.results.fs.push(s),
+            Err(e) => {
+                if !interrupted() {
+                    self.fs_failure(key, mtu, w.name(), mem, format!("{e:#}"));
+                }
+            }
+        }
+        if let Err(e) = crate::mounts::clean_dir(&mp.join("w")) {
+            self.say(&format!("lab: {e:#}"));
+        }
+        self.progress.inc(1);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fs_case_inner(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        key: &str,
+        target: Option<&TargetProcess>,
+        daemon: Option<u32>,
+        rep: u32,
+        w: crate::fs::FsWorkload,
+        mem: u64,
+        mp: &Path,
+        raw_dev: Option<&str>,
+    ) -> anyhow::Result<crate::fs::FsSample> {
+        use crate::fs::{FsResult, FsWorkload};
+        let fsp = self
+            .plan
+            .fs
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
+        let local = key == crate::fs::LOCAL;
+        let dir = mp.join("w");
+        std::fs::create_dir_all(&dir)?;
+        match w {
+            FsWorkload::Postmark => std::fs::write(
+                dir.join("postmark.cfg"),
+                crate::fs::postmark_config(&fsp, &dir),
+            )?,
+            FsWorkload::Iogen { .. } => {
+                // Lay the file out first (not measured), as IOgen's file existed before its run.
+                let mut cmd = Command::new("fio");
+                cmd.args(crate::fs::iogen_layout_args(
+                    &fsp,
+                    &dir.join("iogen.dat").to_string_lossy(),
+                ));
+                let f =
+                    crate::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
+                anyhow::ensure!(
+                    f.ok,
+                    "laying out the IOgen file failed: {}",
+                    crate::runner::last_lines(&f.stderr, 3)
+                );
+            }
+            _ => {}
+        }
+        self.fs_serial += 1;
+        let name = format!("bwlab-{}-{}", std::process::id(), self.fs_serial);
+        let (cg_token, cg) =
+            crate::cgroup::create_tracked(Path::new(crate::cgroup::ROOT), &name, mem)?;
+        let (busy, _) = self.wait_idle();
+        let started_unix = unix_now();
+        let wire0 = if local {
+            None
+        } else {
+            Some(topo.client_counters(link)?)
+        };
+        let cpu_t0 = target.map(|t| t.cpu_seconds()).transpose()?;
+        let cpu_d0 = daemon.and_then(|p| crate::machine::process_cpu_seconds(p).ok());
+        let (prog, args) = crate::fs::command(w, &fsp, &self.exe, &dir, raw_dev);
+        let mut cmd = Command::new(&prog);
+        cmd.args(&args).current_dir(&dir);
+        // Room for making the file sets and Bonnie++'s passes over a slow link.
+        let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
+        let run = crate::runner::run_workload(cmd, w.name(), timeout, Some(&cg.procs_file()));
+        let cpu_t1 = target.map(|t| t.cpu_seconds()).transpose()?;
+        let cpu_d1 = daemon.and_then(|p| crate::machine::process_cpu_seconds(p).ok());
+        let wire1 = if local {
+            None
+        } else {
+            Some(topo.client_counters(link)?)
+        };
+        let ooms = cg.oom_kills();
+        let peak = cg.peak_bytes();
+        registry().release(cg_token)?;
+        let f = run?;
+        if ooms > 0 {
+            anyhow::bail!(
+                "OOM: the kernel killed the workload in its {} MiB memory cgroup ({ooms} kill(s))",
+                mem >> 20
+            );
+        }
+        if !f.ok {
+            let how = match f.signal {
+                Some(sig) => format!("killed by signal {sig}"),
+                None => "failed".to_string(),
+            };
+            anyhow::bail!(
+                "{} {how}: {}",
+                prog,
+                crate::runner::last_lines(&f.stderr, 3)
+            );
+        }
+        let result = match w {
+            FsWorkload::Flowop(_) => {
+                let r: bw_workload_report::FlowReport = crate::runner::parse_json_report(&f.stdout)
+                    .map_err(|e| anyhow::anyhow!("flowop {e}"))?;
+                anyhow::ensure!(
+                    r.ops > 0,
+                    "flowop did no operation (errors: {:?})",
+                    r.errors
+                );
+                FsResult::Flowop(r)
+            }
+            FsWorkload::Postmark => {
+                let mut r = crate::fs::parse_postmark(&f.stdout)?;
+                r.transactions = fsp.postmark_transactions as u64;
+                FsResult::Postmark(r)
+            }
+            FsWorkload::Bonnie => FsResult::Bonnie(crate::fs::parse_bonnie(&f.stdout)?),
+            FsWorkload::Iogen { .. } | FsWorkload::IogenRaw => {
+                FsResult::Iogen(crate::fs::parse_iogen(&f.stdout)?)
+            }
+        };
+        let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        };
+        Ok(crate::fs::FsSample {
+            subject: key.into(),
+            link: self.shape.clone(),
+            mtu: if local { None } else { Some(link.mtu) },
+            client_mem: mem,
+            workload: w.name().into(),
+            repeat: rep,
+            result,
+            elapsed_s: f.elapsed_s,
+            workload_cpu_s: f.cpu_s,
+            attach_cpu_s: delta(cpu_d0, cpu_d1),
+            target_cpu_s: delta(cpu_t0, cpu_t1),
+            wire: match (wire0, wire1) {
+                (Some(a), Some(b)) => Some(WireCounters::delta(&a, &b)),
+                _ => None,
+            },
+            peak_mem_bytes: peak,
+            busy_before: busy,
+            started_unix,
+        })
+    }
+
+    /// The fs results of this link in the terminal: each row's headline,
+    /// mean ± sd over the repetitions, per subject and memory limit.
+    fn print_fs_rows(&self, first: usize) {
+        let mut rows: std::collections::BTreeMap<(String, u64, String), Vec<f64>> =
+            Default::default();
+        let mut units: std::collections::BTreeMap<String, &'static str> = Default::default();
+        for s in &self.results.fs[first..] {
+            for m in s.measures().into_iter().filter(|m| m.headline) {
+                units.insert(m.row.clone(), m.unit);
+                rows.entry((m.row, s.client_mem, s.subject.clone()))
+                    .or_default()
+                    .push(m.value);
+            }
+        }
+        for ((row, mem, subject), v) in rows {
+            let st = crate::stats::Summary::of(&v);
+            let text = st
+                .map(|s| format!("{:.0}±{:.0}", s.mean, s.stddev))
+                .unwrap_or_default();
+            self.say(&format!(
+                "{:<16} {:>5} {:<18} {:>19} {}  client mem {}M",
+                subject,
+                "fs",
+                row,
+                text,
+                units.get(&row).copied().unwrap_or(""),
+                mem >> 20
+            ));
+        }
+    }
+
+    fn run_baseline(&mut self) -> anyhow::Result<()> {
+        for (suite, w, runtime, repeats) in self.jobs() {
+            let mut samples = vec![];
+            for rep in 1..=repeats {
+                if interrupted() {
+                    anyhow::bail!("interrupted");
+                }
+                self.progress
+                    .set_message(format!("local fio {} #{rep}", w.name));
+                let (busy, waited) = self.wait_idle();
+                let started_unix = unix_now();
+                match crate::runner::run_fio(
+                    &self.backing,
+                    &w,
+                    runtime,
+                    self.plan.params.size_bytes,
+                ) {
+                    Ok(bench) => {
+                        let s = Sample {
+                            subject: "local-fio".into(),
+                            mtu: None,
+                            link: crate::results::default_link(),
+                            suite: suite.clone(),
+                            workload: w.clone(),
+                            repeat: rep,
+                            bench,
+                            target_cpu_s: None,
+                            wire: None,
+                            busy_before: busy,
+                            idle_wait_s: waited,
+                            started_unix,
+                        };
+                        samples.push(s.clone());
+                        self.results.samples.push(s);
+                    }
+                    Err(e) => {
+                        if interrupted() {
+                            anyhow::bail!("interrupted");
+                        }
+                        self.results.failures.push(Failure {
+                            subject: "local-fio".into(),
+                            mtu: None,
+                            workload: w.name.clone(),
+                            reason: format!("{e:#}"),
+                        });
+                        self.say(&format!("lab: local fio {} failed: {e:#}", w.name));
+                    }
+                }
+                self.progress.inc(1);
+            }
+            self.print_case_row("local-fio", None, &suite, &w, samples);
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    fn print_table_header(&self) {
+        self.say(&format!(
+            "{:<16} {:>5} {:<18} {:>19} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "subject",
+            "MTU",
+            "workload",
+            "IOPS (mean±sd)",
+            "MiB/s",
+            "p99 µs",
+            "tgt µs/op",
+            "ini µs/op",
+            "wire B/op"
+        ));
+    }
+
+    fn print_case_row(
+        &self,
+        key: &str,
+        mtu: Option<u32>,
+        suite: &str,
+        w: &Workload,
+        samples: Vec<Sample>,
+    ) {
+        if samples.is_empty() {
+            return;
+        }
+        let case = Case {
+            key: crate::accounting::CaseKey {
+                suite: suite.into(),
+                link: if mtu.is_some() {
+                    self.shape.clone()
+                } else {
+                    crate::results::default_link()
+                },
+                mtu,
+                workload: w.name.clone(),
+                subject: key.into(),
+            },
+            workload: w.clone(),
+            samples,
+        };
+        let m = |metric: Metric| case.summary(metric).map(|s| s.mean);
+        let f = |v: Option<f64>, prec: usize| {
+            v.map(|x| format!("{x:.prec$}"))
+                .unwrap_or_else(|| "-".into())
+        };
+        let iops = case
+            .summary(Metric::Iops)
+            .map(|s| format!("{:.0}±{:.0}", s.mean, s.stddev))
+            .unwrap_or_else(|| "-".into());
+        let errors = case.errors();
+        self.say(&format!(
+            "{:<16} {:>5} {:<18} {:>19} {:>9} {:>9} {:>9} {:>9} {:>9}{}",
+            key,
+            mtu.map(|m| m.to_string()).unwrap_or_else(|| "local".into()),
+            w.name,
+            iops,
+            f(m(Metric::MibPerS), 1),
+            f(m(Metric::LatP99Us), 0),
+            f(m(Metric::TargetCpuUsPerOp), 1),
+            f(m(Metric::InitiatorCpuUsPerOp), 1),
+            f(m(Metric::WireBytesPerOp), 0),
+            if errors > 0 {
+                format!("  ({errors} I/O errors)")
+            } else {
+                String::new()
+            }
+        ));
+    }
+}

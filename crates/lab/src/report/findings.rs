@@ -1,0 +1,403 @@
+//! The studies' findings, each checked against this run: reproduced, not
+//! reproduced, not applicable (with the reason) or inconclusive, with the
+//! measured number. The studies are told in the report itself, so nothing
+//! here points at a file the reader may not have.
+
+use super::analysis::{fs_cases, mean, mem_name, FsCase};
+use crate::accounting::{cases, Case, CaseKey, Metric};
+use crate::results::Results;
+use crate::stats::{ratio_of_means, RatioCi, PRACTICAL};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Reproduced,
+    NotReproduced,
+    NotApplicable,
+    /// Measured, but nothing apart enough to say either way.
+    Inconclusive,
+}
+
+impl Verdict {
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Reproduced => "reproduced",
+            Verdict::NotReproduced => "not reproduced",
+            Verdict::NotApplicable => "not applicable",
+            Verdict::Inconclusive => "inconclusive",
+        }
+    }
+    /// CSS class of the verdict cell.
+    pub fn class(self) -> &'static str {
+        match self {
+            Verdict::Reproduced => "yes",
+            Verdict::NotReproduced => "no",
+            Verdict::NotApplicable | Verdict::Inconclusive => "na",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Finding {
+    /// 1..5: which study.
+    pub study: u8,
+    pub claim: String,
+    /// What was compared, in which scenario.
+    pub compared: String,
+    pub measured: String,
+    pub verdict: Verdict,
+    pub why: String,
+}
+
+/// The five studies, told briefly (the report's own words; shown above the table).
+pub const STUDIES: [(u8, &str); 5] = [
+    (1, "AoE versus iSCSI on 1 GbE with Linux initiators: fio micro benchmarks with and without the page cache at MTU 1500 and 9000, filebench personalities (webserver, fileserver, varmail, oltp) with the initiator's memory limited to 512 MiB and 4 GiB; throughput, CPU and wire bytes per operation."),
+    (2, "iSCSI versus NFS on Gigabit Ethernet: Bonnie (streaming by character and by block, rewrite, random seeks), PostMark (small-file transactions), IOgen (processes doing random I/O on one large file: IOPS, service and response time)."),
+    (3, "AoE routed over MPLS through five routers against direct links, and the header cost per frame of AoE, AoE/MPLS, AoE/GRE, AoE/L2TP, iSCSI/TCP and iSCSI/MPLS."),
+    (4, "Storage for a virtualization cluster: the network first (iperf, 1 to 32 streams, both MTUs), then local flash with fio (4 KiB random 75% reads, numjobs x iodepth heat maps), file systems on it, NFS, and NVMe over TCP and RDMA."),
+    (5, "Software iSCSI initiators against TCP offload engines and HBAs: throughput, latency and CPU per unit of throughput."),
+];
+
+fn ci_text(ci: RatioCi) -> String {
+    format!("{:.2} ({:.2}–{:.2})", ci.ratio, ci.lo, ci.hi)
+}
+
+/// The two AoE/iSCSI pairs the first study's claims are checked on.
+const PAIRS: [(&str, &str); 2] = [("blockwire-aoe", "blockwire-iscsi"), ("vblade-aoe", "tgt-iscsi")];
+
+/// The interval lies within ±5% of 1: equal for practical purposes.
+fn equal(ci: RatioCi) -> bool {
+    ci.lo >= 1.0 / (1.0 + PRACTICAL) && ci.hi <= 1.0 + PRACTICAL
+}
+
+/// Verdict on a claim "a is ahead of b", from the ratio a/b: reproduced
+/// when the whole interval is beyond +5%, not reproduced when it is beyond
+/// -5% the other way or lies within ±5% (equal), inconclusive when it is
+/// too wide to say.
+fn ahead(ci: RatioCi, a: &str, b: &str) -> (Verdict, String) {
+    if ci.lo > 1.0 + PRACTICAL {
+        (Verdict::Reproduced, format!("{a} ahead: the whole interval is above {:.2}", 1.0 + PRACTICAL))
+    } else if ci.hi < 1.0 / (1.0 + PRACTICAL) {
+        (Verdict::NotReproduced, format!("{b} is ahead instead"))
+    } else if equal(ci) {
+        (Verdict::NotReproduced, "equal: the interval lies within 5% either way".into())
+    } else {
+        (Verdict::Inconclusive, "the interval is too wide to say (more repetitions, or a quieter machine)".into())
+    }
+}
+
+/// Verdict on a claim "a and b are equal".
+fn same(ci: RatioCi) -> (Verdict, String) {
+    if equal(ci) {
+        (Verdict::Reproduced, "within 5% either way".into())
+    } else if ci.apart() {
+        (Verdict::NotReproduced, "they differ beyond 5%: on a RAM-backed volume the protocol's and implementation's cost per request is all there is; the study's disk seeks hid it".into())
+    } else {
+        (Verdict::Inconclusive, "the interval is too wide to say".into())
+    }
+}
+
+fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &str, mtu: u32, workload: &str, subject: &str) -> Option<&'a Case> {
+    all.get(&CaseKey { suite: "micro".into(), link: link.into(), mtu: Some(mtu), workload: workload.into(), subject: subject.into() })
+}
+
+fn fs_case<'a>(all: &'a BTreeMap<(String, u64, String, String), FsCase>, link: &str, mem: u64, row: &str, subject: &str) -> Option<&'a FsCase> {
+    all.get(&(link.to_string(), mem, row.to_string(), subject.to_string()))
+}
+
+/// Geometric mean of a/b over the micro workloads both ran, with how many
+/// were apart beyond the threshold.
+fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &str, mtu: u32, a: &str, b: &str, metric: Metric) -> Option<(f64, usize, usize)> {
+    let mut logs = vec![];
+    let mut apart = 0;
+    for c in all.values().filter(|c| c.key.suite == "micro" && c.key.link == link && c.key.mtu == Some(mtu) && c.key.subject == a) {
+        let Some(cb) = all.get(&CaseKey { subject: b.to_string(), ..c.key.clone() }) else { continue };
+        let (va, vb) = (c.values(metric), cb.values(metric));
+        if mean(&va) > 0.0 && mean(&vb) > 0.0 {
+            logs.push((mean(&va) / mean(&vb)).ln());
+            apart += ratio_of_means(&va, &vb).is_some_and(|ci| ci.apart()) as usize;
+        }
+    }
+    (!logs.is_empty()).then(|| ((logs.iter().sum::<f64>() / logs.len() as f64).exp(), apart, logs.len()))
+}
+
+pub fn findings(r: &Results) -> Vec<Finding> {
+    let mut out = vec![];
+    let micro = cases(&r.samples);
+    let fs = fs_cases(&r.fs);
+    let links: Vec<String> = if r.params.links.is_empty() { vec!["none".into()] } else { r.params.links.clone() };
+    let mtu = r.params.mtus.first().copied().unwrap_or(1500);
+    let measured = |s: &str| r.subjects.iter().any(|x| x.key == s && x.unavailable.is_none());
+    let na = |study: u8, claim: &str, compared: &str, why: String| Finding {
+        study,
+        claim: claim.into(),
+        compared: compared.into(),
+        measured: "–".into(),
+        verdict: Verdict::NotApplicable,
+        why,
+    };
+
+    // Study 1: the micro claims on the unshaped link and at 1 Gbit/s.
+    for (claim, workload, metric) in [
+        ("AoE about 20% faster than iSCSI on uncached sequential reads", "seqread-1m", Metric::MibPerS),
+        ("AoE and iSCSI equal on uncached random reads", "randread-4k-qd1", Metric::Iops),
+    ] {
+        for link in ["none", "1gbit"] {
+            let where_ = format!("{} at MTU {mtu}, link {link}", workload);
+            if !links.iter().any(|l| l == link) {
+                out.push(na(1, claim, &where_, format!("this run had no {link} link (add it with --link {link})")));
+                continue;
+            }
+            for (a, b) in PAIRS {
+                let compared = format!("{a} / {b}, {where_}");
+                let (Some(ca), Some(cb)) = (micro_case(&micro, link, mtu, workload, a), micro_case(&micro, link, mtu, workload, b)) else {
+                    if measured(a) || measured(b) {
+                        out.push(na(1, claim, &compared, format!("needs both {a} and {b} in the micro suite")));
+                    }
+                    continue;
+                };
+                let Some(ci) = ratio_of_means(&ca.values(metric), &cb.values(metric)) else {
+                    out.push(na(1, claim, &compared, "fewer than two runs: no interval".into()));
+                    continue;
+                };
+                let (verdict, why) = if workload == "seqread-1m" { ahead(ci, "AoE", "iSCSI") } else { same(ci) };
+                out.push(Finding { study: 1, claim: claim.into(), compared, measured: format!("AoE/iSCSI {} {}", metric.label(), ci_text(ci)), verdict, why });
+            }
+        }
+    }
+    // Cached writes: Bonnie++'s block write goes through the client's page cache.
+    {
+        let claim = "iSCSI faster than AoE on cached writes (client write-back)";
+        let mut any = false;
+        for link in &links {
+            let Some(mem) = r.params.fs.as_ref().and_then(|f| f.client_mem.first().copied()) else { break };
+            for (aoe, iscsi) in PAIRS {
+                let (Some(ca), Some(cb)) = (fs_case(&fs, link, mem, "bonnie block write", iscsi), fs_case(&fs, link, mem, "bonnie block write", aoe)) else {
+                    continue;
+                };
+                let Some(ci) = ratio_of_means(&ca.values("MiB/s"), &cb.values("MiB/s")) else { continue };
+                any = true;
+                let (verdict, why) = ahead(ci, "iSCSI", "AoE");
+                out.push(Finding {
+                    study: 1,
+                    claim: claim.into(),
+                    compared: format!("{iscsi} / {aoe}, Bonnie++ block write through ext4, link {link}, client mem {}", mem_name(mem)),
+                    measured: format!("iSCSI/AoE MiB/s {}", ci_text(ci)),
+                    verdict,
+                    why,
+                });
+            }
+        }
+        if !any {
+            out.push(na(1, claim, "Bonnie++ block write on ext4", "needs the fs suite with bonnie and both AoE and iSCSI subjects".into()));
+        }
+    }
+    for (claim, personality) in [("AoE about 19% ahead of iSCSI on oltp", "oltp"), ("AoE about 11% ahead of iSCSI on varmail", "varmail")] {
+        let mut any = false;
+        for link in &links {
+            for &mem in r.params.fs.as_ref().map(|f| f.client_mem.as_slice()).unwrap_or(&[]) {
+                for (aoe, iscsi) in PAIRS {
+                    let (Some(ca), Some(cb)) = (fs_case(&fs, link, mem, personality, aoe), fs_case(&fs, link, mem, personality, iscsi)) else {
+                        continue;
+                    };
+                    let Some(ci) = ratio_of_means(&ca.values("ops/s"), &cb.values("ops/s")) else { continue };
+                    any = true;
+                    let (verdict, why) = ahead(ci, "AoE", "iSCSI");
+                    out.push(Finding {
+                        study: 1,
+                        claim: claim.into(),
+                        compared: format!("{aoe} / {iscsi}, {personality} on ext4, link {link}, client mem {}", mem_name(mem)),
+                        measured: format!("AoE/iSCSI ops/s {}", ci_text(ci)),
+                        verdict,
+                        why,
+                    });
+                }
+            }
+        }
+        if !any {
+            out.push(na(1, claim, &format!("{personality} on ext4"), format!("needs the fs suite with {personality} and both AoE and iSCSI subjects")));
+        }
+    }
+    for (claim, metric, what) in [
+        ("iSCSI uses about 19% more CPU per operation than AoE", Metric::TotalCpuUsPerOp, "CPU per op (target + initiator)"),
+        ("iSCSI uses about 3% more network bytes per operation than AoE", Metric::WireBytesPerOp, "wire bytes per op"),
+    ] {
+        for link in &links {
+            for (aoe, iscsi) in PAIRS {
+                let Some((x, apart, n)) = ratio_over_workloads(&micro, link, mtu, iscsi, aoe, metric) else { continue };
+                let (verdict, why) = if apart == 0 {
+                    (Verdict::Inconclusive, format!("no workload apart beyond 5% ({n} compared)"))
+                } else if x > 1.0 {
+                    (Verdict::Reproduced, format!("iSCSI above AoE; {apart} of {n} workloads apart beyond 5%"))
+                } else {
+                    (Verdict::NotReproduced, format!("iSCSI below AoE; {apart} of {n} workloads apart beyond 5%"))
+                };
+                out.push(Finding {
+                    study: 1,
+                    claim: claim.into(),
+                    compared: format!("{iscsi} / {aoe}, micro workloads at MTU {mtu}, link {link}"),
+                    measured: format!("iSCSI/AoE {what}: geometric mean {x:.2} over {n} workloads"),
+                    verdict,
+                    why,
+                });
+            }
+        }
+    }
+    // The MTU: 1 MiB sequential cases at the largest against the smallest MTU.
+    {
+        let claim = "a larger MTU lowers CPU and bytes per operation";
+        let mtus = &r.params.mtus;
+        if mtus.len() < 2 {
+            out.push(na(1, claim, "1 MiB sequential at two MTUs", "this run had one MTU (compare with --mtu 1500,9000)".into()));
+        } else {
+            let (small, big) = (mtus[0], *mtus.last().unwrap_or(&mtus[0]));
+            let link = links[0].clone();
+            for (metric, what) in [(Metric::TotalCpuUsPerOp, "CPU per op"), (Metric::WireBytesPerOp, "wire bytes per op")] {
+                let mut parts = vec![];
+                let (mut lower, mut higher) = (0, 0);
+                for s in r.subjects.iter().filter(|s| s.protocol != "local") {
+                    let mut va = vec![];
+                    let mut vb = vec![];
+                    for w in ["seqread-1m", "seqwrite-1m"] {
+                        if let (Some(a), Some(b)) = (micro_case(&micro, &link, big, w, &s.key), micro_case(&micro, &link, small, w, &s.key)) {
+                            va.extend(a.values(metric));
+                            vb.extend(b.values(metric));
+                        }
+                    }
+                    let Some(ci) = ratio_of_means(&va, &vb) else { continue };
+                    let mark = if ci.apart() {
+                        if ci.ratio < 1.0 {
+                            lower += 1
+                        } else {
+                            higher += 1
+                        }
+                        ""
+                    } else {
+                        " (within the noise)"
+                    };
+                    parts.push(format!("{} {:.2}{mark}", s.key, ci.ratio));
+                }
+                if parts.is_empty() {
+                    continue;
+                }
+                let (verdict, why) = match (lower, higher) {
+                    (0, 0) => (Verdict::Inconclusive, "no subject apart beyond 5%".to_string()),
+                    (l, 0) => (Verdict::Reproduced, format!("{l} subject(s) lower, none higher")),
+                    (0, h) => (Verdict::NotReproduced, format!("{h} subject(s) higher, none lower")),
+                    (l, h) => (Verdict::Inconclusive, format!("{l} subject(s) lower, {h} higher")),
+                };
+                out.push(Finding {
+                    study: 1,
+                    claim: claim.into(),
+                    compared: format!("{what}, MTU {big} / MTU {small}, 1 MiB reads and writes, link {link}"),
+                    measured: parts.join(", "),
+                    verdict,
+                    why,
+                });
+            }
+        }
+    }
+    // Study 2.
+    out.push(na(
+        2,
+        "iSCSI ahead of NFS by 10-20% on streaming, 2-3x on PostMark, up to 4x on random reads",
+        "block (iSCSI, AoE, NVMe/TCP) against file access (NFS)",
+        "blockwire serves blocks, so there is no NFS subject; the same workloads (Bonnie++, PostMark, an IOgen-like fio run) are measured per block protocol in the file-system section".into(),
+    ));
+    // Study 3.
+    out.push(na(
+        3,
+        "MPLS costs 9-13%; AoE over MPLS still beats iSCSI over MPLS",
+        "direct and routed paths",
+        "not run here: the route suite (--suite route) compares direct, MPLS and VXLAN paths".into(),
+    ));
+    // Study 4: NVMe/TCP against local, on the micro suite and on ext4.
+    {
+        let claim = "NVMe/TCP reaches about half of local";
+        let mut any = false;
+        let (nv, loc) = ("blockwire-nvme", "local-fio");
+        for w in ["randrw75-4k-qd16", "randread-4k-qd32"] {
+            let Some(l) = micro.get(&CaseKey { suite: "micro".into(), link: "none".into(), mtu: None, workload: w.into(), subject: loc.into() }) else { continue };
+            for link in &links {
+                let Some(n) = micro_case(&micro, link, mtu, w, nv) else { continue };
+                let Some(ci) = ratio_of_means(&n.values(Metric::Iops), &l.values(Metric::Iops)) else { continue };
+                any = true;
+                out.push(fraction_of_local(claim, format!("{nv} / local fio (io_uring on the backing file), {w}, link {link}"), ci));
+            }
+            break;
+        }
+        for link in &links {
+            for &mem in r.params.fs.as_ref().map(|f| f.client_mem.as_slice()).unwrap_or(&[]) {
+                let rows: Vec<&str> = ["webserver", "fileserver", "varmail", "oltp"].into_iter().filter(|p| fs_case(&fs, link, mem, p, nv).is_some()).collect();
+                let mut va = vec![];
+                let mut vb = vec![];
+                for p in &rows {
+                    // Each personality's runs as shares of the local mean: one scale for all.
+                    let (Some(n), Some(l)) = (fs_case(&fs, link, mem, p, nv), fs_case(&fs, link, mem, p, crate::fs::LOCAL)) else { continue };
+                    let lm = mean(&l.values("ops/s"));
+                    if lm > 0.0 {
+                        va.extend(n.values("ops/s").iter().map(|x| x / lm));
+                        vb.extend(l.values("ops/s").iter().map(|x| x / lm));
+                    }
+                }
+                let Some(ci) = ratio_of_means(&va, &vb) else { continue };
+                any = true;
+                out.push(fraction_of_local(claim, format!("{nv} / local ext4, ops/s of {} on ext4, link {link}, client mem {}", rows.join(", "), mem_name(mem)), ci));
+            }
+        }
+        if !any {
+            out.push(na(4, claim, "blockwire-nvme against the local baseline", "needs blockwire-nvme and the local baseline".into()));
+        }
+    }
+    {
+        let claim = "a file system costs a lot locally (ZFS kept about 10% of raw)";
+        let mem = r.params.fs.as_ref().and_then(|f| f.client_mem.first().copied()).unwrap_or(0);
+        let raw = fs.values().find(|c| c.row == "iogen-raw" && c.subject == crate::fs::LOCAL && c.client_mem == mem);
+        let on_fs = fs.values().find(|c| c.row == "iogen-direct" && c.subject == crate::fs::LOCAL && c.client_mem == mem);
+        match (on_fs, raw) {
+            (Some(f), Some(w)) => match ratio_of_means(&f.values("IOPS"), &w.values("IOPS")) {
+                Some(ci) => {
+                    let (verdict, why) = if ci.hi < 1.0 / (1.0 + PRACTICAL) {
+                        (Verdict::Reproduced, format!("ext4 keeps {:.0}% of the raw device's IOPS (the study's 10% was ZFS)", ci.ratio * 100.0))
+                    } else if ci.apart() {
+                        (Verdict::NotReproduced, "ext4 is faster than the raw device here".into())
+                    } else if equal(ci) {
+                        (Verdict::NotReproduced, "ext4 costs less than 5% for this job: one preallocated file and O_DIRECT leave little for the file system to do".into())
+                    } else {
+                        (Verdict::Inconclusive, "the interval is too wide to say".into())
+                    };
+                    out.push(Finding {
+                        study: 4,
+                        claim: claim.into(),
+                        compared: "local ext4 / local raw loop device, IOgen-like fio with O_DIRECT".into(),
+                        measured: format!("IOPS ext4/raw {}", ci_text(ci)),
+                        verdict,
+                        why,
+                    });
+                }
+                None => out.push(na(4, claim, "local ext4 against the raw device", "fewer than two runs: no interval".into())),
+            },
+            _ => out.push(na(4, claim, "local ext4 against the raw device", "needs the fs suite with iogen-direct and iogen-raw and the local baseline".into())),
+        }
+    }
+    out.push(na(4, "over NFS the file system matters little", "NFS", "there is no NFS subject".into()));
+    out.push(na(
+        5,
+        "software initiators beat offload engines on speed, offload wins on CPU per operation",
+        "offload hardware",
+        "there is no offload hardware here; CPU per operation (target + initiator) is reported for every case and decides the \"least CPU per op\" column".into(),
+    ));
+    out
+}
+
+/// A remote/local ratio judged against the study's "about half".
+fn fraction_of_local(claim: &str, compared: String, ci: RatioCi) -> Finding {
+    let (verdict, why) = if ci.hi < 0.4 {
+        (Verdict::NotReproduced, "further from local than half".to_string())
+    } else if ci.lo > 0.6 {
+        (Verdict::NotReproduced, "closer to local than half: on one machine the network is a veth, not a link".to_string())
+    } else {
+        (Verdict::Reproduced, "the interval reaches into 40-60% of local".to_string())
+    };
+    Finding { study: 4, claim: claim.into(), compared, measured: format!("share of local {}", ci_text(ci)), verdict, why }
+}

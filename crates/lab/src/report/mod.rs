@@ -1,0 +1,345 @@
+//! results.json -> results.csv, results-fs.csv and report.html. `analysis`
+//! decides (what to pick, by how much, with intervals), `findings` checks
+//! the studies' claims, `html` renders the page from them, section by
+//! section, with maud; `csv` writes the raw rows. The terminal summary
+//! prints the same analysis.
+
+pub mod analysis;
+pub mod csv;
+pub mod findings;
+pub mod html;
+
+pub use analysis::{answer_rows, decide, print_recommendations, recommendations, Decision, Quantity, Recommendation};
+pub use findings::{findings, Finding};
+
+use crate::results::Results;
+use std::path::Path;
+
+/// Header cost per frame from the MPLS study, for comparison.
+pub const STUDIES_HEADER_TABLE: [(&str, u32); 7] = [
+    ("AoE", 32),
+    ("AoE/MPLS", 50),
+    ("AoE/GRE/IP", 80),
+    ("AoE/L2TP/UDP/IP", 86),
+    ("iSCSI/TCP/IP", 102),
+    ("iSCSI/MPLS", 120),
+    ("FCIP/iFCP", 82),
+];
+
+/// Everything a run's output directory holds besides results.json, from it alone.
+pub fn write_all(out: &Path, r: &Results) -> anyhow::Result<()> {
+    std::fs::write(out.join("results.csv"), csv::csv(r))?;
+    if !r.fs.is_empty() {
+        std::fs::write(out.join("results-fs.csv"), csv::fs_csv(r))?;
+    }
+    std::fs::write(out.join("report.html"), html::page(r))?;
+    Ok(())
+}
+
+pub fn html(r: &Results) -> String {
+    html::page(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::Metric;
+    use crate::results::*;
+
+    fn sample(
+        subject: &str,
+        mtu: Option<u32>,
+        workload: &str,
+        rep: u32,
+        iops: f64,
+        cpu: f64,
+    ) -> Sample {
+        let wl = crate::plan::micro_workloads()
+            .into_iter()
+            .find(|w| w.name == workload)
+            .unwrap();
+        let ios = (iops * 2.0) as u64;
+        Sample {
+            subject: subject.into(),
+            mtu,
+            link: "none".into(),
+            suite: "micro".into(),
+            workload: wl.clone(),
+            repeat: rep,
+            bench: BenchResult {
+                iops,
+                bw_bytes: iops * wl.bs as f64,
+                lat_ns: Latency {
+                    p50: 1e9 / iops,
+                    p99: 3e9 / iops,
+                    p999: 5e9 / iops,
+                    mean: 1.1e9 / iops,
+                },
+                cpu_user_s: cpu / 2.0,
+                cpu_sys_s: cpu / 2.0,
+                ios,
+                bytes: ios * wl.bs,
+                runtime_s: 2.0,
+                errors: 0,
+            },
+            target_cpu_s: mtu.map(|_| cpu),
+            wire: mtu.map(|_| WireCounters {
+                rx_bytes: ios * (wl.bs + 200),
+                tx_bytes: ios * 100,
+                rx_packets: ios * 3,
+                tx_packets: ios * 3,
+            }),
+            busy_before: 0.01,
+            idle_wait_s: 0.3,
+            started_unix: 0.0,
+        }
+    }
+
+    fn results() -> Results {
+        let mut r = Results {
+            format: FORMAT,
+            ..Default::default()
+        };
+        r.params.mtus = vec![1500];
+        r.params.repeat = 3;
+        r.params.sweep_numjobs = vec![1, 4];
+        r.params.sweep_iodepth = vec![1, 16];
+        for (k, p, t) in [
+            ("blockwire-aoe", "aoe", "blockwire"),
+            ("blockwire-iscsi", "iscsi", "blockwire"),
+            ("local-fio", "local", "tmpfs file"),
+        ] {
+            r.subjects.push(Subject {
+                key: k.into(),
+                protocol: p.into(),
+                target: t.into(),
+                initiator: "blockwire".into(),
+                unavailable: None,
+            });
+        }
+        r.subjects.push(Subject {
+            key: "blockwire-nvme".into(),
+            protocol: "nvme".into(),
+            target: "blockwire".into(),
+            initiator: "blockwire".into(),
+            unavailable: Some("blockwire serve exited: nvme not built yet".into()),
+        });
+        for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
+            for w in ["seqread-1m", "randread-4k-qd1", "randrw75-4k-qd16"] {
+                r.samples.push(sample(
+                    "blockwire-aoe",
+                    Some(1500),
+                    w,
+                    rep,
+                    20_000.0 * jitter,
+                    1.0,
+                ));
+                // iSCSI: clearly slower on seq read, same on random reads.
+                let iops = if w == "seqread-1m" {
+                    15_000.0
+                } else {
+                    20_000.0 * (2.0 - jitter)
+                };
+                r.samples
+                    .push(sample("blockwire-iscsi", Some(1500), w, rep, iops, 1.3));
+                r.samples
+                    .push(sample("local-fio", None, w, rep, 90_000.0 * jitter, 0.5));
+            }
+            let mut s = sample(
+                "blockwire-aoe",
+                Some(1500),
+                "randread-4k-qd1",
+                rep,
+                1000.0,
+                1.0,
+            );
+            s.suite = "sweep".into();
+            s.workload = crate::plan::sweep_workload(4, 16);
+            r.samples.push(s);
+        }
+        // fs: varmail at 256 MiB, AoE clearly ahead of iSCSI; the local
+        // baseline; IOgen on local ext4 and on the raw device.
+        for rep in 1..=3u32 {
+            let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
+            r.fs.push(fs_sample("blockwire-aoe", "varmail", rep, flow(1300.0 * jitter)));
+            r.fs.push(fs_sample("blockwire-iscsi", "varmail", rep, flow(1000.0 * jitter)));
+            r.fs.push(fs_sample(crate::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
+            r.fs.push(fs_sample(crate::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
+            r.fs.push(fs_sample(crate::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
+        }
+        r.subjects.push(Subject { key: crate::fs::LOCAL.into(), protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None });
+        r.params.fs = Some(crate::fs::FsParams {
+            workloads: vec!["varmail".into(), "iogen-direct".into(), "iogen-raw".into()],
+            client_mem: vec![256 << 20],
+            cgroup: "v1".into(),
+            repeat: 3,
+            runtime_s: 2,
+            flowop_scale: vec![("varmail".into(), 4, 1)],
+            postmark_files: 1000,
+            postmark_transactions: 5000,
+            bonnie_size: 64 << 20,
+            iogen_size: 64 << 20,
+            iogen_jobs: 4,
+            iogen_bs: 8192,
+            iogen_read_pct: 70,
+        });
+        r
+    }
+
+    fn flow(ops_per_s: f64) -> crate::fs::FsResult {
+        let mut f = bw_workload_report::FlowReport { personality: "varmail".into(), elapsed_s: 2.0, ops: (ops_per_s * 2.0) as u64, ops_per_s, mib_per_s: ops_per_s / 100.0, ..Default::default() };
+        f.flowops.insert("filereader:fsync".into(), bw_workload_report::OpStats { count: 100, bytes: 0, lat_total_ns: (1e11 / ops_per_s) as u64, lat_max_ns: 1, lat_p50_ns: 1, lat_p99_ns: 2 });
+        crate::fs::FsResult::Flowop(f)
+    }
+
+    fn iogen(iops: f64) -> crate::fs::FsResult {
+        crate::fs::FsResult::Iogen(crate::fs::IogenResult { iops, ios: (iops * 2.0) as u64, response_us: 1e6 / iops, runtime_s: 2.0, ..Default::default() })
+    }
+
+    fn fs_sample(subject: &str, workload: &str, repeat: u32, result: crate::fs::FsResult) -> crate::fs::FsSample {
+        let local = subject == crate::fs::LOCAL;
+        crate::fs::FsSample {
+            subject: subject.into(),
+            link: "none".into(),
+            mtu: if local { None } else { Some(1500) },
+            client_mem: 256 << 20,
+            workload: workload.into(),
+            repeat,
+            result,
+            elapsed_s: 2.1,
+            workload_cpu_s: 0.5,
+            attach_cpu_s: if local { None } else { Some(0.4) },
+            target_cpu_s: if local { None } else { Some(0.3) },
+            wire: if local { None } else { Some(WireCounters { rx_bytes: 1 << 20, tx_bytes: 1 << 20, rx_packets: 100, tx_packets: 100 }) },
+            peak_mem_bytes: Some(200 << 20),
+            busy_before: 0.0,
+            started_unix: 0.0,
+        }
+    }
+    #[test]
+    fn decisions_respect_the_noise() {
+        let e = |n: &str, v: &[f64]| (n.to_string(), v.to_vec());
+        let iops = Quantity::of(Metric::Iops);
+        let a = [100.0, 101.0, 99.0, 100.5, 99.5];
+        let b = [80.0, 81.0, 79.0, 80.5, 79.5];
+        let c = [99.0, 102.0, 98.0, 101.0, 100.0];
+        let d = decide(&iops, &[e("a", &a), e("b", &b)]).unwrap();
+        assert_eq!(d.winner.as_deref(), Some("a"));
+        assert!(d.text.starts_with("a: 25% more IOPS ("), "{}", d.text);
+        assert!(d.text.ends_with(" than b"), "{}", d.text);
+        let d = decide(&iops, &[e("a", &a), e("b", &b), e("c", &c)]).unwrap();
+        assert_eq!(d.winner, None, "a and c are within the noise: {}", d.text);
+        assert!(d.text.starts_with("within the noise: a vs c: 0% more IOPS ("), "{}", d.text);
+        assert_eq!(d.pick(), "tie: a ≈ c");
+        // Lower is better for latency: b wins, told as a saving.
+        let d = decide(&Quantity::of(Metric::LatP50Us), &[e("a", &a), e("b", &b)]).unwrap();
+        assert_eq!(d.winner.as_deref(), Some("b"));
+        assert!(d.text.starts_with("b: 20% less median latency ("), "{}", d.text);
+        // Single runs: never a winner.
+        let d = decide(&iops, &[e("x", &[10.0]), e("y", &[5.0])]).unwrap();
+        assert_eq!(d.winner, None);
+        assert!(d.text.contains("no winner claimed"), "{}", d.text);
+    }
+
+    #[test]
+    fn recommendations_and_findings_from_recorded_results() {
+        let r = results();
+        let recs = recommendations(&r);
+        let micro: Vec<&Recommendation> = recs.iter().filter(|x| x.suite == "micro").collect();
+        assert_eq!(micro.len(), 3);
+        let seq = micro.iter().find(|x| x.workload == "seqread-1m").unwrap();
+        assert_eq!(seq.throughput.as_ref().unwrap().winner.as_deref(), Some("blockwire-aoe"));
+        assert!(seq.vs_local.as_ref().unwrap().contains("22%"), "{:?}", seq.vs_local);
+        let rnd = micro.iter().find(|x| x.workload == "randread-4k-qd1").unwrap();
+        assert_eq!(rnd.throughput.as_ref().unwrap().winner, None);
+        let cpu = seq.cpu.as_ref().unwrap();
+        assert_eq!(cpu.winner.as_deref(), Some("blockwire-aoe"));
+        // fs: one row per (link, memory limit, workload row), the local
+        // baseline only as the "vs local" reference.
+        let var = recs.iter().find(|x| x.suite == "fs" && x.workload.starts_with("fs varmail")).unwrap();
+        assert_eq!(var.client_mem, Some(256 << 20));
+        assert!(var.scenario.ends_with("client mem 256 MiB"), "{}", var.scenario);
+        assert_eq!(var.throughput.as_ref().unwrap().winner.as_deref(), Some("blockwire-aoe"));
+        assert!(var.vs_local.as_ref().unwrap().contains("32% of local ext4"), "{:?}", var.vs_local);
+        let f = findings(&r);
+        let by = |claim: &str, compared: &str| f.iter().find(|x| x.claim.starts_with(claim) && x.compared.contains(compared)).unwrap_or_else(|| panic!("no finding {claim} / {compared}"));
+        assert_eq!(by("AoE about 20% faster", "blockwire-aoe / blockwire-iscsi").verdict, findings::Verdict::Reproduced);
+        assert_eq!(by("AoE and iSCSI equal", "blockwire-aoe").verdict, findings::Verdict::Reproduced);
+        // No 1gbit link in this run: said so, not guessed.
+        let g = by("AoE about 20% faster", "link 1gbit");
+        assert_eq!(g.verdict, findings::Verdict::NotApplicable);
+        assert!(g.why.contains("--link 1gbit"), "{}", g.why);
+        let v = by("AoE about 11% ahead of iSCSI on varmail", "blockwire-aoe");
+        assert_eq!(v.verdict, findings::Verdict::Reproduced, "{v:?}");
+        assert!(v.measured.starts_with("AoE/iSCSI ops/s 1.30 ("), "{}", v.measured);
+        assert_eq!(by("AoE about 19% ahead of iSCSI on oltp", "oltp").verdict, findings::Verdict::NotApplicable);
+        let cost = by("a file system costs a lot locally", "local ext4");
+        assert_eq!(cost.verdict, findings::Verdict::Reproduced);
+        assert!(cost.measured.starts_with("IOPS ext4/raw 0.75 ("), "{}", cost.measured);
+        assert!(f.iter().any(|x| x.study == 5 && x.verdict == findings::Verdict::NotApplicable));
+        // A wide interval decides nothing; a narrow one around 1 says "equal".
+        let mut wide = results();
+        for s in wide.fs.iter_mut().filter(|s| s.subject == "blockwire-aoe" && s.workload == "varmail") {
+            if s.repeat == 2 {
+                s.result = flow(300.0);
+            }
+        }
+        let f = findings(&wide);
+        let v = f.iter().find(|x| x.claim.contains("varmail") && x.compared.contains("blockwire-aoe")).unwrap();
+        assert_eq!(v.verdict, findings::Verdict::Inconclusive, "{v:?}");
+    }
+
+    #[test]
+    fn html_is_self_contained_with_charts_and_sections() {
+        let mut r = results();
+        r.subjects[0].unavailable = None;
+        let page = html(&r);
+        assert!(page.contains("<svg class=\"chart\""));
+        assert!(page.contains("heatmap"));
+        for id in ["answer", "subjects", "findings", "recommendation", "micro", "sweep", "fs", "overhead", "method"] {
+            assert!(page.contains(&format!("<section id=\"{id}\">")), "no {id} section");
+        }
+        assert!(!page.contains("<section id=\"net\">"), "net did not run: no section");
+        assert!(page.contains("unavailable: blockwire serve exited: nvme not built yet"));
+        assert!(page.contains("iSCSI/TCP/IP"));
+        assert!(page.contains("personalities at client mem 256 MiB"));
+        for forbidden in ["http://", "https://", "src=", "<link", "@import", "docs/", ".md"] {
+            let without_ns = page.replace("http://www.w3.org/2000/svg", "");
+            assert!(!without_ns.contains(forbidden), "external reference {forbidden}");
+        }
+        assert!(!page.contains("NaN"));
+        // Text from the results is escaped by the template.
+        r.aborted = Some("<script>alert(1)</script>".into());
+        let page = html(&r);
+        assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;") && !page.contains("<script>alert"));
+        // The same results always render the same page.
+        assert_eq!(html(&r), page);
+        let c = csv::csv(&r);
+        let lines: Vec<&str> = c.lines().collect();
+        assert_eq!(lines.len(), r.samples.len() + 1);
+        let cols = lines[0].split(',').count();
+        assert!(lines.iter().all(|l| l.split(',').count() == cols));
+        let f = csv::fs_csv(&r);
+        let cols = f.lines().next().unwrap().split(',').count();
+        assert!(f.lines().all(|l| l.split(',').count() == cols));
+        assert_eq!(analysis::sample_counts(&r)["blockwire-aoe"], 12 + 3);
+    }
+
+    #[test]
+    fn results_with_fs_samples_round_trip_through_json() {
+        let r = results();
+        let text = serde_json::to_string_pretty(&r).unwrap();
+        assert!(text.contains("\"kind\": \"flowop\""), "fs results are tagged by kind");
+        let back: Results = serde_json::from_str(&text).unwrap();
+        // Exactly: the bootstrap's seed comes from the values' bits, so a
+        // re-render from results.json needs every float as it was.
+        assert!(back == r, "results changed through JSON");
+        // Results of an older lab (no fs, no link shapes) still load.
+        let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        old.as_object_mut().unwrap().remove("fs");
+        old["params"].as_object_mut().unwrap().remove("link_shapes");
+        old["params"].as_object_mut().unwrap().remove("fs");
+        let back: Results = serde_json::from_value(old).unwrap();
+        assert!(back.fs.is_empty() && back.params.fs.is_none());
+    }
+}

@@ -1,0 +1,254 @@
+//! The PDU reader both TCP front-ends share: a receive buffer that a
+//! protocol's decoder takes whole PDUs off, filled from the socket so that
+//! a PDU's data lands in one piece without being copied.
+//!
+//! iSCSI and NVMe/TCP frame alike: a fixed header whose length field gives
+//! the whole PDU's length. [`Framing`] is that much of each protocol;
+//! decoding stays in the protocol crates. What the reader adds is the
+//! buffer policy:
+//! - once a partial PDU's header is in, room for exactly the rest of it is
+//!   reserved, bounded by the protocol's largest PDU (a header claiming
+//!   4 GiB allocates nothing: the decoder refuses it);
+//! - a large PDU is read to its end and no further, so the next PDU starts
+//!   a read of its own and growing the buffer never copies a partial large
+//!   PDU (its data is handed on without copying and may still pin the old
+//!   buffer);
+//! - otherwise the buffer grows by a chunk when little room is left, so
+//!   many small PDUs arrive in one read.
+
+use bytes::{BufMut, BytesMut};
+use std::io;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::net::TcpStream;
+
+/// A protocol's framing, as far as the reader needs it.
+pub trait Framing {
+    /// Bytes at the front of a PDU that say its length.
+    fn header_len(&self) -> usize;
+    /// Length on the wire of the PDU whose header starts `header` (which
+    /// holds at least [`Framing::header_len`] bytes).
+    fn pdu_len(&self, header: &[u8]) -> usize;
+    /// Largest PDU the decoder accepts; the reader never reserves more.
+    fn max_pdu(&self) -> usize;
+    /// How the buffer grows between PDUs.
+    fn growth(&self) -> Growth;
+}
+
+/// Buffer growth between PDUs (see the module comment).
+#[derive(Debug, Clone, Copy)]
+pub struct Growth {
+    /// Grow when less than this much room is left (1: only when full).
+    pub low_water: usize,
+    /// By this much.
+    pub chunk: usize,
+    /// PDUs at least this long are read to their end and no further.
+    pub large_pdu: usize,
+}
+
+/// The receive side of one connection.
+pub struct FrameReader {
+    buf: BytesMut,
+}
+
+impl FrameReader {
+    pub fn with_capacity(n: usize) -> Self {
+        FrameReader {
+            buf: BytesMut::with_capacity(n),
+        }
+    }
+
+    /// The received bytes, for the protocol's decoder to take PDUs off.
+    pub fn buf(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
+    /// The bytes received and not yet decoded (e.g. a malformed header to
+    /// quote in an error).
+    pub fn pending(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Make room for the next read; returns how many bytes it may read
+    /// (`None`: as many as fit). Reserves at most once, so a partial PDU is
+    /// copied at most once.
+    pub fn prepare(&mut self, f: &impl Framing) -> Option<usize> {
+        let g = f.growth();
+        let have = self.buf.len();
+        let mut want = 0;
+        if have >= f.header_len() {
+            let total = f.pdu_len(&self.buf[..f.header_len()]).min(f.max_pdu());
+            if total > have {
+                want = total - have;
+                if total >= g.large_pdu {
+                    self.buf.reserve(want);
+                    return Some(want);
+                }
+            }
+        }
+        if self.buf.capacity() - have < g.low_water.max(1) {
+            want = want.max(g.chunk);
+        }
+        self.buf.reserve(want);
+        None
+    }
+
+    /// One read from `rd` after [`FrameReader::prepare`]; 0 at end of stream.
+    pub async fn fill<R: AsyncRead + Unpin>(
+        &mut self,
+        rd: &mut R,
+        f: &impl Framing,
+    ) -> io::Result<usize> {
+        match self.prepare(f) {
+            Some(n) => rd.take(n as u64).read_buf(&mut self.buf).await,
+            None => rd.read_buf(&mut self.buf).await,
+        }
+    }
+
+    /// [`FrameReader::fill`] without waiting: `WouldBlock` when the socket
+    /// has nothing.
+    pub fn try_fill(&mut self, stream: &TcpStream, f: &impl Framing) -> io::Result<usize> {
+        match self.prepare(f) {
+            Some(n) => stream.try_read_buf(&mut (&mut self.buf).limit(n)),
+            None => stream.try_read_buf(&mut self.buf),
+        }
+    }
+
+    /// Read until `decode` takes one PDU off the buffer; `Ok(None)` at a
+    /// clean end of stream (no partial PDU left).
+    pub async fn next<R, F, T, E>(
+        &mut self,
+        rd: &mut R,
+        f: &F,
+        mut decode: impl FnMut(&mut BytesMut) -> Result<Option<T>, E>,
+    ) -> Result<Option<T>, ReadError<E>>
+    where
+        R: AsyncRead + Unpin,
+        F: Framing,
+    {
+        loop {
+            if let Some(p) = decode(&mut self.buf).map_err(ReadError::Pdu)? {
+                return Ok(Some(p));
+            }
+            if self.fill(rd, f).await? == 0 {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                return Err(ReadError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed inside a PDU",
+                )));
+            }
+        }
+    }
+}
+
+/// Why [`FrameReader::next`] returned no PDU.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError<E> {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The decoder refused what arrived.
+    #[error("{0}")]
+    Pdu(E),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Toy framing: 4-byte header = big-endian total length.
+    struct Len4;
+    impl Framing for Len4 {
+        fn header_len(&self) -> usize {
+            4
+        }
+        fn pdu_len(&self, h: &[u8]) -> usize {
+            u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize
+        }
+        fn max_pdu(&self) -> usize {
+            1 << 20
+        }
+        fn growth(&self) -> Growth {
+            Growth {
+                low_water: 16,
+                chunk: 64,
+                large_pdu: 100,
+            }
+        }
+    }
+
+    fn decode(buf: &mut BytesMut) -> Result<Option<BytesMut>, &'static str> {
+        if buf.len() < 4 {
+            return Ok(None);
+        }
+        let n = Len4.pdu_len(buf);
+        if n < 4 || n > Len4.max_pdu() {
+            return Err("bad length");
+        }
+        Ok((buf.len() >= n).then(|| buf.split_to(n)))
+    }
+
+    fn pdu(n: usize, fill: u8) -> Vec<u8> {
+        let mut v = (n as u32).to_be_bytes().to_vec();
+        v.resize(n, fill);
+        v
+    }
+
+    #[tokio::test]
+    async fn pdus_come_whole_and_large_ones_are_read_to_their_end() {
+        let mut wire = Vec::new();
+        for (n, f) in [(10, 1), (300, 2), (8, 3), (5000, 4), (6, 5)] {
+            wire.extend(pdu(n, f));
+        }
+        let mut rd = &wire[..];
+        let mut r = FrameReader::with_capacity(32);
+        let mut got = Vec::new();
+        while let Some(p) = r.next(&mut rd, &Len4, decode).await.unwrap() {
+            // A large PDU is read to its end and no further: nothing of the
+            // next PDU came with its tail.
+            if p.len() >= 100 {
+                assert!(
+                    r.pending().is_empty(),
+                    "{} bytes read past a large PDU",
+                    r.pending().len()
+                );
+            }
+            got.push((p.len(), p[p.len() - 1]));
+        }
+        assert_eq!(got, vec![(10, 1), (300, 2), (8, 3), (5000, 4), (6, 5)]);
+    }
+
+    #[tokio::test]
+    async fn a_huge_length_allocates_no_more_than_the_largest_pdu() {
+        let mut wire = (u32::MAX).to_be_bytes().to_vec();
+        wire.extend([0u8; 100]);
+        let mut r = FrameReader::with_capacity(16);
+        r.buf().extend_from_slice(&wire[..8]);
+        r.prepare(&Len4);
+        assert!(
+            r.buf.capacity() <= Len4.max_pdu() + 64,
+            "reserved {}",
+            r.buf.capacity()
+        );
+        let mut rd = &wire[8..];
+        assert!(matches!(
+            r.next(&mut rd, &Len4, decode).await,
+            Err(ReadError::Pdu("bad length"))
+        ));
+    }
+
+    #[tokio::test]
+    async fn end_of_stream_inside_a_pdu_is_an_error() {
+        let wire = pdu(50, 9);
+        let mut rd = &wire[..20];
+        let mut r = FrameReader::with_capacity(64);
+        let e = r.next(&mut rd, &Len4, decode).await.unwrap_err();
+        assert!(matches!(e, ReadError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof));
+        let mut empty: &[u8] = &[];
+        assert!(FrameReader::with_capacity(8)
+            .next(&mut empty, &Len4, decode)
+            .await
+            .unwrap()
+            .is_none());
+    }
+}

@@ -1,0 +1,139 @@
+//! `[tuning]` in the config file, `--aoe-workers` and friends on the
+//! command line: how the front-ends spend threads and copies. The defaults
+//! are what measured best on a 2-core machine; the knobs exist to measure
+//! alternatives (the scripts in `bench/` set them).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tuning {
+    /// AoE receive threads per interface; 0 picks by what the interface
+    /// exports: one per two cores when every export is memory-backed (or
+    /// goes through the I/O pool), two per core (4..=16) otherwise.
+    pub aoe_workers: usize,
+    /// Threads of the opt-in I/O pool for device-backed AoE exports
+    /// (0: off; see `aoe.rs` for why it is off by default).
+    pub aoe_io_threads: usize,
+    /// How the kernel spreads AoE frames over the workers.
+    pub aoe_fanout: AoeFanout,
+    /// One thread (with its own single-threaded runtime) per iSCSI
+    /// connection; `false`: tasks on the shared runtime.
+    pub iscsi_connection_threads: bool,
+    /// Smallest iSCSI READ, in bytes, sent with `sendfile` from the page
+    /// cache (memory-backed volumes, no DataDigest); smaller ones are
+    /// copied, which lets many replies share one socket write. A huge value
+    /// turns zero-copy off.
+    pub iscsi_zero_copy_min: usize,
+    /// Largest iSCSI READ/WRITE, in bytes, run on the connection's thread;
+    /// bigger ones go to the blocking pool.
+    pub iscsi_inline_max: usize,
+    /// iSCSI PDUs handled in a row before the answers queued so far are
+    /// sent (0: every PDU already received first; measured no clear gain).
+    pub iscsi_flush_every: usize,
+}
+
+/// AoE fanout: how frames are spread over an interface's workers.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum AoeFanout {
+    /// Round robin (PACKET_FANOUT_LB).
+    #[default]
+    RoundRobin,
+    /// By the CPU that received the frame, workers pinned to their CPU.
+    Cpu,
+}
+
+impl std::str::FromStr for AoeFanout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "round-robin" => Ok(AoeFanout::RoundRobin),
+            "cpu" => Ok(AoeFanout::Cpu),
+            _ => Err(format!("{s:?}: expected round-robin or cpu")),
+        }
+    }
+}
+
+/// Upper bounds: beyond these a knob only wastes threads.
+pub const MAX_AOE_WORKERS: usize = 64;
+pub const MAX_AOE_IO_THREADS: usize = 256;
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            aoe_workers: 0,
+            aoe_io_threads: 0,
+            aoe_fanout: AoeFanout::RoundRobin,
+            iscsi_connection_threads: true,
+            iscsi_zero_copy_min: 32 * 1024,
+            iscsi_inline_max: 64 * 1024,
+            iscsi_flush_every: 0,
+        }
+    }
+}
+
+impl Tuning {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.aoe_workers > MAX_AOE_WORKERS {
+            return Err(format!(
+                "tuning.aoe_workers {} is above {MAX_AOE_WORKERS}",
+                self.aoe_workers
+            ));
+        }
+        if self.aoe_io_threads > MAX_AOE_IO_THREADS {
+            return Err(format!(
+                "tuning.aoe_io_threads {} is above {MAX_AOE_IO_THREADS}",
+                self.aoe_io_threads
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Tuning::iscsi_flush_every`] as a count (0: never in the middle).
+    pub fn iscsi_flush_every(&self) -> usize {
+        match self.iscsi_flush_every {
+            0 => usize::MAX,
+            n => n,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_bounds() {
+        let t = Tuning::default();
+        assert!(t.validate().is_ok());
+        assert_eq!(t.iscsi_flush_every(), usize::MAX);
+        assert!(Tuning {
+            aoe_workers: 65,
+            ..t.clone()
+        }
+        .validate()
+        .is_err());
+        assert!(Tuning {
+            aoe_io_threads: 257,
+            ..t.clone()
+        }
+        .validate()
+        .is_err());
+        let toml: Tuning = toml::from_str("aoe_fanout = \"cpu\"\niscsi_inline_max = 4096").unwrap();
+        assert_eq!(
+            (
+                toml.aoe_fanout,
+                toml.iscsi_inline_max,
+                toml.iscsi_zero_copy_min
+            ),
+            (AoeFanout::Cpu, 4096, 32 * 1024)
+        );
+        assert!(
+            toml::from_str::<Tuning>("aoe_wrokers = 2").is_err(),
+            "unknown keys are refused"
+        );
+        assert_eq!("cpu".parse::<AoeFanout>(), Ok(AoeFanout::Cpu));
+        assert!("rr".parse::<AoeFanout>().is_err());
+    }
+}
