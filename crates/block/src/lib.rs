@@ -88,6 +88,10 @@ pub struct DeviceInfo {
     /// with O_DIRECT: I/O is a memory copy that never waits for a device, so
     /// front-ends need no extra threads to keep requests in flight.
     pub memory_backed: bool,
+    /// Every request is a network round trip (rbd): it takes as long as the
+    /// cluster does and many can be in flight at once, so front-ends must
+    /// never run one on a network thread and should keep many outstanding.
+    pub remote: bool,
     /// Human-readable description, e.g. `file:/dev/shm/x O_DIRECT`, for
     /// logs only.
     pub description: String,

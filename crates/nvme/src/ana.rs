@@ -109,8 +109,18 @@ impl Ana {
 
 /// The ANA log page: a 16-byte header (CHGCNT, NGRPS), then one 32-byte
 /// descriptor per group in use (ANAGRPID, NNSID, CHGCNT, ANAS) followed by
-/// its NSIDs unless `groups_only` (RGO).
+/// its NSIDs unless `groups_only` (RGO). Zero-padded to the largest size
+/// the Identify fields allow (16 + NANAGRPID * 32 + MNAN * 4): hosts size
+/// their reads by it, and nvme-cli reads it in 4 KiB pieces, so a read at
+/// an offset past the groups in use must still find the page there.
 pub fn log_page(s: &Subsystem, groups_only: bool) -> Vec<u8> {
+    let mut b = log_page_used(s, groups_only);
+    let max = 16 + MAX_GROUPS as usize * 32 + if groups_only { 0 } else { 4 * s.namespaces.len() };
+    b.resize(b.len().max(max), 0);
+    b
+}
+
+fn log_page_used(s: &Subsystem, groups_only: bool) -> Vec<u8> {
     let mut groups: Vec<u32> = s.namespaces.iter().map(|n| n.ana_group).collect();
     groups.sort_unstable();
     groups.dedup();
@@ -192,8 +202,11 @@ mod tests {
     fn log_page_lists_groups_with_their_namespaces() {
         let s = subsys(Ana::new(AnaState::NonOptimized));
         let b = log_page(&s, false);
-        // Header + group 1 (two NSIDs) + group 7 (one NSID).
-        assert_eq!(b.len(), 16 + 32 + 8 + 32 + 4);
+        // Header + group 1 (two NSIDs) + group 7 (one NSID), then zeroes
+        // up to the largest page the Identify fields allow.
+        assert_eq!(log_page_used(&s, false).len(), 16 + 32 + 8 + 32 + 4);
+        assert_eq!(b.len(), 16 + 128 * 32 + 3 * 4);
+        assert!(b[16 + 32 + 8 + 32 + 4..].iter().all(|&x| x == 0));
         assert_eq!(&b[8..10], &[2, 0]);
         let (chg, groups) = parse_log(&b).unwrap();
         assert_eq!(chg, 1);
@@ -202,7 +215,7 @@ mod tests {
             vec![GroupDesc { group: 1, state: 2, nsids: vec![1, 2] }, GroupDesc { group: 7, state: 2, nsids: vec![3] }]
         );
         let rgo = log_page(&s, true);
-        assert_eq!(rgo.len(), 16 + 64);
+        assert_eq!((log_page_used(&s, true).len(), rgo.len()), (16 + 64, 16 + 128 * 32));
         assert_eq!(parse_log(&rgo).unwrap().1[1], GroupDesc { group: 7, state: 2, nsids: vec![] });
     }
 

@@ -3,7 +3,8 @@
 //! Disconnect are handled by whoever owns the set of controllers (the
 //! target); everything else on the admin queue comes here.
 
-use crate::command::{admin, Sqe};
+use crate::command::Sqe;
+use crate::commands::{self, Command, Handler, QueueKind};
 use crate::fabrics::{fctype, reg, Property};
 use crate::identify::{self, cns, CtrlParams};
 use crate::features::PlainFeatures;
@@ -76,6 +77,11 @@ impl KeepAlive {
     pub fn set_kato_ms(&self, ms: u32) {
         self.kato_ms.store(ms, Relaxed)
     }
+    /// When the controller expires unless a command arrives first.
+    pub fn deadline(&self) -> Option<Instant> {
+        let last = self.epoch + Duration::from_millis(self.last_ms.load(Relaxed));
+        self.kato().map(|k| last + k + Duration::from_millis(1))
+    }
     /// True once no command arrived for a whole KATO.
     pub fn expired(&self, now: Instant) -> bool {
         match self.kato() {
@@ -117,6 +123,12 @@ pub enum AdminOutcome {
     Complete(Completion),
     /// An Async Event Request parked until an event happens.
     Held,
+}
+
+impl From<Completion> for AdminOutcome {
+    fn from(c: Completion) -> AdminOutcome {
+        AdminOutcome::Complete(c)
+    }
 }
 
 #[derive(Debug)]
@@ -286,30 +298,35 @@ impl Controller {
         if !self.ready() {
             return done(Completion::status(cid, Status::CMD_SEQ_ERROR));
         }
-        let _ = data;
-        done(match sqe.opcode() {
-            admin::IDENTIFY => self.identify(sqe),
-            admin::GET_LOG_PAGE => self.get_log_page(sqe),
-            admin::SET_FEATURES => self.set_features(sqe),
-            admin::GET_FEATURES => self.get_features(sqe),
-            admin::KEEP_ALIVE => Completion::status(cid, Status::SUCCESS),
-            // Commands complete too fast to abort: report "not aborted".
-            admin::ABORT => Completion::result(cid, 1),
-            admin::ASYNC_EVENT => {
-                if let Some(ev) = self.events.pop_front() {
-                    Completion::result(cid, ev as u64)
-                } else if self.aers.len() > AERL as usize {
-                    Completion::status(cid, Status::ASYNC_LIMIT.dnr())
-                } else {
-                    self.aers.push_back(cid);
-                    return AdminOutcome::Held;
-                }
-            }
-            _ => Completion::status(cid, Status::INVALID_OPCODE.dnr()),
-        })
+        match commands::lookup(QueueKind::Admin, sqe.opcode()) {
+            Some(Command { handler: Handler::Admin(run), discovery, .. }) if *discovery || !self.is_discovery() => run(self, sqe, data),
+            _ => done(Completion::status(cid, Status::INVALID_OPCODE.dnr())),
+        }
     }
 
-    fn identify(&self, sqe: &Sqe) -> Completion {
+    pub(crate) fn keep_alive_cmd(&mut self, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
+        Completion::status(sqe.cid(), Status::SUCCESS).into()
+    }
+
+    /// Commands complete too fast to abort: report "not aborted".
+    pub(crate) fn abort(&mut self, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
+        Completion::result(sqe.cid(), 1).into()
+    }
+
+    /// Park the request until an event happens, unless one is waiting.
+    pub(crate) fn async_event(&mut self, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
+        let cid = sqe.cid();
+        if let Some(ev) = self.events.pop_front() {
+            Completion::result(cid, ev as u64).into()
+        } else if self.aers.len() > AERL as usize {
+            Completion::status(cid, Status::ASYNC_LIMIT.dnr()).into()
+        } else {
+            self.aers.push_back(cid);
+            AdminOutcome::Held
+        }
+    }
+
+    pub(crate) fn identify(&mut self, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
         let cid = sqe.cid();
         let want = sqe.sgl().length as usize;
         let c = (sqe.cdw(10) & 0xFF) as u8;
@@ -322,37 +339,37 @@ impl Controller {
                 Some(ns) => identify::namespace(ns),
                 // Inactive but valid NSID: a zeroed structure.
                 None if nsid != 0 && nsid <= s.max_nsid() => vec![0u8; identify::LEN],
-                None => return bad_ns,
+                None => return bad_ns.into(),
             },
             (cns::ACTIVE_NS_LIST, Role::Nvm(s)) => {
                 if nsid >= 0xFFFF_FFFE {
-                    return bad_ns;
+                    return bad_ns.into();
                 }
                 identify::active_ns_list(s, nsid)
             }
             (cns::NS_DESCRIPTORS, Role::Nvm(s)) => match s.namespace(nsid) {
                 Some(ns) => identify::ns_descriptors(ns),
-                None => return bad_ns,
+                None => return bad_ns.into(),
             },
             // NVM command set specific structures: no limits to report.
             (cns::CS_CONTROLLER, Role::Nvm(_)) if csi == 0 => vec![0u8; identify::LEN],
             (cns::CS_NAMESPACE, Role::Nvm(s)) if csi == 0 => match s.namespace(nsid) {
                 Some(_) => vec![0u8; identify::LEN],
-                None => return bad_ns,
+                None => return bad_ns.into(),
             },
-            _ => return Completion::status(cid, Status::INVALID_FIELD.dnr()),
+            _ => return Completion::status(cid, Status::INVALID_FIELD.dnr()).into(),
         };
-        Completion::data(cid, page, want.min(identify::LEN))
+        Completion::data(cid, page, want.min(identify::LEN)).into()
     }
 
-    fn get_log_page(&mut self, sqe: &Sqe) -> Completion {
+    pub(crate) fn get_log_page(&mut self, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
         let cid = sqe.cid();
         let r = LogRequest::parse(sqe);
         if r.len > MAX_TRANSFER as usize {
-            return Completion::status(cid, Status::INVALID_FIELD.dnr());
+            return Completion::status(cid, Status::INVALID_FIELD.dnr()).into();
         }
         if r.len > sqe.sgl().length as usize {
-            return Completion::status(cid, Status::SGL_INVALID_DATA.dnr());
+            return Completion::status(cid, Status::SGL_INVALID_DATA.dnr()).into();
         }
         let page = match (r.lid, &self.role) {
             (lid::DISCOVERY, Role::Discovery(entries)) => logpage::discovery_log(entries.len() as u64, entries),
@@ -367,28 +384,29 @@ impl Controller {
                 }
                 p
             }
-            (lid::CMD_EFFECTS, Role::Nvm(_)) => logpage::command_effects(),
+            (lid::CMD_EFFECTS, Role::Nvm(_)) => commands::effects_log(),
             (lid::ANA, Role::Nvm(s)) => crate::ana::log_page(s, (sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0),
-            _ => return Completion::status(cid, Status::INVALID_LOG_PAGE.dnr()),
+            _ => return Completion::status(cid, Status::INVALID_LOG_PAGE.dnr()).into(),
         };
-        match logpage::window(&page, &r) {
+        let c = match logpage::window(&page, &r) {
             Some(d) => Completion::data(cid, d, r.len),
             None => Completion::status(cid, Status::INVALID_FIELD.dnr()),
-        }
+        };
+        c.into()
     }
 
-    fn set_features(&mut self, sqe: &Sqe) -> Completion {
+    pub(crate) fn set_features(&mut self, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
         let cid = sqe.cid();
         let c10 = sqe.cdw(10);
         let v = sqe.cdw(11);
         if c10 & (1 << 31) != 0 {
-            return Completion::status(cid, Status::FEATURE_NOT_SAVEABLE.dnr());
+            return Completion::status(cid, Status::FEATURE_NOT_SAVEABLE.dnr()).into();
         }
-        match c10 as u8 {
+        let c = match c10 as u8 {
             feature::NUM_QUEUES => {
                 let (nsq, ncq) = (v & 0xFFFF, v >> 16);
                 if nsq == 0xFFFF || ncq == 0xFFFF || self.is_discovery() {
-                    return Completion::status(cid, Status::INVALID_FIELD.dnr());
+                    return Completion::status(cid, Status::INVALID_FIELD.dnr()).into();
                 }
                 let granted = (nsq.min(ncq) + 1).min(MAX_IO_QUEUES as u32) as u16;
                 self.io_queues = granted;
@@ -414,10 +432,11 @@ impl Controller {
                 Err(s) => Completion::status(cid, s.dnr()),
             },
             _ => Completion::status(cid, Status::INVALID_FIELD.dnr()),
-        }
+        };
+        c.into()
     }
 
-    fn get_features(&self, sqe: &Sqe) -> Completion {
+    pub(crate) fn get_features(&mut self, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
         let cid = sqe.cid();
         let c10 = sqe.cdw(10);
         let sel = (c10 >> 8) & 7;
@@ -425,9 +444,9 @@ impl Controller {
         if sel == 3 {
             // Supported capabilities: changeable, not saveable.
             return match fid {
-                feature::NUM_QUEUES | feature::ASYNC_EVENT | feature::KATO | feature::VOLATILE_WC => Completion::result(cid, 1 << 2),
-                fid if PlainFeatures::handles(fid) && !self.is_discovery() => Completion::result(cid, 1 << 2),
-                _ => Completion::status(cid, Status::INVALID_FIELD.dnr()),
+                feature::NUM_QUEUES | feature::ASYNC_EVENT | feature::KATO | feature::VOLATILE_WC => Completion::result(cid, 1 << 2).into(),
+                fid if PlainFeatures::handles(fid) && !self.is_discovery() => Completion::result(cid, 1 << 2).into(),
+                _ => Completion::status(cid, Status::INVALID_FIELD.dnr()).into(),
             };
         }
         let default = sel == 1;
@@ -441,11 +460,11 @@ impl Controller {
             feature::VOLATILE_WC if self.subsystem().is_some_and(|s| s.write_cache()) => (if default { true } else { self.wce }) as u32,
             fid if PlainFeatures::handles(fid) && !self.is_discovery() => match self.plain.get(fid, sqe.cdw(11), default) {
                 Ok(v) => v,
-                Err(s) => return Completion::status(cid, s.dnr()),
+                Err(s) => return Completion::status(cid, s.dnr()).into(),
             },
-            _ => return Completion::status(cid, Status::INVALID_FIELD.dnr()),
+            _ => return Completion::status(cid, Status::INVALID_FIELD.dnr()).into(),
         };
-        Completion::result(cid, v as u64)
+        Completion::result(cid, v as u64).into()
     }
 
     /// A namespace's attributes changed (resize, new namespace). Returns the

@@ -67,10 +67,13 @@ pub fn controller(p: &CtrlParams) -> Vec<u8> {
     if p.cntrltype == CNTRLTYPE_IO {
         // OAES: namespace attribute and ANA change notices.
         put32(&mut b, 92, 1 << 8 | crate::ana::OAES_ANA_CHANGE);
-        b[343] = crate::ana::TRANSITION_TIME_S; // ANATT
-        b[344] = crate::ana::ANACAP;
-        put32(&mut b, 345, crate::ana::MAX_GROUPS); // ANAGRPMAX
-        put32(&mut b, 349, crate::ana::MAX_GROUPS); // NANAGRPID
+        // Bytes 342..352 (base spec 2.0, Figure 312). One byte off, Linux
+        // reads a huge ANAGRPMAX, finds the ANA log larger than MDTS and
+        // silently disables ANA (multipath then ignores the states).
+        b[342] = crate::ana::TRANSITION_TIME_S; // ANATT
+        b[343] = crate::ana::ANACAP;
+        put32(&mut b, 344, crate::ana::MAX_GROUPS); // ANAGRPMAX
+        put32(&mut b, 348, crate::ana::MAX_GROUPS); // NANAGRPID
     }
     b[111] = p.cntrltype;
     b[258] = 3; // ACL, zero-based
@@ -243,8 +246,9 @@ mod tests {
         assert_eq!(&b[4..8], b"SN1 ");
         assert_eq!(b[111], 1);
         assert_eq!(b[76] & crate::ana::CMIC_ANA, crate::ana::CMIC_ANA);
-        assert_eq!((b[343], b[344]), (crate::ana::TRANSITION_TIME_S, crate::ana::ANACAP));
-        assert_eq!((le32(&b, 345), le32(&b, 349)), (128, 128));
+        assert_eq!((b[342], b[343]), (crate::ana::TRANSITION_TIME_S, crate::ana::ANACAP));
+        assert_eq!((le32(&b, 344), le32(&b, 348)), (128, 128));
+        assert_eq!(&b[352..356], &[0; 4], "PELS follows NANAGRPID");
         // MNAN in 1..=NN, or Linux refuses the controller.
         assert_eq!(le32(&b, 540), 2);
         assert_eq!(le32(&b, 92) & crate::ana::OAES_ANA_CHANGE, crate::ana::OAES_ANA_CHANGE);

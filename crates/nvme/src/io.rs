@@ -3,6 +3,7 @@
 //! the thread.
 
 use crate::command::{nvm, Sqe};
+use crate::commands::{self, Command, Handler, NsUse, QueueKind};
 use crate::subsystem::{Namespace, Subsystem};
 use crate::{le32, le64, Status, LBA_SHIFT};
 use bw_block::BlockError;
@@ -37,48 +38,73 @@ pub fn transfer_len(sqe: &Sqe) -> u32 {
 /// namespace, LBA range, transfer length. The target runs them before it
 /// sends an R2T so a bad write fails without its data crossing the wire.
 pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
-    let op = sqe.opcode();
-    if op == nvm::FLUSH && sqe.nsid() == 0xFFFF_FFFF {
-        return Ok(());
+    resolve(subsys, sqe).map(|_| ())
+}
+
+/// The command's row and namespace, after [`precheck`]'s checks. The
+/// namespace is None only for a Flush of all namespaces. As in Linux
+/// nvmet, the namespace is checked before the opcode.
+pub fn resolve<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'static Command, Option<&'a Namespace>), Status> {
+    let row = commands::lookup(QueueKind::Io, sqe.opcode());
+    if let Some(r) = row.filter(|r| r.ns == NsUse::ActiveOrAll && sqe.nsid() == 0xFFFF_FFFF) {
+        return Ok((r, None));
     }
     let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
     if let Some(s) = subsys.ana.state().io_status() {
         return Err(s);
     }
-    match op {
-        nvm::READ | nvm::WRITE | nvm::COMPARE => {
-            if (sqe.nlb() as u64) << LBA_SHIFT > crate::controller::MAX_TRANSFER as u64 {
-                return Err(Status::INVALID_FIELD.dnr());
-            }
-            check_range(ns, sqe.slba(), sqe.nlb() as u64)?;
-            if sqe.sgl().length as u64 != (sqe.nlb() as u64) << LBA_SHIFT {
-                return Err(Status::SGL_INVALID_DATA.dnr());
-            }
-            if op == nvm::WRITE && ns.read_only() {
-                return Err(NS_WRITE_PROTECTED.dnr());
-            }
-            Ok(())
-        }
-        nvm::WRITE_ZEROES => {
-            check_range(ns, sqe.slba(), sqe.nlb() as u64)?;
-            if ns.read_only() {
-                return Err(NS_WRITE_PROTECTED.dnr());
-            }
-            Ok(())
-        }
-        nvm::DSM => {
-            let nr = (sqe.cdw(10) & 0xFF) as u32 + 1;
-            if sqe.sgl().length < nr * 16 {
-                return Err(Status::SGL_INVALID_DATA.dnr());
-            }
-            if sqe.cdw(11) & 0x4 != 0 && ns.read_only() {
-                return Err(NS_WRITE_PROTECTED.dnr());
-            }
-            Ok(())
-        }
-        nvm::FLUSH => Ok(()),
-        _ => Err(Status::INVALID_OPCODE.dnr()),
+    let row = row.ok_or(Status::INVALID_OPCODE.dnr())?;
+    if let Handler::Io { check, .. } = row.handler {
+        check(ns, sqe)?;
     }
+    Ok((row, Some(ns)))
+}
+
+/// Read, Write and Compare: transfer within MDTS and the namespace, SGL
+/// length equal to the blocks addressed.
+fn check_rw(ns: &Namespace, sqe: &Sqe, write: bool) -> Result<(), Status> {
+    if (sqe.nlb() as u64) << LBA_SHIFT > crate::controller::MAX_TRANSFER as u64 {
+        return Err(Status::INVALID_FIELD.dnr());
+    }
+    check_range(ns, sqe.slba(), sqe.nlb() as u64)?;
+    if sqe.sgl().length as u64 != (sqe.nlb() as u64) << LBA_SHIFT {
+        return Err(Status::SGL_INVALID_DATA.dnr());
+    }
+    if write && ns.read_only() {
+        return Err(NS_WRITE_PROTECTED.dnr());
+    }
+    Ok(())
+}
+
+pub(crate) fn check_read(ns: &Namespace, sqe: &Sqe) -> Result<(), Status> {
+    check_rw(ns, sqe, false)
+}
+
+pub(crate) fn check_write(ns: &Namespace, sqe: &Sqe) -> Result<(), Status> {
+    check_rw(ns, sqe, true)
+}
+
+pub(crate) fn check_none(_: &Namespace, _: &Sqe) -> Result<(), Status> {
+    Ok(())
+}
+
+pub(crate) fn check_write_zeroes(ns: &Namespace, sqe: &Sqe) -> Result<(), Status> {
+    check_range(ns, sqe.slba(), sqe.nlb() as u64)?;
+    if ns.read_only() {
+        return Err(NS_WRITE_PROTECTED.dnr());
+    }
+    Ok(())
+}
+
+pub(crate) fn check_dsm(ns: &Namespace, sqe: &Sqe) -> Result<(), Status> {
+    let nr = (sqe.cdw(10) & 0xFF) + 1;
+    if sqe.sgl().length < nr * 16 {
+        return Err(Status::SGL_INVALID_DATA.dnr());
+    }
+    if sqe.cdw(11) & 0x4 != 0 && ns.read_only() {
+        return Err(NS_WRITE_PROTECTED.dnr());
+    }
+    Ok(())
 }
 
 fn check_range(ns: &Namespace, slba: u64, nlb: u64) -> Result<(), Status> {
@@ -92,6 +118,9 @@ fn map_err(e: BlockError, write: bool) -> Status {
     match e {
         BlockError::OutOfRange { .. } => Status::LBA_RANGE.dnr(),
         BlockError::ReadOnly => NS_WRITE_PROTECTED.dnr(),
+        // The backend did not answer in time (rbd: the cluster is away):
+        // nothing is known to be wrong with the data, a retry may succeed.
+        BlockError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => Status::COMMAND_INTERRUPTED,
         BlockError::Io(_) if write => Status::WRITE_FAULT,
         BlockError::Io(_) => Status::READ_ERROR,
     }
@@ -116,84 +145,104 @@ pub fn read_error(e: BlockError) -> Status {
 
 /// Run one I/O command. `data` is what the host sent (writes, compare, DSM).
 pub fn execute(subsys: &Subsystem, sqe: &Sqe, data: &[u8]) -> IoDone {
-    if let Err(s) = precheck(subsys, sqe) {
-        return IoDone::err(s);
+    match resolve(subsys, sqe) {
+        Ok((Command { handler: Handler::Io { run, .. }, .. }, ns)) => run(subsys, ns, sqe, data),
+        Ok(_) => IoDone::err(Status::INVALID_OPCODE.dnr()),
+        Err(s) => IoDone::err(s),
     }
-    let op = sqe.opcode();
-    if op == nvm::FLUSH && sqe.nsid() == 0xFFFF_FFFF {
-        for ns in &subsys.namespaces {
-            if let Err(e) = ns.volume.flush() {
+}
+
+/// The namespace and extent (byte offset, length) a checked command addresses.
+fn extent<'a>(ns: Option<&'a Namespace>, sqe: &Sqe) -> Result<(&'a Namespace, u64, usize), IoDone> {
+    let ns = ns.ok_or(IoDone::err(Status::INVALID_NS.dnr()))?;
+    Ok((ns, sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT))
+}
+
+fn done(r: Result<(), BlockError>, write: bool) -> IoDone {
+    match r {
+        Ok(()) => IoDone::ok(),
+        Err(e) => IoDone::err(map_err(e, write)),
+    }
+}
+
+pub(crate) fn read(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: &[u8]) -> IoDone {
+    let (ns, off, len) = match extent(ns, sqe) {
+        Ok(x) => x,
+        Err(d) => return d,
+    };
+    let mut buf = uninit_buffer(len);
+    match ns.volume.read_at(&mut buf, off) {
+        Ok(()) => IoDone { status: Status::SUCCESS, data: Some(Bytes::from(buf)) },
+        Err(e) => IoDone::err(map_err(e, false)),
+    }
+}
+
+pub(crate) fn write(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8]) -> IoDone {
+    let (ns, off, len) = match extent(ns, sqe) {
+        Ok(x) => x,
+        Err(d) => return d,
+    };
+    if data.len() != len {
+        return IoDone::err(Status::SGL_INVALID_DATA.dnr());
+    }
+    // Force Unit Access: the data must be durable before completion.
+    let fua = sqe.cdw(12) & (1 << 30) != 0;
+    done(ns.volume.write_at(data, off).and_then(|()| if fua { ns.volume.flush() } else { Ok(()) }), true)
+}
+
+pub(crate) fn compare(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8]) -> IoDone {
+    let (ns, off, len) = match extent(ns, sqe) {
+        Ok(x) => x,
+        Err(d) => return d,
+    };
+    if data.len() != len {
+        return IoDone::err(Status::SGL_INVALID_DATA.dnr());
+    }
+    let mut buf = vec![0u8; len];
+    match ns.volume.read_at(&mut buf, off) {
+        Ok(()) if buf == data => IoDone::ok(),
+        Ok(()) => IoDone::err(Status::COMPARE_FAILED.dnr()),
+        Err(e) => IoDone::err(map_err(e, false)),
+    }
+}
+
+pub(crate) fn write_zeroes(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: &[u8]) -> IoDone {
+    match extent(ns, sqe) {
+        Ok((ns, off, len)) => done(ns.volume.write_zeroes(off, len as u64), true),
+        Err(d) => d,
+    }
+}
+
+/// Flush one namespace, or all of them (NSID FFFFFFFFh).
+pub(crate) fn flush(subsys: &Subsystem, ns: Option<&Namespace>, _: &Sqe, _: &[u8]) -> IoDone {
+    match ns {
+        Some(ns) => done(ns.volume.flush(), true),
+        None => done(subsys.namespaces.iter().try_for_each(|n| n.volume.flush()), true),
+    }
+}
+
+/// Dataset Management: only deallocate acts; every range is checked before
+/// any is discarded.
+pub(crate) fn dsm(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8]) -> IoDone {
+    let Some(ns) = ns else { return IoDone::err(Status::INVALID_NS.dnr()) };
+    let nr = (sqe.cdw(10) & 0xFF) as usize + 1;
+    if data.len() < nr * 16 {
+        return IoDone::err(Status::SGL_INVALID_DATA.dnr());
+    }
+    let ranges: Vec<(u64, u64)> = (0..nr).map(|i| (le64(data, i * 16 + 8), le32(data, i * 16 + 4) as u64)).collect();
+    for &(slba, nlb) in &ranges {
+        if let Err(s) = check_range(ns, slba, nlb) {
+            return IoDone::err(s);
+        }
+    }
+    if sqe.cdw(11) & 0x4 != 0 {
+        for (slba, nlb) in ranges {
+            if let Err(e) = ns.volume.discard(slba << LBA_SHIFT, nlb << LBA_SHIFT) {
                 return IoDone::err(map_err(e, true));
             }
         }
-        return IoDone::ok();
     }
-    let Some(ns) = subsys.namespace(sqe.nsid()) else { return IoDone::err(Status::INVALID_NS.dnr()) };
-    let off = sqe.slba() << LBA_SHIFT;
-    let len = (sqe.nlb() as usize) << LBA_SHIFT;
-    // Force Unit Access: the data must be durable before completion.
-    let fua = sqe.cdw(12) & (1 << 30) != 0;
-    match op {
-        nvm::READ => {
-            let mut buf = uninit_buffer(len);
-            match ns.volume.read_at(&mut buf, off) {
-                Ok(()) => IoDone { status: Status::SUCCESS, data: Some(Bytes::from(buf)) },
-                Err(e) => IoDone::err(map_err(e, false)),
-            }
-        }
-        nvm::WRITE => {
-            if data.len() != len {
-                return IoDone::err(Status::SGL_INVALID_DATA.dnr());
-            }
-            let r = ns.volume.write_at(data, off).and_then(|()| if fua { ns.volume.flush() } else { Ok(()) });
-            match r {
-                Ok(()) => IoDone::ok(),
-                Err(e) => IoDone::err(map_err(e, true)),
-            }
-        }
-        nvm::COMPARE => {
-            if data.len() != len {
-                return IoDone::err(Status::SGL_INVALID_DATA.dnr());
-            }
-            let mut buf = vec![0u8; len];
-            match ns.volume.read_at(&mut buf, off) {
-                Ok(()) if buf == data => IoDone::ok(),
-                Ok(()) => IoDone::err(Status::COMPARE_FAILED.dnr()),
-                Err(e) => IoDone::err(map_err(e, false)),
-            }
-        }
-        nvm::WRITE_ZEROES => match ns.volume.write_zeroes(off, len as u64) {
-            Ok(()) => IoDone::ok(),
-            Err(e) => IoDone::err(map_err(e, true)),
-        },
-        nvm::FLUSH => match ns.volume.flush() {
-            Ok(()) => IoDone::ok(),
-            Err(e) => IoDone::err(map_err(e, true)),
-        },
-        nvm::DSM => {
-            let nr = (sqe.cdw(10) & 0xFF) as usize + 1;
-            if data.len() < nr * 16 {
-                return IoDone::err(Status::SGL_INVALID_DATA.dnr());
-            }
-            let deallocate = sqe.cdw(11) & 0x4 != 0;
-            // Validate every range before touching any.
-            let ranges: Vec<(u64, u64)> = (0..nr).map(|i| (le64(data, i * 16 + 8), le32(data, i * 16 + 4) as u64)).collect();
-            for &(slba, nlb) in &ranges {
-                if let Err(s) = check_range(ns, slba, nlb) {
-                    return IoDone::err(s);
-                }
-            }
-            if deallocate {
-                for (slba, nlb) in ranges {
-                    if let Err(e) = ns.volume.discard(slba << LBA_SHIFT, nlb << LBA_SHIFT) {
-                        return IoDone::err(map_err(e, true));
-                    }
-                }
-            }
-            IoDone::ok()
-        }
-        _ => IoDone::err(Status::INVALID_OPCODE.dnr()),
-    }
+    IoDone::ok()
 }
 
 /// A buffer for a read that will overwrite all of it. Zero-filling 1 MiB
@@ -292,5 +341,10 @@ mod tests {
         let mut bad = rw(nvm::READ, 1, 0, 2);
         bad.set_sgl(Sgl { addr: 0, length: 512, kind: sgl::TRANSPORT });
         assert_eq!(execute(&s, &bad, &[]).status, Status::SGL_INVALID_DATA.dnr());
+        // Backend failures: a timeout may be retried (no DNR), EIO is a media error.
+        let timeout = || BlockError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "rbd: timed out"));
+        assert_eq!((map_err(timeout(), true), map_err(timeout(), false)), (Status::COMMAND_INTERRUPTED, Status::COMMAND_INTERRUPTED));
+        let eio = || BlockError::Io(std::io::Error::from_raw_os_error(5));
+        assert_eq!((map_err(eio(), true), map_err(eio(), false)), (Status::WRITE_FAULT, Status::READ_ERROR));
     }
 }

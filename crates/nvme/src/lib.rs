@@ -15,9 +15,11 @@
 
 pub mod auth;
 pub mod command;
+pub mod commands;
 pub mod controller;
 pub mod fabrics;
 pub mod features;
+pub mod host_queue;
 pub mod identify;
 pub mod io;
 pub mod ana;
@@ -25,6 +27,7 @@ pub mod logpage;
 pub mod pdu;
 pub mod status;
 pub mod subsystem;
+pub mod target_queue;
 
 pub use command::{Cqe, Sqe};
 pub use controller::{AdminOutcome, Completion, Controller};

@@ -1,7 +1,8 @@
 //! Log pages: error information, SMART / health, firmware slots, changed
-//! namespace list, commands supported and effects, and the discovery log.
+//! namespace list and the discovery log (the commands supported and effects
+//! log comes from the command table, [`crate::commands::effects_log`]).
 
-use crate::command::{admin, nvm, Sqe};
+use crate::command::{admin, Sqe};
 use crate::subsystem::Subsystem;
 use crate::{get_str, le16, le32, le64, put16, put32, put64, put_str};
 
@@ -125,19 +126,6 @@ pub fn changed_ns(ids: &[u32]) -> Vec<u8> {
     b
 }
 
-/// Commands supported and effects: admin in the first 256 dwords, I/O in
-/// the next 256; bit 0 supported, bit 1 changes logical block content.
-pub fn command_effects() -> Vec<u8> {
-    let mut b = vec![0u8; 4096];
-    for op in [admin::GET_LOG_PAGE, admin::IDENTIFY, admin::ABORT, admin::SET_FEATURES, admin::GET_FEATURES, admin::ASYNC_EVENT, admin::KEEP_ALIVE] {
-        put32(&mut b, op as usize * 4, 1);
-    }
-    for (op, lbcc) in [(nvm::FLUSH, false), (nvm::WRITE, true), (nvm::READ, false), (nvm::COMPARE, false), (nvm::WRITE_ZEROES, true), (nvm::DSM, true)] {
-        put32(&mut b, 1024 + op as usize * 4, 1 | (lbcc as u32) << 1);
-    }
-    b
-}
-
 /// One discovery log entry: a subsystem reachable at a TCP port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoveryEntry {
@@ -234,7 +222,7 @@ mod tests {
 
     #[test]
     fn effects_and_smart() {
-        let b = command_effects();
+        let b = crate::commands::effects_log();
         assert_eq!(&b[1024 + 4..1024 + 8], &[3, 0, 0, 0]); // write: supported + LBCC
         assert_eq!(&b[1024 + 8..1024 + 12], &[1, 0, 0, 0]); // read
         assert_eq!(&b[0x18 * 4..0x18 * 4 + 4], &[1, 0, 0, 0]); // keep alive

@@ -18,6 +18,9 @@ impl Status {
     pub const SGL_INVALID_DATA: Status = Status(0xF);
     pub const SGL_INVALID_TYPE: Status = Status(0x11);
     pub const SGL_INVALID_OFFSET: Status = Status(0x16);
+    /// The controller could not complete the command now; the host should
+    /// retry it (base spec 2.0 Figure 102, 21h).
+    pub const COMMAND_INTERRUPTED: Status = Status(0x21);
     pub const TRANSIENT_TRANSPORT: Status = Status(0x22);
     pub const LBA_RANGE: Status = Status(0x80);
     pub const CAP_EXCEEDED: Status = Status(0x81);
@@ -77,6 +80,7 @@ impl std::fmt::Display for Status {
             Status::INVALID_NS => "invalid namespace",
             Status::CMD_SEQ_ERROR => "command sequence error",
             Status::SGL_INVALID_DATA => "data SGL length invalid",
+            Status::COMMAND_INTERRUPTED => "command interrupted (retry)",
             Status::TRANSIENT_TRANSPORT => "transient transport error",
             Status::LBA_RANGE => "LBA out of range",
             Status::CONNECT_INVALID_PARAM => "connect: invalid parameters (or read-only namespace)",

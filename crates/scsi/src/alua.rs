@@ -53,24 +53,26 @@ pub fn permits(state: AluaState, access: AluaAccess) -> Result<(), Sense> {
     }
 }
 
-/// The target port group a LUN is reached through.
+/// The target port group a LUN is reached through, and the one target
+/// port (this gateway's portals) in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortGroup {
     pub id: u16,
     pub state: AluaState,
+    /// Relative target port identifier (VPD 0x83, RTPG). Gateways that
+    /// export one LU use distinct ones: a host tells the paths' ports apart
+    /// by it (SPC-4 4.3.5.8: unique within the SCSI target device).
+    pub relative_port: u16,
 }
 
 impl Default for PortGroup {
     fn default() -> Self {
-        PortGroup { id: 1, state: AluaState::ActiveOptimized }
+        PortGroup { id: 1, state: AluaState::ActiveOptimized, relative_port: 1 }
     }
 }
 
 /// Standard INQUIRY byte 5 TPGS field: implicit asymmetric access only.
 pub const TPGS_IMPLICIT: u8 = 0x10;
-/// The relative target port identifier every iSCSI portal of a target shares.
-pub const RELATIVE_TARGET_PORT: u16 = 1;
-
 /// REPORT TARGET PORT GROUPS: one group with one port.
 pub fn report_target_port_groups(group: PortGroup, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
     let extended = match cdb[1] >> 5 {
@@ -89,7 +91,7 @@ pub fn report_target_port_groups(group: PortGroup, cdb: &[u8], out: &mut Vec<u8>
     out.extend_from_slice(&group.id.to_be_bytes());
     out.extend_from_slice(&[0, 0x02, 0, 1]); // status: altered by implicit behaviour; one port
     out.extend_from_slice(&[0, 0]);
-    out.extend_from_slice(&RELATIVE_TARGET_PORT.to_be_bytes());
+    out.extend_from_slice(&group.relative_port.to_be_bytes());
     // RETURN DATA LENGTH: the bytes after the first four.
     let len = (out.len() - 4) as u32;
     out[..4].copy_from_slice(&len.to_be_bytes());
@@ -102,10 +104,10 @@ mod tests {
 
     #[test]
     fn one_group_with_one_port() {
-        let g = PortGroup { id: 0x0102, state: AluaState::Standby };
+        let g = PortGroup { id: 0x0102, state: AluaState::Standby, relative_port: 3 };
         let mut out = Vec::new();
         report_target_port_groups(g, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out).unwrap();
-        assert_eq!(out, vec![0, 0, 0, 12, 0x02, 0x0f, 0x01, 0x02, 0, 0x02, 0, 1, 0, 0, 0, 1]);
+        assert_eq!(out, vec![0, 0, 0, 12, 0x02, 0x0f, 0x01, 0x02, 0, 0x02, 0, 1, 0, 0, 0, 3]);
         out.clear();
         report_target_port_groups(PortGroup::default(), &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out)
             .unwrap();

@@ -14,12 +14,15 @@ pub const BLOCK: usize = 512;
 const BLOCK_U64: u64 = 512;
 
 /// Map a backend error to sense data: EIO-like failures are medium errors,
-/// a full backing store is SPACE ALLOCATION FAILED, anything else is a
-/// hardware (target) failure.
+/// a full backing store is SPACE ALLOCATION FAILED, a backend that did not
+/// answer in time (rbd with the cluster away) is ABORTED COMMAND / LOGICAL
+/// UNIT COMMUNICATION TIME-OUT (the initiator may retry), anything else is
+/// a hardware (target) failure.
 pub fn io_sense(e: &BlockError, write: bool) -> Sense {
     match e {
         BlockError::OutOfRange { .. } => Sense::LBA_OUT_OF_RANGE,
         BlockError::ReadOnly => Sense::WRITE_PROTECTED,
+        BlockError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => Sense::new(key::ABORTED_COMMAND, 0x08, 0x01),
         BlockError::Io(io) => match io.raw_os_error() {
             // Linux errno values: ENOSPC 28, EIO 5, ENODATA 61.
             Some(28) => Sense::new(key::DATA_PROTECT, 0x27, 0x07), // SPACE ALLOCATION FAILED WRITE PROTECT
@@ -397,5 +400,22 @@ impl Lun {
             out[14] = 0x80 | 0x40; // LBPME, LBPRZ
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_errors_map_to_sense() {
+        let io = |e: std::io::Error| BlockError::Io(e);
+        // A timed-out backend (kind kept, errno lost by a wrapping message).
+        let timeout = io(std::io::Error::new(std::io::ErrorKind::TimedOut, "rbd: write at offset 0: timed out"));
+        assert_eq!(io_sense(&timeout, true), Sense::new(key::ABORTED_COMMAND, 0x08, 0x01));
+        assert_eq!(io_sense(&io(std::io::Error::from_raw_os_error(110)), false), Sense::new(key::ABORTED_COMMAND, 0x08, 0x01));
+        assert_eq!(io_sense(&io(std::io::Error::from_raw_os_error(5)), true), Sense::WRITE_ERROR);
+        assert_eq!(io_sense(&io(std::io::Error::from_raw_os_error(5)), false), Sense::UNRECOVERED_READ_ERROR);
+        assert_eq!(io_sense(&io(std::io::Error::from_raw_os_error(28)), true), Sense::new(key::DATA_PROTECT, 0x27, 0x07));
     }
 }

@@ -3,17 +3,34 @@
 //! target, and the transports, need to know about a command.
 //!
 //! Adding a command is one row in [`COMMANDS`] and one handler function.
-//! Nothing else needs touching: the dispatcher in `lib.rs` (lookup, CDB
-//! length and control byte, ALUA, unit attention and reservation checks,
-//! allocation-length truncation), `reservation.rs` (the conflict class),
-//! `alua.rs` (which states refuse it), REPORT SUPPORTED OPERATION CODES
-//! (`opcodes.rs`, generated from the rows), the data-out length a
-//! transport solicits ([`ScsiTarget::data_out_len`]) and whether it may
-//! send more ([`Transfer::OutNoExcess`]), the transport's inline-or-pool
-//! decision ([`Execution`]), and the zero-copy READ path
-//! ([`ScsiTarget::plan_read`]) all read the row.
+//! Before the table, a new opcode had to be added in nine places, which
+//! now all read the row instead:
+//! 1. the dispatcher's `match` on the opcode (`lib.rs`, now the row's
+//!    handler), and the list of opcodes that answer for an unmapped LUN
+//!    (now [`Handler::AnyLun`]);
+//! 2. the supported-opcode list behind REPORT SUPPORTED OPERATION CODES
+//!    and its CDB usage data (`opcodes.rs`, now generated from the rows);
+//! 3. the reservation lists "always allowed" and "reads only"
+//!    (`reservation.rs`, now [`Conflict`]);
+//! 4. the opcodes ALUA standby/unavailable let through (`alua.rs`, now
+//!    [`AluaAccess`]);
+//! 5. the data-out length a transport solicits
+//!    ([`ScsiTarget::data_out_len`], now [`Transfer`]);
+//! 6. the commands where more data-out than the CDB implies is an error
+//!    (hand-written sense bytes in serve's iSCSI front-end, now
+//!    [`Transfer::OutNoExcess`] and [`ScsiTarget::execute_transfer`]);
+//! 7. the transport's inline-or-pool opcode list (serve's iSCSI
+//!    front-end, now [`Execution`]);
+//! 8. the zero-copy READ opcodes ([`ScsiTarget::plan_read`], now
+//!    [`Command::reads_medium`]);
+//! 9. each handler's allocation-length truncation (now [`Transfer::In`],
+//!    applied once by the dispatcher).
+//!
+//! The CDB length is the usage data's length; the unit tests check it
+//! against the group code, and that the table is sorted and unique.
 //!
 //! [`ScsiTarget::data_out_len`]: crate::ScsiTarget::data_out_len
+//! [`ScsiTarget::execute_transfer`]: crate::ScsiTarget::execute_transfer
 //! [`ScsiTarget::plan_read`]: crate::ScsiTarget::plan_read
 
 use crate::block_io::{self, BLOCK};
@@ -256,7 +273,12 @@ const fn sa_cmd(
     execution: Execution,
     handler: Handler,
 ) -> Command {
-    Command { service_action: Some(sa), ..cmd(opcode, name, usage, transfer, conflict, alua, execution, handler) }
+    Command {
+        service_action: Some(sa),
+        ..cmd(
+            opcode, name, usage, transfer, conflict, alua, execution, handler,
+        )
+    }
 }
 
 use AluaAccess::{ActiveOnly, Always, UpToStandby};

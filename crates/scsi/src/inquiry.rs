@@ -95,8 +95,8 @@ fn vpd(l: &Lun, page: u8, out: &mut Vec<u8>) -> Result<(), Sense> {
             ascii_field(&mut t10, &l.cfg.serial, l.cfg.serial.len().min(200));
             out.extend_from_slice(&[0x02, 0x01, 0, t10.len() as u8]);
             out.extend_from_slice(&t10);
-            // Relative target port 1 (target port association, iSCSI).
-            let port = crate::alua::RELATIVE_TARGET_PORT.to_be_bytes();
+            // Relative target port (target port association, iSCSI).
+            let port = l.cfg.port_group.relative_port.to_be_bytes();
             out.extend_from_slice(&[0x51, 0x94, 0, 4, 0, 0, port[0], port[1]]);
             // Target port group (target port association, iSCSI).
             let group = l.cfg.port_group.id.to_be_bytes();

@@ -307,6 +307,12 @@ impl ScsiTarget {
         self.luns.iter().map(|l| l.number).collect()
     }
 
+    /// What backs `lun` (the front-end decides from it where to run
+    /// commands), or None if no such LUN.
+    pub fn backend_info(&self, lun: u64) -> Option<&bw_block::DeviceInfo> {
+        self.lun(lun).map(|l| l.volume.info())
+    }
+
     #[inline]
     fn lun(&self, lun: u64) -> Option<&Lun> {
         self.luns.iter().find(|l| l.number == lun)

@@ -78,7 +78,7 @@ fn log_sense_pages_through_the_target() {
 #[test]
 fn alua_inquiry_vpd_and_report_target_port_groups() {
     let mut cfg = LunConfig::for_volume("disk", "iqn.2026-11.test:t", 0);
-    cfg.port_group = PortGroup { id: 7, state: AluaState::ActiveNonOptimized };
+    cfg.port_group = PortGroup { id: 7, state: AluaState::ActiveNonOptimized, relative_port: 1 };
     let t = target_with(ram_volume("disk", 64), cfg.clone());
     let std = good(&t, 1, &[0x12, 0, 0, 0, 0xff, 0], &[]);
     assert_eq!(std[5] & 0x30, 0x10, "TPGS: implicit ALUA");

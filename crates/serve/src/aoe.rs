@@ -40,6 +40,12 @@ const MAX_ADVERTISED_BUFFERS: usize = 256;
 /// How often idle workers look at the stop flag.
 const POLL: Duration = Duration::from_millis(200);
 
+/// I/O pool size for an interface with exports on remote volumes (rbd)
+/// when `tuning.aoe_io_threads` is 0: each request waits a cluster round
+/// trip, so the pool is what keeps many in flight (the Linux aoe driver
+/// keeps up to its window per target).
+const REMOTE_IO_THREADS: usize = 64;
+
 /// Receive worker threads per interface: `configured` if not 0, else by
 /// what the interface exports; `io_threads`: the I/O pool's size.
 fn workers(configured: usize, memory_backed: bool, io_threads: usize) -> usize {
@@ -131,7 +137,12 @@ pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shut
     let fanout = fanout_mode(tuning.aoe_fanout);
     for (n, (iface, exports)) in by_iface.into_iter().enumerate() {
         let memory_backed = exports.iter().all(|e| volumes.get(&e.volume).is_some_and(|v| v.info().memory_backed));
-        let io_threads = if memory_backed { 0 } else { tuning.aoe_io_threads };
+        let remote = exports.iter().any(|e| volumes.get(&e.volume).is_some_and(|v| v.info().remote));
+        let io_threads = match tuning.aoe_io_threads {
+            _ if memory_backed => 0,
+            0 if remote => REMOTE_IO_THREADS,
+            n => n,
+        };
         let workers = workers(tuning.aoe_workers, memory_backed, io_threads);
         let (ifc, sockets) = open_interface(iface, &exports, volumes, workers, fanout, n)?;
         let ifc = Arc::new(ifc);

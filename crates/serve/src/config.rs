@@ -23,6 +23,7 @@
 //! mutual_chap = { user = "target", secret = "ba9876543210" }
 //! target_port_group = 1              # ALUA group id (default 1)
 //! alua_state = "active-optimized"    # or active-non-optimized, standby, unavailable
+//! relative_target_port = 1           # default: target_port_group; distinct per gateway
 //!
 //! [nvme]
 //! listen = ["0.0.0.0:4420"]
@@ -48,7 +49,7 @@
 //!
 //! [tuning]                           # measuring knobs; these are the defaults
 //! aoe_workers = 0                    # receive threads per interface; 0: by export kind
-//! aoe_io_threads = 0                 # I/O pool for device-backed AoE exports; 0: off
+//! aoe_io_threads = 0                 # I/O pool for device-backed AoE exports; 0: off (64 for rbd volumes)
 //! aoe_fanout = "round-robin"         # or "cpu"
 //! iscsi_connection_threads = true    # false: connections as tasks on the shared runtime
 //! iscsi_zero_copy_min = 32768        # smallest READ sent with sendfile
@@ -153,6 +154,11 @@ pub struct IscsiTarget {
     /// The group's asymmetric access state, as initiators should see it.
     #[serde(default)]
     pub alua_state: AluaStateConfig,
+    /// Relative target port identifier of this gateway's portals (VPD 0x83,
+    /// REPORT TARGET PORT GROUPS); distinct on every gateway of one LU.
+    /// Default: the same number as `target_port_group`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relative_target_port: Option<u16>,
 }
 
 /// ALUA states a target port group can be configured in.
@@ -388,6 +394,7 @@ impl ServeConfig {
                 mutual_chap: None,
                 target_port_group: 1,
                 alua_state: AluaStateConfig::default(),
+                relative_target_port: None,
             });
         }
         Ok(())
@@ -480,6 +487,9 @@ impl ServeConfig {
                 }
                 if t.mutual_chap.is_some() && t.chap.is_none() {
                     return inv(format!("iSCSI target {}: mutual_chap needs chap: the initiator authenticates first", t.iqn));
+                }
+                if t.relative_target_port == Some(0) {
+                    return inv(format!("iSCSI target {}: relative_target_port 0 is reserved (1..=65535)", t.iqn));
                 }
                 for l in &t.luns {
                     if !known(&l.volume) {
@@ -618,6 +628,11 @@ mod tests {
         c.validate().unwrap();
         let t = &c.iscsi.as_ref().unwrap().targets[0];
         assert_eq!((t.target_port_group, t.alua_state), (7, AluaStateConfig::ActiveNonOptimized));
+        assert_eq!(t.relative_target_port, None, "defaults to the group id when the front-end starts");
+        let mut r: ServeConfig = toml::from_str(&text.replace("target_port_group = 7", "target_port_group = 7\nrelative_target_port = 0")).unwrap();
+        assert!(r.validate().is_err(), "relative target port 0 is reserved");
+        r.iscsi.as_mut().unwrap().targets[0].relative_target_port = Some(2);
+        r.validate().unwrap();
         assert!(toml::from_str::<ServeConfig>(&text.replace("active-non-optimized", "sleepy")).is_err());
         let back: ServeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);

@@ -97,6 +97,7 @@ fn build_target(t: &IscsiTarget, volumes: &Volumes) -> anyhow::Result<Target> {
         lc.port_group = PortGroup {
             id: t.target_port_group,
             state: alua_state(t.alua_state),
+            relative_port: t.relative_target_port.unwrap_or(t.target_port_group.max(1)),
         };
         luns.push((l.lun, vol.clone(), lc));
     }
@@ -513,7 +514,13 @@ impl Connection {
         }
         let inline = match bw_scsi::execution(&e.cdb) {
             Execution::Inline => true,
-            Execution::InlineIfSmall => e.edtl as usize <= self.knobs.inline_max,
+            // A remote volume (rbd) waits a network round trip on every
+            // read and write: never on the connection's thread, so many run
+            // at once.
+            Execution::InlineIfSmall => {
+                e.edtl as usize <= self.knobs.inline_max
+                    && !scsi.backend_info(lun_number(e.lun)).is_some_and(|i| i.remote)
+            }
             Execution::Pool => false,
         };
         if inline {

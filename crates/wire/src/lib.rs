@@ -5,7 +5,8 @@
 //! Field::at(16);`, and its decoder and encoder both go through them
 //! (`ITT.get(hdr)`, `ITT.set(hdr, v)`), so an offset cannot be read at one
 //! place and written at another. Multi-byte integers are big-endian
-//! (network order), as in every protocol blockwire speaks except NVMe.
+//! (network order) as in every protocol blockwire speaks except NVMe, whose
+//! little-endian fields are `Field<Le<u32>>` and the like.
 //!
 //! Why not zerocopy or binary-layout: those describe one layout per struct,
 //! but an iSCSI BHS or a SCSI CDB is one byte array whose layout depends on
@@ -47,6 +48,29 @@ macro_rules! be_int {
     )*};
 }
 be_int!(u8, u16, u32, u64);
+
+/// A little-endian integer field (`Field<Le<u32>>` reads a `u32`).
+pub struct Le<T>(PhantomData<T>);
+
+macro_rules! le_int {
+    ($($t:ty),*) => {$(
+        impl Codec for Le<$t> {
+            type Value = $t;
+            const LEN: usize = std::mem::size_of::<$t>();
+            #[inline]
+            fn read(b: &[u8]) -> $t {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(&b[..Self::LEN]);
+                <$t>::from_le_bytes(a)
+            }
+            #[inline]
+            fn write(b: &mut [u8], v: $t) {
+                b[..Self::LEN].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    )*};
+}
+le_int!(u16, u32, u64);
 
 /// A 24-bit big-endian integer, read as a `u32` (the high byte of a written
 /// value is dropped).
@@ -215,6 +239,15 @@ mod tests {
         assert_eq!(D.end(), 18);
         assert_eq!(C.try_get(&b[..14]), None);
         assert_eq!(C.try_get(&b[..15]), Some(0x0708_090a_0b0c_0d0e));
+    }
+
+    #[test]
+    fn little_endian() {
+        const PLEN: Field<Le<u32>> = Field::at(4);
+        let mut b = [0u8; 8];
+        PLEN.set(&mut b, 0x0102_0304);
+        assert_eq!(b, [0, 0, 0, 0, 4, 3, 2, 1]);
+        assert_eq!(PLEN.get(&b), 0x0102_0304);
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub type Callback = extern "C" fn(Completion, *mut c_void);
 /// exclusive-lock, several gateways can write one image without passing a
 /// lock back and forth (see docs/ceph.md).
 pub const FEATURE_LAYERING: u64 = 1;
+/// RBD_FEATURE_EXCLUSIVE_LOCK: one client writes at a time; others must
+/// ask for the lock first.
+pub const FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
 
 pub struct Lib {
     pub rados_create2: unsafe extern "C" fn(*mut Rados, *const c_char, *const c_char, u64) -> c_int,
@@ -28,17 +31,21 @@ pub struct Lib {
     pub rados_ioctx_destroy: unsafe extern "C" fn(IoCtx),
     pub rbd_create2: unsafe extern "C" fn(IoCtx, *const c_char, u64, u64, *mut c_int) -> c_int,
     pub rbd_open: unsafe extern "C" fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int,
-    pub rbd_open_read_only: unsafe extern "C" fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int,
+    pub rbd_open_read_only:
+        unsafe extern "C" fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int,
     pub rbd_close: unsafe extern "C" fn(Image) -> c_int,
     pub rbd_get_size: unsafe extern "C" fn(Image, *mut u64) -> c_int,
-    pub rbd_aio_create_completion: unsafe extern "C" fn(*mut c_void, Callback, *mut Completion) -> c_int,
+    pub rbd_get_features: unsafe extern "C" fn(Image, *mut u64) -> c_int,
+    pub rbd_aio_create_completion:
+        unsafe extern "C" fn(*mut c_void, Callback, *mut Completion) -> c_int,
     pub rbd_aio_get_return_value: unsafe extern "C" fn(Completion) -> isize,
     pub rbd_aio_release: unsafe extern "C" fn(Completion),
     pub rbd_aio_read: unsafe extern "C" fn(Image, u64, usize, *mut c_char, Completion) -> c_int,
     pub rbd_aio_write: unsafe extern "C" fn(Image, u64, usize, *const c_char, Completion) -> c_int,
     pub rbd_aio_flush: unsafe extern "C" fn(Image, Completion) -> c_int,
     pub rbd_aio_discard: unsafe extern "C" fn(Image, u64, u64, Completion) -> c_int,
-    pub rbd_aio_write_zeroes: unsafe extern "C" fn(Image, u64, usize, Completion, c_int, c_int) -> c_int,
+    pub rbd_aio_write_zeroes:
+        unsafe extern "C" fn(Image, u64, usize, Completion, c_int, c_int) -> c_int,
     // The libraries stay loaded for the life of the process: completions
     // may call back into us from librados threads at any time.
     _rados: libloading::Library,
@@ -69,8 +76,14 @@ fn load() -> Result<Lib, String> {
         ($lib:expr, $name:ident) => {{
             // SAFETY: the field's type is the C prototype from the Ceph
             // headers; the library outlives the pointer (kept in `Lib`).
-            let s: libloading::Symbol<_> = unsafe { $lib.get(concat!(stringify!($name), "\0").as_bytes()) }
-                .map_err(|e| format!("rbd: {} lacks {}: {e} (Ceph 15 or newer is needed)", stringify!($lib), stringify!($name)))?;
+            let s: libloading::Symbol<_> =
+                unsafe { $lib.get(concat!(stringify!($name), "\0").as_bytes()) }.map_err(|e| {
+                    format!(
+                        "rbd: {} lacks {}: {e} (Ceph 15 or newer is needed)",
+                        stringify!($lib),
+                        stringify!($name)
+                    )
+                })?;
             *s
         }};
     }
@@ -87,6 +100,7 @@ fn load() -> Result<Lib, String> {
         rbd_open_read_only: sym!(rbd, rbd_open_read_only),
         rbd_close: sym!(rbd, rbd_close),
         rbd_get_size: sym!(rbd, rbd_get_size),
+        rbd_get_features: sym!(rbd, rbd_get_features),
         rbd_aio_create_completion: sym!(rbd, rbd_aio_create_completion),
         rbd_aio_get_return_value: sym!(rbd, rbd_aio_get_return_value),
         rbd_aio_release: sym!(rbd, rbd_aio_release),

@@ -23,7 +23,9 @@ use crate::{BackendSpec, BlockError, DeviceInfo, Durability, RbdTarget};
 use ffi::{Completion, Lib};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 pub struct RbdDevice {
     lib: &'static Lib,
@@ -31,6 +33,34 @@ pub struct RbdDevice {
     ioctx: ffi::IoCtx,
     image: ffi::Image,
     info: DeviceInfo,
+    failures: FailureLog,
+}
+
+/// Failed requests, logged at most once per [`FailureLog::EVERY`] with the
+/// count since the last line: during a cluster outage every request fails,
+/// and the operator needs the cause, not thousands of copies of it.
+#[derive(Default)]
+struct FailureLog {
+    since_last: AtomicU64,
+    last: Mutex<Option<Instant>>,
+}
+
+impl FailureLog {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    fn note(&self, e: &io::Error) {
+        let n = self.since_last.fetch_add(1, Relaxed) + 1;
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        self.since_last.store(0, Relaxed);
+        log::warn!(
+            "{e} ({n} failed request{} since the last report)",
+            if n == 1 { "" } else { "s" }
+        );
+    }
 }
 
 // SAFETY: librbd image handles and librados clusters are thread-safe (one
@@ -40,14 +70,26 @@ unsafe impl Send for RbdDevice {}
 unsafe impl Sync for RbdDevice {}
 
 fn cstr(what: &str, s: &str) -> io::Result<CString> {
-    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} {s:?} contains a NUL byte")))
+    CString::new(s).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} {s:?} contains a NUL byte"),
+        )
+    })
 }
 
-/// A librados/librbd return code (`-errno`) as an error saying what failed.
+/// A librados/librbd failure (`-errno`) as an error saying what failed; the
+/// kind stays that of the errno (ETIMEDOUT: `TimedOut`, which front-ends
+/// report as retryable).
+fn rbd_error(r: c_int, what: impl FnOnce() -> String) -> io::Error {
+    let e = io::Error::from_raw_os_error(-r);
+    io::Error::new(e.kind(), format!("{}: {e}", what()))
+}
+
+/// A librados/librbd return code: negative values are errors.
 fn check(r: c_int, what: impl FnOnce() -> String) -> io::Result<c_int> {
     if r < 0 {
-        let e = io::Error::from_raw_os_error(-r);
-        return Err(io::Error::new(e.kind(), format!("{}: {e}", what())));
+        return Err(rbd_error(r, what));
     }
     Ok(r)
 }
@@ -59,9 +101,17 @@ impl RbdDevice {
         let id = cstr("client id", t.id.as_deref().unwrap_or("admin"))?;
         let mut cluster: ffi::Rados = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; cluster and user names are C strings.
-        check(unsafe { (lib.rados_create2)(&mut cluster, c"ceph".as_ptr(), cstr("", &format!("client.{}", id.to_string_lossy()))?.as_ptr(), 0) }, || {
-            format!("{name}: rados_create2")
-        })?;
+        check(
+            unsafe {
+                (lib.rados_create2)(
+                    &mut cluster,
+                    c"ceph".as_ptr(),
+                    cstr("", &format!("client.{}", id.to_string_lossy()))?.as_ptr(),
+                    0,
+                )
+            },
+            || format!("{name}: rados_create2"),
+        )?;
         // From here on `dev`'s Drop releases whatever has been set up.
         let mut dev = RbdDevice {
             lib,
@@ -76,18 +126,40 @@ impl RbdDevice {
                 durability: Durability::WriteThrough,
                 supports_discard: true,
                 memory_backed: false,
+                remote: true,
                 description: String::new(),
             },
+            failures: FailureLog::default(),
         };
         let conf = match &t.conf {
-            Some(p) => Some(cstr("conf path", p.to_str().ok_or_else(|| io::Error::other(format!("{name}: conf path is not UTF-8")))?)?),
+            Some(p) => Some(cstr(
+                "conf path",
+                p.to_str()
+                    .ok_or_else(|| io::Error::other(format!("{name}: conf path is not UTF-8")))?,
+            )?),
             None => None,
         };
         // SAFETY: a valid cluster handle; NULL asks for the default search path.
-        check(unsafe { (lib.rados_conf_read_file)(cluster, conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())) }, || {
-            format!("{name}: cannot read ceph config {}", t.conf.as_ref().map_or("(default search path)".into(), |p| p.display().to_string()))
-        })?;
-        let timeout = t.timeout_secs.unwrap_or(RbdTarget::DEFAULT_TIMEOUT_SECS).to_string();
+        check(
+            unsafe {
+                (lib.rados_conf_read_file)(
+                    cluster,
+                    conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                )
+            },
+            || {
+                format!(
+                    "{name}: cannot read ceph config {}",
+                    t.conf
+                        .as_ref()
+                        .map_or("(default search path)".into(), |p| p.display().to_string())
+                )
+            },
+        )?;
+        let timeout = t
+            .timeout_secs
+            .unwrap_or(RbdTarget::DEFAULT_TIMEOUT_SECS)
+            .to_string();
         for (k, v) in [
             ("rbd_cache", "false"),
             ("rbd_skip_partial_discard", "false"),
@@ -97,16 +169,28 @@ impl RbdDevice {
         ] {
             let (ck, cv) = (cstr("option", k)?, cstr("value", v)?);
             // SAFETY: valid handle, NUL-terminated strings.
-            check(unsafe { (lib.rados_conf_set)(cluster, ck.as_ptr(), cv.as_ptr()) }, || format!("{name}: setting {k}={v}"))?;
+            check(
+                unsafe { (lib.rados_conf_set)(cluster, ck.as_ptr(), cv.as_ptr()) },
+                || format!("{name}: setting {k}={v}"),
+            )?;
         }
         // SAFETY: a configured cluster handle.
-        check(unsafe { (lib.rados_connect)(cluster) }, || format!("{name}: cannot connect to the Ceph cluster"))?;
+        check(unsafe { (lib.rados_connect)(cluster) }, || {
+            format!("{name}: cannot connect to the Ceph cluster")
+        })?;
         let pool = cstr("pool", &t.pool)?;
         // SAFETY: connected handle, out-pointer into `dev`.
-        check(unsafe { (lib.rados_ioctx_create)(cluster, pool.as_ptr(), &mut dev.ioctx) }, || format!("{name}: pool {:?}", t.pool))?;
+        check(
+            unsafe { (lib.rados_ioctx_create)(cluster, pool.as_ptr(), &mut dev.ioctx) },
+            || format!("{name}: pool {:?}", t.pool),
+        )?;
         let image = cstr("image", &t.image)?;
         let open = |dev: &mut RbdDevice| {
-            let f = if spec.readonly { lib.rbd_open_read_only } else { lib.rbd_open };
+            let f = if spec.readonly {
+                lib.rbd_open_read_only
+            } else {
+                lib.rbd_open
+            };
             // SAFETY: valid ioctx, image name, out-pointer; NULL snapshot = the head.
             unsafe { f(dev.ioctx, image.as_ptr(), &mut dev.image, std::ptr::null()) }
         };
@@ -114,17 +198,37 @@ impl RbdDevice {
         if r == -libc::ENOENT && !spec.readonly {
             if let Some(size) = t.size {
                 let mut order: c_int = 0; // 0: librbd's default object size
-                // SAFETY: valid ioctx and name; `order` is an in/out int.
-                check(unsafe { (lib.rbd_create2)(dev.ioctx, image.as_ptr(), size, ffi::FEATURE_LAYERING, &mut order) }, || {
-                    format!("{name}: cannot create the image")
-                })?;
+                                          // SAFETY: valid ioctx and name; `order` is an in/out int.
+                check(
+                    unsafe {
+                        (lib.rbd_create2)(
+                            dev.ioctx,
+                            image.as_ptr(),
+                            size,
+                            ffi::FEATURE_LAYERING,
+                            &mut order,
+                        )
+                    },
+                    || format!("{name}: cannot create the image"),
+                )?;
                 r = open(&mut dev);
             }
         }
-        check(r, || format!("{name}: cannot open the image{}", if r == -libc::ENOENT && t.size.is_none() { " (give size= to create it)" } else { "" }))?;
+        check(r, || {
+            format!(
+                "{name}: cannot open the image{}",
+                if r == -libc::ENOENT && t.size.is_none() {
+                    " (give size= to create it)"
+                } else {
+                    ""
+                }
+            )
+        })?;
         let mut size = 0u64;
         // SAFETY: an open image and an out-pointer.
-        check(unsafe { (lib.rbd_get_size)(dev.image, &mut size) }, || format!("{name}: rbd_get_size"))?;
+        check(unsafe { (lib.rbd_get_size)(dev.image, &mut size) }, || {
+            format!("{name}: rbd_get_size")
+        })?;
         if let Some(want) = t.size {
             if want != size {
                 return Err(io::Error::other(format!(
@@ -135,14 +239,40 @@ impl RbdDevice {
                 .into());
             }
         }
+        let mut features = 0u64;
+        // SAFETY: an open image and an out-pointer.
+        check(
+            unsafe { (lib.rbd_get_features)(dev.image, &mut features) },
+            || format!("{name}: rbd_get_features"),
+        )?;
+        if features & ffi::FEATURE_EXCLUSIVE_LOCK != 0 && !spec.readonly {
+            // Works, but with several gateways librbd hands the lock from
+            // one to the other on every write: slow, and each hand-over
+            // stalls I/O.
+            log::warn!(
+                "{name}: the image has the exclusive-lock feature; if several gateways export it, disable it \
+                 (rbd feature disable {}/{} object-map fast-diff exclusive-lock)",
+                t.pool,
+                t.image
+            );
+        }
         dev.info.size_bytes = size;
-        dev.info.description = format!("{name} ({}, {} s request timeout)", crate::format_size(size), timeout);
+        dev.info.description = format!(
+            "{name} ({}, {} s request timeout)",
+            crate::format_size(size),
+            timeout
+        );
         Ok(dev)
     }
 
     /// Submit one request with a fresh completion and sleep until librbd
     /// calls back; returns the request's result (bytes for reads).
-    fn run(&self, what: &str, offset: u64, submit: impl FnOnce(Completion) -> c_int) -> io::Result<isize> {
+    fn run(
+        &self,
+        what: &str,
+        offset: u64,
+        submit: impl FnOnce(Completion) -> c_int,
+    ) -> io::Result<isize> {
         let lib = self.lib;
         let pending = Arc::new(Pending::default());
         let arg = Arc::into_raw(pending.clone()) as *mut c_void;
@@ -153,7 +283,10 @@ impl RbdDevice {
         if r < 0 {
             // SAFETY: the callback will never run: take the reference back.
             drop(unsafe { Arc::from_raw(arg as *const Pending) });
-            return check(r, || format!("{}: rbd_aio_create_completion", self.info.description)).map(|_| 0);
+            return check(r, || {
+                format!("{}: rbd_aio_create_completion", self.info.description)
+            })
+            .map(|_| 0);
         }
         let r = submit(c);
         if r < 0 {
@@ -169,7 +302,11 @@ impl RbdDevice {
         // its own reference until it is done with the completion.
         unsafe { (lib.rbd_aio_release)(c) };
         if ret < 0 {
-            check(ret as c_int, || format!("{what} at offset {offset} on {}", self.info.description))?;
+            let e = rbd_error(ret as c_int, || {
+                format!("{what} at offset {offset} on {}", self.info.description)
+            });
+            self.failures.note(&e);
+            return Err(e);
         }
         Ok(ret)
     }
@@ -216,7 +353,9 @@ impl crate::BlockDevice for RbdDevice {
         let (img, len, p) = (self.image, buf.len(), buf.as_mut_ptr() as *mut c_char);
         // SAFETY: `buf` outlives the request: `run` returns only after the
         // completion has fired.
-        let n = self.run("read", offset, |c| unsafe { (self.lib.rbd_aio_read)(img, offset, len, p, c) })?;
+        let n = self.run("read", offset, |c| unsafe {
+            (self.lib.rbd_aio_read)(img, offset, len, p, c)
+        })?;
         // librbd returns the bytes read; anything short (never expected
         // inside the image) reads as zeroes.
         if let Some(rest) = buf.get_mut(n.max(0) as usize..) {
@@ -228,19 +367,26 @@ impl crate::BlockDevice for RbdDevice {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let (img, len, p) = (self.image, buf.len(), buf.as_ptr() as *const c_char);
         // SAFETY: as in read_at.
-        self.run("write", offset, |c| unsafe { (self.lib.rbd_aio_write)(img, offset, len, p, c) }).map(|_| ())
+        self.run("write", offset, |c| unsafe {
+            (self.lib.rbd_aio_write)(img, offset, len, p, c)
+        })
+        .map(|_| ())
     }
 
     fn flush(&self) -> io::Result<()> {
         let img = self.image;
         // SAFETY: an open image.
-        self.run("flush", 0, |c| unsafe { (self.lib.rbd_aio_flush)(img, c) }).map(|_| ())
+        self.run("flush", 0, |c| unsafe { (self.lib.rbd_aio_flush)(img, c) })
+            .map(|_| ())
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let img = self.image;
         // SAFETY: an open image.
-        self.run("discard", offset, |c| unsafe { (self.lib.rbd_aio_discard)(img, offset, len, c) }).map(|_| ())
+        self.run("discard", offset, |c| unsafe {
+            (self.lib.rbd_aio_discard)(img, offset, len, c)
+        })
+        .map(|_| ())
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -251,7 +397,9 @@ impl crate::BlockDevice for RbdDevice {
             let n = (len - done).min(1 << 30);
             let off = offset + done;
             // SAFETY: an open image; no flags (zeroing may deallocate).
-            self.run("write zeroes", off, |c| unsafe { (self.lib.rbd_aio_write_zeroes)(img, off, n as usize, c, 0, 0) })?;
+            self.run("write zeroes", off, |c| unsafe {
+                (self.lib.rbd_aio_write_zeroes)(img, off, n as usize, c, 0, 0)
+            })?;
             done += n;
         }
         Ok(())

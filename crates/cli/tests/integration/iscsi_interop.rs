@@ -380,3 +380,46 @@ fn a_second_login_with_the_same_isid_reinstates_the_session() {
     drop(serve);
 }
 
+/// The other tuning corners of the iSCSI front-end: connections as tasks on
+/// the shared runtime, every READ and WRITE on the blocking pool (its
+/// results come back to the connection task over a channel), zero-copy
+/// reads from 4 KiB on, and an answer flush after every PDU. Each must
+/// still verify, digests on and off.
+#[test]
+fn iscsi_tuning_corners_verify() {
+    for flags in [
+        &[
+            "--iscsi-connection-threads",
+            "false",
+            "--iscsi-inline-max",
+            "0",
+        ][..],
+        &["--iscsi-zero-copy-min", "4k", "--iscsi-flush-every", "1"][..],
+    ] {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["--volume", "d=ram:32M", "--iscsi", listen.as_str()];
+        args.extend_from_slice(flags);
+        let mut serve = Serve::start(&args);
+        let url = format!("iscsi://127.0.0.1:{port}/{}/0", target_iqn(&serve));
+        for digest in [&[][..], &["--header-digest", "--data-digest"][..]] {
+            let mut v = vec![
+                "verify",
+                url.as_str(),
+                "--size",
+                "16M",
+                "--chunk",
+                "128k",
+                "--concurrency",
+                "8",
+            ];
+            v.extend_from_slice(digest);
+            blockwire_ok(None, &v);
+        }
+        assert!(
+            serve.is_running(),
+            "{flags:?}: target died:\n{}",
+            serve.log_text()
+        );
+    }
+}

@@ -22,3 +22,4 @@ mod nvme_initiator;
 mod nvme_kernel;
 mod nvme_nvmet;
 mod rbd;
+mod rbd_gateways;

@@ -358,7 +358,7 @@ fn commands_before_authentication_are_refused_and_the_login_timeout_drops_the_qu
     assert!(
         wait_log(
             &serve,
-            "no Connect or authentication before the login timeout"
+            "no DH-HMAC-CHAP authentication before the login timeout"
         ),
         "{}",
         serve.log_text()

@@ -1,76 +1,45 @@
-//! Ceph RBD behind blockwire gateways (issue 14). Each test starts its own
-//! one-node cluster (`common::ceph`), about 10 s on a quiet machine.
+//! Ceph RBD behind blockwire gateways (issue 14), with our own initiators:
+//! every protocol on an `rbd:` volume, two gateways sharing one image, the
+//! backend's flush/discard/write-zeroes/size, and a Ceph outage under load.
+//! The Linux host against two gateways is in `rbd_gateways`.
 
 use crate::common;
 
 use common::blockwire_ok;
-use common::ceph::Ceph;
-use std::time::Duration;
-
-/// The harness itself: an image written with `rbd import` reads back
-/// identically with `rbd export`; a paused cluster makes clients time out
-/// (not answer from somewhere else) and a resumed one serves the same data.
-#[test]
-fn one_node_cluster_stores_and_returns_rbd_data() {
-    common::require_root();
-    let ceph = Ceph::start();
-    let src = ceph.dir().join("in.bin");
-    let back = ceph.dir().join("out.bin");
-    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    std::fs::write(&src, &data).expect("write source");
-    ceph.rbd(&["import", "--no-progress", src.to_str().expect("utf-8"), "rbd/harness"]);
-    let info = ceph.rbd(&["info", "--format", "json", "rbd/harness"]);
-    assert!(info.contains(&format!("\"size\":{}", data.len())), "image size: {info}");
-
-    ceph.pause();
-    let out = ceph.rbd_output(&["info", "rbd/harness"], Duration::from_secs(5));
-    assert!(!out.status.success(), "rbd info answered while the cluster was paused");
-    ceph.resume();
-
-    ceph.rbd(&["export", "--no-progress", "rbd/harness", back.to_str().expect("utf-8")]);
-    let got = std::fs::read(&back).expect("read export");
-    assert!(got == data, "rbd export differs from what was imported ({} vs {} bytes)", got.len(), data.len());
-}
-
-/// A gateway's config: one rbd volume exported over iSCSI, NVMe/TCP and
-/// (when `aoe_if` is given) AoE shelf 7 slot 1, with the ALUA/ANA group
-/// `group`. Every gateway of one image uses the same IQN, NQN and serial,
-/// so initiators see one disk behind several paths.
-fn gateway_config(ceph: &Ceph, image: &str, iscsi: u16, nvme: u16, aoe_if: Option<&str>, group: u16) -> String {
-    let aoe = aoe_if.map_or(String::new(), |ifc| {
-        format!("[[aoe.export]]\ninterface = \"{ifc}\"\nvolume = \"v\"\nshelf = 7\nslot = 1\n")
-    });
-    format!(
-        r#"
-[[volume]]
-name = "v"
-backend = "rbd:rbd/{image},conf={conf},timeout=8"
-{aoe}
-[iscsi]
-listen = ["127.0.0.1:{iscsi}"]
-[[iscsi.target]]
-iqn = "{IQN}"
-luns = [{{ lun = 0, volume = "v" }}]
-target_port_group = {group}
-[nvme]
-listen = ["127.0.0.1:{nvme}"]
-discovery_listen = "127.0.0.1:{dport}"
-[[nvme.subsystem]]
-nqn = "{NQN}"
-serial = "bwrbd0001"
-namespaces = [{{ nsid = 1, volume = "v" }}]
-"#,
-        conf = ceph.conf().display(),
-        dport = common::free_port(),
-    )
-}
-
-const IQN: &str = "iqn.2026-11.org.blockwire.test:rbd";
-const NQN: &str = "nqn.2026-11.org.blockwire:rbd-test";
+use common::ceph::{gateway_toml, Ceph, Gateway, GATEWAY_IQN as IQN, GATEWAY_NQN as NQN};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 fn qemu_img(args: &[&str]) {
-    let out = std::process::Command::new("qemu-img").args(args).output().expect("spawn qemu-img");
-    assert!(out.status.success(), "qemu-img {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new("qemu-img")
+        .args(args)
+        .output()
+        .expect("spawn qemu-img");
+    assert!(
+        out.status.success(),
+        "qemu-img {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn gateway<'a>(
+    image: &'a str,
+    group: u16,
+    iscsi_port: u16,
+    nvme_port: u16,
+    aoe_if: Option<&'a str>,
+    timeout_s: u32,
+) -> Gateway<'a> {
+    Gateway {
+        image,
+        group,
+        preferred: group == 1,
+        iscsi_port,
+        nvme_port,
+        aoe_if,
+        timeout_s,
+    }
 }
 
 /// `verify` over iSCSI, NVMe/TCP and AoE (on a veth, initiator in a
@@ -80,29 +49,382 @@ fn qemu_img(args: &[&str]) {
 #[test]
 fn rbd_volume_serves_every_protocol_and_two_gateways_share_it() {
     common::require_root();
-    let ceph = Ceph::start();
-    ceph.rbd(&["create", "--size", "64M", "--image-feature", "layering", "rbd/shared"]);
+    let ceph = Ceph::shared();
+    let image = format!("shared{}", common::unique(""));
+    ceph.rbd(&[
+        "create",
+        "--size",
+        "64M",
+        "--image-feature",
+        "layering",
+        &format!("rbd/{image}"),
+    ]);
     let pair = common::NetnsPair::new("rbd", 1500);
     let dir = common::TempDir::new("rbd-gw");
     let (ia, na) = (common::free_port(), common::free_port());
-    let a = common::Serve::with_config(&dir, &gateway_config(&ceph, "shared", ia, na, Some(&pair.host_if), 1), &[]);
+    let a = common::Serve::with_config(
+        &dir,
+        &gateway_toml(ceph, &gateway(&image, 1, ia, na, Some(&pair.host_if), 8)),
+        &[],
+    );
 
-    blockwire_ok(None, &["verify", &format!("iscsi://127.0.0.1:{ia}/{IQN}/0"), "--size", "8M", "--concurrency", "16"]);
-    blockwire_ok(None, &["verify", &format!("nvme+tcp://127.0.0.1:{na}/{NQN}/1"), "--size", "8M", "--offset", "8M", "--concurrency", "16", "--seed", "2"]);
-    blockwire_ok(Some(&pair.ns), &["verify", &format!("aoe://{}/7.1", pair.ns_if), "--size", "4M", "--offset", "16M", "--seed", "3"]);
+    blockwire_ok(
+        None,
+        &[
+            "verify",
+            &format!("iscsi://127.0.0.1:{ia}/{IQN}/0"),
+            "--size",
+            "8M",
+            "--concurrency",
+            "16",
+        ],
+    );
+    blockwire_ok(
+        None,
+        &[
+            "verify",
+            &format!("nvme+tcp://127.0.0.1:{na}/{NQN}/1"),
+            "--size",
+            "8M",
+            "--offset",
+            "8M",
+            "--concurrency",
+            "16",
+            "--seed",
+            "2",
+        ],
+    );
+    blockwire_ok(
+        Some(&pair.ns),
+        &[
+            "verify",
+            &format!("aoe://{}/7.1", pair.ns_if),
+            "--size",
+            "4M",
+            "--offset",
+            "16M",
+            "--seed",
+            "3",
+        ],
+    );
 
     let dir_b = common::TempDir::new("rbd-gwb");
     let (ib, nb) = (common::free_port(), common::free_port());
-    let b = common::Serve::with_config(&dir_b, &gateway_config(&ceph, "shared", ib, nb, None, 2), &[]);
+    let b = common::Serve::with_config(
+        &dir_b,
+        &gateway_toml(ceph, &gateway(&image, 2, ib, nb, None, 8)),
+        &[],
+    );
     let src = dir.path().join("src.bin");
     let back = dir.path().join("back.bin");
     let exported = dir.path().join("export.bin");
-    let data: Vec<u8> = (0..64u32 << 20).map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8).collect();
+    let data: Vec<u8> = (0..64u32 << 20)
+        .map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8)
+        .collect();
     std::fs::write(&src, &data).expect("write source");
-    qemu_img(&["convert", "-n", "-f", "raw", "-O", "raw", src.to_str().expect("utf-8"), &format!("iscsi://127.0.0.1:{ia}/{IQN}/0")]);
-    qemu_img(&["convert", "-f", "raw", "-O", "raw", &format!("iscsi://127.0.0.1:{ib}/{IQN}/0"), back.to_str().expect("utf-8")]);
-    assert!(std::fs::read(&back).expect("read back") == data, "gateway B returned other data than was written through gateway A");
-    ceph.rbd(&["export", "--no-progress", "rbd/shared", exported.to_str().expect("utf-8")]);
-    assert!(std::fs::read(&exported).expect("read export") == data, "rbd export differs from what gateway A acknowledged");
-    assert!(a.stop().success() && b.stop().success(), "a gateway did not stop cleanly");
+    qemu_img(&[
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        src.to_str().expect("utf-8"),
+        &format!("iscsi://127.0.0.1:{ia}/{IQN}/0"),
+    ]);
+    qemu_img(&[
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        &format!("iscsi://127.0.0.1:{ib}/{IQN}/0"),
+        back.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        std::fs::read(&back).expect("read back") == data,
+        "gateway B returned other data than was written through gateway A"
+    );
+    ceph.rbd(&[
+        "export",
+        "--no-progress",
+        &format!("rbd/{image}"),
+        exported.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        std::fs::read(&exported).expect("read export") == data,
+        "rbd export differs from what gateway A acknowledged"
+    );
+    assert!(
+        a.stop().success() && b.stop().success(),
+        "a gateway did not stop cleanly"
+    );
+    ceph.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+}
+
+/// The backend itself, without a front-end: size= creates an image and must
+/// match an existing one, a missing image without size= is refused with a
+/// hint, and write/read, flush, discard and write-zeroes (both must read
+/// back as zeroes, also for partial objects) do what they say.
+#[test]
+fn rbd_backend_creates_sizes_flushes_discards_and_zeroes() {
+    common::require_root();
+    let ceph = Ceph::shared();
+    let image = format!("be{}", common::unique(""));
+    let spec = |extra: &str| {
+        bw_block::BackendSpec::parse(&format!(
+            "rbd:rbd/{image},conf={}{extra}",
+            ceph.conf().display()
+        ))
+        .expect("spec")
+    };
+    let err = bw_block::open(&spec(""))
+        .err()
+        .expect("opening a missing image without size= must fail")
+        .to_string();
+    assert!(
+        err.contains("size="),
+        "the error should say how to create the image: {err}"
+    );
+    let dev = bw_block::open(&spec(",size=12M")).expect("create with size=");
+    assert_eq!(dev.info().size_bytes, 12 << 20);
+    assert!(
+        dev.info().remote && dev.info().supports_discard,
+        "rbd volumes are remote and discard"
+    );
+    drop(dev);
+    let err = bw_block::open(&spec(",size=16M"))
+        .err()
+        .expect("a size= that differs from the image must fail")
+        .to_string();
+    assert!(err.contains("12M") && err.contains("16M"), "{err}");
+    let dev = bw_block::open(&spec("")).expect("open the existing image");
+    assert_eq!(dev.info().size_bytes, 12 << 20);
+
+    let data: Vec<u8> = (0..12u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8 | 1)
+        .collect();
+    dev.write_at(&data, 0).expect("write 12 MiB");
+    dev.flush().expect("flush");
+    let mut back = vec![0u8; data.len()];
+    dev.read_at(&mut back, 0).expect("read 12 MiB");
+    assert!(back == data, "read back differs from what was written");
+    // Across an object boundary (4 MiB objects) and partial at both ends.
+    let (d_off, d_len) = ((4 << 20) - 6144, 10240u64);
+    dev.discard(d_off, d_len).expect("discard");
+    let (z_off, z_len) = ((8 << 20) - 512, 4096 + 1024u64);
+    dev.write_zeroes(z_off, z_len).expect("write zeroes");
+    dev.read_at(&mut back, 0)
+        .expect("read after discard and zeroes");
+    for (i, (&got, &had)) in back.iter().zip(&data).enumerate() {
+        let i = i as u64;
+        let zero = (d_off..d_off + d_len).contains(&i) || (z_off..z_off + z_len).contains(&i);
+        let want = if zero { 0 } else { had };
+        assert_eq!(
+            got,
+            want,
+            "byte {i}: {} expected",
+            if zero {
+                "zero (discarded or zeroed)"
+            } else {
+                "the data written"
+            }
+        );
+    }
+    // The cluster agrees.
+    let export = ceph.dir().join(format!("{image}.bin"));
+    ceph.rbd(&[
+        "export",
+        "--no-progress",
+        &format!("rbd/{image}"),
+        export.to_str().expect("UTF-8"),
+    ]);
+    assert!(
+        std::fs::read(&export).expect("export") == back,
+        "rbd export differs from what the backend reads"
+    );
+    drop(dev);
+    ceph.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+}
+
+/// A load generator: `blockwire bench` with an initiator timeout far longer
+/// than the gateway's rbd timeout, so any error it reports comes from the
+/// gateway, not from its own patience running out.
+fn load(url: &str) -> std::process::Child {
+    Command::new(common::blockwire_bin())
+        .args([
+            "bench",
+            url,
+            "--rw",
+            "randwrite",
+            "--iodepth",
+            "16",
+            "--runtime",
+            "600",
+            "--timeout",
+            "300",
+            "--size",
+            "32M",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn blockwire bench")
+}
+
+/// Ceph stops under load (first the OSD, so requests pile up in the
+/// gateway's librados client, then the monitor too): the gateway keeps many
+/// requests in flight at the cluster (its client's `objecter_requests`), the
+/// initiators get errors (ABORTED COMMAND / COMMAND INTERRUPTED) once the
+/// gateway's rbd timeout passes, while the cluster is still stopped, instead
+/// of hanging; when Ceph returns, the same gateway process serves I/O again.
+#[test]
+fn ceph_stopped_under_load_fails_requests_and_the_gateway_recovers() {
+    common::require_root();
+    // Its own cluster: pausing the shared one would stall the other tests.
+    let ceph = Ceph::start();
+    ceph.rbd(&[
+        "create",
+        "--size",
+        "64M",
+        "--image-feature",
+        "layering",
+        "rbd/outage",
+    ]);
+    let dir = common::TempDir::new("rbd-out");
+    let (ip, np) = (common::free_port(), common::free_port());
+    const RBD_TIMEOUT_S: u64 = 5;
+    let mut gw = common::Serve::with_config(
+        &dir,
+        &gateway_toml(
+            &ceph,
+            &gateway("outage", 1, ip, np, None, RBD_TIMEOUT_S as u32),
+        ),
+        &[],
+    );
+    let pid = gw.pid();
+    let urls = [
+        format!("iscsi://127.0.0.1:{ip}/{IQN}/0"),
+        format!("nvme+tcp://127.0.0.1:{np}/{NQN}/1"),
+    ];
+    for (i, url) in urls.iter().enumerate() {
+        blockwire_ok(
+            None,
+            &[
+                "verify",
+                url,
+                "--size",
+                "4M",
+                "--offset",
+                &format!("{}M", 32 + 4 * i),
+            ],
+        );
+    }
+
+    let mut loads: Vec<std::process::Child> = urls.iter().map(|u| load(u)).collect();
+    std::thread::sleep(Duration::from_secs(2));
+    for l in &mut loads {
+        assert!(
+            l.try_wait().expect("try_wait").is_none(),
+            "the load ended before Ceph was stopped"
+        );
+    }
+    ceph.pause_osd();
+    let stopped = Instant::now();
+    // Both initiators keep 16 requests in flight; with the OSD frozen they
+    // all wait in the gateway's librados client at once.
+    let mut in_flight = 0;
+    while stopped.elapsed() < Duration::from_secs(RBD_TIMEOUT_S - 2) {
+        in_flight = in_flight.max(ceph.client_ops_in_flight(pid));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    ceph.pause();
+    eprintln!("rbd: {in_flight} requests in flight in the gateway's librados client while the OSD was stopped");
+    assert!(in_flight >= 24, "the gateway kept only {in_flight} requests in flight at the cluster for 32 outstanding at the initiators");
+
+    // The liveness bound of the test, far above the 5 s rbd timeout: an
+    // initiator still waiting after it is hanging.
+    let limit = Duration::from_secs(120);
+    let mut ended: Vec<Option<(std::process::ExitStatus, Duration)>> = vec![None; loads.len()];
+    while ended.iter().any(Option::is_none) {
+        for (l, e) in loads.iter_mut().zip(ended.iter_mut()) {
+            if e.is_none() {
+                *e = l
+                    .try_wait()
+                    .expect("try_wait")
+                    .map(|s| (s, stopped.elapsed()));
+            }
+        }
+        if stopped.elapsed() > limit {
+            for l in &mut loads {
+                let _ = l.kill();
+                let _ = l.wait();
+            }
+            panic!(
+                "no answer {} s after Ceph stopped: the initiators hang ({ended:?})",
+                limit.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for ((url, l), e) in urls.iter().zip(&mut loads).zip(ended) {
+        let (status, after) = e.expect("ended");
+        let mut err = String::new();
+        l.stderr
+            .take()
+            .expect("piped")
+            .read_to_string(&mut err)
+            .expect("read stderr");
+        eprintln!(
+            "rbd: {url}: failed {:.1} s after the OSD stopped: {}",
+            after.as_secs_f64(),
+            err.trim()
+        );
+        assert!(
+            !status.success(),
+            "{url}: the load succeeded with Ceph stopped"
+        );
+        assert!(
+            err.contains("sense 70000b") || err.contains("command interrupted"),
+            "{url}: expected the gateway's timeout status (ABORTED COMMAND / COMMAND INTERRUPTED), got: {err}"
+        );
+    }
+    // Still stopped: a Ceph client cannot reach it either.
+    let out = ceph.rbd_output(&["info", "rbd/outage"], Duration::from_secs(5));
+    assert!(
+        !out.status.success(),
+        "rbd info answered while the cluster was stopped"
+    );
+    ceph.resume();
+
+    // The same gateway process serves again, over both protocols.
+    for (i, url) in urls.iter().enumerate() {
+        blockwire_ok(
+            None,
+            &[
+                "verify",
+                url,
+                "--size",
+                "8M",
+                "--offset",
+                &format!("{}M", 40 + 8 * i),
+                "--timeout",
+                "60",
+                "--seed",
+                "7",
+            ],
+        );
+    }
+    assert!(
+        gw.is_running() && gw.pid() == pid,
+        "the gateway did not survive the outage:\n{}",
+        gw.log_text()
+    );
+    assert!(
+        gw.log_text().contains("timed out"),
+        "the gateway did not log the failed requests:\n{}",
+        gw.log_text()
+    );
+    assert!(gw.stop().success(), "gateway did not stop cleanly");
 }

@@ -190,9 +190,9 @@ impl NvmeClient {
             let (host, port, timeout, auth) = (host.clone(), *port, opts.timeout, auth.clone());
             let data = ConnectData { hostid: host_id(&hostnqn), cntlid: a.cntlid, subnqn: subnqn.clone(), hostnqn: hostnqn.clone() };
             let open = async move {
-                let mut q = Queue::open(&host, port, qid, digests, depth, timeout).await?;
+                let q = Queue::open(&host, port, qid, digests, depth, timeout).await?;
                 fabrics_connect(&q, qid, depth as u16 - 1, 0, data, auth.as_ref()).await?;
-                q.incapsule = incapsule;
+                q.set_incapsule(incapsule);
                 Ok::<Queue, ClientError>(q)
             };
             let q = match io_rt.as_ref().filter(|_| qid > 1) {

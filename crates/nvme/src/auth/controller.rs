@@ -72,6 +72,20 @@ pub struct ControllerAuth {
     why: Option<String>,
 }
 
+/// Names and progress only: never key material.
+impl std::fmt::Debug for ControllerAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerAuth")
+            .field("hostnqn", &self.hostnqn)
+            .field("subnqn", &self.subnqn)
+            .field("authenticated", &self.authenticated)
+            .field("mutual", &self.mutual)
+            .field("chosen", &self.chosen)
+            .field("failed", &self.failed())
+            .finish()
+    }
+}
+
 impl ControllerAuth {
     pub fn new(cfg: Arc<AuthConfig>, hostnqn: &str, subnqn: &str) -> ControllerAuth {
         ControllerAuth {
@@ -113,6 +127,11 @@ impl ControllerAuth {
     /// The controller proved itself too (the host sent Success2).
     pub fn mutual(&self) -> bool {
         self.mutual
+    }
+
+    /// The host this exchange authenticates.
+    pub fn hostnqn(&self) -> &str {
+        &self.hostnqn
     }
 
     fn fail1(&mut self, tid: u16, reason: FailureReason, why: impl Into<String>) {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::command::admin;
 use crate::command::{sgl, Sgl};
 use crate::subsystem::Namespace;
 use bw_block::{BackendSpec, Volume};
@@ -191,4 +192,33 @@ fn ana_log_page_and_change_notice() {
     assert_eq!(c.ana_changed(), None);
     let r = run(&mut c, Sqe::new(admin::ASYNC_EVENT, 8, 0));
     assert_eq!(r.result, crate::ana::AEN_ANA_CHANGE as u64);
+}
+
+/// Dispatch follows the command table: a discovery controller refuses what
+/// its row does not allow, unknown opcodes and I/O opcodes are refused on
+/// the admin queue, and every row the table lists is accepted.
+#[test]
+fn admin_dispatch_follows_the_command_table() {
+    use crate::commands::{QueueKind, COMMANDS};
+    let mut nvm = ctrl();
+    enable(&mut nvm);
+    let mut disc = Controller::new(2, Role::Discovery(vec![]), "h".into(), [0; 16], 0, Instant::now());
+    enable(&mut disc);
+    for op in 0..=255u8 {
+        let row = crate::commands::lookup(QueueKind::Admin, op);
+        for (c, is_disc) in [(&mut nvm, false), (&mut disc, true)] {
+            let mut s = with_len(Sqe::new(op, 9, 0), 4096);
+            s.set_cdw(10, 1); // a valid CNS / log id / feature for the listed commands
+            let st = match c.execute_admin(&s, &[], Instant::now()) {
+                AdminOutcome::Complete(x) => x.status,
+                AdminOutcome::Held => Status::SUCCESS,
+            };
+            let listed = row.is_some_and(|r| r.discovery || !is_disc);
+            if op == crate::command::FABRICS_OPCODE {
+                continue;
+            }
+            assert_eq!(st == Status::INVALID_OPCODE.dnr(), !listed, "opcode {op:#04x} on {} controller: {st}", if is_disc { "discovery" } else { "NVM" });
+        }
+    }
+    assert!(COMMANDS.iter().any(|r| r.queue == QueueKind::Admin && !r.discovery), "Abort is NVM-only");
 }

@@ -16,8 +16,10 @@
 //!   never boots.
 
 use super::{free_port, TempDir};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The Debian packages this harness needs (also in the Makefile's DEB_PACKAGES).
@@ -30,13 +32,60 @@ pub struct Ceph {
     osd: Option<Child>,
 }
 
+static SHARED: OnceLock<Ceph> = OnceLock::new();
+
 impl Ceph {
+    /// One cluster for every test of this process that does not stop or
+    /// pause it (each uses its own image names): a start costs about 10 s.
+    /// The first caller starts it; it is stopped when the test process
+    /// exits (atexit), and its daemons die with the process in any case
+    /// (they are spawned by a thread that never ends, with
+    /// PR_SET_PDEATHSIG). Tests that pause the cluster use [`Ceph::start`].
+    pub fn shared() -> &'static Ceph {
+        SHARED.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("ceph-shared".into())
+                .spawn(move || {
+                    let started = std::panic::catch_unwind(Ceph::start);
+                    let _ = tx.send(started);
+                    // PR_SET_PDEATHSIG fires when the forking *thread* ends.
+                    loop {
+                        std::thread::park();
+                    }
+                })
+                .expect("spawn the ceph-shared thread");
+            let ceph = rx
+                .recv()
+                .expect("ceph-shared thread")
+                .unwrap_or_else(|e| std::panic::resume_unwind(e));
+            extern "C" fn stop_shared() {
+                if let Some(c) = SHARED.get() {
+                    let pids: Vec<i32> = [&c.osd, &c.mon]
+                        .into_iter()
+                        .flatten()
+                        .map(|ch| ch.id() as i32)
+                        .collect();
+                    stop_daemons(&pids);
+                    let _ = std::fs::remove_dir_all(c.dir.path());
+                }
+            }
+            // SAFETY: registering a plain extern "C" function.
+            unsafe { libc::atexit(stop_shared) };
+            ceph
+        })
+    }
+
     /// Start the cluster and create the pool `rbd` (application rbd). Panics
     /// with the daemons' logs if it is not usable within a minute.
     pub fn start() -> Ceph {
         for t in TOOLS {
             assert!(
-                Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success()),
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("command -v {t}"))
+                    .output()
+                    .is_ok_and(|o| o.status.success()),
                 "{t} is missing: install ceph-mon ceph-osd ceph-common (`make deps`)"
             );
         }
@@ -77,6 +126,8 @@ impl Ceph {
              mon data avail crit = 0\n\
              mon warn on pool no redundancy = false\n\
              osd memory target = 536870912\n\
+             [client]\n\
+             admin socket = {d}/run/$name.$pid.asok\n\
              ",
             d = d.display()
         );
@@ -86,22 +137,44 @@ impl Ceph {
         }
         let conf_s = conf.to_str().expect("UTF-8 temp path").to_string();
         let monmap = d.join("monmap");
-        run_ok(Command::new("monmaptool").args(["--create", "--fsid", &fsid, "--addv", "a"]).arg(format!("[v2:127.0.0.1:{port}]")).arg(&monmap));
-        run_ok(Command::new("ceph-mon").args(["-c", &conf_s, "--mkfs", "-i", "a", "--monmap"]).arg(&monmap));
-        let mon = Command::new("ceph-mon")
+        run_ok(
+            Command::new("monmaptool")
+                .args(["--create", "--fsid", &fsid, "--addv", "a"])
+                .arg(format!("[v2:127.0.0.1:{port}]"))
+                .arg(&monmap),
+        );
+        run_ok(
+            Command::new("ceph-mon")
+                .args(["-c", &conf_s, "--mkfs", "-i", "a", "--monmap"])
+                .arg(&monmap),
+        );
+        let mon = daemon("ceph-mon")
             .args(["-f", "-c", &conf_s, "-i", "a"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn ceph-mon");
-        let mut c = Ceph { dir, conf, mon: Some(mon), osd: None };
+        let mut c = Ceph {
+            dir,
+            conf,
+            mon: Some(mon),
+            osd: None,
+        };
 
         let osd_uuid = uuid();
         let id = c.ceph(&["osd", "new", &osd_uuid]).trim().to_string();
         std::fs::create_dir_all(d.join(format!("osd-{id}"))).expect("mkdir osd");
-        run_ok(Command::new("ceph-osd").args(["-c", &conf_s, "-i", &id, "--mkfs", "--osd-uuid", &osd_uuid]));
-        let osd = Command::new("ceph-osd")
+        run_ok(Command::new("ceph-osd").args([
+            "-c",
+            &conf_s,
+            "-i",
+            &id,
+            "--mkfs",
+            "--osd-uuid",
+            &osd_uuid,
+        ]));
+        let osd = daemon("ceph-osd")
             .args(["-f", "-c", &conf_s, "-i", &id])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -116,17 +189,33 @@ impl Ceph {
             if stat.contains("\"num_up_osds\":1") {
                 break;
             }
-            assert!(Instant::now() < deadline, "ceph-osd not up after 60 s: {stat}\n{}", c.logs());
+            assert!(
+                Instant::now() < deadline,
+                "ceph-osd not up after 60 s: {stat}\n{}",
+                c.logs()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         c.ceph(&["osd", "pool", "create", "rbd", "8", "8"]);
         c.ceph(&["osd", "pool", "application", "enable", "rbd", "rbd"]);
         // Without a mgr there are no PG stats to wait on: an image create
         // (real I/O to the pool) only returns once the PGs are active.
-        let probe = c.rbd_output(&["create", "--size", "1M", "rbd/harness-probe"], Duration::from_secs(60));
-        assert!(probe.status.success(), "rbd create on the new pool failed: {}\n{}", String::from_utf8_lossy(&probe.stderr), c.logs());
+        let probe = c.rbd_output(
+            &["create", "--size", "1M", "rbd/harness-probe"],
+            Duration::from_secs(60),
+        );
+        assert!(
+            probe.status.success(),
+            "rbd create on the new pool failed: {}\n{}",
+            String::from_utf8_lossy(&probe.stderr),
+            c.logs()
+        );
         c.rbd(&["rm", "--no-progress", "rbd/harness-probe"]);
-        eprintln!("ceph: one-node cluster up in {:.1} s ({})", started.elapsed().as_secs_f64(), c.conf.display());
+        eprintln!(
+            "ceph: one-node cluster up in {:.1} s ({})",
+            started.elapsed().as_secs_f64(),
+            c.conf.display()
+        );
         c
     }
 
@@ -142,14 +231,23 @@ impl Ceph {
     /// `ceph -c CONF ARGS`, panicking with the output if it fails.
     pub fn ceph(&self, args: &[&str]) -> String {
         let out = self.tool("ceph", args, Duration::from_secs(30));
-        assert!(out.status.success(), "ceph {args:?} failed: {}\n{}", String::from_utf8_lossy(&out.stderr), self.logs());
+        assert!(
+            out.status.success(),
+            "ceph {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// `rbd -c CONF ARGS`, panicking with the output if it fails.
     pub fn rbd(&self, args: &[&str]) -> String {
         let out = self.rbd_output(args, Duration::from_secs(60));
-        assert!(out.status.success(), "rbd {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "rbd {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -189,6 +287,40 @@ impl Ceph {
         }
     }
 
+    /// Freeze only the OSD: the monitor still answers, but no I/O completes
+    /// (requests stay in flight in the clients until they time out).
+    pub fn pause_osd(&self) {
+        if let Some(c) = &self.osd {
+            // SAFETY: signalling our own child by PID.
+            unsafe { libc::kill(c.id() as i32, libc::SIGSTOP) };
+        }
+    }
+
+    /// Requests the librados client of process `pid` (a gateway) has in
+    /// flight, from its admin socket (`objecter_requests`).
+    pub fn client_ops_in_flight(&self, pid: u32) -> usize {
+        let sock = self.dir.path().join(format!("run/client.admin.{pid}.asok"));
+        let out = self.tool(
+            "ceph",
+            &[
+                "--admin-daemon",
+                sock.to_str().expect("UTF-8 path"),
+                "objecter_requests",
+            ],
+            Duration::from_secs(10),
+        );
+        assert!(
+            out.status.success(),
+            "objecter_requests on {}: {}",
+            sock.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // {"ops": [{"tid": ...}, ...], "linger_ops": [...], ...}
+        let text = String::from_utf8_lossy(&out.stdout);
+        let ops = text.split("\"linger_ops\"").next().unwrap_or("");
+        ops.matches("\"tid\"").count()
+    }
+
     /// The tail of each daemon's log, for failure messages.
     pub fn logs(&self) -> String {
         let mut s = String::new();
@@ -209,35 +341,143 @@ impl Ceph {
 
 impl Drop for Ceph {
     fn drop(&mut self) {
-        // SIGCONT first: a paused daemon would not act on SIGTERM.
-        self.resume();
-        for child in [self.osd.take(), self.mon.take()].into_iter().flatten() {
-            let mut child = child;
-            // SAFETY: signalling our own child by PID.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
+        let pids: Vec<i32> = [self.osd.take(), self.mon.take()]
+            .into_iter()
+            .flatten()
+            .map(|c| c.id() as i32)
+            .collect();
+        stop_daemons(&pids);
+    }
+}
+
+/// A Ceph daemon that dies with the thread that spawns it (SIGKILL), so an
+/// aborted test run leaves no cluster behind.
+fn daemon(program: &str) -> Command {
+    let mut c = Command::new(program);
+    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    c
+}
+
+/// SIGCONT (a paused daemon would not act on SIGTERM), SIGTERM, wait up to
+/// 10 s, then SIGKILL; each reaped by PID.
+fn stop_daemons(pids: &[i32]) {
+    for &pid in pids {
+        // SAFETY: signalling our own children by PID.
+        unsafe {
+            libc::kill(pid, libc::SIGCONT);
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+    for &pid in pids {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut status = 0;
+            // SAFETY: reaping our own child; `status` is a local.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r != 0 {
+                break; // reaped, or not our child any more
             }
-            let _ = child.kill();
-            let _ = child.wait();
+            if Instant::now() >= deadline {
+                // SAFETY: as above.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
 
 fn uuid() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/uuid").expect("read a random uuid").trim().to_string()
+    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .expect("read a random uuid")
+        .trim()
+        .to_string()
 }
 
 fn run_ok(c: &mut Command) {
-    let out = c.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+    let out = c
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
     assert!(
         out.status.success(),
         "{c:?} failed\nstdout: {}\nstderr: {}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// One gateway of an rbd image, for [`gateway_toml`]. Gateways of one image
+/// share the volume name, IQN, NQN and serial, so initiators see one LU /
+/// namespace behind several paths; `group` (1, 2, ...) sets what must
+/// differ: the ALUA target port group and relative target port, and the
+/// NVMe controller id range.
+pub struct Gateway<'a> {
+    pub image: &'a str,
+    pub group: u16,
+    /// Optimized (ANA) / active-optimized (ALUA), or non-optimized.
+    pub preferred: bool,
+    pub iscsi_port: u16,
+    pub nvme_port: u16,
+    /// Export shelf 7 slot 1 over AoE on this interface.
+    pub aoe_if: Option<&'a str>,
+    /// librbd request timeout (`timeout=` of the rbd: backend).
+    pub timeout_s: u32,
+}
+
+pub const GATEWAY_IQN: &str = "iqn.2026-11.org.blockwire.test:rbd";
+pub const GATEWAY_NQN: &str = "nqn.2026-11.org.blockwire:rbd-test";
+
+/// `blockwire serve` config of one gateway.
+pub fn gateway_toml(ceph: &Ceph, g: &Gateway) -> String {
+    let aoe = g.aoe_if.map_or(String::new(), |ifc| {
+        format!("[[aoe.export]]\ninterface = \"{ifc}\"\nvolume = \"v\"\nshelf = 7\nslot = 1\n")
+    });
+    let (alua, ana) = if g.preferred {
+        ("active-optimized", "optimized")
+    } else {
+        ("active-non-optimized", "non-optimized")
+    };
+    let lo = 1 + (g.group - 1) * 1000;
+    format!(
+        r#"
+[[volume]]
+name = "v"
+backend = "rbd:rbd/{image},conf={conf},timeout={timeout}"
+{aoe}
+[iscsi]
+listen = ["127.0.0.1:{iport}"]
+[[iscsi.target]]
+iqn = "{GATEWAY_IQN}"
+luns = [{{ lun = 0, volume = "v" }}]
+target_port_group = {group}
+alua_state = "{alua}"
+[nvme]
+listen = ["127.0.0.1:{nport}"]
+discovery_listen = "127.0.0.1:{dport}"
+cntlid_range = [{lo}, {hi}]
+[[nvme.subsystem]]
+nqn = "{GATEWAY_NQN}"
+serial = "bwrbd0001"
+ana_state = "{ana}"
+namespaces = [{{ nsid = 1, volume = "v" }}]
+"#,
+        image = g.image,
+        conf = ceph.conf().display(),
+        timeout = g.timeout_s,
+        iport = g.iscsi_port,
+        nport = g.nvme_port,
+        dport = free_port(),
+        group = g.group,
+        hi = lo + 998,
+    )
 }

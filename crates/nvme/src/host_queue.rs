@@ -1,0 +1,720 @@
+//! One NVMe/TCP queue on the host side (one TCP connection), without
+//! sockets, in the style of quinn-proto.
+//!
+//! [`HostQueue`] gives each submitted command a free command ID, encodes
+//! its capsule (data in the capsule when it fits, else kept until the
+//! controller asks for it with R2T), answers R2Ts with H2CData split to the
+//! controller's MAXH2CDATA, puts C2HData payloads into the command's own
+//! buffer (or collects them when it has none), matches completions to
+//! commands and hands them back with the caller's context `C`. Time is
+//! passed in: a command that outlives its deadline kills the queue, as a
+//! lost reply leaves no way to know which later replies are real.
+//!
+//! A transport feeds it received bytes ([`HostQueue::receive`], or for a
+//! large C2HData payload [`HostQueue::begin_direct`] and
+//! [`HostQueue::direct_fill`], which read from the socket straight into
+//! the command's buffer), sends what [`HostQueue::poll_transmit`] gives,
+//! and delivers what [`HostQueue::poll_completion`] gives.
+//!
+//! A cancelled command ([`HostQueue::cancel`]) keeps its ID until the
+//! controller completes it, so a late reply is never taken for a newer
+//! command; its data is read and dropped.
+
+use crate::command::{sgl, Cqe, Sgl, Sqe};
+use crate::pdu::{self, DataHeaderView, DataPdu, Digests, IcReq, Pdu, PduError};
+use bytes::{Buf, Bytes, BytesMut};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// H2CData payloads at least this long are handed to the transport to
+/// write from where they are instead of being copied into the send buffer.
+pub const WRITE_DIRECT_MIN: usize = 64 * 1024;
+/// Largest PDU we accept from a controller.
+pub const MAX_PLEN: u32 = (8 << 20) + 256;
+
+/// The caller's context for one command: how its result gets back, and
+/// optionally the buffer its read data goes to.
+pub trait Context {
+    /// Where this command's C2HData goes, if the caller gave a buffer
+    /// (exactly the transfer length). None: data is collected into
+    /// [`Done::data`].
+    fn read_buf(&mut self) -> Option<&mut [u8]>;
+}
+
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    pub qid: u16,
+    pub digests: Digests,
+    /// Commands in flight at once (command IDs 0..depth).
+    pub depth: usize,
+    /// How long a command may take.
+    pub timeout: Duration,
+    /// Largest in-capsule data the controller takes on this queue.
+    pub incapsule: usize,
+}
+
+/// A finished command: completion entry and the data the controller sent
+/// (`data` is empty when it went into the caller's buffer; `received`
+/// counts it either way).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done {
+    pub cqe: Cqe,
+    pub data: Bytes,
+    pub received: usize,
+}
+
+/// Errors that end the queue: the controller broke the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("malformed PDU from the controller: {0}")]
+    Malformed(PduError),
+    #[error("ICResp: {0}")]
+    IcResp(String),
+    #[error("PDU type {kind:#04x} for command {cid}, which is not in flight")]
+    UnknownCommand { kind: u8, cid: u16 },
+    #[error("C2HData for command {cid} at offset {offset}, expected {expected}")]
+    DataOffset {
+        cid: u16,
+        offset: u32,
+        expected: usize,
+    },
+    #[error("C2HData for command {cid} runs to byte {end}, past its {len}-byte transfer")]
+    DataOverrun { cid: u16, end: usize, len: usize },
+    #[error("C2HData for command {0} with SUCCESS but not LAST")]
+    SuccessNotLast(u16),
+    #[error("R2T for command {0}, which has no data to send")]
+    R2tWithoutData(u16),
+    #[error(
+        "R2T for command {cid}: offset {offset} length {len} outside its {total}-byte transfer"
+    )]
+    R2tRange {
+        cid: u16,
+        offset: u32,
+        len: u32,
+        total: usize,
+    },
+    #[error("controller terminated the connection: FES {fes:#x} FEI {fei}")]
+    Terminated { fes: u16, fei: u32 },
+    #[error("unexpected PDU type {0:#04x} from the controller")]
+    UnexpectedPdu(u8),
+}
+
+/// Why one command failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("queue closed: {0}")]
+    Closed(String),
+    #[error("command timed out")]
+    Timeout,
+    #[error("no free command id")]
+    NoFreeCid,
+    #[error("command {cid} completed with {got} of {want} bytes")]
+    ShortData { cid: u16, got: usize, want: usize },
+    #[error("{0}")]
+    Protocol(ProtocolError),
+}
+
+/// Data a command sends to the controller.
+pub enum Payload<'a> {
+    None,
+    Owned(Bytes),
+    Borrowed(&'a [u8]),
+}
+
+impl Payload<'_> {
+    fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Payload::None => None,
+            Payload::Owned(b) => Some(b),
+            Payload::Borrowed(s) => Some(s),
+        }
+    }
+}
+
+/// Identifies one submission (a command ID is reused; this is not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    pub cid: u16,
+    seq: u64,
+}
+
+struct Slot<C> {
+    seq: u64,
+    /// None once the caller gave up on the command.
+    ctx: Option<C>,
+    /// Bytes the controller is to send (the SGL length).
+    expect: usize,
+    received: usize,
+    /// Data for a command without a buffer of its own.
+    chunks: Vec<Bytes>,
+    /// Data to send when the controller asks for it with R2T.
+    write_data: Option<Bytes>,
+    deadline: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    AwaitIcResp,
+    Live,
+    Dead(String),
+}
+
+/// A C2HData payload being read straight into its command's buffer; see
+/// [`HostQueue::begin_direct`].
+#[derive(Debug)]
+pub struct DirectRead {
+    cid: u16,
+    seq: u64,
+    /// Offset in the command's transfer of the next byte.
+    at: usize,
+    left: usize,
+    success: bool,
+}
+
+impl DirectRead {
+    pub fn is_done(&self) -> bool {
+        self.left == 0
+    }
+    /// Payload bytes still to come.
+    pub fn left(&self) -> usize {
+        self.left
+    }
+}
+
+pub struct HostQueue<C> {
+    cfg: HostConfig,
+    phase: Phase,
+    maxh2cdata: usize,
+    slots: Vec<Option<Slot<C>>>,
+    free: Vec<u16>,
+    next_seq: u64,
+    /// Encoded PDUs not yet taken by the transport.
+    tx: Vec<u8>,
+    /// Large payloads to send, each after the bytes queued before it.
+    tx_big: VecDeque<(Vec<u8>, Bytes)>,
+    done: VecDeque<(C, Result<Done, HostError>)>,
+    /// Where data of a cancelled command goes.
+    scratch: Vec<u8>,
+}
+
+impl<C: Context> HostQueue<C> {
+    /// A new queue; its ICReq is ready to send.
+    pub fn new(cfg: HostConfig) -> HostQueue<C> {
+        let depth = cfg.depth.clamp(1, 65535);
+        let mut tx = Vec::new();
+        Pdu::IcReq(IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests: cfg.digests,
+            maxr2t: 0,
+        })
+        .encode_into(Digests::default(), &mut tx);
+        HostQueue {
+            cfg,
+            phase: Phase::AwaitIcResp,
+            maxh2cdata: 0,
+            slots: (0..depth).map(|_| None).collect(),
+            free: (0..depth as u16).rev().collect(),
+            next_seq: 0,
+            tx,
+            tx_big: VecDeque::new(),
+            done: VecDeque::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn qid(&self) -> u16 {
+        self.cfg.qid
+    }
+    /// The ICResp arrived and was acceptable.
+    pub fn is_ready(&self) -> bool {
+        self.phase == Phase::Live
+    }
+    /// Why the queue died, once it has.
+    pub fn dead(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Dead(why) => Some(why),
+            _ => None,
+        }
+    }
+    pub fn digests(&self) -> Digests {
+        self.cfg.digests
+    }
+    pub fn set_incapsule(&mut self, n: usize) {
+        self.cfg.incapsule = n;
+    }
+    /// Commands in flight (including cancelled ones not yet completed).
+    pub fn in_flight(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Encode and queue one command. `in_len` bytes are expected back
+    /// (into `ctx`'s buffer if it has one); `out` is sent in the capsule
+    /// when it fits, else on R2T.
+    pub fn submit(
+        &mut self,
+        mut sqe: Sqe,
+        out: Payload<'_>,
+        in_len: u32,
+        ctx: C,
+        now: Instant,
+    ) -> Result<Ticket, (C, HostError)> {
+        if let Phase::Dead(why) = &self.phase {
+            return Err((ctx, HostError::Closed(why.clone())));
+        }
+        let Some(cid) = self.free.pop() else {
+            return Err((ctx, HostError::NoFreeCid));
+        };
+        sqe.set_cid(cid);
+        let mut capsule: &[u8] = &[];
+        let mut write_data = None;
+        match out.bytes() {
+            Some(d) if d.len() <= self.cfg.incapsule => {
+                sqe.set_sgl(Sgl {
+                    addr: 0,
+                    length: d.len() as u32,
+                    kind: sgl::INCAPSULE,
+                });
+                capsule = d;
+            }
+            Some(d) => {
+                sqe.set_sgl(Sgl {
+                    addr: 0,
+                    length: d.len() as u32,
+                    kind: sgl::TRANSPORT,
+                });
+                write_data = Some(match &out {
+                    Payload::Owned(b) => b.clone(),
+                    _ => Bytes::copy_from_slice(d),
+                });
+            }
+            None => sqe.set_sgl(Sgl {
+                addr: 0,
+                length: in_len,
+                kind: sgl::TRANSPORT,
+            }),
+        }
+        pdu::encode_capsule(&sqe, capsule, self.cfg.digests, &mut self.tx);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let expect = if write_data.is_some() || !capsule.is_empty() {
+            0
+        } else {
+            in_len as usize
+        };
+        self.slots[cid as usize] = Some(Slot {
+            seq,
+            ctx: Some(ctx),
+            expect,
+            received: 0,
+            chunks: Vec::new(),
+            write_data,
+            deadline: now + self.cfg.timeout,
+        });
+        Ok(Ticket { cid, seq })
+    }
+
+    /// The caller gave up on a command: forget its buffer and context. Its
+    /// ID stays taken until the controller completes it.
+    pub fn cancel(&mut self, t: Ticket) {
+        if let Some(s) = self
+            .slots
+            .get_mut(t.cid as usize)
+            .and_then(|s| s.as_mut())
+            .filter(|s| s.seq == t.seq)
+        {
+            s.ctx = None;
+        }
+    }
+
+    /// Something to send?
+    pub fn has_transmit(&self) -> bool {
+        !self.tx.is_empty() || !self.tx_big.is_empty()
+    }
+
+    /// Append bytes to send to `out`, up to the next large payload, which
+    /// is returned to be written right after them (None: all queued bytes
+    /// are in `out`).
+    pub fn poll_transmit(&mut self, out: &mut Vec<u8>) -> Option<Bytes> {
+        if let Some((head, big)) = self.tx_big.pop_front() {
+            out.extend_from_slice(&head);
+            return Some(big);
+        }
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.tx);
+        } else {
+            out.extend_from_slice(&self.tx);
+            self.tx.clear();
+        }
+        None
+    }
+
+    /// The next finished command (or one failed by the queue's end).
+    pub fn poll_completion(&mut self) -> Option<(C, Result<Done, HostError>)> {
+        self.done.pop_front()
+    }
+
+    /// The earliest deadline of a command in flight.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.slots.iter().flatten().map(|s| s.deadline).min()
+    }
+
+    /// Time passed: a command past its deadline fails with a timeout and
+    /// takes the queue down with it.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let late: Vec<u16> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.deadline <= now))
+            .map(|(i, _)| i as u16)
+            .collect();
+        if late.is_empty() {
+            return;
+        }
+        for cid in late {
+            if let Some(ctx) = self.slots[cid as usize].take().and_then(|s| s.ctx) {
+                self.done.push_back((ctx, Err(HostError::Timeout)));
+            }
+        }
+        self.fail_all("a command timed out");
+    }
+
+    /// The connection is gone: fail every command in flight.
+    pub fn fail_all(&mut self, why: &str) {
+        if !matches!(self.phase, Phase::Dead(_)) {
+            self.phase = Phase::Dead(why.to_string());
+        }
+        let why = self.dead().unwrap_or(why).to_string();
+        for s in self.slots.iter_mut() {
+            if let Some(ctx) = s.take().and_then(|s| s.ctx) {
+                self.done
+                    .push_back((ctx, Err(HostError::Closed(why.clone()))));
+            }
+        }
+        self.free = (0..self.slots.len() as u16).rev().collect();
+        self.tx.clear();
+        self.tx_big.clear();
+    }
+
+    fn die(&mut self, e: ProtocolError) -> Result<bool, ProtocolError> {
+        self.fail_all(&e.to_string());
+        Err(e)
+    }
+
+    /// Decode and handle at most one PDU from the front of `buf`. Ok(false):
+    /// more bytes needed. An error has already failed every command.
+    pub fn receive(&mut self, buf: &mut BytesMut) -> Result<bool, ProtocolError> {
+        if self.dead().is_some() {
+            return Ok(false);
+        }
+        let (digests, max) = match self.phase {
+            Phase::AwaitIcResp => (Digests::default(), pdu::IC_LEN as u32),
+            _ => (self.cfg.digests, MAX_PLEN),
+        };
+        let p = match pdu::decode(buf, digests, max) {
+            Ok(Some(p)) => p,
+            Ok(None) => return Ok(false),
+            Err(e) => return self.die(ProtocolError::Malformed(e)),
+        };
+        match (&self.phase, p) {
+            (Phase::AwaitIcResp, Pdu::IcResp(r)) => {
+                let bad = if r.pfv != 0 || r.cpda != 0 {
+                    Some(format!("unsupported pfv {} / cpda {}", r.pfv, r.cpda))
+                } else if r.digests != self.cfg.digests {
+                    Some(format!(
+                        "digests {:?}, asked for {:?}",
+                        r.digests, self.cfg.digests
+                    ))
+                } else if r.maxh2cdata < 4096 || r.maxh2cdata % 4 != 0 {
+                    Some(format!("invalid MAXH2CDATA {}", r.maxh2cdata))
+                } else {
+                    None
+                };
+                if let Some(b) = bad {
+                    return self.die(ProtocolError::IcResp(b));
+                }
+                self.maxh2cdata = r.maxh2cdata as usize;
+                self.phase = Phase::Live;
+            }
+            (_, Pdu::C2HTermReq(t)) => {
+                return self.die(ProtocolError::Terminated {
+                    fes: t.fes,
+                    fei: t.fei,
+                })
+            }
+            (Phase::AwaitIcResp, p) => {
+                return self.die(ProtocolError::IcResp(format!(
+                    "expected ICResp, got PDU type {:#04x}",
+                    p.kind()
+                )))
+            }
+            (_, Pdu::CapsuleResp(cqe)) => {
+                if self.slot(cqe.cid).is_none() {
+                    return self.die(ProtocolError::UnknownCommand {
+                        kind: pdu::kind::CAPSULE_RESP,
+                        cid: cqe.cid,
+                    });
+                }
+                self.finish(cqe);
+            }
+            (_, Pdu::C2HData(d)) => {
+                if let Err(e) = self.c2h_data(d) {
+                    return self.die(e);
+                }
+            }
+            (_, Pdu::R2T(r)) => {
+                if let Err(e) = self.r2t(r) {
+                    return self.die(e);
+                }
+            }
+            (_, other) => return self.die(ProtocolError::UnexpectedPdu(other.kind())),
+        }
+        Ok(true)
+    }
+
+    fn slot(&mut self, cid: u16) -> Option<&mut Slot<C>> {
+        self.slots.get_mut(cid as usize).and_then(|s| s.as_mut())
+    }
+
+    /// Check a data PDU against its command: in flight, at the next offset,
+    /// within the transfer.
+    fn check_data(&mut self, cid: u16, offset: u32, len: usize) -> Result<(), ProtocolError> {
+        let Some(s) = self.slot(cid) else {
+            return Err(ProtocolError::UnknownCommand {
+                kind: pdu::kind::C2H_DATA,
+                cid,
+            });
+        };
+        if offset as usize != s.received {
+            return Err(ProtocolError::DataOffset {
+                cid,
+                offset,
+                expected: s.received,
+            });
+        }
+        if s.received + len > s.expect {
+            return Err(ProtocolError::DataOverrun {
+                cid,
+                end: s.received + len,
+                len: s.expect,
+            });
+        }
+        Ok(())
+    }
+
+    fn c2h_data(&mut self, d: DataPdu) -> Result<(), ProtocolError> {
+        self.check_data(d.cid, d.offset, d.data.len())?;
+        if d.success && !d.last {
+            return Err(ProtocolError::SuccessNotLast(d.cid));
+        }
+        let Some(s) = self.slot(d.cid) else {
+            return Ok(());
+        };
+        let n = d.data.len();
+        let has_ctx = s.ctx.is_some();
+        match s.ctx.as_mut().and_then(|c| c.read_buf()) {
+            Some(dst) if dst.len() >= s.received + n => {
+                dst[s.received..s.received + n].copy_from_slice(&d.data)
+            }
+            Some(_) => {
+                return Err(ProtocolError::DataOverrun {
+                    cid: d.cid,
+                    end: s.received + n,
+                    len: s.expect,
+                })
+            }
+            None if has_ctx => s.chunks.push(d.data),
+            None => {}
+        }
+        s.received += n;
+        if d.success {
+            self.finish(Cqe {
+                cid: d.cid,
+                ..Default::default()
+            });
+        }
+        Ok(())
+    }
+
+    /// If `buf` starts with the header of a C2HData PDU for a command with
+    /// a buffer of its own, take the header, copy what of the payload is
+    /// already in `buf` into place, and return the rest to read with
+    /// [`HostQueue::direct_fill`]. Only without data digests (the digest
+    /// needs the whole payload). Ok(None): not such a PDU, or its header is
+    /// not complete yet.
+    pub fn begin_direct(
+        &mut self,
+        buf: &mut BytesMut,
+    ) -> Result<Option<DirectRead>, ProtocolError> {
+        if self.phase != Phase::Live || self.cfg.digests.data {
+            return Ok(None);
+        }
+        let v: DataHeaderView = match pdu::peek_data_header(buf, self.cfg.digests, MAX_PLEN) {
+            Ok(Some(v)) if v.kind == pdu::kind::C2H_DATA => v,
+            Ok(_) => return Ok(None),
+            Err(e) => return self.die(ProtocolError::Malformed(e)).map(|_| None),
+        };
+        let cid = v.hdr.cid;
+        let has_buf = self
+            .slot(cid)
+            .is_some_and(|s| s.ctx.as_mut().is_some_and(|c| c.read_buf().is_some()));
+        if !has_buf {
+            // Collected (or refused) through receive().
+            return Ok(None);
+        }
+        if let Err(e) = self.check_data(cid, v.hdr.offset, v.data_len) {
+            return self.die(e).map(|_| None);
+        }
+        if v.hdr.success && !v.hdr.last {
+            return self.die(ProtocolError::SuccessNotLast(cid)).map(|_| None);
+        }
+        buf.advance(v.data_start);
+        let seq = self.slot(cid).map_or(0, |s| s.seq);
+        let mut d = DirectRead {
+            cid,
+            seq,
+            at: v.hdr.offset as usize,
+            left: v.data_len,
+            success: v.hdr.success,
+        };
+        let have = buf.len().min(d.left);
+        if have > 0 {
+            let src = buf.split_to(have);
+            self.direct_fill(&mut d, |dst| {
+                dst[..have].copy_from_slice(&src);
+                Ok::<usize, ()>(have)
+            })
+            .ok();
+        }
+        Ok(Some(d))
+    }
+
+    /// Let `read` fill the next part of a direct payload (the command's
+    /// buffer, or scratch space if it was cancelled); it returns how many
+    /// bytes it wrote. When the payload is complete and said SUCCESS, the
+    /// command completes.
+    pub fn direct_fill<E>(
+        &mut self,
+        d: &mut DirectRead,
+        read: impl FnOnce(&mut [u8]) -> Result<usize, E>,
+    ) -> Result<usize, E> {
+        let (at, left) = (d.at, d.left);
+        let slot = self
+            .slots
+            .get_mut(d.cid as usize)
+            .and_then(|s| s.as_mut())
+            .filter(|s| s.seq == d.seq);
+        let dst = match slot.and_then(|s| s.ctx.as_mut()).and_then(|c| c.read_buf()) {
+            Some(b) => &mut b[at..at + left],
+            None => {
+                self.scratch.resize(left.min(64 * 1024), 0);
+                &mut self.scratch[..]
+            }
+        };
+        let n = read(dst)?.min(left);
+        d.at += n;
+        d.left -= n;
+        if let Some(s) = self
+            .slots
+            .get_mut(d.cid as usize)
+            .and_then(|s| s.as_mut())
+            .filter(|s| s.seq == d.seq)
+        {
+            s.received += n;
+        }
+        if d.left == 0 && d.success {
+            self.finish(Cqe {
+                cid: d.cid,
+                ..Default::default()
+            });
+        }
+        Ok(n)
+    }
+
+    fn r2t(&mut self, r: pdu::R2t) -> Result<(), ProtocolError> {
+        let maxh2cdata = self.maxh2cdata.max(1);
+        let digests = self.cfg.digests;
+        let Some(s) = self.slot(r.cid) else {
+            return Err(ProtocolError::UnknownCommand {
+                kind: pdu::kind::R2T,
+                cid: r.cid,
+            });
+        };
+        let Some(data) = s.write_data.clone() else {
+            return Err(ProtocolError::R2tWithoutData(r.cid));
+        };
+        let (off, len) = (r.offset as usize, r.length as usize);
+        if len == 0 || off + len > data.len() {
+            return Err(ProtocolError::R2tRange {
+                cid: r.cid,
+                offset: r.offset,
+                len: r.length,
+                total: data.len(),
+            });
+        }
+        // One R2T may ask for more than one H2CData PDU may carry.
+        let mut sent = 0;
+        while sent < len {
+            let n = (len - sent).min(maxh2cdata);
+            let p = DataPdu {
+                cid: r.cid,
+                ttag: r.ttag,
+                offset: (off + sent) as u32,
+                last: sent + n == len,
+                success: false,
+                data: data.slice(off + sent..off + sent + n),
+            };
+            if n < WRITE_DIRECT_MIN {
+                Pdu::H2CData(p).encode_into(digests, &mut self.tx);
+            } else {
+                let e = Pdu::H2CData(p).encode_parts(digests);
+                let mut head = std::mem::take(&mut self.tx);
+                head.extend_from_slice(&e.head);
+                self.tx_big.push_back((head, e.data));
+                if let Some(dd) = e.ddgst {
+                    self.tx.extend_from_slice(&dd);
+                }
+            }
+            sent += n;
+        }
+        Ok(())
+    }
+
+    /// The command's completion: free its ID, hand back its result.
+    fn finish(&mut self, cqe: Cqe) {
+        let Some(s) = self.slots.get_mut(cqe.cid as usize).and_then(|s| s.take()) else {
+            return;
+        };
+        self.free.push(cqe.cid);
+        let Some(mut ctx) = s.ctx else { return };
+        let r = if cqe.status.is_success() && s.received < s.expect {
+            Err(HostError::ShortData {
+                cid: cqe.cid,
+                got: s.received,
+                want: s.expect,
+            })
+        } else {
+            let data = if ctx.read_buf().is_some() || s.chunks.is_empty() {
+                Bytes::new()
+            } else if s.chunks.len() == 1 {
+                s.chunks.into_iter().next().unwrap_or_default()
+            } else {
+                let mut all = BytesMut::with_capacity(s.received);
+                for c in s.chunks {
+                    all.extend_from_slice(&c);
+                }
+                all.freeze()
+            };
+            Ok(Done {
+                cqe,
+                data,
+                received: s.received,
+            })
+        };
+        self.done.push_back((ctx, r));
+    }
+}
+
+#[cfg(test)]
+mod tests;
