@@ -373,6 +373,13 @@ fn spawn_daemon(a: &AttachArgs, dir: &Path) -> anyhow::Result<(Value, String)> {
     if c.data_digest {
         cmd.arg("--data-digest");
     }
+    // Secrets go through the environment, not the daemon's visible arguments.
+    for (var, v) in [("BLOCKWIRE_DHCHAP_SECRET", &c.dhchap_secret), ("BLOCKWIRE_DHCHAP_CTRL_SECRET", &c.dhchap_ctrl_secret)] {
+        match v {
+            Some(s) => cmd.env(var, s),
+            None => cmd.env_remove(var),
+        };
+    }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
     // SAFETY: setsid is async-signal-safe; the daemon must not die with our terminal.
     unsafe {

@@ -135,6 +135,15 @@ struct ClientArgs {
     /// Client runtime threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// NVMe/TCP in-band authentication (DH-HMAC-CHAP): our host secret,
+    /// DHHC-1:hh:BASE64: as `nvme gen-dhchap-key` prints it. Prefer the
+    /// environment variable: arguments are visible to other users.
+    #[arg(long, value_name = "DHHC-1:..", env = "BLOCKWIRE_DHCHAP_SECRET", hide_env_values = true)]
+    dhchap_secret: Option<String>,
+    /// The controller's secret: the controller must prove it holds it
+    /// (bidirectional authentication). Needs --dhchap-secret.
+    #[arg(long, value_name = "DHHC-1:..", env = "BLOCKWIRE_DHCHAP_CTRL_SECRET", hide_env_values = true)]
+    dhchap_ctrl_secret: Option<String>,
 }
 
 impl ClientArgs {
@@ -146,6 +155,8 @@ impl ClientArgs {
             header_digest: self.header_digest,
             data_digest: self.data_digest,
             timeout: Duration::from_secs(self.timeout.max(1)),
+            dhchap_secret: self.dhchap_secret.clone(),
+            dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
         }
     }
 }

@@ -41,12 +41,15 @@ pub enum ClientError {
     Disconnected(String),
     #[error("not supported: {0}")]
     Unsupported(String),
+    /// In-band authentication failed or was needed and not possible.
+    #[error("authentication: {0}")]
+    Auth(String),
 }
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
 /// Options shared by every protocol; each client ignores what does not apply.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConnectOptions {
     /// Our iSCSI initiator IQN / NVMe host NQN (a sensible default if None).
     pub initiator_name: Option<String>,
@@ -59,6 +62,27 @@ pub struct ConnectOptions {
     pub data_digest: bool,
     /// How long to wait for the target before giving up on one request.
     pub timeout: Duration,
+    /// NVMe/TCP in-band authentication (DH-HMAC-CHAP): our host secret,
+    /// `DHHC-1:hh:base64:` as `nvme gen-dhchap-key` prints it ...
+    pub dhchap_secret: Option<String>,
+    /// ... and the controller's, to make it prove itself (bidirectional).
+    pub dhchap_ctrl_secret: Option<String>,
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |s: &Option<String>| s.as_ref().map(|_| "(redacted)");
+        f.debug_struct("ConnectOptions")
+            .field("initiator_name", &self.initiator_name)
+            .field("queues", &self.queues)
+            .field("queue_depth", &self.queue_depth)
+            .field("header_digest", &self.header_digest)
+            .field("data_digest", &self.data_digest)
+            .field("timeout", &self.timeout)
+            .field("dhchap_secret", &hidden(&self.dhchap_secret))
+            .field("dhchap_ctrl_secret", &hidden(&self.dhchap_ctrl_secret))
+            .finish()
+    }
 }
 
 impl Default for ConnectOptions {
@@ -70,6 +94,8 @@ impl Default for ConnectOptions {
             header_digest: false,
             data_digest: false,
             timeout: Duration::from_secs(30),
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! NVMe over Fabrics commands: Connect (with its 1024-byte data), Property
-//! Get/Set, Disconnect; authentication is not offered.
+//! Get/Set, Disconnect. Auth Send/Receive are in [`crate::auth`].
 
 use crate::command::{sgl, Sgl, Sqe};
 use crate::{get_str, le16, le32, le64, put16, put32, put64, put_str};
@@ -22,6 +22,10 @@ pub mod reg {
 }
 
 pub const CONNECT_DATA_LEN: usize = 1024;
+/// Connect response dword 0, AUTHREQ: in-band authentication (ATR) or
+/// secure channel concatenation (ASCR) is required before other commands.
+pub const AUTHREQ_ATR: u32 = 1 << 17;
+pub const AUTHREQ_ASCR: u32 = 1 << 18;
 /// Connect CATTR bit: the host disables submission queue flow control.
 pub const CATTR_DISABLE_SQFLOW: u8 = 1 << 2;
 

@@ -5,6 +5,7 @@
 //! - [`command`]: the 64-byte submission entry and 16-byte completion.
 //! - [`status`]: status codes as Linux spells them (SCT << 8 | SC, DNR 0x4000).
 //! - [`fabrics`]: Connect / Property Get/Set / Disconnect encodings.
+//! - [`auth`]: in-band authentication (DH-HMAC-CHAP), both sides.
 //! - [`identify`], [`logpage`]: data structures the host reads.
 //! - [`controller`]: one controller's admin state machine (properties,
 //!   features, AER, keep-alive, logs) and [`io`]: the NVM command set over a
@@ -12,6 +13,7 @@
 //!
 //! The target and the initiator crates put sockets around these.
 
+pub mod auth;
 pub mod command;
 pub mod commands;
 pub mod controller;

@@ -35,6 +35,8 @@ impl Status {
     pub const CONNECT_INVALID_PARAM: Status = Status(0x182);
     pub const CONNECT_RESTART_DISC: Status = Status(0x183);
     pub const CONNECT_INVALID_HOST: Status = Status(0x184);
+    /// In-band authentication must complete first (fabrics, SCT 1 SC 91h).
+    pub const AUTH_REQUIRED: Status = Status(0x191);
     pub const WRITE_FAULT: Status = Status(0x280);
     pub const READ_ERROR: Status = Status(0x281);
     pub const COMPARE_FAILED: Status = Status(0x285);

@@ -16,6 +16,15 @@
 //! come out of [`TargetQueue::poll_timeout`] and are enforced by
 //! [`TargetQueue::handle_timeout`].
 //!
+//! In-band authentication (DH-HMAC-CHAP, [`crate::auth`]) is part of the
+//! login: when the transport connects the queue with a
+//! [`ControllerAuth`], the Connect response sets AUTHREQ.ATR, every command
+//! but Auth Send/Receive and Disconnect fails with AUTH_REQUIRED until the
+//! host has authenticated, and the login deadline stays armed until then.
+//! Auth Receive runs here; Auth Send comes out as [`Action::AuthSend`]
+//! because it needs fresh randomness ([`Entropy`]), which the transport
+//! draws and passes back in [`TargetQueue::auth_send`].
+//!
 //! Encoded PDUs are appended to a `&mut Vec<u8>` the transport passes in
 //! (its send buffer), so nothing is allocated per reply.
 //!
@@ -25,6 +34,8 @@
 //! are issued only while the write data asked for and not yet completed
 //! stays within [`QueueConfig::r2t_budget`] (later writes wait their turn).
 
+use crate::auth::message::{AuthCommand, Message};
+use crate::auth::{ControllerAuth, Entropy, FailureReason};
 use crate::command::{sgl, Cqe, Sqe};
 use crate::controller::{KeepAlive, INCAPSULE_DATA, MAX_QUEUE_ENTRIES, MAX_TRANSFER};
 use crate::fabrics::{self, fctype, Connect, ConnectData, CATTR_DISABLE_SQFLOW};
@@ -99,6 +110,15 @@ pub enum QueueError {
     },
     #[error("no ICReq and Connect before the login timeout")]
     LoginTimeout,
+    #[error("connected but no DH-HMAC-CHAP authentication before the login timeout")]
+    AuthTimeout,
+    /// Authentication failed for good: the controller must go too.
+    #[error("DH-HMAC-CHAP authentication of {hostnqn} failed: {why} ({reason})")]
+    AuthFailed {
+        hostnqn: String,
+        why: String,
+        reason: FailureReason,
+    },
     #[error("keep-alive timeout ({0} ms without a command)")]
     KeepAliveExpired(u128),
 }
@@ -119,13 +139,17 @@ pub enum Action {
     /// Run an NVM I/O command; report with [`TargetQueue::complete`], or
     /// move a read's payload with [`TargetQueue::read_pdus`].
     Io { sqe: Sqe, data: Bytes },
+    /// An Auth Send: draw fresh [`Entropy`] and call
+    /// [`TargetQueue::auth_send`] (or [`TargetQueue::complete`] with an
+    /// error if there is no randomness to be had).
+    AuthSend { sqe: Sqe, data: Bytes },
     /// Send what was queued, then close the connection; `None` after a
     /// Disconnect.
     Close(Option<QueueError>),
 }
 
 /// What the controller side reports for a successful Connect.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Connected {
     /// Completion dword 0/1: the controller ID (and any flags).
     pub result: u64,
@@ -135,9 +159,10 @@ pub struct Connected {
     /// The subsystem behind an I/O controller (for checks made before
     /// asking for write data).
     pub subsystem: Option<Arc<Subsystem>>,
-    /// The queue still has login steps to go (authentication): the login
-    /// deadline stays armed until [`TargetQueue::login_complete`].
-    pub login_continues: bool,
+    /// The host must authenticate on this queue (DH-HMAC-CHAP): the
+    /// Connect response asks for it (AUTHREQ.ATR) and the login deadline
+    /// stays armed until it has.
+    pub auth: Option<ControllerAuth>,
 }
 
 /// Outcome of [`TargetQueue::receive`].
@@ -203,6 +228,8 @@ pub struct TargetQueue {
     phase: Phase,
     digests: Digests,
     qid: u16,
+    /// The controller this queue belongs to, once connected (for logs).
+    cntlid: u16,
     sqflow_disabled: bool,
     /// Submission queue head, reported in every completion.
     sqhd: u16,
@@ -211,6 +238,8 @@ pub struct TargetQueue {
     /// The Connect handed to the transport, until it reports back.
     connecting: Option<Connect>,
     login_open: bool,
+    /// DH-HMAC-CHAP on this queue, when its host must authenticate.
+    auth: Option<ControllerAuth>,
     keep_alive: Option<Arc<KeepAlive>>,
     subsystem: Option<Arc<Subsystem>>,
     /// Writes receiving data, by transfer tag (= command ID).
@@ -229,12 +258,14 @@ impl TargetQueue {
             phase: Phase::AwaitIcReq,
             digests: Digests::default(),
             qid: 0,
+            cntlid: 0,
             sqflow_disabled: false,
             sqhd: 0,
             sq_entries: 1,
             inflight: CidSet::new(),
             connecting: None,
             login_open: true,
+            auth: None,
             keep_alive: None,
             subsystem: None,
             pending: HashMap::new(),
@@ -253,6 +284,11 @@ impl TargetQueue {
     }
     pub fn is_closed(&self) -> bool {
         self.phase == Phase::Closed
+    }
+    /// Connected, and the host still has to authenticate before commands
+    /// other than Auth Send/Receive and Disconnect run.
+    pub fn awaiting_auth(&self) -> bool {
+        self.auth.as_ref().is_some_and(|a| !a.authenticated())
     }
     /// Digests negotiated by the ICReq (none before).
     pub fn digests(&self) -> Digests {
@@ -395,7 +431,12 @@ impl TargetQueue {
         }
         if self.login_open {
             if now >= self.cfg.login_deadline {
-                return self.close(Some(QueueError::LoginTimeout));
+                let why = if self.phase == Phase::Connected {
+                    QueueError::AuthTimeout
+                } else {
+                    QueueError::LoginTimeout
+                };
+                return self.close(Some(why));
             }
             return None;
         }
@@ -407,12 +448,14 @@ impl TargetQueue {
         None
     }
 
-    /// The Connect of [`Action::Connect`] succeeded: the queue is bound.
+    /// The Connect of [`Action::Connect`] succeeded: the queue is bound
+    /// (and, with `c.auth`, waits for the host to authenticate).
     pub fn connected(&mut self, cid: u16, c: Connected, now: Instant, tx: &mut Vec<u8>) {
         let Some(conn) = self.connecting.take() else {
             return;
         };
         self.qid = conn.qid;
+        self.cntlid = c.result as u16;
         self.sqflow_disabled = conn.cattr & CATTR_DISABLE_SQFLOW != 0;
         self.sq_entries = conn.sqsize + 1;
         // The Connect itself was the first entry.
@@ -420,9 +463,15 @@ impl TargetQueue {
         c.keep_alive.touch(now);
         self.keep_alive = Some(c.keep_alive);
         self.subsystem = c.subsystem;
-        self.login_open = c.login_continues;
+        let authreq = if c.auth.is_some() {
+            fabrics::AUTHREQ_ATR as u64
+        } else {
+            0
+        };
+        self.login_open = c.auth.is_some();
+        self.auth = c.auth;
         self.phase = Phase::Connected;
-        self.complete(cid, Status::SUCCESS, c.result, None, tx);
+        self.complete(cid, Status::SUCCESS, c.result | authreq, None, tx);
     }
 
     /// The Connect of [`Action::Connect`] was refused.
@@ -431,11 +480,92 @@ impl TargetQueue {
         self.complete(cid, status, result, None, tx);
     }
 
-    /// The last login step (authentication) is done: no more login deadline.
-    pub fn login_complete(&mut self) {
-        if self.phase == Phase::Connected {
-            self.login_open = false;
+    /// The [`Action::AuthSend`] with the randomness it needs.
+    pub fn auth_send(
+        &mut self,
+        sqe: &Sqe,
+        data: &[u8],
+        entropy: Entropy,
+        tx: &mut Vec<u8>,
+    ) -> Option<Action> {
+        let Some(a) = self.auth.as_mut() else {
+            return self.fail(sqe.cid(), Status::INVALID_OPCODE.dnr(), tx);
+        };
+        log::debug!(
+            "nvme queue {}: {} ({} bytes)",
+            self.qid,
+            Message::parse(data)
+                .map(|m| m.name())
+                .unwrap_or("a malformed message"),
+            data.len()
+        );
+        let status = a.auth_send(sqe, data, entropy);
+        self.auth_done(sqe.cid(), status, None, tx)
+    }
+
+    /// Auth Send (handed to the transport for its randomness) or Auth
+    /// Receive (answered here), on a queue whose host authenticates.
+    fn auth_command(&mut self, sqe: Sqe, data: Bytes, tx: &mut Vec<u8>) -> Option<Action> {
+        let cid = sqe.cid();
+        let (Some(a), Some(cmd)) = (self.auth.as_mut(), AuthCommand::parse(&sqe)) else {
+            // No authentication configured for this host (as Linux's target).
+            return self.fail(cid, Status::INVALID_OPCODE.dnr(), tx);
+        };
+        if cmd.send {
+            return Some(Action::AuthSend { sqe, data });
         }
+        let (status, out) = match a.auth_receive(&sqe) {
+            Ok(d) => {
+                log::debug!(
+                    "nvme queue {}: sends {}",
+                    self.qid,
+                    Message::parse(&d).map(|m| m.name()).unwrap_or("?")
+                );
+                (Status::SUCCESS, Some(Bytes::from(d)))
+            }
+            Err(st) => (st, None),
+        };
+        self.auth_done(cid, status, out, tx)
+    }
+
+    /// Complete an authentication command; the queue closes when the
+    /// exchange failed for good, and its login ends when it succeeded.
+    fn auth_done(
+        &mut self,
+        cid: u16,
+        status: Status,
+        data: Option<Bytes>,
+        tx: &mut Vec<u8>,
+    ) -> Option<Action> {
+        self.complete(cid, status, 0, data, tx);
+        let a = self.auth.as_ref()?;
+        if let Some(reason) = a.failed() {
+            let why = QueueError::AuthFailed {
+                hostnqn: a.hostnqn().to_string(),
+                why: a.why().unwrap_or("-").to_string(),
+                reason,
+            };
+            return self.close(Some(why));
+        }
+        if a.authenticated() && self.login_open {
+            self.login_open = false;
+            let (hash, group) = a
+                .chosen()
+                .map(|(h, g)| (h.name(), g.name()))
+                .unwrap_or(("?", "?"));
+            let how = if a.mutual() {
+                "bidirectional"
+            } else {
+                "host only"
+            };
+            log::info!(
+                "nvme: controller {} queue {}: {} authenticated (DH-HMAC-CHAP {hash} {group}, {how})",
+                self.cntlid,
+                self.qid,
+                a.hostnqn()
+            );
+        }
+        None
     }
 
     /// A command finished: queue its data (C2HData, split as configured)
@@ -614,6 +744,10 @@ impl TargetQueue {
             if s.length > MAX_TRANSFER {
                 return self.fail(cid, Status::INVALID_FIELD.dnr(), tx);
             }
+            // No write data from a host that has yet to authenticate.
+            if self.awaiting_auth() && AuthCommand::parse(&sqe).is_none() {
+                return self.fail(cid, Status::AUTH_REQUIRED.dnr(), tx);
+            }
             if let (Some(sub), true) = (&self.subsystem, self.qid > 0 && !sqe.is_fabrics()) {
                 if let Err(st) = io::precheck(sub, &sqe) {
                     return self.fail(cid, st, tx);
@@ -735,10 +869,19 @@ impl TargetQueue {
                     self.complete(cid, Status::SUCCESS, 0, None, tx);
                     return self.close(None);
                 }
-                // Property Get/Set and authentication belong to the admin queue.
-                _ if self.qid > 0 => return self.fail(cid, Status::INVALID_OPCODE.dnr(), tx),
+                // Every queue authenticates on its own.
+                fctype::AUTH_SEND | fctype::AUTH_RECEIVE => {
+                    return self.auth_command(sqe, data, tx)
+                }
                 _ => {}
             }
+        }
+        if self.awaiting_auth() {
+            return self.fail(cid, Status::AUTH_REQUIRED.dnr(), tx);
+        }
+        // Property Get/Set belong to the admin queue.
+        if sqe.is_fabrics() && self.qid > 0 {
+            return self.fail(cid, Status::INVALID_OPCODE.dnr(), tx);
         }
         Some(if self.qid == 0 {
             Action::Admin { sqe, data }

@@ -37,6 +37,12 @@
 //! ana_state = "optimized"   # this gateway's ANA state: or non-optimized, inaccessible, persistent-loss
 //! # Gateways exporting one subsystem need distinct controller ids:
 //! # [nvme] cntlid_range = [1, 999] on one, [1000, 1999] on the next.
+//! [[nvme.subsystem.host]]    # in-band authentication (DH-HMAC-CHAP); listed hosts are allowed
+//! nqn = "nqn.2014-08.org.nvmexpress:uuid:..."
+//! dhchap_secret = "DHHC-1:00:...:"        # the host's key (`nvme gen-dhchap-key`)
+//! dhchap_ctrl_secret = "DHHC-1:00:...:"   # optional: the controller proves itself too
+//! dhchap_hashes = ["sha256", "sha384", "sha512"]              # optional, preference order
+//! dhchap_dhgroups = ["ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192", "null"]
 //!
 //! [limits]                           # per front-end (iSCSI, NVMe/TCP); these are the defaults
 //! max_sessions = 4096                # iSCSI sessions / NVMe controllers
@@ -284,6 +290,62 @@ pub struct NvmeSubsystem {
     /// gateway of one subsystem reports its own).
     #[serde(default)]
     pub ana_state: AnaStateConfig,
+    /// Hosts that authenticate in band (DH-HMAC-CHAP). Each is allowed to
+    /// connect, as if listed in `allowed_hosts`; once any is listed, hosts
+    /// in neither list are refused.
+    #[serde(default, rename = "host", skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<NvmeHost>,
+}
+
+/// One host's DH-HMAC-CHAP settings on a subsystem.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeHost {
+    pub nqn: String,
+    /// The host's key, `DHHC-1:<hh>:<base64>:` (`nvme gen-dhchap-key`).
+    pub dhchap_secret: Secret,
+    /// The controller's key: with it, the controller proves itself to a
+    /// host that asks (`nvme connect --dhchap-ctrl-secret`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_secret: Option<Secret>,
+    /// Hash functions the controller may pick, in preference order
+    /// (default sha256, sha384, sha512).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_hashes: Option<Vec<String>>,
+    /// DH groups the controller may pick, in preference order (default
+    /// ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192, null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_dhgroups: Option<Vec<String>>,
+}
+
+impl NvmeHost {
+    /// The authentication settings, checked: secrets parse (with their
+    /// CRC), names are known, lists are not empty.
+    pub fn auth_config(&self) -> Result<bw_nvme::auth::AuthConfig, String> {
+        use bw_nvme::auth::{AuthConfig, DhGroup, HashId, Secret as Key};
+        let host_key = Key::parse(self.dhchap_secret.expose()).map_err(|e| format!("dhchap_secret: {e}"))?;
+        let ctrl_key = match &self.dhchap_ctrl_secret {
+            Some(s) => Some(Key::parse(s.expose()).map_err(|e| format!("dhchap_ctrl_secret: {e}"))?),
+            None => None,
+        };
+        if ctrl_key.as_ref() == Some(&host_key) {
+            return Err("dhchap_ctrl_secret equals dhchap_secret; bidirectional authentication needs two different keys".into());
+        }
+        let mut cfg = AuthConfig::new(host_key, ctrl_key);
+        if let Some(names) = &self.dhchap_hashes {
+            cfg.hashes = names.iter().map(|n| HashId::from_name(n).ok_or_else(|| format!("dhchap_hashes: unknown hash {n:?} (sha256, sha384, sha512)"))).collect::<Result<_, _>>()?;
+        }
+        if let Some(names) = &self.dhchap_dhgroups {
+            cfg.groups = names
+                .iter()
+                .map(|n| DhGroup::from_name(n).ok_or_else(|| format!("dhchap_dhgroups: unknown group {n:?} (null, ffdhe2048 .. ffdhe8192)")))
+                .collect::<Result<_, _>>()?;
+        }
+        if cfg.hashes.is_empty() || cfg.groups.is_empty() {
+            return Err("dhchap_hashes and dhchap_dhgroups must not be empty".into());
+        }
+        Ok(cfg)
+    }
 }
 
 /// ANA states a gateway can report for its path to a subsystem.
@@ -437,6 +499,7 @@ impl ServeConfig {
                 serial: None,
                 model: None,
                 ana_state: AnaStateConfig::default(),
+                hosts: vec![],
             });
         }
         Ok(())
@@ -505,6 +568,13 @@ impl ServeConfig {
             for s in &n.subsystems {
                 if !s.nqn.starts_with("nqn.") {
                     return inv(format!("NVMe subsystem name {:?} must start with nqn.", s.nqn));
+                }
+                let mut hosts = std::collections::HashSet::new();
+                for h in &s.hosts {
+                    if !h.nqn.starts_with("nqn.") || !hosts.insert(h.nqn.as_str()) {
+                        return inv(format!("NVMe {}: host {:?} must start with nqn. and be listed once", s.nqn, h.nqn));
+                    }
+                    h.auth_config().map_err(|e| ConfigError::Invalid(format!("NVMe {} host {}: {e}", s.nqn, h.nqn)))?;
                 }
                 for ns in &s.namespaces {
                     if ns.nsid == 0 || ns.nsid == u32::MAX || !known(&ns.volume) {
@@ -729,6 +799,49 @@ mod tests {
         write_private(saved.to_str().unwrap(), &c.to_json(true)).unwrap();
         assert_eq!(std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777, 0o600);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn dhchap_hosts_are_checked_and_redacted() {
+        let key = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+        let ctrl = "DHHC-1:01:0fJS36Wnj8zkI9noG6XzglMvd8Z4FxwQFjlhA480rAFD99vN:";
+        let text = format!(
+            r#"
+            [[volume]]
+            name = "v"
+            backend = "ram:1M"
+            [[nvme.subsystem]]
+            nqn = "nqn.2026-11.org.example:v"
+            namespaces = [{{ nsid = 1, volume = "v" }}]
+            [[nvme.subsystem.host]]
+            nqn = "nqn.2026-11.org.example:h"
+            dhchap_secret = "{key}"
+            dhchap_ctrl_secret = "{ctrl}"
+            dhchap_hashes = ["hmac(sha512)", "sha256"]
+            dhchap_dhgroups = ["ffdhe4096", "null"]
+        "#
+        );
+        let c: ServeConfig = toml::from_str(&text).unwrap();
+        c.validate().unwrap();
+        let h = &c.nvme.as_ref().unwrap().subsystems[0].hosts[0];
+        let a = h.auth_config().unwrap();
+        use bw_nvme::auth::{DhGroup, HashId};
+        assert_eq!(a.hashes, [HashId::Sha512, HashId::Sha256]);
+        assert_eq!(a.groups, [DhGroup::Ffdhe4096, DhGroup::Null]);
+        assert!(a.ctrl_key.is_some());
+        let shown = toml::to_string(&c).unwrap();
+        assert!(!shown.contains("AAECAwQF") && !shown.contains("0fJS36Wn") && shown.contains(REDACTED), "{shown}");
+        for bad in [
+            text.replace("AAECAwQF", "AAECAwQG"),
+            text.replace(ctrl, key),
+            text.replace("\"sha256\"]", "\"md5\"]"),
+            text.replace("[\"ffdhe4096\", \"null\"]", "[]"),
+            text.replace("nqn = \"nqn.2026-11.org.example:h\"", "nqn = \"host-h\""),
+        ] {
+            let c: ServeConfig = toml::from_str(&bad).unwrap();
+            assert!(c.validate().is_err(), "accepted: {bad}");
+        }
+        assert!(toml::from_str::<ServeConfig>(&text.replace("dhchap_hashes", "dhchap_hash")).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod iscsi_libiscsi;
 mod lab_e2e;
 mod load;
 mod mpls;
+mod nvme_auth;
 mod nvme_initiator;
 mod nvme_kernel;
 mod nvme_nvmet;

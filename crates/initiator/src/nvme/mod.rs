@@ -5,6 +5,7 @@
 //! small writes in the capsule and larger ones on R2T, keep-alive on the
 //! admin queue, Disconnect and a controller shutdown on close.
 
+mod auth;
 mod queue;
 
 use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
@@ -15,6 +16,7 @@ use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property, CATTR_DISABLE_
 use bw_nvme::identify::{self, cns, IdCtrl};
 use bw_nvme::logpage::{self, lid, LogRequest};
 use bw_nvme::pdu::Digests;
+use bw_nvme::auth::AuthConfig;
 use bytes::Bytes;
 use queue::Queue;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -57,12 +59,14 @@ struct Admin {
     mqes: u16,
 }
 
-async fn fabrics_connect(q: &Queue, qid: u16, sqsize: u16, kato_ms: u32, data: ConnectData) -> Result<u16> {
+/// Connect one queue and, when the controller asks (AUTHREQ), authenticate it.
+async fn fabrics_connect(q: &Queue, qid: u16, sqsize: u16, kato_ms: u32, data: ConnectData, auth: Option<&Arc<AuthConfig>>) -> Result<u16> {
     let c = Connect { recfmt: 0, qid, sqsize, cattr: CATTR_DISABLE_SQFLOW, kato_ms };
     let d = q.submit_raw(c.to_sqe(0), Some(Bytes::from(data.encode())), 0).await?;
     if !d.cqe.status.is_success() {
         return Err(ClientError::Target(format!("Connect (queue {qid}) refused: {} (parameter {:#x})", d.cqe.status, d.cqe.dw0())));
     }
+    auth::authenticate(q, qid, &data.hostnqn, &data.subnqn, d.cqe.dw0(), auth).await?;
     Ok(d.cqe.dw0() as u16)
 }
 
@@ -74,12 +78,12 @@ async fn prop_set(q: &Queue, off: u32, v: u64) -> Result<()> {
     q.submit(Property::set_sqe(0, off, v), None, 0).await.map(|_| ())
 }
 
-async fn open_admin(host: &str, port: u16, subnqn: &str, opts: &ConnectOptions, kato_ms: u32) -> Result<Admin> {
+async fn open_admin(host: &str, port: u16, subnqn: &str, opts: &ConnectOptions, kato_ms: u32, auth: Option<&Arc<AuthConfig>>) -> Result<Admin> {
     let digests = Digests { header: opts.header_digest, data: opts.data_digest };
     let q = Queue::open(host, port, 0, digests, ADMIN_DEPTH, opts.timeout).await?;
     let hostnqn = host_nqn(opts);
     let data = ConnectData { hostid: host_id(&hostnqn), cntlid: 0xFFFF, subnqn: subnqn.into(), hostnqn };
-    let cntlid = fabrics_connect(&q, 0, ADMIN_DEPTH as u16 - 1, kato_ms, data).await?;
+    let cntlid = fabrics_connect(&q, 0, ADMIN_DEPTH as u16 - 1, kato_ms, data, auth).await?;
     let cap = prop_get(&q, reg::CAP, true).await?;
     // Enable: 64-byte SQEs, 16-byte CQEs, NVM command set.
     prop_set(&q, reg::CC, (6 << 16) | (4 << 20) | 1).await?;
@@ -151,7 +155,8 @@ impl NvmeClient {
         let TargetUrl::Nvme { host, port, subnqn, nsid } = url else {
             return Err(proto(format!("{url} is not an nvme+tcp URL")));
         };
-        let a = open_admin(host, *port, subnqn, opts, KATO_MS).await?;
+        let auth = auth::config(opts)?;
+        let a = open_admin(host, *port, subnqn, opts, KATO_MS, auth.as_ref()).await?;
         let want = opts.queues.clamp(1, 0xFFFF) as u32;
         let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
         s.set_cdw(10, feature::NUM_QUEUES as u32);
@@ -184,11 +189,11 @@ impl NvmeClient {
         };
         let mut io = Vec::new();
         for qid in 1..=granted as u16 {
-            let (host, port, timeout) = (host.clone(), *port, opts.timeout);
+            let (host, port, timeout, auth) = (host.clone(), *port, opts.timeout, auth.clone());
             let data = ConnectData { hostid: host_id(&hostnqn), cntlid: a.cntlid, subnqn: subnqn.clone(), hostnqn: hostnqn.clone() };
             let open = async move {
                 let q = Queue::open(&host, port, qid, digests, depth, timeout).await?;
-                fabrics_connect(&q, qid, depth as u16 - 1, 0, data).await?;
+                fabrics_connect(&q, qid, depth as u16 - 1, 0, data, auth.as_ref()).await?;
                 q.set_incapsule(incapsule);
                 Ok::<Queue, ClientError>(q)
             };
@@ -355,7 +360,10 @@ impl BlockClient for NvmeClient {
 /// Read the discovery log of the discovery controller at HOST:PORT; one line
 /// per entry.
 pub async fn discover(host: &str, port: u16, opts: &ConnectOptions) -> Result<Vec<String>> {
-    let a = open_admin(host, port, bw_nvme::DISCOVERY_NQN, opts, 0).await?;
+    // Discovery controllers do not prove themselves here: the log they
+    // serve is not secret, and each subsystem it names is checked on connect.
+    let auth = auth::config(opts)?.map(|c| Arc::new(AuthConfig { ctrl_key: None, ..(*c).clone() }));
+    let a = open_admin(host, port, bw_nvme::DISCOVERY_NQN, opts, 0, auth.as_ref()).await?;
     let get = |len: usize| {
         let q = a.q.clone();
         async move {

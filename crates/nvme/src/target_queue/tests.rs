@@ -134,7 +134,7 @@ impl Host {
             result: CNTLID,
             keep_alive: self.ka.clone(),
             subsystem: Some(self.sub.clone()),
-            login_continues: false,
+            auth: None,
         };
         self.q.connected(*cid, c, self.now, &mut tx);
         let out = self.decode(tx);
@@ -822,24 +822,6 @@ fn login_deadline_until_connected() {
     h.connect(1, 31, 0);
     assert_eq!(h.q.poll_timeout(), None);
     assert_eq!(h.q.handle_timeout(deadline + Duration::from_secs(60)), None);
-    // A queue with more login steps (authentication) keeps the deadline.
-    let mut h = Host::new(Digests::default());
-    let deadline = h.t0 + Duration::from_secs(10);
-    h.ic();
-    let (a, _) = h.connect_action(0, 31, 0);
-    let [Action::Connect { cid, .. }] = a[..] else {
-        panic!()
-    };
-    let c = Connected {
-        result: CNTLID,
-        keep_alive: h.ka.clone(),
-        subsystem: None,
-        login_continues: true,
-    };
-    h.q.connected(cid, c, h.now, &mut Vec::new());
-    assert_eq!(h.q.poll_timeout(), Some(deadline));
-    h.q.login_complete();
-    assert_ne!(h.q.poll_timeout(), Some(deadline));
 }
 
 #[test]
@@ -985,5 +967,200 @@ mod fuzz {
                 prop_assert!(h.q.granted_bytes() <= R2T_BUDGET);
             }
         }
+    }
+}
+
+mod auth {
+    //! DH-HMAC-CHAP as part of the queue's login: our host's state machine
+    //! against the queue, through capsules.
+    use super::*;
+    use crate::auth::host::RECEIVE_LEN;
+    use crate::auth::{AuthConfig, HostAction, HostAuth, Secret};
+
+    fn key(fill: u8) -> Secret {
+        let k: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(fill) ^ fill).collect();
+        Secret::from_key(&k, None).unwrap()
+    }
+
+    fn entropy(seed: u8) -> Entropy {
+        Entropy {
+            bytes: core::array::from_fn(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)),
+            seqnum: 1000 + seed as u32,
+        }
+    }
+
+    fn ctrl_cfg() -> Arc<AuthConfig> {
+        Arc::new(AuthConfig::new(key(5), None))
+    }
+
+    /// ICReq and a Connect whose host must authenticate.
+    fn connect_with_auth(h: &mut Host, qid: u16) -> Cqe {
+        h.ic();
+        let (a, _) = h.connect_action(qid, 31, 0);
+        let [Action::Connect { cid, .. }] = a[..] else {
+            panic!("expected Connect, got {a:?}")
+        };
+        let c = Connected {
+            result: CNTLID,
+            keep_alive: h.ka.clone(),
+            subsystem: Some(h.sub.clone()),
+            auth: Some(ControllerAuth::new(ctrl_cfg(), "nqn.t:h", "nqn.t:s")),
+        };
+        let mut tx = Vec::new();
+        h.q.connected(cid, c, h.now, &mut tx);
+        cqe(&h.decode(tx))
+    }
+
+    /// Run our host's side over the queue; the last actions and PDUs seen.
+    fn authenticate(h: &mut Host, host_key: Secret, qid: u16) -> (Vec<Action>, Vec<Pdu>) {
+        let cfg = Arc::new(AuthConfig::new(host_key, None));
+        let mut ha = HostAuth::new(cfg, "nqn.t:h", "nqn.t:s", qid, entropy(1));
+        let mut act = ha.start();
+        let mut last = (vec![], vec![]);
+        for _ in 0..10 {
+            act = match act {
+                HostAction::Send(b) => {
+                    let mut s = crate::auth::message::AuthCommand::send_sqe(40, b.len() as u32);
+                    s.set_sgl(Sgl {
+                        addr: 0,
+                        length: b.len() as u32,
+                        kind: sgl::INCAPSULE,
+                    });
+                    let (a, out) = h.send(&[capsule(s, Bytes::from(b.clone()))]);
+                    assert!(
+                        out.is_empty(),
+                        "Auth Send answered before its entropy: {out:?}"
+                    );
+                    let [Action::AuthSend { sqe, data }] = &a[..] else {
+                        panic!("expected AuthSend, got {a:?}")
+                    };
+                    let mut tx = Vec::new();
+                    let a = h.q.auth_send(sqe, data, entropy(2), &mut tx);
+                    let out = h.decode(tx);
+                    assert_eq!(cqe(&out).status, Status::SUCCESS);
+                    last = (a.into_iter().collect(), out);
+                    ha.sent()
+                }
+                HostAction::Receive => {
+                    let mut s = crate::auth::message::AuthCommand::receive_sqe(41, RECEIVE_LEN);
+                    s.set_sgl(Sgl {
+                        addr: 0,
+                        length: RECEIVE_LEN,
+                        kind: sgl::TRANSPORT,
+                    });
+                    let (a, out) = h.send(&[capsule(s, Bytes::new())]);
+                    let data = match &out[..] {
+                        [Pdu::C2HData(d), Pdu::CapsuleResp(c)] if c.status.is_success() => {
+                            d.data.clone()
+                        }
+                        _ => return (a, out),
+                    };
+                    last = (a, out);
+                    ha.received(&data)
+                }
+                HostAction::Done | HostAction::Failed { .. } => return last,
+            };
+        }
+        panic!("the exchange did not end")
+    }
+
+    #[test]
+    fn connect_asks_for_authentication_and_commands_wait_for_it() {
+        let mut h = Host::new(Digests::default());
+        let deadline = h.t0 + Duration::from_secs(10);
+        let c = connect_with_auth(&mut h, 1);
+        assert!(c.status.is_success());
+        assert_eq!(c.result, CNTLID | crate::fabrics::AUTHREQ_ATR as u64);
+        assert!(h.q.awaiting_auth());
+        // A read, and a write whose data is not even asked for (no R2T).
+        let (a, out) = h.send(&[capsule(
+            rw(nvm::READ, 1, 0, 8, sgl::TRANSPORT),
+            Bytes::new(),
+        )]);
+        assert!(a.is_empty());
+        assert_eq!(cqe(&out).status, Status::AUTH_REQUIRED.dnr());
+        let (a, out) = h.send(&[capsule(
+            rw(nvm::WRITE, 2, 0, 64, sgl::TRANSPORT),
+            Bytes::new(),
+        )]);
+        assert!(a.is_empty());
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(cqe(&out).status, Status::AUTH_REQUIRED.dnr());
+        // The login deadline stays armed, and names what was missing.
+        assert_eq!(h.q.poll_timeout(), Some(deadline));
+        assert_eq!(
+            h.q.handle_timeout(deadline),
+            Some(Action::Close(Some(QueueError::AuthTimeout)))
+        );
+    }
+
+    #[test]
+    fn authenticated_queue_runs_commands_and_drops_the_login_deadline() {
+        for qid in [0, 1] {
+            let mut h = Host::new(Digests::default());
+            let deadline = h.t0 + Duration::from_secs(10);
+            connect_with_auth(&mut h, qid);
+            let (a, _) = authenticate(&mut h, key(5), qid);
+            assert!(a.is_empty(), "{a:?}");
+            assert!(!h.q.awaiting_auth());
+            assert_ne!(h.q.poll_timeout(), Some(deadline));
+            let (a, _) = h.send(&[capsule(
+                rw(nvm::READ, 1, 0, 8, sgl::TRANSPORT),
+                Bytes::new(),
+            )]);
+            let want = if qid == 0 { "Admin" } else { "Io" };
+            assert!(
+                format!("{a:?}").starts_with(&format!("[{want} ")),
+                "qid {qid}: {a:?}"
+            );
+            // Only the admin queue's keep-alive can end it now.
+            let later = h.q.handle_timeout(deadline);
+            if qid == 0 {
+                assert!(
+                    matches!(
+                        later,
+                        Some(Action::Close(Some(QueueError::KeepAliveExpired(_))))
+                    ),
+                    "{later:?}"
+                );
+            } else {
+                assert_eq!(later, None);
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_secret_closes_the_queue_with_the_reason() {
+        let mut h = Host::new(Digests::default());
+        connect_with_auth(&mut h, 0);
+        let (a, out) = authenticate(&mut h, key(6), 0);
+        // The host read its Failure1, then the queue closed.
+        assert!(
+            matches!(out[..], [Pdu::C2HData(_), Pdu::CapsuleResp(_)]),
+            "{out:?}"
+        );
+        match closed(&a) {
+            Some(QueueError::AuthFailed { hostnqn, why, .. }) => {
+                assert_eq!(hostnqn, "nqn.t:h");
+                assert!(why.contains("does not match"), "{why}");
+            }
+            e => panic!("expected AuthFailed, got {e:?}"),
+        }
+        assert!(h.q.is_closed());
+    }
+
+    #[test]
+    fn auth_commands_without_authentication_configured_are_refused() {
+        let mut h = Host::new(Digests::default());
+        h.connect(1, 31, 0);
+        let mut s = crate::auth::message::AuthCommand::receive_sqe(9, 64);
+        s.set_sgl(Sgl {
+            addr: 0,
+            length: 64,
+            kind: sgl::TRANSPORT,
+        });
+        let (a, out) = h.send(&[capsule(s, Bytes::new())]);
+        assert!(a.is_empty());
+        assert_eq!(cqe(&out).status, Status::INVALID_OPCODE.dnr());
     }
 }

@@ -1,7 +1,7 @@
 //! One NVMe/TCP connection = one queue (admin or I/O): the socket around a
 //! [`TargetQueue`], which holds all of the queue's protocol state (ICReq,
 //! capsule checks, SQ head, R2T and H2CData, C2HData, Connect's own checks,
-//! login and keep-alive deadlines).
+//! DH-HMAC-CHAP, login and keep-alive deadlines).
 //!
 //! This task reads bytes into a buffer, feeds them to the queue, runs the
 //! commands it hands out and writes what it queued to an [`Outbox`],
@@ -17,13 +17,14 @@ use super::outbox::Outbox;
 use super::NvmeFraming;
 use crate::framing::FrameReader;
 use crate::Shutdown;
+use bw_nvme::auth::{ControllerAuth, Entropy};
 use bw_nvme::command::{nvm, Sqe};
 use bw_nvme::commands::{self, QueueKind};
 use bw_nvme::controller::{AdminOutcome, Completion};
 use bw_nvme::fabrics::{Connect, ConnectData};
 use bw_nvme::io::{self, IoDone};
 use bw_nvme::pdu;
-use bw_nvme::target_queue::{Action, Connected, QueueConfig, Received, TargetQueue};
+use bw_nvme::target_queue::{Action, Connected, QueueConfig, QueueError, Received, TargetQueue};
 use bw_nvme::{Status, Subsystem};
 use bytes::Bytes;
 use std::net::SocketAddr;
@@ -226,7 +227,16 @@ impl Conn {
     fn act(&mut self, a: Action) -> Option<anyhow::Result<()>> {
         match a {
             Action::Close(None) => return Some(Ok(())),
-            Action::Close(Some(e)) => return Some(Err(e.into())),
+            Action::Close(Some(e)) => {
+                // A host that failed to authenticate on any queue loses the
+                // whole controller, as with Linux's target.
+                if let (QueueError::AuthFailed { .. }, Some(c)) = (&e, &self.ctrl) {
+                    self.fabric
+                        .remove(c.cntlid, "DH-HMAC-CHAP authentication failed");
+                }
+                return Some(Err(e.into()));
+            }
+            Action::AuthSend { sqe, data } => return self.auth_send(sqe, data),
             Action::Connect { cid, connect, data } => self.connect(cid, connect, data),
             Action::Admin { sqe, data } => self.admin(sqe, data),
             Action::Io { sqe, data } => self.io(sqe, data),
@@ -271,15 +281,35 @@ impl Conn {
             e.cntlid,
             c.sqsize
         );
+        // Every queue of a controller whose host has a secret authenticates.
+        let auth = e.auth.as_ref().and_then(|a| {
+            let sub = e.subsys.as_ref()?;
+            Some(ControllerAuth::new(a.clone(), &e.hostnqn, &sub.nqn))
+        });
         let done = Connected {
             result: e.cntlid as u64,
             keep_alive: e.keep_alive.clone(),
             subsystem: e.subsys.clone(),
-            login_continues: false,
+            auth,
         };
         self.q
             .connected(cid, done, Instant::now(), self.out.buf_mut());
         self.ctrl = Some(e);
+    }
+
+    /// Auth Send: the queue's DH-HMAC-CHAP step with fresh randomness.
+    fn auth_send(&mut self, sqe: Sqe, data: Bytes) -> Option<anyhow::Result<()>> {
+        match Entropy::from_os(&self.fabric.host_keys.seq) {
+            Ok(e) => {
+                let a = self.q.auth_send(&sqe, &data, e, self.out.buf_mut())?;
+                self.act(a)
+            }
+            Err(e) => {
+                log::error!("nvme: {}: no random numbers from the OS: {e}", self.peer);
+                self.complete(sqe.cid(), Status::INTERNAL, 0, None);
+                None
+            }
+        }
     }
 
     fn admin(&mut self, sqe: Sqe, data: Bytes) {

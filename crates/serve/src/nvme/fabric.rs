@@ -2,6 +2,8 @@
 //! joins (I/O queue) them; admin-queue loss or a keep-alive timeout tears
 //! them down and closes every queue they have.
 
+use super::auth::HostKeys;
+use bw_nvme::auth::AuthConfig;
 use bw_nvme::controller::{KeepAlive, Role};
 use bw_nvme::fabrics::{self, Connect, ConnectData};
 use bw_nvme::logpage::{DiscoveryEntry, SUBTYPE_NVME};
@@ -18,6 +20,8 @@ pub struct CtrlEntry {
     pub keep_alive: Arc<KeepAlive>,
     pub subsys: Option<Arc<Subsystem>>,
     pub hostnqn: String,
+    /// DH-HMAC-CHAP settings when this host must authenticate on every queue.
+    pub auth: Option<Arc<AuthConfig>>,
     /// Becomes true when the controller is torn down; every queue watches it.
     pub kill: watch::Sender<bool>,
     qids: Mutex<HashSet<u16>>,
@@ -53,6 +57,8 @@ pub struct Fabric {
     max_controllers: usize,
     /// Controller ids this gateway may hand out (inclusive).
     cntlids: (u16, u16),
+    /// Hosts that authenticate in band, and the sequence numbers they get.
+    pub host_keys: HostKeys,
 }
 
 impl Fabric {
@@ -64,7 +70,13 @@ impl Fabric {
             next_cntlid: Mutex::new(1),
             max_controllers: usize::MAX,
             cntlids: (1, 0xFFEF),
+            host_keys: HostKeys::default(),
         }
+    }
+
+    pub fn with_host_auth(mut self, keys: HostKeys) -> Fabric {
+        self.host_keys = keys;
+        self
     }
 
     pub fn with_max_controllers(mut self, n: usize) -> Fabric {
@@ -142,6 +154,7 @@ impl Fabric {
         }
         let cntlid = self.alloc_cntlid(&ctrls).ok_or_else(|| refuse(Status::CONNECT_CTRL_BUSY, 0))?;
         let ctrl = Controller::new(cntlid, role, d.hostnqn.clone(), d.hostid, c.kato_ms, Instant::now());
+        let auth = subsys.as_ref().and_then(|s| self.host_keys.get(&s.nqn, &d.hostnqn));
         let (kill, _) = watch::channel(false);
         let e = Arc::new(CtrlEntry {
             cntlid,
@@ -149,6 +162,7 @@ impl Fabric {
             ctrl: Mutex::new(ctrl),
             subsys,
             hostnqn: d.hostnqn.clone(),
+            auth,
             kill,
             qids: Mutex::new(HashSet::from([0])),
         });

@@ -4,6 +4,7 @@
 //! Protocol logic lives in `bw_nvme` (PDU codec, controller state machine,
 //! NVM command set); this module moves bytes and owns the controllers.
 
+mod auth;
 mod conn;
 mod fabric;
 mod outbox;
@@ -47,6 +48,9 @@ impl crate::framing::Framing for NvmeFraming {
 fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Subsystem>>> {
     let mut out = Vec::new();
     for s in &cfg.subsystems {
+        // Hosts with DH-HMAC-CHAP secrets are allowed hosts too.
+        let mut allowed_hosts = s.allowed_hosts.clone();
+        allowed_hosts.extend(s.hosts.iter().map(|h| h.nqn.clone()));
         let mut namespaces = Vec::new();
         for n in &s.namespaces {
             let v = volumes.get(&n.volume).with_context(|| format!("subsystem {}: no volume {:?}", s.nqn, n.volume))?;
@@ -60,7 +64,7 @@ fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Sub
             serial,
             model: s.model.clone().unwrap_or_else(|| "blockwire".into()),
             namespaces,
-            allowed_hosts: s.allowed_hosts.clone(),
+            allowed_hosts,
             ana: bw_nvme::ana::Ana::new(match s.ana_state {
                 AnaStateConfig::Optimized => AnaState::Optimized,
                 AnaStateConfig::NonOptimized => AnaState::NonOptimized,
@@ -99,7 +103,7 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, volumes: &Volumes, shutdow
     }
     let admission = Admission::new(limits.clone());
     let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
-    let fabric = Arc::new(Fabric::new(subs, bound).with_max_controllers(limits.max_sessions).with_cntlid_range(lo, hi));
+    let fabric = Arc::new(Fabric::new(subs, bound).with_max_controllers(limits.max_sessions).with_cntlid_range(lo, hi).with_host_auth(auth::HostKeys::from_config(cfg)?));
     let login_timeout = limits.login_timeout();
     // One thread per connection (one queue), as iSCSI connections by
     // default: see `Threading::ThreadPerConnection` for why.

@@ -21,9 +21,10 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
 }
 
-/// `../shared` beside the repository.
+/// `../shared` beside the repository, or `$BLOCKWIRE_SHARED` (a git
+/// worktree elsewhere has no `../shared`).
 pub fn shared_dir() -> PathBuf {
-    repo_root().join("../shared")
+    std::env::var_os("BLOCKWIRE_SHARED").map(PathBuf::from).unwrap_or_else(|| repo_root().join("../shared"))
 }
 
 pub fn require_root() {
@@ -270,6 +271,12 @@ pub struct VmRun {
 /// (`../shared/tools/kernel-vm run SCRIPT [--tap IF]`), with optional qemu
 /// hostfwd rules. The guest reaches the host's 127.0.0.1 as 10.0.2.2.
 pub fn kernel_vm(script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmRun {
+    kernel_vm_in(None, script, tap, hostfwd)
+}
+
+/// [`kernel_vm`] with another image directory (`KVM_DIR`), e.g. one with a
+/// newer kernel (tests/kernel-vm/kernel-6.12.sh).
+pub fn kernel_vm_in(kvm_dir: Option<&Path>, script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmRun {
     require_root();
     let tool = shared_dir().join("tools/kernel-vm");
     assert!(tool.exists(), "{} is missing: CI needs ../shared beside the repository", tool.display());
@@ -282,10 +289,162 @@ pub fn kernel_vm(script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmR
         c.env("KVM_HOSTFWD", f);
     }
     c.env("KVM_TIMEOUT", std::env::var("KVM_TIMEOUT").unwrap_or_else(|_| "900".into()));
+    if let Some(d) = kvm_dir {
+        c.env("KVM_DIR", d);
+    }
     let out = c.stdin(Stdio::null()).output().expect("spawn kernel-vm");
     let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("---- kernel-vm {} ----\n{output}\n---- end ----", script.display());
     VmRun { status: out.status, output }
+}
+
+/// Under software emulation on a busy host the kernel's early check of the
+/// timer interrupt can fail ("IO-APIC + timer doesn't work!") and the guest
+/// panics before running anything; such a boot may simply be retried.
+pub fn vm_boot_flaked(console: &str) -> bool {
+    console.contains("IO-APIC + timer doesn't work")
+}
+
+/// `kernel-vm run` in the background, for guests that serve something
+/// (a kernel target reached through `hostfwd` rules) while the test drives
+/// it from the host. It runs in its own process group, killed as a group on
+/// drop (qemu is its grandchild); the console is echoed and collected.
+pub struct BackgroundVm {
+    child: Child,
+    console: Option<std::thread::JoinHandle<String>>,
+    /// Waited for: its PID may belong to someone else now.
+    reaped: bool,
+}
+
+impl BackgroundVm {
+    pub fn start(kvm_dir: Option<&Path>, script: &Path, hostfwd: &str) -> BackgroundVm {
+        use std::os::unix::process::CommandExt;
+        require_root();
+        let mut c = Command::new(shared_dir().join("tools/kernel-vm"));
+        c.arg("run")
+            .arg(script)
+            .env("KVM_HOSTFWD", hostfwd)
+            .env("KVM_TIMEOUT", "900");
+        if let Some(d) = kvm_dir {
+            c.env("KVM_DIR", d);
+        }
+        let mut child = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .spawn()
+            .expect("spawn kernel-vm");
+        let out = child.stdout.take().expect("kernel-vm stdout");
+        let console = std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                eprintln!("[vm] {line}");
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        BackgroundVm {
+            child,
+            console: Some(console),
+            reaped: false,
+        }
+    }
+
+    /// Wait up to `limit` for `ready()` to hold. kernel-vm's console pipe
+    /// is block-buffered, so probe the service rather than wait for a line.
+    /// Err(console) if the guest ended first; panics if the time runs out.
+    pub fn wait_until(
+        &mut self,
+        limit: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.reaped = true;
+                let out = self
+                    .console
+                    .take()
+                    .map(|c| c.join().unwrap_or_default())
+                    .unwrap_or_default();
+                return Err(format!("kernel-vm exited early ({st}):\n{out}"));
+            }
+            if ready() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_secs(5));
+        }
+        panic!("the guest's service did not come up within {limit:?}");
+    }
+
+    /// Wait for the guest to finish: its exit status and console.
+    pub fn finish(mut self) -> (ExitStatus, String) {
+        let st = self.child.wait().expect("wait for kernel-vm");
+        self.reaped = true;
+        let out = self
+            .console
+            .take()
+            .map(|c| c.join().unwrap_or_default())
+            .unwrap_or_default();
+        (st, out)
+    }
+}
+
+/// Every process below `pid` (from /proc), deepest last.
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut parent_of = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        // stat: "pid (comm) state ppid ..."; comm may hold spaces.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        if let Some(pp) = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|x| x.parse::<i32>().ok())
+        {
+            parent_of.push((p, pp));
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let cur = out[i];
+        out.extend(
+            parent_of
+                .iter()
+                .filter(|(_, pp)| *pp == cur)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    out.remove(0);
+    out
+}
+
+impl Drop for BackgroundVm {
+    fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
+        let pid = self.child.id() as i32;
+        // kernel-vm starts qemu under `timeout`, which makes a process group
+        // of its own: signal every descendant by PID, then the group we made.
+        let below = descendants(pid);
+        // SAFETY: signalling processes this test started.
+        unsafe {
+            for p in below {
+                libc::kill(p, libc::SIGKILL);
+            }
+            libc::kill(-pid, libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
 }
 
 /// A scratch directory removed on drop.

@@ -1,0 +1,60 @@
+//! In-band authentication (DH-HMAC-CHAP) on the target: which hosts must
+//! authenticate, with which keys. Each queue's exchange, and what waits
+//! for it, is `bw_nvme::target_queue` (with `bw_nvme::auth`).
+
+use crate::config::NvmeConfig;
+use bw_nvme::auth::{AuthConfig, SeqNum};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Per (subsystem NQN, host NQN): the keys that host authenticates with.
+#[derive(Debug)]
+pub struct HostKeys {
+    keys: HashMap<(String, String), Arc<AuthConfig>>,
+    /// Sequence numbers S1 for every challenge this target sends.
+    pub seq: SeqNum,
+}
+
+impl Default for HostKeys {
+    fn default() -> Self {
+        HostKeys {
+            keys: HashMap::new(),
+            seq: SeqNum::new(0),
+        }
+    }
+}
+
+impl HostKeys {
+    pub fn from_config(cfg: &NvmeConfig) -> anyhow::Result<HostKeys> {
+        let mut keys = HashMap::new();
+        for s in &cfg.subsystems {
+            for h in &s.hosts {
+                let a = h
+                    .auth_config()
+                    .map_err(|e| anyhow::anyhow!("NVMe {} host {}: {e}", s.nqn, h.nqn))?;
+                log::info!(
+                    "nvme: {} requires DH-HMAC-CHAP from {}{} (hashes {:?}, groups {:?})",
+                    s.nqn,
+                    h.nqn,
+                    if a.ctrl_key.is_some() {
+                        ", and proves itself when asked"
+                    } else {
+                        ""
+                    },
+                    a.hashes.iter().map(|x| x.name()).collect::<Vec<_>>(),
+                    a.groups.iter().map(|x| x.name()).collect::<Vec<_>>()
+                );
+                keys.insert((s.nqn.clone(), h.nqn.clone()), Arc::new(a));
+            }
+        }
+        let seq = SeqNum::from_os()
+            .map_err(|e| anyhow::anyhow!("no random numbers from the OS for DH-HMAC-CHAP: {e}"))?;
+        Ok(HostKeys { keys, seq })
+    }
+
+    pub fn get(&self, subnqn: &str, hostnqn: &str) -> Option<Arc<AuthConfig>> {
+        self.keys
+            .get(&(subnqn.to_string(), hostnqn.to_string()))
+            .cloned()
+    }
+}
