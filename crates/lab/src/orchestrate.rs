@@ -153,7 +153,14 @@ impl LabRun {
 
     /// The whole run. Partial results are saved even when it fails.
     pub fn run(&mut self) -> anyhow::Result<()> {
-        let outcome = self.run_inner();
+        // A suite that catches the interrupt in its workload may return
+        // normally; the run is still cut short and must say so.
+        let outcome = self.run_inner().and_then(|()| {
+            if interrupted() {
+                anyhow::bail!("interrupted")
+            }
+            Ok(())
+        });
         self.results.finished_utc = utc_now();
         if let Err(e) = &outcome {
             self.results.aborted = Some(if interrupted() {

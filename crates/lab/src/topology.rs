@@ -200,10 +200,14 @@ pub fn leftovers(pid: u32) -> Vec<String> {
         }
     }
     let tag = format!("bwlab-{pid}");
+    // `blockwire mount` names its FUSE directory after the mountpoint with
+    // '/' and '-' folded to '_' (/run/blockwire/fuse/_tmp_bwlab_PID_fs), and
+    // the loop device's backing file lives there.
+    let fuse_tag = format!("bwlab_{pid}_");
     // File systems, FUSE connections (the attach daemon's mount) and netns binds.
     if let Ok(m) = std::fs::read_to_string("/proc/mounts") {
         for l in m.lines() {
-            if l.contains(&tns) || l.contains(&cns) || l.contains(&tag) {
+            if l.contains(&tns) || l.contains(&cns) || l.contains(&tag) || l.contains(&fuse_tag) {
                 out.push(format!("mount {l}"));
             }
         }
@@ -212,7 +216,7 @@ pub fn leftovers(pid: u32) -> Vec<String> {
     for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if let Ok(f) = std::fs::read_to_string(e.path().join("loop/backing_file")) {
-            if f.contains(&tag) {
+            if f.contains(&tag) || f.contains(&fuse_tag) {
                 out.push(format!("loop device /dev/{name} on {}", f.trim()));
             }
         }
