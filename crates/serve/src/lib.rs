@@ -111,12 +111,14 @@ pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     cfg.validate()?;
     raise_fd_limit();
     let volumes = open_volumes(&cfg)?;
+    // Handlers before the ready line: a SIGTERM sent right after it must
+    // shut down cleanly, not kill the process with the default action.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let (stop_tx, shutdown) = Shutdown::new();
     let running = start(&cfg, &volumes, &shutdown).await?;
     // Tests and scripts wait for this exact line.
     eprintln!("blockwire: ready (pid {})", std::process::id());
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut failed = None;
     let mut all = futures_select(running);
     tokio::select! {
