@@ -356,17 +356,17 @@ fn iscsi_take(w: &mut Wire, dec: &IscsiDecoder, seen: &mut IscsiSeen) {
                 let b = &p.bhs;
                 let opcode = b.0[0] & 0x3F;
                 if matches!(opcode, 0x20 | 0x21 | 0x25 | 0x31 | 0x22 | 0x26) {
-                    let m = field::MAX_CMD_SN.get(&b.0);
+                    let m = b.get(field::MAX_CMD_SN);
                     if (m.wrapping_sub(seen.max_cmd_sn) as i32) > 0 {
                         seen.max_cmd_sn = m;
                     }
                 }
                 match opcode {
-                    0x31 => seen.r2ts.push_back((field::ITT.get(&b.0), field::TTT.get(&b.0), field::BUFFER_OFFSET.get(&b.0), field::DESIRED_LENGTH.get(&b.0))),
-                    0x20 if field::TTT.get(&b.0) != 0xFFFF_FFFF => seen.pings.push(field::TTT.get(&b.0)),
+                    0x31 => seen.r2ts.push_back((b.itt(), b.get(field::TTT), b.get(field::BUFFER_OFFSET), b.get(field::DESIRED_LENGTH))),
+                    0x20 if b.get(field::TTT) != 0xFFFF_FFFF => seen.pings.push(b.get(field::TTT)),
                     0x21 => {
                         seen.responses += 1;
-                        seen.done.insert(field::ITT.get(&b.0));
+                        seen.done.insert(b.itt());
                     }
                     0x26 => seen.logged_out = true,
                     0x3F => seen.rejects += 1,
@@ -465,8 +465,8 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
     if resp.bhs.0[0] & 0x3F != 0x23 || status != 0 || !final_ {
         return Outcome { ending: "login refused", detail: format!("status {status:#06x}"), pdus: tx.pdus, log: tx.log };
     }
-    let mut cmd_sn = field::EXP_CMD_SN.get(&resp.bhs.0);
-    let mut seen = IscsiSeen { max_cmd_sn: field::MAX_CMD_SN.get(&resp.bhs.0), ..Default::default() };
+    let mut cmd_sn = resp.bhs.get(field::EXP_CMD_SN);
+    let mut seen = IscsiSeen { max_cmd_sn: resp.bhs.get(field::MAX_CMD_SN), ..Default::default() };
     dec.digests = bw_iscsi::pdu::Digests { header: digests.header, data: digests.data };
     let mut itt: u32 = 0x100;
     let n_cmds = rng.gen_range(4..40);
@@ -564,8 +564,8 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
                 let mut b = Bhs::default();
                 b.0[0] = 0x10;
                 b.0[1] = 0x80 | rng.gen_range(0..4);
-                field::ITT.set(&mut b.0, itt.wrapping_sub(1));
-                field::TTT.set(&mut b.0, 0xFFFF_FFFF);
+                b.set(field::ITT, itt.wrapping_sub(1));
+                b.set(field::TTT, 0xFFFF_FFFF);
                 tx.pdu("SNACK", iscsi_wire(b, &[], digests));
                 continue;
             }
@@ -1164,7 +1164,7 @@ fn iscsi_logged_in(port: u16) -> (Wire, u32) {
         w.pump(Duration::from_millis(20));
         if let Ok(Some(p)) = dec.decode(&mut w.inbox) {
             assert_eq!(login_status(&p.bhs), 0, "login refused");
-            return (w, field::EXP_CMD_SN.get(&p.bhs.0));
+            return (w, p.bhs.get(field::EXP_CMD_SN));
         }
         assert!(Instant::now() < deadline && !w.closed, "no login response");
     }
@@ -1202,7 +1202,7 @@ fn iscsi_huge_data_segment_length_is_refused() {
                     let c = ScsiCommand { final_: true, write: true, itt: 1, edtl: 4096, cmd_sn, cdb: bw_scsi::build::write_16(0, 8), ..Default::default() };
                     (w, Message::ScsiCommand(c).encode())
                 };
-                field::DATA_SEGMENT_LENGTH.set(&mut bhs.0, 0xFF_FFFF);
+                bhs.set_data_segment_len(0xFF_FFFF);
                 assert!(w.send(&bhs.0), "{phase}: header not sent");
                 // A little of the claimed data, then wait.
                 w.send(&[0u8; 4096]);
@@ -1242,9 +1242,9 @@ fn iscsi_huge_write_transfer_length_is_refused_without_r2t() {
                 w.pump(Duration::from_millis(20));
                 match dec.decode(&mut w.inbox) {
                     Ok(Some(p)) if p.bhs.0[0] & 0x3F == 0x31 => {
-                        panic!("WRITE with EDTL {edtl:#x} ({blocks} blocks) was answered with an R2T for {} bytes", field::DESIRED_LENGTH.get(&p.bhs.0))
+                        panic!("WRITE with EDTL {edtl:#x} ({blocks} blocks) was answered with an R2T for {} bytes", p.bhs.get(field::DESIRED_LENGTH))
                     }
-                    Ok(Some(p)) if p.bhs.0[0] & 0x3F == 0x21 && field::ITT.get(&p.bhs.0) == itt => break p.bhs.0[3],
+                    Ok(Some(p)) if p.bhs.0[0] & 0x3F == 0x21 && p.bhs.itt() == itt => break p.bhs.0[3],
                     Ok(Some(_)) => {}
                     Ok(None) => {}
                     Err(e) => panic!("bad PDU from the target: {e}"),
@@ -1263,7 +1263,7 @@ fn iscsi_huge_write_transfer_length_is_refused_without_r2t() {
     loop {
         w.pump(Duration::from_millis(20));
         if let Ok(Some(p)) = dec.decode(&mut w.inbox) {
-            if p.bhs.0[0] & 0x3F == 0x21 && field::ITT.get(&p.bhs.0) == 0x99 {
+            if p.bhs.0[0] & 0x3F == 0x21 && p.bhs.itt() == 0x99 {
                 assert_eq!(p.bhs.0[3], 0, "TEST UNIT READY after the refusals");
                 break;
             }
@@ -1378,5 +1378,5 @@ fn nvme_tcp_huge_length_claims_are_refused() {
 
 /// A Login Response's Status-Class and Status-Detail as one number (0: success).
 fn login_status(b: &Bhs) -> u16 {
-    u16::from(field::STATUS_CLASS.get(&b.0)) << 8 | u16::from(field::STATUS_DETAIL.get(&b.0))
+    u16::from(b.get(field::STATUS_CLASS)) << 8 | u16::from(b.get(field::STATUS_DETAIL))
 }
