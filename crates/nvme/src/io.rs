@@ -143,6 +143,60 @@ pub fn read_error(e: BlockError) -> Status {
     map_err(e, false)
 }
 
+/// What [`plan`] decided for a command.
+#[derive(Debug)]
+pub enum Plan {
+    /// Every check has passed: start `request` on `volume`
+    /// (`Volume::submit`) and complete the command with [`submitted`] of
+    /// its result.
+    Submit { volume: bw_block::Volume, request: bw_block::Request },
+    /// The command failed its checks.
+    Done(Status),
+    /// Not a plain Read or Write (or a FUA write that needs a flush after
+    /// it): run it with [`execute`].
+    Execute,
+}
+
+/// A Read or Write as the one request that carries it out, for front-ends
+/// that start requests and complete them later (volumes with
+/// `DeviceInfo::async_submit`). The checks are [`execute`]'s.
+pub fn plan(subsys: &Subsystem, sqe: &Sqe, data: &Bytes) -> Plan {
+    let op = sqe.opcode();
+    if op != nvm::READ && op != nvm::WRITE {
+        return Plan::Execute;
+    }
+    let ns = match resolve(subsys, sqe) {
+        Ok((_, Some(ns))) => ns,
+        Ok((_, None)) => return Plan::Done(Status::INVALID_NS.dnr()),
+        Err(s) => return Plan::Done(s),
+    };
+    let (offset, len) = (sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT);
+    let request = if op == nvm::READ {
+        bw_block::Request::Read { offset, buf: vec![0; len] }
+    } else {
+        if data.len() != len {
+            return Plan::Done(Status::SGL_INVALID_DATA.dnr());
+        }
+        // Force Unit Access needs nothing more where every write is
+        // durable when acknowledged; elsewhere a flush follows (execute).
+        let fua = sqe.cdw(12) & (1 << 30) != 0;
+        if fua && ns.volume.info().durability != bw_block::Durability::WriteThrough {
+            return Plan::Execute;
+        }
+        bw_block::Request::Write { offset, data: vec![data.clone()] }
+    };
+    Plan::Submit { volume: ns.volume.clone(), request }
+}
+
+/// The outcome of a command [`plan`] started, from its request's result.
+pub fn submitted(req: bw_block::Request, r: Result<(), BlockError>) -> IoDone {
+    match r {
+        Ok(()) if req.is_write() => IoDone::ok(),
+        Ok(()) => IoDone { status: Status::SUCCESS, data: Some(Bytes::from(req.into_buf())) },
+        Err(e) => IoDone::err(map_err(e, req.is_write())),
+    }
+}
+
 /// Run one I/O command. `data` is what the host sent (writes, compare, DSM).
 pub fn execute(subsys: &Subsystem, sqe: &Sqe, data: &[u8]) -> IoDone {
     match resolve(subsys, sqe) {
