@@ -160,7 +160,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// before it returns.
     fn submit(&self, mut req: Request, done: OnDone) {
         let r = match &mut req {
-            Request::Read { offset, buf } => self.read_at(buf, *offset),
+            Request::Read { offset, len, buf } => {
+                buf.clear();
+                buf.resize(*len, 0);
+                self.read_at(buf, *offset)
+            }
             Request::Write { offset, data } => request::write_pieces(data, *offset, |b, at| self.write_at(b, at)),
         };
         done(req, r)

@@ -7,14 +7,22 @@ use std::io;
 /// on it, so it can be handed to a backend's own threads and come back.
 #[derive(Debug)]
 pub enum Request {
-    /// Fill all of `buf` from byte `offset`; holes read back as zeroes.
-    Read { offset: u64, buf: Vec<u8> },
+    /// Read `len` bytes from byte `offset` into `buf`. Submitted empty
+    /// (only its capacity is used, so no time goes into zeroing memory the
+    /// read overwrites: that was 5% of a gateway's CPU at 1 MiB); holds
+    /// the `len` bytes once the read succeeded. Holes read back as zeroes.
+    Read { offset: u64, len: usize, buf: Vec<u8> },
     /// Write the pieces one after another from byte `offset`: the data in
     /// the pieces a transport received it in, never joined into one buffer.
     Write { offset: u64, data: Vec<Bytes> },
 }
 
 impl Request {
+    /// A read of `len` bytes at `offset`, into a new buffer.
+    pub fn read(offset: u64, len: usize) -> Request {
+        Request::Read { offset, len, buf: Vec::with_capacity(len) }
+    }
+
     pub fn offset(&self) -> u64 {
         match self {
             Request::Read { offset, .. } | Request::Write { offset, .. } => *offset,
@@ -24,7 +32,7 @@ impl Request {
     /// Bytes read or written.
     pub fn len(&self) -> u64 {
         match self {
-            Request::Read { buf, .. } => buf.len() as u64,
+            Request::Read { len, .. } => *len as u64,
             Request::Write { data, .. } => data.iter().map(|b| b.len() as u64).sum(),
         }
     }

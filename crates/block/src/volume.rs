@@ -256,7 +256,7 @@ mod tests {
         let (req, ok) = rx.recv().unwrap();
         assert!(ok && req.is_write() && req.len() == 1536);
         let t = tx.clone();
-        v.submit(Request::Read { offset: 0, buf: vec![9; 2048] }, move |req, r| t.send((req, r.is_ok())).unwrap());
+        v.submit(Request::read(0, 2048), move |req, r| t.send((req, r.is_ok())).unwrap());
         let (req, ok) = rx.recv().unwrap();
         assert!(ok);
         let buf = req.into_buf();
@@ -265,7 +265,7 @@ mod tests {
         assert_eq!(&buf[1024..], &[2u8; 1024][..]);
         // Past the end: fails without reaching the backend, uncounted.
         let t = tx.clone();
-        v.submit(Request::Read { offset: 8000, buf: vec![0; 512] }, move |req, r| {
+        v.submit(Request::read(8000, 512), move |req, r| {
             t.send((req, matches!(r, Err(BlockError::OutOfRange { .. })))).unwrap()
         });
         assert!(rx.recv().unwrap().1);

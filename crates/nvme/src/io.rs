@@ -172,7 +172,7 @@ pub fn plan(subsys: &Subsystem, sqe: &Sqe, data: &Bytes) -> Plan {
     };
     let (offset, len) = (sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT);
     let request = if op == nvm::READ {
-        bw_block::Request::Read { offset, buf: vec![0; len] }
+        bw_block::Request::read(offset, len)
     } else {
         if data.len() != len {
             return Plan::Done(Status::SGL_INVALID_DATA.dnr());

@@ -113,7 +113,7 @@ impl Lun {
     /// `None` if nothing is to be read.
     pub(crate) fn read_request(&self, cdb: &[u8]) -> Result<Option<Request>, Sense> {
         let (offset, len) = self.read_range(cdb)?;
-        Ok((len > 0).then(|| Request::Read { offset, buf: vec![0; len] }))
+        Ok((len > 0).then(|| Request::read(offset, len)))
     }
 
     /// A plain WRITE (6/10/12/16) as a request to submit to the volume,

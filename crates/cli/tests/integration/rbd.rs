@@ -254,7 +254,7 @@ fn rbd_backend_creates_sizes_flushes_discards_and_zeroes() {
     for i in 0..32u64 {
         let tx = tx.clone();
         dev.submit(
-            bw_block::Request::Read { offset: i * 8192 + 512, buf: vec![0xee; 3 * 1536] },
+            bw_block::Request::read(i * 8192 + 512, 3 * 1536),
             Box::new(move |req, r| tx.send((std::thread::current().id(), req, r)).expect("send")),
         );
     }
@@ -269,7 +269,7 @@ fn rbd_backend_creates_sizes_flushes_discards_and_zeroes() {
     // A request librbd fails (past the end: the backend itself does no
     // range checks) comes back as an error, not a hang.
     dev.submit(
-        bw_block::Request::Read { offset: 13 << 20, buf: vec![0; 4096] },
+        bw_block::Request::read(13 << 20, 4096),
         Box::new(move |req, r| tx.send((std::thread::current().id(), req, r)).expect("send")),
     );
     let (_, _, r) = rx.recv_timeout(Duration::from_secs(60)).expect("the failed read completes");
