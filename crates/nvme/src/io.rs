@@ -357,6 +357,39 @@ mod tests {
         assert_eq!(execute(&s, &rw(nvm::READ, 1, 0, 1), &[]).status, Status::SUCCESS);
     }
 
+    /// plan: the one request a Read or Write needs, after execute's checks;
+    /// submitted gives execute's outcome.
+    #[test]
+    fn plan_submits_reads_and_writes_with_executes_checks() {
+        let s = subsys();
+        let data = Bytes::from(vec![0x3Cu8; 1024]);
+        let run = |p: Plan| {
+            let Plan::Submit { volume, request } = p else { panic!("not submitted: {p:?}") };
+            let (tx, rx) = std::sync::mpsc::channel();
+            volume.submit(request, move |req, r| tx.send(submitted(req, r)).unwrap());
+            rx.recv().unwrap()
+        };
+        assert_eq!(run(plan(&s, &rw(nvm::WRITE, 1, 6, 2), &data)).status, Status::SUCCESS);
+        let d = run(plan(&s, &rw(nvm::READ, 1, 6, 2), &Bytes::new()));
+        assert_eq!((d.status, d.data), (Status::SUCCESS, Some(data.clone())));
+        assert_eq!(execute(&s, &rw(nvm::READ, 1, 6, 2), &[]).data, Some(data.clone()));
+        // FUA on a volatile (RAM) volume: a flush follows, so execute runs it.
+        let mut fua = rw(nvm::WRITE, 1, 6, 2);
+        fua.set_cdw(12, fua.cdw(12) | 1 << 30);
+        assert!(matches!(plan(&s, &fua, &data), Plan::Execute));
+        assert!(matches!(plan(&s, &Sqe::new(nvm::FLUSH, 1, 1), &Bytes::new()), Plan::Execute));
+        let done = |p: Plan| match p {
+            Plan::Done(st) => st,
+            p => panic!("not refused: {p:?}"),
+        };
+        assert_eq!(done(plan(&s, &rw(nvm::READ, 1, 63, 2), &Bytes::new())), Status::LBA_RANGE.dnr());
+        assert_eq!(done(plan(&s, &rw(nvm::WRITE, 1, 0, 2), &data.slice(..512))), Status::SGL_INVALID_DATA.dnr());
+        assert_eq!(done(plan(&s, &rw(nvm::WRITE, 2, 0, 2), &data)), NS_WRITE_PROTECTED.dnr());
+        assert_eq!(done(plan(&s, &rw(nvm::READ, 9, 0, 1), &Bytes::new())), Status::INVALID_NS.dnr());
+        s.ana.set_state(crate::ana::AnaState::Inaccessible);
+        assert_eq!(done(plan(&s, &rw(nvm::READ, 1, 0, 1), &Bytes::new())), Status::ANA_INACCESSIBLE);
+    }
+
     #[test]
     fn write_read_compare_zeroes_discard() {
         let s = subsys();
