@@ -155,7 +155,9 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// in its buffer) with the result, exactly once. Backends with
     /// [`DeviceInfo::async_submit`] return at once and call `done` later
     /// from a thread of their own, so `done` must be quick and must not
-    /// block. This default runs the request with
+    /// block; dropping such a backend waits for the requests still in
+    /// flight, whose `done` must therefore not hold the backend (see
+    /// [`Volume::submit`]). This default runs the request with
     /// [`BlockDevice::read_at`]/[`BlockDevice::write_at`] and calls `done`
     /// before it returns.
     fn submit(&self, mut req: Request, done: OnDone) {

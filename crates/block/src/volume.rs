@@ -51,13 +51,14 @@ struct VolumeInner {
     name: String,
     dev: Box<dyn BlockDevice>,
     read_only: bool,
-    stats: IoStats,
+    /// Shared with submitted requests, which count their own errors.
+    stats: Arc<IoStats>,
 }
 
 impl Volume {
     pub fn new(name: impl Into<String>, dev: Box<dyn BlockDevice>) -> Self {
         let read_only = dev.info().read_only;
-        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, stats: IoStats::default() }) }
+        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, stats: Arc::default() }) }
     }
 
     /// Open a backend spec and wrap it.
@@ -158,8 +159,13 @@ impl Volume {
     /// gets the request back with its result exactly once: at once on this
     /// thread if the checks fail or the backend has no
     /// [`DeviceInfo::async_submit`], else later on one of the backend's
-    /// threads (so it must be quick and not block). The volume stays open
-    /// until `done` has run.
+    /// threads (so it must be quick and not block).
+    ///
+    /// A request in flight does not keep the volume open: if the last
+    /// handle went away in `done`, on the backend's own thread, the backend
+    /// would be closed there (librbd's close waits for that very callback).
+    /// Backends with `async_submit` finish their requests in flight when
+    /// they are dropped instead.
     pub fn submit(&self, req: Request, done: impl FnOnce(Request, Result<()>) + Send + 'static) {
         let (offset, len) = (req.offset(), req.len());
         let checked = if req.is_write() { self.check_write(offset, len) } else { self.check(offset, len) };
@@ -174,9 +180,12 @@ impl Volume {
             s.reads.fetch_add(1, Relaxed);
             s.read_bytes.fetch_add(len, Relaxed);
         }
-        let v = self.clone();
+        let stats = s.clone();
         self.inner.dev.submit(req, Box::new(move |req, r| {
-            let r = v.count_err(r);
+            let r = r.map_err(|e| {
+                stats.errors.fetch_add(1, Relaxed);
+                BlockError::Io(e)
+            });
             done(req, r)
         }));
     }

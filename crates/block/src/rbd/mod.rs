@@ -497,10 +497,11 @@ fn zero_tail(buf: &mut [u8], n: isize) {
 impl Drop for RbdDevice {
     fn drop(&mut self) {
         // SAFETY: each handle was created by us and is released once, image
-        // before ioctx before cluster; no request is in flight (every `run`
-        // waited for its completion, a submitted request holds its Volume,
-        // and with it this device, open until it has completed, and
-        // `&mut self` excludes new ones).
+        // before ioctx before cluster. `rbd_close` waits for the requests
+        // still in flight (submitted ones may be) until their callbacks have
+        // returned; those touch only what they own (their request, `done`,
+        // the shared failure log), never this device. Every `run` waited
+        // for its completion, and `&mut self` excludes new requests.
         unsafe {
             if !self.image.is_null() {
                 (self.lib.rbd_close)(self.image);

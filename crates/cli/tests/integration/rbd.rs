@@ -293,7 +293,21 @@ fn rbd_backend_creates_sizes_flushes_discards_and_zeroes() {
         std::fs::read(&export).expect("export") == back,
         "rbd export differs from what the backend reads"
     );
-    drop(dev);
+    // Dropped with requests in flight: rbd_close waits for them, so every
+    // callback has run (and none runs on a closed image) once drop returns.
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..32u64 {
+        let tx = tx.clone();
+        let data = vec![bytes::Bytes::from(vec![7u8; 4096])];
+        dev.submit(
+            bw_block::Request::Write { offset: i * 4096, data },
+            Box::new(move |_, r| tx.send(r.is_ok()).expect("send")),
+        );
+    }
+    drop((tx, dev));
+    let done: Vec<bool> = rx.try_iter().collect();
+    assert_eq!(done.len(), 32, "requests still in flight after the device was dropped");
+    assert!(done.iter().all(|&ok| ok), "a write in flight at close failed");
     ceph.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
 }
 
