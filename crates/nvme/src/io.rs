@@ -1,6 +1,8 @@
 //! The NVM command set over a `Volume`: Read, Write, Flush, Compare, Write
-//! Zeroes, Dataset Management (deallocate). Blocking calls: the caller picks
-//! the thread.
+//! Zeroes, Dataset Management (deallocate). [`execute`] makes blocking
+//! calls: the caller picks the thread. [`plan`] instead turns a Read or
+//! Write into one request for `Volume::submit`, for volumes that complete
+//! requests on their own threads (rbd).
 
 use crate::command::{nvm, Sqe};
 use crate::commands::{self, Command, Handler, NsUse, QueueKind};

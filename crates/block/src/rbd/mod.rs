@@ -8,8 +8,9 @@
 //! connection tasks submit from their own thread, and the closure sends the
 //! result to the connection's channel: per request one hop from the
 //! connection to librbd and one back, instead of a blocking-pool thread
-//! woken to submit and woken again by the completion (that cost about 30 us
-//! of CPU per 4 KiB read; docs/ceph.md, "Speed"). The synchronous methods
+//! woken to submit and woken again by the completion (the gateway's CPU per
+//! 4 KiB read went from 61 to 24 us; librbd alone costs 19; docs/ceph.md,
+//! "How a request flows"). The synchronous methods
 //! (flush, discard, write-zeroes, and reads and writes from callers that
 //! have a thread to spare) submit the same way and sleep on a condition
 //! variable until the callback fires.
