@@ -329,6 +329,10 @@ impl RbdDevice {
     }
 }
 
+/// The most iovecs `rbd_aio_writev` accepts (IOV_MAX; librbd refuses more
+/// with EINVAL).
+const MAX_IOV: usize = 1024;
+
 /// What a request does with librbd's return value, on librbd's thread.
 type Finish = Box<dyn FnOnce(isize) + Send>;
 
@@ -429,6 +433,13 @@ impl crate::BlockDevice for RbdDevice {
                 self.start(Box::new(finish), |c| unsafe { (lib.rbd_aio_read)(img, offset, len, p, c) });
             }
             Request::Write { data, .. } => {
+                if data.len() > MAX_IOV {
+                    // More pieces than librbd takes in one writev (an
+                    // initiator that sends tiny Data-Out PDUs): one copy.
+                    let mut joined = Vec::with_capacity(data.iter().map(|b| b.len()).sum());
+                    data.iter().for_each(|b| joined.extend_from_slice(b));
+                    *data = vec![joined.into()];
+                }
                 let iov: Vec<libc::iovec> = data
                     .iter()
                     .filter(|b| !b.is_empty())

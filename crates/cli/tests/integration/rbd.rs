@@ -266,6 +266,18 @@ fn rbd_backend_creates_sizes_flushes_discards_and_zeroes() {
         let want: Vec<u8> = [1u8, 2, 3].iter().flat_map(|&k| vec![i as u8 ^ k; 1536]).collect();
         assert!(buf == want, "submitted read {i} differs from its submitted write");
     }
+    // More pieces than one rbd_aio_writev takes (IOV_MAX): still written.
+    let many: Vec<bytes::Bytes> = (0..1100u32).map(|i| bytes::Bytes::from(vec![(i % 251) as u8 | 1; 512])).collect();
+    let want: Vec<u8> = many.iter().flat_map(|b| b.iter().copied()).collect();
+    let t = tx.clone();
+    dev.submit(
+        bw_block::Request::Write { offset: 6 << 20, data: many },
+        Box::new(move |req, r| t.send((std::thread::current().id(), req, r)).expect("send")),
+    );
+    rx.recv_timeout(Duration::from_secs(60)).expect("the write completes").2.expect("a write in 1100 pieces");
+    let mut got = vec![0u8; want.len()];
+    dev.read_at(&mut got, 6 << 20).expect("read the 1100 pieces back");
+    assert!(got == want, "a write in 1100 pieces reads back differently");
     // A request librbd fails (past the end: the backend itself does no
     // range checks) comes back as an error, not a hang.
     dev.submit(
