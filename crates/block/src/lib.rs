@@ -11,16 +11,27 @@
 //! block device), each followed by options `direct`, `sync`, `readonly`, or
 //! `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,size=SIZE][,timeout=SECS]` (a Ceph
 //! RBD image through librbd, loaded at run time).
+//!
+//! Two ways to run I/O, one trait: the synchronous methods
+//! ([`BlockDevice::read_at`] and the rest; front-ends call them inline or on
+//! a thread pool, as [`DeviceInfo::io_may_block`] says), and
+//! [`BlockDevice::submit`], which starts a read or write and reports its end
+//! through a callback. Backends with a native asynchronous interface (rbd:
+//! librbd's `rbd_aio_*`) implement `submit` so that no thread waits for a
+//! request ([`DeviceInfo::async_submit`]); for the others it runs the
+//! synchronous method on the calling thread.
 
 mod block_locks;
 mod file;
 mod rbd;
+mod request;
 mod size;
 mod spec;
 mod volume;
 
 pub use file::FileDevice;
 pub use rbd::RbdDevice;
+pub use request::{OnDone, Request};
 pub use size::{format_size, parse_size};
 pub use spec::{BackendKind, BackendSpec, RbdTarget};
 pub use volume::{IoStats, IoStatsSnapshot, Volume};
@@ -92,6 +103,11 @@ pub struct DeviceInfo {
     /// cluster does and many can be in flight at once, so front-ends must
     /// never run one on a network thread and should keep many outstanding.
     pub remote: bool,
+    /// [`BlockDevice::submit`] only starts a read or write and returns;
+    /// the backend's own threads complete it (rbd). Front-ends then submit
+    /// from their network task and take the result back over a channel,
+    /// instead of parking a pool thread per request in flight.
+    pub async_submit: bool,
     /// Human-readable description, e.g. `file:/dev/shm/x O_DIRECT`, for
     /// logs only.
     pub description: String,
@@ -134,6 +150,26 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
         let _ = offset;
         Ok(Extent { allocated: true, len })
+    }
+    /// Start a read or write; `done` gets the request back (a read's data
+    /// in its buffer) with the result, exactly once. Backends with
+    /// [`DeviceInfo::async_submit`] return at once and call `done` later
+    /// from a thread of their own, so `done` must be quick and must not
+    /// block; dropping such a backend waits for the requests still in
+    /// flight, whose `done` must therefore not hold the backend (see
+    /// [`Volume::submit`]). This default runs the request with
+    /// [`BlockDevice::read_at`]/[`BlockDevice::write_at`] and calls `done`
+    /// before it returns.
+    fn submit(&self, mut req: Request, done: OnDone) {
+        let r = match &mut req {
+            Request::Read { offset, len, buf } => {
+                buf.clear();
+                buf.resize(*len, 0);
+                self.read_at(buf, *offset)
+            }
+            Request::Write { offset, data } => request::write_pieces(data, *offset, |b, at| self.write_at(b, at)),
+        };
+        done(req, r)
     }
 }
 

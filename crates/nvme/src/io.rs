@@ -1,6 +1,8 @@
 //! The NVM command set over a `Volume`: Read, Write, Flush, Compare, Write
-//! Zeroes, Dataset Management (deallocate). Blocking calls: the caller picks
-//! the thread.
+//! Zeroes, Dataset Management (deallocate). [`execute`] makes blocking
+//! calls: the caller picks the thread. [`plan`] instead turns a Read or
+//! Write into one request for `Volume::submit`, for volumes that complete
+//! requests on their own threads (rbd).
 
 use crate::command::{nvm, Sqe};
 use crate::commands::{self, Command, Handler, NsUse, QueueKind};
@@ -141,6 +143,60 @@ pub fn read_extent<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'a bw_block
 /// The status for a failed read of a volume.
 pub fn read_error(e: BlockError) -> Status {
     map_err(e, false)
+}
+
+/// What [`plan`] decided for a command.
+#[derive(Debug)]
+pub enum Plan {
+    /// Every check has passed: start `request` on `volume`
+    /// (`Volume::submit`) and complete the command with [`submitted`] of
+    /// its result.
+    Submit { volume: bw_block::Volume, request: bw_block::Request },
+    /// The command failed its checks.
+    Done(Status),
+    /// Not a plain Read or Write (or a FUA write that needs a flush after
+    /// it): run it with [`execute`].
+    Execute,
+}
+
+/// A Read or Write as the one request that carries it out, for front-ends
+/// that start requests and complete them later (volumes with
+/// `DeviceInfo::async_submit`). The checks are [`execute`]'s.
+pub fn plan(subsys: &Subsystem, sqe: &Sqe, data: &Bytes) -> Plan {
+    let op = sqe.opcode();
+    if op != nvm::READ && op != nvm::WRITE {
+        return Plan::Execute;
+    }
+    let ns = match resolve(subsys, sqe) {
+        Ok((_, Some(ns))) => ns,
+        Ok((_, None)) => return Plan::Done(Status::INVALID_NS.dnr()),
+        Err(s) => return Plan::Done(s),
+    };
+    let (offset, len) = (sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT);
+    let request = if op == nvm::READ {
+        bw_block::Request::read(offset, len)
+    } else {
+        if data.len() != len {
+            return Plan::Done(Status::SGL_INVALID_DATA.dnr());
+        }
+        // Force Unit Access needs nothing more where every write is
+        // durable when acknowledged; elsewhere a flush follows (execute).
+        let fua = sqe.cdw(12) & (1 << 30) != 0;
+        if fua && ns.volume.info().durability != bw_block::Durability::WriteThrough {
+            return Plan::Execute;
+        }
+        bw_block::Request::Write { offset, data: vec![data.clone()] }
+    };
+    Plan::Submit { volume: ns.volume.clone(), request }
+}
+
+/// The outcome of a command [`plan`] started, from its request's result.
+pub fn submitted(req: bw_block::Request, r: Result<(), BlockError>) -> IoDone {
+    match r {
+        Ok(()) if req.is_write() => IoDone::ok(),
+        Ok(()) => IoDone { status: Status::SUCCESS, data: Some(Bytes::from(req.into_buf())) },
+        Err(e) => IoDone::err(map_err(e, req.is_write())),
+    }
 }
 
 /// Run one I/O command. `data` is what the host sent (writes, compare, DSM).
@@ -301,6 +357,39 @@ mod tests {
         assert_eq!(st.0 & Status::DNR, 0, "the host must be free to retry on another path");
         s.ana.set_state(crate::ana::AnaState::NonOptimized);
         assert_eq!(execute(&s, &rw(nvm::READ, 1, 0, 1), &[]).status, Status::SUCCESS);
+    }
+
+    /// plan: the one request a Read or Write needs, after execute's checks;
+    /// submitted gives execute's outcome.
+    #[test]
+    fn plan_submits_reads_and_writes_with_executes_checks() {
+        let s = subsys();
+        let data = Bytes::from(vec![0x3Cu8; 1024]);
+        let run = |p: Plan| {
+            let Plan::Submit { volume, request } = p else { panic!("not submitted: {p:?}") };
+            let (tx, rx) = std::sync::mpsc::channel();
+            volume.submit(request, move |req, r| tx.send(submitted(req, r)).unwrap());
+            rx.recv().unwrap()
+        };
+        assert_eq!(run(plan(&s, &rw(nvm::WRITE, 1, 6, 2), &data)).status, Status::SUCCESS);
+        let d = run(plan(&s, &rw(nvm::READ, 1, 6, 2), &Bytes::new()));
+        assert_eq!((d.status, d.data), (Status::SUCCESS, Some(data.clone())));
+        assert_eq!(execute(&s, &rw(nvm::READ, 1, 6, 2), &[]).data, Some(data.clone()));
+        // FUA on a volatile (RAM) volume: a flush follows, so execute runs it.
+        let mut fua = rw(nvm::WRITE, 1, 6, 2);
+        fua.set_cdw(12, fua.cdw(12) | 1 << 30);
+        assert!(matches!(plan(&s, &fua, &data), Plan::Execute));
+        assert!(matches!(plan(&s, &Sqe::new(nvm::FLUSH, 1, 1), &Bytes::new()), Plan::Execute));
+        let done = |p: Plan| match p {
+            Plan::Done(st) => st,
+            p => panic!("not refused: {p:?}"),
+        };
+        assert_eq!(done(plan(&s, &rw(nvm::READ, 1, 63, 2), &Bytes::new())), Status::LBA_RANGE.dnr());
+        assert_eq!(done(plan(&s, &rw(nvm::WRITE, 1, 0, 2), &data.slice(..512))), Status::SGL_INVALID_DATA.dnr());
+        assert_eq!(done(plan(&s, &rw(nvm::WRITE, 2, 0, 2), &data)), NS_WRITE_PROTECTED.dnr());
+        assert_eq!(done(plan(&s, &rw(nvm::READ, 9, 0, 1), &Bytes::new())), Status::INVALID_NS.dnr());
+        s.ana.set_state(crate::ana::AnaState::Inaccessible);
+        assert_eq!(done(plan(&s, &rw(nvm::READ, 1, 0, 1), &Bytes::new())), Status::ANA_INACCESSIBLE);
     }
 
     #[test]

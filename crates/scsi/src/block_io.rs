@@ -7,7 +7,8 @@ use crate::inquiry::{MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BLOCKS, MAX_UNMA
 use crate::sense::{key, Sense};
 use crate::{Lun, ReadExtent};
 use std::os::fd::AsRawFd;
-use bw_block::{BlockError, Durability};
+use bw_block::{BlockError, Durability, Request};
+use bytes::Bytes;
 use std::sync::atomic::Ordering::Relaxed;
 
 pub const BLOCK: usize = 512;
@@ -108,6 +109,55 @@ impl Lun {
         }
     }
 
+    /// READ as a request to submit to the volume (its checks passed);
+    /// `None` if nothing is to be read.
+    pub(crate) fn read_request(&self, cdb: &[u8]) -> Result<Option<Request>, Sense> {
+        let (offset, len) = self.read_range(cdb)?;
+        Ok((len > 0).then(|| Request::read(offset, len)))
+    }
+
+    /// A plain WRITE (6/10/12/16) as a request to submit to the volume,
+    /// with [`Lun::write_pieces`]'s checks and the same whole blocks of
+    /// the data received. `None` when the write needs more than one
+    /// request (a flush after it: FUA or the write cache off on a
+    /// write-back volume) or has nothing to write.
+    pub(crate) fn write_request(&self, cdb: &[u8], data: &[Bytes]) -> Result<Option<Request>, Sense> {
+        let lba = self.write_checks(cdb)?;
+        let fua = cdb[0] != op::WRITE_6 && cdb[1] & 0x08 != 0;
+        if (fua || !self.wce.load(Relaxed)) && self.volume.info().durability == Durability::WriteBack {
+            return Ok(None);
+        }
+        let want = lba_and_len(cdb).1 as usize * BLOCK;
+        let total: usize = data.iter().map(|p| p.len()).sum();
+        let mut left = want.min(total / BLOCK * BLOCK);
+        if left == 0 {
+            return Ok(None);
+        }
+        let mut pieces = Vec::with_capacity(data.len());
+        for p in data {
+            let k = p.len().min(left);
+            if k > 0 {
+                pieces.push(p.slice(..k));
+            }
+            left -= k;
+        }
+        Ok(Some(Request::Write { offset: lba * BLOCK_U64, data: pieces }))
+    }
+
+    /// The checks of WRITE (6/10/12/16) and WRITE AND VERIFY; the LBA.
+    fn write_checks(&self, cdb: &[u8]) -> Result<u64, Sense> {
+        if cdb[0] != op::WRITE_6 && cdb[1] & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7))); // WRPROTECT
+        }
+        let (lba, n) = lba_and_len(cdb);
+        self.check_range(lba, n)?;
+        if n > MAX_TRANSFER_BLOCKS as u64 {
+            return Err(Sense::invalid_cdb_field(if cdb[0] == op::WRITE_6 { 4 } else { 7 }, None));
+        }
+        self.check_writable()?;
+        Ok(lba)
+    }
+
     /// READ (6/10/12/16). Fast path: no allocation beyond `out`.
     pub fn read(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
         let (offset, len) = self.read_range(cdb)?;
@@ -136,16 +186,8 @@ impl Lun {
     /// initiator actually sent (an iSCSI overflow may send fewer), ignores
     /// excess data.
     pub fn write_pieces(&self, cdb: &[u8], pieces: &[&[u8]], verify: bool) -> Result<(), Sense> {
-        if cdb[0] != op::WRITE_6 && cdb[1] & 0xe0 != 0 {
-            return Err(Sense::invalid_cdb_field(1, Some(7))); // WRPROTECT
-        }
-        let (lba, n) = lba_and_len(cdb);
-        self.check_range(lba, n)?;
-        if n > MAX_TRANSFER_BLOCKS as u64 {
-            return Err(Sense::invalid_cdb_field(if cdb[0] == op::WRITE_6 { 4 } else { 7 }, None));
-        }
-        self.check_writable()?;
-        let want = n as usize * BLOCK;
+        let lba = self.write_checks(cdb)?;
+        let want = lba_and_len(cdb).1 as usize * BLOCK;
         let total: usize = pieces.iter().map(|p| p.len()).sum();
         let have = want.min(total / BLOCK * BLOCK);
         if have == 0 {

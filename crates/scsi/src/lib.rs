@@ -154,6 +154,30 @@ pub enum ReadPlan {
     Buffered,
 }
 
+/// What [`ScsiTarget::plan_io`] decided for a command.
+#[derive(Debug)]
+pub enum IoPlan {
+    /// Every check has passed and the command is counted: start `request`
+    /// on `volume` ([`Volume::submit`]) and complete the command with
+    /// [`io_outcome`] of its result (a read's data is the request's buffer).
+    Submit { volume: Volume, request: bw_block::Request },
+    /// The command failed its checks: complete it with this outcome.
+    Done(ScsiOutcome),
+    /// Not a plain READ or WRITE (or a unit attention, reservation or ALUA
+    /// state is pending, or the write needs a flush after it): nothing was
+    /// done; run it with [`ScsiTarget::execute_transfer`].
+    Buffered,
+}
+
+/// The outcome of a command [`ScsiTarget::plan_io`] started, from its
+/// request's result.
+pub fn io_outcome(r: &Result<(), bw_block::BlockError>, write: bool) -> ScsiOutcome {
+    match r {
+        Ok(()) => ScsiOutcome::GOOD,
+        Err(e) => ScsiOutcome::check(block_io::io_sense(e, write)),
+    }
+}
+
 mod alua;
 mod block_io;
 pub mod build;
@@ -436,6 +460,35 @@ impl ScsiTarget {
             Ok(Some(e)) => ReadPlan::Extent(e),
             Ok(None) => ReadPlan::Buffered,
             Err(s) => ReadPlan::Done(ScsiOutcome::check(s)),
+        }
+    }
+
+    /// For a plain READ or WRITE: check the command and return the one
+    /// request that carries it out, for a transport that starts requests
+    /// itself and completes them later ([`bw_block::DeviceInfo::async_submit`]
+    /// backends). A WRITE's request takes the whole blocks of `data_out`
+    /// the CDB transfers, as [`ScsiTarget::execute_transfer`] would write.
+    /// Anything that is not the plain fast case comes back as
+    /// [`IoPlan::Buffered`] with no side effect.
+    pub fn plan_io(&self, _nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[bytes::Bytes]) -> IoPlan {
+        let Some(c) = commands::command(cdb) else { return IoPlan::Buffered };
+        let len = c.cdb_len();
+        if cdb.len() < len || cdb[len - 1] & 0x05 != 0 {
+            return IoPlan::Buffered;
+        }
+        let write = matches!(cdb[0], op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16);
+        if !write && !c.reads_medium() {
+            return IoPlan::Buffered;
+        }
+        let Some(l) = self.lun(lun) else { return IoPlan::Buffered };
+        if l.ua.active() || l.res.held() || l.cfg.port_group.state.refusal().is_some() {
+            return IoPlan::Buffered;
+        }
+        let r = if write { l.write_request(cdb, data_out) } else { l.read_request(cdb) };
+        match r {
+            Ok(Some(request)) => IoPlan::Submit { volume: l.volume.clone(), request },
+            Ok(None) => IoPlan::Buffered,
+            Err(s) => IoPlan::Done(ScsiOutcome::check(s)),
         }
     }
 

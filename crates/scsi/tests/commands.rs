@@ -675,6 +675,61 @@ fn plan_read_extents() {
     check(&t, 1, &read10(0, 1, 0), &[], POWER_ON_RESET);
 }
 
+/// plan_io hands out the one request a plain READ or WRITE needs, with
+/// the checks execute makes; running the request and io_outcome give what
+/// execute gives.
+#[test]
+fn plan_io_requests() {
+    use bw_block::Request;
+    use bw_scsi::{io_outcome, IoPlan};
+    use bytes::Bytes;
+    let t = ram_target(64);
+    let pattern: Vec<u8> = (0..8 * BS).map(|i| (i * 13 % 251) as u8).collect();
+    // A WRITE in three pieces (the last block short of a whole one): the
+    // request carries the whole blocks, in the pieces they came in.
+    let pieces = [Bytes::copy_from_slice(&pattern[..1000]), Bytes::copy_from_slice(&pattern[1000..3000]), Bytes::copy_from_slice(&pattern[3000..3700])];
+    let IoPlan::Submit { volume, request } = t.plan_io(1, 0, &write10(4, 8, 0), &pieces) else { panic!("write not planned") };
+    let Request::Write { offset, ref data } = request else { panic!("not a write request") };
+    assert_eq!(offset, 4 * BS as u64);
+    assert_eq!(data.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![1000, 2000, 584], "7 whole blocks, in the pieces received");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t2 = tx.clone();
+    volume.submit(request, move |req, r| t2.send((req, io_outcome(&r, true))).unwrap());
+    let (_, o) = rx.recv().unwrap();
+    assert!(o.is_good());
+    assert_eq!(good(&t, 1, &read10(4, 7, 0), &[]), pattern[..7 * BS].to_vec());
+    // A READ: its request's buffer is the data-in.
+    let IoPlan::Submit { volume, request } = t.plan_io(1, 0, &cdb16(0x88, 0, 4, 7), &[]) else { panic!("read not planned") };
+    assert_eq!((request.offset(), request.len(), request.is_write()), (4 * BS as u64, 7 * BS as u64, false));
+    volume.submit(request, move |req, r| tx.send((req, io_outcome(&r, false))).unwrap());
+    let (req, o) = rx.recv().unwrap();
+    assert!(o.is_good());
+    assert_eq!(req.into_buf(), pattern[..7 * BS].to_vec());
+    // Failed checks answer like execute.
+    let IoPlan::Done(o) = t.plan_io(1, 0, &read10(60, 8, 0), &[]) else { panic!("out of range planned") };
+    assert_eq!(sense(&o), LBA_OUT_OF_RANGE);
+    let IoPlan::Done(o) = t.plan_io(1, 0, &write10(0, 1, 0x20), &pieces) else { panic!("WRPROTECT planned") };
+    assert_eq!(sense(&o), INVALID_FIELD_IN_CDB);
+    let ro = target_with(ram_volume("ro", 64), LunConfig { read_only: true, ..LunConfig::for_volume("ro", "iqn.2026-11.test:t", 0) });
+    let IoPlan::Done(o) = ro.plan_io(1, 0, &write10(0, 1, 0), &pieces) else { panic!("write to a read-only LUN planned") };
+    assert_eq!(sense(&o), WRITE_PROTECTED);
+    // Not for one request: other commands, unknown LUNs, nothing to move,
+    // WRITE AND VERIFY, a FUA write on a write-back volume (a flush
+    // follows), and a pending unit attention (execute reports it).
+    assert!(matches!(t.plan_io(1, 0, &tur(), &[]), IoPlan::Buffered));
+    assert!(matches!(t.plan_io(1, 3, &read10(0, 1, 0), &[]), IoPlan::Buffered));
+    assert!(matches!(t.plan_io(1, 0, &read10(0, 0, 0), &[]), IoPlan::Buffered));
+    assert!(matches!(t.plan_io(1, 0, &write10(0, 1, 0), &[]), IoPlan::Buffered));
+    assert!(matches!(t.plan_io(1, 0, &cdb10(0x2e, 0, 0, 1), &pieces), IoPlan::Buffered));
+    let f = TempFile::new("plan-io");
+    let wb = target_with(f.volume(64), LunConfig::for_volume("filedisk", "iqn.2026-11.test:t", 0));
+    assert!(matches!(wb.plan_io(1, 0, &write10(0, 1, 0x08), &pieces), IoPlan::Buffered));
+    assert!(matches!(wb.plan_io(1, 0, &write10(0, 1, 0), &pieces), IoPlan::Submit { .. }));
+    assert!(t.lun_reset(0));
+    assert!(matches!(t.plan_io(1, 0, &read10(0, 1, 0), &[]), IoPlan::Buffered));
+    check(&t, 1, &read10(0, 1, 0), &[], POWER_ON_RESET);
+}
+
 /// pread through std (no libc dependency in this crate's tests).
 unsafe fn libc_pread(fd: std::os::fd::RawFd, buf: &mut [u8], offset: u64) -> usize {
     use std::os::unix::fs::FileExt;

@@ -5,8 +5,11 @@
 //! One concurrency model, the NVMe/TCP front-end's: the connection's task
 //! owns its session state outright and is the only one to touch it.
 //! Commands that never wait for a device, and small READs and WRITEs, run
-//! on that task; the rest run on the blocking pool and their results come
-//! back through a channel, where the task turns them into PDUs. Large READs
+//! on that task; READs and WRITEs of volumes that complete requests on
+//! their own threads (rbd) are submitted from the task, and the backend's
+//! completion sends the result back through a channel; the rest run on the
+//! blocking pool and their results come back through the same channel,
+//! where the task turns them into PDUs. Large READs
 //! are sent zero-copy (`sendfile` of a `bw_scsi::ReadExtent`); Data-Out
 //! reaches the backend in the pieces it arrived in.
 
@@ -23,7 +26,7 @@ use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu, BHS_LEN};
 use bw_iscsi::target_login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
 use bw_iscsi::target_session::{write_outcome, Action, Exec, SessionConfig, TargetSession};
 use bw_scsi::commands::Execution;
-use bw_scsi::{AluaState, LunConfig, PortGroup, ReadExtent, ReadPlan, ScsiTarget};
+use bw_scsi::{AluaState, IoPlan, LunConfig, PortGroup, ReadExtent, ReadPlan, ScsiTarget};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -506,7 +509,7 @@ impl Connection {
         let Some(scsi) = self.scsi.clone() else {
             return;
         };
-        if self.try_zero_copy_read(&scsi, &e) {
+        if self.try_zero_copy_read(&scsi, &e) || self.try_submit(&scsi, &e) {
             return;
         }
         let inline = match bw_scsi::execution(&e.cdb) {
@@ -529,6 +532,53 @@ impl Connection {
                 let _ = tx.send(run_command(&scsi, nexus, e));
             });
         }
+    }
+
+    /// Start a READ or WRITE on a volume that completes requests on its
+    /// own threads (rbd): the backend's completion sends the result to
+    /// this connection's channel, so no thread waits for it. `false`: run
+    /// it the ordinary way.
+    fn try_submit(&mut self, scsi: &ScsiTarget, e: &Exec) -> bool {
+        let lun = lun_number(e.lun);
+        if !scsi.backend_info(lun).is_some_and(|i| i.async_submit) {
+            return false;
+        }
+        // As run_command: a write's residual is what the CDB transfers
+        // against what the initiator announced.
+        let residual = || {
+            scsi.data_out_len(lun, &e.cdb)
+                .map_or(Residual::None, |w| write_outcome(w, e.edtl as usize).0)
+        };
+        let (itt, id) = (e.itt, e.id);
+        let (volume, request) = match scsi.plan_io(self.nexus, lun, &e.cdb, &e.data_out) {
+            IoPlan::Buffered => return false,
+            IoPlan::Done(o) => {
+                self.finished(Done {
+                    itt,
+                    id,
+                    status: o.status,
+                    sense: o.sense,
+                    data_in: Vec::new(),
+                    residual: residual(),
+                });
+                return true;
+            }
+            IoPlan::Submit { volume, request } => (volume, request),
+        };
+        let (tx, write, residual) = (self.done_tx.clone(), request.is_write(), residual());
+        volume.submit(request, move |req, r| {
+            let o = bw_scsi::io_outcome(&r, write);
+            let data_in = if o.is_good() { req.into_buf() } else { Vec::new() };
+            let _ = tx.send(Done {
+                itt,
+                id,
+                status: o.status,
+                sense: o.sense,
+                data_in,
+                residual,
+            });
+        });
+        true
     }
 
     /// A command's result: its Data-In and status PDUs.

@@ -42,6 +42,7 @@ pub struct Lib {
     pub rbd_aio_release: unsafe extern "C" fn(Completion),
     pub rbd_aio_read: unsafe extern "C" fn(Image, u64, usize, *mut c_char, Completion) -> c_int,
     pub rbd_aio_write: unsafe extern "C" fn(Image, u64, usize, *const c_char, Completion) -> c_int,
+    pub rbd_aio_writev: unsafe extern "C" fn(Image, *const libc::iovec, c_int, u64, Completion) -> c_int,
     pub rbd_aio_flush: unsafe extern "C" fn(Image, Completion) -> c_int,
     pub rbd_aio_discard: unsafe extern "C" fn(Image, u64, u64, Completion) -> c_int,
     pub rbd_aio_write_zeroes:
@@ -106,6 +107,7 @@ fn load() -> Result<Lib, String> {
         rbd_aio_release: sym!(rbd, rbd_aio_release),
         rbd_aio_read: sym!(rbd, rbd_aio_read),
         rbd_aio_write: sym!(rbd, rbd_aio_write),
+        rbd_aio_writev: sym!(rbd, rbd_aio_writev),
         rbd_aio_flush: sym!(rbd, rbd_aio_flush),
         rbd_aio_discard: sym!(rbd, rbd_aio_discard),
         rbd_aio_write_zeroes: sym!(rbd, rbd_aio_write_zeroes),

@@ -8,9 +8,13 @@
 //! without blocking between reads: no channel hop or second task per
 //! reply, and read data goes from the volume straight into the send buffer
 //! (small reads) or from the page cache to the socket with sendfile (large
-//! reads, no data digest). Commands that may block (O_DIRECT or O_DSYNC
-//! volumes, flushes, discards) run on the blocking pool and come back
-//! through a channel; they complete out of order, as NVMe allows.
+//! reads, no data digest). Reads and writes of volumes that complete
+//! requests on their own threads (rbd: `DeviceInfo::async_submit`) are
+//! submitted from here, and the backend's completion sends the result
+//! back through a channel. Other commands that may block (O_DIRECT or
+//! O_DSYNC volumes, flushes, discards) run on the blocking pool and come
+//! back through the same channel; they complete out of order, as NVMe
+//! allows.
 
 use super::fabric::{CtrlEntry, Fabric};
 use super::outbox::Outbox;
@@ -337,6 +341,20 @@ impl Conn {
         let Some(sub) = self.ctrl.as_ref().and_then(|e| e.subsys.clone()) else {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
+        if sub.namespace(sqe.nsid()).is_some_and(|n| n.volume.info().async_submit) {
+            match io::plan(&sub, &sqe, &data) {
+                io::Plan::Submit { volume, request } => {
+                    // The backend's own thread completes it; nothing here
+                    // or on the blocking pool waits.
+                    let tx = self.done_tx.clone();
+                    return volume.submit(request, move |req, r| {
+                        let _ = tx.send(Finished { cid, done: io::submitted(req, r) });
+                    });
+                }
+                io::Plan::Done(status) => return self.complete(cid, status, 0, None),
+                io::Plan::Execute => {}
+            }
+        }
         if may_block(&sub, &sqe) {
             let tx = self.done_tx.clone();
             tokio::task::spawn_blocking(move || {
