@@ -42,6 +42,15 @@ const ZERO_COPY_MIN: usize = 32 * 1024;
 const OUT_HIGH: usize = 4 << 20;
 /// Socket reads in a row before the task lets others run.
 const READS_PER_YIELD: u32 = 32;
+/// Commands taken from the receive buffer before the replies so far are
+/// sent. A host that fills its queue sends its capsules in one burst;
+/// answering the whole burst at once made the two sides take turns (each
+/// idle while the other worked, the target sleeping once per burst), and
+/// answering every 8 keeps both busy: 4 KiB random reads at QD32 with host
+/// and target on separate vCPUs, 183k -> 268k IOPS, target sleeps per I/O
+/// 0.03 -> 0.002 (crates/nvme/README.md). Linux's target uses the same
+/// budget (NVMET_TCP_RECV_BUDGET).
+const COMMANDS_PER_SEND: usize = 8;
 
 /// A command finished on the blocking pool.
 struct Finished {
@@ -155,12 +164,15 @@ impl Conn {
     ) -> anyhow::Result<()> {
         let mut reads_in_a_row = 0;
         loop {
-            // Handle every PDU already buffered before touching the socket
-            // again: at high queue depth one read brings many capsules.
-            // (Left true when the reply backlog, not a lack of bytes, stopped it.)
+            // Handle the PDUs already buffered before touching the socket
+            // again (at high queue depth one read brings many capsules),
+            // sending the replies every COMMANDS_PER_SEND commands.
+            // (Left true when the reply backlog or that count, not a lack
+            // of bytes, stopped it.)
             let mut stalled = true;
             let now = Instant::now();
-            while self.out.buffered() < OUT_HIGH {
+            let mut handled = 0;
+            while self.out.buffered() < OUT_HIGH && handled < COMMANDS_PER_SEND {
                 if *self.kill.borrow() {
                     return Ok(());
                 }
@@ -171,6 +183,7 @@ impl Conn {
                     }
                     Received::Pdu(None) => {}
                     Received::Pdu(Some(a)) => {
+                        handled += 1;
                         if let Some(end) = self.act(a) {
                             return end;
                         }
