@@ -46,6 +46,38 @@ const ZERO_COPY_MIN: usize = 32 * 1024;
 const OUT_HIGH: usize = 4 << 20;
 /// Socket reads in a row before the task lets others run.
 const READS_PER_YIELD: u32 = 32;
+/// Commands taken from the receive buffer before the replies so far are
+/// sent. A host that fills its queue sends its capsules in one burst;
+/// answering the whole burst at once made the two sides take turns (each
+/// idle while the other worked, the target sleeping once per burst), and
+/// answering every 8 keeps both busy: 4 KiB random reads at QD32 with host
+/// and target on separate vCPUs, 183k -> 268k IOPS, target sleeps per I/O
+/// 0.03 -> 0.002 (crates/nvme/README.md). Linux's target uses the same
+/// budget (NVMET_TCP_RECV_BUDGET). Not when the host is on this machine
+/// and on our CPU: there the two cannot overlap, and every early reply
+/// cost two context switches (same vCPU: 297k IOPS answering whole
+/// bursts, 238k answering every 8).
+const COMMANDS_PER_SEND: usize = 8;
+
+/// Whether the host's last packets were processed on the CPU this thread
+/// runs on. For a host on this machine (loopback) that is the CPU the host
+/// sent from (SO_INCOMING_CPU): the host shares our CPU.
+fn host_on_our_cpu(stream: &TcpStream) -> bool {
+    let mut cpu: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid fd and an int-sized option value.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_INCOMING_CPU,
+            &mut cpu as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    // SAFETY: no arguments.
+    r == 0 && cpu >= 0 && cpu == unsafe { libc::sched_getcpu() }
+}
 
 /// A command finished on the blocking pool.
 struct Finished {
@@ -57,6 +89,8 @@ struct Conn {
     fabric: Arc<Fabric>,
     local: Option<SocketAddr>,
     peer: SocketAddr,
+    /// The host runs on this machine (see COMMANDS_PER_SEND).
+    local_host: bool,
     q: TargetQueue,
     out: Outbox,
     /// Completions from the blocking pool come back through here.
@@ -85,6 +119,7 @@ pub async fn serve(
         fabric,
         local,
         peer,
+        local_host: peer.ip().is_loopback() || local.is_some_and(|l| l.ip() == peer.ip()),
         q: TargetQueue::new(cfg),
         out: Outbox::default(),
         done_tx,
@@ -159,12 +194,28 @@ impl Conn {
     ) -> anyhow::Result<()> {
         let mut reads_in_a_row = 0;
         loop {
-            // Handle every PDU already buffered before touching the socket
-            // again: at high queue depth one read brings many capsules.
-            // (Left true when the reply backlog, not a lack of bytes, stopped it.)
+            // Handle the PDUs already buffered before touching the socket
+            // again (at high queue depth one read brings many capsules),
+            // sending the replies every COMMANDS_PER_SEND commands.
+            // (Left true when the reply backlog or that count, not a lack
+            // of bytes, stopped it.)
             let mut stalled = true;
             let now = Instant::now();
-            while self.out.buffered() < OUT_HIGH {
+            let mut handled = 0;
+            let mut limit = COMMANDS_PER_SEND;
+            loop {
+                if self.out.buffered() >= OUT_HIGH {
+                    break;
+                }
+                if handled == limit {
+                    // A host sharing our CPU cannot work while we do:
+                    // early replies would only wake it to preempt us.
+                    if self.local_host && !reader.buf().is_empty() && host_on_our_cpu(stream) {
+                        limit = usize::MAX;
+                    } else {
+                        break;
+                    }
+                }
                 if *self.kill.borrow() {
                     return Ok(());
                 }
@@ -175,6 +226,7 @@ impl Conn {
                     }
                     Received::Pdu(None) => {}
                     Received::Pdu(Some(a)) => {
+                        handled += 1;
                         if let Some(end) = self.act(a) {
                             return end;
                         }
