@@ -324,6 +324,25 @@ impl Attached {
     }
 }
 
+/// Where attach daemons keep their state files (`attach-PID.json`, which
+/// record the FUSE directory, loop device and mount point), their logs,
+/// and the FUSE directories of `blockwire mount`.
+pub const STATE_DIR: &str = "/run/blockwire";
+
+/// The directory `blockwire mount` attaches the volume under for the file
+/// system mounted on `mountpoint` (absolute): one per mount point, named
+/// after it with every character but ASCII letters and digits folded to
+/// `_` (`/tmp/x-fs` -> `/run/blockwire/fuse/_tmp_x_fs`). Leak checks use
+/// it too, so it stays the one place that says how the name is made.
+pub fn mount_fuse_dir(mountpoint: &Path) -> PathBuf {
+    let key: String = mountpoint
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    Path::new(STATE_DIR).join("fuse").join(key)
+}
+
 /// `dir` can take an attach: an empty directory that is not a mount point.
 pub fn check_dir(dir: &Path) -> Result<(), AttachError> {
     let empty = std::fs::read_dir(dir)
@@ -368,4 +387,20 @@ pub fn abort_connection(dir: &Path) -> std::io::Result<()> {
         };
     }
     std::fs::write(abort, "1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_fuse_dir_folds_the_mountpoint_into_one_name() {
+        assert_eq!(
+            mount_fuse_dir(Path::new("/tmp/bwlab-42-fs")),
+            Path::new("/run/blockwire/fuse/_tmp_bwlab_42_fs")
+        );
+        // Different mount points get different directories; none nests.
+        assert_ne!(mount_fuse_dir(Path::new("/mnt/a")), mount_fuse_dir(Path::new("/mnt/b")));
+        assert_eq!(mount_fuse_dir(Path::new("/mnt/a/b.c")).parent(), Some(Path::new("/run/blockwire/fuse")));
+    }
 }

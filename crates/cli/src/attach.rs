@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const STATE_DIR: &str = "/run/blockwire";
+use bw_attach::STATE_DIR;
 
 #[derive(Args)]
 pub struct AttachArgs {
@@ -420,12 +420,7 @@ pub fn mount(a: MountArgs) -> anyhow::Result<()> {
     if bw_attach::is_mountpoint(&mp) {
         bail!("{}: already a mount point", mp.display());
     }
-    let key: String = mp
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let fuse_dir = Path::new(STATE_DIR).join("fuse").join(key);
+    let fuse_dir = bw_attach::mount_fuse_dir(&mp);
     std::fs::create_dir_all(&fuse_dir)?;
     let attach_args = AttachArgs {
         url: a.url.clone(),

@@ -231,7 +231,7 @@ impl LabRun {
                     unavailable: None,
                 });
             }
-            let dir = PathBuf::from(format!("/tmp/bwlab-{}-fs", std::process::id()));
+            let dir = crate::mounts::fs_mountpoint(std::process::id());
             let (t, ()) = registry().create(Resource::Dir(dir.clone()), || {
                 Ok(std::fs::create_dir_all(&dir)?)
             })?;
