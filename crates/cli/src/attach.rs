@@ -269,7 +269,8 @@ async fn wait_and_detach(
     tokio::select! {
         r = graceful => match r {
             Ok(()) => {
-                let _ = client.close().await;
+                // The serving thread logs out as it ends (the caller joins it):
+                // the connection lives on its runtime.
                 eprintln!("blockwire: flushed and detached {}", dir.display());
                 return Ok(true);
             }
@@ -381,10 +382,17 @@ fn spawn_daemon(a: &AttachArgs, dir: &Path) -> anyhow::Result<(Value, String)> {
         };
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
-    // SAFETY: setsid is async-signal-safe; the daemon must not die with our terminal.
+    // The daemon must not die with our terminal (setsid), and must hear the
+    // SIGTERM of `blockwire umount` even when our caller blocks signals
+    // (children inherit the signal mask).
+    // SAFETY: setsid, sigemptyset and sigprocmask are async-signal-safe and
+    // touch only the local set.
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             Ok(())
         });
     }

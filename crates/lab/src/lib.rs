@@ -137,7 +137,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         },
     })?;
     preflight(&plan)?;
-    // Before any thread exists, so every thread inherits the blocked mask.
+    // Before any thread exists (see install_signal_handler).
     cleanup::install_signal_handler()?;
     let exe = std::env::current_exe()?;
     let out = args.out.clone().unwrap_or_else(|| {
