@@ -20,7 +20,6 @@ pub use reconnect::Reconnecting;
 pub use ring::enabled as uring_enabled;
 
 use bw_initiator::{BlockClient, ConnectOptions};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -245,6 +244,11 @@ fn serve_thread(
         };
         // Unmounted (or aborted): the session's drop unmounts if still mounted.
         drop(session);
+        // Log out here, on the runtime that carries the connection: once this
+        // thread ends, the connection's tasks are gone, and a close from
+        // another thread waited its full logout timeout (5 s) for an answer
+        // that could no longer be read.
+        let _ = client.close().await;
         r
     })
 }
@@ -324,6 +328,25 @@ impl Attached {
     }
 }
 
+/// Where attach daemons keep their state files (`attach-PID.json`, which
+/// record the FUSE directory, loop device and mount point), their logs,
+/// and the FUSE directories of `blockwire mount`.
+pub const STATE_DIR: &str = "/run/blockwire";
+
+/// The directory `blockwire mount` attaches the volume under for the file
+/// system mounted on `mountpoint` (absolute): one per mount point, named
+/// after it with every character but ASCII letters and digits folded to
+/// `_` (`/tmp/x-fs` -> `/run/blockwire/fuse/_tmp_x_fs`). Leak checks use
+/// it too, so it stays the one place that says how the name is made.
+pub fn mount_fuse_dir(mountpoint: &Path) -> PathBuf {
+    let key: String = mountpoint
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    Path::new(STATE_DIR).join("fuse").join(key)
+}
+
 /// `dir` can take an attach: an empty directory that is not a mount point.
 pub fn check_dir(dir: &Path) -> Result<(), AttachError> {
     let empty = std::fs::read_dir(dir)
@@ -335,24 +358,93 @@ pub fn check_dir(dir: &Path) -> Result<(), AttachError> {
     Ok(())
 }
 
-/// Whether `dir` is the root of a mount (its device differs from its parent's).
+/// Whether a file system is mounted on `dir` (an absolute path without
+/// symlinks, as the state files record it).
 pub fn is_mountpoint(dir: &Path) -> bool {
-    let (Ok(me), Ok(parent)) = (std::fs::metadata(dir), std::fs::metadata(dir.join(".."))) else {
-        return false;
+    mount_at(dir).is_some()
+}
+
+/// A mount as /proc/self/mountinfo lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// The minor of the mount's device number: for FUSE, the connection's
+    /// directory under /sys/fs/fuse/connections.
+    pub minor: u32,
+    /// `fuse`, `fuse.blockwire`, `ext4`, ...
+    pub fstype: String,
+}
+
+/// The topmost mount on exactly `dir`, from /proc/self/mountinfo. Reading
+/// the table never touches the mounted file system, so it answers while a
+/// FUSE daemon does not: a stat of the mount point would wait for the
+/// daemon, forever if it hangs.
+pub fn mount_at(dir: &Path) -> Option<MountEntry> {
+    let dir = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir().ok()?.join(dir)
     };
-    me.dev() != parent.dev() || me.ino() == parent.ino()
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    parse_mountinfo(&table, &dir.to_string_lossy())
+}
+
+/// The last (topmost) line of `table` (mountinfo format) mounted on `dir`.
+fn parse_mountinfo(table: &str, dir: &str) -> Option<MountEntry> {
+    table.lines().filter_map(|line| {
+        // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+        let mut f = line.split(' ');
+        let dev = f.nth(2)?;
+        let point = f.nth(1)?;
+        if unescape_mountinfo(point) != dir {
+            return None;
+        }
+        let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
+        let minor = dev.split_once(':')?.1.parse().ok()?;
+        Some(MountEntry { minor, fstype: fstype.to_string() })
+    }).last()
+}
+
+/// mountinfo writes space, tab, newline and backslash in paths as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 const FUSECTL: &str = "/sys/fs/fuse/connections";
 
 /// Abort the FUSE connection mounted at `dir` (every pending and future
 /// request fails with ENOTCONN), for unmounting while the daemon cannot
-/// answer. Mounts the fusectl file system first if nobody has.
+/// answer. Found through the mount table, never by a stat of `dir` (which
+/// would wait for the daemon); mounts the fusectl file system first if
+/// nobody has.
 pub fn abort_connection(dir: &Path) -> std::io::Result<()> {
-    let dev = std::fs::metadata(dir)?.dev();
-    // The connection directory is named after the mount's device number.
-    let minor = ((dev & 0xff) | ((dev >> 12) & !0xff)) as u32;
-    let abort = format!("{FUSECTL}/{minor}/abort");
+    let m = mount_at(dir).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, format!("{}: nothing mounted", dir.display()))
+    })?;
+    if m.fstype != "fuse" && !m.fstype.starts_with("fuse.") {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}: {} is not a FUSE file system", dir.display(), m.fstype),
+        ));
+    }
+    // The connection directory is named after the mount's device number
+    // (major 0: its minor).
+    let abort = format!("{FUSECTL}/{}/abort", m.minor);
     if !Path::new(&abort).exists() {
         let c = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
         let (src, target, fstype) = (c("fusectl"), c(FUSECTL), c("fusectl"));
@@ -368,4 +460,48 @@ pub fn abort_connection(dir: &Path) -> std::io::Result<()> {
         };
     }
     std::fs::write(abort, "1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // In /proc/self/mountinfo's format: a FUSE attach, ext4 on its loop
+    // device, and two mounts stacked on a path with a space.
+    const MOUNTINFO: &str = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+60 22 0:53 / /run/blockwire/fuse/_tmp_bwlab_42_fs rw,nosuid,nodev,noexec,relatime shared:30 - fuse.blockwire blockwire:iscsi://198.18.0.1/iqn.x rw,user_id=0,group_id=0
+61 22 7:3 / /tmp/bwlab-42-fs rw,relatime shared:31 - ext4 /dev/loop3 rw
+62 22 0:54 / /mnt/a\\040b rw,relatime shared:32 - tmpfs none rw
+63 62 0:55 / /mnt/a\\040b rw,relatime shared:33 - fuse.sshfs x rw
+";
+
+    #[test]
+    fn mounts_are_found_in_the_table_without_touching_them() {
+        let fuse = parse_mountinfo(MOUNTINFO, "/run/blockwire/fuse/_tmp_bwlab_42_fs").unwrap();
+        assert_eq!(fuse, MountEntry { minor: 53, fstype: "fuse.blockwire".into() });
+        assert_eq!(parse_mountinfo(MOUNTINFO, "/tmp/bwlab-42-fs").unwrap().fstype, "ext4");
+        // The topmost of two mounts on one (escaped) path.
+        assert_eq!(parse_mountinfo(MOUNTINFO, "/mnt/a b").unwrap().minor, 55);
+        assert_eq!(parse_mountinfo(MOUNTINFO, "/tmp"), None);
+        assert_eq!(parse_mountinfo(MOUNTINFO, "/tmp/bwlab-42"), None);
+        assert_eq!(unescape_mountinfo("a\\134b\\011c\\9"), "a\\b\tc\\9");
+        // The live table: / is always mounted; this source file is not a mount point.
+        assert!(is_mountpoint(Path::new("/")));
+        assert!(!is_mountpoint(Path::new(file!())));
+        // Nothing FUSE to abort on / (and nothing mounted on a plain directory).
+        assert_eq!(abort_connection(Path::new("/")).unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+        assert_eq!(abort_connection(&std::env::temp_dir().join("bw-no-such-mount")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn mount_fuse_dir_folds_the_mountpoint_into_one_name() {
+        assert_eq!(
+            mount_fuse_dir(Path::new("/tmp/bwlab-42-fs")),
+            Path::new("/run/blockwire/fuse/_tmp_bwlab_42_fs")
+        );
+        // Different mount points get different directories; none nests.
+        assert_ne!(mount_fuse_dir(Path::new("/mnt/a")), mount_fuse_dir(Path::new("/mnt/b")));
+        assert_eq!(mount_fuse_dir(Path::new("/mnt/a/b.c")).parent(), Some(Path::new("/run/blockwire/fuse")));
+    }
 }

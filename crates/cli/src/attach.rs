@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const STATE_DIR: &str = "/run/blockwire";
+use bw_attach::STATE_DIR;
 
 #[derive(Args)]
 pub struct AttachArgs {
@@ -269,7 +269,8 @@ async fn wait_and_detach(
     tokio::select! {
         r = graceful => match r {
             Ok(()) => {
-                let _ = client.close().await;
+                // The serving thread logs out as it ends (the caller joins it):
+                // the connection lives on its runtime.
                 eprintln!("blockwire: flushed and detached {}", dir.display());
                 return Ok(true);
             }
@@ -381,10 +382,17 @@ fn spawn_daemon(a: &AttachArgs, dir: &Path) -> anyhow::Result<(Value, String)> {
         };
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
-    // SAFETY: setsid is async-signal-safe; the daemon must not die with our terminal.
+    // The daemon must not die with our terminal (setsid), and must hear the
+    // SIGTERM of `blockwire umount` even when our caller blocks signals
+    // (children inherit the signal mask).
+    // SAFETY: setsid, sigemptyset and sigprocmask are async-signal-safe and
+    // touch only the local set.
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             Ok(())
         });
     }
@@ -420,12 +428,7 @@ pub fn mount(a: MountArgs) -> anyhow::Result<()> {
     if bw_attach::is_mountpoint(&mp) {
         bail!("{}: already a mount point", mp.display());
     }
-    let key: String = mp
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let fuse_dir = Path::new(STATE_DIR).join("fuse").join(key);
+    let fuse_dir = bw_attach::mount_fuse_dir(&mp);
     std::fs::create_dir_all(&fuse_dir)?;
     let attach_args = AttachArgs {
         url: a.url.clone(),

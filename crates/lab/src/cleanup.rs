@@ -1,18 +1,28 @@
 //! Everything the lab creates on the machine is tracked here (namespaces,
 //! veths, qdiscs, child processes, mounts with their loop devices and FUSE
 //! connections, memory cgroups, temporary files and directories) so it is
-//! removed on success, on error and on SIGINT/SIGTERM. Resources are
-//! registered while the registry lock is held *during* their creation, so a
-//! signal arriving mid-creation cannot slip between "created" and "tracked".
+//! removed on success, on error and on SIGINT/SIGTERM. A resource is
+//! tracked *before* it is created, marked busy while that runs, so a signal
+//! arriving mid-creation cannot slip between "created" and "tracked"; the
+//! registry's lock is only held for moments, so a forced cleanup can always
+//! get at every resource (a creation such as `blockwire mount --mkfs` over
+//! a slow link takes long).
 //!
 //! Release goes newest first, so what stands on something goes before it:
 //! a workload before its cgroup and its mount, a mount before the target
 //! that serves it, processes before their namespace.
+//!
+//! Ctrl-C: the first one stops the workloads (SIGTERM; after a short grace
+//! their mounts' FUSE connections are aborted, so I/O stuck on the way to
+//! a target fails instead of being waited for, and what is left is
+//! killed), and the run saves what it has and cleans up in order. A second
+//! one, or a run still not done 20 s later, forces: FUSE connections
+//! aborted, every process killed, then the same cleanup, then exit.
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// What a child process is for: the first Ctrl-C stops workloads only, so
@@ -70,20 +80,37 @@ pub struct Token(u64);
 #[derive(Default)]
 struct Inner {
     next: u64,
-    items: Vec<(u64, Resource)>,
+    items: Vec<Entry>,
+}
+
+struct Entry {
+    id: u64,
+    res: Resource,
+    /// Being created or released by some thread right now.
+    busy: bool,
 }
 
 pub struct Registry {
     inner: Mutex<Inner>,
+    /// Notified whenever an entry stops being busy.
+    settled: Condvar,
 }
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// How long a cleanup waits for creations and releases that another
+/// thread has under way (a forced cleanup while the main thread still
+/// unmounts) before it releases those resources itself.
+const SETTLE: Duration = Duration::from_secs(10);
+/// After the first Ctrl-C, how long workloads get to stop on SIGTERM
+/// before the FUSE connections under them are aborted and they are killed.
+const WORKLOAD_GRACE: Duration = Duration::from_secs(3);
+/// After the first Ctrl-C, when the run is forced to end.
+const FORCE_AFTER: Duration = Duration::from_secs(20);
+
 pub fn registry() -> &'static Registry {
-    REGISTRY.get_or_init(|| Registry {
-        inner: Mutex::new(Inner::default()),
-    })
+    REGISTRY.get_or_init(Registry::new)
 }
 
 /// Set once SIGINT or SIGTERM arrived; long loops check it between runs.
@@ -92,30 +119,62 @@ pub fn interrupted() -> bool {
 }
 
 impl Registry {
+    fn new() -> Registry {
+        Registry {
+            inner: Mutex::new(Inner::default()),
+            settled: Condvar::new(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Track `res`, then run `create` with the lock held. If creation fails
-    /// the resource is cleaned (it may be half-made) and untracked.
+    /// Mark entry `id` done with (`Some(keep)`: keep tracking it or not)
+    /// and wake whoever waits for busy entries.
+    fn settle(&self, id: u64, keep: bool) {
+        let mut g = self.lock();
+        if keep {
+            if let Some(e) = g.items.iter_mut().find(|e| e.id == id) {
+                e.busy = false;
+            }
+        } else {
+            g.items.retain(|e| e.id != id);
+        }
+        drop(g);
+        self.settled.notify_all();
+    }
+
+    /// Track `res`, then run `create` (without the lock: see the module
+    /// comment). If creation fails the resource is cleaned (it may be
+    /// half-made) and untracked.
     pub fn create<T>(
         &self,
         res: Resource,
         create: impl FnOnce() -> anyhow::Result<T>,
     ) -> anyhow::Result<(Token, T)> {
-        let mut g = self.lock();
-        if interrupted() {
-            anyhow::bail!("interrupted");
-        }
-        let id = g.next;
-        g.next += 1;
-        g.items.push((id, res.clone()));
+        let id = {
+            let mut g = self.lock();
+            if interrupted() {
+                anyhow::bail!("interrupted");
+            }
+            let id = g.next;
+            g.next += 1;
+            g.items.push(Entry {
+                id,
+                res: res.clone(),
+                busy: true,
+            });
+            id
+        };
         match create() {
-            Ok(v) => Ok((Token(id), v)),
+            Ok(v) => {
+                self.settle(id, true);
+                Ok((Token(id), v))
+            }
             Err(e) => {
-                g.items.retain(|(i, _)| *i != id);
-                drop(g);
                 let _ = release_resource(&res);
+                self.settle(id, false);
                 Err(e)
             }
         }
@@ -123,7 +182,7 @@ impl Registry {
 
     /// Create something whose identity is only known once it exists (a loop
     /// device's number): `create` makes it and names it, under the lock, so
-    /// a signal cannot fall between the two.
+    /// a signal cannot fall between the two (keep `create` short).
     pub fn create_tracked<T>(
         &self,
         create: impl FnOnce() -> anyhow::Result<(Resource, T)>,
@@ -135,7 +194,11 @@ impl Registry {
         let (res, v) = create()?;
         let id = g.next;
         g.next += 1;
-        g.items.push((id, res));
+        g.items.push(Entry {
+            id,
+            res,
+            busy: false,
+        });
         Ok((Token(id), v))
     }
 
@@ -200,82 +263,167 @@ impl Registry {
             .map_err(|e| anyhow::anyhow!("cannot start {what}: {e}"))?;
         let id = g.next;
         g.next += 1;
-        g.items.push((
+        g.items.push(Entry {
             id,
-            Resource::Child {
+            res: Resource::Child {
                 pid: child.id(),
                 what: what.to_string(),
                 role,
             },
-        ));
+            busy: false,
+        });
         Ok((Token(id), child))
     }
 
     /// Stop tracking (the owner released the resource itself).
     pub fn forget(&self, t: Token) {
-        self.lock().items.retain(|(i, _)| *i != t.0);
+        self.lock().items.retain(|e| e.id != t.0);
+        self.settled.notify_all();
     }
 
-    /// Release one resource now and stop tracking it.
+    /// Release one resource now and stop tracking it. One that cannot be
+    /// released stays tracked, so the final cleanup tries again.
     pub fn release(&self, t: Token) -> anyhow::Result<()> {
         let res = {
             let mut g = self.lock();
-            let pos = g.items.iter().position(|(i, _)| *i == t.0);
-            pos.map(|p| g.items.remove(p).1)
+            match g.items.iter_mut().find(|e| e.id == t.0 && !e.busy) {
+                Some(e) => {
+                    e.busy = true;
+                    e.res.clone()
+                }
+                // Gone, or a cleanup is releasing it right now.
+                None => return Ok(()),
+            }
         };
-        match res {
-            Some(r) => release_resource(&r),
-            None => Ok(()),
-        }
+        let r = release_resource(&res);
+        self.settle(t.0, r.is_err());
+        r
     }
 
     /// Release everything, newest first (see the module comment). Children
     /// next to each other in that order are signalled together, so their
-    /// grace periods overlap. Returns the problems met, for the log.
+    /// grace periods overlap. Creations and releases another thread has
+    /// under way are waited for (up to [`SETTLE`]), then released here
+    /// too: every release is safe to repeat. Returns the problems met, for
+    /// the log.
     pub fn cleanup_all(&self) -> Vec<String> {
-        let mut g = self.lock();
-        let items: Vec<Resource> = g.items.drain(..).rev().map(|(_, r)| r).collect();
-        // Keep the lock: nothing new may be created while tearing down.
+        let g = self.lock();
+        let mut g = match self
+            .settled
+            .wait_timeout_while(g, SETTLE, |i| i.items.iter().any(|e| e.busy))
+        {
+            Ok((g, _)) => g,
+            Err(p) => p.into_inner().0,
+        };
+        let items: Vec<(u64, Resource)> = g
+            .items
+            .iter_mut()
+            .rev()
+            .map(|e| {
+                e.busy = true;
+                (e.id, e.res.clone())
+            })
+            .collect();
+        drop(g);
         let mut errors = vec![];
         let mut i = 0;
         while i < items.len() {
             let mut pids = vec![];
-            while let Some(Resource::Child { pid, .. }) = items.get(i) {
+            let mut ids = vec![];
+            while let Some((id, Resource::Child { pid, .. })) = items.get(i) {
                 pids.push(*pid);
+                ids.push(*id);
                 i += 1;
             }
             if !pids.is_empty() {
                 kill_all(&pids);
-                continue;
+            } else {
+                let (id, res) = &items[i];
+                if let Err(e) = release_resource(res) {
+                    errors.push(format!("{res:?}: {e}"));
+                }
+                ids.push(*id);
+                i += 1;
             }
-            if let Err(e) = release_resource(&items[i]) {
-                errors.push(format!("{:?}: {e}", items[i]));
+            for id in ids {
+                self.settle(id, false);
             }
-            i += 1;
         }
-        drop(g);
         errors
     }
 
     pub fn tracked(&self) -> Vec<Resource> {
-        self.lock().items.iter().map(|(_, r)| r.clone()).collect()
+        self.lock().items.iter().map(|e| e.res.clone()).collect()
+    }
+
+    /// The tracked children of `role`.
+    fn children(&self, role: Role) -> Vec<u32> {
+        self.lock()
+            .items
+            .iter()
+            .filter_map(|e| match &e.res {
+                Resource::Child { pid, role: r, .. } if *r == role => Some(*pid),
+                _ => None,
+            })
+            .collect()
     }
 
     /// SIGTERM to every tracked workload (first Ctrl-C: the running bench
     /// or workload ends, the main loop notices and winds down; targets keep
     /// serving until the mounts on them are undone).
     fn term_workloads(&self) {
-        for (_, r) in self.lock().items.iter() {
-            if let Resource::Child {
-                pid,
-                role: Role::Workload,
-                ..
-            } = r
-            {
-                signal(*pid, libc::SIGTERM);
+        for pid in self.children(Role::Workload) {
+            signal(pid, libc::SIGTERM);
+        }
+    }
+
+    /// Abort the FUSE connection under every tracked `blockwire mount`:
+    /// whatever waits on one (a workload's write or fsync, an unmount's
+    /// writeback, the mkfs of a mount being made) fails at once instead of
+    /// waiting for the attach daemon and the target. Found through the
+    /// mount table, so a hung daemon cannot hang this too.
+    fn abort_fuse(&self) {
+        let mounts: Vec<PathBuf> = self
+            .lock()
+            .items
+            .iter()
+            .filter_map(|e| match &e.res {
+                Resource::BlockwireMount { mountpoint, .. } => Some(mountpoint.clone()),
+                _ => None,
+            })
+            .collect();
+        for mp in mounts {
+            let fuse = bw_attach::mount_fuse_dir(&mp);
+            if bw_attach::is_mountpoint(&fuse) {
+                let _ = bw_attach::abort_connection(&fuse);
             }
         }
     }
+
+    /// The forced end's first step, before the ordered cleanup: no waiting
+    /// on anything. FUSE connections aborted first (a process stuck in
+    /// FUSE I/O cannot die before), then every tracked process and the
+    /// attach daemons of the mounts killed.
+    fn emergency(&self) {
+        self.abort_fuse();
+        let mut pids = self.children(Role::Workload);
+        pids.extend(self.children(Role::Service));
+        for e in self.tracked() {
+            if let Resource::BlockwireMount { mountpoint, .. } = e {
+                pids.extend(crate::mounts::attach_daemon_of(&mountpoint).filter(|p| is_attach_daemon(*p)));
+            }
+        }
+        for p in pids {
+            signal(p, libc::SIGKILL);
+        }
+    }
+}
+
+/// Whether `pid` is (still) a `blockwire attach` daemon: the PID comes from
+/// a state file, and PIDs are reused.
+fn is_attach_daemon(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(b"attach"))
 }
 
 fn signal(pid: u32, sig: i32) {
@@ -440,20 +588,66 @@ fn unmount(mp: &std::path::Path) -> anyhow::Result<()> {
     run_quiet(&["umount", "-l", &s])
 }
 
+/// How long one `blockwire umount` may take before the FUSE connection
+/// under it is aborted: a graceful unmount writes the client's dirty pages
+/// back through FUSE to the target, which a busy machine and a shaped link
+/// can stretch, and a hung daemon stretches for ever.
+const UMOUNT_PATIENCE: Duration = Duration::from_secs(15);
+
 /// `blockwire umount` undoes the file system, loop device, FUSE connection
-/// and attach daemon in order (and aborts the FUSE connection if the daemon
-/// is stuck). A busy file system gets a few tries.
+/// and attach daemon in order. After an interruption nothing on the volume
+/// matters, so the FUSE connection is aborted first and the writes still
+/// on their way fail at once; otherwise an unmount that takes longer than
+/// [`UMOUNT_PATIENCE`] gets the same. A busy file system gets a few tries.
 fn release_blockwire_mount(exe: &std::path::Path, mp: &std::path::Path) -> anyhow::Result<()> {
+    let fuse = bw_attach::mount_fuse_dir(mp);
+    let abort = || {
+        if bw_attach::is_mountpoint(&fuse) {
+            let _ = bw_attach::abort_connection(&fuse);
+        }
+    };
+    if interrupted() {
+        abort();
+    }
     let mut last = String::new();
     for _ in 0..5 {
-        let out = Command::new(exe).arg("umount").arg(mp).output()?;
-        if out.status.success() && !is_mounted(mp) {
-            return Ok(());
+        let mut child = Command::new(exe)
+            .arg("umount")
+            .arg(mp)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let t0 = Instant::now();
+        let mut aborted = false;
+        let status = loop {
+            if let Some(st) = child.try_wait()? {
+                break Some(st);
+            }
+            if !aborted && t0.elapsed() > UMOUNT_PATIENCE {
+                abort();
+                aborted = true;
+            }
+            if t0.elapsed() > 2 * UMOUNT_PATIENCE {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        match status {
+            Some(st) if st.success() && !is_mounted(mp) => return Ok(()),
+            Some(_) => {
+                last.clear();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut last);
+                }
+            }
+            None => last = format!("no answer in {:?}, even with its FUSE connection aborted", 2 * UMOUNT_PATIENCE),
         }
-        last = String::from_utf8_lossy(&out.stderr).trim().to_string();
         std::thread::sleep(Duration::from_millis(300));
     }
-    anyhow::bail!("blockwire umount {}: {last}", mp.display())
+    anyhow::bail!("blockwire umount {}: {}", mp.display(), last.trim())
 }
 
 /// The file behind loop device `dev`, if it is attached.
@@ -491,13 +685,16 @@ fn release_cgroup(dir: &std::path::Path) -> anyhow::Result<()> {
     }
 }
 
-/// Block SIGINT/SIGTERM in this (main) thread and every thread it starts
-/// later, and handle them on a dedicated thread instead: the first signal
-/// stops the children and lets the main loop save what it has and clean up;
-/// a second one, or a main loop stuck for 20 s, cleans up and exits at once.
-/// Children get an empty signal mask back (std resets it before exec).
+/// Handle SIGINT/SIGTERM on a thread of their own (signal-hook's
+/// self-pipe; see the module comment for what each Ctrl-C does). The
+/// signals stay unblocked: children inherit their parent's signal mask
+/// (std has not reset it since Rust 1.66), and a lab that blocked them for
+/// sigwait(2) started every workload, target and attach daemon deaf to the
+/// SIGTERM meant to stop it. Call before any thread exists: SIGINT and
+/// SIGTERM are unblocked here in case whoever started the lab blocked them.
 pub fn install_signal_handler() -> anyhow::Result<()> {
     use nix::sys::signal::{SigSet, Signal};
+    use signal_hook::consts::{SIGINT, SIGTERM};
     static INSTALLED: AtomicBool = AtomicBool::new(false);
     if INSTALLED.swap(true, Ordering::SeqCst) {
         return Ok(());
@@ -505,30 +702,45 @@ pub fn install_signal_handler() -> anyhow::Result<()> {
     let mut set = SigSet::empty();
     set.add(Signal::SIGINT);
     set.add(Signal::SIGTERM);
-    set.thread_block()?;
+    set.thread_unblock()?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
     std::thread::Builder::new().name("lab-signals".into()).spawn(move || {
         let mut count = 0;
-        loop {
-            let Ok(sig) = set.wait() else { continue };
+        for sig in signals.forever() {
             count += 1;
             INTERRUPTED.store(true, Ordering::SeqCst);
-            if count == 1 {
-                eprintln!("\nlab: {sig:?} received: stopping, saving partial results and cleaning up (again to force)");
-                registry().term_workloads();
-                std::thread::spawn(|| {
-                    std::thread::sleep(Duration::from_secs(20));
-                    force_exit();
-                });
-            } else {
-                force_exit();
+            if count > 1 {
+                std::thread::spawn(force_exit);
+                continue;
             }
+            let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+            eprintln!("\nlab: {name} received: stopping, saving partial results and cleaning up (again to force)");
+            registry().term_workloads();
+            std::thread::spawn(|| {
+                std::thread::sleep(WORKLOAD_GRACE);
+                // I/O stuck on its way to a target is aborted, not waited for.
+                let reg = registry();
+                reg.abort_fuse();
+                for pid in reg.children(Role::Workload) {
+                    signal(pid, libc::SIGKILL);
+                }
+                std::thread::sleep(FORCE_AFTER - WORKLOAD_GRACE);
+                force_exit();
+            });
         }
     })?;
     Ok(())
 }
 
-fn force_exit() -> ! {
-    for e in registry().cleanup_all() {
+fn force_exit() {
+    static FORCING: AtomicBool = AtomicBool::new(false);
+    if FORCING.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    eprintln!("lab: forcing the end: aborting FUSE connections, killing every process, cleaning up");
+    let reg = registry();
+    reg.emergency();
+    for e in reg.cleanup_all() {
         eprintln!("lab: cleanup: {e}");
     }
     eprintln!("lab: cleaned up after interruption");
@@ -541,9 +753,7 @@ mod tests {
 
     #[test]
     fn children_are_tracked_killed_and_files_removed() {
-        let reg = Registry {
-            inner: Mutex::new(Inner::default()),
-        };
+        let reg = Registry::new();
         let (_t, child) = reg
             .spawn(Command::new("sleep").arg("30"), "sleep", Role::Workload)
             .unwrap();
@@ -566,9 +776,7 @@ mod tests {
 
     #[test]
     fn failed_creation_is_untracked_and_undone() {
-        let reg = Registry {
-            inner: Mutex::new(Inner::default()),
-        };
+        let reg = Registry::new();
         let path = std::env::temp_dir().join(format!("bwlab-test-fail-{}", std::process::id()));
         let r = reg.create(Resource::File(path.clone()), || -> anyhow::Result<()> {
             std::fs::write(&path, b"half")?;
@@ -581,9 +789,7 @@ mod tests {
 
     #[test]
     fn release_one_keeps_the_others() {
-        let reg = Registry {
-            inner: Mutex::new(Inner::default()),
-        };
+        let reg = Registry::new();
         let (t1, c1) = reg
             .spawn(Command::new("sleep").arg("30"), "one", Role::Service)
             .unwrap();
@@ -599,9 +805,7 @@ mod tests {
 
     #[test]
     fn the_first_ctrl_c_stops_workloads_not_services() {
-        let reg = Registry {
-            inner: Mutex::new(Inner::default()),
-        };
+        let reg = Registry::new();
         let (_a, w) = reg
             .spawn(Command::new("sleep").arg("30"), "bench", Role::Workload)
             .unwrap();
@@ -623,12 +827,86 @@ mod tests {
         assert!(!alive(t.id()));
     }
 
+    /// Children inherit their parent's signal mask (std stopped resetting
+    /// it): a lab that blocked SIGINT/SIGTERM for itself started workloads
+    /// and targets that never heard the SIGTERM meant to stop them.
+    #[test]
+    fn children_of_the_lab_hear_sigterm() {
+        use nix::sys::signal::{SigSet, Signal};
+        // As if whoever started the lab had blocked them.
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGINT);
+        set.add(Signal::SIGTERM);
+        set.thread_block().unwrap();
+        install_signal_handler().unwrap();
+        let reg = Registry::new();
+        let (_t, child) = reg
+            .spawn(Command::new("sleep").arg("30"), "sleep", Role::Workload)
+            .unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+        let mask = |field: &str| {
+            let hex = status.lines().find_map(|l| l.strip_prefix(field)).unwrap().trim();
+            u64::from_str_radix(hex, 16).unwrap()
+        };
+        let int_term = (1 << (libc::SIGINT - 1)) | (1 << (libc::SIGTERM - 1));
+        assert_eq!(mask("SigBlk:") & int_term, 0, "{status}");
+        assert_eq!(mask("SigIgn:") & int_term, 0, "{status}");
+        reg.term_workloads();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while alive(child.id()) && Instant::now() < deadline {
+            reap(&[child.id()]);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!alive(child.id()), "SIGTERM did not end the workload");
+        reg.cleanup_all();
+    }
+
+    #[test]
+    fn a_failed_release_stays_tracked_for_the_final_cleanup() {
+        let reg = Registry::new();
+        let dir = std::env::temp_dir().join(format!("bwlab-test-busy-{}", std::process::id()));
+        let (t, ()) = reg
+            .create(Resource::Dir(dir.clone()), || Ok(std::fs::create_dir(&dir)?))
+            .unwrap();
+        // Not empty: removing it fails, and it is kept.
+        std::fs::write(dir.join("x"), b"x").unwrap();
+        assert!(reg.release(t).is_err());
+        assert_eq!(reg.tracked(), vec![Resource::Dir(dir.clone())]);
+        std::fs::remove_file(dir.join("x")).unwrap();
+        assert!(reg.cleanup_all().is_empty());
+        assert!(!dir.exists() && reg.tracked().is_empty());
+    }
+
+    #[test]
+    fn creation_runs_without_the_lock_and_cleanup_waits_for_it() {
+        let reg = std::sync::Arc::new(Registry::new());
+        let path = std::env::temp_dir().join(format!("bwlab-test-slow-{}", std::process::id()));
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let maker = {
+            let (reg, path) = (reg.clone(), path.clone());
+            std::thread::spawn(move || {
+                reg.create(Resource::File(path.clone()), || {
+                    started_tx.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(300));
+                    Ok(std::fs::write(&path, b"x")?)
+                })
+                .unwrap();
+            })
+        };
+        started.recv().unwrap();
+        // The registry answers while the creation runs...
+        assert_eq!(reg.tracked(), vec![Resource::File(path.clone())]);
+        // ...and a cleanup waits for the creation instead of racing it.
+        assert!(reg.cleanup_all().is_empty());
+        maker.join().unwrap();
+        assert!(!path.exists(), "created after the cleanup: leaked");
+        assert!(reg.tracked().is_empty());
+    }
+
     #[test]
     fn release_goes_newest_first() {
         // A file inside a directory: the directory only goes once the file is gone.
-        let reg = Registry {
-            inner: Mutex::new(Inner::default()),
-        };
+        let reg = Registry::new();
         let dir = std::env::temp_dir().join(format!("bwlab-test-order-{}", std::process::id()));
         let file = dir.join("x");
         reg.create(Resource::Dir(dir.clone()), || {
@@ -657,9 +935,7 @@ mod tests {
             eprintln!("skipped: needs root");
             return;
         }
-        let reg = Registry {
-            inner: Mutex::new(Inner::default()),
-        };
+        let reg = Registry::new();
         let base = std::env::temp_dir().join(format!("bwlab-test-mnt-{}", std::process::id()));
         let mp = base.join("mp");
         std::fs::create_dir_all(&mp).unwrap();

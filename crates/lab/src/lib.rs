@@ -137,7 +137,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         },
     })?;
     preflight(&plan)?;
-    // Before any thread exists, so every thread inherits the blocked mask.
+    // Before any thread exists (see install_signal_handler).
     cleanup::install_signal_handler()?;
     let exe = std::env::current_exe()?;
     let out = args.out.clone().unwrap_or_else(|| {
@@ -146,11 +146,12 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
     });
     std::fs::create_dir_all(&out)?;
     eprintln!(
-        "lab: {} runs planned ({} subjects, MTU {:?}, repeat {}), output in {}",
+        "lab: {} runs planned ({} subjects, MTU {:?}, repeat {}), {}, output in {}",
         plan.total_runs(),
         plan.subjects().len() + plan.baseline as usize,
         plan.params.mtus,
         plan.params.repeat,
+        plan.estimate().describe(),
         out.display()
     );
     let mut lab = orchestrate::LabRun::new(plan, exe, out.clone());

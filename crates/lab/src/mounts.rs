@@ -41,6 +41,12 @@ pub fn helper(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// Where the fs suite of the lab with process ID `pid` mounts each subject
+/// in turn.
+pub fn fs_mountpoint(pid: u32) -> PathBuf {
+    PathBuf::from(format!("/tmp/bwlab-{pid}-fs"))
+}
+
 /// A file system mounted for one subject.
 pub struct Mounted {
     pub mountpoint: PathBuf,
@@ -89,7 +95,7 @@ pub fn mount_remote(exe: &Path, client_ns: &str, url: &str, mp: &Path) -> anyhow
 /// The PID of the attach daemon serving the mount at `mp`, from the state
 /// files `blockwire mount` leaves in /run/blockwire.
 pub fn attach_daemon_of(mp: &Path) -> Option<u32> {
-    for e in std::fs::read_dir("/run/blockwire").ok()?.flatten() {
+    for e in std::fs::read_dir(bw_attach::STATE_DIR).ok()?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if !(name.starts_with("attach-") && name.ends_with(".json")) {
             continue;

@@ -46,6 +46,27 @@ impl LiveSubject {
     }
 }
 
+/// One fs case: a workload at one memory limit on one subject's file
+/// system (or the local raw device) in one repetition.
+#[derive(Clone, Copy)]
+struct FsCaseRun<'a> {
+    topo: &'a Topology,
+    link: &'a Link,
+    /// The subject (`crate::fs::LOCAL` for the local baseline).
+    key: &'a str,
+    /// The target serving the subject, for its CPU (none locally).
+    target: Option<&'a TargetProcess>,
+    /// The attach daemon of the mount, for the initiator's CPU.
+    daemon: Option<u32>,
+    rep: u32,
+    workload: crate::fs::FsWorkload,
+    mem: u64,
+    /// The mount point; the workload runs in its `w` directory.
+    mp: &'a Path,
+    /// The raw device the raw workload runs on (local baseline only).
+    raw_dev: Option<&'a str>,
+}
+
 pub struct LabRun {
     pub plan: Plan,
     pub exe: PathBuf,
@@ -231,7 +252,7 @@ impl LabRun {
                     unavailable: None,
                 });
             }
-            let dir = PathBuf::from(format!("/tmp/bwlab-{}-fs", std::process::id()));
+            let dir = crate::mounts::fs_mountpoint(std::process::id());
             let (t, ()) = registry().create(Resource::Dir(dir.clone()), || {
                 Ok(std::fs::create_dir_all(&dir)?)
             })?;
@@ -738,34 +759,39 @@ impl LabRun {
             .set_message(format!("fs {key} #{rep}: mounting"));
         let mut left = cases.len() as u64;
         let r = (|| -> anyhow::Result<()> {
+            let base = FsCaseRun {
+                topo,
+                link,
+                key,
+                target: None,
+                daemon: None,
+                rep,
+                workload: FsWorkload::IogenRaw,
+                mem: 0,
+                mp,
+                raw_dev: None,
+            };
             let mounted = match url {
                 Some(url) => crate::mounts::mount_remote(&self.exe, &topo.client_ns, url, mp)?,
                 None => {
                     // The raw device first: the file system goes on it next.
                     let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;
-                    for &(w, mem) in cases.iter().filter(|(w, _)| *w == FsWorkload::IogenRaw) {
-                        self.fs_case(topo, link, key, None, None, rep, w, mem, mp, Some(&dev));
+                    for &(workload, mem) in cases.iter().filter(|(w, _)| *w == FsWorkload::IogenRaw) {
+                        if interrupted() {
+                            break;
+                        }
+                        self.fs_case(&FsCaseRun { workload, mem, raw_dev: Some(&dev), ..base });
                         left -= 1;
                     }
                     crate::mounts::mount_local(&dev, loop_token, mp)?
                 }
             };
-            for &(w, mem) in cases.iter().filter(|(w, _)| *w != FsWorkload::IogenRaw) {
+            let on_fs = FsCaseRun { target, daemon: mounted.daemon_pid, ..base };
+            for &(workload, mem) in cases.iter().filter(|(w, _)| *w != FsWorkload::IogenRaw) {
                 if interrupted() {
                     break;
                 }
-                self.fs_case(
-                    topo,
-                    link,
-                    key,
-                    target,
-                    mounted.daemon_pid,
-                    rep,
-                    w,
-                    mem,
-                    mp,
-                    None,
-                );
+                self.fs_case(&FsCaseRun { workload, mem, ..on_fs });
                 left -= 1;
             }
             self.progress
@@ -778,26 +804,13 @@ impl LabRun {
 
     /// One workload at one memory limit, in a cgroup of its own; the sample
     /// or the failure (an OOM kill among them) goes into the results.
-    #[allow(clippy::too_many_arguments)]
-    fn fs_case(
-        &mut self,
-        topo: &Topology,
-        link: &Link,
-        key: &str,
-        target: Option<&TargetProcess>,
-        daemon: Option<u32>,
-        rep: u32,
-        w: crate::fs::FsWorkload,
-        mem: u64,
-        mp: &Path,
-        raw_dev: Option<&str>,
-    ) {
+    fn fs_case(&mut self, c: &FsCaseRun) {
+        let (key, w, mem) = (c.key, c.workload, c.mem);
         let local = key == crate::fs::LOCAL;
-        let mtu = if local { None } else { Some(link.mtu) };
+        let mtu = if local { None } else { Some(c.link.mtu) };
         self.progress
-            .set_message(format!("fs {key} {} {}M #{rep}", w.name(), mem >> 20));
-        let r = self.fs_case_inner(topo, link, key, target, daemon, rep, w, mem, mp, raw_dev);
-        match r {
+            .set_message(format!("fs {key} {} {}M #{}", w.name(), mem >> 20, c.rep));
+        match self.fs_case_inner(c) {
             Ok(s) => self.results.fs.push(s),
             Err(e) => {
                 if !interrupted() {
@@ -805,27 +818,19 @@ impl LabRun {
                 }
             }
         }
-        if let Err(e) = crate::mounts::clean_dir(&mp.join("w")) {
-            self.say(&format!("lab: {e:#}"));
+        // (Interrupted: the file system is about to go, and writing its
+        // deletions back through a busy link is what made Ctrl-C slow.)
+        if !interrupted() {
+            if let Err(e) = crate::mounts::clean_dir(&c.mp.join("w")) {
+                self.say(&format!("lab: {e:#}"));
+            }
         }
         self.progress.inc(1);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn fs_case_inner(
-        &mut self,
-        topo: &Topology,
-        link: &Link,
-        key: &str,
-        target: Option<&TargetProcess>,
-        daemon: Option<u32>,
-        rep: u32,
-        w: crate::fs::FsWorkload,
-        mem: u64,
-        mp: &Path,
-        raw_dev: Option<&str>,
-    ) -> anyhow::Result<crate::fs::FsSample> {
+    fn fs_case_inner(&mut self, c: &FsCaseRun) -> anyhow::Result<crate::fs::FsSample> {
         use crate::fs::{FsResult, FsWorkload};
+        let &FsCaseRun { topo, link, key, target, daemon, rep, workload: w, mem, mp, raw_dev } = c;
         let fsp = self
             .plan
             .fs

@@ -430,6 +430,130 @@ impl Plan {
     }
 }
 
+/// What a plan is expected to take, by part, in seconds: printed before
+/// the run starts. Each run's measured seconds plus what it costs around
+/// them, with the constants below, measured on this 2-core machine while
+/// other builds ran (load average 7-9): a `--quick` run took 269 s,
+/// estimated 296 s; the default fs suite for iSCSI and the local baseline
+/// with one repetition took 272 s, estimated 316 s. A quiet machine is
+/// faster.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Estimate {
+    /// Filling the backing file, namespaces, starting targets.
+    pub setup_s: f64,
+    pub net_s: f64,
+    pub micro_s: f64,
+    pub sweep_s: f64,
+    /// The local fio baseline of micro and sweep.
+    pub local_s: f64,
+    pub fs_s: f64,
+    /// The most the run waits for an idle machine (its idle budget).
+    pub idle_s: f64,
+}
+
+impl Estimate {
+    pub fn total_s(&self) -> f64 {
+        self.setup_s + self.net_s + self.micro_s + self.sweep_s + self.local_s + self.fs_s + self.idle_s
+    }
+
+    /// "about 54 min (net 1.6, micro 11.6, ..., idle waits up to 3.0 min)"
+    /// for the terminal.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![];
+        for (name, s) in [("setup", self.setup_s), ("net", self.net_s), ("micro", self.micro_s), ("sweep", self.sweep_s), ("local", self.local_s), ("fs", self.fs_s), ("idle waits up to", self.idle_s)] {
+            if s > 0.0 {
+                parts.push(format!("{name} {:.1}", s / 60.0));
+            }
+        }
+        format!("about {:.0} min ({} min)", self.total_s() / 60.0, parts.join(", "))
+    }
+}
+
+/// Seconds around one `blockwire bench` run: starting it in the client
+/// namespace, connecting, reading counters (measured 0.2-0.4 s).
+const BENCH_AROUND_S: f64 = 0.3;
+/// Around one local fio run (measured 0.7 s: fio starts slower).
+const FIO_AROUND_S: f64 = 0.7;
+/// Around one iperf3 run (server start, connect).
+const IPERF_AROUND_S: f64 = 1.0;
+/// Starting every target at one MTU.
+const TARGETS_S: f64 = 2.0;
+/// Namespaces, veths and idle checks before the first run.
+const SETUP_S: f64 = 5.0;
+/// Filling the backing file (tmpfs), MiB/s.
+const FILL_MIB_PER_S: f64 = 500.0;
+/// One fs turn: mkfs, mount and unmount of a subject (measured about 1 s
+/// beyond its cases, with `blockwire umount` at 0.2 s).
+const FS_TURN_S: f64 = 1.0;
+/// Around one fs case: its cgroup, counters, cleaning its directory.
+const FS_CASE_AROUND_S: f64 = 0.5;
+/// Laying out files through ext4 on a subject (file sets, IOgen's file),
+/// and Bonnie++'s streaming passes, MiB/s (measured 95-155 over iSCSI).
+const FS_MIB_PER_S: f64 = 100.0;
+/// PostMark's 20,000 transactions on 5,000 files (measured 2-7 s).
+const POSTMARK_S: f64 = 5.0;
+
+/// Seconds one fs case takes, from its parameters.
+fn fs_case_s(w: crate::fs::FsWorkload, p: &crate::fs::FsParams) -> f64 {
+    use crate::fs::FsWorkload;
+    let mib = |bytes: f64| bytes / MIB as f64;
+    let run = p.runtime_s as f64;
+    FS_CASE_AROUND_S
+        + match w {
+            FsWorkload::Flowop(name) => {
+                let (files, threads) = p.scale_of(name);
+                let made: f64 = bw_workload::flowop::personality(name, bw_workload::flowop::Scale { files, threads })
+                    .map(|pers| {
+                        pers.filesets
+                            .iter()
+                            .map(|f| f.count as f64 * f.size as f64 * f.prealloc_pct as f64 / 100.0)
+                            .sum()
+                    })
+                    .unwrap_or(0.0);
+                run + mib(made) / FS_MIB_PER_S
+            }
+            FsWorkload::Postmark => POSTMARK_S * p.postmark_transactions as f64 / 20_000.0,
+            // Block write, rewrite (read and write), block read.
+            FsWorkload::Bonnie => 4.0 * mib(p.bonnie_size as f64) / FS_MIB_PER_S,
+            // The file is laid out first (IogenRaw's device needs none, but
+            // it runs on the local baseline, which is no faster to time).
+            FsWorkload::Iogen { .. } | FsWorkload::IogenRaw => run + mib(p.iogen_size as f64) / FS_MIB_PER_S,
+        }
+}
+
+impl Plan {
+    /// How long this plan takes (see [`Estimate`]).
+    pub fn estimate(&self) -> Estimate {
+        let p = &self.params;
+        let (n_subj, n_mtu, n_links) = (self.subjects().len() as f64, p.mtus.len() as f64, self.links.len() as f64);
+        let micro_one = self.micro.len() as f64 * p.repeat as f64;
+        let sweep_one = self.sweep.len() as f64 * p.sweep_repeats() as f64;
+        let bench = |runs: f64, secs: u32| runs * (secs as f64 + BENCH_AROUND_S);
+        let fio = |runs: f64, secs: u32| runs * (secs as f64 + FIO_AROUND_S);
+        let fs_s = match &self.fs {
+            None => 0.0,
+            Some(f) => {
+                let turn = |local: bool| FS_TURN_S + self.fs_cases(local).iter().map(|&(w, _)| fs_case_s(w, f)).sum::<f64>();
+                let subjects = n_subj * turn(false) + if self.baseline { turn(true) } else { 0.0 };
+                subjects * f.repeat as f64 * n_links
+            }
+        };
+        let has_targets = !self.micro.is_empty() || !self.sweep.is_empty() || self.fs.is_some();
+        let runs = self.total_runs() as f64;
+        Estimate {
+            setup_s: SETUP_S
+                + p.size_bytes as f64 / MIB as f64 / FILL_MIB_PER_S
+                + if has_targets { TARGETS_S * n_mtu * n_links } else { 0.0 },
+            net_s: self.net_runs as f64 * n_mtu * n_links * (p.net_runtime_s as f64 + IPERF_AROUND_S),
+            micro_s: bench(micro_one * n_subj * n_mtu * n_links, p.runtime_s),
+            sweep_s: bench(sweep_one * n_subj * n_mtu * n_links, p.sweep_runtime_s),
+            local_s: if self.baseline { fio(micro_one, p.runtime_s) + fio(sweep_one, p.sweep_runtime_s) } else { 0.0 },
+            fs_s,
+            idle_s: (runs * p.idle_max_wait_s).min(p.idle_budget_s),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,6 +609,29 @@ mod tests {
             (vec!["varmail".to_string()], vec![256 * MIB])
         );
         assert_eq!(quick.fs_runs(), 6 * 3);
+    }
+
+    /// The budgets of issue 17: `make demo` (`--quick`) under 5 minutes,
+    /// the full default (every suite, one link) under 60, with room left
+    /// (the estimate ran 10-20% over measured runs on a busy machine).
+    #[test]
+    fn the_default_plans_keep_to_their_time_budgets() {
+        let quick = Plan::from_choices(&Choices { quick: true, ..choices() }).unwrap().estimate();
+        assert!(quick.total_s() <= 5.0 * 60.0, "{quick:?}: {}", quick.describe());
+        let full = Plan::from_choices(&choices()).unwrap().estimate();
+        assert!(full.total_s() <= 55.0 * 60.0, "{full:?}: {}", full.describe());
+        // Every part is counted: the full plan has all of them.
+        for (part, s) in [("net", full.net_s), ("micro", full.micro_s), ("sweep", full.sweep_s), ("local", full.local_s), ("fs", full.fs_s)] {
+            assert!(s > 0.0, "{part} missing from {full:?}");
+        }
+        // A --link sweep repeats everything but the local baseline per link.
+        let two = Plan::from_choices(&Choices { link: Some("none,1gbit".into()), ..choices() }).unwrap().estimate();
+        let per_link = two.total_s() - full.total_s();
+        assert!(per_link > 0.8 * (full.total_s() - full.local_s - full.idle_s - full.setup_s), "{per_link}");
+        assert!(full.describe().starts_with("about 54 min (setup 0.2, net 1.6, micro 11.6, sweep 3.5, local 1.7, fs 3"), "{}", full.describe());
+        // Shorter runs, fewer cases: a smaller estimate.
+        let fs_only = Plan::from_choices(&Choices { suite: Some("fs".into()), protocols: Some("iscsi".into()), peers: Some("none".into()), repeat: Some(1), ..choices() }).unwrap().estimate();
+        assert!(fs_only.total_s() < full.fs_s / 10.0 + 400.0 && fs_only.micro_s == 0.0, "{fs_only:?}");
     }
 
     fn choices() -> Choices {

@@ -200,10 +200,11 @@ pub fn leftovers(pid: u32) -> Vec<String> {
         }
     }
     let tag = format!("bwlab-{pid}");
-    // `blockwire mount` names its FUSE directory after the mountpoint with
-    // '/' and '-' folded to '_' (/run/blockwire/fuse/_tmp_bwlab_PID_fs), and
-    // the loop device's backing file lives there.
-    let fuse_tag = format!("bwlab_{pid}_");
+    // The attach daemon of the fs suite's `blockwire mount` serves the
+    // volume from a FUSE directory named after the mount point, and the
+    // loop device's backing file lives there.
+    let fuse_dir = bw_attach::mount_fuse_dir(&crate::mounts::fs_mountpoint(pid));
+    let fuse_tag = fuse_dir.to_string_lossy().into_owned();
     // File systems, FUSE connections (the attach daemon's mount) and netns binds.
     if let Ok(m) = std::fs::read_to_string("/proc/mounts") {
         for l in m.lines() {
@@ -240,7 +241,7 @@ pub fn leftovers(pid: u32) -> Vec<String> {
             out.push(format!("process {} ({})", e.file_name().to_string_lossy(), cmd.trim()));
         }
     }
-    for e in std::fs::read_dir("/run/blockwire").into_iter().flatten().flatten() {
+    for e in std::fs::read_dir(bw_attach::STATE_DIR).into_iter().flatten().flatten() {
         if std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains(&tag)) {
             out.push(format!("attach state {}", e.path().display()));
         }

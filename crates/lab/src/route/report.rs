@@ -4,6 +4,7 @@
 //! template; [`text_summary`] is the same for the terminal.
 
 use super::suite::{RouteResults, RouteSample, WORKLOADS};
+use crate::report::findings::route_findings;
 use std::fmt::Write;
 
 /// `s` safe inside HTML text and attribute values.
@@ -38,12 +39,6 @@ pub const CALCULATED_HEADERS: [(&str, u32, &str); 2] = [
         "L2TPv3/UDP: Ethernet 14 + IPv4 20 + UDP 8 + L2TPv3 8 + inner Ethernet 14 + AoE/ATA 22",
     ),
 ];
-
-/// The study's claims about MPLS this suite checks.
-pub const CLAIM_COST: &str = "MPLS costs 9-13%";
-pub const CLAIM_AOE_BEATS_ISCSI: &str = "AoE over MPLS beats iSCSI over MPLS";
-/// The study's cost range, with two points of measuring noise on top.
-const STUDY_COST_MAX: f64 = 0.15;
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
     v.retain(|x| x.is_finite());
@@ -110,18 +105,6 @@ pub fn costs(r: &RouteResults, path: &str, proto: &str, w: &str) -> Vec<f64> {
         .collect()
 }
 
-/// AoE throughput over iSCSI throughput on `path`, per round.
-pub fn aoe_over_iscsi(r: &RouteResults, path: &str, w: &str) -> Vec<f64> {
-    rounds(r)
-        .into_iter()
-        .filter_map(|k| {
-            let a = find(r, path, "aoe", w, k)?.bw_bytes;
-            let i = find(r, path, "iscsi", w, k)?.bw_bytes;
-            (i > 0.0).then(|| a / i)
-        })
-        .collect()
-}
-
 /// CPU per MiB the path adds over direct (same round), median, in ms.
 pub fn forwarding_cpu_ms_per_mib(
     r: &RouteResults,
@@ -141,14 +124,6 @@ pub fn forwarding_cpu_ms_per_mib(
     )
 }
 
-fn mpls_paths(r: &RouteResults) -> Vec<String> {
-    r.paths
-        .iter()
-        .filter(|p| p.starts_with("mpls"))
-        .cloned()
-        .collect()
-}
-
 fn path_label(p: &str) -> String {
     match p {
         "direct" => "direct".into(),
@@ -157,127 +132,6 @@ fn path_label(p: &str) -> String {
         "vxlan" => "VXLAN".into(),
         x => x.into(),
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Reproduced,
-    Partly,
-    NotReproduced,
-    NotMeasured,
-}
-
-impl Status {
-    pub fn text(self) -> &'static str {
-        match self {
-            Status::Reproduced => "reproduced",
-            Status::Partly => "partly reproduced",
-            Status::NotReproduced => "not reproduced",
-            Status::NotMeasured => "not measured",
-        }
-    }
-}
-
-/// One of the study's claims, checked on one MPLS datapath.
-#[derive(Debug, Clone)]
-pub struct Finding {
-    pub claim: &'static str,
-    pub path: String,
-    pub status: Status,
-    pub detail: String,
-}
-
-fn fmt_range(v: &[f64], pct: bool) -> String {
-    let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    if pct {
-        format!("{:.0} to {:.0}%", lo * 100.0, hi * 100.0)
-    } else {
-        format!("{lo:.2} to {hi:.2}")
-    }
-}
-
-/// The claims, marked from the numbers.
-pub fn findings(r: &RouteResults) -> Vec<Finding> {
-    let mut out = vec![];
-    for path in mpls_paths(r) {
-        // Cost: median per case over rounds, every protocol and workload.
-        let mut medians = vec![];
-        let mut cases = vec![];
-        for proto in &r.protocols {
-            for (w, _) in WORKLOADS {
-                if let Some(m) = median(costs(r, &path, proto, w)) {
-                    medians.push(m);
-                    cases.push(format!("{proto} {w} {:.0}%", m * 100.0));
-                }
-            }
-        }
-        let within = medians.iter().filter(|c| **c <= STUDY_COST_MAX).count();
-        let status = if medians.is_empty() {
-            Status::NotMeasured
-        } else if within == medians.len() {
-            Status::Reproduced
-        } else if within > 0 {
-            Status::Partly
-        } else {
-            Status::NotReproduced
-        };
-        let detail = if medians.is_empty() {
-            "needs the direct path and this path in the same rounds".into()
-        } else {
-            format!(
-                "throughput lost against direct, median over rounds per case: {} ({} of {} cases within {:.0}%); {}",
-                fmt_range(&medians, true),
-                within,
-                medians.len(),
-                STUDY_COST_MAX * 100.0,
-                cases.join(", ")
-            )
-        };
-        out.push(Finding {
-            claim: CLAIM_COST,
-            path: path.clone(),
-            status,
-            detail,
-        });
-
-        // AoE against iSCSI, every workload, every round.
-        let mut parts = vec![];
-        let mut wins = 0;
-        let mut n = 0;
-        for (w, _) in WORKLOADS {
-            let v = aoe_over_iscsi(r, &path, w);
-            if let Some(m) = median(v.clone()) {
-                n += 1;
-                let all_above = v.iter().all(|x| *x > 1.0);
-                if all_above {
-                    wins += 1;
-                }
-                let rounds: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
-                parts.push(format!("{w} {m:.2} (rounds {})", rounds.join(", ")));
-            }
-        }
-        let status = match (n, wins) {
-            (0, _) => Status::NotMeasured,
-            (n, w) if w == n => Status::Reproduced,
-            (_, 0) => Status::NotReproduced,
-            _ => Status::Partly,
-        };
-        out.push(Finding {
-            claim: CLAIM_AOE_BEATS_ISCSI,
-            path: path.clone(),
-            status,
-            detail: if n == 0 {
-                "needs AoE and iSCSI over this path".into()
-            } else {
-                format!(
-                    "AoE/iSCSI throughput: {}; AoE ahead in every round in {wins} of {n} workloads",
-                    parts.join("; ")
-                )
-            },
-        });
-    }
-    out
 }
 
 /// The study's header figure for a measured (path, protocol), if it has one.
@@ -335,13 +189,14 @@ pub fn text_summary(r: &RouteResults) -> Vec<String> {
                 .unwrap_or_default()
         ));
     }
-    for f in findings(r) {
+    for f in route_findings(r) {
         lines.push(format!(
-            "route: finding \"{}\" over {}: {}. {}",
+            "route: finding \"{}\": {}. {}: {}. {}",
             f.claim,
-            f.path,
-            f.status.text(),
-            f.detail
+            f.verdict.word(),
+            f.compared,
+            f.measured,
+            f.why
         ));
     }
     lines
@@ -365,23 +220,20 @@ pub fn section(r: Option<&RouteResults>) -> String {
         cell(median(loads), |x| format!("{x:.1}"))
     );
 
-    // Findings first.
-    let f = findings(r);
+    // Findings first: the same verdicts as the report's findings section.
+    let f = route_findings(r);
     if !f.is_empty() {
-        h.push_str("<table><tr><th class=l>study 3 claim</th><th class=l>path</th><th class=l>here</th><th class=l>numbers</th></tr>");
+        h.push_str("<table><tr><th class=l>study 3 claim</th><th class=l>compared</th><th class=l>measured</th><th class=l>verdict</th><th class=l>why</th></tr>");
         for x in &f {
-            let class = if x.status == Status::Reproduced {
-                "l win"
-            } else {
-                "l"
-            };
             let _ = write!(
                 h,
-                "<tr><td class=l>{}</td><td class=l>{}</td><td class=\"{class}\">{}</td><td class=l>{}</td></tr>",
-                esc(x.claim),
-                esc(&path_label(&x.path)),
-                x.status.text(),
-                esc(&x.detail)
+                "<tr><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td><td class=\"l {}\">{}</td><td class=l>{}</td></tr>",
+                esc(&x.claim),
+                esc(&x.compared),
+                esc(&x.measured),
+                x.verdict.class(),
+                x.verdict.word(),
+                esc(&x.why)
             );
         }
         h.push_str("</table>");
@@ -553,34 +405,26 @@ mod tests {
     }
 
     #[test]
-    fn claims_are_marked_from_the_numbers() {
-        // 10% and 12% slower than direct, AoE ahead: both claims hold.
-        let f = findings(&results(900.0, 880.0));
-        assert_eq!(f[0].claim, CLAIM_COST);
-        assert_eq!(f[0].status, Status::Reproduced, "{}", f[0].detail);
-        assert_eq!(f[1].status, Status::Reproduced, "{}", f[1].detail);
-        // 60% slower, iSCSI ahead: neither.
-        let f = findings(&results(300.0, 400.0));
-        assert_eq!(f[0].status, Status::NotReproduced);
-        assert_eq!(f[1].status, Status::NotReproduced);
-        assert!(f[1].detail.contains("0.75"), "{}", f[1].detail);
-        // AoE within the study's cost, iSCSI not.
-        let f = findings(&results(900.0, 500.0));
-        assert_eq!(f[0].status, Status::Partly);
-    }
-
-    #[test]
     fn section_is_empty_without_route_results_and_names_the_claims() {
         assert_eq!(section(None), "");
-        let r = results(900.0, 880.0);
+        let r = results(900.0, 850.0);
         let h = section(Some(&r));
         // (The section's heading and id come from report/html.rs's section list.)
-        assert!(h.contains(CLAIM_COST) && h.contains("reproduced"));
+        // The claims carry the verdicts of the report's findings section.
+        use crate::report::findings::{Verdict, CLAIM_AOE_BEATS_ISCSI, CLAIM_MPLS_COST};
+        let f = route_findings(&r);
+        assert_eq!(f.iter().map(|x| x.verdict).collect::<Vec<_>>(), vec![Verdict::Reproduced; 2]);
+        assert!(h.contains(CLAIM_MPLS_COST) && h.contains(CLAIM_AOE_BEATS_ISCSI));
+        assert!(h.contains("<td class=\"l yes\">reproduced</td>"), "{h}");
+        assert!(h.contains(&esc(&f[0].measured)), "{h}");
         assert!(h.contains("MPLS, BPF routers"));
         // Medians with the change against direct.
         assert!(h.contains("<td>900 (-10%)</td>"), "{h}");
-        assert!(text_summary(&r)
-            .iter()
-            .any(|l| l.contains("mpls-bpf 900.0 MB/s (-10%)")));
+        let text = text_summary(&r);
+        assert!(text.iter().any(|l| l.contains("mpls-bpf 900.0 MB/s (-10%)")));
+        assert!(
+            text.iter().any(|l| l.starts_with(&format!("route: finding \"{CLAIM_MPLS_COST}\": reproduced."))),
+            "{text:#?}"
+        );
     }
 }

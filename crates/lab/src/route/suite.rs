@@ -670,7 +670,7 @@ pub fn run_cli(args: &crate::LabArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("lab-route"));
     std::fs::create_dir_all(&out)?;
-    // Before any thread exists, so every thread inherits the blocked mask.
+    // Before any thread exists (see install_signal_handler).
     crate::cleanup::install_signal_handler()?;
     let exe = std::env::current_exe()?;
     let mut results = crate::results::Results {
