@@ -24,7 +24,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use bw_workload_report::{FlowReport, OpStats};
@@ -413,7 +413,15 @@ struct Set {
     def: FileSet,
     dir: PathBuf,
     entries: Mutex<Vec<Entry>>,
+    /// Signalled whenever a busy file is handed back.
+    handed_back: Condvar,
 }
+
+/// How long a thread waits for a busy file before the pick fails ("no
+/// suitable file"). Filebench waits for an idle file without bound; the
+/// bound only keeps a thread that holds the one file it waits for (a flow
+/// that stats its own open file) from hanging the run.
+const PICK_WAIT: Duration = Duration::from_secs(1);
 
 impl Set {
     fn path(&self, i: usize) -> PathBuf {
@@ -421,18 +429,32 @@ impl Set {
             .join(format!("d{}", i / self.def.dirwidth.max(1)))
             .join(format!("f{i}"))
     }
-    /// A random file in state `from`, now `Busy`.
+    /// A random file in state `from`, now `Busy`. While none is in that
+    /// state but some are busy (another thread has them open, or is
+    /// creating or deleting them), wait for one to be handed back, as
+    /// filebench's fileset_pick waits for an idle file; with none busy
+    /// either, there is no such file.
     fn take(&self, rng: &mut SmallRng, from: Entry) -> Option<usize> {
+        let deadline = Instant::now() + PICK_WAIT;
         let mut g = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let n = g.len();
-        let start = rng.gen_range(0..n);
-        let i = (0..n).map(|k| (start + k) % n).find(|&i| g[i] == from)?;
-        g[i] = Entry::Busy;
-        Some(i)
+        loop {
+            let n = g.len();
+            let start = rng.gen_range(0..n);
+            if let Some(i) = (0..n).map(|k| (start + k) % n).find(|&i| g[i] == from) {
+                g[i] = Entry::Busy;
+                return Some(i);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            if !g.contains(&Entry::Busy) {
+                return None;
+            }
+            g = self.handed_back.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
     }
     /// Hand a taken file back in state `to`.
     fn put(&self, i: usize, to: Entry) {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())[i] = to;
+        self.handed_back.notify_all();
     }
     fn open(&self, i: usize, write: bool, dsync: bool) -> std::io::Result<File> {
         let mut o = OpenOptions::new();
@@ -486,6 +508,7 @@ fn prepare(dir: &Path, p: &Personality, drop_cache: bool) -> Result<Vec<Set>, Fl
             def: fs.clone(),
             dir: sdir.clone(),
             entries: Mutex::new(vec![Entry::Absent; fs.count]),
+            handed_back: Condvar::new(),
         };
         for i in 0..fs.count {
             std::fs::create_dir_all(set.path(i).parent().unwrap_or(&sdir)).map_err(err)?;
@@ -849,6 +872,26 @@ mod tests {
                 && read.lat_p99_ns <= read.lat_max_ns + read.lat_max_ns / 50,
             "{read:?}"
         );
+    }
+
+    /// Eight threads appending to one shared log file (webserver's log
+    /// with more threads): a thread that finds the file busy waits for it,
+    /// as filebench does, instead of counting "no suitable file".
+    #[test]
+    fn threads_wait_for_a_busy_file() {
+        let d = tmp("shared-log");
+        let mut p = webserver(Scale::both(50));
+        p.threads[0].instances = 8;
+        p.threads[0].flowops = vec![
+            Flowop::Open { set: 1 },
+            Flowop::AppendRand { mean: 4 * KIB },
+            Flowop::Fsync,
+            Flowop::Close,
+        ];
+        let r = run(&d, &p, opts(20, 3)).unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(count(&r, "filereader:appendfilerand"), 8 * 20);
     }
 
     #[test]
