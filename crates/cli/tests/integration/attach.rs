@@ -17,6 +17,7 @@ use common::*;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::os::unix::process::CommandExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -531,9 +532,13 @@ fn target_killed_under_dd_then_back(proto: Proto) {
     let mut t = Target::start(proto, &tmp, "128M");
     let (dev, dir, _guard) = attach_loop(&tmp, &t.url(), &["--timeout", "3"]);
     let d = dir.to_str().unwrap();
-    let mut dd = Command::new("dd")
-        .args([&format!("of={dev}"), "if=/dev/zero", "bs=64k", "count=100000", "oflag=direct"])
+    // dd rewrites the first 32 MiB over and over, so it is still writing
+    // when the target dies however fast the machine is (one dd across the
+    // whole volume could finish first and end with "no space").
+    let mut dd = Command::new("sh")
+        .args(["-c", &format!("while dd of={dev} if=/dev/zero bs=64k count=512 oflag=direct status=none; do :; done; exit 1")])
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -548,7 +553,8 @@ fn target_killed_under_dd_then_back(proto: Proto) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let Some(status) = status else {
-        let _ = dd.kill();
+        // SAFETY: kill(2) on our own child's process group (the shell and its dd).
+        unsafe { libc::kill(-(dd.id() as i32), libc::SIGKILL) };
         let _ = dd.wait();
         panic!("dd still running 60 s after the target died (timeout 3 s)");
     };
