@@ -60,7 +60,7 @@ pub struct LabArgs {
     /// Link shapes: none (plain veth) or tc tbf rates such as 1gbit,10gbit on both directions (default: none).
     #[arg(long, value_name = "LIST")]
     pub link: Option<String>,
-    /// Repetitions of every case (default 3; --quick: 5, each run shorter).
+    /// Repetitions of every micro and fs case (default 5 for micro, 3 for fs; net uses at most 3, --quick 1; sweep points run once).
     #[arg(long)]
     pub repeat: Option<u32>,
     /// Output directory (default: ./lab-YYYYMMDD-HHMMSS).
@@ -69,7 +69,7 @@ pub struct LabArgs {
     /// Volume size, e.g. 1G (default 1G; --quick: 128M).
     #[arg(long)]
     pub size: Option<String>,
-    /// Seconds per micro run (default 3; --quick: 1).
+    /// Seconds per micro run (default 2; --quick: 1).
     #[arg(long, value_name = "SECS")]
     pub runtime: Option<u32>,
     /// Seconds per sweep point (default 1).
@@ -84,7 +84,7 @@ pub struct LabArgs {
     /// fs suite: workloads (webserver, fileserver, varmail, oltp, oltp-direct, postmark, bonnie, iogen, iogen-direct, iogen-raw; default: all; --quick: varmail).
     #[arg(long, value_name = "LIST")]
     pub fs_workloads: Option<String>,
-    /// fs suite: seconds per flowop and fio run (default 5; --quick: 2).
+    /// fs suite: seconds per flowop and fio run (default 4; --quick: 2).
     #[arg(long, value_name = "SECS")]
     pub fs_runtime: Option<u32>,
     /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).

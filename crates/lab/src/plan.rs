@@ -181,8 +181,8 @@ fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::F
         workloads,
         client_mem,
         cgroup: c.cgroup.clone(),
-        repeat: if c.quick { 3 } else { repeat },
-        runtime_s: c.fs_runtime.unwrap_or(if c.quick { 2 } else { 5 }).max(1),
+        repeat,
+        runtime_s: c.fs_runtime.unwrap_or(if c.quick { 2 } else { 4 }).max(1),
         flowop_scale,
         postmark_files: if c.quick { 1000 } else { 5000 },
         postmark_transactions: if c.quick { 5000 } else { 20_000 },
@@ -264,9 +264,11 @@ impl Plan {
             None => vec![crate::net::LinkShape::none()],
         };
         anyhow::ensure!(!links.is_empty(), "no link given");
-        // Five repeats in --quick: with fewer, no interval is narrow enough to
-        // name a winner even when one subject needs 8x the CPU of another.
-        let repeat = c.repeat.unwrap_or(if c.quick { 5 } else { 3 });
+        // Five repeats: with fewer, no honest interval is narrow enough to
+        // name a winner even when one subject needs 8x the CPU of another
+        // (stats::ratio_of_means widens small samples' intervals). The
+        // full run buys them with 2 s runs instead of 3.
+        let repeat = c.repeat.unwrap_or(5);
         anyhow::ensure!(repeat >= 1, "--repeat must be at least 1");
         let size = match &c.size {
             Some(s) => parse_size(s)?,
@@ -274,7 +276,7 @@ impl Plan {
             None => GIB,
         };
         anyhow::ensure!(size >= MIB, "--size must be at least 1 MiB");
-        let runtime_s = c.runtime.unwrap_or(if c.quick { 1 } else { 3 });
+        let runtime_s = c.runtime.unwrap_or(if c.quick { 1 } else { 2 });
         let sweep_runtime_s = c.sweep_runtime.unwrap_or(1).max(1);
         anyhow::ensure!(runtime_s >= 1, "--runtime must be at least 1 s");
         let (sweep_numjobs, sweep_iodepth) = if c.quick {
@@ -302,12 +304,15 @@ impl Plan {
             vec![]
         };
         let fs = if suites.iter().any(|s| s == "fs") {
-            Some(fs_params(c, size, repeat)?)
+            // Three fs repeats (each case lays out its file set through ext4
+            // first): five would take the full run past an hour.
+            Some(fs_params(c, size, c.repeat.unwrap_or(3))?)
         } else {
             None
         };
         let net_runtime_s = if c.quick { 1 } else { 3 };
-        let net_repeat = if c.quick { 1 } else { repeat };
+        // iperf3's rates hardly move between runs: three repeats are plenty.
+        let net_repeat = if c.quick { 1 } else { repeat.min(3) };
         let net_runs = if suites.iter().any(|s| s == "net") {
             crate::net::STREAMS.len() as u32 * net_repeat
         } else {
@@ -562,7 +567,7 @@ mod tests {
     fn defaults_and_quick() {
         let full = Plan::from_choices(&choices()).unwrap();
         assert_eq!(full.params.mtus, vec![1500, 9000]);
-        assert_eq!(full.params.repeat, 3);
+        assert_eq!(full.params.repeat, 5);
         assert_eq!(full.params.size_bytes, GIB);
         assert_eq!(full.sweep.len(), 16);
         assert_eq!(full.subjects().len(), 5);
@@ -574,8 +579,8 @@ mod tests {
         assert_eq!(full.fs_cases(false).len(), 13);
         assert_eq!(full.fs_cases(true).len(), 14);
         assert_eq!(full.fs_runs(), (5 * 13 + 14) * 3);
-        // iperf3 4 stream counts x 3 x 2 MTUs + 5 subjects x (7 x 3 + 16) x 2 MTUs + local (21 + 16) + fs
-        assert_eq!(full.total_runs(), 24 + 5 * (21 + 16) * 2 + 37 + 237);
+        // iperf3 4 stream counts x 3 x 2 MTUs + 5 subjects x (7 x 5 + 16) x 2 MTUs + local (35 + 16) + fs
+        assert_eq!(full.total_runs(), 24 + 5 * (35 + 16) * 2 + 51 + 237);
         assert_eq!(full.params.suites, vec!["net", "micro", "sweep", "fs"]);
         let two_links = Plan::from_choices(&Choices {
             link: Some("none,1gbit".into()),
@@ -584,7 +589,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             two_links.total_runs(),
-            2 * (24 + 5 * (21 + 16) * 2 + 237) + 37
+            2 * (24 + 5 * (35 + 16) * 2 + 237) + 51
         );
         let some = Plan::from_choices(&Choices {
             suite: Some("net,micro".into()),
@@ -628,7 +633,7 @@ mod tests {
         let two = Plan::from_choices(&Choices { link: Some("none,1gbit".into()), ..choices() }).unwrap().estimate();
         let per_link = two.total_s() - full.total_s();
         assert!(per_link > 0.8 * (full.total_s() - full.local_s - full.idle_s - full.setup_s), "{per_link}");
-        assert!(full.describe().starts_with("about 54 min (setup 0.2, net 1.6, micro 11.6, sweep 3.5, local 1.7, fs 3"), "{}", full.describe());
+        assert!(full.describe().starts_with("about 53 min (setup 0.2, net 1.6, micro 13.4, sweep 3.5, local 2.0, fs 29"), "{}", full.describe());
         // Shorter runs, fewer cases: a smaller estimate.
         let fs_only = Plan::from_choices(&Choices { suite: Some("fs".into()), protocols: Some("iscsi".into()), peers: Some("none".into()), repeat: Some(1), ..choices() }).unwrap().estimate();
         assert!(fs_only.total_s() < full.fs_s / 10.0 + 400.0 && fs_only.micro_s == 0.0, "{fs_only:?}");
