@@ -170,6 +170,11 @@ impl BlockClient for Reconnecting {
         let r = self.bounded(c.write(offset, data)).await;
         self.note(&c, r)
     }
+    async fn write_owned(&self, offset: u64, data: bytes::Bytes) -> Result<()> {
+        let c = self.client().await?;
+        let r = self.bounded(c.write_owned(offset, data)).await;
+        self.note(&c, r)
+    }
     async fn flush(&self) -> Result<()> {
         let c = self.client().await?;
         let r = self.bounded(c.flush()).await;

@@ -369,11 +369,11 @@ fn mount_ext4_over_aoe() {
 
 // ---- data integrity under queue depth ----
 
-fn fio_verify(fuse: Fuse) {
+fn fio_verify(fuse: Fuse, proto: Proto) {
     require_root();
     let _uring = fuse.guard();
     let tmp = TempDir::new("att-f");
-    let t = Target::start(Proto::Iscsi, &tmp, "128M");
+    let t = Target::start(proto, &tmp, "128M");
     let (dev, dir, _guard) = attach_loop(&tmp, &t.url(), &["--timeout", "20", "--fuse", fuse.arg()]);
     let d = dir.to_str().unwrap();
     let dio = std::fs::read_to_string(format!("/sys/block/{}/loop/dio", dev.trim_start_matches("/dev/"))).unwrap();
@@ -406,12 +406,19 @@ fn fio_verify(fuse: Fuse) {
 
 #[test]
 fn fio_verify_at_queue_depth_32_over_dev_fuse() {
-    fio_verify(Fuse::Dev);
+    fio_verify(Fuse::Dev, Proto::Iscsi);
 }
 
 #[test]
 fn fio_verify_at_queue_depth_32_over_fuse_io_uring() {
-    fio_verify(Fuse::Uring);
+    fio_verify(Fuse::Uring, Proto::Iscsi);
+}
+
+/// Writes lend their request buffer to the NVMe/TCP queue (no copy): it
+/// must not be reused before the data is sent.
+#[test]
+fn fio_verify_at_queue_depth_32_over_nvme() {
+    fio_verify(Fuse::Dev, Proto::Nvme);
 }
 
 // ---- discard ----
