@@ -421,6 +421,33 @@ fn fio_verify_at_queue_depth_32_over_nvme() {
     fio_verify(Fuse::Dev, Proto::Nvme);
 }
 
+fn bw_attach_mounted(dir: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mounts").unwrap().contains(dir.to_str().unwrap())
+}
+
+/// The measuring null volume: a loop device of its size whose reads and
+/// writes succeed at once (bench/attach-overhead's null rows), and a bad
+/// size refused in one line.
+#[test]
+fn null_volume_answers_at_once() {
+    require_root();
+    let tmp = TempDir::new("att-n");
+    let (dev, dir, _guard) = attach_loop(&tmp, "null://64M", &[]);
+    let d = dir.to_str().unwrap();
+    let size = sh(&format!("blockdev --getsize64 {dev}"));
+    assert_eq!(size.trim(), (64u64 << 20).to_string(), "loop device size");
+    sh(&format!("dd if=/dev/zero of={dev} bs=1M count=64 oflag=direct 2>&1"));
+    sh(&format!("dd if={dev} of=/dev/null bs=1M count=64 iflag=direct 2>&1"));
+    blockwire_ok(None, &["umount", d]);
+    assert_nothing_left(&dir, d);
+    let bad = tmp.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    let out = blockwire(None, &["attach", "null://100", bad.to_str().unwrap(), "--background"]);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && text.contains("multiple of 512"), "{text}");
+    assert!(!bw_attach_mounted(&bad), "a refused attach left a mount");
+}
+
 // ---- discard ----
 
 /// Where the next data at or after `at` begins in `path` (SEEK_DATA), if any.
