@@ -71,6 +71,16 @@ impl Disk {
         self.client.write(start, &buf).await
     }
 
+    /// [`Disk::write`] of a buffer the client may keep instead of copying.
+    pub async fn write_owned(&self, offset: u64, data: bytes::Bytes) -> Result<(), ClientError> {
+        let end = offset + data.len() as u64;
+        if offset % self.block != 0 || end % self.block != 0 {
+            return self.write(offset, &data).await;
+        }
+        let _shared = self.rmw.read().await;
+        self.client.write_owned(offset, data).await
+    }
+
     pub async fn flush(&self) -> Result<(), ClientError> {
         self.client.flush().await
     }
@@ -133,6 +143,18 @@ pub enum Done {
 }
 
 impl Disk {
+    /// Run a write `job` whose request buffer is handed over as `buf`, for
+    /// the client to send from without copying it.
+    pub async fn run_owned(&self, job: &Job, buf: bytes::Bytes) -> Done {
+        match job {
+            Job::Write { offset, data } => {
+                let r = self.write_owned(*offset, buf.slice(data.clone())).await;
+                self.done(job, r.map(|()| Done::Written(data.len() as u32)))
+            }
+            _ => Done::Failed(libc::EINVAL),
+        }
+    }
+
     /// Run `job`; a read lands in `buf[..len]`, a write's data comes from `buf`.
     pub async fn run(&self, job: &Job, buf: &mut [u8]) -> Done {
         let r = match job {
@@ -147,6 +169,10 @@ impl Disk {
             Job::Flush => self.flush().await.map(|()| Done::Empty),
             Job::Discard { offset, len } => self.discard(*offset, *len).await.map(|()| Done::Empty),
         };
+        self.done(job, r)
+    }
+
+    fn done(&self, job: &Job, r: Result<Done, ClientError>) -> Done {
         r.unwrap_or_else(|e| {
             // A discard the target cannot do is an answer, not a failure.
             if matches!(e, ClientError::Unsupported(_)) {

@@ -12,6 +12,7 @@ mod abi;
 mod dev;
 mod disk;
 mod fs;
+mod null;
 mod reconnect;
 mod ring;
 

@@ -10,6 +10,14 @@ use bw_initiator::{BlockClient, ClientError, ConnectOptions, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// The initiator for `url`, or the measuring null volume for `null://SIZE`.
+async fn connect_url(url: &str, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
+    if url.starts_with(crate::null::SCHEME) {
+        return Ok(Arc::new(crate::null::NullClient::parse(url)?));
+    }
+    bw_initiator::connect(url, opts).await
+}
+
 pub struct Reconnecting {
     url: String,
     opts: ConnectOptions,
@@ -28,7 +36,7 @@ pub struct Reconnecting {
 impl Reconnecting {
     /// Connect once (errors here are the user's: wrong URL, refused login).
     pub async fn connect(url: &str, opts: ConnectOptions) -> Result<Reconnecting> {
-        let client = bw_initiator::connect(url, &opts).await?;
+        let client = connect_url(url, &opts).await?;
         Ok(Reconnecting {
             url: url.to_string(),
             size: client.size_bytes(),
@@ -83,7 +91,7 @@ impl Reconnecting {
     async fn reconnect(&self) -> Result<Arc<dyn BlockClient>> {
         let fresh = tokio::time::timeout(
             self.opts.timeout,
-            bw_initiator::connect(&self.url, &self.opts),
+            connect_url(&self.url, &self.opts),
         )
         .await
         .map_err(|_| ClientError::Timeout(format!("reconnecting to {}", self.url)))??;
@@ -160,6 +168,11 @@ impl BlockClient for Reconnecting {
     async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         let c = self.client().await?;
         let r = self.bounded(c.write(offset, data)).await;
+        self.note(&c, r)
+    }
+    async fn write_owned(&self, offset: u64, data: bytes::Bytes) -> Result<()> {
+        let c = self.client().await?;
+        let r = self.bounded(c.write_owned(offset, data)).await;
         self.note(&c, r)
     }
     async fn flush(&self) -> Result<()> {

@@ -308,6 +308,16 @@ impl BlockClient for IscsiClient {
         self.scsi(&cdb, 0, Bytes::copy_from_slice(data)).await?;
         Ok(())
     }
+    async fn write_owned(&self, offset: u64, data: Bytes) -> Result<()> {
+        check_range(self, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let bs = self.block as u64;
+        let cdb = build::write_16(offset / bs, (data.len() as u64 / bs) as u32);
+        self.scsi(&cdb, 0, data).await?;
+        Ok(())
+    }
     async fn flush(&self) -> Result<()> {
         self.scsi(&build::synchronize_cache_10(), 0, Bytes::new()).await?;
         Ok(())

@@ -112,6 +112,12 @@ pub trait BlockClient: Send + Sync {
     }
     async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
     async fn write(&self, offset: u64, data: &[u8]) -> Result<()>;
+    /// [`BlockClient::write`] for a caller that hands its buffer over: the
+    /// client may keep `data` until the target has it instead of copying
+    /// it (the FUSE attach path, whose request buffers are its own).
+    async fn write_owned(&self, offset: u64, data: bytes::Bytes) -> Result<()> {
+        self.write(offset, &data).await
+    }
     /// Make acknowledged writes durable on the target.
     async fn flush(&self) -> Result<()>;
     /// Tell the target a range is no longer needed (UNMAP, Dataset Management

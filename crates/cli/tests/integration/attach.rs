@@ -370,11 +370,11 @@ fn mount_ext4_over_aoe() {
 
 // ---- data integrity under queue depth ----
 
-fn fio_verify(fuse: Fuse) {
+fn fio_verify(fuse: Fuse, proto: Proto) {
     require_root();
     let _uring = fuse.guard();
     let tmp = TempDir::new("att-f");
-    let t = Target::start(Proto::Iscsi, &tmp, "128M");
+    let t = Target::start(proto, &tmp, "128M");
     let (dev, dir, _guard) = attach_loop(&tmp, &t.url(), &["--timeout", "20", "--fuse", fuse.arg()]);
     let d = dir.to_str().unwrap();
     let dio = std::fs::read_to_string(format!("/sys/block/{}/loop/dio", dev.trim_start_matches("/dev/"))).unwrap();
@@ -407,12 +407,46 @@ fn fio_verify(fuse: Fuse) {
 
 #[test]
 fn fio_verify_at_queue_depth_32_over_dev_fuse() {
-    fio_verify(Fuse::Dev);
+    fio_verify(Fuse::Dev, Proto::Iscsi);
 }
 
 #[test]
 fn fio_verify_at_queue_depth_32_over_fuse_io_uring() {
-    fio_verify(Fuse::Uring);
+    fio_verify(Fuse::Uring, Proto::Iscsi);
+}
+
+/// Writes lend their request buffer to the NVMe/TCP queue (no copy): it
+/// must not be reused before the data is sent.
+#[test]
+fn fio_verify_at_queue_depth_32_over_nvme() {
+    fio_verify(Fuse::Dev, Proto::Nvme);
+}
+
+fn bw_attach_mounted(dir: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mounts").unwrap().contains(dir.to_str().unwrap())
+}
+
+/// The measuring null volume: a loop device of its size whose reads and
+/// writes succeed at once (bench/attach-overhead's null rows), and a bad
+/// size refused in one line.
+#[test]
+fn null_volume_answers_at_once() {
+    require_root();
+    let tmp = TempDir::new("att-n");
+    let (dev, dir, _guard) = attach_loop(&tmp, "null://64M", &[]);
+    let d = dir.to_str().unwrap();
+    let size = sh(&format!("blockdev --getsize64 {dev}"));
+    assert_eq!(size.trim(), (64u64 << 20).to_string(), "loop device size");
+    sh(&format!("dd if=/dev/zero of={dev} bs=1M count=64 oflag=direct 2>&1"));
+    sh(&format!("dd if={dev} of=/dev/null bs=1M count=64 iflag=direct 2>&1"));
+    blockwire_ok(None, &["umount", d]);
+    assert_nothing_left(&dir, d);
+    let bad = tmp.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    let out = blockwire(None, &["attach", "null://100", bad.to_str().unwrap(), "--background"]);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && text.contains("multiple of 512"), "{text}");
+    assert!(!bw_attach_mounted(&bad), "a refused attach left a mount");
 }
 
 // ---- discard ----

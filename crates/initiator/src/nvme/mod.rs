@@ -315,6 +315,18 @@ impl BlockClient for NvmeClient {
         Ok(())
     }
 
+    async fn write_owned(&self, offset: u64, data: bytes::Bytes) -> Result<()> {
+        check_range(self, offset, data.len())?;
+        let mut done = 0;
+        while done < data.len() {
+            let n = (data.len() - done).min(self.max_transfer);
+            let sqe = self.rw_sqe(nvm::WRITE, offset + done as u64, n);
+            self.queue_for(n).submit_write_owned(sqe, data.slice(done..done + n)).await?;
+            done += n;
+        }
+        Ok(())
+    }
+
     async fn flush(&self) -> Result<()> {
         self.queue().submit(Sqe::new(nvm::FLUSH, 0, self.nsid), None, 0).await.map(|_| ())
     }

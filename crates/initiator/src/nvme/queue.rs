@@ -194,6 +194,16 @@ impl Queue {
         )
     }
 
+    /// [`Queue::submit_write`] with data the queue keeps (no copy) until sent.
+    pub async fn submit_write_owned(&self, sqe: Sqe, data: Bytes) -> Result<Done> {
+        let op = sqe.opcode();
+        self.succeeded(
+            op,
+            self.submit_inner(sqe, Payload::Owned(data), 0, None)
+                .await?,
+        )
+    }
+
     /// Submit a command that reads `buf.len()` bytes into `buf`; an
     /// unsuccessful status is an error.
     pub async fn submit_read(&self, sqe: Sqe, buf: &mut [u8]) -> Result<Done> {
