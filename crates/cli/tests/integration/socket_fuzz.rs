@@ -1376,6 +1376,40 @@ fn nvme_tcp_huge_length_claims_are_refused() {
     assert!(serve.stop().success());
 }
 
+/// An H2CTermReq with the DDGST flag and 1-3 bytes after its header, before
+/// or after the ICReq: the PDU decoder read a data digest past the end of
+/// the PDU and panicked the connection's task (found by the pdu_decode fuzz
+/// target). Now the connection just ends; the target stays up and a clean
+/// controller still reads.
+#[test]
+fn nvme_tcp_term_req_with_ddgst_flag_ends_only_its_connection() {
+    let (_dir, mut serve, _, np) = small_target();
+    let d = bw_nvme::Digests::default();
+    for after_icreq in [false, true] {
+        for extra in 1..=3u8 {
+            let mut w = Wire::connect(np).expect("connect");
+            if after_icreq {
+                w.send(&nvme_wire(&NvmePdu::IcReq(IcReq { pfv: 0, hpda: 0, digests: d, maxr2t: 0 }), d));
+            }
+            let mut b = vec![0x02, 0x02, 24, 0, 24 + extra, 0, 0, 0, 1, 0];
+            b.resize(24 + extra as usize, 0);
+            w.send(&b);
+            assert!(w.closed_within(Duration::from_secs(5)), "a TermReq ({extra} bytes of data) left the connection open");
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let c = bw_initiator::connect(&format!("nvme+tcp://127.0.0.1:{np}/{CLEAN_NQN}/1"), &Default::default()).await.expect("clean connect");
+        let mut buf = vec![0u8; 4096];
+        c.read(0, &mut buf).await.expect("clean read");
+        c.close().await.expect("clean close");
+    });
+    assert!(serve.is_running());
+    let log = serve.log_text();
+    assert!(!log.contains("panicked"), "the target panicked:\n{log}");
+    assert!(serve.stop().success());
+}
+
 /// A Login Response's Status-Class and Status-Detail as one number (0: success).
 fn login_status(b: &Bhs) -> u16 {
     u16::from(b.get(field::STATUS_CLASS)) << 8 | u16::from(b.get(field::STATUS_DETAIL))
