@@ -338,6 +338,7 @@ enum Fault {
 
 /// Write to both volumes, strike with `fault` at a random moment, restart
 /// and check. Returns the restarted target.
+#[allow(clippy::too_many_arguments)]
 fn cycle(rt: &tokio::runtime::Runtime, rig: &Rig, serve: Serve, ledgers: &[Arc<Ledger>; 2], gens: &Arc<AtomicU64>, rng: &mut SmallRng, n: usize, fault: Fault) -> Serve {
     let urls = rig.urls();
     let clients: Vec<Arc<dyn BlockClient>> = urls.iter().map(|u| rt.block_on(connect(u))).collect();

@@ -133,7 +133,7 @@ fn mixed_sessions_all_verify_with_bounded_rss_and_threads() {
     let pair = NetnsPair::new("ld", 9000);
     let (host_ip, ns_ip) = pair.with_ipv4(177);
     let dir = TempDir::new("load");
-    let size_mib = (sessions as u64 * region >> 20) + 1;
+    let size_mib = ((sessions as u64 * region) >> 20) + 1;
     let cfg = config(&dir, &format!("ram:{size_mib}M"), &ns_ip, 3260, 4420, Some(&pair.ns_if));
     let serve = Serve::start_in(Some(&pair.ns), &["--config", &cfg]);
     let pid = serve.pid();
