@@ -150,9 +150,7 @@ pub async fn start(
     });
     let mut listeners = Vec::new();
     for a in &cfg.listen {
-        let l = tokio::net::TcpListener::bind(a)
-            .await
-            .with_context(|| format!("iSCSI listen on {a}"))?;
+        let l = crate::accept::listen(*a).with_context(|| format!("iSCSI listen on {a}"))?;
         log::info!("iSCSI listening on {a}");
         listeners.push(l);
     }
