@@ -184,8 +184,7 @@ mod tests {
 
     #[test]
     fn failure_bits_are_the_linux_mask() {
-        let mut a = AtaArg::default();
-        a.cmd_status = STATUS_DRDY;
+        let mut a = AtaArg { cmd_status: STATUS_DRDY, ..Default::default() };
         assert!(!a.failed());
         a.cmd_status = STATUS_DRDY | STATUS_ERR;
         assert!(a.failed());

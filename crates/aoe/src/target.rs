@@ -263,7 +263,7 @@ impl Export {
                 }
                 // Device-level problems: reported through ATA status/error.
                 let lba = req.lba();
-                if lba.checked_add(count as u64).map_or(true, |end| end > self.sectors) {
+                if lba.checked_add(count as u64).is_none_or(|end| end > self.sectors) {
                     ata_error(&mut reply, ERR_IDNF | ERR_ABRT);
                 } else if write {
                     let data = &frame[ATA_HEADER_LEN..ATA_HEADER_LEN + len];

@@ -52,7 +52,7 @@ impl Disk {
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<(), ClientError> {
         let bs = self.block;
         let end = offset + data.len() as u64;
-        if offset % bs == 0 && end % bs == 0 {
+        if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
             let _shared = self.rmw.read().await;
             return self.client.write(offset, data).await;
         }

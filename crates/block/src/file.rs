@@ -141,9 +141,9 @@ impl FileDevice {
 
     fn needs_bounce(&self, ptr: *const u8, len: usize, offset: u64) -> bool {
         self.direct
-            && ((ptr as usize) % DIRECT_ALIGN != 0
-                || len % DIRECT_ALIGN != 0
-                || offset % DIRECT_ALIGN as u64 != 0)
+            && (!(ptr as usize).is_multiple_of(DIRECT_ALIGN)
+                || !len.is_multiple_of(DIRECT_ALIGN)
+                || !offset.is_multiple_of(DIRECT_ALIGN as u64))
     }
 
     fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
@@ -215,7 +215,7 @@ impl FileDevice {
 fn aligned_bounds(offset: u64, len: usize, size: u64) -> (u64, u64) {
     let a = DIRECT_ALIGN as u64;
     let start = offset / a * a;
-    let end = ((offset + len as u64 + a - 1) / a * a).min(size.max(offset + len as u64));
+    let end = ((offset + len as u64).div_ceil(a) * a).min(size.max(offset + len as u64));
     (start, end)
 }
 

@@ -25,7 +25,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Format bytes with the largest exact binary suffix (`1G`, `1536K`, `100`).
 pub fn format_size(bytes: u64) -> String {
     for (suffix, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{}", bytes >> shift, suffix);
         }
     }

@@ -255,7 +255,7 @@ fn target_error(code: u8) -> ClientError {
 }
 
 /// Check an ATA reply: status and enough data.
-fn ata_reply<'a>(frame: &'a [u8], want_data: usize) -> Result<(AtaArg, &'a [u8])> {
+fn ata_reply(frame: &[u8], want_data: usize) -> Result<(AtaArg, &[u8])> {
     match req::parse_reply(frame).map_err(|e| ClientError::Protocol(e.to_string()))?.body {
         ReplyBody::Error(code) => Err(target_error(code)),
         ReplyBody::Ata(a, data) => {

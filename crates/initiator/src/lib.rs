@@ -135,7 +135,7 @@ pub fn check_range(client: &dyn BlockClient, offset: u64, len: usize) -> Result<
     let bs = client.block_size() as u64;
     let size = client.size_bytes();
     let end = offset.checked_add(len as u64);
-    if offset % bs != 0 || len as u64 % bs != 0 || end.map_or(true, |e| e > size) {
+    if !offset.is_multiple_of(bs) || !(len as u64).is_multiple_of(bs) || end.is_none_or(|e| e > size) {
         return Err(ClientError::OutOfRange { offset, len: len as u64, size });
     }
     Ok(())

@@ -181,7 +181,7 @@ impl InitiatorLogin {
             Phase::ChapAlgorithm => {
                 let chap = self.cfg.chap.clone().ok_or_else(|| LoginError::Protocol("CHAP without credentials".into()))?;
                 let alg = get("CHAP_A")
-                    .and_then(|a| crate::negotiate::parse_number(a))
+                    .and_then(crate::negotiate::parse_number)
                     .and_then(ChapAlgorithm::from_code)
                     .ok_or_else(|| LoginError::Protocol("bad CHAP_A".into()))?;
                 let id = get("CHAP_I")

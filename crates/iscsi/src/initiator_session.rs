@@ -222,7 +222,7 @@ impl InitiatorSession {
         // A command never sent has no ITT at the target: forget it now.
         let tasks = &mut self.tasks;
         self.waiting.retain(|w| {
-            let gone = tasks.get(&w.itt).map_or(true, |t| t.abandoned);
+            let gone = tasks.get(&w.itt).is_none_or(|t| t.abandoned);
             if gone {
                 tasks.remove(&w.itt);
             }

@@ -550,7 +550,8 @@ impl Message {
                     final_: fin,
                     ack: b.flag(ACKNOWLEDGE),
                     has_status,
-                    status: b.get(STATUS),
+                    // Reserved unless the S bit is set (RFC 7143 11.7.4).
+                    status: if has_status { b.get(STATUS) } else { 0 },
                     lun: b.get(LUN),
                     itt: b.get(ITT),
                     ttt: b.get(TTT),

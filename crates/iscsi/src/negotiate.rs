@@ -491,9 +491,7 @@ mod tests {
         /// Boolean results: OR can only turn No into Yes, AND only Yes into No.
         #[test]
         fn boolean_rules(offer in any::<bool>(), local in any::<bool>()) {
-            let mut l = LocalLimits::default();
-            l.initial_r2t = local;
-            l.immediate_data = local;
+            let l = LocalLimits { initial_r2t: local, immediate_data: local, ..LocalLimits::default() };
             let mut r = Responder::new(l, SessionType::Normal);
             let o = if offer { "Yes" } else { "No" };
             prop_assert_eq!(r.answer("InitialR2T", o).unwrap(), yes_no(offer || local));

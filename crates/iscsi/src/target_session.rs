@@ -520,6 +520,7 @@ impl TargetSession {
 
     /// A command finished: `status`/`sense` from the SCSI layer, `data_in`
     /// everything it produced, `write_residual` from [`write_outcome`].
+    #[allow(clippy::too_many_arguments)]
     pub fn complete(&mut self, itt: u32, id: u64, status: u8, sense: &[u8], mut data_in: Vec<u8>, write_residual: Residual, out: &mut Vec<Action>) {
         let Some(t) = self.take_task(itt, id) else { return };
         let edtl = t.edtl as usize;

@@ -23,3 +23,10 @@ fn replay(target: &str, harness: fn(&[u8])) -> usize {
 fn session_regressions() {
     assert!(replay("session", bw_iscsi::fuzzing::session_stream) > 0);
 }
+
+/// A Data-In without the S bit decoded its reserved status byte, so it did
+/// not re-encode to the same message.
+#[test]
+fn pdu_regressions() {
+    assert!(replay("pdu", bw_iscsi::fuzzing::pdu_stream) > 0);
+}

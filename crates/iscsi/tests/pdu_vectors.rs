@@ -231,6 +231,17 @@ fn data_out_data_in_r2t() {
     );
 }
 
+/// Byte 3 of a Data-In is its status only with the S bit; without it the
+/// byte is reserved and decodes as 0 (it used to decode as given, so the
+/// message did not re-encode to itself; found by the pdu fuzz target).
+#[test]
+fn data_in_without_s_bit_has_no_status() {
+    let raw = bhs(&[(0, &[0x25, 0x00, 0x00, 0x2F]), (16, &[0, 0, 0, 7]), (20, &[0xFF; 4])]);
+    let Message::DataIn(d) = Message::decode(&raw).unwrap() else { panic!("not a Data-In") };
+    assert_eq!((d.has_status, d.status), (false, 0));
+    assert_eq!(Message::decode(&Message::DataIn(d.clone()).encode()).unwrap(), Message::DataIn(d));
+}
+
 #[test]
 fn logout_snack_async_reject() {
     check(

@@ -201,7 +201,7 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
     }
     let need = plan.params.size_bytes;
     if let Ok(st) = nix::sys::statvfs::statvfs("/dev/shm") {
-        let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+        let free = st.blocks_available() * st.fragment_size();
         anyhow::ensure!(free > need, "/dev/shm has {} MiB free, the volume needs {} MiB", free >> 20, need >> 20);
     }
     Ok(())

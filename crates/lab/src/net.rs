@@ -200,7 +200,7 @@ pub fn ceiling(samples: &[NetSample], link: &str, mtu: u32) -> Option<(f64, u32)
             continue;
         }
         let mean = v.iter().sum::<f64>() / v.len() as f64;
-        if best.map_or(true, |(b, _)| mean > b) {
+        if best.is_none_or(|(b, _)| mean > b) {
             best = Some((mean, n));
         }
     }

@@ -16,7 +16,7 @@ pub const PALETTE: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#94
 
 /// A "nice" axis maximum and tick step for values up to `max`.
 pub fn nice_axis(max: f64) -> (f64, f64) {
-    if !(max > 0.0) || !max.is_finite() {
+    if !max.is_finite() || max <= 0.0 {
         return (1.0, 0.25);
     }
     let raw_step = max / 5.0;

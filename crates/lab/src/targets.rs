@@ -190,6 +190,9 @@ fn start_serve_once(
     await_ready(p, &rx, Duration::from_secs(20))
 }
 
+/// Per protocol: `Ok` if it is served, `Err(reason)` if not.
+pub type ProtocolStatus = Vec<(String, Result<(), String>)>;
+
 /// Start one `blockwire serve` for all `protocols` at once. If that fails,
 /// find out which protocols fail alone (each gets its own reason) and start
 /// the rest together. Returns the process (if any protocol works) and, per
@@ -200,7 +203,7 @@ pub fn start_blockwire(
     link: &Link,
     backing: &Path,
     protocols: &[String],
-) -> (Option<TargetProcess>, Vec<(String, Result<(), String>)>) {
+) -> (Option<TargetProcess>, ProtocolStatus) {
     if protocols.is_empty() {
         return (None, vec![]);
     }

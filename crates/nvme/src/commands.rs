@@ -112,6 +112,7 @@ const fn admin_row(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 const fn io_row(
     opcode: u8,
     name: &'static str,

@@ -41,6 +41,7 @@ pub mod feature {
 }
 
 /// Async event: notice, namespace attribute changed, log page 04h.
+#[allow(clippy::identity_op)] // the three fields spelled out, the middle one 0
 pub const AEN_NS_CHANGED: u32 = 0x02 | (0x00 << 8) | (0x04 << 16);
 
 /// What the controller serves.

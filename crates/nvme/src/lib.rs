@@ -10,6 +10,8 @@
 //! - [`controller`]: one controller's admin state machine (properties,
 //!   features, AER, keep-alive, logs) and [`io`]: the NVM command set over a
 //!   `bw_block::Volume`.
+//! - [`fuzzing`]: the fuzz harness bodies (crates/nvme/fuzz), replayed on
+//!   the inputs that once crashed them by `tests/fuzz_regressions.rs`.
 //!
 //! The target and the initiator crates put sockets around these.
 
@@ -19,6 +21,7 @@ pub mod commands;
 pub mod controller;
 pub mod fabrics;
 pub mod features;
+pub mod fuzzing;
 pub mod host_queue;
 pub mod identify;
 pub mod io;

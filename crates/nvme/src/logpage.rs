@@ -54,7 +54,7 @@ impl LogRequest {
 /// The part of `page` a request asks for, zero-filled past its end. None if
 /// the offset is beyond the page (Invalid Field).
 pub fn window(page: &[u8], r: &LogRequest) -> Option<Vec<u8>> {
-    if r.offset > page.len() as u64 || r.offset % 4 != 0 {
+    if r.offset > page.len() as u64 || !r.offset.is_multiple_of(4) {
         return None;
     }
     let start = r.offset as usize;
@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn discovery_log_layout() {
         let e = DiscoveryEntry { subnqn: "nqn.2026-11.org.blockwire:x".into(), traddr: "127.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: SUBTYPE_NVME };
-        let b = discovery_log(7, &[e.clone()]);
+        let b = discovery_log(7, std::slice::from_ref(&e));
         assert_eq!(b.len(), 2048);
         assert_eq!(&b[0..16], &[7, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&b[1024..1032], &[3, 1, 2, 6, 1, 0, 0xFF, 0xFF]);

@@ -281,8 +281,9 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
             return Err(PduError::HeaderDigest { kind: ch.kind });
         }
     }
-    // Payload bounds.
-    let (data_start, data_end) = if carries_data && has_data_room {
+    // Payload bounds, and whether a data digest follows the payload (only
+    // a PDU that carries data has one: a TermReq's DDGST flag means nothing).
+    let (data_start, data_end, dd) = if carries_data && has_data_room {
         let dd = if ch.flags & flags::DDGST != 0 { DIGEST_LEN } else { 0 };
         if (dd != 0) != digests.data {
             return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
@@ -291,9 +292,9 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
         if pdo < want + hd || pdo + dd > plen {
             return Err(PduError::BadPdo { kind: ch.kind, pdo: ch.pdo });
         }
-        (pdo, plen - dd)
+        (pdo, plen - dd, dd)
     } else {
-        (want + hd, want + hd)
+        (want + hd, want + hd, 0)
     };
     let h = &raw[..want];
     let data = raw.slice(data_start..data_end);
@@ -301,7 +302,7 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
         kind::CAPSULE_CMD => le16(h, CH_LEN + 2),
         _ => le16(h, 8),
     };
-    if data_end < plen && ch.flags & flags::DDGST != 0 {
+    if dd != 0 {
         let got = le32(&raw, data_end);
         if crc32c(&data) != got {
             return Err(PduError::DataDigest { kind: ch.kind, cid: cid_of() });

@@ -62,7 +62,7 @@ pub fn log_sense(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
     finish(out)
 }
 
-fn finish(out: &mut Vec<u8>) -> Result<(), Sense> {
+fn finish(out: &mut [u8]) -> Result<(), Sense> {
     let len = (out.len() - 4) as u16;
     out[2..4].copy_from_slice(&len.to_be_bytes());
     Ok(())

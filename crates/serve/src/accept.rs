@@ -8,8 +8,24 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
+
+/// The listen backlog asked for (the kernel caps it at net.core.somaxconn,
+/// 4096 by default). With `TcpListener::bind`'s 128 (as `ss` showed it), a
+/// burst of connects overflowed it while the accept loop started
+/// connections, and every connect whose SYN was dropped waited a second for
+/// the retransmit (27 of a 4,000-socket flood, a legitimate login among
+/// them if it came then).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listening socket for a front-end, with [`LISTEN_BACKLOG`].
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let s = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    s.set_reuseaddr(true)?;
+    s.bind(addr)?;
+    s.listen(LISTEN_BACKLOG)
+}
 
 /// Where connections run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -58,6 +58,9 @@ struct Target {
     scsi: Arc<ScsiTarget>,
 }
 
+/// (initiator name, ISID, target index): what identifies an iSCSI session.
+type SessionKey = (String, [u8; 6], usize);
+
 struct Ctx {
     login: LoginConfig,
     targets: Vec<Target>,
@@ -69,7 +72,7 @@ struct Ctx {
     knobs: Knobs,
     /// Live normal sessions by (initiator name, ISID, target): a new login
     /// with the same key reinstates the session, ending the old connection.
-    sessions: Mutex<HashMap<(String, [u8; 6], usize), (u64, Arc<Notify>)>>,
+    sessions: Mutex<HashMap<SessionKey, (u64, Arc<Notify>)>>,
 }
 
 fn secret(c: &Option<crate::config::Credentials>) -> Option<Secret> {
@@ -150,9 +153,7 @@ pub async fn start(
     });
     let mut listeners = Vec::new();
     for a in &cfg.listen {
-        let l = tokio::net::TcpListener::bind(a)
-            .await
-            .with_context(|| format!("iSCSI listen on {a}"))?;
+        let l = crate::accept::listen(*a).with_context(|| format!("iSCSI listen on {a}"))?;
         log::info!("iSCSI listening on {a}");
         listeners.push(l);
     }
@@ -293,9 +294,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         .iter()
         .filter(|t| {
             t.allowed_initiators.is_empty()
-                || t.allowed_initiators
-                    .iter()
-                    .any(|a| *a == res.initiator_name)
+                || t.allowed_initiators.contains(&res.initiator_name)
         })
         .map(|t| (t.name.clone(), portals(&ctx, local, t.portal_group_tag)))
         .collect();
@@ -661,7 +660,7 @@ impl Connection {
                     anyhow::bail!("{e}");
                 }
                 handled += 1;
-                if handled % self.knobs.flush_every == 0 && open {
+                if handled.is_multiple_of(self.knobs.flush_every) && open {
                     // Answer part of a long burst now: the initiator works on
                     // these while we run the rest.
                     io.drain(&mut self.out).await?;

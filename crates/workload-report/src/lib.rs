@@ -191,9 +191,9 @@ pub struct FlowReport {
 }
 
 fn size_name(b: u64) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
+    if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{}MiB", b >> 20)
-    } else if b >= 1024 && b % 1024 == 0 {
+    } else if b >= 1024 && b.is_multiple_of(1024) {
         format!("{}KiB", b >> 10)
     } else {
         format!("{b}B")

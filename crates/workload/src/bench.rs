@@ -59,11 +59,11 @@ fn new_hist() -> Histogram<u64> {
 pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<BenchReport, BenchError> {
     let bs = client.block_size() as u64;
     let dev = client.size_bytes();
-    if p.bs == 0 || p.bs as u64 % bs != 0 {
+    if p.bs == 0 || !(p.bs as u64).is_multiple_of(bs) {
         return Err(BenchError::Params(format!("--bs must be a non-zero multiple of {bs}")));
     }
     let size = if p.size == 0 { dev.saturating_sub(p.offset) } else { p.size };
-    if p.offset % bs != 0 || p.offset.checked_add(size).map_or(true, |e| e > dev) {
+    if !p.offset.is_multiple_of(bs) || p.offset.checked_add(size).is_none_or(|e| e > dev) {
         return Err(BenchError::Params(format!("region {}+{size} does not fit the device ({dev} bytes)", p.offset)));
     }
     let numjobs = p.numjobs.max(1) as u64;

@@ -748,7 +748,7 @@ pub fn run(dir: &Path, p: &Personality, o: Options) -> Result<FlowReport, FlowEr
     let prepare_s = t_prep.elapsed().as_secs_f64();
     let cpu0 = crate::cpu::CpuTimes::now();
     let started = Instant::now();
-    let mut results: Vec<(BTreeMap<String, OpRecord>, BTreeMap<String, u64>)> = vec![];
+    let mut results: Vec<ThreadResults> = vec![];
     std::thread::scope(|sc| {
         let mut handles = vec![];
         let mut n = 0u64;
@@ -820,9 +820,12 @@ pub fn run(dir: &Path, p: &Personality, o: Options) -> Result<FlowReport, FlowEr
     Ok(out)
 }
 
+/// One thread's results: records by flowop name, and errors by kind.
+type ThreadResults = (BTreeMap<String, OpRecord>, BTreeMap<String, u64>);
+
 /// Where a thread that could not start is counted (a result set of its own).
 fn results_errors(
-    results: &mut Vec<(BTreeMap<String, OpRecord>, BTreeMap<String, u64>)>,
+    results: &mut Vec<ThreadResults>,
 ) -> &mut BTreeMap<String, u64> {
     if results.is_empty() {
         results.push((BTreeMap::new(), BTreeMap::new()));

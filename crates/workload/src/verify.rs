@@ -40,10 +40,10 @@ pub enum VerifyError {
 pub async fn verify(client: Arc<dyn BlockClient>, p: &VerifyParams) -> Result<VerifyReport, VerifyError> {
     let bs = client.block_size() as u64;
     let dev = client.size_bytes();
-    if p.offset % bs != 0 || p.size % bs != 0 || p.size == 0 {
+    if !p.offset.is_multiple_of(bs) || !p.size.is_multiple_of(bs) || p.size == 0 {
         return Err(VerifyError::Range(format!("offset and size must be non-zero multiples of {bs} bytes")));
     }
-    if p.offset.checked_add(p.size).map_or(true, |end| end > dev) {
+    if p.offset.checked_add(p.size).is_none_or(|end| end > dev) {
         return Err(VerifyError::Range(format!(
             "offset {} + size {} is past the end of the device ({dev} bytes)",
             p.offset, p.size

@@ -110,7 +110,7 @@ fn simulate(requests: usize, max: usize, loss: u64, dup: u64, seed: u64) -> Outc
             net.push((at + rng.micros(1, 2000), tag, id));
         }
     };
-    while o.completed.iter().any(|&n| n == 0) {
+    while o.completed.contains(&0) {
         while places > 0 && next < requests {
             let s = slots.iter().position(|x| x.is_none()).expect("a free slot for every place in the window");
             places -= 1;

@@ -364,7 +364,7 @@ fn malformed_mpls_is_dropped_and_random_frames_do_not_hurt(tag: &str, datapath: 
         s.send(&mpls_frame(&[(555, false, 64), (1000, true, 64)], bad[1]))
             .expect("send unknown label");
         let no_bottom: Vec<(u32, bool, u8)> = std::iter::once((101, false, 64))
-            .chain(std::iter::repeat((1000, false, 64)).take(7))
+            .chain(std::iter::repeat_n((1000, false, 64), 7))
             .collect();
         s.send(&mpls_frame(&no_bottom, bad[2]))
             .expect("send broken stack");
@@ -783,7 +783,6 @@ fn bpf_datapath_matches_the_state_machine_byte_for_byte() {
             }
             check(port, &f);
         }
-        drop(check);
         for r in [
             "ttl",
             "unknown-label",

@@ -176,8 +176,10 @@ fn blockwire_initiator_one_way_bidirectional_and_refusals() {
         )
     ));
 
-    // Refusals, each with the reason on the host's side and the target's.
-    let cases: Vec<(&str, String, Vec<(&str, &str)>, &str, &str)> = vec![
+    // Refusals, each with the reason on the host's side and the target's:
+    // (what, host NQN, the host's secret flags, host says, target logs).
+    type Refusal<'a> = (&'a str, String, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+    let cases: Vec<Refusal> = vec![
         (
             "wrong host secret",
             host(1),

@@ -1376,6 +1376,153 @@ fn nvme_tcp_huge_length_claims_are_refused() {
     assert!(serve.stop().success());
 }
 
+/// An H2CTermReq with the DDGST flag and 1-3 bytes after its header, before
+/// or after the ICReq: the PDU decoder read a data digest past the end of
+/// the PDU and panicked the connection's task (found by the pdu_decode fuzz
+/// target). Now the connection just ends; the target stays up and a clean
+/// controller still reads.
+#[test]
+fn nvme_tcp_term_req_with_ddgst_flag_ends_only_its_connection() {
+    let (_dir, mut serve, _, np) = small_target();
+    let d = bw_nvme::Digests::default();
+    for after_icreq in [false, true] {
+        for extra in 1..=3u8 {
+            let mut w = Wire::connect(np).expect("connect");
+            if after_icreq {
+                w.send(&nvme_wire(&NvmePdu::IcReq(IcReq { pfv: 0, hpda: 0, digests: d, maxr2t: 0 }), d));
+            }
+            let mut b = vec![0x02, 0x02, 24, 0, 24 + extra, 0, 0, 0, 1, 0];
+            b.resize(24 + extra as usize, 0);
+            w.send(&b);
+            assert!(w.closed_within(Duration::from_secs(5)), "a TermReq ({extra} bytes of data) left the connection open");
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let c = bw_initiator::connect(&format!("nvme+tcp://127.0.0.1:{np}/{CLEAN_NQN}/1"), &Default::default()).await.expect("clean connect");
+        let mut buf = vec![0u8; 4096];
+        c.read(0, &mut buf).await.expect("clean read");
+        c.close().await.expect("clean close");
+    });
+    assert!(serve.is_running());
+    let log = serve.log_text();
+    assert!(!log.contains("panicked"), "the target panicked:\n{log}");
+    assert!(serve.stop().success());
+}
+
+/// The login timeout bounds the whole login, not each read or each PDU: an
+/// iSCSI login that stops after its first step, one that sends a valid step
+/// every 2 s (each answered, the login never done), an NVMe/TCP queue that
+/// stops after the ICReq, and peers that drip a login PDU a byte every
+/// 250 ms (it would take them 25 s or more to finish) are all closed once
+/// `login_timeout_s` (5) has passed. Only generous upper bounds (timeout +
+/// 10 s) are asserted.
+#[test]
+fn stalled_and_dripping_logins_are_dropped_at_the_login_timeout() {
+    let (_dir, mut serve, ip, np) = small_target();
+    let none = IscsiDigests { header: false, data: false };
+    let d = bw_nvme::Digests::default();
+    // The first step of an iSCSI login: security negotiation, on to operational.
+    let security = {
+        let text = bw_iscsi::text::encode(&[
+            ("InitiatorName", "iqn.2026-11.org.blockwire.test:stalled"),
+            ("TargetName", FUZZ_IQN),
+            ("SessionType", "Normal"),
+            ("AuthMethod", "None"),
+        ]);
+        let login = LoginRequest { transit: true, csg: 0, nsg: 1, isid: [0x80, 0, 0, 0, 0, 11], cmd_sn: 1, ..Default::default() };
+        iscsi_wire(Message::LoginRequest(login).encode(), &text, none)
+    };
+    let icreq = nvme_wire(&NvmePdu::IcReq(IcReq { pfv: 0, hpda: 0, digests: d, maxr2t: 0 }), d);
+    let limit = Duration::from_secs(5 + 10);
+    // Operational-stage steps that do not move on (T=0), one key each.
+    let steps: Vec<Vec<u8>> = [("HeaderDigest", "None"), ("DataDigest", "None"), ("InitialR2T", "Yes"), ("ImmediateData", "No"), ("MaxBurstLength", "262144"), ("FirstBurstLength", "65536"), ("MaxOutstandingR2T", "1"), ("DataPDUInOrder", "Yes"), ("DataSequenceInOrder", "Yes"), ("ErrorRecoveryLevel", "0")]
+        .iter()
+        .enumerate()
+        .map(|(i, kv)| {
+            let login = LoginRequest { csg: 1, nsg: 1, isid: [0x80, 0, 0, 0, 0, 11], cmd_sn: 1, exp_stat_sn: i as u32 + 1, ..Default::default() };
+            iscsi_wire(Message::LoginRequest(login).encode(), &bw_iscsi::text::encode(&[*kv]), none)
+        })
+        .collect();
+    #[derive(Clone, Copy, PartialEq)]
+    enum How {
+        Stall,
+        Drip,
+        Steps,
+    }
+    let cases: [(&str, u16, &[u8], How); 5] = [
+        ("iSCSI stalled after the security step", ip, &security, How::Stall),
+        ("iSCSI login in steps 2 s apart", ip, &security, How::Steps),
+        ("iSCSI login dripped", ip, &security, How::Drip),
+        ("NVMe/TCP stalled after ICReq", np, &icreq, How::Stall),
+        ("NVMe/TCP ICReq dripped", np, &icreq, How::Drip),
+    ];
+    let steps = &steps;
+    let results: Vec<String> = std::thread::scope(|sc| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|&(what, port, pdu, how)| {
+                sc.spawn(move || {
+                    let t0 = Instant::now();
+                    let mut w = Wire::connect(port).expect("connect");
+                    if how == How::Drip {
+                        let mut sent = 0;
+                        for b in pdu {
+                            if !w.send(&[*b]) {
+                                break;
+                            }
+                            sent += 1;
+                            w.pump(Duration::from_millis(250));
+                            if w.closed || t0.elapsed() > limit {
+                                break;
+                            }
+                        }
+                        assert!(sent < pdu.len(), "{what}: the whole PDU got through before the login timeout");
+                    } else {
+                        assert!(w.send(pdu));
+                        // The step is answered (the login is in progress, not refused).
+                        let deadline = Instant::now() + Duration::from_secs(5);
+                        while w.inbox.is_empty() && !w.closed && Instant::now() < deadline {
+                            w.pump(Duration::from_millis(50));
+                        }
+                        if port == ip {
+                            let dec = IscsiDecoder::new(1 << 20);
+                            let p = dec.decode(&mut w.inbox).expect("a login response").expect("a whole login response");
+                            assert_eq!(login_status(&p.bhs), 0, "{what}: the first step was refused");
+                        } else {
+                            assert!(matches!(bw_nvme::pdu::decode(&mut w.inbox, d, 1 << 20), Ok(Some(NvmePdu::IcResp(_)))), "{what}: no ICResp");
+                        }
+                        if how == How::Steps {
+                            let dec = IscsiDecoder::new(1 << 20);
+                            for (i, step) in steps.iter().enumerate() {
+                                if w.closed_within(Duration::from_secs(2)) || t0.elapsed() > limit || !w.send(step) {
+                                    break;
+                                }
+                                let deadline = Instant::now() + Duration::from_secs(5);
+                                while w.inbox.is_empty() && !w.closed && Instant::now() < deadline {
+                                    w.pump(Duration::from_millis(50));
+                                }
+                                if let Ok(Some(p)) = dec.decode(&mut w.inbox) {
+                                    assert_eq!(login_status(&p.bhs), 0, "{what}: step {i} was refused");
+                                }
+                            }
+                        }
+                        w.closed_within(limit.saturating_sub(t0.elapsed()));
+                    }
+                    let took = t0.elapsed();
+                    assert!(w.closed || w.closed_within(limit.saturating_sub(took)), "{what}: still open {took:?} after connecting (login_timeout_s = 5)");
+                    format!("{what}: closed after {took:?}")
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("case thread")).collect()
+    });
+    eprintln!("login timeout 5 s: {results:?}");
+    assert!(serve.is_running());
+    assert!(serve.log_text().contains("login_timeout_s"), "the drop is logged with the knob's name");
+    assert!(serve.stop().success());
+}
+
 /// A Login Response's Status-Class and Status-Detail as one number (0: success).
 fn login_status(b: &Bhs) -> u16 {
     u16::from(b.get(field::STATUS_CLASS)) << 8 | u16::from(b.get(field::STATUS_DETAIL))

@@ -251,7 +251,7 @@ pub fn fs_cases(samples: &[FsSample]) -> BTreeMap<FsKey, FsCase> {
 
 /// "client mem 256 MiB" / "2 GiB".
 pub fn mem_name(bytes: u64) -> String {
-    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)
     } else {
         format!("{} MiB", bytes >> 20)

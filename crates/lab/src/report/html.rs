@@ -343,9 +343,9 @@ fn micro(c: &Ctx) -> Option<Markup> {
             @let subjects: Vec<String> = r.subjects.iter().map(|s| s.key.clone())
                 .filter(|k| all.keys().any(|c| c.suite == "micro" && &c.subject == k && (c.mtu == Some(mtu) || c.mtu.is_none()))).collect();
             @let series: Vec<(String, String)> = subjects.iter().map(|k| (if k == "local-fio" { "local fio (no network)".to_string() } else { k.clone() }, c.color(k))).collect();
-            @let mut workloads: Vec<(String, bool)> = all.values().filter(|x| x.key.suite == "micro" && x.key.mtu == Some(mtu))
+            @let workloads: Vec<(String, bool)> = all.values().filter(|x| x.key.suite == "micro" && x.key.mtu == Some(mtu))
                 .map(|x| (x.key.workload.clone(), x.workload.is_sequential())).collect();
-            @let _ = { workloads.sort_by_key(|(n, _)| order(n)); workloads.dedup(); };
+            @let workloads = { let mut w = workloads; w.sort_by_key(|(n, _)| order(n)); w.dedup(); w };
             h3 { "MTU " (mtu) }
             @for (seq_metric, rand_metric, title) in charts {
                 div.charts {
@@ -373,8 +373,8 @@ fn micro(c: &Ctx) -> Option<Markup> {
                 th { "I/O errors" } th { "machine busy before (median)" }
             }
             @for x in all.values().filter(|x| x.key.suite == "micro") {
-                @let mut busy: Vec<f64> = x.samples.iter().map(|s| s.busy_before).collect();
-                @let _ = busy.sort_by(|a, b| a.total_cmp(b));
+                @let busy: Vec<f64> = x.samples.iter().map(|s| s.busy_before).collect();
+                @let busy = { let mut v = busy; v.sort_by(|a, b| a.total_cmp(b)); v };
                 tr {
                     td.l { (x.key.subject) } td.l { (x.key.link) }
                     td { (x.key.mtu.map(|m| m.to_string()).unwrap_or_else(|| "local".into())) }
@@ -505,9 +505,9 @@ fn fs(c: &Ctx) -> Option<Markup> {
                 table {
                     tr { th.l { "workload" } th.l { "measure" } th.l { "subject" } @for &mem in &mems { th { (mem_name(mem)) } } }
                     @for row in &rows {
-                        @let mut names: Vec<String> = subjects.iter().flat_map(|s| mems.iter().filter_map(|&m| case(link, m, row, s)))
+                        @let names: Vec<String> = subjects.iter().flat_map(|s| mems.iter().filter_map(|&m| case(link, m, row, s)))
                             .flat_map(|x| x.measures.iter().filter(|(_, v)| !v.headline).map(|(k, _)| k.clone())).collect();
-                        @let _ = { names.sort(); names.dedup(); };
+                        @let names = { let mut v = names; v.sort(); v.dedup(); v };
                         @for name in &names {
                             @for s in &subjects {
                                 @let cells: Vec<Option<&FsCase>> = mems.iter().map(|&m| case(link, m, row, s)).collect();

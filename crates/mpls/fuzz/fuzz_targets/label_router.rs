@@ -4,6 +4,11 @@
 use bw_mpls::switch::{LabelRouter, Pseudowire, RouterConfig, Swap, Verdict};
 use bw_mpls::LabelEntry;
 use libfuzzer_sys::fuzz_target;
+use std::sync::LazyLock;
+
+// Built once: a LabelRouter is immutable after new() (process takes &self),
+// so nothing carries over from one input to the next.
+static ROUTERS: LazyLock<[LabelRouter; 2]> = LazyLock::new(routers);
 
 fn routers() -> [LabelRouter; 2] {
     let mac = |n: u8| [2, 0, 0, 0, 0, n];
@@ -18,7 +23,7 @@ fn routers() -> [LabelRouter; 2] {
 fuzz_target!(|data: &[u8]| {
     let Some((&port, frame)) = data.split_first() else { return };
     let mut out = [0u8; 512];
-    for (i, r) in routers().iter().enumerate() {
+    for (i, r) in ROUTERS.iter().enumerate() {
         if let Verdict::Forward { port: p, len } = r.process(port as usize % 3, frame, &mut out) {
             assert!(len <= out.len() && p < 2);
             if i == 1 {

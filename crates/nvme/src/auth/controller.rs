@@ -258,7 +258,7 @@ impl ControllerAuth {
             },
         };
         self.chosen = Some((hash, group));
-        let c1 = entropy.challenge(hash.len()).to_vec();
+        let c1 = entropy.challenge(hash.digest_len()).to_vec();
         self.step = Step::ChallengeDue(Txn {
             tid,
             hash,
@@ -278,7 +278,7 @@ impl ControllerAuth {
                 format!("Reply with transaction id {}, expected {tid}", r.tid),
             );
         }
-        if r.response.len() != t.hash.len() {
+        if r.response.len() != t.hash.digest_len() {
             return self.fail1(
                 tid,
                 FailureReason::INCORRECT_PAYLOAD,
@@ -390,7 +390,7 @@ impl ControllerAuth {
             }),
             Step::Success1Due { tid, hash, r2 } => Message::Success1(Success1 {
                 tid: *tid,
-                hl: hash.len() as u8,
+                hl: hash.digest_len() as u8,
                 response: r2.clone(),
             }),
             Step::Failure1Due { tid, reason } => failure(*tid, *reason),

@@ -167,13 +167,13 @@ impl HostAuth {
         match (std::mem::replace(&mut self.step, Step::Finished), msg) {
             (Step::AwaitChallenge, Message::Challenge(c)) => self.challenge(c),
             (Step::AwaitSuccess1 { hash, r2 }, Message::Success1(s)) => {
-                if s.hl as usize != hash.len() {
+                if s.hl as usize != hash.digest_len() {
                     return self.unusable(
                         FailureReason::HASH_UNUSABLE,
                         format!(
                             "Success1 with hash length {}, expected {}",
                             s.hl,
-                            hash.len()
+                            hash.digest_len()
                         ),
                     );
                 }
@@ -206,7 +206,7 @@ impl HostAuth {
                 ),
             );
         };
-        if c.challenge.len() != hash.len() {
+        if c.challenge.len() != hash.digest_len() {
             return self.unusable(
                 FailureReason::HASH_UNUSABLE,
                 format!("a {}-byte challenge for {hash}", c.challenge.len()),
@@ -266,7 +266,7 @@ impl HostAuth {
         let (c2, s2, r2) = match &self.cfg.ctrl_key {
             None => (None, 0, None),
             Some(kc) => {
-                let c2 = self.entropy.challenge(hash.len()).to_vec();
+                let c2 = self.entropy.challenge(hash.digest_len()).to_vec();
                 let s2 = self.entropy.seqnum.max(1);
                 let ca2 = augment(&c2);
                 let r2 = ctrl_response(

@@ -59,7 +59,7 @@ impl HashId {
         self as u8
     }
     /// Digest length in bytes (the HL field).
-    pub fn len(self) -> usize {
+    pub fn digest_len(self) -> usize {
         match self {
             HashId::Sha256 => 32,
             HashId::Sha384 => 48,

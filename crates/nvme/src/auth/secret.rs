@@ -85,10 +85,10 @@ impl Secret {
         if !matches!(key.len(), 32 | 48 | 64) {
             return Err(SecretError::Length(key.len()));
         }
-        if let Some(hash) = transform.filter(|h| h.len() != key.len()) {
+        if let Some(hash) = transform.filter(|h| h.digest_len() != key.len()) {
             return Err(SecretError::TransformLength {
                 hash,
-                want: hash.len(),
+                want: hash.digest_len(),
                 got: key.len(),
             });
         }

@@ -13,7 +13,7 @@ const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host-under-test";
 const SUB: &str = "nqn.2026-11.org.blockwire:auth";
 
 fn key(fill: u8, transform: Option<HashId>) -> Secret {
-    let len = transform.map_or(32, HashId::len) as u8;
+    let len = transform.map_or(32, HashId::digest_len) as u8;
     let k: Vec<u8> = (0..len).map(|i| i.wrapping_mul(fill) ^ fill).collect();
     Secret::from_key(&k, transform).unwrap()
 }
@@ -306,7 +306,9 @@ fn altered_messages_are_refused() {
         &HashId::ALL,
         &[DhGroup::Ffdhe2048],
     );
-    let cases: Vec<(&str, Dir, u8, usize, Result<(), HostError>)> = vec![
+    // (what, direction, message id, byte flipped, outcome).
+    type Alteration<'a> = (&'a str, Dir, u8, usize, Result<(), HostError>);
+    let cases: Vec<Alteration> = vec![
         (
             "R1 flipped",
             Dir::ToCtrl,

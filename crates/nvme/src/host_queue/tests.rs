@@ -545,7 +545,7 @@ fn bad_command_ids_and_bad_data_end_the_queue() {
         let r = c.read(0, 4096, true);
         let w = c.write(1, pattern(0, 16384));
         let p = make(&r, &w);
-        let e = c.send_raw(&[p.clone()]).unwrap_err();
+        let e = c.send_raw(std::slice::from_ref(&p)).unwrap_err();
         assert!(is(&e), "{p:?}: {e}");
         let done = c.completions();
         assert_eq!(done.len(), 2);

@@ -97,6 +97,23 @@ fn term_req_bytes() {
     assert_eq!(dec(&b, BOTH).unwrap(), Some(t));
 }
 
+/// A TermReq has no data digest whatever its DDGST flag says: with the flag
+/// set and 1-3 bytes after the header, decode used to read a digest past
+/// the end of the PDU and panic (found by the pdu_decode fuzz target).
+#[test]
+fn term_req_with_ddgst_flag_is_taken_without_a_digest() {
+    for extra in 0..6usize {
+        let plen = 24 + extra as u8;
+        let mut b = vec![0x02, 0x02 | 0x01, 24, 0, plen, 0, 0, 0, 1, 0, 2, 0, 0, 0];
+        b.resize(24, 0);
+        b.extend((0..extra).map(|i| i as u8 + 1));
+        let want = Pdu::H2CTermReq(TermReq { fes: 1, fei: 2, data: Bytes::from((1..=extra as u8).collect::<Vec<u8>>()) });
+        for d in [NONE, BOTH] {
+            assert_eq!(dec(&b, d).unwrap(), Some(want.clone()), "{extra} bytes of data, {d:?}");
+        }
+    }
+}
+
 #[test]
 fn partial_input_waits_for_more() {
     let b = Pdu::R2T(R2t { cid: 1, ttag: 1, offset: 0, length: 1 }).encode_parts(NONE).concat();

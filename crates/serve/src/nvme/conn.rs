@@ -462,7 +462,10 @@ impl Conn {
             // SAFETY: u8 has no invalid bit patterns and `read_at` either
             // fills the whole slice or fails, after which everything this
             // read appended is truncated away unread.
-            unsafe { b.set_len(dstart + r.len()) };
+            #[allow(clippy::uninit_vec)]
+            unsafe {
+                b.set_len(dstart + r.len())
+            };
             if let Err(e) = vol.read_at(&mut b[dstart..], off + r.start as u64) {
                 b.truncate(start);
                 return self.complete(cid, io::read_error(e), 0, None);

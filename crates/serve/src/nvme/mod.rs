@@ -18,7 +18,6 @@ use anyhow::Context;
 use bw_nvme::{Namespace, Subsystem};
 use fabric::Fabric;
 use std::sync::Arc;
-use tokio::net::TcpListener;
 
 /// NVMe/TCP framing for the shared reader: the common header's PLEN is the
 /// PDU's length; `max_plen` bounds what a peer can make us buffer.
@@ -86,13 +85,13 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, volumes: &Volumes, shutdow
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
     for addr in &cfg.listen {
-        let l = TcpListener::bind(addr).await.with_context(|| format!("NVMe/TCP listen on {addr}"))?;
+        let l = crate::accept::listen(*addr).with_context(|| format!("NVMe/TCP listen on {addr}"))?;
         bound.push(l.local_addr()?);
         listeners.push(l);
     }
     if let Some(d) = cfg.discovery_listen {
         if !cfg.listen.contains(&d) {
-            let l = TcpListener::bind(d).await.with_context(|| format!("NVMe/TCP discovery listen on {d}"))?;
+            let l = crate::accept::listen(d).with_context(|| format!("NVMe/TCP discovery listen on {d}"))?;
             log::info!("nvme: discovery controller on {}", l.local_addr()?);
             listeners.push(l);
         }
