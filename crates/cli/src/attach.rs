@@ -159,6 +159,13 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
         source: format!("blockwire:{}", bw_attach::redact(&a.url)),
         transport: transport(a.fuse)?,
     };
+    // Catch SIGINT/SIGTERM before anything is mounted and before the ready
+    // line: a caller may signal as soon as it reads that line, and the
+    // default action would kill us with the FUSE mount left behind.
+    let signals = {
+        let _in_runtime = rt.enter();
+        Signals::new()?
+    };
     let attached = bw_attach::attach(&a.url, a.client.options(128), &dir, &fs_opts)?;
     if let Some(w) = io_flusher_warning {
         log::warn!("{w}");
@@ -204,7 +211,7 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
     let state_file = state_path(std::process::id());
     let r = rt.block_on(async {
         tokio::select! {
-            r = wait_and_detach(&dir, loop_dev.as_deref(), client.clone()) => r,
+            r = wait_and_detach(signals, &dir, loop_dev.as_deref(), client.clone()) => r,
             _ = record_health(&attached, &state_file, state) => unreachable!("record_health never returns"),
         }
     });
@@ -237,14 +244,30 @@ async fn record_health(attached: &bw_attach::Attached, path: &Path, mut state: V
 /// (also while the flush waits for a dead target) forces: the FUSE
 /// connection is aborted, so every waiting request fails, and the mount is
 /// detached lazily.
+/// SIGINT and SIGTERM, registered with the runtime (from then on they no
+/// longer kill the process).
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Needs a runtime context (`Runtime::enter`).
+    fn new() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+        })
+    }
+}
+
 async fn wait_and_detach(
+    Signals { mut int, mut term }: Signals,
     dir: &Path,
     loop_dev: Option<&str>,
     client: Arc<dyn bw_initiator::BlockClient>,
 ) -> anyhow::Result<bool> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut term = signal(SignalKind::terminate())?;
     let (tx, mut signals) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {

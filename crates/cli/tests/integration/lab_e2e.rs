@@ -189,14 +189,14 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
         assert!(bps > 0.0 && bps < 1.1e9, "iperf3 over the 1gbit link reached {bps} bit/s");
     }
     // The fs suite: every workload on the mounted iSCSI volume and locally,
-    // three repetitions each, inside the 128 MiB cgroup.
+    // two repetitions each (--repeat applies to fs too), inside the 128 MiB cgroup.
     let fs = results["fs"].as_array().expect("fs samples");
     let fs_count = |subject: &str, w: &str| fs.iter().filter(|s| s["subject"] == subject && s["workload"] == w).count();
     for w in ["varmail", "postmark", "iogen-direct"] {
-        assert_eq!(fs_count("blockwire-iscsi", w), 3, "{w} over iSCSI; failures: {}", results["failures"]);
-        assert_eq!(fs_count("local-fs", w), 3, "{w} locally; failures: {}", results["failures"]);
+        assert_eq!(fs_count("blockwire-iscsi", w), 2, "{w} over iSCSI; failures: {}", results["failures"]);
+        assert_eq!(fs_count("local-fs", w), 2, "{w} locally; failures: {}", results["failures"]);
     }
-    assert_eq!(fs_count("local-fs", "iogen-raw"), 3);
+    assert_eq!(fs_count("local-fs", "iogen-raw"), 2);
     assert_eq!(fs_count("blockwire-iscsi", "iogen-raw"), 0, "the raw device is local only");
     for s in fs.iter().filter(|s| s["subject"] == "blockwire-iscsi") {
         assert_eq!(s["client_mem"], 128u64 << 20);
