@@ -1,20 +1,11 @@
-//! Every input the fuzz campaign ever crashed a harness with, kept in
-//! crates/nvme/fuzz/regressions/<target>/, runs through that harness on
-//! each `cargo test`.
+//! The fuzz campaign's crash inputs for this crate, replayed (see
+//! tests/support/fuzz_replay.rs).
 
-use std::path::Path;
+#[path = "../../../tests/support/fuzz_replay.rs"]
+mod fuzz_replay;
 
 fn replay(target: &str, harness: fn(&[u8])) -> usize {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions").join(target);
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.expect("directory entry").path();
-        let data = std::fs::read(&path).expect("read regression input");
-        eprintln!("{target}: {}", path.display());
-        harness(&data);
-        n += 1;
-    }
-    n
+    fuzz_replay::replay(env!("CARGO_MANIFEST_DIR"), target, harness)
 }
 
 /// A TermReq with the DDGST flag and 1-3 bytes after its header: the

@@ -29,48 +29,32 @@ pub trait Codec {
     fn write(b: &mut [u8], v: Self::Value);
 }
 
-macro_rules! be_int {
-    ($($t:ty),*) => {$(
-        impl Codec for $t {
+/// One integer codec per (field type, value type) pair, in the byte order
+/// the conversion functions name.
+macro_rules! int_codec {
+    ($from:ident, $to:ident: $($codec:ty => $t:ty),*) => {$(
+        impl Codec for $codec {
             type Value = $t;
             const LEN: usize = std::mem::size_of::<$t>();
             #[inline]
             fn read(b: &[u8]) -> $t {
                 let mut a = [0u8; std::mem::size_of::<$t>()];
                 a.copy_from_slice(&b[..Self::LEN]);
-                <$t>::from_be_bytes(a)
+                <$t>::$from(a)
             }
             #[inline]
             fn write(b: &mut [u8], v: $t) {
-                b[..Self::LEN].copy_from_slice(&v.to_be_bytes());
+                b[..Self::LEN].copy_from_slice(&v.$to());
             }
         }
     )*};
 }
-be_int!(u8, u16, u32, u64);
+int_codec!(from_be_bytes, to_be_bytes: u8 => u8, u16 => u16, u32 => u32, u64 => u64);
 
 /// A little-endian integer field (`Field<Le<u32>>` reads a `u32`).
 pub struct Le<T>(PhantomData<T>);
 
-macro_rules! le_int {
-    ($($t:ty),*) => {$(
-        impl Codec for Le<$t> {
-            type Value = $t;
-            const LEN: usize = std::mem::size_of::<$t>();
-            #[inline]
-            fn read(b: &[u8]) -> $t {
-                let mut a = [0u8; std::mem::size_of::<$t>()];
-                a.copy_from_slice(&b[..Self::LEN]);
-                <$t>::from_le_bytes(a)
-            }
-            #[inline]
-            fn write(b: &mut [u8], v: $t) {
-                b[..Self::LEN].copy_from_slice(&v.to_le_bytes());
-            }
-        }
-    )*};
-}
-le_int!(u16, u32, u64);
+int_codec!(from_le_bytes, to_le_bytes: Le<u16> => u16, Le<u32> => u32, Le<u64> => u64);
 
 /// A 24-bit big-endian integer, read as a `u32` (the high byte of a written
 /// value is dropped).
