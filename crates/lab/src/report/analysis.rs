@@ -44,6 +44,9 @@ pub struct Decision {
     pub tied: Vec<String>,
     /// The leader's advantage over the runner-up, with its interval.
     pub margin: Option<String>,
+    /// How many subjects had a value (1: nothing to compare, as when
+    /// bonnie++ timed a test for one subject only).
+    pub measured: usize,
     pub text: String,
 }
 
@@ -52,7 +55,8 @@ impl Decision {
     pub fn pick(&self) -> String {
         match &self.winner {
             Some(w) => w.clone(),
-            None if self.tied.is_empty() => format!("{} (untested)", self.leader),
+            None if self.measured < 2 => format!("only {} measured", self.leader),
+            None if self.tied.is_empty() => format!("{} leads (single runs: untested)", self.leader),
             None => format!("tie: {} ≈ {}", self.leader, self.tied.join(" ≈ ")),
         }
     }
@@ -86,7 +90,8 @@ pub fn decide(q: &Quantity, entries: &[(String, Vec<f64>)]) -> Option<Decision> 
         }
     });
     let (best, bv) = sorted[0];
-    let only = |text: String| Decision { quantity: q.clone(), winner: None, leader: best.clone(), tied: vec![], margin: None, text };
+    let measured = sorted.len();
+    let only = |text: String| Decision { quantity: q.clone(), winner: None, leader: best.clone(), tied: vec![], margin: None, measured, text };
     if sorted.len() == 1 {
         return Some(only(format!("only {best} measured")));
     }
@@ -110,7 +115,7 @@ pub fn decide(q: &Quantity, entries: &[(String, Vec<f64>)]) -> Option<Decision> 
                 let text = format!("within the noise: {best} vs {}: {margin}", tied.join(", "));
                 (None, text, tied)
             };
-            Some(Decision { quantity: q.clone(), winner, leader: best.clone(), tied, margin: Some(margin), text })
+            Some(Decision { quantity: q.clone(), winner, leader: best.clone(), tied, margin: Some(margin), measured, text })
         }
     }
 }

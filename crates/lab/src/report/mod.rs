@@ -239,6 +239,11 @@ mod tests {
         let d = decide(&iops, &[e("x", &[10.0]), e("y", &[5.0])]).unwrap();
         assert_eq!(d.winner, None);
         assert!(d.text.contains("no winner claimed"), "{}", d.text);
+        assert_eq!(d.pick(), "x leads (single runs: untested)");
+        // One subject with a value (bonnie++ timed its seeks for one only):
+        // nothing was compared, and the answer table says so.
+        let d = decide(&iops, &[e("x", &a), e("y", &[])]).unwrap();
+        assert_eq!((d.winner.clone(), d.pick()), (None, "only x measured".to_string()));
     }
 
     #[test]
