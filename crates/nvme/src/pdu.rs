@@ -322,7 +322,9 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
             maxh2cdata: le32(h, 12),
         }),
         kind::H2C_TERM_REQ | kind::C2H_TERM_REQ => {
-            let t = TermReq { fes: le16(h, 8), fei: le32(h, 10), data: raw.slice(want..plen) };
+            // Keep what a TermReq may carry (TERM_MAX_DATA); a longer one
+            // from a broken peer is still taken as the termination it is.
+            let t = TermReq { fes: le16(h, 8), fei: le32(h, 10), data: raw.slice(want..plen.min(want + TERM_MAX_DATA)) };
             if ch.kind == kind::H2C_TERM_REQ {
                 Pdu::H2CTermReq(t)
             } else {
