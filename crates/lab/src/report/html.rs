@@ -143,7 +143,9 @@ fn answer(c: &Ctx) -> Option<Markup> {
                 @for row in &rows {
                     tr {
                         @for (i, cell) in row.iter().enumerate() {
-                            @let pick = (i == 2 || i == 4) && cell != "-" && !cell.starts_with("tie");
+                            // A winner's cell is the bare subject name; ties,
+                            // "only X measured" and untested leads have words.
+                            @let pick = (i == 2 || i == 4) && cell != "-" && !cell.contains(' ');
                             td class=(if pick { "l win" } else { "l" }) { (cell) }
                         }
                     }
