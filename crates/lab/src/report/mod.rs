@@ -294,6 +294,27 @@ mod tests {
         assert_eq!(v.verdict, findings::Verdict::Inconclusive, "{v:?}");
     }
 
+    /// Reads and writes cost about 2x apart per op; both a third lower at
+    /// the larger MTU in every repeat is a reproduced MTU finding (pooled,
+    /// the two levels widened the interval into "within the noise").
+    #[test]
+    fn a_larger_mtu_is_judged_per_workload() {
+        let mut r = results();
+        r.params.mtus = vec![1500, 9000];
+        r.samples.retain(|s| s.subject != "blockwire-iscsi" && s.subject != "blockwire-aoe");
+        r.subjects.retain(|s| s.key == "blockwire-aoe");
+        for (rep, jitter) in [(1, 0.97), (2, 1.0), (3, 1.03), (4, 0.99), (5, 1.01)] {
+            for (w, small, big) in [("seqread-1m", 1.0, 0.66), ("seqwrite-1m", 2.2, 1.65)] {
+                r.samples.push(sample("blockwire-aoe", Some(1500), w, rep, 1000.0, small * jitter));
+                r.samples.push(sample("blockwire-aoe", Some(9000), w, rep, 1000.0, big / jitter));
+            }
+        }
+        let f = findings(&r);
+        let cpu = f.iter().find(|x| x.claim.contains("larger MTU") && x.compared.starts_with("CPU per op")).unwrap();
+        assert_eq!(cpu.verdict, findings::Verdict::Reproduced, "{cpu:?}");
+        assert_eq!(cpu.measured, "blockwire-aoe 0.66/0.75", "{cpu:?}");
+    }
+
     #[test]
     fn html_is_self_contained_with_charts_and_sections() {
         let mut r = results();
