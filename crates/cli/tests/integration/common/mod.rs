@@ -246,7 +246,28 @@ impl Drop for NetnsPair {
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    // Below the ephemeral range: a port the kernel hands out for bind(0)
+    // is also one it hands to client sockets, and a test making 50,000
+    // logins next door took one between our check and the target's bind
+    // ("Address already in use" in make soak). Each call tries the next
+    // port of a per-process walk, so parallel tests never pick the same one.
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let base = 10_000u32;
+    let span = low.saturating_sub(base).max(1000);
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let port = (base + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        let free = |ip: &str| std::net::TcpListener::bind((ip, port)).is_ok();
+        if free("0.0.0.0") && free("127.0.0.1") {
+            return port;
+        }
+    }
+    panic!("no free port in {base}..{}", base + span)
 }
 
 /// Wait until something accepts TCP connections on 127.0.0.1:port.
