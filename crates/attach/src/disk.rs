@@ -74,7 +74,7 @@ impl Disk {
     /// [`Disk::write`] of a buffer the client may keep instead of copying.
     pub async fn write_owned(&self, offset: u64, data: bytes::Bytes) -> Result<(), ClientError> {
         let end = offset + data.len() as u64;
-        if offset % self.block != 0 || end % self.block != 0 {
+        if !offset.is_multiple_of(self.block) || !end.is_multiple_of(self.block) {
             return self.write(offset, &data).await;
         }
         let _shared = self.rmw.read().await;

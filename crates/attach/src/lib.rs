@@ -391,7 +391,7 @@ pub fn mount_at(dir: &Path) -> Option<MountEntry> {
 
 /// The last (topmost) line of `table` (mountinfo format) mounted on `dir`.
 fn parse_mountinfo(table: &str, dir: &str) -> Option<MountEntry> {
-    table.lines().filter_map(|line| {
+    table.lines().rev().find_map(|line| {
         // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
         let mut f = line.split(' ');
         let dev = f.nth(2)?;
@@ -402,7 +402,7 @@ fn parse_mountinfo(table: &str, dir: &str) -> Option<MountEntry> {
         let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
         let minor = dev.split_once(':')?.1.parse().ok()?;
         Some(MountEntry { minor, fstype: fstype.to_string() })
-    }).last()
+    })
 }
 
 /// mountinfo writes space, tab, newline and backslash in paths as `\ooo`.
