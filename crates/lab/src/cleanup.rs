@@ -451,21 +451,29 @@ pub fn kill_all(pids: &[u32]) {
     for &p in pids {
         signal(p, libc::SIGTERM);
     }
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < deadline && pids.iter().any(|&p| alive(p)) {
-        reap(pids);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_gone(pids, Duration::from_secs(3));
     for &p in pids {
         if alive(p) {
             signal(p, libc::SIGKILL);
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline && pids.iter().any(|&p| alive(p)) {
+    wait_gone(pids, Duration::from_secs(2));
+}
+
+/// Wait up to `within` for every process of `pids` to end, reaping our own
+/// children as they do; whether all are gone.
+fn wait_gone(pids: &[u32], within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        reap(pids);
+        if !pids.iter().any(|&p| alive(p)) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    reap(pids);
 }
 
 fn reap(pids: &[u32]) {
@@ -813,12 +821,7 @@ mod tests {
             .spawn(Command::new("sleep").arg("30"), "target", Role::Service)
             .unwrap();
         reg.term_workloads();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while alive(w.id()) && Instant::now() < deadline {
-            reap(&[w.id()]);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(!alive(w.id()), "the workload survived SIGTERM");
+        assert!(wait_gone(&[w.id()], Duration::from_secs(5)), "the workload survived SIGTERM");
         assert!(
             alive(t.id()),
             "the target was stopped before the mounts on it were undone"
@@ -852,12 +855,7 @@ mod tests {
         assert_eq!(mask("SigBlk:") & int_term, 0, "{status}");
         assert_eq!(mask("SigIgn:") & int_term, 0, "{status}");
         reg.term_workloads();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while alive(child.id()) && Instant::now() < deadline {
-            reap(&[child.id()]);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(!alive(child.id()), "SIGTERM did not end the workload");
+        assert!(wait_gone(&[child.id()], Duration::from_secs(2)), "SIGTERM did not end the workload");
         reg.cleanup_all();
     }
 

@@ -590,21 +590,7 @@ mod tests {
     const JITTER: [f64; 7] = [1.02, 0.97, 1.01, 0.985, 1.03, 0.99, 1.015];
 
     fn sample(round: u32, path: &str, proto: &str, w: &str, mbs: f64) -> RouteSample {
-        RouteSample {
-            round,
-            path: path.into(),
-            protocol: proto.into(),
-            workload: w.into(),
-            bw_bytes: mbs * 1e6,
-            iops: 0.0,
-            mean_lat_us: 0.0,
-            wall_s: 1.0,
-            bytes: mbs * 1e6,
-            frames_per_mib: 200.0,
-            routers: vec![],
-            cpu: Default::default(),
-            load1: 3.0,
-        }
+        RouteSample::for_test(round, path, proto, w, mbs)
     }
 
     /// Three rounds over direct and `paths`; over a path a case keeps

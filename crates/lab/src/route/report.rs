@@ -360,28 +360,9 @@ pub fn section(r: Option<&RouteResults>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::cpu::CpuAccount;
 
     fn sample(round: u32, path: &str, proto: &str, w: &str, mbs: f64) -> RouteSample {
-        RouteSample {
-            round,
-            path: path.into(),
-            protocol: proto.into(),
-            workload: w.into(),
-            bw_bytes: mbs * 1e6,
-            iops: 0.0,
-            mean_lat_us: 0.0,
-            wall_s: 1.0,
-            bytes: mbs * 1e6,
-            frames_per_mib: 200.0,
-            routers: vec![],
-            cpu: CpuAccount {
-                client_s: 0.1,
-                target_s: 0.1,
-                ..Default::default()
-            },
-            load1: 3.0,
-        }
+        RouteSample::for_test(round, path, proto, w, mbs)
     }
 
     fn results(mpls_aoe: f64, mpls_iscsi: f64) -> RouteResults {

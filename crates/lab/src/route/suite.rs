@@ -117,6 +117,28 @@ impl RouteSample {
         let cpu: f64 = self.routers.iter().map(|r| r.process_s + r.bpf_s).sum();
         Some(cpu / self.routers.len() as f64 / frames * 1e6)
     }
+
+    /// A sample for the report's and the findings' tests: `mbs` MB/s for
+    /// 1 s over `path`, 200 frames per MiB, 0.1 s each of client and
+    /// target CPU, no routers.
+    #[cfg(test)]
+    pub(crate) fn for_test(round: u32, path: &str, protocol: &str, workload: &str, mbs: f64) -> RouteSample {
+        RouteSample {
+            round,
+            path: path.into(),
+            protocol: protocol.into(),
+            workload: workload.into(),
+            bw_bytes: mbs * 1e6,
+            iops: 0.0,
+            mean_lat_us: 0.0,
+            wall_s: 1.0,
+            bytes: mbs * 1e6,
+            frames_per_mib: 200.0,
+            routers: vec![],
+            cpu: CpuAccount { client_s: 0.1, target_s: 0.1, ..Default::default() },
+            load1: 3.0,
+        }
+    }
 }
 
 /// Header bytes per full data frame, from a capture in the middle of a path.
