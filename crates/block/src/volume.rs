@@ -39,6 +39,22 @@ impl IoStats {
             errors: self.errors.load(Relaxed),
         }
     }
+
+    fn count_read(&self, len: u64) {
+        self.reads.fetch_add(1, Relaxed);
+        self.read_bytes.fetch_add(len, Relaxed);
+    }
+
+    fn count_write(&self, len: u64) {
+        self.writes.fetch_add(1, Relaxed);
+        self.written_bytes.fetch_add(len, Relaxed);
+    }
+
+    /// Count a backend's error and turn it into the volume's.
+    fn io_error(&self, e: std::io::Error) -> BlockError {
+        self.errors.fetch_add(1, Relaxed);
+        BlockError::Io(e)
+    }
 }
 
 /// Cheap to clone; every front-end holds one per export.
@@ -102,17 +118,12 @@ impl Volume {
     }
 
     fn count_err<T>(&self, r: std::io::Result<T>) -> Result<T> {
-        r.map_err(|e| {
-            self.inner.stats.errors.fetch_add(1, Relaxed);
-            BlockError::Io(e)
-        })
+        r.map_err(|e| self.inner.stats.io_error(e))
     }
 
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
-        let s = &self.inner.stats;
-        s.reads.fetch_add(1, Relaxed);
-        s.read_bytes.fetch_add(buf.len() as u64, Relaxed);
+        self.inner.stats.count_read(buf.len() as u64);
         self.count_err(self.inner.dev.read_at(buf, offset))
     }
 
@@ -124,9 +135,7 @@ impl Volume {
     pub fn zero_copy_read(&self, offset: u64, len: u64) -> Result<Option<std::os::fd::BorrowedFd<'_>>> {
         self.check(offset, len)?;
         let Some(fd) = self.inner.dev.zero_copy_fd() else { return Ok(None) };
-        let s = &self.inner.stats;
-        s.reads.fetch_add(1, Relaxed);
-        s.read_bytes.fetch_add(len, Relaxed);
+        self.inner.stats.count_read(len);
         Ok(Some(fd))
     }
 
@@ -137,9 +146,7 @@ impl Volume {
 
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.check_write(offset, buf.len() as u64)?;
-        let s = &self.inner.stats;
-        s.writes.fetch_add(1, Relaxed);
-        s.written_bytes.fetch_add(buf.len() as u64, Relaxed);
+        self.inner.stats.count_write(buf.len() as u64);
         self.count_err(self.inner.dev.write_at(buf, offset))
     }
 
@@ -172,22 +179,13 @@ impl Volume {
         if let Err(e) = checked {
             return done(req, Err(e));
         }
-        let s = &self.inner.stats;
+        let stats = self.inner.stats.clone();
         if req.is_write() {
-            s.writes.fetch_add(1, Relaxed);
-            s.written_bytes.fetch_add(len, Relaxed);
+            stats.count_write(len);
         } else {
-            s.reads.fetch_add(1, Relaxed);
-            s.read_bytes.fetch_add(len, Relaxed);
+            stats.count_read(len);
         }
-        let stats = s.clone();
-        self.inner.dev.submit(req, Box::new(move |req, r| {
-            let r = r.map_err(|e| {
-                stats.errors.fetch_add(1, Relaxed);
-                BlockError::Io(e)
-            });
-            done(req, r)
-        }));
+        self.inner.dev.submit(req, Box::new(move |req, r| done(req, r.map_err(|e| stats.io_error(e)))));
     }
 
     /// The allocation state at `offset` and how far it extends (at most
