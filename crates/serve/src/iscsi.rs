@@ -401,6 +401,18 @@ struct Done {
     residual: Residual,
 }
 
+impl Done {
+    fn new(e: &Exec, o: bw_scsi::ScsiOutcome, data_in: Vec<u8>, residual: Residual) -> Done {
+        Done { itt: e.itt, id: e.id, status: o.status, sense: o.sense, data_in, residual }
+    }
+}
+
+/// A command's residual: what the CDB transfers (`wanted`, for commands
+/// with data-out) against the initiator's Expected Data Transfer Length.
+fn data_out_residual(wanted: Option<usize>, edtl: u32) -> Residual {
+    wanted.map_or(Residual::None, |w| write_outcome(w, edtl as usize).0)
+}
+
 /// One connection's state in full feature phase, owned by its task.
 struct Connection {
     session: TargetSession,
@@ -441,15 +453,7 @@ fn run_command(scsi: &ScsiTarget, nexus: u64, e: Exec) -> Done {
         e.edtl as usize,
         &mut data_in,
     );
-    let residual = wanted.map_or(Residual::None, |w| write_outcome(w, e.edtl as usize).0);
-    Done {
-        itt: e.itt,
-        id: e.id,
-        status: o.status,
-        sense: o.sense,
-        data_in,
-        residual,
-    }
+    Done::new(&e, o, data_in, data_out_residual(wanted, e.edtl))
 }
 
 impl Connection {
@@ -542,40 +546,23 @@ impl Connection {
         if !scsi.backend_info(lun).is_some_and(|i| i.async_submit) {
             return false;
         }
-        // As run_command: a write's residual is what the CDB transfers
-        // against what the initiator announced.
-        let residual = || {
-            scsi.data_out_len(lun, &e.cdb)
-                .map_or(Residual::None, |w| write_outcome(w, e.edtl as usize).0)
-        };
-        let (itt, id) = (e.itt, e.id);
+        let residual = || data_out_residual(scsi.data_out_len(lun, &e.cdb), e.edtl);
         let (volume, request) = match scsi.plan_io(self.nexus, lun, &e.cdb, &e.data_out) {
             IoPlan::Buffered => return false,
             IoPlan::Done(o) => {
-                self.finished(Done {
-                    itt,
-                    id,
-                    status: o.status,
-                    sense: o.sense,
-                    data_in: Vec::new(),
-                    residual: residual(),
-                });
+                self.finished(Done::new(e, o, Vec::new(), residual()));
                 return true;
             }
             IoPlan::Submit { volume, request } => (volume, request),
         };
-        let (tx, write, residual) = (self.done_tx.clone(), request.is_write(), residual());
+        let (tx, write) = (self.done_tx.clone(), request.is_write());
+        // The command's identity and residual now; its status and data when
+        // the request ends.
+        let done = Done::new(e, bw_scsi::ScsiOutcome::GOOD, Vec::new(), residual());
         volume.submit(request, move |req, r| {
             let o = bw_scsi::io_outcome(&r, write);
             let data_in = if o.is_good() { req.into_buf() } else { Vec::new() };
-            let _ = tx.send(Done {
-                itt,
-                id,
-                status: o.status,
-                sense: o.sense,
-                data_in,
-                residual,
-            });
+            let _ = tx.send(Done { status: o.status, sense: o.sense, data_in, ..done });
         });
         true
     }
