@@ -300,13 +300,7 @@ impl BlockClient for IscsiClient {
     }
     async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         check_range(self, offset, data.len())?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        let bs = self.block as u64;
-        let cdb = build::write_16(offset / bs, (data.len() as u64 / bs) as u32);
-        self.scsi(&cdb, 0, Bytes::copy_from_slice(data)).await?;
-        Ok(())
+        self.write_owned(offset, Bytes::copy_from_slice(data)).await
     }
     async fn write_owned(&self, offset: u64, data: Bytes) -> Result<()> {
         check_range(self, offset, data.len())?;

@@ -15,6 +15,7 @@ use bw_nvme::controller::feature;
 use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property, CATTR_DISABLE_SQFLOW};
 use bw_nvme::identify::{self, cns, IdCtrl};
 use bw_nvme::logpage::{self, lid, LogRequest};
+use bw_nvme::host_queue::Payload;
 use bw_nvme::pdu::Digests;
 use bw_nvme::auth::AuthConfig;
 use bytes::Bytes;
@@ -263,6 +264,20 @@ impl NvmeClient {
         s.set_rw(offset / self.block as u64, (len / self.block as usize) as u32);
         s
     }
+
+    /// Write `len` bytes at `offset` in commands of at most `max_transfer`,
+    /// each carrying `piece(range)` of the data.
+    async fn write_payload<'a>(&self, offset: u64, len: usize, piece: impl Fn(std::ops::Range<usize>) -> Payload<'a>) -> Result<()> {
+        check_range(self, offset, len)?;
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(self.max_transfer);
+            let sqe = self.rw_sqe(nvm::WRITE, offset + done as u64, n);
+            self.queue_for(n).submit_write(sqe, piece(done..done + n)).await?;
+            done += n;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for NvmeClient {
@@ -304,27 +319,11 @@ impl BlockClient for NvmeClient {
     }
 
     async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        check_range(self, offset, data.len())?;
-        let mut done = 0;
-        while done < data.len() {
-            let n = (data.len() - done).min(self.max_transfer);
-            let sqe = self.rw_sqe(nvm::WRITE, offset + done as u64, n);
-            self.queue_for(n).submit_write(sqe, &data[done..done + n]).await?;
-            done += n;
-        }
-        Ok(())
+        self.write_payload(offset, data.len(), |r| Payload::Borrowed(&data[r])).await
     }
 
     async fn write_owned(&self, offset: u64, data: bytes::Bytes) -> Result<()> {
-        check_range(self, offset, data.len())?;
-        let mut done = 0;
-        while done < data.len() {
-            let n = (data.len() - done).min(self.max_transfer);
-            let sqe = self.rw_sqe(nvm::WRITE, offset + done as u64, n);
-            self.queue_for(n).submit_write_owned(sqe, data.slice(done..done + n)).await?;
-            done += n;
-        }
-        Ok(())
+        self.write_payload(offset, data.len(), |r| Payload::Owned(data.slice(r))).await
     }
 
     async fn flush(&self) -> Result<()> {

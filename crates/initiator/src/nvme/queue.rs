@@ -183,25 +183,12 @@ impl Queue {
         self.submit_inner(sqe, payload, in_len, None).await
     }
 
-    /// Submit a command that writes `data` (copied once: into the capsule,
-    /// or to a buffer for R2T); an unsuccessful status is an error.
-    pub async fn submit_write(&self, sqe: Sqe, data: &[u8]) -> Result<Done> {
+    /// Submit a command that writes `data`; an unsuccessful status is an
+    /// error. A borrowed payload is copied once (into the capsule, or to a
+    /// buffer for R2T); an owned one is kept, not copied, until sent.
+    pub async fn submit_write(&self, sqe: Sqe, data: Payload<'_>) -> Result<Done> {
         let op = sqe.opcode();
-        self.succeeded(
-            op,
-            self.submit_inner(sqe, Payload::Borrowed(data), 0, None)
-                .await?,
-        )
-    }
-
-    /// [`Queue::submit_write`] with data the queue keeps (no copy) until sent.
-    pub async fn submit_write_owned(&self, sqe: Sqe, data: Bytes) -> Result<Done> {
-        let op = sqe.opcode();
-        self.succeeded(
-            op,
-            self.submit_inner(sqe, Payload::Owned(data), 0, None)
-                .await?,
-        )
+        self.succeeded(op, self.submit_inner(sqe, data, 0, None).await?)
     }
 
     /// Submit a command that reads `buf.len()` bytes into `buf`; an
