@@ -239,11 +239,6 @@ async fn record_health(attached: &bw_attach::Attached, path: &Path, mut state: V
     }
 }
 
-/// Serve until SIGINT/SIGTERM; then detach the loop device, flush and
-/// unmount. If the file system is busy, keep serving; a second signal
-/// (also while the flush waits for a dead target) forces: the FUSE
-/// connection is aborted, so every waiting request fails, and the mount is
-/// detached lazily.
 /// SIGINT and SIGTERM, registered with the runtime (from then on they no
 /// longer kill the process).
 struct Signals {
@@ -262,6 +257,11 @@ impl Signals {
     }
 }
 
+/// Serve until SIGINT/SIGTERM; then detach the loop device, flush and
+/// unmount. If the file system is busy, keep serving; a second signal
+/// (also while the flush waits for a dead target) forces: the FUSE
+/// connection is aborted, so every waiting request fails, and the mount is
+/// detached lazily.
 async fn wait_and_detach(
     Signals { mut int, mut term }: Signals,
     dir: &Path,
