@@ -393,10 +393,7 @@ impl Registry {
             })
             .collect();
         for mp in mounts {
-            let fuse = bw_attach::mount_fuse_dir(&mp);
-            if bw_attach::is_mountpoint(&fuse) {
-                let _ = bw_attach::abort_connection(&fuse);
-            }
+            abort_fuse_under(&mp);
         }
     }
 
@@ -569,23 +566,12 @@ fn release_resource(r: &Resource) -> anyhow::Result<()> {
     }
 }
 
-/// Is `path` a mount point now (in /proc/self/mounts)?
-pub fn is_mounted(path: &std::path::Path) -> bool {
-    let Ok(m) = std::fs::read_to_string("/proc/self/mounts") else {
-        return false;
-    };
-    let want = path.to_string_lossy();
-    // Octal escapes (\040 for a space) are how /proc shows odd names; ours have none.
-    m.lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(&*want))
-}
-
 /// Unmount; a file system kept busy by a process that is being killed gets
 /// a few tries, then a lazy unmount so the run can still finish.
 fn unmount(mp: &std::path::Path) -> anyhow::Result<()> {
     let s = mp.to_string_lossy();
     for _ in 0..10 {
-        if !is_mounted(mp) {
+        if !bw_attach::is_mountpoint(mp) {
             return Ok(());
         }
         if run_quiet(&["umount", &s]).is_ok() {
@@ -602,18 +588,20 @@ fn unmount(mp: &std::path::Path) -> anyhow::Result<()> {
 /// can stretch, and a hung daemon stretches for ever.
 const UMOUNT_PATIENCE: Duration = Duration::from_secs(15);
 
+/// Abort the FUSE connection of the attach under `blockwire mount`'s file
+/// system at `mp`, if one is mounted (abort_connection finds it in the
+/// mount table and does nothing when there is none).
+fn abort_fuse_under(mp: &std::path::Path) {
+    let _ = bw_attach::abort_connection(&bw_attach::mount_fuse_dir(mp));
+}
+
 /// `blockwire umount` undoes the file system, loop device, FUSE connection
 /// and attach daemon in order. After an interruption nothing on the volume
 /// matters, so the FUSE connection is aborted first and the writes still
 /// on their way fail at once; otherwise an unmount that takes longer than
 /// [`UMOUNT_PATIENCE`] gets the same. A busy file system gets a few tries.
 fn release_blockwire_mount(exe: &std::path::Path, mp: &std::path::Path) -> anyhow::Result<()> {
-    let fuse = bw_attach::mount_fuse_dir(mp);
-    let abort = || {
-        if bw_attach::is_mountpoint(&fuse) {
-            let _ = bw_attach::abort_connection(&fuse);
-        }
-    };
+    let abort = || abort_fuse_under(mp);
     if interrupted() {
         abort();
     }
@@ -644,7 +632,7 @@ fn release_blockwire_mount(exe: &std::path::Path, mp: &std::path::Path) -> anyho
             std::thread::sleep(Duration::from_millis(20));
         };
         match status {
-            Some(st) if st.success() && !is_mounted(mp) => return Ok(()),
+            Some(st) if st.success() && !bw_attach::is_mountpoint(mp) => return Ok(()),
             Some(_) => {
                 last.clear();
                 if let Some(mut e) = child.stderr.take() {
@@ -942,7 +930,7 @@ mod tests {
             run_quiet(&["mount", "-t", "tmpfs", "-o", "size=1m", "bwlabtest", &s])
         })
         .unwrap();
-        assert!(is_mounted(&mp));
+        assert!(bw_attach::is_mountpoint(&mp));
         let img = base.join("img");
         std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
         let out = Command::new("losetup")
@@ -967,7 +955,7 @@ mod tests {
         assert_eq!(loop_backing(&dev).as_deref(), Some(img.as_path()));
         let errors = reg.cleanup_all();
         assert!(errors.is_empty(), "{errors:?}");
-        assert!(!is_mounted(&mp), "still mounted");
+        assert!(!bw_attach::is_mountpoint(&mp), "still mounted");
         assert!(loop_backing(&dev).is_none(), "{dev} still attached");
         // A loop device that now backs another file is not ours to detach.
         assert!(release_resource(&Resource::Loop {

@@ -63,31 +63,12 @@ pub fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<V
         .collect()
 }
 
-/// `1G`, `64M`, `512K`, plain bytes.
+/// `1G`, `64M`, `512K`, plain bytes (blockwire's one size syntax,
+/// [`bw_block::parse_size`]); zero is refused.
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    let (num, mul) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let unit = s[i..].to_ascii_lowercase();
-            let mul = match unit.trim_end_matches("ib").trim_end_matches('b') {
-                "" => 1,
-                "k" => KIB,
-                "m" => MIB,
-                "g" => GIB,
-                "t" => GIB * 1024,
-                _ => anyhow::bail!("invalid size unit in {s:?}"),
-            };
-            (&s[..i], mul)
-        }
-        None => (s, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| anyhow::anyhow!("invalid size {s:?}"))?;
-    n.checked_mul(mul)
-        .filter(|v| *v > 0)
-        .ok_or_else(|| anyhow::anyhow!("invalid size {s:?}"))
+    let n = bw_block::parse_size(s).map_err(|e| anyhow::anyhow!(e))?;
+    anyhow::ensure!(n > 0, "invalid size {:?}: must be above zero", s.trim());
+    Ok(n)
 }
 
 /// Command-line choices before defaults are applied.

@@ -129,15 +129,6 @@ pub fn findings(r: &Results) -> Vec<Finding> {
     let links: Vec<String> = if r.params.links.is_empty() { vec!["none".into()] } else { r.params.links.clone() };
     let mtu = r.params.mtus.first().copied().unwrap_or(1500);
     let measured = |s: &str| r.subjects.iter().any(|x| x.key == s && x.unavailable.is_none());
-    let na = |study: u8, claim: &str, compared: &str, why: String| Finding {
-        study,
-        claim: claim.into(),
-        compared: compared.into(),
-        measured: "–".into(),
-        verdict: Verdict::NotApplicable,
-        why,
-    };
-
     // Study 1: the micro claims on the unshaped link and at 1 Gbit/s.
     for (claim, workload, metric) in [
         ("AoE about 20% faster than iSCSI on uncached sequential reads", "seqread-1m", Metric::MibPerS),
@@ -398,6 +389,11 @@ pub fn findings(r: &Results) -> Vec<Finding> {
     out
 }
 
+/// A claim this run cannot check, and why.
+fn na(study: u8, claim: &str, compared: &str, why: String) -> Finding {
+    Finding { study, claim: claim.into(), compared: compared.into(), measured: "–".into(), verdict: Verdict::NotApplicable, why }
+}
+
 /// Study 3's claims, checked per MPLS datapath by the route suite.
 pub const CLAIM_MPLS_COST: &str = "MPLS costs 9-13% of the throughput";
 pub const CLAIM_AOE_BEATS_ISCSI: &str = "AoE over MPLS still beats iSCSI over MPLS";
@@ -474,14 +470,7 @@ pub fn route_findings(r: &RouteResults) -> Vec<Finding> {
     let mpls: Vec<&String> = r.paths.iter().filter(|p| p.starts_with("mpls")).collect();
     if mpls.is_empty() {
         for claim in [CLAIM_MPLS_COST, CLAIM_AOE_BEATS_ISCSI] {
-            out.push(Finding {
-                study: 3,
-                claim: claim.into(),
-                compared: format!("paths {}", r.paths.join(", ")),
-                measured: "–".into(),
-                verdict: Verdict::NotApplicable,
-                why: "the route suite ran without an MPLS path (--path mpls)".into(),
-            });
+            out.push(na(3, claim, &format!("paths {}", r.paths.join(", ")), "the route suite ran without an MPLS path (--path mpls)".into()));
         }
         return out;
     }
@@ -491,15 +480,6 @@ pub fn route_findings(r: &RouteResults) -> Vec<Finding> {
             Some("userspace") => "userspace routers",
             _ => path.as_str(),
         };
-        let no_interval = |claim: &str, compared: String, why: &str| Finding {
-            study: 3,
-            claim: claim.into(),
-            compared,
-            measured: "–".into(),
-            verdict: Verdict::NotApplicable,
-            why: why.into(),
-        };
-
         // The cost: throughput over MPLS against direct, every case.
         let compared = format!("throughput over MPLS ({datapath}) / direct, per round, every protocol and workload, {rounds}");
         let each: Vec<(String, Vec<f64>)> = r
@@ -529,7 +509,7 @@ pub fn route_findings(r: &RouteResults) -> Vec<Finding> {
                     why,
                 }
             }
-            None => no_interval(CLAIM_MPLS_COST, compared, "needs the direct path and this path in the same rounds, two ratios or more"),
+            None => na(3, CLAIM_MPLS_COST, &compared, "needs the direct path and this path in the same rounds, two ratios or more".into()),
         });
 
         // AoE against iSCSI over the same MPLS path, every workload.
@@ -552,7 +532,7 @@ pub fn route_findings(r: &RouteResults) -> Vec<Finding> {
                     why,
                 }
             }
-            None => no_interval(CLAIM_AOE_BEATS_ISCSI, compared, "needs AoE and iSCSI over this path in the same rounds (--protocols aoe,iscsi), two ratios or more"),
+            None => na(3, CLAIM_AOE_BEATS_ISCSI, &compared, "needs AoE and iSCSI over this path in the same rounds (--protocols aoe,iscsi), two ratios or more".into()),
         });
     }
     out
