@@ -400,6 +400,7 @@ fn spawn_daemon(a: &AttachArgs, dir: &Path) -> anyhow::Result<(Value, String)> {
     if c.data_digest {
         cmd.arg("--data-digest");
     }
+    cmd.args(["--tcp-congestion", &c.tcp_congestion.to_string()]);
     // Secrets go through the environment, not the daemon's visible arguments.
     for (var, v) in [("BLOCKWIRE_DHCHAP_SECRET", &c.dhchap_secret), ("BLOCKWIRE_DHCHAP_CTRL_SECRET", &c.dhchap_ctrl_secret)] {
         match v {

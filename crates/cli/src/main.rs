@@ -102,6 +102,11 @@ struct ServeArgs {
     /// [tuning] iSCSI PDUs handled in a row before answering (0: all buffered first).
     #[arg(long, value_name = "N", help_heading = "Tuning")]
     iscsi_flush_every: Option<usize>,
+    /// [tuning] TCP congestion control of iSCSI and NVMe/TCP connections:
+    /// auto (the system's, but not timer-paced BBR to a host on this
+    /// machine), system, or an algorithm such as cubic.
+    #[arg(long, value_name = "auto|system|NAME", help_heading = "Tuning")]
+    tcp_congestion: Option<bw_net::tcp::Congestion>,
     /// Write the effective configuration as JSON to FILE (mode 600) at start-up;
     /// secrets are redacted unless --show-secrets.
     #[arg(long, value_name = "FILE")]
@@ -144,6 +149,11 @@ struct ClientArgs {
     /// (bidirectional authentication). Needs --dhchap-secret.
     #[arg(long, value_name = "DHHC-1:..", env = "BLOCKWIRE_DHCHAP_CTRL_SECRET", hide_env_values = true)]
     dhchap_ctrl_secret: Option<String>,
+    /// TCP congestion control (iSCSI, NVMe/TCP): auto (the system's, but
+    /// not timer-paced BBR to a target on this machine), system, or an
+    /// algorithm such as cubic.
+    #[arg(long, value_name = "auto|system|NAME", default_value = "auto")]
+    tcp_congestion: bw_net::tcp::Congestion,
 }
 
 impl ClientArgs {
@@ -157,6 +167,7 @@ impl ClientArgs {
             timeout: Duration::from_secs(self.timeout.max(1)),
             dhchap_secret: self.dhchap_secret.clone(),
             dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
+            tcp_congestion: self.tcp_congestion.clone(),
         }
     }
 }
@@ -454,6 +465,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     set_if(&mut t.iscsi_zero_copy_min, a.iscsi_zero_copy_min);
     set_if(&mut t.iscsi_inline_max, a.iscsi_inline_max);
     set_if(&mut t.iscsi_flush_every, a.iscsi_flush_every);
+    set_if(&mut t.tcp_congestion, a.tcp_congestion.clone());
     cfg.validate()?;
     let json = cfg.to_json(a.show_secrets);
     if a.print_config {

@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 const DEFAULT_INITIATOR: &str = "iqn.2026-11.org.blockwire:initiator";
@@ -176,10 +175,7 @@ async fn login(
     secret: Option<&str>,
     opts: &ConnectOptions,
 ) -> Result<(OwnedReadHalf, OwnedWriteHalf, BytesMut, LoginDone)> {
-    let stream = tokio::time::timeout(opts.timeout, TcpStream::connect((host, port)))
-        .await
-        .map_err(|_| ClientError::Timeout(format!("connect to {host}:{port}")))??;
-    stream.set_nodelay(true)?;
+    let stream = crate::connect_tcp(host, port, opts).await?;
     let (mut rd, mut wr) = stream.into_split();
     // Asked-for digests are preferred, not required: some targets (tgt) only do None.
     let digests = |on: bool| if on { vec![Digest::Crc32c, Digest::None] } else { vec![Digest::None] };

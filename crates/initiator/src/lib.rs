@@ -17,6 +17,7 @@ pub mod iscsi;
 pub mod nvme;
 
 use async_trait::async_trait;
+pub use bw_net::tcp::Congestion;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,6 +68,8 @@ pub struct ConnectOptions {
     pub dhchap_secret: Option<String>,
     /// ... and the controller's, to make it prove itself (bidirectional).
     pub dhchap_ctrl_secret: Option<String>,
+    /// iSCSI / NVMe: the connections' TCP congestion control.
+    pub tcp_congestion: Congestion,
 }
 
 impl std::fmt::Debug for ConnectOptions {
@@ -81,6 +84,7 @@ impl std::fmt::Debug for ConnectOptions {
             .field("timeout", &self.timeout)
             .field("dhchap_secret", &hidden(&self.dhchap_secret))
             .field("dhchap_ctrl_secret", &hidden(&self.dhchap_ctrl_secret))
+            .field("tcp_congestion", &self.tcp_congestion)
             .finish()
     }
 }
@@ -96,8 +100,37 @@ impl Default for ConnectOptions {
             timeout: Duration::from_secs(30),
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            tcp_congestion: Congestion::Auto,
         }
     }
+}
+
+/// A TCP connection to an iSCSI or NVMe/TCP target, as every session and
+/// queue opens it: within `opts.timeout`, trying each address the name
+/// resolves to, with Nagle off (requests are small and latency-bound) and
+/// the congestion control `opts` asks for, set before connecting (see
+/// `bw_net::tcp::CongestionPlan` for why before).
+pub(crate) async fn connect_tcp(host: &str, port: u16, opts: &ConnectOptions) -> Result<tokio::net::TcpStream> {
+    let plan = bw_net::tcp::CongestionPlan::new(opts.tcp_congestion.clone());
+    let attempt = async {
+        let mut last = None;
+        for addr in tokio::net::lookup_host((host, port)).await? {
+            let sock = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+            if let Some(cc) = plan.before_connect(&sock, bw_net::tcp::is_own_address(addr.ip()))? {
+                log::debug!("{addr} is on this machine: TCP congestion control {cc}");
+            }
+            match sock.connect(addr).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host}: no address"))))
+    };
+    let stream = tokio::time::timeout(opts.timeout, attempt)
+        .await
+        .map_err(|_| ClientError::Timeout(format!("connecting to {host}:{port}")))??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
 }
 
 /// A remote (or local) disk addressed in bytes. Offsets and lengths must be

@@ -4,6 +4,7 @@
 
 use crate::limits::{Admission, Ticket};
 use crate::Shutdown;
+use bw_net::tcp::{self, CongestionPlan};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,10 +20,14 @@ use tokio::task::JoinHandle;
 /// them if it came then).
 const LISTEN_BACKLOG: u32 = 4096;
 
-/// A listening socket for a front-end, with [`LISTEN_BACKLOG`].
-pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+/// A listening socket for a front-end, with [`LISTEN_BACKLOG`] and the
+/// congestion control its connections start with (see [`CongestionPlan`]).
+pub fn listen(addr: SocketAddr, congestion: &CongestionPlan) -> std::io::Result<TcpListener> {
     let s = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
     s.set_reuseaddr(true)?;
+    if let Some(cc) = congestion.on_listener(&s)? {
+        log::debug!("listening on {addr} with TCP congestion control {cc}");
+    }
     s.bind(addr)?;
     s.listen(LISTEN_BACKLOG)
 }
@@ -62,6 +67,9 @@ pub struct Acceptor {
     pub thread_name: &'static str,
     pub admission: Arc<Admission>,
     pub threading: Threading,
+    /// The congestion control of accepted connections (the listeners were
+    /// made with the same plan).
+    pub congestion: CongestionPlan,
 }
 
 impl Acceptor {
@@ -115,6 +123,12 @@ impl Acceptor {
                         };
                         let _ = stream.set_nodelay(true);
                         let local = stream.local_addr().ok();
+                        let same_host = tcp::is_same_host(peer.ip(), local.map(|l| l.ip()));
+                        match self.congestion.on_accepted(&stream, same_host) {
+                            Ok(Some(cc)) => log::debug!("{}: {peer}: TCP congestion control {cc}", self.name),
+                            Ok(None) => {}
+                            Err(e) => log::warn!("{}: {peer}: {e}", self.name),
+                        }
                         if let Err(e) = self.start(stream, peer, local, ticket, shutdown.clone(), serve.clone()) {
                             log::warn!("{}: cannot start the connection from {peer}: {e:#}", self.name);
                         }

@@ -57,6 +57,7 @@
 //! iscsi_zero_copy_min = 32768        # smallest READ sent with sendfile
 //! iscsi_inline_max = 65536           # largest READ/WRITE run on the connection's thread
 //! iscsi_flush_every = 0              # PDUs in a row before answering; 0: all buffered first
+//! tcp_congestion = "auto"            # "system", or an algorithm ("cubic"); auto: no BBR to this machine
 //! ```
 
 use serde::{Deserialize, Serialize};

@@ -18,6 +18,7 @@ use crate::config::{IscsiConfig, IscsiTarget};
 use crate::framing::{FrameReader, Framing, Growth};
 use crate::limits::{Admission, Limits};
 use crate::tuning::Tuning;
+use bw_net::tcp::CongestionPlan;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_iscsi::msg::Residual;
@@ -152,8 +153,9 @@ pub async fn start(
         sessions: Mutex::new(HashMap::new()),
     });
     let mut listeners = Vec::new();
+    let congestion = CongestionPlan::new(tuning.tcp_congestion.clone());
     for a in &cfg.listen {
-        let l = crate::accept::listen(*a).with_context(|| format!("iSCSI listen on {a}"))?;
+        let l = crate::accept::listen(*a, &congestion).with_context(|| format!("iSCSI listen on {a}"))?;
         log::info!("iSCSI listening on {a}");
         listeners.push(l);
     }
@@ -167,6 +169,7 @@ pub async fn start(
         thread_name: "iscsi-conn",
         admission,
         threading,
+        congestion,
     };
     let accepting = acceptor.run(listeners, shutdown, move |a| connection(a, ctx.clone()));
     Ok(tokio::spawn(async move {

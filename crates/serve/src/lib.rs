@@ -74,7 +74,7 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
     }
     if let Some(n) = &cfg.nvme {
         if !n.listen.is_empty() {
-            running.push(nvme::start(n, &cfg.limits, volumes, shutdown.clone()).await.context("NVMe/TCP")?);
+            running.push(nvme::start(n, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("NVMe/TCP")?);
         }
     }
     if running.is_empty() {

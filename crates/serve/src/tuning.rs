@@ -3,6 +3,7 @@
 //! are what measured best on a 2-core machine; the knobs exist to measure
 //! alternatives (the scripts in `bench/` set them).
 
+use bw_net::tcp::Congestion;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -31,6 +32,10 @@ pub struct Tuning {
     /// iSCSI PDUs handled in a row before the answers queued so far are
     /// sent (0: every PDU already received first; measured no clear gain).
     pub iscsi_flush_every: usize,
+    /// TCP congestion control of iSCSI and NVMe/TCP connections: "auto"
+    /// (the system's, but no timer-paced BBR towards a host on this
+    /// machine; see `bw_net::tcp`), "system", or an algorithm's name.
+    pub tcp_congestion: Congestion,
 }
 
 /// AoE fanout: how frames are spread over an interface's workers.
@@ -69,6 +74,7 @@ impl Default for Tuning {
             iscsi_zero_copy_min: 32 * 1024,
             iscsi_inline_max: 64 * 1024,
             iscsi_flush_every: 0,
+            tcp_congestion: Congestion::Auto,
         }
     }
 }
@@ -129,6 +135,10 @@ mod tests {
             ),
             (AoeFanout::Cpu, 4096, 32 * 1024)
         );
+        assert_eq!(toml.tcp_congestion, Congestion::Auto);
+        let cc: Tuning = toml::from_str("tcp_congestion = \"cubic\"").unwrap();
+        assert_eq!(cc.tcp_congestion, Congestion::Named("cubic".into()));
+        assert!(toml::from_str::<Tuning>("tcp_congestion = \"no such\"").is_err());
         assert!(
             toml::from_str::<Tuning>("aoe_wrokers = 2").is_err(),
             "unknown keys are refused"

@@ -25,3 +25,4 @@ mod rbd;
 mod rbd_gateways;
 mod secrets;
 mod socket_fuzz;
+mod tcp_congestion;

@@ -16,7 +16,6 @@ use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property, CATTR_DISABLE_
 use bw_nvme::identify::{self, cns, IdCtrl};
 use bw_nvme::logpage::{self, lid, LogRequest};
 use bw_nvme::host_queue::Payload;
-use bw_nvme::pdu::Digests;
 use bw_nvme::auth::AuthConfig;
 use bytes::Bytes;
 use queue::Queue;
@@ -80,8 +79,7 @@ async fn prop_set(q: &Queue, off: u32, v: u64) -> Result<()> {
 }
 
 async fn open_admin(host: &str, port: u16, subnqn: &str, opts: &ConnectOptions, kato_ms: u32, auth: Option<&Arc<AuthConfig>>) -> Result<Admin> {
-    let digests = Digests { header: opts.header_digest, data: opts.data_digest };
-    let q = Queue::open(host, port, 0, digests, ADMIN_DEPTH, opts.timeout).await?;
+    let q = Queue::open(host, port, 0, ADMIN_DEPTH, opts).await?;
     let hostnqn = host_nqn(opts);
     let data = ConnectData { hostid: host_id(&hostnqn), cntlid: 0xFFFF, subnqn: subnqn.into(), hostnqn };
     let cntlid = fabrics_connect(&q, 0, ADMIN_DEPTH as u16 - 1, kato_ms, data, auth).await?;
@@ -176,7 +174,6 @@ impl NvmeClient {
         if a.id.maxcmd > 0 {
             depth = depth.min(a.id.maxcmd as usize);
         }
-        let digests = Digests { header: opts.header_digest, data: opts.data_digest };
         let hostnqn = host_nqn(opts);
         let incapsule = (a.id.ioccsz as usize * 16).saturating_sub(64);
         // The first I/O queue runs on the caller's runtime; any further
@@ -190,10 +187,10 @@ impl NvmeClient {
         };
         let mut io = Vec::new();
         for qid in 1..=granted as u16 {
-            let (host, port, timeout, auth) = (host.clone(), *port, opts.timeout, auth.clone());
+            let (host, port, opts, auth) = (host.clone(), *port, opts.clone(), auth.clone());
             let data = ConnectData { hostid: host_id(&hostnqn), cntlid: a.cntlid, subnqn: subnqn.clone(), hostnqn: hostnqn.clone() };
             let open = async move {
-                let q = Queue::open(&host, port, qid, digests, depth, timeout).await?;
+                let q = Queue::open(&host, port, qid, depth, &opts).await?;
                 fabrics_connect(&q, qid, depth as u16 - 1, 0, data, auth.as_ref()).await?;
                 q.set_incapsule(incapsule);
                 Ok::<Queue, ClientError>(q)

@@ -6,7 +6,7 @@
 //! straight from the socket into the caller's buffer when no data digest
 //! is in use (one copy, no staging).
 
-use crate::{ClientError, Result};
+use crate::{ClientError, ConnectOptions, Result};
 use bw_nvme::command::Sqe;
 use bw_nvme::host_queue::{Context, DirectRead, HostConfig, HostError, HostQueue, Payload, Ticket};
 use bw_nvme::pdu::{self, Digests};
@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify, Semaphore};
 
 pub use bw_nvme::host_queue::Done;
@@ -113,18 +112,10 @@ fn proto(s: impl Into<String>) -> ClientError {
 impl Queue {
     /// TCP connect and the ICReq/ICResp exchange. `depth` commands may be in
     /// flight at once (the caller connects with sqsize = depth - 1 or more).
-    pub async fn open(
-        host: &str,
-        port: u16,
-        qid: u16,
-        digests: Digests,
-        depth: usize,
-        timeout: Duration,
-    ) -> Result<Queue> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect((host, port)))
-            .await
-            .map_err(|_| ClientError::Timeout(format!("connecting to {host}:{port}")))??;
-        stream.set_nodelay(true)?;
+    /// Digests, the timeout and the TCP options come from `opts`.
+    pub async fn open(host: &str, port: u16, qid: u16, depth: usize, opts: &ConnectOptions) -> Result<Queue> {
+        let (digests, timeout) = (Digests { header: opts.header_digest, data: opts.data_digest }, opts.timeout);
+        let stream = crate::connect_tcp(host, port, opts).await?;
         let (mut rd, mut wr) = stream.into_split();
         let depth = depth.clamp(1, 65535);
         let mut q = HostQueue::new(HostConfig {
@@ -325,17 +316,8 @@ async fn write_loop(mut wr: OwnedWriteHalf, sh: Arc<Shared>) {
 const READ_CHUNK: u64 = 64 * 1024;
 
 /// Most bytes a payload read waits for before the socket wakes us: a whole
-/// MDTS-sized payload, so one wakeup per 1 MiB read (crates/nvme/README.md,
-/// measured together with `RECV_STAGE`).
+/// MDTS-sized payload, so one wakeup per 1 MiB read (crates/nvme/README.md).
 const RCVLOWAT_MAX: usize = 1 << 20;
-
-/// Bytes of a large payload read from the socket at a time, into a buffer
-/// that stays in the cache, then copied to the command's buffer. On the
-/// 2-vCPU VM this is measured on, the kernel's copy into a cold 1 MiB
-/// buffer costs more than this copy through 64 KiB, as our iSCSI initiator
-/// does it (with `RCVLOWAT_MAX`: client CPU per 1 MiB read 818 -> 427 us,
-/// crates/nvme/README.md).
-const RECV_STAGE: usize = 64 * 1024;
 
 fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
     let v = n as libc::c_int;
@@ -351,31 +333,26 @@ fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
     }
 }
 
-/// Read the rest of a C2HData payload from the socket into its command's
-/// buffer, through the staging buffer. While the payload is large, the
-/// socket is told not to wake us before `SO_RCVLOWAT` bytes (what is left
-/// of it) are there: one wakeup per payload rather than per segment (each
-/// wakeup costs the sender a cross-CPU IPI).
+/// Read the rest of a C2HData payload from the socket straight into its
+/// command's buffer (one copy: measured against a copy through a 64 KiB
+/// staging buffer, 220 against 288 µs of client CPU per 1 MiB read, see
+/// crates/nvme/README.md). While the payload is large, the socket is told
+/// not to wake us before `SO_RCVLOWAT` bytes (what is left of it) are
+/// there: one wakeup per payload rather than per segment (each wakeup
+/// costs the sender a cross-CPU IPI).
 async fn recv_direct(
     rd: &mut OwnedReadHalf,
     sh: &Shared,
     dr: &mut DirectRead,
-    stage: &mut Vec<u8>,
 ) -> std::result::Result<(), String> {
     let mut lowat = 1;
-    stage.resize(RECV_STAGE, 0);
     while !dr.is_done() {
         rd.readable()
             .await
             .map_err(|e| format!("receive failed: {e}"))?;
-        let want = dr.left().min(RECV_STAGE);
-        let r = match rd.try_read(&mut stage[..want]) {
-            Ok(n) if n > 0 => sh.lock().direct_fill(dr, |dst| {
-                dst[..n].copy_from_slice(&stage[..n]);
-                Ok(n)
-            }),
-            r => r,
-        };
+        // Under the queue lock: a caller that gives up takes its buffer
+        // back under the same lock (`Cancel`).
+        let r = sh.lock().direct_fill(dr, |dst| rd.try_read(dst));
         match r {
             Ok(0) => return Err("target closed the connection".into()),
             Ok(_) => {}
@@ -401,14 +378,13 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
     // straight to its buffer too instead of partly into `buf`.
     let hdr_len = (pdu::DATA_HLEN + if d.header { pdu::DIGEST_LEN } else { 0 }) as u64;
     let mut header_only = false;
-    let mut stage = Vec::new();
     let why = loop {
         let direct = sh.lock().begin_direct(&mut buf);
         match direct {
             Err(e) => break e.to_string(),
             Ok(Some(mut dr)) => {
                 let large = dr.left() >= READ_CHUNK as usize;
-                if let Err(why) = recv_direct(&mut rd, &sh, &mut dr, &mut stage).await {
+                if let Err(why) = recv_direct(&mut rd, &sh, &mut dr).await {
                     break why;
                 }
                 header_only = large;

@@ -119,7 +119,7 @@ pub async fn serve(
         fabric,
         local,
         peer,
-        local_host: peer.ip().is_loopback() || local.is_some_and(|l| l.ip() == peer.ip()),
+        local_host: bw_net::tcp::is_same_host(peer.ip(), local.map(|l| l.ip())),
         q: TargetQueue::new(cfg),
         out: Outbox::default(),
         done_tx,

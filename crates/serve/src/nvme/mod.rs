@@ -11,6 +11,8 @@ mod outbox;
 
 use crate::accept::{Accepted, Acceptor, Threading};
 use crate::limits::{Admission, Limits};
+use crate::tuning::Tuning;
+use bw_net::tcp::CongestionPlan;
 use crate::config::{AnaStateConfig, NvmeConfig};
 use bw_nvme::ana::AnaState;
 use crate::{Running, Shutdown, Volumes};
@@ -80,18 +82,19 @@ fn crc32c_str(s: &str) -> u32 {
     s.bytes().fold(0x811C_9DC5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193))
 }
 
-pub async fn start(cfg: &NvmeConfig, limits: &Limits, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<Running> {
+pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<Running> {
     let subs = subsystems(cfg, volumes)?;
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
+    let congestion = CongestionPlan::new(tuning.tcp_congestion.clone());
     for addr in &cfg.listen {
-        let l = crate::accept::listen(*addr).with_context(|| format!("NVMe/TCP listen on {addr}"))?;
+        let l = crate::accept::listen(*addr, &congestion).with_context(|| format!("NVMe/TCP listen on {addr}"))?;
         bound.push(l.local_addr()?);
         listeners.push(l);
     }
     if let Some(d) = cfg.discovery_listen {
         if !cfg.listen.contains(&d) {
-            let l = crate::accept::listen(d).with_context(|| format!("NVMe/TCP discovery listen on {d}"))?;
+            let l = crate::accept::listen(d, &congestion).with_context(|| format!("NVMe/TCP discovery listen on {d}"))?;
             log::info!("nvme: discovery controller on {}", l.local_addr()?);
             listeners.push(l);
         }
@@ -106,7 +109,13 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, volumes: &Volumes, shutdow
     let login_timeout = limits.login_timeout();
     // One thread per connection (one queue), as iSCSI connections by
     // default: see `Threading::ThreadPerConnection` for why.
-    let acceptor = Acceptor { name: "nvme", thread_name: "nvme-conn", admission, threading: Threading::ThreadPerConnection };
+    let acceptor = Acceptor {
+        name: "nvme",
+        thread_name: "nvme-conn",
+        admission,
+        threading: Threading::ThreadPerConnection,
+        congestion,
+    };
     let f = fabric.clone();
     let accepting = acceptor.run(listeners, shutdown, move |a| {
         // `a.ticket` lives as long as the connection's future.
