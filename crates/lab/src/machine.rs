@@ -94,7 +94,8 @@ pub fn machine_info() -> MachineInfo {
         .map(|kib| kib * 1024)
         .unwrap_or(0);
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
-    MachineInfo { cpu_model, cpus, kernel, mem_total_bytes, hostname }
+    let tcp_congestion = bw_net::tcp::system_default().unwrap_or_default();
+    MachineInfo { cpu_model, cpus, kernel, mem_total_bytes, hostname, tcp_congestion }
 }
 
 fn first_line(program: &str, args: &[&str]) -> Option<String> {

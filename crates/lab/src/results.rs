@@ -138,6 +138,11 @@ pub struct MachineInfo {
     pub kernel: String,
     pub mem_total_bytes: u64,
     pub hostname: String,
+    /// The system's TCP congestion control (net.ipv4.tcp_congestion_control):
+    /// BBR paces by timer and costs TCP senders CPU (crates/net/src/tcp.rs).
+    /// Empty in results from before it was recorded.
+    #[serde(default)]
+    pub tcp_congestion: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -106,7 +106,9 @@ pub fn page(r: &Results) -> String {
                 h1 { "blockwire lab: AoE, iSCSI and NVMe/TCP side by side" }
                 p.note {
                     "Run " (r.started_utc) " → " (r.finished_utc) " on " (m.cpu_model) " (" (m.cpus) " CPUs, "
-                    (m.mem_total_bytes >> 30) " GiB RAM, kernel " (m.kernel) "). " (sw.blockwire) "; " (sw.tgt) "; " (sw.vblade) "; " (sw.fio) "."
+                    (m.mem_total_bytes >> 30) " GiB RAM, kernel " (m.kernel)
+                    @if !m.tcp_congestion.is_empty() { ", TCP congestion control " (m.tcp_congestion) }
+                    "). " (sw.blockwire) "; " (sw.tgt) "; " (sw.vblade) "; " (sw.fio) "."
                 }
                 @if let Some(a) = &r.aborted {
                     p.warn { "This run did not finish (" (a) "); the report shows what was measured before." }
