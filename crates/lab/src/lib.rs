@@ -87,6 +87,11 @@ pub struct LabArgs {
     /// fs suite: seconds per flowop and fio run (default 4; --quick: 2).
     #[arg(long, value_name = "SECS")]
     pub fs_runtime: Option<u32>,
+    /// TCP congestion control inside the lab's namespaces, e.g. cubic or bbr
+    /// (default: system, what new namespaces inherit). Every TCP target and
+    /// client of a run uses it alike.
+    #[arg(long, value_name = "NAME")]
+    pub tcp_congestion: Option<String>,
     /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).
     #[arg(long, value_name = "LIST")]
     pub path: Option<String>,
@@ -129,6 +134,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         client_mem: args.client_mem.clone(),
         fs_workloads: args.fs_workloads.clone(),
         fs_runtime: args.fs_runtime,
+        tcp_congestion: args.tcp_congestion.clone(),
         mem_total: machine::machine_info().mem_total_bytes,
         cgroup: match cgroup::detect(std::path::Path::new(cgroup::ROOT)) {
             Ok((cgroup::Version::V1, _)) => "v1".into(),

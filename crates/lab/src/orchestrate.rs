@@ -218,7 +218,8 @@ impl LabRun {
             size >> 20
         );
         self.say("lab: creating namespaces and veth pairs ...");
-        let topo = Topology::setup(&self.plan.params.mtus)?;
+        let cc = Some(self.plan.params.tcp_congestion.as_str()).filter(|c| !c.is_empty());
+        let topo = Topology::setup(&self.plan.params.mtus, cc)?;
         self.results.params.veth_offloads_off = topo.offloads_off;
         self.results.subjects = self
             .plan

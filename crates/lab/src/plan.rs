@@ -88,6 +88,8 @@ pub struct Choices {
     pub client_mem: Option<String>,
     pub fs_workloads: Option<String>,
     pub fs_runtime: Option<u32>,
+    /// TCP congestion control for the lab's namespaces (None: the system's).
+    pub tcp_congestion: Option<String>,
     /// Total memory of the machine (bytes), for the default `--client-mem`.
     pub mem_total: u64,
     /// `v1`/`v2`: where the memory controller is (from `cgroup::detect`).
@@ -323,6 +325,12 @@ impl Plan {
             veth_offloads_off: false,
             link_shapes: links.clone(),
             fs: fs.clone(),
+            tcp_congestion: match c.tcp_congestion.as_deref().map(str::parse::<bw_net::tcp::Congestion>) {
+                None | Some(Ok(bw_net::tcp::Congestion::System)) => String::new(),
+                Some(Ok(bw_net::tcp::Congestion::Named(n))) => n,
+                Some(Ok(bw_net::tcp::Congestion::Auto)) => anyhow::bail!("--tcp-congestion: give an algorithm (cubic, bbr, ...) or system"),
+                Some(Err(e)) => anyhow::bail!("--tcp-congestion {e}"),
+            },
         };
         Ok(Plan {
             params,
@@ -626,6 +634,16 @@ mod tests {
             cgroup: "v1".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn tcp_congestion_choice() {
+        let cc = |v: &str| Plan::from_choices(&Choices { tcp_congestion: Some(v.into()), ..choices() }).map(|p| p.params.tcp_congestion);
+        assert_eq!(cc("cubic").unwrap(), "cubic");
+        assert_eq!(cc("system").unwrap(), "", "the namespaces keep what they inherit");
+        assert_eq!(Plan::from_choices(&choices()).unwrap().params.tcp_congestion, "");
+        assert!(cc("auto").is_err(), "auto is a per-connection policy, not an algorithm");
+        assert!(cc("no such").is_err());
     }
 
     #[test]

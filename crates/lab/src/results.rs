@@ -192,6 +192,10 @@ pub struct Params {
     /// The fs suite's sizes and limits (absent when it did not run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs: Option<crate::fs::FsParams>,
+    /// `--tcp-congestion`: the algorithm the lab set in its namespaces
+    /// (empty: they kept the system's, `MachineInfo::tcp_congestion`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tcp_congestion: String,
 }
 
 pub fn default_link() -> String {

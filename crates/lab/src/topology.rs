@@ -60,7 +60,9 @@ fn sh(args: &[&str]) -> anyhow::Result<String> {
 }
 
 impl Topology {
-    pub fn setup(mtus: &[u32]) -> anyhow::Result<Topology> {
+    /// `tcp_congestion`: the algorithm both namespaces' TCP connections use
+    /// (None: what new namespaces inherit from the system).
+    pub fn setup(mtus: &[u32], tcp_congestion: Option<&str>) -> anyhow::Result<Topology> {
         anyhow::ensure!(mtus.len() <= 26, "at most 26 MTUs");
         let pid = std::process::id();
         let (tns, cns) = names(pid);
@@ -76,6 +78,9 @@ impl Topology {
             // No IPv6 chatter (router solicitations, DAD) in the wire counters.
             let _ = sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
             let _ = sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
+            if let Some(cc) = tcp_congestion {
+                sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", &format!("net.ipv4.tcp_congestion_control={cc}")])?;
+            }
         }
         let mut links = vec![];
         let mut offloads_off = true;

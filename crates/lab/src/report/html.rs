@@ -107,7 +107,8 @@ pub fn page(r: &Results) -> String {
                 p.note {
                     "Run " (r.started_utc) " → " (r.finished_utc) " on " (m.cpu_model) " (" (m.cpus) " CPUs, "
                     (m.mem_total_bytes >> 30) " GiB RAM, kernel " (m.kernel)
-                    @if !m.tcp_congestion.is_empty() { ", TCP congestion control " (m.tcp_congestion) }
+                    @if !r.params.tcp_congestion.is_empty() { ", TCP congestion control " (r.params.tcp_congestion) " in the lab's namespaces" }
+                    @else if !m.tcp_congestion.is_empty() { ", TCP congestion control " (m.tcp_congestion) }
                     "). " (sw.blockwire) "; " (sw.tgt) "; " (sw.vblade) "; " (sw.fio) "."
                 }
                 @if let Some(a) = &r.aborted {
