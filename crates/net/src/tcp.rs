@@ -204,13 +204,11 @@ impl CongestionPlan {
         }
     }
 
-    /// On a listening socket: what its connections start with.
+    /// On a listening socket: what its connections start with, chosen as
+    /// for a peer on this machine ([`CongestionPlan::on_accepted`] gives
+    /// the others the default back).
     pub fn on_listener(&self, sock: impl AsFd) -> io::Result<Option<String>> {
-        match &self.policy {
-            Congestion::Named(n) => set_first(sock.as_fd(), &[n]).map(Some),
-            _ if self.auto_replaces_default() => set_first(sock.as_fd(), &UNPACED).map(Some),
-            _ => Ok(None),
-        }
+        self.before_connect(sock, true)
     }
 
     /// On a connection just accepted from a listener prepared with
