@@ -97,6 +97,7 @@ pub fn session_stream(data: &[u8]) {
         cid: 0,
         targets: vec![("iqn.2026-11.org.fuzz:open".into(), vec!["127.0.0.1:3260,1".into()])],
         current_target: Some("iqn.2026-11.org.fuzz:open".into()),
+        data_out_budget: crate::target_session::DATA_OUT_BUDGET,
     });
     let mut rest = data.get(2..).unwrap_or(&[]);
     while rest.len() >= BHS_LEN {

@@ -13,7 +13,7 @@ use crate::negotiate::{SessionParams, SessionType};
 use crate::pdu::{extended_cdb, Pdu, RESERVED_TAG};
 use crate::text;
 use bytes::{BufMut, Bytes, BytesMut};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// RFC 1982 serial number comparison: a < b.
 pub fn sn_lt(a: u32, b: u32) -> bool {
@@ -40,7 +40,19 @@ pub struct SessionConfig {
     /// (`ADDR:PORT,TPGT`), and the session's own target name.
     pub targets: Vec<(String, Vec<String>)>,
     pub current_target: Option<String>,
+    /// Write data the session may hold or ask for at once; see
+    /// [`DATA_OUT_BUDGET`].
+    pub data_out_budget: usize,
 }
+
+/// Write data a connection may hold, per session: received or asked for
+/// with R2T and not yet completed (the same bound as NVMe/TCP's
+/// `R2T_BUDGET` per queue). Immediate and unsolicited data count against
+/// it but cannot be refused (FirstBurstLength bounds them per command);
+/// commands whose data would go beyond it get no R2T until earlier ones
+/// complete. One command is always served, however long, so a transfer
+/// larger than the budget still makes progress.
+pub const DATA_OUT_BUDGET: usize = 16 << 20;
 
 /// A SCSI command ready to run.
 #[derive(Debug, Clone)]
@@ -104,7 +116,8 @@ struct Task {
     write: bool,
     /// Data-out received so far: (buffer offset, bytes).
     pieces: Vec<(u32, Bytes)>,
-    /// Bytes of data-out received so far.
+    /// Bytes of data-out received so far; while unsolicited data is
+    /// expected, also the offset the next unsolicited Data-Out starts at.
     received: u32,
     /// End (exclusive) of the unsolicited burst still expected, if any.
     unsolicited_end: Option<u32>,
@@ -112,6 +125,13 @@ struct Task {
     next_r2t_offset: u32,
     r2t_sn: u32,
     r2ts: Vec<R2tState>,
+    /// Bytes of the session's data-out budget this task holds: its
+    /// immediate and unsolicited data, plus, once it is served R2Ts, the
+    /// rest of its transfer.
+    held: usize,
+    /// Of `held`, the bytes asked for with R2Ts (the rest of the transfer
+    /// once the task is served).
+    solicited: usize,
     executing: bool,
     /// Sent with the I bit: outside the CmdSN window, so ending it opens
     /// no slot.
@@ -129,6 +149,13 @@ pub struct TargetSession {
     max_cmd_sn: u32,
     stat_sn: u32,
     tasks: HashMap<u32, Task>,
+    /// Sum of the tasks' `held` bytes.
+    data_out_held: usize,
+    /// Of `data_out_held`, the bytes of tasks given R2T service.
+    solicited_held: usize,
+    /// Writes waiting for data-out budget before their first R2T, in
+    /// arrival order: (ITT, task id).
+    r2t_waiting: VecDeque<(u32, u64)>,
     next_id: u64,
     next_ttt: u32,
     /// Target-initiated NOP-In waiting for its NOP-Out answer.
@@ -147,6 +174,9 @@ impl TargetSession {
             max_cmd_sn: cfg.exp_cmd_sn.wrapping_add(qd - 1),
             stat_sn: cfg.stat_sn,
             tasks: HashMap::new(),
+            data_out_held: 0,
+            solicited_held: 0,
+            r2t_waiting: VecDeque::new(),
             next_id: 1,
             next_ttt: 1,
             ping_outstanding: None,
@@ -174,6 +204,11 @@ impl TargetSession {
     }
     pub fn ping_outstanding(&self) -> bool {
         self.ping_outstanding.is_some()
+    }
+    /// Write data held or asked for and not yet completed (see
+    /// [`DATA_OUT_BUDGET`]).
+    pub fn data_out_held(&self) -> usize {
+        self.data_out_held
     }
 
     fn take_stat_sn(&mut self) -> u32 {
@@ -334,9 +369,10 @@ impl TargetSession {
         let id = self.next_id;
         self.next_id += 1;
         let edtl = if c.write { c.edtl } else { 0 };
-        // Unsolicited Data-Out follows unless the F bit says otherwise.
+        // Unsolicited Data-Out follows unless the F bit says otherwise (or
+        // the immediate data already filled the first burst).
         let unsolicited_end = if c.write && !c.final_ && !self.params.initial_r2t {
-            Some(self.params.first_burst_length.min(c.edtl))
+            Some(self.params.first_burst_length.min(c.edtl)).filter(|&end| end > imm)
         } else {
             None
         };
@@ -357,6 +393,8 @@ impl TargetSession {
             next_r2t_offset: unsolicited_end.unwrap_or(imm),
             r2t_sn: 0,
             r2ts: Vec::new(),
+            held: 0,
+            solicited: 0,
             executing: false,
             immediate: c.immediate,
         };
@@ -376,6 +414,10 @@ impl TargetSession {
             self.complete(c.itt, id, status::CHECK_CONDITION, &sense, Vec::new(), Residual::None, out);
             return Ok(());
         }
+        // The data this command brings without asking, which the
+        // session holds until the command completes.
+        task.held = task.unsolicited_end.unwrap_or(imm) as usize;
+        self.data_out_held += task.held;
         if imm == edtl {
             // All data (possibly none) is here.
             let data = if imm == 0 { Vec::new() } else { vec![pdu.data] };
@@ -386,9 +428,53 @@ impl TargetSession {
         if imm > 0 {
             task.pieces.push((0, pdu.data));
         }
+        let waits_for_unsolicited = task.unsolicited_end.is_some();
         self.tasks.insert(c.itt, task);
-        self.issue_r2ts(c.itt, out);
+        if !waits_for_unsolicited {
+            self.solicit(c.itt, id, out);
+        }
         Ok(())
+    }
+
+    /// The task's unsolicited data (if any) is in: ask for the rest with
+    /// R2Ts once the data-out budget allows, after writes that came first.
+    fn solicit(&mut self, itt: u32, id: u64, out: &mut Vec<Action>) {
+        self.r2t_waiting.push_back((itt, id));
+        self.serve_waiting(out);
+    }
+
+    /// Give R2T service to waiting writes, oldest first, while their whole
+    /// remaining transfer fits in the budget (the oldest always gets it
+    /// when no other write is being served, so every write progresses).
+    fn serve_waiting(&mut self, out: &mut Vec<Action>) {
+        while let Some(&(itt, id)) = self.r2t_waiting.front() {
+            let need = match self.tasks.get(&itt) {
+                Some(t) if t.id == id => t.edtl.saturating_sub(t.next_r2t_offset) as usize,
+                // Ended (aborted, failed) while waiting.
+                _ => {
+                    self.r2t_waiting.pop_front();
+                    continue;
+                }
+            };
+            if self.solicited_held > 0 && self.data_out_held + need > self.cfg.data_out_budget {
+                return;
+            }
+            self.r2t_waiting.pop_front();
+            if let Some(t) = self.tasks.get_mut(&itt) {
+                t.held += need;
+                t.solicited = need;
+            }
+            self.data_out_held += need;
+            self.solicited_held += need;
+            self.issue_r2ts(itt, out);
+        }
+    }
+
+    /// A task ended: give back the budget it held (then call
+    /// `serve_waiting`).
+    fn release(&mut self, t: &Task) {
+        self.data_out_held -= t.held;
+        self.solicited_held -= t.solicited;
     }
 
     fn start(&mut self, itt: u32, data: Vec<Bytes>, out: &mut Vec<Action>) {
@@ -413,7 +499,8 @@ impl TargetSession {
         let burst = self.params.max_burst_length.max(512);
         loop {
             let Some(t) = self.tasks.get(&itt) else { return };
-            if t.unsolicited_end.is_some() || t.r2ts.len() >= max_out || t.next_r2t_offset >= t.edtl {
+            // Only tasks given budget (see `serve_waiting`) get R2Ts.
+            if t.solicited == 0 || t.unsolicited_end.is_some() || t.r2ts.len() >= max_out || t.next_r2t_offset >= t.edtl {
                 return;
             }
             let ttt = self.new_ttt();
@@ -474,30 +561,42 @@ impl TargetSession {
         if end > t.edtl {
             return Err(SessionError::Protocol("Data-Out beyond the expected data transfer length"));
         }
+        // DataPDUInOrder=Yes (the only value we accept): each Data-Out
+        // continues exactly where the last one of its sequence ended, so a
+        // task never holds more than its transfer length.
+        let mut unsolicited_done = false;
         let mut sequence_done = false;
         if d.ttt == RESERVED_TAG {
             let Some(uend) = t.unsolicited_end else {
                 return Err(SessionError::Protocol("unsolicited Data-Out not allowed"));
             };
-            if d.data_sn != t.unsolicited_data_sn || end > uend {
-                return Err(SessionError::Protocol("bad DataSN or offset in unsolicited Data-Out"));
+            if d.data_sn != t.unsolicited_data_sn {
+                return Err(SessionError::Protocol("bad DataSN in unsolicited Data-Out"));
+            }
+            if off != t.received || end > uend {
+                return Err(SessionError::Protocol("unsolicited Data-Out out of order or beyond FirstBurstLength"));
             }
             t.unsolicited_data_sn += 1;
-            if d.final_ {
+            if d.final_ || end == uend {
+                // Whatever the burst left out is asked for with R2Ts.
                 t.unsolicited_end = None;
-                sequence_done = true;
+                t.next_r2t_offset = end;
+                unsolicited_done = true;
             }
         } else {
             let Some(i) = t.r2ts.iter().position(|r| r.ttt == d.ttt) else {
                 return Err(SessionError::Protocol("Data-Out with unknown Target Transfer Tag"));
             };
             let r = &mut t.r2ts[i];
-            if d.data_sn != r.next_data_sn || off < r.offset || end > r.offset + r.len {
-                return Err(SessionError::Protocol("bad DataSN or offset in solicited Data-Out"));
+            if d.data_sn != r.next_data_sn {
+                return Err(SessionError::Protocol("bad DataSN in solicited Data-Out"));
+            }
+            if off != r.offset + r.received || end > r.offset + r.len {
+                return Err(SessionError::Protocol("solicited Data-Out out of order or outside its R2T"));
             }
             r.next_data_sn += 1;
             r.received += len;
-            if d.final_ || r.received >= r.len {
+            if d.final_ || r.received == r.len {
                 if r.received != r.len {
                     return Err(SessionError::Protocol("R2T sequence ended short"));
                 }
@@ -509,9 +608,12 @@ impl TargetSession {
             t.pieces.push((off, data));
         }
         t.received += len;
-        if t.received >= t.edtl && t.r2ts.is_empty() && t.unsolicited_end.is_none() {
+        let (id, all_here) = (t.id, t.received == t.edtl && t.r2ts.is_empty() && t.unsolicited_end.is_none());
+        if all_here {
             let data = in_order(std::mem::take(&mut t.pieces), t.edtl as usize);
             self.start(d.itt, data, out);
+        } else if unsolicited_done {
+            self.solicit(d.itt, id, out);
         } else if sequence_done {
             self.issue_r2ts(d.itt, out);
         }
@@ -534,6 +636,7 @@ impl TargetSession {
         let data_in = Bytes::from(data_in);
         let len = data_in.len();
         self.respond(itt, &t, status, sense, len, read_residual, out, |pdu, off, end| Action::Send(Pdu { data: data_in.slice(off..end), ..pdu }));
+        self.serve_waiting(out);
     }
 
     /// A read finished as a read extent of `len` bytes that the transport
@@ -545,10 +648,11 @@ impl TargetSession {
         let residual = Residual::of(len, edtl);
         let len = len.min(edtl);
         self.respond(itt, &t, status::GOOD, &[], len, residual, out, |pdu, at, end| Action::SendExtent { pdu, at, len: end - at });
+        self.serve_waiting(out);
     }
 
     /// The task `itt` if it is still the one with `id` (not aborted
-    /// meanwhile), removed; its command slot is freed.
+    /// meanwhile), removed; its command slot and data-out budget are freed.
     fn take_task(&mut self, itt: u32, id: u64) -> Option<Task> {
         match self.tasks.get(&itt) {
             Some(t) if t.id == id => {}
@@ -558,6 +662,7 @@ impl TargetSession {
         if !t.immediate {
             self.slot_done();
         }
+        self.release(&t);
         Some(t)
     }
 
@@ -658,13 +763,19 @@ impl TargetSession {
         out.push(Action::Send(Pdu::new(Message::NopIn(m).encode(), data)));
     }
 
-    fn abort_where(&mut self, pred: impl Fn(&Task) -> bool) -> usize {
+    /// End the tasks `pred` picks; writes waiting for budget may then get
+    /// their R2Ts.
+    fn abort_where(&mut self, pred: impl Fn(&Task) -> bool, out: &mut Vec<Action>) -> usize {
         let victims: Vec<u32> = self.tasks.iter().filter(|(_, t)| pred(t)).map(|(k, _)| *k).collect();
         for itt in &victims {
-            if self.tasks.remove(itt).is_some_and(|t| !t.immediate) {
-                self.slot_done();
+            if let Some(t) = self.tasks.remove(itt) {
+                if !t.immediate {
+                    self.slot_done();
+                }
+                self.release(&t);
             }
         }
+        self.serve_waiting(out);
         victims.len()
     }
 
@@ -679,23 +790,23 @@ impl TargetSession {
             Some(TmfFunction::AbortTask) => {
                 // Matched by tag alone: some initiators leave the LUN at 0.
                 if let Some(id) = self.tasks.get(&t.referenced_task_tag).map(|x| x.id) {
-                    self.abort_where(|x| x.id == id);
+                    self.abort_where(|x| x.id == id, out);
                     tmf_response::FUNCTION_COMPLETE
                 } else {
                     tmf_response::TASK_DOES_NOT_EXIST
                 }
             }
             Some(TmfFunction::AbortTaskSet) | Some(TmfFunction::ClearTaskSet) => {
-                self.abort_where(|x| x.lun == t.lun);
+                self.abort_where(|x| x.lun == t.lun, out);
                 tmf_response::FUNCTION_COMPLETE
             }
             Some(TmfFunction::LunReset) => {
-                self.abort_where(|x| x.lun == t.lun);
+                self.abort_where(|x| x.lun == t.lun, out);
                 out.push(Action::LunReset { itt: t.itt, lun: t.lun });
                 return;
             }
             Some(TmfFunction::TargetWarmReset) | Some(TmfFunction::TargetColdReset) => {
-                self.abort_where(|_| true);
+                self.abort_where(|_| true, out);
                 out.push(Action::TargetReset { itt: t.itt, cold: t.function == TmfFunction::TargetColdReset as u8 });
                 return;
             }
@@ -800,7 +911,7 @@ impl TargetSession {
         };
         // Outstanding tasks end with the session.
         if response == 0 {
-            self.abort_where(|_| true);
+            self.abort_where(|_| true, out);
         }
         let m = LogoutResponse {
             response,
@@ -875,6 +986,7 @@ mod tests {
             cid: 0,
             targets: Vec::new(),
             current_target: None,
+            data_out_budget: DATA_OUT_BUDGET,
         })
     }
 
@@ -964,6 +1076,7 @@ mod tests {
                 cid: 0,
                 targets: Vec::new(),
                 current_target: None,
+                data_out_budget: DATA_OUT_BUDGET,
             });
             let window = s.max_cmd_sn();
             for (i, edtl) in [u32::MAX, bw_scsi::MAX_DATA_OUT_BYTES + 1].into_iter().enumerate() {
@@ -1066,5 +1179,204 @@ mod tests {
         s.complete_extent(9, e.id + 1, 4096, &mut out);
         assert!(out.is_empty());
         assert_eq!(s.outstanding(), 1);
+    }
+
+    fn write_session(initial_r2t: bool, queue_depth: u32, data_out_budget: usize) -> TargetSession {
+        let params = SessionParams {
+            initial_r2t,
+            immediate_data: true,
+            first_burst_length: 256 << 10,
+            max_burst_length: 1 << 20,
+            max_outstanding_r2t: 1,
+            max_recv_data_segment_length: 256 << 10,
+            ..SessionParams::default()
+        };
+        TargetSession::new(SessionConfig {
+            session_type: SessionType::Normal,
+            params,
+            queue_depth,
+            exp_cmd_sn: 1,
+            stat_sn: 10,
+            cid: 0,
+            targets: Vec::new(),
+            current_target: None,
+            data_out_budget,
+        })
+    }
+
+    /// A WRITE of `edtl` bytes; `final_` false announces unsolicited Data-Out.
+    fn write(s: &mut TargetSession, itt: u32, edtl: u32, final_: bool) -> Vec<Action> {
+        let c = ScsiCommand { final_, write: true, itt, edtl, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
+        send(s, Message::ScsiCommand(c))
+    }
+
+    fn data_out(s: &mut TargetSession, itt: u32, ttt: u32, data_sn: u32, offset: u32, len: usize, final_: bool) -> Vec<Action> {
+        let d = DataOut { final_, itt, ttt, data_sn, buffer_offset: offset, ..Default::default() };
+        let mut out = Vec::new();
+        s.on_pdu(Pdu::new(Message::DataOut(d).encode(), Bytes::from(vec![0x5a; len])), &mut out).unwrap();
+        out
+    }
+
+    fn r2ts(out: &[Action]) -> Vec<R2t> {
+        out.iter()
+            .filter_map(|a| match a {
+                Action::Send(p) => match Message::decode(&p.bhs) {
+                    Ok(Message::R2t(r)) => Some(r),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The task `itt` ended with CHECK CONDITION, DATA PHASE ERROR.
+    fn failed_with_data_phase_error(out: &[Action], itt: u32) -> bool {
+        out.iter().any(|a| match a {
+            Action::Send(p) => matches!(Message::decode(&p.bhs), Ok(Message::ScsiResponse(r)) if r.itt == itt && r.status == status::CHECK_CONDITION)
+                && p.data[2..][12..14] == [0x4B, 0x00],
+            _ => false,
+        })
+    }
+
+    /// Unsolicited Data-Out must continue exactly where the last one ended,
+    /// with a counting DataSN, inside FirstBurstLength: anything else fails
+    /// the task at once. Before, Data-Out repeated at offset 0 was kept
+    /// without limit (the probe: 256 KiB PDUs of one 4 MiB WRITE, F=0,
+    /// took the target from 9 MB to 231 MB).
+    #[test]
+    fn unsolicited_data_out_continues_where_the_last_ended() {
+        const K: usize = 1024;
+        // (offset, DataSN) of the second 64 KiB PDU, after a first at 0.
+        for (offset, data_sn, why) in [
+            (0u32, 1u32, "repeated offset"),
+            (128 * K as u32, 1, "gap"),
+            (64 * K as u32, 0, "repeated DataSN"),
+            (64 * K as u32, 7, "DataSN skipped"),
+        ] {
+            let mut s = write_session(false, 8, DATA_OUT_BUDGET);
+            assert!(write(&mut s, 40, 4 << 20, false).is_empty());
+            assert!(data_out(&mut s, 40, RESERVED_TAG, 0, 0, 64 * K, false).is_empty());
+            let out = data_out(&mut s, 40, RESERVED_TAG, data_sn, offset, 64 * K, false);
+            assert!(failed_with_data_phase_error(&out, 40), "{why}: {out:?}");
+            assert_eq!((s.outstanding(), s.data_out_held()), (0, 0), "{why}");
+            // The flood goes on: dropped, nothing kept.
+            for n in 2..100 {
+                assert!(data_out(&mut s, 40, RESERVED_TAG, n, 0, 256 * K, false).is_empty());
+            }
+            assert_eq!((s.outstanding(), s.data_out_held()), (0, 0), "{why}");
+        }
+        // Past FirstBurstLength, even in order.
+        let mut s = write_session(false, 8, DATA_OUT_BUDGET);
+        write(&mut s, 41, 4 << 20, false);
+        data_out(&mut s, 41, RESERVED_TAG, 0, 0, 192 * K, false);
+        let out = data_out(&mut s, 41, RESERVED_TAG, 1, 192 * K as u32, 128 * K, false);
+        assert!(failed_with_data_phase_error(&out, 41), "{out:?}");
+        // In order: the burst ends at FirstBurstLength (with or without the
+        // F bit), the rest comes by R2T.
+        for f_bit in [true, false] {
+            let mut s = write_session(false, 8, DATA_OUT_BUDGET);
+            write(&mut s, 42, 1 << 20, false);
+            for i in 0..4u32 {
+                let out = data_out(&mut s, 42, RESERVED_TAG, i, i * 64 * K as u32, 64 * K, f_bit && i == 3);
+                if i < 3 {
+                    assert!(out.is_empty(), "{out:?}");
+                } else {
+                    let r = r2ts(&out);
+                    assert_eq!(r.len(), 1, "{out:?}");
+                    assert_eq!((r[0].buffer_offset, r[0].desired_length), (256 * K as u32, 768 * K as u32));
+                }
+            }
+        }
+        // A burst the F bit ends early: the R2T asks for the rest from there.
+        let mut s = write_session(false, 8, DATA_OUT_BUDGET);
+        write(&mut s, 43, 1 << 20, false);
+        let r = r2ts(&data_out(&mut s, 43, RESERVED_TAG, 0, 0, 64 * K, true));
+        assert_eq!((r[0].buffer_offset, r[0].desired_length), (64 * K as u32, 960 * K as u32));
+    }
+
+    /// Solicited Data-Out continues where the last one of its R2T ended,
+    /// with its DataSN counting from 0 per R2T, inside the R2T's window.
+    #[test]
+    fn solicited_data_out_stays_in_order_inside_its_r2t() {
+        const K: u32 = 1024;
+        // (offset, DataSN, F) of each PDU sent.
+        type Pdus = &'static [(u32, u32, bool)];
+        let cases: [(&str, Pdus); 4] = [
+            ("repeated offset", &[(0, 0, false), (0, 1, false)]),
+            ("gap", &[(0, 0, false), (128 * K, 1, false)]),
+            ("DataSN not from 0", &[(0, 1, false)]),
+            ("repeated DataSN", &[(0, 0, false), (64 * K, 0, false)]),
+        ];
+        for (why, pdus) in cases {
+            let mut s = write_session(true, 8, DATA_OUT_BUDGET);
+            // One R2T for the first MiB (MaxBurstLength) of two.
+            let r = r2ts(&write(&mut s, 50, 2048 * K, true));
+            assert_eq!((r.len(), r[0].buffer_offset, r[0].desired_length), (1, 0, 1024 * K));
+            let ttt = r[0].ttt;
+            let mut last = Vec::new();
+            for &(offset, data_sn, f) in pdus {
+                last = data_out(&mut s, 50, ttt, data_sn, offset, 64 * K as usize, f);
+            }
+            assert!(failed_with_data_phase_error(&last, 50), "{why}: {last:?}");
+            assert_eq!((s.outstanding(), s.data_out_held()), (0, 0), "{why}");
+        }
+    }
+
+    /// Write data held or asked for stays within the budget: past it,
+    /// commands wait for their first R2T until earlier ones complete or
+    /// end; they are served in arrival order. Before, every command in the
+    /// window (and 16 immediate ones) was given R2Ts at once, up to 4 MiB
+    /// each: 576 MiB a connection could make the target hold.
+    #[test]
+    fn r2ts_wait_for_data_out_budget() {
+        let big = 4u32 << 20;
+        let mut s = write_session(true, 128, 16 << 20);
+        let mut served = Vec::new();
+        for itt in 0..128u32 {
+            served.extend(r2ts(&write(&mut s, itt, big, true)));
+        }
+        // Four 4 MiB writes fill 16 MiB; the rest wait.
+        assert_eq!(served.iter().map(|r| r.itt).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(s.data_out_held(), 16 << 20);
+        // Ending one (an abort here) serves the next in line.
+        let tmf = TaskMgmtRequest { immediate: true, function: TmfFunction::AbortTask as u8, itt: 9999, referenced_task_tag: 1, ..Default::default() };
+        let out = send(&mut s, Message::TaskMgmtRequest(tmf));
+        assert_eq!(r2ts(&out).iter().map(|r| r.itt).collect::<Vec<_>>(), vec![4]);
+        // Completing one does too: its data comes (R2Ts of MaxBurstLength,
+        // one at a time), it runs, it completes.
+        let mut r2t = served.remove(0);
+        let exec = loop {
+            let mut out = Vec::new();
+            for i in 0..4u32 {
+                let at = r2t.buffer_offset + i * (256 << 10);
+                out = data_out(&mut s, 0, r2t.ttt, i, at, 256 << 10, i == 3);
+            }
+            match out.pop() {
+                Some(Action::Execute(e)) => break e,
+                Some(a) => r2t = r2ts(&[a]).pop().expect("next R2T"),
+                None => panic!("no R2T after a full sequence"),
+            }
+        };
+        assert_eq!(exec.data_out.iter().map(|b| b.len()).sum::<usize>(), big as usize);
+        let mut out = Vec::new();
+        s.complete(exec.itt, exec.id, status::GOOD, &[], Vec::new(), Residual::None, &mut out);
+        assert_eq!(r2ts(&out).iter().map(|r| r.itt).collect::<Vec<_>>(), vec![5]);
+        assert_eq!(s.data_out_held(), 16 << 20);
+        // Immediate data and unsolicited bursts count too (they cannot be
+        // refused): with them in, one write is still served at a time.
+        let mut s = write_session(false, 128, 1 << 20);
+        let mut served = Vec::new();
+        for itt in 0..8u32 {
+            let c = ScsiCommand { final_: true, write: true, itt, edtl: 1 << 20, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
+            let mut out = Vec::new();
+            s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::from(vec![0u8; 4096])), &mut out).unwrap();
+            served.extend(r2ts(&out));
+        }
+        assert_eq!(served.iter().map(|r| r.itt).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(s.data_out_held(), (1 << 20) + 7 * 4096);
+        // The whole session's budget comes back when its tasks end.
+        let tmf = TaskMgmtRequest { immediate: true, function: TmfFunction::AbortTaskSet as u8, itt: 9999, ..Default::default() };
+        send(&mut s, Message::TaskMgmtRequest(tmf));
+        assert_eq!((s.outstanding(), s.data_out_held()), (0, 0));
     }
 }

@@ -25,7 +25,9 @@ use bw_iscsi::msg::Residual;
 use bw_iscsi::negotiate::{LocalLimits, SessionType};
 use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu, BHS_LEN};
 use bw_iscsi::target_login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
-use bw_iscsi::target_session::{write_outcome, Action, Exec, SessionConfig, TargetSession};
+use bw_iscsi::target_session::{
+    write_outcome, Action, Exec, SessionConfig, TargetSession, DATA_OUT_BUDGET,
+};
 use bw_scsi::commands::Execution;
 use bw_scsi::{AluaState, IoPlan, LunConfig, PortGroup, ReadExtent, ReadPlan, ScsiTarget};
 use std::collections::HashMap;
@@ -322,6 +324,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         cid: res.cid,
         targets: visible,
         current_target: current,
+        data_out_budget: DATA_OUT_BUDGET,
     });
     let scsi = res.target.map(|i| ctx.targets[i].scsi.clone());
     let nexus = ctx.next_nexus.fetch_add(1, Ordering::Relaxed);
