@@ -196,7 +196,7 @@ async fn login(
     // (bytes the challenge, at most 32 of the 33, does not use up front).
     let isid_tail = [entropy.0[30], entropy.0[31], entropy.0[32]];
     let chap = match (user, secret) {
-        (Some(u), Some(s)) => Some(Secret { user: u.into(), secret: s.into() }),
+        (Some(u), Some(s)) => Some(Secret::new(u, s)),
         (Some(_), None) => return Err(proto("CHAP user given without a secret (user%secret@host)")),
         _ => None,
     };

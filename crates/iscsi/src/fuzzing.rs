@@ -42,13 +42,13 @@ fn config() -> LoginConfig {
                 alias: Some("chap".into()),
                 portal_group_tag: 2,
                 allowed_initiators: vec!["iqn.2026-11.org.fuzz:i".into()],
-                chap: Some(Secret { user: "u".into(), secret: "secret-secret".into() }),
-                mutual_chap: Some(Secret { user: "t".into(), secret: "other-secret".into() }),
+                chap: Some(Secret::new("u", "secret-secret")),
+                mutual_chap: Some(Secret::new("t", "other-secret")),
             },
         ],
         limits: LocalLimits::default(),
         queue_depth: 8,
-        discovery_chap: Some(Secret { user: "d".into(), secret: "discovery-secret".into() }),
+        discovery_chap: Some(Secret::new("d", "discovery-secret")),
         discovery_mutual_chap: None,
     }
 }

@@ -312,7 +312,7 @@ mod tests {
     }
 
     fn s(u: &str, p: &str) -> Option<Secret> {
-        Some(Secret { user: u.into(), secret: p.into() })
+        Some(Secret::new(u, p))
     }
 
     #[test]
@@ -370,5 +370,27 @@ mod tests {
         // Discovery needs no target name and is allowed.
         let (d, _) = run(&t, initiator(None, None, None)).unwrap();
         assert_eq!(d.params.max_send_data_segment_length, 262144);
+    }
+
+    /// iSCSI names are at most 223 bytes (RFC 7143 4.2.7.1): a longer
+    /// InitiatorName or TargetName is refused as an initiator error (it
+    /// was accepted, and the InitiatorName kept, before).
+    #[test]
+    fn names_longer_than_223_bytes_are_refused() {
+        let t = target(None, None, vec![]);
+        let named = |name: String, target: Option<&str>| {
+            let mut i = initiator(None, None, target);
+            i.cfg.initiator_name = name;
+            i
+        };
+        let at_limit = format!("iqn.2026-11.org.test:{}", "i".repeat(223 - 21));
+        assert_eq!(at_limit.len(), 223);
+        run(&t, named(at_limit.clone(), Some("iqn.2026-11.org.test:t"))).unwrap();
+        run(&t, named(at_limit.clone(), None)).unwrap();
+        let e = format!("{:#06x}", login_status::INITIATOR_ERROR);
+        assert_eq!(run(&t, named(format!("{at_limit}i"), Some("iqn.2026-11.org.test:t"))).unwrap_err(), e);
+        assert_eq!(run(&t, named(format!("{at_limit}i"), None)).unwrap_err(), e, "discovery sessions too");
+        let long_target = format!("iqn.2026-11.org.test:t{}", "t".repeat(8192));
+        assert_eq!(run(&t, initiator(None, None, Some(&long_target))).unwrap_err(), e);
     }
 }

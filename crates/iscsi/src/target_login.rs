@@ -9,11 +9,23 @@ use crate::negotiate::{LocalLimits, Responder, SessionParams, SessionType};
 use crate::pdu::{Opcode, Pdu};
 use crate::text;
 use bytes::Bytes;
+use zeroize::Zeroizing;
 
+/// Longest iSCSI name, in bytes (RFC 7143 section 4.2.7.1).
+pub const MAX_NAME_LEN: usize = 223;
+
+/// CHAP credentials: a user name and a secret, the secret wiped from
+/// memory when dropped.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
     pub user: String,
-    pub secret: String,
+    pub secret: Zeroizing<String>,
+}
+
+impl Secret {
+    pub fn new(user: impl Into<String>, secret: impl Into<String>) -> Secret {
+        Secret { user: user.into(), secret: Zeroizing::new(secret.into()) }
+    }
 }
 
 /// The user name only: a CHAP secret never reaches a log through `{:?}`.
@@ -285,6 +297,9 @@ impl<'a> TargetLogin<'a> {
         if name.is_empty() {
             return Err(login_status::MISSING_PARAMETER);
         }
+        if name.len() > MAX_NAME_LEN {
+            return Err(login_status::INITIATOR_ERROR);
+        }
         self.initiator_name = name.to_string();
         self.session_type = match text::get(pairs, "SessionType").unwrap_or("Normal") {
             "Normal" => SessionType::Normal,
@@ -294,6 +309,9 @@ impl<'a> TargetLogin<'a> {
         self.responder.session_type = self.session_type;
         if self.session_type == SessionType::Normal {
             let tn = text::get(pairs, "TargetName").ok_or(login_status::MISSING_PARAMETER)?;
+            if tn.len() > MAX_NAME_LEN {
+                return Err(login_status::INITIATOR_ERROR);
+            }
             let idx = self.cfg.targets.iter().position(|t| t.name == tn).ok_or(login_status::NOT_FOUND)?;
             let t = &self.cfg.targets[idx];
             if !t.allowed_initiators.is_empty() && !t.allowed_initiators.iter().any(|a| a == name) {

@@ -191,6 +191,33 @@ pub struct Credentials {
     pub secret: Secret,
 }
 
+/// Shortest CHAP secret accepted: RFC 7143 section 12.1.3 asks for at
+/// least 96 bits (12 bytes) so a captured exchange is not cracked offline.
+pub const MIN_CHAP_SECRET_LEN: usize = 12;
+
+/// The checks on one CHAP pair (one-way and mutual, each with its key's
+/// name, in `scope`):
+/// secrets of at least [`MIN_CHAP_SECRET_LEN`] bytes, and two different
+/// secrets, since the RFC forbids one secret for both directions (a peer
+/// could answer our challenge with our own response). Errors never include
+/// a secret.
+fn check_chap_pair(scope: &str, (name, chap): (&str, &Option<Credentials>), (mutual_name, mutual): (&str, &Option<Credentials>)) -> Result<(), String> {
+    for (n, c) in [(name, chap), (mutual_name, mutual)] {
+        if let Some(c) = c {
+            let len = c.secret.expose().len();
+            if len < MIN_CHAP_SECRET_LEN {
+                return Err(format!("{scope}: {n}: the secret of user {:?} is {len} bytes; CHAP secrets must be at least {MIN_CHAP_SECRET_LEN} bytes (RFC 7143 12.1.3)", c.user));
+            }
+        }
+    }
+    if let (Some(a), Some(b)) = (chap, mutual) {
+        if a.secret == b.secret {
+            return Err(format!("{scope}: {name} and {mutual_name} have the same secret; mutual CHAP needs two different secrets (RFC 7143 12.1.3)"));
+        }
+    }
+    Ok(())
+}
+
 /// What a redacted secret looks like in printed and saved configurations.
 pub const REDACTED: &str = "<redacted>";
 
@@ -199,13 +226,14 @@ pub const REDACTED: &str = "<redacted>";
 /// secret reaches a log, `--print-config` or `--save-config` only inside
 /// [`reveal_secrets`]; [`Secret::expose`] gives the value to the code that
 /// authenticates.
+/// The value is wiped from memory when dropped.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
-pub struct Secret(String);
+pub struct Secret(zeroize::Zeroizing<String>);
 
 impl Secret {
     pub fn new(s: impl Into<String>) -> Secret {
-        Secret(s.into())
+        Secret(zeroize::Zeroizing::new(s.into()))
     }
     /// The secret itself, for authentication only: never log it.
     pub fn expose(&self) -> &str {
@@ -220,7 +248,7 @@ impl TryFrom<String> for Secret {
             // A configuration saved without --show-secrets, loaded back.
             return Err(format!("a secret reads {REDACTED:?}: this configuration was saved without --show-secrets; write the real secret"));
         }
-        Ok(Secret(s))
+        Ok(Secret::new(s))
     }
 }
 
@@ -237,7 +265,7 @@ thread_local! {
 impl Serialize for Secret {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         if REVEAL.with(|r| r.get()) {
-            s.serialize_str(&self.0)
+            s.serialize_str(self.expose())
         } else {
             s.serialize_str(REDACTED)
         }
@@ -543,6 +571,7 @@ impl ServeConfig {
             if i.discovery_mutual_chap.is_some() && i.discovery_chap.is_none() {
                 return inv("iscsi.discovery_mutual_chap needs iscsi.discovery_chap: the initiator authenticates first".into());
             }
+            check_chap_pair("iscsi", ("discovery_chap", &i.discovery_chap), ("discovery_mutual_chap", &i.discovery_mutual_chap)).map_err(ConfigError::Invalid)?;
             for t in &i.targets {
                 if !t.iqn.starts_with("iqn.") && !t.iqn.starts_with("eui.") && !t.iqn.starts_with("naa.") {
                     return inv(format!("iSCSI target name {:?} must start with iqn., eui. or naa.", t.iqn));
@@ -550,6 +579,7 @@ impl ServeConfig {
                 if t.mutual_chap.is_some() && t.chap.is_none() {
                     return inv(format!("iSCSI target {}: mutual_chap needs chap: the initiator authenticates first", t.iqn));
                 }
+                check_chap_pair(&format!("iSCSI target {}", t.iqn), ("chap", &t.chap), ("mutual_chap", &t.mutual_chap)).map_err(ConfigError::Invalid)?;
                 if t.relative_target_port == Some(0) {
                     return inv(format!("iSCSI target {}: relative_target_port 0 is reserved (1..=65535)", t.iqn));
                 }
@@ -750,6 +780,35 @@ mod tests {
         mutual_chap = { user = "target", secret = "tgt-Secret-4" }
     "#;
     const SECRETS: [&str; 4] = ["disc-Secret-1", "disc-Secret-2", "tgt-Secret-3", "tgt-Secret-4"];
+
+    /// CHAP secrets shorter than 12 bytes, and one secret for both
+    /// directions, are refused at load with an error naming the key (and
+    /// not the secret); 12 bytes and two different secrets are fine.
+    #[test]
+    fn weak_chap_secrets_are_refused() {
+        let ok: ServeConfig = toml::from_str(WITH_SECRETS).unwrap();
+        ok.validate().unwrap();
+        for (secret, replacement, key) in [
+            ("disc-Secret-1", "short-secret", ""),
+            ("disc-Secret-1", "short-secr1", "iscsi: discovery_chap: "),
+            ("disc-Secret-2", "eleven-byte", "iscsi: discovery_mutual_chap: "),
+            ("tgt-Secret-3", "s3cret", "iSCSI target iqn.2026-11.org.example:v: chap: "),
+            ("tgt-Secret-4", "", "iSCSI target iqn.2026-11.org.example:v: mutual_chap: "),
+            ("disc-Secret-2", "disc-Secret-1", "iscsi: discovery_chap and discovery_mutual_chap have the same secret"),
+            ("tgt-Secret-4", "tgt-Secret-3", "iSCSI target iqn.2026-11.org.example:v: chap and mutual_chap have the same secret"),
+        ] {
+            let c: ServeConfig = toml::from_str(&WITH_SECRETS.replace(secret, replacement)).unwrap();
+            match c.validate() {
+                Ok(()) if key.is_empty() => {}
+                Ok(()) => panic!("{replacement:?} for {secret:?} accepted"),
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(!key.is_empty() && e.contains(key), "{replacement:?} for {secret:?}: {e}");
+                    assert!(replacement.is_empty() || !e.contains(replacement), "the error shows the secret: {e}");
+                }
+            }
+        }
+    }
 
     /// Printed, saved and debug-formatted configurations show no secret
     /// unless revealed; revealed ones load back to the same configuration.

@@ -79,7 +79,7 @@ struct Ctx {
 }
 
 fn secret(c: &Option<crate::config::Credentials>) -> Option<Secret> {
-    c.as_ref().map(|c| Secret { user: c.user.clone(), secret: c.secret.expose().to_string() })
+    c.as_ref().map(|c| Secret::new(c.user.clone(), c.secret.expose()))
 }
 
 fn alua_state(s: crate::config::AluaStateConfig) -> AluaState {
