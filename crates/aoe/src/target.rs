@@ -24,6 +24,14 @@ pub const FIRMWARE_VERSION: u16 = 0x0001;
 /// Longest MAC mask list and reservation list we keep (vblade keeps 32 masks);
 /// bounded so a reply always fits in a 1500-byte frame.
 pub const MAX_LIST: usize = 32;
+/// Longest configured allow-list: the MAC Mask List reply that reports it
+/// fits the smallest reply buffer and a 1500-byte frame.
+pub const MAX_ALLOW: usize = 128;
+const _: () = assert!(HEADER_LEN + mask::MASK_ARG_LEN + MAX_ALLOW * mask::DIRECTIVE_LEN <= 1514);
+const _: () = assert!(
+    HEADER_LEN + mask::MASK_ARG_LEN + MAX_ALLOW * mask::DIRECTIVE_LEN
+        <= HEADER_LEN + crate::query_config::QC_ARG_LEN + crate::MAX_CONFIG_STRING
+);
 
 /// Static settings of one export.
 #[derive(Debug, Clone)]
@@ -37,6 +45,17 @@ pub struct ExportSettings {
     pub buffer_count: u16,
     /// Sectors per ATA frame, from the interface MTU.
     pub max_sectors: u8,
+    /// The stations that may use this export (at most [`MAX_ALLOW`];
+    /// empty: any). Set by configuration only: frames from other MACs get
+    /// no reply, and MAC Mask List edits fail (merror 1) instead of changing
+    /// who has access; a Mask List read reports this list. Reservations
+    /// still work between the allowed stations.
+    pub allow: Vec<Mac>,
+    /// Execute ATA writes addressed to the broadcast shelf (0xffff) or
+    /// slot (0xff), as r11 allows. Off by default: one such frame would
+    /// write every export that hears it, and no initiator needs it (the
+    /// Linux driver and ours broadcast only Query Config, for discovery).
+    pub broadcast_writes: bool,
 }
 
 /// Why a frame got no reply (for counters and debug logs).
@@ -50,6 +69,10 @@ pub enum Ignored {
     NotAddressed,
     /// MAC mask list is non-empty and the sender is not on it.
     Masked,
+    /// The sender is not on the configured allow-list.
+    NotAllowed,
+    /// An ATA write to the broadcast shelf or slot, and those are off.
+    BroadcastWrite,
     /// Query Config test/prefix did not match: the protocol says stay silent.
     ConfigMismatch,
 }
@@ -203,6 +226,10 @@ impl Export {
             return Outcome::NoReply(Ignored::NotAddressed);
         }
         let src = h.src();
+        let allow = &self.settings.allow;
+        if !allow.is_empty() && !allow.contains(&src) {
+            return Outcome::NoReply(Ignored::NotAllowed);
+        }
         let restricted = self.restricted.load(Ordering::Acquire);
         if restricted {
             let c = self.control();
@@ -215,7 +242,10 @@ impl Export {
             return rt.error(ErrorCode::UnsupportedVersion, frame, 0, out);
         }
         match h.command() {
-            Command::Ata => self.ata(frame, &rt, restricted, out),
+            Command::Ata => {
+                let broadcast = h.shelf() == BROADCAST_SHELF || h.slot() == BROADCAST_SLOT;
+                self.ata(frame, &rt, restricted, broadcast, out)
+            }
             Command::QueryConfig => self.query_config(frame, &rt, out),
             Command::MacMask => self.mac_mask(frame, &rt, out),
             Command::ReserveRelease => self.reserve(frame, &rt, src, out),
@@ -223,11 +253,15 @@ impl Export {
         }
     }
 
-    fn ata(&self, frame: &[u8], rt: &ReplyTo, restricted: bool, out: &mut [u8]) -> Outcome {
+    fn ata(&self, frame: &[u8], rt: &ReplyTo, restricted: bool, broadcast: bool, out: &mut [u8]) -> Outcome {
         let req = match AtaArg::parse(frame) {
             Ok(a) => a,
             Err(_) => return rt.error(ErrorCode::BadArgument, frame, 12, out),
         };
+        let write = req.is_write() || matches!(req.cmd_status, CMD_WRITE_SECTORS | CMD_WRITE_SECTORS_EXT);
+        if broadcast && write && !self.settings.broadcast_writes {
+            return Outcome::NoReply(Ignored::BroadcastWrite);
+        }
         if restricted && req.cmd_status != CMD_IDENTIFY_DEVICE {
             let c = self.control();
             if !c.reservations.is_empty() && !c.reservations.contains(&rt.fields.dst) {
@@ -375,6 +409,13 @@ impl Export {
                 for (i, d) in m.directives().enumerate() {
                     match d.command {
                         DirectiveCommand::Nop => {}
+                        // The configured allow-list is the mask list, and
+                        // the wire does not change it.
+                        DirectiveCommand::Add | DirectiveCommand::Delete if !self.settings.allow.is_empty() => {
+                            merror = mask::MERROR_UNSPECIFIED;
+                            failed_at = Some(i);
+                            break;
+                        }
                         DirectiveCommand::Add => {
                             if !c.masks.contains(&d.mac) {
                                 if c.masks.len() >= MAX_LIST {
@@ -405,7 +446,11 @@ impl Export {
         // the directive count.
         let list: Vec<Directive> = match failed_at {
             Some(i) => m.directives().take(i).collect(),
-            None => self.control().masks.iter().map(|mac| Directive { command: DirectiveCommand::Nop, mac: *mac }).collect(),
+            None => {
+                let c = self.control();
+                let masks = if self.settings.allow.is_empty() { &c.masks } else { &self.settings.allow };
+                masks.iter().map(|mac| Directive { command: DirectiveCommand::Nop, mac: *mac }).collect()
+            }
         };
         match mask::encode(out, m.mcmd, merror, &list) {
             Ok(n) => Outcome::Reply(pad_frame(out, n)),

@@ -599,7 +599,9 @@ fn pr_in(c: &Call<'_>, l: &Lun, out: DataIn<'_>) -> Result<(), Fail> {
 }
 
 fn pr_out(c: &Call<'_>, l: &Lun, _: DataIn<'_>) -> Result<(), Fail> {
-    Ok(l.res.pr_out(c.who(), c.cdb, &c.joined(), &l.ua)?)
+    l.res.pr_out(c.who(), c.cdb, &c.joined(), &l.ua)?;
+    c.target.registrations_changed();
+    Ok(())
 }
 
 fn report_target_port_groups(c: &Call<'_>, l: &Lun, out: DataIn<'_>) -> Result<(), Fail> {

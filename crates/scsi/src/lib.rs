@@ -318,8 +318,12 @@ pub struct ScsiTarget {
     /// Initiator port identity of each nexus whose name the transport told
     /// us (see [`ScsiTarget::set_initiator_name`]).
     ports: RwLock<HashMap<NexusId, u64>>,
-    /// Initiator port names by identity, kept after the nexus ends so READ
-    /// FULL STATUS can still name registrants that are not logged in.
+    /// Initiator port names by identity, kept after the nexus ends while a
+    /// persistent reservation registration refers to the port, so READ FULL
+    /// STATUS can still name registrants that are not logged in; forgotten
+    /// once neither a nexus nor a registration uses it (initiators choose
+    /// their names, so keeping every one would grow without bound). Locked
+    /// before `ports` and before any LUN's reservations.
     port_names: Mutex<HashMap<u64, String>>,
 }
 
@@ -357,8 +361,37 @@ impl ScsiTarget {
     /// Without it each `NexusId` is its own initiator port.
     pub fn set_initiator_name(&self, nexus: NexusId, name: &str) {
         let id = ident::port_identity(name);
-        self.ports.write().unwrap_or_else(|p| p.into_inner()).insert(nexus, id);
-        self.port_names.lock().unwrap_or_else(|p| p.into_inner()).insert(id, name.to_string());
+        // Both tables under the names lock, so a concurrent
+        // `forget_unused_names` sees the nexus and the name together.
+        let mut names = self.port_names.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.ports.write().unwrap_or_else(|p| p.into_inner()).insert(nexus, id);
+        names.insert(id, name.to_string());
+        drop(names);
+        // A nexus renamed: its former name may now be unused.
+        if let Some(old) = old.filter(|o| *o != id) {
+            self.forget_unused_names(Some(old));
+        }
+    }
+
+    /// Forget the names of initiator ports that no nexus stands for and no
+    /// registration on any LUN refers to: just `only`, or all of them.
+    fn forget_unused_names(&self, only: Option<u64>) {
+        let mut names = self.port_names.lock().unwrap_or_else(|p| p.into_inner());
+        let ports = self.ports.read().unwrap_or_else(|p| p.into_inner());
+        match only {
+            Some(id) => {
+                if !ports.values().any(|p| *p == id) && !self.luns.iter().any(|l| l.res.is_registered(id)) {
+                    names.remove(&id);
+                }
+            }
+            None => {
+                let mut used: std::collections::HashSet<u64> = ports.values().copied().collect();
+                for l in &self.luns {
+                    l.res.registered_into(&mut used);
+                }
+                names.retain(|id, _| used.contains(id));
+            }
+        }
     }
 
     /// The initiator port a nexus stands for (its own id if unnamed).
@@ -616,7 +649,9 @@ impl ScsiTarget {
     }
 
     /// The nexus ended (session closed): drop the RESERVE(6) it held and its
-    /// pending unit attentions. Persistent reservations survive, as SPC says.
+    /// pending unit attentions. Persistent reservations survive, as SPC says,
+    /// and with them the initiator port's name; an unregistered port's name
+    /// is forgotten when its last nexus ends.
     pub fn nexus_gone(&self, nexus: NexusId) {
         let who = self.identity(nexus);
         for l in &self.luns {
@@ -624,6 +659,13 @@ impl ScsiTarget {
             l.ua.forget(who);
         }
         self.ports.write().unwrap_or_else(|p| p.into_inner()).remove(&nexus);
+        self.forget_unused_names(Some(who));
+    }
+
+    /// PERSISTENT RESERVE OUT may have removed registrations (REGISTER with
+    /// key 0, CLEAR, PREEMPT), possibly of ports no longer logged in.
+    pub(crate) fn registrations_changed(&self) {
+        self.forget_unused_names(None);
     }
 }
 
@@ -676,4 +718,73 @@ fn truncate_data_in(c: &commands::Command, cdb: &[u8], out: &mut Vec<u8>) {
 /// unknown commands fail at once, so inline.
 pub fn execution(cdb: &[u8]) -> commands::Execution {
     commands::command(cdb).map_or(commands::Execution::Inline, |c| c.execution)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> ScsiTarget {
+        let vol = Volume::open("disk", &bw_block::BackendSpec::ram(64 * 512)).unwrap();
+        ScsiTarget::new(vec![(0, vol, LunConfig::for_volume("disk", "iqn.2026-11.test:t", 0))])
+    }
+
+    fn pr_out(t: &ScsiTarget, nexus: NexusId, action: u8, key: u64, sa_key: u64) {
+        let mut params = [0u8; 24];
+        params[0..8].copy_from_slice(&key.to_be_bytes());
+        params[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        let cdb = [op::PR_OUT, action, 0x01, 0, 0, 0, 0, 0, 24, 0];
+        let o = t.execute(nexus, 0, &cdb, &params, &mut Vec::new());
+        assert!(o.is_good(), "PR OUT {action} from {nexus}: {o:?}");
+    }
+
+    fn names(t: &ScsiTarget) -> Vec<String> {
+        let mut v: Vec<String> = t.port_names_snapshot().into_values().collect();
+        v.sort();
+        v
+    }
+
+    /// Initiators choose their names: a name no nexus and no registration
+    /// uses must not stay in memory (thousands of logins with long names
+    /// grew the table without bound).
+    #[test]
+    fn names_are_forgotten_when_no_nexus_or_registration_uses_them() {
+        let t = target();
+        let long = |i: u64| format!("iqn.2026-11.test:{}{i},i,0x400001370000", "x".repeat(8192));
+        for i in 0..100 {
+            t.set_initiator_name(i, &long(i));
+        }
+        assert_eq!(names(&t).len(), 100);
+        for i in 0..100 {
+            t.nexus_gone(i);
+        }
+        assert_eq!(names(&t).len(), 0, "names kept after every nexus ended");
+
+        // Two sessions of one port: the name stays until the last one ends.
+        let port = "iqn.2026-11.test:a,i,0x400001370001";
+        t.set_initiator_name(200, port);
+        t.set_initiator_name(201, port);
+        t.nexus_gone(200);
+        assert_eq!(names(&t), vec![port.to_string()]);
+        t.nexus_gone(201);
+        assert_eq!(names(&t), Vec::<String>::new());
+
+        // A registered port keeps its name after logout (READ FULL STATUS
+        // reports it), until its registration is preempted.
+        let registered = "iqn.2026-11.test:b,i,0x400001370002";
+        let other = "iqn.2026-11.test:c,i,0x400001370003";
+        t.set_initiator_name(300, registered);
+        pr_out(&t, 300, 0, 0, 0xb);
+        t.nexus_gone(300);
+        assert_eq!(names(&t), vec![registered.to_string()]);
+        t.set_initiator_name(301, other);
+        pr_out(&t, 301, 0, 0, 0xc);
+        pr_out(&t, 301, 4, 0xc, 0xb); // PREEMPT the logged-out registrant
+        assert_eq!(names(&t), vec![other.to_string()]);
+        // A logged-in port that unregisters keeps its name while logged in.
+        pr_out(&t, 301, 0, 0xc, 0);
+        assert_eq!(names(&t), vec![other.to_string()]);
+        t.nexus_gone(301);
+        assert_eq!(names(&t), Vec::<String>::new());
+    }
 }

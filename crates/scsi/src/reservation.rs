@@ -112,6 +112,16 @@ impl Reservations {
         self.held.load(Ordering::Acquire)
     }
 
+    /// Whether `nexus` (an initiator port identity) holds a registration.
+    pub fn is_registered(&self, nexus: NexusId) -> bool {
+        self.lock().key_of(nexus).is_some()
+    }
+
+    /// Add every registered initiator port to `into`.
+    pub fn registered_into(&self, into: &mut std::collections::HashSet<NexusId>) {
+        into.extend(self.lock().registrants.iter().map(|(n, _)| *n));
+    }
+
     /// Whether `nexus` may run a command of class `conflict` now (the
     /// class comes from the command's row, see [`Conflict`]).
     pub fn check(&self, nexus: NexusId, conflict: Conflict) -> Result<(), Denied> {

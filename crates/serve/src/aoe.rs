@@ -238,11 +238,13 @@ fn open_interface(
             None => capacity as u16,
         };
         log::info!(
-            "aoe: volume {} as e{}.{} on {iface} (MTU {mtu}, {max_sectors} sectors/frame, {buffer_count} buffers, {workers} workers{})",
+            "aoe: volume {} as e{}.{} on {iface} (MTU {mtu}, {max_sectors} sectors/frame, {buffer_count} buffers, {workers} workers{}{}{})",
             e.volume,
             e.shelf,
             e.slot,
-            if volume.read_only() { ", read-only" } else { "" }
+            if volume.read_only() { ", read-only" } else { "" },
+            if e.allow.is_empty() { String::new() } else { format!(", {} stations allowed", e.allow.len()) },
+            if e.broadcast_writes { ", broadcast writes on" } else { "" }
         );
         built.push(Export::new(
             ExportSettings {
@@ -251,6 +253,8 @@ fn open_interface(
                 config_string: e.config_string.as_bytes().to_vec(),
                 buffer_count,
                 max_sectors,
+                allow: e.allow.clone(),
+                broadcast_writes: e.broadcast_writes,
             },
             volume,
         ));

@@ -13,6 +13,8 @@
 //! volume = "disk0"
 //! shelf = 1
 //! slot = 0
+//! allow = ["02:00:00:00:00:01"]      # stations that may use it; empty: any (fixed: the wire cannot edit it)
+//! broadcast_writes = false           # true: execute ATA writes sent to shelf 0xffff or slot 0xff
 //!
 //! [iscsi]
 //! listen = ["0.0.0.0:3260"]
@@ -114,6 +116,32 @@ pub struct AoeExport {
     /// Outstanding-request buffer count advertised in Query Config replies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buffers: Option<u16>,
+    /// MAC addresses of the stations that may use this export (empty: any).
+    /// Others get no reply, and AoE's MAC Mask List command cannot edit it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "mac_list")]
+    pub allow: Vec<bw_aoe::Mac>,
+    /// Execute ATA writes addressed to the broadcast shelf or slot; by
+    /// default they are ignored (one frame would write every export).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub broadcast_writes: bool,
+}
+
+/// MAC addresses as `"aa:bb:cc:dd:ee:ff"` strings in the configuration.
+mod mac_list {
+    use bw_aoe::frame::{format_mac, parse_mac};
+    use bw_aoe::Mac;
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(macs: &[Mac], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(macs.iter().map(format_mac))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Mac>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|m| parse_mac(m).ok_or_else(|| D::Error::custom(format!("{m:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"))))
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -445,12 +473,14 @@ impl ServeConfig {
         Ok(())
     }
 
-    /// `IFACE,volume=NAME,shelf=N,slot=M[,buffers=N][,config=STRING]` from `--aoe`.
+    /// `IFACE,volume=NAME,shelf=N,slot=M[,buffers=N][,config=STRING][,allow=MAC]...[,broadcast_writes=yes]`
+    /// from `--aoe` (`allow` may be repeated).
     pub fn add_aoe_flag(&mut self, flag: &str) -> Result<(), ConfigError> {
         let bad = |why: &str| ConfigError::Invalid(format!("--aoe {flag:?}: {why}"));
         let mut parts = flag.split(',');
         let interface = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| bad("missing interface"))?;
         let (mut volume, mut shelf, mut slot, mut buffers, mut config_string) = (None, None, None, None, String::new());
+        let (mut allow, mut broadcast_writes) = (Vec::new(), false);
         for p in parts {
             let (k, v) = p.split_once('=').ok_or_else(|| bad("expected key=value"))?;
             match k {
@@ -459,6 +489,14 @@ impl ServeConfig {
                 "slot" => slot = Some(v.parse::<u8>().map_err(|_| bad("slot must be 0..254"))?),
                 "buffers" => buffers = Some(v.parse::<u16>().map_err(|_| bad("buffers must be a number"))?),
                 "config" => config_string = v.to_string(),
+                "allow" => allow.push(bw_aoe::frame::parse_mac(v).ok_or_else(|| bad("allow must be a MAC address (aa:bb:cc:dd:ee:ff)"))?),
+                "broadcast_writes" => {
+                    broadcast_writes = match v {
+                        "yes" | "true" => true,
+                        "no" | "false" => false,
+                        _ => return Err(bad("broadcast_writes must be yes or no")),
+                    }
+                }
                 _ => return Err(bad(&format!("unknown key {k:?}"))),
             }
         }
@@ -474,6 +512,8 @@ impl ServeConfig {
             slot: slot.unwrap_or(0),
             config_string,
             buffers,
+            allow,
+            broadcast_writes,
         });
         Ok(())
     }
@@ -564,6 +604,9 @@ impl ServeConfig {
                 }
                 if e.config_string.len() > 1024 {
                     return inv("AoE config string longer than 1024 bytes".into());
+                }
+                if e.allow.len() > bw_aoe::target::MAX_ALLOW {
+                    return inv(format!("AoE {}.{}: more than {} MAC addresses in allow", e.shelf, e.slot, bw_aoe::target::MAX_ALLOW));
                 }
             }
         }
@@ -686,6 +729,43 @@ mod tests {
         assert_eq!(n.subsystems[0].namespaces[1].nsid, 2);
         assert_eq!(n.discovery_listen.unwrap().port(), 8009);
         assert_eq!(c.aoe.as_ref().unwrap().exports[0].shelf, 3);
+    }
+
+    #[test]
+    fn aoe_allow_list_and_broadcast_writes_from_toml_and_flags() {
+        let text = r#"
+            [[volume]]
+            name = "d"
+            backend = "ram:1M"
+            [[aoe.export]]
+            interface = "eth1"
+            volume = "d"
+            shelf = 1
+            slot = 0
+            allow = ["02:00:00:00:00:01", "02-00-00-00-00-0A"]
+        "#;
+        let c: ServeConfig = toml::from_str(text).unwrap();
+        c.validate().unwrap();
+        let e = &c.aoe.as_ref().unwrap().exports[0];
+        assert_eq!(e.allow, vec![[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 0x0a]]);
+        assert!(!e.broadcast_writes, "ignored by default");
+        let back: ServeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        assert!(toml::to_string(&c).unwrap().contains("\"02:00:00:00:00:0a\""));
+        assert!(toml::from_str::<ServeConfig>(&text.replace("02:00:00:00:00:01", "02:00:00:00:01")).is_err());
+        let on: ServeConfig = toml::from_str(&format!("{text}broadcast_writes = true\n")).unwrap();
+        assert!(on.aoe.unwrap().exports[0].broadcast_writes);
+        let mut many = c.clone();
+        many.aoe.as_mut().unwrap().exports[0].allow = vec![[2, 0, 0, 0, 0, 1]; bw_aoe::target::MAX_ALLOW + 1];
+        assert!(many.validate().is_err());
+
+        let mut f = ServeConfig::default();
+        f.add_volume_flag("d=ram:1M").unwrap();
+        f.add_aoe_flag("eth1,shelf=1,allow=02:00:00:00:00:01,allow=02:00:00:00:00:02,broadcast_writes=yes").unwrap();
+        let e = &f.aoe.as_ref().unwrap().exports[0];
+        assert_eq!((e.allow.len(), e.broadcast_writes), (2, true));
+        assert!(f.add_aoe_flag("eth1,allow=02:00").is_err());
+        assert!(f.add_aoe_flag("eth1,broadcast_writes=maybe").is_err());
     }
 
     #[test]

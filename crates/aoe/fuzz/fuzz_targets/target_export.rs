@@ -11,7 +11,7 @@ fn export() -> &'static Export {
     static E: OnceLock<Export> = OnceLock::new();
     E.get_or_init(|| {
         let v = Volume::open("fuzz", &BackendSpec::ram(64 * 1024)).unwrap();
-        Export::new(ExportSettings { shelf: 1, slot: 1, config_string: vec![], buffer_count: 16, max_sectors: 17 }, v)
+        Export::new(ExportSettings { shelf: 1, slot: 1, config_string: vec![], buffer_count: 16, max_sectors: 17, allow: vec![], broadcast_writes: false }, v)
     })
 }
 

@@ -10,9 +10,17 @@ const TARGET_MAC: Mac = [2, 0, 0, 0, 0, 0x10];
 const HOST: Mac = [2, 0, 0, 0, 0, 0x01];
 const OTHER: Mac = [2, 0, 0, 0, 0, 0x02];
 
+fn settings(max_sectors: u8) -> ExportSettings {
+    ExportSettings { shelf: 1, slot: 2, config_string: vec![], buffer_count: 64, max_sectors, allow: vec![], broadcast_writes: false }
+}
+
 fn export_with(spec: &str, max_sectors: u8) -> Export {
     let vol = Volume::open("disk0", &BackendSpec::parse(spec).unwrap()).unwrap();
-    Export::new(ExportSettings { shelf: 1, slot: 2, config_string: vec![], buffer_count: 64, max_sectors }, vol)
+    Export::new(settings(max_sectors), vol)
+}
+
+fn export_settings(s: ExportSettings) -> Export {
+    Export::new(s, Volume::open("disk0", &BackendSpec::parse("ram:1M").unwrap()).unwrap())
 }
 
 fn export() -> Export {
@@ -313,6 +321,76 @@ fn reserve_release_semantics() {
     // Unknown rcmd.
     let r = rr_req(&e, HOST, 9, &[]);
     assert_eq!((r[14], r[15]), (0x1C, 2));
+}
+
+#[test]
+fn allow_list_ignores_other_stations_and_the_wire_cannot_change_it() {
+    let e = export_settings(ExportSettings { allow: vec![HOST], ..settings(17) });
+    let del = |mac| Directive { command: DirectiveCommand::Delete, mac };
+    // Another station gets no reply to anything, and its write lands nowhere.
+    let write = |src: Mac| roundtrip(&e, |b| initiator::ata(b, &to(src), 1, &AtaRequest::write(0, &[0xEE; 512])).unwrap());
+    assert_eq!(write(OTHER), Err(Ignored::NotAllowed));
+    assert_eq!(&ata(&e, HOST, AtaRequest::read(0, 1))[36..36 + 512], &[0u8; 512]);
+    assert_eq!(qc(&e, OTHER, ConfigCommand::Read, b""), Err(Ignored::NotAllowed));
+    assert_eq!(qc(&e, OTHER, ConfigCommand::ForceSet, b"mine"), Err(Ignored::NotAllowed));
+    assert_eq!(mask_req(&e, OTHER, MCMD_EDIT, &[add(OTHER)]), Err(Ignored::NotAllowed));
+    let r = roundtrip(&e, |b| initiator::reserve(b, &to(OTHER), 4, reserve_release::RCMD_FORCE_SET, &[OTHER]).unwrap());
+    assert_eq!(r, Err(Ignored::NotAllowed));
+    // The mask list reads as the allow-list; edits that would change it
+    // fail with merror 1 at the first such directive, and change nothing.
+    let r = mask_req(&e, HOST, MCMD_READ, &[]).unwrap();
+    assert_eq!(&r[24..36], &[0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 1]);
+    let nop = Directive { command: DirectiveCommand::Nop, mac: OTHER };
+    let r = mask_req(&e, HOST, MCMD_EDIT, &[nop, add(OTHER)]).unwrap();
+    assert_eq!((r[14], r[26], r[27]), (0x18, mask::MERROR_UNSPECIFIED, 1));
+    let r = mask_req(&e, HOST, MCMD_EDIT, &[del(HOST)]).unwrap();
+    assert_eq!((r[26], r[27]), (mask::MERROR_UNSPECIFIED, 0));
+    assert_eq!(write(OTHER), Err(Ignored::NotAllowed));
+    let r = mask_req(&e, HOST, MCMD_READ, &[]).unwrap();
+    assert_eq!(&r[24..36], &[0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 1]);
+    // The allowed station is served, reservations included.
+    assert_eq!(status(&write(HOST).unwrap()), (STATUS_DRDY, 0));
+    let r = rr_req(&e, HOST, reserve_release::RCMD_FORCE_SET, &[HOST]);
+    assert_eq!(&r[24..32], &[2, 1, 2, 0, 0, 0, 0, 1]);
+    assert_eq!(&ata(&e, HOST, AtaRequest::read(0, 1))[36..36 + 512], &[0xEE; 512]);
+}
+
+#[test]
+fn ata_writes_to_a_broadcast_shelf_or_slot_are_ignored() {
+    let e = export();
+    let bcast = |shelf, slot, r: AtaRequest<'_>| {
+        roundtrip(&e, |b| {
+            let a = Addr { src: HOST, dst: crate::BROADCAST_MAC, shelf, slot };
+            initiator::ata(b, &a, 5, &r).unwrap()
+        })
+    };
+    for (shelf, slot) in [(0xFFFF, 0xFF), (0xFFFF, 2), (1, 0xFF)] {
+        assert_eq!(bcast(shelf, slot, AtaRequest::write(0, &[0xAA; 512])), Err(Ignored::BroadcastWrite));
+        // A write flagged W with another opcode is a write all the same.
+        let r = roundtrip(&e, |b| {
+            let a = Addr { src: HOST, dst: crate::BROADCAST_MAC, shelf, slot };
+            let n = initiator::ata(b, &a, 5, &AtaRequest::write(0, &[0xAA; 512])).unwrap();
+            b[27] = CMD_READ_SECTORS_EXT;
+            n
+        });
+        assert_eq!(r, Err(Ignored::BroadcastWrite));
+        // Reads and IDENTIFY are still answered.
+        let r = bcast(shelf, slot, AtaRequest::read(0, 1)).unwrap();
+        assert_eq!(status(&r), (STATUS_DRDY, 0));
+        assert!(bcast(shelf, slot, AtaRequest::simple(CMD_IDENTIFY_DEVICE)).is_ok());
+    }
+    assert_eq!(&ata(&e, HOST, AtaRequest::read(0, 1))[36..36 + 512], &[0u8; 512]);
+    // Addressed to this export, the same write is done.
+    assert_eq!(status(&ata(&e, HOST, AtaRequest::write(0, &[0xAA; 512]))), (STATUS_DRDY, 0));
+
+    // Turned back on, a broadcast write is executed as r11 allows.
+    let e = export_settings(ExportSettings { broadcast_writes: true, ..settings(17) });
+    let r = roundtrip(&e, |b| {
+        let a = Addr { src: HOST, dst: crate::BROADCAST_MAC, shelf: 0xFFFF, slot: 0xFF };
+        initiator::ata(b, &a, 5, &AtaRequest::write(0, &[0xBB; 512])).unwrap()
+    });
+    assert_eq!(status(&r.unwrap()), (STATUS_DRDY, 0));
+    assert_eq!(&ata(&e, HOST, AtaRequest::read(0, 1))[36..36 + 512], &[0xBB; 512]);
 }
 
 #[test]
