@@ -75,6 +75,15 @@ struct ServeArgs {
     /// Most sessions each TCP front-end holds (iSCSI sessions, NVMe/TCP controllers).
     #[arg(long, value_name = "N")]
     max_sessions: Option<usize>,
+    /// Most discovery sessions each TCP front-end holds (iSCSI SendTargets, NVMe/TCP discovery controllers).
+    #[arg(long, value_name = "N")]
+    max_discovery_sessions: Option<usize>,
+    /// Seconds an iSCSI discovery session may go without a request.
+    #[arg(long, value_name = "SECONDS")]
+    discovery_idle_timeout: Option<u64>,
+    /// Most connections each TCP front-end holds that have not logged in yet (all addresses together).
+    #[arg(long, value_name = "N")]
+    max_pending_logins: Option<usize>,
     /// Most TCP connections one initiator address may keep open per front-end.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
@@ -455,6 +464,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     // Flags override the file.
     let l = &mut cfg.limits;
     set_if(&mut l.max_sessions, a.max_sessions);
+    set_if(&mut l.max_discovery_sessions, a.max_discovery_sessions);
+    set_if(&mut l.discovery_idle_timeout_s, a.discovery_idle_timeout);
+    set_if(&mut l.max_pending_logins, a.max_pending_logins);
     set_if(&mut l.max_connections_per_address, a.max_connections_per_address);
     set_if(&mut l.login_timeout_s, a.login_timeout);
     let t = &mut cfg.tuning;

@@ -1,13 +1,23 @@
 //! The accept loop both TCP front-ends (iSCSI, NVMe/TCP) share: admission
-//! limits per initiator address, one thread with a single-threaded runtime
-//! per connection (or a task on the shared runtime), and shutdown.
+//! limits, one thread with a single-threaded runtime per logged-in
+//! connection (or a task on the shared runtime), and shutdown.
+//!
+//! Every connection logs in as a task on the shared runtime, so a socket
+//! that never logs in costs its descriptor and a little memory, no thread.
+//! With [`Threading::ThreadPerConnection`] the front-end calls
+//! [`Ticket::own_thread`] once the login is done: the connection's future,
+//! with everything it owns, moves to a new thread and its socket is
+//! registered with that thread's runtime.
 
 use crate::limits::{Admission, Ticket};
 use crate::Shutdown;
 use bw_net::tcp::{self, CongestionPlan};
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
@@ -35,10 +45,10 @@ pub fn listen(addr: SocketAddr, congestion: &CongestionPlan) -> std::io::Result<
 /// Where connections run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Threading {
-    /// Each connection gets its own thread with a single-threaded runtime:
-    /// the thread that waits for the socket also runs the command and
-    /// writes the answer, so a request costs one wakeup and no cross-thread
-    /// hand-offs. On the shared work-stealing runtime a connection's task
+    /// Each logged-in connection gets its own thread with a single-threaded
+    /// runtime (it logs in on the shared runtime): the thread that waits
+    /// for the socket also runs the command and writes the answer, so a
+    /// request costs one wakeup and no cross-thread hand-offs. On the shared work-stealing runtime a connection's task
     /// and the I/O driver that wakes it can sit on different workers and
     /// move between them from run to run (this made NVMe/TCP 1 MiB reads
     /// swing by 2x between otherwise identical runs).
@@ -147,7 +157,7 @@ impl Acceptor {
         stream: TcpStream,
         peer: SocketAddr,
         local: Option<SocketAddr>,
-        ticket: Ticket,
+        mut ticket: Ticket,
         shutdown: Shutdown,
         serve: Arc<S>,
     ) -> anyhow::Result<()>
@@ -155,42 +165,99 @@ impl Acceptor {
         S: Fn(Accepted) -> F + Send + Sync + 'static,
         F: Future<Output = anyhow::Result<()>> + Send + 'static,
     {
-        let (name, thread_name) = (self.name, self.thread_name);
-        let run = move |stream: TcpStream| async move {
-            if let Err(e) = serve(Accepted {
-                stream,
-                peer,
-                local,
-                ticket,
-                shutdown,
-            })
-            .await
-            {
+        let name = self.name;
+        let mover = match self.threading {
+            Threading::SharedRuntime => None,
+            Threading::ThreadPerConnection => Some(Mover { asked: Arc::new(AtomicBool::new(false)) }),
+        };
+        let asked = mover.as_ref().map(|m| m.asked.clone());
+        ticket.mover = mover;
+        let run = async move {
+            if let Err(e) = serve(Accepted { stream, peer, local, ticket, shutdown }).await {
                 log::info!("{name}: connection from {peer} ended: {e:#}");
             }
         };
-        match self.threading {
-            Threading::SharedRuntime => {
-                tokio::spawn(run(stream));
+        match asked {
+            None => {
+                tokio::spawn(run);
             }
-            Threading::ThreadPerConnection => {
-                // The socket moves to the new thread's runtime.
-                let stream = stream.into_std()?;
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                std::thread::Builder::new()
-                    .name(thread_name.into())
-                    .spawn(move || {
-                        rt.block_on(async move {
-                            match TcpStream::from_std(stream) {
-                                Ok(s) => run(s).await,
-                                Err(e) => log::info!("{name}: connection from {peer}: {e}"),
-                            }
-                        })
-                    })?;
+            Some(asked) => {
+                tokio::spawn(Movable { run: Some(Box::pin(run)), asked, name, thread_name: self.thread_name, peer });
             }
         }
         Ok(())
+    }
+}
+
+/// A connection's way to a thread of its own (see [`Ticket::own_thread`]).
+pub(crate) struct Mover {
+    /// Set by the connection's future when it wants to move; the task
+    /// running it ([`Movable`]) sees it when that poll returns.
+    asked: Arc<AtomicBool>,
+}
+
+impl Ticket {
+    /// The login is done: with [`Threading::ThreadPerConnection`] continue
+    /// on a thread of its own with a single-threaded runtime, the socket
+    /// registered there. Nothing that belongs to the shared runtime (its
+    /// timers, sockets) may be held across this call. Once per connection;
+    /// later calls, and [`Threading::SharedRuntime`], change nothing.
+    pub async fn own_thread(&mut self, stream: TcpStream) -> std::io::Result<TcpStream> {
+        let Some(mover) = self.mover.take() else { return Ok(stream) };
+        let stream = stream.into_std()?;
+        MoveNow { asked: &mover.asked }.await;
+        TcpStream::from_std(stream)
+    }
+}
+
+/// Pending once, asking to be moved; ready when polled again (on the new
+/// thread).
+struct MoveNow<'a> {
+    asked: &'a AtomicBool,
+}
+
+impl Future for MoveNow<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        if self.asked.swap(true, Ordering::AcqRel) {
+            Poll::Ready(())
+        } else {
+            // No waker: `Movable` moves the future as soon as this returns.
+            Poll::Pending
+        }
+    }
+}
+
+/// A connection's future on the shared runtime until it asks to move
+/// ([`MoveNow`]); then it goes, as it is, to a new thread that runs it to
+/// the end.
+struct Movable {
+    run: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    asked: Arc<AtomicBool>,
+    name: &'static str,
+    thread_name: &'static str,
+    peer: SocketAddr,
+}
+
+impl Future for Movable {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(run) = self.run.as_mut() else { return Poll::Ready(()) };
+        if run.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        if !self.asked.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
+        let Some(run) = self.run.take() else { return Poll::Ready(()) };
+        let (name, peer) = (self.name, self.peer);
+        let started = tokio::runtime::Builder::new_current_thread().enable_all().build().and_then(|rt| {
+            std::thread::Builder::new().name(self.thread_name.into()).spawn(move || rt.block_on(run))
+        });
+        if let Err(e) = started {
+            // The future (and the connection with it) was dropped.
+            log::warn!("{name}: no thread for the connection from {peer}: {e}");
+        }
+        Poll::Ready(())
     }
 }

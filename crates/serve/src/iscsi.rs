@@ -16,7 +16,7 @@
 use crate::accept::{Accepted, Acceptor, Threading};
 use crate::config::{IscsiConfig, IscsiTarget};
 use crate::framing::{FrameReader, Framing, Growth};
-use crate::limits::{Admission, Limits};
+use crate::limits::{Admission, Limits, SessionKind};
 use crate::tuning::Tuning;
 use bw_net::tcp::CongestionPlan;
 use crate::{Running, Shutdown, Volumes};
@@ -259,16 +259,21 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
                 }
             };
         let Some(pdu) = pdu else { return Ok(()) };
-        if !ticket.begin_session() {
-            let resp = login.refuse(&pdu, bw_iscsi::msg::login_status::OUT_OF_RESOURCES);
-            write_pdu(&mut wr, &resp, Digests::default()).await?;
-            log::warn!(
-                "iSCSI login refused: {} sessions already (max_sessions)",
-                ctx.admission.limits().max_sessions
-            );
-            return Ok(());
+        let (mut resp, step) = login.step(&pdu);
+        if let (LoginStep::Complete, Some(r)) = (&step, login.result()) {
+            // A place in the session pools only once logged in, so that
+            // clients without credentials cannot fill them.
+            let kind = match r.session_type {
+                SessionType::Discovery => SessionKind::Discovery,
+                _ => SessionKind::Normal,
+            };
+            if !ticket.begin_session(kind) {
+                resp = login.refuse(&pdu, bw_iscsi::msg::login_status::OUT_OF_RESOURCES);
+                write_pdu(&mut wr, &resp, Digests::default()).await?;
+                log::warn!("iSCSI login refused: the {kind:?} session pool is full ({})", kind.knob());
+                return Ok(());
+            }
         }
-        let (resp, step) = login.step(&pdu);
         write_pdu(&mut wr, &resp, Digests::default()).await?;
         match step {
             LoginStep::Continue => {}
@@ -287,6 +292,11 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         anyhow::bail!("login completed without a result")
     };
     drop(login);
+    let discovery_idle = (res.session_type == SessionType::Discovery).then(|| ctx.admission.limits().discovery_idle_timeout());
+    if discovery_idle.is_none() {
+        let stream = ticket.own_thread(rd.reunite(wr)?).await?;
+        (rd, wr) = stream.into_split();
+    }
     let digests = Digests {
         header: res.params.header_digest,
         data: res.params.data_digest,
@@ -360,6 +370,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         knobs: ctx.knobs,
         out: Vec::new(),
         done_tx,
+        discovery_idle,
     };
     let mut io = ConnIo {
         rd,
@@ -431,6 +442,8 @@ struct Connection {
     out: Vec<Out>,
     /// Completions from the blocking pool come back through here.
     done_tx: mpsc::UnboundedSender<Done>,
+    /// A discovery session ends after this long without a request.
+    discovery_idle: Option<Duration>,
 }
 
 /// The socket side of one connection.
@@ -627,6 +640,7 @@ impl Connection {
         let mut nop = tokio::time::interval(NOP_INTERVAL);
         nop.tick().await;
         let mut idle_ticks = 0u32;
+        let mut last_request = tokio::time::Instant::now();
         loop {
             // Handle every PDU already buffered, then send what that produced.
             let mut open = true;
@@ -639,6 +653,10 @@ impl Connection {
                 };
                 idle_ticks = 0;
                 let bhs = pdu.bhs;
+                // A NOP-Out may answer our own NOP-In: no request.
+                if bhs.0[0] & 0x3F != bw_iscsi::pdu::Opcode::NopOut as u8 {
+                    last_request = tokio::time::Instant::now();
+                }
                 let mut actions = Vec::new();
                 let r = self.session.on_pdu(pdu, &mut actions);
                 if r.is_err() {
@@ -675,6 +693,9 @@ impl Connection {
                 }
                 Some(d) = io.done_rx.recv() => self.finished(d),
                 _ = reinstated.notified() => anyhow::bail!("session reinstated by a new login"),
+                _ = tokio::time::sleep_until(last_request + self.discovery_idle.unwrap_or_default()), if self.discovery_idle.is_some() => {
+                    anyhow::bail!("discovery session without a request for {:?} (discovery_idle_timeout_s)", self.discovery_idle.unwrap_or_default())
+                }
                 _ = nop.tick() => {
                     idle_ticks += 1;
                     if self.session.ping_outstanding() && idle_ticks >= 2 {

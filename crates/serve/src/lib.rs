@@ -83,13 +83,16 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
     Ok(running)
 }
 
-/// Raise the limit on open descriptors: every connection costs five (its
-/// socket, and its thread's tokio runtime: epoll twice, an eventfd and a
-/// dup of the signal driver's socket, which tokio creates with any I/O
-/// driver), so the usual soft limit of 1024 would have accept() fail long
-/// before the session limits (4096 by default) apply, and even a hard
-/// limit of 20,000 ran out at 4,000 idle sockets (make soak). Root may
-/// raise the hard limit too, up to the kernel's fs.nr_open (capped at 2^20).
+/// Raise the limit on open descriptors: a logged-in connection with a
+/// thread of its own costs five (its socket, and its thread's tokio
+/// runtime: epoll twice, an eventfd and a dup of the signal driver's
+/// socket, which tokio creates with any I/O driver), so the usual soft
+/// limit of 1024 would have accept() fail long before the session limits
+/// (4096 by default) apply. (A connection still logging in waits on the
+/// shared runtime and costs its socket only; before, it had its thread
+/// from accept on, and a hard limit of 20,000 ran out at 4,000 idle
+/// sockets in make soak.) Root may raise the hard limit too, up to the
+/// kernel's fs.nr_open (capped at 2^20).
 fn raise_fd_limit() {
     const WANT: libc::rlim_t = 1 << 20;
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")

@@ -5,6 +5,7 @@
 #[allow(dead_code)]
 mod common;
 
+mod admission;
 mod aoe_kernel;
 mod aoe_net;
 mod attach;

@@ -20,6 +20,7 @@ use super::fabric::{CtrlEntry, Fabric};
 use super::outbox::Outbox;
 use super::NvmeFraming;
 use crate::framing::FrameReader;
+use crate::limits::Ticket;
 use crate::Shutdown;
 use bw_nvme::auth::{ControllerAuth, Entropy};
 use bw_nvme::command::{nvm, Sqe};
@@ -98,17 +99,23 @@ struct Conn {
     ctrl: Option<Arc<CtrlEntry>>,
     kill: watch::Receiver<bool>,
     _kill_keep: watch::Sender<bool>,
+    /// Connected and, where the host must, authenticated: `run` returns
+    /// when this becomes true so that `serve` can give the pending-login
+    /// place back and move the queue to its own thread.
+    logged_in: bool,
 }
 
 /// `login_timeout`: from accept to a successful Connect; a connection that
-/// is silent, sends half a PDU or never connects is dropped then.
+/// is silent, sends half a PDU or never connects is dropped then. `ticket`
+/// holds the connection's places in the admission limits until it ends.
 pub async fn serve(
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     local: Option<SocketAddr>,
     fabric: Arc<Fabric>,
     mut shutdown: Shutdown,
     login_timeout: Duration,
+    mut ticket: Ticket,
 ) -> anyhow::Result<()> {
     // One C2HData per read (up to MDTS): 128 KiB PDUs cost the target 14%
     // and the host 21% more CPU per 1 MiB read (crates/nvme/README.md).
@@ -126,19 +133,30 @@ pub async fn serve(
         ctrl: None,
         kill,
         _kill_keep: kill_keep,
+        logged_in: false,
     };
     let mut reader = FrameReader::with_capacity(256 * 1024);
-    let r = c
-        .run(&stream, &mut reader, &mut done_rx, &mut shutdown)
-        .await;
-    // Teardown: an admin queue takes its controller with it.
-    if let Some(e) = &c.ctrl {
-        if c.q.qid() == 0 {
-            c.fabric.remove(e.cntlid, "admin queue closed");
-        } else {
-            e.release_queue(c.q.qid());
+    let r = loop {
+        let was_logged_in = c.logged_in;
+        let r = c.run(&stream, &mut reader, &mut done_rx, &mut shutdown).await;
+        if c.logged_in == was_logged_in {
+            break r;
         }
-    }
+        ticket.logged_in();
+        // Discovery controllers stay on the shared runtime.
+        if c.ctrl.as_ref().is_some_and(|e| e.subsys.is_some()) {
+            // The stream is gone if this fails; the connection ends, and
+            // the teardown below still runs.
+            match ticket.own_thread(stream).await {
+                Ok(s) => stream = s,
+                Err(e) => {
+                    c.close_queue();
+                    return Err(e.into());
+                }
+            }
+        }
+    };
+    c.close_queue();
     // Let queued replies (a TermReq, a Disconnect's completion) go out.
     if tokio::time::timeout(Duration::from_secs(5), c.out.drain(&stream))
         .await
@@ -185,6 +203,17 @@ fn may_block(subsys: &Subsystem, sqe: &Sqe) -> bool {
 }
 
 impl Conn {
+    /// Teardown: an admin queue takes its controller with it.
+    fn close_queue(&self) {
+        if let Some(e) = &self.ctrl {
+            if self.q.qid() == 0 {
+                self.fabric.remove(e.cntlid, "admin queue closed");
+            } else {
+                e.release_queue(self.q.qid());
+            }
+        }
+    }
+
     async fn run(
         &mut self,
         stream: &TcpStream,
@@ -229,6 +258,10 @@ impl Conn {
                         handled += 1;
                         if let Some(end) = self.act(a) {
                             return end;
+                        }
+                        if !self.logged_in && self.ctrl.is_some() && !self.q.awaiting_auth() {
+                            self.logged_in = true;
+                            return Ok(());
                         }
                     }
                 }

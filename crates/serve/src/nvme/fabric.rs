@@ -53,8 +53,11 @@ pub struct Fabric {
     ports: Vec<SocketAddr>,
     ctrls: Mutex<HashMap<u16, Arc<CtrlEntry>>>,
     next_cntlid: Mutex<u16>,
-    /// Controllers (NVM and discovery) alive at once: `limits.max_sessions`.
+    /// NVM controllers alive at once (`limits.max_sessions`), and discovery
+    /// controllers (`limits.max_discovery_sessions`): anyone may open
+    /// those, so they must not take a host's place.
     max_controllers: usize,
+    max_discovery: usize,
     /// Controller ids this gateway may hand out (inclusive).
     cntlids: (u16, u16),
     /// Hosts that authenticate in band, and the sequence numbers they get.
@@ -69,6 +72,7 @@ impl Fabric {
             ctrls: Mutex::new(HashMap::new()),
             next_cntlid: Mutex::new(1),
             max_controllers: usize::MAX,
+            max_discovery: usize::MAX,
             cntlids: (1, 0xFFEF),
             host_keys: HostKeys::default(),
         }
@@ -79,8 +83,9 @@ impl Fabric {
         self
     }
 
-    pub fn with_max_controllers(mut self, n: usize) -> Fabric {
-        self.max_controllers = n;
+    pub fn with_max_controllers(mut self, nvm: usize, discovery: usize) -> Fabric {
+        self.max_controllers = nvm;
+        self.max_discovery = discovery;
         self
     }
 
@@ -148,8 +153,11 @@ impl Fabric {
             Role::Discovery(_) => None,
         };
         let mut ctrls = self.lock_ctrls();
-        if ctrls.len() >= self.max_controllers {
-            log::warn!("nvme: connect from {} refused: {} controllers already (max_sessions)", d.hostnqn, ctrls.len());
+        let discovery = subsys.is_none();
+        let (max, knob) = if discovery { (self.max_discovery, "max_discovery_sessions") } else { (self.max_controllers, "max_sessions") };
+        let n = ctrls.values().filter(|e| e.subsys.is_none() == discovery).count();
+        if n >= max {
+            log::warn!("nvme: connect from {} refused: {n} controllers of its kind already ({knob})", d.hostnqn.escape_debug());
             return Err(refuse(Status::CONNECT_CTRL_BUSY, 0));
         }
         let cntlid = self.alloc_cntlid(&ctrls).ok_or_else(|| refuse(Status::CONNECT_CTRL_BUSY, 0))?;

@@ -105,10 +105,10 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
     }
     let admission = Admission::new(limits.clone());
     let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
-    let fabric = Arc::new(Fabric::new(subs, bound).with_max_controllers(limits.max_sessions).with_cntlid_range(lo, hi).with_host_auth(auth::HostKeys::from_config(cfg)?));
+    let fabric = Arc::new(Fabric::new(subs, bound).with_max_controllers(limits.max_sessions, limits.max_discovery_sessions).with_cntlid_range(lo, hi).with_host_auth(auth::HostKeys::from_config(cfg)?));
     let login_timeout = limits.login_timeout();
-    // One thread per connection (one queue), as iSCSI connections by
-    // default: see `Threading::ThreadPerConnection` for why.
+    // One thread per connected queue (discovery controllers excepted), as
+    // iSCSI connections by default: see `Threading::ThreadPerConnection`.
     let acceptor = Acceptor {
         name: "nvme",
         thread_name: "nvme-conn",
@@ -121,10 +121,7 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         // `a.ticket` lives as long as the connection's future.
         let Accepted { stream, peer, local, ticket, shutdown } = a;
         let fabric = f.clone();
-        async move {
-            let _ticket = ticket;
-            conn::serve(stream, peer, local, fabric, shutdown, login_timeout).await
-        }
+        conn::serve(stream, peer, local, fabric, shutdown, login_timeout, ticket)
     });
     Ok(tokio::spawn(async move {
         let _ = accepting.await;
