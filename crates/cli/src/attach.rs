@@ -653,12 +653,13 @@ struct Daemon {
 }
 
 impl Daemon {
-    /// The daemon a state file records, if process `pid` still is that
-    /// daemon: owned by root and started at the recorded time (state files
-    /// without one: running `blockwire attach` with `dir` among its arguments).
+    /// The daemon a state file records, if the process with its PID still
+    /// is that daemon: owned by root and started at the recorded time (state
+    /// files without one: running `blockwire attach` with `dir` among its
+    /// arguments).
     fn find(state: &Value, dir: &Path) -> Option<Daemon> {
-        let pid = state["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         use std::os::fd::FromRawFd;
+        let pid = state["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         if pid <= 0 {
             return None;
         }
