@@ -40,6 +40,8 @@ pub enum AttachError {
     NoAnswer(String, std::time::Duration),
     #[error("FUSE over io_uring: {0}")]
     Uring(String),
+    #[error("--file {0:?}: {1}")]
+    FileName(String, &'static str),
 }
 
 /// How requests travel between the kernel and this daemon.
@@ -348,6 +350,26 @@ pub fn mount_fuse_dir(mountpoint: &Path) -> PathBuf {
     Path::new(STATE_DIR).join("fuse").join(key)
 }
 
+/// `name` can be the volume's file: one plain name inside the attach
+/// directory. The daemon runs as root and hands `DIR/NAME` to losetup, so a
+/// `/` or a `.`/`..` would point it at a file outside the FUSE mount.
+pub fn check_file_name(name: &str) -> Result<(), AttachError> {
+    let why = if name.is_empty() {
+        "empty"
+    } else if name.contains('/') {
+        "must be a plain file name, without '/'"
+    } else if name == "." || name == ".." {
+        "must be a plain file name, not '.' or '..'"
+    } else if name.contains('\0') {
+        "contains a NUL byte"
+    } else if name.len() > 255 {
+        "longer than 255 bytes"
+    } else {
+        return Ok(());
+    };
+    Err(AttachError::FileName(name.to_string(), why))
+}
+
 /// `dir` can take an attach: an empty directory that is not a mount point.
 pub fn check_dir(dir: &Path) -> Result<(), AttachError> {
     let empty = std::fs::read_dir(dir)
@@ -493,6 +515,17 @@ mod tests {
         // Nothing FUSE to abort on / (and nothing mounted on a plain directory).
         assert_eq!(abort_connection(Path::new("/")).unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
         assert_eq!(abort_connection(&std::env::temp_dir().join("bw-no-such-mount")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn the_file_name_stays_inside_the_attach_directory() {
+        for good in ["disk", "vol.raw", "a..b", "..x", ".hidden"] {
+            assert!(check_file_name(good).is_ok(), "{good:?} refused");
+        }
+        for bad in ["", ".", "..", "../etc/shadow", "/etc/shadow", "a/b", "x/..", "a\0b", &"x".repeat(256)] {
+            let e = check_file_name(bad).expect_err(bad);
+            assert!(e.to_string().starts_with("--file "), "{e}");
+        }
     }
 
     #[test]

@@ -99,7 +99,16 @@ pub struct MountArgs {
 pub struct UmountArgs {
     /// Mount point of `blockwire mount`, or the directory of `blockwire attach`.
     pub target: PathBuf,
+    /// Seconds to wait for the loop device to be let go by whoever else still
+    /// holds it (a process with it open, or a copy of the mount in a mount
+    /// namespace made while it was mounted); then fail and name them.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LOOP_WAIT.as_secs())]
+    pub wait: u64,
 }
+
+/// How long `umount` (and a failed `mount` undoing itself) waits for the
+/// loop device by default.
+const DEFAULT_LOOP_WAIT: Duration = Duration::from_secs(30);
 
 fn require_root() -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
@@ -140,6 +149,7 @@ fn run_tool(cmd: &mut Command) -> anyhow::Result<String> {
 
 pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
     require_root()?;
+    bw_attach::check_file_name(&a.file)?;
     let dir = absolute(&a.dir)?;
     bw_attach::check_dir(&dir)?;
     if a.background {
@@ -192,7 +202,8 @@ pub fn attach(a: AttachArgs) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(STATE_DIR)?;
     let state = json!({
-        "pid": std::process::id(), "url": bw_attach::redact(&a.url), "dir": dir, "file": file,
+        "pid": std::process::id(), "start": process_start(std::process::id()),
+        "url": bw_attach::redact(&a.url), "dir": dir, "file": file,
         "loop": loop_dev, "mountpoint": a.mountpoint,
     });
     std::fs::write(state_path(std::process::id()), state.to_string())?;
@@ -346,6 +357,87 @@ fn loop_backs(dev: &str, dir: &Path) -> bool {
         .is_ok_and(|f| Path::new(f.trim()).starts_with(dir))
 }
 
+/// Detach loop device `dev` from our file under `dir`, waiting up to
+/// `limit` for anyone else to let go of it. LOOP_CLR_FD on a device that is
+/// still open only marks it to detach on its last close; it is asked again
+/// each second in case an earlier request failed (never once the number
+/// backs someone else's file).
+fn detach_loop(dev: &str, dir: &Path, limit: Duration) -> bool {
+    let t0 = Instant::now();
+    while loop_backs(dev, dir) {
+        let _ = run_tool(Command::new("losetup").args(["-d", dev]));
+        let left = limit.saturating_sub(t0.elapsed());
+        if wait_loop_released(dev, left.min(Duration::from_secs(1))) {
+            return true;
+        }
+        if t0.elapsed() >= limit {
+            return !loop_backs(dev, dir);
+        }
+    }
+    true
+}
+
+/// Who keeps loop device `dev` open, for the error message: processes with
+/// it open, and mount namespaces where a file system on it is still mounted
+/// (a namespace copied from ours while it was mounted keeps its own copy of
+/// the mount when the parent mount does not propagate unmounts).
+fn loop_holders(dev: &str) -> String {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(meta) = std::fs::metadata(dev) else {
+        return String::new();
+    };
+    if !meta.file_type().is_block_device() {
+        return String::new();
+    }
+    let rdev = meta.rdev();
+    let dev_no = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+    let comm = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_default()
+    };
+    let mut open_by = vec![];
+    let mut namespaces: Vec<(String, String)> = vec![];
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return String::new();
+    };
+    for p in procs.flatten() {
+        let pid = p.file_name().to_string_lossy().to_string();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let has_open = std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == Path::new(dev)))
+        });
+        if has_open {
+            open_by.push(format!("{pid} ({})", comm(&pid)));
+        }
+        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
+            continue;
+        };
+        let ns = ns.to_string_lossy().to_string();
+        if namespaces.iter().any(|(n, _)| *n == ns) {
+            continue;
+        }
+        let mounted = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+            .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(2) == Some(&dev_no)));
+        if mounted {
+            namespaces.push((ns, format!("{pid} ({})", comm(&pid))));
+        }
+    }
+    let mut parts = vec![];
+    if !open_by.is_empty() {
+        parts.push(format!("open by PID {}", open_by.join(", ")));
+    }
+    if !namespaces.is_empty() {
+        let pids: Vec<&str> = namespaces.iter().map(|(_, p)| p.as_str()).collect();
+        parts.push(format!("mounted in the mount namespace of PID {}", pids.join(", ")));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join("; "))
+    }
+}
+
 /// Wait until the loop device no longer holds a backing file.
 fn wait_loop_released(dev: &str, limit: Duration) -> bool {
     let name = dev.trim_start_matches("/dev/");
@@ -489,7 +581,7 @@ pub fn mount(a: MountArgs) -> anyhow::Result<()> {
         Ok(())
     };
     if let Err(e) = finish() {
-        let _ = undo(&state, &mp);
+        let _ = undo(&state, &mp, DEFAULT_LOOP_WAIT);
         return Err(e);
     }
     println!(
@@ -553,17 +645,101 @@ fn all_states() -> Vec<Value> {
         .collect()
 }
 
-/// Running (a zombie waiting for a slow reaper counts as gone).
-fn pid_alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+/// The attach daemon a state file names, held by a pidfd: signals reach
+/// that process, never one that got its PID after it ended (state files
+/// outlive daemons that were killed).
+struct Daemon {
+    pidfd: std::os::fd::OwnedFd,
+}
+
+impl Daemon {
+    /// The daemon a state file records, if the process with its PID still
+    /// is that daemon: owned by root and started at the recorded time (state
+    /// files without one: running `blockwire attach` with `dir` among its
+    /// arguments).
+    fn find(state: &Value, dir: &Path) -> Option<Daemon> {
+        use std::os::fd::FromRawFd;
+        let pid = state["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        if pid <= 0 {
+            return None;
+        }
+        // SAFETY: pidfd_open takes a PID and flags and returns a new descriptor.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fd is a descriptor we just opened and own.
+        let d = Daemon { pidfd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) } };
+        let looks_right = is_root_owned(pid)
+            && match state["start"].as_u64() {
+                Some(start) => process_start(pid as u32) == Some(start),
+                None => runs_attach_of(pid, dir),
+            };
+        // Alive after /proc was read: the PID was not reused in between,
+        // so what was read describes the process the pidfd holds.
+        (looks_right && d.signal(0)).then_some(d)
+    }
+
+    /// Whether the signal was sent (false once the process has ended).
+    fn signal(&self, sig: i32) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal with a null siginfo sends `sig` as kill(2) would.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            ) == 0
+        }
+    }
+
+    /// Wait up to `limit` for the process to end (a zombie has ended).
+    fn wait_exit(&self, limit: Duration) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let t0 = Instant::now();
+        loop {
+            let left = limit.saturating_sub(t0.elapsed());
+            // SAFETY: one valid pollfd; a pidfd polls readable once the process exits.
+            let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+            if n > 0 {
+                return true;
+            }
+            let interrupted = n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+            if !interrupted || t0.elapsed() >= limit {
+                return false;
+            }
+        }
+    }
+}
+
+fn is_root_owned(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == 0)
+}
+
+/// When process `pid` started, in clock ticks after boot (/proc/PID/stat
+/// field 22): with the PID, it names one process for as long as the system runs.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the parenthesised command name start at field 3.
+    stat.rsplit_once(") ")?.1.split(' ').nth(22 - 3)?.parse().ok()
+}
+
+/// Whether process `pid` runs `blockwire attach` with `dir` among its arguments.
+fn runs_attach_of(pid: i32, dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
-    // The state follows the parenthesised command name.
-    pid > 0
-        && !matches!(
-            stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next()),
-            Some(Some('Z' | 'X'))
-        )
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    args.get(1) == Some(&&b"attach"[..]) && args.contains(&dir.as_os_str().as_bytes())
 }
 
 pub fn umount(a: UmountArgs) -> anyhow::Result<()> {
@@ -577,13 +753,14 @@ pub fn umount(a: UmountArgs) -> anyhow::Result<()> {
         println!("nothing attached at {}", target.display());
         return Ok(());
     };
-    undo(&state, &target)?;
+    undo(&state, &target, Duration::from_secs(a.wait))?;
     println!("detached {}", target.display());
     Ok(())
 }
 
-/// Undo an attach (and its mount) in order: file system, loop device, FUSE, daemon.
-fn undo(state: &Value, shown: &Path) -> anyhow::Result<()> {
+/// Undo an attach (and its mount) in order: file system, loop device, FUSE,
+/// daemon. `loop_wait` bounds the wait for others to let go of the loop device.
+fn undo(state: &Value, shown: &Path, loop_wait: Duration) -> anyhow::Result<()> {
     let dir = PathBuf::from(state["dir"].as_str().unwrap_or_default());
     if let Some(mp) = state["mountpoint"].as_str().map(Path::new) {
         if bw_attach::is_mountpoint(mp) {
@@ -592,20 +769,22 @@ fn undo(state: &Value, shown: &Path) -> anyhow::Result<()> {
         }
     }
     if let Some(dev) = state["loop"].as_str().filter(|l| loop_backs(l, &dir)) {
-        let _ = run_tool(Command::new("losetup").args(["-d", dev]));
-        if !wait_loop_released(dev, Duration::from_secs(30)) {
-            bail!("{dev} is still in use; not detaching {}", shown.display());
+        if !detach_loop(dev, &dir, loop_wait) {
+            bail!(
+                "{dev} is still in use{} after {} s; not detaching {} (try again later, or give umount a longer --wait)",
+                loop_holders(dev),
+                loop_wait.as_secs(),
+                shown.display()
+            );
         }
     }
     let pid = state["pid"].as_i64().unwrap_or(0) as i32;
-    if pid_alive(pid) {
+    let daemon = Daemon::find(state, &dir);
+    if let Some(d) = &daemon {
         // The daemon flushes and unmounts on SIGTERM; a dead target makes its
         // flush fail after its timeout, so allow a little longer than that.
-        // SAFETY: plain kill(2) on the daemon's recorded PID.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let t0 = Instant::now();
-        while pid_alive(pid) && t0.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(50));
+        if d.signal(libc::SIGTERM) {
+            d.wait_exit(Duration::from_secs(5));
         }
     }
     if bw_attach::is_mountpoint(&dir) {
@@ -613,12 +792,9 @@ fn undo(state: &Value, shown: &Path) -> anyhow::Result<()> {
         let _ = bw_attach::abort_connection(&dir);
         lazy_unmount(&dir);
     }
-    if pid_alive(pid) {
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        let t0 = Instant::now();
-        while pid_alive(pid) && t0.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(50));
+    if let Some(d) = &daemon {
+        if d.signal(libc::SIGKILL) {
+            d.wait_exit(Duration::from_secs(5));
         }
     }
     let _ = std::fs::remove_file(state_path(pid as u32));

@@ -200,6 +200,12 @@ struct VerifyArgs {
     /// Requests in flight.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// Repeat the whole check (write, flush, read back; the seed one higher
+    /// each pass) for as long as FILE exists, reporting each pass as it
+    /// ends; the pass under way when FILE goes is the last. For soak runs,
+    /// and for tests that must keep I/O going across a fault they cause.
+    #[arg(long, value_name = "FILE")]
+    while_exists: Option<std::path::PathBuf>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -358,18 +364,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = runtime(a.client.threads)?;
             rt.block_on(async {
                 let client = bw_initiator::connect(&a.url, &a.client.options(a.concurrency)).await?;
-                let p = VerifyParams {
+                let mut p = VerifyParams {
                     offset: a.offset,
                     size: a.size,
                     seed: a.seed,
                     chunk: a.chunk as usize,
                     concurrency: a.concurrency,
                 };
-                let r = bw_workload::verify(client.clone(), &p).await;
+                let mut pass = 1u64;
+                let r = loop {
+                    let r = bw_workload::verify(client.clone(), &p).await;
+                    let more = a.while_exists.as_deref().is_some_and(|f| f.exists());
+                    match r {
+                        Ok(r) if more => {
+                            println!("verify pass {pass}: {} bytes at offset {} OK", r.size, r.offset);
+                            pass += 1;
+                            p.seed = p.seed.wrapping_add(1);
+                        }
+                        r => break r,
+                    }
+                };
                 let _ = client.close().await;
                 let r = r?;
+                let passes = if pass > 1 { format!(", {pass} passes") } else { String::new() };
                 println!(
-                    "verify {}: {} bytes at offset {} OK (write {:.2} s, read {:.2} s)",
+                    "verify {}: {} bytes at offset {} OK (write {:.2} s, read {:.2} s{passes})",
                     client.describe(),
                     r.size,
                     r.offset,

@@ -677,11 +677,31 @@ pub fn permission_warning(path: &str, cfg: &ServeConfig) -> Option<String> {
     })
 }
 
-/// Write `text` to a new file only its owner can read (secrets may be in it).
+/// Write `text` to a file only its owner can read (secrets may be in it).
+/// `serve` runs as root, so the path is not trusted to lead where it says:
+/// a symbolic link there (O_NOFOLLOW), or a file with other names (a hard
+/// link to, say, /etc/shadow), is refused before anything is truncated.
 pub fn write_private(path: &str, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    use std::io::{Error, ErrorKind, Write};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => Error::new(ErrorKind::InvalidInput, "is a symbolic link; not following it"),
+            _ => e,
+        })?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    if meta.nlink() > 1 {
+        return Err(Error::new(ErrorKind::InvalidInput, "the file has other hard links; not overwriting it"));
+    }
+    f.set_len(0)?;
     // `mode` applies only to a file this call creates.
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     f.write_all(text.as_bytes())
@@ -941,6 +961,20 @@ mod tests {
         std::fs::set_permissions(&saved, std::fs::Permissions::from_mode(0o644)).unwrap();
         write_private(saved.to_str().unwrap(), &c.to_json(true)).unwrap();
         assert_eq!(std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777, 0o600);
+        // Neither a symbolic link nor a hard link at the path is written through.
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let victim_mode = std::fs::metadata(&victim).unwrap().permissions().mode();
+        let sym = dir.join("sym.json");
+        std::os::unix::fs::symlink(&victim, &sym).unwrap();
+        let e = write_private(sym.to_str().unwrap(), "x").unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let hard = dir.join("hard.json");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        let e = write_private(hard.to_str().unwrap(), "x").unwrap_err();
+        assert!(e.to_string().contains("hard links"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode(), victim_mode);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -270,18 +270,44 @@ fn fsck_clean(backing: &Path) {
     );
 }
 
-/// Mount point and the string its FUSE directory and loop device carry.
-fn mountpoint(tmp: &TempDir) -> (PathBuf, String) {
-    let mp = tmp.path().join("mnt");
+/// A directory bind-mounted on itself with shared propagation, so that an
+/// unmount below it also reaches the copies in mount namespaces made from
+/// ours meanwhile: `ip netns exec` (which tests running beside these use)
+/// copies every mount, as a slave. Where `/` is private (this VM, most
+/// containers; systemd hosts make it shared) a copy would keep ext4 mounted
+/// on the loop device until that namespace's last process exits, and
+/// `blockwire umount` could only wait and then fail.
+struct SharedDir(PathBuf);
+
+impl SharedDir {
+    fn new(path: PathBuf) -> SharedDir {
+        std::fs::create_dir_all(&path).unwrap();
+        let p = path.to_str().unwrap();
+        sh(&format!("mount --bind {p} {p} && mount --make-shared {p}"));
+        SharedDir(path)
+    }
+}
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+    }
+}
+
+/// Mount point (in a [`SharedDir`], kept mounted by the third value) and
+/// the string its FUSE directory and loop device carry.
+fn mountpoint(tmp: &TempDir) -> (PathBuf, String, SharedDir) {
+    let shared = SharedDir::new(tmp.path().join("shared"));
+    let mp = shared.0.join("mnt");
     std::fs::create_dir_all(&mp).unwrap();
     let hint = mp.to_str().unwrap().replace('/', "_");
-    (mp, hint)
+    (mp, hint, shared)
 }
 
 /// mount --mkfs, write a tree, umount, (fsck), mount again, compare, umount.
 fn roundtrip(url: &str, fs: &str, backing: Option<&Path>, fuse: Fuse, tmp: &TempDir) {
     let _uring = fuse.guard();
-    let (mp, hint) = mountpoint(tmp);
+    let (mp, hint, _shared) = mountpoint(tmp);
     let m = mp.to_str().unwrap();
     let _guard = Detach(m.to_string());
     blockwire_ok(None, &["mount", url, m, "--mkfs", fs, "--timeout", "20", "--fuse", fuse.arg()]);
@@ -303,7 +329,7 @@ fn roundtrip(url: &str, fs: &str, backing: Option<&Path>, fuse: Fuse, tmp: &Temp
 /// in the kernel VM): mount --mkfs ext4, write a tree, umount; e2fsck on the
 /// volume read back through `blockwire attach`; mount again and compare.
 pub(crate) fn roundtrip_through_attach(url: &str, tmp: &TempDir) {
-    let (mp, hint) = mountpoint(tmp);
+    let (mp, hint, _shared) = mountpoint(tmp);
     let m = mp.to_str().unwrap();
     let _guard = Detach(m.to_string());
     blockwire_ok(None, &["mount", url, m, "--mkfs", "ext4", "--timeout", "120"]);
@@ -476,7 +502,7 @@ fn discard_punches_holes(proto: Proto) {
         let next = next_data(&img, at);
         assert!(next.is_none_or(|n| n >= at + (8 << 20)), "blkdiscard left data at {next:?} in the target's file");
     }
-    let (mp, hint) = mountpoint(&tmp);
+    let (mp, hint, _shared) = mountpoint(&tmp);
     let m = mp.to_str().unwrap();
     let _guard = Detach(m.to_string());
     blockwire_ok(None, &["mount", t.url().as_str(), m, "--mkfs", "ext4", "--timeout", "20"]);
@@ -639,7 +665,7 @@ fn umount_while_the_target_is_down() {
     require_root();
     let tmp = TempDir::new("att-u");
     let mut t = Target::start(Proto::Nvme, &tmp, "128M");
-    let (mp, hint) = mountpoint(&tmp);
+    let (mp, hint, _shared) = mountpoint(&tmp);
     let m = mp.to_str().unwrap();
     let _guard = Detach(m.to_string());
     blockwire_ok(None, &["mount", t.url().as_str(), m, "--mkfs", "ext4", "--timeout", "3"]);
@@ -765,7 +791,7 @@ fn refused_one_line(args: &[&str], needle: &str, mp: &Path) {
 fn refused_cases_leave_nothing() {
     require_root();
     let tmp = TempDir::new("att-r");
-    let (mp, _) = mountpoint(&tmp);
+    let (mp, _, _shared) = mountpoint(&tmp);
     let m = mp.to_str().unwrap();
     // Wrong URL, unreachable target.
     refused(&["mount", "nbd://x/y", m], "nbd", &mp);
@@ -826,7 +852,7 @@ fn options_file_readonly_queues_and_mount_options() {
         assert_eq!(conns, 3, "--queues 2: expected 1 admin + 2 I/O connections");
         blockwire_ok(None, &["umount", d]);
     }
-    let (mp, hint) = mountpoint(&tmp);
+    let (mp, hint, _shared) = mountpoint(&tmp);
     let m = mp.to_str().unwrap();
     let _guard = Detach(m.to_string());
     blockwire_ok(None, &["mount", &url, m, "--mkfs", "ext4", "-o", "noatime,nodiscard"]);
@@ -838,5 +864,154 @@ fn options_file_readonly_queues_and_mount_options() {
     assert!(line.contains(" ro,") || line.contains(" ro "), "mount --readonly is not read-only: {line}");
     assert!(std::fs::write(mp.join("x"), b"x").is_err(), "wrote to a read-only mount");
     blockwire_ok(None, &["umount", m]);
+    assert_nothing_left(&mp, &hint);
+}
+
+// ---- what a root-run umount and attach touch ----
+
+/// Poll `cond` until it holds; `limit` is only an upper bound for a stuck run.
+fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < limit, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `--file` names the one file inside the attach directory; the daemon runs
+/// as root and gives DIR/NAME to losetup, so a name that leads elsewhere is
+/// refused before anything is mounted.
+#[test]
+fn file_names_leading_out_of_the_directory_are_refused() {
+    require_root();
+    let tmp = TempDir::new("att-f");
+    let dir = tmp.path().join("fuse");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    std::fs::write(tmp.path().join("victim"), b"not a volume").unwrap();
+    for name in ["../victim", "..", ".", "/etc/hostname", "a/b", ""] {
+        refused(&["attach", "null://64M", d, "--file", name, "--loop", "--background"], "--file", &dir);
+    }
+    assert_eq!(std::fs::read(tmp.path().join("victim")).unwrap(), b"not a volume");
+    // A plain name still works.
+    let _g = Detach(d.to_string());
+    blockwire_ok(None, &["attach", "null://64M", d, "--file", "..vol", "--background"]);
+    assert!(dir.join("..vol").exists());
+    blockwire_ok(None, &["umount", d]);
+}
+
+/// A state file outlives a daemon that was killed, and its PID may then be
+/// another process's: umount must not signal that process. The state file
+/// names a `sleep` (as root, like the daemon): once as a state file of
+/// today (the recorded start time is not the sleep's), once as one written
+/// before start times were recorded (the sleep does not run `attach DIR`).
+#[test]
+fn umount_never_signals_a_process_that_reused_the_daemons_pid() {
+    require_root();
+    let tmp = TempDir::new("att-p");
+    let dir = tmp.path().join("fuse");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    for start in [",\"start\":1", ""] {
+        let mut sleep = Command::new("sleep").arg("600").spawn().unwrap();
+        let pid = sleep.id();
+        let state = PathBuf::from(format!("/run/blockwire/attach-{pid}.json"));
+        std::fs::create_dir_all("/run/blockwire").unwrap();
+        std::fs::write(
+            &state,
+            format!("{{\"pid\":{pid}{start},\"url\":\"null://64M\",\"dir\":\"{d}\",\"file\":\"{d}/disk\",\"loop\":null,\"mountpoint\":null}}"),
+        )
+        .unwrap();
+        let out = blockwire(None, &["umount", d]);
+        let alive = sleep.try_wait().unwrap().is_none();
+        let _ = sleep.kill();
+        let _ = sleep.wait();
+        let _ = std::fs::remove_file(&state);
+        assert!(out.status.success(), "umount: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("detached"), "the state file was not used");
+        assert!(alive, "umount killed PID {pid}, a sleep named by a stale state file{start}");
+    }
+}
+
+/// Whether loop device `dev` is marked to detach on its last close.
+fn autoclear(dev: &str) -> bool {
+    let name = dev.trim_start_matches("/dev/");
+    std::fs::read_to_string(format!("/sys/block/{name}/loop/autoclear")).is_ok_and(|a| a.trim() == "1")
+}
+
+/// Someone else holds the loop device open when umount runs (udev's blkid,
+/// a monitoring tool): umount waits for it to let go, then detaches.
+#[test]
+fn umount_waits_while_the_loop_device_is_held_open() {
+    require_root();
+    let tmp = TempDir::new("att-w");
+    let (dev, dir, _guard) = attach_loop(&tmp, "null://64M", &[]);
+    let d = dir.to_str().unwrap();
+    let holder = std::fs::File::open(&dev).unwrap();
+    // The bound is only there so a broken run ends.
+    let mut umount = Command::new(blockwire_bin())
+        .args(["umount", d, "--wait", "600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // umount has asked for the detach; it cannot finish while we hold the device.
+    eventually("umount marks the loop device to detach", Duration::from_secs(120), || autoclear(&dev));
+    assert!(umount.try_wait().unwrap().is_none(), "umount finished while the loop device was held");
+    assert!(bw_attach_mounted(&dir), "the FUSE mount went while its loop device was held");
+    drop(holder);
+    let out = umount.wait_with_output().unwrap();
+    assert!(out.status.success(), "umount after the holder let go: {}", String::from_utf8_lossy(&out.stderr));
+    assert_nothing_left(&dir, d);
+}
+
+/// A holder that never lets go: after --wait, one line that names it, and
+/// the volume still attached (nothing torn down under the holder); a later
+/// umount finishes the job.
+#[test]
+fn umount_names_who_holds_the_loop_device_after_its_wait() {
+    require_root();
+    let tmp = TempDir::new("att-h");
+    let (dev, dir, _guard) = attach_loop(&tmp, "null://64M", &[]);
+    let d = dir.to_str().unwrap();
+    let holder = std::fs::File::open(&dev).unwrap();
+    let out = blockwire(None, &["umount", d, "--wait", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "umount succeeded while {dev} was held");
+    assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+    let me = format!("open by PID {} (", std::process::id());
+    assert!(err.contains(&format!("{dev} is still in use")) && err.contains(&me), "{err}");
+    assert!(bw_attach_mounted(&dir), "the FUSE mount went while its loop device was held");
+    drop(holder);
+    blockwire_ok(None, &["umount", d]);
+    assert_nothing_left(&dir, d);
+}
+
+/// A mount namespace made while the file system is mounted, as
+/// `ip netns exec` makes one (a slave copy of every mount): umount detaches
+/// at once, because the mount point's parent propagates the unmount to it
+/// (see [`SharedDir`]; without that this failed after 30 s with
+/// "/dev/loopN is still in use", the flake of mount_ext4_against_tgt).
+#[test]
+fn umount_reaches_a_mount_namespace_made_while_mounted() {
+    require_root();
+    let tmp = TempDir::new("att-ns");
+    let t = Target::start(Proto::Nvme, &tmp, "64M");
+    let (mp, hint, _shared) = mountpoint(&tmp);
+    let m = mp.to_str().unwrap();
+    let _guard = Detach(m.to_string());
+    blockwire_ok(None, &["mount", &t.url(), m, "--mkfs", "ext4"]);
+    let mut copy = Command::new("unshare").args(["--mount", "--propagation", "slave", "sleep", "600"]).spawn().unwrap();
+    let info = format!("/proc/{}/mountinfo", copy.id());
+    eventually("the new namespace has its copy of the mount", Duration::from_secs(60), || {
+        std::fs::read_to_string(&info).is_ok_and(|i| i.contains(m))
+    });
+    let out = blockwire(None, &["umount", m, "--wait", "10"]);
+    let copy_left = std::fs::read_to_string(&info).unwrap_or_default().contains(m);
+    let _ = copy.kill();
+    let _ = copy.wait();
+    assert!(out.status.success(), "umount beside a namespace copy: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!copy_left, "the copy in the other namespace is still mounted");
     assert_nothing_left(&mp, &hint);
 }
