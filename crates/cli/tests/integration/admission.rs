@@ -95,6 +95,18 @@ fn nvme_discovery_connect(port: u16, n: u8) -> (u16, TcpStream) {
     }
 }
 
+/// Whether the target's log shows `what` within a few seconds.
+fn log_eventually(serve: &Serve, what: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !serve.log_text().contains(what) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
 /// A host logs in, reads a block and logs out.
 fn host_reads(url: &str) -> Result<(), String> {
     let rt = runtime();
@@ -134,8 +146,7 @@ fn discovery_sessions_have_their_own_pool() {
         rt.block_on(a.close()).expect("logout");
     }
     drop(held);
-    let log = serve.log_text();
-    assert!(log.contains("max_discovery_sessions"), "the refusals are logged with the knob's name");
+    assert!(log_eventually(&serve, "max_discovery_sessions"), "the refusals are logged with the knob's name");
     assert!(serve.stop().success());
 }
 
@@ -176,9 +187,10 @@ fn idle_iscsi_discovery_session_is_closed_despite_nop_replies() {
         }
     };
     let took = t0.elapsed();
-    eprintln!("idle discovery session closed after {took:?}, {answered} NOP-In answered (discovery_idle_timeout_s = {idle_s})");
+    eprintln!("idle discovery session closed: {closed} after {took:?}, {answered} NOP-In answered (discovery_idle_timeout_s = {idle_s})");
     assert!(closed, "an idle discovery session was still open after {took:?} ({answered} NOP-In answered)");
-    assert!(serve.log_text().contains("discovery_idle_timeout_s"), "the close is logged with the knob's name");
+    // The line is written after the socket has closed.
+    assert!(log_eventually(&serve, "discovery_idle_timeout_s"), "the close is logged with the knob's name");
     // A host's session is not a discovery session: it stays.
     host_reads(&format!("iscsi://127.0.0.1:{ip}/{IQN}/0")).expect("host login");
     assert!(serve.stop().success());
@@ -235,6 +247,6 @@ fn pending_logins_are_capped_across_addresses_and_cost_no_thread() {
         }
         assert!(ok.is_some(), "{url}: no login after the idle connections were dropped");
     }
-    assert!(serve.log_text().contains("max_pending_logins"), "the refusal is logged with the knob's name");
+    assert!(log_eventually(&serve, "max_pending_logins"), "the refusal is logged with the knob's name");
     assert!(serve.stop().success());
 }
