@@ -107,6 +107,15 @@ fn log_eventually(serve: &Serve, what: &str) -> bool {
     true
 }
 
+/// Threads of `pid` that run one connection each (`iscsi-conn`, `nvme-conn`).
+fn conn_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("read /proc task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim_end().ends_with("-conn"))
+        .count()
+}
+
 /// A host logs in, reads a block and logs out.
 fn host_reads(url: &str) -> Result<(), String> {
     let rt = runtime();
@@ -138,10 +147,20 @@ fn discovery_sessions_have_their_own_pool() {
     assert_eq!(status, login_status::OUT_OF_RESOURCES, "a fifth iSCSI discovery session");
     let (status, _) = nvme_discovery_connect(np, 9);
     assert_ne!(status, 0, "a fifth NVMe/TCP discovery controller was admitted");
+    // Discovery sessions stay on the shared runtime; a host's connections
+    // get threads of their own.
+    let pid = serve.pid();
+    assert_eq!(conn_threads(pid), 0, "threads for discovery sessions");
     let rt = runtime();
     for url in [format!("iscsi://127.0.0.1:{ip}/{IQN}/0"), format!("nvme+tcp://127.0.0.1:{np}/{NQN}/1")] {
         // Both places of the normal pool, at once.
         let a = rt.block_on(bw_initiator::connect(&url, &opts(1))).unwrap_or_else(|e| panic!("{url}: first host refused past 4 discovery sessions: {e}"));
+        // (The thread starts once the login response has gone out.)
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while conn_threads(pid) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(conn_threads(pid) >= 1, "{url}: a logged-in connection has no thread of its own");
         host_reads(&url).unwrap_or_else(|e| panic!("{url}: second host refused past 4 discovery sessions: {e}"));
         rt.block_on(a.close()).expect("logout");
     }
