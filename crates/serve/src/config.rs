@@ -866,6 +866,10 @@ mod tests {
         let l: ServeConfig = toml::from_str("[limits]\nmax_sessions = 3\nlogin_timeout_s = 2").unwrap();
         assert_eq!((l.limits.max_sessions, l.limits.login_timeout_s, l.limits.max_connections_per_address), (3, 2, 1024));
         assert!(toml::from_str::<ServeConfig>("[limits]\nmax_session = 3").is_err());
+        let l: ServeConfig =
+            toml::from_str("[limits]\nmax_discovery_sessions = 5\ndiscovery_idle_timeout_s = 7\nmax_pending_logins = 9").unwrap();
+        let l = l.limits;
+        assert_eq!((l.max_discovery_sessions, l.discovery_idle_timeout_s, l.max_pending_logins, l.max_sessions), (5, 7, 9, 4096));
     }
 
     const WITH_SECRETS: &str = r#"

@@ -95,6 +95,27 @@ fn nvme_discovery_connect(port: u16, n: u8) -> (u16, TcpStream) {
     }
 }
 
+/// Whether the target's log shows `what` within a few seconds.
+fn log_eventually(serve: &Serve, what: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !serve.log_text().contains(what) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// Threads of `pid` that run one connection each (`iscsi-conn`, `nvme-conn`).
+fn conn_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("read /proc task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim_end().ends_with("-conn"))
+        .count()
+}
+
 /// A host logs in, reads a block and logs out.
 fn host_reads(url: &str) -> Result<(), String> {
     let rt = runtime();
@@ -126,16 +147,25 @@ fn discovery_sessions_have_their_own_pool() {
     assert_eq!(status, login_status::OUT_OF_RESOURCES, "a fifth iSCSI discovery session");
     let (status, _) = nvme_discovery_connect(np, 9);
     assert_ne!(status, 0, "a fifth NVMe/TCP discovery controller was admitted");
+    // Discovery sessions stay on the shared runtime; a host's connections
+    // get threads of their own.
+    let pid = serve.pid();
+    assert_eq!(conn_threads(pid), 0, "threads for discovery sessions");
     let rt = runtime();
     for url in [format!("iscsi://127.0.0.1:{ip}/{IQN}/0"), format!("nvme+tcp://127.0.0.1:{np}/{NQN}/1")] {
         // Both places of the normal pool, at once.
         let a = rt.block_on(bw_initiator::connect(&url, &opts(1))).unwrap_or_else(|e| panic!("{url}: first host refused past 4 discovery sessions: {e}"));
+        // (The thread starts once the login response has gone out.)
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while conn_threads(pid) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(conn_threads(pid) >= 1, "{url}: a logged-in connection has no thread of its own");
         host_reads(&url).unwrap_or_else(|e| panic!("{url}: second host refused past 4 discovery sessions: {e}"));
         rt.block_on(a.close()).expect("logout");
     }
     drop(held);
-    let log = serve.log_text();
-    assert!(log.contains("max_discovery_sessions"), "the refusals are logged with the knob's name");
+    assert!(log_eventually(&serve, "max_discovery_sessions"), "the refusals are logged with the knob's name");
     assert!(serve.stop().success());
 }
 
@@ -176,9 +206,10 @@ fn idle_iscsi_discovery_session_is_closed_despite_nop_replies() {
         }
     };
     let took = t0.elapsed();
-    eprintln!("idle discovery session closed after {took:?}, {answered} NOP-In answered (discovery_idle_timeout_s = {idle_s})");
+    eprintln!("idle discovery session closed: {closed} after {took:?}, {answered} NOP-In answered (discovery_idle_timeout_s = {idle_s})");
     assert!(closed, "an idle discovery session was still open after {took:?} ({answered} NOP-In answered)");
-    assert!(serve.log_text().contains("discovery_idle_timeout_s"), "the close is logged with the knob's name");
+    // The line is written after the socket has closed.
+    assert!(log_eventually(&serve, "discovery_idle_timeout_s"), "the close is logged with the knob's name");
     // A host's session is not a discovery session: it stays.
     host_reads(&format!("iscsi://127.0.0.1:{ip}/{IQN}/0")).expect("host login");
     assert!(serve.stop().success());
@@ -235,6 +266,6 @@ fn pending_logins_are_capped_across_addresses_and_cost_no_thread() {
         }
         assert!(ok.is_some(), "{url}: no login after the idle connections were dropped");
     }
-    assert!(serve.log_text().contains("max_pending_logins"), "the refusal is logged with the knob's name");
+    assert!(log_eventually(&serve, "max_pending_logins"), "the refusal is logged with the knob's name");
     assert!(serve.stop().success());
 }
