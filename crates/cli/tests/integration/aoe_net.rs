@@ -375,3 +375,58 @@ fn aoe_initiator_against_vblade() {
     assert!(c.window() <= 16);
     assert_eq!(c.retransmits(), 0, "no frame should be lost within vblade's buffer count");
 }
+
+/// Access control: e1.2 allows only our interface's MAC, e1.3 anyone. A
+/// station off the list gets no reply to anything (and cannot edit the mask
+/// list or force a reservation), the mask list cannot be edited from the
+/// wire, and an ATA write to the broadcast shelf and slot changes nothing.
+#[test]
+fn aoe_allow_list_and_broadcast_writes() {
+    let pair = NetnsPair::new("al", 1500);
+    let me = bw_net::interface_info(&pair.host_if).unwrap().mac;
+    let allowed = format!("{},volume=a,shelf=1,slot=2,allow={}", pair.ns_if, bw_aoe::frame::format_mac(&me));
+    let open = format!("{},volume=b,shelf=1,slot=3", pair.ns_if);
+    let mut serve = Serve::start_in(Some(&pair.ns), &["--volume", "a=ram:8M", "--volume", "b=ram:8M", "--aoe", &allowed, "--aoe", &open]);
+    let rt = runtime();
+    let a = client(&rt, &pair.host_if, 2);
+    let b = client(&rt, &pair.host_if, 3);
+    let raw = Raw::new(&pair.host_if, a.target().mac);
+    let wait = Duration::from_secs(1);
+    let mut f = vec![0u8; 2000];
+
+    // FAKE is not on e1.2's list: silence for every command, and no effect.
+    assert!(raw.qc(FAKE, 1).is_none(), "a station off the allow-list must get no reply");
+    assert!(raw.ata(FAKE, 2, &AtaRequest::write(0, &[0xEE; 512])).is_none());
+    let n = req::reserve(&mut f, &raw.to(FAKE, 2), 3, reserve_release::RCMD_FORCE_SET, &[FAKE]).unwrap();
+    assert!(raw.exchange(&f[..n], wait).is_none(), "FORCE_SET from a station off the allow-list");
+    let add_fake = Directive { command: DirectiveCommand::Add, mac: FAKE };
+    let n = req::mac_mask(&mut f, &raw.to(FAKE, 2), 4, MCMD_EDIT, &[add_fake]).unwrap();
+    assert!(raw.exchange(&f[..n], wait).is_none());
+    // The allowed station cannot edit the list either (merror 1); it reads
+    // as the allow-list, and the reservation list stayed empty.
+    assert_eq!(rt.block_on(a.mac_mask(MCMD_EDIT, &[add_fake])).unwrap(), (1, vec![]));
+    let del_me = Directive { command: DirectiveCommand::Delete, mac: me };
+    assert_eq!(rt.block_on(a.mac_mask(MCMD_EDIT, &[del_me])).unwrap().0, 1);
+    let (merr, list) = rt.block_on(a.mac_mask(MCMD_READ, &[])).unwrap();
+    assert_eq!((merr, list.iter().map(|d| d.mac).collect::<Vec<_>>()), (0, vec![me]));
+    assert_eq!(rt.block_on(a.reserve_release(reserve_release::RCMD_READ, &[])).unwrap(), Vec::<Mac>::new());
+    assert!(raw.qc(FAKE, 5).is_none(), "still no reply after the edits");
+    // e1.3 has no list: FAKE is served there.
+    let n = req::query_config(&mut f, &raw.to(FAKE, 3), 6, ConfigCommand::Read, b"").unwrap();
+    assert!(raw.exchange(&f[..n], wait).is_some());
+
+    // One ATA write to every shelf and slot, from an allowed MAC: ignored
+    // by both exports.
+    let everyone = Addr { src: me, dst: bw_aoe::BROADCAST_MAC, shelf: 0xFFFF, slot: 0xFF };
+    let n = req::ata(&mut f, &everyone, 7, &AtaRequest::write(0, &[0xBB; 512])).unwrap();
+    assert!(raw.exchange(&f[..n], wait).is_none(), "a broadcast write must get no reply");
+    for (c, name) in [(&a, "e1.2"), (&b, "e1.3")] {
+        let mut back = [0u8; 512];
+        rt.block_on(c.read(0, &mut back)).expect("read");
+        assert_eq!(back, [0u8; 512], "{name} was written by a station off its list or by a broadcast");
+    }
+    // The allowed station itself writes as usual.
+    rt.block_on(a.write(0, &[0xAA; 512])).expect("write from the allowed MAC");
+    assert!(serve.is_running());
+    assert!(serve.stop().success());
+}
