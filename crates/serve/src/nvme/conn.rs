@@ -507,14 +507,9 @@ impl Conn {
         for (hdr, r) in self.q.read_pdus(cid, len) {
             b.extend_from_slice(hdr.bytes());
             let dstart = b.len();
-            b.reserve(r.len());
-            // SAFETY: u8 has no invalid bit patterns and `read_at` either
-            // fills the whole slice or fails, after which everything this
-            // read appended is truncated away unread.
-            #[allow(clippy::uninit_vec)]
-            unsafe {
-                b.set_len(dstart + r.len())
-            };
+            // Zero-filled: `read_at` takes `&mut [u8]`, which must not
+            // refer to uninitialized memory.
+            b.resize(dstart + r.len(), 0);
             if let Err(e) = vol.read_at(&mut b[dstart..], off + r.start as u64) {
                 b.truncate(start);
                 return self.complete(cid, io::read_error(e), 0, None);
