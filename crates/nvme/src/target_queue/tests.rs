@@ -1366,3 +1366,17 @@ mod auth {
         assert_eq!(cqe(&out).status, Status::INVALID_OPCODE.dnr());
     }
 }
+
+/// A host NQN comes from the wire: a newline in it must not start a
+/// forged line in the target's log.
+#[test]
+fn names_from_the_wire_are_escaped_in_errors() {
+    let e = QueueError::AuthFailed {
+        hostnqn: "nqn.t:h\n[INFO] forged".into(),
+        why: "the host's response does not match its secret".into(),
+        reason: FailureReason::FAILED,
+    };
+    let s = e.to_string();
+    assert!(!s.contains('\n'), "{s}");
+    assert!(s.contains(r"nqn.t:h\n[INFO] forged"), "{s}");
+}
