@@ -59,18 +59,41 @@ pub enum Role {
 pub struct KeepAlive {
     epoch: Instant,
     last_ms: AtomicU64,
+    /// What the host asked for (Connect or Set Features).
     kato_ms: AtomicU32,
+    /// What applies when it asked for none (0: no timeout at all).
+    idle_ms: AtomicU32,
+    /// The longest timeout it may have.
+    max_ms: AtomicU32,
 }
 
 impl KeepAlive {
     pub fn new(kato_ms: u32, now: Instant) -> KeepAlive {
-        KeepAlive { epoch: now, last_ms: AtomicU64::new(0), kato_ms: AtomicU32::new(kato_ms) }
+        KeepAlive {
+            epoch: now,
+            last_ms: AtomicU64::new(0),
+            kato_ms: AtomicU32::new(kato_ms),
+            idle_ms: AtomicU32::new(0),
+            max_ms: AtomicU32::new(u32::MAX),
+        }
+    }
+    /// Bound a controller that any host may open (discovery): without a
+    /// timeout of its own (KATO 0) it expires after `idle_ms` without a
+    /// command, and never later than `max_ms`, whatever the host asks.
+    pub fn bound(&self, idle_ms: u32, max_ms: u32) {
+        self.idle_ms.store(idle_ms, Relaxed);
+        self.max_ms.store(max_ms.max(idle_ms), Relaxed);
     }
     pub fn touch(&self, now: Instant) {
         self.last_ms.store(now.saturating_duration_since(self.epoch).as_millis() as u64, Relaxed);
     }
+    /// The timeout in force.
     pub fn kato(&self) -> Option<Duration> {
-        match self.kato_ms.load(Relaxed) {
+        let ms = match self.kato_ms.load(Relaxed) {
+            0 => self.idle_ms.load(Relaxed),
+            ms => ms.min(self.max_ms.load(Relaxed)),
+        };
+        match ms {
             0 => None,
             ms => Some(Duration::from_millis(ms as u64)),
         }

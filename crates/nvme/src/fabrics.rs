@@ -22,6 +22,9 @@ pub mod reg {
 }
 
 pub const CONNECT_DATA_LEN: usize = 1024;
+/// Longest NQN the specification allows, in bytes (its 256-byte fields
+/// hold it NUL-terminated).
+pub const NQN_MAX_LEN: usize = 223;
 /// Connect response dword 0, AUTHREQ: in-band authentication (ATR) or
 /// secure channel concatenation (ASCR) is required before other commands.
 pub const AUTHREQ_ATR: u32 = 1 << 17;

@@ -226,7 +226,7 @@ pub(crate) fn read(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: &[u8]) -
         Ok(x) => x,
         Err(d) => return d,
     };
-    let mut buf = uninit_buffer(len);
+    let mut buf = read_buffer(len);
     match ns.volume.read_at(&mut buf, off) {
         Ok(()) => IoDone { status: Status::SUCCESS, data: Some(Bytes::from(buf)) },
         Err(e) => IoDone::err(map_err(e, false)),
@@ -301,16 +301,12 @@ pub(crate) fn dsm(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8])
     IoDone::ok()
 }
 
-/// A buffer for a read that will overwrite all of it. Zero-filling 1 MiB
-/// per read cost a fifth of the target's CPU time on large reads.
-#[allow(clippy::uninit_vec)] // see SAFETY; a MaybeUninit read path in bw_block would remove it
-fn uninit_buffer(len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    // SAFETY: u8 has no invalid bit patterns; the only user is
-    // `Volume::read_at`, which either fills the whole buffer (read_exact
-    // semantics) or fails, after which the buffer is dropped unread.
-    unsafe { v.set_len(len) };
-    v
+/// A buffer for a read, zero-filled: `Volume::read_at` takes `&mut [u8]`,
+/// which must never refer to uninitialized memory, whatever the backend
+/// does with it. (Reads that can avoid this copy do: the transports send
+/// large results from the page cache or into their send buffers.)
+fn read_buffer(len: usize) -> Vec<u8> {
+    vec![0; len]
 }
 
 /// Encode DSM ranges (context attributes 0) for a host.

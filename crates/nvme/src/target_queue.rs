@@ -33,12 +33,18 @@
 //! buffered; a transfer longer than MDTS is refused before its R2T; and R2Ts
 //! are issued only while the write data asked for and not yet completed
 //! stays within [`QueueConfig::r2t_budget`] (later writes wait their turn).
+//! Before the queue is connected the host may send one thing only, a
+//! Connect with its 1024 bytes of data (in the capsule or asked for with
+//! one R2T), so a host that never connects holds about a kilobyte: anything
+//! else then is a fatal transport error.
 
 use crate::auth::message::{AuthCommand, Message};
 use crate::auth::{ControllerAuth, Entropy, FailureReason};
 use crate::command::{sgl, Cqe, Sqe};
 use crate::controller::{KeepAlive, INCAPSULE_DATA, MAX_QUEUE_ENTRIES, MAX_TRANSFER};
-use crate::fabrics::{self, fctype, Connect, ConnectData, CATTR_DISABLE_SQFLOW};
+use crate::fabrics::{
+    self, fctype, Connect, ConnectData, CATTR_DISABLE_SQFLOW, CONNECT_DATA_LEN, NQN_MAX_LEN,
+};
 use crate::pdu::{
     self, fes, CapsuleCmd, DataHeader, DataPdu, DataPduHeader, Digests, IcResp, Pdu, PduError, R2t,
     TermReq,
@@ -108,12 +114,16 @@ pub enum QueueError {
         expected: usize,
         total: usize,
     },
+    #[error("{0} before the queue is connected")]
+    NotConnected(&'static str),
     #[error("no ICReq and Connect before the login timeout")]
     LoginTimeout,
     #[error("connected but no DH-HMAC-CHAP authentication before the login timeout")]
     AuthTimeout,
-    /// Authentication failed for good: the controller must go too.
-    #[error("DH-HMAC-CHAP authentication of {hostnqn} failed: {why} ({reason})")]
+    /// Authentication failed for good: this queue closes (its
+    /// controller's other queues are not the failing host's to end).
+    /// `hostnqn` came from the wire: printed escaped.
+    #[error("DH-HMAC-CHAP authentication of {} failed: {why} ({reason})", hostnqn.escape_debug())]
     AuthFailed {
         hostnqn: String,
         why: String,
@@ -143,6 +153,11 @@ pub enum Action {
     /// [`TargetQueue::auth_send`] (or [`TargetQueue::complete`] with an
     /// error if there is no randomness to be had).
     AuthSend { sqe: Sqe, data: Bytes },
+    /// The host has just authenticated on this queue (the first time:
+    /// its login is over). Until then the queue is connected but nothing
+    /// other than authentication runs on it, so the transport claims what
+    /// the queue holds (its queue ID) only now.
+    Authenticated,
     /// Send what was queued, then close the connection; `None` after a
     /// Disconnect.
     Close(Option<QueueError>),
@@ -307,6 +322,8 @@ impl TargetQueue {
     pub fn max_pdu_len(&self) -> u32 {
         match self.phase {
             Phase::AwaitIcReq => pdu::IC_LEN as u32,
+            // A Connect capsule with its data, or the H2CData carrying it.
+            Phase::AwaitConnect => (pdu::CMD_HLEN + 2 * pdu::DIGEST_LEN + CONNECT_DATA_LEN) as u32,
             _ => self.cfg.maxh2cdata.max(INCAPSULE_DATA) + 256,
         }
     }
@@ -460,7 +477,10 @@ impl TargetQueue {
         self.sq_entries = conn.sqsize + 1;
         // The Connect itself was the first entry.
         self.sqhd = 1 % self.sq_entries;
-        c.keep_alive.touch(now);
+        // (Not a host that has yet to authenticate: see accept_capsule.)
+        if c.auth.is_none() {
+            c.keep_alive.touch(now);
+        }
         self.keep_alive = Some(c.keep_alive);
         self.subsystem = c.subsystem;
         let authreq = if c.auth.is_some() {
@@ -562,8 +582,9 @@ impl TargetQueue {
                 "nvme: controller {} queue {}: {} authenticated (DH-HMAC-CHAP {hash} {group}, {how})",
                 self.cntlid,
                 self.qid,
-                a.hostnqn()
+                a.hostnqn().escape_debug()
             );
+            return Some(Action::Authenticated);
         }
         None
     }
@@ -692,14 +713,17 @@ impl TargetQueue {
         tx: &mut Vec<u8>,
     ) -> Result<bool, Option<Action>> {
         self.sqhd = (self.sqhd + 1) % self.sq_entries.max(1);
-        if self.phase == Phase::Connected && self.inflight.len >= self.sq_entries as usize {
+        // Before Connect the queue has one entry: the Connect.
+        if self.inflight.len >= self.sq_entries as usize {
             let why = QueueError::QueueOverflow {
                 outstanding: self.inflight.len + 1,
                 entries: self.sq_entries,
             };
             return Err(self.fatal(fes::PDU_SEQUENCE_ERROR, 0, &[], why, tx));
         }
-        if let Some(k) = &self.keep_alive {
+        // A host that has yet to authenticate does not keep the
+        // controller alive.
+        if let Some(k) = self.keep_alive.as_ref().filter(|_| !self.awaiting_auth()) {
             k.touch(now);
         }
         if !self.inflight.insert(cid) {
@@ -714,6 +738,19 @@ impl TargetQueue {
     fn capsule(&mut self, c: CapsuleCmd, now: Instant, tx: &mut Vec<u8>) -> Option<Action> {
         let sqe = c.sqe;
         let cid = sqe.cid();
+        if self.phase != Phase::Connected {
+            let what = if !(sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT) {
+                Some("a command other than Connect")
+            } else if sqe.sgl().length as usize > CONNECT_DATA_LEN {
+                Some("Connect data longer than 1024 bytes")
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                let why = QueueError::NotConnected(what);
+                return self.fatal(fes::PDU_SEQUENCE_ERROR, 0, &[], why, tx);
+            }
+        }
         match self.accept_capsule(cid, now, tx) {
             Err(a) => return a,
             Ok(false) => return None,
@@ -801,6 +838,7 @@ impl TargetQueue {
     }
 
     fn h2c_data(&mut self, h: DataPdu, tx: &mut Vec<u8>) -> Option<Action> {
+        // (Before Connect the only transfer asked for is the Connect's.)
         let problem = match self.pending.get(&h.ttag) {
             None => Some((
                 fes::INVALID_HEADER_FIELD,
@@ -911,6 +949,16 @@ impl TargetQueue {
         let Some(d) = ConnectData::parse(&data) else {
             return self.fail(cid, Status::SGL_INVALID_DATA.dnr(), tx);
         };
+        for (nqn, at) in [
+            (&d.subnqn, fabrics::CD_SUBNQN),
+            (&d.hostnqn, fabrics::CD_HOSTNQN),
+        ] {
+            if nqn.len() > NQN_MAX_LEN {
+                let st = Status::CONNECT_INVALID_PARAM.dnr();
+                self.complete(cid, st, fabrics::ipo_data(at), None, tx);
+                return None;
+            }
+        }
         self.connecting = Some(c);
         Some(Action::Connect {
             cid,

@@ -19,6 +19,7 @@ mod lab_e2e;
 mod load;
 mod mpls;
 mod nvme_auth;
+mod nvme_hostile;
 mod nvme_initiator;
 mod nvme_kernel;
 mod nvme_nvmet;

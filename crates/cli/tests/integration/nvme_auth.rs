@@ -9,7 +9,10 @@
 //!   CONFIG_NVME_AUTH) against `blockwire serve` (tests/kernel-vm/nvme-auth.sh).
 
 use crate::common;
-use bw_nvme::command::{admin, Sqe};
+use bw_nvme::auth::host::RECEIVE_LEN;
+use bw_nvme::auth::message::AuthCommand;
+use bw_nvme::auth::{AuthConfig, DhGroup, Entropy, HostAction, HostAuth, Secret, SeqNum};
+use bw_nvme::command::{admin, nvm, sgl, Sgl, Sqe};
 use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property};
 use bw_nvme::pdu::{self, Digests, IcReq, Pdu};
 use bw_nvme::{Cqe, Status};
@@ -17,6 +20,7 @@ use bytes::BytesMut;
 use common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const NQN: &str = "nqn.2026-11.org.blockwire:auth";
@@ -260,6 +264,12 @@ struct RawQueue {
 
 impl RawQueue {
     fn connect(port: u16, hostnqn: &str) -> (RawQueue, Cqe) {
+        RawQueue::open(port, 0, 0xFFFF, hostnqn, [7; 16])
+    }
+
+    /// ICReq and a Connect of queue `qid` (to controller `cntlid` for an
+    /// I/O queue).
+    fn open(port: u16, qid: u16, cntlid: u16, hostnqn: &str, hostid: [u8; 16]) -> (RawQueue, Cqe) {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let ic = Pdu::IcReq(IcReq {
@@ -277,14 +287,14 @@ impl RawQueue {
         assert!(matches!(q.next().unwrap(), Pdu::IcResp(_)));
         let c = Connect {
             recfmt: 0,
-            qid: 0,
+            qid,
             sqsize: 31,
             cattr: 0,
-            kato_ms: 0,
+            kato_ms: if qid == 0 { 30_000 } else { 0 },
         };
         let d = ConnectData {
-            hostid: [7; 16],
-            cntlid: 0xFFFF,
+            hostid,
+            cntlid,
             subnqn: NQN.into(),
             hostnqn: hostnqn.into(),
         };
@@ -307,17 +317,90 @@ impl RawQueue {
     }
 
     fn command(&mut self, sqe: Sqe, data: &[u8]) -> Cqe {
+        self.exchange(sqe, data).expect("connection closed").0
+    }
+
+    /// A command and its completion with the data read; None if the
+    /// target closed the connection instead.
+    fn exchange(&mut self, sqe: Sqe, data: &[u8]) -> Option<(Cqe, Vec<u8>)> {
         let mut out = Vec::new();
         pdu::encode_capsule(&sqe, data, Digests::default(), &mut out);
-        self.s.write_all(&out).unwrap();
+        self.s.write_all(&out).ok()?;
+        let mut read = Vec::new();
         loop {
-            match self.next().expect("connection closed") {
-                Pdu::CapsuleResp(c) => return c,
-                Pdu::C2HData(_) => continue,
+            match self.next()? {
+                Pdu::CapsuleResp(c) => return Some((c, read)),
+                Pdu::C2HData(d) => read.extend_from_slice(&d.data),
                 p => panic!("unexpected PDU {:#x}", p.kind()),
             }
         }
     }
+
+    /// DH-HMAC-CHAP on this queue with our host's state machine.
+    fn authenticate(
+        &mut self,
+        qid: u16,
+        hostnqn: &str,
+        cfg: &Arc<AuthConfig>,
+    ) -> Result<(), String> {
+        let entropy = Entropy::from_os(&SeqNum::new(1)).unwrap();
+        let mut h = HostAuth::new(cfg.clone(), hostnqn, NQN, qid, entropy);
+        let mut act = h.start();
+        loop {
+            act = match act {
+                HostAction::Send(b) => {
+                    let mut s = AuthCommand::send_sqe(20, b.len() as u32);
+                    s.set_sgl(Sgl {
+                        addr: 0,
+                        length: b.len() as u32,
+                        kind: sgl::INCAPSULE,
+                    });
+                    let (c, _) = self.exchange(s, &b).ok_or("closed after Auth Send")?;
+                    if !c.status.is_success() {
+                        return Err(format!("Auth Send: {}", c.status));
+                    }
+                    h.sent()
+                }
+                HostAction::Receive => {
+                    let (c, d) = self
+                        .exchange(auth_receive(21), &[])
+                        .ok_or("closed after Auth Receive")?;
+                    if !c.status.is_success() {
+                        return Err(format!("Auth Receive: {}", c.status));
+                    }
+                    h.received(&d)
+                }
+                HostAction::Done => return Ok(()),
+                HostAction::Failed { error, .. } => return Err(error.to_string()),
+            };
+        }
+    }
+
+    /// Whether the target closed the connection (rather than answering or
+    /// staying silent).
+    fn closed_by_target(&mut self) -> bool {
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut b = [0u8; 4096];
+        loop {
+            match self.s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+            }
+        }
+    }
+}
+
+fn auth_receive(cid: u16) -> Sqe {
+    let mut s = AuthCommand::receive_sqe(cid, RECEIVE_LEN);
+    s.set_sgl(Sgl {
+        addr: 0,
+        length: RECEIVE_LEN,
+        kind: sgl::TRANSPORT,
+    });
+    s
 }
 
 #[test]
@@ -686,4 +769,144 @@ fn blockwire_initiator_authenticates_against_linux_nvmet() {
         "guest did not see the done signal"
     );
     assert!(status.success(), "kernel-vm failed: {status}");
+}
+
+/// Host 2 (bidirectional DH-HMAC-CHAP) owns a controller with an
+/// authenticated I/O queue. Peers that know its host NQN but not its
+/// secret try to join: one with another Host ID, one that fails its
+/// authentication, one that connects a queue ID and sits on it. None of them
+/// ends or blocks host 2's controller: its Keep Alive and reads go on, and
+/// it connects the queue ID the third peer tried to hold.
+#[test]
+fn a_peer_without_the_secret_neither_ends_nor_blocks_an_authenticated_host() {
+    let dir = TempDir::new("nvp");
+    let port = free_port();
+    let mut serve = Serve::with_config(&dir, &config(&dir, port, ""), &["-v"]);
+    let mut cfg = AuthConfig::new(Secret::parse(K2).unwrap(), Some(Secret::parse(C2).unwrap()));
+    cfg.groups = DhGroup::ALL.to_vec();
+    let cfg = Arc::new(cfg);
+    let h2 = host(2);
+    let hostid = [0x22; 16];
+
+    // Host 2: admin queue, enabled, four I/O queues granted, queue 1 open.
+    let (mut admin, c) = RawQueue::open(port, 0, 0xFFFF, &h2, hostid);
+    assert!(c.status.is_success(), "{}", c.status);
+    let cntlid = c.dw0() as u16;
+    admin
+        .authenticate(0, &h2, &cfg)
+        .expect("admin queue authenticates");
+    let cc = 1 | (6 << 16) | (4 << 20);
+    assert!(admin
+        .command(Property::set_sqe(2, reg::CC, cc), &[])
+        .status
+        .is_success());
+    let t0 = Instant::now();
+    while admin
+        .command(Property::get_sqe(3, reg::CSTS, false), &[])
+        .dw0()
+        & 1
+        == 0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "controller never ready"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut nq = Sqe::new(admin::SET_FEATURES, 4, 0);
+    nq.set_cdw(10, bw_nvme::controller::feature::NUM_QUEUES as u32);
+    nq.set_cdw(11, 3 | (3 << 16));
+    assert!(admin.command(nq, &[]).status.is_success());
+    let io = |qid: u16| {
+        let (mut q, c) = RawQueue::open(port, qid, cntlid, &h2, hostid);
+        assert!(c.status.is_success(), "queue {qid}: Connect {}", c.status);
+        q.authenticate(qid, &h2, &cfg)
+            .unwrap_or_else(|e| panic!("queue {qid}: {e}"));
+        q
+    };
+    let mut q1 = io(1);
+    // Still in business: a Keep Alive on the admin queue and a read.
+    let alive = |admin: &mut RawQueue, q: &mut RawQueue, what: &str| {
+        let ka = admin.exchange(Sqe::new(admin::KEEP_ALIVE, 5, 0), &[]);
+        assert!(
+            ka.is_some_and(|(c, _)| c.status.is_success()),
+            "{what}: host 2's Keep Alive failed:\n{}",
+            serve.log_text()
+        );
+        let mut rd = Sqe::new(nvm::READ, 6, 1);
+        rd.set_rw(0, 8);
+        rd.set_sgl(Sgl {
+            addr: 0,
+            length: 4096,
+            kind: sgl::TRANSPORT,
+        });
+        let r = q.exchange(rd, &[]);
+        assert!(
+            r.is_some_and(|(c, d)| c.status.is_success() && d.len() == 4096),
+            "{what}: host 2's read failed:\n{}",
+            serve.log_text()
+        );
+    };
+    alive(&mut admin, &mut q1, "before");
+
+    // A peer with host 2's NQN and another Host ID, failing to authenticate
+    // if it gets that far.
+    let (mut p1, c1) = RawQueue::open(port, 2, cntlid, &h2, [0x99; 16]);
+    if c1.status.is_success() {
+        let _ = p1.exchange(auth_receive(1), &[]);
+    }
+    alive(&mut admin, &mut q1, "after a peer with another Host ID");
+    assert_eq!(
+        (c1.status, c1.result),
+        (
+            Status::CONNECT_INVALID_PARAM.dnr(),
+            fabrics::ipo_data(fabrics::CD_CNTLID)
+        ),
+        "an I/O Connect with another Host ID"
+    );
+
+    // A peer with host 2's NQN and Host ID (neither is secret) that fails
+    // its authentication: its queue alone closes.
+    let (mut p2, c2) = RawQueue::open(port, 2, cntlid, &h2, hostid);
+    assert!(c2.status.is_success(), "{}", c2.status);
+    assert_ne!(c2.dw0() & fabrics::AUTHREQ_ATR, 0);
+    let _ = p2.exchange(auth_receive(1), &[]);
+    assert!(p2.closed_by_target(), "the failing queue stays open");
+    alive(
+        &mut admin,
+        &mut q1,
+        "after a failed authentication on another queue",
+    );
+
+    // A peer that connects queue 2 and never authenticates does not hold it.
+    let (p3, c3) = RawQueue::open(port, 2, cntlid, &h2, hostid);
+    assert!(c3.status.is_success(), "{}", c3.status);
+    let mut q2 = io(2);
+    alive(
+        &mut admin,
+        &mut q2,
+        "on the queue a peer had connected first",
+    );
+    drop(p3);
+    // ... and its going does not free host 2's queue ID for another.
+    let (_, c4) = RawQueue::open(port, 2, cntlid, &h2, hostid);
+    assert_eq!(
+        c4.status,
+        Status::CONNECT_INVALID_PARAM.dnr(),
+        "queue 2 is host 2's"
+    );
+    alive(&mut admin, &mut q1, "at the end");
+    // (The target logs a connection's end after closing it.)
+    assert!(
+        wait_log(
+            &serve,
+            "authentication of nqn.2026-11.org.blockwire:auth-host-2 failed"
+        ),
+        "{}",
+        serve.log_text()
+    );
+    let log = serve.log_text();
+    assert!(!log.contains("torn down"), "{log}");
+    assert!(serve.is_running());
+    assert!(serve.stop().success());
 }

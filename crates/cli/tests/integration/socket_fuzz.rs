@@ -729,7 +729,8 @@ fn nvme_open(tx: &mut Sender, rng: &mut SmallRng, qid: u16, cntlid: u16, hostnqn
     seen.ic?;
     let sqsize = 31;
     let c = Connect { recfmt: 0, qid, sqsize, cattr: 0, kato_ms: if qid == 0 { rng.gen_range(0..3) * 5000 } else { 0 } };
-    let cd = ConnectData { hostid: [qid as u8 + 1; 16], cntlid, subnqn: FUZZ_NQN.into(), hostnqn: hostnqn.into() };
+    // Every queue of a controller carries its admin queue's Host ID.
+    let cd = ConnectData { hostid: [1; 16], cntlid, subnqn: FUZZ_NQN.into(), hostnqn: hostnqn.into() };
     let p = NvmePdu::CapsuleCmd(CapsuleCmd { sqe: c.to_sqe(1), data: Bytes::from(cd.encode()) });
     tx.pdu("Connect", nvme_wire(&p, digests));
     let deadline = Instant::now() + Duration::from_secs(3);

@@ -23,6 +23,12 @@ use subtle::ConstantTimeEq;
 /// size; a larger AL gets just the message.
 pub const RECEIVE_PAD_MAX: usize = 64 * 1024;
 
+/// Negotiates accepted on a queue before the host proves its secret. Each
+/// one makes the controller generate a DH key pair (ffdhe8192: about 12 ms
+/// of CPU), and all it takes is a configured host NQN; a host restarts an
+/// exchange rarely, so a few are plenty.
+pub const MAX_UNPROVEN_NEGOTIATIONS: u32 = 4;
+
 /// One transaction between Negotiate and Reply.
 struct Txn {
     tid: u16,
@@ -70,6 +76,8 @@ pub struct ControllerAuth {
     chosen: Option<(HashId, DhGroup)>,
     /// Why the exchange failed or is failing, for the log.
     why: Option<String>,
+    /// Negotiates since the host last proved its secret (a matching Reply).
+    unproven_negotiations: u32,
 }
 
 /// Names and progress only: never key material.
@@ -97,6 +105,7 @@ impl ControllerAuth {
             mutual: false,
             chosen: None,
             why: None,
+            unproven_negotiations: 0,
         }
     }
 
@@ -221,6 +230,16 @@ impl ControllerAuth {
 
     fn negotiate(&mut self, n: super::message::Negotiate, entropy: Entropy) {
         let tid = n.tid;
+        if self.unproven_negotiations >= MAX_UNPROVEN_NEGOTIATIONS {
+            return self.fail1(
+                tid,
+                FailureReason::FAILED,
+                format!(
+                    "{MAX_UNPROVEN_NEGOTIATIONS} AUTH_Negotiate on this queue without a valid Reply"
+                ),
+            );
+        }
+        self.unproven_negotiations += 1;
         if n.sc_c != 0 {
             return self.fail1(tid, FailureReason::CONCAT_MISMATCH, "the host asks for secure channel concatenation (TLS), which this target does not offer");
         }
@@ -338,6 +357,7 @@ impl ControllerAuth {
                 "the host's response does not match its secret (wrong dhchap_secret?)",
             );
         }
+        self.unproven_negotiations = 0;
         // S2 = 0 with a C2 only asks for a TLS PSK, which is not offered.
         let r2 = match r.challenge.filter(|_| r.seqnum != 0) {
             None => None,

@@ -2,6 +2,7 @@
 //! commands the transport carries: every hash x group, one-way and
 //! bidirectional, and the ways it must fail.
 
+use super::controller::MAX_UNPROVEN_NEGOTIATIONS;
 use super::host::{HostError, RECEIVE_LEN};
 use super::message::{auth_id, AuthCommand, Message};
 use super::*;
@@ -541,5 +542,65 @@ fn keys_of_every_length_and_transformation() {
                 "{len} {t:?} {hash}"
             );
         }
+    }
+}
+
+/// Each Negotiate costs the controller a DH key pair; a host that has not
+/// proved its secret gets a bounded number of them on one queue, and one
+/// that has proved it starts afresh.
+#[test]
+fn negotiates_without_proof_are_bounded() {
+    let k = Arc::new(cfg(key(3, None), None, &HashId::ALL, &[DhGroup::Ffdhe2048]));
+    let host = Arc::new(cfg(key(3, None), None, &HashId::ALL, &[DhGroup::Ffdhe2048]));
+    let mut c = ControllerAuth::new(k, HOST, SUB);
+    let negotiate = |c: &mut ControllerAuth, tid: u16| {
+        let mut h = HostAuth::new(host.clone(), HOST, SUB, tid, entropy(tid as u8));
+        let HostAction::Send(b) = h.start() else {
+            panic!("the host starts with a Negotiate")
+        };
+        assert_eq!(
+            c.auth_send(&send_sqe(b.len()), &b, entropy(60)),
+            Status::SUCCESS
+        );
+        c.auth_receive(&receive_sqe(RECEIVE_LEN)).unwrap()
+    };
+    for tid in 0..MAX_UNPROVEN_NEGOTIATIONS as u16 {
+        let d = negotiate(&mut c, tid);
+        assert_eq!(
+            Message::parse(&d).map(|m| m.name()),
+            Ok("DH-HMAC-CHAP_Challenge"),
+            "negotiation {tid}"
+        );
+    }
+    let d = negotiate(&mut c, 99);
+    assert!(
+        matches!(Message::parse(&d), Ok(Message::Failure1(f)) if f.reason == FailureReason::FAILED),
+        "{:?}",
+        Message::parse(&d).map(|m| m.name())
+    );
+    assert_eq!(c.failed(), Some(FailureReason::FAILED));
+    assert!(c.why().unwrap().contains("without a valid Reply"));
+
+    // Proving the secret resets the count: re-authentication goes on.
+    let k = Arc::new(cfg(key(3, None), None, &HashId::ALL, &[DhGroup::Null]));
+    let host = Arc::new(cfg(key(3, None), None, &HashId::ALL, &[DhGroup::Null]));
+    let mut c = ControllerAuth::new(k, HOST, SUB);
+    for round in 0..2 * MAX_UNPROVEN_NEGOTIATIONS as u16 {
+        let mut h = HostAuth::new(host.clone(), HOST, SUB, round, entropy(round as u8));
+        let mut act = h.start();
+        let done = loop {
+            act = match act {
+                HostAction::Send(b) => {
+                    c.auth_send(&send_sqe(b.len()), &b, entropy(70));
+                    h.sent()
+                }
+                HostAction::Receive => {
+                    h.received(&c.auth_receive(&receive_sqe(RECEIVE_LEN)).unwrap())
+                }
+                HostAction::Done => break true,
+                HostAction::Failed { .. } => break false,
+            };
+        };
+        assert!(done, "round {round}");
     }
 }

@@ -150,6 +150,27 @@ fn keep_alive_expires_without_traffic() {
 }
 
 #[test]
+fn a_bounded_keep_alive_expires_whatever_the_host_asks() {
+    let t0 = Instant::now();
+    for asked in [0, 500, 3_000_000, u32::MAX] {
+        let ka = KeepAlive::new(asked, t0);
+        ka.bound(2000, 120_000);
+        let want = match asked {
+            0 => 2000,
+            ms => ms.min(120_000),
+        };
+        assert_eq!(ka.kato(), Some(Duration::from_millis(want as u64)), "KATO {asked}");
+        assert!(ka.expired(t0 + Duration::from_millis(want as u64 + 1)), "KATO {asked}");
+        assert!(!ka.expired(t0 + Duration::from_millis(want as u64 - 1)), "KATO {asked}");
+    }
+    // Set Features KATO 0 later does not lift the bound either.
+    let ka = KeepAlive::new(10_000, t0);
+    ka.bound(2000, 120_000);
+    ka.set_kato_ms(0);
+    assert_eq!(ka.kato(), Some(Duration::from_millis(2000)));
+}
+
+#[test]
 fn discovery_controller_serves_log_page() {
     let e = DiscoveryEntry { subnqn: "nqn.t:s".into(), traddr: "127.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: 2 };
     let mut c = Controller::new(1, Role::Discovery(vec![e.clone()]), "h".into(), [0; 16], 0, Instant::now());

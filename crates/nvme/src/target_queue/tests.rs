@@ -212,6 +212,10 @@ fn icreq_is_answered_with_the_digests_asked_for() {
         assert_eq!(h.q.max_pdu_len(), pdu::IC_LEN as u32);
         h.ic();
         assert_eq!(h.q.digests(), d);
+        // Until Connect, a Connect is all the host may send.
+        assert!(h.q.max_pdu_len() < 2048);
+        let mut h = Host::new(d);
+        h.connect(1, 31, 0);
         assert!(h.q.max_pdu_len() > MAXH2CDATA);
     }
 }
@@ -294,15 +298,207 @@ fn huge_pdu_length_is_refused_without_buffering() {
     }
 }
 
+/// Before Connect only a Connect is taken: any other command, even one that
+/// would need no data, is a fatal transport error.
 #[test]
-fn commands_before_connect_are_sequence_errors() {
+fn commands_before_connect_end_the_connection() {
     let mut h = Host::new(Digests::default());
     h.ic();
     let (a, out) = h.send(&[capsule(Sqe::new(nvm::READ, 4, 1), Bytes::new())]);
-    assert!(a.is_empty());
-    let c = cqe(&out);
-    assert_eq!((c.cid, c.status), (4, Status::CMD_SEQ_ERROR));
+    assert_eq!(term(&out), (fes::PDU_SEQUENCE_ERROR, 0));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(
+        closed(&a),
+        Some(QueueError::NotConnected("a command other than Connect"))
+    );
     assert_eq!(h.q.outstanding(), 0);
+}
+
+/// A host that never connects cannot make the queue ask for (and then
+/// hold) write data: no R2T before Connect but the Connect's own.
+#[test]
+fn writes_before_connect_get_no_r2t() {
+    for d in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        let mut h = Host::new(d);
+        h.ic();
+        let (a, out) = h.send(&[capsule(
+            rw(nvm::WRITE, 1, 0, 2048, sgl::TRANSPORT),
+            Bytes::new(),
+        )]);
+        assert!(
+            !out.iter().any(|p| matches!(p, Pdu::R2T(_))),
+            "R2T before Connect: {out:?}"
+        );
+        assert_eq!(term(&out), (fes::PDU_SEQUENCE_ERROR, 0));
+        assert!(matches!(closed(&a), Some(QueueError::NotConnected(_))));
+        assert_eq!(h.q.granted_bytes(), 0);
+        // Nothing is taken after the close.
+        let (a, out) = h.send(&[h2c(1, 1, 0, vec![0; 4096], false)]);
+        assert!(a.is_empty() && out.is_empty());
+    }
+    // A Connect that asks for more than its 1024 bytes of data.
+    let mut h = Host::new(Digests::default());
+    h.ic();
+    let c = Connect {
+        recfmt: 0,
+        qid: 0,
+        sqsize: 31,
+        cattr: 0,
+        kato_ms: 0,
+    };
+    let mut s = c.to_sqe(3);
+    s.set_sgl(Sgl {
+        addr: 0,
+        length: 1 << 20,
+        kind: sgl::TRANSPORT,
+    });
+    let (a, out) = h.send(&[capsule(s, Bytes::new())]);
+    assert_eq!(term(&out), (fes::PDU_SEQUENCE_ERROR, 0));
+    assert!(matches!(closed(&a), Some(QueueError::NotConnected(_))));
+    // H2CData nobody asked for.
+    let mut h = Host::new(Digests::default());
+    h.ic();
+    let (a, out) = h.send(&[h2c(1, 1, 0, vec![0; 1024], true)]);
+    assert_eq!(term(&out).0, fes::INVALID_HEADER_FIELD);
+    assert_eq!(closed(&a), Some(QueueError::UnknownTransferTag(1)));
+}
+
+/// The Connect's data may come by R2T (one, of 1024 bytes); while it is
+/// awaited no second command is taken.
+#[test]
+fn connect_data_by_r2t_and_nothing_beside_it() {
+    let mut h = Host::new(Digests::default());
+    h.ic();
+    let c = Connect {
+        recfmt: 0,
+        qid: 0,
+        sqsize: 31,
+        cattr: 0,
+        kato_ms: 0,
+    };
+    let d = ConnectData {
+        hostid: [1; 16],
+        cntlid: 0xFFFF,
+        subnqn: "nqn.t:s".into(),
+        hostnqn: "nqn.t:h".into(),
+    };
+    let mut s = c.to_sqe(3);
+    s.set_sgl(Sgl {
+        addr: 0,
+        length: CONNECT_DATA_LEN as u32,
+        kind: sgl::TRANSPORT,
+    });
+    let (a, out) = h.send(&[capsule(s, Bytes::new())]);
+    assert!(a.is_empty());
+    assert_eq!(
+        out,
+        vec![Pdu::R2T(R2t {
+            cid: 3,
+            ttag: 3,
+            offset: 0,
+            length: CONNECT_DATA_LEN as u32
+        })]
+    );
+    let (a, _) = h.send(&[h2c(3, 3, 0, d.encode(), true)]);
+    assert!(
+        matches!(&a[..], [Action::Connect { cid: 3, data, .. }] if *data == d),
+        "{a:?}"
+    );
+    // The same, with a second Connect sent before the first one's data.
+    let mut h = Host::new(Digests::default());
+    h.ic();
+    let (_, out) = h.send(&[capsule(s, Bytes::new())]);
+    assert!(matches!(out[..], [Pdu::R2T(_)]));
+    let mut s2 = s;
+    s2.set_cid(4);
+    let (a, out) = h.send(&[capsule(s2, Bytes::new())]);
+    assert_eq!(term(&out).0, fes::PDU_SEQUENCE_ERROR);
+    assert!(matches!(closed(&a), Some(QueueError::QueueOverflow { .. })));
+}
+
+/// Before Connect, a PDU longer than a Connect capsule with its data is
+/// refused from its header.
+#[test]
+fn before_connect_only_connect_sized_pdus_are_framed() {
+    let mut h = Host::new(Digests::default());
+    h.ic();
+    assert!(h.q.max_pdu_len() < 2048, "{}", h.q.max_pdu_len());
+    let mut s = Sqe::new(crate::command::admin::IDENTIFY, 1, 0);
+    s.set_sgl(Sgl {
+        addr: 0,
+        length: 8192,
+        kind: sgl::INCAPSULE,
+    });
+    let (a, out) = h.send(&[capsule(s, Bytes::from(vec![0u8; 8192]))]);
+    assert_eq!(term(&out).0, fes::DATA_OUT_OF_RANGE);
+    assert!(matches!(
+        closed(&a),
+        Some(QueueError::Malformed(PduError::TooLarge { .. }))
+    ));
+    // A Connect with its data in the capsule still fits, with digests.
+    let mut h = Host::new(Digests {
+        header: true,
+        data: true,
+    });
+    h.ic();
+    let (a, _) = h.connect_action(0, 31, 0);
+    assert!(matches!(a[..], [Action::Connect { .. }]), "{a:?}");
+}
+
+/// NQNs are at most 223 bytes: longer ones are refused at Connect with the
+/// field's offset, before the transport sees them.
+#[test]
+fn overlong_nqns_are_refused_at_connect() {
+    for (field, at) in [("sub", fabrics::CD_SUBNQN), ("host", fabrics::CD_HOSTNQN)] {
+        for len in [NQN_MAX_LEN, NQN_MAX_LEN + 1, 255] {
+            let mut h = Host::new(Digests::default());
+            h.ic();
+            let long = format!("nqn.t:{}", "x".repeat(len - 6));
+            let d = ConnectData {
+                hostid: [1; 16],
+                cntlid: 0xFFFF,
+                subnqn: if field == "sub" {
+                    long.clone()
+                } else {
+                    "nqn.t:s".into()
+                },
+                hostnqn: if field == "host" {
+                    long.clone()
+                } else {
+                    "nqn.t:h".into()
+                },
+            };
+            let c = Connect {
+                recfmt: 0,
+                qid: 0,
+                sqsize: 31,
+                cattr: 0,
+                kato_ms: 0,
+            };
+            let (a, out) = h.send(&[capsule(c.to_sqe(2), Bytes::from(d.encode()))]);
+            if len <= NQN_MAX_LEN {
+                assert!(
+                    matches!(a[..], [Action::Connect { .. }]),
+                    "{field} {len}: {a:?}"
+                );
+                continue;
+            }
+            assert!(a.is_empty(), "{field} {len}: {a:?}");
+            let c = cqe(&out);
+            assert_eq!(
+                (c.status, c.result),
+                (Status::CONNECT_INVALID_PARAM.dnr(), fabrics::ipo_data(at)),
+                "{field} {len}"
+            );
+            assert!(!h.q.is_closed());
+        }
+    }
 }
 
 #[test]
@@ -1100,8 +1296,14 @@ mod auth {
             let mut h = Host::new(Digests::default());
             let deadline = h.t0 + Duration::from_secs(10);
             connect_with_auth(&mut h, qid);
+            // Commands of a host that has yet to authenticate do not keep
+            // the controller alive.
+            let before = h.ka.deadline();
+            h.now += Duration::from_millis(500);
             let (a, _) = authenticate(&mut h, key(5), qid);
-            assert!(a.is_empty(), "{a:?}");
+            // The transport hears once that the login is over.
+            assert_eq!(a, vec![Action::Authenticated]);
+            assert_eq!(h.ka.deadline(), before);
             assert!(!h.q.awaiting_auth());
             assert_ne!(h.q.poll_timeout(), Some(deadline));
             let (a, _) = h.send(&[capsule(
@@ -1163,4 +1365,18 @@ mod auth {
         assert!(a.is_empty());
         assert_eq!(cqe(&out).status, Status::INVALID_OPCODE.dnr());
     }
+}
+
+/// A host NQN comes from the wire: a newline in it must not start a
+/// forged line in the target's log.
+#[test]
+fn names_from_the_wire_are_escaped_in_errors() {
+    let e = QueueError::AuthFailed {
+        hostnqn: "nqn.t:h\n[INFO] forged".into(),
+        why: "the host's response does not match its secret".into(),
+        reason: FailureReason::FAILED,
+    };
+    let s = e.to_string();
+    assert!(!s.contains('\n'), "{s}");
+    assert!(s.contains(r"nqn.t:h\n[INFO] forged"), "{s}");
 }

@@ -29,7 +29,7 @@ use bw_nvme::controller::{AdminOutcome, Completion};
 use bw_nvme::fabrics::{Connect, ConnectData};
 use bw_nvme::io::{self, IoDone};
 use bw_nvme::pdu;
-use bw_nvme::target_queue::{Action, Connected, QueueConfig, QueueError, Received, TargetQueue};
+use bw_nvme::target_queue::{Action, Connected, QueueConfig, Received, TargetQueue};
 use bw_nvme::{Status, Subsystem};
 use bytes::Bytes;
 use std::net::SocketAddr;
@@ -80,6 +80,18 @@ fn host_on_our_cpu(stream: &TcpStream) -> bool {
     r == 0 && cpu >= 0 && cpu == unsafe { libc::sched_getcpu() }
 }
 
+/// What a connection has become once its login is over, for admission
+/// (sessions that cost no credentials may be held to a smaller limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Login {
+    /// The admin queue of a discovery controller: any host may open one,
+    /// and it has only the keep-alive (or, with KATO 0, an idle) deadline.
+    Discovery,
+    /// A queue (admin or I/O) of an NVM controller, whose host is allowed
+    /// on the subsystem and has authenticated where it has a secret.
+    Controller,
+}
+
 /// A command finished on the blocking pool.
 struct Finished {
     cid: u16,
@@ -97,6 +109,8 @@ struct Conn {
     /// Completions from the blocking pool come back through here.
     done_tx: mpsc::UnboundedSender<Finished>,
     ctrl: Option<Arc<CtrlEntry>>,
+    /// This I/O queue holds its queue ID in `ctrl` (from its login on).
+    holds_qid: bool,
     kill: watch::Receiver<bool>,
     _kill_keep: watch::Sender<bool>,
     /// Connected and, where the host must, authenticated: `run` returns
@@ -131,6 +145,7 @@ pub async fn serve(
         out: Outbox::default(),
         done_tx,
         ctrl: None,
+        holds_qid: false,
         kill,
         _kill_keep: kill_keep,
         logged_in: false,
@@ -208,7 +223,7 @@ impl Conn {
         if let Some(e) = &self.ctrl {
             if self.q.qid() == 0 {
                 self.fabric.remove(e.cntlid, "admin queue closed");
-            } else {
+            } else if self.holds_qid {
                 e.release_queue(self.q.qid());
             }
         }
@@ -222,6 +237,7 @@ impl Conn {
         shutdown: &mut Shutdown,
     ) -> anyhow::Result<()> {
         let mut reads_in_a_row = 0;
+        let was_logged_in = self.logged_in;
         loop {
             // Handle the PDUs already buffered before touching the socket
             // again (at high queue depth one read brings many capsules),
@@ -259,8 +275,7 @@ impl Conn {
                         if let Some(end) = self.act(a) {
                             return end;
                         }
-                        if !self.logged_in && self.ctrl.is_some() && !self.q.awaiting_auth() {
-                            self.logged_in = true;
+                        if self.logged_in != was_logged_in {
                             return Ok(());
                         }
                     }
@@ -316,14 +331,13 @@ impl Conn {
     fn act(&mut self, a: Action) -> Option<anyhow::Result<()>> {
         match a {
             Action::Close(None) => return Some(Ok(())),
-            Action::Close(Some(e)) => {
-                // A host that failed to authenticate on any queue loses the
-                // whole controller, as with Linux's target.
-                if let (QueueError::AuthFailed { .. }, Some(c)) = (&e, &self.ctrl) {
-                    self.fabric
-                        .remove(c.cntlid, "DH-HMAC-CHAP authentication failed");
-                }
-                return Some(Err(e.into()));
+            // A failed authentication ends this queue alone: whoever failed
+            // may not be the host that owns the controller. (An admin
+            // queue's controller goes with it, at teardown.)
+            Action::Close(Some(e)) => return Some(Err(e.into())),
+            Action::Authenticated => {
+                let qid = self.q.qid();
+                return self.log_in(Login::Controller, qid).err().map(Err);
             }
             Action::AuthSend { sqe, data } => return self.auth_send(sqe, data),
             Action::Connect { cid, connect, data } => self.connect(cid, connect, data),
@@ -375,15 +389,51 @@ impl Conn {
             let sub = e.subsys.as_ref()?;
             Some(ControllerAuth::new(a.clone(), &e.hostnqn, &sub.nqn))
         });
+        let login = match (&auth, e.is_discovery()) {
+            (Some(_), _) => None,
+            (None, true) => Some(Login::Discovery),
+            (None, false) => Some(Login::Controller),
+        };
         let done = Connected {
             result: e.cntlid as u64,
             keep_alive: e.keep_alive.clone(),
             subsystem: e.subsys.clone(),
             auth,
         };
+        self.ctrl = Some(e);
+        if let Some(kind) = login {
+            if let Err(e) = self.log_in(kind, c.qid) {
+                log::info!("nvme: {}: Connect (qid {}) refused: {e}", self.peer, c.qid);
+                let st = Status::CONNECT_INVALID_PARAM.dnr();
+                let at = bw_nvme::fabrics::ipo_sqe(bw_nvme::fabrics::CS_QID);
+                self.ctrl = None;
+                return self.q.connect_refused(cid, st, at, self.out.buf_mut());
+            }
+        }
         self.q
             .connected(cid, done, Instant::now(), self.out.buf_mut());
-        self.ctrl = Some(e);
+    }
+
+    /// The queue's login is over: the host is allowed and authenticated
+    /// (or needs no credentials: discovery). An I/O queue takes its queue
+    /// ID now; an `Err` ends the connection.
+    fn log_in(&mut self, kind: Login, qid: u16) -> Result<(), anyhow::Error> {
+        let Some(e) = &self.ctrl else {
+            return Ok(());
+        };
+        if qid > 0 && !self.holds_qid {
+            if !e.reserve_queue(qid) {
+                anyhow::bail!("queue {qid} of controller {} is taken", e.cntlid);
+            }
+            self.holds_qid = true;
+        }
+        log::debug!(
+            "nvme: {}: queue {qid} of controller {} logged in ({kind:?})",
+            self.peer,
+            e.cntlid
+        );
+        self.logged_in = true;
+        Ok(())
     }
 
     /// Auth Send: the queue's DH-HMAC-CHAP step with fresh randomness.
@@ -491,14 +541,9 @@ impl Conn {
         for (hdr, r) in self.q.read_pdus(cid, len) {
             b.extend_from_slice(hdr.bytes());
             let dstart = b.len();
-            b.reserve(r.len());
-            // SAFETY: u8 has no invalid bit patterns and `read_at` either
-            // fills the whole slice or fails, after which everything this
-            // read appended is truncated away unread.
-            #[allow(clippy::uninit_vec)]
-            unsafe {
-                b.set_len(dstart + r.len())
-            };
+            // Zero-filled: `read_at` takes `&mut [u8]`, which must not
+            // refer to uninitialized memory.
+            b.resize(dstart + r.len(), 0);
             if let Err(e) = vol.read_at(&mut b[dstart..], off + r.start as u64) {
                 b.truncate(start);
                 return self.complete(cid, io::read_error(e), 0, None);

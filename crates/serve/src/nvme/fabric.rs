@@ -1,6 +1,9 @@
 //! The controllers alive on this target: Connect creates (admin queue) or
 //! joins (I/O queue) them; admin-queue loss or a keep-alive timeout tears
-//! them down and closes every queue they have.
+//! them down and closes every queue they have. A queue that joins takes
+//! its queue ID only once its host has authenticated (when it must), so a
+//! peer that merely knows a host's NQN and Host ID can neither hold an ID
+//! nor, failing to authenticate, end anything but its own connection.
 
 use super::auth::HostKeys;
 use bw_nvme::auth::AuthConfig;
@@ -11,7 +14,7 @@ use bw_nvme::{Controller, Status, Subsystem, DISCOVERY_NQN};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub struct CtrlEntry {
@@ -20,6 +23,8 @@ pub struct CtrlEntry {
     pub keep_alive: Arc<KeepAlive>,
     pub subsys: Option<Arc<Subsystem>>,
     pub hostnqn: String,
+    /// The Host ID of the admin queue's Connect: every I/O queue's must match.
+    pub hostid: [u8; 16],
     /// DH-HMAC-CHAP settings when this host must authenticate on every queue.
     pub auth: Option<Arc<AuthConfig>>,
     /// Becomes true when the controller is torn down; every queue watches it.
@@ -31,10 +36,27 @@ impl CtrlEntry {
     pub fn killed(&self) -> watch::Receiver<bool> {
         self.kill.subscribe()
     }
+    /// A discovery controller (no subsystem, no host check).
+    pub fn is_discovery(&self) -> bool {
+        self.subsys.is_none()
+    }
+    /// Take I/O queue ID `qid` for a queue whose host is logged in (has
+    /// authenticated, where it must): false if another queue holds it.
+    pub fn reserve_queue(&self, qid: u16) -> bool {
+        let taken = !self.qids.lock().unwrap_or_else(|p| p.into_inner()).insert(qid);
+        if !taken {
+            self.keep_alive.touch(Instant::now());
+        }
+        !taken
+    }
+    /// Give back an ID taken with [`CtrlEntry::reserve_queue`].
     pub fn release_queue(&self, qid: u16) {
         if let Ok(mut q) = self.qids.lock() {
             q.remove(&qid);
         }
+    }
+    fn queue_taken(&self, qid: u16) -> bool {
+        self.qids.lock().unwrap_or_else(|p| p.into_inner()).contains(&qid)
     }
 }
 
@@ -62,7 +84,16 @@ pub struct Fabric {
     cntlids: (u16, u16),
     /// Hosts that authenticate in band, and the sequence numbers they get.
     pub host_keys: HostKeys,
+    /// Keep-alive timeout of a discovery controller whose host asks for
+    /// none (KATO 0), as Linux's target has (120 s there): it needs no
+    /// credentials, so it must not stay forever.
+    discovery_idle_ms: u32,
 }
+
+/// The longest keep-alive timeout a discovery controller gets, whatever
+/// its host asks (Linux nvmet's default for one that asks for none), and
+/// [`Fabric::with_discovery_idle`] unless told otherwise.
+const DISCOVERY_KATO_MAX_MS: u32 = 120_000;
 
 impl Fabric {
     pub fn new(subsystems: Vec<Arc<Subsystem>>, ports: Vec<SocketAddr>) -> Fabric {
@@ -75,7 +106,15 @@ impl Fabric {
             max_discovery: usize::MAX,
             cntlids: (1, 0xFFEF),
             host_keys: HostKeys::default(),
+            discovery_idle_ms: DISCOVERY_KATO_MAX_MS,
         }
+    }
+
+    /// How long a discovery controller whose host asked for no keep-alive
+    /// may go without a command before it is torn down.
+    pub fn with_discovery_idle(mut self, idle: Duration) -> Fabric {
+        self.discovery_idle_ms = idle.as_millis().clamp(1, u32::MAX as u128) as u32;
+        self
     }
 
     pub fn with_host_auth(mut self, keys: HostKeys) -> Fabric {
@@ -143,7 +182,7 @@ impl Fabric {
                 .find(|s| s.nqn == d.subnqn)
                 .ok_or_else(|| refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_SUBNQN)))?;
             if !s.host_allowed(&d.hostnqn) {
-                log::warn!("nvme: host {} is not allowed on {}", d.hostnqn, s.nqn);
+                log::warn!("nvme: host {} is not allowed on {}", d.hostnqn.escape_debug(), s.nqn);
                 return Err(refuse(Status::CONNECT_INVALID_HOST, fabrics::ipo_data(fabrics::CD_HOSTNQN)));
             }
             Role::Nvm(s.clone())
@@ -162,6 +201,10 @@ impl Fabric {
         }
         let cntlid = self.alloc_cntlid(&ctrls).ok_or_else(|| refuse(Status::CONNECT_CTRL_BUSY, 0))?;
         let ctrl = Controller::new(cntlid, role, d.hostnqn.clone(), d.hostid, c.kato_ms, Instant::now());
+        if subsys.is_none() {
+            ctrl.keep_alive.bound(self.discovery_idle_ms, DISCOVERY_KATO_MAX_MS);
+        }
+        let kato_ms = ctrl.keep_alive.kato().map_or(0, |k| k.as_millis());
         let auth = subsys.as_ref().and_then(|s| self.host_keys.get(&s.nqn, &d.hostnqn));
         let (kill, _) = watch::channel(false);
         let e = Arc::new(CtrlEntry {
@@ -170,16 +213,19 @@ impl Fabric {
             ctrl: Mutex::new(ctrl),
             subsys,
             hostnqn: d.hostnqn.clone(),
+            hostid: d.hostid,
             auth,
             kill,
             qids: Mutex::new(HashSet::from([0])),
         });
         ctrls.insert(cntlid, e.clone());
-        log::info!("nvme: controller {cntlid} for {} on {} (kato {} ms)", d.hostnqn, d.subnqn, c.kato_ms);
+        log::info!("nvme: controller {cntlid} for {} on {} (kato {kato_ms} ms)", d.hostnqn.escape_debug(), d.subnqn.escape_debug());
         Ok(e)
     }
 
-    /// Connect on an I/O queue: join an existing controller.
+    /// Connect on an I/O queue: join an existing controller. The queue ID
+    /// is checked free here but taken with [`CtrlEntry::reserve_queue`]
+    /// once the queue's host is logged in.
     pub fn connect_io(&self, c: &Connect, d: &ConnectData) -> Result<Arc<CtrlEntry>, Refusal> {
         let e = self
             .lock_ctrls()
@@ -187,7 +233,7 @@ impl Fabric {
             .cloned()
             .ok_or_else(|| refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_CNTLID)))?;
         let subsys_ok = e.subsys.as_ref().is_some_and(|s| s.nqn == d.subnqn);
-        if !subsys_ok || e.hostnqn != d.hostnqn {
+        if !subsys_ok || e.hostnqn != d.hostnqn || e.hostid != d.hostid {
             return Err(refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_CNTLID)));
         }
         let (ready, nq) = {
@@ -200,19 +246,16 @@ impl Fabric {
         if c.qid > nq {
             return Err(refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_sqe(fabrics::CS_QID)));
         }
-        let mut q = e.qids.lock().unwrap_or_else(|p| p.into_inner());
-        if !q.insert(c.qid) {
+        if e.queue_taken(c.qid) {
             return Err(refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_sqe(fabrics::CS_QID)));
         }
-        drop(q);
-        e.keep_alive.touch(Instant::now());
         Ok(e)
     }
 
     /// Tear a controller down: forget it and close all its queues.
     pub fn remove(&self, cntlid: u16, why: &str) {
         if let Some(e) = self.lock_ctrls().remove(&cntlid) {
-            log::info!("nvme: controller {cntlid} ({}) torn down: {why}", e.hostnqn);
+            log::info!("nvme: controller {cntlid} ({}) torn down: {why}", e.hostnqn.escape_debug());
             let _ = e.kill.send(true);
         }
     }

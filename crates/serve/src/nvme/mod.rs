@@ -105,7 +105,15 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
     }
     let admission = Admission::new(limits.clone());
     let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
-    let fabric = Arc::new(Fabric::new(subs, bound).with_max_controllers(limits.max_sessions, limits.max_discovery_sessions).with_cntlid_range(lo, hi).with_host_auth(auth::HostKeys::from_config(cfg)?));
+    let fabric = Arc::new(
+        Fabric::new(subs, bound)
+            .with_max_controllers(limits.max_sessions, limits.max_discovery_sessions)
+            .with_cntlid_range(lo, hi)
+            .with_host_auth(auth::HostKeys::from_config(cfg)?)
+            // A discovery controller needs no credentials: one that asked
+            // for no keep-alive may stay idle no longer than this.
+            .with_discovery_idle(limits.discovery_idle_timeout()),
+    );
     let login_timeout = limits.login_timeout();
     // One thread per connected queue (discovery controllers excepted), as
     // iSCSI connections by default: see `Threading::ThreadPerConnection`.
