@@ -58,7 +58,7 @@ struct ServeArgs {
     /// and for rbd conf=PATH, id=USER, timeout=SECS. Repeatable.
     #[arg(long = "volume", value_name = "NAME=BACKEND[,opts]")]
     volumes: Vec<String>,
-    /// Export over AoE: IFACE,volume=NAME,shelf=N,slot=M[,buffers=N][,config=STR]. Repeatable.
+    /// Export over AoE: IFACE,volume=NAME,shelf=N,slot=M[,buffers=N][,config=STR][,allow=MAC]...[,broadcast_writes=yes]. Repeatable.
     #[arg(long = "aoe", value_name = "IFACE,volume=NAME,shelf=N,slot=M")]
     aoe: Vec<String>,
     /// Serve iSCSI on ADDR[:PORT] (default port 3260). With no [[iscsi.target]] configured,
