@@ -129,18 +129,37 @@ fn summary(text: &str) -> (u32, u32, u32) {
     (n[1], n[2], n[3])
 }
 
+/// An upper bound for one iscsi-test-cu run: the whole ALL family takes
+/// under a minute even on a loaded machine, and a client that hangs (as
+/// libiscsi 1.19 did once in a second pass over Sanitize) must fail the
+/// test rather than hold `make test` forever.
+const RUN_LIMIT_SECS: &str = "900";
+
 fn run_suites(urls: &[&str], tests: &str, extra: &[&str]) -> String {
-    let out = Command::new("iscsi-test-cu")
-        .args(["--dataloss", "-t", tests])
+    let out = Command::new("timeout")
+        .args([
+            "--kill-after=10",
+            RUN_LIMIT_SECS,
+            "iscsi-test-cu",
+            "--dataloss",
+            "-t",
+            tests,
+        ])
         .args(extra)
         .args(urls)
         .output()
-        .expect("run iscsi-test-cu");
-    format!(
+        .expect("run iscsi-test-cu under timeout(1)");
+    let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    )
+    );
+    // timeout(1) exits 124 when the limit ran out (137 if it had to kill).
+    assert!(
+        !matches!(out.status.code(), Some(124) | Some(137)),
+        "iscsi-test-cu did not finish within {RUN_LIMIT_SECS} s:\n{text}"
+    );
+    text
 }
 
 /// What happened to each test ("Suite.Test") in iscsi-test-cu's output.
