@@ -16,8 +16,14 @@ FUZZ_RUNS ?=
 # own thread's tokio runtime), and 4,000 hit a hard limit of 20,000 where the
 # target may not raise it (no CAP_SYS_RESOURCE, as in this container).
 SOAK_ENV := DURABILITY_CYCLES=20 LOAD_SESSIONS=512 LOAD_LOGIN_CYCLES=50000 LOAD_IDLE_SOCKETS=3000 SOCKET_FUZZ_SECONDS=1800
+# The RustSec advisory database `make audit` checks Cargo.lock against: a
+# snapshot beside the repository (no network), and the pinned cargo-audit
+# that reads it (`cargo install` builds it once, into ~/.cargo/bin: about
+# 12 CPU-minutes).
+ADVISORY_DB ?= $(CURDIR)/../shared/advisory-db
+CARGO_AUDIT_VERSION := 0.22.2
 
-.PHONY: all deps build test soak demo fuzz bench clean
+.PHONY: all deps build audit test soak demo fuzz bench clean
 
 all: build
 
@@ -35,9 +41,18 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace
 
-# Every test: unit, property and byte-vector tests, then the integration tests
-# (namespaces, peers, tshark, the kernel VM, the lab report in Chromium).
-test: build
+# Known vulnerabilities and unsound code in Cargo.lock's crates fail;
+# unmaintained crates are listed as warnings (.cargo/audit.toml).
+audit:
+	@$(CARGO) audit --version >/dev/null 2>&1 || $(CARGO) install --locked --version $(CARGO_AUDIT_VERSION) cargo-audit
+	@[ -d "$(ADVISORY_DB)/crates" ] || { echo "advisory database not found at $(ADVISORY_DB) (set ADVISORY_DB)" >&2; exit 1; }
+	@echo "audit: Cargo.lock against the RustSec snapshot in $(ADVISORY_DB) ($$(grep -o 'commit [0-9a-f]*, [0-9-]*' "$(ADVISORY_DB)/README.md"))"
+	@$(CARGO) audit --db "$(ADVISORY_DB)" --no-fetch --file Cargo.lock && echo "audit: no vulnerable or unsound crates"
+
+# Every test: the dependency audit, unit, property and byte-vector tests,
+# then the integration tests (namespaces, peers, tshark, the kernel VM, the
+# lab report in Chromium).
+test: build audit
 	@mkdir -p target
 	@set -o pipefail; $(CARGO) test --release --workspace --no-fail-fast 2>&1 | tee target/test.log; rc=$$?; \
 	awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test.log; \
