@@ -578,9 +578,12 @@ impl TargetSession {
             }
             t.unsolicited_data_sn += 1;
             if d.final_ || end == uend {
-                // Whatever the burst left out is asked for with R2Ts.
+                // Whatever the burst left out is asked for with R2Ts, and
+                // counted again when it is.
                 t.unsolicited_end = None;
                 t.next_r2t_offset = end;
+                t.held -= (uend - end) as usize;
+                self.data_out_held -= (uend - end) as usize;
                 unsolicited_done = true;
             }
         } else {
@@ -1292,6 +1295,7 @@ mod tests {
         write(&mut s, 43, 1 << 20, false);
         let r = r2ts(&data_out(&mut s, 43, RESERVED_TAG, 0, 0, 64 * K, true));
         assert_eq!((r[0].buffer_offset, r[0].desired_length), (64 * K as u32, 960 * K as u32));
+        assert_eq!(s.data_out_held(), 1 << 20, "what came and what is asked for");
     }
 
     /// Solicited Data-Out continues where the last one of its R2T ended,

@@ -282,7 +282,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
                 wr.flush().await?;
                 log::info!(
                     "iSCSI login from {} refused with status {s:#06x}",
-                    login.initiator_name()
+                    login.initiator_name().escape_debug()
                 );
                 return Ok(());
             }
@@ -321,7 +321,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         } else {
             "normal"
         },
-        res.initiator_name,
+        res.initiator_name.escape_debug(),
         current,
         digests
     );
@@ -355,7 +355,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         if let Some((_, old)) = old {
             log::info!(
                 "iSCSI session of {} reinstated: ending the old connection",
-                res.initiator_name
+                res.initiator_name.escape_debug()
             );
             old.notify_one();
         }

@@ -1,0 +1,290 @@
+//! What an iSCSI initiator with no credentials can make `blockwire serve`
+//! hold or write, probed with a raw TCP client (issue 24): an endless
+//! unsolicited Data-Out burst, more write data withheld than a connection
+//! may hold, and names from the wire that would forge log lines.
+
+use crate::common::*;
+use crate::load::{proc_stats, Sampler};
+use bw_iscsi::msg::{DataOut, LoginRequest, Message, NopOut, ScsiCommand};
+use bw_iscsi::pdu::{field, Bhs, Decoder, Digests, Pdu};
+use bytes::{Bytes, BytesMut};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const IQN: &str = "iqn.2026-11.org.blockwire.test:hostile";
+const K: u32 = 1024;
+
+fn target() -> (TempDir, Serve, u16) {
+    let dir = TempDir::new("iscsi-hostile");
+    let port = free_port();
+    let toml = format!(
+        "[[volume]]\nname = \"v\"\nbackend = \"ram:64M\"\n\
+         [iscsi]\nlisten = [\"127.0.0.1:{port}\"]\n\
+         [[iscsi.target]]\niqn = \"{IQN}\"\nluns = [{{ lun = 0, volume = \"v\" }}]\n"
+    );
+    let serve = Serve::with_config(&dir, &toml, &[]);
+    (dir, serve, port)
+}
+
+/// A raw initiator connection; every wait is bounded.
+struct Client {
+    s: TcpStream,
+    inbox: BytesMut,
+    dec: Decoder,
+    cmd_sn: u32,
+}
+
+impl Client {
+    /// Log in to [`IQN`] offering `keys` (no digests), as `initiator`.
+    /// Returns the client and the Login Response's status (0: logged in).
+    fn login(port: u16, initiator: &str, keys: &[(&str, &str)]) -> (Client, u16) {
+        Client::login_to(port, initiator, IQN, keys)
+    }
+
+    fn login_to(port: u16, initiator: &str, target: &str, keys: &[(&str, &str)]) -> (Client, u16) {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        s.set_write_timeout(Some(Duration::from_secs(30))).expect("write timeout");
+        let mut c = Client { s, inbox: BytesMut::new(), dec: Decoder::new(1 << 20), cmd_sn: 1 };
+        let mut pairs = vec![("InitiatorName", initiator), ("TargetName", target), ("SessionType", "Normal"), ("HeaderDigest", "None"), ("DataDigest", "None")];
+        pairs.extend_from_slice(keys);
+        let login = LoginRequest { transit: true, csg: 1, nsg: 3, isid: [0x80, 0, 0, 0, 0, 24], cmd_sn: 1, ..Default::default() };
+        c.send(Message::LoginRequest(login).encode(), Bytes::from(bw_iscsi::text::encode(&pairs)));
+        let p = c.next_pdu(Duration::from_secs(10)).expect("no Login Response");
+        let status = u16::from(p.bhs.get(field::STATUS_CLASS)) << 8 | u16::from(p.bhs.get(field::STATUS_DETAIL));
+        c.cmd_sn = p.bhs.get(field::EXP_CMD_SN);
+        (c, status)
+    }
+
+    /// Send one PDU; `false` once the target has closed the connection.
+    fn send(&mut self, bhs: Bhs, data: Bytes) -> bool {
+        self.s.write_all(&Pdu::new(bhs, data).encode(Digests::default())).is_ok()
+    }
+
+    /// The next PDU from the target within `wait` (keep-alive NOP-Ins
+    /// aside); `None` on close or timeout.
+    fn next_pdu(&mut self, wait: Duration) -> Option<Pdu> {
+        let deadline = Instant::now() + wait;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(p) = self.dec.decode(&mut self.inbox).expect("a PDU the target sent does not parse") {
+                // The target's keep-alive pings (every 15 s) are not answers.
+                if p.bhs.0[0] & 0x3F == 0x20 && p.bhs.itt() == 0xFFFF_FFFF {
+                    continue;
+                }
+                return Some(p);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            self.s.set_read_timeout(Some(left.max(Duration::from_millis(1)))).ok()?;
+            match self.s.read(&mut buf) {
+                Ok(0) => return None,
+                Ok(n) => self.inbox.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// A WRITE(16) of `blocks` 512-byte blocks at LBA `lba`; `final_`
+    /// false announces unsolicited Data-Out.
+    fn write(&mut self, itt: u32, lba: u64, blocks: u32, final_: bool) -> bool {
+        let cdb = bw_scsi::build::write_16(lba, blocks);
+        let c = ScsiCommand { final_, write: true, itt, edtl: blocks * 512, cmd_sn: self.cmd_sn, cdb, ..Default::default() };
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        self.send(Message::ScsiCommand(c).encode(), Bytes::new())
+    }
+
+    fn data_out(&mut self, itt: u32, ttt: u32, data_sn: u32, buffer_offset: u32, data: Bytes, final_: bool) -> bool {
+        let d = DataOut { final_, itt, ttt, data_sn, buffer_offset, ..Default::default() };
+        self.send(Message::DataOut(d).encode(), data)
+    }
+
+    /// Every PDU the target sends before the answer to a NOP-Out ping
+    /// (PDUs are answered in order, so this is all that what came before
+    /// the ping produced), without the answer.
+    fn until_ping_answered(&mut self) -> Vec<Pdu> {
+        let n = NopOut { immediate: true, itt: 0x7000_0000, ttt: 0xFFFF_FFFF, cmd_sn: self.cmd_sn, ..Default::default() };
+        assert!(self.send(Message::NopOut(n).encode(), Bytes::new()), "connection closed");
+        let mut seen = Vec::new();
+        loop {
+            let p = self.next_pdu(Duration::from_secs(30)).expect("no answer to a NOP-Out ping");
+            if p.bhs.0[0] & 0x3F == 0x20 && p.bhs.itt() == 0x7000_0000 {
+                return seen;
+            }
+            seen.push(p);
+        }
+    }
+
+    /// The SCSI Response to `itt`, skipping anything else.
+    fn response(&mut self, itt: u32) -> Option<Pdu> {
+        self.until_response(itt).pop()
+    }
+
+    /// Every PDU up to and with the SCSI Response to `itt` (none if the
+    /// connection closes first).
+    fn until_response(&mut self, itt: u32) -> Vec<Pdu> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut seen = Vec::new();
+        loop {
+            let Some(p) = self.next_pdu(deadline.saturating_duration_since(Instant::now())) else { return Vec::new() };
+            let done = p.bhs.0[0] & 0x3F == 0x21 && p.bhs.itt() == itt;
+            seen.push(p);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+fn is_r2t(p: &Pdu) -> bool {
+    p.bhs.0[0] & 0x3F == 0x31
+}
+
+/// The probe of issue 24: with InitialR2T=No, one 4 MiB WRITE, then 192
+/// MiB of 256 KiB unsolicited Data-Out PDUs all at offset 0 with F=0 and a
+/// counting DataSN. The target took every one (9 MB -> 231 MB of RSS, freed
+/// only at disconnect). Now the second PDU, which does not continue where
+/// the first ended, fails the task with CHECK CONDITION (ABORTED COMMAND,
+/// DATA PHASE ERROR), the rest are dropped, the target's memory stays flat
+/// and the session goes on.
+#[test]
+fn iscsi_unsolicited_data_out_flood_is_bounded() {
+    let (_dir, mut serve, port) = target();
+    let pid = serve.pid();
+    let keys = [
+        ("InitialR2T", "No"),
+        ("ImmediateData", "Yes"),
+        ("FirstBurstLength", "262144"),
+        ("MaxBurstLength", "1048576"),
+        ("MaxRecvDataSegmentLength", "262144"),
+    ];
+    let (mut c, status) = Client::login(port, "iqn.2026-11.org.blockwire.test:flood", &keys);
+    assert_eq!(status, 0, "login refused");
+    let before = proc_stats(pid);
+    let sampler = Sampler::start(pid);
+    assert!(c.write(1, 0, (4 << 20) / 512, false));
+    let piece = Bytes::from(vec![0xA5u8; 256 * K as usize]);
+    let mut sent = 0u64;
+    for data_sn in 0..768u32 {
+        if !c.data_out(1, 0xFFFF_FFFF, data_sn, 0, piece.clone(), false) {
+            break;
+        }
+        sent += piece.len() as u64;
+    }
+    let response = c.response(1);
+    let peak = sampler.finish();
+    let grown_kib = peak.rss_kib.saturating_sub(before.rss_kib);
+    eprintln!("unsolicited flood: {} MiB sent; target VmRSS {} -> peak {} KiB (+{grown_kib} KiB)", sent >> 20, before.rss_kib, peak.rss_kib);
+    assert_eq!(sent, 192 << 20, "the target closed the connection during the flood");
+    assert!(grown_kib < 64 * 1024, "192 MiB of repeated unsolicited Data-Out grew the target by {grown_kib} KiB");
+    let r = response.expect("no SCSI Response for the WRITE whose Data-Out repeated offset 0");
+    assert_eq!(r.bhs.0[3], bw_scsi::status::CHECK_CONDITION);
+    // Sense: length (2 bytes), then fixed format: key 0x0B, ASC/ASCQ 4B/00.
+    assert_eq!((r.data[2 + 2] & 0x0F, r.data[2 + 12], r.data[2 + 13]), (0x0B, 0x4B, 0x00), "sense {:02x?}", &r.data[..]);
+    // The session still works: a WRITE done right (256 KiB unsolicited in
+    // order, the rest by R2T) completes.
+    assert!(c.write(2, 0, (1 << 20) / 512, false));
+    for i in 0..4u32 {
+        assert!(c.data_out(2, 0xFFFF_FFFF, i, i * 64 * K, Bytes::from(vec![7u8; 64 * K as usize]), i == 3));
+    }
+    let r2t = c.next_pdu(Duration::from_secs(30)).expect("no R2T after the unsolicited burst");
+    assert!(is_r2t(&r2t), "expected an R2T, got opcode {:#x}", r2t.bhs.0[0]);
+    let (ttt, offset, len) = (r2t.bhs.get(field::TTT), r2t.bhs.get(field::BUFFER_OFFSET), r2t.bhs.get(field::DESIRED_LENGTH));
+    assert_eq!((offset, len), (256 * K, 768 * K));
+    for i in 0..3u32 {
+        assert!(c.data_out(2, ttt, i, offset + i * 256 * K, Bytes::from(vec![7u8; 256 * K as usize]), i == 2));
+    }
+    let r = c.response(2).expect("no SCSI Response for a well-formed WRITE");
+    assert_eq!(r.bhs.0[3], bw_scsi::status::GOOD);
+    assert!(serve.is_running());
+    assert!(serve.stop().success());
+}
+
+/// Write data withheld by one byte: 128 WRITEs of 4 MiB (the whole command
+/// window) would each be given R2Ts, 512 MiB the target would hold for one
+/// connection. Now only the commands whose data fits the per-connection
+/// budget (16 MiB) are served; the next is served when one of those
+/// completes.
+#[test]
+fn iscsi_write_data_out_budget_per_connection() {
+    let (_dir, mut serve, port) = target();
+    let keys = [("InitialR2T", "Yes"), ("ImmediateData", "No"), ("MaxBurstLength", "1048576"), ("MaxOutstandingR2T", "1")];
+    let (mut c, status) = Client::login(port, "iqn.2026-11.org.blockwire.test:budget", &keys);
+    assert_eq!(status, 0, "login refused");
+    let blocks = (4 << 20) / 512;
+    for itt in 0..128u32 {
+        assert!(c.write(itt, u64::from(itt % 8) * u64::from(blocks), blocks, true), "connection closed");
+    }
+    let first: Vec<Pdu> = c.until_ping_answered().into_iter().filter(is_r2t).collect();
+    let served: Vec<u32> = first.iter().map(|p| p.bhs.itt()).collect();
+    assert_eq!(served, vec![0, 1, 2, 3], "R2Ts for the first 128 WRITEs of 4 MiB");
+    // Complete the first: its four 1 MiB bursts, each asked for by an R2T.
+    let mut r2t = first.into_iter().next().expect("an R2T");
+    for burst in 0..4u32 {
+        let (ttt, offset) = (r2t.bhs.get(field::TTT), r2t.bhs.get(field::BUFFER_OFFSET));
+        assert_eq!(offset, burst << 20);
+        for i in 0..4u32 {
+            assert!(c.data_out(0, ttt, i, offset + i * 256 * K, Bytes::from(vec![9u8; 256 * K as usize]), i == 3));
+        }
+        if burst < 3 {
+            r2t = c.next_pdu(Duration::from_secs(30)).expect("no next R2T");
+            assert!(is_r2t(&r2t) && r2t.bhs.itt() == 0, "expected the next R2T of the first WRITE");
+        }
+    }
+    // The WRITE runs (perhaps on another thread); its SCSI Response and the
+    // R2T its end makes room for come together.
+    let mut done = c.until_response(0);
+    let resp = done.pop().expect("no SCSI Response for the completed WRITE");
+    assert_eq!(resp.bhs.0[3], bw_scsi::status::GOOD);
+    done.extend(c.until_ping_answered());
+    let next: Vec<u32> = done.iter().filter(|p| is_r2t(p)).map(|p| p.bhs.itt()).collect();
+    assert_eq!(next, vec![4], "the completed WRITE's budget goes to the next one in line");
+    assert!(serve.is_running());
+    assert!(serve.stop().success());
+}
+
+/// Every line with the forged name is a log record of its own (env_logger
+/// indents the lines a newline inside a record starts).
+fn one_record_per_line(log: &str) -> bool {
+    log.lines().filter(|l| l.contains("FORGED")).all(|l| l.starts_with('['))
+}
+
+/// Names from the wire are logged escaped: an InitiatorName with a newline
+/// does not start a line of its own in the target's log. Names over 223
+/// bytes are refused at login.
+#[test]
+fn iscsi_initiator_names_are_logged_escaped() {
+    let (_dir, serve, port) = target();
+    let forged = "iqn.2026-11.org.blockwire.test:a\nFORGED-iSCSI-LINE";
+    let (mut c, status) = Client::login(port, forged, &[]);
+    assert_eq!(status, 0, "login refused");
+    c.until_ping_answered();
+    drop(c);
+    // The target logs the session before it answers anything in it; its
+    // log reaches us through a pipe: wait for the name to arrive (`times`
+    // lines with it, escaped or not).
+    let logged = |times: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = serve.log_text();
+            if log.matches("FORGED-iSCSI-LINE").count() >= times {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "no log line with the name:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let log = logged(1);
+    assert!(one_record_per_line(&log), "a name from the wire forged a log line:\n{log}");
+    // A refused login logs the name too.
+    let (_, status) = Client::login_to(port, forged, "iqn.2026-11.org.blockwire.test:no-such-target", &[]);
+    assert_eq!(status, bw_iscsi::msg::login_status::NOT_FOUND);
+    let log = logged(2);
+    assert!(log.contains("refused with status 0x0203"), "{log}");
+    assert!(one_record_per_line(&log), "a name from the wire forged a log line:\n{log}");
+    // A name over 223 bytes is refused as an initiator error.
+    let (_, status) = Client::login(port, &format!("iqn.2026-11.org.blockwire.test:{}", "x".repeat(200)), &[]);
+    assert_eq!(status, bw_iscsi::msg::login_status::INITIATOR_ERROR, "a 231-byte InitiatorName");
+    assert!(serve.stop().success());
+}
