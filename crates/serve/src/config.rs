@@ -49,7 +49,7 @@
 //! [limits]                           # per front-end (iSCSI, NVMe/TCP); these are the defaults
 //! max_sessions = 4096                # iSCSI sessions / NVMe controllers, once logged in
 //! max_discovery_sessions = 64        # iSCSI discovery sessions / NVMe discovery controllers
-//! discovery_idle_timeout_s = 60      # an iSCSI discovery session without a request is closed
+//! discovery_idle_timeout_s = 60      # an idle iSCSI discovery session, NVMe discovery controller (KATO 0) is closed
 //! max_pending_logins = 1024          # connections not logged in yet, from all addresses
 //! max_connections_per_address = 1024
 //! login_timeout_s = 15               # accept to completed login / Connect

@@ -35,7 +35,9 @@ pub struct Limits {
     /// Anyone may open one, so they have a pool of their own.
     pub max_discovery_sessions: usize,
     /// Seconds an iSCSI discovery session may go without a request before
-    /// it is closed (answers to our NOP-In pings are not requests).
+    /// it is closed (answers to our NOP-In pings are not requests); an
+    /// NVMe/TCP discovery controller that asked for no keep-alive (KATO 0)
+    /// gets this as its keep-alive timeout.
     pub discovery_idle_timeout_s: u64,
     /// Connections one front-end holds that have not logged in yet (no
     /// completed iSCSI login, no accepted NVMe/TCP Connect); more are
