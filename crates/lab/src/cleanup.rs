@@ -560,7 +560,8 @@ fn release_resource(r: &Resource) -> anyhow::Result<()> {
             if loop_backing(dev).as_deref() != Some(backing.as_path()) {
                 return Ok(());
             }
-            run_quiet(&["losetup", "-d", dev])
+            run_quiet(&["losetup", "-d", dev])?;
+            wait_loop_detached(dev, backing, LOOP_RELEASE)
         }
         Resource::Cgroup(dir) => release_cgroup(dir),
     }
@@ -607,9 +608,12 @@ fn release_blockwire_mount(exe: &std::path::Path, mp: &std::path::Path) -> anyho
     }
     let mut last = String::new();
     for _ in 0..5 {
+        // Its own wait for the loop device ends before this one gives up,
+        // so its message (naming who holds the device) is what is reported.
         let mut child = Command::new(exe)
             .arg("umount")
             .arg(mp)
+            .args(["--wait", &LOOP_RELEASE.as_secs().to_string()])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -644,6 +648,68 @@ fn release_blockwire_mount(exe: &std::path::Path, mp: &std::path::Path) -> anyho
         std::thread::sleep(Duration::from_millis(300));
     }
     anyhow::bail!("blockwire umount {}: {}", mp.display(), last.trim())
+}
+
+/// How long a loop device may stay open by others after `losetup -d`
+/// (which then only marks it to detach on its last close) before its
+/// release is reported as failed; also `blockwire umount --wait`.
+const LOOP_RELEASE: Duration = Duration::from_secs(10);
+
+/// Wait up to `limit` for loop device `dev` to let go of `backing`. An
+/// error names who still holds it (a file system on it still mounted in
+/// another mount namespace, made while it was mounted here).
+fn wait_loop_detached(dev: &str, backing: &std::path::Path, limit: Duration) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    loop {
+        if loop_backing(dev).as_deref() != Some(backing) {
+            return Ok(());
+        }
+        if t0.elapsed() >= limit {
+            anyhow::bail!(
+                "{dev} is still in use after {} s{}; it detaches by itself once that ends",
+                limit.as_secs(),
+                loop_mounted_in(dev)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// " (mounted in the mount namespace of PID ...)" for a block device that
+/// is mounted in mount namespaces other than ours, for messages.
+fn loop_mounted_in(dev: &str) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rdev) = std::fs::metadata(dev).map(|m| m.rdev()) else {
+        return String::new();
+    };
+    let dev_no = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+    let ours = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let mut seen = vec![];
+    let mut pids = vec![];
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = p.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(ns) = std::fs::read_link(p.path().join("ns/mnt")) else {
+            continue;
+        };
+        if Some(&ns) == ours.as_ref() || seen.contains(&ns) {
+            continue;
+        }
+        seen.push(ns);
+        let mounted = std::fs::read_to_string(p.path().join("mountinfo"))
+            .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(2) == Some(&dev_no)));
+        if mounted {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            pids.push(format!("{pid} ({})", comm.trim()));
+        }
+    }
+    if pids.is_empty() {
+        String::new()
+    } else {
+        format!(" (mounted in the mount namespace of PID {})", pids.join(", "))
+    }
 }
 
 /// The file behind loop device `dev`, if it is attached.

@@ -253,11 +253,21 @@ impl LabRun {
                     unavailable: None,
                 });
             }
-            let dir = crate::mounts::fs_mountpoint(std::process::id());
-            let (t, ()) = registry().create(Resource::Dir(dir.clone()), || {
+            // The mount point lives in a shared mount: see SharedDir.
+            let pid = std::process::id();
+            let shared = crate::mounts::SharedDir::create(&crate::mounts::fs_dir(pid))?;
+            let dir = crate::mounts::fs_mountpoint(pid);
+            let made = registry().create(Resource::Dir(dir.clone()), || {
                 Ok(std::fs::create_dir_all(&dir)?)
-            })?;
-            fs_dir_token = Some(t);
+            });
+            let (t, ()) = match made {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = shared.release();
+                    return Err(e);
+                }
+            };
+            fs_dir_token = Some((t, shared));
             self.fs_dir = Some(dir);
         }
         self.save()?;
@@ -290,8 +300,9 @@ impl LabRun {
         }
         self.progress.finish_and_clear();
         topo.teardown()?;
-        if let Some(t) = fs_dir_token {
+        if let Some((t, shared)) = fs_dir_token {
             registry().release(t)?;
+            shared.release()?;
         }
         registry().release(backing_token)?;
         Ok(())
