@@ -7,18 +7,32 @@
 //! fuser mounts and answers INIT; the requests after that are served by our
 //! own loop (`dev.rs`, or `ring.rs` for FUSE over io_uring) on one thread
 //! that also runs the initiator. README.md says why, with the numbers.
+//!
+//! The lifecycle around it is here too: the daemon (`daemon`: attach, loop
+//! device, state file, detach on a signal), its state file (`state`), and
+//! `mount`/`umount` (`mount`: mkfs and mount on the loop device, undo in
+//! order, signalling only the daemon the state file names: `process`).
 
 mod abi;
+pub mod daemon;
 mod dev;
 mod disk;
 mod fs;
+pub mod loop_device;
+mod mount;
 mod null;
+mod process;
 mod reconnect;
 mod ring;
+mod state;
+mod tool;
 
+pub use daemon::{DaemonOptions, Running};
 pub use fs::MAX_REQUEST;
+pub use mount::{mount, umount, FileSystem, MountOptions};
 pub use reconnect::Reconnecting;
 pub use ring::enabled as uring_enabled;
+pub use state::{log_path, state_path, AttachState, TargetHealth, STATE_DIR};
 
 use bw_initiator::{BlockClient, ConnectOptions};
 use std::path::{Path, PathBuf};
@@ -206,7 +220,7 @@ fn serve_thread(
             }
         };
         let want_uring = matches!(opts.transport, Transport::Uring { .. });
-        let session = match mount(dir, opts, want_uring) {
+        let session = match fuse_session(dir, opts, want_uring) {
             Ok(s) => s,
             Err(e) => {
                 let _ = client.close().await;
@@ -279,7 +293,7 @@ fn chain(url: &str, e: &dyn std::error::Error) -> String {
     s.replace(url, &redact(url))
 }
 
-fn mount(
+fn fuse_session(
     dir: &Path,
     opts: &AttachOptions,
     uring: bool,
@@ -330,11 +344,6 @@ impl Attached {
             .unwrap_or_else(|_| Err(std::io::Error::other("attach thread panicked")))
     }
 }
-
-/// Where attach daemons keep their state files (`attach-PID.json`, which
-/// record the FUSE directory, loop device and mount point), their logs,
-/// and the FUSE directories of `blockwire mount`.
-pub const STATE_DIR: &str = "/run/blockwire";
 
 /// The directory `blockwire mount` attaches the volume under for the file
 /// system mounted on `mountpoint` (absolute): one per mount point, named
@@ -423,7 +432,10 @@ fn parse_mountinfo(table: &str, dir: &str) -> Option<MountEntry> {
         }
         let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
         let minor = dev.split_once(':')?.1.parse().ok()?;
-        Some(MountEntry { minor, fstype: fstype.to_string() })
+        Some(MountEntry {
+            minor,
+            fstype: fstype.to_string(),
+        })
     })
 }
 
@@ -433,7 +445,9 @@ fn unescape_mountinfo(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        let octal = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
         match octal {
             Some(d) => {
                 out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
@@ -457,7 +471,10 @@ const FUSECTL: &str = "/sys/fs/fuse/connections";
 /// nobody has.
 pub fn abort_connection(dir: &Path) -> std::io::Result<()> {
     let m = mount_at(dir).ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::NotFound, format!("{}: nothing mounted", dir.display()))
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{}: nothing mounted", dir.display()),
+        )
     })?;
     if m.fstype != "fuse" && !m.fstype.starts_with("fuse.") {
         return Err(std::io::Error::new(
@@ -502,8 +519,19 @@ mod tests {
     #[test]
     fn mounts_are_found_in_the_table_without_touching_them() {
         let fuse = parse_mountinfo(MOUNTINFO, "/run/blockwire/fuse/_tmp_bwlab_42_fs").unwrap();
-        assert_eq!(fuse, MountEntry { minor: 53, fstype: "fuse.blockwire".into() });
-        assert_eq!(parse_mountinfo(MOUNTINFO, "/tmp/bwlab-42-fs").unwrap().fstype, "ext4");
+        assert_eq!(
+            fuse,
+            MountEntry {
+                minor: 53,
+                fstype: "fuse.blockwire".into()
+            }
+        );
+        assert_eq!(
+            parse_mountinfo(MOUNTINFO, "/tmp/bwlab-42-fs")
+                .unwrap()
+                .fstype,
+            "ext4"
+        );
         // The topmost of two mounts on one (escaped) path.
         assert_eq!(parse_mountinfo(MOUNTINFO, "/mnt/a b").unwrap().minor, 55);
         assert_eq!(parse_mountinfo(MOUNTINFO, "/tmp"), None);
@@ -513,8 +541,16 @@ mod tests {
         assert!(is_mountpoint(Path::new("/")));
         assert!(!is_mountpoint(Path::new(file!())));
         // Nothing FUSE to abort on / (and nothing mounted on a plain directory).
-        assert_eq!(abort_connection(Path::new("/")).unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
-        assert_eq!(abort_connection(&std::env::temp_dir().join("bw-no-such-mount")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+        assert_eq!(
+            abort_connection(Path::new("/")).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            abort_connection(&std::env::temp_dir().join("bw-no-such-mount"))
+                .unwrap_err()
+                .kind(),
+            std::io::ErrorKind::NotFound
+        );
     }
 
     #[test]
@@ -522,7 +558,17 @@ mod tests {
         for good in ["disk", "vol.raw", "a..b", "..x", ".hidden"] {
             assert!(check_file_name(good).is_ok(), "{good:?} refused");
         }
-        for bad in ["", ".", "..", "../etc/shadow", "/etc/shadow", "a/b", "x/..", "a\0b", &"x".repeat(256)] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../etc/shadow",
+            "/etc/shadow",
+            "a/b",
+            "x/..",
+            "a\0b",
+            &"x".repeat(256),
+        ] {
             let e = check_file_name(bad).expect_err(bad);
             assert!(e.to_string().starts_with("--file "), "{e}");
         }
@@ -535,7 +581,13 @@ mod tests {
             Path::new("/run/blockwire/fuse/_tmp_bwlab_42_fs")
         );
         // Different mount points get different directories; none nests.
-        assert_ne!(mount_fuse_dir(Path::new("/mnt/a")), mount_fuse_dir(Path::new("/mnt/b")));
-        assert_eq!(mount_fuse_dir(Path::new("/mnt/a/b.c")).parent(), Some(Path::new("/run/blockwire/fuse")));
+        assert_ne!(
+            mount_fuse_dir(Path::new("/mnt/a")),
+            mount_fuse_dir(Path::new("/mnt/b"))
+        );
+        assert_eq!(
+            mount_fuse_dir(Path::new("/mnt/a/b.c")).parent(),
+            Some(Path::new("/run/blockwire/fuse"))
+        );
     }
 }

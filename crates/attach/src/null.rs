@@ -19,8 +19,12 @@ pub struct NullClient {
 impl NullClient {
     /// `null://SIZE`, SIZE in bytes or with a K, M, G or T suffix (powers of 1024).
     pub fn parse(url: &str) -> Result<NullClient> {
-        let bad = |why: &str| ClientError::Protocol(format!("{url}: {why} (null://SIZE, e.g. null://1G)"));
-        let spec = url.strip_prefix(SCHEME).ok_or_else(|| bad("not a null:// URL"))?;
+        let bad = |why: &str| {
+            ClientError::Protocol(format!("{url}: {why} (null://SIZE, e.g. null://1G)"))
+        };
+        let spec = url
+            .strip_prefix(SCHEME)
+            .ok_or_else(|| bad("not a null:// URL"))?;
         let (digits, shift) = match spec.char_indices().last() {
             Some((i, 'K' | 'k')) => (&spec[..i], 10),
             Some((i, 'M' | 'm')) => (&spec[..i], 20),
@@ -71,7 +75,14 @@ mod tests {
         assert_eq!(NullClient::parse("null://1G").unwrap().size, 1 << 30);
         assert_eq!(NullClient::parse("null://256M").unwrap().size, 256 << 20);
         assert_eq!(NullClient::parse("null://4096").unwrap().size, 4096);
-        for bad in ["null://", "null://0", "null://100", "null://xM", "iscsi://1G", "null://99999999999T"] {
+        for bad in [
+            "null://",
+            "null://0",
+            "null://100",
+            "null://xM",
+            "iscsi://1G",
+            "null://99999999999T",
+        ] {
             assert!(NullClient::parse(bad).is_err(), "{bad} was accepted");
         }
     }

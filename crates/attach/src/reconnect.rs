@@ -89,12 +89,9 @@ impl Reconnecting {
     }
 
     async fn reconnect(&self) -> Result<Arc<dyn BlockClient>> {
-        let fresh = tokio::time::timeout(
-            self.opts.timeout,
-            connect_url(&self.url, &self.opts),
-        )
-        .await
-        .map_err(|_| ClientError::Timeout(format!("reconnecting to {}", self.url)))??;
+        let fresh = tokio::time::timeout(self.opts.timeout, connect_url(&self.url, &self.opts))
+            .await
+            .map_err(|_| ClientError::Timeout(format!("reconnecting to {}", self.url)))??;
         if fresh.size_bytes() != self.size || fresh.block_size() != self.block_size {
             // Another volume behind the same name: never write to it.
             return Err(ClientError::Protocol(format!(
