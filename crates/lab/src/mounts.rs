@@ -154,22 +154,7 @@ pub fn mount_remote(exe: &Path, client_ns: &str, url: &str, mp: &Path) -> anyhow
 /// The PID of the attach daemon serving the mount at `mp`, from the state
 /// files `blockwire mount` leaves in /run/blockwire.
 pub fn attach_daemon_of(mp: &Path) -> Option<u32> {
-    for e in std::fs::read_dir(bw_attach::STATE_DIR).ok()?.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !(name.starts_with("attach-") && name.ends_with(".json")) {
-            continue;
-        }
-        let Ok(text) = std::fs::read_to_string(e.path()) else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
-        };
-        if v["mountpoint"].as_str().map(Path::new) == Some(mp) {
-            return v["pid"].as_u64().map(|p| p as u32);
-        }
-    }
-    None
+    bw_attach::AttachState::of_mountpoint(mp).map(|s| s.pid)
 }
 
 /// A loop device on `backing` (direct I/O, as `blockwire attach --loop`
