@@ -188,7 +188,10 @@ fn daemon_command(a: &AttachArgs, dir: &Path) -> anyhow::Result<Command> {
     }
     cmd.args(["--tcp-congestion", &c.tcp_congestion.to_string()]);
     // Secrets go through the environment, not the daemon's visible arguments.
-    for (var, v) in [("BLOCKWIRE_DHCHAP_SECRET", &c.dhchap_secret), ("BLOCKWIRE_DHCHAP_CTRL_SECRET", &c.dhchap_ctrl_secret)] {
+    for (var, v) in [
+        ("BLOCKWIRE_DHCHAP_SECRET", &c.dhchap_secret),
+        ("BLOCKWIRE_DHCHAP_CTRL_SECRET", &c.dhchap_ctrl_secret),
+    ] {
         match v {
             Some(s) => cmd.env(var, s),
             None => cmd.env_remove(var),
