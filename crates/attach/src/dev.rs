@@ -4,11 +4,11 @@
 //! Why not fuser's session loop: its reader threads block in read(2) and
 //! hand each request to the runtime, so every request crossed threads twice
 //! (reader -> worker -> socket task and back); on 2 vCPUs the wakeups cost
-//! more than the I/O (bench/attach-overhead, README). Here /dev/fuse is
-//! non-blocking and polled by the same current-thread runtime that owns the
-//! initiator's sockets: a request, its network round trip and its answer
-//! run without a thread switch, and at queue depth many of each are
-//! handled per wakeup.
+//! more than the I/O (bench/attach-overhead; figures in
+//! docs/notes/2026-11-24-attach.md). Here /dev/fuse is non-blocking and
+//! polled by the same current-thread runtime that owns the initiator's
+//! sockets: a request, its network round trip and its answer run without a
+//! thread switch, and at queue depth many of each are handled per wakeup.
 
 use crate::abi::{OutHeader, WriteOut};
 use crate::disk::{Disk, Done, Job};

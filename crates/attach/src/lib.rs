@@ -6,7 +6,8 @@
 //!
 //! fuser mounts and answers INIT; the requests after that are served by our
 //! own loop (`dev.rs`, or `ring.rs` for FUSE over io_uring) on one thread
-//! that also runs the initiator. README.md says why, with the numbers.
+//! that also runs the initiator. README.md says why; the numbers are in
+//! docs/notes/2026-11-24-attach.md.
 //!
 //! The lifecycle around it is here too: the daemon (`daemon`: attach, loop
 //! device, state file, detach on a signal), its state file (`state`), and
