@@ -19,7 +19,7 @@ pub mod daemon;
 mod dev;
 mod disk;
 mod fs;
-pub mod loop_device;
+mod loop_device;
 mod mount;
 mod null;
 mod process;
