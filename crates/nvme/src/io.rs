@@ -181,7 +181,7 @@ pub fn plan(subsys: &Subsystem, sqe: &Sqe, data: &Bytes) -> Plan {
         }
         // Force Unit Access needs nothing more where every write is
         // durable when acknowledged; elsewhere a flush follows (execute).
-        let fua = sqe.cdw(12) & (1 << 30) != 0;
+        let fua = sqe.fua();
         if fua && ns.volume.info().durability != bw_block::Durability::WriteThrough {
             return Plan::Execute;
         }
@@ -242,7 +242,7 @@ pub(crate) fn write(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8
         return IoDone::err(Status::SGL_INVALID_DATA.dnr());
     }
     // Force Unit Access: the data must be durable before completion.
-    let fua = sqe.cdw(12) & (1 << 30) != 0;
+    let fua = sqe.fua();
     done(ns.volume.write_at(data, off).and_then(|()| if fua { ns.volume.flush() } else { Ok(()) }), true)
 }
 
@@ -374,7 +374,7 @@ mod tests {
         assert_eq!(execute(&s, &rw(nvm::READ, 1, 6, 2), &[]).data, Some(data.clone()));
         // FUA on a volatile (RAM) volume: a flush follows, so execute runs it.
         let mut fua = rw(nvm::WRITE, 1, 6, 2);
-        fua.set_cdw(12, fua.cdw(12) | 1 << 30);
+        fua.set_fua(true);
         assert!(matches!(plan(&s, &fua, &data), Plan::Execute));
         assert!(matches!(plan(&s, &Sqe::new(nvm::FLUSH, 1, 1), &Bytes::new()), Plan::Execute));
         let done = |p: Plan| match p {
