@@ -1,7 +1,7 @@
 //! NVMe over Fabrics commands: Connect (with its 1024-byte data), Property
 //! Get/Set, Disconnect. Auth Send/Receive are in [`crate::auth`].
 
-use crate::command::{sgl, Sgl, Sqe};
+use crate::queue_entry::{sgl, Sgl, Sqe};
 use crate::{get_str, le16, le32, le64, put16, put32, put64, put_str};
 
 pub mod fctype {

@@ -2,13 +2,13 @@
 //!
 //! - [`pdu`]: the NVMe/TCP PDU codec (common header, IC, capsules, data
 //!   PDUs, R2T, TermReq; CRC32C header/data digests), data as `Bytes`.
-//! - [`command`]: the 64-byte submission entry and 16-byte completion.
+//! - [`queue_entry`]: the 64-byte submission entry and 16-byte completion.
 //! - [`status`]: status codes as Linux spells them (SCT << 8 | SC, DNR 0x4000).
 //! - [`fabrics`]: Connect / Property Get/Set / Disconnect encodings.
 //! - [`auth`]: in-band authentication (DH-HMAC-CHAP), both sides.
 //! - [`identify`], [`logpage`]: data structures the host reads.
 //! - [`controller`]: one controller's admin state machine (properties,
-//!   features, AER, keep-alive, logs) and [`io`]: the NVM command set over a
+//!   features, AER, keep-alive, logs) and [`nvm_io`]: the NVM command set over a
 //!   `bw_block::Volume`.
 //! - [`fuzzing`]: the fuzz harness bodies (crates/nvme/fuzz), replayed on
 //!   the inputs that once crashed them by `tests/fuzz_regressions.rs`.
@@ -16,15 +16,15 @@
 //! The target and the initiator crates put sockets around these.
 
 pub mod auth;
-pub mod command;
-pub mod commands;
+pub mod queue_entry;
+pub mod command_table;
 pub mod controller;
 pub mod fabrics;
 pub mod features;
 pub mod fuzzing;
 pub mod host_queue;
 pub mod identify;
-pub mod io;
+pub mod nvm_io;
 pub mod ana;
 pub mod logpage;
 pub mod pdu;
@@ -32,7 +32,7 @@ pub mod status;
 pub mod subsystem;
 pub mod target_queue;
 
-pub use command::{Cqe, Sqe};
+pub use queue_entry::{Cqe, Sqe};
 pub use controller::{AdminOutcome, Completion, Controller};
 pub use subsystem::{Namespace, Subsystem, DISCOVERY_NQN};
 

@@ -1,8 +1,8 @@
 //! Log pages: error information, SMART / health, firmware slots, changed
 //! namespace list and the discovery log (the commands supported and effects
-//! log comes from the command table, [`crate::commands::effects_log`]).
+//! log comes from the command table, [`crate::command_table::effects_log`]).
 
-use crate::command::{admin, Sqe};
+use crate::queue_entry::{admin, Sqe};
 use crate::subsystem::Subsystem;
 use crate::{get_str, le16, le32, le64, put16, put32, put64, put_str};
 
@@ -222,7 +222,7 @@ mod tests {
 
     #[test]
     fn effects_and_smart() {
-        let b = crate::commands::effects_log();
+        let b = crate::command_table::effects_log();
         assert_eq!(&b[1024 + 4..1024 + 8], &[3, 0, 0, 0]); // write: supported + LBCC
         assert_eq!(&b[1024 + 8..1024 + 12], &[1, 0, 0, 0]); // read
         assert_eq!(&b[0x18 * 4..0x18 * 4 + 4], &[1, 0, 0, 0]); // keep alive

@@ -11,7 +11,7 @@
 //! bytes, the payload and the trailing digest separately so a sender can
 //! write large payloads without copying them.
 
-use crate::command::{Cqe, Sqe};
+use crate::queue_entry::{Cqe, Sqe};
 use crate::{le16, le32, put16, put32};
 use bytes::{BufMut, Bytes, BytesMut};
 

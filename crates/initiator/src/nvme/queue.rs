@@ -7,7 +7,7 @@
 //! is in use (one copy, no staging).
 
 use crate::{ClientError, ConnectOptions, Result};
-use bw_nvme::command::Sqe;
+use bw_nvme::queue_entry::Sqe;
 use bw_nvme::host_queue::{Context, DirectRead, HostConfig, HostError, HostQueue, Payload, Ticket};
 use bw_nvme::pdu::{self, Digests};
 use bytes::{Bytes, BytesMut};

@@ -16,7 +16,7 @@
 //! buffer (Linux: 4 KiB), and controllers pad them to it.
 
 use super::FailureReason;
-use crate::command::Sqe;
+use crate::queue_entry::Sqe;
 use crate::fabrics::fctype;
 use crate::status::Status;
 

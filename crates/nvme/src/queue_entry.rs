@@ -163,7 +163,7 @@ impl Sqe {
         self.set_cdw(12, if fua { cdw12 | nvm::RW_FUA } else { cdw12 });
     }
     /// Dataset Management of `ranges` ranges (1..=256, sent as data, see
-    /// `io::dsm_ranges`), deallocating them if `deallocate`.
+    /// `nvm_io::dsm_ranges`), deallocating them if `deallocate`.
     pub fn set_dsm(&mut self, ranges: usize, deallocate: bool) {
         self.set_cdw(10, (ranges.clamp(1, nvm::DSM_MAX_RANGES) - 1) as u32);
         self.set_cdw(11, if deallocate { nvm::DSM_DEALLOCATE } else { 0 });

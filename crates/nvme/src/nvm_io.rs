@@ -4,8 +4,8 @@
 //! Write into one request for `Volume::submit`, for volumes that complete
 //! requests on their own threads (rbd).
 
-use crate::command::{nvm, Sqe};
-use crate::commands::{self, Command, Handler, NsUse, QueueKind};
+use crate::queue_entry::{nvm, Sqe};
+use crate::command_table::{self, Command, Handler, NsUse, QueueKind};
 use crate::subsystem::{Namespace, Subsystem};
 use crate::{le32, le64, Status, LBA_SHIFT};
 use bw_block::BlockError;
@@ -47,7 +47,7 @@ pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
 /// namespace is None only for a Flush of all namespaces. As in Linux
 /// nvmet, the namespace is checked before the opcode.
 pub fn resolve<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'static Command, Option<&'a Namespace>), Status> {
-    let row = commands::lookup(QueueKind::Io, sqe.opcode());
+    let row = command_table::lookup(QueueKind::Io, sqe.opcode());
     if let Some(r) = row.filter(|r| r.ns == NsUse::ActiveOrAll && sqe.nsid() == 0xFFFF_FFFF) {
         return Ok((r, None));
     }
@@ -322,7 +322,7 @@ pub fn dsm_ranges(ranges: &[(u64, u32)]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::{sgl, Sgl};
+    use crate::queue_entry::{sgl, Sgl};
     use bw_block::{BackendSpec, Volume};
 
     fn subsys() -> Subsystem {
