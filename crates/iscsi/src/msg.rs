@@ -3,6 +3,7 @@
 
 use crate::pdu::field::*;
 use crate::pdu::{Bhs, Opcode, PduError};
+use num_enum::TryFromPrimitive;
 
 /// ISID: initiator part of the session identifier (6 bytes).
 pub type Isid = [u8; 6];
@@ -110,7 +111,7 @@ pub struct ScsiResponse {
     pub residual: Residual,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, TryFromPrimitive)]
 #[repr(u8)]
 pub enum TmfFunction {
     AbortTask = 1,
@@ -121,23 +122,6 @@ pub enum TmfFunction {
     TargetWarmReset = 6,
     TargetColdReset = 7,
     TaskReassign = 8,
-}
-
-impl TmfFunction {
-    pub fn from_u8(v: u8) -> Option<TmfFunction> {
-        use TmfFunction::*;
-        Some(match v {
-            1 => AbortTask,
-            2 => AbortTaskSet,
-            3 => ClearAca,
-            4 => ClearTaskSet,
-            5 => LunReset,
-            6 => TargetWarmReset,
-            7 => TargetColdReset,
-            8 => TaskReassign,
-            _ => return None,
-        })
-    }
 }
 
 /// TMF response codes.

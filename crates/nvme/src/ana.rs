@@ -12,6 +12,7 @@ use crate::put32;
 use crate::put64;
 use crate::subsystem::Subsystem;
 use crate::Status;
+use num_enum::FromPrimitive;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -36,9 +37,10 @@ pub const AEC_ANA_CHANGE: u32 = 1 << 11;
 pub const LSP_RGO: u32 = 1;
 
 /// ANA states (ANAS), as reported in the log page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromPrimitive)]
 #[repr(u8)]
 pub enum AnaState {
+    #[num_enum(default)]
     Optimized = 0x01,
     NonOptimized = 0x02,
     Inaccessible = 0x03,
@@ -47,16 +49,6 @@ pub enum AnaState {
 }
 
 impl AnaState {
-    fn from_u8(v: u8) -> AnaState {
-        match v {
-            0x02 => AnaState::NonOptimized,
-            0x03 => AnaState::Inaccessible,
-            0x04 => AnaState::PersistentLoss,
-            0x0F => AnaState::Change,
-            _ => AnaState::Optimized,
-        }
-    }
-
     /// Status for an I/O command on a namespace in this state (path-related
     /// status type 3h), or None if I/O is allowed. Without DNR: the host is
     /// meant to retry on another path.
@@ -90,7 +82,7 @@ impl Ana {
         Ana { state: Arc::new(AtomicU8::new(state as u8)), change_count: Arc::new(AtomicU64::new(1)) }
     }
     pub fn state(&self) -> AnaState {
-        AnaState::from_u8(self.state.load(Relaxed))
+        AnaState::from(self.state.load(Relaxed))
     }
     /// Change the state; true if it changed (then every controller of the
     /// subsystem should send an ANA change notice, see
