@@ -257,7 +257,7 @@ pub fn effects_log() -> Vec<u8> {
             QueueKind::Admin => 0,
             QueueKind::Io => 1024,
         };
-        crate::put32(&mut b, base + c.opcode as usize * 4, c.effects);
+        bw_wire::Field::<bw_wire::Le<u32>>::at(base + c.opcode as usize * 4).set(&mut b, c.effects);
     }
     b
 }
@@ -311,7 +311,7 @@ mod tests {
     #[test]
     fn effects_log_comes_from_the_table() {
         let b = effects_log();
-        let entry = |base: usize, op: u8| crate::le32(&b, base + op as usize * 4);
+        let entry = |base: usize, op: u8| bw_wire::Field::<bw_wire::Le<u32>>::at(base + op as usize * 4).get(&b);
         for op in 0..=255u8 {
             let want = |q| lookup(q, op).map_or(0, |c| c.effects);
             assert_eq!(entry(0, op), want(QueueKind::Admin), "admin {op:#04x}");

@@ -7,7 +7,7 @@
 use crate::queue_entry::{nvm, Sqe};
 use crate::command_table::{self, Command, Handler, NsUse, QueueKind};
 use crate::subsystem::{Namespace, Subsystem};
-use crate::{le32, le64, Status, LBA_SHIFT};
+use crate::{Status, LBA_SHIFT};
 use bw_block::BlockError;
 use bytes::Bytes;
 
@@ -285,7 +285,11 @@ pub(crate) fn dsm(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8])
     if data.len() < nr * 16 {
         return IoDone::err(Status::SGL_INVALID_DATA.dnr());
     }
-    let ranges: Vec<(u64, u64)> = (0..nr).map(|i| (le64(data, i * 16 + 8), le32(data, i * 16 + 4) as u64)).collect();
+    let ranges: Vec<(u64, u64)> = data
+        .chunks_exact(dsm_range::LEN)
+        .take(nr)
+        .map(|r| (dsm_range::SLBA.get(r), dsm_range::NLB.get(r) as u64))
+        .collect();
     for &(slba, nlb) in &ranges {
         if let Err(s) = check_range(ns, slba, nlb) {
             return IoDone::err(s);
@@ -309,12 +313,22 @@ fn read_buffer(len: usize) -> Vec<u8> {
     vec![0; len]
 }
 
+/// One Dataset Management range (16 bytes; context attributes unused).
+mod dsm_range {
+    use bw_wire::{Field, Le};
+
+    pub const LEN: usize = 16;
+    pub const NLB: Field<Le<u32>> = Field::at(4);
+    pub const SLBA: Field<Le<u64>> = Field::at(8);
+}
+
 /// Encode DSM ranges (context attributes 0) for a host.
 pub fn dsm_ranges(ranges: &[(u64, u32)]) -> Vec<u8> {
     let mut b = vec![0u8; ranges.len() * 16];
     for (i, (slba, nlb)) in ranges.iter().enumerate() {
-        crate::put32(&mut b, i * 16 + 4, *nlb);
-        crate::put64(&mut b, i * 16 + 8, *slba);
+        let r = &mut b[i * dsm_range::LEN..];
+        dsm_range::NLB.set(r, *nlb);
+        dsm_range::SLBA.set(r, *slba);
     }
     b
 }
