@@ -3,20 +3,24 @@
 //! - [`pdu`]: the NVMe/TCP PDU codec (common header, IC, capsules, data
 //!   PDUs, R2T, TermReq; CRC32C header/data digests), data as `Bytes`.
 //! - [`queue_entry`]: the 64-byte submission entry and 16-byte completion.
+//! - [`command_table`]: every admin and NVM command, one row each.
 //! - [`status`]: status codes as Linux spells them (SCT << 8 | SC, DNR 0x4000).
 //! - [`fabrics`]: Connect / Property Get/Set / Disconnect encodings.
 //! - [`auth`]: in-band authentication (DH-HMAC-CHAP), both sides.
 //! - [`identify`], [`logpage`]: data structures the host reads.
 //! - [`controller`]: one controller's admin state machine (properties,
-//!   features, AER, keep-alive, logs) and [`nvm_io`]: the NVM command set over a
-//!   `bw_block::Volume`.
+//!   features, AER, keep-alive, logs) and [`nvm_io`]: the NVM command set
+//!   over a `bw_block::Volume`.
+//!
+//! Header fields are `bw_wire::Field<Le<..>>` constants, one per field, in
+//! the module of the structure they belong to (`queue_entry::sqe`,
+//! `pdu::field`, `identify::ctrl`, ...).
 //! - [`fuzzing`]: the fuzz harness bodies (crates/nvme/fuzz), replayed on
 //!   the inputs that once crashed them by `tests/fuzz_regressions.rs`.
 //!
 //! The target and the initiator crates put sockets around these.
 
 pub mod auth;
-pub mod queue_entry;
 pub mod command_table;
 pub mod controller;
 pub mod fabrics;
@@ -28,6 +32,7 @@ pub mod nvm_io;
 pub mod ana;
 pub mod logpage;
 pub mod pdu;
+pub mod queue_entry;
 pub mod status;
 pub mod subsystem;
 pub mod target_queue;
