@@ -348,7 +348,15 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
             return Err(PduError::DataDigest { kind: ch.kind, cid: cid_of() });
         }
     }
-    let pdu = match ch.kind {
+    let pdu = typed(&ch, h, &raw, data)?;
+    Ok(Some(pdu))
+}
+
+/// The typed PDU of a framed and checked one: `h` is its header (without
+/// digest), `raw` the whole PDU, `data` its payload.
+fn typed(ch: &CommonHeader, h: &[u8], raw: &Bytes, data: Bytes) -> Result<Pdu, PduError> {
+    let (want, plen) = (h.len(), ch.plen as usize);
+    Ok(match ch.kind {
         kind::IC_REQ => Pdu::IcReq(IcReq {
             pfv: field::PFV.get(h),
             hpda: field::PDA.get(h),
@@ -393,8 +401,7 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
             length: field::DATAL.get(h),
         }),
         other => return Err(PduError::UnknownType(other)),
-    };
-    Ok(Some(pdu))
+    })
 }
 
 /// A data PDU's header, checked as [`decode`] checks it, before its payload
