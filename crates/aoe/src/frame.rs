@@ -1,6 +1,7 @@
 //! The Ethernet + AoE common header (24 bytes), as a view and an encoder.
 
 use crate::{need, need_out, WireError, AOE_VERSION, ETHERTYPE_AOE, HEADER_LEN};
+use num_enum::{FromPrimitive, IntoPrimitive, TryFromPrimitive};
 
 /// The header's fields (Ethernet, then AoE r11 section 2), each defined
 /// once for [`AoeHeader`] (reading) and [`HeaderFields::encode`] (writing).
@@ -28,39 +29,20 @@ pub const FLAG_RESPONSE: u8 = 0x8;
 pub const FLAG_ERROR: u8 = 0x4;
 
 /// AoE commands (byte 19).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromPrimitive, IntoPrimitive)]
+#[repr(u8)]
 pub enum Command {
-    Ata,
-    QueryConfig,
-    MacMask,
-    ReserveRelease,
+    Ata = 0,
+    QueryConfig = 1,
+    MacMask = 2,
+    ReserveRelease = 3,
     /// Vendor-specific or unknown: answered with error 1.
+    #[num_enum(catch_all)]
     Other(u8),
 }
 
-impl Command {
-    pub fn from_u8(v: u8) -> Command {
-        match v {
-            0 => Command::Ata,
-            1 => Command::QueryConfig,
-            2 => Command::MacMask,
-            3 => Command::ReserveRelease,
-            o => Command::Other(o),
-        }
-    }
-    pub fn to_u8(self) -> u8 {
-        match self {
-            Command::Ata => 0,
-            Command::QueryConfig => 1,
-            Command::MacMask => 2,
-            Command::ReserveRelease => 3,
-            Command::Other(o) => o,
-        }
-    }
-}
-
 /// Protocol error codes carried with the E flag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, TryFromPrimitive)]
 #[repr(u8)]
 pub enum ErrorCode {
     UnrecognizedCommand = 1,
@@ -69,20 +51,6 @@ pub enum ErrorCode {
     ConfigStringPresent = 4,
     UnsupportedVersion = 5,
     TargetReserved = 6,
-}
-
-impl ErrorCode {
-    pub fn from_u8(v: u8) -> Option<ErrorCode> {
-        Some(match v {
-            1 => ErrorCode::UnrecognizedCommand,
-            2 => ErrorCode::BadArgument,
-            3 => ErrorCode::DeviceUnavailable,
-            4 => ErrorCode::ConfigStringPresent,
-            5 => ErrorCode::UnsupportedVersion,
-            6 => ErrorCode::TargetReserved,
-            _ => return None,
-        })
-    }
 }
 
 /// A decoded view over the first 24 bytes of a frame. The EtherType is
@@ -138,7 +106,7 @@ impl<'a> AoeHeader<'a> {
         field::SLOT.get(self.buf)
     }
     pub fn command(&self) -> Command {
-        Command::from_u8(field::COMMAND.get(self.buf))
+        Command::from(field::COMMAND.get(self.buf))
     }
     pub fn tag(&self) -> u32 {
         field::TAG.get(self.buf)
@@ -176,7 +144,7 @@ impl HeaderFields {
         field::ERROR.set(out, self.error);
         field::SHELF.set(out, self.shelf);
         field::SLOT.set(out, self.slot);
-        field::COMMAND.set(out, self.command.to_u8());
+        field::COMMAND.set(out, self.command.into());
         field::TAG.set(out, self.tag);
         Ok(())
     }
@@ -269,7 +237,7 @@ mod tests {
         #[test]
         fn header_round_trips(dst in any::<[u8;6]>(), src in any::<[u8;6]>(), flags in 0u8..16, error in any::<u8>(),
                               shelf in any::<u16>(), slot in any::<u8>(), cmd in any::<u8>(), tag in any::<u32>()) {
-            let f = HeaderFields { dst, src, flags, error, shelf, slot, command: Command::from_u8(cmd), tag };
+            let f = HeaderFields { dst, src, flags, error, shelf, slot, command: Command::from(cmd), tag };
             let mut buf = [0u8; 24];
             f.encode(&mut buf).unwrap();
             let h = AoeHeader::parse(&buf).unwrap();

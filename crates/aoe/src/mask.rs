@@ -4,6 +4,7 @@
 
 use crate::frame::Mac;
 use crate::{need, need_out, WireError, HEADER_LEN};
+use num_enum::{FromPrimitive, IntoPrimitive};
 
 pub const MASK_ARG_LEN: usize = 4;
 pub const DIRECTIVE_LEN: usize = 8;
@@ -32,31 +33,14 @@ pub const MERROR_UNSPECIFIED: u8 = 1;
 pub const MERROR_BAD_DIRECTIVE: u8 = 2;
 pub const MERROR_LIST_FULL: u8 = 3;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromPrimitive, IntoPrimitive)]
+#[repr(u8)]
 pub enum DirectiveCommand {
-    Nop,
-    Add,
-    Delete,
+    Nop = 0,
+    Add = 1,
+    Delete = 2,
+    #[num_enum(catch_all)]
     Other(u8),
-}
-
-impl DirectiveCommand {
-    pub fn from_u8(v: u8) -> Self {
-        match v {
-            0 => DirectiveCommand::Nop,
-            1 => DirectiveCommand::Add,
-            2 => DirectiveCommand::Delete,
-            o => DirectiveCommand::Other(o),
-        }
-    }
-    pub fn to_u8(self) -> u8 {
-        match self {
-            DirectiveCommand::Nop => 0,
-            DirectiveCommand::Add => 1,
-            DirectiveCommand::Delete => 2,
-            DirectiveCommand::Other(o) => o,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +81,7 @@ impl<'a> MaskList<'a> {
     pub fn directives(&self) -> impl Iterator<Item = Directive> + 'a {
         self.directives
             .chunks_exact(DIRECTIVE_LEN)
-            .map(|d| Directive { command: DirectiveCommand::from_u8(field::DCMD.get(d)), mac: field::DIRECTIVE_MAC.get(d) })
+            .map(|d| Directive { command: DirectiveCommand::from(field::DCMD.get(d)), mac: field::DIRECTIVE_MAC.get(d) })
     }
 }
 
@@ -115,7 +99,7 @@ pub fn encode(frame: &mut [u8], mcmd: u8, merror: u8, directives: &[Directive]) 
     field::DIRECTIVE_COUNT.set(frame, directives.len() as u8);
     for (d, out) in directives.iter().zip(frame[HEADER_LEN + MASK_ARG_LEN..end].chunks_exact_mut(DIRECTIVE_LEN)) {
         field::DIRECTIVE_RESERVED.set(out, 0);
-        field::DCMD.set(out, d.command.to_u8());
+        field::DCMD.set(out, d.command.into());
         field::DIRECTIVE_MAC.set(out, d.mac);
     }
     Ok(end)
@@ -148,7 +132,7 @@ mod tests {
     proptest! {
         #[test]
         fn round_trips(mcmd in any::<u8>(), merror in any::<u8>(), ds in proptest::collection::vec((any::<u8>(), any::<[u8;6]>()), 0..40)) {
-            let ds: Vec<Directive> = ds.into_iter().map(|(c, mac)| Directive { command: DirectiveCommand::from_u8(c), mac }).collect();
+            let ds: Vec<Directive> = ds.into_iter().map(|(c, mac)| Directive { command: DirectiveCommand::from(c), mac }).collect();
             let mut buf = vec![0u8; 24 + 4 + 8 * 40];
             let n = encode(&mut buf, mcmd, merror, &ds).unwrap();
             let m = MaskList::parse(&buf[..n]).unwrap();

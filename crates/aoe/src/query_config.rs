@@ -3,6 +3,7 @@
 //! config string length (u16), config string.
 
 use crate::{need, need_out, WireError, AOE_VERSION, HEADER_LEN, MAX_CONFIG_STRING};
+use num_enum::{IntoPrimitive, TryFromPrimitive};
 
 pub const QC_ARG_LEN: usize = 8;
 
@@ -20,41 +21,21 @@ pub mod field {
 }
 
 /// Config string sub-commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, TryFromPrimitive, IntoPrimitive)]
+#[repr(u8)]
 pub enum ConfigCommand {
     /// Read the config string.
-    Read,
+    Read = 0,
     /// Reply only if the string matches exactly.
-    TestExact,
+    TestExact = 1,
     /// Reply only if the request string is a prefix of the config string.
-    TestPrefix,
+    TestPrefix = 2,
     /// Set the string if it is empty, else fail with error 4.
-    SetIfEmpty,
+    SetIfEmpty = 3,
     /// Set the string unconditionally.
-    ForceSet,
+    ForceSet = 4,
 }
 
-impl ConfigCommand {
-    pub fn from_u8(v: u8) -> Option<ConfigCommand> {
-        Some(match v {
-            0 => ConfigCommand::Read,
-            1 => ConfigCommand::TestExact,
-            2 => ConfigCommand::TestPrefix,
-            3 => ConfigCommand::SetIfEmpty,
-            4 => ConfigCommand::ForceSet,
-            _ => return None,
-        })
-    }
-    pub fn to_u8(self) -> u8 {
-        match self {
-            ConfigCommand::Read => 0,
-            ConfigCommand::TestExact => 1,
-            ConfigCommand::TestPrefix => 2,
-            ConfigCommand::SetIfEmpty => 3,
-            ConfigCommand::ForceSet => 4,
-        }
-    }
-}
 
 /// A Query Config argument viewed over a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +71,7 @@ impl<'a> QueryConfig<'a> {
     }
 
     pub fn command(&self) -> Option<ConfigCommand> {
-        ConfigCommand::from_u8(self.ccmd)
+        ConfigCommand::try_from(self.ccmd).ok()
     }
 
     /// Encode after a header already in `frame`; returns the frame length.
@@ -112,7 +93,7 @@ impl<'a> QueryConfig<'a> {
 
     /// A request as an initiator sends it (counts zero, our version).
     pub fn request(cmd: ConfigCommand, config: &'a [u8]) -> Self {
-        QueryConfig { buffer_count: 0, firmware_version: 0, sector_count: 0, aoe_version: AOE_VERSION, ccmd: cmd.to_u8(), config }
+        QueryConfig { buffer_count: 0, firmware_version: 0, sector_count: 0, aoe_version: AOE_VERSION, ccmd: cmd.into(), config }
     }
 }
 
@@ -150,7 +131,7 @@ mod tests {
         f.resize(32 + 1025, 0);
         assert_eq!(QueryConfig::parse(&f), Err(WireError::BadArg("config string longer than 1024 bytes")));
         assert!(QueryConfig::parse(&f[..31]).is_err());
-        assert_eq!(ConfigCommand::from_u8(5), None);
+        assert!(ConfigCommand::try_from(5).is_err());
     }
 
     proptest! {

@@ -15,7 +15,7 @@ use bw_iscsi::msg::*;
 use bw_iscsi::negotiate::{Digest, LocalLimits};
 use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu, RESERVED_TAG};
 use bw_iscsi::initiator_session::{Action, Command, Completion, InitiatorSession, TaskError};
-use bw_scsi::{build, sense, status};
+use bw_scsi::{initiator, sense, status};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -240,12 +240,12 @@ impl IscsiClient {
     /// decides it (sd_read_block_limits/sd_discard_mode), VPD pages a target
     /// does not have mean no.
     async fn unmap_limit(&self) -> Option<u32> {
-        let b2 = self.scsi(&build::inquiry_vpd(build::vpd::LOGICAL_BLOCK_PROVISIONING, 64), 64, Bytes::new()).await.ok()?;
-        if !build::parse_lbpu(&b2) {
+        let b2 = self.scsi(&initiator::inquiry_vpd(initiator::vpd::LOGICAL_BLOCK_PROVISIONING, 64), 64, Bytes::new()).await.ok()?;
+        if !initiator::parse_lbpu(&b2) {
             return None;
         }
-        let b0 = self.scsi(&build::inquiry_vpd(build::vpd::BLOCK_LIMITS, 64), 64, Bytes::new()).await.ok()?;
-        let (max_lba, _descriptors) = build::parse_unmap_limits(&b0)?;
+        let b0 = self.scsi(&initiator::inquiry_vpd(initiator::vpd::BLOCK_LIMITS, 64), 64, Bytes::new()).await.ok()?;
+        let (max_lba, _descriptors) = initiator::parse_unmap_limits(&b0)?;
         // A zero count means the device server does not implement UNMAP.
         (max_lba > 0).then_some(max_lba)
     }
@@ -289,7 +289,7 @@ impl BlockClient for IscsiClient {
             return Ok(());
         }
         let bs = self.block as u64;
-        let cdb = build::read_16(offset / bs, (buf.len() as u64 / bs) as u32);
+        let cdb = initiator::read_16(offset / bs, (buf.len() as u64 / bs) as u32);
         let data = self.scsi(&cdb, buf.len(), Bytes::new()).await?;
         buf.copy_from_slice(&data);
         Ok(())
@@ -304,12 +304,12 @@ impl BlockClient for IscsiClient {
             return Ok(());
         }
         let bs = self.block as u64;
-        let cdb = build::write_16(offset / bs, (data.len() as u64 / bs) as u32);
+        let cdb = initiator::write_16(offset / bs, (data.len() as u64 / bs) as u32);
         self.scsi(&cdb, 0, data).await?;
         Ok(())
     }
     async fn flush(&self) -> Result<()> {
-        self.scsi(&build::synchronize_cache_10(), 0, Bytes::new()).await?;
+        self.scsi(&initiator::synchronize_cache_10(), 0, Bytes::new()).await?;
         Ok(())
     }
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
@@ -322,8 +322,8 @@ impl BlockClient for IscsiClient {
         // One descriptor per command, each within the LUN's limit.
         while left > 0 {
             let n = left.min(max as u64) as u32;
-            let params = build::unmap_parameters(&[(lba, n)]);
-            self.scsi(&build::unmap(params.len() as u16), 0, Bytes::from(params)).await?;
+            let params = initiator::unmap_parameters(&[(lba, n)]);
+            self.scsi(&initiator::unmap(params.len() as u16), 0, Bytes::from(params)).await?;
             lba += n as u64;
             left -= n as u64;
         }
@@ -403,15 +403,15 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
     let lun_field = u64::from_be_bytes(bw_scsi::encode_lun(*lun));
     let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string(), unmap_max_blocks: None };
     // TEST UNIT READY first: it absorbs the unit attention a fresh nexus may have.
-    client.scsi(&build::test_unit_ready(), 0, Bytes::new()).await?;
-    let cap = client.scsi(&build::read_capacity_16(32), 32, Bytes::new()).await?;
-    let (last_lba, block) = build::parse_read_capacity_16(&cap).ok_or_else(|| proto("short READ CAPACITY"))?;
+    client.scsi(&initiator::test_unit_ready(), 0, Bytes::new()).await?;
+    let cap = client.scsi(&initiator::read_capacity_16(32), 32, Bytes::new()).await?;
+    let (last_lba, block) = initiator::parse_read_capacity_16(&cap).ok_or_else(|| proto("short READ CAPACITY"))?;
     if block == 0 || block % 512 != 0 {
         return Err(proto(format!("unsupported block size {block}")));
     }
     client.block = block;
     client.size = (last_lba + 1) * block as u64;
-    if build::parse_lbpme(&cap) {
+    if initiator::parse_lbpme(&cap) {
         client.unmap_max_blocks = client.unmap_limit().await;
     }
     log::info!("{url}: {} bytes, {} byte blocks, params {:?}", client.size, block, done.params);

@@ -3,6 +3,7 @@
 
 use crate::pdu::field::*;
 use crate::pdu::{Bhs, Opcode, PduError};
+use num_enum::TryFromPrimitive;
 
 /// ISID: initiator part of the session identifier (6 bytes).
 pub type Isid = [u8; 6];
@@ -110,7 +111,7 @@ pub struct ScsiResponse {
     pub residual: Residual,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, TryFromPrimitive)]
 #[repr(u8)]
 pub enum TmfFunction {
     AbortTask = 1,
@@ -121,23 +122,6 @@ pub enum TmfFunction {
     TargetWarmReset = 6,
     TargetColdReset = 7,
     TaskReassign = 8,
-}
-
-impl TmfFunction {
-    pub fn from_u8(v: u8) -> Option<TmfFunction> {
-        use TmfFunction::*;
-        Some(match v {
-            1 => AbortTask,
-            2 => AbortTaskSet,
-            3 => ClearAca,
-            4 => ClearTaskSet,
-            5 => LunReset,
-            6 => TargetWarmReset,
-            7 => TargetColdReset,
-            8 => TaskReassign,
-            _ => return None,
-        })
-    }
 }
 
 /// TMF response codes.
@@ -408,421 +392,549 @@ pub enum Message {
 
 impl Message {
     pub fn decode(b: &Bhs) -> Result<Message, PduError> {
-        let fin = b.flag(FINAL);
-        let imm = b.immediate();
         Ok(match b.opcode()? {
-            Opcode::NopOut => Message::NopOut(NopOut {
-                immediate: imm,
-                lun: b.get(LUN),
-                itt: b.get(ITT),
-                ttt: b.get(TTT),
-                cmd_sn: b.get(CMD_SN),
-                exp_stat_sn: b.get(EXP_STAT_SN),
-            }),
-            Opcode::ScsiCommand => Message::ScsiCommand(ScsiCommand {
-                immediate: imm,
-                final_: fin,
-                read: b.flag(READ),
-                write: b.flag(WRITE),
-                attr: b.bits(ATTR),
-                lun: b.get(LUN),
-                itt: b.get(ITT),
-                edtl: b.get(EDTL),
-                cmd_sn: b.get(CMD_SN),
-                exp_stat_sn: b.get(EXP_STAT_SN),
-                cdb: b.get(CDB),
-            }),
-            Opcode::TaskMgmtRequest => Message::TaskMgmtRequest(TaskMgmtRequest {
-                immediate: imm,
-                function: b.bits(TMF_FUNCTION),
-                lun: b.get(LUN),
-                itt: b.get(ITT),
-                referenced_task_tag: b.get(REFERENCED_TASK_TAG),
-                cmd_sn: b.get(CMD_SN),
-                exp_stat_sn: b.get(EXP_STAT_SN),
-                ref_cmd_sn: b.get(REF_CMD_SN),
-                exp_data_sn: b.get(EXP_DATA_SN),
-            }),
-            Opcode::LoginRequest => Message::LoginRequest(LoginRequest {
-                transit: b.flag(TRANSIT),
-                continue_: b.flag(CONTINUE),
-                csg: b.bits(CSG),
-                nsg: b.bits(NSG),
-                version_max: b.get(VERSION_MAX),
-                version_min: b.get(VERSION_MIN),
-                isid: b.get(ISID),
-                tsih: b.get(TSIH),
-                itt: b.get(ITT),
-                cid: b.get(CID),
-                cmd_sn: b.get(CMD_SN),
-                exp_stat_sn: b.get(EXP_STAT_SN),
-            }),
-            Opcode::TextRequest => Message::TextRequest(TextRequest {
-                immediate: imm,
-                final_: fin,
-                continue_: b.flag(CONTINUE),
-                lun: b.get(LUN),
-                itt: b.get(ITT),
-                ttt: b.get(TTT),
-                cmd_sn: b.get(CMD_SN),
-                exp_stat_sn: b.get(EXP_STAT_SN),
-            }),
-            Opcode::DataOut => Message::DataOut(DataOut {
-                final_: fin,
-                lun: b.get(LUN),
-                itt: b.get(ITT),
-                ttt: b.get(TTT),
-                exp_stat_sn: b.get(EXP_STAT_SN),
-                data_sn: b.get(DATA_SN),
-                buffer_offset: b.get(BUFFER_OFFSET),
-            }),
-            Opcode::LogoutRequest => Message::LogoutRequest(LogoutRequest {
-                immediate: imm,
-                reason: b.bits(LOGOUT_REASON),
-                itt: b.get(ITT),
-                cid: b.get(CID),
-                cmd_sn: b.get(CMD_SN),
-                exp_stat_sn: b.get(EXP_STAT_SN),
-            }),
-            Opcode::SnackRequest => Message::SnackRequest(SnackRequest {
-                snack_type: b.bits(SNACK_TYPE),
-                lun: b.get(LUN),
-                itt: b.get(ITT),
-                ttt: b.get(TTT),
-                exp_stat_sn: b.get(EXP_STAT_SN),
-                beg_run: b.get(BEG_RUN),
-                run_length: b.get(RUN_LENGTH),
-            }),
-            Opcode::NopIn => Message::NopIn(NopIn {
-                lun: b.get(LUN),
-                itt: b.get(ITT),
-                ttt: b.get(TTT),
-                stat_sn: b.get(STAT_SN),
-                exp_cmd_sn: b.get(EXP_CMD_SN),
-                max_cmd_sn: b.get(MAX_CMD_SN),
-            }),
-            Opcode::ScsiResponse => Message::ScsiResponse(ScsiResponse {
-                response: b.get(RESPONSE),
-                status: b.get(STATUS),
-                itt: b.get(ITT),
-                stat_sn: b.get(STAT_SN),
-                exp_cmd_sn: b.get(EXP_CMD_SN),
-                max_cmd_sn: b.get(MAX_CMD_SN),
-                exp_data_sn: b.get(EXP_DATA_SN),
-                residual: Residual::read(b),
-            }),
-            Opcode::TaskMgmtResponse => Message::TaskMgmtResponse(TaskMgmtResponse {
-                response: b.get(RESPONSE),
-                itt: b.get(ITT),
-                stat_sn: b.get(STAT_SN),
-                exp_cmd_sn: b.get(EXP_CMD_SN),
-                max_cmd_sn: b.get(MAX_CMD_SN),
-            }),
-            Opcode::LoginResponse => Message::LoginResponse(LoginResponse {
-                transit: b.flag(TRANSIT),
-                continue_: b.flag(CONTINUE),
-                csg: b.bits(CSG),
-                nsg: b.bits(NSG),
-                version_max: b.get(VERSION_MAX),
-                version_active: b.get(VERSION_ACTIVE),
-                isid: b.get(ISID),
-                tsih: b.get(TSIH),
-                itt: b.get(ITT),
-                stat_sn: b.get(STAT_SN),
-                exp_cmd_sn: b.get(EXP_CMD_SN),
-                max_cmd_sn: b.get(MAX_CMD_SN),
-                status_class: b.get(STATUS_CLASS),
-                status_detail: b.get(STATUS_DETAIL),
-            }),
-            Opcode::TextResponse => Message::TextResponse(TextResponse {
-                final_: fin,
-                continue_: b.flag(CONTINUE),
-                lun: b.get(LUN),
-                itt: b.get(ITT),
-                ttt: b.get(TTT),
-                stat_sn: b.get(STAT_SN),
-                exp_cmd_sn: b.get(EXP_CMD_SN),
-                max_cmd_sn: b.get(MAX_CMD_SN),
-            }),
-            Opcode::DataIn => {
-                let has_status = b.flag(STATUS_PRESENT);
-                Message::DataIn(DataIn {
-                    final_: fin,
-                    ack: b.flag(ACKNOWLEDGE),
-                    has_status,
-                    // Reserved unless the S bit is set (RFC 7143 11.7.4).
-                    status: if has_status { b.get(STATUS) } else { 0 },
-                    lun: b.get(LUN),
-                    itt: b.get(ITT),
-                    ttt: b.get(TTT),
-                    stat_sn: b.get(STAT_SN),
-                    exp_cmd_sn: b.get(EXP_CMD_SN),
-                    max_cmd_sn: b.get(MAX_CMD_SN),
-                    data_sn: b.get(DATA_SN),
-                    buffer_offset: b.get(BUFFER_OFFSET),
-                    residual: if has_status { Residual::read(b) } else { Residual::None },
-                })
-            }
-            Opcode::LogoutResponse => Message::LogoutResponse(LogoutResponse {
-                response: b.get(RESPONSE),
-                itt: b.get(ITT),
-                stat_sn: b.get(STAT_SN),
-                exp_cmd_sn: b.get(EXP_CMD_SN),
-                max_cmd_sn: b.get(MAX_CMD_SN),
-                time2wait: b.get(TIME2WAIT),
-                time2retain: b.get(TIME2RETAIN),
-            }),
-            Opcode::R2t => Message::R2t(R2t {
-                lun: b.get(LUN),
-                itt: b.get(ITT),
-                ttt: b.get(TTT),
-                stat_sn: b.get(STAT_SN),
-                exp_cmd_sn: b.get(EXP_CMD_SN),
-                max_cmd_sn: b.get(MAX_CMD_SN),
-                r2t_sn: b.get(R2T_SN),
-                buffer_offset: b.get(BUFFER_OFFSET),
-                desired_length: b.get(DESIRED_LENGTH),
-            }),
-            Opcode::AsyncMessage => Message::AsyncMessage(AsyncMessage {
-                lun: b.get(LUN),
-                stat_sn: b.get(STAT_SN),
-                exp_cmd_sn: b.get(EXP_CMD_SN),
-                max_cmd_sn: b.get(MAX_CMD_SN),
-                event: b.get(ASYNC_EVENT),
-                vcode: b.get(ASYNC_VCODE),
-                parameter1: b.get(PARAMETER1),
-                parameter2: b.get(PARAMETER2),
-                parameter3: b.get(PARAMETER3),
-            }),
-            Opcode::Reject => Message::Reject(Reject {
-                reason: b.get(REJECT_REASON),
-                stat_sn: b.get(STAT_SN),
-                exp_cmd_sn: b.get(EXP_CMD_SN),
-                max_cmd_sn: b.get(MAX_CMD_SN),
-                data_sn: b.get(DATA_SN),
-            }),
+            Opcode::NopOut => Message::NopOut(NopOut::read(b)),
+            Opcode::ScsiCommand => Message::ScsiCommand(ScsiCommand::read(b)),
+            Opcode::TaskMgmtRequest => Message::TaskMgmtRequest(TaskMgmtRequest::read(b)),
+            Opcode::LoginRequest => Message::LoginRequest(LoginRequest::read(b)),
+            Opcode::TextRequest => Message::TextRequest(TextRequest::read(b)),
+            Opcode::DataOut => Message::DataOut(DataOut::read(b)),
+            Opcode::LogoutRequest => Message::LogoutRequest(LogoutRequest::read(b)),
+            Opcode::SnackRequest => Message::SnackRequest(SnackRequest::read(b)),
+            Opcode::NopIn => Message::NopIn(NopIn::read(b)),
+            Opcode::ScsiResponse => Message::ScsiResponse(ScsiResponse::read(b)),
+            Opcode::TaskMgmtResponse => Message::TaskMgmtResponse(TaskMgmtResponse::read(b)),
+            Opcode::LoginResponse => Message::LoginResponse(LoginResponse::read(b)),
+            Opcode::TextResponse => Message::TextResponse(TextResponse::read(b)),
+            Opcode::DataIn => Message::DataIn(DataIn::read(b)),
+            Opcode::LogoutResponse => Message::LogoutResponse(LogoutResponse::read(b)),
+            Opcode::R2t => Message::R2t(R2t::read(b)),
+            Opcode::AsyncMessage => Message::AsyncMessage(AsyncMessage::read(b)),
+            Opcode::Reject => Message::Reject(Reject::read(b)),
         })
     }
 
     /// The header for this message; the data segment length is filled in
     /// when the PDU is encoded.
     pub fn encode(&self) -> Bhs {
-        use Message as M;
         match self {
-            M::NopOut(m) => {
-                let mut b = base(Opcode::NopOut, m.immediate, true);
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(TTT, m.ttt);
-                b.set(CMD_SN, m.cmd_sn);
-                b.set(EXP_STAT_SN, m.exp_stat_sn);
-                b
-            }
-            M::ScsiCommand(m) => {
-                let mut b = base(Opcode::ScsiCommand, m.immediate, m.final_);
-                b.set_flag(READ, m.read);
-                b.set_flag(WRITE, m.write);
-                b.set_bits(ATTR, m.attr);
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(EDTL, m.edtl);
-                b.set(CMD_SN, m.cmd_sn);
-                b.set(EXP_STAT_SN, m.exp_stat_sn);
-                b.set(CDB, m.cdb);
-                b
-            }
-            M::TaskMgmtRequest(m) => {
-                let mut b = base(Opcode::TaskMgmtRequest, m.immediate, true);
-                b.set_bits(TMF_FUNCTION, m.function);
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(REFERENCED_TASK_TAG, m.referenced_task_tag);
-                b.set(CMD_SN, m.cmd_sn);
-                b.set(EXP_STAT_SN, m.exp_stat_sn);
-                b.set(REF_CMD_SN, m.ref_cmd_sn);
-                b.set(EXP_DATA_SN, m.exp_data_sn);
-                b
-            }
-            M::LoginRequest(m) => {
-                let mut b = base(Opcode::LoginRequest, true, m.transit);
-                b.set_flag(CONTINUE, m.continue_);
-                b.set_bits(CSG, m.csg);
-                b.set_bits(NSG, m.nsg);
-                b.set(VERSION_MAX, m.version_max);
-                b.set(VERSION_MIN, m.version_min);
-                b.set(ISID, m.isid);
-                b.set(TSIH, m.tsih);
-                b.set(ITT, m.itt);
-                b.set(CID, m.cid);
-                b.set(CMD_SN, m.cmd_sn);
-                b.set(EXP_STAT_SN, m.exp_stat_sn);
-                b
-            }
-            M::TextRequest(m) => {
-                let mut b = base(Opcode::TextRequest, m.immediate, m.final_);
-                b.set_flag(CONTINUE, m.continue_);
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(TTT, m.ttt);
-                b.set(CMD_SN, m.cmd_sn);
-                b.set(EXP_STAT_SN, m.exp_stat_sn);
-                b
-            }
-            M::DataOut(m) => {
-                let mut b = base(Opcode::DataOut, false, m.final_);
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(TTT, m.ttt);
-                b.set(EXP_STAT_SN, m.exp_stat_sn);
-                b.set(DATA_SN, m.data_sn);
-                b.set(BUFFER_OFFSET, m.buffer_offset);
-                b
-            }
-            M::LogoutRequest(m) => {
-                let mut b = base(Opcode::LogoutRequest, m.immediate, true);
-                b.set_bits(LOGOUT_REASON, m.reason);
-                b.set(ITT, m.itt);
-                b.set(CID, m.cid);
-                b.set(CMD_SN, m.cmd_sn);
-                b.set(EXP_STAT_SN, m.exp_stat_sn);
-                b
-            }
-            M::SnackRequest(m) => {
-                let mut b = base(Opcode::SnackRequest, false, true);
-                b.set_bits(SNACK_TYPE, m.snack_type);
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(TTT, m.ttt);
-                b.set(EXP_STAT_SN, m.exp_stat_sn);
-                b.set(BEG_RUN, m.beg_run);
-                b.set(RUN_LENGTH, m.run_length);
-                b
-            }
-            M::NopIn(m) => {
-                let mut b = base(Opcode::NopIn, false, true);
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(TTT, m.ttt);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b
-            }
-            M::ScsiResponse(m) => {
-                let mut b = base(Opcode::ScsiResponse, false, true);
-                b.set(RESPONSE, m.response);
-                b.set(STATUS, m.status);
-                b.set(ITT, m.itt);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b.set(EXP_DATA_SN, m.exp_data_sn);
-                m.residual.write(&mut b);
-                b
-            }
-            M::TaskMgmtResponse(m) => {
-                let mut b = base(Opcode::TaskMgmtResponse, false, true);
-                b.set(RESPONSE, m.response);
-                b.set(ITT, m.itt);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b
-            }
-            M::LoginResponse(m) => {
-                let mut b = base(Opcode::LoginResponse, false, m.transit);
-                b.set_flag(CONTINUE, m.continue_);
-                b.set_bits(CSG, m.csg);
-                b.set_bits(NSG, m.nsg);
-                b.set(VERSION_MAX, m.version_max);
-                b.set(VERSION_ACTIVE, m.version_active);
-                b.set(ISID, m.isid);
-                b.set(TSIH, m.tsih);
-                b.set(ITT, m.itt);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b.set(STATUS_CLASS, m.status_class);
-                b.set(STATUS_DETAIL, m.status_detail);
-                b
-            }
-            M::TextResponse(m) => {
-                let mut b = base(Opcode::TextResponse, false, m.final_);
-                b.set_flag(CONTINUE, m.continue_);
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(TTT, m.ttt);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b
-            }
-            M::DataIn(m) => {
-                let mut b = base(Opcode::DataIn, false, m.final_);
-                b.set_flag(ACKNOWLEDGE, m.ack);
-                if m.has_status {
-                    b.set_flag(STATUS_PRESENT, true);
-                    b.set(STATUS, m.status);
-                    m.residual.write(&mut b);
-                }
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(TTT, m.ttt);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b.set(DATA_SN, m.data_sn);
-                b.set(BUFFER_OFFSET, m.buffer_offset);
-                b
-            }
-            M::LogoutResponse(m) => {
-                let mut b = base(Opcode::LogoutResponse, false, true);
-                b.set(RESPONSE, m.response);
-                b.set(ITT, m.itt);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b.set(TIME2WAIT, m.time2wait);
-                b.set(TIME2RETAIN, m.time2retain);
-                b
-            }
-            M::R2t(m) => {
-                let mut b = base(Opcode::R2t, false, true);
-                b.set(LUN, m.lun);
-                b.set(ITT, m.itt);
-                b.set(TTT, m.ttt);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b.set(R2T_SN, m.r2t_sn);
-                b.set(BUFFER_OFFSET, m.buffer_offset);
-                b.set(DESIRED_LENGTH, m.desired_length);
-                b
-            }
-            M::AsyncMessage(m) => {
-                let mut b = base(Opcode::AsyncMessage, false, true);
-                b.set(LUN, m.lun);
-                b.set(ITT, crate::pdu::RESERVED_TAG);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b.set(ASYNC_EVENT, m.event);
-                b.set(ASYNC_VCODE, m.vcode);
-                b.set(PARAMETER1, m.parameter1);
-                b.set(PARAMETER2, m.parameter2);
-                b.set(PARAMETER3, m.parameter3);
-                b
-            }
-            M::Reject(m) => {
-                let mut b = base(Opcode::Reject, false, true);
-                b.set(REJECT_REASON, m.reason);
-                b.set(ITT, crate::pdu::RESERVED_TAG);
-                b.set(STAT_SN, m.stat_sn);
-                b.set(EXP_CMD_SN, m.exp_cmd_sn);
-                b.set(MAX_CMD_SN, m.max_cmd_sn);
-                b.set(DATA_SN, m.data_sn);
-                b
-            }
+            Message::NopOut(m) => m.write(),
+            Message::ScsiCommand(m) => m.write(),
+            Message::TaskMgmtRequest(m) => m.write(),
+            Message::LoginRequest(m) => m.write(),
+            Message::TextRequest(m) => m.write(),
+            Message::DataOut(m) => m.write(),
+            Message::LogoutRequest(m) => m.write(),
+            Message::SnackRequest(m) => m.write(),
+            Message::NopIn(m) => m.write(),
+            Message::ScsiResponse(m) => m.write(),
+            Message::TaskMgmtResponse(m) => m.write(),
+            Message::LoginResponse(m) => m.write(),
+            Message::TextResponse(m) => m.write(),
+            Message::DataIn(m) => m.write(),
+            Message::LogoutResponse(m) => m.write(),
+            Message::R2t(m) => m.write(),
+            Message::AsyncMessage(m) => m.write(),
+            Message::Reject(m) => m.write(),
         }
+    }
+}
+
+/// One message type's fields in the BHS: reading them and writing them
+/// side by side, so a field read at one offset is written at the same.
+trait Header: Sized {
+    fn read(b: &Bhs) -> Self;
+    fn write(&self) -> Bhs;
+}
+
+impl Header for NopOut {
+    fn read(b: &Bhs) -> NopOut {
+        NopOut {
+            immediate: b.immediate(),
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            ttt: b.get(TTT),
+            cmd_sn: b.get(CMD_SN),
+            exp_stat_sn: b.get(EXP_STAT_SN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::NopOut, self.immediate, true);
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(TTT, self.ttt);
+        b.set(CMD_SN, self.cmd_sn);
+        b.set(EXP_STAT_SN, self.exp_stat_sn);
+        b
+    }
+}
+
+impl Header for ScsiCommand {
+    fn read(b: &Bhs) -> ScsiCommand {
+        ScsiCommand {
+            immediate: b.immediate(),
+            final_: b.flag(FINAL),
+            read: b.flag(READ),
+            write: b.flag(WRITE),
+            attr: b.bits(ATTR),
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            edtl: b.get(EDTL),
+            cmd_sn: b.get(CMD_SN),
+            exp_stat_sn: b.get(EXP_STAT_SN),
+            cdb: b.get(CDB),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::ScsiCommand, self.immediate, self.final_);
+        b.set_flag(READ, self.read);
+        b.set_flag(WRITE, self.write);
+        b.set_bits(ATTR, self.attr);
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(EDTL, self.edtl);
+        b.set(CMD_SN, self.cmd_sn);
+        b.set(EXP_STAT_SN, self.exp_stat_sn);
+        b.set(CDB, self.cdb);
+        b
+    }
+}
+
+impl Header for TaskMgmtRequest {
+    fn read(b: &Bhs) -> TaskMgmtRequest {
+        TaskMgmtRequest {
+            immediate: b.immediate(),
+            function: b.bits(TMF_FUNCTION),
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            referenced_task_tag: b.get(REFERENCED_TASK_TAG),
+            cmd_sn: b.get(CMD_SN),
+            exp_stat_sn: b.get(EXP_STAT_SN),
+            ref_cmd_sn: b.get(REF_CMD_SN),
+            exp_data_sn: b.get(EXP_DATA_SN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::TaskMgmtRequest, self.immediate, true);
+        b.set_bits(TMF_FUNCTION, self.function);
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(REFERENCED_TASK_TAG, self.referenced_task_tag);
+        b.set(CMD_SN, self.cmd_sn);
+        b.set(EXP_STAT_SN, self.exp_stat_sn);
+        b.set(REF_CMD_SN, self.ref_cmd_sn);
+        b.set(EXP_DATA_SN, self.exp_data_sn);
+        b
+    }
+}
+
+impl Header for LoginRequest {
+    fn read(b: &Bhs) -> LoginRequest {
+        LoginRequest {
+            transit: b.flag(TRANSIT),
+            continue_: b.flag(CONTINUE),
+            csg: b.bits(CSG),
+            nsg: b.bits(NSG),
+            version_max: b.get(VERSION_MAX),
+            version_min: b.get(VERSION_MIN),
+            isid: b.get(ISID),
+            tsih: b.get(TSIH),
+            itt: b.get(ITT),
+            cid: b.get(CID),
+            cmd_sn: b.get(CMD_SN),
+            exp_stat_sn: b.get(EXP_STAT_SN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::LoginRequest, true, self.transit);
+        b.set_flag(CONTINUE, self.continue_);
+        b.set_bits(CSG, self.csg);
+        b.set_bits(NSG, self.nsg);
+        b.set(VERSION_MAX, self.version_max);
+        b.set(VERSION_MIN, self.version_min);
+        b.set(ISID, self.isid);
+        b.set(TSIH, self.tsih);
+        b.set(ITT, self.itt);
+        b.set(CID, self.cid);
+        b.set(CMD_SN, self.cmd_sn);
+        b.set(EXP_STAT_SN, self.exp_stat_sn);
+        b
+    }
+}
+
+impl Header for TextRequest {
+    fn read(b: &Bhs) -> TextRequest {
+        TextRequest {
+            immediate: b.immediate(),
+            final_: b.flag(FINAL),
+            continue_: b.flag(CONTINUE),
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            ttt: b.get(TTT),
+            cmd_sn: b.get(CMD_SN),
+            exp_stat_sn: b.get(EXP_STAT_SN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::TextRequest, self.immediate, self.final_);
+        b.set_flag(CONTINUE, self.continue_);
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(TTT, self.ttt);
+        b.set(CMD_SN, self.cmd_sn);
+        b.set(EXP_STAT_SN, self.exp_stat_sn);
+        b
+    }
+}
+
+impl Header for DataOut {
+    fn read(b: &Bhs) -> DataOut {
+        DataOut {
+            final_: b.flag(FINAL),
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            ttt: b.get(TTT),
+            exp_stat_sn: b.get(EXP_STAT_SN),
+            data_sn: b.get(DATA_SN),
+            buffer_offset: b.get(BUFFER_OFFSET),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::DataOut, false, self.final_);
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(TTT, self.ttt);
+        b.set(EXP_STAT_SN, self.exp_stat_sn);
+        b.set(DATA_SN, self.data_sn);
+        b.set(BUFFER_OFFSET, self.buffer_offset);
+        b
+    }
+}
+
+impl Header for LogoutRequest {
+    fn read(b: &Bhs) -> LogoutRequest {
+        LogoutRequest {
+            immediate: b.immediate(),
+            reason: b.bits(LOGOUT_REASON),
+            itt: b.get(ITT),
+            cid: b.get(CID),
+            cmd_sn: b.get(CMD_SN),
+            exp_stat_sn: b.get(EXP_STAT_SN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::LogoutRequest, self.immediate, true);
+        b.set_bits(LOGOUT_REASON, self.reason);
+        b.set(ITT, self.itt);
+        b.set(CID, self.cid);
+        b.set(CMD_SN, self.cmd_sn);
+        b.set(EXP_STAT_SN, self.exp_stat_sn);
+        b
+    }
+}
+
+impl Header for SnackRequest {
+    fn read(b: &Bhs) -> SnackRequest {
+        SnackRequest {
+            snack_type: b.bits(SNACK_TYPE),
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            ttt: b.get(TTT),
+            exp_stat_sn: b.get(EXP_STAT_SN),
+            beg_run: b.get(BEG_RUN),
+            run_length: b.get(RUN_LENGTH),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::SnackRequest, false, true);
+        b.set_bits(SNACK_TYPE, self.snack_type);
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(TTT, self.ttt);
+        b.set(EXP_STAT_SN, self.exp_stat_sn);
+        b.set(BEG_RUN, self.beg_run);
+        b.set(RUN_LENGTH, self.run_length);
+        b
+    }
+}
+
+impl Header for NopIn {
+    fn read(b: &Bhs) -> NopIn {
+        NopIn {
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            ttt: b.get(TTT),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::NopIn, false, true);
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(TTT, self.ttt);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b
+    }
+}
+
+impl Header for ScsiResponse {
+    fn read(b: &Bhs) -> ScsiResponse {
+        ScsiResponse {
+            response: b.get(RESPONSE),
+            status: b.get(STATUS),
+            itt: b.get(ITT),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+            exp_data_sn: b.get(EXP_DATA_SN),
+            residual: Residual::read(b),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::ScsiResponse, false, true);
+        b.set(RESPONSE, self.response);
+        b.set(STATUS, self.status);
+        b.set(ITT, self.itt);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b.set(EXP_DATA_SN, self.exp_data_sn);
+        self.residual.write(&mut b);
+        b
+    }
+}
+
+impl Header for TaskMgmtResponse {
+    fn read(b: &Bhs) -> TaskMgmtResponse {
+        TaskMgmtResponse {
+            response: b.get(RESPONSE),
+            itt: b.get(ITT),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::TaskMgmtResponse, false, true);
+        b.set(RESPONSE, self.response);
+        b.set(ITT, self.itt);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b
+    }
+}
+
+impl Header for LoginResponse {
+    fn read(b: &Bhs) -> LoginResponse {
+        LoginResponse {
+            transit: b.flag(TRANSIT),
+            continue_: b.flag(CONTINUE),
+            csg: b.bits(CSG),
+            nsg: b.bits(NSG),
+            version_max: b.get(VERSION_MAX),
+            version_active: b.get(VERSION_ACTIVE),
+            isid: b.get(ISID),
+            tsih: b.get(TSIH),
+            itt: b.get(ITT),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+            status_class: b.get(STATUS_CLASS),
+            status_detail: b.get(STATUS_DETAIL),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::LoginResponse, false, self.transit);
+        b.set_flag(CONTINUE, self.continue_);
+        b.set_bits(CSG, self.csg);
+        b.set_bits(NSG, self.nsg);
+        b.set(VERSION_MAX, self.version_max);
+        b.set(VERSION_ACTIVE, self.version_active);
+        b.set(ISID, self.isid);
+        b.set(TSIH, self.tsih);
+        b.set(ITT, self.itt);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b.set(STATUS_CLASS, self.status_class);
+        b.set(STATUS_DETAIL, self.status_detail);
+        b
+    }
+}
+
+impl Header for TextResponse {
+    fn read(b: &Bhs) -> TextResponse {
+        TextResponse {
+            final_: b.flag(FINAL),
+            continue_: b.flag(CONTINUE),
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            ttt: b.get(TTT),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::TextResponse, false, self.final_);
+        b.set_flag(CONTINUE, self.continue_);
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(TTT, self.ttt);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b
+    }
+}
+
+impl Header for DataIn {
+    fn read(b: &Bhs) -> DataIn {
+        let has_status = b.flag(STATUS_PRESENT);
+        DataIn {
+            final_: b.flag(FINAL),
+            ack: b.flag(ACKNOWLEDGE),
+            has_status,
+            // Reserved unless the S bit is set (RFC 7143 11.7.4).
+            status: if has_status { b.get(STATUS) } else { 0 },
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            ttt: b.get(TTT),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+            data_sn: b.get(DATA_SN),
+            buffer_offset: b.get(BUFFER_OFFSET),
+            residual: if has_status { Residual::read(b) } else { Residual::None },
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::DataIn, false, self.final_);
+        b.set_flag(ACKNOWLEDGE, self.ack);
+        if self.has_status {
+            b.set_flag(STATUS_PRESENT, true);
+            b.set(STATUS, self.status);
+            self.residual.write(&mut b);
+        }
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(TTT, self.ttt);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b.set(DATA_SN, self.data_sn);
+        b.set(BUFFER_OFFSET, self.buffer_offset);
+        b
+    }
+}
+
+impl Header for LogoutResponse {
+    fn read(b: &Bhs) -> LogoutResponse {
+        LogoutResponse {
+            response: b.get(RESPONSE),
+            itt: b.get(ITT),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+            time2wait: b.get(TIME2WAIT),
+            time2retain: b.get(TIME2RETAIN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::LogoutResponse, false, true);
+        b.set(RESPONSE, self.response);
+        b.set(ITT, self.itt);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b.set(TIME2WAIT, self.time2wait);
+        b.set(TIME2RETAIN, self.time2retain);
+        b
+    }
+}
+
+impl Header for R2t {
+    fn read(b: &Bhs) -> R2t {
+        R2t {
+            lun: b.get(LUN),
+            itt: b.get(ITT),
+            ttt: b.get(TTT),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+            r2t_sn: b.get(R2T_SN),
+            buffer_offset: b.get(BUFFER_OFFSET),
+            desired_length: b.get(DESIRED_LENGTH),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::R2t, false, true);
+        b.set(LUN, self.lun);
+        b.set(ITT, self.itt);
+        b.set(TTT, self.ttt);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b.set(R2T_SN, self.r2t_sn);
+        b.set(BUFFER_OFFSET, self.buffer_offset);
+        b.set(DESIRED_LENGTH, self.desired_length);
+        b
+    }
+}
+
+impl Header for AsyncMessage {
+    fn read(b: &Bhs) -> AsyncMessage {
+        AsyncMessage {
+            lun: b.get(LUN),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+            event: b.get(ASYNC_EVENT),
+            vcode: b.get(ASYNC_VCODE),
+            parameter1: b.get(PARAMETER1),
+            parameter2: b.get(PARAMETER2),
+            parameter3: b.get(PARAMETER3),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::AsyncMessage, false, true);
+        b.set(LUN, self.lun);
+        b.set(ITT, crate::pdu::RESERVED_TAG);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b.set(ASYNC_EVENT, self.event);
+        b.set(ASYNC_VCODE, self.vcode);
+        b.set(PARAMETER1, self.parameter1);
+        b.set(PARAMETER2, self.parameter2);
+        b.set(PARAMETER3, self.parameter3);
+        b
+    }
+}
+
+impl Header for Reject {
+    fn read(b: &Bhs) -> Reject {
+        Reject {
+            reason: b.get(REJECT_REASON),
+            stat_sn: b.get(STAT_SN),
+            exp_cmd_sn: b.get(EXP_CMD_SN),
+            max_cmd_sn: b.get(MAX_CMD_SN),
+            data_sn: b.get(DATA_SN),
+        }
+    }
+    fn write(&self) -> Bhs {
+        let mut b = base(Opcode::Reject, false, true);
+        b.set(REJECT_REASON, self.reason);
+        b.set(ITT, crate::pdu::RESERVED_TAG);
+        b.set(STAT_SN, self.stat_sn);
+        b.set(EXP_CMD_SN, self.exp_cmd_sn);
+        b.set(MAX_CMD_SN, self.max_cmd_sn);
+        b.set(DATA_SN, self.data_sn);
+        b
     }
 }

@@ -6,6 +6,7 @@
 //! views of each opcode live in [`crate::msg`].
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use num_enum::TryFromPrimitive;
 
 pub const BHS_LEN: usize = 48;
 
@@ -109,7 +110,8 @@ pub enum PduError {
 }
 
 /// Opcodes; initiator ones below 0x20, target ones from 0x20.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, TryFromPrimitive)]
+#[num_enum(error_type(name = PduError, constructor = PduError::UnknownOpcode))]
 #[repr(u8)]
 pub enum Opcode {
     NopOut = 0x00,
@@ -132,32 +134,6 @@ pub enum Opcode {
     Reject = 0x3F,
 }
 
-impl Opcode {
-    pub fn from_u8(v: u8) -> Result<Opcode, PduError> {
-        use Opcode::*;
-        Ok(match v & 0x3F {
-            0x00 => NopOut,
-            0x01 => ScsiCommand,
-            0x02 => TaskMgmtRequest,
-            0x03 => LoginRequest,
-            0x04 => TextRequest,
-            0x05 => DataOut,
-            0x06 => LogoutRequest,
-            0x10 => SnackRequest,
-            0x20 => NopIn,
-            0x21 => ScsiResponse,
-            0x22 => TaskMgmtResponse,
-            0x23 => LoginResponse,
-            0x24 => TextResponse,
-            0x25 => DataIn,
-            0x26 => LogoutResponse,
-            0x31 => R2t,
-            0x32 => AsyncMessage,
-            0x3F => Reject,
-            other => return Err(PduError::UnknownOpcode(other)),
-        })
-    }
-}
 
 /// The Basic Header Segment as raw bytes, with big-endian field accessors.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -184,7 +160,7 @@ impl Bhs {
         field::OPCODE.get(&self.0)
     }
     pub fn opcode(&self) -> Result<Opcode, PduError> {
-        Opcode::from_u8(self.opcode_raw())
+        Opcode::try_from(self.opcode_raw())
     }
     pub fn immediate(&self) -> bool {
         field::IMMEDIATE.get(&self.0)

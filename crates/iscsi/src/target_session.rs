@@ -789,7 +789,7 @@ impl TargetSession {
         if !t.immediate {
             self.slot_done();
         }
-        let response = match TmfFunction::from_u8(t.function) {
+        let response = match TmfFunction::try_from(t.function).ok() {
             Some(TmfFunction::AbortTask) => {
                 // Matched by tag alone: some initiators leave the LUN at 0.
                 if let Some(id) = self.tasks.get(&t.referenced_task_tag).map(|x| x.id) {

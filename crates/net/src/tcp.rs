@@ -9,7 +9,7 @@
 //! = bbr`), NVMe/TCP 1 MiB reads over loopback cost the target 250-790 µs of
 //! CPU per read under BBR (1300-2700 MiB/s, a different speed every run)
 //! and 97-125 µs under cubic (3000-3500 MiB/s, within 13%); our iSCSI
-//! 1350-1770 against 2670-2750 MiB/s (crates/nvme/README.md). A same-host
+//! 1350-1770 against 2670-2750 MiB/s (docs/notes/2026-11-22-nvme-tcp-data-path.md). A same-host
 //! connection has no bottleneck queue for pacing to protect, so
 //! [`Congestion::Auto`] replaces a pacing algorithm there; connections to
 //! other machines keep what the administrator chose.

@@ -8,10 +8,9 @@
 //! Here: the per-gateway state ([`Ana`]), the ANA log page (LID 0Ch), and
 //! the Identify fields that announce ANA support.
 
-use crate::put32;
-use crate::put64;
 use crate::subsystem::Subsystem;
 use crate::Status;
+use num_enum::FromPrimitive;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -36,9 +35,10 @@ pub const AEC_ANA_CHANGE: u32 = 1 << 11;
 pub const LSP_RGO: u32 = 1;
 
 /// ANA states (ANAS), as reported in the log page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromPrimitive)]
 #[repr(u8)]
 pub enum AnaState {
+    #[num_enum(default)]
     Optimized = 0x01,
     NonOptimized = 0x02,
     Inaccessible = 0x03,
@@ -47,16 +47,6 @@ pub enum AnaState {
 }
 
 impl AnaState {
-    fn from_u8(v: u8) -> AnaState {
-        match v {
-            0x02 => AnaState::NonOptimized,
-            0x03 => AnaState::Inaccessible,
-            0x04 => AnaState::PersistentLoss,
-            0x0F => AnaState::Change,
-            _ => AnaState::Optimized,
-        }
-    }
-
     /// Status for an I/O command on a namespace in this state (path-related
     /// status type 3h), or None if I/O is allowed. Without DNR: the host is
     /// meant to retry on another path.
@@ -90,7 +80,7 @@ impl Ana {
         Ana { state: Arc::new(AtomicU8::new(state as u8)), change_count: Arc::new(AtomicU64::new(1)) }
     }
     pub fn state(&self) -> AnaState {
-        AnaState::from_u8(self.state.load(Relaxed))
+        AnaState::from(self.state.load(Relaxed))
     }
     /// Change the state; true if it changed (then every controller of the
     /// subsystem should send an ANA change notice, see
@@ -120,28 +110,46 @@ pub fn log_page(s: &Subsystem, groups_only: bool) -> Vec<u8> {
     b
 }
 
+/// ANA log page fields: the header, then 32-byte group descriptors, each
+/// followed by its NSIDs.
+mod field {
+    use bw_wire::{Field, Le};
+
+    pub const CHGCNT: Field<Le<u64>> = Field::at(0);
+    pub const NGRPS: Field<Le<u16>> = Field::at(8);
+    pub const HEADER_LEN: usize = 16;
+    // One group descriptor.
+    pub const GRPID: Field<Le<u32>> = Field::at(0);
+    pub const NNSIDS: Field<Le<u32>> = Field::at(4);
+    pub const GROUP_CHGCNT: Field<Le<u64>> = Field::at(8);
+    pub const ANAS: Field<u8> = Field::at(16);
+    pub const DESCRIPTOR_LEN: usize = 32;
+    pub const NSID: Field<Le<u32>> = Field::at(0);
+}
+
 fn log_page_used(s: &Subsystem, groups_only: bool) -> Vec<u8> {
     let mut groups: Vec<u32> = s.namespaces.iter().map(|n| n.ana_group).collect();
     groups.sort_unstable();
     groups.dedup();
     let chg = s.ana.change_count();
-    let mut b = vec![0u8; 16];
-    put64(&mut b, 0, chg);
-    b[8..10].copy_from_slice(&(groups.len() as u16).to_le_bytes());
+    let mut b = vec![0u8; field::HEADER_LEN];
+    field::CHGCNT.set(&mut b, chg);
+    field::NGRPS.set(&mut b, groups.len() as u16);
     for g in groups {
         let mut nsids: Vec<u32> = s.namespaces.iter().filter(|n| n.ana_group == g).map(|n| n.nsid).collect();
         nsids.sort_unstable();
         let o = b.len();
-        b.resize(o + 32, 0);
-        put32(&mut b, o, g);
-        put32(&mut b, o + 4, if groups_only { 0 } else { nsids.len() as u32 });
-        put64(&mut b, o + 8, chg);
-        b[o + 16] = s.ana.state() as u8;
+        b.resize(o + field::DESCRIPTOR_LEN, 0);
+        let d = &mut b[o..];
+        field::GRPID.set(d, g);
+        field::NNSIDS.set(d, if groups_only { 0 } else { nsids.len() as u32 });
+        field::GROUP_CHGCNT.set(d, chg);
+        field::ANAS.set(d, s.ana.state() as u8);
         if !groups_only {
             for id in nsids {
                 let o = b.len();
                 b.resize(o + 4, 0);
-                put32(&mut b, o, id);
+                field::NSID.set(&mut b[o..], id);
             }
         }
     }
@@ -158,19 +166,19 @@ pub struct GroupDesc {
 
 /// Parse an ANA log page: (CHGCNT, groups). None if it is cut short.
 pub fn parse_log(b: &[u8]) -> Option<(u64, Vec<GroupDesc>)> {
-    let chg = u64::from_le_bytes(b.get(0..8)?.try_into().ok()?);
-    let n = u16::from_le_bytes(b.get(8..10)?.try_into().ok()?);
-    let mut o = 16;
+    let chg = field::CHGCNT.try_get(b)?;
+    let n = field::NGRPS.try_get(b)?;
+    let mut o = field::HEADER_LEN;
     let mut out = Vec::new();
     for _ in 0..n {
-        let d = b.get(o..o + 32)?;
-        let group = u32::from_le_bytes(d[0..4].try_into().ok()?);
-        let nn = u32::from_le_bytes(d[4..8].try_into().ok()?) as usize;
-        let state = d[16] & 0x0F;
-        o += 32;
+        let d = b.get(o..o + field::DESCRIPTOR_LEN)?;
+        let group = field::GRPID.get(d);
+        let nn = field::NNSIDS.get(d) as usize;
+        let state = field::ANAS.get(d) & 0x0F;
+        o += field::DESCRIPTOR_LEN;
         let mut nsids = Vec::with_capacity(nn.min(1024));
         for _ in 0..nn {
-            nsids.push(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+            nsids.push(field::NSID.try_get(b.get(o..)?)?);
             o += 4;
         }
         out.push(GroupDesc { group, state, nsids });

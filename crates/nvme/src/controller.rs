@@ -3,8 +3,8 @@
 //! Disconnect are handled by whoever owns the set of controllers (the
 //! target); everything else on the admin queue comes here.
 
-use crate::command::Sqe;
-use crate::commands::{self, Command, Handler, QueueKind};
+use crate::queue_entry::Sqe;
+use crate::command_table::{self, Command, Handler, QueueKind};
 use crate::fabrics::{fctype, reg, Property};
 use crate::identify::{self, cns, CtrlParams};
 use crate::features::PlainFeatures;
@@ -322,7 +322,7 @@ impl Controller {
         if !self.ready() {
             return done(Completion::status(cid, Status::CMD_SEQ_ERROR));
         }
-        match commands::lookup(QueueKind::Admin, sqe.opcode()) {
+        match command_table::lookup(QueueKind::Admin, sqe.opcode()) {
             Some(Command { handler: Handler::Admin(run), discovery, .. }) if *discovery || !self.is_discovery() => run(self, sqe, data),
             _ => done(Completion::status(cid, Status::INVALID_OPCODE.dnr())),
         }
@@ -408,7 +408,7 @@ impl Controller {
                 }
                 p
             }
-            (lid::CMD_EFFECTS, Role::Nvm(_)) => commands::effects_log(),
+            (lid::CMD_EFFECTS, Role::Nvm(_)) => command_table::effects_log(),
             (lid::ANA, Role::Nvm(s)) => crate::ana::log_page(s, (sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0),
             _ => return Completion::status(cid, Status::INVALID_LOG_PAGE.dnr()).into(),
         };

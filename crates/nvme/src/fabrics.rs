@@ -1,8 +1,28 @@
 //! NVMe over Fabrics commands: Connect (with its 1024-byte data), Property
 //! Get/Set, Disconnect. Auth Send/Receive are in [`crate::auth`].
 
-use crate::command::{sgl, Sgl, Sqe};
-use crate::{get_str, le16, le32, le64, put16, put32, put64, put_str};
+use crate::queue_entry::{sgl, Sgl, Sqe};
+use crate::{get_str, put_str};
+
+/// Fabrics command fields in the SQE (after the common ones, see
+/// [`crate::queue_entry::sqe`]), each defined once.
+mod field {
+    use bw_wire::{Field, Le};
+
+    // Connect.
+    pub const RECFMT: Field<Le<u16>> = Field::at(40);
+    pub const QID: Field<Le<u16>> = Field::at(42);
+    pub const SQSIZE: Field<Le<u16>> = Field::at(44);
+    pub const CATTR: Field<u8> = Field::at(46);
+    pub const KATO: Field<Le<u32>> = Field::at(48);
+    // Property Get/Set.
+    pub const ATTRIB: Field<u8> = Field::at(40);
+    pub const OFST: Field<Le<u32>> = Field::at(44);
+    pub const VALUE: Field<Le<u64>> = Field::at(48);
+    // Connect data.
+    pub const HOSTID: Field<[u8; 16]> = Field::at(0);
+    pub const CNTLID: Field<Le<u16>> = Field::at(16);
+}
 
 pub mod fctype {
     pub const PROPERTY_SET: u8 = 0x00;
@@ -63,16 +83,22 @@ pub struct Connect {
 
 impl Connect {
     pub fn parse(s: &Sqe) -> Connect {
-        Connect { recfmt: le16(&s.0, 40), qid: le16(&s.0, 42), sqsize: le16(&s.0, 44), cattr: s.0[46], kato_ms: le32(&s.0, 48) }
+        Connect {
+            recfmt: field::RECFMT.get(&s.0),
+            qid: field::QID.get(&s.0),
+            sqsize: field::SQSIZE.get(&s.0),
+            cattr: field::CATTR.get(&s.0),
+            kato_ms: field::KATO.get(&s.0),
+        }
     }
     pub fn to_sqe(&self, cid: u16) -> Sqe {
         let mut s = Sqe::fabrics(fctype::CONNECT, cid);
         s.set_sgl(Sgl { addr: 0, length: CONNECT_DATA_LEN as u32, kind: sgl::INCAPSULE });
-        put16(&mut s.0, 40, self.recfmt);
-        put16(&mut s.0, 42, self.qid);
-        put16(&mut s.0, 44, self.sqsize);
-        s.0[46] = self.cattr;
-        put32(&mut s.0, 48, self.kato_ms);
+        field::RECFMT.set(&mut s.0, self.recfmt);
+        field::QID.set(&mut s.0, self.qid);
+        field::SQSIZE.set(&mut s.0, self.sqsize);
+        field::CATTR.set(&mut s.0, self.cattr);
+        field::KATO.set(&mut s.0, self.kato_ms);
         s
     }
 }
@@ -92,14 +118,15 @@ impl ConnectData {
         if b.len() < CONNECT_DATA_LEN {
             return None;
         }
-        let mut hostid = [0u8; 16];
-        hostid.copy_from_slice(&b[..16]);
-        Some(ConnectData { hostid, cntlid: le16(b, 16), subnqn: get_str(&b[256..512]), hostnqn: get_str(&b[512..768]) })
+        Some(ConnectData {
+            hostid: field::HOSTID.get(b),
+            cntlid: field::CNTLID.get(b),
+            subnqn: get_str(&b[256..512]), hostnqn: get_str(&b[512..768]) })
     }
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; CONNECT_DATA_LEN];
-        b[..16].copy_from_slice(&self.hostid);
-        put16(&mut b, 16, self.cntlid);
+        field::HOSTID.set(&mut b, self.hostid);
+        field::CNTLID.set(&mut b, self.cntlid);
         put_str(&mut b[256..511], &self.subnqn, 0);
         put_str(&mut b[512..767], &self.hostnqn, 0);
         b
@@ -117,18 +144,22 @@ pub struct Property {
 
 impl Property {
     pub fn parse(s: &Sqe) -> Property {
-        Property { size8: s.0[40] & 0x7 == 1, offset: le32(&s.0, 44), value: le64(&s.0, 48) }
+        Property {
+            size8: field::ATTRIB.get(&s.0) & 0x7 == 1,
+            offset: field::OFST.get(&s.0),
+            value: field::VALUE.get(&s.0),
+        }
     }
     pub fn get_sqe(cid: u16, offset: u32, size8: bool) -> Sqe {
         let mut s = Sqe::fabrics(fctype::PROPERTY_GET, cid);
-        s.0[40] = size8 as u8;
-        put32(&mut s.0, 44, offset);
+        field::ATTRIB.set(&mut s.0, size8 as u8);
+        field::OFST.set(&mut s.0, offset);
         s
     }
     pub fn set_sqe(cid: u16, offset: u32, value: u64) -> Sqe {
         let mut s = Sqe::fabrics(fctype::PROPERTY_SET, cid);
-        put32(&mut s.0, 44, offset);
-        put64(&mut s.0, 48, value);
+        field::OFST.set(&mut s.0, offset);
+        field::VALUE.set(&mut s.0, value);
         s
     }
 }

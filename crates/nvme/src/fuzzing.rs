@@ -5,7 +5,7 @@
 
 use crate::controller::{AdminOutcome, Role};
 use crate::pdu::{decode, Digests};
-use crate::{io, Controller, Namespace, Sqe, Subsystem};
+use crate::{nvm_io, Controller, Namespace, Sqe, Subsystem};
 use bw_block::{BackendSpec, Volume};
 use bytes::BytesMut;
 use std::sync::Arc;
@@ -65,7 +65,7 @@ pub fn commands(data: &[u8]) {
                 assert!(d.len() <= sqe.sgl().length as usize);
             }
         }
-        let r = io::execute(&s, &sqe, extra);
+        let r = nvm_io::execute(&s, &sqe, extra);
         if let Some(d) = r.data {
             assert_eq!(d.len(), sqe.sgl().length as usize);
         }

@@ -20,7 +20,7 @@
 //! controller completes it, so a late reply is never taken for a newer
 //! command; its data is read and dropped.
 
-use crate::command::{sgl, Cqe, Sgl, Sqe};
+use crate::queue_entry::{sgl, Cqe, Sgl, Sqe};
 use crate::pdu::{self, DataHeaderView, DataPdu, Digests, IcReq, Pdu, PduError};
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;

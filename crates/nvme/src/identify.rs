@@ -3,9 +3,74 @@
 //! parsing a host needs.
 
 use crate::subsystem::{Namespace, Subsystem};
-use crate::{get_str, le16, le32, le64, put16, put32, put64, put_str};
+use crate::{get_str, put_str};
+use bw_wire::{Field, Le};
 
 pub const LEN: usize = 4096;
+
+/// Identify Controller fields (NVMe Base 2.0, Figure 275), each defined
+/// once: [`controller`] writes them and [`IdCtrl::parse`] reads them.
+pub mod ctrl {
+    use bw_wire::{Field, Le};
+
+    pub const RAB: Field<u8> = Field::at(72);
+    pub const CMIC: Field<u8> = Field::at(76);
+    pub const MDTS: Field<u8> = Field::at(77);
+    pub const CNTLID: Field<Le<u16>> = Field::at(78);
+    pub const VER: Field<Le<u32>> = Field::at(80);
+    pub const OAES: Field<Le<u32>> = Field::at(92);
+    pub const CNTRLTYPE: Field<u8> = Field::at(111);
+    pub const ACL: Field<u8> = Field::at(258);
+    pub const AERL: Field<u8> = Field::at(259);
+    pub const FRMW: Field<u8> = Field::at(260);
+    pub const LPA: Field<u8> = Field::at(261);
+    pub const ELPE: Field<u8> = Field::at(262);
+    pub const KAS: Field<Le<u16>> = Field::at(320);
+    /// Bytes 342..352 (base spec 2.0, Figure 312). One byte off, Linux
+    /// reads a huge ANAGRPMAX, finds the ANA log larger than MDTS and
+    /// silently disables ANA (multipath then ignores the states).
+    pub const ANATT: Field<u8> = Field::at(342);
+    pub const ANACAP: Field<u8> = Field::at(343);
+    pub const ANAGRPMAX: Field<Le<u32>> = Field::at(344);
+    pub const NANAGRPID: Field<Le<u32>> = Field::at(348);
+    pub const SQES: Field<u8> = Field::at(512);
+    pub const CQES: Field<u8> = Field::at(513);
+    pub const MAXCMD: Field<Le<u16>> = Field::at(514);
+    pub const NN: Field<Le<u32>> = Field::at(516);
+    pub const ONCS: Field<Le<u16>> = Field::at(520);
+    pub const VWC: Field<u8> = Field::at(525);
+    pub const SGLS: Field<Le<u32>> = Field::at(536);
+    pub const MNAN: Field<Le<u32>> = Field::at(540);
+    pub const IOCCSZ: Field<Le<u32>> = Field::at(1792);
+    pub const IORCSZ: Field<Le<u32>> = Field::at(1796);
+    pub const ICDOFF: Field<Le<u16>> = Field::at(1800);
+    pub const FCATT: Field<u8> = Field::at(1802);
+    pub const MSDBD: Field<u8> = Field::at(1803);
+    pub const OFCS: Field<Le<u16>> = Field::at(1804);
+    /// Power state descriptor 0: maximum power.
+    pub const PSD0_MP: Field<Le<u16>> = Field::at(2048);
+}
+
+/// Identify Namespace fields (NVM command set), each defined once.
+pub mod ns {
+    use bw_wire::{Field, Le};
+
+    pub const NSZE: Field<Le<u64>> = Field::at(0);
+    pub const NCAP: Field<Le<u64>> = Field::at(8);
+    pub const NUSE: Field<Le<u64>> = Field::at(16);
+    pub const NSFEAT: Field<u8> = Field::at(24);
+    pub const NLBAF: Field<u8> = Field::at(25);
+    pub const FLBAS: Field<u8> = Field::at(26);
+    pub const NMIC: Field<u8> = Field::at(30);
+    pub const DLFEAT: Field<u8> = Field::at(33);
+    pub const ANAGRPID: Field<Le<u32>> = Field::at(92);
+    pub const NSATTR: Field<u8> = Field::at(99);
+    pub const NGUID: Field<[u8; 16]> = Field::at(104);
+    /// LBA format `n`'s LBA data size (log2 of the block size).
+    pub const fn lbaf_lbads(n: usize) -> Field<u8> {
+        Field::at(128 + n * 4 + 2)
+    }
+}
 
 pub mod cns {
     pub const NAMESPACE: u8 = 0x00;
@@ -58,51 +123,48 @@ pub fn controller(p: &CtrlParams) -> Vec<u8> {
     put_str(&mut b[4..24], &p.serial, b' ');
     put_str(&mut b[24..64], &p.model, b' ');
     put_str(&mut b[64..72], &p.firmware, b' ');
-    b[72] = 6; // RAB: recommended arbitration burst
-    // CMIC: several ports (gateways), several controllers, ANA reporting.
-    b[76] = 1 << 0 | 1 << 1 | if p.cntrltype == CNTRLTYPE_IO { crate::ana::CMIC_ANA } else { 0 };
-    b[77] = p.mdts;
-    put16(&mut b, 78, p.cntlid);
-    put32(&mut b, 80, VERSION);
+    ctrl::RAB.set(&mut b, 6); // recommended arbitration burst
+    // Several ports (gateways), several controllers, ANA reporting.
+    ctrl::CMIC.set(&mut b, 1 << 0 | 1 << 1 | if p.cntrltype == CNTRLTYPE_IO { crate::ana::CMIC_ANA } else { 0 });
+    ctrl::MDTS.set(&mut b, p.mdts);
+    ctrl::CNTLID.set(&mut b, p.cntlid);
+    ctrl::VER.set(&mut b, VERSION);
     if p.cntrltype == CNTRLTYPE_IO {
-        // OAES: namespace attribute and ANA change notices.
-        put32(&mut b, 92, 1 << 8 | crate::ana::OAES_ANA_CHANGE);
-        // Bytes 342..352 (base spec 2.0, Figure 312). One byte off, Linux
-        // reads a huge ANAGRPMAX, finds the ANA log larger than MDTS and
-        // silently disables ANA (multipath then ignores the states).
-        b[342] = crate::ana::TRANSITION_TIME_S; // ANATT
-        b[343] = crate::ana::ANACAP;
-        put32(&mut b, 344, crate::ana::MAX_GROUPS); // ANAGRPMAX
-        put32(&mut b, 348, crate::ana::MAX_GROUPS); // NANAGRPID
+        // Namespace attribute and ANA change notices.
+        ctrl::OAES.set(&mut b, 1 << 8 | crate::ana::OAES_ANA_CHANGE);
+        ctrl::ANATT.set(&mut b, crate::ana::TRANSITION_TIME_S);
+        ctrl::ANACAP.set(&mut b, crate::ana::ANACAP);
+        ctrl::ANAGRPMAX.set(&mut b, crate::ana::MAX_GROUPS);
+        ctrl::NANAGRPID.set(&mut b, crate::ana::MAX_GROUPS);
     }
-    b[111] = p.cntrltype;
-    b[258] = 3; // ACL, zero-based
-    b[259] = p.aerl;
-    b[260] = 0x03; // FRMW: one slot, slot 1 read-only
-    b[261] = 0x06; // LPA: commands supported and effects log, extended data
-    b[262] = 0; // ELPE: one error log entry (zero-based)
-    put16(&mut b, 320, p.kas);
-    b[512] = 0x66; // SQES: 64 bytes
-    b[513] = 0x44; // CQES: 16 bytes
-    put16(&mut b, 514, p.maxcmd);
-    put32(&mut b, 516, p.nn);
-    put16(&mut b, 520, p.oncs);
-    // VWC: present, and Flush with NSID FFFFFFFFh supported.
-    b[525] = if p.vwc { 0x07 } else { 0x06 };
-    // SGLS: SGLs supported (byte aligned), offsets in data block
-    // descriptors (in-capsule data).
-    put32(&mut b, 536, (1 << 0) | (1 << 20));
-    // MNAN: Linux refuses an ANA-reporting controller whose MNAN is 0 or
-    // above NN ("Invalid MNAN value"), and sizes its ANA log buffer by it.
-    put32(&mut b, 540, p.nn);
+    ctrl::CNTRLTYPE.set(&mut b, p.cntrltype);
+    ctrl::ACL.set(&mut b, 3); // zero-based
+    ctrl::AERL.set(&mut b, p.aerl);
+    ctrl::FRMW.set(&mut b, 0x03); // one slot, slot 1 read-only
+    ctrl::LPA.set(&mut b, 0x06); // commands supported and effects log, extended data
+    ctrl::ELPE.set(&mut b, 0); // one error log entry (zero-based)
+    ctrl::KAS.set(&mut b, p.kas);
+    ctrl::SQES.set(&mut b, 0x66); // 64 bytes
+    ctrl::CQES.set(&mut b, 0x44); // 16 bytes
+    ctrl::MAXCMD.set(&mut b, p.maxcmd);
+    ctrl::NN.set(&mut b, p.nn);
+    ctrl::ONCS.set(&mut b, p.oncs);
+    // Present, and Flush with NSID FFFFFFFFh supported.
+    ctrl::VWC.set(&mut b, if p.vwc { 0x07 } else { 0x06 });
+    // SGLs supported (byte aligned), offsets in data block descriptors
+    // (in-capsule data).
+    ctrl::SGLS.set(&mut b, (1 << 0) | (1 << 20));
+    // Linux refuses an ANA-reporting controller whose MNAN is 0 or above NN
+    // ("Invalid MNAN value"), and sizes its ANA log buffer by it.
+    ctrl::MNAN.set(&mut b, p.nn);
     put_str(&mut b[768..1023], &p.subnqn, 0);
-    put32(&mut b, 1792, p.ioccsz);
-    put32(&mut b, 1796, p.iorcsz);
-    put16(&mut b, 1800, 0); // ICDOFF
-    b[1802] = 0; // FCATT: dynamic controller model
-    b[1803] = 1; // MSDBD: one SGL descriptor per command
-    put16(&mut b, 1804, 1); // OFCS: Disconnect supported
-    put16(&mut b, 2048, 0x09C4); // PSD0: max power 25 W (0.01 W units)
+    ctrl::IOCCSZ.set(&mut b, p.ioccsz);
+    ctrl::IORCSZ.set(&mut b, p.iorcsz);
+    ctrl::ICDOFF.set(&mut b, 0);
+    ctrl::FCATT.set(&mut b, 0); // dynamic controller model
+    ctrl::MSDBD.set(&mut b, 1); // one SGL descriptor per command
+    ctrl::OFCS.set(&mut b, 1); // Disconnect supported
+    ctrl::PSD0_MP.set(&mut b, 0x09C4); // 25 W (0.01 W units)
     b
 }
 
@@ -132,18 +194,18 @@ impl IdCtrl {
             return None;
         }
         Some(IdCtrl {
-            cntlid: le16(b, 78),
-            mdts: b[77],
-            maxcmd: le16(b, 514),
-            nn: le32(b, 516),
-            oncs: le16(b, 520),
-            vwc: b[525],
-            sgls: le32(b, 536),
-            kas: le16(b, 320),
-            ioccsz: le32(b, 1792),
-            iorcsz: le32(b, 1796),
-            icdoff: le16(b, 1800),
-            cntrltype: b[111],
+            cntlid: ctrl::CNTLID.get(b),
+            mdts: ctrl::MDTS.get(b),
+            maxcmd: ctrl::MAXCMD.get(b),
+            nn: ctrl::NN.get(b),
+            oncs: ctrl::ONCS.get(b),
+            vwc: ctrl::VWC.get(b),
+            sgls: ctrl::SGLS.get(b),
+            kas: ctrl::KAS.get(b),
+            ioccsz: ctrl::IOCCSZ.get(b),
+            iorcsz: ctrl::IORCSZ.get(b),
+            icdoff: ctrl::ICDOFF.get(b),
+            cntrltype: ctrl::CNTRLTYPE.get(b),
             serial: get_str(&b[4..24]),
             model: get_str(&b[24..64]),
             subnqn: get_str(&b[768..1024]),
@@ -151,22 +213,22 @@ impl IdCtrl {
     }
 }
 
-pub fn namespace(ns: &Namespace) -> Vec<u8> {
+pub fn namespace(n: &Namespace) -> Vec<u8> {
     let mut b = vec![0u8; LEN];
-    let blocks = ns.blocks();
-    put64(&mut b, 0, blocks); // NSZE
-    put64(&mut b, 8, blocks); // NCAP
-    put64(&mut b, 16, blocks); // NUSE
-    b[24] = if ns.volume.info().supports_discard { 1 } else { 0 }; // NSFEAT: thin provisioning
-    b[25] = 0; // NLBAF: one format (zero-based)
-    b[26] = 0; // FLBAS: format 0
-    b[30] = 1; // NMIC: may be shared by several controllers
-    // DLFEAT: deallocated blocks read as zeroes; Write Zeroes may deallocate.
-    b[33] = 0x01 | 0x08;
-    put32(&mut b, 92, ns.ana_group); // ANAGRPID
-    b[99] = ns.read_only() as u8; // NSATTR: write protected
-    b[104..120].copy_from_slice(&ns.uuid); // NGUID
-    b[130] = crate::LBA_SHIFT as u8; // LBAF0: LBADS
+    let blocks = n.blocks();
+    ns::NSZE.set(&mut b, blocks);
+    ns::NCAP.set(&mut b, blocks);
+    ns::NUSE.set(&mut b, blocks);
+    ns::NSFEAT.set(&mut b, if n.volume.info().supports_discard { 1 } else { 0 }); // thin provisioning
+    ns::NLBAF.set(&mut b, 0); // one format (zero-based)
+    ns::FLBAS.set(&mut b, 0); // format 0
+    ns::NMIC.set(&mut b, 1); // may be shared by several controllers
+    // Deallocated blocks read as zeroes; Write Zeroes may deallocate.
+    ns::DLFEAT.set(&mut b, 0x01 | 0x08);
+    ns::ANAGRPID.set(&mut b, n.ana_group);
+    ns::NSATTR.set(&mut b, n.read_only() as u8); // write protected
+    ns::NGUID.set(&mut b, n.uuid);
+    ns::lbaf_lbads(0).set(&mut b, crate::LBA_SHIFT as u8);
     b
 }
 
@@ -175,12 +237,12 @@ pub fn parse_namespace(b: &[u8]) -> Option<(u64, u32, bool)> {
     if b.len() < LEN {
         return None;
     }
-    let fmt = (b[26] & 0x0F) as usize;
-    let lbads = b[128 + fmt * 4 + 2];
+    let fmt = (ns::FLBAS.get(b) & 0x0F) as usize;
+    let lbads = ns::lbaf_lbads(fmt).get(b);
     if !(9..=16).contains(&lbads) {
         return None;
     }
-    Some((le64(b, 0), 1u32 << lbads, b[99] & 1 != 0))
+    Some((ns::NSZE.get(b), 1u32 << lbads, ns::NSATTR.get(b) & 1 != 0))
 }
 
 /// Active NSIDs greater than `after`, ascending, up to 1024.
@@ -189,7 +251,7 @@ pub fn active_ns_list(s: &Subsystem, after: u32) -> Vec<u8> {
     ids.sort_unstable();
     let mut b = vec![0u8; LEN];
     for (i, id) in ids.iter().take(LEN / 4).enumerate() {
-        put32(&mut b, i * 4, *id);
+        Field::<Le<u32>>::at(i * 4).set(&mut b, *id);
     }
     b
 }
@@ -211,6 +273,11 @@ pub fn ns_descriptors(ns: &Namespace) -> Vec<u8> {
 mod tests {
     use super::*;
     use bw_block::{BackendSpec, Volume};
+
+    /// The spec's offsets, independently of the field table.
+    fn le32(b: &[u8], at: usize) -> u32 {
+        Field::<Le<u32>>::at(at).get(b)
+    }
 
     fn ns() -> Namespace {
         Namespace::new("nqn.x:y", 1, Volume::open("v", &BackendSpec::ram(1 << 20)).unwrap(), false)

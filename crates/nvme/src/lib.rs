@@ -2,37 +2,42 @@
 //!
 //! - [`pdu`]: the NVMe/TCP PDU codec (common header, IC, capsules, data
 //!   PDUs, R2T, TermReq; CRC32C header/data digests), data as `Bytes`.
-//! - [`command`]: the 64-byte submission entry and 16-byte completion.
+//! - [`queue_entry`]: the 64-byte submission entry and 16-byte completion.
+//! - [`command_table`]: every admin and NVM command, one row each.
 //! - [`status`]: status codes as Linux spells them (SCT << 8 | SC, DNR 0x4000).
 //! - [`fabrics`]: Connect / Property Get/Set / Disconnect encodings.
 //! - [`auth`]: in-band authentication (DH-HMAC-CHAP), both sides.
 //! - [`identify`], [`logpage`]: data structures the host reads.
 //! - [`controller`]: one controller's admin state machine (properties,
-//!   features, AER, keep-alive, logs) and [`io`]: the NVM command set over a
-//!   `bw_block::Volume`.
+//!   features, AER, keep-alive, logs) and [`nvm_io`]: the NVM command set
+//!   over a `bw_block::Volume`.
+//!
+//! Header fields are `bw_wire::Field<Le<..>>` constants, one per field, in
+//! the module of the structure they belong to (`queue_entry::sqe`,
+//! `pdu::field`, `identify::ctrl`, ...).
 //! - [`fuzzing`]: the fuzz harness bodies (crates/nvme/fuzz), replayed on
 //!   the inputs that once crashed them by `tests/fuzz_regressions.rs`.
 //!
 //! The target and the initiator crates put sockets around these.
 
 pub mod auth;
-pub mod command;
-pub mod commands;
+pub mod command_table;
 pub mod controller;
 pub mod fabrics;
 pub mod features;
 pub mod fuzzing;
 pub mod host_queue;
 pub mod identify;
-pub mod io;
+pub mod nvm_io;
 pub mod ana;
 pub mod logpage;
 pub mod pdu;
+pub mod queue_entry;
 pub mod status;
 pub mod subsystem;
 pub mod target_queue;
 
-pub use command::{Cqe, Sqe};
+pub use queue_entry::{Cqe, Sqe};
 pub use controller::{AdminOutcome, Completion, Controller};
 pub use subsystem::{Namespace, Subsystem, DISCOVERY_NQN};
 
@@ -58,25 +63,4 @@ pub(crate) fn put_str(dst: &mut [u8], s: &str, pad: u8) {
 pub fn get_str(src: &[u8]) -> String {
     let end = src.iter().position(|&c| c == 0).unwrap_or(src.len());
     String::from_utf8_lossy(&src[..end]).trim_end().to_string()
-}
-
-pub(crate) fn le16(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-pub(crate) fn le32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-pub(crate) fn le64(b: &[u8], o: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[o..o + 8]);
-    u64::from_le_bytes(a)
-}
-pub(crate) fn put16(b: &mut [u8], o: usize, v: u16) {
-    b[o..o + 2].copy_from_slice(&v.to_le_bytes());
-}
-pub(crate) fn put32(b: &mut [u8], o: usize, v: u32) {
-    b[o..o + 4].copy_from_slice(&v.to_le_bytes());
-}
-pub(crate) fn put64(b: &mut [u8], o: usize, v: u64) {
-    b[o..o + 8].copy_from_slice(&v.to_le_bytes());
 }

@@ -1,10 +1,48 @@
 //! Log pages: error information, SMART / health, firmware slots, changed
 //! namespace list and the discovery log (the commands supported and effects
-//! log comes from the command table, [`crate::commands::effects_log`]).
+//! log comes from the command table, [`crate::command_table::effects_log`]).
 
-use crate::command::{admin, Sqe};
+use crate::queue_entry::{admin, Sqe};
 use crate::subsystem::Subsystem;
-use crate::{get_str, le16, le32, le64, put16, put32, put64, put_str};
+use crate::{get_str, put_str};
+use bw_wire::{Field, Le};
+
+/// A list of dwords (log ids, NSIDs): entry `i`.
+const fn dword(i: usize) -> Field<Le<u32>> {
+    Field::at(i * 4)
+}
+
+/// SMART / Health Information fields.
+mod smart {
+    use bw_wire::{Field, Le};
+
+    pub const COMPOSITE_TEMPERATURE: Field<Le<u16>> = Field::at(1);
+    pub const AVAILABLE_SPARE: Field<u8> = Field::at(3);
+    pub const AVAILABLE_SPARE_THRESHOLD: Field<u8> = Field::at(4);
+    /// Data units read and written: low 64 bits of 128-bit counters.
+    pub const DATA_UNITS_READ: Field<Le<u64>> = Field::at(32);
+    pub const DATA_UNITS_WRITTEN: Field<Le<u64>> = Field::at(48);
+    pub const HOST_READS: Field<Le<u64>> = Field::at(64);
+    pub const HOST_WRITES: Field<Le<u64>> = Field::at(80);
+}
+
+/// Discovery log page fields: the header, then 1024-byte entries.
+mod discovery {
+    use bw_wire::{Field, Le};
+
+    pub const GENCTR: Field<Le<u64>> = Field::at(0);
+    pub const NUMREC: Field<Le<u64>> = Field::at(8);
+    pub const RECFMT: Field<Le<u16>> = Field::at(16);
+    // One entry.
+    pub const TRTYPE: Field<u8> = Field::at(0);
+    pub const ADRFAM: Field<u8> = Field::at(1);
+    pub const SUBTYPE: Field<u8> = Field::at(2);
+    pub const TREQ: Field<u8> = Field::at(3);
+    pub const PORTID: Field<Le<u16>> = Field::at(4);
+    pub const CNTLID: Field<Le<u16>> = Field::at(6);
+    pub const ASQSZ: Field<Le<u16>> = Field::at(8);
+    pub const TSAS: Field<u8> = Field::at(768);
+}
 
 pub mod lid {
     pub const SUPPORTED: u8 = 0x00;
@@ -72,7 +110,7 @@ pub const NVM_PAGES: [u8; 7] = [lid::SUPPORTED, lid::ERROR, lid::SMART, lid::FW_
 pub fn supported_pages(lids: &[u8]) -> Vec<u8> {
     let mut b = vec![0u8; 1024];
     for &l in lids {
-        put32(&mut b, l as usize * 4, 1);
+        dword(l as usize).set(&mut b, 1);
     }
     b
 }
@@ -85,9 +123,9 @@ pub fn error_log() -> Vec<u8> {
 /// SMART / health information from the namespaces' I/O counters.
 pub fn smart(s: Option<&Subsystem>) -> Vec<u8> {
     let mut b = vec![0u8; 512];
-    put16(&mut b, 1, 273 + 30); // composite temperature, kelvin
-    b[3] = 100; // available spare
-    b[4] = 10; // available spare threshold
+    smart::COMPOSITE_TEMPERATURE.set(&mut b, 273 + 30); // kelvin
+    smart::AVAILABLE_SPARE.set(&mut b, 100);
+    smart::AVAILABLE_SPARE_THRESHOLD.set(&mut b, 10);
     let (mut rb, mut wb, mut rc, mut wc) = (0u64, 0u64, 0u64, 0u64);
     if let Some(s) = s {
         for n in &s.namespaces {
@@ -99,10 +137,10 @@ pub fn smart(s: Option<&Subsystem>) -> Vec<u8> {
         }
     }
     // Data units are thousands of 512-byte units, rounded up.
-    put64(&mut b, 32, (rb / 512).div_ceil(1000));
-    put64(&mut b, 48, (wb / 512).div_ceil(1000));
-    put64(&mut b, 64, rc);
-    put64(&mut b, 80, wc);
+    smart::DATA_UNITS_READ.set(&mut b, (rb / 512).div_ceil(1000));
+    smart::DATA_UNITS_WRITTEN.set(&mut b, (wb / 512).div_ceil(1000));
+    smart::HOST_READS.set(&mut b, rc);
+    smart::HOST_WRITES.set(&mut b, wc);
     b
 }
 
@@ -117,10 +155,10 @@ pub fn firmware_slots(fw: &str) -> Vec<u8> {
 pub fn changed_ns(ids: &[u32]) -> Vec<u8> {
     let mut b = vec![0u8; 4096];
     if ids.len() > 1024 {
-        put32(&mut b, 0, 0xFFFF_FFFF);
+        dword(0).set(&mut b, 0xFFFF_FFFF);
     } else {
         for (i, id) in ids.iter().enumerate() {
-            put32(&mut b, i * 4, *id);
+            dword(i).set(&mut b, *id);
         }
     }
     b
@@ -145,22 +183,23 @@ pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
 
 pub fn discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> {
     let mut b = vec![0u8; 1024 * (1 + entries.len())];
-    put64(&mut b, 0, genctr);
-    put64(&mut b, 8, entries.len() as u64);
-    put16(&mut b, 16, 0); // recfmt
+    discovery::GENCTR.set(&mut b, genctr);
+    discovery::NUMREC.set(&mut b, entries.len() as u64);
+    discovery::RECFMT.set(&mut b, 0);
     for (i, e) in entries.iter().enumerate() {
         let r = &mut b[1024 * (i + 1)..1024 * (i + 2)];
-        r[0] = TRTYPE_TCP;
-        r[1] = if e.traddr.contains(':') { ADRFAM_IPV6 } else { ADRFAM_IPV4 };
-        r[2] = e.subtype;
-        r[3] = 0x02 | 0x04; // TREQ: secure channel not required; SQ flow control disable supported
-        put16(r, 4, e.portid);
-        put16(r, 6, 0xFFFF); // dynamic controller
-        put16(r, 8, 32); // admin max SQ size
+        discovery::TRTYPE.set(r, TRTYPE_TCP);
+        discovery::ADRFAM.set(r, if e.traddr.contains(':') { ADRFAM_IPV6 } else { ADRFAM_IPV4 });
+        discovery::SUBTYPE.set(r, e.subtype);
+        // Secure channel not required; SQ flow control disable supported.
+        discovery::TREQ.set(r, 0x02 | 0x04);
+        discovery::PORTID.set(r, e.portid);
+        discovery::CNTLID.set(r, 0xFFFF); // dynamic controller
+        discovery::ASQSZ.set(r, 32); // admin max SQ size
         put_str(&mut r[32..64], &e.trsvcid, b' ');
         put_str(&mut r[256..512], &e.subnqn, 0);
         put_str(&mut r[512..768], &e.traddr, b' ');
-        r[768] = 0; // TSAS: no security
+        discovery::TSAS.set(r, 0); // no security
     }
     b
 }
@@ -170,7 +209,7 @@ pub fn parse_discovery_log(b: &[u8]) -> Option<(u64, Vec<DiscoveryEntry>)> {
     if b.len() < 1024 {
         return None;
     }
-    let n = le64(b, 8) as usize;
+    let n = discovery::NUMREC.get(b) as usize;
     let avail = (b.len() / 1024).saturating_sub(1);
     let mut v = Vec::new();
     for i in 0..n.min(avail) {
@@ -179,17 +218,16 @@ pub fn parse_discovery_log(b: &[u8]) -> Option<(u64, Vec<DiscoveryEntry>)> {
             subnqn: get_str(&r[256..512]),
             traddr: get_str(&r[512..768]),
             trsvcid: get_str(&r[32..64]),
-            portid: le16(r, 4),
-            subtype: r[2],
+            portid: discovery::PORTID.get(r),
+            subtype: discovery::SUBTYPE.get(r),
         });
     }
-    let _ = le32;
-    Some((le64(b, 0), v))
+    Some((discovery::GENCTR.get(b), v))
 }
 
 /// Number of records a discovery log header announces.
 pub fn discovery_numrec(b: &[u8]) -> Option<u64> {
-    (b.len() >= 16).then(|| le64(b, 8))
+    discovery::NUMREC.try_get(b)
 }
 
 #[cfg(test)]
@@ -222,7 +260,7 @@ mod tests {
 
     #[test]
     fn effects_and_smart() {
-        let b = crate::commands::effects_log();
+        let b = crate::command_table::effects_log();
         assert_eq!(&b[1024 + 4..1024 + 8], &[3, 0, 0, 0]); // write: supported + LBCC
         assert_eq!(&b[1024 + 8..1024 + 12], &[1, 0, 0, 0]); // read
         assert_eq!(&b[0x18 * 4..0x18 * 4 + 4], &[1, 0, 0, 0]); // keep alive

@@ -11,8 +11,8 @@
 //! bytes, the payload and the trailing digest separately so a sender can
 //! write large payloads without copying them.
 
-use crate::command::{Cqe, Sqe};
-use crate::{le16, le32, put16, put32};
+use crate::queue_entry::{Cqe, Sqe};
+use bw_wire::{Field, Le};
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub mod kind {
@@ -39,6 +39,40 @@ pub mod flags {
 /// Digest bits in ICReq/ICResp.
 pub const IC_HDGST: u8 = 0x01;
 pub const IC_DDGST: u8 = 0x02;
+
+/// Header fields after the type byte, each defined once and read and
+/// written through these (little-endian, as all of NVMe).
+pub mod field {
+    use bw_wire::{Field, Le};
+
+    // Common header.
+    pub const PDU_TYPE: Field<u8> = Field::at(0);
+    pub const FLAGS: Field<u8> = Field::at(1);
+    pub const HLEN: Field<u8> = Field::at(2);
+    pub const PDO: Field<u8> = Field::at(3);
+    pub const PLEN: Field<Le<u32>> = Field::at(4);
+    // ICReq and ICResp.
+    pub const PFV: Field<Le<u16>> = Field::at(8);
+    /// ICReq HPDA, ICResp CPDA.
+    pub const PDA: Field<u8> = Field::at(10);
+    pub const DGST: Field<u8> = Field::at(11);
+    pub const MAXR2T: Field<Le<u32>> = Field::at(12);
+    pub const MAXH2CDATA: Field<Le<u32>> = Field::at(12);
+    // H2CTermReq and C2HTermReq.
+    pub const FES: Field<Le<u16>> = Field::at(8);
+    pub const FEI: Field<Le<u32>> = Field::at(10);
+    // H2CData, C2HData and R2T.
+    pub const CCCID: Field<Le<u16>> = Field::at(8);
+    pub const TTAG: Field<Le<u16>> = Field::at(10);
+    pub const DATAO: Field<Le<u32>> = Field::at(12);
+    pub const DATAL: Field<Le<u32>> = Field::at(16);
+}
+
+/// A CRC32C digest `at` bytes into a PDU (after the header, or after the
+/// payload).
+const fn digest_at(at: usize) -> Field<Le<u32>> {
+    Field::at(at)
+}
 
 pub const CH_LEN: usize = 8;
 pub const IC_LEN: usize = 128;
@@ -88,14 +122,20 @@ pub struct CommonHeader {
 
 impl CommonHeader {
     pub fn parse(b: &[u8]) -> CommonHeader {
-        CommonHeader { kind: b[0], flags: b[1], hlen: b[2], pdo: b[3], plen: le32(b, 4) }
+        CommonHeader {
+            kind: field::PDU_TYPE.get(b),
+            flags: field::FLAGS.get(b),
+            hlen: field::HLEN.get(b),
+            pdo: field::PDO.get(b),
+            plen: field::PLEN.get(b),
+        }
     }
     fn write(&self, b: &mut [u8]) {
-        b[0] = self.kind;
-        b[1] = self.flags;
-        b[2] = self.hlen;
-        b[3] = self.pdo;
-        put32(b, 4, self.plen);
+        field::PDU_TYPE.set(b, self.kind);
+        field::FLAGS.set(b, self.flags);
+        field::HLEN.set(b, self.hlen);
+        field::PDO.set(b, self.pdo);
+        field::PLEN.set(b, self.plen);
     }
 }
 
@@ -276,7 +316,7 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
     }
     let raw = buf.split_to(plen).freeze();
     if hd != 0 {
-        let got = le32(&raw, want);
+        let got = digest_at(want).get(&raw);
         if crc32c(&raw[..want]) != got {
             return Err(PduError::HeaderDigest { kind: ch.kind });
         }
@@ -299,32 +339,40 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
     let h = &raw[..want];
     let data = raw.slice(data_start..data_end);
     let cid_of = || match ch.kind {
-        kind::CAPSULE_CMD => le16(h, CH_LEN + 2),
-        _ => le16(h, 8),
+        kind::CAPSULE_CMD => crate::queue_entry::sqe::CID.get(&h[CH_LEN..]),
+        _ => field::CCCID.get(h),
     };
     if dd != 0 {
-        let got = le32(&raw, data_end);
+        let got = digest_at(data_end).get(&raw);
         if crc32c(&data) != got {
             return Err(PduError::DataDigest { kind: ch.kind, cid: cid_of() });
         }
     }
-    let pdu = match ch.kind {
+    let pdu = typed(&ch, h, &raw, data)?;
+    Ok(Some(pdu))
+}
+
+/// The typed PDU of a framed and checked one: `h` is its header (without
+/// digest), `raw` the whole PDU, `data` its payload.
+fn typed(ch: &CommonHeader, h: &[u8], raw: &Bytes, data: Bytes) -> Result<Pdu, PduError> {
+    let (want, plen) = (h.len(), ch.plen as usize);
+    Ok(match ch.kind {
         kind::IC_REQ => Pdu::IcReq(IcReq {
-            pfv: le16(h, 8),
-            hpda: h[10],
-            digests: Digests::from_ic_bits(h[11]),
-            maxr2t: le32(h, 12),
+            pfv: field::PFV.get(h),
+            hpda: field::PDA.get(h),
+            digests: Digests::from_ic_bits(field::DGST.get(h)),
+            maxr2t: field::MAXR2T.get(h),
         }),
         kind::IC_RESP => Pdu::IcResp(IcResp {
-            pfv: le16(h, 8),
-            cpda: h[10],
-            digests: Digests::from_ic_bits(h[11]),
-            maxh2cdata: le32(h, 12),
+            pfv: field::PFV.get(h),
+            cpda: field::PDA.get(h),
+            digests: Digests::from_ic_bits(field::DGST.get(h)),
+            maxh2cdata: field::MAXH2CDATA.get(h),
         }),
         kind::H2C_TERM_REQ | kind::C2H_TERM_REQ => {
             // Keep what a TermReq may carry (TERM_MAX_DATA); a longer one
             // from a broken peer is still taken as the termination it is.
-            let t = TermReq { fes: le16(h, 8), fei: le32(h, 10), data: raw.slice(want..plen.min(want + TERM_MAX_DATA)) };
+            let t = TermReq { fes: field::FES.get(h), fei: field::FEI.get(h), data: raw.slice(want..plen.min(want + TERM_MAX_DATA)) };
             if ch.kind == kind::H2C_TERM_REQ {
                 Pdu::H2CTermReq(t)
             } else {
@@ -334,7 +382,7 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
         kind::CAPSULE_CMD => Pdu::CapsuleCmd(CapsuleCmd { sqe: Sqe::from_slice(&h[CH_LEN..CH_LEN + 64]), data }),
         kind::CAPSULE_RESP => Pdu::CapsuleResp(Cqe::parse(&h[CH_LEN..CH_LEN + 16])),
         kind::H2C_DATA | kind::C2H_DATA => {
-            let length = le32(h, 16);
+            let length = field::DATAL.get(h);
             if length as usize != data.len() {
                 return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
             }
@@ -346,10 +394,14 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
                 Pdu::C2HData(d)
             }
         }
-        kind::R2T => Pdu::R2T(R2t { cid: le16(h, 8), ttag: le16(h, 10), offset: le32(h, 12), length: le32(h, 16) }),
+        kind::R2T => Pdu::R2T(R2t {
+            cid: field::CCCID.get(h),
+            ttag: field::TTAG.get(h),
+            offset: field::DATAO.get(h),
+            length: field::DATAL.get(h),
+        }),
         other => return Err(PduError::UnknownType(other)),
-    };
-    Ok(Some(pdu))
+    })
 }
 
 /// A data PDU's header, checked as [`decode`] checks it, before its payload
@@ -404,11 +456,11 @@ pub fn peek_data_header(buf: &[u8], digests: Digests, max_plen: u32) -> Result<O
     if buf.len() < pdo {
         return Ok(None);
     }
-    if hd != 0 && crc32c(&buf[..DATA_HLEN]) != le32(buf, DATA_HLEN) {
+    if hd != 0 && crc32c(&buf[..DATA_HLEN]) != digest_at(DATA_HLEN).get(buf) {
         return Err(PduError::HeaderDigest { kind: ch.kind });
     }
     let data_len = plen - dd - pdo;
-    if le32(buf, 16) as usize != data_len {
+    if field::DATAL.get(buf) as usize != data_len {
         return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
     }
     let hdr = data_header(buf, ch.flags);
@@ -446,13 +498,13 @@ impl DataHeader {
         let kind = if h2c { kind::H2C_DATA } else { kind::C2H_DATA };
         let plen = (DATA_HLEN + hd + dd) as u32 + len;
         CommonHeader { kind, flags: fl, hlen: DATA_HLEN as u8, pdo, plen }.write(&mut buf);
-        put16(&mut buf, 8, d.cid);
-        put16(&mut buf, 10, d.ttag);
-        put32(&mut buf, 12, d.offset);
-        put32(&mut buf, 16, len);
+        field::CCCID.set(&mut buf, d.cid);
+        field::TTAG.set(&mut buf, d.ttag);
+        field::DATAO.set(&mut buf, d.offset);
+        field::DATAL.set(&mut buf, len);
         if hd != 0 {
             let c = crc32c(&buf[..DATA_HLEN]);
-            put32(&mut buf, DATA_HLEN, c);
+            digest_at(DATA_HLEN).set(&mut buf, c);
         }
         DataHeader { buf, len: DATA_HLEN + hd }
     }
@@ -474,9 +526,9 @@ pub struct DataPduHeader {
 /// The fields of an H2CData/C2HData PDU header `h` (common header flags `f`).
 fn data_header(h: &[u8], f: u8) -> DataPduHeader {
     DataPduHeader {
-        cid: le16(h, 8),
-        ttag: le16(h, 10),
-        offset: le32(h, 12),
+        cid: field::CCCID.get(h),
+        ttag: field::TTAG.get(h),
+        offset: field::DATAO.get(h),
         last: f & flags::DATA_LAST != 0,
         success: f & flags::DATA_SUCCESS != 0,
     }
@@ -560,22 +612,22 @@ impl Pdu {
         let mut fl = 0u8;
         let data: Bytes = match self {
             Pdu::IcReq(r) => {
-                put16(&mut h, 8, r.pfv);
-                h[10] = r.hpda;
-                h[11] = r.digests.ic_bits();
-                put32(&mut h, 12, r.maxr2t);
+                field::PFV.set(&mut h, r.pfv);
+                field::PDA.set(&mut h, r.hpda);
+                field::DGST.set(&mut h, r.digests.ic_bits());
+                field::MAXR2T.set(&mut h, r.maxr2t);
                 Bytes::new()
             }
             Pdu::IcResp(r) => {
-                put16(&mut h, 8, r.pfv);
-                h[10] = r.cpda;
-                h[11] = r.digests.ic_bits();
-                put32(&mut h, 12, r.maxh2cdata);
+                field::PFV.set(&mut h, r.pfv);
+                field::PDA.set(&mut h, r.cpda);
+                field::DGST.set(&mut h, r.digests.ic_bits());
+                field::MAXH2CDATA.set(&mut h, r.maxh2cdata);
                 Bytes::new()
             }
             Pdu::H2CTermReq(t) | Pdu::C2HTermReq(t) => {
-                put16(&mut h, 8, t.fes);
-                put32(&mut h, 10, t.fei);
+                field::FES.set(&mut h, t.fes);
+                field::FEI.set(&mut h, t.fei);
                 t.data.slice(..t.data.len().min(TERM_MAX_DATA))
             }
             Pdu::CapsuleCmd(c) => {
@@ -587,10 +639,10 @@ impl Pdu {
                 Bytes::new()
             }
             Pdu::H2CData(d) | Pdu::C2HData(d) => {
-                put16(&mut h, 8, d.cid);
-                put16(&mut h, 10, d.ttag);
-                put32(&mut h, 12, d.offset);
-                put32(&mut h, 16, d.data.len() as u32);
+                field::CCCID.set(&mut h, d.cid);
+                field::TTAG.set(&mut h, d.ttag);
+                field::DATAO.set(&mut h, d.offset);
+                field::DATAL.set(&mut h, d.data.len() as u32);
                 if d.last {
                     fl |= flags::DATA_LAST;
                 }
@@ -600,10 +652,10 @@ impl Pdu {
                 d.data.clone()
             }
             Pdu::R2T(r) => {
-                put16(&mut h, 8, r.cid);
-                put16(&mut h, 10, r.ttag);
-                put32(&mut h, 12, r.offset);
-                put32(&mut h, 16, r.length);
+                field::CCCID.set(&mut h, r.cid);
+                field::TTAG.set(&mut h, r.ttag);
+                field::DATAO.set(&mut h, r.offset);
+                field::DATAL.set(&mut h, r.length);
                 Bytes::new()
             }
         };

@@ -40,7 +40,7 @@
 
 use crate::auth::message::{AuthCommand, Message};
 use crate::auth::{ControllerAuth, Entropy, FailureReason};
-use crate::command::{sgl, Cqe, Sqe};
+use crate::queue_entry::{sgl, Cqe, Sqe};
 use crate::controller::{KeepAlive, INCAPSULE_DATA, MAX_QUEUE_ENTRIES, MAX_TRANSFER};
 use crate::fabrics::{
     self, fctype, Connect, ConnectData, CATTR_DISABLE_SQFLOW, CONNECT_DATA_LEN, NQN_MAX_LEN,
@@ -50,7 +50,7 @@ use crate::pdu::{
     TermReq,
 };
 use crate::subsystem::Subsystem;
-use crate::{io, Status};
+use crate::{nvm_io, Status};
 use bytes::{Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -786,7 +786,7 @@ impl TargetQueue {
                 return self.fail(cid, Status::AUTH_REQUIRED.dnr(), tx);
             }
             if let (Some(sub), true) = (&self.subsystem, self.qid > 0 && !sqe.is_fabrics()) {
-                if let Err(st) = io::precheck(sub, &sqe) {
+                if let Err(st) = nvm_io::precheck(sub, &sqe) {
                     return self.fail(cid, st, tx);
                 }
             }

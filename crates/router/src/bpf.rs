@@ -174,6 +174,166 @@ fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> BpfError {
     move |e| BpfError::Map(name, e)
 }
 
+/// What the tables need to know about one port's interface.
+struct PortFacts {
+    ifindex: u32,
+    /// MTU plus the Ethernet header.
+    max_frame: u32,
+    /// A veth into another namespace: frames are delivered into the other
+    /// end (bpf_redirect_peer); see mpls.bpf.c, forward().
+    peer: bool,
+}
+
+impl PortFacts {
+    fn of(spec: &RouterSpec) -> Result<Vec<PortFacts>, BpfError> {
+        let mut facts = Vec::new();
+        for (_, iface) in &spec.ports {
+            let interface_err = |err| BpfError::Interface {
+                iface: iface.clone(),
+                err,
+            };
+            let i = bw_net::interface_info(iface).map_err(interface_err)?;
+            let ifindex = i.index as u32;
+            let link = crate::netlink::link_facts(ifindex).map_err(interface_err)?;
+            facts.push(PortFacts {
+                ifindex,
+                max_frame: (i.mtu + 14) as u32,
+                peer: link.veth_to_other_netns(),
+            });
+        }
+        Ok(facts)
+    }
+}
+
+/// The `ports` table: each interface's MAC, whether it is a customer
+/// port and of which pseudowire.
+fn fill_ports(ebpf: &mut Ebpf, spec: &RouterSpec, facts: &[PortFacts]) -> Result<Vec<Port>, BpfError> {
+    let cfg = &spec.config;
+    let customer_of = |p: PortId| cfg.pseudowires.iter().position(|w| w.customer_port == p);
+    let mut ports: HashMap<&mut MapData, u32, PortValue> =
+        HashMap::try_from(ebpf.map_mut("ports").ok_or(BpfError::Missing("ports"))?)
+            .map_err(map_err("ports"))?;
+    let mut list = Vec::new();
+    for (i, (_, iface)) in spec.ports.iter().enumerate() {
+        let pw = customer_of(i);
+        let v = PortValue {
+            mac: cfg.port_macs[i],
+            customer: pw.is_some() as u8,
+            index: i as u8,
+            pw: pw.unwrap_or(0) as u32,
+        };
+        ports.insert(facts[i].ifindex, v, 0).map_err(map_err("ports"))?;
+        list.push(Port {
+            iface: iface.clone(),
+            ifindex: facts[i].ifindex,
+            customer: pw.is_some(),
+        });
+    }
+    Ok(list)
+}
+
+/// The `pseudowires` table: the header pushed and both ends' ports.
+fn fill_pseudowires(ebpf: &mut Ebpf, spec: &RouterSpec, facts: &[PortFacts]) -> Result<(), BpfError> {
+    let cfg = &spec.config;
+    let mut pws: Array<&mut MapData, PseudowireValue> = Array::try_from(
+        ebpf.map_mut("pseudowires")
+            .ok_or(BpfError::Missing("pseudowires"))?,
+    )
+    .map_err(map_err("pseudowires"))?;
+    for (i, w) in cfg.pseudowires.iter().enumerate() {
+        let (core, customer) = (&facts[w.core_port], &facts[w.customer_port]);
+        pws.set(
+            i as u32,
+            PseudowireValue {
+                header: push_header(w, cfg.port_macs[w.core_port], cfg.push_ttl),
+                core_index: w.core_port as u8,
+                customer_index: w.customer_port as u8,
+                core_peer: core.peer as u8,
+                _pad: [0; 3],
+                core_ifindex: core.ifindex,
+                customer_ifindex: customer.ifindex,
+                core_max_frame: core.max_frame,
+                customer_max_frame: customer.max_frame,
+            },
+            0,
+        )
+        .map_err(map_err("pseudowires"))?;
+    }
+    Ok(())
+}
+
+/// The label tables: customer labels to pseudowires, swaps, pops.
+fn fill_label_tables(ebpf: &mut Ebpf, spec: &RouterSpec, facts: &[PortFacts]) -> Result<(), BpfError> {
+    let cfg = &spec.config;
+    let mut labels: HashMap<&mut MapData, u32, u32> = HashMap::try_from(
+        ebpf.map_mut("customer_labels")
+            .ok_or(BpfError::Missing("customer_labels"))?,
+    )
+    .map_err(map_err("customer_labels"))?;
+    for (i, w) in cfg.pseudowires.iter().enumerate() {
+        labels
+            .insert(w.customer_label, i as u32, 0)
+            .map_err(map_err("customer_labels"))?;
+    }
+
+    let mut swaps: HashMap<&mut MapData, u32, SwapValue> =
+        HashMap::try_from(ebpf.map_mut("swaps").ok_or(BpfError::Missing("swaps"))?)
+            .map_err(map_err("swaps"))?;
+    for (&label, s) in &cfg.swaps {
+        let v = SwapValue {
+            next_hop: s.next_hop,
+            src_mac: cfg.port_macs[s.port],
+            out_label: s.out_label,
+            ifindex: facts[s.port].ifindex,
+            max_frame: facts[s.port].max_frame,
+            index: s.port as u32,
+            peer: facts[s.port].peer as u32,
+        };
+        swaps.insert(label, v, 0).map_err(map_err("swaps"))?;
+    }
+    let mut pops: HashMap<&mut MapData, u32, u8> =
+        HashMap::try_from(ebpf.map_mut("pops").ok_or(BpfError::Missing("pops"))?)
+            .map_err(map_err("pops"))?;
+    for &label in &cfg.pop_labels {
+        pops.insert(label, 1, 0).map_err(map_err("pops"))?;
+    }
+    Ok(())
+}
+
+/// The `settings` table: the customer EtherTypes carried.
+fn fill_settings(ebpf: &mut Ebpf, spec: &RouterSpec) -> Result<(), BpfError> {
+    let cfg = &spec.config;
+    let mut settings: Array<&mut MapData, SettingsValue> = Array::try_from(
+        ebpf.map_mut("settings")
+            .ok_or(BpfError::Missing("settings"))?,
+    )
+    .map_err(map_err("settings"))?;
+    let mut s = SettingsValue {
+        n_ethertypes: cfg.customer_ethertypes.len() as u32,
+        ethertypes: [0; MAX_ETHERTYPES],
+    };
+    s.ethertypes[..cfg.customer_ethertypes.len()].copy_from_slice(&cfg.customer_ethertypes);
+    settings.set(0, s, 0).map_err(map_err("settings"))?;
+    Ok(())
+}
+
+/// Load (verify) the tc and XDP programs; attaching is separate.
+fn load_programs(ebpf: &mut Ebpf) -> Result<(), BpfError> {
+    let tc: &mut SchedClassifier = ebpf
+        .program_mut(TC_PROGRAM)
+        .ok_or(BpfError::Missing(TC_PROGRAM))?
+        .try_into()
+        .map_err(|e| BpfError::Program(TC_PROGRAM, e))?;
+    tc.load().map_err(|e| BpfError::Program(TC_PROGRAM, e))?;
+    let x: &mut Xdp = ebpf
+        .program_mut(XDP_PROGRAM)
+        .ok_or(BpfError::Missing(XDP_PROGRAM))?
+        .try_into()
+        .map_err(|e| BpfError::Program(XDP_PROGRAM, e))?;
+    x.load().map_err(|e| BpfError::Program(XDP_PROGRAM, e))?;
+    Ok(())
+}
+
 impl Datapath {
     /// Load the programs and fill the tables for `spec`; the interfaces are
     /// looked up in the current network namespace. Nothing is attached yet.
@@ -190,140 +350,23 @@ impl Datapath {
         }
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         let mut ebpf = Ebpf::load(OBJECT)?;
-        let mut infos = Vec::new();
-        for (_, iface) in &spec.ports {
-            let i = bw_net::interface_info(iface).map_err(|err| BpfError::Interface {
-                iface: iface.clone(),
-                err,
-            })?;
-            infos.push(i);
-        }
-        let max_frame = |p: PortId| (infos[p].mtu + 14) as u32;
-        let ifindex = |p: PortId| infos[p].index as u32;
-        // Ports that are veths into another namespace get frames delivered
-        // into the other end (bpf_redirect_peer); see mpls.bpf.c, forward().
-        let mut peer = Vec::new();
-        for (i, (_, iface)) in spec.ports.iter().enumerate() {
-            let f = crate::netlink::link_facts(ifindex(i)).map_err(|err| BpfError::Interface {
-                iface: iface.clone(),
-                err,
-            })?;
-            peer.push(f.veth_to_other_netns());
-        }
-        let customer_of = |p: PortId| cfg.pseudowires.iter().position(|w| w.customer_port == p);
-
-        let mut ports: HashMap<&mut MapData, u32, PortValue> =
-            HashMap::try_from(ebpf.map_mut("ports").ok_or(BpfError::Missing("ports"))?)
-                .map_err(map_err("ports"))?;
-        let mut list = Vec::new();
-        for (i, (_, iface)) in spec.ports.iter().enumerate() {
-            let pw = customer_of(i);
-            let v = PortValue {
-                mac: cfg.port_macs[i],
-                customer: pw.is_some() as u8,
-                index: i as u8,
-                pw: pw.unwrap_or(0) as u32,
-            };
-            ports.insert(ifindex(i), v, 0).map_err(map_err("ports"))?;
-            list.push(Port {
-                iface: iface.clone(),
-                ifindex: ifindex(i),
-                customer: pw.is_some(),
-            });
-        }
-
-        let mut pws: Array<&mut MapData, PseudowireValue> = Array::try_from(
-            ebpf.map_mut("pseudowires")
-                .ok_or(BpfError::Missing("pseudowires"))?,
-        )
-        .map_err(map_err("pseudowires"))?;
-        for (i, w) in cfg.pseudowires.iter().enumerate() {
-            pws.set(
-                i as u32,
-                PseudowireValue {
-                    header: push_header(w, cfg.port_macs[w.core_port], cfg.push_ttl),
-                    core_index: w.core_port as u8,
-                    customer_index: w.customer_port as u8,
-                    core_peer: peer[w.core_port] as u8,
-                    _pad: [0; 3],
-                    core_ifindex: ifindex(w.core_port),
-                    customer_ifindex: ifindex(w.customer_port),
-                    core_max_frame: max_frame(w.core_port),
-                    customer_max_frame: max_frame(w.customer_port),
-                },
-                0,
-            )
-            .map_err(map_err("pseudowires"))?;
-        }
-        let mut labels: HashMap<&mut MapData, u32, u32> = HashMap::try_from(
-            ebpf.map_mut("customer_labels")
-                .ok_or(BpfError::Missing("customer_labels"))?,
-        )
-        .map_err(map_err("customer_labels"))?;
-        for (i, w) in cfg.pseudowires.iter().enumerate() {
-            labels
-                .insert(w.customer_label, i as u32, 0)
-                .map_err(map_err("customer_labels"))?;
-        }
-
-        let mut swaps: HashMap<&mut MapData, u32, SwapValue> =
-            HashMap::try_from(ebpf.map_mut("swaps").ok_or(BpfError::Missing("swaps"))?)
-                .map_err(map_err("swaps"))?;
-        for (&label, s) in &cfg.swaps {
-            let v = SwapValue {
-                next_hop: s.next_hop,
-                src_mac: cfg.port_macs[s.port],
-                out_label: s.out_label,
-                ifindex: ifindex(s.port),
-                max_frame: max_frame(s.port),
-                index: s.port as u32,
-                peer: peer[s.port] as u32,
-            };
-            swaps.insert(label, v, 0).map_err(map_err("swaps"))?;
-        }
-        let mut pops: HashMap<&mut MapData, u32, u8> =
-            HashMap::try_from(ebpf.map_mut("pops").ok_or(BpfError::Missing("pops"))?)
-                .map_err(map_err("pops"))?;
-        for &label in &cfg.pop_labels {
-            pops.insert(label, 1, 0).map_err(map_err("pops"))?;
-        }
-
-        let mut settings: Array<&mut MapData, SettingsValue> = Array::try_from(
-            ebpf.map_mut("settings")
-                .ok_or(BpfError::Missing("settings"))?,
-        )
-        .map_err(map_err("settings"))?;
-        let mut s = SettingsValue {
-            n_ethertypes: cfg.customer_ethertypes.len() as u32,
-            ethertypes: [0; MAX_ETHERTYPES],
-        };
-        s.ethertypes[..cfg.customer_ethertypes.len()].copy_from_slice(&cfg.customer_ethertypes);
-        settings.set(0, s, 0).map_err(map_err("settings"))?;
-
-        let tc: &mut SchedClassifier = ebpf
-            .program_mut(TC_PROGRAM)
-            .ok_or(BpfError::Missing(TC_PROGRAM))?
-            .try_into()
-            .map_err(|e| BpfError::Program(TC_PROGRAM, e))?;
-        tc.load().map_err(|e| BpfError::Program(TC_PROGRAM, e))?;
-        let xdp = !cfg.pop_labels.is_empty();
-        let x: &mut Xdp = ebpf
-            .program_mut(XDP_PROGRAM)
-            .ok_or(BpfError::Missing(XDP_PROGRAM))?
-            .try_into()
-            .map_err(|e| BpfError::Program(XDP_PROGRAM, e))?;
-        x.load().map_err(|e| BpfError::Program(XDP_PROGRAM, e))?;
+        let facts = PortFacts::of(spec)?;
+        let list = fill_ports(&mut ebpf, spec, &facts)?;
+        fill_pseudowires(&mut ebpf, spec, &facts)?;
+        fill_label_tables(&mut ebpf, spec, &facts)?;
+        fill_settings(&mut ebpf, spec)?;
+        load_programs(&mut ebpf)?;
         let redirect: Vec<String> = spec
             .ports
             .iter()
-            .zip(&peer)
-            .map(|((n, _), p)| format!("{n}:{}", if *p { "peer" } else { "egress" }))
+            .zip(&facts)
+            .map(|((n, _), f)| format!("{n}:{}", if f.peer { "peer" } else { "egress" }))
             .collect();
         log::info!("router datapath bpf: ports {}", redirect.join(" "));
         Ok(Datapath {
             ebpf,
             ports: list,
-            xdp,
+            xdp: !cfg.pop_labels.is_empty(),
             _stats: stats,
         })
     }

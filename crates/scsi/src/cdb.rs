@@ -51,7 +51,7 @@ pub mod op {
 }
 
 /// CDB and parameter data fields that both an initiator (the builders in
-/// `build`) and this target (the decoders) use, each defined once.
+/// `initiator`) and this target (the decoders) use, each defined once.
 pub mod field {
     use bw_wire::{Bits, Field, U24};
 

@@ -180,7 +180,7 @@ pub fn io_outcome(r: &Result<(), bw_block::BlockError>, write: bool) -> ScsiOutc
 
 mod alua;
 mod block_io;
-pub mod build;
+pub mod initiator;
 mod cdb;
 pub mod commands;
 mod ident;

@@ -242,11 +242,67 @@ impl Reservations {
 
     /// PERSISTENT RESERVE OUT with its parameter list.
     pub fn pr_out(&self, nexus: NexusId, cdb: &[u8], params: &[u8], ua: &UnitAttentions) -> Result<(), Denied> {
+        let req = PrOut::parse(cdb, params)?;
+        let mut s = self.lock();
+        if s.spc2.is_some_and(|h| h != nexus) {
+            return Err(Denied::Conflict);
+        }
+        let mine = s.key_of(nexus);
+        if req.action == pr_out_action::REGISTER {
+            match mine {
+                None if req.key != 0 => return Err(Denied::Conflict),
+                Some(k) if k != req.key => return Err(Denied::Conflict),
+                _ => {}
+            }
+        }
+        if req.action == pr_out_action::REGISTER || req.action == pr_out_action::REGISTER_AND_IGNORE {
+            s.register(nexus, mine, req.sa_key, ua);
+        } else {
+            // Every other action is the work of a registrant, by its key.
+            if mine != Some(req.key) {
+                return Err(Denied::Conflict);
+            }
+            match req.action {
+                pr_out_action::RESERVE => s.reserve(nexus, req.ptype)?,
+                pr_out_action::RELEASE => s.release(nexus, req.ptype, ua)?,
+                pr_out_action::CLEAR => s.clear(nexus, ua),
+                pr_out_action::PREEMPT => s.preempt(nexus, req.ptype, req.sa_key, ua)?,
+                _ => unreachable!("checked by PrOut::parse"),
+            }
+        }
+        self.update_flag(&s);
+        Ok(())
+    }
+}
+
+/// PERSISTENT RESERVE OUT service actions (SPC-4 table 172) this target
+/// implements.
+mod pr_out_action {
+    pub const REGISTER: u8 = 0;
+    pub const RESERVE: u8 = 1;
+    pub const RELEASE: u8 = 2;
+    pub const CLEAR: u8 = 3;
+    pub const PREEMPT: u8 = 4;
+    pub const REGISTER_AND_IGNORE: u8 = 6;
+}
+
+/// A PERSISTENT RESERVE OUT request: its CDB and basic parameter list,
+/// checked.
+struct PrOut {
+    action: u8,
+    ptype: u8,
+    key: u64,
+    sa_key: u64,
+}
+
+impl PrOut {
+    fn parse(cdb: &[u8], params: &[u8]) -> Result<PrOut, Denied> {
+        use pr_out_action::*;
         let action = cdb[1] & 0x1f;
         let scope = cdb[2] >> 4;
         let ptype = cdb[2] & 0x0f;
         let list_len = be32(cdb, 5) as usize;
-        if !matches!(action, 0..=4 | 6) {
+        if !matches!(action, REGISTER | RESERVE | RELEASE | CLEAR | PREEMPT | REGISTER_AND_IGNORE) {
             return Err(Sense::invalid_cdb_field(1, Some(4)).into());
         }
         if list_len != 24 {
@@ -267,8 +323,7 @@ impl Reservations {
         if flags & 0x01 != 0 {
             return Err(Sense::invalid_param_field(20, Some(0)).into()); // APTPL
         }
-        let needs_type = matches!(action, 1 | 2 | 4);
-        if needs_type {
+        if matches!(action, RESERVE | RELEASE | PREEMPT) {
             if scope != 0 {
                 return Err(Sense::invalid_cdb_field(2, Some(4)).into());
             }
@@ -276,127 +331,109 @@ impl Reservations {
                 return Err(Sense::invalid_cdb_field(2, Some(0)).into());
             }
         }
-        let mut s = self.lock();
-        if s.spc2.is_some_and(|h| h != nexus) {
-            return Err(Denied::Conflict);
+        Ok(PrOut { action, ptype, key, sa_key })
+    }
+}
+
+/// The PERSISTENT RESERVE OUT service actions, on the locked state; the
+/// caller has checked the registrant's key.
+impl State {
+    /// REGISTER / REGISTER AND IGNORE EXISTING KEY: register, change or
+    /// (with a zero key) remove `nexus`'s key.
+    fn register(&mut self, nexus: NexusId, mine: Option<u64>, sa_key: u64, ua: &UnitAttentions) {
+        match (mine, sa_key) {
+            (None, 0) => return,
+            (None, k) => self.registrants.push((nexus, k)),
+            (Some(_), 0) => self.unregister(nexus, ua),
+            (Some(_), k) => {
+                if let Some(r) = self.registrants.iter_mut().find(|(n, _)| *n == nexus) {
+                    r.1 = k;
+                }
+            }
         }
-        let mine = s.key_of(nexus);
-        match action {
-            0 | 6 => {
-                // REGISTER / REGISTER AND IGNORE EXISTING KEY
-                if action == 0 {
-                    match mine {
-                        None if key != 0 => return Err(Denied::Conflict),
-                        Some(k) if k != key => return Err(Denied::Conflict),
-                        _ => {}
-                    }
-                }
-                match (mine, sa_key) {
-                    (None, 0) => {}
-                    (None, k) => {
-                        s.registrants.push((nexus, k));
-                        s.generation = s.generation.wrapping_add(1);
-                    }
-                    (Some(_), 0) => {
-                        s.unregister(nexus, ua);
-                        s.generation = s.generation.wrapping_add(1);
-                    }
-                    (Some(_), k) => {
-                        if let Some(r) = s.registrants.iter_mut().find(|(n, _)| *n == nexus) {
-                            r.1 = k;
-                        }
-                        s.generation = s.generation.wrapping_add(1);
-                    }
-                }
-            }
-            1 => {
-                // RESERVE
-                if mine != Some(key) || mine.is_none() {
-                    return Err(Denied::Conflict);
-                }
-                match s.reservation {
-                    None => s.reservation = Some((nexus, ptype)),
-                    Some((_, t)) if s.is_holder(nexus) && t == ptype => {}
-                    Some(_) => return Err(Denied::Conflict),
-                }
-            }
-            2 => {
-                // RELEASE
-                if mine != Some(key) || mine.is_none() {
-                    return Err(Denied::Conflict);
-                }
-                if let Some((_, t)) = s.reservation {
-                    if s.is_holder(nexus) {
-                        if t != ptype {
-                            return Err(Sense::INVALID_RELEASE_OF_PR.into());
-                        }
-                        s.reservation = None;
-                        if pr_type::registrants_only_or_all(t) {
-                            for (n, _) in s.registrants.iter().filter(|(n, _)| *n != nexus) {
-                                ua.raise_for(*n, Sense::RESERVATIONS_RELEASED);
-                            }
-                        }
-                    }
-                }
-            }
-            3 => {
-                // CLEAR
-                if mine != Some(key) || mine.is_none() {
-                    return Err(Denied::Conflict);
-                }
-                for (n, _) in s.registrants.iter().filter(|(n, _)| *n != nexus) {
-                    ua.raise_for(*n, Sense::RESERVATIONS_PREEMPTED);
-                }
-                s.registrants.clear();
-                s.reservation = None;
-                s.generation = s.generation.wrapping_add(1);
-            }
-            4 => {
-                // PREEMPT
-                if mine != Some(key) || mine.is_none() {
-                    return Err(Denied::Conflict);
-                }
-                let preempt_regs = |s: &mut State, only_key: Option<u64>| -> usize {
-                    let victims: Vec<NexusId> = s
-                        .registrants
-                        .iter()
-                        .filter(|(n, k)| *n != nexus && !matches!(only_key, Some(ok) if *k != ok))
-                        .map(|(n, _)| *n)
-                        .collect();
-                    for v in &victims {
-                        ua.raise_for(*v, Sense::REGISTRATIONS_PREEMPTED);
-                    }
-                    s.registrants.retain(|(n, _)| !victims.contains(n));
-                    victims.len()
-                };
-                match s.reservation {
-                    Some((_, t)) if pr_type::all_registrants(t) => {
-                        if sa_key == 0 {
-                            preempt_regs(&mut s, None);
-                            s.reservation = Some((nexus, ptype));
-                        } else if preempt_regs(&mut s, Some(sa_key)) == 0 {
-                            return Err(Denied::Conflict);
-                        }
-                    }
-                    Some((holder, _)) if s.key_of(holder) == Some(sa_key) => {
-                        preempt_regs(&mut s, Some(sa_key));
-                        s.reservation = Some((nexus, ptype));
-                    }
-                    _ => {
-                        if sa_key == 0 {
-                            return Err(Sense::invalid_param_field(8, None).into());
-                        }
-                        if preempt_regs(&mut s, Some(sa_key)) == 0 {
-                            return Err(Denied::Conflict);
-                        }
-                    }
-                }
-                s.generation = s.generation.wrapping_add(1);
-            }
-            _ => unreachable!("checked above"),
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    fn reserve(&mut self, nexus: NexusId, ptype: u8) -> Result<(), Denied> {
+        match self.reservation {
+            None => self.reservation = Some((nexus, ptype)),
+            Some((_, t)) if self.is_holder(nexus) && t == ptype => {}
+            Some(_) => return Err(Denied::Conflict),
         }
-        self.update_flag(&s);
         Ok(())
+    }
+
+    /// Releasing a reservation one does not hold succeeds and does nothing.
+    fn release(&mut self, nexus: NexusId, ptype: u8, ua: &UnitAttentions) -> Result<(), Denied> {
+        if let Some((_, t)) = self.reservation {
+            if self.is_holder(nexus) {
+                if t != ptype {
+                    return Err(Sense::INVALID_RELEASE_OF_PR.into());
+                }
+                self.reservation = None;
+                if pr_type::registrants_only_or_all(t) {
+                    for (n, _) in self.registrants.iter().filter(|(n, _)| *n != nexus) {
+                        ua.raise_for(*n, Sense::RESERVATIONS_RELEASED);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self, nexus: NexusId, ua: &UnitAttentions) {
+        for (n, _) in self.registrants.iter().filter(|(n, _)| *n != nexus) {
+            ua.raise_for(*n, Sense::RESERVATIONS_PREEMPTED);
+        }
+        self.registrants.clear();
+        self.reservation = None;
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    /// PREEMPT: remove the registrations with `sa_key` (all others' when
+    /// `sa_key` is 0 under an all-registrants reservation) and take the
+    /// reservation when it was theirs.
+    fn preempt(&mut self, nexus: NexusId, ptype: u8, sa_key: u64, ua: &UnitAttentions) -> Result<(), Denied> {
+        match self.reservation {
+            Some((_, t)) if pr_type::all_registrants(t) => {
+                if sa_key == 0 {
+                    self.preempt_registrations(nexus, None, ua);
+                    self.reservation = Some((nexus, ptype));
+                } else if self.preempt_registrations(nexus, Some(sa_key), ua) == 0 {
+                    return Err(Denied::Conflict);
+                }
+            }
+            Some((holder, _)) if self.key_of(holder) == Some(sa_key) => {
+                self.preempt_registrations(nexus, Some(sa_key), ua);
+                self.reservation = Some((nexus, ptype));
+            }
+            _ => {
+                if sa_key == 0 {
+                    return Err(Sense::invalid_param_field(8, None).into());
+                }
+                if self.preempt_registrations(nexus, Some(sa_key), ua) == 0 {
+                    return Err(Denied::Conflict);
+                }
+            }
+        }
+        self.generation = self.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Remove every other nexus's registration (with key `only_key`, if
+    /// given), telling each; how many were removed.
+    fn preempt_registrations(&mut self, nexus: NexusId, only_key: Option<u64>, ua: &UnitAttentions) -> usize {
+        let victims: Vec<NexusId> = self
+            .registrants
+            .iter()
+            .filter(|(n, k)| *n != nexus && !matches!(only_key, Some(ok) if *k != ok))
+            .map(|(n, _)| *n)
+            .collect();
+        for v in &victims {
+            ua.raise_for(*v, Sense::REGISTRATIONS_PREEMPTED);
+        }
+        self.registrants.retain(|(n, _)| !victims.contains(n));
+        victims.len()
     }
 }
 

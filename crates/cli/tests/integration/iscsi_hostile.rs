@@ -89,7 +89,7 @@ impl Client {
     /// A WRITE(16) of `blocks` 512-byte blocks at LBA `lba`; `final_`
     /// false announces unsolicited Data-Out.
     fn write(&mut self, itt: u32, lba: u64, blocks: u32, final_: bool) -> bool {
-        let cdb = bw_scsi::build::write_16(lba, blocks);
+        let cdb = bw_scsi::initiator::write_16(lba, blocks);
         let c = ScsiCommand { final_, write: true, itt, edtl: blocks * 512, cmd_sn: self.cmd_sn, cdb, ..Default::default() };
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
         self.send(Message::ScsiCommand(c).encode(), Bytes::new())

@@ -12,7 +12,7 @@ use crate::common;
 use bw_nvme::auth::host::RECEIVE_LEN;
 use bw_nvme::auth::message::AuthCommand;
 use bw_nvme::auth::{AuthConfig, DhGroup, Entropy, HostAction, HostAuth, Secret, SeqNum};
-use bw_nvme::command::{admin, nvm, sgl, Sgl, Sqe};
+use bw_nvme::queue_entry::{admin, nvm, sgl, Sgl, Sqe};
 use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property};
 use bw_nvme::pdu::{self, Digests, IcReq, Pdu};
 use bw_nvme::{Cqe, Status};

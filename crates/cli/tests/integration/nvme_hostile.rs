@@ -6,7 +6,7 @@
 //!   down once idle, and its place in `max_sessions` comes back.
 
 use crate::common::*;
-use bw_nvme::command::{nvm, sgl, Sgl, Sqe};
+use bw_nvme::queue_entry::{nvm, sgl, Sgl, Sqe};
 use bw_nvme::fabrics::{reg, Connect, ConnectData, Property};
 use bw_nvme::pdu::{self, DataPdu, Digests, IcReq, Pdu};
 use bw_nvme::{Cqe, Status, DISCOVERY_NQN};

@@ -22,7 +22,7 @@ use crate::load::{proc_stats, settle, Sampler};
 use bw_initiator::ConnectOptions;
 use bw_iscsi::msg::{DataOut, LoginRequest, LogoutRequest, Message, NopOut, ScsiCommand, TaskMgmtRequest, TextRequest, TmfFunction};
 use bw_iscsi::pdu::{field, Bhs, Decoder as IscsiDecoder};
-use bw_nvme::command::{admin, nvm, sgl, Sgl};
+use bw_nvme::queue_entry::{admin, nvm, sgl, Sgl};
 use bw_nvme::fabrics::{reg, Connect, ConnectData, Property};
 use bw_nvme::pdu::{CapsuleCmd, DataPdu, IcReq};
 use bw_nvme::{Pdu as NvmePdu, Sqe};
@@ -493,19 +493,19 @@ fn iscsi_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutati
         let (cdb, read_len, write_len): ([u8; 16], u32, u32) = match pick {
             0..=24 => {
                 let n = rng.gen_range(1..=64u32);
-                (bw_scsi::build::read_16(lba, n), n * 512, 0)
+                (bw_scsi::initiator::read_16(lba, n), n * 512, 0)
             }
             25..=54 => {
                 let n = rng.gen_range(1..=256u32);
-                (bw_scsi::build::write_16(lba, n), 0, n * 512)
+                (bw_scsi::initiator::write_16(lba, n), 0, n * 512)
             }
-            55..=59 => (cdb16(&bw_scsi::build::test_unit_ready()), 0, 0),
+            55..=59 => (cdb16(&bw_scsi::initiator::test_unit_ready()), 0, 0),
             60..=63 => (cdb16(&[0x12, 0, 0, 0, 255, 0]), 255, 0),
             64..=66 => (cdb16(&[0x12, 1, [0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2][rng.gen_range(0..6)], 0, 255, 0]), 255, 0),
-            67..=69 => (bw_scsi::build::read_capacity_16(32), 32, 0),
+            67..=69 => (bw_scsi::initiator::read_capacity_16(32), 32, 0),
             70..=71 => (cdb16(&[0x1A, 0, 0x3F, 0, 255, 0]), 255, 0),
             72..=73 => (cdb16(&[0xA0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]), 256, 0),
-            74..=75 => (cdb16(&bw_scsi::build::synchronize_cache_10()), 0, 0),
+            74..=75 => (cdb16(&bw_scsi::initiator::synchronize_cache_10()), 0, 0),
             76..=77 => {
                 // UNMAP one range.
                 (cdb16(&[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0]), 0, 24)
@@ -1200,7 +1200,7 @@ fn iscsi_huge_data_segment_length_is_refused() {
                     (Wire::connect(ip).expect("connect"), b)
                 } else {
                     let (w, cmd_sn) = iscsi_logged_in(ip);
-                    let c = ScsiCommand { final_: true, write: true, itt: 1, edtl: 4096, cmd_sn, cdb: bw_scsi::build::write_16(0, 8), ..Default::default() };
+                    let c = ScsiCommand { final_: true, write: true, itt: 1, edtl: 4096, cmd_sn, cdb: bw_scsi::initiator::write_16(0, 8), ..Default::default() };
                     (w, Message::ScsiCommand(c).encode())
                 };
                 bhs.set_data_segment_len(0xFF_FFFF);
@@ -1235,7 +1235,7 @@ fn iscsi_huge_write_transfer_length_is_refused_without_r2t() {
     let grown = anon_growth_during(pid, || {
         for (i, (edtl, blocks)) in [(0xFFFF_FFFFu32, 0x7F_FFFFu32), (0xFFFF_FFFF, 8), (64 << 20, (64 << 20) / 512)].into_iter().enumerate() {
             let itt = 0x10 + i as u32;
-            let c = ScsiCommand { final_: true, write: true, itt, edtl, cmd_sn, cdb: bw_scsi::build::write_16(0, blocks), ..Default::default() };
+            let c = ScsiCommand { final_: true, write: true, itt, edtl, cmd_sn, cdb: bw_scsi::initiator::write_16(0, blocks), ..Default::default() };
             cmd_sn += 1;
             assert!(w.send(&iscsi_wire(Message::ScsiCommand(c).encode(), &[], IscsiDigests { header: false, data: false })));
             let deadline = Instant::now() + Duration::from_secs(5);
@@ -1258,7 +1258,7 @@ fn iscsi_huge_write_transfer_length_is_refused_without_r2t() {
     });
     eprintln!("huge WRITE transfer lengths refused with CHECK CONDITION; target anonymous memory grew {grown} KiB");
     // The session still works.
-    let c = ScsiCommand { final_: true, itt: 0x99, cmd_sn, cdb: cdb16(&bw_scsi::build::test_unit_ready()), ..Default::default() };
+    let c = ScsiCommand { final_: true, itt: 0x99, cmd_sn, cdb: cdb16(&bw_scsi::initiator::test_unit_ready()), ..Default::default() };
     assert!(w.send(&iscsi_wire(Message::ScsiCommand(c).encode(), &[], IscsiDigests { header: false, data: false })));
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

@@ -10,7 +10,7 @@ mod queue;
 
 use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
 use async_trait::async_trait;
-use bw_nvme::command::{admin, nvm, Sqe};
+use bw_nvme::queue_entry::{admin, nvm, Sqe};
 use bw_nvme::controller::feature;
 use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property, CATTR_DISABLE_SQFLOW};
 use bw_nvme::identify::{self, cns, IdCtrl};
@@ -345,7 +345,7 @@ impl BlockClient for NvmeClient {
             }
             let mut s = Sqe::new(nvm::DSM, 0, self.nsid);
             s.set_dsm(ranges.len(), true);
-            self.queue().submit(s, Some(Bytes::from(bw_nvme::io::dsm_ranges(&ranges))), 0).await?;
+            self.queue().submit(s, Some(Bytes::from(bw_nvme::nvm_io::dsm_ranges(&ranges))), 0).await?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@
 //! is in use (one copy, no staging).
 
 use crate::{ClientError, ConnectOptions, Result};
-use bw_nvme::command::Sqe;
+use bw_nvme::queue_entry::Sqe;
 use bw_nvme::host_queue::{Context, DirectRead, HostConfig, HostError, HostQueue, Payload, Ticket};
 use bw_nvme::pdu::{self, Digests};
 use bytes::{Bytes, BytesMut};
@@ -316,7 +316,7 @@ async fn write_loop(mut wr: OwnedWriteHalf, sh: Arc<Shared>) {
 const READ_CHUNK: u64 = 64 * 1024;
 
 /// Most bytes a payload read waits for before the socket wakes us: a whole
-/// MDTS-sized payload, so one wakeup per 1 MiB read (crates/nvme/README.md).
+/// MDTS-sized payload, so one wakeup per 1 MiB read (docs/notes/2026-11-22-nvme-tcp-data-path.md).
 const RCVLOWAT_MAX: usize = 1 << 20;
 
 fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
@@ -336,7 +336,7 @@ fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
 /// Read the rest of a C2HData payload from the socket straight into its
 /// command's buffer (one copy: measured against a copy through a 64 KiB
 /// staging buffer, 220 against 288 µs of client CPU per 1 MiB read, see
-/// crates/nvme/README.md). While the payload is large, the socket is told
+/// docs/notes/2026-11-22-nvme-tcp-data-path.md). While the payload is large, the socket is told
 /// not to wake us before `SO_RCVLOWAT` bytes (what is left of it) are
 /// there: one wakeup per payload rather than per segment (each wakeup
 /// costs the sender a cross-CPU IPI).

@@ -14,7 +14,7 @@ use super::dh::KeyPair;
 use super::message::{AuthCommand, Challenge, Failure, Message, Success1, RESCODE_FAILED};
 use super::response::{augmented_challenge, ctrl_response, host_response, ResponseInput};
 use super::{AuthConfig, DhGroup, Entropy, FailureReason, HashId};
-use crate::command::Sqe;
+use crate::queue_entry::Sqe;
 use crate::status::Status;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;

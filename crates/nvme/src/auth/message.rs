@@ -16,7 +16,7 @@
 //! buffer (Linux: 4 KiB), and controllers pad them to it.
 
 use super::FailureReason;
-use crate::command::Sqe;
+use crate::queue_entry::Sqe;
 use crate::fabrics::fctype;
 use crate::status::Status;
 
@@ -140,11 +140,21 @@ pub enum Message {
     Failure2(Failure),
 }
 
-fn le16(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-fn le32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+/// Header fields the parser reads at fixed offsets (the encoders append
+/// each message in order).
+mod field {
+    use bw_wire::{Field, Le};
+
+    /// Every message.
+    pub const TID: Field<Le<u16>> = Field::at(4);
+    /// DH-HMAC-CHAP Challenge and Reply.
+    pub const DHVLEN: Field<Le<u16>> = Field::at(10);
+    pub const SEQNUM: Field<Le<u32>> = Field::at(12);
+    /// Auth Send / Auth Receive SQE: SPSP0, SPSP1, SECP, and TL or AL.
+    pub const SPSP0: Field<u8> = Field::at(41);
+    pub const SPSP1: Field<u8> = Field::at(42);
+    pub const SECP: Field<u8> = Field::at(43);
+    pub const LENGTH: Field<Le<u32>> = Field::at(44);
 }
 
 fn need(b: &[u8], n: usize) -> Result<(), MessageError> {
@@ -197,7 +207,7 @@ impl Message {
 
     pub fn parse(b: &[u8]) -> Result<Message, MessageError> {
         need(b, 8)?;
-        let tid = le16(b, 4);
+        let tid = field::TID.get(b);
         Ok(match (b[0], b[1]) {
             (auth_type::COMMON, auth_id::NEGOTIATE) => {
                 let (sc_c, napd) = (b[6], b[7] as usize);
@@ -221,13 +231,13 @@ impl Message {
             (auth_type::DHCHAP, auth_id::CHALLENGE) => {
                 need(b, 16)?;
                 let hl = hash_len(b[6] as usize)?;
-                let dhvlen = le16(b, 10) as usize;
+                let dhvlen = field::DHVLEN.get(b) as usize;
                 need(b, 16 + hl + dhvlen)?;
                 Message::Challenge(Challenge {
                     tid,
                     hash_id: b[8],
                     group_id: b[9],
-                    seqnum: le32(b, 12),
+                    seqnum: field::SEQNUM.get(b),
                     challenge: b[16..16 + hl].to_vec(),
                     dh_value: b[16 + hl..16 + hl + dhvlen].to_vec(),
                 })
@@ -236,13 +246,13 @@ impl Message {
                 need(b, 16)?;
                 let hl = hash_len(b[6] as usize)?;
                 let cvalid = b[8] & 1 != 0;
-                let dhvlen = le16(b, 10) as usize;
+                let dhvlen = field::DHVLEN.get(b) as usize;
                 need(b, 16 + 2 * hl + dhvlen)?;
                 Message::Reply(Reply {
                     tid,
                     response: b[16..16 + hl].to_vec(),
                     challenge: cvalid.then(|| b[16 + hl..16 + 2 * hl].to_vec()),
-                    seqnum: le32(b, 12),
+                    seqnum: field::SEQNUM.get(b),
                     dh_value: b[16 + 2 * hl..16 + 2 * hl + dhvlen].to_vec(),
                 })
             }
@@ -367,19 +377,19 @@ impl AuthCommand {
         let b = &s.0;
         Some(AuthCommand {
             send: s.fctype() == fctype::AUTH_SEND,
-            secp: b[43],
-            spsp0: b[41],
-            spsp1: b[42],
-            len: le32(b, 44),
+            secp: field::SECP.get(b),
+            spsp0: field::SPSP0.get(b),
+            spsp1: field::SPSP1.get(b),
+            len: field::LENGTH.get(b),
         })
     }
 
     fn sqe(fct: u8, cid: u16, len: u32) -> Sqe {
         let mut s = Sqe::fabrics(fct, cid);
-        s.0[41] = SPSP;
-        s.0[42] = SPSP;
-        s.0[43] = SECP_DHCHAP;
-        s.0[44..48].copy_from_slice(&len.to_le_bytes());
+        field::SPSP0.set(&mut s.0, SPSP);
+        field::SPSP1.set(&mut s.0, SPSP);
+        field::SECP.set(&mut s.0, SECP_DHCHAP);
+        field::LENGTH.set(&mut s.0, len);
         s
     }
     /// Auth Send of `tl` bytes (the caller attaches the data and its SGL).

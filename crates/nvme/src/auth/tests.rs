@@ -6,7 +6,7 @@ use super::controller::MAX_UNPROVEN_NEGOTIATIONS;
 use super::host::{HostError, RECEIVE_LEN};
 use super::message::{auth_id, AuthCommand, Message};
 use super::*;
-use crate::command::{sgl, Sgl, Sqe};
+use crate::queue_entry::{sgl, Sgl, Sqe};
 use crate::status::Status;
 use std::sync::Arc;
 

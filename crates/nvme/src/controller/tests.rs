@@ -1,6 +1,6 @@
 use super::*;
-use crate::command::admin;
-use crate::command::{sgl, Sgl};
+use crate::queue_entry::admin;
+use crate::queue_entry::{sgl, Sgl};
 use crate::subsystem::Namespace;
 use bw_block::{BackendSpec, Volume};
 
@@ -220,13 +220,13 @@ fn ana_log_page_and_change_notice() {
 /// the admin queue, and every row the table lists is accepted.
 #[test]
 fn admin_dispatch_follows_the_command_table() {
-    use crate::commands::{QueueKind, COMMANDS};
+    use crate::command_table::{QueueKind, COMMANDS};
     let mut nvm = ctrl();
     enable(&mut nvm);
     let mut disc = Controller::new(2, Role::Discovery(vec![]), "h".into(), [0; 16], 0, Instant::now());
     enable(&mut disc);
     for op in 0..=255u8 {
-        let row = crate::commands::lookup(QueueKind::Admin, op);
+        let row = crate::command_table::lookup(QueueKind::Admin, op);
         for (c, is_disc) in [(&mut nvm, false), (&mut disc, true)] {
             let mut s = with_len(Sqe::new(op, 9, 0), 4096);
             s.set_cdw(10, 1); // a valid CNS / log id / feature for the listed commands
@@ -235,7 +235,7 @@ fn admin_dispatch_follows_the_command_table() {
                 AdminOutcome::Held => Status::SUCCESS,
             };
             let listed = row.is_some_and(|r| r.discovery || !is_disc);
-            if op == crate::command::FABRICS_OPCODE {
+            if op == crate::queue_entry::FABRICS_OPCODE {
                 continue;
             }
             assert_eq!(st == Status::INVALID_OPCODE.dnr(), !listed, "opcode {op:#04x} on {} controller: {st}", if is_disc { "discovery" } else { "NVM" });

@@ -1,5 +1,5 @@
 use super::*;
-use crate::command::nvm;
+use crate::queue_entry::nvm;
 use crate::pdu::{IcResp, R2t, TermReq};
 use crate::Status;
 

@@ -1,7 +1,7 @@
 //! Byte vectors for every PDU type and round-trip properties.
 
 use super::*;
-use crate::command::{sgl, Sgl};
+use crate::queue_entry::{sgl, Sgl};
 use crate::Status;
 use proptest::prelude::*;
 

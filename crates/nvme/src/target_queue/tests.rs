@@ -1,5 +1,5 @@
 use super::*;
-use crate::command::{nvm, Sgl};
+use crate::queue_entry::{nvm, Sgl};
 use crate::pdu::{IcReq, DATA_HLEN};
 use crate::subsystem::Namespace;
 use bw_block::{BackendSpec, Volume};
@@ -429,7 +429,7 @@ fn before_connect_only_connect_sized_pdus_are_framed() {
     let mut h = Host::new(Digests::default());
     h.ic();
     assert!(h.q.max_pdu_len() < 2048, "{}", h.q.max_pdu_len());
-    let mut s = Sqe::new(crate::command::admin::IDENTIFY, 1, 0);
+    let mut s = Sqe::new(crate::queue_entry::admin::IDENTIFY, 1, 0);
     s.set_sgl(Sgl {
         addr: 0,
         length: 8192,
@@ -1034,7 +1034,7 @@ fn admin_queue_enforces_keep_alive_with_any_command_as_traffic() {
     // A command on this queue counts too.
     h.now = ms(1800);
     h.send(&[capsule(
-        Sqe::new(crate::command::admin::KEEP_ALIVE, 1, 0),
+        Sqe::new(crate::queue_entry::admin::KEEP_ALIVE, 1, 0),
         Bytes::new(),
     )]);
     assert_eq!(h.q.poll_timeout(), Some(ms(2801)));

@@ -4,10 +4,10 @@
 //! Write into one request for `Volume::submit`, for volumes that complete
 //! requests on their own threads (rbd).
 
-use crate::command::{nvm, Sqe};
-use crate::commands::{self, Command, Handler, NsUse, QueueKind};
+use crate::queue_entry::{nvm, Sqe};
+use crate::command_table::{self, Command, Handler, NsUse, QueueKind};
 use crate::subsystem::{Namespace, Subsystem};
-use crate::{le32, le64, Status, LBA_SHIFT};
+use crate::{Status, LBA_SHIFT};
 use bw_block::BlockError;
 use bytes::Bytes;
 
@@ -47,7 +47,7 @@ pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
 /// namespace is None only for a Flush of all namespaces. As in Linux
 /// nvmet, the namespace is checked before the opcode.
 pub fn resolve<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'static Command, Option<&'a Namespace>), Status> {
-    let row = commands::lookup(QueueKind::Io, sqe.opcode());
+    let row = command_table::lookup(QueueKind::Io, sqe.opcode());
     if let Some(r) = row.filter(|r| r.ns == NsUse::ActiveOrAll && sqe.nsid() == 0xFFFF_FFFF) {
         return Ok((r, None));
     }
@@ -181,7 +181,7 @@ pub fn plan(subsys: &Subsystem, sqe: &Sqe, data: &Bytes) -> Plan {
         }
         // Force Unit Access needs nothing more where every write is
         // durable when acknowledged; elsewhere a flush follows (execute).
-        let fua = sqe.cdw(12) & (1 << 30) != 0;
+        let fua = sqe.fua();
         if fua && ns.volume.info().durability != bw_block::Durability::WriteThrough {
             return Plan::Execute;
         }
@@ -242,7 +242,7 @@ pub(crate) fn write(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8
         return IoDone::err(Status::SGL_INVALID_DATA.dnr());
     }
     // Force Unit Access: the data must be durable before completion.
-    let fua = sqe.cdw(12) & (1 << 30) != 0;
+    let fua = sqe.fua();
     done(ns.volume.write_at(data, off).and_then(|()| if fua { ns.volume.flush() } else { Ok(()) }), true)
 }
 
@@ -285,7 +285,11 @@ pub(crate) fn dsm(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8])
     if data.len() < nr * 16 {
         return IoDone::err(Status::SGL_INVALID_DATA.dnr());
     }
-    let ranges: Vec<(u64, u64)> = (0..nr).map(|i| (le64(data, i * 16 + 8), le32(data, i * 16 + 4) as u64)).collect();
+    let ranges: Vec<(u64, u64)> = data
+        .chunks_exact(dsm_range::LEN)
+        .take(nr)
+        .map(|r| (dsm_range::SLBA.get(r), dsm_range::NLB.get(r) as u64))
+        .collect();
     for &(slba, nlb) in &ranges {
         if let Err(s) = check_range(ns, slba, nlb) {
             return IoDone::err(s);
@@ -309,12 +313,22 @@ fn read_buffer(len: usize) -> Vec<u8> {
     vec![0; len]
 }
 
+/// One Dataset Management range (16 bytes; context attributes unused).
+mod dsm_range {
+    use bw_wire::{Field, Le};
+
+    pub const LEN: usize = 16;
+    pub const NLB: Field<Le<u32>> = Field::at(4);
+    pub const SLBA: Field<Le<u64>> = Field::at(8);
+}
+
 /// Encode DSM ranges (context attributes 0) for a host.
 pub fn dsm_ranges(ranges: &[(u64, u32)]) -> Vec<u8> {
     let mut b = vec![0u8; ranges.len() * 16];
     for (i, (slba, nlb)) in ranges.iter().enumerate() {
-        crate::put32(&mut b, i * 16 + 4, *nlb);
-        crate::put64(&mut b, i * 16 + 8, *slba);
+        let r = &mut b[i * dsm_range::LEN..];
+        dsm_range::NLB.set(r, *nlb);
+        dsm_range::SLBA.set(r, *slba);
     }
     b
 }
@@ -322,7 +336,7 @@ pub fn dsm_ranges(ranges: &[(u64, u32)]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::{sgl, Sgl};
+    use crate::queue_entry::{sgl, Sgl};
     use bw_block::{BackendSpec, Volume};
 
     fn subsys() -> Subsystem {
@@ -374,7 +388,7 @@ mod tests {
         assert_eq!(execute(&s, &rw(nvm::READ, 1, 6, 2), &[]).data, Some(data.clone()));
         // FUA on a volatile (RAM) volume: a flush follows, so execute runs it.
         let mut fua = rw(nvm::WRITE, 1, 6, 2);
-        fua.set_cdw(12, fua.cdw(12) | 1 << 30);
+        fua.set_fua(true);
         assert!(matches!(plan(&s, &fua, &data), Plan::Execute));
         assert!(matches!(plan(&s, &Sqe::new(nvm::FLUSH, 1, 1), &Bytes::new()), Plan::Execute));
         let done = |p: Plan| match p {

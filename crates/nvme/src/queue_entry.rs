@@ -1,7 +1,7 @@
 //! The 64-byte submission queue entry (SQE) and 16-byte completion queue
 //! entry (CQE), as views with named accessors.
 
-use crate::{le16, le32, le64, put16, put32, put64, Status};
+use crate::Status;
 
 /// Admin opcodes.
 pub mod admin {
@@ -30,6 +30,9 @@ pub mod nvm {
     pub const DSM_DEALLOCATE: u32 = 1 << 2;
     /// Most ranges one Dataset Management command carries (NR is 0's based, 8 bits).
     pub const DSM_MAX_RANGES: usize = 256;
+    /// Read/Write CDW12 bit 30: Force Unit Access (the data is durable
+    /// before the command completes).
+    pub const RW_FUA: u32 = 1 << 30;
 }
 
 /// The fabrics command opcode; the command type is in byte 4 (fctype).
@@ -53,6 +56,44 @@ pub struct Sgl {
     pub addr: u64,
     pub length: u32,
     pub kind: u8,
+}
+
+/// Submission queue entry fields (NVMe Base 4.2), each defined once.
+pub mod sqe {
+    use bw_wire::{Field, Le};
+
+    pub const OPCODE: Field<u8> = Field::at(0);
+    pub const FLAGS: Field<u8> = Field::at(1);
+    pub const CID: Field<Le<u16>> = Field::at(2);
+    pub const NSID: Field<Le<u32>> = Field::at(4);
+    /// Fabrics commands: the command type, where NSID is for others.
+    pub const FCTYPE: Field<u8> = Field::at(4);
+    /// The SGL data descriptor (bytes 24..40): address, length, the three
+    /// reserved bytes, and the descriptor type.
+    pub const SGL_ADDR: Field<Le<u64>> = Field::at(24);
+    pub const SGL_LENGTH: Field<Le<u32>> = Field::at(32);
+    pub const SGL_RESERVED: Field<[u8; 3]> = Field::at(36);
+    pub const SGL_TYPE: Field<u8> = Field::at(39);
+    /// Read, Write, Compare, Write Zeroes: the starting LBA (CDW10-11).
+    pub const SLBA: Field<Le<u64>> = Field::at(40);
+
+    /// Command dword `n`.
+    pub const fn cdw(n: usize) -> Field<Le<u32>> {
+        Field::at(n * 4)
+    }
+}
+
+/// Completion queue entry fields.
+pub mod cqe {
+    use bw_wire::{Field, Le};
+
+    /// Command specific dwords 0 and 1.
+    pub const RESULT: Field<Le<u64>> = Field::at(0);
+    pub const SQ_HEAD: Field<Le<u16>> = Field::at(8);
+    pub const SQ_ID: Field<Le<u16>> = Field::at(10);
+    pub const CID: Field<Le<u16>> = Field::at(12);
+    /// Status field with the phase tag in bit 0.
+    pub const STATUS: Field<Le<u16>> = Field::at(14);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -80,55 +121,55 @@ impl Sqe {
     /// A new command with the SGL flag set, as every fabrics host sends.
     pub fn new(opcode: u8, cid: u16, nsid: u32) -> Sqe {
         let mut s = Sqe::default();
-        s.0[0] = opcode;
-        s.0[1] = FLAGS_PSDT_SGL;
+        sqe::OPCODE.set(&mut s.0, opcode);
+        sqe::FLAGS.set(&mut s.0, FLAGS_PSDT_SGL);
         s.set_cid(cid);
-        put32(&mut s.0, 4, nsid);
+        sqe::NSID.set(&mut s.0, nsid);
         s
     }
     /// A fabrics command of type `fctype`.
     pub fn fabrics(fctype: u8, cid: u16) -> Sqe {
         let mut s = Sqe::new(FABRICS_OPCODE, cid, 0);
-        s.0[4] = fctype;
+        sqe::FCTYPE.set(&mut s.0, fctype);
         s
     }
     pub fn opcode(&self) -> u8 {
-        self.0[0]
+        sqe::OPCODE.get(&self.0)
     }
     pub fn flags(&self) -> u8 {
-        self.0[1]
+        sqe::FLAGS.get(&self.0)
     }
     pub fn cid(&self) -> u16 {
-        le16(&self.0, 2)
+        sqe::CID.get(&self.0)
     }
     pub fn set_cid(&mut self, cid: u16) {
-        put16(&mut self.0, 2, cid)
+        sqe::CID.set(&mut self.0, cid)
     }
     pub fn nsid(&self) -> u32 {
-        le32(&self.0, 4)
+        sqe::NSID.get(&self.0)
     }
     /// Fabrics command type (only meaningful when opcode is 0x7F).
     pub fn fctype(&self) -> u8 {
-        self.0[4]
+        sqe::FCTYPE.get(&self.0)
     }
     pub fn is_fabrics(&self) -> bool {
         self.opcode() == FABRICS_OPCODE
     }
     /// Command dword N (10..=15), also 2 and 3.
     pub fn cdw(&self, n: usize) -> u32 {
-        le32(&self.0, n * 4)
+        sqe::cdw(n).get(&self.0)
     }
     pub fn set_cdw(&mut self, n: usize, v: u32) {
-        put32(&mut self.0, n * 4, v)
+        sqe::cdw(n).set(&mut self.0, v)
     }
     pub fn sgl(&self) -> Sgl {
-        Sgl { addr: le64(&self.0, 24), length: le32(&self.0, 32), kind: self.0[39] }
+        Sgl { addr: sqe::SGL_ADDR.get(&self.0), length: sqe::SGL_LENGTH.get(&self.0), kind: sqe::SGL_TYPE.get(&self.0) }
     }
     pub fn set_sgl(&mut self, s: Sgl) {
-        put64(&mut self.0, 24, s.addr);
-        put32(&mut self.0, 32, s.length);
-        self.0[36..39].fill(0);
-        self.0[39] = s.kind;
+        sqe::SGL_ADDR.set(&mut self.0, s.addr);
+        sqe::SGL_LENGTH.set(&mut self.0, s.length);
+        sqe::SGL_RESERVED.set(&mut self.0, [0; 3]);
+        sqe::SGL_TYPE.set(&mut self.0, s.kind);
     }
     /// Data flows host to controller (opcode bit 0; bit 1 is the other way).
     /// Fabrics commands carry the direction in fctype instead.
@@ -142,17 +183,25 @@ impl Sqe {
     /// Starting LBA (cdw10-11) and zero-based block count (cdw12 bits 15:0)
     /// of Read/Write/Compare/Write Zeroes.
     pub fn slba(&self) -> u64 {
-        le64(&self.0, 40)
+        sqe::SLBA.get(&self.0)
     }
     pub fn nlb(&self) -> u32 {
         (self.cdw(12) & 0xFFFF) + 1
     }
     pub fn set_rw(&mut self, slba: u64, blocks: u32) {
-        put64(&mut self.0, 40, slba);
+        sqe::SLBA.set(&mut self.0, slba);
         self.set_cdw(12, blocks.saturating_sub(1) & 0xFFFF);
     }
+    /// Force Unit Access ([`nvm::RW_FUA`]) of a Read or Write.
+    pub fn fua(&self) -> bool {
+        self.cdw(12) & nvm::RW_FUA != 0
+    }
+    pub fn set_fua(&mut self, fua: bool) {
+        let cdw12 = self.cdw(12) & !nvm::RW_FUA;
+        self.set_cdw(12, if fua { cdw12 | nvm::RW_FUA } else { cdw12 });
+    }
     /// Dataset Management of `ranges` ranges (1..=256, sent as data, see
-    /// `io::dsm_ranges`), deallocating them if `deallocate`.
+    /// `nvm_io::dsm_ranges`), deallocating them if `deallocate`.
     pub fn set_dsm(&mut self, ranges: usize, deallocate: bool) {
         self.set_cdw(10, (ranges.clamp(1, nvm::DSM_MAX_RANGES) - 1) as u32);
         self.set_cdw(11, if deallocate { nvm::DSM_DEALLOCATE } else { 0 });
@@ -175,19 +224,19 @@ impl Cqe {
     pub const LEN: usize = 16;
     pub fn parse(b: &[u8]) -> Cqe {
         Cqe {
-            result: le64(b, 0),
-            sq_head: le16(b, 8),
-            sq_id: le16(b, 10),
-            cid: le16(b, 12),
-            status: Status::from_wire(le16(b, 14)),
+            result: cqe::RESULT.get(b),
+            sq_head: cqe::SQ_HEAD.get(b),
+            sq_id: cqe::SQ_ID.get(b),
+            cid: cqe::CID.get(b),
+            status: Status::from_wire(cqe::STATUS.get(b)),
         }
     }
     pub fn write(&self, b: &mut [u8]) {
-        put64(b, 0, self.result);
-        put16(b, 8, self.sq_head);
-        put16(b, 10, self.sq_id);
-        put16(b, 12, self.cid);
-        put16(b, 14, self.status.wire(false));
+        cqe::RESULT.set(b, self.result);
+        cqe::SQ_HEAD.set(b, self.sq_head);
+        cqe::SQ_ID.set(b, self.sq_id);
+        cqe::CID.set(b, self.cid);
+        cqe::STATUS.set(b, self.status.wire(false));
     }
     pub fn dw0(&self) -> u32 {
         self.result as u32

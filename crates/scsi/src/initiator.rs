@@ -1,5 +1,6 @@
-//! CDBs an initiator sends, built in one place from the same opcode table the
-//! target decodes with (`op`), so the two sides cannot disagree on a layout.
+//! The initiator's side of SCSI: the CDBs it sends and the parameter data it
+//! reads back, built in one place from the same opcode table the target
+//! decodes with (`op`), so the two sides cannot disagree on a layout.
 
 use crate::cdb::{field, op};
 

@@ -4,7 +4,7 @@
 //! data direction, how it uses the namespace ID, its entry in the Commands
 //! Supported and Effects log, whether it may sleep in the kernel, and the
 //! function that runs it. Dispatch ([`crate::Controller::execute_admin`],
-//! [`crate::io::execute`]), the I/O prechecks the target runs before it asks
+//! [`crate::nvm_io::execute`]), the I/O prechecks the target runs before it asks
 //! for write data, the effects log page and the target's choice of thread
 //! all come from here: adding a command is one row and one function.
 //!
@@ -12,9 +12,9 @@
 //! share the admin queue but are keyed by their own command type, not an
 //! opcode, and are not listed in the effects log; they are not rows here.
 
-use crate::command::{admin, nvm, Sqe};
+use crate::queue_entry::{admin, nvm, Sqe};
 use crate::controller::{AdminOutcome, Controller};
-use crate::io::{self, IoDone};
+use crate::nvm_io::{self, IoDone};
 use crate::subsystem::{Namespace, Subsystem};
 use crate::Status;
 
@@ -186,8 +186,8 @@ pub static COMMANDS: &[Command] = &[
         NsUse::ActiveOrAll,
         CSUPP,
         true,
-        io::check_none,
-        io::flush,
+        nvm_io::check_none,
+        nvm_io::flush,
     ),
     io_row(
         nvm::WRITE,
@@ -196,8 +196,8 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP | LBCC,
         false,
-        io::check_write,
-        io::write,
+        nvm_io::check_write,
+        nvm_io::write,
     ),
     io_row(
         nvm::READ,
@@ -206,8 +206,8 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP,
         false,
-        io::check_read,
-        io::read,
+        nvm_io::check_read,
+        nvm_io::read,
     ),
     io_row(
         nvm::COMPARE,
@@ -216,8 +216,8 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP,
         false,
-        io::check_read,
-        io::compare,
+        nvm_io::check_read,
+        nvm_io::compare,
     ),
     io_row(
         nvm::WRITE_ZEROES,
@@ -226,8 +226,8 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP | LBCC,
         true,
-        io::check_write_zeroes,
-        io::write_zeroes,
+        nvm_io::check_write_zeroes,
+        nvm_io::write_zeroes,
     ),
     io_row(
         nvm::DSM,
@@ -236,8 +236,8 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP | LBCC,
         true,
-        io::check_dsm,
-        io::dsm,
+        nvm_io::check_dsm,
+        nvm_io::dsm,
     ),
 ];
 
@@ -257,7 +257,7 @@ pub fn effects_log() -> Vec<u8> {
             QueueKind::Admin => 0,
             QueueKind::Io => 1024,
         };
-        crate::put32(&mut b, base + c.opcode as usize * 4, c.effects);
+        bw_wire::Field::<bw_wire::Le<u32>>::at(base + c.opcode as usize * 4).set(&mut b, c.effects);
     }
     b
 }
@@ -311,7 +311,7 @@ mod tests {
     #[test]
     fn effects_log_comes_from_the_table() {
         let b = effects_log();
-        let entry = |base: usize, op: u8| crate::le32(&b, base + op as usize * 4);
+        let entry = |base: usize, op: u8| bw_wire::Field::<bw_wire::Le<u32>>::at(base + op as usize * 4).get(&b);
         for op in 0..=255u8 {
             let want = |q| lookup(q, op).map_or(0, |c| c.effects);
             assert_eq!(entry(0, op), want(QueueKind::Admin), "admin {op:#04x}");
