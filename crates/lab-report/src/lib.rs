@@ -2,8 +2,8 @@
 //! decides (what to pick, by how much, with intervals), `findings` checks
 //! the studies' claims, `html` renders the page from them, section by
 //! section, with maud (`svg` draws its charts, `route` the route suite's
-//! section); `csv` writes the raw rows. The terminal summary prints the
-//! same analysis.
+//! section); `csv` writes the raw rows. The terminal summary (`summary`)
+//! prints the same analysis.
 //!
 //! The report reads only the records (`bw-lab-results`): a report
 //! regenerated from a results.json says what the run's own report said.
@@ -13,10 +13,12 @@ pub mod csv;
 pub mod findings;
 pub mod html;
 pub mod route;
+pub mod summary;
 pub mod svg;
 
-pub use analysis::{answer_rows, decide, print_recommendations, recommendations, Decision, Quantity, Recommendation};
+pub use analysis::{answer_rows, decide, recommendations, Decision, Quantity, Recommendation};
 pub use findings::{findings, Finding};
+pub use summary::print_recommendations;
 
 use bw_lab_results::Results;
 use std::path::Path;
