@@ -4,10 +4,10 @@
 //! scenario (link, MTU, client memory), and the fs suite's cases. The HTML
 //! sections and the terminal summary both render this.
 
-use crate::accounting::{cases, Case, CaseKey, Metric};
-use crate::fs::FsSample;
-use crate::results::Results;
-use crate::stats::{advantage, describe_advantage, mean_ci, Verdict};
+use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
+use bw_lab_results::fs::FsSample;
+use bw_lab_results::Results;
+use bw_lab_results::stats::{advantage, describe_advantage, mean_ci, Verdict};
 use std::collections::BTreeMap;
 
 /// The throughput metric of a workload: MiB/s for 1 MiB sequential, IOPS otherwise.
@@ -123,7 +123,7 @@ pub fn decide(q: &Quantity, entries: &[(String, Vec<f64>)]) -> Option<Decision> 
 /// The first link shape of the run: sections that show one scenario per
 /// MTU (micro charts, tables, heat maps) show this one.
 pub fn first_link(r: &Results) -> String {
-    r.params.links.first().cloned().unwrap_or_else(crate::results::default_link)
+    r.params.links.first().cloned().unwrap_or_else(bw_lab_results::default_link)
 }
 
 /// "MTU 1500" or "MTU 1500, 1gbit" with the iperf3 ceiling when measured.
@@ -132,7 +132,7 @@ pub fn scenario(r: &Results, link: &str, mtu: u32) -> String {
     if link != "none" {
         s.push_str(&format!(", {link}"));
     }
-    if let Some((bps, _)) = crate::net::ceiling(&r.net, link, mtu) {
+    if let Some((bps, _)) = bw_lab_results::net::ceiling(&r.net, link, mtu) {
         s.push_str(&format!(" (net {:.0} MiB/s)", bps / 8.0 / 1_048_576.0));
     }
     s
@@ -265,7 +265,7 @@ pub fn mem_name(bytes: u64) -> String {
 
 /// The order rows appear in: the workloads' run order.
 pub fn row_order(row: &str) -> usize {
-    crate::fs::ALL.iter().position(|w| row == w.name() || row.starts_with(w.name())).unwrap_or(99)
+    bw_lab_results::fs::ALL.iter().position(|w| row == w.name() || row.starts_with(w.name())).unwrap_or(99)
 }
 
 /// The fs suite's recommendations, per (link, memory limit, row): the
@@ -279,7 +279,7 @@ pub fn fs_recommendations(r: &Results) -> Vec<Recommendation> {
     }
     let mut out = vec![];
     for ((link, mem, _, row), cs) in groups {
-        let net: Vec<&&FsCase> = cs.iter().filter(|c| c.subject != crate::fs::LOCAL).collect();
+        let net: Vec<&&FsCase> = cs.iter().filter(|c| c.subject != bw_lab_results::fs::LOCAL).collect();
         if net.is_empty() {
             continue;
         }
@@ -300,7 +300,7 @@ pub fn fs_recommendations(r: &Results) -> Vec<Recommendation> {
         let latency = lat_name.and_then(|l| decide_on(&l, l.clone(), false));
         let cpu = decide_on("CPU per op", "CPU per op".into(), false);
         let vs_local = throughput.as_ref().and_then(|d| {
-            let local = cs.iter().find(|c| c.subject == crate::fs::LOCAL)?;
+            let local = cs.iter().find(|c| c.subject == bw_lab_results::fs::LOCAL)?;
             let lv = mean(&local.values(hname));
             let best = mean(&net.iter().find(|c| c.subject == d.leader)?.values(hname));
             (lv > 0.0).then(|| format!("{} reaches {:.0}% of local ext4", d.leader, best / lv * 100.0))
@@ -357,46 +357,6 @@ pub fn with_interval(values: &[f64]) -> String {
     match mean_ci(values) {
         Some((lo, hi)) => format!("{} ({}–{})", crate::svg::short(m), crate::svg::short(lo), crate::svg::short(hi)),
         None => crate::svg::short(m),
-    }
-}
-
-/// Print the answer and the recommendation in detail (the terminal summary).
-pub fn print_recommendations(r: &Results) {
-    let recs = recommendations(r);
-    if recs.is_empty() {
-        return;
-    }
-    println!("\nAnswer: what to pick, by how much (95% interval; a winner only when the whole interval is more than 5% ahead of every other subject)");
-    let rows = answer_rows(&recs);
-    let head = ["scenario", "workload", "fastest", "by", "least CPU/op", "by"];
-    let widths: Vec<usize> =
-        (0..6).map(|i| rows.iter().map(|r| r[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
-    let line = |cells: &[&str]| {
-        let s: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        println!("  {}", s.join("  ").trim_end());
-    };
-    line(&head);
-    for r in &rows {
-        line(&r.iter().map(String::as_str).collect::<Vec<_>>());
-    }
-    println!("\nRecommendation in detail (throughput, latency, CPU per op)");
-    for rec in recs {
-        println!("  {} {}:", rec.scenario, rec.workload);
-        for (what, d) in [("throughput", &rec.throughput), ("latency", &rec.latency), ("CPU/op", &rec.cpu)] {
-            if let Some(d) = d {
-                println!("    {what:<10} {}", d.text);
-            }
-        }
-        if let Some(v) = rec.vs_local {
-            println!("    {:<10} {v}", "vs local");
-        }
-    }
-    let fs = super::findings::findings(r);
-    if !fs.is_empty() {
-        println!("\nFindings of the studies, checked");
-        for f in fs {
-            println!("  [{}] {} — {}: {} ({})", f.verdict.word(), f.claim, f.compared, f.measured, f.why);
-        }
     }
 }
 

@@ -1,18 +1,26 @@
 //! results.json -> results.csv, results-fs.csv and report.html. `analysis`
 //! decides (what to pick, by how much, with intervals), `findings` checks
 //! the studies' claims, `html` renders the page from them, section by
-//! section, with maud; `csv` writes the raw rows. The terminal summary
+//! section, with maud (`svg` draws its charts, `route` the route suite's
+//! section); `csv` writes the raw rows. The terminal summary (`summary`)
 //! prints the same analysis.
+//!
+//! The report reads only the records (`bw-lab-results`): a report
+//! regenerated from a results.json says what the run's own report said.
 
 pub mod analysis;
 pub mod csv;
 pub mod findings;
 pub mod html;
+pub mod route;
+pub mod summary;
+pub mod svg;
 
-pub use analysis::{answer_rows, decide, print_recommendations, recommendations, Decision, Quantity, Recommendation};
+pub use analysis::{answer_rows, decide, recommendations, Decision, Quantity, Recommendation};
 pub use findings::{findings, Finding};
+pub use summary::print_recommendations;
 
-use crate::results::Results;
+use bw_lab_results::Results;
 use std::path::Path;
 
 /// Header cost per frame from the MPLS study, for comparison.
@@ -40,11 +48,33 @@ pub fn html(r: &Results) -> String {
     html::page(r)
 }
 
+/// A route sample for the report's and the findings' tests: `mbs` MB/s
+/// for 1 s over `path`, 200 frames per MiB, 0.1 s each of client and
+/// target CPU, no routers.
+#[cfg(test)]
+pub(crate) fn route_sample_for_test(round: u32, path: &str, protocol: &str, workload: &str, mbs: f64) -> bw_lab_results::route::RouteSample {
+    bw_lab_results::route::RouteSample {
+        round,
+        path: path.into(),
+        protocol: protocol.into(),
+        workload: workload.into(),
+        bw_bytes: mbs * 1e6,
+        iops: 0.0,
+        mean_lat_us: 0.0,
+        wall_s: 1.0,
+        bytes: mbs * 1e6,
+        frames_per_mib: 200.0,
+        routers: vec![],
+        cpu: bw_lab_results::route::CpuAccount { client_s: 0.1, target_s: 0.1, ..Default::default() },
+        load1: 3.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accounting::Metric;
-    use crate::results::*;
+    use bw_lab_results::accounting::Metric;
+    use bw_lab_results::*;
 
     fn sample(
         subject: &str,
@@ -54,7 +84,7 @@ mod tests {
         iops: f64,
         cpu: f64,
     ) -> Sample {
-        let wl = crate::plan::micro_workloads()
+        let wl = bw_lab_results::micro_workloads()
             .into_iter()
             .find(|w| w.name == workload)
             .unwrap();
@@ -154,7 +184,7 @@ mod tests {
                 1.0,
             );
             s.suite = "sweep".into();
-            s.workload = crate::plan::sweep_workload(4, 16);
+            s.workload = bw_lab_results::sweep_workload(4, 16);
             r.samples.push(s);
         }
         // fs: varmail at 256 MiB, AoE clearly ahead of iSCSI; the local
@@ -163,12 +193,12 @@ mod tests {
             let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
             r.fs.push(fs_sample("blockwire-aoe", "varmail", rep, flow(1300.0 * jitter)));
             r.fs.push(fs_sample("blockwire-iscsi", "varmail", rep, flow(1000.0 * jitter)));
-            r.fs.push(fs_sample(crate::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
-            r.fs.push(fs_sample(crate::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
-            r.fs.push(fs_sample(crate::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
+            r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
+            r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
+            r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
         }
-        r.subjects.push(Subject { key: crate::fs::LOCAL.into(), protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None });
-        r.params.fs = Some(crate::fs::FsParams {
+        r.subjects.push(Subject { key: bw_lab_results::fs::LOCAL.into(), protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None });
+        r.params.fs = Some(bw_lab_results::fs::FsParams {
             workloads: vec!["varmail".into(), "iogen-direct".into(), "iogen-raw".into()],
             client_mem: vec![256 << 20],
             cgroup: "v1".into(),
@@ -186,19 +216,19 @@ mod tests {
         r
     }
 
-    fn flow(ops_per_s: f64) -> crate::fs::FsResult {
+    fn flow(ops_per_s: f64) -> bw_lab_results::fs::FsResult {
         let mut f = bw_workload_report::FlowReport { personality: "varmail".into(), elapsed_s: 2.0, ops: (ops_per_s * 2.0) as u64, ops_per_s, mib_per_s: ops_per_s / 100.0, ..Default::default() };
         f.flowops.insert("filereader:fsync".into(), bw_workload_report::OpStats { count: 100, bytes: 0, lat_total_ns: (1e11 / ops_per_s) as u64, lat_max_ns: 1, lat_p50_ns: 1, lat_p99_ns: 2 });
-        crate::fs::FsResult::Flowop(f)
+        bw_lab_results::fs::FsResult::Flowop(f)
     }
 
-    fn iogen(iops: f64) -> crate::fs::FsResult {
-        crate::fs::FsResult::Iogen(crate::fs::IogenResult { iops, ios: (iops * 2.0) as u64, response_us: 1e6 / iops, runtime_s: 2.0, ..Default::default() })
+    fn iogen(iops: f64) -> bw_lab_results::fs::FsResult {
+        bw_lab_results::fs::FsResult::Iogen(bw_lab_results::fs::IogenResult { iops, ios: (iops * 2.0) as u64, response_us: 1e6 / iops, runtime_s: 2.0, ..Default::default() })
     }
 
-    fn fs_sample(subject: &str, workload: &str, repeat: u32, result: crate::fs::FsResult) -> crate::fs::FsSample {
-        let local = subject == crate::fs::LOCAL;
-        crate::fs::FsSample {
+    fn fs_sample(subject: &str, workload: &str, repeat: u32, result: bw_lab_results::fs::FsResult) -> bw_lab_results::fs::FsSample {
+        let local = subject == bw_lab_results::fs::LOCAL;
+        bw_lab_results::fs::FsSample {
             subject: subject.into(),
             link: "none".into(),
             mtu: if local { None } else { Some(1500) },
@@ -216,6 +246,95 @@ mod tests {
             started_unix: 0.0,
         }
     }
+
+    /// Every finding of a run, one line each, as the report's table says it.
+    fn findings_text(r: &Results) -> String {
+        findings(r)
+            .iter()
+            .map(|f| format!("{} | {} | {} | {} | {} | {}\n", f.study, f.claim, f.compared, f.measured, f.verdict.word(), f.why))
+            .collect()
+    }
+
+    /// The recorded results plus a route run over two MPLS datapaths and
+    /// VXLAN, two protocols, three rounds.
+    fn results_with_route() -> Results {
+        let mut r = results();
+        let mut route = bw_lab_results::route::RouteResults {
+            paths: ["direct", "mpls-bpf", "mpls-userspace", "vxlan"].map(String::from).to_vec(),
+            protocols: vec!["aoe".into(), "iscsi".into()],
+            mtu: 9000,
+            rounds: 3,
+            ..Default::default()
+        };
+        let mut k = 0.0;
+        for round in 0..3 {
+            for (w, _) in bw_lab_results::route::WORKLOADS {
+                for (p, base) in [("aoe", 1000.0), ("iscsi", 900.0)] {
+                    k += 1.0;
+                    let j = 1.0 + ((k * 7.0f64) % 5.0 - 2.0) / 100.0;
+                    for (path, keep) in [("direct", 1.0), ("mpls-bpf", 0.9), ("mpls-userspace", 0.6), ("vxlan", 0.8)] {
+                        route.samples.push(crate::route_sample_for_test(round, path, p, w, base * keep * j));
+                    }
+                }
+            }
+        }
+        r.route = Some(route);
+        // NVMe/TCP against local, and Bonnie++'s cached block writes.
+        r.subjects.iter_mut().find(|s| s.key == "blockwire-nvme").unwrap().unavailable = None;
+        for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
+            r.samples.push(sample("blockwire-nvme", Some(1500), "randrw75-4k-qd16", rep, 9_000.0 * jitter, 1.0));
+            for (subject, kib_s) in [("blockwire-aoe", 300_000.0), ("blockwire-iscsi", 360_000.0)] {
+                let bonnie = bw_lab_results::fs::BonnieResult { block_write_kib_s: Some(kib_s * jitter), ..Default::default() };
+                r.fs.push(fs_sample(subject, "bonnie", rep, bw_lab_results::fs::FsResult::Bonnie(bonnie)));
+            }
+        }
+        r
+    }
+
+    /// One subject at two MTUs: less CPU per op at the larger.
+    fn results_at_two_mtus() -> Results {
+        let mut r = results();
+        r.params.mtus = vec![1500, 9000];
+        r.samples.retain(|s| s.subject != "blockwire-iscsi" && s.subject != "blockwire-aoe");
+        r.subjects.retain(|s| s.key == "blockwire-aoe");
+        for (rep, jitter) in [(1, 0.97), (2, 1.0), (3, 1.03), (4, 0.99), (5, 1.01)] {
+            for (w, small, big) in [("seqread-1m", 1.0, 0.66), ("seqwrite-1m", 2.2, 1.65)] {
+                r.samples.push(sample("blockwire-aoe", Some(1500), w, rep, 1000.0, small * jitter));
+                r.samples.push(sample("blockwire-aoe", Some(9000), w, rep, 1000.0, big / jitter));
+            }
+        }
+        r
+    }
+
+    /// The findings, word for word, of fixed results: what the studies'
+    /// claims say for a full run, for one without the route suite and the
+    /// fs suite, and for an empty one (every claim not applicable, and why).
+    /// `FINDINGS_GOLDEN_WRITE=1` rewrites the file after a deliberate change.
+    #[test]
+    fn findings_of_fixed_results_word_for_word() {
+        let mut no_route_no_fs = results();
+        no_route_no_fs.fs.clear();
+        no_route_no_fs.params.fs = None;
+        let text = [
+            ("full run with the route suite", results_with_route()),
+            ("two MTUs", results_at_two_mtus()),
+            ("no route, no fs", no_route_no_fs),
+            ("empty", Results::default()),
+        ]
+            .into_iter()
+            .map(|(name, r)| format!("# {name}\n{}", findings_text(&r)))
+            .collect::<String>();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/findings.txt");
+        if std::env::var_os("FINDINGS_GOLDEN_WRITE").is_some() {
+            std::fs::write(path, &text).unwrap();
+        }
+        let golden = std::fs::read_to_string(path).unwrap();
+        for (i, (got, want)) in text.lines().zip(golden.lines()).enumerate() {
+            assert_eq!(got, want, "line {} of testdata/findings.txt", i + 1);
+        }
+        assert_eq!(text.lines().count(), golden.lines().count());
+    }
+
     #[test]
     fn decisions_respect_the_noise() {
         let e = |n: &str, v: &[f64]| (n.to_string(), v.to_vec());
@@ -299,16 +418,7 @@ mod tests {
     /// the two levels widened the interval into "within the noise").
     #[test]
     fn a_larger_mtu_is_judged_per_workload() {
-        let mut r = results();
-        r.params.mtus = vec![1500, 9000];
-        r.samples.retain(|s| s.subject != "blockwire-iscsi" && s.subject != "blockwire-aoe");
-        r.subjects.retain(|s| s.key == "blockwire-aoe");
-        for (rep, jitter) in [(1, 0.97), (2, 1.0), (3, 1.03), (4, 0.99), (5, 1.01)] {
-            for (w, small, big) in [("seqread-1m", 1.0, 0.66), ("seqwrite-1m", 2.2, 1.65)] {
-                r.samples.push(sample("blockwire-aoe", Some(1500), w, rep, 1000.0, small * jitter));
-                r.samples.push(sample("blockwire-aoe", Some(9000), w, rep, 1000.0, big / jitter));
-            }
-        }
+        let r = results_at_two_mtus();
         let f = findings(&r);
         let cpu = f.iter().find(|x| x.claim.contains("larger MTU") && x.compared.starts_with("CPU per op")).unwrap();
         assert_eq!(cpu.verdict, findings::Verdict::Reproduced, "{cpu:?}");

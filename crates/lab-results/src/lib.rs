@@ -1,8 +1,23 @@
 //! What a lab run records: every raw sample plus the context needed to read
 //! it later (machine, software versions, parameters). `results.json` is this
 //! structure; the report and the CSV are derived from it alone.
+//!
+//! This crate is the bottom of the lab: the lab (`bw-lab`) writes these
+//! records and the report (`bw-lab-report`) reads them, and it imports
+//! neither. Each suite with records of its own has a module here (`fs`,
+//! `net`, `route`); `accounting` and `stats` are the arithmetic both the
+//! lab's terminal summary and the report do on them.
+
+pub mod accounting;
+pub mod fs;
+pub mod net;
+pub mod route;
+pub mod stats;
 
 use serde::{Deserialize, Serialize};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
 
 /// The numbers the lab keeps of one micro or sweep run, from
 /// `blockwire bench --json` ([`bw_workload_report::BenchReport`]) or
@@ -90,6 +105,39 @@ pub struct Workload {
 impl Workload {
     pub fn is_sequential(&self) -> bool {
         self.rw == "read" || self.rw == "write"
+    }
+}
+
+/// The micro suite: the studies' sequential/random cases.
+pub fn micro_workloads() -> Vec<Workload> {
+    let w = |name: &str, rw: &str, bs: u64, iodepth: u32, rwmixread: Option<u32>| Workload {
+        name: name.into(),
+        rw: rw.into(),
+        bs,
+        iodepth,
+        numjobs: 1,
+        rwmixread,
+    };
+    vec![
+        w("seqread-1m", "read", MIB, 1, None),
+        w("seqwrite-1m", "write", MIB, 1, None),
+        w("randread-4k-qd1", "randread", 4 * KIB, 1, None),
+        w("randread-4k-qd32", "randread", 4 * KIB, 32, None),
+        w("randwrite-4k-qd1", "randwrite", 4 * KIB, 1, None),
+        w("randwrite-4k-qd32", "randwrite", 4 * KIB, 32, None),
+        w("randrw75-4k-qd16", "randrw", 4 * KIB, 16, Some(75)),
+    ]
+}
+
+/// One point of the numjobs x iodepth sweep (4 KiB, 75 % reads).
+pub fn sweep_workload(numjobs: u32, iodepth: u32) -> Workload {
+    Workload {
+        name: format!("sweep-j{numjobs}-qd{iodepth}"),
+        rw: "randrw".into(),
+        bs: 4 * KIB,
+        iodepth,
+        numjobs,
+        rwmixread: Some(75),
     }
 }
 
@@ -278,28 +326,16 @@ impl Results {
     }
 }
 
-/// UTC time as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days, no time crate needed).
+/// UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format_utc(secs)
+    format_utc(jiff::Timestamp::now().as_second().max(0) as u64)
 }
 
+/// `secs` since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn format_utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    jiff::Timestamp::from_second(secs as i64)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default()
 }
 
 pub fn unix_now() -> f64 {
