@@ -130,16 +130,14 @@ impl Mounted {
 }
 
 /// `blockwire mount URL MP --mkfs ext4` from the client namespace.
-pub fn mount_remote(exe: &Path, client_ns: &str, url: &str, mp: &Path) -> anyhow::Result<Mounted> {
+pub fn mount_remote(exe: &Path, client: &crate::host::Host, url: &str, mp: &Path) -> anyhow::Result<Mounted> {
     let res = Resource::BlockwireMount {
         exe: exe.to_path_buf(),
         mountpoint: mp.to_path_buf(),
     };
     let (token, ()) = registry().create(res, || {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{client_ns}"))
-            .arg(exe)
-            .args(["mount", url])
+        let mut cmd = client.command_sharing_mounts(exe);
+        cmd.args(["mount", url])
             .arg(mp)
             .args(["--mkfs", "ext4", "-o", EXT4_OPTIONS, "--timeout", "30"]);
         helper(&mut cmd).map(|_| ())

@@ -9,9 +9,11 @@ use crate::accounting::{Case, Metric};
 use crate::cleanup::{interrupted, registry, Resource};
 use crate::plan::Plan;
 use crate::results::{
-    unix_now, utc_now, Failure, Results, Sample, Subject, WireCounters, Workload, FORMAT,
+    unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, WireCounters, Workload,
+    FORMAT,
 };
-use crate::targets::{self, TargetProcess};
+use crate::subjects::{blockwire, Subject};
+use crate::targets::TargetProcess;
 use crate::topology::{Link, Topology};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
@@ -34,10 +36,10 @@ struct LiveSubject {
 }
 
 impl LiveSubject {
-    fn new(key: String, proc: usize) -> LiveSubject {
+    fn new(subject: Subject, link: &Link, proc: usize) -> LiveSubject {
         LiveSubject {
-            key,
-            url: String::new(),
+            key: subject.key(),
+            url: subject.url(link),
             proc,
             done: 0,
             consecutive_failures: 0,
@@ -225,16 +227,16 @@ impl LabRun {
             .plan
             .subjects()
             .into_iter()
-            .map(|(key, target, protocol)| Subject {
-                key,
-                protocol,
-                target,
+            .map(|s| SubjectRecord {
+                key: s.key(),
+                protocol: s.protocol().name().into(),
+                target: s.target_name().into(),
                 initiator: "blockwire".into(),
                 unavailable: None,
             })
             .collect();
         if self.plan.baseline && !self.jobs().is_empty() {
-            self.results.subjects.push(Subject {
+            self.results.subjects.push(SubjectRecord {
                 key: "local-fio".into(),
                 protocol: "local".into(),
                 target: "tmpfs file".into(),
@@ -245,7 +247,7 @@ impl LabRun {
         let mut fs_dir_token = None;
         if self.plan.fs.is_some() {
             if self.plan.baseline {
-                self.results.subjects.push(Subject {
+                self.results.subjects.push(SubjectRecord {
                     key: crate::fs::LOCAL.into(),
                     protocol: "local".into(),
                     target: "ext4 on a loop device over the backing file".into(),
@@ -429,56 +431,35 @@ impl LabRun {
     /// speed drifts by tens of percent over minutes, and measuring subjects
     /// one after another turned that drift into false differences.
     fn run_link(&mut self, topo: &Topology, link: &Link, first_mtu: bool) -> anyhow::Result<()> {
-        let subjects = self.plan.subjects();
         let mut procs: Vec<TargetProcess> = vec![];
         let mut live: Vec<LiveSubject> = vec![];
-        let ours: Vec<String> = subjects
-            .iter()
-            .filter(|(_, t, _)| t == "blockwire")
-            .map(|(_, _, p)| p.clone())
-            .collect();
+        let ours = self.plan.protocols.clone();
         if !ours.is_empty() {
             self.progress
                 .set_message(format!("MTU {}: starting blockwire serve", link.mtu));
-            let (proc, status) =
-                targets::start_blockwire(&self.exe, topo, link, &self.backing, &ours);
+            let (proc, status) = blockwire::start(&self.exe, topo, link, &self.backing, &ours);
             for (proto, st) in &status {
                 if let Err(why) = st {
-                    self.mark_unavailable(
-                        &targets::subject_key("blockwire", proto),
-                        link.mtu,
-                        why.clone(),
-                    );
+                    self.mark_unavailable(&Subject::Blockwire(*proto).key(), link.mtu, why.clone());
                 }
             }
             if let Some(p) = proc {
                 for (proto, _) in status.iter().filter(|(_, s)| s.is_ok()) {
-                    live.push(LiveSubject::new(
-                        targets::subject_key("blockwire", proto),
-                        procs.len(),
-                    ));
+                    live.push(LiveSubject::new(Subject::Blockwire(*proto), link, procs.len()));
                 }
                 procs.push(p);
             }
         }
-        for peer in self.plan.params.peers.clone() {
-            let key = subjects
-                .iter()
-                .find(|(_, t, _)| *t == peer)
-                .map(|(k, _, _)| k.clone())
-                .unwrap_or_default();
+        for peer in self.plan.peers.clone() {
+            let subject = Subject::Peer(peer);
             self.progress
-                .set_message(format!("MTU {}: starting {peer}", link.mtu));
-            let started = match peer.as_str() {
-                "tgt" => targets::start_tgt(topo, link, &self.backing),
-                _ => targets::start_vblade(topo, link, &self.backing),
-            };
-            match started {
+                .set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
+            match peer.start(topo, link, &self.backing) {
                 Ok(p) => {
-                    live.push(LiveSubject::new(key, procs.len()));
+                    live.push(LiveSubject::new(subject, link, procs.len()));
                     procs.push(p);
                 }
-                Err(why) => self.mark_unavailable(&key, link.mtu, why),
+                Err(why) => self.mark_unavailable(&subject.key(), link.mtu, why),
             }
         }
         let mut r = self.run_interleaved(topo, link, &mut procs, &mut live);
@@ -498,10 +479,6 @@ impl LabRun {
         procs: &mut [TargetProcess],
         live: &mut [LiveSubject],
     ) -> anyhow::Result<()> {
-        for s in live.iter_mut() {
-            s.url = targets::url_for(&s.key, link)
-                .ok_or_else(|| anyhow::anyhow!("no URL for {}", s.key))?;
-        }
         let per_subject = self.runs_per_subject(link.mtu);
         let n = live.len();
         for (suite, w, runtime, repeats) in self.jobs() {
@@ -629,7 +606,7 @@ impl LabRun {
         let cpu0 = target.cpu_seconds()?;
         let bench = crate::runner::run_bench(
             &self.exe,
-            &topo.client_ns,
+            &topo.client,
             url,
             w,
             runtime,
@@ -784,7 +761,7 @@ impl LabRun {
                 raw_dev: None,
             };
             let mounted = match url {
-                Some(url) => crate::mounts::mount_remote(&self.exe, &topo.client_ns, url, mp)?,
+                Some(url) => crate::mounts::mount_remote(&self.exe, &topo.client, url, mp)?,
                 None => {
                     // The raw device first: the file system goes on it next.
                     let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;

@@ -8,7 +8,7 @@
 
 use super::cpu::{CpuAccount, CpuSnapshot};
 use super::{
-    spawn_service, tracked_output, Datapath, PathKind, RouteNet, CUSTOMER_IF, CUSTOMER_LABEL,
+    spawn_service, tracked_output, Datapath, PathChoice, PathKind, RouteNet, CUSTOMER_IF, CUSTOMER_LABEL,
     TARGET_IP,
 };
 use crate::cleanup::{interrupted, registry, Token};
@@ -649,34 +649,24 @@ pub fn run_cli(args: &crate::LabArgs) -> anyhow::Result<()> {
         "the route suite creates network namespaces: run it as root"
     );
     let mut plan = SuitePlan::new(args.quick);
-    let datapaths: Vec<Datapath> = match &args.datapath {
-        Some(d) => d
-            .split(',')
-            .filter(|x| !x.is_empty())
-            .map(Datapath::parse)
-            .collect::<anyhow::Result<_>>()?,
-        None => vec![Datapath::Bpf, Datapath::Userspace],
-    };
-    let paths = args.path.as_deref().unwrap_or("direct,mpls,vxlan");
-    plan.paths = vec![];
-    for p in paths.split(',').filter(|x| !x.is_empty()) {
-        plan.paths.extend(PathKind::parse(p, &datapaths)?);
-    }
+    let datapaths: Vec<Datapath> = args
+        .datapath
+        .clone()
+        .unwrap_or(vec![Datapath::Bpf, Datapath::Userspace]);
+    let paths = args
+        .path
+        .clone()
+        .unwrap_or(vec![PathChoice::Direct, PathChoice::Mpls, PathChoice::Vxlan]);
+    plan.paths = paths
+        .into_iter()
+        .flat_map(|p| PathKind::of_choice(p, &datapaths))
+        .collect();
     anyhow::ensure!(!plan.paths.is_empty(), "no path given");
     if let Some(p) = &args.protocols {
-        plan.protocols = p
-            .split(',')
-            .filter(|x| !x.is_empty())
-            .map(String::from)
-            .collect();
+        plan.protocols = p.iter().map(|p| p.name().to_string()).collect();
     }
     if let Some(m) = &args.mtu {
-        plan.mtu = m
-            .split(',')
-            .next()
-            .unwrap_or("9000")
-            .parse()
-            .context("--mtu")?;
+        plan.mtu = m.first().copied().unwrap_or(9000);
     }
     if let Some(r) = args.repeat {
         plan.rounds = r.max(1);
