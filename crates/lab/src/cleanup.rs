@@ -407,13 +407,34 @@ impl Registry {
         pids.extend(self.children(Role::Service));
         for e in self.tracked() {
             if let Resource::BlockwireMount { mountpoint, .. } = e {
-                pids.extend(crate::mounts::attach_daemon_of(&mountpoint).filter(|p| is_attach_daemon(*p)));
+                pids.extend(attach_daemon_of(&mountpoint).filter(|p| is_attach_daemon(*p)));
             }
         }
         for p in pids {
             signal(p, libc::SIGKILL);
         }
     }
+}
+
+/// The PID of the attach daemon serving the mount at `mp`, from the state
+/// files `blockwire mount` leaves in /run/blockwire.
+pub fn attach_daemon_of(mp: &std::path::Path) -> Option<u32> {
+    for e in std::fs::read_dir(bw_attach::STATE_DIR).ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("attach-") && name.ends_with(".json")) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        if v["mountpoint"].as_str().map(std::path::Path::new) == Some(mp) {
+            return v["pid"].as_u64().map(|p| p as u32);
+        }
+    }
+    None
 }
 
 /// Whether `pid` is (still) a `blockwire attach` daemon: the PID comes from

@@ -13,7 +13,7 @@
 //! other programs' new mount namespaces take are unmounted with it, and a
 //! released loop device is waited for (bounded) rather than assumed gone.
 
-use crate::cleanup::{registry, Resource, Token};
+use crate::cleanup::{attach_daemon_of, registry, Resource, Token};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -147,27 +147,6 @@ pub fn mount_remote(exe: &Path, client: &crate::host::Host, url: &str, mp: &Path
         daemon_pid: attach_daemon_of(mp),
         tokens: vec![token],
     })
-}
-
-/// The PID of the attach daemon serving the mount at `mp`, from the state
-/// files `blockwire mount` leaves in /run/blockwire.
-pub fn attach_daemon_of(mp: &Path) -> Option<u32> {
-    for e in std::fs::read_dir(bw_attach::STATE_DIR).ok()?.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !(name.starts_with("attach-") && name.ends_with(".json")) {
-            continue;
-        }
-        let Ok(text) = std::fs::read_to_string(e.path()) else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
-        };
-        if v["mountpoint"].as_str().map(Path::new) == Some(mp) {
-            return v["pid"].as_u64().map(|p| p as u32);
-        }
-    }
-    None
 }
 
 /// A loop device on `backing` (direct I/O, as `blockwire attach --loop`
