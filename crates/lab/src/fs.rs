@@ -307,7 +307,7 @@ pub fn parse_bonnie(text: &str) -> anyhow::Result<BonnieResult> {
     };
     let size_mib = f
         .get(5)
-        .map(|s| crate::plan::parse_size(s).map(|b| b >> 20).unwrap_or(0))
+        .map(|s| bw_block::parse_size(s).map(|b| b >> 20).unwrap_or(0))
         .unwrap_or(0);
     // Fields: 11 block write, 13 rewrite, 17 block read, 19 seeks (each
     // followed by its CPU %); latencies from 38: putc, block write,

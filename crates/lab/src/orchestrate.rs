@@ -116,7 +116,7 @@ impl LabRun {
         };
         results.params = plan.params.clone();
         results.machine = crate::machine::machine_info();
-        results.software = crate::machine::software(&exe);
+        results.software = crate::subjects::software(&exe);
         let progress = ProgressBar::new(plan.total_runs());
         progress.set_style(
             ProgressStyle::with_template(

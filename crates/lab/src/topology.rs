@@ -140,27 +140,6 @@ impl Topology {
     }
 }
 
-/// Parse `ip -s -j link show dev IF` output (iproute2 JSON, `stats64`).
-pub fn parse_ip_stats_json(text: &str) -> anyhow::Result<WireCounters> {
-    let v: serde_json::Value = serde_json::from_str(text)?;
-    let s = v
-        .get(0)
-        .and_then(|l| l.get("stats64").or_else(|| l.get("stats")))
-        .ok_or_else(|| anyhow::anyhow!("no stats64 in `ip -s -j link` output"))?;
-    let num = |dir: &str, k: &str| -> anyhow::Result<u64> {
-        s.get(dir)
-            .and_then(|d| d.get(k))
-            .and_then(|x| x.as_u64())
-            .ok_or_else(|| anyhow::anyhow!("`ip -s -j link` output lacks {dir}.{k}"))
-    };
-    Ok(WireCounters {
-        rx_bytes: num("rx", "bytes")?,
-        tx_bytes: num("tx", "bytes")?,
-        rx_packets: num("rx", "packets")?,
-        tx_packets: num("tx", "packets")?,
-    })
-}
-
 /// Everything on this machine that belongs to the lab run with `pid`:
 /// namespaces, links, mounts, FUSE connections, loop devices, memory
 /// cgroups and attach daemons (for leak checks; qdiscs live on the lab's
@@ -247,15 +226,5 @@ mod tests {
         assert!(t.len() <= 15 && c.len() <= 15, "{t} {c}");
         assert_ne!(t, c);
         assert_ne!(veth_names(12, 0), veth_names(12, 1));
-    }
-
-    #[test]
-    fn parses_iproute2_json_counters() {
-        // Recorded from `ip -s -j link show dev X` (iproute2 6.1).
-        let text = r#"[{"ifindex":5,"link_index":4,"ifname":"bwl1a","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":1500,"qdisc":"noqueue","operstate":"UP","linkmode":"DEFAULT","group":"default","txqlen":1000,"link_type":"ether","address":"aa:bb:cc:dd:ee:ff","broadcast":"ff:ff:ff:ff:ff:ff","link_netnsid":0,"stats64":{"rx":{"bytes":123456,"packets":321,"errors":0,"dropped":0,"over_errors":0,"multicast":0},"tx":{"bytes":6543,"packets":45,"errors":0,"dropped":0,"carrier_errors":0,"collisions":0}}}]"#;
-        let c = parse_ip_stats_json(text).unwrap();
-        assert_eq!(c, WireCounters { rx_bytes: 123456, tx_bytes: 6543, rx_packets: 321, tx_packets: 45 });
-        assert!(parse_ip_stats_json("[]").is_err());
-        assert!(parse_ip_stats_json("not json").is_err());
     }
 }

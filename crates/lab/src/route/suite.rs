@@ -689,7 +689,7 @@ pub fn run_cli(args: &crate::LabArgs) -> anyhow::Result<()> {
         format: crate::results::FORMAT,
         started_utc: crate::results::utc_now(),
         machine: crate::machine::machine_info(),
-        software: crate::machine::software(&exe),
+        software: crate::subjects::software(&exe),
         ..Default::default()
     };
     results.params.quick = plan.quick;

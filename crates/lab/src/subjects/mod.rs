@@ -152,6 +152,17 @@ impl Subject {
     }
 }
 
+/// The versions of what the run measured (`blockwire_exe`, the peers, fio).
+pub fn software(blockwire_exe: &std::path::Path) -> crate::results::Software {
+    let na = || "not installed".to_string();
+    crate::results::Software {
+        blockwire: crate::machine::first_line(&blockwire_exe.to_string_lossy(), &["--version"]).unwrap_or_else(na),
+        tgt: PeerKind::Tgt.target().version().unwrap_or_else(na),
+        vblade: PeerKind::Vblade.target().version().unwrap_or_else(na),
+        fio: crate::machine::first_line("fio", &["--version"]).unwrap_or_else(na),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
