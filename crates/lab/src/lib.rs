@@ -14,10 +14,11 @@
 //! bench or fio run), `fs` (the fs workloads and their output), `mounts`
 //! (a file system on a subject), `cgroup` (client memory limits),
 //! `machine` (/proc facts, idle wait), `cleanup` (tracking and signal
-//! handling), `stats` and `accounting` (numbers), `report` (analysis,
-//! CSV, the HTML sections), `svg` (charts), `route` (the routed-path suite).
+//! handling), `route` (the routed-path suite). The records it writes
+//! (results.json, with `stats` and `accounting`) are the crate
+//! `bw-lab-results`; the report it renders from them (analysis, CSV, the
+//! HTML sections, charts) is `bw-lab-report`.
 
-pub mod accounting;
 pub mod cgroup;
 pub mod cleanup;
 pub mod fs;
@@ -27,15 +28,17 @@ pub mod mounts;
 pub mod net;
 pub mod orchestrate;
 pub mod plan;
-pub mod report;
-pub mod results;
 pub mod route;
 pub mod runner;
-pub mod stats;
 pub mod subjects;
-pub mod svg;
 pub mod targets;
 pub mod topology;
+
+// The records and the report are crates of their own (the lab writes the
+// one and renders the other); their old paths stay for the lab's code.
+pub use bw_lab_report as report;
+pub use bw_lab_results as results;
+pub use bw_lab_results::{accounting, stats};
 
 use std::path::PathBuf;
 

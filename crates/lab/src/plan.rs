@@ -17,37 +17,7 @@ const QUICK_MICRO: [&str; 4] = [
     "randwrite-4k-qd32",
 ];
 
-pub fn micro_workloads() -> Vec<Workload> {
-    let w = |name: &str, rw: &str, bs: u64, iodepth: u32, rwmixread: Option<u32>| Workload {
-        name: name.into(),
-        rw: rw.into(),
-        bs,
-        iodepth,
-        numjobs: 1,
-        rwmixread,
-    };
-    vec![
-        w("seqread-1m", "read", MIB, 1, None),
-        w("seqwrite-1m", "write", MIB, 1, None),
-        w("randread-4k-qd1", "randread", 4 * KIB, 1, None),
-        w("randread-4k-qd32", "randread", 4 * KIB, 32, None),
-        w("randwrite-4k-qd1", "randwrite", 4 * KIB, 1, None),
-        w("randwrite-4k-qd32", "randwrite", 4 * KIB, 32, None),
-        w("randrw75-4k-qd16", "randrw", 4 * KIB, 16, Some(75)),
-    ]
-}
-
-/// One point of the numjobs x iodepth sweep (4 KiB, 75 % reads).
-pub fn sweep_workload(numjobs: u32, iodepth: u32) -> Workload {
-    Workload {
-        name: format!("sweep-j{numjobs}-qd{iodepth}"),
-        rw: "randrw".into(),
-        bs: 4 * KIB,
-        iodepth,
-        numjobs,
-        rwmixread: Some(75),
-    }
-}
+pub use crate::results::{micro_workloads, sweep_workload};
 
 /// `1G`, `64M`, `512K`, plain bytes (blockwire's one size syntax,
 /// [`bw_block::parse_size`]); zero is refused.

@@ -25,7 +25,7 @@
 //! pins), so ending a router removes them, even with SIGKILL.
 
 pub mod cpu;
-pub mod report;
+pub use bw_lab_report::route as report;
 pub mod suite;
 
 pub use suite::{run_cli, RouteResults};

@@ -24,26 +24,7 @@
 //! The forwarding cost of a path is then the total of the first four per
 //! MiB moved, minus the same total over the direct path in the same round.
 
-use serde::{Deserialize, Serialize};
-
-/// CPU seconds spent during one run, by whom (see the module comment).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct CpuAccount {
-    pub client_s: f64,
-    pub target_s: f64,
-    pub routers_s: f64,
-    pub bpf_s: f64,
-    pub ksoftirqd_s: f64,
-    pub softirq_s: f64,
-    pub busy_s: f64,
-}
-
-impl CpuAccount {
-    /// CPU attributable to this run's processes and softirq threads.
-    pub fn total_s(&self) -> f64 {
-        self.client_s + self.target_s + self.routers_s + self.ksoftirqd_s
-    }
-}
+pub use bw_lab_results::route::CpuAccount;
 
 fn ticks_per_s() -> f64 {
     // SAFETY: sysconf has no preconditions.

@@ -6,14 +6,14 @@
 //! (`Results::route`), which `blockwire lab report` renders
 //! (`super::report`).
 
-use super::cpu::{CpuAccount, CpuSnapshot};
+use super::cpu::CpuSnapshot;
 use super::{
     spawn_service, tracked_output, Datapath, PathChoice, PathKind, RouteNet, CUSTOMER_IF, CUSTOMER_LABEL,
     TARGET_IP,
 };
 use crate::cleanup::{interrupted, registry, Token};
 use anyhow::{bail, Context};
-use serde::{Deserialize, Serialize};
+pub use bw_lab_results::route::{Overhead, RouteResults, RouteSample, RouterCpu, WORKLOADS};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -51,106 +51,6 @@ impl SuitePlan {
             quick,
         }
     }
-}
-
-/// Everything the route suite measured: stored in results.json.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RouteResults {
-    /// Path names in run order (`direct`, `mpls-bpf`, `mpls-userspace`, `vxlan`).
-    pub paths: Vec<String>,
-    pub protocols: Vec<String>,
-    pub mtu: u32,
-    pub runtime_s: f64,
-    pub copy_bytes: u64,
-    pub rounds: u32,
-    pub quick: bool,
-    pub samples: Vec<RouteSample>,
-    pub overheads: Vec<Overhead>,
-}
-
-/// The CPU of one router during one run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RouterCpu {
-    pub name: String,
-    /// utime + stime of the router process (the userspace datapath's work;
-    /// near 0 for BPF, whose process only holds the links).
-    pub process_s: f64,
-    /// Run time of the router's BPF programs (BPF datapath only).
-    pub bpf_s: f64,
-}
-
-/// One measured case.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RouteSample {
-    pub round: u32,
-    pub path: String,
-    pub protocol: String,
-    pub workload: String,
-    /// Bytes per second (copy: bytes written plus read over both phases).
-    pub bw_bytes: f64,
-    pub iops: f64,
-    pub mean_lat_us: f64,
-    pub wall_s: f64,
-    /// Bytes moved (read plus written).
-    pub bytes: f64,
-    /// Frames (both directions) through the middle of the path per MiB of
-    /// data moved: a count, unlike the speeds robust to a busy machine.
-    pub frames_per_mib: f64,
-    pub routers: Vec<RouterCpu>,
-    pub cpu: CpuAccount,
-    /// 1-minute load average when the run started (the machine is shared).
-    pub load1: f64,
-}
-
-impl RouteSample {
-    /// Client + target + routers + ksoftirqd CPU per MiB moved, in ms.
-    pub fn cpu_ms_per_mib(&self) -> f64 {
-        self.cpu.total_s() * 1e3 / (self.bytes / (1 << 20) as f64).max(1e-9)
-    }
-
-    /// Router CPU (process or programs) per frame per router, in µs.
-    pub fn router_us_per_frame(&self) -> Option<f64> {
-        if self.routers.is_empty() || self.frames_per_mib <= 0.0 {
-            return None;
-        }
-        let frames = self.frames_per_mib * self.bytes / (1 << 20) as f64;
-        let cpu: f64 = self.routers.iter().map(|r| r.process_s + r.bpf_s).sum();
-        Some(cpu / self.routers.len() as f64 / frames * 1e6)
-    }
-
-    /// A sample for the report's and the findings' tests: `mbs` MB/s for
-    /// 1 s over `path`, 200 frames per MiB, 0.1 s each of client and
-    /// target CPU, no routers.
-    #[cfg(test)]
-    pub(crate) fn for_test(round: u32, path: &str, protocol: &str, workload: &str, mbs: f64) -> RouteSample {
-        RouteSample {
-            round,
-            path: path.into(),
-            protocol: protocol.into(),
-            workload: workload.into(),
-            bw_bytes: mbs * 1e6,
-            iops: 0.0,
-            mean_lat_us: 0.0,
-            wall_s: 1.0,
-            bytes: mbs * 1e6,
-            frames_per_mib: 200.0,
-            routers: vec![],
-            cpu: CpuAccount { client_s: 0.1, target_s: 0.1, ..Default::default() },
-            load1: 3.0,
-        }
-    }
-}
-
-/// Header bytes per full data frame, from a capture in the middle of a path.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Overhead {
-    pub path: String,
-    pub protocol: String,
-    /// Most common (frame length - data payload) over the data frames.
-    pub bytes_per_frame: u32,
-    pub frames: usize,
-    /// Frames tshark marked malformed in the whole capture (should be 0).
-    pub malformed: usize,
 }
 
 /// A `blockwire serve` in the target namespace, stopped on drop.
@@ -245,19 +145,6 @@ fn url_for(net: &RouteNet, exe: &Path, p: &str) -> anyhow::Result<String> {
         _ => bail!("unknown protocol {p:?}"),
     })
 }
-
-/// The suite's workloads: (name, bench arguments); "copy" is special.
-pub const WORKLOADS: [(&str, &[&str]); 3] = [
-    (
-        "seqread-1m-qd8",
-        &["--rw", "read", "--bs", "1M", "--iodepth", "8"],
-    ),
-    (
-        "randread-4k-qd32",
-        &["--rw", "randread", "--bs", "4k", "--iodepth", "32"],
-    ),
-    ("copy", &[]),
-];
 
 /// Frames that crossed the middle link so far, both directions: what each
 /// end received.

@@ -2,7 +2,7 @@
 //! (target and initiator apart), bytes and frames on the wire per op, and the
 //! header overhead per frame. Also the grouping of repeated samples into cases.
 
-use crate::results::{Sample, Workload};
+use crate::{Sample, Workload};
 use crate::stats::Summary;
 use std::collections::BTreeMap;
 
@@ -188,7 +188,7 @@ pub fn cases(samples: &[Sample]) -> BTreeMap<CaseKey, Case> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::{BenchResult, Latency, WireCounters};
+    use crate::{BenchResult, Latency, WireCounters};
 
     /// A recorded AoE 4 KiB random-read sample at MTU 1500: at 2 sectors per
     /// frame a 4 KiB read is 4 request frames (60 B, padded) and 4 replies.

@@ -1,8 +1,8 @@
 //! The results as CSV: one row per micro/sweep sample (`results.csv`), and
 //! one row per fs measure in long form (`results-fs.csv`).
 
-use crate::accounting::Metric;
-use crate::results::Results;
+use bw_lab_results::accounting::Metric;
+use bw_lab_results::Results;
 use std::fmt::Write;
 
 pub fn csv(r: &Results) -> String {

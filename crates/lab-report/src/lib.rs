@@ -1,18 +1,24 @@
 //! results.json -> results.csv, results-fs.csv and report.html. `analysis`
 //! decides (what to pick, by how much, with intervals), `findings` checks
 //! the studies' claims, `html` renders the page from them, section by
-//! section, with maud; `csv` writes the raw rows. The terminal summary
-//! prints the same analysis.
+//! section, with maud (`svg` draws its charts, `route` the route suite's
+//! section); `csv` writes the raw rows. The terminal summary prints the
+//! same analysis.
+//!
+//! The report reads only the records (`bw-lab-results`): a report
+//! regenerated from a results.json says what the run's own report said.
 
 pub mod analysis;
 pub mod csv;
 pub mod findings;
 pub mod html;
+pub mod route;
+pub mod svg;
 
 pub use analysis::{answer_rows, decide, print_recommendations, recommendations, Decision, Quantity, Recommendation};
 pub use findings::{findings, Finding};
 
-use crate::results::Results;
+use bw_lab_results::Results;
 use std::path::Path;
 
 /// Header cost per frame from the MPLS study, for comparison.
@@ -40,11 +46,33 @@ pub fn html(r: &Results) -> String {
     html::page(r)
 }
 
+/// A route sample for the report's and the findings' tests: `mbs` MB/s
+/// for 1 s over `path`, 200 frames per MiB, 0.1 s each of client and
+/// target CPU, no routers.
+#[cfg(test)]
+pub(crate) fn route_sample_for_test(round: u32, path: &str, protocol: &str, workload: &str, mbs: f64) -> bw_lab_results::route::RouteSample {
+    bw_lab_results::route::RouteSample {
+        round,
+        path: path.into(),
+        protocol: protocol.into(),
+        workload: workload.into(),
+        bw_bytes: mbs * 1e6,
+        iops: 0.0,
+        mean_lat_us: 0.0,
+        wall_s: 1.0,
+        bytes: mbs * 1e6,
+        frames_per_mib: 200.0,
+        routers: vec![],
+        cpu: bw_lab_results::route::CpuAccount { client_s: 0.1, target_s: 0.1, ..Default::default() },
+        load1: 3.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accounting::Metric;
-    use crate::results::*;
+    use bw_lab_results::accounting::Metric;
+    use bw_lab_results::*;
 
     fn sample(
         subject: &str,
@@ -54,7 +82,7 @@ mod tests {
         iops: f64,
         cpu: f64,
     ) -> Sample {
-        let wl = crate::plan::micro_workloads()
+        let wl = bw_lab_results::micro_workloads()
             .into_iter()
             .find(|w| w.name == workload)
             .unwrap();
@@ -154,7 +182,7 @@ mod tests {
                 1.0,
             );
             s.suite = "sweep".into();
-            s.workload = crate::plan::sweep_workload(4, 16);
+            s.workload = bw_lab_results::sweep_workload(4, 16);
             r.samples.push(s);
         }
         // fs: varmail at 256 MiB, AoE clearly ahead of iSCSI; the local
@@ -163,12 +191,12 @@ mod tests {
             let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
             r.fs.push(fs_sample("blockwire-aoe", "varmail", rep, flow(1300.0 * jitter)));
             r.fs.push(fs_sample("blockwire-iscsi", "varmail", rep, flow(1000.0 * jitter)));
-            r.fs.push(fs_sample(crate::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
-            r.fs.push(fs_sample(crate::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
-            r.fs.push(fs_sample(crate::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
+            r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
+            r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
+            r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
         }
-        r.subjects.push(Subject { key: crate::fs::LOCAL.into(), protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None });
-        r.params.fs = Some(crate::fs::FsParams {
+        r.subjects.push(Subject { key: bw_lab_results::fs::LOCAL.into(), protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None });
+        r.params.fs = Some(bw_lab_results::fs::FsParams {
             workloads: vec!["varmail".into(), "iogen-direct".into(), "iogen-raw".into()],
             client_mem: vec![256 << 20],
             cgroup: "v1".into(),
@@ -186,19 +214,19 @@ mod tests {
         r
     }
 
-    fn flow(ops_per_s: f64) -> crate::fs::FsResult {
+    fn flow(ops_per_s: f64) -> bw_lab_results::fs::FsResult {
         let mut f = bw_workload_report::FlowReport { personality: "varmail".into(), elapsed_s: 2.0, ops: (ops_per_s * 2.0) as u64, ops_per_s, mib_per_s: ops_per_s / 100.0, ..Default::default() };
         f.flowops.insert("filereader:fsync".into(), bw_workload_report::OpStats { count: 100, bytes: 0, lat_total_ns: (1e11 / ops_per_s) as u64, lat_max_ns: 1, lat_p50_ns: 1, lat_p99_ns: 2 });
-        crate::fs::FsResult::Flowop(f)
+        bw_lab_results::fs::FsResult::Flowop(f)
     }
 
-    fn iogen(iops: f64) -> crate::fs::FsResult {
-        crate::fs::FsResult::Iogen(crate::fs::IogenResult { iops, ios: (iops * 2.0) as u64, response_us: 1e6 / iops, runtime_s: 2.0, ..Default::default() })
+    fn iogen(iops: f64) -> bw_lab_results::fs::FsResult {
+        bw_lab_results::fs::FsResult::Iogen(bw_lab_results::fs::IogenResult { iops, ios: (iops * 2.0) as u64, response_us: 1e6 / iops, runtime_s: 2.0, ..Default::default() })
     }
 
-    fn fs_sample(subject: &str, workload: &str, repeat: u32, result: crate::fs::FsResult) -> crate::fs::FsSample {
-        let local = subject == crate::fs::LOCAL;
-        crate::fs::FsSample {
+    fn fs_sample(subject: &str, workload: &str, repeat: u32, result: bw_lab_results::fs::FsResult) -> bw_lab_results::fs::FsSample {
+        let local = subject == bw_lab_results::fs::LOCAL;
+        bw_lab_results::fs::FsSample {
             subject: subject.into(),
             link: "none".into(),
             mtu: if local { None } else { Some(1500) },

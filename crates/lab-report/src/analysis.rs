@@ -4,10 +4,10 @@
 //! scenario (link, MTU, client memory), and the fs suite's cases. The HTML
 //! sections and the terminal summary both render this.
 
-use crate::accounting::{cases, Case, CaseKey, Metric};
-use crate::fs::FsSample;
-use crate::results::Results;
-use crate::stats::{advantage, describe_advantage, mean_ci, Verdict};
+use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
+use bw_lab_results::fs::FsSample;
+use bw_lab_results::Results;
+use bw_lab_results::stats::{advantage, describe_advantage, mean_ci, Verdict};
 use std::collections::BTreeMap;
 
 /// The throughput metric of a workload: MiB/s for 1 MiB sequential, IOPS otherwise.
@@ -123,7 +123,7 @@ pub fn decide(q: &Quantity, entries: &[(String, Vec<f64>)]) -> Option<Decision> 
 /// The first link shape of the run: sections that show one scenario per
 /// MTU (micro charts, tables, heat maps) show this one.
 pub fn first_link(r: &Results) -> String {
-    r.params.links.first().cloned().unwrap_or_else(crate::results::default_link)
+    r.params.links.first().cloned().unwrap_or_else(bw_lab_results::default_link)
 }
 
 /// "MTU 1500" or "MTU 1500, 1gbit" with the iperf3 ceiling when measured.
@@ -132,7 +132,7 @@ pub fn scenario(r: &Results, link: &str, mtu: u32) -> String {
     if link != "none" {
         s.push_str(&format!(", {link}"));
     }
-    if let Some((bps, _)) = crate::net::ceiling(&r.net, link, mtu) {
+    if let Some((bps, _)) = bw_lab_results::net::ceiling(&r.net, link, mtu) {
         s.push_str(&format!(" (net {:.0} MiB/s)", bps / 8.0 / 1_048_576.0));
     }
     s
@@ -265,7 +265,7 @@ pub fn mem_name(bytes: u64) -> String {
 
 /// The order rows appear in: the workloads' run order.
 pub fn row_order(row: &str) -> usize {
-    crate::fs::ALL.iter().position(|w| row == w.name() || row.starts_with(w.name())).unwrap_or(99)
+    bw_lab_results::fs::ALL.iter().position(|w| row == w.name() || row.starts_with(w.name())).unwrap_or(99)
 }
 
 /// The fs suite's recommendations, per (link, memory limit, row): the
@@ -279,7 +279,7 @@ pub fn fs_recommendations(r: &Results) -> Vec<Recommendation> {
     }
     let mut out = vec![];
     for ((link, mem, _, row), cs) in groups {
-        let net: Vec<&&FsCase> = cs.iter().filter(|c| c.subject != crate::fs::LOCAL).collect();
+        let net: Vec<&&FsCase> = cs.iter().filter(|c| c.subject != bw_lab_results::fs::LOCAL).collect();
         if net.is_empty() {
             continue;
         }
@@ -300,7 +300,7 @@ pub fn fs_recommendations(r: &Results) -> Vec<Recommendation> {
         let latency = lat_name.and_then(|l| decide_on(&l, l.clone(), false));
         let cpu = decide_on("CPU per op", "CPU per op".into(), false);
         let vs_local = throughput.as_ref().and_then(|d| {
-            let local = cs.iter().find(|c| c.subject == crate::fs::LOCAL)?;
+            let local = cs.iter().find(|c| c.subject == bw_lab_results::fs::LOCAL)?;
             let lv = mean(&local.values(hname));
             let best = mean(&net.iter().find(|c| c.subject == d.leader)?.values(hname));
             (lv > 0.0).then(|| format!("{} reaches {:.0}% of local ext4", d.leader, best / lv * 100.0))
@@ -391,7 +391,7 @@ pub fn print_recommendations(r: &Results) {
             println!("    {:<10} {v}", "vs local");
         }
     }
-    let fs = super::findings::findings(r);
+    let fs = crate::findings::findings(r);
     if !fs.is_empty() {
         println!("\nFindings of the studies, checked");
         for f in fs {

@@ -3,11 +3,11 @@
 //! measured number. The studies are told in the report itself, so nothing
 //! here points at a file the reader may not have.
 
-use super::analysis::{fs_cases, mean, mem_name, FsCase};
-use crate::accounting::{cases, Case, CaseKey, Metric};
-use crate::results::Results;
-use crate::route::RouteResults;
-use crate::stats::{ratio_of_means, RatioCi, PRACTICAL};
+use crate::analysis::{fs_cases, mean, mem_name, FsCase};
+use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
+use bw_lab_results::Results;
+use bw_lab_results::route::RouteResults;
+use bw_lab_results::stats::{ratio_of_means, RatioCi, PRACTICAL};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,7 +332,7 @@ pub fn findings(r: &Results) -> Vec<Finding> {
                 let mut vb = vec![];
                 for p in &rows {
                     // Each personality's runs as shares of the local mean: one scale for all.
-                    let (Some(n), Some(l)) = (fs_case(&fs, link, mem, p, nv), fs_case(&fs, link, mem, p, crate::fs::LOCAL)) else { continue };
+                    let (Some(n), Some(l)) = (fs_case(&fs, link, mem, p, nv), fs_case(&fs, link, mem, p, bw_lab_results::fs::LOCAL)) else { continue };
                     let lm = mean(&l.values("ops/s"));
                     if lm > 0.0 {
                         va.extend(n.values("ops/s").iter().map(|x| x / lm));
@@ -351,8 +351,8 @@ pub fn findings(r: &Results) -> Vec<Finding> {
     {
         let claim = "a file system costs a lot locally (ZFS kept about 10% of raw)";
         let mem = r.params.fs.as_ref().and_then(|f| f.client_mem.first().copied()).unwrap_or(0);
-        let raw = fs.values().find(|c| c.row == "iogen-raw" && c.subject == crate::fs::LOCAL && c.client_mem == mem);
-        let on_fs = fs.values().find(|c| c.row == "iogen-direct" && c.subject == crate::fs::LOCAL && c.client_mem == mem);
+        let raw = fs.values().find(|c| c.row == "iogen-raw" && c.subject == bw_lab_results::fs::LOCAL && c.client_mem == mem);
+        let on_fs = fs.values().find(|c| c.row == "iogen-direct" && c.subject == bw_lab_results::fs::LOCAL && c.client_mem == mem);
         match (on_fs, raw) {
             (Some(f), Some(w)) => match ratio_of_means(&f.values("IOPS"), &w.values("IOPS")) {
                 Some(ci) => {
@@ -426,7 +426,7 @@ fn round_ratios(r: &RouteResults, a: (&str, &str), b: (&str, &str), workload: &s
 /// than two ratios.
 fn geometric_ci(ratios: &[f64]) -> Option<RatioCi> {
     let logs: Vec<f64> = ratios.iter().filter(|x| **x > 0.0).map(|x| x.ln()).collect();
-    let (lo, hi) = crate::stats::mean_ci(&logs)?;
+    let (lo, hi) = bw_lab_results::stats::mean_ci(&logs)?;
     Some(RatioCi { ratio: mean(&logs).exp(), lo: lo.exp(), hi: hi.exp() })
 }
 
@@ -464,7 +464,7 @@ fn mpls_cost(ci: RatioCi) -> (Verdict, String) {
 /// 5% threshold, so the interval holds the spread between rounds and
 /// between cases.
 pub fn route_findings(r: &RouteResults) -> Vec<Finding> {
-    use crate::route::suite::WORKLOADS;
+    use bw_lab_results::route::WORKLOADS;
     let mut out = vec![];
     let rounds = format!("{} round(s)", r.rounds);
     let mpls: Vec<&String> = r.paths.iter().filter(|p| p.starts_with("mpls")).collect();
@@ -553,7 +553,7 @@ fn fraction_of_local(claim: &str, compared: String, ci: RatioCi) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::suite::{RouteSample, WORKLOADS};
+    use bw_lab_results::route::{RouteSample, WORKLOADS};
 
     /// Direct throughput (MB/s) per protocol and route workload (sequential
     /// read, 4 KiB random read, copy): the medians of the full route run
@@ -570,7 +570,7 @@ mod tests {
     const JITTER: [f64; 7] = [1.02, 0.97, 1.01, 0.985, 1.03, 0.99, 1.015];
 
     fn sample(round: u32, path: &str, proto: &str, w: &str, mbs: f64) -> RouteSample {
-        RouteSample::for_test(round, path, proto, w, mbs)
+        crate::route_sample_for_test(round, path, proto, w, mbs)
     }
 
     /// Three rounds over direct and `paths`; over a path a case keeps

@@ -1,8 +1,23 @@
 //! What a lab run records: every raw sample plus the context needed to read
 //! it later (machine, software versions, parameters). `results.json` is this
 //! structure; the report and the CSV are derived from it alone.
+//!
+//! This crate is the bottom of the lab: the lab (`bw-lab`) writes these
+//! records and the report (`bw-lab-report`) reads them, and it imports
+//! neither. Each suite with records of its own has a module here (`fs`,
+//! `net`, `route`); `accounting` and `stats` are the arithmetic both the
+//! lab's terminal summary and the report do on them.
+
+pub mod accounting;
+pub mod fs;
+pub mod net;
+pub mod route;
+pub mod stats;
 
 use serde::{Deserialize, Serialize};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
 
 /// The numbers the lab keeps of one micro or sweep run, from
 /// `blockwire bench --json` ([`bw_workload_report::BenchReport`]) or
@@ -90,6 +105,39 @@ pub struct Workload {
 impl Workload {
     pub fn is_sequential(&self) -> bool {
         self.rw == "read" || self.rw == "write"
+    }
+}
+
+/// The micro suite: the studies' sequential/random cases.
+pub fn micro_workloads() -> Vec<Workload> {
+    let w = |name: &str, rw: &str, bs: u64, iodepth: u32, rwmixread: Option<u32>| Workload {
+        name: name.into(),
+        rw: rw.into(),
+        bs,
+        iodepth,
+        numjobs: 1,
+        rwmixread,
+    };
+    vec![
+        w("seqread-1m", "read", MIB, 1, None),
+        w("seqwrite-1m", "write", MIB, 1, None),
+        w("randread-4k-qd1", "randread", 4 * KIB, 1, None),
+        w("randread-4k-qd32", "randread", 4 * KIB, 32, None),
+        w("randwrite-4k-qd1", "randwrite", 4 * KIB, 1, None),
+        w("randwrite-4k-qd32", "randwrite", 4 * KIB, 32, None),
+        w("randrw75-4k-qd16", "randrw", 4 * KIB, 16, Some(75)),
+    ]
+}
+
+/// One point of the numjobs x iodepth sweep (4 KiB, 75 % reads).
+pub fn sweep_workload(numjobs: u32, iodepth: u32) -> Workload {
+    Workload {
+        name: format!("sweep-j{numjobs}-qd{iodepth}"),
+        rw: "randrw".into(),
+        bs: 4 * KIB,
+        iodepth,
+        numjobs,
+        rwmixread: Some(75),
     }
 }
 

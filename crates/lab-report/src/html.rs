@@ -5,11 +5,11 @@
 //! entry there and a function that renders it (or `None` when it did not
 //! run).
 
-use super::analysis::{self, first_link, mem_name, row_order, with_interval, FsCase, FsKey, Recommendation};
-use super::findings::{self, Finding};
-use crate::accounting::{Case, CaseKey, Metric};
-use crate::results::Results;
-use crate::stats::{mean_ci, Summary};
+use crate::analysis::{self, first_link, mem_name, row_order, with_interval, FsCase, FsKey, Recommendation};
+use crate::findings::{self, Finding};
+use bw_lab_results::accounting::{Case, CaseKey, Metric};
+use bw_lab_results::Results;
+use bw_lab_results::stats::{mean_ci, Summary};
 use crate::svg::{self, Bar};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 use std::collections::BTreeMap;
@@ -130,7 +130,7 @@ pub fn page(r: &Results) -> String {
 
 /// The route suite renders its own body (crates/lab/src/route/report.rs).
 fn route(c: &Ctx) -> Option<Markup> {
-    c.r.route.as_ref().map(|r| PreEscaped(crate::route::report::section(Some(r))))
+    c.r.route.as_ref().map(|r| PreEscaped(crate::route::section(Some(r))))
 }
 
 fn answer(c: &Ctx) -> Option<Markup> {
@@ -246,9 +246,9 @@ fn net(c: &Ctx) -> Option<Markup> {
         table {
             tr { th.l { "link" } th { "MTU" } th { "streams" } th { "Gbit/s" } th { "MiB/s" } th { "retransmits" } th { "client CPU %" } th { "server CPU %" } }
             @for (link, mtu, streams) in &keys {
-                @let v: Vec<&crate::net::NetSample> = r.net.iter().filter(|s| &s.link == link && s.mtu == *mtu && s.streams == *streams).collect();
+                @let v: Vec<&bw_lab_results::net::NetSample> = r.net.iter().filter(|s| &s.link == link && s.mtu == *mtu && s.streams == *streams).collect();
                 @let bps: Vec<f64> = v.iter().map(|s| s.bits_per_s / 1e9).collect();
-                @let avg = |f: &dyn Fn(&crate::net::NetSample) -> f64| v.iter().map(|s| f(s)).sum::<f64>() / v.len().max(1) as f64;
+                @let avg = |f: &dyn Fn(&bw_lab_results::net::NetSample) -> f64| v.iter().map(|s| f(s)).sum::<f64>() / v.len().max(1) as f64;
                 tr {
                     td.l { (link) } td { (mtu) } td { (streams) }
                     td { (format!("{:.2}", analysis::mean(&bps))) @if let Some((lo, hi)) = mean_ci(&bps) { " " span.tie { (format!("[{lo:.2}–{hi:.2}]")) } } }
@@ -264,8 +264,8 @@ fn net(c: &Ctx) -> Option<Markup> {
 
 fn links(c: &Ctx) -> Option<Markup> {
     let r = c.r;
-    let shapes: Vec<crate::net::LinkShape> = if r.params.link_shapes.is_empty() {
-        r.params.links.iter().filter_map(|l| crate::net::parse_link(l).ok()).collect()
+    let shapes: Vec<bw_lab_results::net::LinkShape> = if r.params.link_shapes.is_empty() {
+        r.params.links.iter().filter_map(|l| bw_lab_results::net::parse_link(l).ok()).collect()
     } else {
         r.params.link_shapes.clone()
     };
@@ -278,7 +278,7 @@ fn links(c: &Ctx) -> Option<Markup> {
             tr { th.l { "link" } th { "MTU" } th { "configured" } th { "tbf burst" } th { "iperf3 reached" } th { "of configured" } th.l { "best 1 MiB reader" } }
             @for s in &shapes {
                 @for &mtu in &r.params.mtus {
-                    @let ceiling = crate::net::ceiling(&r.net, &s.name, mtu);
+                    @let ceiling = bw_lab_results::net::ceiling(&r.net, &s.name, mtu);
                     @let best = c.micro.values()
                         .filter(|k| k.key.suite == "micro" && k.key.link == s.name && k.key.mtu == Some(mtu) && k.key.workload == "seqread-1m")
                         .filter_map(|k| k.summary(Metric::MibPerS).map(|m| (k.key.subject.clone(), m.mean)))
@@ -286,7 +286,7 @@ fn links(c: &Ctx) -> Option<Markup> {
                     tr {
                         td.l { (s.name) } td { (mtu) }
                         td { @match s.bits_per_s { Some(b) => { (format!("{:.2} Gbit/s", b as f64 / 1e9)) }, None => { "unshaped" } } }
-                        td { @match s.bits_per_s { Some(b) => { (format!("{} KiB", crate::net::tbf_burst(b) / 1024)) }, None => { "–" } } }
+                        td { @match s.bits_per_s { Some(b) => { (format!("{} KiB", bw_lab_results::net::tbf_burst(b) / 1024)) }, None => { "–" } } }
                         td { @match ceiling { Some((bps, n)) => { (format!("{:.2} Gbit/s ({n} streams)", bps / 1e9)) }, None => { "–" } } }
                         td { @match (ceiling, s.bits_per_s) { (Some((bps, _)), Some(b)) => { (format!("{:.0}%", bps / b as f64 * 100.0)) }, _ => { "–" } } }
                         td.l { @match best { Some((who, mib)) => { (who) " " (format!("{mib:.0} MiB/s")) }, None => { "–" } } }
@@ -329,7 +329,7 @@ fn micro(c: &Ctx) -> Option<Markup> {
         (Metric::CpuMsPerMib, None, "CPU/MiB, target+initiator"),
         (Metric::WireBytesPerOp, None, "wire bytes/op, sent+received"),
     ];
-    let order = |name: &str| crate::plan::micro_workloads().iter().position(|w| w.name == name).unwrap_or(99);
+    let order = |name: &str| bw_lab_results::micro_workloads().iter().position(|w| w.name == name).unwrap_or(99);
     let table_metrics = [
         Metric::Iops,
         Metric::MibPerS,
@@ -471,7 +471,7 @@ fn fs(c: &Ctx) -> Option<Markup> {
             h3 { "link " (link) }
             div.charts {
                 @for &mem in &mems {
-                    @let groups: Vec<String> = rows.iter().filter(|x| crate::fs::FsWorkload::parse(x).is_ok_and(|w| matches!(w, crate::fs::FsWorkload::Flowop(_)))).cloned().collect();
+                    @let groups: Vec<String> = rows.iter().filter(|x| bw_lab_results::fs::FsWorkload::parse(x).is_ok_and(|w| matches!(w, bw_lab_results::fs::FsWorkload::Flowop(_)))).cloned().collect();
                     @let values: Vec<Vec<Option<Bar>>> = groups.iter().map(|g| subjects.iter().map(|s| case(link, mem, g, s).and_then(|x| ci_bar(&x.values("ops/s")))).collect()).collect();
                     @if values.iter().flatten().any(|v| v.is_some()) {
                         (svg::grouped_bars(&format!("personalities at client mem {}", mem_name(mem)), "ops/s", &groups, &series, &values))
@@ -573,7 +573,7 @@ fn overhead(c: &Ctx) -> Option<Markup> {
             }
             table {
                 tr { th.l { "study 3: encapsulation" } th { "header B/frame" } }
-                @for (name, b) in super::STUDIES_HEADER_TABLE { tr { td.l { (name) } td { (b) } } }
+                @for (name, b) in crate::STUDIES_HEADER_TABLE { tr { td.l { (name) } td { (b) } } }
             }
         }
     })

@@ -3,8 +3,8 @@
 //! tables, the lab's CSS classes), so it can be placed into any report
 //! template; [`text_summary`] is the same for the terminal.
 
-use super::suite::{RouteResults, RouteSample, WORKLOADS};
-use crate::report::findings::route_findings;
+use bw_lab_results::route::{RouteResults, RouteSample, WORKLOADS};
+use crate::findings::route_findings;
 use std::fmt::Write;
 
 /// `s` safe inside HTML text and attribute values.
@@ -362,7 +362,7 @@ mod tests {
     use super::*;
 
     fn sample(round: u32, path: &str, proto: &str, w: &str, mbs: f64) -> RouteSample {
-        RouteSample::for_test(round, path, proto, w, mbs)
+        crate::route_sample_for_test(round, path, proto, w, mbs)
     }
 
     fn results(mpls_aoe: f64, mpls_iscsi: f64) -> RouteResults {
@@ -392,7 +392,7 @@ mod tests {
         let h = section(Some(&r));
         // (The section's heading and id come from report/html.rs's section list.)
         // The claims carry the verdicts of the report's findings section.
-        use crate::report::findings::{Verdict, CLAIM_AOE_BEATS_ISCSI, CLAIM_MPLS_COST};
+        use crate::findings::{Verdict, CLAIM_AOE_BEATS_ISCSI, CLAIM_MPLS_COST};
         let f = route_findings(&r);
         assert_eq!(f.iter().map(|x| x.verdict).collect::<Vec<_>>(), vec![Verdict::Reproduced; 2]);
         assert!(h.contains(CLAIM_MPLS_COST) && h.contains(CLAIM_AOE_BEATS_ISCSI));

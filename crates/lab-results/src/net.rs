@@ -1,0 +1,110 @@
+//! The net suite's records: the link shapes a run used and the iperf3 runs
+//! per MTU, link shape and stream count, with the ceiling (the best mean
+//! rate) the report shows beside every protocol's numbers. Running iperf3
+//! and shaping the links is the lab's (`bw_lab::net`).
+
+use serde::{Deserialize, Serialize};
+
+/// Parallel streams per iperf3 run (study 4 in docs/studies.md went 1/2/4/8).
+pub const STREAMS: [u32; 4] = [1, 2, 4, 8];
+
+/// A link shape: unshaped veth, or a token bucket at `bits_per_s`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkShape {
+    /// As given: `none`, `1gbit`, `10gbit`, `500mbit`.
+    pub name: String,
+    pub bits_per_s: Option<u64>,
+}
+
+impl LinkShape {
+    pub fn none() -> LinkShape {
+        LinkShape { name: "none".into(), bits_per_s: None }
+    }
+}
+
+/// Parse `none`, `1gbit`, `10gbit`, `100mbit` (tc's rate units).
+pub fn parse_link(s: &str) -> anyhow::Result<LinkShape> {
+    let s = s.trim().to_ascii_lowercase();
+    if s == "none" {
+        return Ok(LinkShape::none());
+    }
+    let (num, mul) = if let Some(n) = s.strip_suffix("gbit") {
+        (n, 1_000_000_000u64)
+    } else if let Some(n) = s.strip_suffix("mbit") {
+        (n, 1_000_000)
+    } else {
+        anyhow::bail!("invalid link {s:?} (none, or a rate such as 1gbit, 10gbit, 100mbit)");
+    };
+    let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("invalid link rate {s:?}"))?;
+    anyhow::ensure!(n > 0, "invalid link rate {s:?}");
+    Ok(LinkShape { name: s.clone(), bits_per_s: Some(n * mul) })
+}
+
+/// The token bucket for a rate: 4 ms of traffic, at least 64 KiB (bytes).
+pub fn tbf_burst(bits_per_s: u64) -> u64 {
+    (bits_per_s / 8 / 250).max(64 * 1024)
+}
+
+/// One iperf3 run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetSample {
+    pub link: String,
+    pub mtu: u32,
+    pub streams: u32,
+    pub repeat: u32,
+    /// Received by the server, all streams together.
+    pub bits_per_s: f64,
+    pub retransmits: u64,
+    /// iperf3's CPU share of the client (sender) and the server (receiver), % of one CPU.
+    pub client_cpu_pct: f64,
+    pub server_cpu_pct: f64,
+}
+
+/// The best mean rate over stream counts at (`link`, `mtu`), in bits/s.
+pub fn ceiling(samples: &[NetSample], link: &str, mtu: u32) -> Option<(f64, u32)> {
+    let mut best: Option<(f64, u32)> = None;
+    for &n in &STREAMS {
+        let v: Vec<f64> = samples.iter().filter(|s| s.link == link && s.mtu == mtu && s.streams == n).map(|s| s.bits_per_s).collect();
+        if v.is_empty() {
+            continue;
+        }
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        if best.is_none_or(|(b, _)| mean > b) {
+            best = Some((mean, n));
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_parse() {
+        assert_eq!(parse_link("none").unwrap(), LinkShape::none());
+        assert_eq!(parse_link("1gbit").unwrap().bits_per_s, Some(1_000_000_000));
+        assert_eq!(parse_link("10Gbit").unwrap().bits_per_s, Some(10_000_000_000));
+        assert_eq!(parse_link("100mbit").unwrap().bits_per_s, Some(100_000_000));
+        for bad in ["", "1g", "fast", "0gbit", "-1gbit"] {
+            assert!(parse_link(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ceiling_is_the_best_mean_over_stream_counts() {
+        let s = |streams, bps| NetSample {
+            link: "none".into(),
+            mtu: 1500,
+            streams,
+            repeat: 1,
+            bits_per_s: bps,
+            retransmits: 0,
+            client_cpu_pct: 0.0,
+            server_cpu_pct: 0.0,
+        };
+        let v = vec![s(1, 5e9), s(1, 7e9), s(2, 6.5e9), s(2, 6.0e9), s(8, 1e9)];
+        assert_eq!(ceiling(&v, "none", 1500), Some((6.25e9, 2)));
+        assert_eq!(ceiling(&v, "1gbit", 1500), None);
+    }
+}
