@@ -31,6 +31,7 @@ pub mod plan;
 pub mod route;
 pub mod runner;
 pub mod subjects;
+pub mod suite;
 pub mod targets;
 pub mod topology;
 
@@ -121,9 +122,20 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         println!("lab: report re-rendered: {}", out.join("report.html").display());
         return Ok(());
     }
-    if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
-        return route::run_cli(&args);
-    }
+    let (mut suite, out) = if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
+        let s = route::RouteSuite::from_args(&args)?;
+        let out = s.out.clone();
+        (Box::new(s) as Box<dyn suite::Suite>, out)
+    } else {
+        let s = storage_suites(&args)?;
+        let out = s.out.clone();
+        (Box::new(s) as Box<dyn suite::Suite>, out)
+    };
+    suite::run_and_report(suite.as_mut(), &out)
+}
+
+/// The net, micro, sweep and fs suites as the command line asks.
+fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     let plan = plan::Plan::from_choices(&plan::Choices {
         quick: args.quick,
         protocols: args.protocols.clone(),
@@ -156,26 +168,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         PathBuf::from(format!("lab-{}-{}", &stamp[..8], &stamp[8..]))
     });
     std::fs::create_dir_all(&out)?;
-    eprintln!(
-        "lab: {} runs planned ({} subjects, MTU {:?}, repeat {}), {}, output in {}",
-        plan.total_runs(),
-        plan.subjects().len() + plan.baseline as usize,
-        plan.params.mtus,
-        plan.params.repeat,
-        plan.estimate().describe(),
-        out.display()
-    );
-    let mut lab = orchestrate::LabRun::new(plan, exe, out.clone());
-    let r = lab.run();
-    let report = out.join("report.html");
-    if report.exists() {
-        eprintln!("lab: results: {}", out.join("results.json").display());
-        eprintln!("lab: report:  {}", report.display());
-    }
-    if r.is_ok() {
-        report::print_recommendations(&lab.results);
-    }
-    r
+    Ok(orchestrate::LabRun::new(plan, exe, out))
 }
 
 /// Fail early with a clear message when the lab cannot work at all.

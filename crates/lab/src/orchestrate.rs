@@ -107,6 +107,46 @@ fn make_backing(path: &Path, size: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The storage suites (net, micro, sweep, fs) run as one: they share the
+/// targets started per link, and every case takes turns over the subjects.
+impl crate::suite::Suite for LabRun {
+    fn estimate(&self) -> Option<String> {
+        let plan = &self.plan;
+        Some(format!(
+            "lab: {} runs planned ({} subjects, MTU {:?}, repeat {}), {}, output in {}",
+            plan.total_runs(),
+            plan.subjects().len() + plan.baseline as usize,
+            plan.params.mtus,
+            plan.params.repeat,
+            plan.estimate().describe(),
+            self.out.display()
+        ))
+    }
+
+    fn run_cases(&mut self) -> anyhow::Result<()> {
+        self.run_inner()
+    }
+
+    fn results(&mut self) -> &mut Results {
+        &mut self.results
+    }
+
+    fn finish(&mut self) {
+        self.progress.finish_and_clear();
+    }
+
+    fn print_outcome(&self, ok: bool) {
+        let report = self.out.join("report.html");
+        if report.exists() {
+            eprintln!("lab: results: {}", self.out.join("results.json").display());
+            eprintln!("lab: report:  {}", report.display());
+        }
+        if ok {
+            crate::report::print_recommendations(&self.results);
+        }
+    }
+}
+
 impl LabRun {
     pub fn new(plan: Plan, exe: PathBuf, out: PathBuf) -> LabRun {
         let mut results = Results {
@@ -172,35 +212,6 @@ impl LabRun {
 
     fn save(&self) -> anyhow::Result<()> {
         self.results.save(&self.out.join("results.json"))
-    }
-
-    /// The whole run. Partial results are saved even when it fails.
-    pub fn run(&mut self) -> anyhow::Result<()> {
-        // A suite that catches the interrupt in its workload may return
-        // normally; the run is still cut short and must say so.
-        let outcome = self.run_inner().and_then(|()| {
-            if interrupted() {
-                anyhow::bail!("interrupted")
-            }
-            Ok(())
-        });
-        self.results.finished_utc = utc_now();
-        if let Err(e) = &outcome {
-            self.results.aborted = Some(if interrupted() {
-                "interrupted".to_string()
-            } else {
-                format!("{e:#}")
-            });
-        }
-        self.progress.finish_and_clear();
-        let saved = self
-            .save()
-            .and_then(|_| crate::report::write_all(&self.out, &self.results));
-        for e in registry().cleanup_all() {
-            eprintln!("lab: cleanup: {e}");
-        }
-        outcome?;
-        saved
     }
 
     fn run_inner(&mut self) -> anyhow::Result<()> {

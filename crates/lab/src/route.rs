@@ -28,7 +28,7 @@ pub mod cpu;
 pub use bw_lab_report::route as report;
 pub mod suite;
 
-pub use suite::{run_cli, RouteResults};
+pub use suite::{RouteResults, RouteSuite};
 
 use crate::cleanup::{registry, Resource, Token};
 use anyhow::{bail, Context};

@@ -528,87 +528,102 @@ pub fn sample_line(s: &RouteSample) -> String {
     )
 }
 
-/// `blockwire lab --suite route [--path ...] [--datapath ...] [--protocols ...] [--quick]`.
-pub fn run_cli(args: &crate::LabArgs) -> anyhow::Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    anyhow::ensure!(
-        unsafe { libc::geteuid() } == 0,
-        "the route suite creates network namespaces: run it as root"
-    );
-    let mut plan = SuitePlan::new(args.quick);
-    let datapaths: Vec<Datapath> = args
-        .datapath
-        .clone()
-        .unwrap_or(vec![Datapath::Bpf, Datapath::Userspace]);
-    let paths = args
-        .path
-        .clone()
-        .unwrap_or(vec![PathChoice::Direct, PathChoice::Mpls, PathChoice::Vxlan]);
-    plan.paths = paths
-        .into_iter()
-        .flat_map(|p| PathKind::of_choice(p, &datapaths))
-        .collect();
-    anyhow::ensure!(!plan.paths.is_empty(), "no path given");
-    if let Some(p) = &args.protocols {
-        plan.protocols = p.iter().map(|p| p.name().to_string()).collect();
+/// The route suite as the lab runs it (see [`crate::suite::Suite`]).
+pub struct RouteSuite {
+    pub plan: SuitePlan,
+    pub out: PathBuf,
+    exe: PathBuf,
+    results: crate::results::Results,
+}
+
+impl RouteSuite {
+    /// `blockwire lab --suite route [--path ...] [--datapath ...] [--protocols ...] [--quick]`.
+    pub fn from_args(args: &crate::LabArgs) -> anyhow::Result<RouteSuite> {
+        // SAFETY: geteuid has no preconditions.
+        anyhow::ensure!(
+            unsafe { libc::geteuid() } == 0,
+            "the route suite creates network namespaces: run it as root"
+        );
+        let mut plan = SuitePlan::new(args.quick);
+        let datapaths: Vec<Datapath> = args
+            .datapath
+            .clone()
+            .unwrap_or(vec![Datapath::Bpf, Datapath::Userspace]);
+        let paths = args
+            .path
+            .clone()
+            .unwrap_or(vec![PathChoice::Direct, PathChoice::Mpls, PathChoice::Vxlan]);
+        plan.paths = paths
+            .into_iter()
+            .flat_map(|p| PathKind::of_choice(p, &datapaths))
+            .collect();
+        anyhow::ensure!(!plan.paths.is_empty(), "no path given");
+        if let Some(p) = &args.protocols {
+            plan.protocols = p.iter().map(|p| p.name().to_string()).collect();
+        }
+        if let Some(m) = &args.mtu {
+            plan.mtu = m.first().copied().unwrap_or(9000);
+        }
+        if let Some(r) = args.repeat {
+            plan.rounds = r.max(1);
+        }
+        if let Some(r) = args.runtime {
+            plan.runtime = r as f64;
+        }
+        if let Some(s) = &args.size {
+            plan.copy_bytes = crate::plan::parse_size(s)?;
+        }
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("lab-route"));
+        std::fs::create_dir_all(&out)?;
+        // Before any thread exists (see install_signal_handler).
+        crate::cleanup::install_signal_handler()?;
+        let exe = std::env::current_exe()?;
+        let mut results = crate::results::Results {
+            format: crate::results::FORMAT,
+            started_utc: crate::results::utc_now(),
+            machine: crate::machine::machine_info(),
+            software: crate::subjects::software(&exe),
+            ..Default::default()
+        };
+        results.params.quick = plan.quick;
+        results.params.protocols = plan.protocols.clone();
+        results.params.mtus = vec![plan.mtu];
+        results.params.suites = vec!["route".into()];
+        results.params.repeat = plan.rounds;
+        results.params.size_bytes = plan.copy_bytes;
+        results.params.runtime_s = plan.runtime as u32;
+        results.params.veth_offloads_off = true;
+        Ok(RouteSuite { plan, out, exe, results })
     }
-    if let Some(m) = &args.mtu {
-        plan.mtu = m.first().copied().unwrap_or(9000);
+}
+
+impl crate::suite::Suite for RouteSuite {
+    fn estimate(&self) -> Option<String> {
+        None
     }
-    if let Some(r) = args.repeat {
-        plan.rounds = r.max(1);
+
+    fn run_cases(&mut self) -> anyhow::Result<()> {
+        let mut route = RouteResults::default();
+        let outcome = run_suite(&self.plan, &self.exe, &self.out, &mut route);
+        self.results.route = Some(route);
+        outcome
     }
-    if let Some(r) = args.runtime {
-        plan.runtime = r as f64;
+
+    fn results(&mut self) -> &mut crate::results::Results {
+        &mut self.results
     }
-    if let Some(s) = &args.size {
-        plan.copy_bytes = crate::plan::parse_size(s)?;
+
+    fn finish(&mut self) {
+        for line in super::report::text_summary(self.results.route.as_ref().unwrap_or(&RouteResults::default())) {
+            println!("{line}");
+        }
     }
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("lab-route"));
-    std::fs::create_dir_all(&out)?;
-    // Before any thread exists (see install_signal_handler).
-    crate::cleanup::install_signal_handler()?;
-    let exe = std::env::current_exe()?;
-    let mut results = crate::results::Results {
-        format: crate::results::FORMAT,
-        started_utc: crate::results::utc_now(),
-        machine: crate::machine::machine_info(),
-        software: crate::subjects::software(&exe),
-        ..Default::default()
-    };
-    results.params.quick = plan.quick;
-    results.params.protocols = plan.protocols.clone();
-    results.params.mtus = vec![plan.mtu];
-    results.params.suites = vec!["route".into()];
-    results.params.repeat = plan.rounds;
-    results.params.size_bytes = plan.copy_bytes;
-    results.params.runtime_s = plan.runtime as u32;
-    results.params.veth_offloads_off = true;
-    let mut route = RouteResults::default();
-    let outcome = run_suite(&plan, &exe, &out, &mut route);
-    results.finished_utc = crate::results::utc_now();
-    if let Err(e) = &outcome {
-        results.aborted = Some(if interrupted() {
-            "interrupted".to_string()
-        } else {
-            format!("{e:#}")
-        });
+
+    fn print_outcome(&self, _ok: bool) {
+        println!("route: results in {}", self.out.join("results.json").display());
+        println!("route: report in {}", self.out.join("report.html").display());
     }
-    for line in super::report::text_summary(&route) {
-        println!("{line}");
-    }
-    results.route = Some(route);
-    let saved = results
-        .save(&out.join("results.json"))
-        .and_then(|_| crate::report::write_all(&out, &results));
-    for e in registry().cleanup_all() {
-        eprintln!("lab: cleanup: {e}");
-    }
-    println!("route: results in {}", out.join("results.json").display());
-    println!("route: report in {}", out.join("report.html").display());
-    outcome?;
-    saved
 }
