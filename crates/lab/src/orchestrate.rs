@@ -448,7 +448,15 @@ impl LabRun {
         if !ours.is_empty() {
             self.progress
                 .set_message(format!("MTU {}: starting blockwire serve", link.mtu));
-            let (proc, status) = blockwire::start(&self.exe, topo, link, &self.backing, &ours);
+            let serve = blockwire::Serve {
+                exe: &self.exe,
+                host: &topo.target,
+                link,
+                backend: format!("file:{}", self.backing.display()),
+                log: None,
+                ready_within: Duration::from_secs(20),
+            };
+            let (proc, status) = blockwire::start(&serve, &ours);
             for (proto, st) in &status {
                 if let Err(why) = st {
                     self.mark_unavailable(&Subject::Blockwire(*proto).key(), link.mtu, why.clone());

@@ -5,7 +5,7 @@
 
 use crate::cleanup::{registry, Token};
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -53,12 +53,18 @@ impl TargetProcess {
 }
 
 /// Spawn `cmd` with stderr (and stdout) collected line by line into a ring
-/// buffer; `ready` is sent the first time a line contains `ready_marker`.
+/// buffer (and into `log_file`, if given); `ready` is sent the first time a
+/// line contains `ready_marker`.
 pub fn spawn_logged(
     mut cmd: std::process::Command,
     what: &str,
     ready_marker: Option<&'static str>,
+    log_file: Option<&std::path::Path>,
 ) -> anyhow::Result<(TargetProcess, mpsc::Receiver<()>)> {
+    let file = match log_file {
+        Some(p) => Some(Arc::new(Mutex::new(std::fs::File::create(p)?))),
+        None => None,
+    };
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let (token, mut child) = registry().spawn(&mut cmd, what, crate::cleanup::Role::Service)?;
     let log = Arc::new(Mutex::new(VecDeque::new()));
@@ -68,13 +74,17 @@ pub fn spawn_logged(
         Box::new(child.stdout.take().expect("piped stdout")),
     ];
     for stream in streams {
-        let (log, tx) = (log.clone(), tx.clone());
+        let (log, tx, file) = (log.clone(), tx.clone(), file.clone());
         // Keep draining after "ready": a full pipe would block the target.
         std::thread::spawn(move || {
             for line in BufReader::new(stream).lines() {
                 let Ok(line) = line else { break };
                 if ready_marker.is_some_and(|m| line.contains(m)) {
                     let _ = tx.send(());
+                }
+                if let Some(f) = &file {
+                    let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+                    let _ = writeln!(f, "{line}");
                 }
                 let mut g = log.lock().unwrap_or_else(|p| p.into_inner());
                 if g.len() >= 20 {

@@ -3,8 +3,9 @@
 
 use super::Protocol;
 use crate::cleanup::{registry, Resource};
+use crate::host::Host;
 use crate::targets::{await_ready, spawn_logged, TargetProcess};
-use crate::topology::{Link, Topology};
+use crate::topology::Link;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -26,12 +27,25 @@ pub fn url(p: Protocol, link: &Link) -> String {
     }
 }
 
+/// What `blockwire serve` exports, over which protocols, where.
+pub struct Serve<'a> {
+    pub exe: &'a Path,
+    pub host: &'a Host,
+    pub link: &'a Link,
+    /// The volume's backend in serve's syntax (`file:PATH`, `ram:SIZE`).
+    pub backend: String,
+    /// Where serve's output goes besides the lab's memory of its last lines.
+    pub log: Option<PathBuf>,
+    /// How long it may take to say it is ready.
+    pub ready_within: Duration,
+}
+
 /// The `blockwire serve --config` TOML for `protocols` on `link` (schema of
 /// bw_serve::config; written as text so the lab does not link the target).
-fn serve_config(link: &Link, backing: &Path, protocols: &[Protocol]) -> String {
+fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
     let ip = link.target_ip;
     let q = |s: &str| toml::Value::String(s.to_string()).to_string();
-    let mut t = format!("[[volume]]\nname = \"lab\"\nbackend = {}\n", q(&format!("file:{}", backing.display())));
+    let mut t = format!("[[volume]]\nname = \"lab\"\nbackend = {}\n", q(backend));
     for p in protocols {
         match p {
             Protocol::Aoe => {
@@ -59,21 +73,22 @@ fn serve_config(link: &Link, backing: &Path, protocols: &[Protocol]) -> String {
     t
 }
 
-fn start_serve_once(
-    exe: &Path,
-    topo: &Topology,
-    link: &Link,
-    backing: &Path,
-    protocols: &[Protocol],
-) -> Result<TargetProcess, String> {
-    let text = serve_config(link, backing, protocols);
-    let path = PathBuf::from(format!("/tmp/bwlab-{}-serve-{}.toml", std::process::id(), link.mtu));
+/// Start serve and wait (at most 20 s) for its ready line.
+fn start_serve_once(serve: &Serve, protocols: &[Protocol]) -> Result<TargetProcess, String> {
+    let text = serve_config(serve.link, &serve.backend, protocols);
+    let path = PathBuf::from(format!(
+        "/tmp/bwlab-{}-serve-{}-{}.toml",
+        std::process::id(),
+        serve.host.name(),
+        serve.link.mtu
+    ));
     let (cfg_token, ()) = registry()
         .create(Resource::File(path.clone()), || Ok(std::fs::write(&path, &text)?))
         .map_err(|e| e.to_string())?;
-    let mut cmd = topo.target.command(&exe.to_string_lossy());
+    let mut cmd = serve.host.command(&serve.exe.to_string_lossy());
     cmd.args(["serve", "--config"]).arg(&path);
-    let (mut p, rx) = match spawn_logged(cmd, "blockwire serve", Some(crate::targets::SERVE_READY)) {
+    let spawned = spawn_logged(cmd, "blockwire serve", Some(crate::targets::SERVE_READY), serve.log.as_deref());
+    let (mut p, rx) = match spawned {
         Ok(x) => x,
         Err(e) => {
             let _ = registry().release(cfg_token);
@@ -81,7 +96,7 @@ fn start_serve_once(
         }
     };
     p.keep_until_stopped(cfg_token);
-    await_ready(p, &rx, Duration::from_secs(20))
+    await_ready(p, &rx, serve.ready_within)
 }
 
 /// Per protocol: `Ok` if it is served, `Err(reason)` if not.
@@ -91,17 +106,11 @@ pub type ProtocolStatus = Vec<(Protocol, Result<(), String>)>;
 /// find out which protocols fail alone (each gets its own reason) and start
 /// the rest together. Returns the process (if any protocol works) and, per
 /// protocol, `Err(reason)` for those unavailable.
-pub fn start(
-    exe: &Path,
-    topo: &Topology,
-    link: &Link,
-    backing: &Path,
-    protocols: &[Protocol],
-) -> (Option<TargetProcess>, ProtocolStatus) {
+pub fn start(serve: &Serve, protocols: &[Protocol]) -> (Option<TargetProcess>, ProtocolStatus) {
     if protocols.is_empty() {
         return (None, vec![]);
     }
-    match start_serve_once(exe, topo, link, backing, protocols) {
+    match start_serve_once(serve, protocols) {
         Ok(p) => return (Some(p), protocols.iter().map(|&p| (p, Ok(()))).collect()),
         Err(e) if protocols.len() == 1 => return (None, vec![(protocols[0], Err(e))]),
         Err(e) => log::info!("serve with {protocols:?} failed ({e}); probing protocols one by one"),
@@ -109,7 +118,7 @@ pub fn start(
     let mut status = vec![];
     let mut working = vec![];
     for &proto in protocols {
-        match start_serve_once(exe, topo, link, backing, &[proto]) {
+        match start_serve_once(serve, &[proto]) {
             Ok(p) => {
                 p.stop();
                 working.push(proto);
@@ -121,7 +130,7 @@ pub fn start(
     if working.is_empty() {
         return (None, status);
     }
-    match start_serve_once(exe, topo, link, backing, &working) {
+    match start_serve_once(serve, &working) {
         Ok(p) => (Some(p), status),
         Err(e) => (None, working.iter().map(|&w| (w, Err(e.clone()))).collect()),
     }
@@ -135,7 +144,7 @@ mod tests {
     fn serve_config_is_well_formed_toml() {
         let link = crate::subjects::tests::link();
         let all = Protocol::ALL;
-        let text = serve_config(&link, Path::new("/dev/shm/x.img"), &all);
+        let text = serve_config(&link, "file:/dev/shm/x.img", &all);
         let v: toml::Table = toml::from_str(&text).unwrap();
         assert_eq!(v["volume"][0]["backend"].as_str(), Some("file:/dev/shm/x.img"));
         assert_eq!(v["aoe"]["export"][0]["interface"].as_str(), Some("bwl1at"));
@@ -144,7 +153,7 @@ mod tests {
         assert_eq!(v["iscsi"]["target"][0]["iqn"].as_str(), Some(IQN));
         assert_eq!(v["iscsi"]["target"][0]["luns"][0]["lun"].as_integer(), Some(0));
         assert_eq!(v["nvme"]["subsystem"][0]["namespaces"][0]["nsid"].as_integer(), Some(1));
-        let only_aoe: toml::Table = toml::from_str(&serve_config(&link, Path::new("/x"), &all[..1])).unwrap();
+        let only_aoe: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &all[..1])).unwrap();
         assert!(only_aoe.get("iscsi").is_none() && only_aoe.get("nvme").is_none());
     }
 }

@@ -64,7 +64,7 @@ impl PeerTarget for Tgt {
         }
         let mut cmd = topo.target.command("tgtd");
         cmd.args(["-f", "-C", &port.to_string(), "--iscsi", &format!("portal={}:{ISCSI_PORT}", link.target_ip)]);
-        let (mut p, _rx) = spawn_logged(cmd, "tgtd", None).map_err(|e| e.to_string())?;
+        let (mut p, _rx) = spawn_logged(cmd, "tgtd", None, None).map_err(|e| e.to_string())?;
         for t in leftovers {
             p.keep_until_stopped(t);
         }

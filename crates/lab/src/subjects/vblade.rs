@@ -40,7 +40,7 @@ impl PeerTarget for Vblade {
         let mut cmd = topo.target.command("vblade");
         cmd.args([&AOE_ADDRESS.0.to_string(), &AOE_ADDRESS.1.to_string(), &link.target_if])
             .arg(backing);
-        let (mut p, _rx) = spawn_logged(cmd, "vblade", None).map_err(|e| e.to_string())?;
+        let (mut p, _rx) = spawn_logged(cmd, "vblade", None, None).map_err(|e| e.to_string())?;
         std::thread::sleep(Duration::from_millis(500));
         if !p.alive() {
             std::thread::sleep(Duration::from_millis(100));
