@@ -107,6 +107,62 @@ fn make_backing(path: &Path, size: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What workload `w` needs in `dir` before it is measured: PostMark's
+/// config; IOgen's file, laid out (not measured), as IOgen's file existed
+/// before its run.
+fn prepare_fs_workload(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, dir: &Path) -> anyhow::Result<()> {
+    use crate::fs::FsWorkload;
+    match w {
+        FsWorkload::Postmark => std::fs::write(
+            dir.join("postmark.cfg"),
+            crate::fs::postmark_config(fsp, dir),
+        )?,
+        FsWorkload::Iogen { .. } => {
+            // Lay the file out first (not measured), as IOgen's file existed before its run.
+            let mut cmd = Command::new("fio");
+            cmd.args(crate::fs::iogen_layout_args(
+                fsp,
+                &dir.join("iogen.dat").to_string_lossy(),
+            ));
+            let f =
+                crate::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
+            anyhow::ensure!(
+                f.ok,
+                "laying out the IOgen file failed: {}",
+                crate::runner::last_lines(&f.stderr, 3)
+            );
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The result of workload `w` from what it printed.
+fn parse_fs_result(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, stdout: &str) -> anyhow::Result<crate::fs::FsResult> {
+    use crate::fs::{FsResult, FsWorkload};
+    Ok(match w {
+        FsWorkload::Flowop(_) => {
+            let r: bw_workload_report::FlowReport = crate::runner::parse_json_report(stdout)
+                .map_err(|e| anyhow::anyhow!("flowop {e}"))?;
+            anyhow::ensure!(
+                r.ops > 0,
+                "flowop did no operation (errors: {:?})",
+                r.errors
+            );
+            FsResult::Flowop(r)
+        }
+        FsWorkload::Postmark => {
+            let mut r = crate::fs::parse_postmark(stdout)?;
+            r.transactions = fsp.postmark_transactions as u64;
+            FsResult::Postmark(r)
+        }
+        FsWorkload::Bonnie => FsResult::Bonnie(crate::fs::parse_bonnie(stdout)?),
+        FsWorkload::Iogen { .. } | FsWorkload::IogenRaw => {
+            FsResult::Iogen(crate::fs::parse_iogen(stdout)?)
+        }
+    })
+}
+
 /// The storage suites (net, micro, sweep, fs) run as one: they share the
 /// targets started per link, and every case takes turns over the subjects.
 impl crate::suite::Suite for LabRun {
@@ -837,7 +893,6 @@ impl LabRun {
     }
 
     fn fs_case_inner(&mut self, c: &FsCaseRun) -> anyhow::Result<crate::fs::FsSample> {
-        use crate::fs::{FsResult, FsWorkload};
         let &FsCaseRun { topo, link, key, target, daemon, rep, workload: w, mem, mp, raw_dev } = c;
         let fsp = self
             .plan
@@ -847,28 +902,7 @@ impl LabRun {
         let local = key == crate::fs::LOCAL;
         let dir = mp.join("w");
         std::fs::create_dir_all(&dir)?;
-        match w {
-            FsWorkload::Postmark => std::fs::write(
-                dir.join("postmark.cfg"),
-                crate::fs::postmark_config(&fsp, &dir),
-            )?,
-            FsWorkload::Iogen { .. } => {
-                // Lay the file out first (not measured), as IOgen's file existed before its run.
-                let mut cmd = Command::new("fio");
-                cmd.args(crate::fs::iogen_layout_args(
-                    &fsp,
-                    &dir.join("iogen.dat").to_string_lossy(),
-                ));
-                let f =
-                    crate::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
-                anyhow::ensure!(
-                    f.ok,
-                    "laying out the IOgen file failed: {}",
-                    crate::runner::last_lines(&f.stderr, 3)
-                );
-            }
-            _ => {}
-        }
+        prepare_fs_workload(w, &fsp, &dir)?;
         self.fs_serial += 1;
         let name = format!("bwlab-{}-{}", std::process::id(), self.fs_serial);
         let (cg_token, cg) =
@@ -916,27 +950,7 @@ impl LabRun {
                 crate::runner::last_lines(&f.stderr, 3)
             );
         }
-        let result = match w {
-            FsWorkload::Flowop(_) => {
-                let r: bw_workload_report::FlowReport = crate::runner::parse_json_report(&f.stdout)
-                    .map_err(|e| anyhow::anyhow!("flowop {e}"))?;
-                anyhow::ensure!(
-                    r.ops > 0,
-                    "flowop did no operation (errors: {:?})",
-                    r.errors
-                );
-                FsResult::Flowop(r)
-            }
-            FsWorkload::Postmark => {
-                let mut r = crate::fs::parse_postmark(&f.stdout)?;
-                r.transactions = fsp.postmark_transactions as u64;
-                FsResult::Postmark(r)
-            }
-            FsWorkload::Bonnie => FsResult::Bonnie(crate::fs::parse_bonnie(&f.stdout)?),
-            FsWorkload::Iogen { .. } | FsWorkload::IogenRaw => {
-                FsResult::Iogen(crate::fs::parse_iogen(&f.stdout)?)
-            }
-        };
+        let result = parse_fs_result(w, &fsp, &f.stdout)?;
         let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) => Some(b - a),
             _ => None,

@@ -147,6 +147,63 @@ fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::F
     })
 }
 
+/// `--mtu`, or the default, in range.
+fn chosen_mtus(c: &Choices) -> anyhow::Result<Vec<u32>> {
+    let mtus: Vec<u32> = match &c.mtu {
+        Some(v) => v.clone(),
+        None if c.quick => vec![1500],
+        None => vec![1500, 9000],
+    };
+    anyhow::ensure!(!mtus.is_empty(), "no MTU given");
+    for &m in &mtus {
+        anyhow::ensure!(
+            (576..=65_535).contains(&m),
+            "MTU {m} out of range 576..65535"
+        );
+    }
+    Ok(mtus)
+}
+
+/// The storage suites `--suite` names, in run order.
+fn chosen_suites(c: &Choices) -> anyhow::Result<Vec<String>> {
+    let asked: Vec<SuiteChoice> = c.suite.clone().unwrap_or(vec![SuiteChoice::All]);
+    anyhow::ensure!(!asked.is_empty(), "no suite given");
+    anyhow::ensure!(
+        !asked.contains(&SuiteChoice::Route),
+        "the route suite runs alone (--suite route)"
+    );
+    let suites: Vec<String> = ALL_SUITES
+        .iter()
+        .filter(|(s, _)| asked.iter().any(|a| *a == SuiteChoice::All || a == s))
+        .map(|(_, name)| name.to_string())
+        .collect();
+    Ok(suites)
+}
+
+/// `--link` shapes, or the plain veth.
+fn chosen_links(c: &Choices) -> anyhow::Result<Vec<crate::net::LinkShape>> {
+    let links: Vec<crate::net::LinkShape> = match &c.link {
+        Some(v) => v
+            .iter()
+            .filter(|x| !x.trim().is_empty())
+            .map(|x| crate::net::parse_link(x))
+            .collect::<anyhow::Result<_>>()?,
+        None => vec![crate::net::LinkShape::none()],
+    };
+    anyhow::ensure!(!links.is_empty(), "no link given");
+    Ok(links)
+}
+
+/// `--tcp-congestion`: an algorithm's name, or empty for the system's.
+fn chosen_tcp_congestion(c: &Choices) -> anyhow::Result<String> {
+    Ok(match c.tcp_congestion.as_deref().map(str::parse::<bw_net::tcp::Congestion>) {
+        None | Some(Ok(bw_net::tcp::Congestion::System)) => String::new(),
+        Some(Ok(bw_net::tcp::Congestion::Named(n))) => n,
+        Some(Ok(bw_net::tcp::Congestion::Auto)) => anyhow::bail!("--tcp-congestion: give an algorithm (cubic, bbr, ...) or system"),
+        Some(Err(e)) => anyhow::bail!("--tcp-congestion {e}"),
+    })
+}
+
 #[derive(Debug, Clone)]
 pub struct Plan {
     /// What results.json records of the plan.
@@ -175,38 +232,9 @@ impl Plan {
             Some(v) => v.iter().filter_map(|p| p.0).collect(),
             None => PeerKind::all().to_vec(),
         };
-        let mtus: Vec<u32> = match &c.mtu {
-            Some(v) => v.clone(),
-            None if c.quick => vec![1500],
-            None => vec![1500, 9000],
-        };
-        anyhow::ensure!(!mtus.is_empty(), "no MTU given");
-        for &m in &mtus {
-            anyhow::ensure!(
-                (576..=65_535).contains(&m),
-                "MTU {m} out of range 576..65535"
-            );
-        }
-        let asked: Vec<SuiteChoice> = c.suite.clone().unwrap_or(vec![SuiteChoice::All]);
-        anyhow::ensure!(!asked.is_empty(), "no suite given");
-        anyhow::ensure!(
-            !asked.contains(&SuiteChoice::Route),
-            "the route suite runs alone (--suite route)"
-        );
-        let suites: Vec<String> = ALL_SUITES
-            .iter()
-            .filter(|(s, _)| asked.iter().any(|a| *a == SuiteChoice::All || a == s))
-            .map(|(_, name)| name.to_string())
-            .collect();
-        let links: Vec<crate::net::LinkShape> = match &c.link {
-            Some(v) => v
-                .iter()
-                .filter(|x| !x.trim().is_empty())
-                .map(|x| crate::net::parse_link(x))
-                .collect::<anyhow::Result<_>>()?,
-            None => vec![crate::net::LinkShape::none()],
-        };
-        anyhow::ensure!(!links.is_empty(), "no link given");
+        let mtus = chosen_mtus(c)?;
+        let suites = chosen_suites(c)?;
+        let links = chosen_links(c)?;
         // Five repeats: with fewer, no honest interval is narrow enough to
         // name a winner even when one subject needs 8x the CPU of another
         // (stats::ratio_of_means widens small samples' intervals). The
@@ -285,12 +313,7 @@ impl Plan {
             veth_offloads_off: false,
             link_shapes: links.clone(),
             fs: fs.clone(),
-            tcp_congestion: match c.tcp_congestion.as_deref().map(str::parse::<bw_net::tcp::Congestion>) {
-                None | Some(Ok(bw_net::tcp::Congestion::System)) => String::new(),
-                Some(Ok(bw_net::tcp::Congestion::Named(n))) => n,
-                Some(Ok(bw_net::tcp::Congestion::Auto)) => anyhow::bail!("--tcp-congestion: give an algorithm (cubic, bbr, ...) or system"),
-                Some(Err(e)) => anyhow::bail!("--tcp-congestion {e}"),
-            },
+            tcp_congestion: chosen_tcp_congestion(c)?,
         };
         Ok(Plan {
             params,
