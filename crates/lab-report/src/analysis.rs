@@ -360,46 +360,6 @@ pub fn with_interval(values: &[f64]) -> String {
     }
 }
 
-/// Print the answer and the recommendation in detail (the terminal summary).
-pub fn print_recommendations(r: &Results) {
-    let recs = recommendations(r);
-    if recs.is_empty() {
-        return;
-    }
-    println!("\nAnswer: what to pick, by how much (95% interval; a winner only when the whole interval is more than 5% ahead of every other subject)");
-    let rows = answer_rows(&recs);
-    let head = ["scenario", "workload", "fastest", "by", "least CPU/op", "by"];
-    let widths: Vec<usize> =
-        (0..6).map(|i| rows.iter().map(|r| r[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
-    let line = |cells: &[&str]| {
-        let s: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        println!("  {}", s.join("  ").trim_end());
-    };
-    line(&head);
-    for r in &rows {
-        line(&r.iter().map(String::as_str).collect::<Vec<_>>());
-    }
-    println!("\nRecommendation in detail (throughput, latency, CPU per op)");
-    for rec in recs {
-        println!("  {} {}:", rec.scenario, rec.workload);
-        for (what, d) in [("throughput", &rec.throughput), ("latency", &rec.latency), ("CPU/op", &rec.cpu)] {
-            if let Some(d) = d {
-                println!("    {what:<10} {}", d.text);
-            }
-        }
-        if let Some(v) = rec.vs_local {
-            println!("    {:<10} {v}", "vs local");
-        }
-    }
-    let fs = crate::findings::findings(r);
-    if !fs.is_empty() {
-        println!("\nFindings of the studies, checked");
-        for f in fs {
-            println!("  [{}] {} — {}: {} ({})", f.verdict.word(), f.claim, f.compared, f.measured, f.why);
-        }
-    }
-}
-
 /// Sample count per subject (a quick check for tests).
 pub fn sample_counts(r: &Results) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();

@@ -2,8 +2,8 @@
 //! decides (what to pick, by how much, with intervals), `findings` checks
 //! the studies' claims, `html` renders the page from them, section by
 //! section, with maud (`svg` draws its charts, `route` the route suite's
-//! section); `csv` writes the raw rows. The terminal summary prints the
-//! same analysis.
+//! section); `csv` writes the raw rows. The terminal summary (`summary`)
+//! prints the same analysis.
 //!
 //! The report reads only the records (`bw-lab-results`): a report
 //! regenerated from a results.json says what the run's own report said.
@@ -13,10 +13,12 @@ pub mod csv;
 pub mod findings;
 pub mod html;
 pub mod route;
+pub mod summary;
 pub mod svg;
 
-pub use analysis::{answer_rows, decide, print_recommendations, recommendations, Decision, Quantity, Recommendation};
+pub use analysis::{answer_rows, decide, recommendations, Decision, Quantity, Recommendation};
 pub use findings::{findings, Finding};
+pub use summary::print_recommendations;
 
 use bw_lab_results::Results;
 use std::path::Path;
@@ -244,6 +246,95 @@ mod tests {
             started_unix: 0.0,
         }
     }
+
+    /// Every finding of a run, one line each, as the report's table says it.
+    fn findings_text(r: &Results) -> String {
+        findings(r)
+            .iter()
+            .map(|f| format!("{} | {} | {} | {} | {} | {}\n", f.study, f.claim, f.compared, f.measured, f.verdict.word(), f.why))
+            .collect()
+    }
+
+    /// The recorded results plus a route run over two MPLS datapaths and
+    /// VXLAN, two protocols, three rounds.
+    fn results_with_route() -> Results {
+        let mut r = results();
+        let mut route = bw_lab_results::route::RouteResults {
+            paths: ["direct", "mpls-bpf", "mpls-userspace", "vxlan"].map(String::from).to_vec(),
+            protocols: vec!["aoe".into(), "iscsi".into()],
+            mtu: 9000,
+            rounds: 3,
+            ..Default::default()
+        };
+        let mut k = 0.0;
+        for round in 0..3 {
+            for (w, _) in bw_lab_results::route::WORKLOADS {
+                for (p, base) in [("aoe", 1000.0), ("iscsi", 900.0)] {
+                    k += 1.0;
+                    let j = 1.0 + ((k * 7.0f64) % 5.0 - 2.0) / 100.0;
+                    for (path, keep) in [("direct", 1.0), ("mpls-bpf", 0.9), ("mpls-userspace", 0.6), ("vxlan", 0.8)] {
+                        route.samples.push(crate::route_sample_for_test(round, path, p, w, base * keep * j));
+                    }
+                }
+            }
+        }
+        r.route = Some(route);
+        // NVMe/TCP against local, and Bonnie++'s cached block writes.
+        r.subjects.iter_mut().find(|s| s.key == "blockwire-nvme").unwrap().unavailable = None;
+        for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
+            r.samples.push(sample("blockwire-nvme", Some(1500), "randrw75-4k-qd16", rep, 9_000.0 * jitter, 1.0));
+            for (subject, kib_s) in [("blockwire-aoe", 300_000.0), ("blockwire-iscsi", 360_000.0)] {
+                let bonnie = bw_lab_results::fs::BonnieResult { block_write_kib_s: Some(kib_s * jitter), ..Default::default() };
+                r.fs.push(fs_sample(subject, "bonnie", rep, bw_lab_results::fs::FsResult::Bonnie(bonnie)));
+            }
+        }
+        r
+    }
+
+    /// One subject at two MTUs: less CPU per op at the larger.
+    fn results_at_two_mtus() -> Results {
+        let mut r = results();
+        r.params.mtus = vec![1500, 9000];
+        r.samples.retain(|s| s.subject != "blockwire-iscsi" && s.subject != "blockwire-aoe");
+        r.subjects.retain(|s| s.key == "blockwire-aoe");
+        for (rep, jitter) in [(1, 0.97), (2, 1.0), (3, 1.03), (4, 0.99), (5, 1.01)] {
+            for (w, small, big) in [("seqread-1m", 1.0, 0.66), ("seqwrite-1m", 2.2, 1.65)] {
+                r.samples.push(sample("blockwire-aoe", Some(1500), w, rep, 1000.0, small * jitter));
+                r.samples.push(sample("blockwire-aoe", Some(9000), w, rep, 1000.0, big / jitter));
+            }
+        }
+        r
+    }
+
+    /// The findings, word for word, of fixed results: what the studies'
+    /// claims say for a full run, for one without the route suite and the
+    /// fs suite, and for an empty one (every claim not applicable, and why).
+    /// `FINDINGS_GOLDEN_WRITE=1` rewrites the file after a deliberate change.
+    #[test]
+    fn findings_of_fixed_results_word_for_word() {
+        let mut no_route_no_fs = results();
+        no_route_no_fs.fs.clear();
+        no_route_no_fs.params.fs = None;
+        let text = [
+            ("full run with the route suite", results_with_route()),
+            ("two MTUs", results_at_two_mtus()),
+            ("no route, no fs", no_route_no_fs),
+            ("empty", Results::default()),
+        ]
+            .into_iter()
+            .map(|(name, r)| format!("# {name}\n{}", findings_text(&r)))
+            .collect::<String>();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/findings.txt");
+        if std::env::var_os("FINDINGS_GOLDEN_WRITE").is_some() {
+            std::fs::write(path, &text).unwrap();
+        }
+        let golden = std::fs::read_to_string(path).unwrap();
+        for (i, (got, want)) in text.lines().zip(golden.lines()).enumerate() {
+            assert_eq!(got, want, "line {} of testdata/findings.txt", i + 1);
+        }
+        assert_eq!(text.lines().count(), golden.lines().count());
+    }
+
     #[test]
     fn decisions_respect_the_noise() {
         let e = |n: &str, v: &[f64]| (n.to_string(), v.to_vec());
@@ -327,16 +418,7 @@ mod tests {
     /// the two levels widened the interval into "within the noise").
     #[test]
     fn a_larger_mtu_is_judged_per_workload() {
-        let mut r = results();
-        r.params.mtus = vec![1500, 9000];
-        r.samples.retain(|s| s.subject != "blockwire-iscsi" && s.subject != "blockwire-aoe");
-        r.subjects.retain(|s| s.key == "blockwire-aoe");
-        for (rep, jitter) in [(1, 0.97), (2, 1.0), (3, 1.03), (4, 0.99), (5, 1.01)] {
-            for (w, small, big) in [("seqread-1m", 1.0, 0.66), ("seqwrite-1m", 2.2, 1.65)] {
-                r.samples.push(sample("blockwire-aoe", Some(1500), w, rep, 1000.0, small * jitter));
-                r.samples.push(sample("blockwire-aoe", Some(9000), w, rep, 1000.0, big / jitter));
-            }
-        }
+        let r = results_at_two_mtus();
         let f = findings(&r);
         let cpu = f.iter().find(|x| x.claim.contains("larger MTU") && x.compared.starts_with("CPU per op")).unwrap();
         assert_eq!(cpu.verdict, findings::Verdict::Reproduced, "{cpu:?}");

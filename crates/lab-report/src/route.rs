@@ -209,6 +209,16 @@ pub fn section(r: Option<&RouteResults>) -> String {
         return String::new();
     };
     let mut h = String::new();
+    setup_note(&mut h, r);
+    findings_table(&mut h, r);
+    throughput_table(&mut h, r);
+    cpu_table(&mut h, r);
+    headers_table(&mut h, r);
+    h
+}
+
+/// How the paths were set up and run, and how busy the machine was.
+fn setup_note(h: &mut String, r: &RouteResults) {
     let loads: Vec<f64> = r.samples.iter().map(|s| s.load1).collect();
     let _ = write!(
         h,
@@ -219,8 +229,10 @@ pub fn section(r: Option<&RouteResults>) -> String {
         r.copy_bytes >> 20,
         cell(median(loads), |x| format!("{x:.1}"))
     );
+}
 
-    // Findings first: the same verdicts as the report's findings section.
+/// Findings first: the same verdicts as the report's findings section.
+fn findings_table(h: &mut String, r: &RouteResults) {
     let f = route_findings(r);
     if !f.is_empty() {
         h.push_str("<table><tr><th class=l>study 3 claim</th><th class=l>compared</th><th class=l>measured</th><th class=l>verdict</th><th class=l>why</th></tr>");
@@ -238,8 +250,10 @@ pub fn section(r: Option<&RouteResults>) -> String {
         }
         h.push_str("</table>");
     }
+}
 
-    // Speed.
+/// Speed: median throughput per path, with the change against direct.
+fn throughput_table(h: &mut String, r: &RouteResults) {
     h.push_str("<h3>Throughput (MB/s, median; change against direct)</h3><table><tr><th class=l>protocol</th><th class=l>workload</th>");
     for p in &r.paths {
         let _ = write!(h, "<th>{}</th>", esc(&path_label(p)));
@@ -273,8 +287,10 @@ pub fn section(r: Option<&RouteResults>) -> String {
         }
     }
     h.push_str("</table>");
+}
 
-    // CPU.
+/// CPU per MiB moved, the forwarding share, and each router's.
+fn cpu_table(h: &mut String, r: &RouteResults) {
     h.push_str("<h3>CPU</h3><p class=\"note\">CPU per MiB = client + target + router processes + ksoftirqd, per MiB moved (the BPF programs run inside those as softirq work). Forwarding = that minus the direct path's in the same round. Router µs/frame = router CPU (process time for userspace, program run time for BPF) per frame through the middle of the path, per router. Frames/MiB counted on the middle link.</p><table><tr><th class=l>protocol</th><th class=l>workload</th><th class=l>path</th><th>CPU ms/MiB</th><th>forwarding ms/MiB</th><th>router µs/frame</th><th>frames/MiB</th><th class=l>per router (share of a core)</th></tr>");
     for proto in &r.protocols {
         for (w, _) in WORKLOADS {
@@ -322,8 +338,10 @@ pub fn section(r: Option<&RouteResults>) -> String {
         }
     }
     h.push_str("</table>");
+}
 
-    // Headers.
+/// Header bytes per data frame, measured and calculated, beside the study's.
+fn headers_table(h: &mut String, r: &RouteResults) {
     h.push_str("<h3>Header bytes per data frame</h3><p class=\"note\">From tshark captures in the middle of each path during 1 MiB reads: the most common (frame length − data payload) over the data frames; no preamble or FCS. Beside it the study's figure. GRE and L2TP are not in this kernel: calculated below.</p><table><tr><th class=l>path</th><th class=l>protocol</th><th>measured B</th><th class=l>study</th><th>frames</th><th>malformed (tshark)</th></tr>");
     for o in &r.overheads {
         let _ = write!(
@@ -354,7 +372,6 @@ pub fn section(r: Option<&RouteResults>) -> String {
         );
     }
     h.push_str("</table>");
-    h
 }
 
 #[cfg(test)]
