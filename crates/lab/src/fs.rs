@@ -1,7 +1,8 @@
-//! The fs suite's workloads, apart from how they are run: what each one is
-//! (the filebench personalities through `blockwire flowop`, PostMark,
-//! Bonnie++, an IOgen-like fio run), the command line it needs, how its
-//! output is read, and the numbers the report compares.
+//! The fs suite's workloads, apart from how they are run: the command line
+//! each one needs (the filebench personalities through `blockwire flowop`,
+//! PostMark, Bonnie++, an IOgen-like fio run) and how its output is read.
+//! What they are and the numbers the report compares are records
+//! (`bw_lab_results::fs`, re-exported here).
 //!
 //! Every workload runs on ext4 made on the volume and mounted with
 //! `blockwire mount` (or, for the local baseline, on a loop device over the
