@@ -407,13 +407,19 @@ impl Registry {
         pids.extend(self.children(Role::Service));
         for e in self.tracked() {
             if let Resource::BlockwireMount { mountpoint, .. } = e {
-                pids.extend(crate::mounts::attach_daemon_of(&mountpoint).filter(|p| is_attach_daemon(*p)));
+                pids.extend(attach_daemon_of(&mountpoint).filter(|p| is_attach_daemon(*p)));
             }
         }
         for p in pids {
             signal(p, libc::SIGKILL);
         }
     }
+}
+
+/// The PID of the attach daemon serving the mount at `mp`, from the state
+/// files `blockwire mount` leaves in /run/blockwire.
+pub fn attach_daemon_of(mp: &std::path::Path) -> Option<u32> {
+    bw_attach::AttachState::of_mountpoint(mp).map(|s| s.pid)
 }
 
 /// Whether `pid` is (still) a `blockwire attach` daemon: the PID comes from

@@ -22,6 +22,7 @@
 pub mod cgroup;
 pub mod cleanup;
 pub mod fs;
+pub mod host;
 pub mod machine;
 pub mod mounts;
 pub mod net;
@@ -29,6 +30,8 @@ pub mod orchestrate;
 pub mod plan;
 pub mod route;
 pub mod runner;
+pub mod subjects;
+pub mod suite;
 pub mod targets;
 pub mod topology;
 
@@ -49,20 +52,20 @@ pub struct LabArgs {
     #[arg(long)]
     pub quick: bool,
     /// blockwire protocols to measure (default: aoe,iscsi,nvme).
-    #[arg(long, value_name = "LIST")]
-    pub protocols: Option<String>,
+    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
+    pub protocols: Option<Vec<subjects::Protocol>>,
     /// Peer targets on the same backing file: tgt (iSCSI), vblade (AoE), or none (default: tgt,vblade).
-    #[arg(long, value_name = "LIST")]
-    pub peers: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = subjects::parse_peer_choice)]
+    pub peers: Option<Vec<subjects::PeerChoice>>,
     /// MTUs, one veth pair each (default: 1500,9000; --quick: 1500).
-    #[arg(long, value_name = "LIST")]
-    pub mtu: Option<String>,
-    /// Suites, comma-separated: net (iperf3 ceiling), micro, sweep, fs (file systems over `blockwire mount`), or all (default: all).
-    #[arg(long, value_name = "LIST")]
-    pub suite: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub mtu: Option<Vec<u32>>,
+    /// Suites, comma-separated: net (iperf3 ceiling), micro, sweep, fs (file systems over `blockwire mount`), or all (default: all); route (the routed-path suite) runs alone.
+    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
+    pub suite: Option<Vec<plan::SuiteChoice>>,
     /// Link shapes: none (plain veth) or tc tbf rates such as 1gbit,10gbit on both directions (default: none).
-    #[arg(long, value_name = "LIST")]
-    pub link: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub link: Option<Vec<String>>,
     /// Repetitions of every micro and fs case (default 5 for micro, 3 for fs; net uses at most 3, --quick 1; sweep points run once).
     #[arg(long)]
     pub repeat: Option<u32>,
@@ -82,11 +85,11 @@ pub struct LabArgs {
     #[arg(long)]
     pub no_baseline: bool,
     /// fs suite: memory limits of the workload's cgroup, which bound the client's page cache (default: 256M,2G; --quick: 256M).
-    #[arg(long, value_name = "LIST")]
-    pub client_mem: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub client_mem: Option<Vec<String>>,
     /// fs suite: workloads (webserver, fileserver, varmail, oltp, oltp-direct, postmark, bonnie, iogen, iogen-direct, iogen-raw; default: all; --quick: varmail).
-    #[arg(long, value_name = "LIST")]
-    pub fs_workloads: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub fs_workloads: Option<Vec<String>>,
     /// fs suite: seconds per flowop and fio run (default 4; --quick: 2).
     #[arg(long, value_name = "SECS")]
     pub fs_runtime: Option<u32>,
@@ -96,11 +99,11 @@ pub struct LabArgs {
     #[arg(long, value_name = "NAME")]
     pub tcp_congestion: Option<String>,
     /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).
-    #[arg(long, value_name = "LIST")]
-    pub path: Option<String>,
+    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
+    pub path: Option<Vec<route::PathChoice>>,
     /// Suite route only: MPLS router datapaths to measure: bpf, userspace (default: bpf,userspace).
-    #[arg(long, value_name = "LIST")]
-    pub datapath: Option<String>,
+    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
+    pub datapath: Option<Vec<route::Datapath>>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -119,9 +122,20 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         println!("lab: report re-rendered: {}", out.join("report.html").display());
         return Ok(());
     }
-    if args.suite.as_deref() == Some("route") {
-        return route::run_cli(&args);
-    }
+    let (mut suite, out) = if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
+        let s = route::RouteSuite::from_args(&args)?;
+        let out = s.out.clone();
+        (Box::new(s) as Box<dyn suite::Suite>, out)
+    } else {
+        let s = storage_suites(&args)?;
+        let out = s.out.clone();
+        (Box::new(s) as Box<dyn suite::Suite>, out)
+    };
+    suite::run_and_report(suite.as_mut(), &out)
+}
+
+/// The net, micro, sweep and fs suites as the command line asks.
+fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     let plan = plan::Plan::from_choices(&plan::Choices {
         quick: args.quick,
         protocols: args.protocols.clone(),
@@ -154,26 +168,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         PathBuf::from(format!("lab-{}-{}", &stamp[..8], &stamp[8..]))
     });
     std::fs::create_dir_all(&out)?;
-    eprintln!(
-        "lab: {} runs planned ({} subjects, MTU {:?}, repeat {}), {}, output in {}",
-        plan.total_runs(),
-        plan.subjects().len() + plan.baseline as usize,
-        plan.params.mtus,
-        plan.params.repeat,
-        plan.estimate().describe(),
-        out.display()
-    );
-    let mut lab = orchestrate::LabRun::new(plan, exe, out.clone());
-    let r = lab.run();
-    let report = out.join("report.html");
-    if report.exists() {
-        eprintln!("lab: results: {}", out.join("results.json").display());
-        eprintln!("lab: report:  {}", report.display());
-    }
-    if r.is_ok() {
-        report::print_recommendations(&lab.results);
-    }
-    r
+    Ok(orchestrate::LabRun::new(plan, exe, out))
 }
 
 /// Fail early with a clear message when the lab cannot work at all.
@@ -182,6 +177,7 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         anyhow::bail!("the lab creates network namespaces and veth pairs: run it as root");
     }
+    use host::which;
     anyhow::ensure!(which("ip"), "ip is not installed (package iproute2)");
     if plan.baseline {
         anyhow::ensure!(which("fio"), "fio is not installed (or pass --no-baseline)");
@@ -216,9 +212,47 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn which(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false)
-        || ["/usr/sbin", "/sbin", "/usr/bin"].iter().any(|d| std::path::Path::new(d).join(tool).is_file())
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        lab: LabArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<LabArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("lab").chain(args.iter().copied())).map(|c| c.lab)
+    }
+
+    #[test]
+    fn lists_are_typed_and_comma_separated() {
+        let a = parse(&["--protocols", "aoe,nvme", "--peers", "tgt", "--mtu", "1500,9000", "--suite", "net,fs"]).unwrap();
+        assert_eq!(a.protocols, Some(vec![subjects::Protocol::Aoe, subjects::Protocol::Nvme]));
+        assert_eq!(a.peers, Some(vec![subjects::PeerChoice(Some(subjects::PeerKind::Tgt))]));
+        assert_eq!(a.mtu, Some(vec![1500, 9000]));
+        assert_eq!(a.suite, Some(vec![plan::SuiteChoice::Net, plan::SuiteChoice::Fs]));
+        assert_eq!(parse(&["--peers", "none"]).unwrap().peers, Some(vec![subjects::PeerChoice(None)]));
+        let r = parse(&["--suite", "route", "--path", "direct,mpls-bpf", "--datapath", "userspace"]).unwrap();
+        assert_eq!(r.path, Some(vec![route::PathChoice::Direct, route::PathChoice::MplsBpf]));
+        assert_eq!(r.datapath, Some(vec![route::Datapath::Userspace]));
+    }
+
+    #[test]
+    fn unknown_names_are_refused() {
+        for bad in [
+            &["--protocols", "aoe,fc"][..],
+            &["--peers", "lio"],
+            &["--suite", "macro"],
+            &["--suite", "net,disk"],
+            &["--mtu", "big"],
+            &["--path", "direct,ospf"],
+            &["--datapath", "dpdk"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! Facts from /proc: CPU time of a process, whole-machine busy share (to wait
 //! for idle before each run), and what machine and software the run used.
 
-use crate::results::{MachineInfo, Software};
+use crate::results::MachineInfo;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -98,30 +98,12 @@ pub fn machine_info() -> MachineInfo {
     MachineInfo { cpu_model, cpus, kernel, mem_total_bytes, hostname, tcp_congestion }
 }
 
-fn first_line(program: &str, args: &[&str]) -> Option<String> {
+pub fn first_line(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;
     let text = if out.stdout.is_empty() { out.stderr } else { out.stdout };
     String::from_utf8_lossy(&text).lines().next().map(|l| l.trim().to_string())
 }
 
-fn debian_version(package: &str) -> Option<String> {
-    let out = Command::new("dpkg-query").args(["-W", "-f", "${Version}", package]).output().ok()?;
-    if out.status.success() {
-        Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        None
-    }
-}
-
-pub fn software(blockwire_exe: &std::path::Path) -> Software {
-    let na = || "not installed".to_string();
-    Software {
-        blockwire: first_line(&blockwire_exe.to_string_lossy(), &["--version"]).unwrap_or_else(na),
-        tgt: debian_version("tgt").map(|v| format!("tgt {v}")).unwrap_or_else(na),
-        vblade: debian_version("vblade").map(|v| format!("vblade {v}")).unwrap_or_else(na),
-        fio: first_line("fio", &["--version"]).unwrap_or_else(na),
-    }
-}
 
 #[cfg(test)]
 mod tests {

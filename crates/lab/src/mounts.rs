@@ -13,7 +13,7 @@
 //! other programs' new mount namespaces take are unmounted with it, and a
 //! released loop device is waited for (bounded) rather than assumed gone.
 
-use crate::cleanup::{registry, Resource, Token};
+use crate::cleanup::{attach_daemon_of, registry, Resource, Token};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -130,16 +130,14 @@ impl Mounted {
 }
 
 /// `blockwire mount URL MP --mkfs ext4` from the client namespace.
-pub fn mount_remote(exe: &Path, client_ns: &str, url: &str, mp: &Path) -> anyhow::Result<Mounted> {
+pub fn mount_remote(exe: &Path, client: &crate::host::Host, url: &str, mp: &Path) -> anyhow::Result<Mounted> {
     let res = Resource::BlockwireMount {
         exe: exe.to_path_buf(),
         mountpoint: mp.to_path_buf(),
     };
     let (token, ()) = registry().create(res, || {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{client_ns}"))
-            .arg(exe)
-            .args(["mount", url])
+        let mut cmd = client.command_sharing_mounts(exe);
+        cmd.args(["mount", url])
             .arg(mp)
             .args(["--mkfs", "ext4", "-o", EXT4_OPTIONS, "--timeout", "30"]);
         helper(&mut cmd).map(|_| ())
@@ -149,12 +147,6 @@ pub fn mount_remote(exe: &Path, client_ns: &str, url: &str, mp: &Path) -> anyhow
         daemon_pid: attach_daemon_of(mp),
         tokens: vec![token],
     })
-}
-
-/// The PID of the attach daemon serving the mount at `mp`, from the state
-/// files `blockwire mount` leaves in /run/blockwire.
-pub fn attach_daemon_of(mp: &Path) -> Option<u32> {
-    bw_attach::AttachState::of_mountpoint(mp).map(|s| s.pid)
 }
 
 /// A loop device on `backing` (direct I/O, as `blockwire attach --loop`

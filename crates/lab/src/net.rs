@@ -5,9 +5,8 @@
 //! of the veth pair (this kernel has no netem).
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::topology::{ns_command, Link, Topology};
+use crate::topology::{Link, Topology};
 pub use bw_lab_results::net::*;
-use std::process::Command;
 
 /// iperf3's TCP port inside the target namespace.
 pub const IPERF_PORT: u16 = 5201;
@@ -23,25 +22,19 @@ pub fn tbf_args(dev: &str, bits_per_s: u64) -> Vec<String> {
         .collect()
 }
 
-fn tc(ns: &str, args: &[String]) -> anyhow::Result<()> {
-    let out = Command::new("ip").args(["netns", "exec", ns, "tc"]).args(args).output()?;
-    anyhow::ensure!(out.status.success(), "tc {} in {ns}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    Ok(())
-}
-
 /// Shape both directions of `link` (each veth end's egress), or remove the
 /// shaping for `none`. The qdiscs are tracked for Ctrl-C cleanup.
 pub fn apply_shape(topo: &Topology, link: &Link, shape: &LinkShape) -> anyhow::Result<Vec<Token>> {
     let mut tokens = vec![];
-    for (ns, dev) in [(&topo.target_ns, &link.target_if), (&topo.client_ns, &link.client_if)] {
+    for (host, dev) in [(&topo.target, &link.target_if), (&topo.client, &link.client_if)] {
         match shape.bits_per_s {
             Some(rate) => {
-                let (t, ()) = registry().create(Resource::Qdisc { ns: ns.clone(), dev: dev.clone() }, || tc(ns, &tbf_args(dev, rate)))?;
+                let (t, ()) = registry().create(Resource::Qdisc { ns: host.name().to_string(), dev: dev.clone() }, || host.tc(&tbf_args(dev, rate)))?;
                 tokens.push(t);
             }
             // The default qdisc comes back when the root one goes.
             None => {
-                let _ = tc(ns, &["qdisc".into(), "del".into(), "dev".into(), dev.clone(), "root".into()]);
+                let _ = host.tc(&["qdisc".into(), "del".into(), "dev".into(), dev.clone(), "root".into()]);
             }
         }
     }
@@ -89,7 +82,7 @@ pub fn iperf3_client_args(server: &str, streams: u32, secs: u32) -> Vec<String> 
 /// clients with each stream count `repeats` times (stream counts rotated
 /// between repeats, like the subjects of the other suites).
 pub fn run_net(topo: &Topology, link: &Link, shape: &LinkShape, secs: u32, repeats: u32) -> anyhow::Result<Vec<NetSample>> {
-    let mut server = ns_command(&topo.target_ns, "iperf3");
+    let mut server = topo.target.command("iperf3");
     server.args(["-s", "-B", &link.target_ip.to_string(), "-p", &IPERF_PORT.to_string()]);
     server.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
     let (token, _child) = registry().spawn(&mut server, "iperf3 server", crate::cleanup::Role::Service)?;
@@ -132,7 +125,7 @@ pub fn run_net(topo: &Topology, link: &Link, shape: &LinkShape, secs: u32, repea
 }
 
 fn one(topo: &Topology, ip: &str, streams: u32, secs: u32) -> anyhow::Result<Iperf> {
-    let out = ns_command(&topo.client_ns, "iperf3").args(iperf3_client_args(ip, streams, secs)).output()?;
+    let out = topo.client.command("iperf3").args(iperf3_client_args(ip, streams, secs)).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     parse_iperf3_json(&text)
 }

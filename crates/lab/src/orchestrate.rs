@@ -9,9 +9,11 @@ use crate::accounting::{Case, Metric};
 use crate::cleanup::{interrupted, registry, Resource};
 use crate::plan::Plan;
 use crate::results::{
-    unix_now, utc_now, Failure, Results, Sample, Subject, WireCounters, Workload, FORMAT,
+    unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, WireCounters, Workload,
+    FORMAT,
 };
-use crate::targets::{self, TargetProcess};
+use crate::subjects::{blockwire, Subject};
+use crate::targets::TargetProcess;
 use crate::topology::{Link, Topology};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
@@ -34,10 +36,10 @@ struct LiveSubject {
 }
 
 impl LiveSubject {
-    fn new(key: String, proc: usize) -> LiveSubject {
+    fn new(subject: Subject, link: &Link, proc: usize) -> LiveSubject {
         LiveSubject {
-            key,
-            url: String::new(),
+            key: subject.key(),
+            url: subject.url(link),
             proc,
             done: 0,
             consecutive_failures: 0,
@@ -105,6 +107,102 @@ fn make_backing(path: &Path, size: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What workload `w` needs in `dir` before it is measured: PostMark's
+/// config; IOgen's file, laid out (not measured), as IOgen's file existed
+/// before its run.
+fn prepare_fs_workload(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, dir: &Path) -> anyhow::Result<()> {
+    use crate::fs::FsWorkload;
+    match w {
+        FsWorkload::Postmark => std::fs::write(
+            dir.join("postmark.cfg"),
+            crate::fs::postmark_config(fsp, dir),
+        )?,
+        FsWorkload::Iogen { .. } => {
+            // Lay the file out first (not measured), as IOgen's file existed before its run.
+            let mut cmd = Command::new("fio");
+            cmd.args(crate::fs::iogen_layout_args(
+                fsp,
+                &dir.join("iogen.dat").to_string_lossy(),
+            ));
+            let f =
+                crate::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
+            anyhow::ensure!(
+                f.ok,
+                "laying out the IOgen file failed: {}",
+                crate::runner::last_lines(&f.stderr, 3)
+            );
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The result of workload `w` from what it printed.
+fn parse_fs_result(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, stdout: &str) -> anyhow::Result<crate::fs::FsResult> {
+    use crate::fs::{FsResult, FsWorkload};
+    Ok(match w {
+        FsWorkload::Flowop(_) => {
+            let r: bw_workload_report::FlowReport = crate::runner::parse_json_report(stdout)
+                .map_err(|e| anyhow::anyhow!("flowop {e}"))?;
+            anyhow::ensure!(
+                r.ops > 0,
+                "flowop did no operation (errors: {:?})",
+                r.errors
+            );
+            FsResult::Flowop(r)
+        }
+        FsWorkload::Postmark => {
+            let mut r = crate::fs::parse_postmark(stdout)?;
+            r.transactions = fsp.postmark_transactions as u64;
+            FsResult::Postmark(r)
+        }
+        FsWorkload::Bonnie => FsResult::Bonnie(crate::fs::parse_bonnie(stdout)?),
+        FsWorkload::Iogen { .. } | FsWorkload::IogenRaw => {
+            FsResult::Iogen(crate::fs::parse_iogen(stdout)?)
+        }
+    })
+}
+
+/// The storage suites (net, micro, sweep, fs) run as one: they share the
+/// targets started per link, and every case takes turns over the subjects.
+impl crate::suite::Suite for LabRun {
+    fn estimate(&self) -> Option<String> {
+        let plan = &self.plan;
+        Some(format!(
+            "lab: {} runs planned ({} subjects, MTU {:?}, repeat {}), {}, output in {}",
+            plan.total_runs(),
+            plan.subjects().len() + plan.baseline as usize,
+            plan.params.mtus,
+            plan.params.repeat,
+            plan.estimate().describe(),
+            self.out.display()
+        ))
+    }
+
+    fn run_cases(&mut self) -> anyhow::Result<()> {
+        self.run_inner()
+    }
+
+    fn results(&mut self) -> &mut Results {
+        &mut self.results
+    }
+
+    fn finish(&mut self) {
+        self.progress.finish_and_clear();
+    }
+
+    fn print_outcome(&self, ok: bool) {
+        let report = self.out.join("report.html");
+        if report.exists() {
+            eprintln!("lab: results: {}", self.out.join("results.json").display());
+            eprintln!("lab: report:  {}", report.display());
+        }
+        if ok {
+            crate::report::print_recommendations(&self.results);
+        }
+    }
+}
+
 impl LabRun {
     pub fn new(plan: Plan, exe: PathBuf, out: PathBuf) -> LabRun {
         let mut results = Results {
@@ -114,7 +212,7 @@ impl LabRun {
         };
         results.params = plan.params.clone();
         results.machine = crate::machine::machine_info();
-        results.software = crate::machine::software(&exe);
+        results.software = crate::subjects::software(&exe);
         let progress = ProgressBar::new(plan.total_runs());
         progress.set_style(
             ProgressStyle::with_template(
@@ -172,35 +270,6 @@ impl LabRun {
         self.results.save(&self.out.join("results.json"))
     }
 
-    /// The whole run. Partial results are saved even when it fails.
-    pub fn run(&mut self) -> anyhow::Result<()> {
-        // A suite that catches the interrupt in its workload may return
-        // normally; the run is still cut short and must say so.
-        let outcome = self.run_inner().and_then(|()| {
-            if interrupted() {
-                anyhow::bail!("interrupted")
-            }
-            Ok(())
-        });
-        self.results.finished_utc = utc_now();
-        if let Err(e) = &outcome {
-            self.results.aborted = Some(if interrupted() {
-                "interrupted".to_string()
-            } else {
-                format!("{e:#}")
-            });
-        }
-        self.progress.finish_and_clear();
-        let saved = self
-            .save()
-            .and_then(|_| crate::report::write_all(&self.out, &self.results));
-        for e in registry().cleanup_all() {
-            eprintln!("lab: cleanup: {e}");
-        }
-        outcome?;
-        saved
-    }
-
     fn run_inner(&mut self) -> anyhow::Result<()> {
         let size = self.plan.params.size_bytes;
         let backing = self.backing.clone();
@@ -225,16 +294,16 @@ impl LabRun {
             .plan
             .subjects()
             .into_iter()
-            .map(|(key, target, protocol)| Subject {
-                key,
-                protocol,
-                target,
+            .map(|s| SubjectRecord {
+                key: s.key(),
+                protocol: s.protocol().name().into(),
+                target: s.target_name().into(),
                 initiator: "blockwire".into(),
                 unavailable: None,
             })
             .collect();
         if self.plan.baseline && !self.jobs().is_empty() {
-            self.results.subjects.push(Subject {
+            self.results.subjects.push(SubjectRecord {
                 key: "local-fio".into(),
                 protocol: "local".into(),
                 target: "tmpfs file".into(),
@@ -245,7 +314,7 @@ impl LabRun {
         let mut fs_dir_token = None;
         if self.plan.fs.is_some() {
             if self.plan.baseline {
-                self.results.subjects.push(Subject {
+                self.results.subjects.push(SubjectRecord {
                     key: crate::fs::LOCAL.into(),
                     protocol: "local".into(),
                     target: "ext4 on a loop device over the backing file".into(),
@@ -429,56 +498,43 @@ impl LabRun {
     /// speed drifts by tens of percent over minutes, and measuring subjects
     /// one after another turned that drift into false differences.
     fn run_link(&mut self, topo: &Topology, link: &Link, first_mtu: bool) -> anyhow::Result<()> {
-        let subjects = self.plan.subjects();
         let mut procs: Vec<TargetProcess> = vec![];
         let mut live: Vec<LiveSubject> = vec![];
-        let ours: Vec<String> = subjects
-            .iter()
-            .filter(|(_, t, _)| t == "blockwire")
-            .map(|(_, _, p)| p.clone())
-            .collect();
+        let ours = self.plan.protocols.clone();
         if !ours.is_empty() {
             self.progress
                 .set_message(format!("MTU {}: starting blockwire serve", link.mtu));
-            let (proc, status) =
-                targets::start_blockwire(&self.exe, topo, link, &self.backing, &ours);
+            let serve = blockwire::Serve {
+                exe: &self.exe,
+                host: &topo.target,
+                link,
+                backend: format!("file:{}", self.backing.display()),
+                log: None,
+                ready_within: Duration::from_secs(20),
+            };
+            let (proc, status) = blockwire::start(&serve, &ours);
             for (proto, st) in &status {
                 if let Err(why) = st {
-                    self.mark_unavailable(
-                        &targets::subject_key("blockwire", proto),
-                        link.mtu,
-                        why.clone(),
-                    );
+                    self.mark_unavailable(&Subject::Blockwire(*proto).key(), link.mtu, why.clone());
                 }
             }
             if let Some(p) = proc {
                 for (proto, _) in status.iter().filter(|(_, s)| s.is_ok()) {
-                    live.push(LiveSubject::new(
-                        targets::subject_key("blockwire", proto),
-                        procs.len(),
-                    ));
+                    live.push(LiveSubject::new(Subject::Blockwire(*proto), link, procs.len()));
                 }
                 procs.push(p);
             }
         }
-        for peer in self.plan.params.peers.clone() {
-            let key = subjects
-                .iter()
-                .find(|(_, t, _)| *t == peer)
-                .map(|(k, _, _)| k.clone())
-                .unwrap_or_default();
+        for peer in self.plan.peers.clone() {
+            let subject = Subject::Peer(peer);
             self.progress
-                .set_message(format!("MTU {}: starting {peer}", link.mtu));
-            let started = match peer.as_str() {
-                "tgt" => targets::start_tgt(topo, link, &self.backing),
-                _ => targets::start_vblade(topo, link, &self.backing),
-            };
-            match started {
+                .set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
+            match peer.start(topo, link, &self.backing) {
                 Ok(p) => {
-                    live.push(LiveSubject::new(key, procs.len()));
+                    live.push(LiveSubject::new(subject, link, procs.len()));
                     procs.push(p);
                 }
-                Err(why) => self.mark_unavailable(&key, link.mtu, why),
+                Err(why) => self.mark_unavailable(&subject.key(), link.mtu, why),
             }
         }
         let mut r = self.run_interleaved(topo, link, &mut procs, &mut live);
@@ -498,10 +554,6 @@ impl LabRun {
         procs: &mut [TargetProcess],
         live: &mut [LiveSubject],
     ) -> anyhow::Result<()> {
-        for s in live.iter_mut() {
-            s.url = targets::url_for(&s.key, link)
-                .ok_or_else(|| anyhow::anyhow!("no URL for {}", s.key))?;
-        }
         let per_subject = self.runs_per_subject(link.mtu);
         let n = live.len();
         for (suite, w, runtime, repeats) in self.jobs() {
@@ -629,7 +681,7 @@ impl LabRun {
         let cpu0 = target.cpu_seconds()?;
         let bench = crate::runner::run_bench(
             &self.exe,
-            &topo.client_ns,
+            &topo.client,
             url,
             w,
             runtime,
@@ -784,7 +836,7 @@ impl LabRun {
                 raw_dev: None,
             };
             let mounted = match url {
-                Some(url) => crate::mounts::mount_remote(&self.exe, &topo.client_ns, url, mp)?,
+                Some(url) => crate::mounts::mount_remote(&self.exe, &topo.client, url, mp)?,
                 None => {
                     // The raw device first: the file system goes on it next.
                     let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;
@@ -841,7 +893,6 @@ impl LabRun {
     }
 
     fn fs_case_inner(&mut self, c: &FsCaseRun) -> anyhow::Result<crate::fs::FsSample> {
-        use crate::fs::{FsResult, FsWorkload};
         let &FsCaseRun { topo, link, key, target, daemon, rep, workload: w, mem, mp, raw_dev } = c;
         let fsp = self
             .plan
@@ -851,28 +902,7 @@ impl LabRun {
         let local = key == crate::fs::LOCAL;
         let dir = mp.join("w");
         std::fs::create_dir_all(&dir)?;
-        match w {
-            FsWorkload::Postmark => std::fs::write(
-                dir.join("postmark.cfg"),
-                crate::fs::postmark_config(&fsp, &dir),
-            )?,
-            FsWorkload::Iogen { .. } => {
-                // Lay the file out first (not measured), as IOgen's file existed before its run.
-                let mut cmd = Command::new("fio");
-                cmd.args(crate::fs::iogen_layout_args(
-                    &fsp,
-                    &dir.join("iogen.dat").to_string_lossy(),
-                ));
-                let f =
-                    crate::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
-                anyhow::ensure!(
-                    f.ok,
-                    "laying out the IOgen file failed: {}",
-                    crate::runner::last_lines(&f.stderr, 3)
-                );
-            }
-            _ => {}
-        }
+        prepare_fs_workload(w, &fsp, &dir)?;
         self.fs_serial += 1;
         let name = format!("bwlab-{}-{}", std::process::id(), self.fs_serial);
         let (cg_token, cg) =
@@ -920,27 +950,7 @@ impl LabRun {
                 crate::runner::last_lines(&f.stderr, 3)
             );
         }
-        let result = match w {
-            FsWorkload::Flowop(_) => {
-                let r: bw_workload_report::FlowReport = crate::runner::parse_json_report(&f.stdout)
-                    .map_err(|e| anyhow::anyhow!("flowop {e}"))?;
-                anyhow::ensure!(
-                    r.ops > 0,
-                    "flowop did no operation (errors: {:?})",
-                    r.errors
-                );
-                FsResult::Flowop(r)
-            }
-            FsWorkload::Postmark => {
-                let mut r = crate::fs::parse_postmark(&f.stdout)?;
-                r.transactions = fsp.postmark_transactions as u64;
-                FsResult::Postmark(r)
-            }
-            FsWorkload::Bonnie => FsResult::Bonnie(crate::fs::parse_bonnie(&f.stdout)?),
-            FsWorkload::Iogen { .. } | FsWorkload::IogenRaw => {
-                FsResult::Iogen(crate::fs::parse_iogen(&f.stdout)?)
-            }
-        };
+        let result = parse_fs_result(w, &fsp, &f.stdout)?;
         let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) => Some(b - a),
             _ => None,

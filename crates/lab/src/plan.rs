@@ -2,13 +2,11 @@
 //! repetitions and durations, with `--quick` shrinking everything.
 
 use crate::results::{Params, Workload};
+use crate::subjects::{PeerChoice, PeerKind, Protocol, Subject};
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
 pub const GIB: u64 = 1024 * MIB;
-
-pub const ALL_PROTOCOLS: [&str; 3] = ["aoe", "iscsi", "nvme"];
-pub const ALL_PEERS: [&str; 2] = ["tgt", "vblade"];
 
 /// The micro suite: the studies' sequential/random cases.
 /// The micro workloads a `--quick` run keeps.
@@ -20,18 +18,6 @@ const QUICK_MICRO: [&str; 4] = [
 ];
 
 pub use crate::results::{micro_workloads, sweep_workload};
-
-/// Parse `1500,9000`-style lists.
-pub fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<Vec<T>> {
-    s.split(',')
-        .map(|x| x.trim())
-        .filter(|x| !x.is_empty())
-        .map(|x| {
-            x.parse::<T>()
-                .map_err(|_| anyhow::anyhow!("invalid {what} {x:?}"))
-        })
-        .collect()
-}
 
 /// `1G`, `64M`, `512K`, plain bytes (blockwire's one size syntax,
 /// [`bw_block::parse_size`]); zero is refused.
@@ -45,18 +31,18 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
 #[derive(Debug, Clone, Default)]
 pub struct Choices {
     pub quick: bool,
-    pub protocols: Option<String>,
-    pub peers: Option<String>,
-    pub mtu: Option<String>,
-    pub suite: Option<String>,
+    pub protocols: Option<Vec<Protocol>>,
+    pub peers: Option<Vec<PeerChoice>>,
+    pub mtu: Option<Vec<u32>>,
+    pub suite: Option<Vec<SuiteChoice>>,
     pub repeat: Option<u32>,
     pub size: Option<String>,
     pub runtime: Option<u32>,
     pub sweep_runtime: Option<u32>,
     pub no_baseline: bool,
-    pub link: Option<String>,
-    pub client_mem: Option<String>,
-    pub fs_workloads: Option<String>,
+    pub link: Option<Vec<String>>,
+    pub client_mem: Option<Vec<String>>,
+    pub fs_workloads: Option<Vec<String>>,
     pub fs_runtime: Option<u32>,
     /// TCP congestion control for the lab's namespaces (None: the system's).
     pub tcp_congestion: Option<String>,
@@ -66,8 +52,22 @@ pub struct Choices {
     pub cgroup: String,
 }
 
-/// Suites in run order; `all` is every one the lab runs.
-pub const ALL_SUITES: [&str; 4] = ["net", "micro", "sweep", "fs"];
+/// One `--suite` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SuiteChoice {
+    Net,
+    Micro,
+    Sweep,
+    Fs,
+    /// net, micro, sweep and fs.
+    All,
+    /// The routed-path suite, which runs alone (`crate::route`).
+    Route,
+}
+
+/// Suites in run order; `all` is every one of them.
+pub const ALL_SUITES: [(SuiteChoice, &str); 4] =
+    [(SuiteChoice::Net, "net"), (SuiteChoice::Micro, "micro"), (SuiteChoice::Sweep, "sweep"), (SuiteChoice::Fs, "fs")];
 
 /// The fs workloads `--quick` runs: one personality, the one with an fsync
 /// in every loop (the protocol's flush is on its path).
@@ -84,7 +84,7 @@ pub fn default_client_mem(mem_total: u64) -> Vec<u64> {
 /// The fs suite's parameters for a volume of `size` bytes.
 fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::FsParams> {
     let workloads: Vec<String> = match &c.fs_workloads {
-        Some(s) => parse_list(s, "fs workload")?,
+        Some(v) => v.iter().map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect(),
         None if c.quick => QUICK_FS.iter().map(|s| s.to_string()).collect(),
         None => crate::fs::ALL
             .iter()
@@ -96,10 +96,10 @@ fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::F
         crate::fs::FsWorkload::parse(w)?;
     }
     let mut client_mem: Vec<u64> = match &c.client_mem {
-        Some(s) => s
-            .split(',')
+        Some(v) => v
+            .iter()
             .filter(|x| !x.trim().is_empty())
-            .map(parse_size)
+            .map(|x| parse_size(x))
             .collect::<anyhow::Result<_>>()?,
         None if c.quick => default_client_mem(c.mem_total)[..1].to_vec(),
         None => default_client_mem(c.mem_total),
@@ -147,9 +147,70 @@ fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::F
     })
 }
 
+/// `--mtu`, or the default, in range.
+fn chosen_mtus(c: &Choices) -> anyhow::Result<Vec<u32>> {
+    let mtus: Vec<u32> = match &c.mtu {
+        Some(v) => v.clone(),
+        None if c.quick => vec![1500],
+        None => vec![1500, 9000],
+    };
+    anyhow::ensure!(!mtus.is_empty(), "no MTU given");
+    for &m in &mtus {
+        anyhow::ensure!(
+            (576..=65_535).contains(&m),
+            "MTU {m} out of range 576..65535"
+        );
+    }
+    Ok(mtus)
+}
+
+/// The storage suites `--suite` names, in run order.
+fn chosen_suites(c: &Choices) -> anyhow::Result<Vec<String>> {
+    let asked: Vec<SuiteChoice> = c.suite.clone().unwrap_or(vec![SuiteChoice::All]);
+    anyhow::ensure!(!asked.is_empty(), "no suite given");
+    anyhow::ensure!(
+        !asked.contains(&SuiteChoice::Route),
+        "the route suite runs alone (--suite route)"
+    );
+    let suites: Vec<String> = ALL_SUITES
+        .iter()
+        .filter(|(s, _)| asked.iter().any(|a| *a == SuiteChoice::All || a == s))
+        .map(|(_, name)| name.to_string())
+        .collect();
+    Ok(suites)
+}
+
+/// `--link` shapes, or the plain veth.
+fn chosen_links(c: &Choices) -> anyhow::Result<Vec<crate::net::LinkShape>> {
+    let links: Vec<crate::net::LinkShape> = match &c.link {
+        Some(v) => v
+            .iter()
+            .filter(|x| !x.trim().is_empty())
+            .map(|x| crate::net::parse_link(x))
+            .collect::<anyhow::Result<_>>()?,
+        None => vec![crate::net::LinkShape::none()],
+    };
+    anyhow::ensure!(!links.is_empty(), "no link given");
+    Ok(links)
+}
+
+/// `--tcp-congestion`: an algorithm's name, or empty for the system's.
+fn chosen_tcp_congestion(c: &Choices) -> anyhow::Result<String> {
+    Ok(match c.tcp_congestion.as_deref().map(str::parse::<bw_net::tcp::Congestion>) {
+        None | Some(Ok(bw_net::tcp::Congestion::System)) => String::new(),
+        Some(Ok(bw_net::tcp::Congestion::Named(n))) => n,
+        Some(Ok(bw_net::tcp::Congestion::Auto)) => anyhow::bail!("--tcp-congestion: give an algorithm (cubic, bbr, ...) or system"),
+        Some(Err(e)) => anyhow::bail!("--tcp-congestion {e}"),
+    })
+}
+
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// What results.json records of the plan.
     pub params: Params,
+    /// blockwire's protocols to measure.
+    pub protocols: Vec<Protocol>,
+    pub peers: Vec<PeerKind>,
     pub links: Vec<crate::net::LinkShape>,
     /// iperf3 runs per link and MTU (0 without the net suite).
     pub net_runs: u32,
@@ -162,61 +223,18 @@ pub struct Plan {
 
 impl Plan {
     pub fn from_choices(c: &Choices) -> anyhow::Result<Plan> {
-        let protocols: Vec<String> = match &c.protocols {
-            Some(s) => parse_list(s, "protocol")?,
-            None => ALL_PROTOCOLS.iter().map(|s| s.to_string()).collect(),
+        let protocols: Vec<Protocol> = match &c.protocols {
+            Some(v) => v.clone(),
+            None => Protocol::ALL.to_vec(),
         };
-        for p in &protocols {
-            anyhow::ensure!(
-                ALL_PROTOCOLS.contains(&p.as_str()),
-                "unknown protocol {p:?} (aoe, iscsi, nvme)"
-            );
-        }
-        let peers: Vec<String> = match c.peers.as_deref() {
-            Some("none") | Some("") => vec![],
-            Some(s) => parse_list(s, "peer")?,
-            None => ALL_PEERS.iter().map(|s| s.to_string()).collect(),
+        // `none` alone (or given with peers) leaves them out.
+        let peers: Vec<PeerKind> = match &c.peers {
+            Some(v) => v.iter().filter_map(|p| p.0).collect(),
+            None => PeerKind::all().to_vec(),
         };
-        for p in &peers {
-            anyhow::ensure!(
-                ALL_PEERS.contains(&p.as_str()),
-                "unknown peer {p:?} (tgt, vblade, or none)"
-            );
-        }
-        let mtus: Vec<u32> = match &c.mtu {
-            Some(s) => parse_list(s, "MTU")?,
-            None if c.quick => vec![1500],
-            None => vec![1500, 9000],
-        };
-        anyhow::ensure!(!mtus.is_empty(), "no MTU given");
-        for &m in &mtus {
-            anyhow::ensure!(
-                (576..=65_535).contains(&m),
-                "MTU {m} out of range 576..65535"
-            );
-        }
-        let asked: Vec<String> = parse_list(c.suite.as_deref().unwrap_or("all"), "suite")?;
-        for s in &asked {
-            anyhow::ensure!(
-                s == "all" || ALL_SUITES.contains(&s.as_str()),
-                "unknown suite {s:?} (net, micro, sweep, fs or all)"
-            );
-        }
-        anyhow::ensure!(!asked.is_empty(), "no suite given");
-        let suites: Vec<String> = ALL_SUITES
-            .iter()
-            .filter(|s| asked.iter().any(|a| a == "all" || a == *s))
-            .map(|s| s.to_string())
-            .collect();
-        let links: Vec<crate::net::LinkShape> = match &c.link {
-            Some(s) => s
-                .split(',')
-                .filter(|x| !x.trim().is_empty())
-                .map(crate::net::parse_link)
-                .collect::<anyhow::Result<_>>()?,
-            None => vec![crate::net::LinkShape::none()],
-        };
-        anyhow::ensure!(!links.is_empty(), "no link given");
+        let mtus = chosen_mtus(c)?;
+        let suites = chosen_suites(c)?;
+        let links = chosen_links(c)?;
         // Five repeats: with fewer, no honest interval is narrow enough to
         // name a winner even when one subject needs 8x the CPU of another
         // (stats::ratio_of_means widens small samples' intervals). The
@@ -275,8 +293,8 @@ impl Plan {
             links: links.iter().map(|l| l.name.clone()).collect(),
             net_runtime_s,
             quick: c.quick,
-            protocols,
-            peers,
+            protocols: protocols.iter().map(|p| p.name().to_string()).collect(),
+            peers: peers.iter().map(|p| p.name().to_string()).collect(),
             mtus,
             suites,
             repeat,
@@ -295,15 +313,12 @@ impl Plan {
             veth_offloads_off: false,
             link_shapes: links.clone(),
             fs: fs.clone(),
-            tcp_congestion: match c.tcp_congestion.as_deref().map(str::parse::<bw_net::tcp::Congestion>) {
-                None | Some(Ok(bw_net::tcp::Congestion::System)) => String::new(),
-                Some(Ok(bw_net::tcp::Congestion::Named(n))) => n,
-                Some(Ok(bw_net::tcp::Congestion::Auto)) => anyhow::bail!("--tcp-congestion: give an algorithm (cubic, bbr, ...) or system"),
-                Some(Err(e)) => anyhow::bail!("--tcp-congestion {e}"),
-            },
+            tcp_congestion: chosen_tcp_congestion(c)?,
         };
         Ok(Plan {
             params,
+            protocols,
+            peers,
             links,
             net_runs,
             micro,
@@ -314,33 +329,17 @@ impl Plan {
     }
 
     /// Networked subjects in run order: blockwire's protocols, then peers.
-    pub fn subjects(&self) -> Vec<(String, String, String)> {
-        let mut v: Vec<(String, String, String)> = self
-            .params
-            .protocols
+    pub fn subjects(&self) -> Vec<Subject> {
+        self.protocols
             .iter()
-            .map(|p| {
-                (
-                    crate::targets::subject_key("blockwire", p),
-                    "blockwire".to_string(),
-                    p.clone(),
-                )
-            })
-            .collect();
-        for peer in &self.params.peers {
-            let proto = if peer == "tgt" { "iscsi" } else { "aoe" };
-            v.push((
-                crate::targets::subject_key(peer, proto),
-                peer.clone(),
-                proto.to_string(),
-            ));
-        }
-        v
+            .map(|&p| Subject::Blockwire(p))
+            .chain(self.peers.iter().map(|&p| Subject::Peer(p)))
+            .collect()
     }
 
     /// The fs subjects: the networked ones and the local baseline.
     pub fn fs_subjects(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.subjects().into_iter().map(|(k, _, _)| k).collect();
+        let mut v: Vec<String> = self.subjects().into_iter().map(Subject::key).collect();
         if self.baseline {
             v.push(crate::fs::LOCAL.to_string());
         }
@@ -542,7 +541,7 @@ mod tests {
         assert_eq!(full.total_runs(), 24 + 5 * (35 + 16) * 2 + 51 + 237);
         assert_eq!(full.params.suites, vec!["net", "micro", "sweep", "fs"]);
         let two_links = Plan::from_choices(&Choices {
-            link: Some("none,1gbit".into()),
+            link: Some(list("none,1gbit")),
             ..choices()
         })
         .unwrap();
@@ -551,7 +550,7 @@ mod tests {
             2 * (24 + 5 * (35 + 16) * 2 + 237) + 51
         );
         let some = Plan::from_choices(&Choices {
-            suite: Some("net,micro".into()),
+            suite: Some(vec![SuiteChoice::Net, SuiteChoice::Micro]),
             ..Default::default()
         })
         .unwrap();
@@ -589,13 +588,17 @@ mod tests {
             assert!(s > 0.0, "{part} missing from {full:?}");
         }
         // A --link sweep repeats everything but the local baseline per link.
-        let two = Plan::from_choices(&Choices { link: Some("none,1gbit".into()), ..choices() }).unwrap().estimate();
+        let two = Plan::from_choices(&Choices { link: Some(list("none,1gbit")), ..choices() }).unwrap().estimate();
         let per_link = two.total_s() - full.total_s();
         assert!(per_link > 0.8 * (full.total_s() - full.local_s - full.idle_s - full.setup_s), "{per_link}");
         assert!(full.describe().starts_with("about 53 min (setup 0.2, net 1.6, micro 13.4, sweep 3.5, local 2.0, fs 29"), "{}", full.describe());
         // Shorter runs, fewer cases: a smaller estimate.
-        let fs_only = Plan::from_choices(&Choices { suite: Some("fs".into()), protocols: Some("iscsi".into()), peers: Some("none".into()), repeat: Some(1), ..choices() }).unwrap().estimate();
+        let fs_only = Plan::from_choices(&Choices { suite: Some(vec![SuiteChoice::Fs]), protocols: Some(vec![Protocol::Iscsi]), peers: Some(vec![PeerChoice(None)]), repeat: Some(1), ..choices() }).unwrap().estimate();
         assert!(fs_only.total_s() < full.fs_s / 10.0 + 400.0 && fs_only.micro_s == 0.0, "{fs_only:?}");
+    }
+
+    fn list(s: &str) -> Vec<String> {
+        s.split(',').map(String::from).collect()
     }
 
     fn choices() -> Choices {
@@ -622,7 +625,7 @@ mod tests {
         // A 2 GiB machine gets 256 MiB and 512 MiB.
         assert_eq!(default_client_mem(2 * GIB), vec![256 * MIB, 512 * MIB]);
         let p = Plan::from_choices(&Choices {
-            client_mem: Some("2G,512M".into()),
+            client_mem: Some(list("2G,512M")),
             ..choices()
         })
         .unwrap();
@@ -635,24 +638,24 @@ mod tests {
         // Bonnie++ and IOgen files: twice the smallest limit, within half the 1 GiB volume.
         assert_eq!((fs.bonnie_size, fs.iogen_size), (512 * MIB, 512 * MIB));
         assert!(Plan::from_choices(&Choices {
-            client_mem: Some("16M".into()),
+            client_mem: Some(list("16M")),
             ..choices()
         })
         .is_err());
         assert!(Plan::from_choices(&Choices {
-            client_mem: Some("lots".into()),
+            client_mem: Some(list("lots")),
             ..choices()
         })
         .is_err());
         assert!(Plan::from_choices(&Choices {
-            fs_workloads: Some("varmail,nfs".into()),
+            fs_workloads: Some(list("varmail,nfs")),
             ..choices()
         })
         .is_err());
         let one = Plan::from_choices(&Choices {
-            fs_workloads: Some("oltp".into()),
-            protocols: Some("iscsi".into()),
-            peers: Some("none".into()),
+            fs_workloads: Some(list("oltp")),
+            protocols: Some(vec![Protocol::Iscsi]),
+            peers: Some(vec![PeerChoice(None)]),
             ..choices()
         })
         .unwrap();
@@ -664,19 +667,11 @@ mod tests {
     fn choices_are_validated() {
         let bad = |c: Choices| Plan::from_choices(&c).is_err();
         assert!(bad(Choices {
-            protocols: Some("aoe,fc".into()),
+            mtu: Some(vec![100]),
             ..Default::default()
         }));
         assert!(bad(Choices {
-            peers: Some("lio".into()),
-            ..Default::default()
-        }));
-        assert!(bad(Choices {
-            mtu: Some("100".into()),
-            ..Default::default()
-        }));
-        assert!(bad(Choices {
-            suite: Some("macro".into()),
+            suite: Some(vec![SuiteChoice::Net, SuiteChoice::Route]),
             ..Default::default()
         }));
         assert!(bad(Choices {
@@ -684,27 +679,23 @@ mod tests {
             ..Default::default()
         }));
         assert!(bad(Choices {
-            link: Some("1g".into()),
-            ..Default::default()
-        }));
-        assert!(bad(Choices {
-            suite: Some("net,disk".into()),
+            link: Some(list("1g")),
             ..Default::default()
         }));
         assert!(!bad(Choices {
-            suite: Some("fs".into()),
+            suite: Some(vec![SuiteChoice::Fs]),
             ..choices()
         }));
         let p = Plan::from_choices(&Choices {
-            protocols: Some("aoe".into()),
-            peers: Some("none".into()),
-            suite: Some("micro".into()),
+            protocols: Some(vec![Protocol::Aoe]),
+            peers: Some(vec![PeerChoice(None)]),
+            suite: Some(vec![SuiteChoice::Micro]),
             ..Default::default()
         })
         .unwrap();
         assert_eq!(
             p.subjects(),
-            vec![("blockwire-aoe".into(), "blockwire".into(), "aoe".into())]
+            vec![Subject::Blockwire(Protocol::Aoe)]
         );
         assert!(p.sweep.is_empty());
     }

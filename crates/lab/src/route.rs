@@ -28,7 +28,7 @@ pub mod cpu;
 pub use bw_lab_report::route as report;
 pub mod suite;
 
-pub use suite::{run_cli, RouteResults};
+pub use suite::{RouteResults, RouteSuite};
 
 use crate::cleanup::{registry, Resource, Token};
 use anyhow::{bail, Context};
@@ -49,7 +49,7 @@ pub const MPLS_CORE_EXTRA: u32 = 8 + 4 + 14;
 pub const VXLAN_EXTRA: u32 = 50;
 
 /// Who forwards on the MPLS path (`blockwire router --datapath`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Datapath {
     /// tc (tcx) and XDP programs in the kernel.
@@ -65,13 +65,16 @@ impl Datapath {
             Datapath::Userspace => "userspace",
         }
     }
-    pub fn parse(s: &str) -> anyhow::Result<Datapath> {
-        Ok(match s {
-            "bpf" => Datapath::Bpf,
-            "userspace" => Datapath::Userspace,
-            _ => bail!("unknown datapath {s:?} (bpf, userspace)"),
-        })
-    }
+}
+
+/// One `--path` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PathChoice {
+    Direct,
+    Mpls,
+    MplsBpf,
+    MplsUserspace,
+    Vxlan,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,16 +93,16 @@ impl PathKind {
             PathKind::Vxlan => "vxlan",
         }
     }
-    /// One path name; `mpls` alone stands for one path per datapath in `datapaths`.
-    pub fn parse(s: &str, datapaths: &[Datapath]) -> anyhow::Result<Vec<PathKind>> {
-        Ok(match s {
-            "direct" => vec![PathKind::Direct],
-            "mpls" => datapaths.iter().map(|d| PathKind::Mpls(*d)).collect(),
-            "mpls-bpf" => vec![PathKind::Mpls(Datapath::Bpf)],
-            "mpls-userspace" => vec![PathKind::Mpls(Datapath::Userspace)],
-            "vxlan" => vec![PathKind::Vxlan],
-            _ => bail!("unknown path {s:?} (direct, mpls, mpls-bpf, mpls-userspace, vxlan)"),
-        })
+    /// The paths `choice` names; `mpls` alone stands for one path per
+    /// datapath in `datapaths`.
+    pub fn of_choice(choice: PathChoice, datapaths: &[Datapath]) -> Vec<PathKind> {
+        match choice {
+            PathChoice::Direct => vec![PathKind::Direct],
+            PathChoice::Mpls => datapaths.iter().map(|d| PathKind::Mpls(*d)).collect(),
+            PathChoice::MplsBpf => vec![PathKind::Mpls(Datapath::Bpf)],
+            PathChoice::MplsUserspace => vec![PathKind::Mpls(Datapath::Userspace)],
+            PathChoice::Vxlan => vec![PathKind::Vxlan],
+        }
     }
 }
 

@@ -3,7 +3,6 @@
 
 use crate::cleanup::registry;
 use crate::results::{BenchResult, Latency, Workload};
-use crate::topology::ns_command;
 use bw_workload_report::BenchReport;
 use std::io::Read;
 use std::path::Path;
@@ -168,13 +167,13 @@ pub fn parse_bench_json(stdout: &str) -> anyhow::Result<BenchResult> {
 
 pub fn run_bench(
     exe: &Path,
-    client_ns: &str,
+    client: &crate::host::Host,
     url: &str,
     w: &Workload,
     runtime_s: u32,
     size: u64,
 ) -> anyhow::Result<BenchResult> {
-    let mut cmd = ns_command(client_ns, &exe.to_string_lossy());
+    let mut cmd = client.command(&exe.to_string_lossy());
     cmd.args(bench_args(url, w, runtime_s, size));
     let timeout = Duration::from_secs(runtime_s as u64 + 60);
     let (ok, stdout, stderr, _) = run_tracked(cmd, "blockwire bench", timeout)?;

@@ -6,9 +6,9 @@
 //! (RFC 2544); they exist only inside the two namespaces the lab creates.
 
 use crate::cleanup::{registry, Resource, Token};
+use crate::host::{sh, Host};
 use crate::results::WireCounters;
 use std::net::Ipv4Addr;
-use std::process::Command;
 
 #[derive(Debug, Clone)]
 pub struct Link {
@@ -21,8 +21,10 @@ pub struct Link {
 
 #[derive(Debug)]
 pub struct Topology {
-    pub target_ns: String,
-    pub client_ns: String,
+    /// Where the targets run.
+    pub target: Host,
+    /// Where the clients run.
+    pub client: Host,
     pub links: Vec<Link>,
     /// TSO/GSO/GRO switched off on every veth (see `setup`).
     pub offloads_off: bool,
@@ -40,25 +42,6 @@ pub fn veth_names(pid: u32, index: usize) -> (String, String) {
     (format!("bwl{pid}{idx}t"), format!("bwl{pid}{idx}c"))
 }
 
-/// A command run inside namespace `ns` (`ip netns exec` execs it, so the PID
-/// of the spawned child is the program's own PID).
-pub fn ns_command(ns: &str, program: &str) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, program]);
-    c
-}
-
-fn sh(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", args[0]))?;
-    if !out.status.success() {
-        anyhow::bail!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 impl Topology {
     /// `tcp_congestion`: the algorithm both namespaces' TCP connections use
     /// (None: what new namespaces inherit from the system).
@@ -68,18 +51,20 @@ impl Topology {
         let (tns, cns) = names(pid);
         let reg = registry();
         let mut tokens = vec![];
-        for ns in [&tns, &cns] {
-            let (t, ()) = reg.create(Resource::Netns(ns.clone()), || {
-                sh(&["ip", "netns", "add", ns])?;
+        let (target, client) = (Host::LocalNamespace(tns.clone()), Host::LocalNamespace(cns.clone()));
+        for host in [&target, &client] {
+            let ns = host.name();
+            let (t, ()) = reg.create(Resource::Netns(ns.to_string()), || {
+                sh("ip", &["netns", "add", ns])?;
                 Ok(())
             })?;
             tokens.push(t);
-            sh(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+            host.ip(&["link", "set", "lo", "up"])?;
             // No IPv6 chatter (router solicitations, DAD) in the wire counters.
-            let _ = sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
-            let _ = sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
+            let _ = host.run("sysctl", &["-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+            let _ = host.run("sysctl", &["-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
             if let Some(cc) = tcp_congestion {
-                sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", &format!("net.ipv4.tcp_congestion_control={cc}")])?;
+                host.run("sysctl", &["-qw", &format!("net.ipv4.tcp_congestion_control={cc}")])?;
             }
         }
         let mut links = vec![];
@@ -87,29 +72,28 @@ impl Topology {
         for (i, &mtu) in mtus.iter().enumerate() {
             let (tif, cif) = veth_names(pid, i);
             let (t, ()) = reg.create(Resource::Veth { ns: Some(tns.clone()), name: tif.clone() }, || {
-                sh(&["ip", "link", "add", &tif, "netns", &tns, "type", "veth", "peer", "name", &cif, "netns", &cns])?;
+                sh("ip", &["link", "add", &tif, "netns", &tns, "type", "veth", "peer", "name", &cif, "netns", &cns])?;
                 Ok(())
             })?;
             tokens.push(t);
             let target_ip = Ipv4Addr::new(198, 18, i as u8, 1);
             let client_ip = Ipv4Addr::new(198, 18, i as u8, 2);
-            for (ns, ifname, ip) in [(&tns, &tif, target_ip), (&cns, &cif, client_ip)] {
-                let mtu_s = mtu.to_string();
-                sh(&["ip", "-n", ns, "link", "set", ifname, "mtu", &mtu_s])?;
-                sh(&["ip", "-n", ns, "addr", "add", &format!("{ip}/24"), "dev", ifname])?;
+            for (host, ifname, ip) in [(&target, &tif, target_ip), (&client, &cif, client_ip)] {
+                host.set_mtu(ifname, mtu)?;
+                host.ip(&["addr", "add", &format!("{ip}/24"), "dev", ifname])?;
                 // veth would otherwise pass 64 KiB TCP super-frames: with
                 // segmentation offloads off, frames on the veth have real MTU
                 // sizes, so frames/op and MTU effects mean what they say.
-                let off = sh(&["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tso", "off", "gso", "off", "gro", "off"]);
+                let off = host.run("ethtool", &["-K", ifname, "tso", "off", "gso", "off", "gro", "off"]);
                 if let Err(e) = off {
                     log::warn!("cannot switch offloads off on {ifname}: {e}");
                     offloads_off = false;
                 }
-                sh(&["ip", "-n", ns, "link", "set", ifname, "up"])?;
+                host.ip(&["link", "set", ifname, "up"])?;
             }
             links.push(Link { mtu, target_if: tif, client_if: cif, target_ip, client_ip });
         }
-        let topo = Topology { target_ns: tns, client_ns: cns, links, offloads_off, tokens };
+        let topo = Topology { target, client, links, offloads_off, tokens };
         topo.wait_reachable()?;
         Ok(topo)
     }
@@ -118,15 +102,15 @@ impl Topology {
     /// veth carrier comes up asynchronously after `link set up`.
     fn wait_reachable(&self) -> anyhow::Result<()> {
         for l in &self.links {
-            for (ns, ifname) in [(&self.target_ns, &l.target_if), (&self.client_ns, &l.client_if)] {
+            for (host, ifname) in [(&self.target, &l.target_if), (&self.client, &l.client_if)] {
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
                 loop {
-                    let out = sh(&["ip", "-n", ns, "-j", "link", "show", "dev", ifname])?;
+                    let out = host.ip(&["-j", "link", "show", "dev", ifname])?;
                     if out.contains("\"operstate\":\"UP\"") {
                         break;
                     }
                     if std::time::Instant::now() > deadline {
-                        anyhow::bail!("{ifname} in {ns} did not come up: {out}");
+                        anyhow::bail!("{ifname} in {} did not come up: {out}", host.name());
                     }
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
@@ -138,8 +122,7 @@ impl Topology {
     /// Counters of the client-side end of `link` (sent + received are both
     /// there: the veth has no other traffic).
     pub fn client_counters(&self, link: &Link) -> anyhow::Result<WireCounters> {
-        let out = sh(&["ip", "-n", &self.client_ns, "-s", "-j", "link", "show", "dev", &link.client_if])?;
-        parse_ip_stats_json(&out)
+        self.client.nic_counters(&link.client_if)
     }
 
     /// Remove the veths and namespaces (also done by the registry on abort).
@@ -157,27 +140,6 @@ impl Topology {
     }
 }
 
-/// Parse `ip -s -j link show dev IF` output (iproute2 JSON, `stats64`).
-pub fn parse_ip_stats_json(text: &str) -> anyhow::Result<WireCounters> {
-    let v: serde_json::Value = serde_json::from_str(text)?;
-    let s = v
-        .get(0)
-        .and_then(|l| l.get("stats64").or_else(|| l.get("stats")))
-        .ok_or_else(|| anyhow::anyhow!("no stats64 in `ip -s -j link` output"))?;
-    let num = |dir: &str, k: &str| -> anyhow::Result<u64> {
-        s.get(dir)
-            .and_then(|d| d.get(k))
-            .and_then(|x| x.as_u64())
-            .ok_or_else(|| anyhow::anyhow!("`ip -s -j link` output lacks {dir}.{k}"))
-    };
-    Ok(WireCounters {
-        rx_bytes: num("rx", "bytes")?,
-        tx_bytes: num("tx", "bytes")?,
-        rx_packets: num("rx", "packets")?,
-        tx_packets: num("tx", "packets")?,
-    })
-}
-
 /// Everything on this machine that belongs to the lab run with `pid`:
 /// namespaces, links, mounts, FUSE connections, loop devices, memory
 /// cgroups and attach daemons (for leak checks; qdiscs live on the lab's
@@ -186,7 +148,7 @@ pub fn leftovers(pid: u32) -> Vec<String> {
     let (tns, cns) = names(pid);
     let veth_prefix = format!("bwl{pid}");
     let mut out = vec![];
-    if let Ok(s) = sh(&["ip", "netns", "list"]) {
+    if let Ok(s) = sh("ip", &["netns", "list"]) {
         for l in s.lines() {
             let n = l.split_whitespace().next().unwrap_or("");
             if n == tns || n == cns {
@@ -194,7 +156,7 @@ pub fn leftovers(pid: u32) -> Vec<String> {
             }
         }
     }
-    if let Ok(s) = sh(&["ip", "-o", "link", "show"]) {
+    if let Ok(s) = sh("ip", &["-o", "link", "show"]) {
         for l in s.lines() {
             if let Some(name) = l.split(": ").nth(1) {
                 let name = name.split('@').next().unwrap_or(name);
@@ -264,15 +226,5 @@ mod tests {
         assert!(t.len() <= 15 && c.len() <= 15, "{t} {c}");
         assert_ne!(t, c);
         assert_ne!(veth_names(12, 0), veth_names(12, 1));
-    }
-
-    #[test]
-    fn parses_iproute2_json_counters() {
-        // Recorded from `ip -s -j link show dev X` (iproute2 6.1).
-        let text = r#"[{"ifindex":5,"link_index":4,"ifname":"bwl1a","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":1500,"qdisc":"noqueue","operstate":"UP","linkmode":"DEFAULT","group":"default","txqlen":1000,"link_type":"ether","address":"aa:bb:cc:dd:ee:ff","broadcast":"ff:ff:ff:ff:ff:ff","link_netnsid":0,"stats64":{"rx":{"bytes":123456,"packets":321,"errors":0,"dropped":0,"over_errors":0,"multicast":0},"tx":{"bytes":6543,"packets":45,"errors":0,"dropped":0,"carrier_errors":0,"collisions":0}}}]"#;
-        let c = parse_ip_stats_json(text).unwrap();
-        assert_eq!(c, WireCounters { rx_bytes: 123456, tx_bytes: 6543, rx_packets: 321, tx_packets: 45 });
-        assert!(parse_ip_stats_json("[]").is_err());
-        assert!(parse_ip_stats_json("not json").is_err());
     }
 }

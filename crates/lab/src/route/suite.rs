@@ -8,15 +8,20 @@
 
 use super::cpu::CpuSnapshot;
 use super::{
-    spawn_service, tracked_output, Datapath, PathKind, RouteNet, CUSTOMER_IF, CUSTOMER_LABEL,
+    spawn_service, tracked_output, Datapath, PathChoice, PathKind, RouteNet, CLIENT_IP, CUSTOMER_IF, CUSTOMER_LABEL,
     TARGET_IP,
 };
-use crate::cleanup::{interrupted, registry, Token};
+use crate::cleanup::{interrupted, registry};
+use crate::host::Host;
+use crate::subjects::{blockwire, Protocol, Subject};
+use crate::targets::TargetProcess;
+use crate::topology::Link;
+use clap::ValueEnum;
 use anyhow::{bail, Context};
 pub use bw_lab_results::route::{Overhead, RouteResults, RouteSample, RouterCpu, WORKLOADS};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// What `blockwire lab --suite route` runs.
@@ -53,61 +58,61 @@ impl SuitePlan {
     }
 }
 
-/// A `blockwire serve` in the target namespace, stopped on drop.
-struct TargetProc(Option<(Token, Child)>);
+/// The path's `blockwire serve`, stopped on drop.
+struct Target(Option<TargetProcess>);
 
-impl TargetProc {
+impl Target {
     fn pid(&self) -> Option<u32> {
-        self.0.as_ref().map(|c| c.1.id())
+        self.0.as_ref().map(|p| p.pid)
     }
 }
 
-impl Drop for TargetProc {
+impl Drop for Target {
     fn drop(&mut self) {
-        if let Some((t, _)) = self.0.take() {
-            let _ = registry().release(t);
+        if let Some(p) = self.0.take() {
+            p.stop();
         }
     }
 }
 
-fn start_target(net: &RouteNet, exe: &Path, size: u64, log: &Path) -> anyhow::Result<TargetProc> {
-    let logf = std::fs::File::create(log)?;
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &net.target_ns])
-        .arg(exe)
-        .args([
-            "serve",
-            "--volume",
-            &format!("d=ram:{size}"),
-            "--aoe",
-            &format!("{CUSTOMER_IF},volume=d,shelf=1,slot=0"),
-            "--iscsi",
-            &format!("{TARGET_IP}:3260"),
-            "--nvme",
-            &format!("{TARGET_IP}:4420"),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(logf);
-    let mut t = TargetProc(Some(spawn_service(&mut cmd, "blockwire serve")?));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .contains("blockwire: ready")
-        {
-            return Ok(t);
-        }
-        if let Some(st) = t.0.as_mut().and_then(|c| c.1.try_wait().ok().flatten()) {
-            bail!(
-                "serve exited with {st}: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        anyhow::ensure!(Instant::now() < deadline, "serve not ready after 30 s");
-        anyhow::ensure!(!interrupted(), "interrupted");
-        std::thread::sleep(Duration::from_millis(50));
+/// A path as its ends see it: the customer interface and addresses on both
+/// sides (what serve exports on and the client's URLs name).
+fn customer_link(mtu: u32) -> Link {
+    Link {
+        mtu,
+        target_if: CUSTOMER_IF.into(),
+        client_if: CUSTOMER_IF.into(),
+        target_ip: TARGET_IP.parse().expect("TARGET_IP is an IPv4 address"),
+        client_ip: CLIENT_IP.parse().expect("CLIENT_IP is an IPv4 address"),
     }
+}
+
+/// Serve a RAM volume of `size` bytes over the plan's protocols on the
+/// path's target; the process and, per protocol, the client's URL.
+fn start_target(net: &RouteNet, exe: &Path, plan: &SuitePlan, size: u64, log: &Path) -> anyhow::Result<(Target, Vec<String>)> {
+    let protocols: Vec<Protocol> = plan
+        .protocols
+        .iter()
+        .map(|p| Protocol::from_str(p, false).map_err(|_| anyhow::anyhow!("unknown protocol {p:?}")))
+        .collect::<anyhow::Result<_>>()?;
+    let link = customer_link(plan.mtu);
+    let serve = blockwire::Serve {
+        exe,
+        host: &Host::LocalNamespace(net.target_ns.clone()),
+        link: &link,
+        backend: format!("ram:{size}"),
+        log: Some(log.to_path_buf()),
+        ready_within: Duration::from_secs(30),
+    };
+    let (process, status) = blockwire::start(&serve, &protocols);
+    let target = Target(process);
+    for (p, st) in status {
+        if let Err(why) = st {
+            bail!("serve {p}: {why}");
+        }
+    }
+    let urls = protocols.iter().map(|&p| Subject::Blockwire(p).url(&link)).collect();
+    Ok((target, urls))
 }
 
 fn client(net: &RouteNet, exe: &Path, args: &[&str]) -> anyhow::Result<String> {
@@ -119,31 +124,6 @@ fn client(net: &RouteNet, exe: &Path, args: &[&str]) -> anyhow::Result<String> {
         &mut cmd,
         &format!("blockwire {}", args.first().unwrap_or(&"")),
     )
-}
-
-/// URL of protocol `p` on the path (names found by discovery).
-fn url_for(net: &RouteNet, exe: &Path, p: &str) -> anyhow::Result<String> {
-    Ok(match p {
-        "aoe" => format!("aoe://{CUSTOMER_IF}/1.0"),
-        "iscsi" => {
-            let out = client(net, exe, &["iscsi", "discover", TARGET_IP])?;
-            let iqn = out
-                .split_whitespace()
-                .find(|w| w.starts_with("iqn."))
-                .context("no IQN discovered")?;
-            format!("iscsi://{TARGET_IP}/{iqn}/0")
-        }
-        "nvme" => {
-            let out = client(net, exe, &["nvme", "discover", TARGET_IP])?;
-            // Lines are "nvme+tcp://ADDR:PORT/SUBNQN (subtype ...)".
-            let url = out
-                .split_whitespace()
-                .find(|w| w.starts_with("nvme+tcp://") && !w.contains("discovery"))
-                .with_context(|| format!("no NVM subsystem discovered: {out}"))?;
-            format!("{url}/1")
-        }
-        _ => bail!("unknown protocol {p:?}"),
-    })
 }
 
 /// Frames that crossed the middle link so far, both directions: what each
@@ -405,16 +385,8 @@ pub fn run_suite(
         let tag = format!("{}{i}", std::process::id() % 100_000);
         eprintln!("route: building path {}", kind.name());
         let net = RouteNet::build(*kind, &tag, plan.mtu, exe)?;
-        let target = start_target(
-            &net,
-            exe,
-            size,
-            &out.join(format!("serve-{}.log", kind.name())),
-        )?;
-        let mut urls = vec![];
-        for p in &plan.protocols {
-            urls.push(url_for(&net, exe, p)?);
-        }
+        let log = out.join(format!("serve-{}.log", kind.name()));
+        let (target, urls) = start_target(&net, exe, plan, size, &log)?;
         live.push((net, target, urls));
     }
     for (net, _, urls) in &live {
@@ -450,7 +422,7 @@ pub fn run_suite(
 #[allow(clippy::too_many_arguments)]
 fn measure_case(
     net: &RouteNet,
-    target: &TargetProc,
+    target: &Target,
     url: &str,
     p: &str,
     w: &str,
@@ -528,97 +500,102 @@ pub fn sample_line(s: &RouteSample) -> String {
     )
 }
 
-/// `blockwire lab --suite route [--path ...] [--datapath ...] [--protocols ...] [--quick]`.
-pub fn run_cli(args: &crate::LabArgs) -> anyhow::Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    anyhow::ensure!(
-        unsafe { libc::geteuid() } == 0,
-        "the route suite creates network namespaces: run it as root"
-    );
-    let mut plan = SuitePlan::new(args.quick);
-    let datapaths: Vec<Datapath> = match &args.datapath {
-        Some(d) => d
-            .split(',')
-            .filter(|x| !x.is_empty())
-            .map(Datapath::parse)
-            .collect::<anyhow::Result<_>>()?,
-        None => vec![Datapath::Bpf, Datapath::Userspace],
-    };
-    let paths = args.path.as_deref().unwrap_or("direct,mpls,vxlan");
-    plan.paths = vec![];
-    for p in paths.split(',').filter(|x| !x.is_empty()) {
-        plan.paths.extend(PathKind::parse(p, &datapaths)?);
-    }
-    anyhow::ensure!(!plan.paths.is_empty(), "no path given");
-    if let Some(p) = &args.protocols {
-        plan.protocols = p
-            .split(',')
-            .filter(|x| !x.is_empty())
-            .map(String::from)
+/// The route suite as the lab runs it (see [`crate::suite::Suite`]).
+pub struct RouteSuite {
+    pub plan: SuitePlan,
+    pub out: PathBuf,
+    exe: PathBuf,
+    results: crate::results::Results,
+}
+
+impl RouteSuite {
+    /// `blockwire lab --suite route [--path ...] [--datapath ...] [--protocols ...] [--quick]`.
+    pub fn from_args(args: &crate::LabArgs) -> anyhow::Result<RouteSuite> {
+        // SAFETY: geteuid has no preconditions.
+        anyhow::ensure!(
+            unsafe { libc::geteuid() } == 0,
+            "the route suite creates network namespaces: run it as root"
+        );
+        let mut plan = SuitePlan::new(args.quick);
+        let datapaths: Vec<Datapath> = args
+            .datapath
+            .clone()
+            .unwrap_or(vec![Datapath::Bpf, Datapath::Userspace]);
+        let paths = args
+            .path
+            .clone()
+            .unwrap_or(vec![PathChoice::Direct, PathChoice::Mpls, PathChoice::Vxlan]);
+        plan.paths = paths
+            .into_iter()
+            .flat_map(|p| PathKind::of_choice(p, &datapaths))
             .collect();
+        anyhow::ensure!(!plan.paths.is_empty(), "no path given");
+        if let Some(p) = &args.protocols {
+            plan.protocols = p.iter().map(|p| p.name().to_string()).collect();
+        }
+        if let Some(m) = &args.mtu {
+            plan.mtu = m.first().copied().unwrap_or(9000);
+        }
+        if let Some(r) = args.repeat {
+            plan.rounds = r.max(1);
+        }
+        if let Some(r) = args.runtime {
+            plan.runtime = r as f64;
+        }
+        if let Some(s) = &args.size {
+            plan.copy_bytes = crate::plan::parse_size(s)?;
+        }
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("lab-route"));
+        std::fs::create_dir_all(&out)?;
+        // Before any thread exists (see install_signal_handler).
+        crate::cleanup::install_signal_handler()?;
+        let exe = std::env::current_exe()?;
+        let mut results = crate::results::Results {
+            format: crate::results::FORMAT,
+            started_utc: crate::results::utc_now(),
+            machine: crate::machine::machine_info(),
+            software: crate::subjects::software(&exe),
+            ..Default::default()
+        };
+        results.params.quick = plan.quick;
+        results.params.protocols = plan.protocols.clone();
+        results.params.mtus = vec![plan.mtu];
+        results.params.suites = vec!["route".into()];
+        results.params.repeat = plan.rounds;
+        results.params.size_bytes = plan.copy_bytes;
+        results.params.runtime_s = plan.runtime as u32;
+        results.params.veth_offloads_off = true;
+        Ok(RouteSuite { plan, out, exe, results })
     }
-    if let Some(m) = &args.mtu {
-        plan.mtu = m
-            .split(',')
-            .next()
-            .unwrap_or("9000")
-            .parse()
-            .context("--mtu")?;
+}
+
+impl crate::suite::Suite for RouteSuite {
+    fn estimate(&self) -> Option<String> {
+        None
     }
-    if let Some(r) = args.repeat {
-        plan.rounds = r.max(1);
+
+    fn run_cases(&mut self) -> anyhow::Result<()> {
+        let mut route = RouteResults::default();
+        let outcome = run_suite(&self.plan, &self.exe, &self.out, &mut route);
+        self.results.route = Some(route);
+        outcome
     }
-    if let Some(r) = args.runtime {
-        plan.runtime = r as f64;
+
+    fn results(&mut self) -> &mut crate::results::Results {
+        &mut self.results
     }
-    if let Some(s) = &args.size {
-        plan.copy_bytes = crate::plan::parse_size(s)?;
+
+    fn finish(&mut self) {
+        for line in super::report::text_summary(self.results.route.as_ref().unwrap_or(&RouteResults::default())) {
+            println!("{line}");
+        }
     }
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("lab-route"));
-    std::fs::create_dir_all(&out)?;
-    // Before any thread exists (see install_signal_handler).
-    crate::cleanup::install_signal_handler()?;
-    let exe = std::env::current_exe()?;
-    let mut results = crate::results::Results {
-        format: crate::results::FORMAT,
-        started_utc: crate::results::utc_now(),
-        machine: crate::machine::machine_info(),
-        software: crate::machine::software(&exe),
-        ..Default::default()
-    };
-    results.params.quick = plan.quick;
-    results.params.protocols = plan.protocols.clone();
-    results.params.mtus = vec![plan.mtu];
-    results.params.suites = vec!["route".into()];
-    results.params.repeat = plan.rounds;
-    results.params.size_bytes = plan.copy_bytes;
-    results.params.runtime_s = plan.runtime as u32;
-    results.params.veth_offloads_off = true;
-    let mut route = RouteResults::default();
-    let outcome = run_suite(&plan, &exe, &out, &mut route);
-    results.finished_utc = crate::results::utc_now();
-    if let Err(e) = &outcome {
-        results.aborted = Some(if interrupted() {
-            "interrupted".to_string()
-        } else {
-            format!("{e:#}")
-        });
+
+    fn print_outcome(&self, _ok: bool) {
+        println!("route: results in {}", self.out.join("results.json").display());
+        println!("route: report in {}", self.out.join("report.html").display());
     }
-    for line in super::report::text_summary(&route) {
-        println!("{line}");
-    }
-    results.route = Some(route);
-    let saved = results
-        .save(&out.join("results.json"))
-        .and_then(|_| crate::report::write_all(&out, &results));
-    for e in registry().cleanup_all() {
-        eprintln!("lab: cleanup: {e}");
-    }
-    println!("route: results in {}", out.join("results.json").display());
-    println!("route: report in {}", out.join("report.html").display());
-    outcome?;
-    saved
 }

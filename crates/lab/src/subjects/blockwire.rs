@@ -1,0 +1,159 @@
+//! blockwire's own target: one `blockwire serve` exporting the backing file
+//! over every protocol asked for (AoE, iSCSI and NVMe/TCP at once).
+
+use super::Protocol;
+use crate::cleanup::{registry, Resource};
+use crate::host::Host;
+use crate::targets::{await_ready, spawn_logged, TargetProcess};
+use crate::topology::Link;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const NAME: &str = "blockwire";
+pub const IQN: &str = "iqn.2026-11.org.blockwire.lab:disk";
+pub const NQN: &str = "nqn.2026-11.org.blockwire.lab:disk";
+/// AoE shelf and slot.
+pub const AOE_ADDRESS: (u16, u8) = (1, 0);
+pub const ISCSI_PORT: u16 = 3260;
+pub const NVME_PORT: u16 = 4420;
+
+/// The URL blockwire's client uses to reach protocol `p` over `link`.
+pub fn url(p: Protocol, link: &Link) -> String {
+    let ip = link.target_ip;
+    match p {
+        Protocol::Aoe => format!("aoe://{}/{}.{}", link.client_if, AOE_ADDRESS.0, AOE_ADDRESS.1),
+        Protocol::Iscsi => format!("iscsi://{ip}:{ISCSI_PORT}/{IQN}/0"),
+        Protocol::Nvme => format!("nvme+tcp://{ip}:{NVME_PORT}/{NQN}/1"),
+    }
+}
+
+/// What `blockwire serve` exports, over which protocols, where.
+pub struct Serve<'a> {
+    pub exe: &'a Path,
+    pub host: &'a Host,
+    pub link: &'a Link,
+    /// The volume's backend in serve's syntax (`file:PATH`, `ram:SIZE`).
+    pub backend: String,
+    /// Where serve's output goes besides the lab's memory of its last lines.
+    pub log: Option<PathBuf>,
+    /// How long it may take to say it is ready.
+    pub ready_within: Duration,
+}
+
+/// The `blockwire serve --config` TOML for `protocols` on `link` (schema of
+/// bw_serve::config; written as text so the lab does not link the target).
+fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
+    let ip = link.target_ip;
+    let q = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let mut t = format!("[[volume]]\nname = \"lab\"\nbackend = {}\n", q(backend));
+    for p in protocols {
+        match p {
+            Protocol::Aoe => {
+                t += &format!(
+                    "\n[[aoe.export]]\ninterface = {}\nvolume = \"lab\"\nshelf = {}\nslot = {}\n",
+                    q(&link.target_if),
+                    AOE_ADDRESS.0,
+                    AOE_ADDRESS.1
+                )
+            }
+            Protocol::Iscsi => {
+                t += &format!(
+                    "\n[iscsi]\nlisten = [\"{ip}:{ISCSI_PORT}\"]\n[[iscsi.target]]\niqn = {}\nluns = [{{ lun = 0, volume = \"lab\" }}]\n",
+                    q(IQN)
+                )
+            }
+            Protocol::Nvme => {
+                t += &format!(
+                    "\n[nvme]\nlisten = [\"{ip}:{NVME_PORT}\"]\ndiscovery_listen = \"{ip}:8009\"\n[[nvme.subsystem]]\nnqn = {}\nnamespaces = [{{ nsid = 1, volume = \"lab\" }}]\n",
+                    q(NQN)
+                )
+            }
+        }
+    }
+    t
+}
+
+/// Start serve and wait (at most 20 s) for its ready line.
+fn start_serve_once(serve: &Serve, protocols: &[Protocol]) -> Result<TargetProcess, String> {
+    let text = serve_config(serve.link, &serve.backend, protocols);
+    let path = PathBuf::from(format!(
+        "/tmp/bwlab-{}-serve-{}-{}.toml",
+        std::process::id(),
+        serve.host.name(),
+        serve.link.mtu
+    ));
+    let (cfg_token, ()) = registry()
+        .create(Resource::File(path.clone()), || Ok(std::fs::write(&path, &text)?))
+        .map_err(|e| e.to_string())?;
+    let mut cmd = serve.host.command(&serve.exe.to_string_lossy());
+    cmd.args(["serve", "--config"]).arg(&path);
+    let spawned = spawn_logged(cmd, "blockwire serve", Some(crate::targets::SERVE_READY), serve.log.as_deref());
+    let (mut p, rx) = match spawned {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = registry().release(cfg_token);
+            return Err(e.to_string());
+        }
+    };
+    p.keep_until_stopped(cfg_token);
+    await_ready(p, &rx, serve.ready_within)
+}
+
+/// Per protocol: `Ok` if it is served, `Err(reason)` if not.
+pub type ProtocolStatus = Vec<(Protocol, Result<(), String>)>;
+
+/// Start one `blockwire serve` for all `protocols` at once. If that fails,
+/// find out which protocols fail alone (each gets its own reason) and start
+/// the rest together. Returns the process (if any protocol works) and, per
+/// protocol, `Err(reason)` for those unavailable.
+pub fn start(serve: &Serve, protocols: &[Protocol]) -> (Option<TargetProcess>, ProtocolStatus) {
+    if protocols.is_empty() {
+        return (None, vec![]);
+    }
+    match start_serve_once(serve, protocols) {
+        Ok(p) => return (Some(p), protocols.iter().map(|&p| (p, Ok(()))).collect()),
+        Err(e) if protocols.len() == 1 => return (None, vec![(protocols[0], Err(e))]),
+        Err(e) => log::info!("serve with {protocols:?} failed ({e}); probing protocols one by one"),
+    }
+    let mut status = vec![];
+    let mut working = vec![];
+    for &proto in protocols {
+        match start_serve_once(serve, &[proto]) {
+            Ok(p) => {
+                p.stop();
+                working.push(proto);
+                status.push((proto, Ok(())));
+            }
+            Err(e) => status.push((proto, Err(e))),
+        }
+    }
+    if working.is_empty() {
+        return (None, status);
+    }
+    match start_serve_once(serve, &working) {
+        Ok(p) => (Some(p), status),
+        Err(e) => (None, working.iter().map(|&w| (w, Err(e.clone()))).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_config_is_well_formed_toml() {
+        let link = crate::subjects::tests::link();
+        let all = Protocol::ALL;
+        let text = serve_config(&link, "file:/dev/shm/x.img", &all);
+        let v: toml::Table = toml::from_str(&text).unwrap();
+        assert_eq!(v["volume"][0]["backend"].as_str(), Some("file:/dev/shm/x.img"));
+        assert_eq!(v["aoe"]["export"][0]["interface"].as_str(), Some("bwl1at"));
+        assert_eq!(v["aoe"]["export"][0]["shelf"].as_integer(), Some(1));
+        assert_eq!(v["iscsi"]["listen"][0].as_str(), Some("198.18.1.1:3260"));
+        assert_eq!(v["iscsi"]["target"][0]["iqn"].as_str(), Some(IQN));
+        assert_eq!(v["iscsi"]["target"][0]["luns"][0]["lun"].as_integer(), Some(0));
+        assert_eq!(v["nvme"]["subsystem"][0]["namespaces"][0]["nsid"].as_integer(), Some(1));
+        let only_aoe: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &all[..1])).unwrap();
+        assert!(only_aoe.get("iscsi").is_none() && only_aoe.get("nvme").is_none());
+    }
+}

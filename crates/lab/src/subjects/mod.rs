@@ -1,0 +1,205 @@
+//! What the lab measures: blockwire over each of its protocols, and the peer
+//! targets served from the same backing file. Each peer kind is one module
+//! here (how to start it, its URL, its version, the tools it needs; the
+//! process it returns is what CPU accounting reads and cleanup stops) and
+//! one row in [`PeerKind`] and [`PeerKind::target`].
+
+pub mod blockwire;
+pub mod tgt;
+pub mod vblade;
+
+use crate::targets::TargetProcess;
+use crate::topology::{Link, Topology};
+use clap::ValueEnum;
+use std::path::Path;
+
+/// blockwire's protocols; one `blockwire serve` serves them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum Protocol {
+    Aoe,
+    Iscsi,
+    Nvme,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 3] = [Protocol::Aoe, Protocol::Iscsi, Protocol::Nvme];
+
+    /// Its name in `--protocols`, subject keys and results.json.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Aoe => "aoe",
+            Protocol::Iscsi => "iscsi",
+            Protocol::Nvme => "nvme",
+        }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A program a subject needs, and the package that has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tool {
+    pub program: &'static str,
+    pub package: &'static str,
+}
+
+/// A peer target: another implementation serving the backing file in the
+/// target namespace, measured with blockwire's client beside blockwire serve.
+pub trait PeerTarget: Sync {
+    /// Its name in `--peers`, subject keys and results.json (`tgt`).
+    fn name(&self) -> &'static str;
+    fn protocol(&self) -> Protocol;
+    /// The programs it runs: without them it is unavailable, with this reason.
+    fn tools(&self) -> &'static [Tool];
+    /// Its installed version, for the report (None: not installed).
+    fn version(&self) -> Option<String>;
+    /// Start it on `link` serving `backing`; Err is why it is unavailable.
+    fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String>;
+    /// The URL blockwire's client reaches it at over `link`.
+    fn url(&self, link: &Link) -> String;
+}
+
+/// The peer targets the lab knows: one row per peer module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum PeerKind {
+    Tgt,
+    Vblade,
+}
+
+impl PeerKind {
+    /// The module implementing this peer.
+    pub fn target(self) -> &'static dyn PeerTarget {
+        match self {
+            PeerKind::Tgt => &tgt::Tgt,
+            PeerKind::Vblade => &vblade::Vblade,
+        }
+    }
+
+    pub fn all() -> &'static [PeerKind] {
+        PeerKind::value_variants()
+    }
+
+    pub fn name(self) -> &'static str {
+        self.target().name()
+    }
+
+    /// Start the peer, first checking its tools are installed.
+    pub fn start(self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
+        let t = self.target();
+        for tool in t.tools() {
+            if !crate::host::which(tool.program) {
+                return Err(format!("{} is not installed (package {})", tool.program, tool.package));
+            }
+        }
+        t.start(topo, link, backing)
+    }
+}
+
+/// One `--peers` entry: a peer, or `none` (no peers at all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerChoice(pub Option<PeerKind>);
+
+/// clap's parser for `--peers` entries: a peer name or `none`.
+pub fn parse_peer_choice(s: &str) -> Result<PeerChoice, String> {
+    if s.trim() == "none" {
+        return Ok(PeerChoice(None));
+    }
+    let names: Vec<&str> = PeerKind::all().iter().map(|p| p.name()).collect();
+    PeerKind::from_str(s.trim(), false)
+        .map(|p| PeerChoice(Some(p)))
+        .map_err(|_| format!("unknown peer {s:?} ({}, or none)", names.join(", ")))
+}
+
+/// A networked subject: who serves, over which protocol (always measured
+/// with blockwire's client).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Subject {
+    Blockwire(Protocol),
+    Peer(PeerKind),
+}
+
+impl Subject {
+    /// The target implementation's name (`blockwire`, `tgt`, ...).
+    pub fn target_name(self) -> &'static str {
+        match self {
+            Subject::Blockwire(_) => blockwire::NAME,
+            Subject::Peer(p) => p.name(),
+        }
+    }
+
+    pub fn protocol(self) -> Protocol {
+        match self {
+            Subject::Blockwire(p) => p,
+            Subject::Peer(p) => p.target().protocol(),
+        }
+    }
+
+    /// Its key in results.json: `<target>-<protocol>`.
+    pub fn key(self) -> String {
+        format!("{}-{}", self.target_name(), self.protocol())
+    }
+
+    /// The URL blockwire's client uses to reach it over `link`.
+    pub fn url(self, link: &Link) -> String {
+        match self {
+            Subject::Blockwire(p) => blockwire::url(p, link),
+            Subject::Peer(p) => p.target().url(link),
+        }
+    }
+}
+
+/// The versions of what the run measured (`blockwire_exe`, the peers, fio).
+pub fn software(blockwire_exe: &std::path::Path) -> crate::results::Software {
+    let na = || "not installed".to_string();
+    crate::results::Software {
+        blockwire: crate::machine::first_line(&blockwire_exe.to_string_lossy(), &["--version"]).unwrap_or_else(na),
+        tgt: PeerKind::Tgt.target().version().unwrap_or_else(na),
+        vblade: PeerKind::Vblade.target().version().unwrap_or_else(na),
+        fio: crate::machine::first_line("fio", &["--version"]).unwrap_or_else(na),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    pub(crate) fn link() -> Link {
+        Link {
+            mtu: 9000,
+            target_if: "bwl1at".into(),
+            client_if: "bwl1ac".into(),
+            target_ip: Ipv4Addr::new(198, 18, 1, 1),
+            client_ip: Ipv4Addr::new(198, 18, 1, 2),
+        }
+    }
+
+    #[test]
+    fn urls_per_subject() {
+        let l = link();
+        assert_eq!(Subject::Blockwire(Protocol::Aoe).url(&l), "aoe://bwl1ac/1.0");
+        assert_eq!(Subject::Peer(PeerKind::Vblade).url(&l), "aoe://bwl1ac/2.0");
+        assert_eq!(Subject::Peer(PeerKind::Tgt).url(&l), format!("iscsi://198.18.1.1:3261/{}/1", tgt::IQN));
+        assert_eq!(Subject::Blockwire(Protocol::Nvme).url(&l), format!("nvme+tcp://198.18.1.1:4420/{}/1", blockwire::NQN));
+    }
+
+    #[test]
+    fn keys_and_names() {
+        assert_eq!(Subject::Blockwire(Protocol::Iscsi).key(), "blockwire-iscsi");
+        assert_eq!(Subject::Peer(PeerKind::Tgt).key(), "tgt-iscsi");
+        assert_eq!(Subject::Peer(PeerKind::Vblade).key(), "vblade-aoe");
+        // The name a peer gives itself is the one `--peers` accepts.
+        for &p in PeerKind::all() {
+            assert_eq!(parse_peer_choice(p.name()), Ok(PeerChoice(Some(p))));
+        }
+        assert_eq!(parse_peer_choice("none"), Ok(PeerChoice(None)));
+        assert!(parse_peer_choice("lio").is_err());
+        for p in Protocol::ALL {
+            assert_eq!(Protocol::from_str(p.name(), false), Ok(p));
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! tgt (iSCSI): tgtd in the foreground with a control port of its own (so it
+//! never meets a system tgtd), one target with the backing file as LUN 1.
+
+use super::{PeerTarget, Protocol, Tool};
+use crate::cleanup::{registry, Resource};
+use crate::targets::{spawn_logged, TargetProcess};
+use crate::topology::{Link, Topology};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub const IQN: &str = "iqn.2026-11.org.blockwire.lab:tgt";
+pub const ISCSI_PORT: u16 = 3261;
+
+pub struct Tgt;
+
+fn tgtadm(topo: &Topology, port: u32, args: &[&str]) -> Result<(), String> {
+    let out = topo
+        .target
+        .command("tgtadm")
+        .args(["-C", &port.to_string(), "--lld", "iscsi"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run tgtadm: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("tgtadm {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+impl PeerTarget for Tgt {
+    fn name(&self) -> &'static str {
+        "tgt"
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Iscsi
+    }
+
+    fn tools(&self) -> &'static [Tool] {
+        &[Tool { program: "tgtd", package: "tgt" }, Tool { program: "tgtadm", package: "tgt" }]
+    }
+
+    fn version(&self) -> Option<String> {
+        crate::host::package_version("tgt").map(|v| format!("tgt {v}"))
+    }
+
+    // tgt puts its controller on LUN 0; the disk is LUN 1.
+    fn url(&self, link: &Link) -> String {
+        format!("iscsi://{}:{ISCSI_PORT}/{IQN}/1", link.target_ip)
+    }
+
+    fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
+        // tgtd accepts control ports up to 32767.
+        let port = 1_000 + std::process::id() % 31_000;
+        // tgtd leaves its control socket and lock behind when killed.
+        let sock = PathBuf::from(format!("/var/run/tgtd/socket.{port}"));
+        let lock = PathBuf::from(format!("/var/run/tgtd/socket.{port}.lock"));
+        let mut leftovers = vec![];
+        for f in [sock, lock] {
+            if let Ok((t, ())) = registry().create(Resource::File(f), || Ok(())) {
+                leftovers.push(t);
+            }
+        }
+        let mut cmd = topo.target.command("tgtd");
+        cmd.args(["-f", "-C", &port.to_string(), "--iscsi", &format!("portal={}:{ISCSI_PORT}", link.target_ip)]);
+        let (mut p, _rx) = spawn_logged(cmd, "tgtd", None, None).map_err(|e| e.to_string())?;
+        for t in leftovers {
+            p.keep_until_stopped(t);
+        }
+        // Ready when its control socket answers.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if tgtadm(topo, port, &["--mode", "target", "--op", "show"]).is_ok() {
+                break;
+            }
+            if !p.alive() || Instant::now() > deadline {
+                let why = format!("tgtd did not start: {}", p.log_tail());
+                p.stop();
+                return Err(why);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let backing_s = backing.to_string_lossy();
+        let setup = [
+            vec!["--mode", "target", "--op", "new", "--tid", "1", "--targetname", IQN],
+            vec!["--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1", "--backing-store", &backing_s],
+            vec!["--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL"],
+        ];
+        for args in setup {
+            if let Err(e) = tgtadm(topo, port, &args) {
+                p.stop();
+                return Err(e);
+            }
+        }
+        Ok(p)
+    }
+}

@@ -1,0 +1,53 @@
+//! vblade (AoE): exports the backing file on the target veth at its own
+//! shelf, beside blockwire's.
+
+use super::{PeerTarget, Protocol, Tool};
+use crate::targets::{spawn_logged, TargetProcess};
+use crate::topology::{Link, Topology};
+use std::path::Path;
+use std::time::Duration;
+
+/// AoE shelf and slot.
+pub const AOE_ADDRESS: (u16, u8) = (2, 0);
+
+pub struct Vblade;
+
+impl PeerTarget for Vblade {
+    fn name(&self) -> &'static str {
+        "vblade"
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Aoe
+    }
+
+    fn tools(&self) -> &'static [Tool] {
+        &[Tool { program: "vblade", package: "vblade" }]
+    }
+
+    fn version(&self) -> Option<String> {
+        crate::host::package_version("vblade").map(|v| format!("vblade {v}"))
+    }
+
+    fn url(&self, link: &Link) -> String {
+        format!("aoe://{}/{}.{}", link.client_if, AOE_ADDRESS.0, AOE_ADDRESS.1)
+    }
+
+    /// vblade prints nothing when ready; it is ready once it has opened the
+    /// socket, so give it a moment and check it is still alive (the client's
+    /// discovery retries).
+    fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
+        let mut cmd = topo.target.command("vblade");
+        cmd.args([&AOE_ADDRESS.0.to_string(), &AOE_ADDRESS.1.to_string(), &link.target_if])
+            .arg(backing);
+        let (mut p, _rx) = spawn_logged(cmd, "vblade", None, None).map_err(|e| e.to_string())?;
+        std::thread::sleep(Duration::from_millis(500));
+        if !p.alive() {
+            std::thread::sleep(Duration::from_millis(100));
+            let why = format!("vblade exited: {}", p.log_tail());
+            p.stop();
+            return Err(why);
+        }
+        Ok(p)
+    }
+}
