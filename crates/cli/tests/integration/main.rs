@@ -24,6 +24,7 @@ mod nvme_hostile;
 mod nvme_initiator;
 mod nvme_kernel;
 mod nvme_nvmet;
+mod readme_layout;
 mod rbd;
 mod rbd_gateways;
 mod secrets;
