@@ -654,6 +654,26 @@ impl TargetSession {
         self.serve_waiting(out);
     }
 
+    /// The byte ranges of the Data-In PDUs that carry `len` bytes of
+    /// data-in: each ends at the initiator's segment limit or at a burst
+    /// boundary. A transport that reads the data into its send buffer
+    /// itself lays it out by these before [`TargetSession::complete_extent`]
+    /// makes the headers (one per range, in this order).
+    pub fn data_in_segments(&self, len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+        let mss = self.params.max_send_data_segment_length.max(512) as usize;
+        let burst = self.params.max_burst_length.max(512) as usize;
+        let mut off = 0usize;
+        std::iter::from_fn(move || {
+            (off < len).then(|| {
+                let burst_end = (off / burst + 1) * burst;
+                let end = (off + mss).min(len).min(burst_end);
+                let r = off..end;
+                off = end;
+                r
+            })
+        })
+    }
+
     /// The task `itt` if it is still the one with `id` (not aborted
     /// meanwhile), removed; its command slot and data-out budget are freed.
     fn take_task(&mut self, itt: u32, id: u64) -> Option<Task> {
@@ -684,15 +704,11 @@ impl TargetSession {
         out: &mut Vec<Action>,
         data_pdu: impl Fn(Pdu, usize, usize) -> Action,
     ) {
-        let mss = self.params.max_send_data_segment_length.max(512) as usize;
         let burst = self.params.max_burst_length.max(512) as usize;
         let mut data_sn = 0u32;
         let collapse = sense.is_empty();
-        let mut off = 0usize;
-        while off < len {
-            // Each PDU ends at the segment limit or at a burst boundary.
+        for std::ops::Range { start: off, end } in self.data_in_segments(len) {
             let burst_end = (off / burst + 1) * burst;
-            let end = (off + mss).min(len).min(burst_end);
             let last = end == len;
             let with_status = last && collapse;
             let m = DataIn {
@@ -712,7 +728,6 @@ impl TargetSession {
             };
             out.push(data_pdu(Pdu::new(Message::DataIn(m).encode(), Bytes::new()), off, end));
             data_sn += 1;
-            off = end;
         }
         if len == 0 || !collapse {
             let r = ScsiResponse {

@@ -30,6 +30,9 @@ pub mod nvm {
     pub const DSM_DEALLOCATE: u32 = 1 << 2;
     /// Most ranges one Dataset Management command carries (NR is 0's based, 8 bits).
     pub const DSM_MAX_RANGES: usize = 256;
+    /// Read/Write CDW12 bit 30: Force Unit Access (the data is durable
+    /// before the command completes).
+    pub const RW_FUA: u32 = 1 << 30;
 }
 
 /// The fabrics command opcode; the command type is in byte 4 (fctype).
@@ -150,6 +153,14 @@ impl Sqe {
     pub fn set_rw(&mut self, slba: u64, blocks: u32) {
         put64(&mut self.0, 40, slba);
         self.set_cdw(12, blocks.saturating_sub(1) & 0xFFFF);
+    }
+    /// Force Unit Access ([`nvm::RW_FUA`]) of a Read or Write.
+    pub fn fua(&self) -> bool {
+        self.cdw(12) & nvm::RW_FUA != 0
+    }
+    pub fn set_fua(&mut self, fua: bool) {
+        let cdw12 = self.cdw(12) & !nvm::RW_FUA;
+        self.set_cdw(12, if fua { cdw12 | nvm::RW_FUA } else { cdw12 });
     }
     /// Dataset Management of `ranges` ranges (1..=256, sent as data, see
     /// `io::dsm_ranges`), deallocating them if `deallocate`.
