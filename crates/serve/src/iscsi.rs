@@ -318,9 +318,7 @@ async fn login(
             break t;
         }
     };
-    let entropy = bw_iscsi::chap::ChapEntropy::from_os()
-        .map_err(|e| anyhow::anyhow!("no random numbers from the OS for a CHAP challenge: {e}"))?;
-    let mut login = TargetLogin::new(&ctx.login, tsih, entropy);
+    let mut login = TargetLogin::new(&ctx.login, tsih, chap_entropy()?);
     // The whole login, not each PDU, has to fit in the timeout: a peer
     // dripping a byte at a time must not hold its thread for ever.
     let login_timeout = ctx.admission.limits().login_timeout();
@@ -367,6 +365,15 @@ async fn login(
         Some(r) => Ok(Some(r.clone())),
         None => anyhow::bail!("login completed without a result"),
     }
+}
+
+/// Random bytes for a login's CHAP challenge, from the OS; there is no
+/// fallback: without the OS generator there is no login.
+fn chap_entropy() -> anyhow::Result<bw_iscsi::chap::ChapEntropy> {
+    let mut b = [0u8; 33];
+    getrandom::getrandom(&mut b)
+        .map_err(|e| anyhow::anyhow!("no random numbers from the OS for a CHAP challenge: {e}"))?;
+    Ok(bw_iscsi::chap::ChapEntropy(b))
 }
 
 /// The full feature phase session a login produced: the targets this
@@ -554,14 +561,20 @@ impl Connection {
         };
         let plan = scsi.plan(lun_number(e.lun), &e.cdb);
         let work = work(&plan, &e, &self.knobs, self.digests);
-        let place = dispatch::place(work, plan.device(), self.knobs.inline_max);
+        let mut place = dispatch::place(work, plan.device(), self.knobs.inline_max);
         if place == Place::Submit && self.submit(&plan, &e) {
             return;
         }
+        if place == Place::Inline && e.read && !e.write && self.read(&plan, &e, work) {
+            return;
+        }
+        if let Work::Data { len, zero_copy: true } = work {
+            // Not sent zero-copy after all (a unit attention or reservation
+            // to report first): the general path copies it.
+            let copy = Work::Data { len, zero_copy: false };
+            place = dispatch::place(copy, plan.device(), self.knobs.inline_max);
+        }
         if place == Place::Inline {
-            if e.read && !e.write && self.read(&plan, &e, work) {
-                return;
-            }
             let d = run_command(&plan, self.nexus, &e);
             return self.finished(d);
         }
@@ -791,5 +804,15 @@ impl Connection {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn chap_challenges_come_from_the_os() {
+        // Two draws differ (a stuck generator would be caught here).
+        let (a, b) = (super::chap_entropy().unwrap(), super::chap_entropy().unwrap());
+        assert_ne!(a.0, b.0);
     }
 }
