@@ -30,7 +30,7 @@ use bw_iscsi::negotiate::{LocalLimits, SessionType};
 use bw_iscsi::pdu::{Decoder, Digests, Pdu, BHS_LEN};
 use bw_iscsi::target_login::{LoginConfig, LoginResult, LoginStep, Secret, TargetInfo, TargetLogin};
 use bw_iscsi::target_session::{
-    write_outcome, Action, Exec, SessionConfig, TargetSession, DATA_OUT_BUDGET,
+    write_outcome, Action, Exec, SessionConfig, TargetSession, Timers, DATA_OUT_BUDGET,
 };
 use bw_net::tcp::CongestionPlan;
 use bw_scsi::commands::Execution;
@@ -47,8 +47,8 @@ use tokio::sync::{mpsc, Notify};
 
 /// Commands one session may have outstanding (MaxCmdSN window).
 pub const QUEUE_DEPTH: u32 = 128;
-/// Idle time after which we ping the initiator with a NOP-In; a second
-/// interval without an answer ends the connection.
+/// Idle time after which the session pings the initiator with a NOP-In; a
+/// second interval without an answer ends the connection.
 const NOP_INTERVAL: Duration = Duration::from_secs(15);
 /// Largest data segment accepted during login.
 const LOGIN_MAX_DATA: usize = 64 * 1024;
@@ -254,7 +254,12 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     };
     dec.digests = digests;
     dec.max_data = res.params.max_recv_data_segment_length as usize;
-    let session = full_feature_session(&ctx, &res, local, digests);
+    let timers = Timers {
+        nop_interval: NOP_INTERVAL,
+        idle_limit: discovery_idle,
+    };
+    let session = full_feature_session(&ctx, &res, local, digests)
+        .with_timers(timers, std::time::Instant::now());
     let scsi = res.target.map(|i| ctx.targets[i].scsi.clone());
     let nexus = ctx.next_nexus.fetch_add(1, Ordering::Relaxed);
     if let Some(s) = &scsi {
@@ -277,7 +282,6 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         knobs: ctx.knobs,
         out,
         done_tx,
-        discovery_idle,
     };
     let mut io = ConnIo {
         rd,
@@ -472,8 +476,6 @@ struct Connection {
     out: Outbox,
     /// Completions from the blocking pool come back through here.
     done_tx: mpsc::UnboundedSender<Done>,
-    /// A discovery session ends after this long without a request.
-    discovery_idle: Option<Duration>,
 }
 
 /// The socket side of one connection.
@@ -728,10 +730,6 @@ impl Connection {
         shutdown: &mut Shutdown,
         reinstated: &Notify,
     ) -> anyhow::Result<()> {
-        let mut nop = tokio::time::interval(NOP_INTERVAL);
-        nop.tick().await;
-        let mut idle_ticks = 0u32;
-        let mut last_request = tokio::time::Instant::now();
         loop {
             // Handle every PDU already buffered, then send what that produced.
             let mut open = true;
@@ -742,14 +740,9 @@ impl Connection {
                     Ok(None) => break,
                     Err(e) => anyhow::bail!("bad PDU: {e}"),
                 };
-                idle_ticks = 0;
                 let bhs = pdu.bhs;
-                // A NOP-Out may answer our own NOP-In: no request.
-                if bhs.0[0] & 0x3F != bw_iscsi::pdu::Opcode::NopOut as u8 {
-                    last_request = tokio::time::Instant::now();
-                }
                 let mut actions = Vec::new();
-                let r = self.session.on_pdu(pdu, &mut actions);
+                let r = self.session.on_pdu(pdu, std::time::Instant::now(), &mut actions);
                 if r.is_err() {
                     actions.push(Action::Send(
                         self.session
@@ -776,6 +769,8 @@ impl Connection {
                 // Whatever was queued before the close has been written.
                 return Ok(());
             }
+            let timeout = self.session.poll_timeout();
+            let far = std::time::Instant::now() + Duration::from_secs(3600);
             tokio::select! {
                 r = io.reader.fill(&mut io.rd, &io.dec) => {
                     if r? == 0 {
@@ -784,17 +779,11 @@ impl Connection {
                 }
                 Some(d) = io.done_rx.recv() => self.finished(d),
                 _ = reinstated.notified() => anyhow::bail!("session reinstated by a new login"),
-                _ = tokio::time::sleep_until(last_request + self.discovery_idle.unwrap_or_default()), if self.discovery_idle.is_some() => {
-                    anyhow::bail!("discovery session without a request for {:?} (discovery_idle_timeout_s)", self.discovery_idle.unwrap_or_default())
-                }
-                _ = nop.tick() => {
-                    idle_ticks += 1;
-                    if self.session.ping_outstanding() && idle_ticks >= 2 {
-                        anyhow::bail!("initiator did not answer NOP-In");
-                    }
-                    if let Some(p) = self.session.ping() {
-                        push_pdu(&mut self.out, &p, self.digests);
-                    }
+                _ = tokio::time::sleep_until(timeout.unwrap_or(far).into()), if timeout.is_some() => {
+                    let mut actions = Vec::new();
+                    let r = self.session.handle_timeout(std::time::Instant::now(), &mut actions);
+                    self.act(actions);
+                    r?;
                 }
                 _ = shutdown.wait() => {
                     let p = self.session.async_drop_all(2);
