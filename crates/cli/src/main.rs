@@ -102,9 +102,9 @@ struct ServeArgs {
     /// [tuning] One thread per iSCSI connection (false: tasks on the shared runtime).
     #[arg(long, value_name = "BOOL", help_heading = "Tuning")]
     iscsi_connection_threads: Option<bool>,
-    /// [tuning] Smallest iSCSI READ sent with sendfile (bytes, or with K/M suffix).
-    #[arg(long, value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
-    iscsi_zero_copy_min: Option<usize>,
+    /// [tuning] Smallest iSCSI or NVMe/TCP READ sent with sendfile (bytes, or with K/M suffix).
+    #[arg(long, alias = "iscsi-zero-copy-min", value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
+    zero_copy_min: Option<usize>,
     /// [tuning] Largest iSCSI READ/WRITE run on the connection's thread (bytes, or with K/M suffix).
     #[arg(long, value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
     iscsi_inline_max: Option<usize>,
@@ -493,7 +493,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     set_if(&mut t.aoe_io_threads, a.aoe_io_threads);
     set_if(&mut t.aoe_fanout, a.aoe_fanout);
     set_if(&mut t.iscsi_connection_threads, a.iscsi_connection_threads);
-    set_if(&mut t.iscsi_zero_copy_min, a.iscsi_zero_copy_min);
+    set_if(&mut t.zero_copy_min, a.zero_copy_min);
     set_if(&mut t.iscsi_inline_max, a.iscsi_inline_max);
     set_if(&mut t.iscsi_flush_every, a.iscsi_flush_every);
     set_if(&mut t.tcp_congestion, a.tcp_congestion.clone());

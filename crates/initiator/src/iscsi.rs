@@ -13,7 +13,7 @@ use bw_iscsi::initiator_login::{InitiatorConfig, InitiatorLogin, LoginDone, Prog
 use bw_iscsi::target_login::Secret;
 use bw_iscsi::msg::*;
 use bw_iscsi::negotiate::{Digest, LocalLimits};
-use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu, RESERVED_TAG};
+use bw_iscsi::pdu::{Decoder, Digests, Pdu, RESERVED_TAG};
 use bw_iscsi::initiator_session::{Action, Command, Completion, InitiatorSession, TaskError};
 use bw_scsi::{initiator, sense, status};
 use bytes::{Bytes, BytesMut};
@@ -148,6 +148,24 @@ async fn read_pdu(rd: &mut OwnedReadHalf, buf: &mut BytesMut, dec: &Decoder) -> 
     }
 }
 
+/// Write one PDU to an async writer with vectored writes (see
+/// [`Pdu::wire_parts`]), never copying its data segment. Meant for a
+/// buffered writer, flushed by the caller.
+async fn write_pdu<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, p: &Pdu, d: Digests) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let parts = p.wire_parts(d);
+    let mut slices = parts.io_slices();
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        let n = w.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
 async fn writer(wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Pdu>, d: Digests) {
     let mut w = BufWriter::with_capacity(256 * 1024, wr);
     while let Some(p) = rx.recv().await {
@@ -191,7 +209,9 @@ async fn login(
         default_time2retain: 0,
         ..LocalLimits::default()
     };
-    let entropy = bw_iscsi::chap::ChapEntropy::from_os().map_err(|e| proto(format!("no random numbers from the OS for the login: {e}")))?;
+    let mut random = [0u8; 33];
+    getrandom::getrandom(&mut random).map_err(|e| proto(format!("no random numbers from the OS for the login: {e}")))?;
+    let entropy = bw_iscsi::chap::ChapEntropy(random);
     // The ISID's random qualifier comes from the same draw as the challenge
     // (bytes the challenge, at most 32 of the 33, does not use up front).
     let isid_tail = [entropy.0[30], entropy.0[31], entropy.0[32]];
@@ -470,4 +490,34 @@ pub async fn discover(host: &str, port: u16, user: Option<&str>, secret: Option<
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod write_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn write_pdu_survives_short_writes() {
+        // A writer that takes at most 7 bytes per call.
+        struct Trickle(Vec<u8>);
+        impl tokio::io::AsyncWrite for Trickle {
+            fn poll_write(mut self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>, b: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+                let n = b.len().min(7);
+                self.0.extend_from_slice(&b[..n]);
+                std::task::Poll::Ready(Ok(n))
+            }
+            fn poll_flush(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        let p = Pdu::new(bw_iscsi::pdu::Bhs::default(), Bytes::from_static(b"some data here"));
+        let d = Digests { header: true, data: true };
+        let mut w = Trickle(Vec::new());
+        write_pdu(&mut w, &p, d).await.unwrap();
+        assert_eq!(w.0, p.encode(d).to_vec());
+    }
+
 }

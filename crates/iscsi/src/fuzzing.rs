@@ -108,7 +108,7 @@ pub fn session_stream(data: &[u8]) {
         let pdu = Pdu::new(bhs, Bytes::copy_from_slice(&rest[..dlen]));
         rest = &rest[dlen..];
         let mut out = Vec::new();
-        if s.on_pdu(pdu, &mut out).is_err() {
+        if s.on_pdu(pdu, std::time::Instant::now(), &mut out).is_err() {
             return; // connection would close
         }
         let mut more = Vec::new();

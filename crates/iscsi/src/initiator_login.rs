@@ -93,7 +93,7 @@ pub struct InitiatorLogin {
 }
 
 impl InitiatorLogin {
-    /// `entropy` makes the mutual-CHAP challenge (`ChapEntropy::from_os()`).
+    /// `entropy` makes the mutual-CHAP challenge (random bytes from the caller).
     pub fn new(cfg: InitiatorConfig, entropy: chap::ChapEntropy) -> Self {
         let params = SessionParams { max_recv_data_segment_length: cfg.limits.max_recv_data_segment_length, ..Default::default() };
         InitiatorLogin { cfg, entropy, phase: Phase::Auth, params, offered: Vec::new(), cmd_sn: 1, exp_stat_sn: 0, rounds: 0 }

@@ -359,25 +359,6 @@ impl Pdu {
     }
 }
 
-/// Write one PDU to an async writer with vectored writes (see
-/// [`Pdu::wire_parts`]); both the target and the initiator send every PDU
-/// through this. Meant for a buffered writer, flushed by the caller.
-#[cfg(feature = "tokio")]
-pub async fn write_pdu<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, p: &Pdu, d: Digests) -> std::io::Result<()> {
-    use tokio::io::AsyncWriteExt;
-    let parts = p.wire_parts(d);
-    let mut slices = parts.io_slices();
-    let mut bufs = &mut slices[..];
-    while !bufs.is_empty() {
-        let n = w.write_vectored(bufs).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        std::io::IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
-}
-
 /// Splits a byte stream into PDUs.
 #[derive(Debug, Clone)]
 pub struct Decoder {
@@ -540,31 +521,6 @@ mod tests {
                 assert_eq!(parts.len(), p.wire_len(d));
             }
         }
-    }
-
-    #[cfg(feature = "tokio")]
-    #[tokio::test]
-    async fn write_pdu_survives_short_writes() {
-        // A writer that takes at most 7 bytes per call.
-        struct Trickle(Vec<u8>);
-        impl tokio::io::AsyncWrite for Trickle {
-            fn poll_write(mut self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>, b: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
-                let n = b.len().min(7);
-                self.0.extend_from_slice(&b[..n]);
-                std::task::Poll::Ready(Ok(n))
-            }
-            fn poll_flush(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
-                std::task::Poll::Ready(Ok(()))
-            }
-            fn poll_shutdown(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
-                std::task::Poll::Ready(Ok(()))
-            }
-        }
-        let p = Pdu::new(Bhs::default(), Bytes::from_static(b"some data here"));
-        let d = Digests { header: true, data: true };
-        let mut w = Trickle(Vec::new());
-        write_pdu(&mut w, &p, d).await.unwrap();
-        assert_eq!(w.0, p.encode(d).to_vec());
     }
 
     #[test]

@@ -123,7 +123,7 @@ fn status_parts(s: u16) -> (u8, u8) {
 
 impl<'a> TargetLogin<'a> {
     /// `tsih` is the session handle to give the session if login succeeds;
-    /// `entropy` makes the CHAP challenge (`ChapEntropy::from_os()`).
+    /// `entropy` makes the CHAP challenge (random bytes from the caller).
     pub fn new(cfg: &'a LoginConfig, tsih: u16, entropy: chap::ChapEntropy) -> Self {
         TargetLogin {
             cfg,

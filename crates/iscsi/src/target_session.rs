@@ -7,6 +7,11 @@
 //! into Data-In PDUs and the status. The command window (MaxCmdSN) only
 //! opens as commands finish, so an initiator never has more than the queue
 //! depth outstanding.
+//!
+//! Time is passed in: [`TargetSession::poll_timeout`] says when
+//! [`TargetSession::handle_timeout`] wants to run next (the keep-alive
+//! NOP-In, its missing answer, a discovery session's idle limit; see
+//! [`Timers`]).
 
 use crate::msg::*;
 use crate::negotiate::{SessionParams, SessionType};
@@ -14,6 +19,7 @@ use crate::pdu::{extended_cdb, Pdu, RESERVED_TAG};
 use crate::text;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 /// RFC 1982 serial number comparison: a < b.
 pub fn sn_lt(a: u32, b: u32) -> bool {
@@ -95,6 +101,35 @@ pub enum Action {
 pub enum SessionError {
     #[error("protocol error: {0}")]
     Protocol(&'static str),
+    /// Two keep-alive intervals went by without a PDU while our NOP-In
+    /// waited for its answer.
+    #[error("initiator did not answer NOP-In")]
+    NopTimeout,
+    /// A discovery session went this long without a request.
+    #[error("discovery session without a request for {0:?} (discovery_idle_timeout_s)")]
+    Idle(Duration),
+}
+
+/// The session's timers ([`TargetSession::with_timers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timers {
+    /// Every this long the target pings an idle initiator with a NOP-In; a
+    /// second interval without any PDU while the ping waits ends the
+    /// connection.
+    pub nop_interval: Duration,
+    /// End the session after this long without a request (a NOP-Out, which
+    /// may answer our own NOP-In, is none); discovery sessions.
+    pub idle_limit: Option<Duration>,
+}
+
+/// Where the timers stand.
+#[derive(Debug)]
+struct Clock {
+    timers: Timers,
+    next_tick: Instant,
+    /// Keep-alive intervals ended since the last PDU.
+    idle_ticks: u32,
+    last_request: Instant,
 }
 
 #[derive(Debug)]
@@ -163,6 +198,8 @@ pub struct TargetSession {
     /// Text request split over PDUs (C bit), and a long answer being sent in parts.
     text_partial: Vec<u8>,
     text_pending: Option<(u32, Bytes)>,
+    /// `None`: no timers (see [`TargetSession::with_timers`]).
+    clock: Option<Clock>,
 }
 
 impl TargetSession {
@@ -182,8 +219,45 @@ impl TargetSession {
             ping_outstanding: None,
             text_partial: Vec::new(),
             text_pending: None,
+            clock: None,
             cfg,
         }
+    }
+
+    /// Run `timers` from `now` (a session without is driven by PDUs alone).
+    pub fn with_timers(mut self, timers: Timers, now: Instant) -> Self {
+        self.clock = Some(Clock { timers, next_tick: now + timers.nop_interval, idle_ticks: 0, last_request: now });
+        self
+    }
+
+    /// When [`TargetSession::handle_timeout`] wants to run next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let c = self.clock.as_ref()?;
+        let idle = c.timers.idle_limit.map(|l| c.last_request + l);
+        Some(idle.map_or(c.next_tick, |i| i.min(c.next_tick)))
+    }
+
+    /// The timers at `now`: a NOP-In to send, or an error that ends the
+    /// connection.
+    pub fn handle_timeout(&mut self, now: Instant, out: &mut Vec<Action>) -> Result<(), SessionError> {
+        let Some(c) = self.clock.as_mut() else { return Ok(()) };
+        if let Some(limit) = c.timers.idle_limit {
+            if now >= c.last_request + limit {
+                return Err(SessionError::Idle(limit));
+            }
+        }
+        if now < c.next_tick {
+            return Ok(());
+        }
+        c.next_tick = now + c.timers.nop_interval;
+        c.idle_ticks += 1;
+        if self.ping_outstanding.is_some() && c.idle_ticks >= 2 {
+            return Err(SessionError::NopTimeout);
+        }
+        if let Some(p) = self.ping() {
+            out.push(Action::Send(p));
+        }
+        Ok(())
     }
 
     pub fn params(&self) -> &SessionParams {
@@ -287,8 +361,14 @@ impl TargetSession {
         Pdu::new(Message::AsyncMessage(m).encode(), Bytes::new())
     }
 
-    /// Handle one received PDU.
-    pub fn on_pdu(&mut self, pdu: Pdu, out: &mut Vec<Action>) -> Result<(), SessionError> {
+    /// Handle one received PDU, at `now`.
+    pub fn on_pdu(&mut self, pdu: Pdu, now: Instant, out: &mut Vec<Action>) -> Result<(), SessionError> {
+        if let Some(c) = self.clock.as_mut() {
+            c.idle_ticks = 0;
+            if pdu.bhs.opcode_raw() != crate::pdu::Opcode::NopOut as u8 {
+                c.last_request = now;
+            }
+        }
         let msg = match Message::decode(&pdu.bhs) {
             Ok(m) => m,
             Err(_) => {
@@ -654,6 +734,26 @@ impl TargetSession {
         self.serve_waiting(out);
     }
 
+    /// The byte ranges of the Data-In PDUs that carry `len` bytes of
+    /// data-in: each ends at the initiator's segment limit or at a burst
+    /// boundary. A transport that reads the data into its send buffer
+    /// itself lays it out by these before [`TargetSession::complete_extent`]
+    /// makes the headers (one per range, in this order).
+    pub fn data_in_segments(&self, len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+        let mss = self.params.max_send_data_segment_length.max(512) as usize;
+        let burst = self.params.max_burst_length.max(512) as usize;
+        let mut off = 0usize;
+        std::iter::from_fn(move || {
+            (off < len).then(|| {
+                let burst_end = (off / burst + 1) * burst;
+                let end = (off + mss).min(len).min(burst_end);
+                let r = off..end;
+                off = end;
+                r
+            })
+        })
+    }
+
     /// The task `itt` if it is still the one with `id` (not aborted
     /// meanwhile), removed; its command slot and data-out budget are freed.
     fn take_task(&mut self, itt: u32, id: u64) -> Option<Task> {
@@ -684,15 +784,11 @@ impl TargetSession {
         out: &mut Vec<Action>,
         data_pdu: impl Fn(Pdu, usize, usize) -> Action,
     ) {
-        let mss = self.params.max_send_data_segment_length.max(512) as usize;
         let burst = self.params.max_burst_length.max(512) as usize;
         let mut data_sn = 0u32;
         let collapse = sense.is_empty();
-        let mut off = 0usize;
-        while off < len {
-            // Each PDU ends at the segment limit or at a burst boundary.
+        for std::ops::Range { start: off, end } in self.data_in_segments(len) {
             let burst_end = (off / burst + 1) * burst;
-            let end = (off + mss).min(len).min(burst_end);
             let last = end == len;
             let with_status = last && collapse;
             let m = DataIn {
@@ -712,7 +808,6 @@ impl TargetSession {
             };
             out.push(data_pdu(Pdu::new(Message::DataIn(m).encode(), Bytes::new()), off, end));
             data_sn += 1;
-            off = end;
         }
         if len == 0 || !collapse {
             let r = ScsiResponse {
@@ -978,6 +1073,31 @@ pub fn write_outcome(wanted: usize, got: usize) -> (Residual, Option<Vec<u8>>) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn keep_alive_and_idle_timers() {
+        let (t0, nop) = (Instant::now(), Duration::from_secs(15));
+        let mut s = session(8192).with_timers(Timers { nop_interval: nop, idle_limit: None }, t0);
+        assert_eq!(s.poll_timeout(), Some(t0 + nop));
+        let mut out = Vec::new();
+        s.handle_timeout(t0 + nop / 2, &mut out).unwrap();
+        assert!(out.is_empty(), "nothing before the interval ends");
+        s.handle_timeout(t0 + nop, &mut out).unwrap();
+        assert!(matches!(&out[..], [Action::Send(_)]) && s.ping_outstanding(), "a NOP-In after one interval");
+        // Any PDU restarts the count: no error one interval later.
+        read_command(&mut s, 1, 512);
+        out.clear();
+        s.handle_timeout(t0 + 2 * nop, &mut out).unwrap();
+        assert!(out.is_empty(), "one ping at a time");
+        // Two intervals without a PDU while the ping waits end it.
+        assert_eq!(s.handle_timeout(t0 + 3 * nop, &mut out), Err(SessionError::NopTimeout));
+
+        let idle = Duration::from_secs(40);
+        let mut d = session(8192).with_timers(Timers { nop_interval: nop, idle_limit: Some(idle) }, t0);
+        assert_eq!(d.poll_timeout(), Some(t0 + nop));
+        assert_eq!(d.handle_timeout(t0 + idle, &mut out), Err(SessionError::Idle(idle)));
+        assert_eq!(session(8192).poll_timeout(), None, "no timers unless asked for");
+    }
+
     fn session(mss: u32) -> TargetSession {
         let params = SessionParams { max_send_data_segment_length: mss, ..SessionParams::default() };
         TargetSession::new(SessionConfig {
@@ -996,7 +1116,7 @@ mod tests {
     fn read_command(s: &mut TargetSession, itt: u32, edtl: u32) -> Exec {
         let c = ScsiCommand { final_: true, read: true, itt, edtl, cmd_sn: s.exp_cmd_sn(), cdb: [0x28; 16], ..Default::default() };
         let mut out = Vec::new();
-        s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), &mut out).unwrap();
+        s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), Instant::now(), &mut out).unwrap();
         match out.pop() {
             Some(Action::Execute(e)) => e,
             other => panic!("expected Execute, got {other:?}"),
@@ -1086,7 +1206,7 @@ mod tests {
                 let itt = 20 + i as u32;
                 let c = ScsiCommand { final_: initial_r2t, write: true, itt, edtl, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
                 let mut out = Vec::new();
-                s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), &mut out).unwrap();
+                s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), Instant::now(), &mut out).unwrap();
                 let [Action::Send(p)] = &out[..] else { panic!("EDTL {edtl:#x}: expected one response, got {out:?}") };
                 let Ok(Message::ScsiResponse(r)) = Message::decode(&p.bhs) else { panic!("EDTL {edtl:#x}: not a SCSI Response: {p:?}") };
                 assert_eq!((r.itt, r.status), (itt, status::CHECK_CONDITION));
@@ -1094,7 +1214,7 @@ mod tests {
                 // Unsolicited data for the refused task is dropped quietly.
                 let d = DataOut { final_: true, itt, ttt: RESERVED_TAG, ..Default::default() };
                 let mut more = Vec::new();
-                s.on_pdu(Pdu::new(Message::DataOut(d).encode(), Bytes::from(vec![0u8; 4096])), &mut more).unwrap();
+                s.on_pdu(Pdu::new(Message::DataOut(d).encode(), Bytes::from(vec![0u8; 4096])), Instant::now(), &mut more).unwrap();
                 assert!(more.is_empty(), "{more:?}");
             }
             assert_eq!(s.outstanding(), 0);
@@ -1102,14 +1222,14 @@ mod tests {
             // The largest transfer allowed is still solicited.
             let c = ScsiCommand { final_: true, write: true, itt: 30, edtl: bw_scsi::MAX_DATA_OUT_BYTES, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
             let mut out = Vec::new();
-            s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), &mut out).unwrap();
+            s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::new()), Instant::now(), &mut out).unwrap();
             assert!(matches!(out.first().map(|a| match a { Action::Send(p) => Message::decode(&p.bhs).ok(), _ => None }), Some(Some(Message::R2t(_)))), "{out:?}");
         }
     }
 
     fn send(s: &mut TargetSession, m: Message) -> Vec<Action> {
         let mut out = Vec::new();
-        s.on_pdu(Pdu::new(m.encode(), Bytes::new()), &mut out).unwrap();
+        s.on_pdu(Pdu::new(m.encode(), Bytes::new()), Instant::now(), &mut out).unwrap();
         out
     }
 
@@ -1216,7 +1336,7 @@ mod tests {
     fn data_out(s: &mut TargetSession, itt: u32, ttt: u32, data_sn: u32, offset: u32, len: usize, final_: bool) -> Vec<Action> {
         let d = DataOut { final_, itt, ttt, data_sn, buffer_offset: offset, ..Default::default() };
         let mut out = Vec::new();
-        s.on_pdu(Pdu::new(Message::DataOut(d).encode(), Bytes::from(vec![0x5a; len])), &mut out).unwrap();
+        s.on_pdu(Pdu::new(Message::DataOut(d).encode(), Bytes::from(vec![0x5a; len])), Instant::now(), &mut out).unwrap();
         out
     }
 
@@ -1373,7 +1493,7 @@ mod tests {
         for itt in 0..8u32 {
             let c = ScsiCommand { final_: true, write: true, itt, edtl: 1 << 20, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
             let mut out = Vec::new();
-            s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::from(vec![0u8; 4096])), &mut out).unwrap();
+            s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::from(vec![0u8; 4096])), Instant::now(), &mut out).unwrap();
             served.extend(r2ts(&out));
         }
         assert_eq!(served.iter().map(|r| r.itt).collect::<Vec<_>>(), vec![0]);

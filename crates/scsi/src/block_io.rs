@@ -5,8 +5,7 @@
 use crate::cdb::{be16, be32, be64, field, op};
 use crate::inquiry::{MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BLOCKS};
 use crate::sense::{key, Sense};
-use crate::{Lun, ReadExtent};
-use std::os::fd::AsRawFd;
+use crate::Lun;
 use bw_block::{BlockError, Durability, Request};
 use bytes::Bytes;
 use std::sync::atomic::Ordering::Relaxed;
@@ -82,7 +81,7 @@ impl Lun {
     }
 
     /// Checks of READ (6/10/12/16); the byte offset and length it reads.
-    fn read_range(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
+    pub(crate) fn read_range(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
         if cdb[0] != op::READ_6 && cdb[1] & 0xe0 != 0 {
             return Err(Sense::invalid_cdb_field(1, Some(7))); // RDPROTECT: no protection information
         }
@@ -92,21 +91,6 @@ impl Lun {
             return Err(Sense::invalid_cdb_field(if cdb[0] == op::READ_6 { 4 } else { 7 }, None));
         }
         Ok((lba * BLOCK_U64, n as usize * BLOCK))
-    }
-
-    /// READ as a [`ReadExtent`] the transport sends itself; `None` if the
-    /// backend has no zero-copy path (or nothing is to be read): use
-    /// [`Lun::read`].
-    pub fn read_extent(&self, cdb: &[u8]) -> Result<Option<ReadExtent>, Sense> {
-        let (offset, len) = self.read_range(cdb)?;
-        if len == 0 {
-            return Ok(None);
-        }
-        match self.volume.zero_copy_read(offset, len as u64) {
-            Ok(Some(fd)) => Ok(Some(ReadExtent::new(self.volume.clone(), fd.as_raw_fd(), offset, len))),
-            Ok(None) => Ok(None),
-            Err(e) => Err(io_sense(&e, false)),
-        }
     }
 
     /// READ as a request to submit to the volume (its checks passed);
@@ -158,12 +142,14 @@ impl Lun {
         Ok(lba)
     }
 
-    /// READ (6/10/12/16). Fast path: no allocation beyond `out`.
+    /// READ (6/10/12/16) into `out`, the general path (commands the plan
+    /// does not hand to the transport, see [`crate::Plan::read`]). The
+    /// data has to be initialized before `read_at` may write it: bytes
+    /// already in `out` are overwritten in place, growth within its
+    /// capacity is zero-filled, and a buffer too small is replaced by a
+    /// zeroed allocation (calloc: no separate fill).
     pub fn read(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
         let (offset, len) = self.read_range(cdb)?;
-        // Reuse the caller's buffer: bytes already there are overwritten by
-        // the read, so only growth gets zero-filled (execute clears `out` if
-        // the read fails).
         if out.len() >= len {
             out.truncate(len);
         } else if out.capacity() >= len {

@@ -1,5 +1,15 @@
 //! CDB field access and the operation codes this disk implements.
 
+/// The control byte's NACA and LINK bits (SAM-5 5.2), the last byte of
+/// every CDB. Neither is supported: a command with either set fails.
+pub const CONTROL_NACA_LINK: u8 = 0x05;
+
+/// Whether the `len`-byte CDB `cdb` asks for NACA or LINK.
+#[inline]
+pub fn naca_or_link(cdb: &[u8], len: usize) -> bool {
+    cdb[len - 1] & CONTROL_NACA_LINK != 0
+}
+
 pub mod op {
     pub const TEST_UNIT_READY: u8 = 0x00;
     pub const REQUEST_SENSE: u8 = 0x03;

@@ -2,36 +2,19 @@
 //! (operation code, service action) saying everything the rest of the
 //! target, and the transports, need to know about a command.
 //!
-//! Adding a command is one row in [`COMMANDS`] and one handler function.
-//! Before the table, a new opcode had to be added in nine places, which
-//! now all read the row instead:
-//! 1. the dispatcher's `match` on the opcode (`lib.rs`, now the row's
-//!    handler), and the list of opcodes that answer for an unmapped LUN
-//!    (now [`Handler::AnyLun`]);
-//! 2. the supported-opcode list behind REPORT SUPPORTED OPERATION CODES
-//!    and its CDB usage data (`opcodes.rs`, now generated from the rows);
-//! 3. the reservation lists "always allowed" and "reads only"
-//!    (`reservation.rs`, now [`Conflict`]);
-//! 4. the opcodes ALUA standby/unavailable let through (`alua.rs`, now
-//!    [`AluaAccess`]);
-//! 5. the data-out length a transport solicits
-//!    ([`ScsiTarget::data_out_len`], now [`Transfer`]);
-//! 6. the commands where more data-out than the CDB implies is an error
-//!    (hand-written sense bytes in serve's iSCSI front-end, now
-//!    [`Transfer::OutNoExcess`] and [`ScsiTarget::execute_transfer`]);
-//! 7. the transport's inline-or-pool opcode list (serve's iSCSI
-//!    front-end, now [`Execution`]);
-//! 8. the zero-copy READ opcodes ([`ScsiTarget::plan_read`], now
-//!    [`Command::reads_medium`]);
-//! 9. each handler's allocation-length truncation (now [`Transfer::In`],
-//!    applied once by the dispatcher).
+//! Adding a command is one row in [`COMMANDS`] and one handler function;
+//! everything else reads the row: the dispatcher ([`Handler`], and
+//! [`Handler::AnyLun`] for the commands that answer for an unmapped LUN),
+//! REPORT SUPPORTED OPERATION CODES and its usage data (`opcodes.rs`),
+//! reservation conflicts ([`Conflict`]), ALUA access ([`AluaAccess`]), the
+//! data-out a transport solicits and whether an excess is an error
+//! ([`Transfer`], through [`crate::Plan`]), where the transport runs it
+//! ([`Execution`]), the plain READs a transport may move itself
+//! ([`Command::reads_medium`]) and the allocation-length truncation
+//! ([`Transfer::In`], applied once by the dispatcher).
 //!
 //! The CDB length is the usage data's length; the unit tests check it
 //! against the group code, and that the table is sorted and unique.
-//!
-//! [`ScsiTarget::data_out_len`]: crate::ScsiTarget::data_out_len
-//! [`ScsiTarget::execute_transfer`]: crate::ScsiTarget::execute_transfer
-//! [`ScsiTarget::plan_read`]: crate::ScsiTarget::plan_read
 
 use crate::block_io::{self, BLOCK};
 use crate::cdb::{cdb_len, field, op};

@@ -109,75 +109,6 @@ impl ScsiOutcome {
     }
 }
 
-/// A READ whose data the transport moves itself, from the backend's page
-/// cache straight to the socket (`sendfile`), instead of through a buffer:
-/// `len` bytes at byte `offset` of [`ReadExtent::fd`]. Every SCSI check has
-/// passed and the read is counted in the volume's stats; if the transfer
-/// fails, report it with [`ReadExtent::note_error`].
-#[derive(Debug, Clone)]
-pub struct ReadExtent {
-    /// Keeps the backend, and with it `fd`, open.
-    volume: Volume,
-    fd: std::os::fd::RawFd,
-    pub offset: u64,
-    pub len: usize,
-}
-
-impl ReadExtent {
-    fn new(volume: Volume, fd: std::os::fd::RawFd, offset: u64, len: usize) -> Self {
-        ReadExtent { volume, fd, offset, len }
-    }
-
-    /// The backend's descriptor, valid as long as this extent.
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        // SAFETY: `fd` came from `volume`'s backend, which `self.volume`
-        // keeps alive (and open) for at least as long as the borrow.
-        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) }
-    }
-
-    /// Count a transfer that failed after the checks.
-    pub fn note_error(&self) {
-        self.volume.note_error();
-    }
-}
-
-/// What [`ScsiTarget::plan_read`] decided for a command.
-#[derive(Debug)]
-pub enum ReadPlan {
-    /// The transport sends this extent as the data-in, with GOOD status.
-    Extent(ReadExtent),
-    /// The command failed its checks: complete it with this outcome.
-    Done(ScsiOutcome),
-    /// Not a zero-copy read (another command, a backend without a
-    /// descriptor, a pending unit attention or reservation): nothing was
-    /// done; run it with [`ScsiTarget::execute`].
-    Buffered,
-}
-
-/// What [`ScsiTarget::plan_io`] decided for a command.
-#[derive(Debug)]
-pub enum IoPlan {
-    /// Every check has passed and the command is counted: start `request`
-    /// on `volume` ([`Volume::submit`]) and complete the command with
-    /// [`io_outcome`] of its result (a read's data is the request's buffer).
-    Submit { volume: Volume, request: bw_block::Request },
-    /// The command failed its checks: complete it with this outcome.
-    Done(ScsiOutcome),
-    /// Not a plain READ or WRITE (or a unit attention, reservation or ALUA
-    /// state is pending, or the write needs a flush after it): nothing was
-    /// done; run it with [`ScsiTarget::execute_transfer`].
-    Buffered,
-}
-
-/// The outcome of a command [`ScsiTarget::plan_io`] started, from its
-/// request's result.
-pub fn io_outcome(r: &Result<(), bw_block::BlockError>, write: bool) -> ScsiOutcome {
-    match r {
-        Ok(()) => ScsiOutcome::GOOD,
-        Err(e) => ScsiOutcome::check(block_io::io_sense(e, write)),
-    }
-}
-
 mod alua;
 mod block_io;
 pub mod initiator;
@@ -188,6 +119,7 @@ mod inquiry;
 mod log;
 mod mode;
 mod opcodes;
+mod plan;
 mod provisioning;
 mod reservation;
 pub mod sense;
@@ -195,6 +127,7 @@ mod ua;
 
 pub use alua::{AluaState, PortGroup};
 pub use inquiry::naa_designator;
+pub use plan::{io_outcome, IoPlan, Plan, ReadPlan};
 
 /// The most data-out any command accepts, in bytes: a WRITE of the
 /// MAXIMUM TRANSFER LENGTH in the Block Limits VPD page (parameter lists and
@@ -205,7 +138,7 @@ pub use sense::Sense;
 /// Operation codes and service actions, for initiators as for this target.
 pub use cdb::op;
 
-use cdb::{be32, truncate_to};
+use cdb::{be32, naca_or_link, truncate_to};
 use commands::{Call, Handler, Lookup, Transfer};
 use reservation::{Denied, Reservations};
 use std::collections::HashMap;
@@ -428,109 +361,14 @@ impl ScsiTarget {
     /// a transport receives it: plain WRITEs write each piece where it
     /// lands; other commands get the pieces joined into one buffer.
     pub fn execute_pieces(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[&[u8]], data_in: &mut Vec<u8>) -> ScsiOutcome {
-        let r = self.run(nexus, lun, cdb, data_out, data_in);
-        if r.is_err() {
-            data_in.clear();
-        }
-        ScsiOutcome::from_result(r)
-    }
-
-    /// Execute a command as a transport receives it (SAM-5 Execute
-    /// Command): `data_out` in the pieces that arrived, `buffer_size` the
-    /// data-out length the initiator announced (iSCSI's expected data
-    /// transfer length). Data beyond what the CDB transfers is cut off,
-    /// except for the commands whose row says an excess is an invalid
-    /// request ([`commands::Transfer::OutNoExcess`]). Also returns the
-    /// data-out length the CDB transfers, for the transport's residuals
-    /// (`None`: not a data-out command).
-    pub fn execute_transfer(
-        &self,
-        nexus: NexusId,
-        lun: u64,
-        cdb: &[u8],
-        data_out: &[&[u8]],
-        buffer_size: usize,
-        data_in: &mut Vec<u8>,
-    ) -> (ScsiOutcome, Option<usize>) {
-        let row = commands::command(cdb).filter(|c| cdb.len() >= c.cdb_len());
-        let Some(wanted) = row.and_then(|c| c.transfer.data_out(cdb)) else {
-            return (self.execute_pieces(nexus, lun, cdb, &[], data_in), None);
-        };
-        if matches!(row.map(|c| c.transfer), Some(Transfer::OutNoExcess(_))) && buffer_size > wanted {
-            data_in.clear();
-            return (ScsiOutcome::check(Sense::INVALID_FIELD_IN_CDB), Some(wanted));
-        }
-        // The pieces received, cut to what the CDB transfers.
-        let mut pieces: Vec<&[u8]> = Vec::with_capacity(data_out.len());
-        let mut left = wanted;
-        for p in data_out {
-            let k = p.len().min(left);
-            if k > 0 {
-                pieces.push(&p[..k]);
-            }
-            left -= k;
-        }
-        (self.execute_pieces(nexus, lun, cdb, &pieces, data_in), Some(wanted))
-    }
-
-    /// For a READ: check the command and return the byte range the
-    /// transport should send itself (see [`ReadExtent`]); anything that is
-    /// not the plain fast case comes back as [`ReadPlan::Buffered`] with no
-    /// side effect.
-    pub fn plan_read(&self, _nexus: NexusId, lun: u64, cdb: &[u8]) -> ReadPlan {
-        let Some(c) = commands::command(cdb).filter(|c| c.reads_medium()) else { return ReadPlan::Buffered };
-        let len = c.cdb_len();
-        if cdb.len() < len || cdb[len - 1] & 0x05 != 0 {
-            return ReadPlan::Buffered;
-        }
-        let Some(l) = self.lun(lun) else { return ReadPlan::Buffered };
-        // Unit attentions, reservations and ALUA refusals: the general path
-        // handles them.
-        if l.ua.active() || l.res.held() || l.cfg.port_group.state.refusal().is_some() {
-            return ReadPlan::Buffered;
-        }
-        match l.read_extent(cdb) {
-            Ok(Some(e)) => ReadPlan::Extent(e),
-            Ok(None) => ReadPlan::Buffered,
-            Err(s) => ReadPlan::Done(ScsiOutcome::check(s)),
-        }
-    }
-
-    /// For a plain READ or WRITE: check the command and return the one
-    /// request that carries it out, for a transport that starts requests
-    /// itself and completes them later ([`bw_block::DeviceInfo::async_submit`]
-    /// backends). A WRITE's request takes the whole blocks of `data_out`
-    /// the CDB transfers, as [`ScsiTarget::execute_transfer`] would write.
-    /// Anything that is not the plain fast case comes back as
-    /// [`IoPlan::Buffered`] with no side effect.
-    pub fn plan_io(&self, _nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[bytes::Bytes]) -> IoPlan {
-        let Some(c) = commands::command(cdb) else { return IoPlan::Buffered };
-        let len = c.cdb_len();
-        if cdb.len() < len || cdb[len - 1] & 0x05 != 0 {
-            return IoPlan::Buffered;
-        }
-        let write = matches!(cdb[0], op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16);
-        if !write && !c.reads_medium() {
-            return IoPlan::Buffered;
-        }
-        let Some(l) = self.lun(lun) else { return IoPlan::Buffered };
-        if l.ua.active() || l.res.held() || l.cfg.port_group.state.refusal().is_some() {
-            return IoPlan::Buffered;
-        }
-        let r = if write { l.write_request(cdb, data_out) } else { l.read_request(cdb) };
-        match r {
-            Ok(Some(request)) => IoPlan::Submit { volume: l.volume.clone(), request },
-            Ok(None) => IoPlan::Buffered,
-            Err(s) => IoPlan::Done(ScsiOutcome::check(s)),
-        }
+        self.plan(lun, cdb).run(nexus, data_out, data_in)
     }
 
     /// Run one command through the checks every command gets, in SAM-5 /
     /// SPC-4 order, then its handler; everything command specific comes
     /// from its row in [`commands::COMMANDS`].
-    fn run(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[&[u8]], out: &mut Vec<u8>) -> Result<(), Fail> {
+    fn run(&self, nexus: NexusId, lun: Option<&Lun>, found: Lookup, cdb: &[u8], data_out: &[&[u8]], out: &mut Vec<u8>) -> Result<(), Fail> {
         let Some(&opcode) = cdb.first() else { return Err(Sense::INVALID_OPCODE.into()) };
-        let found = commands::lookup(cdb);
         let row = match found {
             Lookup::Found(c) | Lookup::UnknownServiceAction { like: c } => Some(c),
             Lookup::UnknownOpcode => None,
@@ -541,7 +379,7 @@ impl ScsiTarget {
         }
         out.clear();
         let call = Call { target: self, nexus, cdb, data_out };
-        let Some(l) = self.lun(lun) else {
+        let Some(l) = lun else {
             // Only INQUIRY, REPORT LUNS and REQUEST SENSE answer for a LUN
             // that is not mapped.
             return match found {
@@ -555,8 +393,7 @@ impl ScsiTarget {
         };
         alua::permits(l.cfg.port_group.state, row.map_or(commands::AluaAccess::ActiveOnly, |c| c.alua))?;
         let Some(row) = row else { return Err(Sense::INVALID_OPCODE.into()) };
-        if cdb[len - 1] & 0x05 != 0 {
-            // NACA / LINK: not supported.
+        if naca_or_link(cdb, len) {
             return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
         }
         // Unit attentions and reservations: one atomic load each unless
@@ -613,18 +450,6 @@ impl ScsiTarget {
         let len = (out.len() - 8) as u32;
         out[0..4].copy_from_slice(&len.to_be_bytes());
         Ok(())
-    }
-
-    /// How many data-out bytes this CDB transfers (so the transport can
-    /// solicit them), or `None` if it is not a data-out command (or the CDB
-    /// is too short to tell).
-    pub fn data_out_len(&self, lun: u64, cdb: &[u8]) -> Option<usize> {
-        let _ = lun; // the length depends on the CDB only
-        let c = commands::command(cdb)?;
-        if cdb.len() < c.cdb_len() {
-            return None;
-        }
-        c.transfer.data_out(cdb)
     }
 
     /// LUN reset: aborts nothing itself (the transport aborts its tasks),
@@ -712,12 +537,6 @@ fn truncate_data_in(c: &commands::Command, cdb: &[u8], out: &mut Vec<u8>) {
             truncate_to(out, n);
         }
     }
-}
-
-/// Where a transport should run `cdb` (see [`commands::Execution`]);
-/// unknown commands fail at once, so inline.
-pub fn execution(cdb: &[u8]) -> commands::Execution {
-    commands::command(cdb).map_or(commands::Execution::Inline, |c| c.execution)
 }
 
 #[cfg(test)]

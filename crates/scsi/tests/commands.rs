@@ -416,7 +416,7 @@ fn compare_and_write() {
     check(&t, 1, &zero, &buf, INVALID_FIELD_IN_CDB); // NLB 0 with data
     c[2..10].copy_from_slice(&63u64.to_be_bytes());
     check(&t, 1, &c, &buf, LBA_OUT_OF_RANGE);
-    assert_eq!(t.data_out_len(0, &c), Some(2048));
+    assert_eq!(t.plan(0, &c).data_out_len(), Some(2048));
 }
 
 // ------------------------------------------------------------ mode pages
@@ -560,23 +560,23 @@ fn start_stop_and_prevent_allow() {
 #[test]
 fn data_out_lengths() {
     let t = ram_target(64);
-    assert_eq!(t.data_out_len(0, &write10(0, 3, 0)), Some(1536));
-    assert_eq!(t.data_out_len(0, &[0x0a, 0, 0, 0, 0, 0]), Some(256 * 512));
-    assert_eq!(t.data_out_len(0, &cdb16(0x8a, 0, 0, 8)), Some(4096));
-    assert_eq!(t.data_out_len(0, &cdb12(0xaa, 0, 0, 2)), Some(1024));
-    assert_eq!(t.data_out_len(0, &cdb10(0x2e, 0, 0, 1)), Some(512));
-    assert_eq!(t.data_out_len(0, &read10(0, 3, 0)), None);
-    assert_eq!(t.data_out_len(0, &cdb10(0x2f, 0x00, 0, 4)), None);
-    assert_eq!(t.data_out_len(0, &cdb10(0x2f, 0x02, 0, 4)), Some(2048));
-    assert_eq!(t.data_out_len(0, &cdb10(0x2f, 0x06, 0, 4)), Some(512));
-    assert_eq!(t.data_out_len(0, &cdb10(0x41, 0, 0, 100)), Some(512));
-    assert_eq!(t.data_out_len(0, &cdb16(0x93, 0x01, 0, 100)), None);
-    assert_eq!(t.data_out_len(0, &unmap_cdb(40)), Some(40));
-    assert_eq!(t.data_out_len(0, &[0x15, 0x10, 0, 0, 28, 0]), Some(28));
-    assert_eq!(t.data_out_len(0, &[0x55, 0x10, 0, 0, 0, 0, 0, 1, 4, 0]), Some(260));
-    assert_eq!(t.data_out_len(0, &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0]), Some(24));
-    assert_eq!(t.data_out_len(0, &tur()), None);
-    assert_eq!(t.data_out_len(0, &[0x2a, 0, 0]), None);
+    assert_eq!(t.plan(0, &write10(0, 3, 0)).data_out_len(), Some(1536));
+    assert_eq!(t.plan(0, &[0x0a, 0, 0, 0, 0, 0]).data_out_len(), Some(256 * 512));
+    assert_eq!(t.plan(0, &cdb16(0x8a, 0, 0, 8)).data_out_len(), Some(4096));
+    assert_eq!(t.plan(0, &cdb12(0xaa, 0, 0, 2)).data_out_len(), Some(1024));
+    assert_eq!(t.plan(0, &cdb10(0x2e, 0, 0, 1)).data_out_len(), Some(512));
+    assert_eq!(t.plan(0, &read10(0, 3, 0)).data_out_len(), None);
+    assert_eq!(t.plan(0, &cdb10(0x2f, 0x00, 0, 4)).data_out_len(), None);
+    assert_eq!(t.plan(0, &cdb10(0x2f, 0x02, 0, 4)).data_out_len(), Some(2048));
+    assert_eq!(t.plan(0, &cdb10(0x2f, 0x06, 0, 4)).data_out_len(), Some(512));
+    assert_eq!(t.plan(0, &cdb10(0x41, 0, 0, 100)).data_out_len(), Some(512));
+    assert_eq!(t.plan(0, &cdb16(0x93, 0x01, 0, 100)).data_out_len(), None);
+    assert_eq!(t.plan(0, &unmap_cdb(40)).data_out_len(), Some(40));
+    assert_eq!(t.plan(0, &[0x15, 0x10, 0, 0, 28, 0]).data_out_len(), Some(28));
+    assert_eq!(t.plan(0, &[0x55, 0x10, 0, 0, 0, 0, 0, 1, 4, 0]).data_out_len(), Some(260));
+    assert_eq!(t.plan(0, &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0]).data_out_len(), Some(24));
+    assert_eq!(t.plan(0, &tur()).data_out_len(), None);
+    assert_eq!(t.plan(0, &[0x2a, 0, 0]).data_out_len(), None);
 }
 
 // ---------------------------------------------------------------- RSOC
@@ -633,12 +633,13 @@ fn report_supported_opcodes() {
 
 // ------------------------------------------------- zero-copy read planning
 
-/// `plan_read` hands out the checked byte range of a plain READ (10/16);
-/// sending `len` bytes from `fd` at `offset` yields what a buffered READ
-/// returns. Failed checks come back as the outcome `execute` would give;
-/// anything else is left to `execute` untouched.
+/// `plan().read()` hands out the checked byte range of a plain READ
+/// (10/16); sending `len` bytes of the volume at `offset`, read or from
+/// its zero-copy descriptor, yields what a buffered READ returns. Failed
+/// checks come back as the outcome `execute` would give; anything else is
+/// left to `execute` untouched.
 #[test]
-fn plan_read_extents() {
+fn plan_read_ranges() {
     use bw_scsi::ReadPlan;
     use std::os::fd::AsRawFd;
     let t = ram_target(64);
@@ -649,33 +650,37 @@ fn plan_read_extents() {
     read16[9] = 6;
     read16[13] = 8;
     for cdb in [&read10(4, 8, 0)[..], &read16[..]] {
-        let ReadPlan::Extent(x) = t.plan_read(1, 0, cdb) else { panic!("no extent for {cdb:02x?}") };
-        assert_eq!(x.len, 8 * BS);
-        let mut got = vec![0u8; x.len];
-        let n = unsafe { libc_pread(x.fd().as_raw_fd(), &mut got, x.offset) };
-        assert_eq!(n, x.len);
+        let ReadPlan::Range { volume, offset, len } = t.plan(0, cdb).read() else { panic!("no range for {cdb:02x?}") };
+        assert_eq!(len, 8 * BS);
+        let mut got = vec![0u8; len];
+        volume.read_at(&mut got, offset).unwrap();
         let want = good(&t, 1, cdb, &[]);
         assert_eq!(got, want);
+        let fd = volume.zero_copy_read(offset, len as u64).unwrap().expect("a RAM volume sends from its fd");
+        let mut sent = vec![0u8; len];
+        let n = unsafe { libc_pread(fd.as_raw_fd(), &mut sent, offset) };
+        assert_eq!(n, len);
+        assert_eq!(sent, want);
         if cdb[0] == 0x28 {
             assert_eq!(got, pattern);
         }
     }
     // Out of range and RDPROTECT fail like execute does.
-    let ReadPlan::Done(o) = t.plan_read(1, 0, &read10(60, 8, 0)) else { panic!("out of range planned") };
+    let ReadPlan::Done(o) = t.plan(0, &read10(60, 8, 0)).read() else { panic!("out of range planned") };
     assert_eq!(sense(&o), LBA_OUT_OF_RANGE);
-    let ReadPlan::Done(o) = t.plan_read(1, 0, &read10(0, 1, 0x20)) else { panic!("RDPROTECT planned") };
+    let ReadPlan::Done(o) = t.plan(0, &read10(0, 1, 0x20)).read() else { panic!("RDPROTECT planned") };
     assert_eq!(sense(&o), INVALID_FIELD_IN_CDB);
     // Not for the extent path: other opcodes, unknown LUNs, zero length, and
     // a pending unit attention (which must still be reported by execute).
-    assert!(matches!(t.plan_read(1, 0, &write10(0, 1, 0)), ReadPlan::Buffered));
-    assert!(matches!(t.plan_read(1, 3, &read10(0, 1, 0)), ReadPlan::Buffered));
-    assert!(matches!(t.plan_read(1, 0, &read10(0, 0, 0)), ReadPlan::Buffered));
+    assert!(matches!(t.plan(0, &write10(0, 1, 0)).read(), ReadPlan::Buffered));
+    assert!(matches!(t.plan(3, &read10(0, 1, 0)).read(), ReadPlan::Buffered));
+    assert!(matches!(t.plan(0, &read10(0, 0, 0)).read(), ReadPlan::Buffered));
     assert!(t.lun_reset(0));
-    assert!(matches!(t.plan_read(1, 0, &read10(0, 1, 0)), ReadPlan::Buffered));
+    assert!(matches!(t.plan(0, &read10(0, 1, 0)).read(), ReadPlan::Buffered));
     check(&t, 1, &read10(0, 1, 0), &[], POWER_ON_RESET);
 }
 
-/// plan_io hands out the one request a plain READ or WRITE needs, with
+/// `plan().io()` hands out the one request a plain READ or WRITE needs, with
 /// the checks execute makes; running the request and io_outcome give what
 /// execute gives.
 #[test]
@@ -688,7 +693,7 @@ fn plan_io_requests() {
     // A WRITE in three pieces (the last block short of a whole one): the
     // request carries the whole blocks, in the pieces they came in.
     let pieces = [Bytes::copy_from_slice(&pattern[..1000]), Bytes::copy_from_slice(&pattern[1000..3000]), Bytes::copy_from_slice(&pattern[3000..3700])];
-    let IoPlan::Submit { volume, request } = t.plan_io(1, 0, &write10(4, 8, 0), &pieces) else { panic!("write not planned") };
+    let IoPlan::Submit { volume, request } = t.plan(0, &write10(4, 8, 0)).io(&pieces) else { panic!("write not planned") };
     let Request::Write { offset, ref data } = request else { panic!("not a write request") };
     assert_eq!(offset, 4 * BS as u64);
     assert_eq!(data.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![1000, 2000, 584], "7 whole blocks, in the pieces received");
@@ -699,34 +704,34 @@ fn plan_io_requests() {
     assert!(o.is_good());
     assert_eq!(good(&t, 1, &read10(4, 7, 0), &[]), pattern[..7 * BS].to_vec());
     // A READ: its request's buffer is the data-in.
-    let IoPlan::Submit { volume, request } = t.plan_io(1, 0, &cdb16(0x88, 0, 4, 7), &[]) else { panic!("read not planned") };
+    let IoPlan::Submit { volume, request } = t.plan(0, &cdb16(0x88, 0, 4, 7)).io(&[]) else { panic!("read not planned") };
     assert_eq!((request.offset(), request.len(), request.is_write()), (4 * BS as u64, 7 * BS as u64, false));
     volume.submit(request, move |req, r| tx.send((req, io_outcome(&r, false))).unwrap());
     let (req, o) = rx.recv().unwrap();
     assert!(o.is_good());
     assert_eq!(req.into_buf(), pattern[..7 * BS].to_vec());
     // Failed checks answer like execute.
-    let IoPlan::Done(o) = t.plan_io(1, 0, &read10(60, 8, 0), &[]) else { panic!("out of range planned") };
+    let IoPlan::Done(o) = t.plan(0, &read10(60, 8, 0)).io(&[]) else { panic!("out of range planned") };
     assert_eq!(sense(&o), LBA_OUT_OF_RANGE);
-    let IoPlan::Done(o) = t.plan_io(1, 0, &write10(0, 1, 0x20), &pieces) else { panic!("WRPROTECT planned") };
+    let IoPlan::Done(o) = t.plan(0, &write10(0, 1, 0x20)).io(&pieces) else { panic!("WRPROTECT planned") };
     assert_eq!(sense(&o), INVALID_FIELD_IN_CDB);
     let ro = target_with(ram_volume("ro", 64), LunConfig { read_only: true, ..LunConfig::for_volume("ro", "iqn.2026-11.test:t", 0) });
-    let IoPlan::Done(o) = ro.plan_io(1, 0, &write10(0, 1, 0), &pieces) else { panic!("write to a read-only LUN planned") };
+    let IoPlan::Done(o) = ro.plan(0, &write10(0, 1, 0)).io(&pieces) else { panic!("write to a read-only LUN planned") };
     assert_eq!(sense(&o), WRITE_PROTECTED);
     // Not for one request: other commands, unknown LUNs, nothing to move,
     // WRITE AND VERIFY, a FUA write on a write-back volume (a flush
     // follows), and a pending unit attention (execute reports it).
-    assert!(matches!(t.plan_io(1, 0, &tur(), &[]), IoPlan::Buffered));
-    assert!(matches!(t.plan_io(1, 3, &read10(0, 1, 0), &[]), IoPlan::Buffered));
-    assert!(matches!(t.plan_io(1, 0, &read10(0, 0, 0), &[]), IoPlan::Buffered));
-    assert!(matches!(t.plan_io(1, 0, &write10(0, 1, 0), &[]), IoPlan::Buffered));
-    assert!(matches!(t.plan_io(1, 0, &cdb10(0x2e, 0, 0, 1), &pieces), IoPlan::Buffered));
+    assert!(matches!(t.plan(0, &tur()).io(&[]), IoPlan::Buffered));
+    assert!(matches!(t.plan(3, &read10(0, 1, 0)).io(&[]), IoPlan::Buffered));
+    assert!(matches!(t.plan(0, &read10(0, 0, 0)).io(&[]), IoPlan::Buffered));
+    assert!(matches!(t.plan(0, &write10(0, 1, 0)).io(&[]), IoPlan::Buffered));
+    assert!(matches!(t.plan(0, &cdb10(0x2e, 0, 0, 1)).io(&pieces), IoPlan::Buffered));
     let f = TempFile::new("plan-io");
     let wb = target_with(f.volume(64), LunConfig::for_volume("filedisk", "iqn.2026-11.test:t", 0));
-    assert!(matches!(wb.plan_io(1, 0, &write10(0, 1, 0x08), &pieces), IoPlan::Buffered));
-    assert!(matches!(wb.plan_io(1, 0, &write10(0, 1, 0), &pieces), IoPlan::Submit { .. }));
+    assert!(matches!(wb.plan(0, &write10(0, 1, 0x08)).io(&pieces), IoPlan::Buffered));
+    assert!(matches!(wb.plan(0, &write10(0, 1, 0)).io(&pieces), IoPlan::Submit { .. }));
     assert!(t.lun_reset(0));
-    assert!(matches!(t.plan_io(1, 0, &read10(0, 1, 0), &[]), IoPlan::Buffered));
+    assert!(matches!(t.plan(0, &read10(0, 1, 0)).io(&[]), IoPlan::Buffered));
     check(&t, 1, &read10(0, 1, 0), &[], POWER_ON_RESET);
 }
 
@@ -810,18 +815,18 @@ fn transport_data_out_excess() {
     let mut d = vec![0u8; 4096];
     // WRITE(10) of one block with 2 blocks sent: the first one is written.
     let data = pattern(2, 3);
-    let (o, wanted) = t.execute_transfer(1, 0, &write10(0, 1, 0), &[&data], 1024, &mut d);
+    let (o, wanted) = t.plan(0, &write10(0, 1, 0)).execute(1, &[&data], 1024, &mut d);
     assert!(o.is_good());
     assert_eq!(wanted, Some(512));
     assert_eq!(good(&t, 1, &read10(0, 1, 0), &[]), data[..512]);
     // WRITE SAME(10) with more than one block: invalid, nothing written.
-    let (o, wanted) = t.execute_transfer(1, 0, &cdb10(0x41, 0, 8, 1), &[&data], 1024, &mut d);
+    let (o, wanted) = t.plan(0, &cdb10(0x41, 0, 8, 1)).execute(1, &[&data], 1024, &mut d);
     assert_eq!((sense(&o), wanted), (INVALID_FIELD_IN_CDB, Some(512)));
     assert_eq!(good(&t, 1, &read10(8, 1, 0), &[]), vec![0u8; 512]);
     // Exactly one block is fine.
-    let (o, _) = t.execute_transfer(1, 0, &cdb10(0x41, 0, 8, 1), &[&data[..512]], 512, &mut d);
+    let (o, _) = t.plan(0, &cdb10(0x41, 0, 8, 1)).execute(1, &[&data[..512]], 512, &mut d);
     assert!(o.is_good());
     // Not a data-out command.
-    let (o, wanted) = t.execute_transfer(1, 0, &tur(), &[], 0, &mut d);
+    let (o, wanted) = t.plan(0, &tur()).execute(1, &[], 0, &mut d);
     assert!(o.is_good() && wanted.is_none());
 }

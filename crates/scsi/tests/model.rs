@@ -129,6 +129,6 @@ proptest! {
             prop_assert_eq!(o.sense[0] & 0x7f, 0x70);
             prop_assert!(out.is_empty());
         }
-        let _ = t.data_out_len(lun, &cdb);
+        let _ = t.plan(lun, &cdb).data_out_len();
     }
 }

@@ -59,7 +59,7 @@
 //! aoe_io_threads = 0                 # I/O pool for device-backed AoE exports; 0: off (64 for rbd volumes)
 //! aoe_fanout = "round-robin"         # or "cpu"
 //! iscsi_connection_threads = true    # false: connections as tasks on the shared runtime
-//! iscsi_zero_copy_min = 32768        # smallest READ sent with sendfile
+//! zero_copy_min = 32768              # smallest READ sent with sendfile
 //! iscsi_inline_max = 65536           # largest READ/WRITE run on the connection's thread
 //! iscsi_flush_every = 0              # PDUs in a row before answering; 0: all buffered first
 //! tcp_congestion = "auto"            # "system", or an algorithm ("cubic"); auto: no BBR to this machine

@@ -9,42 +9,46 @@
 //! their own threads (rbd) are submitted from the task, and the backend's
 //! completion sends the result back through a channel; the rest run on the
 //! blocking pool and their results come back through the same channel,
-//! where the task turns them into PDUs. Large READs
-//! are sent zero-copy (`sendfile` of a `bw_scsi::ReadExtent`); Data-Out
-//! reaches the backend in the pieces it arrived in.
+//! where the task turns them into PDUs. Where each command runs is
+//! [`crate::dispatch`]'s rule, shared with NVMe/TCP; replies go out
+//! through the shared [`Outbox`]: small READs are read straight into it
+//! behind their Data-In headers, large ones are sent with `sendfile`.
+//! Data-Out reaches the backend in the pieces it arrived in.
 
 use crate::accept::{Accepted, Acceptor, Threading};
 use crate::config::{IscsiConfig, IscsiTarget};
+use crate::dispatch::{self, Place, Work};
 use crate::framing::{FrameReader, Framing, Growth};
-use crate::limits::{Admission, Limits, SessionKind};
+use crate::limits::{Admission, Limits, SessionKind, Ticket};
+use crate::outbox::Outbox;
 use crate::tuning::Tuning;
-use bw_net::tcp::CongestionPlan;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
+use bw_block::Volume;
 use bw_iscsi::msg::Residual;
 use bw_iscsi::negotiate::{LocalLimits, SessionType};
-use bw_iscsi::pdu::{write_pdu, Decoder, Digests, Pdu, BHS_LEN};
-use bw_iscsi::target_login::{LoginConfig, LoginStep, Secret, TargetInfo, TargetLogin};
+use bw_iscsi::pdu::{Decoder, Digests, Pdu, BHS_LEN};
+use bw_iscsi::target_login::{LoginConfig, LoginResult, LoginStep, Secret, TargetInfo, TargetLogin};
 use bw_iscsi::target_session::{
-    write_outcome, Action, Exec, SessionConfig, TargetSession, DATA_OUT_BUDGET,
+    write_outcome, Action, Exec, SessionConfig, TargetSession, Timers, DATA_OUT_BUDGET,
 };
+use bw_net::tcp::CongestionPlan;
 use bw_scsi::commands::Execution;
-use bw_scsi::{AluaState, IoPlan, LunConfig, PortGroup, ReadExtent, ReadPlan, ScsiTarget};
+use bw_scsi::{AluaState, IoPlan, LunConfig, Plan, PortGroup, ReadPlan, ScsiTarget};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 
 /// Commands one session may have outstanding (MaxCmdSN window).
 pub const QUEUE_DEPTH: u32 = 128;
-/// Idle time after which we ping the initiator with a NOP-In; a second
-/// interval without an answer ends the connection.
+/// Idle time after which the session pings the initiator with a NOP-In; a
+/// second interval without an answer ends the connection.
 const NOP_INTERVAL: Duration = Duration::from_secs(15);
 /// Largest data segment accepted during login.
 const LOGIN_MAX_DATA: usize = 64 * 1024;
@@ -149,7 +153,7 @@ pub async fn start(
         admission: admission.clone(),
         knobs: Knobs {
             inline_max: tuning.iscsi_inline_max,
-            zero_copy_min: tuning.iscsi_zero_copy_min,
+            zero_copy_min: tuning.zero_copy_min,
             flush_every: tuning.iscsi_flush_every(),
         },
         sessions: Mutex::new(HashMap::new()),
@@ -234,65 +238,12 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let (mut rd, mut wr) = stream.into_split();
     let mut reader = FrameReader::with_capacity(256 * 1024);
     let mut dec = Decoder::new(LOGIN_MAX_DATA);
-    // Login phase: strictly request/response.
-    let tsih = loop {
-        let t = ctx.next_tsih.fetch_add(1, Ordering::Relaxed);
-        if t != 0 {
-            break t;
-        }
+    let mut out = Outbox::default();
+    let Some(res) = login(&ctx, &mut ticket, &mut rd, &mut wr, &mut reader, &dec, &mut out).await? else {
+        return Ok(());
     };
-    let entropy = bw_iscsi::chap::ChapEntropy::from_os()
-        .map_err(|e| anyhow::anyhow!("no random numbers from the OS for a CHAP challenge: {e}"))?;
-    let mut login = TargetLogin::new(&ctx.login, tsih, entropy);
-    // The whole login, not each PDU, has to fit in the timeout: a peer
-    // dripping a byte at a time must not hold its thread for ever.
-    let login_timeout = ctx.admission.limits().login_timeout();
-    let deadline = tokio::time::Instant::now() + login_timeout;
-    loop {
-        let pdu =
-            match tokio::time::timeout_at(deadline, reader.next(&mut rd, &dec, |b| dec.decode(b)))
-                .await
-            {
-                Ok(r) => r?,
-                Err(_) => {
-                    anyhow::bail!("no complete login within {login_timeout:?} (login_timeout_s)")
-                }
-            };
-        let Some(pdu) = pdu else { return Ok(()) };
-        let (mut resp, step) = login.step(&pdu);
-        if let (LoginStep::Complete, Some(r)) = (&step, login.result()) {
-            // A place in the session pools only once logged in, so that
-            // clients without credentials cannot fill them.
-            let kind = match r.session_type {
-                SessionType::Discovery => SessionKind::Discovery,
-                _ => SessionKind::Normal,
-            };
-            if !ticket.begin_session(kind) {
-                resp = login.refuse(&pdu, bw_iscsi::msg::login_status::OUT_OF_RESOURCES);
-                write_pdu(&mut wr, &resp, Digests::default()).await?;
-                log::warn!("iSCSI login refused: the {kind:?} session pool is full ({})", kind.knob());
-                return Ok(());
-            }
-        }
-        write_pdu(&mut wr, &resp, Digests::default()).await?;
-        match step {
-            LoginStep::Continue => {}
-            LoginStep::Complete => break,
-            LoginStep::Failed(s) => {
-                wr.flush().await?;
-                log::info!(
-                    "iSCSI login from {} refused with status {s:#06x}",
-                    login.initiator_name().escape_debug()
-                );
-                return Ok(());
-            }
-        }
-    }
-    let Some(res) = login.result().cloned() else {
-        anyhow::bail!("login completed without a result")
-    };
-    drop(login);
-    let discovery_idle = (res.session_type == SessionType::Discovery).then(|| ctx.admission.limits().discovery_idle_timeout());
+    let discovery_idle = (res.session_type == SessionType::Discovery)
+        .then(|| ctx.admission.limits().discovery_idle_timeout());
     if discovery_idle.is_none() {
         let stream = ticket.own_thread(rd.reunite(wr)?).await?;
         (rd, wr) = stream.into_split();
@@ -303,15 +254,141 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     };
     dec.digests = digests;
     dec.max_data = res.params.max_recv_data_segment_length as usize;
+    let timers = Timers {
+        nop_interval: NOP_INTERVAL,
+        idle_limit: discovery_idle,
+    };
+    let session = full_feature_session(&ctx, &res, local, digests)
+        .with_timers(timers, std::time::Instant::now());
+    let scsi = res.target.map(|i| ctx.targets[i].scsi.clone());
+    let nexus = ctx.next_nexus.fetch_add(1, Ordering::Relaxed);
+    if let Some(s) = &scsi {
+        let isid: String = res.isid.iter().map(|b| format!("{b:02x}")).collect();
+        s.set_initiator_name(nexus, &format!("{},i,0x{isid}", res.initiator_name));
+    }
+    let key = res
+        .target
+        .map(|t| (res.initiator_name.clone(), res.isid, t));
+    let ended = Arc::new(Notify::new());
+    if let Some(k) = &key {
+        reinstate(&ctx, k, nexus, &ended);
+    }
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let mut conn = Connection {
+        session,
+        scsi: scsi.clone(),
+        nexus,
+        digests,
+        knobs: ctx.knobs,
+        out,
+        done_tx,
+    };
+    let mut io = ConnIo {
+        rd,
+        wr,
+        done_rx,
+        reader,
+        dec,
+    };
+    let r = conn.full_feature(&mut io, &mut shutdown, &ended).await;
+    if let Some(k) = &key {
+        let mut map = ctx.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(k).is_some_and(|(n, _)| *n == nexus) {
+            map.remove(k);
+        }
+    }
+    let _ = conn.out.drain(io.wr.as_ref()).await;
+    let _ = io.wr.shutdown().await;
+    if let Some(s) = &scsi {
+        s.nexus_gone(nexus);
+    }
+    r
+}
+
+/// The login phase, strictly request/response, within the login timeout.
+/// `None`: the login failed or was refused (the answer has been sent).
+async fn login(
+    ctx: &Ctx,
+    ticket: &mut Ticket,
+    rd: &mut OwnedReadHalf,
+    wr: &mut OwnedWriteHalf,
+    reader: &mut FrameReader,
+    dec: &Decoder,
+    out: &mut Outbox,
+) -> anyhow::Result<Option<LoginResult>> {
+    let tsih = loop {
+        let t = ctx.next_tsih.fetch_add(1, Ordering::Relaxed);
+        if t != 0 {
+            break t;
+        }
+    };
+    let mut login = TargetLogin::new(&ctx.login, tsih, chap_entropy()?);
+    // The whole login, not each PDU, has to fit in the timeout: a peer
+    // dripping a byte at a time must not hold its thread for ever.
+    let login_timeout = ctx.admission.limits().login_timeout();
+    let deadline = tokio::time::Instant::now() + login_timeout;
+    loop {
+        let pdu = match tokio::time::timeout_at(deadline, reader.next(rd, dec, |b| dec.decode(b))).await {
+            Ok(r) => r?,
+            Err(_) => {
+                anyhow::bail!("no complete login within {login_timeout:?} (login_timeout_s)")
+            }
+        };
+        let Some(pdu) = pdu else { return Ok(None) };
+        let (mut resp, step) = login.step(&pdu);
+        if let (LoginStep::Complete, Some(r)) = (&step, login.result()) {
+            // A place in the session pools only once logged in, so that
+            // clients without credentials cannot fill them.
+            let kind = match r.session_type {
+                SessionType::Discovery => SessionKind::Discovery,
+                _ => SessionKind::Normal,
+            };
+            if !ticket.begin_session(kind) {
+                resp = login.refuse(&pdu, bw_iscsi::msg::login_status::OUT_OF_RESOURCES);
+                push_pdu(out, &resp, Digests::default());
+                out.drain(wr.as_ref()).await?;
+                log::warn!("iSCSI login refused: the {kind:?} session pool is full ({})", kind.knob());
+                return Ok(None);
+            }
+        }
+        push_pdu(out, &resp, Digests::default());
+        out.drain(wr.as_ref()).await?;
+        match step {
+            LoginStep::Continue => {}
+            LoginStep::Complete => break,
+            LoginStep::Failed(s) => {
+                log::info!(
+                    "iSCSI login from {} refused with status {s:#06x}",
+                    login.initiator_name().escape_debug()
+                );
+                return Ok(None);
+            }
+        }
+    }
+    match login.result() {
+        Some(r) => Ok(Some(r.clone())),
+        None => anyhow::bail!("login completed without a result"),
+    }
+}
+
+/// Random bytes for a login's CHAP challenge, from the OS; there is no
+/// fallback: without the OS generator there is no login.
+fn chap_entropy() -> anyhow::Result<bw_iscsi::chap::ChapEntropy> {
+    let mut b = [0u8; 33];
+    getrandom::getrandom(&mut b)
+        .map_err(|e| anyhow::anyhow!("no random numbers from the OS for a CHAP challenge: {e}"))?;
+    Ok(bw_iscsi::chap::ChapEntropy(b))
+}
+
+/// The full feature phase session a login produced: the targets this
+/// initiator may see (for SendTargets) and the one it logged in to.
+fn full_feature_session(ctx: &Ctx, res: &LoginResult, local: SocketAddr, digests: Digests) -> TargetSession {
     let visible: Vec<(String, Vec<String>)> = ctx
         .login
         .targets
         .iter()
-        .filter(|t| {
-            t.allowed_initiators.is_empty()
-                || t.allowed_initiators.contains(&res.initiator_name)
-        })
-        .map(|t| (t.name.clone(), portals(&ctx, local, t.portal_group_tag)))
+        .filter(|t| t.allowed_initiators.is_empty() || t.allowed_initiators.contains(&res.initiator_name))
+        .map(|t| (t.name.clone(), portals(ctx, local, t.portal_group_tag)))
         .collect();
     let current = res.target.map(|i| ctx.login.targets[i].name.clone());
     log::info!(
@@ -325,7 +402,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         current,
         digests
     );
-    let session = TargetSession::new(SessionConfig {
+    TargetSession::new(SessionConfig {
         session_type: res.session_type,
         params: res.params.clone(),
         queue_depth: QUEUE_DEPTH,
@@ -335,80 +412,37 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         targets: visible,
         current_target: current,
         data_out_budget: DATA_OUT_BUDGET,
-    });
-    let scsi = res.target.map(|i| ctx.targets[i].scsi.clone());
-    let nexus = ctx.next_nexus.fetch_add(1, Ordering::Relaxed);
-    if let Some(s) = &scsi {
-        let isid: String = res.isid.iter().map(|b| format!("{b:02x}")).collect();
-        s.set_initiator_name(nexus, &format!("{},i,0x{isid}", res.initiator_name));
-    }
-    let ended = Arc::new(Notify::new());
-    let key = res
-        .target
-        .map(|t| (res.initiator_name.clone(), res.isid, t));
-    if let Some(k) = &key {
-        let old = ctx
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(k.clone(), (nexus, ended.clone()));
-        if let Some((_, old)) = old {
-            log::info!(
-                "iSCSI session of {} reinstated: ending the old connection",
-                res.initiator_name.escape_debug()
-            );
-            old.notify_one();
-        }
-    }
-    let (done_tx, done_rx) = mpsc::unbounded_channel();
-    let mut conn = Connection {
-        session,
-        scsi: scsi.clone(),
-        nexus,
-        // Zero-copy data-in cannot carry a data digest (it would need the bytes).
-        zero_copy: !digests.data,
-        knobs: ctx.knobs,
-        out: Vec::new(),
-        done_tx,
-        discovery_idle,
-    };
-    let mut io = ConnIo {
-        rd,
-        w: BufWriter::with_capacity(256 * 1024, wr),
-        done_rx,
-        digests,
-        reader,
-        dec,
-    };
-    let r = conn.full_feature(&mut io, &mut shutdown, &ended).await;
-    if let Some(k) = &key {
-        let mut map = ctx.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(k).is_some_and(|(n, _)| *n == nexus) {
-            map.remove(k);
-        }
-    }
-    let _ = io.w.flush().await;
-    let _ = io.w.shutdown().await;
-    if let Some(s) = &scsi {
-        s.nexus_gone(nexus);
-    }
-    r
+    })
 }
 
-/// What the connection writes, in order.
-enum Out {
-    Pdu(Pdu),
-    /// A Data-In PDU whose data segment is bytes `at..at + len` of a read
-    /// extent, sent with `sendfile` from the backend.
-    Extent {
-        pdu: Pdu,
-        extent: Arc<ReadExtent>,
-        at: usize,
-        len: usize,
-    },
+/// Record a normal session under its key; a live session with the same key
+/// is reinstated: its connection is told to end.
+fn reinstate(ctx: &Ctx, key: &SessionKey, nexus: u64, ended: &Arc<Notify>) {
+    let old = ctx
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key.clone(), (nexus, ended.clone()));
+    if let Some((_, old)) = old {
+        log::info!(
+            "iSCSI session of {} reinstated: ending the old connection",
+            key.0.escape_debug()
+        );
+        old.notify_one();
+    }
 }
 
-/// A command finished on the blocking pool.
+/// Queue one PDU, whole, in `out`.
+fn push_pdu(out: &mut Outbox, p: &Pdu, d: Digests) {
+    let parts = p.wire_parts(d);
+    let b = out.buf_mut();
+    b.reserve(parts.len());
+    for s in parts.io_slices() {
+        b.extend_from_slice(&s);
+    }
+}
+
+/// A command finished on the blocking pool or by the backend.
 struct Done {
     itt: u32,
     id: u64,
@@ -435,23 +469,20 @@ struct Connection {
     session: TargetSession,
     scsi: Option<Arc<ScsiTarget>>,
     nexus: u64,
-    /// Large READs go out as read extents (no data digest on this connection).
-    zero_copy: bool,
+    /// Zero-copy Data-In needs no data digest (it would need the bytes).
+    digests: Digests,
     knobs: Knobs,
-    /// PDUs to write, in the order the session produced them.
-    out: Vec<Out>,
+    /// What to send, in the order the session produced it.
+    out: Outbox,
     /// Completions from the blocking pool come back through here.
     done_tx: mpsc::UnboundedSender<Done>,
-    /// A discovery session ends after this long without a request.
-    discovery_idle: Option<Duration>,
 }
 
 /// The socket side of one connection.
 struct ConnIo {
     rd: OwnedReadHalf,
-    w: BufWriter<OwnedWriteHalf>,
+    wr: OwnedWriteHalf,
     done_rx: mpsc::UnboundedReceiver<Done>,
-    digests: Digests,
     reader: FrameReader,
     dec: Decoder,
 }
@@ -461,38 +492,38 @@ fn lun_number(lun_field: u64) -> u64 {
 }
 
 /// Run one SCSI command; the result as the session wants it.
-fn run_command(scsi: &ScsiTarget, nexus: u64, e: Exec) -> Done {
+fn run_command(plan: &Plan<'_>, nexus: u64, e: &Exec) -> Done {
     let data_out: Vec<&[u8]> = e.data_out.iter().map(|b| &b[..]).collect();
     let mut data_in = Vec::new();
-    let (o, wanted) = scsi.execute_transfer(
-        nexus,
-        lun_number(e.lun),
-        &e.cdb,
-        &data_out,
-        e.edtl as usize,
-        &mut data_in,
-    );
-    Done::new(&e, o, data_in, data_out_residual(wanted, e.edtl))
+    let (o, wanted) = plan.execute(nexus, &data_out, e.edtl as usize, &mut data_in);
+    Done::new(e, o, data_in, data_out_residual(wanted, e.edtl))
+}
+
+/// What [`dispatch`] needs to know about a SCSI command.
+fn work(plan: &Plan<'_>, e: &Exec, knobs: &Knobs, digests: Digests) -> Work {
+    match plan.execution() {
+        Execution::Inline => Work::Instant,
+        Execution::InlineIfSmall => {
+            let len = e.edtl as usize;
+            let zero_copy = e.read
+                && !e.write
+                && dispatch::zero_copy(len, knobs.zero_copy_min, digests.data, plan.device());
+            Work::Data { len, zero_copy }
+        }
+        Execution::Pool => Work::Waits,
+    }
 }
 
 impl Connection {
-    /// Queue the PDUs a session call produced; `extent` backs any
-    /// [`Action::SendExtent`]. `false` once the session asks to close.
-    fn act(&mut self, actions: Vec<Action>, extent: Option<&Arc<ReadExtent>>) -> bool {
+    /// Queue the PDUs a session call produced. `false` once the session
+    /// asks to close.
+    fn act(&mut self, actions: Vec<Action>) -> bool {
         let mut keep_going = true;
         for a in actions {
             match a {
-                Action::Send(p) => self.out.push(Out::Pdu(p)),
-                Action::SendExtent { pdu, at, len } => {
-                    if let Some(x) = extent {
-                        self.out.push(Out::Extent {
-                            pdu,
-                            extent: x.clone(),
-                            at,
-                            len,
-                        });
-                    }
-                }
+                Action::Send(p) => push_pdu(&mut self.out, &p, self.digests),
+                // Only complete_extent makes these, and its callers handle them.
+                Action::SendExtent { .. } => {}
                 Action::Close => keep_going = false,
                 Action::Execute(e) => self.execute(e),
                 Action::LunReset { itt, lun } => {
@@ -506,7 +537,7 @@ impl Connection {
                         bw_iscsi::msg::tmf_response::LUN_DOES_NOT_EXIST
                     };
                     let p = self.session.finish_tmf(itt, resp);
-                    self.out.push(Out::Pdu(p));
+                    push_pdu(&mut self.out, &p, self.digests);
                 }
                 Action::TargetReset { itt, cold } => {
                     if let Some(s) = &self.scsi {
@@ -515,7 +546,7 @@ impl Connection {
                     let p = self
                         .session
                         .finish_tmf(itt, bw_iscsi::msg::tmf_response::FUNCTION_COMPLETE);
-                    self.out.push(Out::Pdu(p));
+                    push_pdu(&mut self.out, &p, self.digests);
                     if cold {
                         keep_going = false;
                     }
@@ -525,48 +556,44 @@ impl Connection {
         keep_going
     }
 
-    /// Run a command here or on the blocking pool, as its row in the SCSI
-    /// command table says.
+    /// Run a command where [`dispatch::place`] says.
     fn execute(&mut self, e: Exec) {
         let Some(scsi) = self.scsi.clone() else {
             return;
         };
-        if self.try_zero_copy_read(&scsi, &e) || self.try_submit(&scsi, &e) {
+        let plan = scsi.plan(lun_number(e.lun), &e.cdb);
+        let work = work(&plan, &e, &self.knobs, self.digests);
+        let mut place = dispatch::place(work, plan.device(), self.knobs.inline_max);
+        if place == Place::Submit && self.submit(&plan, &e) {
             return;
         }
-        let inline = match bw_scsi::execution(&e.cdb) {
-            Execution::Inline => true,
-            // A remote volume (rbd) waits a network round trip on every
-            // read and write: never on the connection's thread, so many run
-            // at once.
-            Execution::InlineIfSmall => {
-                e.edtl as usize <= self.knobs.inline_max
-                    && !scsi.backend_info(lun_number(e.lun)).is_some_and(|i| i.remote)
-            }
-            Execution::Pool => false,
-        };
-        if inline {
-            let d = run_command(&scsi, self.nexus, e);
-            self.finished(d);
-        } else {
-            let (tx, nexus) = (self.done_tx.clone(), self.nexus);
-            tokio::task::spawn_blocking(move || {
-                let _ = tx.send(run_command(&scsi, nexus, e));
-            });
+        if place == Place::Inline && e.read && !e.write && self.read(&plan, &e, work) {
+            return;
         }
+        if let Work::Data { len, zero_copy: true } = work {
+            // Not sent zero-copy after all (a unit attention or reservation
+            // to report first): the general path copies it.
+            let copy = Work::Data { len, zero_copy: false };
+            place = dispatch::place(copy, plan.device(), self.knobs.inline_max);
+        }
+        if place == Place::Inline {
+            let d = run_command(&plan, self.nexus, &e);
+            return self.finished(d);
+        }
+        let (tx, nexus) = (self.done_tx.clone(), self.nexus);
+        tokio::task::spawn_blocking(move || {
+            let plan = scsi.plan(lun_number(e.lun), &e.cdb);
+            let _ = tx.send(run_command(&plan, nexus, &e));
+        });
     }
 
     /// Start a READ or WRITE on a volume that completes requests on its
     /// own threads (rbd): the backend's completion sends the result to
     /// this connection's channel, so no thread waits for it. `false`: run
     /// it the ordinary way.
-    fn try_submit(&mut self, scsi: &ScsiTarget, e: &Exec) -> bool {
-        let lun = lun_number(e.lun);
-        if !scsi.backend_info(lun).is_some_and(|i| i.async_submit) {
-            return false;
-        }
-        let residual = || data_out_residual(scsi.data_out_len(lun, &e.cdb), e.edtl);
-        let (volume, request) = match scsi.plan_io(self.nexus, lun, &e.cdb, &e.data_out) {
+    fn submit(&mut self, plan: &Plan<'_>, e: &Exec) -> bool {
+        let residual = || data_out_residual(plan.data_out_len(), e.edtl);
+        let (volume, request) = match plan.io(&e.data_out) {
             IoPlan::Buffered => return false,
             IoPlan::Done(o) => {
                 self.finished(Done::new(e, o, Vec::new(), residual()));
@@ -598,37 +625,103 @@ impl Connection {
             d.residual,
             &mut actions,
         );
-        self.act(actions, None);
+        self.act(actions);
     }
 
-    /// Try to answer a large READ zero-copy. `false`: run it the ordinary way.
-    fn try_zero_copy_read(&mut self, scsi: &ScsiTarget, e: &Exec) -> bool {
-        if !self.zero_copy || !e.read || e.write || (e.edtl as usize) < self.knobs.zero_copy_min {
-            return false;
+    /// A plain READ on this task: its data goes from the page cache to the
+    /// socket with sendfile when `work` says zero-copy (and the backend
+    /// hands out a descriptor), else it is read straight into the send
+    /// buffer behind its Data-In headers. `false`: not a plain READ, run it
+    /// the ordinary way.
+    fn read(&mut self, plan: &Plan<'_>, e: &Exec, work: Work) -> bool {
+        let (volume, offset, len) = match plan.read() {
+            ReadPlan::Buffered => return false,
+            ReadPlan::Done(o) => {
+                self.finished(Done::new(e, o, Vec::new(), Residual::None));
+                return true;
+            }
+            ReadPlan::Range { volume, offset, len } => (volume, offset, len),
+        };
+        if matches!(work, Work::Data { zero_copy: true, .. }) {
+            match volume.zero_copy_read(offset, len as u64) {
+                Ok(Some(fd)) => {
+                    let fd = fd.as_raw_fd();
+                    let mut actions = Vec::new();
+                    self.session.complete_extent(e.itt, e.id, len, &mut actions);
+                    let mut rest = Vec::new();
+                    for a in actions {
+                        match a {
+                            Action::SendExtent { pdu, at, len } => {
+                                self.out.buf_mut().extend_from_slice(&pdu.head(self.digests, len));
+                                self.out.push_file(volume.clone(), fd, offset + at as u64, len);
+                                let pad = bw_iscsi::pdu::pad4(len);
+                                self.out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
+                            }
+                            a => rest.push(a),
+                        }
+                    }
+                    self.act(rest);
+                    return true;
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    let o = bw_scsi::io_outcome(&Err(err), false);
+                    self.finished(Done::new(e, o, Vec::new(), Residual::None));
+                    return true;
+                }
+            }
+        }
+        self.read_into_outbox(e, &volume, offset, len);
+        true
+    }
+
+    /// Read `len` bytes at `offset` of `volume` (a checked READ) into the
+    /// send buffer, each Data-In PDU's data behind room for its header;
+    /// the headers are written once the read succeeded and the session
+    /// made them.
+    fn read_into_outbox(&mut self, e: &Exec, volume: &Volume, offset: u64, len: usize) {
+        let sent = len.min(e.edtl as usize);
+        let head_len = BHS_LEN + if self.digests.header { 4 } else { 0 };
+        let start = self.out.buf_mut().len();
+        let mut heads = Vec::with_capacity(1);
+        for r in self.session.data_in_segments(sent) {
+            let b = self.out.buf_mut();
+            heads.push(b.len());
+            b.resize(b.len() + head_len, 0);
+            let at = match self.out.read_into(volume, offset + r.start as u64, r.len()) {
+                Ok(at) => at,
+                Err(err) => {
+                    self.out.buf_mut().truncate(start);
+                    let o = bw_scsi::io_outcome(&Err(err), false);
+                    return self.finished(Done::new(e, o, Vec::new(), Residual::None));
+                }
+            };
+            let b = self.out.buf_mut();
+            b.extend_from_slice(&[0u8; 4][..bw_iscsi::pdu::pad4(r.len())]);
+            if self.digests.data {
+                let crc = crc32c::crc32c(&b[at..]);
+                b.extend_from_slice(&crc.to_le_bytes());
+            }
         }
         let mut actions = Vec::new();
-        match scsi.plan_read(self.nexus, lun_number(e.lun), &e.cdb) {
-            ReadPlan::Buffered => return false,
-            ReadPlan::Extent(x) => {
-                let x = Arc::new(x);
-                self.session
-                    .complete_extent(e.itt, e.id, x.len, &mut actions);
-                self.act(actions, Some(&x));
-            }
-            ReadPlan::Done(o) => {
-                self.session.complete(
-                    e.itt,
-                    e.id,
-                    o.status,
-                    &o.sense,
-                    Vec::new(),
-                    Residual::None,
-                    &mut actions,
-                );
-                self.act(actions, None);
+        self.session.complete_extent(e.itt, e.id, len, &mut actions);
+        let mut heads = heads.into_iter();
+        let mut rest = Vec::new();
+        for a in actions {
+            match a {
+                Action::SendExtent { pdu, len, .. } => {
+                    let Some(h) = heads.next() else { continue };
+                    let head = pdu.head(self.digests, len);
+                    self.out.buf_mut()[h..h + head_len].copy_from_slice(&head);
+                }
+                a => rest.push(a),
             }
         }
-        true
+        if heads.next().is_some() {
+            // The task was aborted meanwhile: nothing of it goes out.
+            self.out.buf_mut().truncate(start);
+        }
+        self.act(rest);
     }
 
     async fn full_feature(
@@ -637,10 +730,6 @@ impl Connection {
         shutdown: &mut Shutdown,
         reinstated: &Notify,
     ) -> anyhow::Result<()> {
-        let mut nop = tokio::time::interval(NOP_INTERVAL);
-        nop.tick().await;
-        let mut idle_ticks = 0u32;
-        let mut last_request = tokio::time::Instant::now();
         loop {
             // Handle every PDU already buffered, then send what that produced.
             let mut open = true;
@@ -651,40 +740,37 @@ impl Connection {
                     Ok(None) => break,
                     Err(e) => anyhow::bail!("bad PDU: {e}"),
                 };
-                idle_ticks = 0;
                 let bhs = pdu.bhs;
-                // A NOP-Out may answer our own NOP-In: no request.
-                if bhs.0[0] & 0x3F != bw_iscsi::pdu::Opcode::NopOut as u8 {
-                    last_request = tokio::time::Instant::now();
-                }
                 let mut actions = Vec::new();
-                let r = self.session.on_pdu(pdu, &mut actions);
+                let r = self.session.on_pdu(pdu, std::time::Instant::now(), &mut actions);
                 if r.is_err() {
                     actions.push(Action::Send(
                         self.session
                             .reject(&bhs, bw_iscsi::msg::reject_reason::PROTOCOL_ERROR),
                     ));
                 }
-                open = self.act(actions, None);
+                open = self.act(actions);
                 if let Err(e) = r {
-                    let _ = io.drain(&mut self.out).await;
+                    let _ = self.out.drain(io.wr.as_ref()).await;
                     anyhow::bail!("{e}");
                 }
                 handled += 1;
                 if handled.is_multiple_of(self.knobs.flush_every) && open {
                     // Answer part of a long burst now: the initiator works on
                     // these while we run the rest.
-                    io.drain(&mut self.out).await?;
+                    self.out.drain(io.wr.as_ref()).await?;
                 }
             }
             while let Ok(d) = io.done_rx.try_recv() {
                 self.finished(d);
             }
-            io.drain(&mut self.out).await?;
+            self.out.drain(io.wr.as_ref()).await?;
             if !open {
                 // Whatever was queued before the close has been written.
                 return Ok(());
             }
+            let timeout = self.session.poll_timeout();
+            let far = std::time::Instant::now() + Duration::from_secs(3600);
             tokio::select! {
                 r = io.reader.fill(&mut io.rd, &io.dec) => {
                     if r? == 0 {
@@ -693,22 +779,16 @@ impl Connection {
                 }
                 Some(d) = io.done_rx.recv() => self.finished(d),
                 _ = reinstated.notified() => anyhow::bail!("session reinstated by a new login"),
-                _ = tokio::time::sleep_until(last_request + self.discovery_idle.unwrap_or_default()), if self.discovery_idle.is_some() => {
-                    anyhow::bail!("discovery session without a request for {:?} (discovery_idle_timeout_s)", self.discovery_idle.unwrap_or_default())
-                }
-                _ = nop.tick() => {
-                    idle_ticks += 1;
-                    if self.session.ping_outstanding() && idle_ticks >= 2 {
-                        anyhow::bail!("initiator did not answer NOP-In");
-                    }
-                    if let Some(p) = self.session.ping() {
-                        self.out.push(Out::Pdu(p));
-                    }
+                _ = tokio::time::sleep_until(timeout.unwrap_or(far).into()), if timeout.is_some() => {
+                    let mut actions = Vec::new();
+                    let r = self.session.handle_timeout(std::time::Instant::now(), &mut actions);
+                    self.act(actions);
+                    r?;
                 }
                 _ = shutdown.wait() => {
                     let p = self.session.async_drop_all(2);
-                    self.out.push(Out::Pdu(p));
-                    let _ = io.drain(&mut self.out).await;
+                    push_pdu(&mut self.out, &p, self.digests);
+                    let _ = self.out.drain(io.wr.as_ref()).await;
                     return Ok(());
                 }
             }
@@ -716,77 +796,12 @@ impl Connection {
     }
 }
 
-impl ConnIo {
-    /// Write everything queued, then flush.
-    async fn drain(&mut self, out: &mut Vec<Out>) -> std::io::Result<()> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        for o in out.drain(..) {
-            match o {
-                Out::Pdu(p) => write_pdu(&mut self.w, &p, self.digests).await?,
-                Out::Extent {
-                    pdu,
-                    extent,
-                    at,
-                    len,
-                } => {
-                    self.w.write_all(&pdu.head(self.digests, len)).await?;
-                    self.w.flush().await?;
-                    send_extent(self.w.get_ref().as_ref(), &extent, at, len).await?;
-                    let pad = bw_iscsi::pdu::pad4(len);
-                    if pad > 0 {
-                        self.w.write_all(&[0u8; 4][..pad]).await?;
-                    }
-                }
-            }
-        }
-        self.w.flush().await
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn chap_challenges_come_from_the_os() {
+        // Two draws differ (a stuck generator would be caught here).
+        let (a, b) = (super::chap_entropy().unwrap(), super::chap_entropy().unwrap());
+        assert_ne!(a.0, b.0);
     }
-}
-
-/// Send bytes `at..at + len` of `x` with `sendfile` on the (nonblocking)
-/// socket, waiting for room as needed. A failure after the header went out
-/// cannot be reported per command: it ends the connection.
-async fn send_extent(
-    sock: &TcpStream,
-    x: &ReadExtent,
-    at: usize,
-    len: usize,
-) -> std::io::Result<()> {
-    let mut off = (x.offset + at as u64) as libc::off_t;
-    let mut left = len;
-    while left > 0 {
-        sock.writable().await?;
-        let r = sock.try_io(tokio::io::Interest::WRITABLE, || {
-            // SAFETY: both descriptors are open for the duration of the call.
-            let n = unsafe { libc::sendfile(sock.as_raw_fd(), x.fd().as_raw_fd(), &mut off, left) };
-            if n < 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                Ok(n as usize)
-            }
-        });
-        match r {
-            Ok(0) => {
-                x.note_error();
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "backend ended inside a read extent",
-                ));
-            }
-            Ok(n) => left -= n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => {
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EIO | libc::ENODATA | libc::EFAULT)
-                ) {
-                    x.note_error();
-                }
-                return Err(e);
-            }
-        }
-    }
-    Ok(())
 }

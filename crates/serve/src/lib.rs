@@ -4,10 +4,12 @@
 pub mod accept;
 pub mod aoe;
 pub mod config;
+pub mod dispatch;
 pub mod framing;
 pub mod iscsi;
 pub mod limits;
 pub mod nvme;
+pub mod outbox;
 pub mod tuning;
 
 use anyhow::Context;

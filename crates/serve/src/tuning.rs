@@ -21,11 +21,13 @@ pub struct Tuning {
     /// One thread (with its own single-threaded runtime) per iSCSI
     /// connection; `false`: tasks on the shared runtime.
     pub iscsi_connection_threads: bool,
-    /// Smallest iSCSI READ, in bytes, sent with `sendfile` from the page
-    /// cache (memory-backed volumes, no DataDigest); smaller ones are
-    /// copied, which lets many replies share one socket write. A huge value
-    /// turns zero-copy off.
-    pub iscsi_zero_copy_min: usize,
+    /// Smallest READ, in bytes, that iSCSI and NVMe/TCP send with
+    /// `sendfile` from the page cache (memory-backed volumes, no data
+    /// digest); smaller ones are copied, which lets many replies share one
+    /// socket write. A huge value turns zero-copy off. Also read under its
+    /// former name, `iscsi_zero_copy_min`.
+    #[serde(alias = "iscsi_zero_copy_min")]
+    pub zero_copy_min: usize,
     /// Largest iSCSI READ/WRITE, in bytes, run on the connection's thread;
     /// bigger ones go to the blocking pool.
     pub iscsi_inline_max: usize,
@@ -71,7 +73,7 @@ impl Default for Tuning {
             aoe_io_threads: 0,
             aoe_fanout: AoeFanout::RoundRobin,
             iscsi_connection_threads: true,
-            iscsi_zero_copy_min: 32 * 1024,
+            zero_copy_min: 32 * 1024,
             iscsi_inline_max: 64 * 1024,
             iscsi_flush_every: 0,
             tcp_congestion: Congestion::Auto,
@@ -131,13 +133,15 @@ mod tests {
             (
                 toml.aoe_fanout,
                 toml.iscsi_inline_max,
-                toml.iscsi_zero_copy_min
+                toml.zero_copy_min
             ),
             (AoeFanout::Cpu, 4096, 32 * 1024)
         );
         assert_eq!(toml.tcp_congestion, Congestion::Auto);
         let cc: Tuning = toml::from_str("tcp_congestion = \"cubic\"").unwrap();
         assert_eq!(cc.tcp_congestion, Congestion::Named("cubic".into()));
+        let old: Tuning = toml::from_str("iscsi_zero_copy_min = 4096").unwrap();
+        assert_eq!(old.zero_copy_min, 4096, "the former name still works");
         assert!(toml::from_str::<Tuning>("tcp_congestion = \"no such\"").is_err());
         assert!(
             toml::from_str::<Tuning>("aoe_wrokers = 2").is_err(),

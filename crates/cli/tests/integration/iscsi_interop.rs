@@ -293,7 +293,7 @@ fn raw_login(port: u16, target: &str, isid: [u8; 6]) -> std::net::TcpStream {
         mutual_chap: None,
         limits: bw_iscsi::negotiate::LocalLimits::default(),
         isid,
-    }, bw_iscsi::chap::ChapEntropy::from_os().expect("OS random"));
+    }, bw_iscsi::chap::ChapEntropy(core::array::from_fn(|i| (i as u8).wrapping_mul(151) ^ isid[5])));
     let dec = Decoder::new(64 * 1024);
     let mut buf = bytes::BytesMut::new();
     let mut req = login.start();

@@ -70,9 +70,10 @@ fuzz_target!(|data: &[u8]| {
             }
             _ => {}
         }
-        let _ = t.data_out_len(lun, cdb);
-        if let ReadPlan::Extent(e) = t.plan_read(nexus, lun, cdb) {
-            assert!(e.offset + e.len as u64 <= BLOCKS * 512, "read extent {}+{} past the end", e.offset, e.len);
+        let plan = t.plan(lun, cdb);
+        let _ = plan.data_out_len();
+        if let ReadPlan::Range { offset, len, .. } = plan.read() {
+            assert!(offset + len as u64 <= BLOCKS * 512, "read range {offset}+{len} past the end");
             continue;
         }
         // Data-out in one piece or cut in two, as transports hand it over.

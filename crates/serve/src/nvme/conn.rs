@@ -17,9 +17,10 @@
 //! allows.
 
 use super::fabric::{CtrlEntry, Fabric};
-use super::outbox::Outbox;
 use super::NvmeFraming;
+use crate::dispatch::{self, Place, Work};
 use crate::framing::FrameReader;
+use crate::outbox::Outbox;
 use crate::limits::Ticket;
 use crate::Shutdown;
 use bw_nvme::auth::{ControllerAuth, Entropy};
@@ -40,9 +41,6 @@ use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-/// Reads at least this long go out with sendfile (when the backend allows
-/// and no data digest is needed); shorter ones are cheaper to copy.
-const ZERO_COPY_MIN: usize = 32 * 1024;
 /// Stop taking new PDUs while this much reply data waits in memory.
 const OUT_HIGH: usize = 4 << 20;
 /// Socket reads in a row before the task lets others run.
@@ -202,19 +200,21 @@ fn read_some(stream: &TcpStream, reader: &mut FrameReader, max_plen: u32) -> Rea
     }
 }
 
-/// Commands that may sleep in the kernel (the table's `sleeps`, FUA
-/// writes, any command on an O_DIRECT, O_DSYNC or block-device volume) run
-/// on the blocking pool; plain reads and writes of RAM or page-cache backed
-/// volumes run inline.
-fn may_block(subsys: &Subsystem, sqe: &Sqe) -> bool {
-    if commands::lookup(QueueKind::Io, sqe.opcode()).is_some_and(|c| c.sleeps)
-        || sqe.cdw(12) & (1 << 30) != 0
-    {
-        return true;
+/// What [`dispatch`] needs to know about an I/O command: the table's
+/// `sleeps` and FUA say it waits for the device whatever backs it; a read
+/// may go out zero-copy.
+fn work(sqe: &Sqe, device: Option<&bw_block::DeviceInfo>, zero_copy_min: usize, data_digest: bool) -> Work {
+    if commands::lookup(QueueKind::Io, sqe.opcode()).is_some_and(|c| c.sleeps) || sqe.fua() {
+        return Work::Waits;
     }
-    subsys
-        .namespace(sqe.nsid())
-        .is_some_and(|n| n.volume.info().io_may_block())
+    let read = sqe.opcode() == nvm::READ;
+    let len = if read {
+        sqe.nlb() as usize * bw_block::SECTOR_SIZE as usize
+    } else {
+        io::transfer_len(sqe) as usize
+    };
+    let zero_copy = read && dispatch::zero_copy(len, zero_copy_min, data_digest, device);
+    Work::Data { len, zero_copy }
 }
 
 impl Conn {
@@ -476,7 +476,12 @@ impl Conn {
         let Some(sub) = self.ctrl.as_ref().and_then(|e| e.subsys.clone()) else {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
-        if sub.namespace(sqe.nsid()).is_some_and(|n| n.volume.info().async_submit) {
+        let device = sub.namespace(sqe.nsid()).map(|n| n.volume.info());
+        let work = work(&sqe, device, self.fabric.zero_copy_min, self.q.digests().data);
+        // No size limit: NVMe/TCP reads and writes of page-cache volumes
+        // have always run inline, whatever their length.
+        let place = dispatch::place(work, device, usize::MAX);
+        if place == Place::Submit {
             match io::plan(&sub, &sqe, &data) {
                 io::Plan::Submit { volume, request } => {
                     // The backend's own thread completes it; nothing here
@@ -490,7 +495,7 @@ impl Conn {
                 io::Plan::Execute => {}
             }
         }
-        if may_block(&sub, &sqe) {
+        if place != Place::Inline {
             let tx = self.done_tx.clone();
             tokio::task::spawn_blocking(move || {
                 let run = std::panic::AssertUnwindSafe(|| io::execute(&sub, &sqe, &data));
@@ -501,7 +506,7 @@ impl Conn {
                 let _ = tx.send(Finished { cid, done });
             });
         } else if sqe.opcode() == nvm::READ {
-            self.read(&sub, &sqe);
+            self.read(&sub, &sqe, work);
         } else {
             let IoDone { status, data } = io::execute(&sub, &sqe, &data);
             self.complete(cid, status, 0, data);
@@ -509,9 +514,9 @@ impl Conn {
     }
 
     /// A read that cannot block: its data goes from the volume straight into
-    /// the send buffer behind each C2HData header, or, when large, from the
-    /// page cache to the socket with sendfile.
-    fn read(&mut self, sub: &Subsystem, sqe: &Sqe) {
+    /// the send buffer behind each C2HData header, or, when `work` says
+    /// zero-copy, from the page cache to the socket with sendfile.
+    fn read(&mut self, sub: &Subsystem, sqe: &Sqe, work: Work) {
         let cid = sqe.cid();
         let (vol, off, len) = match io::read_extent(sub, sqe) {
             Ok(x) => x,
@@ -520,8 +525,7 @@ impl Conn {
         if len == 0 {
             return self.complete(cid, Status::SUCCESS, 0, None);
         }
-        let ddgst = self.q.digests().data;
-        if !ddgst && len >= ZERO_COPY_MIN {
+        if matches!(work, Work::Data { zero_copy: true, .. }) {
             match vol.zero_copy_read(off, len as u64) {
                 Ok(Some(fd)) => {
                     let fd = fd.as_raw_fd();
@@ -536,20 +540,20 @@ impl Conn {
                 Err(e) => return self.complete(cid, io::read_error(e), 0, None),
             }
         }
-        let b = self.out.buf_mut();
-        let start = b.len();
+        let ddgst = self.q.digests().data;
+        let start = self.out.buf_mut().len();
         for (hdr, r) in self.q.read_pdus(cid, len) {
-            b.extend_from_slice(hdr.bytes());
-            let dstart = b.len();
-            // Zero-filled: `read_at` takes `&mut [u8]`, which must not
-            // refer to uninitialized memory.
-            b.resize(dstart + r.len(), 0);
-            if let Err(e) = vol.read_at(&mut b[dstart..], off + r.start as u64) {
-                b.truncate(start);
-                return self.complete(cid, io::read_error(e), 0, None);
-            }
+            self.out.buf_mut().extend_from_slice(hdr.bytes());
+            let at = match self.out.read_into(vol, off + r.start as u64, r.len()) {
+                Ok(at) => at,
+                Err(e) => {
+                    self.out.buf_mut().truncate(start);
+                    return self.complete(cid, io::read_error(e), 0, None);
+                }
+            };
             if ddgst {
-                let c = pdu::crc32c(&b[dstart..]);
+                let b = self.out.buf_mut();
+                let c = pdu::crc32c(&b[at..]);
                 b.extend_from_slice(&c.to_le_bytes());
             }
         }

@@ -88,6 +88,8 @@ pub struct Fabric {
     /// none (KATO 0), as Linux's target has (120 s there): it needs no
     /// credentials, so it must not stay forever.
     discovery_idle_ms: u32,
+    /// Reads at least this long go out with sendfile (`[tuning] zero_copy_min`).
+    pub zero_copy_min: usize,
 }
 
 /// The longest keep-alive timeout a discovery controller gets, whatever
@@ -107,6 +109,7 @@ impl Fabric {
             cntlids: (1, 0xFFEF),
             host_keys: HostKeys::default(),
             discovery_idle_ms: DISCOVERY_KATO_MAX_MS,
+            zero_copy_min: crate::tuning::Tuning::default().zero_copy_min,
         }
     }
 
@@ -114,6 +117,11 @@ impl Fabric {
     /// may go without a command before it is torn down.
     pub fn with_discovery_idle(mut self, idle: Duration) -> Fabric {
         self.discovery_idle_ms = idle.as_millis().clamp(1, u32::MAX as u128) as u32;
+        self
+    }
+
+    pub fn with_zero_copy_min(mut self, n: usize) -> Fabric {
+        self.zero_copy_min = n;
         self
     }
 

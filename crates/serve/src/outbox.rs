@@ -1,8 +1,11 @@
-//! What one connection still has to send, in order: encoded PDUs in byte
-//! buffers and, between them, read payloads that go straight from a
-//! volume's backing file to the socket with sendfile(2) (no copy through
-//! user space). Sending never blocks: [`Outbox::send`] writes what the
-//! socket takes and leaves the rest for the next writable event.
+//! What one connection still has to send, in order, for both TCP
+//! front-ends: encoded PDUs in byte buffers and, between them, read
+//! payloads that go straight from a volume's backing file to the socket
+//! with sendfile(2) (no copy through user space). Small reads are read
+//! straight into the byte buffer behind their PDU header
+//! ([`Outbox::read_into`]), so their data is copied once, by the read.
+//! Sending never blocks: [`Outbox::send`] writes what the socket takes and
+//! leaves the rest for the next writable event; [`Outbox::drain`] waits.
 
 use bw_block::Volume;
 use std::collections::VecDeque;
@@ -59,6 +62,25 @@ impl Outbox {
     pub fn push_file(&mut self, vol: Volume, fd: RawFd, off: u64, len: usize) {
         if len > 0 {
             self.segs.push_back(Seg::File { _vol: vol, fd, off, left: len });
+        }
+    }
+
+    /// Append `len` bytes of `vol` at `off` to the buffer (after what is
+    /// queued); returns where they start in [`Outbox::buf_mut`]. On an
+    /// error the buffer is as it was.
+    pub fn read_into(&mut self, vol: &Volume, off: u64, len: usize) -> bw_block::Result<usize> {
+        let b = self.buf_mut();
+        let start = b.len();
+        // Zero-filled: `read_at` takes `&mut [u8]`, which must not refer to
+        // uninitialized memory. The buffer is reused, so this is a memset
+        // of memory already in cache, not a fresh allocation.
+        b.resize(start + len, 0);
+        match vol.read_at(&mut b[start..], off) {
+            Ok(()) => Ok(start),
+            Err(e) => {
+                b.truncate(start);
+                Err(e)
+            }
         }
     }
 

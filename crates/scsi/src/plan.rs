@@ -1,0 +1,237 @@
+//! What a transport asks about one command before it runs it, answered
+//! from one lookup of the command table: where to run it
+//! ([`Plan::execution`]), how much data-out to solicit
+//! ([`Plan::data_out_len`]), whether it is a plain READ whose data the
+//! transport moves itself ([`Plan::read`]) or a plain READ or WRITE it
+//! submits itself ([`Plan::io`]), and otherwise running it
+//! ([`Plan::execute`]).
+
+use crate::cdb::{naca_or_link, op};
+use crate::commands::{self, Execution, Lookup, Transfer};
+use crate::sense::Sense;
+use crate::{Lun, NexusId, ScsiOutcome, ScsiTarget};
+use bw_block::Volume;
+
+/// One command as the table and the LUN see it (see the module comment).
+pub struct Plan<'a> {
+    target: &'a ScsiTarget,
+    lun: Option<&'a Lun>,
+    cdb: &'a [u8],
+    found: Lookup,
+}
+
+/// What [`Plan::read`] decided.
+#[derive(Debug)]
+pub enum ReadPlan {
+    /// Every check has passed: the data-in is `len` bytes of `volume` at
+    /// byte `offset`, with GOOD status. The transport reads it
+    /// ([`Volume::read_at`], counted there) or sends it from the page
+    /// cache ([`Volume::zero_copy_read`], counted there).
+    Range {
+        volume: Volume,
+        offset: u64,
+        len: usize,
+    },
+    /// The command failed its checks: complete it with this outcome.
+    Done(ScsiOutcome),
+    /// Not a plain READ (another command, nothing to read, a pending unit
+    /// attention, reservation or ALUA refusal): nothing was done; run it
+    /// with [`Plan::execute`].
+    Buffered,
+}
+
+/// What [`Plan::io`] decided.
+#[derive(Debug)]
+pub enum IoPlan {
+    /// Every check has passed and the command is counted: start `request`
+    /// on `volume` ([`Volume::submit`]) and complete the command with
+    /// [`io_outcome`] of its result (a read's data is the request's buffer).
+    Submit {
+        volume: Volume,
+        request: bw_block::Request,
+    },
+    /// The command failed its checks: complete it with this outcome.
+    Done(ScsiOutcome),
+    /// Not a plain READ or WRITE (or a unit attention, reservation or ALUA
+    /// state is pending, or the write needs a flush after it): nothing was
+    /// done; run it with [`Plan::execute`].
+    Buffered,
+}
+
+/// The outcome of a command [`Plan::io`] started, from its request's result.
+pub fn io_outcome(r: &Result<(), bw_block::BlockError>, write: bool) -> ScsiOutcome {
+    match r {
+        Ok(()) => ScsiOutcome::GOOD,
+        Err(e) => ScsiOutcome::check(crate::block_io::io_sense(e, write)),
+    }
+}
+
+impl ScsiTarget {
+    /// Look `cdb` up once, for `lun`; ask the plan the rest.
+    pub fn plan<'a>(&'a self, lun: u64, cdb: &'a [u8]) -> Plan<'a> {
+        Plan {
+            target: self,
+            lun: self.lun(lun),
+            cdb,
+            found: commands::lookup(cdb),
+        }
+    }
+}
+
+impl<'a> Plan<'a> {
+    /// The command's row, if supported and the CDB is long enough for it.
+    fn row(&self) -> Option<&'static commands::Command> {
+        match self.found {
+            Lookup::Found(c) if self.cdb.len() >= c.cdb_len() => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Where the transport should run the command (see [`Execution`]);
+    /// unknown commands fail at once, so inline.
+    pub fn execution(&self) -> Execution {
+        match self.found {
+            Lookup::Found(c) => c.execution,
+            _ => Execution::Inline,
+        }
+    }
+
+    /// How many data-out bytes the CDB transfers (so the transport can
+    /// solicit them), or `None` if it is not a data-out command (or the CDB
+    /// is too short to tell).
+    pub fn data_out_len(&self) -> Option<usize> {
+        self.row()?.transfer.data_out(self.cdb)
+    }
+
+    /// What backs the LUN (the transport decides from it where to run
+    /// commands), or `None` if no such LUN.
+    pub fn device(&self) -> Option<&'a bw_block::DeviceInfo> {
+        self.lun.map(|l| l.volume.info())
+    }
+
+    /// The LUN, when the command is the plain fast case: a supported row
+    /// with a full CDB, no NACA/LINK, and no unit attention, reservation or
+    /// ALUA refusal that the general path must report.
+    fn plain(&self) -> Option<(&'static commands::Command, &'a Lun)> {
+        let c = self.row()?;
+        if naca_or_link(self.cdb, c.cdb_len()) {
+            return None;
+        }
+        let l = self.lun?;
+        if l.ua.active() || l.res.held() || l.cfg.port_group.state.refusal().is_some() {
+            return None;
+        }
+        Some((c, l))
+    }
+
+    /// For a READ: check it and return the byte range the transport reads
+    /// or sends itself; anything that is not the plain fast case comes back
+    /// as [`ReadPlan::Buffered`] with no side effect.
+    pub fn read(&self) -> ReadPlan {
+        let Some((c, l)) = self.plain() else {
+            return ReadPlan::Buffered;
+        };
+        if !c.reads_medium() {
+            return ReadPlan::Buffered;
+        }
+        match l.read_range(self.cdb) {
+            Ok((_, 0)) => ReadPlan::Buffered,
+            Ok((offset, len)) => ReadPlan::Range {
+                volume: l.volume.clone(),
+                offset,
+                len,
+            },
+            Err(s) => ReadPlan::Done(ScsiOutcome::check(s)),
+        }
+    }
+
+    /// For a plain READ or WRITE: check it and return the one request that
+    /// carries it out, for a transport that starts requests itself and
+    /// completes them later ([`bw_block::DeviceInfo::async_submit`]
+    /// backends). A WRITE's request takes the whole blocks of `data_out`
+    /// the CDB transfers, as [`Plan::execute`] would write. Anything that
+    /// is not the plain fast case comes back as [`IoPlan::Buffered`] with no
+    /// side effect.
+    pub fn io(&self, data_out: &[bytes::Bytes]) -> IoPlan {
+        let Some((c, l)) = self.plain() else {
+            return IoPlan::Buffered;
+        };
+        let write = matches!(
+            self.cdb[0],
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16
+        );
+        if !write && !c.reads_medium() {
+            return IoPlan::Buffered;
+        }
+        let r = if write {
+            l.write_request(self.cdb, data_out)
+        } else {
+            l.read_request(self.cdb)
+        };
+        match r {
+            Ok(Some(request)) => IoPlan::Submit {
+                volume: l.volume.clone(),
+                request,
+            },
+            Ok(None) => IoPlan::Buffered,
+            Err(s) => IoPlan::Done(ScsiOutcome::check(s)),
+        }
+    }
+
+    /// Execute the command as a transport receives it (SAM-5 Execute
+    /// Command): `data_out` in the pieces that arrived, `buffer_size` the
+    /// data-out length the initiator announced (iSCSI's expected data
+    /// transfer length). Data beyond what the CDB transfers is cut off,
+    /// except for the commands whose row says an excess is an invalid
+    /// request ([`commands::Transfer::OutNoExcess`]). Also returns the
+    /// data-out length the CDB transfers, for the transport's residuals
+    /// (`None`: not a data-out command).
+    pub fn execute(
+        &self,
+        nexus: NexusId,
+        data_out: &[&[u8]],
+        buffer_size: usize,
+        data_in: &mut Vec<u8>,
+    ) -> (ScsiOutcome, Option<usize>) {
+        let row = self.row();
+        let Some(wanted) = self.data_out_len() else {
+            return (self.run(nexus, &[], data_in), None);
+        };
+        if matches!(row.map(|c| c.transfer), Some(Transfer::OutNoExcess(_))) && buffer_size > wanted
+        {
+            data_in.clear();
+            return (
+                ScsiOutcome::check(Sense::INVALID_FIELD_IN_CDB),
+                Some(wanted),
+            );
+        }
+        // The pieces received, cut to what the CDB transfers.
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(data_out.len());
+        let mut left = wanted;
+        for p in data_out {
+            let k = p.len().min(left);
+            if k > 0 {
+                pieces.push(&p[..k]);
+            }
+            left -= k;
+        }
+        (self.run(nexus, &pieces, data_in), Some(wanted))
+    }
+
+    /// Run the command with `data_out` as given; `data_in` is cleared on
+    /// failure.
+    pub(crate) fn run(
+        &self,
+        nexus: NexusId,
+        data_out: &[&[u8]],
+        data_in: &mut Vec<u8>,
+    ) -> ScsiOutcome {
+        let r = self
+            .target
+            .run(nexus, self.lun, self.found, self.cdb, data_out, data_in);
+        if r.is_err() {
+            data_in.clear();
+        }
+        ScsiOutcome::from_result(r)
+    }
+}
