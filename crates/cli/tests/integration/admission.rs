@@ -27,8 +27,12 @@ fn pump(s: &mut TcpStream, inbox: &mut BytesMut, wait: Duration) -> bool {
             inbox.extend_from_slice(&b[..n]);
             true
         }
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => true,
-        Err(_) => false,
+        // A signal (EINTR) is not the server closing: read again next round.
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => true,
+        Err(e) => {
+            eprintln!("read from the target failed: {e} ({:?})", e.kind());
+            false
+        }
     }
 }
 
