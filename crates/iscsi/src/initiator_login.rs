@@ -288,8 +288,15 @@ mod tests {
     }
 
     /// Run both engines against each other; Ok(params) or the failing status.
-    fn run(t: &LoginConfig, mut i: InitiatorLogin) -> Result<(LoginDone, Vec<String>), String> {
-        let mut tl = TargetLogin::new(t, 9, ChapEntropy(core::array::from_fn(|i| i as u8)));
+    fn run(t: &LoginConfig, i: InitiatorLogin) -> Result<(LoginDone, Vec<String>), String> {
+        run_with(&mut target_login(t), i)
+    }
+
+    fn target_login(t: &LoginConfig) -> TargetLogin<'_> {
+        TargetLogin::new(t, 9, ChapEntropy(core::array::from_fn(|i| i as u8)))
+    }
+
+    fn run_with(tl: &mut TargetLogin, mut i: InitiatorLogin) -> Result<(LoginDone, Vec<String>), String> {
         let mut req = i.start();
         let mut seen = Vec::new();
         loop {
@@ -313,6 +320,25 @@ mod tests {
 
     fn s(u: &str, p: &str) -> Option<Secret> {
         Some(Secret::new(u, p))
+    }
+
+    /// The deadline is the whole login's: it fires while the login is
+    /// unfinished and is gone once it completed.
+    #[test]
+    fn the_login_deadline_holds_until_the_login_completes() {
+        use crate::target_login::LoginTimedOut;
+        use std::time::{Duration, Instant};
+        let t = target(None, None, vec![]);
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs(10);
+        let mut tl = target_login(&t).with_deadline(deadline);
+        assert_eq!(tl.poll_timeout(), Some(deadline));
+        assert_eq!(tl.handle_timeout(t0), Ok(()));
+        assert_eq!(tl.handle_timeout(deadline), Err(LoginTimedOut));
+        run_with(&mut tl, initiator(None, None, Some("iqn.2026-11.org.test:t"))).unwrap();
+        assert_eq!(tl.poll_timeout(), None);
+        assert_eq!(tl.handle_timeout(deadline + Duration::from_secs(1)), Ok(()));
+        assert_eq!(target_login(&t).poll_timeout(), None, "no deadline unless given one");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! stage (key negotiation), transition to full feature phase, with the
 //! status class/detail for each way a login can fail.
 
+use std::time::Instant;
 use crate::chap::{self, ChapAlgorithm};
 use crate::msg::{login_status, stage, LoginRequest, LoginResponse, Message};
 use crate::negotiate::{LocalLimits, Responder, SessionParams, SessionType};
@@ -115,7 +116,15 @@ pub struct TargetLogin<'a> {
     partial: Vec<u8>,
     result: Option<LoginResult>,
     entropy: chap::ChapEntropy,
+    /// The whole login, not each PDU, must end by then: a peer dripping a
+    /// byte at a time must not hold its connection for ever.
+    deadline: Option<Instant>,
 }
+
+/// The login did not complete by its deadline ([`TargetLogin::with_deadline`]):
+/// close the connection without an answer (there is no request to answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginTimedOut;
 
 fn status_parts(s: u16) -> (u8, u8) {
     ((s >> 8) as u8, s as u8)
@@ -140,6 +149,28 @@ impl<'a> TargetLogin<'a> {
             sent_declarations: false,
             partial: Vec::new(),
             result: None,
+            deadline: None,
+        }
+    }
+
+    /// The login must be complete by `deadline` (see [`TargetLogin::poll_timeout`]).
+    pub fn with_deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// When [`TargetLogin::handle_timeout`] wants to run: the deadline, until
+    /// the login is complete.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.deadline.filter(|_| self.result.is_none())
+    }
+
+    /// Time has reached `now`: past the deadline of an unfinished login the
+    /// connection is to be closed.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), LoginTimedOut> {
+        match self.poll_timeout() {
+            Some(d) if now >= d => Err(LoginTimedOut),
+            _ => Ok(()),
         }
     }
 

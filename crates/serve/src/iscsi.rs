@@ -28,7 +28,7 @@ use bw_block::Volume;
 use bw_iscsi::msg::Residual;
 use bw_iscsi::negotiate::{LocalLimits, SessionType};
 use bw_iscsi::pdu::{Decoder, Digests, Pdu, BHS_LEN};
-use bw_iscsi::target_login::{LoginConfig, LoginResult, LoginStep, Secret, TargetInfo, TargetLogin};
+use bw_iscsi::target_login::{LoginConfig, LoginResult, LoginStep, LoginTimedOut, Secret, TargetInfo, TargetLogin};
 use bw_iscsi::target_session::{
     write_outcome, Action, Exec, SessionConfig, TargetSession, Timers, DATA_OUT_BUDGET,
 };
@@ -322,17 +322,21 @@ async fn login(
             break t;
         }
     };
-    let mut login = TargetLogin::new(&ctx.login, tsih, chap_entropy()?);
-    // The whole login, not each PDU, has to fit in the timeout: a peer
-    // dripping a byte at a time must not hold its thread for ever.
     let login_timeout = ctx.admission.limits().login_timeout();
-    let deadline = tokio::time::Instant::now() + login_timeout;
+    let mut login =
+        TargetLogin::new(&ctx.login, tsih, chap_entropy()?).with_deadline(std::time::Instant::now() + login_timeout);
     loop {
-        let pdu = match tokio::time::timeout_at(deadline, reader.next(rd, dec, |b| dec.decode(b))).await {
-            Ok(r) => r?,
-            Err(_) => {
-                anyhow::bail!("no complete login within {login_timeout:?} (login_timeout_s)")
-            }
+        let next = reader.next(rd, dec, |b| dec.decode(b));
+        let pdu = match login.poll_timeout() {
+            Some(deadline) => match tokio::time::timeout_at(deadline.into(), next).await {
+                Ok(r) => r?,
+                Err(_) => match login.handle_timeout(std::time::Instant::now()) {
+                    Err(LoginTimedOut) => anyhow::bail!("no complete login within {login_timeout:?} (login_timeout_s)"),
+                    // Woken a moment early: the deadline has not passed.
+                    Ok(()) => continue,
+                },
+            },
+            None => next.await?,
         };
         let Some(pdu) = pdu else { return Ok(None) };
         let (mut resp, step) = login.step(&pdu);
