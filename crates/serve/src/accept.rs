@@ -9,7 +9,7 @@
 //! with everything it owns, moves to a new thread and its socket is
 //! registered with that thread's runtime.
 
-use crate::limits::{Admission, Ticket};
+use crate::limits::{Admission, Mover, Ticket};
 use crate::Shutdown;
 use bw_net::tcp::{self, CongestionPlan};
 use std::future::Future;
@@ -168,7 +168,7 @@ impl Acceptor {
         let name = self.name;
         let mover = match self.threading {
             Threading::SharedRuntime => None,
-            Threading::ThreadPerConnection => Some(Mover { asked: Arc::new(AtomicBool::new(false)) }),
+            Threading::ThreadPerConnection => Some(Mover::default()),
         };
         let asked = mover.as_ref().map(|m| m.asked.clone());
         ticket.mover = mover;
@@ -187,13 +187,6 @@ impl Acceptor {
         }
         Ok(())
     }
-}
-
-/// A connection's way to a thread of its own (see [`Ticket::own_thread`]).
-pub(crate) struct Mover {
-    /// Set by the connection's future when it wants to move; the task
-    /// running it ([`Movable`]) sees it when that poll returns.
-    asked: Arc<AtomicBool>,
 }
 
 impl Ticket {

@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -134,10 +134,19 @@ pub struct Ticket {
     /// Holds a place in `max_pending_logins` (until logged in).
     pending: bool,
     session: Option<SessionKind>,
-    /// Moves the connection to a thread of its own once logged in (see
-    /// [`crate::accept::Threading::ThreadPerConnection`]); `None` when it
-    /// stays where it runs.
-    pub(crate) mover: Option<crate::accept::Mover>,
+    /// Moves the connection to a thread of its own once logged in (the
+    /// accept loop's thread-per-connection mode); `None` when it stays
+    /// where it runs.
+    pub(crate) mover: Option<Mover>,
+}
+
+/// A connection's way to a thread of its own (`Ticket::own_thread`, in the
+/// accept loop, which gives it out and does the moving).
+#[derive(Default)]
+pub(crate) struct Mover {
+    /// Set by the connection's future when it wants to move; the task
+    /// running it sees it when that poll returns.
+    pub(crate) asked: Arc<AtomicBool>,
 }
 
 impl Admission {
