@@ -447,239 +447,165 @@ trait Header: Sized {
     fn write(&self) -> Bhs;
 }
 
-impl Header for NopOut {
-    fn read(b: &Bhs) -> NopOut {
-        NopOut {
-            immediate: b.immediate(),
-            lun: b.get(LUN),
-            itt: b.get(ITT),
-            ttt: b.get(TTT),
-            cmd_sn: b.get(CMD_SN),
-            exp_stat_sn: b.get(EXP_STAT_SN),
-        }
+/// A field of the BHS of any shape (bytes, bits, a flag), read and written
+/// the same way, so that [`header!`] can take one list of them.
+trait HeaderField: Copy {
+    type Value;
+    fn read(self, b: &Bhs) -> Self::Value;
+    fn write(self, b: &mut Bhs, v: Self::Value);
+}
+
+impl<C: bw_wire::Codec> HeaderField for bw_wire::Field<C> {
+    type Value = C::Value;
+    fn read(self, b: &Bhs) -> C::Value {
+        b.get(self)
     }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::NopOut, self.immediate, true);
-        b.set(LUN, self.lun);
-        b.set(ITT, self.itt);
-        b.set(TTT, self.ttt);
-        b.set(CMD_SN, self.cmd_sn);
-        b.set(EXP_STAT_SN, self.exp_stat_sn);
-        b
+    fn write(self, b: &mut Bhs, v: C::Value) {
+        b.set(self, v)
     }
 }
 
-impl Header for ScsiCommand {
-    fn read(b: &Bhs) -> ScsiCommand {
-        ScsiCommand {
-            immediate: b.immediate(),
-            final_: b.flag(FINAL),
-            read: b.flag(READ),
-            write: b.flag(WRITE),
-            attr: b.bits(ATTR),
-            lun: b.get(LUN),
-            itt: b.get(ITT),
-            edtl: b.get(EDTL),
-            cmd_sn: b.get(CMD_SN),
-            exp_stat_sn: b.get(EXP_STAT_SN),
-            cdb: b.get(CDB),
-        }
+impl HeaderField for bw_wire::Bits {
+    type Value = u8;
+    fn read(self, b: &Bhs) -> u8 {
+        b.bits(self)
     }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::ScsiCommand, self.immediate, self.final_);
-        b.set_flag(READ, self.read);
-        b.set_flag(WRITE, self.write);
-        b.set_bits(ATTR, self.attr);
-        b.set(LUN, self.lun);
-        b.set(ITT, self.itt);
-        b.set(EDTL, self.edtl);
-        b.set(CMD_SN, self.cmd_sn);
-        b.set(EXP_STAT_SN, self.exp_stat_sn);
-        b.set(CDB, self.cdb);
-        b
+    fn write(self, b: &mut Bhs, v: u8) {
+        b.set_bits(self, v)
     }
 }
 
-impl Header for TaskMgmtRequest {
-    fn read(b: &Bhs) -> TaskMgmtRequest {
-        TaskMgmtRequest {
-            immediate: b.immediate(),
-            function: b.bits(TMF_FUNCTION),
-            lun: b.get(LUN),
-            itt: b.get(ITT),
-            referenced_task_tag: b.get(REFERENCED_TASK_TAG),
-            cmd_sn: b.get(CMD_SN),
-            exp_stat_sn: b.get(EXP_STAT_SN),
-            ref_cmd_sn: b.get(REF_CMD_SN),
-            exp_data_sn: b.get(EXP_DATA_SN),
-        }
+impl HeaderField for bw_wire::Flag {
+    type Value = bool;
+    fn read(self, b: &Bhs) -> bool {
+        b.flag(self)
     }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::TaskMgmtRequest, self.immediate, true);
-        b.set_bits(TMF_FUNCTION, self.function);
-        b.set(LUN, self.lun);
-        b.set(ITT, self.itt);
-        b.set(REFERENCED_TASK_TAG, self.referenced_task_tag);
-        b.set(CMD_SN, self.cmd_sn);
-        b.set(EXP_STAT_SN, self.exp_stat_sn);
-        b.set(REF_CMD_SN, self.ref_cmd_sn);
-        b.set(EXP_DATA_SN, self.exp_data_sn);
-        b
+    fn write(self, b: &mut Bhs, v: bool) {
+        b.set_flag(self, v)
     }
 }
 
-impl Header for LoginRequest {
-    fn read(b: &Bhs) -> LoginRequest {
-        LoginRequest {
-            transit: b.flag(TRANSIT),
-            continue_: b.flag(CONTINUE),
-            csg: b.bits(CSG),
-            nsg: b.bits(NSG),
-            version_max: b.get(VERSION_MAX),
-            version_min: b.get(VERSION_MIN),
-            isid: b.get(ISID),
-            tsih: b.get(TSIH),
-            itt: b.get(ITT),
-            cid: b.get(CID),
-            cmd_sn: b.get(CMD_SN),
-            exp_stat_sn: b.get(EXP_STAT_SN),
+/// [`Header`] for a message type from one list of its fields, each with the
+/// BHS field it lives in: the list drives both directions, so a field cannot
+/// be read at one place and written at another. `i` and `f` are the I and F
+/// bits `base` writes (a field in the list that lives there overrides them);
+/// `fixed` fields are written with a constant and not read (RFC 7143 gives
+/// them one value in this message).
+macro_rules! header {
+    ($ty:ident, i: $i:expr, f: $f:expr, { $($name:ident: $def:ident),* $(,)? }
+     $(fixed { $($fdef:ident: $fval:expr),* $(,)? })?) => {
+        impl Header for $ty {
+            fn read(b: &Bhs) -> $ty {
+                $ty { $($name: HeaderField::read($def, b)),* }
+            }
+            fn write(&self) -> Bhs {
+                let mut b = base(Opcode::$ty, $i, $f);
+                $(HeaderField::write($def, &mut b, self.$name);)*
+                $($(HeaderField::write($fdef, &mut b, $fval);)*)?
+                b
+            }
         }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::LoginRequest, true, self.transit);
-        b.set_flag(CONTINUE, self.continue_);
-        b.set_bits(CSG, self.csg);
-        b.set_bits(NSG, self.nsg);
-        b.set(VERSION_MAX, self.version_max);
-        b.set(VERSION_MIN, self.version_min);
-        b.set(ISID, self.isid);
-        b.set(TSIH, self.tsih);
-        b.set(ITT, self.itt);
-        b.set(CID, self.cid);
-        b.set(CMD_SN, self.cmd_sn);
-        b.set(EXP_STAT_SN, self.exp_stat_sn);
-        b
-    }
+    };
 }
 
-impl Header for TextRequest {
-    fn read(b: &Bhs) -> TextRequest {
-        TextRequest {
-            immediate: b.immediate(),
-            final_: b.flag(FINAL),
-            continue_: b.flag(CONTINUE),
-            lun: b.get(LUN),
-            itt: b.get(ITT),
-            ttt: b.get(TTT),
-            cmd_sn: b.get(CMD_SN),
-            exp_stat_sn: b.get(EXP_STAT_SN),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::TextRequest, self.immediate, self.final_);
-        b.set_flag(CONTINUE, self.continue_);
-        b.set(LUN, self.lun);
-        b.set(ITT, self.itt);
-        b.set(TTT, self.ttt);
-        b.set(CMD_SN, self.cmd_sn);
-        b.set(EXP_STAT_SN, self.exp_stat_sn);
-        b
-    }
-}
+header! { NopOut, i: false, f: true, {
+    immediate: IMMEDIATE,
+    lun: LUN,
+    itt: ITT,
+    ttt: TTT,
+    cmd_sn: CMD_SN,
+    exp_stat_sn: EXP_STAT_SN,
+} }
 
-impl Header for DataOut {
-    fn read(b: &Bhs) -> DataOut {
-        DataOut {
-            final_: b.flag(FINAL),
-            lun: b.get(LUN),
-            itt: b.get(ITT),
-            ttt: b.get(TTT),
-            exp_stat_sn: b.get(EXP_STAT_SN),
-            data_sn: b.get(DATA_SN),
-            buffer_offset: b.get(BUFFER_OFFSET),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::DataOut, false, self.final_);
-        b.set(LUN, self.lun);
-        b.set(ITT, self.itt);
-        b.set(TTT, self.ttt);
-        b.set(EXP_STAT_SN, self.exp_stat_sn);
-        b.set(DATA_SN, self.data_sn);
-        b.set(BUFFER_OFFSET, self.buffer_offset);
-        b
-    }
-}
+header! { ScsiCommand, i: false, f: true, {
+    immediate: IMMEDIATE,
+    final_: FINAL,
+    read: READ,
+    write: WRITE,
+    attr: ATTR,
+    lun: LUN,
+    itt: ITT,
+    edtl: EDTL,
+    cmd_sn: CMD_SN,
+    exp_stat_sn: EXP_STAT_SN,
+    cdb: CDB,
+} }
 
-impl Header for LogoutRequest {
-    fn read(b: &Bhs) -> LogoutRequest {
-        LogoutRequest {
-            immediate: b.immediate(),
-            reason: b.bits(LOGOUT_REASON),
-            itt: b.get(ITT),
-            cid: b.get(CID),
-            cmd_sn: b.get(CMD_SN),
-            exp_stat_sn: b.get(EXP_STAT_SN),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::LogoutRequest, self.immediate, true);
-        b.set_bits(LOGOUT_REASON, self.reason);
-        b.set(ITT, self.itt);
-        b.set(CID, self.cid);
-        b.set(CMD_SN, self.cmd_sn);
-        b.set(EXP_STAT_SN, self.exp_stat_sn);
-        b
-    }
-}
+header! { TaskMgmtRequest, i: false, f: true, {
+    immediate: IMMEDIATE,
+    function: TMF_FUNCTION,
+    lun: LUN,
+    itt: ITT,
+    referenced_task_tag: REFERENCED_TASK_TAG,
+    cmd_sn: CMD_SN,
+    exp_stat_sn: EXP_STAT_SN,
+    ref_cmd_sn: REF_CMD_SN,
+    exp_data_sn: EXP_DATA_SN,
+} }
 
-impl Header for SnackRequest {
-    fn read(b: &Bhs) -> SnackRequest {
-        SnackRequest {
-            snack_type: b.bits(SNACK_TYPE),
-            lun: b.get(LUN),
-            itt: b.get(ITT),
-            ttt: b.get(TTT),
-            exp_stat_sn: b.get(EXP_STAT_SN),
-            beg_run: b.get(BEG_RUN),
-            run_length: b.get(RUN_LENGTH),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::SnackRequest, false, true);
-        b.set_bits(SNACK_TYPE, self.snack_type);
-        b.set(LUN, self.lun);
-        b.set(ITT, self.itt);
-        b.set(TTT, self.ttt);
-        b.set(EXP_STAT_SN, self.exp_stat_sn);
-        b.set(BEG_RUN, self.beg_run);
-        b.set(RUN_LENGTH, self.run_length);
-        b
-    }
-}
+header! { LoginRequest, i: true, f: true, {
+    transit: TRANSIT,
+    continue_: CONTINUE,
+    csg: CSG,
+    nsg: NSG,
+    version_max: VERSION_MAX,
+    version_min: VERSION_MIN,
+    isid: ISID,
+    tsih: TSIH,
+    itt: ITT,
+    cid: CID,
+    cmd_sn: CMD_SN,
+    exp_stat_sn: EXP_STAT_SN,
+} }
 
-impl Header for NopIn {
-    fn read(b: &Bhs) -> NopIn {
-        NopIn {
-            lun: b.get(LUN),
-            itt: b.get(ITT),
-            ttt: b.get(TTT),
-            stat_sn: b.get(STAT_SN),
-            exp_cmd_sn: b.get(EXP_CMD_SN),
-            max_cmd_sn: b.get(MAX_CMD_SN),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::NopIn, false, true);
-        b.set(LUN, self.lun);
-        b.set(ITT, self.itt);
-        b.set(TTT, self.ttt);
-        b.set(STAT_SN, self.stat_sn);
-        b.set(EXP_CMD_SN, self.exp_cmd_sn);
-        b.set(MAX_CMD_SN, self.max_cmd_sn);
-        b
-    }
-}
+header! { TextRequest, i: false, f: true, {
+    immediate: IMMEDIATE,
+    final_: FINAL,
+    continue_: CONTINUE,
+    lun: LUN,
+    itt: ITT,
+    ttt: TTT,
+    cmd_sn: CMD_SN,
+    exp_stat_sn: EXP_STAT_SN,
+} }
+
+header! { DataOut, i: false, f: true, {
+    final_: FINAL,
+    lun: LUN,
+    itt: ITT,
+    ttt: TTT,
+    exp_stat_sn: EXP_STAT_SN,
+    data_sn: DATA_SN,
+    buffer_offset: BUFFER_OFFSET,
+} }
+
+header! { LogoutRequest, i: false, f: true, {
+    immediate: IMMEDIATE,
+    reason: LOGOUT_REASON,
+    itt: ITT,
+    cid: CID,
+    cmd_sn: CMD_SN,
+    exp_stat_sn: EXP_STAT_SN,
+} }
+
+header! { SnackRequest, i: false, f: true, {
+    snack_type: SNACK_TYPE,
+    lun: LUN,
+    itt: ITT,
+    ttt: TTT,
+    exp_stat_sn: EXP_STAT_SN,
+    beg_run: BEG_RUN,
+    run_length: RUN_LENGTH,
+} }
+
+header! { NopIn, i: false, f: true, {
+    lun: LUN,
+    itt: ITT,
+    ttt: TTT,
+    stat_sn: STAT_SN,
+    exp_cmd_sn: EXP_CMD_SN,
+    max_cmd_sn: MAX_CMD_SN,
+} }
 
 impl Header for ScsiResponse {
     fn read(b: &Bhs) -> ScsiResponse {
@@ -708,90 +634,41 @@ impl Header for ScsiResponse {
     }
 }
 
-impl Header for TaskMgmtResponse {
-    fn read(b: &Bhs) -> TaskMgmtResponse {
-        TaskMgmtResponse {
-            response: b.get(RESPONSE),
-            itt: b.get(ITT),
-            stat_sn: b.get(STAT_SN),
-            exp_cmd_sn: b.get(EXP_CMD_SN),
-            max_cmd_sn: b.get(MAX_CMD_SN),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::TaskMgmtResponse, false, true);
-        b.set(RESPONSE, self.response);
-        b.set(ITT, self.itt);
-        b.set(STAT_SN, self.stat_sn);
-        b.set(EXP_CMD_SN, self.exp_cmd_sn);
-        b.set(MAX_CMD_SN, self.max_cmd_sn);
-        b
-    }
-}
+header! { TaskMgmtResponse, i: false, f: true, {
+    response: RESPONSE,
+    itt: ITT,
+    stat_sn: STAT_SN,
+    exp_cmd_sn: EXP_CMD_SN,
+    max_cmd_sn: MAX_CMD_SN,
+} }
 
-impl Header for LoginResponse {
-    fn read(b: &Bhs) -> LoginResponse {
-        LoginResponse {
-            transit: b.flag(TRANSIT),
-            continue_: b.flag(CONTINUE),
-            csg: b.bits(CSG),
-            nsg: b.bits(NSG),
-            version_max: b.get(VERSION_MAX),
-            version_active: b.get(VERSION_ACTIVE),
-            isid: b.get(ISID),
-            tsih: b.get(TSIH),
-            itt: b.get(ITT),
-            stat_sn: b.get(STAT_SN),
-            exp_cmd_sn: b.get(EXP_CMD_SN),
-            max_cmd_sn: b.get(MAX_CMD_SN),
-            status_class: b.get(STATUS_CLASS),
-            status_detail: b.get(STATUS_DETAIL),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::LoginResponse, false, self.transit);
-        b.set_flag(CONTINUE, self.continue_);
-        b.set_bits(CSG, self.csg);
-        b.set_bits(NSG, self.nsg);
-        b.set(VERSION_MAX, self.version_max);
-        b.set(VERSION_ACTIVE, self.version_active);
-        b.set(ISID, self.isid);
-        b.set(TSIH, self.tsih);
-        b.set(ITT, self.itt);
-        b.set(STAT_SN, self.stat_sn);
-        b.set(EXP_CMD_SN, self.exp_cmd_sn);
-        b.set(MAX_CMD_SN, self.max_cmd_sn);
-        b.set(STATUS_CLASS, self.status_class);
-        b.set(STATUS_DETAIL, self.status_detail);
-        b
-    }
-}
+header! { LoginResponse, i: false, f: true, {
+    transit: TRANSIT,
+    continue_: CONTINUE,
+    csg: CSG,
+    nsg: NSG,
+    version_max: VERSION_MAX,
+    version_active: VERSION_ACTIVE,
+    isid: ISID,
+    tsih: TSIH,
+    itt: ITT,
+    stat_sn: STAT_SN,
+    exp_cmd_sn: EXP_CMD_SN,
+    max_cmd_sn: MAX_CMD_SN,
+    status_class: STATUS_CLASS,
+    status_detail: STATUS_DETAIL,
+} }
 
-impl Header for TextResponse {
-    fn read(b: &Bhs) -> TextResponse {
-        TextResponse {
-            final_: b.flag(FINAL),
-            continue_: b.flag(CONTINUE),
-            lun: b.get(LUN),
-            itt: b.get(ITT),
-            ttt: b.get(TTT),
-            stat_sn: b.get(STAT_SN),
-            exp_cmd_sn: b.get(EXP_CMD_SN),
-            max_cmd_sn: b.get(MAX_CMD_SN),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::TextResponse, false, self.final_);
-        b.set_flag(CONTINUE, self.continue_);
-        b.set(LUN, self.lun);
-        b.set(ITT, self.itt);
-        b.set(TTT, self.ttt);
-        b.set(STAT_SN, self.stat_sn);
-        b.set(EXP_CMD_SN, self.exp_cmd_sn);
-        b.set(MAX_CMD_SN, self.max_cmd_sn);
-        b
-    }
-}
+header! { TextResponse, i: false, f: true, {
+    final_: FINAL,
+    continue_: CONTINUE,
+    lun: LUN,
+    itt: ITT,
+    ttt: TTT,
+    stat_sn: STAT_SN,
+    exp_cmd_sn: EXP_CMD_SN,
+    max_cmd_sn: MAX_CMD_SN,
+} }
 
 impl Header for DataIn {
     fn read(b: &Bhs) -> DataIn {
@@ -833,108 +710,44 @@ impl Header for DataIn {
     }
 }
 
-impl Header for LogoutResponse {
-    fn read(b: &Bhs) -> LogoutResponse {
-        LogoutResponse {
-            response: b.get(RESPONSE),
-            itt: b.get(ITT),
-            stat_sn: b.get(STAT_SN),
-            exp_cmd_sn: b.get(EXP_CMD_SN),
-            max_cmd_sn: b.get(MAX_CMD_SN),
-            time2wait: b.get(TIME2WAIT),
-            time2retain: b.get(TIME2RETAIN),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::LogoutResponse, false, true);
-        b.set(RESPONSE, self.response);
-        b.set(ITT, self.itt);
-        b.set(STAT_SN, self.stat_sn);
-        b.set(EXP_CMD_SN, self.exp_cmd_sn);
-        b.set(MAX_CMD_SN, self.max_cmd_sn);
-        b.set(TIME2WAIT, self.time2wait);
-        b.set(TIME2RETAIN, self.time2retain);
-        b
-    }
-}
+header! { LogoutResponse, i: false, f: true, {
+    response: RESPONSE,
+    itt: ITT,
+    stat_sn: STAT_SN,
+    exp_cmd_sn: EXP_CMD_SN,
+    max_cmd_sn: MAX_CMD_SN,
+    time2wait: TIME2WAIT,
+    time2retain: TIME2RETAIN,
+} }
 
-impl Header for R2t {
-    fn read(b: &Bhs) -> R2t {
-        R2t {
-            lun: b.get(LUN),
-            itt: b.get(ITT),
-            ttt: b.get(TTT),
-            stat_sn: b.get(STAT_SN),
-            exp_cmd_sn: b.get(EXP_CMD_SN),
-            max_cmd_sn: b.get(MAX_CMD_SN),
-            r2t_sn: b.get(R2T_SN),
-            buffer_offset: b.get(BUFFER_OFFSET),
-            desired_length: b.get(DESIRED_LENGTH),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::R2t, false, true);
-        b.set(LUN, self.lun);
-        b.set(ITT, self.itt);
-        b.set(TTT, self.ttt);
-        b.set(STAT_SN, self.stat_sn);
-        b.set(EXP_CMD_SN, self.exp_cmd_sn);
-        b.set(MAX_CMD_SN, self.max_cmd_sn);
-        b.set(R2T_SN, self.r2t_sn);
-        b.set(BUFFER_OFFSET, self.buffer_offset);
-        b.set(DESIRED_LENGTH, self.desired_length);
-        b
-    }
-}
+header! { R2t, i: false, f: true, {
+    lun: LUN,
+    itt: ITT,
+    ttt: TTT,
+    stat_sn: STAT_SN,
+    exp_cmd_sn: EXP_CMD_SN,
+    max_cmd_sn: MAX_CMD_SN,
+    r2t_sn: R2T_SN,
+    buffer_offset: BUFFER_OFFSET,
+    desired_length: DESIRED_LENGTH,
+} }
 
-impl Header for AsyncMessage {
-    fn read(b: &Bhs) -> AsyncMessage {
-        AsyncMessage {
-            lun: b.get(LUN),
-            stat_sn: b.get(STAT_SN),
-            exp_cmd_sn: b.get(EXP_CMD_SN),
-            max_cmd_sn: b.get(MAX_CMD_SN),
-            event: b.get(ASYNC_EVENT),
-            vcode: b.get(ASYNC_VCODE),
-            parameter1: b.get(PARAMETER1),
-            parameter2: b.get(PARAMETER2),
-            parameter3: b.get(PARAMETER3),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::AsyncMessage, false, true);
-        b.set(LUN, self.lun);
-        b.set(ITT, crate::pdu::RESERVED_TAG);
-        b.set(STAT_SN, self.stat_sn);
-        b.set(EXP_CMD_SN, self.exp_cmd_sn);
-        b.set(MAX_CMD_SN, self.max_cmd_sn);
-        b.set(ASYNC_EVENT, self.event);
-        b.set(ASYNC_VCODE, self.vcode);
-        b.set(PARAMETER1, self.parameter1);
-        b.set(PARAMETER2, self.parameter2);
-        b.set(PARAMETER3, self.parameter3);
-        b
-    }
-}
+header! { AsyncMessage, i: false, f: true, {
+    lun: LUN,
+    stat_sn: STAT_SN,
+    exp_cmd_sn: EXP_CMD_SN,
+    max_cmd_sn: MAX_CMD_SN,
+    event: ASYNC_EVENT,
+    vcode: ASYNC_VCODE,
+    parameter1: PARAMETER1,
+    parameter2: PARAMETER2,
+    parameter3: PARAMETER3,
+} fixed { ITT: crate::pdu::RESERVED_TAG } }
 
-impl Header for Reject {
-    fn read(b: &Bhs) -> Reject {
-        Reject {
-            reason: b.get(REJECT_REASON),
-            stat_sn: b.get(STAT_SN),
-            exp_cmd_sn: b.get(EXP_CMD_SN),
-            max_cmd_sn: b.get(MAX_CMD_SN),
-            data_sn: b.get(DATA_SN),
-        }
-    }
-    fn write(&self) -> Bhs {
-        let mut b = base(Opcode::Reject, false, true);
-        b.set(REJECT_REASON, self.reason);
-        b.set(ITT, crate::pdu::RESERVED_TAG);
-        b.set(STAT_SN, self.stat_sn);
-        b.set(EXP_CMD_SN, self.exp_cmd_sn);
-        b.set(MAX_CMD_SN, self.max_cmd_sn);
-        b.set(DATA_SN, self.data_sn);
-        b
-    }
-}
+header! { Reject, i: false, f: true, {
+    reason: REJECT_REASON,
+    stat_sn: STAT_SN,
+    exp_cmd_sn: EXP_CMD_SN,
+    max_cmd_sn: MAX_CMD_SN,
+    data_sn: DATA_SN,
+} fixed { ITT: crate::pdu::RESERVED_TAG } }
