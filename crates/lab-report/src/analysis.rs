@@ -226,15 +226,28 @@ impl FsCase {
     }
 }
 
-/// Key of an fs case: (link, client memory, row, subject). The local
-/// baseline's cases carry the link of the run they were made in.
-pub type FsKey = (String, u64, String, String);
+/// Key of an fs case. The local baseline's cases carry the link of the run
+/// they were made in. Ordered by its fields in this order (the report's
+/// row order).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FsKey {
+    pub link: String,
+    pub client_mem: u64,
+    pub row: String,
+    pub subject: String,
+}
+
+impl FsKey {
+    pub fn new(link: &str, client_mem: u64, row: &str, subject: &str) -> FsKey {
+        FsKey { link: link.into(), client_mem, row: row.into(), subject: subject.into() }
+    }
+}
 
 pub fn fs_cases(samples: &[FsSample]) -> BTreeMap<FsKey, FsCase> {
     let mut out: BTreeMap<FsKey, FsCase> = BTreeMap::new();
     for s in samples {
         for m in s.measures() {
-            let key = (s.link.clone(), s.client_mem, m.row.clone(), s.subject.clone());
+            let key = FsKey::new(&s.link, s.client_mem, &m.row, &s.subject);
             let c = out.entry(key).or_insert_with(|| FsCase {
                 link: s.link.clone(),
                 mtu: s.mtu,

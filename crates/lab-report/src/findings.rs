@@ -3,7 +3,7 @@
 //! measured number. The studies are told in the report itself, so nothing
 //! here points at a file the reader may not have.
 
-use crate::analysis::{fs_cases, mean, mem_name, FsCase};
+use crate::analysis::{fs_cases, mean, mem_name, FsCase, FsKey};
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
 use bw_lab_results::Results;
 use bw_lab_results::route::{RouteResults, WORKLOADS};
@@ -102,8 +102,8 @@ fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &str, mtu: u32, worklo
     all.get(&CaseKey { suite: "micro".into(), link: link.into(), mtu: Some(mtu), workload: workload.into(), subject: subject.into() })
 }
 
-fn fs_case<'a>(all: &'a BTreeMap<(String, u64, String, String), FsCase>, link: &str, mem: u64, row: &str, subject: &str) -> Option<&'a FsCase> {
-    all.get(&(link.to_string(), mem, row.to_string(), subject.to_string()))
+fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &str, mem: u64, row: &str, subject: &str) -> Option<&'a FsCase> {
+    all.get(&FsKey::new(link, mem, row, subject))
 }
 
 /// Geometric mean of a/b over the micro workloads both ran, with how many
@@ -173,7 +173,7 @@ pub struct Claim {
 pub struct Run<'a> {
     pub results: &'a Results,
     pub micro: BTreeMap<CaseKey, Case>,
-    pub fs: BTreeMap<(String, u64, String, String), FsCase>,
+    pub fs: BTreeMap<FsKey, FsCase>,
     /// The link shapes, in run order (`none` when the run named none).
     pub links: Vec<String>,
     /// The first MTU: the one the micro claims are checked at.

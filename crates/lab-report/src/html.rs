@@ -454,7 +454,7 @@ fn fs(c: &Ctx) -> Option<Markup> {
     let mut rows: Vec<String> = c.fs.values().map(|x| x.row.clone()).collect();
     rows.sort_by_key(|x| (row_order(x), x.clone()));
     rows.dedup();
-    let case = |link: &str, mem: u64, row: &str, subj: &str| c.fs.get(&(link.to_string(), mem, row.to_string(), subj.to_string()));
+    let case = |link: &str, mem: u64, row: &str, subj: &str| c.fs.get(&FsKey::new(link, mem, row, subj));
     Some(html! {
         @if let Some(p) = p {
             p.note {
