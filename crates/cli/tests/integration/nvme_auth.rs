@@ -13,13 +13,11 @@ use bw_nvme::auth::host::RECEIVE_LEN;
 use bw_nvme::auth::message::AuthCommand;
 use bw_nvme::auth::{AuthConfig, DhGroup, Entropy, HostAction, HostAuth, Secret, SeqNum};
 use bw_nvme::queue_entry::{admin, nvm, sgl, Sgl, Sqe};
-use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property};
-use bw_nvme::pdu::{self, Digests, IcReq, Pdu};
-use bw_nvme::{Cqe, Status};
-use bytes::BytesMut;
+use bw_nvme::fabrics::{self, reg, Property};
+use bw_nvme::Status;
+use common::nvme_raw::RawNvme as RawQueue;
 use common::*;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -256,86 +254,8 @@ fn blockwire_initiator_one_way_bidirectional_and_refusals() {
     assert!(serve.stop().success());
 }
 
-/// One raw NVMe/TCP admin queue: ICReq, Connect; then commands by hand.
-struct RawQueue {
-    s: TcpStream,
-    buf: BytesMut,
-}
-
+/// Authentication on a raw queue (the fixture is `common::nvme_raw`).
 impl RawQueue {
-    fn connect(port: u16, hostnqn: &str) -> (RawQueue, Cqe) {
-        RawQueue::open(port, 0, 0xFFFF, hostnqn, [7; 16])
-    }
-
-    /// ICReq and a Connect of queue `qid` (to controller `cntlid` for an
-    /// I/O queue).
-    fn open(port: u16, qid: u16, cntlid: u16, hostnqn: &str, hostid: [u8; 16]) -> (RawQueue, Cqe) {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let ic = Pdu::IcReq(IcReq {
-            pfv: 0,
-            hpda: 0,
-            digests: Digests::default(),
-            maxr2t: 0,
-        });
-        s.write_all(&ic.encode_parts(Digests::default()).concat())
-            .unwrap();
-        let mut q = RawQueue {
-            s,
-            buf: BytesMut::new(),
-        };
-        assert!(matches!(q.next().unwrap(), Pdu::IcResp(_)));
-        let c = Connect {
-            recfmt: 0,
-            qid,
-            sqsize: 31,
-            cattr: 0,
-            kato_ms: if qid == 0 { 30_000 } else { 0 },
-        };
-        let d = ConnectData {
-            hostid,
-            cntlid,
-            subnqn: NQN.into(),
-            hostnqn: hostnqn.into(),
-        };
-        let cqe = q.command(c.to_sqe(1), &d.encode());
-        (q, cqe)
-    }
-
-    /// The next PDU; None when the target closed the connection.
-    fn next(&mut self) -> Option<Pdu> {
-        loop {
-            if let Some(p) = pdu::decode(&mut self.buf, Digests::default(), 1 << 20).unwrap() {
-                return Some(p);
-            }
-            let mut b = [0u8; 4096];
-            match self.s.read(&mut b) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&b[..n]),
-            }
-        }
-    }
-
-    fn command(&mut self, sqe: Sqe, data: &[u8]) -> Cqe {
-        self.exchange(sqe, data).expect("connection closed").0
-    }
-
-    /// A command and its completion with the data read; None if the
-    /// target closed the connection instead.
-    fn exchange(&mut self, sqe: Sqe, data: &[u8]) -> Option<(Cqe, Vec<u8>)> {
-        let mut out = Vec::new();
-        pdu::encode_capsule(&sqe, data, Digests::default(), &mut out);
-        self.s.write_all(&out).ok()?;
-        let mut read = Vec::new();
-        loop {
-            match self.next()? {
-                Pdu::CapsuleResp(c) => return Some((c, read)),
-                Pdu::C2HData(d) => read.extend_from_slice(&d.data),
-                p => panic!("unexpected PDU {:#x}", p.kind()),
-            }
-        }
-    }
-
     /// DH-HMAC-CHAP on this queue with our host's state machine.
     fn authenticate(
         &mut self,
@@ -413,7 +333,7 @@ fn commands_before_authentication_are_refused_and_the_login_timeout_drops_the_qu
         &["-v"],
     );
     let t0 = Instant::now();
-    let (mut q, cqe) = RawQueue::connect(port, &host(1));
+    let (mut q, cqe) = RawQueue::connected(port, NQN, 0, 0xFFFF, &host(1), [7; 16]);
     assert!(cqe.status.is_success(), "{}", cqe.status);
     assert_ne!(
         cqe.dw0() & fabrics::AUTHREQ_ATR,
@@ -421,7 +341,7 @@ fn commands_before_authentication_are_refused_and_the_login_timeout_drops_the_qu
         "Connect response lacks AUTHREQ.ATR: {:#x}",
         cqe.dw0()
     );
-    let st = q.command(Property::get_sqe(2, reg::CAP, true), &[]).status;
+    let st = q.command(Property::get_sqe(2, reg::CAP, true), &[]).expect("connection closed").status;
     assert_eq!(
         st,
         Status::AUTH_REQUIRED.dnr(),
@@ -429,10 +349,10 @@ fn commands_before_authentication_are_refused_and_the_login_timeout_drops_the_qu
     );
     let mut id = Sqe::new(admin::IDENTIFY, 3, 0);
     id.set_cdw(10, 1);
-    assert_eq!(q.command(id, &[]).status, Status::AUTH_REQUIRED.dnr());
+    assert_eq!(q.command(id, &[]).expect("connection closed").status, Status::AUTH_REQUIRED.dnr());
     // Silence: the queue goes when the login timeout passes.
     assert!(
-        q.next().is_none(),
+        q.next(RawQueue::WAIT).is_none(),
         "the target sent something instead of closing"
     );
     let waited = t0.elapsed();
@@ -466,11 +386,12 @@ fn commands_before_authentication_are_refused_and_the_login_timeout_drops_the_qu
         ),
     );
     let serve = Serve::with_config(&dir, &plain, &[]);
-    let (mut q, cqe) = RawQueue::connect(port, &host(1));
+    let (mut q, cqe) = RawQueue::connected(port, NQN, 0, 0xFFFF, &host(1), [7; 16]);
     assert!(cqe.status.is_success());
     assert_eq!(cqe.dw0() & fabrics::AUTHREQ_ATR, 0);
     assert!(q
         .command(Property::get_sqe(2, reg::CAP, true), &[])
+        .expect("connection closed")
         .status
         .is_success());
     drop(serve);
@@ -789,7 +710,7 @@ fn a_peer_without_the_secret_neither_ends_nor_blocks_an_authenticated_host() {
     let hostid = [0x22; 16];
 
     // Host 2: admin queue, enabled, four I/O queues granted, queue 1 open.
-    let (mut admin, c) = RawQueue::open(port, 0, 0xFFFF, &h2, hostid);
+    let (mut admin, c) = RawQueue::connected(port, NQN, 0, 0xFFFF, &h2, hostid);
     assert!(c.status.is_success(), "{}", c.status);
     let cntlid = c.dw0() as u16;
     admin
@@ -798,11 +719,13 @@ fn a_peer_without_the_secret_neither_ends_nor_blocks_an_authenticated_host() {
     let cc = 1 | (6 << 16) | (4 << 20);
     assert!(admin
         .command(Property::set_sqe(2, reg::CC, cc), &[])
+        .expect("connection closed")
         .status
         .is_success());
     let t0 = Instant::now();
     while admin
         .command(Property::get_sqe(3, reg::CSTS, false), &[])
+        .expect("connection closed")
         .dw0()
         & 1
         == 0
@@ -816,9 +739,9 @@ fn a_peer_without_the_secret_neither_ends_nor_blocks_an_authenticated_host() {
     let mut nq = Sqe::new(admin::SET_FEATURES, 4, 0);
     nq.set_cdw(10, bw_nvme::controller::feature::NUM_QUEUES as u32);
     nq.set_cdw(11, 3 | (3 << 16));
-    assert!(admin.command(nq, &[]).status.is_success());
+    assert!(admin.command(nq, &[]).expect("connection closed").status.is_success());
     let io = |qid: u16| {
-        let (mut q, c) = RawQueue::open(port, qid, cntlid, &h2, hostid);
+        let (mut q, c) = RawQueue::connected(port, NQN, qid, cntlid, &h2, hostid);
         assert!(c.status.is_success(), "queue {qid}: Connect {}", c.status);
         q.authenticate(qid, &h2, &cfg)
             .unwrap_or_else(|e| panic!("queue {qid}: {e}"));
@@ -851,7 +774,7 @@ fn a_peer_without_the_secret_neither_ends_nor_blocks_an_authenticated_host() {
 
     // A peer with host 2's NQN and another Host ID, failing to authenticate
     // if it gets that far.
-    let (mut p1, c1) = RawQueue::open(port, 2, cntlid, &h2, [0x99; 16]);
+    let (mut p1, c1) = RawQueue::connected(port, NQN, 2, cntlid, &h2, [0x99; 16]);
     if c1.status.is_success() {
         let _ = p1.exchange(auth_receive(1), &[]);
     }
@@ -867,7 +790,7 @@ fn a_peer_without_the_secret_neither_ends_nor_blocks_an_authenticated_host() {
 
     // A peer with host 2's NQN and Host ID (neither is secret) that fails
     // its authentication: its queue alone closes.
-    let (mut p2, c2) = RawQueue::open(port, 2, cntlid, &h2, hostid);
+    let (mut p2, c2) = RawQueue::connected(port, NQN, 2, cntlid, &h2, hostid);
     assert!(c2.status.is_success(), "{}", c2.status);
     assert_ne!(c2.dw0() & fabrics::AUTHREQ_ATR, 0);
     let _ = p2.exchange(auth_receive(1), &[]);
@@ -879,7 +802,7 @@ fn a_peer_without_the_secret_neither_ends_nor_blocks_an_authenticated_host() {
     );
 
     // A peer that connects queue 2 and never authenticates does not hold it.
-    let (p3, c3) = RawQueue::open(port, 2, cntlid, &h2, hostid);
+    let (p3, c3) = RawQueue::connected(port, NQN, 2, cntlid, &h2, hostid);
     assert!(c3.status.is_success(), "{}", c3.status);
     let mut q2 = io(2);
     alive(
@@ -889,7 +812,7 @@ fn a_peer_without_the_secret_neither_ends_nor_blocks_an_authenticated_host() {
     );
     drop(p3);
     // ... and its going does not free host 2's queue ID for another.
-    let (_, c4) = RawQueue::open(port, 2, cntlid, &h2, hostid);
+    let (_, c4) = RawQueue::connected(port, NQN, 2, cntlid, &h2, hostid);
     assert_eq!(
         c4.status,
         Status::CONNECT_INVALID_PARAM.dnr(),

@@ -5,14 +5,14 @@
 //! - a discovery controller that asked for no keep-alive (KATO 0) is torn
 //!   down once idle, and its place in `max_sessions` comes back.
 
+use crate::common::nvme_raw::RawNvme as Raw;
 use crate::common::*;
 use bw_nvme::queue_entry::{nvm, sgl, Sgl, Sqe};
-use bw_nvme::fabrics::{reg, Connect, ConnectData, Property};
-use bw_nvme::pdu::{self, DataPdu, Digests, IcReq, Pdu};
+use bw_nvme::fabrics::{reg, Property};
+use bw_nvme::pdu::{self, DataPdu, Digests, Pdu};
 use bw_nvme::{Cqe, Status, DISCOVERY_NQN};
-use bytes::{Bytes, BytesMut};
-use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
+use bytes::Bytes;
+use std::io::Write;
 use std::time::Duration;
 
 const NQN: &str = "nqn.2026-11.org.blockwire:hostile";
@@ -42,118 +42,10 @@ fn rss_kib(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// One raw connection after its ICReq.
-struct Raw {
-    s: TcpStream,
-    buf: BytesMut,
-}
-
-/// What the target did with a connection: sent these PDUs, then closed it
-/// (`closed`) or went quiet.
-struct Seen {
-    pdus: Vec<Pdu>,
-    closed: bool,
-}
-
+/// The admin queue's Connect as this module's host.
 impl Raw {
-    fn open(port: u16) -> Raw {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let ic = Pdu::IcReq(IcReq {
-            pfv: 0,
-            hpda: 0,
-            digests: Digests::default(),
-            maxr2t: 0,
-        });
-        s.write_all(&ic.encode_parts(Digests::default()).concat())
-            .unwrap();
-        let mut r = Raw {
-            s,
-            buf: BytesMut::new(),
-        };
-        assert!(matches!(
-            r.next(Duration::from_secs(20)),
-            Some(Pdu::IcResp(_))
-        ));
-        r
-    }
-
-    /// The next PDU within `wait`; None when the target closed the
-    /// connection or sent nothing for that long.
-    fn next(&mut self, wait: Duration) -> Option<Pdu> {
-        self.s.set_read_timeout(Some(wait)).unwrap();
-        loop {
-            if let Some(p) = pdu::decode(&mut self.buf, Digests::default(), 1 << 24).unwrap() {
-                return Some(p);
-            }
-            let mut b = [0u8; 4096];
-            match self.s.read(&mut b) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&b[..n]),
-            }
-        }
-    }
-
-    /// Every PDU until the target closes the connection, or `want` PDUs
-    /// have come, or it has been quiet for `wait`.
-    fn until_closed(&mut self, want: usize, wait: Duration) -> Seen {
-        let mut pdus = Vec::new();
-        self.s.set_read_timeout(Some(wait)).unwrap();
-        loop {
-            while let Ok(Some(p)) = pdu::decode(&mut self.buf, Digests::default(), 1 << 24) {
-                pdus.push(p);
-            }
-            if pdus.len() >= want {
-                return Seen {
-                    pdus,
-                    closed: false,
-                };
-            }
-            let mut b = [0u8; 4096];
-            match self.s.read(&mut b) {
-                Ok(0) => return Seen { pdus, closed: true },
-                Ok(n) => self.buf.extend_from_slice(&b[..n]),
-                Err(e) if e.kind() == ErrorKind::ConnectionReset => {
-                    return Seen { pdus, closed: true }
-                }
-                Err(_) => {
-                    return Seen {
-                        pdus,
-                        closed: false,
-                    }
-                }
-            }
-        }
-    }
-
-    fn command(&mut self, sqe: Sqe, data: &[u8]) -> Option<Cqe> {
-        let mut out = Vec::new();
-        pdu::encode_capsule(&sqe, data, Digests::default(), &mut out);
-        self.s.write_all(&out).ok()?;
-        loop {
-            match self.next(Duration::from_secs(20))? {
-                Pdu::CapsuleResp(c) => return Some(c),
-                Pdu::C2HData(_) => continue,
-                p => panic!("unexpected PDU {:#x}", p.kind()),
-            }
-        }
-    }
-
     fn connect_admin(&mut self, subnqn: &str, kato_ms: u32) -> Cqe {
-        let c = Connect {
-            recfmt: 0,
-            qid: 0,
-            sqsize: 31,
-            cattr: 0,
-            kato_ms,
-        };
-        let d = ConnectData {
-            hostid: [5; 16],
-            cntlid: 0xFFFF,
-            subnqn: subnqn.into(),
-            hostnqn: HOST.into(),
-        };
-        self.command(c.to_sqe(1), &d.encode())
-            .expect("Connect answered")
+        self.connect(subnqn, 0, 0xFFFF, HOST, [5; 16], kato_ms).expect("Connect answered")
     }
 }
 

@@ -4,6 +4,7 @@
 
 
 pub mod ceph;
+pub mod nvme_raw;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
