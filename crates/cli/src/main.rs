@@ -9,6 +9,7 @@ use std::time::Duration;
 mod router;
 mod attach;
 mod flowop;
+mod generate;
 
 #[derive(Parser)]
 #[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
@@ -49,6 +50,9 @@ enum Cmd {
     Mount(attach::MountArgs),
     /// Undo `mount` or `attach`: unmount, detach the loop device, unmount FUSE, log out.
     Umount(attach::UmountArgs),
+    /// Man pages and shell completions (for packaging).
+    #[command(subcommand, hide = true)]
+    Generate(generate::GenerateCmd),
 }
 
 #[derive(Args)]
@@ -127,6 +131,9 @@ struct ServeArgs {
     /// Include CHAP secrets (and any other keys) in --print-config and --save-config.
     #[arg(long)]
     show_secrets: bool,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (docs/metrics.md).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args, Clone)]
@@ -450,6 +457,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Lab(a) => bw_lab::run(a),
         Cmd::Flowop(a) => flowop::run(a),
         Cmd::Router(a) => router::run(a),
+        Cmd::Generate(g) => generate::run(g),
     }
 }
 
@@ -497,6 +505,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     set_if(&mut t.iscsi_inline_max, a.iscsi_inline_max);
     set_if(&mut t.iscsi_flush_every, a.iscsi_flush_every);
     set_if(&mut t.tcp_congestion, a.tcp_congestion.clone());
+    if let Some(listen) = a.metrics {
+        cfg.metrics = Some(bw_serve::config::MetricsConfig { listen });
+    }
     cfg.validate()?;
     let json = cfg.to_json(a.show_secrets);
     if a.print_config {

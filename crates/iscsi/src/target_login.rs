@@ -180,6 +180,11 @@ impl<'a> TargetLogin<'a> {
     pub fn initiator_name(&self) -> &str {
         &self.initiator_name
     }
+    /// The configured target the initiator asked for (an index into
+    /// [`LoginConfig::targets`]), once it named one we have.
+    pub fn target(&self) -> Option<usize> {
+        self.target
+    }
 
     /// Refuse the login `pdu` belongs to with `status` (e.g. OUT_OF_RESOURCES
     /// when the portal holds all the sessions it may); close afterwards.

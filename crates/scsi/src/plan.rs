@@ -109,6 +109,11 @@ impl<'a> Plan<'a> {
         self.lun.map(|l| l.volume.info())
     }
 
+    /// The LUN's volume, or `None` if no such LUN.
+    pub fn volume(&self) -> Option<&'a Volume> {
+        self.lun.map(|l| &l.volume)
+    }
+
     /// The LUN, when the command is the plain fast case: a supported row
     /// with a full CDB, no NACA/LINK, and no unit attention, reservation or
     /// ALUA refusal that the general path must report.

@@ -18,18 +18,20 @@
 //! under heavy load; cause not found), so it stays off by default.
 
 use crate::config::{AoeConfig, AoeExport};
+use crate::metrics::{self, AoeStats, Op, Proto, VolumeStats};
 use crate::tuning::{AoeFanout, Tuning};
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_aoe::target::{Export, ExportSettings, Outcome};
-use bw_aoe::{max_sectors_for_mtu, ETHERTYPE_AOE};
+use bw_aoe::ata::{self, AtaArg};
+use bw_aoe::{max_sectors_for_mtu, AoeHeader, Command, ETHERTYPE_AOE};
 use bw_net::{FanoutMode, FrameBatch, PacketSocket};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Frames per receive/send batch.
 const BATCH: usize = 32;
@@ -112,6 +114,22 @@ struct Interface {
     mac: [u8; 6],
     exports: Vec<Export>,
     counters: Counters,
+    /// The metrics of each export's volume, in `exports` order.
+    volume_stats: Vec<Arc<VolumeStats>>,
+    stats: Arc<AoeStats>,
+    /// Recent requests by (source, tag) hash, to count repeats.
+    recent: Box<[AtomicU64]>,
+}
+
+/// Slots of [`Interface::recent`].
+const RECENT: usize = 4096;
+
+/// An ATA read or write on its way through an export.
+#[derive(Clone, Copy)]
+struct AtaIo {
+    op: Op,
+    bytes: u64,
+    start: Instant,
 }
 
 impl Interface {
@@ -123,6 +141,42 @@ impl Interface {
     fn note_no_reply(&self, why: impl std::fmt::Debug) {
         self.counters.ignored.fetch_add(1, Relaxed);
         log::trace!("aoe {}: no reply: {why:?}", self.name);
+    }
+
+    /// For the metrics, once per request frame: whether it is an ATA read
+    /// or write, and whether its (source, tag) came recently (a resend
+    /// under the same tag; initiators that give each resend a fresh tag,
+    /// as Linux's and ours do, are not seen).
+    fn classify(&self, frame: &[u8]) -> Option<AtaIo> {
+        let h = AoeHeader::parse(frame).ok().filter(|h| !h.is_response())?;
+        let src = h.src().iter().fold(0u64, |k, &b| k << 8 | b as u64);
+        let key = (src ^ (h.tag() as u64) << 16 ^ (h.tag() as u64) >> 16).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        if self.recent[(key >> 52) as usize % RECENT].swap(key, Relaxed) == key {
+            self.stats.retransmits.fetch_add(1, Relaxed);
+        }
+        if h.command() != Command::Ata {
+            return None;
+        }
+        let a = AtaArg::parse(frame).ok()?;
+        let op = match a.cmd_status {
+            ata::CMD_READ_SECTORS | ata::CMD_READ_SECTORS_EXT => Op::Read,
+            ata::CMD_WRITE_SECTORS | ata::CMD_WRITE_SECTORS_EXT => Op::Write,
+            _ => return None,
+        };
+        Some(AtaIo { op, bytes: a.sector_count as u64 * bw_aoe::SECTOR as u64, start: Instant::now() })
+    }
+
+    /// Hand `frame` to export `i`; an ATA read or write (`io`) it answers
+    /// is counted for its volume.
+    fn handle(&self, i: usize, frame: &[u8], io: Option<AtaIo>, out: &mut [u8]) -> Outcome {
+        let r = self.exports[i].handle(frame, self.mac, out);
+        if let (Some(io), Outcome::Reply(len)) = (io, r) {
+            let reply = &out[..len];
+            let failed = AoeHeader::parse(reply).is_ok_and(|h| h.is_error()) || AtaArg::parse(reply).is_ok_and(|a| a.failed());
+            let ns = io.start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+            self.volume_stats[i].record(io.op, io.bytes, !failed, ns);
+        }
+        r
     }
 }
 
@@ -259,7 +313,11 @@ fn open_interface(
             volume,
         ));
     }
-    Ok((Interface { name: iface.to_string(), mac, exports: built, counters: Counters::default() }, sockets))
+    let volume_stats = exports.iter().map(|e| metrics::global().volume(&e.volume, Proto::Aoe)).collect();
+    let recent = (0..RECENT).map(|_| AtomicU64::new(0)).collect();
+    let stats = metrics::global().aoe(iface);
+    let ifc = Interface { name: iface.to_string(), mac, exports: built, counters: Counters::default(), volume_stats, stats, recent };
+    Ok((ifc, sockets))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -321,11 +379,14 @@ fn io_thread(sock: &PacketSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<J
             Ok(j) => j,
             Err(_) => return, // every receive worker has stopped
         };
-        for e in &ifc.exports {
-            match e.handle(&job.buf[..job.len], ifc.mac, &mut reply) {
+        let frame = &job.buf[..job.len];
+        let io = ifc.classify(frame);
+        for i in 0..ifc.exports.len() {
+            match ifc.handle(i, frame, io, &mut reply) {
                 Outcome::Reply(len) => match sock.send(&reply[..len]) {
                     Ok(()) => {
                         c.replies.fetch_add(1, Relaxed);
+                        ifc.stats.frames_sent.fetch_add(1, Relaxed);
                     }
                     Err(err) => {
                         c.errors.fetch_add(1, Relaxed);
@@ -358,6 +419,7 @@ fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<
         };
         c.batches.fetch_add(1, Relaxed);
         c.frames.fetch_add(n as u64, Relaxed);
+        ifc.stats.frames_received.fetch_add(n as u64, Relaxed);
         if let Some(pool) = pool {
             for i in 0..n {
                 pool.submit(rx.frame(i));
@@ -367,8 +429,9 @@ fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<
         let mut out = 0;
         for i in 0..n {
             let frame = rx.frame(i);
-            for e in &ifc.exports {
-                match e.handle(frame, ifc.mac, tx.slot_mut(out)) {
+            let io = ifc.classify(frame);
+            for x in 0..ifc.exports.len() {
+                match ifc.handle(x, frame, io, tx.slot_mut(out)) {
                     Outcome::Reply(len) => {
                         tx.set_len(out, len);
                         out += 1;
@@ -381,6 +444,7 @@ fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<
             match sock.send_batch(&mut tx, out) {
                 Ok(sent) => {
                     c.replies.fetch_add(sent as u64, Relaxed);
+                    ifc.stats.frames_sent.fetch_add(sent as u64, Relaxed);
                 }
                 Err(e) => {
                     c.errors.fetch_add(1, Relaxed);

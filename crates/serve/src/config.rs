@@ -63,6 +63,9 @@
 //! iscsi_inline_max = 65536           # largest READ/WRITE run on the connection's thread
 //! iscsi_flush_every = 0              # PDUs in a row before answering; 0: all buffered first
 //! tcp_congestion = "auto"            # "system", or an algorithm ("cubic"); auto: no BBR to this machine
+//!
+//! [metrics]                          # Prometheus metrics at http://ADDR:PORT/metrics (docs/metrics.md)
+//! listen = "127.0.0.1:9433"
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -89,6 +92,15 @@ pub struct ServeConfig {
     /// Threads and copies of the front-ends (see [`crate::tuning::Tuning`]).
     #[serde(default)]
     pub tuning: crate::tuning::Tuning,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsConfig>,
+}
+
+/// `[metrics]`: where the Prometheus exposition is served (`--metrics`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    pub listen: SocketAddr,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

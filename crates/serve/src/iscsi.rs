@@ -18,6 +18,7 @@
 use crate::accept::{Accepted, Acceptor, Threading};
 use crate::config::{IscsiConfig, IscsiTarget};
 use crate::dispatch::{self, Place, Work};
+use crate::metrics::{self, IoTimer, Meter, Op, Proto};
 use crate::framing::{FrameReader, Framing, Growth};
 use crate::limits::{Admission, Limits, SessionKind, Ticket};
 use crate::outbox::Outbox;
@@ -235,6 +236,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         ..
     } = a;
     let local = local.context("no local address")?;
+    let _counted = metrics::global().connection(Proto::Iscsi);
     let (mut rd, mut wr) = stream.into_split();
     let mut reader = FrameReader::with_capacity(256 * 1024);
     let mut dec = Decoder::new(LOGIN_MAX_DATA);
@@ -242,6 +244,9 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let Some(res) = login(&ctx, &mut ticket, &mut rd, &mut wr, &mut reader, &dec, &mut out).await? else {
         return Ok(());
     };
+    let _session = res
+        .target
+        .map(|t| metrics::global().login(Proto::Iscsi, &ctx.login.targets[t].name, &res.initiator_name, true));
     let discovery_idle = (res.session_type == SessionType::Discovery)
         .then(|| ctx.admission.limits().discovery_idle_timeout());
     if discovery_idle.is_none() {
@@ -282,6 +287,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         knobs: ctx.knobs,
         out,
         done_tx,
+        meter: Meter::new(Proto::Iscsi),
     };
     let mut io = ConnIo {
         rd,
@@ -361,6 +367,11 @@ async fn login(
             LoginStep::Continue => {}
             LoginStep::Complete => break,
             LoginStep::Failed(s) => {
+                use bw_iscsi::msg::login_status::{AUTHENTICATION_FAILURE, AUTHORIZATION_FAILURE};
+                if s == AUTHENTICATION_FAILURE || s == AUTHORIZATION_FAILURE {
+                    let target = login.target().map_or("", |t| ctx.login.targets[t].name.as_str());
+                    metrics::global().auth_failure(Proto::Iscsi, target, login.initiator_name());
+                }
                 log::info!(
                     "iSCSI login from {} refused with status {s:#06x}",
                     login.initiator_name().escape_debug()
@@ -454,11 +465,13 @@ struct Done {
     sense: Vec<u8>,
     data_in: Vec<u8>,
     residual: Residual,
+    /// A read or write, counted when it completes.
+    io: Option<IoTimer>,
 }
 
 impl Done {
     fn new(e: &Exec, o: bw_scsi::ScsiOutcome, data_in: Vec<u8>, residual: Residual) -> Done {
-        Done { itt: e.itt, id: e.id, status: o.status, sense: o.sense, data_in, residual }
+        Done { itt: e.itt, id: e.id, status: o.status, sense: o.sense, data_in, residual, io: None }
     }
 }
 
@@ -480,6 +493,7 @@ struct Connection {
     out: Outbox,
     /// Completions from the blocking pool come back through here.
     done_tx: mpsc::UnboundedSender<Done>,
+    meter: Meter,
 }
 
 /// The socket side of one connection.
@@ -568,11 +582,22 @@ impl Connection {
         let plan = scsi.plan(lun_number(e.lun), &e.cdb);
         let work = work(&plan, &e, &self.knobs, self.digests);
         let mut place = dispatch::place(work, plan.device(), self.knobs.inline_max);
-        if place == Place::Submit && self.submit(&plan, &e) {
+        let op = match (work, e.read, e.write) {
+            (Work::Data { .. }, true, false) => Some(Op::Read),
+            (Work::Data { .. }, false, true) => Some(Op::Write),
+            _ => None,
+        };
+        let io = op.zip(plan.volume()).map(|(op, v)| self.meter.start(v.name(), op, e.edtl as usize));
+        if place == Place::Submit && self.submit(&plan, &e, io) {
             return;
         }
-        if place == Place::Inline && e.read && !e.write && self.read(&plan, &e, work) {
-            return;
+        if place == Place::Inline && e.read && !e.write {
+            if let Some(ok) = self.read(&plan, &e, work) {
+                if let Some(t) = io {
+                    self.meter.done(t, ok);
+                }
+                return;
+            }
         }
         if let Work::Data { len, zero_copy: true } = work {
             // Not sent zero-copy after all (a unit attention or reservation
@@ -582,12 +607,12 @@ impl Connection {
         }
         if place == Place::Inline {
             let d = run_command(&plan, self.nexus, &e);
-            return self.finished(d);
+            return self.finished(Done { io, ..d });
         }
         let (tx, nexus) = (self.done_tx.clone(), self.nexus);
         tokio::task::spawn_blocking(move || {
             let plan = scsi.plan(lun_number(e.lun), &e.cdb);
-            let _ = tx.send(run_command(&plan, nexus, &e));
+            let _ = tx.send(Done { io, ..run_command(&plan, nexus, &e) });
         });
     }
 
@@ -595,12 +620,12 @@ impl Connection {
     /// own threads (rbd): the backend's completion sends the result to
     /// this connection's channel, so no thread waits for it. `false`: run
     /// it the ordinary way.
-    fn submit(&mut self, plan: &Plan<'_>, e: &Exec) -> bool {
+    fn submit(&mut self, plan: &Plan<'_>, e: &Exec, io: Option<IoTimer>) -> bool {
         let residual = || data_out_residual(plan.data_out_len(), e.edtl);
         let (volume, request) = match plan.io(&e.data_out) {
             IoPlan::Buffered => return false,
             IoPlan::Done(o) => {
-                self.finished(Done::new(e, o, Vec::new(), residual()));
+                self.finished(Done { io, ..Done::new(e, o, Vec::new(), residual()) });
                 return true;
             }
             IoPlan::Submit { volume, request } => (volume, request),
@@ -608,7 +633,7 @@ impl Connection {
         let (tx, write) = (self.done_tx.clone(), request.is_write());
         // The command's identity and residual now; its status and data when
         // the request ends.
-        let done = Done::new(e, bw_scsi::ScsiOutcome::GOOD, Vec::new(), residual());
+        let done = Done { io, ..Done::new(e, bw_scsi::ScsiOutcome::GOOD, Vec::new(), residual()) };
         volume.submit(request, move |req, r| {
             let o = bw_scsi::io_outcome(&r, write);
             let data_in = if o.is_good() { req.into_buf() } else { Vec::new() };
@@ -617,8 +642,13 @@ impl Connection {
         true
     }
 
-    /// A command's result: its Data-In and status PDUs.
+    /// A command's result: its Data-In and status PDUs. The one place a
+    /// read or write ends, whichever way it ran (the inline read path
+    /// reports from `execute`).
     fn finished(&mut self, d: Done) {
+        if let Some(t) = d.io {
+            self.meter.done(t, d.status == bw_scsi::ScsiOutcome::GOOD.status);
+        }
         let mut actions = Vec::new();
         self.session.complete(
             d.itt,
@@ -635,14 +665,15 @@ impl Connection {
     /// A plain READ on this task: its data goes from the page cache to the
     /// socket with sendfile when `work` says zero-copy (and the backend
     /// hands out a descriptor), else it is read straight into the send
-    /// buffer behind its Data-In headers. `false`: not a plain READ, run it
-    /// the ordinary way.
-    fn read(&mut self, plan: &Plan<'_>, e: &Exec, work: Work) -> bool {
+    /// buffer behind its Data-In headers. Whether it succeeded; `None`: not
+    /// a plain READ, run it the ordinary way.
+    fn read(&mut self, plan: &Plan<'_>, e: &Exec, work: Work) -> Option<bool> {
         let (volume, offset, len) = match plan.read() {
-            ReadPlan::Buffered => return false,
+            ReadPlan::Buffered => return None,
             ReadPlan::Done(o) => {
+                let ok = o.is_good();
                 self.finished(Done::new(e, o, Vec::new(), Residual::None));
-                return true;
+                return Some(ok);
             }
             ReadPlan::Range { volume, offset, len } => (volume, offset, len),
         };
@@ -665,25 +696,24 @@ impl Connection {
                         }
                     }
                     self.act(rest);
-                    return true;
+                    return Some(true);
                 }
                 Ok(None) => {}
                 Err(err) => {
                     let o = bw_scsi::io_outcome(&Err(err), false);
                     self.finished(Done::new(e, o, Vec::new(), Residual::None));
-                    return true;
+                    return Some(false);
                 }
             }
         }
-        self.read_into_outbox(e, &volume, offset, len);
-        true
+        Some(self.read_into_outbox(e, &volume, offset, len))
     }
 
     /// Read `len` bytes at `offset` of `volume` (a checked READ) into the
     /// send buffer, each Data-In PDU's data behind room for its header;
     /// the headers are written once the read succeeded and the session
-    /// made them.
-    fn read_into_outbox(&mut self, e: &Exec, volume: &Volume, offset: u64, len: usize) {
+    /// made them. Whether the read succeeded.
+    fn read_into_outbox(&mut self, e: &Exec, volume: &Volume, offset: u64, len: usize) -> bool {
         let sent = len.min(e.edtl as usize);
         let head_len = BHS_LEN + if self.digests.header { 4 } else { 0 };
         let start = self.out.buf_mut().len();
@@ -697,7 +727,8 @@ impl Connection {
                 Err(err) => {
                     self.out.buf_mut().truncate(start);
                     let o = bw_scsi::io_outcome(&Err(err), false);
-                    return self.finished(Done::new(e, o, Vec::new(), Residual::None));
+                    self.finished(Done::new(e, o, Vec::new(), Residual::None));
+                    return false;
                 }
             };
             let b = self.out.buf_mut();
@@ -726,6 +757,7 @@ impl Connection {
             self.out.buf_mut().truncate(start);
         }
         self.act(rest);
+        true
     }
 
     async fn full_feature(

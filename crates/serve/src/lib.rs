@@ -8,8 +8,10 @@ pub mod dispatch;
 pub mod framing;
 pub mod iscsi;
 pub mod limits;
+pub mod metrics;
 pub mod nvme;
 pub mod outbox;
+pub mod systemd;
 pub mod tuning;
 
 use anyhow::Context;
@@ -141,9 +143,13 @@ pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let (stop_tx, shutdown) = Shutdown::new();
-    let running = start(&cfg, &volumes, &shutdown).await?;
-    // Tests and scripts wait for this exact line.
+    let mut running = start(&cfg, &volumes, &shutdown).await?;
+    if let Some(m) = &cfg.metrics {
+        running.push(start_metrics(m.listen, &shutdown).await?);
+    }
+    // Tests and scripts wait for this exact line; systemd for READY=1.
     eprintln!("blockwire: ready (pid {})", std::process::id());
+    systemd::notify("READY=1");
     let mut failed = None;
     let mut all = futures_select(running);
     tokio::select! {
@@ -151,6 +157,7 @@ pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         _ = sigint.recv() => log::info!("SIGINT: shutting down"),
         r = all.recv() => failed = r,
     }
+    systemd::notify("STOPPING=1");
     let _ = stop_tx.send(true);
     // Give front-ends a moment to close sessions cleanly.
     let deadline = tokio::time::sleep(std::time::Duration::from_secs(5));
@@ -174,6 +181,13 @@ pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         Some(Err(e)) => Err(e),
         _ => Ok(()),
     }
+}
+
+/// Serve the Prometheus exposition on `addr` (bound before this returns).
+async fn start_metrics(addr: std::net::SocketAddr, shutdown: &Shutdown) -> anyhow::Result<Running> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
+    log::info!("metrics: http://{}/metrics", listener.local_addr()?);
+    Ok(tokio::spawn(metrics::serve_http(listener, metrics::global(), shutdown.clone())))
 }
 
 /// Funnel front-end results into one channel as they finish.

@@ -22,6 +22,7 @@ use crate::dispatch::{self, Place, Work};
 use crate::framing::FrameReader;
 use crate::outbox::Outbox;
 use crate::limits::Ticket;
+use crate::metrics::{self, IoTimer, Meter, Op};
 use crate::Shutdown;
 use bw_nvme::auth::{ControllerAuth, Entropy};
 use bw_nvme::queue_entry::{nvm, Sqe};
@@ -94,6 +95,8 @@ pub enum Login {
 struct Finished {
     cid: u16,
     done: IoDone,
+    /// A read or write, counted when it completes.
+    io: Option<IoTimer>,
 }
 
 struct Conn {
@@ -115,6 +118,9 @@ struct Conn {
     /// when this becomes true so that `serve` can give the pending-login
     /// place back and move the queue to its own thread.
     logged_in: bool,
+    meter: Meter,
+    /// This queue's place in the target's session and connection counts.
+    counted: Option<metrics::SessionGuard>,
 }
 
 /// `login_timeout`: from accept to a successful Connect; a connection that
@@ -147,7 +153,10 @@ pub async fn serve(
         kill,
         _kill_keep: kill_keep,
         logged_in: false,
+        meter: Meter::new(metrics::Proto::Nvme),
+        counted: None,
     };
+    let _counted = metrics::global().connection(metrics::Proto::Nvme);
     let mut reader = FrameReader::with_capacity(256 * 1024);
     let r = loop {
         let was_logged_in = c.logged_in;
@@ -334,7 +343,13 @@ impl Conn {
             // A failed authentication ends this queue alone: whoever failed
             // may not be the host that owns the controller. (An admin
             // queue's controller goes with it, at teardown.)
-            Action::Close(Some(e)) => return Some(Err(e.into())),
+            Action::Close(Some(e)) => {
+                if let Some(c) = self.ctrl.as_ref().filter(|c| !self.logged_in && c.auth.is_some()) {
+                    let subnqn = c.subsys.as_ref().map_or("", |s| s.nqn.as_str());
+                    metrics::global().auth_failure(metrics::Proto::Nvme, subnqn, &c.hostnqn);
+                }
+                return Some(Err(e.into()));
+            }
             Action::Authenticated => {
                 let qid = self.q.qid();
                 return self.log_in(Login::Controller, qid).err().map(Err);
@@ -352,7 +367,12 @@ impl Conn {
             .complete(cid, status, result, data, self.out.buf_mut());
     }
 
+    /// The one place a read or write ends, whichever way it ran (the
+    /// inline read path reports here too).
     fn finished(&mut self, f: Finished) {
+        if let Some(t) = f.io {
+            self.meter.done(t, f.done.status == Status::SUCCESS);
+        }
         self.complete(f.cid, f.done.status, 0, f.done.data);
     }
 
@@ -365,6 +385,10 @@ impl Conn {
         let e = match r {
             Ok(e) => e,
             Err(r) => {
+                if r.status == Status::CONNECT_INVALID_HOST.dnr() {
+                    // Only a configured subsystem gets this far: a bounded label.
+                    metrics::global().auth_failure(metrics::Proto::Nvme, &d.subnqn, &d.hostnqn);
+                }
                 log::info!(
                     "nvme: {}: Connect (qid {}) refused: {}",
                     self.peer,
@@ -433,6 +457,8 @@ impl Conn {
             e.cntlid
         );
         self.logged_in = true;
+        let subnqn = e.subsys.as_ref().map_or(bw_nvme::DISCOVERY_NQN, |s| s.nqn.as_str());
+        self.counted = Some(metrics::global().login(metrics::Proto::Nvme, subnqn, &e.hostnqn, qid == 0));
         Ok(())
     }
 
@@ -476,8 +502,15 @@ impl Conn {
         let Some(sub) = self.ctrl.as_ref().and_then(|e| e.subsys.clone()) else {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
-        let device = sub.namespace(sqe.nsid()).map(|n| n.volume.info());
+        let volume = sub.namespace(sqe.nsid()).map(|n| &n.volume);
+        let device = volume.map(|v| v.info());
         let work = work(&sqe, device, self.fabric.zero_copy_min, self.q.digests().data);
+        let op = match sqe.opcode() {
+            nvm::READ => Some(Op::Read),
+            nvm::WRITE => Some(Op::Write),
+            _ => None,
+        };
+        let timer = op.zip(volume).map(|(op, v)| self.meter.start(v.name(), op, io::transfer_len(&sqe) as usize));
         // No size limit: NVMe/TCP reads and writes of page-cache volumes
         // have always run inline, whatever their length.
         let place = dispatch::place(work, device, usize::MAX);
@@ -488,10 +521,10 @@ impl Conn {
                     // or on the blocking pool waits.
                     let tx = self.done_tx.clone();
                     return volume.submit(request, move |req, r| {
-                        let _ = tx.send(Finished { cid, done: io::submitted(req, r) });
+                        let _ = tx.send(Finished { cid, done: io::submitted(req, r), io: timer });
                     });
                 }
-                io::Plan::Done(status) => return self.complete(cid, status, 0, None),
+                io::Plan::Done(status) => return self.finished(Finished { cid, done: IoDone { status, data: None }, io: timer }),
                 io::Plan::Execute => {}
             }
         }
@@ -503,27 +536,36 @@ impl Conn {
                     status: Status::INTERNAL,
                     data: None,
                 });
-                let _ = tx.send(Finished { cid, done });
+                let _ = tx.send(Finished { cid, done, io: timer });
             });
         } else if sqe.opcode() == nvm::READ {
-            self.read(&sub, &sqe, work);
+            let ok = self.read(&sub, &sqe, work);
+            if let Some(t) = timer {
+                self.meter.done(t, ok);
+            }
         } else {
-            let IoDone { status, data } = io::execute(&sub, &sqe, &data);
-            self.complete(cid, status, 0, data);
+            let done = io::execute(&sub, &sqe, &data);
+            self.finished(Finished { cid, done, io: timer });
         }
     }
 
     /// A read that cannot block: its data goes from the volume straight into
     /// the send buffer behind each C2HData header, or, when `work` says
     /// zero-copy, from the page cache to the socket with sendfile.
-    fn read(&mut self, sub: &Subsystem, sqe: &Sqe, work: Work) {
+    /// Whether it succeeded.
+    fn read(&mut self, sub: &Subsystem, sqe: &Sqe, work: Work) -> bool {
         let cid = sqe.cid();
+        let fail = |c: &mut Conn, st: Status| {
+            c.complete(cid, st, 0, None);
+            false
+        };
         let (vol, off, len) = match io::read_extent(sub, sqe) {
             Ok(x) => x,
-            Err(st) => return self.complete(cid, st, 0, None),
+            Err(st) => return fail(self, st),
         };
         if len == 0 {
-            return self.complete(cid, Status::SUCCESS, 0, None);
+            self.complete(cid, Status::SUCCESS, 0, None);
+            return true;
         }
         if matches!(work, Work::Data { zero_copy: true, .. }) {
             match vol.zero_copy_read(off, len as u64) {
@@ -534,10 +576,11 @@ impl Conn {
                         self.out
                             .push_file(vol.clone(), fd, off + r.start as u64, r.len());
                     }
-                    return self.q.read_sent(cid, self.out.buf_mut());
+                    self.q.read_sent(cid, self.out.buf_mut());
+                    return true;
                 }
                 Ok(None) => {}
-                Err(e) => return self.complete(cid, io::read_error(e), 0, None),
+                Err(e) => return fail(self, io::read_error(e)),
             }
         }
         let ddgst = self.q.digests().data;
@@ -548,7 +591,7 @@ impl Conn {
                 Ok(at) => at,
                 Err(e) => {
                     self.out.buf_mut().truncate(start);
-                    return self.complete(cid, io::read_error(e), 0, None);
+                    return fail(self, io::read_error(e));
                 }
             };
             if ddgst {
@@ -558,5 +601,6 @@ impl Conn {
             }
         }
         self.q.read_sent(cid, self.out.buf_mut());
+        true
     }
 }

@@ -1,0 +1,747 @@
+//! Counters for `--metrics ADDR:PORT`, and their Prometheus text exposition.
+//!
+//! What a read or write pays (the front-ends count each command once, where
+//! its response is queued; see [`Meter`]): two monotonic clock reads
+//! (`Instant::now`, a vDSO call), a binary search over 16 bucket bounds,
+//! and four `fetch_add(Relaxed)` on the counters of its volume and
+//! protocol (operations, bytes, latency sum, one histogram bucket; a fifth
+//! for an error). No lock and no allocation: each connection looks its
+//! volume's counters up in its own short list, taking the registry's lock
+//! only the first time it meets a volume. Counters of one volume and
+//! protocol are shared by all its connections (one cache line per
+//! direction), so connections on different CPUs hitting one volume bounce
+//! that line; per-connection counters would avoid it but need folding in
+//! when connections end.
+//!
+//! Histograms are fixed buckets of atomics, made cumulative at scrape time
+//! (Prometheus wants `le` buckets). hdrhistogram is not used here: recording
+//! into one needs `&mut`, so a lock or per-thread copies per histogram.
+//! Hand-written rather than `prometheus-client`, whose histograms take a
+//! lock per observation and whose label families look labels up per call.
+//!
+//! Label values are bounded: volumes and targets come from the
+//! configuration; initiator names (which anyone who connects chooses) are
+//! kept for the first [`INITIATOR_CAP`] distinct names and counted as
+//! `other` after that.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+/// Distinct initiator names used as label values; later ones are `other`.
+pub const INITIATOR_CAP: usize = 64;
+/// The label value for initiators past the cap.
+pub const OTHER: &str = "other";
+
+/// Upper bounds of the latency buckets, in nanoseconds (5 µs to 1 s; the
+/// last bucket, +Inf, holds the rest).
+pub const LATENCY_BOUNDS_NS: [u64; 16] = [
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    1_000_000_000,
+];
+const BUCKETS: usize = LATENCY_BOUNDS_NS.len() + 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Proto {
+    Aoe,
+    Iscsi,
+    Nvme,
+}
+
+impl Proto {
+    pub const ALL: [Proto; 3] = [Proto::Aoe, Proto::Iscsi, Proto::Nvme];
+    pub fn label(self) -> &'static str {
+        match self {
+            Proto::Aoe => "aoe",
+            Proto::Iscsi => "iscsi",
+            Proto::Nvme => "nvme-tcp",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+}
+
+impl Op {
+    fn label(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+        }
+    }
+}
+
+/// One direction's counters; a cache line of its own.
+#[repr(align(64))]
+#[derive(Default)]
+struct OpCounters {
+    ops: AtomicU64,
+    bytes: AtomicU64,
+    errors: AtomicU64,
+    latency_ns: AtomicU64,
+    buckets: [AtomicU64; BUCKETS],
+}
+
+/// What [`OpCounters`] held at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpSnapshot {
+    pub ops: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub latency_ns_sum: u64,
+    /// Per bucket (not cumulative), bounds [`LATENCY_BOUNDS_NS`] then +Inf.
+    pub buckets: Vec<u64>,
+}
+
+impl OpCounters {
+    fn snapshot(&self) -> OpSnapshot {
+        OpSnapshot {
+            ops: self.ops.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            latency_ns_sum: self.latency_ns.load(Relaxed),
+            buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+        }
+    }
+}
+
+/// The counters of one volume served over one protocol.
+pub struct VolumeStats {
+    volume: String,
+    proto: Proto,
+    ops: [OpCounters; 2],
+}
+
+impl VolumeStats {
+    /// Count one finished read or write.
+    #[inline]
+    pub fn record(&self, op: Op, bytes: u64, ok: bool, elapsed_ns: u64) {
+        let c = &self.ops[op as usize];
+        c.ops.fetch_add(1, Relaxed);
+        if ok {
+            c.bytes.fetch_add(bytes, Relaxed);
+        } else {
+            c.errors.fetch_add(1, Relaxed);
+        }
+        c.latency_ns.fetch_add(elapsed_ns, Relaxed);
+        c.buckets[LATENCY_BOUNDS_NS.partition_point(|&b| b < elapsed_ns)].fetch_add(1, Relaxed);
+    }
+}
+
+/// A read or write under way: where its counters are and when it began.
+#[derive(Debug, Clone, Copy)]
+pub struct IoTimer {
+    slot: usize,
+    op: Op,
+    bytes: u32,
+    start: Instant,
+}
+
+/// One connection's (or AoE interface's) way to its volumes' counters.
+pub struct Meter {
+    proto: Proto,
+    metrics: &'static Metrics,
+    seen: Vec<Arc<VolumeStats>>,
+}
+
+impl Meter {
+    pub fn new(proto: Proto) -> Meter {
+        Meter::with(global(), proto)
+    }
+
+    pub fn with(metrics: &'static Metrics, proto: Proto) -> Meter {
+        Meter { proto, metrics, seen: Vec::new() }
+    }
+
+    /// A read or write of `bytes` on `volume` begins now.
+    #[inline]
+    pub fn start(&mut self, volume: &str, op: Op, bytes: usize) -> IoTimer {
+        let slot = match self.seen.iter().position(|s| s.volume == volume) {
+            Some(i) => i,
+            None => {
+                self.seen.push(self.metrics.volume(volume, self.proto));
+                self.seen.len() - 1
+            }
+        };
+        IoTimer { slot, op, bytes: bytes.min(u32::MAX as usize) as u32, start: Instant::now() }
+    }
+
+    /// The I/O `t` has its answer queued.
+    #[inline]
+    pub fn done(&self, t: IoTimer, ok: bool) {
+        let ns = t.start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.seen[t.slot].record(t.op, t.bytes as u64, ok, ns);
+    }
+}
+
+/// Logins and sessions of one target (iSCSI target, NVMe subsystem).
+#[derive(Default)]
+struct TargetStats {
+    sessions: AtomicI64,
+    connections: AtomicI64,
+    /// By initiator label.
+    logins: Mutex<BTreeMap<String, u64>>,
+    auth_failures: Mutex<BTreeMap<String, u64>>,
+}
+
+/// Frames of one AoE interface.
+#[derive(Default)]
+pub struct AoeStats {
+    pub frames_received: AtomicU64,
+    pub frames_sent: AtomicU64,
+    /// Requests seen again with the same source and tag (see `aoe.rs`).
+    pub retransmits: AtomicU64,
+}
+
+/// A connection counted while this lives.
+pub struct ConnectionGuard {
+    gauge: &'static AtomicI64,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.gauge.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A session (or target connection) counted while this lives.
+pub struct SessionGuard {
+    target: Arc<TargetStats>,
+    session: bool,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.target.connections.fetch_sub(1, Relaxed);
+        if self.session {
+            self.target.sessions.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// Every counter of the process.
+pub struct Metrics {
+    volumes: Mutex<Vec<Arc<VolumeStats>>>,
+    targets: Mutex<BTreeMap<(Proto, String), Arc<TargetStats>>>,
+    initiators: Mutex<BTreeSet<String>>,
+    aoe: Mutex<BTreeMap<String, Arc<AoeStats>>>,
+    connections: [AtomicI64; 3],
+    connections_total: [AtomicU64; 3],
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The process's registry, which the front-ends count into.
+pub fn global() -> &'static Metrics {
+    static GLOBAL: OnceLock<Metrics> = OnceLock::new();
+    GLOBAL.get_or_init(Metrics::new)
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        Metrics {
+            volumes: Mutex::default(),
+            targets: Mutex::default(),
+            initiators: Mutex::default(),
+            aoe: Mutex::default(),
+            connections: Default::default(),
+            connections_total: Default::default(),
+        }
+    }
+
+    /// The counters of `volume` over `proto`, made on first use.
+    pub fn volume(&self, volume: &str, proto: Proto) -> Arc<VolumeStats> {
+        let mut v = lock(&self.volumes);
+        if let Some(s) = v.iter().find(|s| s.proto == proto && s.volume == volume) {
+            return s.clone();
+        }
+        let s = Arc::new(VolumeStats { volume: volume.to_string(), proto, ops: Default::default() });
+        v.push(s.clone());
+        s
+    }
+
+    /// Drop a removed volume's series (connections still holding its
+    /// counters keep counting into the detached copy).
+    pub fn forget_volume(&self, volume: &str) {
+        lock(&self.volumes).retain(|s| s.volume != volume);
+    }
+
+    /// The counters of AoE interface `iface`.
+    pub fn aoe(&self, iface: &str) -> Arc<AoeStats> {
+        lock(&self.aoe).entry(iface.to_string()).or_default().clone()
+    }
+
+    /// A TCP connection accepted by `proto`'s front-end, counted until the guard drops.
+    pub fn connection(&'static self, proto: Proto) -> ConnectionGuard {
+        self.connections_total[proto as usize].fetch_add(1, Relaxed);
+        let gauge = &self.connections[proto as usize];
+        gauge.fetch_add(1, Relaxed);
+        ConnectionGuard { gauge }
+    }
+
+    fn target(&self, proto: Proto, target: &str) -> Arc<TargetStats> {
+        lock(&self.targets).entry((proto, target.to_string())).or_default().clone()
+    }
+
+    /// `name` as a label value: itself while fewer than [`INITIATOR_CAP`]
+    /// names have been seen, else [`OTHER`].
+    pub fn initiator_label(&self, name: &str) -> String {
+        let mut seen = lock(&self.initiators);
+        if seen.contains(name) {
+            return name.to_string();
+        }
+        if seen.len() >= INITIATOR_CAP {
+            return OTHER.to_string();
+        }
+        seen.insert(name.to_string());
+        name.to_string()
+    }
+
+    /// A login to `target` succeeded. `new_session`: it starts a session
+    /// (an iSCSI login, an NVMe admin queue), not just another connection
+    /// of one (an NVMe I/O queue). The session and connection count until
+    /// the guard drops.
+    pub fn login(&self, proto: Proto, target: &str, initiator: &str, new_session: bool) -> SessionGuard {
+        let t = self.target(proto, target);
+        let who = self.initiator_label(initiator);
+        *lock(&t.logins).entry(who).or_default() += 1;
+        t.connections.fetch_add(1, Relaxed);
+        if new_session {
+            t.sessions.fetch_add(1, Relaxed);
+        }
+        SessionGuard { target: t, session: new_session }
+    }
+
+    /// An initiator failed to authenticate (or was not authorized) to
+    /// `target` (empty when it named no target we have).
+    pub fn auth_failure(&self, proto: Proto, target: &str, initiator: &str) {
+        let t = self.target(proto, target);
+        let who = self.initiator_label(initiator);
+        *lock(&t.auth_failures).entry(who).or_default() += 1;
+    }
+
+    /// What every counter holds now (for the exposition and for `status`).
+    pub fn snapshot(&self) -> Snapshot {
+        let mut volumes: Vec<VolumeSnapshot> = lock(&self.volumes)
+            .iter()
+            .map(|s| VolumeSnapshot {
+                volume: s.volume.clone(),
+                protocol: s.proto.label(),
+                read: s.ops[0].snapshot(),
+                write: s.ops[1].snapshot(),
+            })
+            .collect();
+        volumes.sort_by(|a, b| (&a.volume, a.protocol).cmp(&(&b.volume, b.protocol)));
+        let targets = lock(&self.targets)
+            .iter()
+            .map(|((p, name), t)| TargetSnapshot {
+                protocol: p.label(),
+                target: name.clone(),
+                sessions: t.sessions.load(Relaxed),
+                connections: t.connections.load(Relaxed),
+                logins: lock(&t.logins).clone(),
+                auth_failures: lock(&t.auth_failures).clone(),
+            })
+            .collect();
+        let aoe = lock(&self.aoe)
+            .iter()
+            .map(|(name, a)| AoeSnapshot {
+                interface: name.clone(),
+                frames_received: a.frames_received.load(Relaxed),
+                frames_sent: a.frames_sent.load(Relaxed),
+                retransmits: a.retransmits.load(Relaxed),
+            })
+            .collect();
+        let connections = Proto::ALL
+            .iter()
+            .filter(|&&p| p != Proto::Aoe)
+            .map(|&p| ConnectionSnapshot {
+                protocol: p.label(),
+                open: self.connections[p as usize].load(Relaxed),
+                total: self.connections_total[p as usize].load(Relaxed),
+            })
+            .collect();
+        Snapshot { volumes, targets, aoe, connections, process: ProcessSnapshot::read() }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VolumeSnapshot {
+    pub volume: String,
+    pub protocol: &'static str,
+    pub read: OpSnapshot,
+    pub write: OpSnapshot,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TargetSnapshot {
+    pub protocol: &'static str,
+    pub target: String,
+    pub sessions: i64,
+    pub connections: i64,
+    /// By initiator label (capped, see [`INITIATOR_CAP`]).
+    pub logins: BTreeMap<String, u64>,
+    pub auth_failures: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AoeSnapshot {
+    pub interface: String,
+    pub frames_received: u64,
+    pub frames_sent: u64,
+    pub retransmits: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConnectionSnapshot {
+    pub protocol: &'static str,
+    pub open: i64,
+    pub total: u64,
+}
+
+/// The process's CPU time and memory, from /proc/self (zeros where unreadable).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ProcessSnapshot {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub virtual_bytes: u64,
+    pub open_fds: u64,
+    pub threads: u64,
+    pub start_time_seconds: f64,
+}
+
+impl ProcessSnapshot {
+    pub fn read() -> ProcessSnapshot {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // `rest` starts at field 3 (state): field N is f[N - 3].
+        let field = |n: usize| f.get(n - 3).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+        // SAFETY: sysconf reads a constant.
+        let (tick, page) = unsafe { (libc::sysconf(libc::_SC_CLK_TCK), libc::sysconf(libc::_SC_PAGESIZE)) };
+        let (tick, page) = (tick.max(1) as f64, page.max(1) as u64);
+        let boot = std::fs::read_to_string("/proc/stat")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<u64>().ok()))
+            .unwrap_or(0);
+        ProcessSnapshot {
+            cpu_seconds: (field(14) + field(15)) as f64 / tick,
+            resident_bytes: field(24) * page,
+            virtual_bytes: field(23),
+            threads: field(20),
+            start_time_seconds: boot as f64 + field(22) as f64 / tick,
+            open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
+        }
+    }
+}
+
+/// Every counter at one moment; [`Snapshot::exposition`] renders it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Snapshot {
+    pub volumes: Vec<VolumeSnapshot>,
+    pub targets: Vec<TargetSnapshot>,
+    pub aoe: Vec<AoeSnapshot>,
+    pub connections: Vec<ConnectionSnapshot>,
+    pub process: ProcessSnapshot,
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn escape(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// Writes one metric family at a time: HELP and TYPE once, then samples.
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+impl Family<'_> {
+    fn head(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                let _ = write!(self.out, "{}{k}=\"{}\"", if i > 0 { "," } else { "" }, escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+/// Seconds as Prometheus prints them.
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+impl Snapshot {
+    /// The Prometheus text exposition format (version 0.0.4).
+    pub fn exposition(&self) -> String {
+        let mut out = String::with_capacity(4096 + self.volumes.len() * 4096);
+        let mut f = Family { out: &mut out };
+        fn ops(v: &VolumeSnapshot) -> [(Op, &OpSnapshot); 2] {
+            [(Op::Read, &v.read), (Op::Write, &v.write)]
+        }
+        let counters: [(&str, &str, fn(&OpSnapshot) -> u64); 3] = [
+            ("blockwire_volume_operations_total", "Reads and writes finished, by volume, protocol and direction.", |o| o.ops),
+            ("blockwire_volume_bytes_total", "Bytes read or written successfully.", |o| o.bytes),
+            ("blockwire_volume_errors_total", "Reads and writes that failed.", |o| o.errors),
+        ];
+        for (name, help, get) in counters {
+            f.head(name, "counter", help);
+            for v in &self.volumes {
+                for (op, o) in ops(v) {
+                    f.sample(name, &[("volume", &v.volume), ("protocol", v.protocol), ("op", op.label())], get(o));
+                }
+            }
+        }
+        let h = "blockwire_volume_latency_seconds";
+        f.head(h, "histogram", "Time from a command's arrival at the front-end to its answer being queued.");
+        for v in &self.volumes {
+            for (op, o) in ops(v) {
+                let base = [("volume", v.volume.as_str()), ("protocol", v.protocol), ("op", op.label())];
+                let mut cumulative = 0;
+                for (i, n) in o.buckets.iter().enumerate() {
+                    cumulative += n;
+                    let le = LATENCY_BOUNDS_NS.get(i).map_or("+Inf".to_string(), |&b| seconds(b).to_string());
+                    let mut l = base.to_vec();
+                    l.push(("le", &le));
+                    f.sample(&format!("{h}_bucket"), &l, cumulative);
+                }
+                f.sample(&format!("{h}_sum"), &base, seconds(o.latency_ns_sum));
+                f.sample(&format!("{h}_count"), &base, o.ops);
+            }
+        }
+        let gauges: [(&str, &str, fn(&TargetSnapshot) -> i64); 2] = [
+            ("blockwire_target_sessions", "Sessions open (iSCSI sessions, NVMe/TCP controllers).", |t| t.sessions),
+            ("blockwire_target_connections", "Logged-in connections (iSCSI connections, NVMe/TCP queues).", |t| t.connections),
+        ];
+        for (name, help, get) in gauges {
+            f.head(name, "gauge", help);
+            for t in &self.targets {
+                f.sample(name, &[("protocol", t.protocol), ("target", &t.target)], get(t));
+            }
+        }
+        let by_initiator: [(&str, &str, fn(&TargetSnapshot) -> &BTreeMap<String, u64>); 2] = [
+            ("blockwire_target_logins_total", "Successful logins (iSCSI logins, NVMe/TCP Connects), by initiator (capped; later names are \"other\").", |t| &t.logins),
+            ("blockwire_target_auth_failures_total", "Logins refused for failed authentication or authorization, by initiator (capped).", |t| &t.auth_failures),
+        ];
+        for (name, help, get) in by_initiator {
+            f.head(name, "counter", help);
+            for t in &self.targets {
+                for (who, n) in get(t) {
+                    f.sample(name, &[("protocol", t.protocol), ("target", &t.target), ("initiator", who)], n);
+                }
+            }
+        }
+        f.head("blockwire_connections", "gauge", "TCP connections open, logged in or not.");
+        for c in &self.connections {
+            f.sample("blockwire_connections", &[("protocol", c.protocol)], c.open);
+        }
+        f.head("blockwire_connections_accepted_total", "counter", "TCP connections accepted.");
+        for c in &self.connections {
+            f.sample("blockwire_connections_accepted_total", &[("protocol", c.protocol)], c.total);
+        }
+        let aoe: [(&str, &str, fn(&AoeSnapshot) -> u64); 3] = [
+            ("blockwire_aoe_frames_received_total", "AoE frames received.", |a| a.frames_received),
+            ("blockwire_aoe_frames_sent_total", "AoE replies sent.", |a| a.frames_sent),
+            ("blockwire_aoe_retransmits_total", "AoE requests received again with the same source and tag.", |a| a.retransmits),
+        ];
+        for (name, help, get) in aoe {
+            f.head(name, "counter", help);
+            for a in &self.aoe {
+                f.sample(name, &[("interface", &a.interface)], get(a));
+            }
+        }
+        let p = &self.process;
+        f.head("process_cpu_seconds_total", "counter", "User and system CPU time spent in seconds.");
+        f.sample("process_cpu_seconds_total", &[], p.cpu_seconds);
+        f.head("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+        f.sample("process_resident_memory_bytes", &[], p.resident_bytes);
+        f.head("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+        f.sample("process_virtual_memory_bytes", &[], p.virtual_bytes);
+        f.head("process_open_fds", "gauge", "Number of open file descriptors.");
+        f.sample("process_open_fds", &[], p.open_fds);
+        f.head("process_threads", "gauge", "Number of OS threads in the process.");
+        f.sample("process_threads", &[], p.threads);
+        f.head("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.");
+        f.sample("process_start_time_seconds", &[], p.start_time_seconds);
+        out
+    }
+}
+
+/// Serve `GET /metrics` on `listener` until shutdown; anything else gets 404.
+pub async fn serve_http(listener: tokio::net::TcpListener, metrics: &'static Metrics, mut shutdown: crate::Shutdown) -> anyhow::Result<()> {
+    loop {
+        let (mut s, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    log::warn!("metrics: accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.wait() => return Ok(()),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = answer(&mut s, metrics).await {
+                log::debug!("metrics: {e}");
+            }
+        });
+    }
+}
+
+/// One request, one answer, then close (scrapers reconnect; no keep-alive).
+async fn answer(s: &mut tokio::net::TcpStream, metrics: &'static Metrics) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut req = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await?;
+            if n == 0 || req.len() > 16 * 1024 {
+                anyhow::bail!("incomplete request");
+            }
+            req.extend_from_slice(&buf[..n]);
+        }
+        Ok(())
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), read).await??;
+    let line = String::from_utf8_lossy(req.split(|&b| b == b'\n').next().unwrap_or_default()).to_string();
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, kind, body) = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => {
+            let text = tokio::task::spawn_blocking(move || metrics.snapshot().exposition()).await?;
+            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text)
+        }
+        ("GET" | "HEAD", "/") => ("200 OK", "text/plain; charset=utf-8", "blockwire: metrics at /metrics\n".to_string()),
+        ("GET" | "HEAD", _) => ("404 Not Found", "text/plain; charset=utf-8", "not found\n".to_string()),
+        _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "GET only\n".to_string()),
+    };
+    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).await?;
+    if method != "HEAD" {
+        s.write_all(body.as_bytes()).await?;
+    }
+    s.shutdown().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaked() -> &'static Metrics {
+        Box::leak(Box::new(Metrics::new()))
+    }
+
+    #[test]
+    fn one_io_counts_once_with_cumulative_buckets() {
+        let m = leaked();
+        let mut meter = Meter::with(m, Proto::Iscsi);
+        let t = meter.start("d0", Op::Read, 4096);
+        meter.done(t, true);
+        m.volume("d0", Proto::Iscsi).record(Op::Write, 8192, true, 7_000);
+        m.volume("d0", Proto::Iscsi).record(Op::Write, 8192, false, 2_000_000_000);
+        let s = m.snapshot();
+        assert_eq!(s.volumes.len(), 1);
+        let v = &s.volumes[0];
+        assert_eq!((v.read.ops, v.read.bytes, v.read.errors), (1, 4096, 0));
+        assert_eq!((v.write.ops, v.write.bytes, v.write.errors), (2, 8192, 1));
+        assert_eq!(v.write.buckets[1], 1, "7 µs lands in le=10µs");
+        assert_eq!(v.write.buckets[BUCKETS - 1], 1, "2 s lands in +Inf");
+        let text = s.exposition();
+        let line = |needle: &str| text.lines().find(|l| l.starts_with(needle)).unwrap_or_else(|| panic!("{needle} missing:\n{text}")).to_string();
+        assert!(line("blockwire_volume_operations_total{volume=\"d0\",protocol=\"iscsi\",op=\"write\"}").ends_with(" 2"));
+        assert!(line("blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"write\",le=\"0.000005\"}").ends_with(" 0"));
+        assert!(line("blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"write\",le=\"0.00001\"}").ends_with(" 1"));
+        assert!(line("blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"write\",le=\"1\"}").ends_with(" 1"));
+        assert!(line("blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"write\",le=\"+Inf\"}").ends_with(" 2"));
+        assert!(line("blockwire_volume_latency_seconds_count{volume=\"d0\",protocol=\"iscsi\",op=\"write\"}").ends_with(" 2"));
+        assert!(line("blockwire_volume_latency_seconds_sum{volume=\"d0\",protocol=\"iscsi\",op=\"write\"}").ends_with(" 2.000007"));
+        // Every family is announced once, before its samples.
+        for name in ["blockwire_volume_latency_seconds", "process_cpu_seconds_total", "blockwire_target_logins_total"] {
+            assert_eq!(text.matches(&format!("# TYPE {name} ")).count(), 1, "{name}");
+        }
+    }
+
+    #[test]
+    fn initiator_names_are_capped_with_an_other_bucket() {
+        let m = leaked();
+        let mut guards = Vec::new();
+        for i in 0..INITIATOR_CAP + 10 {
+            guards.push(m.login(Proto::Nvme, "nqn.t", &format!("nqn.host-{i}"), true));
+        }
+        m.auth_failure(Proto::Nvme, "nqn.t", "nqn.host-0");
+        m.auth_failure(Proto::Nvme, "nqn.t", "nqn.attacker");
+        let s = m.snapshot();
+        let t = &s.targets[0];
+        assert_eq!(t.logins.len(), INITIATOR_CAP + 1);
+        assert_eq!(t.logins[OTHER], 10);
+        assert_eq!(t.auth_failures["nqn.host-0"], 1);
+        assert_eq!(t.auth_failures[OTHER], 1);
+        assert_eq!((t.sessions, t.connections), ((INITIATOR_CAP + 10) as i64, (INITIATOR_CAP + 10) as i64));
+        drop(guards);
+        let t = &m.snapshot().targets[0];
+        assert_eq!((t.sessions, t.connections), (0, 0));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = leaked();
+        let _g = m.login(Proto::Iscsi, "iqn.x", "a\"b\\c\nd", true);
+        let text = m.snapshot().exposition();
+        assert!(text.contains(r#"initiator="a\"b\\c\nd"} 1"#), "{text}");
+    }
+
+    #[test]
+    fn process_figures_come_from_proc() {
+        let p = ProcessSnapshot::read();
+        assert!(p.resident_bytes > 0 && p.virtual_bytes >= p.resident_bytes && p.threads >= 1 && p.open_fds >= 3);
+        assert!(p.start_time_seconds > 1.6e9);
+    }
+}
