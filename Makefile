@@ -6,7 +6,8 @@ BIN := target/release/blockwire
 # clang, libbpf-dev and linux-libc-dev build the router's BPF datapath, bpftool checks it is gone after tests).
 DEB_PACKAGES := fuse3 xfsprogs tgt tgt-rbd vblade libiscsi-bin qemu-utils qemu-block-extra qemu-system-x86 fio tshark \
 	iperf3 iproute2 e2fsprogs busybox-static kmod cpio open-iscsi chromium ethtool procps jq \
-	ceph-mon ceph-osd ceph-common librbd-dev postmark bonnie++ clang libbpf-dev linux-libc-dev bpftool
+	ceph-mon ceph-osd ceph-common librbd-dev postmark bonnie++ clang libbpf-dev linux-libc-dev bpftool \
+	prometheus systemd man-db dpkg-dev lintian
 # Seconds each fuzz target runs under `make fuzz`; FUZZ_RUNS=N runs N
 # executions per target instead (the campaign in docs/reliability.md used 10000000).
 FUZZ_SECONDS ?= 60
@@ -22,8 +23,11 @@ SOAK_ENV := DURABILITY_CYCLES=20 LOAD_SESSIONS=512 LOAD_LOGIN_CYCLES=50000 LOAD_
 # 12 CPU-minutes).
 ADVISORY_DB ?= $(CURDIR)/../shared/advisory-db
 CARGO_AUDIT_VERSION := 0.22.2
+# `make install`: where (DESTDIR stages a tree for packaging).
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: all deps build audit test soak demo fuzz bench clean
+.PHONY: all deps build audit test soak demo fuzz bench clean install deb
 
 all: build
 
@@ -84,6 +88,17 @@ bench: build
 # cargo-fuzz, installed if missing); writes target/fuzz-campaign.md.
 fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_RUNS=$(FUZZ_RUNS) tests/fuzz-campaign
+
+# The binary, systemd unit, man pages, shell completions and example config
+# under $(DESTDIR)$(PREFIX) (docs/install.md). Builds only the binary.
+install:
+	$(CARGO) build --release -p blockwire
+	packaging/install $(BIN) "$(DESTDIR)" "$(PREFIX)"
+
+# A Debian package of the same files under /usr, in target/deb/.
+deb:
+	$(CARGO) build --release -p blockwire
+	packaging/build-deb $(BIN) target/deb
 
 clean:
 	$(CARGO) clean
