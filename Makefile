@@ -90,15 +90,17 @@ fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_RUNS=$(FUZZ_RUNS) tests/fuzz-campaign
 
 # The binary, systemd unit, man pages, shell completions and example config
-# under $(DESTDIR)$(PREFIX) (docs/install.md). Builds only the binary.
+# under $(DESTDIR)$(PREFIX) (docs/install.md). Builds only the binary
+# (NO_BUILD=1: install $(BIN) as it is, as the tests do from inside cargo).
 install:
-	$(CARGO) build --release -p blockwire
+	@[ -n "$(NO_BUILD)" ] || $(CARGO) build --release -p blockwire
 	packaging/install $(BIN) "$(DESTDIR)" "$(PREFIX)"
 
-# A Debian package of the same files under /usr, in target/deb/.
+# A Debian package of the same files under /usr, in $(DEB_DIR).
+DEB_DIR ?= target/deb
 deb:
-	$(CARGO) build --release -p blockwire
-	packaging/build-deb $(BIN) target/deb
+	@[ -n "$(NO_BUILD)" ] || $(CARGO) build --release -p blockwire
+	packaging/build-deb $(BIN) $(DEB_DIR)
 
 clean:
 	$(CARGO) clean

@@ -2,7 +2,7 @@
 //!
 //! What a read or write pays (the front-ends count each command once, where
 //! its response is queued; see [`Meter`]): two monotonic clock reads
-//! (`Instant::now`, a vDSO call), a binary search over 16 bucket bounds,
+//! (`Instant::now`, a vDSO call), a binary search over 18 bucket bounds,
 //! and four `fetch_add(Relaxed)` on the counters of its volume and
 //! protocol (operations, bytes, latency sum, one histogram bucket; a fifth
 //! for an error). No lock and no allocation: each connection looks its
@@ -35,9 +35,12 @@ pub const INITIATOR_CAP: usize = 64;
 /// The label value for initiators past the cap.
 pub const OTHER: &str = "other";
 
-/// Upper bounds of the latency buckets, in nanoseconds (5 µs to 1 s; the
-/// last bucket, +Inf, holds the rest).
-pub const LATENCY_BOUNDS_NS: [u64; 16] = [
+/// Upper bounds of the latency buckets, in nanoseconds (1 µs, a read from
+/// RAM on the connection's thread, to 1 s; the last bucket, +Inf, holds
+/// the rest).
+pub const LATENCY_BOUNDS_NS: [u64; 18] = [
+    1_000,
+    2_500,
     5_000,
     10_000,
     25_000,
@@ -692,12 +695,13 @@ mod tests {
         let v = &s.volumes[0];
         assert_eq!((v.read.ops, v.read.bytes, v.read.errors), (1, 4096, 0));
         assert_eq!((v.write.ops, v.write.bytes, v.write.errors), (2, 8192, 1));
-        assert_eq!(v.write.buckets[1], 1, "7 µs lands in le=10µs");
+        assert_eq!(v.write.buckets[3], 1, "7 µs lands in le=10µs");
         assert_eq!(v.write.buckets[BUCKETS - 1], 1, "2 s lands in +Inf");
         let text = s.exposition();
         let line = |needle: &str| text.lines().find(|l| l.starts_with(needle)).unwrap_or_else(|| panic!("{needle} missing:\n{text}")).to_string();
         assert!(line("blockwire_volume_operations_total{volume=\"d0\",protocol=\"iscsi\",op=\"write\"}").ends_with(" 2"));
         assert!(line("blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"write\",le=\"0.000005\"}").ends_with(" 0"));
+        assert!(line("blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"write\",le=\"0.000001\"}").ends_with(" 0"));
         assert!(line("blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"write\",le=\"0.00001\"}").ends_with(" 1"));
         assert!(line("blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"write\",le=\"1\"}").ends_with(" 1"));
         assert!(line("blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"write\",le=\"+Inf\"}").ends_with(" 2"));

@@ -1,0 +1,179 @@
+//! `--metrics`: the exposition passes `promtool check metrics`, counts what
+//! a bench did on each protocol and a failed CHAP login, and a real
+//! Prometheus server (started here in a temp dir, ended by PID) scrapes it
+//! and answers a query with the bench's operations.
+
+use crate::common;
+use common::*;
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const IQN: &str = "iqn.2026-11.org.blockwire:metrics";
+const IQN_CHAP: &str = "iqn.2026-11.org.blockwire:metrics-chap";
+const NQN: &str = "nqn.2026-11.org.blockwire:metrics";
+
+/// GET `path` from 127.0.0.1:`port`; the whole response, headers and all.
+fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// The body of a 200 answer to GET `path`.
+fn scrape(port: u16) -> String {
+    let r = http_get(port, "/metrics").expect("scrape");
+    let (head, body) = r.split_once("\r\n\r\n").expect("HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200") && head.contains("text/plain; version=0.0.4"), "{head}");
+    body.to_string()
+}
+
+/// The value of the first sample whose line starts with `series` (name and labels).
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{series} not in the exposition:\n{text}"))
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+/// A Prometheus server scraping 127.0.0.1:`target` every second; stopped
+/// by PID on drop.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl Prometheus {
+    fn start(target: u16) -> Prometheus {
+        let dir = TempDir::new("prometheus");
+        let port = free_port();
+        let cfg = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: blockwire\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
+            ),
+        )
+        .unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian package prometheus)");
+        Prometheus { child, port, _dir: dir }
+    }
+
+    /// The value of an instant query with one result, if it has one yet.
+    fn query(&self, q: &str) -> Option<f64> {
+        let r = http_get(self.port, &format!("/api/v1/query?query={}", percent_encode(q))).ok()?;
+        let at = r.find("\"value\":[")?;
+        let rest = &r[at..];
+        let v = rest.split('"').nth(3)?;
+        v.parse().ok()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child by PID.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn promtool_accepts_the_exposition_and_prometheus_queries_a_bench() {
+    require_root();
+    let (iport, nport, dport, mport) = (free_port(), free_port(), free_port(), free_port());
+    let dir = TempDir::new("metrics");
+    let toml = format!(
+        "[[volume]]\nname = \"d0\"\nbackend = \"ram:32M\"\n\
+         [iscsi]\nlisten = [\"127.0.0.1:{iport}\"]\n\
+         [[iscsi.target]]\niqn = \"{IQN}\"\nluns = [{{ lun = 0, volume = \"d0\" }}]\n\
+         [[iscsi.target]]\niqn = \"{IQN_CHAP}\"\nluns = [{{ lun = 0, volume = \"d0\" }}]\nchap = {{ user = \"bob\", secret = \"0123456789ab\" }}\n\
+         [nvme]\nlisten = [\"127.0.0.1:{nport}\"]\ndiscovery_listen = \"127.0.0.1:{dport}\"\n\
+         [[nvme.subsystem]]\nnqn = \"{NQN}\"\nnamespaces = [{{ nsid = 1, volume = \"d0\" }}]\n\
+         [metrics]\nlisten = \"127.0.0.1:{mport}\"\n"
+    );
+    let serve = Serve::with_config(&dir, &toml, &[]);
+    let iscsi = format!("iscsi://127.0.0.1:{iport}/{IQN}/0");
+    blockwire_ok(None, &["bench", &iscsi, "--rw", "randrw", "--ios", "300", "--iodepth", "4"]);
+    let nvme = format!("nvme+tcp://127.0.0.1:{nport}/{NQN}/1");
+    blockwire_ok(None, &["bench", &nvme, "--rw", "randwrite", "--bs", "8k", "--ios", "200", "--iodepth", "4"]);
+    let wrong = format!("iscsi://bob%wrong-secret@127.0.0.1:{iport}/{IQN_CHAP}/0");
+    let refused = blockwire(None, &["bench", &wrong, "--ios", "1", "--initiator-name", "iqn.2026-11.org.example:intruder"]);
+    assert!(!refused.status.success(), "a wrong CHAP secret logged in");
+
+    let text = scrape(mport);
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus)");
+    promtool.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}\n{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    let ops = |proto: &str, op: &str| sample(&text, &format!("blockwire_volume_operations_total{{volume=\"d0\",protocol=\"{proto}\",op=\"{op}\"}}"));
+    let iscsi_ops = ops("iscsi", "read") + ops("iscsi", "write");
+    // The bench's 300, and whatever the initiator reads when it connects.
+    assert!(iscsi_ops >= 300.0 && ops("iscsi", "read") > 0.0 && ops("iscsi", "write") > 0.0, "{text}");
+    assert!(ops("nvme-tcp", "write") >= 200.0, "{text}");
+    let written = sample(&text, "blockwire_volume_bytes_total{volume=\"d0\",protocol=\"nvme-tcp\",op=\"write\"}");
+    assert_eq!(written, ops("nvme-tcp", "write") * 8192.0);
+    let count = sample(&text, "blockwire_volume_latency_seconds_count{volume=\"d0\",protocol=\"iscsi\",op=\"read\"}");
+    let inf = sample(&text, "blockwire_volume_latency_seconds_bucket{volume=\"d0\",protocol=\"iscsi\",op=\"read\",le=\"+Inf\"}");
+    assert_eq!((count, inf), (ops("iscsi", "read"), ops("iscsi", "read")));
+    assert_eq!(sample(&text, &format!("blockwire_target_logins_total{{protocol=\"iscsi\",target=\"{IQN}\",initiator=")), 1.0);
+    assert_eq!(
+        sample(&text, &format!("blockwire_target_auth_failures_total{{protocol=\"iscsi\",target=\"{IQN_CHAP}\",initiator=\"iqn.2026-11.org.example:intruder\"}}")),
+        1.0
+    );
+    assert!(sample(&text, "process_resident_memory_bytes") > 0.0);
+    let other = http_get(mport, "/nothing").unwrap();
+    assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+
+    let prom = Prometheus::start(mport);
+    let q = "sum(blockwire_volume_operations_total{protocol=\"iscsi\"})";
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = None;
+    while Instant::now() < deadline {
+        last = prom.query(q);
+        if last == Some(iscsi_ops) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(last, Some(iscsi_ops), "Prometheus's answer to {q}");
+    drop(prom);
+    assert!(serve.stop().success());
+}
