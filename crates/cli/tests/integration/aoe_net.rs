@@ -152,6 +152,34 @@ impl Raw {
 
 const FAKE: Mac = [0x02, 0xfa, 0x4e, 0, 0, 1];
 
+/// `--metrics` on AoE: reads and writes of the export's volume, frames in
+/// and out, and a request sent twice under one tag counted as a resend.
+#[test]
+fn aoe_metrics_count_reads_writes_frames_and_same_tag_resends() {
+    let pair = NetnsPair::new("am", 1500);
+    let (_host_ip, ns_ip) = pair.with_ipv4(219);
+    let metrics = format!("{ns_ip}:{}", free_port());
+    let d = format!("{},volume=d,shelf=1,slot=2", pair.ns_if);
+    let serve = Serve::start_in(Some(&pair.ns), &["--volume", "d=ram:8M", "--aoe", &d, "--metrics", &metrics]);
+    let rt = runtime();
+    let c = client(&rt, &pair.host_if, 2);
+    let raw = Raw::new(&pair.host_if, c.target().mac);
+    assert!(raw.ata(FAKE, 77, &AtaRequest::read(0, 2)).is_some());
+    assert!(raw.ata(FAKE, 77, &AtaRequest::read(0, 2)).is_some(), "a resend is answered too");
+    // 4 KiB in frames of 2 sectors (MTU 1500): 4 writes.
+    rt.block_on(c.write(0, &[3u8; 4096])).expect("write");
+    let text = scrape_metrics(&metrics);
+    let v = |name: &str, op: &str| metric_sample(&text, &format!("{name}{{volume=\"d\",protocol=\"aoe\",op=\"{op}\"}}"));
+    assert!(v("blockwire_volume_operations_total", "read") >= 2.0, "{text}");
+    assert_eq!(v("blockwire_volume_operations_total", "write"), 4.0, "{text}");
+    assert_eq!(v("blockwire_volume_bytes_total", "write"), 4096.0, "{text}");
+    assert_eq!(v("blockwire_volume_errors_total", "write"), 0.0, "{text}");
+    let iface = |name: &str| metric_sample(&text, &format!("{name}{{interface=\"{}\"}}", pair.ns_if));
+    assert_eq!(iface("blockwire_aoe_retransmits_total"), 1.0, "{text}");
+    assert!(iface("blockwire_aoe_frames_received_total") >= 6.0 && iface("blockwire_aoe_frames_sent_total") >= 6.0, "{text}");
+    assert!(serve.stop().success());
+}
+
 #[test]
 fn aoe_reserve_release_and_mac_mask() {
     let (pair, mut serve) = target("ar", 1500);

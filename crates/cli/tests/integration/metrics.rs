@@ -5,39 +5,13 @@
 
 use crate::common;
 use common::*;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const IQN: &str = "iqn.2026-11.org.blockwire:metrics";
 const IQN_CHAP: &str = "iqn.2026-11.org.blockwire:metrics-chap";
 const NQN: &str = "nqn.2026-11.org.blockwire:metrics";
-
-/// GET `path` from 127.0.0.1:`port`; the whole response, headers and all.
-fn http_get(port: u16, path: &str) -> std::io::Result<String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
-}
-
-/// The body of a 200 answer to GET `path`.
-fn scrape(port: u16) -> String {
-    let r = http_get(port, "/metrics").expect("scrape");
-    let (head, body) = r.split_once("\r\n\r\n").expect("HTTP answer");
-    assert!(head.starts_with("HTTP/1.1 200") && head.contains("text/plain; version=0.0.4"), "{head}");
-    body.to_string()
-}
-
-/// The value of the first sample whose line starts with `series` (name and labels).
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("{series} not in the exposition:\n{text}"))
-}
 
 fn percent_encode(s: &str) -> String {
     s.bytes()
@@ -79,7 +53,7 @@ impl Prometheus {
 
     /// The value of an instant query with one result, if it has one yet.
     fn query(&self, q: &str) -> Option<f64> {
-        let r = http_get(self.port, &format!("/api/v1/query?query={}", percent_encode(q))).ok()?;
+        let r = http_get(&format!("127.0.0.1:{}", self.port), &format!("/api/v1/query?query={}", percent_encode(q))).ok()?;
         let at = r.find("\"value\":[")?;
         let rest = &r[at..];
         let v = rest.split('"').nth(3)?;
@@ -126,7 +100,7 @@ fn promtool_accepts_the_exposition_and_prometheus_queries_a_bench() {
     let refused = blockwire(None, &["bench", &wrong, "--ios", "1", "--initiator-name", "iqn.2026-11.org.example:intruder"]);
     assert!(!refused.status.success(), "a wrong CHAP secret logged in");
 
-    let text = scrape(mport);
+    let text = scrape_metrics(&format!("127.0.0.1:{mport}"));
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -143,6 +117,7 @@ fn promtool_accepts_the_exposition_and_prometheus_queries_a_bench() {
         String::from_utf8_lossy(&checked.stderr)
     );
 
+    let sample = metric_sample;
     let ops = |proto: &str, op: &str| sample(&text, &format!("blockwire_volume_operations_total{{volume=\"d0\",protocol=\"{proto}\",op=\"{op}\"}}"));
     let iscsi_ops = ops("iscsi", "read") + ops("iscsi", "write");
     // The bench's 300, and whatever the initiator reads when it connects.
@@ -159,7 +134,7 @@ fn promtool_accepts_the_exposition_and_prometheus_queries_a_bench() {
         1.0
     );
     assert!(sample(&text, "process_resident_memory_bytes") > 0.0);
-    let other = http_get(mport, "/nothing").unwrap();
+    let other = http_get(&format!("127.0.0.1:{mport}"), "/nothing").unwrap();
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");
 
     let prom = Prometheus::start(mport);

@@ -582,3 +582,33 @@ impl Drop for Vblade {
         let _ = self.0.wait();
     }
 }
+
+/// GET `path` from `addr` (HOST:PORT) over plain HTTP/1.1; the whole
+/// response, headers and all (the metrics endpoint, Prometheus's API).
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// The body of a 200 answer to `GET /metrics` from `addr`, checked to be
+/// the Prometheus text format.
+pub fn scrape_metrics(addr: &str) -> String {
+    let r = http_get(addr, "/metrics").expect("scrape");
+    let (head, body) = r.split_once("\r\n\r\n").expect("HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200") && head.contains("text/plain; version=0.0.4"), "{head}");
+    body.to_string()
+}
+
+/// The value of the first sample in a Prometheus exposition whose line
+/// starts with `series` (its name and labels, or a prefix of them).
+pub fn metric_sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{series} not in the exposition:\n{text}"))
+}
