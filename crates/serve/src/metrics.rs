@@ -513,6 +513,11 @@ impl Family<'_> {
     }
 }
 
+/// A metric family drawn from one field of each row: name, help, the field.
+type Column<T, V> = (&'static str, &'static str, fn(&T) -> V);
+/// The same for a per-initiator map.
+type ByInitiator = (&'static str, &'static str, fn(&TargetSnapshot) -> &BTreeMap<String, u64>);
+
 /// Seconds as Prometheus prints them.
 fn seconds(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -526,7 +531,7 @@ impl Snapshot {
         fn ops(v: &VolumeSnapshot) -> [(Op, &OpSnapshot); 2] {
             [(Op::Read, &v.read), (Op::Write, &v.write)]
         }
-        let counters: [(&str, &str, fn(&OpSnapshot) -> u64); 3] = [
+        let counters: [Column<OpSnapshot, u64>; 3] = [
             ("blockwire_volume_operations_total", "Reads and writes finished, by volume, protocol and direction.", |o| o.ops),
             ("blockwire_volume_bytes_total", "Bytes read or written successfully.", |o| o.bytes),
             ("blockwire_volume_errors_total", "Reads and writes that failed.", |o| o.errors),
@@ -556,7 +561,7 @@ impl Snapshot {
                 f.sample(&format!("{h}_count"), &base, o.ops);
             }
         }
-        let gauges: [(&str, &str, fn(&TargetSnapshot) -> i64); 2] = [
+        let gauges: [Column<TargetSnapshot, i64>; 2] = [
             ("blockwire_target_sessions", "Sessions open (iSCSI sessions, NVMe/TCP controllers).", |t| t.sessions),
             ("blockwire_target_connections", "Logged-in connections (iSCSI connections, NVMe/TCP queues).", |t| t.connections),
         ];
@@ -566,7 +571,7 @@ impl Snapshot {
                 f.sample(name, &[("protocol", t.protocol), ("target", &t.target)], get(t));
             }
         }
-        let by_initiator: [(&str, &str, fn(&TargetSnapshot) -> &BTreeMap<String, u64>); 2] = [
+        let by_initiator: [ByInitiator; 2] = [
             ("blockwire_target_logins_total", "Successful logins (iSCSI logins, NVMe/TCP Connects), by initiator (capped; later names are \"other\").", |t| &t.logins),
             ("blockwire_target_auth_failures_total", "Logins refused for failed authentication or authorization, by initiator (capped).", |t| &t.auth_failures),
         ];
@@ -586,7 +591,7 @@ impl Snapshot {
         for c in &self.connections {
             f.sample("blockwire_connections_accepted_total", &[("protocol", c.protocol)], c.total);
         }
-        let aoe: [(&str, &str, fn(&AoeSnapshot) -> u64); 3] = [
+        let aoe: [Column<AoeSnapshot, u64>; 3] = [
             ("blockwire_aoe_frames_received_total", "AoE frames received.", |a| a.frames_received),
             ("blockwire_aoe_frames_sent_total", "AoE replies sent.", |a| a.frames_sent),
             ("blockwire_aoe_retransmits_total", "AoE requests received again with the same source and tag.", |a| a.retransmits),

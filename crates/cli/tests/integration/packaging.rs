@@ -1,7 +1,8 @@
 //! What `make install` and the Debian package put on a machine: the files
 //! (into a DESTDIR, never this machine's root), the systemd unit as
 //! `systemd-analyze verify` sees it, the man pages as `man -l` renders
-//! them, and the package's contents (dpkg-deb -c, lintian).
+//! them, the package's contents (dpkg-deb -c, lintian), and serve's
+//! notifications to systemd.
 
 use crate::common;
 use common::*;
@@ -113,4 +114,37 @@ fn the_debian_package_holds_what_make_install_installs() {
     let said = String::from_utf8_lossy(&out.stdout);
     let errors: Vec<&str> = said.lines().filter(|l| l.starts_with("E:")).collect();
     assert!(errors.is_empty(), "lintian errors:\n{said}");
+}
+
+/// The unit's Type=notify: serve sends READY=1 to $NOTIFY_SOCKET only once
+/// its listeners accept connections, and STOPPING=1 on SIGTERM.
+#[test]
+fn serve_notifies_systemd_when_ready_and_when_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = TempDir::new("notify");
+    let path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&path).expect("bind notify socket");
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let (iport, mport) = (free_port(), free_port());
+    let mut child = Command::new(blockwire_bin())
+        .args(["serve", "--volume", "d0=ram:8M", "--iscsi", &format!("127.0.0.1:{iport}"), "--metrics", &format!("127.0.0.1:{mport}")])
+        .env("NOTIFY_SOCKET", &path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn serve");
+    let mut buf = [0u8; 256];
+    let n = sock.recv(&mut buf).expect("READY=1 within 30 s");
+    let ready = String::from_utf8_lossy(&buf[..n]).to_string();
+    let listening = std::net::TcpStream::connect(("127.0.0.1", iport)).is_ok() && std::net::TcpStream::connect(("127.0.0.1", mport)).is_ok();
+    // SAFETY: signalling our own child by PID.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let n = sock.recv(&mut buf).expect("STOPPING=1 after SIGTERM");
+    let stopping = String::from_utf8_lossy(&buf[..n]).to_string();
+    let status = child.wait().expect("serve exits");
+    assert_eq!(ready, "READY=1");
+    assert!(listening, "READY=1 came before the listeners accepted connections");
+    assert_eq!(stopping, "STOPPING=1");
+    assert!(status.success(), "{status}");
 }
