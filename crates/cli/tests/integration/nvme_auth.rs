@@ -119,7 +119,8 @@ fn wait_log(serve: &Serve, needle: &str) -> bool {
 fn blockwire_initiator_one_way_bidirectional_and_refusals() {
     let dir = TempDir::new("nva");
     let port = free_port();
-    let mut serve = Serve::with_config(&dir, &config(&dir, port, ""), &["-v"]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut serve = Serve::with_config(&dir, &config(&dir, port, ""), &["-v", "--metrics", &metrics]);
     let (s, c) = ("BLOCKWIRE_DHCHAP_SECRET", "BLOCKWIRE_DHCHAP_CTRL_SECRET");
 
     // One-way, with two I/O queues: every queue authenticates.
@@ -235,6 +236,11 @@ fn blockwire_initiator_one_way_bidirectional_and_refusals() {
         !o.status.success()
             && String::from_utf8_lossy(&o.stderr).contains("Connect (queue 0) refused")
     );
+    // Both kinds of refusal are counted per host in the metrics.
+    let text = scrape_metrics(&metrics);
+    let failures = |h: &str| metric_sample(&text, &format!("blockwire_target_auth_failures_total{{protocol=\"nvme-tcp\",target=\"{NQN}\",initiator=\"{h}\"}}"));
+    assert!(failures(&host(1)) >= 2.0, "{text}");
+    assert_eq!(failures(&host(9)), 1.0, "{text}");
     // A malformed secret is refused before anything goes on the wire.
     let o = verify(port, &host(1), &[(s, &K1.replace("icgR", "icgS"))], &[]);
     assert!(
