@@ -619,8 +619,13 @@ impl Snapshot {
     }
 }
 
+/// Scrapes answered at once; connections beyond are closed unanswered, so
+/// a flood of idle connections cannot pile up tasks.
+const MAX_SCRAPES: usize = 16;
+
 /// Serve `GET /metrics` on `listener` until shutdown; anything else gets 404.
 pub async fn serve_http(listener: tokio::net::TcpListener, metrics: &'static Metrics, mut shutdown: crate::Shutdown) -> anyhow::Result<()> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     loop {
         let (mut s, _) = tokio::select! {
             r = listener.accept() => match r {
@@ -633,7 +638,12 @@ pub async fn serve_http(listener: tokio::net::TcpListener, metrics: &'static Met
             },
             _ = shutdown.wait() => return Ok(()),
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            log::debug!("metrics: {MAX_SCRAPES} scrapes under way; connection closed");
+            continue;
+        };
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(e) = answer(&mut s, metrics).await {
                 log::debug!("metrics: {e}");
             }
