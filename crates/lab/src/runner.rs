@@ -173,8 +173,7 @@ pub fn run_bench(
     runtime_s: u32,
     size: u64,
 ) -> anyhow::Result<BenchResult> {
-    let mut cmd = client.command(&exe.to_string_lossy());
-    cmd.args(bench_args(url, w, runtime_s, size));
+    let cmd = client.command_with(&client.lab_exe(exe).to_string_lossy(), &bench_args(url, w, runtime_s, size));
     let timeout = Duration::from_secs(runtime_s as u64 + 60);
     let (ok, stdout, stderr, _) = run_tracked(cmd, "blockwire bench", timeout)?;
     if !ok {
