@@ -14,7 +14,10 @@
 //! bench or fio run), `fs` (the fs workloads and their output), `mounts`
 //! (a file system on a subject), `cgroup` (client memory limits),
 //! `machine` (/proc facts, idle wait), `cleanup` (tracking and signal
-//! handling), `route` (the routed-path suite). The records it writes
+//! handling), `route` (the routed-path suite), `host` (where things run:
+//! a namespace, this machine, or another machine over `ssh`), `remote`
+//! (opening and checking the hosts of a run across machines, see
+//! docs/multi-host.md). The records it writes
 //! (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.

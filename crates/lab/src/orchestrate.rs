@@ -969,7 +969,7 @@ impl LabRun {
             Some(topo.client_counters(link)?)
         };
         let cpu_t0 = target.map(|t| t.cpu_seconds()).transpose()?;
-        let cpu_d0 = daemon.and_then(|p| crate::machine::process_cpu_seconds(p).ok());
+        let cpu_d0 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
         let (prog, args) = crate::fs::command(w, &fsp, &self.exe, &dir, raw_dev);
         let mut cmd = Command::new(&prog);
         cmd.args(&args).current_dir(&dir);
@@ -977,7 +977,7 @@ impl LabRun {
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
         let run = crate::runner::run_workload(cmd, w.name(), timeout, Some(&cg.procs_file()));
         let cpu_t1 = target.map(|t| t.cpu_seconds()).transpose()?;
-        let cpu_d1 = daemon.and_then(|p| crate::machine::process_cpu_seconds(p).ok());
+        let cpu_d1 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
         let wire1 = if local {
             None
         } else {

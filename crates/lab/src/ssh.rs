@@ -112,8 +112,9 @@ fn sha256(path: &Path) -> anyhow::Result<String> {
 }
 
 /// Undo what a state file lists (`$1`): processes first (only if PID and
-/// start time still match), then files, directories and MTUs, newest
-/// first; then the file itself. Safe to run twice.
+/// start time still match), then files, directories (the binary's only
+/// when no other run's state file lists it) and MTUs, newest first; then
+/// the file itself. Safe to run twice.
 pub const CLEANUP_SCRIPT: &str = r#"s="$1"; [ -f "$s" ] || exit 0
 pids=""
 while read -r kind a b; do
@@ -127,7 +128,10 @@ for p in $left; do kill -9 "$p" 2>/dev/null; done
 tac "$s" | while read -r kind a b; do
   case "$kind" in
     file) rm -f -- "$a" ;;
-    dir) rm -rf -- "$a" ;;
+    dir) # The binary's directory is shared by runs of one version: kept
+         # while another run's state file lists it.
+         keep=""; for o in "${s%/*}"/state-*; do [ "$o" != "$s" ] && grep -q "^dir $a " "$o" 2>/dev/null && keep=1; done
+         [ -n "$keep" ] || rm -rf -- "$a" ;;
     mtu) ip link set dev "$a" mtu "$b" ;;
   esac
 done
@@ -328,7 +332,8 @@ done"#,
             return Ok(());
         }
         let exe = quote(&self.exe.to_string_lossy());
-        let line = format!("mkdir -p {d} && cat > {exe}.part && chmod 755 {exe}.part && mv {exe}.part {exe}", d = quote(&dir));
+        // A part file of its own: two runs may bring the same binary at once.
+        let line = format!("mkdir -p {d} && cat > {exe}.$$ && chmod 755 {exe}.$$ && mv {exe}.$$ {exe}", d = quote(&dir));
         let out = self
             .remote(&line)
             .stdin(std::fs::File::open(local_exe)?)
@@ -387,12 +392,25 @@ mod tests {
         let pid = sleeper.id();
         let start = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap().split(' ').nth(21).unwrap().to_string();
         let state = dir.join("state");
-        std::fs::write(&state, format!("pid {pid} {start}\npid 1 999\nfile {}\ndir {}\n", file.display(), dir.join("sub").display())).unwrap();
+        std::fs::create_dir_all(dir.join("shared")).unwrap();
+        let shared = format!("dir {} \n", dir.join("shared").display());
+        std::fs::write(&state, format!("pid {pid} {start}\npid 1 999\nfile {}\ndir {} \n{shared}", file.display(), dir.join("sub").display())).unwrap();
+        // Another run's state file lists the shared directory: it stays.
+        let other = dir.join("state-other");
+        std::fs::write(&other, &shared).unwrap();
+        let state = {
+            let s = dir.join("state-this");
+            std::fs::rename(&state, &s).unwrap();
+            s
+        };
         let st = Command::new("sh").args(["-c", CLEANUP_SCRIPT, "sh"]).arg(&state).status().unwrap();
         assert!(st.success());
         assert!(sleeper.wait().unwrap().code().is_none(), "the recorded process was not killed");
         assert!(!file.exists() && !dir.join("sub").exists() && !state.exists());
-        // The state file's directory goes too once empty.
+        assert!(dir.join("shared").exists(), "a directory another run uses was removed");
+        // The other run's end removes it, and the directory once empty.
+        let st = Command::new("sh").args(["-c", CLEANUP_SCRIPT, "sh"]).arg(&other).status().unwrap();
+        assert!(st.success());
         assert!(!dir.exists());
     }
 }
