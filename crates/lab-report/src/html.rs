@@ -54,6 +54,7 @@ pub struct Section {
 pub const SECTIONS: &[Section] = &[
     Section { id: "answer", title: "Answer: what to pick, and by how much", render: answer },
     Section { id: "subjects", title: "Subjects", render: subjects },
+    Section { id: "hosts", title: "Hosts", render: hosts },
     Section { id: "findings", title: "The studies' findings, checked", render: findings_section },
     Section { id: "recommendation", title: "Recommendation in detail", render: recommendation },
     Section { id: "net", title: "Network first: iperf3 between the namespaces", render: net },
@@ -156,11 +157,42 @@ fn answer(c: &Ctx) -> Option<Markup> {
             }
         }
         p.note {
+            "Clients: " (c.r.subjects.iter().map(|s| format!("{} by {}", s.key, s.initiator)).collect::<Vec<_>>().join("; ")) "."
+        }
+        p.note {
             "Parameters: protocols " (p.protocols.join(", ")) "; peers " (if p.peers.is_empty() { "none".to_string() } else { p.peers.join(", ") })
             "; MTU " (p.mtus.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", ")) "; links " (p.links.join(", "))
             "; suites " (p.suites.join(", ")) "; " (p.repeat) " repetitions; volume " (p.size_bytes >> 20) " MiB; "
             (p.runtime_s) " s per micro run, " (p.sweep_runtime_s) " s per sweep point"
             @if p.quick { "; --quick" } "."
+        }
+    })
+}
+
+/// The machines of a run across hosts, and the network between them.
+fn hosts(c: &Ctx) -> Option<Markup> {
+    let r = c.r;
+    if r.hosts.is_empty() {
+        return None;
+    }
+    let best = r.net.iter().map(|s| s.bits_per_s).fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))));
+    Some(html! {
+        table {
+            tr { th.l { "role" } th.l { "host" } th.l { "CPU" } th { "CPUs" } th.l { "kernel" } th.l { "NIC" } th.l { "driver" } th { "speed" } th { "MTU" } th.l { "TCP congestion" } th.l { "emulated" } }
+            @for h in &r.hosts {
+                tr {
+                    td.l { (h.role) } td.l { (h.address) } td.l { (h.cpu_model) } td { (h.cpus) } td.l { (h.kernel) }
+                    td.l { (h.nic) } td.l { (h.nic_driver) }
+                    td { @if let Some(s) = h.link_speed_mbps { (format!("{s} Mbit/s")) } @else { "-" } }
+                    td { (h.mtu) } td.l { (h.tcp_congestion) }
+                    td.l class=(if h.emulated { "no" } else { "" }) { (if h.emulated { "yes (a VM: its timings are the VM's)" } else { "no" }) }
+                }
+            }
+        }
+        p.note {
+            "iperf3 between them: "
+            @if let Some(b) = best { (format!("{:.2} Gbit/s (the net suite's best)", b / 1e9)) } @else { "not measured (the net suite did not run)" }
+            @if r.ssh_commands > 0 { "; the run issued " (r.ssh_commands) " ssh commands over one multiplexed connection per host" } "."
         }
     })
 }

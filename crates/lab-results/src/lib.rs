@@ -301,6 +301,37 @@ pub struct Results {
     /// The route suite (`--suite route`): paths, samples, header overheads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<crate::route::RouteResults>,
+    /// A run across machines (`--target-host`): the target and client hosts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostInfo>,
+    /// ssh commands the run issued (0: a run on this machine only).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ssh_commands: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One host of a run across machines, as the report names it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostInfo {
+    /// `target` or `client`.
+    pub role: String,
+    /// `ssh://...`, or `this machine`.
+    pub address: String,
+    pub cpu_model: String,
+    pub cpus: usize,
+    pub kernel: String,
+    /// The storage network's interface, its driver, speed (None: the
+    /// driver reports none, as veth) and MTU.
+    pub nic: String,
+    pub nic_driver: String,
+    pub link_speed_mbps: Option<u64>,
+    pub mtu: u32,
+    pub tcp_congestion: String,
+    /// /proc/cpuinfo has the hypervisor flag: timings there are a VM's.
+    pub emulated: bool,
 }
 
 pub const FORMAT: u32 = 1;

@@ -72,6 +72,20 @@ pub enum Resource {
         dev: String,
     },
     File(PathBuf),
+    /// A file on an ssh host (also in the host's state file).
+    HostFile {
+        host: crate::ssh::SshHost,
+        path: PathBuf,
+    },
+    /// Everything the run's state file on an ssh host lists (processes,
+    /// files, the lab's binary, MTUs), undone there by its cleanup script.
+    HostRun(crate::ssh::SshHost),
+    /// A device's MTU as it was before the run changed it (restored).
+    Mtu {
+        host: crate::host::Host,
+        dev: String,
+        mtu: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +112,8 @@ pub struct Registry {
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// Why the run was stopped when it was not a signal (a host lost).
+static ABORT_REASON: Mutex<Option<String>> = Mutex::new(None);
 
 /// How long a cleanup waits for creations and releases that another
 /// thread has under way (a forced cleanup while the main thread still
@@ -113,9 +129,44 @@ pub fn registry() -> &'static Registry {
     REGISTRY.get_or_init(Registry::new)
 }
 
-/// Set once SIGINT or SIGTERM arrived; long loops check it between runs.
+/// Set once SIGINT or SIGTERM arrived (or [`abort`] was called); long
+/// loops check it between runs.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Stop the run as the first Ctrl-C does, for `reason` (a lost host).
+pub fn abort(reason: String) {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return;
+    }
+    eprintln!("\nlab: {reason}: stopping, saving partial results and cleaning up");
+    *ABORT_REASON.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+    first_stop();
+}
+
+/// What stopped the run: the signal or [`abort`]'s reason.
+pub fn stop_reason() -> String {
+    ABORT_REASON.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_else(|| "interrupted".into())
+}
+
+/// The first stop (Ctrl-C or a lost host): workloads get SIGTERM, then
+/// after a grace their FUSE I/O is aborted and they are killed; a run not
+/// over 20 s later is forced to end.
+fn first_stop() {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+    registry().term_workloads();
+    std::thread::spawn(|| {
+        std::thread::sleep(WORKLOAD_GRACE);
+        // I/O stuck on its way to a target is aborted, not waited for.
+        let reg = registry();
+        reg.abort_fuse();
+        for pid in reg.children(Role::Workload) {
+            signal(pid, libc::SIGKILL);
+        }
+        std::thread::sleep(FORCE_AFTER - WORKLOAD_GRACE);
+        force_exit();
+    });
 }
 
 impl Registry {
@@ -570,6 +621,12 @@ fn release_resource(r: &Resource) -> anyhow::Result<()> {
             wait_loop_detached(dev, backing, LOOP_RELEASE)
         }
         Resource::Cgroup(dir) => release_cgroup(dir),
+        Resource::HostFile { host, path } => {
+            let p = crate::ssh::quote(&path.to_string_lossy());
+            host.run_line(&format!("rm -f -- {p}")).map(|_| ())
+        }
+        Resource::HostRun(host) => host.cleanup(),
+        Resource::Mtu { host, dev, mtu } => host.set_mtu(dev, *mtu),
     }
 }
 
@@ -776,25 +833,14 @@ pub fn install_signal_handler() -> anyhow::Result<()> {
         let mut count = 0;
         for sig in signals.forever() {
             count += 1;
-            INTERRUPTED.store(true, Ordering::SeqCst);
-            if count > 1 {
+            let was = INTERRUPTED.swap(true, Ordering::SeqCst);
+            if count > 1 || was {
                 std::thread::spawn(force_exit);
                 continue;
             }
             let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
             eprintln!("\nlab: {name} received: stopping, saving partial results and cleaning up (again to force)");
-            registry().term_workloads();
-            std::thread::spawn(|| {
-                std::thread::sleep(WORKLOAD_GRACE);
-                // I/O stuck on its way to a target is aborted, not waited for.
-                let reg = registry();
-                reg.abort_fuse();
-                for pid in reg.children(Role::Workload) {
-                    signal(pid, libc::SIGKILL);
-                }
-                std::thread::sleep(FORCE_AFTER - WORKLOAD_GRACE);
-                force_exit();
-            });
+            first_stop();
         }
     })?;
     Ok(())
@@ -806,6 +852,7 @@ fn force_exit() {
         return;
     }
     eprintln!("lab: forcing the end: aborting FUSE connections, killing every process, cleaning up");
+    crate::ssh::set_ending();
     let reg = registry();
     reg.emergency();
     for e in reg.cleanup_all() {

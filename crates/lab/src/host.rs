@@ -1,15 +1,22 @@
 //! Where the lab's processes run. Every command, process, counter and link
 //! setting goes through a [`Host`], so the lab does not care where a side
-//! lives. Today the only kind is a network namespace on this machine; a host
-//! reached over ssh is the next (a multi-machine lab).
+//! lives: a network namespace of this machine (the one-box lab), this
+//! machine itself, or another machine reached over ssh (`crate::ssh`).
 
+use crate::cleanup::{registry, Resource, Token};
 use crate::results::WireCounters;
-use std::process::Command;
+use crate::ssh::SshHost;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Host {
     /// A network namespace of this machine, by name (`ip netns`).
     LocalNamespace(String),
+    /// This machine, in the lab's own network namespace.
+    Local,
+    /// Another machine, over ssh.
+    Ssh(SshHost),
 }
 
 impl Host {
@@ -17,12 +24,16 @@ impl Host {
     pub fn name(&self) -> &str {
         match self {
             Host::LocalNamespace(ns) => ns,
+            Host::Local => "this machine",
+            Host::Ssh(h) => &h.host,
         }
     }
 
     /// A command that runs `program` on the host. In a namespace, `ip netns
     /// exec` execs it, so the PID of the spawned child is the program's own
-    /// PID (what CPU accounting and stopping by PID rely on).
+    /// PID (what CPU accounting and stopping by PID rely on). Over ssh the
+    /// arguments added later are joined by the remote shell: use
+    /// [`Host::command_with`] for any that need quoting.
     pub fn command(&self, program: &str) -> Command {
         match self {
             Host::LocalNamespace(ns) => {
@@ -30,6 +41,56 @@ impl Host {
                 c.args(["netns", "exec", ns, program]);
                 c
             }
+            Host::Local => Command::new(program),
+            Host::Ssh(h) => h.command_with::<&str>(program, &[]),
+        }
+    }
+
+    /// `program args` on the host (quoted for the remote shell over ssh).
+    pub fn command_with<S: AsRef<str> + AsRef<std::ffi::OsStr>>(&self, program: &str, args: &[S]) -> Command {
+        match self {
+            Host::Ssh(h) => h.command_with(program, args),
+            _ => {
+                let mut c = self.command(program);
+                c.args(args);
+                c
+            }
+        }
+    }
+
+    /// A long-running `program args` (a target, a server). Over ssh it is
+    /// tied to its session (see [`SshHost::service_command`]): spawn it with
+    /// [`Host::service_stdin`] and keep the child's stdin until it stops.
+    pub fn service_command<S: AsRef<str> + AsRef<std::ffi::OsStr>>(&self, program: &str, args: &[S]) -> Command {
+        match self {
+            Host::Ssh(h) => h.service_command(program, args),
+            _ => self.command_with(program, args),
+        }
+    }
+
+    /// The stdin a service command needs (a pipe over ssh, whose end is
+    /// what stops the remote process).
+    pub fn service_stdin(&self) -> Stdio {
+        match self {
+            Host::Ssh(_) => Stdio::piped(),
+            _ => Stdio::null(),
+        }
+    }
+
+    /// A path for this run's file `name` under `base` on the host (`/tmp`,
+    /// `/dev/shm`): `bwlab-PID-NAME` here, `bwlab-remote-RUN-NAME` there.
+    pub fn run_path(&self, base: &str, name: &str) -> PathBuf {
+        match self {
+            Host::Ssh(h) => h.run_path(base, name),
+            _ => PathBuf::from(format!("{base}/bwlab-{}-{name}", std::process::id())),
+        }
+    }
+
+    /// Where the lab's own binary (`local` here) is on the host.
+    pub fn lab_exe(&self, local: &Path) -> PathBuf {
+        match self {
+            Host::Ssh(h) => h.exe.clone(),
+            _ => local.to_path_buf(),
         }
     }
 
@@ -43,14 +104,16 @@ impl Host {
                 c.arg(format!("--net=/run/netns/{ns}")).arg(program);
                 c
             }
+            Host::Local => Command::new(program),
+            Host::Ssh(h) => h.command_with::<&str>(&program.to_string_lossy(), &[]),
         }
     }
 
     /// Run `program args` on the host; its stdout, or why it failed.
     pub fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
         let out = self
-            .command(program)
-            .args(args)
+            .command_with(program, args)
+            .stdin(Stdio::null())
             .output()
             .map_err(|e| anyhow::anyhow!("cannot run {program} in {}: {e}", self.name()))?;
         if !out.status.success() {
@@ -59,10 +122,23 @@ impl Host {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Whether `program` is installed on the host.
+    pub fn has(&self, program: &str) -> bool {
+        match self {
+            Host::Ssh(h) => h
+                .run_line(&format!("PATH=$PATH:/usr/sbin:/sbin command -v {}", crate::ssh::quote(program)))
+                .is_ok(),
+            // Local namespaces share this machine's file system.
+            _ => which(program),
+        }
+    }
+
     /// `ip ARGS` about this host's links (`ip -n NS` for a namespace).
     pub fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
         match self {
             Host::LocalNamespace(ns) => sh("ip", &[&["-n", ns], args].concat()),
+            Host::Local => sh("ip", args),
+            Host::Ssh(_) => self.run("ip", args),
         }
     }
 
@@ -72,7 +148,7 @@ impl Host {
 
     /// `tc ARGS` on the host (link shapes: qdiscs).
     pub fn tc(&self, args: &[String]) -> anyhow::Result<()> {
-        let out = self.command("tc").args(args).output()?;
+        let out = self.command_with("tc", args).stdin(Stdio::null()).output()?;
         anyhow::ensure!(out.status.success(), "tc {} in {}: {}", args.join(" "), self.name(), String::from_utf8_lossy(&out.stderr).trim());
         Ok(())
     }
@@ -87,7 +163,49 @@ impl Host {
     pub fn process_cpu_seconds(&self, pid: u32) -> anyhow::Result<f64> {
         match self {
             // A namespace shares this machine's /proc.
-            Host::LocalNamespace(_) => crate::machine::process_cpu_seconds(pid),
+            Host::LocalNamespace(_) | Host::Local => crate::machine::process_cpu_seconds(pid),
+            Host::Ssh(h) => {
+                let out = h.run_line(&format!("getconf CLK_TCK; cat /proc/{pid}/stat"))?;
+                let (tck, stat) = out.split_once('\n').ok_or_else(|| anyhow::anyhow!("process {pid} on {}: no /proc entry", h.host))?;
+                let tck: f64 = tck.trim().parse().unwrap_or(100.0);
+                let ticks = crate::machine::parse_stat_cpu_ticks(stat)
+                    .ok_or_else(|| anyhow::anyhow!("cannot parse /proc/{pid}/stat on {}", h.host))?;
+                Ok(ticks as f64 / tck)
+            }
+        }
+    }
+
+    /// Write `contents` to `path` on the host, tracked (removed at the end,
+    /// and by a later run's cleanup if this one is cut short).
+    pub fn create_file(&self, path: &Path, contents: &[u8]) -> anyhow::Result<Token> {
+        match self {
+            Host::Ssh(h) => {
+                let p = path.to_string_lossy();
+                h.record("file", &p, "")?;
+                let res = Resource::HostFile { host: h.clone(), path: path.to_path_buf() };
+                let (t, ()) = registry().create(res, || {
+                    use std::io::Write;
+                    let mut c = h.remote(&format!("cat > {}", crate::ssh::quote(&p)));
+                    let mut child = c.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+                    child.stdin.take().expect("piped").write_all(contents)?;
+                    let out = child.wait_with_output()?;
+                    anyhow::ensure!(out.status.success(), "cannot write {p} on {}: {}", h.url(), String::from_utf8_lossy(&out.stderr).trim());
+                    Ok(())
+                })?;
+                Ok(t)
+            }
+            _ => Ok(registry().create(Resource::File(path.to_path_buf()), || Ok(std::fs::write(path, contents)?))?.0),
+        }
+    }
+
+    /// Track a file a program on the host may leave at `path`.
+    pub fn track_file(&self, path: &Path) -> anyhow::Result<Token> {
+        match self {
+            Host::Ssh(h) => {
+                h.record("file", &path.to_string_lossy(), "")?;
+                Ok(registry().create(Resource::HostFile { host: h.clone(), path: path.to_path_buf() }, || Ok(()))?.0)
+            }
+            _ => Ok(registry().create(Resource::File(path.to_path_buf()), || Ok(()))?.0),
         }
     }
 }

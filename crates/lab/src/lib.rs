@@ -14,7 +14,10 @@
 //! bench or fio run), `fs` (the fs workloads and their output), `mounts`
 //! (a file system on a subject), `cgroup` (client memory limits),
 //! `machine` (/proc facts, idle wait), `cleanup` (tracking and signal
-//! handling), `route` (the routed-path suite). The records it writes
+//! handling), `route` (the routed-path suite), `host` (where things run:
+//! a namespace, this machine, or another machine over `ssh`), `remote`
+//! (opening and checking the hosts of a run across machines, see
+//! docs/multi-host.md). The records it writes
 //! (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.
@@ -28,8 +31,10 @@ pub mod mounts;
 pub mod net;
 pub mod orchestrate;
 pub mod plan;
+pub mod remote;
 pub mod route;
 pub mod runner;
+pub mod ssh;
 pub mod subjects;
 pub mod suite;
 pub mod targets;
@@ -98,6 +103,22 @@ pub struct LabArgs {
     /// client of a run uses it alike.
     #[arg(long, value_name = "NAME")]
     pub tcp_congestion: Option<String>,
+    /// Run the targets on this host, ssh://[USER@]HOST[:PORT], instead of a
+    /// namespace here (the user's ssh config and keys apply; never a password).
+    #[arg(long, value_name = "URL")]
+    pub target_host: Option<String>,
+    /// Run the clients on this host (default: this machine).
+    #[arg(long, value_name = "URL", requires = "target_host")]
+    pub client_host: Option<String>,
+    /// The target host's address on the storage network, when it is not its ssh address.
+    #[arg(long, value_name = "ADDR", requires = "target_host")]
+    pub data_addr: Option<std::net::Ipv4Addr>,
+    /// An ssh option for every host, KEY=VALUE (repeatable), passed as `-o KEY=VALUE`.
+    #[arg(long = "ssh-option", value_name = "KEY=VALUE", value_parser = ssh::parse_option)]
+    pub ssh_option: Vec<(String, String)>,
+    /// Let the lab set a real NIC's MTU to --mtu (restored at the end).
+    #[arg(long, requires = "target_host")]
+    pub allow_nic_changes: bool,
     /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub path: Option<Vec<route::PathChoice>>,
@@ -123,6 +144,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let (mut suite, out) = if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
+        anyhow::ensure!(args.target_host.is_none(), "the route suite runs on this machine only (no --target-host)");
         let s = route::RouteSuite::from_args(&args)?;
         let out = s.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
@@ -159,25 +181,63 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
             Err(_) => "none".into(),
         },
     })?;
-    preflight(&plan)?;
+    let mut plan = plan;
+    if args.target_host.is_some() {
+        let fatal = remote::adapt_plan(&mut plan, args.client_host.is_some());
+        anyhow::ensure!(fatal.is_empty(), "{}", fatal.join("\n"));
+    }
+    preflight(&plan, args.target_host.is_some(), args.client_host.is_some())?;
     // Before any thread exists (see install_signal_handler).
     cleanup::install_signal_handler()?;
     let exe = std::env::current_exe()?;
+    let remote = match &args.target_host {
+        None => None,
+        Some(_) => {
+            let choices = remote::HostChoices {
+                target_host: args.target_host.clone(),
+                client_host: args.client_host.clone(),
+                data_addr: args.data_addr,
+                ssh_options: args.ssh_option.clone(),
+                allow_nic_changes: args.allow_nic_changes,
+                mtu: args.mtu.clone(),
+            };
+            match remote::open(&choices, &plan, &exe) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    ssh::set_ending();
+                    for e in cleanup::registry().cleanup_all() {
+                        eprintln!("lab: cleanup: {e}");
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    };
     let out = args.out.clone().unwrap_or_else(|| {
         let stamp: String = results::utc_now().chars().filter(|c| c.is_ascii_digit()).collect();
         PathBuf::from(format!("lab-{}-{}", &stamp[..8], &stamp[8..]))
     });
     std::fs::create_dir_all(&out)?;
-    Ok(orchestrate::LabRun::new(plan, exe, out))
+    let mut run = orchestrate::LabRun::new(plan, exe, out);
+    run.remote = remote;
+    Ok(run)
 }
 
 /// Fail early with a clear message when the lab cannot work at all.
-fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
+/// `remote`: the targets run on another host; `remote_client`: so do the
+/// clients (this machine only drives them over ssh).
+fn preflight(plan: &plan::Plan, remote: bool, remote_client: bool) -> anyhow::Result<()> {
+    use host::which;
+    if remote {
+        anyhow::ensure!(which("ssh"), "ssh is not installed (package openssh-client)");
+    }
+    if remote_client {
+        return Ok(());
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        anyhow::bail!("the lab creates network namespaces and veth pairs: run it as root");
+        anyhow::bail!("the lab creates network namespaces and veth pairs, and its clients need root: run it as root");
     }
-    use host::which;
     anyhow::ensure!(which("ip"), "ip is not installed (package iproute2)");
     if plan.baseline {
         anyhow::ensure!(which("fio"), "fio is not installed (or pass --no-baseline)");
@@ -205,6 +265,9 @@ fn preflight(plan: &plan::Plan) -> anyhow::Result<()> {
         }
     }
     let need = plan.params.size_bytes;
+    if remote {
+        return Ok(());
+    }
     if let Ok(st) = nix::sys::statvfs::statvfs("/dev/shm") {
         let free = st.blocks_available() * st.fragment_size();
         anyhow::ensure!(free > need, "/dev/shm has {} MiB free, the volume needs {} MiB", free >> 20, need >> 20);

@@ -82,15 +82,16 @@ pub fn iperf3_client_args(server: &str, streams: u32, secs: u32) -> Vec<String> 
 /// clients with each stream count `repeats` times (stream counts rotated
 /// between repeats, like the subjects of the other suites).
 pub fn run_net(topo: &Topology, link: &Link, shape: &LinkShape, secs: u32, repeats: u32) -> anyhow::Result<Vec<NetSample>> {
-    let mut server = topo.target.command("iperf3");
-    server.args(["-s", "-B", &link.target_ip.to_string(), "-p", &IPERF_PORT.to_string()]);
-    server.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let mut server = topo.target.service_command("iperf3", &["-s", "-B", &link.target_ip.to_string(), "-p", &IPERF_PORT.to_string()]);
+    server.stdin(topo.target.service_stdin()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
     let (token, _child) = registry().spawn(&mut server, "iperf3 server", crate::cleanup::Role::Service)?;
     let r = (|| {
         let ip = link.target_ip.to_string();
-        // The server listens shortly after start: retry the first connection.
+        // The server listens shortly after start (over ssh, a session and a
+        // busy host later): retry the first connection.
         let mut first = Err(anyhow::anyhow!("iperf3 server did not answer"));
-        for _ in 0..50 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline && !crate::cleanup::interrupted() {
             first = one(topo, &ip, 1, 1);
             if first.is_ok() {
                 break;
@@ -125,7 +126,7 @@ pub fn run_net(topo: &Topology, link: &Link, shape: &LinkShape, secs: u32, repea
 }
 
 fn one(topo: &Topology, ip: &str, streams: u32, secs: u32) -> anyhow::Result<Iperf> {
-    let out = topo.client.command("iperf3").args(iperf3_client_args(ip, streams, secs)).output()?;
+    let out = topo.client.command_with("iperf3", &iperf3_client_args(ip, streams, secs)).stdin(std::process::Stdio::null()).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     parse_iperf3_json(&text)
 }

@@ -14,7 +14,7 @@ use crate::results::{
 };
 use crate::subjects::{blockwire, Subject};
 use crate::targets::TargetProcess;
-use crate::topology::{Link, Topology};
+use crate::topology::{Link, Remote, Topology};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -83,6 +83,8 @@ pub struct LabRun {
     fs_dir: Option<PathBuf>,
     /// Numbers the fs suite's cgroups.
     fs_serial: u64,
+    /// The hosts of a run across machines (None: namespaces on this one).
+    pub remote: Option<Remote>,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -189,6 +191,11 @@ impl crate::suite::Suite for LabRun {
 
     fn finish(&mut self) {
         self.progress.finish_and_clear();
+        self.results.ssh_commands = crate::ssh::invocations();
+        if self.remote.is_some() {
+            let cases = self.results.samples.len() + self.results.fs.len() + self.results.net.len();
+            eprintln!("lab: {} ssh commands for {cases} samples", self.results.ssh_commands);
+        }
     }
 
     fn print_outcome(&self, ok: bool) {
@@ -232,6 +239,7 @@ impl LabRun {
             shape: crate::results::default_link(),
             fs_dir: None,
             fs_serial: 0,
+            remote: None,
         }
     }
 
@@ -272,23 +280,52 @@ impl LabRun {
 
     fn run_inner(&mut self) -> anyhow::Result<()> {
         let size = self.plan.params.size_bytes;
+        if let Some(r) = &self.remote {
+            self.backing = r.target.run_path("/dev/shm", "backing.img");
+        }
         let backing = self.backing.clone();
+        let on = self.remote.as_ref().map(|r| format!(" on {}", r.target.name())).unwrap_or_default();
         self.say(&format!(
-            "lab: filling backing file {} ({} MiB) ...",
+            "lab: filling backing file {}{on} ({} MiB) ...",
             backing.display(),
             size >> 20
         ));
-        let (backing_token, ()) = registry().create(Resource::File(backing.clone()), || {
-            make_backing(&backing, size)
-        })?;
+        let backing_token = match self.remote.as_ref().map(|r| &r.target) {
+            Some(crate::host::Host::Ssh(h)) => h.fill_random(&backing, size)?,
+            _ => registry().create(Resource::File(backing.clone()), || make_backing(&backing, size))?.0,
+        };
         self.results.params.backing = format!(
-            "{} ({} MiB, tmpfs) shared by every target and the local baseline",
+            "{}{on} ({} MiB, tmpfs) shared by every target{}",
             backing.display(),
-            size >> 20
+            size >> 20,
+            if self.remote.is_some() { "" } else { " and the local baseline" }
         );
-        self.say("lab: creating namespaces and veth pairs ...");
-        let cc = Some(self.plan.params.tcp_congestion.as_str()).filter(|c| !c.is_empty());
-        let topo = Topology::setup(&self.plan.params.mtus, cc)?;
+        let topo = match &self.remote {
+            None => {
+                self.say("lab: creating namespaces and veth pairs ...");
+                let cc = Some(self.plan.params.tcp_congestion.as_str()).filter(|c| !c.is_empty());
+                Topology::setup(&self.plan.params.mtus, cc)?
+            }
+            Some(r) => {
+                let t = Topology::connect(r)?;
+                let l = &t.links[0];
+                self.say(&format!(
+                    "lab: target {} ({}, {}) <- client {} ({}, {}), MTU {}",
+                    t.target.name(), l.target_ip, l.target_if, t.client.name(), l.client_ip, l.client_if, l.mtu
+                ));
+                // The run measures at the NICs' MTU (or the one --mtu set).
+                self.plan.params.mtus = vec![l.mtu];
+                self.results.params.mtus = vec![l.mtu];
+                for (role, host, nic) in [("target", &t.target, &l.target_if), ("client", &t.client, &l.client_if)] {
+                    let info = crate::remote::host_info(host, role, nic)?;
+                    if info.emulated {
+                        self.say(&format!("lab: the {role} host {} is a virtual machine (hypervisor flag): its timings are the VM's", host.name()));
+                    }
+                    self.results.hosts.push(info);
+                }
+                t
+            }
+        };
         self.results.params.veth_offloads_off = topo.offloads_off;
         self.results.subjects = self
             .plan
@@ -298,7 +335,10 @@ impl LabRun {
                 key: s.key(),
                 protocol: s.protocol().name().into(),
                 target: s.target_name().into(),
-                initiator: "blockwire".into(),
+                initiator: match &self.remote {
+                    Some(r) => format!("blockwire (userspace) on {}", r.client.name()),
+                    None => "blockwire".into(),
+                },
                 unavailable: None,
             })
             .collect();
@@ -346,7 +386,8 @@ impl LabRun {
         for shape in self.plan.links.clone() {
             // Shape every veth pair, then measure the network before storage.
             let mut qdiscs = vec![];
-            for link in &links {
+            // A real NIC's qdiscs are left alone (the plan allows no shapes there).
+            for link in links.iter().filter(|_| !topo.remote) {
                 qdiscs.extend(crate::net::apply_shape(&topo, link, &shape)?);
             }
             self.shape = shape.name.clone();
@@ -500,7 +541,20 @@ impl LabRun {
     fn run_link(&mut self, topo: &Topology, link: &Link, first_mtu: bool) -> anyhow::Result<()> {
         let mut procs: Vec<TargetProcess> = vec![];
         let mut live: Vec<LiveSubject> = vec![];
-        let ours = self.plan.protocols.clone();
+        let mut ours = self.plan.protocols.clone();
+        let mut peers = self.plan.peers.clone();
+        if topo.routed {
+            // AoE is Ethernet frames: a router between the hosts ends it.
+            let why = "AoE needs the hosts on one layer-2 segment; the client reaches the target through a router";
+            for p in ours.iter().filter(|p| **p == crate::subjects::Protocol::Aoe) {
+                self.mark_unavailable(&Subject::Blockwire(*p).key(), link.mtu, why.into());
+            }
+            for p in peers.iter().filter(|p| p.target().protocol() == crate::subjects::Protocol::Aoe) {
+                self.mark_unavailable(&Subject::Peer(*p).key(), link.mtu, why.into());
+            }
+            ours.retain(|p| *p != crate::subjects::Protocol::Aoe);
+            peers.retain(|p| p.target().protocol() != crate::subjects::Protocol::Aoe);
+        }
         if !ours.is_empty() {
             self.progress
                 .set_message(format!("MTU {}: starting blockwire serve", link.mtu));
@@ -525,7 +579,7 @@ impl LabRun {
                 procs.push(p);
             }
         }
-        for peer in self.plan.peers.clone() {
+        for peer in peers {
             let subject = Subject::Peer(peer);
             self.progress
                 .set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
@@ -915,7 +969,7 @@ impl LabRun {
             Some(topo.client_counters(link)?)
         };
         let cpu_t0 = target.map(|t| t.cpu_seconds()).transpose()?;
-        let cpu_d0 = daemon.and_then(|p| crate::machine::process_cpu_seconds(p).ok());
+        let cpu_d0 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
         let (prog, args) = crate::fs::command(w, &fsp, &self.exe, &dir, raw_dev);
         let mut cmd = Command::new(&prog);
         cmd.args(&args).current_dir(&dir);
@@ -923,7 +977,7 @@ impl LabRun {
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
         let run = crate::runner::run_workload(cmd, w.name(), timeout, Some(&cg.procs_file()));
         let cpu_t1 = target.map(|t| t.cpu_seconds()).transpose()?;
-        let cpu_d1 = daemon.and_then(|p| crate::machine::process_cpu_seconds(p).ok());
+        let cpu_d1 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
         let wire1 = if local {
             None
         } else {

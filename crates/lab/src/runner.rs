@@ -37,17 +37,30 @@ fn run_tracked(
 /// Run a workload to completion with a deadline, tracked for cleanup, in
 /// the cgroup whose `cgroup.procs` is `cgroup` if given.
 pub fn run_workload(
-    mut cmd: Command,
+    cmd: Command,
     what: &str,
     timeout: Duration,
     cgroup: Option<&Path>,
 ) -> anyhow::Result<Finished> {
-    cmd.stdin(Stdio::null())
+    run_workload_with_stdin(cmd, what, timeout, cgroup, Stdio::null())
+}
+
+/// [`run_workload`] with `stdin` (a pipe for a host's service command:
+/// kept open while it runs, its end stops the remote program).
+fn run_workload_with_stdin(
+    mut cmd: Command,
+    what: &str,
+    timeout: Duration,
+    cgroup: Option<&Path>,
+    stdin: Stdio,
+) -> anyhow::Result<Finished> {
+    cmd.stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let t0 = Instant::now();
     let (token, mut child) =
         registry().spawn_in(&mut cmd, what, crate::cleanup::Role::Workload, cgroup)?;
+    let _session = child.stdin.take();
     let pid = child.id();
     let mut out = child.stdout.take().expect("piped");
     let mut err = child.stderr.take().expect("piped");
@@ -173,10 +186,12 @@ pub fn run_bench(
     runtime_s: u32,
     size: u64,
 ) -> anyhow::Result<BenchResult> {
-    let mut cmd = client.command(&exe.to_string_lossy());
-    cmd.args(bench_args(url, w, runtime_s, size));
+    // As a service: a bench on another host ends with its ssh session
+    // (Ctrl-C, a lost connection) instead of running out its time.
+    let cmd = client.service_command(&client.lab_exe(exe).to_string_lossy(), &bench_args(url, w, runtime_s, size));
     let timeout = Duration::from_secs(runtime_s as u64 + 60);
-    let (ok, stdout, stderr, _) = run_tracked(cmd, "blockwire bench", timeout)?;
+    let f = run_workload_with_stdin(cmd, "blockwire bench", timeout, None, client.service_stdin())?;
+    let (ok, stdout, stderr) = (f.ok, f.stdout, f.stderr);
     if !ok {
         anyhow::bail!("bench {url} {} failed: {}", w.name, last_lines(&stderr, 3));
     }

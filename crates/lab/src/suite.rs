@@ -32,20 +32,21 @@ pub fn run_and_report(suite: &mut dyn Suite, out: &Path) -> anyhow::Result<()> {
     // normally; the run is still cut short and must say so.
     let outcome = suite.run_cases().and_then(|()| {
         if interrupted() {
-            anyhow::bail!("interrupted")
+            anyhow::bail!("{}", crate::cleanup::stop_reason())
         }
         Ok(())
     });
     let results = suite.results();
     results.finished_utc = utc_now();
     if let Err(e) = &outcome {
-        results.aborted = Some(if interrupted() { "interrupted".to_string() } else { format!("{e:#}") });
+        results.aborted = Some(if interrupted() { crate::cleanup::stop_reason() } else { format!("{e:#}") });
     }
     suite.finish();
     let results = suite.results();
     let saved = results
         .save(&out.join("results.json"))
         .and_then(|_| crate::report::write_all(out, results));
+    crate::ssh::set_ending();
     for e in registry().cleanup_all() {
         eprintln!("lab: cleanup: {e}");
     }

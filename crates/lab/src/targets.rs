@@ -4,11 +4,12 @@
 //! carries on with the others.
 
 use crate::cleanup::{registry, Token};
+use crate::host::Host;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The line `blockwire serve` prints once it listens on everything.
@@ -17,7 +18,12 @@ pub const SERVE_READY: &str = "blockwire: ready";
 /// A running target process with its stderr kept (last lines) for errors.
 pub struct TargetProcess {
     pub name: String,
+    /// The local child: the program itself, or its ssh session.
     pub pid: u32,
+    /// Where it runs.
+    pub host: Host,
+    /// Its PID on a remote host (printed first by the session's wrapper).
+    remote_pid: Arc<OnceLock<u32>>,
     child: Child,
     token: Token,
     log: Arc<Mutex<VecDeque<String>>>,
@@ -26,7 +32,22 @@ pub struct TargetProcess {
 
 impl TargetProcess {
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        crate::machine::process_cpu_seconds(self.pid)
+        self.host.process_cpu_seconds(self.host_pid()?)
+    }
+
+    /// Its PID on its host.
+    pub fn host_pid(&self) -> anyhow::Result<u32> {
+        if !matches!(self.host, Host::Ssh(_)) {
+            return Ok(self.pid);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(p) = self.remote_pid.get() {
+                return Ok(*p);
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{} on {}: its PID never came", self.name, self.host.name());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn alive(&mut self) -> bool {
@@ -52,10 +73,11 @@ impl TargetProcess {
     }
 }
 
-/// Spawn `cmd` with stderr (and stdout) collected line by line into a ring
-/// buffer (and into `log_file`, if given); `ready` is sent the first time a
-/// line contains `ready_marker`.
+/// Spawn `cmd` (from `host`'s [`Host::service_command`]) with stderr (and
+/// stdout) collected line by line into a ring buffer (and into `log_file`,
+/// if given); `ready` is sent the first time a line contains `ready_marker`.
 pub fn spawn_logged(
+    host: &Host,
     mut cmd: std::process::Command,
     what: &str,
     ready_marker: Option<&'static str>,
@@ -65,20 +87,25 @@ pub fn spawn_logged(
         Some(p) => Some(Arc::new(Mutex::new(std::fs::File::create(p)?))),
         None => None,
     };
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(host.service_stdin()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let (token, mut child) = registry().spawn(&mut cmd, what, crate::cleanup::Role::Service)?;
     let log = Arc::new(Mutex::new(VecDeque::new()));
     let (tx, rx) = mpsc::channel();
+    let remote_pid: Arc<OnceLock<u32>> = Arc::default();
     let streams: Vec<Box<dyn std::io::Read + Send>> = vec![
         Box::new(child.stderr.take().expect("piped stderr")),
         Box::new(child.stdout.take().expect("piped stdout")),
     ];
     for stream in streams {
-        let (log, tx, file) = (log.clone(), tx.clone(), file.clone());
+        let (log, tx, file, remote_pid) = (log.clone(), tx.clone(), file.clone(), remote_pid.clone());
         // Keep draining after "ready": a full pipe would block the target.
         std::thread::spawn(move || {
             for line in BufReader::new(stream).lines() {
                 let Ok(line) = line else { break };
+                if let Some(pid) = line.strip_prefix(crate::ssh::PID_MARK).and_then(|p| p.trim().parse().ok()) {
+                    let _ = remote_pid.set(pid);
+                    continue;
+                }
                 if ready_marker.is_some_and(|m| line.contains(m)) {
                     let _ = tx.send(());
                 }
@@ -95,7 +122,7 @@ pub fn spawn_logged(
         });
     }
     let pid = child.id();
-    Ok((TargetProcess { name: what.to_string(), pid, child, token, log, extra: vec![] }, rx))
+    Ok((TargetProcess { name: what.to_string(), pid, host: host.clone(), remote_pid, child, token, log, extra: vec![] }, rx))
 }
 
 /// Wait for the ready line; on exit or timeout, stop it and return why.

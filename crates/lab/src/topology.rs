@@ -28,7 +28,70 @@ pub struct Topology {
     pub links: Vec<Link>,
     /// TSO/GSO/GRO switched off on every veth (see `setup`).
     pub offloads_off: bool,
+    /// Between real hosts: the NICs are the machines' own (no qdiscs, no
+    /// offload or sysctl changes), and AoE needs them on one layer-2 segment.
+    pub remote: bool,
+    /// The client reaches the target through a router (no AoE).
+    pub routed: bool,
     tokens: Vec<Token>,
+}
+
+/// The hosts of a run across machines (`--target-host`, `--client-host`).
+#[derive(Debug, Clone)]
+pub struct Remote {
+    pub target: Host,
+    pub client: Host,
+    /// The target's address on the storage network (`--data-addr`).
+    pub data_addr: Option<Ipv4Addr>,
+    /// `--allow-nic-changes`: the MTU may be set (and is restored).
+    pub allow_nic_changes: bool,
+    /// `--mtu` as given (None: the NICs' own).
+    pub mtu: Option<u32>,
+}
+
+/// The first IPv4 address `name` resolves to, on this machine.
+pub fn resolve_v4(name: &str) -> anyhow::Result<Ipv4Addr> {
+    if let Ok(ip) = name.parse() {
+        return Ok(ip);
+    }
+    let out = sh("getent", &["ahostsv4", name]).map_err(|_| anyhow::anyhow!("{name} does not resolve to an IPv4 address (give --data-addr)"))?;
+    out.split_whitespace()
+        .next()
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("{name} does not resolve to an IPv4 address (give --data-addr)"))
+}
+
+/// `ip -j` output's first object's string field `key`.
+fn json_field(text: &str, key: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    v.get(0)?.get(key)?.as_str().map(|s| s.to_string())
+}
+
+/// The MTU of `dev` on `host`.
+fn mtu_of(host: &Host, dev: &str) -> anyhow::Result<u32> {
+    let out = host.ip(&["-j", "link", "show", "dev", dev])?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    v.get(0)
+        .and_then(|l| l.get("mtu"))
+        .and_then(|m| m.as_u64())
+        .map(|m| m as u32)
+        .ok_or_else(|| anyhow::anyhow!("no MTU for {dev} on {}", host.name()))
+}
+
+/// The interface holding address `ip` on `host` (`ip -j -4 addr show`).
+fn dev_with_addr(host: &Host, ip: Ipv4Addr) -> anyhow::Result<Option<String>> {
+    let out = host.ip(&["-j", "-4", "addr", "show"])?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    for l in v.as_array().into_iter().flatten() {
+        let has = l
+            .get("addr_info")
+            .and_then(|a| a.as_array())
+            .is_some_and(|a| a.iter().any(|x| x.get("local").and_then(|x| x.as_str()) == Some(&ip.to_string())));
+        if has {
+            return Ok(l.get("ifname").and_then(|n| n.as_str()).map(|s| s.to_string()));
+        }
+    }
+    Ok(None)
 }
 
 /// Names unique per lab process: namespaces `bwlab<pid>t|c`, veths
@@ -93,9 +156,68 @@ impl Topology {
             }
             links.push(Link { mtu, target_if: tif, client_if: cif, target_ip, client_ip });
         }
-        let topo = Topology { target, client, links, offloads_off, tokens };
+        let topo = Topology { target, client, links, offloads_off, remote: false, routed: false, tokens };
         topo.wait_reachable()?;
         Ok(topo)
+    }
+
+    /// The link between two existing hosts: the target's address (its ssh
+    /// address, or `--data-addr`), the client's route to it, the interfaces
+    /// at both ends and their MTU. The NICs keep their MTU unless
+    /// `--allow-nic-changes` lets the lab set `mtu` (restored at the end).
+    pub fn connect(r: &Remote) -> anyhow::Result<Topology> {
+        let target_ip = match (&r.data_addr, &r.target) {
+            (Some(a), _) => *a,
+            (None, Host::Ssh(h)) => resolve_v4(&h.host)?,
+            (None, other) => anyhow::bail!("no address for the target host {}: give --data-addr", other.name()),
+        };
+        let route = r.client.ip(&["-j", "-4", "route", "get", &target_ip.to_string()])?;
+        let client_if = json_field(&route, "dev").ok_or_else(|| anyhow::anyhow!("the client host has no route to {target_ip}"))?;
+        let client_ip: Ipv4Addr = json_field(&route, "prefsrc")
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("the client host has no source address towards {target_ip}"))?;
+        let routed = json_field(&route, "gateway").is_some();
+        let target_if = dev_with_addr(&r.target, target_ip)?
+            .ok_or_else(|| anyhow::anyhow!("{target_ip} is not an address of the target host {} (--data-addr)", r.target.name()))?;
+        let mut tokens = vec![];
+        let mut link_mtu = mtu_of(&r.client, &client_if)?.min(mtu_of(&r.target, &target_if)?);
+        if let Some(want) = r.mtu.filter(|m| *m != link_mtu) {
+            anyhow::ensure!(
+                r.allow_nic_changes,
+                "the NICs have MTU {link_mtu}, --mtu asks for {want}: the lab changes a real NIC's MTU only with --allow-nic-changes"
+            );
+            for (host, dev) in [(&r.target, &target_if), (&r.client, &client_if)] {
+                let before = mtu_of(host, dev)?;
+                if before == want {
+                    continue;
+                }
+                if let Host::Ssh(h) = host {
+                    h.record("mtu", dev, &before.to_string())?;
+                }
+                let res = Resource::Mtu { host: host.clone(), dev: dev.clone(), mtu: before };
+                let made = registry().create(res, || host.set_mtu(dev, want));
+                match made {
+                    Ok((t, ())) => tokens.push(t),
+                    Err(e) => {
+                        for t in tokens.into_iter().rev() {
+                            let _ = registry().release(t);
+                        }
+                        anyhow::bail!("{}: MTU not settable on {dev}: {e:#}", host.name());
+                    }
+                }
+            }
+            link_mtu = want;
+        }
+        let links = vec![Link { mtu: link_mtu, target_if, client_if, target_ip, client_ip }];
+        Ok(Topology {
+            target: r.target.clone(),
+            client: r.client.clone(),
+            links,
+            offloads_off: false,
+            remote: true,
+            routed,
+            tokens,
+        })
     }
 
     /// Wait until both ends of every link report carrier (operstate UP);

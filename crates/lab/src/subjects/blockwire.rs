@@ -2,7 +2,7 @@
 //! over every protocol asked for (AoE, iSCSI and NVMe/TCP at once).
 
 use super::Protocol;
-use crate::cleanup::{registry, Resource};
+use crate::cleanup::registry;
 use crate::host::Host;
 use crate::targets::{await_ready, spawn_logged, TargetProcess};
 use crate::topology::Link;
@@ -76,18 +76,11 @@ fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
 /// Start serve and wait (at most 20 s) for its ready line.
 fn start_serve_once(serve: &Serve, protocols: &[Protocol]) -> Result<TargetProcess, String> {
     let text = serve_config(serve.link, &serve.backend, protocols);
-    let path = PathBuf::from(format!(
-        "/tmp/bwlab-{}-serve-{}-{}.toml",
-        std::process::id(),
-        serve.host.name(),
-        serve.link.mtu
-    ));
-    let (cfg_token, ()) = registry()
-        .create(Resource::File(path.clone()), || Ok(std::fs::write(&path, &text)?))
-        .map_err(|e| e.to_string())?;
-    let mut cmd = serve.host.command(&serve.exe.to_string_lossy());
-    cmd.args(["serve", "--config"]).arg(&path);
-    let spawned = spawn_logged(cmd, "blockwire serve", Some(crate::targets::SERVE_READY), serve.log.as_deref());
+    let path = serve.host.run_path("/tmp", &format!("serve-{}-{}.toml", serve.host.name(), serve.link.mtu));
+    let cfg_token = serve.host.create_file(&path, text.as_bytes()).map_err(|e| e.to_string())?;
+    let exe = serve.host.lab_exe(serve.exe);
+    let cmd = serve.host.service_command(&exe.to_string_lossy(), &["serve", "--config", &path.to_string_lossy()]);
+    let spawned = spawn_logged(serve.host, cmd, "blockwire serve", Some(crate::targets::SERVE_READY), serve.log.as_deref());
     let (mut p, rx) = match spawned {
         Ok(x) => x,
         Err(e) => {

@@ -91,7 +91,7 @@ impl PeerKind {
     pub fn start(self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
         let t = self.target();
         for tool in t.tools() {
-            if !crate::host::which(tool.program) {
+            if !topo.target.has(tool.program) {
                 return Err(format!("{} is not installed (package {})", tool.program, tool.package));
             }
         }

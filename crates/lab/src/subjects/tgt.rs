@@ -2,7 +2,6 @@
 //! never meets a system tgtd), one target with the backing file as LUN 1.
 
 use super::{PeerTarget, Protocol, Tool};
-use crate::cleanup::{registry, Resource};
 use crate::targets::{spawn_logged, TargetProcess};
 use crate::topology::{Link, Topology};
 use std::path::{Path, PathBuf};
@@ -14,11 +13,12 @@ pub const ISCSI_PORT: u16 = 3261;
 pub struct Tgt;
 
 fn tgtadm(topo: &Topology, port: u32, args: &[&str]) -> Result<(), String> {
+    let port = port.to_string();
+    let all: Vec<&str> = ["-C", &port, "--lld", "iscsi"].into_iter().chain(args.iter().copied()).collect();
     let out = topo
         .target
-        .command("tgtadm")
-        .args(["-C", &port.to_string(), "--lld", "iscsi"])
-        .args(args)
+        .command_with("tgtadm", &all)
+        .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| format!("cannot run tgtadm: {e}"))?;
     if out.status.success() {
@@ -58,13 +58,13 @@ impl PeerTarget for Tgt {
         let lock = PathBuf::from(format!("/var/run/tgtd/socket.{port}.lock"));
         let mut leftovers = vec![];
         for f in [sock, lock] {
-            if let Ok((t, ())) = registry().create(Resource::File(f), || Ok(())) {
+            if let Ok(t) = topo.target.track_file(&f) {
                 leftovers.push(t);
             }
         }
-        let mut cmd = topo.target.command("tgtd");
-        cmd.args(["-f", "-C", &port.to_string(), "--iscsi", &format!("portal={}:{ISCSI_PORT}", link.target_ip)]);
-        let (mut p, _rx) = spawn_logged(cmd, "tgtd", None, None).map_err(|e| e.to_string())?;
+        let portal = format!("portal={}:{ISCSI_PORT}", link.target_ip);
+        let cmd = topo.target.service_command("tgtd", &["-f", "-C", &port.to_string(), "--iscsi", &portal]);
+        let (mut p, _rx) = spawn_logged(&topo.target, cmd, "tgtd", None, None).map_err(|e| e.to_string())?;
         for t in leftovers {
             p.keep_until_stopped(t);
         }

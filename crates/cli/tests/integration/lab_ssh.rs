@@ -1,0 +1,432 @@
+//! The lab across machines, with two "hosts" made of network namespaces:
+//! the target namespace runs its own sshd (Debian's openssh-server, a
+//! throwaway host key and an authorized key made here), the lab runs in the
+//! client namespace (sharing this machine's mounts) and reaches the target
+//! over a veth on a storage subnet with `--target-host ssh://root@ADDR`.
+//! A quick run writes the results schema and report sections a local run
+//! writes (plus the host section); SIGINT mid-run and a killed sshd stop the
+//! run with its samples kept; afterwards no process, file, mount or
+//! namespace of the run is left on either side (a later run undoes what the
+//! cut connection left on the target). The namespaces share this machine's
+//! file system, so the target's private directory (/var/tmp/bwlab-remote)
+//! and files (bwlab-remote-*) are checked here. Needs root.
+
+use crate::common;
+
+use common::{blockwire_bin, require_root, unique};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SSHD: &str = "/usr/sbin/sshd";
+const TARGET_IP: &str = "10.231.0.1";
+const CLIENT_IP: &str = "10.231.0.2";
+
+fn run(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_string_lossy().parse().ok()).collect()
+}
+
+fn ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default()
+}
+
+/// `pid` and everything below it.
+fn tree(pid: u32) -> Vec<u32> {
+    let pids = all_pids();
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(pids.iter().copied().filter(|&c| ppid(c) == Some(p)));
+        i += 1;
+    }
+    out
+}
+
+fn kill(pids: &[u32], sig: i32) {
+    for &p in pids {
+        // SAFETY: kill(2) on processes this test started (or their children).
+        unsafe {
+            libc::kill(p as i32, sig);
+        }
+    }
+}
+
+/// Two namespaces joined by a veth, sshd in the target one.
+struct Hosts {
+    dir: PathBuf,
+    target_ns: String,
+    client_ns: String,
+    sshd: Option<Child>,
+}
+
+impl Hosts {
+    fn new(tag: &str) -> Hosts {
+        require_root();
+        assert!(Path::new(SSHD).exists(), "{SSHD} is missing: install openssh-server (make deps)");
+        let id = unique(tag);
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ssh-{id}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let h = Hosts { dir: dir.clone(), target_ns: format!("bwsT{id}"), client_ns: format!("bwsC{id}"), sshd: None };
+        for k in ["host", "client"] {
+            run(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bwlab-test", "-f", &dir.join(k).to_string_lossy()]);
+        }
+        std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys")).unwrap();
+        let d = dir.display();
+        std::fs::write(
+            dir.join("sshd_config"),
+            format!(
+                "ListenAddress {TARGET_IP}\nHostKey {d}/host\nAuthorizedKeysFile {d}/authorized_keys\nPermitRootLogin prohibit-password\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\nMaxSessions 20\n"
+            ),
+        )
+        .unwrap();
+        let (tv, cv) = (format!("{}v", &h.target_ns), format!("{}v", &h.client_ns));
+        run(&["ip", "netns", "add", &h.target_ns]);
+        run(&["ip", "netns", "add", &h.client_ns]);
+        run(&["ip", "link", "add", &tv, "netns", &h.target_ns, "type", "veth", "peer", "name", &cv, "netns", &h.client_ns]);
+        for (ns, dev, ip) in [(&h.target_ns, &tv, TARGET_IP), (&h.client_ns, &cv, CLIENT_IP)] {
+            run(&["ip", "-n", ns, "addr", "add", &format!("{ip}/24"), "dev", dev]);
+            run(&["ip", "-n", ns, "link", "set", dev, "up"]);
+            run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        }
+        let mut h = h;
+        h.start_sshd();
+        h
+    }
+
+    fn start_sshd(&mut self) {
+        // sshd's privilege separation directory (made by the package's
+        // service, which is never started here).
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.target_ns, SSHD, "-D", "-f"])
+            .arg(self.dir.join("sshd_config"))
+            .arg("-E")
+            .arg(self.dir.join("sshd.log"))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start sshd");
+        self.sshd = Some(child);
+        // Ready once it accepts a login.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.ssh_ok() {
+            assert!(Instant::now() < deadline, "sshd did not accept a login: {}", std::fs::read_to_string(self.dir.join("sshd.log")).unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn ssh_ok(&self) -> bool {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.client_ns)).args(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=2"]);
+        for o in self.ssh_options() {
+            c.arg("-o").arg(o);
+        }
+        c.args([&format!("root@{TARGET_IP}"), "true"]).stdout(Stdio::null()).stderr(Stdio::null());
+        c.status().is_ok_and(|s| s.success())
+    }
+
+    /// sshd and every session under it, killed (a dropped connection).
+    fn kill_sshd(&mut self) {
+        if let Some(mut c) = self.sshd.take() {
+            kill(&tree(c.id()), libc::SIGKILL);
+            let _ = c.wait();
+        }
+    }
+
+    fn ssh_options(&self) -> Vec<String> {
+        vec![
+            format!("IdentityFile={}", self.dir.join("client").display()),
+            "IdentitiesOnly=yes".into(),
+            "StrictHostKeyChecking=no".into(),
+            "UserKnownHostsFile=/dev/null".into(),
+            "LogLevel=ERROR".into(),
+        ]
+    }
+
+    /// `blockwire lab ARGS --target-host ...` in the client namespace,
+    /// sharing this machine's mounts (nsenter enters only the network).
+    fn lab(&self, out: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.client_ns)).arg(blockwire_bin()).arg("lab").args(args);
+        c.args(["--target-host", &format!("ssh://root@{TARGET_IP}")]);
+        for o in self.ssh_options() {
+            c.arg("--ssh-option").arg(o);
+        }
+        c.arg("--out").arg(out);
+        c
+    }
+
+    /// Processes in the target namespace other than the sshd listener.
+    fn target_processes(&self) -> Vec<String> {
+        let listener = self.sshd.as_ref().map(|c| c.id());
+        let Some(ns) = ino(&format!("/run/netns/{}", self.target_ns)) else {
+            return vec![];
+        };
+        all_pids()
+            .into_iter()
+            .filter(|&p| Some(p) != listener && ino(&format!("/proc/{p}/ns/net")) == Some(ns))
+            .map(|p| format!("{p}: {}", cmdline(p)))
+            .collect()
+    }
+
+    /// [`Hosts::leftovers`] once the sessions had a moment to close.
+    fn settled_leftovers(&self, lab_pid: u32) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let left = self.leftovers(lab_pid);
+            if left.is_empty() || Instant::now() > deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Everything of a lab run with PID `lab_pid` still around on either
+    /// side. Runs of other tests share this file system: only this run's
+    /// names count (its run id ends in `-PID`), and the binary's directory
+    /// (shared by runs of one version) only when no other run is live.
+    fn leftovers(&self, lab_pid: u32) -> Vec<String> {
+        let mut left = bw_lab::topology::leftovers(lab_pid);
+        left.extend(self.target_processes().into_iter().map(|p| format!("process on the target: {p}")));
+        let remote_dir = Path::new("/var/tmp/bwlab-remote");
+        let entries: Vec<String> = std::fs::read_dir(remote_dir).into_iter().flatten().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let others_live = entries.iter().any(|n| n.starts_with("state-") && !n.ends_with(&format!("-{lab_pid}")));
+        for n in &entries {
+            let ours = n.starts_with("state-") && n.ends_with(&format!("-{lab_pid}"));
+            if ours || (n.starts_with("bin-") && !others_live) {
+                left.push(format!("{}/{n}", remote_dir.display()));
+            }
+        }
+        for dir in ["/dev/shm", "/tmp"] {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if (n.starts_with("bwlab-remote-") && n.contains(&format!("-{lab_pid}-"))) || n.starts_with(&format!("bwlab-{lab_pid}-")) {
+                    left.push(format!("file {}", e.path().display()));
+                }
+            }
+        }
+        left
+    }
+}
+
+/// The inode of `path` (a namespace file: same inode, same namespace).
+fn ino(path: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        self.kill_sshd();
+        for ns in [&self.target_ns, &self.client_ns] {
+            // Whatever a failed test left inside, by PID, then the namespace.
+            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+                let pids: Vec<u32> = String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect();
+                kill(&pids, libc::SIGKILL);
+            }
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// What listens on port 22 of this machine (the package's own sshd is
+/// never started by these tests; theirs live in a namespace).
+fn host_sshd_listeners() -> String {
+    run(&["ss", "-ltnH", "sport = :22"])
+}
+
+fn out_dir(tag: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lab-ssh-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Wait for the lab (at most `limit`, then it is killed and the test
+/// fails); its status and stderr.
+fn wait_done(child: &mut Child, limit: Duration, what: &str) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    // Read stderr as it comes: a full pipe would stall the lab.
+    let mut err_pipe = child.stderr.take().expect("piped stderr");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            kill(&[child.id()], libc::SIGKILL);
+            let _ = child.wait();
+            panic!("{what} did not finish within {limit:?}: {}", reader.join().unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    (st, reader.join().unwrap_or_default())
+}
+
+/// The `<section id=...>`s of a report.
+fn sections(report: &Path) -> Vec<String> {
+    let html = std::fs::read_to_string(report).unwrap();
+    html.split("<section id=\"").skip(1).map(|s| s.split('"').next().unwrap().to_string()).collect()
+}
+
+fn keys(v: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
+}
+
+const SMALL: &[&str] = &[
+    "--quick", "--protocols", "iscsi,aoe", "--peers", "vblade", "--suite", "net,micro,fs", "--repeat", "1", "--size", "32M",
+    "--runtime", "1", "--client-mem", "128M", "--fs-workloads", "varmail", "--fs-runtime", "1", "--no-baseline",
+];
+
+#[test]
+fn remote_quick_lab_writes_what_a_local_one_does_and_leaves_nothing() {
+    let port22 = host_sshd_listeners();
+    let hosts = Hosts::new("q");
+    let out = out_dir("remote");
+    let mut child = hosts.lab(&out, SMALL).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let lab_pid = child.id();
+    let (st, stderr) = wait_done(&mut child, Duration::from_secs(600), "the remote lab");
+    assert!(st.success(), "remote lab failed: {stderr}");
+    assert!(!stderr.contains("lab: cleanup:"), "cleanup reported problems: {stderr}");
+    let left = hosts.settled_leftovers(lab_pid);
+    assert!(left.is_empty(), "the remote lab left things behind: {left:#?}");
+
+    // The same, on this machine's namespaces.
+    let local_out = out_dir("local");
+    let st = Command::new(blockwire_bin()).arg("lab").args(SMALL).arg("--out").arg(&local_out).stdout(Stdio::null()).stderr(Stdio::null()).status().unwrap();
+    assert!(st.success(), "the local lab failed");
+
+    let load = |d: &Path| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(d.join("results.json")).unwrap()).unwrap() };
+    let (remote, local) = (load(&out), load(&local_out));
+    let (rk, lk) = (keys(&remote), keys(&local));
+    assert!(lk.is_subset(&rk), "results.json keys: local {lk:?}, remote {rk:?}");
+    for k in ["samples", "fs", "net"] {
+        let r = &remote[k][0];
+        assert!(r.is_object(), "the remote run has no {k} record: {remote}");
+        assert_eq!(keys(r), keys(&local[k][0]), "a {k} record's fields differ");
+    }
+    for s in remote["subjects"].as_array().unwrap() {
+        assert!(s["unavailable"].is_null(), "a subject was unavailable over ssh: {s}");
+        assert!(s["initiator"].as_str().unwrap().contains("blockwire"), "{s}");
+    }
+    let hosts_rec = remote["hosts"].as_array().expect("host records");
+    assert_eq!(hosts_rec.len(), 2);
+    assert_eq!(hosts_rec[0]["role"], "target");
+    assert_eq!(hosts_rec[0]["address"], format!("ssh://root@{TARGET_IP}"));
+    assert!(hosts_rec[0]["cpus"].as_u64().unwrap() > 0 && hosts_rec[0]["mtu"].as_u64() == Some(1500), "{hosts_rec:?}");
+    assert!(remote["ssh_commands"].as_u64().unwrap() > 0);
+    let (rs, ls) = (sections(&out.join("report.html")), sections(&local_out.join("report.html")));
+    for s in &ls {
+        assert!(rs.contains(s), "the remote report lacks section {s} (remote {rs:?}, local {ls:?})");
+    }
+    assert!(rs.contains(&"hosts".to_string()), "no host section: {rs:?}");
+    assert!(out.join("results.csv").exists() && out.join("results-fs.csv").exists());
+    assert_eq!(host_sshd_listeners(), port22, "a new listener on this machine's port 22");
+}
+
+/// Start a remote micro run long enough to be cut, and wait for its first sample.
+fn start_cuttable(hosts: &Hosts, out: &Path) -> Child {
+    // The first sample is saved once every subject ran the first workload
+    // `--repeat` times; three more workloads follow to be cut.
+    let args = ["--suite", "micro", "--protocols", "iscsi,nvme", "--peers", "tgt", "--repeat", "3", "--size", "16M", "--runtime", "1"];
+    let mut child = hosts.lab(out, &args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let n = std::fs::read_to_string(out.join("results.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["samples"].as_array().map(|a| a.len()))
+            .unwrap_or(0);
+        if n > 0 {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the lab ended before its first sample");
+        assert!(Instant::now() < deadline, "no sample within 5 minutes");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    child
+}
+
+fn saved(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn sigint_stops_a_remote_lab_and_leaves_nothing() {
+    let hosts = Hosts::new("i");
+    let out = out_dir("sigint");
+    let mut child = start_cuttable(&hosts, &out);
+    let lab_pid = child.id();
+    kill(&[lab_pid], libc::SIGINT);
+    let (st, stderr) = wait_done(&mut child, Duration::from_secs(60), "the interrupted remote lab");
+    assert!(!st.success(), "an interrupted lab must not report success");
+    assert!(stderr.contains("SIGINT"), "{stderr}");
+    assert!(!stderr.contains("lab: cleanup:"), "cleanup reported problems: {stderr}");
+    let r = saved(&out);
+    assert_eq!(r["aborted"], "interrupted");
+    assert!(!r["samples"].as_array().unwrap().is_empty(), "the samples taken were lost");
+    let left = hosts.settled_leftovers(lab_pid);
+    assert!(left.is_empty(), "the interrupted remote lab left things behind: {left:#?}");
+}
+
+#[test]
+fn a_dropped_connection_stops_the_run_and_the_next_run_cleans_up() {
+    let mut hosts = Hosts::new("k");
+    let out = out_dir("dropped");
+    let mut child = start_cuttable(&hosts, &out);
+    let lab_pid = child.id();
+    hosts.kill_sshd();
+    let (st, stderr) = wait_done(&mut child, Duration::from_secs(90), "the lab after its connection dropped");
+    assert!(!st.success(), "a lab that lost its target must not report success");
+    let r = saved(&out);
+    let why = r["aborted"].as_str().unwrap_or_default();
+    assert!(why.contains("lost the ssh connection"), "aborted: {why:?}; {stderr}");
+    assert!(!r["samples"].as_array().unwrap().is_empty(), "the samples taken were lost");
+    // The services died with their sessions.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !hosts.target_processes().is_empty() {
+        assert!(Instant::now() < deadline, "processes outlived their ssh session: {:?}", hosts.target_processes());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // What the cut run could not remove (its backing file, the binary, the
+    // state file) goes with the next run on that host.
+    assert!(
+        std::fs::read_dir("/var/tmp/bwlab-remote").unwrap().flatten().any(|e| e.file_name().to_string_lossy().ends_with(&format!("-{lab_pid}"))),
+        "expected the cut run's state file on the target"
+    );
+    hosts.start_sshd();
+    let out2 = out_dir("after-drop");
+    let mut next = hosts
+        .lab(&out2, &["--suite", "micro", "--protocols", "nvme", "--peers", "none", "--repeat", "1", "--size", "8M", "--runtime", "1", "--quick"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let next_pid = next.id();
+    let (st, stderr) = wait_done(&mut next, Duration::from_secs(300), "the run after the drop");
+    assert!(st.success(), "{stderr}");
+    // This run undid it (it says "undid what an interrupted run left"),
+    // unless another test's run on this shared file system came first.
+    let mut left = hosts.settled_leftovers(next_pid);
+    left.extend(hosts.leftovers(lab_pid));
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}

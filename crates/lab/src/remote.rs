@@ -1,0 +1,231 @@
+//! A run across machines: opening each ssh host (its master connection,
+//! what interrupted runs left there swept, the lab's binary brought) and the
+//! preflight that checks every host before anything starts, one line per
+//! problem.
+
+use crate::cleanup::{registry, Resource};
+use crate::host::Host;
+use crate::plan::Plan;
+use crate::ssh::SshHost;
+use crate::subjects::Subject;
+use crate::topology::Remote;
+use std::path::Path;
+
+/// What the command line says about hosts.
+#[derive(Debug, Clone, Default)]
+pub struct HostChoices {
+    pub target_host: Option<String>,
+    pub client_host: Option<String>,
+    pub data_addr: Option<std::net::Ipv4Addr>,
+    pub ssh_options: Vec<(String, String)>,
+    pub allow_nic_changes: bool,
+    pub mtu: Option<Vec<u32>>,
+}
+
+/// Which side of the run a host is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Target,
+    Client,
+}
+
+/// A program the run needs on a host, its package, and what lacks without it
+/// (None: the run cannot go on).
+struct Need {
+    program: &'static str,
+    package: &'static str,
+    disables: Option<String>,
+}
+
+/// What the plan needs on a host of `role`.
+fn needs(plan: &Plan, role: Role) -> Vec<Need> {
+    let base = |program, package| Need { program, package, disables: None };
+    let mut v = vec![base("ip", "iproute2"), base("flock", "util-linux"), base("sha256sum", "coreutils"), base("getconf", "libc-bin")];
+    if plan.net_runs > 0 {
+        v.push(base("iperf3", "iperf3"));
+    }
+    if role == Role::Target {
+        for &peer in &plan.peers {
+            for t in peer.target().tools() {
+                v.push(Need { program: t.program, package: t.package, disables: Some(Subject::Peer(peer).key()) });
+            }
+        }
+    }
+    v
+}
+
+/// The facts the preflight reads on a host, in one round trip: which of
+/// `programs` are missing, the user id, free KiB in /dev/shm.
+fn probe(h: &SshHost, programs: &[&str]) -> anyhow::Result<(Vec<String>, u32, u64)> {
+    let list: Vec<String> = programs.iter().map(|p| crate::ssh::quote(p)).collect();
+    let line = format!(
+        "PATH=$PATH:/usr/sbin:/sbin; for p in {}; do command -v \"$p\" >/dev/null || echo \"missing $p\"; done; echo \"uid $(id -u)\"; echo \"shm $(df -Pk /dev/shm | awk 'NR==2{{print $4}}')\"",
+        list.join(" ")
+    );
+    let out = h.run_line(&line)?;
+    let (mut missing, mut uid, mut shm) = (vec![], u32::MAX, 0);
+    for l in out.lines() {
+        match l.split_once(' ') {
+            Some(("missing", p)) => missing.push(p.to_string()),
+            Some(("uid", u)) => uid = u.trim().parse().unwrap_or(u32::MAX),
+            Some(("shm", k)) => shm = k.trim().parse().unwrap_or(0),
+            _ => {}
+        }
+    }
+    Ok((missing, uid, shm))
+}
+
+/// Check one host: fatal problems and notes (subjects it disables).
+fn preflight(h: &SshHost, role: Role, plan: &Plan) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let needs = needs(plan, role);
+    let programs: Vec<&str> = needs.iter().map(|n| n.program).collect();
+    let (missing, uid, shm_kib) = probe(h, &programs)?;
+    let (mut fatal, mut notes) = (vec![], vec![]);
+    let at = h.url();
+    if uid != 0 {
+        fatal.push(format!("{at}: not root (uid {uid}): the lab runs targets, AoE raw sockets and mounts there as root"));
+    }
+    for n in needs.iter().filter(|n| missing.iter().any(|m| m == n.program)) {
+        match &n.disables {
+            None => fatal.push(format!("{at}: {} is not installed (package {})", n.program, n.package)),
+            Some(s) => notes.push(format!("{at}: {} is not installed (package {}): {s} will be unavailable", n.program, n.package)),
+        }
+    }
+    if role == Role::Target && shm_kib < plan.params.size_bytes >> 10 {
+        fatal.push(format!("{at}: /dev/shm has {} MiB free, the volume needs {} MiB", shm_kib >> 10, plan.params.size_bytes >> 20));
+    }
+    Ok((fatal, notes))
+}
+
+/// What the plan may not do between real hosts (and the local baseline,
+/// which measures this machine's tmpfs, is left out).
+pub fn adapt_plan(plan: &mut Plan, remote_client: bool) -> Vec<String> {
+    let mut fatal = vec![];
+    plan.baseline = false;
+    if plan.links.iter().any(|l| l.bits_per_s.is_some()) {
+        fatal.push("--link shapes a NIC's qdiscs: between real hosts the lab leaves them alone (use --link none)".to_string());
+    }
+    if !plan.params.tcp_congestion.is_empty() {
+        fatal.push("--tcp-congestion is a host-wide setting: between real hosts set it yourself (the report records each host's)".to_string());
+    }
+    if remote_client && plan.fs.is_some() {
+        fatal.push("the fs suite runs on this machine: with --client-host leave it out (--suite net,micro,sweep)".to_string());
+    }
+    fatal
+}
+
+/// Open the hosts the command line names: each one's master connection,
+/// its leftovers from interrupted runs swept, its preflight, the lab's
+/// binary. Everything made is tracked (the run's cleanup undoes it).
+pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<Remote> {
+    let target_url = c.target_host.as_deref().ok_or_else(|| anyhow::anyhow!("no --target-host"))?;
+    let mtu = match c.mtu.as_deref() {
+        None => None,
+        Some([m]) => Some(*m),
+        Some(_) => anyhow::bail!("a run between hosts measures one MTU (--mtu N; default: the NICs' own)"),
+    };
+    let mut hosts = vec![(Role::Target, SshHost::new(target_url, &c.ssh_options, exe)?)];
+    if let Some(u) = &c.client_host {
+        hosts.push((Role::Client, SshHost::new(u, &c.ssh_options, exe)?));
+    }
+    let (mut fatal, mut notes) = (vec![], vec![]);
+    let mut opened = vec![];
+    for (role, h) in &hosts {
+        if let Err(e) = h.open_master() {
+            fatal.push(format!("{e:#}"));
+            continue;
+        }
+        match h.sweep_stale() {
+            Ok(swept) => {
+                for f in swept {
+                    eprintln!("lab: {}: undid what an interrupted run left ({f})", h.url());
+                }
+            }
+            Err(e) => fatal.push(format!("{}: cannot check for an interrupted run's leftovers: {e:#}", h.url())),
+        }
+        registry().create(Resource::HostRun(h.clone()), || Ok(()))?;
+        match preflight(h, *role, plan) {
+            Ok((f, n)) => {
+                fatal.extend(f);
+                notes.extend(n);
+            }
+            Err(e) => fatal.push(format!("{}: {e:#}", h.url())),
+        }
+        opened.push(h);
+    }
+    for n in &notes {
+        eprintln!("lab: preflight: {n}");
+    }
+    if !fatal.is_empty() {
+        anyhow::bail!("preflight found problems:\n  {}", fatal.join("\n  "));
+    }
+    for h in opened {
+        h.deploy(exe)?;
+    }
+    let mut it = hosts.into_iter().map(|(_, h)| Host::Ssh(h));
+    let target = it.next().expect("a target host");
+    let client = it.next().unwrap_or(Host::Local);
+    Ok(Remote { target, client, data_addr: c.data_addr, allow_nic_changes: c.allow_nic_changes, mtu })
+}
+
+/// Prints `key=value` facts about a host and its interface `$1`.
+const HOST_FACTS: &str = r#"d="$1"; PATH=$PATH:/usr/sbin:/sbin
+echo "cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "cpus=$(grep -c ^processor /proc/cpuinfo)"
+echo "kernel=$(uname -r)"
+grep -qw hypervisor /proc/cpuinfo && echo emulated=1
+echo "tcp=$(cat /proc/sys/net/ipv4/tcp_congestion_control)"
+echo "mtu=$(ip -o link show dev "$d" | sed -n 's/.* mtu \([0-9]*\).*/\1/p')"
+echo "speed=$(ethtool "$d" 2>/dev/null | sed -n 's/^[[:space:]]*Speed: \([0-9]*\)Mb\/s/\1/p')"
+echo "driver=$(ethtool -i "$d" 2>/dev/null | sed -n 's/^driver: //p')""#;
+
+/// The [`HOST_FACTS`] output as a host record.
+pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> crate::results::HostInfo {
+    let get = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    };
+    crate::results::HostInfo {
+        role: role.into(),
+        address: address.into(),
+        cpu_model: get("cpu_model"),
+        cpus: get("cpus").parse().unwrap_or(0),
+        kernel: get("kernel"),
+        nic: nic.into(),
+        nic_driver: get("driver"),
+        link_speed_mbps: get("speed").parse().ok(),
+        mtu: get("mtu").parse().unwrap_or(0),
+        tcp_congestion: get("tcp"),
+        emulated: get("emulated") == "1",
+    }
+}
+
+/// What the report says about `host` (its `nic` on the storage network).
+pub fn host_info(host: &Host, role: &str, nic: &str) -> anyhow::Result<crate::results::HostInfo> {
+    let out = host.run("sh", &["-c", HOST_FACTS, "sh", nic])?;
+    let address = match host {
+        Host::Ssh(h) => h.url(),
+        other => other.name().to_string(),
+    };
+    Ok(parse_host_facts(&out, role, &address, nic))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_facts_of_this_machine() {
+        let out = std::process::Command::new("sh").args(["-c", HOST_FACTS, "sh", "lo"]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let h = parse_host_facts(&text, "client", "this machine", "lo");
+        assert!(h.cpus > 0 && !h.kernel.is_empty() && h.mtu > 0, "{h:?} from {text}");
+        assert_eq!(h.link_speed_mbps, None, "lo has no speed");
+        let vm = parse_host_facts("cpus=2\nemulated=1\nspeed=10000\ndriver=virtio_net\nmtu=9000\n", "target", "ssh://x", "eth0");
+        assert!(vm.emulated);
+        assert_eq!((vm.link_speed_mbps, vm.nic_driver.as_str(), vm.mtu), (Some(10000), "virtio_net", 9000));
+    }
+}
