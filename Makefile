@@ -31,6 +31,9 @@ DESTDIR ?=
 
 all: build
 
+# Packages install without starting their services (policy-rc.d says no while
+# apt runs): the tests start sshd, tgtd, Prometheus and the NFS server
+# themselves, in namespaces, and a test machine should not gain listeners.
 # Two passes: installing one package can remove another that was there
 # (Debian's qemu-block-extra replaces a backported qemu-utils), so check again.
 deps:
@@ -38,7 +41,9 @@ deps:
 		missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 		[ -z "$$missing" ] && break; \
 		echo "installing Debian packages:" $$missing; \
-		{ [ $$pass = 2 ] || apt-get update -qq; } && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+		guard=; [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && guard=1; }; \
+		{ [ $$pass = 2 ] || apt-get update -qq; } && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		status=$$?; [ -z "$$guard" ] || rm -f /usr/sbin/policy-rc.d; [ $$status = 0 ] || exit 1; \
 	done
 	@command -v $(CARGO) >/dev/null || { echo "cargo (Rust stable) is required: see https://rustup.rs" >&2; exit 1; }
 
