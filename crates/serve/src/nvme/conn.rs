@@ -313,8 +313,17 @@ impl Conn {
             };
             let timeout = self.q.poll_timeout();
             let far = Instant::now() + Duration::from_secs(3600);
+            // The admin queue sends events a live change made.
+            let events = self.ctrl.clone().filter(|_| self.q.qid() == 0 && self.logged_in);
+            let event = async {
+                match &events {
+                    Some(e) => e.events_ready.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 r = stream.ready(interest) => { r?; }
+                _ = event => self.send_events(),
                 Some(f) = done_rx.recv() => self.finished(f),
                 _ = self.kill.changed() => return Ok(()),
                 _ = shutdown.wait() => return Ok(()),
@@ -352,13 +361,22 @@ impl Conn {
             .complete(cid, status, result, data, self.out.buf_mut());
     }
 
+    /// Complete the AERs a live change answered.
+    fn send_events(&mut self) {
+        let Some(e) = self.ctrl.clone() else { return };
+        let list = std::mem::take(&mut *e.events.lock().unwrap_or_else(|p| p.into_inner()));
+        for c in list {
+            self.complete(c.cid, c.status, c.result, c.data);
+        }
+    }
+
     fn finished(&mut self, f: Finished) {
         self.complete(f.cid, f.done.status, 0, f.done.data);
     }
 
     fn connect(&mut self, cid: u16, c: Connect, d: ConnectData) {
         let r = if c.qid == 0 {
-            self.fabric.connect_admin(&c, &d, self.local)
+            self.fabric.connect_admin(&c, &d, self.local, Some(self.peer))
         } else {
             self.fabric.connect_io(&c, &d)
         };
@@ -387,7 +405,7 @@ impl Conn {
         // Every queue of a controller whose host has a secret authenticates.
         let auth = e.auth.as_ref().and_then(|a| {
             let sub = e.subsys.as_ref()?;
-            Some(ControllerAuth::new(a.clone(), &e.hostnqn, &sub.nqn))
+            Some(ControllerAuth::new(a.clone(), &e.hostnqn, &sub.nqn()))
         });
         let login = match (&auth, e.is_discovery()) {
             (Some(_), _) => None,
@@ -473,9 +491,18 @@ impl Conn {
 
     fn io(&mut self, sqe: Sqe, data: Bytes) {
         let cid = sqe.cid();
-        let Some(sub) = self.ctrl.as_ref().and_then(|e| e.subsys.clone()) else {
+        // The subsystem as it is now: a lock-free load (live changes swap it).
+        let Some(e) = &self.ctrl else {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
+        let Some(sub) = e.subsys.as_ref().map(|s| s.load_full()) else {
+            return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
+        };
+        match sqe.opcode() {
+            bw_nvme::queue_entry::nvm::READ => e.stats.count(false, bw_nvme::nvm_io::transfer_len(&sqe) as u64),
+            bw_nvme::queue_entry::nvm::WRITE => e.stats.count(true, bw_nvme::nvm_io::transfer_len(&sqe) as u64),
+            _ => {}
+        }
         let device = sub.namespace(sqe.nsid()).map(|n| n.volume.info());
         let work = work(&sqe, device, self.fabric.zero_copy_min, self.q.digests().data);
         // No size limit: NVMe/TCP reads and writes of page-cache volumes
