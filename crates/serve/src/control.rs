@@ -447,7 +447,15 @@ pub fn bind(path: &Path, explicit: bool) -> anyhow::Result<Option<ControlSocket>
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
-    let listener = tokio::net::UnixListener::bind(path).map_err(|e| anyhow::anyhow!("control socket {}: {e}", path.display()))?;
+    let listener = match tokio::net::UnixListener::bind(path) {
+        Ok(l) => l,
+        // Another server started at the same moment and bound it first.
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && !explicit => {
+            log::warn!("control socket {}: taken by another server; this one runs without a control socket", path.display());
+            return Ok(None);
+        }
+        Err(e) => anyhow::bail!("control socket {}: {e}", path.display()),
+    };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     let ino = std::fs::symlink_metadata(path)?.ino();
     log::info!("control socket on {}", path.display());
