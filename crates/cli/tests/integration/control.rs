@@ -256,3 +256,84 @@ fn sighup_applies_the_file_or_refuses_it_whole() {
     let o = blockwire(None, &["serve", "--volume", "x=ram:1M", "--iscsi", &format!("127.0.0.1:{}", free_port()), "--control", not_socket.to_str().unwrap()]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a socket"), "{o:?}");
 }
+
+/// The phase the guest of tests/kernel-vm/live.sh wrote to the mailbox.
+fn mailbox(path: &Path) -> String {
+    let b = std::fs::read(path).unwrap_or_default();
+    String::from_utf8_lossy(&b[..b.len().min(512)]).trim_matches(|c: char| c.is_whitespace() || c == '\0').to_string()
+}
+
+/// ONE kernel VM boot: open-iscsi and nvme-tcp connected to serve while
+/// `blockwire ctl` adds a LUN and a namespace, resizes them, removes the
+/// namespace and the host; the guest checks each the standard way and
+/// keeps an I/O loop on another LUN going throughout (tests/kernel-vm/live.sh).
+#[test]
+fn kernel_initiators_follow_live_changes() {
+    require_root();
+    let dir = TempDir::new("ctlvm");
+    let (ip, np) = (free_port(), free_port());
+    let sock = dir.path().join("control.sock");
+    let mbox = dir.path().join("mbox");
+    let guest = "nqn.2026-11.org.blockwire:live-guest";
+    let cfg = format!(
+        r#"
+[[volume]]
+name = "data"
+backend = "ram:64M"
+[[volume]]
+name = "mbox"
+backend = "file:{},size=1M"
+[iscsi]
+listen = ["127.0.0.1:{ip}"]
+[[iscsi.target]]
+iqn = "{IQN}"
+luns = [{{ lun = 0, volume = "data" }}]
+[nvme]
+listen = ["127.0.0.1:{np}"]
+[[nvme.subsystem]]
+nqn = "{NQN}"
+namespaces = [{{ nsid = 1, volume = "mbox" }}]
+allowed_hosts = ["{guest}", "{OTHER}"]
+"#,
+        mbox.display()
+    );
+    let serve = Serve::with_config(&dir, &cfg, &["--control", sock.to_str().unwrap()]);
+    let script = format!(
+        "IPORT={ip}\nNPORT={np}\nIQN={IQN}\nNQN={NQN}\nHOSTNQN={guest}\n{}",
+        std::fs::read_to_string(repo_root().join("tests/kernel-vm/live.sh")).unwrap()
+    );
+    let script_path = dir.path().join("live.sh");
+    std::fs::write(&script_path, script).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let vm = std::thread::spawn(move || {
+        let run = kernel_vm(&script_path, None, None);
+        let _ = tx.send(());
+        run
+    });
+    // Bounds only: the guest is emulated and the machine shared.
+    let wait_for = |phase: &str| {
+        let deadline = Instant::now() + Duration::from_secs(900);
+        while mailbox(&mbox) != phase {
+            if rx.try_recv().is_ok() || Instant::now() > deadline {
+                panic!("the guest did not reach {phase} (mailbox {:?}); see its console above\n{}", mailbox(&mbox), serve.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    wait_for("P1");
+    ctl(&sock, &["volume_add", r#"{"name": "grow", "backend": "ram:32M"}"#]);
+    ctl(&sock, &["iscsi_lun_add", &format!(r#"{{"iqn": "{IQN}", "lun": 1, "volume": "grow"}}"#)]);
+    ctl(&sock, &["nvme_ns_add", &format!(r#"{{"nqn": "{NQN}", "nsid": 2, "volume": "grow"}}"#)]);
+    wait_for("P2");
+    ctl(&sock, &["volume_resize", r#"{"name": "grow", "size": "48M"}"#]);
+    wait_for("P3");
+    ctl(&sock, &["nvme_ns_remove", &format!(r#"{{"nqn": "{NQN}", "nsid": 2}}"#)]);
+    wait_for("P4");
+    let sessions = ctl(&sock, &["session_list"]);
+    assert!(sessions.contains(guest) && sessions.contains("iqn."), "{sessions}");
+    ctl(&sock, &["nvme_host_remove", &format!(r#"{{"nqn": "{NQN}", "host": "{guest}"}}"#)]);
+    let run = vm.join().unwrap();
+    assert!(run.output.contains("LIVE-OK"), "the guest did not finish:\n{}", run.output);
+    assert!(run.status.success(), "guest failed ({})", run.status);
+    assert!(serve.stop().success());
+}

@@ -308,8 +308,13 @@ impl Fabric {
                     }
                     changed.sort_unstable();
                     cell.store(s.clone());
-                    if !changed.is_empty() {
-                        log.push(format!("nvme {}: namespaces changed: {changed:?}", s.nqn));
+                    for n in &changed {
+                        let what = match (old.namespace(*n), s.namespace(*n)) {
+                            (None, _) => "added",
+                            (_, None) => "removed",
+                            _ => "changed",
+                        };
+                        log.push(format!("nvme {}: namespace {n} {what}", s.nqn));
                     }
                     changed_cells.push((cell.clone(), s, changed));
                     next.push(cell.clone());
