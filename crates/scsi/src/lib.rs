@@ -285,6 +285,11 @@ impl ScsiTarget {
         self.lun(lun).map(|l| l.volume.clone())
     }
 
+    /// The identity and policy `lun` was mapped with.
+    pub fn lun_config(&self, lun: u64) -> Option<LunConfig> {
+        self.lun(lun).map(|l| l.cfg.clone())
+    }
+
     #[inline]
     fn lun(&self, lun: u64) -> Option<Arc<Lun>> {
         self.luns.load().iter().find(|l| l.number == lun).cloned()

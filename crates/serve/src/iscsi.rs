@@ -200,8 +200,11 @@ impl Handle {
                 targets.push(Arc::new(ScsiTarget::new(luns)));
                 continue;
             };
+            // A LUN kept has the same volume and settings (read-only,
+            // ALUA group); one whose settings changed is mapped again.
             let have = scsi.luns();
-            for n in have.iter().filter(|n| !luns.iter().any(|(l, v, _)| l == *n && scsi.volume(**n).is_some_and(|o| o.name() == v.name()))) {
+            let same = |n: u64, v: &Volume, lc: &LunConfig| scsi.volume(n).is_some_and(|o| o.name() == v.name()) && scsi.lun_config(n).as_ref() == Some(lc);
+            for n in have.iter().filter(|n| !luns.iter().any(|(l, v, lc)| l == *n && same(**n, v, lc))) {
                 scsi.remove_lun(*n);
                 log.push(format!("iscsi {}: LUN {n} removed", t.iqn));
             }
@@ -371,7 +374,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let mut reader = FrameReader::with_capacity(256 * 1024);
     let mut dec = Decoder::new(LOGIN_MAX_DATA);
     let mut out = Outbox::default();
-    let Some(res) = login(&ctx, &published.login, &mut ticket, &mut rd, &mut wr, &mut reader, &dec, &mut out).await? else {
+    let Some(res) = login(&ctx, &published.login, &mut ticket, (&mut rd, &mut wr), &mut reader, &dec, &mut out).await? else {
         return Ok(());
     };
     let discovery_idle = (res.session_type == SessionType::Discovery)
@@ -446,8 +449,7 @@ async fn login(
     ctx: &Ctx,
     targets: &LoginConfig,
     ticket: &mut Ticket,
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+    (rd, wr): (&mut OwnedReadHalf, &mut OwnedWriteHalf),
     reader: &mut FrameReader,
     dec: &Decoder,
     out: &mut Outbox,

@@ -337,3 +337,51 @@ allowed_hosts = ["{guest}", "{OTHER}"]
     assert!(run.status.success(), "guest failed ({})", run.status);
     assert!(serve.stop().success());
 }
+
+/// iSCSI sessions are listed with their counters; taking an initiator
+/// off a target's ACL ends its session (and it cannot log in again), and
+/// session_disconnect ends the one it names.
+#[test]
+fn iscsi_acl_removal_and_disconnect_end_sessions() {
+    require_root();
+    let dir = TempDir::new("ctlacl");
+    let (ip, np) = (free_port(), free_port());
+    let sock = dir.path().join("control.sock");
+    let (gone, kept) = ("iqn.2026-11.org.blockwire:acl-gone", "iqn.2026-11.org.blockwire:acl-kept");
+    let cfg = config(ip, np, "").replace(&format!("iqn = \"{IQN}\""), &format!("iqn = \"{IQN}\"\nallowed_initiators = [\"{gone}\", \"{kept}\"]"));
+    let serve = Serve::with_config(&dir, &cfg, &["--control", sock.to_str().unwrap()]);
+    let url = format!("iscsi://127.0.0.1:{ip}/{IQN}/0");
+    let bench = |name: &str| {
+        Command::new(blockwire_bin())
+            .args(["bench", &url, "--runtime", "600", "--initiator-name", name])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (mut a, mut b) = (bench(gone), bench(kept));
+    let sessions = || -> Vec<Value> {
+        let v: Value = serde_json::from_str(&ctl(&sock, &["--json", "session_list"])).unwrap();
+        v["result"].as_array().unwrap().clone()
+    };
+    let of = |name: &str| sessions().into_iter().find(|s| s["initiator"] == name);
+    eventually("both sessions listed with reads counted", || [gone, kept].iter().all(|n| of(n).is_some_and(|s| s["reads"].as_u64() > Some(0))));
+    let row = of(kept).unwrap();
+    assert_eq!((row["protocol"].as_str(), row["target"].as_str()), (Some("iscsi"), Some(IQN)));
+    assert!(row["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{row}");
+
+    let out = ctl(&sock, &["iscsi_acl_remove", &format!(r#"{{"iqn": "{IQN}", "initiator": "{gone}"}}"#)]);
+    assert!(out.contains("no longer allowed"), "{out}");
+    eventually("the removed initiator's session gone for good", || of(gone).is_none() && a.try_wait().unwrap().is_some());
+    assert!(of(kept).is_some(), "the other session stays");
+
+    let id = of(kept).unwrap()["id"].as_str().unwrap().to_string();
+    ctl(&sock, &["session_disconnect", &format!(r#"{{"id": "{id}"}}"#)]);
+    eventually("the disconnected session gone", || of(kept).is_none_or(|s| s["id"] != id.as_str()));
+    assert!(ctl_err(&sock, &["session_disconnect", r#"{"id": "iscsi:99999"}"#]).contains("no session"));
+    let _ = b.kill();
+    let _ = b.wait();
+    let _ = a.wait();
+    assert!(serve.log_text().contains("its initiator is no longer allowed"), "{}", serve.log_text());
+    assert!(serve.stop().success());
+}
