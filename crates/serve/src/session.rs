@@ -25,6 +25,20 @@ impl SessionStats {
     fn snapshot(&self) -> [u64; 4] {
         [&self.reads, &self.writes, &self.read_bytes, &self.written_bytes].map(|a| a.load(Relaxed))
     }
+
+    /// The sum of several (one per queue of a controller, each written by
+    /// its own thread, so no cache line is shared on the I/O path).
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a SessionStats>) -> SessionStats {
+        let t = SessionStats::default();
+        for s in all {
+            let [r, w, rb, wb] = s.snapshot();
+            t.reads.fetch_add(r, Relaxed);
+            t.writes.fetch_add(w, Relaxed);
+            t.read_bytes.fetch_add(rb, Relaxed);
+            t.written_bytes.fetch_add(wb, Relaxed);
+        }
+        t
+    }
 }
 
 /// One row of `session_list`.

@@ -111,6 +111,8 @@ struct Conn {
     holds_qid: bool,
     kill: watch::Receiver<bool>,
     _kill_keep: watch::Sender<bool>,
+    /// This queue's reads and writes (also listed in its controller).
+    stats: Arc<crate::session::SessionStats>,
     /// Connected and, where the host must, authenticated: `run` returns
     /// when this becomes true so that `serve` can give the pending-login
     /// place back and move the queue to its own thread.
@@ -146,6 +148,7 @@ pub async fn serve(
         holds_qid: false,
         kill,
         _kill_keep: kill_keep,
+        stats: Arc::default(),
         logged_in: false,
     };
     let mut reader = FrameReader::with_capacity(256 * 1024);
@@ -444,6 +447,7 @@ impl Conn {
                 anyhow::bail!("queue {qid} of controller {} is taken", e.cntlid);
             }
             self.holds_qid = true;
+            e.stats.lock().unwrap_or_else(|p| p.into_inner()).push(self.stats.clone());
         }
         log::debug!(
             "nvme: {}: queue {qid} of controller {} logged in ({kind:?})",
@@ -499,8 +503,8 @@ impl Conn {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
         match sqe.opcode() {
-            bw_nvme::queue_entry::nvm::READ => e.stats.count(false, bw_nvme::nvm_io::transfer_len(&sqe) as u64),
-            bw_nvme::queue_entry::nvm::WRITE => e.stats.count(true, bw_nvme::nvm_io::transfer_len(&sqe) as u64),
+            bw_nvme::queue_entry::nvm::READ => self.stats.count(false, bw_nvme::nvm_io::transfer_len(&sqe) as u64),
+            bw_nvme::queue_entry::nvm::WRITE => self.stats.count(true, bw_nvme::nvm_io::transfer_len(&sqe) as u64),
             _ => {}
         }
         let device = sub.namespace(sqe.nsid()).map(|n| n.volume.info());

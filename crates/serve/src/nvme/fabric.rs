@@ -27,8 +27,9 @@ pub struct CtrlEntry {
     pub hostnqn: String,
     /// The admin queue's peer, for `session_list`.
     pub peer: Option<SocketAddr>,
-    /// Reads and writes on all its I/O queues.
-    pub stats: SessionStats,
+    /// Reads and writes, one counter set per I/O queue (its connection
+    /// holds the other reference and is the only writer).
+    pub stats: Mutex<Vec<Arc<SessionStats>>>,
     /// Asynchronous event completions made outside the admin queue's
     /// task (a live change); that task sends them when woken.
     pub events: Mutex<Vec<Completion>>,
@@ -229,7 +230,7 @@ impl Fabric {
             subsys,
             hostnqn: d.hostnqn.clone(),
             peer,
-            stats: SessionStats::default(),
+            stats: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
             events_ready: tokio::sync::Notify::new(),
             hostid: d.hostid,
@@ -361,7 +362,8 @@ impl Fabric {
             .filter_map(|e| {
                 let s = e.subsys.as_ref()?;
                 let peer = e.peer.map_or_else(String::new, |p| p.to_string());
-                Some(SessionInfo::new(format!("nvme:{}", e.cntlid), "nvme", &e.hostnqn, peer, s.nqn(), &e.stats))
+                let stats = SessionStats::sum(e.stats.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|s| &**s));
+                Some(SessionInfo::new(format!("nvme:{}", e.cntlid), "nvme", &e.hostnqn, peer, s.nqn(), &stats))
             })
             .collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
