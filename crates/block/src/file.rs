@@ -224,6 +224,15 @@ impl crate::BlockDevice for FileDevice {
         &self.info
     }
 
+    /// Files and memory files are truncated or extended; a block device's
+    /// size is its own.
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        if self.is_block_device {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "a block device is resized where it comes from, not here"));
+        }
+        self.file.set_len(new_size)
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if self.needs_bounce(buf.as_ptr(), buf.len(), offset) {
             let (start, end) = aligned_bounds(offset, buf.len(), self.info.size_bytes);

@@ -147,6 +147,12 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Whether the bytes at `offset` are backed by storage, and for how long
     /// that stays so (at most `len`). Backends that cannot tell report
     /// everything as allocated, which is always a safe answer.
+    /// Change the size to `new_size` bytes (growing reads back as zeroes).
+    /// Backends that cannot say no.
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        let _ = new_size;
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this backend cannot be resized"))
+    }
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
         let _ = offset;
         Ok(Extent { allocated: true, len })

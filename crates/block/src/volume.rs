@@ -67,6 +67,9 @@ struct VolumeInner {
     name: String,
     dev: Box<dyn BlockDevice>,
     read_only: bool,
+    /// Current size in bytes: the backend's at open, then what
+    /// [`Volume::resize`] set (one relaxed load per range check).
+    size: AtomicU64,
     /// Shared with submitted requests, which count their own errors.
     stats: Arc<IoStats>,
 }
@@ -74,7 +77,8 @@ struct VolumeInner {
 impl Volume {
     pub fn new(name: impl Into<String>, dev: Box<dyn BlockDevice>) -> Self {
         let read_only = dev.info().read_only;
-        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, stats: Arc::default() }) }
+        let size = AtomicU64::new(dev.info().size_bytes);
+        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default() }) }
     }
 
     /// Open a backend spec and wrap it.
@@ -89,7 +93,17 @@ impl Volume {
         self.inner.dev.info()
     }
     pub fn size_bytes(&self) -> u64 {
-        self.inner.dev.info().size_bytes
+        self.inner.size.load(Relaxed)
+    }
+    /// Grow or shrink the backend to `new_size` bytes (a multiple of 512);
+    /// front-ends then tell their initiators (the size is read live).
+    pub fn resize(&self, new_size: u64) -> Result<()> {
+        if new_size == 0 || !new_size.is_multiple_of(crate::SECTOR_SIZE as u64) {
+            return Err(BlockError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("size {new_size} is not a positive multiple of {} bytes", crate::SECTOR_SIZE))));
+        }
+        self.inner.dev.resize(new_size).map_err(BlockError::Io)?;
+        self.inner.size.store(new_size, Relaxed);
+        Ok(())
     }
     /// Number of 512-byte sectors.
     pub fn sectors(&self) -> u64 {

@@ -10,6 +10,7 @@ mod router;
 mod attach;
 mod flowop;
 mod generate;
+mod ctl_text;
 
 #[derive(Parser)]
 #[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
@@ -53,9 +54,25 @@ enum Cmd {
     /// Man pages and shell completions (for packaging).
     #[command(subcommand, hide = true)]
     Generate(generate::GenerateCmd),
+    /// Call a method on a running server's control socket (JSON-RPC; see docs/control.md).
+    Ctl(CtlArgs),
 }
 
 #[derive(Args)]
+struct CtlArgs {
+    /// Method name (rpc_get_methods lists them), e.g. status, iscsi_lun_add, save_config.
+    method: String,
+    /// Parameters as one JSON object, e.g. '{"name": "d1", "size": "2G"}'.
+    params: Option<String>,
+    /// Print the JSON-RPC response as it came, instead of text.
+    #[arg(long)]
+    json: bool,
+    /// The server's control socket.
+    #[arg(long, value_name = "PATH", default_value = bw_serve::control::DEFAULT_PATH)]
+    control: std::path::PathBuf,
+}
+
+#[derive(Args, Clone)]
 struct ServeArgs {
     /// A volume: NAME=BACKEND[,opts]; BACKEND is ram:SIZE, file:PATH, a device path or
     /// rbd:POOL/IMAGE; opts: size=SIZE (create a file or image), direct, sync, readonly,
@@ -134,6 +151,10 @@ struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (docs/metrics.md).
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<std::net::SocketAddr>,
+    /// Control socket for `blockwire ctl` (root only), or "none". Default:
+    /// /run/blockwire/control.sock unless another server answers there.
+    #[arg(long, value_name = "PATH|none")]
+    control: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -364,6 +385,7 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Serve(a) => serve(a),
+        Cmd::Ctl(a) => ctl(a),
         Cmd::Attach(a) => attach::attach(a),
         Cmd::Mount(a) => attach::mount(a),
         Cmd::Umount(a) => attach::umount(a),
@@ -471,7 +493,26 @@ fn print_discovered(found: Vec<String>, none: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn serve(a: ServeArgs) -> anyhow::Result<()> {
+/// `blockwire ctl`: one call; the answer as text, or as JSON with --json.
+/// An error answer exits with status 1.
+fn ctl(a: CtlArgs) -> anyhow::Result<()> {
+    let reply = bw_serve::control::call(&a.control, &a.method, a.params.as_deref())?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+    }
+    if let Some(e) = reply.get("error") {
+        let msg = e["message"].as_str().unwrap_or("error");
+        bail!("{}: {msg} (JSON-RPC error {})", a.method, e["code"]);
+    }
+    if !a.json {
+        print!("{}", ctl_text::render(&reply["result"]));
+    }
+    Ok(())
+}
+
+/// The configuration `serve` runs: the file (if any), then the flags.
+/// SIGHUP runs this again.
+fn effective_config(a: &ServeArgs) -> anyhow::Result<bw_serve::ServeConfig> {
     let mut cfg = match &a.config {
         Some(path) => bw_serve::ServeConfig::from_toml_file(path)?,
         None => bw_serve::ServeConfig::default(),
@@ -508,6 +549,11 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if let Some(listen) = a.metrics {
         cfg.metrics = Some(bw_serve::config::MetricsConfig { listen });
     }
+    Ok(cfg)
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let cfg = effective_config(&a)?;
     cfg.validate()?;
     let json = cfg.to_json(a.show_secrets);
     if a.print_config {
@@ -531,5 +577,12 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(bw_serve::serve(cfg))
+    let control = match a.control.as_deref() {
+        None => bw_serve::ControlPath::Default,
+        Some("none") => bw_serve::ControlPath::Off,
+        Some(p) => bw_serve::ControlPath::At(p.into()),
+    };
+    let again = a.clone();
+    let reload: bw_serve::live::Reload = Box::new(move || effective_config(&again));
+    rt.block_on(bw_serve::serve(cfg, bw_serve::Options { control, reload: Some(reload) }))
 }

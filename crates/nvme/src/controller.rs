@@ -504,10 +504,30 @@ impl Controller {
         match self.aers.pop_front() {
             Some(cid) => Some(Completion::result(cid, AEN_NS_CHANGED as u64)),
             None => {
-                self.events.push_back(AEN_NS_CHANGED);
+                if !self.events.contains(&AEN_NS_CHANGED) {
+                    self.events.push_back(AEN_NS_CHANGED);
+                }
                 None
             }
         }
+    }
+
+    /// The subsystem was changed live (namespaces added, removed or
+    /// resized: `changed`): Identify answers from `new` from now on, and
+    /// each change is reported as [`Controller::namespace_changed`] does.
+    /// Returns the AER completion to send: one event for them all, the
+    /// log lists every NSID. for them all: the log lists every NSID.
+    pub fn subsystem_changed(&mut self, new: Arc<Subsystem>, changed: &[u32]) -> Option<Completion> {
+        if let Role::Nvm(s) = &mut self.role {
+            *s = new;
+        }
+        let (last, rest) = changed.split_last()?;
+        for n in rest {
+            if !self.changed_ns.contains(n) {
+                self.changed_ns.push(*n);
+            }
+        }
+        self.namespace_changed(*last)
     }
 
     /// This gateway's ANA state of the subsystem changed (see

@@ -39,7 +39,7 @@ pub mod target_queue;
 
 pub use queue_entry::{Cqe, Sqe};
 pub use controller::{AdminOutcome, Completion, Controller};
-pub use subsystem::{Namespace, Subsystem, DISCOVERY_NQN};
+pub use subsystem::{changed_namespaces, LiveSubsystem, Namespace, Subsystem, DISCOVERY_NQN};
 
 pub use pdu::{Digests, Pdu, PduError};
 pub use status::Status;

@@ -1,6 +1,7 @@
 //! What a target exports: subsystems with namespaces over volumes.
 
 use bw_block::Volume;
+use std::sync::Arc;
 
 /// The well-known NQN of discovery controllers.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
@@ -66,4 +67,47 @@ impl Subsystem {
     pub fn write_cache(&self) -> bool {
         self.namespaces.iter().any(|n| n.volume.info().durability == bw_block::Durability::WriteBack)
     }
+}
+
+/// A subsystem that can change while hosts are connected (namespaces
+/// added, removed, resized): every queue shares one cell and loads the
+/// current [`Subsystem`] without a lock; the control path stores a new one.
+#[derive(Debug)]
+pub struct LiveSubsystem(arc_swap::ArcSwap<Subsystem>);
+
+impl LiveSubsystem {
+    pub fn new(s: Arc<Subsystem>) -> LiveSubsystem {
+        LiveSubsystem(arc_swap::ArcSwap::new(s))
+    }
+    /// The current subsystem (a lock-free load).
+    #[inline]
+    pub fn load(&self) -> arc_swap::Guard<Arc<Subsystem>> {
+        self.0.load()
+    }
+    #[inline]
+    pub fn load_full(&self) -> Arc<Subsystem> {
+        self.0.load_full()
+    }
+    pub fn store(&self, s: Arc<Subsystem>) {
+        self.0.store(s)
+    }
+    pub fn nqn(&self) -> String {
+        self.0.load().nqn.clone()
+    }
+}
+
+/// The NSIDs whose namespace was added, removed or changed size between
+/// two versions of a subsystem (what a Namespace Attribute Changed event
+/// and the Changed Namespace List log report).
+pub fn changed_namespaces(old: &Subsystem, new: &Subsystem) -> Vec<u32> {
+    let mut ids: Vec<u32> = Vec::new();
+    for n in &new.namespaces {
+        match old.namespace(n.nsid) {
+            Some(o) if o.blocks() == n.blocks() && o.volume.name() == n.volume.name() && o.readonly == n.readonly => {}
+            _ => ids.push(n.nsid),
+        }
+    }
+    ids.extend(old.namespaces.iter().filter(|o| new.namespace(o.nsid).is_none()).map(|o| o.nsid));
+    ids.sort_unstable();
+    ids
 }

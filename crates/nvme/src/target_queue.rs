@@ -49,7 +49,7 @@ use crate::pdu::{
     self, fes, CapsuleCmd, DataHeader, DataPdu, DataPduHeader, Digests, IcResp, Pdu, PduError, R2t,
     TermReq,
 };
-use crate::subsystem::Subsystem;
+use crate::subsystem::LiveSubsystem;
 use crate::{nvm_io, Status};
 use bytes::{Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
@@ -173,7 +173,7 @@ pub struct Connected {
     pub keep_alive: Arc<KeepAlive>,
     /// The subsystem behind an I/O controller (for checks made before
     /// asking for write data).
-    pub subsystem: Option<Arc<Subsystem>>,
+    pub subsystem: Option<Arc<LiveSubsystem>>,
     /// The host must authenticate on this queue (DH-HMAC-CHAP): the
     /// Connect response asks for it (AUTHREQ.ATR) and the login deadline
     /// stays armed until it has.
@@ -256,7 +256,7 @@ pub struct TargetQueue {
     /// DH-HMAC-CHAP on this queue, when its host must authenticate.
     auth: Option<ControllerAuth>,
     keep_alive: Option<Arc<KeepAlive>>,
-    subsystem: Option<Arc<Subsystem>>,
+    subsystem: Option<Arc<LiveSubsystem>>,
     /// Writes receiving data, by transfer tag (= command ID).
     pending: HashMap<u16, Pending>,
     /// Writes waiting for R2T budget, in arrival order.
@@ -786,7 +786,7 @@ impl TargetQueue {
                 return self.fail(cid, Status::AUTH_REQUIRED.dnr(), tx);
             }
             if let (Some(sub), true) = (&self.subsystem, self.qid > 0 && !sqe.is_fabrics()) {
-                if let Err(st) = nvm_io::precheck(sub, &sqe) {
+                if let Err(st) = nvm_io::precheck(&sub.load(), &sqe) {
                     return self.fail(cid, st, tx);
                 }
             }

@@ -143,7 +143,8 @@ use commands::{Call, Handler, Lookup, Transfer};
 use reservation::{Denied, Reservations};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, RwLock};
+use arc_swap::ArcSwap;
+use std::sync::{Arc, Mutex, RwLock};
 use ua::UnitAttentions;
 
 /// One logical unit: the volume, its identity and its mutable SCSI state.
@@ -247,7 +248,12 @@ impl ScsiOutcome {
 
 /// All logical units of one target; `Send + Sync`, share it with `Arc`.
 pub struct ScsiTarget {
-    luns: Vec<Lun>,
+    /// The mapped LUNs, sorted by number. Commands load the table without
+    /// a lock ([`ArcSwap`]); [`ScsiTarget::add_lun`] and
+    /// [`ScsiTarget::remove_lun`] publish a new one.
+    luns: ArcSwap<Vec<Arc<Lun>>>,
+    /// Serialises writers of `luns` (the control path only).
+    mapping: Mutex<()>,
     /// Initiator port identity of each nexus whose name the transport told
     /// us (see [`ScsiTarget::set_initiator_name`]).
     ports: RwLock<HashMap<NexusId, u64>>,
@@ -263,26 +269,70 @@ pub struct ScsiTarget {
 impl ScsiTarget {
     /// Build a target from `(lun number, volume, config)` triples.
     pub fn new(luns: Vec<(u64, Volume, LunConfig)>) -> Self {
-        let mut luns: Vec<Lun> = luns.into_iter().map(|(n, v, c)| Lun::new(n, v, c)).collect();
+        let mut luns: Vec<Arc<Lun>> = luns.into_iter().map(|(n, v, c)| Arc::new(Lun::new(n, v, c))).collect();
         luns.sort_by_key(|l| l.number);
         luns.dedup_by_key(|l| l.number);
-        ScsiTarget { luns, ports: RwLock::new(HashMap::new()), port_names: Mutex::new(HashMap::new()) }
+        ScsiTarget { luns: ArcSwap::from_pointee(luns), mapping: Mutex::new(()), ports: RwLock::new(HashMap::new()), port_names: Mutex::new(HashMap::new()) }
     }
 
     /// The mapped LUN numbers, ascending.
     pub fn luns(&self) -> Vec<u64> {
-        self.luns.iter().map(|l| l.number).collect()
+        self.luns.load().iter().map(|l| l.number).collect()
     }
 
-    /// What backs `lun` (the front-end decides from it where to run
-    /// commands), or None if no such LUN.
-    pub fn backend_info(&self, lun: u64) -> Option<&bw_block::DeviceInfo> {
-        self.lun(lun).map(|l| l.volume.info())
+    /// The volume mapped at `lun`, if any.
+    pub fn volume(&self, lun: u64) -> Option<Volume> {
+        self.lun(lun).map(|l| l.volume.clone())
+    }
+
+    /// The identity and policy `lun` was mapped with.
+    pub fn lun_config(&self, lun: u64) -> Option<LunConfig> {
+        self.lun(lun).map(|l| l.cfg.clone())
     }
 
     #[inline]
-    fn lun(&self, lun: u64) -> Option<&Lun> {
-        self.luns.iter().find(|l| l.number == lun)
+    fn lun(&self, lun: u64) -> Option<Arc<Lun>> {
+        self.luns.load().iter().find(|l| l.number == lun).cloned()
+    }
+
+    /// Map `volume` at `lun` while sessions run, and raise REPORTED LUNS
+    /// DATA HAS CHANGED on the LUNs they already use (SPC-4 6.6: every
+    /// I_T nexus learns it on its next command there; a rescan finds the
+    /// new LUN). `false` if the number is taken.
+    pub fn add_lun(&self, lun: u64, volume: Volume, cfg: LunConfig) -> bool {
+        let _w = self.mapping.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.luns.load_full();
+        if old.iter().any(|l| l.number == lun) {
+            return false;
+        }
+        let mut new: Vec<Arc<Lun>> = old.iter().cloned().collect();
+        new.push(Arc::new(Lun::new(lun, volume, cfg)));
+        new.sort_by_key(|l| l.number);
+        self.luns.store(Arc::new(new));
+        for l in old.iter() {
+            l.ua.broadcast(Sense::REPORTED_LUNS_CHANGED);
+        }
+        true
+    }
+
+    /// Unmap `lun` while sessions run (commands already started on it
+    /// finish; later ones get LOGICAL UNIT NOT SUPPORTED) and raise
+    /// REPORTED LUNS DATA HAS CHANGED on the LUNs left. `false` if no such
+    /// LUN.
+    pub fn remove_lun(&self, lun: u64) -> bool {
+        let _w = self.mapping.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.luns.load_full();
+        if !old.iter().any(|l| l.number == lun) {
+            return false;
+        }
+        let new: Vec<Arc<Lun>> = old.iter().filter(|l| l.number != lun).cloned().collect();
+        for l in &new {
+            l.ua.broadcast(Sense::REPORTED_LUNS_CHANGED);
+        }
+        self.luns.store(Arc::new(new));
+        drop(_w);
+        self.forget_unused_names(None);
+        true
     }
 
     /// Optional but recommended: record the SCSI initiator port name of a
@@ -313,13 +363,13 @@ impl ScsiTarget {
         let ports = self.ports.read().unwrap_or_else(|p| p.into_inner());
         match only {
             Some(id) => {
-                if !ports.values().any(|p| *p == id) && !self.luns.iter().any(|l| l.res.is_registered(id)) {
+                if !ports.values().any(|p| *p == id) && !self.luns.load().iter().any(|l| l.res.is_registered(id)) {
                     names.remove(&id);
                 }
             }
             None => {
                 let mut used: std::collections::HashSet<u64> = ports.values().copied().collect();
-                for l in &self.luns {
+                for l in self.luns.load().iter() {
                     l.res.registered_into(&mut used);
                 }
                 names.retain(|id, _| used.contains(id));
@@ -468,7 +518,7 @@ impl ScsiTarget {
 
     /// Target reset: [`ScsiTarget::lun_reset`] on every LUN.
     pub fn target_reset(&self) {
-        for l in &self.luns {
+        for l in self.luns.load().iter() {
             l.reset();
         }
     }
@@ -479,7 +529,7 @@ impl ScsiTarget {
     /// is forgotten when its last nexus ends.
     pub fn nexus_gone(&self, nexus: NexusId) {
         let who = self.identity(nexus);
-        for l in &self.luns {
+        for l in self.luns.load().iter() {
             l.res.clear_spc2(Some(who));
             l.ua.forget(who);
         }
@@ -605,5 +655,40 @@ mod tests {
         assert_eq!(names(&t), vec![other.to_string()]);
         t.nexus_gone(301);
         assert_eq!(names(&t), Vec::<String>::new());
+    }
+}
+
+#[cfg(test)]
+mod live_tests {
+    use super::*;
+
+    fn vol(name: &str) -> Volume {
+        Volume::open(name, &bw_block::BackendSpec::ram(64 * 512)).unwrap()
+    }
+
+    fn tur(t: &ScsiTarget, nexus: NexusId, lun: u64) -> ScsiOutcome {
+        t.execute(nexus, lun, &[op::TEST_UNIT_READY, 0, 0, 0, 0, 0], &[], &mut Vec::new())
+    }
+
+    /// LUNs mapped and unmapped while a nexus is logged in: REPORT LUNS
+    /// follows, the LUNs it already used report REPORTED LUNS DATA HAS
+    /// CHANGED once, and an unmapped LUN is not supported any more.
+    #[test]
+    fn luns_added_and_removed_live_raise_reported_luns_changed() {
+        let t = ScsiTarget::new(vec![(0, vol("a"), LunConfig::for_volume("a", "iqn.t:t", 0))]);
+        assert!(tur(&t, 1, 0).is_good());
+        assert!(t.add_lun(1, vol("b"), LunConfig::for_volume("b", "iqn.t:t", 1)));
+        assert!(!t.add_lun(1, vol("c"), LunConfig::for_volume("c", "iqn.t:t", 1)), "LUN 1 is taken");
+        assert_eq!(t.luns(), [0, 1]);
+        assert_eq!(tur(&t, 1, 0), ScsiOutcome::check(Sense::REPORTED_LUNS_CHANGED));
+        assert!(tur(&t, 1, 0).is_good());
+        assert!(tur(&t, 1, 1).is_good(), "the new LUN has nothing to report");
+        assert!(t.remove_lun(0));
+        assert!(!t.remove_lun(0));
+        assert_eq!(tur(&t, 1, 0), ScsiOutcome::check(Sense::LUN_NOT_SUPPORTED));
+        assert_eq!(tur(&t, 1, 1), ScsiOutcome::check(Sense::REPORTED_LUNS_CHANGED));
+        let mut d = Vec::new();
+        assert!(t.execute(1, 1, &[op::REPORT_LUNS, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[], &mut d).is_good());
+        assert_eq!(&d[..4], &16u32.to_be_bytes(), "LUN 0 (always listed) and LUN 1");
     }
 }

@@ -15,7 +15,8 @@ use bw_block::Volume;
 /// One command as the table and the LUN see it (see the module comment).
 pub struct Plan<'a> {
     target: &'a ScsiTarget,
-    lun: Option<&'a Lun>,
+    /// Held for the command's life: a LUN removed meanwhile finishes it.
+    lun: Option<std::sync::Arc<Lun>>,
     cdb: &'a [u8],
     found: Lookup,
 }
@@ -105,24 +106,24 @@ impl<'a> Plan<'a> {
 
     /// What backs the LUN (the transport decides from it where to run
     /// commands), or `None` if no such LUN.
-    pub fn device(&self) -> Option<&'a bw_block::DeviceInfo> {
-        self.lun.map(|l| l.volume.info())
+    pub fn device(&self) -> Option<&bw_block::DeviceInfo> {
+        self.lun.as_deref().map(|l| l.volume.info())
     }
 
     /// The LUN's volume, or `None` if no such LUN.
-    pub fn volume(&self) -> Option<&'a Volume> {
-        self.lun.map(|l| &l.volume)
+    pub fn volume(&self) -> Option<&Volume> {
+        self.lun.as_deref().map(|l| &l.volume)
     }
 
     /// The LUN, when the command is the plain fast case: a supported row
     /// with a full CDB, no NACA/LINK, and no unit attention, reservation or
     /// ALUA refusal that the general path must report.
-    fn plain(&self) -> Option<(&'static commands::Command, &'a Lun)> {
+    fn plain(&self) -> Option<(&'static commands::Command, &Lun)> {
         let c = self.row()?;
         if naca_or_link(self.cdb, c.cdb_len()) {
             return None;
         }
-        let l = self.lun?;
+        let l = self.lun.as_deref()?;
         if l.ua.active() || l.res.held() || l.cfg.port_group.state.refusal().is_some() {
             return None;
         }
@@ -233,7 +234,7 @@ impl<'a> Plan<'a> {
     ) -> ScsiOutcome {
         let r = self
             .target
-            .run(nexus, self.lun, self.found, self.cdb, data_out, data_in);
+            .run(nexus, self.lun.as_deref(), self.found, self.cdb, data_out, data_in);
         if r.is_err() {
             data_in.clear();
         }

@@ -36,7 +36,9 @@ use bw_iscsi::target_session::{
 use bw_net::tcp::CongestionPlan;
 use bw_scsi::commands::Execution;
 use bw_scsi::{AluaState, IoPlan, LunConfig, Plan, PortGroup, ReadPlan, ScsiTarget};
-use std::collections::HashMap;
+use crate::session::{SessionInfo, SessionStats};
+use arc_swap::ArcSwap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
@@ -62,16 +64,50 @@ struct Knobs {
     flush_every: usize,
 }
 
-struct Target {
-    scsi: Arc<ScsiTarget>,
+/// (initiator name, ISID, target name): what identifies an iSCSI session.
+type SessionKey = (String, [u8; 6], String);
+
+/// The targets as logins see them: names, ACLs and credentials, and the
+/// SCSI side of each (same order). Live changes publish a new one; a
+/// session keeps the `ScsiTarget` it logged in to, whose LUN table
+/// changes in place.
+struct Published {
+    login: LoginConfig,
+    targets: Vec<Arc<ScsiTarget>>,
 }
 
-/// (initiator name, ISID, target index): what identifies an iSCSI session.
-type SessionKey = (String, [u8; 6], usize);
+/// Tells one session's connection to end, and why.
+struct Ending {
+    notify: Notify,
+    why: Mutex<&'static str>,
+}
+
+impl Ending {
+    fn new() -> Arc<Ending> {
+        Arc::new(Ending { notify: Notify::new(), why: Mutex::new("") })
+    }
+    fn end(&self, why: &'static str) {
+        *self.why.lock().unwrap_or_else(|p| p.into_inner()) = why;
+        self.notify.notify_one();
+    }
+    async fn wait(&self) -> &'static str {
+        self.notify.notified().await;
+        *self.why.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A live normal session, for reinstatement, `session_list`,
+/// `session_disconnect` and ACL changes.
+struct SessionEntry {
+    nexus: u64,
+    ending: Arc<Ending>,
+    peer: SocketAddr,
+    stats: Arc<SessionStats>,
+}
 
 struct Ctx {
-    login: LoginConfig,
-    targets: Vec<Target>,
+    /// Loaded once per login (a lock-free load), never per command.
+    published: ArcSwap<Published>,
     listen: Vec<SocketAddr>,
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
@@ -80,7 +116,7 @@ struct Ctx {
     knobs: Knobs,
     /// Live normal sessions by (initiator name, ISID, target): a new login
     /// with the same key reinstates the session, ending the old connection.
-    sessions: Mutex<HashMap<SessionKey, (u64, Arc<Notify>)>>,
+    sessions: Mutex<HashMap<SessionKey, SessionEntry>>,
 }
 
 fn secret(c: &Option<crate::config::Credentials>) -> Option<Secret> {
@@ -97,7 +133,8 @@ fn alua_state(s: crate::config::AluaStateConfig) -> AluaState {
     }
 }
 
-fn build_target(t: &IscsiTarget, volumes: &Volumes) -> anyhow::Result<Target> {
+/// The volume and SCSI identity of each LUN of `t`.
+fn luns(t: &IscsiTarget, volumes: &Volumes) -> anyhow::Result<Vec<(u64, Volume, LunConfig)>> {
     let mut luns = Vec::new();
     for l in &t.luns {
         let vol = volumes
@@ -112,9 +149,119 @@ fn build_target(t: &IscsiTarget, volumes: &Volumes) -> anyhow::Result<Target> {
         };
         luns.push((l.lun, vol.clone(), lc));
     }
-    Ok(Target {
-        scsi: Arc::new(ScsiTarget::new(luns)),
-    })
+    Ok(luns)
+}
+
+fn target_info(t: &IscsiTarget) -> TargetInfo {
+    TargetInfo {
+        name: t.iqn.clone(),
+        alias: None,
+        portal_group_tag: t.portal_group_tag,
+        allowed_initiators: t.allowed_initiators.clone(),
+        chap: secret(&t.chap),
+        mutual_chap: secret(&t.mutual_chap),
+    }
+}
+
+fn login_config(cfg: &IscsiConfig) -> LoginConfig {
+    LoginConfig {
+        targets: cfg.targets.iter().map(target_info).collect(),
+        limits: LocalLimits::default(),
+        queue_depth: QUEUE_DEPTH,
+        discovery_chap: secret(&cfg.discovery_chap),
+        discovery_mutual_chap: secret(&cfg.discovery_mutual_chap),
+    }
+}
+
+/// The running iSCSI front-end, for live changes and `session_list`.
+#[derive(Clone)]
+pub struct Handle(Arc<Ctx>);
+
+impl Handle {
+    /// Make the targets those of `cfg` while sessions run: a target kept
+    /// by name keeps its `ScsiTarget` and maps and unmaps LUNs in place
+    /// (REPORTED LUNS DATA HAS CHANGED for its sessions), a LUN whose
+    /// volume is in `resized` raises CAPACITY DATA HAS CHANGED, and the
+    /// sessions of a target removed, or of an initiator its ACL no longer
+    /// allows, end. Returns what changed, for the log.
+    pub fn reconcile(&self, cfg: &IscsiConfig, volumes: &Volumes, resized: &HashSet<String>) -> anyhow::Result<Vec<String>> {
+        let ctx = &self.0;
+        let old = ctx.published.load_full();
+        let mut log = Vec::new();
+        // Everything that can fail first: then the change is all or nothing.
+        let mut wanted = Vec::new();
+        for t in &cfg.targets {
+            wanted.push((t, luns(t, volumes)?));
+        }
+        let mut targets = Vec::new();
+        for (t, luns) in wanted {
+            let kept = old.login.targets.iter().position(|i| i.name == t.iqn).map(|i| old.targets[i].clone());
+            let Some(scsi) = kept else {
+                log.push(format!("iscsi {}: target added ({} LUNs)", t.iqn, luns.len()));
+                targets.push(Arc::new(ScsiTarget::new(luns)));
+                continue;
+            };
+            // A LUN kept has the same volume and settings (read-only,
+            // ALUA group); one whose settings changed is mapped again.
+            let have = scsi.luns();
+            let same = |n: u64, v: &Volume, lc: &LunConfig| scsi.volume(n).is_some_and(|o| o.name() == v.name()) && scsi.lun_config(n).as_ref() == Some(lc);
+            for n in have.iter().filter(|n| !luns.iter().any(|(l, v, lc)| l == *n && same(**n, v, lc))) {
+                scsi.remove_lun(*n);
+                log.push(format!("iscsi {}: LUN {n} removed", t.iqn));
+            }
+            for (n, vol, lc) in luns {
+                if scsi.volume(n).is_none() {
+                    let name = vol.name().to_string();
+                    scsi.add_lun(n, vol, lc);
+                    log.push(format!("iscsi {}: LUN {n} added (volume {name})", t.iqn));
+                } else if resized.contains(vol.name()) {
+                    scsi.capacity_changed(n);
+                    log.push(format!("iscsi {}: LUN {n} capacity changed", t.iqn));
+                }
+            }
+            targets.push(scsi);
+        }
+        let login = login_config(cfg);
+        for t in &old.login.targets {
+            if !login.targets.iter().any(|n| n.name == t.name) {
+                log.push(format!("iscsi {}: target removed", t.name));
+            }
+        }
+        ctx.published.store(Arc::new(Published { login, targets }));
+        let published = ctx.published.load();
+        let sessions = ctx.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        for ((initiator, _, iqn), e) in sessions.iter() {
+            let why = match published.login.targets.iter().find(|t| &t.name == iqn) {
+                None => "its target was removed",
+                Some(t) if !t.allowed_initiators.is_empty() && !t.allowed_initiators.contains(initiator) => "its initiator is no longer allowed",
+                Some(_) => continue,
+            };
+            log.push(format!("iscsi {iqn}: session of {initiator} ends: {why}"));
+            e.ending.end(why);
+        }
+        Ok(log)
+    }
+
+    /// Every normal session, for `session_list`.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let sessions = self.0.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<SessionInfo> = sessions
+            .iter()
+            .map(|((initiator, _, iqn), e)| SessionInfo::new(format!("iscsi:{}", e.nexus), "iscsi", initiator, e.peer.to_string(), iqn.clone(), &e.stats))
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// End the session with this nexus id (`session_disconnect`).
+    pub fn disconnect(&self, nexus: u64) -> bool {
+        let sessions = self.0.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let found = sessions.values().find(|e| e.nexus == nexus);
+        if let Some(e) = found {
+            e.ending.end("disconnected by the operator");
+        }
+        found.is_some()
+    }
 }
 
 pub async fn start(
@@ -123,31 +270,15 @@ pub async fn start(
     tuning: &Tuning,
     volumes: &Volumes,
     shutdown: Shutdown,
-) -> anyhow::Result<Running> {
-    let mut infos = Vec::new();
+) -> anyhow::Result<(Running, Handle)> {
     let mut targets = Vec::new();
     for t in &cfg.targets {
-        targets.push(build_target(t, volumes)?);
-        infos.push(TargetInfo {
-            name: t.iqn.clone(),
-            alias: None,
-            portal_group_tag: t.portal_group_tag,
-            allowed_initiators: t.allowed_initiators.clone(),
-            chap: secret(&t.chap),
-            mutual_chap: secret(&t.mutual_chap),
-        });
+        targets.push(Arc::new(ScsiTarget::new(luns(t, volumes)?)));
         eprintln!("blockwire: iSCSI target {} ({} LUNs)", t.iqn, t.luns.len());
     }
     let admission = Admission::new(limits.clone());
     let ctx = Arc::new(Ctx {
-        login: LoginConfig {
-            targets: infos,
-            limits: LocalLimits::default(),
-            queue_depth: QUEUE_DEPTH,
-            discovery_chap: secret(&cfg.discovery_chap),
-            discovery_mutual_chap: secret(&cfg.discovery_mutual_chap),
-        },
-        targets,
+        published: ArcSwap::from_pointee(Published { login: login_config(cfg), targets }),
         listen: cfg.listen.clone(),
         next_tsih: AtomicU16::new(1),
         next_nexus: AtomicU64::new(1),
@@ -178,11 +309,13 @@ pub async fn start(
         threading,
         congestion,
     };
+    let handle = Handle(ctx.clone());
     let accepting = acceptor.run(listeners, shutdown, move |a| connection(a, ctx.clone()));
-    Ok(tokio::spawn(async move {
+    let running = tokio::spawn(async move {
         let _ = accepting.await;
         Ok(())
-    }))
+    });
+    Ok((running, handle))
 }
 
 /// iSCSI framing for the shared reader: the BHS says the PDU's length.
@@ -231,22 +364,24 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let Accepted {
         stream,
         local,
+        peer,
         mut ticket,
         mut shutdown,
-        ..
     } = a;
+    // The targets as they are at this login.
+    let published = ctx.published.load_full();
     let local = local.context("no local address")?;
     let _counted = metrics::global().connection(Proto::Iscsi);
     let (mut rd, mut wr) = stream.into_split();
     let mut reader = FrameReader::with_capacity(256 * 1024);
     let mut dec = Decoder::new(LOGIN_MAX_DATA);
     let mut out = Outbox::default();
-    let Some(res) = login(&ctx, &mut ticket, &mut rd, &mut wr, &mut reader, &dec, &mut out).await? else {
+    let Some(res) = login(&ctx, &published.login, &mut ticket, (&mut rd, &mut wr), &mut reader, &dec, &mut out).await? else {
         return Ok(());
     };
     let _session = res
         .target
-        .map(|t| metrics::global().login(Proto::Iscsi, &ctx.login.targets[t].name, &res.initiator_name, true));
+        .map(|t| metrics::global().login(Proto::Iscsi, &published.login.targets[t].name, &res.initiator_name, true));
     let discovery_idle = (res.session_type == SessionType::Discovery)
         .then(|| ctx.admission.limits().discovery_idle_timeout());
     if discovery_idle.is_none() {
@@ -263,9 +398,9 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         nop_interval: NOP_INTERVAL,
         idle_limit: discovery_idle,
     };
-    let session = full_feature_session(&ctx, &res, local, digests)
+    let session = full_feature_session(&ctx, &published.login, &res, local, digests)
         .with_timers(timers, std::time::Instant::now());
-    let scsi = res.target.map(|i| ctx.targets[i].scsi.clone());
+    let scsi = res.target.map(|i| published.targets[i].clone());
     let nexus = ctx.next_nexus.fetch_add(1, Ordering::Relaxed);
     if let Some(s) = &scsi {
         let isid: String = res.isid.iter().map(|b| format!("{b:02x}")).collect();
@@ -273,10 +408,12 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     }
     let key = res
         .target
-        .map(|t| (res.initiator_name.clone(), res.isid, t));
-    let ended = Arc::new(Notify::new());
+        .map(|t| (res.initiator_name.clone(), res.isid, published.login.targets[t].name.clone()));
+    drop(published);
+    let ending = Ending::new();
+    let stats = Arc::new(SessionStats::default());
     if let Some(k) = &key {
-        reinstate(&ctx, k, nexus, &ended);
+        reinstate(&ctx, k, SessionEntry { nexus, ending: ending.clone(), peer, stats: stats.clone() });
     }
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let mut conn = Connection {
@@ -288,6 +425,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         out,
         done_tx,
         meter: Meter::new(Proto::Iscsi),
+        stats,
     };
     let mut io = ConnIo {
         rd,
@@ -296,10 +434,10 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         reader,
         dec,
     };
-    let r = conn.full_feature(&mut io, &mut shutdown, &ended).await;
+    let r = conn.full_feature(&mut io, &mut shutdown, &ending).await;
     if let Some(k) = &key {
         let mut map = ctx.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(k).is_some_and(|(n, _)| *n == nexus) {
+        if map.get(k).is_some_and(|e| e.nexus == nexus) {
             map.remove(k);
         }
     }
@@ -315,9 +453,9 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
 /// `None`: the login failed or was refused (the answer has been sent).
 async fn login(
     ctx: &Ctx,
+    targets: &LoginConfig,
     ticket: &mut Ticket,
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+    (rd, wr): (&mut OwnedReadHalf, &mut OwnedWriteHalf),
     reader: &mut FrameReader,
     dec: &Decoder,
     out: &mut Outbox,
@@ -330,7 +468,7 @@ async fn login(
     };
     let login_timeout = ctx.admission.limits().login_timeout();
     let mut login =
-        TargetLogin::new(&ctx.login, tsih, chap_entropy()?).with_deadline(std::time::Instant::now() + login_timeout);
+        TargetLogin::new(targets, tsih, chap_entropy()?).with_deadline(std::time::Instant::now() + login_timeout);
     loop {
         let next = reader.next(rd, dec, |b| dec.decode(b));
         let pdu = match login.poll_timeout() {
@@ -369,7 +507,7 @@ async fn login(
             LoginStep::Failed(s) => {
                 use bw_iscsi::msg::login_status::{AUTHENTICATION_FAILURE, AUTHORIZATION_FAILURE};
                 if s == AUTHENTICATION_FAILURE || s == AUTHORIZATION_FAILURE {
-                    let target = login.target().map_or("", |t| ctx.login.targets[t].name.as_str());
+                    let target = login.target().map_or("", |t| targets.targets[t].name.as_str());
                     metrics::global().auth_failure(Proto::Iscsi, target, login.initiator_name());
                 }
                 log::info!(
@@ -397,15 +535,14 @@ fn chap_entropy() -> anyhow::Result<bw_iscsi::chap::ChapEntropy> {
 
 /// The full feature phase session a login produced: the targets this
 /// initiator may see (for SendTargets) and the one it logged in to.
-fn full_feature_session(ctx: &Ctx, res: &LoginResult, local: SocketAddr, digests: Digests) -> TargetSession {
-    let visible: Vec<(String, Vec<String>)> = ctx
-        .login
+fn full_feature_session(ctx: &Ctx, login: &LoginConfig, res: &LoginResult, local: SocketAddr, digests: Digests) -> TargetSession {
+    let visible: Vec<(String, Vec<String>)> = login
         .targets
         .iter()
         .filter(|t| t.allowed_initiators.is_empty() || t.allowed_initiators.contains(&res.initiator_name))
         .map(|t| (t.name.clone(), portals(ctx, local, t.portal_group_tag)))
         .collect();
-    let current = res.target.map(|i| ctx.login.targets[i].name.clone());
+    let current = res.target.map(|i| login.targets[i].name.clone());
     log::info!(
         "iSCSI {} session from {} to {:?} (digests {:?})",
         if res.session_type == SessionType::Discovery {
@@ -432,18 +569,18 @@ fn full_feature_session(ctx: &Ctx, res: &LoginResult, local: SocketAddr, digests
 
 /// Record a normal session under its key; a live session with the same key
 /// is reinstated: its connection is told to end.
-fn reinstate(ctx: &Ctx, key: &SessionKey, nexus: u64, ended: &Arc<Notify>) {
+fn reinstate(ctx: &Ctx, key: &SessionKey, entry: SessionEntry) {
     let old = ctx
         .sessions
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(key.clone(), (nexus, ended.clone()));
-    if let Some((_, old)) = old {
+        .insert(key.clone(), entry);
+    if let Some(old) = old {
         log::info!(
             "iSCSI session of {} reinstated: ending the old connection",
             key.0.escape_debug()
         );
-        old.notify_one();
+        old.ending.end("session reinstated by a new login");
     }
 }
 
@@ -494,6 +631,8 @@ struct Connection {
     /// Completions from the blocking pool come back through here.
     done_tx: mpsc::UnboundedSender<Done>,
     meter: Meter,
+    /// Reads and writes, for `session_list`.
+    stats: Arc<SessionStats>,
 }
 
 /// The socket side of one connection.
@@ -579,6 +718,9 @@ impl Connection {
         let Some(scsi) = self.scsi.clone() else {
             return;
         };
+        if e.read != e.write {
+            self.stats.count(e.write, e.edtl as u64);
+        }
         let plan = scsi.plan(lun_number(e.lun), &e.cdb);
         let work = work(&plan, &e, &self.knobs, self.digests);
         let mut place = dispatch::place(work, plan.device(), self.knobs.inline_max);
@@ -764,7 +906,7 @@ impl Connection {
         &mut self,
         io: &mut ConnIo,
         shutdown: &mut Shutdown,
-        reinstated: &Notify,
+        ending: &Ending,
     ) -> anyhow::Result<()> {
         loop {
             // Handle every PDU already buffered, then send what that produced.
@@ -814,7 +956,7 @@ impl Connection {
                     }
                 }
                 Some(d) = io.done_rx.recv() => self.finished(d),
-                _ = reinstated.notified() => anyhow::bail!("session reinstated by a new login"),
+                why = ending.wait() => anyhow::bail!("{why}"),
                 _ = tokio::time::sleep_until(timeout.unwrap_or(far).into()), if timeout.is_some() => {
                     let mut actions = Vec::new();
                     let r = self.session.handle_timeout(std::time::Instant::now(), &mut actions);

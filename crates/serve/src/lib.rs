@@ -4,13 +4,16 @@
 pub mod accept;
 pub mod aoe;
 pub mod config;
+pub mod control;
 pub mod dispatch;
 pub mod framing;
 pub mod iscsi;
 pub mod limits;
+pub mod live;
 pub mod metrics;
 pub mod nvme;
 pub mod outbox;
+pub mod session;
 pub mod systemd;
 pub mod tuning;
 
@@ -64,8 +67,9 @@ pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
 
 /// Start every front-end; each binds its sockets before this returns, so the
 /// caller can announce readiness.
-pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) -> anyhow::Result<Vec<Running>> {
+pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) -> anyhow::Result<(Vec<Running>, live::Frontends)> {
     let mut running = Vec::new();
+    let mut frontends = live::Frontends::default();
     if let Some(a) = &cfg.aoe {
         if !a.exports.is_empty() {
             running.push(aoe::start(a, &cfg.tuning, volumes, shutdown.clone()).await?);
@@ -73,18 +77,22 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
     }
     if let Some(i) = &cfg.iscsi {
         if !i.listen.is_empty() {
-            running.push(iscsi::start(i, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("iSCSI")?);
+            let (r, h) = iscsi::start(i, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("iSCSI")?;
+            running.push(r);
+            frontends.iscsi = Some(h);
         }
     }
     if let Some(n) = &cfg.nvme {
         if !n.listen.is_empty() {
-            running.push(nvme::start(n, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("NVMe/TCP")?);
+            let (r, h) = nvme::start(n, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("NVMe/TCP")?;
+            running.push(r);
+            frontends.nvme = Some(h);
         }
     }
     if running.is_empty() {
         anyhow::bail!("nothing to serve: give --aoe, --iscsi or --nvme (or the same in the config file)");
     }
-    Ok(running)
+    Ok((running, frontends))
 }
 
 /// Raise the limit on open descriptors: a logged-in connection with a
@@ -133,8 +141,27 @@ fn raise_fd_limit() {
     }
 }
 
+/// Where the control socket goes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ControlPath {
+    /// [`control::DEFAULT_PATH`], unless another server holds it.
+    #[default]
+    Default,
+    At(std::path::PathBuf),
+    Off,
+}
+
+/// How `serve` runs besides its configuration.
+#[derive(Default)]
+pub struct Options {
+    pub control: ControlPath,
+    /// Reads the configuration again on SIGHUP.
+    pub reload: Option<live::Reload>,
+}
+
 /// Run until SIGINT/SIGTERM, then stop every front-end and flush volumes.
-pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
+/// SIGHUP reads the configuration again and applies the difference.
+pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
     cfg.validate()?;
     raise_fd_limit();
     let volumes = open_volumes(&cfg)?;
@@ -143,19 +170,31 @@ pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let (stop_tx, shutdown) = Shutdown::new();
-    let mut running = start(&cfg, &volumes, &shutdown).await?;
+    let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let socket = match &opts.control {
+        ControlPath::Default => control::bind(std::path::Path::new(control::DEFAULT_PATH), false)?,
+        ControlPath::At(p) => control::bind(p, true)?,
+        ControlPath::Off => None,
+    };
+    let (mut running, frontends) = start(&cfg, &volumes, &shutdown).await?;
     if let Some(m) = &cfg.metrics {
         running.push(start_metrics(m.listen, &shutdown).await?);
     }
+    let live = Arc::new(live::Live::new(cfg, &volumes, frontends, opts.reload));
+    drop(volumes);
+    let control = socket.map(|s| tokio::spawn(s.run(live.clone(), shutdown.clone())));
     // Tests and scripts wait for this exact line; systemd for READY=1.
     eprintln!("blockwire: ready (pid {})", std::process::id());
     systemd::notify("READY=1");
     let mut failed = None;
     let mut all = futures_select(running);
-    tokio::select! {
-        _ = sigterm.recv() => log::info!("SIGTERM: shutting down"),
-        _ = sigint.recv() => log::info!("SIGINT: shutting down"),
-        r = all.recv() => failed = r,
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => { log::info!("SIGTERM: shutting down"); break }
+            _ = sigint.recv() => { log::info!("SIGINT: shutting down"); break }
+            _ = sighup.recv() => reload(&live).await,
+            r = all.recv() => { failed = r; break }
+        }
     }
     systemd::notify("STOPPING=1");
     let _ = stop_tx.send(true);
@@ -172,7 +211,11 @@ pub async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             _ = &mut deadline => { log::warn!("front-ends did not stop within 5 s"); break; }
         }
     }
-    for v in volumes.values() {
+    if let Some(c) = control {
+        // Its socket file goes with it.
+        let _ = c.await;
+    }
+    for v in live.volumes() {
         if let Err(e) = v.flush() {
             log::error!("flush of volume {} at shutdown failed: {e}", v.name());
         }
@@ -188,6 +231,18 @@ async fn start_metrics(addr: std::net::SocketAddr, shutdown: &Shutdown) -> anyho
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
     log::info!("metrics: http://{}/metrics", listener.local_addr()?);
     Ok(tokio::spawn(metrics::serve_http(listener, metrics::global(), shutdown.clone())))
+}
+
+/// SIGHUP: serve the configuration read again, or say why not (then
+/// nothing changed).
+async fn reload(live: &Arc<live::Live>) {
+    let l = live.clone();
+    match tokio::task::spawn_blocking(move || l.reload()).await {
+        Ok(Ok(changes)) if changes.is_empty() => log::info!("SIGHUP: configuration read again: no change"),
+        Ok(Ok(changes)) => log::info!("SIGHUP: configuration read again: {} changes applied", changes.len()),
+        Ok(Err(e)) => log::error!("SIGHUP: configuration not applied, nothing changed: {e}"),
+        Err(e) => log::error!("SIGHUP: reload failed: {e}"),
+    }
 }
 
 /// Funnel front-end results into one channel as they finish.

@@ -243,3 +243,33 @@ fn admin_dispatch_follows_the_command_table() {
     }
     assert!(COMMANDS.iter().any(|r| r.queue == QueueKind::Admin && !r.discovery), "Abort is NVM-only");
 }
+
+/// A live change (namespace 2 added, 1 resized): Identify answers from the
+/// new subsystem, one event reports both, and the log lists them; with
+/// the event disabled nothing is sent (the log still lists them).
+#[test]
+fn live_subsystem_change_raises_one_namespace_event() {
+    let mut c = ctrl();
+    enable(&mut c);
+    let old = c.subsystem().unwrap().clone();
+    let v2 = Volume::open("v2", &BackendSpec::ram(2 << 20)).unwrap();
+    let mut new = (*old).clone();
+    new.namespaces.push(Namespace::new("nqn.t:s", 2, v2, false));
+    let new = Arc::new(new);
+    let mut changed = crate::changed_namespaces(&old, &new);
+    changed.push(1);
+    assert_eq!(c.subsystem_changed(new.clone(), &changed), None, "the host did not enable the event");
+    let mut s = Sqe::new(admin::SET_FEATURES, 5, 0);
+    s.set_cdw(10, feature::ASYNC_EVENT as u32);
+    s.set_cdw(11, 1 << 8);
+    run(&mut c, s);
+    assert_eq!(c.execute_admin(&Sqe::new(admin::ASYNC_EVENT, 10, 0), &[], Instant::now()), AdminOutcome::Held);
+    let done = c.subsystem_changed(new, &[1, 2]).unwrap();
+    assert_eq!((done.cid, done.result), (10, AEN_NS_CHANGED as u64));
+    let mut id = with_len(Sqe::new(admin::IDENTIFY, 4, 0), 4096);
+    id.set_cdw(10, cns::CONTROLLER as u32);
+    assert_eq!(identify::IdCtrl::parse(&run(&mut c, id).data.unwrap()).unwrap().nn, 2);
+    let l = LogRequest { lid: lid::CHANGED_NS, rae: false, len: 4096, offset: 0 };
+    let d = run(&mut c, with_len(l.to_sqe(7, 0), 4096)).data.unwrap();
+    assert_eq!(&d[..12], &[2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+}

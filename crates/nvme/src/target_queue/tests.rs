@@ -1,7 +1,7 @@
 use super::*;
 use crate::queue_entry::{nvm, Sgl};
 use crate::pdu::{IcReq, DATA_HLEN};
-use crate::subsystem::Namespace;
+use crate::subsystem::{Namespace, Subsystem};
 use bw_block::{BackendSpec, Volume};
 use std::time::Duration;
 
@@ -133,7 +133,7 @@ impl Host {
         let c = Connected {
             result: CNTLID,
             keep_alive: self.ka.clone(),
-            subsystem: Some(self.sub.clone()),
+            subsystem: Some(Arc::new(crate::LiveSubsystem::new(self.sub.clone()))),
             auth: None,
         };
         self.q.connected(*cid, c, self.now, &mut tx);
@@ -1199,7 +1199,7 @@ mod auth {
         let c = Connected {
             result: CNTLID,
             keep_alive: h.ka.clone(),
-            subsystem: Some(h.sub.clone()),
+            subsystem: Some(Arc::new(crate::LiveSubsystem::new(h.sub.clone()))),
             auth: Some(ControllerAuth::new(ctrl_cfg(), "nqn.t:h", "nqn.t:s")),
         };
         let mut tx = Vec::new();

@@ -10,7 +10,8 @@ use std::sync::Arc;
 /// Per (subsystem NQN, host NQN): the keys that host authenticates with.
 #[derive(Debug)]
 pub struct HostKeys {
-    keys: HashMap<(String, String), Arc<AuthConfig>>,
+    /// Read at Connect only; replaced by live changes.
+    keys: std::sync::Mutex<HashMap<(String, String), Arc<AuthConfig>>>,
     /// Sequence numbers S1 for every challenge this target sends.
     pub seq: SeqNum,
 }
@@ -18,7 +19,7 @@ pub struct HostKeys {
 impl Default for HostKeys {
     fn default() -> Self {
         HostKeys {
-            keys: HashMap::new(),
+            keys: Default::default(),
             seq: SeqNum::new(0),
         }
     }
@@ -26,6 +27,21 @@ impl Default for HostKeys {
 
 impl HostKeys {
     pub fn from_config(cfg: &NvmeConfig) -> anyhow::Result<HostKeys> {
+        let keys = Self::keys(cfg)?;
+        let seq = SeqNum::from_os()
+            .map_err(|e| anyhow::anyhow!("no random numbers from the OS for DH-HMAC-CHAP: {e}"))?;
+        Ok(HostKeys { keys: keys.into(), seq })
+    }
+
+    /// Take the hosts and keys of `cfg` (a live change); queues already
+    /// logged in keep going, new ones use these.
+    pub fn replace(&self, cfg: &NvmeConfig) -> anyhow::Result<()> {
+        let keys = Self::keys(cfg)?;
+        *self.keys.lock().unwrap_or_else(|p| p.into_inner()) = keys;
+        Ok(())
+    }
+
+    fn keys(cfg: &NvmeConfig) -> anyhow::Result<HashMap<(String, String), Arc<AuthConfig>>> {
         let mut keys = HashMap::new();
         for s in &cfg.subsystems {
             for h in &s.hosts {
@@ -47,13 +63,13 @@ impl HostKeys {
                 keys.insert((s.nqn.clone(), h.nqn.clone()), Arc::new(a));
             }
         }
-        let seq = SeqNum::from_os()
-            .map_err(|e| anyhow::anyhow!("no random numbers from the OS for DH-HMAC-CHAP: {e}"))?;
-        Ok(HostKeys { keys, seq })
+        Ok(keys)
     }
 
     pub fn get(&self, subnqn: &str, hostnqn: &str) -> Option<Arc<AuthConfig>> {
         self.keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .get(&(subnqn.to_string(), hostnqn.to_string()))
             .cloned()
     }

@@ -114,6 +114,8 @@ struct Conn {
     holds_qid: bool,
     kill: watch::Receiver<bool>,
     _kill_keep: watch::Sender<bool>,
+    /// This queue's reads and writes (also listed in its controller).
+    stats: Arc<crate::session::SessionStats>,
     /// Connected and, where the host must, authenticated: `run` returns
     /// when this becomes true so that `serve` can give the pending-login
     /// place back and move the queue to its own thread.
@@ -152,6 +154,7 @@ pub async fn serve(
         holds_qid: false,
         kill,
         _kill_keep: kill_keep,
+        stats: Arc::default(),
         logged_in: false,
         meter: Meter::new(metrics::Proto::Nvme),
         counted: None,
@@ -322,8 +325,17 @@ impl Conn {
             };
             let timeout = self.q.poll_timeout();
             let far = Instant::now() + Duration::from_secs(3600);
+            // The admin queue sends events a live change made.
+            let events = self.ctrl.clone().filter(|_| self.q.qid() == 0 && self.logged_in);
+            let event = async {
+                match &events {
+                    Some(e) => e.events_ready.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 r = stream.ready(interest) => { r?; }
+                _ = event => self.send_events(),
                 Some(f) = done_rx.recv() => self.finished(f),
                 _ = self.kill.changed() => return Ok(()),
                 _ = shutdown.wait() => return Ok(()),
@@ -345,8 +357,8 @@ impl Conn {
             // queue's controller goes with it, at teardown.)
             Action::Close(Some(e)) => {
                 if let Some(c) = self.ctrl.as_ref().filter(|c| !self.logged_in && c.auth.is_some()) {
-                    let subnqn = c.subsys.as_ref().map_or("", |s| s.nqn.as_str());
-                    metrics::global().auth_failure(metrics::Proto::Nvme, subnqn, &c.hostnqn);
+                    let subnqn = c.subsys.as_ref().map(|s| s.nqn()).unwrap_or_default();
+                    metrics::global().auth_failure(metrics::Proto::Nvme, &subnqn, &c.hostnqn);
                 }
                 return Some(Err(e.into()));
             }
@@ -367,6 +379,15 @@ impl Conn {
             .complete(cid, status, result, data, self.out.buf_mut());
     }
 
+    /// Complete the AERs a live change answered.
+    fn send_events(&mut self) {
+        let Some(e) = self.ctrl.clone() else { return };
+        let list = std::mem::take(&mut *e.events.lock().unwrap_or_else(|p| p.into_inner()));
+        for c in list {
+            self.complete(c.cid, c.status, c.result, c.data);
+        }
+    }
+
     /// The one place a read or write ends, whichever way it ran (the
     /// inline read path reports here too).
     fn finished(&mut self, f: Finished) {
@@ -378,7 +399,7 @@ impl Conn {
 
     fn connect(&mut self, cid: u16, c: Connect, d: ConnectData) {
         let r = if c.qid == 0 {
-            self.fabric.connect_admin(&c, &d, self.local)
+            self.fabric.connect_admin(&c, &d, self.local, Some(self.peer))
         } else {
             self.fabric.connect_io(&c, &d)
         };
@@ -411,7 +432,7 @@ impl Conn {
         // Every queue of a controller whose host has a secret authenticates.
         let auth = e.auth.as_ref().and_then(|a| {
             let sub = e.subsys.as_ref()?;
-            Some(ControllerAuth::new(a.clone(), &e.hostnqn, &sub.nqn))
+            Some(ControllerAuth::new(a.clone(), &e.hostnqn, &sub.nqn()))
         });
         let login = match (&auth, e.is_discovery()) {
             (Some(_), _) => None,
@@ -450,6 +471,7 @@ impl Conn {
                 anyhow::bail!("queue {qid} of controller {} is taken", e.cntlid);
             }
             self.holds_qid = true;
+            e.stats.lock().unwrap_or_else(|p| p.into_inner()).push(self.stats.clone());
         }
         log::debug!(
             "nvme: {}: queue {qid} of controller {} logged in ({kind:?})",
@@ -457,8 +479,8 @@ impl Conn {
             e.cntlid
         );
         self.logged_in = true;
-        let subnqn = e.subsys.as_ref().map_or(bw_nvme::DISCOVERY_NQN, |s| s.nqn.as_str());
-        self.counted = Some(metrics::global().login(metrics::Proto::Nvme, subnqn, &e.hostnqn, qid == 0));
+        let subnqn = e.subsys.as_ref().map_or_else(|| bw_nvme::DISCOVERY_NQN.to_string(), |s| s.nqn());
+        self.counted = Some(metrics::global().login(metrics::Proto::Nvme, &subnqn, &e.hostnqn, qid == 0));
         Ok(())
     }
 
@@ -499,9 +521,18 @@ impl Conn {
 
     fn io(&mut self, sqe: Sqe, data: Bytes) {
         let cid = sqe.cid();
-        let Some(sub) = self.ctrl.as_ref().and_then(|e| e.subsys.clone()) else {
+        // The subsystem as it is now: a lock-free load (live changes swap it).
+        let Some(e) = &self.ctrl else {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
+        let Some(sub) = e.subsys.as_ref().map(|s| s.load_full()) else {
+            return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
+        };
+        match sqe.opcode() {
+            nvm::READ => self.stats.count(false, io::transfer_len(&sqe) as u64),
+            nvm::WRITE => self.stats.count(true, io::transfer_len(&sqe) as u64),
+            _ => {}
+        }
         let volume = sub.namespace(sqe.nsid()).map(|n| &n.volume);
         let device = volume.map(|v| v.info());
         let work = work(&sqe, device, self.fabric.zero_copy_min, self.q.digests().data);

@@ -10,7 +10,8 @@ use bw_nvme::auth::AuthConfig;
 use bw_nvme::controller::{KeepAlive, Role};
 use bw_nvme::fabrics::{self, Connect, ConnectData};
 use bw_nvme::logpage::{DiscoveryEntry, SUBTYPE_NVME};
-use bw_nvme::{Controller, Status, Subsystem, DISCOVERY_NQN};
+use bw_nvme::{Completion, Controller, LiveSubsystem, Status, Subsystem, DISCOVERY_NQN};
+use crate::session::{SessionInfo, SessionStats};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -21,8 +22,18 @@ pub struct CtrlEntry {
     pub cntlid: u16,
     pub ctrl: Mutex<Controller>,
     pub keep_alive: Arc<KeepAlive>,
-    pub subsys: Option<Arc<Subsystem>>,
+    /// The subsystem as it is now (it may change while connected).
+    pub subsys: Option<Arc<LiveSubsystem>>,
     pub hostnqn: String,
+    /// The admin queue's peer, for `session_list`.
+    pub peer: Option<SocketAddr>,
+    /// Reads and writes, one counter set per I/O queue (its connection
+    /// holds the other reference and is the only writer).
+    pub stats: Mutex<Vec<Arc<SessionStats>>>,
+    /// Asynchronous event completions made outside the admin queue's
+    /// task (a live change); that task sends them when woken.
+    pub events: Mutex<Vec<Completion>>,
+    pub events_ready: tokio::sync::Notify,
     /// The Host ID of the admin queue's Connect: every I/O queue's must match.
     pub hostid: [u8; 16],
     /// DH-HMAC-CHAP settings when this host must authenticate on every queue.
@@ -71,7 +82,8 @@ fn refuse(status: Status, result: u64) -> Refusal {
 }
 
 pub struct Fabric {
-    subsystems: Vec<Arc<Subsystem>>,
+    /// Looked up at Connect only; live changes replace entries.
+    subsystems: Mutex<Vec<Arc<LiveSubsystem>>>,
     ports: Vec<SocketAddr>,
     ctrls: Mutex<HashMap<u16, Arc<CtrlEntry>>>,
     next_cntlid: Mutex<u16>,
@@ -100,7 +112,7 @@ const DISCOVERY_KATO_MAX_MS: u32 = 120_000;
 impl Fabric {
     pub fn new(subsystems: Vec<Arc<Subsystem>>, ports: Vec<SocketAddr>) -> Fabric {
         Fabric {
-            subsystems,
+            subsystems: Mutex::new(subsystems.into_iter().map(|s| Arc::new(LiveSubsystem::new(s))).collect()),
             ports,
             ctrls: Mutex::new(HashMap::new()),
             next_cntlid: Mutex::new(1),
@@ -152,7 +164,8 @@ impl Fabric {
     /// host reached us on, reported for wildcard listeners.
     fn discovery_entries(&self, hostnqn: &str, local: Option<SocketAddr>) -> Vec<DiscoveryEntry> {
         let mut v = Vec::new();
-        for s in self.subsystems.iter().filter(|s| s.host_allowed(hostnqn)) {
+        let subs: Vec<Arc<Subsystem>> = self.subsystems.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|s| s.load_full()).collect();
+        for s in subs.iter().filter(|s| s.host_allowed(hostnqn)) {
             for (i, p) in self.ports.iter().enumerate() {
                 let ip = if p.ip().is_unspecified() { local.map(|l| l.ip()).unwrap_or(p.ip()) } else { p.ip() };
                 v.push(DiscoveryEntry { subnqn: s.nqn.clone(), traddr: ip.to_string(), trsvcid: p.port().to_string(), portid: i as u16 + 1, subtype: SUBTYPE_NVME });
@@ -176,28 +189,23 @@ impl Fabric {
     }
 
     /// Connect on the admin queue: create a controller.
-    pub fn connect_admin(&self, c: &Connect, d: &ConnectData, local: Option<SocketAddr>) -> Result<Arc<CtrlEntry>, Refusal> {
+    pub fn connect_admin(&self, c: &Connect, d: &ConnectData, local: Option<SocketAddr>, peer: Option<SocketAddr>) -> Result<Arc<CtrlEntry>, Refusal> {
         if d.cntlid != 0xFFFF {
             // Only the dynamic controller model is offered.
             return Err(refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_CNTLID)));
         }
-        let role = if d.subnqn == DISCOVERY_NQN {
-            Role::Discovery(self.discovery_entries(&d.hostnqn, local))
+        let (role, subsys) = if d.subnqn == DISCOVERY_NQN {
+            (Role::Discovery(self.discovery_entries(&d.hostnqn, local)), None)
         } else {
-            let s = self
-                .subsystems
-                .iter()
-                .find(|s| s.nqn == d.subnqn)
+            let live = self
+                .subsystem(&d.subnqn)
                 .ok_or_else(|| refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_SUBNQN)))?;
+            let s = live.load_full();
             if !s.host_allowed(&d.hostnqn) {
                 log::warn!("nvme: host {} is not allowed on {}", d.hostnqn.escape_debug(), s.nqn);
                 return Err(refuse(Status::CONNECT_INVALID_HOST, fabrics::ipo_data(fabrics::CD_HOSTNQN)));
             }
-            Role::Nvm(s.clone())
-        };
-        let subsys = match &role {
-            Role::Nvm(s) => Some(s.clone()),
-            Role::Discovery(_) => None,
+            (Role::Nvm(s), Some(live))
         };
         let mut ctrls = self.lock_ctrls();
         let discovery = subsys.is_none();
@@ -213,7 +221,7 @@ impl Fabric {
             ctrl.keep_alive.bound(self.discovery_idle_ms, DISCOVERY_KATO_MAX_MS);
         }
         let kato_ms = ctrl.keep_alive.kato().map_or(0, |k| k.as_millis());
-        let auth = subsys.as_ref().and_then(|s| self.host_keys.get(&s.nqn, &d.hostnqn));
+        let auth = (!discovery).then(|| self.host_keys.get(&d.subnqn, &d.hostnqn)).flatten();
         let (kill, _) = watch::channel(false);
         let e = Arc::new(CtrlEntry {
             cntlid,
@@ -221,6 +229,10 @@ impl Fabric {
             ctrl: Mutex::new(ctrl),
             subsys,
             hostnqn: d.hostnqn.clone(),
+            peer,
+            stats: Mutex::new(Vec::new()),
+            events: Mutex::new(Vec::new()),
+            events_ready: tokio::sync::Notify::new(),
             hostid: d.hostid,
             auth,
             kill,
@@ -240,7 +252,7 @@ impl Fabric {
             .get(&d.cntlid)
             .cloned()
             .ok_or_else(|| refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_CNTLID)))?;
-        let subsys_ok = e.subsys.as_ref().is_some_and(|s| s.nqn == d.subnqn);
+        let subsys_ok = e.subsys.as_ref().is_some_and(|s| s.load().nqn == d.subnqn);
         if !subsys_ok || e.hostnqn != d.hostnqn || e.hostid != d.hostid {
             return Err(refuse(Status::CONNECT_INVALID_PARAM, fabrics::ipo_data(fabrics::CD_CNTLID)));
         }
@@ -266,6 +278,103 @@ impl Fabric {
             log::info!("nvme: controller {cntlid} ({}) torn down: {why}", e.hostnqn.escape_debug());
             let _ = e.kill.send(true);
         }
+    }
+
+    fn subsystem(&self, nqn: &str) -> Option<Arc<LiveSubsystem>> {
+        self.subsystems.lock().unwrap_or_else(|p| p.into_inner()).iter().find(|s| s.load().nqn == nqn).cloned()
+    }
+
+    /// Make the exported subsystems `subs`, while hosts stay connected:
+    /// a subsystem kept by NQN changes in place, and its controllers get
+    /// a Namespace Attribute Changed event for the namespaces added,
+    /// removed, resized (their volume in `resized`) or remapped; hosts no
+    /// longer allowed, and the controllers of subsystems gone, are torn
+    /// down. Returns what changed, for the log.
+    pub fn reconcile(&self, subs: Vec<Arc<Subsystem>>, resized: &HashSet<String>) -> Vec<String> {
+        let mut log = Vec::new();
+        let mut table = self.subsystems.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = Vec::new();
+        let mut changed_cells = Vec::new();
+        for s in subs {
+            match table.iter().find(|c| c.load().nqn == s.nqn) {
+                Some(cell) => {
+                    let old = cell.load_full();
+                    // Hosts know the subsystem by its serial number too.
+                    let s = if s.serial == old.serial { s } else { Arc::new(Subsystem { serial: old.serial.clone(), ..(*s).clone() }) };
+                    let mut changed = bw_nvme::changed_namespaces(&old, &s);
+                    for n in &s.namespaces {
+                        if resized.contains(n.volume.name()) && !changed.contains(&n.nsid) {
+                            changed.push(n.nsid);
+                        }
+                    }
+                    changed.sort_unstable();
+                    cell.store(s.clone());
+                    for n in &changed {
+                        let what = match (old.namespace(*n), s.namespace(*n)) {
+                            (None, _) => "added",
+                            (_, None) => "removed",
+                            _ => "changed",
+                        };
+                        log.push(format!("nvme {}: namespace {n} {what}", s.nqn));
+                    }
+                    changed_cells.push((cell.clone(), s, changed));
+                    next.push(cell.clone());
+                }
+                None => {
+                    log.push(format!("nvme {}: subsystem added ({} namespaces)", s.nqn, s.namespaces.len()));
+                    next.push(Arc::new(LiveSubsystem::new(s)));
+                }
+            }
+        }
+        let gone: Vec<Arc<LiveSubsystem>> = table.iter().filter(|c| !next.iter().any(|n| Arc::ptr_eq(n, c))).cloned().collect();
+        *table = next;
+        drop(table);
+        for g in &gone {
+            log.push(format!("nvme {}: subsystem removed", g.nqn()));
+        }
+        let ctrls: Vec<Arc<CtrlEntry>> = self.lock_ctrls().values().cloned().collect();
+        for e in ctrls {
+            let Some(cell) = &e.subsys else { continue };
+            if gone.iter().any(|g| Arc::ptr_eq(g, cell)) {
+                self.remove(e.cntlid, "its subsystem was removed");
+                continue;
+            }
+            let Some((_, s, changed)) = changed_cells.iter().find(|(c, ..)| Arc::ptr_eq(c, cell)) else { continue };
+            if !s.host_allowed(&e.hostnqn) {
+                log.push(format!("nvme {}: host {} no longer allowed: controller {} ends", s.nqn, e.hostnqn, e.cntlid));
+                self.remove(e.cntlid, "its host is no longer allowed");
+                continue;
+            }
+            let aen = e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).subsystem_changed(s.clone(), changed);
+            if let Some(c) = aen {
+                e.events.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+                e.events_ready.notify_one();
+            }
+        }
+        log
+    }
+
+    /// Every NVM controller, for `session_list`.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let mut v: Vec<SessionInfo> = self
+            .lock_ctrls()
+            .values()
+            .filter_map(|e| {
+                let s = e.subsys.as_ref()?;
+                let peer = e.peer.map_or_else(String::new, |p| p.to_string());
+                let stats = SessionStats::sum(e.stats.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|s| &**s));
+                Some(SessionInfo::new(format!("nvme:{}", e.cntlid), "nvme", &e.hostnqn, peer, s.nqn(), &stats))
+            })
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// End one controller (`session_disconnect`): false if there is none.
+    pub fn disconnect(&self, cntlid: u16) -> bool {
+        let known = self.lock_ctrls().contains_key(&cntlid);
+        self.remove(cntlid, "disconnected by the operator");
+        known
     }
 
     pub fn shutdown_all(&self) {

@@ -81,7 +81,31 @@ fn crc32c_str(s: &str) -> u32 {
     s.bytes().fold(0x811C_9DC5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193))
 }
 
-pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<Running> {
+/// The running NVMe/TCP front-end, for live changes and `session_list`.
+#[derive(Clone)]
+pub struct Handle(Arc<Fabric>);
+
+impl Handle {
+    /// Make the subsystems those of `cfg` while hosts stay connected (see
+    /// [`Fabric::reconcile`]); namespaces on a volume in `resized` are
+    /// reported changed. Returns what changed, for the log.
+    pub fn reconcile(&self, cfg: &NvmeConfig, volumes: &Volumes, resized: &std::collections::HashSet<String>) -> anyhow::Result<Vec<String>> {
+        let subs = subsystems(cfg, volumes)?;
+        self.0.host_keys.replace(cfg)?;
+        Ok(self.0.reconcile(subs, resized))
+    }
+
+    pub fn sessions(&self) -> Vec<crate::session::SessionInfo> {
+        self.0.sessions()
+    }
+
+    /// End the controller with this id (`session_disconnect`).
+    pub fn disconnect(&self, cntlid: u16) -> bool {
+        self.0.disconnect(cntlid)
+    }
+}
+
+pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<(Running, Handle)> {
     let subs = subsystems(cfg, volumes)?;
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
@@ -125,15 +149,17 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         congestion,
     };
     let f = fabric.clone();
+    let handle = Handle(fabric.clone());
     let accepting = acceptor.run(listeners, shutdown, move |a| {
         // `a.ticket` lives as long as the connection's future.
         let Accepted { stream, peer, local, ticket, shutdown } = a;
         let fabric = f.clone();
         conn::serve(stream, peer, local, fabric, shutdown, login_timeout, ticket)
     });
-    Ok(tokio::spawn(async move {
+    let running = tokio::spawn(async move {
         let _ = accepting.await;
         fabric.shutdown_all();
         Ok(())
-    }))
+    });
+    Ok((running, handle))
 }

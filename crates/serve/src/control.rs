@@ -1,0 +1,635 @@
+//! The control socket: JSON-RPC 2.0 over a Unix stream socket, one
+//! request (or batch) per line and one response per line, for root only.
+//! Methods are rows of [`METHODS`] (name, parameters, handler) named as
+//! SPDK names its RPCs; every change goes through [`Live::change`], so it
+//! is validated as a whole configuration and refused without side
+//! effects. Protocol and methods: docs/control.md.
+
+use crate::config::{self, Credentials, IscsiLun, IscsiTarget, NvmeHost, NvmeNamespace, NvmeSubsystem, VolumeConfig};
+use crate::live::{edit, Live, Refused};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+/// Where the socket is when `--control` is not given.
+pub const DEFAULT_PATH: &str = "/run/blockwire/control.sock";
+
+/// JSON-RPC 2.0 error codes (the spec's, and ours in its server range).
+pub mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL: i64 = -32603;
+    /// The change was refused (invalid, or impossible while serving): nothing changed.
+    pub const REFUSED: i64 = -32000;
+    /// The client is not root.
+    pub const PERMISSION_DENIED: i64 = -32001;
+}
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+}
+
+impl RpcError {
+    fn new(code: i64, message: impl Into<String>) -> RpcError {
+        RpcError { code, message: message.into() }
+    }
+}
+
+impl From<Refused> for RpcError {
+    fn from(r: Refused) -> RpcError {
+        RpcError::new(code::REFUSED, r.0)
+    }
+}
+
+type Handler = fn(&Live, Value) -> Result<Value, RpcError>;
+
+/// One control method.
+pub struct Method {
+    pub name: &'static str,
+    /// The parameters, as docs/control.md and `rpc_get_methods` show them.
+    pub params: &'static str,
+    pub call: Handler,
+}
+
+/// Parameters of a method, or INVALID_PARAMS saying what is wrong.
+fn params<T: DeserializeOwned>(v: Value) -> Result<T, RpcError> {
+    let v = if v.is_null() { json!({}) } else { v };
+    serde_json::from_value(v).map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("invalid params: {e}")))
+}
+
+/// A change's answer: what it did, line by line.
+fn changed(log: Vec<String>) -> Value {
+    json!({ "changes": log })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct None_ {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Name {
+    name: String,
+    #[serde(default)]
+    force: bool,
+}
+
+/// A size in bytes, or a string with a suffix ("2G").
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Resize {
+    name: String,
+    size: Size,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Iqn {
+    iqn: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LunAdd {
+    iqn: String,
+    lun: u64,
+    volume: String,
+    #[serde(default)]
+    readonly: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LunRef {
+    iqn: String,
+    lun: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Acl {
+    iqn: String,
+    initiator: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Chap {
+    iqn: String,
+    #[serde(default)]
+    chap: Option<Credentials>,
+    #[serde(default)]
+    mutual_chap: Option<Credentials>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Nqn {
+    nqn: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NsAdd {
+    nqn: String,
+    nsid: u32,
+    volume: String,
+    #[serde(default)]
+    readonly: bool,
+    #[serde(default)]
+    ana_group: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NsRef {
+    nqn: String,
+    nsid: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostAdd {
+    nqn: String,
+    host: String,
+    #[serde(default)]
+    dhchap_secret: Option<config::Secret>,
+    #[serde(default)]
+    dhchap_ctrl_secret: Option<config::Secret>,
+    #[serde(default)]
+    dhchap_hashes: Option<Vec<String>>,
+    #[serde(default)]
+    dhchap_dhgroups: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostRef {
+    nqn: String,
+    host: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionId {
+    id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavePath {
+    path: String,
+}
+
+/// Every method, in the order `rpc_get_methods` lists them.
+pub const METHODS: &[Method] = &[
+    Method { name: "rpc_get_methods", params: "{}", call: |_, p| {
+        params::<None_>(p)?;
+        Ok(json!(METHODS.iter().map(|m| json!({ "name": m.name, "params": m.params })).collect::<Vec<_>>()))
+    } },
+    Method { name: "status", params: "{}", call: |live, p| {
+        params::<None_>(p)?;
+        status(live)
+    } },
+    Method { name: "volume_add", params: "{name, backend}", call: |live, p| {
+        let v: VolumeConfig = params(p)?;
+        Ok(changed(live.change(|c| edit::volume_add(c, v))?))
+    } },
+    Method { name: "volume_remove", params: "{name, force?}", call: |live, p| {
+        let n: Name = params(p)?;
+        Ok(changed(live.change(|c| edit::volume_remove(c, &n.name, n.force))?))
+    } },
+    Method { name: "volume_resize", params: "{name, size: bytes or \"10G\"}", call: |live, p| {
+        let r: Resize = params(p)?;
+        let size = match r.size {
+            Size::Bytes(b) => b,
+            Size::Text(t) => bw_block::parse_size(&t).map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("invalid params: size: {e}")))?,
+        };
+        Ok(changed(live.change(|c| edit::volume_resize(c, &r.name, size))?))
+    } },
+    Method { name: "iscsi_target_add", params: "{iqn, luns?, allowed_initiators?, chap?, mutual_chap?, ...} as [[iscsi.target]]", call: |live, p| {
+        let mut p = p;
+        if let Some(o) = p.as_object_mut() {
+            o.entry("luns").or_insert(json!([]));
+        }
+        let t: IscsiTarget = params(p)?;
+        Ok(changed(live.change(|c| edit::iscsi_target_add(c, t))?))
+    } },
+    Method { name: "iscsi_target_remove", params: "{iqn}", call: |live, p| {
+        let t: Iqn = params(p)?;
+        Ok(changed(live.change(|c| edit::iscsi_target_remove(c, &t.iqn))?))
+    } },
+    Method { name: "iscsi_lun_add", params: "{iqn, lun, volume, readonly?}", call: |live, p| {
+        let l: LunAdd = params(p)?;
+        Ok(changed(live.change(|c| edit::iscsi_lun_add(c, &l.iqn, IscsiLun { lun: l.lun, volume: l.volume, readonly: l.readonly }))?))
+    } },
+    Method { name: "iscsi_lun_remove", params: "{iqn, lun}", call: |live, p| {
+        let l: LunRef = params(p)?;
+        Ok(changed(live.change(|c| edit::iscsi_lun_remove(c, &l.iqn, l.lun))?))
+    } },
+    Method { name: "iscsi_acl_add", params: "{iqn, initiator}", call: |live, p| {
+        let a: Acl = params(p)?;
+        Ok(changed(live.change(|c| edit::iscsi_acl_add(c, &a.iqn, &a.initiator))?))
+    } },
+    Method { name: "iscsi_acl_remove", params: "{iqn, initiator}", call: |live, p| {
+        let a: Acl = params(p)?;
+        Ok(changed(live.change(|c| edit::iscsi_acl_remove(c, &a.iqn, &a.initiator))?))
+    } },
+    Method { name: "iscsi_chap_set", params: "{iqn, chap?: {user, secret}, mutual_chap?: {user, secret}}", call: |live, p| {
+        let a: Chap = params(p)?;
+        Ok(changed(live.change(|c| edit::iscsi_chap_set(c, &a.iqn, a.chap, a.mutual_chap))?))
+    } },
+    Method { name: "nvme_subsystem_add", params: "{nqn, namespaces?, allowed_hosts?, serial?, model?, ...} as [[nvme.subsystem]]", call: |live, p| {
+        let mut p = p;
+        if let Some(o) = p.as_object_mut() {
+            o.entry("namespaces").or_insert(json!([]));
+        }
+        let s: NvmeSubsystem = params(p)?;
+        Ok(changed(live.change(|c| edit::nvme_subsystem_add(c, s))?))
+    } },
+    Method { name: "nvme_subsystem_remove", params: "{nqn}", call: |live, p| {
+        let s: Nqn = params(p)?;
+        Ok(changed(live.change(|c| edit::nvme_subsystem_remove(c, &s.nqn))?))
+    } },
+    Method { name: "nvme_ns_add", params: "{nqn, nsid, volume, readonly?, ana_group?}", call: |live, p| {
+        let n: NsAdd = params(p)?;
+        let ns = NvmeNamespace { nsid: n.nsid, volume: n.volume, readonly: n.readonly, ana_group: n.ana_group.unwrap_or(1) };
+        Ok(changed(live.change(|c| edit::nvme_ns_add(c, &n.nqn, ns))?))
+    } },
+    Method { name: "nvme_ns_remove", params: "{nqn, nsid}", call: |live, p| {
+        let n: NsRef = params(p)?;
+        Ok(changed(live.change(|c| edit::nvme_ns_remove(c, &n.nqn, n.nsid))?))
+    } },
+    Method { name: "nvme_host_add", params: "{nqn, host, dhchap_secret?, dhchap_ctrl_secret?, dhchap_hashes?, dhchap_dhgroups?}", call: |live, p| {
+        let h: HostAdd = params(p)?;
+        let r = match h.dhchap_secret {
+            Some(secret) => {
+                let host = NvmeHost { nqn: h.host, dhchap_secret: secret, dhchap_ctrl_secret: h.dhchap_ctrl_secret, dhchap_hashes: h.dhchap_hashes, dhchap_dhgroups: h.dhchap_dhgroups };
+                live.change(|c| edit::nvme_host_add(c, &h.nqn, host))
+            }
+            None if h.dhchap_ctrl_secret.is_some() || h.dhchap_hashes.is_some() || h.dhchap_dhgroups.is_some() => {
+                return Err(RpcError::new(code::INVALID_PARAMS, "invalid params: DH-HMAC-CHAP settings need dhchap_secret"));
+            }
+            None => live.change(|c| edit::nvme_host_allow(c, &h.nqn, &h.host)),
+        };
+        Ok(changed(r?))
+    } },
+    Method { name: "nvme_host_remove", params: "{nqn, host}", call: |live, p| {
+        let h: HostRef = params(p)?;
+        Ok(changed(live.change(|c| edit::nvme_host_remove(c, &h.nqn, &h.host))?))
+    } },
+    Method { name: "session_list", params: "{}", call: |live, p| {
+        params::<None_>(p)?;
+        Ok(json!(live.sessions()))
+    } },
+    Method { name: "session_disconnect", params: "{id}", call: |live, p| {
+        let s: SessionId = params(p)?;
+        live.disconnect(&s.id)?;
+        Ok(changed(vec![format!("session {} disconnected", s.id)]))
+    } },
+    Method { name: "save_config", params: "{path}", call: |live, p| {
+        let s: SavePath = params(p)?;
+        let text = config_toml(&live.config());
+        config::write_private(&s.path, &text).map_err(|e| RpcError::from(Refused(format!("writing {}: {e}", s.path))))?;
+        Ok(json!({ "path": s.path, "bytes": text.len() }))
+    } },
+    Method { name: "config_reload", params: "{}", call: |live, p| {
+        params::<None_>(p)?;
+        Ok(changed(live.reload()?))
+    } },
+];
+
+/// The configuration as a TOML file the server starts from, secrets
+/// included (the file is written with mode 600).
+pub fn config_toml(cfg: &config::ServeConfig) -> String {
+    config::reveal_secrets(|| toml::to_string(cfg)).expect("a configuration always serialises")
+}
+
+fn status(live: &Live) -> Result<Value, RpcError> {
+    let cfg = live.config();
+    let sessions = live.sessions();
+    let count = |p: &str| sessions.iter().filter(|s| s.protocol == p).count();
+    Ok(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "pid": std::process::id(),
+        "uptime_s": live.uptime().as_secs(),
+        "volumes": live.volume_sizes().into_iter().map(|(n, s)| {
+            let backend = cfg.volumes.iter().find(|v| v.name == n).map(|v| v.backend.clone()).unwrap_or_default();
+            json!({ "name": n, "backend": backend, "size": s })
+        }).collect::<Vec<_>>(),
+        "iscsi_targets": cfg.iscsi.iter().flat_map(|i| &i.targets).map(|t| json!({
+            "iqn": t.iqn, "luns": t.luns.iter().map(|l| json!({ "lun": l.lun, "volume": l.volume })).collect::<Vec<_>>(),
+            "allowed_initiators": t.allowed_initiators,
+        })).collect::<Vec<_>>(),
+        "nvme_subsystems": cfg.nvme.iter().flat_map(|n| &n.subsystems).map(|s| json!({
+            "nqn": s.nqn, "namespaces": s.namespaces.iter().map(|n| json!({ "nsid": n.nsid, "volume": n.volume })).collect::<Vec<_>>(),
+            "allowed_hosts": s.allowed_hosts.iter().cloned().chain(s.hosts.iter().map(|h| h.nqn.clone())).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "aoe_exports": cfg.aoe.iter().flat_map(|a| &a.exports).map(|e| json!({
+            "interface": e.interface, "shelf": e.shelf, "slot": e.slot, "volume": e.volume,
+        })).collect::<Vec<_>>(),
+        "sessions": { "iscsi": count("iscsi"), "nvme": count("nvme") },
+    }))
+}
+
+fn error_response(id: Value, e: RpcError) -> Value {
+    json!({ "jsonrpc": "2.0", "id": id, "error": { "code": e.code, "message": e.message } })
+}
+
+/// Answer one request object; `None` for a notification (no id).
+pub fn handle(live: &Live, req: Value) -> Option<Value> {
+    let Value::Object(mut o) = req else {
+        return Some(error_response(Value::Null, RpcError::new(code::INVALID_REQUEST, "invalid request: not a JSON object")));
+    };
+    let id = o.remove("id");
+    let reply_id = id.clone().unwrap_or(Value::Null);
+    let bad = |why: &str| Some(error_response(reply_id.clone(), RpcError::new(code::INVALID_REQUEST, format!("invalid request: {why}"))));
+    if o.get("jsonrpc") != Some(&json!("2.0")) {
+        return bad("\"jsonrpc\" must be \"2.0\"");
+    }
+    if !matches!(id, None | Some(Value::Null | Value::Number(_) | Value::String(_))) {
+        return bad("\"id\" must be a number, a string or null");
+    }
+    let Some(Value::String(method)) = o.remove("method") else {
+        return bad("\"method\" must be a string");
+    };
+    let p = o.remove("params").unwrap_or(Value::Null);
+    if !matches!(p, Value::Null | Value::Object(_)) {
+        return Some(error_response(reply_id, RpcError::new(code::INVALID_PARAMS, "invalid params: must be an object (named parameters)")));
+    }
+    let result = match METHODS.iter().find(|m| m.name == method) {
+        Some(m) => (m.call)(live, p),
+        None => Err(RpcError::new(code::METHOD_NOT_FOUND, format!("method not found: {method:?} (rpc_get_methods lists them)"))),
+    };
+    id.as_ref()?;
+    Some(match result {
+        Ok(r) => json!({ "jsonrpc": "2.0", "id": reply_id, "result": r }),
+        Err(e) => {
+            log::info!("control: {method}: {}", e.message);
+            error_response(reply_id, e)
+        }
+    })
+}
+
+/// Answer one line: a request or a batch. `None`: nothing to send back.
+pub fn handle_line(live: &Live, line: &str) -> Option<String> {
+    let v: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => return Some(error_response(Value::Null, RpcError::new(code::PARSE_ERROR, format!("parse error: {e}"))).to_string()),
+    };
+    let out = match v {
+        Value::Array(reqs) if reqs.is_empty() => error_response(Value::Null, RpcError::new(code::INVALID_REQUEST, "invalid request: empty batch")),
+        Value::Array(reqs) => {
+            let all: Vec<Value> = reqs.into_iter().filter_map(|r| handle(live, r)).collect();
+            if all.is_empty() {
+                return None;
+            }
+            Value::Array(all)
+        }
+        v => handle(live, v)?,
+    };
+    Some(out.to_string())
+}
+
+/// The bound control socket; removed when dropped if it is still ours.
+pub struct ControlSocket {
+    listener: tokio::net::UnixListener,
+    path: PathBuf,
+    ino: u64,
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Bind the socket at `path` (mode 600). A server answering there is an
+/// error when `explicit` (`--control PATH`), else (the default path) a
+/// warning and no socket: another server on this machine owns it. A
+/// socket nobody answers on is stale and replaced; anything else at the
+/// path is an error.
+pub fn bind(path: &Path, explicit: bool) -> anyhow::Result<Option<ControlSocket>> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            anyhow::bail!("control socket {}: the path exists and is not a socket", path.display());
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            if explicit {
+                anyhow::bail!("control socket {}: another blockwire server answers there (give another --control PATH)", path.display());
+            }
+            log::warn!("control socket {}: another server answers there; this one runs without a control socket", path.display());
+            return Ok(None);
+        }
+        log::info!("control socket {}: removing a stale socket", path.display());
+        std::fs::remove_file(path)?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let listener = match tokio::net::UnixListener::bind(path) {
+        Ok(l) => l,
+        // Another server started at the same moment and bound it first.
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && !explicit => {
+            log::warn!("control socket {}: taken by another server; this one runs without a control socket", path.display());
+            return Ok(None);
+        }
+        Err(e) => anyhow::bail!("control socket {}: {e}", path.display()),
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let ino = std::fs::symlink_metadata(path)?.ino();
+    log::info!("control socket on {}", path.display());
+    Ok(Some(ControlSocket { listener, path: path.to_path_buf(), ino }))
+}
+
+/// Longest request line taken (a whole subsystem with its hosts fits).
+const MAX_LINE: usize = 1 << 20;
+
+impl ControlSocket {
+    /// Serve clients until `shutdown`; each request runs on the blocking
+    /// pool (opening a volume may wait for a disk).
+    pub async fn run(self, live: Arc<Live>, mut shutdown: crate::Shutdown) {
+        loop {
+            let stream = tokio::select! {
+                r = self.listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        log::warn!("control socket: accept: {e}");
+                        continue;
+                    }
+                },
+                _ = shutdown.wait() => return,
+            };
+            tokio::spawn(client(stream, live.clone()));
+        }
+    }
+}
+
+async fn client(stream: tokio::net::UnixStream, live: Arc<Live>) {
+    let uid = stream.peer_cred().map(|c| c.uid()).ok();
+    let (rd, mut wr) = stream.into_split();
+    if uid != Some(0) {
+        log::warn!("control socket: refused a client with uid {uid:?} (root only)");
+        let e = error_response(Value::Null, RpcError::new(code::PERMISSION_DENIED, "permission denied: the control socket is for root only"));
+        let _ = wr.write_all(format!("{e}\n").as_bytes()).await;
+        return;
+    }
+    let mut lines = tokio::io::BufReader::new(rd.take(MAX_LINE as u64 * 64)).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if line.len() > MAX_LINE {
+            let e = error_response(Value::Null, RpcError::new(code::INVALID_REQUEST, "invalid request: line too long"));
+            let _ = wr.write_all(format!("{e}\n").as_bytes()).await;
+            return;
+        }
+        let l = live.clone();
+        let reply = match tokio::task::spawn_blocking(move || handle_line(&l, &line)).await {
+            Ok(r) => r,
+            Err(e) => Some(error_response(Value::Null, RpcError::new(code::INTERNAL, format!("internal error: {e}"))).to_string()),
+        };
+        if let Some(r) = reply {
+            if wr.write_all(format!("{r}\n").as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+
+/// The client side (`blockwire ctl`): send `method` with `params` (JSON
+/// text, passed as given, or none) and return the response object.
+pub fn call(path: &Path, method: &str, params: Option<&str>) -> anyhow::Result<Value> {
+    let mut s = std::os::unix::net::UnixStream::connect(path).map_err(|e| anyhow::anyhow!("control socket {}: {e} (is blockwire serve running? --control PATH)", path.display()))?;
+    let method = serde_json::to_string(method)?;
+    let line = match params {
+        Some(p) => format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":{method},\"params\":{p}}}\n"),
+        None => format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":{method}}}\n"),
+    };
+    // A refused client (not root) is answered and closed before its
+    // request is read: the answer is there even if the write failed.
+    let sent = s.write_all(line.as_bytes());
+    let mut reply = String::new();
+    BufReader::new(s).read_line(&mut reply)?;
+    if reply.is_empty() {
+        sent?;
+        anyhow::bail!("the server closed the connection without an answer");
+    }
+    Ok(serde_json::from_str(&reply)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::Frontends;
+
+    fn live() -> Live {
+        let mut c = config::ServeConfig::default();
+        c.add_volume_flag("a=ram:1M").unwrap();
+        let vols = crate::open_volumes(&c).unwrap();
+        Live::new(c, &vols, Frontends::default(), None)
+    }
+
+    fn code_of(r: &str) -> i64 {
+        let v: Value = serde_json::from_str(r).unwrap();
+        v["error"]["code"].as_i64().unwrap_or(0)
+    }
+
+    #[test]
+    fn errors_follow_json_rpc_and_change_nothing() {
+        let l = live();
+        let before = l.config();
+        for (line, code) in [
+            ("{not json", code::PARSE_ERROR),
+            ("[]", code::INVALID_REQUEST),
+            ("42", code::INVALID_REQUEST),
+            (r#"{"jsonrpc":"1.0","id":1,"method":"status"}"#, code::INVALID_REQUEST),
+            (r#"{"jsonrpc":"2.0","id":[1],"method":"status"}"#, code::INVALID_REQUEST),
+            (r#"{"jsonrpc":"2.0","id":1,"method":7}"#, code::INVALID_REQUEST),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"volume_explode"}"#, code::METHOD_NOT_FOUND),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"volume_add","params":[1,2]}"#, code::INVALID_PARAMS),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"volume_add","params":{"name":"b"}}"#, code::INVALID_PARAMS),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"volume_add","params":{"name":"b","backend":"ram:1M","colour":"red"}}"#, code::INVALID_PARAMS),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"volume_add","params":{"name":"b","backend":"floppy:1M"}}"#, code::REFUSED),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"volume_resize","params":{"name":"a","size":"lots"}}"#, code::INVALID_PARAMS),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"status","params":{"verbose":true}}"#, code::INVALID_PARAMS),
+            (r#"{"jsonrpc":"2.0","id":"x","method":"nvme_ns_add","params":{"nqn":"nqn.x:y","nsid":1,"volume":"a"}}"#, code::REFUSED),
+        ] {
+            let r = handle_line(&l, line).unwrap();
+            assert_eq!(code_of(&r), code, "{line} -> {r}");
+        }
+        assert_eq!(l.config(), before);
+        // A notification gets no answer; a batch one answer per request.
+        assert!(handle_line(&l, r#"{"jsonrpc":"2.0","method":"status"}"#).is_none());
+        let r: Value = serde_json::from_str(&handle_line(&l, r#"[{"jsonrpc":"2.0","id":1,"method":"status"},{"jsonrpc":"2.0","id":2,"method":"nope"}]"#).unwrap()).unwrap();
+        assert_eq!((r[0]["id"].as_i64(), r[1]["error"]["code"].as_i64()), (Some(1), Some(code::METHOD_NOT_FOUND)));
+    }
+
+    #[test]
+    fn methods_change_the_configuration() {
+        let l = live();
+        let r: Value = serde_json::from_str(&handle_line(&l, r#"{"jsonrpc":"2.0","id":1,"method":"volume_add","params":{"name":"b","backend":"ram:2M"}}"#).unwrap()).unwrap();
+        assert_eq!(r["result"]["changes"][0], "volume b: added (2097152 bytes)", "{r}");
+        handle_line(&l, r#"{"jsonrpc":"2.0","id":2,"method":"volume_resize","params":{"name":"b","size":"3M"}}"#).unwrap();
+        let s: Value = serde_json::from_str(&handle_line(&l, r#"{"jsonrpc":"2.0","id":3,"method":"status"}"#).unwrap()).unwrap();
+        assert_eq!(s["result"]["volumes"][1]["size"], 3 << 20, "{s}");
+        let names: Value = serde_json::from_str(&handle_line(&l, r#"{"jsonrpc":"2.0","id":4,"method":"rpc_get_methods"}"#).unwrap()).unwrap();
+        assert_eq!(names["result"].as_array().unwrap().len(), METHODS.len());
+        // Method names are unique.
+        let mut n: Vec<&str> = METHODS.iter().map(|m| m.name).collect();
+        n.sort();
+        n.dedup();
+        assert_eq!(n.len(), METHODS.len());
+    }
+
+    /// What save_config writes loads back to the same configuration,
+    /// secrets included.
+    #[test]
+    fn saved_configuration_round_trips() {
+        let text = r#"
+            [[volume]]
+            name = "v"
+            backend = "ram:1M"
+            [iscsi]
+            listen = ["127.0.0.1:3260"]
+            [[iscsi.target]]
+            iqn = "iqn.2026-11.org.example:v"
+            luns = [{ lun = 0, volume = "v" }]
+            chap = { user = "bob", secret = "tgt-Secret-3" }
+            [nvme]
+            listen = ["127.0.0.1:4420"]
+            [[nvme.subsystem]]
+            nqn = "nqn.2026-11.org.example:v"
+            namespaces = [{ nsid = 1, volume = "v" }]
+            [[nvme.subsystem.host]]
+            nqn = "nqn.2026-11.org.example:h"
+            dhchap_secret = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
+        "#;
+        let c: config::ServeConfig = toml::from_str(text).unwrap();
+        let saved = config_toml(&c);
+        assert!(saved.contains("tgt-Secret-3") && saved.contains("DHHC-1:00:AAEC"), "{saved}");
+        let back: config::ServeConfig = toml::from_str(&saved).unwrap();
+        assert_eq!(back, c);
+    }
+}
