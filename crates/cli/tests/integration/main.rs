@@ -23,6 +23,7 @@ mod nvme_auth;
 mod nvme_hostile;
 mod nvme_initiator;
 mod nvme_kernel;
+mod nfs;
 mod nvme_nvmet;
 mod readme_layout;
 mod rbd;
