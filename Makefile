@@ -6,7 +6,8 @@ BIN := target/release/blockwire
 # clang, libbpf-dev and linux-libc-dev build the router's BPF datapath, bpftool checks it is gone after tests).
 DEB_PACKAGES := fuse3 xfsprogs tgt tgt-rbd vblade libiscsi-bin qemu-utils qemu-block-extra qemu-system-x86 fio tshark \
 	iperf3 iproute2 e2fsprogs busybox-static kmod cpio open-iscsi chromium ethtool procps jq \
-	ceph-mon ceph-osd ceph-common librbd-dev postmark bonnie++ clang libbpf-dev linux-libc-dev bpftool
+	ceph-mon ceph-osd ceph-common librbd-dev postmark bonnie++ clang libbpf-dev linux-libc-dev bpftool \
+	nfs-ganesha nfs-ganesha-vfs rpcbind
 # Seconds each fuzz target runs under `make fuzz`; FUZZ_RUNS=N runs N
 # executions per target instead (the campaign in docs/reliability.md used 10000000).
 FUZZ_SECONDS ?= 60

@@ -186,11 +186,12 @@ impl NfsFile {
         self.size
     }
 
-    /// The connection to use: the current one, or a new one if it ended.
-    async fn conn(&self) -> Result<Arc<RpcConn>> {
+    /// The connection to use: the current one, or a new one (connected
+    /// within `timeout`) if it ended.
+    async fn conn(&self, timeout: Duration) -> Result<Arc<RpcConn>> {
         let mut c = self.conn.lock().await;
         if c.is_closed() {
-            *c = Arc::new(RpcConn::connect(self.addr, self.cred.clone(), self.timeout).await?);
+            *c = Arc::new(RpcConn::connect(self.addr, self.cred.clone(), timeout).await?);
             log::info!("reconnected to {}", self.addr);
         }
         Ok(c.clone())
@@ -204,7 +205,7 @@ impl NfsFile {
         let deadline = Instant::now() + self.timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let attempt = match self.conn().await {
+            let attempt = match self.conn(left).await {
                 Ok(c) => {
                     let r = c.call(v3::PROGRAM, v3::VERSION, proc as u32, args, left).await;
                     if matches!(r, Err(Error::Timeout(_))) {

@@ -29,7 +29,7 @@ pub struct Ganesha;
 
 /// How to start one ganesha with its rpcbind.
 pub struct Launch<'a> {
-    /// Its config, log, PID files and NFSv4 recovery directory.
+    /// Its config, log and PID files ([`Launch::STATE_FILES`]).
     pub state: &'a Path,
     /// The directory exported.
     pub export_dir: &'a Path,
@@ -41,16 +41,22 @@ pub struct Launch<'a> {
     pub bind: Option<Ipv4Addr>,
 }
 
+/// NFSv4 client records, in the tmpfs over /run of ganesha's namespace:
+/// they go with it.
+const RECOVERY: &str = "/run/bwlab-ganesha-recovery";
+
 impl Launch<'_> {
+    /// What a launch writes in its state directory.
+    pub const STATE_FILES: [&'static str; 4] = ["ganesha.conf", "ganesha.log", "ganesha.pid", "rpcbind.pid"];
+
     fn config(&self) -> String {
         let bind = self.bind.map(|ip| format!("Bind_addr = {ip}; ")).unwrap_or_default();
         format!(
             "NFS_CORE_PARAM {{ {bind}NFS_Port = {NFS_PORT}; Protocols = 3, 4; Enable_NLM = false; Enable_RQUOTA = false; Mount_Path_Pseudo = true; }}\n\
-             NFSV4 {{ Graceless = true; Minor_Versions = 1; RecoveryRoot = {}; }}\n\
+             NFSV4 {{ Graceless = true; Minor_Versions = 1; RecoveryRoot = {RECOVERY}; }}\n\
              EXPORT {{ Export_Id = 1; Path = {}; Pseudo = {EXPORT}; Access_Type = RW; Squash = No_Root_Squash; Protocols = 3, 4; \
              Transports = TCP; SecType = sys; FSAL {{ Name = VFS; }} }}\n\
              LOG {{ Default_Log_Level = WARN; }}\n",
-            self.state.join("recovery").display(),
             self.export_dir.display()
         )
     }
@@ -60,7 +66,7 @@ impl Launch<'_> {
     fn script(&self) -> String {
         let st = self.state.display();
         let ex = self.export_dir.display();
-        let mut s = String::from("set -e\nmount -t tmpfs -o mode=755 bwlab-run /run\n");
+        let mut s = format!("set -e\nmount -t tmpfs -o mode=755 bwlab-run /run\nmkdir {RECOVERY}\n");
         if let Some(img) = self.ext4_image {
             s += &format!("mount -o loop {} {ex}\n", img.display());
         }
@@ -77,7 +83,7 @@ impl Launch<'_> {
 
     /// `ip netns exec NETNS unshare -m ... sh -c SCRIPT`, the config written.
     pub fn command(&self, netns: &str) -> std::io::Result<std::process::Command> {
-        std::fs::create_dir_all(self.state.join("recovery"))?;
+        std::fs::create_dir_all(self.state)?;
         std::fs::write(self.state.join("ganesha.conf"), self.config())?;
         let mut c = std::process::Command::new("ip");
         c.args(["netns", "exec", netns, "unshare", "-m", "--propagation", "private", "sh", "-c", &self.script()]);
@@ -150,6 +156,9 @@ impl PeerTarget for Ganesha {
         let made = (|| -> anyhow::Result<()> {
             tokens.push(registry().create(Resource::Dir(export.clone()), || Ok(std::fs::create_dir_all(&export)?))?.0);
             tokens.push(registry().create(Resource::Dir(state.clone()), || Ok(std::fs::create_dir_all(&state)?))?.0);
+            for f in Launch::STATE_FILES {
+                tokens.push(registry().create(Resource::File(state.join(f)), || Ok(()))?.0);
+            }
             let (t, ()) = registry().create(Resource::File(image.clone()), || {
                 // Room for the volume's file, ext4's metadata and the file workloads.
                 let f = std::fs::File::create(&image)?;
