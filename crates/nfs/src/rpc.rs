@@ -249,3 +249,59 @@ async fn read_record(rd: &mut OwnedReadHalf) -> Result<Vec<u8>> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nfs3_types::rpc::{accepted_reply, reply_body};
+    use tokio::net::TcpListener;
+
+    /// A record: mark, then the XDR of `msg` and `body`.
+    fn record(xid: u32, body: u32) -> Vec<u8> {
+        let msg = rpc_msg { xid, body: msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply { verf: opaque_auth::default(), reply_data: accept_stat_data::SUCCESS })) };
+        let mut out = vec![0; 4];
+        msg.pack(&mut out).unwrap();
+        body.pack(&mut out).unwrap();
+        let len = (out.len() - 4) as u32;
+        out[..4].copy_from_slice(&(LAST_FRAGMENT | len).to_be_bytes());
+        out
+    }
+
+    /// Two calls in flight; the server answers the second first, the first in
+    /// two fragments: each call gets its own reply.
+    #[tokio::test]
+    async fn replies_out_of_order_reach_their_calls() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut xids = vec![];
+            for _ in 0..2 {
+                let mut mark = [0u8; 4];
+                s.read_exact(&mut mark).await.unwrap();
+                let mut call = vec![0; (u32::from_be_bytes(mark) & !LAST_FRAGMENT) as usize];
+                s.read_exact(&mut call).await.unwrap();
+                let xid = u32::from_be_bytes(call[..4].try_into().unwrap());
+                let arg = u32::from_be_bytes(call[call.len() - 4..].try_into().unwrap());
+                xids.push((xid, arg));
+            }
+            s.write_all(&record(xids[1].0, xids[1].1 * 10)).await.unwrap();
+            let first = record(xids[0].0, xids[0].1 * 10);
+            let (head, tail) = first[4..].split_at(8);
+            s.write_all(&(head.len() as u32).to_be_bytes()).await.unwrap();
+            s.write_all(head).await.unwrap();
+            s.write_all(&(LAST_FRAGMENT | tail.len() as u32).to_be_bytes()).await.unwrap();
+            s.write_all(tail).await.unwrap();
+            s
+        });
+        let c = RpcConn::connect(addr, opaque_auth::default(), Duration::from_secs(5)).await.unwrap();
+        let t = Duration::from_secs(5);
+        let (a, b) = tokio::join!(c.call::<u32, u32>(1, 1, 1, &7, t), c.call::<u32, u32>(1, 1, 1, &9, t));
+        assert_eq!((a.unwrap(), b.unwrap()), (70, 90));
+        // The server goes: a waiting call fails at once, later calls too.
+        drop(server.await.unwrap());
+        let r = c.call::<u32, u32>(1, 1, 1, &1, t).await;
+        assert!(matches!(r, Err(Error::Disconnected(_))), "{r:?}");
+        assert!(c.is_closed());
+    }
+}

@@ -81,13 +81,13 @@ impl Launch<'_> {
         s
     }
 
-    /// `ip netns exec NETNS unshare -m ... sh -c SCRIPT`, the config written.
-    pub fn command(&self, netns: &str) -> std::io::Result<std::process::Command> {
+    /// `unshare` (as the target host runs it) given the arguments that run
+    /// the script in a private mount namespace; the config written.
+    pub fn command(&self, mut unshare: std::process::Command) -> std::io::Result<std::process::Command> {
         std::fs::create_dir_all(self.state)?;
         std::fs::write(self.state.join("ganesha.conf"), self.config())?;
-        let mut c = std::process::Command::new("ip");
-        c.args(["netns", "exec", netns, "unshare", "-m", "--propagation", "private", "sh", "-c", &self.script()]);
-        Ok(c)
+        unshare.args(["-m", "--propagation", "private", "sh", "-c", &self.script()]);
+        Ok(unshare)
     }
 
     /// rpcbind's PID once the script started it.
@@ -102,12 +102,10 @@ impl Launch<'_> {
     }
 }
 
-/// True once NFSv3 over TCP answers a NULL call at `ip` (run inside `netns`).
-pub fn answers(netns: &str, ip: Ipv4Addr) -> bool {
-    std::process::Command::new("ip")
-        .args(["netns", "exec", netns, "rpcinfo", "-T", "tcp", &ip.to_string(), "100003", "3"])
-        .output()
-        .is_ok_and(|o| o.status.success())
+/// True once NFSv3 over TCP answers a NULL call at `ip` (`rpcinfo` as the
+/// target host runs it).
+pub fn answers(mut rpcinfo: std::process::Command, ip: Ipv4Addr) -> bool {
+    rpcinfo.args(["-T", "tcp", &ip.to_string(), "100003", "3"]).output().is_ok_and(|o| o.status.success())
 }
 
 /// Whether this machine's kernel can mount NFS (built in, or a module
@@ -179,7 +177,7 @@ impl PeerTarget for Ganesha {
             return Err(format!("cannot prepare ganesha's file system: {e}"));
         }
         let launch = Launch { state: &state, export_dir: &export, ext4_image: Some(&image), volume_from: Some(backing), bind: Some(link.target_ip) };
-        let cmd = match launch.command(topo.target.name()) {
+        let cmd = match launch.command(topo.target.command("unshare")) {
             Ok(c) => c,
             Err(e) => {
                 give_back(tokens);
@@ -205,7 +203,7 @@ impl PeerTarget for Ganesha {
                     }
                 }
             }
-            if answers(topo.target.name(), link.target_ip) {
+            if answers(topo.target.command("rpcinfo"), link.target_ip) {
                 break;
             }
             if !p.alive() || Instant::now() > deadline {

@@ -33,6 +33,12 @@ impl Ganesha {
         g
     }
 
+    fn in_ns(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.pair.ns, program]);
+        c
+    }
+
     fn launch(&self) -> Launch<'_> {
         Launch { state: &self.state, export_dir: &self.dir, ext4_image: None, volume_from: None, bind: None }
     }
@@ -41,12 +47,12 @@ impl Ganesha {
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "ganesha is already running");
         let _ = std::fs::remove_file(self.state.join("rpcbind.pid"));
-        let mut cmd = self.launch().command(&self.pair.ns).expect("ganesha config");
+        let mut cmd = self.launch().command(self.in_ns("unshare")).expect("ganesha config");
         let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn ganesha.nfsd (Debian nfs-ganesha)");
         self.child = Some(child);
         let ip: Ipv4Addr = self.ip.parse().unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !answers(&self.pair.ns, ip) {
+        while !answers(self.in_ns("rpcinfo"), ip) {
             let gone = self.child.as_mut().unwrap().try_wait().unwrap().is_some();
             if gone || Instant::now() > deadline {
                 let log = self.launch().log();
