@@ -376,6 +376,17 @@ pub fn unix_now() -> f64 {
 mod tests {
     use super::*;
 
+    /// Software with a field per peer (results.json before the peers list)
+    /// reads as the list; the list round-trips.
+    #[test]
+    fn software_of_old_and_new_results() {
+        let old: Software = serde_json::from_str(r#"{"blockwire":"b","tgt":"tgt 1","vblade":"vblade 2","fio":"f"}"#).unwrap();
+        let pv = |p: &str, v: &str| PeerVersion { peer: p.into(), version: v.into() };
+        assert_eq!(old.peers, vec![pv("tgt", "tgt 1"), pv("vblade", "vblade 2")]);
+        let new = Software { peers: vec![pv("ganesha", "nfs-ganesha 4.3")], ..old };
+        assert_eq!(serde_json::from_str::<Software>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
+    }
+
     #[test]
     fn utc_formatting() {
         assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
