@@ -4,6 +4,7 @@
 //! - `aoe://IFACE/SHELF.SLOT`
 //! - `iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN`
 //! - `nvme+tcp://HOST[:PORT]/SUBNQN/NSID`
+//! - `nfs://HOST[:PORT]/EXPORT/FILE[?sync]` (a file on an NFSv3 export)
 //!
 //! Clients are shared between tasks (`Arc<dyn BlockClient>`): every method
 //! takes `&self`, and each client keeps many requests in flight internally
@@ -14,6 +15,7 @@ pub use url::{redact_url, TargetUrl, UrlError};
 
 pub mod aoe;
 pub mod iscsi;
+pub mod nfs;
 pub mod nvme;
 
 use async_trait::async_trait;
@@ -180,6 +182,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Arc<dyn BlockCl
         u @ TargetUrl::Aoe { .. } => aoe::connect(&u, opts).await,
         u @ TargetUrl::Iscsi { .. } => iscsi::connect(&u, opts).await,
         u @ TargetUrl::Nvme { .. } => nvme::connect(&u, opts).await,
+        u @ TargetUrl::Nfs { .. } => nfs::connect(&u, opts).await,
     };
     // OS errors name no peer: say which URL they came from.
     r.map_err(|e| match e {

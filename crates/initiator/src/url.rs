@@ -10,6 +10,9 @@ pub enum TargetUrl {
     Iscsi { host: String, port: u16, iqn: String, lun: u64, user: Option<String>, secret: Option<String> },
     /// `nvme+tcp://HOST[:PORT]/SUBNQN/NSID`
     Nvme { host: String, port: u16, subnqn: String, nsid: u32 },
+    /// `nfs://HOST[:PORT]/EXPORT/FILE[?sync]`: the export is everything up
+    /// to the last `/`, as qemu's nfs driver reads it.
+    Nfs { host: String, port: u16, export: String, file: String, sync: bool },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +114,21 @@ impl TargetUrl {
                 let (host, port) = host_port(url, hp, 4420)?;
                 Ok(TargetUrl::Nvme { host, port, subnqn: subnqn.to_string(), nsid })
             }
-            other => Err(err(url, format!("unknown scheme {other:?} (aoe, iscsi, nvme+tcp)"))),
+            "nfs" => {
+                let (rest, sync) = match rest.split_once('?') {
+                    None => (rest, false),
+                    Some((r, "sync")) => (r, true),
+                    Some((_, q)) => return Err(err(url, format!("unknown option {q:?} (sync)"))),
+                };
+                let (hp, path) = rest.split_once('/').ok_or_else(|| err(url, "expected nfs://HOST[:PORT]/EXPORT/FILE"))?;
+                let (export, file) = path.rsplit_once('/').ok_or_else(|| err(url, "expected nfs://HOST[:PORT]/EXPORT/FILE"))?;
+                if file.is_empty() {
+                    return Err(err(url, "missing file name after the export"));
+                }
+                let (host, port) = host_port(url, hp, 2049)?;
+                Ok(TargetUrl::Nfs { host, port, export: format!("/{export}"), file: file.to_string(), sync })
+            }
+            other => Err(err(url, format!("unknown scheme {other:?} (aoe, iscsi, nvme+tcp, nfs)"))),
         }
     }
 
@@ -120,6 +137,7 @@ impl TargetUrl {
             TargetUrl::Aoe { .. } => "aoe",
             TargetUrl::Iscsi { .. } => "iscsi",
             TargetUrl::Nvme { .. } => "nvme",
+            TargetUrl::Nfs { .. } => "nfs",
         }
     }
 }
@@ -135,6 +153,9 @@ impl fmt::Display for TargetUrl {
                 write!(f, "iscsi://{u}{}:{port}/{iqn}/{lun}", host(h))
             }
             TargetUrl::Nvme { host: h, port, subnqn, nsid } => write!(f, "nvme+tcp://{}:{port}/{subnqn}/{nsid}", host(h)),
+            TargetUrl::Nfs { host: h, port, export, file, sync } => {
+                write!(f, "nfs://{}:{port}{export}/{file}{}", host(h), if *sync { "?sync" } else { "" })
+            }
         }
     }
 }
@@ -164,7 +185,12 @@ mod tests {
             TargetUrl::parse("nvme+tcp://[::1]/nqn.2026-11.org.example:s/2").unwrap(),
             TargetUrl::Nvme { host: "::1".into(), port: 4420, subnqn: "nqn.2026-11.org.example:s".into(), nsid: 2 }
         );
-        for bad in ["aoe://veth0/1", "aoe://x/65535.1", "iscsi://h", "nvme+tcp://h/n/0", "http://x/y", "iscsi://:1/iqn/0"] {
+        assert_eq!(
+            TargetUrl::parse("nfs://10.0.0.1/srv/vm/disk.img?sync").unwrap(),
+            TargetUrl::Nfs { host: "10.0.0.1".into(), port: 2049, export: "/srv/vm".into(), file: "disk.img".into(), sync: true }
+        );
+        assert_eq!(TargetUrl::parse("nfs://h:2050/e/f").unwrap().to_string(), "nfs://h:2050/e/f");
+        for bad in ["nfs://h/f", "nfs://h/e/", "nfs://h/e/f?x", "aoe://veth0/1", "aoe://x/65535.1", "iscsi://h", "nvme+tcp://h/n/0", "http://x/y", "iscsi://:1/iqn/0"] {
             assert!(TargetUrl::parse(bad).is_err(), "{bad} should fail");
         }
     }

@@ -235,12 +235,12 @@ pub static CLAIMS: &[Claim] = &[
     Claim {
         study: 2,
         claim: "iSCSI ahead of NFS by 10-20% on streaming, 2-3x on PostMark, up to 4x on random reads",
-        compute: |_| not_applicable("block (iSCSI, AoE, NVMe/TCP) against file access (NFS)", "blockwire serves blocks, so there is no NFS subject; the same workloads (Bonnie++, PostMark, an IOgen-like fio run) are measured per block protocol in the file-system section"),
-        rule: nothing_to_judge,
+        compute: iscsi_against_nfs,
+        rule: |e| ahead(e.ratio(), "iSCSI", "NFS"),
     },
     Claim { study: 4, claim: "NVMe/TCP reaches about half of local", compute: nvme_share_of_local, rule: about_half_of_local },
     Claim { study: 4, claim: "a file system costs a lot locally (ZFS kept about 10% of raw)", compute: local_fs_over_raw, rule: the_fs_costs_a_lot },
-    Claim { study: 4, claim: "over NFS the file system matters little", compute: |_| not_applicable("NFS", "there is no NFS subject"), rule: nothing_to_judge },
+    Claim { study: 4, claim: "over NFS the file system matters little", compute: file_systems_over_nfs, rule: nothing_to_judge },
     Claim {
         study: 5,
         claim: "software initiators beat offload engines on speed, offload wins on CPU per operation",
@@ -372,6 +372,58 @@ fn personality_pairs(run: &Run, personality: &str) -> Vec<Outcome> {
         }];
     }
     out
+}
+
+/// The iSCSI and NFS subjects study 2's comparison pairs.
+const ISCSI_SUBJECTS: [&str; 2] = ["blockwire-iscsi", "tgt-iscsi"];
+const NFS_SUBJECTS: [&str; 1] = ["ganesha-nfs"];
+
+/// Study 2, iSCSI/NFS: 4 KiB random reads at queue depth 1 (micro), and on
+/// ext4 Bonnie++'s block read and write (streaming) and PostMark. NFS here
+/// is a disk image through blockwire's `nfs://` client, with the client's
+/// ext4 on it in the fs suite: the choice between an iSCSI LUN and a raw
+/// image on NFS storage, not the study's file access over a kernel mount.
+fn iscsi_against_nfs(run: &Run) -> Vec<Outcome> {
+    let pairs: Vec<(&str, &str)> =
+        ISCSI_SUBJECTS.iter().flat_map(|&i| NFS_SUBJECTS.iter().map(move |&n| (i, n))).filter(|(i, n)| run.measured(i) && run.measured(n)).collect();
+    if pairs.is_empty() {
+        return not_applicable("iSCSI against NFS", "needs an iSCSI subject and an NFS one (the ganesha peer, --peers ganesha) in the same run");
+    }
+    let mut out = vec![];
+    let mtu = run.mtu;
+    let mut push = |compared: String, what: &str, a: Vec<f64>, b: Vec<f64>| {
+        if let Some(ci) = ratio_of_means(&a, &b) {
+            out.push(Outcome::Measured { compared, measured: format!("iSCSI/NFS {what} {}", ci_text(ci)), evidence: Evidence::Ratio(ci) });
+        }
+    };
+    for link in &run.links {
+        for &(i, n) in &pairs {
+            if let (Some(a), Some(b)) = (micro_case(&run.micro, link, mtu, "randread-4k-qd1", i), micro_case(&run.micro, link, mtu, "randread-4k-qd1", n)) {
+                push(format!("{i} / {n} (nfs:// image), randread-4k-qd1 at MTU {mtu}, link {link}"), "IOPS", a.values(Metric::Iops), b.values(Metric::Iops));
+            }
+            for &mem in run.client_mems() {
+                for (row, metric) in [("bonnie block read", "MiB/s"), ("bonnie block write", "MiB/s"), ("postmark", "transactions/s")] {
+                    let (Some(a), Some(b)) = (fs_case(&run.fs, link, mem, row, i), fs_case(&run.fs, link, mem, row, n)) else { continue };
+                    push(format!("{i} / {n} (nfs:// image), {row} on ext4, link {link}, client mem {}", mem_name(mem)), metric, a.values(metric), b.values(metric));
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        return not_applicable("iSCSI against NFS", "needs the same workloads on both, with two runs or more: randread-4k-qd1 (micro), or Bonnie++ and PostMark (fs)");
+    }
+    out
+}
+
+/// Study 4's NFS claim compares file systems on the NFS server; the lab's
+/// NFS subject serves one image file from ext4.
+fn file_systems_over_nfs(run: &Run) -> Vec<Outcome> {
+    let why = if NFS_SUBJECTS.iter().any(|n| run.measured(n)) {
+        "the NFS subject (ganesha) serves its image file from one file system (ext4); comparing file systems under NFS needs the file-system factor on the server side"
+    } else {
+        "needs an NFS subject (the ganesha peer, --peers ganesha) and file systems to compare under it"
+    };
+    not_applicable("file systems under NFS", why)
 }
 
 /// iSCSI/AoE of a per-operation cost over the micro workloads.

@@ -110,7 +110,7 @@ pub fn page(r: &Results) -> String {
                     (m.mem_total_bytes >> 30) " GiB RAM, kernel " (m.kernel)
                     @if !r.params.tcp_congestion.is_empty() { ", TCP congestion control " (r.params.tcp_congestion) " in the lab's namespaces" }
                     @else if !m.tcp_congestion.is_empty() { ", TCP congestion control " (m.tcp_congestion) }
-                    "). " (sw.blockwire) "; " (sw.tgt) "; " (sw.vblade) "; " (sw.fio) "."
+                    "). " (sw.blockwire) "; " @for p in &sw.peers { (p.version) "; " } (sw.fio) "."
                 }
                 @if let Some(a) = &r.aborted {
                     p.warn { "This run did not finish (" (a) "); the report shows what was measured before." }

@@ -137,6 +137,7 @@ mod tests {
         for (k, p, t) in [
             ("blockwire-aoe", "aoe", "blockwire"),
             ("blockwire-iscsi", "iscsi", "blockwire"),
+            ("ganesha-nfs", "nfs", "ganesha"),
             ("local-fio", "local", "tmpfs file"),
         ] {
             r.subjects.push(Subject {
@@ -174,6 +175,10 @@ mod tests {
                     .push(sample("blockwire-iscsi", Some(1500), w, rep, iops, 1.3));
                 r.samples
                     .push(sample("local-fio", None, w, rep, 90_000.0 * jitter, 0.5));
+                // NFS (an image file through nfs://): random reads at half of iSCSI's.
+                if w == "randread-4k-qd1" {
+                    r.samples.push(sample("ganesha-nfs", Some(1500), w, rep, 10_000.0 * jitter, 2.0));
+                }
             }
             let mut s = sample(
                 "blockwire-aoe",
@@ -193,6 +198,11 @@ mod tests {
             let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
             r.fs.push(fs_sample("blockwire-aoe", "varmail", rep, flow(1300.0 * jitter)));
             r.fs.push(fs_sample("blockwire-iscsi", "varmail", rep, flow(1000.0 * jitter)));
+            // PostMark: iSCSI and NFS equal within the noise (the interval says inconclusive or equal).
+            for (subject, tx) in [("blockwire-iscsi", 5000), ("ganesha-nfs", 4900 + 100 * rep as u64)] {
+                let pm = bw_lab_results::fs::PostmarkResult { transactions: tx, created: 1000, ..Default::default() };
+                r.fs.push(fs_sample(subject, "postmark", rep, bw_lab_results::fs::FsResult::Postmark(pm)));
+            }
             r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
             r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
             r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));

@@ -194,11 +194,38 @@ pub struct MachineInfo {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "SoftwareRecord")]
 pub struct Software {
     pub blockwire: String,
-    pub tgt: String,
-    pub vblade: String,
+    /// Every peer the lab knows, with its version ("not installed").
+    pub peers: Vec<PeerVersion>,
     pub fio: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerVersion {
+    pub peer: String,
+    pub version: String,
+}
+
+/// `Software` as results.json holds it, now or before peers became a list
+/// (a field per peer: `tgt`, `vblade`).
+#[derive(Deserialize)]
+struct SoftwareRecord {
+    blockwire: String,
+    #[serde(default)]
+    peers: Vec<PeerVersion>,
+    tgt: Option<String>,
+    vblade: Option<String>,
+    fio: String,
+}
+
+impl From<SoftwareRecord> for Software {
+    fn from(r: SoftwareRecord) -> Software {
+        let old = [("tgt", r.tgt), ("vblade", r.vblade)].into_iter().filter_map(|(p, v)| Some(PeerVersion { peer: p.into(), version: v? }));
+        let peers = if r.peers.is_empty() { old.collect() } else { r.peers };
+        Software { blockwire: r.blockwire, peers, fio: r.fio }
+    }
 }
 
 /// The parameters the run used, after defaults and `--quick` were applied.
@@ -379,6 +406,17 @@ pub fn unix_now() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Software with a field per peer (results.json before the peers list)
+    /// reads as the list; the list round-trips.
+    #[test]
+    fn software_of_old_and_new_results() {
+        let old: Software = serde_json::from_str(r#"{"blockwire":"b","tgt":"tgt 1","vblade":"vblade 2","fio":"f"}"#).unwrap();
+        let pv = |p: &str, v: &str| PeerVersion { peer: p.into(), version: v.into() };
+        assert_eq!(old.peers, vec![pv("tgt", "tgt 1"), pv("vblade", "vblade 2")]);
+        let new = Software { peers: vec![pv("ganesha", "nfs-ganesha 4.3")], ..old };
+        assert_eq!(serde_json::from_str::<Software>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
+    }
 
     #[test]
     fn utc_formatting() {

@@ -59,7 +59,8 @@ pub struct LabArgs {
     /// blockwire protocols to measure (default: aoe,iscsi,nvme).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub protocols: Option<Vec<subjects::Protocol>>,
-    /// Peer targets on the same backing file: tgt (iSCSI), vblade (AoE), or none (default: tgt,vblade).
+    /// Peer targets on the same backing file: tgt (iSCSI), vblade (AoE), ganesha (NFS, an image file
+    /// through nfs://), or none (default: tgt,vblade).
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = subjects::parse_peer_choice)]
     pub peers: Option<Vec<subjects::PeerChoice>>,
     /// MTUs, one veth pair each (default: 1500,9000; --quick: 1500).

@@ -336,8 +336,8 @@ impl LabRun {
                 protocol: s.protocol().name().into(),
                 target: s.target_name().into(),
                 initiator: match &self.remote {
-                    Some(r) => format!("blockwire (userspace) on {}", r.client.name()),
-                    None => "blockwire".into(),
+                    Some(r) => format!("{} on {}", s.initiator(), r.client.name()),
+                    None => s.initiator().into(),
                 },
                 unavailable: None,
             })
@@ -786,6 +786,9 @@ impl LabRun {
             .collect();
         if self.plan.baseline {
             subjects.push((crate::fs::LOCAL.to_string(), None, None));
+        }
+        if live.iter().any(|s| s.key.ends_with("-nfs")) && !crate::subjects::ganesha::kernel_nfs_client() {
+            self.say("lab: fs: the client has no kernel NFS client: NFS is measured through nfs:// (a file system on the image file), not on an NFS mount");
         }
         let n = subjects.len();
         let mut failed_turns = vec![0u32; n];

@@ -86,6 +86,8 @@ enum Proto {
     Iscsi,
     Nvme,
     Aoe,
+    /// A file on nfs-ganesha's export (`nfs://`).
+    Nfs,
 }
 
 /// A `blockwire serve` of one file volume, restartable on the same address
@@ -97,6 +99,7 @@ struct Target {
     port: u16,
     pair: Option<NetnsPair>,
     serve: Option<Serve>,
+    nfs: Option<common::ganesha::Ganesha>,
     chap: Option<(&'static str, &'static str)>,
 }
 
@@ -107,18 +110,33 @@ impl Target {
 
     fn start_with(proto: Proto, tmp: &TempDir, size: &'static str, chap: Option<(&'static str, &'static str)>) -> Target {
         let pair = (proto == Proto::Aoe).then(|| NetnsPair::new("att", 1500));
-        let mut t = Target { proto, dir: tmp.path().to_path_buf(), size, port: free_port(), pair, serve: None, chap };
+        let mut t = Target { proto, dir: tmp.path().to_path_buf(), size, port: free_port(), pair, serve: None, nfs: None, chap };
         t.restart();
         t
     }
 
     fn img(&self) -> PathBuf {
-        self.dir.join("vol.img")
+        match self.proto {
+            Proto::Nfs => self.dir.join("export/vol.img"),
+            _ => self.dir.join("vol.img"),
+        }
     }
 
     fn restart(&mut self) {
         let vol = format!("[[volume]]\nname = \"d0\"\nbackend = \"file:{},size={}\"\n", self.img().display(), self.size);
         let port = self.port;
+        if self.proto == Proto::Nfs {
+            match &mut self.nfs {
+                Some(g) => g.restart(),
+                None => {
+                    let g = common::ganesha::Ganesha::start(&self.dir.join("export"));
+                    let mib: u64 = self.size.trim_end_matches('M').parse().expect("size in MiB");
+                    std::fs::File::create(self.img()).unwrap().set_len(mib << 20).unwrap();
+                    self.nfs = Some(g);
+                }
+            }
+            return;
+        }
         self.serve = Some(match self.proto {
             Proto::Iscsi => {
                 let chap = self.chap.map(|(u, s)| format!("chap = {{ user = \"{u}\", secret = \"{s}\" }}\n")).unwrap_or_default();
@@ -140,6 +158,7 @@ impl Target {
                 let aoe = format!("{},volume=d0,shelf=1,slot=0", pair.ns_if);
                 Serve::start_in(Some(&pair.ns), &["--volume", &v, "--aoe", &aoe])
             }
+            Proto::Nfs => unreachable!(),
         });
     }
 
@@ -153,6 +172,9 @@ impl Target {
     fn stop(&mut self) {
         if let Some(s) = self.serve.take() {
             s.stop();
+        }
+        if let Some(g) = &mut self.nfs {
+            g.stop();
         }
     }
 
@@ -168,6 +190,7 @@ impl Target {
             },
             Proto::Nvme => format!("nvme+tcp://127.0.0.1:{}/{NQN}/1", self.port),
             Proto::Aoe => format!("aoe://{}/1.0", self.pair.as_ref().expect("veth pair").host_if),
+            Proto::Nfs => self.nfs.as_ref().expect("ganesha").url("vol.img"),
         }
     }
 }
@@ -656,6 +679,11 @@ fn aoe_target_killed_under_dd_then_back() {
     target_killed_under_dd_then_back(Proto::Aoe);
 }
 
+#[test]
+fn nfs_target_killed_under_dd_then_back() {
+    target_killed_under_dd_then_back(Proto::Nfs);
+}
+
 /// `blockwire umount` with the target gone: the file system's last writes
 /// cannot reach it, so once the daemon knows the target is unreachable the
 /// FUSE connection is aborted; umount completes and nothing is left, no
@@ -1014,4 +1042,12 @@ fn umount_reaches_a_mount_namespace_made_while_mounted() {
     assert!(out.status.success(), "umount beside a namespace copy: {}", String::from_utf8_lossy(&out.stderr));
     assert!(!copy_left, "the copy in the other namespace is still mounted");
     assert_nothing_left(&mp, &hint);
+}
+
+#[test]
+fn mount_ext4_over_nfs() {
+    require_root();
+    let tmp = TempDir::new("att-f");
+    let t = Target::start(Proto::Nfs, &tmp, "128M");
+    roundtrip(&t.url(), "ext4", Some(&t.img()), Fuse::Dev, &tmp);
 }

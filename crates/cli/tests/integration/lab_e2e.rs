@@ -133,7 +133,7 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     require_root();
     let out = out_dir("e2e");
     let mut child = Command::new(blockwire_bin())
-        .args(["lab", "--quick", "--protocols", "iscsi", "--peers", "none", "--repeat", "2"])
+        .args(["lab", "--quick", "--protocols", "iscsi", "--peers", "ganesha", "--repeat", "2"])
         .args(["--size", "64M", "--runtime", "1", "--sweep-runtime", "1", "--link", "1gbit"])
         .args(["--client-mem", "128M", "--fs-workloads", "varmail,postmark,iogen-direct,iogen-raw", "--fs-runtime", "1", "--out"])
         .arg(&out)
@@ -171,6 +171,14 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     let count = |subject: &str| samples.iter().filter(|s| s["subject"] == subject).count();
     assert!(count("blockwire-iscsi") > 0, "no blockwire iSCSI sample; subjects: {}", results["subjects"]);
     assert!(count("local-fio") > 0, "no local baseline sample");
+    // NFS: ganesha through blockwire's nfs:// client, said so in the subject
+    // table; without a kernel NFS client here, one line says why.
+    assert!(count("ganesha-nfs") > 0, "no ganesha sample; failures: {}", results["failures"]);
+    let nfs = results["subjects"].as_array().unwrap().iter().find(|s| s["key"] == "ganesha-nfs").expect("ganesha subject");
+    assert!(nfs["initiator"].as_str().unwrap_or("").contains("nfs://"), "{nfs}");
+    if !bw_lab::subjects::ganesha::kernel_nfs_client() {
+        assert_eq!(stderr.matches("no kernel NFS client").count(), 1, "{stderr}");
+    }
     let iscsi = samples.iter().find(|s| s["subject"] == "blockwire-iscsi").unwrap();
     assert!(iscsi["bench"]["ios"].as_u64().unwrap_or(0) > 0);
     assert!(iscsi["wire"]["rx_packets"].as_u64().unwrap_or(0) > 0, "no wire counters: {iscsi}");
@@ -194,6 +202,7 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     let fs_count = |subject: &str, w: &str| fs.iter().filter(|s| s["subject"] == subject && s["workload"] == w).count();
     for w in ["varmail", "postmark", "iogen-direct"] {
         assert_eq!(fs_count("blockwire-iscsi", w), 2, "{w} over iSCSI; failures: {}", results["failures"]);
+        assert_eq!(fs_count("ganesha-nfs", w), 2, "{w} over nfs://; failures: {}", results["failures"]);
         assert_eq!(fs_count("local-fs", w), 2, "{w} locally; failures: {}", results["failures"]);
     }
     assert_eq!(fs_count("local-fs", "iogen-raw"), 2);
@@ -218,6 +227,8 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "no {id} section in the report");
     }
     assert!(html.contains("fs varmail (ops/s)"), "no fs row in the answer table");
+    // Study 2's iSCSI-against-NFS claim is judged, not "not applicable".
+    assert!(html.contains("blockwire-iscsi / ganesha-nfs (nfs:// image)") && html.contains("iSCSI/NFS"), "no iSCSI/NFS finding");
 
     let screenshot = out.join("report.png");
     check_in_chromium(&out.join("report.html"), &screenshot);

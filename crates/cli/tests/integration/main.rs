@@ -26,6 +26,7 @@ mod nvme_auth;
 mod nvme_hostile;
 mod nvme_initiator;
 mod nvme_kernel;
+mod nfs;
 mod nvme_nvmet;
 mod packaging;
 mod readme_layout;

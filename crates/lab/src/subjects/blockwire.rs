@@ -24,6 +24,7 @@ pub fn url(p: Protocol, link: &Link) -> String {
         Protocol::Aoe => format!("aoe://{}/{}.{}", link.client_if, AOE_ADDRESS.0, AOE_ADDRESS.1),
         Protocol::Iscsi => format!("iscsi://{ip}:{ISCSI_PORT}/{IQN}/0"),
         Protocol::Nvme => format!("nvme+tcp://{ip}:{NVME_PORT}/{NQN}/1"),
+        Protocol::Nfs => unreachable!("blockwire serves no NFS"),
     }
 }
 
@@ -68,6 +69,7 @@ fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
                     q(NQN)
                 )
             }
+            Protocol::Nfs => unreachable!("blockwire serves no NFS"),
         }
     }
     t

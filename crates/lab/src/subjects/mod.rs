@@ -5,6 +5,7 @@
 //! one row in [`PeerKind`] and [`PeerKind::target`].
 
 pub mod blockwire;
+pub mod ganesha;
 pub mod tgt;
 pub mod vblade;
 
@@ -13,15 +14,19 @@ use crate::topology::{Link, Topology};
 use clap::ValueEnum;
 use std::path::Path;
 
-/// blockwire's protocols; one `blockwire serve` serves them all.
+/// The protocols subjects speak; one `blockwire serve` serves [`Protocol::ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
 pub enum Protocol {
     Aoe,
     Iscsi,
     Nvme,
+    /// A file on an NFSv3 export (`nfs://`): peers only, blockwire serves no NFS.
+    #[value(skip)]
+    Nfs,
 }
 
 impl Protocol {
+    /// blockwire's own (`--protocols`).
     pub const ALL: [Protocol; 3] = [Protocol::Aoe, Protocol::Iscsi, Protocol::Nvme];
 
     /// Its name in `--protocols`, subject keys and results.json.
@@ -30,6 +35,7 @@ impl Protocol {
             Protocol::Aoe => "aoe",
             Protocol::Iscsi => "iscsi",
             Protocol::Nvme => "nvme",
+            Protocol::Nfs => "nfs",
         }
     }
 }
@@ -68,6 +74,7 @@ pub trait PeerTarget: Sync {
 pub enum PeerKind {
     Tgt,
     Vblade,
+    Ganesha,
 }
 
 impl PeerKind {
@@ -76,6 +83,7 @@ impl PeerKind {
         match self {
             PeerKind::Tgt => &tgt::Tgt,
             PeerKind::Vblade => &vblade::Vblade,
+            PeerKind::Ganesha => &ganesha::Ganesha,
         }
     }
 
@@ -138,6 +146,15 @@ impl Subject {
         }
     }
 
+    /// The client measured: blockwire's, over NFS its `nfs://` NFSv3 client
+    /// (a disk image file, as qemu and Proxmox use one), not a kernel mount.
+    pub fn initiator(self) -> &'static str {
+        match self.protocol() {
+            Protocol::Nfs => "blockwire nfs:// (NFSv3 client in userspace, image file)",
+            _ => "blockwire",
+        }
+    }
+
     /// Its key in results.json: `<target>-<protocol>`.
     pub fn key(self) -> String {
         format!("{}-{}", self.target_name(), self.protocol())
@@ -157,8 +174,10 @@ pub fn software(blockwire_exe: &std::path::Path) -> crate::results::Software {
     let na = || "not installed".to_string();
     crate::results::Software {
         blockwire: crate::machine::first_line(&blockwire_exe.to_string_lossy(), &["--version"]).unwrap_or_else(na),
-        tgt: PeerKind::Tgt.target().version().unwrap_or_else(na),
-        vblade: PeerKind::Vblade.target().version().unwrap_or_else(na),
+        peers: PeerKind::all()
+            .iter()
+            .map(|p| crate::results::PeerVersion { peer: p.name().into(), version: p.target().version().unwrap_or_else(na) })
+            .collect(),
         fio: crate::machine::first_line("fio", &["--version"]).unwrap_or_else(na),
     }
 }
@@ -184,6 +203,7 @@ mod tests {
         assert_eq!(Subject::Blockwire(Protocol::Aoe).url(&l), "aoe://bwl1ac/1.0");
         assert_eq!(Subject::Peer(PeerKind::Vblade).url(&l), "aoe://bwl1ac/2.0");
         assert_eq!(Subject::Peer(PeerKind::Tgt).url(&l), format!("iscsi://198.18.1.1:3261/{}/1", tgt::IQN));
+        assert_eq!(Subject::Peer(PeerKind::Ganesha).url(&l), "nfs://198.18.1.1:2049/bwlab-nfs/disk.img");
         assert_eq!(Subject::Blockwire(Protocol::Nvme).url(&l), format!("nvme+tcp://198.18.1.1:4420/{}/1", blockwire::NQN));
     }
 
@@ -192,6 +212,7 @@ mod tests {
         assert_eq!(Subject::Blockwire(Protocol::Iscsi).key(), "blockwire-iscsi");
         assert_eq!(Subject::Peer(PeerKind::Tgt).key(), "tgt-iscsi");
         assert_eq!(Subject::Peer(PeerKind::Vblade).key(), "vblade-aoe");
+        assert_eq!(Subject::Peer(PeerKind::Ganesha).key(), "ganesha-nfs");
         // The name a peer gives itself is the one `--peers` accepts.
         for &p in PeerKind::all() {
             assert_eq!(parse_peer_choice(p.name()), Ok(PeerChoice(Some(p))));

@@ -4,6 +4,7 @@
 
 
 pub mod ceph;
+pub mod ganesha;
 pub mod nvme_raw;
 
 use std::io::{BufRead, BufReader};

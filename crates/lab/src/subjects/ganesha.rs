@@ -1,0 +1,229 @@
+//! nfs-ganesha (NFSv3 and NFSv4.1, VFS back end) serving the volume as a
+//! file, `disk.img`, on an ext4 file system of its own (a loop image beside
+//! the backing file, filled with the backing's bytes), with `files/` beside
+//! it for file-level workloads. Measured through blockwire's `nfs://`
+//! client, as qemu and Proxmox use a disk image on NFS.
+//!
+//! rpcbind's socket and lock (/run/rpcbind.sock, /run/rpcbind.lock) are one
+//! per machine, not per network namespace: ganesha and its rpcbind run in a
+//! mount namespace of their own with a tmpfs over /run, so they never meet a
+//! host rpcbind or another run's. That namespace also holds the ext4 mount,
+//! which goes with its last process.
+
+use super::{PeerTarget, Protocol, Tool};
+use crate::cleanup::{registry, Resource, Role};
+use crate::targets::{spawn_logged, TargetProcess};
+use crate::topology::{Link, Topology};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The export's pseudo path, which NFSv3 MOUNT also uses (Mount_Path_Pseudo).
+pub const EXPORT: &str = "/bwlab-nfs";
+/// The volume's file on the export, and the directory for file workloads.
+pub const VOLUME_FILE: &str = "disk.img";
+pub const FILES_DIR: &str = "files";
+pub const NFS_PORT: u16 = 2049;
+
+pub struct Ganesha;
+
+/// How to start one ganesha with its rpcbind.
+pub struct Launch<'a> {
+    /// Its config, log and PID files ([`Launch::STATE_FILES`]).
+    pub state: &'a Path,
+    /// The directory exported.
+    pub export_dir: &'a Path,
+    /// An ext4 image mounted on `export_dir` inside ganesha's namespace.
+    pub ext4_image: Option<&'a Path>,
+    /// A file copied to `export_dir/disk.img` once mounted (the backing).
+    pub volume_from: Option<&'a Path>,
+    /// The address it listens on (all of the namespace's if None).
+    pub bind: Option<Ipv4Addr>,
+}
+
+/// NFSv4 client records, in the tmpfs over /run of ganesha's namespace:
+/// they go with it.
+const RECOVERY: &str = "/run/bwlab-ganesha-recovery";
+
+impl Launch<'_> {
+    /// What a launch writes in its state directory.
+    pub const STATE_FILES: [&'static str; 4] = ["ganesha.conf", "ganesha.log", "ganesha.pid", "rpcbind.pid"];
+
+    fn config(&self) -> String {
+        let bind = self.bind.map(|ip| format!("Bind_addr = {ip}; ")).unwrap_or_default();
+        format!(
+            "NFS_CORE_PARAM {{ {bind}NFS_Port = {NFS_PORT}; Protocols = 3, 4; Enable_NLM = false; Enable_RQUOTA = false; Mount_Path_Pseudo = true; }}\n\
+             NFSV4 {{ Graceless = true; Minor_Versions = 1; RecoveryRoot = {RECOVERY}; }}\n\
+             EXPORT {{ Export_Id = 1; Path = {}; Pseudo = {EXPORT}; Access_Type = RW; Squash = No_Root_Squash; Protocols = 3, 4; \
+             Transports = TCP; SecType = sys; FSAL {{ Name = VFS; }} }}\n\
+             LOG {{ Default_Log_Level = WARN; }}\n",
+            self.export_dir.display()
+        )
+    }
+
+    /// The shell run in ganesha's mount namespace; it ends by exec'ing
+    /// ganesha, so the PID spawned is ganesha's.
+    fn script(&self) -> String {
+        let st = self.state.display();
+        let ex = self.export_dir.display();
+        let mut s = format!("set -e\nmount -t tmpfs -o mode=755 bwlab-run /run\nmkdir {RECOVERY}\n");
+        if let Some(img) = self.ext4_image {
+            s += &format!("mount -o loop {} {ex}\n", img.display());
+        }
+        if let Some(src) = self.volume_from {
+            s += &format!("cp --sparse=never {} {ex}/{VOLUME_FILE}\nmkdir -p {ex}/{FILES_DIR}\n", src.display());
+        }
+        s += &format!(
+            "rpcbind -f & echo $! > {st}/rpcbind.pid\n\
+             for i in $(seq 100); do [ -S /run/rpcbind.sock ] && break; sleep 0.1; done\n\
+             exec ganesha.nfsd -F -f {st}/ganesha.conf -L {st}/ganesha.log -p {st}/ganesha.pid -N NIV_WARN\n"
+        );
+        s
+    }
+
+    /// `unshare` (as the target host runs it) given the arguments that run
+    /// the script in a private mount namespace; the config written.
+    pub fn command(&self, mut unshare: std::process::Command) -> std::io::Result<std::process::Command> {
+        std::fs::create_dir_all(self.state)?;
+        std::fs::write(self.state.join("ganesha.conf"), self.config())?;
+        unshare.args(["-m", "--propagation", "private", "sh", "-c", &self.script()]);
+        Ok(unshare)
+    }
+
+    /// rpcbind's PID once the script started it.
+    pub fn rpcbind_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.state.join("rpcbind.pid")).ok()?.trim().parse().ok()
+    }
+
+    pub fn log(&self) -> String {
+        let text = std::fs::read_to_string(self.state.join("ganesha.log")).unwrap_or_default();
+        let crit: Vec<&str> = text.lines().filter(|l| l.contains(":CRIT :") || l.contains(":FATAL :") || l.contains(":MAJ :")).collect();
+        crit[crit.len().saturating_sub(3)..].join(" | ")
+    }
+}
+
+/// True once NFSv3 over TCP answers a NULL call at `ip` (`rpcinfo` as the
+/// target host runs it).
+pub fn answers(mut rpcinfo: std::process::Command, ip: Ipv4Addr) -> bool {
+    rpcinfo.args(["-T", "tcp", &ip.to_string(), "100003", "3"]).output().is_ok_and(|o| o.status.success())
+}
+
+/// Whether this machine's kernel can mount NFS (built in, or a module
+/// modprobe would load): file-level NFS workloads need it on the client.
+/// Today's clients are namespaces of this machine.
+pub fn kernel_nfs_client() -> bool {
+    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    fs.lines().any(|l| l.split_whitespace().last() == Some("nfs"))
+        || std::process::Command::new("modprobe").args(["-n", "nfs"]).output().is_ok_and(|o| o.status.success())
+}
+
+impl PeerTarget for Ganesha {
+    fn name(&self) -> &'static str {
+        "ganesha"
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Nfs
+    }
+
+    fn tools(&self) -> &'static [Tool] {
+        &[
+            Tool { program: "ganesha.nfsd", package: "nfs-ganesha" },
+            Tool { program: "rpcbind", package: "rpcbind" },
+            Tool { program: "rpcinfo", package: "rpcbind" },
+            Tool { program: "mkfs.ext4", package: "e2fsprogs" },
+        ]
+    }
+
+    fn version(&self) -> Option<String> {
+        crate::host::package_version("nfs-ganesha").map(|v| format!("nfs-ganesha {v}"))
+    }
+
+    fn url(&self, link: &Link) -> String {
+        format!("nfs://{}:{NFS_PORT}{EXPORT}/{VOLUME_FILE}", link.target_ip)
+    }
+
+    fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
+        // Its export image, config and state files are made on this
+        // machine's file system.
+        if matches!(topo.target, crate::host::Host::Ssh(_)) {
+            return Err("the ganesha peer runs only on a target host of this machine for now".into());
+        }
+        if crate::host::package_version("nfs-ganesha-vfs").is_none() {
+            return Err("ganesha's VFS back end is not installed (package nfs-ganesha-vfs)".into());
+        }
+        let tag = format!("/tmp/bwlab-{}-ganesha-{}", std::process::id(), link.mtu);
+        let (state, export, image) = (PathBuf::from(format!("{tag}-state")), PathBuf::from(format!("{tag}-export")), backing.with_extension("nfs.ext4"));
+        let size = std::fs::metadata(backing).map_err(|e| format!("{}: {e}", backing.display()))?.len();
+        let mut tokens = vec![];
+        let made = (|| -> anyhow::Result<()> {
+            tokens.push(registry().create(Resource::Dir(export.clone()), || Ok(std::fs::create_dir_all(&export)?))?.0);
+            tokens.push(registry().create(Resource::Dir(state.clone()), || Ok(std::fs::create_dir_all(&state)?))?.0);
+            for f in Launch::STATE_FILES {
+                tokens.push(registry().create(Resource::File(state.join(f)), || Ok(()))?.0);
+            }
+            let (t, ()) = registry().create(Resource::File(image.clone()), || {
+                // Room for the volume's file, ext4's metadata and the file workloads.
+                let f = std::fs::File::create(&image)?;
+                f.set_len(size + (size / 4).max(64 << 20))?;
+                crate::host::sh("mkfs.ext4", &["-q", "-F", "-E", "nodiscard", &image.to_string_lossy()])?;
+                Ok(())
+            })?;
+            tokens.push(t);
+            Ok(())
+        })();
+        let give_back = |tokens: Vec<_>| {
+            for t in tokens.into_iter().rev() {
+                let _ = registry().release(t);
+            }
+        };
+        if let Err(e) = made {
+            give_back(tokens);
+            return Err(format!("cannot prepare ganesha's file system: {e}"));
+        }
+        let launch = Launch { state: &state, export_dir: &export, ext4_image: Some(&image), volume_from: Some(backing), bind: Some(link.target_ip) };
+        let cmd = match launch.command(topo.target.command("unshare")) {
+            Ok(c) => c,
+            Err(e) => {
+                give_back(tokens);
+                return Err(format!("cannot write ganesha's config: {e}"));
+            }
+        };
+        let (mut p, _rx) = match spawn_logged(&topo.target, cmd, "ganesha.nfsd", None, None) {
+            Ok(x) => x,
+            Err(e) => {
+                give_back(tokens);
+                return Err(e.to_string());
+            }
+        };
+        // The copy of the backing comes first: allow for it.
+        let deadline = Instant::now() + Duration::from_secs(30 + size / (100 << 20));
+        let mut rpcbind = None;
+        loop {
+            if rpcbind.is_none() {
+                if let Some(pid) = launch.rpcbind_pid() {
+                    let r = registry().create(Resource::Child { pid, what: "rpcbind".into(), role: Role::Service }, || Ok(()));
+                    if let Ok((t, ())) = r {
+                        rpcbind = Some(t);
+                    }
+                }
+            }
+            if answers(topo.target.command("rpcinfo"), link.target_ip) {
+                break;
+            }
+            if !p.alive() || Instant::now() > deadline {
+                let why = format!("ganesha did not start: {} {}", p.log_tail(), launch.log());
+                p.stop();
+                give_back(rpcbind.into_iter().chain(tokens).collect());
+                return Err(why);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // Released after ganesha stops: rpcbind (the namespace, its ext4
+        // mount and loop device go with it), then the files.
+        for t in rpcbind.into_iter().chain(tokens.into_iter().rev()) {
+            p.keep_until_stopped(t);
+        }
+        Ok(p)
+    }
+}
