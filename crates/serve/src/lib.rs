@@ -64,6 +64,7 @@ pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
 /// caller can announce readiness.
 pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) -> anyhow::Result<Vec<Running>> {
     let mut running = Vec::new();
+    cfg.tuning.digest_impl.apply();
     if let Some(a) = &cfg.aoe {
         if !a.exports.is_empty() {
             running.push(aoe::start(a, &cfg.tuning, volumes, shutdown.clone()).await?);
