@@ -160,7 +160,7 @@ pub struct Recommendation {
 
 /// The micro suite's recommendations, per (link, MTU, workload).
 pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
-    let all = cases(&r.samples);
+    let all = micro_cases(r);
     let local: BTreeMap<String, &Case> =
         all.values().filter(|c| c.key.mtu.is_none() && c.key.suite == "micro").map(|c| (c.key.workload.clone(), c)).collect();
     let mut groups: BTreeMap<(String, u32, String), Vec<&Case>> = BTreeMap::new();
@@ -385,7 +385,18 @@ pub fn sample_counts(r: &Results) -> BTreeMap<String, usize> {
     m
 }
 
-/// The micro cases (re-exported for the sections).
+/// The micro and sweep cases at the lab's default factors (the sections
+/// and recommendations; the offload study's cases have a section of their
+/// own, [`factor_cases`]).
 pub fn micro_cases(r: &Results) -> BTreeMap<CaseKey, Case> {
-    cases(&r.samples)
+    cases(&r.samples).into_iter().filter(|(k, _)| k.factors.is_default()).collect()
+}
+
+/// Every networked case of a run that varied `--offload` or `--digest`
+/// (empty otherwise).
+pub fn factor_cases(r: &Results) -> BTreeMap<CaseKey, Case> {
+    if r.params.offloads.is_empty() && r.params.digests.is_empty() {
+        return BTreeMap::new();
+    }
+    cases(&r.samples).into_iter().filter(|(k, _)| k.mtu.is_some()).collect()
 }

@@ -99,7 +99,7 @@ fn same(ci: RatioCi) -> (Verdict, String) {
 }
 
 fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &str, mtu: u32, workload: &str, subject: &str) -> Option<&'a Case> {
-    all.get(&CaseKey { suite: "micro".into(), link: link.into(), mtu: Some(mtu), workload: workload.into(), subject: subject.into() })
+    all.get(&CaseKey { suite: "micro".into(), link: link.into(), mtu: Some(mtu), workload: workload.into(), subject: subject.into(), factors: Default::default() })
 }
 
 fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &str, mem: u64, row: &str, subject: &str) -> Option<&'a FsCase> {
@@ -111,7 +111,7 @@ fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &str, mem: u64, row: &str
 fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &str, mtu: u32, a: &str, b: &str, metric: Metric) -> Option<(f64, usize, usize)> {
     let mut logs = vec![];
     let mut apart = 0;
-    for c in all.values().filter(|c| c.key.suite == "micro" && c.key.link == link && c.key.mtu == Some(mtu) && c.key.subject == a) {
+    for c in all.values().filter(|c| c.key.suite == "micro" && c.key.link == link && c.key.mtu == Some(mtu) && c.key.subject == a && c.key.factors.is_default()) {
         let Some(cb) = all.get(&CaseKey { subject: b.to_string(), ..c.key.clone() }) else { continue };
         let (va, vb) = (c.values(metric), cb.values(metric));
         if mean(&va) > 0.0 && mean(&vb) > 0.0 {
@@ -241,13 +241,90 @@ pub static CLAIMS: &[Claim] = &[
     Claim { study: 4, claim: "NVMe/TCP reaches about half of local", compute: nvme_share_of_local, rule: about_half_of_local },
     Claim { study: 4, claim: "a file system costs a lot locally (ZFS kept about 10% of raw)", compute: local_fs_over_raw, rule: the_fs_costs_a_lot },
     Claim { study: 4, claim: "over NFS the file system matters little", compute: |_| not_applicable("NFS", "there is no NFS subject"), rule: nothing_to_judge },
+    Claim { study: 5, claim: "offload wins on CPU per unit of throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MachineCpuSPerGb), rule: |e| more_cpu(e, ON_VETH) },
+    Claim { study: 5, claim: "offload wins on CPU per operation (no offload against stateless offload)", compute: |run| offload_pairs(run, "randread-4k-qd32", Metric::MachineCpuUsPerOp), rule: |e| more_cpu(e, ON_VETH) },
+    Claim { study: 5, claim: "software won on throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MibPerS), rule: |e| ahead(e.ratio(), "no offload", "stateless offload") },
+    Claim { study: 5, claim: "software won on latency (p50 of 4 KiB reads at QD1; measured: none/stateless)", compute: |run| offload_pairs(run, "randread-4k-qd1", Metric::LatP50Us), rule: |e| ahead(e.ratio().inverse(), "no offload (lower latency)", "stateless offload") },
+    Claim { study: 5, claim: "CRC help saves CPU per unit of throughput on digests (software CRC32C against the CPU's instruction)", compute: |run| digest_pairs(run, Metric::MachineCpuSPerGb), rule: |e| more_cpu(e, SOFT_CRC) },
+    Claim { study: 5, claim: "CRC help keeps digests off the throughput (CPU instruction against software CRC32C)", compute: |run| digest_pairs(run, Metric::MibPerS), rule: |e| ahead(e.ratio(), "the CPU's CRC instruction", "software CRC32C") },
     Claim {
         study: 5,
-        claim: "software initiators beat offload engines on speed, offload wins on CPU per operation",
-        compute: |_| not_applicable("offload hardware", "there is no offload hardware here; CPU per operation (target + initiator) is reported for every case and decides the \"least CPU per op\" column"),
+        claim: "TCP offload engines and iSCSI HBAs take the protocol off the host CPU",
+        compute: |_| not_applicable("TOE or HBA against software", "no TOE or HBA here: the lab emulates stateless offload (checksums, segmentation: --offload) and CRC help (--digest crc32c against crc32c-soft); a TOE or HBA, which would carry TCP or iSCSI state itself, cannot be emulated"),
         rule: nothing_to_judge,
     },
 ];
+
+/// What the offload claims say about veth, where the compared cases ran.
+const ON_VETH: &str = "on veth an offload skips the work rather than moving it to hardware, so this bounds from above what a stateless-offload NIC saves";
+
+/// The values the other factor took in the run (`""`: its default): an
+/// offload claim compares at each digest setting, a digest claim at each
+/// offload setting.
+fn other_factor_values(run: &Run, offload: bool) -> Vec<String> {
+    let p = &run.results.params;
+    let v: Vec<String> = if offload { p.digests.iter().map(|d| if d == "none" { String::new() } else { d.clone() }).collect() } else { p.offloads.clone() };
+    if v.is_empty() { vec![String::new()] } else { v }
+}
+
+/// a/b of `metric` per networked subject measured both ways: offload none
+/// over stateless, or digest crc32c-soft over crc32c.
+fn factor_pairs(run: &Run, workload: &str, metric: Metric, offload: bool) -> Vec<Outcome> {
+    use bw_lab_results::Factors;
+    let (what, needs) = if offload { ("offload none / stateless", "--offload none,stateless") } else { ("digest crc32c-soft / crc32c", "--digest crc32c,crc32c-soft") };
+    let mut out = vec![];
+    for other in other_factor_values(run, offload) {
+        let (fa, fb) = if offload {
+            (Factors { offload: "none".into(), digest: other.clone() }, Factors { offload: "stateless".into(), digest: other.clone() })
+        } else {
+            (Factors { offload: other.clone(), digest: "crc32c-soft".into() }, Factors { offload: other.clone(), digest: "crc32c".into() })
+        };
+        for ca in run.micro.values().filter(|c| c.key.suite == "micro" && c.key.workload == workload && c.key.mtu == Some(run.mtu) && c.key.factors == fa) {
+            let Some(cb) = run.micro.get(&CaseKey { factors: fb.clone(), ..ca.key.clone() }) else { continue };
+            let at = match (offload, other.is_empty()) {
+                (_, true) => String::new(),
+                (true, false) => format!(", digest {other}"),
+                (false, false) => format!(", offload {other}"),
+            };
+            let compared = format!("{}, {what}, {workload} at MTU {}, link {}{at}", ca.key.subject, run.mtu, ca.key.link);
+            let Some(ci) = ratio_of_means(&ca.values(metric), &cb.values(metric)) else {
+                out.push(Outcome::NotApplicable { compared, why: format!("fewer than two runs with {}: no interval", metric.noun()) });
+                continue;
+            };
+            out.push(Outcome::Measured { compared, measured: format!("{} {}", metric.label(), ci_text(ci)), evidence: Evidence::Ratio(ci) });
+        }
+    }
+    if out.is_empty() {
+        return not_applicable(&format!("{what}, {workload}"), &format!("needs {needs} with {workload} in the micro suite"));
+    }
+    out
+}
+
+fn offload_pairs(run: &Run, workload: &str, metric: Metric) -> Vec<Outcome> {
+    factor_pairs(run, workload, metric, true)
+}
+
+fn digest_pairs(run: &Run, metric: Metric) -> Vec<Outcome> {
+    factor_pairs(run, "seqread-1m", metric, false)
+}
+
+/// What the digest claims say: the software path stands for missing CRC help.
+const SOFT_CRC: &str = "what a CPU (or NIC) without CRC help pays for digests";
+
+/// Verdict on "the first costs more CPU than the second" from a/b of a
+/// whole-machine CPU figure; `context` says what the ratio means.
+fn more_cpu(e: Evidence, context: &str) -> (Verdict, String) {
+    let ci = e.ratio();
+    if ci.lo > 1.0 + PRACTICAL {
+        (Verdict::Reproduced, format!("{:.2}x the whole-machine CPU for the same work; {context}", ci.ratio))
+    } else if ci.hi < 1.0 / (1.0 + PRACTICAL) {
+        (Verdict::NotReproduced, "less CPU for the same work, not more".into())
+    } else if equal(ci) {
+        (Verdict::NotReproduced, "equal: the interval lies within 5% either way".into())
+    } else {
+        (Verdict::Inconclusive, "the interval is too wide to say (more repetitions, or a quieter machine)".into())
+    }
+}
 
 /// The study the route suite checks.
 pub const ROUTE_STUDY: u8 = 3;
@@ -473,7 +550,7 @@ fn nvme_share_of_local(run: &Run) -> Vec<Outcome> {
     let mut out = vec![];
     let (nv, loc) = ("blockwire-nvme", "local-fio");
     for w in ["randrw75-4k-qd16", "randread-4k-qd32"] {
-        let Some(l) = run.micro.get(&CaseKey { suite: "micro".into(), link: "none".into(), mtu: None, workload: w.into(), subject: loc.into() }) else { continue };
+        let Some(l) = run.micro.get(&CaseKey { suite: "micro".into(), link: "none".into(), mtu: None, workload: w.into(), subject: loc.into(), factors: Default::default() }) else { continue };
         for link in &run.links {
             let Some(n) = micro_case(&run.micro, link, run.mtu, w, nv) else { continue };
             let Some(ci) = ratio_of_means(&n.values(Metric::Iops), &l.values(Metric::Iops)) else { continue };

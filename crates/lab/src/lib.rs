@@ -24,8 +24,10 @@ pub mod cleanup;
 pub mod fs;
 pub mod host;
 pub mod machine;
+pub mod machine_cpu;
 pub mod mounts;
 pub mod net;
+pub mod offload;
 pub mod orchestrate;
 pub mod plan;
 pub mod route;
@@ -98,6 +100,17 @@ pub struct LabArgs {
     /// client of a run uses it alike.
     #[arg(long, value_name = "NAME")]
     pub tcp_congestion: Option<String>,
+    /// The offload study: NIC offloads on the lab's links, each measured in
+    /// turn: none (checksums, scatter-gather, TSO, GSO, GRO off on both ends),
+    /// stateless (all on). Default: TSO/GSO/GRO off, checksums on.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub offload: Option<Vec<String>>,
+    /// The offload study: iSCSI/NVMe-TCP digests, each measured in turn:
+    /// none, crc32c (the CPU's CRC instruction), crc32c-soft (portable
+    /// tables on both ends). With digests only blockwire's iSCSI and
+    /// NVMe/TCP run. Default: none.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub digest: Option<Vec<String>>,
     /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub path: Option<Vec<route::PathChoice>>,
@@ -152,6 +165,8 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         fs_workloads: args.fs_workloads.clone(),
         fs_runtime: args.fs_runtime,
         tcp_congestion: args.tcp_congestion.clone(),
+        offload: args.offload.clone(),
+        digest: args.digest.clone(),
         mem_total: machine::machine_info().mem_total_bytes,
         cgroup: match cgroup::detect(std::path::Path::new(cgroup::ROOT)) {
             Ok((cgroup::Version::V1, _)) => "v1".into(),

@@ -83,6 +83,11 @@ pub struct LabRun {
     fs_dir: Option<PathBuf>,
     /// Numbers the fs suite's cgroups.
     fs_serial: u64,
+    /// The offload study's factors being measured.
+    factors: crate::results::Factors,
+    digest: crate::offload::Digest,
+    /// Whole-machine CPU of the target and client hosts' machines.
+    meter: crate::machine_cpu::MachineMeter,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -232,6 +237,9 @@ impl LabRun {
             shape: crate::results::default_link(),
             fs_dir: None,
             fs_serial: 0,
+            factors: Default::default(),
+            digest: Default::default(),
+            meter: Default::default(),
         }
     }
 
@@ -356,9 +364,11 @@ impl LabRun {
                 }
             }
             if !self.jobs().is_empty() || self.plan.fs.is_some() {
-                for (i, link) in links.iter().enumerate() {
-                    self.run_link(&topo, link, i == 0)?;
-                }
+                let r = self.run_factors(&topo, &links);
+                // Put the offloads back (and check them) even after a failure.
+                let restored = topo.restore_offloads();
+                r?;
+                restored?;
             }
             for t in qdiscs {
                 registry().release(t)?;
@@ -374,6 +384,25 @@ impl LabRun {
             shared.release()?;
         }
         registry().release(backing_token)?;
+        Ok(())
+    }
+
+    /// Every (offload, digest) combination on every link; the fs suite
+    /// runs at the first combination only (its cases carry no factors).
+    fn run_factors(&mut self, topo: &Topology, links: &[Link]) -> anyhow::Result<()> {
+        for (n, (offload, digest)) in self.plan.factor_combinations().into_iter().enumerate() {
+            if offload != crate::offload::Offload::MtuFrames {
+                topo.set_offload(offload)?;
+            }
+            self.factors = crate::results::Factors { offload: offload.name().into(), digest: digest.factor().into() };
+            self.digest = digest;
+            if self.plan.factor_combinations().len() > 1 {
+                self.say(&format!("lab: offload {}, digest {}", if offload.name().is_empty() { "default" } else { offload.name() }, digest.name()));
+            }
+            for (i, link) in links.iter().enumerate() {
+                self.run_link(topo, link, i == 0 && n == 0)?;
+            }
+        }
         Ok(())
     }
 
@@ -500,7 +529,8 @@ impl LabRun {
     fn run_link(&mut self, topo: &Topology, link: &Link, first_mtu: bool) -> anyhow::Result<()> {
         let mut procs: Vec<TargetProcess> = vec![];
         let mut live: Vec<LiveSubject> = vec![];
-        let ours = self.plan.protocols.clone();
+        let measured = self.plan.subjects_for(self.digest);
+        let ours: Vec<_> = self.plan.protocols.iter().copied().filter(|p| measured.contains(&Subject::Blockwire(*p))).collect();
         if !ours.is_empty() {
             self.progress
                 .set_message(format!("MTU {}: starting blockwire serve", link.mtu));
@@ -511,6 +541,7 @@ impl LabRun {
                 backend: format!("file:{}", self.backing.display()),
                 log: None,
                 ready_within: Duration::from_secs(20),
+                soft_digest: self.digest == crate::offload::Digest::Crc32cSoft,
             };
             let (proc, status) = blockwire::start(&serve, &ours);
             for (proto, st) in &status {
@@ -527,6 +558,9 @@ impl LabRun {
         }
         for peer in self.plan.peers.clone() {
             let subject = Subject::Peer(peer);
+            if !measured.contains(&subject) {
+                continue;
+            }
             self.progress
                 .set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
             match peer.start(topo, link, &self.backing) {
@@ -537,7 +571,11 @@ impl LabRun {
                 Err(why) => self.mark_unavailable(&subject.key(), link.mtu, why),
             }
         }
-        let mut r = self.run_interleaved(topo, link, &mut procs, &mut live);
+        // The idle baseline, with the targets up but nothing asked of them.
+        let mut r = crate::machine_cpu::MachineMeter::new(&[&topo.target, &topo.client]).map(|m| self.meter = m);
+        if r.is_ok() {
+            r = self.run_interleaved(topo, link, &mut procs, &mut live);
+        }
         if r.is_ok() && first_mtu && self.plan.fs.is_some() {
             r = self.run_fs(topo, link, &mut procs, &mut live);
         }
@@ -679,6 +717,7 @@ impl LabRun {
         let started_unix = unix_now();
         let wire0 = topo.client_counters(link)?;
         let cpu0 = target.cpu_seconds()?;
+        let machine0 = self.meter.start()?;
         let bench = crate::runner::run_bench(
             &self.exe,
             &topo.client,
@@ -686,7 +725,9 @@ impl LabRun {
             w,
             runtime,
             self.plan.params.size_bytes,
+            self.digest.bench_args(),
         )?;
+        let machine_cpu = self.meter.finish(machine0)?;
         let cpu1 = target.cpu_seconds()?;
         let wire1 = topo.client_counters(link)?;
         Ok(Sample {
@@ -702,6 +743,8 @@ impl LabRun {
             busy_before: busy,
             idle_wait_s: waited,
             started_unix,
+            factors: self.factors.clone(),
+            machine_cpu,
         })
     }
 
@@ -1019,6 +1062,7 @@ impl LabRun {
                     .set_message(format!("local fio {} #{rep}", w.name));
                 let (busy, waited) = self.wait_idle();
                 let started_unix = unix_now();
+                let machine0 = self.meter.start()?;
                 match crate::runner::run_fio(
                     &self.backing,
                     &w,
@@ -1026,6 +1070,7 @@ impl LabRun {
                     self.plan.params.size_bytes,
                 ) {
                     Ok(bench) => {
+                        let machine_cpu = self.meter.finish(machine0)?;
                         let s = Sample {
                             subject: "local-fio".into(),
                             mtu: None,
@@ -1039,6 +1084,8 @@ impl LabRun {
                             busy_before: busy,
                             idle_wait_s: waited,
                             started_unix,
+                            factors: Default::default(),
+                            machine_cpu,
                         };
                         samples.push(s.clone());
                         self.results.samples.push(s);
@@ -1101,6 +1148,7 @@ impl LabRun {
                 mtu,
                 workload: w.name.clone(),
                 subject: key.into(),
+                factors: samples[0].factors.clone(),
             },
             workload: w.clone(),
             samples,

@@ -46,6 +46,10 @@ pub struct Choices {
     pub fs_runtime: Option<u32>,
     /// TCP congestion control for the lab's namespaces (None: the system's).
     pub tcp_congestion: Option<String>,
+    /// `--offload`: NIC offloads on the lab's links (None: the default).
+    pub offload: Option<Vec<String>>,
+    /// `--digest`: iSCSI/NVMe-TCP digests (None: none).
+    pub digest: Option<Vec<String>>,
     /// Total memory of the machine (bytes), for the default `--client-mem`.
     pub mem_total: u64,
     /// `v1`/`v2`: where the memory controller is (from `cgroup::detect`).
@@ -219,6 +223,26 @@ pub struct Plan {
     pub baseline: bool,
     /// The fs suite, when it runs.
     pub fs: Option<crate::fs::FsParams>,
+    /// The offload study's factors, every combination per link shape.
+    pub offloads: Vec<crate::offload::Offload>,
+    pub digests: Vec<crate::offload::Digest>,
+}
+
+/// `--offload` and `--digest`, or the defaults (one setting each).
+fn chosen_factors(c: &Choices) -> anyhow::Result<(Vec<crate::offload::Offload>, Vec<crate::offload::Digest>)> {
+    use crate::offload::{Digest, Offload};
+    let list = |v: &Option<Vec<String>>| -> Vec<String> { v.iter().flatten().map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect() };
+    let mut offloads: Vec<Offload> = list(&c.offload).iter().map(|x| Offload::parse(x)).collect::<anyhow::Result<_>>()?;
+    let mut digests: Vec<Digest> = list(&c.digest).iter().map(|x| Digest::parse(x)).collect::<anyhow::Result<_>>()?;
+    offloads.dedup();
+    digests.dedup();
+    if offloads.is_empty() {
+        offloads.push(Offload::MtuFrames);
+    }
+    if digests.is_empty() {
+        digests.push(Digest::None);
+    }
+    Ok((offloads, digests))
 }
 
 impl Plan {
@@ -235,6 +259,7 @@ impl Plan {
         let mtus = chosen_mtus(c)?;
         let suites = chosen_suites(c)?;
         let links = chosen_links(c)?;
+        let (offloads, digests) = chosen_factors(c)?;
         // Five repeats: with fewer, no honest interval is narrow enough to
         // name a winner even when one subject needs 8x the CPU of another
         // (stats::ratio_of_means widens small samples' intervals). The
@@ -314,6 +339,8 @@ impl Plan {
             link_shapes: links.clone(),
             fs: fs.clone(),
             tcp_congestion: chosen_tcp_congestion(c)?,
+            offloads: offloads.iter().map(|o| o.name().to_string()).filter(|n| !n.is_empty()).collect(),
+            digests: if c.digest.is_some() { digests.iter().map(|d| d.name().to_string()).collect() } else { vec![] },
         };
         Ok(Plan {
             params,
@@ -325,7 +352,30 @@ impl Plan {
             sweep,
             baseline: !c.no_baseline,
             fs,
+            offloads,
+            digests,
         })
+    }
+
+    /// Networked subjects over every factor combination: how many turns
+    /// each micro and sweep case takes per MTU and link.
+    pub fn subject_turns(&self) -> usize {
+        self.factor_combinations().iter().map(|&(_, d)| self.subjects_for(d).len()).sum()
+    }
+
+    /// The (offload, digest) combinations each link shape runs, in order.
+    pub fn factor_combinations(&self) -> Vec<(crate::offload::Offload, crate::offload::Digest)> {
+        self.offloads.iter().flat_map(|&o| self.digests.iter().map(move |&d| (o, d))).collect()
+    }
+
+    /// The networked subjects a digest setting measures: all of them
+    /// without digests; with, blockwire's iSCSI and NVMe/TCP only (AoE has
+    /// no digest, and the peers' own CRC code is not ours to switch).
+    pub fn subjects_for(&self, digest: crate::offload::Digest) -> Vec<Subject> {
+        self.subjects()
+            .into_iter()
+            .filter(|s| digest == crate::offload::Digest::None || matches!(s, Subject::Blockwire(Protocol::Iscsi | Protocol::Nvme)))
+            .collect()
     }
 
     /// Networked subjects in run order: blockwire's protocols, then peers.
@@ -381,7 +431,7 @@ impl Plan {
     /// How many bench runs the plan makes (for the progress bar).
     pub fn total_runs(&self) -> u64 {
         let r = self.params.repeat as u64;
-        let n_subj = self.subjects().len() as u64;
+        let n_subj = self.subject_turns() as u64;
         let n_mtu = self.params.mtus.len() as u64;
         let n_links = self.links.len() as u64;
         let micro = self.micro.len() as u64 * r;
@@ -488,7 +538,7 @@ impl Plan {
     /// How long this plan takes (see [`Estimate`]).
     pub fn estimate(&self) -> Estimate {
         let p = &self.params;
-        let (n_subj, n_mtu, n_links) = (self.subjects().len() as f64, p.mtus.len() as f64, self.links.len() as f64);
+        let (n_subj, n_mtu, n_links) = (self.subject_turns() as f64, p.mtus.len() as f64, self.links.len() as f64);
         let micro_one = self.micro.len() as f64 * p.repeat as f64;
         let sweep_one = self.sweep.len() as f64 * p.sweep_repeats() as f64;
         let bench = |runs: f64, secs: u32| runs * (secs as f64 + BENCH_AROUND_S);
@@ -497,7 +547,7 @@ impl Plan {
             None => 0.0,
             Some(f) => {
                 let turn = |local: bool| FS_TURN_S + self.fs_cases(local).iter().map(|&(w, _)| fs_case_s(w, f)).sum::<f64>();
-                let subjects = n_subj * turn(false) + if self.baseline { turn(true) } else { 0.0 };
+                let subjects = self.subjects().len() as f64 * turn(false) + if self.baseline { turn(true) } else { 0.0 };
                 subjects * f.repeat as f64 * n_links
             }
         };
@@ -607,6 +657,22 @@ mod tests {
             cgroup: "v1".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn offload_and_digest_factors() {
+        use crate::offload::{Digest, Offload};
+        let p = Plan::from_choices(&Choices { offload: Some(list("none,stateless")), digest: Some(list("none,crc32c,crc32c-soft")), quick: true, ..choices() }).unwrap();
+        assert_eq!(p.factor_combinations().len(), 6);
+        assert_eq!(p.factor_combinations()[1], (Offload::None, Digest::Crc32c));
+        // 5 subjects without digests, blockwire's iSCSI and NVMe/TCP with.
+        assert_eq!(p.subject_turns(), 2 * (5 + 2 + 2));
+        assert_eq!((p.params.offloads.clone(), p.params.digests.len()), (list("none,stateless"), 3));
+        let d = Plan::from_choices(&choices()).unwrap();
+        assert_eq!(d.factor_combinations(), vec![(Offload::MtuFrames, Digest::None)]);
+        assert!(d.params.offloads.is_empty() && d.params.digests.is_empty(), "defaults are not named");
+        assert!(Plan::from_choices(&Choices { offload: Some(list("toe")), ..choices() }).is_err());
+        assert!(Plan::from_choices(&Choices { digest: Some(list("md5")), ..choices() }).is_err());
     }
 
     #[test]

@@ -172,9 +172,10 @@ pub fn run_bench(
     w: &Workload,
     runtime_s: u32,
     size: u64,
+    extra: &[&str],
 ) -> anyhow::Result<BenchResult> {
     let mut cmd = client.command(&exe.to_string_lossy());
-    cmd.args(bench_args(url, w, runtime_s, size));
+    cmd.args(bench_args(url, w, runtime_s, size)).args(extra);
     let timeout = Duration::from_secs(runtime_s as u64 + 60);
     let (ok, stdout, stderr, _) = run_tracked(cmd, "blockwire bench", timeout)?;
     if !ok {

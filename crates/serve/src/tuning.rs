@@ -54,6 +54,17 @@ pub enum DigestImpl {
     Soft,
 }
 
+impl std::str::FromStr for DigestImpl {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "hw" => Ok(DigestImpl::Hw),
+            "soft" => Ok(DigestImpl::Soft),
+            _ => Err(format!("{s:?}: expected hw or soft")),
+        }
+    }
+}
+
 impl DigestImpl {
     /// Make every digest of this process use it.
     pub fn apply(self) {
