@@ -531,18 +531,28 @@ mod tests {
         assert_eq!(crc32c(&[0u8; 32]), 0x8a91_36aa);
     }
 
+    /// With the CPU's CRC instruction and with the portable tables
+    /// (`set_digest_impl`): the same digests on the wire, and a flipped bit
+    /// in the header or the data is caught either way.
     #[test]
     fn digest_errors_detected() {
         let p = Pdu::new(Bhs::default(), Bytes::from_static(b"abcd"));
         let d = Digests { header: true, data: true };
         let mut dec = Decoder::new(8192);
         dec.digests = d;
-        let mut wire = p.encode(d);
-        wire[3] ^= 1;
-        assert_eq!(dec.decode(&mut wire.clone()), Err(PduError::HeaderDigest));
-        let mut wire = p.encode(d);
-        wire[BHS_LEN + 4] ^= 1;
-        assert_eq!(dec.decode(&mut wire), Err(PduError::DataDigest));
+        let hw = p.encode(d);
+        for imp in [DigestImpl::Hardware, DigestImpl::Soft] {
+            set_digest_impl(imp);
+            assert_eq!(p.encode(d), hw, "{imp:?}");
+            assert!(dec.decode(&mut hw.clone()).is_ok(), "{imp:?}");
+            let mut wire = p.encode(d);
+            wire[3] ^= 1;
+            assert_eq!(dec.decode(&mut wire.clone()), Err(PduError::HeaderDigest), "{imp:?}");
+            let mut wire = p.encode(d);
+            wire[BHS_LEN + 4] ^= 1;
+            assert_eq!(dec.decode(&mut wire), Err(PduError::DataDigest), "{imp:?}");
+        }
+        set_digest_impl(DigestImpl::Hardware);
     }
 
     #[test]

@@ -85,3 +85,54 @@ pub fn section(c: &Ctx) -> Option<Markup> {
         }
     })
 }
+
+/// The file-system factor's section (study 4): each fs workload's headline
+/// per subject and `--fs`/`--fsync` setting, with the local raw device as
+/// the reference for the IOgen-like job.
+pub fn fs_section(c: &Ctx) -> Option<Markup> {
+    let p = &c.r.params;
+    if p.fs_kinds.is_empty() && p.fsyncs.is_empty() {
+        return None;
+    }
+    let all = crate::analysis::fs_cases_all(&c.r.fs);
+    let mem = p.fs.as_ref().and_then(|f| f.client_mem.first().copied()).unwrap_or(0);
+    let link = crate::analysis::first_link(c.r);
+    let here: Vec<&crate::analysis::FsCase> = all.values().filter(|x| x.client_mem == mem && x.link == link && x.headline().is_some()).collect();
+    if here.is_empty() {
+        return None;
+    }
+    let mut settings: Vec<_> = here.iter().map(|x| x.factors.clone()).collect();
+    settings.sort();
+    settings.dedup();
+    let mut rows: Vec<String> = here.iter().map(|x| x.row.clone()).filter(|r| r != "iogen-raw").collect();
+    rows.sort_by_key(|r| crate::analysis::row_order(r));
+    rows.dedup();
+    let series: Vec<(String, String)> = settings.iter().enumerate().map(|(i, f)| (f.describe(), svg::PALETTE[i % svg::PALETTE.len()].to_string())).collect();
+    let local = bw_lab_results::fs::LOCAL;
+    Some(html! {
+        p.note {
+            "Each setting made its own file system on every subject in turn (" code { "--fs" } ", " code { "--fsync" } "). "
+            b { "ext4" } ": mkfs.ext4's defaults. " b { "ext4-tuned" } ": inode tables and journal zeroed at mkfs rather than by a kernel thread during the runs, "
+            "a journal of an eighth of the volume (fewer checkpoints), noatime (reads write no inode updates); none of these risks data. "
+            b { "xfs" } ": defaults. " b { "btrfs" } ": copy-on-write with data checksums, the labelled stand-in for ZFS (this kernel has no ZFS). "
+            b { "btrfs-nodatacow" } ": data overwritten in place (so without data checksums). "
+            b { "fsync ignored" } ": eatmydata makes fsync, fdatasync, sync and O_SYNC no-ops for the workload programs (LD_PRELOAD), the analogue of ZFS sync=disabled: "
+            "what a crash would lose is not measured."
+        }
+        div.charts {
+            @for row in &rows {
+                @let raw_ref = row.starts_with("iogen");
+                @let mut groups: Vec<String> = here.iter().filter(|x| &x.row == row).map(|x| x.subject.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+                @let _ = if raw_ref && here.iter().any(|x| x.row == "iogen-raw" && x.subject == local) { groups.push("raw device (local)".into()) };
+                @let values: Vec<Vec<Option<Bar>>> = groups.iter().map(|g| settings.iter().map(|f| {
+                    let (subject, r) = if g == "raw device (local)" { (local, "iogen-raw") } else { (g.as_str(), row.as_str()) };
+                    here.iter().find(|x| x.subject == subject && x.row == r && &x.factors == f).and_then(|x| x.headline().map(|(_, v)| v.values.clone())).and_then(|v| ci_bar(&v))
+                }).collect()).collect();
+                @let unit = here.iter().find(|x| &x.row == row).and_then(|x| x.headline().map(|(n, v)| format!("{n} ({})", v.unit))).unwrap_or_default();
+                @if values.iter().flatten().any(|v| v.is_some()) {
+                    (svg::grouped_bars(&format!("{row} by file system"), &unit, &groups, &series, &values))
+                }
+            }
+        }
+    })
+}

@@ -3,7 +3,7 @@
 //! measured number. The studies are told in the report itself, so nothing
 //! here points at a file the reader may not have.
 
-use crate::analysis::{fs_cases, mean, mem_name, FsCase, FsKey};
+use crate::analysis::{fs_cases, fs_cases_all, mean, mem_name, FsCase, FsKey};
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
 use bw_lab_results::Results;
 use bw_lab_results::route::{RouteResults, WORKLOADS};
@@ -174,6 +174,8 @@ pub struct Run<'a> {
     pub results: &'a Results,
     pub micro: BTreeMap<CaseKey, Case>,
     pub fs: BTreeMap<FsKey, FsCase>,
+    /// The fs cases of every `--fs`/`--fsync` setting.
+    pub fs_all: BTreeMap<FsKey, FsCase>,
     /// The link shapes, in run order (`none` when the run named none).
     pub links: Vec<String>,
     /// The first MTU: the one the micro claims are checked at.
@@ -186,6 +188,7 @@ impl<'a> Run<'a> {
             results: r,
             micro: cases(&r.samples),
             fs: fs_cases(&r.fs),
+            fs_all: fs_cases_all(&r.fs),
             links: if r.params.links.is_empty() { vec!["none".into()] } else { r.params.links.clone() },
             mtu: r.params.mtus.first().copied().unwrap_or(1500),
         }
@@ -240,7 +243,7 @@ pub static CLAIMS: &[Claim] = &[
     },
     Claim { study: 4, claim: "NVMe/TCP reaches about half of local", compute: nvme_share_of_local, rule: about_half_of_local },
     Claim { study: 4, claim: "a file system costs a lot locally (ZFS kept about 10% of raw)", compute: local_fs_over_raw, rule: the_fs_costs_a_lot },
-    Claim { study: 4, claim: "over NFS the file system matters little", compute: |_| not_applicable("NFS", "there is no NFS subject"), rule: nothing_to_judge },
+    Claim { study: 4, claim: "over NFS the file system matters little", compute: nfs_across_file_systems, rule: |e| same(e.ratio()) },
     Claim { study: 5, claim: "offload wins on CPU per unit of throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MachineCpuSPerGb), rule: |e| more_cpu(e, ON_VETH) },
     Claim { study: 5, claim: "offload wins on CPU per operation (no offload against stateless offload)", compute: |run| offload_pairs(run, "randread-4k-qd32", Metric::MachineCpuUsPerOp), rule: |e| more_cpu(e, ON_VETH) },
     Claim { study: 5, claim: "software won on throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MibPerS), rule: |e| ahead(e.ratio(), "no offload", "stateless offload") },
@@ -598,37 +601,72 @@ fn about_half_of_local(e: Evidence) -> (Verdict, String) {
     }
 }
 
-/// The IOgen-like O_DIRECT job on local ext4 against the raw loop device.
+/// The IOgen-like O_DIRECT job on each local file system (`--fs`, at each
+/// `--fsync`) against the raw loop device of the same turn.
 fn local_fs_over_raw(run: &Run) -> Vec<Outcome> {
     let local = bw_lab_results::fs::LOCAL;
     let mem = run.client_mems().first().copied().unwrap_or(0);
-    let raw = run.fs.values().find(|c| c.row == "iogen-raw" && c.subject == local && c.client_mem == mem);
-    let on_fs = run.fs.values().find(|c| c.row == "iogen-direct" && c.subject == local && c.client_mem == mem);
-    let (Some(f), Some(w)) = (on_fs, raw) else {
+    let mut out = vec![];
+    for f in run.fs_all.values().filter(|c| c.row == "iogen-direct" && c.subject == local && c.client_mem == mem) {
+        let Some(w) = run.fs_all.get(&FsKey { row: "iogen-raw".into(), ..FsKey { factors: f.factors.clone(), ..FsKey::new(&f.link, mem, "", local) } }) else { continue };
+        let name = f.factors.describe();
+        let Some(ci) = ratio_of_means(&f.values("IOPS"), &w.values("IOPS")) else {
+            out.push(Outcome::NotApplicable { compared: format!("local {name} against the raw device"), why: "fewer than two runs: no interval".into() });
+            continue;
+        };
+        out.push(Outcome::Measured {
+            compared: format!("local {name} / local raw loop device, IOgen-like fio with O_DIRECT"),
+            measured: format!("IOPS {}/raw {}", f.factors.fs_name(), ci_text(ci)),
+            evidence: Evidence::Ratio(ci),
+        });
+    }
+    if out.is_empty() {
         return not_applicable("local ext4 against the raw device", "needs the fs suite with iogen-direct and iogen-raw and the local baseline");
-    };
-    let Some(ci) = ratio_of_means(&f.values("IOPS"), &w.values("IOPS")) else {
-        return not_applicable("local ext4 against the raw device", "fewer than two runs: no interval");
-    };
-    vec![Outcome::Measured {
-        compared: "local ext4 / local raw loop device, IOgen-like fio with O_DIRECT".into(),
-        measured: format!("IOPS ext4/raw {}", ci_text(ci)),
-        evidence: Evidence::Ratio(ci),
-    }]
+    }
+    out
 }
 
-/// Verdict on "a file system costs a lot" from ext4/raw IOPS.
+/// Verdict on "a file system costs a lot" from its IOPS over the raw device's.
 fn the_fs_costs_a_lot(e: Evidence) -> (Verdict, String) {
     let ci = e.ratio();
     if ci.hi < 1.0 / (1.0 + PRACTICAL) {
-        (Verdict::Reproduced, format!("ext4 keeps {:.0}% of the raw device's IOPS (the study's 10% was ZFS)", ci.ratio * 100.0))
+        (Verdict::Reproduced, format!("the file system keeps {:.0}% of the raw device's IOPS (the study's 10% was ZFS)", ci.ratio * 100.0))
     } else if ci.apart() {
-        (Verdict::NotReproduced, "ext4 is faster than the raw device here".into())
+        (Verdict::NotReproduced, "the file system is faster than the raw device here".into())
     } else if equal(ci) {
-        (Verdict::NotReproduced, "ext4 costs less than 5% for this job: one preallocated file and O_DIRECT leave little for the file system to do".into())
+        (Verdict::NotReproduced, "the file system costs less than 5% for this job: one preallocated file and O_DIRECT leave little for it to do".into())
     } else {
         (Verdict::Inconclusive, "the interval is too wide to say".into())
     }
+}
+
+/// Each NFS subject's IOgen-like job on each `--fs` setting against the
+/// first: with the file system on the server behind NFS, the study found
+/// the choice mattered little.
+fn nfs_across_file_systems(run: &Run) -> Vec<Outcome> {
+    let nfs: Vec<&str> = run.results.subjects.iter().filter(|s| s.protocol == "nfs").map(|s| s.key.as_str()).collect();
+    if nfs.is_empty() {
+        return not_applicable("NFS", "there is no NFS subject");
+    }
+    let mut out = vec![];
+    for subject in nfs {
+        let cases: Vec<&FsCase> = run.fs_all.values().filter(|c| c.subject == subject && c.row == "iogen-direct").collect();
+        let Some(first) = cases.first() else {
+            out.push(Outcome::NotApplicable { compared: format!("{subject} across file systems"), why: "needs the fs suite with iogen-direct".into() });
+            continue;
+        };
+        for c in cases.iter().skip(1).filter(|c| c.link == first.link && c.client_mem == first.client_mem) {
+            let compared = format!("{subject}: {} / {}, IOgen-like fio with O_DIRECT", c.factors.describe(), first.factors.describe());
+            match ratio_of_means(&c.values("IOPS"), &first.values("IOPS")) {
+                Some(ci) => out.push(Outcome::Measured { compared, measured: format!("IOPS {}", ci_text(ci)), evidence: Evidence::Ratio(ci) }),
+                None => out.push(Outcome::NotApplicable { compared, why: "fewer than two runs: no interval".into() }),
+            }
+        }
+        if cases.len() < 2 {
+            out.push(Outcome::NotApplicable { compared: format!("{subject} across file systems"), why: "one file system only (compare with --fs ext4,xfs,btrfs)".into() });
+        }
+    }
+    out
 }
 
 /// A claim this run cannot check, and why.

@@ -61,6 +61,7 @@ pub const SECTIONS: &[Section] = &[
     Section { id: "micro", title: "Micro benchmarks", render: micro },
     Section { id: "sweep", title: "Sweep: 4 KiB random 75% read, numjobs × iodepth", render: sweep },
     Section { id: "fs", title: "File systems: ext4 over each protocol, client memory limited", render: fs },
+    Section { id: "fs-factor", title: "File systems compared: each against the raw device, locally and per protocol (study 4)", render: crate::factors::fs_section },
     Section { id: "offload", title: "Offloads and digests: CPU per unit of throughput (study 5)", render: crate::factors::section },
     Section { id: "overhead", title: "Header overhead per frame", render: overhead },
     Section { id: "route", title: "Routed paths: MPLS and VXLAN (study 3)", render: route },

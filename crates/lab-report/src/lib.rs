@@ -163,6 +163,37 @@ mod tests {
         r
     }
 
+    /// `--fs ext4,btrfs --fsync honour,ignore` with the local baseline and
+    /// an NFS subject: locally btrfs keeps 40% of the raw device's IOPS and
+    /// ext4 75%; over NFS the two are within 2%.
+    fn results_with_fs_factors() -> Results {
+        let mut r = Results { format: FORMAT, ..Default::default() };
+        r.params.repeat = 3;
+        r.params.fs_kinds = vec!["ext4".into(), "btrfs".into()];
+        r.params.fsyncs = vec!["honour".into(), "ignore".into()];
+        r.params.fs = results().params.fs;
+        r.subjects.push(Subject { key: "ganesha-nfs".into(), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None });
+        for rep in 1..=3u32 {
+            let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
+            for fs in ["", "btrfs"] {
+                for fsync in ["", "ignore"] {
+                    let factors = bw_lab_results::fs::FsFactors { fs: fs.into(), fsync: fsync.into() };
+                    let keep = if fs == "btrfs" { 0.4 } else { 0.75 };
+                    for (subject, w, iops) in [
+                        (bw_lab_results::fs::LOCAL, "iogen-direct", 80_000.0 * keep),
+                        (bw_lab_results::fs::LOCAL, "iogen-raw", 80_000.0),
+                        ("ganesha-nfs", "iogen-direct", if fs == "btrfs" { 9_900.0 } else { 10_000.0 }),
+                    ] {
+                        let mut s = fs_sample(subject, w, rep, iogen(iops * jitter));
+                        s.factors = factors.clone();
+                        r.fs.push(s);
+                    }
+                }
+            }
+        }
+        r
+    }
+
     fn results() -> Results {
         let mut r = Results {
             format: FORMAT,
@@ -282,6 +313,7 @@ mod tests {
             peak_mem_bytes: Some(200 << 20),
             busy_before: 0.0,
             started_unix: 0.0,
+            factors: Default::default(),
         }
     }
 
@@ -358,6 +390,7 @@ mod tests {
             ("two MTUs", results_at_two_mtus()),
             ("no route, no fs", no_route_no_fs),
             ("offload and digest factors", results_with_factors()),
+            ("file-system factors", results_with_fs_factors()),
             ("empty", Results::default()),
         ]
             .into_iter()
@@ -383,6 +416,17 @@ mod tests {
         }
         assert!(page.contains("seqread-1m: machine CPU s/GB") && page.contains("randread-4k-qd32: machine CPU µs/op"), "both charts");
         assert!(!html::page(&results()).contains("<section id=\"offload\">"), "not without factors");
+    }
+
+    #[test]
+    fn the_file_system_section_compares_settings_against_raw() {
+        let page = html::page(&results_with_fs_factors());
+        assert!(page.contains("<section id=\"fs-factor\">"));
+        assert!(page.contains("iogen-direct by file system") && page.contains("raw device (local)"));
+        for setting in ["ext4, fsync ignored", "btrfs"] {
+            assert!(page.contains(setting), "{setting}");
+        }
+        assert!(!html::page(&results()).contains("<section id=\"fs-factor\">"), "not without --fs/--fsync");
     }
 
     #[test]

@@ -311,6 +311,12 @@ pub struct Params {
     /// `--digest` values in run order (empty: none only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub digests: Vec<String>,
+    /// `--fs` values in run order (empty: ext4 only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fs_kinds: Vec<String>,
+    /// `--fsync` values in run order (empty: honour only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fsyncs: Vec<String>,
 }
 
 pub fn default_link() -> String {

@@ -88,6 +88,10 @@ pub struct LabRun {
     digest: crate::offload::Digest,
     /// Whole-machine CPU of the target and client hosts' machines.
     meter: crate::machine_cpu::MachineMeter,
+    /// The fs suite's file system and fsync setting being measured.
+    fs_kind: crate::fs_kind::FsKind,
+    fsync: crate::fs_kind::Fsync,
+    fs_factors: crate::results::fs::FsFactors,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -240,6 +244,9 @@ impl LabRun {
             factors: Default::default(),
             digest: Default::default(),
             meter: Default::default(),
+            fs_kind: Default::default(),
+            fsync: Default::default(),
+            fs_factors: Default::default(),
         }
     }
 
@@ -369,6 +376,9 @@ impl LabRun {
                 let restored = topo.restore_offloads();
                 r?;
                 restored?;
+                if !self.plan.params.offloads.is_empty() {
+                    self.say(&format!("lab: offloads restored and checked on {} link ends", 2 * links.len()));
+                }
             }
             for t in qdiscs {
                 registry().release(t)?;
@@ -776,9 +786,31 @@ impl LabRun {
         if self.plan.baseline {
             subjects.push((crate::fs::LOCAL.to_string(), None, None));
         }
+        let first = self.results.fs.len();
+        for (kind, fsync) in self.plan.fs_combinations.clone() {
+            (self.fs_kind, self.fsync) = (kind, fsync);
+            self.fs_factors = crate::results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
+            if self.plan.fs_combinations.len() > 1 {
+                self.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
+            }
+            self.run_fs_setting(topo, link, procs, &subjects, &fsp, &mp)?;
+        }
+        self.print_fs_rows(first);
+        Ok(())
+    }
+
+    /// The fs suite at one (file system, fsync) setting.
+    fn run_fs_setting(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        procs: &mut [TargetProcess],
+        subjects: &[(String, Option<String>, Option<usize>)],
+        fsp: &crate::fs::FsParams,
+        mp: &Path,
+    ) -> anyhow::Result<()> {
         let n = subjects.len();
         let mut failed_turns = vec![0u32; n];
-        let first = self.results.fs.len();
         for rep in 1..=fsp.repeat {
             for turn in 0..n {
                 let i = (turn + rep as usize - 1) % n;
@@ -802,7 +834,7 @@ impl LabRun {
                     }
                 }
                 let target = proc.map(|pi| &procs[pi]);
-                match self.fs_turn(topo, link, &key, url.as_deref(), target, rep, &cases, &mp) {
+                match self.fs_turn(topo, link, &key, url.as_deref(), target, rep, &cases, mp) {
                     Ok(()) => failed_turns[i] = 0,
                     Err(e) => {
                         if interrupted() {
@@ -821,7 +853,6 @@ impl LabRun {
                 self.save()?;
             }
         }
-        self.print_fs_rows(first);
         Ok(())
     }
 
@@ -879,7 +910,7 @@ impl LabRun {
                 raw_dev: None,
             };
             let mounted = match url {
-                Some(url) => crate::mounts::mount_remote(&self.exe, &topo.client, url, mp)?,
+                Some(url) => crate::mounts::mount_remote_as(&self.exe, &topo.client, url, mp, self.fs_kind, self.plan.params.size_bytes)?,
                 None => {
                     // The raw device first: the file system goes on it next.
                     let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;
@@ -890,7 +921,7 @@ impl LabRun {
                         self.fs_case(&FsCaseRun { workload, mem, raw_dev: Some(&dev), ..base });
                         left -= 1;
                     }
-                    crate::mounts::mount_local(&dev, loop_token, mp)?
+                    crate::mounts::mount_local_as(&dev, loop_token, mp, self.fs_kind, self.plan.params.size_bytes)?
                 }
             };
             let on_fs = FsCaseRun { target, daemon: mounted.daemon_pid, ..base };
@@ -960,7 +991,15 @@ impl LabRun {
         let cpu_t0 = target.map(|t| t.cpu_seconds()).transpose()?;
         let cpu_d0 = daemon.and_then(|p| crate::machine::process_cpu_seconds(p).ok());
         let (prog, args) = crate::fs::command(w, &fsp, &self.exe, &dir, raw_dev);
-        let mut cmd = Command::new(&prog);
+        // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
+        let mut cmd = match self.fsync.wrapper() {
+            Some(wrapper) => {
+                let mut c = Command::new(wrapper);
+                c.arg(&prog);
+                c
+            }
+            None => Command::new(&prog),
+        };
         cmd.args(&args).current_dir(&dir);
         // Room for making the file sets and Bonnie++'s passes over a slow link.
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
@@ -1017,6 +1056,7 @@ impl LabRun {
             peak_mem_bytes: peak,
             busy_before: busy,
             started_unix,
+            factors: self.fs_factors.clone(),
         })
     }
 

@@ -46,6 +46,12 @@ pub struct Choices {
     pub fs_runtime: Option<u32>,
     /// TCP congestion control for the lab's namespaces (None: the system's).
     pub tcp_congestion: Option<String>,
+    /// `--micro-workloads`: the micro workloads to run (None: by `quick`).
+    pub micro_workloads: Option<Vec<String>>,
+    /// `--fs`, `--fsync`: the fs suite's file systems and fsync handling
+    /// (None: ext4, honoured).
+    pub fs_kinds: Option<Vec<String>>,
+    pub fsync: Option<Vec<String>>,
     /// `--offload`: NIC offloads on the lab's links (None: the default).
     pub offload: Option<Vec<String>>,
     /// `--digest`: iSCSI/NVMe-TCP digests (None: none).
@@ -151,6 +157,17 @@ fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::F
     })
 }
 
+/// The distinct names of one of the fs factors, in run order.
+fn fs_names(combos: &[(crate::fs_kind::FsKind, crate::fs_kind::Fsync)], name: impl Fn(&(crate::fs_kind::FsKind, crate::fs_kind::Fsync)) -> &'static str) -> Vec<String> {
+    let mut v: Vec<String> = vec![];
+    for c in combos {
+        if !v.iter().any(|x| x == name(c)) {
+            v.push(name(c).to_string());
+        }
+    }
+    v
+}
+
 /// `--mtu`, or the default, in range.
 fn chosen_mtus(c: &Choices) -> anyhow::Result<Vec<u32>> {
     let mtus: Vec<u32> = match &c.mtu {
@@ -226,6 +243,28 @@ pub struct Plan {
     /// The offload study's factors, every combination per link shape.
     pub offloads: Vec<crate::offload::Offload>,
     pub digests: Vec<crate::offload::Digest>,
+    /// The fs suite's (file system, fsync) combinations, in run order.
+    pub fs_combinations: Vec<(crate::fs_kind::FsKind, crate::fs_kind::Fsync)>,
+}
+
+/// `--fs` x `--fsync`, or ext4 with fsync honoured.
+fn chosen_fs_combinations(c: &Choices, size: u64) -> anyhow::Result<Vec<(crate::fs_kind::FsKind, crate::fs_kind::Fsync)>> {
+    use crate::fs_kind::{FsKind, Fsync};
+    let list = |v: &Option<Vec<String>>| -> Vec<String> { v.iter().flatten().map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect() };
+    let mut kinds: Vec<FsKind> = list(&c.fs_kinds).iter().map(|x| FsKind::parse(x)).collect::<anyhow::Result<_>>()?;
+    let mut syncs: Vec<Fsync> = list(&c.fsync).iter().map(|x| Fsync::parse(x)).collect::<anyhow::Result<_>>()?;
+    kinds.dedup();
+    syncs.dedup();
+    if kinds.is_empty() {
+        kinds.push(FsKind::Ext4);
+    }
+    if syncs.is_empty() {
+        syncs.push(Fsync::Honour);
+    }
+    for k in &kinds {
+        anyhow::ensure!(size >= k.min_size(), "--fs {}: mkfs needs a volume of at least {} MiB (--size)", k.name(), k.min_size() >> 20);
+    }
+    Ok(kinds.iter().flat_map(|&k| syncs.iter().map(move |&f| (k, f))).collect())
 }
 
 /// `--offload` and `--digest`, or the defaults (one setting each).
@@ -282,6 +321,15 @@ impl Plan {
         };
         let micro = if !suites.iter().any(|s| s == "micro") {
             vec![]
+        } else if let Some(names) = &c.micro_workloads {
+            let all = micro_workloads();
+            let mut v = vec![];
+            for n in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+                let w = all.iter().find(|w| w.name == n);
+                v.push(w.cloned().ok_or_else(|| anyhow::anyhow!("--micro-workloads {n:?}: not one of {:?}", all.iter().map(|w| w.name.as_str()).collect::<Vec<_>>()))?);
+            }
+            anyhow::ensure!(!v.is_empty(), "no micro workload given");
+            v
         } else if c.quick {
             // The demo's five-minute budget: the workloads the findings use.
             micro_workloads()
@@ -299,6 +347,7 @@ impl Plan {
         } else {
             vec![]
         };
+        let fs_combinations = chosen_fs_combinations(c, size)?;
         let fs = if suites.iter().any(|s| s == "fs") {
             // Three fs repeats (each case lays out its file set through ext4
             // first): five would take the full run past an hour.
@@ -341,6 +390,8 @@ impl Plan {
             tcp_congestion: chosen_tcp_congestion(c)?,
             offloads: offloads.iter().map(|o| o.name().to_string()).filter(|n| !n.is_empty()).collect(),
             digests: if c.digest.is_some() { digests.iter().map(|d| d.name().to_string()).collect() } else { vec![] },
+            fs_kinds: if c.fs_kinds.is_some() { fs_names(&fs_combinations, |(k, _)| k.name()) } else { vec![] },
+            fsyncs: if c.fsync.is_some() { fs_names(&fs_combinations, |(_, f)| f.name()) } else { vec![] },
         };
         Ok(Plan {
             params,
@@ -354,6 +405,7 @@ impl Plan {
             fs,
             offloads,
             digests,
+            fs_combinations,
         })
     }
 
@@ -418,7 +470,8 @@ impl Plan {
         v
     }
 
-    /// fs runs per link (every subject, every repetition).
+    /// fs runs per link (every subject, every repetition, every file
+    /// system and fsync setting).
     pub fn fs_runs(&self) -> u64 {
         let Some(p) = &self.fs else { return 0 };
         self.fs_subjects()
@@ -426,6 +479,7 @@ impl Plan {
             .map(|s| self.fs_cases(s == crate::fs::LOCAL).len() as u64)
             .sum::<u64>()
             * p.repeat as u64
+            * self.fs_combinations.len() as u64
     }
 
     /// How many bench runs the plan makes (for the progress bar).
@@ -548,7 +602,7 @@ impl Plan {
             Some(f) => {
                 let turn = |local: bool| FS_TURN_S + self.fs_cases(local).iter().map(|&(w, _)| fs_case_s(w, f)).sum::<f64>();
                 let subjects = self.subjects().len() as f64 * turn(false) + if self.baseline { turn(true) } else { 0.0 };
-                subjects * f.repeat as f64 * n_links
+                subjects * f.repeat as f64 * n_links * self.fs_combinations.len() as f64
             }
         };
         let has_targets = !self.micro.is_empty() || !self.sweep.is_empty() || self.fs.is_some();
@@ -673,6 +727,24 @@ mod tests {
         assert!(d.params.offloads.is_empty() && d.params.digests.is_empty(), "defaults are not named");
         assert!(Plan::from_choices(&Choices { offload: Some(list("toe")), ..choices() }).is_err());
         assert!(Plan::from_choices(&Choices { digest: Some(list("md5")), ..choices() }).is_err());
+        let one = Plan::from_choices(&Choices { micro_workloads: Some(list("seqread-1m")), ..choices() }).unwrap();
+        assert_eq!(one.micro.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(), ["seqread-1m"]);
+        assert!(Plan::from_choices(&Choices { micro_workloads: Some(list("seqread-2m")), ..choices() }).is_err());
+    }
+
+    #[test]
+    fn file_system_factors() {
+        use crate::fs_kind::{FsKind, Fsync};
+        let p = Plan::from_choices(&Choices { fs_kinds: Some(list("ext4,btrfs")), fsync: Some(list("honour,ignore")), suite: Some(vec![SuiteChoice::Fs]), quick: true, ..choices() }).unwrap();
+        assert_eq!(p.fs_combinations, vec![(FsKind::Ext4, Fsync::Honour), (FsKind::Ext4, Fsync::Ignore), (FsKind::Btrfs, Fsync::Honour), (FsKind::Btrfs, Fsync::Ignore)]);
+        assert_eq!((p.params.fs_kinds.clone(), p.params.fsyncs.clone()), (list("ext4,btrfs"), list("honour,ignore")));
+        // quick: 6 subjects, one case each, 3 repeats, 4 combinations.
+        assert_eq!(p.fs_runs(), 6 * 3 * 4);
+        assert!(Plan::from_choices(&Choices { fs_kinds: Some(list("btrfs")), size: Some("64M".into()), ..choices() }).is_err(), "btrfs needs a larger volume");
+        assert!(Plan::from_choices(&Choices { fs_kinds: Some(list("zfs")), ..choices() }).is_err());
+        let d = Plan::from_choices(&choices()).unwrap();
+        assert_eq!(d.fs_combinations, vec![(FsKind::Ext4, Fsync::Honour)]);
+        assert!(d.params.fs_kinds.is_empty() && d.params.fsyncs.is_empty());
     }
 
     #[test]

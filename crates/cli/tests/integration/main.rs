@@ -11,6 +11,7 @@ mod aoe_net;
 mod attach;
 mod cli_basics;
 mod conformance_kernel;
+mod digests;
 mod durability;
 mod iscsi_hostile;
 mod iscsi_interop;
