@@ -90,10 +90,12 @@ impl FsKind {
         }
     }
 
-    /// The smallest volume mkfs accepts for it (btrfs refuses below about 109 MiB).
+    /// The smallest volume it is measured on: mkfs.xfs refuses below 300
+    /// MiB; btrfs keeps metadata twice, so below 256 MiB the IOgen file (up
+    /// to half the volume) does not fit.
     pub fn min_size(self) -> u64 {
         match self.mkfs_type() {
-            "btrfs" => 128 << 20,
+            "btrfs" => 256 << 20,
             "xfs" => 300 << 20,
             _ => 8 << 20,
         }

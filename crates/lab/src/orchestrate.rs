@@ -786,16 +786,16 @@ impl LabRun {
         if self.plan.baseline {
             subjects.push((crate::fs::LOCAL.to_string(), None, None));
         }
-        let first = self.results.fs.len();
         for (kind, fsync) in self.plan.fs_combinations.clone() {
+            let first = self.results.fs.len();
             (self.fs_kind, self.fsync) = (kind, fsync);
             self.fs_factors = crate::results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
             if self.plan.fs_combinations.len() > 1 {
                 self.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
             }
             self.run_fs_setting(topo, link, procs, &subjects, &fsp, &mp)?;
+            self.print_fs_rows(first);
         }
-        self.print_fs_rows(first);
         Ok(())
     }
 

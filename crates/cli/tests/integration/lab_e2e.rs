@@ -304,8 +304,10 @@ fn file_system_factor_gives_samples_charts_and_findings() {
     require_root();
     let out = out_dir("fsfactor");
     let mut child = Command::new(blockwire_bin())
-        .args(["lab", "--quick", "--protocols", "iscsi", "--peers", "none", "--suite", "fs", "--repeat", "2", "--size", "128M"])
-        .args(["--client-mem", "128M", "--fs-workloads", "varmail,iogen-direct,iogen-raw", "--fs-runtime", "1"])
+        // 256 MiB: btrfs keeps its metadata twice (DUP), and the IOgen file
+        // (twice the 64 MiB client memory) must still fit.
+        .args(["lab", "--quick", "--protocols", "iscsi", "--peers", "none", "--suite", "fs", "--repeat", "2", "--size", "256M"])
+        .args(["--client-mem", "64M", "--fs-workloads", "varmail,iogen-direct,iogen-raw", "--fs-runtime", "1"])
         .args(["--fs", "ext4,btrfs", "--fsync", "honour,ignore", "--out"])
         .arg(&out)
         .stdin(Stdio::null())
