@@ -247,20 +247,27 @@ pub struct Plan {
     pub fs_combinations: Vec<(crate::fs_kind::FsKind, crate::fs_kind::Fsync)>,
 }
 
+/// A factor's `--LIST` values, parsed, in order without repeats; `default`
+/// when none is given.
+fn factor_list<T: PartialEq>(v: &Option<Vec<String>>, parse: impl Fn(&str) -> anyhow::Result<T>, default: T) -> anyhow::Result<Vec<T>> {
+    let mut out: Vec<T> = vec![];
+    for x in v.iter().flatten().map(|x| x.trim()).filter(|x| !x.is_empty()) {
+        let t = parse(x)?;
+        if !out.contains(&t) {
+            out.push(t);
+        }
+    }
+    if out.is_empty() {
+        out.push(default);
+    }
+    Ok(out)
+}
+
 /// `--fs` x `--fsync`, or ext4 with fsync honoured.
 fn chosen_fs_combinations(c: &Choices, size: u64) -> anyhow::Result<Vec<(crate::fs_kind::FsKind, crate::fs_kind::Fsync)>> {
     use crate::fs_kind::{FsKind, Fsync};
-    let list = |v: &Option<Vec<String>>| -> Vec<String> { v.iter().flatten().map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect() };
-    let mut kinds: Vec<FsKind> = list(&c.fs_kinds).iter().map(|x| FsKind::parse(x)).collect::<anyhow::Result<_>>()?;
-    let mut syncs: Vec<Fsync> = list(&c.fsync).iter().map(|x| Fsync::parse(x)).collect::<anyhow::Result<_>>()?;
-    kinds.dedup();
-    syncs.dedup();
-    if kinds.is_empty() {
-        kinds.push(FsKind::Ext4);
-    }
-    if syncs.is_empty() {
-        syncs.push(Fsync::Honour);
-    }
+    let kinds = factor_list(&c.fs_kinds, FsKind::parse, FsKind::Ext4)?;
+    let syncs = factor_list(&c.fsync, Fsync::parse, Fsync::Honour)?;
     for k in &kinds {
         anyhow::ensure!(size >= k.min_size(), "--fs {}: mkfs needs a volume of at least {} MiB (--size)", k.name(), k.min_size() >> 20);
     }
@@ -270,18 +277,7 @@ fn chosen_fs_combinations(c: &Choices, size: u64) -> anyhow::Result<Vec<(crate::
 /// `--offload` and `--digest`, or the defaults (one setting each).
 fn chosen_factors(c: &Choices) -> anyhow::Result<(Vec<crate::offload::Offload>, Vec<crate::offload::Digest>)> {
     use crate::offload::{Digest, Offload};
-    let list = |v: &Option<Vec<String>>| -> Vec<String> { v.iter().flatten().map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect() };
-    let mut offloads: Vec<Offload> = list(&c.offload).iter().map(|x| Offload::parse(x)).collect::<anyhow::Result<_>>()?;
-    let mut digests: Vec<Digest> = list(&c.digest).iter().map(|x| Digest::parse(x)).collect::<anyhow::Result<_>>()?;
-    offloads.dedup();
-    digests.dedup();
-    if offloads.is_empty() {
-        offloads.push(Offload::MtuFrames);
-    }
-    if digests.is_empty() {
-        digests.push(Digest::None);
-    }
-    Ok((offloads, digests))
+    Ok((factor_list(&c.offload, Offload::parse, Offload::MtuFrames)?, factor_list(&c.digest, Digest::parse, Digest::None)?))
 }
 
 impl Plan {
@@ -735,7 +731,7 @@ mod tests {
     #[test]
     fn file_system_factors() {
         use crate::fs_kind::{FsKind, Fsync};
-        let p = Plan::from_choices(&Choices { fs_kinds: Some(list("ext4,btrfs")), fsync: Some(list("honour,ignore")), suite: Some(vec![SuiteChoice::Fs]), quick: true, ..choices() }).unwrap();
+        let p = Plan::from_choices(&Choices { fs_kinds: Some(list("ext4,btrfs")), fsync: Some(list("honour,ignore")), suite: Some(vec![SuiteChoice::Fs]), quick: true, size: Some("256M".into()), ..choices() }).unwrap();
         assert_eq!(p.fs_combinations, vec![(FsKind::Ext4, Fsync::Honour), (FsKind::Ext4, Fsync::Ignore), (FsKind::Btrfs, Fsync::Honour), (FsKind::Btrfs, Fsync::Ignore)]);
         assert_eq!((p.params.fs_kinds.clone(), p.params.fsyncs.clone()), (list("ext4,btrfs"), list("honour,ignore")));
         // quick: 6 subjects, one case each, 3 repeats, 4 combinations.

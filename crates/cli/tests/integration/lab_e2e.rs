@@ -237,19 +237,15 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     assert_nothing_left(lab_pid, &seen);
 }
 
-/// The offload study's factors over iSCSI and NVMe/TCP, one workload, two
-/// repetitions: a sample per subject and setting, with whole-machine CPU;
-/// the offload section's charts and study 5's findings; the links'
-/// offloads restored (the lab reads them back) and nothing left behind.
-#[test]
-fn offload_and_digest_factors_give_samples_charts_and_findings() {
-    require_root();
-    let out = out_dir("offload");
+/// Run `blockwire lab ARGS --out OUT` to its end (at most 15 minutes),
+/// collecting its descendants for the leak check; it must succeed. Returns
+/// its PID, the processes it started and its stderr.
+fn run_lab(args: &[&str], out: &Path) -> (u32, Vec<(u32, String)>, String) {
     let mut child = Command::new(blockwire_bin())
-        .args(["lab", "--quick", "--protocols", "iscsi,nvme", "--peers", "none", "--suite", "micro", "--no-baseline"])
-        .args(["--micro-workloads", "seqread-1m", "--repeat", "2", "--size", "64M", "--runtime", "1"])
-        .args(["--offload", "none,stateless", "--digest", "none,crc32c,crc32c-soft", "--out"])
-        .arg(&out)
+        .arg("lab")
+        .args(args)
+        .arg("--out")
+        .arg(out)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -257,7 +253,7 @@ fn offload_and_digest_factors_give_samples_charts_and_findings() {
         .expect("start blockwire lab");
     let lab_pid = child.id();
     let mut seen: Vec<(u32, String)> = vec![];
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let deadline = Instant::now() + Duration::from_secs(900);
     let status = loop {
         for d in descendants(lab_pid) {
             if !seen.iter().any(|(p, _)| *p == d.0) {
@@ -267,12 +263,28 @@ fn offload_and_digest_factors_give_samples_charts_and_findings() {
         if let Some(st) = child.try_wait().expect("wait lab") {
             break st;
         }
-        assert!(Instant::now() < deadline, "the offload run did not finish in 10 minutes");
+        assert!(Instant::now() < deadline, "blockwire lab {args:?} did not finish in 15 minutes");
         std::thread::sleep(Duration::from_millis(100));
     };
     let output = child.wait_with_output().expect("lab output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(status.success(), "lab failed: {stderr}");
+    (lab_pid, seen, stderr)
+}
+
+/// The offload study's factors over iSCSI and NVMe/TCP, one workload, two
+/// repetitions: a sample per subject and setting, with whole-machine CPU;
+/// the offload section's charts and study 5's findings; the links'
+/// offloads restored (the lab reads them back) and nothing left behind.
+#[test]
+fn offload_and_digest_factors_give_samples_charts_and_findings() {
+    require_root();
+    let out = out_dir("offload");
+    let (lab_pid, seen, stderr) = run_lab(&[
+        "--quick", "--protocols", "iscsi,nvme", "--peers", "none", "--suite", "micro", "--no-baseline",
+        "--micro-workloads", "seqread-1m", "--repeat", "2", "--size", "64M", "--runtime", "1",
+        "--offload", "none,stateless", "--digest", "none,crc32c,crc32c-soft",
+    ], &out);
     assert!(stderr.contains("lab: offloads restored and checked on 2 link ends"), "{stderr}");
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).expect("results.json parses");
@@ -303,36 +315,13 @@ fn offload_and_digest_factors_give_samples_charts_and_findings() {
 fn file_system_factor_gives_samples_charts_and_findings() {
     require_root();
     let out = out_dir("fsfactor");
-    let mut child = Command::new(blockwire_bin())
-        // 256 MiB: btrfs keeps its metadata twice (DUP), and the IOgen file
-        // (twice the 64 MiB client memory) must still fit.
-        .args(["lab", "--quick", "--protocols", "iscsi", "--peers", "none", "--suite", "fs", "--repeat", "2", "--size", "256M"])
-        .args(["--client-mem", "64M", "--fs-workloads", "varmail,iogen-direct,iogen-raw", "--fs-runtime", "1"])
-        .args(["--fs", "ext4,btrfs", "--fsync", "honour,ignore", "--out"])
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start blockwire lab");
-    let lab_pid = child.id();
-    let mut seen: Vec<(u32, String)> = vec![];
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let status = loop {
-        for d in descendants(lab_pid) {
-            if !seen.iter().any(|(p, _)| *p == d.0) {
-                seen.push(d);
-            }
-        }
-        if let Some(st) = child.try_wait().expect("wait lab") {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "the fs factor run did not finish in 15 minutes");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let output = child.wait_with_output().expect("lab output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(status.success(), "lab failed: {stderr}");
+    // 256 MiB: btrfs keeps its metadata twice (DUP), and the IOgen file
+    // (twice the 64 MiB client memory) must still fit.
+    let (lab_pid, seen, _) = run_lab(&[
+        "--quick", "--protocols", "iscsi", "--peers", "none", "--suite", "fs", "--repeat", "2", "--size", "256M",
+        "--client-mem", "64M", "--fs-workloads", "varmail,iogen-direct,iogen-raw", "--fs-runtime", "1",
+        "--fs", "ext4,btrfs", "--fsync", "honour,ignore",
+    ], &out);
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).expect("results.json parses");
     let fs = results["fs"].as_array().expect("fs samples");
