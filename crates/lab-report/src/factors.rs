@@ -86,6 +86,16 @@ pub fn section(c: &Ctx) -> Option<Markup> {
     })
 }
 
+/// The subjects of an fs row's chart, and the local raw device after them
+/// when `raw_ref` and it was measured.
+fn fs_groups(here: &[&crate::analysis::FsCase], row: &str, raw_ref: bool) -> Vec<String> {
+    let mut groups: Vec<String> = here.iter().filter(|x| x.row == row).map(|x| x.subject.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    if raw_ref && here.iter().any(|x| x.row == "iogen-raw" && x.subject == bw_lab_results::fs::LOCAL) {
+        groups.push("raw device (local)".into());
+    }
+    groups
+}
+
 /// The file-system factor's section (study 4): each fs workload's headline
 /// per subject and `--fs`/`--fsync` setting, with the local raw device as
 /// the reference for the IOgen-like job.
@@ -122,8 +132,7 @@ pub fn fs_section(c: &Ctx) -> Option<Markup> {
         div.charts {
             @for row in &rows {
                 @let raw_ref = row.starts_with("iogen");
-                @let mut groups: Vec<String> = here.iter().filter(|x| &x.row == row).map(|x| x.subject.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-                @let _ = if raw_ref && here.iter().any(|x| x.row == "iogen-raw" && x.subject == local) { groups.push("raw device (local)".into()) };
+                @let groups = fs_groups(&here, row, raw_ref);
                 @let values: Vec<Vec<Option<Bar>>> = groups.iter().map(|g| settings.iter().map(|f| {
                     let (subject, r) = if g == "raw device (local)" { (local, "iogen-raw") } else { (g.as_str(), row.as_str()) };
                     here.iter().find(|x| x.subject == subject && x.row == r && &x.factors == f).and_then(|x| x.headline().map(|(_, v)| v.values.clone())).and_then(|v| ci_bar(&v))

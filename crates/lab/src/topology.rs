@@ -143,17 +143,6 @@ impl Topology {
         self.saved_offloads.iter().try_for_each(|s| s.restore())
     }
 
-    /// The offloads of every link end now, by host and device.
-    pub fn offload_states(&self) -> anyhow::Result<Vec<(String, String, Vec<(&'static str, bool)>)>> {
-        let mut v = vec![];
-        for l in &self.links {
-            for (host, ifname) in [(&self.target, &l.target_if), (&self.client, &l.client_if)] {
-                v.push((host.name().to_string(), ifname.clone(), host.offloads(ifname)?));
-            }
-        }
-        Ok(v)
-    }
-
     /// Counters of the client-side end of `link` (sent + received are both
     /// there: the veth has no other traffic).
     pub fn client_counters(&self, link: &Link) -> anyhow::Result<WireCounters> {
