@@ -15,6 +15,7 @@ use std::time::Duration;
 pub enum FileSystem {
     Ext4,
     Xfs,
+    Btrfs,
 }
 
 /// What `mount` mounts, and how.
@@ -23,6 +24,8 @@ pub struct MountOptions {
     pub mountpoint: PathBuf,
     /// Make this file system first (destroys what is on the volume).
     pub mkfs: Option<FileSystem>,
+    /// More arguments for mkfs, before the device.
+    pub mkfs_options: Vec<String>,
     /// Passed to mount(8) as `-o`.
     pub options: Option<String>,
     pub readonly: bool,
@@ -59,8 +62,9 @@ pub fn mount(
 
 fn make_and_mount(opts: &MountOptions, dev: &str) -> anyhow::Result<()> {
     match opts.mkfs {
-        Some(FileSystem::Ext4) => tool::run(Command::new("mkfs.ext4").args(["-q", "-F", dev]))?,
-        Some(FileSystem::Xfs) => tool::run(Command::new("mkfs.xfs").args(["-q", "-f", dev]))?,
+        Some(FileSystem::Ext4) => tool::run(Command::new("mkfs.ext4").args(["-q", "-F"]).args(&opts.mkfs_options).arg(dev))?,
+        Some(FileSystem::Xfs) => tool::run(Command::new("mkfs.xfs").args(["-q", "-f"]).args(&opts.mkfs_options).arg(dev))?,
+        Some(FileSystem::Btrfs) => tool::run(Command::new("mkfs.btrfs").args(["-q", "-f"]).args(&opts.mkfs_options).arg(dev))?,
         None => String::new(),
     };
     let mut cmd = Command::new("mount");

@@ -75,6 +75,10 @@ pub struct MountArgs {
     /// Make a file system first (destroys what is on the volume).
     #[arg(long, value_enum)]
     pub mkfs: Option<Mkfs>,
+    /// One more argument for mkfs (repeat for several), e.g.
+    /// --mkfs-option=-J --mkfs-option=size=64.
+    #[arg(long = "mkfs-option", value_name = "ARG", allow_hyphen_values = true, requires = "mkfs")]
+    pub mkfs_options: Vec<String>,
     /// Mount options, passed to mount(8).
     #[arg(short = 'o', value_name = "OPTS")]
     pub options: Option<String>,
@@ -91,6 +95,7 @@ pub struct MountArgs {
 pub enum Mkfs {
     Ext4,
     Xfs,
+    Btrfs,
 }
 
 #[derive(Args)]
@@ -208,7 +213,9 @@ pub fn mount(a: MountArgs) -> anyhow::Result<()> {
         mkfs: a.mkfs.map(|f| match f {
             Mkfs::Ext4 => bw_attach::FileSystem::Ext4,
             Mkfs::Xfs => bw_attach::FileSystem::Xfs,
+            Mkfs::Btrfs => bw_attach::FileSystem::Btrfs,
         }),
+        mkfs_options: a.mkfs_options.clone(),
         options: a.options.clone(),
         readonly: a.readonly,
         loop_wait: DEFAULT_LOOP_WAIT,

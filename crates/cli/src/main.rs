@@ -191,10 +191,17 @@ struct ClientArgs {
     /// algorithm such as cubic.
     #[arg(long, value_name = "auto|system|NAME", default_value = "auto")]
     tcp_congestion: bw_net::tcp::Congestion,
+    /// How CRC32C digests are computed: hw (the CPU's CRC instruction) or
+    /// soft (portable tables: a CPU without CRC help).
+    #[arg(long, value_name = "hw|soft", default_value = "hw")]
+    digest_impl: bw_serve::tuning::DigestImpl,
 }
 
 impl ClientArgs {
     fn options(&self, queue_depth: usize) -> ConnectOptions {
+        // Process-wide, like serve's `[tuning] digest_impl`: every client
+        // command builds its options before it connects.
+        self.digest_impl.apply();
         ConnectOptions {
             initiator_name: self.initiator_name.clone(),
             queues: self.queues.max(1),

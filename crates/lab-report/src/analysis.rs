@@ -5,7 +5,7 @@
 //! sections and the terminal summary both render this.
 
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
-use bw_lab_results::fs::FsSample;
+use bw_lab_results::fs::{FsFactors, FsSample};
 use bw_lab_results::Results;
 use bw_lab_results::stats::{advantage, describe_advantage, mean_ci, Verdict};
 use std::collections::BTreeMap;
@@ -160,7 +160,7 @@ pub struct Recommendation {
 
 /// The micro suite's recommendations, per (link, MTU, workload).
 pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
-    let all = cases(&r.samples);
+    let all = micro_cases(r);
     let local: BTreeMap<String, &Case> =
         all.values().filter(|c| c.key.mtu.is_none() && c.key.suite == "micro").map(|c| (c.key.workload.clone(), c)).collect();
     let mut groups: BTreeMap<(String, u32, String), Vec<&Case>> = BTreeMap::new();
@@ -205,6 +205,8 @@ pub struct FsCase {
     pub client_mem: u64,
     pub row: String,
     pub subject: String,
+    /// The file system and fsync setting (default: ext4, honoured).
+    pub factors: FsFactors,
     /// measure name -> (unit, higher is better, headline, values).
     pub measures: BTreeMap<String, FsValues>,
 }
@@ -235,25 +237,35 @@ pub struct FsKey {
     pub client_mem: u64,
     pub row: String,
     pub subject: String,
+    pub factors: FsFactors,
 }
 
 impl FsKey {
+    /// A case at the default file system and fsync setting.
     pub fn new(link: &str, client_mem: u64, row: &str, subject: &str) -> FsKey {
-        FsKey { link: link.into(), client_mem, row: row.into(), subject: subject.into() }
+        FsKey { link: link.into(), client_mem, row: row.into(), subject: subject.into(), factors: FsFactors::default() }
     }
 }
 
+/// The fs cases at the default file system (ext4, fsync honoured): the
+/// sections and recommendations; [`fs_cases_all`] has every setting.
 pub fn fs_cases(samples: &[FsSample]) -> BTreeMap<FsKey, FsCase> {
+    fs_cases_all(samples).into_iter().filter(|(k, _)| k.factors.is_default()).collect()
+}
+
+/// The fs cases of every `--fs` and `--fsync` setting.
+pub fn fs_cases_all(samples: &[FsSample]) -> BTreeMap<FsKey, FsCase> {
     let mut out: BTreeMap<FsKey, FsCase> = BTreeMap::new();
     for s in samples {
         for m in s.measures() {
-            let key = FsKey::new(&s.link, s.client_mem, &m.row, &s.subject);
+            let key = FsKey { factors: s.factors.clone(), ..FsKey::new(&s.link, s.client_mem, &m.row, &s.subject) };
             let c = out.entry(key).or_insert_with(|| FsCase {
                 link: s.link.clone(),
                 mtu: s.mtu,
                 client_mem: s.client_mem,
                 row: m.row.clone(),
                 subject: s.subject.clone(),
+                factors: s.factors.clone(),
                 measures: BTreeMap::new(),
             });
             c.mtu = c.mtu.or(s.mtu);
@@ -385,7 +397,18 @@ pub fn sample_counts(r: &Results) -> BTreeMap<String, usize> {
     m
 }
 
-/// The micro cases (re-exported for the sections).
+/// The micro and sweep cases at the lab's default factors (the sections
+/// and recommendations; the offload study's cases have a section of their
+/// own, [`factor_cases`]).
 pub fn micro_cases(r: &Results) -> BTreeMap<CaseKey, Case> {
-    cases(&r.samples)
+    cases(&r.samples).into_iter().filter(|(k, _)| k.factors.is_default()).collect()
+}
+
+/// Every networked case of a run that varied `--offload` or `--digest`
+/// (empty otherwise).
+pub fn factor_cases(r: &Results) -> BTreeMap<CaseKey, Case> {
+    if r.params.offloads.is_empty() && r.params.digests.is_empty() {
+        return BTreeMap::new();
+    }
+    cases(&r.samples).into_iter().filter(|(k, _)| k.mtu.is_some()).collect()
 }

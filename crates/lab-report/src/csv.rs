@@ -181,6 +181,7 @@ mod tests {
             peak_mem_bytes: None,
             busy_before: 0.0,
             started_unix: 1.5,
+            factors: Default::default(),
         });
         let text = fs_csv(&r);
         let mut lines = text.lines();

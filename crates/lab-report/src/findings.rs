@@ -3,7 +3,7 @@
 //! measured number. The studies are told in the report itself, so nothing
 //! here points at a file the reader may not have.
 
-use crate::analysis::{fs_cases, mean, mem_name, FsCase, FsKey};
+use crate::analysis::{fs_cases, fs_cases_all, mean, mem_name, FsCase, FsKey};
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
 use bw_lab_results::Results;
 use bw_lab_results::route::{RouteResults, WORKLOADS};
@@ -99,7 +99,7 @@ fn same(ci: RatioCi) -> (Verdict, String) {
 }
 
 fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &str, mtu: u32, workload: &str, subject: &str) -> Option<&'a Case> {
-    all.get(&CaseKey { suite: "micro".into(), link: link.into(), mtu: Some(mtu), workload: workload.into(), subject: subject.into() })
+    all.get(&CaseKey { suite: "micro".into(), link: link.into(), mtu: Some(mtu), workload: workload.into(), subject: subject.into(), factors: Default::default() })
 }
 
 fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &str, mem: u64, row: &str, subject: &str) -> Option<&'a FsCase> {
@@ -111,7 +111,7 @@ fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &str, mem: u64, row: &str
 fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &str, mtu: u32, a: &str, b: &str, metric: Metric) -> Option<(f64, usize, usize)> {
     let mut logs = vec![];
     let mut apart = 0;
-    for c in all.values().filter(|c| c.key.suite == "micro" && c.key.link == link && c.key.mtu == Some(mtu) && c.key.subject == a) {
+    for c in all.values().filter(|c| c.key.suite == "micro" && c.key.link == link && c.key.mtu == Some(mtu) && c.key.subject == a && c.key.factors.is_default()) {
         let Some(cb) = all.get(&CaseKey { subject: b.to_string(), ..c.key.clone() }) else { continue };
         let (va, vb) = (c.values(metric), cb.values(metric));
         if mean(&va) > 0.0 && mean(&vb) > 0.0 {
@@ -174,6 +174,8 @@ pub struct Run<'a> {
     pub results: &'a Results,
     pub micro: BTreeMap<CaseKey, Case>,
     pub fs: BTreeMap<FsKey, FsCase>,
+    /// The fs cases of every `--fs`/`--fsync` setting.
+    pub fs_all: BTreeMap<FsKey, FsCase>,
     /// The link shapes, in run order (`none` when the run named none).
     pub links: Vec<String>,
     /// The first MTU: the one the micro claims are checked at.
@@ -186,6 +188,7 @@ impl<'a> Run<'a> {
             results: r,
             micro: cases(&r.samples),
             fs: fs_cases(&r.fs),
+            fs_all: fs_cases_all(&r.fs),
             links: if r.params.links.is_empty() { vec!["none".into()] } else { r.params.links.clone() },
             mtu: r.params.mtus.first().copied().unwrap_or(1500),
         }
@@ -241,13 +244,90 @@ pub static CLAIMS: &[Claim] = &[
     Claim { study: 4, claim: "NVMe/TCP reaches about half of local", compute: nvme_share_of_local, rule: about_half_of_local },
     Claim { study: 4, claim: "a file system costs a lot locally (ZFS kept about 10% of raw)", compute: local_fs_over_raw, rule: the_fs_costs_a_lot },
     Claim { study: 4, claim: "over NFS the file system matters little", compute: file_systems_over_nfs, rule: nothing_to_judge },
+    Claim { study: 5, claim: "offload wins on CPU per unit of throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MachineCpuSPerGb), rule: |e| more_cpu(e, ON_VETH) },
+    Claim { study: 5, claim: "offload wins on CPU per operation (no offload against stateless offload)", compute: |run| offload_pairs(run, "randread-4k-qd32", Metric::MachineCpuUsPerOp), rule: |e| more_cpu(e, ON_VETH) },
+    Claim { study: 5, claim: "software won on throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MibPerS), rule: |e| ahead(e.ratio(), "no offload", "stateless offload") },
+    Claim { study: 5, claim: "software won on latency (p50 of 4 KiB reads at QD1; measured: none/stateless)", compute: |run| offload_pairs(run, "randread-4k-qd1", Metric::LatP50Us), rule: |e| ahead(e.ratio().inverse(), "no offload (lower latency)", "stateless offload") },
+    Claim { study: 5, claim: "CRC help saves CPU per unit of throughput on digests (software CRC32C against the CPU's instruction)", compute: |run| digest_pairs(run, Metric::MachineCpuSPerGb), rule: |e| more_cpu(e, SOFT_CRC) },
+    Claim { study: 5, claim: "CRC help keeps digests off the throughput (CPU instruction against software CRC32C)", compute: |run| digest_pairs(run, Metric::MibPerS), rule: |e| ahead(e.ratio(), "the CPU's CRC instruction", "software CRC32C") },
     Claim {
         study: 5,
-        claim: "software initiators beat offload engines on speed, offload wins on CPU per operation",
-        compute: |_| not_applicable("offload hardware", "there is no offload hardware here; CPU per operation (target + initiator) is reported for every case and decides the \"least CPU per op\" column"),
+        claim: "TCP offload engines and iSCSI HBAs take the protocol off the host CPU",
+        compute: |_| not_applicable("TOE or HBA against software", "no TOE or HBA here: the lab emulates stateless offload (checksums, segmentation: --offload) and CRC help (--digest crc32c against crc32c-soft); a TOE or HBA, which would carry TCP or iSCSI state itself, cannot be emulated"),
         rule: nothing_to_judge,
     },
 ];
+
+/// What the offload claims say about veth, where the compared cases ran.
+const ON_VETH: &str = "on veth an offload skips the work rather than moving it to hardware, so this bounds from above what a stateless-offload NIC saves";
+
+/// The values the other factor took in the run (`""`: its default): an
+/// offload claim compares at each digest setting, a digest claim at each
+/// offload setting.
+fn other_factor_values(run: &Run, offload: bool) -> Vec<String> {
+    let p = &run.results.params;
+    let v: Vec<String> = if offload { p.digests.iter().map(|d| if d == "none" { String::new() } else { d.clone() }).collect() } else { p.offloads.clone() };
+    if v.is_empty() { vec![String::new()] } else { v }
+}
+
+/// a/b of `metric` per networked subject measured both ways: offload none
+/// over stateless, or digest crc32c-soft over crc32c.
+fn factor_pairs(run: &Run, workload: &str, metric: Metric, offload: bool) -> Vec<Outcome> {
+    use bw_lab_results::Factors;
+    let (what, needs) = if offload { ("offload none / stateless", "--offload none,stateless") } else { ("digest crc32c-soft / crc32c", "--digest crc32c,crc32c-soft") };
+    let mut out = vec![];
+    for other in other_factor_values(run, offload) {
+        let (fa, fb) = if offload {
+            (Factors { offload: "none".into(), digest: other.clone() }, Factors { offload: "stateless".into(), digest: other.clone() })
+        } else {
+            (Factors { offload: other.clone(), digest: "crc32c-soft".into() }, Factors { offload: other.clone(), digest: "crc32c".into() })
+        };
+        for ca in run.micro.values().filter(|c| c.key.suite == "micro" && c.key.workload == workload && c.key.mtu == Some(run.mtu) && c.key.factors == fa) {
+            let Some(cb) = run.micro.get(&CaseKey { factors: fb.clone(), ..ca.key.clone() }) else { continue };
+            let at = match (offload, other.is_empty()) {
+                (_, true) => String::new(),
+                (true, false) => format!(", digest {other}"),
+                (false, false) => format!(", offload {other}"),
+            };
+            let compared = format!("{}, {what}, {workload} at MTU {}, link {}{at}", ca.key.subject, run.mtu, ca.key.link);
+            let Some(ci) = ratio_of_means(&ca.values(metric), &cb.values(metric)) else {
+                out.push(Outcome::NotApplicable { compared, why: format!("fewer than two runs with {}: no interval", metric.noun()) });
+                continue;
+            };
+            out.push(Outcome::Measured { compared, measured: format!("{} {}", metric.label(), ci_text(ci)), evidence: Evidence::Ratio(ci) });
+        }
+    }
+    if out.is_empty() {
+        return not_applicable(&format!("{what}, {workload}"), &format!("needs {needs} with {workload} in the micro suite"));
+    }
+    out
+}
+
+fn offload_pairs(run: &Run, workload: &str, metric: Metric) -> Vec<Outcome> {
+    factor_pairs(run, workload, metric, true)
+}
+
+fn digest_pairs(run: &Run, metric: Metric) -> Vec<Outcome> {
+    factor_pairs(run, "seqread-1m", metric, false)
+}
+
+/// What the digest claims say: the software path stands for missing CRC help.
+const SOFT_CRC: &str = "what a CPU (or NIC) without CRC help pays for digests";
+
+/// Verdict on "the first costs more CPU than the second" from a/b of a
+/// whole-machine CPU figure; `context` says what the ratio means.
+fn more_cpu(e: Evidence, context: &str) -> (Verdict, String) {
+    let ci = e.ratio();
+    if ci.lo > 1.0 + PRACTICAL {
+        (Verdict::Reproduced, format!("{:.2}x the whole-machine CPU for the same work; {context}", ci.ratio))
+    } else if ci.hi < 1.0 / (1.0 + PRACTICAL) {
+        (Verdict::NotReproduced, "less CPU for the same work, not more".into())
+    } else if equal(ci) {
+        (Verdict::NotReproduced, "equal: the interval lies within 5% either way".into())
+    } else {
+        (Verdict::Inconclusive, "the interval is too wide to say (more repetitions, or a quieter machine)".into())
+    }
+}
 
 /// The study the route suite checks.
 pub const ROUTE_STUDY: u8 = 3;
@@ -525,7 +605,7 @@ fn nvme_share_of_local(run: &Run) -> Vec<Outcome> {
     let mut out = vec![];
     let (nv, loc) = ("blockwire-nvme", "local-fio");
     for w in ["randrw75-4k-qd16", "randread-4k-qd32"] {
-        let Some(l) = run.micro.get(&CaseKey { suite: "micro".into(), link: "none".into(), mtu: None, workload: w.into(), subject: loc.into() }) else { continue };
+        let Some(l) = run.micro.get(&CaseKey { suite: "micro".into(), link: "none".into(), mtu: None, workload: w.into(), subject: loc.into(), factors: Default::default() }) else { continue };
         for link in &run.links {
             let Some(n) = micro_case(&run.micro, link, run.mtu, w, nv) else { continue };
             let Some(ci) = ratio_of_means(&n.values(Metric::Iops), &l.values(Metric::Iops)) else { continue };
@@ -573,34 +653,40 @@ fn about_half_of_local(e: Evidence) -> (Verdict, String) {
     }
 }
 
-/// The IOgen-like O_DIRECT job on local ext4 against the raw loop device.
+/// The IOgen-like O_DIRECT job on each local file system (`--fs`, at each
+/// `--fsync`) against the raw loop device of the same turn.
 fn local_fs_over_raw(run: &Run) -> Vec<Outcome> {
     let local = bw_lab_results::fs::LOCAL;
     let mem = run.client_mems().first().copied().unwrap_or(0);
-    let raw = run.fs.values().find(|c| c.row == "iogen-raw" && c.subject == local && c.client_mem == mem);
-    let on_fs = run.fs.values().find(|c| c.row == "iogen-direct" && c.subject == local && c.client_mem == mem);
-    let (Some(f), Some(w)) = (on_fs, raw) else {
+    let mut out = vec![];
+    for f in run.fs_all.values().filter(|c| c.row == "iogen-direct" && c.subject == local && c.client_mem == mem) {
+        let Some(w) = run.fs_all.get(&FsKey { row: "iogen-raw".into(), ..FsKey { factors: f.factors.clone(), ..FsKey::new(&f.link, mem, "", local) } }) else { continue };
+        let name = f.factors.describe();
+        let Some(ci) = ratio_of_means(&f.values("IOPS"), &w.values("IOPS")) else {
+            out.push(Outcome::NotApplicable { compared: format!("local {name} against the raw device"), why: "fewer than two runs: no interval".into() });
+            continue;
+        };
+        out.push(Outcome::Measured {
+            compared: format!("local {name} / local raw loop device, IOgen-like fio with O_DIRECT"),
+            measured: format!("IOPS {}/raw {}", f.factors.fs_name(), ci_text(ci)),
+            evidence: Evidence::Ratio(ci),
+        });
+    }
+    if out.is_empty() {
         return not_applicable("local ext4 against the raw device", "needs the fs suite with iogen-direct and iogen-raw and the local baseline");
-    };
-    let Some(ci) = ratio_of_means(&f.values("IOPS"), &w.values("IOPS")) else {
-        return not_applicable("local ext4 against the raw device", "fewer than two runs: no interval");
-    };
-    vec![Outcome::Measured {
-        compared: "local ext4 / local raw loop device, IOgen-like fio with O_DIRECT".into(),
-        measured: format!("IOPS ext4/raw {}", ci_text(ci)),
-        evidence: Evidence::Ratio(ci),
-    }]
+    }
+    out
 }
 
-/// Verdict on "a file system costs a lot" from ext4/raw IOPS.
+/// Verdict on "a file system costs a lot" from its IOPS over the raw device's.
 fn the_fs_costs_a_lot(e: Evidence) -> (Verdict, String) {
     let ci = e.ratio();
     if ci.hi < 1.0 / (1.0 + PRACTICAL) {
-        (Verdict::Reproduced, format!("ext4 keeps {:.0}% of the raw device's IOPS (the study's 10% was ZFS)", ci.ratio * 100.0))
+        (Verdict::Reproduced, format!("the file system keeps {:.0}% of the raw device's IOPS (the study's 10% was ZFS)", ci.ratio * 100.0))
     } else if ci.apart() {
-        (Verdict::NotReproduced, "ext4 is faster than the raw device here".into())
+        (Verdict::NotReproduced, "the file system is faster than the raw device here".into())
     } else if equal(ci) {
-        (Verdict::NotReproduced, "ext4 costs less than 5% for this job: one preallocated file and O_DIRECT leave little for the file system to do".into())
+        (Verdict::NotReproduced, "the file system costs less than 5% for this job: one preallocated file and O_DIRECT leave little for it to do".into())
     } else {
         (Verdict::Inconclusive, "the interval is too wide to say".into())
     }

@@ -62,6 +62,8 @@ pub const SECTIONS: &[Section] = &[
     Section { id: "micro", title: "Micro benchmarks", render: micro },
     Section { id: "sweep", title: "Sweep: 4 KiB random 75% read, numjobs × iodepth", render: sweep },
     Section { id: "fs", title: "File systems: ext4 over each protocol, client memory limited", render: fs },
+    Section { id: "fs-factor", title: "File systems compared: each against the raw device, locally and per protocol (study 4)", render: crate::factors::fs_section },
+    Section { id: "offload", title: "Offloads and digests: CPU per unit of throughput (study 5)", render: crate::factors::section },
     Section { id: "overhead", title: "Header overhead per frame", render: overhead },
     Section { id: "route", title: "Routed paths: MPLS and VXLAN (study 3)", render: route },
     Section { id: "method", title: "How this was measured", render: method },
@@ -353,12 +355,13 @@ fn micro(c: &Ctx) -> Option<Markup> {
     let mut mtus: Vec<u32> = all.keys().filter(|k| k.suite == "micro").filter_map(|k| k.mtu).collect();
     mtus.sort();
     mtus.dedup();
-    let charts: [(Metric, Option<Metric>, &str); 6] = [
+    let charts: [(Metric, Option<Metric>, &str); 7] = [
         (Metric::MibPerS, Some(Metric::Iops), "throughput"),
         (Metric::LatP50Us, None, "latency p50"),
         (Metric::LatP99Us, None, "latency p99"),
         (Metric::TotalCpuUsPerOp, None, "CPU/op, target+initiator"),
         (Metric::CpuMsPerMib, None, "CPU/MiB, target+initiator"),
+        (Metric::MachineCpuSPerGb, Some(Metric::MachineCpuUsPerOp), "whole-machine CPU, idle subtracted"),
         (Metric::WireBytesPerOp, None, "wire bytes/op, sent+received"),
     ];
     let order = |name: &str| bw_lab_results::micro_workloads().iter().position(|w| w.name == name).unwrap_or(99);
@@ -371,6 +374,8 @@ fn micro(c: &Ctx) -> Option<Markup> {
         Metric::TargetCpuUsPerOp,
         Metric::InitiatorCpuUsPerOp,
         Metric::CpuMsPerMib,
+        Metric::MachineCpuSPerGb,
+        Metric::MachineCpuUsPerOp,
         Metric::WireBytesPerOp,
         Metric::FramesPerOp,
     ];
@@ -391,7 +396,7 @@ fn micro(c: &Ctx) -> Option<Markup> {
                         @let groups: Vec<String> = workloads.iter().filter(|(_, s)| *s == seq).map(|(n, _)| n.clone()).collect();
                         @let values: Vec<Vec<Option<Bar>>> = groups.iter().map(|g| subjects.iter().map(|subj| {
                             let local = subj == "local-fio";
-                            let key = CaseKey { suite: "micro".into(), link: if local { "none".into() } else { link.clone() }, mtu: if local { None } else { Some(mtu) }, workload: g.clone(), subject: subj.clone() };
+                            let key = CaseKey { suite: "micro".into(), link: if local { "none".into() } else { link.clone() }, mtu: if local { None } else { Some(mtu) }, workload: g.clone(), subject: subj.clone(), factors: Default::default() };
                             all.get(&key).and_then(|x| x.summary(metric)).map(bar_of)
                         }).collect()).collect();
                         @if !groups.is_empty() && values.iter().flatten().any(|v| v.is_some()) {
@@ -402,7 +407,7 @@ fn micro(c: &Ctx) -> Option<Markup> {
             }
         }
         h3 { "All micro results" }
-        p.note { "mean ±stddev [min–max] over the repetitions; target CPU from /proc/PID/stat, initiator CPU from the client's own getrusage." }
+        p.note { "mean ±stddev [min–max] over the repetitions; target CPU from /proc/PID/stat, initiator CPU from the client's own getrusage; whole-machine CPU from /proc/stat (user, nice, system, irq, softirq, steal over all CPUs, the idle busy rate measured before the runs subtracted), the honest figure: the kernel charges softirq work by tick to whichever task runs, so per-process figures miss some of the network stack's work." }
         table {
             tr {
                 th.l { "subject" } th.l { "link" } th { "MTU" } th.l { "workload" } th { "n" }
@@ -571,7 +576,7 @@ fn overhead(c: &Ctx) -> Option<Markup> {
     let mut rows = vec![];
     for s in r.subjects.iter().filter(|s| s.protocol != "local") {
         for &mtu in &r.params.mtus {
-            let get = |w: &str| c.micro.get(&CaseKey { suite: "micro".into(), link: link.clone(), mtu: Some(mtu), workload: w.into(), subject: s.key.clone() });
+            let get = |w: &str| c.micro.get(&CaseKey { suite: "micro".into(), link: link.clone(), mtu: Some(mtu), workload: w.into(), subject: s.key.clone(), factors: Default::default() });
             let (rd, wr) = (get("seqread-1m"), get("seqwrite-1m"));
             if rd.is_some() || wr.is_some() {
                 rows.push((s.key.clone(), mtu, rd, wr));

@@ -10,6 +10,7 @@
 
 pub mod analysis;
 pub mod csv;
+pub mod factors;
 pub mod findings;
 pub mod html;
 pub mod route;
@@ -122,7 +123,75 @@ mod tests {
             busy_before: 0.01,
             idle_wait_s: 0.3,
             started_unix: 0.0,
+            factors: Default::default(),
+            machine_cpu: vec![],
         }
+    }
+
+    /// `--offload none,stateless --digest none,crc32c,crc32c-soft` over
+    /// iSCSI and NVMe/TCP: no offload costs 1.5x the whole-machine CPU and
+    /// 10% of the throughput; software CRC32C costs 1.3x the CPU at the
+    /// same throughput on iSCSI (and within the noise on NVMe/TCP).
+    fn results_with_factors() -> Results {
+        let mut r = Results { format: FORMAT, ..Default::default() };
+        r.params.mtus = vec![1500];
+        r.params.repeat = 3;
+        r.params.offloads = vec!["none".into(), "stateless".into()];
+        r.params.digests = vec!["none".into(), "crc32c".into(), "crc32c-soft".into()];
+        for (k, p) in [("blockwire-iscsi", "iscsi"), ("blockwire-nvme", "nvme")] {
+            r.subjects.push(Subject { key: k.into(), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None });
+        }
+        for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
+            for offload in ["none", "stateless"] {
+                for digest in ["", "crc32c", "crc32c-soft"] {
+                    for subject in ["blockwire-iscsi", "blockwire-nvme"] {
+                        for w in ["seqread-1m", "randread-4k-qd1", "randread-4k-qd32"] {
+                            let slow = if offload == "none" { 0.9 } else { 1.0 };
+                            let mut s = sample(subject, Some(1500), w, rep, 1000.0 * slow * jitter, 1.0);
+                            let mut cpu = 2.0 * if offload == "none" { 1.5 } else { 1.0 };
+                            if digest == "crc32c-soft" && subject == "blockwire-iscsi" {
+                                cpu *= 1.3;
+                            }
+                            s.machine_cpu = vec![MachineCpu { hosts: vec!["t".into(), "c".into()], busy_s: cpu * jitter * slow + 0.1, idle_s: 0.1 }];
+                            s.factors = Factors { offload: offload.into(), digest: digest.into() };
+                            r.samples.push(s);
+                        }
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    /// `--fs ext4,btrfs --fsync honour,ignore` with the local baseline and
+    /// an NFS subject: locally btrfs keeps 40% of the raw device's IOPS and
+    /// ext4 75%; over NFS the two are within 2%.
+    fn results_with_fs_factors() -> Results {
+        let mut r = Results { format: FORMAT, ..Default::default() };
+        r.params.repeat = 3;
+        r.params.fs_kinds = vec!["ext4".into(), "btrfs".into()];
+        r.params.fsyncs = vec!["honour".into(), "ignore".into()];
+        r.params.fs = results().params.fs;
+        r.subjects.push(Subject { key: "ganesha-nfs".into(), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None });
+        for rep in 1..=3u32 {
+            let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
+            for fs in ["", "btrfs"] {
+                for fsync in ["", "ignore"] {
+                    let factors = bw_lab_results::fs::FsFactors { fs: fs.into(), fsync: fsync.into() };
+                    let keep = if fs == "btrfs" { 0.4 } else { 0.75 };
+                    for (subject, w, iops) in [
+                        (bw_lab_results::fs::LOCAL, "iogen-direct", 80_000.0 * keep),
+                        (bw_lab_results::fs::LOCAL, "iogen-raw", 80_000.0),
+                        ("ganesha-nfs", "iogen-direct", if fs == "btrfs" { 9_900.0 } else { 10_000.0 }),
+                    ] {
+                        let mut s = fs_sample(subject, w, rep, iogen(iops * jitter));
+                        s.factors = factors.clone();
+                        r.fs.push(s);
+                    }
+                }
+            }
+        }
+        r
     }
 
     fn results() -> Results {
@@ -254,6 +323,7 @@ mod tests {
             peak_mem_bytes: Some(200 << 20),
             busy_before: 0.0,
             started_unix: 0.0,
+            factors: Default::default(),
         }
     }
 
@@ -329,6 +399,8 @@ mod tests {
             ("full run with the route suite", results_with_route()),
             ("two MTUs", results_at_two_mtus()),
             ("no route, no fs", no_route_no_fs),
+            ("offload and digest factors", results_with_factors()),
+            ("file-system factors", results_with_fs_factors()),
             ("empty", Results::default()),
         ]
             .into_iter()
@@ -343,6 +415,28 @@ mod tests {
             assert_eq!(got, want, "line {} of testdata/findings.txt", i + 1);
         }
         assert_eq!(text.lines().count(), golden.lines().count());
+    }
+
+    #[test]
+    fn the_offload_section_shows_every_setting_and_whole_machine_cpu() {
+        let page = html::page(&results_with_factors());
+        assert!(page.contains("<section id=\"offload\">"), "the section is there");
+        for setting in ["offload none", "offload stateless, digest crc32c", "offload none, digest crc32c-soft"] {
+            assert!(page.contains(setting), "{setting}");
+        }
+        assert!(page.contains("seqread-1m: machine CPU s/GB") && page.contains("randread-4k-qd32: machine CPU µs/op"), "both charts");
+        assert!(!html::page(&results()).contains("<section id=\"offload\">"), "not without factors");
+    }
+
+    #[test]
+    fn the_file_system_section_compares_settings_against_raw() {
+        let page = html::page(&results_with_fs_factors());
+        assert!(page.contains("<section id=\"fs-factor\">"));
+        assert!(page.contains("iogen-direct by file system") && page.contains("raw device (local)"));
+        for setting in ["ext4, fsync ignored", "btrfs"] {
+            assert!(page.contains(setting), "{setting}");
+        }
+        assert!(!html::page(&results()).contains("<section id=\"fs-factor\">"), "not without --fs/--fsync");
     }
 
     #[test]

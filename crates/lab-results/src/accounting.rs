@@ -23,10 +23,13 @@ pub enum Metric {
     WireBytesPerOp,
     FramesPerOp,
     HeaderBytesPerFrame,
+    /// Whole-machine CPU (/proc/stat, idle baseline subtracted).
+    MachineCpuUsPerOp,
+    MachineCpuSPerGb,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 12] = [
+    pub const ALL: [Metric; 14] = [
         Metric::Iops,
         Metric::MibPerS,
         Metric::LatP50Us,
@@ -39,6 +42,8 @@ impl Metric {
         Metric::WireBytesPerOp,
         Metric::FramesPerOp,
         Metric::HeaderBytesPerFrame,
+        Metric::MachineCpuUsPerOp,
+        Metric::MachineCpuSPerGb,
     ];
 
     pub fn key(self) -> &'static str {
@@ -55,6 +60,8 @@ impl Metric {
             Metric::WireBytesPerOp => "wire_bytes_per_op",
             Metric::FramesPerOp => "frames_per_op",
             Metric::HeaderBytesPerFrame => "header_bytes_per_frame",
+            Metric::MachineCpuUsPerOp => "machine_cpu_us_per_op",
+            Metric::MachineCpuSPerGb => "machine_cpu_s_per_gb",
         }
     }
 
@@ -72,6 +79,8 @@ impl Metric {
             Metric::WireBytesPerOp => "wire bytes/op",
             Metric::FramesPerOp => "frames/op",
             Metric::HeaderBytesPerFrame => "header bytes/frame",
+            Metric::MachineCpuUsPerOp => "machine CPU µs/op",
+            Metric::MachineCpuSPerGb => "machine CPU s/GB",
         }
     }
 
@@ -90,6 +99,8 @@ impl Metric {
             Metric::WireBytesPerOp => "wire bytes per op",
             Metric::FramesPerOp => "frames per op",
             Metric::HeaderBytesPerFrame => "header bytes per frame",
+            Metric::MachineCpuUsPerOp => "whole-machine CPU per op",
+            Metric::MachineCpuSPerGb => "whole-machine CPU per GB",
         }
     }
 
@@ -131,11 +142,28 @@ impl Metric {
                 // TCP, protocol headers, ACKs, login/discovery), per frame.
                 Some((w.bytes() as f64 - b.bytes as f64).max(0.0) / w.frames() as f64)
             }
+            Metric::MachineCpuUsPerOp => per_op(machine_cpu_s(s)? * 1e6),
+            Metric::MachineCpuSPerGb => {
+                if b.bytes == 0 {
+                    None
+                } else {
+                    Some(machine_cpu_s(s)? / (b.bytes as f64 / 1e9))
+                }
+            }
         }
     }
 }
 
-/// Identifies a case: one workload on one subject at one MTU in one suite.
+/// Whole-machine CPU-seconds of a run over every machine it used.
+fn machine_cpu_s(s: &Sample) -> Option<f64> {
+    if s.machine_cpu.is_empty() {
+        return None;
+    }
+    Some(s.machine_cpu.iter().map(|m| m.net_s()).sum())
+}
+
+/// Identifies a case: one workload on one subject at one MTU in one suite
+/// (and factors, when the run varied them).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CaseKey {
     pub suite: String,
@@ -143,6 +171,7 @@ pub struct CaseKey {
     pub mtu: Option<u32>,
     pub workload: String,
     pub subject: String,
+    pub factors: crate::Factors,
 }
 
 /// The repetitions of one case and their summaries.
@@ -176,6 +205,7 @@ pub fn cases(samples: &[Sample]) -> BTreeMap<CaseKey, Case> {
             mtu: s.mtu,
             workload: s.workload.name.clone(),
             subject: s.subject.clone(),
+            factors: s.factors.clone(),
         };
         out.entry(key.clone())
             .or_insert_with(|| Case { key, workload: s.workload.clone(), samples: vec![] })
@@ -229,6 +259,8 @@ mod tests {
             busy_before: 0.02,
             idle_wait_s: 0.3,
             started_unix: 0.0,
+            factors: Default::default(),
+            machine_cpu: vec![],
         }
     }
 
@@ -246,6 +278,26 @@ mod tests {
         assert!(close(Metric::CpuMsPerMib.of(&s).unwrap(), 2500.0 / 117.1875));
         assert!(close(Metric::MibPerS.of(&s).unwrap(), 40_960_000.0 / MIB));
         assert!(close(Metric::LatP99Us.of(&s).unwrap(), 180.0));
+        assert_eq!(Metric::MachineCpuSPerGb.of(&s), None, "no whole-machine figure in older samples");
+    }
+
+    #[test]
+    fn whole_machine_cpu_net_of_the_idle_baseline() {
+        let mut s = recorded();
+        // Two machines: 3.1 s busy of which 0.1 s idle baseline, and 0.5 s
+        // below its baseline (counts as nothing, not as a negative).
+        s.machine_cpu = vec![
+            crate::MachineCpu { hosts: vec!["t".into(), "c".into()], busy_s: 3.1, idle_s: 0.1 },
+            crate::MachineCpu { hosts: vec!["x".into()], busy_s: 0.5, idle_s: 0.6 },
+        ];
+        assert!(close(Metric::MachineCpuUsPerOp.of(&s).unwrap(), 3.0e6 / 30_000.0));
+        assert!(close(Metric::MachineCpuSPerGb.of(&s).unwrap(), 3.0 / (30_000.0 * 4096.0 / 1e9)));
+        // Old results load: the new fields default.
+        let mut v = serde_json::to_value(recorded()).unwrap();
+        v.as_object_mut().unwrap().remove("factors");
+        v.as_object_mut().unwrap().remove("machine_cpu");
+        let back: Sample = serde_json::from_value(v).unwrap();
+        assert!(back.factors.is_default() && back.machine_cpu.is_empty());
     }
 
     #[test]

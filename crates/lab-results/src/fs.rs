@@ -193,6 +193,43 @@ pub struct FsSample {
     pub peak_mem_bytes: Option<u64>,
     pub busy_before: f64,
     pub started_unix: f64,
+    /// The file-system factors (`--fs`, `--fsync`); empty: ext4 with
+    /// fsync honoured, the lab's default (and older results).
+    #[serde(default, skip_serializing_if = "FsFactors::is_default")]
+    pub factors: FsFactors,
+}
+
+/// The file system a case ran on and whether fsync reached it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FsFactors {
+    /// `ext4-tuned`, `xfs`, `btrfs`, `btrfs-nodatacow`, `zfs` (empty: ext4).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fs: String,
+    /// `ignore`: fsync and friends made no-ops for the workload (empty: honoured).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fsync: String,
+}
+
+impl FsFactors {
+    pub fn is_default(&self) -> bool {
+        *self == FsFactors::default()
+    }
+
+    /// The file system's name (`ext4` for the default).
+    pub fn fs_name(&self) -> &str {
+        if self.fs.is_empty() { "ext4" } else { &self.fs }
+    }
+
+    /// `xfs, fsync ignored` (`ext4` at the defaults).
+    pub fn describe(&self) -> String {
+        let mut d = self.fs_name().to_string();
+        match self.fsync.as_str() {
+            "" => {}
+            "ignore" => d += ", fsync ignored",
+            other => d += &format!(", fsync {other}"),
+        }
+        d
+    }
 }
 
 /// One number an fs run is compared on.
@@ -431,6 +468,7 @@ mod tests {
             peak_mem_bytes: None,
             busy_before: 0.0,
             started_unix: 0.0,
+            factors: Default::default(),
         };
         let ms = s.measures();
         let get = |what: &str| ms.iter().find(|x| x.what == what).map(|x| x.value);

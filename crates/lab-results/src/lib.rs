@@ -167,6 +167,67 @@ pub struct Sample {
     /// Seconds spent waiting for the machine to become idle.
     pub idle_wait_s: f64,
     pub started_unix: f64,
+    /// The offload study's factors (`--offload`, `--digest`); empty: the
+    /// lab's defaults (and older results).
+    #[serde(default, skip_serializing_if = "Factors::is_default")]
+    pub factors: Factors,
+    /// Whole-machine CPU over the run, one entry per machine the lab's
+    /// hosts run on (absent in older results).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machine_cpu: Vec<MachineCpu>,
+}
+
+/// Settings a run varies besides subject, link and MTU. Each field is
+/// empty at the lab's default, so a case key names only what was changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Factors {
+    /// NIC offloads on the lab's links: `none` or `stateless` (empty: the
+    /// default, segmentation offloads off, checksums on).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub offload: String,
+    /// iSCSI/NVMe-TCP digests: `crc32c` or `crc32c-soft` (empty: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+}
+
+impl Factors {
+    pub fn is_default(&self) -> bool {
+        *self == Factors::default()
+    }
+
+    /// `offload none, digest crc32c` (empty at the defaults).
+    pub fn describe(&self) -> String {
+        let mut v = vec![];
+        if !self.offload.is_empty() {
+            v.push(format!("offload {}", self.offload));
+        }
+        if !self.digest.is_empty() {
+            v.push(format!("digest {}", self.digest));
+        }
+        v.join(", ")
+    }
+}
+
+/// Whole-machine CPU over one run on one machine, from /proc/stat: user,
+/// nice, system, irq, softirq and steal over all CPUs. Unlike a process's
+/// own time it holds the network stack's softirq work, which the kernel's
+/// tick accounting charges to whichever task happens to run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineCpu {
+    /// The lab's hosts on this machine (its namespaces share one).
+    pub hosts: Vec<String>,
+    /// Busy CPU-seconds over the run.
+    pub busy_s: f64,
+    /// What the machine keeps busy without the run (the busy rate measured
+    /// before the run, times the run's duration): subtracted.
+    pub idle_s: f64,
+}
+
+impl MachineCpu {
+    /// The run's own share: busy minus the idle baseline.
+    pub fn net_s(&self) -> f64 {
+        (self.busy_s - self.idle_s).max(0.0)
+    }
 }
 
 /// A run or a whole subject that produced no numbers, and why.
@@ -271,6 +332,18 @@ pub struct Params {
     /// (empty: they kept the system's, `MachineInfo::tcp_congestion`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub tcp_congestion: String,
+    /// `--offload` values in run order (empty: the default only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offloads: Vec<String>,
+    /// `--digest` values in run order (empty: none only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub digests: Vec<String>,
+    /// `--fs` values in run order (empty: ext4 only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fs_kinds: Vec<String>,
+    /// `--fsync` values in run order (empty: honour only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fsyncs: Vec<String>,
 }
 
 pub fn default_link() -> String {

@@ -25,10 +25,13 @@
 pub mod cgroup;
 pub mod cleanup;
 pub mod fs;
+pub mod fs_kind;
 pub mod host;
 pub mod machine;
+pub mod machine_cpu;
 pub mod mounts;
 pub mod net;
+pub mod offload;
 pub mod orchestrate;
 pub mod plan;
 pub mod remote;
@@ -120,6 +123,26 @@ pub struct LabArgs {
     /// Let the lab set a real NIC's MTU to --mtu (restored at the end).
     #[arg(long, requires = "target_host")]
     pub allow_nic_changes: bool,
+    /// Micro suite: the workloads to run (default: all; --quick: seqread-1m, randread-4k-qd1, randread-4k-qd32, randwrite-4k-qd32).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub micro_workloads: Option<Vec<String>>,
+    /// fs suite and local baseline: file systems, each measured in turn: ext4, ext4-tuned (noatime, inode tables and journal zeroed at mkfs, a larger journal), xfs, btrfs (copy-on-write), btrfs-nodatacow (default: ext4).
+    #[arg(long = "fs", value_name = "LIST", value_delimiter = ',')]
+    pub fs_kinds: Option<Vec<String>>,
+    /// fs suite: honour (default) or ignore the workloads' fsyncs (eatmydata: the analogue of ZFS sync=disabled), each measured in turn.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub fsync: Option<Vec<String>>,
+    /// The offload study: NIC offloads on the lab's links, each measured in
+    /// turn: none (checksums, scatter-gather, TSO, GSO, GRO off on both ends),
+    /// stateless (all on). Default: TSO/GSO/GRO off, checksums on.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub offload: Option<Vec<String>>,
+    /// The offload study: iSCSI/NVMe-TCP digests, each measured in turn:
+    /// none, crc32c (the CPU's CRC instruction), crc32c-soft (portable
+    /// tables on both ends). With digests only blockwire's iSCSI and
+    /// NVMe/TCP run. Default: none.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub digest: Option<Vec<String>>,
     /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub path: Option<Vec<route::PathChoice>>,
@@ -175,6 +198,11 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         fs_workloads: args.fs_workloads.clone(),
         fs_runtime: args.fs_runtime,
         tcp_congestion: args.tcp_congestion.clone(),
+        micro_workloads: args.micro_workloads.clone(),
+        fs_kinds: args.fs_kinds.clone(),
+        fsync: args.fsync.clone(),
+        offload: args.offload.clone(),
+        digest: args.digest.clone(),
         mem_total: machine::machine_info().mem_total_bytes,
         cgroup: match cgroup::detect(std::path::Path::new(cgroup::ROOT)) {
             Ok((cgroup::Version::V1, _)) => "v1".into(),
@@ -258,6 +286,13 @@ fn preflight(plan: &plan::Plan, remote: bool, remote_client: bool) -> anyhow::Re
         anyhow::ensure!(std::path::Path::new("/dev/fuse").exists(), "the fs suite mounts through FUSE: /dev/fuse is missing (modprobe fuse)");
         for (tool, package) in [("nsenter", "util-linux"), ("losetup", "util-linux"), ("mkfs.ext4", "e2fsprogs"), ("fio", "fio")] {
             anyhow::ensure!(which(tool), "{tool} is not installed (package {package}); the fs suite needs it");
+        }
+        for &(kind, fsync) in &plan.fs_combinations {
+            let (tool, package) = (kind.mkfs_program(), if kind.mkfs_type() == "btrfs" { "btrfs-progs" } else { "xfsprogs" });
+            anyhow::ensure!(which(tool), "{tool} is not installed (package {package}); --fs {} needs it", kind.name());
+            if let Some(w) = fsync.wrapper() {
+                anyhow::ensure!(which(w), "{w} is not installed (package eatmydata); --fsync ignore needs it");
+            }
         }
         for (w, tool, package) in [("postmark", "postmark", "postmark"), ("bonnie", "bonnie++", "bonnie++")] {
             if fs.workloads.iter().any(|x| x == w) {

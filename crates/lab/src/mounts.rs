@@ -131,6 +131,12 @@ impl Mounted {
 
 /// `blockwire mount URL MP --mkfs ext4` from the client namespace.
 pub fn mount_remote(exe: &Path, client: &crate::host::Host, url: &str, mp: &Path) -> anyhow::Result<Mounted> {
+    mount_remote_as(exe, client, url, mp, crate::fs_kind::FsKind::Ext4, 0)
+}
+
+/// `blockwire mount URL MP --mkfs TYPE` from the client namespace, with
+/// `kind`'s mkfs and mount options (`size`: the volume's, for them).
+pub fn mount_remote_as(exe: &Path, client: &crate::host::Host, url: &str, mp: &Path, kind: crate::fs_kind::FsKind, size: u64) -> anyhow::Result<Mounted> {
     let res = Resource::BlockwireMount {
         exe: exe.to_path_buf(),
         mountpoint: mp.to_path_buf(),
@@ -139,7 +145,10 @@ pub fn mount_remote(exe: &Path, client: &crate::host::Host, url: &str, mp: &Path
         let mut cmd = client.command_sharing_mounts(exe);
         cmd.args(["mount", url])
             .arg(mp)
-            .args(["--mkfs", "ext4", "-o", EXT4_OPTIONS, "--timeout", "30"]);
+            .args(["--mkfs", kind.mkfs_type(), "-o", kind.mount_options(), "--timeout", "30"]);
+        for o in kind.mkfs_options(size) {
+            cmd.arg(format!("--mkfs-option={o}"));
+        }
         helper(&mut cmd).map(|_| ())
     })?;
     Ok(Mounted {
@@ -171,7 +180,14 @@ pub fn loop_device(backing: &Path) -> anyhow::Result<(Token, String)> {
 
 /// ext4 on the local loop device `dev` (from [`loop_device`]), mounted on `mp`.
 pub fn mount_local(dev: &str, loop_token: Token, mp: &Path) -> anyhow::Result<Mounted> {
-    let made = helper(Command::new("mkfs.ext4").args(["-q", "-F", dev]));
+    mount_local_as(dev, loop_token, mp, crate::fs_kind::FsKind::Ext4, 0)
+}
+
+/// `kind` on the local loop device `dev`, mounted on `mp` (`size`: the
+/// volume's, for mkfs's options).
+pub fn mount_local_as(dev: &str, loop_token: Token, mp: &Path, kind: crate::fs_kind::FsKind, size: u64) -> anyhow::Result<Mounted> {
+    let force = if kind.mkfs_type() == "ext4" { "-F" } else { "-f" };
+    let made = helper(Command::new(kind.mkfs_program()).args(["-q", force]).args(kind.mkfs_options(size)).arg(dev));
     if let Err(e) = made {
         let _ = registry().release(loop_token);
         return Err(e);
@@ -179,7 +195,7 @@ pub fn mount_local(dev: &str, loop_token: Token, mp: &Path) -> anyhow::Result<Mo
     let mounted = registry().create(Resource::Mount(mp.to_path_buf()), || {
         helper(
             Command::new("mount")
-                .args(["-o", EXT4_OPTIONS, dev])
+                .args(["-o", kind.mount_options(), dev])
                 .arg(mp),
         )
         .map(|_| ())

@@ -85,6 +85,15 @@ pub struct LabRun {
     fs_serial: u64,
     /// The hosts of a run across machines (None: namespaces on this one).
     pub remote: Option<Remote>,
+    /// The offload study's factors being measured.
+    factors: crate::results::Factors,
+    digest: crate::offload::Digest,
+    /// Whole-machine CPU of the target and client hosts' machines.
+    meter: crate::machine_cpu::MachineMeter,
+    /// The fs suite's file system and fsync setting being measured.
+    fs_kind: crate::fs_kind::FsKind,
+    fsync: crate::fs_kind::Fsync,
+    fs_factors: crate::results::fs::FsFactors,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -240,6 +249,12 @@ impl LabRun {
             fs_dir: None,
             fs_serial: 0,
             remote: None,
+            factors: Default::default(),
+            digest: Default::default(),
+            meter: Default::default(),
+            fs_kind: Default::default(),
+            fsync: Default::default(),
+            fs_factors: Default::default(),
         }
     }
 
@@ -397,8 +412,13 @@ impl LabRun {
                 }
             }
             if !self.jobs().is_empty() || self.plan.fs.is_some() {
-                for (i, link) in links.iter().enumerate() {
-                    self.run_link(&topo, link, i == 0)?;
+                let r = self.run_factors(&topo, &links);
+                // Put the offloads back (and check them) even after a failure.
+                let restored = topo.restore_offloads();
+                r?;
+                restored?;
+                if !self.plan.params.offloads.is_empty() {
+                    self.say(&format!("lab: offloads restored and checked on {} link ends", 2 * links.len()));
                 }
             }
             for t in qdiscs {
@@ -415,6 +435,25 @@ impl LabRun {
             shared.release()?;
         }
         registry().release(backing_token)?;
+        Ok(())
+    }
+
+    /// Every (offload, digest) combination on every link; the fs suite
+    /// runs at the first combination only (its cases carry no factors).
+    fn run_factors(&mut self, topo: &Topology, links: &[Link]) -> anyhow::Result<()> {
+        for (n, (offload, digest)) in self.plan.factor_combinations().into_iter().enumerate() {
+            if offload != crate::offload::Offload::MtuFrames {
+                topo.set_offload(offload)?;
+            }
+            self.factors = crate::results::Factors { offload: offload.name().into(), digest: digest.factor().into() };
+            self.digest = digest;
+            if self.plan.factor_combinations().len() > 1 {
+                self.say(&format!("lab: offload {}, digest {}", if offload.name().is_empty() { "default" } else { offload.name() }, digest.name()));
+            }
+            for (i, link) in links.iter().enumerate() {
+                self.run_link(topo, link, i == 0 && n == 0)?;
+            }
+        }
         Ok(())
     }
 
@@ -541,7 +580,8 @@ impl LabRun {
     fn run_link(&mut self, topo: &Topology, link: &Link, first_mtu: bool) -> anyhow::Result<()> {
         let mut procs: Vec<TargetProcess> = vec![];
         let mut live: Vec<LiveSubject> = vec![];
-        let mut ours = self.plan.protocols.clone();
+        let measured = self.plan.subjects_for(self.digest);
+        let mut ours: Vec<_> = self.plan.protocols.iter().copied().filter(|p| measured.contains(&Subject::Blockwire(*p))).collect();
         let mut peers = self.plan.peers.clone();
         if topo.routed {
             // AoE is Ethernet frames: a router between the hosts ends it.
@@ -565,6 +605,7 @@ impl LabRun {
                 backend: format!("file:{}", self.backing.display()),
                 log: None,
                 ready_within: Duration::from_secs(20),
+                soft_digest: self.digest == crate::offload::Digest::Crc32cSoft,
             };
             let (proc, status) = blockwire::start(&serve, &ours);
             for (proto, st) in &status {
@@ -581,6 +622,9 @@ impl LabRun {
         }
         for peer in peers {
             let subject = Subject::Peer(peer);
+            if !measured.contains(&subject) {
+                continue;
+            }
             self.progress
                 .set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
             match peer.start(topo, link, &self.backing) {
@@ -591,7 +635,11 @@ impl LabRun {
                 Err(why) => self.mark_unavailable(&subject.key(), link.mtu, why),
             }
         }
-        let mut r = self.run_interleaved(topo, link, &mut procs, &mut live);
+        // The idle baseline, with the targets up but nothing asked of them.
+        let mut r = crate::machine_cpu::MachineMeter::new(&[&topo.target, &topo.client]).map(|m| self.meter = m);
+        if r.is_ok() {
+            r = self.run_interleaved(topo, link, &mut procs, &mut live);
+        }
         if r.is_ok() && first_mtu && self.plan.fs.is_some() {
             r = self.run_fs(topo, link, &mut procs, &mut live);
         }
@@ -733,6 +781,7 @@ impl LabRun {
         let started_unix = unix_now();
         let wire0 = topo.client_counters(link)?;
         let cpu0 = target.cpu_seconds()?;
+        let machine0 = self.meter.start()?;
         let bench = crate::runner::run_bench(
             &self.exe,
             &topo.client,
@@ -740,7 +789,9 @@ impl LabRun {
             w,
             runtime,
             self.plan.params.size_bytes,
+            self.digest.bench_args(),
         )?;
+        let machine_cpu = self.meter.finish(machine0)?;
         let cpu1 = target.cpu_seconds()?;
         let wire1 = topo.client_counters(link)?;
         Ok(Sample {
@@ -756,6 +807,8 @@ impl LabRun {
             busy_before: busy,
             idle_wait_s: waited,
             started_unix,
+            factors: self.factors.clone(),
+            machine_cpu,
         })
     }
 
@@ -790,9 +843,31 @@ impl LabRun {
         if live.iter().any(|s| s.key.ends_with("-nfs")) && !crate::subjects::ganesha::kernel_nfs_client() {
             self.say("lab: fs: the client has no kernel NFS client: NFS is measured through nfs:// (a file system on the image file), not on an NFS mount");
         }
+        for (kind, fsync) in self.plan.fs_combinations.clone() {
+            let first = self.results.fs.len();
+            (self.fs_kind, self.fsync) = (kind, fsync);
+            self.fs_factors = crate::results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
+            if self.plan.fs_combinations.len() > 1 {
+                self.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
+            }
+            self.run_fs_setting(topo, link, procs, &subjects, &fsp, &mp)?;
+            self.print_fs_rows(first);
+        }
+        Ok(())
+    }
+
+    /// The fs suite at one (file system, fsync) setting.
+    fn run_fs_setting(
+        &mut self,
+        topo: &Topology,
+        link: &Link,
+        procs: &mut [TargetProcess],
+        subjects: &[(String, Option<String>, Option<usize>)],
+        fsp: &crate::fs::FsParams,
+        mp: &Path,
+    ) -> anyhow::Result<()> {
         let n = subjects.len();
         let mut failed_turns = vec![0u32; n];
-        let first = self.results.fs.len();
         for rep in 1..=fsp.repeat {
             for turn in 0..n {
                 let i = (turn + rep as usize - 1) % n;
@@ -816,7 +891,7 @@ impl LabRun {
                     }
                 }
                 let target = proc.map(|pi| &procs[pi]);
-                match self.fs_turn(topo, link, &key, url.as_deref(), target, rep, &cases, &mp) {
+                match self.fs_turn(topo, link, &key, url.as_deref(), target, rep, &cases, mp) {
                     Ok(()) => failed_turns[i] = 0,
                     Err(e) => {
                         if interrupted() {
@@ -835,7 +910,6 @@ impl LabRun {
                 self.save()?;
             }
         }
-        self.print_fs_rows(first);
         Ok(())
     }
 
@@ -893,7 +967,7 @@ impl LabRun {
                 raw_dev: None,
             };
             let mounted = match url {
-                Some(url) => crate::mounts::mount_remote(&self.exe, &topo.client, url, mp)?,
+                Some(url) => crate::mounts::mount_remote_as(&self.exe, &topo.client, url, mp, self.fs_kind, self.plan.params.size_bytes)?,
                 None => {
                     // The raw device first: the file system goes on it next.
                     let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;
@@ -904,7 +978,7 @@ impl LabRun {
                         self.fs_case(&FsCaseRun { workload, mem, raw_dev: Some(&dev), ..base });
                         left -= 1;
                     }
-                    crate::mounts::mount_local(&dev, loop_token, mp)?
+                    crate::mounts::mount_local_as(&dev, loop_token, mp, self.fs_kind, self.plan.params.size_bytes)?
                 }
             };
             let on_fs = FsCaseRun { target, daemon: mounted.daemon_pid, ..base };
@@ -974,7 +1048,15 @@ impl LabRun {
         let cpu_t0 = target.map(|t| t.cpu_seconds()).transpose()?;
         let cpu_d0 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
         let (prog, args) = crate::fs::command(w, &fsp, &self.exe, &dir, raw_dev);
-        let mut cmd = Command::new(&prog);
+        // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
+        let mut cmd = match self.fsync.wrapper() {
+            Some(wrapper) => {
+                let mut c = Command::new(wrapper);
+                c.arg(&prog);
+                c
+            }
+            None => Command::new(&prog),
+        };
         cmd.args(&args).current_dir(&dir);
         // Room for making the file sets and Bonnie++'s passes over a slow link.
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
@@ -1031,6 +1113,7 @@ impl LabRun {
             peak_mem_bytes: peak,
             busy_before: busy,
             started_unix,
+            factors: self.fs_factors.clone(),
         })
     }
 
@@ -1076,6 +1159,7 @@ impl LabRun {
                     .set_message(format!("local fio {} #{rep}", w.name));
                 let (busy, waited) = self.wait_idle();
                 let started_unix = unix_now();
+                let machine0 = self.meter.start()?;
                 match crate::runner::run_fio(
                     &self.backing,
                     &w,
@@ -1083,6 +1167,7 @@ impl LabRun {
                     self.plan.params.size_bytes,
                 ) {
                     Ok(bench) => {
+                        let machine_cpu = self.meter.finish(machine0)?;
                         let s = Sample {
                             subject: "local-fio".into(),
                             mtu: None,
@@ -1096,6 +1181,8 @@ impl LabRun {
                             busy_before: busy,
                             idle_wait_s: waited,
                             started_unix,
+                            factors: Default::default(),
+                            machine_cpu,
                         };
                         samples.push(s.clone());
                         self.results.samples.push(s);
@@ -1158,6 +1245,7 @@ impl LabRun {
                 mtu,
                 workload: w.name.clone(),
                 subject: key.into(),
+                factors: samples[0].factors.clone(),
             },
             workload: w.clone(),
             samples,

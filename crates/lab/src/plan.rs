@@ -46,6 +46,16 @@ pub struct Choices {
     pub fs_runtime: Option<u32>,
     /// TCP congestion control for the lab's namespaces (None: the system's).
     pub tcp_congestion: Option<String>,
+    /// `--micro-workloads`: the micro workloads to run (None: by `quick`).
+    pub micro_workloads: Option<Vec<String>>,
+    /// `--fs`, `--fsync`: the fs suite's file systems and fsync handling
+    /// (None: ext4, honoured).
+    pub fs_kinds: Option<Vec<String>>,
+    pub fsync: Option<Vec<String>>,
+    /// `--offload`: NIC offloads on the lab's links (None: the default).
+    pub offload: Option<Vec<String>>,
+    /// `--digest`: iSCSI/NVMe-TCP digests (None: none).
+    pub digest: Option<Vec<String>>,
     /// Total memory of the machine (bytes), for the default `--client-mem`.
     pub mem_total: u64,
     /// `v1`/`v2`: where the memory controller is (from `cgroup::detect`).
@@ -147,6 +157,17 @@ fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::F
     })
 }
 
+/// The distinct names of one of the fs factors, in run order.
+fn fs_names(combos: &[(crate::fs_kind::FsKind, crate::fs_kind::Fsync)], name: impl Fn(&(crate::fs_kind::FsKind, crate::fs_kind::Fsync)) -> &'static str) -> Vec<String> {
+    let mut v: Vec<String> = vec![];
+    for c in combos {
+        if !v.iter().any(|x| x == name(c)) {
+            v.push(name(c).to_string());
+        }
+    }
+    v
+}
+
 /// `--mtu`, or the default, in range.
 fn chosen_mtus(c: &Choices) -> anyhow::Result<Vec<u32>> {
     let mtus: Vec<u32> = match &c.mtu {
@@ -219,6 +240,44 @@ pub struct Plan {
     pub baseline: bool,
     /// The fs suite, when it runs.
     pub fs: Option<crate::fs::FsParams>,
+    /// The offload study's factors, every combination per link shape.
+    pub offloads: Vec<crate::offload::Offload>,
+    pub digests: Vec<crate::offload::Digest>,
+    /// The fs suite's (file system, fsync) combinations, in run order.
+    pub fs_combinations: Vec<(crate::fs_kind::FsKind, crate::fs_kind::Fsync)>,
+}
+
+/// A factor's `--LIST` values, parsed, in order without repeats; `default`
+/// when none is given.
+fn factor_list<T: PartialEq>(v: &Option<Vec<String>>, parse: impl Fn(&str) -> anyhow::Result<T>, default: T) -> anyhow::Result<Vec<T>> {
+    let mut out: Vec<T> = vec![];
+    for x in v.iter().flatten().map(|x| x.trim()).filter(|x| !x.is_empty()) {
+        let t = parse(x)?;
+        if !out.contains(&t) {
+            out.push(t);
+        }
+    }
+    if out.is_empty() {
+        out.push(default);
+    }
+    Ok(out)
+}
+
+/// `--fs` x `--fsync`, or ext4 with fsync honoured.
+fn chosen_fs_combinations(c: &Choices, size: u64) -> anyhow::Result<Vec<(crate::fs_kind::FsKind, crate::fs_kind::Fsync)>> {
+    use crate::fs_kind::{FsKind, Fsync};
+    let kinds = factor_list(&c.fs_kinds, FsKind::parse, FsKind::Ext4)?;
+    let syncs = factor_list(&c.fsync, Fsync::parse, Fsync::Honour)?;
+    for k in &kinds {
+        anyhow::ensure!(size >= k.min_size(), "--fs {}: mkfs needs a volume of at least {} MiB (--size)", k.name(), k.min_size() >> 20);
+    }
+    Ok(kinds.iter().flat_map(|&k| syncs.iter().map(move |&f| (k, f))).collect())
+}
+
+/// `--offload` and `--digest`, or the defaults (one setting each).
+fn chosen_factors(c: &Choices) -> anyhow::Result<(Vec<crate::offload::Offload>, Vec<crate::offload::Digest>)> {
+    use crate::offload::{Digest, Offload};
+    Ok((factor_list(&c.offload, Offload::parse, Offload::MtuFrames)?, factor_list(&c.digest, Digest::parse, Digest::None)?))
 }
 
 impl Plan {
@@ -237,6 +296,7 @@ impl Plan {
         let mtus = chosen_mtus(c)?;
         let suites = chosen_suites(c)?;
         let links = chosen_links(c)?;
+        let (offloads, digests) = chosen_factors(c)?;
         // Five repeats: with fewer, no honest interval is narrow enough to
         // name a winner even when one subject needs 8x the CPU of another
         // (stats::ratio_of_means widens small samples' intervals). The
@@ -259,6 +319,15 @@ impl Plan {
         };
         let micro = if !suites.iter().any(|s| s == "micro") {
             vec![]
+        } else if let Some(names) = &c.micro_workloads {
+            let all = micro_workloads();
+            let mut v = vec![];
+            for n in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+                let w = all.iter().find(|w| w.name == n);
+                v.push(w.cloned().ok_or_else(|| anyhow::anyhow!("--micro-workloads {n:?}: not one of {:?}", all.iter().map(|w| w.name.as_str()).collect::<Vec<_>>()))?);
+            }
+            anyhow::ensure!(!v.is_empty(), "no micro workload given");
+            v
         } else if c.quick {
             // The demo's five-minute budget: the workloads the findings use.
             micro_workloads()
@@ -276,6 +345,7 @@ impl Plan {
         } else {
             vec![]
         };
+        let fs_combinations = chosen_fs_combinations(c, size)?;
         let fs = if suites.iter().any(|s| s == "fs") {
             // Three fs repeats (each case lays out its file set through ext4
             // first): five would take the full run past an hour.
@@ -316,6 +386,10 @@ impl Plan {
             link_shapes: links.clone(),
             fs: fs.clone(),
             tcp_congestion: chosen_tcp_congestion(c)?,
+            offloads: offloads.iter().map(|o| o.name().to_string()).filter(|n| !n.is_empty()).collect(),
+            digests: if c.digest.is_some() { digests.iter().map(|d| d.name().to_string()).collect() } else { vec![] },
+            fs_kinds: if c.fs_kinds.is_some() { fs_names(&fs_combinations, |(k, _)| k.name()) } else { vec![] },
+            fsyncs: if c.fsync.is_some() { fs_names(&fs_combinations, |(_, f)| f.name()) } else { vec![] },
         };
         Ok(Plan {
             params,
@@ -327,7 +401,31 @@ impl Plan {
             sweep,
             baseline: !c.no_baseline,
             fs,
+            offloads,
+            digests,
+            fs_combinations,
         })
+    }
+
+    /// Networked subjects over every factor combination: how many turns
+    /// each micro and sweep case takes per MTU and link.
+    pub fn subject_turns(&self) -> usize {
+        self.factor_combinations().iter().map(|&(_, d)| self.subjects_for(d).len()).sum()
+    }
+
+    /// The (offload, digest) combinations each link shape runs, in order.
+    pub fn factor_combinations(&self) -> Vec<(crate::offload::Offload, crate::offload::Digest)> {
+        self.offloads.iter().flat_map(|&o| self.digests.iter().map(move |&d| (o, d))).collect()
+    }
+
+    /// The networked subjects a digest setting measures: all of them
+    /// without digests; with, blockwire's iSCSI and NVMe/TCP only (AoE has
+    /// no digest, and the peers' own CRC code is not ours to switch).
+    pub fn subjects_for(&self, digest: crate::offload::Digest) -> Vec<Subject> {
+        self.subjects()
+            .into_iter()
+            .filter(|s| digest == crate::offload::Digest::None || matches!(s, Subject::Blockwire(Protocol::Iscsi | Protocol::Nvme)))
+            .collect()
     }
 
     /// Networked subjects in run order: blockwire's protocols, then peers.
@@ -370,7 +468,8 @@ impl Plan {
         v
     }
 
-    /// fs runs per link (every subject, every repetition).
+    /// fs runs per link (every subject, every repetition, every file
+    /// system and fsync setting).
     pub fn fs_runs(&self) -> u64 {
         let Some(p) = &self.fs else { return 0 };
         self.fs_subjects()
@@ -378,12 +477,13 @@ impl Plan {
             .map(|s| self.fs_cases(s == crate::fs::LOCAL).len() as u64)
             .sum::<u64>()
             * p.repeat as u64
+            * self.fs_combinations.len() as u64
     }
 
     /// How many bench runs the plan makes (for the progress bar).
     pub fn total_runs(&self) -> u64 {
         let r = self.params.repeat as u64;
-        let n_subj = self.subjects().len() as u64;
+        let n_subj = self.subject_turns() as u64;
         let n_mtu = self.params.mtus.len() as u64;
         let n_links = self.links.len() as u64;
         let micro = self.micro.len() as u64 * r;
@@ -490,7 +590,7 @@ impl Plan {
     /// How long this plan takes (see [`Estimate`]).
     pub fn estimate(&self) -> Estimate {
         let p = &self.params;
-        let (n_subj, n_mtu, n_links) = (self.subjects().len() as f64, p.mtus.len() as f64, self.links.len() as f64);
+        let (n_subj, n_mtu, n_links) = (self.subject_turns() as f64, p.mtus.len() as f64, self.links.len() as f64);
         let micro_one = self.micro.len() as f64 * p.repeat as f64;
         let sweep_one = self.sweep.len() as f64 * p.sweep_repeats() as f64;
         let bench = |runs: f64, secs: u32| runs * (secs as f64 + BENCH_AROUND_S);
@@ -499,8 +599,8 @@ impl Plan {
             None => 0.0,
             Some(f) => {
                 let turn = |local: bool| FS_TURN_S + self.fs_cases(local).iter().map(|&(w, _)| fs_case_s(w, f)).sum::<f64>();
-                let subjects = n_subj * turn(false) + if self.baseline { turn(true) } else { 0.0 };
-                subjects * f.repeat as f64 * n_links
+                let subjects = self.subjects().len() as f64 * turn(false) + if self.baseline { turn(true) } else { 0.0 };
+                subjects * f.repeat as f64 * n_links * self.fs_combinations.len() as f64
             }
         };
         let has_targets = !self.micro.is_empty() || !self.sweep.is_empty() || self.fs.is_some();
@@ -609,6 +709,40 @@ mod tests {
             cgroup: "v1".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn offload_and_digest_factors() {
+        use crate::offload::{Digest, Offload};
+        let p = Plan::from_choices(&Choices { offload: Some(list("none,stateless")), digest: Some(list("none,crc32c,crc32c-soft")), quick: true, ..choices() }).unwrap();
+        assert_eq!(p.factor_combinations().len(), 6);
+        assert_eq!(p.factor_combinations()[1], (Offload::None, Digest::Crc32c));
+        // 5 subjects without digests, blockwire's iSCSI and NVMe/TCP with.
+        assert_eq!(p.subject_turns(), 2 * (5 + 2 + 2));
+        assert_eq!((p.params.offloads.clone(), p.params.digests.len()), (list("none,stateless"), 3));
+        let d = Plan::from_choices(&choices()).unwrap();
+        assert_eq!(d.factor_combinations(), vec![(Offload::MtuFrames, Digest::None)]);
+        assert!(d.params.offloads.is_empty() && d.params.digests.is_empty(), "defaults are not named");
+        assert!(Plan::from_choices(&Choices { offload: Some(list("toe")), ..choices() }).is_err());
+        assert!(Plan::from_choices(&Choices { digest: Some(list("md5")), ..choices() }).is_err());
+        let one = Plan::from_choices(&Choices { micro_workloads: Some(list("seqread-1m")), ..choices() }).unwrap();
+        assert_eq!(one.micro.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(), ["seqread-1m"]);
+        assert!(Plan::from_choices(&Choices { micro_workloads: Some(list("seqread-2m")), ..choices() }).is_err());
+    }
+
+    #[test]
+    fn file_system_factors() {
+        use crate::fs_kind::{FsKind, Fsync};
+        let p = Plan::from_choices(&Choices { fs_kinds: Some(list("ext4,btrfs")), fsync: Some(list("honour,ignore")), suite: Some(vec![SuiteChoice::Fs]), quick: true, size: Some("256M".into()), ..choices() }).unwrap();
+        assert_eq!(p.fs_combinations, vec![(FsKind::Ext4, Fsync::Honour), (FsKind::Ext4, Fsync::Ignore), (FsKind::Btrfs, Fsync::Honour), (FsKind::Btrfs, Fsync::Ignore)]);
+        assert_eq!((p.params.fs_kinds.clone(), p.params.fsyncs.clone()), (list("ext4,btrfs"), list("honour,ignore")));
+        // quick: 6 subjects, one case each, 3 repeats, 4 combinations.
+        assert_eq!(p.fs_runs(), 6 * 3 * 4);
+        assert!(Plan::from_choices(&Choices { fs_kinds: Some(list("btrfs")), size: Some("64M".into()), ..choices() }).is_err(), "btrfs needs a larger volume");
+        assert!(Plan::from_choices(&Choices { fs_kinds: Some(list("zfs")), ..choices() }).is_err());
+        let d = Plan::from_choices(&choices()).unwrap();
+        assert_eq!(d.fs_combinations, vec![(FsKind::Ext4, Fsync::Honour)]);
+        assert!(d.params.fs_kinds.is_empty() && d.params.fsyncs.is_empty());
     }
 
     #[test]

@@ -185,10 +185,13 @@ pub fn run_bench(
     w: &Workload,
     runtime_s: u32,
     size: u64,
+    extra: &[&str],
 ) -> anyhow::Result<BenchResult> {
     // As a service: a bench on another host ends with its ssh session
     // (Ctrl-C, a lost connection) instead of running out its time.
-    let cmd = client.service_command(&client.lab_exe(exe).to_string_lossy(), &bench_args(url, w, runtime_s, size));
+    let mut args = bench_args(url, w, runtime_s, size);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let cmd = client.service_command(&client.lab_exe(exe).to_string_lossy(), &args);
     let timeout = Duration::from_secs(runtime_s as u64 + 60);
     let f = run_workload_with_stdin(cmd, "blockwire bench", timeout, None, client.service_stdin())?;
     let (ok, stdout, stderr) = (f.ok, f.stdout, f.stderr);

@@ -33,6 +33,12 @@ pub struct Topology {
     pub remote: bool,
     /// The client reaches the target through a router (no AoE).
     pub routed: bool,
+    /// The links' offloads are ours to change: true for the veths the lab
+    /// creates; a topology over real NICs sets it only when the user allows
+    /// NIC changes (`--allow-nic-changes`), else `--offload` is refused.
+    pub nic_changes_allowed: bool,
+    /// Every link end's offloads as they were before the lab changed them.
+    saved_offloads: Vec<crate::offload::Saved>,
     tokens: Vec<Token>,
 }
 
@@ -132,6 +138,7 @@ impl Topology {
         }
         let mut links = vec![];
         let mut offloads_off = true;
+        let mut saved_offloads = vec![];
         for (i, &mtu) in mtus.iter().enumerate() {
             let (tif, cif) = veth_names(pid, i);
             let (t, ()) = reg.create(Resource::Veth { ns: Some(tns.clone()), name: tif.clone() }, || {
@@ -144,11 +151,11 @@ impl Topology {
             for (host, ifname, ip) in [(&target, &tif, target_ip), (&client, &cif, client_ip)] {
                 host.set_mtu(ifname, mtu)?;
                 host.ip(&["addr", "add", &format!("{ip}/24"), "dev", ifname])?;
-                // veth would otherwise pass 64 KiB TCP super-frames: with
-                // segmentation offloads off, frames on the veth have real MTU
-                // sizes, so frames/op and MTU effects mean what they say.
-                let off = host.run("ethtool", &["-K", ifname, "tso", "off", "gso", "off", "gro", "off"]);
-                if let Err(e) = off {
+                match crate::offload::Saved::take(host, ifname) {
+                    Ok(saved) => saved_offloads.push(saved),
+                    Err(e) => log::warn!("cannot read the offloads of {ifname}: {e}"),
+                }
+                if let Err(e) = crate::offload::Offload::MtuFrames.apply(host, ifname) {
                     log::warn!("cannot switch offloads off on {ifname}: {e}");
                     offloads_off = false;
                 }
@@ -156,7 +163,7 @@ impl Topology {
             }
             links.push(Link { mtu, target_if: tif, client_if: cif, target_ip, client_ip });
         }
-        let topo = Topology { target, client, links, offloads_off, remote: false, routed: false, tokens };
+        let topo = Topology { target, client, links, offloads_off, remote: false, routed: false, nic_changes_allowed: true, saved_offloads, tokens };
         topo.wait_reachable()?;
         Ok(topo)
     }
@@ -208,6 +215,14 @@ impl Topology {
             }
             link_mtu = want;
         }
+        // Offloads of real NICs change only with --allow-nic-changes; what
+        // they were is kept to put back at the end.
+        let mut saved_offloads = vec![];
+        if r.allow_nic_changes {
+            for (host, dev) in [(&r.target, &target_if), (&r.client, &client_if)] {
+                saved_offloads.push(crate::offload::Saved::take(host, dev)?);
+            }
+        }
         let links = vec![Link { mtu: link_mtu, target_if, client_if, target_ip, client_ip }];
         Ok(Topology {
             target: r.target.clone(),
@@ -216,6 +231,8 @@ impl Topology {
             offloads_off: false,
             remote: true,
             routed,
+            nic_changes_allowed: r.allow_nic_changes,
+            saved_offloads,
             tokens,
         })
     }
@@ -239,6 +256,23 @@ impl Topology {
             }
         }
         Ok(())
+    }
+
+    /// Set `offload` on both ends of every link.
+    pub fn set_offload(&self, offload: crate::offload::Offload) -> anyhow::Result<()> {
+        anyhow::ensure!(self.nic_changes_allowed, "the links' offloads are not ours to change (--allow-nic-changes)");
+        for l in &self.links {
+            for (host, ifname) in [(&self.target, &l.target_if), (&self.client, &l.client_if)] {
+                offload.apply(host, ifname)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Put every link end's offloads back as they were before `setup`, and
+    /// check that they are.
+    pub fn restore_offloads(&self) -> anyhow::Result<()> {
+        self.saved_offloads.iter().try_for_each(|s| s.restore())
     }
 
     /// Counters of the client-side end of `link` (sent + received are both

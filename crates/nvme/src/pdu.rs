@@ -268,7 +268,7 @@ fn expected_hlen(kind: u8) -> Option<usize> {
 }
 
 pub fn crc32c(b: &[u8]) -> u32 {
-    crc32c::crc32c(b)
+    bw_wire::crc32c::crc32c(b)
 }
 
 /// Frame one PDU from the front of `buf`. Returns `Ok(None)` when more bytes

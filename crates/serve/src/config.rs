@@ -63,6 +63,7 @@
 //! iscsi_inline_max = 65536           # largest READ/WRITE run on the connection's thread
 //! iscsi_flush_every = 0              # PDUs in a row before answering; 0: all buffered first
 //! tcp_congestion = "auto"            # "system", or an algorithm ("cubic"); auto: no BBR to this machine
+//! digest_impl = "hw"                 # CRC32C digests: "hw" (CPU instruction) or "soft" (portable tables)
 //!
 //! [metrics]                          # Prometheus metrics at http://ADDR:PORT/metrics (docs/metrics.md)
 //! listen = "127.0.0.1:9433"

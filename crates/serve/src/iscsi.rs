@@ -876,7 +876,7 @@ impl Connection {
             let b = self.out.buf_mut();
             b.extend_from_slice(&[0u8; 4][..bw_iscsi::pdu::pad4(r.len())]);
             if self.digests.data {
-                let crc = crc32c::crc32c(&b[at..]);
+                let crc = bw_iscsi::pdu::crc32c(&b[at..]);
                 b.extend_from_slice(&crc.to_le_bytes());
             }
         }

@@ -70,6 +70,7 @@ pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
 pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) -> anyhow::Result<(Vec<Running>, live::Frontends)> {
     let mut running = Vec::new();
     let mut frontends = live::Frontends::default();
+    cfg.tuning.digest_impl.apply();
     if let Some(a) = &cfg.aoe {
         if !a.exports.is_empty() {
             running.push(aoe::start(a, &cfg.tuning, volumes, shutdown.clone()).await?);

@@ -38,6 +38,41 @@ pub struct Tuning {
     /// (the system's, but no timer-paced BBR towards a host on this
     /// machine; see `bw_net::tcp`), "system", or an algorithm's name.
     pub tcp_congestion: Congestion,
+    /// How iSCSI and NVMe/TCP CRC32C digests are computed, for the whole
+    /// process (the initiator's too when it runs in it): "hw", the CPU's
+    /// CRC instruction, or "soft", portable tables (a CPU or NIC without
+    /// CRC help; the lab's `--digest crc32c-soft`).
+    pub digest_impl: DigestImpl,
+}
+
+/// [`Tuning::digest_impl`].
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum DigestImpl {
+    #[default]
+    Hw,
+    Soft,
+}
+
+impl std::str::FromStr for DigestImpl {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "hw" => Ok(DigestImpl::Hw),
+            "soft" => Ok(DigestImpl::Soft),
+            _ => Err(format!("{s:?}: expected hw or soft")),
+        }
+    }
+}
+
+impl DigestImpl {
+    /// Make every digest of this process use it.
+    pub fn apply(self) {
+        bw_iscsi::pdu::set_digest_impl(match self {
+            DigestImpl::Hw => bw_iscsi::pdu::DigestImpl::Hardware,
+            DigestImpl::Soft => bw_iscsi::pdu::DigestImpl::Soft,
+        });
+    }
 }
 
 /// AoE fanout: how frames are spread over an interface's workers.
@@ -77,6 +112,7 @@ impl Default for Tuning {
             iscsi_inline_max: 64 * 1024,
             iscsi_flush_every: 0,
             tcp_congestion: Congestion::Auto,
+            digest_impl: DigestImpl::Hw,
         }
     }
 }
@@ -138,6 +174,10 @@ mod tests {
             (AoeFanout::Cpu, 4096, 32 * 1024)
         );
         assert_eq!(toml.tcp_congestion, Congestion::Auto);
+        assert_eq!(toml.digest_impl, DigestImpl::Hw);
+        let soft: Tuning = toml::from_str("digest_impl = \"soft\"").unwrap();
+        assert_eq!(soft.digest_impl, DigestImpl::Soft);
+        assert!(toml::from_str::<Tuning>("digest_impl = \"fast\"").is_err());
         let cc: Tuning = toml::from_str("tcp_congestion = \"cubic\"").unwrap();
         assert_eq!(cc.tcp_congestion, Congestion::Named("cubic".into()));
         let old: Tuning = toml::from_str("iscsi_zero_copy_min = 4096").unwrap();

@@ -18,6 +18,8 @@
 //! (every format here has a fixed header) and an out-of-range field is a
 //! bug in the format's definition, caught by its tests.
 
+pub mod crc32c;
+
 use std::marker::PhantomData;
 
 /// How a field's bytes map to a value.

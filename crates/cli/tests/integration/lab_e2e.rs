@@ -5,7 +5,8 @@
 //! no script errors; a screenshot is kept); and the lab leaves no
 //! namespace, veth, qdisc, process, mount, FUSE connection, loop device,
 //! cgroup or file behind, also when it is interrupted with SIGINT in the
-//! middle of an fs workload. Needs root.
+//! middle of an fs workload. Runs of the offload study's factors and of
+//! the file-system factor give their samples, charts and findings. Needs root.
 
 use crate::common;
 
@@ -244,6 +245,113 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     assert_eq!(std::fs::read_to_string(out.join("report.html")).unwrap(), html, "re-render differs");
 
     assert!(!seen.is_empty(), "the lab started no processes?");
+    assert_nothing_left(lab_pid, &seen);
+}
+
+/// Run `blockwire lab ARGS --out OUT` to its end (at most 15 minutes),
+/// collecting its descendants for the leak check; it must succeed. Returns
+/// its PID, the processes it started and its stderr.
+fn run_lab(args: &[&str], out: &Path) -> (u32, Vec<(u32, String)>, String) {
+    let mut child = Command::new(blockwire_bin())
+        .arg("lab")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start blockwire lab");
+    let lab_pid = child.id();
+    let mut seen: Vec<(u32, String)> = vec![];
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let status = loop {
+        for d in descendants(lab_pid) {
+            if !seen.iter().any(|(p, _)| *p == d.0) {
+                seen.push(d);
+            }
+        }
+        if let Some(st) = child.try_wait().expect("wait lab") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "blockwire lab {args:?} did not finish in 15 minutes");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let output = child.wait_with_output().expect("lab output");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(status.success(), "lab failed: {stderr}");
+    (lab_pid, seen, stderr)
+}
+
+/// The offload study's factors over iSCSI and NVMe/TCP, one workload, two
+/// repetitions: a sample per subject and setting, with whole-machine CPU;
+/// the offload section's charts and study 5's findings; the links'
+/// offloads restored (the lab reads them back) and nothing left behind.
+#[test]
+fn offload_and_digest_factors_give_samples_charts_and_findings() {
+    require_root();
+    let out = out_dir("offload");
+    let (lab_pid, seen, stderr) = run_lab(&[
+        "--quick", "--protocols", "iscsi,nvme", "--peers", "none", "--suite", "micro", "--no-baseline",
+        "--micro-workloads", "seqread-1m", "--repeat", "2", "--size", "64M", "--runtime", "1",
+        "--offload", "none,stateless", "--digest", "none,crc32c,crc32c-soft",
+    ], &out);
+    assert!(stderr.contains("lab: offloads restored and checked on 2 link ends"), "{stderr}");
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).expect("results.json parses");
+    let samples = results["samples"].as_array().expect("samples");
+    for subject in ["blockwire-iscsi", "blockwire-nvme"] {
+        for offload in ["none", "stateless"] {
+            for digest in ["", "crc32c", "crc32c-soft"] {
+                let n = samples
+                    .iter()
+                    .filter(|s| s["subject"] == subject && s["factors"]["offload"] == offload && s["factors"]["digest"].as_str().unwrap_or("") == digest)
+                    .inspect(|s| assert!(s["machine_cpu"][0]["busy_s"].as_f64().is_some(), "no whole-machine CPU: {s}"))
+                    .count();
+                assert_eq!(n, 2, "{subject} offload {offload} digest {digest:?}; failures: {}", results["failures"]);
+            }
+        }
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<section id=\"offload\">"), "no offload section");
+    assert!(html.contains("seqread-1m: machine CPU s/GB"), "no CPU-per-throughput chart");
+    assert!(html.contains("CRC help saves CPU per unit of throughput") && html.contains("blockwire-nvme, offload none / stateless, seqread-1m"), "study 5's findings");
+    assert_nothing_left(lab_pid, &seen);
+}
+
+/// The file-system factor: ext4 and btrfs, fsync honoured and ignored, on
+/// iSCSI and locally: a sample per setting, each against the raw device in
+/// the findings, the section's charts, nothing left behind.
+#[test]
+fn file_system_factor_gives_samples_charts_and_findings() {
+    require_root();
+    let out = out_dir("fsfactor");
+    // 256 MiB: btrfs keeps its metadata twice (DUP), and the IOgen file
+    // (twice the 64 MiB client memory) must still fit.
+    let (lab_pid, seen, _) = run_lab(&[
+        "--quick", "--protocols", "iscsi", "--peers", "none", "--suite", "fs", "--repeat", "2", "--size", "256M",
+        "--client-mem", "64M", "--fs-workloads", "varmail,iogen-direct,iogen-raw", "--fs-runtime", "1",
+        "--fs", "ext4,btrfs", "--fsync", "honour,ignore",
+    ], &out);
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).expect("results.json parses");
+    let fs = results["fs"].as_array().expect("fs samples");
+    for subject in ["blockwire-iscsi", "local-fs"] {
+        for kind in ["", "btrfs"] {
+            for fsync in ["", "ignore"] {
+                let n = fs
+                    .iter()
+                    .filter(|s| s["subject"] == subject && s["workload"] == "varmail")
+                    .filter(|s| s["factors"]["fs"].as_str().unwrap_or("") == kind && s["factors"]["fsync"].as_str().unwrap_or("") == fsync)
+                    .count();
+                assert_eq!(n, 2, "{subject} varmail on {kind:?} fsync {fsync:?}; failures: {}", results["failures"]);
+            }
+        }
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<section id=\"fs-factor\">"), "no file-system section");
+    assert!(html.contains("iogen-direct by file system") && html.contains("varmail by file system"), "charts");
+    assert!(html.contains("local btrfs, fsync ignored / local raw loop device"), "study 4's finding per setting");
     assert_nothing_left(lab_pid, &seen);
 }
 

@@ -12,6 +12,7 @@ mod attach;
 mod cli_basics;
 mod conformance_kernel;
 mod control;
+mod digests;
 mod durability;
 mod iscsi_hostile;
 mod iscsi_interop;

@@ -39,6 +39,8 @@ pub struct Serve<'a> {
     pub log: Option<PathBuf>,
     /// How long it may take to say it is ready.
     pub ready_within: Duration,
+    /// CRC32C digests with portable tables (`[tuning] digest_impl`).
+    pub soft_digest: bool,
 }
 
 /// The `blockwire serve --config` TOML for `protocols` on `link` (schema of
@@ -77,7 +79,10 @@ fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
 
 /// Start serve and wait (at most 20 s) for its ready line.
 fn start_serve_once(serve: &Serve, protocols: &[Protocol]) -> Result<TargetProcess, String> {
-    let text = serve_config(serve.link, &serve.backend, protocols);
+    let mut text = serve_config(serve.link, &serve.backend, protocols);
+    if serve.soft_digest {
+        text += "\n[tuning]\ndigest_impl = \"soft\"\n";
+    }
     let path = serve.host.run_path("/tmp", &format!("serve-{}-{}.toml", serve.host.name(), serve.link.mtu));
     let cfg_token = serve.host.create_file(&path, text.as_bytes()).map_err(|e| e.to_string())?;
     let exe = serve.host.lab_exe(serve.exe);

@@ -266,3 +266,25 @@ proptest! {
         while let Ok(Some(_)) = decode(&mut buf, d, 1 << 16) {}
     }
 }
+
+/// With the CPU's CRC instruction and with the portable tables: the same
+/// digests on the wire, and a corrupt header or data digest caught either way.
+#[test]
+fn digest_mismatches_caught_with_either_crc_implementation() {
+    use bw_wire::crc32c::{set_impl, Impl};
+    let data = DataPdu { cid: 77, ttag: 0, offset: 0, last: true, success: false, data: Bytes::from((0..=255u8).cycle().take(4099).collect::<Vec<u8>>()) };
+    let hw = Pdu::H2CData(data.clone()).encode_parts(BOTH).concat();
+    for imp in [Impl::Hardware, Impl::Soft] {
+        set_impl(imp);
+        assert_eq!(Pdu::H2CData(data.clone()).encode_parts(BOTH).concat(), hw, "{imp:?}");
+        assert!(dec(&hw, BOTH).unwrap().is_some(), "{imp:?}");
+        let mut b = hw.clone();
+        b[12] ^= 1;
+        assert_eq!(dec(&b, BOTH).unwrap_err().fes(), Some(fes::HEADER_DIGEST_ERROR), "{imp:?}");
+        let mut b = hw.clone();
+        let n = b.len();
+        b[n - 9] ^= 0x10;
+        assert_eq!(dec(&b, BOTH).unwrap_err(), PduError::DataDigest { kind: kind::H2C_DATA, cid: 77 }, "{imp:?}");
+    }
+    set_impl(Impl::Hardware);
+}

@@ -1,0 +1,165 @@
+//! NIC offloads of the lab's links, set in one place for every suite: the
+//! storage lab's default, the route suite's, and the offload study's two
+//! (`--offload none,stateless`).
+//!
+//! On a veth an offload does not move work into hardware, it skips it: with
+//! checksum offload the checksum is never computed (the frame never leaves
+//! the machine), with TSO/GSO one 64 KiB super-frame crosses instead of ~45
+//! MTU-sized ones. So `stateless` against `none` on veth bounds from above
+//! what a stateless-offload NIC can save; a TOE or an iSCSI HBA, which take
+//! the TCP or iSCSI state itself off the CPU, cannot be emulated here.
+
+use crate::host::Host;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Offload {
+    /// The storage lab's default: TSO, GSO and GRO off, so frames on the
+    /// veth have real MTU sizes and frames/op and MTU effects mean what
+    /// they say; checksums and scatter-gather as the device has them.
+    #[default]
+    MtuFrames,
+    /// The route suite's: also transmit checksums off, since a software
+    /// router relays frames as they are and needs finished checksums.
+    Routed,
+    /// `--offload none`: checksums (both ways), scatter-gather, TSO, GSO
+    /// and GRO off on both ends: the CPU does everything.
+    None,
+    /// `--offload stateless`: all of them on.
+    Stateless,
+}
+
+/// `--offload` values, in run order.
+pub const STUDY: [Offload; 2] = [Offload::None, Offload::Stateless];
+
+impl Offload {
+    /// The name in `--offload`, results.json and the report; empty for the
+    /// defaults, which results do not name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Offload::MtuFrames | Offload::Routed => "",
+            Offload::None => "none",
+            Offload::Stateless => "stateless",
+        }
+    }
+
+    pub fn parse(s: &str) -> anyhow::Result<Offload> {
+        STUDY
+            .into_iter()
+            .find(|o| o.name() == s.trim())
+            .ok_or_else(|| anyhow::anyhow!("--offload {s:?}: expected none or stateless"))
+    }
+
+    /// The `ethtool -K` features it sets (the others stay as they are).
+    pub fn features(self) -> Vec<(&'static str, bool)> {
+        let all = |on: bool| crate::host::OFFLOAD_FEATURES.iter().map(|(k, _)| (*k, on)).collect();
+        match self {
+            Offload::MtuFrames => vec![("tso", false), ("gso", false), ("gro", false)],
+            Offload::Routed => vec![("tx", false), ("tso", false), ("gso", false), ("gro", false)],
+            Offload::None => all(false),
+            Offload::Stateless => all(true),
+        }
+    }
+
+    /// Set it on `dev` of `host`, and check that the device took it (a
+    /// device may refuse a feature it has fixed).
+    pub fn apply(self, host: &Host, dev: &str) -> anyhow::Result<()> {
+        let want = self.features();
+        host.set_offloads(dev, &want)?;
+        let now = host.offloads(dev)?;
+        let refused: Vec<&str> = want.iter().filter(|w| !now.contains(w)).map(|(k, _)| *k).collect();
+        anyhow::ensure!(refused.is_empty(), "{dev} in {} kept {refused:?} as they were (fixed features?)", host.name());
+        Ok(())
+    }
+}
+
+/// iSCSI HeaderDigest/DataDigest and NVMe/TCP HDGST/DDGST (`--digest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Digest {
+    #[default]
+    None,
+    /// CRC32C with the CPU's CRC instruction (both ends).
+    Crc32c,
+    /// CRC32C with portable tables on both ends (serve's `[tuning]
+    /// digest_impl = "soft"`, bench's `--digest-impl soft`): a CPU or NIC
+    /// without CRC help.
+    Crc32cSoft,
+}
+
+impl Digest {
+    pub const ALL: [Digest; 3] = [Digest::None, Digest::Crc32c, Digest::Crc32cSoft];
+
+    /// The name in `--digest`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Digest::None => "none",
+            Digest::Crc32c => "crc32c",
+            Digest::Crc32cSoft => "crc32c-soft",
+        }
+    }
+
+    /// The name a sample's factors record (empty: the default, none).
+    pub fn factor(self) -> &'static str {
+        match self {
+            Digest::None => "",
+            d => d.name(),
+        }
+    }
+
+    pub fn parse(s: &str) -> anyhow::Result<Digest> {
+        Digest::ALL
+            .into_iter()
+            .find(|d| d.name() == s.trim())
+            .ok_or_else(|| anyhow::anyhow!("--digest {s:?}: expected none, crc32c or crc32c-soft"))
+    }
+
+    /// `blockwire bench` options that ask for it.
+    pub fn bench_args(self) -> &'static [&'static str] {
+        match self {
+            Digest::None => &[],
+            Digest::Crc32c => &["--header-digest", "--data-digest"],
+            Digest::Crc32cSoft => &["--header-digest", "--data-digest", "--digest-impl", "soft"],
+        }
+    }
+}
+
+/// What the offloads of one device were before the lab changed them.
+#[derive(Debug, Clone)]
+pub struct Saved {
+    pub host: Host,
+    pub dev: String,
+    pub features: Vec<(&'static str, bool)>,
+}
+
+impl Saved {
+    pub fn take(host: &Host, dev: &str) -> anyhow::Result<Saved> {
+        Ok(Saved { host: host.clone(), dev: dev.to_string(), features: host.offloads(dev)? })
+    }
+
+    /// Put them back, and check they are back.
+    pub fn restore(&self) -> anyhow::Result<()> {
+        self.host.set_offloads(&self.dev, &self.features)?;
+        let now = self.host.offloads(&self.dev)?;
+        anyhow::ensure!(now == self.features, "offloads of {} in {} are {now:?} after restoring {:?}", self.dev, self.host.name(), self.features);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_features() {
+        assert_eq!(Offload::parse("none").unwrap(), Offload::None);
+        assert_eq!(Offload::parse(" stateless").unwrap(), Offload::Stateless);
+        assert!(Offload::parse("toe").is_err());
+        assert!(Offload::parse("").is_err(), "the default is not chosen by name");
+        assert_eq!(Offload::None.features().len(), 6);
+        assert!(Offload::None.features().iter().all(|(_, on)| !on));
+        assert!(Offload::Stateless.features().iter().all(|(_, on)| *on));
+        assert_eq!(Digest::parse("crc32c-soft").unwrap(), Digest::Crc32cSoft);
+        assert!(Digest::parse("md5").is_err());
+        assert_eq!((Digest::None.factor(), Digest::Crc32c.factor()), ("", "crc32c"));
+        assert!(Offload::MtuFrames.features().iter().all(|(k, _)| ["tso", "gso", "gro"].contains(k)));
+    }
+}
