@@ -133,35 +133,11 @@ fn check_in_chromium(report: &Path, screenshot: &Path) {
 fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     require_root();
     let out = out_dir("e2e");
-    let mut child = Command::new(blockwire_bin())
-        .args(["lab", "--quick", "--protocols", "iscsi", "--peers", "ganesha", "--repeat", "2"])
-        .args(["--size", "64M", "--runtime", "1", "--sweep-runtime", "1", "--link", "1gbit"])
-        .args(["--client-mem", "128M", "--fs-workloads", "varmail,postmark,iogen-direct,iogen-raw", "--fs-runtime", "1", "--out"])
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start blockwire lab");
-    let lab_pid = child.id();
-    // Collect the lab's children while it runs, for the leak check.
-    let mut seen: Vec<(u32, String)> = vec![];
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let status = loop {
-        for d in descendants(lab_pid) {
-            if !seen.iter().any(|(p, _)| *p == d.0) {
-                seen.push(d);
-            }
-        }
-        if let Some(st) = child.try_wait().expect("wait lab") {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "lab --quick did not finish in 10 minutes");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let output = child.wait_with_output().expect("lab output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(status.success(), "lab failed: {stderr}");
+    let (lab_pid, seen, stderr) = run_lab(&[
+        "--quick", "--protocols", "iscsi", "--peers", "ganesha", "--repeat", "2",
+        "--size", "64M", "--runtime", "1", "--sweep-runtime", "1", "--link", "1gbit",
+        "--client-mem", "128M", "--fs-workloads", "varmail,postmark,iogen-direct,iogen-raw", "--fs-runtime", "1",
+    ], &out);
     for f in ["results.json", "results.csv", "results-fs.csv", "report.html"] {
         let p = out.join(f);
         assert!(p.metadata().map(|m| m.len() > 0).unwrap_or(false), "{} missing or empty", p.display());
