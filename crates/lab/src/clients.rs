@@ -91,9 +91,10 @@ impl ClientKind {
 
     /// The initiator as the report's "Clients:" line names it.
     pub fn initiator(self, host: &Host) -> String {
+        // In one box (namespaces) there is one client: no host to name.
         let on = match host {
-            Host::Ssh(h) => format!(" on {}", h.host),
-            _ => String::new(),
+            Host::LocalNamespace(_) => String::new(),
+            h => format!(" on {}", h.name()),
         };
         match self {
             ClientKind::Blockwire if on.is_empty() => "blockwire".into(),
