@@ -80,6 +80,13 @@ pub enum Resource {
     /// Everything the run's state file on an ssh host lists (processes,
     /// files, the lab's binary, MTUs), undone there by its cleanup script.
     HostRun(crate::ssh::SshHost),
+    /// Something a shell script on a host undoes (`sh -c SCRIPT sh ARGS`):
+    /// a kernel initiator's session (`crate::clients`).
+    HostShell {
+        host: crate::host::Host,
+        script: String,
+        args: Vec<String>,
+    },
     /// A device's MTU as it was before the run changed it (restored).
     Mtu {
         host: crate::host::Host,
@@ -627,6 +634,11 @@ fn release_resource(r: &Resource) -> anyhow::Result<()> {
         }
         Resource::HostRun(host) => host.cleanup(),
         Resource::Mtu { host, dev, mtu } => host.set_mtu(dev, *mtu),
+        Resource::HostShell { host, script, args } => {
+            let mut a: Vec<&str> = vec!["-c", script, "sh"];
+            a.extend(args.iter().map(|s| s.as_str()));
+            host.run("sh", &a).map(|_| ())
+        }
     }
 }
 

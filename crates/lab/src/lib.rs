@@ -17,12 +17,14 @@
 //! handling), `route` (the routed-path suite), `host` (where things run:
 //! a namespace, this machine, or another machine over `ssh`), `remote`
 //! (opening and checking the hosts of a run across machines, see
-//! docs/multi-host.md). The records it writes
+//! docs/multi-host.md), `clients` (the initiators a subject is measured
+//! with: blockwire's, or the client host's kernel ones driven by fio). The records it writes
 //! (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.
 
 pub mod cgroup;
+pub mod clients;
 pub mod cleanup;
 pub mod fs;
 pub mod fs_kind;
@@ -120,6 +122,12 @@ pub struct LabArgs {
     /// An ssh option for every host, KEY=VALUE (repeatable), passed as `-o KEY=VALUE`.
     #[arg(long = "ssh-option", value_name = "KEY=VALUE", value_parser = ssh::parse_option)]
     pub ssh_option: Vec<(String, String)>,
+    /// Initiators to measure every target with: blockwire (its userspace
+    /// clients), kernel (the client host's open-iscsi, nvme-tcp and aoe,
+    /// driven by fio; between hosts only). Default: blockwire, and with
+    /// --client-host every kernel initiator that host has.
+    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
+    pub clients: Option<Vec<clients::ClientChoice>>,
     /// Let the lab set a real NIC's MTU to --mtu (restored at the end).
     #[arg(long, requires = "target_host")]
     pub allow_nic_changes: bool,
@@ -215,6 +223,10 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         let fatal = remote::adapt_plan(&mut plan, args.client_host.is_some());
         anyhow::ensure!(fatal.is_empty(), "{}", fatal.join("\n"));
     }
+    anyhow::ensure!(
+        args.target_host.is_some() || !args.clients.as_ref().is_some_and(|c| c.contains(&clients::ClientChoice::Kernel)),
+        "--clients kernel measures kernel initiators between hosts: give --target-host (in one box the lab's clients run in network namespaces)"
+    );
     preflight(&plan, args.target_host.is_some(), args.client_host.is_some())?;
     // Before any thread exists (see install_signal_handler).
     cleanup::install_signal_handler()?;
@@ -229,6 +241,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
                 ssh_options: args.ssh_option.clone(),
                 allow_nic_changes: args.allow_nic_changes,
                 mtu: args.mtu.clone(),
+                clients: args.clients.clone(),
             };
             match remote::open(&choices, &plan, &exe) {
                 Ok(r) => Some(r),

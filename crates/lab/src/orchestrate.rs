@@ -28,8 +28,13 @@ const MAX_CONSECUTIVE_FAILURES: u32 = 2;
 struct LiveSubject {
     key: String,
     url: String,
+    /// A kernel initiator's block device (fio runs on it instead of the
+    /// bench on `url`), and what detaches it.
+    kernel: Option<crate::clients::Attached>,
     /// Index of the target process that serves it.
     proc: usize,
+    /// The target and protocol it measures.
+    subject: Subject,
     done: u64,
     consecutive_failures: u32,
     gave_up: bool,
@@ -40,7 +45,9 @@ impl LiveSubject {
         LiveSubject {
             key: subject.key(),
             url: subject.url(link),
+            kernel: None,
             proc,
+            subject,
             done: 0,
             consecutive_failures: 0,
             gave_up: false,
@@ -342,18 +349,17 @@ impl LabRun {
             }
         };
         self.results.params.veth_offloads_off = topo.offloads_off;
+        let clients = self.clients();
         self.results.subjects = self
             .plan
             .subjects()
             .into_iter()
-            .map(|s| SubjectRecord {
-                key: s.key(),
+            .flat_map(|s| clients.iter().filter(move |c| c.serves(s)).map(move |c| (s, *c)))
+            .map(|(s, c)| SubjectRecord {
+                key: c.key(s),
                 protocol: s.protocol().name().into(),
                 target: s.target_name().into(),
-                initiator: match &self.remote {
-                    Some(r) => format!("{} on {}", s.initiator(), r.client.name()),
-                    None => s.initiator().into(),
-                },
+                initiator: c.initiator(&topo.client),
                 unavailable: None,
             })
             .collect();
@@ -455,6 +461,21 @@ impl LabRun {
             }
         }
         Ok(())
+    }
+
+    /// The clients of the run (blockwire's alone in one box).
+    fn clients(&self) -> Vec<crate::clients::ClientKind> {
+        match &self.remote {
+            Some(r) => r.clients.clone(),
+            None => vec![crate::clients::ClientKind::Blockwire],
+        }
+    }
+
+    /// A target that did not start: every client's subject of it.
+    fn mark_target_unavailable(&mut self, s: Subject, mtu: u32, reason: String) {
+        for c in self.clients().into_iter().filter(|c| c.serves(s)) {
+            self.mark_unavailable(&c.key(s), mtu, reason.clone());
+        }
     }
 
     fn mark_unavailable(&mut self, key: &str, mtu: u32, reason: String) {
@@ -587,10 +608,10 @@ impl LabRun {
             // AoE is Ethernet frames: a router between the hosts ends it.
             let why = "AoE needs the hosts on one layer-2 segment; the client reaches the target through a router";
             for p in ours.iter().filter(|p| **p == crate::subjects::Protocol::Aoe) {
-                self.mark_unavailable(&Subject::Blockwire(*p).key(), link.mtu, why.into());
+                self.mark_target_unavailable(Subject::Blockwire(*p), link.mtu, why.into());
             }
             for p in peers.iter().filter(|p| p.target().protocol() == crate::subjects::Protocol::Aoe) {
-                self.mark_unavailable(&Subject::Peer(*p).key(), link.mtu, why.into());
+                self.mark_target_unavailable(Subject::Peer(*p), link.mtu, why.into());
             }
             ours.retain(|p| *p != crate::subjects::Protocol::Aoe);
             peers.retain(|p| p.target().protocol() != crate::subjects::Protocol::Aoe);
@@ -610,7 +631,7 @@ impl LabRun {
             let (proc, status) = blockwire::start(&serve, &ours);
             for (proto, st) in &status {
                 if let Err(why) = st {
-                    self.mark_unavailable(&Subject::Blockwire(*proto).key(), link.mtu, why.clone());
+                    self.mark_target_unavailable(Subject::Blockwire(*proto), link.mtu, why.clone());
                 }
             }
             if let Some(p) = proc {
@@ -632,8 +653,13 @@ impl LabRun {
                     live.push(LiveSubject::new(subject, link, procs.len()));
                     procs.push(p);
                 }
-                Err(why) => self.mark_unavailable(&subject.key(), link.mtu, why),
+                Err(why) => self.mark_target_unavailable(subject, link.mtu, why),
             }
+        }
+        // Kernel initiators negotiate no digests here: they are measured in
+        // the digest-free combination only.
+        if self.digest == crate::offload::Digest::None {
+            self.attach_kernel_clients(topo, link, &mut live);
         }
         // The idle baseline, with the targets up but nothing asked of them.
         let mut r = crate::machine_cpu::MachineMeter::new(&[&topo.target, &topo.client]).map(|m| self.meter = m);
@@ -643,10 +669,62 @@ impl LabRun {
         if r.is_ok() && first_mtu && self.plan.fs.is_some() {
             r = self.run_fs(topo, link, &mut procs, &mut live);
         }
+        // The kernel's sessions go before their targets do.
+        for s in &mut live {
+            if let Some(k) = s.kernel.take() {
+                if let Err(e) = registry().release(k.token) {
+                    self.say(&format!("lab: {}: detaching {}: {e:#}", s.key, k.device));
+                }
+            }
+        }
         for p in procs {
             p.stop();
         }
         r
+    }
+
+    /// Beside each started target measured by blockwire's client, the
+    /// client host's kernel initiator of its protocol, attached now (its
+    /// block device stays for the link's runs); blockwire's own client
+    /// leaves the runs unless `--clients` has it.
+    fn attach_kernel_clients(&mut self, topo: &Topology, link: &Link, live: &mut Vec<LiveSubject>) {
+        use crate::clients::ClientKind;
+        let clients = self.clients();
+        let per_subject = self.runs_per_subject(link.mtu);
+        let fs_runs = match &self.plan.fs {
+            Some(f) if self.plan.params.mtus.first() == Some(&link.mtu) => self.plan.fs_cases(false).len() as u64 * f.repeat as u64,
+            _ => 0,
+        };
+        let mut added = vec![];
+        // Kernel subjects run micro and sweep only.
+        let has_runs = !self.jobs().is_empty();
+        for s in live.iter().filter(|_| has_runs) {
+            let subject = s.subject;
+            for c in clients.iter().filter(|c| matches!(c, ClientKind::Kernel(_)) && c.serves(subject)) {
+                let key = c.key(subject);
+                self.progress.set_message(format!("MTU {}: attaching {key}", link.mtu));
+                // Kernel subjects run micro and sweep, not fs (see run_fs).
+                self.progress.inc_length(per_subject - fs_runs);
+                match crate::clients::attach(&topo.client, subject, link) {
+                    Ok(a) => {
+                        self.say(&format!("lab: {key}: {} on {}", a.device, topo.client.name()));
+                        added.push(LiveSubject { key, url: a.device.clone(), kernel: Some(a), proc: s.proc, subject, done: 0, consecutive_failures: 0, gave_up: false });
+                    }
+                    Err(e) => {
+                        if let Some(r) = self.results.subjects.iter_mut().find(|x| x.key == key) {
+                            r.unavailable.get_or_insert(format!("{e:#}"));
+                        }
+                        self.results.failures.push(Failure { subject: key.clone(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
+                        self.say(&format!("lab: {key} at MTU {}: unavailable: {e:#}", link.mtu));
+                        self.progress.inc(per_subject - fs_runs);
+                    }
+                }
+            }
+        }
+        if !clients.contains(&ClientKind::Blockwire) {
+            live.retain(|s| s.kernel.is_some());
+        }
+        live.extend(added);
     }
 
     fn run_interleaved(
@@ -679,11 +757,13 @@ impl LabRun {
                     self.progress
                         .set_message(format!("{key} MTU {} {} #{rep}", link.mtu, w.name));
                     let url = live[i].url.clone();
+                    let kernel = live[i].kernel.is_some();
                     match self.one_networked_run(
                         topo,
                         link,
                         &key,
                         &url,
+                        kernel,
                         &suite,
                         &w,
                         rep,
@@ -771,6 +851,7 @@ impl LabRun {
         link: &Link,
         key: &str,
         url: &str,
+        kernel: bool,
         suite: &str,
         w: &Workload,
         rep: u32,
@@ -782,15 +863,24 @@ impl LabRun {
         let wire0 = topo.client_counters(link)?;
         let cpu0 = target.cpu_seconds()?;
         let machine0 = self.meter.start()?;
-        let bench = crate::runner::run_bench(
-            &self.exe,
-            &topo.client,
-            url,
-            w,
-            runtime,
-            self.plan.params.size_bytes,
-            self.digest.bench_args(),
-        )?;
+        let bench = if kernel {
+            // `url` is the block device; the initiator's work is the kernel's.
+            let m0 = crate::clients::machine_cpu_seconds(&topo.client)?;
+            let mut b = crate::runner::run_fio_on_device(&topo.client, url, w, runtime, self.plan.params.size_bytes)?;
+            let m1 = crate::clients::machine_cpu_seconds(&topo.client)?;
+            (b.cpu_user_s, b.cpu_sys_s) = ((m1.0 - m0.0).max(0.0), (m1.1 - m0.1).max(0.0));
+            b
+        } else {
+            crate::runner::run_bench(
+                &self.exe,
+                &topo.client,
+                url,
+                w,
+                runtime,
+                self.plan.params.size_bytes,
+                self.digest.bench_args(),
+            )?
+        };
         let machine_cpu = self.meter.finish(machine0)?;
         let cpu1 = target.cpu_seconds()?;
         let wire1 = topo.client_counters(link)?;
@@ -832,9 +922,11 @@ impl LabRun {
             return Ok(());
         };
         // (key, url, target process index); the local baseline has neither.
+        // Kernel initiators are measured with fio on the device only: the
+        // fs suite mounts through blockwire's attach on this machine.
         let mut subjects: Vec<(String, Option<String>, Option<usize>)> = live
             .iter()
-            .filter(|s| !s.gave_up)
+            .filter(|s| !s.gave_up && s.kernel.is_none())
             .map(|s| (s.key.clone(), Some(s.url.clone()), Some(s.proc)))
             .collect();
         if self.plan.baseline {

@@ -20,6 +20,8 @@ pub struct HostChoices {
     pub ssh_options: Vec<(String, String)>,
     pub allow_nic_changes: bool,
     pub mtu: Option<Vec<u32>>,
+    /// `--clients` (None: blockwire's and every kernel one the client host has).
+    pub clients: Option<Vec<crate::clients::ClientChoice>>,
 }
 
 /// Which side of the run a host is.
@@ -153,6 +155,20 @@ pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<Remote> 
         }
         opened.push(h);
     }
+    let client_host = match hosts.iter().find(|(r, _)| *r == Role::Client) {
+        Some((_, h)) => Host::Ssh(h.clone()),
+        None => Host::Local,
+    };
+    let mut clients = vec![];
+    if fatal.is_empty() {
+        match choose_clients(&client_host, c.clients.as_deref(), &plan.subjects()) {
+            Ok((k, n)) => {
+                clients = k;
+                notes.extend(n);
+            }
+            Err(e) => fatal.push(format!("{e:#}")),
+        }
+    }
     for n in &notes {
         eprintln!("lab: preflight: {n}");
     }
@@ -165,7 +181,37 @@ pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<Remote> 
     let mut it = hosts.into_iter().map(|(_, h)| Host::Ssh(h));
     let target = it.next().expect("a target host");
     let client = it.next().unwrap_or(Host::Local);
-    Ok(Remote { target, client, data_addr: c.data_addr, allow_nic_changes: c.allow_nic_changes, mtu })
+    Ok(Remote { target, client, data_addr: c.data_addr, allow_nic_changes: c.allow_nic_changes, mtu, clients })
+}
+
+/// The clients of the run: blockwire's unless `--clients` leaves it out,
+/// and the kernel initiators the client host has (all it has by default on
+/// a `--client-host`; on the lab's own machine, whose kernel state they
+/// change (modules, iscsid, sessions), only when asked for; asked for and
+/// none there is a problem). Also notes on what it lacks.
+fn choose_clients(
+    host: &Host,
+    chosen: Option<&[crate::clients::ClientChoice]>,
+    subjects: &[Subject],
+) -> anyhow::Result<(Vec<crate::clients::ClientKind>, Vec<String>)> {
+    use crate::clients::{ClientChoice, ClientKind};
+    let mut kinds = vec![];
+    if chosen.is_none_or(|v| v.contains(&ClientChoice::Blockwire)) {
+        kinds.push(ClientKind::Blockwire);
+    }
+    let mut notes = vec![];
+    let kernel_by_default = matches!(host, Host::Ssh(_));
+    if chosen.map_or(kernel_by_default, |v| v.contains(&ClientChoice::Kernel)) {
+        let (have, lack) = crate::clients::detect(host)?;
+        // Only the protocols some subject of the run speaks.
+        let used = |p| subjects.iter().any(|s| s.protocol() == p);
+        if chosen.is_some() && !have.iter().any(|p| used(*p)) {
+            anyhow::bail!("--clients kernel: the client host has no kernel initiator for this run's protocols ({})", lack.join("; "));
+        }
+        kinds.extend(have.into_iter().filter(|p| used(*p)).map(ClientKind::Kernel));
+        notes.extend(lack);
+    }
+    Ok((kinds, notes))
 }
 
 /// Prints `key=value` facts about a host and its interface `$1`.

@@ -202,18 +202,33 @@ pub fn run_bench(
         .map_err(|e| anyhow::anyhow!("{e} (stderr: {})", last_lines(&stderr, 2)))
 }
 
-/// fio directly on the backing file: the local, no-network reference.
-/// io_uring gives real queue depth on tmpfs (libaio would complete
-/// synchronously on buffered files).
-pub fn fio_args(file: &Path, w: &Workload, runtime_s: u32, size: u64) -> Vec<String> {
+/// How fio reaches what it measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FioOn {
+    /// The backing file (the local, no-network reference): io_uring gives
+    /// real queue depth on tmpfs (libaio would complete synchronously on
+    /// buffered files).
+    File,
+    /// A kernel initiator's block device: direct I/O with libaio, as the
+    /// studies drove theirs (no page cache, like `blockwire bench`).
+    Device,
+}
+
+/// fio's arguments for workload `w` on `file`: the one mapping of the lab's
+/// workload definitions (those `blockwire bench` runs) to fio's options.
+pub fn fio_args(file: &Path, w: &Workload, runtime_s: u32, size: u64, on: FioOn) -> Vec<String> {
+    let (name, engine) = match on {
+        FioOn::File => ("baseline", "io_uring"),
+        FioOn::Device => ("device", "libaio"),
+    };
     let mut a = vec![
-        "--name=baseline".to_string(),
+        format!("--name={name}"),
         format!("--filename={}", file.display()),
         format!("--rw={}", w.rw),
         format!("--bs={}", w.bs),
         format!("--iodepth={}", w.iodepth),
         format!("--numjobs={}", w.numjobs),
-        "--ioengine=io_uring".into(),
+        format!("--ioengine={engine}"),
         "--time_based".into(),
         format!("--runtime={runtime_s}"),
         format!("--size={size}"),
@@ -223,7 +238,30 @@ pub fn fio_args(file: &Path, w: &Workload, runtime_s: u32, size: u64) -> Vec<Str
     if let Some(m) = w.rwmixread {
         a.push(format!("--rwmixread={m}"));
     }
+    if on == FioOn::Device {
+        a.push("--direct=1".into());
+    }
     a
+}
+
+/// fio with direct I/O on block device `dev` of `client` (a kernel
+/// initiator's), as a service like the bench: it ends with its session.
+/// Its CPU is not kept (the caller measures the whole machine's).
+pub fn run_fio_on_device(
+    client: &crate::host::Host,
+    dev: &str,
+    w: &Workload,
+    runtime_s: u32,
+    size: u64,
+) -> anyhow::Result<BenchResult> {
+    let cmd = client.service_command("fio", &fio_args(Path::new(dev), w, runtime_s, size, FioOn::Device));
+    // Generous: fio starts slowly on an emulated client.
+    let timeout = Duration::from_secs(runtime_s as u64 + 120);
+    let f = run_workload_with_stdin(cmd, "fio", timeout, None, client.service_stdin())?;
+    if !f.ok {
+        anyhow::bail!("fio {dev} {} failed: {}", w.name, last_lines(&f.stderr, 3));
+    }
+    parse_fio_json(&f.stdout).map_err(|e| anyhow::anyhow!("fio {dev}: {e} (stderr: {})", last_lines(&f.stderr, 2)))
 }
 
 pub fn run_fio(
@@ -233,7 +271,7 @@ pub fn run_fio(
     size: u64,
 ) -> anyhow::Result<BenchResult> {
     let mut cmd = Command::new("fio");
-    cmd.args(fio_args(file, w, runtime_s, size));
+    cmd.args(fio_args(file, w, runtime_s, size, FioOn::File));
     let (ok, stdout, stderr, cpu) =
         run_tracked(cmd, "fio", Duration::from_secs(runtime_s as u64 + 60))?;
     if !ok {
@@ -357,9 +395,13 @@ mod tests {
         assert!(a.windows(2).any(|p| p == ["--rwmixread", "75"]));
         assert!(a.windows(2).any(|p| p == ["--numjobs", "2"]));
         assert!(a.contains(&"--json".to_string()));
-        let f = fio_args(Path::new("/dev/shm/f"), &w(), 3, 1 << 20);
+        let f = fio_args(Path::new("/dev/shm/f"), &w(), 3, 1 << 20, FioOn::File);
         assert!(f.contains(&"--rwmixread=75".to_string()));
         assert!(f.contains(&"--filename=/dev/shm/f".to_string()));
+        assert!(f.contains(&"--ioengine=io_uring".to_string()) && !f.contains(&"--direct=1".to_string()));
+        let d = fio_args(Path::new("/dev/sdb"), &w(), 3, 1 << 20, FioOn::Device);
+        assert!(d.contains(&"--ioengine=libaio".to_string()) && d.contains(&"--direct=1".to_string()));
+        assert_eq!(f.iter().filter(|x| x.starts_with("--rw")).count(), d.iter().filter(|x| x.starts_with("--rw")).count());
     }
 
     #[test]

@@ -113,9 +113,14 @@ fn sha256(path: &Path) -> anyhow::Result<String> {
 
 /// Undo what a state file lists (`$1`): processes first (only if PID and
 /// start time still match), then files, directories (the binary's only
-/// when no other run's state file lists it) and MTUs, newest first; then
+/// when no other run's state file lists it), MTUs and kernel initiators'
+/// sessions (`crate::clients`), newest first; then
 /// the file itself. Safe to run twice.
-pub const CLEANUP_SCRIPT: &str = r#"s="$1"; [ -f "$s" ] || exit 0
+pub const CLEANUP_SCRIPT: &str = concat!(
+    "detach_kernel() (\n",
+    crate::clients::detach_script!(),
+    "\n)\n",
+    r#"s="$1"; [ -f "$s" ] || exit 0
 pids=""
 while read -r kind a b; do
   if [ "$kind" = pid ] && [ "$(cut -d' ' -f22 /proc/$a/stat 2>/dev/null)" = "$b" ]; then pids="$pids $a"; kill "$a" 2>/dev/null; fi
@@ -133,10 +138,12 @@ tac "$s" | while read -r kind a b; do
          keep=""; for o in "${s%/*}"/state-*; do [ "$o" != "$s" ] && grep -q "^dir $a " "$o" 2>/dev/null && keep=1; done
          [ -n "$keep" ] || rm -rf -- "$a" ;;
     mtu) ip link set dev "$a" mtu "$b" ;;
+    kernel) detach_kernel "$a" $b ;;
   esac
 done
 rm -f -- "$s"
-rmdir "${s%/*}" 2>/dev/null || true"#;
+rmdir "${s%/*}" 2>/dev/null || true"#
+);
 
 /// Run `script` under `sh -c` with `args` ($1...), as one remote command.
 fn sh_c(script: &str, args: &[&str]) -> String {

@@ -53,6 +53,9 @@ pub struct Remote {
     pub allow_nic_changes: bool,
     /// `--mtu` as given (None: the NICs' own).
     pub mtu: Option<u32>,
+    /// The clients the subjects are measured with (`--clients`, narrowed
+    /// to what the client host has).
+    pub clients: Vec<crate::clients::ClientKind>,
 }
 
 /// The first IPv4 address `name` resolves to, on this machine.

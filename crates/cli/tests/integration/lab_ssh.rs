@@ -63,6 +63,24 @@ fn kill(pids: &[u32], sig: i32) {
     }
 }
 
+/// In `dir`: a throwaway host key (`host`), a client key (`client`)
+/// authorized for root, and an sshd_config listening on `listen`.
+fn ssh_keys_and_config(dir: &Path, listen: &str) {
+    for k in ["host", "client"] {
+        run(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bwlab-test", "-f", &dir.join(k).to_string_lossy()]);
+    }
+    std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys")).unwrap();
+    let d = dir.display();
+    std::fs::write(
+        dir.join("sshd_config"),
+        format!(
+            "ListenAddress {listen}\nHostKey {d}/host\nAuthorizedKeysFile {d}/authorized_keys\nPermitRootLogin prohibit-password\n\
+             PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\nMaxSessions 20\n"
+        ),
+    )
+    .unwrap();
+}
+
 /// Two namespaces joined by a veth, sshd in the target one.
 struct Hosts {
     dir: PathBuf,
@@ -80,19 +98,7 @@ impl Hosts {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let h = Hosts { dir: dir.clone(), target_ns: format!("bwsT{id}"), client_ns: format!("bwsC{id}"), sshd: None };
-        for k in ["host", "client"] {
-            run(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bwlab-test", "-f", &dir.join(k).to_string_lossy()]);
-        }
-        std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys")).unwrap();
-        let d = dir.display();
-        std::fs::write(
-            dir.join("sshd_config"),
-            format!(
-                "ListenAddress {TARGET_IP}\nHostKey {d}/host\nAuthorizedKeysFile {d}/authorized_keys\nPermitRootLogin prohibit-password\n\
-                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\nMaxSessions 20\n"
-            ),
-        )
-        .unwrap();
+        ssh_keys_and_config(&dir, TARGET_IP);
         let (tv, cv) = (format!("{}v", &h.target_ns), format!("{}v", &h.client_ns));
         run(&["ip", "netns", "add", &h.target_ns]);
         run(&["ip", "netns", "add", &h.client_ns]);
@@ -429,4 +435,240 @@ fn a_dropped_connection_stops_the_run_and_the_next_run_cleans_up() {
     let mut left = hosts.settled_leftovers(next_pid);
     left.extend(hosts.leftovers(lab_pid));
     assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// The kernel VM as the client host: this machine is the target host (an
+/// sshd of the test's on 127.0.0.1), the guest the client host (dropbear,
+/// reached through a qemu port forward), joined by a tap device on a
+/// storage subnet (layer 2, so AoE works). One boot: a run killed once the
+/// kernel initiators are attached, then a run that first logs out what the
+/// killed one left and measures every target with blockwire's userspace
+/// initiators and the guest's kernel ones (open-iscsi, nvme-tcp, aoe).
+/// The guest's CPU is emulated: its figures are only checked for presence.
+mod kernel_vm {
+    use super::*;
+    use crate::common::BackgroundVm;
+
+    const HOST_IP: &str = "10.233.0.1";
+    const GUEST_IP: &str = "10.233.0.2";
+    /// The kernel subjects the run must measure (every client against
+    /// blockwire and the peer of its protocol).
+    const KERNEL_SUBJECTS: [&str; 5] =
+        ["kernel-iscsi@blockwire", "kernel-iscsi@tgt", "kernel-nvme@blockwire", "kernel-aoe@blockwire", "kernel-aoe@vblade"];
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    /// What the test made: its directory, the target's sshd, the tap, the VM.
+    struct Rig {
+        dir: PathBuf,
+        tap: String,
+        sshd: Option<Child>,
+        vm: Option<BackgroundVm>,
+        target_port: u16,
+        guest_port: u16,
+    }
+
+    impl Rig {
+        fn ssh_options(&self) -> Vec<String> {
+            let key = self.dir.join("client").display().to_string();
+            vec!["StrictHostKeyChecking=no".into(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into()]
+        }
+
+        /// A command in the guest (None: ssh failed).
+        fn guest(&self, line: &str) -> Option<String> {
+            let mut c = Command::new("ssh");
+            c.args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-p", &self.guest_port.to_string()]);
+            for o in self.ssh_options() {
+                c.arg("-o").arg(o);
+            }
+            let out = c.args(["root@127.0.0.1", line]).stdin(Stdio::null()).output().ok()?;
+            out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+
+        fn lab(&self, exe: &Path, out: &Path, log: &Path, extra: &[&str]) -> Child {
+            let mut c = Command::new(exe);
+            c.arg("lab").args(extra).args([
+                "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--data-addr", HOST_IP,
+            ]);
+            c.arg("--target-host").arg(format!("ssh://root@127.0.0.1:{}", self.target_port));
+            c.arg("--client-host").arg(format!("ssh://root@127.0.0.1:{}", self.guest_port));
+            for o in self.ssh_options() {
+                c.arg("--ssh-option").arg(o);
+            }
+            let f = std::fs::File::create(log).unwrap();
+            c.arg("--out").arg(out).stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).spawn().expect("start the lab")
+        }
+    }
+
+    impl Drop for Rig {
+        fn drop(&mut self) {
+            drop(self.vm.take());
+            if let Some(mut c) = self.sshd.take() {
+                kill(&[c.id()], libc::SIGTERM);
+                let _ = c.wait();
+            }
+            let _ = Command::new("ip").args(["link", "del", &self.tap]).status();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// What the guest still has of a lab run: sessions, devices, files.
+    const GUEST_LEFTOVERS: &str = "iscsiadm -m session 2>/dev/null; ls /sys/class/nvme-subsystem; ls /dev/etherd | grep '^e[0-9]'; \
+        ls /var/tmp/bwlab-remote 2>/dev/null; ls /etc/iscsi/nodes; pidof iscsid fio; true";
+
+    #[test]
+    fn kernel_initiators_in_the_vm_are_measured_beside_blockwires_and_leave_nothing() {
+        require_root();
+        for (p, pkg) in [(SSHD, "openssh-server"), ("/usr/bin/fio", "fio"), ("/usr/sbin/tgtd", "tgt"), ("/usr/sbin/vblade", "vblade")] {
+            assert!(Path::new(p).exists(), "{p} is missing: install {pkg} (make deps)");
+        }
+        let t0 = Instant::now();
+        let id = unique("kv");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lab-kvm-{id}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rig = Rig { dir: dir.clone(), tap: format!("bwk{id}"), sshd: None, vm: None, target_port: free_port(), guest_port: free_port() };
+        ssh_keys_and_config(&dir, &format!("127.0.0.1:{}", rig.target_port));
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        rig.sshd = Some(Command::new(SSHD).arg("-D").arg("-f").arg(dir.join("sshd_config")).arg("-E").arg(dir.join("sshd.log")).stdin(Stdio::null()).spawn().unwrap());
+        // The storage link: a tap here (the target's NIC), eth1 in the guest.
+        run(&["ip", "tuntap", "add", "dev", &rig.tap, "mode", "tap"]);
+        run(&["ip", "addr", "add", &format!("{HOST_IP}/24"), "dev", &rig.tap]);
+        run(&["ip", "link", "set", &rig.tap, "up"]);
+        let script = dir.join("guest.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\n# the lab's remote lines want a shell that finds programs on PATH (busybox's prefers its applets)\n\
+                 ln -sf bash /bin/sh\nip link set eth1 up\nip addr add {GUEST_IP}/24 dev eth1\nsleep 1200\n"
+            ),
+        )
+        .unwrap();
+        run(&["chmod", "+x", &script.to_string_lossy()]);
+        // The lab brings its binary to each host over ssh: a stripped copy
+        // is a sixth of the size through the emulated guest's ssh server.
+        let exe = dir.join("blockwire");
+        if !Command::new("strip").arg("-o").arg(&exe).arg(blockwire_bin()).status().is_ok_and(|s| s.success()) {
+            std::fs::copy(blockwire_bin(), &exe).unwrap();
+        }
+        let key = dir.join("client.pub").display().to_string();
+        // iproute2's ip (JSON), flock and getconf: the lab's remote side needs
+        // them and the guest's busybox lacks them; libgcc_s for the binary.
+        let with = ["/usr/bin/fio", "/usr/bin/ip", "/usr/bin/flock", "/usr/bin/getconf", "/lib/x86_64-linux-gnu/libgcc_s.so.1"];
+        let mut args = vec!["--tap", &rig.tap];
+        for w in &with {
+            args.extend(["--with", w]);
+        }
+        let fwd = format!("tcp:127.0.0.1:{}-:22", rig.guest_port);
+        rig.vm = Some(BackgroundVm::start_with(None, &script, &fwd, &args, &[("KVM_SSH_KEY", &key), ("KVM_MEM", "1536")]));
+        let up = rig.vm.as_mut().unwrap().wait_until(Duration::from_secs(600), || rig_guest_ready(&dir, rig.guest_port));
+        up.unwrap_or_else(|console| panic!("the guest did not come up: {console}"));
+        eprintln!("guest up after {:?}", t0.elapsed());
+
+        // 1. A run killed (SIGKILL: no cleanup of its own) once every kernel
+        // initiator is attached: its sessions stay in the guest.
+        let out1 = dir.join("out1");
+        let log1 = dir.join("lab1.log");
+        let mut lab = rig.lab(&exe, &out1, &log1, &["--clients", "kernel"]);
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let text = std::fs::read_to_string(&log1).unwrap_or_default();
+            if text.contains("kernel-aoe@vblade: /dev/") {
+                break;
+            }
+            if let Some(st) = lab.try_wait().unwrap() {
+                panic!("the first run ended ({st}) before attaching every kernel initiator: {text}");
+            }
+            assert!(Instant::now() < deadline, "the kernel initiators were not attached within 10 min: {text}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let pid1 = lab.id();
+        kill(&[pid1], libc::SIGKILL);
+        let _ = lab.wait();
+        let left = rig.guest(GUEST_LEFTOVERS).unwrap_or_default();
+        assert!(left.contains("iqn.2026-11.org.blockwire.lab") && left.contains("e2.0"), "the killed run should have left sessions: {left}");
+
+        // 2. A full run: it undoes what the killed one left, then measures.
+        let out2 = dir.join("out2");
+        let log2 = dir.join("lab2.log");
+        let mut lab = rig.lab(&exe, &out2, &log2, &[]);
+        let deadline = Instant::now() + Duration::from_secs(1500);
+        let st = loop {
+            if let Some(st) = lab.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                kill(&[lab.id()], libc::SIGKILL);
+                let _ = lab.wait();
+                panic!("the lab did not finish within 25 min: {}", std::fs::read_to_string(&log2).unwrap_or_default());
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let text = std::fs::read_to_string(&log2).unwrap_or_default();
+        eprintln!("{text}");
+        assert!(st.success(), "the lab failed: {text}");
+        assert!(text.contains(&format!("ssh://root@127.0.0.1:{}: undid what an interrupted run left", rig.guest_port)), "{text}");
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out2.join("results.json")).unwrap()).unwrap();
+        let samples = r["samples"].as_array().unwrap();
+        for key in KERNEL_SUBJECTS.iter().copied().chain(["blockwire-iscsi", "blockwire-nvme", "blockwire-aoe", "tgt-iscsi", "vblade-aoe"]) {
+            let mine: Vec<_> = samples.iter().filter(|s| s["subject"] == key).collect();
+            assert!(!mine.is_empty(), "no sample of {key}: {text}");
+            for s in mine {
+                let b = &s["bench"];
+                // Emulated: present, never judged.
+                assert!(b["ios"].as_u64().unwrap() > 0 && b["runtime_s"].as_f64().unwrap() > 0.0 && b["lat_ns"]["p50"].as_f64().unwrap() > 0.0, "{key}: {s}");
+                assert!(b["cpu_user_s"].as_f64().is_some() && b["cpu_sys_s"].as_f64().is_some() && s["target_cpu_s"].as_f64().is_some(), "{key}: {s}");
+            }
+        }
+        let subjects = r["subjects"].as_array().unwrap();
+        for key in KERNEL_SUBJECTS {
+            let s = subjects.iter().find(|s| s["key"] == key).unwrap_or_else(|| panic!("{key} not in subjects"));
+            assert!(s["initiator"].as_str().unwrap().contains("kernel"), "{s}");
+        }
+        let client = r["hosts"].as_array().unwrap().iter().find(|h| h["role"] == "client").expect("a client host record");
+        assert_eq!(client["emulated"], true, "the guest's /proc/cpuinfo has the hypervisor flag: {client}");
+        let html = std::fs::read_to_string(out2.join("report.html")).unwrap();
+        assert!(html.contains("kernel-iscsi@tgt by open-iscsi") && html.contains("blockwire-nvme by blockwire (userspace)"), "the Clients line names each subject's initiator");
+        assert!(html.contains("yes (a VM"), "the report says the client host was emulated");
+
+        // Nothing of either run is left in the guest or here.
+        let left = rig.guest(GUEST_LEFTOVERS).expect("the guest still answers");
+        assert!(left.trim().is_empty(), "left in the guest: {left}");
+        // Here: the targets (tgtd's portal, vblade's interface, serve's
+        // config named by the run) and the runs' files and state files.
+        let runs = [format!("-{pid1}-"), format!("-{}-", lab.id())];
+        let of_runs = |s: &str| runs.iter().any(|r| s.contains(r.as_str()));
+        // (The guest's qemu names the tap too: it is the test's.)
+        let the_vm = |c: &str| c.contains("kernel-vm") || c.contains("qemu-system");
+        let ours: Vec<String> = all_pids()
+            .into_iter()
+            .map(cmdline)
+            .filter(|c| !the_vm(c) && (c.contains(HOST_IP) || c.contains(&rig.tap) || of_runs(c)))
+            .collect();
+        assert!(ours.is_empty(), "processes of the runs left here: {ours:?}");
+        for d in ["/dev/shm", "/tmp", "/var/tmp/bwlab-remote"] {
+            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                assert!(!(n.starts_with("bwlab-remote-") || n.starts_with("state-")) || !of_runs(&format!("{n}-")), "left here: {d}/{n}");
+            }
+        }
+        eprintln!("kernel VM lab test took {:?}", t0.elapsed());
+    }
+
+    /// The guest answers ssh (dropbear is up, eth1 configured).
+    fn rig_guest_ready(dir: &Path, port: u16) -> bool {
+        let key = dir.join("client").display().to_string();
+        Command::new("ssh")
+            .args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"])
+            .arg("-o")
+            .arg(format!("IdentityFile={key}"))
+            .args(["-p", &port.to_string(), "root@127.0.0.1", &format!("ip -4 addr show dev eth1 | grep -q {GUEST_IP}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
 }

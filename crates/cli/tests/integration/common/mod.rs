@@ -341,11 +341,19 @@ pub struct BackgroundVm {
 
 impl BackgroundVm {
     pub fn start(kvm_dir: Option<&Path>, script: &Path, hostfwd: &str) -> BackgroundVm {
+        BackgroundVm::start_with(kvm_dir, script, hostfwd, &[], &[])
+    }
+
+    /// [`BackgroundVm::start`] with more `kernel-vm run` arguments (`--tap
+    /// IF`, `--with FILE`) and environment (`KVM_SSH_KEY`, `KVM_MEM`).
+    pub fn start_with(kvm_dir: Option<&Path>, script: &Path, hostfwd: &str, args: &[&str], env: &[(&str, &str)]) -> BackgroundVm {
         use std::os::unix::process::CommandExt;
         require_root();
         let mut c = Command::new(shared_dir().join("tools/kernel-vm"));
         c.arg("run")
             .arg(script)
+            .args(args)
+            .envs(env.iter().copied())
             .env("KVM_HOSTFWD", hostfwd)
             .env("KVM_TIMEOUT", "900");
         if let Some(d) = kvm_dir {

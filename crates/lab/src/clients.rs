@@ -1,0 +1,307 @@
+//! The clients a subject is measured with: blockwire's own userspace
+//! initiators (`blockwire bench` on a URL), or the client host's kernel
+//! initiators (open-iscsi, nvme-tcp, the aoe driver), which make a block
+//! device that fio drives with direct I/O. One row per kernel client in
+//! [`KERNEL`]: its protocol, how to find it on a host, how to attach a
+//! target and find the device, and how to undo that (also after an
+//! interrupted run: the state file's `kernel` lines, see
+//! `ssh::CLEANUP_SCRIPT`).
+
+use crate::cleanup::{registry, Resource, Token};
+use crate::host::Host;
+use crate::subjects::{blockwire, tgt, vblade, PeerKind, Protocol, Subject};
+use crate::topology::Link;
+use clap::ValueEnum;
+use std::time::Duration;
+
+/// A `--clients` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ClientChoice {
+    /// blockwire's userspace initiators.
+    Blockwire,
+    /// The client host's kernel initiators it has (iscsi_tcp, nvme-tcp, aoe).
+    Kernel,
+}
+
+/// Which initiator measures a subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientKind {
+    Blockwire,
+    Kernel(Protocol),
+}
+
+/// A kernel initiator: what finds it on a host and what it is called.
+pub struct KernelClient {
+    pub protocol: Protocol,
+    /// Its subject prefix: `kernel-iscsi`.
+    pub name: &'static str,
+    /// The initiator as the report names it.
+    pub initiator: &'static str,
+    /// A shell test that succeeds when the host has it (loads the module).
+    probe: &'static str,
+    /// What is missing when the probe fails.
+    missing: &'static str,
+}
+
+pub const KERNEL: [KernelClient; 3] = [
+    KernelClient {
+        protocol: Protocol::Iscsi,
+        name: "kernel-iscsi",
+        initiator: "open-iscsi (kernel iscsi_tcp)",
+        probe: "command -v iscsiadm && modprobe -q iscsi_tcp",
+        missing: "iscsiadm or the iscsi_tcp module (package open-iscsi)",
+    },
+    KernelClient {
+        protocol: Protocol::Nvme,
+        name: "kernel-nvme",
+        initiator: "nvme-cli (kernel nvme-tcp)",
+        probe: "command -v nvme && modprobe -q nvme-tcp",
+        missing: "nvme or the nvme-tcp module (package nvme-cli)",
+    },
+    KernelClient {
+        protocol: Protocol::Aoe,
+        name: "kernel-aoe",
+        initiator: "the kernel aoe driver",
+        probe: "modprobe -q aoe && n=0; while [ ! -e /dev/etherd/discover ] && [ $n -lt 50 ]; do sleep 0.1; n=$((n+1)); done; [ -e /dev/etherd/discover ]",
+        missing: "the aoe module or /dev/etherd",
+    },
+];
+
+impl ClientKind {
+    fn kernel(p: Protocol) -> &'static KernelClient {
+        KERNEL.iter().find(|k| k.protocol == p).expect("a kernel client per protocol")
+    }
+
+    /// The subject's key in results.json: `blockwire-iscsi` for blockwire's
+    /// client (the target's key), `kernel-iscsi@tgt` for a kernel one.
+    pub fn key(self, s: Subject) -> String {
+        match self {
+            ClientKind::Blockwire => s.key(),
+            ClientKind::Kernel(p) => format!("{}@{}", Self::kernel(p).name, s.target_name()),
+        }
+    }
+
+    /// Whether this client measures subject `s` (a kernel one: its protocol's).
+    pub fn serves(self, s: Subject) -> bool {
+        match self {
+            ClientKind::Blockwire => true,
+            ClientKind::Kernel(p) => s.protocol() == p,
+        }
+    }
+
+    /// The initiator as the report's "Clients:" line names it.
+    pub fn initiator(self, host: &Host) -> String {
+        // In one box (namespaces) there is one client: no host to name.
+        let on = match host {
+            Host::LocalNamespace(_) => String::new(),
+            h => format!(" on {}", h.name()),
+        };
+        match self {
+            ClientKind::Blockwire if on.is_empty() => "blockwire".into(),
+            ClientKind::Blockwire => format!("blockwire (userspace){on}"),
+            ClientKind::Kernel(p) => format!("{} with fio{on}", Self::kernel(p).initiator),
+        }
+    }
+}
+
+/// The kernel clients `host` has (fio included, which drives them), and a
+/// line for each one it lacks. One round trip.
+pub fn detect(host: &Host) -> anyhow::Result<(Vec<Protocol>, Vec<String>)> {
+    let mut script = String::from("PATH=$PATH:/usr/sbin:/sbin; command -v fio >/dev/null || echo nofio\n");
+    for k in &KERNEL {
+        script += &format!("( {} ) >/dev/null 2>&1 && echo has {}\n", k.probe, k.name);
+    }
+    let out = host.run("sh", &["-c", &script])?;
+    if out.lines().any(|l| l == "nofio") {
+        return Ok((vec![], vec![format!("{}: fio is not installed (package fio): no kernel initiator can be measured", host.name())]));
+    }
+    let (mut have, mut lack) = (vec![], vec![]);
+    for k in &KERNEL {
+        if out.lines().any(|l| l == format!("has {}", k.name)) {
+            have.push(k.protocol);
+        } else {
+            lack.push(format!("{}: {} is missing: {} will be unavailable", host.name(), k.missing, k.name));
+        }
+    }
+    Ok((have, lack))
+}
+
+/// How a kernel initiator reaches subject `s` over `link`, as the
+/// arguments of its attach script and state-file line: (what, a, b).
+fn address(s: Subject, link: &Link) -> (&'static str, String, String) {
+    let ip = link.target_ip;
+    match s {
+        Subject::Blockwire(Protocol::Iscsi) => ("iscsi", blockwire::IQN.into(), format!("{ip}:{}", blockwire::ISCSI_PORT)),
+        Subject::Peer(PeerKind::Tgt) => ("iscsi", tgt::IQN.into(), format!("{ip}:{}", tgt::ISCSI_PORT)),
+        Subject::Blockwire(Protocol::Nvme) => ("nvme", blockwire::NQN.into(), format!("{ip} {}", blockwire::NVME_PORT)),
+        Subject::Blockwire(Protocol::Aoe) => ("aoe", format!("e{}.{}", blockwire::AOE_ADDRESS.0, blockwire::AOE_ADDRESS.1), String::new()),
+        Subject::Peer(PeerKind::Vblade) => ("aoe", format!("e{}.{}", vblade::AOE_ADDRESS.0, vblade::AOE_ADDRESS.1), String::new()),
+    }
+}
+
+/// The LUN blockwire and tgt export the volume as (the block device is
+/// that LUN's).
+fn iscsi_lun(s: Subject) -> u32 {
+    match s {
+        Subject::Peer(PeerKind::Tgt) => 1,
+        _ => 0,
+    }
+}
+
+/// The hostnqn the lab's kernel NVMe connections use (nvme-cli wants one;
+/// a host may have no /etc/nvme/hostnqn).
+const HOSTNQN: &str = "nqn.2026-11.org.blockwire.lab:kernel-client";
+
+/// Attach: `$1` what, `$2` `$3` its address, `$4` the LUN. Prints the
+/// block device once it is there (at most ~60 s: an emulated host is slow).
+const ATTACH: &str = r#"PATH=$PATH:/usr/sbin:/sbin; what=$1; a=$2; b=$3; lun=$4
+dev=""
+find_dev() {
+  case "$what" in
+    iscsi) for s in /sys/class/iscsi_session/session*; do
+             [ "$(cat "$s/targetname" 2>/dev/null)" = "$a" ] || continue
+             for d in "$s"/device/target*/*:*:*:"$lun"/block/*; do [ -e "$d" ] && dev=/dev/${d##*/}; done
+           done ;;
+    nvme) for s in /sys/class/nvme-subsystem/*; do
+            [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$a" ] || continue
+            for d in "$s"/nvme*n*; do n=${d##*/}; case "$n" in *c*) ;; *) [ -e "$d" ] && dev=/dev/$n ;; esac; done
+          done ;;
+    aoe) [ -b "/dev/etherd/$a" ] && dev=/dev/etherd/$a ;;
+  esac
+  [ -n "$dev" ] && [ -b "$dev" ]
+}
+case "$what" in
+  iscsi) # sd_mod: no udev may be there to load the disk driver
+         modprobe -q iscsi_tcp; modprobe -q sd_mod
+         # an iscsid the lab starts is stopped with the last session
+         pidof iscsid >/dev/null || { iscsid || exit 1; sleep 1; pidof iscsid > /run/bwlab-iscsid; }
+         n=0; until iscsiadm -m discovery -t sendtargets -p "$b" >/dev/null; do n=$((n+1)); [ $n -lt 10 ] || exit 1; sleep 1; done
+         iscsiadm -m node -T "$a" -p "$b" --login >/dev/null || exit 1 ;;
+  nvme) modprobe -q nvme-tcp
+        nvme connect -t tcp -a "${b% *}" -s "${b#* }" -n "$a" -q "$HOSTNQN" >/dev/null || exit 1 ;;
+  aoe) modprobe -q aoe ;;
+esac
+n=0
+until find_dev; do
+  n=$((n+1)); [ $n -lt 600 ] || { echo "no block device appeared" >&2; exit 1; }
+  [ "$what" = aoe ] && [ $((n % 20)) = 1 ] && echo > /dev/etherd/discover
+  sleep 0.1
+done
+echo "$dev""#;
+
+/// Undo one attachment (`$1` what, `$2` `$3` its address). A macro so the
+/// state file's cleanup script (`ssh::CLEANUP_SCRIPT`) holds the same lines.
+macro_rules! detach_script {
+    () => {
+        r#"PATH=$PATH:/usr/sbin:/sbin
+case "$1" in
+  iscsi) iscsiadm -m node -T "$2" -p "$3" --logout >/dev/null 2>&1
+         iscsiadm -m node -T "$2" -p "$3" -o delete >/dev/null 2>&1
+         iscsiadm -m discoverydb -t sendtargets -p "$3" -o delete >/dev/null 2>&1
+         if [ -f /run/bwlab-iscsid ] && ! iscsiadm -m session >/dev/null 2>&1; then
+           kill $(cat /run/bwlab-iscsid) 2>/dev/null; rm -f /run/bwlab-iscsid
+         fi ;;
+  nvme) nvme disconnect -n "$2" >/dev/null 2>&1 ;;
+  # the name without a newline: the driver compares the bytes written
+  aoe) [ -e /dev/etherd/flush ] && printf %s "$2" > /dev/etherd/flush 2>/dev/null ;;
+esac
+true"#
+    };
+}
+pub(crate) use detach_script;
+pub const DETACH: &str = detach_script!();
+
+/// A kernel initiator attached to a subject: its block device, undone
+/// when the token is released.
+pub struct Attached {
+    pub device: String,
+    pub token: Token,
+}
+
+/// Attach the kernel initiator of `s`'s protocol on `host` to `s` over
+/// `link`; recorded in the host's state file first.
+pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> {
+    let (what, a, b) = address(s, link);
+    if let Host::Ssh(h) = host {
+        // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
+        h.record("kernel", what, &format!("{a} {b}"))?;
+    }
+    let undo = Resource::HostShell {
+        host: host.clone(),
+        script: DETACH.into(),
+        args: vec![what.into(), a.clone(), b.clone()],
+    };
+    let lun = iscsi_lun(s).to_string();
+    let script = ATTACH.replace("$HOSTNQN", HOSTNQN);
+    let mut device = String::new();
+    let (token, ()) = registry().create(undo, || {
+        let cmd = host.command_with("sh", &["-c", script.as_str(), "sh", what, &a, &b, &lun]);
+        let f = crate::runner::run_workload(cmd, "kernel attach", Duration::from_secs(120), None)?;
+        device = f.stdout.trim().to_string();
+        anyhow::ensure!(
+            f.ok && device.starts_with("/dev/"),
+            "{} did not attach: {}",
+            ClientKind::kernel(s.protocol()).name,
+            crate::runner::last_lines(&f.stderr, 2)
+        );
+        Ok(())
+    })?;
+    Ok(Attached { device, token })
+}
+
+/// Whole-machine CPU time of `host` since boot from /proc/stat's `cpu`
+/// line, in seconds: (user + nice, system + irq + softirq). Kernel
+/// initiators' work belongs to no process: this is what a kernel subject's
+/// client CPU is measured with (fio's own CPU included).
+pub fn machine_cpu_seconds(host: &Host) -> anyhow::Result<(f64, f64)> {
+    let out = host.run("head", &["-n1", "/proc/stat"])?;
+    parse_proc_stat_cpu(&out).ok_or_else(|| anyhow::anyhow!("cannot parse /proc/stat on {}: {out}", host.name()))
+}
+
+/// The `cpu` line of /proc/stat, in USER_HZ (100 on every Linux
+/// architecture the lab runs on) ticks, as seconds.
+fn parse_proc_stat_cpu(line: &str) -> Option<(f64, f64)> {
+    let mut it = line.split_whitespace();
+    (it.next()? == "cpu").then_some(())?;
+    let v: Vec<f64> = it.filter_map(|x| x.parse().ok()).collect();
+    let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
+    (v.len() >= 7).then(|| ((at(0) + at(1)) / 100.0, (at(2) + at(5) + at(6)) / 100.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_client_and_target() {
+        let s = Subject::Peer(PeerKind::Tgt);
+        assert_eq!(ClientKind::Blockwire.key(s), "tgt-iscsi");
+        assert_eq!(ClientKind::Kernel(Protocol::Iscsi).key(s), "kernel-iscsi@tgt");
+        assert_eq!(ClientKind::Kernel(Protocol::Aoe).key(Subject::Blockwire(Protocol::Aoe)), "kernel-aoe@blockwire");
+        for p in Protocol::ALL {
+            assert_eq!(ClientKind::kernel(p).protocol, p);
+        }
+    }
+
+    #[test]
+    fn addresses_follow_the_targets() {
+        let l = Link {
+            mtu: 1500,
+            target_if: "t".into(),
+            client_if: "c".into(),
+            target_ip: "198.18.1.1".parse().unwrap(),
+            client_ip: "198.18.1.2".parse().unwrap(),
+        };
+        assert_eq!(address(Subject::Peer(PeerKind::Tgt), &l), ("iscsi", tgt::IQN.into(), format!("198.18.1.1:{}", tgt::ISCSI_PORT)));
+        assert_eq!(address(Subject::Blockwire(Protocol::Nvme), &l).2, "198.18.1.1 4420");
+        assert_eq!(address(Subject::Peer(PeerKind::Vblade), &l).1, "e2.0");
+        assert_eq!(iscsi_lun(Subject::Peer(PeerKind::Tgt)), 1);
+    }
+
+    #[test]
+    fn proc_stat_cpu_line() {
+        let (u, s) = parse_proc_stat_cpu("cpu  100 50 300 9000 10 20 30 0 0 0").unwrap();
+        assert_eq!((u, s), (1.5, 3.5));
+        assert!(parse_proc_stat_cpu("cpu0 1 2 3 4 5 6 7").is_none());
+    }
+}
