@@ -16,12 +16,19 @@
 //! about 1.3x the IOPS of the default on a virtio disk, but the Linux aoe
 //! driver once hung during mkfs over it (all frames answered; 1 of 11 runs,
 //! under heavy load; cause not found), so it stays off by default.
+//!
+//! Live changes ([`Handle::reconcile`]) add and remove exports on the
+//! interfaces serve listens on: each interface's export table is swapped
+//! whole (`arc_swap`) and loaded once per frame, lock-free. An interface
+//! gets its sockets and workers at start only, so an export on another
+//! interface needs a restart.
 
 use crate::config::{AoeConfig, AoeExport};
 use crate::metrics::{self, AoeStats, Op, Proto, VolumeStats};
 use crate::tuning::{AoeFanout, Tuning};
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
+use arc_swap::ArcSwap;
 use bw_aoe::target::{Export, ExportSettings, Outcome};
 use bw_aoe::ata::{self, AtaArg};
 use bw_aoe::{max_sectors_for_mtu, AoeHeader, Command, ETHERTYPE_AOE};
@@ -109,13 +116,32 @@ struct Counters {
     drops: AtomicU64,
 }
 
+/// One export served on an interface.
+struct Served {
+    export: Export,
+    /// The metrics of its volume.
+    volume_stats: Arc<VolumeStats>,
+    /// What it was built from: a live change keeps it while this stays equal.
+    cfg: AoeExport,
+}
+
+/// What exports on one interface are built with (fixed by its sockets).
+#[derive(Clone, Copy)]
+struct Link {
+    mtu: usize,
+    max_sectors: u8,
+    /// Frames the sockets can hold queued: the buffer count advertised by default.
+    capacity: usize,
+    workers: usize,
+}
+
 struct Interface {
     name: String,
     mac: [u8; 6],
-    exports: Vec<Export>,
+    link: Link,
+    /// The exports, replaced whole by live changes; loaded once per frame.
+    exports: ArcSwap<Vec<Arc<Served>>>,
     counters: Counters,
-    /// The metrics of each export's volume, in `exports` order.
-    volume_stats: Vec<Arc<VolumeStats>>,
     stats: Arc<AoeStats>,
     /// Recent requests by (source, tag) hash, to count repeats.
     recent: Box<[AtomicU64]>,
@@ -133,9 +159,10 @@ struct AtaIo {
 }
 
 impl Interface {
-    /// Room for the longest reply any export here can send.
+    /// Room for the longest reply any export here can send (the same for
+    /// every export on the interface: it follows from the MTU).
     fn reply_len(&self) -> usize {
-        self.exports.iter().map(|e| e.reply_buffer_len()).max().unwrap_or(1514)
+        self.exports.load().iter().map(|e| e.export.reply_buffer_len()).max().unwrap_or(1514)
     }
 
     fn note_no_reply(&self, why: impl std::fmt::Debug) {
@@ -166,21 +193,99 @@ impl Interface {
         Some(AtaIo { op, bytes: a.sector_count as u64 * bw_aoe::SECTOR as u64, start: Instant::now() })
     }
 
-    /// Hand `frame` to export `i`; an ATA read or write (`io`) it answers
+    /// Hand `frame` to export `s`; an ATA read or write (`io`) it answers
     /// is counted for its volume.
-    fn handle(&self, i: usize, frame: &[u8], io: Option<AtaIo>, out: &mut [u8]) -> Outcome {
-        let r = self.exports[i].handle(frame, self.mac, out);
+    fn handle(&self, s: &Served, frame: &[u8], io: Option<AtaIo>, out: &mut [u8]) -> Outcome {
+        let r = s.export.handle(frame, self.mac, out);
         if let (Some(io), Outcome::Reply(len)) = (io, r) {
             let reply = &out[..len];
             let failed = AoeHeader::parse(reply).is_ok_and(|h| h.is_error()) || AtaArg::parse(reply).is_ok_and(|a| a.failed());
             let ns = io.start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-            self.volume_stats[i].record(io.op, io.bytes, !failed, ns);
+            s.volume_stats.record(io.op, io.bytes, !failed, ns);
         }
         r
     }
 }
 
-pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shutdown: Shutdown) -> anyhow::Result<Running> {
+/// The running AoE front-end's side for live changes.
+#[derive(Clone)]
+pub struct Handle {
+    interfaces: Arc<Vec<Arc<Interface>>>,
+}
+
+impl Handle {
+    /// The interfaces serve listens on.
+    pub fn interfaces(&self) -> Vec<String> {
+        self.interfaces.iter().map(|i| i.name.clone()).collect()
+    }
+
+    /// The exports being served: (interface, shelf, slot, volume).
+    pub fn exports(&self) -> Vec<(String, u16, u8, String)> {
+        let mut v = Vec::new();
+        for i in self.interfaces.iter() {
+            v.extend(i.exports.load().iter().map(|s| (i.name.clone(), s.cfg.shelf, s.cfg.slot, s.cfg.volume.clone())));
+        }
+        v
+    }
+
+    /// Serve `cfg`'s exports: an export whose settings are unchanged stays
+    /// as it is (its config string and reservations with it), the others
+    /// are built anew or dropped; frames for a dropped one go unanswered,
+    /// as for any unknown shelf.slot. Every export must be on an interface
+    /// served already; nothing changes otherwise. Returns what changed.
+    pub fn reconcile(&self, cfg: &AoeConfig, volumes: &Volumes) -> anyhow::Result<Vec<String>> {
+        if let Some(e) = cfg.exports.iter().find(|e| !self.interfaces.iter().any(|i| i.name == e.interface)) {
+            anyhow::bail!("{}", not_served(&e.interface, &self.interfaces()));
+        }
+        let mut tables = Vec::new();
+        let mut log = Vec::new();
+        for ifc in self.interfaces.iter() {
+            let old = ifc.exports.load();
+            let mut table = Vec::new();
+            let mut changed = false;
+            for e in cfg.exports.iter().filter(|e| e.interface == ifc.name) {
+                match old.iter().find(|s| s.cfg == *e) {
+                    Some(s) => table.push(s.clone()),
+                    None => {
+                        table.push(Arc::new(build_export(&ifc.name, e, volumes, ifc.link)?));
+                        log.push(format!("AoE e{}.{} on {}: added (volume {})", e.shelf, e.slot, ifc.name, e.volume));
+                        changed = true;
+                    }
+                }
+            }
+            for s in old.iter().filter(|s| !table.iter().any(|t| Arc::ptr_eq(s, t))) {
+                log.push(format!("AoE e{}.{} on {}: removed (volume {})", s.cfg.shelf, s.cfg.slot, ifc.name, s.cfg.volume));
+                changed = true;
+            }
+            if changed {
+                tables.push((ifc, table));
+            }
+        }
+        for (ifc, table) in tables {
+            ifc.exports.store(Arc::new(table));
+        }
+        Ok(log)
+    }
+}
+
+#[cfg(test)]
+impl Handle {
+    /// Interfaces with no sockets or workers, for tests of live changes.
+    pub(crate) fn detached(names: &[&str]) -> Handle {
+        let link = Link { mtu: 1500, max_sectors: max_sectors_for_mtu(1500), capacity: 16, workers: 1 };
+        Handle { interfaces: Arc::new(names.iter().map(|n| Arc::new(Interface::new(n, [2, 0, 0, 0, 0, 1], link, Vec::new()))).collect()) }
+    }
+}
+
+/// Why an export on `iface` cannot be added while serving.
+pub fn not_served(iface: &str, served: &[String]) -> String {
+    let on = if served.is_empty() { "no interface".to_string() } else { served.join(", ") };
+    format!(
+        "AoE is not served on {iface} (serve opened its sockets at start on {on}): restart blockwire serve to export there"
+    )
+}
+
+pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shutdown: Shutdown) -> anyhow::Result<(Running, Handle)> {
     let mut by_iface: BTreeMap<&str, Vec<&AoeExport>> = BTreeMap::new();
     for e in &cfg.exports {
         by_iface.entry(e.interface.as_str()).or_default().push(e);
@@ -220,7 +325,8 @@ pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shut
         }
         interfaces.push(ifc);
     }
-    Ok(tokio::spawn(async move {
+    let handle = Handle { interfaces: Arc::new(interfaces.clone()) };
+    let running = tokio::spawn(async move {
         shutdown.wait().await;
         stop.store(true, Relaxed);
         tokio::task::spawn_blocking(move || {
@@ -243,7 +349,8 @@ pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shut
             );
         }
         Ok(())
-    }))
+    });
+    Ok((running, handle))
 }
 
 /// Open the worker sockets of one interface and build its exports.
@@ -276,48 +383,67 @@ fn open_interface(
     }
     // What the sockets can really hold queued, plus what the workers hold in hand.
     let capacity = (queued + workers * BATCH).min(MAX_ADVERTISED_BUFFERS);
+    let link = Link { mtu, max_sectors, capacity, workers };
     let mut built = Vec::new();
     for e in exports {
-        let volume = volumes
-            .get(&e.volume)
-            .with_context(|| format!("AoE export {}.{} names unknown volume {}", e.shelf, e.slot, e.volume))?
-            .clone();
-        let buffer_count = match e.buffers {
-            Some(b) => {
-                if b as usize > capacity {
-                    log::warn!("aoe {iface} e{}.{}: buffers={b} is more than the {capacity} frames the sockets can queue", e.shelf, e.slot);
-                }
-                b
-            }
-            None => capacity as u16,
-        };
-        log::info!(
-            "aoe: volume {} as e{}.{} on {iface} (MTU {mtu}, {max_sectors} sectors/frame, {buffer_count} buffers, {workers} workers{}{}{})",
-            e.volume,
-            e.shelf,
-            e.slot,
-            if volume.read_only() { ", read-only" } else { "" },
-            if e.allow.is_empty() { String::new() } else { format!(", {} stations allowed", e.allow.len()) },
-            if e.broadcast_writes { ", broadcast writes on" } else { "" }
-        );
-        built.push(Export::new(
-            ExportSettings {
-                shelf: e.shelf,
-                slot: e.slot,
-                config_string: e.config_string.as_bytes().to_vec(),
-                buffer_count,
-                max_sectors,
-                allow: e.allow.clone(),
-                broadcast_writes: e.broadcast_writes,
-            },
-            volume,
-        ));
+        built.push(Arc::new(build_export(iface, e, volumes, link)?));
     }
-    let volume_stats = exports.iter().map(|e| metrics::global().volume(&e.volume, Proto::Aoe)).collect();
-    let recent = (0..RECENT).map(|_| AtomicU64::new(0)).collect();
-    let stats = metrics::global().aoe(iface);
-    let ifc = Interface { name: iface.to_string(), mac, exports: built, counters: Counters::default(), volume_stats, stats, recent };
+    let ifc = Interface::new(iface, mac, link, built);
     Ok((ifc, sockets))
+}
+
+impl Interface {
+    fn new(name: &str, mac: [u8; 6], link: Link, exports: Vec<Arc<Served>>) -> Interface {
+        Interface {
+            name: name.to_string(),
+            mac,
+            link,
+            exports: ArcSwap::from_pointee(exports),
+            counters: Counters::default(),
+            stats: metrics::global().aoe(name),
+            recent: (0..RECENT).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+/// Export `e` on `iface`, whose sockets are described by `link`.
+fn build_export(iface: &str, e: &AoeExport, volumes: &Volumes, link: Link) -> anyhow::Result<Served> {
+    let Link { mtu, max_sectors, capacity, workers } = link;
+    let volume = volumes
+        .get(&e.volume)
+        .with_context(|| format!("AoE export {}.{} names unknown volume {}", e.shelf, e.slot, e.volume))?
+        .clone();
+    let buffer_count = match e.buffers {
+        Some(b) => {
+            if b as usize > capacity {
+                log::warn!("aoe {iface} e{}.{}: buffers={b} is more than the {capacity} frames the sockets can queue", e.shelf, e.slot);
+            }
+            b
+        }
+        None => capacity as u16,
+    };
+    log::info!(
+        "aoe: volume {} as e{}.{} on {iface} (MTU {mtu}, {max_sectors} sectors/frame, {buffer_count} buffers, {workers} workers{}{}{})",
+        e.volume,
+        e.shelf,
+        e.slot,
+        if volume.read_only() { ", read-only" } else { "" },
+        if e.allow.is_empty() { String::new() } else { format!(", {} stations allowed", e.allow.len()) },
+        if e.broadcast_writes { ", broadcast writes on" } else { "" }
+    );
+    let export = Export::new(
+        ExportSettings {
+            shelf: e.shelf,
+            slot: e.slot,
+            config_string: e.config_string.as_bytes().to_vec(),
+            buffer_count,
+            max_sectors,
+            allow: e.allow.clone(),
+            broadcast_writes: e.broadcast_writes,
+        },
+        volume,
+    );
+    Ok(Served { export, volume_stats: metrics::global().volume(&e.volume, Proto::Aoe), cfg: e.clone() })
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -381,8 +507,8 @@ fn io_thread(sock: &PacketSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<J
         };
         let frame = &job.buf[..job.len];
         let io = ifc.classify(frame);
-        for i in 0..ifc.exports.len() {
-            match ifc.handle(i, frame, io, &mut reply) {
+        for s in ifc.exports.load().iter() {
+            match ifc.handle(s, frame, io, &mut reply) {
                 Outcome::Reply(len) => match sock.send(&reply[..len]) {
                     Ok(()) => {
                         c.replies.fetch_add(1, Relaxed);
@@ -404,7 +530,8 @@ fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<
     // VLAN-tagged frames can be 4 bytes longer than MTU + 14.
     let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
     // A broadcast may draw one reply per export.
-    let mut tx = FrameBatch::new(BATCH * ifc.exports.len().max(1), ifc.reply_len());
+    let reply_len = ifc.reply_len();
+    let mut tx = FrameBatch::new(BATCH * ifc.exports.load().len().max(1), reply_len);
     let c = &ifc.counters;
     while !stop.load(Relaxed) {
         let n = match sock.recv_batch(&mut rx) {
@@ -430,8 +557,18 @@ fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<
         for i in 0..n {
             let frame = rx.frame(i);
             let io = ifc.classify(frame);
-            for x in 0..ifc.exports.len() {
-                match ifc.handle(x, frame, io, tx.slot_mut(out)) {
+            let exports = ifc.exports.load();
+            // Exports added live can outgrow the reply batch: send what is
+            // there first (and, rarely, make the batch bigger).
+            if out + exports.len() > tx.capacity() {
+                send_replies(sock, ifc, &mut tx, out);
+                out = 0;
+                if exports.len() > tx.capacity() {
+                    tx = FrameBatch::new(exports.len(), reply_len);
+                }
+            }
+            for s in exports.iter() {
+                match ifc.handle(s, frame, io, tx.slot_mut(out)) {
                     Outcome::Reply(len) => {
                         tx.set_len(out, len);
                         out += 1;
@@ -440,20 +577,27 @@ fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<
                 }
             }
         }
-        if out > 0 {
-            match sock.send_batch(&mut tx, out) {
-                Ok(sent) => {
-                    c.replies.fetch_add(sent as u64, Relaxed);
-                    ifc.stats.frames_sent.fetch_add(sent as u64, Relaxed);
-                }
-                Err(e) => {
-                    c.errors.fetch_add(1, Relaxed);
-                    log::error!("aoe {}: send failed: {e}", ifc.name);
-                }
-            }
-        }
+        send_replies(sock, ifc, &mut tx, out);
     }
     if let Ok((_, drops)) = sock.take_statistics() {
         c.drops.fetch_add(drops, Relaxed);
+    }
+}
+
+/// Send the first `out` replies built in `tx`.
+fn send_replies(sock: &PacketSocket, ifc: &Interface, tx: &mut FrameBatch, out: usize) {
+    if out == 0 {
+        return;
+    }
+    let c = &ifc.counters;
+    match sock.send_batch(tx, out) {
+        Ok(sent) => {
+            c.replies.fetch_add(sent as u64, Relaxed);
+            ifc.stats.frames_sent.fetch_add(sent as u64, Relaxed);
+        }
+        Err(e) => {
+            c.errors.fetch_add(1, Relaxed);
+            log::error!("aoe {}: send failed: {e}", ifc.name);
+        }
     }
 }

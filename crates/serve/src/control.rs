@@ -5,7 +5,7 @@
 //! is validated as a whole configuration and refused without side
 //! effects. Protocol and methods: docs/control.md.
 
-use crate::config::{self, Credentials, IscsiLun, IscsiTarget, NvmeHost, NvmeNamespace, NvmeSubsystem, VolumeConfig};
+use crate::config::{self, AoeExport, Credentials, IscsiLun, IscsiTarget, NvmeHost, NvmeNamespace, NvmeSubsystem, VolumeConfig};
 use crate::live::{edit, Live, Refused};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -188,6 +188,14 @@ struct HostRef {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct AoeRef {
+    interface: String,
+    shelf: u16,
+    slot: u8,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct SessionId {
     id: String,
 }
@@ -294,6 +302,14 @@ pub const METHODS: &[Method] = &[
     Method { name: "nvme_host_remove", params: "{nqn, host}", call: |live, p| {
         let h: HostRef = params(p)?;
         Ok(changed(live.change(|c| edit::nvme_host_remove(c, &h.nqn, &h.host))?))
+    } },
+    Method { name: "aoe_export_add", params: "{interface, shelf, slot, volume, config_string?, buffers?, allow?: [MAC], broadcast_writes?} as [[aoe.export]]", call: |live, p| {
+        let e: AoeExport = params(p)?;
+        Ok(changed(live.change(|c| edit::aoe_export_add(c, e))?))
+    } },
+    Method { name: "aoe_export_remove", params: "{interface, shelf, slot}", call: |live, p| {
+        let e: AoeRef = params(p)?;
+        Ok(changed(live.change(|c| edit::aoe_export_remove(c, &e.interface, e.shelf, e.slot))?))
     } },
     Method { name: "session_list", params: "{}", call: |live, p| {
         params::<None_>(p)?;

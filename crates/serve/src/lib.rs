@@ -73,7 +73,9 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
     cfg.tuning.digest_impl.apply();
     if let Some(a) = &cfg.aoe {
         if !a.exports.is_empty() {
-            running.push(aoe::start(a, &cfg.tuning, volumes, shutdown.clone()).await?);
+            let (r, h) = aoe::start(a, &cfg.tuning, volumes, shutdown.clone()).await?;
+            running.push(r);
+            frontends.aoe = Some(h);
         }
     }
     if let Some(i) = &cfg.iscsi {

@@ -5,16 +5,16 @@
 //! by the same steps: open added volumes, resize resized ones, let each
 //! front-end reconcile its targets (which tells connected initiators in
 //! their protocol's way), close removed volumes. What a running server
-//! cannot change (listen addresses, limits, tuning, AoE) is refused with
-//! the reason, and then nothing has changed.
+//! cannot change (listen addresses, limits, tuning, the interfaces AoE
+//! listens on) is refused with the reason, and then nothing has changed.
 //!
 //! Front-ends read what changes through a lock-free load of an `Arc`'d
 //! table (`arc_swap`): the LUN table of a SCSI target, an NVMe subsystem,
-//! the login configuration. The mutex here serialises changes only.
+//! the login configuration, the exports of an AoE interface. The mutex here serialises changes only.
 
 use crate::config::{ServeConfig, VolumeConfig};
 use crate::session::SessionInfo;
-use crate::{iscsi, nvme, Volumes};
+use crate::{aoe, iscsi, nvme, Volumes};
 use bw_block::{BackendKind, BackendSpec, Volume};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 pub struct Frontends {
     pub iscsi: Option<iscsi::Handle>,
     pub nvme: Option<nvme::Handle>,
+    pub aoe: Option<aoe::Handle>,
 }
 
 /// Reads the configuration again (the file and the flags given at start),
@@ -93,9 +94,6 @@ fn check_fixed(old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
     }
     if old.tuning != new.tuning {
         return restart("[tuning]");
-    }
-    if old.aoe != new.aoe {
-        return restart("[aoe] (AoE exports)");
     }
     let listen = |c: &ServeConfig| c.iscsi.as_ref().map(|i| i.listen.clone()).unwrap_or_default();
     if listen(old) != listen(new) {
@@ -193,6 +191,10 @@ impl Live {
         if self.frontends.nvme.is_none() && has_subsystems(&new) && !has_subsystems(&st.cfg) {
             return Err("NVMe/TCP is not being served (no listen address at start): restart with one to add subsystems".into());
         }
+        let served = self.frontends.aoe.as_ref().map(|h| h.interfaces()).unwrap_or_default();
+        if let Some(e) = new.aoe.iter().flat_map(|a| &a.exports).find(|e| !served.contains(&e.interface)) {
+            return Err(Refused(aoe::not_served(&e.interface, &served)));
+        }
         let plan = plan_volumes(&st.cfg, &new)?;
         // What can fail comes first: opening and resizing.
         let mut opened = Vec::new();
@@ -222,6 +224,10 @@ impl Live {
         if let Some(h) = &self.frontends.nvme {
             let cfg = new.nvme.clone().unwrap_or_default();
             log.extend(h.reconcile(&cfg, &volumes, &resized).map_err(|e| Refused(format!("{e:#}")))?);
+        }
+        if let Some(h) = &self.frontends.aoe {
+            let cfg = new.aoe.clone().unwrap_or_default();
+            log.extend(h.reconcile(&cfg, &volumes).map_err(|e| Refused(format!("{e:#}")))?);
         }
         for name in &plan.remove {
             if let Some(v) = st.volumes.remove(name) {
@@ -321,7 +327,7 @@ pub mod edit {
     }
 
     /// Without `force`, a volume still exported is not removed; with it,
-    /// its LUNs and namespaces go first.
+    /// its LUNs, namespaces and AoE exports go first.
     pub fn volume_remove(c: &mut ServeConfig, name: &str, force: bool) -> Result<(), Refused> {
         if !c.volumes.iter().any(|v| v.name == name) {
             return Err(Refused(format!("no volume {name}")));
@@ -335,6 +341,9 @@ pub mod edit {
         }
         for s in c.nvme.iter_mut().flat_map(|n| &mut n.subsystems) {
             s.namespaces.retain(|n| n.volume != name);
+        }
+        if let Some(a) = &mut c.aoe {
+            a.exports.retain(|e| e.volume != name);
         }
         c.volumes.retain(|v| v.name != name);
         Ok(())
@@ -411,6 +420,26 @@ pub mod edit {
         let t = target(c, iqn)?;
         t.chap = chap;
         t.mutual_chap = mutual_chap;
+        Ok(())
+    }
+
+    /// An export on an interface AoE is served on (see [`super::Live::change`]).
+    pub fn aoe_export_add(c: &mut ServeConfig, e: AoeExport) -> Result<(), Refused> {
+        let a = c.aoe.get_or_insert_with(Default::default);
+        if a.exports.iter().any(|o| o.interface == e.interface && o.shelf == e.shelf && o.slot == e.slot) {
+            return Err(Refused(format!("AoE e{}.{} is exported on {} already", e.shelf, e.slot, e.interface)));
+        }
+        a.exports.push(e);
+        Ok(())
+    }
+
+    pub fn aoe_export_remove(c: &mut ServeConfig, interface: &str, shelf: u16, slot: u8) -> Result<(), Refused> {
+        let a = c.aoe.get_or_insert_with(Default::default);
+        let n = a.exports.len();
+        a.exports.retain(|e| !(e.interface == interface && e.shelf == shelf && e.slot == slot));
+        if a.exports.len() == n {
+            return Err(Refused(format!("no AoE export e{shelf}.{slot} on {interface}")));
+        }
         Ok(())
     }
 
@@ -617,4 +646,65 @@ mod tests {
     }
 
     use crate::config::IscsiTarget;
+
+    fn aoe_export(interface: &str, shelf: u16, slot: u8, volume: &str) -> crate::config::AoeExport {
+        crate::config::AoeExport {
+            interface: interface.into(), volume: volume.into(), shelf, slot,
+            config_string: String::new(), buffers: None, allow: vec![], broadcast_writes: false,
+        }
+    }
+
+    /// AoE exports come and go on the interfaces served; one on another
+    /// interface, or twice the same shelf.slot, is refused and changes
+    /// nothing; SIGHUP's path (a whole new configuration) does the same.
+    #[test]
+    fn aoe_exports_are_added_and_removed_on_served_interfaces_only() {
+        let mut c = ServeConfig::default();
+        c.add_volume_flag("a=ram:1M").unwrap();
+        c.add_volume_flag("b=ram:1M").unwrap();
+        edit::aoe_export_add(&mut c, aoe_export("bw0", 1, 0, "a")).unwrap();
+        let vols = crate::open_volumes(&c).unwrap();
+        let aoe = aoe::Handle::detached(&["bw0"]);
+        aoe.reconcile(c.aoe.as_ref().unwrap(), &vols).unwrap();
+        let live = Live::new(c.clone(), &vols, Frontends { aoe: Some(aoe.clone()), ..Default::default() }, None);
+        let log = live.change(|c| edit::aoe_export_add(c, aoe_export("bw0", 1, 1, "b"))).unwrap();
+        assert_eq!(log, ["AoE e1.1 on bw0: added (volume b)"]);
+        assert_eq!(aoe.exports(), [("bw0".into(), 1, 0, "a".into()), ("bw0".into(), 1, 1, "b".into())]);
+        let before = live.config();
+        let e = live.change(|c| edit::aoe_export_add(c, aoe_export("bw1", 1, 2, "b"))).unwrap_err();
+        assert!(e.0.contains("not served on bw1") && e.0.contains("restart"), "{e}");
+        let e = live.change(|c| edit::aoe_export_add(c, aoe_export("bw0", 1, 1, "a"))).unwrap_err();
+        assert!(e.0.contains("already"), "{e}");
+        let e = live.change(|c| edit::aoe_export_add(c, aoe_export("bw0", 2, 0, "nope"))).unwrap_err();
+        assert!(e.0.contains("nope"), "{e}");
+        let e = live.change(|c| edit::volume_remove(c, "b", false)).unwrap_err();
+        assert!(e.0.contains("AoE 1.1 on bw0"), "{e}");
+        assert_eq!(live.config(), before);
+        assert_eq!(aoe.exports().len(), 2);
+        // A changed setting rebuilds the export; the other stays as it is.
+        let mut new = live.config();
+        new.aoe.as_mut().unwrap().exports[1].broadcast_writes = true;
+        assert_eq!(live.apply(new).unwrap(), ["AoE e1.1 on bw0: added (volume b)", "AoE e1.1 on bw0: removed (volume b)"]);
+        let log = live.change(|c| edit::aoe_export_remove(c, "bw0", 1, 0)).unwrap();
+        assert_eq!(log, ["AoE e1.0 on bw0: removed (volume a)"]);
+        assert!(live.change(|c| edit::aoe_export_remove(c, "bw0", 1, 0)).is_err());
+        let log = live.change(|c| edit::volume_remove(c, "b", true)).unwrap();
+        assert_eq!(log, ["AoE e1.1 on bw0: removed (volume b)", "volume b: removed"]);
+        assert!(aoe.exports().is_empty());
+        assert!(live.config().aoe.unwrap().exports.is_empty());
+        // The interface still listens: an export can come back.
+        live.change(|c| edit::aoe_export_add(c, aoe_export("bw0", 1, 0, "a"))).unwrap();
+        assert_eq!(aoe.exports(), [("bw0".into(), 1, 0, "a".into())]);
+    }
+
+    #[test]
+    fn without_aoe_at_start_an_export_is_refused() {
+        let mut c = ServeConfig::default();
+        c.add_volume_flag("a=ram:1M").unwrap();
+        let vols = crate::open_volumes(&c).unwrap();
+        let live = Live::new(c.clone(), &vols, Frontends::default(), None);
+        let e = live.change(|c| edit::aoe_export_add(c, aoe_export("eth0", 0, 0, "a"))).unwrap_err();
+        assert!(e.0.contains("not served on eth0") && e.0.contains("no interface"), "{e}");
+        assert_eq!(live.config(), c);
+    }
 }

@@ -458,3 +458,89 @@ fn aoe_allow_list_and_broadcast_writes() {
     assert!(serve.is_running());
     assert!(serve.stop().success());
 }
+
+/// `blockwire ctl` against the running target, whose socket is a file (it
+/// works across network namespaces); the reply's stdout.
+fn ctl(sock: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut a = vec!["ctl", "--control", sock.to_str().unwrap()];
+    a.extend_from_slice(args);
+    blockwire(None, &a)
+}
+
+/// Live AoE exports: `aoe_export_add` makes e1.7 appear on the interface
+/// serve listens on (discover finds it, the initiator verifies it, the
+/// saved configuration has it), `aoe_export_remove` makes it silent
+/// (connecting fails within the client's timeout), while writes and reads
+/// on e1.2 go on throughout without an error.
+#[test]
+fn aoe_exports_added_and_removed_live() {
+    let dir = TempDir::new("aoelive");
+    let sock = dir.path().join("control.sock");
+    let (pair, mut serve) = target_on("lv", 1500, "d=ram:16M", &["--volume", "n=ram:8M", "--control", sock.to_str().unwrap()]);
+    let host_if = pair.host_if.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Stops the I/O thread however this test ends.
+    struct StopOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let _stop_guard = StopOnDrop(stop.clone());
+    let io = {
+        let (host_if, stop) = (host_if.clone(), stop.clone());
+        std::thread::spawn(move || -> Result<u32, String> {
+            let rt = runtime();
+            let c = client(&rt, &host_if, 2);
+            let mut rounds = 0u32;
+            // At least a few rounds, so the I/O overlaps the changes.
+            while rounds < 3 || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let data: Vec<u8> = (0..64 << 10).map(|i| (i as u32 * 13 + rounds) as u8).collect();
+                let off = (rounds as u64 % 200) << 16;
+                rt.block_on(c.write(off, &data)).map_err(|e| format!("write in round {rounds}: {e}"))?;
+                let mut back = vec![0u8; data.len()];
+                rt.block_on(c.read(off, &mut back)).map_err(|e| format!("read in round {rounds}: {e}"))?;
+                if back != data {
+                    return Err(format!("round {rounds}: read back differs"));
+                }
+                rounds += 1;
+            }
+            Ok(rounds)
+        })
+    };
+    let ok = |args: &[&str]| {
+        let o = ctl(&sock, args);
+        assert!(o.status.success(), "ctl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let e17 = format!(r#"{{"interface": "{}", "shelf": 1, "slot": 7}}"#, pair.ns_if);
+    let add = format!(r#"{{"interface": "{}", "shelf": 1, "slot": 7, "volume": "n"}}"#, pair.ns_if);
+    let out = ok(&["aoe_export_add", &add]);
+    assert!(out.contains("e1.7") && out.contains("added"), "{out}");
+    let found = blockwire_ok(None, &["aoe", "discover", &host_if]);
+    assert!(found.contains("e1.7") && found.contains("e1.2"), "discover: {found}");
+    blockwire_ok(None, &["verify", &format!("aoe://{host_if}/1.7"), "--size", "4M"]);
+    let saved = dir.path().join("saved.toml");
+    ok(&["save_config", &format!(r#"{{"path": "{}"}}"#, saved.display())]);
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert!(text.contains("slot = 7") && text.contains("volume = \"n\""), "{text}");
+    // Refused, nothing changed: the volume is in use, the interface not served.
+    let o = ctl(&sock, &["volume_remove", r#"{"name": "n"}"#]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("AoE 1.7"), "{o:?}");
+    let o = ctl(&sock, &["aoe_export_add", r#"{"interface": "lo", "shelf": 1, "slot": 8, "volume": "n"}"#]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not served on lo"), "{o:?}");
+
+    let out = ok(&["aoe_export_remove", &e17]);
+    assert!(out.contains("e1.7") && out.contains("removed"), "{out}");
+    let rt = runtime();
+    let url = TargetUrl::parse(&format!("aoe://{host_if}/1.7")).unwrap();
+    let opts = ConnectOptions { timeout: Duration::from_secs(2), ..Default::default() };
+    assert!(rt.block_on(AoeClient::connect(&url, &opts)).is_err(), "e1.7 still answers after its removal");
+    ok(&["volume_remove", r#"{"name": "n"}"#]);
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = io.join().expect("I/O thread").unwrap_or_else(|e| panic!("I/O on e1.2 failed during the changes: {e}"));
+    eprintln!("e1.2: {rounds} write/read rounds during the changes");
+    assert!(serve.is_running());
+    assert!(serve.stop().success());
+}
