@@ -89,14 +89,15 @@ impl ClientKind {
         }
     }
 
-    /// The initiator as the report's "Clients:" line names it.
-    pub fn initiator(self, host: &Host) -> String {
+    /// The initiator of subject `s` as the report's "Clients:" line names it.
+    pub fn initiator(self, s: Subject, host: &Host) -> String {
         // In one box (namespaces) there is one client: no host to name.
         let on = match host {
             Host::LocalNamespace(_) => String::new(),
             h => format!(" on {}", h.name()),
         };
         match self {
+            ClientKind::Blockwire if s.protocol() == Protocol::Nfs => format!("{}{on}", s.initiator()),
             ClientKind::Blockwire if on.is_empty() => "blockwire".into(),
             ClientKind::Blockwire => format!("blockwire (userspace){on}"),
             ClientKind::Kernel(p) => format!("{} with fio{on}", Self::kernel(p).initiator),
@@ -136,6 +137,10 @@ fn address(s: Subject, link: &Link) -> (&'static str, String, String) {
         Subject::Blockwire(Protocol::Nvme) => ("nvme", blockwire::NQN.into(), format!("{ip} {}", blockwire::NVME_PORT)),
         Subject::Blockwire(Protocol::Aoe) => ("aoe", format!("e{}.{}", blockwire::AOE_ADDRESS.0, blockwire::AOE_ADDRESS.1), String::new()),
         Subject::Peer(PeerKind::Vblade) => ("aoe", format!("e{}.{}", vblade::AOE_ADDRESS.0, vblade::AOE_ADDRESS.1), String::new()),
+        // File-level NFS through a kernel client is not a block subject.
+        Subject::Blockwire(Protocol::Nfs) | Subject::Peer(PeerKind::Ganesha) => {
+            unreachable!("no kernel block initiator serves an NFS subject (ClientKind::serves)")
+        }
     }
 }
 

@@ -359,7 +359,7 @@ impl LabRun {
                 key: c.key(s),
                 protocol: s.protocol().name().into(),
                 target: s.target_name().into(),
-                initiator: c.initiator(&topo.client),
+                initiator: c.initiator(s, &topo.client),
                 unavailable: None,
             })
             .collect();
