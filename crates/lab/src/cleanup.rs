@@ -727,8 +727,10 @@ fn release_blockwire_mount(exe: &std::path::Path, mp: &std::path::Path) -> anyho
 
 /// How long a loop device may stay open by others after `losetup -d`
 /// (which then only marks it to detach on its last close) before its
-/// release is reported as failed; also `blockwire umount --wait`.
-const LOOP_RELEASE: Duration = Duration::from_secs(10);
+/// release is reported as failed; also `blockwire umount --wait`. A bound
+/// on an event, not a timing: btrfs closes its device after umount returns,
+/// and on a busy machine that took over 10 s.
+const LOOP_RELEASE: Duration = Duration::from_secs(60);
 
 /// Wait up to `limit` for loop device `dev` to let go of `backing`. An
 /// error names who still holds it (a file system on it still mounted in
