@@ -263,14 +263,12 @@ pub fn machine_cpu_seconds(host: &Host) -> anyhow::Result<(f64, f64)> {
     parse_proc_stat_cpu(&out).ok_or_else(|| anyhow::anyhow!("cannot parse /proc/stat on {}: {out}", host.name()))
 }
 
-/// The `cpu` line of /proc/stat, in USER_HZ (100 on every Linux
-/// architecture the lab runs on) ticks, as seconds.
+/// The `cpu` line of /proc/stat as seconds: (user + nice, system + irq +
+/// softirq).
 fn parse_proc_stat_cpu(line: &str) -> Option<(f64, f64)> {
-    let mut it = line.split_whitespace();
-    (it.next()? == "cpu").then_some(())?;
-    let v: Vec<f64> = it.filter_map(|x| x.parse().ok()).collect();
-    let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
-    (v.len() >= 7).then(|| ((at(0) + at(1)) / 100.0, (at(2) + at(5) + at(6)) / 100.0))
+    let v = crate::machine::proc_stat_cpu_fields(line)?;
+    let s = |fields: &[usize]| fields.iter().map(|&i| v[i]).sum::<u64>() as f64 / crate::host::USER_HZ;
+    (v.len() >= 7).then(|| (s(&[0, 1]), s(&[2, 5, 6])))
 }
 
 #[cfg(test)]

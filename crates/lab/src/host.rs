@@ -248,7 +248,7 @@ impl Host {
 }
 
 /// USER_HZ, the unit of /proc/stat on every Linux architecture.
-const USER_HZ: f64 = 100.0;
+pub(crate) const USER_HZ: f64 = 100.0;
 
 /// A machine's CPU counters at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]

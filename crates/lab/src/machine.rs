@@ -30,10 +30,16 @@ pub fn process_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok(ticks as f64 / clk_tck())
 }
 
+/// The counters of the aggregate `cpu` line of /proc/stat, in order: user
+/// nice system idle iowait irq softirq steal guest guest_nice.
+pub fn proc_stat_cpu_fields(text: &str) -> Option<Vec<u64>> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    Some(line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect())
+}
+
 /// (busy, total) jiffies from the aggregate `cpu` line of /proc/stat.
 pub fn parse_proc_stat_totals(text: &str) -> Option<(u64, u64)> {
-    let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let v = proc_stat_cpu_fields(text)?;
     if v.len() < 4 {
         return None;
     }
