@@ -528,20 +528,19 @@ impl Conn {
         let Some(sub) = e.subsys.as_ref().map(|s| s.load_full()) else {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
-        match sqe.opcode() {
-            nvm::READ => self.stats.count(false, io::transfer_len(&sqe) as u64),
-            nvm::WRITE => self.stats.count(true, io::transfer_len(&sqe) as u64),
-            _ => {}
-        }
-        let volume = sub.namespace(sqe.nsid()).map(|n| &n.volume);
-        let device = volume.map(|v| v.info());
-        let work = work(&sqe, device, self.fabric.zero_copy_min, self.q.digests().data);
         let op = match sqe.opcode() {
             nvm::READ => Some(Op::Read),
             nvm::WRITE => Some(Op::Write),
             _ => None,
         };
-        let timer = op.zip(volume).map(|(op, v)| self.meter.start(v.name(), op, io::transfer_len(&sqe) as usize));
+        let len = io::transfer_len(&sqe);
+        if let Some(op) = op {
+            self.stats.count(op == Op::Write, len as u64);
+        }
+        let volume = sub.namespace(sqe.nsid()).map(|n| &n.volume);
+        let device = volume.map(|v| v.info());
+        let work = work(&sqe, device, self.fabric.zero_copy_min, self.q.digests().data);
+        let timer = op.zip(volume).map(|(op, v)| self.meter.start(v.name(), op, len as usize));
         // No size limit: NVMe/TCP reads and writes of page-cache volumes
         // have always run inline, whatever their length.
         let place = dispatch::place(work, device, usize::MAX);
