@@ -637,7 +637,11 @@ fn release_resource(r: &Resource) -> anyhow::Result<()> {
         Resource::HostShell { host, script, args } => {
             let mut a: Vec<&str> = vec!["-c", script, "sh"];
             a.extend(args.iter().map(|s| s.as_str()));
-            host.run("sh", &a).map(|_| ())
+            // Bounded: a kernel driver can hold an undo (an aoe flush waits
+            // for its device's pending work); the host's state file still
+            // lists it for the next run.
+            crate::runner::run_bounded(host.command_with("sh", &a), Duration::from_secs(180))
+                .map_err(|e| anyhow::anyhow!("undo on {}: {e:#}", host.name()))
         }
     }
 }

@@ -175,6 +175,13 @@ find_dev() {
   esac
   [ -n "$dev" ] && [ -b "$dev" ]
 }
+# What the kernel said of this protocol and the frames each interface
+# moved: the difference between a target never heard and a device not made.
+diagnose() {
+  printf 'kernel: %s frames rx/tx: %s' \
+    "$(dmesg 2>/dev/null | grep -i -e "$what" -e etherd | tail -n 3 | tr '\n' ';')" \
+    "$(sed 1,2d /proc/net/dev | sed 's/:/ /' | awk '$1 != "lo" { printf "%s %s/%s ", $1, $3, $11 }')"
+}
 case "$what" in
   iscsi) # sd_mod: no udev may be there to load the disk driver
          modprobe -q iscsi_tcp; modprobe -q sd_mod
@@ -188,7 +195,7 @@ case "$what" in
 esac
 n=0
 until find_dev; do
-  n=$((n+1)); [ $n -lt 600 ] || { echo "no block device appeared" >&2; exit 1; }
+  n=$((n+1)); [ $n -lt 600 ] || { echo "no block device appeared ($(diagnose))" >&2; exit 1; }
   [ "$what" = aoe ] && [ $((n % 20)) = 1 ] && echo > /dev/etherd/discover
   sleep 0.1
 done

@@ -64,16 +64,8 @@ fn run_workload_with_stdin(
     let pid = child.id();
     let mut out = child.stdout.take().expect("piped");
     let mut err = child.stderr.take().expect("piped");
-    let t_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
+    let t_out = read_in_background(move |s| out.read_to_string(s));
+    let t_err = read_in_background(move |s| err.read_to_string(s));
     let deadline = Instant::now() + timeout;
     let mut status = 0i32;
     // SAFETY: zeroed rusage is a valid initial value.
@@ -100,8 +92,12 @@ fn run_workload_with_stdin(
     }
     registry().forget(token);
     drop(child);
-    let stdout = t_out.join().unwrap_or_default();
-    let mut stderr = t_err.join().unwrap_or_default();
+    // Through an ssh connection multiplexer the master holds our pipes'
+    // other ends until the remote command ends, which a killed client
+    // does not end: wait a bounded time for the output, then go on.
+    let grace = Duration::from_secs(if timed_out { 5 } else { 30 });
+    let stdout = t_out.recv_timeout(grace).unwrap_or_default();
+    let mut stderr = t_err.recv_timeout(grace).unwrap_or_default();
     if timed_out {
         stderr.push_str(&format!("\n(killed after {timeout:?})"));
     }
@@ -117,6 +113,47 @@ fn run_workload_with_stdin(
         cpu_s,
         elapsed_s: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// Run `cmd` to its end or for at most `timeout` (then killed), outside
+/// the registry: for undo steps, which must run during a cleanup too.
+pub fn run_bounded(mut cmd: Command, timeout: Duration) -> anyhow::Result<()> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    let mut err = child.stderr.take().expect("piped");
+    let err = read_in_background(move |s| err.read_to_string(s));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // See run_workload_with_stdin: an ssh master may hold the pipe.
+    let err = err.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    match status {
+        Some(st) if st.success() => Ok(()),
+        Some(st) => anyhow::bail!("{st}: {}", last_lines(&err, 2)),
+        None => anyhow::bail!("not done after {timeout:?}: {}", last_lines(&err, 2)),
+    }
+}
+
+/// Read a pipe to its end on a thread; the text arrives on the channel.
+fn read_in_background(
+    read: impl FnOnce(&mut String) -> std::io::Result<usize> + Send + 'static,
+) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = read(&mut s);
+        let _ = tx.send(s);
+    });
+    rx
 }
 
 pub fn last_lines(s: &str, n: usize) -> String {
