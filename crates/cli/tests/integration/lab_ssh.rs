@@ -487,6 +487,15 @@ mod kernel_vm {
             out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
         }
 
+        /// Both ends of the storage link as the kernels see them, for a
+        /// failure's message.
+        fn link_facts(&self) -> String {
+            let here = Command::new("ip").args(["-s", "link", "show", "dev", &self.tap]).output();
+            let here = here.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+            let there = self.guest("ip -s link show dev eth1; dmesg | tail -n 25").unwrap_or_else(|| "(the guest does not answer)".into());
+            format!("\n--- {} here:\n{here}--- the guest:\n{there}", self.tap)
+        }
+
         fn lab(&self, exe: &Path, out: &Path, log: &Path, extra: &[&str]) -> Child {
             let mut c = Command::new(exe);
             c.arg("lab").args(extra).args([
@@ -579,9 +588,11 @@ mod kernel_vm {
                 break;
             }
             if let Some(st) = lab.try_wait().unwrap() {
-                panic!("the first run ended ({st}) before attaching every kernel initiator: {text}");
+                panic!("the first run ended ({st}) before attaching every kernel initiator: {text}{}", rig.link_facts());
             }
-            assert!(Instant::now() < deadline, "the kernel initiators were not attached within 10 min: {text}");
+            // A kernel subject the run gave up on will not attach later.
+            assert!(!text.contains(": unavailable:"), "a kernel initiator did not attach: {text}{}", rig.link_facts());
+            assert!(Instant::now() < deadline, "the kernel initiators were not attached within 10 min: {text}{}", rig.link_facts());
             std::thread::sleep(Duration::from_millis(200));
         }
         let pid1 = lab.id();
@@ -614,7 +625,7 @@ mod kernel_vm {
         let samples = r["samples"].as_array().unwrap();
         for key in KERNEL_SUBJECTS.iter().copied().chain(["blockwire-iscsi", "blockwire-nvme", "blockwire-aoe", "tgt-iscsi", "vblade-aoe"]) {
             let mine: Vec<_> = samples.iter().filter(|s| s["subject"] == key).collect();
-            assert!(!mine.is_empty(), "no sample of {key}: {text}");
+            assert!(!mine.is_empty(), "no sample of {key}: {text}{}", rig.link_facts());
             for s in mine {
                 let b = &s["bench"];
                 // Emulated: present, never judged.
