@@ -49,6 +49,14 @@ pub fn mount(
         bail!("{}: already a mount point", mp.display());
     }
     let fuse_dir = crate::mount_fuse_dir(mp);
+    // An earlier attach for this mount point whose file system is gone (a
+    // plain `umount`, or a `blockwire umount` that found the loop device
+    // still busy) holds the FUSE directory: undo it first, or say why not.
+    if let Some(old) = AttachState::at(&fuse_dir) {
+        undo(&old, &fuse_dir, opts.loop_wait).with_context(|| {
+            format!("{}: an earlier attach for this mount point is left and cannot be undone yet", mp.display())
+        })?;
+    }
     std::fs::create_dir_all(&fuse_dir)?;
     let (state, _) = spawn_daemon(&fuse_dir).inspect_err(|_| {
         let _ = std::fs::remove_dir(&fuse_dir);

@@ -397,6 +397,34 @@ fn mount_ext4_over_iscsi() {
     roundtrip(&t.url(), "ext4", Some(&t.img()), Fuse::Dev, &tmp);
 }
 
+/// A `blockwire umount` that finds the loop device busy stops before the
+/// daemon and its FUSE mount: the next `blockwire mount` on that mount
+/// point undoes that attach first instead of failing on its FUSE directory.
+#[test]
+fn mount_after_a_failed_umount_undoes_the_attach_left() {
+    require_root();
+    let tmp = TempDir::new("att-left");
+    let t = Target::start(Proto::Iscsi, &tmp, "64M");
+    let (mp, hint, _shared) = mountpoint(&tmp);
+    let m = mp.to_str().unwrap();
+    let _guard = Detach(m.to_string());
+    blockwire_ok(None, &["mount", &t.url(), m, "--mkfs", "ext4", "--timeout", "20"]);
+    write_tree(&mp);
+    let dev = sh(&format!("findmnt -n -o SOURCE {m}")).trim().to_string();
+    assert!(dev.starts_with("/dev/loop"), "{dev}");
+    let mut holder = Command::new("sh").args(["-c", &format!("exec 3<{dev}; echo held; exec sleep 600")]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut held = String::new();
+    BufReader::new(holder.stdout.take().unwrap()).read_line(&mut held).unwrap();
+    let failed = blockwire(None, &["umount", m, "--wait", "1"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(!failed.status.success(), "umount should fail while {dev} is held");
+    blockwire_ok(None, &["mount", &t.url(), m, "--timeout", "20"]);
+    check_tree(&mp);
+    blockwire_ok(None, &["umount", m]);
+    assert_nothing_left(&mp, &hint);
+}
+
 #[test]
 fn mount_ext4_and_xfs_over_nvme() {
     require_root();
