@@ -37,6 +37,7 @@ pub mod offload;
 pub mod orchestrate;
 pub mod plan;
 pub mod remote;
+pub mod remote_fs;
 pub mod route;
 pub mod runner;
 pub mod ssh;
@@ -220,7 +221,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     })?;
     let mut plan = plan;
     if args.target_host.is_some() {
-        let fatal = remote::adapt_plan(&mut plan, args.client_host.is_some());
+        let fatal = remote::adapt_plan(&mut plan);
         anyhow::ensure!(fatal.is_empty(), "{}", fatal.join("\n"));
     }
     anyhow::ensure!(
