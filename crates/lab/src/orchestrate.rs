@@ -684,6 +684,9 @@ impl LabRun {
                 Err(why) => self.mark_target_unavailable(subject, link.mtu, why),
             }
         }
+        if topo.remote {
+            self.check_aoe_reach(topo, link, &mut live);
+        }
         // Kernel initiators negotiate no digests here: they are measured in
         // the digest-free combination only.
         if self.digest == crate::offload::Digest::None {
@@ -709,6 +712,44 @@ impl LabRun {
             p.stop();
         }
         r
+    }
+
+    /// Between hosts, the AoE targets that started are asked for by an AoE
+    /// config query broadcast from the client host's interface; those that
+    /// do not answer are unavailable (a layer-2 reason, not a failure of the
+    /// target), for every client.
+    fn check_aoe_reach(&mut self, topo: &Topology, link: &Link, live: &mut Vec<LiveSubject>) {
+        let wanted: Vec<(Subject, (u16, u8))> =
+            live.iter().filter_map(|s| crate::remote::aoe_address(s.subject).map(|a| (s.subject, a))).collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let addrs: Vec<(u16, u8)> = wanted.iter().map(|w| w.1).collect();
+        // A second, longer query before giving up: a frame lost on a busy
+        // (or emulated) host is not a missing layer-2 path.
+        let mut result = (vec![], String::new());
+        for wait_s in [2, 5] {
+            result = match crate::remote::aoe_answers(&topo.client, &self.exe, &link.client_if, &addrs, wait_s) {
+                Ok(v) => v,
+                Err(e) => (vec![], format!("{e:#}")),
+            };
+            if result.0.len() == addrs.len() {
+                break;
+            }
+        }
+        let (answered, err) = result;
+        for (subject, (shelf, slot)) in wanted.into_iter().filter(|w| !answered.contains(&w.1)) {
+            let why = format!(
+                "AoE cannot reach the target at layer 2: an AoE config query broadcast from {} on {} got no answer from e{shelf}.{slot} ({}){}",
+                link.client_if,
+                topo.client.name(),
+                subject.target_name(),
+                if err.is_empty() { String::new() } else { format!(": {err}") }
+            );
+            self.say(&format!("lab: preflight: {why}"));
+            self.mark_target_unavailable(subject, link.mtu, why);
+            live.retain(|s| s.subject != subject);
+        }
     }
 
     /// Beside each started target measured by blockwire's client, the

@@ -255,6 +255,42 @@ fn choose_clients(
     Ok((kinds, notes))
 }
 
+/// The AoE shelf and slot subject `s` serves at, if it is an AoE target.
+pub fn aoe_address(s: Subject) -> Option<(u16, u8)> {
+    use crate::subjects::{blockwire, vblade, PeerKind, Protocol};
+    match s {
+        Subject::Blockwire(Protocol::Aoe) => Some(blockwire::AOE_ADDRESS),
+        Subject::Peer(PeerKind::Vblade) => Some(vblade::AOE_ADDRESS),
+        _ => None,
+    }
+}
+
+/// Which of the AoE targets `wanted` (shelf, slot) answer a config query
+/// broadcast from `iface` on the client host (`blockwire aoe discover`, the
+/// lab's own binary there). AoE is Ethernet frames: the query reaches a
+/// target only when the two hosts share a layer-2 segment, whatever the IP
+/// route says (proxy ARP, a bridge, a router without a gateway entry).
+/// Answers are awaited `wait_s` seconds. Also what the query printed on
+/// stderr, for the message.
+pub fn aoe_answers(client: &Host, exe: &Path, iface: &str, wanted: &[(u16, u8)], wait_s: u32) -> anyhow::Result<(Vec<(u16, u8)>, String)> {
+    let exe = client.lab_exe(exe);
+    let out = client
+        .command_with(&exe.to_string_lossy(), &["aoe", "discover", iface, "--wait", &wait_s.to_string()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run an AoE query on {}: {e}", client.name()))?;
+    // `discover` fails when nothing answers: what it printed still counts.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answered = wanted.iter().copied().filter(|&a| answered_by(&text, a)).collect();
+    Ok((answered, crate::runner::last_lines(&String::from_utf8_lossy(&out.stderr), 1)))
+}
+
+/// Whether `blockwire aoe discover` output lists shelf.slot `a`.
+fn answered_by(discover: &str, (shelf, slot): (u16, u8)) -> bool {
+    let name = format!("e{shelf}.{slot}");
+    discover.lines().any(|l| l.split_whitespace().next() == Some(name.as_str()))
+}
+
 /// Prints `key=value` facts about a host and its interface `$1`.
 const HOST_FACTS: &str = r#"d="$1"; PATH=$PATH:/usr/sbin:/sbin
 echo "cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
@@ -303,6 +339,16 @@ pub fn host_info(host: &Host, role: &str, nic: &str) -> anyhow::Result<crate::re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aoe_answers_are_read_from_discover() {
+        let out = "e1.0  aoe://eth1/1.0  mac 02:00:00:00:00:01  size 16.0 MiB (16777216 bytes)  buffers 16  sectors/frame 2  config \"\"\n";
+        assert!(answered_by(out, (1, 0)));
+        assert!(!answered_by(out, (2, 0)));
+        assert!(!answered_by("e11.0  aoe://eth1/11.0\n", (1, 0)));
+        assert_eq!(aoe_address(Subject::Peer(crate::subjects::PeerKind::Vblade)), Some(crate::subjects::vblade::AOE_ADDRESS));
+        assert_eq!(aoe_address(Subject::Peer(crate::subjects::PeerKind::Tgt)), None);
+    }
 
     #[test]
     fn host_facts_of_this_machine() {

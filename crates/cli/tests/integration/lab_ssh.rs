@@ -557,6 +557,42 @@ fn fs_suite_on_a_client_host_and_a_killed_runs_mount_undone_by_the_next() {
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
+/// AoE is asked for, not assumed: the target's data address is on a dummy
+/// interface that the client reaches over the veth by IP (a route with no
+/// gateway), but no Ethernet frame of the client's reaches that interface.
+/// The AoE query from the client gets no answer: AoE is unavailable with a
+/// preflight line, iSCSI on the same target is measured.
+#[test]
+fn aoe_without_a_layer_2_path_is_unavailable_by_an_aoe_query() {
+    let hosts = Hosts::new("a");
+    let data_ip = "10.232.0.1";
+    let dummy = format!("{}d", hosts.target_ns);
+    run(&["ip", "-n", &hosts.target_ns, "link", "add", &dummy, "type", "dummy"]);
+    run(&["ip", "-n", &hosts.target_ns, "addr", "add", &format!("{data_ip}/32"), "dev", &dummy]);
+    run(&["ip", "-n", &hosts.target_ns, "link", "set", &dummy, "up"]);
+    run(&["ip", "-n", &hosts.client_ns, "route", "add", &format!("{data_ip}/32"), "dev", &format!("{}v", hosts.client_ns)]);
+    let out = out_dir("aoe-l2");
+    let mut child = hosts
+        .lab(&out, &["--suite", "micro", "--protocols", "aoe,iscsi", "--peers", "none", "--repeat", "1", "--size", "8M", "--runtime", "1", "--quick", "--micro-workloads", "randread-4k-qd1", "--data-addr", data_ip])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (st, stderr) = wait_done(&mut child, Duration::from_secs(300), "the lab with AoE cut off at layer 2");
+    assert!(st.success(), "{stderr}");
+    assert!(stderr.contains("lab: preflight: AoE cannot reach the target at layer 2"), "{stderr}");
+    let r = saved(&out);
+    let subjects = r["subjects"].as_array().unwrap();
+    let aoe = subjects.iter().find(|s| s["key"] == "blockwire-aoe").expect("blockwire-aoe in subjects");
+    assert!(aoe["unavailable"].as_str().unwrap_or_default().contains("AoE config query"), "{aoe}");
+    let samples = r["samples"].as_array().unwrap();
+    assert!(samples.iter().any(|s| s["subject"] == "blockwire-iscsi"), "iSCSI was not measured: {stderr}");
+    assert!(!samples.iter().any(|s| s["subject"] == "blockwire-aoe"));
+    let left = hosts.settled_leftovers(pid);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
 /// The kernel VM as the client host: this machine is the target host (an
 /// sshd of the test's on 127.0.0.1), the guest the client host (dropbear,
 /// reached through a qemu port forward), joined by a tap device on a
