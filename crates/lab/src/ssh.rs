@@ -125,7 +125,8 @@ fn sha256(path: &Path) -> anyhow::Result<String> {
 /// [`CLEANUP_SCRIPT`] and [`UNDO_ONE`] (one text: what a run undoes at its
 /// end is what a later run undoes for it). Kinds: `file`, `dir` (the
 /// binary's: kept while another run's state file lists it), `mtu DEV OLD`,
-/// `kernel
+/// `offload DEV FEATURE on|off...` (`ethtool -K`), `qdisc DEV` (the root
+/// qdisc the lab put there; the kernel's default comes back), `kernel
 /// WHAT A B` (`crate::clients`),
 /// `cgroup DIR` (its processes killed, then removed), `mount MP`,
 /// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`.
@@ -145,6 +146,8 @@ undo() {
          keep=""; for o in "${s%/*}"/state-*; do [ "$o" != "$s" ] && grep -q "^dir $a " "$o" 2>/dev/null && keep=1; done
          [ -n "$keep" ] || rm -rf -- "$a" ;;
     mtu) ip link set dev "$a" mtu "$b" ;;
+    offload) ethtool -K "$a" $b >/dev/null 2>&1 ;;
+    qdisc) tc qdisc del dev "$a" root 2>/dev/null ;;
     kernel) detach_kernel "$a" $b ;;
     cgroup) if [ -d "$a" ]; then
               n=0; while ! rmdir "$a" 2>/dev/null && [ $n -lt 50 ]; do
@@ -518,7 +521,7 @@ mod tests {
         // A mount point the lab made, and lines for things this machine
         // lacks: undoing them is harmless.
         std::fs::create_dir_all(dir.join("mp")).unwrap();
-        let others = format!("rmdir {}\n", dir.join("mp").display());
+        let others = format!("rmdir {}\nqdisc bwlab-no-such-dev\noffload bwlab-no-such-dev tx on\n", dir.join("mp").display());
         std::fs::write(&state, format!("pid {pid} {start}\npid 1 999\nfile {}\ndir {} \n{others}{shared}", file.display(), dir.join("sub").display())).unwrap();
         // Another run's state file lists the shared directory: it stays.
         let other = dir.join("state-other");
