@@ -433,8 +433,9 @@ impl LabRun {
         for shape in self.plan.links.clone() {
             // Shape every veth pair, then measure the network before storage.
             let mut qdiscs = vec![];
-            // A real NIC's qdiscs are left alone (the plan allows no shapes there).
-            for link in links.iter().filter(|_| !topo.remote) {
+            // A real NIC is shaped only with --allow-nic-changes (the plan
+            // refuses shapes between hosts without it).
+            for link in &links {
                 qdiscs.extend(crate::net::apply_shape(&topo, link, &shape)?);
             }
             self.shape = shape.name.clone();

@@ -46,6 +46,12 @@ fn needs(plan: &Plan, role: Role) -> Vec<Need> {
     if plan.net_runs > 0 {
         v.push(base("iperf3", "iperf3"));
     }
+    if plan.links.iter().any(|l| l.bits_per_s.is_some()) {
+        v.push(base("tc", "iproute2"));
+    }
+    if !plan.params.offloads.is_empty() {
+        v.push(base("ethtool", "ethtool"));
+    }
     if let (Role::Client, Some(fs)) = (role, &plan.fs) {
         // The fs suite's workloads and file systems run on the client host.
         v.extend([base("fio", "fio"), base("mount", "mount")]);
@@ -93,7 +99,7 @@ fn probe(h: &SshHost, programs: &[&str]) -> anyhow::Result<Probed> {
     let list: Vec<String> = programs.iter().map(|p| crate::ssh::quote(p)).collect();
     let line = format!(
         "PATH=$PATH:/usr/sbin:/sbin; for p in {}; do command -v \"$p\" >/dev/null || echo \"missing $p\"; done; echo \"uid $(id -u)\"; echo \"shm $(df -Pk /dev/shm | awk 'NR==2{{print $4}}')\"; \
-         [ -e /dev/fuse ] && echo fuse; {{ [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ] || grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; }} && echo memcg",
+         [ -e /dev/fuse ] && echo fuse; {{ [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ] || grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; }} && echo memcg; true",
         list.join(" ")
     );
     let out = h.run_line(&line)?;
@@ -145,11 +151,11 @@ fn preflight(h: &SshHost, role: Role, plan: &Plan) -> anyhow::Result<(Vec<String
 
 /// What the plan may not do between real hosts (and the local baseline,
 /// which measures this machine's tmpfs, is left out).
-pub fn adapt_plan(plan: &mut Plan) -> Vec<String> {
+pub fn adapt_plan(plan: &mut Plan, allow_nic_changes: bool) -> Vec<String> {
     let mut fatal = vec![];
     plan.baseline = false;
-    if plan.links.iter().any(|l| l.bits_per_s.is_some()) {
-        fatal.push("--link shapes a NIC's qdiscs: between real hosts the lab leaves them alone (use --link none)".to_string());
+    if plan.links.iter().any(|l| l.bits_per_s.is_some()) && !allow_nic_changes {
+        fatal.push("--link shapes a NIC's qdiscs: between real hosts the lab leaves them alone unless --allow-nic-changes (or use --link none)".to_string());
     }
     if !plan.params.tcp_congestion.is_empty() {
         fatal.push("--tcp-congestion is a host-wide setting: between real hosts set it yourself (the report records each host's)".to_string());

@@ -394,7 +394,12 @@ fn start_cuttable(hosts: &Hosts, out: &Path) -> Child {
     // The first sample is saved once every subject ran the first workload
     // `--repeat` times; three more workloads follow to be cut.
     let args = ["--suite", "micro", "--protocols", "iscsi,nvme", "--peers", "tgt", "--repeat", "3", "--size", "16M", "--runtime", "1"];
-    let mut child = hosts.lab(out, &args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    start_and_wait_first_sample(hosts, out, &args)
+}
+
+/// Start a remote run with `args` and wait for its first saved sample.
+fn start_and_wait_first_sample(hosts: &Hosts, out: &Path, args: &[&str]) -> Child {
+    let mut child = hosts.lab(out, args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let n = std::fs::read_to_string(out.join("results.json"))
@@ -405,7 +410,11 @@ fn start_cuttable(hosts: &Hosts, out: &Path) -> Child {
         if n > 0 {
             break;
         }
-        assert!(child.try_wait().unwrap().is_none(), "the lab ended before its first sample");
+        if child.try_wait().unwrap().is_some() {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err);
+            panic!("the lab ended before its first sample: {err}");
+        }
         assert!(Instant::now() < deadline, "no sample within 5 minutes");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -517,13 +526,17 @@ fn fs_suite_on_a_client_host_and_a_killed_runs_mount_undone_by_the_next() {
         ]
     };
     let out1 = out_dir("fs-killed");
-    let mut first = hosts.lab(&out1, &args("60")).arg("--client-host").arg(&client_url).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut first = hosts.lab(&out1, &args("60")).arg("--client-host").arg(&client_url).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let pid1 = first.id();
     // Killed once its file system is mounted on the client host.
     let deadline = Instant::now() + Duration::from_secs(240);
     let mounted = |pid: u32| std::fs::read_to_string("/proc/mounts").unwrap().lines().any(|l| l.contains("bwlab-remote-") && l.contains(&format!("-{pid}-mnt")) && !l.contains("fuse"));
     while !mounted(pid1) {
-        assert!(first.try_wait().unwrap().is_none(), "the first run ended before it mounted");
+        if first.try_wait().unwrap().is_some() {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(&mut first.stderr.take().unwrap(), &mut err);
+            panic!("the first run ended before it mounted: {err}");
+        }
         assert!(Instant::now() < deadline, "no file system mounted on the client host within 4 minutes");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -551,13 +564,72 @@ fn fs_suite_on_a_client_host_and_a_killed_runs_mount_undone_by_the_next() {
         assert!(s["peak_mem_bytes"].as_u64().unwrap() > 0, "{s}");
     }
     let mut left = hosts.settled_leftovers(pid2);
-    left.extend(hosts.leftovers(pid1));
+    // (A SIGKILLed lab's own ssh control sockets here are stale files
+    // nothing of it could remove; they name no host.)
+    left.extend(hosts.leftovers(pid1).into_iter().filter(|l| !l.contains(&format!("bwlab-{pid1}-ssh-"))));
     left.extend(client_fs_leftovers(pid1));
     left.extend(client_fs_leftovers(pid2));
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
-/// AoE is asked for, not assumed: the target's data address is on a dummy
+/// `--allow-nic-changes` on a "real" NIC (the target namespace's veth,
+/// reached over ssh): MTU, offloads and a tbf root qdisc are set, and each
+/// is in the host's state file before it is: a SIGKILLed run leaves them,
+/// the next run on that host puts them back before it starts.
+#[test]
+fn nic_changes_of_a_killed_run_are_put_back_by_the_next_run() {
+    let hosts = Hosts::new("n");
+    let dev = format!("{}v", hosts.target_ns);
+    let in_target = |args: &[&str]| -> String {
+        let mut a = vec!["ip", "netns", "exec", hosts.target_ns.as_str()];
+        a.extend_from_slice(args);
+        run(&a)
+    };
+    let mtu = || -> String { in_target(&["cat", &format!("/sys/class/net/{dev}/mtu")]).trim().to_string() };
+    let qdisc = || in_target(&["tc", "qdisc", "show", "dev", &dev, "root"]);
+    let offloads = || -> String {
+        in_target(&["ethtool", "-k", &dev])
+            .lines()
+            .filter(|l| ["tcp-segmentation-offload:", "generic-receive-offload:", "scatter-gather:", "tx-checksumming:"].iter().any(|k| l.starts_with(k)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let before = (mtu(), offloads());
+    assert!(!qdisc().contains("tbf"), "{}", qdisc());
+    let out1 = out_dir("nic-killed");
+    let args = [
+        "--suite", "micro", "--protocols", "iscsi", "--peers", "none", "--repeat", "3", "--size", "16M", "--runtime", "1",
+        "--allow-nic-changes", "--mtu", "1400", "--link", "1gbit", "--offload", "none",
+    ];
+    let mut first = start_and_wait_first_sample(&hosts, &out1, &args);
+    let pid1 = first.id();
+    let changed = (mtu(), offloads(), qdisc());
+    kill(&[pid1], libc::SIGKILL);
+    let _ = first.wait();
+    assert_eq!(changed.0, "1400", "the MTU was not set");
+    assert_ne!(changed.1, before.1, "the offloads were not switched");
+    assert!(changed.2.contains("tbf"), "no tbf: {}", changed.2);
+    assert!(qdisc().contains("tbf") && mtu() == "1400", "the killed run's changes went by themselves: nothing for the next run to undo");
+
+    let out2 = out_dir("nic-next");
+    let mut next = hosts
+        .lab(&out2, &["--suite", "micro", "--protocols", "nvme", "--peers", "none", "--repeat", "1", "--size", "8M", "--runtime", "1", "--quick"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid2 = next.id();
+    let (st, stderr) = wait_done(&mut next, Duration::from_secs(300), "the run after the killed one");
+    assert!(st.success(), "{stderr}");
+    assert!(stderr.contains(&format!("ssh://root@{TARGET_IP}: undid what an interrupted run left")), "{stderr}");
+    assert_eq!((mtu(), offloads()), before, "MTU and offloads not put back");
+    assert!(!qdisc().contains("tbf"), "the tbf is still there: {}", qdisc());
+    let mut left = hosts.settled_leftovers(pid2);
+    left.extend(hosts.leftovers(pid1).into_iter().filter(|l| !l.contains(&format!("bwlab-{pid1}-ssh-"))));
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// AoE is asked for, not assumed: the target's data address is on an
 /// interface that the client reaches over the veth by IP (a route with no
 /// gateway), but no Ethernet frame of the client's reaches that interface.
 /// The AoE query from the client gets no answer: AoE is unavailable with a
@@ -567,9 +639,12 @@ fn aoe_without_a_layer_2_path_is_unavailable_by_an_aoe_query() {
     let hosts = Hosts::new("a");
     let data_ip = "10.232.0.1";
     let dummy = format!("{}d", hosts.target_ns);
-    run(&["ip", "-n", &hosts.target_ns, "link", "add", &dummy, "type", "dummy"]);
+    // (A veth pair inside the target namespace: this kernel has no dummy.)
+    let peer = format!("{}e", hosts.target_ns);
+    run(&["ip", "-n", &hosts.target_ns, "link", "add", &dummy, "type", "veth", "peer", "name", &peer]);
     run(&["ip", "-n", &hosts.target_ns, "addr", "add", &format!("{data_ip}/32"), "dev", &dummy]);
     run(&["ip", "-n", &hosts.target_ns, "link", "set", &dummy, "up"]);
+    run(&["ip", "-n", &hosts.target_ns, "link", "set", &peer, "up"]);
     run(&["ip", "-n", &hosts.client_ns, "route", "add", &format!("{data_ip}/32"), "dev", &format!("{}v", hosts.client_ns)]);
     let out = out_dir("aoe-l2");
     let mut child = hosts
