@@ -127,7 +127,7 @@ fn sha256(path: &Path) -> anyhow::Result<String> {
 /// binary's: kept while another run's state file lists it), `mtu DEV OLD`,
 /// `offload DEV FEATURE on|off...` (`ethtool -K`), `qdisc DEV` (the root
 /// qdisc the lab put there; the kernel's default comes back), `kernel
-/// WHAT A B` (`crate::clients`),
+/// WHAT A B` (`crate::clients`), `module NAME` (loaded by the lab),
 /// `cgroup DIR` (its processes killed, then removed), `mount MP`,
 /// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`.
 macro_rules! undo_function {
@@ -149,6 +149,7 @@ undo() {
     offload) ethtool -K "$a" $b >/dev/null 2>&1 ;;
     qdisc) tc qdisc del dev "$a" root 2>/dev/null ;;
     kernel) detach_kernel "$a" $b ;;
+    module) modprobe -r "$a" 2>/dev/null ;;
     cgroup) if [ -d "$a" ]; then
               n=0; while ! rmdir "$a" 2>/dev/null && [ $n -lt 50 ]; do
                 for p in $(cat "$a/cgroup.procs" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
@@ -521,7 +522,7 @@ mod tests {
         // A mount point the lab made, and lines for things this machine
         // lacks: undoing them is harmless.
         std::fs::create_dir_all(dir.join("mp")).unwrap();
-        let others = format!("rmdir {}\nqdisc bwlab-no-such-dev\noffload bwlab-no-such-dev tx on\n", dir.join("mp").display());
+        let others = format!("rmdir {}\nqdisc bwlab-no-such-dev\noffload bwlab-no-such-dev tx on\nmodule bwlab_no_such_module\n", dir.join("mp").display());
         std::fs::write(&state, format!("pid {pid} {start}\npid 1 999\nfile {}\ndir {} \n{others}{shared}", file.display(), dir.join("sub").display())).unwrap();
         // Another run's state file lists the shared directory: it stays.
         let other = dir.join("state-other");
