@@ -637,6 +637,11 @@ fn release_resource(r: &Resource) -> anyhow::Result<()> {
         Resource::HostShell { host, script, args } => {
             let mut a: Vec<&str> = vec!["-c", script, "sh"];
             a.extend(args.iter().map(|s| s.as_str()));
+            // Interrupted, what is undone need not be kept (a volume's last
+            // writes): the script may take the quick way (`ssh::UNDO_ONE`).
+            if interrupted() {
+                a.push("stale");
+            }
             // Bounded: a kernel driver can hold an undo (an aoe flush waits
             // for its device's pending work); the host's state file still
             // lists it for the next run.

@@ -37,7 +37,8 @@ pub struct KernelClient {
     pub name: &'static str,
     /// The initiator as the report names it.
     pub initiator: &'static str,
-    /// A shell test that succeeds when the host has it (loads the module).
+    /// A shell test that succeeds when the host has it (loads the module
+    /// with `load`, see [`LOAD`]).
     probe: &'static str,
     /// What is missing when the probe fails.
     missing: &'static str,
@@ -48,21 +49,21 @@ pub const KERNEL: [KernelClient; 3] = [
         protocol: Protocol::Iscsi,
         name: "kernel-iscsi",
         initiator: "open-iscsi (kernel iscsi_tcp)",
-        probe: "command -v iscsiadm && modprobe -q iscsi_tcp",
+        probe: "command -v iscsiadm && load iscsi_tcp",
         missing: "iscsiadm or the iscsi_tcp module (package open-iscsi)",
     },
     KernelClient {
         protocol: Protocol::Nvme,
         name: "kernel-nvme",
         initiator: "nvme-cli (kernel nvme-tcp)",
-        probe: "command -v nvme && modprobe -q nvme-tcp",
+        probe: "command -v nvme && load nvme-tcp",
         missing: "nvme or the nvme-tcp module (package nvme-cli)",
     },
     KernelClient {
         protocol: Protocol::Aoe,
         name: "kernel-aoe",
         initiator: "the kernel aoe driver",
-        probe: "modprobe -q aoe && n=0; while [ ! -e /dev/etherd/discover ] && [ $n -lt 50 ]; do sleep 0.1; n=$((n+1)); done; [ -e /dev/etherd/discover ]",
+        probe: "load aoe && n=0; while [ ! -e /dev/etherd/discover ] && [ $n -lt 50 ]; do sleep 0.1; n=$((n+1)); done; [ -e /dev/etherd/discover ]",
         missing: "the aoe module or /dev/etherd",
     },
 ];
@@ -105,14 +106,38 @@ impl ClientKind {
     }
 }
 
+/// `load MODULE` for the probes: a module not loaded yet is written to the
+/// state file (`$state`) as `module NAME` before modprobe loads it, so the
+/// lab's end (or the next run, after a killed one) unloads it again; one
+/// loaded before (or built in) is left alone.
+const LOAD: &str = r#"exec 3>&1
+load() {
+  [ -d "/sys/module/$(echo "$1" | tr - _)" ] && return 0
+  echo "module $1" >> "$state"
+  modprobe -q "$1" && echo "loaded $1" >&3
+}
+"#;
+
 /// The kernel clients `host` has (fio included, which drives them), and a
-/// line for each one it lacks. One round trip.
+/// line for each one it lacks. One round trip. Modules it loads are
+/// recorded in an ssh host's state file; on the lab's own machine they are
+/// tracked to be unloaded at the end.
 pub fn detect(host: &Host) -> anyhow::Result<(Vec<Protocol>, Vec<String>)> {
-    let mut script = String::from("PATH=$PATH:/usr/sbin:/sbin; command -v fio >/dev/null || echo nofio\n");
+    let state = match host {
+        Host::Ssh(h) => h.state_file(),
+        _ => "/dev/null".into(),
+    };
+    let mut script = format!("PATH=$PATH:/usr/sbin:/sbin; state={}\n{LOAD}command -v fio >/dev/null || echo nofio\n", crate::ssh::quote(&state));
     for k in &KERNEL {
         script += &format!("( {} ) >/dev/null 2>&1 && echo has {}\n", k.probe, k.name);
     }
     let out = host.run("sh", &["-c", &script])?;
+    if !matches!(host, Host::Ssh(_)) {
+        for m in out.lines().filter_map(|l| l.strip_prefix("loaded ")) {
+            let undo = Resource::HostShell { host: host.clone(), script: crate::ssh::UNDO_ONE.into(), args: vec!["module".into(), m.into(), String::new()] };
+            registry().create(undo, || Ok(()))?;
+        }
+    }
     if out.lines().any(|l| l == "nofio") {
         return Ok((vec![], vec![format!("{}: fio is not installed (package fio): no kernel initiator can be measured", host.name())]));
     }

@@ -37,6 +37,7 @@ pub mod offload;
 pub mod orchestrate;
 pub mod plan;
 pub mod remote;
+pub mod remote_fs;
 pub mod route;
 pub mod runner;
 pub mod ssh;
@@ -128,7 +129,10 @@ pub struct LabArgs {
     /// --client-host every kernel initiator that host has.
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub clients: Option<Vec<clients::ClientChoice>>,
-    /// Let the lab set a real NIC's MTU to --mtu (restored at the end).
+    /// Let the lab change real NICs: the MTU to --mtu, offloads (--offload),
+    /// qdiscs (--link shapes, on NICs with the kernel's default root
+    /// qdisc); each written to the host's state file first and restored at
+    /// the end (or by the next run after a killed one).
     #[arg(long, requires = "target_host")]
     pub allow_nic_changes: bool,
     /// Micro suite: the workloads to run (default: all; --quick: seqread-1m, randread-4k-qd1, randread-4k-qd32, randwrite-4k-qd32).
@@ -220,7 +224,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     })?;
     let mut plan = plan;
     if args.target_host.is_some() {
-        let fatal = remote::adapt_plan(&mut plan, args.client_host.is_some());
+        let fatal = remote::adapt_plan(&mut plan, args.allow_nic_changes);
         anyhow::ensure!(fatal.is_empty(), "{}", fatal.join("\n"));
     }
     anyhow::ensure!(

@@ -123,6 +123,10 @@ pub struct Mounted {
 }
 
 impl Mounted {
+    pub fn new(mountpoint: PathBuf, daemon_pid: Option<u32>, tokens: Vec<Token>) -> Mounted {
+        Mounted { mountpoint, daemon_pid, tokens }
+    }
+
     /// Unmount (and detach the loop device, FUSE and the daemon).
     pub fn release(self) -> anyhow::Result<()> {
         release_all(self.tokens)

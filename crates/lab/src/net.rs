@@ -5,6 +5,7 @@
 //! of the veth pair (this kernel has no netem).
 
 use crate::cleanup::{registry, Resource, Token};
+use crate::host::Host;
 use crate::topology::{Link, Topology};
 pub use bw_lab_results::net::*;
 
@@ -22,23 +23,61 @@ pub fn tbf_args(dev: &str, bits_per_s: u64) -> Vec<String> {
         .collect()
 }
 
-/// Shape both directions of `link` (each veth end's egress), or remove the
-/// shaping for `none`. The qdiscs are tracked for Ctrl-C cleanup.
+/// Shape both directions of `link` (each end's egress), or remove the
+/// shaping for `none`. The qdiscs are tracked for Ctrl-C cleanup. On a
+/// real NIC (allowed by `--allow-nic-changes`) the root qdisc must be the
+/// kernel's default, which comes back when ours is deleted; the qdisc goes
+/// into the host's state file first, so a killed run's next run removes it.
 pub fn apply_shape(topo: &Topology, link: &Link, shape: &LinkShape) -> anyhow::Result<Vec<Token>> {
     let mut tokens = vec![];
     for (host, dev) in [(&topo.target, &link.target_if), (&topo.client, &link.client_if)] {
-        match shape.bits_per_s {
-            Some(rate) => {
-                let (t, ()) = registry().create(Resource::Qdisc { ns: host.name().to_string(), dev: dev.clone() }, || host.tc(&tbf_args(dev, rate)))?;
+        match (shape.bits_per_s, host) {
+            (Some(rate), Host::LocalNamespace(ns)) => {
+                let (t, ()) = registry().create(Resource::Qdisc { ns: ns.clone(), dev: dev.clone() }, || host.tc(&tbf_args(dev, rate)))?;
                 tokens.push(t);
             }
+            (Some(rate), _) => tokens.push(shape_real_nic(host, dev, rate)?),
             // The default qdisc comes back when the root one goes.
-            None => {
+            (None, Host::LocalNamespace(_)) => {
                 let _ = host.tc(&["qdisc".into(), "del".into(), "dev".into(), dev.clone(), "root".into()]);
             }
+            // A real NIC's own qdiscs are never touched; ours went with
+            // the previous shape's tokens.
+            (None, _) => {}
         }
     }
     Ok(tokens)
+}
+
+/// A tbf on a real NIC `dev` of `host`, if its root qdisc is the kernel's
+/// default (handle `0:`): one the user set up would not come back.
+fn shape_real_nic(host: &Host, dev: &str, rate: u64) -> anyhow::Result<Token> {
+    let now = host.run("tc", &["-j", "qdisc", "show", "dev", dev, "root"])?;
+    if let Some(h) = own_root_qdisc(&now) {
+        anyhow::bail!(
+            "{dev} on {} has a root qdisc of its own ({h}): the lab would not put it back, so it does not shape that NIC (remove it, or use --link none)",
+            host.name()
+        );
+    }
+    let make = || host.tc(&tbf_args(dev, rate));
+    let (t, ()) = match host {
+        Host::Ssh(h) => h.recorded("qdisc", dev, "", make)?,
+        _ => {
+            let res = Resource::HostShell { host: host.clone(), script: crate::ssh::UNDO_ONE.into(), args: vec!["qdisc".into(), dev.into(), String::new()] };
+            registry().create(res, make)?
+        }
+    };
+    Ok(t)
+}
+
+/// The root qdisc in `tc -j qdisc show dev DEV root` output when it is not
+/// the kernel's default (`kind handle`), None when it is.
+fn own_root_qdisc(json: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    v.as_array()?.iter().find_map(|q| {
+        let handle = q.get("handle")?.as_str()?;
+        (handle != "0:").then(|| format!("{} {handle}", q.get("kind").and_then(|k| k.as_str()).unwrap_or("?")))
+    })
 }
 
 /// What one `iperf3 -J` run reports.
@@ -145,6 +184,15 @@ mod tests {
         assert_eq!(at("burst"), "5000000");
         let b = tbf_args("v", 1_000_000);
         assert_eq!(b[b.iter().position(|x| x == "burst").unwrap() + 1], "65536");
+    }
+
+    #[test]
+    fn a_real_nics_own_root_qdisc_is_told_from_the_default() {
+        // `tc -j qdisc show dev X root` (iproute2 6.1): the kernel's default
+        // has handle 0:, one added by hand gets 8001: and up.
+        assert_eq!(own_root_qdisc(r#"[{"kind":"fq_codel","handle":"0:","root":true,"refcnt":2,"options":{}}]"#), None);
+        assert_eq!(own_root_qdisc(r#"[{"kind":"mq","handle":"0:","root":true,"options":{}}]"#), None);
+        assert_eq!(own_root_qdisc(r#"[{"kind":"fq","handle":"8001:","root":true,"options":{}}]"#).as_deref(), Some("fq 8001:"));
     }
 
     #[test]

@@ -135,6 +135,11 @@ impl Saved {
         Ok(Saved { host: host.clone(), dev: dev.to_string(), features: host.offloads(dev)? })
     }
 
+    /// The features as `ethtool -K DEV` takes them: `tx on rx off ...`.
+    pub fn ethtool_args(&self) -> String {
+        self.features.iter().map(|(k, on)| format!("{k} {}", if *on { "on" } else { "off" })).collect::<Vec<_>>().join(" ")
+    }
+
     /// Put them back, and check they are back.
     pub fn restore(&self) -> anyhow::Result<()> {
         self.host.set_offloads(&self.dev, &self.features)?;
@@ -161,5 +166,7 @@ mod tests {
         assert!(Digest::parse("md5").is_err());
         assert_eq!((Digest::None.factor(), Digest::Crc32c.factor()), ("", "crc32c"));
         assert!(Offload::MtuFrames.features().iter().all(|(k, _)| ["tso", "gso", "gro"].contains(k)));
+        let saved = Saved { host: Host::Local, dev: "eth0".into(), features: vec![("tx", true), ("gro", false)] };
+        assert_eq!(saved.ethtool_args(), "tx on gro off");
     }
 }

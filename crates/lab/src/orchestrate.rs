@@ -12,6 +12,7 @@ use crate::results::{
     unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, WireCounters, Workload,
     FORMAT,
 };
+use crate::host::Host;
 use crate::subjects::{blockwire, Subject};
 use crate::targets::TargetProcess;
 use crate::topology::{Link, Remote, Topology};
@@ -55,6 +56,11 @@ impl LiveSubject {
     }
 }
 
+/// A subject of the fs suite: its key, its URL (or a kernel initiator's
+/// block device), the index of its target process, whether it is a kernel
+/// initiator's (none of them for the local baseline).
+type FsSubject = (String, Option<String>, Option<usize>, bool);
+
 /// One fs case: a workload at one memory limit on one subject's file
 /// system (or the local raw device) in one repetition.
 #[derive(Clone, Copy)]
@@ -74,6 +80,8 @@ struct FsCaseRun<'a> {
     mp: &'a Path,
     /// The raw device the raw workload runs on (local baseline only).
     raw_dev: Option<&'a str>,
+    /// A kernel initiator's file system: its CPU is the client machine's.
+    kernel: bool,
 }
 
 pub struct LabRun {
@@ -90,6 +98,8 @@ pub struct LabRun {
     fs_dir: Option<PathBuf>,
     /// Numbers the fs suite's cgroups.
     fs_serial: u64,
+    /// The memory controller of an ssh client host (`remote_fs::cgroup_base`).
+    client_cgroup: Option<(String, String)>,
     /// The hosts of a run across machines (None: namespaces on this one).
     pub remote: Option<Remote>,
     /// The offload study's factors being measured.
@@ -181,6 +191,13 @@ fn parse_fs_result(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, stdout: 
     })
 }
 
+/// The memory cgroup of one fs case: on this machine, or on the ssh client
+/// host the workload runs on.
+enum FsCgroup {
+    Local(crate::cleanup::Token, crate::cgroup::MemCgroup),
+    Remote(crate::remote_fs::Cgroup),
+}
+
 /// The storage suites (net, micro, sweep, fs) run as one: they share the
 /// targets started per link, and every case takes turns over the subjects.
 impl crate::suite::Suite for LabRun {
@@ -255,6 +272,7 @@ impl LabRun {
             shape: crate::results::default_link(),
             fs_dir: None,
             fs_serial: 0,
+            client_cgroup: None,
             remote: None,
             factors: Default::default(),
             digest: Default::default(),
@@ -383,22 +401,30 @@ impl LabRun {
                     unavailable: None,
                 });
             }
-            // The mount point lives in a shared mount: see SharedDir.
-            let pid = std::process::id();
-            let shared = crate::mounts::SharedDir::create(&crate::mounts::fs_dir(pid))?;
-            let dir = crate::mounts::fs_mountpoint(pid);
-            let made = registry().create(Resource::Dir(dir.clone()), || {
-                Ok(std::fs::create_dir_all(&dir)?)
-            });
-            let (t, ()) = match made {
-                Ok(v) => v,
-                Err(e) => {
-                    let _ = shared.release();
-                    return Err(e);
-                }
-            };
-            fs_dir_token = Some((t, shared));
-            self.fs_dir = Some(dir);
+            if let Host::Ssh(h) = &topo.client {
+                // The workloads run on the client host, and mount there.
+                self.client_cgroup = Some(crate::remote_fs::cgroup_base(h)?);
+                let (t, dir) = crate::remote_fs::mountpoint(h)?;
+                fs_dir_token = Some((t, None));
+                self.fs_dir = Some(dir);
+            } else {
+                // The mount point lives in a shared mount: see SharedDir.
+                let pid = std::process::id();
+                let shared = crate::mounts::SharedDir::create(&crate::mounts::fs_dir(pid))?;
+                let dir = crate::mounts::fs_mountpoint(pid);
+                let made = registry().create(Resource::Dir(dir.clone()), || {
+                    Ok(std::fs::create_dir_all(&dir)?)
+                });
+                let (t, ()) = match made {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let _ = shared.release();
+                        return Err(e);
+                    }
+                };
+                fs_dir_token = Some((t, Some(shared)));
+                self.fs_dir = Some(dir);
+            }
         }
         self.save()?;
         self.progress.enable_steady_tick(Duration::from_millis(200));
@@ -407,8 +433,9 @@ impl LabRun {
         for shape in self.plan.links.clone() {
             // Shape every veth pair, then measure the network before storage.
             let mut qdiscs = vec![];
-            // A real NIC's qdiscs are left alone (the plan allows no shapes there).
-            for link in links.iter().filter(|_| !topo.remote) {
+            // A real NIC is shaped only with --allow-nic-changes (the plan
+            // refuses shapes between hosts without it).
+            for link in &links {
                 qdiscs.extend(crate::net::apply_shape(&topo, link, &shape)?);
             }
             self.shape = shape.name.clone();
@@ -438,7 +465,9 @@ impl LabRun {
         topo.teardown()?;
         if let Some((t, shared)) = fs_dir_token {
             registry().release(t)?;
-            shared.release()?;
+            if let Some(shared) = shared {
+                shared.release()?;
+            }
         }
         registry().release(backing_token)?;
         Ok(())
@@ -656,6 +685,9 @@ impl LabRun {
                 Err(why) => self.mark_target_unavailable(subject, link.mtu, why),
             }
         }
+        if topo.remote {
+            self.check_aoe_reach(topo, link, &mut live);
+        }
         // Kernel initiators negotiate no digests here: they are measured in
         // the digest-free combination only.
         if self.digest == crate::offload::Digest::None {
@@ -683,6 +715,44 @@ impl LabRun {
         r
     }
 
+    /// Between hosts, the AoE targets that started are asked for by an AoE
+    /// config query broadcast from the client host's interface; those that
+    /// do not answer are unavailable (a layer-2 reason, not a failure of the
+    /// target), for every client.
+    fn check_aoe_reach(&mut self, topo: &Topology, link: &Link, live: &mut Vec<LiveSubject>) {
+        let wanted: Vec<(Subject, (u16, u8))> =
+            live.iter().filter_map(|s| crate::remote::aoe_address(s.subject).map(|a| (s.subject, a))).collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let addrs: Vec<(u16, u8)> = wanted.iter().map(|w| w.1).collect();
+        // A second, longer query before giving up: a frame lost on a busy
+        // (or emulated) host is not a missing layer-2 path.
+        let mut result = (vec![], String::new());
+        for wait_s in [2, 5] {
+            result = match crate::remote::aoe_answers(&topo.client, &self.exe, &link.client_if, &addrs, wait_s) {
+                Ok(v) => v,
+                Err(e) => (vec![], format!("{e:#}")),
+            };
+            if result.0.len() == addrs.len() {
+                break;
+            }
+        }
+        let (answered, err) = result;
+        for (subject, (shelf, slot)) in wanted.into_iter().filter(|w| !answered.contains(&w.1)) {
+            let why = format!(
+                "AoE cannot reach the target at layer 2: an AoE config query broadcast from {} on {} got no answer from e{shelf}.{slot} ({}){}",
+                link.client_if,
+                topo.client.name(),
+                subject.target_name(),
+                if err.is_empty() { String::new() } else { format!(": {err}") }
+            );
+            self.say(&format!("lab: preflight: {why}"));
+            self.mark_target_unavailable(subject, link.mtu, why);
+            live.retain(|s| s.subject != subject);
+        }
+    }
+
     /// Beside each started target measured by blockwire's client, the
     /// client host's kernel initiator of its protocol, attached now (its
     /// block device stays for the link's runs); blockwire's own client
@@ -691,20 +761,14 @@ impl LabRun {
         use crate::clients::ClientKind;
         let clients = self.clients();
         let per_subject = self.runs_per_subject(link.mtu);
-        let fs_runs = match &self.plan.fs {
-            Some(f) if self.plan.params.mtus.first() == Some(&link.mtu) => self.plan.fs_cases(false).len() as u64 * f.repeat as u64,
-            _ => 0,
-        };
         let mut added = vec![];
-        // Kernel subjects run micro and sweep only.
-        let has_runs = !self.jobs().is_empty();
+        let has_runs = per_subject > 0;
         for s in live.iter().filter(|_| has_runs) {
             let subject = s.subject;
             for c in clients.iter().filter(|c| matches!(c, ClientKind::Kernel(_)) && c.serves(subject)) {
                 let key = c.key(subject);
                 self.progress.set_message(format!("MTU {}: attaching {key}", link.mtu));
-                // Kernel subjects run micro and sweep, not fs (see run_fs).
-                self.progress.inc_length(per_subject - fs_runs);
+                self.progress.inc_length(per_subject);
                 match crate::clients::attach(&topo.client, subject, link) {
                     Ok(a) => {
                         self.say(&format!("lab: {key}: {} on {}", a.device, topo.client.name()));
@@ -716,7 +780,7 @@ impl LabRun {
                         }
                         self.results.failures.push(Failure { subject: key.clone(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
                         self.say(&format!("lab: {key} at MTU {}: unavailable: {e:#}", link.mtu));
-                        self.progress.inc(per_subject - fs_runs);
+                        self.progress.inc(per_subject);
                     }
                 }
             }
@@ -921,16 +985,15 @@ impl LabRun {
         let Some(mp) = self.fs_dir.clone() else {
             return Ok(());
         };
-        // (key, url, target process index); the local baseline has neither.
-        // Kernel initiators are measured with fio on the device only: the
-        // fs suite mounts through blockwire's attach on this machine.
-        let mut subjects: Vec<(String, Option<String>, Option<usize>)> = live
+        // (key, url or a kernel initiator's device, target process index,
+        // kernel); the local baseline has neither.
+        let mut subjects: Vec<FsSubject> = live
             .iter()
-            .filter(|s| !s.gave_up && s.kernel.is_none())
-            .map(|s| (s.key.clone(), Some(s.url.clone()), Some(s.proc)))
+            .filter(|s| !s.gave_up)
+            .map(|s| (s.key.clone(), Some(s.url.clone()), Some(s.proc), s.kernel.is_some()))
             .collect();
         if self.plan.baseline {
-            subjects.push((crate::fs::LOCAL.to_string(), None, None));
+            subjects.push((crate::fs::LOCAL.to_string(), None, None, false));
         }
         if live.iter().any(|s| s.key.ends_with("-nfs")) && !crate::subjects::ganesha::kernel_nfs_client() {
             self.say("lab: fs: the client has no kernel NFS client: NFS is measured through nfs:// (a file system on the image file), not on an NFS mount");
@@ -954,7 +1017,7 @@ impl LabRun {
         topo: &Topology,
         link: &Link,
         procs: &mut [TargetProcess],
-        subjects: &[(String, Option<String>, Option<usize>)],
+        subjects: &[FsSubject],
         fsp: &crate::fs::FsParams,
         mp: &Path,
     ) -> anyhow::Result<()> {
@@ -966,7 +1029,7 @@ impl LabRun {
                 if interrupted() {
                     anyhow::bail!("interrupted");
                 }
-                let (key, url, proc) = subjects[i].clone();
+                let (key, url, proc, kernel) = subjects[i].clone();
                 let local = url.is_none();
                 let cases = self.plan.fs_cases(local);
                 if failed_turns[i] >= MAX_CONSECUTIVE_FAILURES {
@@ -983,7 +1046,7 @@ impl LabRun {
                     }
                 }
                 let target = proc.map(|pi| &procs[pi]);
-                match self.fs_turn(topo, link, &key, url.as_deref(), target, rep, &cases, mp) {
+                match self.fs_turn(topo, link, &key, url.as_deref(), kernel, target, rep, &cases, mp) {
                     Ok(()) => failed_turns[i] = 0,
                     Err(e) => {
                         if interrupted() {
@@ -1036,6 +1099,7 @@ impl LabRun {
         link: &Link,
         key: &str,
         url: Option<&str>,
+        kernel: bool,
         target: Option<&TargetProcess>,
         rep: u32,
         cases: &[(crate::fs::FsWorkload, u64)],
@@ -1057,10 +1121,15 @@ impl LabRun {
                 mem: 0,
                 mp,
                 raw_dev: None,
+                kernel,
             };
-            let mounted = match url {
-                Some(url) => crate::mounts::mount_remote_as(&self.exe, &topo.client, url, mp, self.fs_kind, self.plan.params.size_bytes)?,
-                None => {
+            let size = self.plan.params.size_bytes;
+            let mounted = match (url, &topo.client) {
+                // `url` is the kernel initiator's block device.
+                (Some(dev), client) if kernel => crate::remote_fs::mount_device(client, dev, mp, self.fs_kind, size)?,
+                (Some(url), Host::Ssh(h)) => crate::remote_fs::mount_blockwire(h, url, mp, self.fs_kind, size)?,
+                (Some(url), client) => crate::mounts::mount_remote_as(&self.exe, client, url, mp, self.fs_kind, size)?,
+                (None, _) => {
                     // The raw device first: the file system goes on it next.
                     let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;
                     for &(workload, mem) in cases.iter().filter(|(w, _)| *w == FsWorkload::IogenRaw) {
@@ -1108,7 +1177,7 @@ impl LabRun {
         // (Interrupted: the file system is about to go, and writing its
         // deletions back through a busy link is what made Ctrl-C slow.)
         if !interrupted() {
-            if let Err(e) = crate::mounts::clean_dir(&c.mp.join("w")) {
+            if let Err(e) = crate::remote_fs::clean_dir(&c.topo.client, &c.mp.join("w")) {
                 self.say(&format!("lab: {e:#}"));
             }
         }
@@ -1116,7 +1185,7 @@ impl LabRun {
     }
 
     fn fs_case_inner(&mut self, c: &FsCaseRun) -> anyhow::Result<crate::fs::FsSample> {
-        let &FsCaseRun { topo, link, key, target, daemon, rep, workload: w, mem, mp, raw_dev } = c;
+        let &FsCaseRun { topo, link, key, target, daemon, rep, workload: w, mem, mp, raw_dev, kernel } = c;
         let fsp = self
             .plan
             .fs
@@ -1124,12 +1193,28 @@ impl LabRun {
             .ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
         let local = key == crate::fs::LOCAL;
         let dir = mp.join("w");
-        std::fs::create_dir_all(&dir)?;
-        prepare_fs_workload(w, &fsp, &dir)?;
+        // Over ssh the workload, its files and its cgroup are the client host's.
+        let remote = match &topo.client {
+            Host::Ssh(h) => Some(h),
+            _ => None,
+        };
+        match remote {
+            Some(h) => crate::remote_fs::prepare(h, w, &fsp, &dir)?,
+            None => {
+                std::fs::create_dir_all(&dir)?;
+                prepare_fs_workload(w, &fsp, &dir)?;
+            }
+        }
         self.fs_serial += 1;
         let name = format!("bwlab-{}-{}", std::process::id(), self.fs_serial);
-        let (cg_token, cg) =
-            crate::cgroup::create_tracked(Path::new(crate::cgroup::ROOT), &name, mem)?;
+        let cg = match (remote, &self.client_cgroup) {
+            (Some(h), Some(base)) => FsCgroup::Remote(crate::remote_fs::Cgroup::create(h, base, &name, mem)?),
+            (Some(_), None) => anyhow::bail!("the client host's memory controller was not looked up"),
+            (None, _) => {
+                let (t, g) = crate::cgroup::create_tracked(Path::new(crate::cgroup::ROOT), &name, mem)?;
+                FsCgroup::Local(t, g)
+            }
+        };
         let (busy, _) = self.wait_idle();
         let started_unix = unix_now();
         let wire0 = if local {
@@ -1139,20 +1224,29 @@ impl LabRun {
         };
         let cpu_t0 = target.map(|t| t.cpu_seconds()).transpose()?;
         let cpu_d0 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
-        let (prog, args) = crate::fs::command(w, &fsp, &self.exe, &dir, raw_dev);
-        // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
-        let mut cmd = match self.fsync.wrapper() {
-            Some(wrapper) => {
-                let mut c = Command::new(wrapper);
-                c.arg(&prog);
-                c
-            }
-            None => Command::new(&prog),
-        };
-        cmd.args(&args).current_dir(&dir);
+        // A kernel initiator's work is the client machine's (see clients.rs).
+        let machine0 = if kernel { Some(crate::clients::machine_cpu_seconds(&topo.client)?) } else { None };
+        let (prog, args) = crate::fs::command(w, &fsp, &topo.client.lab_exe(&self.exe), &dir, raw_dev);
         // Room for making the file sets and Bonnie++'s passes over a slow link.
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
-        let run = crate::runner::run_workload(cmd, w.name(), timeout, Some(&cg.procs_file()));
+        let run = match (&cg, remote) {
+            (FsCgroup::Remote(g), Some(h)) => crate::remote_fs::run_in_cgroup(h, g, &dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout),
+            (FsCgroup::Local(_, g), _) => {
+                // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
+                let mut cmd = match self.fsync.wrapper() {
+                    Some(wrapper) => {
+                        let mut c = Command::new(wrapper);
+                        c.arg(&prog);
+                        c
+                    }
+                    None => Command::new(&prog),
+                };
+                cmd.args(&args).current_dir(&dir);
+                crate::runner::run_workload(cmd, w.name(), timeout, Some(&g.procs_file()))
+            }
+            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
+        };
+        let machine1 = if kernel { Some(crate::clients::machine_cpu_seconds(&topo.client)?) } else { None };
         let cpu_t1 = target.map(|t| t.cpu_seconds()).transpose()?;
         let cpu_d1 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
         let wire1 = if local {
@@ -1160,9 +1254,15 @@ impl LabRun {
         } else {
             Some(topo.client_counters(link)?)
         };
-        let ooms = cg.oom_kills();
-        let peak = cg.peak_bytes();
-        registry().release(cg_token)?;
+        let (ooms, peak) = match (cg, remote) {
+            (FsCgroup::Remote(g), Some(h)) => g.finish(h)?,
+            (FsCgroup::Local(t, g), _) => {
+                let v = (g.oom_kills(), g.peak_bytes());
+                registry().release(t)?;
+                v
+            }
+            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
+        };
         let f = run?;
         if ooms > 0 {
             anyhow::bail!(
@@ -1196,7 +1296,13 @@ impl LabRun {
             result,
             elapsed_s: f.elapsed_s,
             workload_cpu_s: f.cpu_s,
-            attach_cpu_s: delta(cpu_d0, cpu_d1),
+            // A kernel initiator's: the client machine's CPU beside the
+            // workload's own (what the kernel did for it: initiator, block
+            // layer, the file system's writeback).
+            attach_cpu_s: match (machine0, machine1) {
+                (Some(a), Some(b)) => Some(((b.0 + b.1) - (a.0 + a.1) - f.cpu_s).max(0.0)),
+                _ => delta(cpu_d0, cpu_d1),
+            },
             target_cpu_s: delta(cpu_t0, cpu_t1),
             wire: match (wire0, wire1) {
                 (Some(a), Some(b)) => Some(WireCounters::delta(&a, &b)),

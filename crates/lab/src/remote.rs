@@ -46,6 +46,32 @@ fn needs(plan: &Plan, role: Role) -> Vec<Need> {
     if plan.net_runs > 0 {
         v.push(base("iperf3", "iperf3"));
     }
+    if plan.links.iter().any(|l| l.bits_per_s.is_some()) {
+        v.push(base("tc", "iproute2"));
+    }
+    if !plan.params.offloads.is_empty() {
+        v.push(base("ethtool", "ethtool"));
+    }
+    if let (Role::Client, Some(fs)) = (role, &plan.fs) {
+        // The fs suite's workloads and file systems run on the client host.
+        v.extend([base("fio", "fio"), base("mount", "mount")]);
+        for &(kind, fsync) in &plan.fs_combinations {
+            let package = match kind.mkfs_type() {
+                "ext4" => "e2fsprogs",
+                "xfs" => "xfsprogs",
+                _ => "btrfs-progs",
+            };
+            v.push(base(kind.mkfs_program(), package));
+            if let Some(w) = fsync.wrapper() {
+                v.push(base(w, "eatmydata"));
+            }
+        }
+        for (w, program) in [("postmark", "postmark"), ("bonnie", "bonnie++")] {
+            if fs.workloads.iter().any(|x| x == w) {
+                v.push(base(program, program));
+            }
+        }
+    }
     if role == Role::Target {
         for &peer in &plan.peers {
             for t in peer.target().tools() {
@@ -56,32 +82,48 @@ fn needs(plan: &Plan, role: Role) -> Vec<Need> {
     v
 }
 
-/// The facts the preflight reads on a host, in one round trip: which of
-/// `programs` are missing, the user id, free KiB in /dev/shm.
-fn probe(h: &SshHost, programs: &[&str]) -> anyhow::Result<(Vec<String>, u32, u64)> {
+/// The facts the preflight reads on a host, in one round trip.
+struct Probed {
+    /// Which of the programs asked for are missing.
+    missing: Vec<String>,
+    uid: u32,
+    /// Free KiB in /dev/shm.
+    shm_kib: u64,
+    /// /dev/fuse is there (blockwire's file systems mount through FUSE).
+    fuse: bool,
+    /// A memory cgroup controller (v1 or v2) is there.
+    memory_cgroup: bool,
+}
+
+fn probe(h: &SshHost, programs: &[&str]) -> anyhow::Result<Probed> {
     let list: Vec<String> = programs.iter().map(|p| crate::ssh::quote(p)).collect();
     let line = format!(
-        "PATH=$PATH:/usr/sbin:/sbin; for p in {}; do command -v \"$p\" >/dev/null || echo \"missing $p\"; done; echo \"uid $(id -u)\"; echo \"shm $(df -Pk /dev/shm | awk 'NR==2{{print $4}}')\"",
+        "PATH=$PATH:/usr/sbin:/sbin; for p in {}; do command -v \"$p\" >/dev/null || echo \"missing $p\"; done; echo \"uid $(id -u)\"; echo \"shm $(df -Pk /dev/shm | awk 'NR==2{{print $4}}')\"; \
+         [ -e /dev/fuse ] && echo fuse; {{ [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ] || grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; }} && echo memcg; true",
         list.join(" ")
     );
     let out = h.run_line(&line)?;
-    let (mut missing, mut uid, mut shm) = (vec![], u32::MAX, 0);
+    let mut p = Probed { missing: vec![], uid: u32::MAX, shm_kib: 0, fuse: false, memory_cgroup: false };
     for l in out.lines() {
         match l.split_once(' ') {
-            Some(("missing", p)) => missing.push(p.to_string()),
-            Some(("uid", u)) => uid = u.trim().parse().unwrap_or(u32::MAX),
-            Some(("shm", k)) => shm = k.trim().parse().unwrap_or(0),
-            _ => {}
+            Some(("missing", m)) => p.missing.push(m.to_string()),
+            Some(("uid", u)) => p.uid = u.trim().parse().unwrap_or(u32::MAX),
+            Some(("shm", k)) => p.shm_kib = k.trim().parse().unwrap_or(0),
+            _ => match l.trim() {
+                "fuse" => p.fuse = true,
+                "memcg" => p.memory_cgroup = true,
+                _ => {}
+            },
         }
     }
-    Ok((missing, uid, shm))
+    Ok(p)
 }
 
 /// Check one host: fatal problems and notes (subjects it disables).
 fn preflight(h: &SshHost, role: Role, plan: &Plan) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     let needs = needs(plan, role);
     let programs: Vec<&str> = needs.iter().map(|n| n.program).collect();
-    let (missing, uid, shm_kib) = probe(h, &programs)?;
+    let Probed { missing, uid, shm_kib, fuse, memory_cgroup } = probe(h, &programs)?;
     let (mut fatal, mut notes) = (vec![], vec![]);
     let at = h.url();
     if uid != 0 {
@@ -93,6 +135,14 @@ fn preflight(h: &SshHost, role: Role, plan: &Plan) -> anyhow::Result<(Vec<String
             Some(s) => notes.push(format!("{at}: {} is not installed (package {}): {s} will be unavailable", n.program, n.package)),
         }
     }
+    if role == Role::Client && plan.fs.is_some() {
+        if !memory_cgroup {
+            fatal.push(format!("{at}: no memory cgroup controller under /sys/fs/cgroup: the fs suite limits the client's memory with one"));
+        }
+        if !fuse {
+            notes.push(format!("{at}: /dev/fuse is missing (modprobe fuse): blockwire's own client cannot mount there, its fs cases will fail"));
+        }
+    }
     if role == Role::Target && shm_kib < plan.params.size_bytes >> 10 {
         fatal.push(format!("{at}: /dev/shm has {} MiB free, the volume needs {} MiB", shm_kib >> 10, plan.params.size_bytes >> 20));
     }
@@ -101,17 +151,14 @@ fn preflight(h: &SshHost, role: Role, plan: &Plan) -> anyhow::Result<(Vec<String
 
 /// What the plan may not do between real hosts (and the local baseline,
 /// which measures this machine's tmpfs, is left out).
-pub fn adapt_plan(plan: &mut Plan, remote_client: bool) -> Vec<String> {
+pub fn adapt_plan(plan: &mut Plan, allow_nic_changes: bool) -> Vec<String> {
     let mut fatal = vec![];
     plan.baseline = false;
-    if plan.links.iter().any(|l| l.bits_per_s.is_some()) {
-        fatal.push("--link shapes a NIC's qdiscs: between real hosts the lab leaves them alone (use --link none)".to_string());
+    if plan.links.iter().any(|l| l.bits_per_s.is_some()) && !allow_nic_changes {
+        fatal.push("--link shapes a NIC's qdiscs: between real hosts the lab leaves them alone unless --allow-nic-changes (or use --link none)".to_string());
     }
     if !plan.params.tcp_congestion.is_empty() {
         fatal.push("--tcp-congestion is a host-wide setting: between real hosts set it yourself (the report records each host's)".to_string());
-    }
-    if remote_client && plan.fs.is_some() {
-        fatal.push("the fs suite runs on this machine: with --client-host leave it out (--suite net,micro,sweep)".to_string());
     }
     fatal
 }
@@ -214,6 +261,42 @@ fn choose_clients(
     Ok((kinds, notes))
 }
 
+/// The AoE shelf and slot subject `s` serves at, if it is an AoE target.
+pub fn aoe_address(s: Subject) -> Option<(u16, u8)> {
+    use crate::subjects::{blockwire, vblade, PeerKind, Protocol};
+    match s {
+        Subject::Blockwire(Protocol::Aoe) => Some(blockwire::AOE_ADDRESS),
+        Subject::Peer(PeerKind::Vblade) => Some(vblade::AOE_ADDRESS),
+        _ => None,
+    }
+}
+
+/// Which of the AoE targets `wanted` (shelf, slot) answer a config query
+/// broadcast from `iface` on the client host (`blockwire aoe discover`, the
+/// lab's own binary there). AoE is Ethernet frames: the query reaches a
+/// target only when the two hosts share a layer-2 segment, whatever the IP
+/// route says (proxy ARP, a bridge, a router without a gateway entry).
+/// Answers are awaited `wait_s` seconds. Also what the query printed on
+/// stderr, for the message.
+pub fn aoe_answers(client: &Host, exe: &Path, iface: &str, wanted: &[(u16, u8)], wait_s: u32) -> anyhow::Result<(Vec<(u16, u8)>, String)> {
+    let exe = client.lab_exe(exe);
+    let out = client
+        .command_with(&exe.to_string_lossy(), &["aoe", "discover", iface, "--wait", &wait_s.to_string()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run an AoE query on {}: {e}", client.name()))?;
+    // `discover` fails when nothing answers: what it printed still counts.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answered = wanted.iter().copied().filter(|&a| answered_by(&text, a)).collect();
+    Ok((answered, crate::runner::last_lines(&String::from_utf8_lossy(&out.stderr), 1)))
+}
+
+/// Whether `blockwire aoe discover` output lists shelf.slot `a`.
+fn answered_by(discover: &str, (shelf, slot): (u16, u8)) -> bool {
+    let name = format!("e{shelf}.{slot}");
+    discover.lines().any(|l| l.split_whitespace().next() == Some(name.as_str()))
+}
+
 /// Prints `key=value` facts about a host and its interface `$1`.
 const HOST_FACTS: &str = r#"d="$1"; PATH=$PATH:/usr/sbin:/sbin
 echo "cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
@@ -262,6 +345,16 @@ pub fn host_info(host: &Host, role: &str, nic: &str) -> anyhow::Result<crate::re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aoe_answers_are_read_from_discover() {
+        let out = "e1.0  aoe://eth1/1.0  mac 02:00:00:00:00:01  size 16.0 MiB (16777216 bytes)  buffers 16  sectors/frame 2  config \"\"\n";
+        assert!(answered_by(out, (1, 0)));
+        assert!(!answered_by(out, (2, 0)));
+        assert!(!answered_by("e11.0  aoe://eth1/11.0\n", (1, 0)));
+        assert_eq!(aoe_address(Subject::Peer(crate::subjects::PeerKind::Vblade)), Some(crate::subjects::vblade::AOE_ADDRESS));
+        assert_eq!(aoe_address(Subject::Peer(crate::subjects::PeerKind::Tgt)), None);
+    }
 
     #[test]
     fn host_facts_of_this_machine() {

@@ -47,7 +47,7 @@ pub fn run_workload(
 
 /// [`run_workload`] with `stdin` (a pipe for a host's service command:
 /// kept open while it runs, its end stops the remote program).
-fn run_workload_with_stdin(
+pub(crate) fn run_workload_with_stdin(
     mut cmd: Command,
     what: &str,
     timeout: Duration,

@@ -20,6 +20,15 @@ use std::sync::Mutex;
 /// Where the lab keeps its state files and its binary on a remote host.
 pub const REMOTE_DIR: &str = "/var/tmp/bwlab-remote";
 
+/// Which system a state file's lines belong to, written first into it
+/// (`host net:[INODE]`): the network namespace of the ssh session. Two
+/// "hosts" that share a file system (namespaces of one machine, as in the
+/// tests) each undo only their own files, a mount on the host that made
+/// it. (The mount namespace is left out: an sshd restarted by `ip netns
+/// exec` gets a new one, yet it is the same host; the initial network
+/// namespace keeps its inode across reboots.)
+const HOST_IDENTITY: &str = "$(readlink /proc/self/ns/net)";
+
 /// The line a wrapped remote service prints first (on stderr): its PID.
 pub const PID_MARK: &str = "bwlab-remote-pid ";
 
@@ -50,7 +59,8 @@ pub struct SshHost {
     pub options: Vec<(String, String)>,
     /// The multiplexing socket on this machine.
     pub control: PathBuf,
-    /// This run's name on the host (its files and state file carry it).
+    /// This run's name on the host (its files and state file carry it):
+    /// `LABHOST-HOSTpPORT-PID`.
     pub run_id: String,
     /// The lab's binary there (a private directory named by its hash).
     pub exe: PathBuf,
@@ -111,16 +121,69 @@ fn sha256(path: &Path) -> anyhow::Result<String> {
     Ok(out.split_whitespace().next().unwrap_or_default().to_string())
 }
 
-/// Undo what a state file lists (`$1`): processes first (only if PID and
-/// start time still match), then files, directories (the binary's only
-/// when no other run's state file lists it), MTUs and kernel initiators'
-/// sessions (`crate::clients`), newest first; then
-/// the file itself. Safe to run twice.
+/// The shell function `undo KIND A B` that undoes one state-file line, for
+/// [`CLEANUP_SCRIPT`] and [`UNDO_ONE`] (one text: what a run undoes at its
+/// end is what a later run undoes for it). Kinds: `file`, `dir` (the
+/// binary's: kept while another run's state file lists it), `mtu DEV OLD`,
+/// `offload DEV FEATURE on|off...` (`ethtool -K`), `qdisc DEV` (the root
+/// qdisc the lab put there; the kernel's default comes back), `kernel
+/// WHAT A B` (`crate::clients`), `module NAME` (loaded by the lab),
+/// `cgroup DIR` (its processes killed, then removed), `mount MP`,
+/// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`.
+macro_rules! undo_function {
+    () => {
+        concat!(
+            "detach_kernel() (\n",
+            crate::clients::detach_script!(),
+            "\n)\n",
+            r#"PATH=$PATH:/usr/sbin:/sbin
+undo() {
+  kind=$1; a=$2; b=$3
+  case "$kind" in
+    file) rm -f -- "$a" ;;
+    dir) # The binary's directory is shared by runs of one version: kept
+         # while another run's state file lists it.
+         keep=""; for o in "${s%/*}"/state-*; do [ "$o" != "$s" ] && grep -q "^dir $a " "$o" 2>/dev/null && keep=1; done
+         [ -n "$keep" ] || rm -rf -- "$a" ;;
+    mtu) ip link set dev "$a" mtu "$b" ;;
+    offload) ethtool -K "$a" $b >/dev/null 2>&1 ;;
+    qdisc) tc qdisc del dev "$a" root 2>/dev/null ;;
+    kernel) detach_kernel "$a" $b ;;
+    module) modprobe -r "$a" 2>/dev/null ;;
+    cgroup) if [ -d "$a" ]; then
+              n=0; while ! rmdir "$a" 2>/dev/null && [ $n -lt 50 ]; do
+                for p in $(cat "$a/cgroup.procs" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+                sleep 0.1; n=$((n+1))
+              done
+            fi ;;
+    mount) if grep -q " $a " /proc/mounts; then umount "$a" 2>/dev/null || umount -l "$a"; fi ;;
+    bwmount) if grep -q " $a " /proc/mounts; then
+               # A killed run's volume matters no more: its FUSE connection
+               # is aborted first, so the unmount writes nothing back
+               # through a daemon whose target may be gone.
+               if [ -n "$stale" ]; then
+                 f=/run/blockwire/fuse/$(printf %s "$a" | tr -c 'A-Za-z0-9' _)
+                 c=$(mountpoint -d "$f" 2>/dev/null | cut -d: -f2)
+                 [ -n "$c" ] && echo 1 > "/sys/fs/fuse/connections/$c/abort" 2>/dev/null
+               fi
+               "$b" umount "$a" >/dev/null 2>&1 || umount -l "$a"
+             fi ;;
+    rmdir) rmdir "$a" 2>/dev/null ;;
+  esac
+  true
+}
+"#
+        )
+    };
+}
+
+/// Undo what a state file lists (`$1`; `$2` is `stale` for a file an
+/// interrupted run left): processes first (only if PID and start time
+/// still match), then every other line newest first ([`undo_function`]),
+/// then the file itself. Safe to run twice.
 pub const CLEANUP_SCRIPT: &str = concat!(
-    "detach_kernel() (\n",
-    crate::clients::detach_script!(),
-    "\n)\n",
-    r#"s="$1"; [ -f "$s" ] || exit 0
+    undo_function!(),
+    r#"s="$1"; stale="$2"; [ -f "$s" ] || exit 0
 pids=""
 while read -r kind a b; do
   if [ "$kind" = pid ] && [ "$(cut -d' ' -f22 /proc/$a/stat 2>/dev/null)" = "$b" ]; then pids="$pids $a"; kill "$a" 2>/dev/null; fi
@@ -130,20 +193,15 @@ n=0; while [ $n -lt 30 ]; do
   [ -z "$left" ] && break; sleep 0.1; n=$((n+1))
 done
 for p in $left; do kill -9 "$p" 2>/dev/null; done
-tac "$s" | while read -r kind a b; do
-  case "$kind" in
-    file) rm -f -- "$a" ;;
-    dir) # The binary's directory is shared by runs of one version: kept
-         # while another run's state file lists it.
-         keep=""; for o in "${s%/*}"/state-*; do [ "$o" != "$s" ] && grep -q "^dir $a " "$o" 2>/dev/null && keep=1; done
-         [ -n "$keep" ] || rm -rf -- "$a" ;;
-    mtu) ip link set dev "$a" mtu "$b" ;;
-    kernel) detach_kernel "$a" $b ;;
-  esac
-done
+tac "$s" | while read -r kind a b; do undo "$kind" "$a" "$b"; done
 rm -f -- "$s"
 rmdir "${s%/*}" 2>/dev/null || true"#
 );
+
+/// Undo one state-file line now (`$1` kind, `$2` `$3`; `$4` is `stale`
+/// after an interruption): what a tracked resource recorded with
+/// [`SshHost::recorded`] runs when released.
+pub const UNDO_ONE: &str = concat!(undo_function!(), r#"stale="$4"; undo "$1" "$2" "$3""#);
 
 /// Run `script` under `sh -c` with `args` ($1...), as one remote command.
 fn sh_c(script: &str, args: &[&str]) -> String {
@@ -167,7 +225,9 @@ impl SshHost {
             port,
             options: options.to_vec(),
             control: PathBuf::from(format!("/tmp/bwlab-{pid}-ssh-{tag}-{}.sock", port.unwrap_or(22))),
-            run_id: format!("{me}-{pid}"),
+            // The host in the name too: two "hosts" may share one file
+            // system (namespaces of one machine), each needs a state file.
+            run_id: format!("{me}-{tag}p{}-{pid}", port.unwrap_or(22)),
             exe: PathBuf::from(format!("{REMOTE_DIR}/bin-{}/blockwire", &hash[..16.min(hash.len())])),
             host,
         })
@@ -239,6 +299,19 @@ impl SshHost {
             .map(|_| ())
     }
 
+    /// Record `kind a b` in the state file, then make the thing with `make`,
+    /// tracked: released, it is undone as a later run would undo the line
+    /// ([`UNDO_ONE`]).
+    pub fn recorded<T>(&self, kind: &str, a: &str, b: &str, make: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(crate::cleanup::Token, T)> {
+        self.record(kind, a, b)?;
+        let undo = crate::cleanup::Resource::HostShell {
+            host: crate::host::Host::Ssh(self.clone()),
+            script: UNDO_ONE.into(),
+            args: vec![kind.into(), a.into(), b.into()],
+        };
+        crate::cleanup::registry().create(undo, make)
+    }
+
     /// A long-running `program args` on the host, tied to this ssh session:
     /// it runs in the background of a shell that prints its PID (on stderr,
     /// [`PID_MARK`]), records it in the state file, and kills it once the
@@ -264,7 +337,7 @@ wait $p; s=$?; kill $w 2>/dev/null; exit $s"#,
     /// registry) once the control socket answers, or why it cannot.
     pub fn open_master(&self) -> anyhow::Result<crate::cleanup::Token> {
         let script = format!(
-            "mkdir -p {dir} && exec flock -x {state} sh -c 'read -r _'",
+            "mkdir -p {dir} && echo \"host {HOST_IDENTITY}\" >> {state} && exec flock -x {state} sh -c 'read -r _'",
             dir = REMOTE_DIR,
             state = quote(&self.state_file())
         );
@@ -312,12 +385,16 @@ wait $p; s=$?; kill $w 2>/dev/null; exit $s"#,
     }
 
     /// Undo what earlier, interrupted runs left on the host (state files
-    /// nobody holds the lock of). Returns what it cleaned, for the log.
+    /// nobody holds the lock of, written on this host: see
+    /// [`HOST_IDENTITY`]). Returns what it cleaned, for the log.
     pub fn sweep_stale(&self) -> anyhow::Result<Vec<String>> {
         let script = format!(
-            r#"for f in {REMOTE_DIR}/state-*; do
+            r#"me="{HOST_IDENTITY}"
+for f in {REMOTE_DIR}/state-*; do
   [ -f "$f" ] && [ "$f" != {own} ] || continue
-  if flock -n "$f" true; then echo "$f"; sh -c "$1" sh "$f"; fi
+  h=$(sed -n 's/^host //p' "$f" | head -n 1)
+  [ -z "$h" ] || [ "$h" = "$me" ] || continue
+  if flock -n "$f" true; then echo "$f"; sh -c "$1" sh "$f" stale; fi
 done"#,
             own = quote(&self.state_file())
         );
@@ -389,6 +466,47 @@ mod tests {
         assert_eq!(String::from_utf8_lossy(&out.stdout), "plain|with space|it's|$HOME|a;b||");
     }
 
+    /// What a killed fs suite leaves on a client host: a file system
+    /// mounted on a (kernel initiator's, here a loop) device, a memory
+    /// cgroup with a workload in it. The next run's sweep undoes both.
+    #[test]
+    fn cleanup_script_unmounts_and_removes_cgroups_of_a_killed_run() {
+        let cg_root = std::path::Path::new("/sys/fs/cgroup/memory");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || !cg_root.join("memory.limit_in_bytes").exists() || !crate::host::which("mkfs.ext4") {
+            eprintln!("skipped: needs root, a v1 memory cgroup and mkfs.ext4");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-fs-{}", std::process::id()));
+        let mp = dir.join("mnt");
+        std::fs::create_dir_all(&mp).unwrap();
+        let img = dir.join("img");
+        std::fs::File::create(&img).unwrap().set_len(32 << 20).unwrap();
+        let dev = crate::host::sh("losetup", &["--find", "--show", &img.to_string_lossy()]).unwrap().trim().to_string();
+        crate::host::sh("mkfs.ext4", &["-q", "-F", &dev]).unwrap();
+        crate::host::sh("mount", &[&dev, &mp.to_string_lossy()]).unwrap();
+        let cg = cg_root.join(format!("bwlab-ssh-unit-{}", std::process::id()));
+        std::fs::create_dir(&cg).unwrap();
+        let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+        std::fs::write(cg.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+        let state = dir.join("state-killed");
+        std::fs::write(&state, format!("host x y\nrmdir {}\nmount {}\ncgroup {}\n", mp.display(), mp.display(), cg.display())).unwrap();
+        let st = Command::new("sh").args(["-c", CLEANUP_SCRIPT, "sh"]).arg(&state).arg("stale").status().unwrap();
+        let mounted = std::fs::read_to_string("/proc/mounts").unwrap().contains(&format!(" {} ", mp.display()));
+        let killed = sleeper.wait().unwrap().code().is_none();
+        let left = (cg.exists(), mp.exists(), state.exists());
+        if mounted {
+            let _ = crate::host::sh("umount", &["-l", &mp.to_string_lossy()]);
+        }
+        let _ = std::fs::remove_dir(&cg);
+        let _ = crate::host::sh("losetup", &["-d", &dev]);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(st.success());
+        assert!(!mounted, "{} still mounted", mp.display());
+        assert!(killed, "the cgroup's process was not killed");
+        assert_eq!(left, (false, false, false), "(cgroup, mount point, state file) left");
+    }
+
     #[test]
     fn cleanup_script_undoes_a_state_file() {
         let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-{}", std::process::id()));
@@ -401,7 +519,11 @@ mod tests {
         let state = dir.join("state");
         std::fs::create_dir_all(dir.join("shared")).unwrap();
         let shared = format!("dir {} \n", dir.join("shared").display());
-        std::fs::write(&state, format!("pid {pid} {start}\npid 1 999\nfile {}\ndir {} \n{shared}", file.display(), dir.join("sub").display())).unwrap();
+        // A mount point the lab made, and lines for things this machine
+        // lacks: undoing them is harmless.
+        std::fs::create_dir_all(dir.join("mp")).unwrap();
+        let others = format!("rmdir {}\nqdisc bwlab-no-such-dev\noffload bwlab-no-such-dev tx on\nmodule bwlab_no_such_module\n", dir.join("mp").display());
+        std::fs::write(&state, format!("pid {pid} {start}\npid 1 999\nfile {}\ndir {} \n{others}{shared}", file.display(), dir.join("sub").display())).unwrap();
         // Another run's state file lists the shared directory: it stays.
         let other = dir.join("state-other");
         std::fs::write(&other, &shared).unwrap();
@@ -413,7 +535,7 @@ mod tests {
         let st = Command::new("sh").args(["-c", CLEANUP_SCRIPT, "sh"]).arg(&state).status().unwrap();
         assert!(st.success());
         assert!(sleeper.wait().unwrap().code().is_none(), "the recorded process was not killed");
-        assert!(!file.exists() && !dir.join("sub").exists() && !state.exists());
+        assert!(!file.exists() && !dir.join("sub").exists() && !dir.join("mp").exists() && !state.exists());
         assert!(dir.join("shared").exists(), "a directory another run uses was removed");
         // The other run's end removes it, and the directory once empty.
         let st = Command::new("sh").args(["-c", CLEANUP_SCRIPT, "sh"]).arg(&other).status().unwrap();

@@ -219,11 +219,16 @@ impl Topology {
             link_mtu = want;
         }
         // Offloads of real NICs change only with --allow-nic-changes; what
-        // they were is kept to put back at the end.
+        // they were is kept to put back at the end, and written to the
+        // host's state file first, so a killed run's next run puts them back.
         let mut saved_offloads = vec![];
         if r.allow_nic_changes {
             for (host, dev) in [(&r.target, &target_if), (&r.client, &client_if)] {
-                saved_offloads.push(crate::offload::Saved::take(host, dev)?);
+                let saved = crate::offload::Saved::take(host, dev)?;
+                if let Host::Ssh(h) = host {
+                    h.record("offload", dev, &saved.ethtool_args())?;
+                }
+                saved_offloads.push(saved);
             }
         }
         let links = vec![Link { mtu: link_mtu, target_if, client_if, target_ip, client_ip }];

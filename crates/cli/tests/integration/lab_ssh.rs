@@ -87,6 +87,9 @@ struct Hosts {
     target_ns: String,
     client_ns: String,
     sshd: Option<Child>,
+    /// sshd in the client namespace (`--client-host`), sharing this
+    /// machine's mounts and cgroups.
+    client_sshd: Option<Child>,
 }
 
 impl Hosts {
@@ -97,7 +100,7 @@ impl Hosts {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ssh-{id}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let h = Hosts { dir: dir.clone(), target_ns: format!("bwsT{id}"), client_ns: format!("bwsC{id}"), sshd: None };
+        let h = Hosts { dir: dir.clone(), target_ns: format!("bwsT{id}"), client_ns: format!("bwsC{id}"), sshd: None, client_sshd: None };
         ssh_keys_and_config(&dir, TARGET_IP);
         let (tv, cv) = (format!("{}v", &h.target_ns), format!("{}v", &h.client_ns));
         run(&["ip", "netns", "add", &h.target_ns]);
@@ -142,6 +145,39 @@ impl Hosts {
         }
         c.args([&format!("root@{TARGET_IP}"), "true"]).stdout(Stdio::null()).stderr(Stdio::null());
         c.status().is_ok_and(|s| s.success())
+    }
+
+    /// A second sshd, in the client namespace on CLIENT_IP, entered with
+    /// nsenter (not `ip netns exec`, which gives it a mount namespace and a
+    /// /sys of its own, without the cgroup mounts): the client host's
+    /// mounts and memory cgroups are this machine's, where the test sees them.
+    fn start_client_sshd(&mut self) {
+        let conf = std::fs::read_to_string(self.dir.join("sshd_config")).unwrap().replace(TARGET_IP, CLIENT_IP);
+        std::fs::write(self.dir.join("sshd_client_config"), conf).unwrap();
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.client_ns))
+            .args([SSHD, "-D", "-f"])
+            .arg(self.dir.join("sshd_client_config"))
+            .arg("-E")
+            .arg(self.dir.join("sshd_client.log"))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start the client's sshd");
+        self.client_sshd = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{}", self.client_ns)).args(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=2"]);
+            for o in self.ssh_options() {
+                c.arg("-o").arg(o);
+            }
+            c.args([&format!("root@{CLIENT_IP}"), "true"]).stdout(Stdio::null()).stderr(Stdio::null());
+            if c.status().is_ok_and(|s| s.success()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the client's sshd did not accept a login: {}", std::fs::read_to_string(self.dir.join("sshd_client.log")).unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// sshd and every session under it, killed (a dropped connection).
@@ -237,6 +273,10 @@ fn ino(path: &str) -> Option<u64> {
 impl Drop for Hosts {
     fn drop(&mut self) {
         self.kill_sshd();
+        if let Some(mut c) = self.client_sshd.take() {
+            kill(&tree(c.id()), libc::SIGKILL);
+            let _ = c.wait();
+        }
         for ns in [&self.target_ns, &self.client_ns] {
             // Whatever a failed test left inside, by PID, then the namespace.
             if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
@@ -354,7 +394,12 @@ fn start_cuttable(hosts: &Hosts, out: &Path) -> Child {
     // The first sample is saved once every subject ran the first workload
     // `--repeat` times; three more workloads follow to be cut.
     let args = ["--suite", "micro", "--protocols", "iscsi,nvme", "--peers", "tgt", "--repeat", "3", "--size", "16M", "--runtime", "1"];
-    let mut child = hosts.lab(out, &args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    start_and_wait_first_sample(hosts, out, &args)
+}
+
+/// Start a remote run with `args` and wait for its first saved sample.
+fn start_and_wait_first_sample(hosts: &Hosts, out: &Path, args: &[&str]) -> Child {
+    let mut child = hosts.lab(out, args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let n = std::fs::read_to_string(out.join("results.json"))
@@ -365,7 +410,11 @@ fn start_cuttable(hosts: &Hosts, out: &Path) -> Child {
         if n > 0 {
             break;
         }
-        assert!(child.try_wait().unwrap().is_none(), "the lab ended before its first sample");
+        if child.try_wait().unwrap().is_some() {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err);
+            panic!("the lab ended before its first sample: {err}");
+        }
         assert!(Instant::now() < deadline, "no sample within 5 minutes");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -434,6 +483,188 @@ fn a_dropped_connection_stops_the_run_and_the_next_run_cleans_up() {
     // unless another test's run on this shared file system came first.
     let mut left = hosts.settled_leftovers(next_pid);
     left.extend(hosts.leftovers(lab_pid));
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// Mounts, attach daemons and attach state of a remote fs suite of the
+/// run with `lab_pid` on the client host (this machine's mounts: its sshd
+/// shares them): its mount point is `/tmp/bwlab-remote-...-PID-mnt`.
+fn client_fs_leftovers(lab_pid: u32) -> Vec<String> {
+    let mp = format!("-{lab_pid}-mnt");
+    let fuse_key = format!("_{lab_pid}_mnt");
+    let mut left: Vec<String> = std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .filter(|l| (l.contains("bwlab-remote-") && l.contains(&mp)) || (l.contains("bwlab_remote_") && l.contains(&fuse_key)))
+        .map(|l| format!("mount {l}"))
+        .collect();
+    left.extend(
+        all_pids().into_iter().map(cmdline).filter(|c| c.contains(" attach ") && c.contains(&fuse_key)).map(|c| format!("attach daemon {c}")),
+    );
+    for e in std::fs::read_dir("/run/blockwire").into_iter().flatten().flatten() {
+        if std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains(&mp)) {
+            left.push(format!("attach state {}", e.path().display()));
+        }
+    }
+    left
+}
+
+/// The fs suite on a client host over ssh: `blockwire mount`, the
+/// workloads and their memory cgroups run there. A run SIGKILLed while its
+/// file system is mounted leaves the mount (nothing of it could act); the
+/// next run on that host undoes it from the state file before it starts,
+/// measures, and leaves nothing.
+#[test]
+fn fs_suite_on_a_client_host_and_a_killed_runs_mount_undone_by_the_next() {
+    let mut hosts = Hosts::new("f");
+    hosts.start_client_sshd();
+    let client_url = format!("ssh://root@{CLIENT_IP}");
+    let args = |runtime: &'static str| -> Vec<&'static str> {
+        vec![
+            "--suite", "fs", "--protocols", "iscsi", "--peers", "none", "--clients", "blockwire", "--repeat", "1", "--size", "32M",
+            "--client-mem", "128M", "--fs-workloads", "varmail", "--fs-runtime", runtime, "--no-baseline", "--quick",
+        ]
+    };
+    let out1 = out_dir("fs-killed");
+    let mut first = hosts.lab(&out1, &args("60")).arg("--client-host").arg(&client_url).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid1 = first.id();
+    // Killed once its file system is mounted on the client host.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mounted = |pid: u32| std::fs::read_to_string("/proc/mounts").unwrap().lines().any(|l| l.contains("bwlab-remote-") && l.contains(&format!("-{pid}-mnt")) && !l.contains("fuse"));
+    while !mounted(pid1) {
+        if first.try_wait().unwrap().is_some() {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(&mut first.stderr.take().unwrap(), &mut err);
+            panic!("the first run ended before it mounted: {err}");
+        }
+        assert!(Instant::now() < deadline, "no file system mounted on the client host within 4 minutes");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    kill(&[pid1], libc::SIGKILL);
+    let _ = first.wait();
+    assert!(!client_fs_leftovers(pid1).is_empty(), "the killed run's mount went by itself: nothing left for the next run to undo");
+
+    let out2 = out_dir("fs-next");
+    let mut next = hosts.lab(&out2, &args("1")).arg("--client-host").arg(&client_url).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid2 = next.id();
+    let (st, stderr) = wait_done(&mut next, Duration::from_secs(600), "the run after the killed one");
+    assert!(st.success(), "{stderr}");
+    assert!(stderr.contains(&format!("{client_url}: undid what an interrupted run left")), "{stderr}");
+    assert!(!stderr.contains("lab: cleanup:"), "cleanup reported problems: {stderr}");
+    let r = saved(&out2);
+    let fs = r["fs"].as_array().expect("fs samples");
+    assert!(!fs.is_empty(), "no fs sample: {stderr}");
+    for s in fs {
+        assert_eq!(s["subject"], "blockwire-iscsi", "{s}");
+        // The workload's CPU as the client host's shell counted it, the
+        // attach daemon's and the target's as their /proc entries did.
+        assert!(s["workload_cpu_s"].as_f64().unwrap() > 0.0, "{s}");
+        assert!(s["attach_cpu_s"].as_f64().is_some() && s["target_cpu_s"].as_f64().is_some(), "{s}");
+        assert!(s["peak_mem_bytes"].as_u64().unwrap() > 0, "{s}");
+    }
+    let mut left = hosts.settled_leftovers(pid2);
+    // (A SIGKILLed lab's own ssh control sockets here are stale files
+    // nothing of it could remove; they name no host.)
+    left.extend(hosts.leftovers(pid1).into_iter().filter(|l| !l.contains(&format!("bwlab-{pid1}-ssh-"))));
+    left.extend(client_fs_leftovers(pid1));
+    left.extend(client_fs_leftovers(pid2));
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// `--allow-nic-changes` on a "real" NIC (the target namespace's veth,
+/// reached over ssh): MTU, offloads and a tbf root qdisc are set, and each
+/// is in the host's state file before it is: a SIGKILLed run leaves them,
+/// the next run on that host puts them back before it starts.
+#[test]
+fn nic_changes_of_a_killed_run_are_put_back_by_the_next_run() {
+    let hosts = Hosts::new("n");
+    let dev = format!("{}v", hosts.target_ns);
+    let in_target = |args: &[&str]| -> String {
+        let mut a = vec!["ip", "netns", "exec", hosts.target_ns.as_str()];
+        a.extend_from_slice(args);
+        run(&a)
+    };
+    let mtu = || -> String { in_target(&["cat", &format!("/sys/class/net/{dev}/mtu")]).trim().to_string() };
+    let qdisc = || in_target(&["tc", "qdisc", "show", "dev", &dev, "root"]);
+    let offloads = || -> String {
+        in_target(&["ethtool", "-k", &dev])
+            .lines()
+            .filter(|l| ["tcp-segmentation-offload:", "generic-receive-offload:", "scatter-gather:", "tx-checksumming:"].iter().any(|k| l.starts_with(k)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let before = (mtu(), offloads());
+    assert!(!qdisc().contains("tbf"), "{}", qdisc());
+    let out1 = out_dir("nic-killed");
+    let args = [
+        "--suite", "micro", "--protocols", "iscsi", "--peers", "none", "--repeat", "3", "--size", "16M", "--runtime", "1",
+        "--allow-nic-changes", "--mtu", "1400", "--link", "1gbit", "--offload", "none",
+    ];
+    let mut first = start_and_wait_first_sample(&hosts, &out1, &args);
+    let pid1 = first.id();
+    let changed = (mtu(), offloads(), qdisc());
+    kill(&[pid1], libc::SIGKILL);
+    let _ = first.wait();
+    assert_eq!(changed.0, "1400", "the MTU was not set");
+    assert_ne!(changed.1, before.1, "the offloads were not switched");
+    assert!(changed.2.contains("tbf"), "no tbf: {}", changed.2);
+    assert!(qdisc().contains("tbf") && mtu() == "1400", "the killed run's changes went by themselves: nothing for the next run to undo");
+
+    let out2 = out_dir("nic-next");
+    let mut next = hosts
+        .lab(&out2, &["--suite", "micro", "--protocols", "nvme", "--peers", "none", "--repeat", "1", "--size", "8M", "--runtime", "1", "--quick"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid2 = next.id();
+    let (st, stderr) = wait_done(&mut next, Duration::from_secs(300), "the run after the killed one");
+    assert!(st.success(), "{stderr}");
+    assert!(stderr.contains(&format!("ssh://root@{TARGET_IP}: undid what an interrupted run left")), "{stderr}");
+    assert_eq!((mtu(), offloads()), before, "MTU and offloads not put back");
+    assert!(!qdisc().contains("tbf"), "the tbf is still there: {}", qdisc());
+    let mut left = hosts.settled_leftovers(pid2);
+    left.extend(hosts.leftovers(pid1).into_iter().filter(|l| !l.contains(&format!("bwlab-{pid1}-ssh-"))));
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// AoE is asked for, not assumed: the target's data address is on an
+/// interface that the client reaches over the veth by IP (a route with no
+/// gateway), but no Ethernet frame of the client's reaches that interface.
+/// The AoE query from the client gets no answer: AoE is unavailable with a
+/// preflight line, iSCSI on the same target is measured.
+#[test]
+fn aoe_without_a_layer_2_path_is_unavailable_by_an_aoe_query() {
+    let hosts = Hosts::new("a");
+    let data_ip = "10.232.0.1";
+    let dummy = format!("{}d", hosts.target_ns);
+    // (A veth pair inside the target namespace: this kernel has no dummy.)
+    let peer = format!("{}e", hosts.target_ns);
+    run(&["ip", "-n", &hosts.target_ns, "link", "add", &dummy, "type", "veth", "peer", "name", &peer]);
+    run(&["ip", "-n", &hosts.target_ns, "addr", "add", &format!("{data_ip}/32"), "dev", &dummy]);
+    run(&["ip", "-n", &hosts.target_ns, "link", "set", &dummy, "up"]);
+    run(&["ip", "-n", &hosts.target_ns, "link", "set", &peer, "up"]);
+    run(&["ip", "-n", &hosts.client_ns, "route", "add", &format!("{data_ip}/32"), "dev", &format!("{}v", hosts.client_ns)]);
+    let out = out_dir("aoe-l2");
+    let mut child = hosts
+        .lab(&out, &["--suite", "micro", "--protocols", "aoe,iscsi", "--peers", "none", "--repeat", "1", "--size", "8M", "--runtime", "1", "--quick", "--micro-workloads", "randread-4k-qd1", "--data-addr", data_ip])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (st, stderr) = wait_done(&mut child, Duration::from_secs(300), "the lab with AoE cut off at layer 2");
+    assert!(st.success(), "{stderr}");
+    assert!(stderr.contains("lab: preflight: AoE cannot reach the target at layer 2"), "{stderr}");
+    let r = saved(&out);
+    let subjects = r["subjects"].as_array().unwrap();
+    let aoe = subjects.iter().find(|s| s["key"] == "blockwire-aoe").expect("blockwire-aoe in subjects");
+    assert!(aoe["unavailable"].as_str().unwrap_or_default().contains("AoE config query"), "{aoe}");
+    let samples = r["samples"].as_array().unwrap();
+    assert!(samples.iter().any(|s| s["subject"] == "blockwire-iscsi"), "iSCSI was not measured: {stderr}");
+    assert!(!samples.iter().any(|s| s["subject"] == "blockwire-aoe"));
+    let left = hosts.settled_leftovers(pid);
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
