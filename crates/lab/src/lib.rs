@@ -18,7 +18,9 @@
 //! a namespace, this machine, or another machine over `ssh`), `remote`
 //! (opening and checking the hosts of a run across machines, see
 //! docs/multi-host.md), `clients` (the initiators a subject is measured
-//! with: blockwire's, or the client host's kernel ones driven by fio). The records it writes
+//! with: blockwire's, or the client host's kernel ones driven by fio),
+//! `kernel_nfs` (ganesha's export on the client host's kernel NFS client,
+//! for the fs suite). The records it writes
 //! (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.
@@ -29,6 +31,7 @@ pub mod cleanup;
 pub mod fs;
 pub mod fs_kind;
 pub mod host;
+pub mod kernel_nfs;
 pub mod machine;
 pub mod machine_cpu;
 pub mod mounts;

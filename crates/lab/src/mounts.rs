@@ -123,6 +123,12 @@ pub struct Mounted {
 }
 
 impl Mounted {
+    /// A file system another module mounted (a kernel NFS mount), undone
+    /// by releasing `tokens` in reverse.
+    pub fn made_elsewhere(mountpoint: &Path, tokens: Vec<Token>) -> Mounted {
+        Mounted { mountpoint: mountpoint.to_path_buf(), daemon_pid: None, tokens }
+    }
+
     /// Unmount (and detach the loop device, FUSE and the daemon).
     pub fn release(self) -> anyhow::Result<()> {
         release_all(self.tokens)

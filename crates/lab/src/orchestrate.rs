@@ -101,6 +101,11 @@ pub struct LabRun {
     fs_kind: crate::fs_kind::FsKind,
     fsync: crate::fs_kind::Fsync,
     fs_factors: crate::results::fs::FsFactors,
+    /// The client host has a kernel NFS client (asked only when the fs
+    /// suite runs with ganesha).
+    kernel_nfs_client: bool,
+    /// The kernel NFS subjects are measured (`crate::kernel_nfs`).
+    kernel_nfs: bool,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -262,6 +267,8 @@ impl LabRun {
             fs_kind: Default::default(),
             fsync: Default::default(),
             fs_factors: Default::default(),
+            kernel_nfs_client: false,
+            kernel_nfs: false,
         }
     }
 
@@ -363,6 +370,7 @@ impl LabRun {
                 unavailable: None,
             })
             .collect();
+        self.plan_kernel_nfs(&topo.client, &clients);
         if self.plan.baseline && !self.jobs().is_empty() {
             self.results.subjects.push(SubjectRecord {
                 key: "local-fio".into(),
@@ -461,6 +469,32 @@ impl LabRun {
             }
         }
         Ok(())
+    }
+
+    /// File-level NFS: with the fs suite and ganesha, the kernel NFS
+    /// subjects when the client host has the client and the run's clients
+    /// include the kernel's (always in one box: its only client is
+    /// blockwire's, and the kernel NFS client needs no initiator of its own).
+    fn plan_kernel_nfs(&mut self, client: &crate::host::Host, clients: &[crate::clients::ClientKind]) {
+        use crate::subjects::PeerKind;
+        if self.plan.fs.is_none() || !self.plan.peers.contains(&PeerKind::Ganesha) {
+            return;
+        }
+        self.kernel_nfs_client = crate::kernel_nfs::available(client);
+        let kernel_wanted = self.remote.is_none() || clients.iter().any(|c| matches!(c, crate::clients::ClientKind::Kernel(_)));
+        self.kernel_nfs = self.kernel_nfs_client && kernel_wanted;
+        if !self.kernel_nfs {
+            return;
+        }
+        for v in crate::kernel_nfs::VERSIONS {
+            self.results.subjects.push(SubjectRecord {
+                key: v.key(),
+                protocol: crate::subjects::Protocol::Nfs.name().into(),
+                target: PeerKind::Ganesha.name().into(),
+                initiator: v.initiator(client),
+                unavailable: None,
+            });
+        }
     }
 
     /// The clients of the run (blockwire's alone in one box).
@@ -929,11 +963,41 @@ impl LabRun {
             .filter(|s| !s.gave_up && s.kernel.is_none())
             .map(|s| (s.key.clone(), Some(s.url.clone()), Some(s.proc)))
             .collect();
+        // ganesha's process, serving the NFS subjects.
+        let ganesha = live
+            .iter()
+            .find(|s| s.subject == Subject::Peer(crate::subjects::PeerKind::Ganesha) && !s.gave_up && s.kernel.is_none())
+            .map(|s| s.proc);
+        if ganesha.is_some() && !self.kernel_nfs_client {
+            self.say(&format!(
+                "lab: fs: the client ({}) has no kernel NFS client: NFS is measured through nfs:// (a file system on the image file), not on an NFS mount",
+                topo.client.name()
+            ));
+        }
+        if self.kernel_nfs {
+            let versions = crate::kernel_nfs::VERSIONS;
+            match ganesha {
+                Some(pi) => {
+                    let src = format!("{}:{}", link.target_ip, crate::subjects::ganesha::EXPORT);
+                    let runs = self.plan.fs_cases(false).len() * fsp.repeat as usize * self.plan.fs_combinations.len();
+                    for v in versions {
+                        subjects.push((v.key(), Some(src.clone()), Some(pi)));
+                        self.progress.inc_length(runs as u64);
+                    }
+                }
+                None => {
+                    for v in versions {
+                        // (Not in the progress bar's count: nothing to skip.)
+                        let key = v.key();
+                        if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+                            r.unavailable.get_or_insert_with(|| "ganesha is not serving".into());
+                        }
+                    }
+                }
+            }
+        }
         if self.plan.baseline {
             subjects.push((crate::fs::LOCAL.to_string(), None, None));
-        }
-        if live.iter().any(|s| s.key.ends_with("-nfs")) && !crate::subjects::ganesha::kernel_nfs_client() {
-            self.say("lab: fs: the client has no kernel NFS client: NFS is measured through nfs:// (a file system on the image file), not on an NFS mount");
         }
         for (kind, fsync) in self.plan.fs_combinations.clone() {
             let first = self.results.fs.len();
@@ -1058,9 +1122,10 @@ impl LabRun {
                 mp,
                 raw_dev: None,
             };
-            let mounted = match url {
-                Some(url) => crate::mounts::mount_remote_as(&self.exe, &topo.client, url, mp, self.fs_kind, self.plan.params.size_bytes)?,
-                None => {
+            let mounted = match (url, crate::kernel_nfs::NfsVersion::from_key(key)) {
+                (Some(_), Some(v)) => crate::kernel_nfs::mount(&topo.client, link.target_ip, v, mp)?,
+                (Some(url), None) => crate::mounts::mount_remote_as(&self.exe, &topo.client, url, mp, self.fs_kind, self.plan.params.size_bytes)?,
+                (None, _) => {
                     // The raw device first: the file system goes on it next.
                     let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;
                     for &(workload, mem) in cases.iter().filter(|(w, _)| *w == FsWorkload::IogenRaw) {

@@ -2,7 +2,10 @@
 //! file, `disk.img`, on an ext4 file system of its own (a loop image beside
 //! the backing file, filled with the backing's bytes), with `files/` beside
 //! it for file-level workloads. Measured through blockwire's `nfs://`
-//! client, as qemu and Proxmox use a disk image on NFS.
+//! client, as qemu and Proxmox use a disk image on NFS, and where the
+//! client host has one through the kernel's NFS client (`crate::kernel_nfs`,
+//! whose workloads run in `w/` at the export's root, where the fs suite
+//! puts every subject's).
 //!
 //! rpcbind's socket and lock (/run/rpcbind.sock, /run/rpcbind.lock) are one
 //! per machine, not per network namespace: ganesha and its rpcbind run in a
@@ -108,13 +111,11 @@ pub fn answers(mut rpcinfo: std::process::Command, ip: Ipv4Addr) -> bool {
     rpcinfo.args(["-T", "tcp", &ip.to_string(), "100003", "3"]).output().is_ok_and(|o| o.status.success())
 }
 
-/// Whether this machine's kernel can mount NFS (built in, or a module
-/// modprobe would load): file-level NFS workloads need it on the client.
-/// Today's clients are namespaces of this machine.
+/// Whether this machine can mount NFS with its kernel (mount.nfs, and the
+/// nfs file system built in or loadable): the one-box lab's client needs
+/// it for file-level NFS (`crate::kernel_nfs`).
 pub fn kernel_nfs_client() -> bool {
-    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    fs.lines().any(|l| l.split_whitespace().last() == Some("nfs"))
-        || std::process::Command::new("modprobe").args(["-n", "nfs"]).output().is_ok_and(|o| o.status.success())
+    crate::kernel_nfs::available(&crate::host::Host::Local)
 }
 
 impl PeerTarget for Ganesha {
