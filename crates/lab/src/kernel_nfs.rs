@@ -129,7 +129,8 @@ mod tests {
         }
         assert_eq!(NfsVersion::from_key("ganesha-nfs"), None);
         assert!(NfsVersion::V3.options().contains("nolock") && NfsVersion::V41.options().starts_with("vers=4.1"));
-        assert!(!NfsVersion::V3.initiator(&Host::LocalNamespace("c".into())).contains(" on "));
+        // In one box there is no host to name.
+        assert!(NfsVersion::V3.initiator(&Host::LocalNamespace("c".into())).ends_with("file system)"));
     }
 
     /// The state file's line for a mount is undone by the cleanup script's

@@ -137,7 +137,7 @@ pub struct LabArgs {
     /// Micro suite: the workloads to run (default: all; --quick: seqread-1m, randread-4k-qd1, randread-4k-qd32, randwrite-4k-qd32).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub micro_workloads: Option<Vec<String>>,
-    /// fs suite and local baseline: file systems, each measured in turn: ext4, ext4-tuned (noatime, inode tables and journal zeroed at mkfs, a larger journal), xfs, btrfs (copy-on-write), btrfs-nodatacow (default: ext4).
+    /// fs suite and local baseline: file systems, each measured in turn: ext4, ext4-tuned (noatime, inode tables and journal zeroed at mkfs, a larger journal), xfs, btrfs (copy-on-write), btrfs-nodatacow (default: ext4). Over NFS (ganesha) it is the server's file system, under the export.
     #[arg(long = "fs", value_name = "LIST", value_delimiter = ',')]
     pub fs_kinds: Option<Vec<String>>,
     /// fs suite: honour (default) or ignore the workloads' fsyncs (eatmydata: the analogue of ZFS sync=disabled), each measured in turn.

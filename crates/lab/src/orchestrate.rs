@@ -106,6 +106,8 @@ pub struct LabRun {
     kernel_nfs_client: bool,
     /// The kernel NFS subjects are measured (`crate::kernel_nfs`).
     kernel_nfs: bool,
+    /// The file system ganesha's export is on now.
+    nfs_server_fs: crate::fs_kind::FsKind,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -269,6 +271,7 @@ impl LabRun {
             fs_factors: Default::default(),
             kernel_nfs_client: false,
             kernel_nfs: false,
+            nfs_server_fs: Default::default(),
         }
     }
 
@@ -497,6 +500,22 @@ impl LabRun {
         }
     }
 
+    /// ganesha restarted with its export on `kind` unless it is on it
+    /// already: over NFS, `--fs` is the server's file system (the one
+    /// under the data), not one on the client.
+    fn serve_nfs_on(&mut self, kind: crate::fs_kind::FsKind, topo: &Topology, link: &Link, p: &mut TargetProcess) -> Result<(), String> {
+        if self.nfs_server_fs == kind {
+            return Ok(());
+        }
+        self.progress.set_message(format!("MTU {}: ganesha's export on {}", link.mtu, kind.name()));
+        // One ganesha per address and port: the old one goes first.
+        p.halt();
+        let new = crate::subjects::ganesha::start_on(topo, link, &self.backing, kind)?;
+        std::mem::replace(p, new).stop();
+        self.nfs_server_fs = kind;
+        Ok(())
+    }
+
     /// The clients of the run (blockwire's alone in one box).
     fn clients(&self) -> Vec<crate::clients::ClientKind> {
         match &self.remote {
@@ -638,6 +657,7 @@ impl LabRun {
         let measured = self.plan.subjects_for(self.digest);
         let mut ours: Vec<_> = self.plan.protocols.iter().copied().filter(|p| measured.contains(&Subject::Blockwire(*p))).collect();
         let mut peers = self.plan.peers.clone();
+        self.nfs_server_fs = Default::default();
         if topo.routed {
             // AoE is Ethernet frames: a router between the hosts ends it.
             let why = "AoE needs the hosts on one layer-2 segment; the client reaches the target through a router";
@@ -1006,6 +1026,13 @@ impl LabRun {
             if self.plan.fs_combinations.len() > 1 {
                 self.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
             }
+            if let Some(pi) = ganesha {
+                if let Err(why) = self.serve_nfs_on(kind, topo, link, &mut procs[pi]) {
+                    for (key, _, _) in subjects.iter().filter(|(_, _, p)| *p == Some(pi)) {
+                        self.fs_failure(key, Some(link.mtu), "(server file system)", 0, why.clone());
+                    }
+                }
+            }
             self.run_fs_setting(topo, link, procs, &subjects, &fsp, &mp)?;
             self.print_fs_rows(first);
         }
@@ -1124,7 +1151,12 @@ impl LabRun {
             };
             let mounted = match (url, crate::kernel_nfs::NfsVersion::from_key(key)) {
                 (Some(_), Some(v)) => crate::kernel_nfs::mount(&topo.client, link.target_ip, v, mp)?,
-                (Some(url), None) => crate::mounts::mount_remote_as(&self.exe, &topo.client, url, mp, self.fs_kind, self.plan.params.size_bytes)?,
+                (Some(url), None) => {
+                    // Over NFS `--fs` is the server's file system; the
+                    // image's own (a VM guest's) stays ext4.
+                    let kind = if key.ends_with("-nfs") { crate::fs_kind::FsKind::Ext4 } else { self.fs_kind };
+                    crate::mounts::mount_remote_as(&self.exe, &topo.client, url, mp, kind, self.plan.params.size_bytes)?
+                }
                 (None, _) => {
                     // The raw device first: the file system goes on it next.
                     let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;
