@@ -127,7 +127,9 @@ pub fn fs_section(c: &Ctx) -> Option<Markup> {
             b { "xfs" } ": defaults. " b { "btrfs" } ": copy-on-write with data checksums, the labelled stand-in for ZFS (this kernel has no ZFS). "
             b { "btrfs-nodatacow" } ": data overwritten in place (so without data checksums). "
             b { "fsync ignored" } ": eatmydata makes fsync, fdatasync, sync and O_SYNC no-ops for the workload programs (LD_PRELOAD), the analogue of ZFS sync=disabled: "
-            "what a crash would lose is not measured."
+            "what a crash would lose is not measured. "
+            b { "Over NFS" } " the setting is the server's file system, under ganesha's export: an " code { "nfs://" } " image's own file system "
+            "(as a VM guest's) stays ext4, and a kernel NFS mount's files lie on the setting's file system directly."
         }
         div.charts {
             @for row in &rows {

@@ -243,7 +243,7 @@ pub static CLAIMS: &[Claim] = &[
     },
     Claim { study: 4, claim: "NVMe/TCP reaches about half of local", compute: nvme_share_of_local, rule: about_half_of_local },
     Claim { study: 4, claim: "a file system costs a lot locally (ZFS kept about 10% of raw)", compute: local_fs_over_raw, rule: the_fs_costs_a_lot },
-    Claim { study: 4, claim: "over NFS the file system matters little", compute: file_systems_over_nfs, rule: nothing_to_judge },
+    Claim { study: 4, claim: "over NFS the file system matters little", compute: file_systems_over_nfs, rule: matters_little },
     Claim { study: 5, claim: "offload wins on CPU per unit of throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MachineCpuSPerGb), rule: |e| more_cpu(e, ON_VETH) },
     Claim { study: 5, claim: "offload wins on CPU per operation (no offload against stateless offload)", compute: |run| offload_pairs(run, "randread-4k-qd32", Metric::MachineCpuUsPerOp), rule: |e| more_cpu(e, ON_VETH) },
     Claim { study: 5, claim: "software won on throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MibPerS), rule: |e| ahead(e.ratio(), "no offload", "stateless offload") },
@@ -495,15 +495,72 @@ fn iscsi_against_nfs(run: &Run) -> Vec<Outcome> {
     out
 }
 
-/// Study 4's NFS claim compares file systems on the NFS server; the lab's
-/// NFS subject serves one image file from ext4.
+/// The NFS subjects of study 4's file-system claim and how each reaches
+/// the server's file system: ganesha's image through `nfs://` (the
+/// client's ext4 inside it, as a VM guest's disk on NFS storage), and the
+/// kernel NFS mounts (files straight on the export).
+const NFS_FS_SUBJECTS: [(&str, &str); 3] = [
+    ("ganesha-nfs", "nfs:// image, ext4 inside"),
+    ("kernel-nfs3@ganesha", "kernel NFSv3 mount"),
+    ("kernel-nfs4.1@ganesha", "kernel NFSv4.1 mount"),
+];
+
+/// Study 4's NFS claim: over NFS, each file system under ganesha's export
+/// (`--fs`: for NFS subjects the server's) against the best of them on
+/// the same fs workload (its headline, fsync honoured), at the first client
+/// memory limit, per link. Locally the same settings are judged against
+/// the raw device (the claim above); an NFS export has no raw device.
 fn file_systems_over_nfs(run: &Run) -> Vec<Outcome> {
-    let why = if NFS_SUBJECTS.iter().any(|n| run.measured(n)) {
-        "the NFS subject (ganesha) serves its image file from one file system (ext4); comparing file systems under NFS needs the file-system factor on the server side"
-    } else {
-        "needs an NFS subject (the ganesha peer, --peers ganesha) and file systems to compare under it"
+    let subjects: Vec<(&str, &str)> = NFS_FS_SUBJECTS.iter().copied().filter(|(s, _)| run.measured(s)).collect();
+    let what = "file systems under NFS";
+    if subjects.is_empty() {
+        return not_applicable(what, "needs an NFS subject (the ganesha peer, --peers ganesha) in the fs suite and --fs naming two file systems or more");
+    }
+    let Some(&mem) = run.client_mems().first() else {
+        return not_applicable(what, "needs the fs suite (--suite fs) with --fs naming two file systems or more: over NFS it is the server's file system");
     };
-    not_applicable("file systems under NFS", why)
+    let mut out = vec![];
+    for link in &run.links {
+        for &(s, how) in &subjects {
+            let mut rows: BTreeMap<&str, Vec<&FsCase>> = BTreeMap::new();
+            for c in run.fs_all.values().filter(|c| c.subject == s && &c.link == link && c.client_mem == mem && c.factors.fsync.is_empty()) {
+                rows.entry(c.row.as_str()).or_default().push(c);
+            }
+            for (row, cases) in rows {
+                let Some((measure, v)) = cases[0].headline() else { continue };
+                if cases.len() < 2 {
+                    continue;
+                }
+                let score = |c: &FsCase| if v.higher_is_better { mean(&c.values(measure)) } else { -mean(&c.values(measure)) };
+                let Some(best) = cases.iter().copied().max_by(|a, b| score(a).total_cmp(&score(b))) else { continue };
+                for c in cases.iter().filter(|c| c.factors != best.factors) {
+                    let (fs, best_fs) = (c.factors.fs_name(), best.factors.fs_name());
+                    let compared = format!("{s} ({how}), {row} with the export on {fs} / on {best_fs} (the best), link {link}, client mem {}", mem_name(mem));
+                    match ratio_of_means(&c.values(measure), &best.values(measure)) {
+                        Some(ci) => out.push(Outcome::Measured { compared, measured: format!("{measure} {fs}/{best_fs} {}", ci_text(ci)), evidence: Evidence::Ratio(ci) }),
+                        None => out.push(Outcome::NotApplicable { compared, why: "fewer than two runs: no interval".into() }),
+                    }
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        return not_applicable(what, "needs --fs naming two file systems or more (over NFS: the file system under ganesha's export) with the fs suite");
+    }
+    out
+}
+
+/// Verdict on "the file system matters little" from one file system's
+/// figure over the best one's: within 5% either way, it does not matter.
+fn matters_little(e: Evidence) -> (Verdict, String) {
+    let ci = e.ratio();
+    if equal(ci) {
+        (Verdict::Reproduced, "within 5% of the best file system".into())
+    } else if ci.apart() {
+        (Verdict::NotReproduced, "the file system under the export makes a difference beyond 5%".into())
+    } else {
+        (Verdict::Inconclusive, "the interval is too wide to say (more repetitions, or a quieter machine)".into())
+    }
 }
 
 /// iSCSI/AoE of a per-operation cost over the micro workloads.

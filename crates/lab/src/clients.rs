@@ -241,6 +241,8 @@ case "$1" in
   nvme) nvme disconnect -n "$2" >/dev/null 2>&1 ;;
   # the name without a newline: the driver compares the bytes written
   aoe) [ -e /dev/etherd/flush ] && printf %s "$2" > /dev/etherd/flush 2>/dev/null ;;
+  # a kernel NFS mount (crate::kernel_nfs), also when its server is gone
+  nfs) umount -f "$2" 2>/dev/null || umount -f -l "$2" 2>/dev/null; rmdir "$2" 2>/dev/null ;;
 esac
 true"#
     };

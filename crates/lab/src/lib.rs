@@ -18,7 +18,9 @@
 //! a namespace, this machine, or another machine over `ssh`), `remote`
 //! (opening and checking the hosts of a run across machines, see
 //! docs/multi-host.md), `clients` (the initiators a subject is measured
-//! with: blockwire's, or the client host's kernel ones driven by fio). The records it writes
+//! with: blockwire's, or the client host's kernel ones driven by fio),
+//! `kernel_nfs` (ganesha's export on the client host's kernel NFS client,
+//! for the fs suite). The records it writes
 //! (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.
@@ -29,6 +31,7 @@ pub mod cleanup;
 pub mod fs;
 pub mod fs_kind;
 pub mod host;
+pub mod kernel_nfs;
 pub mod machine;
 pub mod machine_cpu;
 pub mod mounts;
@@ -138,7 +141,7 @@ pub struct LabArgs {
     /// Micro suite: the workloads to run (default: all; --quick: seqread-1m, randread-4k-qd1, randread-4k-qd32, randwrite-4k-qd32).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub micro_workloads: Option<Vec<String>>,
-    /// fs suite and local baseline: file systems, each measured in turn: ext4, ext4-tuned (noatime, inode tables and journal zeroed at mkfs, a larger journal), xfs, btrfs (copy-on-write), btrfs-nodatacow (default: ext4).
+    /// fs suite and local baseline: file systems, each measured in turn: ext4, ext4-tuned (noatime, inode tables and journal zeroed at mkfs, a larger journal), xfs, btrfs (copy-on-write), btrfs-nodatacow (default: ext4). Over NFS (ganesha) it is the server's file system, under the export.
     #[arg(long = "fs", value_name = "LIST", value_delimiter = ',')]
     pub fs_kinds: Option<Vec<String>>,
     /// fs suite: honour (default) or ignore the workloads' fsyncs (eatmydata: the analogue of ZFS sync=disabled), each measured in turn.

@@ -127,6 +127,12 @@ impl Mounted {
         Mounted { mountpoint, daemon_pid, tokens }
     }
 
+    /// A file system another module mounted (a kernel NFS mount), undone
+    /// by releasing `tokens` in reverse.
+    pub fn made_elsewhere(mountpoint: &Path, tokens: Vec<Token>) -> Mounted {
+        Mounted::new(mountpoint.to_path_buf(), None, tokens)
+    }
+
     /// Unmount (and detach the loop device, FUSE and the daemon).
     pub fn release(self) -> anyhow::Result<()> {
         release_all(self.tokens)

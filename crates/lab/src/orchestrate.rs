@@ -111,6 +111,13 @@ pub struct LabRun {
     fs_kind: crate::fs_kind::FsKind,
     fsync: crate::fs_kind::Fsync,
     fs_factors: crate::results::fs::FsFactors,
+    /// The client host has a kernel NFS client (asked only when the fs
+    /// suite runs with ganesha).
+    kernel_nfs_client: bool,
+    /// The kernel NFS subjects are measured (`crate::kernel_nfs`).
+    kernel_nfs: bool,
+    /// The file system ganesha's export is on now.
+    nfs_server_fs: crate::fs_kind::FsKind,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -280,6 +287,9 @@ impl LabRun {
             fs_kind: Default::default(),
             fsync: Default::default(),
             fs_factors: Default::default(),
+            kernel_nfs_client: false,
+            kernel_nfs: false,
+            nfs_server_fs: Default::default(),
         }
     }
 
@@ -381,6 +391,7 @@ impl LabRun {
                 unavailable: None,
             })
             .collect();
+        self.plan_kernel_nfs(&topo.client, &clients);
         if self.plan.baseline && !self.jobs().is_empty() {
             self.results.subjects.push(SubjectRecord {
                 key: "local-fio".into(),
@@ -489,6 +500,48 @@ impl LabRun {
                 self.run_link(topo, link, i == 0 && n == 0)?;
             }
         }
+        Ok(())
+    }
+
+    /// File-level NFS: with the fs suite and ganesha, the kernel NFS
+    /// subjects when the client host has the client and the run's clients
+    /// include the kernel's (always in one box: its only client is
+    /// blockwire's, and the kernel NFS client needs no initiator of its own).
+    fn plan_kernel_nfs(&mut self, client: &crate::host::Host, clients: &[crate::clients::ClientKind]) {
+        use crate::subjects::PeerKind;
+        if self.plan.fs.is_none() || !self.plan.peers.contains(&PeerKind::Ganesha) {
+            return;
+        }
+        self.kernel_nfs_client = crate::kernel_nfs::available(client);
+        let kernel_wanted = self.remote.is_none() || clients.iter().any(|c| matches!(c, crate::clients::ClientKind::Kernel(_)));
+        self.kernel_nfs = self.kernel_nfs_client && kernel_wanted;
+        if !self.kernel_nfs {
+            return;
+        }
+        for v in crate::kernel_nfs::VERSIONS {
+            self.results.subjects.push(SubjectRecord {
+                key: v.key(),
+                protocol: crate::subjects::Protocol::Nfs.name().into(),
+                target: PeerKind::Ganesha.name().into(),
+                initiator: v.initiator(client),
+                unavailable: None,
+            });
+        }
+    }
+
+    /// ganesha restarted with its export on `kind` unless it is on it
+    /// already: over NFS, `--fs` is the server's file system (the one
+    /// under the data), not one on the client.
+    fn serve_nfs_on(&mut self, kind: crate::fs_kind::FsKind, topo: &Topology, link: &Link, p: &mut TargetProcess) -> Result<(), String> {
+        if self.nfs_server_fs == kind {
+            return Ok(());
+        }
+        self.progress.set_message(format!("MTU {}: ganesha's export on {}", link.mtu, kind.name()));
+        // One ganesha per address and port: the old one goes first.
+        p.halt();
+        let new = crate::subjects::ganesha::start_on(topo, link, &self.backing, kind)?;
+        std::mem::replace(p, new).stop();
+        self.nfs_server_fs = kind;
         Ok(())
     }
 
@@ -633,6 +686,7 @@ impl LabRun {
         let measured = self.plan.subjects_for(self.digest);
         let mut ours: Vec<_> = self.plan.protocols.iter().copied().filter(|p| measured.contains(&Subject::Blockwire(*p))).collect();
         let mut peers = self.plan.peers.clone();
+        self.nfs_server_fs = Default::default();
         if topo.routed {
             // AoE is Ethernet frames: a router between the hosts ends it.
             let why = "AoE needs the hosts on one layer-2 segment; the client reaches the target through a router";
@@ -992,11 +1046,41 @@ impl LabRun {
             .filter(|s| !s.gave_up)
             .map(|s| (s.key.clone(), Some(s.url.clone()), Some(s.proc), s.kernel.is_some()))
             .collect();
+        // ganesha's process, serving the NFS subjects.
+        let ganesha = live
+            .iter()
+            .find(|s| s.subject == Subject::Peer(crate::subjects::PeerKind::Ganesha) && !s.gave_up && s.kernel.is_none())
+            .map(|s| s.proc);
+        if ganesha.is_some() && !self.kernel_nfs_client {
+            self.say(&format!(
+                "lab: fs: the client ({}) has no kernel NFS client: NFS is measured through nfs:// (a file system on the image file), not on an NFS mount",
+                topo.client.name()
+            ));
+        }
+        if self.kernel_nfs {
+            let versions = crate::kernel_nfs::VERSIONS;
+            match ganesha {
+                Some(pi) => {
+                    let src = format!("{}:{}", link.target_ip, crate::subjects::ganesha::EXPORT);
+                    let runs = self.plan.fs_cases(false).len() * fsp.repeat as usize * self.plan.fs_combinations.len();
+                    for v in versions {
+                        subjects.push((v.key(), Some(src.clone()), Some(pi), false));
+                        self.progress.inc_length(runs as u64);
+                    }
+                }
+                None => {
+                    for v in versions {
+                        // (Not in the progress bar's count: nothing to skip.)
+                        let key = v.key();
+                        if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+                            r.unavailable.get_or_insert_with(|| "ganesha is not serving".into());
+                        }
+                    }
+                }
+            }
+        }
         if self.plan.baseline {
             subjects.push((crate::fs::LOCAL.to_string(), None, None, false));
-        }
-        if live.iter().any(|s| s.key.ends_with("-nfs")) && !crate::subjects::ganesha::kernel_nfs_client() {
-            self.say("lab: fs: the client has no kernel NFS client: NFS is measured through nfs:// (a file system on the image file), not on an NFS mount");
         }
         for (kind, fsync) in self.plan.fs_combinations.clone() {
             let first = self.results.fs.len();
@@ -1004,6 +1088,13 @@ impl LabRun {
             self.fs_factors = crate::results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
             if self.plan.fs_combinations.len() > 1 {
                 self.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
+            }
+            if let Some(pi) = ganesha {
+                if let Err(why) = self.serve_nfs_on(kind, topo, link, &mut procs[pi]) {
+                    for (key, _, _, _) in subjects.iter().filter(|(_, _, p, _)| *p == Some(pi)) {
+                        self.fs_failure(key, Some(link.mtu), "(server file system)", 0, why.clone());
+                    }
+                }
             }
             self.run_fs_setting(topo, link, procs, &subjects, &fsp, &mp)?;
             self.print_fs_rows(first);
@@ -1124,11 +1215,20 @@ impl LabRun {
                 kernel,
             };
             let size = self.plan.params.size_bytes;
+            let nfs = crate::kernel_nfs::NfsVersion::from_key(key);
             let mounted = match (url, &topo.client) {
+                (Some(_), client) if nfs.is_some() => crate::kernel_nfs::mount(client, link.target_ip, nfs.expect("matched"), mp)?,
                 // `url` is the kernel initiator's block device.
                 (Some(dev), client) if kernel => crate::remote_fs::mount_device(client, dev, mp, self.fs_kind, size)?,
-                (Some(url), Host::Ssh(h)) => crate::remote_fs::mount_blockwire(h, url, mp, self.fs_kind, size)?,
-                (Some(url), client) => crate::mounts::mount_remote_as(&self.exe, client, url, mp, self.fs_kind, size)?,
+                (Some(url), client) => {
+                    // Over NFS `--fs` is the server's file system; the
+                    // image's own (a VM guest's) stays ext4.
+                    let kind = if key.ends_with("-nfs") { crate::fs_kind::FsKind::Ext4 } else { self.fs_kind };
+                    match client {
+                        Host::Ssh(h) => crate::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
+                        _ => crate::mounts::mount_remote_as(&self.exe, client, url, mp, kind, size)?,
+                    }
+                }
                 (None, _) => {
                     // The raw device first: the file system goes on it next.
                     let (loop_token, dev) = crate::mounts::loop_device(&self.backing)?;

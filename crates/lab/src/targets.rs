@@ -64,6 +64,17 @@ impl TargetProcess {
         self.extra.push(token);
     }
 
+    /// Stop it where it stands, its place kept for the process that
+    /// replaces it (a target restarted on another file system); `stop` on
+    /// it afterwards is harmless.
+    pub fn halt(&mut self) {
+        let _ = registry().release(self.token);
+        for t in self.extra.drain(..) {
+            let _ = registry().release(t);
+        }
+        let _ = self.child.try_wait();
+    }
+
     pub fn stop(self) {
         let _ = registry().release(self.token);
         for t in self.extra {

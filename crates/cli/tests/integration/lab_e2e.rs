@@ -332,6 +332,36 @@ fn file_system_factor_gives_samples_charts_and_findings() {
     assert_nothing_left(lab_pid, &seen);
 }
 
+/// Study 4's "over NFS the file system matters little": `--fs` puts
+/// ganesha's export on ext4, then on xfs (the image's own file system
+/// stays ext4), the IOgen-like job runs through `nfs://` on each; the
+/// finding compares xfs and ext4 (one against the best) and the
+/// file-system section charts them. Nothing is left behind.
+#[test]
+fn nfs_server_file_system_factor_gives_a_finding_and_a_chart() {
+    require_root();
+    let out = out_dir("nfsfs");
+    // 384 MiB: mkfs.xfs wants 300.
+    let (lab_pid, seen, stderr) = run_lab(&[
+        "--quick", "--protocols", "iscsi", "--peers", "ganesha", "--suite", "fs", "--repeat", "2", "--size", "384M",
+        "--client-mem", "64M", "--fs-workloads", "iogen-direct", "--fs-runtime", "1", "--fs", "ext4,xfs", "--no-baseline",
+    ], &out);
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).expect("results.json parses");
+    let fs = results["fs"].as_array().expect("fs samples");
+    for kind in ["", "xfs"] {
+        let n = fs.iter().filter(|s| s["subject"] == "ganesha-nfs" && s["factors"]["fs"].as_str().unwrap_or("") == kind).count();
+        assert_eq!(n, 2, "ganesha-nfs with the export on {kind:?}; failures: {}", results["failures"]);
+    }
+    assert!(stderr.contains("lab: fs suite on xfs"), "{stderr}");
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<section id=\"fs-factor\">") && html.contains("iogen-direct by file system"), "no file-system chart");
+    let finding = "ganesha-nfs (nfs:// image, ext4 inside), iogen-direct with the export on ";
+    assert!(html.contains(finding) && html.contains("(the best)"), "no NFS file-system finding");
+    assert!(!html.contains("needs an NFS subject (the ganesha peer"), "the NFS claim was judged not applicable");
+    assert_nothing_left(lab_pid, &seen);
+}
+
 /// One Ctrl-C: the workload stops on SIGTERM, the run saves what it has
 /// and undoes everything in order.
 #[test]

@@ -1,8 +1,12 @@
 //! nfs-ganesha (NFSv3 and NFSv4.1, VFS back end) serving the volume as a
-//! file, `disk.img`, on an ext4 file system of its own (a loop image beside
-//! the backing file, filled with the backing's bytes), with `files/` beside
-//! it for file-level workloads. Measured through blockwire's `nfs://`
-//! client, as qemu and Proxmox use a disk image on NFS.
+//! file, `disk.img`, on a file system of its own (a loop image beside the
+//! backing file, filled with the backing's bytes; ext4, or the fs suite's
+//! `--fs` setting: the server's file system is the one under NFS data),
+//! with `files/` beside it. Measured through blockwire's `nfs://` client,
+//! as qemu and Proxmox use a disk image on NFS, and where the client host
+//! has one through the kernel's NFS client (`crate::kernel_nfs`, whose
+//! workloads run in `w/` at the export's root, where the fs suite puts
+//! every subject's).
 //!
 //! rpcbind's socket and lock (/run/rpcbind.sock, /run/rpcbind.lock) are one
 //! per machine, not per network namespace: ganesha and its rpcbind run in a
@@ -12,6 +16,7 @@
 
 use super::{PeerTarget, Protocol, Tool};
 use crate::cleanup::{registry, Resource, Role};
+use crate::fs_kind::FsKind;
 use crate::targets::{spawn_logged, TargetProcess};
 use crate::topology::{Link, Topology};
 use std::net::Ipv4Addr;
@@ -33,8 +38,9 @@ pub struct Launch<'a> {
     pub state: &'a Path,
     /// The directory exported.
     pub export_dir: &'a Path,
-    /// An ext4 image mounted on `export_dir` inside ganesha's namespace.
-    pub ext4_image: Option<&'a Path>,
+    /// A file system image mounted on `export_dir` inside ganesha's
+    /// namespace, with its mount options.
+    pub image: Option<(&'a Path, &'a str)>,
     /// A file copied to `export_dir/disk.img` once mounted (the backing).
     pub volume_from: Option<&'a Path>,
     /// The address it listens on (all of the namespace's if None).
@@ -67,8 +73,8 @@ impl Launch<'_> {
         let st = self.state.display();
         let ex = self.export_dir.display();
         let mut s = format!("set -e\nmount -t tmpfs -o mode=755 bwlab-run /run\nmkdir {RECOVERY}\n");
-        if let Some(img) = self.ext4_image {
-            s += &format!("mount -o loop {} {ex}\n", img.display());
+        if let Some((img, options)) = self.image {
+            s += &format!("mount -o loop,{options} {} {ex}\n", img.display());
         }
         if let Some(src) = self.volume_from {
             s += &format!("cp --sparse=never {} {ex}/{VOLUME_FILE}\nmkdir -p {ex}/{FILES_DIR}\n", src.display());
@@ -108,13 +114,29 @@ pub fn answers(mut rpcinfo: std::process::Command, ip: Ipv4Addr) -> bool {
     rpcinfo.args(["-T", "tcp", &ip.to_string(), "100003", "3"]).output().is_ok_and(|o| o.status.success())
 }
 
-/// Whether this machine's kernel can mount NFS (built in, or a module
-/// modprobe would load): file-level NFS workloads need it on the client.
-/// Today's clients are namespaces of this machine.
+/// Whether this machine can mount NFS with its kernel (mount.nfs, and the
+/// nfs file system built in or loadable): the one-box lab's client needs
+/// it for file-level NFS (`crate::kernel_nfs`).
 pub fn kernel_nfs_client() -> bool {
-    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    fs.lines().any(|l| l.split_whitespace().last() == Some("nfs"))
-        || std::process::Command::new("modprobe").args(["-n", "nfs"]).output().is_ok_and(|o| o.status.success())
+    crate::kernel_nfs::available(&crate::host::Host::Local)
+}
+
+/// mkfs arguments for the export's image of `size` bytes on `kind`:
+/// without discard (nothing to discard in a new sparse file).
+fn mkfs_args(kind: FsKind, size: u64) -> Vec<String> {
+    let mut a: Vec<String> = vec!["-q".into()];
+    let extra = kind.mkfs_options(size);
+    match kind.mkfs_type() {
+        "ext4" => {
+            a.push("-F".into());
+            if extra.is_empty() {
+                a.extend(["-E".into(), "nodiscard".into()]);
+            }
+        }
+        _ => a.extend(["-f".into(), "-K".into()]),
+    }
+    a.extend(extra);
+    a
 }
 
 impl PeerTarget for Ganesha {
@@ -144,86 +166,118 @@ impl PeerTarget for Ganesha {
     }
 
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
-        // Its export image, config and state files are made on this
-        // machine's file system.
-        if matches!(topo.target, crate::host::Host::Ssh(_)) {
-            return Err("the ganesha peer runs only on a target host of this machine for now".into());
+        start_on(topo, link, backing, FsKind::Ext4)
+    }
+}
+
+/// ganesha serving `backing`'s bytes from an export on file system `kind`.
+pub fn start_on(topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
+    // Its export image, config and state files are made on this
+    // machine's file system.
+    if matches!(topo.target, crate::host::Host::Ssh(_)) {
+        return Err("the ganesha peer runs only on a target host of this machine for now".into());
+    }
+    if crate::host::package_version("nfs-ganesha-vfs").is_none() {
+        return Err("ganesha's VFS back end is not installed (package nfs-ganesha-vfs)".into());
+    }
+    let tag = format!("/tmp/bwlab-{}-ganesha-{}", std::process::id(), link.mtu);
+    let (state, export, image) = (PathBuf::from(format!("{tag}-state")), PathBuf::from(format!("{tag}-export")), backing.with_extension(format!("nfs-{}", kind.name())));
+    if !crate::host::which(kind.mkfs_program()) {
+        return Err(format!("{} is not installed: no export on {}", kind.mkfs_program(), kind.name()));
+    }
+    let size = std::fs::metadata(backing).map_err(|e| format!("{}: {e}", backing.display()))?.len();
+    let mut tokens = vec![];
+    let made = (|| -> anyhow::Result<()> {
+        tokens.push(registry().create(Resource::Dir(export.clone()), || Ok(std::fs::create_dir_all(&export)?))?.0);
+        tokens.push(registry().create(Resource::Dir(state.clone()), || Ok(std::fs::create_dir_all(&state)?))?.0);
+        for f in Launch::STATE_FILES {
+            tokens.push(registry().create(Resource::File(state.join(f)), || Ok(()))?.0);
         }
-        if crate::host::package_version("nfs-ganesha-vfs").is_none() {
-            return Err("ganesha's VFS back end is not installed (package nfs-ganesha-vfs)".into());
-        }
-        let tag = format!("/tmp/bwlab-{}-ganesha-{}", std::process::id(), link.mtu);
-        let (state, export, image) = (PathBuf::from(format!("{tag}-state")), PathBuf::from(format!("{tag}-export")), backing.with_extension("nfs.ext4"));
-        let size = std::fs::metadata(backing).map_err(|e| format!("{}: {e}", backing.display()))?.len();
-        let mut tokens = vec![];
-        let made = (|| -> anyhow::Result<()> {
-            tokens.push(registry().create(Resource::Dir(export.clone()), || Ok(std::fs::create_dir_all(&export)?))?.0);
-            tokens.push(registry().create(Resource::Dir(state.clone()), || Ok(std::fs::create_dir_all(&state)?))?.0);
-            for f in Launch::STATE_FILES {
-                tokens.push(registry().create(Resource::File(state.join(f)), || Ok(()))?.0);
-            }
-            let (t, ()) = registry().create(Resource::File(image.clone()), || {
-                // Room for the volume's file, ext4's metadata and the file workloads.
-                let f = std::fs::File::create(&image)?;
-                f.set_len(size + (size / 4).max(64 << 20))?;
-                crate::host::sh("mkfs.ext4", &["-q", "-F", "-E", "nodiscard", &image.to_string_lossy()])?;
-                Ok(())
-            })?;
-            tokens.push(t);
+        let (t, ()) = registry().create(Resource::File(image.clone()), || {
+            // Room for the volume's file, the file system's metadata and the
+            // kernel NFS subjects' file workloads, and on btrfs for its
+            // copy-on-write (an overwrite takes new space until the old is
+            // freed: with the file alone on it, writes failed ENOSPC);
+            // sparse, so only what is written takes memory.
+            let f = std::fs::File::create(&image)?;
+            f.set_len(2 * size + (256 << 20))?;
+            let mut args = mkfs_args(kind, size);
+            args.push(image.to_string_lossy().into_owned());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            crate::host::sh(kind.mkfs_program(), &args)?;
             Ok(())
-        })();
-        let give_back = |tokens: Vec<_>| {
-            for t in tokens.into_iter().rev() {
-                let _ = registry().release(t);
-            }
-        };
-        if let Err(e) = made {
-            give_back(tokens);
-            return Err(format!("cannot prepare ganesha's file system: {e}"));
+        })?;
+        tokens.push(t);
+        Ok(())
+    })();
+    let give_back = |tokens: Vec<_>| {
+        for t in tokens.into_iter().rev() {
+            let _ = registry().release(t);
         }
-        let launch = Launch { state: &state, export_dir: &export, ext4_image: Some(&image), volume_from: Some(backing), bind: Some(link.target_ip) };
-        let cmd = match launch.command(topo.target.command("unshare")) {
-            Ok(c) => c,
-            Err(e) => {
-                give_back(tokens);
-                return Err(format!("cannot write ganesha's config: {e}"));
-            }
-        };
-        let (mut p, _rx) = match spawn_logged(&topo.target, cmd, "ganesha.nfsd", None, None) {
-            Ok(x) => x,
-            Err(e) => {
-                give_back(tokens);
-                return Err(e.to_string());
-            }
-        };
-        // The copy of the backing comes first: allow for it.
-        let deadline = Instant::now() + Duration::from_secs(30 + size / (100 << 20));
-        let mut rpcbind = None;
-        loop {
-            if rpcbind.is_none() {
-                if let Some(pid) = launch.rpcbind_pid() {
-                    let r = registry().create(Resource::Child { pid, what: "rpcbind".into(), role: Role::Service }, || Ok(()));
-                    if let Ok((t, ())) = r {
-                        rpcbind = Some(t);
-                    }
+    };
+    if let Err(e) = made {
+        give_back(tokens);
+        return Err(format!("cannot prepare ganesha's file system: {e}"));
+    }
+    let launch = Launch { state: &state, export_dir: &export, image: Some((&image, kind.mount_options())), volume_from: Some(backing), bind: Some(link.target_ip) };
+    let cmd = match launch.command(topo.target.command("unshare")) {
+        Ok(c) => c,
+        Err(e) => {
+            give_back(tokens);
+            return Err(format!("cannot write ganesha's config: {e}"));
+        }
+    };
+    let (mut p, _rx) = match spawn_logged(&topo.target, cmd, "ganesha.nfsd", None, None) {
+        Ok(x) => x,
+        Err(e) => {
+            give_back(tokens);
+            return Err(e.to_string());
+        }
+    };
+    // The copy of the backing comes first: allow for it.
+    let deadline = Instant::now() + Duration::from_secs(30 + size / (100 << 20));
+    let mut rpcbind = None;
+    loop {
+        if rpcbind.is_none() {
+            if let Some(pid) = launch.rpcbind_pid() {
+                let r = registry().create(Resource::Child { pid, what: "rpcbind".into(), role: Role::Service }, || Ok(()));
+                if let Ok((t, ())) = r {
+                    rpcbind = Some(t);
                 }
             }
-            if answers(topo.target.command("rpcinfo"), link.target_ip) {
-                break;
-            }
-            if !p.alive() || Instant::now() > deadline {
-                let why = format!("ganesha did not start: {} {}", p.log_tail(), launch.log());
-                p.stop();
-                give_back(rpcbind.into_iter().chain(tokens).collect());
-                return Err(why);
-            }
-            std::thread::sleep(Duration::from_millis(200));
         }
-        // Released after ganesha stops: rpcbind (the namespace, its ext4
-        // mount and loop device go with it), then the files.
-        for t in rpcbind.into_iter().chain(tokens.into_iter().rev()) {
-            p.keep_until_stopped(t);
+        if answers(topo.target.command("rpcinfo"), link.target_ip) {
+            break;
         }
-        Ok(p)
+        if !p.alive() || Instant::now() > deadline {
+            let why = format!("ganesha did not start: {} {}", p.log_tail(), launch.log());
+            p.stop();
+            give_back(rpcbind.into_iter().chain(tokens).collect());
+            return Err(why);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Released after ganesha stops: rpcbind (the namespace, its image's
+    // mount and loop device go with it), then the files.
+    for t in rpcbind.into_iter().chain(tokens.into_iter().rev()) {
+        p.keep_until_stopped(t);
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_export_image_is_made_without_discard_on_each_file_system() {
+        assert_eq!(mkfs_args(FsKind::Ext4, 1 << 30), ["-q", "-F", "-E", "nodiscard"]);
+        // ext4-tuned's own -E options stand alone (mke2fs takes one -E).
+        assert_eq!(mkfs_args(FsKind::Ext4Tuned, 1 << 30)[..3], ["-q", "-F", "-E"]);
+        assert_eq!(mkfs_args(FsKind::Xfs, 1 << 30), ["-q", "-f", "-K"]);
+        assert_eq!(mkfs_args(FsKind::Btrfs, 1 << 30), ["-q", "-f", "-K"]);
+        let dir = Path::new("/tmp/x");
+        let l = Launch { state: dir, export_dir: dir, image: Some((Path::new("/dev/shm/i"), "nodatacow")), volume_from: None, bind: None };
+        assert!(l.script().contains("mount -o loop,nodatacow /dev/shm/i /tmp/x\n"));
     }
 }

@@ -40,7 +40,7 @@ impl Ganesha {
     }
 
     fn launch(&self) -> Launch<'_> {
-        Launch { state: &self.state, export_dir: &self.dir, ext4_image: None, volume_from: None, bind: None }
+        Launch { state: &self.state, export_dir: &self.dir, image: None, volume_from: None, bind: None }
     }
 
     /// Start ganesha (again) and wait until NFSv3 answers.

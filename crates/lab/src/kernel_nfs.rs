@@ -1,0 +1,159 @@
+//! File-level NFS through the client host's kernel NFS client: ganesha's
+//! export mounted (NFSv3 or NFSv4.1) where the fs suite then runs its
+//! workloads, as the iSCSI-vs-NFS study did. Each version is a subject of
+//! its own, `kernel-nfs3@ganesha` and `kernel-nfs4.1@ganesha` (named like
+//! `kernel-iscsi@tgt`), measured by the fs suite only: a mount is no block
+//! device for the micro and sweep cases. The file system under the data is
+//! the server's (the export's), so `--fs` chooses that one for them.
+//!
+//! On an ssh host the mount is recorded in the host's state file before it
+//! is made (`kernel nfs MOUNTPOINT`, undone by the `nfs` case of
+//! `clients::detach_script`), so the next run unmounts what a killed one
+//! left. On this machine the mount goes into the lab's mount namespace
+//! (nsenter --net, as `blockwire mount` does), tracked like the others.
+
+use crate::cleanup::{registry, Resource};
+use crate::host::Host;
+use crate::mounts::Mounted;
+use crate::subjects::{ganesha, PeerKind};
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NfsVersion {
+    V3,
+    V41,
+}
+
+pub const VERSIONS: [NfsVersion; 2] = [NfsVersion::V3, NfsVersion::V41];
+
+impl NfsVersion {
+    /// Its part of the subject's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            NfsVersion::V3 => "nfs3",
+            NfsVersion::V41 => "nfs4.1",
+        }
+    }
+
+    /// mount(8) options. `soft` with a bounded retry: a server that dies
+    /// fails the case with EIO instead of hanging the run. `nolock`: ganesha
+    /// runs without NLM, and nothing here locks across clients.
+    pub fn options(self) -> &'static str {
+        match self {
+            NfsVersion::V3 => "vers=3,proto=tcp,nolock,soft,timeo=150,retrans=2",
+            NfsVersion::V41 => "vers=4.1,proto=tcp,soft,timeo=150,retrans=2",
+        }
+    }
+
+    /// Its subject key: `kernel-nfs3@ganesha`.
+    pub fn key(self) -> String {
+        format!("kernel-{}@{}", self.name(), PeerKind::Ganesha.name())
+    }
+
+    /// The version a subject key names, if it is a kernel NFS subject.
+    pub fn from_key(key: &str) -> Option<NfsVersion> {
+        VERSIONS.into_iter().find(|v| v.key() == key)
+    }
+
+    /// The client as the report's subject table names it.
+    pub fn initiator(self, host: &Host) -> String {
+        let on = match host {
+            Host::LocalNamespace(_) => String::new(),
+            h => format!(" on {}", h.name()),
+        };
+        let v = match self {
+            NfsVersion::V3 => "NFSv3",
+            NfsVersion::V41 => "NFSv4.1",
+        };
+        format!("the kernel NFS client ({v} mount of the export, files on the server's file system){on}")
+    }
+}
+
+/// Succeeds where the host can mount NFS: mount.nfs, and the nfs file
+/// system built in or loadable.
+const PROBE: &str = "PATH=$PATH:/usr/sbin:/sbin; command -v mount.nfs >/dev/null && { grep -qw nfs /proc/filesystems || modprobe -q nfs; }";
+
+/// Whether `host` has a kernel NFS client (mount.nfs and the module).
+pub fn available(host: &Host) -> bool {
+    host.run("sh", &["-c", PROBE]).is_ok()
+}
+
+/// Mount `$2` on `$1` with options `$3` (the mount point made first, as
+/// on a remote host nothing else makes it). mount.nfs itself: a host's
+/// `mount` may be busybox's, whose own NFS code knows no NFSv4; the
+/// version modules loaded first where no udev or modprobe helper would.
+const MOUNT: &str = r#"PATH=$PATH:/usr/sbin:/sbin
+for m in nfs nfsv3 nfsv4; do modprobe -q $m 2>/dev/null; done
+mkdir -p "$1" && mount.nfs "$2" "$1" -o "$3""#;
+
+/// ganesha's export at `server` mounted on `mp` of `host` with version `v`.
+/// Released: unmounted (forcibly and lazily if the server is gone), and on
+/// a remote host the mount point removed.
+pub fn mount(host: &Host, server: Ipv4Addr, v: NfsVersion, mp: &Path) -> anyhow::Result<Mounted> {
+    let src = format!("{server}:{}", ganesha::EXPORT);
+    let mp_s = mp.to_string_lossy().into_owned();
+    let args = [mp_s.as_str(), src.as_str(), v.options()];
+    let (res, cmd) = match host {
+        Host::Ssh(h) => {
+            // `kernel nfs MP`: the cleanup script splits the rest into arguments.
+            h.record("kernel", "nfs", &mp_s)?;
+            let undo = Resource::HostShell { host: host.clone(), script: crate::clients::DETACH.into(), args: vec!["nfs".into(), mp_s.clone(), String::new()] };
+            (undo, h.command_with("sh", &[&["-c", MOUNT, "sh"][..], &args[..]].concat()))
+        }
+        // `ip netns exec` would mount in a mount namespace of its own: the
+        // network namespace alone is entered, the mount lands here.
+        _ => {
+            let mut c = host.command_sharing_mounts(Path::new("sh"));
+            c.args(["-c", MOUNT, "sh"]).args(args);
+            (Resource::Mount(mp.to_path_buf()), c)
+        }
+    };
+    let mut cmd = cmd;
+    let (token, ()) = registry().create(res, || {
+        crate::mounts::helper(&mut cmd).map(|_| ()).map_err(|e| anyhow::anyhow!("mounting {src} with {} on {}: {e:#}", v.name(), host.name()))
+    })?;
+    Ok(Mounted::made_elsewhere(mp, vec![token]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_the_version_and_the_server() {
+        assert_eq!(NfsVersion::V3.key(), "kernel-nfs3@ganesha");
+        assert_eq!(NfsVersion::V41.key(), "kernel-nfs4.1@ganesha");
+        for v in VERSIONS {
+            assert_eq!(NfsVersion::from_key(&v.key()), Some(v));
+        }
+        assert_eq!(NfsVersion::from_key("ganesha-nfs"), None);
+        assert!(NfsVersion::V3.options().contains("nolock") && NfsVersion::V41.options().starts_with("vers=4.1"));
+        // In one box there is no host to name.
+        assert!(NfsVersion::V3.initiator(&Host::LocalNamespace("c".into())).ends_with("file system)"));
+    }
+
+    /// The state file's line for a mount is undone by the cleanup script's
+    /// `nfs` case: a tmpfs stands in for the NFS mount (the script unmounts
+    /// whatever is there, then removes the empty mount point).
+    #[test]
+    fn a_recorded_mount_is_undone_by_the_cleanup_script() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to mount");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("bwlab-knfs-unit-{}", std::process::id()));
+        let mp = dir.join("mnt");
+        std::fs::create_dir_all(&mp).unwrap();
+        let st = std::process::Command::new("mount").args(["-t", "tmpfs", "bwlabtest"]).arg(&mp).status().unwrap();
+        assert!(st.success());
+        let state = dir.join("state-unit");
+        std::fs::write(&state, format!("kernel nfs {}\n", mp.display())).unwrap();
+        let st = std::process::Command::new("sh").args(["-c", crate::ssh::CLEANUP_SCRIPT, "sh"]).arg(&state).status().unwrap();
+        assert!(st.success());
+        let mounted = std::fs::read_to_string("/proc/self/mounts").unwrap().lines().any(|l| l.split(' ').nth(1) == Some(&*mp.to_string_lossy()));
+        assert!(!mounted && !mp.exists() && !state.exists(), "the mount or its point is left");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
