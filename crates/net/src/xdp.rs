@@ -17,8 +17,9 @@
 //! on. It is attached with a BPF link owned by this process, so it goes
 //! away with the last socket, or with the process, however it ends: nothing
 //! is pinned. Native mode where the driver has it, generic otherwise, and
-//! generic on veth: frames a tc program hands to a veth's peer
-//! (bpf_redirect_peer, as the BPF router does) skip the veth's native XDP.
+//! generic on veth: a veth's native XDP runs where its peer transmits,
+//! which a tc program handing frames over with bpf_redirect_peer (as the
+//! BPF router does) bypasses; generic XDP runs where the stack receives.
 //!
 //! The sockets are bound without forcing a mode, so the kernel uses
 //! zero-copy where the driver offers it and copy mode elsewhere (veth, tap);
