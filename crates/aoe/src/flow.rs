@@ -123,6 +123,14 @@ impl Tags {
         Tags { seq: 1, prefix: (id & 0xFFF) << 20, seq_mask: 0x0FFF }
     }
 
+    /// The bits of a tag that carry the initiator id.
+    pub const ID_MASK: u32 = 0xFFF0_0000;
+
+    /// This initiator's id bits (0 without one): every tag it sends has them.
+    pub fn prefix(&self) -> u32 {
+        self.prefix
+    }
+
     pub fn next(&mut self, slot: u8) -> u32 {
         let seq = self.seq & self.seq_mask;
         self.seq = self.seq.wrapping_add(1);

@@ -192,6 +192,7 @@ fn daemon_command(a: &AttachArgs, dir: &Path) -> anyhow::Result<Command> {
         cmd.arg("--data-digest");
     }
     cmd.args(["--tcp-congestion", &c.tcp_congestion.to_string()]);
+    cmd.args(["--aoe-datapath", &c.aoe_datapath.to_string()]);
     // Secrets go through the environment, not the daemon's visible arguments.
     for (var, v) in [
         ("BLOCKWIRE_DHCHAP_SECRET", &c.dhchap_secret),

@@ -120,6 +120,10 @@ struct ServeArgs {
     /// [tuning] How AoE frames are spread over the workers: round-robin or cpu.
     #[arg(long, value_name = "MODE", help_heading = "Tuning")]
     aoe_fanout: Option<bw_serve::tuning::AoeFanout>,
+    /// [tuning] Sockets AoE frames move through: auto (AF_XDP where it can be
+    /// set up, else AF_PACKET), xdp (AF_XDP or fail) or packet (AF_PACKET).
+    #[arg(long, value_name = "auto|xdp|packet", help_heading = "Tuning")]
+    aoe_datapath: Option<bw_net::Datapath>,
     /// [tuning] One thread per iSCSI connection (false: tasks on the shared runtime).
     #[arg(long, value_name = "BOOL", help_heading = "Tuning")]
     iscsi_connection_threads: Option<bool>,
@@ -191,6 +195,10 @@ struct ClientArgs {
     /// algorithm such as cubic.
     #[arg(long, value_name = "auto|system|NAME", default_value = "auto")]
     tcp_congestion: bw_net::tcp::Congestion,
+    /// aoe://: sockets the frames move through: auto (AF_XDP where it can
+    /// be set up on the interface, else AF_PACKET), xdp or packet.
+    #[arg(long, value_name = "auto|xdp|packet", default_value = "auto")]
+    aoe_datapath: bw_net::Datapath,
     /// How CRC32C digests are computed: hw (the CPU's CRC instruction) or
     /// soft (portable tables: a CPU without CRC help).
     #[arg(long, value_name = "hw|soft", default_value = "hw")]
@@ -212,6 +220,7 @@ impl ClientArgs {
             dhchap_secret: self.dhchap_secret.clone(),
             dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
             tcp_congestion: self.tcp_congestion.clone(),
+            aoe_datapath: self.aoe_datapath,
         }
     }
 }
@@ -548,6 +557,7 @@ fn effective_config(a: &ServeArgs) -> anyhow::Result<bw_serve::ServeConfig> {
     set_if(&mut t.aoe_workers, a.aoe_workers);
     set_if(&mut t.aoe_io_threads, a.aoe_io_threads);
     set_if(&mut t.aoe_fanout, a.aoe_fanout);
+    set_if(&mut t.aoe_datapath, a.aoe_datapath);
     set_if(&mut t.iscsi_connection_threads, a.iscsi_connection_threads);
     set_if(&mut t.zero_copy_min, a.zero_copy_min);
     set_if(&mut t.iscsi_inline_max, a.iscsi_inline_max);

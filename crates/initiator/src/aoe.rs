@@ -19,17 +19,22 @@
 //!   their next request: one syscall per batch instead of one per frame.
 //! - Large I/O is split into frames of the negotiated sector count and
 //!   all its frames go out concurrently.
+//! - Frames move through AF_XDP sockets where they can be set up
+//!   (`ConnectOptions::aoe_datapath`, `auto` by default), the XDP program
+//!   taking only replies that carry this client's tag prefix, so other
+//!   clients on the interface keep theirs; else through an AF_PACKET socket.
 
 use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
 use async_trait::async_trait;
 use bw_aoe::ata::{self, AtaArg};
-use bw_aoe::frame::{format_mac, AoeHeader, Mac};
+use bw_aoe::frame::{field, format_mac, AoeHeader, Mac, FLAG_RESPONSE};
 use bw_aoe::flow::{Exchange, Expired, Tags, Window};
 use bw_aoe::initiator::{self as req, Addr, AtaRequest, ReplyBody};
 use bw_aoe::mask::Directive;
 use bw_aoe::query_config::ConfigCommand;
 use bw_aoe::{identify, max_sectors_for_mtu, BROADCAST_MAC, BROADCAST_SHELF, BROADCAST_SLOT, ETHERTYPE_AOE, SECTOR};
-use bw_net::{FrameBatch, PacketSocket};
+use bw_net::frames::{self, Chosen, Datapath};
+use bw_net::{FrameBatch, FrameSocket, PacketSocket, XdpFilter};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -46,6 +51,12 @@ const MIN_RTO: Duration = Duration::from_millis(100);
 const MAX_RTO: Duration = Duration::from_secs(5);
 const DISCOVERY_TRIES: u32 = 3;
 const DISCOVERY_WAIT: Duration = Duration::from_millis(700);
+/// The slot byte of the Query Config that finds the target: above every
+/// request slot (at most MAX_WINDOW), so its reply is never taken for one.
+const DISCOVERY_SLOT: u32 = 0xFF;
+/// How long a sender waits before trying again when the socket has no
+/// room: AF_XDP signals no readiness when transmit chunks come back.
+const SEND_RETRY: Duration = Duration::from_millis(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -99,6 +110,8 @@ struct Slot {
 #[derive(Default)]
 struct Counters {
     frames: AtomicU64,
+    /// Frames that came in through AF_XDP sockets.
+    xdp_frames_in: AtomicU64,
     retransmits: AtomicU64,
     stray: AtomicU64,
 }
@@ -110,7 +123,9 @@ struct SendQueue {
 }
 
 struct Shared {
-    sock: AsyncFd<PacketSocket>,
+    /// Requests go out through the first; replies come in through all
+    /// (AF_XDP: one per receive queue, then the AF_PACKET one).
+    socks: Vec<AsyncFd<FrameSocket>>,
     outq: Mutex<SendQueue>,
     /// Set when the queue goes from empty to non-empty.
     out_ready: Notify,
@@ -132,55 +147,91 @@ struct Shared {
 
 pub struct AoeClient {
     shared: Arc<Shared>,
-    receiver: tokio::task::JoinHandle<()>,
+    receivers: Vec<tokio::task::JoinHandle<()>>,
     sender: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for AoeClient {
     fn drop(&mut self) {
-        self.receiver.abort();
+        for r in &self.receivers {
+            r.abort();
+        }
         self.sender.abort();
     }
 }
 
-fn open_socket(iface: &str) -> Result<AsyncFd<PacketSocket>> {
-    let sock = PacketSocket::open(iface, ETHERTYPE_AOE)?;
-    sock.set_nonblocking(true)?;
-    // Best effort: a big receive buffer absorbs a full window of replies.
-    let _ = sock.set_buffer_sizes(4 << 20, 4 << 20);
-    // PacketSocket owns its fd (OwnedFd) and moves into the AsyncFd, so the
-    // I/O-safety concern behind this deprecation does not apply.
-    #[allow(deprecated)]
-    let afd = AsyncFd::new(sock)?;
-    Ok(afd)
+/// The replies an AF_XDP client takes: responses carrying its tag prefix.
+fn reply_filter(tag_prefix: u32) -> XdpFilter {
+    XdpFilter {
+        byte: Some((field::FLAGS.offset() as u16, FLAG_RESPONSE, FLAG_RESPONSE)),
+        word: Some((field::TAG.offset() as u16, Tags::ID_MASK, tag_prefix & Tags::ID_MASK)),
+    }
 }
 
-async fn send_frame(sock: &AsyncFd<PacketSocket>, frame: &[u8]) -> Result<()> {
+/// The client's sockets on `iface`, non-blocking: AF_XDP ones for replies
+/// passing `filter` if `want` asks and it can be set up, then an AF_PACKET
+/// one, alone or for replies that reach the stack instead (generic XDP
+/// skips frames act_mirred re-injects): a safeguard, idle when all goes
+/// through XDP.
+fn open_sockets(iface: &str, want: Datapath, filter: XdpFilter) -> Result<Vec<AsyncFd<FrameSocket>>> {
+    let mut socks: Vec<FrameSocket> = match frames::choose(iface, ETHERTYPE_AOE, want, filter)? {
+        Chosen::Xdp(s) => s.into_iter().map(|s| FrameSocket::Xdp(Box::new(s))).collect(),
+        Chosen::Packet { why } => {
+            if let Some(why) = why {
+                log::info!("aoe {iface}: AF_XDP not used, AF_PACKET instead: {why}");
+            }
+            Vec::new()
+        }
+    };
+    let sock = PacketSocket::open(iface, ETHERTYPE_AOE)?;
+    // Best effort: a big receive buffer absorbs a full window of replies.
+    let _ = sock.set_buffer_sizes(4 << 20, 4 << 20);
+    socks.push(FrameSocket::Packet(sock));
+    let mut out = Vec::with_capacity(socks.len());
+    for sock in socks {
+        sock.set_nonblocking(true)?;
+        // The socket owns its fd (OwnedFd) and moves into the AsyncFd, so
+        // the I/O-safety concern behind this deprecation does not apply.
+        #[allow(deprecated)]
+        let afd = AsyncFd::new(sock)?;
+        out.push(afd);
+    }
+    Ok(out)
+}
+
+/// Wait for room to send: writable readiness, or a short pause (AF_XDP
+/// sockets signal none when their transmit chunks come back).
+async fn wait_writable(sock: &AsyncFd<FrameSocket>) -> io::Result<()> {
+    if let Ok(g) = tokio::time::timeout(SEND_RETRY, sock.writable()).await {
+        g?.clear_ready();
+    }
+    Ok(())
+}
+
+async fn send_frame(sock: &AsyncFd<FrameSocket>, frame: &[u8]) -> Result<()> {
     loop {
         match sock.get_ref().send(frame) {
             Ok(()) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                let mut g = sock.writable().await?;
-                g.clear_ready();
-            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_writable(sock).await?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
     }
 }
 
-/// Receive frames until `deadline`, giving each to `f` until it returns Some.
-async fn recv_until<T>(sock: &AsyncFd<PacketSocket>, deadline: Instant, mut f: impl FnMut(&[u8]) -> Option<T>) -> Result<Option<T>> {
-    let mut buf = vec![0u8; sock.get_ref().mtu() + 18];
+/// Receive frames on any of `socks` until `deadline`, giving each to `f`
+/// until it returns Some.
+async fn recv_until<T>(socks: &[AsyncFd<FrameSocket>], deadline: Instant, mut f: impl FnMut(&[u8]) -> Option<T>) -> Result<Option<T>> {
+    let mut buf = vec![0u8; socks[0].get_ref().mtu() + 18];
     loop {
         let now = Instant::now();
         if now >= deadline {
             return Ok(None);
         }
-        let ready = tokio::time::timeout(deadline - now, sock.readable()).await;
-        let mut guard = match ready {
+        let any = futures::future::select_all(socks.iter().map(|s| Box::pin(s.readable())));
+        let mut guard = match tokio::time::timeout(deadline - now, any).await {
             Err(_) => return Ok(None),
-            Ok(g) => g?,
+            Ok((g, _, _)) => g?,
         };
         match guard.try_io(|s| s.get_ref().recv(&mut buf)) {
             Ok(Ok(n)) => {
@@ -216,17 +267,20 @@ fn parse_config_reply(frame: &[u8], want: Option<(u16, u8)>) -> Option<TargetInf
     }
 }
 
-/// Find the target answering at shelf.slot on the socket's interface.
-async fn find_target(sock: &AsyncFd<PacketSocket>, shelf: u16, slot: u8) -> Result<TargetInfo> {
+/// Find the target answering at shelf.slot on the socket's interface;
+/// the Query Config carries the client's tag prefix (AF_XDP takes only
+/// replies with it).
+async fn find_target(socks: &[AsyncFd<FrameSocket>], shelf: u16, slot: u8, tag_prefix: u32) -> Result<TargetInfo> {
+    let sock = &socks[0];
     let me = sock.get_ref().mac();
     let mut frame = [0u8; 64];
     for attempt in 0..DISCOVERY_TRIES {
-        let tag = 0x8000_0000 | attempt;
+        let tag = tag_prefix | attempt << 8 | DISCOVERY_SLOT;
         let to = Addr { src: me, dst: BROADCAST_MAC, shelf, slot };
         let n = req::query_config(&mut frame, &to, tag, ConfigCommand::Read, b"").map_err(|e| ClientError::Protocol(e.to_string()))?;
         send_frame(sock, &frame[..n]).await?;
         let deadline = Instant::now() + DISCOVERY_WAIT;
-        if let Some(t) = recv_until(sock, deadline, |f| {
+        if let Some(t) = recv_until(socks, deadline, |f| {
             parse_config_reply(f, Some((shelf, slot))).filter(|_| AoeHeader::parse(f).map(|h| h.tag() == tag).unwrap_or(false))
         })
         .await?
@@ -283,7 +337,15 @@ fn initiator_id() -> u32 {
         h.write_u32(std::process::id());
         std::sync::atomic::AtomicU32::new(h.finish() as u32)
     });
-    next.fetch_add(1, Relaxed)
+    // Id 0 would give tags without a prefix, like those of one-off
+    // exchanges (discovery) and other software: an AF_XDP client must not
+    // take their replies.
+    loop {
+        let id = next.fetch_add(1, Relaxed);
+        if id & (Tags::ID_MASK >> 20) != 0 {
+            return id;
+        }
+    }
 }
 
 pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
@@ -295,8 +357,11 @@ impl AoeClient {
         let TargetUrl::Aoe { iface, shelf, slot } = url else {
             return Err(ClientError::Protocol(format!("{url} is not an aoe:// URL")));
         };
-        let sock = open_socket(iface)?;
-        let info = find_target(&sock, *shelf, *slot).await?;
+        let tags = Tags::for_initiator(initiator_id());
+        let socks = open_sockets(iface, opts.aoe_datapath, reply_filter(tags.prefix()))?;
+        let sock = &socks[0];
+        log::debug!("{url}: datapath {} ({}), {} sockets", sock.get_ref().datapath(), sock.get_ref().describe(), socks.len());
+        let info = find_target(&socks, *shelf, *slot, tags.prefix()).await?;
         let our_sectors = max_sectors_for_mtu(sock.get_ref().mtu());
         let frame_sectors = match info.sector_count {
             0 => our_sectors,
@@ -335,7 +400,7 @@ impl AoeClient {
             free: Mutex::new((0..max_window).rev().collect()),
             window: Semaphore::new(window),
             flow: Mutex::new(flow),
-            tags: Mutex::new(Tags::for_initiator(initiator_id())),
+            tags: Mutex::new(tags),
             outq: Mutex::new(SendQueue { batch: FrameBatch::new(MAX_WINDOW, frame_len.max(bw_aoe::MIN_FRAME)), queued: 0 }),
             out_ready: Notify::new(),
             timeout: opts.timeout,
@@ -343,16 +408,21 @@ impl AoeClient {
             flush_ext_unsupported: std::sync::atomic::AtomicBool::new(false),
             slots,
             info,
-            sock,
+            socks,
         });
-        let receiver = tokio::spawn(receive_loop(shared.clone()));
+        let receivers = (0..shared.socks.len()).map(|i| tokio::spawn(receive_loop(shared.clone(), i))).collect();
         let sender = tokio::spawn(send_loop(shared.clone(), FrameBatch::new(MAX_WINDOW, frame_len.max(bw_aoe::MIN_FRAME))));
-        let client = AoeClient { shared, receiver, sender };
+        let client = AoeClient { shared, receivers, sender };
         let id = client.identify().await?;
         client.shared.size_bytes.store(id.sectors * SECTOR as u64, Relaxed);
         log::debug!("{}: {} at {}, {} sectors, {} sectors/frame, window {window}/{max_window} (buffers {})",
             client.shared.url, id.model, format_mac(&client.shared.info.mac), id.sectors, frame_sectors, client.shared.info.buffer_count);
         Ok(client)
+    }
+
+    /// The sockets this client's frames move through.
+    pub fn datapath(&self) -> Datapath {
+        self.shared.socks[0].get_ref().datapath()
     }
 
     /// The target's Query Config answer at connect time.
@@ -369,6 +439,10 @@ impl AoeClient {
     }
     pub fn retransmits(&self) -> u64 {
         self.shared.counters.retransmits.load(Relaxed)
+    }
+    /// Frames received through AF_XDP sockets (the rest came through AF_PACKET).
+    pub fn frames_in_over_xdp(&self) -> u64 {
+        self.shared.counters.xdp_frames_in.load(Relaxed)
     }
 
     pub async fn identify(&self) -> Result<identify::IdentifyInfo> {
@@ -475,7 +549,7 @@ impl Shared {
                 Some(i == 0)
             }
         };
-        let Some(first) = queued else { return send_frame(&self.sock, frame).await };
+        let Some(first) = queued else { return send_frame(&self.socks[0], frame).await };
         if first {
             self.out_ready.notify_one();
         }
@@ -609,15 +683,15 @@ async fn send_loop(shared: Arc<Shared>, mut batch: FrameBatch) {
             // Frames before `sent` went out; send_batch restarts at 0, so
             // after a partial send the rest go one by one.
             let r = if sent == 0 {
-                shared.sock.get_ref().send_batch(&mut batch, n)
+                shared.socks[0].get_ref().send_batch(&mut batch, n)
             } else {
                 let len = batch.built_len(sent);
-                shared.sock.get_ref().send(&batch.slot_mut(sent)[..len]).map(|()| 1)
+                shared.socks[0].get_ref().send(&batch.slot_mut(sent)[..len]).map(|()| 1)
             };
             match r {
                 Ok(k) => sent += k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match shared.sock.writable().await {
-                    Ok(mut g) => g.clear_ready(),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match wait_writable(&shared.socks[0]).await {
+                    Ok(()) => {}
                     Err(e) => {
                         log::error!("{}: socket failed: {e}", shared.url);
                         return;
@@ -662,10 +736,11 @@ impl Drop for SlotLease<'_> {
 }
 
 /// Drain the socket in batches; hand each reply to the slot its tag names.
-async fn receive_loop(shared: Arc<Shared>) {
-    let mut batch = FrameBatch::new(64, shared.sock.get_ref().mtu() + 18);
+async fn receive_loop(shared: Arc<Shared>, sock: usize) {
+    let sock = &shared.socks[sock];
+    let mut batch = FrameBatch::new(64, sock.get_ref().mtu() + 18);
     loop {
-        let mut guard = match shared.sock.readable().await {
+        let mut guard = match sock.readable().await {
             Ok(g) => g,
             Err(e) => {
                 log::error!("{}: socket failed: {e}", shared.url);
@@ -681,6 +756,9 @@ async fn receive_loop(shared: Arc<Shared>) {
             }
             Err(_would_block) => continue,
         };
+        if sock.get_ref().datapath() == Datapath::Xdp {
+            shared.counters.xdp_frames_in.fetch_add(n as u64, Relaxed);
+        }
         let now = Instant::now();
         for i in 0..n {
             deliver(&shared, batch.frame(i), now);
@@ -789,7 +867,7 @@ impl BlockClient for AoeClient {
 
     async fn close(&self) -> Result<()> {
         let c = &self.shared.counters;
-        let drops = self.shared.sock.get_ref().take_statistics().map(|s| s.1).unwrap_or(0);
+        let drops: u64 = self.shared.socks.iter().map(|s| s.get_ref().take_statistics().map_or(0, |s| s.1)).sum();
         log::debug!(
             "{}: {} frames sent, {} retransmits, {} stray replies, {} dropped by our socket, window {}",
             self.shared.url,
@@ -799,7 +877,9 @@ impl BlockClient for AoeClient {
             drops,
             self.window()
         );
-        self.receiver.abort();
+        for r in &self.receivers {
+            r.abort();
+        }
         self.sender.abort();
         Ok(())
     }
@@ -837,16 +917,19 @@ impl Discovered {
 /// Broadcast a Query Config on `iface`, collect answers for `wait`, then
 /// ask each target's size with IDENTIFY.
 pub async fn discover_targets(iface: &str, wait: Duration) -> Result<Vec<Discovered>> {
-    let sock = open_socket(iface)?;
+    // AF_PACKET: a short exchange, and it sees replies with any tag.
+    let socks = open_sockets(iface, Datapath::Packet, XdpFilter::default())?;
+    let sock = &socks[0];
     let me = sock.get_ref().mac();
     let mut frame = vec![0u8; sock.get_ref().mtu() + 18];
-    let tag = 0x4000_0000 | (std::process::id() & 0xFFFF);
+    // No initiator id bits: no AF_XDP client's program takes the replies.
+    let tag = std::process::id() & 0xFFFF;
     let to = Addr { src: me, dst: BROADCAST_MAC, shelf: BROADCAST_SHELF, slot: BROADCAST_SLOT };
     let n = req::query_config(&mut frame, &to, tag, ConfigCommand::Read, b"").map_err(|e| ClientError::Protocol(e.to_string()))?;
-    send_frame(&sock, &frame[..n]).await?;
+    send_frame(sock, &frame[..n]).await?;
     let mut found: Vec<TargetInfo> = Vec::new();
     let deadline = Instant::now() + wait;
-    recv_until(&sock, deadline, |f| {
+    recv_until(&socks, deadline, |f| {
         if let Some(t) = parse_config_reply(f, None) {
             if AoeHeader::parse(f).map(|h| h.tag() == tag).unwrap_or(false)
                 && !found.iter().any(|x| (x.mac, x.shelf, x.slot) == (t.mac, t.shelf, t.slot))
@@ -860,12 +943,12 @@ pub async fn discover_targets(iface: &str, wait: Duration) -> Result<Vec<Discove
     found.sort_by_key(|t| (t.shelf, t.slot, t.mac));
     let mut out = Vec::new();
     for (i, t) in found.into_iter().enumerate() {
-        let id_tag = 0x5000_0000 | i as u32;
+        let id_tag = 0x1_0000 | i as u32;
         let to = Addr { src: me, dst: t.mac, shelf: t.shelf, slot: t.slot };
         let n = req::ata(&mut frame, &to, id_tag, &AtaRequest::simple(ata::CMD_IDENTIFY_DEVICE))
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        send_frame(&sock, &frame[..n]).await?;
-        let id = recv_until(&sock, Instant::now() + Duration::from_secs(1), |f| {
+        send_frame(sock, &frame[..n]).await?;
+        let id = recv_until(&socks, Instant::now() + Duration::from_secs(1), |f| {
             let h = AoeHeader::parse(f).ok()?;
             if h.tag() != id_tag || h.src() != t.mac || !h.is_response() {
                 return None;

@@ -72,6 +72,8 @@ pub struct ConnectOptions {
     pub dhchap_ctrl_secret: Option<String>,
     /// iSCSI / NVMe: the connections' TCP congestion control.
     pub tcp_congestion: Congestion,
+    /// AoE: AF_XDP or AF_PACKET sockets (`auto`: AF_XDP where it can be set up).
+    pub aoe_datapath: bw_net::Datapath,
 }
 
 impl std::fmt::Debug for ConnectOptions {
@@ -87,6 +89,7 @@ impl std::fmt::Debug for ConnectOptions {
             .field("dhchap_secret", &hidden(&self.dhchap_secret))
             .field("dhchap_ctrl_secret", &hidden(&self.dhchap_ctrl_secret))
             .field("tcp_congestion", &self.tcp_congestion)
+            .field("aoe_datapath", &self.aoe_datapath)
             .finish()
     }
 }
@@ -103,6 +106,7 @@ impl Default for ConnectOptions {
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
             tcp_congestion: Congestion::Auto,
+            aoe_datapath: bw_net::Datapath::Auto,
         }
     }
 }

@@ -206,7 +206,7 @@ fn subjects(c: &Ctx) -> Option<Markup> {
             @for s in &c.r.subjects {
                 tr {
                     td.l { span style=(format!("color:{}", c.color(&s.key))) { "■" } " " (s.key) }
-                    td.l { (s.protocol) } td.l { (s.target) } td.l { (s.initiator) }
+                    td.l { (s.protocol) } td.l { (s.target) @if let Some(d) = &s.target_datapath { " (" (d) " datapath)" } } td.l { (s.initiator) }
                     td.l { @match &s.unavailable { Some(why) => { "unavailable: " (why) }, None => { "measured" } } }
                 }
             }

@@ -373,6 +373,10 @@ pub struct Subject {
     /// `None` when it ran; `Some(reason)` when it was unavailable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable: Option<String>,
+    /// The sockets the target's AoE front-end moved frames through (`xdp`,
+    /// `packet`), as its log says: blockwire's AoE subjects only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_datapath: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -389,6 +389,7 @@ impl LabRun {
                 target: s.target_name().into(),
                 initiator: c.initiator(s, &topo.client),
                 unavailable: None,
+                target_datapath: None,
             })
             .collect();
         self.plan_kernel_nfs(&topo.client, &clients);
@@ -399,6 +400,7 @@ impl LabRun {
                 target: "tmpfs file".into(),
                 initiator: "fio (io_uring)".into(),
                 unavailable: None,
+                target_datapath: None,
             });
         }
         let mut fs_dir_token = None;
@@ -410,6 +412,7 @@ impl LabRun {
                     target: "ext4 on a loop device over the backing file".into(),
                     initiator: "the kernel (no network)".into(),
                     unavailable: None,
+                    target_datapath: None,
                 });
             }
             if let Host::Ssh(h) = &topo.client {
@@ -550,6 +553,21 @@ impl LabRun {
         match &self.remote {
             Some(r) => r.clients.clone(),
             None => vec![crate::clients::ClientKind::Blockwire],
+        }
+    }
+
+    /// The AoE datapath target `s` uses, on every client's subject of it
+    /// (each MTU's, when they differ).
+    fn record_target_datapath(&mut self, s: Subject, datapath: &str) {
+        for c in self.clients().into_iter().filter(|c| c.serves(s)) {
+            let key = c.key(s);
+            if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+                match &mut r.target_datapath {
+                    Some(d) if d.split(", ").any(|x| x == datapath) => {}
+                    Some(d) => *d = format!("{d}, {datapath}"),
+                    None => r.target_datapath = Some(datapath.to_string()),
+                }
+            }
         }
     }
 
@@ -718,6 +736,9 @@ impl LabRun {
                 }
             }
             if let Some(p) = proc {
+                if let Some(d) = blockwire::aoe_datapath(&p.log_tail()) {
+                    self.record_target_datapath(Subject::Blockwire(crate::subjects::Protocol::Aoe), &d);
+                }
                 for (proto, _) in status.iter().filter(|(_, s)| s.is_ok()) {
                     live.push(LiveSubject::new(Subject::Blockwire(*proto), link, procs.len()));
                 }

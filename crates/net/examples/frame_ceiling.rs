@@ -1,15 +1,22 @@
-//! The most request/reply frame pairs per second AF_PACKET sockets can move
-//! over one link on this machine, with nothing else done per frame: an upper
-//! bound for any userspace AoE target and initiator pair (bench/aoe-ceiling).
+//! The most request/reply frame pairs per second AF_PACKET (or AF_XDP)
+//! sockets can move over one link on this machine, with nothing else done
+//! per frame: an upper bound for any userspace AoE target and initiator
+//! pair (bench/aoe-ceiling).
 //!
-//! `frame_ceiling respond IFACE REPLY_BYTES`: answer every frame with a
-//! REPLY_BYTES frame to its sender (batched recvmmsg/sendmmsg), until a
-//! stop frame comes; then print its CPU seconds.
-//! `frame_ceiling drive IFACE SECONDS WINDOW`: keep WINDOW requests (60-byte
-//! frames) in flight, batched both ways, for SECONDS; print one JSON line
-//! with pairs per second and the driver's CPU seconds.
+//! `frame_ceiling respond IFACE REPLY_BYTES [packet|xdp]`: answer every
+//! frame with a REPLY_BYTES frame to its sender (batched both ways), until
+//! a stop frame comes; then print its CPU seconds.
+//! `frame_ceiling drive IFACE SECONDS WINDOW [packet|xdp]`: keep WINDOW
+//! requests (60-byte frames) in flight, batched both ways, for SECONDS;
+//! print one JSON line with pairs per second and the driver's CPU seconds.
+//!
+//! `xdp` uses AF_XDP through the same batches the AoE target and initiator
+//! use (one copy each way between the rings' memory and the batch), on the
+//! interface's first receive queue (a veth has one); `packet` (the default)
+//! uses AF_PACKET's recvmmsg/sendmmsg.
 
-use bw_net::{FrameBatch, PacketSocket};
+use bw_net::frames::{self, Chosen, Datapath};
+use bw_net::{FrameBatch, FrameSocket, PacketSocket, XdpFilter};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -33,9 +40,24 @@ fn header(frame: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
     frame[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
 }
 
-fn respond(iface: &str, reply_bytes: usize) -> io::Result<()> {
-    let sock = PacketSocket::open(iface, ETHERTYPE)?;
-    sock.set_buffer_sizes(4 << 20, 4 << 20)?;
+/// One socket of the kind asked for (AF_XDP: the first queue's).
+fn open(iface: &str, datapath: Datapath) -> io::Result<FrameSocket> {
+    match frames::choose(iface, ETHERTYPE, datapath, XdpFilter::default())? {
+        Chosen::Xdp(s) => {
+            let s = s.into_iter().next().expect("one socket per queue, at least one queue");
+            eprintln!("frame_ceiling: AF_XDP on {iface} ({})", if s.zero_copy() { "zero-copy" } else { "copy mode" });
+            Ok(FrameSocket::Xdp(Box::new(s)))
+        }
+        Chosen::Packet { .. } => {
+            let s = PacketSocket::open(iface, ETHERTYPE)?;
+            s.set_buffer_sizes(4 << 20, 4 << 20)?;
+            Ok(FrameSocket::Packet(s))
+        }
+    }
+}
+
+fn respond(iface: &str, reply_bytes: usize, datapath: Datapath) -> io::Result<()> {
+    let sock = open(iface, datapath)?;
     let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
     let mut tx = FrameBatch::new(BATCH, reply_bytes.max(60));
     let me = sock.mac();
@@ -61,9 +83,8 @@ fn respond(iface: &str, reply_bytes: usize) -> io::Result<()> {
     }
 }
 
-fn drive(iface: &str, seconds: f64, window: usize) -> io::Result<()> {
-    let sock = PacketSocket::open(iface, ETHERTYPE)?;
-    sock.set_buffer_sizes(4 << 20, 4 << 20)?;
+fn drive(iface: &str, seconds: f64, window: usize, datapath: Datapath) -> io::Result<()> {
+    let sock = open(iface, datapath)?;
     sock.set_recv_timeout(Duration::from_millis(200))?;
     let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
     let mut tx = FrameBatch::new(BATCH, 60);
@@ -100,12 +121,19 @@ fn drive(iface: &str, seconds: f64, window: usize) -> io::Result<()> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    let mut args: Vec<String> = std::env::args().collect();
+    let datapath = match args.last().map(|a| a.parse::<Datapath>()) {
+        Some(Ok(d)) => {
+            args.pop();
+            d
+        }
+        _ => Datapath::Packet,
+    };
     let r = match args.get(1).map(String::as_str) {
-        Some("respond") if args.len() == 4 => respond(&args[2], args[3].parse().expect("REPLY_BYTES")),
-        Some("drive") if args.len() == 5 => drive(&args[2], args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW")),
+        Some("respond") if args.len() == 4 => respond(&args[2], args[3].parse().expect("REPLY_BYTES"), datapath),
+        Some("drive") if args.len() == 5 => drive(&args[2], args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW"), datapath),
         _ => {
-            eprintln!("usage: frame_ceiling respond IFACE REPLY_BYTES | drive IFACE SECONDS WINDOW");
+            eprintln!("usage: frame_ceiling respond IFACE REPLY_BYTES [packet|xdp] | drive IFACE SECONDS WINDOW [packet|xdp]");
             std::process::exit(2);
         }
     };

@@ -404,6 +404,30 @@ impl FrameBatch {
         self.lens[i]
     }
 
+    /// Start filling the batch by copying frames in (AF_XDP receives).
+    pub(crate) fn begin_fill(&mut self) {
+        self.count = 0;
+    }
+
+    /// Room for the next received frame, if the batch has any left.
+    pub(crate) fn next_fill_slot(&mut self) -> Option<&mut [u8]> {
+        let i = self.count;
+        (i < self.capacity()).then(|| &mut self.data[i * self.frame_size..(i + 1) * self.frame_size])
+    }
+
+    /// The frame of `len` bytes copied into [`FrameBatch::next_fill_slot`] is complete.
+    pub(crate) fn fill_done(&mut self, len: usize) {
+        let i = self.count;
+        self.lens[i] = len;
+        self.order[i] = i as u16;
+        self.count += 1;
+    }
+
+    /// Frame `i` built for sending (its length given with [`FrameBatch::set_len`]).
+    pub(crate) fn built(&self, i: usize) -> &[u8] {
+        &self.data[i * self.frame_size..i * self.frame_size + self.lens[i]]
+    }
+
     fn prepare_recv(&mut self) {
         for (iov, h) in self.iovs.iter_mut().zip(self.hdrs.iter_mut()) {
             iov.iov_len = self.frame_size;

@@ -1,13 +1,16 @@
 //! The AoE front-end: serve exports on Ethernet interfaces.
 //!
-//! Per interface, several worker threads each own an AF_PACKET socket in
+//! Per interface, several worker threads each own a socket: with AF_XDP
+//! (`[tuning] aoe_datapath`, `auto` by default), one per receive queue, an
+//! XDP program steering AoE requests to them; with AF_PACKET, sockets in
 //! one fanout group (load-balanced with rollover), so the kernel spreads
 //! requests over them and many requests are in flight to the backend at
-//! once. Each worker receives a batch of frames with one `recvmmsg`, runs
-//! every frame through the protocol state machine ([`bw_aoe::target::Export`]),
-//! which reads straight into the reply buffer or writes straight from the
-//! request frame, and sends all replies with one `sendmmsg`. Buffers are
-//! allocated once per worker; nothing is allocated per frame.
+//! once. Each worker receives a batch of frames (one `recvmmsg`, or what
+//! the RX ring holds), runs every frame through the protocol state machine
+//! ([`bw_aoe::target::Export`]), which reads straight into the reply buffer
+//! or writes straight from the request frame, and sends all replies at once
+//! (one `sendmmsg`, or one TX ring kick). Buffers are allocated once per
+//! worker; nothing is allocated per frame.
 //!
 //! Exports on a real device (anything not in memory) get more workers than
 //! cores, so a worker waiting for the disk does not stall the others. An
@@ -31,8 +34,9 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use bw_aoe::target::{Export, ExportSettings, Outcome};
 use bw_aoe::ata::{self, AtaArg};
-use bw_aoe::{max_sectors_for_mtu, AoeHeader, Command, ETHERTYPE_AOE};
-use bw_net::{FanoutMode, FrameBatch, PacketSocket};
+use bw_aoe::{frame::field, frame::FLAG_RESPONSE, max_sectors_for_mtu, AoeHeader, Command, ETHERTYPE_AOE};
+use bw_net::frames::{self, Chosen, Datapath};
+use bw_net::{FanoutMode, FrameBatch, FrameSocket, PacketSocket, XdpFilter};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -108,6 +112,8 @@ fn frame_truesize(mtu: usize) -> usize {
 #[derive(Default)]
 struct Counters {
     frames: AtomicU64,
+    /// Of `frames`, those that came through AF_XDP sockets.
+    xdp_frames: AtomicU64,
     replies: AtomicU64,
     ignored: AtomicU64,
     batches: AtomicU64,
@@ -303,11 +309,19 @@ pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shut
             n => n,
         };
         let workers = workers(tuning.aoe_workers, memory_backed, io_threads);
-        let (ifc, sockets) = open_interface(iface, &exports, volumes, workers, fanout, n)?;
+        let (ifc, sockets, companion) = open_interface(iface, &exports, volumes, workers, fanout, n, tuning.aoe_datapath)?;
         let ifc = Arc::new(ifc);
-        let sockets: Vec<Arc<PacketSocket>> = sockets.into_iter().map(Arc::new).collect();
+        let sockets: Vec<Arc<FrameSocket>> = sockets.into_iter().map(Arc::new).collect();
         let pool = if io_threads == 0 { None } else { Some(IoPool::start(io_threads, &sockets[0], &ifc, &mut threads)?) };
-        for (w, sock) in sockets.into_iter().enumerate() {
+        // Workers share the sockets round robin; the AF_PACKET companion of
+        // AF_XDP sockets gets a thread of its own, last.
+        let companion = companion.map(Arc::new);
+        let socket_of = |w: usize| match &companion {
+            Some(c) if w == ifc.link.workers => c.clone(),
+            _ => sockets[w % sockets.len()].clone(),
+        };
+        for w in 0..ifc.link.workers + companion.is_some() as usize {
+            let sock = socket_of(w);
             let ifc = ifc.clone();
             let stop = stop.clone();
             let pool = pool.clone();
@@ -338,9 +352,10 @@ pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shut
         for i in &interfaces {
             let c = &i.counters;
             log::info!(
-                "aoe {}: {} frames in {} batches, {} replies, {} ignored, {} socket errors, {} dropped (socket full)",
+                "aoe {}: {} frames ({} through AF_XDP) in {} batches, {} replies, {} ignored, {} socket errors, {} dropped (socket full)",
                 i.name,
                 c.frames.load(Relaxed),
+                c.xdp_frames.load(Relaxed),
                 c.batches.load(Relaxed),
                 c.replies.load(Relaxed),
                 c.ignored.load(Relaxed),
@@ -353,15 +368,15 @@ pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shut
     Ok((running, handle))
 }
 
-/// Open the worker sockets of one interface and build its exports.
-fn open_interface(
-    iface: &str,
-    exports: &[&AoeExport],
-    volumes: &Volumes,
-    workers: usize,
-    fanout: FanoutMode,
-    group_offset: usize,
-) -> anyhow::Result<(Interface, Vec<PacketSocket>)> {
+/// The AoE frames an AF_XDP target takes: requests (replies to initiators
+/// on the same interface go on to their sockets).
+fn request_filter() -> XdpFilter {
+    XdpFilter { byte: Some((field::FLAGS.offset() as u16, FLAG_RESPONSE, 0)), word: None }
+}
+
+/// `workers` AF_PACKET sockets in one fanout group, and the frames their
+/// receive buffers can hold queued.
+fn open_packet_sockets(iface: &str, workers: usize, fanout: FanoutMode, group_offset: usize) -> anyhow::Result<(Vec<FrameSocket>, usize)> {
     let mut sockets = Vec::with_capacity(workers);
     // Fanout group ids are per network namespace: derive one from our pid
     // so two blockwire processes never share a group.
@@ -373,8 +388,58 @@ fn open_interface(
         s.set_recv_timeout(POLL)?;
         s.join_fanout(group, fanout).with_context(|| format!("PACKET_FANOUT on {iface}"))?;
         queued += granted / frame_truesize(s.mtu());
-        sockets.push(s);
+        sockets.push(FrameSocket::Packet(s));
     }
+    Ok((sockets, queued))
+}
+
+/// Open the worker sockets of one interface and build its exports. With
+/// AF_XDP there is one socket per receive queue, and `workers` threads
+/// share them (a socket's rings are taken under a lock, so several threads
+/// may receive from one: a worker waiting for a disk leaves the ring to
+/// the others), plus one AF_PACKET socket (the third value) for requests
+/// that reach the stack instead (generic XDP skips frames act_mirred
+/// re-injects; a queue may have no socket): a safeguard, idle when all
+/// goes through XDP. With AF_PACKET each worker has its own socket.
+fn open_interface(
+    iface: &str,
+    exports: &[&AoeExport],
+    volumes: &Volumes,
+    workers: usize,
+    fanout: FanoutMode,
+    group_offset: usize,
+    datapath: Datapath,
+) -> anyhow::Result<(Interface, Vec<FrameSocket>, Option<FrameSocket>)> {
+    let chosen = frames::choose(iface, ETHERTYPE_AOE, datapath, request_filter())
+        .with_context(|| format!("AoE on {iface}: AF_XDP (aoe_datapath = \"xdp\")"))?;
+    let (sockets, queued, companion) = match chosen {
+        Chosen::Xdp(socks) => {
+            let mut queued = 0;
+            let mut sockets = Vec::with_capacity(socks.len());
+            for s in socks {
+                s.set_recv_timeout(POLL)?;
+                queued += s.rx_capacity();
+                sockets.push(FrameSocket::Xdp(Box::new(s)));
+            }
+            let (mut companion, _) = open_packet_sockets(iface, 1, fanout, group_offset)?;
+            (sockets, queued, companion.pop())
+        }
+        Chosen::Packet { why } => {
+            if let Some(why) = why {
+                log::info!("aoe {iface}: AF_XDP not used, AF_PACKET instead: {why}");
+            }
+            let (sockets, queued) = open_packet_sockets(iface, workers, fanout, group_offset)?;
+            (sockets, queued, None)
+        }
+    };
+    let workers = workers.max(sockets.len());
+    log::info!(
+        "aoe {iface}: datapath {} ({}), {} sockets{}",
+        sockets[0].datapath(),
+        sockets[0].describe(),
+        sockets.len(),
+        if companion.is_some() { ", and AF_PACKET for frames XDP does not see" } else { "" }
+    );
     let mtu = sockets[0].mtu();
     let mac = sockets[0].mac();
     let max_sectors = max_sectors_for_mtu(mtu);
@@ -389,7 +454,7 @@ fn open_interface(
         built.push(Arc::new(build_export(iface, e, volumes, link)?));
     }
     let ifc = Interface::new(iface, mac, link, built);
-    Ok((ifc, sockets))
+    Ok((ifc, sockets, companion))
 }
 
 impl Interface {
@@ -468,7 +533,7 @@ struct IoPool {
 impl IoPool {
     /// Start the pool threads; they end once every receive worker (holding
     /// the job senders) has.
-    fn start(n: usize, sock: &Arc<PacketSocket>, ifc: &Arc<Interface>, threads: &mut Vec<JoinHandle<()>>) -> anyhow::Result<IoPool> {
+    fn start(n: usize, sock: &Arc<FrameSocket>, ifc: &Arc<Interface>, threads: &mut Vec<JoinHandle<()>>) -> anyhow::Result<IoPool> {
         let frame_len = sock.mtu() + 18;
         let (jobs, job_rx) = mpsc::sync_channel::<Job>(2 * n);
         let (free_tx, free) = mpsc::sync_channel::<Vec<u8>>(2 * n);
@@ -497,7 +562,7 @@ impl IoPool {
     }
 }
 
-fn io_thread(sock: &PacketSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<Job>>, free: &mpsc::SyncSender<Vec<u8>>) {
+fn io_thread(sock: &FrameSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<Job>>, free: &mpsc::SyncSender<Vec<u8>>) {
     let mut reply = vec![0u8; ifc.reply_len()];
     let c = &ifc.counters;
     loop {
@@ -526,7 +591,7 @@ fn io_thread(sock: &PacketSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<J
     }
 }
 
-fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<&IoPool>) {
+fn worker(sock: &FrameSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<&IoPool>) {
     // VLAN-tagged frames can be 4 bytes longer than MTU + 14.
     let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
     // A broadcast may draw one reply per export.
@@ -546,6 +611,9 @@ fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<
         };
         c.batches.fetch_add(1, Relaxed);
         c.frames.fetch_add(n as u64, Relaxed);
+        if sock.datapath() == Datapath::Xdp {
+            c.xdp_frames.fetch_add(n as u64, Relaxed);
+        }
         ifc.stats.frames_received.fetch_add(n as u64, Relaxed);
         if let Some(pool) = pool {
             for i in 0..n {
@@ -585,7 +653,7 @@ fn worker(sock: &PacketSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<
 }
 
 /// Send the first `out` replies built in `tx`.
-fn send_replies(sock: &PacketSocket, ifc: &Interface, tx: &mut FrameBatch, out: usize) {
+fn send_replies(sock: &FrameSocket, ifc: &Interface, tx: &mut FrameBatch, out: usize) {
     if out == 0 {
         return;
     }

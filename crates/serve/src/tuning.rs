@@ -4,6 +4,7 @@
 //! alternatives (the scripts in `bench/` set them).
 
 use bw_net::tcp::Congestion;
+use bw_net::Datapath;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -18,6 +19,9 @@ pub struct Tuning {
     pub aoe_io_threads: usize,
     /// How the kernel spreads AoE frames over the workers.
     pub aoe_fanout: AoeFanout,
+    /// The sockets AoE frames move through: AF_XDP ("xdp"), AF_PACKET
+    /// ("packet"), or AF_XDP where it can be set up, else AF_PACKET ("auto").
+    pub aoe_datapath: Datapath,
     /// One thread (with its own single-threaded runtime) per iSCSI
     /// connection; `false`: tasks on the shared runtime.
     pub iscsi_connection_threads: bool,
@@ -107,6 +111,7 @@ impl Default for Tuning {
             aoe_workers: 0,
             aoe_io_threads: 0,
             aoe_fanout: AoeFanout::RoundRobin,
+            aoe_datapath: Datapath::Auto,
             iscsi_connection_threads: true,
             zero_copy_min: 32 * 1024,
             iscsi_inline_max: 64 * 1024,

@@ -34,6 +34,8 @@ fn linux_kernel_aoe_driver_reads_writes_and_mounts_ext4() {
         "--aoe",
         &format!("{},volume=d,shelf=1,slot=1", tap.0),
     ]);
+    // The default datapath, auto: AF_XDP on the tap device.
+    assert!(serve.log_text().contains(&format!("aoe {}: datapath xdp", tap.0)), "{}", serve.log_text());
     let script = repo_root().join("tests/kernel-vm/aoe.sh");
     let run = kernel_vm(&script, Some(&tap.0), None);
     assert!(run.output.contains("AOE-KERNEL-OK"), "guest did not finish the AoE checks:\n{}", run.output);

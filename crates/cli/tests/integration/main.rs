@@ -8,6 +8,7 @@ mod common;
 mod admission;
 mod aoe_kernel;
 mod aoe_net;
+mod aoe_xdp;
 mod attach;
 mod cli_basics;
 mod conformance_kernel;

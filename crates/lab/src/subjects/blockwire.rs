@@ -77,6 +77,14 @@ fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
     t
 }
 
+/// The AoE datapath serve's log names (`aoe IFACE: datapath xdp (...)`).
+pub fn aoe_datapath(log: &str) -> Option<String> {
+    const MARK: &str = ": datapath ";
+    let at = log.find(MARK)? + MARK.len();
+    let name: String = log[at..].chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+    (!name.is_empty()).then_some(name)
+}
+
 /// Start serve and wait (at most 20 s) for its ready line.
 fn start_serve_once(serve: &Serve, protocols: &[Protocol]) -> Result<TargetProcess, String> {
     let mut text = serve_config(serve.link, &serve.backend, protocols);
@@ -155,5 +163,13 @@ mod tests {
         assert_eq!(v["nvme"]["subsystem"][0]["namespaces"][0]["nsid"].as_integer(), Some(1));
         let only_aoe: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &all[..1])).unwrap();
         assert!(only_aoe.get("iscsi").is_none() && only_aoe.get("nvme").is_none());
+    }
+
+    #[test]
+    fn aoe_datapath_is_read_from_the_log() {
+        let log = "aoe bwl1at: AF_XDP not used, AF_PACKET instead: no | aoe bwl1at: datapath packet (AF_PACKET), 1 sockets | blockwire: ready";
+        assert_eq!(aoe_datapath(log).as_deref(), Some("packet"));
+        assert_eq!(aoe_datapath("aoe x: datapath xdp (AF_XDP (copy mode, generic XDP)), 1 sockets").as_deref(), Some("xdp"));
+        assert_eq!(aoe_datapath("blockwire: ready"), None);
     }
 }

@@ -148,6 +148,11 @@ impl Serve {
         self.log.lock().expect("log lock").join("\n")
     }
 
+    /// Its log lines as they come, also after it stopped (for its last words).
+    pub fn log_lines(&self) -> Arc<Mutex<Vec<String>>> {
+        self.log.clone()
+    }
+
     /// Whether the process is still running (it must survive bad input).
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))

@@ -1,0 +1,153 @@
+//! The datapath of a raw-frame protocol (AoE): AF_XDP sockets where they
+//! work, AF_PACKET sockets otherwise, behind one type.
+
+use crate::packet::{FrameBatch, InterfaceInfo, PacketSocket};
+use crate::xdp::{self, XdpFilter, XdpSocket};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+/// Which sockets move the frames. In configuration files and on the
+/// command line: "auto", "xdp" or "packet".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Datapath {
+    /// AF_XDP if it can be set up on the interface, else AF_PACKET.
+    #[default]
+    Auto,
+    /// AF_XDP or fail.
+    Xdp,
+    /// AF_PACKET.
+    Packet,
+}
+
+impl std::str::FromStr for Datapath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Datapath::Auto),
+            "xdp" => Ok(Datapath::Xdp),
+            "packet" => Ok(Datapath::Packet),
+            _ => Err(format!("{s:?}: expected auto, xdp or packet")),
+        }
+    }
+}
+
+impl std::fmt::Display for Datapath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Datapath::Auto => "auto",
+            Datapath::Xdp => "xdp",
+            Datapath::Packet => "packet",
+        })
+    }
+}
+
+/// What [`choose`] settled on.
+pub enum Chosen {
+    /// AF_XDP: one socket per receive queue, the program attached.
+    Xdp(Vec<XdpSocket>),
+    /// AF_PACKET, for the caller to open as it needs; `why`: the reason
+    /// AF_XDP was not used when `auto` asked for it.
+    Packet { why: Option<String> },
+}
+
+/// Set up AF_XDP on `iface` for frames of `ethertype` passing `filter` if
+/// `want` asks for it; `auto` falls back to AF_PACKET, saying why.
+pub fn choose(iface: &str, ethertype: u16, want: Datapath, filter: XdpFilter) -> io::Result<Chosen> {
+    match want {
+        Datapath::Packet => Ok(Chosen::Packet { why: None }),
+        Datapath::Xdp => xdp::open(iface, ethertype, filter).map(Chosen::Xdp),
+        Datapath::Auto => Ok(match xdp::open(iface, ethertype, filter) {
+            Ok(s) => Chosen::Xdp(s),
+            Err(e) => Chosen::Packet { why: Some(e.to_string()) },
+        }),
+    }
+}
+
+/// A socket of either kind, with the [`PacketSocket`] methods the
+/// protocols use.
+#[derive(Debug)]
+pub enum FrameSocket {
+    Packet(PacketSocket),
+    Xdp(Box<XdpSocket>),
+}
+
+macro_rules! both {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            FrameSocket::Packet($s) => $e,
+            FrameSocket::Xdp($s) => $e,
+        }
+    };
+}
+
+impl FrameSocket {
+    /// "xdp" or "packet", as [`Datapath`] spells them.
+    pub fn datapath(&self) -> Datapath {
+        match self {
+            FrameSocket::Packet(_) => Datapath::Packet,
+            FrameSocket::Xdp(_) => Datapath::Xdp,
+        }
+    }
+    /// For logs: the socket family and, for AF_XDP, its modes.
+    pub fn describe(&self) -> String {
+        match self {
+            FrameSocket::Packet(_) => "AF_PACKET".into(),
+            FrameSocket::Xdp(s) => format!(
+                "AF_XDP ({}, {} XDP)",
+                if s.zero_copy() { "zero-copy" } else { "copy mode" },
+                if s.native() { "native" } else { "generic" }
+            ),
+        }
+    }
+    pub fn info(&self) -> &InterfaceInfo {
+        both!(self, s => s.info())
+    }
+    pub fn mac(&self) -> [u8; 6] {
+        both!(self, s => s.mac())
+    }
+    pub fn mtu(&self) -> usize {
+        both!(self, s => s.mtu())
+    }
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        both!(self, s => s.set_nonblocking(on))
+    }
+    pub fn set_recv_timeout(&self, t: Duration) -> io::Result<()> {
+        both!(self, s => s.set_recv_timeout(t))
+    }
+    pub fn take_statistics(&self) -> io::Result<(u64, u64)> {
+        both!(self, s => s.take_statistics())
+    }
+    pub fn send(&self, frame: &[u8]) -> io::Result<()> {
+        both!(self, s => s.send(frame))
+    }
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        both!(self, s => s.recv(buf))
+    }
+    pub fn recv_batch(&self, batch: &mut FrameBatch) -> io::Result<usize> {
+        both!(self, s => s.recv_batch(batch))
+    }
+    pub fn send_batch(&self, batch: &mut FrameBatch, count: usize) -> io::Result<usize> {
+        both!(self, s => s.send_batch(batch, count))
+    }
+}
+
+impl AsRawFd for FrameSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        both!(self, s => s.as_raw_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datapath_names_round_trip() {
+        for d in [Datapath::Auto, Datapath::Xdp, Datapath::Packet] {
+            assert_eq!(d.to_string().parse::<Datapath>(), Ok(d));
+        }
+        assert!("af_xdp".parse::<Datapath>().is_err());
+    }
+}
