@@ -357,6 +357,13 @@ impl Drop for Request {
     }
 }
 
+/// The peer's memory: an address in its registration, and the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    pub addr: u64,
+    pub key: u32,
+}
+
 /// A registered buffer, by its index in its queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufId(usize);
@@ -581,19 +588,19 @@ impl Queue {
         check(unsafe { bw_post_send(self.q, kind, wr_id, p, n, lkey, 0, rkey, signaled as c_int) })
     }
 
-    /// RDMA WRITE `len` bytes at `off` of `b` to the peer's `raddr`/`rkey`.
-    pub fn post_write(&mut self, wr_id: u64, b: BufId, off: usize, len: usize, raddr: u64, rkey: u32, signaled: bool) -> io::Result<()> {
+    /// RDMA WRITE `len` bytes at `off` of `b` to the peer's memory `to`.
+    pub fn post_write(&mut self, wr_id: u64, b: BufId, off: usize, len: usize, to: Remote, signaled: bool) -> io::Result<()> {
         let (p, n, lkey) = self.slice(b, off, len)?;
         // SAFETY: a checked range of a registered buffer.
-        check(unsafe { bw_post_send(self.q, 2, wr_id, p, n, lkey, raddr, rkey, signaled as c_int) })
+        check(unsafe { bw_post_send(self.q, 2, wr_id, p, n, lkey, to.addr, to.key, signaled as c_int) })
     }
 
-    /// RDMA READ `len` bytes from the peer's `raddr`/`rkey` into `off` of `b`
+    /// RDMA READ `len` bytes from the peer's memory `from` into `off` of `b`
     /// (always signaled: the data is there when it completes).
-    pub fn post_read(&mut self, wr_id: u64, b: BufId, off: usize, len: usize, raddr: u64, rkey: u32) -> io::Result<()> {
+    pub fn post_read(&mut self, wr_id: u64, b: BufId, off: usize, len: usize, from: Remote) -> io::Result<()> {
         let (p, n, lkey) = self.slice(b, off, len)?;
         // SAFETY: a checked range of a registered buffer.
-        check(unsafe { bw_post_send(self.q, 3, wr_id, p, n, lkey, raddr, rkey, 1) })
+        check(unsafe { bw_post_send(self.q, 3, wr_id, p, n, lkey, from.addr, from.key, 1) })
     }
 
     /// Completions into `out`; how many.

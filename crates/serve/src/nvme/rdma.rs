@@ -33,7 +33,7 @@ use bw_nvme::nvm_io as io;
 use bw_nvme::queue_entry::{nvm, Sqe};
 use bw_nvme::rdma_queue::{cm, Action, Connected, Post, RdmaQueue, CAPSULE_LEN};
 use bw_nvme::Status;
-use bw_rdma::{BufId, EventKind, Listener, Request, Wc};
+use bw_rdma::{BufId, EventKind, Listener, Remote, Request, Wc};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -274,7 +274,7 @@ impl Conn {
                     let len = data.len();
                     let buf = self.q.register_bytes(data, false).map_err(|e| format!("registering a result: {e}"))?;
                     let id = self.transfer(buf, None);
-                    self.q.post_write(wr_id(WR_WRITE, id), buf, 0, len, to.addr, to.key, true).map_err(|e| format!("RDMA WRITE: {e}"))?;
+                    self.q.post_write(wr_id(WR_WRITE, id), buf, 0, len, Remote { addr: to.addr, key: to.key }, true).map_err(|e| format!("RDMA WRITE: {e}"))?;
                 }
                 Post::Send { cqe, invalidate } => {
                     let slot = self.free_cqes.pop().ok_or("no completion slot free: the host sends faster than its queue size allows")?;
@@ -314,7 +314,7 @@ impl Conn {
             Action::Fetch { cid, from } => {
                 let fetch = self.q.register(from.length as usize, false).and_then(|buf| {
                     let id = self.transfer(buf, Some(cid));
-                    self.q.post_read(wr_id(WR_READ, id), buf, 0, from.length as usize, from.addr, from.key)
+                    self.q.post_read(wr_id(WR_READ, id), buf, 0, from.length as usize, Remote { addr: from.addr, key: from.key })
                 });
                 if let Err(e) = fetch {
                     return Some(Err(format!("RDMA READ: {e}")));
