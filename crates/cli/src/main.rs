@@ -90,6 +90,10 @@ struct ServeArgs {
     /// [[nvme.subsystem]] configured, every volume becomes a namespace of one default subsystem. Repeatable.
     #[arg(long = "nvme", value_name = "ADDR[:PORT]")]
     nvme: Vec<String>,
+    /// Serve NVMe/RDMA on ADDR[:PORT] (default port 4420), an address of an RDMA device's
+    /// network interface (RoCE, iWARP, InfiniBand): the same subsystems as --nvme. Repeatable.
+    #[arg(long = "nvme-rdma", value_name = "ADDR[:PORT]")]
+    nvme_rdma: Vec<String>,
     /// TOML configuration file; flags add to it.
     #[arg(long, short = 'c', value_name = "FILE")]
     config: Option<String>,
@@ -227,7 +231,7 @@ impl ClientArgs {
 
 #[derive(Args)]
 struct VerifyArgs {
-    /// aoe://IFACE/SHELF.SLOT, iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN or nvme+tcp://HOST[:PORT]/SUBNQN/NSID
+    /// aoe://IFACE/SHELF.SLOT, iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN, nvme+tcp://HOST[:PORT]/SUBNQN/NSID or nvme+rdma://HOST[:PORT]/SUBNQN/NSID
     url: String,
     /// Bytes to write and check (K/M/G suffixes).
     #[arg(long, value_parser = size_arg)]
@@ -544,6 +548,9 @@ fn effective_config(a: &ServeArgs) -> anyhow::Result<bw_serve::ServeConfig> {
     }
     for x in &a.nvme {
         cfg.add_nvme_flag(x)?;
+    }
+    for x in &a.nvme_rdma {
+        cfg.add_nvme_rdma_flag(x)?;
     }
     // Flags override the file.
     let l = &mut cfg.limits;

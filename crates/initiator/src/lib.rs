@@ -185,7 +185,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Arc<dyn BlockCl
     let r = match TargetUrl::parse(url)? {
         u @ TargetUrl::Aoe { .. } => aoe::connect(&u, opts).await,
         u @ TargetUrl::Iscsi { .. } => iscsi::connect(&u, opts).await,
-        u @ TargetUrl::Nvme { .. } => nvme::connect(&u, opts).await,
+        u @ (TargetUrl::Nvme { .. } | TargetUrl::NvmeRdma { .. }) => nvme::connect(&u, opts).await,
         u @ TargetUrl::Nfs { .. } => nfs::connect(&u, opts).await,
     };
     // OS errors name no peer: say which URL they came from.

@@ -10,6 +10,9 @@ pub enum TargetUrl {
     Iscsi { host: String, port: u16, iqn: String, lun: u64, user: Option<String>, secret: Option<String> },
     /// `nvme+tcp://HOST[:PORT]/SUBNQN/NSID`
     Nvme { host: String, port: u16, subnqn: String, nsid: u32 },
+    /// `nvme+rdma://HOST[:PORT]/SUBNQN/NSID`: HOST is an address of the
+    /// target's RDMA device (RoCE, iWARP, IPoIB).
+    NvmeRdma { host: String, port: u16, subnqn: String, nsid: u32 },
     /// `nfs://HOST[:PORT]/EXPORT/FILE[?sync]`: the export is everything up
     /// to the last `/`, as qemu's nfs driver reads it.
     Nfs { host: String, port: u16, export: String, file: String, sync: bool },
@@ -103,16 +106,20 @@ impl TargetUrl {
                 };
                 Ok(TargetUrl::Iscsi { host, port, iqn: iqn.to_string(), lun, user, secret })
             }
-            "nvme+tcp" | "nvme-tcp" | "nvme" => {
+            "nvme+tcp" | "nvme-tcp" | "nvme" | "nvme+rdma" | "nvme-rdma" => {
                 let mut parts = rest.splitn(3, '/');
                 let hp = parts.next().unwrap_or_default();
-                let subnqn = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| err(url, "missing subsystem NQN"))?;
+                let subnqn = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| err(url, "missing subsystem NQN"))?.to_string();
                 let nsid: u32 = parts.next().unwrap_or("1").parse().map_err(|_| err(url, "NSID must be a number"))?;
                 if nsid == 0 || nsid == u32::MAX {
                     return Err(err(url, "NSID must be between 1 and 0xFFFFFFFE"));
                 }
                 let (host, port) = host_port(url, hp, 4420)?;
-                Ok(TargetUrl::Nvme { host, port, subnqn: subnqn.to_string(), nsid })
+                Ok(if scheme.ends_with("rdma") {
+                    TargetUrl::NvmeRdma { host, port, subnqn, nsid }
+                } else {
+                    TargetUrl::Nvme { host, port, subnqn, nsid }
+                })
             }
             "nfs" => {
                 let (rest, sync) = match rest.split_once('?') {
@@ -128,7 +135,7 @@ impl TargetUrl {
                 let (host, port) = host_port(url, hp, 2049)?;
                 Ok(TargetUrl::Nfs { host, port, export: format!("/{export}"), file: file.to_string(), sync })
             }
-            other => Err(err(url, format!("unknown scheme {other:?} (aoe, iscsi, nvme+tcp, nfs)"))),
+            other => Err(err(url, format!("unknown scheme {other:?} (aoe, iscsi, nvme+tcp, nvme+rdma, nfs)"))),
         }
     }
 
@@ -137,6 +144,7 @@ impl TargetUrl {
             TargetUrl::Aoe { .. } => "aoe",
             TargetUrl::Iscsi { .. } => "iscsi",
             TargetUrl::Nvme { .. } => "nvme",
+            TargetUrl::NvmeRdma { .. } => "nvme-rdma",
             TargetUrl::Nfs { .. } => "nfs",
         }
     }
@@ -153,6 +161,7 @@ impl fmt::Display for TargetUrl {
                 write!(f, "iscsi://{u}{}:{port}/{iqn}/{lun}", host(h))
             }
             TargetUrl::Nvme { host: h, port, subnqn, nsid } => write!(f, "nvme+tcp://{}:{port}/{subnqn}/{nsid}", host(h)),
+            TargetUrl::NvmeRdma { host: h, port, subnqn, nsid } => write!(f, "nvme+rdma://{}:{port}/{subnqn}/{nsid}", host(h)),
             TargetUrl::Nfs { host: h, port, export, file, sync } => {
                 write!(f, "nfs://{}:{port}{export}/{file}{}", host(h), if *sync { "?sync" } else { "" })
             }
@@ -185,6 +194,10 @@ mod tests {
             TargetUrl::parse("nvme+tcp://[::1]/nqn.2026-11.org.example:s/2").unwrap(),
             TargetUrl::Nvme { host: "::1".into(), port: 4420, subnqn: "nqn.2026-11.org.example:s".into(), nsid: 2 }
         );
+        let u = TargetUrl::parse("nvme+rdma://10.0.0.1/nqn.2026-11.org.example:s/1").unwrap();
+        assert_eq!(u, TargetUrl::NvmeRdma { host: "10.0.0.1".into(), port: 4420, subnqn: "nqn.2026-11.org.example:s".into(), nsid: 1 });
+        assert_eq!(u.to_string(), "nvme+rdma://10.0.0.1:4420/nqn.2026-11.org.example:s/1");
+        assert_eq!(u.protocol(), "nvme-rdma");
         assert_eq!(
             TargetUrl::parse("nfs://10.0.0.1/srv/vm/disk.img?sync").unwrap(),
             TargetUrl::Nfs { host: "10.0.0.1".into(), port: 2049, export: "/srv/vm".into(), file: "disk.img".into(), sync: true }

@@ -172,6 +172,7 @@ pub struct Controller {
     events: VecDeque<u32>,
     changed_ns: Vec<u32>,
     plain: crate::features::PlainFeatures,
+    keyed_sgls: bool,
 }
 
 fn cap() -> u64 {
@@ -201,7 +202,13 @@ impl Controller {
             events: VecDeque::new(),
             changed_ns: Vec::new(),
             plain: Default::default(),
+            keyed_sgls: false,
         }
+    }
+
+    /// The controller is reached over RDMA: Identify reports keyed SGLs.
+    pub fn set_keyed_sgls(&mut self, on: bool) {
+        self.keyed_sgls = on;
     }
 
     pub fn subsystem(&self) -> Option<&Arc<Subsystem>> {
@@ -249,6 +256,7 @@ impl Controller {
             kas: KAS,
             aerl: AERL,
             oncs: if cntrltype == identify::CNTRLTYPE_IO { identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES } else { 0 },
+            keyed_sgls: self.keyed_sgls,
         }
     }
 

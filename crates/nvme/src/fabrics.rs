@@ -1,8 +1,9 @@
 //! NVMe over Fabrics commands: Connect (with its 1024-byte data), Property
 //! Get/Set, Disconnect. Auth Send/Receive are in [`crate::auth`].
 
+use crate::controller::MAX_QUEUE_ENTRIES;
 use crate::queue_entry::{sgl, Sgl, Sqe};
-use crate::{get_str, put_str};
+use crate::{get_str, put_str, Status};
 
 /// Fabrics command fields in the SQE (after the common ones, see
 /// [`crate::queue_entry::sqe`]), each defined once.
@@ -131,6 +132,26 @@ impl ConnectData {
         put_str(&mut b[512..767], &self.hostnqn, 0);
         b
     }
+}
+
+/// A Connect's own checks, the same on every transport: record format,
+/// queue size, the data's length and NQN lengths. The command and its data,
+/// or the status and result (invalid parameter location) refusing it.
+pub fn check_connect(sqe: &Sqe, data: &[u8]) -> Result<(Connect, ConnectData), (Status, u64)> {
+    let c = Connect::parse(sqe);
+    if c.recfmt != 0 {
+        return Err((Status::CONNECT_FORMAT.dnr(), 0));
+    }
+    if c.sqsize == 0 || c.sqsize >= MAX_QUEUE_ENTRIES {
+        return Err((Status::CONNECT_INVALID_PARAM.dnr(), ipo_sqe(CS_SQSIZE)));
+    }
+    let d = ConnectData::parse(data).ok_or((Status::SGL_INVALID_DATA.dnr(), 0))?;
+    for (nqn, at) in [(&d.subnqn, CD_SUBNQN), (&d.hostnqn, CD_HOSTNQN)] {
+        if nqn.len() > NQN_MAX_LEN {
+            return Err((Status::CONNECT_INVALID_PARAM.dnr(), ipo_data(at)));
+        }
+    }
+    Ok((c, d))
 }
 
 /// Property Get/Set fields.

@@ -116,6 +116,8 @@ pub struct CtrlParams {
     /// Async event request limit, zero-based.
     pub aerl: u8,
     pub oncs: u16,
+    /// Keyed SGL data block descriptors (the RDMA transport's).
+    pub keyed_sgls: bool,
 }
 
 pub fn controller(p: &CtrlParams) -> Vec<u8> {
@@ -152,8 +154,9 @@ pub fn controller(p: &CtrlParams) -> Vec<u8> {
     // Present, and Flush with NSID FFFFFFFFh supported.
     ctrl::VWC.set(&mut b, if p.vwc { 0x07 } else { 0x06 });
     // SGLs supported (byte aligned), offsets in data block descriptors
-    // (in-capsule data).
-    ctrl::SGLS.set(&mut b, (1 << 0) | (1 << 20));
+    // (in-capsule data), and on RDMA keyed data blocks (Linux's nvme-rdma
+    // refuses a controller without them).
+    ctrl::SGLS.set(&mut b, (1 << 0) | (1 << 20) | if p.keyed_sgls { 1 << 2 } else { 0 });
     // Linux refuses an ANA-reporting controller whose MNAN is 0 or above NN
     // ("Invalid MNAN value"), and sizes its ANA log buffer by it.
     ctrl::MNAN.set(&mut b, p.nn);
@@ -301,6 +304,7 @@ mod tests {
             kas: 10,
             aerl: 3,
             oncs: ONCS_COMPARE | ONCS_DSM | ONCS_WRITE_ZEROES,
+            keyed_sgls: false,
         };
         let b = controller(&p);
         assert_eq!(b.len(), 4096);

@@ -3,6 +3,9 @@
 //! - [`pdu`]: the NVMe/TCP PDU codec (common header, IC, capsules, data
 //!   PDUs, R2T, TermReq; CRC32C header/data digests), data as `Bytes`.
 //! - [`queue_entry`]: the 64-byte submission entry and 16-byte completion.
+//! - [`rdma_queue`]: NVMe/RDMA: the connection manager's private data and
+//!   one controller-side queue (capsules in, RDMA READ/WRITE and SENDs out);
+//!   [`rdma_host`]: the host side's command IDs and completions.
 //! - [`command_table`]: every admin and NVM command, one row each.
 //! - [`status`]: status codes as Linux spells them (SCT << 8 | SC, DNR 0x4000).
 //! - [`fabrics`]: Connect / Property Get/Set / Disconnect encodings.
@@ -33,6 +36,8 @@ pub mod ana;
 pub mod logpage;
 pub mod pdu;
 pub mod queue_entry;
+pub mod rdma_host;
+pub mod rdma_queue;
 pub mod status;
 pub mod subsystem;
 pub mod target_queue;

@@ -38,8 +38,15 @@ pub mod nvm {
 /// The fabrics command opcode; the command type is in byte 4 (fctype).
 pub const FABRICS_OPCODE: u8 = 0x7F;
 
-/// SGL descriptor types as the TCP transport uses them (type << 4 | subtype).
+/// SGL descriptor types as the TCP and RDMA transports use them
+/// (type << 4 | subtype).
 pub mod sgl {
+    /// Keyed data block, address subtype: the host's memory, reached by
+    /// RDMA READ/WRITE with the descriptor's key (NVMe/RDMA).
+    pub const KEYED: u8 = 0x40;
+    /// Keyed data block, invalidate-key subtype: as [`KEYED`], and the
+    /// host asks for its key to be invalidated with the response.
+    pub const KEYED_INVALIDATE: u8 = 0x4F;
     /// Data block, offset subtype: data is in the capsule (offset in `addr`).
     pub const INCAPSULE: u8 = 0x01;
     /// Transport data block, transport-specific subtype A: data moves in
@@ -58,6 +65,17 @@ pub struct Sgl {
     pub kind: u8,
 }
 
+/// A keyed SGL data block descriptor: `length` bytes of the host's memory
+/// at `addr`, reached with `key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keyed {
+    pub addr: u64,
+    pub length: u32,
+    pub key: u32,
+    /// The invalidate-key subtype.
+    pub invalidate: bool,
+}
+
 /// Submission queue entry fields (NVMe Base 4.2), each defined once.
 pub mod sqe {
     use bw_wire::{Field, Le};
@@ -74,6 +92,10 @@ pub mod sqe {
     pub const SGL_LENGTH: Field<Le<u32>> = Field::at(32);
     pub const SGL_RESERVED: Field<[u8; 3]> = Field::at(36);
     pub const SGL_TYPE: Field<u8> = Field::at(39);
+    /// A keyed SGL data block descriptor: 3-byte length and 4-byte key
+    /// where the others have a 4-byte length and reserved bytes.
+    pub const SGL_KEYED_LENGTH: Field<[u8; 3]> = Field::at(32);
+    pub const SGL_KEY: Field<Le<u32>> = Field::at(35);
     /// Read, Write, Compare, Write Zeroes: the starting LBA (CDW10-11).
     pub const SLBA: Field<Le<u64>> = Field::at(40);
 
@@ -162,14 +184,38 @@ impl Sqe {
     pub fn set_cdw(&mut self, n: usize, v: u32) {
         sqe::cdw(n).set(&mut self.0, v)
     }
+    /// The SGL data descriptor; for a keyed one (RDMA) `length` is its
+    /// 3-byte length, so every transfer length check reads it the same way.
     pub fn sgl(&self) -> Sgl {
-        Sgl { addr: sqe::SGL_ADDR.get(&self.0), length: sqe::SGL_LENGTH.get(&self.0), kind: sqe::SGL_TYPE.get(&self.0) }
+        let kind = sqe::SGL_TYPE.get(&self.0);
+        let length = if kind == sgl::KEYED || kind == sgl::KEYED_INVALIDATE {
+            let l = sqe::SGL_KEYED_LENGTH.get(&self.0);
+            u32::from_le_bytes([l[0], l[1], l[2], 0])
+        } else {
+            sqe::SGL_LENGTH.get(&self.0)
+        };
+        Sgl { addr: sqe::SGL_ADDR.get(&self.0), length, kind }
     }
     pub fn set_sgl(&mut self, s: Sgl) {
         sqe::SGL_ADDR.set(&mut self.0, s.addr);
         sqe::SGL_LENGTH.set(&mut self.0, s.length);
         sqe::SGL_RESERVED.set(&mut self.0, [0; 3]);
         sqe::SGL_TYPE.set(&mut self.0, s.kind);
+    }
+    /// The SGL as a keyed data block descriptor, when it is one.
+    pub fn keyed_sgl(&self) -> Option<Keyed> {
+        let s = self.sgl();
+        if s.kind != sgl::KEYED && s.kind != sgl::KEYED_INVALIDATE {
+            return None;
+        }
+        Some(Keyed { addr: s.addr, length: s.length, key: sqe::SGL_KEY.get(&self.0), invalidate: s.kind == sgl::KEYED_INVALIDATE })
+    }
+    pub fn set_keyed_sgl(&mut self, k: Keyed) {
+        let l = k.length.to_le_bytes();
+        sqe::SGL_ADDR.set(&mut self.0, k.addr);
+        sqe::SGL_KEYED_LENGTH.set(&mut self.0, [l[0], l[1], l[2]]);
+        sqe::SGL_KEY.set(&mut self.0, k.key);
+        sqe::SGL_TYPE.set(&mut self.0, if k.invalidate { sgl::KEYED_INVALIDATE } else { sgl::KEYED });
     }
     /// Data flows host to controller (opcode bit 0; bit 1 is the other way).
     /// Fabrics commands carry the direction in fctype instead.
@@ -263,6 +309,18 @@ mod tests {
         assert!(Sqe::new(nvm::WRITE, 0, 1).is_host_to_ctrl());
         assert!(Sqe::fabrics(0x01, 0).is_host_to_ctrl()); // Connect carries data
         assert!(!Sqe::fabrics(0x04, 0).is_host_to_ctrl()); // Property Get
+    }
+
+    #[test]
+    fn keyed_sgl_layout() {
+        let mut s = Sqe::new(nvm::WRITE, 1, 1);
+        let k = Keyed { addr: 0x1122334455667788, length: 0x030201, key: 0xAABBCCDD, invalidate: true };
+        s.set_keyed_sgl(k);
+        assert_eq!(&s.0[24..40], &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 1, 2, 3, 0xDD, 0xCC, 0xBB, 0xAA, 0x4F]);
+        assert_eq!(s.keyed_sgl(), Some(k));
+        assert_eq!(s.sgl().length, 0x030201);
+        s.set_sgl(Sgl { addr: 0, length: 4096, kind: sgl::INCAPSULE });
+        assert_eq!(s.keyed_sgl(), None);
     }
 
     #[test]

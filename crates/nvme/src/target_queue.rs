@@ -41,10 +41,8 @@
 use crate::auth::message::{AuthCommand, Message};
 use crate::auth::{ControllerAuth, Entropy, FailureReason};
 use crate::queue_entry::{sgl, Cqe, Sqe};
-use crate::controller::{KeepAlive, INCAPSULE_DATA, MAX_QUEUE_ENTRIES, MAX_TRANSFER};
-use crate::fabrics::{
-    self, fctype, Connect, ConnectData, CATTR_DISABLE_SQFLOW, CONNECT_DATA_LEN, NQN_MAX_LEN,
-};
+use crate::controller::{KeepAlive, INCAPSULE_DATA, MAX_TRANSFER};
+use crate::fabrics::{self, fctype, Connect, ConnectData, CATTR_DISABLE_SQFLOW, CONNECT_DATA_LEN};
 use crate::pdu::{
     self, fes, CapsuleCmd, DataHeader, DataPdu, DataPduHeader, Digests, IcResp, Pdu, PduError, R2t,
     TermReq,
@@ -205,20 +203,20 @@ struct Pending {
     total: usize,
 }
 
-/// Command IDs in flight: one bit each.
-struct CidSet {
+/// Command IDs in flight: one bit each (the RDMA queue keeps one too).
+pub(crate) struct CidSet {
     bits: Box<[u64; 1024]>,
-    len: usize,
+    pub(crate) len: usize,
 }
 
 impl CidSet {
-    fn new() -> CidSet {
+    pub(crate) fn new() -> CidSet {
         CidSet {
             bits: Box::new([0; 1024]),
             len: 0,
         }
     }
-    fn insert(&mut self, cid: u16) -> bool {
+    pub(crate) fn insert(&mut self, cid: u16) -> bool {
         let (w, b) = (cid as usize / 64, 1u64 << (cid % 64));
         if self.bits[w] & b != 0 {
             return false;
@@ -227,7 +225,7 @@ impl CidSet {
         self.len += 1;
         true
     }
-    fn remove(&mut self, cid: u16) -> bool {
+    pub(crate) fn remove(&mut self, cid: u16) -> bool {
         let (w, b) = (cid as usize / 64, 1u64 << (cid % 64));
         if self.bits[w] & b == 0 {
             return false;
@@ -931,40 +929,16 @@ impl TargetQueue {
     /// Check a Connect's own fields; the transport decides the rest.
     fn connect(&mut self, sqe: Sqe, data: Bytes, tx: &mut Vec<u8>) -> Option<Action> {
         let cid = sqe.cid();
-        let c = Connect::parse(&sqe);
-        let refused = if c.recfmt != 0 {
-            Some((Status::CONNECT_FORMAT.dnr(), 0))
-        } else if c.sqsize == 0 || c.sqsize >= MAX_QUEUE_ENTRIES {
-            Some((
-                Status::CONNECT_INVALID_PARAM.dnr(),
-                fabrics::ipo_sqe(fabrics::CS_SQSIZE),
-            ))
-        } else {
-            None
-        };
-        if let Some((st, result)) = refused {
-            self.complete(cid, st, result, None, tx);
-            return None;
-        }
-        let Some(d) = ConnectData::parse(&data) else {
-            return self.fail(cid, Status::SGL_INVALID_DATA.dnr(), tx);
-        };
-        for (nqn, at) in [
-            (&d.subnqn, fabrics::CD_SUBNQN),
-            (&d.hostnqn, fabrics::CD_HOSTNQN),
-        ] {
-            if nqn.len() > NQN_MAX_LEN {
-                let st = Status::CONNECT_INVALID_PARAM.dnr();
-                self.complete(cid, st, fabrics::ipo_data(at), None, tx);
-                return None;
+        match fabrics::check_connect(&sqe, &data) {
+            Ok((connect, data)) => {
+                self.connecting = Some(connect);
+                Some(Action::Connect { cid, connect, data })
+            }
+            Err((st, result)) => {
+                self.complete(cid, st, result, None, tx);
+                None
             }
         }
-        self.connecting = Some(c);
-        Some(Action::Connect {
-            cid,
-            connect: c,
-            data: d,
-        })
     }
 }
 

@@ -32,6 +32,8 @@
 //! [nvme]
 //! listen = ["0.0.0.0:4420"]
 //! discovery_listen = "0.0.0.0:8009"
+//! # NVMe/RDMA on an RDMA device's address (RoCE, iWARP, IPoIB), same subsystems
+//! # rdma_listen = ["192.168.50.1:4420"]
 //! [[nvme.subsystem]]
 //! nqn = "nqn.2026-11.org.example:disk0"
 //! namespaces = [{ nsid = 1, volume = "disk0" }]         # ana_group = 1 by default
@@ -335,6 +337,10 @@ pub fn reveal_secrets<R>(f: impl FnOnce() -> R) -> R {
 pub struct NvmeConfig {
     #[serde(default)]
     pub listen: Vec<SocketAddr>,
+    /// NVMe/RDMA listeners (`rdma_listen = ["10.0.0.1:4420"]`): addresses
+    /// of RDMA devices' network interfaces (RoCE, iWARP, IPoIB).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rdma_listen: Vec<SocketAddr>,
     /// Discovery controller listener (port 8009 by convention). The I/O
     /// listeners answer discovery connects too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -571,6 +577,22 @@ impl ServeConfig {
         if nc.discovery_listen.is_none() {
             nc.discovery_listen = Some(SocketAddr::new(sa.ip(), 8009));
         }
+        self.default_nvme_subsystem();
+        Ok(())
+    }
+
+    /// `--nvme-rdma ADDR[:PORT]`: an NVMe/RDMA listener, with the same
+    /// default subsystem as `--nvme`.
+    pub fn add_nvme_rdma_flag(&mut self, addr: &str) -> Result<(), ConfigError> {
+        let sa = parse_listen(addr, 4420)?;
+        self.nvme.get_or_insert_with(Default::default).rdma_listen.push(sa);
+        self.default_nvme_subsystem();
+        Ok(())
+    }
+
+    /// Without a configured subsystem, every volume becomes a namespace of one.
+    fn default_nvme_subsystem(&mut self) {
+        let nc = self.nvme.get_or_insert_with(Default::default);
         if nc.subsystems.is_empty() {
             let host = hostname();
             nc.subsystems.push(NvmeSubsystem {
@@ -588,7 +610,6 @@ impl ServeConfig {
                 hosts: vec![],
             });
         }
-        Ok(())
     }
 
     /// Cross-checks that TOML syntax cannot express.

@@ -86,14 +86,14 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
         }
     }
     if let Some(n) = &cfg.nvme {
-        if !n.listen.is_empty() {
-            let (r, h) = nvme::start(n, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("NVMe/TCP")?;
+        if !n.listen.is_empty() || !n.rdma_listen.is_empty() {
+            let (r, h) = nvme::start(n, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("NVMe")?;
             running.push(r);
             frontends.nvme = Some(h);
         }
     }
     if running.is_empty() {
-        anyhow::bail!("nothing to serve: give --aoe, --iscsi or --nvme (or the same in the config file)");
+        anyhow::bail!("nothing to serve: give --aoe, --iscsi, --nvme or --nvme-rdma (or the same in the config file)");
     }
     Ok((running, frontends))
 }

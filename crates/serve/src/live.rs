@@ -99,9 +99,9 @@ fn check_fixed(old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
     if listen(old) != listen(new) {
         return restart("iscsi.listen");
     }
-    let nvme = |c: &ServeConfig| c.nvme.as_ref().map(|n| (n.listen.clone(), n.discovery_listen, n.cntlid_range)).unwrap_or_default();
+    let nvme = |c: &ServeConfig| c.nvme.as_ref().map(|n| (n.listen.clone(), n.rdma_listen.clone(), n.discovery_listen, n.cntlid_range)).unwrap_or_default();
     if nvme(old) != nvme(new) {
-        return restart("nvme.listen, nvme.discovery_listen or nvme.cntlid_range");
+        return restart("nvme.listen, nvme.rdma_listen, nvme.discovery_listen or nvme.cntlid_range");
     }
     Ok(())
 }

@@ -30,6 +30,7 @@ mod nvme_initiator;
 mod nvme_kernel;
 mod nfs;
 mod nvme_nvmet;
+mod nvme_rdma;
 mod packaging;
 mod readme_layout;
 mod rbd;

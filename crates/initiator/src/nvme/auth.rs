@@ -2,7 +2,7 @@
 //! Connect, run over Auth Send / Auth Receive. The protocol is
 //! `bw_nvme::auth::HostAuth`; this moves its messages.
 
-use super::queue::Queue;
+use super::Queue;
 use crate::{ClientError, ConnectOptions, Result};
 use bw_nvme::auth::host::RECEIVE_LEN;
 use bw_nvme::auth::message::{AuthCommand, Message};

@@ -1,4 +1,6 @@
-//! NVMe/TCP initiator: `nvme+tcp://HOST[:PORT]/SUBNQN/NSID`.
+//! NVMe/TCP initiator: `nvme+tcp://HOST[:PORT]/SUBNQN/NSID`, and NVMe/RDMA:
+//! `nvme+rdma://HOST[:PORT]/SUBNQN/NSID` (`rdma.rs`; the same controller
+//! logic on another kind of [`Queue`]).
 //!
 //! One admin queue plus `ConnectOptions::queues` I/O queues (one TCP
 //! connection each), many commands in flight per queue, digests as asked,
@@ -7,6 +9,7 @@
 
 mod auth;
 mod queue;
+mod rdma;
 
 use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
 use async_trait::async_trait;
@@ -18,7 +21,7 @@ use bw_nvme::logpage::{self, lid, LogRequest};
 use bw_nvme::host_queue::Payload;
 use bw_nvme::auth::AuthConfig;
 use bytes::Bytes;
-use queue::Queue;
+use bw_nvme::host_queue::Done;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +54,72 @@ fn host_id(hostnqn: &str) -> [u8; 16] {
     id
 }
 
+/// How the queues reach the controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Rdma,
+}
+
+/// One queue on either transport.
+pub enum Queue {
+    Tcp(queue::TcpQueue),
+    Rdma(rdma::RdmaQueue),
+}
+
+impl Queue {
+    async fn open(t: Transport, host: &str, port: u16, qid: u16, depth: usize, opts: &ConnectOptions) -> Result<Queue> {
+        Ok(match t {
+            Transport::Tcp => Queue::Tcp(queue::TcpQueue::open(host, port, qid, depth, opts).await?),
+            Transport::Rdma => Queue::Rdma(rdma::RdmaQueue::open(host, port, qid, depth, opts).await?),
+        })
+    }
+    pub fn qid(&self) -> u16 {
+        match self {
+            Queue::Tcp(q) => q.qid,
+            Queue::Rdma(q) => q.qid,
+        }
+    }
+    fn set_incapsule(&self, n: usize) {
+        match self {
+            Queue::Tcp(q) => q.set_incapsule(n),
+            Queue::Rdma(q) => q.set_incapsule(n),
+        }
+    }
+    fn is_dead(&self) -> bool {
+        match self {
+            Queue::Tcp(q) => q.is_dead(),
+            Queue::Rdma(q) => q.is_dead(),
+        }
+    }
+    /// The completion and any data, whatever its status.
+    pub async fn submit_raw(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
+        match self {
+            Queue::Tcp(q) => q.submit_raw(sqe, out, in_len).await,
+            Queue::Rdma(q) => q.submit_raw(sqe, out, in_len).await,
+        }
+    }
+    /// As [`Queue::submit_raw`]; an unsuccessful status is an error.
+    pub async fn submit(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
+        match self {
+            Queue::Tcp(q) => q.submit(sqe, out, in_len).await,
+            Queue::Rdma(q) => q.submit(sqe, out, in_len).await,
+        }
+    }
+    async fn submit_read(&self, sqe: Sqe, buf: &mut [u8]) -> Result<Done> {
+        match self {
+            Queue::Tcp(q) => q.submit_read(sqe, buf).await,
+            Queue::Rdma(q) => q.submit_read(sqe, buf).await,
+        }
+    }
+    async fn submit_write(&self, sqe: Sqe, data: Payload<'_>) -> Result<Done> {
+        match self {
+            Queue::Tcp(q) => q.submit_write(sqe, data).await,
+            Queue::Rdma(q) => q.submit_write(sqe, data).await,
+        }
+    }
+}
+
 /// An admin queue connected and enabled: controller ID and identify data.
 struct Admin {
     q: Arc<Queue>,
@@ -78,8 +147,8 @@ async fn prop_set(q: &Queue, off: u32, v: u64) -> Result<()> {
     q.submit(Property::set_sqe(0, off, v), None, 0).await.map(|_| ())
 }
 
-async fn open_admin(host: &str, port: u16, subnqn: &str, opts: &ConnectOptions, kato_ms: u32, auth: Option<&Arc<AuthConfig>>) -> Result<Admin> {
-    let q = Queue::open(host, port, 0, ADMIN_DEPTH, opts).await?;
+async fn open_admin(t: Transport, host: &str, port: u16, subnqn: &str, opts: &ConnectOptions, kato_ms: u32, auth: Option<&Arc<AuthConfig>>) -> Result<Admin> {
+    let q = Queue::open(t, host, port, 0, ADMIN_DEPTH, opts).await?;
     let hostnqn = host_nqn(opts);
     let data = ConnectData { hostid: host_id(&hostnqn), cntlid: 0xFFFF, subnqn: subnqn.into(), hostnqn };
     let cntlid = fabrics_connect(&q, 0, ADMIN_DEPTH as u16 - 1, kato_ms, data, auth).await?;
@@ -151,11 +220,16 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
 
 impl NvmeClient {
     pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<NvmeClient> {
-        let TargetUrl::Nvme { host, port, subnqn, nsid } = url else {
-            return Err(proto(format!("{url} is not an nvme+tcp URL")));
+        let (t, host, port, subnqn, nsid) = match url {
+            TargetUrl::Nvme { host, port, subnqn, nsid } => (Transport::Tcp, host, port, subnqn, nsid),
+            TargetUrl::NvmeRdma { host, port, subnqn, nsid } => (Transport::Rdma, host, port, subnqn, nsid),
+            _ => return Err(proto(format!("{url} is not an nvme+tcp or nvme+rdma URL"))),
         };
         let auth = auth::config(opts)?;
-        let a = open_admin(host, *port, subnqn, opts, KATO_MS, auth.as_ref()).await?;
+        if t == Transport::Rdma && auth.is_some() {
+            return Err(ClientError::Unsupported("DH-HMAC-CHAP over NVMe/RDMA".into()));
+        }
+        let a = open_admin(t, host, *port, subnqn, opts, KATO_MS, auth.as_ref()).await?;
         let want = opts.queues.clamp(1, 0xFFFF) as u32;
         let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
         s.set_cdw(10, feature::NUM_QUEUES as u32);
@@ -174,6 +248,9 @@ impl NvmeClient {
         if a.id.maxcmd > 0 {
             depth = depth.min(a.id.maxcmd as usize);
         }
+        if t == Transport::Rdma {
+            depth = depth.min(bw_nvme::rdma_queue::MAX_ENTRIES as usize);
+        }
         let hostnqn = host_nqn(opts);
         let incapsule = (a.id.ioccsz as usize * 16).saturating_sub(64);
         // The first I/O queue runs on the caller's runtime; any further
@@ -190,7 +267,7 @@ impl NvmeClient {
             let (host, port, opts, auth) = (host.clone(), *port, opts.clone(), auth.clone());
             let data = ConnectData { hostid: host_id(&hostnqn), cntlid: a.cntlid, subnqn: subnqn.clone(), hostnqn: hostnqn.clone() };
             let open = async move {
-                let q = Queue::open(&host, port, qid, depth, &opts).await?;
+                let q = Queue::open(t, &host, port, qid, depth, &opts).await?;
                 fabrics_connect(&q, qid, depth as u16 - 1, 0, data, auth.as_ref()).await?;
                 q.set_incapsule(incapsule);
                 Ok::<Queue, ClientError>(q)
@@ -357,7 +434,7 @@ impl BlockClient for NvmeClient {
         self.keep_alive.abort();
         for q in &self.io {
             if let Err(e) = q.submit(fabrics::disconnect_sqe(0), None, 0).await {
-                log::debug!("nvme: disconnect of queue {}: {e}", q.qid);
+                log::debug!("nvme: disconnect of queue {}: {e}", q.qid());
             }
         }
         shutdown_admin(&self.admin).await;
@@ -371,7 +448,7 @@ pub async fn discover(host: &str, port: u16, opts: &ConnectOptions) -> Result<Ve
     // Discovery controllers do not prove themselves here: the log they
     // serve is not secret, and each subsystem it names is checked on connect.
     let auth = auth::config(opts)?.map(|c| Arc::new(AuthConfig { ctrl_key: None, ..(*c).clone() }));
-    let a = open_admin(host, port, bw_nvme::DISCOVERY_NQN, opts, 0, auth.as_ref()).await?;
+    let a = open_admin(Transport::Tcp, host, port, bw_nvme::DISCOVERY_NQN, opts, 0, auth.as_ref()).await?;
     let get = |len: usize| {
         let q = a.q.clone();
         async move {

@@ -89,7 +89,7 @@ impl Drop for Cancel<'_> {
     }
 }
 
-pub struct Queue {
+pub struct TcpQueue {
     pub qid: u16,
     shared: Arc<Shared>,
     slots: Semaphore,
@@ -97,7 +97,7 @@ pub struct Queue {
     reader: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Queue {
+impl Drop for TcpQueue {
     fn drop(&mut self) {
         self.reader.abort();
         // The writer ends when it sees the queue dead.
@@ -109,11 +109,11 @@ fn proto(s: impl Into<String>) -> ClientError {
     ClientError::Protocol(s.into())
 }
 
-impl Queue {
+impl TcpQueue {
     /// TCP connect and the ICReq/ICResp exchange. `depth` commands may be in
     /// flight at once (the caller connects with sqsize = depth - 1 or more).
     /// Digests, the timeout and the TCP options come from `opts`.
-    pub async fn open(host: &str, port: u16, qid: u16, depth: usize, opts: &ConnectOptions) -> Result<Queue> {
+    pub async fn open(host: &str, port: u16, qid: u16, depth: usize, opts: &ConnectOptions) -> Result<TcpQueue> {
         let (digests, timeout) = (Digests { header: opts.header_digest, data: opts.data_digest }, opts.timeout);
         let stream = crate::connect_tcp(host, port, opts).await?;
         let (mut rd, mut wr) = stream.into_split();
@@ -149,7 +149,7 @@ impl Queue {
         });
         tokio::spawn(write_loop(wr, shared.clone()));
         let reader = tokio::spawn(read_loop(rd, buf, digests, shared.clone()));
-        Ok(Queue {
+        Ok(TcpQueue {
             qid,
             shared,
             slots: Semaphore::new(depth),
@@ -197,21 +197,14 @@ impl Queue {
         )
     }
 
-    /// Like [`Queue::submit_raw`] but an unsuccessful status is an error.
+    /// Like [`TcpQueue::submit_raw`] but an unsuccessful status is an error.
     pub async fn submit(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
         let op = sqe.opcode();
         self.succeeded(op, self.submit_raw(sqe, out, in_len).await?)
     }
 
-    /// `d`, or an error naming the queue and opcode if its status is not success.
     fn succeeded(&self, op: u8, d: Done) -> Result<Done> {
-        if !d.cqe.status.is_success() {
-            return Err(ClientError::Target(format!(
-                "queue {} opcode {op:#04x}: {}",
-                self.qid, d.cqe.status
-            )));
-        }
-        Ok(d)
+        succeeded(self.qid, op, d)
     }
 
     fn client_error(&self, e: HostError, sqe: &Sqe) -> ClientError {
@@ -272,6 +265,15 @@ impl Queue {
     pub fn is_dead(&self) -> bool {
         self.shared.lock().dead().is_some()
     }
+}
+
+/// `d`, or an error naming the queue and opcode if its status is not
+/// success (both transports).
+pub(super) fn succeeded(qid: u16, op: u8, d: Done) -> Result<Done> {
+    if !d.cqe.status.is_success() {
+        return Err(ClientError::Target(format!("queue {qid} opcode {op:#04x}: {}", d.cqe.status)));
+    }
+    Ok(d)
 }
 
 async fn write_loop(mut wr: OwnedWriteHalf, sh: Arc<Shared>) {

@@ -1,4 +1,6 @@
 use super::*;
+use crate::controller::MAX_QUEUE_ENTRIES;
+use crate::fabrics::NQN_MAX_LEN;
 use crate::queue_entry::{nvm, Sgl};
 use crate::pdu::{IcReq, DATA_HLEN};
 use crate::subsystem::{Namespace, Subsystem};

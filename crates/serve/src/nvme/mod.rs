@@ -1,5 +1,7 @@
 //! NVMe/TCP front-end: listeners, the set of live controllers, and one task
-//! per TCP connection (each connection is one queue: admin or I/O).
+//! per TCP connection (each connection is one queue: admin or I/O); and
+//! NVMe/RDMA beside it (`rdma.rs`), one thread per RDMA connection, on the
+//! same controllers and subsystems.
 //!
 //! Protocol logic lives in `bw_nvme` (PDU codec, controller state machine,
 //! NVM command set); this module moves bytes and owns the controllers.
@@ -7,6 +9,7 @@
 mod auth;
 mod conn;
 mod fabric;
+mod rdma;
 
 use crate::accept::{Accepted, Acceptor, Threading};
 use crate::limits::{Admission, Limits};
@@ -122,9 +125,13 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
             listeners.push(l);
         }
     }
-    for s in &subs {
+    // What each subsystem is announced as, on every listener.
+    let names: Vec<String> = subs.iter().map(|s| format!("{} ({} namespaces)", s.nqn, s.namespaces.len())).collect();
+    if !bound.is_empty() {
         let ports: Vec<String> = bound.iter().map(|a| a.to_string()).collect();
-        eprintln!("blockwire: nvme subsystem {} ({} namespaces) on {}", s.nqn, s.namespaces.len(), ports.join(", "));
+        for n in &names {
+            eprintln!("blockwire: nvme subsystem {n} on {}", ports.join(", "));
+        }
     }
     let admission = Admission::new(limits.clone());
     let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
@@ -148,8 +155,17 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         threading: Threading::ThreadPerConnection,
         congestion,
     };
+    let mut rdma_threads = Vec::new();
+    for addr in &cfg.rdma_listen {
+        let (bound, t) = rdma::listen(*addr, fabric.clone(), login_timeout, shutdown.clone())?;
+        for n in &names {
+            eprintln!("blockwire: nvme subsystem {n} on rdma {bound}");
+        }
+        rdma_threads.push(t);
+    }
     let f = fabric.clone();
     let handle = Handle(fabric.clone());
+    let mut rdma_shutdown = shutdown.clone();
     let accepting = acceptor.run(listeners, shutdown, move |a| {
         // `a.ticket` lives as long as the connection's future.
         let Accepted { stream, peer, local, ticket, shutdown } = a;
@@ -158,6 +174,11 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
     });
     let running = tokio::spawn(async move {
         let _ = accepting.await;
+        if !rdma_threads.is_empty() {
+            // (With no TCP listener `accepting` is done at once.)
+            rdma_shutdown.wait().await;
+            let _ = tokio::task::spawn_blocking(move || rdma_threads.into_iter().for_each(|t| drop(t.join()))).await;
+        }
         fabric.shutdown_all();
         Ok(())
     });

@@ -1,0 +1,155 @@
+# Guest script for crates/cli/tests/integration/nvme_rdma.rs: NVMe over RDMA
+# on soft-RoCE (rxe0 on eth0), in ONE boot:
+#   1. `blockwire serve --nvme-rdma` in the guest; the Linux nvme-rdma host
+#      connects, mkfs.ext4, writes a checksummed tree, e2fsck -fn is clean,
+#      the checksums match after a reconnect;
+#   2. with that host still connected and mounted, $PROBE (the integration
+#      test binary's guest half) sends bad input on queues of its own; the
+#      Linux host's queues carry on (checksums again, a new file);
+#   3. the kernel's nvmet-rdma target in the same guest; `blockwire verify
+#      nvme+rdma://` against it.
+# The test prepends BW, PROBE, PORT, KPORT, NQN, KNQN, HOSTNQN. Runs under
+# `sh -e` with busybox.
+: "${BW:=/usr/local/bin/blockwire}" "${PROBE:=}" "${PORT:=4420}" "${KPORT:=4421}"
+: "${NQN:=nqn.2026-11.org.blockwire:rdma-test}" "${KNQN:=nqn.2026-11.org.linux:nvmet-rdma}"
+: "${HOSTNQN:=nqn.2026-11.org.blockwire:kernel-vm}"
+A=10.0.2.15
+step() { echo "RDMA-STEP: $*"; }
+ok() { echo "RDMA-OK: $*"; }
+die() {
+  echo "RDMA-FAIL: $*"
+  dmesg | grep -i -E 'nvme|rdma|rxe' | tail -30
+  [ -f /tmp/serve.log ] && tail -40 /tmp/serve.log
+  exit 1
+}
+
+step "soft-RoCE on eth0"
+modprobe rdma_rxe || die "no rdma_rxe module"
+modprobe rdma_ucm || true
+modprobe ib_uverbs || true
+rdma link add rxe0 type rxe netdev eth0 || die "rdma link add"
+ibv_devices | grep -q rxe0 || die "rxe0 not listed by ibv_devices"
+ok "rxe0 on eth0 ($A)"
+
+fabrics_connect() {
+  exec 3<>/dev/nvme-fabrics
+  if ! echo "$1" >&3; then exec 3>&-; return 1; fi
+  read -r line <&3 || true
+  exec 3>&-
+  echo "$line"
+}
+instance_of() { echo "$1" | sed -n 's/.*instance=\([0-9]*\).*/\1/p'; }
+wait_blockdev() {
+  i=0
+  while [ $i -lt 150 ]; do
+    for d in /sys/class/nvme/nvme$1/nvme*n1 /sys/class/nvme/nvme$1/nvme*c*n1; do
+      [ -e "$d" ] || continue
+      n=$(basename "$d")
+      h=$(echo "$n" | sed 's/c[0-9]*n/n/')
+      [ -b /dev/$h ] && { echo /dev/$h; return 0; }
+      [ -b /dev/$n ] && { echo /dev/$n; return 0; }
+    done
+    sleep 0.2; i=$((i + 1))
+  done
+  return 1
+}
+disconnect() {
+  echo 1 > /sys/class/nvme/nvme$1/delete_controller
+  i=0
+  while [ -e /sys/class/nvme/nvme$1 ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
+  [ ! -e /sys/class/nvme/nvme$1 ] || die "nvme$1 still present after delete_controller"
+}
+connect_bw() {
+  out=$(fabrics_connect "transport=rdma,traddr=$A,trsvcid=$PORT,nqn=$NQN,hostnqn=$HOSTNQN") || die "nvme-rdma connect"
+  inst=$(instance_of "$out"); [ -n "$inst" ] || die "no instance in '$out'"
+  [ "$(cat /sys/class/nvme/nvme$inst/transport)" = "rdma" ] || die "transport is not rdma"
+  dev=$(wait_blockdev $inst) || die "no namespace block device for nvme$inst"
+}
+
+step "blockwire serve --nvme-rdma"
+cat >/tmp/bw.toml <<EOF
+[[volume]]
+name = "d0"
+backend = "ram:192M"
+[nvme]
+rdma_listen = ["$A:$PORT"]
+[[nvme.subsystem]]
+nqn = "$NQN"
+namespaces = [{ nsid = 1, volume = "d0" }]
+allowed_hosts = ["$HOSTNQN"]
+EOF
+"$BW" serve --config /tmp/bw.toml --control none -v >/tmp/serve.log 2>&1 &
+SERVE=$!
+i=0
+while ! grep -q "on rdma" /tmp/serve.log && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+grep -q "on rdma" /tmp/serve.log || die "blockwire did not start listening"
+ok "blockwire listens on $A:$PORT (rdma)"
+
+step "Linux nvme-rdma host: connect, ext4, checksummed tree"
+modprobe nvme-rdma || die "no nvme-rdma module"
+connect_bw
+echo "controller nvme$inst ($out) namespace $dev"
+mkfs.ext4 -q -F $dev || die "mkfs.ext4"
+mkdir -p /mnt/t
+mount -t ext4 $dev /mnt/t || die "mount"
+for d in a b c; do
+  mkdir -p /mnt/t/$d/deep
+  for i in 1 2 3 4 5 6; do
+    dd if=/dev/urandom of=/mnt/t/$d/f$i bs=1k count=$((i * 13)) 2>/dev/null
+    dd if=/dev/urandom of=/mnt/t/$d/deep/s$i bs=100 count=$i 2>/dev/null
+  done
+done
+dd if=/dev/urandom of=/mnt/t/big bs=1M count=6 2>/dev/null
+(cd /mnt/t && find . -type f | sort | xargs sha256sum) >/tmp/sums
+umount /mnt/t
+e2fsck -fn $dev || die "e2fsck -fn found problems"
+ok "ext4 mkfs, checksummed tree, e2fsck -fn clean"
+disconnect $inst
+connect_bw
+mount -t ext4 $dev /mnt/t || die "mount after reconnect"
+(cd /mnt/t && sha256sum -c -s /tmp/sums) || die "checksums differ after reconnect"
+ok "checksums match after a reconnect"
+
+if [ -n "$PROBE" ]; then
+  step "bad input on other queues"
+  BW_RDMA_TARGET="$A:$PORT" BW_RDMA_NQN="$NQN" BW_RDMA_HOSTNQN="$HOSTNQN" $PROBE || die "bad-input probe"
+  kill -0 $SERVE || die "blockwire died"
+  sync
+  (cd /mnt/t && sha256sum -c -s /tmp/sums) || die "checksums differ after the bad input"
+  dd if=/dev/urandom of=/mnt/t/after bs=64k count=16 2>/dev/null || die "write after the bad input"
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  (cd /mnt/t && sha256sum -c -s /tmp/sums) || die "checksums differ after drop_caches"
+  ok "the Linux host's queues carried on"
+fi
+umount /mnt/t
+e2fsck -fn $dev || die "e2fsck -fn at the end"
+disconnect $inst
+ok "disconnect"
+
+step "kernel nvmet-rdma target, blockwire initiator"
+modprobe nvmet-rdma || die "no nvmet-rdma module"
+mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
+dd if=/dev/zero of=/tmp/knvmet.img bs=1M count=0 seek=64 2>/dev/null
+S=/sys/kernel/config/nvmet/subsystems/$KNQN
+mkdir $S
+echo 1 > $S/attr_allow_any_host
+mkdir $S/namespaces/1
+echo -n /tmp/knvmet.img > $S/namespaces/1/device_path
+echo 1 > $S/namespaces/1/buffered_io
+echo 1 > $S/namespaces/1/enable || die "nvmet namespace enable"
+P=/sys/kernel/config/nvmet/ports/1
+mkdir $P
+echo rdma > $P/addr_trtype
+echo ipv4 > $P/addr_adrfam
+echo $A > $P/addr_traddr
+echo $KPORT > $P/addr_trsvcid
+ln -s $S $P/subsystems/$KNQN || die "nvmet port link"
+"$BW" verify "nvme+rdma://$A:$KPORT/$KNQN/1" --size 16M || die "blockwire verify against nvmet-rdma"
+ok "blockwire verify against the kernel's nvmet-rdma"
+"$BW" verify "nvme+rdma://$A:$PORT/$NQN/1" --size 8M --initiator-name "$HOSTNQN" || die "blockwire verify against blockwire"
+ok "blockwire verify against blockwire over rdma"
+kill $SERVE
+# How the target saw each queue end (the test checks the reasons).
+grep -E "refused|closed:|torn down" /tmp/serve.log | sed 's/^/TARGET-LOG: /'
+echo RDMA-ALL-OK
