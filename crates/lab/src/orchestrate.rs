@@ -528,6 +528,7 @@ impl LabRun {
                 target: PeerKind::Ganesha.name().into(),
                 initiator: v.initiator(client),
                 unavailable: None,
+                target_datapath: None,
             });
         }
     }
