@@ -13,11 +13,14 @@ use std::time::Duration;
 #[serde(rename_all = "kebab-case")]
 pub enum Datapath {
     /// AF_XDP if it can be set up on the interface, else AF_PACKET.
-    #[default]
     Auto,
     /// AF_XDP or fail.
     Xdp,
-    /// AF_PACKET.
+    /// AF_PACKET: the default while the XDP program steers every AoE
+    /// request on the interface to blockwire (another AoE target there,
+    /// such as vblade, would no longer see its requests or broadcast
+    /// queries) and AF_XDP's speed on veth is unmeasured.
+    #[default]
     Packet,
 }
 

@@ -33,8 +33,10 @@ fn linux_kernel_aoe_driver_reads_writes_and_mounts_ext4() {
         &format!("d=file:{},size=64M", backing.display()),
         "--aoe",
         &format!("{},volume=d,shelf=1,slot=1", tap.0),
+        "--aoe-datapath",
+        "xdp",
     ]);
-    // The default datapath, auto: AF_XDP on the tap device.
+    // The Linux initiator against the AF_XDP datapath (native XDP on a tap).
     assert!(serve.log_text().contains(&format!("aoe {}: datapath xdp", tap.0)), "{}", serve.log_text());
     let script = repo_root().join("tests/kernel-vm/aoe.sh");
     let run = kernel_vm(&script, Some(&tap.0), None);
