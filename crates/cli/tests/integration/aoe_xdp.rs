@@ -129,7 +129,7 @@ fn aoe_falls_back_to_af_packet_when_xdp_is_taken_or_refused() {
     std::fs::write(&obj, bw_net::xdp::program_object()).expect("write the XDP object");
     sh(&format!("ip -n {} link set dev {} xdpgeneric obj {} sec xdp.frags", other.ns, other.ns_if, obj.display()));
     let auto_export = format!("{},volume=a,shelf=3,slot=1", other.ns_if);
-    let auto_serve = Serve::start_in(Some(&other.ns), &["--volume", "a=ram:8M", "--aoe", &auto_export]);
+    let auto_serve = Serve::start_in(Some(&other.ns), &["--aoe-datapath", "auto", "--volume", "a=ram:8M", "--aoe", &auto_export]);
     let log = auto_serve.log_text();
     assert!(log.contains("AF_XDP not used, AF_PACKET instead: attaching XDP") && log.contains("datapath packet"), "{log}");
     blockwire_ok(None, &["verify", &format!("aoe://{}/3.1", other.host_if), "--size", "2M", "--aoe-datapath", "packet"]);
