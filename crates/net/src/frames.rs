@@ -19,7 +19,7 @@ pub enum Datapath {
     /// AF_PACKET: the default while the XDP program steers every AoE
     /// request on the interface to blockwire (another AoE target there,
     /// such as vblade, would no longer see its requests or broadcast
-    /// queries) and AF_XDP's speed on veth is unmeasured.
+    /// queries).
     #[default]
     Packet,
 }
