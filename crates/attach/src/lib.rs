@@ -20,6 +20,7 @@ mod dev;
 mod disk;
 mod fs;
 mod loop_device;
+mod mkfs;
 mod mount;
 mod null;
 mod process;
@@ -30,6 +31,7 @@ mod tool;
 
 pub use daemon::{DaemonOptions, Running};
 pub use fs::MAX_REQUEST;
+pub use mkfs::run_mkfs;
 pub use mount::{mount, umount, FileSystem, MountOptions};
 pub use reconnect::Reconnecting;
 pub use ring::enabled as uring_enabled;

@@ -69,12 +69,20 @@ pub fn mount(
 }
 
 fn make_and_mount(opts: &MountOptions, dev: &str) -> anyhow::Result<()> {
-    match opts.mkfs {
-        Some(FileSystem::Ext4) => tool::run(Command::new("mkfs.ext4").args(["-q", "-F"]).args(&opts.mkfs_options).arg(dev))?,
-        Some(FileSystem::Xfs) => tool::run(Command::new("mkfs.xfs").args(["-q", "-f"]).args(&opts.mkfs_options).arg(dev))?,
-        Some(FileSystem::Btrfs) => tool::run(Command::new("mkfs.btrfs").args(["-q", "-f"]).args(&opts.mkfs_options).arg(dev))?,
-        None => String::new(),
+    let mkfs = match opts.mkfs {
+        Some(FileSystem::Ext4) => Some(("mkfs.ext4", "-F")),
+        Some(FileSystem::Xfs) => Some(("mkfs.xfs", "-f")),
+        Some(FileSystem::Btrfs) => Some(("mkfs.btrfs", "-f")),
+        None => None,
     };
+    if let Some((program, force)) = mkfs {
+        let make = || {
+            let mut c = Command::new(program);
+            c.args(["-q", force]).args(&opts.mkfs_options).arg(dev);
+            c
+        };
+        crate::mkfs::run_mkfs(make, tool::run)?;
+    }
     let mut cmd = Command::new("mount");
     if let Some(o) = &opts.options {
         cmd.args(["-o", o]);

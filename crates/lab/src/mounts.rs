@@ -197,7 +197,12 @@ pub fn mount_local(dev: &str, loop_token: Token, mp: &Path) -> anyhow::Result<Mo
 /// volume's, for mkfs's options).
 pub fn mount_local_as(dev: &str, loop_token: Token, mp: &Path, kind: crate::fs_kind::FsKind, size: u64) -> anyhow::Result<Mounted> {
     let force = if kind.mkfs_type() == "ext4" { "-F" } else { "-f" };
-    let made = helper(Command::new(kind.mkfs_program()).args(["-q", force]).args(kind.mkfs_options(size)).arg(dev));
+    let make = || {
+        let mut c = Command::new(kind.mkfs_program());
+        c.args(["-q", force]).args(kind.mkfs_options(size)).arg(dev);
+        c
+    };
+    let made = bw_attach::run_mkfs(make, helper);
     if let Err(e) = made {
         let _ = registry().release(loop_token);
         return Err(e);

@@ -425,6 +425,38 @@ fn mount_after_a_failed_umount_undoes_the_attach_left() {
     assert_nothing_left(&mp, &hint);
 }
 
+/// A file system whose FUSE connection is gone (as an interrupted lab
+/// leaves one until it unmounts) made every btrfs mkfs on the machine fail
+/// ("cannot check mount status ... Transport endpoint is not connected"):
+/// `mount --mkfs btrfs` now succeeds beside it, says which mounts it left
+/// out of its check, and leaves that mount where it was.
+#[test]
+fn mkfs_btrfs_beside_a_mount_whose_fuse_connection_is_gone() {
+    require_root();
+    let (tmp_dead, tmp_new) = (TempDir::new("att-dead"), TempDir::new("att-btrfs"));
+    let t = Target::start(Proto::Iscsi, &tmp_dead, "64M");
+    let (dead, dead_hint, _s1) = mountpoint(&tmp_dead);
+    let d = dead.to_str().unwrap();
+    let _g1 = Detach(d.to_string());
+    blockwire_ok(None, &["mount", &t.url(), d, "--mkfs", "ext4", "--timeout", "20"]);
+    bw_attach::abort_connection(&bw_attach::mount_fuse_dir(&dead)).expect("abort the FUSE connection");
+    let t2 = Target::start(Proto::Iscsi, &tmp_new, "256M");
+    let (mp, hint, _s2) = mountpoint(&tmp_new);
+    let m = mp.to_str().unwrap();
+    let _g2 = Detach(m.to_string());
+    let out = blockwire(None, &["mount", &t2.url(), m, "--mkfs", "btrfs", "--timeout", "20"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mount --mkfs btrfs beside a dead FUSE mount: {stderr}");
+    assert!(stderr.contains("running it without them") && stderr.contains(d), "{stderr}");
+    write_tree(&mp);
+    assert_eq!(sh(&format!("findmnt -n -o FSTYPE {m}")).trim(), "btrfs");
+    assert!(std::fs::read_to_string("/proc/self/mounts").unwrap().contains(d), "the dead mount was detached from the machine");
+    blockwire_ok(None, &["umount", m]);
+    assert_nothing_left(&mp, &hint);
+    blockwire_ok(None, &["umount", d]);
+    assert_nothing_left(&dead, &dead_hint);
+}
+
 #[test]
 fn mount_ext4_and_xfs_over_nvme() {
     require_root();
