@@ -445,6 +445,22 @@ impl Drop for ControlSocket {
 /// socket nobody answers on is stale and replaced; anything else at the
 /// path is an error.
 pub fn bind(path: &Path, explicit: bool) -> anyhow::Result<Option<ControlSocket>> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    // Servers starting at the same moment take turns: otherwise one can
+    // find the other's socket bound but not yet listening, remove it as
+    // stale, and leave the other failing on a path that is gone.
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock = std::fs::File::create(&lock_path).map_err(|e| anyhow::anyhow!("control socket lock {}: {e}", Path::new(&lock_path).display()))?;
+    // SAFETY: flock on a descriptor this function owns; released when
+    // `lock` is closed at the end of the function.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        let e = std::io::Error::last_os_error();
+        anyhow::bail!("control socket lock {}: {e}", Path::new(&lock_path).display());
+    }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             anyhow::bail!("control socket {}: the path exists and is not a socket", path.display());
@@ -457,11 +473,10 @@ pub fn bind(path: &Path, explicit: bool) -> anyhow::Result<Option<ControlSocket>
             return Ok(None);
         }
         log::info!("control socket {}: removing a stale socket", path.display());
-        std::fs::remove_file(path)?;
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
-        std::fs::create_dir_all(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
     }
     let listener = match tokio::net::UnixListener::bind(path) {
         Ok(l) => l,
