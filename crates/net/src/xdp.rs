@@ -14,7 +14,10 @@
 //! The XDP program (bpf/xsk_redirect.bpf.c, embedded at build time and
 //! loaded with aya) redirects the EtherType's frames that pass an optional
 //! [`XdpFilter`] to the socket of their queue and passes everything else
-//! on. It is attached with a BPF link owned by this process, so it goes
+//! on. The filter can ask for a key from the frame to be in a set the
+//! caller changes while the program runs ([`XdpKeys`]): an AoE target
+//! takes only requests for the shelf.slot pairs it exports, so other
+//! targets on the interface keep theirs. It is attached with a BPF link owned by this process, so it goes
 //! away with the last socket, or with the process, however it ends: nothing
 //! is pinned. Native mode where the driver has it, generic otherwise, and
 //! generic on veth: a veth's native XDP runs where its peer transmits,
@@ -29,7 +32,7 @@
 //! waits for one.
 
 use crate::packet::{interface_info, FrameBatch, InterfaceInfo};
-use aya::maps::{Array, XskMap};
+use aya::maps::{Array, HashMap, XskMap};
 use aya::programs::{Xdp, XdpMode};
 use aya::Ebpf;
 use std::io;
@@ -47,6 +50,8 @@ static OBJECT: &[u8] = &[];
 const PROGRAM: &str = "bw_xsk_redirect";
 /// Entries of the program's socket map: queues we can serve.
 const MAX_QUEUES: u32 = 64;
+/// Entries of the program's key map (MAX_KEYS there).
+pub const MAX_KEYS: usize = 4096;
 
 // From <linux/if_xdp.h> (Debian 12's headers predate XDP_USE_SG and
 // XDP_PKT_CONTD, so none of this is taken from libc).
@@ -163,12 +168,16 @@ struct EthtoolChannels {
 /// Which frames of the EtherType the program takes (the rest go on to the
 /// stack): `(field & mask) == value` for the byte at `byte.0` and the
 /// big-endian 32-bit word at `word.0` (offsets from the Ethernet header,
-/// below 64). `None` takes every frame. Laid out as `struct filter` in
-/// xsk_redirect.bpf.c.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// below 64); with `key`, the big-endian word at `key.0` masked with
+/// `key.1` must also be in the program's key set, which starts as `keys`
+/// and changes through [`XdpKeys`]. `None` takes every frame. Laid out as
+/// `struct filter` in xsk_redirect.bpf.c.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct XdpFilter {
     pub byte: Option<(u16, u8, u8)>,
     pub word: Option<(u16, u32, u32)>,
+    pub key: Option<(u16, u32)>,
+    pub keys: Vec<u32>,
 }
 
 #[repr(C)]
@@ -181,9 +190,12 @@ struct FilterValue {
     word_offset: u16,
     word_mask: u32,
     word_value: u32,
+    key_offset: u16,
+    pad: u16,
+    key_mask: u32,
 }
 
-// SAFETY: repr(C) plain data, 16 bytes without padding.
+// SAFETY: repr(C) plain data, 24 bytes without padding.
 unsafe impl aya::Pod for FilterValue {}
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
@@ -351,8 +363,60 @@ impl TxSide {
 /// The loaded, attached program: detached when the last socket holding it
 /// goes (its link belongs to this process).
 struct Program {
-    _ebpf: Mutex<Ebpf>,
+    ebpf: Mutex<Ebpf>,
     native: bool,
+}
+
+fn map_error(e: aya::maps::MapError) -> io::Error {
+    io::Error::other(format!("XDP program map: {e}"))
+}
+
+/// The key set of the program behind one [`open`]'s sockets
+/// ([`XdpFilter::key`]): a frame is taken only while its key is in it.
+/// Holding it keeps the program attached.
+#[derive(Clone)]
+pub struct XdpKeys {
+    program: Arc<Program>,
+}
+
+impl std::fmt::Debug for XdpKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpKeys").finish_non_exhaustive()
+    }
+}
+
+impl XdpKeys {
+    /// Make the set exactly `keys` (at most [`MAX_KEYS`]).
+    pub fn set(&self, keys: &[u32]) -> io::Result<()> {
+        let mut ebpf = lock(&self.program.ebpf);
+        set_keys(&mut ebpf, keys)
+    }
+
+    /// The keys in the set, sorted.
+    pub fn get(&self) -> io::Result<Vec<u32>> {
+        let ebpf = lock(&self.program.ebpf);
+        let map: HashMap<_, u32, u8> = HashMap::try_from(ebpf.map("keys").ok_or_else(|| io::Error::other("XDP program has no keys map"))?).map_err(map_error)?;
+        let mut keys = map.keys().collect::<Result<Vec<_>, _>>().map_err(map_error)?;
+        keys.sort_unstable();
+        Ok(keys)
+    }
+}
+
+/// Put the keys of `keys` that are missing into the program's key map and
+/// take out the others: a key that stays is never absent in between.
+fn set_keys(ebpf: &mut Ebpf, keys: &[u32]) -> io::Result<()> {
+    if keys.len() > MAX_KEYS {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} XDP keys: at most {MAX_KEYS}", keys.len())));
+    }
+    let mut map: HashMap<_, u32, u8> = HashMap::try_from(ebpf.map_mut("keys").ok_or_else(|| io::Error::other("XDP program has no keys map"))?).map_err(map_error)?;
+    let old = map.keys().collect::<Result<Vec<_>, _>>().map_err(map_error)?;
+    for k in old.iter().filter(|k| !keys.contains(k)) {
+        map.remove(k).map_err(map_error)?;
+    }
+    for k in keys.iter().filter(|k| !old.contains(k)) {
+        map.insert(k, 1, 0).map_err(map_error)?;
+    }
+    Ok(())
 }
 
 /// An AF_XDP socket on one receive queue of an interface. Methods take
@@ -485,8 +549,12 @@ pub fn open(iface: &str, ethertype: u16, filter: XdpFilter) -> io::Result<Vec<Xd
         word_offset: filter.word.map_or(0, |w| w.0),
         word_mask: filter.word.map_or(0, |w| w.1),
         word_value: filter.word.map_or(0, |w| w.2),
+        key_offset: filter.key.map_or(0, |k| k.0),
+        pad: 0,
+        key_mask: filter.key.map_or(0, |k| k.1),
     };
-    let map_err = |e: aya::maps::MapError| io::Error::other(format!("XDP program map: {e}"));
+    let map_err = map_error;
+    set_keys(&mut ebpf, &filter.keys)?;
     let mut table: Array<_, FilterValue> = Array::try_from(ebpf.map_mut("filter").ok_or_else(|| io::Error::other("XDP program has no filter map"))?).map_err(map_err)?;
     table.set(0, value, 0).map_err(map_err)?;
     let mut opened = Vec::new();
@@ -521,7 +589,7 @@ pub fn open(iface: &str, ethertype: u16, filter: XdpFilter) -> io::Result<Vec<Xd
             return Err(io::Error::other(format!("attaching XDP to {iface}: {e} (native mode: {native_err})")));
         }
     }
-    let program = Arc::new(Program { _ebpf: Mutex::new(ebpf), native });
+    let program = Arc::new(Program { ebpf: Mutex::new(ebpf), native });
     Ok(opened
         .into_iter()
         .map(|o| XdpSocket {
@@ -630,6 +698,10 @@ impl XdpSocket {
     /// buffers (generic XDP).
     pub fn native(&self) -> bool {
         self.program.native
+    }
+    /// The key set of the program (shared by the sockets of one [`open`]).
+    pub fn keys(&self) -> XdpKeys {
+        XdpKeys { program: self.program.clone() }
     }
     /// Receive chunks: how many frames of the interface's MTU can wait for us.
     pub fn rx_capacity(&self) -> usize {
@@ -884,7 +956,9 @@ mod tests {
 
     /// Frames sent through the TX ring on loopback come back through the
     /// program to the RX ring, small ones and ones spanning several chunks
-    /// (lo's MTU is 64 KiB); other EtherTypes pass to AF_PACKET.
+    /// (lo's MTU is 64 KiB); frames failing the byte match or carrying a
+    /// key not in the set pass to AF_PACKET, and a change of the key set
+    /// takes effect at once.
     #[test]
     fn frames_round_trip_through_the_rings_on_loopback() {
         if !available() || !crate::have_raw_socket_permission() {
@@ -893,26 +967,31 @@ mod tests {
         }
         let ran = in_new_netns(|| {
             const ET: u16 = 0x88B6; // IEEE local experimental 2
-            let socks = open("lo", ET, XdpFilter { byte: Some((14, 0xF0, 0x10)), word: None }).expect("AF_XDP on lo");
+            // Key: bytes 16..19 (the last masked off).
+            let filter = XdpFilter { byte: Some((14, 0xF0, 0x10)), word: None, key: Some((16, 0xFFFF_FF00)), keys: vec![0x0001_0200] };
+            let socks = open("lo", ET, filter).expect("AF_XDP on lo");
             assert_eq!(socks.len(), 1);
             let s = &socks[0];
             assert!(!s.native(), "lo has no native XDP: generic");
+            assert_eq!(s.keys().get().unwrap(), [0x0001_0200]);
             s.set_recv_timeout(Duration::from_secs(2)).unwrap();
             let passed = crate::PacketSocket::open("lo", ET).unwrap();
             passed.set_recv_timeout(Duration::from_secs(2)).unwrap();
-            let mut out = FrameBatch::new(4, 9100);
-            for (i, len) in [60usize, 1514, 9014, 60].into_iter().enumerate() {
+            let mut out = FrameBatch::new(5, 9100);
+            for (i, len) in [60usize, 1514, 9014, 60, 60].into_iter().enumerate() {
                 let f = out.slot_mut(i);
                 f[..12].fill(0);
                 f[12..14].copy_from_slice(&ET.to_be_bytes());
-                // The last one fails the byte match: it goes to the stack.
+                // Frame 3 fails the byte match: it goes to the stack.
                 f[14] = if i == 3 { 0x20 } else { 0x10 };
                 for (k, b) in f[15..len].iter_mut().enumerate() {
                     *b = (k * 7 + i) as u8;
                 }
+                // Frame 4's key is not in the set: to the stack too.
+                f[16..19].copy_from_slice(if i == 4 { &[0, 1, 3] } else { &[0, 1, 2] });
                 out.set_len(i, len);
             }
-            assert_eq!(s.send_batch(&mut out, 4).unwrap(), 4);
+            assert_eq!(s.send_batch(&mut out, 5).unwrap(), 5);
             let mut got = Vec::new();
             let mut inb = FrameBatch::new(8, 9100);
             while got.len() < 3 {
@@ -924,9 +1003,21 @@ mod tests {
                 assert_eq!(f.as_slice(), out.built(i), "frame {i}");
             }
             let mut buf = vec![0u8; 200];
-            let n = passed.recv(&mut buf).expect("the unmatched frame reaches AF_PACKET");
-            assert_eq!(&buf[..n], out.built(3));
+            for i in [3, 4] {
+                let n = passed.recv(&mut buf).expect("an unmatched frame reaches AF_PACKET");
+                assert_eq!(&buf[..n], out.built(i), "frame {i}");
+            }
             assert_eq!(s.take_statistics().unwrap(), (3, 0));
+
+            // Swap the key set: frame 4 is taken now, frame 0 passed on.
+            s.keys().set(&[0x0001_0300]).unwrap();
+            assert_eq!(s.keys().get().unwrap(), [0x0001_0300]);
+            s.send(out.built(0)).unwrap();
+            s.send(out.built(4)).unwrap();
+            let n = s.recv(&mut buf).expect("frame 4 through AF_XDP");
+            assert_eq!(&buf[..n], out.built(4));
+            let n = passed.recv(&mut buf).expect("frame 0 through AF_PACKET");
+            assert_eq!(&buf[..n], out.built(0));
         });
         if ran.is_none() {
             eprintln!("skipping: cannot make a network namespace");

@@ -2,7 +2,9 @@
 //!
 //! Per interface, several worker threads each own a socket: with AF_XDP
 //! (`[tuning] aoe_datapath`, `auto` by default), one per receive queue, an
-//! XDP program steering AoE requests to them; with AF_PACKET, sockets in
+//! XDP program steering requests for our shelf.slot pairs to them (the
+//! rest, broadcasts included, to the stack and an AF_PACKET socket, so
+//! vblade beside us on the interface still sees its own); with AF_PACKET, sockets in
 //! one fanout group (load-balanced with rollover), so the kernel spreads
 //! requests over them and many requests are in flight to the backend at
 //! once. Each worker receives a batch of frames (one `recvmmsg`, or what
@@ -22,7 +24,8 @@
 //!
 //! Live changes ([`Handle::reconcile`]) add and remove exports on the
 //! interfaces serve listens on: each interface's export table is swapped
-//! whole (`arc_swap`) and loaded once per frame, lock-free. An interface
+//! whole (`arc_swap`) and loaded once per frame, lock-free, and the XDP
+//! program's map of exported shelf.slot pairs follows it. An interface
 //! gets its sockets and workers at start only, so an export on another
 //! interface needs a restart.
 
@@ -34,9 +37,9 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use bw_aoe::target::{Export, ExportSettings, Outcome};
 use bw_aoe::ata::{self, AtaArg};
-use bw_aoe::{frame::field, frame::FLAG_RESPONSE, max_sectors_for_mtu, AoeHeader, Command, ETHERTYPE_AOE};
+use bw_aoe::{frame::xdp_match, frame::FLAG_RESPONSE, max_sectors_for_mtu, AoeHeader, Command, ETHERTYPE_AOE};
 use bw_net::frames::{self, Chosen, Datapath};
-use bw_net::{FanoutMode, FrameBatch, FrameSocket, PacketSocket, XdpFilter};
+use bw_net::{FanoutMode, FrameBatch, FrameSocket, PacketSocket, XdpFilter, XdpKeys};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -147,6 +150,9 @@ struct Interface {
     link: Link,
     /// The exports, replaced whole by live changes; loaded once per frame.
     exports: ArcSwap<Vec<Arc<Served>>>,
+    /// With AF_XDP: the shelf.slot pairs the XDP program steers to our
+    /// sockets, kept equal to `exports` by live changes.
+    xdp_keys: Option<XdpKeys>,
     counters: Counters,
     stats: Arc<AoeStats>,
     /// Recent requests by (source, tag) hash, to count repeats.
@@ -165,6 +171,22 @@ struct AtaIo {
 }
 
 impl Interface {
+    /// Make the XDP program take requests for exactly the exports now in
+    /// the table. Should that fail, requests it does not take still reach
+    /// the AF_PACKET companion and are answered.
+    /// The map read back is logged.
+    fn steer_exports(&self) {
+        let Some(keys) = &self.xdp_keys else { return };
+        let want: Vec<u32> = self.exports.load().iter().map(|s| xdp_match::address_key(s.cfg.shelf, s.cfg.slot)).collect();
+        match keys.set(&want).and_then(|()| keys.get()) {
+            Ok(now) => {
+                let names: Vec<String> = now.iter().map(|k| format!("e{}.{}", k >> 16, (k >> 8) & 0xFF)).collect();
+                log::info!("aoe {}: AF_XDP takes requests for [{}]", self.name, names.join(", "));
+            }
+            Err(e) => log::warn!("aoe {}: the XDP program's export map: {e} (requests go through AF_PACKET instead)", self.name),
+        }
+    }
+
     /// Room for the longest reply any export here can send (the same for
     /// every export on the interface: it follows from the MTU).
     fn reply_len(&self) -> usize {
@@ -269,6 +291,7 @@ impl Handle {
         }
         for (ifc, table) in tables {
             ifc.exports.store(Arc::new(table));
+            ifc.steer_exports();
         }
         Ok(log)
     }
@@ -368,10 +391,20 @@ pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shut
     Ok((running, handle))
 }
 
-/// The AoE frames an AF_XDP target takes: requests (replies to initiators
-/// on the same interface go on to their sockets).
-fn request_filter() -> XdpFilter {
-    XdpFilter { byte: Some((field::FLAGS.offset() as u16, FLAG_RESPONSE, 0)), word: None }
+/// The AoE frames an AF_XDP target takes: requests addressed to a
+/// shelf.slot it exports (the program's key set, [`Interface::steer_exports`]).
+/// Everything else goes on to the stack: replies, for initiators on the
+/// interface; requests for other targets' shelf.slot, for vblade or another
+/// blockwire there; and broadcast and wildcard queries (shelf 0xffff or
+/// slot 0xff), which every target must see, answered here by the AF_PACKET
+/// companion socket (the program can steer a frame to one socket only).
+fn request_filter(exports: &[&AoeExport]) -> XdpFilter {
+    XdpFilter {
+        byte: Some((xdp_match::FLAGS_OFFSET, FLAG_RESPONSE, 0)),
+        word: None,
+        key: Some((xdp_match::ADDRESS_OFFSET, xdp_match::ADDRESS_MASK)),
+        keys: exports.iter().map(|e| xdp_match::address_key(e.shelf, e.slot)).collect(),
+    }
 }
 
 /// `workers` AF_PACKET sockets in one fanout group, and the frames their
@@ -410,10 +443,12 @@ fn open_interface(
     group_offset: usize,
     datapath: Datapath,
 ) -> anyhow::Result<(Interface, Vec<FrameSocket>, Option<FrameSocket>)> {
-    let chosen = frames::choose(iface, ETHERTYPE_AOE, datapath, request_filter())
+    let chosen = frames::choose(iface, ETHERTYPE_AOE, datapath, request_filter(exports))
         .with_context(|| format!("AoE on {iface}: AF_XDP (aoe_datapath = \"xdp\")"))?;
+    let mut xdp_keys = None;
     let (sockets, queued, companion) = match chosen {
         Chosen::Xdp(socks) => {
+            xdp_keys = Some(socks[0].keys());
             let mut queued = 0;
             let mut sockets = Vec::with_capacity(socks.len());
             for s in socks {
@@ -453,7 +488,9 @@ fn open_interface(
     for e in exports {
         built.push(Arc::new(build_export(iface, e, volumes, link)?));
     }
-    let ifc = Interface::new(iface, mac, link, built);
+    let mut ifc = Interface::new(iface, mac, link, built);
+    ifc.xdp_keys = xdp_keys;
+    ifc.steer_exports();
     Ok((ifc, sockets, companion))
 }
 
@@ -464,6 +501,7 @@ impl Interface {
             mac,
             link,
             exports: ArcSwap::from_pointee(exports),
+            xdp_keys: None,
             counters: Counters::default(),
             stats: metrics::global().aoe(name),
             recent: (0..RECENT).map(|_| AtomicU64::new(0)).collect(),
