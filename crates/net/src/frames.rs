@@ -12,15 +12,17 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Datapath {
-    /// AF_XDP if it can be set up on the interface, else AF_PACKET.
+    /// AF_XDP if it can be set up on the interface, else AF_PACKET. The
+    /// default: AoE's XDP program takes only the frames of the shelf.slot
+    /// pairs this process serves or talks to and passes the rest, broadcast
+    /// queries included, so vblade or another blockwire on the interface
+    /// keeps seeing its own (a second program cannot attach there: that
+    /// process falls back to AF_PACKET).
+    #[default]
     Auto,
     /// AF_XDP or fail.
     Xdp,
-    /// AF_PACKET: the default while the XDP program steers every AoE
-    /// request on the interface to blockwire (another AoE target there,
-    /// such as vblade, would no longer see its requests or broadcast
-    /// queries).
-    #[default]
+    /// AF_PACKET.
     Packet,
 }
 
