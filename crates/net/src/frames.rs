@@ -136,6 +136,37 @@ impl FrameSocket {
     pub fn send_batch(&self, batch: &mut FrameBatch, count: usize) -> io::Result<usize> {
         both!(self, s => s.send_batch(batch, count))
     }
+    /// Build frames and send them: `build` writes one into the buffer it
+    /// gets and returns its length, or None when there are no more. AF_XDP
+    /// builds them straight in its transmit slots (buffers of the MTU plus
+    /// 18 bytes, or more); AF_PACKET in the slots of `batch`, sent whenever
+    /// it is full and at the end. Returns how many were sent.
+    pub fn send_built(&self, batch: &mut FrameBatch, mut build: impl FnMut(&mut [u8]) -> Option<usize>) -> io::Result<usize> {
+        let s = match self {
+            FrameSocket::Xdp(s) => return s.send_built(build),
+            FrameSocket::Packet(s) => s,
+        };
+        let mut sent = 0;
+        loop {
+            let mut n = 0;
+            let mut more = true;
+            while more && n < batch.capacity() {
+                match build(batch.slot_mut(n)) {
+                    Some(len) => {
+                        batch.set_len(n, len);
+                        n += 1;
+                    }
+                    None => more = false,
+                }
+            }
+            if n > 0 {
+                sent += s.send_batch(batch, n)?;
+            }
+            if !more {
+                return Ok(sent);
+            }
+        }
+    }
 }
 
 impl AsRawFd for FrameSocket {

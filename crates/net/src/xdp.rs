@@ -6,10 +6,12 @@
 //! has its own UMEM (the frame memory the kernel writes into and reads
 //! from), split in two halves of 4 KiB chunks: receive chunks, which travel
 //! fill ring -> kernel -> RX ring -> us -> fill ring, and transmit chunks,
-//! which travel us -> TX ring -> kernel -> completion ring -> us. Frames
-//! are copied between the chunks and a [`FrameBatch`], so callers use the
-//! same batches as with [`crate::PacketSocket`]; what AF_XDP saves is the
-//! socket layer and its per-frame buffers, not that copy.
+//! which travel us -> TX ring -> kernel -> completion ring -> us, in slots
+//! of contiguous chunks that hold a frame of the MTU. Received frames are
+//! copied from the chunks into a [`FrameBatch`], so callers use the same
+//! batches as with [`crate::PacketSocket`]; frames to send are copied from
+//! one ([`XdpSocket::send_batch`]) or built straight in a transmit slot
+//! ([`XdpSocket::send_built`], no copy: the AoE target's replies).
 //!
 //! The XDP program (bpf/xsk_redirect.bpf.c, embedded at build time and
 //! loaded with aya) redirects the EtherType's frames that pass an optional
@@ -335,12 +337,20 @@ struct RxSide {
     fill: Ring<u64>,
 }
 
-/// The transmit side: the TX ring, the completion ring and the chunks
-/// neither ring holds.
+/// The transmit side: the TX ring, the completion ring and the transmit
+/// slots neither ring holds. A slot is `slot_chunks` contiguous chunks,
+/// room for one frame of the interface's MTU, so a frame can be built in
+/// place ([`XdpSocket::send_built`]) even where it spans chunks; each chunk
+/// it uses goes out as one descriptor, and the slot is free again once the
+/// kernel has completed them all.
 struct TxSide {
     tx: Ring<Desc>,
     completion: Ring<u64>,
+    slot_chunks: usize,
+    /// Free slots, by the address of their first chunk.
     free: Vec<u64>,
+    /// Per slot: its descriptors not yet completed.
+    pending: Vec<u8>,
 }
 
 // SAFETY: the raw pointers point into mappings owned by the same value,
@@ -350,13 +360,44 @@ unsafe impl Send for RxSide {}
 unsafe impl Send for TxSide {}
 
 impl TxSide {
-    /// Take back the chunks the kernel has sent.
+    fn new(tx: Ring<Desc>, completion: Ring<u64>, slot_chunks: usize) -> TxSide {
+        let slots = TX_CHUNKS as usize / slot_chunks;
+        let free = (0..slots).rev().map(|i| (RX_CHUNKS as usize + i * slot_chunks) as u64 * CHUNK as u64).collect();
+        TxSide { tx, completion, slot_chunks, free, pending: vec![0; slots] }
+    }
+
+    fn slot_of(&self, addr: u64) -> usize {
+        (addr as usize / CHUNK - RX_CHUNKS as usize) / self.slot_chunks
+    }
+
+    /// Take back the slots whose chunks the kernel has all sent.
     fn reclaim(&mut self) {
         let n = self.completion.available();
         for i in 0..n {
-            self.free.push(self.completion.read(i));
+            let slot = self.slot_of(self.completion.read(i));
+            self.pending[slot] -= 1;
+            if self.pending[slot] == 0 {
+                self.free.push((RX_CHUNKS as usize + slot * self.slot_chunks) as u64 * CHUNK as u64);
+            }
         }
         self.completion.release(n);
+    }
+
+    /// Put a frame of `len` bytes in the slot at `base` on the TX ring (not
+    /// yet published: `queued` descriptors are ahead of it); returns the
+    /// descriptors it took. The TX ring has an entry for every transmit
+    /// chunk, so it has room for those of a slot we hold.
+    fn queue(&mut self, base: u64, len: usize, queued: u32) -> u32 {
+        let need = len.div_ceil(CHUNK).max(1);
+        debug_assert!(need <= self.slot_chunks && self.tx.free() as usize >= queued as usize + need);
+        for k in 0..need {
+            let piece = (len - k * CHUNK).min(CHUNK);
+            let options = if k + 1 < need { XDP_PKT_CONTD } else { 0 };
+            self.tx.write(queued + k as u32, Desc { addr: base + (k * CHUNK) as u64, len: piece as u32, options });
+        }
+        let slot = self.slot_of(base);
+        self.pending[slot] = need as u8;
+        need as u32
     }
 }
 
@@ -431,8 +472,6 @@ pub struct XdpSocket {
     ethertype: u16,
     queue: u32,
     zero_copy: bool,
-    /// Frames may span chunks (XDP_USE_SG).
-    multi_buffer: bool,
     nonblocking: AtomicBool,
     /// poll() timeout of a blocking receive, in ms (-1: forever).
     recv_timeout_ms: AtomicI32,
@@ -601,7 +640,6 @@ pub fn open(iface: &str, ethertype: u16, filter: XdpFilter) -> io::Result<Vec<Xd
             ethertype,
             queue: o.queue,
             zero_copy: o.zero_copy,
-            multi_buffer: o.multi_buffer,
             nonblocking: AtomicBool::new(false),
             recv_timeout_ms: AtomicI32::new(-1),
             received: AtomicU64::new(0),
@@ -619,7 +657,6 @@ struct Opened {
     umem: Mapping,
     queue: u32,
     zero_copy: bool,
-    multi_buffer: bool,
 }
 
 impl Opened {
@@ -653,11 +690,11 @@ impl Opened {
             rx: Ring::map(raw, &off.rx, RX_CHUNKS, XDP_PGOFF_RX_RING)?,
             fill: Ring::map(raw, &off.fill, RX_CHUNKS, XDP_UMEM_PGOFF_FILL_RING)?,
         };
-        let tx = TxSide {
-            tx: Ring::map(raw, &off.tx, TX_CHUNKS, XDP_PGOFF_TX_RING)?,
-            completion: Ring::map(raw, &off.completion, TX_CHUNKS, XDP_UMEM_PGOFF_COMPLETION_RING)?,
-            free: (RX_CHUNKS..RX_CHUNKS + TX_CHUNKS).map(|c| c as u64 * CHUNK as u64).collect(),
-        };
+        let tx = TxSide::new(
+            Ring::map(raw, &off.tx, TX_CHUNKS, XDP_PGOFF_TX_RING)?,
+            Ring::map(raw, &off.completion, TX_CHUNKS, XDP_UMEM_PGOFF_COMPLETION_RING)?,
+            if multi_buffer { (info.mtu + 18).div_ceil(CHUNK) } else { 1 },
+        );
         // Every receive chunk starts on the fill ring.
         for c in 0..RX_CHUNKS {
             rx.fill.write(c, c as u64 * CHUNK as u64);
@@ -668,7 +705,7 @@ impl Opened {
         // SAFETY: sa is a valid sockaddr_xdp of the given size.
         cvt(unsafe { libc::bind(raw, &sa as *const _ as *const libc::sockaddr, mem::size_of::<SockaddrXdp>() as u32) }).map_err(context("bind"))?;
         let zero_copy = getsockopt::<u32>(raw, XDP_OPTIONS).is_ok_and(|o| o & XDP_OPTIONS_ZEROCOPY != 0);
-        Ok(Opened { fd, rx, tx, umem, queue, zero_copy, multi_buffer })
+        Ok(Opened { fd, rx, tx, umem, queue, zero_copy })
     }
 }
 
@@ -846,8 +883,9 @@ impl XdpSocket {
     }
 
     fn send_frames(&self, frames: &[&[u8]]) -> io::Result<usize> {
-        if let Some(f) = frames.iter().find(|f| f.len() > CHUNK && !self.multi_buffer) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("frame of {} bytes is more than an AF_XDP chunk", f.len())));
+        let room = lock(&self.tx).slot_chunks * CHUNK;
+        if let Some(f) = frames.iter().find(|f| f.len() > room) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("frame of {} bytes is more than an AF_XDP transmit slot ({room})", f.len())));
         }
         let mut side = lock(&self.tx);
         side.reclaim();
@@ -855,38 +893,89 @@ impl XdpSocket {
         let mut sent = 0;
         let mut queued = 0u32;
         while sent < frames.len() {
-            let f = frames[sent];
-            let need = f.len().div_ceil(CHUNK).max(1);
-            if side.free.len() < need || (side.tx.free() as usize) < need + queued as usize {
-                // Out of chunks: send what is queued, take back what went out.
+            let Some(base) = side.free.pop() else {
+                // Out of slots: send what is queued, take back what went out.
                 side.tx.submit(queued);
                 queued = 0;
-                self.kick(&mut side)?;
-                side.reclaim();
-                if side.free.len() >= need && side.tx.free() as usize >= need {
-                    continue;
-                }
-                if self.nonblocking.load(Ordering::Relaxed) {
+                if !self.wait_for_slot(&mut side, started)? {
                     return if sent > 0 { Ok(sent) } else { Err(io::Error::from(io::ErrorKind::WouldBlock)) };
                 }
-                if started.elapsed() > TX_WAIT {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, "AF_XDP transmit chunks did not come back within a second"));
-                }
-                std::thread::sleep(Duration::from_micros(50));
                 continue;
-            }
-            for (k, piece) in f.chunks(CHUNK).enumerate() {
-                let addr = side.free.pop().expect("checked above");
-                // SAFETY: a transmit chunk neither ring holds: ours until published.
-                unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), self.umem.ptr.add(addr as usize), piece.len()) };
-                let options = if k + 1 < need { XDP_PKT_CONTD } else { 0 };
-                side.tx.write(queued, Desc { addr, len: piece.len() as u32, options });
-                queued += 1;
-            }
+            };
+            let f = frames[sent];
+            // SAFETY: a free slot (neither ring holds its chunks) of
+            // slot_chunks contiguous chunks inside the UMEM: ours until
+            // published; the length was checked above.
+            unsafe { std::ptr::copy_nonoverlapping(f.as_ptr(), self.umem.ptr.add(base as usize), f.len()) };
+            queued += side.queue(base, f.len(), queued);
             sent += 1;
         }
         side.tx.submit(queued);
         self.kick(&mut side)?;
+        Ok(sent)
+    }
+
+    /// With no free slot: kick the kernel and take back what it sent; then
+    /// Ok(true) if a slot is free, Ok(false) for a non-blocking socket
+    /// without one, and a blocking one waits up to [`TX_WAIT`] from `started`.
+    fn wait_for_slot(&self, side: &mut MutexGuard<'_, TxSide>, started: Instant) -> io::Result<bool> {
+        loop {
+            self.kick(side)?;
+            side.reclaim();
+            if !side.free.is_empty() {
+                return Ok(true);
+            }
+            if self.nonblocking.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            if started.elapsed() > TX_WAIT {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "AF_XDP transmit chunks did not come back within a second"));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Build frames straight in transmit slots and send them, without the
+    /// copy [`XdpSocket::send_batch`] makes: `build` writes one frame into
+    /// the buffer it gets (room for a frame of the MTU, VLAN tag included)
+    /// and returns its length, or None when there are no more. `build` runs
+    /// without the socket's locks (it may wait for a disk while other
+    /// threads send); the frames go out with one kick at the end. Returns
+    /// how many were sent; a non-blocking socket out of slots stops there.
+    pub fn send_built(&self, mut build: impl FnMut(&mut [u8]) -> Option<usize>) -> io::Result<usize> {
+        let started = Instant::now();
+        let mut sent = 0;
+        loop {
+            let (base, room) = {
+                let mut side = lock(&self.tx);
+                if side.free.is_empty() {
+                    side.reclaim();
+                }
+                if side.free.is_empty() && !self.wait_for_slot(&mut side, started)? {
+                    break;
+                }
+                (side.free.pop().expect("checked above"), side.slot_chunks * CHUNK)
+            };
+            // SAFETY: the slot is ours alone (off the free list, on no ring)
+            // until queued below: `room` bytes inside the UMEM.
+            let buf = unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.add(base as usize), room) };
+            let built = build(buf);
+            let mut side = lock(&self.tx);
+            match built {
+                Some(len) => {
+                    let n = side.queue(base, len.min(room), 0);
+                    side.tx.submit(n);
+                    sent += 1;
+                }
+                None => {
+                    side.free.push(base);
+                    break;
+                }
+            }
+        }
+        if sent > 0 {
+            self.kick(&mut lock(&self.tx))?;
+        }
         Ok(sent)
     }
 
@@ -1018,6 +1107,22 @@ mod tests {
             assert_eq!(&buf[..n], out.built(4));
             let n = passed.recv(&mut buf).expect("frame 0 through AF_PACKET");
             assert_eq!(&buf[..n], out.built(0));
+
+            // Frames built in place, one of them spanning three chunks.
+            s.keys().set(&[0x0001_0200, 0x0001_0300]).unwrap();
+            let mut next = [2, 4].into_iter();
+            let sent = s.send_built(|b| {
+                let f = out.built(next.next()?);
+                b[..f.len()].copy_from_slice(f);
+                Some(f.len())
+            });
+            assert_eq!(sent.unwrap(), 2);
+            let mut got = Vec::new();
+            while got.len() < 2 {
+                let n = s.recv_batch(&mut inb).expect("built frames back");
+                got.extend((0..n).map(|i| inb.frame(i).to_vec()));
+            }
+            assert_eq!((got[0].as_slice(), got[1].as_slice()), (out.built(2), out.built(4)));
         });
         if ran.is_none() {
             eprintln!("skipping: cannot make a network namespace");

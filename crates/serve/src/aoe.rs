@@ -629,6 +629,9 @@ fn io_thread(sock: &FrameSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<Jo
     }
 }
 
+/// An interface's exports as loaded for one frame.
+type ExportsGuard = arc_swap::Guard<Arc<Vec<Arc<Served>>>>;
+
 fn worker(sock: &FrameSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<&IoPool>) {
     // VLAN-tagged frames can be 4 bytes longer than MTU + 14.
     let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
@@ -659,44 +662,44 @@ fn worker(sock: &FrameSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<&
             }
             continue;
         }
-        let mut out = 0;
-        for i in 0..n {
-            let frame = rx.frame(i);
-            let io = ifc.classify(frame);
-            let exports = ifc.exports.load();
-            // Exports added live can outgrow the reply batch: send what is
-            // there first (and, rarely, make the batch bigger).
-            if out + exports.len() > tx.capacity() {
-                send_replies(sock, ifc, &mut tx, out);
-                out = 0;
-                if exports.len() > tx.capacity() {
-                    tx = FrameBatch::new(exports.len(), reply_len);
-                }
-            }
-            for s in exports.iter() {
-                match ifc.handle(s, frame, io, tx.slot_mut(out)) {
-                    Outcome::Reply(len) => {
-                        tx.set_len(out, len);
-                        out += 1;
+        // Each frame goes to every export (a broadcast may draw one reply
+        // from each); replies are built where they are sent from (AF_XDP:
+        // straight in its transmit slots), one at a time as asked for.
+        let mut next = 0;
+        // The frame being answered: its index, its class, the exports as
+        // loaded for it, and the next of them to hand it to.
+        let mut current: Option<(usize, Option<AtaIo>, ExportsGuard, usize)> = None;
+        let build = |out: &mut [u8]| loop {
+            match &mut current {
+                Some((i, io, exports, j)) if *j < exports.len() => {
+                    let s = &exports[*j];
+                    *j += 1;
+                    match ifc.handle(s, rx.frame(*i), *io, out) {
+                        Outcome::Reply(len) => return Some(len),
+                        Outcome::NoReply(why) => ifc.note_no_reply(why),
                     }
-                    Outcome::NoReply(why) => ifc.note_no_reply(why),
+                }
+                _ => {
+                    if next == n {
+                        return None;
+                    }
+                    let frame = rx.frame(next);
+                    current = Some((next, ifc.classify(frame), ifc.exports.load(), 0));
+                    next += 1;
                 }
             }
-        }
-        send_replies(sock, ifc, &mut tx, out);
+        };
+        send_replies(sock, ifc, &mut tx, build);
     }
     if let Ok((_, drops)) = sock.take_statistics() {
         c.drops.fetch_add(drops, Relaxed);
     }
 }
 
-/// Send the first `out` replies built in `tx`.
-fn send_replies(sock: &FrameSocket, ifc: &Interface, tx: &mut FrameBatch, out: usize) {
-    if out == 0 {
-        return;
-    }
+/// Send the replies `build` makes (AF_PACKET: in `tx`).
+fn send_replies(sock: &FrameSocket, ifc: &Interface, tx: &mut FrameBatch, build: impl FnMut(&mut [u8]) -> Option<usize>) {
     let c = &ifc.counters;
-    match sock.send_batch(tx, out) {
+    match sock.send_built(tx, build) {
         Ok(sent) => {
             c.replies.fetch_add(sent as u64, Relaxed);
             ifc.stats.frames_sent.fetch_add(sent as u64, Relaxed);
