@@ -20,6 +20,43 @@ pub mod field {
     const _: () = assert!(TAG.end() == crate::HEADER_LEN);
 }
 
+/// Where an XDP program finds what it steers AoE frames by (the offsets,
+/// masks and keys bw-net's xsk_redirect.bpf.c is given; it knows no AoE):
+/// the flags byte for requests against replies, the tag for an initiator's
+/// prefix, and a 32-bit key word holding shelf and slot, with the command
+/// byte after them masked off.
+pub mod xdp_match {
+    use super::field;
+    /// The byte holding [`super::FLAG_RESPONSE`].
+    pub const FLAGS_OFFSET: u16 = field::FLAGS.offset() as u16;
+    pub const TAG_OFFSET: u16 = field::TAG.offset() as u16;
+    /// The word `shelf (16 bits), slot, command`, big-endian.
+    pub const ADDRESS_OFFSET: u16 = field::SHELF.offset() as u16;
+    pub const ADDRESS_MASK: u32 = 0xFFFF_FF00;
+    const _: () = assert!(field::SLOT.offset() == field::SHELF.offset() + 2 && field::COMMAND.offset() == field::SHELF.offset() + 3);
+
+    /// The key of requests to (and replies from) `shelf.slot`. The
+    /// broadcast shelf and slot are never exported, so a key set of
+    /// exports never takes a broadcast or wildcard query.
+    pub const fn address_key(shelf: u16, slot: u8) -> u32 {
+        (shelf as u32) << 16 | (slot as u32) << 8
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn the_address_key_is_the_masked_word_of_a_frame() {
+            let mut f = [0u8; 24];
+            f[16..20].copy_from_slice(&[0x12, 0x34, 0x56, 0x01]);
+            let at = ADDRESS_OFFSET as usize;
+            let word = u32::from_be_bytes(f[at..at + 4].try_into().unwrap());
+            assert_eq!(word & ADDRESS_MASK, address_key(0x1234, 0x56));
+        }
+    }
+}
+
 pub type Mac = [u8; 6];
 pub const BROADCAST_MAC: Mac = [0xFF; 6];
 

@@ -21,13 +21,14 @@
 //!   all its frames go out concurrently.
 //! - Frames move through AF_XDP sockets where they can be set up
 //!   (`ConnectOptions::aoe_datapath`, `auto` by default), the XDP program
-//!   taking only replies that carry this client's tag prefix, so other
-//!   clients on the interface keep theirs; else through an AF_PACKET socket.
+//!   taking only replies from our target that carry this client's tag
+//!   prefix, so other clients on the interface keep theirs; else through an
+//!   AF_PACKET socket.
 
 use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
 use async_trait::async_trait;
 use bw_aoe::ata::{self, AtaArg};
-use bw_aoe::frame::{field, format_mac, AoeHeader, Mac, FLAG_RESPONSE};
+use bw_aoe::frame::{format_mac, xdp_match, AoeHeader, Mac, FLAG_RESPONSE};
 use bw_aoe::flow::{Exchange, Expired, Tags, Window};
 use bw_aoe::initiator::{self as req, Addr, AtaRequest, ReplyBody};
 use bw_aoe::mask::Directive;
@@ -160,11 +161,19 @@ impl Drop for AoeClient {
     }
 }
 
-/// The replies an AF_XDP client takes: responses carrying its tag prefix.
-fn reply_filter(tag_prefix: u32) -> XdpFilter {
+/// The replies an AF_XDP client takes: responses from the shelf.slot it
+/// talks to that carry its tag prefix. The prefix alone would do between
+/// our clients, but another initiator's tags (the kernel's aoe driver
+/// beside us) may start with the same bits; its replies then still reach
+/// it unless they also come from our target. Everything else, broadcast
+/// discovery's replies included, goes on to the stack and the AF_PACKET
+/// socket.
+fn reply_filter(tag_prefix: u32, shelf: u16, slot: u8) -> XdpFilter {
     XdpFilter {
-        byte: Some((field::FLAGS.offset() as u16, FLAG_RESPONSE, FLAG_RESPONSE)),
-        word: Some((field::TAG.offset() as u16, Tags::ID_MASK, tag_prefix & Tags::ID_MASK)),
+        byte: Some((xdp_match::FLAGS_OFFSET, FLAG_RESPONSE, FLAG_RESPONSE)),
+        word: Some((xdp_match::TAG_OFFSET, Tags::ID_MASK, tag_prefix & Tags::ID_MASK)),
+        key: Some((xdp_match::ADDRESS_OFFSET, xdp_match::ADDRESS_MASK)),
+        keys: vec![xdp_match::address_key(shelf, slot)],
     }
 }
 
@@ -358,7 +367,7 @@ impl AoeClient {
             return Err(ClientError::Protocol(format!("{url} is not an aoe:// URL")));
         };
         let tags = Tags::for_initiator(initiator_id());
-        let socks = open_sockets(iface, opts.aoe_datapath, reply_filter(tags.prefix()))?;
+        let socks = open_sockets(iface, opts.aoe_datapath, reply_filter(tags.prefix(), *shelf, *slot))?;
         let sock = &socks[0];
         log::debug!("{url}: datapath {} ({}), {} sockets", sock.get_ref().datapath(), sock.get_ref().describe(), socks.len());
         let info = find_target(&socks, *shelf, *slot, tags.prefix()).await?;

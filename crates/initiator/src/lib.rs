@@ -106,7 +106,7 @@ impl Default for ConnectOptions {
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
             tcp_congestion: Congestion::Auto,
-            aoe_datapath: bw_net::Datapath::Packet,
+            aoe_datapath: bw_net::Datapath::Auto,
         }
     }
 }

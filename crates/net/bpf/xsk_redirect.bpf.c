@@ -4,13 +4,26 @@
 // bound to the receive queue they arrived on (crates/net/src/xdp.rs loads
 // and attaches it); every other frame goes on to the kernel stack.
 //
-// Two optional matches narrow what is taken: one on the byte at
+// Three optional matches narrow what is taken: one on the byte at
 // `byte_offset` and one on the big-endian 32-bit word at `word_offset`
-// ((field & mask) == value; a zero mask matches everything). AoE uses them
-// to take only requests (target) or only replies carrying its tag prefix
-// (initiator), so other AoE users on the interface keep theirs. A frame too
-// short for a match that is asked for is not taken. A frame with no socket
-// on its queue goes to the stack (bpf_redirect_map's XDP_PASS fallback).
+// ((field & mask) == value; a zero mask matches everything), and a key: the
+// big-endian 32-bit word at `key_offset`, masked with `key_mask`, must be
+// in the `keys` hash map, which user space fills and changes while the
+// program runs. A frame too short for a match that is asked for is not
+// taken. A frame with no socket on its queue goes to the stack
+// (bpf_redirect_map's XDP_PASS fallback).
+//
+// The program knows no protocol: offsets, masks and keys come from user
+// space. For AoE they come from bw-aoe's frame layout (crates/aoe/src/
+// frame.rs, `field`; `bw_aoe::frame::xdp_match`): the flags nibble at byte
+// 14 (response bit 0x08), shelf at 16-17, slot at 18 and command at 19 (the
+// key word: shelf << 16 | slot << 8, command masked off), tag at 20-23.
+// The target takes requests for the shelf.slot pairs it exports, the
+// initiator replies carrying its tag prefix from the target it talks to;
+// everything else, broadcast and wildcard queries (shelf 0xffff or slot
+// 0xff, never a key) included, goes to the stack, where an AF_PACKET
+// socket of ours answers them and other AoE software on the interface
+// (vblade, a second blockwire, the kernel's aoe driver) sees its own.
 //
 // Section xdp.frags: frames larger than one page (jumbo MTU) arrive in
 // several buffers; only the headers in the first one are read here.
@@ -20,6 +33,7 @@
 
 #define MAX_QUEUES 64
 #define MAX_OFFSET 63
+#define MAX_KEYS 4096
 
 struct filter {
 	__u16 ethertype;   // host order
@@ -29,6 +43,9 @@ struct filter {
 	__u16 word_offset;
 	__u32 word_mask;
 	__u32 word_value;
+	__u16 key_offset;
+	__u16 pad;
+	__u32 key_mask;    // 0: no key match
 };
 
 // Sizes, not BTF types: the kernel refuses BTF on socket maps.
@@ -46,6 +63,23 @@ struct {
 	__type(value, struct filter);
 } filter SEC(".maps");
 
+// Keys of frames to take (host order); the value is unused.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_KEYS);
+	__type(key, __u32);
+	__type(value, __u8);
+} keys SEC(".maps");
+
+static __always_inline int word_at(unsigned char *data, unsigned char *end, __u16 offset, __u32 *w)
+{
+	unsigned char *p = data + (offset & MAX_OFFSET);
+	if (p + 4 > end)
+		return 0;
+	*w = ((__u32)p[0] << 24) | ((__u32)p[1] << 16) | ((__u32)p[2] << 8) | p[3];
+	return 1;
+}
+
 SEC("xdp.frags")
 int bw_xsk_redirect(struct xdp_md *ctx)
 {
@@ -62,12 +96,16 @@ int bw_xsk_redirect(struct xdp_md *ctx)
 		if (p + 1 > end || (p[0] & f->byte_mask) != f->byte_value)
 			return XDP_PASS;
 	}
+	__u32 w;
 	if (f->word_mask) {
-		unsigned char *p = data + (f->word_offset & MAX_OFFSET);
-		if (p + 4 > end)
+		if (!word_at(data, end, f->word_offset, &w) || (w & f->word_mask) != f->word_value)
 			return XDP_PASS;
-		__u32 w = ((__u32)p[0] << 24) | ((__u32)p[1] << 16) | ((__u32)p[2] << 8) | p[3];
-		if ((w & f->word_mask) != f->word_value)
+	}
+	if (f->key_mask) {
+		if (!word_at(data, end, f->key_offset, &w))
+			return XDP_PASS;
+		w &= f->key_mask;
+		if (!bpf_map_lookup_elem(&keys, &w))
 			return XDP_PASS;
 	}
 	return bpf_redirect_map(&sockets, ctx->rx_queue_index, XDP_PASS);

@@ -12,15 +12,17 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Datapath {
-    /// AF_XDP if it can be set up on the interface, else AF_PACKET.
+    /// AF_XDP if it can be set up on the interface, else AF_PACKET. The
+    /// default: AoE's XDP program takes only the frames of the shelf.slot
+    /// pairs this process serves or talks to and passes the rest, broadcast
+    /// queries included, so vblade or another blockwire on the interface
+    /// keeps seeing its own (a second program cannot attach there: that
+    /// process falls back to AF_PACKET).
+    #[default]
     Auto,
     /// AF_XDP or fail.
     Xdp,
-    /// AF_PACKET: the default while the XDP program steers every AoE
-    /// request on the interface to blockwire (another AoE target there,
-    /// such as vblade, would no longer see its requests or broadcast
-    /// queries).
-    #[default]
+    /// AF_PACKET.
     Packet,
 }
 
@@ -133,6 +135,37 @@ impl FrameSocket {
     }
     pub fn send_batch(&self, batch: &mut FrameBatch, count: usize) -> io::Result<usize> {
         both!(self, s => s.send_batch(batch, count))
+    }
+    /// Build frames and send them: `build` writes one into the buffer it
+    /// gets and returns its length, or None when there are no more. AF_XDP
+    /// builds them straight in its transmit slots (buffers of the MTU plus
+    /// 18 bytes, or more); AF_PACKET in the slots of `batch`, sent whenever
+    /// it is full and at the end. Returns how many were sent.
+    pub fn send_built(&self, batch: &mut FrameBatch, mut build: impl FnMut(&mut [u8]) -> Option<usize>) -> io::Result<usize> {
+        let s = match self {
+            FrameSocket::Xdp(s) => return s.send_built(build),
+            FrameSocket::Packet(s) => s,
+        };
+        let mut sent = 0;
+        loop {
+            let mut n = 0;
+            let mut more = true;
+            while more && n < batch.capacity() {
+                match build(batch.slot_mut(n)) {
+                    Some(len) => {
+                        batch.set_len(n, len);
+                        n += 1;
+                    }
+                    None => more = false,
+                }
+            }
+            if n > 0 {
+                sent += s.send_batch(batch, n)?;
+            }
+            if !more {
+                return Ok(sent);
+            }
+        }
     }
 }
 

@@ -19,4 +19,4 @@ pub mod xdp;
 
 pub use frames::{Datapath, FrameSocket};
 pub use packet::{have_raw_socket_permission, interface_info, FanoutMode, FrameBatch, InterfaceInfo, PacketSocket};
-pub use xdp::{XdpFilter, XdpSocket};
+pub use xdp::{XdpFilter, XdpKeys, XdpSocket};

@@ -2,7 +2,9 @@
 //!
 //! Per interface, several worker threads each own a socket: with AF_XDP
 //! (`[tuning] aoe_datapath`, `auto` by default), one per receive queue, an
-//! XDP program steering AoE requests to them; with AF_PACKET, sockets in
+//! XDP program steering requests for our shelf.slot pairs to them (the
+//! rest, broadcasts included, to the stack and an AF_PACKET socket, so
+//! vblade beside us on the interface still sees its own); with AF_PACKET, sockets in
 //! one fanout group (load-balanced with rollover), so the kernel spreads
 //! requests over them and many requests are in flight to the backend at
 //! once. Each worker receives a batch of frames (one `recvmmsg`, or what
@@ -22,7 +24,8 @@
 //!
 //! Live changes ([`Handle::reconcile`]) add and remove exports on the
 //! interfaces serve listens on: each interface's export table is swapped
-//! whole (`arc_swap`) and loaded once per frame, lock-free. An interface
+//! whole (`arc_swap`) and loaded once per frame, lock-free, and the XDP
+//! program's map of exported shelf.slot pairs follows it. An interface
 //! gets its sockets and workers at start only, so an export on another
 //! interface needs a restart.
 
@@ -34,9 +37,9 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use bw_aoe::target::{Export, ExportSettings, Outcome};
 use bw_aoe::ata::{self, AtaArg};
-use bw_aoe::{frame::field, frame::FLAG_RESPONSE, max_sectors_for_mtu, AoeHeader, Command, ETHERTYPE_AOE};
+use bw_aoe::{frame::xdp_match, frame::FLAG_RESPONSE, max_sectors_for_mtu, AoeHeader, Command, ETHERTYPE_AOE};
 use bw_net::frames::{self, Chosen, Datapath};
-use bw_net::{FanoutMode, FrameBatch, FrameSocket, PacketSocket, XdpFilter};
+use bw_net::{FanoutMode, FrameBatch, FrameSocket, PacketSocket, XdpFilter, XdpKeys};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -147,6 +150,9 @@ struct Interface {
     link: Link,
     /// The exports, replaced whole by live changes; loaded once per frame.
     exports: ArcSwap<Vec<Arc<Served>>>,
+    /// With AF_XDP: the shelf.slot pairs the XDP program steers to our
+    /// sockets, kept equal to `exports` by live changes.
+    xdp_keys: Option<XdpKeys>,
     counters: Counters,
     stats: Arc<AoeStats>,
     /// Recent requests by (source, tag) hash, to count repeats.
@@ -165,6 +171,22 @@ struct AtaIo {
 }
 
 impl Interface {
+    /// Make the XDP program take requests for exactly the exports now in
+    /// the table. Should that fail, requests it does not take still reach
+    /// the AF_PACKET companion and are answered.
+    /// The map read back is logged.
+    fn steer_exports(&self) {
+        let Some(keys) = &self.xdp_keys else { return };
+        let want: Vec<u32> = self.exports.load().iter().map(|s| xdp_match::address_key(s.cfg.shelf, s.cfg.slot)).collect();
+        match keys.set(&want).and_then(|()| keys.get()) {
+            Ok(now) => {
+                let names: Vec<String> = now.iter().map(|k| format!("e{}.{}", k >> 16, (k >> 8) & 0xFF)).collect();
+                log::info!("aoe {}: AF_XDP takes requests for [{}]", self.name, names.join(", "));
+            }
+            Err(e) => log::warn!("aoe {}: the XDP program's export map: {e} (requests go through AF_PACKET instead)", self.name),
+        }
+    }
+
     /// Room for the longest reply any export here can send (the same for
     /// every export on the interface: it follows from the MTU).
     fn reply_len(&self) -> usize {
@@ -269,6 +291,7 @@ impl Handle {
         }
         for (ifc, table) in tables {
             ifc.exports.store(Arc::new(table));
+            ifc.steer_exports();
         }
         Ok(log)
     }
@@ -368,10 +391,20 @@ pub async fn start(cfg: &AoeConfig, tuning: &Tuning, volumes: &Volumes, mut shut
     Ok((running, handle))
 }
 
-/// The AoE frames an AF_XDP target takes: requests (replies to initiators
-/// on the same interface go on to their sockets).
-fn request_filter() -> XdpFilter {
-    XdpFilter { byte: Some((field::FLAGS.offset() as u16, FLAG_RESPONSE, 0)), word: None }
+/// The AoE frames an AF_XDP target takes: requests addressed to a
+/// shelf.slot it exports (the program's key set, [`Interface::steer_exports`]).
+/// Everything else goes on to the stack: replies, for initiators on the
+/// interface; requests for other targets' shelf.slot, for vblade or another
+/// blockwire there; and broadcast and wildcard queries (shelf 0xffff or
+/// slot 0xff), which every target must see, answered here by the AF_PACKET
+/// companion socket (the program can steer a frame to one socket only).
+fn request_filter(exports: &[&AoeExport]) -> XdpFilter {
+    XdpFilter {
+        byte: Some((xdp_match::FLAGS_OFFSET, FLAG_RESPONSE, 0)),
+        word: None,
+        key: Some((xdp_match::ADDRESS_OFFSET, xdp_match::ADDRESS_MASK)),
+        keys: exports.iter().map(|e| xdp_match::address_key(e.shelf, e.slot)).collect(),
+    }
 }
 
 /// `workers` AF_PACKET sockets in one fanout group, and the frames their
@@ -410,10 +443,12 @@ fn open_interface(
     group_offset: usize,
     datapath: Datapath,
 ) -> anyhow::Result<(Interface, Vec<FrameSocket>, Option<FrameSocket>)> {
-    let chosen = frames::choose(iface, ETHERTYPE_AOE, datapath, request_filter())
+    let chosen = frames::choose(iface, ETHERTYPE_AOE, datapath, request_filter(exports))
         .with_context(|| format!("AoE on {iface}: AF_XDP (aoe_datapath = \"xdp\")"))?;
+    let mut xdp_keys = None;
     let (sockets, queued, companion) = match chosen {
         Chosen::Xdp(socks) => {
+            xdp_keys = Some(socks[0].keys());
             let mut queued = 0;
             let mut sockets = Vec::with_capacity(socks.len());
             for s in socks {
@@ -453,7 +488,9 @@ fn open_interface(
     for e in exports {
         built.push(Arc::new(build_export(iface, e, volumes, link)?));
     }
-    let ifc = Interface::new(iface, mac, link, built);
+    let mut ifc = Interface::new(iface, mac, link, built);
+    ifc.xdp_keys = xdp_keys;
+    ifc.steer_exports();
     Ok((ifc, sockets, companion))
 }
 
@@ -464,6 +501,7 @@ impl Interface {
             mac,
             link,
             exports: ArcSwap::from_pointee(exports),
+            xdp_keys: None,
             counters: Counters::default(),
             stats: metrics::global().aoe(name),
             recent: (0..RECENT).map(|_| AtomicU64::new(0)).collect(),
@@ -591,6 +629,9 @@ fn io_thread(sock: &FrameSocket, ifc: &Interface, jobs: &Mutex<mpsc::Receiver<Jo
     }
 }
 
+/// An interface's exports as loaded for one frame.
+type ExportsGuard = arc_swap::Guard<Arc<Vec<Arc<Served>>>>;
+
 fn worker(sock: &FrameSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<&IoPool>) {
     // VLAN-tagged frames can be 4 bytes longer than MTU + 14.
     let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
@@ -621,44 +662,44 @@ fn worker(sock: &FrameSocket, ifc: &Interface, stop: &AtomicBool, pool: Option<&
             }
             continue;
         }
-        let mut out = 0;
-        for i in 0..n {
-            let frame = rx.frame(i);
-            let io = ifc.classify(frame);
-            let exports = ifc.exports.load();
-            // Exports added live can outgrow the reply batch: send what is
-            // there first (and, rarely, make the batch bigger).
-            if out + exports.len() > tx.capacity() {
-                send_replies(sock, ifc, &mut tx, out);
-                out = 0;
-                if exports.len() > tx.capacity() {
-                    tx = FrameBatch::new(exports.len(), reply_len);
-                }
-            }
-            for s in exports.iter() {
-                match ifc.handle(s, frame, io, tx.slot_mut(out)) {
-                    Outcome::Reply(len) => {
-                        tx.set_len(out, len);
-                        out += 1;
+        // Each frame goes to every export (a broadcast may draw one reply
+        // from each); replies are built where they are sent from (AF_XDP:
+        // straight in its transmit slots), one at a time as asked for.
+        let mut next = 0;
+        // The frame being answered: its index, its class, the exports as
+        // loaded for it, and the next of them to hand it to.
+        let mut current: Option<(usize, Option<AtaIo>, ExportsGuard, usize)> = None;
+        let build = |out: &mut [u8]| loop {
+            match &mut current {
+                Some((i, io, exports, j)) if *j < exports.len() => {
+                    let s = &exports[*j];
+                    *j += 1;
+                    match ifc.handle(s, rx.frame(*i), *io, out) {
+                        Outcome::Reply(len) => return Some(len),
+                        Outcome::NoReply(why) => ifc.note_no_reply(why),
                     }
-                    Outcome::NoReply(why) => ifc.note_no_reply(why),
+                }
+                _ => {
+                    if next == n {
+                        return None;
+                    }
+                    let frame = rx.frame(next);
+                    current = Some((next, ifc.classify(frame), ifc.exports.load(), 0));
+                    next += 1;
                 }
             }
-        }
-        send_replies(sock, ifc, &mut tx, out);
+        };
+        send_replies(sock, ifc, &mut tx, build);
     }
     if let Ok((_, drops)) = sock.take_statistics() {
         c.drops.fetch_add(drops, Relaxed);
     }
 }
 
-/// Send the first `out` replies built in `tx`.
-fn send_replies(sock: &FrameSocket, ifc: &Interface, tx: &mut FrameBatch, out: usize) {
-    if out == 0 {
-        return;
-    }
+/// Send the replies `build` makes (AF_PACKET: in `tx`).
+fn send_replies(sock: &FrameSocket, ifc: &Interface, tx: &mut FrameBatch, build: impl FnMut(&mut [u8]) -> Option<usize>) {
     let c = &ifc.counters;
-    match sock.send_batch(tx, out) {
+    match sock.send_built(tx, build) {
         Ok(sent) => {
             c.replies.fetch_add(sent as u64, Relaxed);
             ifc.stats.frames_sent.fetch_add(sent as u64, Relaxed);

@@ -60,7 +60,7 @@
 //! aoe_workers = 0                    # receive threads per interface; 0: by export kind
 //! aoe_io_threads = 0                 # I/O pool for device-backed AoE exports; 0: off (64 for rbd volumes)
 //! aoe_fanout = "round-robin"         # or "cpu"
-//! aoe_datapath = "packet"            # "packet" (AF_PACKET), "xdp" (AF_XDP); auto: AF_XDP where it works
+//! aoe_datapath = "auto"              # "xdp" (AF_XDP), "packet" (AF_PACKET); auto: AF_XDP where it works
 //! iscsi_connection_threads = true    # false: connections as tasks on the shared runtime
 //! zero_copy_min = 32768              # smallest READ sent with sendfile
 //! iscsi_inline_max = 65536           # largest READ/WRITE run on the connection's thread

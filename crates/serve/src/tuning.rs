@@ -111,7 +111,7 @@ impl Default for Tuning {
             aoe_workers: 0,
             aoe_io_threads: 0,
             aoe_fanout: AoeFanout::RoundRobin,
-            aoe_datapath: Datapath::Packet,
+            aoe_datapath: Datapath::Auto,
             iscsi_connection_threads: true,
             zero_copy_min: 32 * 1024,
             iscsi_inline_max: 64 * 1024,

@@ -169,3 +169,68 @@ fn aoe_falls_back_to_af_packet_when_xdp_is_taken_or_refused() {
     assert!(ns_serve.stop().success());
     assert!(host_serve.stop().success());
 }
+
+/// `blockwire ctl` against the running target; asserts success, returns stdout.
+fn ctl_ok(sock: &std::path::Path, args: &[&str]) -> String {
+    let mut a = vec!["ctl", "--control", sock.to_str().unwrap()];
+    a.extend_from_slice(args);
+    let o = blockwire(None, &a);
+    assert!(o.status.success(), "ctl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Wait for serve's log to say which exports AF_XDP takes (the map read
+/// back after each change).
+fn wait_for_steering(serve: &Serve, iface: &str, exports: &str) {
+    let want = format!("aoe {iface}: AF_XDP takes requests for [{exports}]");
+    for _ in 0..500 {
+        if serve.log_text().contains(&want) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no {want:?} in serve's log:\n{}", serve.log_text());
+}
+
+/// vblade beside an AF_XDP blockwire on the SAME interface: the XDP program
+/// takes only requests for blockwire's exports, so a broadcast query finds
+/// both targets and both serve writes and reads (initiator on AF_XDP too).
+/// Exports added and removed live change what the program takes: once e1.7
+/// is removed from blockwire, a second vblade at e1.7 gets its requests.
+#[test]
+fn vblade_beside_an_xdp_target_on_one_interface_keeps_its_frames() {
+    let pair = NetnsPair::new("xv", 1500);
+    let dir = TempDir::new("aoexv");
+    let sock = dir.path().join("control.sock");
+    let export = format!("{},volume=d,shelf=1,slot=2", pair.ns_if);
+    let serve = Serve::start_in(
+        Some(&pair.ns),
+        &["--aoe-datapath", "xdp", "--volume", "d=ram:16M", "--volume", "n=ram:8M", "--aoe", &export, "--control", sock.to_str().unwrap()],
+    );
+    assert!(serve.log_text().contains(&format!("aoe {}: datapath xdp", pair.ns_if)), "{}", serve.log_text());
+    wait_for_steering(&serve, &pair.ns_if, "e1.2");
+    let img = dir.path().join("vblade.img");
+    std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
+    // (Starting it waits until a broadcast query finds e4.5.)
+    let _vb = Vblade::start(&pair, 4, 5, &img);
+    let found = blockwire_ok(None, &["aoe", "discover", &pair.host_if]);
+    assert!(found.contains("e1.2") && found.contains("e4.5"), "discover: {found}");
+    for addr in ["1.2", "4.5"] {
+        blockwire_ok(None, &["verify", &format!("aoe://{}/{addr}", pair.host_if), "--size", "4M", "--aoe-datapath", "xdp"]);
+    }
+
+    let e17 = format!(r#"{{"interface": "{}", "shelf": 1, "slot": 7}}"#, pair.ns_if);
+    let add = format!(r#"{{"interface": "{}", "shelf": 1, "slot": 7, "volume": "n"}}"#, pair.ns_if);
+    assert!(ctl_ok(&sock, &["aoe_export_add", &add]).contains("added"));
+    wait_for_steering(&serve, &pair.ns_if, "e1.2, e1.7");
+    blockwire_ok(None, &["verify", &format!("aoe://{}/1.7", pair.host_if), "--size", "2M", "--aoe-datapath", "xdp"]);
+    assert!(ctl_ok(&sock, &["aoe_export_remove", &e17]).contains("removed"));
+    wait_for_steering(&serve, &pair.ns_if, "e1.2");
+    let img2 = dir.path().join("vblade2.img");
+    std::fs::File::create(&img2).unwrap().set_len(8 << 20).unwrap();
+    let _vb2 = Vblade::start(&pair, 1, 7, &img2);
+    blockwire_ok(None, &["verify", &format!("aoe://{}/1.7", pair.host_if), "--size", "2M", "--aoe-datapath", "xdp"]);
+    // blockwire's own export still answers, through AF_XDP.
+    blockwire_ok(None, &["verify", &format!("aoe://{}/1.2", pair.host_if), "--size", "2M", "--aoe-datapath", "xdp"]);
+    assert!(serve.stop().success());
+}

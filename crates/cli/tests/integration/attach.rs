@@ -474,9 +474,9 @@ fn mount_ext4_over_aoe() {
     require_root();
     let tmp = TempDir::new("att-a");
     let t = Target::start(Proto::Aoe, &tmp, "128M");
-    // The default datapath is AF_PACKET (AF_XDP is tested in aoe_xdp).
+    // The default datapath, auto, puts the target on AF_XDP.
     let log = t.serve.as_ref().expect("serve").log_text();
-    assert!(log.contains("datapath packet"), "{log}");
+    assert!(log.contains("datapath xdp"), "{log}");
     roundtrip(&t.url(), "ext4", Some(&t.img()), Fuse::Uring, &tmp);
 }
 
