@@ -471,7 +471,8 @@ pub async fn discover(host: &str, port: u16, opts: &ConnectOptions) -> Result<Ve
                 1 => "discovery-referral",
                 _ => "unknown",
             };
-            format!("nvme+tcp://{}:{}/{} (subtype {kind}, portid {})", e.traddr.trim(), e.trsvcid.trim(), e.subnqn, e.portid)
+            let scheme = if e.trtype == logpage::TRTYPE_RDMA { "nvme+rdma" } else { "nvme+tcp" };
+            format!("{scheme}://{}:{}/{} (subtype {kind}, portid {})", e.traddr.trim(), e.trsvcid.trim(), e.subnqn, e.portid)
         })
         .collect())
 }

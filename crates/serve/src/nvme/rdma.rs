@@ -3,7 +3,9 @@
 //! the same [`Fabric`] as NVMe/TCP's.
 //!
 //! One thread per listener takes connect requests: a request whose private
-//! data asks for a queue we do not offer is rejected with the reason;
+//! data asks for a queue we do not offer is rejected with the reason, one
+//! over the admission limits (connections per address, connections not
+//! logged in yet: `[limits]`, as NVMe/TCP's) with "no resources";
 //! otherwise the connection gets its queue pair, one posted RECV per
 //! submission queue entry (a command capsule each), and a thread of its
 //! own, which sleeps on its completion channel and connection-manager
@@ -23,6 +25,7 @@
 //! controller too if it was the admin queue, and other queues go on.
 
 use super::fabric::{CtrlEntry, Fabric};
+use crate::limits::{Admission, Ticket};
 use crate::metrics::{self, Meter, Op};
 use crate::session::SessionStats;
 use crate::Shutdown;
@@ -54,14 +57,22 @@ fn wr_id(kind: u64, n: u64) -> u64 {
 }
 
 /// Listen on `addr` (an address of an RDMA device's network interface);
-/// the thread taking connect requests ends at shutdown.
-pub fn listen(addr: SocketAddr, fabric: Arc<Fabric>, login_timeout: Duration, shutdown: Shutdown) -> anyhow::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
-    let mut l = Listener::bind(&addr.ip().to_string(), addr.port(), 128).with_context(|| format!("NVMe/RDMA listen on {addr} (is there an RDMA device on it?)"))?;
+/// returns the listener and the address it is bound to (the port chosen
+/// when `addr` asks for port 0).
+pub fn bind(addr: SocketAddr) -> anyhow::Result<(Listener, SocketAddr)> {
+    let l = Listener::bind(&addr.ip().to_string(), addr.port(), 128).with_context(|| format!("NVMe/RDMA listen on {addr} (is there an RDMA device on it?)"))?;
     let bound = SocketAddr::new(addr.ip(), l.port());
+    Ok((l, bound))
+}
+
+/// Take connect requests on `l` in a thread of its own, which ends at
+/// shutdown; `admission` is the RDMA front-end's (one for all its listeners).
+pub fn serve(mut l: Listener, fabric: Arc<Fabric>, admission: Arc<Admission>, shutdown: Shutdown) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let login_timeout = admission.limits().login_timeout();
     let t = std::thread::Builder::new().name("nvme-rdma-cm".into()).spawn(move || {
         while !shutdown.is_set() {
             match l.request(TICK) {
-                Ok(Some(r)) => accept(r, &fabric, login_timeout, &shutdown),
+                Ok(Some(r)) => accept(r, &fabric, &admission, login_timeout, &shutdown),
                 Ok(None) => {}
                 Err(e) => {
                     log::error!("nvme-rdma: connection manager: {e}");
@@ -70,15 +81,26 @@ pub fn listen(addr: SocketAddr, fabric: Arc<Fabric>, login_timeout: Duration, sh
             }
         }
     })?;
-    Ok((bound, t))
+    Ok(t)
 }
 
-fn accept(r: Request, fabric: &Arc<Fabric>, login_timeout: Duration, shutdown: &Shutdown) {
+fn accept(r: Request, fabric: &Arc<Fabric>, admission: &Arc<Admission>, login_timeout: Duration, shutdown: &Shutdown) {
     let shape = match cm::check_request(&r.private_data) {
         Ok(s) => s,
         Err(sts) => {
             log::info!("nvme-rdma: {}: connect request refused (reject status {sts})", r.peer);
             let _ = r.reject(&cm::reject(sts));
+            return;
+        }
+    };
+    // The limits NVMe/TCP's accept loop applies to a new connection: how
+    // many one address may hold, how many may be waiting for their Connect.
+    let ip = r.peer.parse::<IpAddr>().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    let ticket = match admission.admit(ip) {
+        Ok(t) => t,
+        Err(why) => {
+            log::warn!("nvme-rdma: {}: connect request refused: {why}", r.peer);
+            let _ = r.reject(&cm::reject(cm::reject::NO_RESOURCES));
             return;
         }
     };
@@ -123,6 +145,7 @@ fn accept(r: Request, fabric: &Arc<Fabric>, login_timeout: Duration, shutdown: &
         stats: Arc::default(),
         meter: Meter::new(metrics::Proto::Nvme),
         counted: None,
+        ticket,
         shutdown: shutdown.clone(),
     };
     let spawned = std::thread::Builder::new().name("nvme-rdma-q".into()).spawn(move || {
@@ -165,6 +188,8 @@ struct Conn {
     stats: Arc<SessionStats>,
     meter: Meter,
     counted: Option<metrics::SessionGuard>,
+    /// This connection's place in the RDMA front-end's admission limits.
+    ticket: Ticket,
     shutdown: Shutdown,
 }
 
@@ -366,6 +391,7 @@ impl Conn {
             self.holds_qid = true;
             e.stats.lock().unwrap_or_else(|p| p.into_inner()).push(self.stats.clone());
         }
+        self.ticket.logged_in();
         log::debug!("nvme-rdma: {}: queue {} of controller {} connected (sqsize {})", self.peer, c.qid, e.cntlid, c.sqsize);
         self.kill = Some(e.killed());
         let subnqn = e.subsys.as_ref().map_or_else(|| bw_nvme::DISCOVERY_NQN.to_string(), |s| s.nqn());
