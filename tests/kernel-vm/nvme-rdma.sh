@@ -6,11 +6,19 @@
 #   2. with that host still connected and mounted, $PROBE (the integration
 #      test binary's guest half) sends bad input on queues of its own; the
 #      Linux host's queues carry on (checksums again, a new file);
-#   3. the kernel's nvmet-rdma target in the same guest; `blockwire verify
+#   3. discovery: blockwire's discovery controller (TCP on $DPORT, and
+#      over RDMA on $PORT) lists the RDMA port; `nvme discover` shows it,
+#      `nvme connect-all` connects over RDMA through it;
+#   4. admission limits on RDMA queues: a second blockwire (max_sessions 1,
+#      max_pending_logins 2, login_timeout_s 10, an allow-list) refuses a
+#      second host and a host not on the list; $PROBE_LIMITS checks the
+#      pending-login bound and the login timeout on raw queues;
+#   5. the kernel's nvmet-rdma target in the same guest; `blockwire verify
 #      nvme+rdma://` against it.
-# The test prepends BW, PROBE, PORT, KPORT, NQN, KNQN, HOSTNQN. Runs under
-# `sh -e` with busybox.
-: "${BW:=/usr/local/bin/blockwire}" "${PROBE:=}" "${PORT:=4420}" "${KPORT:=4421}"
+# The test prepends BW, PROBE, PROBE_LIMITS, PORT, DPORT, LPORT, KPORT,
+# NQN, KNQN, HOSTNQN. Runs under `sh -e` with busybox.
+: "${BW:=/usr/local/bin/blockwire}" "${PROBE:=}" "${PROBE_LIMITS:=}" "${PORT:=4420}" "${KPORT:=4421}"
+: "${DPORT:=8009}" "${LPORT:=4422}"
 : "${NQN:=nqn.2026-11.org.blockwire:rdma-test}" "${KNQN:=nqn.2026-11.org.linux:nvmet-rdma}"
 : "${HOSTNQN:=nqn.2026-11.org.blockwire:kernel-vm}"
 A=10.0.2.15
@@ -73,6 +81,7 @@ name = "d0"
 backend = "ram:192M"
 [nvme]
 rdma_listen = ["$A:$PORT"]
+discovery_listen = "$A:$DPORT"
 [[nvme.subsystem]]
 nqn = "$NQN"
 namespaces = [{ nsid = 1, volume = "d0" }]
@@ -126,6 +135,83 @@ umount /mnt/t
 e2fsck -fn $dev || die "e2fsck -fn at the end"
 disconnect $inst
 ok "disconnect"
+
+step "discovery lists the RDMA port"
+# One entry, the RDMA port, in the log read over TCP ($DPORT) and over RDMA.
+check_rdma_entry() {
+  echo "$1" | grep -q "trtype: *rdma" || die "$2: no rdma entry"
+  echo "$1" | grep -q "traddr: *$A" || die "$2: no traddr $A"
+  echo "$1" | grep -q "trsvcid: *$PORT" || die "$2: no trsvcid $PORT"
+  echo "$1" | grep -q "subnqn: *$NQN" || die "$2: no subnqn"
+  echo "$1" | grep -q "adrfam: *ipv4" || die "$2: adrfam is not ipv4"
+  echo "$1" | grep -q "rdma_qptype: *connected" || die "$2: rdma_qptype is not connected"
+  echo "$1" | grep -q "rdma_prtype: *not specified" || die "$2: rdma_prtype is not 'not specified'"
+  echo "$1" | grep -q "rdma_cms: *rdma-cm" || die "$2: rdma_cms is not rdma-cm"
+  if echo "$1" | grep -q "trtype: *tcp"; then die "$2: a tcp entry, with no NVMe/TCP port"; fi
+}
+out=$(nvme discover -t tcp -a $A -s $DPORT -q $HOSTNQN 2>&1) || die "nvme discover -t tcp: $out"
+echo "$out"
+check_rdma_entry "$out" "discovery over tcp"
+out=$(nvme discover -t rdma -a $A -s $PORT -q $HOSTNQN 2>&1) || die "nvme discover -t rdma: $out"
+check_rdma_entry "$out" "discovery over rdma"
+ok "nvme discover (tcp $DPORT and rdma $PORT) lists the RDMA port"
+# Over RDMA: nvme-cli connects only to entries of the discovery
+# controller's own transport.
+nvme connect-all -t rdma -a $A -s $PORT -q $HOSTNQN || die "nvme connect-all"
+inst=
+for c in /sys/class/nvme/nvme*; do
+  [ "$(cat $c/subsysnqn 2>/dev/null)" = "$NQN" ] || continue
+  inst=${c##*/nvme}
+done
+[ -n "$inst" ] || die "connect-all made no controller for $NQN"
+[ "$(cat /sys/class/nvme/nvme$inst/transport)" = "rdma" ] || die "connect-all did not use rdma"
+dev=$(wait_blockdev $inst) || die "no namespace block device after connect-all"
+e2fsck -fn $dev || die "e2fsck -fn after connect-all"
+disconnect $inst
+ok "nvme connect-all connects over rdma through the discovery log"
+
+step "admission limits on RDMA queues"
+cat >/tmp/bw2.toml <<EOF2
+[[volume]]
+name = "d1"
+backend = "ram:16M"
+[limits]
+max_sessions = 1
+max_pending_logins = 2
+login_timeout_s = 10
+[nvme]
+rdma_listen = ["$A:$LPORT"]
+[[nvme.subsystem]]
+nqn = "$NQN"
+namespaces = [{ nsid = 1, volume = "d1" }]
+allowed_hosts = ["$HOSTNQN", "$HOSTNQN.second"]
+EOF2
+"$BW" serve --config /tmp/bw2.toml --control none -v >/tmp/serve2.log 2>&1 &
+SERVE2=$!
+i=0
+while ! grep -q "on rdma" /tmp/serve2.log && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+grep -q "on rdma" /tmp/serve2.log || { cat /tmp/serve2.log; die "the second blockwire did not start listening"; }
+# One I/O queue: its connection waits for its Connect (max_pending_logins 2).
+out=$(fabrics_connect "transport=rdma,traddr=$A,trsvcid=$LPORT,nqn=$NQN,hostnqn=$HOSTNQN,nr_io_queues=1") || die "first host on the limited target"
+inst=$(instance_of "$out"); [ -n "$inst" ] || die "no instance in '$out'"
+if fabrics_connect "transport=rdma,traddr=$A,trsvcid=$LPORT,nqn=$NQN,hostnqn=$HOSTNQN.second" >/dev/null 2>&1; then
+  die "a second host connected past max_sessions 1"
+fi
+grep -q "max_sessions" /tmp/serve2.log || die "no max_sessions refusal in the target's log"
+ok "a second host over max_sessions refused"
+if fabrics_connect "transport=rdma,traddr=$A,trsvcid=$LPORT,nqn=$NQN,hostnqn=nqn.2026-11.org.example:stranger" >/dev/null 2>&1; then
+  die "a host not on the allow-list connected"
+fi
+grep -q "stranger is not allowed" /tmp/serve2.log || die "no allow-list refusal in the target's log"
+ok "a host not on the allow-list refused"
+if [ -n "$PROBE_LIMITS" ]; then
+  BW_RDMA_TARGET="$A:$LPORT" $PROBE_LIMITS || die "admission probe"
+fi
+wait_blockdev $inst >/dev/null || die "the first host lost its namespace"
+disconnect $inst
+kill -0 $SERVE2 || die "the limited blockwire died"
+kill $SERVE2
+grep -E "refused|closed:" /tmp/serve2.log | sed 's/^/TARGET2-LOG: /'
 
 step "kernel nvmet-rdma target, blockwire initiator"
 modprobe nvmet-rdma || die "no nvmet-rdma module"
