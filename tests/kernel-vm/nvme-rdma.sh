@@ -15,9 +15,11 @@
 #      pending-login bound and the login timeout on raw queues;
 #   5. the kernel's nvmet-rdma target in the same guest; `blockwire verify
 #      nvme+rdma://` against it.
-# The test prepends BW, PROBE, PROBE_LIMITS, PORT, DPORT, LPORT, KPORT,
-# NQN, KNQN, HOSTNQN. Runs under `sh -e` with busybox.
-: "${BW:=/usr/local/bin/blockwire}" "${PROBE:=}" "${PROBE_LIMITS:=}" "${PORT:=4420}" "${KPORT:=4421}"
+# Before 1, $PROBE_LAB checks the lab's rule for its NVMe/RDMA subjects (an
+# RDMA device on the link's interface) on this host, which has one.
+# The test prepends BW, PROBE, PROBE_LIMITS, PROBE_LAB, PORT, DPORT, LPORT,
+# KPORT, NQN, KNQN, HOSTNQN. Runs under `sh -e` with busybox.
+: "${BW:=/usr/local/bin/blockwire}" "${PROBE:=}" "${PROBE_LIMITS:=}" "${PROBE_LAB:=}" "${PORT:=4420}" "${KPORT:=4421}"
 : "${DPORT:=8009}" "${LPORT:=4422}"
 : "${NQN:=nqn.2026-11.org.blockwire:rdma-test}" "${KNQN:=nqn.2026-11.org.linux:nvmet-rdma}"
 : "${HOSTNQN:=nqn.2026-11.org.blockwire:kernel-vm}"
@@ -38,6 +40,7 @@ modprobe ib_uverbs || true
 rdma link add rxe0 type rxe netdev eth0 || die "rdma link add"
 ibv_devices | grep -q rxe0 || die "rxe0 not listed by ibv_devices"
 ok "rxe0 on eth0 ($A)"
+if [ -n "$PROBE_LAB" ]; then $PROBE_LAB || die "the lab's RDMA rule"; fi
 
 fabrics_connect() {
   exec 3<>/dev/nvme-fabrics

@@ -32,11 +32,11 @@ fn nvme_rdma_on_soft_roce() {
     let bw = blockwire_bin();
     let exe = std::env::current_exe().expect("test binary path");
     let probe_of = |name: &str| format!("{} nvme_rdma::{name} --exact --ignored --nocapture --test-threads 1", exe.display());
-    let (probe, probe_limits) = (probe_of("guest_bad_input"), probe_of("guest_admission"));
+    let (probe, probe_limits, probe_lab) = (probe_of("guest_bad_input"), probe_of("guest_admission"), probe_of("guest_lab_rdma_rule"));
     let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme-rdma.sh")).unwrap();
     let script = dir.path().join("nvme-rdma.sh");
     let head = format!(
-        "BW={}\nPROBE='{probe}'\nPROBE_LIMITS='{probe_limits}'\nPORT=4420\nDPORT=8009\nLPORT=4422\nKPORT=4421\nNQN={NQN}\nKNQN={KNQN}\nHOSTNQN={HOSTNQN}\n",
+        "BW={}\nPROBE='{probe}'\nPROBE_LIMITS='{probe_limits}'\nPROBE_LAB='{probe_lab}'\nPORT=4420\nDPORT=8009\nLPORT=4422\nKPORT=4421\nNQN={NQN}\nKNQN={KNQN}\nHOSTNQN={HOSTNQN}\n",
         bw.display()
     );
     std::fs::write(&script, head + &body).unwrap();
@@ -48,6 +48,7 @@ fn nvme_rdma_on_soft_roce() {
     eprintln!("nvme_rdma: guest ran {:?}", t0.elapsed());
     for step in [
         "RDMA-OK: rxe0 on eth0",
+        "PROBE-OK: the lab finds rxe0 on eth0 and no RDMA device on lo",
         "RDMA-OK: blockwire listens",
         "RDMA-OK: ext4 mkfs, checksummed tree, e2fsck -fn clean",
         "RDMA-OK: checksums match after a reconnect",
@@ -323,4 +324,16 @@ fn guest_admission() {
     drop((a, b));
     drop(open());
     println!("PROBE-OK: login timeout closes an RDMA connection without a Connect");
+}
+
+/// Runs inside the guest once rxe0 is on eth0: the lab's availability rule
+/// for its NVMe/RDMA subjects (bw_lab::rdma) on a host that has a device.
+#[test]
+#[ignore = "runs inside the kernel VM (tests/kernel-vm/nvme-rdma.sh)"]
+fn guest_lab_rdma_rule() {
+    use bw_lab::host::Host;
+    assert_eq!(bw_lab::rdma::check(&Host::Local, "eth0"), None, "rxe0 on eth0 not found");
+    let why = bw_lab::rdma::check(&Host::Local, "lo").expect("lo has no RDMA device");
+    assert!(why.starts_with("no RDMA device on lo of this machine (it has rxe0 on eth0"), "{why}");
+    println!("PROBE-OK: the lab finds rxe0 on eth0 and no RDMA device on lo ({why})");
 }
