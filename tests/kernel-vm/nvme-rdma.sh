@@ -14,11 +14,12 @@
 #      second host and a host not on the list; $PROBE_LIMITS checks the
 #      pending-login bound and the login timeout on raw queues;
 #   5. the kernel's nvmet-rdma target in the same guest; `blockwire verify
-#      nvme+rdma://` against it.
+#      nvme+rdma://` against it and against blockwire, also as a host that
+#      authenticates (DH-HMAC-CHAP both ways; a wrong secret or none refused).
 # Before 1, $PROBE_LAB checks the lab's rule for its NVMe/RDMA subjects (an
 # RDMA device on the link's interface) on this host, which has one.
 # The test prepends BW, PROBE, PROBE_LIMITS, PROBE_LAB, PORT, DPORT, LPORT,
-# KPORT, NQN, KNQN, HOSTNQN. Runs under `sh -e` with busybox.
+# KPORT, NQN, KNQN, HOSTNQN, AUTH_KEY, AUTH_CTRL_KEY, AUTH_BAD_KEY. Runs under `sh -e` with busybox.
 : "${BW:=/usr/local/bin/blockwire}" "${PROBE:=}" "${PROBE_LIMITS:=}" "${PROBE_LAB:=}" "${PORT:=4420}" "${KPORT:=4421}"
 : "${DPORT:=8009}" "${LPORT:=4422}"
 : "${NQN:=nqn.2026-11.org.blockwire:rdma-test}" "${KNQN:=nqn.2026-11.org.linux:nvmet-rdma}"
@@ -89,6 +90,10 @@ discovery_listen = "$A:$DPORT"
 nqn = "$NQN"
 namespaces = [{ nsid = 1, volume = "d0" }]
 allowed_hosts = ["$HOSTNQN"]
+[[nvme.subsystem.host]]
+nqn = "$HOSTNQN.auth"
+dhchap_secret = "$AUTH_KEY"
+dhchap_ctrl_secret = "$AUTH_CTRL_KEY"
 EOF
 "$BW" serve --config /tmp/bw.toml --control none -v >/tmp/serve.log 2>&1 &
 SERVE=$!
@@ -238,6 +243,19 @@ ln -s $S $P/subsystems/$KNQN || die "nvmet port link"
 ok "blockwire verify against the kernel's nvmet-rdma"
 "$BW" verify "nvme+rdma://$A:$PORT/$NQN/1" --size 8M --initiator-name "$HOSTNQN" || die "blockwire verify against blockwire"
 ok "blockwire verify against blockwire over rdma"
+# DH-HMAC-CHAP on every RDMA queue (both ways), with blockwire's initiator
+# (this kernel, 6.1, has no NVMe in-band authentication of its own).
+BLOCKWIRE_DHCHAP_SECRET="$AUTH_KEY" BLOCKWIRE_DHCHAP_CTRL_SECRET="$AUTH_CTRL_KEY" \
+  "$BW" verify "nvme+rdma://$A:$PORT/$NQN/1" --size 4M --queues 2 --initiator-name "$HOSTNQN.auth" || die "verify with DH-HMAC-CHAP over rdma"
+grep -q "$HOSTNQN.auth authenticated (DH-HMAC-CHAP .*bidirectional)" /tmp/serve.log || die "the target logged no bidirectional authentication"
+if BLOCKWIRE_DHCHAP_SECRET="$AUTH_BAD_KEY" "$BW" verify "nvme+rdma://$A:$PORT/$NQN/1" --size 1M --initiator-name "$HOSTNQN.auth" >/tmp/badauth 2>&1; then
+  die "verify with a wrong DH-HMAC-CHAP secret succeeded"
+fi
+grep -q "authentication of $HOSTNQN.auth failed" /tmp/serve.log || die "the target logged no failed authentication: $(cat /tmp/badauth)"
+if "$BW" verify "nvme+rdma://$A:$PORT/$NQN/1" --size 1M --initiator-name "$HOSTNQN.auth" >/tmp/noauth 2>&1; then
+  die "verify without the DH-HMAC-CHAP secret succeeded"
+fi
+ok "DH-HMAC-CHAP over rdma: both ways with the secrets, refused with a wrong one or none"
 kill $SERVE
 # How the target saw each queue end (the test checks the reasons).
 grep -E "refused|closed:|torn down" /tmp/serve.log | sed 's/^/TARGET-LOG: /'

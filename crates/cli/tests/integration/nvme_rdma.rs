@@ -24,6 +24,12 @@ use std::time::{Duration, Instant};
 const NQN: &str = "nqn.2026-11.org.blockwire:rdma-test";
 const KNQN: &str = "nqn.2026-11.org.linux:nvmet-rdma";
 const HOSTNQN: &str = "nqn.2026-11.org.blockwire:kernel-vm";
+/// DH-HMAC-CHAP secrets of `HOSTNQN.auth` (as in nvme_auth.rs: a 64-byte
+/// key, SHA-512 transformed; a 48-byte controller key, SHA-384), and a
+/// valid secret that is nobody's.
+const AUTH_KEY: &str = "DHHC-1:03:fmr/LwuNLBEnjnefsP/MrOqUuTmdSJawd7ARVTktU4OuVqbM7G6TQN/S2d40eM8xcUN6zXQYlSRludHzlbwzBQCJBwY=:";
+const AUTH_CTRL_KEY: &str = "DHHC-1:02:phwQVxrn55BfJCE9I4UsS6K5UF+mV6Wyu9tCE6xlSiLjKDUvQ2pk53WFjssJg1vVjAzGxQ==:";
+const AUTH_BAD_KEY: &str = "DHHC-1:00:SoDN1KTIIw7BrNLOO2E5gZ6RT0203EbsYh0K3YjV4wWw+zY8:";
 
 #[test]
 fn nvme_rdma_on_soft_roce() {
@@ -36,7 +42,7 @@ fn nvme_rdma_on_soft_roce() {
     let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme-rdma.sh")).unwrap();
     let script = dir.path().join("nvme-rdma.sh");
     let head = format!(
-        "BW={}\nPROBE='{probe}'\nPROBE_LIMITS='{probe_limits}'\nPROBE_LAB='{probe_lab}'\nPORT=4420\nDPORT=8009\nLPORT=4422\nKPORT=4421\nNQN={NQN}\nKNQN={KNQN}\nHOSTNQN={HOSTNQN}\n",
+        "BW={}\nPROBE='{probe}'\nPROBE_LIMITS='{probe_limits}'\nPROBE_LAB='{probe_lab}'\nPORT=4420\nDPORT=8009\nLPORT=4422\nKPORT=4421\nNQN={NQN}\nKNQN={KNQN}\nHOSTNQN={HOSTNQN}\nAUTH_KEY='{AUTH_KEY}'\nAUTH_CTRL_KEY='{AUTH_CTRL_KEY}'\nAUTH_BAD_KEY='{AUTH_BAD_KEY}'\n",
         bw.display()
     );
     std::fs::write(&script, head + &body).unwrap();
@@ -67,6 +73,7 @@ fn nvme_rdma_on_soft_roce() {
         "PROBE-OK: login timeout closes an RDMA connection without a Connect",
         "RDMA-OK: blockwire verify against the kernel's nvmet-rdma",
         "RDMA-OK: blockwire verify against blockwire over rdma",
+        "RDMA-OK: DH-HMAC-CHAP over rdma: both ways with the secrets, refused with a wrong one or none",
         "RDMA-ALL-OK",
     ] {
         assert!(output.contains(step), "guest did not report {step:?}\n{output}");

@@ -226,9 +226,6 @@ impl NvmeClient {
             _ => return Err(proto(format!("{url} is not an nvme+tcp or nvme+rdma URL"))),
         };
         let auth = auth::config(opts)?;
-        if t == Transport::Rdma && auth.is_some() {
-            return Err(ClientError::Unsupported("DH-HMAC-CHAP over NVMe/RDMA".into()));
-        }
         let a = open_admin(t, host, *port, subnqn, opts, KATO_MS, auth.as_ref()).await?;
         let want = opts.queues.clamp(1, 0xFFFF) as u32;
         let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);

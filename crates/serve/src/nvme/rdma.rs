@@ -30,6 +30,7 @@ use crate::metrics::{self, Meter, Op};
 use crate::session::SessionStats;
 use crate::Shutdown;
 use anyhow::Context;
+use bw_nvme::auth::{ControllerAuth, Entropy};
 use bw_nvme::controller::{AdminOutcome, Completion};
 use bw_nvme::fabrics::{self, Connect, ConnectData};
 use bw_nvme::nvm_io as io;
@@ -141,6 +142,7 @@ fn accept(r: Request, fabric: &Arc<Fabric>, admission: &Arc<Admission>, login_ti
         posts: Vec::new(),
         ctrl: None,
         holds_qid: false,
+        logged_in: false,
         kill: None,
         stats: Arc::default(),
         meter: Meter::new(metrics::Proto::Nvme),
@@ -184,6 +186,8 @@ struct Conn {
     posts: Vec<Post>,
     ctrl: Option<Arc<CtrlEntry>>,
     holds_qid: bool,
+    /// Allowed and, where the host must, authenticated.
+    logged_in: bool,
     kill: Option<tokio::sync::watch::Receiver<bool>>,
     stats: Arc<SessionStats>,
     meter: Meter,
@@ -332,10 +336,23 @@ impl Conn {
     fn act(&mut self, a: Action) -> Option<End> {
         match a {
             Action::Close(None) => return Some(self.post()),
+            // A failed authentication ends this queue alone: whoever failed
+            // may not be the host that owns the controller.
             Action::Close(Some(e)) => {
+                if let Some(c) = self.ctrl.as_ref().filter(|c| !self.logged_in && c.auth.is_some()) {
+                    let subnqn = c.subsys.as_ref().map(|s| s.nqn()).unwrap_or_default();
+                    metrics::global().auth_failure(metrics::Proto::Nvme, &subnqn, &c.hostnqn);
+                }
                 let _ = self.post();
                 return Some(Err(e.to_string()));
             }
+            Action::Authenticated => {
+                if let Err(why) = self.log_in() {
+                    let _ = self.post();
+                    return Some(Err(why));
+                }
+            }
+            Action::AuthSend { sqe, data } => return self.auth_send(sqe, data),
             Action::Fetch { cid, from } => {
                 let fetch = self.q.register(from.length as usize, false).and_then(|buf| {
                     let id = self.transfer(buf, Some(cid));
@@ -373,32 +390,60 @@ impl Conn {
                 return self.refuse(cid, r.status, r.result);
             }
         };
-        if e.auth.is_some() {
-            // See bw_nvme::rdma_queue: no DH-HMAC-CHAP on this transport yet.
-            log::warn!("nvme-rdma: {}: host {} must authenticate (DH-HMAC-CHAP), which NVMe/RDMA does not offer yet: refused", self.peer, d.hostnqn.escape_debug());
-            if c.qid == 0 {
-                self.fabric.remove(e.cntlid, "its host must authenticate, not offered over RDMA");
-            }
-            return self.refuse(cid, Status::CONNECT_INVALID_HOST.dnr(), fabrics::ipo_data(fabrics::CD_HOSTNQN));
-        }
         if c.qid == 0 {
             e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).set_keyed_sgls(true);
-        } else {
-            if !e.reserve_queue(c.qid) {
-                log::info!("nvme-rdma: {}: queue {} of controller {} is taken", self.peer, c.qid, e.cntlid);
+        }
+        log::debug!("nvme-rdma: {}: queue {} of controller {} connected (sqsize {})", self.peer, c.qid, e.cntlid, c.sqsize);
+        // Every queue of a controller whose host has a secret authenticates
+        // before it logs in (and an I/O queue takes its queue ID).
+        let auth = e.auth.as_ref().and_then(|a| Some(ControllerAuth::new(a.clone(), &e.hostnqn, &e.subsys.as_ref()?.nqn())));
+        let must_authenticate = auth.is_some();
+        self.kill = Some(e.killed());
+        let done = Connected { result: e.cntlid as u64, keep_alive: e.keep_alive.clone(), subsystem: e.subsys.clone(), auth };
+        self.ctrl = Some(e);
+        if !must_authenticate {
+            if let Err(why) = self.log_in() {
+                log::info!("nvme-rdma: {}: Connect (qid {}) refused: {why}", self.peer, c.qid);
+                self.ctrl = None;
+                self.kill = None;
                 return self.refuse(cid, Status::CONNECT_INVALID_PARAM.dnr(), fabrics::ipo_sqe(fabrics::CS_QID));
+            }
+        }
+        self.rq.connected(cid, done, Instant::now(), &mut self.posts);
+    }
+
+    /// The queue's login is over: the host is allowed and authenticated
+    /// where it must be. An I/O queue takes its queue ID now.
+    fn log_in(&mut self) -> Result<(), String> {
+        let Some(e) = self.ctrl.clone() else { return Ok(()) };
+        let qid = self.rq.qid();
+        if qid > 0 && !self.holds_qid {
+            if !e.reserve_queue(qid) {
+                return Err(format!("queue {qid} of controller {} is taken", e.cntlid));
             }
             self.holds_qid = true;
             e.stats.lock().unwrap_or_else(|p| p.into_inner()).push(self.stats.clone());
         }
+        self.logged_in = true;
         self.ticket.logged_in();
-        log::debug!("nvme-rdma: {}: queue {} of controller {} connected (sqsize {})", self.peer, c.qid, e.cntlid, c.sqsize);
-        self.kill = Some(e.killed());
         let subnqn = e.subsys.as_ref().map_or_else(|| bw_nvme::DISCOVERY_NQN.to_string(), |s| s.nqn());
-        self.counted = Some(metrics::global().login(metrics::Proto::Nvme, &subnqn, &e.hostnqn, c.qid == 0));
-        let done = Connected { result: e.cntlid as u64, keep_alive: e.keep_alive.clone(), subsystem: e.subsys.clone() };
-        self.ctrl = Some(e);
-        self.rq.connected(cid, done, Instant::now(), &mut self.posts);
+        self.counted = Some(metrics::global().login(metrics::Proto::Nvme, &subnqn, &e.hostnqn, qid == 0));
+        Ok(())
+    }
+
+    /// Auth Send: the queue's DH-HMAC-CHAP step with fresh randomness.
+    fn auth_send(&mut self, sqe: Sqe, data: Bytes) -> Option<End> {
+        match Entropy::from_os(&self.fabric.host_keys.seq) {
+            Ok(r) => {
+                let a = self.rq.auth_send(&sqe, &data, r, &mut self.posts)?;
+                self.act(a)
+            }
+            Err(err) => {
+                log::error!("nvme-rdma: {}: no random numbers from the OS: {err}", self.peer);
+                self.complete(sqe.cid(), Status::INTERNAL, 0, None);
+                None
+            }
+        }
     }
 
     /// Complete the AERs a live change answered (admin queue).
