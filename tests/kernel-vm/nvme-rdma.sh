@@ -78,6 +78,16 @@ connect_bw() {
   dev=$(wait_blockdev $inst) || die "no namespace block device for nvme$inst"
 }
 
+# start_bw CONFIG LOG: blockwire serve in the background (pid in BW_PID),
+# once it listens on RDMA.
+start_bw() {
+  "$BW" serve --config "$1" --control none -v >"$2" 2>&1 &
+  BW_PID=$!
+  i=0
+  while ! grep -q "on rdma" "$2" && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+  grep -q "on rdma" "$2" || { cat "$2"; die "blockwire ($1) did not start listening"; }
+}
+
 step "blockwire serve --nvme-rdma"
 cat >/tmp/bw.toml <<EOF
 [[volume]]
@@ -95,11 +105,8 @@ nqn = "$HOSTNQN.auth"
 dhchap_secret = "$AUTH_KEY"
 dhchap_ctrl_secret = "$AUTH_CTRL_KEY"
 EOF
-"$BW" serve --config /tmp/bw.toml --control none -v >/tmp/serve.log 2>&1 &
-SERVE=$!
-i=0
-while ! grep -q "on rdma" /tmp/serve.log && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
-grep -q "on rdma" /tmp/serve.log || die "blockwire did not start listening"
+start_bw /tmp/bw.toml /tmp/serve.log
+SERVE=$BW_PID
 ok "blockwire listens on $A:$PORT (rdma)"
 
 step "Linux nvme-rdma host: connect, ext4, checksummed tree"
@@ -194,11 +201,8 @@ nqn = "$NQN"
 namespaces = [{ nsid = 1, volume = "d1" }]
 allowed_hosts = ["$HOSTNQN", "$HOSTNQN.second"]
 EOF2
-"$BW" serve --config /tmp/bw2.toml --control none -v >/tmp/serve2.log 2>&1 &
-SERVE2=$!
-i=0
-while ! grep -q "on rdma" /tmp/serve2.log && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
-grep -q "on rdma" /tmp/serve2.log || { cat /tmp/serve2.log; die "the second blockwire did not start listening"; }
+start_bw /tmp/bw2.toml /tmp/serve2.log
+SERVE2=$BW_PID
 # One I/O queue: its connection waits for its Connect (max_pending_logins 2).
 out=$(fabrics_connect "transport=rdma,traddr=$A,trsvcid=$LPORT,nqn=$NQN,hostnqn=$HOSTNQN,nr_io_queues=1") || die "first host on the limited target"
 inst=$(instance_of "$out"); [ -n "$inst" ] || die "no instance in '$out'"
