@@ -44,7 +44,7 @@ pub struct KernelClient {
     missing: &'static str,
 }
 
-pub const KERNEL: [KernelClient; 3] = [
+pub const KERNEL: [KernelClient; 4] = [
     KernelClient {
         protocol: Protocol::Iscsi,
         name: "kernel-iscsi",
@@ -58,6 +58,13 @@ pub const KERNEL: [KernelClient; 3] = [
         initiator: "nvme-cli (kernel nvme-tcp)",
         probe: "command -v nvme && load nvme-tcp",
         missing: "nvme or the nvme-tcp module (package nvme-cli)",
+    },
+    KernelClient {
+        protocol: Protocol::NvmeRdma,
+        name: "kernel-nvme-rdma",
+        initiator: "nvme-cli (kernel nvme-rdma)",
+        probe: "command -v nvme && load nvme-rdma",
+        missing: "nvme or the nvme-rdma module (package nvme-cli)",
     },
     KernelClient {
         protocol: Protocol::Aoe,
@@ -118,17 +125,18 @@ load() {
 }
 "#;
 
-/// The kernel clients `host` has (fio included, which drives them), and a
-/// line for each one it lacks. One round trip. Modules it loads are
+/// The kernel clients of `protocols` that `host` has (fio included, which
+/// drives them), and a line for each one it lacks. One round trip. Modules it loads are
 /// recorded in an ssh host's state file; on the lab's own machine they are
 /// tracked to be unloaded at the end.
-pub fn detect(host: &Host) -> anyhow::Result<(Vec<Protocol>, Vec<String>)> {
+pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protocol>, Vec<String>)> {
+    let asked = || KERNEL.iter().filter(|k| protocols.contains(&k.protocol));
     let state = match host {
         Host::Ssh(h) => h.state_file(),
         _ => "/dev/null".into(),
     };
     let mut script = format!("PATH=$PATH:/usr/sbin:/sbin; state={}\n{LOAD}command -v fio >/dev/null || echo nofio\n", crate::ssh::quote(&state));
-    for k in &KERNEL {
+    for k in asked() {
         script += &format!("( {} ) >/dev/null 2>&1 && echo has {}\n", k.probe, k.name);
     }
     let out = host.run("sh", &["-c", &script])?;
@@ -142,7 +150,7 @@ pub fn detect(host: &Host) -> anyhow::Result<(Vec<Protocol>, Vec<String>)> {
         return Ok((vec![], vec![format!("{}: fio is not installed (package fio): no kernel initiator can be measured", host.name())]));
     }
     let (mut have, mut lack) = (vec![], vec![]);
-    for k in &KERNEL {
+    for k in asked() {
         if out.lines().any(|l| l == format!("has {}", k.name)) {
             have.push(k.protocol);
         } else {
@@ -160,6 +168,7 @@ fn address(s: Subject, link: &Link) -> (&'static str, String, String) {
         Subject::Blockwire(Protocol::Iscsi) => ("iscsi", blockwire::IQN.into(), format!("{ip}:{}", blockwire::ISCSI_PORT)),
         Subject::Peer(PeerKind::Tgt) => ("iscsi", tgt::IQN.into(), format!("{ip}:{}", tgt::ISCSI_PORT)),
         Subject::Blockwire(Protocol::Nvme) => ("nvme", blockwire::NQN.into(), format!("{ip} {}", blockwire::NVME_PORT)),
+        Subject::Blockwire(Protocol::NvmeRdma) => ("nvme-rdma", blockwire::NQN.into(), format!("{ip} {}", blockwire::NVME_RDMA_PORT)),
         Subject::Blockwire(Protocol::Aoe) => ("aoe", format!("e{}.{}", blockwire::AOE_ADDRESS.0, blockwire::AOE_ADDRESS.1), String::new()),
         Subject::Peer(PeerKind::Vblade) => ("aoe", format!("e{}.{}", vblade::AOE_ADDRESS.0, vblade::AOE_ADDRESS.1), String::new()),
         // File-level NFS through a kernel client is not a block subject.
@@ -192,7 +201,7 @@ find_dev() {
              [ "$(cat "$s/targetname" 2>/dev/null)" = "$a" ] || continue
              for d in "$s"/device/target*/*:*:*:"$lun"/block/*; do [ -e "$d" ] && dev=/dev/${d##*/}; done
            done ;;
-    nvme) for s in /sys/class/nvme-subsystem/*; do
+    nvme|nvme-rdma) for s in /sys/class/nvme-subsystem/*; do
             [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$a" ] || continue
             for d in "$s"/nvme*n*; do n=${d##*/}; case "$n" in *c*) ;; *) [ -e "$d" ] && dev=/dev/$n ;; esac; done
           done ;;
@@ -216,6 +225,8 @@ case "$what" in
          iscsiadm -m node -T "$a" -p "$b" --login >/dev/null || exit 1 ;;
   nvme) modprobe -q nvme-tcp
         nvme connect -t tcp -a "${b% *}" -s "${b#* }" -n "$a" -q "$HOSTNQN" >/dev/null || exit 1 ;;
+  nvme-rdma) modprobe -q nvme-rdma
+        nvme connect -t rdma -a "${b% *}" -s "${b#* }" -n "$a" -q "$HOSTNQN" >/dev/null || exit 1 ;;
   aoe) modprobe -q aoe ;;
 esac
 n=0
@@ -238,7 +249,7 @@ case "$1" in
          if [ -f /run/bwlab-iscsid ] && ! iscsiadm -m session >/dev/null 2>&1; then
            kill $(cat /run/bwlab-iscsid) 2>/dev/null; rm -f /run/bwlab-iscsid
          fi ;;
-  nvme) nvme disconnect -n "$2" >/dev/null 2>&1 ;;
+  nvme|nvme-rdma) nvme disconnect -n "$2" >/dev/null 2>&1 ;;
   # the name without a newline: the driver compares the bytes written
   aoe) [ -e /dev/etherd/flush ] && printf %s "$2" > /dev/etherd/flush 2>/dev/null ;;
   # a kernel NFS mount (crate::kernel_nfs), also when its server is gone
@@ -331,6 +342,8 @@ mod tests {
         };
         assert_eq!(address(Subject::Peer(PeerKind::Tgt), &l), ("iscsi", tgt::IQN.into(), format!("198.18.1.1:{}", tgt::ISCSI_PORT)));
         assert_eq!(address(Subject::Blockwire(Protocol::Nvme), &l).2, "198.18.1.1 4420");
+        assert_eq!(address(Subject::Blockwire(Protocol::NvmeRdma), &l), ("nvme-rdma", blockwire::NQN.into(), "198.18.1.1 4421".into()));
+        assert_eq!(ClientKind::Kernel(Protocol::NvmeRdma).key(Subject::Blockwire(Protocol::NvmeRdma)), "kernel-nvme-rdma@blockwire");
         assert_eq!(address(Subject::Peer(PeerKind::Vblade), &l).1, "e2.0");
         assert_eq!(iscsi_lun(Subject::Peer(PeerKind::Tgt)), 1);
     }

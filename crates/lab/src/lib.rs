@@ -39,6 +39,7 @@ pub mod net;
 pub mod offload;
 pub mod orchestrate;
 pub mod plan;
+pub mod rdma;
 pub mod remote;
 pub mod remote_fs;
 pub mod route;

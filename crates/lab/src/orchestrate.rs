@@ -718,6 +718,15 @@ impl LabRun {
             ours.retain(|p| *p != crate::subjects::Protocol::Aoe);
             peers.retain(|p| p.target().protocol() != crate::subjects::Protocol::Aoe);
         }
+        let rdma = crate::subjects::Protocol::NvmeRdma;
+        if ours.contains(&rdma) {
+            // No RDMA device on the link: one line, no serve that fails to bind.
+            let why = crate::rdma::check(&topo.target, &link.target_if).or_else(|| crate::rdma::check(&topo.client, &link.client_if));
+            if let Some(why) = why {
+                self.mark_target_unavailable(Subject::Blockwire(rdma), link.mtu, why);
+                ours.retain(|p| *p != rdma);
+            }
+        }
         if !ours.is_empty() {
             self.progress
                 .set_message(format!("MTU {}: starting blockwire serve", link.mtu));

@@ -249,9 +249,10 @@ fn choose_clients(
     let mut notes = vec![];
     let kernel_by_default = matches!(host, Host::Ssh(_));
     if chosen.map_or(kernel_by_default, |v| v.contains(&ClientChoice::Kernel)) {
-        let (have, lack) = crate::clients::detect(host)?;
         // Only the protocols some subject of the run speaks.
         let used = |p| subjects.iter().any(|s| s.protocol() == p);
+        let protocols: Vec<_> = crate::clients::KERNEL.iter().map(|k| k.protocol).filter(|&p| used(p)).collect();
+        let (have, lack) = crate::clients::detect(host, &protocols)?;
         if chosen.is_some() && !have.iter().any(|p| used(*p)) {
             anyhow::bail!("--clients kernel: the client host has no kernel initiator for this run's protocols ({})", lack.join("; "));
         }

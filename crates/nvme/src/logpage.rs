@@ -41,7 +41,13 @@ mod discovery {
     pub const PORTID: Field<Le<u16>> = Field::at(4);
     pub const CNTLID: Field<Le<u16>> = Field::at(6);
     pub const ASQSZ: Field<Le<u16>> = Field::at(8);
+    /// Transport specific address subtype: for TCP its first byte is
+    /// SECTYPE; for RDMA the bytes below.
     pub const TSAS: Field<u8> = Field::at(768);
+    pub const RDMA_QPTYPE: Field<u8> = Field::at(768);
+    pub const RDMA_PRTYPE: Field<u8> = Field::at(769);
+    pub const RDMA_CMS: Field<u8> = Field::at(770);
+    pub const RDMA_PKEY: Field<Le<u16>> = Field::at(776);
 }
 
 pub mod lid {
@@ -164,9 +170,11 @@ pub fn changed_ns(ids: &[u32]) -> Vec<u8> {
     b
 }
 
-/// One discovery log entry: a subsystem reachable at a TCP port.
+/// One discovery log entry: a subsystem reachable at a TCP or RDMA port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoveryEntry {
+    /// [`TRTYPE_TCP`] or [`TRTYPE_RDMA`].
+    pub trtype: u8,
     pub subnqn: String,
     pub traddr: String,
     pub trsvcid: String,
@@ -175,11 +183,23 @@ pub struct DiscoveryEntry {
     pub subtype: u8,
 }
 
+pub const TRTYPE_RDMA: u8 = 1;
 pub const TRTYPE_TCP: u8 = 3;
 pub const ADRFAM_IPV4: u8 = 1;
 pub const ADRFAM_IPV6: u8 = 2;
 pub const SUBTYPE_NVME: u8 = 2;
 pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
+/// TREQ: a secure channel is not required.
+const TREQ_NOT_REQUIRED: u8 = 0x02;
+/// TREQ: the controller lets a host disable SQ flow control (Connect CATTR).
+const TREQ_DISABLE_SQFLOW: u8 = 0x04;
+/// RDMA TSAS values (NVMe-oF 1.1 figure 49): a reliable connected queue
+/// pair, a provider we do not name (one listener may sit on a RoCE v2, an
+/// InfiniBand or an iWARP device; Linux's nvmet says the same), addressed
+/// through the RDMA connection manager.
+pub const RDMA_QPTYPE_CONNECTED: u8 = 1;
+pub const RDMA_PRTYPE_NOT_SPECIFIED: u8 = 1;
+pub const RDMA_CMS_RDMA_CM: u8 = 1;
 
 pub fn discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> {
     let mut b = vec![0u8; 1024 * (1 + entries.len())];
@@ -188,18 +208,27 @@ pub fn discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> {
     discovery::RECFMT.set(&mut b, 0);
     for (i, e) in entries.iter().enumerate() {
         let r = &mut b[1024 * (i + 1)..1024 * (i + 2)];
-        discovery::TRTYPE.set(r, TRTYPE_TCP);
+        discovery::TRTYPE.set(r, e.trtype);
         discovery::ADRFAM.set(r, if e.traddr.contains(':') { ADRFAM_IPV6 } else { ADRFAM_IPV4 });
         discovery::SUBTYPE.set(r, e.subtype);
-        // Secure channel not required; SQ flow control disable supported.
-        discovery::TREQ.set(r, 0x02 | 0x04);
+        // The RDMA queue keeps SQ flow control (its SQ head is what frees
+        // the host's receive buffers): only TCP offers to disable it.
+        let treq = if e.trtype == TRTYPE_TCP { TREQ_NOT_REQUIRED | TREQ_DISABLE_SQFLOW } else { TREQ_NOT_REQUIRED };
+        discovery::TREQ.set(r, treq);
         discovery::PORTID.set(r, e.portid);
         discovery::CNTLID.set(r, 0xFFFF); // dynamic controller
         discovery::ASQSZ.set(r, 32); // admin max SQ size
         put_str(&mut r[32..64], &e.trsvcid, b' ');
         put_str(&mut r[256..512], &e.subnqn, 0);
         put_str(&mut r[512..768], &e.traddr, b' ');
-        discovery::TSAS.set(r, 0); // no security
+        if e.trtype == TRTYPE_RDMA {
+            discovery::RDMA_QPTYPE.set(r, RDMA_QPTYPE_CONNECTED);
+            discovery::RDMA_PRTYPE.set(r, RDMA_PRTYPE_NOT_SPECIFIED);
+            discovery::RDMA_CMS.set(r, RDMA_CMS_RDMA_CM);
+            discovery::RDMA_PKEY.set(r, 0); // no partition key (not InfiniBand)
+        } else {
+            discovery::TSAS.set(r, 0); // TCP SECTYPE: no security
+        }
     }
     b
 }
@@ -215,6 +244,7 @@ pub fn parse_discovery_log(b: &[u8]) -> Option<(u64, Vec<DiscoveryEntry>)> {
     for i in 0..n.min(avail) {
         let r = &b[1024 * (i + 1)..1024 * (i + 2)];
         v.push(DiscoveryEntry {
+            trtype: discovery::TRTYPE.get(r),
             subnqn: get_str(&r[256..512]),
             traddr: get_str(&r[512..768]),
             trsvcid: get_str(&r[32..64]),
@@ -248,14 +278,21 @@ mod tests {
 
     #[test]
     fn discovery_log_layout() {
-        let e = DiscoveryEntry { subnqn: "nqn.2026-11.org.blockwire:x".into(), traddr: "127.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: SUBTYPE_NVME };
-        let b = discovery_log(7, std::slice::from_ref(&e));
-        assert_eq!(b.len(), 2048);
-        assert_eq!(&b[0..16], &[7, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        let e = DiscoveryEntry { trtype: TRTYPE_TCP, subnqn: "nqn.2026-11.org.blockwire:x".into(), traddr: "127.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: SUBTYPE_NVME };
+        let rdma = DiscoveryEntry { trtype: TRTYPE_RDMA, traddr: "fd00::7".into(), trsvcid: "4421".into(), portid: 2, ..e.clone() };
+        let b = discovery_log(7, &[e.clone(), rdma.clone()]);
+        assert_eq!(b.len(), 3072);
+        assert_eq!(&b[0..16], &[7, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&b[1024..1032], &[3, 1, 2, 6, 1, 0, 0xFF, 0xFF]);
         assert_eq!(&b[1024 + 32..1024 + 37], b"4420 ");
         assert_eq!(&b[1024 + 512..1024 + 522], b"127.0.0.1 ");
-        assert_eq!(parse_discovery_log(&b), Some((7, vec![e])));
+        assert_eq!(b[1024 + 768], 0, "TCP SECTYPE none");
+        // RDMA, IPv6, TREQ not required (SQ flow control kept), port 2.
+        let r = &b[2048..3072];
+        assert_eq!(&r[..8], &[1, 2, 2, 2, 2, 0, 0xFF, 0xFF]);
+        assert_eq!(&r[768..778], &[1, 1, 1, 0, 0, 0, 0, 0, 0, 0], "TSAS: connected, provider not specified, RDMA CM, no P_Key");
+        assert_eq!(&r[512..520], b"fd00::7 ");
+        assert_eq!(parse_discovery_log(&b), Some((7, vec![e, rdma])));
     }
 
     #[test]

@@ -23,9 +23,17 @@
 //! host's registered memory fails with a remote access error, the queue
 //! pair goes to its error state and the transport closes this queue alone.
 //!
-//! DH-HMAC-CHAP is not offered on this transport yet: the transport
-//! refuses a Connect from a host that must authenticate.
+//! In-band authentication (DH-HMAC-CHAP) as on NVMe/TCP: with
+//! [`Connected::auth`] the Connect response sets AUTHREQ.ATR, every command
+//! but Auth Send/Receive and Disconnect fails with AUTH_REQUIRED (a write's
+//! data is not fetched) until the host has authenticated, the host does not
+//! keep the controller alive meanwhile, and the login deadline stays armed.
+//! Auth Receive runs here; Auth Send comes out as [`Action::AuthSend`] for
+//! the transport's randomness ([`RdmaQueue::auth_send`]); success comes out
+//! as [`Action::Authenticated`], failure closes this queue alone.
 
+use crate::auth::message::AuthCommand;
+use crate::auth::{ControllerAuth, Entropy, FailureReason};
 use crate::controller::{KeepAlive, INCAPSULE_DATA, MAX_TRANSFER};
 use crate::fabrics::{self, fctype, Connect, ConnectData, CONNECT_DATA_LEN};
 use crate::queue_entry::{sgl, Cqe, Keyed, Sqe};
@@ -165,6 +173,10 @@ pub enum RdmaQueueError {
     QueueIdMismatch { connect: u16, cm: u16 },
     #[error("no Connect before the login timeout")]
     LoginTimeout,
+    #[error("connected but no DH-HMAC-CHAP authentication before the login timeout")]
+    AuthTimeout,
+    #[error("DH-HMAC-CHAP authentication of {} failed: {why} ({reason})", hostnqn.escape_debug())]
+    AuthFailed { hostnqn: String, why: String, reason: FailureReason },
     #[error("keep-alive timeout ({0} ms without a command)")]
     KeepAliveExpired(u128),
 }
@@ -182,6 +194,10 @@ pub enum Action {
     /// RDMA READ the command's data from the host, then
     /// [`RdmaQueue::fetched`].
     Fetch { cid: u16, from: Keyed },
+    /// Draw fresh [`Entropy`] and call [`RdmaQueue::auth_send`].
+    AuthSend { sqe: Sqe, data: Bytes },
+    /// The host has just authenticated on this queue: its login is over.
+    Authenticated,
     /// Post what was queued, then disconnect; `None` after a Disconnect.
     Close(Option<RdmaQueueError>),
 }
@@ -203,6 +219,8 @@ pub struct Connected {
     pub result: u64,
     pub keep_alive: Arc<KeepAlive>,
     pub subsystem: Option<Arc<LiveSubsystem>>,
+    /// The host must authenticate on this queue (DH-HMAC-CHAP).
+    pub auth: Option<ControllerAuth>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,6 +244,10 @@ pub struct RdmaQueue {
     fetching: HashMap<u16, Sqe>,
     /// Where each command's result goes, by command ID.
     dest: HashMap<u16, Keyed>,
+    auth: Option<ControllerAuth>,
+    /// Connected, and the host has yet to authenticate: the login
+    /// deadline still runs.
+    login_open: bool,
 }
 
 impl RdmaQueue {
@@ -244,7 +266,15 @@ impl RdmaQueue {
             subsystem: None,
             fetching: HashMap::new(),
             dest: HashMap::new(),
+            auth: None,
+            login_open: false,
         }
+    }
+
+    /// Connected, and the host still has to authenticate before commands
+    /// other than Auth Send/Receive and Disconnect run.
+    pub fn awaiting_auth(&self) -> bool {
+        self.auth.as_ref().is_some_and(|a| !a.authenticated())
     }
 
     pub fn qid(&self) -> u16 {
@@ -289,7 +319,8 @@ impl RdmaQueue {
             let why = RdmaQueueError::QueueOverflow { outstanding: self.inflight.len + 1, entries: self.shape.sq_entries };
             return self.close(Some(why));
         }
-        if let Some(k) = &self.keep_alive {
+        // A host that has yet to authenticate does not keep the controller alive.
+        if let Some(k) = self.keep_alive.as_ref().filter(|_| !self.awaiting_auth()) {
             k.touch(now);
         }
         if !self.inflight.insert(cid) {
@@ -329,6 +360,10 @@ impl RdmaQueue {
             return self.fail(cid, Status::INVALID_FIELD.dnr(), out);
         }
         if sqe.is_host_to_ctrl() && len > 0 {
+            // No write data from a host that has yet to authenticate.
+            if self.awaiting_auth() && AuthCommand::parse(&sqe).is_none() {
+                return self.fail(cid, Status::AUTH_REQUIRED.dnr(), out);
+            }
             if let (Some(sub), true) = (&self.subsystem, self.shape.qid > 0 && !sqe.is_fabrics()) {
                 if let Err(st) = nvm_io::precheck(&sub.load(), &sqe) {
                     return self.fail(cid, st, out);
@@ -356,6 +391,7 @@ impl RdmaQueue {
         match self.phase {
             Phase::Closed => None,
             Phase::AwaitConnect => Some(self.login_deadline),
+            Phase::Connected if self.login_open => Some(self.login_deadline),
             Phase::Connected if self.shape.qid == 0 => self.keep_alive.as_ref().and_then(|k| k.deadline()),
             Phase::Connected => None,
         }
@@ -367,6 +403,8 @@ impl RdmaQueue {
             Phase::Closed => None,
             Phase::AwaitConnect if now >= self.login_deadline => self.close(Some(RdmaQueueError::LoginTimeout)),
             Phase::AwaitConnect => None,
+            Phase::Connected if self.login_open && now >= self.login_deadline => self.close(Some(RdmaQueueError::AuthTimeout)),
+            Phase::Connected if self.login_open => None,
             Phase::Connected => {
                 let ka = self.keep_alive.as_ref().filter(|_| self.shape.qid == 0)?;
                 if ka.expired(now) {
@@ -384,11 +422,60 @@ impl RdmaQueue {
             return;
         }
         self.cntlid = c.result as u16;
-        c.keep_alive.touch(now);
+        if c.auth.is_none() {
+            c.keep_alive.touch(now);
+        }
         self.keep_alive = Some(c.keep_alive);
         self.subsystem = c.subsystem;
+        let authreq = if c.auth.is_some() { fabrics::AUTHREQ_ATR as u64 } else { 0 };
+        self.login_open = c.auth.is_some();
+        self.auth = c.auth;
         self.phase = Phase::Connected;
-        self.complete(cid, Status::SUCCESS, c.result, None, out);
+        self.complete(cid, Status::SUCCESS, c.result | authreq, None, out);
+    }
+
+    /// The [`Action::AuthSend`] with the randomness it needs.
+    pub fn auth_send(&mut self, sqe: &Sqe, data: &[u8], entropy: Entropy, out: &mut Vec<Post>) -> Option<Action> {
+        let Some(a) = self.auth.as_mut() else {
+            return self.fail(sqe.cid(), Status::INVALID_OPCODE.dnr(), out);
+        };
+        let status = a.auth_send(sqe, data, entropy);
+        self.auth_done(sqe.cid(), status, None, out)
+    }
+
+    /// Auth Send (handed to the transport for its randomness) or Auth
+    /// Receive (answered here), on a queue whose host authenticates.
+    fn auth_command(&mut self, sqe: Sqe, data: Bytes, out: &mut Vec<Post>) -> Option<Action> {
+        let cid = sqe.cid();
+        let (Some(a), Some(cmd)) = (self.auth.as_mut(), AuthCommand::parse(&sqe)) else {
+            // No authentication configured for this host (as Linux's target).
+            return self.fail(cid, Status::INVALID_OPCODE.dnr(), out);
+        };
+        if cmd.send {
+            return Some(Action::AuthSend { sqe, data });
+        }
+        let (status, data) = match a.auth_receive(&sqe) {
+            Ok(d) => (Status::SUCCESS, Some(Bytes::from(d))),
+            Err(st) => (st, None),
+        };
+        self.auth_done(cid, status, data, out)
+    }
+
+    /// Complete an authentication command; the queue closes when the
+    /// exchange failed for good, and its login ends when it succeeded.
+    fn auth_done(&mut self, cid: u16, status: Status, data: Option<Bytes>, out: &mut Vec<Post>) -> Option<Action> {
+        self.complete(cid, status, 0, data, out);
+        let a = self.auth.as_ref()?;
+        if let Some(reason) = a.failed() {
+            let why = RdmaQueueError::AuthFailed { hostnqn: a.hostnqn().to_string(), why: a.why().unwrap_or("-").to_string(), reason };
+            return self.close(Some(why));
+        }
+        if a.authenticated() && self.login_open {
+            self.login_open = false;
+            log::info!("nvme-rdma: controller {} queue {}: {} authenticated ({})", self.cntlid, self.shape.qid, a.hostnqn().escape_debug(), a.summary());
+            return Some(Action::Authenticated);
+        }
+        None
     }
 
     /// The Connect of [`Action::Connect`] was refused.
@@ -451,12 +538,17 @@ impl RdmaQueue {
                     self.complete(cid, Status::SUCCESS, 0, None, out);
                     return self.close(None);
                 }
-                // Not offered here: see the module documentation.
-                fctype::AUTH_SEND | fctype::AUTH_RECEIVE => return self.fail(cid, Status::INVALID_OPCODE.dnr(), out),
-                // Property Get/Set belong to the admin queue.
-                _ if self.shape.qid > 0 => return self.fail(cid, Status::INVALID_OPCODE.dnr(), out),
+                // Every queue authenticates on its own.
+                fctype::AUTH_SEND | fctype::AUTH_RECEIVE => return self.auth_command(sqe, data, out),
                 _ => {}
             }
+        }
+        if self.awaiting_auth() {
+            return self.fail(cid, Status::AUTH_REQUIRED.dnr(), out);
+        }
+        // Property Get/Set belong to the admin queue.
+        if sqe.is_fabrics() && self.shape.qid > 0 {
+            return self.fail(cid, Status::INVALID_OPCODE.dnr(), out);
         }
         Some(if self.shape.qid == 0 { Action::Admin { sqe, data } } else { Action::Io { sqe, data } })
     }

@@ -567,20 +567,12 @@ impl TargetQueue {
         }
         if a.authenticated() && self.login_open {
             self.login_open = false;
-            let (hash, group) = a
-                .chosen()
-                .map(|(h, g)| (h.name(), g.name()))
-                .unwrap_or(("?", "?"));
-            let how = if a.mutual() {
-                "bidirectional"
-            } else {
-                "host only"
-            };
             log::info!(
-                "nvme: controller {} queue {}: {} authenticated (DH-HMAC-CHAP {hash} {group}, {how})",
+                "nvme: controller {} queue {}: {} authenticated ({})",
                 self.cntlid,
                 self.qid,
-                a.hostnqn().escape_debug()
+                a.hostnqn().escape_debug(),
+                a.summary()
             );
             return Some(Action::Authenticated);
         }

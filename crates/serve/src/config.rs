@@ -48,7 +48,7 @@
 //! dhchap_hashes = ["sha256", "sha384", "sha512"]              # optional, preference order
 //! dhchap_dhgroups = ["ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192", "null"]
 //!
-//! [limits]                           # per front-end (iSCSI, NVMe/TCP); these are the defaults
+//! [limits]                           # per front-end (iSCSI, NVMe/TCP, NVMe/RDMA); these are the defaults
 //! max_sessions = 4096                # iSCSI sessions / NVMe controllers, once logged in
 //! max_discovery_sessions = 64        # iSCSI discovery sessions / NVMe discovery controllers
 //! discovery_idle_timeout_s = 60      # an idle iSCSI discovery session, NVMe discovery controller (KATO 0) is closed

@@ -1,4 +1,4 @@
-//! Admission limits of the TCP front-ends (iSCSI, NVMe/TCP): how many
+//! Admission limits of the front-ends (iSCSI, NVMe/TCP, NVMe/RDMA): how many
 //! connections may be logging in at once, how many sessions a front-end
 //! holds (normal and discovery sessions in pools of their own), how many
 //! connections one initiator address may keep open, and how long a new

@@ -3,7 +3,9 @@
 //! nvme-rdma host (ext4, a checksummed tree, e2fsck, reconnect), bad input
 //! on queues of their own while the Linux host stays connected, and the
 //! blockwire initiator against the kernel's nvmet-rdma and against
-//! blockwire (tests/kernel-vm/nvme-rdma.sh).
+//! blockwire (tests/kernel-vm/nvme-rdma.sh); between them, `nvme discover`
+//! and `nvme connect-all` through blockwire's discovery controller, and the
+//! admission limits on RDMA queues (a second blockwire with tight limits).
 //!
 //! The bad input comes from this test binary itself, run in the guest
 //! (`guest_bad_input`, ignored on the host): it speaks the transport with
@@ -12,7 +14,8 @@
 use crate::common;
 use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property};
 use bw_nvme::queue_entry::{nvm, sgl, Keyed, Sgl, Sqe};
-use bw_nvme::rdma_queue::cm;
+use bw_nvme::controller::INCAPSULE_DATA;
+use bw_nvme::rdma_queue::{cm, CAPSULE_LEN};
 use bw_nvme::{Cqe, Status};
 use bw_rdma::{BufId, ConnectError, EventKind, Queue, Wc};
 use common::*;
@@ -21,6 +24,12 @@ use std::time::{Duration, Instant};
 const NQN: &str = "nqn.2026-11.org.blockwire:rdma-test";
 const KNQN: &str = "nqn.2026-11.org.linux:nvmet-rdma";
 const HOSTNQN: &str = "nqn.2026-11.org.blockwire:kernel-vm";
+/// DH-HMAC-CHAP secrets of `HOSTNQN.auth` (as in nvme_auth.rs: a 64-byte
+/// key, SHA-512 transformed; a 48-byte controller key, SHA-384), and a
+/// valid secret that is nobody's.
+const AUTH_KEY: &str = "DHHC-1:03:fmr/LwuNLBEnjnefsP/MrOqUuTmdSJawd7ARVTktU4OuVqbM7G6TQN/S2d40eM8xcUN6zXQYlSRludHzlbwzBQCJBwY=:";
+const AUTH_CTRL_KEY: &str = "DHHC-1:02:phwQVxrn55BfJCE9I4UsS6K5UF+mV6Wyu9tCE6xlSiLjKDUvQ2pk53WFjssJg1vVjAzGxQ==:";
+const AUTH_BAD_KEY: &str = "DHHC-1:00:SoDN1KTIIw7BrNLOO2E5gZ6RT0203EbsYh0K3YjV4wWw+zY8:";
 
 #[test]
 fn nvme_rdma_on_soft_roce() {
@@ -28,10 +37,14 @@ fn nvme_rdma_on_soft_roce() {
     let dir = TempDir::new("nvr");
     let bw = blockwire_bin();
     let exe = std::env::current_exe().expect("test binary path");
-    let probe = format!("{} nvme_rdma::guest_bad_input --exact --ignored --nocapture --test-threads 1", exe.display());
+    let probe_of = |name: &str| format!("{} nvme_rdma::{name} --exact --ignored --nocapture --test-threads 1", exe.display());
+    let (probe, probe_limits, probe_lab) = (probe_of("guest_bad_input"), probe_of("guest_admission"), probe_of("guest_lab_rdma_rule"));
     let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme-rdma.sh")).unwrap();
     let script = dir.path().join("nvme-rdma.sh");
-    let head = format!("BW={}\nPROBE='{probe}'\nPORT=4420\nKPORT=4421\nNQN={NQN}\nKNQN={KNQN}\nHOSTNQN={HOSTNQN}\n", bw.display());
+    let head = format!(
+        "BW={}\nPROBE='{probe}'\nPROBE_LIMITS='{probe_limits}'\nPROBE_LAB='{probe_lab}'\nPORT=4420\nDPORT=8009\nLPORT=4422\nKPORT=4421\nNQN={NQN}\nKNQN={KNQN}\nHOSTNQN={HOSTNQN}\nAUTH_KEY='{AUTH_KEY}'\nAUTH_CTRL_KEY='{AUTH_CTRL_KEY}'\nAUTH_BAD_KEY='{AUTH_BAD_KEY}'\n",
+        bw.display()
+    );
     std::fs::write(&script, head + &body).unwrap();
     let (bw, exe) = (bw.display().to_string(), exe.display().to_string());
     let t0 = Instant::now();
@@ -41,6 +54,7 @@ fn nvme_rdma_on_soft_roce() {
     eprintln!("nvme_rdma: guest ran {:?}", t0.elapsed());
     for step in [
         "RDMA-OK: rxe0 on eth0",
+        "PROBE-OK: the lab finds rxe0 on eth0 and no RDMA device on lo",
         "RDMA-OK: blockwire listens",
         "RDMA-OK: ext4 mkfs, checksummed tree, e2fsck -fn clean",
         "RDMA-OK: checksums match after a reconnect",
@@ -48,10 +62,18 @@ fn nvme_rdma_on_soft_roce() {
         "PROBE-OK: Connect with a queue size other than the request's refused",
         "PROBE-OK: SGL outside the registered region closes that queue",
         "PROBE-OK: disconnect mid-transfer",
+        "PROBE-OK: a capsule longer than the receive buffer closes that queue",
         "PROBE-OK: a new controller still connects",
         "RDMA-OK: the Linux host's queues carried on",
+        "RDMA-OK: nvme discover (tcp 8009 and rdma 4420) lists the RDMA port",
+        "RDMA-OK: nvme connect-all connects over rdma through the discovery log",
+        "RDMA-OK: a second host over max_sessions refused",
+        "RDMA-OK: a host not on the allow-list refused",
+        "PROBE-OK: max_pending_logins bounds RDMA connections without a Connect",
+        "PROBE-OK: login timeout closes an RDMA connection without a Connect",
         "RDMA-OK: blockwire verify against the kernel's nvmet-rdma",
         "RDMA-OK: blockwire verify against blockwire over rdma",
+        "RDMA-OK: DH-HMAC-CHAP over rdma: both ways with the secrets, refused with a wrong one or none",
         "RDMA-ALL-OK",
     ] {
         assert!(output.contains(step), "guest did not report {step:?}\n{output}");
@@ -63,6 +85,10 @@ fn nvme_rdma_on_soft_roce() {
     // seen first is a race), the I/O queue that went mid-transfer.
     for why in ["connect request refused (reject status 4)", "queue 0 of controller 0 closed", "queue 1 of controller"] {
         assert!(output.lines().any(|l| l.contains("TARGET-LOG:") && l.contains(why)), "target log has no {why:?}\n{output}");
+    }
+    // The limited target said why it refused each one.
+    for why in ["(max_sessions)", "host not allowed", "(max_pending_logins)", "no Connect before the login timeout"] {
+        assert!(output.lines().any(|l| l.contains("TARGET2-LOG:") && l.contains(why)), "limited target's log has no {why:?}\n{output}");
     }
 }
 
@@ -89,7 +115,8 @@ impl RawQueue {
         for i in 0..SLOTS {
             q.post_recv(i as u64, recv, i * 64, 64).unwrap();
         }
-        let send = q.register(64 + 4096, false).unwrap();
+        // Room for a capsule longer than the target's receive buffers.
+        let send = q.register(64 + 2 * INCAPSULE_DATA as usize, false).unwrap();
         let data = q.register(1 << 20, true).unwrap();
         let req = cm::Request { recfmt: 0, qid, hrqsize: hsqsize.saturating_add(1), hsqsize, cntlid: 0xFFFF };
         match q.connect(&req.encode(), 4, 4, Duration::from_secs(5)) {
@@ -235,8 +262,85 @@ fn guest_bad_input() {
     admin.cmd(fabrics::disconnect_sqe(0), &[]).expect("Disconnect");
     drop(admin);
 
-    // 5. The target still takes new controllers.
+    // 5. A capsule longer than the receive buffers the target posted: the
+    //    target's RECV fails (length error), that queue closes.
+    let mut q = RawQueue::open(&target, 0, 31).expect("admin queue");
+    assert!(q.connect(0, 31, 0xFFFF).status.is_success());
+    let r = q.cmd(Property::get_sqe(0, reg::CAP, true), &vec![0u8; CAPSULE_LEN]);
+    assert!(r.is_err(), "an oversized capsule was answered: {r:?}");
+    let r2 = q.cmd(Property::get_sqe(0, reg::CAP, true), &[]);
+    assert!(r2.is_err(), "the queue still answers after the oversized capsule: {r2:?}");
+    println!("PROBE-OK: a capsule longer than the receive buffer closes that queue ({})", r.err().unwrap_or_default());
+    drop(q);
+
+    // 6. The target still takes new controllers.
     let mut q = RawQueue::open(&target, 0, 31).expect("admin queue after the bad input");
     assert!(q.connect(0, 31, 0xFFFF).status.is_success());
     println!("PROBE-OK: a new controller still connects");
+}
+
+/// Runs inside the guest against a blockwire with `max_pending_logins = 2`
+/// and `login_timeout_s = 10` (tests/kernel-vm/nvme-rdma.sh): connections
+/// that never send a Connect hold a pending-login place each, a third is
+/// rejected (no resources), and the login timeout closes them.
+#[test]
+#[ignore = "runs inside the kernel VM (tests/kernel-vm/nvme-rdma.sh)"]
+fn guest_admission() {
+    let Ok(target) = std::env::var("BW_RDMA_TARGET") else {
+        eprintln!("BW_RDMA_TARGET not set: nothing to probe");
+        return;
+    };
+    // Refused hosts' connections may still hold places for a moment: take
+    // a place as soon as one is free.
+    let open = || {
+        for _ in 0..100 {
+            match RawQueue::open(&target, 0, 31) {
+                Ok(q) => return q,
+                Err(sts) => assert_eq!(sts, cm::reject::NO_RESOURCES, "connect request rejected"),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("no pending-login place came free");
+    };
+    // The login timeout may close a held queue before the third asks (a
+    // stall of the emulated guest): then its place is free again, and the
+    // round is repeated. The target disconnects that queue before it
+    // accepts another, so its Disconnected event is here by then.
+    let closed = |q: &mut RawQueue| std::iter::from_fn(|| q.q.cm_event().unwrap()).any(|e| e.kind == EventKind::Disconnected);
+    let mut held = None;
+    for _ in 0..10 {
+        let mut a = open();
+        let mut b = open();
+        let third = RawQueue::open(&target, 0, 31);
+        if !closed(&mut a) && !closed(&mut b) {
+            assert_eq!(third.err(), Some(cm::reject::NO_RESOURCES), "a third connection without a Connect was accepted");
+            held = Some((a, b));
+            break;
+        }
+    }
+    let (mut a, mut b) = held.expect("two pending connections held at once");
+    println!("PROBE-OK: max_pending_logins bounds RDMA connections without a Connect");
+    let mut gone = [false, false];
+    let t0 = Instant::now();
+    while gone != [true, true] {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the target never closed the connections without a Connect");
+        gone[0] |= closed(&mut a);
+        gone[1] |= closed(&mut b);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop((a, b));
+    drop(open());
+    println!("PROBE-OK: login timeout closes an RDMA connection without a Connect");
+}
+
+/// Runs inside the guest once rxe0 is on eth0: the lab's availability rule
+/// for its NVMe/RDMA subjects (bw_lab::rdma) on a host that has a device.
+#[test]
+#[ignore = "runs inside the kernel VM (tests/kernel-vm/nvme-rdma.sh)"]
+fn guest_lab_rdma_rule() {
+    use bw_lab::host::Host;
+    assert_eq!(bw_lab::rdma::check(&Host::Local, "eth0"), None, "rxe0 on eth0 not found");
+    let why = bw_lab::rdma::check(&Host::Local, "lo").expect("lo has no RDMA device");
+    assert!(why.starts_with("no RDMA device on lo of this machine (it has rxe0 on eth0"), "{why}");
+    println!("PROBE-OK: the lab finds rxe0 on eth0 and no RDMA device on lo ({why})");
 }

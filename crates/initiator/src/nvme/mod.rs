@@ -226,9 +226,6 @@ impl NvmeClient {
             _ => return Err(proto(format!("{url} is not an nvme+tcp or nvme+rdma URL"))),
         };
         let auth = auth::config(opts)?;
-        if t == Transport::Rdma && auth.is_some() {
-            return Err(ClientError::Unsupported("DH-HMAC-CHAP over NVMe/RDMA".into()));
-        }
         let a = open_admin(t, host, *port, subnqn, opts, KATO_MS, auth.as_ref()).await?;
         let want = opts.queues.clamp(1, 0xFFFF) as u32;
         let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
@@ -471,7 +468,8 @@ pub async fn discover(host: &str, port: u16, opts: &ConnectOptions) -> Result<Ve
                 1 => "discovery-referral",
                 _ => "unknown",
             };
-            format!("nvme+tcp://{}:{}/{} (subtype {kind}, portid {})", e.traddr.trim(), e.trsvcid.trim(), e.subnqn, e.portid)
+            let scheme = if e.trtype == logpage::TRTYPE_RDMA { "nvme+rdma" } else { "nvme+tcp" };
+            format!("{scheme}://{}:{}/{} (subtype {kind}, portid {})", e.traddr.trim(), e.trsvcid.trim(), e.subnqn, e.portid)
         })
         .collect())
 }

@@ -16,6 +16,9 @@ pub const NQN: &str = "nqn.2026-11.org.blockwire.lab:disk";
 pub const AOE_ADDRESS: (u16, u8) = (1, 0);
 pub const ISCSI_PORT: u16 = 3260;
 pub const NVME_PORT: u16 = 4420;
+/// Not NVMe/TCP's port: an iWARP device's connection manager shares the
+/// TCP port space.
+pub const NVME_RDMA_PORT: u16 = 4421;
 
 /// The URL blockwire's client uses to reach protocol `p` over `link`.
 pub fn url(p: Protocol, link: &Link) -> String {
@@ -24,6 +27,7 @@ pub fn url(p: Protocol, link: &Link) -> String {
         Protocol::Aoe => format!("aoe://{}/{}.{}", link.client_if, AOE_ADDRESS.0, AOE_ADDRESS.1),
         Protocol::Iscsi => format!("iscsi://{ip}:{ISCSI_PORT}/{IQN}/0"),
         Protocol::Nvme => format!("nvme+tcp://{ip}:{NVME_PORT}/{NQN}/1"),
+        Protocol::NvmeRdma => format!("nvme+rdma://{ip}:{NVME_RDMA_PORT}/{NQN}/1"),
         Protocol::Nfs => unreachable!("blockwire serves no NFS"),
     }
 }
@@ -65,14 +69,21 @@ fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
                     q(IQN)
                 )
             }
-            Protocol::Nvme => {
-                t += &format!(
-                    "\n[nvme]\nlisten = [\"{ip}:{NVME_PORT}\"]\ndiscovery_listen = \"{ip}:8009\"\n[[nvme.subsystem]]\nnqn = {}\nnamespaces = [{{ nsid = 1, volume = \"lab\" }}]\n",
-                    q(NQN)
-                )
-            }
+            // One [nvme] table for both transports, below.
+            Protocol::Nvme | Protocol::NvmeRdma => {}
             Protocol::Nfs => unreachable!("blockwire serves no NFS"),
         }
+    }
+    let (tcp, rdma) = (protocols.contains(&Protocol::Nvme), protocols.contains(&Protocol::NvmeRdma));
+    if tcp || rdma {
+        t += "\n[nvme]\n";
+        if tcp {
+            t += &format!("listen = [\"{ip}:{NVME_PORT}\"]\ndiscovery_listen = \"{ip}:8009\"\n");
+        }
+        if rdma {
+            t += &format!("rdma_listen = [\"{ip}:{NVME_RDMA_PORT}\"]\n");
+        }
+        t += &format!("[[nvme.subsystem]]\nnqn = {}\nnamespaces = [{{ nsid = 1, volume = \"lab\" }}]\n", q(NQN));
     }
     t
 }
@@ -163,6 +174,14 @@ mod tests {
         assert_eq!(v["nvme"]["subsystem"][0]["namespaces"][0]["nsid"].as_integer(), Some(1));
         let only_aoe: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &all[..1])).unwrap();
         assert!(only_aoe.get("iscsi").is_none() && only_aoe.get("nvme").is_none());
+        assert!(v["nvme"].get("rdma_listen").is_none());
+        // Both NVMe transports share one [nvme] table and subsystem.
+        let both: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &[Protocol::NvmeRdma, Protocol::Nvme])).unwrap();
+        assert_eq!(both["nvme"]["listen"][0].as_str(), Some("198.18.1.1:4420"));
+        assert_eq!(both["nvme"]["rdma_listen"][0].as_str(), Some("198.18.1.1:4421"));
+        assert_eq!(both["nvme"]["subsystem"].as_array().map(|a| a.len()), Some(1));
+        let rdma: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &[Protocol::NvmeRdma])).unwrap();
+        assert!(rdma["nvme"].get("listen").is_none() && rdma["nvme"].get("discovery_listen").is_none());
     }
 
     #[test]

@@ -143,6 +143,13 @@ impl ControllerAuth {
         &self.hostnqn
     }
 
+    /// What was agreed, for the log: `DH-HMAC-CHAP sha256 ffdhe2048, bidirectional`.
+    pub fn summary(&self) -> String {
+        let (hash, group) = self.chosen.map(|(h, g)| (h.name(), g.name())).unwrap_or(("?", "?"));
+        let how = if self.mutual { "bidirectional" } else { "host only" };
+        format!("DH-HMAC-CHAP {hash} {group}, {how}")
+    }
+
     fn fail1(&mut self, tid: u16, reason: FailureReason, why: impl Into<String>) {
         self.authenticated = false;
         self.mutual = false;

@@ -54,7 +54,7 @@ fn connected(qid: u16, entries: u16) -> RdmaQueue {
     let Some(Action::Connect { cid, connect, data }) = q.fetched(1, connect_data(), &mut out) else { panic!("no Connect") };
     assert_eq!((cid, connect.qid, data.hostnqn.as_str()), (1, qid, "nqn.h:1"));
     let ka = Arc::new(KeepAlive::new(0, now));
-    q.connected(1, Connected { result: 5, keep_alive: ka, subsystem: Some(subsystem()) }, now, &mut out);
+    q.connected(1, Connected { result: 5, keep_alive: ka, subsystem: Some(subsystem()), auth: None }, now, &mut out);
     assert_eq!(out.len(), 1);
     let c = cqe_of(&out[0]);
     assert_eq!((c.cid, c.status, c.result, c.sq_id, c.sq_head), (1, Status::SUCCESS, 5, qid, 1));
@@ -195,4 +195,98 @@ fn disconnect_completes_then_closes() {
     s.set_keyed_sgl(keyed(0, 0, 0, false));
     assert_eq!(q.capsule(&s.0, now, &mut out), Some(Action::Close(None)));
     assert_eq!(cqe_of(&out[0]).status, Status::SUCCESS);
+}
+
+/// DH-HMAC-CHAP on an RDMA queue: our host's state machine against the
+/// queue, Auth Send in the capsule, Auth Receive through the host's buffer.
+mod auth {
+    use super::*;
+    use crate::auth::host::RECEIVE_LEN;
+    use crate::auth::message::AuthCommand;
+    use crate::auth::{AuthConfig, HostAction, HostAuth, Secret};
+
+    fn key() -> Secret {
+        let k: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(5) ^ 5).collect();
+        Secret::from_key(&k, None).unwrap()
+    }
+
+    fn entropy(seed: u8) -> Entropy {
+        Entropy { bytes: core::array::from_fn(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)), seqnum: 1000 + seed as u32 }
+    }
+
+    /// A queue whose host must authenticate, through its Connect.
+    fn connect_with_auth(qid: u16, now: Instant, deadline: Instant) -> RdmaQueue {
+        let mut q = RdmaQueue::new(shape(qid, 32), deadline);
+        let mut out = Vec::new();
+        let k = keyed(0x1000, 1024, 77, false);
+        q.capsule(&connect_sqe(qid, 31, k).0, now, &mut out);
+        let Some(Action::Connect { cid, .. }) = q.fetched(1, connect_data(), &mut out) else { panic!("no Connect") };
+        let auth = ControllerAuth::new(Arc::new(AuthConfig::new(key(), None)), "nqn.h:1", "nqn.t:s");
+        let c = Connected { result: 5, keep_alive: Arc::new(KeepAlive::new(0, now)), subsystem: Some(subsystem()), auth: Some(auth) };
+        q.connected(cid, c, now, &mut out);
+        let c = cqe_of(&out[0]);
+        assert_eq!((c.status, c.result), (Status::SUCCESS, 5 | fabrics::AUTHREQ_ATR as u64));
+        q
+    }
+
+    #[test]
+    fn commands_wait_for_authentication_and_the_login_deadline_stays() {
+        let now = Instant::now();
+        let deadline = now + Duration::from_secs(10);
+        let mut q = connect_with_auth(1, now, deadline);
+        assert!(q.awaiting_auth());
+        let mut out = Vec::new();
+        // A write whose data is not even fetched.
+        let mut w = Sqe::new(nvm::WRITE, 2, 1);
+        w.set_rw(0, 8);
+        w.set_keyed_sgl(keyed(0x2000, 4096, 9, false));
+        assert_eq!(q.capsule(&w.0, now, &mut out), None);
+        assert_eq!(cqe_of(&out[0]).status, Status::AUTH_REQUIRED.dnr());
+        assert_eq!(q.poll_timeout(), Some(deadline));
+        assert_eq!(q.handle_timeout(deadline), Some(Action::Close(Some(RdmaQueueError::AuthTimeout))));
+    }
+
+    #[test]
+    fn an_exchange_logs_the_queue_in() {
+        let now = Instant::now();
+        let deadline = now + Duration::from_secs(10);
+        let mut q = connect_with_auth(0, now, deadline);
+        let mut ha = HostAuth::new(Arc::new(AuthConfig::new(key(), None)), "nqn.h:1", "nqn.t:s", 0, entropy(1));
+        let mut act = ha.start();
+        let mut authenticated = false;
+        for _ in 0..10 {
+            let mut out = Vec::new();
+            act = match act {
+                HostAction::Send(b) => {
+                    let mut s = AuthCommand::send_sqe(40, b.len() as u32);
+                    s.set_sgl(Sgl { addr: 0, length: b.len() as u32, kind: sgl::INCAPSULE });
+                    let capsule = [&s.0[..], &b].concat();
+                    let Some(Action::AuthSend { sqe, data }) = q.capsule(&capsule, now, &mut out) else { panic!("no AuthSend") };
+                    let a = q.auth_send(&sqe, &data, entropy(2), &mut out);
+                    authenticated |= a == Some(Action::Authenticated);
+                    assert_eq!(cqe_of(out.last().unwrap()).status, Status::SUCCESS);
+                    ha.sent()
+                }
+                HostAction::Receive => {
+                    let mut s = AuthCommand::receive_sqe(41, RECEIVE_LEN);
+                    s.set_keyed_sgl(keyed(0x3000, RECEIVE_LEN, 11, false));
+                    let a = q.capsule(&s.0, now, &mut out);
+                    assert!(a.is_none() || a == Some(Action::Authenticated), "{a:?}");
+                    authenticated |= a.is_some();
+                    let [Post::Write { to, data }, send] = &out[..] else { panic!("expected data and completion: {out:?}") };
+                    assert_eq!((to.addr, to.key), (0x3000, 11));
+                    assert!(cqe_of(send).status.is_success());
+                    ha.received(data)
+                }
+                HostAction::Done => break,
+                HostAction::Failed { .. } => panic!("authentication failed"),
+            };
+        }
+        assert!(authenticated && !q.awaiting_auth());
+        // The login deadline is gone; commands run.
+        assert_ne!(q.poll_timeout(), Some(deadline));
+        let mut out = Vec::new();
+        let a = q.capsule(&Sqe::new(crate::queue_entry::admin::IDENTIFY, 7, 0).0, now, &mut out);
+        assert!(matches!(a, Some(Action::Admin { .. })), "{a:?}");
+    }
 }

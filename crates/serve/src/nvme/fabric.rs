@@ -9,7 +9,7 @@ use super::auth::HostKeys;
 use bw_nvme::auth::AuthConfig;
 use bw_nvme::controller::{KeepAlive, Role};
 use bw_nvme::fabrics::{self, Connect, ConnectData};
-use bw_nvme::logpage::{DiscoveryEntry, SUBTYPE_NVME};
+use bw_nvme::logpage::{DiscoveryEntry, SUBTYPE_NVME, TRTYPE_RDMA, TRTYPE_TCP};
 use bw_nvme::{Completion, Controller, LiveSubsystem, Status, Subsystem, DISCOVERY_NQN};
 use crate::session::{SessionInfo, SessionStats};
 use std::collections::{HashMap, HashSet};
@@ -81,10 +81,19 @@ fn refuse(status: Status, result: u64) -> Refusal {
     Refusal { status: status.dnr(), result }
 }
 
+/// A port the discovery log names: where hosts reach the subsystems.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Port {
+    pub rdma: bool,
+    pub addr: SocketAddr,
+}
+
 pub struct Fabric {
     /// Looked up at Connect only; live changes replace entries.
     subsystems: Mutex<Vec<Arc<LiveSubsystem>>>,
-    ports: Vec<SocketAddr>,
+    /// NVMe/TCP listeners, then NVMe/RDMA ones (their discovery port IDs
+    /// count in that order from 1).
+    ports: Vec<Port>,
     ctrls: Mutex<HashMap<u16, Arc<CtrlEntry>>>,
     next_cntlid: Mutex<u16>,
     /// NVM controllers alive at once (`limits.max_sessions`), and discovery
@@ -110,7 +119,7 @@ pub struct Fabric {
 const DISCOVERY_KATO_MAX_MS: u32 = 120_000;
 
 impl Fabric {
-    pub fn new(subsystems: Vec<Arc<Subsystem>>, ports: Vec<SocketAddr>) -> Fabric {
+    pub fn new(subsystems: Vec<Arc<Subsystem>>, ports: Vec<Port>) -> Fabric {
         Fabric {
             subsystems: Mutex::new(subsystems.into_iter().map(|s| Arc::new(LiveSubsystem::new(s))).collect()),
             ports,
@@ -160,15 +169,18 @@ impl Fabric {
         self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Discovery log entries this host may see. `local` is the address the
-    /// host reached us on, reported for wildcard listeners.
+    /// Discovery log entries this host may see, one per subsystem and
+    /// port (TCP and RDMA alike). `local` is the address the host reached
+    /// us on, reported for wildcard listeners.
     fn discovery_entries(&self, hostnqn: &str, local: Option<SocketAddr>) -> Vec<DiscoveryEntry> {
         let mut v = Vec::new();
         let subs: Vec<Arc<Subsystem>> = self.subsystems.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|s| s.load_full()).collect();
         for s in subs.iter().filter(|s| s.host_allowed(hostnqn)) {
             for (i, p) in self.ports.iter().enumerate() {
-                let ip = if p.ip().is_unspecified() { local.map(|l| l.ip()).unwrap_or(p.ip()) } else { p.ip() };
-                v.push(DiscoveryEntry { subnqn: s.nqn.clone(), traddr: ip.to_string(), trsvcid: p.port().to_string(), portid: i as u16 + 1, subtype: SUBTYPE_NVME });
+                let a = p.addr;
+                let ip = if a.ip().is_unspecified() { local.map(|l| l.ip()).unwrap_or(a.ip()) } else { a.ip() };
+                let trtype = if p.rdma { TRTYPE_RDMA } else { TRTYPE_TCP };
+                v.push(DiscoveryEntry { trtype, subnqn: s.nqn.clone(), traddr: ip.to_string(), trsvcid: a.port().to_string(), portid: i as u16 + 1, subtype: SUBTYPE_NVME });
             }
         }
         v

@@ -20,7 +20,7 @@ use bw_nvme::ana::AnaState;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_nvme::{Namespace, Subsystem};
-use fabric::Fabric;
+use fabric::{Fabric, Port};
 use std::sync::Arc;
 
 /// NVMe/TCP framing for the shared reader: the common header's PLEN is the
@@ -133,10 +133,22 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
             eprintln!("blockwire: nvme subsystem {n} on {}", ports.join(", "));
         }
     }
+    // RDMA listeners are bound before the fabric exists: the discovery log
+    // names them beside the TCP ports.
+    let mut rdma_listeners = Vec::new();
+    let mut ports: Vec<Port> = bound.iter().map(|&addr| Port { rdma: false, addr }).collect();
+    for addr in &cfg.rdma_listen {
+        let (l, bound) = rdma::bind(*addr)?;
+        for n in &names {
+            eprintln!("blockwire: nvme subsystem {n} on rdma {bound}");
+        }
+        ports.push(Port { rdma: true, addr: bound });
+        rdma_listeners.push(l);
+    }
     let admission = Admission::new(limits.clone());
     let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
     let fabric = Arc::new(
-        Fabric::new(subs, bound)
+        Fabric::new(subs, ports)
             .with_max_controllers(limits.max_sessions, limits.max_discovery_sessions)
             .with_cntlid_range(lo, hi)
             .with_zero_copy_min(tuning.zero_copy_min)
@@ -155,13 +167,12 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         threading: Threading::ThreadPerConnection,
         congestion,
     };
+    // NVMe/RDMA is a front-end of its own, counted apart from NVMe/TCP's
+    // (controllers are counted by the fabric, across both).
+    let rdma_admission = Admission::new(limits.clone());
     let mut rdma_threads = Vec::new();
-    for addr in &cfg.rdma_listen {
-        let (bound, t) = rdma::listen(*addr, fabric.clone(), login_timeout, shutdown.clone())?;
-        for n in &names {
-            eprintln!("blockwire: nvme subsystem {n} on rdma {bound}");
-        }
-        rdma_threads.push(t);
+    for l in rdma_listeners {
+        rdma_threads.push(rdma::serve(l, fabric.clone(), rdma_admission.clone(), shutdown.clone())?);
     }
     let f = fabric.clone();
     let handle = Handle(fabric.clone());

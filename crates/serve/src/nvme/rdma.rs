@@ -3,7 +3,9 @@
 //! the same [`Fabric`] as NVMe/TCP's.
 //!
 //! One thread per listener takes connect requests: a request whose private
-//! data asks for a queue we do not offer is rejected with the reason;
+//! data asks for a queue we do not offer is rejected with the reason, one
+//! over the admission limits (connections per address, connections not
+//! logged in yet: `[limits]`, as NVMe/TCP's) with "no resources";
 //! otherwise the connection gets its queue pair, one posted RECV per
 //! submission queue entry (a command capsule each), and a thread of its
 //! own, which sleeps on its completion channel and connection-manager
@@ -23,10 +25,12 @@
 //! controller too if it was the admin queue, and other queues go on.
 
 use super::fabric::{CtrlEntry, Fabric};
+use crate::limits::{Admission, Ticket};
 use crate::metrics::{self, Meter, Op};
 use crate::session::SessionStats;
 use crate::Shutdown;
 use anyhow::Context;
+use bw_nvme::auth::{ControllerAuth, Entropy};
 use bw_nvme::controller::{AdminOutcome, Completion};
 use bw_nvme::fabrics::{self, Connect, ConnectData};
 use bw_nvme::nvm_io as io;
@@ -54,14 +58,22 @@ fn wr_id(kind: u64, n: u64) -> u64 {
 }
 
 /// Listen on `addr` (an address of an RDMA device's network interface);
-/// the thread taking connect requests ends at shutdown.
-pub fn listen(addr: SocketAddr, fabric: Arc<Fabric>, login_timeout: Duration, shutdown: Shutdown) -> anyhow::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
-    let mut l = Listener::bind(&addr.ip().to_string(), addr.port(), 128).with_context(|| format!("NVMe/RDMA listen on {addr} (is there an RDMA device on it?)"))?;
+/// returns the listener and the address it is bound to (the port chosen
+/// when `addr` asks for port 0).
+pub fn bind(addr: SocketAddr) -> anyhow::Result<(Listener, SocketAddr)> {
+    let l = Listener::bind(&addr.ip().to_string(), addr.port(), 128).with_context(|| format!("NVMe/RDMA listen on {addr} (is there an RDMA device on it?)"))?;
     let bound = SocketAddr::new(addr.ip(), l.port());
+    Ok((l, bound))
+}
+
+/// Take connect requests on `l` in a thread of its own, which ends at
+/// shutdown; `admission` is the RDMA front-end's (one for all its listeners).
+pub fn serve(mut l: Listener, fabric: Arc<Fabric>, admission: Arc<Admission>, shutdown: Shutdown) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let login_timeout = admission.limits().login_timeout();
     let t = std::thread::Builder::new().name("nvme-rdma-cm".into()).spawn(move || {
         while !shutdown.is_set() {
             match l.request(TICK) {
-                Ok(Some(r)) => accept(r, &fabric, login_timeout, &shutdown),
+                Ok(Some(r)) => accept(r, &fabric, &admission, login_timeout, &shutdown),
                 Ok(None) => {}
                 Err(e) => {
                     log::error!("nvme-rdma: connection manager: {e}");
@@ -70,15 +82,26 @@ pub fn listen(addr: SocketAddr, fabric: Arc<Fabric>, login_timeout: Duration, sh
             }
         }
     })?;
-    Ok((bound, t))
+    Ok(t)
 }
 
-fn accept(r: Request, fabric: &Arc<Fabric>, login_timeout: Duration, shutdown: &Shutdown) {
+fn accept(r: Request, fabric: &Arc<Fabric>, admission: &Arc<Admission>, login_timeout: Duration, shutdown: &Shutdown) {
     let shape = match cm::check_request(&r.private_data) {
         Ok(s) => s,
         Err(sts) => {
             log::info!("nvme-rdma: {}: connect request refused (reject status {sts})", r.peer);
             let _ = r.reject(&cm::reject(sts));
+            return;
+        }
+    };
+    // The limits NVMe/TCP's accept loop applies to a new connection: how
+    // many one address may hold, how many may be waiting for their Connect.
+    let ip = r.peer.parse::<IpAddr>().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    let ticket = match admission.admit(ip) {
+        Ok(t) => t,
+        Err(why) => {
+            log::warn!("nvme-rdma: {}: connect request refused: {why}", r.peer);
+            let _ = r.reject(&cm::reject(cm::reject::NO_RESOURCES));
             return;
         }
     };
@@ -119,10 +142,12 @@ fn accept(r: Request, fabric: &Arc<Fabric>, login_timeout: Duration, shutdown: &
         posts: Vec::new(),
         ctrl: None,
         holds_qid: false,
+        logged_in: false,
         kill: None,
         stats: Arc::default(),
         meter: Meter::new(metrics::Proto::Nvme),
         counted: None,
+        ticket,
         shutdown: shutdown.clone(),
     };
     let spawned = std::thread::Builder::new().name("nvme-rdma-q".into()).spawn(move || {
@@ -161,10 +186,14 @@ struct Conn {
     posts: Vec<Post>,
     ctrl: Option<Arc<CtrlEntry>>,
     holds_qid: bool,
+    /// Allowed and, where the host must, authenticated.
+    logged_in: bool,
     kill: Option<tokio::sync::watch::Receiver<bool>>,
     stats: Arc<SessionStats>,
     meter: Meter,
     counted: Option<metrics::SessionGuard>,
+    /// This connection's place in the RDMA front-end's admission limits.
+    ticket: Ticket,
     shutdown: Shutdown,
 }
 
@@ -307,10 +336,23 @@ impl Conn {
     fn act(&mut self, a: Action) -> Option<End> {
         match a {
             Action::Close(None) => return Some(self.post()),
+            // A failed authentication ends this queue alone: whoever failed
+            // may not be the host that owns the controller.
             Action::Close(Some(e)) => {
+                if let Some(c) = self.ctrl.as_ref().filter(|c| !self.logged_in && c.auth.is_some()) {
+                    let subnqn = c.subsys.as_ref().map(|s| s.nqn()).unwrap_or_default();
+                    metrics::global().auth_failure(metrics::Proto::Nvme, &subnqn, &c.hostnqn);
+                }
                 let _ = self.post();
                 return Some(Err(e.to_string()));
             }
+            Action::Authenticated => {
+                if let Err(why) = self.log_in() {
+                    let _ = self.post();
+                    return Some(Err(why));
+                }
+            }
+            Action::AuthSend { sqe, data } => return self.auth_send(sqe, data),
             Action::Fetch { cid, from } => {
                 let fetch = self.q.register(from.length as usize, false).and_then(|buf| {
                     let id = self.transfer(buf, Some(cid));
@@ -348,31 +390,60 @@ impl Conn {
                 return self.refuse(cid, r.status, r.result);
             }
         };
-        if e.auth.is_some() {
-            // See bw_nvme::rdma_queue: no DH-HMAC-CHAP on this transport yet.
-            log::warn!("nvme-rdma: {}: host {} must authenticate (DH-HMAC-CHAP), which NVMe/RDMA does not offer yet: refused", self.peer, d.hostnqn.escape_debug());
-            if c.qid == 0 {
-                self.fabric.remove(e.cntlid, "its host must authenticate, not offered over RDMA");
-            }
-            return self.refuse(cid, Status::CONNECT_INVALID_HOST.dnr(), fabrics::ipo_data(fabrics::CD_HOSTNQN));
-        }
         if c.qid == 0 {
             e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).set_keyed_sgls(true);
-        } else {
-            if !e.reserve_queue(c.qid) {
-                log::info!("nvme-rdma: {}: queue {} of controller {} is taken", self.peer, c.qid, e.cntlid);
+        }
+        log::debug!("nvme-rdma: {}: queue {} of controller {} connected (sqsize {})", self.peer, c.qid, e.cntlid, c.sqsize);
+        // Every queue of a controller whose host has a secret authenticates
+        // before it logs in (and an I/O queue takes its queue ID).
+        let auth = e.auth.as_ref().and_then(|a| Some(ControllerAuth::new(a.clone(), &e.hostnqn, &e.subsys.as_ref()?.nqn())));
+        let must_authenticate = auth.is_some();
+        self.kill = Some(e.killed());
+        let done = Connected { result: e.cntlid as u64, keep_alive: e.keep_alive.clone(), subsystem: e.subsys.clone(), auth };
+        self.ctrl = Some(e);
+        if !must_authenticate {
+            if let Err(why) = self.log_in() {
+                log::info!("nvme-rdma: {}: Connect (qid {}) refused: {why}", self.peer, c.qid);
+                self.ctrl = None;
+                self.kill = None;
                 return self.refuse(cid, Status::CONNECT_INVALID_PARAM.dnr(), fabrics::ipo_sqe(fabrics::CS_QID));
+            }
+        }
+        self.rq.connected(cid, done, Instant::now(), &mut self.posts);
+    }
+
+    /// The queue's login is over: the host is allowed and authenticated
+    /// where it must be. An I/O queue takes its queue ID now.
+    fn log_in(&mut self) -> Result<(), String> {
+        let Some(e) = self.ctrl.clone() else { return Ok(()) };
+        let qid = self.rq.qid();
+        if qid > 0 && !self.holds_qid {
+            if !e.reserve_queue(qid) {
+                return Err(format!("queue {qid} of controller {} is taken", e.cntlid));
             }
             self.holds_qid = true;
             e.stats.lock().unwrap_or_else(|p| p.into_inner()).push(self.stats.clone());
         }
-        log::debug!("nvme-rdma: {}: queue {} of controller {} connected (sqsize {})", self.peer, c.qid, e.cntlid, c.sqsize);
-        self.kill = Some(e.killed());
+        self.logged_in = true;
+        self.ticket.logged_in();
         let subnqn = e.subsys.as_ref().map_or_else(|| bw_nvme::DISCOVERY_NQN.to_string(), |s| s.nqn());
-        self.counted = Some(metrics::global().login(metrics::Proto::Nvme, &subnqn, &e.hostnqn, c.qid == 0));
-        let done = Connected { result: e.cntlid as u64, keep_alive: e.keep_alive.clone(), subsystem: e.subsys.clone() };
-        self.ctrl = Some(e);
-        self.rq.connected(cid, done, Instant::now(), &mut self.posts);
+        self.counted = Some(metrics::global().login(metrics::Proto::Nvme, &subnqn, &e.hostnqn, qid == 0));
+        Ok(())
+    }
+
+    /// Auth Send: the queue's DH-HMAC-CHAP step with fresh randomness.
+    fn auth_send(&mut self, sqe: Sqe, data: Bytes) -> Option<End> {
+        match Entropy::from_os(&self.fabric.host_keys.seq) {
+            Ok(r) => {
+                let a = self.rq.auth_send(&sqe, &data, r, &mut self.posts)?;
+                self.act(a)
+            }
+            Err(err) => {
+                log::error!("nvme-rdma: {}: no random numbers from the OS: {err}", self.peer);
+                self.complete(sqe.cid(), Status::INTERNAL, 0, None);
+                None
+            }
+        }
     }
 
     /// Complete the AERs a live change answered (admin queue).
