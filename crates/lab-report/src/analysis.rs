@@ -160,17 +160,19 @@ pub struct Recommendation {
 
 /// The micro suite's recommendations, per (link, MTU, workload).
 pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
-    let all = micro_cases(r);
+    // Every `--offload`/`--digest` setting gets its own answer: a run of
+    // the offload study has no case at the defaults at all.
+    let all = cases(&r.samples);
     let local: BTreeMap<String, &Case> =
         all.values().filter(|c| c.key.mtu.is_none() && c.key.suite == "micro").map(|c| (c.key.workload.clone(), c)).collect();
-    let mut groups: BTreeMap<(String, u32, String), Vec<&Case>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String, u32, String), Vec<&Case>> = BTreeMap::new();
     for c in all.values().filter(|c| c.key.suite == "micro") {
         if let Some(mtu) = c.key.mtu {
-            groups.entry((c.key.link.clone(), mtu, c.key.workload.clone())).or_default().push(c);
+            groups.entry((c.key.factors.describe(), c.key.link.clone(), mtu, c.key.workload.clone())).or_default().push(c);
         }
     }
     let mut out = vec![];
-    for ((link, mtu, workload), cs) in groups {
+    for ((setting, link, mtu, workload), cs) in groups {
         let entries = |m: Metric| -> Vec<(String, Vec<f64>)> { cs.iter().map(|c| (c.key.subject.clone(), c.values(m))).collect() };
         let tm = throughput_metric(cs[0]);
         let throughput = decide(&Quantity::of(tm), &entries(tm));
@@ -179,9 +181,13 @@ pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
             let best = cs.iter().find(|c| c.key.subject == d.leader)?.summary(tm)?;
             Some(format!("{} reaches {:.0}% of local fio", d.leader, best.mean / lc.mean * 100.0))
         });
+        let scenario = match setting.as_str() {
+            "" => scenario(r, &link, mtu),
+            s => format!("{}, {s}", scenario(r, &link, mtu)),
+        };
         out.push(Recommendation {
             suite: "micro",
-            scenario: scenario(r, &link, mtu),
+            scenario,
             link,
             mtu,
             client_mem: None,

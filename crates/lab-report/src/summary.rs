@@ -8,9 +8,19 @@ use bw_lab_results::Results;
 /// Print the answer and the recommendation in detail (the terminal summary).
 pub fn print_recommendations(r: &Results) {
     let recs = recommendations(r);
-    if recs.is_empty() {
-        return;
+    if !recs.is_empty() {
+        print_answer(recs);
     }
+    let fs = crate::findings::findings(r);
+    if !fs.is_empty() {
+        println!("\nFindings of the studies, checked");
+        for f in fs {
+            println!("  [{}] {} — {}: {} ({})", f.verdict.word(), f.claim, f.compared, f.measured, f.why);
+        }
+    }
+}
+
+fn print_answer(recs: Vec<crate::analysis::Recommendation>) {
     println!("\nAnswer: what to pick, by how much (95% interval; a winner only when the whole interval is more than 5% ahead of every other subject)");
     let rows = answer_rows(&recs);
     let head = ["scenario", "workload", "fastest", "by", "least CPU/op", "by"];
@@ -34,13 +44,6 @@ pub fn print_recommendations(r: &Results) {
         }
         if let Some(v) = rec.vs_local {
             println!("    {:<10} {v}", "vs local");
-        }
-    }
-    let fs = crate::findings::findings(r);
-    if !fs.is_empty() {
-        println!("\nFindings of the studies, checked");
-        for f in fs {
-            println!("  [{}] {} — {}: {} ({})", f.verdict.word(), f.claim, f.compared, f.measured, f.why);
         }
     }
 }
