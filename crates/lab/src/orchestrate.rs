@@ -118,8 +118,6 @@ pub struct LabRun {
     kernel_nfs: bool,
     /// The file system ganesha's export is on now.
     nfs_server_fs: crate::fs_kind::FsKind,
-    /// The run has said once whether NVMe over RDMA could be measured.
-    rdma_told: bool,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -292,7 +290,6 @@ impl LabRun {
             kernel_nfs_client: false,
             kernel_nfs: false,
             nfs_server_fs: Default::default(),
-            rdma_told: false,
         }
     }
 
@@ -722,17 +719,6 @@ impl LabRun {
             peers.retain(|p| p.target().protocol() != crate::subjects::Protocol::Aoe);
         }
         let rdma = crate::subjects::Protocol::NvmeRdma;
-        if !self.rdma_told && !ours.contains(&rdma) && ours.contains(&crate::subjects::Protocol::Nvme) {
-            // The RDMA subjects are asked for, not default (a run on hosts
-            // with RDMA devices would outgrow the default's time budget):
-            // one line says whether asking would measure them.
-            self.rdma_told = true;
-            let line = match crate::rdma::check(&topo.target, &link.target_if).or_else(|| crate::rdma::check(&topo.client, &link.client_if)) {
-                Some(why) => format!("lab: NVMe over RDMA not measured: {why}"),
-                None => "lab: both hosts have an RDMA device on the link: add nvme-rdma to --protocols to measure NVMe over RDMA too".into(),
-            };
-            self.say(&line);
-        }
         if ours.contains(&rdma) {
             // No RDMA device on the link: one line, no serve that fails to bind.
             let why = crate::rdma::check(&topo.target, &link.target_if).or_else(|| crate::rdma::check(&topo.client, &link.client_if));

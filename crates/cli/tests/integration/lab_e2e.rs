@@ -273,11 +273,6 @@ fn offload_and_digest_factors_give_samples_charts_and_findings() {
         "--offload", "none,stateless", "--digest", "none,crc32c,crc32c-soft",
     ], &out);
     assert!(stderr.contains("lab: offloads restored and checked on 2 link ends"), "{stderr}");
-    // NVMe over RDMA is asked for, not default: six settings, one line
-    // saying why it was not measured (no RDMA device here).
-    if std::fs::read_dir("/sys/class/infiniband").map(|mut d| d.next().is_none()).unwrap_or(true) {
-        assert_eq!(stderr.matches("lab: NVMe over RDMA not measured: no RDMA device on").count(), 1, "{stderr}");
-    }
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).expect("results.json parses");
     let samples = results["samples"].as_array().expect("samples");
