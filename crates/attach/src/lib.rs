@@ -425,21 +425,27 @@ pub fn mount_at(dir: &Path) -> Option<MountEntry> {
 
 /// The last (topmost) line of `table` (mountinfo format) mounted on `dir`.
 fn parse_mountinfo(table: &str, dir: &str) -> Option<MountEntry> {
-    table.lines().rev().find_map(|line| {
-        // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
-        let mut f = line.split(' ');
-        let dev = f.nth(2)?;
-        let point = f.nth(1)?;
-        if unescape_mountinfo(point) != dir {
-            return None;
-        }
-        let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
-        let minor = dev.split_once(':')?.1.parse().ok()?;
-        Some(MountEntry {
-            minor,
-            fstype: fstype.to_string(),
-        })
-    })
+    table.lines().rev().filter_map(mount_line).find(|m| m.point == dir).map(|m| MountEntry { minor: m.minor, fstype: m.fstype })
+}
+
+/// The fields of one mountinfo line that the lifecycle reads, unescaped.
+pub(crate) struct MountLine {
+    pub point: String,
+    pub minor: u32,
+    pub fstype: String,
+    pub source: String,
+}
+
+pub(crate) fn mount_line(line: &str) -> Option<MountLine> {
+    // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+    let mut f = line.split(' ');
+    let dev = f.nth(2)?;
+    let point = unescape_mountinfo(f.nth(1)?);
+    let minor = dev.split_once(':')?.1.parse().ok()?;
+    let mut tail = line.split(" - ").nth(1)?.split(' ');
+    let fstype = tail.next()?.to_string();
+    let source = unescape_mountinfo(tail.next()?);
+    Some(MountLine { point, minor, fstype, source })
 }
 
 /// mountinfo writes space, tab, newline and backslash in paths as `\ooo`.

@@ -68,12 +68,7 @@ fn unreachable_mounts(mountinfo: &str) -> Vec<PathBuf> {
 
 /// Mount point, file-system type and source of one mountinfo line.
 fn mount_fields(line: &str) -> Option<(PathBuf, String, String)> {
-    // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
-    let point = line.split(' ').nth(4)?;
-    let mut tail = line.split(" - ").nth(1)?.split(' ');
-    let fstype = tail.next()?.to_string();
-    let source = crate::unescape_mountinfo(tail.next()?);
-    Some((PathBuf::from(crate::unescape_mountinfo(point)), fstype, source))
+    crate::mount_line(line).map(|m| (PathBuf::from(m.point), m.fstype, m.source))
 }
 
 /// The file behind loop device `dev` (`/dev/loopN`), from sysfs.

@@ -158,7 +158,7 @@ pub struct Recommendation {
     pub vs_local: Option<String>,
 }
 
-/// The micro suite's recommendations, per (link, MTU, workload).
+/// The micro suite's recommendations, per (--offload/--digest setting, link, MTU, workload).
 pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
     // Every `--offload`/`--digest` setting gets its own answer: a run of
     // the offload study has no case at the defaults at all.
