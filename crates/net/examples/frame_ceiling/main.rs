@@ -3,28 +3,33 @@
 //! machine, with nothing else done per frame: an upper bound for any
 //! userspace AoE target and initiator pair (bench/aoe-ceiling).
 //!
-//! `frame_ceiling respond IFACE REPLY_BYTES [packet|mmap|xdp]`: answer every
-//! frame with a REPLY_BYTES frame to its sender (batched both ways), until
-//! a stop frame comes; then print its CPU seconds.
-//! `frame_ceiling drive IFACE SECONDS WINDOW [packet|mmap|xdp]`: keep WINDOW
-//! requests (60-byte frames) in flight, batched both ways, for SECONDS;
-//! print one JSON line with pairs per second and the driver's CPU seconds.
+//! `frame_ceiling respond IFACE REPLY_BYTES [packet|mmap|mmap-v3|xdp]`:
+//! answer every frame with a REPLY_BYTES frame to its sender (batched both
+//! ways), until a stop frame comes; then print its CPU seconds.
+//! `frame_ceiling drive IFACE SECONDS WINDOW [packet|mmap|mmap-v3|xdp]`:
+//! keep WINDOW requests (60-byte frames) in flight, batched both ways, for
+//! SECONDS; print one JSON line with pairs per second and the driver's CPU
+//! seconds.
 //!
 //! `xdp` uses AF_XDP through the same batches the AoE target and initiator
 //! use (one copy each way between the rings' memory and the batch), on the
 //! interface's first receive queue (a veth has one); `packet` (the default)
-//! uses AF_PACKET's recvmmsg/sendmmsg. `mmap` (mmap.rs; a measurement of
-//! the PACKET_MMAP alternative only, blockwire's AoE does not use it) is
-//! AF_PACKET with a TPACKET_V3 receive ring and a transmit ring
+//! uses AF_PACKET's recvmmsg/sendmmsg. `mmap` and `mmap-v3` (mmap.rs; a
+//! measurement of the PACKET_MMAP alternative only, blockwire's AoE does
+//! not use it) are AF_PACKET with a receive and a transmit ring
 //! (PACKET_QDISC_BYPASS on): frames are read and written in the rings in
-//! place, received a block at a time (a block is handed over when full or
-//! after its 1 ms retire timer), sent a batch per `sendto` kick.
+//! place and sent a batch per `sendto` kick. `mmap` uses TPACKET_V2 rings:
+//! every received frame is handed over on its own, no timer. `mmap-v3`
+//! uses a TPACKET_V3 receive ring, which hands a block over only when it
+//! is full or after its 1 ms retire timer: with small requests and a
+//! window that cannot fill a block, every round trip waits for that timer
+//! and the rate measures it (about WINDOW x 1000 pairs/s), not the rings.
 
 mod mmap;
 
 use bw_net::frames::{self, Chosen, Datapath};
 use bw_net::{FrameBatch, FrameSocket, PacketSocket, XdpFilter};
-use mmap::MmapSocket;
+use mmap::{MmapSocket, Version};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -129,9 +134,10 @@ fn drive(iface: &str, seconds: f64, window: usize, datapath: Datapath) -> io::Re
 }
 
 /// `respond` over PACKET_MMAP rings: replies are written straight into
-/// the TX ring from the received frames in the RX ring, one kick per block.
-fn respond_mmap(iface: &str, reply_bytes: usize) -> io::Result<()> {
-    let mut sock = MmapSocket::open(iface, ETHERTYPE)?;
+/// the TX ring from the received frames in the RX ring, one kick per
+/// receive batch (V2: the ready frames in a row, V3: a block).
+fn respond_mmap(iface: &str, reply_bytes: usize, version: Version) -> io::Result<()> {
+    let mut sock = MmapSocket::open(iface, ETHERTYPE, version)?;
     if reply_bytes > sock.tx.max_frame() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -142,7 +148,7 @@ fn respond_mmap(iface: &str, reply_bytes: usize) -> io::Result<()> {
     let MmapSocket { rx, tx, .. } = &mut sock;
     let start = cpu_seconds();
     let mut pairs = 0u64;
-    eprintln!("frame_ceiling: responding on {iface} with {reply_bytes}-byte frames (PACKET_MMAP rings)");
+    eprintln!("frame_ceiling: responding on {iface} with {reply_bytes}-byte frames (PACKET_MMAP, {version:?} rings)");
     loop {
         rx.wait(None)?;
         let mut out = 0;
@@ -172,8 +178,8 @@ fn respond_mmap(iface: &str, reply_bytes: usize) -> io::Result<()> {
 
 /// `drive` over PACKET_MMAP rings: requests are written into the TX ring
 /// and sent with one kick per batch; replies are counted in the RX ring.
-fn drive_mmap(iface: &str, seconds: f64, window: usize) -> io::Result<()> {
-    let mut sock = MmapSocket::open(iface, ETHERTYPE)?;
+fn drive_mmap(iface: &str, seconds: f64, window: usize, version: Version) -> io::Result<()> {
+    let mut sock = MmapSocket::open(iface, ETHERTYPE, version)?;
     let me = sock.mac();
     let MmapSocket { rx, tx, .. } = &mut sock;
     let send = |tx: &mut mmap::TxRing, k: usize, first: u8| -> io::Result<usize> {
@@ -214,10 +220,10 @@ fn drive_mmap(iface: &str, seconds: f64, window: usize) -> io::Result<()> {
 }
 
 /// The datapath argument: the product's (bw_net::frames::Datapath) or this
-/// example's own `mmap`.
+/// example's own `mmap` (TPACKET_V2) and `mmap-v3`.
 enum Path {
     Frames(Datapath),
-    Mmap,
+    Mmap(Version),
 }
 
 fn main() {
@@ -225,7 +231,11 @@ fn main() {
     let path = match args.last().map(String::as_str) {
         Some("mmap") => {
             args.pop();
-            Path::Mmap
+            Path::Mmap(Version::V2)
+        }
+        Some("mmap-v3") => {
+            args.pop();
+            Path::Mmap(Version::V3)
         }
         Some(a) => match a.parse::<Datapath>() {
             Ok(d) => {
@@ -238,15 +248,15 @@ fn main() {
     };
     let r = match (args.get(1).map(String::as_str), path) {
         (Some("respond"), Path::Frames(d)) if args.len() == 4 => respond(&args[2], args[3].parse().expect("REPLY_BYTES"), d),
-        (Some("respond"), Path::Mmap) if args.len() == 4 => respond_mmap(&args[2], args[3].parse().expect("REPLY_BYTES")),
+        (Some("respond"), Path::Mmap(v)) if args.len() == 4 => respond_mmap(&args[2], args[3].parse().expect("REPLY_BYTES"), v),
         (Some("drive"), Path::Frames(d)) if args.len() == 5 => {
             drive(&args[2], args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW"), d)
         }
-        (Some("drive"), Path::Mmap) if args.len() == 5 => {
-            drive_mmap(&args[2], args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW"))
+        (Some("drive"), Path::Mmap(v)) if args.len() == 5 => {
+            drive_mmap(&args[2], args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW"), v)
         }
         _ => {
-            eprintln!("usage: frame_ceiling respond IFACE REPLY_BYTES [packet|mmap|xdp] | drive IFACE SECONDS WINDOW [packet|mmap|xdp]");
+            eprintln!("usage: frame_ceiling respond IFACE REPLY_BYTES [packet|mmap|mmap-v3|xdp] | drive IFACE SECONDS WINDOW [packet|mmap|mmap-v3|xdp]");
             std::process::exit(2);
         }
     };

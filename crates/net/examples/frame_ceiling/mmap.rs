@@ -1,44 +1,91 @@
-//! PACKET_MMAP for frame_ceiling's `mmap` datapath: one AF_PACKET socket
-//! with a TPACKET_V3 receive ring and a transmit ring (tpacket3_hdr
-//! frames) in one shared mapping, the receive ring first (the kernel's
-//! layout when both are set; Documentation/networking/packet_mmap.rst).
+//! PACKET_MMAP for frame_ceiling's `mmap` and `mmap-v3` datapaths: one
+//! AF_PACKET socket with a receive ring and a transmit ring in one shared
+//! mapping, the receive ring first (the kernel's layout when both are set;
+//! Documentation/networking/packet_mmap.rst). The ring version is chosen
+//! at open:
 //!
-//! Receive: the kernel fills blocks of variable-sized frames and hands a
-//! block over (TP_STATUS_USER) when it is full or its retire timer
-//! (tp_retire_blk_tov) runs out; we walk its frames by tp_next_offset and
-//! give it back (TP_STATUS_KERNEL). Transmit: frames are written in place,
-//! marked TP_STATUS_SEND_REQUEST, and one `sendto(fd, NULL, 0,
-//! MSG_DONTWAIT)` sends every marked frame; a slot is free again once the
-//! kernel has set it back to TP_STATUS_AVAILABLE. PACKET_QDISC_BYPASS is
-//! on. The structs and constants come from `libc` (its copies of
-//! include/uapi/linux/if_packet.h).
+//! - TPACKET_V2 (`mmap`): both rings are fixed-size frame slots with a
+//!   tpacket2_hdr each. The kernel hands every received frame over on its
+//!   own (tp_status TP_STATUS_USER); we walk the frames in order, take the
+//!   run of ready ones as a batch and give each back (TP_STATUS_KERNEL).
+//!   No timer is involved: a frame is ours as soon as it is written.
+//! - TPACKET_V3 (`mmap-v3`): the kernel packs received frames into blocks
+//!   and hands a block over (TP_STATUS_USER in its descriptor) when it is
+//!   full or its retire timer (tp_retire_blk_tov) runs out; we walk its
+//!   frames by tp_next_offset and give the block back. With small
+//!   requests and a request/reply window that cannot fill a block, every
+//!   round trip waits for that timer (see RX_RETIRE_MS).
+//!
+//! Transmit (both versions; tpacket2_hdr or tpacket3_hdr slots): frames
+//! are written in place, marked TP_STATUS_SEND_REQUEST, and one
+//! `sendto(fd, NULL, 0, MSG_DONTWAIT)` sends every marked frame; a slot is
+//! free again once the kernel has set it back to TP_STATUS_AVAILABLE.
+//! PACKET_QDISC_BYPASS is on. The structs and constants come from `libc`
+//! (its copies of include/uapi/linux/if_packet.h).
 
 use std::io;
-use std::marker::PhantomData;
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// Receive ring: 64 blocks of 256 KiB (28 MTU-9000 frames, or thousands
-/// of small ones, per block), a block retired after 1 ms at the latest.
-/// A request/reply window too small to fill a block therefore waits for
-/// that timer every round trip (seen on veth: about WINDOW x 1000 pairs/s
-/// with 60-byte requests); the timer, not the per-frame cost, is then what
-/// the measured rate shows.
-const RX_BLOCK_SIZE: usize = 256 << 10;
-const RX_BLOCK_NR: usize = 64;
-const RX_RETIRE_MS: u32 = 1;
-/// Transmit ring: blocks of 256 KiB, enough of them for this many frames.
-const TX_BLOCK_SIZE: usize = 256 << 10;
-const TX_FRAMES_MIN: usize = 512;
+/// The ring layout asked for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Version {
+    /// TPACKET_V2: per-frame hand-over both ways.
+    V2,
+    /// TPACKET_V3: block receive ring (retire-timer bound), per-frame TX.
+    V3,
+}
 
-/// Where a tpacket3_hdr's frame data starts in a TX slot: the kernel's
-/// `po->tp_hdrlen - sizeof(struct sockaddr_ll)`, i.e.
-/// TPACKET_ALIGN(sizeof(struct tpacket3_hdr)) (net/packet/af_packet.c,
-/// tpacket_parse_header, without PACKET_TX_HAS_OFF). Also where the
-/// sockaddr_ll of a received frame sits.
-const HDR_ALIGNED: usize = libc::TPACKET3_HDRLEN - mem::size_of::<libc::sockaddr_ll>();
+impl Version {
+    fn name(self) -> &'static str {
+        match self {
+            Version::V2 => "TPACKET_V2",
+            Version::V3 => "TPACKET_V3",
+        }
+    }
+
+    /// Where a slot's frame data (TX) or sockaddr_ll (RX) starts: the
+    /// kernel's `po->tp_hdrlen - sizeof(struct sockaddr_ll)`, i.e. the
+    /// frame header's size rounded up to TPACKET_ALIGNMENT
+    /// (net/packet/af_packet.c, tpacket_parse_header, without
+    /// PACKET_TX_HAS_OFF).
+    fn hdr_aligned(self) -> usize {
+        let hdrlen = match self {
+            Version::V2 => libc::TPACKET2_HDRLEN,
+            Version::V3 => libc::TPACKET3_HDRLEN,
+        };
+        hdrlen - mem::size_of::<libc::sockaddr_ll>()
+    }
+
+    /// Offset of tp_status in this version's frame header.
+    fn status_offset(self) -> usize {
+        match self {
+            Version::V2 => mem::offset_of!(libc::tpacket2_hdr, tp_status),
+            Version::V3 => mem::offset_of!(libc::tpacket3_hdr, tp_status),
+        }
+    }
+}
+
+/// TPACKET_V3 receive ring: 64 blocks of 256 KiB (28 MTU-9000 frames, or
+/// thousands of small ones, per block), a block retired after 1 ms at the
+/// latest. A request/reply window too small to fill a block therefore
+/// waits for that timer every round trip (seen on veth: about WINDOW x
+/// 1000 pairs/s with 60-byte requests); the timer, not the per-frame cost,
+/// is then what the measured rate shows. TPACKET_V2 has no such timer.
+const RX_V3_BLOCK_SIZE: usize = 256 << 10;
+const RX_V3_BLOCK_NR: usize = 64;
+const RX_RETIRE_MS: u32 = 1;
+/// Blocks of the TPACKET_V2 receive ring and of both transmit rings:
+/// 256 KiB (a multiple of the page size; frames never straddle blocks),
+/// enough of them for this many frames.
+const BLOCK_SIZE: usize = 256 << 10;
+const RX_V2_FRAMES_MIN: usize = 1024;
+const TX_FRAMES_MIN: usize = 512;
+/// At most this many ready TPACKET_V2 frames make one receive batch (the
+/// batch size of the other datapaths), so they go back to the kernel soon.
+const RX_V2_BATCH_MAX: usize = 64;
 /// Offset of block_status in struct tpacket_block_desc (version,
 /// offset_to_priv, then struct tpacket_hdr_v1 starting with block_status).
 const BLOCK_STATUS: usize = mem::offset_of!(libc::tpacket_block_desc, hdr);
@@ -75,6 +122,83 @@ fn poll(fd: RawFd, events: libc::c_short, ms: i32, what: &str) -> io::Result<()>
     Ok(())
 }
 
+/// Fixed-size slots laid out as the kernel lays out ring frames: `per_block`
+/// slots of `size` bytes at the start of each `block_size` block, `count`
+/// slots in all. (The V3 receive ring is walked a block at a time: one
+/// block-sized slot per block.)
+#[derive(Clone, Copy)]
+struct Slots {
+    base: *mut u8,
+    block_size: usize,
+    per_block: usize,
+    size: usize,
+    count: usize,
+}
+
+impl Slots {
+    /// `min` slots of `size` bytes in BLOCK_SIZE blocks (the last block filled up).
+    fn fixed(size: usize, min: usize) -> Slots {
+        let per_block = BLOCK_SIZE / size;
+        let count = min.div_ceil(per_block) * per_block;
+        Slots { base: std::ptr::null_mut(), block_size: BLOCK_SIZE, per_block, size, count }
+    }
+
+    fn blocks(&self) -> usize {
+        self.count / self.per_block
+    }
+
+    fn len(&self) -> usize {
+        self.blocks() * self.block_size
+    }
+
+    fn ptr(&self, i: usize) -> *mut u8 {
+        debug_assert!(i < self.count);
+        // SAFETY: i < count, so the slot lies inside the ring's part of the
+        // mapping (slots never straddle blocks; blocks follow each other).
+        unsafe { self.base.add((i / self.per_block) * self.block_size + (i % self.per_block) * self.size) }
+    }
+
+    /// The u32 at `offset` in slot `i` (a tp_status or block_status).
+    fn word(&self, i: usize, offset: usize) -> &AtomicU32 {
+        // SAFETY: the status words are 4-byte-aligned u32s inside slot i, in
+        // the mapping for as long as the ring that owns `self` lives; the
+        // kernel and we hand slots over with release/acquire on them
+        // (smp_wmb/smp_rmb on its side).
+        unsafe { &*(self.ptr(i).add(offset) as *const AtomicU32) }
+    }
+}
+
+/// PACKET_RX_RING or PACKET_TX_RING for `slots` (`frame_size`, `frame_nr`:
+/// the kernel's per-frame view; for V3 receive, where `slots` are blocks).
+fn set_ring(fd: RawFd, opt: libc::c_int, version: Version, slots: &Slots, frame_size: usize, retire_ms: u32, what: &str) -> io::Result<()> {
+    let frame_nr = (slots.block_size / frame_size) * slots.blocks();
+    match version {
+        Version::V2 => {
+            let req = libc::tpacket_req {
+                tp_block_size: slots.block_size as u32,
+                tp_block_nr: slots.blocks() as u32,
+                tp_frame_size: frame_size as u32,
+                tp_frame_nr: frame_nr as u32,
+            };
+            setsockopt(fd, libc::SOL_PACKET, opt, &req, what)
+        }
+        Version::V3 => {
+            // The kernel rejects a retire timer, private area or feature
+            // word on the TX ring: all zero there.
+            let req = libc::tpacket_req3 {
+                tp_block_size: slots.block_size as u32,
+                tp_block_nr: slots.blocks() as u32,
+                tp_frame_size: frame_size as u32,
+                tp_frame_nr: frame_nr as u32,
+                tp_retire_blk_tov: retire_ms,
+                tp_sizeof_priv: 0,
+                tp_feature_req_word: 0,
+            };
+            setsockopt(fd, libc::SOL_PACKET, opt, &req, what)
+        }
+    }
+}
+
 struct Mapping {
     ptr: *mut u8,
     len: usize,
@@ -98,7 +222,7 @@ pub struct MmapSocket {
 }
 
 impl MmapSocket {
-    pub fn open(iface: &str, ethertype: u16) -> io::Result<Self> {
+    pub fn open(iface: &str, ethertype: u16, version: Version) -> io::Result<Self> {
         let info = bw_net::interface_info(iface)?;
         // Protocol 0 until bind: nothing lands in the ring before it is set up.
         // SAFETY: plain socket creation; the fd is owned right below.
@@ -109,42 +233,47 @@ impl MmapSocket {
         // SAFETY: a fresh fd nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let raw = fd.as_raw_fd();
-        let version = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &version, "PACKET_VERSION (TPACKET_V3)")?;
+        let v = match version {
+            Version::V2 => libc::tpacket_versions::TPACKET_V2,
+            Version::V3 => libc::tpacket_versions::TPACKET_V3,
+        } as libc::c_int;
+        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &v, &format!("PACKET_VERSION ({})", version.name()))?;
 
-        // Receive ring. With TPACKET_V3 frames are packed into blocks at
-        // their real size; tp_frame_size only has to be a multiple of
-        // TPACKET_ALIGNMENT that divides the block (2048-aligned here, room
-        // for an MTU frame and its headers).
-        let rx_frame = round_up(info.mtu + 14 + libc::TPACKET3_HDRLEN, 2048);
-        if rx_frame > RX_BLOCK_SIZE {
+        // Receive frames: the kernel puts a frame's MAC header so that its
+        // network header starts at TPACKET_ALIGN(hdrlen + 16), so a slot
+        // holding that plus an MTU of payload takes a whole frame;
+        // 2048-aligned (a multiple of TPACKET_ALIGNMENT).
+        let hdrlen = version.hdr_aligned() + mem::size_of::<libc::sockaddr_ll>();
+        let rx_frame = round_up(round_up(hdrlen + 16, libc::TPACKET_ALIGNMENT) + info.mtu, 2048);
+        if rx_frame > BLOCK_SIZE.min(RX_V3_BLOCK_SIZE) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("MTU {} too large for {RX_BLOCK_SIZE}-byte ring blocks", info.mtu),
+                format!("MTU {} too large for {BLOCK_SIZE}-byte ring blocks", info.mtu),
             ));
         }
-        // SAFETY: tpacket_req3 is plain integers; zero is valid.
-        let mut req: libc::tpacket_req3 = unsafe { mem::zeroed() };
-        req.tp_block_size = RX_BLOCK_SIZE as u32;
-        req.tp_block_nr = RX_BLOCK_NR as u32;
-        req.tp_frame_size = rx_frame as u32;
-        req.tp_frame_nr = ((RX_BLOCK_SIZE / rx_frame) * RX_BLOCK_NR) as u32;
-        req.tp_retire_blk_tov = RX_RETIRE_MS;
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &req, "PACKET_RX_RING")?;
+        let (rx_slots, retire) = match version {
+            // One slot per frame.
+            Version::V2 => (Slots::fixed(rx_frame, RX_V2_FRAMES_MIN), 0),
+            // Frames packed into blocks at their real size; walked a block
+            // at a time (tp_frame_size only bounds one frame).
+            Version::V3 => (
+                Slots {
+                    base: std::ptr::null_mut(),
+                    block_size: RX_V3_BLOCK_SIZE,
+                    per_block: 1,
+                    size: RX_V3_BLOCK_SIZE,
+                    count: RX_V3_BLOCK_NR,
+                },
+                RX_RETIRE_MS,
+            ),
+        };
+        set_ring(raw, libc::PACKET_RX_RING, version, &rx_slots, rx_frame, retire, "PACKET_RX_RING")?;
 
-        // Transmit ring: fixed-size slots (tpacket3_hdr, data at
-        // HDR_ALIGNED), as many as fit a block; the kernel rejects a
-        // tp_retire_blk_tov, private area or feature word here.
-        let tx_frame = round_up(HDR_ALIGNED + info.mtu + 14, libc::TPACKET_ALIGNMENT);
-        let per_block = TX_BLOCK_SIZE / tx_frame;
-        let tx_blocks = TX_FRAMES_MIN.div_ceil(per_block.max(1));
-        // SAFETY: as above.
-        let mut req: libc::tpacket_req3 = unsafe { mem::zeroed() };
-        req.tp_block_size = TX_BLOCK_SIZE as u32;
-        req.tp_block_nr = tx_blocks as u32;
-        req.tp_frame_size = tx_frame as u32;
-        req.tp_frame_nr = (per_block * tx_blocks) as u32;
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &req, "PACKET_TX_RING")?;
+        // Transmit ring: fixed-size slots (frame header, data at
+        // hdr_aligned), in either version.
+        let tx_frame = round_up(version.hdr_aligned() + info.mtu + 14, libc::TPACKET_ALIGNMENT);
+        let tx_slots = Slots::fixed(tx_frame, TX_FRAMES_MIN);
+        set_ring(raw, libc::PACKET_TX_RING, version, &tx_slots, tx_frame, 0, "PACKET_TX_RING")?;
 
         let one: libc::c_int = 1;
         setsockopt(raw, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &one, "PACKET_QDISC_BYPASS")?;
@@ -155,8 +284,8 @@ impl MmapSocket {
         let buf: libc::c_int = 4 << 20;
         let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &buf, "SO_SNDBUFFORCE");
 
-        let rx_len = RX_BLOCK_SIZE * RX_BLOCK_NR;
-        let len = rx_len + TX_BLOCK_SIZE * tx_blocks;
+        let rx_len = rx_slots.len();
+        let len = rx_len + tx_slots.len();
         // SAFETY: maps the socket's rings (RX then TX) into fresh memory
         // of exactly their combined size.
         let p = unsafe {
@@ -178,18 +307,11 @@ impl MmapSocket {
         if r < 0 {
             return Err(os_error(&format!("bind AF_PACKET to {iface}")));
         }
+        // SAFETY: the TX ring starts right after the RX ring in the mapping.
+        let tx_base = unsafe { map.ptr.add(rx_len) };
         Ok(MmapSocket {
-            rx: RxRing { fd: raw, base: map.ptr, cur: 0 },
-            // SAFETY: the TX ring starts right after the RX ring in the mapping.
-            tx: TxRing {
-                fd: raw,
-                base: unsafe { map.ptr.add(rx_len) },
-                frame_size: tx_frame,
-                per_block,
-                frames: per_block * tx_blocks,
-                head: 0,
-                pending: 0,
-            },
+            rx: RxRing { fd: raw, version, slots: Slots { base: map.ptr, ..rx_slots }, cur: 0, ready: 0 },
+            tx: TxRing { fd: raw, version, slots: Slots { base: tx_base, ..tx_slots }, head: 0, pending: 0 },
             mac: info.mac,
             _map: map,
             _fd: fd,
@@ -201,33 +323,43 @@ impl MmapSocket {
     }
 }
 
-/// The TPACKET_V3 receive ring: blocks taken in order.
+/// The receive ring, taken in order: frame slots (V2) or blocks (V3).
 pub struct RxRing {
     fd: RawFd,
-    base: *mut u8,
+    version: Version,
+    slots: Slots,
+    /// The next slot (V2 frame or V3 block) to look at.
     cur: usize,
+    /// Slots from `cur` that `wait` found ours and `release` gives back.
+    ready: usize,
 }
 
 impl RxRing {
-    fn block(&self) -> *mut u8 {
-        // SAFETY: cur < RX_BLOCK_NR, so the block lies inside the RX part of the mapping.
-        unsafe { self.base.add(self.cur * RX_BLOCK_SIZE) }
+    fn status(&self, i: usize) -> &AtomicU32 {
+        match self.version {
+            Version::V2 => self.slots.word(i, Version::V2.status_offset()),
+            Version::V3 => self.slots.word(i, BLOCK_STATUS),
+        }
     }
 
-    fn block_status(&self) -> &AtomicU32 {
-        // SAFETY: block_status is a 4-byte-aligned u32 in the current
-        // block's descriptor, inside the mapping for as long as `self`
-        // lives; the kernel and we hand it over with release/acquire
-        // (smp_wmb/smp_rmb on its side).
-        unsafe { &*(self.block().add(BLOCK_STATUS) as *const AtomicU32) }
+    fn is_user(&self, i: usize) -> bool {
+        self.status(i).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
     }
 
-    /// Wait until the next block is ours, for at most `timeout` (None:
-    /// for ever). Ok(false) when the time ran out.
+    /// Wait until the next frame (V2: up to RX_V2_BATCH_MAX ready frames
+    /// in a row) or block (V3) is ours, for at most `timeout` (None: for
+    /// ever). Ok(false) when the time ran out.
     pub fn wait(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            if self.block_status().load(Ordering::Acquire) & libc::TP_STATUS_USER != 0 {
+            if self.is_user(self.cur) {
+                self.ready = 1;
+                if self.version == Version::V2 {
+                    let max = RX_V2_BATCH_MAX.min(self.slots.count);
+                    while self.ready < max && self.is_user((self.cur + self.ready) % self.slots.count) {
+                        self.ready += 1;
+                    }
+                }
                 return Ok(true);
             }
             let ms = match deadline {
@@ -244,48 +376,81 @@ impl RxRing {
         }
     }
 
-    /// The frames of the block `wait` returned true for (frames this host
-    /// sent itself, should any show up, are left out).
+    /// The frames `wait` returned true for (frames this host sent itself,
+    /// should any show up, are left out).
     pub fn frames(&self) -> Frames<'_> {
-        let b = self.block();
-        // SAFETY: the block is ours (TP_STATUS_USER) until `release`, which
-        // needs `&mut self`; its descriptor is a tpacket_block_desc.
-        let h1 = unsafe { (*(b as *const libc::tpacket_block_desc)).hdr.bh1 };
-        // SAFETY: offset_to_first_pkt lies inside the block.
-        let first = unsafe { b.add(h1.offset_to_first_pkt as usize) };
-        Frames { p: first, left: h1.num_pkts, _ring: PhantomData }
+        let (at, left) = match self.version {
+            Version::V2 => (Walk::Slot(self.cur), self.ready),
+            Version::V3 => {
+                let b = self.slots.ptr(self.cur);
+                // SAFETY: the block is ours (TP_STATUS_USER) until `release`,
+                // which needs `&mut self`; its descriptor is a tpacket_block_desc.
+                let h1 = unsafe { (*(b as *const libc::tpacket_block_desc)).hdr.bh1 };
+                // SAFETY: offset_to_first_pkt lies inside the block.
+                (Walk::Block(unsafe { b.add(h1.offset_to_first_pkt as usize) }), h1.num_pkts as usize)
+            }
+        };
+        Frames { ring: self, at, left }
     }
 
-    /// Give the current block back to the kernel and move to the next.
+    /// Give what `wait` found back to the kernel and move past it.
     pub fn release(&mut self) {
-        self.block_status().store(libc::TP_STATUS_KERNEL, Ordering::Release);
-        self.cur = (self.cur + 1) % RX_BLOCK_NR;
+        for _ in 0..self.ready {
+            self.status(self.cur).store(libc::TP_STATUS_KERNEL, Ordering::Release);
+            self.cur = (self.cur + 1) % self.slots.count;
+        }
+        self.ready = 0;
     }
 }
 
+/// Where the next received frame's header is.
+enum Walk {
+    /// V2: the frame slot's index.
+    Slot(usize),
+    /// V3: a tpacket3_hdr inside the current block.
+    Block(*const u8),
+}
+
 pub struct Frames<'a> {
-    p: *const u8,
-    left: u32,
-    _ring: PhantomData<&'a RxRing>,
+    ring: &'a RxRing,
+    at: Walk,
+    left: usize,
 }
 
 impl<'a> Iterator for Frames<'a> {
     type Item = &'a [u8];
     fn next(&mut self) -> Option<&'a [u8]> {
+        let version = self.ring.version;
         while self.left > 0 {
-            // SAFETY: `p` points at one of the block's num_pkts tpacket3_hdr
-            // (TPACKET_ALIGNMENT-aligned), each followed by its sockaddr_ll
-            // at HDR_ALIGNED and its frame at tp_mac, tp_snaplen long, all
-            // inside the block, which stays ours while the ring is borrowed.
+            let p = match self.at {
+                Walk::Slot(i) => self.ring.slots.ptr(i) as *const u8,
+                Walk::Block(p) => p,
+            };
+            // SAFETY: `p` is a frame header of this version (TPACKET_ALIGNMENT-
+            // aligned) that the kernel has handed over: a V2 slot or one of a
+            // V3 block's num_pkts frames. Its sockaddr_ll follows at
+            // hdr_aligned and its frame at tp_mac, tp_snaplen long, all inside
+            // the slot or block, which stays ours while the ring is borrowed.
             let (frame, outgoing, next) = unsafe {
-                let h = &*(self.p as *const libc::tpacket3_hdr);
-                let ll = &*(self.p.add(HDR_ALIGNED) as *const libc::sockaddr_ll);
-                let frame = std::slice::from_raw_parts(self.p.add(h.tp_mac as usize), h.tp_snaplen as usize);
-                (frame, ll.sll_pkttype == libc::PACKET_OUTGOING, h.tp_next_offset as usize)
+                let (mac, snaplen, next) = match version {
+                    Version::V2 => {
+                        let h = &*(p as *const libc::tpacket2_hdr);
+                        (h.tp_mac, h.tp_snaplen, 0)
+                    }
+                    Version::V3 => {
+                        let h = &*(p as *const libc::tpacket3_hdr);
+                        (h.tp_mac, h.tp_snaplen, h.tp_next_offset as usize)
+                    }
+                };
+                let ll = &*(p.add(version.hdr_aligned()) as *const libc::sockaddr_ll);
+                (std::slice::from_raw_parts(p.add(mac as usize), snaplen as usize), ll.sll_pkttype == libc::PACKET_OUTGOING, next)
             };
             self.left -= 1;
-            // SAFETY: the next header (unused past the last frame) is inside the block.
-            self.p = unsafe { self.p.add(next) };
+            self.at = match self.at {
+                Walk::Slot(i) => Walk::Slot((i + 1) % self.ring.slots.count),
+                // SAFETY: the next header (unused past the last frame) is inside the block.
+                Walk::Block(p) => Walk::Block(unsafe { p.add(next) }),
+            };
             if !outgoing {
                 return Some(frame);
             }
@@ -297,32 +462,21 @@ impl<'a> Iterator for Frames<'a> {
 /// The transmit ring: slots filled in order from `head`.
 pub struct TxRing {
     fd: RawFd,
-    base: *mut u8,
-    frame_size: usize,
-    per_block: usize,
-    frames: usize,
+    version: Version,
+    slots: Slots,
     head: usize,
     /// Frames marked for sending since the last kick.
     pending: usize,
 }
 
 impl TxRing {
-    fn slot_ptr(&self, i: usize) -> *mut u8 {
-        // SAFETY: i < frames; slots never straddle blocks, and blocks
-        // follow each other in the mapping.
-        unsafe { self.base.add((i / self.per_block) * TX_BLOCK_SIZE + (i % self.per_block) * self.frame_size) }
-    }
-
     fn status(&self, i: usize) -> &AtomicU32 {
-        // SAFETY: tp_status is a 4-byte-aligned u32 in slot i's
-        // tpacket3_hdr, inside the mapping while `self` lives; handed over
-        // with release/acquire as in RxRing::block_status.
-        unsafe { &*(self.slot_ptr(i).add(mem::offset_of!(libc::tpacket3_hdr, tp_status)) as *const AtomicU32) }
+        self.slots.word(i, self.version.status_offset())
     }
 
     /// The largest frame a slot holds.
     pub fn max_frame(&self) -> usize {
-        self.frame_size - HDR_ALIGNED
+        self.slots.size - self.version.hdr_aligned()
     }
 
     /// The data area of the next slot, once the kernel is done with it
@@ -344,23 +498,34 @@ impl TxRing {
         }
         let n = self.max_frame();
         // SAFETY: the slot is ours (TP_STATUS_AVAILABLE) until `commit`, which
-        // needs `&mut self`; its data area is max_frame bytes from HDR_ALIGNED.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(self.head).add(HDR_ALIGNED), n) })
+        // needs `&mut self`; its data area is max_frame bytes from hdr_aligned.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.slots.ptr(self.head).add(self.version.hdr_aligned()), n) })
     }
 
     /// Queue the slot `slot` returned, its first `len` bytes a frame.
     pub fn commit(&mut self, len: usize) {
         assert!(len <= self.max_frame(), "frame of {len} bytes, TX slots hold {}", self.max_frame());
-        let h = self.slot_ptr(self.head) as *mut libc::tpacket3_hdr;
-        // SAFETY: the slot is ours (see `slot`); plain field writes before
-        // the status store below publishes them.
+        let p = self.slots.ptr(self.head);
+        // SAFETY: the slot is ours (see `slot`) and starts with this
+        // version's frame header; plain field writes before the status
+        // store below publishes them.
         unsafe {
-            (*h).tp_len = len as u32;
-            (*h).tp_snaplen = len as u32;
-            (*h).tp_next_offset = 0;
+            match self.version {
+                Version::V2 => {
+                    let h = p as *mut libc::tpacket2_hdr;
+                    (*h).tp_len = len as u32;
+                    (*h).tp_snaplen = len as u32;
+                }
+                Version::V3 => {
+                    let h = p as *mut libc::tpacket3_hdr;
+                    (*h).tp_len = len as u32;
+                    (*h).tp_snaplen = len as u32;
+                    (*h).tp_next_offset = 0;
+                }
+            }
         }
         self.status(self.head).store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
-        self.head = (self.head + 1) % self.frames;
+        self.head = (self.head + 1) % self.slots.count;
         self.pending += 1;
     }
 
@@ -389,7 +554,7 @@ impl TxRing {
     pub fn flush(&mut self, timeout: Duration) -> io::Result<()> {
         let deadline = Instant::now() + timeout;
         self.kick()?;
-        while (0..self.frames).any(|i| self.status(i).load(Ordering::Acquire) != libc::TP_STATUS_AVAILABLE) {
+        while (0..self.slots.count).any(|i| self.status(i).load(Ordering::Acquire) != libc::TP_STATUS_AVAILABLE) {
             if Instant::now() >= deadline {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "TX ring: frames still unsent"));
             }
