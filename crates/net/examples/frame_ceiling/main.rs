@@ -53,144 +53,163 @@ fn header(frame: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
     frame[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
 }
 
-/// One socket of the kind asked for (AF_XDP: the first queue's).
-fn open(iface: &str, datapath: Datapath) -> io::Result<FrameSocket> {
-    match frames::choose(iface, ETHERTYPE, datapath, XdpFilter::default())? {
-        Chosen::Xdp(s) => {
-            let s = s.into_iter().next().expect("one socket per queue, at least one queue");
-            eprintln!("frame_ceiling: AF_XDP on {iface} ({})", if s.zero_copy() { "zero-copy" } else { "copy mode" });
-            Ok(FrameSocket::Xdp(Box::new(s)))
-        }
-        Chosen::Packet { .. } => {
-            let s = PacketSocket::open(iface, ETHERTYPE)?;
-            s.set_buffer_sizes(4 << 20, 4 << 20)?;
-            Ok(FrameSocket::Packet(s))
-        }
+/// What `respond` and `drive` need of a datapath: receive a batch, send
+/// frames built in place.
+trait Link {
+    fn mac(&self) -> [u8; 6];
+    /// The largest frame `send` can build.
+    fn max_frame(&self) -> usize;
+    /// Wait for frames (up to `timeout`, or for ever) and hand each to
+    /// `each`; Ok(0) when none came in time.
+    fn receive(&mut self, timeout: Option<Duration>, each: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
+    /// Send `count` frames; `build` writes each into the buffer it gets and
+    /// returns its length.
+    fn send(&mut self, count: usize, build: &mut dyn FnMut(&mut [u8]) -> usize) -> io::Result<usize>;
+    /// Wait until what was sent has left (for the last frame before exit).
+    fn flush(&mut self) -> io::Result<()>;
+}
+
+/// The product's sockets (bw_net::FrameSocket) with the batches the AoE
+/// target and initiator use: received frames are copied into `rx`; frames
+/// are built in AF_XDP's transmit slots, or in `tx` for AF_PACKET.
+struct BatchLink {
+    sock: FrameSocket,
+    rx: FrameBatch,
+    tx: FrameBatch,
+    timeout: Option<Duration>,
+}
+
+impl BatchLink {
+    /// One socket of the kind asked for (AF_XDP: the first queue's).
+    fn open(iface: &str, datapath: Datapath) -> io::Result<Self> {
+        let sock = match frames::choose(iface, ETHERTYPE, datapath, XdpFilter::default())? {
+            Chosen::Xdp(s) => {
+                let s = s.into_iter().next().expect("one socket per queue, at least one queue");
+                eprintln!("frame_ceiling: AF_XDP on {iface} ({})", if s.zero_copy() { "zero-copy" } else { "copy mode" });
+                FrameSocket::Xdp(Box::new(s))
+            }
+            Chosen::Packet { .. } => {
+                let s = PacketSocket::open(iface, ETHERTYPE)?;
+                s.set_buffer_sizes(4 << 20, 4 << 20)?;
+                FrameSocket::Packet(s)
+            }
+        };
+        let frame = sock.mtu() + 18;
+        Ok(BatchLink { sock, rx: FrameBatch::new(BATCH, frame), tx: FrameBatch::new(BATCH, frame), timeout: None })
     }
 }
 
-fn respond(iface: &str, reply_bytes: usize, datapath: Datapath) -> io::Result<()> {
-    let sock = open(iface, datapath)?;
-    let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
-    let mut tx = FrameBatch::new(BATCH, reply_bytes.max(60));
-    let me = sock.mac();
+impl Link for BatchLink {
+    fn mac(&self) -> [u8; 6] {
+        self.sock.mac()
+    }
+    fn max_frame(&self) -> usize {
+        self.sock.mtu() + 14
+    }
+    fn receive(&mut self, timeout: Option<Duration>, each: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        // A socket option: set when it changes, not per call.
+        if let Some(t) = timeout.filter(|&t| self.timeout != Some(t)) {
+            self.sock.set_recv_timeout(t)?;
+            self.timeout = Some(t);
+        }
+        match self.sock.recv_batch(&mut self.rx) {
+            Ok(n) => {
+                (0..n).for_each(|i| each(self.rx.frame(i)));
+                Ok(n)
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+    fn send(&mut self, count: usize, build: &mut dyn FnMut(&mut [u8]) -> usize) -> io::Result<usize> {
+        let mut built = 0;
+        self.sock.send_built(&mut self.tx, |buf| {
+            (built < count).then(|| {
+                built += 1;
+                build(buf)
+            })
+        })
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// PACKET_MMAP rings: frames are read in the receive ring and built in
+/// the transmit ring, in place; one kick per batch sent.
+struct MmapLink(MmapSocket);
+
+impl Link for MmapLink {
+    fn mac(&self) -> [u8; 6] {
+        self.0.mac()
+    }
+    fn max_frame(&self) -> usize {
+        self.0.tx.max_frame()
+    }
+    fn receive(&mut self, timeout: Option<Duration>, each: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let rx = &mut self.0.rx;
+        if !rx.wait(timeout)? {
+            return Ok(0);
+        }
+        let n = rx.frames().map(each).count();
+        rx.release();
+        Ok(n)
+    }
+    fn send(&mut self, count: usize, build: &mut dyn FnMut(&mut [u8]) -> usize) -> io::Result<usize> {
+        let tx = &mut self.0.tx;
+        for _ in 0..count {
+            let len = build(tx.slot()?);
+            tx.commit(len);
+        }
+        tx.kick()?;
+        Ok(count)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.tx.flush(Duration::from_secs(1))
+    }
+}
+
+/// Answer every frame with a `reply_bytes` frame to its sender until the
+/// stop frame comes.
+fn respond(iface: &str, reply_bytes: usize, mut link: impl Link) -> io::Result<()> {
+    if reply_bytes > link.max_frame() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{reply_bytes}-byte replies: frames hold {}", link.max_frame())));
+    }
+    let me = link.mac();
     let start = cpu_seconds();
     let mut pairs = 0u64;
+    let mut senders = Vec::with_capacity(BATCH);
     eprintln!("frame_ceiling: responding on {iface} with {reply_bytes}-byte frames");
     loop {
-        let n = sock.recv_batch(&mut rx)?;
-        let mut out = 0;
-        for i in 0..n {
-            let f = rx.frame(i);
-            if f.len() > 14 && f[14] == STOP {
-                println!("{{\"responder_cpu_s\": {:.3}, \"pairs\": {pairs}}}", cpu_seconds() - start);
-                return Ok(());
-            }
-            let mut src = [0u8; 6];
-            src.copy_from_slice(&f[6..12]);
-            header(tx.slot_mut(out), src, me);
-            tx.set_len(out, reply_bytes);
-            out += 1;
-        }
-        pairs += sock.send_batch(&mut tx, out)? as u64;
-    }
-}
-
-fn drive(iface: &str, seconds: f64, window: usize, datapath: Datapath) -> io::Result<()> {
-    let sock = open(iface, datapath)?;
-    sock.set_recv_timeout(Duration::from_millis(200))?;
-    let mut rx = FrameBatch::new(BATCH, sock.mtu() + 18);
-    let mut tx = FrameBatch::new(BATCH, 60);
-    let me = sock.mac();
-    for i in 0..BATCH {
-        header(tx.slot_mut(i), [0xff; 6], me);
-        tx.set_len(i, 60);
-    }
-    let start = Instant::now();
-    let cpu0 = cpu_seconds();
-    let deadline = start + Duration::from_secs_f64(seconds);
-    let (mut inflight, mut pairs) = (0usize, 0u64);
-    while Instant::now() < deadline {
-        while inflight < window {
-            let k = (window - inflight).min(BATCH);
-            inflight += sock.send_batch(&mut tx, k)?;
-        }
-        match sock.recv_batch(&mut rx) {
-            Ok(n) => {
-                inflight -= n.min(inflight);
-                pairs += n as u64;
-            }
-            // A lost frame shrinks the real window; refill it.
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => inflight = 0,
-            Err(e) => return Err(e),
-        }
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let cpu = cpu_seconds() - cpu0;
-    tx.slot_mut(0)[14] = STOP;
-    sock.send_batch(&mut tx, 1)?;
-    println!("{{\"pairs_per_s\": {:.0}, \"driver_cpu_s\": {cpu:.3}, \"seconds\": {secs:.3}, \"window\": {window}}}", pairs as f64 / secs);
-    Ok(())
-}
-
-/// `respond` over PACKET_MMAP rings: replies are written straight into
-/// the TX ring from the received frames in the RX ring, one kick per
-/// receive batch (V2: the ready frames in a row, V3: a block).
-fn respond_mmap(iface: &str, reply_bytes: usize, version: Version) -> io::Result<()> {
-    let mut sock = MmapSocket::open(iface, ETHERTYPE, version)?;
-    if reply_bytes > sock.tx.max_frame() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{reply_bytes}-byte replies: TX ring slots hold {}", sock.tx.max_frame()),
-        ));
-    }
-    let me = sock.mac();
-    let MmapSocket { rx, tx, .. } = &mut sock;
-    let start = cpu_seconds();
-    let mut pairs = 0u64;
-    eprintln!("frame_ceiling: responding on {iface} with {reply_bytes}-byte frames (PACKET_MMAP, {version:?} rings)");
-    loop {
-        rx.wait(None)?;
-        let mut out = 0;
         let mut stop = false;
-        for f in rx.frames() {
-            if f.len() > 14 && f[14] == STOP {
-                stop = true;
-                break;
-            }
-            let mut src = [0u8; 6];
-            src.copy_from_slice(&f[6..12]);
-            let slot = tx.slot()?;
-            header(slot, src, me);
-            slot[14] = 0;
-            tx.commit(reply_bytes);
-            out += 1;
-        }
-        rx.release();
+        senders.clear();
+        link.receive(None, &mut |f| match f.get(14) {
+            Some(&STOP) => stop = true,
+            Some(_) => senders.push(<[u8; 6]>::try_from(&f[6..12]).expect("6 bytes")),
+            None => {}
+        })?;
         if stop {
             println!("{{\"responder_cpu_s\": {:.3}, \"pairs\": {pairs}}}", cpu_seconds() - start);
             return Ok(());
         }
-        tx.kick()?;
-        pairs += out;
+        let mut next = senders.iter();
+        pairs += link.send(senders.len(), &mut |buf| {
+            header(buf, *next.next().expect("one reply per sender"), me);
+            buf[14] = 0;
+            reply_bytes
+        })? as u64;
     }
 }
 
-/// `drive` over PACKET_MMAP rings: requests are written into the TX ring
-/// and sent with one kick per batch; replies are counted in the RX ring.
-fn drive_mmap(iface: &str, seconds: f64, window: usize, version: Version) -> io::Result<()> {
-    let mut sock = MmapSocket::open(iface, ETHERTYPE, version)?;
-    let me = sock.mac();
-    let MmapSocket { rx, tx, .. } = &mut sock;
-    let send = |tx: &mut mmap::TxRing, k: usize, first: u8| -> io::Result<usize> {
-        for _ in 0..k {
-            let slot = tx.slot()?;
-            header(slot, [0xff; 6], me);
-            slot[14] = first;
-            tx.commit(60);
+/// Keep `window` 60-byte requests in flight for `seconds`; print the rate.
+fn drive(seconds: f64, window: usize, mut link: impl Link) -> io::Result<()> {
+    let me = link.mac();
+    let request = |mark: u8| {
+        move |buf: &mut [u8]| {
+            header(buf, [0xff; 6], me);
+            buf[14] = mark;
+            60
         }
-        tx.kick()?;
-        Ok(k)
     };
     let start = Instant::now();
     let cpu0 = cpu_seconds();
@@ -199,22 +218,21 @@ fn drive_mmap(iface: &str, seconds: f64, window: usize, version: Version) -> io:
     while Instant::now() < deadline {
         while inflight < window {
             let k = (window - inflight).min(BATCH);
-            inflight += send(tx, k, 0)?;
+            inflight += link.send(k, &mut request(0))?;
         }
-        if rx.wait(Some(Duration::from_millis(200)))? {
-            let n = rx.frames().count();
-            rx.release();
-            inflight -= n.min(inflight);
-            pairs += n as u64;
-        } else {
+        match link.receive(Some(Duration::from_millis(200)), &mut |_| {})? {
             // A lost frame shrinks the real window; refill it.
-            inflight = 0;
+            0 => inflight = 0,
+            n => {
+                inflight -= n.min(inflight);
+                pairs += n as u64;
+            }
         }
     }
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
-    send(tx, 1, STOP)?;
-    tx.flush(Duration::from_secs(1))?;
+    link.send(1, &mut request(STOP))?;
+    link.flush()?;
     println!("{{\"pairs_per_s\": {:.0}, \"driver_cpu_s\": {cpu:.3}, \"seconds\": {secs:.3}, \"window\": {window}}}", pairs as f64 / secs);
     Ok(())
 }
@@ -246,14 +264,20 @@ fn main() {
         },
         None => Path::Frames(Datapath::Packet),
     };
-    let r = match (args.get(1).map(String::as_str), path) {
-        (Some("respond"), Path::Frames(d)) if args.len() == 4 => respond(&args[2], args[3].parse().expect("REPLY_BYTES"), d),
-        (Some("respond"), Path::Mmap(v)) if args.len() == 4 => respond_mmap(&args[2], args[3].parse().expect("REPLY_BYTES"), v),
-        (Some("drive"), Path::Frames(d)) if args.len() == 5 => {
-            drive(&args[2], args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW"), d)
+    let r = match (args.get(1).map(String::as_str), args.len()) {
+        (Some("respond"), 4) => {
+            let bytes = args[3].parse().expect("REPLY_BYTES");
+            match path {
+                Path::Frames(d) => BatchLink::open(&args[2], d).and_then(|l| respond(&args[2], bytes, l)),
+                Path::Mmap(v) => MmapSocket::open(&args[2], ETHERTYPE, v).and_then(|s| respond(&args[2], bytes, MmapLink(s))),
+            }
         }
-        (Some("drive"), Path::Mmap(v)) if args.len() == 5 => {
-            drive_mmap(&args[2], args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW"), v)
+        (Some("drive"), 5) => {
+            let (secs, window) = (args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW"));
+            match path {
+                Path::Frames(d) => BatchLink::open(&args[2], d).and_then(|l| drive(secs, window, l)),
+                Path::Mmap(v) => MmapSocket::open(&args[2], ETHERTYPE, v).and_then(|s| drive(secs, window, MmapLink(s))),
+            }
         }
         _ => {
             eprintln!("usage: frame_ceiling respond IFACE REPLY_BYTES [packet|mmap|mmap-v3|xdp] | drive IFACE SECONDS WINDOW [packet|mmap|mmap-v3|xdp]");
