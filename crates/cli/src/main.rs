@@ -125,8 +125,9 @@ struct ServeArgs {
     #[arg(long, value_name = "MODE", help_heading = "Tuning")]
     aoe_fanout: Option<bw_serve::tuning::AoeFanout>,
     /// [tuning] Sockets AoE frames move through: auto (AF_XDP where it can be
-    /// set up, else AF_PACKET), xdp (AF_XDP or fail) or packet (AF_PACKET).
-    #[arg(long, value_name = "auto|xdp|packet", help_heading = "Tuning")]
+    /// set up, else AF_PACKET), xdp (AF_XDP or fail), mmap (AF_PACKET with
+    /// PACKET_MMAP rings) or packet (AF_PACKET).
+    #[arg(long, value_name = "auto|xdp|mmap|packet", help_heading = "Tuning")]
     aoe_datapath: Option<bw_net::Datapath>,
     /// [tuning] One thread per iSCSI connection (false: tasks on the shared runtime).
     #[arg(long, value_name = "BOOL", help_heading = "Tuning")]
@@ -200,8 +201,9 @@ struct ClientArgs {
     #[arg(long, value_name = "auto|system|NAME", default_value = "auto")]
     tcp_congestion: bw_net::tcp::Congestion,
     /// aoe://: sockets the frames move through: auto (AF_XDP where it can
-    /// be set up on the interface, else AF_PACKET), xdp or packet.
-    #[arg(long, value_name = "auto|xdp|packet", default_value = "auto")]
+    /// be set up on the interface, else AF_PACKET), xdp, mmap (AF_PACKET
+    /// with PACKET_MMAP rings) or packet.
+    #[arg(long, value_name = "auto|xdp|mmap|packet", default_value = "auto")]
     aoe_datapath: bw_net::Datapath,
     /// How CRC32C digests are computed: hw (the CPU's CRC instruction) or
     /// soft (portable tables: a CPU without CRC help).

@@ -35,7 +35,7 @@ use bw_aoe::mask::Directive;
 use bw_aoe::query_config::ConfigCommand;
 use bw_aoe::{identify, max_sectors_for_mtu, BROADCAST_MAC, BROADCAST_SHELF, BROADCAST_SLOT, ETHERTYPE_AOE, SECTOR};
 use bw_net::frames::{self, Chosen, Datapath};
-use bw_net::{FrameBatch, FrameSocket, PacketSocket, XdpFilter};
+use bw_net::{FrameBatch, FrameSocket, PacketSocket, RingSocket, XdpFilter};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -182,9 +182,12 @@ fn reply_filter(tag_prefix: u32, shelf: u16, slot: u8) -> XdpFilter {
 /// one, alone or for replies that reach the stack instead (generic XDP
 /// skips frames act_mirred re-injects): a safeguard, idle when all goes
 /// through XDP.
+/// With `mmap`: one AF_PACKET socket with rings, alone.
 fn open_sockets(iface: &str, want: Datapath, filter: XdpFilter) -> Result<Vec<AsyncFd<FrameSocket>>> {
     let mut socks: Vec<FrameSocket> = match frames::choose(iface, ETHERTYPE_AOE, want, filter)? {
         Chosen::Xdp(s) => s.into_iter().map(|s| FrameSocket::Xdp(Box::new(s))).collect(),
+        // The ring socket sees every AoE frame: no second socket.
+        Chosen::Mmap => return wrap(vec![FrameSocket::Mmap(Box::new(RingSocket::open(iface, ETHERTYPE_AOE)?))]),
         Chosen::Packet { why } => {
             if let Some(why) = why {
                 log::info!("aoe {iface}: AF_XDP not used, AF_PACKET instead: {why}");
@@ -196,6 +199,11 @@ fn open_sockets(iface: &str, want: Datapath, filter: XdpFilter) -> Result<Vec<As
     // Best effort: a big receive buffer absorbs a full window of replies.
     let _ = sock.set_buffer_sizes(4 << 20, 4 << 20);
     socks.push(FrameSocket::Packet(sock));
+    wrap(socks)
+}
+
+/// The sockets made non-blocking, for tokio.
+fn wrap(socks: Vec<FrameSocket>) -> Result<Vec<AsyncFd<FrameSocket>>> {
     let mut out = Vec::with_capacity(socks.len());
     for sock in socks {
         sock.set_nonblocking(true)?;

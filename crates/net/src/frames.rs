@@ -1,14 +1,16 @@
 //! The datapath of a raw-frame protocol (AoE): AF_XDP sockets where they
-//! work, AF_PACKET sockets otherwise, behind one type.
+//! work, AF_PACKET sockets otherwise (plain, or with PACKET_MMAP rings when
+//! asked for), behind one type.
 
 use crate::packet::{FrameBatch, InterfaceInfo, PacketSocket};
+use crate::ring::RingSocket;
 use crate::xdp::{self, XdpFilter, XdpSocket};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 /// Which sockets move the frames. In configuration files and on the
-/// command line: "auto", "xdp" or "packet".
+/// command line: "auto", "xdp", "mmap" or "packet".
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Datapath {
@@ -22,6 +24,12 @@ pub enum Datapath {
     Auto,
     /// AF_XDP or fail.
     Xdp,
+    /// AF_PACKET with PACKET_MMAP rings (TPACKET_V2 receive and transmit
+    /// rings, qdisc bypassed): frames read and built in the rings, one
+    /// syscall per batch sent. Sees every frame of the EtherType, as plain
+    /// AF_PACKET does. On veth its frame-pair ceiling measured above
+    /// AF_XDP's copy mode (docs/notes/2026-11-24-aoe-ceiling.md).
+    Mmap,
     /// AF_PACKET.
     Packet,
 }
@@ -32,8 +40,9 @@ impl std::str::FromStr for Datapath {
         match s {
             "auto" => Ok(Datapath::Auto),
             "xdp" => Ok(Datapath::Xdp),
+            "mmap" => Ok(Datapath::Mmap),
             "packet" => Ok(Datapath::Packet),
-            _ => Err(format!("{s:?}: expected auto, xdp or packet")),
+            _ => Err(format!("{s:?}: expected auto, xdp, mmap or packet")),
         }
     }
 }
@@ -43,6 +52,7 @@ impl std::fmt::Display for Datapath {
         f.write_str(match self {
             Datapath::Auto => "auto",
             Datapath::Xdp => "xdp",
+            Datapath::Mmap => "mmap",
             Datapath::Packet => "packet",
         })
     }
@@ -55,6 +65,8 @@ pub enum Chosen {
     /// AF_PACKET, for the caller to open as it needs; `why`: the reason
     /// AF_XDP was not used when `auto` asked for it.
     Packet { why: Option<String> },
+    /// AF_PACKET with rings ([`RingSocket`]), for the caller to open.
+    Mmap,
 }
 
 /// Set up AF_XDP on `iface` for frames of `ethertype` passing `filter` if
@@ -62,6 +74,7 @@ pub enum Chosen {
 pub fn choose(iface: &str, ethertype: u16, want: Datapath, filter: XdpFilter) -> io::Result<Chosen> {
     match want {
         Datapath::Packet => Ok(Chosen::Packet { why: None }),
+        Datapath::Mmap => Ok(Chosen::Mmap),
         Datapath::Xdp => xdp::open(iface, ethertype, filter).map(Chosen::Xdp),
         Datapath::Auto => Ok(match xdp::open(iface, ethertype, filter) {
             Ok(s) => Chosen::Xdp(s),
@@ -70,11 +83,12 @@ pub fn choose(iface: &str, ethertype: u16, want: Datapath, filter: XdpFilter) ->
     }
 }
 
-/// A socket of either kind, with the [`PacketSocket`] methods the
+/// A socket of any kind, with the [`PacketSocket`] methods the
 /// protocols use.
 #[derive(Debug)]
 pub enum FrameSocket {
     Packet(PacketSocket),
+    Mmap(Box<RingSocket>),
     Xdp(Box<XdpSocket>),
 }
 
@@ -82,16 +96,18 @@ macro_rules! both {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {
             FrameSocket::Packet($s) => $e,
+            FrameSocket::Mmap($s) => $e,
             FrameSocket::Xdp($s) => $e,
         }
     };
 }
 
 impl FrameSocket {
-    /// "xdp" or "packet", as [`Datapath`] spells them.
+    /// "xdp", "mmap" or "packet", as [`Datapath`] spells them.
     pub fn datapath(&self) -> Datapath {
         match self {
             FrameSocket::Packet(_) => Datapath::Packet,
+            FrameSocket::Mmap(_) => Datapath::Mmap,
             FrameSocket::Xdp(_) => Datapath::Xdp,
         }
     }
@@ -99,6 +115,7 @@ impl FrameSocket {
     pub fn describe(&self) -> String {
         match self {
             FrameSocket::Packet(_) => "AF_PACKET".into(),
+            FrameSocket::Mmap(_) => "AF_PACKET with PACKET_MMAP rings (TPACKET_V2, qdisc bypass)".into(),
             FrameSocket::Xdp(s) => format!(
                 "AF_XDP ({}, {} XDP)",
                 if s.zero_copy() { "zero-copy" } else { "copy mode" },
@@ -138,12 +155,14 @@ impl FrameSocket {
     }
     /// Build frames and send them: `build` writes one into the buffer it
     /// gets and returns its length, or None when there are no more. AF_XDP
-    /// builds them straight in its transmit slots (buffers of the MTU plus
-    /// 18 bytes, or more); AF_PACKET in the slots of `batch`, sent whenever
-    /// it is full and at the end. Returns how many were sent.
+    /// and the rings build them straight in their transmit slots (buffers
+    /// of the MTU plus 18 bytes, or more); AF_PACKET in the slots of
+    /// `batch`, sent whenever it is full and at the end. Returns how many
+    /// were sent.
     pub fn send_built(&self, batch: &mut FrameBatch, mut build: impl FnMut(&mut [u8]) -> Option<usize>) -> io::Result<usize> {
         let s = match self {
             FrameSocket::Xdp(s) => return s.send_built(build),
+            FrameSocket::Mmap(s) => return s.send_built(build),
             FrameSocket::Packet(s) => s,
         };
         let mut sent = 0;
@@ -181,7 +200,7 @@ mod tests {
 
     #[test]
     fn datapath_names_round_trip() {
-        for d in [Datapath::Auto, Datapath::Xdp, Datapath::Packet] {
+        for d in [Datapath::Auto, Datapath::Xdp, Datapath::Mmap, Datapath::Packet] {
             assert_eq!(d.to_string().parse::<Datapath>(), Ok(d));
         }
         assert!("af_xdp".parse::<Datapath>().is_err());

@@ -14,9 +14,11 @@
 
 pub mod frames;
 pub mod packet;
+pub mod ring;
 pub mod tcp;
 pub mod xdp;
 
 pub use frames::{Datapath, FrameSocket};
 pub use packet::{have_raw_socket_permission, interface_info, FanoutMode, FrameBatch, InterfaceInfo, PacketSocket};
+pub use ring::RingSocket;
 pub use xdp::{XdpFilter, XdpKeys, XdpSocket};

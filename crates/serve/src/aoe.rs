@@ -39,7 +39,7 @@ use bw_aoe::target::{Export, ExportSettings, Outcome};
 use bw_aoe::ata::{self, AtaArg};
 use bw_aoe::{frame::xdp_match, frame::FLAG_RESPONSE, max_sectors_for_mtu, AoeHeader, Command, ETHERTYPE_AOE};
 use bw_net::frames::{self, Chosen, Datapath};
-use bw_net::{FanoutMode, FrameBatch, FrameSocket, PacketSocket, XdpFilter, XdpKeys};
+use bw_net::{FanoutMode, FrameBatch, FrameSocket, PacketSocket, RingSocket, XdpFilter, XdpKeys};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -407,15 +407,30 @@ fn request_filter(exports: &[&AoeExport]) -> XdpFilter {
     }
 }
 
-/// `workers` AF_PACKET sockets in one fanout group, and the frames their
-/// receive buffers can hold queued.
-fn open_packet_sockets(iface: &str, workers: usize, fanout: FanoutMode, group_offset: usize) -> anyhow::Result<(Vec<FrameSocket>, usize)> {
+/// `workers` AF_PACKET sockets in one fanout group (with PACKET_MMAP
+/// rings if `rings`), and the frames their receive buffers or rings can
+/// hold queued.
+fn open_packet_sockets(
+    iface: &str,
+    workers: usize,
+    fanout: FanoutMode,
+    group_offset: usize,
+    rings: bool,
+) -> anyhow::Result<(Vec<FrameSocket>, usize)> {
     let mut sockets = Vec::with_capacity(workers);
     // Fanout group ids are per network namespace: derive one from our pid
     // so two blockwire processes never share a group.
     let group = (std::process::id() as u16).wrapping_mul(7).wrapping_add(group_offset as u16);
     let mut queued = 0usize;
     for _ in 0..workers {
+        if rings {
+            let s = RingSocket::open(iface, ETHERTYPE_AOE).context("AoE (aoe_datapath = \"mmap\")")?;
+            s.set_recv_timeout(POLL)?;
+            s.join_fanout(group, fanout).with_context(|| format!("PACKET_FANOUT on {iface}"))?;
+            queued += s.rx_capacity();
+            sockets.push(FrameSocket::Mmap(Box::new(s)));
+            continue;
+        }
         let s = PacketSocket::open(iface, ETHERTYPE_AOE).context("AoE")?;
         let granted = s.set_buffer_sizes(SOCKET_BUFFER, SOCKET_BUFFER)?;
         s.set_recv_timeout(POLL)?;
@@ -456,14 +471,18 @@ fn open_interface(
                 queued += s.rx_capacity();
                 sockets.push(FrameSocket::Xdp(Box::new(s)));
             }
-            let (mut companion, _) = open_packet_sockets(iface, 1, fanout, group_offset)?;
+            let (mut companion, _) = open_packet_sockets(iface, 1, fanout, group_offset, false)?;
             (sockets, queued, companion.pop())
         }
         Chosen::Packet { why } => {
             if let Some(why) = why {
                 log::info!("aoe {iface}: AF_XDP not used, AF_PACKET instead: {why}");
             }
-            let (sockets, queued) = open_packet_sockets(iface, workers, fanout, group_offset)?;
+            let (sockets, queued) = open_packet_sockets(iface, workers, fanout, group_offset, false)?;
+            (sockets, queued, None)
+        }
+        Chosen::Mmap => {
+            let (sockets, queued) = open_packet_sockets(iface, workers, fanout, group_offset, true)?;
             (sockets, queued, None)
         }
     };

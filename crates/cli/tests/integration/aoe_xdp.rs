@@ -10,7 +10,7 @@
 use crate::common;
 use bw_initiator::aoe::AoeClient;
 use bw_initiator::{BlockClient, ConnectOptions, TargetUrl};
-use bw_net::{Datapath, PacketSocket, XdpFilter};
+use bw_net::{Datapath, XdpFilter};
 use common::*;
 use std::time::Duration;
 
@@ -53,25 +53,7 @@ fn aoe_over_xdp_both_ends_jumbo_frames_and_bad_frames() {
     round_trip(&rt, &c, 512, 1 << 20);
 
     // Short and garbage AoE frames from another station reach the XDP target.
-    let raw = PacketSocket::open(&pair.host_if, bw_aoe::ETHERTYPE_AOE).expect("packet socket");
-    let mut f = vec![0u8; 9000];
-    f[0..6].copy_from_slice(&c.target().mac);
-    f[6..12].copy_from_slice(&[0x02, 0xfa, 0x4e, 0, 0, 2]);
-    f[12..14].copy_from_slice(&bw_aoe::ETHERTYPE_AOE.to_be_bytes());
-    let mut seed = 0x8765_4321u32;
-    for len in [15, 20, 24, 30, 36, 60, 1500, 5000, 9000] {
-        for b in f[14..len].iter_mut() {
-            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
-            *b = (seed >> 16) as u8;
-        }
-        // A request (the response flag clear), and never a Reserve (command
-        // 3), which could lock our client out.
-        f[14] &= 0xF7;
-        if len > 19 && f[19] == 3 {
-            f[19] = 0;
-        }
-        raw.send(&f[..len]).expect("send a bad frame");
-    }
+    send_garbage_aoe_requests(&pair.host_if, c.target().mac, 2, 0x8765_4321);
     assert!(serve.is_running(), "the target survives bad frames");
     round_trip(&rt, &c, 3 << 20, 64 << 10);
     assert!(c.frames_in_over_xdp() > 0, "replies came through the AF_XDP socket");

@@ -63,7 +63,7 @@ fn tuning_settings_come_from_file_and_flags() {
     for (bad, needle) in [
         (vec!["--aoe-workers", "65"], "aoe_workers"),
         (vec!["--aoe-fanout", "rr"], "round-robin or cpu"),
-        (vec!["--aoe-datapath", "af_xdp"], "auto, xdp or packet"),
+        (vec!["--aoe-datapath", "af_xdp"], "auto, xdp, mmap or packet"),
     ] {
         let mut args = base.to_vec();
         args.extend(bad);

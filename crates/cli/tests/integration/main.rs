@@ -7,6 +7,7 @@ mod common;
 
 mod admission;
 mod aoe_kernel;
+mod aoe_mmap;
 mod aoe_net;
 mod aoe_xdp;
 mod attach;

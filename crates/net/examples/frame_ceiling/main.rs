@@ -14,9 +14,9 @@
 //! `xdp` uses AF_XDP through the same batches the AoE target and initiator
 //! use (one copy each way between the rings' memory and the batch), on the
 //! interface's first receive queue (a veth has one); `packet` (the default)
-//! uses AF_PACKET's recvmmsg/sendmmsg. `mmap` and `mmap-v3` (mmap.rs; a
-//! measurement of the PACKET_MMAP alternative only, blockwire's AoE does
-//! not use it) are AF_PACKET with a receive and a transmit ring
+//! uses AF_PACKET's recvmmsg/sendmmsg. `mmap` and `mmap-v3`
+//! (bw_net::ring's rings, handled here in place, with no batch between)
+//! are AF_PACKET with a receive and a transmit ring
 //! (PACKET_QDISC_BYPASS on): frames are read and written in the rings in
 //! place and sent a batch per `sendto` kick. `mmap` uses TPACKET_V2 rings:
 //! every received frame is handed over on its own, no timer. `mmap-v3`
@@ -24,13 +24,14 @@
 //! is full or after its 1 ms retire timer: with small requests and a
 //! window that cannot fill a block, every round trip waits for that timer
 //! and the rate measures it (about WINDOW x 1000 pairs/s), not the rings.
-
-mod mmap;
+//! AoE's `aoe_datapath = "mmap"` uses the TPACKET_V2 rings, through the
+//! batches (bw_net::RingSocket: received frames copied into the batch).
 
 use bw_net::frames::{self, Chosen, Datapath};
-use bw_net::{FrameBatch, FrameSocket, PacketSocket, XdpFilter};
-use mmap::{MmapSocket, Version};
+use bw_net::ring::{Rings, Version};
+use bw_net::{FrameBatch, FrameSocket, PacketSocket, RingSocket, XdpFilter};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// An ethertype from the IEEE "local experimental" range, so no real
@@ -88,6 +89,7 @@ impl BatchLink {
                 eprintln!("frame_ceiling: AF_XDP on {iface} ({})", if s.zero_copy() { "zero-copy" } else { "copy mode" });
                 FrameSocket::Xdp(Box::new(s))
             }
+            Chosen::Mmap => FrameSocket::Mmap(Box::new(RingSocket::open(iface, ETHERTYPE)?)),
             Chosen::Packet { .. } => {
                 let s = PacketSocket::open(iface, ETHERTYPE)?;
                 s.set_buffer_sizes(4 << 20, 4 << 20)?;
@@ -137,17 +139,29 @@ impl Link for BatchLink {
 
 /// PACKET_MMAP rings: frames are read in the receive ring and built in
 /// the transmit ring, in place; one kick per batch sent.
-struct MmapLink(MmapSocket);
+struct MmapLink {
+    rings: Rings,
+    sock: PacketSocket,
+}
+
+impl MmapLink {
+    fn open(iface: &str, version: Version) -> io::Result<Self> {
+        let sock = PacketSocket::open(iface, ETHERTYPE)?;
+        let rings = Rings::attach(sock.as_raw_fd(), sock.mtu(), version)?;
+        eprintln!("frame_ceiling: PACKET_MMAP ({version:?} rings) on {iface}");
+        Ok(MmapLink { rings, sock })
+    }
+}
 
 impl Link for MmapLink {
     fn mac(&self) -> [u8; 6] {
-        self.0.mac()
+        self.sock.mac()
     }
     fn max_frame(&self) -> usize {
-        self.0.tx.max_frame()
+        self.rings.tx.max_frame()
     }
     fn receive(&mut self, timeout: Option<Duration>, each: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-        let rx = &mut self.0.rx;
+        let rx = &mut self.rings.rx;
         if !rx.wait(timeout)? {
             return Ok(0);
         }
@@ -156,7 +170,7 @@ impl Link for MmapLink {
         Ok(n)
     }
     fn send(&mut self, count: usize, build: &mut dyn FnMut(&mut [u8]) -> usize) -> io::Result<usize> {
-        let tx = &mut self.0.tx;
+        let tx = &mut self.rings.tx;
         for _ in 0..count {
             let len = build(tx.slot()?);
             tx.commit(len);
@@ -165,7 +179,7 @@ impl Link for MmapLink {
         Ok(count)
     }
     fn flush(&mut self) -> io::Result<()> {
-        self.0.tx.flush(Duration::from_secs(1))
+        self.rings.tx.flush(Duration::from_secs(1))
     }
 }
 
@@ -269,14 +283,14 @@ fn main() {
             let bytes = args[3].parse().expect("REPLY_BYTES");
             match path {
                 Path::Frames(d) => BatchLink::open(&args[2], d).and_then(|l| respond(&args[2], bytes, l)),
-                Path::Mmap(v) => MmapSocket::open(&args[2], ETHERTYPE, v).and_then(|s| respond(&args[2], bytes, MmapLink(s))),
+                Path::Mmap(v) => MmapLink::open(&args[2], v).and_then(|l| respond(&args[2], bytes, l)),
             }
         }
         (Some("drive"), 5) => {
             let (secs, window) = (args[3].parse().expect("SECONDS"), args[4].parse().expect("WINDOW"));
             match path {
                 Path::Frames(d) => BatchLink::open(&args[2], d).and_then(|l| drive(secs, window, l)),
-                Path::Mmap(v) => MmapSocket::open(&args[2], ETHERTYPE, v).and_then(|s| drive(secs, window, MmapLink(s))),
+                Path::Mmap(v) => MmapLink::open(&args[2], v).and_then(|l| drive(secs, window, l)),
             }
         }
         _ => {

@@ -563,6 +563,29 @@ fn crc(b: &[u8]) -> u32 {
     b.iter().fold(17u32, |h, &c| h.wrapping_mul(31).wrapping_add(c as u32))
 }
 
+/// Short and garbage AoE requests (15 bytes to 9000) to `target_mac`
+/// through `iface`, from station 02:fa:4e:00:00:`station`, bytes from
+/// `seed`: never a Reserve (command 3), which could lock a client out.
+pub fn send_garbage_aoe_requests(iface: &str, target_mac: [u8; 6], station: u8, mut seed: u32) {
+    let raw = bw_net::PacketSocket::open(iface, bw_aoe::ETHERTYPE_AOE).expect("packet socket");
+    let mut f = vec![0u8; 9000];
+    f[0..6].copy_from_slice(&target_mac);
+    f[6..12].copy_from_slice(&[0x02, 0xfa, 0x4e, 0, 0, station]);
+    f[12..14].copy_from_slice(&bw_aoe::ETHERTYPE_AOE.to_be_bytes());
+    for len in [15, 20, 24, 30, 36, 60, 1500, 5000, 9000] {
+        for b in f[14..len].iter_mut() {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            *b = (seed >> 16) as u8;
+        }
+        // A request: the response flag clear.
+        f[14] &= 0xF7;
+        if len > 19 && f[19] == 3 {
+            f[19] = 0;
+        }
+        raw.send(&f[..len]).expect("send a bad frame");
+    }
+}
+
 /// vblade (the reference AoE target, Debian package vblade) exporting `img`
 /// as SHELF.SLOT on the namespace end of `pair`, answering discovery before
 /// this returns. Killed on drop.

@@ -1,15 +1,18 @@
-//! PACKET_MMAP for frame_ceiling's `mmap` and `mmap-v3` datapaths: one
-//! AF_PACKET socket with a receive ring and a transmit ring in one shared
-//! mapping, the receive ring first (the kernel's layout when both are set;
-//! Documentation/networking/packet_mmap.rst). The ring version is chosen
-//! at open:
+//! PACKET_MMAP: an AF_PACKET socket with a receive ring and a transmit
+//! ring in one shared mapping, the receive ring first (the kernel's layout
+//! when both are set; Documentation/networking/packet_mmap.rst). Frames are
+//! read and built in the rings in place: no copy between the kernel and a
+//! user buffer, and none into an skb on transmit (the kernel takes the
+//! ring's pages as fragments). [`RingSocket`] is the datapath AoE uses
+//! (`aoe_datapath = "mmap"`: TPACKET_V2); [`Rings`] alone serves the
+//! frame-pair ceiling tool, which also measures TPACKET_V3.
 //!
-//! - TPACKET_V2 (`mmap`): both rings are fixed-size frame slots with a
+//! - TPACKET_V2: both rings are fixed-size frame slots with a
 //!   tpacket2_hdr each. The kernel hands every received frame over on its
 //!   own (tp_status TP_STATUS_USER); we walk the frames in order, take the
 //!   run of ready ones as a batch and give each back (TP_STATUS_KERNEL).
 //!   No timer is involved: a frame is ours as soon as it is written.
-//! - TPACKET_V3 (`mmap-v3`): the kernel packs received frames into blocks
+//! - TPACKET_V3: the kernel packs received frames into blocks
 //!   and hands a block over (TP_STATUS_USER in its descriptor) when it is
 //!   full or its retire timer (tp_retire_blk_tov) runs out; we walk its
 //!   frames by tp_next_offset and give the block back. With small
@@ -23,10 +26,12 @@
 //! PACKET_QDISC_BYPASS is on. The structs and constants come from `libc`
 //! (its copies of include/uapi/linux/if_packet.h).
 
+use crate::packet::{FanoutMode, FrameBatch, InterfaceInfo, PacketSocket};
 use std::io;
 use std::mem;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The ring layout asked for.
@@ -212,44 +217,36 @@ impl Drop for Mapping {
     }
 }
 
-/// An AF_PACKET socket with both rings, bound to one interface and EtherType.
-pub struct MmapSocket {
+// SAFETY: the mapping is plain memory owned by whoever owns the Mapping.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; the rings that point into it take care of access.
+unsafe impl Sync for Mapping {}
+
+/// A socket's receive and transmit rings and the mapping they live in.
+pub struct Rings {
     pub rx: RxRing,
     pub tx: TxRing,
-    mac: [u8; 6],
-    _map: Mapping,
-    _fd: OwnedFd,
+    map: Mapping,
 }
 
-impl MmapSocket {
-    pub fn open(iface: &str, ethertype: u16, version: Version) -> io::Result<Self> {
-        let info = bw_net::interface_info(iface)?;
-        // Protocol 0 until bind: nothing lands in the ring before it is set up.
-        // SAFETY: plain socket creation; the fd is owned right below.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(os_error("AF_PACKET socket (needs root or CAP_NET_RAW)"));
-        }
-        // SAFETY: a fresh fd nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let raw = fd.as_raw_fd();
+impl Rings {
+    /// Set up both rings on `fd`, an AF_PACKET socket with no ring yet,
+    /// for frames of `mtu` bytes of payload, and map them.
+    pub fn attach(fd: RawFd, mtu: usize, version: Version) -> io::Result<Rings> {
+        let raw = fd;
         let v = match version {
             Version::V2 => libc::tpacket_versions::TPACKET_V2,
             Version::V3 => libc::tpacket_versions::TPACKET_V3,
         } as libc::c_int;
         setsockopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &v, &format!("PACKET_VERSION ({})", version.name()))?;
-
         // Receive frames: the kernel puts a frame's MAC header so that its
         // network header starts at TPACKET_ALIGN(hdrlen + 16), so a slot
         // holding that plus an MTU of payload takes a whole frame;
         // 2048-aligned (a multiple of TPACKET_ALIGNMENT).
         let hdrlen = version.hdr_aligned() + mem::size_of::<libc::sockaddr_ll>();
-        let rx_frame = round_up(round_up(hdrlen + 16, libc::TPACKET_ALIGNMENT) + info.mtu, 2048);
+        let rx_frame = round_up(round_up(hdrlen + 16, libc::TPACKET_ALIGNMENT) + mtu, 2048);
         if rx_frame > BLOCK_SIZE.min(RX_V3_BLOCK_SIZE) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("MTU {} too large for {BLOCK_SIZE}-byte ring blocks", info.mtu),
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("MTU {mtu} too large for {BLOCK_SIZE}-byte ring blocks")));
         }
         let (rx_slots, retire) = match version {
             // One slot per frame.
@@ -270,8 +267,9 @@ impl MmapSocket {
         set_ring(raw, libc::PACKET_RX_RING, version, &rx_slots, rx_frame, retire, "PACKET_RX_RING")?;
 
         // Transmit ring: fixed-size slots (frame header, data at
-        // hdr_aligned), in either version.
-        let tx_frame = round_up(version.hdr_aligned() + info.mtu + 14, libc::TPACKET_ALIGNMENT);
+        // hdr_aligned: a frame of the MTU, VLAN tag included), in either
+        // version.
+        let tx_frame = round_up(version.hdr_aligned() + mtu + 18, libc::TPACKET_ALIGNMENT);
         let tx_slots = Slots::fixed(tx_frame, TX_FRAMES_MIN);
         set_ring(raw, libc::PACKET_TX_RING, version, &tx_slots, tx_frame, 0, "PACKET_TX_RING")?;
 
@@ -296,30 +294,13 @@ impl MmapSocket {
         }
         let map = Mapping { ptr: p as *mut u8, len };
 
-        // SAFETY: sockaddr_ll is plain data; zero is valid.
-        let mut sll: libc::sockaddr_ll = unsafe { mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = ethertype.to_be();
-        sll.sll_ifindex = info.index;
-        // SAFETY: a live sockaddr_ll with its size.
-        let r =
-            unsafe { libc::bind(raw, &sll as *const _ as *const libc::sockaddr, mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t) };
-        if r < 0 {
-            return Err(os_error(&format!("bind AF_PACKET to {iface}")));
-        }
         // SAFETY: the TX ring starts right after the RX ring in the mapping.
         let tx_base = unsafe { map.ptr.add(rx_len) };
-        Ok(MmapSocket {
+        Ok(Rings {
             rx: RxRing { fd: raw, version, slots: Slots { base: map.ptr, ..rx_slots }, cur: 0, ready: 0 },
             tx: TxRing { fd: raw, version, slots: Slots { base: tx_base, ..tx_slots }, head: 0, pending: 0 },
-            mac: info.mac,
-            _map: map,
-            _fd: fd,
+            map,
         })
-    }
-
-    pub fn mac(&self) -> [u8; 6] {
-        self.mac
     }
 }
 
@@ -346,20 +327,29 @@ impl RxRing {
         self.status(i).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
     }
 
+    /// Whether the next frame (V2: up to `max` ready frames in a row) or
+    /// block (V3) is ours, without waiting.
+    fn gather(&mut self, max: usize) -> bool {
+        if !self.is_user(self.cur) {
+            return false;
+        }
+        self.ready = 1;
+        if self.version == Version::V2 {
+            let max = max.min(self.slots.count);
+            while self.ready < max && self.is_user((self.cur + self.ready) % self.slots.count) {
+                self.ready += 1;
+            }
+        }
+        true
+    }
+
     /// Wait until the next frame (V2: up to RX_V2_BATCH_MAX ready frames
     /// in a row) or block (V3) is ours, for at most `timeout` (None: for
     /// ever). Ok(false) when the time ran out.
     pub fn wait(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            if self.is_user(self.cur) {
-                self.ready = 1;
-                if self.version == Version::V2 {
-                    let max = RX_V2_BATCH_MAX.min(self.slots.count);
-                    while self.ready < max && self.is_user((self.cur + self.ready) % self.slots.count) {
-                        self.ready += 1;
-                    }
-                }
+            if self.gather(RX_V2_BATCH_MAX) {
                 return Ok(true);
             }
             let ms = match deadline {
@@ -562,5 +552,205 @@ impl TxRing {
             poll(self.fd, libc::POLLOUT, 10, "poll(POLLOUT) on the TX ring")?;
         }
         Ok(())
+    }
+}
+
+// SAFETY: the ring's pointers lead into the mapping of the socket that owns
+// the ring (a Rings or a RingSocket), which outlives it; one thread at a
+// time uses a ring (&mut self, or a RingSocket's lock).
+unsafe impl Send for RxRing {}
+// SAFETY: as for RxRing.
+unsafe impl Send for TxRing {}
+
+/// AF_PACKET with TPACKET_V2 rings, bound to one interface and EtherType,
+/// with the [`PacketSocket`] methods the protocols use. Threads may share
+/// it: each ring is taken under its own lock, and a blocking receive waits
+/// outside the lock.
+pub struct RingSocket {
+    rx: Mutex<RxRing>,
+    tx: Mutex<TxRing>,
+    _map: Mapping,
+    sock: PacketSocket,
+    nonblocking: AtomicBool,
+    /// poll() timeout of a blocking receive, in ms (-1: for ever).
+    recv_timeout_ms: AtomicI32,
+}
+
+impl std::fmt::Debug for RingSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingSocket").field("sock", &self.sock).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl RingSocket {
+    pub fn open(iface: &str, ethertype: u16) -> io::Result<Self> {
+        let sock = PacketSocket::open(iface, ethertype)?;
+        let rings = Rings::attach(sock.as_raw_fd(), sock.mtu(), Version::V2)?;
+        // Frames that came between bind and the rings wait in the plain
+        // receive queue, which nothing reads once the rings are there.
+        let mut scratch = [0u8; 64];
+        // SAFETY: a live buffer and its length; non-blocking, so this ends.
+        while unsafe { libc::recv(sock.as_raw_fd(), scratch.as_mut_ptr() as *mut libc::c_void, scratch.len(), libc::MSG_DONTWAIT) } >= 0 {}
+        Ok(RingSocket {
+            rx: Mutex::new(rings.rx),
+            tx: Mutex::new(rings.tx),
+            _map: rings.map,
+            sock,
+            nonblocking: AtomicBool::new(false),
+            recv_timeout_ms: AtomicI32::new(-1),
+        })
+    }
+
+    pub fn info(&self) -> &InterfaceInfo {
+        self.sock.info()
+    }
+    pub fn mac(&self) -> [u8; 6] {
+        self.sock.mac()
+    }
+    pub fn mtu(&self) -> usize {
+        self.sock.mtu()
+    }
+    /// Frames the receive ring holds.
+    pub fn rx_capacity(&self) -> usize {
+        lock(&self.rx).slots.count
+    }
+    pub fn join_fanout(&self, group: u16, mode: FanoutMode) -> io::Result<()> {
+        self.sock.join_fanout(group, mode)
+    }
+    /// Frames received and frames dropped for want of a free ring slot,
+    /// since the last call.
+    pub fn take_statistics(&self) -> io::Result<(u64, u64)> {
+        self.sock.take_statistics()
+    }
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.nonblocking.store(on, Ordering::Relaxed);
+        self.sock.set_nonblocking(on)
+    }
+    /// Blocking receives give up after this long (TimedOut).
+    pub fn set_recv_timeout(&self, t: Duration) -> io::Result<()> {
+        self.recv_timeout_ms.store(t.as_millis().clamp(1, i32::MAX as u128) as i32, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Hand up to `max` received frames to `each`, in order, and give
+    /// their slots back; blocking sockets wait for the first (up to the
+    /// receive timeout), non-blocking ones return WouldBlock.
+    fn receive(&self, max: usize, mut each: impl FnMut(&[u8]) -> io::Result<()>) -> io::Result<usize> {
+        loop {
+            {
+                let mut rx = lock(&self.rx);
+                if rx.gather(max) {
+                    let mut n = 0;
+                    let mut result = Ok(());
+                    for f in rx.frames() {
+                        if result.is_ok() {
+                            result = each(f);
+                            n += 1;
+                        }
+                    }
+                    rx.release();
+                    result?;
+                    if n > 0 {
+                        return Ok(n);
+                    }
+                    continue;
+                }
+            }
+            if self.nonblocking.load(Ordering::Relaxed) {
+                return Err(io::Error::from(io::ErrorKind::WouldBlock));
+            }
+            let mut p = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one live pollfd.
+            match unsafe { libc::poll(&mut p, 1, self.recv_timeout_ms.load(Ordering::Relaxed)) } {
+                0 => return Err(io::Error::from(io::ErrorKind::TimedOut)),
+                r if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted => return Err(io::Error::last_os_error()),
+                _ => {}
+            }
+        }
+    }
+
+    /// Receive one frame into `buf`; returns its length (a longer frame is
+    /// an error and is dropped, not cut).
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut len = 0;
+        self.receive(1, |f| {
+            if f.len() > buf.len() {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {} bytes truncated to {}", f.len(), buf.len())));
+            }
+            buf[..f.len()].copy_from_slice(f);
+            len = f.len();
+            Ok(())
+        })?;
+        Ok(len)
+    }
+
+    /// Receive up to `batch.capacity()` frames, copied into the batch
+    /// (frames longer than its slots are dropped and counted there).
+    pub fn recv_batch(&self, batch: &mut FrameBatch) -> io::Result<usize> {
+        batch.begin_fill();
+        self.receive(batch.capacity(), |f| {
+            match batch.next_fill_slot() {
+                Some(slot) if f.len() <= slot.len() => {
+                    slot[..f.len()].copy_from_slice(f);
+                    batch.fill_done(f.len());
+                }
+                _ => batch.truncated += 1,
+            }
+            Ok(())
+        })?;
+        Ok(batch.len())
+    }
+
+    /// Send one frame (Ethernet header included).
+    pub fn send(&self, frame: &[u8]) -> io::Result<()> {
+        let mut once = Some(frame);
+        self.send_built(|slot| once.take().map(|f| copy_into(slot, f))).map(|_| ())
+    }
+
+    /// Send the first `count` frames of `batch`.
+    pub fn send_batch(&self, batch: &mut FrameBatch, count: usize) -> io::Result<usize> {
+        let mut i = 0;
+        self.send_built(|slot| {
+            (i < count).then(|| {
+                i += 1;
+                copy_into(slot, batch.built(i - 1))
+            })
+        })
+    }
+
+    /// Build frames straight in the transmit ring and send them with one
+    /// kick: `build` writes one into the slot it gets and returns its
+    /// length, or None when there are no more. Returns how many were sent.
+    pub fn send_built(&self, mut build: impl FnMut(&mut [u8]) -> Option<usize>) -> io::Result<usize> {
+        let mut tx = lock(&self.tx);
+        let mut sent = 0;
+        loop {
+            let slot = tx.slot()?;
+            match build(slot) {
+                Some(len) => {
+                    tx.commit(len);
+                    sent += 1;
+                }
+                None => break,
+            }
+        }
+        tx.kick()?;
+        Ok(sent)
+    }
+}
+
+/// Copy `frame` into a transmit slot; its length.
+fn copy_into(slot: &mut [u8], frame: &[u8]) -> usize {
+    slot[..frame.len()].copy_from_slice(frame);
+    frame.len()
+}
+
+impl AsRawFd for RingSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
     }
 }
