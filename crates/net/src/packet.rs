@@ -38,6 +38,19 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// Wait up to `timeout_ms` (-1: for ever) for `fd` to be readable:
+/// TimedOut when the time runs out, the OS error (EINTR included) if poll
+/// fails. For sockets whose frames arrive in memory shared with the kernel
+/// (AF_XDP and PACKET_MMAP rings), which wait with poll, not a receive call.
+pub(crate) fn wait_readable(fd: RawFd, timeout_ms: i32) -> io::Result<()> {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one live pollfd.
+    match cvt(unsafe { libc::poll(&mut p, 1, timeout_ms) })? {
+        0 => Err(io::Error::from(io::ErrorKind::TimedOut)),
+        _ => Ok(()),
+    }
+}
+
 /// `struct ifreq`: 16-byte name then a 24-byte union.
 #[repr(C)]
 struct IfReq {

@@ -26,7 +26,7 @@
 //! PACKET_QDISC_BYPASS is on. The structs and constants come from `libc`
 //! (its copies of include/uapi/linux/if_packet.h).
 
-use crate::packet::{FanoutMode, FrameBatch, InterfaceInfo, PacketSocket};
+use crate::packet::{wait_readable, FanoutMode, FrameBatch, InterfaceInfo, PacketSocket};
 use std::io;
 use std::mem;
 use std::os::fd::{AsRawFd, RawFd};
@@ -230,10 +230,9 @@ pub struct Rings {
 }
 
 impl Rings {
-    /// Set up both rings on `fd`, an AF_PACKET socket with no ring yet,
+    /// Set up both rings on `raw`, an AF_PACKET socket with no ring yet,
     /// for frames of `mtu` bytes of payload, and map them.
-    pub fn attach(fd: RawFd, mtu: usize, version: Version) -> io::Result<Rings> {
-        let raw = fd;
+    pub fn attach(raw: RawFd, mtu: usize, version: Version) -> io::Result<Rings> {
         let v = match version {
             Version::V2 => libc::tpacket_versions::TPACKET_V2,
             Version::V3 => libc::tpacket_versions::TPACKET_V3,
@@ -644,31 +643,23 @@ impl RingSocket {
             {
                 let mut rx = lock(&self.rx);
                 if rx.gather(max) {
-                    let mut n = 0;
-                    let mut result = Ok(());
-                    for f in rx.frames() {
-                        if result.is_ok() {
-                            result = each(f);
-                            n += 1;
-                        }
-                    }
+                    // Every gathered slot goes back, whatever `each` says.
+                    let handed = rx.frames().try_fold(0, |n, f| each(f).map(|()| n + 1));
                     rx.release();
-                    result?;
-                    if n > 0 {
-                        return Ok(n);
+                    match handed? {
+                        // Only frames of our own: look again.
+                        0 => continue,
+                        n => return Ok(n),
                     }
-                    continue;
                 }
             }
             if self.nonblocking.load(Ordering::Relaxed) {
                 return Err(io::Error::from(io::ErrorKind::WouldBlock));
             }
-            let mut p = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one live pollfd.
-            match unsafe { libc::poll(&mut p, 1, self.recv_timeout_ms.load(Ordering::Relaxed)) } {
-                0 => return Err(io::Error::from(io::ErrorKind::TimedOut)),
-                r if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted => return Err(io::Error::last_os_error()),
-                _ => {}
+            match wait_readable(self.sock.as_raw_fd(), self.recv_timeout_ms.load(Ordering::Relaxed)) {
+                // A signal: look at the ring again.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                r => r?,
             }
         }
     }

@@ -33,7 +33,7 @@
 //! we only make the syscall that kicks the kernel when the ring says it
 //! waits for one.
 
-use crate::packet::{interface_info, FrameBatch, InterfaceInfo};
+use crate::packet::{interface_info, wait_readable, FrameBatch, InterfaceInfo};
 use aya::maps::{Array, HashMap, XskMap};
 use aya::programs::{Xdp, XdpMode};
 use aya::Ebpf;
@@ -770,18 +770,6 @@ impl XdpSocket {
         Ok((self.received.swap(0, Ordering::Relaxed), dropped.saturating_sub(before)))
     }
 
-    /// Wait until frames are ready or the timeout passes (poll).
-    fn wait_readable(&self) -> io::Result<()> {
-        let mut p = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one live pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, self.recv_timeout_ms.load(Ordering::Relaxed)) };
-        match r {
-            0 => Err(io::Error::from(io::ErrorKind::TimedOut)),
-            r if r < 0 => Err(io::Error::last_os_error()),
-            _ => Ok(()),
-        }
-    }
-
     /// Receive up to `batch.capacity()` frames, copied into the batch.
     /// Blocking sockets wait for the first frame (up to the receive
     /// timeout); non-blocking ones return WouldBlock when none is ready.
@@ -795,7 +783,7 @@ impl XdpSocket {
             if self.nonblocking.load(Ordering::Relaxed) {
                 return Err(io::Error::from(io::ErrorKind::WouldBlock));
             }
-            self.wait_readable()?;
+            wait_readable(self.fd.as_raw_fd(), self.recv_timeout_ms.load(Ordering::Relaxed))?;
         }
     }
 

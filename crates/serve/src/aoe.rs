@@ -422,21 +422,24 @@ fn open_packet_sockets(
     // so two blockwire processes never share a group.
     let group = (std::process::id() as u16).wrapping_mul(7).wrapping_add(group_offset as u16);
     let mut queued = 0usize;
+    let fanout_failed = || format!("PACKET_FANOUT on {iface}");
     for _ in 0..workers {
-        if rings {
+        // The socket and the frames it holds queued.
+        let (s, holds) = if rings {
             let s = RingSocket::open(iface, ETHERTYPE_AOE).context("AoE (aoe_datapath = \"mmap\")")?;
-            s.set_recv_timeout(POLL)?;
-            s.join_fanout(group, fanout).with_context(|| format!("PACKET_FANOUT on {iface}"))?;
-            queued += s.rx_capacity();
-            sockets.push(FrameSocket::Mmap(Box::new(s)));
-            continue;
-        }
-        let s = PacketSocket::open(iface, ETHERTYPE_AOE).context("AoE")?;
-        let granted = s.set_buffer_sizes(SOCKET_BUFFER, SOCKET_BUFFER)?;
+            s.join_fanout(group, fanout).with_context(fanout_failed)?;
+            let holds = s.rx_capacity();
+            (FrameSocket::Mmap(Box::new(s)), holds)
+        } else {
+            let s = PacketSocket::open(iface, ETHERTYPE_AOE).context("AoE")?;
+            let granted = s.set_buffer_sizes(SOCKET_BUFFER, SOCKET_BUFFER)?;
+            s.join_fanout(group, fanout).with_context(fanout_failed)?;
+            let holds = granted / frame_truesize(s.mtu());
+            (FrameSocket::Packet(s), holds)
+        };
         s.set_recv_timeout(POLL)?;
-        s.join_fanout(group, fanout).with_context(|| format!("PACKET_FANOUT on {iface}"))?;
-        queued += granted / frame_truesize(s.mtu());
-        sockets.push(FrameSocket::Packet(s));
+        queued += holds;
+        sockets.push(s);
     }
     Ok((sockets, queued))
 }
