@@ -6,15 +6,15 @@
 # CONFIG_NVME_HOST_AUTH=y, CONFIG_NVME_TARGET_AUTH=y and
 # CONFIG_CRYPTO_DH_RFC7919_GROUPS=y. Used by crates/cli/tests/integration/nvme_auth.rs.
 #
-#   tests/kernel-vm/kernel-6.12.sh DIR     # then: KVM_DIR=DIR kernel-vm run SCRIPT
+#   tests/kernel-vm/kernel-6.12.sh DIR     # then: KVM_DIR=DIR tests/kernel-vm/vm run SCRIPT
 #
-# kernel-vm's own build skips the kernel download when DIR/vmlinuz exists, so
+# The harness's own build skips the kernel download when DIR/vmlinuz exists, so
 # this only puts the newer kernel and its (decompressed: busybox modprobe
 # loads plain .ko files) modules there, then builds the initrd once, under a
 # lock, so concurrent tests do not race on it.
 set -eu
 DIR=${1:?usage: kernel-6.12.sh DIR}
-KVM=${KVM_TOOL:-${BLOCKWIRE_SHARED:-$(dirname "$0")/../../../shared}/tools/kernel-vm}
+KVM=$(dirname "$0")/vm
 mkdir -p "$DIR"
 exec 9>"$DIR/.lock"
 flock 9

@@ -1,5 +1,5 @@
 //! The Linux kernel's own aoe driver against `blockwire serve`: a guest
-//! (../shared/tools/kernel-vm, qemu) discovers e1.1 over a tap device,
+//! (tests/kernel-vm/vm, qemu) discovers e1.1 over a tap device,
 //! writes and reads back 8 MiB with O_DIRECT, makes ext4, mounts it, writes
 //! a file, and e2fsck -fn must find it clean; once against the AF_XDP
 //! datapath, once against the PACKET_MMAP rings. Needs root and the

@@ -1,5 +1,5 @@
 //! The tools an administrator types against blockwire, run by a real Linux
-//! kernel (../shared/tools/kernel-vm), in one boot: nvme-cli over the kernel
+//! kernel (tests/kernel-vm/vm), in one boot: nvme-cli over the kernel
 //! nvme-tcp host (discover, connect, identify, every mandatory log page and
 //! feature, read/write/compare/write-zeroes/dsm/flush, reset, disconnect) and
 //! sg3-utils over open-iscsi (INQUIRY and every listed VPD page, mode and log

@@ -1,5 +1,5 @@
 //! Linux open-iscsi + iscsi_tcp (in a real Debian kernel under qemu, via
-//! ../shared/tools/kernel-vm) against `blockwire serve --iscsi`: discovery,
+//! tests/kernel-vm/vm) against `blockwire serve --iscsi`: discovery,
 //! (refused without CHAP, then with mutual CHAP), login without and with
 //! mutual CHAP, a wrong secret refused, O_DIRECT
 //! write/read/compare, ext4 + e2fsck, logout. Guest script:

@@ -38,4 +38,5 @@ mod rbd;
 mod rbd_gateways;
 mod secrets;
 mod socket_fuzz;
+mod standalone;
 mod tcp_congestion;

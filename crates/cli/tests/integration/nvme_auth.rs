@@ -485,7 +485,6 @@ fn kernel_612_image() -> std::path::PathBuf {
     let dir = repo_root().join(".kvm-6.12");
     let st = std::process::Command::new(repo_root().join("tests/kernel-vm/kernel-6.12.sh"))
         .arg(&dir)
-        .env("BLOCKWIRE_SHARED", shared_dir())
         .status()
         .expect("run tests/kernel-vm/kernel-6.12.sh");
     assert!(

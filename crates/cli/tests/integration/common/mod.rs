@@ -289,6 +289,12 @@ pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
     false
 }
 
+/// The project's kernel VM harness (`tests/kernel-vm/vm`; its header says
+/// what the guest holds).
+pub fn kernel_vm_tool() -> PathBuf {
+    repo_root().join("tests/kernel-vm/vm")
+}
+
 /// Result of a kernel VM run.
 pub struct VmRun {
     pub status: ExitStatus,
@@ -296,7 +302,7 @@ pub struct VmRun {
 }
 
 /// Boot the Debian kernel under qemu and run `script` inside it
-/// (`../shared/tools/kernel-vm run SCRIPT [--tap IF]`), with optional qemu
+/// (`tests/kernel-vm/vm run SCRIPT [--tap IF]`), with optional qemu
 /// hostfwd rules. The guest reaches the host's 127.0.0.1 as 10.0.2.2.
 pub fn kernel_vm(script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmRun {
     kernel_vm_in(None, script, tap, hostfwd)
@@ -306,9 +312,7 @@ pub fn kernel_vm(script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmR
 /// newer kernel (tests/kernel-vm/kernel-6.12.sh).
 pub fn kernel_vm_in(kvm_dir: Option<&Path>, script: &Path, tap: Option<&str>, hostfwd: Option<&str>) -> VmRun {
     require_root();
-    let tool = shared_dir().join("tools/kernel-vm");
-    assert!(tool.exists(), "{} is missing: CI needs ../shared beside the repository", tool.display());
-    let mut c = Command::new(&tool);
+    let mut c = Command::new(kernel_vm_tool());
     c.arg("run").arg(script);
     if let Some(t) = tap {
         c.args(["--tap", t]);
@@ -354,7 +358,7 @@ impl BackgroundVm {
     pub fn start_with(kvm_dir: Option<&Path>, script: &Path, hostfwd: &str, args: &[&str], env: &[(&str, &str)]) -> BackgroundVm {
         use std::os::unix::process::CommandExt;
         require_root();
-        let mut c = Command::new(shared_dir().join("tools/kernel-vm"));
+        let mut c = Command::new(kernel_vm_tool());
         c.arg("run")
             .arg(script)
             .args(args)
