@@ -69,7 +69,7 @@ audit:
 		if [ -d "$(LIVE_ADVISORY_DB)/crates" ]; then \
 			cat target/audit.err >&2; [ $$rc = 0 ] && echo "audit: no vulnerable or unsound crates"; exit $$rc; \
 		fi; \
-		why=$$(grep -v '^ *$$' target/audit.err | tail -1 | cut -c1-160); \
+		why=$$(grep -v '^ *$$' target/audit.err | tail -1 | sed 's/^[ ->]*//' | cut -c1-160); \
 		echo "no advisory database (no snapshot at $(ADVISORY_DB), and fetching failed: $${why:-exit $$rc})" >target/audit.skipped; \
 		echo "audit: NOT RUN: $$(cat target/audit.skipped)"; \
 	fi
