@@ -193,6 +193,9 @@ const HOSTNQN: &str = "nqn.2026-11.org.blockwire.lab:kernel-client";
 
 /// Attach: `$1` what, `$2` `$3` its address, `$4` the LUN. Prints the
 /// block device once it is there (at most ~60 s: an emulated host is slow).
+/// find_dev must not assign `n`, the wait loop's counter: before the
+/// namespace appears its glob stays unexpanded, and bash then evaluates
+/// `n=$((n+1))` with n = "nvme*n*", which refers to itself.
 const ATTACH: &str = r#"PATH=$PATH:/usr/sbin:/sbin; what=$1; a=$2; b=$3; lun=$4
 dev=""
 find_dev() {
@@ -203,7 +206,7 @@ find_dev() {
            done ;;
     nvme|nvme-rdma) for s in /sys/class/nvme-subsystem/*; do
             [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$a" ] || continue
-            for d in "$s"/nvme*n*; do n=${d##*/}; case "$n" in *c*) ;; *) [ -e "$d" ] && dev=/dev/$n ;; esac; done
+            for d in "$s"/nvme*n*; do ns=${d##*/}; case "$ns" in *c*) ;; *) [ -e "$d" ] && dev=/dev/$ns ;; esac; done
           done ;;
     aoe) [ -b "/dev/etherd/$a" ] && dev=/dev/etherd/$a ;;
   esac

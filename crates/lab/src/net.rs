@@ -164,10 +164,26 @@ pub fn run_net(topo: &Topology, link: &Link, shape: &LinkShape, secs: u32, repea
     r
 }
 
+/// One iperf3 client run. The server takes one test at a time and tells a
+/// client that comes while it is still closing the previous test that it is
+/// busy (a busy host makes that window wide): such a client waits and asks
+/// again, for as long as a loaded machine can take to close a test.
 fn one(topo: &Topology, ip: &str, streams: u32, secs: u32) -> anyhow::Result<Iperf> {
-    let out = topo.client.command_with("iperf3", &iperf3_client_args(ip, streams, secs)).stdin(std::process::Stdio::null()).output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    parse_iperf3_json(&text)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let out = topo.client.command_with("iperf3", &iperf3_client_args(ip, streams, secs)).stdin(std::process::Stdio::null()).output()?;
+        let r = parse_iperf3_json(&String::from_utf8_lossy(&out.stdout));
+        match r {
+            Err(e) if is_server_busy(&e) && std::time::Instant::now() < deadline && !crate::cleanup::interrupted() => {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            r => return r,
+        }
+    }
+}
+
+fn is_server_busy(e: &anyhow::Error) -> bool {
+    e.to_string().contains("the server is busy")
 }
 
 #[cfg(test)]
@@ -205,6 +221,10 @@ mod tests {
         assert_eq!(m, Iperf { bits_per_s: 9.8e9, retransmits: 3, client_cpu_pct: 71.5, server_cpu_pct: 88.25 });
         let err = parse_iperf3_json(r#"{"start":{},"error":"unable to connect to server: Connection refused"}"#).unwrap_err();
         assert!(format!("{err}").contains("Connection refused"));
+        assert!(!is_server_busy(&err));
+        // iperf3 3.12's answer to a client that comes while a test runs.
+        let busy = parse_iperf3_json(r#"{"start":{},"error":"the server is busy running a test. try again later"}"#).unwrap_err();
+        assert!(is_server_busy(&busy));
         assert!(parse_iperf3_json("").is_err());
         assert!(parse_iperf3_json(r#"{"end":{}}"#).is_err());
     }
