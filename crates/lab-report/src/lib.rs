@@ -9,6 +9,7 @@
 //! regenerated from a results.json says what the run's own report said.
 
 pub mod analysis;
+pub mod context;
 pub mod csv;
 pub mod factors;
 pub mod findings;

@@ -8,7 +8,7 @@
 //! `ssh::CLEANUP_SCRIPT`).
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::host::Host;
+use crate::host::{Host, ShellUndo};
 use crate::subjects::{blockwire, tgt, vblade, PeerKind, Protocol, Subject};
 use crate::topology::Link;
 use clap::ValueEnum;
@@ -142,7 +142,7 @@ pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protoc
     let out = host.run("sh", &["-c", &script])?;
     if !matches!(host, Host::Ssh(_)) {
         for m in out.lines().filter_map(|l| l.strip_prefix("loaded ")) {
-            let undo = Resource::HostShell { host: host.clone(), script: crate::ssh::UNDO_ONE.into(), args: vec!["module".into(), m.into(), String::new()] };
+            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::UNDO_ONE, args: vec!["module".into(), m.into(), String::new()] });
             registry().create(undo, || Ok(()))?;
         }
     }
@@ -237,29 +237,6 @@ until find_dev; do
 done
 echo "$dev""#;
 
-/// Undo one attachment (`$1` what, `$2` `$3` its address). A macro so the
-/// state file's cleanup script (`ssh::CLEANUP_SCRIPT`) holds the same lines.
-macro_rules! detach_script {
-    () => {
-        r#"PATH=$PATH:/usr/sbin:/sbin
-case "$1" in
-  iscsi) iscsiadm -m node -T "$2" -p "$3" --logout >/dev/null 2>&1
-         iscsiadm -m node -T "$2" -p "$3" -o delete >/dev/null 2>&1
-         iscsiadm -m discoverydb -t sendtargets -p "$3" -o delete >/dev/null 2>&1
-         if [ -f /run/bwlab-iscsid ] && ! iscsiadm -m session >/dev/null 2>&1; then
-           kill $(cat /run/bwlab-iscsid) 2>/dev/null; rm -f /run/bwlab-iscsid
-         fi ;;
-  nvme|nvme-rdma) nvme disconnect -n "$2" >/dev/null 2>&1 ;;
-  # the name without a newline: the driver compares the bytes written
-  aoe) [ -e /dev/etherd/flush ] && printf %s "$2" > /dev/etherd/flush 2>/dev/null ;;
-  # a kernel NFS mount (crate::kernel_nfs), also when its server is gone
-  nfs) umount -f "$2" 2>/dev/null || umount -f -l "$2" 2>/dev/null; rmdir "$2" 2>/dev/null ;;
-esac
-true"#
-    };
-}
-pub(crate) use detach_script;
-pub const DETACH: &str = detach_script!();
 
 /// A kernel initiator attached to a subject: its block device, undone
 /// when the token is released.
@@ -276,11 +253,11 @@ pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> 
         // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
         h.record("kernel", what, &format!("{a} {b}"))?;
     }
-    let undo = Resource::HostShell {
+    let undo = Resource::owned(ShellUndo {
         host: host.clone(),
-        script: DETACH.into(),
+        script: crate::ssh::DETACH,
         args: vec![what.into(), a.clone(), b.clone()],
-    };
+    });
     let lun = iscsi_lun(s).to_string();
     let script = ATTACH.replace("$HOSTNQN", HOSTNQN);
     let mut device = String::new();
@@ -292,7 +269,7 @@ pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> 
             f.ok && device.starts_with("/dev/"),
             "{} did not attach: {}",
             ClientKind::kernel(s.protocol()).name,
-            crate::runner::last_lines(&f.stderr, 2)
+            crate::command::last_lines(&f.stderr, 2)
         );
         Ok(())
     })?;

@@ -3,9 +3,10 @@
 //! lives: a network namespace of this machine (the one-box lab), this
 //! machine itself, or another machine reached over ssh (`crate::ssh`).
 
-use crate::cleanup::{registry, Resource, Token};
+use crate::cleanup::{registry, Resource, Token, Undo};
 use crate::results::WireCounters;
-use crate::ssh::SshHost;
+use crate::ssh::{RemoteFile, SshHost};
+use crate::command::{sh, which};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -182,7 +183,7 @@ impl Host {
             Host::Ssh(h) => {
                 let p = path.to_string_lossy();
                 h.record("file", &p, "")?;
-                let res = Resource::HostFile { host: h.clone(), path: path.to_path_buf() };
+                let res = Resource::owned(RemoteFile { host: h.clone(), path: path.to_path_buf() });
                 let (t, ()) = registry().create(res, || {
                     use std::io::Write;
                     let mut c = h.remote(&format!("cat > {}", crate::ssh::quote(&p)));
@@ -203,10 +204,25 @@ impl Host {
         match self {
             Host::Ssh(h) => {
                 h.record("file", &path.to_string_lossy(), "")?;
-                Ok(registry().create(Resource::HostFile { host: h.clone(), path: path.to_path_buf() }, || Ok(()))?.0)
+                Ok(registry().create(Resource::owned(RemoteFile { host: h.clone(), path: path.to_path_buf() }), || Ok(()))?.0)
             }
             _ => Ok(registry().create(Resource::File(path.to_path_buf()), || Ok(()))?.0),
         }
+    }
+}
+
+/// Something a shell script on a host undoes (`sh -c SCRIPT sh ARGS`): a
+/// kernel initiator's session, a module it loaded, a link's qdisc.
+#[derive(Debug)]
+pub struct ShellUndo {
+    pub host: Host,
+    pub script: &'static str,
+    pub args: Vec<String>,
+}
+
+impl Undo for ShellUndo {
+    fn undo(&self) -> anyhow::Result<()> {
+        crate::command::run_undo_script(self.host.name(), self.script, &self.args, |a| self.host.command_with("sh", a))
     }
 }
 
@@ -299,34 +315,6 @@ pub fn parse_ethtool_features(text: &str) -> Vec<(&'static str, bool)> {
             Some((*short, value == "on"))
         })
         .collect()
-}
-
-/// Run a program on this machine, outside any namespace.
-pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(program).args(args).output().map_err(|e| anyhow::anyhow!("cannot run {program}: {e}"))?;
-    if !out.status.success() {
-        anyhow::bail!("`{program} {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Whether `program` is installed on this machine (every local namespace
-/// shares its file system).
-pub fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        .unwrap_or(false)
-        || ["/usr/sbin", "/sbin", "/usr/bin"].iter().any(|d| std::path::Path::new(d).join(program).is_file())
-}
-
-/// The installed version of Debian package `package` on this machine.
-pub fn package_version(package: &str) -> Option<String> {
-    let out = Command::new("dpkg-query").args(["-W", "-f", "${Version}", package]).output().ok()?;
-    if out.status.success() {
-        Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        None
-    }
 }
 
 /// Parse `ip -s -j link show dev IF` output (iproute2 JSON, `stats64`).

@@ -14,7 +14,9 @@
 //! bench or fio run), `fs` (the fs workloads and their output), `mounts`
 //! (a file system on a subject), `cgroup` (client memory limits),
 //! `machine` (/proc facts, idle wait), `cleanup` (tracking and signal
-//! handling), `route` (the routed-path suite), `host` (where things run:
+//! handling; a leaf: what only an owner knows how to undo, such as a file
+//! on an ssh host, the owner registers as a `cleanup::Undo`), `command`
+//! (running programs on this machine), `route` (the routed-path suite), `host` (where things run:
 //! a namespace, this machine, or another machine over `ssh`), `remote`
 //! (opening and checking the hosts of a run across machines, see
 //! docs/multi-host.md), `clients` (the initiators a subject is measured
@@ -28,6 +30,7 @@
 pub mod cgroup;
 pub mod clients;
 pub mod cleanup;
+pub mod command;
 pub mod fs;
 pub mod fs_kind;
 pub mod host;
@@ -185,7 +188,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
     }
     let (mut suite, out) = if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
         anyhow::ensure!(args.target_host.is_none(), "the route suite runs on this machine only (no --target-host)");
-        let s = route::RouteSuite::from_args(&args)?;
+        let s = route::suite::RouteSuite::from_args(&args)?;
         let out = s.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
     } else {
@@ -269,7 +272,10 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     });
     std::fs::create_dir_all(&out)?;
     let mut run = orchestrate::LabRun::new(plan, exe, out);
-    run.remote = remote;
+    if let Some((hosts, clients)) = remote {
+        run.remote = Some(hosts);
+        run.remote_clients = clients;
+    }
     Ok(run)
 }
 
@@ -277,7 +283,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
 /// `remote`: the targets run on another host; `remote_client`: so do the
 /// clients (this machine only drives them over ssh).
 fn preflight(plan: &plan::Plan, remote: bool, remote_client: bool) -> anyhow::Result<()> {
-    use host::which;
+    use command::which;
     if remote {
         anyhow::ensure!(which("ssh"), "ssh is not installed (package openssh-client)");
     }

@@ -2,7 +2,6 @@
 //! for idle before each run), and what machine and software the run used.
 
 use crate::results::MachineInfo;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn clk_tck() -> f64 {
@@ -104,11 +103,6 @@ pub fn machine_info() -> MachineInfo {
     MachineInfo { cpu_model, cpus, kernel, mem_total_bytes, hostname, tcp_congestion }
 }
 
-pub fn first_line(program: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(program).args(args).output().ok()?;
-    let text = if out.stdout.is_empty() { out.stderr } else { out.stdout };
-    String::from_utf8_lossy(&text).lines().next().map(|l| l.trim().to_string())
-}
 
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! of the veth pair (this kernel has no netem).
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::host::Host;
+use crate::host::{Host, ShellUndo};
 use crate::topology::{Link, Topology};
 pub use bw_lab_results::net::*;
 
@@ -63,7 +63,7 @@ fn shape_real_nic(host: &Host, dev: &str, rate: u64) -> anyhow::Result<Token> {
     let (t, ()) = match host {
         Host::Ssh(h) => h.recorded("qdisc", dev, "", make)?,
         _ => {
-            let res = Resource::HostShell { host: host.clone(), script: crate::ssh::UNDO_ONE.into(), args: vec!["qdisc".into(), dev.into(), String::new()] };
+            let res = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::UNDO_ONE, args: vec!["qdisc".into(), dev.into(), String::new()] });
             registry().create(res, make)?
         }
     };

@@ -102,6 +102,9 @@ pub struct LabRun {
     client_cgroup: Option<(String, String)>,
     /// The hosts of a run across machines (None: namespaces on this one).
     pub remote: Option<Remote>,
+    /// The clients the subjects are measured with on the remote client
+    /// host (`--clients`, narrowed to what it has).
+    pub remote_clients: Vec<crate::clients::ClientKind>,
     /// The offload study's factors being measured.
     factors: crate::results::Factors,
     digest: crate::offload::Digest,
@@ -164,7 +167,7 @@ fn prepare_fs_workload(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, dir:
             anyhow::ensure!(
                 f.ok,
                 "laying out the IOgen file failed: {}",
-                crate::runner::last_lines(&f.stderr, 3)
+                crate::command::last_lines(&f.stderr, 3)
             );
         }
         _ => {}
@@ -281,6 +284,7 @@ impl LabRun {
             fs_serial: 0,
             client_cgroup: None,
             remote: None,
+            remote_clients: vec![],
             factors: Default::default(),
             digest: Default::default(),
             meter: Default::default(),
@@ -552,7 +556,7 @@ impl LabRun {
     /// The clients of the run (blockwire's alone in one box).
     fn clients(&self) -> Vec<crate::clients::ClientKind> {
         match &self.remote {
-            Some(r) => r.clients.clone(),
+            Some(_) => self.remote_clients.clone(),
             None => vec![crate::clients::ClientKind::Blockwire],
         }
     }
@@ -1409,7 +1413,7 @@ impl LabRun {
             anyhow::bail!(
                 "{} {how}: {}",
                 prog,
-                crate::runner::last_lines(&f.stderr, 3)
+                crate::command::last_lines(&f.stderr, 3)
             );
         }
         let result = parse_fs_result(w, &fsp, &f.stdout)?;

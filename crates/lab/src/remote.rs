@@ -166,7 +166,9 @@ pub fn adapt_plan(plan: &mut Plan, allow_nic_changes: bool) -> Vec<String> {
 /// Open the hosts the command line names: each one's master connection,
 /// its leftovers from interrupted runs swept, its preflight, the lab's
 /// binary. Everything made is tracked (the run's cleanup undoes it).
-pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<Remote> {
+/// With the hosts come the clients the subjects are measured with
+/// (`--clients`, narrowed to what the client host has).
+pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<(Remote, Vec<crate::clients::ClientKind>)> {
     let target_url = c.target_host.as_deref().ok_or_else(|| anyhow::anyhow!("no --target-host"))?;
     let mtu = match c.mtu.as_deref() {
         None => None,
@@ -192,7 +194,7 @@ pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<Remote> 
             }
             Err(e) => fatal.push(format!("{}: cannot check for an interrupted run's leftovers: {e:#}", h.url())),
         }
-        registry().create(Resource::HostRun(h.clone()), || Ok(()))?;
+        registry().create(Resource::owned(crate::ssh::RunOnHost(h.clone())), || Ok(()))?;
         match preflight(h, *role, plan) {
             Ok((f, n)) => {
                 fatal.extend(f);
@@ -228,7 +230,7 @@ pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<Remote> 
     let mut it = hosts.into_iter().map(|(_, h)| Host::Ssh(h));
     let target = it.next().expect("a target host");
     let client = it.next().unwrap_or(Host::Local);
-    Ok(Remote { target, client, data_addr: c.data_addr, allow_nic_changes: c.allow_nic_changes, mtu, clients })
+    Ok((Remote { target, client, data_addr: c.data_addr, allow_nic_changes: c.allow_nic_changes, mtu }, clients))
 }
 
 /// The clients of the run: blockwire's unless `--clients` leaves it out,
@@ -289,7 +291,7 @@ pub fn aoe_answers(client: &Host, exe: &Path, iface: &str, wanted: &[(u16, u8)],
     // `discover` fails when nothing answers: what it printed still counts.
     let text = String::from_utf8_lossy(&out.stdout);
     let answered = wanted.iter().copied().filter(|&a| answered_by(&text, a)).collect();
-    Ok((answered, crate::runner::last_lines(&String::from_utf8_lossy(&out.stderr), 1)))
+    Ok((answered, crate::command::last_lines(&String::from_utf8_lossy(&out.stderr), 1)))
 }
 
 /// Whether `blockwire aoe discover` output lists shelf.slot `a`.

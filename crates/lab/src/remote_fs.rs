@@ -212,7 +212,7 @@ pub fn prepare(h: &SshHost, w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams,
             // Tied to its session like the workloads: Ctrl-C stops it there.
             let cmd = h.service_command("fio", &args);
             let f = crate::runner::run_workload_with_stdin(cmd, "fio layout", Duration::from_secs(600), None, std::process::Stdio::piped())?;
-            anyhow::ensure!(f.ok, "laying out the IOgen file failed: {}", crate::runner::last_lines(&f.stderr, 3));
+            anyhow::ensure!(f.ok, "laying out the IOgen file failed: {}", crate::command::last_lines(&f.stderr, 3));
         }
         _ => {
             h.run_line(&format!("mkdir -p {d}"))?;
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn a_block_device_gets_a_file_system_and_loses_it() {
         // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || !crate::host::which("mkfs.ext4") {
+        if unsafe { libc::geteuid() } != 0 || !crate::command::which("mkfs.ext4") {
             eprintln!("skipped: needs root and mkfs.ext4");
             return;
         }

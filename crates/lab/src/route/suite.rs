@@ -590,7 +590,7 @@ impl crate::suite::Suite for RouteSuite {
     }
 
     fn finish(&mut self) {
-        for line in super::report::text_summary(self.results.route.as_ref().unwrap_or(&RouteResults::default())) {
+        for line in bw_lab_report::route::text_summary(self.results.route.as_ref().unwrap_or(&RouteResults::default())) {
             println!("{line}");
         }
     }

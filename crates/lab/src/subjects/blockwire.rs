@@ -1,7 +1,7 @@
 //! blockwire's own target: one `blockwire serve` exporting the backing file
 //! over every protocol asked for (AoE, iSCSI and NVMe/TCP at once).
 
-use super::Protocol;
+use super::target::Protocol;
 use crate::cleanup::registry;
 use crate::host::Host;
 use crate::targets::{await_ready, spawn_logged, TargetProcess};
@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn serve_config_is_well_formed_toml() {
-        let link = crate::subjects::tests::link();
+        let link = crate::topology::test_link();
         let all = Protocol::ALL;
         let text = serve_config(&link, "file:/dev/shm/x.img", &all);
         let v: toml::Table = toml::from_str(&text).unwrap();

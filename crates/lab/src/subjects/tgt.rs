@@ -1,7 +1,7 @@
 //! tgt (iSCSI): tgtd in the foreground with a control port of its own (so it
 //! never meets a system tgtd), one target with the backing file as LUN 1.
 
-use super::{PeerTarget, Protocol, Tool};
+use super::target::{PeerTarget, Protocol, Tool};
 use crate::targets::{spawn_logged, TargetProcess};
 use crate::topology::{Link, Topology};
 use std::path::{Path, PathBuf};
@@ -42,7 +42,7 @@ impl PeerTarget for Tgt {
     }
 
     fn version(&self) -> Option<String> {
-        crate::host::package_version("tgt").map(|v| format!("tgt {v}"))
+        crate::command::package_version("tgt").map(|v| format!("tgt {v}"))
     }
 
     // tgt puts its controller on LUN 0; the disk is LUN 1.

@@ -1,7 +1,7 @@
 //! vblade (AoE): exports the backing file on the target veth at its own
 //! shelf, beside blockwire's.
 
-use super::{PeerTarget, Protocol, Tool};
+use super::target::{PeerTarget, Protocol, Tool};
 use crate::targets::{spawn_logged, TargetProcess};
 use crate::topology::{Link, Topology};
 use std::path::Path;
@@ -26,7 +26,7 @@ impl PeerTarget for Vblade {
     }
 
     fn version(&self) -> Option<String> {
-        crate::host::package_version("vblade").map(|v| format!("vblade {v}"))
+        crate::command::package_version("vblade").map(|v| format!("vblade {v}"))
     }
 
     fn url(&self, link: &Link) -> String {
