@@ -9,7 +9,7 @@
 
 use crate::cleanup::{registry, Resource, Token};
 use crate::host::{Host, ShellUndo};
-use crate::subjects::{blockwire, tgt, vblade, PeerKind, Protocol, Subject};
+use crate::subjects::{KernelAddress, Protocol, Subject};
 use crate::topology::Link;
 use clap::ValueEnum;
 use std::time::Duration;
@@ -93,7 +93,7 @@ impl ClientKind {
     pub fn serves(self, s: Subject) -> bool {
         match self {
             ClientKind::Blockwire => true,
-            ClientKind::Kernel(p) => s.protocol() == p,
+            ClientKind::Kernel(p) => s.address().block_protocol() == Some(p),
         }
     }
 
@@ -105,7 +105,7 @@ impl ClientKind {
             h => format!(" on {}", h.name()),
         };
         match self {
-            ClientKind::Blockwire if s.protocol() == Protocol::Nfs => format!("{}{on}", s.initiator()),
+            ClientKind::Blockwire if s.address().serves_files() => format!("{}{on}", s.initiator()),
             ClientKind::Blockwire if on.is_empty() => "blockwire".into(),
             ClientKind::Blockwire => format!("blockwire (userspace){on}"),
             ClientKind::Kernel(p) => format!("{} with fio{on}", Self::kernel(p).initiator),
@@ -158,33 +158,6 @@ pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protoc
         }
     }
     Ok((have, lack))
-}
-
-/// How a kernel initiator reaches subject `s` over `link`, as the
-/// arguments of its attach script and state-file line: (what, a, b).
-fn address(s: Subject, link: &Link) -> (&'static str, String, String) {
-    let ip = link.target_ip;
-    match s {
-        Subject::Blockwire(Protocol::Iscsi) => ("iscsi", blockwire::IQN.into(), format!("{ip}:{}", blockwire::ISCSI_PORT)),
-        Subject::Peer(PeerKind::Tgt) => ("iscsi", tgt::IQN.into(), format!("{ip}:{}", tgt::ISCSI_PORT)),
-        Subject::Blockwire(Protocol::Nvme) => ("nvme", blockwire::NQN.into(), format!("{ip} {}", blockwire::NVME_PORT)),
-        Subject::Blockwire(Protocol::NvmeRdma) => ("nvme-rdma", blockwire::NQN.into(), format!("{ip} {}", blockwire::NVME_RDMA_PORT)),
-        Subject::Blockwire(Protocol::Aoe) => ("aoe", format!("e{}.{}", blockwire::AOE_ADDRESS.0, blockwire::AOE_ADDRESS.1), String::new()),
-        Subject::Peer(PeerKind::Vblade) => ("aoe", format!("e{}.{}", vblade::AOE_ADDRESS.0, vblade::AOE_ADDRESS.1), String::new()),
-        // File-level NFS through a kernel client is not a block subject.
-        Subject::Blockwire(Protocol::Nfs) | Subject::Peer(PeerKind::Ganesha) => {
-            unreachable!("no kernel block initiator serves an NFS subject (ClientKind::serves)")
-        }
-    }
-}
-
-/// The LUN blockwire and tgt export the volume as (the block device is
-/// that LUN's).
-fn iscsi_lun(s: Subject) -> u32 {
-    match s {
-        Subject::Peer(PeerKind::Tgt) => 1,
-        _ => 0,
-    }
 }
 
 /// The hostnqn the lab's kernel NVMe connections use (nvme-cli wants one;
@@ -248,7 +221,9 @@ pub struct Attached {
 /// Attach the kernel initiator of `s`'s protocol on `host` to `s` over
 /// `link`; recorded in the host's state file first.
 pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> {
-    let (what, a, b) = address(s, link);
+    let KernelAddress { protocol, a, b, lun } =
+        s.address().kernel(link).ok_or_else(|| anyhow::anyhow!("{}: no kernel block initiator reads a subject serving files", s.key()))?;
+    let what = protocol.name();
     if let Host::Ssh(h) = host {
         // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
         h.record("kernel", what, &format!("{a} {b}"))?;
@@ -258,7 +233,7 @@ pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> 
         script: crate::ssh::DETACH,
         args: vec![what.into(), a.clone(), b.clone()],
     });
-    let lun = iscsi_lun(s).to_string();
+    let lun = lun.to_string();
     let script = ATTACH.replace("$HOSTNQN", HOSTNQN);
     let mut device = String::new();
     let (token, ()) = registry().create(undo, || {
@@ -268,7 +243,7 @@ pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> 
         anyhow::ensure!(
             f.ok && device.starts_with("/dev/"),
             "{} did not attach: {}",
-            ClientKind::kernel(s.protocol()).name,
+            ClientKind::kernel(protocol).name,
             crate::command::last_lines(&f.stderr, 2)
         );
         Ok(())
@@ -296,6 +271,7 @@ fn parse_proc_stat_cpu(line: &str) -> Option<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::subjects::{blockwire, tgt, PeerKind};
 
     #[test]
     fn keys_name_client_and_target() {
@@ -317,12 +293,18 @@ mod tests {
             target_ip: "198.18.1.1".parse().unwrap(),
             client_ip: "198.18.1.2".parse().unwrap(),
         };
-        assert_eq!(address(Subject::Peer(PeerKind::Tgt), &l), ("iscsi", tgt::IQN.into(), format!("198.18.1.1:{}", tgt::ISCSI_PORT)));
-        assert_eq!(address(Subject::Blockwire(Protocol::Nvme), &l).2, "198.18.1.1 4420");
-        assert_eq!(address(Subject::Blockwire(Protocol::NvmeRdma), &l), ("nvme-rdma", blockwire::NQN.into(), "198.18.1.1 4421".into()));
+        let kernel = |s: Subject| s.address().kernel(&l).unwrap();
+        let k = |protocol, a: &str, b: &str, lun| KernelAddress { protocol, a: a.into(), b: b.into(), lun };
+        assert_eq!(kernel(Subject::Peer(PeerKind::Tgt)), k(Protocol::Iscsi, tgt::IQN, &format!("198.18.1.1:{}", tgt::ISCSI_PORT), 1));
+        assert_eq!(kernel(Subject::Blockwire(Protocol::Iscsi)), k(Protocol::Iscsi, blockwire::IQN, "198.18.1.1:3260", 0));
+        assert_eq!(kernel(Subject::Blockwire(Protocol::Nvme)).b, "198.18.1.1 4420");
+        assert_eq!(kernel(Subject::Blockwire(Protocol::NvmeRdma)), k(Protocol::NvmeRdma, blockwire::NQN, "198.18.1.1 4421", 0));
         assert_eq!(ClientKind::Kernel(Protocol::NvmeRdma).key(Subject::Blockwire(Protocol::NvmeRdma)), "kernel-nvme-rdma@blockwire");
-        assert_eq!(address(Subject::Peer(PeerKind::Vblade), &l).1, "e2.0");
-        assert_eq!(iscsi_lun(Subject::Peer(PeerKind::Tgt)), 1);
+        assert_eq!(kernel(Subject::Peer(PeerKind::Vblade)), k(Protocol::Aoe, "e2.0", "", 0));
+        assert_eq!(kernel(Subject::Blockwire(Protocol::Aoe)).a, "e1.0");
+        // A peer serving files has no block device to attach.
+        assert_eq!(Subject::Peer(PeerKind::Ganesha).address().kernel(&l), None);
+        assert!(!ClientKind::Kernel(Protocol::Iscsi).serves(Subject::Peer(PeerKind::Ganesha)));
     }
 
     #[test]

@@ -389,7 +389,7 @@ impl LabRun {
             .flat_map(|s| clients.iter().filter(move |c| c.serves(s)).map(move |c| (s, *c)))
             .map(|(s, c)| SubjectRecord {
                 key: c.key(s),
-                protocol: s.protocol().name().into(),
+                protocol: s.address().protocol_name().into(),
                 target: s.target_name().into(),
                 initiator: c.initiator(s, &topo.client),
                 unavailable: None,
@@ -528,7 +528,7 @@ impl LabRun {
         for v in crate::kernel_nfs::VERSIONS {
             self.results.subjects.push(SubjectRecord {
                 key: v.key(),
-                protocol: crate::subjects::Protocol::Nfs.name().into(),
+                protocol: Subject::Peer(PeerKind::Ganesha).address().protocol_name().into(),
                 target: PeerKind::Ganesha.name().into(),
                 initiator: v.initiator(client),
                 unavailable: None,
@@ -716,11 +716,11 @@ impl LabRun {
             for p in ours.iter().filter(|p| **p == crate::subjects::Protocol::Aoe) {
                 self.mark_target_unavailable(Subject::Blockwire(*p), link.mtu, why.into());
             }
-            for p in peers.iter().filter(|p| p.target().protocol() == crate::subjects::Protocol::Aoe) {
+            for p in peers.iter().filter(|p| p.target().address().aoe().is_some()) {
                 self.mark_target_unavailable(Subject::Peer(*p), link.mtu, why.into());
             }
             ours.retain(|p| *p != crate::subjects::Protocol::Aoe);
-            peers.retain(|p| p.target().protocol() != crate::subjects::Protocol::Aoe);
+            peers.retain(|p| p.target().address().aoe().is_none());
         }
         let rdma = crate::subjects::Protocol::NvmeRdma;
         if ours.contains(&rdma) {
@@ -810,7 +810,7 @@ impl LabRun {
     /// target), for every client.
     fn check_aoe_reach(&mut self, topo: &Topology, link: &Link, live: &mut Vec<LiveSubject>) {
         let wanted: Vec<(Subject, (u16, u8))> =
-            live.iter().filter_map(|s| crate::remote::aoe_address(s.subject).map(|a| (s.subject, a))).collect();
+            live.iter().filter_map(|s| s.subject.address().aoe().map(|a| (s.subject, a))).collect();
         if wanted.is_empty() {
             return;
         }

@@ -252,7 +252,7 @@ fn choose_clients(
     let kernel_by_default = matches!(host, Host::Ssh(_));
     if chosen.map_or(kernel_by_default, |v| v.contains(&ClientChoice::Kernel)) {
         // Only the protocols some subject of the run speaks.
-        let used = |p| subjects.iter().any(|s| s.protocol() == p);
+        let used = |p| subjects.iter().any(|s| s.address().block_protocol() == Some(p));
         let protocols: Vec<_> = crate::clients::KERNEL.iter().map(|k| k.protocol).filter(|&p| used(p)).collect();
         let (have, lack) = crate::clients::detect(host, &protocols)?;
         if chosen.is_some() && !have.iter().any(|p| used(*p)) {
@@ -262,16 +262,6 @@ fn choose_clients(
         notes.extend(lack);
     }
     Ok((kinds, notes))
-}
-
-/// The AoE shelf and slot subject `s` serves at, if it is an AoE target.
-pub fn aoe_address(s: Subject) -> Option<(u16, u8)> {
-    use crate::subjects::{blockwire, vblade, PeerKind, Protocol};
-    match s {
-        Subject::Blockwire(Protocol::Aoe) => Some(blockwire::AOE_ADDRESS),
-        Subject::Peer(PeerKind::Vblade) => Some(vblade::AOE_ADDRESS),
-        _ => None,
-    }
 }
 
 /// Which of the AoE targets `wanted` (shelf, slot) answer a config query
@@ -355,8 +345,8 @@ mod tests {
         assert!(answered_by(out, (1, 0)));
         assert!(!answered_by(out, (2, 0)));
         assert!(!answered_by("e11.0  aoe://eth1/11.0\n", (1, 0)));
-        assert_eq!(aoe_address(Subject::Peer(crate::subjects::PeerKind::Vblade)), Some(crate::subjects::vblade::AOE_ADDRESS));
-        assert_eq!(aoe_address(Subject::Peer(crate::subjects::PeerKind::Tgt)), None);
+        assert_eq!(Subject::Peer(crate::subjects::PeerKind::Vblade).address().aoe(), Some(crate::subjects::vblade::AOE_ADDRESS));
+        assert_eq!(Subject::Peer(crate::subjects::PeerKind::Tgt).address().aoe(), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! host rpcbind or another run's. That namespace also holds the ext4 mount,
 //! which goes with its last process.
 
-use super::target::{PeerTarget, Protocol, Tool};
+use super::target::{Address, PeerTarget, Tool};
 use crate::cleanup::{registry, Resource, Role};
 use crate::fs_kind::FsKind;
 use crate::targets::{spawn_logged, TargetProcess};
@@ -137,8 +137,13 @@ impl PeerTarget for Ganesha {
         "ganesha"
     }
 
-    fn protocol(&self) -> Protocol {
-        Protocol::Nfs
+    fn address(&self) -> Address {
+        Address::NfsFile { port: NFS_PORT, export: EXPORT, file: VOLUME_FILE }
+    }
+
+    // With it the default plans outgrow their time budgets (plan's test).
+    fn in_default_plan(&self) -> bool {
+        false
     }
 
     fn tools(&self) -> &'static [Tool] {
@@ -152,10 +157,6 @@ impl PeerTarget for Ganesha {
 
     fn version(&self) -> Option<String> {
         crate::command::package_version("nfs-ganesha").map(|v| format!("nfs-ganesha {v}"))
-    }
-
-    fn url(&self, link: &Link) -> String {
-        format!("nfs://{}:{NFS_PORT}{EXPORT}/{VOLUME_FILE}", link.target_ip)
     }
 
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {

@@ -13,7 +13,7 @@ pub mod vblade;
 
 pub mod target;
 
-pub use target::{PeerTarget, Protocol, Tool};
+pub use target::{Address, KernelAddress, PeerTarget, Protocol, Tool};
 
 use crate::targets::TargetProcess;
 use crate::topology::{Link, Topology};
@@ -90,33 +90,32 @@ impl Subject {
         }
     }
 
-    pub fn protocol(self) -> Protocol {
+    /// Where it serves the volume (its protocol, URL, kernel address).
+    pub fn address(self) -> Address {
         match self {
-            Subject::Blockwire(p) => p,
-            Subject::Peer(p) => p.target().protocol(),
+            Subject::Blockwire(p) => blockwire::address(p),
+            Subject::Peer(p) => p.target().address(),
         }
     }
 
     /// The client measured: blockwire's, over NFS its `nfs://` NFSv3 client
     /// (a disk image file, as qemu and Proxmox use one), not a kernel mount.
     pub fn initiator(self) -> &'static str {
-        match self.protocol() {
-            Protocol::Nfs => "blockwire nfs:// (NFSv3 client in userspace, image file)",
-            _ => "blockwire",
+        if self.address().serves_files() {
+            "blockwire nfs:// (NFSv3 client in userspace, image file)"
+        } else {
+            "blockwire"
         }
     }
 
     /// Its key in results.json: `<target>-<protocol>`.
     pub fn key(self) -> String {
-        format!("{}-{}", self.target_name(), self.protocol())
+        format!("{}-{}", self.target_name(), self.address().protocol_name())
     }
 
     /// The URL blockwire's client uses to reach it over `link`.
     pub fn url(self, link: &Link) -> String {
-        match self {
-            Subject::Blockwire(p) => blockwire::url(p, link),
-            Subject::Peer(p) => p.target().url(link),
-        }
+        self.address().url(link)
     }
 }
 
