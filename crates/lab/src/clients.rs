@@ -100,10 +100,7 @@ impl ClientKind {
     /// The initiator of subject `s` as the report's "Clients:" line names it.
     pub fn initiator(self, s: Subject, host: &Host) -> String {
         // In one box (namespaces) there is one client: no host to name.
-        let on = match host {
-            Host::LocalNamespace(_) => String::new(),
-            h => format!(" on {}", h.name()),
-        };
+        let on = host.on_name();
         match self {
             ClientKind::Blockwire if s.address().serves_files() => format!("{}{on}", s.initiator()),
             ClientKind::Blockwire if on.is_empty() => "blockwire".into(),
@@ -131,16 +128,15 @@ load() {
 /// tracked to be unloaded at the end.
 pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protocol>, Vec<String>)> {
     let asked = || KERNEL.iter().filter(|k| protocols.contains(&k.protocol));
-    let state = match host {
-        Host::Ssh(h) => h.state_file(),
-        _ => "/dev/null".into(),
-    };
-    let mut script = format!("PATH=$PATH:/usr/sbin:/sbin; state={}\n{LOAD}command -v fio >/dev/null || echo nofio\n", crate::ssh::quote(&state));
+    let state = host.state_file();
+    let state_or_none = state.clone().unwrap_or_else(|| "/dev/null".into());
+    let mut script = format!("PATH=$PATH:/usr/sbin:/sbin; state={}\n{LOAD}command -v fio >/dev/null || echo nofio\n", crate::ssh::quote(&state_or_none));
     for k in asked() {
         script += &format!("( {} ) >/dev/null 2>&1 && echo has {}\n", k.probe, k.name);
     }
     let out = host.run("sh", &["-c", &script])?;
-    if !matches!(host, Host::Ssh(_)) {
+    // Where the host keeps no state file, this run unloads them itself.
+    if state.is_none() {
         for m in out.lines().filter_map(|l| l.strip_prefix("loaded ")) {
             let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::UNDO_ONE, args: vec!["module".into(), m.into(), String::new()] });
             registry().create(undo, || Ok(()))?;
@@ -224,10 +220,8 @@ pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> 
     let KernelAddress { protocol, a, b, lun } =
         s.address().kernel(link).ok_or_else(|| anyhow::anyhow!("{}: no kernel block initiator reads a subject serving files", s.key()))?;
     let what = protocol.name();
-    if let Host::Ssh(h) = host {
-        // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
-        h.record("kernel", what, &format!("{a} {b}"))?;
-    }
+    // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
+    host.record("kernel", what, &format!("{a} {b}"))?;
     let undo = Resource::owned(ShellUndo {
         host: host.clone(),
         script: crate::ssh::DETACH,

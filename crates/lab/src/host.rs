@@ -30,6 +30,67 @@ impl Host {
         }
     }
 
+    /// " on NAME" for the report's client lines; nothing in one box (its
+    /// namespaces have one client: no host to name).
+    pub fn on_name(&self) -> String {
+        match self {
+            Host::LocalNamespace(_) => String::new(),
+            h => format!(" on {}", h.name()),
+        }
+    }
+
+    /// How the report names it as a host of the run: an ssh host by its
+    /// URL, this machine by name.
+    pub fn address(&self) -> String {
+        match self {
+            Host::Ssh(h) => h.url(),
+            other => other.name().to_string(),
+        }
+    }
+
+    /// The name it is reached by on the network (an ssh host's), to find
+    /// its address when none is given.
+    pub fn network_name(&self) -> Option<&str> {
+        match self {
+            Host::Ssh(h) => Some(&h.host),
+            Host::LocalNamespace(_) | Host::Local => None,
+        }
+    }
+
+    /// The network namespace of this machine it is, if it is one (the
+    /// lab's own links, which it may reshape freely).
+    pub fn namespace(&self) -> Option<&str> {
+        match self {
+            Host::LocalNamespace(ns) => Some(ns),
+            Host::Local | Host::Ssh(_) => None,
+        }
+    }
+
+    /// The ssh host it is, if it is another machine: for what only runs
+    /// there (`remote_fs`, the remote PID of a service).
+    pub fn ssh(&self) -> Option<&SshHost> {
+        match self {
+            Host::Ssh(h) => Some(h),
+            Host::LocalNamespace(_) | Host::Local => None,
+        }
+    }
+
+    /// The host's state file, where it keeps one: an ssh host lists in it
+    /// what the run made there, so a later run undoes what a killed one
+    /// left. This machine keeps none (its cleanup registry is the run's).
+    pub fn state_file(&self) -> Option<String> {
+        self.ssh().map(|h| h.state_file())
+    }
+
+    /// Write `KIND A B` in the host's state file, where it keeps one
+    /// ([`Host::state_file`]), before making the thing.
+    pub fn record(&self, kind: &str, a: &str, b: &str) -> anyhow::Result<()> {
+        match self.ssh() {
+            Some(h) => h.record(kind, a, b),
+            None => Ok(()),
+        }
+    }
+
     /// A command that runs `program` on the host. In a namespace, `ip netns
     /// exec` execs it, so the PID of the spawned child is the program's own
     /// PID (what CPU accounting and stopping by PID rely on). Over ssh the

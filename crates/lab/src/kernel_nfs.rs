@@ -58,10 +58,7 @@ impl NfsVersion {
 
     /// The client as the report's subject table names it.
     pub fn initiator(self, host: &Host) -> String {
-        let on = match host {
-            Host::LocalNamespace(_) => String::new(),
-            h => format!(" on {}", h.name()),
-        };
+        let on = host.on_name();
         let v = match self {
             NfsVersion::V3 => "NFSv3",
             NfsVersion::V41 => "NFSv4.1",
@@ -101,8 +98,8 @@ pub fn mount(host: &Host, server: Ipv4Addr, v: NfsVersion, mp: &Path) -> anyhow:
     let src = format!("{server}:{}", ganesha::EXPORT);
     let mp_s = mp.to_string_lossy().into_owned();
     let args = [mp_s.as_str(), src.as_str(), v.options()];
-    let (res, cmd) = match host {
-        Host::Ssh(h) => {
+    let (res, cmd) = match host.ssh() {
+        Some(h) => {
             // `kernel nfs MP`: the cleanup script splits the rest into arguments.
             h.record("kernel", "nfs", &mp_s)?;
             let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::DETACH, args: vec!["nfs".into(), mp_s.clone(), String::new()] });
@@ -110,7 +107,7 @@ pub fn mount(host: &Host, server: Ipv4Addr, v: NfsVersion, mp: &Path) -> anyhow:
         }
         // `ip netns exec` would mount in a mount namespace of its own: the
         // network namespace alone is entered, the mount lands here.
-        _ => {
+        None => {
             let mut c = host.command_sharing_mounts(Path::new("sh"));
             c.args(["-c", MOUNT, "sh"]).args(args);
             (Resource::Mount(mp.to_path_buf()), c)

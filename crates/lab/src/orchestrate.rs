@@ -12,7 +12,6 @@ use crate::results::{
     unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, WireCounters, Workload,
     FORMAT,
 };
-use crate::host::Host;
 use crate::subjects::{blockwire, Subject};
 use crate::targets::TargetProcess;
 use crate::topology::{Link, Remote, Topology};
@@ -344,9 +343,9 @@ impl LabRun {
             backing.display(),
             size >> 20
         ));
-        let backing_token = match self.remote.as_ref().map(|r| &r.target) {
-            Some(crate::host::Host::Ssh(h)) => h.fill_random(&backing, size)?,
-            _ => registry().create(Resource::File(backing.clone()), || make_backing(&backing, size))?.0,
+        let backing_token = match self.remote.as_ref().and_then(|r| r.target.ssh()) {
+            Some(h) => h.fill_random(&backing, size)?,
+            None => registry().create(Resource::File(backing.clone()), || make_backing(&backing, size))?.0,
         };
         self.results.params.backing = format!(
             "{}{on} ({} MiB, tmpfs) shared by every target{}",
@@ -419,7 +418,7 @@ impl LabRun {
                     target_datapath: None,
                 });
             }
-            if let Host::Ssh(h) = &topo.client {
+            if let Some(h) = topo.client.ssh() {
                 // The workloads run on the client host, and mount there.
                 self.client_cgroup = Some(crate::remote_fs::cgroup_base(h)?);
                 let (t, dir) = crate::remote_fs::mountpoint(h)?;
@@ -1259,9 +1258,9 @@ impl LabRun {
                     // Over NFS `--fs` is the server's file system; the
                     // image's own (a VM guest's) stays ext4.
                     let kind = if key.ends_with("-nfs") { crate::fs_kind::FsKind::Ext4 } else { self.fs_kind };
-                    match client {
-                        Host::Ssh(h) => crate::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
-                        _ => crate::mounts::mount_remote_as(&self.exe, client, url, mp, kind, size)?,
+                    match client.ssh() {
+                        Some(h) => crate::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
+                        None => crate::mounts::mount_remote_as(&self.exe, client, url, mp, kind, size)?,
                     }
                 }
                 (None, _) => {
@@ -1329,10 +1328,7 @@ impl LabRun {
         let local = key == crate::fs::LOCAL;
         let dir = mp.join("w");
         // Over ssh the workload, its files and its cgroup are the client host's.
-        let remote = match &topo.client {
-            Host::Ssh(h) => Some(h),
-            _ => None,
-        };
+        let remote = topo.client.ssh();
         match remote {
             Some(h) => crate::remote_fs::prepare(h, w, &fsp, &dir)?,
             None => {

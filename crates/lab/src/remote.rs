@@ -249,7 +249,7 @@ fn choose_clients(
         kinds.push(ClientKind::Blockwire);
     }
     let mut notes = vec![];
-    let kernel_by_default = matches!(host, Host::Ssh(_));
+    let kernel_by_default = host.ssh().is_some();
     if chosen.map_or(kernel_by_default, |v| v.contains(&ClientChoice::Kernel)) {
         // Only the protocols some subject of the run speaks.
         let used = |p| subjects.iter().any(|s| s.address().block_protocol() == Some(p));
@@ -328,11 +328,7 @@ pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> cra
 /// What the report says about `host` (its `nic` on the storage network).
 pub fn host_info(host: &Host, role: &str, nic: &str) -> anyhow::Result<crate::results::HostInfo> {
     let out = host.run("sh", &["-c", HOST_FACTS, "sh", nic])?;
-    let address = match host {
-        Host::Ssh(h) => h.url(),
-        other => other.name().to_string(),
-    };
-    Ok(parse_host_facts(&out, role, &address, nic))
+    Ok(parse_host_facts(&out, role, &host.address(), nic))
 }
 
 #[cfg(test)]

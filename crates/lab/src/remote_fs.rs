@@ -79,9 +79,9 @@ pub fn mount_device(host: &Host, dev: &str, mp: &Path, kind: FsKind, size: u64) 
         run_sbin(host, &mkfs)?;
         run_sbin(host, &["mount", "-o", kind.mount_options(), dev, &p]).map(|_| ())
     };
-    let (t, ()) = match host {
-        Host::Ssh(h) => h.recorded("mount", &p, "", make)?,
-        _ => registry().create(Resource::Mount(mp.to_path_buf()), make)?,
+    let (t, ()) = match host.ssh() {
+        Some(h) => h.recorded("mount", &p, "", make)?,
+        None => registry().create(Resource::Mount(mp.to_path_buf()), make)?,
     };
     Ok(Mounted::new(mp.to_path_buf(), None, vec![t]))
 }
@@ -224,9 +224,9 @@ pub fn prepare(h: &SshHost, w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams,
 /// Remove what a workload left in `dir` on `host` and write the rest back
 /// (`mounts::clean_dir` for this machine).
 pub fn clean_dir(host: &Host, dir: &Path) -> anyhow::Result<()> {
-    match host {
-        Host::Ssh(h) => h.run_line(&format!("rm -rf -- {}; sync", quote(&dir.to_string_lossy()))).map(|_| ()),
-        _ => crate::mounts::clean_dir(dir),
+    match host.ssh() {
+        Some(h) => h.run_line(&format!("rm -rf -- {}; sync", quote(&dir.to_string_lossy()))).map(|_| ()),
+        None => crate::mounts::clean_dir(dir),
     }
 }
 

@@ -200,10 +200,10 @@ impl Topology {
     /// at both ends and their MTU. The NICs keep their MTU unless
     /// `--allow-nic-changes` lets the lab set `mtu` (restored at the end).
     pub fn connect(r: &Remote) -> anyhow::Result<Topology> {
-        let target_ip = match (&r.data_addr, &r.target) {
+        let target_ip = match (&r.data_addr, r.target.network_name()) {
             (Some(a), _) => *a,
-            (None, Host::Ssh(h)) => resolve_v4(&h.host)?,
-            (None, other) => anyhow::bail!("no address for the target host {}: give --data-addr", other.name()),
+            (None, Some(name)) => resolve_v4(name)?,
+            (None, None) => anyhow::bail!("no address for the target host {}: give --data-addr", r.target.name()),
         };
         let route = r.client.ip(&["-j", "-4", "route", "get", &target_ip.to_string()])?;
         let client_if = json_field(&route, "dev").ok_or_else(|| anyhow::anyhow!("the client host has no route to {target_ip}"))?;
@@ -225,9 +225,7 @@ impl Topology {
                 if before == want {
                     continue;
                 }
-                if let Host::Ssh(h) = host {
-                    h.record("mtu", dev, &before.to_string())?;
-                }
+                host.record("mtu", dev, &before.to_string())?;
                 let res = Resource::owned(MtuBefore { host: host.clone(), dev: dev.clone(), mtu: before });
                 let made = registry().create(res, || host.set_mtu(dev, want));
                 match made {
@@ -249,9 +247,7 @@ impl Topology {
         if r.allow_nic_changes {
             for (host, dev) in [(&r.target, &target_if), (&r.client, &client_if)] {
                 let saved = crate::offload::Saved::take(host, dev)?;
-                if let Host::Ssh(h) = host {
-                    h.record("offload", dev, &saved.ethtool_args())?;
-                }
+                host.record("offload", dev, &saved.ethtool_args())?;
                 saved_offloads.push(saved);
             }
         }

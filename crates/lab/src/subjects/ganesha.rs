@@ -168,7 +168,7 @@ impl PeerTarget for Ganesha {
 pub fn start_on(topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
     // Its export image, config and state files are made on this
     // machine's file system.
-    if matches!(topo.target, crate::host::Host::Ssh(_)) {
+    if topo.target.ssh().is_some() {
         return Err("the ganesha peer runs only on a target host of this machine for now".into());
     }
     if crate::command::package_version("nfs-ganesha-vfs").is_none() {
