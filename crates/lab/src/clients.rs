@@ -257,9 +257,9 @@ pub fn machine_cpu_seconds(host: &Host) -> anyhow::Result<(f64, f64)> {
 /// The `cpu` line of /proc/stat as seconds: (user + nice, system + irq +
 /// softirq).
 fn parse_proc_stat_cpu(line: &str) -> Option<(f64, f64)> {
-    let v = crate::machine::proc_stat_cpu_fields(line)?;
-    let s = |fields: &[usize]| fields.iter().map(|&i| v[i]).sum::<u64>() as f64 / crate::host::USER_HZ;
-    (v.len() >= 7).then(|| (s(&[0, 1]), s(&[2, 5, 6])))
+    let c = crate::machine::CpuTicks::parse(line)?;
+    let s = |ticks: u64| ticks as f64 / crate::host::USER_HZ;
+    Some((s(c.user + c.nice), s(c.system + c.irq + c.softirq)))
 }
 
 #[cfg(test)]

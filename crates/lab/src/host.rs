@@ -4,7 +4,7 @@
 //! machine itself, or another machine reached over ssh (`crate::ssh`).
 
 use crate::cleanup::{registry, Resource, Token, Undo};
-use crate::results::WireCounters;
+use bw_lab_results::WireCounters;
 use crate::ssh::{RemoteFile, SshHost};
 use crate::command::{sh, which};
 use std::path::{Path, PathBuf};
@@ -351,7 +351,8 @@ pub fn parse_machine_ticks(text: &str) -> Option<MachineTicks> {
     if boot_id.is_empty() || boot_id.starts_with("cpu") {
         return None;
     }
-    let (busy, total) = crate::machine::parse_proc_stat_totals(text)?;
+    let cpu = crate::machine::CpuTicks::parse(text)?;
+    let (busy, total) = (cpu.busy(), cpu.total());
     Some(MachineTicks { boot_id, busy, total })
 }
 

@@ -53,11 +53,6 @@ pub mod suite;
 pub mod targets;
 pub mod topology;
 
-// The records and the report are crates of their own (the lab writes the
-// one and renders the other); their old paths stay for the lab's code.
-pub use bw_lab_report as report;
-pub use bw_lab_results as results;
-pub use bw_lab_results::{accounting, stats};
 
 use std::path::PathBuf;
 
@@ -181,8 +176,8 @@ pub enum LabCommand {
 
 pub fn run(args: LabArgs) -> anyhow::Result<()> {
     if let Some(LabCommand::Report { out }) = &args.command {
-        let results = results::Results::load(&out.join("results.json"))?;
-        report::write_all(out, &results)?;
+        let results = bw_lab_results::Results::load(&out.join("results.json"))?;
+        bw_lab_report::write_all(out, &results)?;
         println!("lab: report re-rendered: {}", out.join("report.html").display());
         return Ok(());
     }
@@ -267,7 +262,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         }
     };
     let out = args.out.clone().unwrap_or_else(|| {
-        let stamp: String = results::utc_now().chars().filter(|c| c.is_ascii_digit()).collect();
+        let stamp: String = bw_lab_results::utc_now().chars().filter(|c| c.is_ascii_digit()).collect();
         PathBuf::from(format!("lab-{}-{}", &stamp[..8], &stamp[8..]))
     });
     std::fs::create_dir_all(&out)?;

@@ -5,10 +5,10 @@
 //! the first MTU of each link shape, with the same rotation, the local
 //! baseline taking its turn among the subjects.
 
-use crate::accounting::{Case, Metric};
+use bw_lab_results::accounting::{Case, Metric};
 use crate::cleanup::{interrupted, registry, Resource};
 use crate::plan::Plan;
-use crate::results::{
+use bw_lab_results::{
     unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, WireCounters, Workload,
     FORMAT,
 };
@@ -105,14 +105,14 @@ pub struct LabRun {
     /// host (`--clients`, narrowed to what it has).
     pub remote_clients: Vec<crate::clients::ClientKind>,
     /// The offload study's factors being measured.
-    factors: crate::results::Factors,
+    factors: bw_lab_results::Factors,
     digest: crate::offload::Digest,
     /// Whole-machine CPU of the target and client hosts' machines.
     meter: crate::machine_cpu::MachineMeter,
     /// The fs suite's file system and fsync setting being measured.
     fs_kind: crate::fs_kind::FsKind,
     fsync: crate::fs_kind::Fsync,
-    fs_factors: crate::results::fs::FsFactors,
+    fs_factors: bw_lab_results::fs::FsFactors,
     /// The client host has a kernel NFS client (asked only when the fs
     /// suite runs with ganesha).
     kernel_nfs_client: bool,
@@ -247,7 +247,7 @@ impl crate::suite::Suite for LabRun {
             eprintln!("lab: report:  {}", report.display());
         }
         if ok {
-            crate::report::print_recommendations(&self.results);
+            bw_lab_report::print_recommendations(&self.results);
         }
     }
 }
@@ -278,7 +278,7 @@ impl LabRun {
             backing,
             progress,
             idle_spent: 0.0,
-            shape: crate::results::default_link(),
+            shape: bw_lab_results::default_link(),
             fs_dir: None,
             fs_serial: 0,
             client_cgroup: None,
@@ -497,7 +497,7 @@ impl LabRun {
             if offload != crate::offload::Offload::MtuFrames {
                 topo.set_offload(offload)?;
             }
-            self.factors = crate::results::Factors { offload: offload.name().into(), digest: digest.factor().into() };
+            self.factors = bw_lab_results::Factors { offload: offload.name().into(), digest: digest.factor().into() };
             self.digest = digest;
             if self.plan.factor_combinations().len() > 1 {
                 self.say(&format!("lab: offload {}, digest {}", if offload.name().is_empty() { "default" } else { offload.name() }, digest.name()));
@@ -1119,7 +1119,7 @@ impl LabRun {
         for (kind, fsync) in self.plan.fs_combinations.clone() {
             let first = self.results.fs.len();
             (self.fs_kind, self.fsync) = (kind, fsync);
-            self.fs_factors = crate::results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
+            self.fs_factors = bw_lab_results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
             if self.plan.fs_combinations.len() > 1 {
                 self.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
             }
@@ -1461,7 +1461,7 @@ impl LabRun {
             }
         }
         for ((row, mem, subject), v) in rows {
-            let st = crate::stats::Summary::of(&v);
+            let st = bw_lab_results::stats::Summary::of(&v);
             let text = st
                 .map(|s| format!("{:.0}±{:.0}", s.mean, s.stddev))
                 .unwrap_or_default();
@@ -1500,7 +1500,7 @@ impl LabRun {
                         let s = Sample {
                             subject: "local-fio".into(),
                             mtu: None,
-                            link: crate::results::default_link(),
+                            link: bw_lab_results::default_link(),
                             suite: suite.clone(),
                             workload: w.clone(),
                             repeat: rep,
@@ -1564,12 +1564,12 @@ impl LabRun {
             return;
         }
         let case = Case {
-            key: crate::accounting::CaseKey {
+            key: bw_lab_results::accounting::CaseKey {
                 suite: suite.into(),
                 link: if mtu.is_some() {
                     self.shape.clone()
                 } else {
-                    crate::results::default_link()
+                    bw_lab_results::default_link()
                 },
                 mtu,
                 workload: w.name.clone(),

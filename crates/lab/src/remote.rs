@@ -302,7 +302,7 @@ echo "speed=$(ethtool "$d" 2>/dev/null | sed -n 's/^[[:space:]]*Speed: \([0-9]*\
 echo "driver=$(ethtool -i "$d" 2>/dev/null | sed -n 's/^driver: //p')""#;
 
 /// The [`HOST_FACTS`] output as a host record.
-pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> crate::results::HostInfo {
+pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> bw_lab_results::HostInfo {
     let get = |k: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
@@ -310,7 +310,7 @@ pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> cra
             .trim()
             .to_string()
     };
-    crate::results::HostInfo {
+    bw_lab_results::HostInfo {
         role: role.into(),
         address: address.into(),
         cpu_model: get("cpu_model"),
@@ -326,7 +326,7 @@ pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> cra
 }
 
 /// What the report says about `host` (its `nic` on the storage network).
-pub fn host_info(host: &Host, role: &str, nic: &str) -> anyhow::Result<crate::results::HostInfo> {
+pub fn host_info(host: &Host, role: &str, nic: &str) -> anyhow::Result<bw_lab_results::HostInfo> {
     let out = host.run("sh", &["-c", HOST_FACTS, "sh", nic])?;
     Ok(parse_host_facts(&out, role, &host.address(), nic))
 }

@@ -3,7 +3,7 @@
 
 use crate::cleanup::registry;
 use crate::command::{last_lines, read_in_background};
-use crate::results::{BenchResult, Latency, Workload};
+use bw_lab_results::{BenchResult, Latency, Workload};
 use bw_workload_report::BenchReport;
 use std::io::Read;
 use std::path::Path;

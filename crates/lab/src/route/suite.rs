@@ -506,7 +506,7 @@ pub struct RouteSuite {
     pub plan: SuitePlan,
     pub out: PathBuf,
     exe: PathBuf,
-    results: crate::results::Results,
+    results: bw_lab_results::Results,
 }
 
 impl RouteSuite {
@@ -554,9 +554,9 @@ impl RouteSuite {
         // Before any thread exists (see install_signal_handler).
         crate::cleanup::install_signal_handler()?;
         let exe = std::env::current_exe()?;
-        let mut results = crate::results::Results {
-            format: crate::results::FORMAT,
-            started_utc: crate::results::utc_now(),
+        let mut results = bw_lab_results::Results {
+            format: bw_lab_results::FORMAT,
+            started_utc: bw_lab_results::utc_now(),
             machine: crate::machine::machine_info(),
             software: crate::subjects::software(&exe),
             ..Default::default()
@@ -585,7 +585,7 @@ impl crate::suite::Suite for RouteSuite {
         outcome
     }
 
-    fn results(&mut self) -> &mut crate::results::Results {
+    fn results(&mut self) -> &mut bw_lab_results::Results {
         &mut self.results
     }
 

@@ -120,13 +120,13 @@ impl Subject {
 }
 
 /// The versions of what the run measured (`blockwire_exe`, the peers, fio).
-pub fn software(blockwire_exe: &std::path::Path) -> crate::results::Software {
+pub fn software(blockwire_exe: &std::path::Path) -> bw_lab_results::Software {
     let na = || "not installed".to_string();
-    crate::results::Software {
+    bw_lab_results::Software {
         blockwire: crate::command::first_line(&blockwire_exe.to_string_lossy(), &["--version"]).unwrap_or_else(na),
         peers: PeerKind::all()
             .iter()
-            .map(|p| crate::results::PeerVersion { peer: p.name().into(), version: p.target().version().unwrap_or_else(na) })
+            .map(|p| bw_lab_results::PeerVersion { peer: p.name().into(), version: p.target().version().unwrap_or_else(na) })
             .collect(),
         fio: crate::command::first_line("fio", &["--version"]).unwrap_or_else(na),
     }
