@@ -15,6 +15,7 @@ pub mod factors;
 pub mod findings;
 pub mod html;
 pub mod route;
+pub mod rows;
 pub mod summary;
 pub mod svg;
 
@@ -567,6 +568,24 @@ mod tests {
         let cols = f.lines().next().unwrap().split(',').count();
         assert!(f.lines().all(|l| l.split(',').count() == cols));
         assert_eq!(analysis::sample_counts(&r)["blockwire-aoe"], 12 + 3);
+    }
+
+    /// The rows printed while the lab runs, from the same cases the
+    /// report analyses.
+    #[test]
+    fn terminal_rows_of_recorded_results() {
+        let r = results();
+        let header = rows::table_header();
+        assert!(header.starts_with("subject") && header.contains("IOPS (mean±sd)"));
+        let cases = analysis::micro_cases(&r);
+        let case = cases.values().find(|c| c.key.mtu.is_some()).unwrap();
+        let row = rows::case_row(case);
+        assert!(row.starts_with(&format!("{:<16} {:>5} {:<18}", case.key.subject, case.key.mtu.unwrap(), case.workload.name)), "{row}");
+        let iops = case.summary(Metric::Iops).unwrap();
+        assert!(row.contains(&format!("{:.0}±{:.0}", iops.mean, iops.stddev)), "{row}");
+        assert!(!row.contains("I/O errors"), "{row}");
+        let fs = rows::fs_rows(&r.fs);
+        assert!(!fs.is_empty() && fs.iter().all(|l| l.contains("  client mem ")), "{fs:?}");
     }
 
     #[test]

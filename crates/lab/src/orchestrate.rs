@@ -5,7 +5,7 @@
 //! the first MTU of each link shape, with the same rotation, the local
 //! baseline taking its turn among the subjects.
 
-use bw_lab_results::accounting::{Case, Metric};
+use bw_lab_results::accounting::Case;
 use crate::cleanup::{interrupted, registry, Resource};
 use crate::plan::Plan;
 use bw_lab_results::{
@@ -1446,34 +1446,10 @@ impl LabRun {
         })
     }
 
-    /// The fs results of this link in the terminal: each row's headline,
-    /// mean ± sd over the repetitions, per subject and memory limit.
+    /// The fs results of this link in the terminal (from `first` on).
     fn print_fs_rows(&self, first: usize) {
-        let mut rows: std::collections::BTreeMap<(String, u64, String), Vec<f64>> =
-            Default::default();
-        let mut units: std::collections::BTreeMap<String, &'static str> = Default::default();
-        for s in &self.results.fs[first..] {
-            for m in s.measures().into_iter().filter(|m| m.headline) {
-                units.insert(m.row.clone(), m.unit);
-                rows.entry((m.row, s.client_mem, s.subject.clone()))
-                    .or_default()
-                    .push(m.value);
-            }
-        }
-        for ((row, mem, subject), v) in rows {
-            let st = bw_lab_results::stats::Summary::of(&v);
-            let text = st
-                .map(|s| format!("{:.0}±{:.0}", s.mean, s.stddev))
-                .unwrap_or_default();
-            self.say(&format!(
-                "{:<16} {:>5} {:<18} {:>19} {}  client mem {}M",
-                subject,
-                "fs",
-                row,
-                text,
-                units.get(&row).copied().unwrap_or(""),
-                mem >> 20
-            ));
+        for line in bw_lab_report::rows::fs_rows(&self.results.fs[first..]) {
+            self.say(&line);
         }
     }
 
@@ -1538,18 +1514,7 @@ impl LabRun {
     }
 
     fn print_table_header(&self) {
-        self.say(&format!(
-            "{:<16} {:>5} {:<18} {:>19} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "subject",
-            "MTU",
-            "workload",
-            "IOPS (mean±sd)",
-            "MiB/s",
-            "p99 µs",
-            "tgt µs/op",
-            "ini µs/op",
-            "wire B/op"
-        ));
+        self.say(&bw_lab_report::rows::table_header());
     }
 
     fn print_case_row(
@@ -1579,32 +1544,6 @@ impl LabRun {
             workload: w.clone(),
             samples,
         };
-        let m = |metric: Metric| case.summary(metric).map(|s| s.mean);
-        let f = |v: Option<f64>, prec: usize| {
-            v.map(|x| format!("{x:.prec$}"))
-                .unwrap_or_else(|| "-".into())
-        };
-        let iops = case
-            .summary(Metric::Iops)
-            .map(|s| format!("{:.0}±{:.0}", s.mean, s.stddev))
-            .unwrap_or_else(|| "-".into());
-        let errors = case.errors();
-        self.say(&format!(
-            "{:<16} {:>5} {:<18} {:>19} {:>9} {:>9} {:>9} {:>9} {:>9}{}",
-            key,
-            mtu.map(|m| m.to_string()).unwrap_or_else(|| "local".into()),
-            w.name,
-            iops,
-            f(m(Metric::MibPerS), 1),
-            f(m(Metric::LatP99Us), 0),
-            f(m(Metric::TargetCpuUsPerOp), 1),
-            f(m(Metric::InitiatorCpuUsPerOp), 1),
-            f(m(Metric::WireBytesPerOp), 0),
-            if errors > 0 {
-                format!("  ({errors} I/O errors)")
-            } else {
-                String::new()
-            }
-        ));
+        self.say(&bw_lab_report::rows::case_row(&case));
     }
 }
