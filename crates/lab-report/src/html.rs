@@ -15,6 +15,17 @@ use crate::svg::{self, Bar};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 use std::collections::BTreeMap;
 
+/// Header cost per frame from the MPLS study, for comparison.
+pub const STUDIES_HEADER_TABLE: [(&str, u32); 7] = [
+    ("AoE", 32),
+    ("AoE/MPLS", 50),
+    ("AoE/GRE/IP", 80),
+    ("AoE/L2TP/UDP/IP", 86),
+    ("iSCSI/TCP/IP", 102),
+    ("iSCSI/MPLS", 120),
+    ("FCIP/iFCP", 82),
+];
+
 /// One part of the page.
 pub struct Section {
     pub id: &'static str,
@@ -583,7 +594,7 @@ fn overhead(c: &Ctx) -> Option<Markup> {
             }
             table {
                 tr { th.l { "study 3: encapsulation" } th { "header B/frame" } }
-                @for (name, b) in crate::STUDIES_HEADER_TABLE { tr { td.l { (name) } td { (b) } } }
+                @for (name, b) in STUDIES_HEADER_TABLE { tr { td.l { (name) } td { (b) } } }
             }
         }
     })

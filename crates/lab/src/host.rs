@@ -4,7 +4,7 @@
 //! machine itself, or another machine reached over ssh (`crate::ssh`).
 
 use crate::cleanup::{registry, Resource, Token, Undo};
-use bw_lab_results::WireCounters;
+use bw_lab_results::net::WireCounters;
 use crate::ssh::{RemoteFile, SshHost};
 use crate::command::{sh, which};
 use std::path::{Path, PathBuf};

@@ -183,7 +183,17 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
     }
     let (mut suite, out) = if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
         anyhow::ensure!(args.target_host.is_none(), "the route suite runs on this machine only (no --target-host)");
-        let s = route::suite::RouteSuite::from_args(&args)?;
+        let s = route::suite::RouteSuite::from_args(&route::suite::RouteChoices {
+            quick: args.quick,
+            datapath: args.datapath.clone(),
+            path: args.path.clone(),
+            protocols: args.protocols.clone(),
+            mtu: args.mtu.clone(),
+            repeat: args.repeat,
+            runtime: args.runtime,
+            size: args.size.clone(),
+            out: args.out.clone(),
+        })?;
         let out = s.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
     } else {

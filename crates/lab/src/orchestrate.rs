@@ -6,10 +6,11 @@
 //! baseline taking its turn among the subjects.
 
 use bw_lab_results::accounting::Case;
+use bw_lab_results::net::WireCounters;
 use crate::cleanup::{interrupted, registry, Resource};
 use crate::plan::Plan;
 use bw_lab_results::{
-    unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, WireCounters, Workload,
+    unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, Workload,
     FORMAT,
 };
 use crate::subjects::{blockwire, Subject};

@@ -8,7 +8,7 @@
 use crate::cleanup::{registry, Resource, Token, Undo};
 use crate::command::sh;
 use crate::host::Host;
-use bw_lab_results::WireCounters;
+use bw_lab_results::net::WireCounters;
 use std::net::Ipv4Addr;
 
 #[derive(Debug, Clone)]

@@ -9,10 +9,10 @@
 //! trees and paths written inline: `crate::…`, `super::…`, `self::…` and a
 //! child module's name), and fails naming each cycle.
 //!
-//! The crate root (lib.rs) is left out of the graph: it is where every
-//! `mod` is declared and every `crate::` path starts, the crate's front
-//! door (its arguments, entry point and re-exports name the modules by
-//! design). The check is about the modules below it.
+//! The crate root (lib.rs) counts like any module: its entry point and
+//! re-exports may import the modules it declares, and modules may use
+//! items the root holds, but not a module the root imports (directly or
+//! through others).
 //!
 //! A `mod` declaration is not an import: it places the file in the tree
 //! (which is how the paths are resolved), and a child naming its parent
@@ -334,7 +334,7 @@ fn crate_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             // The file that holds the item: the longest file-module prefix.
             let owner = (0..=p.len()).rev().map(|n| &p[..n]).find(|m| modules.contains(*m));
             if let Some(owner) = owner {
-                if owner != f.module.as_slice() && !owner.is_empty() && !f.module.is_empty() {
+                if owner != f.module.as_slice() {
                     let target = files.iter().find(|g| g.module == owner).unwrap();
                     edges.insert(name(target));
                 }
@@ -473,7 +473,7 @@ fn the_reader_sees_use_trees_inline_paths_and_children() {
         let key = graph.keys().find(|k| k.ends_with(f)).unwrap();
         graph[key].iter().map(|t| t.rsplit("/src/").next().unwrap().to_string()).collect()
     };
-    assert_eq!(edges("/a.rs"), vec!["b.rs"]);
+    assert_eq!(edges("/a.rs"), vec!["b.rs", "lib.rs"]);
     assert_eq!(edges("/b.rs"), vec!["p/mod.rs"]);
     assert_eq!(edges("/p/mod.rs"), vec!["p/q.rs"]);
     assert_eq!(edges("/p/q.rs"), vec!["a.rs", "p/mod.rs"]);

@@ -509,9 +509,23 @@ pub struct RouteSuite {
     results: bw_lab_results::Results,
 }
 
+/// What `blockwire lab --suite route` takes from the command line (the
+/// lab's arguments, as lib.rs hands them over).
+pub struct RouteChoices {
+    pub quick: bool,
+    pub datapath: Option<Vec<Datapath>>,
+    pub path: Option<Vec<PathChoice>>,
+    pub protocols: Option<Vec<crate::subjects::Protocol>>,
+    pub mtu: Option<Vec<u32>>,
+    pub repeat: Option<u32>,
+    pub runtime: Option<u32>,
+    pub size: Option<String>,
+    pub out: Option<PathBuf>,
+}
+
 impl RouteSuite {
     /// `blockwire lab --suite route [--path ...] [--datapath ...] [--protocols ...] [--quick]`.
-    pub fn from_args(args: &crate::LabArgs) -> anyhow::Result<RouteSuite> {
+    pub fn from_args(args: &RouteChoices) -> anyhow::Result<RouteSuite> {
         // SAFETY: geteuid has no preconditions.
         anyhow::ensure!(
             unsafe { libc::geteuid() } == 0,
