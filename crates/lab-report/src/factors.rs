@@ -2,7 +2,7 @@
 //! and `--digest` did to throughput, latency and CPU per unit of
 //! throughput, with whole-machine CPU (/proc/stat) beside the processes'.
 
-use crate::html::Ctx;
+use crate::context::Ctx;
 use crate::svg::{self, Bar};
 use bw_lab_results::accounting::{Case, Metric};
 use bw_lab_results::stats::mean_ci;

@@ -938,7 +938,7 @@ mod tests {
     const JITTER: [f64; 7] = [1.02, 0.97, 1.01, 0.985, 1.03, 0.99, 1.015];
 
     fn sample(round: u32, path: &str, proto: &str, w: &str, mbs: f64) -> RouteSample {
-        crate::route_sample_for_test(round, path, proto, w, mbs)
+        crate::test_samples::route_sample(round, path, proto, w, mbs)
     }
 
     /// Three rounds over direct and `paths`; over a path a case keeps

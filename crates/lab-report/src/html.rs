@@ -10,37 +10,21 @@ use crate::findings::{self, Finding};
 use bw_lab_results::accounting::{Case, CaseKey, Metric};
 use bw_lab_results::Results;
 use bw_lab_results::stats::{mean_ci, Summary};
+use crate::context::Ctx;
 use crate::svg::{self, Bar};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 use std::collections::BTreeMap;
 
-/// Everything a section may use, computed once.
-pub struct Ctx<'a> {
-    pub r: &'a Results,
-    pub micro: BTreeMap<CaseKey, Case>,
-    pub fs: BTreeMap<FsKey, FsCase>,
-    pub recs: Vec<Recommendation>,
-    pub findings: Vec<Finding>,
-    /// Subject key -> chart colour.
-    pub colors: BTreeMap<String, String>,
-}
-
-impl<'a> Ctx<'a> {
-    pub fn new(r: &'a Results) -> Ctx<'a> {
-        let colors = r.subjects.iter().enumerate().map(|(i, s)| (s.key.clone(), svg::PALETTE[i % svg::PALETTE.len()].to_string())).collect();
-        Ctx {
-            r,
-            micro: analysis::micro_cases(r),
-            fs: analysis::fs_cases(&r.fs),
-            recs: analysis::recommendations(r),
-            findings: findings::findings(r),
-            colors,
-        }
-    }
-    fn color(&self, key: &str) -> String {
-        self.colors.get(key).cloned().unwrap_or_else(|| "#000".into())
-    }
-}
+/// Header cost per frame from the MPLS study, for comparison.
+pub const STUDIES_HEADER_TABLE: [(&str, u32); 7] = [
+    ("AoE", 32),
+    ("AoE/MPLS", 50),
+    ("AoE/GRE/IP", 80),
+    ("AoE/L2TP/UDP/IP", 86),
+    ("iSCSI/TCP/IP", 102),
+    ("iSCSI/MPLS", 120),
+    ("FCIP/iFCP", 82),
+];
 
 /// One part of the page.
 pub struct Section {
@@ -610,7 +594,7 @@ fn overhead(c: &Ctx) -> Option<Markup> {
             }
             table {
                 tr { th.l { "study 3: encapsulation" } th { "header B/frame" } }
-                @for (name, b) in crate::STUDIES_HEADER_TABLE { tr { td.l { (name) } td { (b) } } }
+                @for (name, b) in STUDIES_HEADER_TABLE { tr { td.l { (name) } td { (b) } } }
             }
         }
     })

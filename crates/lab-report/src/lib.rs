@@ -9,13 +9,17 @@
 //! regenerated from a results.json says what the run's own report said.
 
 pub mod analysis;
+pub mod context;
 pub mod csv;
 pub mod factors;
 pub mod findings;
 pub mod html;
 pub mod route;
+pub mod rows;
 pub mod summary;
 pub mod svg;
+#[cfg(test)]
+mod test_samples;
 
 pub use analysis::{answer_rows, decide, recommendations, Decision, Quantity, Recommendation};
 pub use findings::{findings, Finding};
@@ -23,17 +27,6 @@ pub use summary::print_recommendations;
 
 use bw_lab_results::Results;
 use std::path::Path;
-
-/// Header cost per frame from the MPLS study, for comparison.
-pub const STUDIES_HEADER_TABLE: [(&str, u32); 7] = [
-    ("AoE", 32),
-    ("AoE/MPLS", 50),
-    ("AoE/GRE/IP", 80),
-    ("AoE/L2TP/UDP/IP", 86),
-    ("iSCSI/TCP/IP", 102),
-    ("iSCSI/MPLS", 120),
-    ("FCIP/iFCP", 82),
-];
 
 /// Everything a run's output directory holds besides results.json, from it alone.
 pub fn write_all(out: &Path, r: &Results) -> anyhow::Result<()> {
@@ -49,33 +42,12 @@ pub fn html(r: &Results) -> String {
     html::page(r)
 }
 
-/// A route sample for the report's and the findings' tests: `mbs` MB/s
-/// for 1 s over `path`, 200 frames per MiB, 0.1 s each of client and
-/// target CPU, no routers.
-#[cfg(test)]
-pub(crate) fn route_sample_for_test(round: u32, path: &str, protocol: &str, workload: &str, mbs: f64) -> bw_lab_results::route::RouteSample {
-    bw_lab_results::route::RouteSample {
-        round,
-        path: path.into(),
-        protocol: protocol.into(),
-        workload: workload.into(),
-        bw_bytes: mbs * 1e6,
-        iops: 0.0,
-        mean_lat_us: 0.0,
-        wall_s: 1.0,
-        bytes: mbs * 1e6,
-        frames_per_mib: 200.0,
-        routers: vec![],
-        cpu: bw_lab_results::route::CpuAccount { client_s: 0.1, target_s: 0.1, ..Default::default() },
-        load1: 3.0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use bw_lab_results::accounting::Metric;
     use bw_lab_results::*;
+    use bw_lab_results::net::WireCounters;
 
     fn sample(
         subject: &str,
@@ -356,7 +328,7 @@ mod tests {
                     k += 1.0;
                     let j = 1.0 + ((k * 7.0f64) % 5.0 - 2.0) / 100.0;
                     for (path, keep) in [("direct", 1.0), ("mpls-bpf", 0.9), ("mpls-userspace", 0.6), ("vxlan", 0.8)] {
-                        route.samples.push(crate::route_sample_for_test(round, path, p, w, base * keep * j));
+                        route.samples.push(crate::test_samples::route_sample(round, path, p, w, base * keep * j));
                     }
                 }
             }
@@ -566,6 +538,24 @@ mod tests {
         let cols = f.lines().next().unwrap().split(',').count();
         assert!(f.lines().all(|l| l.split(',').count() == cols));
         assert_eq!(analysis::sample_counts(&r)["blockwire-aoe"], 12 + 3);
+    }
+
+    /// The rows printed while the lab runs, from the same cases the
+    /// report analyses.
+    #[test]
+    fn terminal_rows_of_recorded_results() {
+        let r = results();
+        let header = rows::table_header();
+        assert!(header.starts_with("subject") && header.contains("IOPS (mean±sd)"));
+        let cases = analysis::micro_cases(&r);
+        let case = cases.values().find(|c| c.key.mtu.is_some()).unwrap();
+        let row = rows::case_row(case);
+        assert!(row.starts_with(&format!("{:<16} {:>5} {:<18}", case.key.subject, case.key.mtu.unwrap(), case.workload.name)), "{row}");
+        let iops = case.summary(Metric::Iops).unwrap();
+        assert!(row.contains(&format!("{:.0}±{:.0}", iops.mean, iops.stddev)), "{row}");
+        assert!(!row.contains("I/O errors"), "{row}");
+        let fs = rows::fs_rows(&r.fs);
+        assert!(!fs.is_empty() && fs.iter().all(|l| l.contains("  client mem ")), "{fs:?}");
     }
 
     #[test]

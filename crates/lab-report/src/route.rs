@@ -379,7 +379,7 @@ mod tests {
     use super::*;
 
     fn sample(round: u32, path: &str, proto: &str, w: &str, mbs: f64) -> RouteSample {
-        crate::route_sample_for_test(round, path, proto, w, mbs)
+        crate::test_samples::route_sample(round, path, proto, w, mbs)
     }
 
     fn results(mpls_aoe: f64, mpls_iscsi: f64) -> RouteResults {

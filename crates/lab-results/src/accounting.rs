@@ -218,7 +218,8 @@ pub fn cases(samples: &[Sample]) -> BTreeMap<CaseKey, Case> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{BenchResult, Latency, WireCounters};
+    use crate::net::WireCounters;
+    use crate::{BenchResult, Latency};
 
     /// A recorded AoE 4 KiB random-read sample at MTU 1500: at 2 sectors per
     /// frame a 4 KiB read is 4 request frames (60 B, padded) and 4 replies.

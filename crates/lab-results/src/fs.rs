@@ -4,7 +4,7 @@
 //! numbers the report compares. How they are run and how their output is
 //! read is the lab's (`bw_lab::fs`).
 
-use crate::WireCounters;
+use crate::net::WireCounters;
 use bw_workload_report::FlowReport;
 use serde::{Deserialize, Serialize};
 

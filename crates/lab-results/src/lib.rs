@@ -14,6 +14,8 @@ pub mod net;
 pub mod route;
 pub mod stats;
 
+use net::WireCounters;
+
 use serde::{Deserialize, Serialize};
 
 const KIB: u64 = 1024;
@@ -58,33 +60,6 @@ impl From<&bw_workload_report::BenchReport> for BenchResult {
             runtime_s: r.runtime_s,
             errors: r.errors,
         }
-    }
-}
-
-/// Counter deltas of the client-side veth over one run (both directions).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct WireCounters {
-    pub rx_bytes: u64,
-    pub tx_bytes: u64,
-    pub rx_packets: u64,
-    pub tx_packets: u64,
-}
-
-impl WireCounters {
-    /// `after - before`, saturating (counters never go backwards on a live link).
-    pub fn delta(before: &WireCounters, after: &WireCounters) -> WireCounters {
-        WireCounters {
-            rx_bytes: after.rx_bytes.saturating_sub(before.rx_bytes),
-            tx_bytes: after.tx_bytes.saturating_sub(before.tx_bytes),
-            rx_packets: after.rx_packets.saturating_sub(before.rx_packets),
-            tx_packets: after.tx_packets.saturating_sub(before.tx_packets),
-        }
-    }
-    pub fn bytes(&self) -> u64 {
-        self.rx_bytes + self.tx_bytes
-    }
-    pub fn frames(&self) -> u64 {
-        self.rx_packets + self.tx_packets
     }
 }
 

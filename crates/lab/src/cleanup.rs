@@ -72,28 +72,43 @@ pub enum Resource {
         dev: String,
     },
     File(PathBuf),
-    /// A file on an ssh host (also in the host's state file).
-    HostFile {
-        host: crate::ssh::SshHost,
-        path: PathBuf,
-    },
-    /// Everything the run's state file on an ssh host lists (processes,
-    /// files, the lab's binary, MTUs), undone there by its cleanup script.
-    HostRun(crate::ssh::SshHost),
-    /// Something a shell script on a host undoes (`sh -c SCRIPT sh ARGS`):
-    /// a kernel initiator's session (`crate::clients`).
-    HostShell {
-        host: crate::host::Host,
-        script: String,
-        args: Vec<String>,
-    },
-    /// A device's MTU as it was before the run changed it (restored).
-    Mtu {
-        host: crate::host::Host,
-        dev: String,
-        mtu: u32,
-    },
+    /// Something its owner knows how to undo (a file or a run's state on
+    /// an ssh host, a kernel initiator's session, a device's MTU): the
+    /// owner registers the undo, and this module knows nothing of hosts.
+    Owned(Owned),
 }
+
+/// What undoes one thing an owner made. Undoing must be safe to repeat
+/// (a failed release stays tracked and is tried again), and quick when
+/// [`interrupted`] (what is undone need not be kept then).
+pub trait Undo: std::fmt::Debug + Send + Sync {
+    fn undo(&self) -> anyhow::Result<()>;
+}
+
+/// An owner's [`Undo`], shared by the registry and whoever holds its copy.
+#[derive(Debug, Clone)]
+pub struct Owned(std::sync::Arc<dyn Undo>);
+
+impl Owned {
+    pub fn new(undo: impl Undo + 'static) -> Owned {
+        Owned(std::sync::Arc::new(undo))
+    }
+}
+
+impl Resource {
+    /// What `undo` undoes, registered by its owner.
+    pub fn owned(undo: impl Undo + 'static) -> Resource {
+        Resource::Owned(Owned::new(undo))
+    }
+}
+
+/// The same registration, not an equal-looking one.
+impl PartialEq for Owned {
+    fn eq(&self, other: &Owned) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+impl Eq for Owned {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Token(u64);
@@ -628,26 +643,7 @@ fn release_resource(r: &Resource) -> anyhow::Result<()> {
             wait_loop_detached(dev, backing, LOOP_RELEASE)
         }
         Resource::Cgroup(dir) => release_cgroup(dir),
-        Resource::HostFile { host, path } => {
-            let p = crate::ssh::quote(&path.to_string_lossy());
-            host.run_line(&format!("rm -f -- {p}")).map(|_| ())
-        }
-        Resource::HostRun(host) => host.cleanup(),
-        Resource::Mtu { host, dev, mtu } => host.set_mtu(dev, *mtu),
-        Resource::HostShell { host, script, args } => {
-            let mut a: Vec<&str> = vec!["-c", script, "sh"];
-            a.extend(args.iter().map(|s| s.as_str()));
-            // Interrupted, what is undone need not be kept (a volume's last
-            // writes): the script may take the quick way (`ssh::UNDO_ONE`).
-            if interrupted() {
-                a.push("stale");
-            }
-            // Bounded: a kernel driver can hold an undo (an aoe flush waits
-            // for its device's pending work); the host's state file still
-            // lists it for the next run.
-            crate::runner::run_bounded(host.command_with("sh", &a), Duration::from_secs(180))
-                .map_err(|e| anyhow::anyhow!("undo on {}: {e:#}", host.name()))
-        }
+        Resource::Owned(o) => o.0.undo(),
     }
 }
 
@@ -869,13 +865,28 @@ pub fn install_signal_handler() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What owners want done first when the run is forced to end (an ssh
+/// master exiting then is no fault).
+static FORCED_END_HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
+
+/// Call `hook` first if the run is forced to end; registering it again
+/// adds nothing.
+pub fn before_forced_end(hook: fn()) {
+    let mut hooks = FORCED_END_HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+    if !hooks.iter().any(|h| std::ptr::fn_addr_eq(*h, hook)) {
+        hooks.push(hook);
+    }
+}
+
 fn force_exit() {
     static FORCING: AtomicBool = AtomicBool::new(false);
     if FORCING.swap(true, Ordering::SeqCst) {
         return;
     }
     eprintln!("lab: forcing the end: aborting FUSE connections, killing every process, cleaning up");
-    crate::ssh::set_ending();
+    for hook in FORCED_END_HOOKS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        hook();
+    }
     let reg = registry();
     reg.emergency();
     for e in reg.cleanup_all() {
@@ -910,6 +921,34 @@ mod tests {
         assert!(!path.exists());
         assert!(reg.tracked().is_empty());
         drop(child);
+    }
+
+    /// An owner's undo, as the ssh hosts and kernel clients register
+    /// theirs: run at the cleanup in order, and kept while it fails.
+    #[test]
+    fn owners_undo_what_they_registered() {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::Arc;
+        #[derive(Debug)]
+        struct Counted {
+            runs: Arc<AtomicUsize>,
+            fail_first: bool,
+        }
+        impl Undo for Counted {
+            fn undo(&self) -> anyhow::Result<()> {
+                let n = self.runs.fetch_add(1, Ordering::SeqCst);
+                anyhow::ensure!(!(self.fail_first && n == 0), "not yet");
+                Ok(())
+            }
+        }
+        let reg = Registry::new();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (t, ()) = reg.create(Resource::owned(Counted { runs: runs.clone(), fail_first: true }), || Ok(())).unwrap();
+        assert!(reg.release(t).is_err());
+        assert_eq!(reg.tracked().len(), 1, "a failed undo is kept for the final cleanup");
+        assert!(reg.cleanup_all().is_empty());
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert!(reg.tracked().is_empty());
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //! `ssh::CLEANUP_SCRIPT`).
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::host::Host;
-use crate::subjects::{blockwire, tgt, vblade, PeerKind, Protocol, Subject};
+use crate::host::{Host, ShellUndo};
+use crate::subjects::{KernelAddress, Protocol, Subject};
 use crate::topology::Link;
 use clap::ValueEnum;
 use std::time::Duration;
@@ -93,19 +93,16 @@ impl ClientKind {
     pub fn serves(self, s: Subject) -> bool {
         match self {
             ClientKind::Blockwire => true,
-            ClientKind::Kernel(p) => s.protocol() == p,
+            ClientKind::Kernel(p) => s.address().block_protocol() == Some(p),
         }
     }
 
     /// The initiator of subject `s` as the report's "Clients:" line names it.
     pub fn initiator(self, s: Subject, host: &Host) -> String {
         // In one box (namespaces) there is one client: no host to name.
-        let on = match host {
-            Host::LocalNamespace(_) => String::new(),
-            h => format!(" on {}", h.name()),
-        };
+        let on = host.on_name();
         match self {
-            ClientKind::Blockwire if s.protocol() == Protocol::Nfs => format!("{}{on}", s.initiator()),
+            ClientKind::Blockwire if s.address().serves_files() => format!("{}{on}", s.initiator()),
             ClientKind::Blockwire if on.is_empty() => "blockwire".into(),
             ClientKind::Blockwire => format!("blockwire (userspace){on}"),
             ClientKind::Kernel(p) => format!("{} with fio{on}", Self::kernel(p).initiator),
@@ -131,18 +128,17 @@ load() {
 /// tracked to be unloaded at the end.
 pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protocol>, Vec<String>)> {
     let asked = || KERNEL.iter().filter(|k| protocols.contains(&k.protocol));
-    let state = match host {
-        Host::Ssh(h) => h.state_file(),
-        _ => "/dev/null".into(),
-    };
-    let mut script = format!("PATH=$PATH:/usr/sbin:/sbin; state={}\n{LOAD}command -v fio >/dev/null || echo nofio\n", crate::ssh::quote(&state));
+    let state = host.state_file();
+    let state_or_none = state.clone().unwrap_or_else(|| "/dev/null".into());
+    let mut script = format!("PATH=$PATH:/usr/sbin:/sbin; state={}\n{LOAD}command -v fio >/dev/null || echo nofio\n", crate::ssh::quote(&state_or_none));
     for k in asked() {
         script += &format!("( {} ) >/dev/null 2>&1 && echo has {}\n", k.probe, k.name);
     }
     let out = host.run("sh", &["-c", &script])?;
-    if !matches!(host, Host::Ssh(_)) {
+    // Where the host keeps no state file, this run unloads them itself.
+    if state.is_none() {
         for m in out.lines().filter_map(|l| l.strip_prefix("loaded ")) {
-            let undo = Resource::HostShell { host: host.clone(), script: crate::ssh::UNDO_ONE.into(), args: vec!["module".into(), m.into(), String::new()] };
+            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::UNDO_ONE, args: vec!["module".into(), m.into(), String::new()] });
             registry().create(undo, || Ok(()))?;
         }
     }
@@ -158,33 +154,6 @@ pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protoc
         }
     }
     Ok((have, lack))
-}
-
-/// How a kernel initiator reaches subject `s` over `link`, as the
-/// arguments of its attach script and state-file line: (what, a, b).
-fn address(s: Subject, link: &Link) -> (&'static str, String, String) {
-    let ip = link.target_ip;
-    match s {
-        Subject::Blockwire(Protocol::Iscsi) => ("iscsi", blockwire::IQN.into(), format!("{ip}:{}", blockwire::ISCSI_PORT)),
-        Subject::Peer(PeerKind::Tgt) => ("iscsi", tgt::IQN.into(), format!("{ip}:{}", tgt::ISCSI_PORT)),
-        Subject::Blockwire(Protocol::Nvme) => ("nvme", blockwire::NQN.into(), format!("{ip} {}", blockwire::NVME_PORT)),
-        Subject::Blockwire(Protocol::NvmeRdma) => ("nvme-rdma", blockwire::NQN.into(), format!("{ip} {}", blockwire::NVME_RDMA_PORT)),
-        Subject::Blockwire(Protocol::Aoe) => ("aoe", format!("e{}.{}", blockwire::AOE_ADDRESS.0, blockwire::AOE_ADDRESS.1), String::new()),
-        Subject::Peer(PeerKind::Vblade) => ("aoe", format!("e{}.{}", vblade::AOE_ADDRESS.0, vblade::AOE_ADDRESS.1), String::new()),
-        // File-level NFS through a kernel client is not a block subject.
-        Subject::Blockwire(Protocol::Nfs) | Subject::Peer(PeerKind::Ganesha) => {
-            unreachable!("no kernel block initiator serves an NFS subject (ClientKind::serves)")
-        }
-    }
-}
-
-/// The LUN blockwire and tgt export the volume as (the block device is
-/// that LUN's).
-fn iscsi_lun(s: Subject) -> u32 {
-    match s {
-        Subject::Peer(PeerKind::Tgt) => 1,
-        _ => 0,
-    }
 }
 
 /// The hostnqn the lab's kernel NVMe connections use (nvme-cli wants one;
@@ -240,29 +209,6 @@ until find_dev; do
 done
 echo "$dev""#;
 
-/// Undo one attachment (`$1` what, `$2` `$3` its address). A macro so the
-/// state file's cleanup script (`ssh::CLEANUP_SCRIPT`) holds the same lines.
-macro_rules! detach_script {
-    () => {
-        r#"PATH=$PATH:/usr/sbin:/sbin
-case "$1" in
-  iscsi) iscsiadm -m node -T "$2" -p "$3" --logout >/dev/null 2>&1
-         iscsiadm -m node -T "$2" -p "$3" -o delete >/dev/null 2>&1
-         iscsiadm -m discoverydb -t sendtargets -p "$3" -o delete >/dev/null 2>&1
-         if [ -f /run/bwlab-iscsid ] && ! iscsiadm -m session >/dev/null 2>&1; then
-           kill $(cat /run/bwlab-iscsid) 2>/dev/null; rm -f /run/bwlab-iscsid
-         fi ;;
-  nvme|nvme-rdma) nvme disconnect -n "$2" >/dev/null 2>&1 ;;
-  # the name without a newline: the driver compares the bytes written
-  aoe) [ -e /dev/etherd/flush ] && printf %s "$2" > /dev/etherd/flush 2>/dev/null ;;
-  # a kernel NFS mount (crate::kernel_nfs), also when its server is gone
-  nfs) umount -f "$2" 2>/dev/null || umount -f -l "$2" 2>/dev/null; rmdir "$2" 2>/dev/null ;;
-esac
-true"#
-    };
-}
-pub(crate) use detach_script;
-pub const DETACH: &str = detach_script!();
 
 /// A kernel initiator attached to a subject: its block device, undone
 /// when the token is released.
@@ -274,17 +220,17 @@ pub struct Attached {
 /// Attach the kernel initiator of `s`'s protocol on `host` to `s` over
 /// `link`; recorded in the host's state file first.
 pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> {
-    let (what, a, b) = address(s, link);
-    if let Host::Ssh(h) = host {
-        // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
-        h.record("kernel", what, &format!("{a} {b}"))?;
-    }
-    let undo = Resource::HostShell {
+    let KernelAddress { protocol, a, b, lun } =
+        s.address().kernel(link).ok_or_else(|| anyhow::anyhow!("{}: no kernel block initiator reads a subject serving files", s.key()))?;
+    let what = protocol.name();
+    // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
+    host.record("kernel", what, &format!("{a} {b}"))?;
+    let undo = Resource::owned(ShellUndo {
         host: host.clone(),
-        script: DETACH.into(),
+        script: crate::ssh::DETACH,
         args: vec![what.into(), a.clone(), b.clone()],
-    };
-    let lun = iscsi_lun(s).to_string();
+    });
+    let lun = lun.to_string();
     let script = ATTACH.replace("$HOSTNQN", HOSTNQN);
     let mut device = String::new();
     let (token, ()) = registry().create(undo, || {
@@ -294,8 +240,8 @@ pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> 
         anyhow::ensure!(
             f.ok && device.starts_with("/dev/"),
             "{} did not attach: {}",
-            ClientKind::kernel(s.protocol()).name,
-            crate::runner::last_lines(&f.stderr, 2)
+            ClientKind::kernel(protocol).name,
+            crate::command::last_lines(&f.stderr, 2)
         );
         Ok(())
     })?;
@@ -314,14 +260,15 @@ pub fn machine_cpu_seconds(host: &Host) -> anyhow::Result<(f64, f64)> {
 /// The `cpu` line of /proc/stat as seconds: (user + nice, system + irq +
 /// softirq).
 fn parse_proc_stat_cpu(line: &str) -> Option<(f64, f64)> {
-    let v = crate::machine::proc_stat_cpu_fields(line)?;
-    let s = |fields: &[usize]| fields.iter().map(|&i| v[i]).sum::<u64>() as f64 / crate::host::USER_HZ;
-    (v.len() >= 7).then(|| (s(&[0, 1]), s(&[2, 5, 6])))
+    let c = crate::machine::CpuTicks::parse(line)?;
+    let s = |ticks: u64| ticks as f64 / crate::host::USER_HZ;
+    Some((s(c.user + c.nice), s(c.system + c.irq + c.softirq)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::subjects::{blockwire, tgt, PeerKind};
 
     #[test]
     fn keys_name_client_and_target() {
@@ -343,12 +290,18 @@ mod tests {
             target_ip: "198.18.1.1".parse().unwrap(),
             client_ip: "198.18.1.2".parse().unwrap(),
         };
-        assert_eq!(address(Subject::Peer(PeerKind::Tgt), &l), ("iscsi", tgt::IQN.into(), format!("198.18.1.1:{}", tgt::ISCSI_PORT)));
-        assert_eq!(address(Subject::Blockwire(Protocol::Nvme), &l).2, "198.18.1.1 4420");
-        assert_eq!(address(Subject::Blockwire(Protocol::NvmeRdma), &l), ("nvme-rdma", blockwire::NQN.into(), "198.18.1.1 4421".into()));
+        let kernel = |s: Subject| s.address().kernel(&l).unwrap();
+        let k = |protocol, a: &str, b: &str, lun| KernelAddress { protocol, a: a.into(), b: b.into(), lun };
+        assert_eq!(kernel(Subject::Peer(PeerKind::Tgt)), k(Protocol::Iscsi, tgt::IQN, &format!("198.18.1.1:{}", tgt::ISCSI_PORT), 1));
+        assert_eq!(kernel(Subject::Blockwire(Protocol::Iscsi)), k(Protocol::Iscsi, blockwire::IQN, "198.18.1.1:3260", 0));
+        assert_eq!(kernel(Subject::Blockwire(Protocol::Nvme)).b, "198.18.1.1 4420");
+        assert_eq!(kernel(Subject::Blockwire(Protocol::NvmeRdma)), k(Protocol::NvmeRdma, blockwire::NQN, "198.18.1.1 4421", 0));
         assert_eq!(ClientKind::Kernel(Protocol::NvmeRdma).key(Subject::Blockwire(Protocol::NvmeRdma)), "kernel-nvme-rdma@blockwire");
-        assert_eq!(address(Subject::Peer(PeerKind::Vblade), &l).1, "e2.0");
-        assert_eq!(iscsi_lun(Subject::Peer(PeerKind::Tgt)), 1);
+        assert_eq!(kernel(Subject::Peer(PeerKind::Vblade)), k(Protocol::Aoe, "e2.0", "", 0));
+        assert_eq!(kernel(Subject::Blockwire(Protocol::Aoe)).a, "e1.0");
+        // A peer serving files has no block device to attach.
+        assert_eq!(Subject::Peer(PeerKind::Ganesha).address().kernel(&l), None);
+        assert!(!ClientKind::Kernel(Protocol::Iscsi).serves(Subject::Peer(PeerKind::Ganesha)));
     }
 
     #[test]

@@ -2,11 +2,16 @@
 //! system each subject's volume gets, with which options, and whether the
 //! workload's fsyncs reach it.
 
+/// ext4 mount options for every subject: no background zeroing of inode
+/// tables (mkfs leaves them to the kernel's lazyinit thread, which would
+/// write to the volume during the measurements).
+pub const EXT4_OPTIONS: &str = "noinit_itable";
+
 /// `--fs` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FsKind {
     /// mkfs.ext4's defaults (mounted `noinit_itable`, see
-    /// `mounts::EXT4_OPTIONS`): the lab's default.
+    /// [`EXT4_OPTIONS`]): the lab's default.
     #[default]
     Ext4,
     /// ext4 as one would set it up for a workload (none of these risk data):
@@ -74,7 +79,7 @@ impl FsKind {
     /// mount(8) options.
     pub fn mount_options(self) -> &'static str {
         match self {
-            FsKind::Ext4 => crate::mounts::EXT4_OPTIONS,
+            FsKind::Ext4 => EXT4_OPTIONS,
             FsKind::Ext4Tuned => "noatime,noinit_itable",
             FsKind::Xfs | FsKind::Btrfs => "defaults",
             FsKind::BtrfsNodatacow => "nodatacow",

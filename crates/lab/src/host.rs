@@ -3,9 +3,10 @@
 //! lives: a network namespace of this machine (the one-box lab), this
 //! machine itself, or another machine reached over ssh (`crate::ssh`).
 
-use crate::cleanup::{registry, Resource, Token};
-use crate::results::WireCounters;
-use crate::ssh::SshHost;
+use crate::cleanup::{registry, Resource, Token, Undo};
+use bw_lab_results::net::WireCounters;
+use crate::ssh::{RemoteFile, SshHost};
+use crate::command::{sh, which};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -26,6 +27,67 @@ impl Host {
             Host::LocalNamespace(ns) => ns,
             Host::Local => "this machine",
             Host::Ssh(h) => &h.host,
+        }
+    }
+
+    /// " on NAME" for the report's client lines; nothing in one box (its
+    /// namespaces have one client: no host to name).
+    pub fn on_name(&self) -> String {
+        match self {
+            Host::LocalNamespace(_) => String::new(),
+            h => format!(" on {}", h.name()),
+        }
+    }
+
+    /// How the report names it as a host of the run: an ssh host by its
+    /// URL, this machine by name.
+    pub fn address(&self) -> String {
+        match self {
+            Host::Ssh(h) => h.url(),
+            other => other.name().to_string(),
+        }
+    }
+
+    /// The name it is reached by on the network (an ssh host's), to find
+    /// its address when none is given.
+    pub fn network_name(&self) -> Option<&str> {
+        match self {
+            Host::Ssh(h) => Some(&h.host),
+            Host::LocalNamespace(_) | Host::Local => None,
+        }
+    }
+
+    /// The network namespace of this machine it is, if it is one (the
+    /// lab's own links, which it may reshape freely).
+    pub fn namespace(&self) -> Option<&str> {
+        match self {
+            Host::LocalNamespace(ns) => Some(ns),
+            Host::Local | Host::Ssh(_) => None,
+        }
+    }
+
+    /// The ssh host it is, if it is another machine: for what only runs
+    /// there (`remote_fs`, the remote PID of a service).
+    pub fn ssh(&self) -> Option<&SshHost> {
+        match self {
+            Host::Ssh(h) => Some(h),
+            Host::LocalNamespace(_) | Host::Local => None,
+        }
+    }
+
+    /// The host's state file, where it keeps one: an ssh host lists in it
+    /// what the run made there, so a later run undoes what a killed one
+    /// left. This machine keeps none (its cleanup registry is the run's).
+    pub fn state_file(&self) -> Option<String> {
+        self.ssh().map(|h| h.state_file())
+    }
+
+    /// Write `KIND A B` in the host's state file, where it keeps one
+    /// ([`Host::state_file`]), before making the thing.
+    pub fn record(&self, kind: &str, a: &str, b: &str) -> anyhow::Result<()> {
+        match self.ssh() {
+            Some(h) => h.record(kind, a, b),
+            None => Ok(()),
         }
     }
 
@@ -182,7 +244,7 @@ impl Host {
             Host::Ssh(h) => {
                 let p = path.to_string_lossy();
                 h.record("file", &p, "")?;
-                let res = Resource::HostFile { host: h.clone(), path: path.to_path_buf() };
+                let res = Resource::owned(RemoteFile { host: h.clone(), path: path.to_path_buf() });
                 let (t, ()) = registry().create(res, || {
                     use std::io::Write;
                     let mut c = h.remote(&format!("cat > {}", crate::ssh::quote(&p)));
@@ -203,10 +265,25 @@ impl Host {
         match self {
             Host::Ssh(h) => {
                 h.record("file", &path.to_string_lossy(), "")?;
-                Ok(registry().create(Resource::HostFile { host: h.clone(), path: path.to_path_buf() }, || Ok(()))?.0)
+                Ok(registry().create(Resource::owned(RemoteFile { host: h.clone(), path: path.to_path_buf() }), || Ok(()))?.0)
             }
             _ => Ok(registry().create(Resource::File(path.to_path_buf()), || Ok(()))?.0),
         }
+    }
+}
+
+/// Something a shell script on a host undoes (`sh -c SCRIPT sh ARGS`): a
+/// kernel initiator's session, a module it loaded, a link's qdisc.
+#[derive(Debug)]
+pub struct ShellUndo {
+    pub host: Host,
+    pub script: &'static str,
+    pub args: Vec<String>,
+}
+
+impl Undo for ShellUndo {
+    fn undo(&self) -> anyhow::Result<()> {
+        crate::command::run_undo_script(self.host.name(), self.script, &self.args, |a| self.host.command_with("sh", a))
     }
 }
 
@@ -274,7 +351,8 @@ pub fn parse_machine_ticks(text: &str) -> Option<MachineTicks> {
     if boot_id.is_empty() || boot_id.starts_with("cpu") {
         return None;
     }
-    let (busy, total) = crate::machine::parse_proc_stat_totals(text)?;
+    let cpu = crate::machine::CpuTicks::parse(text)?;
+    let (busy, total) = (cpu.busy(), cpu.total());
     Some(MachineTicks { boot_id, busy, total })
 }
 
@@ -299,34 +377,6 @@ pub fn parse_ethtool_features(text: &str) -> Vec<(&'static str, bool)> {
             Some((*short, value == "on"))
         })
         .collect()
-}
-
-/// Run a program on this machine, outside any namespace.
-pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(program).args(args).output().map_err(|e| anyhow::anyhow!("cannot run {program}: {e}"))?;
-    if !out.status.success() {
-        anyhow::bail!("`{program} {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Whether `program` is installed on this machine (every local namespace
-/// shares its file system).
-pub fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        .unwrap_or(false)
-        || ["/usr/sbin", "/sbin", "/usr/bin"].iter().any(|d| std::path::Path::new(d).join(program).is_file())
-}
-
-/// The installed version of Debian package `package` on this machine.
-pub fn package_version(package: &str) -> Option<String> {
-    let out = Command::new("dpkg-query").args(["-W", "-f", "${Version}", package]).output().ok()?;
-    if out.status.success() {
-        Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        None
-    }
 }
 
 /// Parse `ip -s -j link show dev IF` output (iproute2 JSON, `stats64`).

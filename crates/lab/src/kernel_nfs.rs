@@ -8,12 +8,12 @@
 //!
 //! On an ssh host the mount is recorded in the host's state file before it
 //! is made (`kernel nfs MOUNTPOINT`, undone by the `nfs` case of
-//! `clients::detach_script`), so the next run unmounts what a killed one
+//! `ssh::detach_script`), so the next run unmounts what a killed one
 //! left. On this machine the mount goes into the lab's mount namespace
 //! (nsenter --net, as `blockwire mount` does), tracked like the others.
 
 use crate::cleanup::{registry, Resource};
-use crate::host::Host;
+use crate::host::{Host, ShellUndo};
 use crate::mounts::Mounted;
 use crate::subjects::{ganesha, PeerKind};
 use std::net::Ipv4Addr;
@@ -58,10 +58,7 @@ impl NfsVersion {
 
     /// The client as the report's subject table names it.
     pub fn initiator(self, host: &Host) -> String {
-        let on = match host {
-            Host::LocalNamespace(_) => String::new(),
-            h => format!(" on {}", h.name()),
-        };
+        let on = host.on_name();
         let v = match self {
             NfsVersion::V3 => "NFSv3",
             NfsVersion::V41 => "NFSv4.1",
@@ -79,6 +76,13 @@ pub fn available(host: &Host) -> bool {
     host.run("sh", &["-c", PROBE]).is_ok()
 }
 
+/// Whether this machine can mount NFS with its kernel (mount.nfs, and the
+/// nfs file system built in or loadable): the one-box lab's client needs
+/// it for file-level NFS.
+pub fn available_here() -> bool {
+    available(&Host::Local)
+}
+
 /// Mount `$2` on `$1` with options `$3` (the mount point made first, as
 /// on a remote host nothing else makes it). mount.nfs itself: a host's
 /// `mount` may be busybox's, whose own NFS code knows no NFSv4; the
@@ -94,16 +98,16 @@ pub fn mount(host: &Host, server: Ipv4Addr, v: NfsVersion, mp: &Path) -> anyhow:
     let src = format!("{server}:{}", ganesha::EXPORT);
     let mp_s = mp.to_string_lossy().into_owned();
     let args = [mp_s.as_str(), src.as_str(), v.options()];
-    let (res, cmd) = match host {
-        Host::Ssh(h) => {
+    let (res, cmd) = match host.ssh() {
+        Some(h) => {
             // `kernel nfs MP`: the cleanup script splits the rest into arguments.
             h.record("kernel", "nfs", &mp_s)?;
-            let undo = Resource::HostShell { host: host.clone(), script: crate::clients::DETACH.into(), args: vec!["nfs".into(), mp_s.clone(), String::new()] };
+            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::DETACH, args: vec!["nfs".into(), mp_s.clone(), String::new()] });
             (undo, h.command_with("sh", &[&["-c", MOUNT, "sh"][..], &args[..]].concat()))
         }
         // `ip netns exec` would mount in a mount namespace of its own: the
         // network namespace alone is entered, the mount lands here.
-        _ => {
+        None => {
             let mut c = host.command_sharing_mounts(Path::new("sh"));
             c.args(["-c", MOUNT, "sh"]).args(args);
             (Resource::Mount(mp.to_path_buf()), c)

@@ -14,7 +14,9 @@
 //! bench or fio run), `fs` (the fs workloads and their output), `mounts`
 //! (a file system on a subject), `cgroup` (client memory limits),
 //! `machine` (/proc facts, idle wait), `cleanup` (tracking and signal
-//! handling), `route` (the routed-path suite), `host` (where things run:
+//! handling; a leaf: what only an owner knows how to undo, such as a file
+//! on an ssh host, the owner registers as a `cleanup::Undo`), `command`
+//! (running programs on this machine), `route` (the routed-path suite), `host` (where things run:
 //! a namespace, this machine, or another machine over `ssh`), `remote`
 //! (opening and checking the hosts of a run across machines, see
 //! docs/multi-host.md), `clients` (the initiators a subject is measured
@@ -28,6 +30,7 @@
 pub mod cgroup;
 pub mod clients;
 pub mod cleanup;
+pub mod command;
 pub mod fs;
 pub mod fs_kind;
 pub mod host;
@@ -50,11 +53,6 @@ pub mod suite;
 pub mod targets;
 pub mod topology;
 
-// The records and the report are crates of their own (the lab writes the
-// one and renders the other); their old paths stay for the lab's code.
-pub use bw_lab_report as report;
-pub use bw_lab_results as results;
-pub use bw_lab_results::{accounting, stats};
 
 use std::path::PathBuf;
 
@@ -178,14 +176,24 @@ pub enum LabCommand {
 
 pub fn run(args: LabArgs) -> anyhow::Result<()> {
     if let Some(LabCommand::Report { out }) = &args.command {
-        let results = results::Results::load(&out.join("results.json"))?;
-        report::write_all(out, &results)?;
+        let results = bw_lab_results::Results::load(&out.join("results.json"))?;
+        bw_lab_report::write_all(out, &results)?;
         println!("lab: report re-rendered: {}", out.join("report.html").display());
         return Ok(());
     }
     let (mut suite, out) = if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
         anyhow::ensure!(args.target_host.is_none(), "the route suite runs on this machine only (no --target-host)");
-        let s = route::RouteSuite::from_args(&args)?;
+        let s = route::suite::RouteSuite::from_args(&route::suite::RouteChoices {
+            quick: args.quick,
+            datapath: args.datapath.clone(),
+            path: args.path.clone(),
+            protocols: args.protocols.clone(),
+            mtu: args.mtu.clone(),
+            repeat: args.repeat,
+            runtime: args.runtime,
+            size: args.size.clone(),
+            out: args.out.clone(),
+        })?;
         let out = s.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
     } else {
@@ -264,12 +272,15 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         }
     };
     let out = args.out.clone().unwrap_or_else(|| {
-        let stamp: String = results::utc_now().chars().filter(|c| c.is_ascii_digit()).collect();
+        let stamp: String = bw_lab_results::utc_now().chars().filter(|c| c.is_ascii_digit()).collect();
         PathBuf::from(format!("lab-{}-{}", &stamp[..8], &stamp[8..]))
     });
     std::fs::create_dir_all(&out)?;
     let mut run = orchestrate::LabRun::new(plan, exe, out);
-    run.remote = remote;
+    if let Some((hosts, clients)) = remote {
+        run.remote = Some(hosts);
+        run.remote_clients = clients;
+    }
     Ok(run)
 }
 
@@ -277,7 +288,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
 /// `remote`: the targets run on another host; `remote_client`: so do the
 /// clients (this machine only drives them over ssh).
 fn preflight(plan: &plan::Plan, remote: bool, remote_client: bool) -> anyhow::Result<()> {
-    use host::which;
+    use command::which;
     if remote {
         anyhow::ensure!(which("ssh"), "ssh is not installed (package openssh-client)");
     }

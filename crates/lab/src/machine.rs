@@ -1,11 +1,11 @@
 //! Facts from /proc: CPU time of a process, whole-machine busy share (to wait
 //! for idle before each run), and what machine and software the run used.
 
-use crate::results::MachineInfo;
-use std::process::Command;
+use bw_lab_results::MachineInfo;
 use std::time::{Duration, Instant};
 
-fn clk_tck() -> f64 {
+/// This machine's clock ticks per second (`/proc/PID/stat`'s unit).
+pub fn clk_tck() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 { t as f64 } else { 100.0 }
@@ -30,27 +30,52 @@ pub fn process_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok(ticks as f64 / clk_tck())
 }
 
-/// The counters of the aggregate `cpu` line of /proc/stat, in order: user
-/// nice system idle iowait irq softirq steal guest guest_nice.
-pub fn proc_stat_cpu_fields(text: &str) -> Option<Vec<u64>> {
-    let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    Some(line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect())
+/// The aggregate `cpu` line of /proc/stat (all CPUs), in USER_HZ ticks:
+/// the one reader of it (machine, client host, routed-path suite). Guest
+/// time is already inside user and nice, so it is not counted again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTicks {
+    pub user: u64,
+    pub nice: u64,
+    pub system: u64,
+    pub idle: u64,
+    pub iowait: u64,
+    pub irq: u64,
+    pub softirq: u64,
+    pub steal: u64,
 }
 
-/// (busy, total) jiffies from the aggregate `cpu` line of /proc/stat.
-pub fn parse_proc_stat_totals(text: &str) -> Option<(u64, u64)> {
-    let v = proc_stat_cpu_fields(text)?;
-    if v.len() < 4 {
-        return None;
+impl CpuTicks {
+    /// The `cpu ` line of `text` (/proc/stat, or output holding it); None
+    /// without one of its first eight counters (every kernel since 2.6.11
+    /// has them).
+    pub fn parse(text: &str) -> Option<CpuTicks> {
+        let line = text.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line.split_whitespace().skip(1).map_while(|x| x.parse().ok()).collect();
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = *v.get(..8)? else {
+            return None;
+        };
+        Some(CpuTicks { user, nice, system, idle, iowait, irq, softirq, steal })
     }
-    // user nice system idle iowait irq softirq steal (guest is inside user).
-    let idle = v[3] + v.get(4).copied().unwrap_or(0);
-    let total: u64 = v.iter().take(8).sum();
-    Some((total - idle, total))
+
+    /// This machine's.
+    pub fn here() -> Option<CpuTicks> {
+        CpuTicks::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// Not idle: user, nice, system, irq, softirq and steal.
+    pub fn busy(&self) -> u64 {
+        self.user + self.nice + self.system + self.irq + self.softirq + self.steal
+    }
+
+    /// Busy, idle and iowait.
+    pub fn total(&self) -> u64 {
+        self.busy() + self.idle + self.iowait
+    }
 }
 
 fn proc_stat_totals() -> Option<(u64, u64)> {
-    parse_proc_stat_totals(&std::fs::read_to_string("/proc/stat").ok()?)
+    CpuTicks::here().map(|c| (c.busy(), c.total()))
 }
 
 /// Busy share of all CPUs (0..1) over `window`.
@@ -104,11 +129,6 @@ pub fn machine_info() -> MachineInfo {
     MachineInfo { cpu_model, cpus, kernel, mem_total_bytes, hostname, tcp_congestion }
 }
 
-pub fn first_line(program: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(program).args(args).output().ok()?;
-    let text = if out.stdout.is_empty() { out.stderr } else { out.stdout };
-    String::from_utf8_lossy(&text).lines().next().map(|l| l.trim().to_string())
-}
 
 
 #[cfg(test)]
@@ -134,8 +154,10 @@ mod tests {
     fn proc_stat_busy_totals() {
         let text = "cpu  100 5 50 800 20 3 2 0 0 0\ncpu0 50 2 25 400 10 1 1 0 0 0\nintr 1\n";
         // busy = 100+5+50+3+2+0 = 160, total = 980.
-        assert_eq!(parse_proc_stat_totals(text), Some((160, 980)));
-        assert_eq!(parse_proc_stat_totals("intr 1"), None);
+        let c = CpuTicks::parse(text).unwrap();
+        assert_eq!((c.busy(), c.total()), (160, 980));
+        assert_eq!(CpuTicks::parse("intr 1"), None);
+        assert_eq!(CpuTicks::parse("cpu 1 2 3\n"), None);
         let b = busy_share(Duration::from_millis(50));
         assert!((0.0..=1.0).contains(&b));
     }

@@ -9,7 +9,7 @@
 //! figure is the honest one for "CPU per unit of throughput".
 
 use crate::host::{Host, MachineTicks};
-use crate::results::MachineCpu;
+use bw_lab_results::MachineCpu;
 use std::time::{Duration, Instant};
 
 /// The idle baseline is the least busy of [`IDLE_WINDOWS`] windows this

@@ -18,10 +18,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// ext4 mount options for every subject: no background zeroing of inode
-/// tables (mkfs leaves them to the kernel's lazyinit thread, which would
-/// write to the volume during the measurements).
-pub const EXT4_OPTIONS: &str = "noinit_itable";
 
 /// Run a helper command (mount, mkfs, losetup) to completion, in its own
 /// process group so a terminal's Ctrl-C reaches only the lab, which then

@@ -5,7 +5,7 @@
 //! of the veth pair (this kernel has no netem).
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::host::Host;
+use crate::host::{Host, ShellUndo};
 use crate::topology::{Link, Topology};
 pub use bw_lab_results::net::*;
 
@@ -31,19 +31,19 @@ pub fn tbf_args(dev: &str, bits_per_s: u64) -> Vec<String> {
 pub fn apply_shape(topo: &Topology, link: &Link, shape: &LinkShape) -> anyhow::Result<Vec<Token>> {
     let mut tokens = vec![];
     for (host, dev) in [(&topo.target, &link.target_if), (&topo.client, &link.client_if)] {
-        match (shape.bits_per_s, host) {
-            (Some(rate), Host::LocalNamespace(ns)) => {
-                let (t, ()) = registry().create(Resource::Qdisc { ns: ns.clone(), dev: dev.clone() }, || host.tc(&tbf_args(dev, rate)))?;
+        match (shape.bits_per_s, host.namespace()) {
+            (Some(rate), Some(ns)) => {
+                let (t, ()) = registry().create(Resource::Qdisc { ns: ns.to_string(), dev: dev.clone() }, || host.tc(&tbf_args(dev, rate)))?;
                 tokens.push(t);
             }
-            (Some(rate), _) => tokens.push(shape_real_nic(host, dev, rate)?),
+            (Some(rate), None) => tokens.push(shape_real_nic(host, dev, rate)?),
             // The default qdisc comes back when the root one goes.
-            (None, Host::LocalNamespace(_)) => {
+            (None, Some(_)) => {
                 let _ = host.tc(&["qdisc".into(), "del".into(), "dev".into(), dev.clone(), "root".into()]);
             }
             // A real NIC's own qdiscs are never touched; ours went with
             // the previous shape's tokens.
-            (None, _) => {}
+            (None, None) => {}
         }
     }
     Ok(tokens)
@@ -60,10 +60,10 @@ fn shape_real_nic(host: &Host, dev: &str, rate: u64) -> anyhow::Result<Token> {
         );
     }
     let make = || host.tc(&tbf_args(dev, rate));
-    let (t, ()) = match host {
-        Host::Ssh(h) => h.recorded("qdisc", dev, "", make)?,
-        _ => {
-            let res = Resource::HostShell { host: host.clone(), script: crate::ssh::UNDO_ONE.into(), args: vec!["qdisc".into(), dev.into(), String::new()] };
+    let (t, ()) = match host.ssh() {
+        Some(h) => h.recorded("qdisc", dev, "", make)?,
+        None => {
+            let res = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::UNDO_ONE, args: vec!["qdisc".into(), dev.into(), String::new()] });
             registry().create(res, make)?
         }
     };

@@ -5,14 +5,14 @@
 //! the first MTU of each link shape, with the same rotation, the local
 //! baseline taking its turn among the subjects.
 
-use crate::accounting::{Case, Metric};
+use bw_lab_results::accounting::Case;
+use bw_lab_results::net::WireCounters;
 use crate::cleanup::{interrupted, registry, Resource};
 use crate::plan::Plan;
-use crate::results::{
-    unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, WireCounters, Workload,
+use bw_lab_results::{
+    unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, Workload,
     FORMAT,
 };
-use crate::host::Host;
 use crate::subjects::{blockwire, Subject};
 use crate::targets::TargetProcess;
 use crate::topology::{Link, Remote, Topology};
@@ -102,15 +102,18 @@ pub struct LabRun {
     client_cgroup: Option<(String, String)>,
     /// The hosts of a run across machines (None: namespaces on this one).
     pub remote: Option<Remote>,
+    /// The clients the subjects are measured with on the remote client
+    /// host (`--clients`, narrowed to what it has).
+    pub remote_clients: Vec<crate::clients::ClientKind>,
     /// The offload study's factors being measured.
-    factors: crate::results::Factors,
+    factors: bw_lab_results::Factors,
     digest: crate::offload::Digest,
     /// Whole-machine CPU of the target and client hosts' machines.
     meter: crate::machine_cpu::MachineMeter,
     /// The fs suite's file system and fsync setting being measured.
     fs_kind: crate::fs_kind::FsKind,
     fsync: crate::fs_kind::Fsync,
-    fs_factors: crate::results::fs::FsFactors,
+    fs_factors: bw_lab_results::fs::FsFactors,
     /// The client host has a kernel NFS client (asked only when the fs
     /// suite runs with ganesha).
     kernel_nfs_client: bool,
@@ -164,7 +167,7 @@ fn prepare_fs_workload(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, dir:
             anyhow::ensure!(
                 f.ok,
                 "laying out the IOgen file failed: {}",
-                crate::runner::last_lines(&f.stderr, 3)
+                crate::command::last_lines(&f.stderr, 3)
             );
         }
         _ => {}
@@ -245,7 +248,7 @@ impl crate::suite::Suite for LabRun {
             eprintln!("lab: report:  {}", report.display());
         }
         if ok {
-            crate::report::print_recommendations(&self.results);
+            bw_lab_report::print_recommendations(&self.results);
         }
     }
 }
@@ -276,11 +279,12 @@ impl LabRun {
             backing,
             progress,
             idle_spent: 0.0,
-            shape: crate::results::default_link(),
+            shape: bw_lab_results::default_link(),
             fs_dir: None,
             fs_serial: 0,
             client_cgroup: None,
             remote: None,
+            remote_clients: vec![],
             factors: Default::default(),
             digest: Default::default(),
             meter: Default::default(),
@@ -340,9 +344,9 @@ impl LabRun {
             backing.display(),
             size >> 20
         ));
-        let backing_token = match self.remote.as_ref().map(|r| &r.target) {
-            Some(crate::host::Host::Ssh(h)) => h.fill_random(&backing, size)?,
-            _ => registry().create(Resource::File(backing.clone()), || make_backing(&backing, size))?.0,
+        let backing_token = match self.remote.as_ref().and_then(|r| r.target.ssh()) {
+            Some(h) => h.fill_random(&backing, size)?,
+            None => registry().create(Resource::File(backing.clone()), || make_backing(&backing, size))?.0,
         };
         self.results.params.backing = format!(
             "{}{on} ({} MiB, tmpfs) shared by every target{}",
@@ -385,7 +389,7 @@ impl LabRun {
             .flat_map(|s| clients.iter().filter(move |c| c.serves(s)).map(move |c| (s, *c)))
             .map(|(s, c)| SubjectRecord {
                 key: c.key(s),
-                protocol: s.protocol().name().into(),
+                protocol: s.address().protocol_name().into(),
                 target: s.target_name().into(),
                 initiator: c.initiator(s, &topo.client),
                 unavailable: None,
@@ -415,7 +419,7 @@ impl LabRun {
                     target_datapath: None,
                 });
             }
-            if let Host::Ssh(h) = &topo.client {
+            if let Some(h) = topo.client.ssh() {
                 // The workloads run on the client host, and mount there.
                 self.client_cgroup = Some(crate::remote_fs::cgroup_base(h)?);
                 let (t, dir) = crate::remote_fs::mountpoint(h)?;
@@ -494,7 +498,7 @@ impl LabRun {
             if offload != crate::offload::Offload::MtuFrames {
                 topo.set_offload(offload)?;
             }
-            self.factors = crate::results::Factors { offload: offload.name().into(), digest: digest.factor().into() };
+            self.factors = bw_lab_results::Factors { offload: offload.name().into(), digest: digest.factor().into() };
             self.digest = digest;
             if self.plan.factor_combinations().len() > 1 {
                 self.say(&format!("lab: offload {}, digest {}", if offload.name().is_empty() { "default" } else { offload.name() }, digest.name()));
@@ -524,7 +528,7 @@ impl LabRun {
         for v in crate::kernel_nfs::VERSIONS {
             self.results.subjects.push(SubjectRecord {
                 key: v.key(),
-                protocol: crate::subjects::Protocol::Nfs.name().into(),
+                protocol: Subject::Peer(PeerKind::Ganesha).address().protocol_name().into(),
                 target: PeerKind::Ganesha.name().into(),
                 initiator: v.initiator(client),
                 unavailable: None,
@@ -552,7 +556,7 @@ impl LabRun {
     /// The clients of the run (blockwire's alone in one box).
     fn clients(&self) -> Vec<crate::clients::ClientKind> {
         match &self.remote {
-            Some(r) => r.clients.clone(),
+            Some(_) => self.remote_clients.clone(),
             None => vec![crate::clients::ClientKind::Blockwire],
         }
     }
@@ -712,11 +716,11 @@ impl LabRun {
             for p in ours.iter().filter(|p| **p == crate::subjects::Protocol::Aoe) {
                 self.mark_target_unavailable(Subject::Blockwire(*p), link.mtu, why.into());
             }
-            for p in peers.iter().filter(|p| p.target().protocol() == crate::subjects::Protocol::Aoe) {
+            for p in peers.iter().filter(|p| p.target().address().aoe().is_some()) {
                 self.mark_target_unavailable(Subject::Peer(*p), link.mtu, why.into());
             }
             ours.retain(|p| *p != crate::subjects::Protocol::Aoe);
-            peers.retain(|p| p.target().protocol() != crate::subjects::Protocol::Aoe);
+            peers.retain(|p| p.target().address().aoe().is_none());
         }
         let rdma = crate::subjects::Protocol::NvmeRdma;
         if ours.contains(&rdma) {
@@ -806,7 +810,7 @@ impl LabRun {
     /// target), for every client.
     fn check_aoe_reach(&mut self, topo: &Topology, link: &Link, live: &mut Vec<LiveSubject>) {
         let wanted: Vec<(Subject, (u16, u8))> =
-            live.iter().filter_map(|s| crate::remote::aoe_address(s.subject).map(|a| (s.subject, a))).collect();
+            live.iter().filter_map(|s| s.subject.address().aoe().map(|a| (s.subject, a))).collect();
         if wanted.is_empty() {
             return;
         }
@@ -1116,7 +1120,7 @@ impl LabRun {
         for (kind, fsync) in self.plan.fs_combinations.clone() {
             let first = self.results.fs.len();
             (self.fs_kind, self.fsync) = (kind, fsync);
-            self.fs_factors = crate::results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
+            self.fs_factors = bw_lab_results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
             if self.plan.fs_combinations.len() > 1 {
                 self.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
             }
@@ -1255,9 +1259,9 @@ impl LabRun {
                     // Over NFS `--fs` is the server's file system; the
                     // image's own (a VM guest's) stays ext4.
                     let kind = if key.ends_with("-nfs") { crate::fs_kind::FsKind::Ext4 } else { self.fs_kind };
-                    match client {
-                        Host::Ssh(h) => crate::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
-                        _ => crate::mounts::mount_remote_as(&self.exe, client, url, mp, kind, size)?,
+                    match client.ssh() {
+                        Some(h) => crate::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
+                        None => crate::mounts::mount_remote_as(&self.exe, client, url, mp, kind, size)?,
                     }
                 }
                 (None, _) => {
@@ -1325,10 +1329,7 @@ impl LabRun {
         let local = key == crate::fs::LOCAL;
         let dir = mp.join("w");
         // Over ssh the workload, its files and its cgroup are the client host's.
-        let remote = match &topo.client {
-            Host::Ssh(h) => Some(h),
-            _ => None,
-        };
+        let remote = topo.client.ssh();
         match remote {
             Some(h) => crate::remote_fs::prepare(h, w, &fsp, &dir)?,
             None => {
@@ -1409,7 +1410,7 @@ impl LabRun {
             anyhow::bail!(
                 "{} {how}: {}",
                 prog,
-                crate::runner::last_lines(&f.stderr, 3)
+                crate::command::last_lines(&f.stderr, 3)
             );
         }
         let result = parse_fs_result(w, &fsp, &f.stdout)?;
@@ -1446,34 +1447,10 @@ impl LabRun {
         })
     }
 
-    /// The fs results of this link in the terminal: each row's headline,
-    /// mean ± sd over the repetitions, per subject and memory limit.
+    /// The fs results of this link in the terminal (from `first` on).
     fn print_fs_rows(&self, first: usize) {
-        let mut rows: std::collections::BTreeMap<(String, u64, String), Vec<f64>> =
-            Default::default();
-        let mut units: std::collections::BTreeMap<String, &'static str> = Default::default();
-        for s in &self.results.fs[first..] {
-            for m in s.measures().into_iter().filter(|m| m.headline) {
-                units.insert(m.row.clone(), m.unit);
-                rows.entry((m.row, s.client_mem, s.subject.clone()))
-                    .or_default()
-                    .push(m.value);
-            }
-        }
-        for ((row, mem, subject), v) in rows {
-            let st = crate::stats::Summary::of(&v);
-            let text = st
-                .map(|s| format!("{:.0}±{:.0}", s.mean, s.stddev))
-                .unwrap_or_default();
-            self.say(&format!(
-                "{:<16} {:>5} {:<18} {:>19} {}  client mem {}M",
-                subject,
-                "fs",
-                row,
-                text,
-                units.get(&row).copied().unwrap_or(""),
-                mem >> 20
-            ));
+        for line in bw_lab_report::rows::fs_rows(&self.results.fs[first..]) {
+            self.say(&line);
         }
     }
 
@@ -1500,7 +1477,7 @@ impl LabRun {
                         let s = Sample {
                             subject: "local-fio".into(),
                             mtu: None,
-                            link: crate::results::default_link(),
+                            link: bw_lab_results::default_link(),
                             suite: suite.clone(),
                             workload: w.clone(),
                             repeat: rep,
@@ -1538,18 +1515,7 @@ impl LabRun {
     }
 
     fn print_table_header(&self) {
-        self.say(&format!(
-            "{:<16} {:>5} {:<18} {:>19} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "subject",
-            "MTU",
-            "workload",
-            "IOPS (mean±sd)",
-            "MiB/s",
-            "p99 µs",
-            "tgt µs/op",
-            "ini µs/op",
-            "wire B/op"
-        ));
+        self.say(&bw_lab_report::rows::table_header());
     }
 
     fn print_case_row(
@@ -1564,12 +1530,12 @@ impl LabRun {
             return;
         }
         let case = Case {
-            key: crate::accounting::CaseKey {
+            key: bw_lab_results::accounting::CaseKey {
                 suite: suite.into(),
                 link: if mtu.is_some() {
                     self.shape.clone()
                 } else {
-                    crate::results::default_link()
+                    bw_lab_results::default_link()
                 },
                 mtu,
                 workload: w.name.clone(),
@@ -1579,32 +1545,6 @@ impl LabRun {
             workload: w.clone(),
             samples,
         };
-        let m = |metric: Metric| case.summary(metric).map(|s| s.mean);
-        let f = |v: Option<f64>, prec: usize| {
-            v.map(|x| format!("{x:.prec$}"))
-                .unwrap_or_else(|| "-".into())
-        };
-        let iops = case
-            .summary(Metric::Iops)
-            .map(|s| format!("{:.0}±{:.0}", s.mean, s.stddev))
-            .unwrap_or_else(|| "-".into());
-        let errors = case.errors();
-        self.say(&format!(
-            "{:<16} {:>5} {:<18} {:>19} {:>9} {:>9} {:>9} {:>9} {:>9}{}",
-            key,
-            mtu.map(|m| m.to_string()).unwrap_or_else(|| "local".into()),
-            w.name,
-            iops,
-            f(m(Metric::MibPerS), 1),
-            f(m(Metric::LatP99Us), 0),
-            f(m(Metric::TargetCpuUsPerOp), 1),
-            f(m(Metric::InitiatorCpuUsPerOp), 1),
-            f(m(Metric::WireBytesPerOp), 0),
-            if errors > 0 {
-                format!("  ({errors} I/O errors)")
-            } else {
-                String::new()
-            }
-        ));
+        self.say(&bw_lab_report::rows::case_row(&case));
     }
 }

@@ -1,7 +1,7 @@
 //! What a lab run will do, from the command line: subjects, MTUs, workloads,
 //! repetitions and durations, with `--quick` shrinking everything.
 
-use crate::results::{Params, Workload};
+use bw_lab_results::{Params, Workload};
 use crate::subjects::{PeerChoice, PeerKind, Protocol, Subject};
 
 pub const KIB: u64 = 1024;
@@ -17,7 +17,7 @@ const QUICK_MICRO: [&str; 4] = [
     "randwrite-4k-qd32",
 ];
 
-pub use crate::results::{micro_workloads, sweep_workload};
+pub use bw_lab_results::{micro_workloads, sweep_workload};
 
 /// `1G`, `64M`, `512K`, plain bytes (blockwire's one size syntax,
 /// [`bw_block::parse_size`]); zero is refused.
@@ -289,9 +289,9 @@ impl Plan {
         // `none` alone (or given with peers) leaves them out.
         let peers: Vec<PeerKind> = match &c.peers {
             Some(v) => v.iter().filter_map(|p| p.0).collect(),
-            // ganesha only when named: with it the default plans outgrow
-            // their time budgets (the test below).
-            None => PeerKind::all().iter().copied().filter(|&p| p != PeerKind::Ganesha).collect(),
+            // Some only when named (ganesha: with it the default plans
+            // outgrow their time budgets, the test below).
+            None => PeerKind::all().iter().copied().filter(|p| p.target().in_default_plan()).collect(),
         };
         let mtus = chosen_mtus(c)?;
         let suites = chosen_suites(c)?;

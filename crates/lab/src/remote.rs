@@ -166,7 +166,9 @@ pub fn adapt_plan(plan: &mut Plan, allow_nic_changes: bool) -> Vec<String> {
 /// Open the hosts the command line names: each one's master connection,
 /// its leftovers from interrupted runs swept, its preflight, the lab's
 /// binary. Everything made is tracked (the run's cleanup undoes it).
-pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<Remote> {
+/// With the hosts come the clients the subjects are measured with
+/// (`--clients`, narrowed to what the client host has).
+pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<(Remote, Vec<crate::clients::ClientKind>)> {
     let target_url = c.target_host.as_deref().ok_or_else(|| anyhow::anyhow!("no --target-host"))?;
     let mtu = match c.mtu.as_deref() {
         None => None,
@@ -192,7 +194,7 @@ pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<Remote> 
             }
             Err(e) => fatal.push(format!("{}: cannot check for an interrupted run's leftovers: {e:#}", h.url())),
         }
-        registry().create(Resource::HostRun(h.clone()), || Ok(()))?;
+        registry().create(Resource::owned(crate::ssh::RunOnHost(h.clone())), || Ok(()))?;
         match preflight(h, *role, plan) {
             Ok((f, n)) => {
                 fatal.extend(f);
@@ -228,7 +230,7 @@ pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<Remote> 
     let mut it = hosts.into_iter().map(|(_, h)| Host::Ssh(h));
     let target = it.next().expect("a target host");
     let client = it.next().unwrap_or(Host::Local);
-    Ok(Remote { target, client, data_addr: c.data_addr, allow_nic_changes: c.allow_nic_changes, mtu, clients })
+    Ok((Remote { target, client, data_addr: c.data_addr, allow_nic_changes: c.allow_nic_changes, mtu }, clients))
 }
 
 /// The clients of the run: blockwire's unless `--clients` leaves it out,
@@ -247,10 +249,10 @@ fn choose_clients(
         kinds.push(ClientKind::Blockwire);
     }
     let mut notes = vec![];
-    let kernel_by_default = matches!(host, Host::Ssh(_));
+    let kernel_by_default = host.ssh().is_some();
     if chosen.map_or(kernel_by_default, |v| v.contains(&ClientChoice::Kernel)) {
         // Only the protocols some subject of the run speaks.
-        let used = |p| subjects.iter().any(|s| s.protocol() == p);
+        let used = |p| subjects.iter().any(|s| s.address().block_protocol() == Some(p));
         let protocols: Vec<_> = crate::clients::KERNEL.iter().map(|k| k.protocol).filter(|&p| used(p)).collect();
         let (have, lack) = crate::clients::detect(host, &protocols)?;
         if chosen.is_some() && !have.iter().any(|p| used(*p)) {
@@ -260,16 +262,6 @@ fn choose_clients(
         notes.extend(lack);
     }
     Ok((kinds, notes))
-}
-
-/// The AoE shelf and slot subject `s` serves at, if it is an AoE target.
-pub fn aoe_address(s: Subject) -> Option<(u16, u8)> {
-    use crate::subjects::{blockwire, vblade, PeerKind, Protocol};
-    match s {
-        Subject::Blockwire(Protocol::Aoe) => Some(blockwire::AOE_ADDRESS),
-        Subject::Peer(PeerKind::Vblade) => Some(vblade::AOE_ADDRESS),
-        _ => None,
-    }
 }
 
 /// Which of the AoE targets `wanted` (shelf, slot) answer a config query
@@ -289,7 +281,7 @@ pub fn aoe_answers(client: &Host, exe: &Path, iface: &str, wanted: &[(u16, u8)],
     // `discover` fails when nothing answers: what it printed still counts.
     let text = String::from_utf8_lossy(&out.stdout);
     let answered = wanted.iter().copied().filter(|&a| answered_by(&text, a)).collect();
-    Ok((answered, crate::runner::last_lines(&String::from_utf8_lossy(&out.stderr), 1)))
+    Ok((answered, crate::command::last_lines(&String::from_utf8_lossy(&out.stderr), 1)))
 }
 
 /// Whether `blockwire aoe discover` output lists shelf.slot `a`.
@@ -310,7 +302,7 @@ echo "speed=$(ethtool "$d" 2>/dev/null | sed -n 's/^[[:space:]]*Speed: \([0-9]*\
 echo "driver=$(ethtool -i "$d" 2>/dev/null | sed -n 's/^driver: //p')""#;
 
 /// The [`HOST_FACTS`] output as a host record.
-pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> crate::results::HostInfo {
+pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> bw_lab_results::HostInfo {
     let get = |k: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
@@ -318,7 +310,7 @@ pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> cra
             .trim()
             .to_string()
     };
-    crate::results::HostInfo {
+    bw_lab_results::HostInfo {
         role: role.into(),
         address: address.into(),
         cpu_model: get("cpu_model"),
@@ -334,13 +326,9 @@ pub fn parse_host_facts(text: &str, role: &str, address: &str, nic: &str) -> cra
 }
 
 /// What the report says about `host` (its `nic` on the storage network).
-pub fn host_info(host: &Host, role: &str, nic: &str) -> anyhow::Result<crate::results::HostInfo> {
+pub fn host_info(host: &Host, role: &str, nic: &str) -> anyhow::Result<bw_lab_results::HostInfo> {
     let out = host.run("sh", &["-c", HOST_FACTS, "sh", nic])?;
-    let address = match host {
-        Host::Ssh(h) => h.url(),
-        other => other.name().to_string(),
-    };
-    Ok(parse_host_facts(&out, role, &address, nic))
+    Ok(parse_host_facts(&out, role, &host.address(), nic))
 }
 
 #[cfg(test)]
@@ -353,8 +341,8 @@ mod tests {
         assert!(answered_by(out, (1, 0)));
         assert!(!answered_by(out, (2, 0)));
         assert!(!answered_by("e11.0  aoe://eth1/11.0\n", (1, 0)));
-        assert_eq!(aoe_address(Subject::Peer(crate::subjects::PeerKind::Vblade)), Some(crate::subjects::vblade::AOE_ADDRESS));
-        assert_eq!(aoe_address(Subject::Peer(crate::subjects::PeerKind::Tgt)), None);
+        assert_eq!(Subject::Peer(crate::subjects::PeerKind::Vblade).address().aoe(), Some(crate::subjects::vblade::AOE_ADDRESS));
+        assert_eq!(Subject::Peer(crate::subjects::PeerKind::Tgt).address().aoe(), None);
     }
 
     #[test]

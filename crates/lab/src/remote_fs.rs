@@ -79,9 +79,9 @@ pub fn mount_device(host: &Host, dev: &str, mp: &Path, kind: FsKind, size: u64) 
         run_sbin(host, &mkfs)?;
         run_sbin(host, &["mount", "-o", kind.mount_options(), dev, &p]).map(|_| ())
     };
-    let (t, ()) = match host {
-        Host::Ssh(h) => h.recorded("mount", &p, "", make)?,
-        _ => registry().create(Resource::Mount(mp.to_path_buf()), make)?,
+    let (t, ()) = match host.ssh() {
+        Some(h) => h.recorded("mount", &p, "", make)?,
+        None => registry().create(Resource::Mount(mp.to_path_buf()), make)?,
     };
     Ok(Mounted::new(mp.to_path_buf(), None, vec![t]))
 }
@@ -212,7 +212,7 @@ pub fn prepare(h: &SshHost, w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams,
             // Tied to its session like the workloads: Ctrl-C stops it there.
             let cmd = h.service_command("fio", &args);
             let f = crate::runner::run_workload_with_stdin(cmd, "fio layout", Duration::from_secs(600), None, std::process::Stdio::piped())?;
-            anyhow::ensure!(f.ok, "laying out the IOgen file failed: {}", crate::runner::last_lines(&f.stderr, 3));
+            anyhow::ensure!(f.ok, "laying out the IOgen file failed: {}", crate::command::last_lines(&f.stderr, 3));
         }
         _ => {
             h.run_line(&format!("mkdir -p {d}"))?;
@@ -224,9 +224,9 @@ pub fn prepare(h: &SshHost, w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams,
 /// Remove what a workload left in `dir` on `host` and write the rest back
 /// (`mounts::clean_dir` for this machine).
 pub fn clean_dir(host: &Host, dir: &Path) -> anyhow::Result<()> {
-    match host {
-        Host::Ssh(h) => h.run_line(&format!("rm -rf -- {}; sync", quote(&dir.to_string_lossy()))).map(|_| ()),
-        _ => crate::mounts::clean_dir(dir),
+    match host.ssh() {
+        Some(h) => h.run_line(&format!("rm -rf -- {}; sync", quote(&dir.to_string_lossy()))).map(|_| ()),
+        None => crate::mounts::clean_dir(dir),
     }
 }
 
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn a_block_device_gets_a_file_system_and_loses_it() {
         // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || !crate::host::which("mkfs.ext4") {
+        if unsafe { libc::geteuid() } != 0 || !crate::command::which("mkfs.ext4") {
             eprintln!("skipped: needs root and mkfs.ext4");
             return;
         }

@@ -24,11 +24,10 @@
 //! router processes' file descriptors (tcx and XDP links, no qdisc, no
 //! pins), so ending a router removes them, even with SIGKILL.
 
+// The suite (`suite`) and its CPU sampling (`cpu`) stand on the paths
+// built here, never the other way round.
 pub mod cpu;
-pub use bw_lab_report::route as report;
 pub mod suite;
-
-pub use suite::{RouteResults, RouteSuite};
 
 use crate::cleanup::{registry, Resource, Token};
 use anyhow::{bail, Context};

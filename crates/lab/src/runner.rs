@@ -2,7 +2,8 @@
 //! against a URL, or fio on the backing file for the local baseline.
 
 use crate::cleanup::registry;
-use crate::results::{BenchResult, Latency, Workload};
+use crate::command::{last_lines, read_in_background};
+use bw_lab_results::{BenchResult, Latency, Workload};
 use bw_workload_report::BenchReport;
 use std::io::Read;
 use std::path::Path;
@@ -113,52 +114,6 @@ pub(crate) fn run_workload_with_stdin(
         cpu_s,
         elapsed_s: t0.elapsed().as_secs_f64(),
     })
-}
-
-/// Run `cmd` to its end or for at most `timeout` (then killed), outside
-/// the registry: for undo steps, which must run during a cleanup too.
-pub fn run_bounded(mut cmd: Command, timeout: Duration) -> anyhow::Result<()> {
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = cmd.spawn()?;
-    let mut err = child.stderr.take().expect("piped");
-    let err = read_in_background(move |s| err.read_to_string(s));
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break Some(st);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // See run_workload_with_stdin: an ssh master may hold the pipe.
-    let err = err.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
-    match status {
-        Some(st) if st.success() => Ok(()),
-        Some(st) => anyhow::bail!("{st}: {}", last_lines(&err, 2)),
-        None => anyhow::bail!("not done after {timeout:?}: {}", last_lines(&err, 2)),
-    }
-}
-
-/// Read a pipe to its end on a thread; the text arrives on the channel.
-fn read_in_background(
-    read: impl FnOnce(&mut String) -> std::io::Result<usize> + Send + 'static,
-) -> std::sync::mpsc::Receiver<String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = read(&mut s);
-        let _ = tx.send(s);
-    });
-    rx
-}
-
-pub fn last_lines(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 /// The bench arguments for `workload` (fio-style names).

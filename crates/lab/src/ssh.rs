@@ -12,6 +12,8 @@
 //! ([`CLEANUP_SCRIPT`]). Processes the lab starts there are tied to their
 //! own ssh session as well ([`SshHost::service_command`]).
 
+use crate::cleanup::{Resource, Undo};
+use crate::command::run_undo_script;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -117,9 +119,34 @@ pub fn parse_option(s: &str) -> Result<(String, String), String> {
 
 /// sha256 of a local file, hex (sha256sum from coreutils).
 fn sha256(path: &Path) -> anyhow::Result<String> {
-    let out = crate::host::sh("sha256sum", &[&path.to_string_lossy()])?;
+    let out = crate::command::sh("sha256sum", &[&path.to_string_lossy()])?;
     Ok(out.split_whitespace().next().unwrap_or_default().to_string())
 }
+
+/// Undo one attachment (`$1` what, `$2` `$3` its address). A macro so the
+/// state file's cleanup script ([`CLEANUP_SCRIPT`]) holds the same lines.
+/// The kernel initiators (`crate::clients`, `crate::kernel_nfs`) attach;
+/// undoing is here, with the other undo steps.
+macro_rules! detach_script {
+    () => {
+        r#"PATH=$PATH:/usr/sbin:/sbin
+case "$1" in
+  iscsi) iscsiadm -m node -T "$2" -p "$3" --logout >/dev/null 2>&1
+         iscsiadm -m node -T "$2" -p "$3" -o delete >/dev/null 2>&1
+         iscsiadm -m discoverydb -t sendtargets -p "$3" -o delete >/dev/null 2>&1
+         if [ -f /run/bwlab-iscsid ] && ! iscsiadm -m session >/dev/null 2>&1; then
+           kill $(cat /run/bwlab-iscsid) 2>/dev/null; rm -f /run/bwlab-iscsid
+         fi ;;
+  nvme|nvme-rdma) nvme disconnect -n "$2" >/dev/null 2>&1 ;;
+  # the name without a newline: the driver compares the bytes written
+  aoe) [ -e /dev/etherd/flush ] && printf %s "$2" > /dev/etherd/flush 2>/dev/null ;;
+  # a kernel NFS mount (crate::kernel_nfs), also when its server is gone
+  nfs) umount -f "$2" 2>/dev/null || umount -f -l "$2" 2>/dev/null; rmdir "$2" 2>/dev/null ;;
+esac
+true"#
+    };
+}
+pub const DETACH: &str = detach_script!();
 
 /// The shell function `undo KIND A B` that undoes one state-file line, for
 /// [`CLEANUP_SCRIPT`] and [`UNDO_ONE`] (one text: what a run undoes at its
@@ -134,7 +161,7 @@ macro_rules! undo_function {
     () => {
         concat!(
             "detach_kernel() (\n",
-            crate::clients::detach_script!(),
+            detach_script!(),
             "\n)\n",
             r#"PATH=$PATH:/usr/sbin:/sbin
 undo() {
@@ -216,7 +243,7 @@ impl SshHost {
     pub fn new(url: &str, options: &[(String, String)], local_exe: &Path) -> anyhow::Result<SshHost> {
         let (user, host, port) = parse_url(url)?;
         let pid = std::process::id();
-        let me = crate::machine::first_line("hostname", &[]).unwrap_or_else(|| "lab".into());
+        let me = crate::command::first_line("hostname", &[]).unwrap_or_else(|| "lab".into());
         let me: String = me.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
         let tag: String = host.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
         let hash = sha256(local_exe)?;
@@ -304,12 +331,8 @@ impl SshHost {
     /// ([`UNDO_ONE`]).
     pub fn recorded<T>(&self, kind: &str, a: &str, b: &str, make: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(crate::cleanup::Token, T)> {
         self.record(kind, a, b)?;
-        let undo = crate::cleanup::Resource::HostShell {
-            host: crate::host::Host::Ssh(self.clone()),
-            script: UNDO_ONE.into(),
-            args: vec![kind.into(), a.into(), b.into()],
-        };
-        crate::cleanup::registry().create(undo, make)
+        let undo = RecordedUndo { host: self.clone(), args: vec![kind.into(), a.into(), b.into()] };
+        crate::cleanup::registry().create(Resource::owned(undo), make)
     }
 
     /// A long-running `program args` on the host, tied to this ssh session:
@@ -336,6 +359,8 @@ wait $p; s=$?; kill $w 2>/dev/null; exit $s"#,
     /// directory and holds the state file's lock. Returns it (for the
     /// registry) once the control socket answers, or why it cannot.
     pub fn open_master(&self) -> anyhow::Result<crate::cleanup::Token> {
+        // A forced end kills the masters: expected then.
+        crate::cleanup::before_forced_end(set_ending);
         let script = format!(
             "mkdir -p {dir} && echo \"host {HOST_IDENTITY}\" >> {state} && exec flock -x {state} sh -c 'read -r _'",
             dir = REMOTE_DIR,
@@ -353,7 +378,7 @@ wait $p; s=$?; kill $w 2>/dev/null; exit $s"#,
                     let _ = e.read_to_string(&mut err);
                 }
                 crate::cleanup::registry().forget(token);
-                anyhow::bail!("{}: not reachable: {}", self.url(), crate::runner::last_lines(&err, 2));
+                anyhow::bail!("{}: not reachable: {}", self.url(), crate::command::last_lines(&err, 2));
             }
             let check = Command::new("ssh")
                 .arg("-o")
@@ -431,7 +456,7 @@ done"#,
     pub fn fill_random(&self, path: &Path, size: u64) -> anyhow::Result<crate::cleanup::Token> {
         let p = path.to_string_lossy();
         self.record("file", &p, "")?;
-        let res = crate::cleanup::Resource::HostFile { host: self.clone(), path: path.to_path_buf() };
+        let res = Resource::owned(RemoteFile { host: self.clone(), path: path.to_path_buf() });
         let line = format!("head -c {size} /dev/urandom > {}", quote(&p));
         Ok(crate::cleanup::registry().create(res, || self.run_line(&line).map(|_| ()))?.0)
     }
@@ -439,6 +464,45 @@ done"#,
     /// The end of the run on this host: undo everything the state file lists.
     pub fn cleanup(&self) -> anyhow::Result<()> {
         self.run_line(&sh_c(CLEANUP_SCRIPT, &[&self.state_file()])).map(|_| ())
+    }
+}
+
+/// A file on an ssh host (also in the host's state file), removed.
+#[derive(Debug)]
+pub struct RemoteFile {
+    pub host: SshHost,
+    pub path: PathBuf,
+}
+
+impl Undo for RemoteFile {
+    fn undo(&self) -> anyhow::Result<()> {
+        let p = quote(&self.path.to_string_lossy());
+        self.host.run_line(&format!("rm -f -- {p}")).map(|_| ())
+    }
+}
+
+/// Everything the run's state file on an ssh host lists (processes,
+/// files, the lab's binary, MTUs), undone there by its cleanup script.
+#[derive(Debug)]
+pub struct RunOnHost(pub SshHost);
+
+impl Undo for RunOnHost {
+    fn undo(&self) -> anyhow::Result<()> {
+        self.0.cleanup()
+    }
+}
+
+/// One line `KIND A B` of the state file, undone as a later run would
+/// undo it ([`UNDO_ONE`]).
+#[derive(Debug)]
+struct RecordedUndo {
+    host: SshHost,
+    args: Vec<String>,
+}
+
+impl Undo for RecordedUndo {
+    fn undo(&self) -> anyhow::Result<()> {
+        run_undo_script(&self.host.host, UNDO_ONE, &self.args, |a| self.host.command_with("sh", a))
     }
 }
 
@@ -473,7 +537,7 @@ mod tests {
     fn cleanup_script_unmounts_and_removes_cgroups_of_a_killed_run() {
         let cg_root = std::path::Path::new("/sys/fs/cgroup/memory");
         // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || !cg_root.join("memory.limit_in_bytes").exists() || !crate::host::which("mkfs.ext4") {
+        if unsafe { libc::geteuid() } != 0 || !cg_root.join("memory.limit_in_bytes").exists() || !crate::command::which("mkfs.ext4") {
             eprintln!("skipped: needs root, a v1 memory cgroup and mkfs.ext4");
             return;
         }
@@ -482,9 +546,9 @@ mod tests {
         std::fs::create_dir_all(&mp).unwrap();
         let img = dir.join("img");
         std::fs::File::create(&img).unwrap().set_len(32 << 20).unwrap();
-        let dev = crate::host::sh("losetup", &["--find", "--show", &img.to_string_lossy()]).unwrap().trim().to_string();
-        crate::host::sh("mkfs.ext4", &["-q", "-F", &dev]).unwrap();
-        crate::host::sh("mount", &[&dev, &mp.to_string_lossy()]).unwrap();
+        let dev = crate::command::sh("losetup", &["--find", "--show", &img.to_string_lossy()]).unwrap().trim().to_string();
+        crate::command::sh("mkfs.ext4", &["-q", "-F", &dev]).unwrap();
+        crate::command::sh("mount", &[&dev, &mp.to_string_lossy()]).unwrap();
         let cg = cg_root.join(format!("bwlab-ssh-unit-{}", std::process::id()));
         std::fs::create_dir(&cg).unwrap();
         let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
@@ -496,10 +560,10 @@ mod tests {
         let killed = sleeper.wait().unwrap().code().is_none();
         let left = (cg.exists(), mp.exists(), state.exists());
         if mounted {
-            let _ = crate::host::sh("umount", &["-l", &mp.to_string_lossy()]);
+            let _ = crate::command::sh("umount", &["-l", &mp.to_string_lossy()]);
         }
         let _ = std::fs::remove_dir(&cg);
-        let _ = crate::host::sh("losetup", &["-d", &dev]);
+        let _ = crate::command::sh("losetup", &["-d", &dev]);
         let _ = std::fs::remove_dir_all(&dir);
         assert!(st.success());
         assert!(!mounted, "{} still mounted", mp.display());

@@ -4,7 +4,7 @@
 //! a failure or an interrupt, with what was measured), then the cleanup.
 
 use crate::cleanup::{interrupted, registry};
-use crate::results::{utc_now, Results};
+use bw_lab_results::{utc_now, Results};
 use std::path::Path;
 
 pub trait Suite {
@@ -45,7 +45,7 @@ pub fn run_and_report(suite: &mut dyn Suite, out: &Path) -> anyhow::Result<()> {
     let results = suite.results();
     let saved = results
         .save(&out.join("results.json"))
-        .and_then(|_| crate::report::write_all(out, results));
+        .and_then(|_| bw_lab_report::write_all(out, results));
     crate::ssh::set_ending();
     for e in registry().cleanup_all() {
         eprintln!("lab: cleanup: {e}");

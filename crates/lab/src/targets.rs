@@ -37,7 +37,7 @@ impl TargetProcess {
 
     /// Its PID on its host.
     pub fn host_pid(&self) -> anyhow::Result<u32> {
-        if !matches!(self.host, Host::Ssh(_)) {
+        if self.host.ssh().is_none() {
             return Ok(self.pid);
         }
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -5,9 +5,10 @@
 //! Addresses come from 198.18.0.0/15, the range set aside for benchmarking
 //! (RFC 2544); they exist only inside the two namespaces the lab creates.
 
-use crate::cleanup::{registry, Resource, Token};
-use crate::host::{sh, Host};
-use crate::results::WireCounters;
+use crate::cleanup::{registry, Resource, Token, Undo};
+use crate::command::sh;
+use crate::host::Host;
+use bw_lab_results::net::WireCounters;
 use std::net::Ipv4Addr;
 
 #[derive(Debug, Clone)]
@@ -53,9 +54,18 @@ pub struct Remote {
     pub allow_nic_changes: bool,
     /// `--mtu` as given (None: the NICs' own).
     pub mtu: Option<u32>,
-    /// The clients the subjects are measured with (`--clients`, narrowed
-    /// to what the client host has).
-    pub clients: Vec<crate::clients::ClientKind>,
+}
+
+/// A link as the subjects' tests address it (MTU 9000).
+#[cfg(test)]
+pub(crate) fn test_link() -> Link {
+    Link {
+        mtu: 9000,
+        target_if: "bwl1at".into(),
+        client_if: "bwl1ac".into(),
+        target_ip: Ipv4Addr::new(198, 18, 1, 1),
+        client_ip: Ipv4Addr::new(198, 18, 1, 2),
+    }
 }
 
 /// The first IPv4 address `name` resolves to, on this machine.
@@ -77,6 +87,20 @@ fn json_field(text: &str, key: &str) -> Option<String> {
 }
 
 /// The MTU of `dev` on `host`.
+/// A device's MTU as it was before the run changed it: put back.
+#[derive(Debug)]
+struct MtuBefore {
+    host: Host,
+    dev: String,
+    mtu: u32,
+}
+
+impl Undo for MtuBefore {
+    fn undo(&self) -> anyhow::Result<()> {
+        self.host.set_mtu(&self.dev, self.mtu)
+    }
+}
+
 fn mtu_of(host: &Host, dev: &str) -> anyhow::Result<u32> {
     let out = host.ip(&["-j", "link", "show", "dev", dev])?;
     let v: serde_json::Value = serde_json::from_str(&out)?;
@@ -176,10 +200,10 @@ impl Topology {
     /// at both ends and their MTU. The NICs keep their MTU unless
     /// `--allow-nic-changes` lets the lab set `mtu` (restored at the end).
     pub fn connect(r: &Remote) -> anyhow::Result<Topology> {
-        let target_ip = match (&r.data_addr, &r.target) {
+        let target_ip = match (&r.data_addr, r.target.network_name()) {
             (Some(a), _) => *a,
-            (None, Host::Ssh(h)) => resolve_v4(&h.host)?,
-            (None, other) => anyhow::bail!("no address for the target host {}: give --data-addr", other.name()),
+            (None, Some(name)) => resolve_v4(name)?,
+            (None, None) => anyhow::bail!("no address for the target host {}: give --data-addr", r.target.name()),
         };
         let route = r.client.ip(&["-j", "-4", "route", "get", &target_ip.to_string()])?;
         let client_if = json_field(&route, "dev").ok_or_else(|| anyhow::anyhow!("the client host has no route to {target_ip}"))?;
@@ -201,10 +225,8 @@ impl Topology {
                 if before == want {
                     continue;
                 }
-                if let Host::Ssh(h) = host {
-                    h.record("mtu", dev, &before.to_string())?;
-                }
-                let res = Resource::Mtu { host: host.clone(), dev: dev.clone(), mtu: before };
+                host.record("mtu", dev, &before.to_string())?;
+                let res = Resource::owned(MtuBefore { host: host.clone(), dev: dev.clone(), mtu: before });
                 let made = registry().create(res, || host.set_mtu(dev, want));
                 match made {
                     Ok((t, ())) => tokens.push(t),
@@ -225,9 +247,7 @@ impl Topology {
         if r.allow_nic_changes {
             for (host, dev) in [(&r.target, &target_if), (&r.client, &client_if)] {
                 let saved = crate::offload::Saved::take(host, dev)?;
-                if let Host::Ssh(h) = host {
-                    h.record("offload", dev, &saved.ethtool_args())?;
-                }
+                host.record("offload", dev, &saved.ethtool_args())?;
                 saved_offloads.push(saved);
             }
         }

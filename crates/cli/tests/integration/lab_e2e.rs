@@ -153,7 +153,7 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     assert!(count("ganesha-nfs") > 0, "no ganesha sample; failures: {}", results["failures"]);
     let nfs = results["subjects"].as_array().unwrap().iter().find(|s| s["key"] == "ganesha-nfs").expect("ganesha subject");
     assert!(nfs["initiator"].as_str().unwrap_or("").contains("nfs://"), "{nfs}");
-    if !bw_lab::subjects::ganesha::kernel_nfs_client() {
+    if !bw_lab::kernel_nfs::available_here() {
         assert_eq!(stderr.matches("no kernel NFS client").count(), 1, "{stderr}");
     }
     let iscsi = samples.iter().find(|s| s["subject"] == "blockwire-iscsi").unwrap();

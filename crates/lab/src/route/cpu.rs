@@ -26,15 +26,11 @@
 
 pub use bw_lab_results::route::CpuAccount;
 
-fn ticks_per_s() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64
-}
 
 /// utime + stime of a process, in seconds.
 pub fn process_cpu_s(pid: u32) -> Option<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    crate::machine::parse_stat_cpu_ticks(&s).map(|t| t as f64 / ticks_per_s())
+    crate::machine::parse_stat_cpu_ticks(&s).map(|t| t as f64 / crate::machine::clk_tck())
 }
 
 /// CPU of reaped children so far (getrusage RUSAGE_CHILDREN), in seconds.
@@ -91,26 +87,9 @@ pub fn ksoftirqd_pids() -> Vec<u32> {
 
 /// (softirq seconds, busy seconds) over all CPUs from /proc/stat.
 pub fn machine_softirq_busy_s() -> (f64, f64) {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    parse_proc_stat(&text)
-        .map(|(s, b)| (s as f64 / ticks_per_s(), b as f64 / ticks_per_s()))
+    crate::machine::CpuTicks::here()
+        .map(|c| (c.softirq as f64 / crate::machine::clk_tck(), c.busy() as f64 / crate::machine::clk_tck()))
         .unwrap_or((0.0, 0.0))
-}
-
-/// (softirq ticks, non-idle ticks) from the `cpu` line of /proc/stat.
-pub fn parse_proc_stat(text: &str) -> Option<(u64, u64)> {
-    let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal guest guest_nice
-    if v.len() < 8 {
-        return None;
-    }
-    let busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
-    Some((v[6], busy))
 }
 
 /// A snapshot of every counter a [`CpuAccount`] is the difference of.
@@ -183,10 +162,7 @@ mod tests {
     #[test]
     fn proc_stat_softirq_and_busy() {
         let t = "cpu  148982 64 40150 160457 4402 0 4683 13266 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n";
-        assert_eq!(
-            parse_proc_stat(t),
-            Some((4683, 148982 + 64 + 40150 + 4683 + 13266))
-        );
-        assert_eq!(parse_proc_stat("cpu 1 2 3\n"), None);
+        let c = crate::machine::CpuTicks::parse(t).unwrap();
+        assert_eq!((c.softirq, c.busy()), (4683, 148982 + 64 + 40150 + 4683 + 13266));
     }
 }

@@ -16,7 +16,6 @@ use crate::host::Host;
 use crate::subjects::{blockwire, Protocol, Subject};
 use crate::targets::TargetProcess;
 use crate::topology::Link;
-use clap::ValueEnum;
 use anyhow::{bail, Context};
 pub use bw_lab_results::route::{Overhead, RouteResults, RouteSample, RouterCpu, WORKLOADS};
 use std::io::Read;
@@ -28,7 +27,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct SuitePlan {
     pub paths: Vec<PathKind>,
-    pub protocols: Vec<String>,
+    pub protocols: Vec<Protocol>,
     pub mtu: u32,
     /// Seconds per bench run.
     pub runtime: f64,
@@ -48,7 +47,7 @@ impl SuitePlan {
                 PathKind::Mpls(Datapath::Userspace),
                 PathKind::Vxlan,
             ],
-            protocols: vec!["aoe".into(), "iscsi".into(), "nvme".into()],
+            protocols: Protocol::ALL.to_vec(),
             mtu: 9000,
             runtime: if quick { 2.0 } else { 5.0 },
             copy_bytes: if quick { 128 << 20 } else { 1 << 30 },
@@ -90,11 +89,7 @@ fn customer_link(mtu: u32) -> Link {
 /// Serve a RAM volume of `size` bytes over the plan's protocols on the
 /// path's target; the process and, per protocol, the client's URL.
 fn start_target(net: &RouteNet, exe: &Path, plan: &SuitePlan, size: u64, log: &Path) -> anyhow::Result<(Target, Vec<String>)> {
-    let protocols: Vec<Protocol> = plan
-        .protocols
-        .iter()
-        .map(|p| Protocol::from_str(p, false).map_err(|_| anyhow::anyhow!("unknown protocol {p:?}")))
-        .collect::<anyhow::Result<_>>()?;
+    let protocols = &plan.protocols;
     let link = customer_link(plan.mtu);
     let serve = blockwire::Serve {
         exe,
@@ -105,7 +100,7 @@ fn start_target(net: &RouteNet, exe: &Path, plan: &SuitePlan, size: u64, log: &P
         ready_within: Duration::from_secs(30),
         soft_digest: false,
     };
-    let (process, status) = blockwire::start(&serve, &protocols);
+    let (process, status) = blockwire::start(&serve, protocols);
     let target = Target(process);
     for (p, st) in status {
         if let Err(why) = st {
@@ -215,7 +210,7 @@ fn measure_overhead(
     net: &RouteNet,
     exe: &Path,
     url: &str,
-    p: &str,
+    p: Protocol,
     dir: &Path,
 ) -> anyhow::Result<Overhead> {
     // One retry: on a loaded machine a capture occasionally starts late.
@@ -244,7 +239,7 @@ fn measure_overhead_once(
     net: &RouteNet,
     exe: &Path,
     url: &str,
-    p: &str,
+    p: Protocol,
     dir: &Path,
 ) -> anyhow::Result<Overhead> {
     let pcap = dir.join(format!("{}-{p}.pcap", net.kind.name()));
@@ -303,7 +298,7 @@ fn measure_overhead_once(
     let pcap_s = pcap.to_str().context("pcap path")?.to_string();
     let mut args = vec!["tshark".to_string(), "-r".into(), pcap_s.clone()];
     args.extend(tshark_decode_args());
-    let (filter, fields) = if p == "aoe" {
+    let (filter, fields) = if p == Protocol::Aoe {
         (
             "aoe.response==1 && aoe.sector_count>0 && aoe.aflags.w==0",
             ["-e", "frame.len", "-e", "aoe.sector_count"],
@@ -321,7 +316,7 @@ fn measure_overhead_once(
             .filter_map(|x| x.split(',').next_back()?.parse().ok())
             .collect();
         if v.len() == 2 {
-            let payload = if p == "aoe" { v[1] * 512 } else { v[1] };
+            let payload = if p == Protocol::Aoe { v[1] * 512 } else { v[1] };
             *counts.entry(v[0].saturating_sub(payload)).or_default() += 1;
         }
     }
@@ -336,7 +331,7 @@ fn measure_overhead_once(
         .context("no data frames in the capture")?;
     Ok(Overhead {
         path: net.kind.name().into(),
-        protocol: p.into(),
+        protocol: p.name().into(),
         bytes_per_frame,
         frames,
         malformed,
@@ -367,7 +362,7 @@ pub fn run_suite(
 ) -> anyhow::Result<()> {
     *res = RouteResults {
         paths: plan.paths.iter().map(|p| p.name().to_string()).collect(),
-        protocols: plan.protocols.clone(),
+        protocols: plan.protocols.iter().map(|p| p.name().to_string()).collect(),
         mtu: plan.mtu,
         runtime_s: plan.runtime,
         copy_bytes: plan.copy_bytes,
@@ -392,7 +387,7 @@ pub fn run_suite(
     }
     for (net, _, urls) in &live {
         for (p, url) in plan.protocols.iter().zip(urls) {
-            match measure_overhead(net, exe, url, p, out) {
+            match measure_overhead(net, exe, url, *p, out) {
                 Ok(o) => res.overheads.push(o),
                 Err(e) if interrupted() => return Err(e),
                 Err(e) => log::warn!("overhead of {p} over {}: {e:#}", net.kind.name()),
@@ -408,7 +403,7 @@ pub fn run_suite(
                     anyhow::ensure!(!interrupted(), "interrupted");
                     let (net, target, urls) = &live[(k + case) % live.len()];
                     let s = measure_case(
-                        net, target, &urls[pi], p, w, args, round, plan, exe, &ksoftirqd,
+                        net, target, &urls[pi], *p, w, args, round, plan, exe, &ksoftirqd,
                     )?;
                     eprintln!("{}", sample_line(&s));
                     res.samples.push(s);
@@ -425,7 +420,7 @@ fn measure_case(
     net: &RouteNet,
     target: &Target,
     url: &str,
-    p: &str,
+    p: Protocol,
     w: &str,
     args: &[&str],
     round: u32,
@@ -454,7 +449,7 @@ fn measure_case(
     Ok(RouteSample {
         round,
         path: net.kind.name().into(),
-        protocol: p.into(),
+        protocol: p.name().into(),
         workload: w.into(),
         bw_bytes: c.bw_bytes,
         iops: c.iops,
@@ -506,12 +501,26 @@ pub struct RouteSuite {
     pub plan: SuitePlan,
     pub out: PathBuf,
     exe: PathBuf,
-    results: crate::results::Results,
+    results: bw_lab_results::Results,
+}
+
+/// What `blockwire lab --suite route` takes from the command line (the
+/// lab's arguments, as lib.rs hands them over).
+pub struct RouteChoices {
+    pub quick: bool,
+    pub datapath: Option<Vec<Datapath>>,
+    pub path: Option<Vec<PathChoice>>,
+    pub protocols: Option<Vec<crate::subjects::Protocol>>,
+    pub mtu: Option<Vec<u32>>,
+    pub repeat: Option<u32>,
+    pub runtime: Option<u32>,
+    pub size: Option<String>,
+    pub out: Option<PathBuf>,
 }
 
 impl RouteSuite {
     /// `blockwire lab --suite route [--path ...] [--datapath ...] [--protocols ...] [--quick]`.
-    pub fn from_args(args: &crate::LabArgs) -> anyhow::Result<RouteSuite> {
+    pub fn from_args(args: &RouteChoices) -> anyhow::Result<RouteSuite> {
         // SAFETY: geteuid has no preconditions.
         anyhow::ensure!(
             unsafe { libc::geteuid() } == 0,
@@ -532,7 +541,7 @@ impl RouteSuite {
             .collect();
         anyhow::ensure!(!plan.paths.is_empty(), "no path given");
         if let Some(p) = &args.protocols {
-            plan.protocols = p.iter().map(|p| p.name().to_string()).collect();
+            plan.protocols = p.clone();
         }
         if let Some(m) = &args.mtu {
             plan.mtu = m.first().copied().unwrap_or(9000);
@@ -554,15 +563,15 @@ impl RouteSuite {
         // Before any thread exists (see install_signal_handler).
         crate::cleanup::install_signal_handler()?;
         let exe = std::env::current_exe()?;
-        let mut results = crate::results::Results {
-            format: crate::results::FORMAT,
-            started_utc: crate::results::utc_now(),
+        let mut results = bw_lab_results::Results {
+            format: bw_lab_results::FORMAT,
+            started_utc: bw_lab_results::utc_now(),
             machine: crate::machine::machine_info(),
             software: crate::subjects::software(&exe),
             ..Default::default()
         };
         results.params.quick = plan.quick;
-        results.params.protocols = plan.protocols.clone();
+        results.params.protocols = plan.protocols.iter().map(|p| p.name().to_string()).collect();
         results.params.mtus = vec![plan.mtu];
         results.params.suites = vec!["route".into()];
         results.params.repeat = plan.rounds;
@@ -585,12 +594,12 @@ impl crate::suite::Suite for RouteSuite {
         outcome
     }
 
-    fn results(&mut self) -> &mut crate::results::Results {
+    fn results(&mut self) -> &mut bw_lab_results::Results {
         &mut self.results
     }
 
     fn finish(&mut self) {
-        for line in super::report::text_summary(self.results.route.as_ref().unwrap_or(&RouteResults::default())) {
+        for line in bw_lab_report::route::text_summary(self.results.route.as_ref().unwrap_or(&RouteResults::default())) {
             println!("{line}");
         }
     }

@@ -1,7 +1,7 @@
 //! blockwire's own target: one `blockwire serve` exporting the backing file
 //! over every protocol asked for (AoE, iSCSI and NVMe/TCP at once).
 
-use super::Protocol;
+use super::target::{Address, Protocol};
 use crate::cleanup::registry;
 use crate::host::Host;
 use crate::targets::{await_ready, spawn_logged, TargetProcess};
@@ -20,15 +20,13 @@ pub const NVME_PORT: u16 = 4420;
 /// TCP port space.
 pub const NVME_RDMA_PORT: u16 = 4421;
 
-/// The URL blockwire's client uses to reach protocol `p` over `link`.
-pub fn url(p: Protocol, link: &Link) -> String {
-    let ip = link.target_ip;
+/// Where `blockwire serve` serves the volume over protocol `p`.
+pub fn address(p: Protocol) -> Address {
     match p {
-        Protocol::Aoe => format!("aoe://{}/{}.{}", link.client_if, AOE_ADDRESS.0, AOE_ADDRESS.1),
-        Protocol::Iscsi => format!("iscsi://{ip}:{ISCSI_PORT}/{IQN}/0"),
-        Protocol::Nvme => format!("nvme+tcp://{ip}:{NVME_PORT}/{NQN}/1"),
-        Protocol::NvmeRdma => format!("nvme+rdma://{ip}:{NVME_RDMA_PORT}/{NQN}/1"),
-        Protocol::Nfs => unreachable!("blockwire serves no NFS"),
+        Protocol::Aoe => Address::Aoe { shelf: AOE_ADDRESS.0, slot: AOE_ADDRESS.1 },
+        Protocol::Iscsi => Address::Iscsi { iqn: IQN, port: ISCSI_PORT, lun: 0 },
+        Protocol::Nvme => Address::Nvme { nqn: NQN, port: NVME_PORT },
+        Protocol::NvmeRdma => Address::NvmeRdma { nqn: NQN, port: NVME_RDMA_PORT },
     }
 }
 
@@ -71,7 +69,6 @@ fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
             }
             // One [nvme] table for both transports, below.
             Protocol::Nvme | Protocol::NvmeRdma => {}
-            Protocol::Nfs => unreachable!("blockwire serves no NFS"),
         }
     }
     let (tcp, rdma) = (protocols.contains(&Protocol::Nvme), protocols.contains(&Protocol::NvmeRdma));
@@ -161,7 +158,7 @@ mod tests {
 
     #[test]
     fn serve_config_is_well_formed_toml() {
-        let link = crate::subjects::tests::link();
+        let link = crate::topology::test_link();
         let all = Protocol::ALL;
         let text = serve_config(&link, "file:/dev/shm/x.img", &all);
         let v: toml::Table = toml::from_str(&text).unwrap();

@@ -14,7 +14,7 @@
 //! host rpcbind or another run's. That namespace also holds the ext4 mount,
 //! which goes with its last process.
 
-use super::{PeerTarget, Protocol, Tool};
+use super::target::{Address, PeerTarget, Tool};
 use crate::cleanup::{registry, Resource, Role};
 use crate::fs_kind::FsKind;
 use crate::targets::{spawn_logged, TargetProcess};
@@ -114,13 +114,6 @@ pub fn answers(mut rpcinfo: std::process::Command, ip: Ipv4Addr) -> bool {
     rpcinfo.args(["-T", "tcp", &ip.to_string(), "100003", "3"]).output().is_ok_and(|o| o.status.success())
 }
 
-/// Whether this machine can mount NFS with its kernel (mount.nfs, and the
-/// nfs file system built in or loadable): the one-box lab's client needs
-/// it for file-level NFS (`crate::kernel_nfs`).
-pub fn kernel_nfs_client() -> bool {
-    crate::kernel_nfs::available(&crate::host::Host::Local)
-}
-
 /// mkfs arguments for the export's image of `size` bytes on `kind`:
 /// without discard (nothing to discard in a new sparse file).
 fn mkfs_args(kind: FsKind, size: u64) -> Vec<String> {
@@ -144,8 +137,13 @@ impl PeerTarget for Ganesha {
         "ganesha"
     }
 
-    fn protocol(&self) -> Protocol {
-        Protocol::Nfs
+    fn address(&self) -> Address {
+        Address::NfsFile { port: NFS_PORT, export: EXPORT, file: VOLUME_FILE }
+    }
+
+    // With it the default plans outgrow their time budgets (plan's test).
+    fn in_default_plan(&self) -> bool {
+        false
     }
 
     fn tools(&self) -> &'static [Tool] {
@@ -158,11 +156,7 @@ impl PeerTarget for Ganesha {
     }
 
     fn version(&self) -> Option<String> {
-        crate::host::package_version("nfs-ganesha").map(|v| format!("nfs-ganesha {v}"))
-    }
-
-    fn url(&self, link: &Link) -> String {
-        format!("nfs://{}:{NFS_PORT}{EXPORT}/{VOLUME_FILE}", link.target_ip)
+        crate::command::package_version("nfs-ganesha").map(|v| format!("nfs-ganesha {v}"))
     }
 
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
@@ -174,15 +168,15 @@ impl PeerTarget for Ganesha {
 pub fn start_on(topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
     // Its export image, config and state files are made on this
     // machine's file system.
-    if matches!(topo.target, crate::host::Host::Ssh(_)) {
+    if topo.target.ssh().is_some() {
         return Err("the ganesha peer runs only on a target host of this machine for now".into());
     }
-    if crate::host::package_version("nfs-ganesha-vfs").is_none() {
+    if crate::command::package_version("nfs-ganesha-vfs").is_none() {
         return Err("ganesha's VFS back end is not installed (package nfs-ganesha-vfs)".into());
     }
     let tag = format!("/tmp/bwlab-{}-ganesha-{}", std::process::id(), link.mtu);
     let (state, export, image) = (PathBuf::from(format!("{tag}-state")), PathBuf::from(format!("{tag}-export")), backing.with_extension(format!("nfs-{}", kind.name())));
-    if !crate::host::which(kind.mkfs_program()) {
+    if !crate::command::which(kind.mkfs_program()) {
         return Err(format!("{} is not installed: no export on {}", kind.mkfs_program(), kind.name()));
     }
     let size = std::fs::metadata(backing).map_err(|e| format!("{}: {e}", backing.display()))?.len();
@@ -204,7 +198,7 @@ pub fn start_on(topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> R
             let mut args = mkfs_args(kind, size);
             args.push(image.to_string_lossy().into_owned());
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            crate::host::sh(kind.mkfs_program(), &args)?;
+            crate::command::sh(kind.mkfs_program(), &args)?;
             Ok(())
         })?;
         tokens.push(t);

@@ -2,78 +2,23 @@
 //! targets served from the same backing file. Each peer kind is one module
 //! here (how to start it, its URL, its version, the tools it needs; the
 //! process it returns is what CPU accounting reads and cleanup stops) and
-//! one row in [`PeerKind`] and [`PeerKind::target`].
+//! one row in [`PeerKind`] and [`PeerKind::target`]. What every subject
+//! module is written against (the protocols, [`PeerTarget`]) is
+//! [`target`], below them all, so no subject module imports this one.
 
 pub mod blockwire;
 pub mod ganesha;
 pub mod tgt;
 pub mod vblade;
 
+pub mod target;
+
+pub use target::{Address, KernelAddress, PeerTarget, Protocol, Tool};
+
 use crate::targets::TargetProcess;
 use crate::topology::{Link, Topology};
 use clap::ValueEnum;
 use std::path::Path;
-
-/// The protocols subjects speak; one `blockwire serve` serves [`Protocol::ALL`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
-pub enum Protocol {
-    Aoe,
-    Iscsi,
-    Nvme,
-    // Measured where both hosts have an RDMA device on the link
-    // (crate::rdma); not in ALL: the default plans keep to their time
-    // budgets without it.
-    /// NVMe over RDMA (needs an RDMA device on the link; not in the default)
-    NvmeRdma,
-    /// A file on an NFSv3 export (`nfs://`): peers only, blockwire serves no NFS.
-    #[value(skip)]
-    Nfs,
-}
-
-impl Protocol {
-    /// blockwire's own (`--protocols`).
-    pub const ALL: [Protocol; 3] = [Protocol::Aoe, Protocol::Iscsi, Protocol::Nvme];
-
-    /// Its name in `--protocols`, subject keys and results.json.
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Aoe => "aoe",
-            Protocol::Iscsi => "iscsi",
-            Protocol::Nvme => "nvme",
-            Protocol::NvmeRdma => "nvme-rdma",
-            Protocol::Nfs => "nfs",
-        }
-    }
-}
-
-impl std::fmt::Display for Protocol {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A program a subject needs, and the package that has it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tool {
-    pub program: &'static str,
-    pub package: &'static str,
-}
-
-/// A peer target: another implementation serving the backing file in the
-/// target namespace, measured with blockwire's client beside blockwire serve.
-pub trait PeerTarget: Sync {
-    /// Its name in `--peers`, subject keys and results.json (`tgt`).
-    fn name(&self) -> &'static str;
-    fn protocol(&self) -> Protocol;
-    /// The programs it runs: without them it is unavailable, with this reason.
-    fn tools(&self) -> &'static [Tool];
-    /// Its installed version, for the report (None: not installed).
-    fn version(&self) -> Option<String>;
-    /// Start it on `link` serving `backing`; Err is why it is unavailable.
-    fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String>;
-    /// The URL blockwire's client reaches it at over `link`.
-    fn url(&self, link: &Link) -> String;
-}
 
 /// The peer targets the lab knows: one row per peer module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
@@ -145,67 +90,55 @@ impl Subject {
         }
     }
 
-    pub fn protocol(self) -> Protocol {
+    /// Where it serves the volume (its protocol, URL, kernel address).
+    pub fn address(self) -> Address {
         match self {
-            Subject::Blockwire(p) => p,
-            Subject::Peer(p) => p.target().protocol(),
+            Subject::Blockwire(p) => blockwire::address(p),
+            Subject::Peer(p) => p.target().address(),
         }
     }
 
     /// The client measured: blockwire's, over NFS its `nfs://` NFSv3 client
     /// (a disk image file, as qemu and Proxmox use one), not a kernel mount.
     pub fn initiator(self) -> &'static str {
-        match self.protocol() {
-            Protocol::Nfs => "blockwire nfs:// (NFSv3 client in userspace, image file)",
-            _ => "blockwire",
+        if self.address().serves_files() {
+            "blockwire nfs:// (NFSv3 client in userspace, image file)"
+        } else {
+            "blockwire"
         }
     }
 
     /// Its key in results.json: `<target>-<protocol>`.
     pub fn key(self) -> String {
-        format!("{}-{}", self.target_name(), self.protocol())
+        format!("{}-{}", self.target_name(), self.address().protocol_name())
     }
 
     /// The URL blockwire's client uses to reach it over `link`.
     pub fn url(self, link: &Link) -> String {
-        match self {
-            Subject::Blockwire(p) => blockwire::url(p, link),
-            Subject::Peer(p) => p.target().url(link),
-        }
+        self.address().url(link)
     }
 }
 
 /// The versions of what the run measured (`blockwire_exe`, the peers, fio).
-pub fn software(blockwire_exe: &std::path::Path) -> crate::results::Software {
+pub fn software(blockwire_exe: &std::path::Path) -> bw_lab_results::Software {
     let na = || "not installed".to_string();
-    crate::results::Software {
-        blockwire: crate::machine::first_line(&blockwire_exe.to_string_lossy(), &["--version"]).unwrap_or_else(na),
+    bw_lab_results::Software {
+        blockwire: crate::command::first_line(&blockwire_exe.to_string_lossy(), &["--version"]).unwrap_or_else(na),
         peers: PeerKind::all()
             .iter()
-            .map(|p| crate::results::PeerVersion { peer: p.name().into(), version: p.target().version().unwrap_or_else(na) })
+            .map(|p| bw_lab_results::PeerVersion { peer: p.name().into(), version: p.target().version().unwrap_or_else(na) })
             .collect(),
-        fio: crate::machine::first_line("fio", &["--version"]).unwrap_or_else(na),
+        fio: crate::command::first_line("fio", &["--version"]).unwrap_or_else(na),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
-
-    pub(crate) fn link() -> Link {
-        Link {
-            mtu: 9000,
-            target_if: "bwl1at".into(),
-            client_if: "bwl1ac".into(),
-            target_ip: Ipv4Addr::new(198, 18, 1, 1),
-            client_ip: Ipv4Addr::new(198, 18, 1, 2),
-        }
-    }
 
     #[test]
     fn urls_per_subject() {
-        let l = link();
+        let l = crate::topology::test_link();
         assert_eq!(Subject::Blockwire(Protocol::Aoe).url(&l), "aoe://bwl1ac/1.0");
         assert_eq!(Subject::Peer(PeerKind::Vblade).url(&l), "aoe://bwl1ac/2.0");
         assert_eq!(Subject::Peer(PeerKind::Tgt).url(&l), format!("iscsi://198.18.1.1:3261/{}/1", tgt::IQN));

@@ -1,7 +1,7 @@
 //! tgt (iSCSI): tgtd in the foreground with a control port of its own (so it
 //! never meets a system tgtd), one target with the backing file as LUN 1.
 
-use super::{PeerTarget, Protocol, Tool};
+use super::target::{Address, PeerTarget, Tool};
 use crate::targets::{spawn_logged, TargetProcess};
 use crate::topology::{Link, Topology};
 use std::path::{Path, PathBuf};
@@ -33,8 +33,13 @@ impl PeerTarget for Tgt {
         "tgt"
     }
 
-    fn protocol(&self) -> Protocol {
-        Protocol::Iscsi
+    // tgt puts its controller on LUN 0; the disk is LUN 1.
+    fn address(&self) -> Address {
+        Address::Iscsi { iqn: IQN, port: ISCSI_PORT, lun: 1 }
+    }
+
+    fn in_default_plan(&self) -> bool {
+        true
     }
 
     fn tools(&self) -> &'static [Tool] {
@@ -42,12 +47,7 @@ impl PeerTarget for Tgt {
     }
 
     fn version(&self) -> Option<String> {
-        crate::host::package_version("tgt").map(|v| format!("tgt {v}"))
-    }
-
-    // tgt puts its controller on LUN 0; the disk is LUN 1.
-    fn url(&self, link: &Link) -> String {
-        format!("iscsi://{}:{ISCSI_PORT}/{IQN}/1", link.target_ip)
+        crate::command::package_version("tgt").map(|v| format!("tgt {v}"))
     }
 
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {

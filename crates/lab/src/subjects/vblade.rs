@@ -1,7 +1,7 @@
 //! vblade (AoE): exports the backing file on the target veth at its own
 //! shelf, beside blockwire's.
 
-use super::{PeerTarget, Protocol, Tool};
+use super::target::{Address, PeerTarget, Tool};
 use crate::targets::{spawn_logged, TargetProcess};
 use crate::topology::{Link, Topology};
 use std::path::Path;
@@ -17,8 +17,12 @@ impl PeerTarget for Vblade {
         "vblade"
     }
 
-    fn protocol(&self) -> Protocol {
-        Protocol::Aoe
+    fn address(&self) -> Address {
+        Address::Aoe { shelf: AOE_ADDRESS.0, slot: AOE_ADDRESS.1 }
+    }
+
+    fn in_default_plan(&self) -> bool {
+        true
     }
 
     fn tools(&self) -> &'static [Tool] {
@@ -26,11 +30,7 @@ impl PeerTarget for Vblade {
     }
 
     fn version(&self) -> Option<String> {
-        crate::host::package_version("vblade").map(|v| format!("vblade {v}"))
-    }
-
-    fn url(&self, link: &Link) -> String {
-        format!("aoe://{}/{}.{}", link.client_if, AOE_ADDRESS.0, AOE_ADDRESS.1)
+        crate::command::package_version("vblade").map(|v| format!("vblade {v}"))
     }
 
     /// vblade prints nothing when ready; it is ready once it has opened the

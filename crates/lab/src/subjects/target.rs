@@ -1,0 +1,163 @@
+//! What a subject module is written against: the protocols subjects
+//! speak, the programs a peer needs, and [`PeerTarget`], the trait each
+//! peer module implements. Below every subject module (they import it,
+//! `subjects` dispatches over them).
+
+use crate::targets::TargetProcess;
+use crate::topology::{Link, Topology};
+use clap::ValueEnum;
+use std::path::Path;
+
+/// The block protocols: blockwire serves each (one `blockwire serve`
+/// serves [`Protocol::ALL`]), the kernel initiators speak them. A subject
+/// serving files instead is an [`Address::NfsFile`] (peers only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum Protocol {
+    Aoe,
+    Iscsi,
+    Nvme,
+    // Measured where both hosts have an RDMA device on the link
+    // (crate::rdma); not in ALL: the default plans keep to their time
+    // budgets without it.
+    /// NVMe over RDMA (needs an RDMA device on the link; not in the default)
+    NvmeRdma,
+}
+
+impl Protocol {
+    /// blockwire's own (`--protocols`).
+    pub const ALL: [Protocol; 3] = [Protocol::Aoe, Protocol::Iscsi, Protocol::Nvme];
+
+    /// Its name in `--protocols`, subject keys and results.json.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Aoe => "aoe",
+            Protocol::Iscsi => "iscsi",
+            Protocol::Nvme => "nvme",
+            Protocol::NvmeRdma => "nvme-rdma",
+        }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a subject serves the volume, in its protocol's terms: the one
+/// fact its URL, its kernel initiator's address and LUN, its AoE address
+/// and whether it serves files all come from, each by an exhaustive match
+/// here (a new protocol cannot fall through, a new peer gives its
+/// address and has them all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Address {
+    Aoe { shelf: u16, slot: u8 },
+    /// `lun`: the volume's (tgt puts its controller on LUN 0).
+    Iscsi { iqn: &'static str, port: u16, lun: u32 },
+    /// NVMe/TCP; the volume is namespace 1.
+    Nvme { nqn: &'static str, port: u16 },
+    /// NVMe over RDMA; the volume is namespace 1.
+    NvmeRdma { nqn: &'static str, port: u16 },
+    /// An image file on an NFSv3 export (`nfs://`), as qemu and Proxmox use
+    /// one: a peer serving files (blockwire serves no NFS).
+    NfsFile { port: u16, export: &'static str, file: &'static str },
+}
+
+/// How a kernel block initiator reaches a subject: the arguments of its
+/// attach script and of the state file's `kernel WHAT A B` line (WHAT is
+/// the protocol's name), and the LUN its block device is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelAddress {
+    pub protocol: Protocol,
+    pub a: String,
+    pub b: String,
+    pub lun: u32,
+}
+
+impl Address {
+    /// The block protocol it is served over (None: files).
+    pub fn block_protocol(self) -> Option<Protocol> {
+        match self {
+            Address::Aoe { .. } => Some(Protocol::Aoe),
+            Address::Iscsi { .. } => Some(Protocol::Iscsi),
+            Address::Nvme { .. } => Some(Protocol::Nvme),
+            Address::NvmeRdma { .. } => Some(Protocol::NvmeRdma),
+            Address::NfsFile { .. } => None,
+        }
+    }
+
+    /// Its protocol's name in subject keys and results.json.
+    pub fn protocol_name(self) -> &'static str {
+        match self.block_protocol() {
+            Some(p) => p.name(),
+            None => "nfs",
+        }
+    }
+
+    /// Whether it serves files (the fs suite mounts those with the kernel's
+    /// NFS client) rather than a block device.
+    pub fn serves_files(self) -> bool {
+        self.block_protocol().is_none()
+    }
+
+    /// The URL blockwire's client reaches it at over `link`.
+    pub fn url(self, link: &Link) -> String {
+        let ip = link.target_ip;
+        match self {
+            Address::Aoe { shelf, slot } => format!("aoe://{}/{shelf}.{slot}", link.client_if),
+            Address::Iscsi { iqn, port, lun } => format!("iscsi://{ip}:{port}/{iqn}/{lun}"),
+            Address::Nvme { nqn, port } => format!("nvme+tcp://{ip}:{port}/{nqn}/1"),
+            Address::NvmeRdma { nqn, port } => format!("nvme+rdma://{ip}:{port}/{nqn}/1"),
+            Address::NfsFile { port, export, file } => format!("nfs://{ip}:{port}{export}/{file}"),
+        }
+    }
+
+    /// Its AoE shelf and slot, if it is an AoE target.
+    pub fn aoe(self) -> Option<(u16, u8)> {
+        match self {
+            Address::Aoe { shelf, slot } => Some((shelf, slot)),
+            Address::Iscsi { .. } | Address::Nvme { .. } | Address::NvmeRdma { .. } | Address::NfsFile { .. } => None,
+        }
+    }
+
+    /// How a kernel block initiator reaches it over `link` (None: it serves
+    /// files, which no block initiator reads).
+    pub fn kernel(self, link: &Link) -> Option<KernelAddress> {
+        let ip = link.target_ip;
+        let (protocol, a, b, lun) = match self {
+            Address::Aoe { shelf, slot } => (Protocol::Aoe, format!("e{shelf}.{slot}"), String::new(), 0),
+            Address::Iscsi { iqn, port, lun } => (Protocol::Iscsi, iqn.to_string(), format!("{ip}:{port}"), lun),
+            Address::Nvme { nqn, port } => (Protocol::Nvme, nqn.to_string(), format!("{ip} {port}"), 0),
+            Address::NvmeRdma { nqn, port } => (Protocol::NvmeRdma, nqn.to_string(), format!("{ip} {port}"), 0),
+            Address::NfsFile { .. } => return None,
+        };
+        Some(KernelAddress { protocol, a, b, lun })
+    }
+}
+
+/// A program a subject needs, and the package that has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tool {
+    pub program: &'static str,
+    pub package: &'static str,
+}
+
+/// A peer target: another implementation serving the backing file in the
+/// target namespace, measured with blockwire's client beside blockwire serve.
+pub trait PeerTarget: Sync {
+    /// Its name in `--peers`, subject keys and results.json (`tgt`).
+    fn name(&self) -> &'static str;
+    /// Where it serves the volume: its protocol, URL, kernel address, LUN
+    /// and AoE address in one.
+    fn address(&self) -> Address;
+    /// Whether a plan without `--peers` measures it (one that makes the
+    /// default plans outgrow their time budgets: no).
+    fn in_default_plan(&self) -> bool;
+    /// The programs it runs: without them it is unavailable, with this reason.
+    fn tools(&self) -> &'static [Tool];
+    /// Its installed version, for the report (None: not installed).
+    fn version(&self) -> Option<String>;
+    /// Start it on `link` serving `backing`; Err is why it is unavailable.
+    fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String>;
+}
+
