@@ -13,6 +13,7 @@ pub mod live;
 pub mod metrics;
 pub mod nvme;
 pub mod outbox;
+pub mod pool;
 pub mod session;
 pub mod systemd;
 pub mod tuning;
@@ -160,6 +161,8 @@ pub struct Options {
     pub control: ControlPath,
     /// Reads the configuration again on SIGHUP.
     pub reload: Option<live::Reload>,
+    /// Every accepted change is written here before it is acknowledged.
+    pub persist: Option<std::path::PathBuf>,
 }
 
 /// Run until SIGINT/SIGTERM, then stop every front-end and flush volumes.
@@ -167,6 +170,9 @@ pub struct Options {
 pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
     cfg.validate()?;
     raise_fd_limit();
+    for p in &cfg.pools {
+        pool::ensure_dir(p).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let volumes = open_volumes(&cfg)?;
     // Handlers before the ready line: a SIGTERM sent right after it must
     // shut down cleanly, not kill the process with the default action.
@@ -183,7 +189,12 @@ pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
     if let Some(m) = &cfg.metrics {
         running.push(start_metrics(m.listen, &shutdown).await?);
     }
-    let live = Arc::new(live::Live::new(cfg, &volumes, frontends, opts.reload));
+    let mut live = live::Live::new(cfg, &volumes, frontends, opts.reload);
+    if let Some(p) = opts.persist {
+        log::info!("changes are persisted to {}", p.display());
+        live = live.persist_to(p);
+    }
+    let live = Arc::new(live);
     drop(volumes);
     let control = socket.map(|s| tokio::spawn(s.run(live.clone(), shutdown.clone())));
     // Tests and scripts wait for this exact line; systemd for READY=1.
