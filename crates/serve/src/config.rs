@@ -403,6 +403,11 @@ pub struct NvmeSubsystem {
     /// Host NQNs allowed to connect; empty means any host.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// SPDK's switch: `true` lets any host connect whatever the lists say;
+    /// `false` only the listed ones, so none while both lists are empty.
+    /// Unset: any host while no host is listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_any_host: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -651,6 +656,7 @@ impl ServeConfig {
                     .map(|(i, v)| NvmeNamespace { nsid: i as u32 + 1, volume: v.name.clone(), readonly: false, ana_group: 1 })
                     .collect(),
                 allowed_hosts: vec![],
+                allow_any_host: None,
                 serial: None,
                 model: None,
                 ana_state: AnaStateConfig::default(),

@@ -41,7 +41,7 @@ pub struct RpcError {
 }
 
 impl RpcError {
-    fn new(code: i64, message: impl Into<String>) -> RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> RpcError {
         RpcError { code, message: message.into() }
     }
 }
@@ -52,7 +52,7 @@ impl From<Refused> for RpcError {
     }
 }
 
-type Handler = fn(&Live, Value) -> Result<Value, RpcError>;
+pub type Handler = fn(&Live, Value) -> Result<Value, RpcError>;
 
 /// One control method.
 pub struct Method {
@@ -63,7 +63,7 @@ pub struct Method {
 }
 
 /// Parameters of a method, or INVALID_PARAMS saying what is wrong.
-fn params<T: DeserializeOwned>(v: Value) -> Result<T, RpcError> {
+pub(crate) fn params<T: DeserializeOwned>(v: Value) -> Result<T, RpcError> {
     let v = if v.is_null() { json!({}) } else { v };
     serde_json::from_value(v).map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("invalid params: {e}")))
 }
@@ -266,9 +266,20 @@ fn made_volume(live: &Live, log: Vec<String>, name: &str) -> Result<Value, RpcEr
 
 /// Every method, in the order `rpc_get_methods` lists them.
 pub const METHODS: &[Method] = &[
-    Method { name: "rpc_get_methods", params: "{}", call: |_, p| {
-        params::<None_>(p)?;
-        Ok(json!(METHODS.iter().map(|m| json!({ "name": m.name, "params": m.params })).collect::<Vec<_>>()))
+    Method { name: "rpc_get_methods", params: "{current?, include_aliases?}", call: |_, p| {
+        // SPDK's shape: the names, as strings (every method is callable
+        // at any time and none has an alias).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Args {
+            #[serde(default)]
+            current: bool,
+            #[serde(default)]
+            include_aliases: bool,
+        }
+        params::<Args>(p)?;
+        Ok(json!(all_methods().map(|m| m.name).collect::<Vec<_>>()))
     } },
     Method { name: "status", params: "{}", call: |live, p| {
         params::<None_>(p)?;
@@ -427,6 +438,11 @@ pub const METHODS: &[Method] = &[
     } },
 ];
 
+/// blockwire's methods, then the SPDK-compatible ones (crate::spdk).
+pub fn all_methods() -> impl Iterator<Item = &'static Method> {
+    METHODS.iter().chain(crate::spdk::METHODS)
+}
+
 fn status(live: &Live) -> Result<Value, RpcError> {
     let cfg = live.config();
     let sessions = live.sessions();
@@ -479,9 +495,9 @@ pub fn handle(live: &Live, req: Value) -> Option<Value> {
     if !matches!(p, Value::Null | Value::Object(_)) {
         return Some(error_response(reply_id, RpcError::new(code::INVALID_PARAMS, "invalid params: must be an object (named parameters)")));
     }
-    let result = match METHODS.iter().find(|m| m.name == method) {
+    let result = match all_methods().find(|m| m.name == method) {
         Some(m) => (m.call)(live, p),
-        None => Err(RpcError::new(code::METHOD_NOT_FOUND, format!("method not found: {method:?} (rpc_get_methods lists them)"))),
+        None => Err(RpcError::new(code::METHOD_NOT_FOUND, format!("Method not found: {method:?} (rpc_get_methods lists them)"))),
     };
     id.as_ref()?;
     Some(match result {
@@ -783,12 +799,13 @@ mod tests {
         let s: Value = serde_json::from_str(&handle_line(&l, r#"{"jsonrpc":"2.0","id":3,"method":"status"}"#).unwrap()).unwrap();
         assert_eq!(s["result"]["volumes"][1]["size"], 3 << 20, "{s}");
         let names: Value = serde_json::from_str(&handle_line(&l, r#"{"jsonrpc":"2.0","id":4,"method":"rpc_get_methods"}"#).unwrap()).unwrap();
-        assert_eq!(names["result"].as_array().unwrap().len(), METHODS.len());
+        assert_eq!(names["result"].as_array().unwrap().len(), all_methods().count());
+        assert_eq!(names["result"][0], "rpc_get_methods");
         // Method names are unique.
-        let mut n: Vec<&str> = METHODS.iter().map(|m| m.name).collect();
+        let mut n: Vec<&str> = all_methods().map(|m| m.name).collect();
         n.sort();
         n.dedup();
-        assert_eq!(n.len(), METHODS.len());
+        assert_eq!(n.len(), all_methods().count());
     }
 
     /// Requests split over reads, several per read, indented over lines

@@ -15,6 +15,7 @@ pub mod nvme;
 pub mod outbox;
 pub mod pool;
 pub mod session;
+pub mod spdk;
 pub mod systemd;
 pub mod tuning;
 
