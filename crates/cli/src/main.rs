@@ -164,6 +164,14 @@ struct ServeArgs {
     /// /run/blockwire/control.sock unless another server answers there.
     #[arg(long, value_name = "PATH|none")]
     control: Option<String>,
+    /// Answer the control methods (and the SPDK-compatible ones) over HTTP
+    /// on ADDR:PORT, as SPDK's rpc_http_proxy does; needs --rpc-http-credentials.
+    #[arg(long, value_name = "ADDR:PORT", requires = "rpc_http_credentials")]
+    rpc_http: Option<std::net::SocketAddr>,
+    /// File of mode 600 holding one line USER:PASSWORD: HTTP basic
+    /// authentication for --rpc-http.
+    #[arg(long, value_name = "FILE", requires = "rpc_http")]
+    rpc_http_credentials: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -611,7 +619,8 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let persist = persist_path(&a)?;
     let again = a.clone();
     let reload: bw_serve::live::Reload = Box::new(move || effective_config(&again));
-    rt.block_on(bw_serve::serve(cfg, bw_serve::Options { control, reload: Some(reload), persist }))
+    let rpc_http = a.rpc_http.zip(a.rpc_http_credentials.clone());
+    rt.block_on(bw_serve::serve(cfg, bw_serve::Options { control, reload: Some(reload), persist, rpc_http }))
 }
 
 /// Where accepted changes are written: the `--config` file (resolved
