@@ -39,3 +39,4 @@ mod rbd_gateways;
 mod secrets;
 mod socket_fuzz;
 mod tcp_congestion;
+mod volumes;
