@@ -40,14 +40,15 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
 pub fn new_uuid() -> String {
     let mut b = [0u8; 16];
     getrandom::getrandom(&mut b).expect("the kernel's random numbers");
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex(&b);
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    uuid_text(b, 4)
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// 16 bytes as an RFC 9562 UUID of `version` (variant 10).
+fn uuid_text(mut b: [u8; 16], version: u8) -> String {
+    b[6] = (b[6] & 0x0f) | (version << 4);
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
 fn pool<'a>(c: &'a ServeConfig, name: &str) -> Result<&'a PoolConfig, Refused> {
@@ -373,11 +374,7 @@ pub fn volume_uuid(v: &VolumeConfig) -> String {
 fn derived_uuid(kind: &str, name: &str) -> String {
     use sha2::Digest;
     let d = sha2::Sha256::digest(format!("blockwire {kind} {name}").as_bytes());
-    let mut b: [u8; 16] = d[..16].try_into().expect("16 of 32 bytes");
-    b[6] = (b[6] & 0x0f) | 0x50;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex(&b);
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    uuid_text(d[..16].try_into().expect("16 of 32 bytes"), 5)
 }
 
 #[cfg(test)]
