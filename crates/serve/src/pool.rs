@@ -187,7 +187,7 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         same_or_refuse(&format!("volume {name}"), d)?;
         return Ok(Made::Existed);
     }
-    if size == 0 || size % 512 != 0 {
+    if size == 0 || !size.is_multiple_of(512) {
         return Err(Refused(format!("volume {name}: size {size} must be a positive multiple of 512 bytes")));
     }
     let p = pool(c, pool_name)?.clone();
