@@ -24,6 +24,7 @@
 mod block_locks;
 mod file;
 mod rbd;
+pub mod reflink;
 mod request;
 mod size;
 mod spec;

@@ -164,6 +164,14 @@ struct ServeArgs {
     /// /run/blockwire/control.sock unless another server answers there.
     #[arg(long, value_name = "PATH|none")]
     control: Option<String>,
+    /// Answer the control methods (and the SPDK-compatible ones) over HTTP
+    /// on ADDR:PORT, as SPDK's rpc_http_proxy does; needs --rpc-http-credentials.
+    #[arg(long, value_name = "ADDR:PORT", requires = "rpc_http_credentials")]
+    rpc_http: Option<std::net::SocketAddr>,
+    /// File of mode 600 holding one line USER:PASSWORD: HTTP basic
+    /// authentication for --rpc-http.
+    #[arg(long, value_name = "FILE", requires = "rpc_http")]
+    rpc_http_credentials: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -608,7 +616,24 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         Some("none") => bw_serve::ControlPath::Off,
         Some(p) => bw_serve::ControlPath::At(p.into()),
     };
+    let persist = persist_path(&a)?;
     let again = a.clone();
     let reload: bw_serve::live::Reload = Box::new(move || effective_config(&again));
-    rt.block_on(bw_serve::serve(cfg, bw_serve::Options { control, reload: Some(reload) }))
+    let rpc_http = a.rpc_http.zip(a.rpc_http_credentials.clone());
+    rt.block_on(bw_serve::serve(cfg, bw_serve::Options { control, reload: Some(reload), persist, rpc_http }))
+}
+
+/// Where accepted changes are written: the `--config` file (resolved
+/// once, so a symbolic link there keeps pointing at the file it names),
+/// unless flags add volumes or exports on top of it: writing those into
+/// the file would add them twice at the next start.
+fn persist_path(a: &ServeArgs) -> anyhow::Result<Option<std::path::PathBuf>> {
+    let Some(path) = &a.config else {
+        return Ok(None);
+    };
+    if !(a.volumes.is_empty() && a.aoe.is_empty() && a.iscsi.is_empty() && a.nvme.is_empty() && a.nvme_rdma.is_empty()) {
+        log::warn!("changes through the control socket are not written to {path}: --volume, --aoe, --iscsi or --nvme flags add to it (save_config writes the running configuration)");
+        return Ok(None);
+    }
+    Ok(Some(std::fs::canonicalize(path).with_context(|| format!("config {path}"))?))
 }

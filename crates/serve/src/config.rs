@@ -82,6 +82,9 @@ pub const DEFAULT_NQN_PREFIX: &str = "nqn.2026-11.org.blockwire";
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ServeConfig {
+    /// Directories serve owns, where `volume_create` makes volumes by name.
+    #[serde(default, rename = "pool", skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolConfig>,
     #[serde(default, rename = "volume")]
     pub volumes: Vec<VolumeConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -107,12 +110,50 @@ pub struct MetricsConfig {
     pub listen: SocketAddr,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeConfig {
     pub name: String,
     /// Backend spec, see `bw_block::BackendSpec::parse`.
     pub backend: String,
+    /// The pool whose directory holds the volume's file: the volume was
+    /// made by `volume_create`, `volume_snapshot` or `volume_clone`, and
+    /// `volume_delete` removes its file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// Stable identity (a UUID), reported as the SPDK bdev name and the
+    /// NVMe namespace's UUID source; set for pool volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// A read-only point-in-time copy of this volume (a snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_of: Option<String>,
+    /// A writable volume made from this snapshot (a clone), until it is
+    /// inflated or the snapshot deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_of: Option<String>,
+    /// Every block allocated at creation (not thin).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub thick: bool,
+}
+
+/// `[[pool]]`: a directory serve owns. Volumes are sparse files in it;
+/// snapshots and clones are reflinks (FICLONE: xfs with reflink=1, btrfs),
+/// and a file system without reflinks is refused for them unless `copy`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    /// An absolute path to a directory (created, mode 700, if missing).
+    pub path: String,
+    /// Snapshots and clones copy the data where reflinks are not
+    /// supported: not instant, and a snapshot of an exported writable
+    /// volume is then refused (writes during the copy would tear it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub copy: bool,
+    /// Stable identity (the SPDK lvol store UUID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -362,6 +403,11 @@ pub struct NvmeSubsystem {
     /// Host NQNs allowed to connect; empty means any host.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// SPDK's switch: `true` lets any host connect whatever the lists say;
+    /// `false` only the listed ones, so none while both lists are empty.
+    /// Unset: any host while no host is listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_any_host: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -475,6 +521,12 @@ impl ServeConfig {
         toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })
     }
 
+    /// The configuration as a TOML file the server starts from, secrets
+    /// included (write it with mode 600).
+    pub fn to_toml(&self) -> String {
+        reveal_secrets(|| toml::to_string(self)).expect("a configuration always serialises")
+    }
+
     /// The configuration as pretty JSON; secrets redacted unless `show_secrets`.
     pub fn to_json(&self, show_secrets: bool) -> String {
         let json = || serde_json::to_string_pretty(self).expect("a configuration always serialises");
@@ -492,7 +544,7 @@ impl ServeConfig {
         let (name, backend) = flag
             .split_once('=')
             .ok_or_else(|| ConfigError::Invalid(format!("--volume {flag:?}: expected NAME=BACKEND[,options]")))?;
-        self.volumes.push(VolumeConfig { name: name.trim().into(), backend: backend.trim().into() });
+        self.volumes.push(VolumeConfig { name: name.trim().into(), backend: backend.trim().into(), ..Default::default() });
         Ok(())
     }
 
@@ -604,6 +656,7 @@ impl ServeConfig {
                     .map(|(i, v)| NvmeNamespace { nsid: i as u32 + 1, volume: v.name.clone(), readonly: false, ana_group: 1 })
                     .collect(),
                 allowed_hosts: vec![],
+                allow_any_host: None,
                 serial: None,
                 model: None,
                 ana_state: AnaStateConfig::default(),
@@ -617,15 +670,33 @@ impl ServeConfig {
         let inv = |s: String| Err(ConfigError::Invalid(s));
         self.limits.validate().map_err(ConfigError::Invalid)?;
         self.tuning.validate().map_err(ConfigError::Invalid)?;
-        if self.volumes.is_empty() {
-            return inv("no volumes: give --volume NAME=BACKEND or [[volume]] in the config".into());
+        if self.volumes.is_empty() && self.pools.is_empty() {
+            return inv("no volumes: give --volume NAME=BACKEND or [[volume]] in the config (or a [[pool]] to create them in)".into());
+        }
+        let mut pools = std::collections::HashSet::new();
+        for p in &self.pools {
+            crate::pool::check_name("pool", &p.name).map_err(ConfigError::Invalid)?;
+            if !pools.insert(p.name.as_str()) {
+                return inv(format!("pool {} is listed twice", p.name));
+            }
+            if !std::path::Path::new(&p.path).is_absolute() {
+                return inv(format!("pool {}: path {:?} must be absolute", p.name, p.path));
+            }
         }
         let mut names = std::collections::HashSet::new();
         for v in &self.volumes {
             if v.name.is_empty() || !names.insert(v.name.as_str()) {
                 return inv(format!("volume name {:?} is empty or used twice", v.name));
             }
-            bw_block::BackendSpec::parse(&v.backend).map_err(|e| ConfigError::Invalid(format!("volume {}: {e}", v.name)))?;
+            let spec = bw_block::BackendSpec::parse(&v.backend).map_err(|e| ConfigError::Invalid(format!("volume {}: {e}", v.name)))?;
+            if let Some(p) = &v.pool {
+                if !pools.contains(p.as_str()) {
+                    return inv(format!("volume {} names unknown pool {p:?}", v.name));
+                }
+            }
+            if v.snapshot_of.is_some() && !spec.readonly {
+                return inv(format!("volume {} is a snapshot: its backend must be readonly", v.name));
+            }
         }
         let known = |n: &str| names.contains(n);
         if let Some(a) = &self.aoe {
@@ -740,6 +811,36 @@ pub fn write_private(path: &str, text: &str) -> std::io::Result<()> {
     // `mode` applies only to a file this call creates.
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     f.write_all(text.as_bytes())
+}
+
+/// Replace the file at `path` with `text` whole or not at all: written to
+/// a new file beside it (mode 600) and synced, renamed over it, and the
+/// directory synced, so a crash at any moment leaves the old file or the
+/// new one, never a mix. (`path` is used as given: serve resolves the
+/// `--config` path once at start, so a symbolic link there is followed
+/// then and not replaced now.)
+pub fn write_atomic(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let name = path.file_name().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".new-{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    // A file left by a crash of this same pid (after a reboot) goes first.
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// `ADDR`, `ADDR:PORT`, `:PORT` or `[v6]:PORT`.

@@ -7,6 +7,7 @@
 
 use crate::config::{self, AoeExport, Credentials, IscsiLun, IscsiTarget, NvmeHost, NvmeNamespace, NvmeSubsystem, VolumeConfig};
 use crate::live::{edit, Live, Refused};
+use crate::pool;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -14,7 +15,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Where the socket is when `--control` is not given.
 pub const DEFAULT_PATH: &str = "/run/blockwire/control.sock";
@@ -40,7 +41,7 @@ pub struct RpcError {
 }
 
 impl RpcError {
-    fn new(code: i64, message: impl Into<String>) -> RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> RpcError {
         RpcError { code, message: message.into() }
     }
 }
@@ -51,7 +52,7 @@ impl From<Refused> for RpcError {
     }
 }
 
-type Handler = fn(&Live, Value) -> Result<Value, RpcError>;
+pub type Handler = fn(&Live, Value) -> Result<Value, RpcError>;
 
 /// One control method.
 pub struct Method {
@@ -62,7 +63,7 @@ pub struct Method {
 }
 
 /// Parameters of a method, or INVALID_PARAMS saying what is wrong.
-fn params<T: DeserializeOwned>(v: Value) -> Result<T, RpcError> {
+pub(crate) fn params<T: DeserializeOwned>(v: Value) -> Result<T, RpcError> {
     let v = if v.is_null() { json!({}) } else { v };
     serde_json::from_value(v).map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("invalid params: {e}")))
 }
@@ -206,11 +207,79 @@ struct SavePath {
     path: String,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolCreate {
+    name: String,
+    path: String,
+    #[serde(default)]
+    copy: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolName {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VolumeCreate {
+    name: String,
+    size: Size,
+    pool: String,
+    #[serde(default)]
+    thick: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VolumeSnapshot {
+    name: String,
+    snapshot: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VolumeClone {
+    snapshot: String,
+    name: String,
+}
+
+impl Size {
+    fn bytes(self) -> Result<u64, RpcError> {
+        match self {
+            Size::Bytes(b) => Ok(b),
+            Size::Text(t) => bw_block::parse_size(&t).map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("invalid params: size: {e}"))),
+        }
+    }
+}
+
+/// A lifecycle change's answer: what changed (nothing if it existed
+/// already) and the object as `volume_list` shows it.
+fn made_volume(live: &Live, log: Vec<String>, name: &str) -> Result<Value, RpcError> {
+    let c = live.config();
+    let sizes = live.volume_sizes().into_iter().collect();
+    let v = pool::volume(&c, name)?;
+    Ok(json!({ "changes": log, "volume": pool::volume_info(&c, &sizes, v) }))
+}
+
 /// Every method, in the order `rpc_get_methods` lists them.
 pub const METHODS: &[Method] = &[
-    Method { name: "rpc_get_methods", params: "{}", call: |_, p| {
-        params::<None_>(p)?;
-        Ok(json!(METHODS.iter().map(|m| json!({ "name": m.name, "params": m.params })).collect::<Vec<_>>()))
+    Method { name: "rpc_get_methods", params: "{current?, include_aliases?}", call: |_, p| {
+        // SPDK's shape: the names, as strings (every method is callable
+        // at any time and none has an alias).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Args {
+            #[serde(default)]
+            current: bool,
+            #[serde(default)]
+            include_aliases: bool,
+        }
+        params::<Args>(p)?;
+        Ok(json!(all_methods().map(|m| m.name).collect::<Vec<_>>()))
     } },
     Method { name: "status", params: "{}", call: |live, p| {
         params::<None_>(p)?;
@@ -226,11 +295,48 @@ pub const METHODS: &[Method] = &[
     } },
     Method { name: "volume_resize", params: "{name, size: bytes or \"10G\"}", call: |live, p| {
         let r: Resize = params(p)?;
-        let size = match r.size {
-            Size::Bytes(b) => b,
-            Size::Text(t) => bw_block::parse_size(&t).map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("invalid params: size: {e}")))?,
-        };
+        let size = r.size.bytes()?;
         Ok(changed(live.change(|c| edit::volume_resize(c, &r.name, size))?))
+    } },
+    Method { name: "pool_create", params: "{name, path, copy?}", call: |live, p| {
+        let r: PoolCreate = params(p)?;
+        let log = live.change(|c| pool::pool_create(c, &r.name, &r.path, r.copy).map(drop))?;
+        let c = live.config();
+        let sizes = live.volume_sizes().into_iter().collect();
+        let made = c.pools.iter().find(|p| p.name == r.name).map(|p| pool::pool_info(&c, &sizes, p));
+        Ok(json!({ "changes": log, "pool": made }))
+    } },
+    Method { name: "pool_delete", params: "{name}", call: |live, p| {
+        let r: PoolName = params(p)?;
+        Ok(changed(live.change(|c| pool::pool_delete(c, &r.name))?))
+    } },
+    Method { name: "pool_list", params: "{}", call: |live, p| {
+        params::<None_>(p)?;
+        Ok(pool::pool_list(live))
+    } },
+    Method { name: "volume_create", params: "{name, size: bytes or \"10G\", pool, thick?}", call: |live, p| {
+        let r: VolumeCreate = params(p)?;
+        let size = r.size.bytes()?;
+        let log = live.change_files(|c, _, f| pool::volume_create(c, f, &r.name, size, &r.pool, r.thick).map(drop))?;
+        made_volume(live, log, &r.name)
+    } },
+    Method { name: "volume_delete", params: "{name}", call: |live, p| {
+        let r: PoolName = params(p)?;
+        Ok(changed(live.change_files(|c, _, f| pool::volume_delete(c, f, &r.name))?))
+    } },
+    Method { name: "volume_snapshot", params: "{name, snapshot}", call: |live, p| {
+        let r: VolumeSnapshot = params(p)?;
+        let log = live.change_files(|c, open, f| pool::volume_snapshot(c, open, f, &r.name, &r.snapshot).map(drop))?;
+        made_volume(live, log, &r.snapshot)
+    } },
+    Method { name: "volume_clone", params: "{snapshot, name}", call: |live, p| {
+        let r: VolumeClone = params(p)?;
+        let log = live.change_files(|c, _, f| pool::volume_clone(c, f, &r.snapshot, &r.name).map(drop))?;
+        made_volume(live, log, &r.name)
+    } },
+    Method { name: "volume_list", params: "{}", call: |live, p| {
+        params::<None_>(p)?;
+        Ok(pool::volume_list(live))
     } },
     Method { name: "iscsi_target_add", params: "{iqn, luns?, allowed_initiators?, chap?, mutual_chap?, ...} as [[iscsi.target]]", call: |live, p| {
         let mut p = p;
@@ -322,7 +428,7 @@ pub const METHODS: &[Method] = &[
     } },
     Method { name: "save_config", params: "{path}", call: |live, p| {
         let s: SavePath = params(p)?;
-        let text = config_toml(&live.config());
+        let text = live.config().to_toml();
         config::write_private(&s.path, &text).map_err(|e| RpcError::from(Refused(format!("writing {}: {e}", s.path))))?;
         Ok(json!({ "path": s.path, "bytes": text.len() }))
     } },
@@ -332,10 +438,9 @@ pub const METHODS: &[Method] = &[
     } },
 ];
 
-/// The configuration as a TOML file the server starts from, secrets
-/// included (the file is written with mode 600).
-pub fn config_toml(cfg: &config::ServeConfig) -> String {
-    config::reveal_secrets(|| toml::to_string(cfg)).expect("a configuration always serialises")
+/// blockwire's methods, then the SPDK-compatible ones (crate::spdk).
+pub fn all_methods() -> impl Iterator<Item = &'static Method> {
+    METHODS.iter().chain(crate::spdk::METHODS)
 }
 
 fn status(live: &Live) -> Result<Value, RpcError> {
@@ -390,9 +495,9 @@ pub fn handle(live: &Live, req: Value) -> Option<Value> {
     if !matches!(p, Value::Null | Value::Object(_)) {
         return Some(error_response(reply_id, RpcError::new(code::INVALID_PARAMS, "invalid params: must be an object (named parameters)")));
     }
-    let result = match METHODS.iter().find(|m| m.name == method) {
+    let result = match all_methods().find(|m| m.name == method) {
         Some(m) => (m.call)(live, p),
-        None => Err(RpcError::new(code::METHOD_NOT_FOUND, format!("method not found: {method:?} (rpc_get_methods lists them)"))),
+        None => Err(RpcError::new(code::METHOD_NOT_FOUND, format!("Method not found: {method:?} (rpc_get_methods lists them)"))),
     };
     id.as_ref()?;
     Some(match result {
@@ -404,12 +509,8 @@ pub fn handle(live: &Live, req: Value) -> Option<Value> {
     })
 }
 
-/// Answer one line: a request or a batch. `None`: nothing to send back.
-pub fn handle_line(live: &Live, line: &str) -> Option<String> {
-    let v: Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => return Some(error_response(Value::Null, RpcError::new(code::PARSE_ERROR, format!("parse error: {e}"))).to_string()),
-    };
+/// Answer one parsed request or batch. `None`: nothing to send back.
+pub fn handle_value(live: &Live, v: Value) -> Option<String> {
     let out = match v {
         Value::Array(reqs) if reqs.is_empty() => error_response(Value::Null, RpcError::new(code::INVALID_REQUEST, "invalid request: empty batch")),
         Value::Array(reqs) => {
@@ -422,6 +523,69 @@ pub fn handle_line(live: &Live, line: &str) -> Option<String> {
         v => handle(live, v)?,
     };
     Some(out.to_string())
+}
+
+fn parse_error(e: impl std::fmt::Display) -> String {
+    error_response(Value::Null, RpcError::new(code::PARSE_ERROR, format!("parse error: {e}"))).to_string()
+}
+
+/// Answer one line: a request or a batch. `None`: nothing to send back.
+pub fn handle_line(live: &Live, line: &str) -> Option<String> {
+    match serde_json::from_str(line) {
+        Ok(v) => handle_value(live, v),
+        Err(e) => Some(parse_error(e)),
+    }
+}
+
+/// Splits a byte stream into JSON texts: one per line as `blockwire ctl`
+/// sends them, or several lines each (SPDK's client indents its
+/// requests) with or without a newline after. A text that is not JSON is
+/// reported and the stream resumes after the next newline.
+#[derive(Default)]
+pub struct Framer {
+    buf: Vec<u8>,
+}
+
+/// What the framer found in the bytes so far.
+#[derive(Debug, PartialEq)]
+pub enum Frame {
+    Request(Value),
+    /// Not JSON: answer a parse error.
+    Garbage(String),
+    /// A request longer than [`MAX_REQUEST`]: answer and close.
+    TooLong,
+}
+
+impl Framer {
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete text, or `None` until more bytes come.
+    pub fn next_frame(&mut self) -> Option<Frame> {
+        let start = self.buf.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(self.buf.len());
+        self.buf.drain(..start);
+        if self.buf.is_empty() {
+            return None;
+        }
+        let mut it = serde_json::Deserializer::from_slice(&self.buf).into_iter::<Value>();
+        match it.next()? {
+            Ok(v) => {
+                let used = it.byte_offset();
+                self.buf.drain(..used);
+                Some(Frame::Request(v))
+            }
+            Err(e) if e.is_eof() => (self.buf.len() > MAX_REQUEST).then(|| {
+                self.buf.clear();
+                Frame::TooLong
+            }),
+            Err(e) => {
+                let line_end = self.buf.iter().position(|&b| b == b'\n').map_or(self.buf.len(), |n| n + 1);
+                self.buf.drain(..line_end);
+                Some(Frame::Garbage(e.to_string()))
+            }
+        }
+    }
 }
 
 /// The bound control socket; removed when dropped if it is still ours.
@@ -493,8 +657,8 @@ pub fn bind(path: &Path, explicit: bool) -> anyhow::Result<Option<ControlSocket>
     Ok(Some(ControlSocket { listener, path: path.to_path_buf(), ino }))
 }
 
-/// Longest request line taken (a whole subsystem with its hosts fits).
-const MAX_LINE: usize = 1 << 20;
+/// Longest request taken (a whole subsystem with its hosts fits).
+pub const MAX_REQUEST: usize = 1 << 20;
 
 impl ControlSocket {
     /// Serve clients until `shutdown`; each request runs on the blocking
@@ -518,27 +682,37 @@ impl ControlSocket {
 
 async fn client(stream: tokio::net::UnixStream, live: Arc<Live>) {
     let uid = stream.peer_cred().map(|c| c.uid()).ok();
-    let (rd, mut wr) = stream.into_split();
+    let (mut rd, mut wr) = stream.into_split();
     if uid != Some(0) {
         log::warn!("control socket: refused a client with uid {uid:?} (root only)");
         let e = error_response(Value::Null, RpcError::new(code::PERMISSION_DENIED, "permission denied: the control socket is for root only"));
         let _ = wr.write_all(format!("{e}\n").as_bytes()).await;
         return;
     }
-    let mut lines = tokio::io::BufReader::new(rd.take(MAX_LINE as u64 * 64)).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        if line.trim().is_empty() {
-            continue;
-        }
-        if line.len() > MAX_LINE {
-            let e = error_response(Value::Null, RpcError::new(code::INVALID_REQUEST, "invalid request: line too long"));
-            let _ = wr.write_all(format!("{e}\n").as_bytes()).await;
-            return;
-        }
-        let l = live.clone();
-        let reply = match tokio::task::spawn_blocking(move || handle_line(&l, &line)).await {
-            Ok(r) => r,
-            Err(e) => Some(error_response(Value::Null, RpcError::new(code::INTERNAL, format!("internal error: {e}"))).to_string()),
+    let mut framer = Framer::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let reply = match framer.next_frame() {
+            None => match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    framer.push(&buf[..n]);
+                    continue;
+                }
+            },
+            Some(Frame::TooLong) => {
+                let e = error_response(Value::Null, RpcError::new(code::INVALID_REQUEST, "invalid request: longer than 1 MiB"));
+                let _ = wr.write_all(format!("{e}\n").as_bytes()).await;
+                return;
+            }
+            Some(Frame::Garbage(e)) => Some(parse_error(e)),
+            Some(Frame::Request(v)) => {
+                let l = live.clone();
+                match tokio::task::spawn_blocking(move || handle_value(&l, v)).await {
+                    Ok(r) => r,
+                    Err(e) => Some(error_response(Value::Null, RpcError::new(code::INTERNAL, format!("internal error: {e}"))).to_string()),
+                }
+            }
         };
         if let Some(r) = reply {
             if wr.write_all(format!("{r}\n").as_bytes()).await.is_err() {
@@ -547,7 +721,6 @@ async fn client(stream: tokio::net::UnixStream, live: Arc<Live>) {
         }
     }
 }
-
 
 /// The client side (`blockwire ctl`): send `method` with `params` (JSON
 /// text, passed as given, or none) and return the response object.
@@ -626,12 +799,35 @@ mod tests {
         let s: Value = serde_json::from_str(&handle_line(&l, r#"{"jsonrpc":"2.0","id":3,"method":"status"}"#).unwrap()).unwrap();
         assert_eq!(s["result"]["volumes"][1]["size"], 3 << 20, "{s}");
         let names: Value = serde_json::from_str(&handle_line(&l, r#"{"jsonrpc":"2.0","id":4,"method":"rpc_get_methods"}"#).unwrap()).unwrap();
-        assert_eq!(names["result"].as_array().unwrap().len(), METHODS.len());
+        assert_eq!(names["result"].as_array().unwrap().len(), all_methods().count());
+        assert_eq!(names["result"][0], "rpc_get_methods");
         // Method names are unique.
-        let mut n: Vec<&str> = METHODS.iter().map(|m| m.name).collect();
+        let mut n: Vec<&str> = all_methods().map(|m| m.name).collect();
         n.sort();
         n.dedup();
-        assert_eq!(n.len(), METHODS.len());
+        assert_eq!(n.len(), all_methods().count());
+    }
+
+    /// Requests split over reads, several per read, indented over lines
+    /// (SPDK's client) or one per line; garbage costs its line only.
+    #[test]
+    fn framer_finds_each_request() {
+        let mut f = Framer::default();
+        f.push(b"{\n  \"jsonrpc\": \"2.0\",\n  \"id\": 1,\n  \"met");
+        assert_eq!(f.next_frame(), None);
+        f.push(b"hod\": \"status\"\n}{\"id\":2}\n{not json\n[1]");
+        let mut got = vec![];
+        while let Some(x) = f.next_frame() {
+            got.push(x);
+        }
+        assert!(matches!(&got[0], Frame::Request(v) if v["method"] == "status"), "{got:?}");
+        assert_eq!(got[1], Frame::Request(json!({"id": 2})));
+        assert!(matches!(got[2], Frame::Garbage(_)), "{got:?}");
+        assert_eq!(got[3], Frame::Request(json!([1])));
+        assert_eq!(got.len(), 4);
+        f.push(b"\"");
+        f.push(&vec![b'a'; MAX_REQUEST]);
+        assert_eq!(f.next_frame(), Some(Frame::TooLong));
     }
 
     /// What save_config writes loads back to the same configuration,
@@ -658,7 +854,7 @@ mod tests {
             dhchap_secret = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
         "#;
         let c: config::ServeConfig = toml::from_str(text).unwrap();
-        let saved = config_toml(&c);
+        let saved = c.to_toml();
         assert!(saved.contains("tgt-Secret-3") && saved.contains("DHHC-1:00:AAEC"), "{saved}");
         let back: config::ServeConfig = toml::from_str(&saved).unwrap();
         assert_eq!(back, c);

@@ -13,7 +13,10 @@ pub mod live;
 pub mod metrics;
 pub mod nvme;
 pub mod outbox;
+pub mod pool;
+pub mod rpc_http;
 pub mod session;
+pub mod spdk;
 pub mod systemd;
 pub mod tuning;
 
@@ -160,6 +163,11 @@ pub struct Options {
     pub control: ControlPath,
     /// Reads the configuration again on SIGHUP.
     pub reload: Option<live::Reload>,
+    /// Every accepted change is written here before it is acknowledged.
+    pub persist: Option<std::path::PathBuf>,
+    /// The control methods over HTTP on this address, for callers with
+    /// the credentials in this file (`--rpc-http`, `--rpc-http-credentials`).
+    pub rpc_http: Option<(std::net::SocketAddr, std::path::PathBuf)>,
 }
 
 /// Run until SIGINT/SIGTERM, then stop every front-end and flush volumes.
@@ -167,6 +175,9 @@ pub struct Options {
 pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
     cfg.validate()?;
     raise_fd_limit();
+    for p in &cfg.pools {
+        pool::ensure_dir(p).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let volumes = open_volumes(&cfg)?;
     // Handlers before the ready line: a SIGTERM sent right after it must
     // shut down cleanly, not kill the process with the default action.
@@ -179,13 +190,30 @@ pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
         ControlPath::At(p) => control::bind(p, true)?,
         ControlPath::Off => None,
     };
+    let rpc_http = match &opts.rpc_http {
+        Some((addr, creds)) => {
+            let creds = Arc::new(rpc_http::Credentials::from_file(creds)?);
+            let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--rpc-http {addr}"))?;
+            log::info!("control methods over HTTP on {}", l.local_addr()?);
+            Some((l, creds))
+        }
+        None => None,
+    };
     let (mut running, frontends) = start(&cfg, &volumes, &shutdown).await?;
     if let Some(m) = &cfg.metrics {
         running.push(start_metrics(m.listen, &shutdown).await?);
     }
-    let live = Arc::new(live::Live::new(cfg, &volumes, frontends, opts.reload));
+    let mut live = live::Live::new(cfg, &volumes, frontends, opts.reload);
+    if let Some(p) = opts.persist {
+        log::info!("changes are persisted to {}", p.display());
+        live = live.persist_to(p);
+    }
+    let live = Arc::new(live);
     drop(volumes);
     let control = socket.map(|s| tokio::spawn(s.run(live.clone(), shutdown.clone())));
+    if let Some((l, creds)) = rpc_http {
+        running.push(tokio::spawn(rpc_http::serve(l, live.clone(), creds, shutdown.clone())));
+    }
     // Tests and scripts wait for this exact line; systemd for READY=1.
     eprintln!("blockwire: ready (pid {})", std::process::id());
     systemd::notify("READY=1");

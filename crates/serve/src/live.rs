@@ -35,7 +35,20 @@ pub struct Live {
     state: Mutex<State>,
     frontends: Frontends,
     reload: Option<Reload>,
+    /// The configuration file each accepted change is written to
+    /// (write-rename-fsync) before it is acknowledged.
+    persist: Option<std::path::PathBuf>,
+    /// Changes applied so far (the HTTP endpoint logs the calls that moved it).
+    generation: std::sync::atomic::AtomicU64,
     started: std::time::Instant,
+}
+
+/// Files a change makes or unmakes beside the configuration: made ones
+/// are removed if the change is refused; doomed ones once it is served.
+#[derive(Default)]
+pub struct Files {
+    pub created: Vec<std::path::PathBuf>,
+    pub remove_after: Vec<std::path::PathBuf>,
 }
 
 struct State {
@@ -136,7 +149,18 @@ pub fn plan_volumes(old: &ServeConfig, new: &ServeConfig) -> Result<VolumePlan, 
 impl Live {
     pub fn new(cfg: ServeConfig, volumes: &Volumes, frontends: Frontends, reload: Option<Reload>) -> Live {
         let volumes = volumes.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        Live { state: Mutex::new(State { cfg, volumes }), frontends, reload, started: std::time::Instant::now() }
+        Live { state: Mutex::new(State { cfg, volumes }), frontends, reload, persist: None, generation: Default::default(), started: std::time::Instant::now() }
+    }
+
+    /// Write every accepted change to `path` before acknowledging it.
+    pub fn persist_to(mut self, path: std::path::PathBuf) -> Live {
+        self.persist = Some(path);
+        self
+    }
+
+    /// How many changes were applied since start.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -159,10 +183,30 @@ impl Live {
 
     /// Edit a copy of the configuration with `edit` and serve the result.
     pub fn change(&self, edit: impl FnOnce(&mut ServeConfig) -> Result<(), Refused>) -> Result<Vec<String>, Refused> {
+        self.change_files(|c, _, _| edit(c))
+    }
+
+    /// As [`Live::change`], for edits that make or remove files (pool
+    /// volumes): `edit` sees the open volumes (to flush one before copying
+    /// it) and lists its files; those it created are removed if the change
+    /// is refused, those it dooms are removed once the change is served
+    /// and persisted.
+    pub fn change_files(&self, edit: impl FnOnce(&mut ServeConfig, &HashMap<String, Volume>, &mut Files) -> Result<(), Refused>) -> Result<Vec<String>, Refused> {
         let mut st = self.lock();
         let mut new = st.cfg.clone();
-        edit(&mut new)?;
-        self.apply_locked(&mut st, new)
+        let mut files = Files::default();
+        let r = edit(&mut new, &st.volumes, &mut files).and_then(|()| self.apply_locked(&mut st, new));
+        match &r {
+            Err(_) => files.created.iter().for_each(|f| {
+                let _ = std::fs::remove_file(f);
+            }),
+            Ok(_) => files.remove_after.iter().for_each(|f| {
+                if let Err(e) = std::fs::remove_file(f) {
+                    log::warn!("removing {}: {e} (the volume is gone from the configuration; the file is left over)", f.display());
+                }
+            }),
+        }
+        r
     }
 
     /// Serve `new` instead of the current configuration.
@@ -195,6 +239,9 @@ impl Live {
         if let Some(e) = new.aoe.iter().flat_map(|a| &a.exports).find(|e| !served.contains(&e.interface)) {
             return Err(Refused(aoe::not_served(&e.interface, &served)));
         }
+        for p in new.pools.iter().filter(|p| !st.cfg.pools.contains(p)) {
+            crate::pool::ensure_dir(p)?;
+        }
         let plan = plan_volumes(&st.cfg, &new)?;
         // What can fail comes first: opening and resizing.
         let mut opened = Vec::new();
@@ -203,6 +250,26 @@ impl Live {
             let vol = Volume::open(&v.name, &spec).map_err(|e| Refused(format!("volume {}: {e}", v.name)))?;
             opened.push(vol);
         }
+        if new != st.cfg {
+            if let Some(path) = &self.persist {
+                crate::config::write_atomic(path, &new.to_toml()).map_err(|e| Refused(format!("persisting the configuration to {}: {e}; nothing changed", path.display())))?;
+            }
+        }
+        match self.serve_locked(st, new, plan, opened) {
+            Err(e) => {
+                // Served as before: the file says so again.
+                if let Some(path) = &self.persist {
+                    if let Err(w) = crate::config::write_atomic(path, &st.cfg.to_toml()) {
+                        log::error!("restoring {} after a refused change: {w}", path.display());
+                    }
+                }
+                Err(e)
+            }
+            ok => ok,
+        }
+    }
+
+    fn serve_locked(&self, st: &mut State, new: ServeConfig, plan: VolumePlan, opened: Vec<Volume>) -> Result<Vec<String>, Refused> {
         let mut log = Vec::new();
         let mut resized = HashSet::new();
         for (name, size) in &plan.resize {
@@ -237,6 +304,9 @@ impl Live {
                 crate::metrics::global().forget_volume(name);
                 log.push(format!("volume {name}: removed"));
             }
+        }
+        if new != st.cfg {
+            self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         st.cfg = new;
         for l in &log {
@@ -319,6 +389,9 @@ pub mod edit {
     }
 
     pub fn volume_add(c: &mut ServeConfig, v: VolumeConfig) -> Result<(), Refused> {
+        if v.pool.is_some() || v.snapshot_of.is_some() || v.clone_of.is_some() || v.thick {
+            return Err(Refused(format!("volume {}: pool volumes are made by volume_create, volume_snapshot and volume_clone", v.name)));
+        }
         if c.volumes.iter().any(|o| o.name == v.name) {
             return Err(Refused(format!("volume {} exists", v.name)));
         }
@@ -329,8 +402,10 @@ pub mod edit {
     /// Without `force`, a volume still exported is not removed; with it,
     /// its LUNs, namespaces and AoE exports go first.
     pub fn volume_remove(c: &mut ServeConfig, name: &str, force: bool) -> Result<(), Refused> {
-        if !c.volumes.iter().any(|v| v.name == name) {
-            return Err(Refused(format!("no volume {name}")));
+        match c.volumes.iter().find(|v| v.name == name) {
+            None => return Err(Refused(format!("no volume {name}"))),
+            Some(v) if v.pool.is_some() => return Err(Refused(format!("volume {name} is in pool {}: volume_delete removes it and its file", v.pool.as_deref().unwrap_or_default()))),
+            Some(_) => {}
         }
         let users = users(c, name);
         if !users.is_empty() && !force {
@@ -352,6 +427,9 @@ pub mod edit {
     /// The backend spec with its size set to `size` bytes.
     pub fn volume_resize(c: &mut ServeConfig, name: &str, size: u64) -> Result<(), Refused> {
         let v = c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused(format!("no volume {name}")))?;
+        if v.snapshot_of.is_some() {
+            return Err(Refused(format!("volume {name} is a snapshot: its size is the size it was taken at")));
+        }
         let mut spec = bw_block::BackendSpec::parse(&v.backend).map_err(Refused)?;
         match &mut spec.kind {
             bw_block::BackendKind::Ram { size: s } => *s = size,
@@ -543,7 +621,7 @@ mod tests {
     fn volume_plans_add_remove_and_resize_but_no_other_backend_change() {
         let old = cfg();
         let mut new = old.clone();
-        edit::volume_add(&mut new, VolumeConfig { name: "c".into(), backend: "ram:4M".into() }).unwrap();
+        edit::volume_add(&mut new, VolumeConfig { name: "c".into(), backend: "ram:4M".into(), ..Default::default() }).unwrap();
         edit::volume_resize(&mut new, "a", 8 << 20).unwrap();
         edit::volume_resize(&mut new, "b", 3 << 20).unwrap();
         assert_eq!(new.volumes[0].backend, "ram:8M");
@@ -626,12 +704,12 @@ mod tests {
         c.add_volume_flag("a=ram:1M").unwrap();
         let vols = crate::open_volumes(&c).unwrap();
         let live = Live::new(c.clone(), &vols, Frontends::default(), None);
-        let log = live.change(|c| edit::volume_add(c, VolumeConfig { name: "b".into(), backend: "ram:2M".into() })).unwrap();
+        let log = live.change(|c| edit::volume_add(c, VolumeConfig { name: "b".into(), backend: "ram:2M".into(), ..Default::default() })).unwrap();
         assert_eq!(log, ["volume b: added (2097152 bytes)"]);
         live.change(|c| edit::volume_resize(c, "b", 4 << 20)).unwrap();
         assert_eq!(live.volume_sizes(), [("a".to_string(), 1 << 20), ("b".to_string(), 4 << 20)]);
         let before = live.config();
-        let e = live.change(|c| edit::volume_add(c, VolumeConfig { name: "c".into(), backend: "file:/nonexistent/dir/x".into() })).unwrap_err();
+        let e = live.change(|c| edit::volume_add(c, VolumeConfig { name: "c".into(), backend: "file:/nonexistent/dir/x".into(), ..Default::default() })).unwrap_err();
         assert!(e.0.contains("volume c"), "{e}");
         let e = live.change(|c| edit::iscsi_target_add(c, IscsiTarget {
             iqn: "iqn.2026-11.org.example:t".into(), portal_group_tag: 1, luns: vec![], allowed_initiators: vec![], chap: None, mutual_chap: None,

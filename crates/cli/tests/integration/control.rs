@@ -164,7 +164,7 @@ fn ctl_changes_a_running_server_and_hosts_are_told() {
 
     // Bad input: JSON-RPC errors, nothing changed.
     let before = status(&sock);
-    assert!(ctl_err(&sock, &["volume_explode"]).contains("method not found"));
+    assert!(ctl_err(&sock, &["volume_explode"]).contains("Method not found"));
     assert!(ctl_err(&sock, &["volume_add", "{\"name\": "]).contains("parse error"));
     assert!(ctl_err(&sock, &["volume_add", r#"{"name": "c"}"#]).contains("invalid params"));
     assert!(ctl_err(&sock, &["nvme_ns_remove", &format!(r#"{{"nqn": "{NQN}", "nsid": 9}}"#)]).contains("no namespace 9"));

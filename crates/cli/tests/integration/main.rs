@@ -40,3 +40,4 @@ mod secrets;
 mod socket_fuzz;
 mod standalone;
 mod tcp_congestion;
+mod volumes;

@@ -54,6 +54,14 @@ fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Sub
         // Hosts with DH-HMAC-CHAP secrets are allowed hosts too.
         let mut allowed_hosts = s.allowed_hosts.clone();
         allowed_hosts.extend(s.hosts.iter().map(|h| h.nqn.clone()));
+        match s.allow_any_host {
+            Some(true) if s.hosts.is_empty() => allowed_hosts.clear(),
+            // An empty list allows any host: this entry keeps it from
+            // being empty and matches none, since a host NQN read from a
+            // Connect ends at its first NUL.
+            Some(false) if allowed_hosts.is_empty() => allowed_hosts.push("\0".into()),
+            _ => {}
+        }
         let mut namespaces = Vec::new();
         for n in &s.namespaces {
             let v = volumes.get(&n.volume).with_context(|| format!("subsystem {}: no volume {:?}", s.nqn, n.volume))?;

@@ -1,0 +1,401 @@
+//! Volume pools: directories serve owns, where volumes are created,
+//! snapshotted, cloned and deleted by name. A volume is a sparse file
+//! (`NAME.img`) in its pool's directory; a snapshot is a read-only reflink
+//! of it, a clone a writable reflink of a snapshot (bw_block::reflink).
+//! What exists is the configuration: each operation here is an edit of
+//! it (through [`Live::change_files`], so it is validated, served and
+//! persisted as a whole, and the files it made are removed if it is
+//! refused). Creating what exists with the same parameters changes
+//! nothing and answers the existing object; with other parameters it is
+//! refused, naming what differs.
+//!
+//! Files in a pool directory that no volume of the configuration names
+//! are leftovers of a change interrupted by a crash (the file was made or
+//! doomed, the configuration not yet written or already written): they
+//! are replaced when a volume of that name is created.
+
+use crate::config::{PoolConfig, ServeConfig, VolumeConfig};
+use crate::live::{edit, Files, Live, Refused};
+use bw_block::reflink::{self, CopyKind};
+use bw_block::{BackendKind, BackendSpec, Volume};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// A pool or volume name: a file name that cannot escape the pool's
+/// directory or hide in it (no `/`, no leading dot).
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{what} name {name:?}: 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit"))
+    }
+}
+
+/// A random (version 4) UUID.
+pub fn new_uuid() -> String {
+    let mut b = [0u8; 16];
+    getrandom::getrandom(&mut b).expect("the kernel's random numbers");
+    uuid_text(b, 4)
+}
+
+/// 16 bytes as an RFC 9562 UUID of `version` (variant 10).
+fn uuid_text(mut b: [u8; 16], version: u8) -> String {
+    b[6] = (b[6] & 0x0f) | (version << 4);
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+fn pool<'a>(c: &'a ServeConfig, name: &str) -> Result<&'a PoolConfig, Refused> {
+    c.pools.iter().find(|p| p.name == name).ok_or_else(|| Refused(format!("no pool {name} (pool_list lists them)")))
+}
+
+pub fn volume<'a>(c: &'a ServeConfig, name: &str) -> Result<&'a VolumeConfig, Refused> {
+    c.volumes.iter().find(|v| v.name == name).ok_or_else(|| Refused(format!("no volume {name}")))
+}
+
+fn volume_mut<'a>(c: &'a mut ServeConfig, name: &str) -> Result<&'a mut VolumeConfig, Refused> {
+    c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused(format!("no volume {name}")))
+}
+
+/// The file of a pool volume.
+pub fn file_of(v: &VolumeConfig) -> Option<PathBuf> {
+    match BackendSpec::parse(&v.backend).ok()?.kind {
+        BackendKind::File { path, .. } => Some(path),
+        _ => None,
+    }
+}
+
+/// The pool a volume was made in, or why this operation needs one.
+fn pool_volume<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a VolumeConfig, &'a PoolConfig, PathBuf), Refused> {
+    let v = volume(c, name)?;
+    let Some(p) = &v.pool else {
+        return Err(Refused(format!("volume {name} is not in a pool ({op} works on volumes made by volume_create, volume_snapshot or volume_clone)")));
+    };
+    let file = file_of(v).ok_or_else(|| Refused(format!("volume {name}: its backend is not a file")))?;
+    Ok((v, pool(c, p)?, file))
+}
+
+/// Where a new volume's file goes; a leftover there (see the module
+/// comment) is removed first.
+fn new_file(p: &PoolConfig, c: &ServeConfig, name: &str) -> Result<PathBuf, Refused> {
+    let path = Path::new(&p.path).join(format!("{name}.img"));
+    if c.volumes.iter().any(|v| file_of(v).as_deref() == Some(path.as_path())) {
+        return Err(Refused(format!("{} belongs to another volume", path.display())));
+    }
+    match std::fs::remove_file(&path) {
+        Ok(()) => log::warn!("pool {}: replaced {}, a leftover of an interrupted change", p.name, path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Refused(format!("pool {}: {}: {e}", p.name, path.display()))),
+    }
+    Ok(path)
+}
+
+fn file_backend(path: &Path, size: Option<u64>, readonly: bool) -> String {
+    BackendSpec { kind: BackendKind::File { path: path.to_path_buf(), size }, direct: false, sync: false, readonly }.to_string()
+}
+
+/// The size a volume's backend asks for (what it was created or resized to).
+fn spec_size(v: &VolumeConfig) -> Option<u64> {
+    match BackendSpec::parse(&v.backend).ok()?.kind {
+        BackendKind::File { size, .. } => size,
+        BackendKind::Ram { size } => Some(size),
+        BackendKind::Rbd(t) => t.size,
+    }
+}
+
+/// Refused naming what differs, or Ok if nothing does.
+fn same_or_refuse(what: &str, diffs: Vec<String>) -> Result<(), Refused> {
+    if diffs.is_empty() {
+        Ok(())
+    } else {
+        Err(Refused(format!("{what} exists with other parameters: {}", diffs.join(", "))))
+    }
+}
+
+fn differ<T: PartialEq + std::fmt::Debug>(field: &str, have: T, asked: T, diffs: &mut Vec<String>) {
+    if have != asked {
+        diffs.push(format!("{field} is {have:?}, not {asked:?}"));
+    }
+}
+
+/// Whether a change made something or found it made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Made {
+    Created,
+    Existed,
+}
+
+/// Make a pool's directory (mode 700) if it is missing.
+pub fn ensure_dir(p: &PoolConfig) -> Result<(), Refused> {
+    let dir = Path::new(&p.path);
+    if !dir.exists() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| Refused(format!("pool {}: creating {}: {e}", p.name, p.path)))?;
+    } else if !dir.is_dir() {
+        return Err(Refused(format!("pool {}: {} is not a directory", p.name, p.path)));
+    }
+    Ok(())
+}
+
+pub fn pool_create(c: &mut ServeConfig, name: &str, path: &str, copy: bool) -> Result<Made, Refused> {
+    check_name("pool", name)?;
+    if let Some(p) = c.pools.iter().find(|p| p.name == name) {
+        let mut d = vec![];
+        differ("path", p.path.as_str(), path, &mut d);
+        differ("copy", p.copy, copy, &mut d);
+        same_or_refuse(&format!("pool {name}"), d)?;
+        return Ok(Made::Existed);
+    }
+    if let Some(p) = c.pools.iter().find(|p| p.path == path) {
+        return Err(Refused(format!("{path} is already pool {}", p.name)));
+    }
+    if !Path::new(path).is_absolute() {
+        return Err(Refused(format!("pool {name}: path {path:?} must be absolute")));
+    }
+    let p = PoolConfig { name: name.into(), path: path.into(), copy, uuid: Some(new_uuid()) };
+    ensure_dir(&p)?;
+    c.pools.push(p);
+    Ok(Made::Created)
+}
+
+pub fn pool_delete(c: &mut ServeConfig, name: &str) -> Result<(), Refused> {
+    pool(c, name)?;
+    let inside: Vec<&str> = c.volumes.iter().filter(|v| v.pool.as_deref() == Some(name)).map(|v| v.name.as_str()).collect();
+    if !inside.is_empty() {
+        return Err(Refused(format!("pool {name} holds volumes ({}): delete them first", inside.join(", "))));
+    }
+    c.pools.retain(|p| p.name != name);
+    Ok(())
+}
+
+/// `volume_create`: a sparse file of `size` bytes (or, `thick`, every
+/// block allocated) in the pool.
+pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u64, pool_name: &str, thick: bool) -> Result<Made, Refused> {
+    check_name("volume", name)?;
+    if let Ok(v) = volume(c, name) {
+        let mut d = vec![];
+        differ("pool", v.pool.as_deref().unwrap_or("(none)"), pool_name, &mut d);
+        differ("size", spec_size(v).unwrap_or(0), size, &mut d);
+        differ("thick", v.thick, thick, &mut d);
+        differ("snapshot", v.snapshot_of.is_some(), false, &mut d);
+        same_or_refuse(&format!("volume {name}"), d)?;
+        return Ok(Made::Existed);
+    }
+    if size == 0 || !size.is_multiple_of(512) {
+        return Err(Refused(format!("volume {name}: size {size} must be a positive multiple of 512 bytes")));
+    }
+    let p = pool(c, pool_name)?.clone();
+    let path = new_file(&p, c, name)?;
+    let made = (|| {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path)?;
+        files.created.push(path.clone());
+        f.set_len(size)?;
+        if thick {
+            reflink::allocate_all(&path)?;
+        }
+        f.sync_all()
+    })();
+    made.map_err(|e| Refused(format!("volume {name}: {}: {e}", path.display())))?;
+    c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&path, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), thick, ..Default::default() });
+    Ok(Made::Created)
+}
+
+/// `volume_delete`: refused while the volume is exported (the exports
+/// named). A snapshot's clones become independent volumes (their data
+/// is theirs: reflinked extents stay until the last sharer lets go); a
+/// volume's snapshots stay, naming the volume they were taken of.
+pub fn volume_delete(c: &mut ServeConfig, files: &mut Files, name: &str) -> Result<(), Refused> {
+    let (_, _, file) = pool_volume(c, name, "volume_delete")?;
+    let users = edit::users(c, name);
+    if !users.is_empty() {
+        return Err(Refused(format!("volume {name} is exported ({}): remove those exports first", users.join(", "))));
+    }
+    for v in c.volumes.iter_mut().filter(|v| v.clone_of.as_deref() == Some(name)) {
+        v.clone_of = None;
+    }
+    c.volumes.retain(|v| v.name != name);
+    files.remove_after.push(file);
+    Ok(())
+}
+
+/// Reflink (or, in a copy pool, copy) `src` to a new file for `name`.
+fn copy_for(p: &PoolConfig, c: &ServeConfig, files: &mut Files, src: &Path, name: &str) -> Result<(PathBuf, CopyKind), Refused> {
+    let dst = new_file(p, c, name)?;
+    let kind = reflink::clone_file(src, &dst, p.copy).map_err(|e| Refused(format!("pool {}: {name}: {e}", p.name)))?;
+    files.created.push(dst.clone());
+    Ok((dst, kind))
+}
+
+/// `volume_snapshot`: a read-only point-in-time copy. The origin is
+/// flushed first and the reflink is taken under the file system's inode
+/// locks, so every write acknowledged before the call is in it and none
+/// after.
+pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, files: &mut Files, origin: &str, snap: &str) -> Result<Made, Refused> {
+    check_name("snapshot", snap)?;
+    if let Ok(v) = volume(c, snap) {
+        let mut d = vec![];
+        differ("snapshot_of", v.snapshot_of.as_deref().unwrap_or("(not a snapshot)"), origin, &mut d);
+        same_or_refuse(&format!("volume {snap}"), d)?;
+        return Ok(Made::Existed);
+    }
+    let (v, p, src) = pool_volume(c, origin, "volume_snapshot")?;
+    if v.snapshot_of.is_some() {
+        return Err(Refused(format!("volume {origin} is a snapshot already (read-only): clone it instead")));
+    }
+    let p = p.clone();
+    if p.copy && !reflink::reflinks_work(Path::new(&p.path)) {
+        let users = edit::users(c, origin);
+        if !users.is_empty() {
+            return Err(Refused(format!(
+                "pool {} copies instead of reflinking, and volume {origin} is exported ({}): writes during the copy would tear the snapshot; remove the exports first",
+                p.name,
+                users.join(", ")
+            )));
+        }
+    }
+    if let Some(vol) = open.get(origin) {
+        vol.flush().map_err(|e| Refused(format!("volume {origin}: flush before the snapshot: {e}")))?;
+    }
+    let (dst, kind) = copy_for(&p, c, files, &src, snap)?;
+    log::info!("volume {origin}: snapshot {snap} by {kind:?}");
+    c.volumes.push(VolumeConfig { name: snap.into(), backend: file_backend(&dst, None, true), pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..Default::default() });
+    // As in SPDK, the origin now reads through its snapshot (shared
+    // extents) until it is inflated.
+    volume_mut(c, origin)?.clone_of = Some(snap.into());
+    Ok(Made::Created)
+}
+
+/// `volume_clone`: a writable volume holding the snapshot's data.
+pub fn volume_clone(c: &mut ServeConfig, files: &mut Files, snap: &str, name: &str) -> Result<Made, Refused> {
+    check_name("volume", name)?;
+    if let Ok(v) = volume(c, name) {
+        let mut d = vec![];
+        differ("clone_of", v.clone_of.as_deref().unwrap_or("(not a clone)"), snap, &mut d);
+        same_or_refuse(&format!("volume {name}"), d)?;
+        return Ok(Made::Existed);
+    }
+    let (v, p, src) = pool_volume(c, snap, "volume_clone")?;
+    if v.snapshot_of.is_none() {
+        return Err(Refused(format!("volume {snap} is not a snapshot: snapshot it first (volume_snapshot), then clone the snapshot")));
+    }
+    let p = p.clone();
+    let (dst, _) = copy_for(&p, c, files, &src, name)?;
+    let size = std::fs::metadata(&dst).map_err(|e| Refused(format!("{}: {e}", dst.display())))?.len();
+    c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&dst, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..Default::default() });
+    Ok(Made::Created)
+}
+
+/// Allocate every block of a clone and let go of its snapshot (SPDK's
+/// bdev_lvol_inflate).
+pub fn volume_inflate(c: &mut ServeConfig, name: &str) -> Result<(), Refused> {
+    let (v, _, file) = pool_volume(c, name, "inflate")?;
+    if v.snapshot_of.is_some() {
+        return Err(Refused(format!("volume {name} is a snapshot (read-only): it cannot be inflated")));
+    }
+    reflink::allocate_all(&file).map_err(|e| Refused(format!("volume {name}: inflate: {e}")))?;
+    volume_mut(c, name)?.clone_of = None;
+    Ok(())
+}
+
+/// One volume as `volume_list` shows it.
+pub fn volume_info(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConfig) -> Value {
+    let size = sizes.get(&v.name).copied().unwrap_or(0);
+    let spec = BackendSpec::parse(&v.backend).ok();
+    let allocated = file_of(v).and_then(|f| reflink::allocated_bytes(&f).ok());
+    json!({
+        "name": v.name,
+        "pool": v.pool,
+        "uuid": v.uuid,
+        "backend": v.backend,
+        "provisioned_bytes": size,
+        "allocated_bytes": allocated,
+        "thin": !v.thick,
+        "readonly": spec.is_some_and(|s| s.readonly),
+        "snapshot_of": v.snapshot_of,
+        "clone_of": v.clone_of,
+        "snapshots": c.volumes.iter().filter(|o| o.snapshot_of.as_deref() == Some(&v.name)).map(|o| o.name.clone()).collect::<Vec<_>>(),
+        "clones": c.volumes.iter().filter(|o| o.clone_of.as_deref() == Some(&v.name) && v.snapshot_of.is_some()).map(|o| o.name.clone()).collect::<Vec<_>>(),
+        "exports": edit::users(c, &v.name),
+    })
+}
+
+pub fn volume_list(live: &Live) -> Value {
+    let c = live.config();
+    let sizes: HashMap<String, u64> = live.volume_sizes().into_iter().collect();
+    json!(c.volumes.iter().map(|v| volume_info(&c, &sizes, v)).collect::<Vec<_>>())
+}
+
+/// One pool as `pool_list` shows it: space of its file system, and what
+/// its volumes are provisioned and hold.
+pub fn pool_info(c: &ServeConfig, sizes: &HashMap<String, u64>, p: &PoolConfig) -> Value {
+    let space = reflink::fs_space(Path::new(&p.path)).ok();
+    let vols: Vec<&VolumeConfig> = c.volumes.iter().filter(|v| v.pool.as_deref() == Some(&p.name)).collect();
+    let provisioned: u64 = vols.iter().map(|v| sizes.get(&v.name).copied().unwrap_or(0)).sum();
+    let allocated: u64 = vols.iter().filter_map(|v| file_of(v).and_then(|f| reflink::allocated_bytes(&f).ok())).sum();
+    json!({
+        "name": p.name,
+        "path": p.path,
+        "uuid": p.uuid,
+        "copy": p.copy,
+        "reflinks": reflink::reflinks_work(Path::new(&p.path)),
+        "fs_type": space.as_ref().map(|s| s.fs_type),
+        "total_bytes": space.as_ref().map(|s| s.total),
+        "free_bytes": space.as_ref().map(|s| s.available),
+        "volumes": vols.len(),
+        "provisioned_bytes": provisioned,
+        "allocated_bytes": allocated,
+    })
+}
+
+pub fn pool_list(live: &Live) -> Value {
+    let c = live.config();
+    let sizes: HashMap<String, u64> = live.volume_sizes().into_iter().collect();
+    json!(c.pools.iter().map(|p| pool_info(&c, &sizes, p)).collect::<Vec<_>>())
+}
+
+/// A pool's UUID: the configured one, or one derived from its name for a
+/// hand-written `[[pool]]` without (stable across restarts).
+pub fn pool_uuid(p: &PoolConfig) -> String {
+    p.uuid.clone().unwrap_or_else(|| derived_uuid("pool", &p.name))
+}
+
+/// A volume's UUID, likewise.
+pub fn volume_uuid(v: &VolumeConfig) -> String {
+    v.uuid.clone().unwrap_or_else(|| derived_uuid("volume", &v.name))
+}
+
+fn derived_uuid(kind: &str, name: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(format!("blockwire {kind} {name}").as_bytes());
+    uuid_text(d[..16].try_into().expect("16 of 32 bytes"), 5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_stay_inside_the_pool() {
+        for bad in ["", "../x", "a/b", ".hidden", "-x", &"a".repeat(129)] {
+            assert!(check_name("volume", bad).is_err(), "{bad:?}");
+        }
+        for good in ["volume-1b2c", "snp-a.b_c", "0"] {
+            check_name("volume", good).unwrap();
+        }
+    }
+
+    #[test]
+    fn uuids_look_like_uuids() {
+        let u = new_uuid();
+        assert_eq!((u.len(), u.as_bytes()[14]), (36, b'4'), "{u}");
+        assert_ne!(u, new_uuid());
+        assert_eq!(derived_uuid("pool", "p"), derived_uuid("pool", "p"));
+    }
+}
