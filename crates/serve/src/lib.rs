@@ -44,6 +44,21 @@ impl Shutdown {
     pub fn is_set(&self) -> bool {
         *self.0.borrow()
     }
+    /// A shutdown of its own that also follows this one: setting the
+    /// returned sender ends only those watching the child (one listener's
+    /// connections). Spawns its forwarder on `rt`.
+    pub fn child(&self, rt: &tokio::runtime::Handle) -> (watch::Sender<bool>, Shutdown) {
+        let (tx, child) = Shutdown::new();
+        let (mut parent, fwd) = (self.clone(), tx.clone());
+        rt.spawn(async move {
+            tokio::select! {
+                _ = parent.wait() => { let _ = fwd.send(true); }
+                _ = fwd.closed() => {}
+            }
+        });
+        (tx, child)
+    }
+
     /// Resolves once shutdown has been requested.
     pub async fn wait(&mut self) {
         while !*self.0.borrow() {
@@ -165,7 +180,7 @@ pub struct Options {
 /// Run until SIGINT/SIGTERM, then stop every front-end and flush volumes.
 /// SIGHUP reads the configuration again and applies the difference.
 pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
-    cfg.validate()?;
+    cfg.validate_start(opts.control != ControlPath::Off)?;
     raise_fd_limit();
     let volumes = open_volumes(&cfg)?;
     // Handlers before the ready line: a SIGTERM sent right after it must
@@ -179,6 +194,9 @@ pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
         ControlPath::At(p) => control::bind(p, true)?,
         ControlPath::Off => None,
     };
+    if socket.is_none() && cfg.volumes.is_empty() {
+        anyhow::bail!("{} (the default socket is another server's)", config::NO_VOLUMES);
+    }
     let (mut running, frontends) = start(&cfg, &volumes, &shutdown).await?;
     if let Some(m) = &cfg.metrics {
         running.push(start_metrics(m.listen, &shutdown).await?);
