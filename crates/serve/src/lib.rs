@@ -101,7 +101,9 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
         }
     }
     if let Some(n) = &cfg.nvme {
-        if !n.listen.is_empty() || !n.rdma_listen.is_empty() {
+        // An [nvme] section without listeners starts NVMe/TCP with no
+        // port: a control-driven target adds them (nvme_port_add).
+        if !n.listen.is_empty() || !n.rdma_listen.is_empty() || n.subsystems.is_empty() {
             let (r, h) = nvme::start(n, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("NVMe")?;
             running.push(r);
             frontends.nvme = Some(h);
