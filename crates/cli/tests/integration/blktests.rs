@@ -43,7 +43,7 @@ fn run_battery() -> Result<Battery, String> {
     let kvm = kernel_612_image();
     let mut c = Command::new(repo_root().join("tests/blktests/run-vm.sh"));
     c.arg(&src).arg(blockwire_bin()).arg(&kvm).arg("blockwire").args(CASES);
-    c.env("KVM_TIMEOUT", "1200");
+    c.env("KVM_TIMEOUT", "600");
     let out = c.stdin(Stdio::null()).output().expect("run tests/blktests/run-vm.sh");
     let console = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let (mut status, mut diffs) = (HashMap::new(), HashMap::new());
@@ -96,5 +96,8 @@ macro_rules! cases {
 }
 
 cases! {
+    nvme_004_uuid_ns_descriptors => "004",
     nvme_006_create_target => "006",
+    // Last: in a longer run the case after it hung (see the note).
+    nvme_003_discovery_keep_alive => "003",
 }
