@@ -588,7 +588,7 @@ fn effective_config(a: &ServeArgs) -> anyhow::Result<bw_serve::ServeConfig> {
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let cfg = effective_config(&a)?;
-    cfg.validate()?;
+    cfg.validate_start(a.control.as_deref() != Some("none"))?;
     let json = cfg.to_json(a.show_secrets);
     if a.print_config {
         println!("{json}");

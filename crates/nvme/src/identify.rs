@@ -66,6 +66,7 @@ pub mod ns {
     pub const ANAGRPID: Field<Le<u32>> = Field::at(92);
     pub const NSATTR: Field<u8> = Field::at(99);
     pub const NGUID: Field<[u8; 16]> = Field::at(104);
+    pub const EUI64: Field<[u8; 8]> = Field::at(120);
     /// LBA format `n`'s LBA data size (log2 of the block size).
     pub const fn lbaf_lbads(n: usize) -> Field<u8> {
         Field::at(128 + n * 4 + 2)
@@ -230,7 +231,8 @@ pub fn namespace(n: &Namespace) -> Vec<u8> {
     ns::DLFEAT.set(&mut b, 0x01 | 0x08);
     ns::ANAGRPID.set(&mut b, n.ana_group);
     ns::NSATTR.set(&mut b, n.read_only() as u8); // write protected
-    ns::NGUID.set(&mut b, n.uuid);
+    ns::NGUID.set(&mut b, n.nguid);
+    ns::EUI64.set(&mut b, n.eui64.unwrap_or_default());
     ns::lbaf_lbads(0).set(&mut b, crate::LBA_SHIFT as u8);
     b
 }
@@ -259,11 +261,13 @@ pub fn active_ns_list(s: &Subsystem, after: u32) -> Vec<u8> {
     b
 }
 
-/// Namespace identification descriptors: NGUID, UUID and command set (NVM).
+/// Namespace identification descriptors: EUI-64 (when set), NGUID, UUID
+/// and command set (NVM).
 pub fn ns_descriptors(ns: &Namespace) -> Vec<u8> {
     let mut b = vec![0u8; LEN];
     let mut o = 0;
-    for (nidt, id) in [(2u8, &ns.uuid[..]), (3u8, &ns.uuid[..]), (4u8, &[0u8][..])] {
+    let eui64 = ns.eui64.as_ref().map(|e| (1u8, &e[..]));
+    for (nidt, id) in eui64.into_iter().chain([(2u8, &ns.nguid[..]), (3u8, &ns.uuid[..]), (4u8, &[0u8][..])]) {
         b[o] = nidt;
         b[o + 1] = id.len() as u8;
         b[o + 4..o + 4 + id.len()].copy_from_slice(id);
@@ -342,6 +346,16 @@ mod tests {
         assert_eq!(&d[20..24], &[3, 16, 0, 0]);
         assert_eq!(&d[40..45], &[4, 1, 0, 0, 0]);
         assert_eq!(&d[4..20], &n.uuid);
+        assert_eq!(&b[104..128], &[&n.uuid[..], &[0; 8]].concat());
+        // Set apart: EUI-64 first, then the NGUID, then the UUID.
+        let mut m = n.clone();
+        (m.uuid, m.nguid, m.eui64) = ([1; 16], [2; 16], Some([3; 8]));
+        let b = namespace(&m);
+        assert_eq!(&b[104..128], &[[2; 16].as_slice(), &[3; 8]].concat());
+        let d = ns_descriptors(&m);
+        assert_eq!(&d[..12], &[1, 8, 0, 0, 3, 3, 3, 3, 3, 3, 3, 3]);
+        assert_eq!((&d[12..16], &d[16..32]), (&[2, 16, 0, 0][..], &[2; 16][..]));
+        assert_eq!((&d[32..36], &d[36..52]), (&[3, 16, 0, 0][..], &[1; 16][..]));
         let s = Subsystem { nqn: "nqn.x:y".into(), serial: "s".into(), model: "m".into(), namespaces: vec![n.clone(), Namespace::new("nqn.x:y", 7, n.volume.clone(), false)], allowed_hosts: vec![], ana: Default::default() };
         let l = active_ns_list(&s, 0);
         assert_eq!(&l[..12], &[1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0]);

@@ -239,6 +239,9 @@ pub struct RdmaQueue {
     inflight: CidSet,
     connecting: bool,
     keep_alive: Option<Arc<KeepAlive>>,
+    /// When the last capsule arrived: the instant an authentication that
+    /// it completes succeeded, when the controller's keep-alive starts.
+    last_capsule: Option<Instant>,
     subsystem: Option<Arc<LiveSubsystem>>,
     /// Commands whose data is being fetched, by command ID.
     fetching: HashMap<u16, Sqe>,
@@ -263,6 +266,7 @@ impl RdmaQueue {
             inflight: CidSet::new(),
             connecting: false,
             keep_alive: None,
+            last_capsule: None,
             subsystem: None,
             fetching: HashMap::new(),
             dest: HashMap::new(),
@@ -319,6 +323,7 @@ impl RdmaQueue {
             let why = RdmaQueueError::QueueOverflow { outstanding: self.inflight.len + 1, entries: self.shape.sq_entries };
             return self.close(Some(why));
         }
+        self.last_capsule = Some(now);
         // A host that has yet to authenticate does not keep the controller alive.
         if let Some(k) = self.keep_alive.as_ref().filter(|_| !self.awaiting_auth()) {
             k.touch(now);
@@ -472,6 +477,10 @@ impl RdmaQueue {
         }
         if a.authenticated() && self.login_open {
             self.login_open = false;
+            // The keep-alive clock starts now (see TargetQueue::auth_done).
+            if let (Some(k), Some(t)) = (self.keep_alive.as_ref(), self.last_capsule) {
+                k.touch(t);
+            }
             log::info!("nvme-rdma: controller {} queue {}: {} authenticated ({})", self.cntlid, self.shape.qid, a.hostnqn().escape_debug(), a.summary());
             return Some(Action::Authenticated);
         }

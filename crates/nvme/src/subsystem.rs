@@ -11,9 +11,14 @@ pub struct Namespace {
     pub nsid: u32,
     pub volume: Volume,
     pub readonly: bool,
-    /// Stable unique id (NGUID and UUID descriptors), derived from the
-    /// subsystem NQN and NSID so a host sees the same id after a restart.
+    /// Stable unique id (the UUID descriptor), derived from the subsystem
+    /// NQN and NSID so a host sees the same id after a restart, unless set.
     pub uuid: [u8; 16],
+    /// NGUID (Identify Namespace and its descriptor): the UUID's bytes
+    /// unless set.
+    pub nguid: [u8; 16],
+    /// IEEE EUI-64 (Identify Namespace and its descriptor), when set.
+    pub eui64: Option<[u8; 8]>,
     /// ANA group (ANAGRPID, 1..=[`crate::ana::MAX_GROUPS`]); the same on
     /// every gateway exporting the namespace.
     pub ana_group: u32,
@@ -29,7 +34,7 @@ impl Namespace {
         }
         uuid[6] = (uuid[6] & 0x0F) | 0x40; // version 4 layout
         uuid[8] = (uuid[8] & 0x3F) | 0x80; // RFC 4122 variant
-        Namespace { nsid, volume, readonly, uuid, ana_group: 1 }
+        Namespace { nsid, volume, readonly, uuid, nguid: uuid, eui64: None, ana_group: 1 }
     }
     /// Size in logical blocks.
     pub fn blocks(&self) -> u64 {
@@ -103,7 +108,7 @@ pub fn changed_namespaces(old: &Subsystem, new: &Subsystem) -> Vec<u32> {
     let mut ids: Vec<u32> = Vec::new();
     for n in &new.namespaces {
         match old.namespace(n.nsid) {
-            Some(o) if o.blocks() == n.blocks() && o.volume.name() == n.volume.name() && o.readonly == n.readonly => {}
+            Some(o) if o.blocks() == n.blocks() && o.volume.name() == n.volume.name() && o.readonly == n.readonly && (o.uuid, o.nguid, o.eui64) == (n.uuid, n.nguid, n.eui64) => {}
             _ => ids.push(n.nsid),
         }
     }

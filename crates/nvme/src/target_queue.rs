@@ -254,6 +254,9 @@ pub struct TargetQueue {
     /// DH-HMAC-CHAP on this queue, when its host must authenticate.
     auth: Option<ControllerAuth>,
     keep_alive: Option<Arc<KeepAlive>>,
+    /// When the last capsule arrived: the instant an authentication that
+    /// it completes succeeded, when the controller's keep-alive starts.
+    last_capsule: Option<Instant>,
     subsystem: Option<Arc<LiveSubsystem>>,
     /// Writes receiving data, by transfer tag (= command ID).
     pending: HashMap<u16, Pending>,
@@ -280,6 +283,7 @@ impl TargetQueue {
             login_open: true,
             auth: None,
             keep_alive: None,
+            last_capsule: None,
             subsystem: None,
             pending: HashMap::new(),
             waiting: VecDeque::new(),
@@ -567,6 +571,13 @@ impl TargetQueue {
         }
         if a.authenticated() && self.login_open {
             self.login_open = false;
+            // The keep-alive clock starts now, as nvmet starts it when the
+            // controller is enabled (after authentication): an exchange
+            // slower than KATO (ffdhe8192 on a slow CPU) must not leave
+            // the controller expired the moment its host got in.
+            if let (Some(k), Some(t)) = (self.keep_alive.as_ref(), self.last_capsule) {
+                k.touch(t);
+            }
             log::info!(
                 "nvme: controller {} queue {}: {} authenticated ({})",
                 self.cntlid,
@@ -711,6 +722,7 @@ impl TargetQueue {
             };
             return Err(self.fatal(fes::PDU_SEQUENCE_ERROR, 0, &[], why, tx));
         }
+        self.last_capsule = Some(now);
         // A host that has yet to authenticate does not keep the
         // controller alive.
         if let Some(k) = self.keep_alive.as_ref().filter(|_| !self.awaiting_auth()) {

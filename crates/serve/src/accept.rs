@@ -99,15 +99,22 @@ impl Acceptor {
     {
         let this = Arc::new(self);
         let serve = Arc::new(serve);
-        let loops: Vec<JoinHandle<()>> = listeners
-            .into_iter()
-            .map(|l| tokio::spawn(this.clone().accept_loop(l, shutdown.clone(), serve.clone())))
-            .collect();
+        let loops: Vec<JoinHandle<()>> = listeners.into_iter().map(|l| this.accept_on(l, shutdown.clone(), serve.clone())).collect();
         tokio::spawn(async move {
             for l in loops {
                 let _ = l.await;
             }
         })
+    }
+
+    /// Accept on one listener until `shutdown` (a listener added while
+    /// serving gets its own, to be stopped alone).
+    pub fn accept_on<S, F>(self: &Arc<Self>, l: TcpListener, shutdown: Shutdown, serve: Arc<S>) -> JoinHandle<()>
+    where
+        S: Fn(Accepted) -> F + Send + Sync + 'static,
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        tokio::spawn(self.clone().accept_loop(l, shutdown, serve))
     }
 
     async fn accept_loop<S, F>(

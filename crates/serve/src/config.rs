@@ -77,6 +77,9 @@ use std::net::SocketAddr;
 
 /// Name prefixes used for the default target/subsystem of quick flags.
 pub const DEFAULT_IQN_PREFIX: &str = "iqn.2026-11.org.blockwire";
+/// Why a server without a control socket does not start empty.
+pub const NO_VOLUMES: &str = "no volumes: give --volume NAME=BACKEND or [[volume]] in the config (or a control socket or --rpc-http, to add them with blockwire ctl, or a [[pool]] to create them in)";
+
 pub const DEFAULT_NQN_PREFIX: &str = "nqn.2026-11.org.blockwire";
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -495,6 +498,50 @@ pub struct NvmeNamespace {
     /// ANA group of the namespace, the same on every gateway (1..=128).
     #[serde(default = "one_u32")]
     pub ana_group: u32,
+    /// The namespace's identifiers, as hosts see them (by-id links, UUID
+    /// lookups), to stand in for another target's namespace: `uuid` and
+    /// `nguid` (32 hex digits, dashes allowed, as "8-4-4-4-12"), `eui64`
+    /// (16 hex digits). Unset, UUID and NGUID are derived from
+    /// the subsystem NQN and NSID, and there is no EUI-64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nguid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eui64: Option<String>,
+}
+
+impl NvmeNamespace {
+    /// A namespace with the derived identifiers.
+    pub fn new(nsid: u32, volume: String, readonly: bool, ana_group: u32) -> NvmeNamespace {
+        NvmeNamespace { nsid, volume, readonly, ana_group, uuid: None, nguid: None, eui64: None }
+    }
+
+    /// The identifiers set, parsed: (UUID, NGUID, EUI-64).
+    pub fn ids(&self) -> Result<NamespaceIds, String> {
+        fn parse<const N: usize>(what: &str, v: &Option<String>) -> Result<Option<[u8; N]>, String> {
+            let Some(text) = v else { return Ok(None) };
+            let digits: String = text.chars().filter(|c| *c != '-').collect();
+            let bad = || format!("{what} {text:?}: expected {} hex digits (dashes allowed)", N * 2);
+            if digits.len() != N * 2 || !digits.is_ascii() {
+                return Err(bad());
+            }
+            let mut out = [0u8; N];
+            for (i, b) in out.iter_mut().enumerate() {
+                *b = u8::from_str_radix(&digits[i * 2..i * 2 + 2], 16).map_err(|_| bad())?;
+            }
+            Ok(Some(out))
+        }
+        Ok(NamespaceIds { uuid: parse("uuid", &self.uuid)?, nguid: parse("nguid", &self.nguid)?, eui64: parse("eui64", &self.eui64)? })
+    }
+}
+
+/// A namespace's identifiers as set (`None`: derived, or none for EUI-64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NamespaceIds {
+    pub uuid: Option<[u8; 16]>,
+    pub nguid: Option<[u8; 16]>,
+    pub eui64: Option<[u8; 8]>,
 }
 
 fn one() -> u16 {
@@ -642,10 +689,11 @@ impl ServeConfig {
         Ok(())
     }
 
-    /// Without a configured subsystem, every volume becomes a namespace of one.
+    /// Without a configured subsystem, every volume becomes a namespace of
+    /// one (none without volumes: a control-driven target starts empty).
     fn default_nvme_subsystem(&mut self) {
         let nc = self.nvme.get_or_insert_with(Default::default);
-        if nc.subsystems.is_empty() {
+        if nc.subsystems.is_empty() && !self.volumes.is_empty() {
             let host = hostname();
             nc.subsystems.push(NvmeSubsystem {
                 nqn: format!("{DEFAULT_NQN_PREFIX}:{host}"),
@@ -653,7 +701,7 @@ impl ServeConfig {
                     .volumes
                     .iter()
                     .enumerate()
-                    .map(|(i, v)| NvmeNamespace { nsid: i as u32 + 1, volume: v.name.clone(), readonly: false, ana_group: 1 })
+                    .map(|(i, v)| NvmeNamespace::new(i as u32 + 1, v.name.clone(), false, 1))
                     .collect(),
                 allowed_hosts: vec![],
                 allow_any_host: None,
@@ -665,14 +713,22 @@ impl ServeConfig {
         }
     }
 
+    /// What a server may start with: a valid configuration, with volumes
+    /// unless it is `controlled` (has a control socket to be given them:
+    /// a control-driven target starts empty).
+    pub fn validate_start(&self, controlled: bool) -> Result<(), ConfigError> {
+        self.validate()?;
+        if self.volumes.is_empty() && self.pools.is_empty() && !controlled {
+            return Err(ConfigError::Invalid(NO_VOLUMES.into()));
+        }
+        Ok(())
+    }
+
     /// Cross-checks that TOML syntax cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let inv = |s: String| Err(ConfigError::Invalid(s));
         self.limits.validate().map_err(ConfigError::Invalid)?;
         self.tuning.validate().map_err(ConfigError::Invalid)?;
-        if self.volumes.is_empty() && self.pools.is_empty() {
-            return inv("no volumes: give --volume NAME=BACKEND or [[volume]] in the config (or a [[pool]] to create them in)".into());
-        }
         let mut pools = std::collections::HashSet::new();
         for p in &self.pools {
             crate::pool::check_name("pool", &p.name).map_err(ConfigError::Invalid)?;
@@ -749,13 +805,17 @@ impl ServeConfig {
                 }
             }
             for s in &n.subsystems {
-                if !s.nqn.starts_with("nqn.") {
-                    return inv(format!("NVMe subsystem name {:?} must start with nqn.", s.nqn));
+                check_nqn(&s.nqn).map_err(|e| ConfigError::Invalid(format!("NVMe subsystem name {:?}: {e}", s.nqn)))?;
+                if s.nqn == bw_nvme::DISCOVERY_NQN {
+                    return inv(format!("NVMe subsystem name {:?} is the discovery subsystem's", s.nqn));
                 }
                 let mut hosts = std::collections::HashSet::new();
+                for h in s.allowed_hosts.iter().chain(s.hosts.iter().map(|h| &h.nqn)) {
+                    check_nqn(h).map_err(|e| ConfigError::Invalid(format!("NVMe {}: host {h:?}: {e}", s.nqn)))?;
+                }
                 for h in &s.hosts {
-                    if !h.nqn.starts_with("nqn.") || !hosts.insert(h.nqn.as_str()) {
-                        return inv(format!("NVMe {}: host {:?} must start with nqn. and be listed once", s.nqn, h.nqn));
+                    if !hosts.insert(h.nqn.as_str()) {
+                        return inv(format!("NVMe {}: host {:?} is listed twice", s.nqn, h.nqn));
                     }
                     h.auth_config().map_err(|e| ConfigError::Invalid(format!("NVMe {} host {}: {e}", s.nqn, h.nqn)))?;
                 }
@@ -763,6 +823,7 @@ impl ServeConfig {
                     if ns.nsid == 0 || ns.nsid == u32::MAX || !known(&ns.volume) {
                         return inv(format!("NVMe {} namespace {} is invalid or names unknown volume {:?}", s.nqn, ns.nsid, ns.volume));
                     }
+                    ns.ids().map_err(|e| ConfigError::Invalid(format!("NVMe {} namespace {}: {e}", s.nqn, ns.nsid)))?;
                     if ns.ana_group == 0 || ns.ana_group > bw_nvme::ana::MAX_GROUPS {
                         return inv(format!("NVMe {} namespace {}: ana_group {} is not in 1..={}", s.nqn, ns.nsid, ns.ana_group, bw_nvme::ana::MAX_GROUPS));
                     }
@@ -771,6 +832,28 @@ impl ServeConfig {
         }
         Ok(())
     }
+}
+
+/// What a subsystem or host name must be: an NQN as the NVMe Base
+/// Specification bounds it (UTF-8, at most 223 bytes), not empty, without
+/// control characters (it is logged and shown). Its two formats
+/// (`nqn.yyyy-mm.reverse-domain:...` and `nqn.2014-08.org.nvmexpress:uuid:...`)
+/// are what a name should be, but not what is required here: Linux's
+/// nvmet takes any name (blktests names its subsystems
+/// `blktests-subsystem-N`), Linux hosts send whatever name they are given
+/// (`nvme connect -n`), and a gateway in front of such a target must
+/// accept the same names to stand in for it. docs/control.md says so.
+pub fn check_nqn(nqn: &str) -> Result<(), String> {
+    if nqn.is_empty() {
+        return Err("empty".into());
+    }
+    if nqn.len() > bw_nvme::fabrics::NQN_MAX_LEN {
+        return Err(format!("{} bytes, longer than the {} an NQN may have", nqn.len(), bw_nvme::fabrics::NQN_MAX_LEN));
+    }
+    if nqn.chars().any(char::is_control) {
+        return Err("holds a control character".into());
+    }
+    Ok(())
 }
 
 /// A warning if the configuration file at `path` holds secrets and others
@@ -1153,18 +1236,49 @@ mod tests {
             text.replace(ctrl, key),
             text.replace("\"sha256\"]", "\"md5\"]"),
             text.replace("[\"ffdhe4096\", \"null\"]", "[]"),
-            text.replace("nqn = \"nqn.2026-11.org.example:h\"", "nqn = \"host-h\""),
+            text.replace("nqn = \"nqn.2026-11.org.example:h\"", "nqn = \"\""),
+            text.replace("nqn = \"nqn.2026-11.org.example:h\"", &format!("nqn = \"{}\"", "h".repeat(224))),
+            text.replace("nqn = \"nqn.2026-11.org.example:v\"", "nqn = \"nqn.2014-08.org.nvmexpress.discovery\""),
+            text.replace("nqn = \"nqn.2026-11.org.example:v\"", "nqn = \"v\\u0007\""),
         ] {
             let c: ServeConfig = toml::from_str(&bad).unwrap();
             assert!(c.validate().is_err(), "accepted: {bad}");
         }
         assert!(toml::from_str::<ServeConfig>(&text.replace("dhchap_hashes", "dhchap_hash")).is_err());
+        // Names outside the NQN formats, as nvmet takes them (blktests').
+        let other = text.replace("nqn.2026-11.org.example:v", "blktests-subsystem-1").replace("nqn.2026-11.org.example:h", "blktests-host");
+        toml::from_str::<ServeConfig>(&other).unwrap().validate().unwrap();
+    }
+
+    #[test]
+    fn namespace_ids_are_parsed_or_refused() {
+        let mut n = NvmeNamespace::new(1, "v".into(), false, 1);
+        assert_eq!(n.ids().unwrap(), NamespaceIds::default());
+        n.uuid = Some("91fdba0d-f87b-4c25-b80f-db7be1418b9e".into());
+        n.nguid = Some("000102030405060708090a0b0c0d0e0f".into());
+        n.eui64 = Some("0011-2233-4455-6677".into());
+        let ids = n.ids().unwrap();
+        assert_eq!(ids.uuid.unwrap()[..4], [0x91, 0xfd, 0xba, 0x0d]);
+        assert_eq!(ids.nguid.unwrap(), core::array::from_fn(|i| i as u8));
+        assert_eq!(ids.eui64, Some([0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77]));
+        for (field, bad) in [("uuid", "91fdba0d"), ("nguid", "zz0102030405060708090a0b0c0d0e0f"), ("eui64", "00112233445566778"), ("eui64", "ééééééé")] {
+            let mut m = n.clone();
+            *match field {
+                "uuid" => &mut m.uuid,
+                "nguid" => &mut m.nguid,
+                _ => &mut m.eui64,
+            } = Some(bad.into());
+            let e = m.ids().unwrap_err();
+            assert!(e.starts_with(field), "{e}");
+        }
     }
 
     #[test]
     fn validation_catches_mistakes() {
         let mut c = ServeConfig::default();
-        assert!(c.validate().is_err());
+        // Empty: only a server with a control socket starts so.
+        assert!(c.validate_start(false).is_err());
+        c.validate_start(true).unwrap();
         c.add_volume_flag("d=ram:1M").unwrap();
         c.add_aoe_flag("eth0,volume=nope").unwrap();
         assert!(c.validate().is_err());

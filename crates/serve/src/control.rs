@@ -156,6 +156,12 @@ struct NsAdd {
     readonly: bool,
     #[serde(default)]
     ana_group: Option<u32>,
+    #[serde(default)]
+    uuid: Option<String>,
+    #[serde(default)]
+    nguid: Option<String>,
+    #[serde(default)]
+    eui64: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -178,6 +184,18 @@ struct HostAdd {
     dhchap_hashes: Option<Vec<String>>,
     #[serde(default)]
     dhchap_dhgroups: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Addr {
+    addr: String,
+}
+
+impl Addr {
+    fn parse(&self) -> Result<std::net::SocketAddr, RpcError> {
+        config::parse_listen(&self.addr, 4420).map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("invalid params: {e}")))
+    }
 }
 
 #[derive(Deserialize)]
@@ -382,14 +400,24 @@ pub const METHODS: &[Method] = &[
         let s: Nqn = params(p)?;
         Ok(changed(live.change(|c| edit::nvme_subsystem_remove(c, &s.nqn))?))
     } },
-    Method { name: "nvme_ns_add", params: "{nqn, nsid, volume, readonly?, ana_group?}", call: |live, p| {
+    Method { name: "nvme_ns_add", params: "{nqn, nsid, volume, readonly?, ana_group?, uuid?, nguid?, eui64?}", call: |live, p| {
         let n: NsAdd = params(p)?;
-        let ns = NvmeNamespace { nsid: n.nsid, volume: n.volume, readonly: n.readonly, ana_group: n.ana_group.unwrap_or(1) };
+        let ns = NvmeNamespace { uuid: n.uuid, nguid: n.nguid, eui64: n.eui64, ..NvmeNamespace::new(n.nsid, n.volume, n.readonly, n.ana_group.unwrap_or(1)) };
         Ok(changed(live.change(|c| edit::nvme_ns_add(c, &n.nqn, ns))?))
     } },
     Method { name: "nvme_ns_remove", params: "{nqn, nsid}", call: |live, p| {
         let n: NsRef = params(p)?;
         Ok(changed(live.change(|c| edit::nvme_ns_remove(c, &n.nqn, n.nsid))?))
+    } },
+    Method { name: "nvme_port_add", params: "{addr: \"IP[:PORT]\"} (port 4420 unless given)", call: |live, p| {
+        let a: Addr = params(p)?;
+        let addr = a.parse()?;
+        Ok(changed(live.change(|c| edit::nvme_port_add(c, addr))?))
+    } },
+    Method { name: "nvme_port_remove", params: "{addr}", call: |live, p| {
+        let a: Addr = params(p)?;
+        let addr = a.parse()?;
+        Ok(changed(live.change(|c| edit::nvme_port_remove(c, addr))?))
     } },
     Method { name: "nvme_host_add", params: "{nqn, host, dhchap_secret?, dhchap_ctrl_secret?, dhchap_hashes?, dhchap_dhgroups?}", call: |live, p| {
         let h: HostAdd = params(p)?;
@@ -459,6 +487,7 @@ fn status(live: &Live) -> Result<Value, RpcError> {
             "iqn": t.iqn, "luns": t.luns.iter().map(|l| json!({ "lun": l.lun, "volume": l.volume })).collect::<Vec<_>>(),
             "allowed_initiators": t.allowed_initiators,
         })).collect::<Vec<_>>(),
+        "nvme_ports": cfg.nvme.iter().flat_map(|n| &n.listen).map(|a| a.to_string()).collect::<Vec<_>>(),
         "nvme_subsystems": cfg.nvme.iter().flat_map(|n| &n.subsystems).map(|s| json!({
             "nqn": s.nqn, "namespaces": s.namespaces.iter().map(|n| json!({ "nsid": n.nsid, "volume": n.volume })).collect::<Vec<_>>(),
             "allowed_hosts": s.allowed_hosts.iter().cloned().chain(s.hosts.iter().map(|h| h.nqn.clone())).collect::<Vec<_>>(),

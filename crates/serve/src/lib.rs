@@ -47,6 +47,21 @@ impl Shutdown {
     pub fn is_set(&self) -> bool {
         *self.0.borrow()
     }
+    /// A shutdown of its own that also follows this one: setting the
+    /// returned sender ends only those watching the child (one listener's
+    /// connections). Spawns its forwarder on `rt`.
+    pub fn child(&self, rt: &tokio::runtime::Handle) -> (watch::Sender<bool>, Shutdown) {
+        let (tx, child) = Shutdown::new();
+        let (mut parent, fwd) = (self.clone(), tx.clone());
+        rt.spawn(async move {
+            tokio::select! {
+                _ = parent.wait() => { let _ = fwd.send(true); }
+                _ = fwd.closed() => {}
+            }
+        });
+        (tx, child)
+    }
+
     /// Resolves once shutdown has been requested.
     pub async fn wait(&mut self) {
         while !*self.0.borrow() {
@@ -89,7 +104,9 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
         }
     }
     if let Some(n) = &cfg.nvme {
-        if !n.listen.is_empty() || !n.rdma_listen.is_empty() {
+        // An [nvme] section without listeners starts NVMe/TCP with no
+        // port: a control-driven target adds them (nvme_port_add).
+        if !n.listen.is_empty() || !n.rdma_listen.is_empty() || n.subsystems.is_empty() {
             let (r, h) = nvme::start(n, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("NVMe")?;
             running.push(r);
             frontends.nvme = Some(h);
@@ -173,7 +190,7 @@ pub struct Options {
 /// Run until SIGINT/SIGTERM, then stop every front-end and flush volumes.
 /// SIGHUP reads the configuration again and applies the difference.
 pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
-    cfg.validate()?;
+    cfg.validate_start(opts.control != ControlPath::Off || opts.rpc_http.is_some())?;
     raise_fd_limit();
     for p in &cfg.pools {
         pool::ensure_dir(p).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -199,6 +216,9 @@ pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
         }
         None => None,
     };
+    if socket.is_none() && rpc_http.is_none() && cfg.volumes.is_empty() && cfg.pools.is_empty() {
+        anyhow::bail!("{} (the default socket is another server's)", config::NO_VOLUMES);
+    }
     let (mut running, frontends) = start(&cfg, &volumes, &shutdown).await?;
     if let Some(m) = &cfg.metrics {
         running.push(start_metrics(m.listen, &shutdown).await?);

@@ -5,7 +5,7 @@
 //! by the same steps: open added volumes, resize resized ones, let each
 //! front-end reconcile its targets (which tells connected initiators in
 //! their protocol's way), close removed volumes. What a running server
-//! cannot change (listen addresses, limits, tuning, the interfaces AoE
+//! cannot change (listen addresses other than NVMe/TCP's, limits, tuning, the interfaces AoE
 //! listens on) is refused with the reason, and then nothing has changed.
 //!
 //! Front-ends read what changes through a lock-free load of an `Arc`'d
@@ -112,9 +112,10 @@ fn check_fixed(old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
     if listen(old) != listen(new) {
         return restart("iscsi.listen");
     }
-    let nvme = |c: &ServeConfig| c.nvme.as_ref().map(|n| (n.listen.clone(), n.rdma_listen.clone(), n.discovery_listen, n.cntlid_range)).unwrap_or_default();
+    // (nvme.listen changes live: nvme_port_add, nvme_port_remove.)
+    let nvme = |c: &ServeConfig| c.nvme.as_ref().map(|n| (n.rdma_listen.clone(), n.discovery_listen, n.cntlid_range)).unwrap_or_default();
     if nvme(old) != nvme(new) {
-        return restart("nvme.listen, nvme.rdma_listen, nvme.discovery_listen or nvme.cntlid_range");
+        return restart("nvme.rdma_listen, nvme.discovery_listen or nvme.cntlid_range");
     }
     Ok(())
 }
@@ -565,6 +566,27 @@ pub mod edit {
         Ok(())
     }
 
+    /// Listen for NVMe/TCP at `addr` too.
+    pub fn nvme_port_add(c: &mut ServeConfig, addr: std::net::SocketAddr) -> Result<(), Refused> {
+        let n = nvme(c);
+        if n.listen.contains(&addr) {
+            return Err(Refused(format!("NVMe/TCP already listens on {addr}")));
+        }
+        n.listen.push(addr);
+        Ok(())
+    }
+
+    /// Stop listening at `addr`; its connections close.
+    pub fn nvme_port_remove(c: &mut ServeConfig, addr: std::net::SocketAddr) -> Result<(), Refused> {
+        let n = nvme(c);
+        let before = n.listen.len();
+        n.listen.retain(|a| *a != addr);
+        if n.listen.len() == before {
+            return Err(Refused(format!("NVMe/TCP does not listen on {addr} (status lists the ports)")));
+        }
+        Ok(())
+    }
+
     pub fn nvme_host_allow(c: &mut ServeConfig, nqn: &str, host: &str) -> Result<(), Refused> {
         let s = subsystem(c, nqn)?;
         if s.allowed_hosts.iter().any(|h| h == host) || s.hosts.iter().any(|h| h.nqn == host) {
@@ -668,7 +690,7 @@ mod tests {
         edit::iscsi_acl_add(&mut c, t, "iqn.2026-11.org.example:i").unwrap();
         assert!(edit::iscsi_acl_add(&mut c, t, "iqn.2026-11.org.example:i").is_err());
         edit::iscsi_acl_remove(&mut c, t, "iqn.2026-11.org.example:i").unwrap();
-        edit::nvme_ns_add(&mut c, s, NvmeNamespace { nsid: 2, volume: "b".into(), readonly: false, ana_group: 1 }).unwrap();
+        edit::nvme_ns_add(&mut c, s, NvmeNamespace::new(2, "b".into(), false, 1)).unwrap();
         edit::nvme_ns_remove(&mut c, s, 1).unwrap();
         assert!(edit::nvme_ns_remove(&mut c, s, 1).is_err());
         edit::nvme_host_allow(&mut c, s, "nqn.2014-08.org.example:h").unwrap();

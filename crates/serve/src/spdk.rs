@@ -301,11 +301,8 @@ struct AddListener {
 struct NsSpec {
     bdev_name: String,
     nsid: Option<u32>,
-    #[allow(dead_code)]
     uuid: Option<String>,
-    #[allow(dead_code)]
     nguid: Option<String>,
-    #[allow(dead_code)]
     eui64: Option<String>,
     anagrpid: Option<u32>,
     #[serde(default)]
@@ -622,7 +619,8 @@ pub const METHODS: &[Method] = &[
         let volume = bdev(&c, &a.namespace.bdev_name)?.name.clone();
         let s = c.nvme.iter().flat_map(|n| &n.subsystems).find(|s| s.nqn == a.nqn).ok_or_else(|| err(ENODEV, format!("no subsystem {}", a.nqn)))?;
         let nsid = a.namespace.nsid.filter(|&n| n != 0).unwrap_or_else(|| (1..).find(|n| !s.namespaces.iter().any(|x| x.nsid == *n)).unwrap_or(1));
-        let ns = NvmeNamespace { nsid, volume, readonly: false, ana_group: a.namespace.anagrpid.unwrap_or(1) };
+        let mut ns = NvmeNamespace::new(nsid, volume, false, a.namespace.anagrpid.unwrap_or(1));
+        (ns.uuid, ns.nguid, ns.eui64) = (a.namespace.uuid, a.namespace.nguid, a.namespace.eui64);
         live.change(|c| edit::nvme_ns_add(c, &a.nqn, ns)).map_err(refused)?;
         Ok(json!(nsid))
     } },

@@ -385,3 +385,74 @@ fn iscsi_acl_removal_and_disconnect_end_sessions() {
     assert!(serve.log_text().contains("its initiator is no longer allowed"), "{}", serve.log_text());
     assert!(serve.stop().success());
 }
+
+/// A control-driven target built as blktests' NVME_TARGET_CONTROL builds
+/// one (tests/blktests/): serve starts with no volume, takes a subsystem
+/// named outside the NQN formats, a namespace with the UUID the test asks
+/// for, a host whose keys change (and the answer says so), and a second
+/// port that is added, used, and removed under its connection while the
+/// discovery log follows.
+#[test]
+fn an_empty_target_is_built_live_and_its_ports_change() {
+    require_root();
+    let dir = TempDir::new("ctl-empty");
+    let (np, np2) = (free_port(), free_port());
+    let sock = dir.path().join("control.sock");
+    let toml = format!("[nvme]\nlisten = [\"127.0.0.1:{np}\"]\n");
+    // Without a control socket an empty server has nothing to become.
+    std::fs::write(dir.path().join("empty.toml"), &toml).unwrap();
+    let o = blockwire(None, &["serve", "--config", dir.path().join("empty.toml").to_str().unwrap(), "--control", "none"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no volumes"), "{o:?}");
+    let serve = Serve::with_config(&dir, &toml, &["--control", sock.to_str().unwrap()]);
+    const SUB: &str = "blktests-subsystem-1";
+    const UUID: &str = "91fdba0d-f87b-4c25-b80f-db7be1418b9e";
+    ctl(&sock, &["volume_add", r#"{"name": "v", "backend": "ram:8M"}"#]);
+    ctl(&sock, &["nvme_subsystem_add", &format!(r#"{{"nqn": "{SUB}"}}"#)]);
+    ctl(&sock, &["nvme_ns_add", &format!(r#"{{"nqn": "{SUB}", "nsid": 1, "volume": "v", "uuid": "{UUID}", "eui64": "0011223344556677"}}"#)]);
+    let err = ctl_err(&sock, &["nvme_ns_add", &format!(r#"{{"nqn": "{SUB}", "nsid": 2, "volume": "v", "nguid": "12"}}"#)]);
+    assert!(err.contains("nguid"), "{err}");
+
+    // The namespace shows the identifiers it was given.
+    let (mut q, c) = RawNvme::connected(np, SUB, 0, 0xFFFF, HOST, [7; 16]);
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(q.command(Property::set_sqe(2, reg::CC, 0x46_0001), &[]).unwrap().status.is_success());
+    let mut s = Sqe::new(admin::IDENTIFY, 3, 1);
+    s.set_cdw(10, 3); // namespace identification descriptors
+    s.set_sgl(Sgl { addr: 0, length: 4096, kind: sgl::TRANSPORT });
+    let (c, d) = q.exchange(s, &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    let uuid: Vec<u8> = (0..16).map(|i| u8::from_str_radix(&UUID.replace('-', "")[i * 2..i * 2 + 2], 16).unwrap()).collect();
+    assert_eq!(&d[..12], &[1, 8, 0, 0, 0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77]);
+    assert_eq!((&d[32..36], &d[36..52]), (&[3, 16, 0, 0][..], &uuid[..]));
+
+    // A second port: served at once, listed in the discovery log, and
+    // gone with its connection when removed.
+    let out = ctl(&sock, &["nvme_port_add", &format!(r#"{{"addr": "127.0.0.1:{np2}"}}"#)]);
+    assert!(out.contains(&format!("port 127.0.0.1:{np2} added")), "{out}");
+    assert!(ctl_err(&sock, &["nvme_port_add", &format!(r#"{{"addr": "127.0.0.1:{np2}"}}"#)]).contains("already listens"));
+    let discovered = || blockwire_ok(None, &["nvme", "discover", &format!("127.0.0.1:{np}")]);
+    let out = discovered();
+    assert!(out.contains(&format!("127.0.0.1:{np}/{SUB}")) && out.contains(&format!("127.0.0.1:{np2}/{SUB}")), "{out}");
+    let (mut q2, c) = RawNvme::connected(np2, SUB, 0, 0xFFFF, HOST, [8; 16]);
+    assert!(c.status.is_success(), "{c:?}");
+    let out = ctl(&sock, &["nvme_port_remove", &format!(r#"{{"addr": "127.0.0.1:{np2}"}}"#)]);
+    assert!(out.contains(&format!("port 127.0.0.1:{np2} removed")), "{out}");
+    assert!(q2.until_closed(usize::MAX, RawNvme::WAIT).closed, "a connection on a removed port stays open");
+    assert!(std::net::TcpStream::connect(("127.0.0.1", np2)).is_err(), "the removed port still accepts");
+    let out = discovered();
+    assert!(out.contains(&format!("127.0.0.1:{np}/{SUB}")) && !out.contains(&format!(":{np2}/")), "{out}");
+    assert_eq!(status(&sock)["nvme_ports"], serde_json::json!([format!("127.0.0.1:{np}")]));
+    // The other port's controller lives on.
+    assert!(q.command(Sqe::new(admin::KEEP_ALIVE, 4, 0), &[]).unwrap().status.is_success());
+
+    // Keys alone changing is a change, and the answer says so.
+    const KEY: &str = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+    ctl(&sock, &["nvme_host_add", &format!(r#"{{"nqn": "{SUB}", "host": "{HOST}"}}"#)]);
+    let out = ctl(&sock, &["nvme_host_add", &format!(r#"{{"nqn": "{SUB}", "host": "{HOST}", "dhchap_secret": "{KEY}"}}"#)]);
+    assert!(out.contains("authenticates"), "{out}");
+    let out = ctl(&sock, &["nvme_host_add", &format!(r#"{{"nqn": "{SUB}", "host": "{HOST}", "dhchap_secret": "{KEY}", "dhchap_hashes": ["sha512"]}}"#)]);
+    assert!(out.contains("changed") && !out.contains("no change"), "{out}");
+    let out = ctl(&sock, &["nvme_host_add", &format!(r#"{{"nqn": "{SUB}", "host": "{HOST}", "dhchap_secret": "{KEY}", "dhchap_hashes": ["sha512"]}}"#)]);
+    assert_eq!(out.trim(), "no change");
+    assert!(serve.stop().success());
+}

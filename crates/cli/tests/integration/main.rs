@@ -11,6 +11,7 @@ mod aoe_mmap;
 mod aoe_net;
 mod aoe_xdp;
 mod attach;
+mod blktests;
 mod cli_basics;
 mod conformance_kernel;
 mod control;

@@ -480,19 +480,6 @@ fn secrets_are_checked_at_load_and_hidden_by_print_config() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown group \"ffdhe1024\""));
 }
 
-/// Debian's linux-image-6.12 in `<repo>/.kvm-6.12`, made on first use.
-fn kernel_612_image() -> std::path::PathBuf {
-    let dir = repo_root().join(".kvm-6.12");
-    let st = std::process::Command::new(repo_root().join("tests/kernel-vm/kernel-6.12.sh"))
-        .arg(&dir)
-        .status()
-        .expect("run tests/kernel-vm/kernel-6.12.sh");
-    assert!(
-        st.success(),
-        "could not prepare the Linux 6.12 kernel VM image"
-    );
-    dir
-}
 
 #[test]
 fn linux_host_with_nvme_cli_authenticates_against_blockwire() {

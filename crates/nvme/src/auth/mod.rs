@@ -190,7 +190,7 @@ impl fmt::Display for FailureReason {
 
 /// What one side knows and accepts: its keys and, in preference order, the
 /// hash functions and DH groups it offers (host) or may pick (controller).
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub struct AuthConfig {
     /// The host's secret (both sides hold it).
     pub host_key: Secret,

@@ -222,7 +222,7 @@ mod auth {
         q.capsule(&connect_sqe(qid, 31, k).0, now, &mut out);
         let Some(Action::Connect { cid, .. }) = q.fetched(1, connect_data(), &mut out) else { panic!("no Connect") };
         let auth = ControllerAuth::new(Arc::new(AuthConfig::new(key(), None)), "nqn.h:1", "nqn.t:s");
-        let c = Connected { result: 5, keep_alive: Arc::new(KeepAlive::new(0, now)), subsystem: Some(subsystem()), auth: Some(auth) };
+        let c = Connected { result: 5, keep_alive: Arc::new(KeepAlive::new(1000, now)), subsystem: Some(subsystem()), auth: Some(auth) };
         q.connected(cid, c, now, &mut out);
         let c = cqe_of(&out[0]);
         assert_eq!((c.status, c.result), (Status::SUCCESS, 5 | fabrics::AUTHREQ_ATR as u64));
@@ -251,6 +251,10 @@ mod auth {
         let now = Instant::now();
         let deadline = now + Duration::from_secs(10);
         let mut q = connect_with_auth(0, now, deadline);
+        // The exchange runs longer than KATO (1 s): the keep-alive waits
+        // for it and starts when it succeeded.
+        let now = now + Duration::from_secs(3);
+        assert_eq!(q.handle_timeout(now), None);
         let mut ha = HostAuth::new(Arc::new(AuthConfig::new(key(), None)), "nqn.h:1", "nqn.t:s", 0, entropy(1));
         let mut act = ha.start();
         let mut authenticated = false;
@@ -283,8 +287,9 @@ mod auth {
             };
         }
         assert!(authenticated && !q.awaiting_auth());
-        // The login deadline is gone; commands run.
-        assert_ne!(q.poll_timeout(), Some(deadline));
+        // The login deadline is gone; the keep-alive runs from here.
+        assert_eq!(q.poll_timeout(), Some(now + Duration::from_millis(1001)));
+        assert_eq!(q.handle_timeout(now), None);
         let mut out = Vec::new();
         let a = q.capsule(&Sqe::new(crate::queue_entry::admin::IDENTIFY, 7, 0).0, now, &mut out);
         assert!(matches!(a, Some(Action::Admin { .. })), "{a:?}");

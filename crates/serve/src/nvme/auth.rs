@@ -34,11 +34,26 @@ impl HostKeys {
     }
 
     /// Take the hosts and keys of `cfg` (a live change); queues already
-    /// logged in keep going, new ones use these.
-    pub fn replace(&self, cfg: &NvmeConfig) -> anyhow::Result<()> {
+    /// logged in keep going, new ones use these. Returns what changed, a
+    /// line per host, for the change's answer: new keys alone change no
+    /// subsystem, and must not be answered with "no change".
+    pub fn replace(&self, cfg: &NvmeConfig) -> anyhow::Result<Vec<String>> {
         let keys = Self::keys(cfg)?;
-        *self.keys.lock().unwrap_or_else(|p| p.into_inner()) = keys;
-        Ok(())
+        let mut old = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = Vec::new();
+        for ((sub, host), a) in &keys {
+            match old.get(&(sub.clone(), host.clone())) {
+                None => log.push(format!("nvme {sub}: host {host} authenticates (DH-HMAC-CHAP) from its next Connect")),
+                Some(o) if o != a => log.push(format!("nvme {sub}: host {host}: DH-HMAC-CHAP keys, hashes or groups changed (from its next Connect)")),
+                Some(_) => {}
+            }
+        }
+        for (sub, host) in old.keys().filter(|k| !keys.contains_key(*k)) {
+            log.push(format!("nvme {sub}: host {host} no longer authenticates (DH-HMAC-CHAP)"));
+        }
+        log.sort();
+        *old = keys;
+        Ok(log)
     }
 
     fn keys(cfg: &NvmeConfig) -> anyhow::Result<HashMap<(String, String), Arc<AuthConfig>>> {

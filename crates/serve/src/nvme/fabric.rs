@@ -92,8 +92,8 @@ pub struct Fabric {
     /// Looked up at Connect only; live changes replace entries.
     subsystems: Mutex<Vec<Arc<LiveSubsystem>>>,
     /// NVMe/TCP listeners, then NVMe/RDMA ones (their discovery port IDs
-    /// count in that order from 1).
-    ports: Vec<Port>,
+    /// count in that order from 1). TCP ones change live.
+    ports: Mutex<Vec<Port>>,
     ctrls: Mutex<HashMap<u16, Arc<CtrlEntry>>>,
     next_cntlid: Mutex<u16>,
     /// NVM controllers alive at once (`limits.max_sessions`), and discovery
@@ -122,7 +122,7 @@ impl Fabric {
     pub fn new(subsystems: Vec<Arc<Subsystem>>, ports: Vec<Port>) -> Fabric {
         Fabric {
             subsystems: Mutex::new(subsystems.into_iter().map(|s| Arc::new(LiveSubsystem::new(s))).collect()),
-            ports,
+            ports: Mutex::new(ports),
             ctrls: Mutex::new(HashMap::new()),
             next_cntlid: Mutex::new(1),
             max_controllers: usize::MAX,
@@ -165,6 +165,14 @@ impl Fabric {
         self
     }
 
+    /// The NVMe/TCP ports are now `tcp` (a live change): discovery
+    /// controllers created from now on list these.
+    pub fn set_tcp_ports(&self, tcp: &[SocketAddr]) {
+        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
+        let rdma = ports.iter().filter(|p| p.rdma).copied();
+        *ports = tcp.iter().map(|&addr| Port { rdma: false, addr }).chain(rdma).collect();
+    }
+
     fn lock_ctrls(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<CtrlEntry>>> {
         self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -176,7 +184,7 @@ impl Fabric {
         let mut v = Vec::new();
         let subs: Vec<Arc<Subsystem>> = self.subsystems.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|s| s.load_full()).collect();
         for s in subs.iter().filter(|s| s.host_allowed(hostnqn)) {
-            for (i, p) in self.ports.iter().enumerate() {
+            for (i, p) in self.ports.lock().unwrap_or_else(|p| p.into_inner()).iter().enumerate() {
                 let a = p.addr;
                 let ip = if a.ip().is_unspecified() { local.map(|l| l.ip()).unwrap_or(a.ip()) } else { a.ip() };
                 let trtype = if p.rdma { TRTYPE_RDMA } else { TRTYPE_TCP };

@@ -21,7 +21,10 @@ use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_nvme::{Namespace, Subsystem};
 use fabric::{Fabric, Port};
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 /// NVMe/TCP framing for the shared reader: the common header's PLEN is the
 /// PDU's length; `max_plen` bounds what a peer can make us buffer.
@@ -67,6 +70,11 @@ fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Sub
             let v = volumes.get(&n.volume).with_context(|| format!("subsystem {}: no volume {:?}", s.nqn, n.volume))?;
             let mut ns = Namespace::new(&s.nqn, n.nsid, v.clone(), n.readonly);
             ns.ana_group = n.ana_group;
+            // (Validated with the configuration.)
+            let ids = n.ids().map_err(anyhow::Error::msg)?;
+            ns.uuid = ids.uuid.unwrap_or(ns.uuid);
+            ns.nguid = ids.nguid.or(ids.uuid).unwrap_or(ns.nguid);
+            ns.eui64 = ids.eui64;
             namespaces.push(ns);
         }
         let serial = s.serial.clone().unwrap_or_else(|| format!("BW{:08X}{:04X}", crc32c_str(&s.nqn), out.len()));
@@ -94,43 +102,50 @@ fn crc32c_str(s: &str) -> u32 {
 
 /// The running NVMe/TCP front-end, for live changes and `session_list`.
 #[derive(Clone)]
-pub struct Handle(Arc<Fabric>);
+pub struct Handle {
+    fabric: Arc<Fabric>,
+    tcp: Arc<TcpPorts>,
+}
 
 impl Handle {
-    /// Make the subsystems those of `cfg` while hosts stay connected (see
-    /// [`Fabric::reconcile`]); namespaces on a volume in `resized` are
-    /// reported changed. Returns what changed, for the log.
+    /// Make the ports and subsystems those of `cfg` while hosts stay
+    /// connected (see [`TcpPorts::reconcile`], [`Fabric::reconcile`]);
+    /// namespaces on a volume in `resized` are reported changed. Returns
+    /// what changed, for the log.
     pub fn reconcile(&self, cfg: &NvmeConfig, volumes: &Volumes, resized: &std::collections::HashSet<String>) -> anyhow::Result<Vec<String>> {
         let subs = subsystems(cfg, volumes)?;
-        self.0.host_keys.replace(cfg)?;
-        Ok(self.0.reconcile(subs, resized))
+        let (mut log, ports) = self.tcp.reconcile(&cfg.listen)?;
+        self.fabric.set_tcp_ports(&ports);
+        log.extend(self.fabric.host_keys.replace(cfg)?);
+        log.extend(self.fabric.reconcile(subs, resized));
+        Ok(log)
     }
 
     pub fn sessions(&self) -> Vec<crate::session::SessionInfo> {
-        self.0.sessions()
+        self.fabric.sessions()
     }
 
     /// End the controller with this id (`session_disconnect`).
     pub fn disconnect(&self, cntlid: u16) -> bool {
-        self.0.disconnect(cntlid)
+        self.fabric.disconnect(cntlid)
     }
 }
 
 pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<(Running, Handle)> {
     let subs = subsystems(cfg, volumes)?;
     let mut listeners = Vec::new();
-    let mut bound = Vec::new();
     let congestion = CongestionPlan::new(tuning.tcp_congestion.clone());
     for addr in &cfg.listen {
         let l = crate::accept::listen(*addr, &congestion).with_context(|| format!("NVMe/TCP listen on {addr}"))?;
-        bound.push(l.local_addr()?);
-        listeners.push(l);
+        listeners.push((*addr, l));
     }
+    let bound: Vec<std::net::SocketAddr> = listeners.iter().map(|(_, l)| l.local_addr()).collect::<Result<_, _>>()?;
+    let mut discovery = None;
     if let Some(d) = cfg.discovery_listen {
         if !cfg.listen.contains(&d) {
             let l = crate::accept::listen(d, &congestion).with_context(|| format!("NVMe/TCP discovery listen on {d}"))?;
             log::info!("nvme: discovery controller on {}", l.local_addr()?);
-            listeners.push(l);
+            discovery = Some(l);
         }
     }
     // What each subsystem is announced as, on every listener.
@@ -168,13 +183,13 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
     let login_timeout = limits.login_timeout();
     // One thread per connected queue (discovery controllers excepted), as
     // iSCSI connections by default: see `Threading::ThreadPerConnection`.
-    let acceptor = Acceptor {
+    let acceptor = Arc::new(Acceptor {
         name: "nvme",
         thread_name: "nvme-conn",
         admission,
         threading: Threading::ThreadPerConnection,
-        congestion,
-    };
+        congestion: congestion.clone(),
+    });
     // NVMe/RDMA is a front-end of its own, counted apart from NVMe/TCP's
     // (controllers are counted by the fabric, across both).
     let rdma_admission = Admission::new(limits.clone());
@@ -183,23 +198,106 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         rdma_threads.push(rdma::serve(l, fabric.clone(), rdma_admission.clone(), shutdown.clone())?);
     }
     let f = fabric.clone();
-    let handle = Handle(fabric.clone());
-    let mut rdma_shutdown = shutdown.clone();
-    let accepting = acceptor.run(listeners, shutdown, move |a| {
+    let serve = Arc::new(move |a: Accepted| {
         // `a.ticket` lives as long as the connection's future.
         let Accepted { stream, peer, local, ticket, shutdown } = a;
         let fabric = f.clone();
         conn::serve(stream, peer, local, fabric, shutdown, login_timeout, ticket)
     });
+    let discovery = discovery.map(|l| acceptor.accept_on(l, shutdown.clone(), serve.clone()));
+    let tcp = Arc::new(TcpPorts {
+        open: Mutex::new(Vec::new()),
+        congestion,
+        rt: tokio::runtime::Handle::current(),
+        shutdown: shutdown.clone(),
+        accept: Box::new(move |l, sd| drop(acceptor.accept_on(l, sd, serve.clone()))),
+    });
+    for ((configured, l), bound) in listeners.into_iter().zip(bound) {
+        tcp.open(configured, bound, l);
+    }
+    let handle = Handle { fabric: fabric.clone(), tcp };
+    let mut stopping = shutdown.clone();
     let running = tokio::spawn(async move {
-        let _ = accepting.await;
+        // Accept loops and connections watch the same signal.
+        stopping.wait().await;
+        if let Some(d) = discovery {
+            let _ = d.await;
+        }
         if !rdma_threads.is_empty() {
-            // (With no TCP listener `accepting` is done at once.)
-            rdma_shutdown.wait().await;
             let _ = tokio::task::spawn_blocking(move || rdma_threads.into_iter().for_each(|t| drop(t.join()))).await;
         }
         fabric.shutdown_all();
         Ok(())
     });
     Ok((running, handle))
+}
+
+/// One NVMe/TCP port being listened on.
+struct Listening {
+    /// As configured (`nvme.listen`): what `nvme_port_remove` names.
+    configured: SocketAddr,
+    /// As bound (port 0 made concrete): what the discovery log names.
+    bound: SocketAddr,
+    /// Ends its accept loop and every connection it accepted.
+    stop: watch::Sender<bool>,
+}
+
+/// The NVMe/TCP ports, added and removed while serving
+/// (`nvme_port_add`, `nvme_port_remove`, SIGHUP).
+struct TcpPorts {
+    open: Mutex<Vec<Listening>>,
+    congestion: CongestionPlan,
+    rt: tokio::runtime::Handle,
+    shutdown: Shutdown,
+    /// Accept on a listener until its shutdown.
+    accept: Box<dyn Fn(TcpListener, Shutdown) + Send + Sync>,
+}
+
+impl TcpPorts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Listening>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Accept on `l` from now on, under a shutdown of its own.
+    fn open(&self, configured: SocketAddr, bound: SocketAddr, l: TcpListener) {
+        let _rt = self.rt.enter();
+        let (stop, sd) = self.shutdown.child(&self.rt);
+        (self.accept)(l, sd);
+        self.lock().push(Listening { configured, bound, stop });
+    }
+
+    /// Listen on `want` and nowhere else: new addresses are bound first
+    /// (any failure changes nothing), then served; ports no longer
+    /// wanted stop accepting and close their connections (the hosts
+    /// reconnect elsewhere or retry, as after nvmet removes a port).
+    /// Returns what changed and the bound addresses.
+    fn reconcile(&self, want: &[SocketAddr]) -> anyhow::Result<(Vec<String>, Vec<SocketAddr>)> {
+        let have: Vec<SocketAddr> = self.lock().iter().map(|l| l.configured).collect();
+        let mut added = Vec::new();
+        {
+            let _rt = self.rt.enter();
+            for a in want.iter().filter(|a| !have.contains(a)) {
+                let l = crate::accept::listen(*a, &self.congestion).with_context(|| format!("NVMe/TCP listen on {a}"))?;
+                let bound = l.local_addr()?;
+                added.push((*a, bound, l));
+            }
+        }
+        let mut log = Vec::new();
+        for (a, bound, l) in added {
+            log.push(format!("nvme: port {a} added (listening on {bound})"));
+            self.open(a, bound, l);
+        }
+        self.lock().retain(|l| {
+            let keep = want.contains(&l.configured);
+            if !keep {
+                let _ = l.stop.send(true);
+                log.push(format!("nvme: port {} removed, its connections closed", l.configured));
+            }
+            keep
+        });
+        // In the order configured: the discovery log's port IDs follow it.
+        let open = self.lock();
+        let bound = want.iter().filter_map(|a| open.iter().find(|l| l.configured == *a).map(|l| l.bound)).collect();
+        Ok((log, bound))
+    }
 }

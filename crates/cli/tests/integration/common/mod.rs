@@ -330,6 +330,20 @@ pub fn kernel_vm_in(kvm_dir: Option<&Path>, script: &Path, tap: Option<&str>, ho
     VmRun { status: out.status, output }
 }
 
+/// Debian's linux-image-6.12 in `<repo>/.kvm-6.12`, made on first use.
+pub fn kernel_612_image() -> std::path::PathBuf {
+    let dir = repo_root().join(".kvm-6.12");
+    let st = std::process::Command::new(repo_root().join("tests/kernel-vm/kernel-6.12.sh"))
+        .arg(&dir)
+        .status()
+        .expect("run tests/kernel-vm/kernel-6.12.sh");
+    assert!(
+        st.success(),
+        "could not prepare the Linux 6.12 kernel VM image"
+    );
+    dir
+}
+
 /// Under software emulation on a busy host the kernel's early check of the
 /// timer interrupt can fail ("IO-APIC + timer doesn't work!") and the guest
 /// panics before running anything; such a boot may simply be retried.
