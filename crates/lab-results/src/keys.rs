@@ -96,9 +96,22 @@ impl fmt::Display for SubjectKey {
     }
 }
 
+impl SubjectKey {
+    /// The variant's place, to order keys that print alike but differ
+    /// (`served("local", "fio")` is no `LocalFio`): Ord agrees with Eq.
+    fn rank(&self) -> u8 {
+        match self {
+            SubjectKey::LocalFio => 0,
+            SubjectKey::LocalFs => 1,
+            SubjectKey::Served { .. } => 2,
+            SubjectKey::Kernel { .. } => 3,
+        }
+    }
+}
+
 impl Ord for SubjectKey {
     fn cmp(&self, other: &SubjectKey) -> Ordering {
-        self.name().cmp(&other.name())
+        self.name().cmp(&other.name()).then_with(|| self.rank().cmp(&other.rank()))
     }
 }
 
