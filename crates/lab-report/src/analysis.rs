@@ -6,6 +6,7 @@
 
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
 use bw_lab_results::fs::{FsFactors, FsSample};
+use bw_lab_results::{SubjectKey, Suite};
 use bw_lab_results::Results;
 use bw_lab_results::stats::{advantage, describe_advantage, mean_ci, Verdict};
 use std::collections::BTreeMap;
@@ -164,21 +165,21 @@ pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
     // the offload study has no case at the defaults at all.
     let all = cases(&r.samples);
     let local: BTreeMap<String, &Case> =
-        all.values().filter(|c| c.key.mtu.is_none() && c.key.suite == "micro").map(|c| (c.key.workload.clone(), c)).collect();
+        all.values().filter(|c| c.key.mtu.is_none() && c.key.suite == Suite::Micro).map(|c| (c.key.workload.clone(), c)).collect();
     let mut groups: BTreeMap<(String, String, u32, String), Vec<&Case>> = BTreeMap::new();
-    for c in all.values().filter(|c| c.key.suite == "micro") {
+    for c in all.values().filter(|c| c.key.suite == Suite::Micro) {
         if let Some(mtu) = c.key.mtu {
             groups.entry((c.key.factors.describe(), c.key.link.clone(), mtu, c.key.workload.clone())).or_default().push(c);
         }
     }
     let mut out = vec![];
     for ((setting, link, mtu, workload), cs) in groups {
-        let entries = |m: Metric| -> Vec<(String, Vec<f64>)> { cs.iter().map(|c| (c.key.subject.clone(), c.values(m))).collect() };
+        let entries = |m: Metric| -> Vec<(String, Vec<f64>)> { cs.iter().map(|c| (c.key.subject.to_string(), c.values(m))).collect() };
         let tm = throughput_metric(cs[0]);
         let throughput = decide(&Quantity::of(tm), &entries(tm));
         let vs_local = throughput.as_ref().and_then(|d| {
             let lc = local.get(&workload)?.summary(tm)?;
-            let best = cs.iter().find(|c| c.key.subject == d.leader)?.summary(tm)?;
+            let best = cs.iter().find(|c| c.key.subject.name() == d.leader)?.summary(tm)?;
             Some(format!("{} reaches {:.0}% of local fio", d.leader, best.mean / lc.mean * 100.0))
         });
         let scenario = match setting.as_str() {
@@ -186,7 +187,7 @@ pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
             s => format!("{}, {s}", scenario(r, &link, mtu)),
         };
         out.push(Recommendation {
-            suite: "micro",
+            suite: Suite::Micro.name(),
             scenario,
             link,
             mtu,
@@ -210,7 +211,7 @@ pub struct FsCase {
     pub mtu: Option<u32>,
     pub client_mem: u64,
     pub row: String,
-    pub subject: String,
+    pub subject: SubjectKey,
     /// The file system and fsync setting (default: ext4, honoured).
     pub factors: FsFactors,
     /// measure name -> (unit, higher is better, headline, values).
@@ -242,14 +243,14 @@ pub struct FsKey {
     pub link: String,
     pub client_mem: u64,
     pub row: String,
-    pub subject: String,
+    pub subject: SubjectKey,
     pub factors: FsFactors,
 }
 
 impl FsKey {
     /// A case at the default file system and fsync setting.
-    pub fn new(link: &str, client_mem: u64, row: &str, subject: &str) -> FsKey {
-        FsKey { link: link.into(), client_mem, row: row.into(), subject: subject.into(), factors: FsFactors::default() }
+    pub fn new(link: &str, client_mem: u64, row: &str, subject: &SubjectKey) -> FsKey {
+        FsKey { link: link.into(), client_mem, row: row.into(), subject: subject.clone(), factors: FsFactors::default() }
     }
 }
 
@@ -310,13 +311,13 @@ pub fn fs_recommendations(r: &Results) -> Vec<Recommendation> {
     }
     let mut out = vec![];
     for ((link, mem, _, row), cs) in groups {
-        let net: Vec<&&FsCase> = cs.iter().filter(|c| c.subject != bw_lab_results::fs::LOCAL).collect();
+        let net: Vec<&&FsCase> = cs.iter().filter(|c| !c.subject.is_local()).collect();
         if net.is_empty() {
             continue;
         }
         let Some((hname, h)) = net[0].headline() else { continue };
         let decide_on = |what: &str, noun: String, hib: bool| {
-            let entries: Vec<(String, Vec<f64>)> = net.iter().map(|c| (c.subject.clone(), c.values(what))).collect();
+            let entries: Vec<(String, Vec<f64>)> = net.iter().map(|c| (c.subject.to_string(), c.values(what))).collect();
             decide(&Quantity { noun, higher_is_better: hib }, &entries)
         };
         let throughput = decide_on(hname, hname.clone(), h.higher_is_better);
@@ -333,7 +334,7 @@ pub fn fs_recommendations(r: &Results) -> Vec<Recommendation> {
         let vs_local = throughput.as_ref().and_then(|d| {
             let local = cs.iter().find(|c| c.subject == bw_lab_results::fs::LOCAL)?;
             let lv = mean(&local.values(hname));
-            let best = mean(&net.iter().find(|c| c.subject == d.leader)?.values(hname));
+            let best = mean(&net.iter().find(|c| c.subject.name() == d.leader)?.values(hname));
             (lv > 0.0).then(|| format!("{} reaches {:.0}% of local ext4", d.leader, best / lv * 100.0))
         });
         let mtu = net[0].mtu.unwrap_or(0);
@@ -395,10 +396,10 @@ pub fn with_interval(values: &[f64]) -> String {
 pub fn sample_counts(r: &Results) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for s in &r.samples {
-        *m.entry(s.subject.clone()).or_insert(0) += 1;
+        *m.entry(s.subject.to_string()).or_insert(0) += 1;
     }
     for s in &r.fs {
-        *m.entry(s.subject.clone()).or_insert(0) += 1;
+        *m.entry(s.subject.to_string()).or_insert(0) += 1;
     }
     m
 }

@@ -6,7 +6,7 @@ use crate::analysis::{self, FsCase, FsKey, Recommendation};
 use crate::findings::{self, Finding};
 use crate::svg;
 use bw_lab_results::accounting::{Case, CaseKey};
-use bw_lab_results::Results;
+use bw_lab_results::{Results, SubjectKey};
 use std::collections::BTreeMap;
 
 /// Everything a section may use, computed once.
@@ -17,7 +17,7 @@ pub struct Ctx<'a> {
     pub recs: Vec<Recommendation>,
     pub findings: Vec<Finding>,
     /// Subject key -> chart colour.
-    pub colors: BTreeMap<String, String>,
+    pub colors: BTreeMap<SubjectKey, String>,
 }
 
 impl<'a> Ctx<'a> {
@@ -32,7 +32,7 @@ impl<'a> Ctx<'a> {
             colors,
         }
     }
-    pub fn color(&self, key: &str) -> String {
+    pub fn color(&self, key: &SubjectKey) -> String {
         self.colors.get(key).cloned().unwrap_or_else(|| "#000".into())
     }
 }

@@ -85,12 +85,12 @@ pub fn csv(r: &Results) -> String {
         let b = &x.bench;
         let wire = x.wire;
         let mut row = vec![
-            x.subject.clone(),
+            x.subject.to_string(),
             opt(subj.map(|s| &s.protocol)),
             opt(subj.map(|s| &s.target)),
             opt(subj.map(|s| &s.initiator)),
             opt(x.mtu),
-            x.suite.clone(),
+            x.suite.to_string(),
             w.name.clone(),
             w.rw.clone(),
             w.bs.to_string(),
@@ -131,7 +131,7 @@ pub fn fs_csv(r: &Results) -> String {
     let rows = r.fs.iter().flat_map(|x| {
         x.measures().into_iter().map(move |m| {
             vec![
-                x.subject.clone(),
+                x.subject.to_string(),
                 x.link.clone(),
                 opt(x.mtu),
                 x.client_mem.to_string(),
@@ -166,7 +166,7 @@ mod tests {
         flow.flowops.insert("read,fsync".into(), OpStats { count: 1, lat_total_ns: 1000, ..Default::default() });
         let mut r = Results::default();
         r.fs.push(FsSample {
-            subject: "blockwire-iscsi".into(),
+            subject: bw_lab_results::SubjectKey::served("blockwire", "iscsi"),
             link: "none".into(),
             mtu: Some(1500),
             client_mem: 1 << 20,

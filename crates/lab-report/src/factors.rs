@@ -6,6 +6,7 @@ use crate::context::Ctx;
 use crate::svg::{self, Bar};
 use bw_lab_results::accounting::{Case, Metric};
 use bw_lab_results::stats::mean_ci;
+use bw_lab_results::{SubjectKey, Suite};
 use maud::{html, Markup};
 
 /// The workloads the charts show: one throughput-bound, one per-op.
@@ -37,11 +38,11 @@ pub fn section(c: &Ctx) -> Option<Markup> {
     }
     let link = crate::analysis::first_link(c.r);
     let mtu = c.r.params.mtus.first().copied();
-    let here: Vec<&Case> = all.values().filter(|x| x.key.suite == "micro" && x.key.link == link && x.key.mtu == mtu).collect();
+    let here: Vec<&Case> = all.values().filter(|x| x.key.suite == Suite::Micro && x.key.link == link && x.key.mtu == mtu).collect();
     let mut settings: Vec<_> = here.iter().map(|x| x.key.factors.clone()).collect();
     settings.sort();
     settings.dedup();
-    let mut subjects: Vec<String> = here.iter().map(|x| x.key.subject.clone()).collect();
+    let mut subjects: Vec<SubjectKey> = here.iter().map(|x| x.key.subject.clone()).collect();
     subjects.sort();
     subjects.dedup();
     Some(html! {
@@ -61,9 +62,9 @@ pub fn section(c: &Ctx) -> Option<Markup> {
         }
         div.charts {
             @for (w, m) in CHARTED {
-                @let groups: Vec<String> = subjects.clone();
+                @let groups: Vec<String> = subjects.iter().map(|s| s.to_string()).collect();
                 @let series: Vec<(String, String)> = settings.iter().enumerate().map(|(i, f)| (if f.is_default() { "defaults".to_string() } else { f.describe() }, svg::PALETTE[i % svg::PALETTE.len()].to_string())).collect();
-                @let values: Vec<Vec<Option<Bar>>> = groups.iter().map(|s| settings.iter().map(|f| here.iter().find(|x| &x.key.subject == s && x.key.workload == w && &x.key.factors == f).and_then(|x| ci_bar(&x.values(m)))).collect()).collect();
+                @let values: Vec<Vec<Option<Bar>>> = subjects.iter().map(|s| settings.iter().map(|f| here.iter().find(|x| &x.key.subject == s && x.key.workload == w && &x.key.factors == f).and_then(|x| ci_bar(&x.values(m)))).collect()).collect();
                 @if values.iter().flatten().any(|v| v.is_some()) {
                     (svg::grouped_bars(&format!("{w}: {}", m.label()), m.label(), &groups, &series, &values))
                 }
@@ -86,15 +87,27 @@ pub fn section(c: &Ctx) -> Option<Markup> {
     })
 }
 
+/// A group of an fs row's chart: its label, and the subject and row its
+/// cases are filed under.
+struct FsGroup<'a> {
+    label: String,
+    subject: SubjectKey,
+    row: &'a str,
+}
+
 /// The subjects of an fs row's chart, and the local raw device after them
 /// when `raw_ref` and it was measured.
-fn fs_groups(here: &[&crate::analysis::FsCase], row: &str, raw_ref: bool) -> Vec<String> {
-    let mut groups: Vec<String> = here.iter().filter(|x| x.row == row).map(|x| x.subject.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-    if raw_ref && here.iter().any(|x| x.row == "iogen-raw" && x.subject == bw_lab_results::fs::LOCAL) {
-        groups.push("raw device (local)".into());
+fn fs_groups<'a>(here: &[&crate::analysis::FsCase], row: &'a str, raw_ref: bool) -> Vec<FsGroup<'a>> {
+    let subjects: std::collections::BTreeSet<&SubjectKey> = here.iter().filter(|x| x.row == row).map(|x| &x.subject).collect();
+    let mut groups: Vec<FsGroup> = subjects.into_iter().map(|s| FsGroup { label: s.to_string(), subject: s.clone(), row }).collect();
+    if raw_ref && here.iter().any(|x| x.row == RAW_ROW && x.subject == bw_lab_results::fs::LOCAL) {
+        groups.push(FsGroup { label: "raw device (local)".into(), subject: bw_lab_results::fs::LOCAL, row: RAW_ROW });
     }
     groups
 }
+
+/// The local baseline's row on the raw loop device (no file system).
+const RAW_ROW: &str = "iogen-raw";
 
 /// The file-system factor's section (study 4): each fs workload's headline
 /// per subject and `--fs`/`--fsync` setting, with the local raw device as
@@ -114,11 +127,10 @@ pub fn fs_section(c: &Ctx) -> Option<Markup> {
     let mut settings: Vec<_> = here.iter().map(|x| x.factors.clone()).collect();
     settings.sort();
     settings.dedup();
-    let mut rows: Vec<String> = here.iter().map(|x| x.row.clone()).filter(|r| r != "iogen-raw").collect();
+    let mut rows: Vec<String> = here.iter().map(|x| x.row.clone()).filter(|r| r != RAW_ROW).collect();
     rows.sort_by_key(|r| crate::analysis::row_order(r));
     rows.dedup();
     let series: Vec<(String, String)> = settings.iter().enumerate().map(|(i, f)| (f.describe(), svg::PALETTE[i % svg::PALETTE.len()].to_string())).collect();
-    let local = bw_lab_results::fs::LOCAL;
     Some(html! {
         p.note {
             "Each setting made its own file system on every subject in turn (" code { "--fs" } ", " code { "--fsync" } "). "
@@ -135,13 +147,13 @@ pub fn fs_section(c: &Ctx) -> Option<Markup> {
             @for row in &rows {
                 @let raw_ref = row.starts_with("iogen");
                 @let groups = fs_groups(&here, row, raw_ref);
+                @let labels: Vec<String> = groups.iter().map(|g| g.label.clone()).collect();
                 @let values: Vec<Vec<Option<Bar>>> = groups.iter().map(|g| settings.iter().map(|f| {
-                    let (subject, r) = if g == "raw device (local)" { (local, "iogen-raw") } else { (g.as_str(), row.as_str()) };
-                    here.iter().find(|x| x.subject == subject && x.row == r && &x.factors == f).and_then(|x| x.headline().map(|(_, v)| v.values.clone())).and_then(|v| ci_bar(&v))
+                    here.iter().find(|x| x.subject == g.subject && x.row == g.row && &x.factors == f).and_then(|x| x.headline().map(|(_, v)| v.values.clone())).and_then(|v| ci_bar(&v))
                 }).collect()).collect();
                 @let unit = here.iter().find(|x| &x.row == row).and_then(|x| x.headline().map(|(n, v)| format!("{n} ({})", v.unit))).unwrap_or_default();
                 @if values.iter().flatten().any(|v| v.is_some()) {
-                    (svg::grouped_bars(&format!("{row} by file system"), &unit, &groups, &series, &values))
+                    (svg::grouped_bars(&format!("{row} by file system"), &unit, &labels, &series, &values))
                 }
             }
         }

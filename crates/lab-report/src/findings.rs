@@ -5,7 +5,7 @@
 
 use crate::analysis::{fs_cases, fs_cases_all, mean, mem_name, FsCase, FsKey};
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
-use bw_lab_results::Results;
+use bw_lab_results::{Results, SubjectKey, Suite};
 use bw_lab_results::route::{RouteResults, WORKLOADS};
 use bw_lab_results::stats::{ratio_of_means, RatioCi, PRACTICAL};
 use std::collections::BTreeMap;
@@ -64,7 +64,10 @@ fn ci_text(ci: RatioCi) -> String {
 }
 
 /// The two AoE/iSCSI pairs the first study's claims are checked on.
-const PAIRS: [(&str, &str); 2] = [("blockwire-aoe", "blockwire-iscsi"), ("vblade-aoe", "tgt-iscsi")];
+static PAIRS: [(SubjectKey, SubjectKey); 2] = [
+    (SubjectKey::served("blockwire", "aoe"), SubjectKey::served("blockwire", "iscsi")),
+    (SubjectKey::served("vblade", "aoe"), SubjectKey::served("tgt", "iscsi")),
+];
 
 /// The interval lies within ±5% of 1: equal for practical purposes.
 fn equal(ci: RatioCi) -> bool {
@@ -98,21 +101,21 @@ fn same(ci: RatioCi) -> (Verdict, String) {
     }
 }
 
-fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &str, mtu: u32, workload: &str, subject: &str) -> Option<&'a Case> {
-    all.get(&CaseKey { suite: "micro".into(), link: link.into(), mtu: Some(mtu), workload: workload.into(), subject: subject.into(), factors: Default::default() })
+fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &str, mtu: u32, workload: &str, subject: &SubjectKey) -> Option<&'a Case> {
+    all.get(&CaseKey { suite: Suite::Micro, link: link.into(), mtu: Some(mtu), workload: workload.into(), subject: subject.clone(), factors: Default::default() })
 }
 
-fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &str, mem: u64, row: &str, subject: &str) -> Option<&'a FsCase> {
+fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &str, mem: u64, row: &str, subject: &SubjectKey) -> Option<&'a FsCase> {
     all.get(&FsKey::new(link, mem, row, subject))
 }
 
 /// Geometric mean of a/b over the micro workloads both ran, with how many
 /// were apart beyond the threshold.
-fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &str, mtu: u32, a: &str, b: &str, metric: Metric) -> Option<(f64, usize, usize)> {
+fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &str, mtu: u32, a: &SubjectKey, b: &SubjectKey, metric: Metric) -> Option<(f64, usize, usize)> {
     let mut logs = vec![];
     let mut apart = 0;
-    for c in all.values().filter(|c| c.key.suite == "micro" && c.key.link == link && c.key.mtu == Some(mtu) && c.key.subject == a && c.key.factors.is_default()) {
-        let Some(cb) = all.get(&CaseKey { subject: b.to_string(), ..c.key.clone() }) else { continue };
+    for c in all.values().filter(|c| c.key.suite == Suite::Micro && c.key.link == link && c.key.mtu == Some(mtu) && &c.key.subject == a && c.key.factors.is_default()) {
+        let Some(cb) = all.get(&CaseKey { subject: b.clone(), ..c.key.clone() }) else { continue };
         let (va, vb) = (c.values(metric), cb.values(metric));
         if mean(&va) > 0.0 && mean(&vb) > 0.0 {
             logs.push((mean(&va) / mean(&vb)).ln());
@@ -194,8 +197,8 @@ impl<'a> Run<'a> {
         }
     }
 
-    fn measured(&self, subject: &str) -> bool {
-        self.results.subjects.iter().any(|x| x.key == subject && x.unavailable.is_none())
+    fn measured(&self, subject: &SubjectKey) -> bool {
+        self.results.subjects.iter().any(|x| &x.key == subject && x.unavailable.is_none())
     }
 
     /// The fs suite's client memory limits (none without the fs suite).
@@ -282,7 +285,7 @@ fn factor_pairs(run: &Run, workload: &str, metric: Metric, offload: bool) -> Vec
         } else {
             (Factors { offload: other.clone(), digest: "crc32c-soft".into() }, Factors { offload: other.clone(), digest: "crc32c".into() })
         };
-        for ca in run.micro.values().filter(|c| c.key.suite == "micro" && c.key.workload == workload && c.key.mtu == Some(run.mtu) && c.key.factors == fa) {
+        for ca in run.micro.values().filter(|c| c.key.suite == Suite::Micro && c.key.workload == workload && c.key.mtu == Some(run.mtu) && c.key.factors == fa) {
             let Some(cb) = run.micro.get(&CaseKey { factors: fb.clone(), ..ca.key.clone() }) else { continue };
             let at = match (offload, other.is_empty()) {
                 (_, true) => String::new(),
@@ -384,7 +387,7 @@ fn micro_pairs(run: &Run, workload: &str, metric: Metric) -> Vec<Outcome> {
             out.push(Outcome::NotApplicable { compared: where_, why: format!("this run had no {link} link (add it with --link {link})") });
             continue;
         }
-        for (a, b) in PAIRS {
+        for (a, b) in &PAIRS {
             let compared = format!("{a} / {b}, {where_}");
             let (Some(ca), Some(cb)) = (micro_case(&run.micro, link, mtu, workload, a), micro_case(&run.micro, link, mtu, workload, b)) else {
                 if run.measured(a) || run.measured(b) {
@@ -408,7 +411,7 @@ fn cached_writes(run: &Run) -> Vec<Outcome> {
     let mut out = vec![];
     for link in &run.links {
         let Some(&mem) = run.client_mems().first() else { break };
-        for (aoe, iscsi) in PAIRS {
+        for (aoe, iscsi) in &PAIRS {
             let (Some(ca), Some(cb)) = (fs_case(&run.fs, link, mem, "bonnie block write", iscsi), fs_case(&run.fs, link, mem, "bonnie block write", aoe)) else {
                 continue;
             };
@@ -432,7 +435,7 @@ fn personality_pairs(run: &Run, personality: &str) -> Vec<Outcome> {
     let mut out = vec![];
     for link in &run.links {
         for &mem in run.client_mems() {
-            for (aoe, iscsi) in PAIRS {
+            for (aoe, iscsi) in &PAIRS {
                 let (Some(ca), Some(cb)) = (fs_case(&run.fs, link, mem, personality, aoe), fs_case(&run.fs, link, mem, personality, iscsi)) else {
                     continue;
                 };
@@ -455,8 +458,8 @@ fn personality_pairs(run: &Run, personality: &str) -> Vec<Outcome> {
 }
 
 /// The iSCSI and NFS subjects study 2's comparison pairs.
-const ISCSI_SUBJECTS: [&str; 2] = ["blockwire-iscsi", "tgt-iscsi"];
-const NFS_SUBJECTS: [&str; 1] = ["ganesha-nfs"];
+static ISCSI_SUBJECTS: [SubjectKey; 2] = [SubjectKey::served("blockwire", "iscsi"), SubjectKey::served("tgt", "iscsi")];
+static NFS_SUBJECTS: [SubjectKey; 1] = [SubjectKey::served("ganesha", "nfs")];
 
 /// Study 2, iSCSI/NFS: 4 KiB random reads at queue depth 1 (micro), and on
 /// ext4 Bonnie++'s block read and write (streaming) and PostMark. NFS here
@@ -464,8 +467,8 @@ const NFS_SUBJECTS: [&str; 1] = ["ganesha-nfs"];
 /// ext4 on it in the fs suite: the choice between an iSCSI LUN and a raw
 /// image on NFS storage, not the study's file access over a kernel mount.
 fn iscsi_against_nfs(run: &Run) -> Vec<Outcome> {
-    let pairs: Vec<(&str, &str)> =
-        ISCSI_SUBJECTS.iter().flat_map(|&i| NFS_SUBJECTS.iter().map(move |&n| (i, n))).filter(|(i, n)| run.measured(i) && run.measured(n)).collect();
+    let pairs: Vec<(&SubjectKey, &SubjectKey)> =
+        ISCSI_SUBJECTS.iter().flat_map(|i| NFS_SUBJECTS.iter().map(move |n| (i, n))).filter(|(i, n)| run.measured(i) && run.measured(n)).collect();
     if pairs.is_empty() {
         return not_applicable("iSCSI against NFS", "needs an iSCSI subject and an NFS one (the ganesha peer, --peers ganesha) in the same run");
     }
@@ -499,10 +502,10 @@ fn iscsi_against_nfs(run: &Run) -> Vec<Outcome> {
 /// the server's file system: ganesha's image through `nfs://` (the
 /// client's ext4 inside it, as a VM guest's disk on NFS storage), and the
 /// kernel NFS mounts (files straight on the export).
-const NFS_FS_SUBJECTS: [(&str, &str); 3] = [
-    ("ganesha-nfs", "nfs:// image, ext4 inside"),
-    ("kernel-nfs3@ganesha", "kernel NFSv3 mount"),
-    ("kernel-nfs4.1@ganesha", "kernel NFSv4.1 mount"),
+static NFS_FS_SUBJECTS: [(SubjectKey, &str); 3] = [
+    (SubjectKey::served("ganesha", "nfs"), "nfs:// image, ext4 inside"),
+    (SubjectKey::kernel("nfs3", "ganesha"), "kernel NFSv3 mount"),
+    (SubjectKey::kernel("nfs4.1", "ganesha"), "kernel NFSv4.1 mount"),
 ];
 
 /// Study 4's NFS claim: over NFS, each file system under ganesha's export
@@ -511,7 +514,7 @@ const NFS_FS_SUBJECTS: [(&str, &str); 3] = [
 /// memory limit, per link. Locally the same settings are judged against
 /// the raw device (the claim above); an NFS export has no raw device.
 fn file_systems_over_nfs(run: &Run) -> Vec<Outcome> {
-    let subjects: Vec<(&str, &str)> = NFS_FS_SUBJECTS.iter().copied().filter(|(s, _)| run.measured(s)).collect();
+    let subjects: Vec<(&SubjectKey, &str)> = NFS_FS_SUBJECTS.iter().map(|(s, how)| (s, *how)).filter(|(s, _)| run.measured(s)).collect();
     let what = "file systems under NFS";
     if subjects.is_empty() {
         return not_applicable(what, "needs an NFS subject (the ganesha peer, --peers ganesha) in the fs suite and --fs naming two file systems or more");
@@ -523,7 +526,7 @@ fn file_systems_over_nfs(run: &Run) -> Vec<Outcome> {
     for link in &run.links {
         for &(s, how) in &subjects {
             let mut rows: BTreeMap<&str, Vec<&FsCase>> = BTreeMap::new();
-            for c in run.fs_all.values().filter(|c| c.subject == s && &c.link == link && c.client_mem == mem && c.factors.fsync.is_empty()) {
+            for c in run.fs_all.values().filter(|c| &c.subject == s && &c.link == link && c.client_mem == mem && c.factors.fsync.is_empty()) {
                 rows.entry(c.row.as_str()).or_default().push(c);
             }
             for (row, cases) in rows {
@@ -568,7 +571,7 @@ fn iscsi_over_aoe_per_op(run: &Run, metric: Metric, what: &str) -> Vec<Outcome> 
     let mut out = vec![];
     let mtu = run.mtu;
     for link in &run.links {
-        for (aoe, iscsi) in PAIRS {
+        for (aoe, iscsi) in &PAIRS {
             let Some((x, apart, n)) = ratio_over_workloads(&run.micro, link, mtu, iscsi, aoe, metric) else { continue };
             out.push(Outcome::Measured {
                 compared: format!("{iscsi} / {aoe}, micro workloads at MTU {mtu}, link {link}"),
@@ -607,7 +610,7 @@ fn larger_mtu_per_op(run: &Run) -> Vec<Outcome> {
     for (metric, what) in [(Metric::TotalCpuUsPerOp, "CPU per op"), (Metric::WireBytesPerOp, "wire bytes per op")] {
         let mut parts = vec![];
         let (mut lower, mut higher) = (0, 0);
-        for s in r.subjects.iter().filter(|s| s.protocol != "local") {
+        for s in r.subjects.iter().filter(|s| !s.key.is_local()) {
             // Reads and writes apart: pooled, their different costs
             // per op (about 2x) widened the interval past the 5%
             // line even when both were lower in every repeat.
@@ -660,9 +663,9 @@ fn lower_at_the_larger_mtu(e: Evidence) -> (Verdict, String) {
 /// Study 4: NVMe/TCP against local, on the micro suite and on ext4.
 fn nvme_share_of_local(run: &Run) -> Vec<Outcome> {
     let mut out = vec![];
-    let (nv, loc) = ("blockwire-nvme", "local-fio");
+    let (nv, loc) = (&SubjectKey::served("blockwire", "nvme"), SubjectKey::LocalFio);
     for w in ["randrw75-4k-qd16", "randread-4k-qd32"] {
-        let Some(l) = run.micro.get(&CaseKey { suite: "micro".into(), link: "none".into(), mtu: None, workload: w.into(), subject: loc.into(), factors: Default::default() }) else { continue };
+        let Some(l) = run.micro.get(&CaseKey { suite: Suite::Micro, link: "none".into(), mtu: None, workload: w.into(), subject: loc.clone(), factors: Default::default() }) else { continue };
         for link in &run.links {
             let Some(n) = micro_case(&run.micro, link, run.mtu, w, nv) else { continue };
             let Some(ci) = ratio_of_means(&n.values(Metric::Iops), &l.values(Metric::Iops)) else { continue };
@@ -677,7 +680,7 @@ fn nvme_share_of_local(run: &Run) -> Vec<Outcome> {
             let mut vb = vec![];
             for p in &rows {
                 // Each personality's runs as shares of the local mean: one scale for all.
-                let (Some(n), Some(l)) = (fs_case(&run.fs, link, mem, p, nv), fs_case(&run.fs, link, mem, p, bw_lab_results::fs::LOCAL)) else { continue };
+                let (Some(n), Some(l)) = (fs_case(&run.fs, link, mem, p, nv), fs_case(&run.fs, link, mem, p, &bw_lab_results::fs::LOCAL)) else { continue };
                 let lm = mean(&l.values("ops/s"));
                 if lm > 0.0 {
                     va.extend(n.values("ops/s").iter().map(|x| x / lm));
@@ -717,7 +720,7 @@ fn local_fs_over_raw(run: &Run) -> Vec<Outcome> {
     let mem = run.client_mems().first().copied().unwrap_or(0);
     let mut out = vec![];
     for f in run.fs_all.values().filter(|c| c.row == "iogen-direct" && c.subject == local && c.client_mem == mem) {
-        let Some(w) = run.fs_all.get(&FsKey { row: "iogen-raw".into(), ..FsKey { factors: f.factors.clone(), ..FsKey::new(&f.link, mem, "", local) } }) else { continue };
+        let Some(w) = run.fs_all.get(&FsKey { row: "iogen-raw".into(), ..FsKey { factors: f.factors.clone(), ..FsKey::new(&f.link, mem, "", &local) } }) else { continue };
         let name = f.factors.describe();
         let Some(ci) = ratio_of_means(&f.values("IOPS"), &w.values("IOPS")) else {
             out.push(Outcome::NotApplicable { compared: format!("local {name} against the raw device"), why: "fewer than two runs: no interval".into() });

@@ -8,7 +8,7 @@
 use crate::analysis::{self, first_link, mem_name, row_order, with_interval, FsCase, FsKey, Recommendation};
 use crate::findings::{self, Finding};
 use bw_lab_results::accounting::{Case, CaseKey, Metric};
-use bw_lab_results::Results;
+use bw_lab_results::{Results, SubjectKey, Suite};
 use bw_lab_results::stats::{mean_ci, Summary};
 use crate::context::Ctx;
 use crate::svg::{self, Bar};
@@ -298,7 +298,7 @@ fn links(c: &Ctx) -> Option<Markup> {
                 @for &mtu in &r.params.mtus {
                     @let ceiling = bw_lab_results::net::ceiling(&r.net, &s.name, mtu);
                     @let best = c.micro.values()
-                        .filter(|k| k.key.suite == "micro" && k.key.link == s.name && k.key.mtu == Some(mtu) && k.key.workload == "seqread-1m")
+                        .filter(|k| k.key.suite == Suite::Micro && k.key.link == s.name && k.key.mtu == Some(mtu) && k.key.workload == "seqread-1m")
                         .filter_map(|k| k.summary(Metric::MibPerS).map(|m| (k.key.subject.clone(), m.mean)))
                         .max_by(|a, b| a.1.total_cmp(&b.1));
                     tr {
@@ -332,11 +332,11 @@ fn fmt_summary(s: Option<Summary>) -> Markup {
 fn micro(c: &Ctx) -> Option<Markup> {
     let r = c.r;
     let all = &c.micro;
-    if !all.keys().any(|k| k.suite == "micro") {
+    if !all.keys().any(|k| k.suite == Suite::Micro) {
         return None;
     }
     let link = first_link(r);
-    let mut mtus: Vec<u32> = all.keys().filter(|k| k.suite == "micro").filter_map(|k| k.mtu).collect();
+    let mut mtus: Vec<u32> = all.keys().filter(|k| k.suite == Suite::Micro).filter_map(|k| k.mtu).collect();
     mtus.sort();
     mtus.dedup();
     let charts: [(Metric, Option<Metric>, &str); 7] = [
@@ -366,10 +366,10 @@ fn micro(c: &Ctx) -> Option<Markup> {
     Some(html! {
         p.note { "blockwire bench (queue depth and jobs as named) against each subject from the client namespace, and fio (io_uring) on the backing file as the local baseline. Bars: mean; whiskers: ±1 standard deviation over the repetitions. Charts show link " (link) "; the tables every link." }
         @for &mtu in &mtus {
-            @let subjects: Vec<String> = r.subjects.iter().map(|s| s.key.clone())
-                .filter(|k| all.keys().any(|c| c.suite == "micro" && &c.subject == k && (c.mtu == Some(mtu) || c.mtu.is_none()))).collect();
-            @let series: Vec<(String, String)> = subjects.iter().map(|k| (if k == "local-fio" { "local fio (no network)".to_string() } else { k.clone() }, c.color(k))).collect();
-            @let workloads: Vec<(String, bool)> = all.values().filter(|x| x.key.suite == "micro" && x.key.mtu == Some(mtu))
+            @let subjects: Vec<SubjectKey> = r.subjects.iter().map(|s| s.key.clone())
+                .filter(|k| all.keys().any(|c| c.suite == Suite::Micro && &c.subject == k && (c.mtu == Some(mtu) || c.mtu.is_none()))).collect();
+            @let series: Vec<(String, String)> = subjects.iter().map(|k| (if *k == SubjectKey::LocalFio { "local fio (no network)".to_string() } else { k.to_string() }, c.color(k))).collect();
+            @let workloads: Vec<(String, bool)> = all.values().filter(|x| x.key.suite == Suite::Micro && x.key.mtu == Some(mtu))
                 .map(|x| (x.key.workload.clone(), x.workload.is_sequential())).collect();
             @let workloads = { let mut w = workloads; w.sort_by_key(|(n, _)| order(n)); w.dedup(); w };
             h3 { "MTU " (mtu) }
@@ -379,8 +379,8 @@ fn micro(c: &Ctx) -> Option<Markup> {
                         @let metric = if seq { seq_metric } else { rand_metric.unwrap_or(seq_metric) };
                         @let groups: Vec<String> = workloads.iter().filter(|(_, s)| *s == seq).map(|(n, _)| n.clone()).collect();
                         @let values: Vec<Vec<Option<Bar>>> = groups.iter().map(|g| subjects.iter().map(|subj| {
-                            let local = subj == "local-fio";
-                            let key = CaseKey { suite: "micro".into(), link: if local { "none".into() } else { link.clone() }, mtu: if local { None } else { Some(mtu) }, workload: g.clone(), subject: subj.clone(), factors: Default::default() };
+                            let local = *subj == SubjectKey::LocalFio;
+                            let key = CaseKey { suite: Suite::Micro, link: if local { "none".into() } else { link.clone() }, mtu: if local { None } else { Some(mtu) }, workload: g.clone(), subject: subj.clone(), factors: Default::default() };
                             all.get(&key).and_then(|x| x.summary(metric)).map(bar_of)
                         }).collect()).collect();
                         @if !groups.is_empty() && values.iter().flatten().any(|v| v.is_some()) {
@@ -398,7 +398,7 @@ fn micro(c: &Ctx) -> Option<Markup> {
                 @for m in table_metrics { th { (m.label()) } }
                 th { "I/O errors" } th { "machine busy before (median)" }
             }
-            @for x in all.values().filter(|x| x.key.suite == "micro") {
+            @for x in all.values().filter(|x| x.key.suite == Suite::Micro) {
                 @let busy: Vec<f64> = x.samples.iter().map(|s| s.busy_before).collect();
                 @let busy = { let mut v = busy; v.sort_by(|a, b| a.total_cmp(b)); v };
                 tr {
@@ -418,7 +418,7 @@ fn sweep(c: &Ctx) -> Option<Markup> {
     let r = c.r;
     let p = &r.params;
     let all = &c.micro;
-    let subjects: Vec<String> = r.subjects.iter().map(|s| s.key.clone()).filter(|k| all.keys().any(|x| x.suite == "sweep" && &x.subject == k)).collect();
+    let subjects: Vec<SubjectKey> = r.subjects.iter().map(|s| s.key.clone()).filter(|k| all.keys().any(|x| x.suite == Suite::Sweep && &x.subject == k)).collect();
     if subjects.is_empty() {
         return None;
     }
@@ -433,7 +433,7 @@ fn sweep(c: &Ctx) -> Option<Markup> {
                 div.charts {
                     @for (metric, name) in [(Metric::Iops, "IOPS"), (Metric::LatP99Us, "latency p99 µs")] {
                         @let values: Vec<Vec<Option<f64>>> = p.sweep_numjobs.iter().map(|&j| p.sweep_iodepth.iter().map(|&d| {
-                            all.values().find(|x| x.key.suite == "sweep" && &x.key.subject == subj
+                            all.values().find(|x| x.key.suite == Suite::Sweep && &x.key.subject == subj
                                 && (x.key.mtu.is_none() || (x.key.mtu == Some(mtu) && x.key.link == link))
                                 && x.workload.numjobs == j && x.workload.iodepth == d)
                                 .and_then(|x| x.summary(metric)).map(|s| s.mean)
@@ -467,15 +467,15 @@ fn fs(c: &Ctx) -> Option<Markup> {
     let mut links: Vec<String> = c.fs.values().map(|x| x.link.clone()).collect();
     links.sort_by_key(|l| r.params.links.iter().position(|x| x == l).unwrap_or(99));
     links.dedup();
-    let subjects: Vec<String> = r.subjects.iter().map(|s| s.key.clone()).filter(|k| c.fs.values().any(|x| &x.subject == k)).collect();
-    let series: Vec<(String, String)> = subjects.iter().map(|k| (k.clone(), c.color(k))).collect();
+    let subjects: Vec<SubjectKey> = r.subjects.iter().map(|s| s.key.clone()).filter(|k| c.fs.values().any(|x| &x.subject == k)).collect();
+    let series: Vec<(String, String)> = subjects.iter().map(|k| (k.to_string(), c.color(k))).collect();
     let mut mems: Vec<u64> = c.fs.values().map(|x| x.client_mem).collect();
     mems.sort();
     mems.dedup();
     let mut rows: Vec<String> = c.fs.values().map(|x| x.row.clone()).collect();
     rows.sort_by_key(|x| (row_order(x), x.clone()));
     rows.dedup();
-    let case = |link: &str, mem: u64, row: &str, subj: &str| c.fs.get(&FsKey::new(link, mem, row, subj));
+    let case = |link: &str, mem: u64, row: &str, subj: &SubjectKey| c.fs.get(&FsKey::new(link, mem, row, subj));
     Some(html! {
         @if let Some(p) = p {
             p.note {
@@ -558,9 +558,9 @@ fn overhead(c: &Ctx) -> Option<Markup> {
     let r = c.r;
     let link = first_link(r);
     let mut rows = vec![];
-    for s in r.subjects.iter().filter(|s| s.protocol != "local") {
+    for s in r.subjects.iter().filter(|s| !s.key.is_local()) {
         for &mtu in &r.params.mtus {
-            let get = |w: &str| c.micro.get(&CaseKey { suite: "micro".into(), link: link.clone(), mtu: Some(mtu), workload: w.into(), subject: s.key.clone(), factors: Default::default() });
+            let get = |w: &str| c.micro.get(&CaseKey { suite: Suite::Micro, link: link.clone(), mtu: Some(mtu), workload: w.into(), subject: s.key.clone(), factors: Default::default() });
             let (rd, wr) = (get("seqread-1m"), get("seqwrite-1m"));
             if rd.is_some() || wr.is_some() {
                 rows.push((s.key.clone(), mtu, rd, wr));
@@ -602,7 +602,7 @@ fn overhead(c: &Ctx) -> Option<Markup> {
 
 fn method(c: &Ctx) -> Option<Markup> {
     let p = &c.r.params;
-    let kernel = c.r.subjects.iter().any(|s| s.key.starts_with("kernel-"));
+    let kernel = c.r.subjects.iter().any(|s| s.key.is_kernel());
     Some(html! {
         ul.note {
             li { b { "Backing: " } (p.backing) ". Every target (blockwire serve, tgtd, vblade), the local fio baseline and the local file-system baseline use this same tmpfs file, so the only difference between subjects is the protocol and the implementation, not the storage." }

@@ -49,6 +49,11 @@ mod tests {
     use bw_lab_results::*;
     use bw_lab_results::net::WireCounters;
 
+    /// The subject a key in results.json names.
+    fn key(name: &str) -> SubjectKey {
+        name.parse().unwrap()
+    }
+
     fn sample(
         subject: &str,
         mtu: Option<u32>,
@@ -63,10 +68,10 @@ mod tests {
             .unwrap();
         let ios = (iops * 2.0) as u64;
         Sample {
-            subject: subject.into(),
+            subject: key(subject),
             mtu,
             link: "none".into(),
-            suite: "micro".into(),
+            suite: Suite::Micro,
             workload: wl.clone(),
             repeat: rep,
             bench: BenchResult {
@@ -111,7 +116,7 @@ mod tests {
         r.params.offloads = vec!["none".into(), "stateless".into()];
         r.params.digests = vec!["none".into(), "crc32c".into(), "crc32c-soft".into()];
         for (k, p) in [("blockwire-iscsi", "iscsi"), ("blockwire-nvme", "nvme")] {
-            r.subjects.push(Subject { key: k.into(), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None });
+            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None });
         }
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for offload in ["none", "stateless"] {
@@ -145,7 +150,7 @@ mod tests {
         r.params.fs_kinds = vec!["ext4".into(), "btrfs".into()];
         r.params.fsyncs = vec!["honour".into(), "ignore".into()];
         r.params.fs = results().params.fs;
-        r.subjects.push(Subject { key: "ganesha-nfs".into(), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None, target_datapath: None });
+        r.subjects.push(Subject { key: key("ganesha-nfs"), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None, target_datapath: None });
         for rep in 1..=3u32 {
             let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
             for fs in ["", "btrfs"] {
@@ -155,9 +160,9 @@ mod tests {
                     for (subject, w, iops) in [
                         (bw_lab_results::fs::LOCAL, "iogen-direct", 80_000.0 * keep),
                         (bw_lab_results::fs::LOCAL, "iogen-raw", 80_000.0),
-                        ("ganesha-nfs", "iogen-direct", if fs == "btrfs" { 9_900.0 } else { 10_000.0 }),
+                        (key("ganesha-nfs"), "iogen-direct", if fs == "btrfs" { 9_900.0 } else { 10_000.0 }),
                     ] {
-                        let mut s = fs_sample(subject, w, rep, iogen(iops * jitter));
+                        let mut s = fs_sample(&subject, w, rep, iogen(iops * jitter));
                         s.factors = factors.clone();
                         r.fs.push(s);
                     }
@@ -183,7 +188,7 @@ mod tests {
             ("local-fio", "local", "tmpfs file"),
         ] {
             r.subjects.push(Subject {
-                key: k.into(),
+                key: key(k),
                 protocol: p.into(),
                 target: t.into(),
                 initiator: "blockwire".into(),
@@ -192,7 +197,7 @@ mod tests {
             });
         }
         r.subjects.push(Subject {
-            key: "blockwire-nvme".into(),
+            key: key("blockwire-nvme"),
             protocol: "nvme".into(),
             target: "blockwire".into(),
             initiator: "blockwire".into(),
@@ -232,7 +237,7 @@ mod tests {
                 1000.0,
                 1.0,
             );
-            s.suite = "sweep".into();
+            s.suite = Suite::Sweep;
             s.workload = bw_lab_results::sweep_workload(4, 16);
             r.samples.push(s);
         }
@@ -247,11 +252,11 @@ mod tests {
                 let pm = bw_lab_results::fs::PostmarkResult { transactions: tx, created: 1000, ..Default::default() };
                 r.fs.push(fs_sample(subject, "postmark", rep, bw_lab_results::fs::FsResult::Postmark(pm)));
             }
-            r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
-            r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
-            r.fs.push(fs_sample(bw_lab_results::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
+            r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
+            r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
+            r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
         }
-        r.subjects.push(Subject { key: bw_lab_results::fs::LOCAL.into(), protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None, target_datapath: None });
+        r.subjects.push(Subject { key: bw_lab_results::fs::LOCAL, protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None, target_datapath: None });
         r.params.fs = Some(bw_lab_results::fs::FsParams {
             workloads: vec!["varmail".into(), "iogen-direct".into(), "iogen-raw".into()],
             client_mem: vec![256 << 20],
@@ -280,10 +285,11 @@ mod tests {
         bw_lab_results::fs::FsResult::Iogen(bw_lab_results::fs::IogenResult { iops, ios: (iops * 2.0) as u64, response_us: 1e6 / iops, runtime_s: 2.0, ..Default::default() })
     }
 
-    fn fs_sample(subject: &str, workload: &str, repeat: u32, result: bw_lab_results::fs::FsResult) -> bw_lab_results::fs::FsSample {
+    fn fs_sample(subject: &(impl ToString + ?Sized), workload: &str, repeat: u32, result: bw_lab_results::fs::FsResult) -> bw_lab_results::fs::FsSample {
+        let subject = key(&subject.to_string());
         let local = subject == bw_lab_results::fs::LOCAL;
         bw_lab_results::fs::FsSample {
-            subject: subject.into(),
+            subject,
             link: "none".into(),
             mtu: if local { None } else { Some(1500) },
             client_mem: 256 << 20,
@@ -335,7 +341,7 @@ mod tests {
         }
         r.route = Some(route);
         // NVMe/TCP against local, and Bonnie++'s cached block writes.
-        r.subjects.iter_mut().find(|s| s.key == "blockwire-nvme").unwrap().unavailable = None;
+        r.subjects.iter_mut().find(|s| s.key == key("blockwire-nvme")).unwrap().unavailable = None;
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             r.samples.push(sample("blockwire-nvme", Some(1500), "randrw75-4k-qd16", rep, 9_000.0 * jitter, 1.0));
             for (subject, kib_s) in [("blockwire-aoe", 300_000.0), ("blockwire-iscsi", 360_000.0)] {
@@ -350,8 +356,8 @@ mod tests {
     fn results_at_two_mtus() -> Results {
         let mut r = results();
         r.params.mtus = vec![1500, 9000];
-        r.samples.retain(|s| s.subject != "blockwire-iscsi" && s.subject != "blockwire-aoe");
-        r.subjects.retain(|s| s.key == "blockwire-aoe");
+        r.samples.retain(|s| s.subject != key("blockwire-iscsi") && s.subject != key("blockwire-aoe"));
+        r.subjects.retain(|s| s.key == key("blockwire-aoe"));
         for (rep, jitter) in [(1, 0.97), (2, 1.0), (3, 1.03), (4, 0.99), (5, 1.01)] {
             for (w, small, big) in [("seqread-1m", 1.0, 0.66), ("seqwrite-1m", 2.2, 1.65)] {
                 r.samples.push(sample("blockwire-aoe", Some(1500), w, rep, 1000.0, small * jitter));
@@ -482,7 +488,7 @@ mod tests {
         assert!(f.iter().any(|x| x.study == 5 && x.verdict == findings::Verdict::NotApplicable));
         // A wide interval decides nothing; a narrow one around 1 says "equal".
         let mut wide = results();
-        for s in wide.fs.iter_mut().filter(|s| s.subject == "blockwire-aoe" && s.workload == "varmail") {
+        for s in wide.fs.iter_mut().filter(|s| s.subject == key("blockwire-aoe") && s.workload == "varmail") {
             if s.repeat == 2 {
                 s.result = flow(300.0);
             }
@@ -556,6 +562,22 @@ mod tests {
         assert!(!row.contains("I/O errors"), "{row}");
         let fs = rows::fs_rows(&r.fs);
         assert!(!fs.is_empty() && fs.iter().all(|l| l.contains("  client mem ")), "{fs:?}");
+    }
+
+    /// results.json of every fixed run reads back and writes out byte for
+    /// byte the same: the typed keys (`SubjectKey`, `Suite`) keep the names
+    /// the lab always wrote, so old files load and re-saving changes nothing.
+    #[test]
+    fn results_json_round_trips_byte_for_byte() {
+        for r in [results_with_route(), results_at_two_mtus(), results_with_factors(), results_with_fs_factors(), Results::default()] {
+            let text = serde_json::to_string_pretty(&r).unwrap();
+            let back: Results = serde_json::from_str(&text).unwrap();
+            assert_eq!(serde_json::to_string_pretty(&back).unwrap(), text);
+        }
+        let text = serde_json::to_string_pretty(&results()).unwrap();
+        for name in ["\"subject\": \"local-fio\"", "\"subject\": \"local-fs\"", "\"subject\": \"blockwire-aoe\"", "\"key\": \"ganesha-nfs\"", "\"suite\": \"sweep\""] {
+            assert!(text.contains(name), "{name}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use bw_lab_results::accounting::{Case, Metric};
 use bw_lab_results::fs::FsSample;
+use bw_lab_results::SubjectKey;
 use bw_lab_results::stats::Summary;
 use std::collections::BTreeMap;
 
@@ -40,7 +41,7 @@ pub fn case_row(case: &Case) -> String {
 /// The fs suite's rows for `samples`: each row's headline, mean ± sd over
 /// the repetitions, per subject and client memory limit.
 pub fn fs_rows(samples: &[FsSample]) -> Vec<String> {
-    let mut rows: BTreeMap<(String, u64, String), Vec<f64>> = BTreeMap::new();
+    let mut rows: BTreeMap<(String, u64, SubjectKey), Vec<f64>> = BTreeMap::new();
     let mut units: BTreeMap<String, &'static str> = BTreeMap::new();
     for s in samples {
         for m in s.measures().into_iter().filter(|m| m.headline) {

@@ -2,6 +2,7 @@
 //! (target and initiator apart), bytes and frames on the wire per op, and the
 //! header overhead per frame. Also the grouping of repeated samples into cases.
 
+use crate::keys::{SubjectKey, Suite};
 use crate::{Sample, Workload};
 use crate::stats::Summary;
 use std::collections::BTreeMap;
@@ -166,11 +167,11 @@ fn machine_cpu_s(s: &Sample) -> Option<f64> {
 /// (and factors, when the run varied them).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CaseKey {
-    pub suite: String,
+    pub suite: Suite,
     pub link: String,
     pub mtu: Option<u32>,
     pub workload: String,
-    pub subject: String,
+    pub subject: SubjectKey,
     pub factors: crate::Factors,
 }
 
@@ -200,7 +201,7 @@ pub fn cases(samples: &[Sample]) -> BTreeMap<CaseKey, Case> {
     let mut out: BTreeMap<CaseKey, Case> = BTreeMap::new();
     for s in samples {
         let key = CaseKey {
-            suite: s.suite.clone(),
+            suite: s.suite,
             link: s.link.clone(),
             mtu: s.mtu,
             workload: s.workload.name.clone(),
@@ -225,10 +226,10 @@ mod tests {
     /// frame a 4 KiB read is 4 request frames (60 B, padded) and 4 replies.
     fn recorded() -> Sample {
         Sample {
-            subject: "blockwire-aoe".into(),
+            subject: SubjectKey::served("blockwire", "aoe"),
             mtu: Some(1500),
             link: "none".into(),
-            suite: "micro".into(),
+            suite: Suite::Micro,
             workload: Workload {
                 name: "randread-4k-qd1".into(),
                 rw: "randread".into(),
@@ -332,11 +333,11 @@ mod tests {
         b.repeat = 2;
         b.bench.iops = 12_000.0;
         let mut other = recorded();
-        other.subject = "vblade-aoe".into();
+        other.subject = SubjectKey::served("vblade", "aoe");
         a.bench.iops = 8_000.0;
         let cs = cases(&[a, b, other]);
         assert_eq!(cs.len(), 2);
-        let c = cs.values().find(|c| c.key.subject == "blockwire-aoe").unwrap();
+        let c = cs.values().find(|c| c.key.subject == SubjectKey::served("blockwire", "aoe")).unwrap();
         let s = c.summary(Metric::Iops).unwrap();
         assert_eq!(s.n, 2);
         assert!(close(s.mean, 10_000.0));

@@ -5,12 +5,13 @@
 //! read is the lab's (`bw_lab::fs`).
 
 use crate::net::WireCounters;
+use crate::keys::SubjectKey;
 use bw_workload_report::FlowReport;
 use serde::{Deserialize, Serialize};
 
 /// The subject key of the local baseline (ext4 on a loop device over the
 /// backing file, no network).
-pub const LOCAL: &str = "local-fs";
+pub const LOCAL: SubjectKey = SubjectKey::LocalFs;
 
 /// A workload of the fs suite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,7 +172,7 @@ pub enum FsResult {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FsSample {
     /// `blockwire-iscsi`, `tgt-iscsi`, ..., or `local-fs`.
-    pub subject: String,
+    pub subject: SubjectKey,
     pub link: String,
     /// `None` for the local baseline.
     pub mtu: Option<u32>,
@@ -448,7 +449,7 @@ mod tests {
             },
         );
         let s = FsSample {
-            subject: "blockwire-iscsi".into(),
+            subject: SubjectKey::served("blockwire", "iscsi"),
             link: "none".into(),
             mtu: Some(1500),
             client_mem: 256 << 20,

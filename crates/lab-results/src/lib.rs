@@ -10,10 +10,12 @@
 
 pub mod accounting;
 pub mod fs;
+pub mod keys;
 pub mod net;
 pub mod route;
 pub mod stats;
 
+pub use keys::{Suite, SubjectKey};
 use net::WireCounters;
 
 use serde::{Deserialize, Serialize};
@@ -120,14 +122,13 @@ pub fn sweep_workload(numjobs: u32, iodepth: u32) -> Workload {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
     /// Subject key, e.g. `blockwire-aoe`, `tgt-iscsi`, `vblade-aoe`, `local-fio`.
-    pub subject: String,
+    pub subject: SubjectKey,
     /// `None` for the local baseline (no network).
     pub mtu: Option<u32>,
     /// The link shape (`none`, `1gbit`, ...; absent in older results: `none`).
     #[serde(default = "default_link")]
     pub link: String,
-    /// `micro` or `sweep`.
-    pub suite: String,
+    pub suite: Suite,
     pub workload: Workload,
     /// 1-based repetition number.
     pub repeat: u32,
@@ -339,7 +340,7 @@ impl Params {
 /// A subject the lab tried to measure: who serves and who initiates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Subject {
-    pub key: String,
+    pub key: SubjectKey,
     pub protocol: String,
     /// The target implementation (`blockwire`, `tgt`, `vblade`, `fio` for local).
     pub target: String,
@@ -431,8 +432,8 @@ impl Results {
         Ok(())
     }
 
-    pub fn subject(&self, key: &str) -> Option<&Subject> {
-        self.subjects.iter().find(|s| s.key == key)
+    pub fn subject(&self, key: &SubjectKey) -> Option<&Subject> {
+        self.subjects.iter().find(|s| &s.key == key)
     }
 }
 

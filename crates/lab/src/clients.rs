@@ -11,6 +11,7 @@ use crate::cleanup::{registry, Resource, Token};
 use crate::host::{Host, ShellUndo};
 use crate::subjects::{KernelAddress, Protocol, Subject};
 use crate::topology::Link;
+use bw_lab_results::SubjectKey;
 use clap::ValueEnum;
 use std::time::Duration;
 
@@ -82,10 +83,10 @@ impl ClientKind {
 
     /// The subject's key in results.json: `blockwire-iscsi` for blockwire's
     /// client (the target's key), `kernel-iscsi@tgt` for a kernel one.
-    pub fn key(self, s: Subject) -> String {
+    pub fn key(self, s: Subject) -> SubjectKey {
         match self {
             ClientKind::Blockwire => s.key(),
-            ClientKind::Kernel(p) => format!("{}@{}", Self::kernel(p).name, s.target_name()),
+            ClientKind::Kernel(p) => SubjectKey::kernel(p.name(), s.target_name()),
         }
     }
 
@@ -273,11 +274,13 @@ mod tests {
     #[test]
     fn keys_name_client_and_target() {
         let s = Subject::Peer(PeerKind::Tgt);
-        assert_eq!(ClientKind::Blockwire.key(s), "tgt-iscsi");
-        assert_eq!(ClientKind::Kernel(Protocol::Iscsi).key(s), "kernel-iscsi@tgt");
-        assert_eq!(ClientKind::Kernel(Protocol::Aoe).key(Subject::Blockwire(Protocol::Aoe)), "kernel-aoe@blockwire");
-        for p in Protocol::ALL {
+        assert_eq!(ClientKind::Blockwire.key(s).to_string(), "tgt-iscsi");
+        assert_eq!(ClientKind::Kernel(Protocol::Iscsi).key(s).to_string(), "kernel-iscsi@tgt");
+        assert_eq!(ClientKind::Kernel(Protocol::Aoe).key(Subject::Blockwire(Protocol::Aoe)).to_string(), "kernel-aoe@blockwire");
+        for p in Protocol::ALL.into_iter().chain([Protocol::NvmeRdma]) {
             assert_eq!(ClientKind::kernel(p).protocol, p);
+            // The subject prefix the state file and probes use names the same client.
+            assert_eq!(ClientKind::kernel(p).name, format!("kernel-{}", p.name()));
         }
     }
 
@@ -296,7 +299,7 @@ mod tests {
         assert_eq!(kernel(Subject::Blockwire(Protocol::Iscsi)), k(Protocol::Iscsi, blockwire::IQN, "198.18.1.1:3260", 0));
         assert_eq!(kernel(Subject::Blockwire(Protocol::Nvme)).b, "198.18.1.1 4420");
         assert_eq!(kernel(Subject::Blockwire(Protocol::NvmeRdma)), k(Protocol::NvmeRdma, blockwire::NQN, "198.18.1.1 4421", 0));
-        assert_eq!(ClientKind::Kernel(Protocol::NvmeRdma).key(Subject::Blockwire(Protocol::NvmeRdma)), "kernel-nvme-rdma@blockwire");
+        assert_eq!(ClientKind::Kernel(Protocol::NvmeRdma).key(Subject::Blockwire(Protocol::NvmeRdma)).to_string(), "kernel-nvme-rdma@blockwire");
         assert_eq!(kernel(Subject::Peer(PeerKind::Vblade)), k(Protocol::Aoe, "e2.0", "", 0));
         assert_eq!(kernel(Subject::Blockwire(Protocol::Aoe)).a, "e1.0");
         // A peer serving files has no block device to attach.

@@ -16,6 +16,7 @@ use crate::cleanup::{registry, Resource};
 use crate::host::{Host, ShellUndo};
 use crate::mounts::Mounted;
 use crate::subjects::{ganesha, PeerKind};
+use bw_lab_results::SubjectKey;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
@@ -47,13 +48,13 @@ impl NfsVersion {
     }
 
     /// Its subject key: `kernel-nfs3@ganesha`.
-    pub fn key(self) -> String {
-        format!("kernel-{}@{}", self.name(), PeerKind::Ganesha.name())
+    pub fn key(self) -> SubjectKey {
+        SubjectKey::kernel(self.name(), PeerKind::Ganesha.name())
     }
 
     /// The version a subject key names, if it is a kernel NFS subject.
-    pub fn from_key(key: &str) -> Option<NfsVersion> {
-        VERSIONS.into_iter().find(|v| v.key() == key)
+    pub fn from_key(key: &SubjectKey) -> Option<NfsVersion> {
+        VERSIONS.into_iter().find(|v| v.key() == *key)
     }
 
     /// The client as the report's subject table names it.
@@ -126,12 +127,12 @@ mod tests {
 
     #[test]
     fn keys_name_the_version_and_the_server() {
-        assert_eq!(NfsVersion::V3.key(), "kernel-nfs3@ganesha");
-        assert_eq!(NfsVersion::V41.key(), "kernel-nfs4.1@ganesha");
+        assert_eq!(NfsVersion::V3.key().to_string(), "kernel-nfs3@ganesha");
+        assert_eq!(NfsVersion::V41.key().to_string(), "kernel-nfs4.1@ganesha");
         for v in VERSIONS {
             assert_eq!(NfsVersion::from_key(&v.key()), Some(v));
         }
-        assert_eq!(NfsVersion::from_key("ganesha-nfs"), None);
+        assert_eq!(NfsVersion::from_key(&SubjectKey::served("ganesha", "nfs")), None);
         assert!(NfsVersion::V3.options().contains("nolock") && NfsVersion::V41.options().starts_with("vers=4.1"));
         // In one box there is no host to name.
         assert!(NfsVersion::V3.initiator(&Host::LocalNamespace("c".into())).ends_with("file system)"));

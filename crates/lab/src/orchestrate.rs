@@ -9,7 +9,7 @@ use bw_lab_results::accounting::Case;
 use bw_lab_results::net::WireCounters;
 use crate::cleanup::{interrupted, registry, Resource};
 use crate::plan::Plan;
-use bw_lab_results::{
+use bw_lab_results::{SubjectKey, Suite, 
     unix_now, utc_now, Failure, Results, Sample, Subject as SubjectRecord, Workload,
     FORMAT,
 };
@@ -27,7 +27,7 @@ const MAX_CONSECUTIVE_FAILURES: u32 = 2;
 
 /// A subject being measured on one link, and how its runs are going.
 struct LiveSubject {
-    key: String,
+    key: SubjectKey,
     url: String,
     /// A kernel initiator's block device (fio runs on it instead of the
     /// bench on `url`), and what detaches it.
@@ -59,7 +59,7 @@ impl LiveSubject {
 /// A subject of the fs suite: its key, its URL (or a kernel initiator's
 /// block device), the index of its target process, whether it is a kernel
 /// initiator's (none of them for the local baseline).
-type FsSubject = (String, Option<String>, Option<usize>, bool);
+type FsSubject = (SubjectKey, Option<String>, Option<usize>, bool);
 
 /// One fs case: a workload at one memory limit on one subject's file
 /// system (or the local raw device) in one repetition.
@@ -68,7 +68,7 @@ struct FsCaseRun<'a> {
     topo: &'a Topology,
     link: &'a Link,
     /// The subject (`crate::fs::LOCAL` for the local baseline).
-    key: &'a str,
+    key: &'a SubjectKey,
     /// The target serving the subject, for its CPU (none locally).
     target: Option<&'a TargetProcess>,
     /// The attach daemon of the mount, for the initiator's CPU.
@@ -399,7 +399,7 @@ impl LabRun {
         self.plan_kernel_nfs(&topo.client, &clients);
         if self.plan.baseline && !self.jobs().is_empty() {
             self.results.subjects.push(SubjectRecord {
-                key: "local-fio".into(),
+                key: SubjectKey::LocalFio,
                 protocol: "local".into(),
                 target: "tmpfs file".into(),
                 initiator: "fio (io_uring)".into(),
@@ -411,7 +411,7 @@ impl LabRun {
         if self.plan.fs.is_some() {
             if self.plan.baseline {
                 self.results.subjects.push(SubjectRecord {
-                    key: crate::fs::LOCAL.into(),
+                    key: crate::fs::LOCAL,
                     protocol: "local".into(),
                     target: "ext4 on a loop device over the backing file".into(),
                     initiator: "the kernel (no network)".into(),
@@ -583,15 +583,15 @@ impl LabRun {
         }
     }
 
-    fn mark_unavailable(&mut self, key: &str, mtu: u32, reason: String) {
+    fn mark_unavailable(&mut self, key: &SubjectKey, mtu: u32, reason: String) {
         self.say(&format!("lab: {key} at MTU {mtu}: unavailable: {reason}"));
-        if let Some(s) = self.results.subjects.iter_mut().find(|s| s.key == key) {
+        if let Some(s) = self.results.subjects.iter_mut().find(|s| &s.key == key) {
             if s.unavailable.is_none() {
                 s.unavailable = Some(reason.clone());
             }
         }
         self.results.failures.push(Failure {
-            subject: key.into(),
+            subject: key.to_string(),
             mtu: Some(mtu),
             workload: String::new(),
             reason,
@@ -675,18 +675,18 @@ impl LabRun {
     }
 
     /// The runs of one link or of the baseline: (suite, workload, seconds, repeats).
-    fn jobs(&self) -> Vec<(String, Workload, u32, u32)> {
+    fn jobs(&self) -> Vec<(Suite, Workload, u32, u32)> {
         let p = &self.plan.params;
-        let mut jobs: Vec<(String, Workload, u32, u32)> = self
+        let mut jobs: Vec<(Suite, Workload, u32, u32)> = self
             .plan
             .micro
             .iter()
-            .map(|w| ("micro".to_string(), w.clone(), p.runtime_s, p.repeat))
+            .map(|w| (Suite::Micro, w.clone(), p.runtime_s, p.repeat))
             .collect();
         {
             jobs.extend(self.plan.sweep.iter().map(|w| {
                 (
-                    "sweep".to_string(),
+                    Suite::Sweep,
                     w.clone(),
                     p.sweep_runtime_s,
                     p.sweep_repeats(),
@@ -867,7 +867,7 @@ impl LabRun {
                         if let Some(r) = self.results.subjects.iter_mut().find(|x| x.key == key) {
                             r.unavailable.get_or_insert(format!("{e:#}"));
                         }
-                        self.results.failures.push(Failure { subject: key.clone(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
+                        self.results.failures.push(Failure { subject: key.to_string(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
                         self.say(&format!("lab: {key} at MTU {}: unavailable: {e:#}", link.mtu));
                         self.progress.inc(per_subject);
                     }
@@ -917,7 +917,7 @@ impl LabRun {
                         &key,
                         &url,
                         kernel,
-                        &suite,
+                        suite,
                         &w,
                         rep,
                         runtime,
@@ -934,7 +934,7 @@ impl LabRun {
                             }
                             live[i].consecutive_failures += 1;
                             self.results.failures.push(Failure {
-                                subject: key.clone(),
+                                subject: key.to_string(),
                                 mtu: Some(link.mtu),
                                 workload: w.name.clone(),
                                 reason: format!("{e:#}"),
@@ -954,7 +954,7 @@ impl LabRun {
             }
             for (s, got) in live.iter().zip(samples) {
                 if !got.is_empty() {
-                    self.print_case_row(&s.key, Some(link.mtu), &suite, &w, got);
+                    self.print_case_row(&s.key, Some(link.mtu), suite, &w, got);
                 }
             }
             self.save()?;
@@ -977,7 +977,7 @@ impl LabRun {
         self.progress.inc(per_subject.saturating_sub(s.done));
         if !failures_recorded {
             self.results.failures.push(Failure {
-                subject: s.key.clone(),
+                subject: s.key.to_string(),
                 mtu: Some(mtu),
                 workload: workload.into(),
                 reason: why.clone(),
@@ -1002,10 +1002,10 @@ impl LabRun {
         &mut self,
         topo: &Topology,
         link: &Link,
-        key: &str,
+        key: &SubjectKey,
         url: &str,
         kernel: bool,
-        suite: &str,
+        suite: Suite,
         w: &Workload,
         rep: u32,
         runtime: u32,
@@ -1038,10 +1038,10 @@ impl LabRun {
         let cpu1 = target.cpu_seconds()?;
         let wire1 = topo.client_counters(link)?;
         Ok(Sample {
-            subject: key.into(),
+            subject: key.clone(),
             mtu: Some(link.mtu),
             link: self.shape.clone(),
-            suite: suite.into(),
+            suite,
             workload: w.clone(),
             repeat: rep,
             bench,
@@ -1115,7 +1115,7 @@ impl LabRun {
             }
         }
         if self.plan.baseline {
-            subjects.push((crate::fs::LOCAL.to_string(), None, None, false));
+            subjects.push((crate::fs::LOCAL, None, None, false));
         }
         for (kind, fsync) in self.plan.fs_combinations.clone() {
             let first = self.results.fs.len();
@@ -1196,7 +1196,7 @@ impl LabRun {
 
     fn fs_failure(
         &mut self,
-        subject: &str,
+        subject: &SubjectKey,
         mtu: Option<u32>,
         workload: &str,
         mem: u64,
@@ -1209,7 +1209,7 @@ impl LabRun {
         };
         self.say(&format!("lab: fs {subject} {workload}{at}: {reason}"));
         self.results.failures.push(Failure {
-            subject: subject.into(),
+            subject: subject.to_string(),
             mtu,
             workload: format!("fs {workload}{at}"),
             reason,
@@ -1223,7 +1223,7 @@ impl LabRun {
         &mut self,
         topo: &Topology,
         link: &Link,
-        key: &str,
+        key: &SubjectKey,
         url: Option<&str>,
         kernel: bool,
         target: Option<&TargetProcess>,
@@ -1258,7 +1258,8 @@ impl LabRun {
                 (Some(url), client) => {
                     // Over NFS `--fs` is the server's file system; the
                     // image's own (a VM guest's) stays ext4.
-                    let kind = if key.ends_with("-nfs") { crate::fs_kind::FsKind::Ext4 } else { self.fs_kind };
+                    let image_on_nfs = self.plan.subjects().into_iter().any(|s| s.key() == *key && s.address().serves_files());
+                    let kind = if image_on_nfs { crate::fs_kind::FsKind::Ext4 } else { self.fs_kind };
                     match client.ssh() {
                         Some(h) => crate::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
                         None => crate::mounts::mount_remote_as(&self.exe, client, url, mp, kind, size)?,
@@ -1297,7 +1298,7 @@ impl LabRun {
     /// or the failure (an OOM kill among them) goes into the results.
     fn fs_case(&mut self, c: &FsCaseRun) {
         let (key, w, mem) = (c.key, c.workload, c.mem);
-        let local = key == crate::fs::LOCAL;
+        let local = *key == crate::fs::LOCAL;
         let mtu = if local { None } else { Some(c.link.mtu) };
         self.progress
             .set_message(format!("fs {key} {} {}M #{}", w.name(), mem >> 20, c.rep));
@@ -1326,7 +1327,7 @@ impl LabRun {
             .fs
             .clone()
             .ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
-        let local = key == crate::fs::LOCAL;
+        let local = *key == crate::fs::LOCAL;
         let dir = mp.join("w");
         // Over ssh the workload, its files and its cgroup are the client host's.
         let remote = topo.client.ssh();
@@ -1419,7 +1420,7 @@ impl LabRun {
             _ => None,
         };
         Ok(crate::fs::FsSample {
-            subject: key.into(),
+            subject: key.clone(),
             link: self.shape.clone(),
             mtu: if local { None } else { Some(link.mtu) },
             client_mem: mem,
@@ -1475,10 +1476,10 @@ impl LabRun {
                     Ok(bench) => {
                         let machine_cpu = self.meter.finish(machine0)?;
                         let s = Sample {
-                            subject: "local-fio".into(),
+                            subject: SubjectKey::LocalFio,
                             mtu: None,
                             link: bw_lab_results::default_link(),
-                            suite: suite.clone(),
+                            suite,
                             workload: w.clone(),
                             repeat: rep,
                             bench,
@@ -1498,7 +1499,7 @@ impl LabRun {
                             anyhow::bail!("interrupted");
                         }
                         self.results.failures.push(Failure {
-                            subject: "local-fio".into(),
+                            subject: SubjectKey::LocalFio.to_string(),
                             mtu: None,
                             workload: w.name.clone(),
                             reason: format!("{e:#}"),
@@ -1508,7 +1509,7 @@ impl LabRun {
                 }
                 self.progress.inc(1);
             }
-            self.print_case_row("local-fio", None, &suite, &w, samples);
+            self.print_case_row(&SubjectKey::LocalFio, None, suite, &w, samples);
             self.save()?;
         }
         Ok(())
@@ -1520,9 +1521,9 @@ impl LabRun {
 
     fn print_case_row(
         &self,
-        key: &str,
+        key: &SubjectKey,
         mtu: Option<u32>,
-        suite: &str,
+        suite: Suite,
         w: &Workload,
         samples: Vec<Sample>,
     ) {
@@ -1531,7 +1532,7 @@ impl LabRun {
         }
         let case = Case {
             key: bw_lab_results::accounting::CaseKey {
-                suite: suite.into(),
+                suite,
                 link: if mtu.is_some() {
                     self.shape.clone()
                 } else {
@@ -1539,7 +1540,7 @@ impl LabRun {
                 },
                 mtu,
                 workload: w.name.clone(),
-                subject: key.into(),
+                subject: key.clone(),
                 factors: samples[0].factors.clone(),
             },
             workload: w.clone(),

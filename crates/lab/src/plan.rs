@@ -438,10 +438,10 @@ impl Plan {
     }
 
     /// The fs subjects: the networked ones and the local baseline.
-    pub fn fs_subjects(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.subjects().into_iter().map(Subject::key).collect();
+    pub fn fs_subjects(&self) -> Vec<bw_lab_results::SubjectKey> {
+        let mut v: Vec<bw_lab_results::SubjectKey> = self.subjects().into_iter().map(Subject::key).collect();
         if self.baseline {
-            v.push(crate::fs::LOCAL.to_string());
+            v.push(crate::fs::LOCAL);
         }
         v
     }
@@ -474,7 +474,7 @@ impl Plan {
         let Some(p) = &self.fs else { return 0 };
         self.fs_subjects()
             .iter()
-            .map(|s| self.fs_cases(s == crate::fs::LOCAL).len() as u64)
+            .map(|s| self.fs_cases(*s == crate::fs::LOCAL).len() as u64)
             .sum::<u64>()
             * p.repeat as u64
             * self.fs_combinations.len() as u64

@@ -75,7 +75,7 @@ fn needs(plan: &Plan, role: Role) -> Vec<Need> {
     if role == Role::Target {
         for &peer in &plan.peers {
             for t in peer.target().tools() {
-                v.push(Need { program: t.program, package: t.package, disables: Some(Subject::Peer(peer).key()) });
+                v.push(Need { program: t.program, package: t.package, disables: Some(Subject::Peer(peer).key().to_string()) });
             }
         }
     }

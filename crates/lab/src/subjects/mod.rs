@@ -109,8 +109,8 @@ impl Subject {
     }
 
     /// Its key in results.json: `<target>-<protocol>`.
-    pub fn key(self) -> String {
-        format!("{}-{}", self.target_name(), self.address().protocol_name())
+    pub fn key(self) -> bw_lab_results::SubjectKey {
+        bw_lab_results::SubjectKey::served(self.target_name(), self.address().protocol_name())
     }
 
     /// The URL blockwire's client uses to reach it over `link`.
@@ -149,10 +149,10 @@ mod tests {
 
     #[test]
     fn keys_and_names() {
-        assert_eq!(Subject::Blockwire(Protocol::Iscsi).key(), "blockwire-iscsi");
-        assert_eq!(Subject::Peer(PeerKind::Tgt).key(), "tgt-iscsi");
-        assert_eq!(Subject::Peer(PeerKind::Vblade).key(), "vblade-aoe");
-        assert_eq!(Subject::Peer(PeerKind::Ganesha).key(), "ganesha-nfs");
+        assert_eq!(Subject::Blockwire(Protocol::Iscsi).key().to_string(), "blockwire-iscsi");
+        assert_eq!(Subject::Peer(PeerKind::Tgt).key().to_string(), "tgt-iscsi");
+        assert_eq!(Subject::Peer(PeerKind::Vblade).key().to_string(), "vblade-aoe");
+        assert_eq!(Subject::Peer(PeerKind::Ganesha).key().to_string(), "ganesha-nfs");
         // The name a peer gives itself is the one `--peers` accepts.
         for &p in PeerKind::all() {
             assert_eq!(parse_peer_choice(p.name()), Ok(PeerChoice(Some(p))));
@@ -162,6 +162,6 @@ mod tests {
         for p in Protocol::ALL.into_iter().chain([Protocol::NvmeRdma]) {
             assert_eq!(Protocol::from_str(p.name(), false), Ok(p));
         }
-        assert_eq!(Subject::Blockwire(Protocol::NvmeRdma).key(), "blockwire-nvme-rdma");
+        assert_eq!(Subject::Blockwire(Protocol::NvmeRdma).key().to_string(), "blockwire-nvme-rdma");
     }
 }
