@@ -184,6 +184,76 @@ fn lifecycle_on_reflinks_survives_a_restart() {
     assert!(ctl_err(&sock, "volume_delete", r#"{"name":"c"}"#).contains("no volume c"));
 }
 
+/// sha256 of `data`, as `sha256sum` prints it (the guest's busybox
+/// computes the same).
+fn sha256_hex(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut c = Command::new("sha256sum").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    c.stdin.take().unwrap().write_all(data).unwrap();
+    let out = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string()
+}
+
+/// The Linux nvme-tcp host (Debian kernel in the VM, one boot) reads pool
+/// volumes made through the control socket: the snapshot and its clone
+/// hold what the test wrote before the snapshot, the origin's later write
+/// is not in the snapshot, and the snapshot's namespace refuses writes
+/// (the host sees it read-only, and a Write passed through to the target
+/// comes back write protected); the clone takes the guest's write, and
+/// the host reads it back (tests/kernel-vm/volumes.sh).
+#[test]
+fn kernel_initiator_reads_snapshots_and_clones() {
+    let fs = LoopFs::new("vol-kvm", "mkfs.xfs -q -m reflink=1");
+    let dir = TempDir::new("vol-kvm");
+    let sock = dir.path().join("c.sock");
+    let (ip, np) = (free_port(), free_port());
+    let nqn = "nqn.2026-11.org.blockwire:vol-kvm";
+    let host = "nqn.2026-11.org.blockwire:kernel-vm";
+    let cfg = server_toml("[[volume]]\nname = \"scratch\"\nbackend = \"ram:1M\"\n", ip, np);
+    let serve = Serve::with_config(&dir, &cfg, &["--control", sock.to_str().unwrap()]);
+    ctl(&sock, "pool_create", &format!(r#"{{"name":"p","path":"{}/pool"}}"#, fs.mnt().display()));
+    ctl(&sock, "volume_create", r#"{"name":"v","size":"64M","pool":"p"}"#);
+    ctl(&sock, "nvme_subsystem_add", &format!(r#"{{"nqn":"{nqn}","namespaces":[{{"nsid":1,"volume":"v"}}]}}"#));
+    let url = |n: u32| format!("nvme+tcp://127.0.0.1:{np}/{nqn}/{n}");
+    let a = pattern(0x21, 0, 4 * MIB);
+    let b = pattern(0x42, MIB as u64, MIB);
+    write_url(&url(1), 0, &a).unwrap();
+    ctl(&sock, "volume_snapshot", r#"{"name":"v","snapshot":"s"}"#);
+    write_url(&url(1), MIB as u64, &b).unwrap();
+    ctl(&sock, "volume_clone", r#"{"snapshot":"s","name":"c"}"#);
+    // NSIDs out of the order the host numbers its devices in.
+    ctl(&sock, "nvme_ns_add", &format!(r#"{{"nqn":"{nqn}","nsid":7,"volume":"s"}}"#));
+    ctl(&sock, "nvme_ns_add", &format!(r#"{{"nqn":"{nqn}","nsid":3,"volume":"c"}}"#));
+    let script = dir.path().join("volumes.sh");
+    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/volumes.sh")).unwrap();
+    let settings = format!(
+        "PORT={np}\nNQN={nqn}\nHOSTNQN={host}\nNS_ORIGIN=1\nNS_SNAP=7\nNS_CLONE=3\nSUM_A={}\nSUM_B={}\nSUM_A_AT_1M={}\n",
+        sha256_hex(&a),
+        sha256_hex(&b),
+        sha256_hex(&a[MIB..2 * MIB])
+    );
+    std::fs::write(&script, format!("{settings}{body}")).unwrap();
+    let run = kernel_vm(&script, None, None);
+    for step in [
+        "VOL-OK: snapshot holds the data written before it",
+        "VOL-OK: clone holds the snapshot's data",
+        "VOL-OK: the origin's write after the snapshot is not in the snapshot",
+        "VOL-OK: passthrough Write to the snapshot: write protected",
+        "VOL-OK: snapshot read-only",
+        "VOL-OK: clone written and read back",
+        "VOL-ALL-OK",
+    ] {
+        assert!(run.output.contains(step), "the guest did not report {step:?}\n{}", run.output);
+    }
+    assert!(run.status.success(), "the guest script failed ({})", run.status);
+    // What the guest wrote to the clone is there for blockwire's initiator
+    // too, and the snapshot is as it was.
+    let wrote = run.output.lines().find_map(|l| l.trim().strip_prefix("VOL-CLONE-WRITE: ")).expect("the guest's clone write checksum").trim().to_string();
+    assert_eq!(sha256_hex(&read_url(&url(3), 8 * MIB as u64, MIB)), wrote, "the guest's write to the clone");
+    assert!(read_url(&url(7), 0, 4 * MIB) == a, "the snapshot changed");
+    assert!(serve.stop().success());
+}
+
 /// volume_list with allocated_bytes left out (the file system may still
 /// be settling its blocks): what a restart must bring back.
 fn list_without_allocation(list: &Value) -> Value {
