@@ -9,8 +9,9 @@
 //! Backends are opened from a spec string, see [`BackendSpec::parse`]:
 //! `ram:SIZE`, `file:PATH[,size=SIZE]`, a plain path (regular file or
 //! block device), each followed by options `direct`, `sync`, `readonly`, or
-//! `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,size=SIZE][,timeout=SECS]` (a Ceph
-//! RBD image through librbd, loaded at run time).
+//! `rbd:POOL/IMAGE[@SNAP][,conf=PATH][,id=USER][,size=SIZE][,timeout=SECS]` (a Ceph
+//! RBD image, or read-only one of its snapshots, through librbd, loaded at
+//! run time).
 //!
 //! Two ways to run I/O, one trait: the synchronous methods
 //! ([`BlockDevice::read_at`] and the rest; front-ends call them inline or on
@@ -31,7 +32,7 @@ mod spec;
 mod volume;
 
 pub use file::FileDevice;
-pub use rbd::RbdDevice;
+pub use rbd::{RbdDevice, RbdPool};
 pub use request::{OnDone, Request};
 pub use size::{format_size, parse_size};
 pub use spec::{BackendKind, BackendSpec, RbdTarget};

@@ -1,5 +1,5 @@
 //! Backend spec strings: `ram:SIZE`, `file:PATH`, a plain path, or
-//! `rbd:POOL/IMAGE`, followed by comma-separated options `size=SIZE`,
+//! `rbd:POOL/IMAGE[@SNAPSHOT]`, followed by comma-separated options `size=SIZE`,
 //! `direct`, `sync`, `readonly`, and for rbd `conf=PATH`, `id=USER`,
 //! `timeout=SECS`.
 
@@ -22,6 +22,8 @@ pub enum BackendKind {
 pub struct RbdTarget {
     pub pool: String,
     pub image: String,
+    /// A snapshot of the image (`rbd:POOL/IMAGE@SNAP`), opened read-only.
+    pub snap: Option<String>,
     /// ceph.conf to read; librados' default search path when `None`.
     pub conf: Option<PathBuf>,
     /// Ceph client id (the `USER` of `client.USER`); `admin` when `None`.
@@ -103,11 +105,23 @@ impl BackendSpec {
             let (pool, image) = rest
                 .split_once('/')
                 .filter(|(p, i)| !p.is_empty() && !i.is_empty() && !i.contains('/'))
-                .ok_or_else(|| format!("invalid rbd backend {head:?}: expected rbd:POOL/IMAGE"))?;
+                .ok_or_else(|| format!("invalid rbd backend {head:?}: expected rbd:POOL/IMAGE or rbd:POOL/IMAGE@SNAPSHOT"))?;
+            let (image, snap) = match image.split_once('@') {
+                Some((i, s)) if !i.is_empty() && !s.is_empty() && !s.contains('@') => (i, Some(s.to_string())),
+                Some(_) => return Err(format!("invalid rbd backend {head:?}: expected rbd:POOL/IMAGE@SNAPSHOT")),
+                None => (image, None),
+            };
             if size_opt == Some(0) {
                 return Err("an rbd image needs a size above zero".into());
             }
-            BackendKind::Rbd(RbdTarget { pool: pool.into(), image: image.into(), conf, id, size: size_opt, timeout_secs })
+            if snap.is_some() {
+                if size_opt.is_some() {
+                    return Err(format!("{head}: a snapshot has the size it was taken with (no size=)"));
+                }
+                // A snapshot cannot be written: say so in the spec.
+                readonly = true;
+            }
+            BackendKind::Rbd(RbdTarget { pool: pool.into(), image: image.into(), snap, conf, id, size: size_opt, timeout_secs })
         } else if head.starts_with('/') || head.starts_with('.') {
             BackendKind::File { path: PathBuf::from(head), size: size_opt }
         } else {
@@ -136,6 +150,9 @@ impl std::fmt::Display for BackendSpec {
             }
             BackendKind::Rbd(t) => {
                 write!(f, "rbd:{}/{}", t.pool, t.image)?;
+                if let Some(snap) = &t.snap {
+                    write!(f, "@{snap}")?;
+                }
                 if let Some(c) = &t.conf {
                     write!(f, ",conf={}", c.display())?;
                 }
@@ -183,6 +200,7 @@ mod tests {
         let want = RbdTarget {
             pool: "pool".into(),
             image: "img".into(),
+            snap: None,
             conf: Some("/etc/ceph/x.conf".into()),
             id: Some("gw".into()),
             size: Some(1 << 30),
@@ -190,14 +208,16 @@ mod tests {
         };
         assert_eq!(r.kind, BackendKind::Rbd(want));
         assert!(r.readonly);
-        for bad in ["rbd:img", "rbd:/img", "rbd:pool/", "rbd:a/b/c", "rbd:p/i,direct", "rbd:p/i,size=0", "rbd:p/i,timeout=0", "rbd:p/i,timeout=x", "file:/x,conf=/y", "ram:1M,id=a"] {
+        let snap = BackendSpec::parse("rbd:pool/img@monday").unwrap();
+        assert!(snap.readonly && matches!(&snap.kind, BackendKind::Rbd(t) if t.image == "img" && t.snap.as_deref() == Some("monday")), "{snap:?}");
+        for bad in ["rbd:p/i@", "rbd:p/@s", "rbd:p/i@s@t", "rbd:p/i@s,size=1M", "rbd:img", "rbd:/img", "rbd:pool/", "rbd:a/b/c", "rbd:p/i,direct", "rbd:p/i,size=0", "rbd:p/i,timeout=0", "rbd:p/i,timeout=x", "file:/x,conf=/y", "ram:1M,id=a"] {
             assert!(BackendSpec::parse(bad).is_err(), "{bad} parsed");
         }
     }
 
     #[test]
     fn display_round_trips() {
-        for s in ["ram:1G", "file:/tmp/a,size=2M,direct,sync,readonly", "file:/dev/sdb", "rbd:p/i,conf=/c,id=u,size=4M,timeout=3,readonly"] {
+        for s in ["ram:1G", "file:/tmp/a,size=2M,direct,sync,readonly", "file:/dev/sdb", "rbd:p/i,conf=/c,id=u,size=4M,timeout=3,readonly", "rbd:p/i@s,conf=/c"] {
             let spec = BackendSpec::parse(s).unwrap();
             assert_eq!(BackendSpec::parse(&spec.to_string()).unwrap(), spec);
         }

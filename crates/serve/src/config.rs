@@ -140,15 +140,28 @@ pub struct VolumeConfig {
     pub thick: bool,
 }
 
-/// `[[pool]]`: a directory serve owns. Volumes are sparse files in it;
-/// snapshots and clones are reflinks (FICLONE: xfs with reflink=1, btrfs),
-/// and a file system without reflinks is refused for them unless `copy`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// `[[pool]]`: a directory serve owns, or an RBD pool. In a directory
+/// volumes are sparse files; snapshots and clones are reflinks (FICLONE:
+/// xfs with reflink=1, btrfs), and a file system without reflinks is
+/// refused for them unless `copy`. In an RBD pool volumes are images,
+/// snapshots protected RBD snapshots, clones RBD clones of them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     pub name: String,
-    /// An absolute path to a directory (created, mode 700, if missing).
+    /// An absolute path to a directory (created, mode 700, if missing);
+    /// empty for an RBD pool.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub path: String,
+    /// The Ceph pool whose images the volumes are (instead of `path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbd: Option<String>,
+    /// With `rbd`: ceph.conf to read (librados' default search path
+    /// otherwise) and the client id (`admin` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conf: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// Snapshots and clones copy the data where reflinks are not
     /// supported: not instant, and a snapshot of an exported writable
     /// volume is then refused (writes during the copy would tear it).
@@ -735,8 +748,12 @@ impl ServeConfig {
             if !pools.insert(p.name.as_str()) {
                 return inv(format!("pool {} is listed twice", p.name));
             }
-            if !std::path::Path::new(&p.path).is_absolute() {
-                return inv(format!("pool {}: path {:?} must be absolute", p.name, p.path));
+            match (&p.rbd, p.path.is_empty()) {
+                (Some(_), false) | (None, true) => return inv(format!("pool {}: give either path (a directory) or rbd (a Ceph pool)", p.name)),
+                (None, false) if !std::path::Path::new(&p.path).is_absolute() => return inv(format!("pool {}: path {:?} must be absolute", p.name, p.path)),
+                (None, false) if p.conf.is_some() || p.id.is_some() => return inv(format!("pool {}: conf and id are for rbd pools", p.name)),
+                (Some(_), true) if p.copy => return inv(format!("pool {}: copy is for directory pools (RBD clones are copy-on-write)", p.name)),
+                _ => {}
             }
         }
         let mut names = std::collections::HashSet::new();

@@ -5,7 +5,7 @@
 //! is validated as a whole configuration and refused without side
 //! effects. Protocol and methods: docs/control.md.
 
-use crate::config::{self, AoeExport, Credentials, IscsiLun, IscsiTarget, NvmeHost, NvmeNamespace, NvmeSubsystem, VolumeConfig};
+use crate::config::{self, AoeExport, Credentials, IscsiLun, IscsiTarget, NvmeHost, NvmeNamespace, NvmeSubsystem, PoolConfig, VolumeConfig};
 use crate::live::{edit, Live, Refused};
 use crate::pool;
 use serde::de::DeserializeOwned;
@@ -229,7 +229,11 @@ struct SavePath {
 #[serde(deny_unknown_fields)]
 struct PoolCreate {
     name: String,
+    #[serde(default)]
     path: String,
+    rbd: Option<String>,
+    conf: Option<String>,
+    id: Option<String>,
     #[serde(default)]
     copy: bool,
 }
@@ -316,9 +320,10 @@ pub const METHODS: &[Method] = &[
         let size = r.size.bytes()?;
         Ok(changed(live.change(|c| edit::volume_resize(c, &r.name, size))?))
     } },
-    Method { name: "pool_create", params: "{name, path, copy?}", call: |live, p| {
+    Method { name: "pool_create", params: "{name, path, copy?} or {name, rbd, conf?, id?}", call: |live, p| {
         let r: PoolCreate = params(p)?;
-        let log = live.change(|c| pool::pool_create(c, &r.name, &r.path, r.copy).map(drop))?;
+        let asked = PoolConfig { name: r.name.clone(), path: r.path, rbd: r.rbd, conf: r.conf, id: r.id, copy: r.copy, uuid: None };
+        let log = live.change(|c| pool::pool_create(c, asked).map(drop))?;
         let c = live.config();
         let sizes = live.volume_sizes().into_iter().collect();
         let made = c.pools.iter().find(|p| p.name == r.name).map(|p| pool::pool_info(&c, &sizes, p));

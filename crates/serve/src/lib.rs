@@ -192,7 +192,7 @@ pub struct Options {
 pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
     cfg.validate_start(opts.control != ControlPath::Off || opts.rpc_http.is_some())?;
     raise_fd_limit();
-    for p in &cfg.pools {
+    for p in cfg.pools.iter().filter(|p| p.rbd.is_none()) {
         pool::ensure_dir(p).map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     let volumes = open_volumes(&cfg)?;

@@ -43,12 +43,13 @@ pub struct Live {
     started: std::time::Instant,
 }
 
-/// Files a change makes or unmakes beside the configuration: made ones
-/// are removed if the change is refused; doomed ones once it is served.
+/// Pool objects (files, RBD images and snapshots) a change makes or
+/// unmakes beside the configuration: made ones are removed if the change
+/// is refused; doomed ones once it is served.
 #[derive(Default)]
 pub struct Files {
-    pub created: Vec<std::path::PathBuf>,
-    pub remove_after: Vec<std::path::PathBuf>,
+    pub created: Vec<crate::pool::PoolObject>,
+    pub remove_after: Vec<crate::pool::PoolObject>,
 }
 
 struct State {
@@ -198,12 +199,15 @@ impl Live {
         let mut files = Files::default();
         let r = edit(&mut new, &st.volumes, &mut files).and_then(|()| self.apply_locked(&mut st, new));
         match &r {
-            Err(_) => files.created.iter().for_each(|f| {
-                let _ = std::fs::remove_file(f);
+            // Newest first: an RBD snapshot goes before its image.
+            Err(_) => files.created.iter().rev().for_each(|f| {
+                if let Err(e) = f.remove() {
+                    log::warn!("undoing a refused change: {e}");
+                }
             }),
             Ok(_) => files.remove_after.iter().for_each(|f| {
-                if let Err(e) = std::fs::remove_file(f) {
-                    log::warn!("removing {}: {e} (the volume is gone from the configuration; the file is left over)", f.display());
+                if let Err(e) = f.remove() {
+                    log::warn!("{e} (the volume is gone from the configuration; this is left over)");
                 }
             }),
         }

@@ -1,7 +1,12 @@
-//! Volume pools: directories serve owns, where volumes are created,
-//! snapshotted, cloned and deleted by name. A volume is a sparse file
-//! (`NAME.img`) in its pool's directory; a snapshot is a read-only reflink
-//! of it, a clone a writable reflink of a snapshot (bw_block::reflink).
+//! Volume pools: directories (or RBD pools) serve owns, where volumes are
+//! created, snapshotted, cloned and deleted by name. In a directory a
+//! volume is a sparse file (`NAME.img`); a snapshot is a read-only reflink
+//! of it, a clone a writable reflink of a snapshot (bw_block::reflink). In
+//! an RBD pool a volume is an image `NAME`, a snapshot a protected RBD
+//! snapshot `ORIGIN@NAME`, a clone an RBD clone of it (bw_block::RbdPool);
+//! RBD keeps a clone's unwritten blocks in its snapshot and a snapshot in
+//! its image, so a snapshot with clones and an image with snapshots are
+//! not deleted (the error names them).
 //! What exists is the configuration: each operation here is an edit of
 //! it (through [`Live::change_files`], so it is validated, served and
 //! persisted as a whole, and the files it made are removed if it is
@@ -17,7 +22,7 @@
 use crate::config::{PoolConfig, ServeConfig, VolumeConfig};
 use crate::live::{edit, Files, Live, Refused};
 use bw_block::reflink::{self, CopyKind};
-use bw_block::{BackendKind, BackendSpec, Volume};
+use bw_block::{BackendKind, BackendSpec, RbdPool, RbdTarget, Volume};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -71,14 +76,85 @@ pub fn file_of(v: &VolumeConfig) -> Option<PathBuf> {
     }
 }
 
+/// The RBD image (or snapshot) of a volume.
+pub fn rbd_of(v: &VolumeConfig) -> Option<RbdTarget> {
+    match BackendSpec::parse(&v.backend).ok()?.kind {
+        BackendKind::Rbd(t) => Some(t),
+        _ => None,
+    }
+}
+
+/// How an RBD pool's cluster is reached (no image named yet).
+fn rbd_pool_target(p: &PoolConfig) -> Option<RbdTarget> {
+    Some(RbdTarget {
+        pool: p.rbd.clone()?,
+        image: String::new(),
+        snap: None,
+        conf: p.conf.as_ref().map(PathBuf::from),
+        id: p.id.clone(),
+        size: None,
+        timeout_secs: None,
+    })
+}
+
+fn connect(t: &RbdTarget) -> Result<RbdPool, Refused> {
+    RbdPool::connect(t).map_err(|e| Refused(e.to_string()))
+}
+
+/// Something a pool holds for a volume: what a change makes, or removes
+/// once it is served (see [`Files`]).
+#[derive(Debug, Clone)]
+pub enum PoolObject {
+    File(PathBuf),
+    /// An RBD image, or (`snap`) one of its snapshots.
+    Rbd(RbdTarget),
+}
+
+impl PoolObject {
+    pub fn remove(&self) -> Result<(), String> {
+        match self {
+            PoolObject::File(f) => match std::fs::remove_file(f) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("removing {}: {e}", f.display())),
+                _ => Ok(()),
+            },
+            PoolObject::Rbd(t) => {
+                let p = RbdPool::connect(t).map_err(|e| e.to_string())?;
+                match &t.snap {
+                    Some(snap) => p.remove_snapshot(&t.image, snap),
+                    None => p.remove(&t.image),
+                }
+                .map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+/// Where a pool volume's data is.
+enum Backing {
+    File(PathBuf),
+    Rbd(RbdTarget),
+}
+
 /// The pool a volume was made in, or why this operation needs one.
-fn pool_volume<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a VolumeConfig, &'a PoolConfig, PathBuf), Refused> {
+fn pool_volume<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a VolumeConfig, &'a PoolConfig, Backing), Refused> {
     let v = volume(c, name)?;
     let Some(p) = &v.pool else {
         return Err(Refused(format!("volume {name} is not in a pool ({op} works on volumes made by volume_create, volume_snapshot or volume_clone)")));
     };
-    let file = file_of(v).ok_or_else(|| Refused(format!("volume {name}: its backend is not a file")))?;
-    Ok((v, pool(c, p)?, file))
+    let backing = match (file_of(v), rbd_of(v)) {
+        (Some(f), _) => Backing::File(f),
+        (_, Some(t)) => Backing::Rbd(t),
+        _ => return Err(Refused(format!("volume {name}: its backend is neither a file nor an RBD image"))),
+    };
+    Ok((v, pool(c, p)?, backing))
+}
+
+/// A pool volume's file, for what only file pools do.
+fn pool_file<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a VolumeConfig, &'a PoolConfig, PathBuf), Refused> {
+    match pool_volume(c, name, op)? {
+        (v, p, Backing::File(f)) => Ok((v, p, f)),
+        (_, p, Backing::Rbd(_)) => Err(Refused(format!("volume {name} is in RBD pool {}: {op} is for directory pools", p.name))),
+    }
 }
 
 /// Where a new volume's file goes; a leftover there (see the module
@@ -98,6 +174,10 @@ fn new_file(p: &PoolConfig, c: &ServeConfig, name: &str) -> Result<PathBuf, Refu
 
 fn file_backend(path: &Path, size: Option<u64>, readonly: bool) -> String {
     BackendSpec { kind: BackendKind::File { path: path.to_path_buf(), size }, direct: false, sync: false, readonly }.to_string()
+}
+
+fn rbd_backend(t: &RbdTarget) -> String {
+    BackendSpec { kind: BackendKind::Rbd(t.clone()), direct: false, sync: false, readonly: t.snap.is_some() }.to_string()
 }
 
 /// The size a volume's backend asks for (what it was created or resized to).
@@ -143,23 +223,42 @@ pub fn ensure_dir(p: &PoolConfig) -> Result<(), Refused> {
     Ok(())
 }
 
-pub fn pool_create(c: &mut ServeConfig, name: &str, path: &str, copy: bool) -> Result<Made, Refused> {
-    check_name("pool", name)?;
+/// `pool_create`: `asked` names a directory (`path`, `copy`) or an RBD
+/// pool (`rbd`, `conf`, `id`), which must be reachable.
+pub fn pool_create(c: &mut ServeConfig, asked: PoolConfig) -> Result<Made, Refused> {
+    let name = asked.name.clone();
+    check_name("pool", &name)?;
     if let Some(p) = c.pools.iter().find(|p| p.name == name) {
         let mut d = vec![];
-        differ("path", p.path.as_str(), path, &mut d);
-        differ("copy", p.copy, copy, &mut d);
+        differ("path", p.path.as_str(), asked.path.as_str(), &mut d);
+        differ("rbd", p.rbd.as_deref(), asked.rbd.as_deref(), &mut d);
+        differ("conf", p.conf.as_deref(), asked.conf.as_deref(), &mut d);
+        differ("id", p.id.as_deref(), asked.id.as_deref(), &mut d);
+        differ("copy", p.copy, asked.copy, &mut d);
         same_or_refuse(&format!("pool {name}"), d)?;
         return Ok(Made::Existed);
     }
-    if let Some(p) = c.pools.iter().find(|p| p.path == path) {
-        return Err(Refused(format!("{path} is already pool {}", p.name)));
+    let p = PoolConfig { uuid: Some(new_uuid()), ..asked };
+    if let Some(t) = rbd_pool_target(&p) {
+        if !p.path.is_empty() || p.copy {
+            return Err(Refused(format!("pool {name}: give either path (a directory, copy) or rbd (a Ceph pool)")));
+        }
+        if let Some(o) = c.pools.iter().find(|o| o.rbd == p.rbd && o.conf == p.conf) {
+            return Err(Refused(format!("RBD pool {} is already pool {}", t.pool, o.name)));
+        }
+        connect(&t)?;
+    } else {
+        if let Some(o) = c.pools.iter().find(|o| o.path == p.path) {
+            return Err(Refused(format!("{} is already pool {}", p.path, o.name)));
+        }
+        if !Path::new(&p.path).is_absolute() {
+            return Err(Refused(format!("pool {name}: path {:?} must be absolute (or give rbd: a Ceph pool)", p.path)));
+        }
+        if p.conf.is_some() || p.id.is_some() {
+            return Err(Refused(format!("pool {name}: conf and id are for RBD pools")));
+        }
+        ensure_dir(&p)?;
     }
-    if !Path::new(path).is_absolute() {
-        return Err(Refused(format!("pool {name}: path {path:?} must be absolute")));
-    }
-    let p = PoolConfig { name: name.into(), path: path.into(), copy, uuid: Some(new_uuid()) };
-    ensure_dir(&p)?;
     c.pools.push(p);
     Ok(Made::Created)
 }
@@ -191,11 +290,22 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         return Err(Refused(format!("volume {name}: size {size} must be a positive multiple of 512 bytes")));
     }
     let p = pool(c, pool_name)?.clone();
+    if let Some(mut t) = rbd_pool_target(&p) {
+        if thick {
+            return Err(Refused(format!("volume {name}: pool {} is an RBD pool, where images are thin (thick is for directory pools)", p.name)));
+        }
+        connect(&t)?.create(name, size).map_err(|e| Refused(format!("volume {name}: {e}")))?;
+        t.image = name.into();
+        files.created.push(PoolObject::Rbd(t.clone()));
+        t.size = Some(size);
+        c.volumes.push(VolumeConfig { name: name.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), ..Default::default() });
+        return Ok(Made::Created);
+    }
     let path = new_file(&p, c, name)?;
     let made = (|| {
         use std::os::unix::fs::OpenOptionsExt;
         let f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path)?;
-        files.created.push(path.clone());
+        files.created.push(PoolObject::File(path.clone()));
         f.set_len(size)?;
         if thick {
             reflink::allocate_all(&path)?;
@@ -212,16 +322,35 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
 /// is theirs: reflinked extents stay until the last sharer lets go); a
 /// volume's snapshots stay, naming the volume they were taken of.
 pub fn volume_delete(c: &mut ServeConfig, files: &mut Files, name: &str) -> Result<(), Refused> {
-    let (_, _, file) = pool_volume(c, name, "volume_delete")?;
+    let (_, _, backing) = pool_volume(c, name, "volume_delete")?;
     let users = edit::users(c, name);
     if !users.is_empty() {
         return Err(Refused(format!("volume {name} is exported ({}): remove those exports first", users.join(", "))));
     }
+    let object = match backing {
+        Backing::File(f) => PoolObject::File(f),
+        Backing::Rbd(t) => {
+            // RBD reads a clone's unwritten blocks from its snapshot, and
+            // keeps a snapshot in its image.
+            let named = |f: fn(&VolumeConfig) -> Option<&String>| -> Vec<&str> { c.volumes.iter().filter(|v| f(v).map(String::as_str) == Some(name)).map(|v| v.name.as_str()).collect() };
+            let clones = named(|v| v.clone_of.as_ref());
+            if !clones.is_empty() {
+                return Err(Refused(format!("volume {name} is an RBD snapshot with clones ({}): delete them first", clones.join(", "))));
+            }
+            let snaps = named(|v| v.snapshot_of.as_ref());
+            if !snaps.is_empty() {
+                return Err(Refused(format!("volume {name} is an RBD image with snapshots ({}): delete them first", snaps.join(", "))));
+            }
+            let mut t = t;
+            t.size = None;
+            PoolObject::Rbd(t)
+        }
+    };
     for v in c.volumes.iter_mut().filter(|v| v.clone_of.as_deref() == Some(name)) {
         v.clone_of = None;
     }
     c.volumes.retain(|v| v.name != name);
-    files.remove_after.push(file);
+    files.remove_after.push(object);
     Ok(())
 }
 
@@ -229,7 +358,7 @@ pub fn volume_delete(c: &mut ServeConfig, files: &mut Files, name: &str) -> Resu
 fn copy_for(p: &PoolConfig, c: &ServeConfig, files: &mut Files, src: &Path, name: &str) -> Result<(PathBuf, CopyKind), Refused> {
     let dst = new_file(p, c, name)?;
     let kind = reflink::clone_file(src, &dst, p.copy).map_err(|e| Refused(format!("pool {}: {name}: {e}", p.name)))?;
-    files.created.push(dst.clone());
+    files.created.push(PoolObject::File(dst.clone()));
     Ok((dst, kind))
 }
 
@@ -245,11 +374,27 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
         same_or_refuse(&format!("volume {snap}"), d)?;
         return Ok(Made::Existed);
     }
-    let (v, p, src) = pool_volume(c, origin, "volume_snapshot")?;
+    let (v, p, backing) = pool_volume(c, origin, "volume_snapshot")?;
     if v.snapshot_of.is_some() {
         return Err(Refused(format!("volume {origin} is a snapshot already (read-only): clone it instead")));
     }
     let p = p.clone();
+    let src = match backing {
+        Backing::File(f) => f,
+        Backing::Rbd(mut t) => {
+            // Writes acknowledged to initiators are on the OSDs (no librbd
+            // cache): flushing is for form's sake.
+            if let Some(vol) = open.get(origin) {
+                vol.flush().map_err(|e| Refused(format!("volume {origin}: flush before the snapshot: {e}")))?;
+            }
+            connect(&t)?.snapshot(&t.image, snap).map_err(|e| Refused(format!("volume {origin}: {e}")))?;
+            t.snap = Some(snap.into());
+            t.size = None;
+            files.created.push(PoolObject::Rbd(t.clone()));
+            c.volumes.push(VolumeConfig { name: snap.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..Default::default() });
+            return Ok(Made::Created);
+        }
+    };
     if p.copy && !reflink::reflinks_work(Path::new(&p.path)) {
         let users = edit::users(c, origin);
         if !users.is_empty() {
@@ -281,11 +426,25 @@ pub fn volume_clone(c: &mut ServeConfig, files: &mut Files, snap: &str, name: &s
         same_or_refuse(&format!("volume {name}"), d)?;
         return Ok(Made::Existed);
     }
-    let (v, p, src) = pool_volume(c, snap, "volume_clone")?;
+    let (v, p, backing) = pool_volume(c, snap, "volume_clone")?;
     if v.snapshot_of.is_none() {
         return Err(Refused(format!("volume {snap} is not a snapshot: snapshot it first (volume_snapshot), then clone the snapshot")));
     }
     let p = p.clone();
+    let src = match backing {
+        Backing::File(f) => f,
+        Backing::Rbd(parent) => {
+            let parent_snap = parent.snap.clone().ok_or_else(|| Refused(format!("volume {snap}: its backend names no RBD snapshot")))?;
+            let rbd = connect(&parent)?;
+            rbd.clone_snapshot(&parent.image, &parent_snap, name).map_err(|e| Refused(format!("volume {name}: {e}")))?;
+            let t = RbdTarget { image: name.into(), snap: None, size: None, ..parent };
+            files.created.push(PoolObject::Rbd(t.clone()));
+            let size = rbd.size(name, None).map_err(|e| Refused(format!("volume {name}: {e}")))?;
+            let t = RbdTarget { size: Some(size), ..t };
+            c.volumes.push(VolumeConfig { name: name.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..Default::default() });
+            return Ok(Made::Created);
+        }
+    };
     let (dst, _) = copy_for(&p, c, files, &src, name)?;
     let size = std::fs::metadata(&dst).map_err(|e| Refused(format!("{}: {e}", dst.display())))?.len();
     c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&dst, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..Default::default() });
@@ -295,7 +454,7 @@ pub fn volume_clone(c: &mut ServeConfig, files: &mut Files, snap: &str, name: &s
 /// Allocate every block of a clone and let go of its snapshot (SPDK's
 /// bdev_lvol_inflate).
 pub fn volume_inflate(c: &mut ServeConfig, name: &str) -> Result<(), Refused> {
-    let (v, _, file) = pool_volume(c, name, "inflate")?;
+    let (v, _, file) = pool_file(c, name, "inflate")?;
     if v.snapshot_of.is_some() {
         return Err(Refused(format!("volume {name} is a snapshot (read-only): it cannot be inflated")));
     }
@@ -304,11 +463,21 @@ pub fn volume_inflate(c: &mut ServeConfig, name: &str) -> Result<(), Refused> {
     Ok(())
 }
 
+/// The bytes a pool volume holds of its own: the file system's blocks
+/// of its file, or the RBD objects of its image (or snapshot).
+pub fn allocated_bytes(v: &VolumeConfig) -> Option<u64> {
+    if let Some(f) = file_of(v) {
+        return reflink::allocated_bytes(&f).ok();
+    }
+    let t = rbd_of(v)?;
+    RbdPool::connect(&t).and_then(|p| p.allocated_bytes(&t.image, t.snap.as_deref())).map_err(|e| log::warn!("volume {}: {e}", v.name)).ok()
+}
+
 /// One volume as `volume_list` shows it.
 pub fn volume_info(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConfig) -> Value {
     let size = sizes.get(&v.name).copied().unwrap_or(0);
     let spec = BackendSpec::parse(&v.backend).ok();
-    let allocated = file_of(v).and_then(|f| reflink::allocated_bytes(&f).ok());
+    let allocated = allocated_bytes(v);
     json!({
         "name": v.name,
         "pool": v.pool,
@@ -338,10 +507,11 @@ pub fn pool_info(c: &ServeConfig, sizes: &HashMap<String, u64>, p: &PoolConfig) 
     let space = reflink::fs_space(Path::new(&p.path)).ok();
     let vols: Vec<&VolumeConfig> = c.volumes.iter().filter(|v| v.pool.as_deref() == Some(&p.name)).collect();
     let provisioned: u64 = vols.iter().map(|v| sizes.get(&v.name).copied().unwrap_or(0)).sum();
-    let allocated: u64 = vols.iter().filter_map(|v| file_of(v).and_then(|f| reflink::allocated_bytes(&f).ok())).sum();
+    let allocated: u64 = vols.iter().filter_map(|v| allocated_bytes(v)).sum();
     json!({
         "name": p.name,
         "path": p.path,
+        "rbd": p.rbd,
         "uuid": p.uuid,
         "copy": p.copy,
         "reflinks": reflink::reflinks_work(Path::new(&p.path)),

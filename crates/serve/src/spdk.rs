@@ -109,11 +109,11 @@ fn bdev_json(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConfig) ->
     let readonly = spec.as_ref().is_some_and(|s| s.readonly);
     let (product, driver) = match (&v.pool, spec.as_ref().map(|s| &s.kind)) {
         (Some(p), _) => {
-            let allocated = pool::file_of(v).and_then(|f| bw_block::reflink::allocated_bytes(&f).ok()).unwrap_or(0);
+            let allocated = pool::allocated_bytes(v).unwrap_or(0);
             let pool_cfg = c.pools.iter().find(|x| &x.name == p);
             let mut l = json!({
                 "lvol_store_uuid": pool_cfg.map(pool::pool_uuid),
-                "base_bdev": pool_cfg.map(|x| x.path.clone()),
+                "base_bdev": pool_cfg.map(base_bdev),
                 "thin_provision": !v.thick,
                 "num_allocated_clusters": allocated.div_ceil(CLUSTER_SIZE),
                 "snapshot": v.snapshot_of.is_some(),
@@ -151,6 +151,11 @@ fn bdev_json(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConfig) ->
     })
 }
 
+/// What an lvol store sits on: the pool's directory, or its Ceph pool.
+fn base_bdev(p: &crate::config::PoolConfig) -> String {
+    p.rbd.as_ref().map_or_else(|| p.path.clone(), |r| format!("rbd:{r}"))
+}
+
 fn lvstore_json(c: &ServeConfig, p: &crate::config::PoolConfig) -> Value {
     let space = bw_block::reflink::fs_space(std::path::Path::new(&p.path)).ok();
     let total = space.as_ref().map_or(0, |s| s.total) / CLUSTER_SIZE;
@@ -159,7 +164,7 @@ fn lvstore_json(c: &ServeConfig, p: &crate::config::PoolConfig) -> Value {
     json!({
         "uuid": pool::pool_uuid(p),
         "name": p.name,
-        "base_bdev": p.path,
+        "base_bdev": base_bdev(p),
         "total_data_clusters": total,
         "free_clusters": free,
         "block_size": BLOCK_SIZE,
@@ -682,7 +687,7 @@ mod tests {
     fn lvols_follow_spdk() {
         let dir = std::env::temp_dir().join(format!("bw-spdk-{}", std::process::id()));
         let mut cfg = ServeConfig::default();
-        cfg.pools.push(crate::config::PoolConfig { name: "lvs0".into(), path: dir.to_str().unwrap().into(), copy: true, uuid: None });
+        cfg.pools.push(crate::config::PoolConfig { name: "lvs0".into(), path: dir.to_str().unwrap().into(), copy: true, ..Default::default() });
         pool::ensure_dir(&cfg.pools[0]).unwrap();
         let l = Live::new(cfg, &crate::open_volumes(&ServeConfig::default()).unwrap(), Frontends::default(), None);
         let stores = call(&l, "bdev_lvol_get_lvstores", json!({})).unwrap();

@@ -12,6 +12,9 @@ pub type IoCtx = *mut c_void;
 pub type Image = *mut c_void;
 pub type Completion = *mut c_void;
 pub type Callback = extern "C" fn(Completion, *mut c_void);
+/// `rbd_diff_iterate2`'s callback: offset, length, whether the extent
+/// holds data, the caller's argument; non-zero stops the walk.
+pub type DiffCallback = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
 
 /// RBD_FEATURE_LAYERING: the only feature of images we create. Without
 /// exclusive-lock, several gateways can write one image without passing a
@@ -30,12 +33,32 @@ pub struct Lib {
     pub rados_ioctx_create: unsafe extern "C" fn(Rados, *const c_char, *mut IoCtx) -> c_int,
     pub rados_ioctx_destroy: unsafe extern "C" fn(IoCtx),
     pub rbd_create2: unsafe extern "C" fn(IoCtx, *const c_char, u64, u64, *mut c_int) -> c_int,
+    pub rbd_remove: unsafe extern "C" fn(IoCtx, *const c_char) -> c_int,
+    /// parent ioctx, parent image, parent snapshot, child ioctx, child
+    /// image, features, in/out object order.
+    pub rbd_clone: unsafe extern "C" fn(
+        IoCtx,
+        *const c_char,
+        *const c_char,
+        IoCtx,
+        *const c_char,
+        u64,
+        *mut c_int,
+    ) -> c_int,
     pub rbd_open: unsafe extern "C" fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int,
     pub rbd_open_read_only:
         unsafe extern "C" fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int,
     pub rbd_close: unsafe extern "C" fn(Image) -> c_int,
     pub rbd_get_size: unsafe extern "C" fn(Image, *mut u64) -> c_int,
     pub rbd_get_features: unsafe extern "C" fn(Image, *mut u64) -> c_int,
+    pub rbd_snap_create: unsafe extern "C" fn(Image, *const c_char) -> c_int,
+    pub rbd_snap_remove: unsafe extern "C" fn(Image, *const c_char) -> c_int,
+    pub rbd_snap_protect: unsafe extern "C" fn(Image, *const c_char) -> c_int,
+    pub rbd_snap_unprotect: unsafe extern "C" fn(Image, *const c_char) -> c_int,
+    /// image, from snapshot (NULL: since creation), offset, length,
+    /// include_parent, whole_object, callback, argument.
+    pub rbd_diff_iterate2:
+        unsafe extern "C" fn(Image, *const c_char, u64, u64, u8, u8, DiffCallback, *mut c_void) -> c_int,
     pub rbd_aio_create_completion:
         unsafe extern "C" fn(*mut c_void, Callback, *mut Completion) -> c_int,
     pub rbd_aio_get_return_value: unsafe extern "C" fn(Completion) -> isize,
@@ -97,11 +120,18 @@ fn load() -> Result<Lib, String> {
         rados_ioctx_create: sym!(rados, rados_ioctx_create),
         rados_ioctx_destroy: sym!(rados, rados_ioctx_destroy),
         rbd_create2: sym!(rbd, rbd_create2),
+        rbd_remove: sym!(rbd, rbd_remove),
+        rbd_clone: sym!(rbd, rbd_clone),
         rbd_open: sym!(rbd, rbd_open),
         rbd_open_read_only: sym!(rbd, rbd_open_read_only),
         rbd_close: sym!(rbd, rbd_close),
         rbd_get_size: sym!(rbd, rbd_get_size),
         rbd_get_features: sym!(rbd, rbd_get_features),
+        rbd_snap_create: sym!(rbd, rbd_snap_create),
+        rbd_snap_remove: sym!(rbd, rbd_snap_remove),
+        rbd_snap_protect: sym!(rbd, rbd_snap_protect),
+        rbd_snap_unprotect: sym!(rbd, rbd_snap_unprotect),
+        rbd_diff_iterate2: sym!(rbd, rbd_diff_iterate2),
         rbd_aio_create_completion: sym!(rbd, rbd_aio_create_completion),
         rbd_aio_get_return_value: sym!(rbd, rbd_aio_get_return_value),
         rbd_aio_release: sym!(rbd, rbd_aio_release),

@@ -27,7 +27,10 @@
 //!   default; a gateway must fail the request instead, so the initiator sees
 //!   an error and can use another path.
 
+mod admin;
 mod ffi;
+
+pub use admin::RbdPool;
 
 use crate::{BackendSpec, BlockError, DeviceInfo, Durability, RbdTarget};
 use crate::{OnDone, Request};
@@ -40,8 +43,8 @@ use std::time::{Duration, Instant};
 
 pub struct RbdDevice {
     lib: &'static Lib,
-    cluster: ffi::Rados,
-    ioctx: ffi::IoCtx,
+    /// Dropped after the image is closed (fields drop after `drop`).
+    conn: Connection,
     image: ffi::Image,
     info: DeviceInfo,
     /// Shared with the requests in flight.
@@ -122,32 +125,22 @@ fn check(r: c_int, what: impl FnOnce() -> String) -> io::Result<c_int> {
 impl RbdDevice {
     pub fn open(spec: &BackendSpec, t: &RbdTarget) -> Result<Self, BlockError> {
         let lib = ffi::lib().map_err(io::Error::other)?;
-        let name = format!("rbd:{}/{}", t.pool, t.image);
-        let id = cstr("client id", t.id.as_deref().unwrap_or("admin"))?;
-        let mut cluster: ffi::Rados = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; cluster and user names are C strings.
-        check(
-            unsafe {
-                (lib.rados_create2)(
-                    &mut cluster,
-                    c"ceph".as_ptr(),
-                    cstr("", &format!("client.{}", id.to_string_lossy()))?.as_ptr(),
-                    0,
-                )
-            },
-            || format!("{name}: rados_create2"),
-        )?;
+        let name = match &t.snap {
+            Some(snap) => format!("rbd:{}/{}@{snap}", t.pool, t.image),
+            None => format!("rbd:{}/{}", t.pool, t.image),
+        };
+        let timeout = t.timeout_secs.unwrap_or(RbdTarget::DEFAULT_TIMEOUT_SECS).to_string();
+        let conn = Connection::open(&name, t)?;
         // From here on `dev`'s Drop releases whatever has been set up.
         let mut dev = RbdDevice {
             lib,
-            cluster,
-            ioctx: std::ptr::null_mut(),
+            conn,
             image: std::ptr::null_mut(),
             info: DeviceInfo {
                 kind: crate::DeviceKind::Rbd,
                 direct: false,
                 size_bytes: 0,
-                read_only: spec.readonly,
+                read_only: spec.readonly || t.snap.is_some(),
                 durability: Durability::WriteThrough,
                 supports_discard: true,
                 memory_backed: false,
@@ -157,11 +150,6 @@ impl RbdDevice {
             },
             failures: Arc::default(),
         };
-        let timeout = t
-            .timeout_secs
-            .unwrap_or(RbdTarget::DEFAULT_TIMEOUT_SECS)
-            .to_string();
-        dev.connect(&name, t, &timeout)?;
         dev.open_image(&name, spec, t)?;
         let size = dev.checked_size(&name, t)?;
         dev.warn_exclusive_lock(&name, spec, t)?;
@@ -175,85 +163,31 @@ impl RbdDevice {
         Ok(dev)
     }
 
-    /// Read the Ceph configuration, force the settings the module comment
-    /// lists, connect to the cluster and open the pool's I/O context.
-    fn connect(&mut self, name: &str, t: &RbdTarget, timeout: &str) -> io::Result<()> {
-        let (lib, cluster) = (self.lib, self.cluster);
-        let conf = match &t.conf {
-            Some(p) => Some(cstr(
-                "conf path",
-                p.to_str()
-                    .ok_or_else(|| io::Error::other(format!("{name}: conf path is not UTF-8")))?,
-            )?),
-            None => None,
-        };
-        // SAFETY: a valid cluster handle; NULL asks for the default search path.
-        check(
-            unsafe {
-                (lib.rados_conf_read_file)(
-                    cluster,
-                    conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-                )
-            },
-            || {
-                format!(
-                    "{name}: cannot read ceph config {}",
-                    t.conf
-                        .as_ref()
-                        .map_or("(default search path)".into(), |p| p.display().to_string())
-                )
-            },
-        )?;
-        for (k, v) in [
-            ("rbd_cache", "false"),
-            ("rbd_skip_partial_discard", "false"),
-            ("rados_osd_op_timeout", timeout),
-            ("rados_mon_op_timeout", timeout),
-            ("client_mount_timeout", timeout),
-        ] {
-            let (ck, cv) = (cstr("option", k)?, cstr("value", v)?);
-            // SAFETY: valid handle, NUL-terminated strings.
-            check(
-                unsafe { (lib.rados_conf_set)(cluster, ck.as_ptr(), cv.as_ptr()) },
-                || format!("{name}: setting {k}={v}"),
-            )?;
-        }
-        // SAFETY: a configured cluster handle.
-        check(unsafe { (lib.rados_connect)(cluster) }, || {
-            format!("{name}: cannot connect to the Ceph cluster")
-        })?;
-        let pool = cstr("pool", &t.pool)?;
-        // SAFETY: connected handle, out-pointer into `self`.
-        check(
-            unsafe { (lib.rados_ioctx_create)(cluster, pool.as_ptr(), &mut self.ioctx) },
-            || format!("{name}: pool {:?}", t.pool),
-        )?;
-        Ok(())
-    }
-
     /// Open the image, creating it first if it does not exist and the spec
     /// gives its size.
     fn open_image(&mut self, name: &str, spec: &BackendSpec, t: &RbdTarget) -> io::Result<()> {
         let lib = self.lib;
         let image = cstr("image", &t.image)?;
+        let snap = t.snap.as_deref().map(|s| cstr("snapshot", s)).transpose()?;
+        let read_only = spec.readonly || snap.is_some();
         let open = |this: &mut RbdDevice| {
-            let f = if spec.readonly {
+            let f = if read_only {
                 lib.rbd_open_read_only
             } else {
                 lib.rbd_open
             };
             // SAFETY: valid ioctx, image name, out-pointer; NULL snapshot = the head.
-            unsafe { f(this.ioctx, image.as_ptr(), &mut this.image, std::ptr::null()) }
+            unsafe { f(this.conn.ioctx, image.as_ptr(), &mut this.image, snap.as_ref().map_or(std::ptr::null(), |s| s.as_ptr())) }
         };
         let mut r = open(self);
-        if r == -libc::ENOENT && !spec.readonly {
+        if r == -libc::ENOENT && !read_only {
             if let Some(size) = t.size {
                 let mut order: c_int = 0; // 0: librbd's default object size
                                           // SAFETY: valid ioctx and name; `order` is an in/out int.
                 check(
                     unsafe {
                         (lib.rbd_create2)(
-                            self.ioctx,
+                            self.conn.ioctx,
                             image.as_ptr(),
                             size,
                             ffi::FEATURE_LAYERING,
@@ -546,6 +480,113 @@ impl Drop for RbdDevice {
             if !self.image.is_null() {
                 (self.lib.rbd_close)(self.image);
             }
+        }
+        // `conn` drops next: the pool's I/O context, then the cluster.
+    }
+}
+
+/// A connection to the cluster (the Ceph configuration read, the settings
+/// the module comment lists forced) and one pool's I/O context; released
+/// on drop, ioctx before cluster.
+struct Connection {
+    lib: &'static Lib,
+    cluster: ffi::Rados,
+    ioctx: ffi::IoCtx,
+}
+
+// SAFETY: librados handles are thread-safe; released only in drop.
+unsafe impl Send for Connection {}
+unsafe impl Sync for Connection {}
+
+impl Connection {
+    /// `name` says what for, in errors.
+    fn open(name: &str, t: &RbdTarget) -> io::Result<Connection> {
+        let lib = ffi::lib().map_err(io::Error::other)?;
+        let id = cstr("client id", t.id.as_deref().unwrap_or("admin"))?;
+        let mut cluster: ffi::Rados = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; cluster and user names are C strings.
+        check(
+            unsafe {
+                (lib.rados_create2)(
+                    &mut cluster,
+                    c"ceph".as_ptr(),
+                    cstr("", &format!("client.{}", id.to_string_lossy()))?.as_ptr(),
+                    0,
+                )
+            },
+            || format!("{name}: rados_create2"),
+        )?;
+        // From here on Drop releases whatever has been set up.
+        let mut conn = Connection { lib, cluster, ioctx: std::ptr::null_mut() };
+        let timeout = t.timeout_secs.unwrap_or(RbdTarget::DEFAULT_TIMEOUT_SECS).to_string();
+        conn.connect(name, t, &timeout)?;
+        Ok(conn)
+    }
+
+    /// Read the Ceph configuration, force the settings the module comment
+    /// lists, connect to the cluster and open the pool's I/O context.
+    fn connect(&mut self, name: &str, t: &RbdTarget, timeout: &str) -> io::Result<()> {
+        let (lib, cluster) = (self.lib, self.cluster);
+        let conf = match &t.conf {
+            Some(p) => Some(cstr(
+                "conf path",
+                p.to_str()
+                    .ok_or_else(|| io::Error::other(format!("{name}: conf path is not UTF-8")))?,
+            )?),
+            None => None,
+        };
+        // SAFETY: a valid cluster handle; NULL asks for the default search path.
+        check(
+            unsafe {
+                (lib.rados_conf_read_file)(
+                    cluster,
+                    conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                )
+            },
+            || {
+                format!(
+                    "{name}: cannot read ceph config {}",
+                    t.conf
+                        .as_ref()
+                        .map_or("(default search path)".into(), |p| p.display().to_string())
+                )
+            },
+        )?;
+        for (k, v) in [
+            ("rbd_cache", "false"),
+            ("rbd_skip_partial_discard", "false"),
+            ("rados_osd_op_timeout", timeout),
+            ("rados_mon_op_timeout", timeout),
+            ("client_mount_timeout", timeout),
+        ] {
+            let (ck, cv) = (cstr("option", k)?, cstr("value", v)?);
+            // SAFETY: valid handle, NUL-terminated strings.
+            check(
+                unsafe { (lib.rados_conf_set)(cluster, ck.as_ptr(), cv.as_ptr()) },
+                || format!("{name}: setting {k}={v}"),
+            )?;
+        }
+        // SAFETY: a configured cluster handle.
+        check(unsafe { (lib.rados_connect)(cluster) }, || {
+            format!("{name}: cannot connect to the Ceph cluster")
+        })?;
+        let pool = cstr("pool", &t.pool)?;
+        // SAFETY: connected handle, out-pointer into `self`.
+        check(
+            unsafe { (lib.rados_ioctx_create)(cluster, pool.as_ptr(), &mut self.ioctx) },
+            || format!("{name}: pool {:?}", t.pool),
+        )?;
+        Ok(())
+    }
+
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // SAFETY: created by us, released once, ioctx before cluster; the
+        // images opened through them are closed before (RbdDevice's drop,
+        // RbdPool's calls).
+        unsafe {
             if !self.ioctx.is_null() {
                 (self.lib.rados_ioctx_destroy)(self.ioctx);
             }

@@ -184,6 +184,149 @@ fn lifecycle_on_reflinks_survives_a_restart() {
     assert!(ctl_err(&sock, "volume_delete", r#"{"name":"c"}"#).contains("no volume c"));
 }
 
+/// sha256 of `data`, as `sha256sum` prints it (the guest's busybox
+/// computes the same).
+fn sha256_hex(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut c = Command::new("sha256sum").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    c.stdin.take().unwrap().write_all(data).unwrap();
+    let out = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string()
+}
+
+/// The Linux nvme-tcp host (Debian kernel in the VM, one boot) reads pool
+/// volumes made through the control socket: the snapshot and its clone
+/// hold what the test wrote before the snapshot, the origin's later write
+/// is not in the snapshot, and the snapshot's namespace refuses writes
+/// (the host sees it read-only, and a Write passed through to the target
+/// comes back write protected); the clone takes the guest's write, and
+/// the host reads it back (tests/kernel-vm/volumes.sh).
+#[test]
+fn kernel_initiator_reads_snapshots_and_clones() {
+    let fs = LoopFs::new("vol-kvm", "mkfs.xfs -q -m reflink=1");
+    let dir = TempDir::new("vol-kvm");
+    let sock = dir.path().join("c.sock");
+    let (ip, np) = (free_port(), free_port());
+    let nqn = "nqn.2026-11.org.blockwire:vol-kvm";
+    let host = "nqn.2026-11.org.blockwire:kernel-vm";
+    let cfg = server_toml("[[volume]]\nname = \"scratch\"\nbackend = \"ram:1M\"\n", ip, np);
+    let serve = Serve::with_config(&dir, &cfg, &["--control", sock.to_str().unwrap()]);
+    ctl(&sock, "pool_create", &format!(r#"{{"name":"p","path":"{}/pool"}}"#, fs.mnt().display()));
+    ctl(&sock, "volume_create", r#"{"name":"v","size":"64M","pool":"p"}"#);
+    ctl(&sock, "nvme_subsystem_add", &format!(r#"{{"nqn":"{nqn}","namespaces":[{{"nsid":1,"volume":"v"}}]}}"#));
+    let url = |n: u32| format!("nvme+tcp://127.0.0.1:{np}/{nqn}/{n}");
+    let a = pattern(0x21, 0, 4 * MIB);
+    let b = pattern(0x42, MIB as u64, MIB);
+    write_url(&url(1), 0, &a).unwrap();
+    ctl(&sock, "volume_snapshot", r#"{"name":"v","snapshot":"s"}"#);
+    write_url(&url(1), MIB as u64, &b).unwrap();
+    ctl(&sock, "volume_clone", r#"{"snapshot":"s","name":"c"}"#);
+    // NSIDs out of the order the host numbers its devices in.
+    ctl(&sock, "nvme_ns_add", &format!(r#"{{"nqn":"{nqn}","nsid":7,"volume":"s"}}"#));
+    ctl(&sock, "nvme_ns_add", &format!(r#"{{"nqn":"{nqn}","nsid":3,"volume":"c"}}"#));
+    let script = dir.path().join("volumes.sh");
+    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/volumes.sh")).unwrap();
+    let settings = format!(
+        "PORT={np}\nNQN={nqn}\nHOSTNQN={host}\nNS_ORIGIN=1\nNS_SNAP=7\nNS_CLONE=3\nSUM_A={}\nSUM_B={}\nSUM_A_AT_1M={}\n",
+        sha256_hex(&a),
+        sha256_hex(&b),
+        sha256_hex(&a[MIB..2 * MIB])
+    );
+    std::fs::write(&script, format!("{settings}{body}")).unwrap();
+    let run = kernel_vm(&script, None, None);
+    for step in [
+        "VOL-OK: snapshot holds the data written before it",
+        "VOL-OK: clone holds the snapshot's data",
+        "VOL-OK: the origin's write after the snapshot is not in the snapshot",
+        "VOL-OK: passthrough Write to the snapshot: write protected",
+        "VOL-OK: snapshot read-only",
+        "VOL-OK: clone written and read back",
+        "VOL-ALL-OK",
+    ] {
+        assert!(run.output.contains(step), "the guest did not report {step:?}\n{}", run.output);
+    }
+    assert!(run.status.success(), "the guest script failed ({})", run.status);
+    // What the guest wrote to the clone is there for blockwire's initiator
+    // too, and the snapshot is as it was.
+    let wrote = run.output.lines().find_map(|l| l.trim().strip_prefix("VOL-CLONE-WRITE: ")).expect("the guest's clone write checksum").trim().to_string();
+    assert_eq!(sha256_hex(&read_url(&url(3), 8 * MIB as u64, MIB)), wrote, "the guest's write to the clone");
+    assert!(read_url(&url(7), 0, 4 * MIB) == a, "the snapshot changed");
+    assert!(serve.stop().success());
+}
+
+/// An RBD pool (`[[pool]]` with `rbd`, on the project's Ceph test
+/// cluster): a volume is an image, a snapshot a protected RBD snapshot, a
+/// clone an RBD clone of it, exported over NVMe/TCP and read back with
+/// blockwire's initiator (the snapshot holds what was written before it,
+/// not the origin's later write; the clone holds the snapshot's data and
+/// takes writes); deletes are refused while exported, while a snapshot has
+/// clones and while an image has snapshots (each named), and then remove
+/// the images and the snapshot from the cluster.
+#[test]
+fn rbd_pool_snapshots_and_clones() {
+    let ceph = crate::common::ceph::Ceph::shared();
+    let conf = ceph.conf().display().to_string();
+    let dir = TempDir::new("vol-rbd");
+    let sock = dir.path().join("c.sock");
+    let (ip, np) = (free_port(), free_port());
+    let u = unique("");
+    let (v, s, c) = (format!("v{u}"), format!("s{u}"), format!("c{u}"));
+    let pools = format!("[[pool]]\nname = \"r\"\nrbd = \"rbd\"\nconf = \"{conf}\"\n");
+    let _serve = Serve::with_config(&dir, &server_toml(&pools, ip, np), &["--control", sock.to_str().unwrap()]);
+    // The same pool again: nothing changes; another Ceph pool under the name: refused.
+    let again = ctl(&sock, "pool_create", &format!(r#"{{"name":"r","rbd":"rbd","conf":"{conf}"}}"#));
+    assert_eq!(again["changes"], serde_json::json!([]), "{again}");
+    let e = ctl_err(&sock, "pool_create", &format!(r#"{{"name":"r","rbd":"other","conf":"{conf}"}}"#));
+    assert!(e.contains("rbd is Some(\"rbd\"), not Some(\"other\")"), "{e}");
+    let made = ctl(&sock, "volume_create", &format!(r#"{{"name":"{v}","size":"64M","pool":"r"}}"#));
+    assert_eq!(made["volume"]["provisioned_bytes"].as_u64(), Some(64 << 20), "{made}");
+    assert!(ceph.rbd(&["info", &format!("rbd/{v}")]).contains("size 64 MiB"), "volume_create made no image");
+
+    let nqn = "nqn.2026-11.org.blockwire:vol-rbd";
+    ctl(&sock, "nvme_subsystem_add", &format!(r#"{{"nqn":"{nqn}","namespaces":[{{"nsid":1,"volume":"{v}"}}]}}"#));
+    let url = |n: u32| format!("nvme+tcp://127.0.0.1:{np}/{nqn}/{n}");
+    let a = pattern(0x33, 0, 4 * MIB);
+    let b = pattern(0x44, MIB as u64, MIB);
+    write_url(&url(1), 0, &a).unwrap();
+    ctl(&sock, "volume_snapshot", &format!(r#"{{"name":"{v}","snapshot":"{s}"}}"#));
+    write_url(&url(1), MIB as u64, &b).unwrap();
+    let snaps = ceph.rbd(&["snap", "ls", "--format", "json", &format!("rbd/{v}")]);
+    assert!(snaps.contains(&format!("\"name\":\"{s}\"")) && snaps.contains("\"protected\":\"true\""), "no protected RBD snapshot: {snaps}");
+    ctl(&sock, "volume_clone", &format!(r#"{{"snapshot":"{s}","name":"{c}"}}"#));
+    assert!(ceph.rbd(&["info", &format!("rbd/{c}")]).contains(&format!("parent: rbd/{v}@{s}")), "the clone is not an RBD clone of the snapshot");
+    ctl(&sock, "nvme_ns_add", &format!(r#"{{"nqn":"{nqn}","nsid":2,"volume":"{s}"}}"#));
+    ctl(&sock, "nvme_ns_add", &format!(r#"{{"nqn":"{nqn}","nsid":3,"volume":"{c}"}}"#));
+    assert!(read_url(&url(2), 0, 4 * MIB) == a, "the snapshot does not hold what was written before it (or holds the later write)");
+    assert!(read_url(&url(3), 0, 4 * MIB) == a, "the clone does not hold its snapshot's data");
+    assert!(read_url(&url(1), MIB as u64, MIB) == b, "the origin lost its write");
+    assert!(write_url(&url(2), 0, &[1u8; 4096]).is_err(), "the snapshot took a write");
+    write_url(&url(3), 8 * MIB as u64, &pattern(0x55, 0, MIB)).unwrap();
+    assert!(read_url(&url(3), 8 * MIB as u64, MIB) == pattern(0x55, 0, MIB), "the clone's write");
+    assert!(read_url(&url(2), 0, 4 * MIB) == a, "a write to the clone reached the snapshot");
+
+    let list = ctl(&sock, "volume_list", "{}");
+    let find = |n: &str| list.as_array().unwrap().iter().find(|x| x["name"] == n).cloned().unwrap();
+    assert_eq!((&find(&s)["readonly"], &find(&s)["clones"], &find(&v)["snapshots"]), (&Value::Bool(true), &serde_json::json!([c]), &serde_json::json!([s])), "{list}");
+    assert!(find(&v)["allocated_bytes"].as_u64().unwrap() >= 4 * MIB as u64, "{list}");
+    let pools = ctl(&sock, "pool_list", "{}");
+    assert_eq!((pools[0]["rbd"].as_str(), pools[0]["provisioned_bytes"].as_u64()), (Some("rbd"), Some(3 * (64 << 20))), "{pools}");
+
+    // Refusals, each naming what stands in the way; then the deletes.
+    let e = ctl_err(&sock, "volume_delete", &format!(r#"{{"name":"{s}"}}"#));
+    assert!(e.contains("exported") && e.contains(&format!("NVMe {nqn} namespace 2")), "{e}");
+    ctl(&sock, "nvme_subsystem_remove", &format!(r#"{{"nqn":"{nqn}"}}"#));
+    let e = ctl_err(&sock, "volume_delete", &format!(r#"{{"name":"{s}"}}"#));
+    assert!(e.contains("clones") && e.contains(&c), "{e}");
+    let e = ctl_err(&sock, "volume_delete", &format!(r#"{{"name":"{v}"}}"#));
+    assert!(e.contains("snapshots") && e.contains(&s), "{e}");
+    ctl(&sock, "volume_delete", &format!(r#"{{"name":"{c}"}}"#));
+    ctl(&sock, "volume_delete", &format!(r#"{{"name":"{s}"}}"#));
+    assert_eq!(ceph.rbd(&["snap", "ls", "--format", "json", &format!("rbd/{v}")]).trim(), "[]", "the RBD snapshot is still there");
+    ctl(&sock, "volume_delete", &format!(r#"{{"name":"{v}"}}"#));
+    let images = ceph.rbd(&["ls", "rbd"]);
+    assert!(!images.lines().any(|l| l == v || l == c), "images left after volume_delete: {images}");
+}
+
 /// volume_list with allocated_bytes left out (the file system may still
 /// be settling its blocks): what a restart must bring back.
 fn list_without_allocation(list: &Value) -> Value {
