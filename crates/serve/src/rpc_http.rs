@@ -117,7 +117,10 @@ pub async fn serve(listener: tokio::net::TcpListener, live: Arc<Live>, creds: Ar
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             log::warn!("rpc-http: {peer}: {MAX_CONNECTIONS} connections under way; answered 503");
-            let _ = s.write_all(&reply("503 Service Unavailable", "text/plain", b"busy\n")).await;
+            tokio::spawn(async move {
+                let _ = s.write_all(&reply("503 Service Unavailable", "text/plain", b"busy\n")).await;
+                close_after_answer(&mut s).await;
+            });
             continue;
         };
         let (live, creds) = (live.clone(), creds.clone());
@@ -125,8 +128,33 @@ pub async fn serve(listener: tokio::net::TcpListener, live: Arc<Live>, creds: Ar
             let _slot = slot;
             let answer = answer(&mut s, peer, &live, &creds).await;
             let _ = s.write_all(&answer).await;
+            close_after_answer(&mut s).await;
         });
     }
+}
+
+/// How long a connection is drained after its answer (below).
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Close a connection without losing its answer: a socket closed with
+/// input still unread (the body of a request refused at its head: 401,
+/// 413, 503) sends a reset, and the client's read of the answer then fails
+/// with "connection reset" instead of showing the status. Half-close, then
+/// read and drop what the client still sends until it closes, bounded in
+/// bytes and time.
+async fn close_after_answer(s: &mut tokio::net::TcpStream) {
+    let _ = s.shutdown().await;
+    let mut chunk = [0u8; 8192];
+    let mut left = MAX_HEAD + MAX_BODY;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while left > 0 {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 fn reply(status: &str, kind: &str, body: &[u8]) -> Vec<u8> {
