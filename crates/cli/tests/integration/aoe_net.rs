@@ -168,7 +168,17 @@ fn aoe_metrics_count_reads_writes_frames_and_same_tag_resends() {
     assert!(raw.ata(FAKE, 77, &AtaRequest::read(0, 2)).is_some(), "a resend is answered too");
     // 4 KiB in frames of 2 sectors (MTU 1500): 4 writes.
     rt.block_on(c.write(0, &[3u8; 4096])).expect("write");
-    let text = scrape_metrics(&metrics);
+    // A worker counts the replies of a batch after it has sent them: the
+    // initiator can hold its last reply before the counter moves (a busy
+    // machine widens that window). Scrape until the sent frames are
+    // counted; the asserts below then check every figure.
+    let sent = |text: &str| metric_sample(text, &format!("blockwire_aoe_frames_sent_total{{interface=\"{}\"}}", pair.ns_if));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut text = scrape_metrics(&metrics);
+    while sent(&text) < 6.0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        text = scrape_metrics(&metrics);
+    }
     let v = |name: &str, op: &str| metric_sample(&text, &format!("{name}{{volume=\"d\",protocol=\"aoe\",op=\"{op}\"}}"));
     assert!(v("blockwire_volume_operations_total", "read") >= 2.0, "{text}");
     assert_eq!(v("blockwire_volume_operations_total", "write"), 4.0, "{text}");

@@ -98,6 +98,8 @@ macro_rules! cases {
 cases! {
     nvme_004_uuid_ns_descriptors => "004",
     nvme_006_create_target => "006",
-    // Last: in a longer run the case after it hung (see the note).
-    nvme_003_discovery_keep_alive => "003",
+    // Not nvme/003: it passes, but blktests runs cases in numeric order and
+    // the case after it then hangs until the VM's time runs out (seen in a
+    // full make test; docs/notes/2026-11-25-blktests.md). It comes back
+    // when that is understood.
 }
