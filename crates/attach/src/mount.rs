@@ -167,7 +167,26 @@ fn stop_daemon(state: &AttachState) {
 /// for the target; if the attach daemon (PID `pid`) finds the target
 /// unreachable meanwhile (after at most its --timeout), the FUSE connection
 /// is aborted so those writes fail at once and the unmount completes.
+/// Unmount the file system, asking again for a moment while umount says
+/// the target is busy: the kernel also finds a mount busy while another
+/// process copies the mount tree into a new mount namespace (`unshare -m`,
+/// `ip netns exec`: the copy holds references to the peers of a shared
+/// mount), which ends by itself; a file held open keeps it busy, and then
+/// the error stands.
 fn unmount_fs(mp: &Path, fuse_dir: &Path, pid: u32) -> anyhow::Result<()> {
+    let mut tries = 0;
+    loop {
+        match unmount_fs_once(mp, fuse_dir, pid) {
+            Err(e) if tries < 10 && e.to_string().contains("target is busy") => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => return r,
+        }
+    }
+}
+
+fn unmount_fs_once(mp: &Path, fuse_dir: &Path, pid: u32) -> anyhow::Result<()> {
     let mut child = Command::new("umount")
         .arg(mp)
         .stdin(Stdio::null())
