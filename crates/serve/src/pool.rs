@@ -384,9 +384,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
         Backing::Rbd(mut t) => {
             // Writes acknowledged to initiators are on the OSDs (no librbd
             // cache): flushing is for form's sake.
-            if let Some(vol) = open.get(origin) {
-                vol.flush().map_err(|e| Refused(format!("volume {origin}: flush before the snapshot: {e}")))?;
-            }
+            flush_before_snapshot(open, origin)?;
             connect(&t)?.snapshot(&t.image, snap).map_err(|e| Refused(format!("volume {origin}: {e}")))?;
             t.snap = Some(snap.into());
             t.size = None;
@@ -405,9 +403,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
             )));
         }
     }
-    if let Some(vol) = open.get(origin) {
-        vol.flush().map_err(|e| Refused(format!("volume {origin}: flush before the snapshot: {e}")))?;
-    }
+    flush_before_snapshot(open, origin)?;
     let (dst, kind) = copy_for(&p, c, files, &src, snap)?;
     log::info!("volume {origin}: snapshot {snap} by {kind:?}");
     c.volumes.push(VolumeConfig { name: snap.into(), backend: file_backend(&dst, None, true), pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..Default::default() });
@@ -415,6 +411,14 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
     // extents) until it is inflated.
     volume_mut(c, origin)?.clone_of = Some(snap.into());
     Ok(Made::Created)
+}
+
+/// The origin's acknowledged writes on stable storage before its snapshot is taken.
+fn flush_before_snapshot(open: &HashMap<String, Volume>, origin: &str) -> Result<(), Refused> {
+    match open.get(origin) {
+        Some(vol) => vol.flush().map_err(|e| Refused(format!("volume {origin}: flush before the snapshot: {e}"))),
+        None => Ok(()),
+    }
 }
 
 /// `volume_clone`: a writable volume holding the snapshot's data.
