@@ -237,7 +237,7 @@ pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> 
     let (token, ()) = registry().create(undo, || {
         let cmd = host.command_with("sh", &["-c", script.as_str(), "sh", what, &a, &b, &lun]);
         let f = crate::runner::run_workload(cmd, "kernel attach", Duration::from_secs(120), None)?;
-        device = f.stdout.trim().to_string();
+        device = host.program_output(&f.stdout).unwrap_or_default().trim().to_string();
         anyhow::ensure!(
             f.ok && device.starts_with("/dev/"),
             "{} did not attach: {}",

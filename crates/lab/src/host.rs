@@ -130,6 +130,16 @@ impl Host {
         }
     }
 
+    /// What a command of this host printed on `stdout`:
+    /// over ssh what follows the wrapper's mark (see
+    /// [`crate::ssh::OUTPUT_MARK`]), here all of it.
+    pub fn program_output<'a>(&self, stdout: &'a str) -> anyhow::Result<&'a str> {
+        match self {
+            Host::Ssh(h) => h.program_output(stdout),
+            _ => Ok(stdout),
+        }
+    }
+
     /// The stdin a service command needs (a pipe over ssh, whose end is
     /// what stops the remote process).
     pub fn service_stdin(&self) -> Stdio {
@@ -181,7 +191,7 @@ impl Host {
         if !out.status.success() {
             anyhow::bail!("`{program} {}` in {} failed: {}", args.join(" "), self.name(), String::from_utf8_lossy(&out.stderr).trim());
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(self.program_output(&String::from_utf8_lossy(&out.stdout))?.to_string())
     }
 
     /// Whether `program` is installed on the host.

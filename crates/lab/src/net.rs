@@ -172,7 +172,8 @@ fn one(topo: &Topology, ip: &str, streams: u32, secs: u32) -> anyhow::Result<Ipe
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let out = topo.client.command_with("iperf3", &iperf3_client_args(ip, streams, secs)).stdin(std::process::Stdio::null()).output()?;
-        let r = parse_iperf3_json(&String::from_utf8_lossy(&out.stdout));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let r = topo.client.program_output(&stdout).and_then(parse_iperf3_json);
         match r {
             Err(e) if is_server_busy(&e) && std::time::Instant::now() < deadline && !crate::cleanup::interrupted() => {
                 std::thread::sleep(std::time::Duration::from_millis(500));

@@ -279,8 +279,9 @@ pub fn aoe_answers(client: &Host, exe: &Path, iface: &str, wanted: &[(u16, u8)],
         .output()
         .map_err(|e| anyhow::anyhow!("cannot run an AoE query on {}: {e}", client.name()))?;
     // `discover` fails when nothing answers: what it printed still counts.
-    let text = String::from_utf8_lossy(&out.stdout);
-    let answered = wanted.iter().copied().filter(|&a| answered_by(&text, a)).collect();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let text = client.program_output(&stdout)?;
+    let answered = wanted.iter().copied().filter(|&a| answered_by(text, a)).collect();
     Ok((answered, crate::command::last_lines(&String::from_utf8_lossy(&out.stderr), 1)))
 }
 

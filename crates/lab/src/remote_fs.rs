@@ -190,6 +190,9 @@ pub fn run_in_cgroup(
     a.extend(args.iter().map(|s| s.as_str()));
     let cmd = h.service_command("sh", &a);
     let mut f = crate::runner::run_workload_with_stdin(cmd, what, timeout, None, std::process::Stdio::piped())?;
+    if f.ok {
+        f.stdout = h.program_output(&f.stdout)?.to_string();
+    }
     f.cpu_s = parse_times(&f.stderr).unwrap_or(0.0);
     f.stderr = workload_stderr(&f.stderr);
     Ok(f)

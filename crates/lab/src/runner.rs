@@ -142,26 +142,13 @@ pub fn bench_args(url: &str, w: &Workload, runtime_s: u32, size: u64) -> Vec<Str
     a
 }
 
-/// Parse the one JSON object a workload command prints with `--json`
-/// (`bench`: [`BenchReport`], `flowop`: `FlowReport`): the last `{...}`
-/// line, or the whole output when pretty-printed.
+/// Parse the JSON report a workload command prints with `--json` (`bench`:
+/// [`BenchReport`], `flowop`: `FlowReport`): its whole output is that one
+/// object (what an ssh login shell prints first is cut off by
+/// [`crate::host::Host::program_output`]).
 pub fn parse_json_report<T: serde::de::DeserializeOwned>(stdout: &str) -> anyhow::Result<T> {
-    let trimmed = stdout.trim();
-    if let Ok(r) = serde_json::from_str::<T>(trimmed) {
-        return Ok(r);
-    }
-    if let Some(start) = trimmed.find('{') {
-        if let Ok(r) = serde_json::from_str::<T>(&trimmed[start..]) {
-            return Ok(r);
-        }
-    }
-    for line in trimmed.lines().rev() {
-        if line.trim_start().starts_with('{') {
-            return serde_json::from_str(line.trim())
-                .map_err(|e| anyhow::anyhow!("JSON report: {e}"));
-        }
-    }
-    anyhow::bail!("printed no JSON object: {}", last_lines(stdout, 3))
+    serde_json::from_str(stdout.trim())
+        .map_err(|e| anyhow::anyhow!("printed no JSON report ({e}): {}", last_lines(stdout, 3)))
 }
 
 /// What the lab keeps of a `blockwire bench --json` run.
@@ -190,7 +177,7 @@ pub fn run_bench(
     if !ok {
         anyhow::bail!("bench {url} {} failed: {}", w.name, last_lines(&stderr, 3));
     }
-    parse_bench_json(&stdout)
+    parse_bench_json(client.program_output(&stdout)?)
         .map_err(|e| anyhow::anyhow!("{e} (stderr: {})", last_lines(&stderr, 2)))
 }
 
@@ -253,7 +240,7 @@ pub fn run_fio_on_device(
     if !f.ok {
         anyhow::bail!("fio {dev} {} failed: {}", w.name, last_lines(&f.stderr, 3));
     }
-    parse_fio_json(&f.stdout).map_err(|e| anyhow::anyhow!("fio {dev}: {e} (stderr: {})", last_lines(&f.stderr, 2)))
+    parse_fio_json(client.program_output(&f.stdout)?).map_err(|e| anyhow::anyhow!("fio {dev}: {e} (stderr: {})", last_lines(&f.stderr, 2)))
 }
 
 pub fn run_fio(
@@ -368,8 +355,9 @@ mod tests {
         assert_eq!(r.lat_ns.p999, 5000.0);
         assert_eq!(r.lat_ns.mean, 950.0);
         assert_eq!(r.cpu_sys_s, 0.2);
-        let with_noise = format!("connecting...\n{one}\n");
-        assert_eq!(parse_bench_json(&with_noise).unwrap(), r);
+        assert_eq!(parse_bench_json(&format!("{one}\n")).unwrap(), r);
+        // Anything beside the report is a fault to show, not to skip.
+        assert!(parse_bench_json(&format!("connecting...\n{one}\n")).is_err());
         let report: BenchReport = serde_json::from_str(one).unwrap();
         let pretty = serde_json::to_string_pretty(&report).unwrap();
         assert_eq!(parse_bench_json(&pretty).unwrap(), r);

@@ -34,6 +34,47 @@ const HOST_IDENTITY: &str = "$(readlink /proc/self/ns/net)";
 /// The line a wrapped remote service prints first (on stderr): its PID.
 pub const PID_MARK: &str = "bwlab-remote-pid ";
 
+/// The line every remote command prints on stdout before it starts. sshd
+/// runs a command through the user's login shell, and Debian's bash
+/// sources `~/.bashrc` for ssh commands, so whatever a profile prints (a
+/// version manager's notice, a banner) comes first on the same stdout:
+/// the command's output is what follows this line
+/// ([`SshHost::program_output`]).
+pub const OUTPUT_MARK: &str = "bwlab-program-output";
+
+/// `line` as the remote login shell runs it: the mark first.
+fn marked(line: &str) -> String {
+    format!("echo {OUTPUT_MARK}; {line}")
+}
+
+/// The remote shell script of [`SshHost::service_command`], recording the
+/// program's PID in `state_file`.
+fn service_script<S: AsRef<str>>(program: &str, args: &[S], state_file: &str) -> String {
+    format!(
+        r#"exec 3<&0
+{} </dev/null & p=$!
+echo "{PID_MARK}$p" >&2
+echo "pid $p $(cut -d' ' -f22 /proc/$p/stat)" >> {}
+( read -r _ <&3; kill $p; sleep 3; kill -9 $p ) >/dev/null 2>&1 &
+w=$!; exec 3<&-
+wait $p; s=$?; kill $w 2>/dev/null; exit $s"#,
+        shell_line(program, args),
+        quote(state_file)
+    )
+}
+
+/// The text after the [`OUTPUT_MARK`] line of `stdout`, if it has one.
+fn program_output(stdout: &str) -> Option<&str> {
+    let mut at = 0;
+    for line in stdout.split_inclusive('\n') {
+        at += line.len();
+        if line.trim_end_matches(['\n', '\r']) == OUTPUT_MARK {
+            return Some(&stdout[at..]);
+        }
+    }
+    None
+}
+
 /// Every ssh invocation of this process (the cost of the remote mode).
 static INVOCATIONS: AtomicU64 = AtomicU64::new(0);
 /// Set once the run is ending: masters exiting then are expected.
@@ -302,7 +343,7 @@ impl SshHost {
     /// A command running `line` (already shell-quoted) on the host.
     pub fn remote(&self, line: &str) -> Command {
         let mut c = self.ssh(false);
-        c.arg(line);
+        c.arg(marked(line));
         c
     }
 
@@ -317,7 +358,7 @@ impl SshHost {
         if !out.status.success() {
             anyhow::bail!("`{line}` on {} failed: {}", self.url(), String::from_utf8_lossy(&out.stderr).trim());
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(self.program_output(&String::from_utf8_lossy(&out.stdout))?.to_string())
     }
 
     /// Add a line to the state file (before the thing it names is made).
@@ -341,18 +382,20 @@ impl SshHost {
     /// session's stdin ends (the local ssh stopped, or the connection
     /// dropped). The caller must keep the command's stdin a pipe it holds.
     pub fn service_command<S: AsRef<str>>(&self, program: &str, args: &[S]) -> Command {
-        let script = format!(
-            r#"exec 3<&0
-{} </dev/null & p=$!
-echo "{PID_MARK}$p" >&2
-echo "pid $p $(cut -d' ' -f22 /proc/$p/stat)" >> {}
-( read -r _ <&3; kill $p; sleep 3; kill -9 $p ) >/dev/null 2>&1 &
-w=$!; exec 3<&-
-wait $p; s=$?; kill $w 2>/dev/null; exit $s"#,
-            shell_line(program, args),
-            quote(&self.state_file())
-        );
-        self.remote(&sh_c(&script, &[]))
+        self.remote(&sh_c(&service_script(program, args, &self.state_file()), &[]))
+    }
+
+    /// What a remote command printed on stdout: all after [`OUTPUT_MARK`].
+    /// Without the mark the command never ran (ssh or the login shell
+    /// failed first), and there is no output to read.
+    pub fn program_output<'a>(&self, stdout: &'a str) -> anyhow::Result<&'a str> {
+        program_output(stdout).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: the remote command never started (no output mark; it printed: {})",
+                self.url(),
+                crate::command::last_lines(stdout, 3)
+            )
+        })
     }
 
     /// Open the master connection: its remote command makes the lab's
@@ -528,6 +571,30 @@ mod tests {
         let line = shell_line("printf", &["%s|"].iter().chain(args.iter()).copied().collect::<Vec<_>>());
         let out = Command::new("sh").arg("-c").arg(&line).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "plain|with space|it's|$HOME|a;b||");
+    }
+
+    /// A login shell that prints before the command (as a `~/.bashrc`
+    /// sourced for ssh commands does) does not reach the program's output.
+    #[test]
+    fn program_output_is_what_follows_the_mark() {
+        let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-mark-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let state = dir.join("state");
+        let script = marked(&service_script("printf", &["{\"ops\": %s}\\n", "7"], &state.to_string_lossy()));
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo 'pyenv: notice {{\"not\": 1}}'; {script}"))
+            .stdin(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(program_output(&stdout), Some("{\"ops\": 7}\n"));
+        assert!(std::fs::read_to_string(&state).unwrap().starts_with("pid "));
+        // The wrapper never ran: no mark, no output to read.
+        assert_eq!(program_output("pyenv: notice\n{\"ops\": 7}\n"), None);
+        assert_eq!(program_output(&format!("{OUTPUT_MARK}\n")), Some(""));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// What a killed fs suite leaves on a client host: a file system

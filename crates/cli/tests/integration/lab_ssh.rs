@@ -70,12 +70,19 @@ fn ssh_keys_and_config(dir: &Path, listen: &str) {
         run(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bwlab-test", "-f", &dir.join(k).to_string_lossy()]);
     }
     std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys")).unwrap();
+    // A HOME of the sessions' own (root's ~/.bashrc here runs `pyenv
+    // init`, which can hang on a stale shim), whose ~/.bashrc, sourced by
+    // Debian's bash for ssh commands, prints on stdout as a user's profile
+    // may: the lab must read its programs' reports past it.
+    std::fs::create_dir_all(dir.join("home")).unwrap();
+    std::fs::write(dir.join("home/.bashrc"), "echo 'profile says hello {\"not\": \"a report\"}'\n").unwrap();
     let d = dir.display();
     std::fs::write(
         dir.join("sshd_config"),
         format!(
             "ListenAddress {listen}\nHostKey {d}/host\nAuthorizedKeysFile {d}/authorized_keys\nPermitRootLogin prohibit-password\n\
-             PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\nMaxSessions 20\n"
+             PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\nMaxSessions 20\n\
+             SetEnv HOME={d}/home\n"
         ),
     )
     .unwrap();
