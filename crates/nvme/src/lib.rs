@@ -26,6 +26,7 @@
 pub mod auth;
 pub mod command_table;
 pub mod controller;
+pub mod fabric_queue;
 pub mod fabrics;
 pub mod features;
 pub mod fuzzing;
