@@ -32,6 +32,7 @@ pub mod features;
 pub mod fuzzing;
 pub mod host_queue;
 pub mod identify;
+pub mod in_flight;
 pub mod nvm_io;
 pub mod ana;
 pub mod logpage;
