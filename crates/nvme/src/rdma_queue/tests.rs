@@ -305,3 +305,47 @@ mod auth {
         assert!(matches!(a, Some(Action::Admin { .. })), "{a:?}");
     }
 }
+
+mod fuzz {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Capsules after a good Connect (see [`crate::fuzzing::rdma_queue`])
+        /// whose fields are drawn so that most reach the data path: reads,
+        /// writes, flushes, an opcode nobody has and a fabrics command, small LBA ranges, keyed or
+        /// in-capsule descriptors whose length may or may not match.
+        #[test]
+        fn arbitrary_capsules_after_login(capsules in proptest::collection::vec((0u8..5, 0u16..40, 0u64..4, 0u32..9, any::<bool>(), 0u32..5000, 0u8..8), 1..48)) {
+            use crate::queue_entry::{nvm, sgl, Keyed, Sgl};
+            let mut input = Vec::new();
+            for (op, cid, slba, nlb, keyed, len, odd) in capsules {
+                // (0x7f: a fabrics command, here a Connect on a connected queue.)
+                let opcode = [nvm::READ, nvm::WRITE, nvm::FLUSH, 0x7e, 0x7f][op as usize];
+                // Mostly the length the blocks need.
+                let len = if odd < 6 { nlb.max(1) * 512 } else { len };
+                let mut s = crate::Sqe::new(opcode, cid, 1);
+                s.set_rw(slba * 8, nlb.max(1));
+                // Now and then, data that does not match the descriptor.
+                let mut data = if keyed { 0 } else { len as usize % 8192 };
+                if odd == 0 {
+                    data = (data + 100) % 8192;
+                }
+                if keyed {
+                    s.set_keyed_sgl(Keyed { addr: 0x1000, length: len, key: 7, invalidate: len % 2 == 0 });
+                } else {
+                    s.set_sgl(Sgl { addr: 0, length: len % 8192, kind: sgl::INCAPSULE });
+                }
+                let mut capsule = s.0.to_vec();
+                capsule.resize(64 + data, 0xA5);
+                input.extend_from_slice(&(capsule.len() as u16).to_le_bytes());
+                input.extend_from_slice(&capsule);
+            }
+            crate::fuzzing::rdma_queue(&input);
+        }
+
+        #[test]
+        fn arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..4000)) {
+            crate::fuzzing::rdma_queue(&bytes);
+        }
+    }
+}
