@@ -74,11 +74,11 @@ pub fn commands(data: &[u8]) {
 
 /// Arbitrary capsules through an NVMe/RDMA controller queue (I/O queue 1
 /// of 8 entries, connected first), the transport's side played as
-/// `serve` plays it: each two bytes give the next capsule's length (up to
-/// a RECV's), data the queue asks to READ arrives, commands run (and
-/// complete in order once more are held back than the queue has entries,
-/// so that the host can overrun it and reuse IDs in flight), a read's
-/// result goes to the host's buffer. Never panics, never has more commands outstanding than
+/// `serve` plays it without a volume: each two bytes give the next
+/// capsule's length (up to a RECV's), data the queue asks to READ arrives,
+/// commands complete (in order, once more are held back than the queue has
+/// entries, so that the host can overrun it and reuse IDs in flight), a
+/// read with its blocks' worth of data. Never panics, never has more commands outstanding than
 /// the queue's entries, and completes only commands it was sent.
 pub fn rdma_queue(data: &[u8]) {
     use crate::fabric_queue::{Action, Connected};
@@ -121,10 +121,14 @@ pub fn rdma_queue(data: &[u8]) {
                     q.connected(cid, c, now, &mut out);
                     continue;
                 }
-                Action::Io { sqe, data } => {
-                    let r = nvm_io::execute(&s.load(), &sqe, &data);
-                    (sqe.cid(), r.status, r.data)
+                // A read returns what its blocks hold, whatever its
+                // descriptor says (the queue must not write past the
+                // host's buffer); the rest return nothing.
+                Action::Io { sqe, .. } if sqe.opcode() == crate::queue_entry::nvm::READ => {
+                    let len = (sqe.nlb() as usize * crate::LBA_SIZE as usize).min(1 << 20);
+                    (sqe.cid(), crate::Status::SUCCESS, Some(Bytes::from(vec![0; len])))
                 }
+                Action::Io { sqe, .. } => (sqe.cid(), crate::Status::SUCCESS, None),
                 Action::Admin { sqe, .. } | Action::AuthSend { sqe, .. } => (sqe.cid(), crate::Status::INTERNAL, None),
                 Action::Authenticated => continue,
                 Action::Close(_) => return,
