@@ -37,22 +37,28 @@ thread_local! {
     static COMMANDS_VOLUME_CACHE: Volume = Volume::open("f", &BackendSpec::ram(COMMANDS_VOLUME)).expect("ram volume");
 }
 
-/// Arbitrary submission entries (64 bytes, then 16 bytes of data each)
-/// through the admin state machine and the NVM command set over a small RAM
-/// volume: never panics, and a completion's data never exceeds what the
-/// command's SGL asked for. Each input gets a new subsystem and controller;
-/// only the volume's I/O counters carry over (they feed SMART's totals).
-pub fn commands(data: &[u8]) {
+/// A subsystem of one namespace over the thread's RAM volume, punched back
+/// to all-holes (the state a new RAM volume starts in).
+fn subsystem() -> Subsystem {
     let v = COMMANDS_VOLUME_CACHE.with(|v| v.clone());
     v.discard(0, COMMANDS_VOLUME).expect("punch the volume back to holes");
-    let s = Arc::new(Subsystem {
+    Subsystem {
         nqn: "nqn.f:s".into(),
         serial: "s".into(),
         model: "m".into(),
         namespaces: vec![Namespace::new("nqn.f:s", 1, v, false)],
         allowed_hosts: vec![],
         ana: Default::default(),
-    });
+    }
+}
+
+/// Arbitrary submission entries (64 bytes, then 16 bytes of data each)
+/// through the admin state machine and the NVM command set over a small RAM
+/// volume: never panics, and a completion's data never exceeds what the
+/// command's SGL asked for. Each input gets a new subsystem and controller;
+/// only the volume's I/O counters carry over (they feed SMART's totals).
+pub fn commands(data: &[u8]) {
+    let s = Arc::new(subsystem());
     let mut c = Controller::new(1, Role::Nvm(s.clone()), "h".into(), [0; 16], 1000, Instant::now());
     for chunk in data.chunks(80) {
         if chunk.len() < 64 {
@@ -92,15 +98,7 @@ pub fn rdma_queue(data: &[u8]) {
     /// holds, so that a host that keeps sending overruns it.
     const HELD: usize = ENTRIES as usize + 2;
     let now = Instant::now();
-    let v = COMMANDS_VOLUME_CACHE.with(|v| v.clone());
-    let s = Arc::new(crate::LiveSubsystem::new(Arc::new(Subsystem {
-        nqn: "nqn.f:s".into(),
-        serial: "s".into(),
-        model: "m".into(),
-        namespaces: vec![Namespace::new("nqn.f:s", 1, v, false)],
-        allowed_hosts: vec![],
-        ana: Default::default(),
-    })));
+    let s = Arc::new(crate::LiveSubsystem::new(Arc::new(subsystem())));
     let mut q = RdmaQueue::new(Shape { qid: 1, sq_entries: ENTRIES, rq_entries: ENTRIES }, now + std::time::Duration::from_secs(10));
     let mut out = Vec::new();
     let mut connect = Connect { recfmt: 0, qid: 1, sqsize: ENTRIES - 1, cattr: 0, kato_ms: 0 }.to_sqe(0);
