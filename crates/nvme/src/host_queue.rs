@@ -20,6 +20,7 @@
 //! controller completes it, so a late reply is never taken for a newer
 //! command; its data is read and dropped.
 
+use crate::in_flight::{Entry, InFlight};
 use crate::queue_entry::{sgl, Cqe, Sgl, Sqe};
 use crate::pdu::{self, DataHeaderView, DataPdu, Digests, IcReq, Pdu, PduError};
 use bytes::{Buf, Bytes, BytesMut};
@@ -138,10 +139,10 @@ pub struct Ticket {
     seq: u64,
 }
 
-struct Slot<C> {
+/// What the queue keeps for a command in flight, beside its context and
+/// deadline.
+struct Transfer {
     seq: u64,
-    /// None once the caller gave up on the command.
-    ctx: Option<C>,
     /// Bytes the controller is to send (the SGL length).
     expect: usize,
     received: usize,
@@ -149,8 +150,9 @@ struct Slot<C> {
     chunks: Vec<Bytes>,
     /// Data to send when the controller asks for it with R2T.
     write_data: Option<Bytes>,
-    deadline: Instant,
 }
+
+type Slot<C> = Entry<C, Transfer>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
@@ -185,8 +187,7 @@ pub struct HostQueue<C> {
     cfg: HostConfig,
     phase: Phase,
     maxh2cdata: usize,
-    slots: Vec<Option<Slot<C>>>,
-    free: Vec<u16>,
+    in_flight: InFlight<C, Transfer>,
     next_seq: u64,
     /// Encoded PDUs not yet taken by the transport.
     tx: Vec<u8>,
@@ -213,8 +214,7 @@ impl<C: Context> HostQueue<C> {
             cfg,
             phase: Phase::AwaitIcResp,
             maxh2cdata: 0,
-            slots: (0..depth).map(|_| None).collect(),
-            free: (0..depth as u16).rev().collect(),
+            in_flight: InFlight::new(depth),
             next_seq: 0,
             tx,
             tx_big: VecDeque::new(),
@@ -245,7 +245,7 @@ impl<C: Context> HostQueue<C> {
     }
     /// Commands in flight (including cancelled ones not yet completed).
     pub fn in_flight(&self) -> usize {
-        self.slots.len() - self.free.len()
+        self.in_flight.len()
     }
 
     /// Encode and queue one command. `in_len` bytes are expected back
@@ -262,10 +262,6 @@ impl<C: Context> HostQueue<C> {
         if let Phase::Dead(why) = &self.phase {
             return Err((ctx, HostError::Closed(why.clone())));
         }
-        let Some(cid) = self.free.pop() else {
-            return Err((ctx, HostError::NoFreeCid));
-        };
-        sqe.set_cid(cid);
         let mut capsule: &[u8] = &[];
         let mut write_data = None;
         match out.bytes() {
@@ -294,35 +290,33 @@ impl<C: Context> HostQueue<C> {
                 kind: sgl::TRANSPORT,
             }),
         }
-        pdu::encode_capsule(&sqe, capsule, self.cfg.digests, &mut self.tx);
         let seq = self.next_seq;
-        self.next_seq += 1;
         let expect = if write_data.is_some() || !capsule.is_empty() {
             0
         } else {
             in_len as usize
         };
-        self.slots[cid as usize] = Some(Slot {
+        let t = Transfer {
             seq,
-            ctx: Some(ctx),
             expect,
             received: 0,
             chunks: Vec::new(),
             write_data,
-            deadline: now + self.cfg.timeout,
-        });
+        };
+        let cid = match self.in_flight.insert(ctx, now + self.cfg.timeout, t) {
+            Ok(cid) => cid,
+            Err(ctx) => return Err((ctx, HostError::NoFreeCid)),
+        };
+        self.next_seq += 1;
+        sqe.set_cid(cid);
+        pdu::encode_capsule(&sqe, capsule, self.cfg.digests, &mut self.tx);
         Ok(Ticket { cid, seq })
     }
 
     /// The caller gave up on a command: forget its buffer and context. Its
     /// ID stays taken until the controller completes it.
     pub fn cancel(&mut self, t: Ticket) {
-        if let Some(s) = self
-            .slots
-            .get_mut(t.cid as usize)
-            .and_then(|s| s.as_mut())
-            .filter(|s| s.seq == t.seq)
-        {
+        if let Some(s) = self.in_flight.get_mut(t.cid).filter(|s| s.state.seq == t.seq) {
             s.ctx = None;
         }
     }
@@ -356,24 +350,18 @@ impl<C: Context> HostQueue<C> {
 
     /// The earliest deadline of a command in flight.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.slots.iter().flatten().map(|s| s.deadline).min()
+        self.in_flight.poll_timeout()
     }
 
     /// Time passed: a command past its deadline fails with a timeout and
     /// takes the queue down with it.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let late: Vec<u16> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.deadline <= now))
-            .map(|(i, _)| i as u16)
-            .collect();
+        let late = self.in_flight.expired(now);
         if late.is_empty() {
             return;
         }
         for cid in late {
-            if let Some(ctx) = self.slots[cid as usize].take().and_then(|s| s.ctx) {
+            if let Some(ctx) = self.in_flight.remove(cid).and_then(|s| s.ctx) {
                 self.done.push_back((ctx, Err(HostError::Timeout)));
             }
         }
@@ -386,13 +374,10 @@ impl<C: Context> HostQueue<C> {
             self.phase = Phase::Dead(why.to_string());
         }
         let why = self.dead().unwrap_or(why).to_string();
-        for s in self.slots.iter_mut() {
-            if let Some(ctx) = s.take().and_then(|s| s.ctx) {
-                self.done
-                    .push_back((ctx, Err(HostError::Closed(why.clone()))));
-            }
+        for ctx in self.in_flight.drain().filter_map(|s| s.ctx) {
+            self.done
+                .push_back((ctx, Err(HostError::Closed(why.clone()))));
         }
-        self.free = (0..self.slots.len() as u16).rev().collect();
         self.tx.clear();
         self.tx_big.clear();
     }
@@ -474,7 +459,7 @@ impl<C: Context> HostQueue<C> {
     }
 
     fn slot(&mut self, cid: u16) -> Option<&mut Slot<C>> {
-        self.slots.get_mut(cid as usize).and_then(|s| s.as_mut())
+        self.in_flight.get_mut(cid)
     }
 
     /// Check a data PDU against its command: in flight, at the next offset,
@@ -486,18 +471,18 @@ impl<C: Context> HostQueue<C> {
                 cid,
             });
         };
-        if offset as usize != s.received {
+        if offset as usize != s.state.received {
             return Err(ProtocolError::DataOffset {
                 cid,
                 offset,
-                expected: s.received,
+                expected: s.state.received,
             });
         }
-        if s.received + len > s.expect {
+        if s.state.received + len > s.state.expect {
             return Err(ProtocolError::DataOverrun {
                 cid,
-                end: s.received + len,
-                len: s.expect,
+                end: s.state.received + len,
+                len: s.state.expect,
             });
         }
         Ok(())
@@ -514,20 +499,20 @@ impl<C: Context> HostQueue<C> {
         let n = d.data.len();
         let has_ctx = s.ctx.is_some();
         match s.ctx.as_mut().and_then(|c| c.read_buf()) {
-            Some(dst) if dst.len() >= s.received + n => {
-                dst[s.received..s.received + n].copy_from_slice(&d.data)
+            Some(dst) if dst.len() >= s.state.received + n => {
+                dst[s.state.received..s.state.received + n].copy_from_slice(&d.data)
             }
             Some(_) => {
                 return Err(ProtocolError::DataOverrun {
                     cid: d.cid,
-                    end: s.received + n,
-                    len: s.expect,
+                    end: s.state.received + n,
+                    len: s.state.expect,
                 })
             }
-            None if has_ctx => s.chunks.push(d.data),
+            None if has_ctx => s.state.chunks.push(d.data),
             None => {}
         }
-        s.received += n;
+        s.state.received += n;
         if d.success {
             self.finish(Cqe {
                 cid: d.cid,
@@ -570,7 +555,7 @@ impl<C: Context> HostQueue<C> {
             return self.die(ProtocolError::SuccessNotLast(cid)).map(|_| None);
         }
         buf.advance(v.data_start);
-        let seq = self.slot(cid).map_or(0, |s| s.seq);
+        let seq = self.slot(cid).map_or(0, |s| s.state.seq);
         let mut d = DirectRead {
             cid,
             seq,
@@ -601,10 +586,9 @@ impl<C: Context> HostQueue<C> {
     ) -> Result<usize, E> {
         let (at, left) = (d.at, d.left);
         let slot = self
-            .slots
-            .get_mut(d.cid as usize)
-            .and_then(|s| s.as_mut())
-            .filter(|s| s.seq == d.seq);
+            .in_flight
+            .get_mut(d.cid)
+            .filter(|s| s.state.seq == d.seq);
         let dst = match slot.and_then(|s| s.ctx.as_mut()).and_then(|c| c.read_buf()) {
             Some(b) => &mut b[at..at + left],
             None => {
@@ -616,12 +600,11 @@ impl<C: Context> HostQueue<C> {
         d.at += n;
         d.left -= n;
         if let Some(s) = self
-            .slots
-            .get_mut(d.cid as usize)
-            .and_then(|s| s.as_mut())
-            .filter(|s| s.seq == d.seq)
+            .in_flight
+            .get_mut(d.cid)
+            .filter(|s| s.state.seq == d.seq)
         {
-            s.received += n;
+            s.state.received += n;
         }
         if d.left == 0 && d.success {
             self.finish(Cqe {
@@ -641,7 +624,7 @@ impl<C: Context> HostQueue<C> {
                 cid: r.cid,
             });
         };
-        let Some(data) = s.write_data.clone() else {
+        let Some(data) = s.state.write_data.clone() else {
             return Err(ProtocolError::R2tWithoutData(r.cid));
         };
         let (off, len) = (r.offset as usize, r.length as usize);
@@ -683,25 +666,24 @@ impl<C: Context> HostQueue<C> {
 
     /// The command's completion: free its ID, hand back its result.
     fn finish(&mut self, cqe: Cqe) {
-        let Some(s) = self.slots.get_mut(cqe.cid as usize).and_then(|s| s.take()) else {
+        let Some(s) = self.in_flight.remove(cqe.cid) else {
             return;
         };
-        self.free.push(cqe.cid);
         let Some(mut ctx) = s.ctx else { return };
-        let r = if cqe.status.is_success() && s.received < s.expect {
+        let r = if cqe.status.is_success() && s.state.received < s.state.expect {
             Err(HostError::ShortData {
                 cid: cqe.cid,
-                got: s.received,
-                want: s.expect,
+                got: s.state.received,
+                want: s.state.expect,
             })
         } else {
-            let data = if ctx.read_buf().is_some() || s.chunks.is_empty() {
+            let data = if ctx.read_buf().is_some() || s.state.chunks.is_empty() {
                 Bytes::new()
-            } else if s.chunks.len() == 1 {
-                s.chunks.into_iter().next().unwrap_or_default()
+            } else if s.state.chunks.len() == 1 {
+                s.state.chunks.into_iter().next().unwrap_or_default()
             } else {
-                let mut all = BytesMut::with_capacity(s.received);
-                for c in s.chunks {
+                let mut all = BytesMut::with_capacity(s.state.received);
+                for c in s.state.chunks {
                     all.extend_from_slice(&c);
                 }
                 all.freeze()
@@ -709,7 +691,7 @@ impl<C: Context> HostQueue<C> {
             Ok(Done {
                 cqe,
                 data,
-                received: s.received,
+                received: s.state.received,
             })
         };
         self.done.push_back((ctx, r));

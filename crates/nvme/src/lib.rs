@@ -3,9 +3,14 @@
 //! - [`pdu`]: the NVMe/TCP PDU codec (common header, IC, capsules, data
 //!   PDUs, R2T, TermReq; CRC32C header/data digests), data as `Bytes`.
 //! - [`queue_entry`]: the 64-byte submission entry and 16-byte completion.
-//! - [`rdma_queue`]: NVMe/RDMA: the connection manager's private data and
-//!   one controller-side queue (capsules in, RDMA READ/WRITE and SENDs out);
-//!   [`rdma_host`]: the host side's command IDs and completions.
+//! - [`fabric_queue`]: what every controller-side queue does whatever the
+//!   transport (Connect, login deadline, DH-HMAC-CHAP, keep-alive, queue
+//!   depth and command IDs, dispatch), driven by [`target_queue`]
+//!   (NVMe/TCP: PDUs, R2T/H2CData, C2HData) and [`rdma_queue`] (NVMe/RDMA:
+//!   the connection manager's private data, capsules in, RDMA READ/WRITE
+//!   and SENDs out).
+//! - [`host_queue`] (NVMe/TCP) and [`rdma_host`] (NVMe/RDMA): one host-side
+//!   queue each, over [`in_flight`]: the commands in flight by ID.
 //! - [`command_table`]: every admin and NVM command, one row each.
 //! - [`status`]: status codes as Linux spells them (SCT << 8 | SC, DNR 0x4000).
 //! - [`fabrics`]: Connect / Property Get/Set / Disconnect encodings.
@@ -26,11 +31,13 @@
 pub mod auth;
 pub mod command_table;
 pub mod controller;
+pub mod fabric_queue;
 pub mod fabrics;
 pub mod features;
 pub mod fuzzing;
 pub mod host_queue;
 pub mod identify;
+pub mod in_flight;
 pub mod nvm_io;
 pub mod ana;
 pub mod logpage;

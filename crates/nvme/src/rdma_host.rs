@@ -10,6 +10,7 @@
 //! touches it. A completion for a command not in flight, or a command
 //! past its deadline, ends the queue: later completions cannot be trusted.
 
+use crate::in_flight::InFlight;
 use crate::queue_entry::{sgl, Cqe, Keyed, Sgl, Sqe};
 use std::time::{Duration, Instant};
 
@@ -35,60 +36,50 @@ pub enum RdmaHostError {
     Timeout,
 }
 
-struct Slot<C> {
-    /// None once cancelled: the ID stays taken until the completion comes.
-    ctx: Option<C>,
-    deadline: Instant,
-}
-
 pub struct RdmaHost<C> {
-    slots: Vec<Option<Slot<C>>>,
-    free: Vec<u16>,
+    in_flight: InFlight<C, ()>,
     timeout: Duration,
 }
 
 impl<C> RdmaHost<C> {
     /// `depth` commands in flight at most (command IDs 0..depth).
     pub fn new(depth: u16, timeout: Duration) -> RdmaHost<C> {
-        RdmaHost { slots: (0..depth).map(|_| None).collect(), free: (0..depth).rev().collect(), timeout }
+        RdmaHost { in_flight: InFlight::new(depth as usize), timeout }
     }
 
     /// Give `sqe` a command ID and its data descriptor: the ID and the
     /// capsule's SQE (send it followed by the in-capsule data, if any).
     pub fn submit(&mut self, mut sqe: Sqe, data: Data, ctx: C, now: Instant) -> Result<(u16, Sqe), RdmaHostError> {
-        let cid = self.free.pop().ok_or(RdmaHostError::NoFreeCid)?;
+        let cid = self.in_flight.insert(ctx, now + self.timeout, ()).map_err(|_| RdmaHostError::NoFreeCid)?;
         sqe.set_cid(cid);
         match data {
             Data::None => sqe.set_keyed_sgl(Keyed { addr: 0, length: 0, key: 0, invalidate: false }),
             Data::InCapsule(len) => sqe.set_sgl(Sgl { addr: 0, length: len, kind: sgl::INCAPSULE }),
             Data::Keyed(k) => sqe.set_keyed_sgl(k),
         }
-        self.slots[cid as usize] = Some(Slot { ctx: Some(ctx), deadline: now + self.timeout });
         Ok((cid, sqe))
     }
 
     /// A RECEIVED completion: its command's context (None for a cancelled one).
     pub fn completion(&mut self, b: &[u8]) -> Result<(Cqe, Option<C>), RdmaHostError> {
         let cqe = Cqe::parse(b);
-        let slot = self.slots.get_mut(cqe.cid as usize).and_then(|s| s.take()).ok_or(RdmaHostError::UnknownCommand(cqe.cid))?;
-        self.free.push(cqe.cid);
-        Ok((cqe, slot.ctx))
+        let e = self.in_flight.remove(cqe.cid).ok_or(RdmaHostError::UnknownCommand(cqe.cid))?;
+        Ok((cqe, e.ctx))
     }
 
     /// Forget the caller of `cid` (it gave up); the ID stays taken.
     pub fn cancel(&mut self, cid: u16) -> Option<C> {
-        self.slots.get_mut(cid as usize)?.as_mut()?.ctx.take()
+        self.in_flight.get_mut(cid)?.ctx.take()
     }
 
     /// Every command's context, for failing them when the queue ends.
     pub fn drain(&mut self) -> Vec<C> {
-        self.free.clear();
-        self.slots.iter_mut().filter_map(|s| s.take()).filter_map(|s| s.ctx).collect()
+        self.in_flight.drain().filter_map(|e| e.ctx).collect()
     }
 
     /// The earliest deadline of a command in flight.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.slots.iter().flatten().map(|s| s.deadline).min()
+        self.in_flight.poll_timeout()
     }
 
     /// Err once a command is past its deadline.

@@ -3,15 +3,21 @@
 //! as a state machine ([`RdmaQueue`]): command capsules go in, the
 //! transfers and responses to post come out.
 //!
+//! [`RdmaQueue`] is this transport's framing and data movement around the
+//! [`FabricQueue`] core it shares with NVMe/TCP (Connect and its checks,
+//! the login deadline, DH-HMAC-CHAP and the AUTH_REQUIRED gate, the
+//! keep-alive, queue depth and command IDs, dispatch).
+//!
 //! The connection is the queue: its connect request carries the queue ID
 //! and both queue sizes ([`cm::Request`], checked by [`cm::check_request`]
-//! before the transport accepts). Each command capsule arrives in one
-//! RECV: the 64-byte SQE, then any in-capsule data. Host memory is named by
-//! a keyed SGL descriptor (address, length, key): data for the controller
-//! is fetched with RDMA READ ([`Action::Fetch`], reported back with
-//! [`RdmaQueue::fetched`]), a result goes out with RDMA WRITE before the
-//! 16-byte completion is SENT ([`Post`], in order on the one queue pair, so
-//! the data is there when the host sees the completion).
+//! before the transport accepts), and the Connect must match them. Each
+//! command capsule arrives in one RECV: the 64-byte SQE, then any
+//! in-capsule data. Host memory is named by a keyed SGL descriptor
+//! (address, length, key): data for the controller is fetched with RDMA
+//! READ ([`Post::Read`], reported back with [`RdmaQueue::fetched`]), a
+//! result goes out with RDMA WRITE before the 16-byte completion is SENT
+//! ([`Post`], in order on the one queue pair, so the data is there when the
+//! host sees the completion).
 //!
 //! What the queue checks, and how it fails: a capsule shorter than an SQE,
 //! anything but Connect before the queue is connected, or more commands
@@ -23,27 +29,22 @@
 //! host's registered memory fails with a remote access error, the queue
 //! pair goes to its error state and the transport closes this queue alone.
 //!
-//! In-band authentication (DH-HMAC-CHAP) as on NVMe/TCP: with
-//! [`Connected::auth`] the Connect response sets AUTHREQ.ATR, every command
-//! but Auth Send/Receive and Disconnect fails with AUTH_REQUIRED (a write's
-//! data is not fetched) until the host has authenticated, the host does not
-//! keep the controller alive meanwhile, and the login deadline stays armed.
-//! Auth Receive runs here; Auth Send comes out as [`Action::AuthSend`] for
-//! the transport's randomness ([`RdmaQueue::auth_send`]); success comes out
-//! as [`Action::Authenticated`], failure closes this queue alone.
+//! In-band authentication (DH-HMAC-CHAP) is the core's, as on NVMe/TCP (a
+//! write's data is not fetched before the host has authenticated); Auth
+//! Send comes out as [`Action::AuthSend`] for the transport's randomness
+//! ([`RdmaQueue::auth_send`]).
 
-use crate::auth::message::AuthCommand;
-use crate::auth::{ControllerAuth, Entropy, FailureReason};
-use crate::controller::{KeepAlive, INCAPSULE_DATA, MAX_TRANSFER};
-use crate::fabrics::{self, fctype, Connect, ConnectData, CONNECT_DATA_LEN};
-use crate::queue_entry::{sgl, Cqe, Keyed, Sqe};
-use crate::subsystem::LiveSubsystem;
-use crate::target_queue::CidSet;
-use crate::{nvm_io, Status};
+use crate::auth::Entropy;
+use crate::controller::{INCAPSULE_DATA, MAX_TRANSFER};
+use crate::fabric_queue::{self, FabricError, FabricQueue, Refused, Setup, Wire};
+use crate::fabrics::{self, fctype, CONNECT_DATA_LEN};
+use crate::queue_entry::{Cqe, Keyed, Sqe};
+use crate::Status;
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
+
+pub use crate::fabric_queue::Connected;
 
 /// Largest submission queue an RDMA queue may have: every entry holds a
 /// receive buffer of [`CAPSULE_LEN`] bytes (Linux's host asks for 128).
@@ -160,51 +161,29 @@ pub struct Shape {
     pub rq_entries: u16,
 }
 
-/// Why a queue closed with an error.
+/// Why a queue closed with an error: this transport's framing, or what
+/// every fabric queue enforces.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RdmaQueueError {
     #[error("capsule of {0} bytes is shorter than a command")]
     ShortCapsule(usize),
-    #[error("{0} before the queue is connected")]
-    NotConnected(&'static str),
-    #[error("host has {outstanding} commands outstanding on a queue of {entries} entries")]
-    QueueOverflow { outstanding: usize, entries: u16 },
     #[error("Connect for queue {connect} on a connection set up for queue {cm}")]
     QueueIdMismatch { connect: u16, cm: u16 },
-    #[error("no Connect before the login timeout")]
-    LoginTimeout,
-    #[error("connected but no DH-HMAC-CHAP authentication before the login timeout")]
-    AuthTimeout,
-    #[error("DH-HMAC-CHAP authentication of {} failed: {why} ({reason})", hostnqn.escape_debug())]
-    AuthFailed { hostnqn: String, why: String, reason: FailureReason },
-    #[error("keep-alive timeout ({0} ms without a command)")]
-    KeepAliveExpired(u128),
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
 }
 
-/// What the transport must do next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// Create (queue 0) or join a controller, then call
-    /// [`RdmaQueue::connected`] or [`RdmaQueue::connect_refused`].
-    Connect { cid: u16, connect: Connect, data: ConnectData },
-    /// Run an admin (or fabrics) command; report with [`RdmaQueue::complete`].
-    Admin { sqe: Sqe, data: Bytes },
-    /// Run an NVM I/O command; report with [`RdmaQueue::complete`].
-    Io { sqe: Sqe, data: Bytes },
-    /// RDMA READ the command's data from the host, then
-    /// [`RdmaQueue::fetched`].
-    Fetch { cid: u16, from: Keyed },
-    /// Draw fresh [`Entropy`] and call [`RdmaQueue::auth_send`].
-    AuthSend { sqe: Sqe, data: Bytes },
-    /// The host has just authenticated on this queue: its login is over.
-    Authenticated,
-    /// Post what was queued, then disconnect; `None` after a Disconnect.
-    Close(Option<RdmaQueueError>),
-}
+/// What the transport must do next (see [`fabric_queue::Action`]): call
+/// back [`RdmaQueue::connected`], [`RdmaQueue::complete`],
+/// [`RdmaQueue::auth_send`] as each variant says.
+pub type Action = fabric_queue::Action<RdmaQueueError>;
 
 /// Work to post, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Post {
+    /// RDMA READ command `cid`'s data from the host, then
+    /// [`RdmaQueue::fetched`].
+    Read { cid: u16, from: Keyed },
     /// RDMA WRITE a result into the host's buffer.
     Write { to: Keyed, data: Bytes },
     /// SEND a completion; with `invalidate`, SEND with Invalidate of the
@@ -212,172 +191,141 @@ pub enum Post {
     Send { cqe: [u8; Cqe::LEN], invalidate: Option<u32> },
 }
 
-/// What the controller side reports for a successful Connect.
-#[derive(Debug)]
-pub struct Connected {
-    /// Completion dword 0: the controller ID.
-    pub result: u64,
-    pub keep_alive: Arc<KeepAlive>,
-    pub subsystem: Option<Arc<LiveSubsystem>>,
-    /// The host must authenticate on this queue (DH-HMAC-CHAP).
-    pub auth: Option<ControllerAuth>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    AwaitConnect,
-    Connected,
-    Closed,
-}
-
 pub struct RdmaQueue {
+    core: FabricQueue,
     shape: Shape,
-    login_deadline: Instant,
-    phase: Phase,
-    cntlid: u16,
-    sqhd: u16,
-    inflight: CidSet,
-    connecting: bool,
-    keep_alive: Option<Arc<KeepAlive>>,
-    /// When the last capsule arrived: the instant an authentication that
-    /// it completes succeeded, when the controller's keep-alive starts.
-    last_capsule: Option<Instant>,
-    subsystem: Option<Arc<LiveSubsystem>>,
     /// Commands whose data is being fetched, by command ID.
     fetching: HashMap<u16, Sqe>,
     /// Where each command's result goes, by command ID.
     dest: HashMap<u16, Keyed>,
-    auth: Option<ControllerAuth>,
-    /// Connected, and the host has yet to authenticate: the login
-    /// deadline still runs.
-    login_open: bool,
+}
+
+/// Completions as posts: the result's RDMA WRITE, then the SEND.
+struct RdmaWire<'a> {
+    dest: &'a mut HashMap<u16, Keyed>,
+    out: &'a mut Vec<Post>,
+}
+
+impl Wire for RdmaWire<'_> {
+    /// A result longer than the host's buffer fails the command instead.
+    fn complete(&mut self, mut cqe: Cqe, data: Option<Bytes>) {
+        let dest = self.dest.remove(&cqe.cid);
+        if let Some(d) = data.filter(|d| !d.is_empty()) {
+            // (A write's descriptor is not a destination: its commands return no data.)
+            match dest {
+                Some(to) if d.len() <= to.length as usize => self.out.push(Post::Write { to, data: d }),
+                _ => cqe.status = Status::SGL_INVALID_DATA.dnr(),
+            }
+        }
+        let invalidate = dest.filter(|k| k.invalidate).map(|k| k.key);
+        self.send(cqe, invalidate);
+    }
+
+    fn refuse(&mut self, cqe: Cqe) {
+        self.send(cqe, None);
+    }
+}
+
+impl RdmaWire<'_> {
+    fn send(&mut self, c: Cqe, invalidate: Option<u32>) {
+        let mut cqe = [0u8; Cqe::LEN];
+        c.write(&mut cqe);
+        self.out.push(Post::Send { cqe, invalidate });
+    }
 }
 
 impl RdmaQueue {
     /// A queue of `shape` (from [`cm::check_request`]) that must be
     /// connected by `login_deadline`.
     pub fn new(shape: Shape, login_deadline: Instant) -> RdmaQueue {
-        RdmaQueue {
-            shape,
+        let core = FabricQueue::new(Setup {
+            transport: "nvme-rdma",
+            qid: shape.qid,
+            sq_entries: shape.sq_entries,
             login_deadline,
-            phase: Phase::AwaitConnect,
-            cntlid: 0,
-            sqhd: 0,
-            inflight: CidSet::new(),
-            connecting: false,
-            keep_alive: None,
-            last_capsule: None,
-            subsystem: None,
-            fetching: HashMap::new(),
-            dest: HashMap::new(),
-            auth: None,
-            login_open: false,
-        }
+        });
+        RdmaQueue { core, shape, fetching: HashMap::new(), dest: HashMap::new() }
+    }
+
+    fn wire<'a>(dest: &'a mut HashMap<u16, Keyed>, out: &'a mut Vec<Post>) -> RdmaWire<'a> {
+        RdmaWire { dest, out }
     }
 
     /// Connected, and the host still has to authenticate before commands
     /// other than Auth Send/Receive and Disconnect run.
     pub fn awaiting_auth(&self) -> bool {
-        self.auth.as_ref().is_some_and(|a| !a.authenticated())
+        self.core.awaiting_auth()
     }
-
     pub fn qid(&self) -> u16 {
         self.shape.qid
     }
     /// The controller this queue belongs to, once connected (for logs).
     pub fn cntlid(&self) -> u16 {
-        self.cntlid
+        self.core.cntlid()
     }
     pub fn shape(&self) -> Shape {
         self.shape
     }
     pub fn is_connected(&self) -> bool {
-        self.phase == Phase::Connected
+        self.core.is_connected()
     }
     pub fn is_closed(&self) -> bool {
-        self.phase == Phase::Closed
+        self.core.is_closed()
     }
     /// Commands received and not yet completed.
     pub fn outstanding(&self) -> usize {
-        self.inflight.len
+        self.core.outstanding()
     }
 
     /// One RECV's worth: a command capsule.
     pub fn capsule(&mut self, b: &[u8], now: Instant, out: &mut Vec<Post>) -> Option<Action> {
-        if self.phase == Phase::Closed {
+        if self.core.is_closed() {
             return None;
         }
         if b.len() < 64 {
-            return self.close(Some(RdmaQueueError::ShortCapsule(b.len())));
+            return self.core.close(Some(RdmaQueueError::ShortCapsule(b.len())));
         }
         let sqe = Sqe::from_slice(&b[..64]);
         let data = &b[64..];
         let cid = sqe.cid();
-        let is_connect = sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT;
-        if self.phase != Phase::Connected && !is_connect {
-            return self.close(Some(RdmaQueueError::NotConnected("a command other than Connect")));
+        if let Some(why) = self.core.out_of_turn(&sqe) {
+            return self.core.close(Some(why.into()));
         }
-        // Submission queue head, depth and command ID.
-        self.sqhd = (self.sqhd + 1) % self.shape.sq_entries;
-        if self.inflight.len >= self.shape.sq_entries as usize {
-            let why = RdmaQueueError::QueueOverflow { outstanding: self.inflight.len + 1, entries: self.shape.sq_entries };
-            return self.close(Some(why));
+        match self.core.admit(cid, now, &mut Self::wire(&mut self.dest, out)) {
+            Ok(()) => {}
+            Err(Refused::Answered) => return None,
+            Err(Refused::Fatal(why)) => return self.core.close(Some(why.into())),
         }
-        self.last_capsule = Some(now);
-        // A host that has yet to authenticate does not keep the controller alive.
-        if let Some(k) = self.keep_alive.as_ref().filter(|_| !self.awaiting_auth()) {
-            k.touch(now);
-        }
-        if !self.inflight.insert(cid) {
-            self.push_cqe(cid, Status::CMDID_CONFLICT.dnr(), 0, None, out);
-            return None;
-        }
-        let s = sqe.sgl();
         if !data.is_empty() {
-            // In-capsule data: offset 0, exactly the length announced.
-            let st = if s.kind != sgl::INCAPSULE {
-                Some(Status::SGL_INVALID_TYPE)
-            } else if s.addr != 0 || data.len() > INCAPSULE_DATA as usize {
-                Some(Status::SGL_INVALID_OFFSET)
-            } else if (s.length as usize) > data.len() || !sqe.is_host_to_ctrl() {
-                Some(Status::SGL_INVALID_DATA)
-            } else {
-                None
-            };
-            if let Some(st) = st {
-                return self.fail(cid, st.dnr(), out);
-            }
             // (A RECV may be longer than the data: the length announced counts.)
-            let data = Bytes::copy_from_slice(&data[..s.length as usize]);
-            return self.dispatch(sqe, data, out);
+            return match fabric_queue::incapsule_len(&sqe, data.len(), true) {
+                Ok(len) => self.dispatch(sqe, Bytes::copy_from_slice(&data[..len]), out),
+                Err(st) => self.fail(cid, st, out),
+            };
         }
         let keyed = sqe.keyed_sgl();
         let len = keyed.map_or(0, |k| k.length);
         // No data: any descriptor of length 0 will do.
-        if keyed.is_none() && s.length == 0 {
+        if keyed.is_none() && sqe.sgl().length == 0 {
             return self.dispatch(sqe, Bytes::new(), out);
         }
         let Some(k) = keyed else {
             return self.fail(cid, Status::SGL_INVALID_TYPE.dnr(), out);
         };
+        let is_connect = sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT;
         let max = if is_connect { CONNECT_DATA_LEN as u32 } else { MAX_TRANSFER };
         if len > max {
             return self.fail(cid, Status::INVALID_FIELD.dnr(), out);
         }
         if sqe.is_host_to_ctrl() && len > 0 {
-            // No write data from a host that has yet to authenticate.
-            if self.awaiting_auth() && AuthCommand::parse(&sqe).is_none() {
-                return self.fail(cid, Status::AUTH_REQUIRED.dnr(), out);
-            }
-            if let (Some(sub), true) = (&self.subsystem, self.shape.qid > 0 && !sqe.is_fabrics()) {
-                if let Err(st) = nvm_io::precheck(&sub.load(), &sqe) {
-                    return self.fail(cid, st, out);
-                }
+            if let Err(st) = self.core.may_fetch(&sqe) {
+                return self.fail(cid, st, out);
             }
             // (Kept for its key: the completion may invalidate it.)
             self.dest.insert(cid, k);
             self.fetching.insert(cid, sqe);
-            return Some(Action::Fetch { cid, from: k });
+            out.push(Post::Read { cid, from: k });
+            return None;
         }
         if len > 0 {
             self.dest.insert(cid, k);
@@ -385,7 +333,7 @@ impl RdmaQueue {
         self.dispatch(sqe, Bytes::new(), out)
     }
 
-    /// The data of [`Action::Fetch`] arrived.
+    /// The data of [`Post::Read`] arrived.
     pub fn fetched(&mut self, cid: u16, data: Bytes, out: &mut Vec<Post>) -> Option<Action> {
         let sqe = self.fetching.remove(&cid)?;
         self.dispatch(sqe, data, out)
@@ -393,197 +341,57 @@ impl RdmaQueue {
 
     /// The next instant [`RdmaQueue::handle_timeout`] must be called at.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match self.phase {
-            Phase::Closed => None,
-            Phase::AwaitConnect => Some(self.login_deadline),
-            Phase::Connected if self.login_open => Some(self.login_deadline),
-            Phase::Connected if self.shape.qid == 0 => self.keep_alive.as_ref().and_then(|k| k.deadline()),
-            Phase::Connected => None,
-        }
+        self.core.poll_timeout()
     }
 
     /// Time passed: enforce the login deadline and the keep-alive timeout.
     pub fn handle_timeout(&mut self, now: Instant) -> Option<Action> {
-        match self.phase {
-            Phase::Closed => None,
-            Phase::AwaitConnect if now >= self.login_deadline => self.close(Some(RdmaQueueError::LoginTimeout)),
-            Phase::AwaitConnect => None,
-            Phase::Connected if self.login_open && now >= self.login_deadline => self.close(Some(RdmaQueueError::AuthTimeout)),
-            Phase::Connected if self.login_open => None,
-            Phase::Connected => {
-                let ka = self.keep_alive.as_ref().filter(|_| self.shape.qid == 0)?;
-                if ka.expired(now) {
-                    let ms = ka.kato().map_or(0, |k| k.as_millis());
-                    return self.close(Some(RdmaQueueError::KeepAliveExpired(ms)));
-                }
-                None
-            }
-        }
+        self.core.handle_timeout(now)
     }
 
     /// The Connect of [`Action::Connect`] succeeded.
     pub fn connected(&mut self, cid: u16, c: Connected, now: Instant, out: &mut Vec<Post>) {
-        if !std::mem::take(&mut self.connecting) {
-            return;
-        }
-        self.cntlid = c.result as u16;
-        if c.auth.is_none() {
-            c.keep_alive.touch(now);
-        }
-        self.keep_alive = Some(c.keep_alive);
-        self.subsystem = c.subsystem;
-        let authreq = if c.auth.is_some() { fabrics::AUTHREQ_ATR as u64 } else { 0 };
-        self.login_open = c.auth.is_some();
-        self.auth = c.auth;
-        self.phase = Phase::Connected;
-        self.complete(cid, Status::SUCCESS, c.result | authreq, None, out);
-    }
-
-    /// The [`Action::AuthSend`] with the randomness it needs.
-    pub fn auth_send(&mut self, sqe: &Sqe, data: &[u8], entropy: Entropy, out: &mut Vec<Post>) -> Option<Action> {
-        let Some(a) = self.auth.as_mut() else {
-            return self.fail(sqe.cid(), Status::INVALID_OPCODE.dnr(), out);
-        };
-        let status = a.auth_send(sqe, data, entropy);
-        self.auth_done(sqe.cid(), status, None, out)
-    }
-
-    /// Auth Send (handed to the transport for its randomness) or Auth
-    /// Receive (answered here), on a queue whose host authenticates.
-    fn auth_command(&mut self, sqe: Sqe, data: Bytes, out: &mut Vec<Post>) -> Option<Action> {
-        let cid = sqe.cid();
-        let (Some(a), Some(cmd)) = (self.auth.as_mut(), AuthCommand::parse(&sqe)) else {
-            // No authentication configured for this host (as Linux's target).
-            return self.fail(cid, Status::INVALID_OPCODE.dnr(), out);
-        };
-        if cmd.send {
-            return Some(Action::AuthSend { sqe, data });
-        }
-        let (status, data) = match a.auth_receive(&sqe) {
-            Ok(d) => (Status::SUCCESS, Some(Bytes::from(d))),
-            Err(st) => (st, None),
-        };
-        self.auth_done(cid, status, data, out)
-    }
-
-    /// Complete an authentication command; the queue closes when the
-    /// exchange failed for good, and its login ends when it succeeded.
-    fn auth_done(&mut self, cid: u16, status: Status, data: Option<Bytes>, out: &mut Vec<Post>) -> Option<Action> {
-        self.complete(cid, status, 0, data, out);
-        let a = self.auth.as_ref()?;
-        if let Some(reason) = a.failed() {
-            let why = RdmaQueueError::AuthFailed { hostnqn: a.hostnqn().to_string(), why: a.why().unwrap_or("-").to_string(), reason };
-            return self.close(Some(why));
-        }
-        if a.authenticated() && self.login_open {
-            self.login_open = false;
-            // The keep-alive clock starts now (see TargetQueue::auth_done).
-            if let (Some(k), Some(t)) = (self.keep_alive.as_ref(), self.last_capsule) {
-                k.touch(t);
-            }
-            log::info!("nvme-rdma: controller {} queue {}: {} authenticated ({})", self.cntlid, self.shape.qid, a.hostnqn().escape_debug(), a.summary());
-            return Some(Action::Authenticated);
-        }
-        None
+        self.core.connected(cid, c, now, &mut Self::wire(&mut self.dest, out));
     }
 
     /// The Connect of [`Action::Connect`] was refused.
     pub fn connect_refused(&mut self, cid: u16, status: Status, result: u64, out: &mut Vec<Post>) {
-        self.connecting = false;
-        self.complete(cid, status, result, None, out);
+        self.core.connect_refused(cid, status, result, &mut Self::wire(&mut self.dest, out));
+    }
+
+    /// The [`Action::AuthSend`] with the randomness it needs.
+    pub fn auth_send(&mut self, sqe: &Sqe, data: &[u8], entropy: Entropy, out: &mut Vec<Post>) -> Option<Action> {
+        self.core.auth_send(sqe, data, entropy, &mut Self::wire(&mut self.dest, out))
     }
 
     /// A command finished: its result (if any) goes to the host's buffer,
     /// then its completion. A result longer than that buffer fails the
     /// command instead.
     pub fn complete(&mut self, cid: u16, status: Status, result: u64, data: Option<Bytes>, out: &mut Vec<Post>) {
-        if !self.inflight.remove(cid) {
-            log::warn!("nvme-rdma queue {}: completion for command {cid}, which is not in flight", self.shape.qid);
-            return;
-        }
-        let dest = self.dest.remove(&cid);
-        let mut status = status;
-        if let Some(d) = data.filter(|d| !d.is_empty()) {
-            // (A write's descriptor is not a destination: its commands return no data.)
-            match dest {
-                Some(to) if d.len() <= to.length as usize => out.push(Post::Write { to, data: d }),
-                _ => status = Status::SGL_INVALID_DATA.dnr(),
-            }
-        }
-        let invalidate = dest.filter(|k| k.invalidate).map(|k| k.key);
-        self.push_cqe(cid, status, result, invalidate, out);
-    }
-
-    fn push_cqe(&self, cid: u16, status: Status, result: u64, invalidate: Option<u32>, out: &mut Vec<Post>) {
-        let mut cqe = [0u8; Cqe::LEN];
-        Cqe { result, sq_head: self.sqhd, sq_id: self.shape.qid, cid, status }.write(&mut cqe);
-        out.push(Post::Send { cqe, invalidate });
-    }
-
-    fn close(&mut self, why: Option<RdmaQueueError>) -> Option<Action> {
-        self.phase = Phase::Closed;
-        Some(Action::Close(why))
+        self.core.complete(cid, status, result, data, &mut Self::wire(&mut self.dest, out));
     }
 
     fn fail(&mut self, cid: u16, st: Status, out: &mut Vec<Post>) -> Option<Action> {
-        self.dest.remove(&cid);
-        self.complete(cid, st, 0, None, out);
-        None
+        self.core.fail(cid, st, &mut Self::wire(&mut self.dest, out))
     }
 
-    /// A command whose data (if any) is here.
+    /// A command whose data (if any) is here; a Connect must also match
+    /// what the connection manager set up.
     fn dispatch(&mut self, sqe: Sqe, data: Bytes, out: &mut Vec<Post>) -> Option<Action> {
-        let cid = sqe.cid();
-        if self.phase != Phase::Connected {
-            if sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT && !self.connecting {
-                return self.connect(sqe, data, out);
-            }
-            return self.fail(cid, Status::CMD_SEQ_ERROR, out);
-        }
-        if sqe.is_fabrics() {
-            match sqe.fctype() {
-                fctype::CONNECT => return self.fail(cid, Status::CMD_SEQ_ERROR, out),
-                fctype::DISCONNECT => {
-                    self.complete(cid, Status::SUCCESS, 0, None, out);
-                    return self.close(None);
-                }
-                // Every queue authenticates on its own.
-                fctype::AUTH_SEND | fctype::AUTH_RECEIVE => return self.auth_command(sqe, data, out),
-                _ => {}
-            }
-        }
-        if self.awaiting_auth() {
-            return self.fail(cid, Status::AUTH_REQUIRED.dnr(), out);
-        }
-        // Property Get/Set belong to the admin queue.
-        if sqe.is_fabrics() && self.shape.qid > 0 {
-            return self.fail(cid, Status::INVALID_OPCODE.dnr(), out);
-        }
-        Some(if self.shape.qid == 0 { Action::Admin { sqe, data } } else { Action::Io { sqe, data } })
-    }
-
-    /// A Connect's own checks, and that it matches what the connection
-    /// manager set up; the transport decides the rest.
-    fn connect(&mut self, sqe: Sqe, data: Bytes, out: &mut Vec<Post>) -> Option<Action> {
-        let cid = sqe.cid();
-        let (connect, data) = match fabrics::check_connect(&sqe, &data) {
-            Ok(x) => x,
-            Err((st, result)) => {
-                self.complete(cid, st, result, None, out);
-                return None;
-            }
+        let a = self.core.dispatch(sqe, data, &mut Self::wire(&mut self.dest, out));
+        let Some(Action::Connect { cid, connect, .. }) = &a else {
+            return a;
         };
         if connect.qid != self.shape.qid {
             let why = RdmaQueueError::QueueIdMismatch { connect: connect.qid, cm: self.shape.qid };
-            return self.close(Some(why));
+            return self.core.close(Some(why));
         }
         if connect.sqsize + 1 != self.shape.sq_entries {
             let (st, at) = (Status::CONNECT_INVALID_PARAM.dnr(), fabrics::ipo_sqe(fabrics::CS_SQSIZE));
-            self.complete(cid, st, at, None, out);
+            self.connect_refused(*cid, st, at, out);
             return None;
         }
-        self.connecting = true;
-        Some(Action::Connect { cid, connect, data })
+        a
     }
 }
 

@@ -1,4 +1,11 @@
 use super::*;
+use crate::fabric_queue::FabricError;
+use crate::auth::ControllerAuth;
+use crate::controller::KeepAlive;
+use crate::fabrics::{Connect, ConnectData};
+use crate::queue_entry::sgl;
+use crate::subsystem::LiveSubsystem;
+use std::sync::Arc;
 use crate::queue_entry::{nvm, Sgl};
 use crate::subsystem::{Namespace, Subsystem};
 use bw_block::{BackendSpec, Volume};
@@ -50,7 +57,7 @@ fn connected(qid: u16, entries: u16) -> RdmaQueue {
     let mut out = Vec::new();
     let k = keyed(0x1000, 1024, 77, false);
     let a = q.capsule(&connect_sqe(qid, entries - 1, k).0, now, &mut out);
-    assert_eq!(a, Some(Action::Fetch { cid: 1, from: k }));
+    assert_eq!((a, out.pop()), (None, Some(Post::Read { cid: 1, from: k })));
     let Some(Action::Connect { cid, connect, data }) = q.fetched(1, connect_data(), &mut out) else { panic!("no Connect") };
     assert_eq!((cid, connect.qid, data.hostnqn.as_str()), (1, qid, "nqn.h:1"));
     let ka = Arc::new(KeepAlive::new(0, now));
@@ -92,7 +99,8 @@ fn connect_must_match_the_cm_request() {
     // SQSIZE other than the request's HSQSIZE: refused, the queue stays open.
     let mut q = RdmaQueue::new(shape(0, 32), now + Duration::from_secs(10));
     let k = keyed(0x1000, 1024, 77, false);
-    assert!(matches!(q.capsule(&connect_sqe(0, 63, k).0, now, &mut out), Some(Action::Fetch { .. })));
+    assert_eq!(q.capsule(&connect_sqe(0, 63, k).0, now, &mut out), None);
+    assert!(matches!(out.pop(), Some(Post::Read { .. })));
     assert_eq!(q.fetched(1, connect_data(), &mut out), None);
     let c = cqe_of(&out[0]);
     assert_eq!((c.status, c.result), (Status::CONNECT_INVALID_PARAM.dnr(), fabrics::CS_SQSIZE as u64));
@@ -109,7 +117,7 @@ fn commands_before_connect_and_overflow_close_the_queue() {
     let mut out = Vec::new();
     let mut q = RdmaQueue::new(shape(1, 4), now + Duration::from_secs(10));
     let a = q.capsule(&Sqe::new(nvm::FLUSH, 3, 1).0, now, &mut out);
-    assert!(matches!(a, Some(Action::Close(Some(RdmaQueueError::NotConnected(_))))));
+    assert!(matches!(a, Some(Action::Close(Some(RdmaQueueError::Fabric(FabricError::NotConnected(_)))))));
     let mut q = RdmaQueue::new(shape(1, 4), now + Duration::from_secs(10));
     assert!(matches!(q.capsule(&[0u8; 40], now, &mut out), Some(Action::Close(Some(RdmaQueueError::ShortCapsule(40))))));
     let mut q = connected(1, 4);
@@ -121,11 +129,11 @@ fn commands_before_connect_and_overflow_close_the_queue() {
     }
     let mut s = Sqe::new(nvm::READ, 20, 1);
     s.set_keyed_sgl(keyed(0, 512, 1, false));
-    assert!(matches!(q.capsule(&s.0, now, &mut out), Some(Action::Close(Some(RdmaQueueError::QueueOverflow { .. })))));
+    assert!(matches!(q.capsule(&s.0, now, &mut out), Some(Action::Close(Some(RdmaQueueError::Fabric(FabricError::QueueOverflow { .. }))))));
     // A login that never comes ends at the deadline.
     let mut q = RdmaQueue::new(shape(1, 4), now + Duration::from_secs(1));
     assert_eq!(q.poll_timeout(), Some(now + Duration::from_secs(1)));
-    assert_eq!(q.handle_timeout(now + Duration::from_secs(2)), Some(Action::Close(Some(RdmaQueueError::LoginTimeout))));
+    assert_eq!(q.handle_timeout(now + Duration::from_secs(2)), Some(Action::Close(Some(RdmaQueueError::Fabric(FabricError::LoginTimeout)))));
 }
 
 #[test]
@@ -163,7 +171,8 @@ fn write_data_is_fetched_or_in_the_capsule() {
     s.set_rw(8, 8);
     let k = keyed(0x2000, 4096, 9, false);
     s.set_keyed_sgl(k);
-    assert_eq!(q.capsule(&s.0, now, &mut out), Some(Action::Fetch { cid: 6, from: k }));
+    assert_eq!(q.capsule(&s.0, now, &mut out), None);
+    assert_eq!(out.pop(), Some(Post::Read { cid: 6, from: k }));
     let a = q.fetched(6, Bytes::from(vec![1u8; 4096]), &mut out);
     assert!(matches!(a, Some(Action::Io { sqe, data }) if sqe.cid() == 6 && data.len() == 4096));
     // In the capsule: offset descriptor of exactly the data's length.
@@ -220,6 +229,7 @@ mod auth {
         let mut out = Vec::new();
         let k = keyed(0x1000, 1024, 77, false);
         q.capsule(&connect_sqe(qid, 31, k).0, now, &mut out);
+        assert!(matches!(out.pop(), Some(Post::Read { cid: 1, .. })));
         let Some(Action::Connect { cid, .. }) = q.fetched(1, connect_data(), &mut out) else { panic!("no Connect") };
         let auth = ControllerAuth::new(Arc::new(AuthConfig::new(key(), None)), "nqn.h:1", "nqn.t:s");
         let c = Connected { result: 5, keep_alive: Arc::new(KeepAlive::new(1000, now)), subsystem: Some(subsystem()), auth: Some(auth) };
@@ -243,7 +253,7 @@ mod auth {
         assert_eq!(q.capsule(&w.0, now, &mut out), None);
         assert_eq!(cqe_of(&out[0]).status, Status::AUTH_REQUIRED.dnr());
         assert_eq!(q.poll_timeout(), Some(deadline));
-        assert_eq!(q.handle_timeout(deadline), Some(Action::Close(Some(RdmaQueueError::AuthTimeout))));
+        assert_eq!(q.handle_timeout(deadline), Some(Action::Close(Some(RdmaQueueError::Fabric(FabricError::AuthTimeout)))));
     }
 
     #[test]
@@ -293,5 +303,49 @@ mod auth {
         let mut out = Vec::new();
         let a = q.capsule(&Sqe::new(crate::queue_entry::admin::IDENTIFY, 7, 0).0, now, &mut out);
         assert!(matches!(a, Some(Action::Admin { .. })), "{a:?}");
+    }
+}
+
+mod fuzz {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Capsules after a good Connect (see [`crate::fuzzing::rdma_queue`])
+        /// whose fields are drawn so that most reach the data path: reads,
+        /// writes, flushes, an opcode nobody has and a fabrics command, small LBA ranges, keyed or
+        /// in-capsule descriptors whose length may or may not match.
+        #[test]
+        fn arbitrary_capsules_after_login(capsules in proptest::collection::vec((0u8..5, 0u16..40, 0u64..4, 0u32..9, any::<bool>(), 0u32..5000, 0u8..8), 1..48)) {
+            use crate::queue_entry::{nvm, sgl, Keyed, Sgl};
+            let mut input = Vec::new();
+            for (op, cid, slba, nlb, keyed, len, odd) in capsules {
+                // (0x7f: a fabrics command, here a Connect on a connected queue.)
+                let opcode = [nvm::READ, nvm::WRITE, nvm::FLUSH, 0x7e, 0x7f][op as usize];
+                // Mostly the length the blocks need.
+                let len = if odd < 6 { nlb.max(1) * 512 } else { len };
+                let mut s = crate::Sqe::new(opcode, cid, 1);
+                s.set_rw(slba * 8, nlb.max(1));
+                // Now and then, data that does not match the descriptor.
+                let mut data = if keyed { 0 } else { len as usize % 8192 };
+                if odd == 0 {
+                    data = (data + 100) % 8192;
+                }
+                if keyed {
+                    s.set_keyed_sgl(Keyed { addr: 0x1000, length: len, key: 7, invalidate: len % 2 == 0 });
+                } else {
+                    s.set_sgl(Sgl { addr: 0, length: len % 8192, kind: sgl::INCAPSULE });
+                }
+                let mut capsule = s.0.to_vec();
+                capsule.resize(64 + data, 0xA5);
+                input.extend_from_slice(&(capsule.len() as u16).to_le_bytes());
+                input.extend_from_slice(&capsule);
+            }
+            crate::fuzzing::rdma_queue(&input);
+        }
+
+        #[test]
+        fn arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..4000)) {
+            crate::fuzzing::rdma_queue(&bytes);
+        }
     }
 }

@@ -1,4 +1,9 @@
 use super::*;
+use crate::fabric_queue::FabricError;
+use crate::auth::{ControllerAuth, FailureReason};
+use crate::controller::KeepAlive;
+use crate::fabrics::{self, Connect, ConnectData};
+use std::sync::Arc;
 use crate::controller::MAX_QUEUE_ENTRIES;
 use crate::fabrics::NQN_MAX_LEN;
 use crate::queue_entry::{nvm, Sgl};
@@ -100,7 +105,7 @@ impl Host {
                 pfv: 0,
                 cpda: 0,
                 digests: self.d,
-                maxh2cdata: self.q.cfg.maxh2cdata
+                maxh2cdata: self.q.tcp.cfg.maxh2cdata
             })]
         );
     }
@@ -311,7 +316,7 @@ fn commands_before_connect_end_the_connection() {
     assert_eq!(out.len(), 1, "{out:?}");
     assert_eq!(
         closed(&a),
-        Some(QueueError::NotConnected("a command other than Connect"))
+        Some(QueueError::Fabric(FabricError::NotConnected("a command other than Connect")))
     );
     assert_eq!(h.q.outstanding(), 0);
 }
@@ -338,7 +343,7 @@ fn writes_before_connect_get_no_r2t() {
             "R2T before Connect: {out:?}"
         );
         assert_eq!(term(&out), (fes::PDU_SEQUENCE_ERROR, 0));
-        assert!(matches!(closed(&a), Some(QueueError::NotConnected(_))));
+        assert!(matches!(closed(&a), Some(QueueError::Fabric(FabricError::NotConnected(_)))));
         assert_eq!(h.q.granted_bytes(), 0);
         // Nothing is taken after the close.
         let (a, out) = h.send(&[h2c(1, 1, 0, vec![0; 4096], false)]);
@@ -362,7 +367,7 @@ fn writes_before_connect_get_no_r2t() {
     });
     let (a, out) = h.send(&[capsule(s, Bytes::new())]);
     assert_eq!(term(&out), (fes::PDU_SEQUENCE_ERROR, 0));
-    assert!(matches!(closed(&a), Some(QueueError::NotConnected(_))));
+    assert!(matches!(closed(&a), Some(QueueError::Fabric(FabricError::NotConnected(_)))));
     // H2CData nobody asked for.
     let mut h = Host::new(Digests::default());
     h.ic();
@@ -421,7 +426,7 @@ fn connect_data_by_r2t_and_nothing_beside_it() {
     s2.set_cid(4);
     let (a, out) = h.send(&[capsule(s2, Bytes::new())]);
     assert_eq!(term(&out).0, fes::PDU_SEQUENCE_ERROR);
-    assert!(matches!(closed(&a), Some(QueueError::QueueOverflow { .. })));
+    assert!(matches!(closed(&a), Some(QueueError::Fabric(FabricError::QueueOverflow { .. }))));
 }
 
 /// Before Connect, a PDU longer than a Connect capsule with its data is
@@ -605,10 +610,10 @@ fn more_commands_than_queue_entries_end_the_connection() {
     assert_eq!(term(&out), (fes::PDU_SEQUENCE_ERROR, 0));
     assert_eq!(
         closed(&a),
-        Some(QueueError::QueueOverflow {
+        Some(QueueError::Fabric(FabricError::QueueOverflow {
             outstanding: 5,
             entries: 4
-        })
+        }))
     );
 }
 
@@ -1012,7 +1017,7 @@ fn login_deadline_until_connected() {
     assert_eq!(h.q.poll_timeout(), Some(deadline));
     assert_eq!(
         h.q.handle_timeout(deadline),
-        Some(Action::Close(Some(QueueError::LoginTimeout)))
+        Some(Action::Close(Some(QueueError::Fabric(FabricError::LoginTimeout))))
     );
     assert!(h.q.is_closed());
     // Connected in time: no login deadline; an I/O queue has no timer at all.
@@ -1042,7 +1047,7 @@ fn admin_queue_enforces_keep_alive_with_any_command_as_traffic() {
     assert_eq!(h.q.poll_timeout(), Some(ms(2801)));
     assert_eq!(
         h.q.handle_timeout(ms(2801)),
-        Some(Action::Close(Some(QueueError::KeepAliveExpired(1000))))
+        Some(Action::Close(Some(QueueError::Fabric(FabricError::KeepAliveExpired(1000)))))
     );
 }
 
@@ -1288,7 +1293,7 @@ mod auth {
         assert_eq!(h.q.poll_timeout(), Some(deadline));
         assert_eq!(
             h.q.handle_timeout(deadline),
-            Some(Action::Close(Some(QueueError::AuthTimeout)))
+            Some(Action::Close(Some(QueueError::Fabric(FabricError::AuthTimeout))))
         );
     }
 
@@ -1331,7 +1336,7 @@ mod auth {
                 assert!(
                     matches!(
                         later,
-                        Some(Action::Close(Some(QueueError::KeepAliveExpired(_))))
+                        Some(Action::Close(Some(QueueError::Fabric(FabricError::KeepAliveExpired(_)))))
                     ),
                     "{later:?}"
                 );
@@ -1352,7 +1357,7 @@ mod auth {
             "{out:?}"
         );
         match closed(&a) {
-            Some(QueueError::AuthFailed { hostnqn, why, .. }) => {
+            Some(QueueError::Fabric(FabricError::AuthFailed { hostnqn, why, .. })) => {
                 assert_eq!(hostnqn, "nqn.t:h");
                 assert!(why.contains("does not match"), "{why}");
             }
@@ -1381,11 +1386,11 @@ mod auth {
 /// forged line in the target's log.
 #[test]
 fn names_from_the_wire_are_escaped_in_errors() {
-    let e = QueueError::AuthFailed {
+    let e = QueueError::Fabric(FabricError::AuthFailed {
         hostnqn: "nqn.t:h\n[INFO] forged".into(),
         why: "the host's response does not match its secret".into(),
         reason: FailureReason::FAILED,
-    };
+    });
     let s = e.to_string();
     assert!(!s.contains('\n'), "{s}");
     assert!(s.contains(r"nqn.t:h\n[INFO] forged"), "{s}");

@@ -299,6 +299,12 @@ impl Conn {
     fn post(&mut self) -> End {
         for p in std::mem::take(&mut self.posts) {
             match p {
+                Post::Read { cid, from } => {
+                    let len = from.length as usize;
+                    let buf = self.q.register(len, false).map_err(|e| format!("RDMA READ: {e}"))?;
+                    let id = self.transfer(buf, Some(cid));
+                    self.q.post_read(wr_id(WR_READ, id), buf, 0, len, Remote { addr: from.addr, key: from.key }).map_err(|e| format!("RDMA READ: {e}"))?;
+                }
                 Post::Write { to, data } => {
                     let len = data.len();
                     let buf = self.q.register_bytes(data, false).map_err(|e| format!("registering a result: {e}"))?;
@@ -353,15 +359,6 @@ impl Conn {
                 }
             }
             Action::AuthSend { sqe, data } => return self.auth_send(sqe, data),
-            Action::Fetch { cid, from } => {
-                let fetch = self.q.register(from.length as usize, false).and_then(|buf| {
-                    let id = self.transfer(buf, Some(cid));
-                    self.q.post_read(wr_id(WR_READ, id), buf, 0, from.length as usize, Remote { addr: from.addr, key: from.key })
-                });
-                if let Err(e) = fetch {
-                    return Some(Err(format!("RDMA READ: {e}")));
-                }
-            }
             Action::Connect { cid, connect, data } => self.connect(cid, connect, data),
             Action::Admin { sqe, data } => self.admin(sqe, data),
             Action::Io { sqe, data } => self.io(sqe, data),
