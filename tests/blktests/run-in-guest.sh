@@ -5,10 +5,9 @@
 # and against the kernel's own nvmet (blktests' own setup), the baseline.
 #   run-in-guest.sh BLKTESTS_COPY BLOCKWIRE CONTROL_PROGRAM TARGETS CASES...
 # TARGETS: "blockwire nvmet" or one of them. BLKTESTS_TRTYPE: tcp (the
-# default) or rdma (soft-RoCE, rxe0 on eth0; blockwire then listens for
-# NVMe/RDMA from its start on eth0's address, as its RDMA listeners are
-# fixed at start). USE_RXE=1 for both: blktests' soft-RDMA is siw unless
-# told, and the image has rxe. For each case and target it
+# default) or rdma (soft-RoCE, rxe0 on eth0, whose address the ports are
+# on). USE_RXE=1 for both: blktests' soft-RDMA is siw unless told, and the
+# image has rxe. For each case and target it
 # prints `blktests: TARGET CASE STATUS` and, for a failure, the .out diff
 # between `blktests-diff: TARGET CASE` and `blktests-diff-end`; then
 # `blktests-open-volumes: blockwire N`, the volume files blockwire still
@@ -97,11 +96,7 @@ fi
 for t in $TARGETS; do
   case $t in
     blockwire)
-      if [ "$TRTYPE" = rdma ]; then
-        printf '[nvme]\nrdma_listen = ["%s:4420"]\n' "$TRADDR" > /tmp/bw.toml
-      else
-        printf '[nvme]\n' > /tmp/bw.toml
-      fi
+      printf '[nvme]\n' > /tmp/bw.toml
       "$BW" serve --config /tmp/bw.toml --control /run/blockwire/blktests.sock > /tmp/bw-serve.log 2>&1 &
       pid=$!
       for _ in $(seq 600); do [ -S /run/blockwire/blktests.sock ] && break; sleep 0.1; done
