@@ -140,13 +140,10 @@ fn nvme_removed_volumes_are_closed() {
 cases! {
     nvme_003_discovery_keep_alive => "003",
     nvme_004_uuid_ns_descriptors => "004",
-    nvme_005_reset => "005",
-    nvme_008_host_io => "008",
     nvme_010_fio_verify => "010",
     nvme_019_dsm_discard => "019",
     nvme_026_ns_descs => "026",
     nvme_027_ns_rescan => "027",
-    nvme_028_list_subsys => "028",
     nvme_040_reset_disconnect_during_io => "040",
     nvme_041_authenticated_connect => "041",
     nvme_043_auth_hash_and_dh_groups => "043",
