@@ -123,6 +123,10 @@ fn map_err(e: BlockError, write: bool) -> Status {
         // The backend did not answer in time (rbd: the cluster is away):
         // nothing is known to be wrong with the data, a retry may succeed.
         BlockError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => Status::COMMAND_INTERRUPTED,
+        // A thin volume whose store is full (ENOSPC): Capacity Exceeded,
+        // which hosts report as "no space" (Linux: ENOSPC), as nvmet's file
+        // backend answers; a write fault would read as a medium error.
+        BlockError::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => Status::CAP_EXCEEDED.dnr(),
         BlockError::Io(_) if write => Status::WRITE_FAULT,
         BlockError::Io(_) => Status::READ_ERROR,
     }
@@ -445,5 +449,8 @@ mod tests {
         assert_eq!((map_err(timeout(), true), map_err(timeout(), false)), (Status::COMMAND_INTERRUPTED, Status::COMMAND_INTERRUPTED));
         let eio = || BlockError::Io(std::io::Error::from_raw_os_error(5));
         assert_eq!((map_err(eio(), true), map_err(eio(), false)), (Status::WRITE_FAULT, Status::READ_ERROR));
+        // A full store is out of capacity, not a medium error.
+        let enospc = || BlockError::Io(std::io::Error::from_raw_os_error(28));
+        assert_eq!(map_err(enospc(), true), Status::CAP_EXCEEDED.dnr());
     }
 }

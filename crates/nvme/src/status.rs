@@ -83,6 +83,7 @@ impl std::fmt::Display for Status {
             Status::COMMAND_INTERRUPTED => "command interrupted (retry)",
             Status::TRANSIENT_TRANSPORT => "transient transport error",
             Status::LBA_RANGE => "LBA out of range",
+            Status::CAP_EXCEEDED => "capacity exceeded",
             Status::CONNECT_INVALID_PARAM => "connect: invalid parameters (or read-only namespace)",
             Status::CONNECT_INVALID_HOST => "connect: host not allowed",
             Status::CONNECT_FORMAT => "connect: incompatible format",

@@ -6,6 +6,7 @@
 //! to prefer. Transitions are the configuration's, never the initiator's
 //! (SET TARGET PORT GROUPS is not implemented: implicit ALUA only).
 
+use crate::cdb::field;
 use crate::commands::AluaAccess;
 use crate::sense::Sense;
 
@@ -75,10 +76,10 @@ impl Default for PortGroup {
 pub const TPGS_IMPLICIT: u8 = 0x10;
 /// REPORT TARGET PORT GROUPS: one group with one port.
 pub fn report_target_port_groups(group: PortGroup, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
-    let extended = match cdb[1] >> 5 {
+    let extended = match field::RTPG_DATA_FORMAT.get(cdb) {
         0 => false,
         1 => true,
-        _ => return Err(Sense::invalid_cdb_field(1, Some(5))),
+        _ => return Err(Sense::invalid_in_cdb(field::RTPG_DATA_FORMAT)),
     };
     out.extend_from_slice(&[0; 4]);
     if extended {
@@ -115,7 +116,8 @@ mod tests {
         out.clear();
         assert_eq!(
             report_target_port_groups(PortGroup::default(), &[0xa3, 0x4a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &mut out),
-            Err(Sense::invalid_cdb_field(1, Some(5)))
+            // PARAMETER DATA FORMAT is bits 7:5; the pointer names its first bit.
+            Err(Sense::invalid_cdb_field(1, Some(7)))
         );
     }
 

@@ -2,7 +2,8 @@
 //! AND VERIFY, VERIFY, WRITE SAME, UNMAP, COMPARE AND WRITE, PRE-FETCH,
 //! SYNCHRONIZE CACHE and READ CAPACITY.
 
-use crate::cdb::{be16, be32, be64, field, op};
+use crate::cdb::field::{self, *};
+use crate::cdb::op;
 use crate::inquiry::{MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BLOCKS};
 use crate::sense::{key, Sense};
 use crate::Lun;
@@ -36,8 +37,7 @@ pub fn io_sense(e: &BlockError, write: bool) -> Sense {
 /// (LBA, number of blocks) of a READ/WRITE/VERIFY-style CDB.
 #[inline]
 pub fn lba_and_len(cdb: &[u8]) -> (u64, u64) {
-    use crate::cdb::field::*;
-    match cdb[0] >> 5 {
+    match GROUP_CODE.get(cdb) {
         0 => {
             // 6-byte: transfer length 0 means 256 blocks.
             let lba = (LBA_6.get(cdb) & LBA_6_MASK) as u64;
@@ -51,6 +51,22 @@ pub fn lba_and_len(cdb: &[u8]) -> (u64, u64) {
         5 => (LBA_12.get(cdb) as u64, BLOCKS_12.get(cdb) as u64),
         _ => (LBA_16.get(cdb), BLOCKS_16.get(cdb) as u64),
     }
+}
+
+/// INVALID FIELD IN CDB at the transfer length of a READ/WRITE/VERIFY-
+/// style CDB, wherever its group puts it.
+fn transfer_length_invalid(cdb: &[u8]) -> Sense {
+    match GROUP_CODE.get(cdb) {
+        0 => Sense::invalid_in_cdb(BLOCKS_6),
+        1 | 2 => Sense::invalid_in_cdb(BLOCKS_10),
+        5 => Sense::invalid_in_cdb(BLOCKS_12),
+        _ => Sense::invalid_in_cdb(BLOCKS_16),
+    }
+}
+
+/// FUA of a WRITE-style CDB (the 6-byte WRITE has none).
+fn fua(cdb: &[u8]) -> bool {
+    OPERATION_CODE.get(cdb) != op::WRITE_6 && FUA.get(cdb)
 }
 
 impl Lun {
@@ -82,13 +98,14 @@ impl Lun {
 
     /// Checks of READ (6/10/12/16); the byte offset and length it reads.
     pub(crate) fn read_range(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
-        if cdb[0] != op::READ_6 && cdb[1] & 0xe0 != 0 {
-            return Err(Sense::invalid_cdb_field(1, Some(7))); // RDPROTECT: no protection information
+        let six = OPERATION_CODE.get(cdb) == op::READ_6;
+        if !six && PROTECT.get(cdb) != 0 {
+            return Err(Sense::invalid_in_cdb(PROTECT)); // RDPROTECT: no protection information
         }
         let (lba, n) = lba_and_len(cdb);
         self.check_range(lba, n)?;
         if n > MAX_TRANSFER_BLOCKS as u64 {
-            return Err(Sense::invalid_cdb_field(if cdb[0] == op::READ_6 { 4 } else { 7 }, None));
+            return Err(transfer_length_invalid(cdb));
         }
         Ok((lba * BLOCK_U64, n as usize * BLOCK))
     }
@@ -107,8 +124,7 @@ impl Lun {
     /// write-back volume) or has nothing to write.
     pub(crate) fn write_request(&self, cdb: &[u8], data: &[Bytes]) -> Result<Option<Request>, Sense> {
         let lba = self.write_checks(cdb)?;
-        let fua = cdb[0] != op::WRITE_6 && cdb[1] & 0x08 != 0;
-        if (fua || !self.wce.load(Relaxed)) && self.volume.info().durability == Durability::WriteBack {
+        if (fua(cdb) || !self.wce.load(Relaxed)) && self.volume.info().durability == Durability::WriteBack {
             return Ok(None);
         }
         let want = lba_and_len(cdb).1 as usize * BLOCK;
@@ -130,13 +146,14 @@ impl Lun {
 
     /// The checks of WRITE (6/10/12/16) and WRITE AND VERIFY; the LBA.
     fn write_checks(&self, cdb: &[u8]) -> Result<u64, Sense> {
-        if cdb[0] != op::WRITE_6 && cdb[1] & 0xe0 != 0 {
-            return Err(Sense::invalid_cdb_field(1, Some(7))); // WRPROTECT
+        let six = OPERATION_CODE.get(cdb) == op::WRITE_6;
+        if !six && PROTECT.get(cdb) != 0 {
+            return Err(Sense::invalid_in_cdb(PROTECT)); // WRPROTECT
         }
         let (lba, n) = lba_and_len(cdb);
         self.check_range(lba, n)?;
         if n > MAX_TRANSFER_BLOCKS as u64 {
-            return Err(Sense::invalid_cdb_field(if cdb[0] == op::WRITE_6 { 4 } else { 7 }, None));
+            return Err(transfer_length_invalid(cdb));
         }
         self.check_writable()?;
         Ok(lba)
@@ -188,9 +205,9 @@ impl Lun {
             at += k as u64;
             left -= k;
         }
-        let fua = cdb[0] != op::WRITE_6 && cdb[1] & 0x08 != 0;
-        self.flush_after_write(fua || verify)?;
-        if verify && cdb[1] & 0x02 != 0 {
+        self.flush_after_write(fua(cdb) || verify)?;
+        // WRITE AND VERIFY's BYTCHK 01b and 11b: compare.
+        if verify && BYTCHK.get(cdb) & 0b01 != 0 {
             // BYTCHK: read the medium back and compare.
             let data: std::borrow::Cow<[u8]> = match pieces {
                 [one] => (&one[..have]).into(),
@@ -220,17 +237,17 @@ impl Lun {
     /// VERIFY (10/12/16): BYTCHK 0 reads the range, 01b compares the data
     /// sent, 11b compares one sent block against every block.
     pub fn verify(&self, cdb: &[u8], data: &[u8]) -> Result<(), Sense> {
-        if cdb[1] & 0xe0 != 0 {
-            return Err(Sense::invalid_cdb_field(1, Some(7))); // VRPROTECT
+        if PROTECT.get(cdb) != 0 {
+            return Err(Sense::invalid_in_cdb(PROTECT)); // VRPROTECT
         }
-        let bytchk = (cdb[1] >> 1) & 0x03;
+        let bytchk = BYTCHK.get(cdb);
         let (lba, n) = lba_and_len(cdb);
         self.check_range(lba, n)?;
         if bytchk == 0b10 {
-            return Err(Sense::invalid_cdb_field(1, Some(2)));
+            return Err(Sense::invalid_in_cdb(BYTCHK));
         }
         if n > MAX_TRANSFER_BLOCKS as u64 {
-            return Err(Sense::invalid_cdb_field(7, None));
+            return Err(transfer_length_invalid(cdb));
         }
         let len = n as usize * BLOCK;
         match bytchk {
@@ -253,7 +270,7 @@ impl Lun {
             }
             _ => {
                 if data.len() < BLOCK {
-                    return Err(Sense::invalid_cdb_field(1, Some(2)));
+                    return Err(Sense::invalid_in_cdb(BYTCHK));
                 }
                 let block = &data[..BLOCK];
                 let mut buf = vec![0u8; BLOCK];
@@ -271,25 +288,25 @@ impl Lun {
     /// WRITE SAME (10/16): UNMAP with a zero block (or NDOB) deallocates,
     /// otherwise the block is replicated over the range.
     pub fn write_same(&self, cdb: &[u8], data: &[u8]) -> Result<(), Sense> {
-        let sixteen = cdb[0] == op::WRITE_SAME_16;
-        let flags = cdb[1];
-        if flags & 0xe0 != 0 {
-            return Err(Sense::invalid_cdb_field(1, Some(7))); // WRPROTECT
+        let sixteen = OPERATION_CODE.get(cdb) == op::WRITE_SAME_16;
+        if PROTECT.get(cdb) != 0 {
+            return Err(Sense::invalid_in_cdb(PROTECT)); // WRPROTECT
         }
-        if flags & 0x10 != 0 {
-            return Err(Sense::invalid_cdb_field(1, Some(4))); // ANCHOR unsupported
+        if WRITE_SAME_ANCHOR.get(cdb) {
+            return Err(Sense::invalid_in_cdb(WRITE_SAME_ANCHOR)); // unsupported
         }
-        if flags & 0x06 != 0 {
-            return Err(Sense::invalid_cdb_field(1, Some(1))); // PBDATA/LBDATA
+        if WRITE_SAME_PB_LB_DATA.get(cdb) != 0 {
+            return Err(Sense::invalid_in_cdb(WRITE_SAME_PB_LB_DATA));
         }
-        let ndob = sixteen && flags & 0x01 != 0;
-        let unmap = flags & 0x08 != 0;
-        let (lba, n) = if sixteen { (be64(cdb, 2), be32(cdb, 10) as u64) } else { (be32(cdb, 2) as u64, be16(cdb, 7) as u64) };
+        let ndob = sixteen && WRITE_SAME_NDOB.get(cdb);
+        let unmap = WRITE_SAME_UNMAP.get(cdb);
+        let (lba, n) = lba_and_len(cdb);
+        let length_invalid = || transfer_length_invalid(cdb);
         if n == 0 {
-            return Err(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None)); // WSNZ
+            return Err(length_invalid()); // WSNZ
         }
         if n > MAX_WRITE_SAME_BLOCKS {
-            return Err(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None));
+            return Err(length_invalid());
         }
         self.check_range(lba, n)?;
         self.check_writable()?;
@@ -297,7 +314,7 @@ impl Lun {
         // is taken as a zero block; a partial block is an error.
         let no_data = ndob || (unmap && data.is_empty());
         if !no_data && data.len() != BLOCK {
-            return Err(Sense::invalid_cdb_field(if sixteen { 10 } else { 7 }, None));
+            return Err(length_invalid());
         }
         let zero = no_data || data.iter().all(|b| *b == 0);
         let (off, len) = (lba * BLOCK_U64, n * BLOCK_U64);
@@ -327,37 +344,40 @@ impl Lun {
 
     /// UNMAP: validate every block descriptor, then punch each range.
     pub fn unmap(&self, cdb: &[u8], params: &[u8]) -> Result<(), Sense> {
-        if cdb[1] & 0x01 != 0 {
-            return Err(Sense::invalid_cdb_field(1, Some(0))); // ANCHOR
+        if UNMAP_ANCHOR.get(cdb) {
+            return Err(Sense::invalid_in_cdb(UNMAP_ANCHOR));
         }
         if !self.discard {
             return Err(Sense::INVALID_OPCODE);
         }
-        let list_len = be16(cdb, 7) as usize;
+        let list_len = UNMAP_PARAMETER_LIST_LENGTH.get(cdb) as usize;
         if list_len == 0 {
             return Ok(());
         }
-        if list_len < 8 {
+        if list_len < UNMAP_HEADER_LEN {
             return Err(Sense::PARAM_LIST_LENGTH_ERROR);
         }
         self.check_writable()?;
         let p = &params[..list_len.min(params.len())];
-        if p.len() < 8 {
+        if p.len() < UNMAP_HEADER_LEN {
             return Err(Sense::PARAM_LIST_LENGTH_ERROR);
         }
-        let bd_len = be16(p, 2) as usize;
-        if bd_len > p.len() - 8 {
+        let bd_len = UNMAP_BLOCK_DESCRIPTOR_DATA_LENGTH.get(p) as usize;
+        if bd_len > p.len() - UNMAP_HEADER_LEN {
             return Err(Sense::PARAM_LIST_LENGTH_ERROR);
         }
-        let descriptors = &p[8..8 + bd_len / 16 * 16];
-        if descriptors.len() / 16 > MAX_UNMAP_DESCRIPTORS as usize {
-            return Err(Sense::invalid_param_field(2, None));
+        let whole = bd_len / UNMAP_DESCRIPTOR_LEN * UNMAP_DESCRIPTOR_LEN;
+        let descriptors = &p[UNMAP_HEADER_LEN..UNMAP_HEADER_LEN + whole];
+        if descriptors.len() / UNMAP_DESCRIPTOR_LEN > MAX_UNMAP_DESCRIPTORS as usize {
+            return Err(Sense::invalid_param_field(UNMAP_BLOCK_DESCRIPTOR_DATA_LENGTH.offset() as u16, None));
         }
-        for d in descriptors.chunks_exact(16) {
-            self.check_range(be64(d, 0), be32(d, 8) as u64)?;
+        let range = |d: &[u8]| (UNMAP_DESCRIPTOR_LBA.get(d), UNMAP_DESCRIPTOR_BLOCKS.get(d) as u64);
+        for d in descriptors.chunks_exact(UNMAP_DESCRIPTOR_LEN) {
+            let (lba, n) = range(d);
+            self.check_range(lba, n)?;
         }
-        for d in descriptors.chunks_exact(16) {
-            let (lba, n) = (be64(d, 0), be32(d, 8) as u64);
+        for d in descriptors.chunks_exact(UNMAP_DESCRIPTOR_LEN) {
+            let (lba, n) = range(d);
             if n > 0 {
                 self.volume.discard(lba * BLOCK_U64, n * BLOCK_U64).map_err(|e| io_sense(&e, true))?;
             }
@@ -368,29 +388,30 @@ impl Lun {
     /// COMPARE AND WRITE: atomic with respect to other COMPARE AND WRITEs on
     /// this LUN (the VMware ATS use case), not to plain writes.
     pub fn compare_and_write(&self, cdb: &[u8], data: &[u8]) -> Result<(), Sense> {
-        if cdb[1] & 0xe0 != 0 {
-            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        if PROTECT.get(cdb) != 0 {
+            return Err(Sense::invalid_in_cdb(PROTECT));
         }
-        let lba = be64(cdb, 2);
-        let n = cdb[13] as u64;
+        let lba = LBA_16.get(cdb);
+        let n = COMPARE_AND_WRITE_BLOCKS.get(cdb) as u64;
+        let blocks_invalid = || Sense::invalid_in_cdb(COMPARE_AND_WRITE_BLOCKS);
         if n == 0 {
             // No blocks is no error, but data sent with it does not fit the CDB.
-            return if data.is_empty() { Ok(()) } else { Err(Sense::invalid_cdb_field(13, None)) };
+            return if data.is_empty() { Ok(()) } else { Err(blocks_invalid()) };
         }
         if n > MAX_COMPARE_AND_WRITE_BLOCKS as u64 {
-            return Err(Sense::invalid_cdb_field(13, None));
+            return Err(blocks_invalid());
         }
         self.check_range(lba, n)?;
         self.check_writable()?;
         let len = n as usize * BLOCK;
         if data.len() != 2 * len {
-            return Err(Sense::invalid_cdb_field(13, None));
+            return Err(blocks_invalid());
         }
         let (verify, write) = data.split_at(len);
         let _guard = self.caw_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.compare_medium(lba, verify)?;
         self.volume.write_at(write, lba * BLOCK_U64).map_err(|e| io_sense(&e, true))?;
-        self.flush_after_write(cdb[1] & 0x08 != 0)
+        self.flush_after_write(FUA.get(cdb))
     }
 
     /// PRE-FETCH (10/16): range check only; the page cache does the rest.
@@ -408,8 +429,8 @@ impl Lun {
 
     /// READ CAPACITY (10).
     pub fn read_capacity_10(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
-        if cdb[8] & 0x01 == 0 && be32(cdb, 2) != 0 {
-            return Err(Sense::invalid_cdb_field(2, None)); // LBA without PMI
+        if !READ_CAPACITY_10_PMI.get(cdb) && LBA_10.get(cdb) != 0 {
+            return Err(Sense::invalid_in_cdb(LBA_10)); // LBA without PMI
         }
         let last = self.blocks().saturating_sub(1);
         out.extend_from_slice(&u32::try_from(last).unwrap_or(u32::MAX).to_be_bytes());

@@ -60,17 +60,32 @@ pub mod op {
     pub const MI_REPORT_SUPPORTED_TMF: u8 = 0x0D;
 }
 
-/// CDB and parameter data fields that both an initiator (the builders in
-/// `initiator`) and this target (the decoders) use, each defined once.
+/// CDB and parameter data fields, each defined once: the target's
+/// decoders read them and the initiator's builders (`initiator`) write
+/// them, so no handler indexes a CDB by number. Offsets and bits are those
+/// of SPC-4 / SBC-4; a field shared by a family of CDBs is named once.
 pub mod field {
-    use bw_wire::{Bits, Field, U24};
+    use bw_wire::{Bits, Field, Flag, U24};
 
+    /// Byte 0 of every CDB.
+    pub const OPERATION_CODE: Field<u8> = Field::at(0);
+    /// The operation code's GROUP CODE (SPC-4 4.2.5.1): it implies the CDB
+    /// length and, for the block commands, where LBA and length are.
+    pub const GROUP_CODE: Bits = Bits::at(0, 0xe0);
     /// Byte 1 of SERVICE ACTION IN/OUT, MAINTENANCE IN/OUT, PERSISTENT
     /// RESERVE IN/OUT CDBs.
     pub const SERVICE_ACTION: Bits = Bits::at(1, 0x1f);
+
+    // ---- block commands (SBC-4 5) ----
+    /// RDPROTECT / WRPROTECT / VRPROTECT of READ, WRITE, VERIFY, WRITE
+    /// SAME, COMPARE AND WRITE (10/12/16): protection information, which
+    /// these disks do not have.
+    pub const PROTECT: Bits = Bits::at(1, 0xe0);
+    /// Force unit access: the data reaches the medium before the command
+    /// completes (not in the 6-byte CDBs).
+    pub const FUA: Flag = Flag::at(1, 0x08);
     /// VERIFY and WRITE AND VERIFY: byte check mode.
     pub const BYTCHK: Bits = Bits::at(1, 0x06);
-
     /// READ/WRITE(6): 21-bit LBA (the top bits of byte 1 are reserved) and
     /// transfer length (0 means 256 blocks).
     pub const LBA_6: Field<U24> = Field::at(1);
@@ -85,13 +100,113 @@ pub mod field {
     /// Group 4 (16-byte) block commands.
     pub const LBA_16: Field<u64> = Field::at(2);
     pub const BLOCKS_16: Field<u32> = Field::at(10);
+    /// WRITE SAME (10/16) flags.
+    pub const WRITE_SAME_ANCHOR: Flag = Flag::at(1, 0x10);
+    pub const WRITE_SAME_UNMAP: Flag = Flag::at(1, 0x08);
+    /// PBDATA and LBDATA (obsolete in SBC-4).
+    pub const WRITE_SAME_PB_LB_DATA: Bits = Bits::at(1, 0x06);
+    /// No data-out buffer: the block is zeroes (WRITE SAME(16) only).
+    pub const WRITE_SAME_NDOB: Flag = Flag::at(1, 0x01);
+    /// COMPARE AND WRITE: NUMBER OF LOGICAL BLOCKS (the LBA is LBA_16).
+    pub const COMPARE_AND_WRITE_BLOCKS: Field<u8> = Field::at(13);
+    /// READ CAPACITY(10): partial medium indicator (with it, the LBA field
+    /// may be non-zero).
+    pub const READ_CAPACITY_10_PMI: Flag = Flag::at(8, 0x01);
     /// SERVICE ACTION IN(16): allocation length (READ CAPACITY(16), GET LBA STATUS).
     pub const SAI_ALLOCATION_LENGTH: Field<u32> = Field::at(10);
+    /// GET LBA STATUS: REPORT TYPE (SBC-4 r20; the starting LBA is LBA_16).
+    pub const GET_LBA_STATUS_REPORT_TYPE: Bits = Bits::at(14, 0x07);
+
+    /// UNMAP CDB: ANCHOR, and the parameter list length.
+    pub const UNMAP_ANCHOR: Flag = Flag::at(1, 0x01);
+    pub const UNMAP_PARAMETER_LIST_LENGTH: Field<u16> = Field::at(7);
+    /// UNMAP parameter list (SBC-4 5.32.2): a header, then block
+    /// descriptors of UNMAP_DESCRIPTOR_LEN bytes.
+    pub const UNMAP_DATA_LENGTH: Field<u16> = Field::at(0);
+    pub const UNMAP_BLOCK_DESCRIPTOR_DATA_LENGTH: Field<u16> = Field::at(2);
+    pub const UNMAP_HEADER_LEN: usize = 8;
+    pub const UNMAP_DESCRIPTOR_LEN: usize = 16;
+    /// In one block descriptor.
+    pub const UNMAP_DESCRIPTOR_LBA: Field<u64> = Field::at(0);
+    pub const UNMAP_DESCRIPTOR_BLOCKS: Field<u32> = Field::at(8);
 
     /// READ CAPACITY(16) parameter data: the last LBA and the logical
     /// block length.
     pub const RC16_LAST_LBA: Field<u64> = Field::at(0);
     pub const RC16_BLOCK_LENGTH: Field<u32> = Field::at(8);
+
+    // ---- primary commands (SPC-4 6) ----
+    /// INQUIRY: enable vital product data, the obsolete CMDDT bit beside
+    /// it (byte 1's other bits are reserved), the VPD page wanted and the
+    /// allocation length.
+    pub const INQUIRY_EVPD: Flag = Flag::at(1, 0x01);
+    pub const INQUIRY_CMDDT: Flag = Flag::at(1, 0x02);
+    pub const INQUIRY_PAGE_CODE: Field<u8> = Field::at(2);
+    pub const INQUIRY_ALLOCATION_LENGTH: Field<u16> = Field::at(3);
+    /// REQUEST SENSE: descriptor-format sense data wanted.
+    pub const REQUEST_SENSE_DESC: Flag = Flag::at(1, 0x01);
+    /// START STOP UNIT: POWER CONDITION.
+    pub const START_STOP_POWER_CONDITION: Bits = Bits::at(4, 0xf0);
+    /// PREVENT ALLOW MEDIUM REMOVAL: PREVENT.
+    pub const PREVENT: Bits = Bits::at(4, 0x03);
+    /// RESERVE(6): the obsolete extent reservation bit.
+    pub const RESERVE_6_EXTENT: Flag = Flag::at(1, 0x01);
+    /// MODE SENSE (6/10): disable block descriptors, long LBA descriptors
+    /// accepted (10 only), page control, page and subpage.
+    pub const MODE_SENSE_DBD: Flag = Flag::at(1, 0x08);
+    pub const MODE_SENSE_LLBAA: Flag = Flag::at(1, 0x10);
+    pub const MODE_SENSE_PC: Bits = Bits::at(2, 0xc0);
+    /// Page code and subpage of MODE SENSE and LOG SENSE.
+    pub const PAGE_CODE: Bits = Bits::at(2, 0x3f);
+    pub const SUBPAGE_CODE: Field<u8> = Field::at(3);
+    /// MODE SELECT (6/10): page format, save pages, parameter list length.
+    pub const MODE_SELECT_PF: Flag = Flag::at(1, 0x10);
+    pub const MODE_SELECT_SP: Flag = Flag::at(1, 0x01);
+    pub const MODE_SELECT_6_LENGTH: Field<u8> = Field::at(4);
+    pub const MODE_SELECT_10_LENGTH: Field<u16> = Field::at(7);
+    /// LOG SENSE: save parameters, parameter pointer (page code and
+    /// subpage as above).
+    pub const LOG_SENSE_SP: Flag = Flag::at(1, 0x01);
+    pub const LOG_SENSE_PARAMETER_POINTER: Field<u16> = Field::at(5);
+    /// REPORT LUNS: SELECT REPORT and the allocation length.
+    pub const REPORT_LUNS_SELECT: Field<u8> = Field::at(2);
+    pub const REPORT_LUNS_ALLOCATION_LENGTH: Field<u32> = Field::at(6);
+    /// REPORT TARGET PORT GROUPS: PARAMETER DATA FORMAT.
+    pub const RTPG_DATA_FORMAT: Bits = Bits::at(1, 0xe0);
+    /// REPORT SUPPORTED OPERATION CODES: return command timeouts
+    /// descriptor, reporting options, the requested operation code and
+    /// service action.
+    pub const RSOC_RCTD: Flag = Flag::at(2, 0x80);
+    pub const RSOC_REPORTING_OPTIONS: Bits = Bits::at(2, 0x07);
+    pub const RSOC_REQUESTED_OPCODE: Field<u8> = Field::at(3);
+    pub const RSOC_REQUESTED_SERVICE_ACTION: Field<u16> = Field::at(4);
+    /// REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS: return extended parameter data.
+    pub const RSTMF_REPD: Flag = Flag::at(2, 0x80);
+}
+
+/// Where in a CDB a field is, as INVALID FIELD IN CDB's sense-key specific
+/// bytes point at it (SPC-4 4.5.2.4.2): its first byte, and for a field
+/// smaller than a byte its most significant bit.
+pub trait FieldPointer {
+    fn pointer(&self) -> (u16, Option<u8>);
+}
+
+impl FieldPointer for bw_wire::Bits {
+    fn pointer(&self) -> (u16, Option<u8>) {
+        (self.offset() as u16, Some(7 - self.mask().leading_zeros() as u8))
+    }
+}
+
+impl FieldPointer for bw_wire::Flag {
+    fn pointer(&self) -> (u16, Option<u8>) {
+        (self.offset() as u16, Some(self.bit().trailing_zeros() as u8))
+    }
+}
+
+impl<C: bw_wire::Codec> FieldPointer for bw_wire::Field<C> {
+    fn pointer(&self) -> (u16, Option<u8>) {
+        (self.offset() as u16, None)
+    }
 }
 
 /// CDB length implied by the operation code's group (SPC-4 4.2.5.1).

@@ -428,17 +428,17 @@ fn verify_data_len(cdb: &[u8]) -> Option<usize> {
 
 /// COMPARE AND WRITE: the blocks to compare, then the blocks to write.
 fn compare_and_write_len(cdb: &[u8]) -> Option<usize> {
-    Some(2 * cdb[13] as usize * BLOCK)
+    Some(2 * field::COMPARE_AND_WRITE_BLOCKS.get(cdb) as usize * BLOCK)
 }
 
 /// WRITE SAME(16) with NDOB sends no data.
 fn write_same_16_len(cdb: &[u8]) -> Option<usize> {
-    (cdb[1] & 0x01 == 0).then_some(BLOCK)
+    (!field::WRITE_SAME_NDOB.get(cdb)).then_some(BLOCK)
 }
 
 /// PREVENT ALLOW MEDIUM REMOVAL: allowing removal never conflicts.
 fn prevent_conflict(cdb: &[u8]) -> Conflict {
-    if cdb[4] & 0x03 == 0 {
+    if field::PREVENT.get(cdb) == 0 {
         Never
     } else {
         Write
@@ -456,8 +456,8 @@ fn request_sense(c: &Call<'_>, l: Option<&Lun>, out: DataIn<'_>) -> Result<(), F
         Some(l) => l.ua.take(c.who()).unwrap_or(Sense::NO_SENSE),
         None => Sense::LUN_NOT_SUPPORTED,
     };
-    if c.cdb[1] & 0x01 != 0 {
-        return Err(Sense::invalid_cdb_field(1, Some(0)).into()); // descriptor format not supported
+    if field::REQUEST_SENSE_DESC.get(c.cdb) {
+        return Err(Sense::invalid_in_cdb(field::REQUEST_SENSE_DESC).into()); // descriptor format not supported
     }
     out.extend_from_slice(&pending.to_fixed());
     Ok(())
@@ -527,7 +527,7 @@ fn mode_sense(c: &Call<'_>, l: &Lun, out: DataIn<'_>) -> Result<(), Fail> {
     Ok(mode::mode_sense(
         l,
         c.cdb,
-        c.cdb[0] == op::MODE_SENSE_10,
+        field::OPERATION_CODE.get(c.cdb) == op::MODE_SENSE_10,
         out,
     )?)
 }
@@ -536,7 +536,7 @@ fn mode_select(c: &Call<'_>, l: &Lun, _: DataIn<'_>) -> Result<(), Fail> {
     Ok(mode::mode_select(
         l,
         c.cdb,
-        c.cdb[0] == op::MODE_SELECT_10,
+        field::OPERATION_CODE.get(c.cdb) == op::MODE_SELECT_10,
         &c.joined(),
     )?)
 }
@@ -544,24 +544,24 @@ fn mode_select(c: &Call<'_>, l: &Lun, _: DataIn<'_>) -> Result<(), Fail> {
 /// START STOP UNIT on a non-removable disk that is always ready: power
 /// conditions and START/LOEJ are accepted and change nothing.
 fn start_stop_unit(c: &Call<'_>, _: &Lun, _: DataIn<'_>) -> Result<(), Fail> {
-    let power_condition = c.cdb[4] >> 4;
+    let power_condition = field::START_STOP_POWER_CONDITION.get(c.cdb);
     if !matches!(power_condition, 0x0..=0x3 | 0x5 | 0x7 | 0xa | 0xb) {
-        return Err(Sense::invalid_cdb_field(4, Some(7)).into());
+        return Err(Sense::invalid_in_cdb(field::START_STOP_POWER_CONDITION).into());
     }
     Ok(())
 }
 
 /// Not removable: PREVENT 0 and 1 are accepted and change nothing.
 fn prevent_allow(c: &Call<'_>, _: &Lun, _: DataIn<'_>) -> Result<(), Fail> {
-    if c.cdb[4] & 0x03 > 1 {
-        return Err(Sense::invalid_cdb_field(4, Some(1)).into());
+    if field::PREVENT.get(c.cdb) > 1 {
+        return Err(Sense::invalid_in_cdb(field::PREVENT).into());
     }
     Ok(())
 }
 
 fn reserve_6(c: &Call<'_>, l: &Lun, _: DataIn<'_>) -> Result<(), Fail> {
-    if c.cdb[1] & 0x01 != 0 {
-        return Err(Sense::invalid_cdb_field(1, Some(0)).into()); // extents: obsolete
+    if field::RESERVE_6_EXTENT.get(c.cdb) {
+        return Err(Sense::invalid_in_cdb(field::RESERVE_6_EXTENT).into()); // extents: obsolete
     }
     Ok(l.res.reserve6(c.who())?)
 }

@@ -21,7 +21,7 @@ pub fn read_capacity_16(alloc: u32) -> [u8; 16] {
 
 fn rw16(opcode: u8, lba: u64, blocks: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = opcode;
+    field::OPERATION_CODE.set(&mut c, opcode);
     field::LBA_16.set(&mut c, lba);
     field::BLOCKS_16.set(&mut c, blocks);
     c
@@ -44,28 +44,34 @@ pub fn synchronize_cache_10() -> [u8; 10] {
 
 /// INQUIRY for vital product data page `page`, at most `alloc` bytes back.
 pub fn inquiry_vpd(page: u8, alloc: u16) -> [u8; 6] {
-    let a = alloc.to_be_bytes();
-    [op::INQUIRY, 0x01, page, a[0], a[1], 0]
+    let mut c = [op::INQUIRY, 0, 0, 0, 0, 0];
+    field::INQUIRY_EVPD.set(&mut c, true);
+    field::INQUIRY_PAGE_CODE.set(&mut c, page);
+    field::INQUIRY_ALLOCATION_LENGTH.set(&mut c, alloc);
+    c
 }
 
 /// UNMAP with a parameter list of `param_len` bytes (see [`unmap_parameters`]).
 pub fn unmap(param_len: u16) -> [u8; 10] {
-    let l = param_len.to_be_bytes();
-    [op::UNMAP, 0, 0, 0, 0, 0, 0, l[0], l[1], 0]
+    let mut c = [0u8; 10];
+    c[0] = op::UNMAP;
+    field::UNMAP_PARAMETER_LIST_LENGTH.set(&mut c, param_len);
+    c
 }
 
 /// UNMAP parameter list: header and one 16-byte block descriptor per
 /// (LBA, number of blocks).
 pub fn unmap_parameters(ranges: &[(u64, u32)]) -> Vec<u8> {
-    let descriptors = (ranges.len() * 16) as u16;
-    let mut p = Vec::with_capacity(8 + ranges.len() * 16);
-    p.extend_from_slice(&(descriptors + 6).to_be_bytes()); // UNMAP DATA LENGTH
-    p.extend_from_slice(&descriptors.to_be_bytes()); // BLOCK DESCRIPTOR DATA LENGTH
-    p.extend_from_slice(&[0; 4]);
-    for &(lba, blocks) in ranges {
-        p.extend_from_slice(&lba.to_be_bytes());
-        p.extend_from_slice(&blocks.to_be_bytes());
-        p.extend_from_slice(&[0; 4]);
+    use field::*;
+    let descriptors = ranges.len() * UNMAP_DESCRIPTOR_LEN;
+    let mut p = vec![0u8; UNMAP_HEADER_LEN + descriptors];
+    // The data length counts the bytes after itself.
+    let data_length = (p.len() - UNMAP_DATA_LENGTH.end()) as u16;
+    UNMAP_DATA_LENGTH.set(&mut p, data_length);
+    UNMAP_BLOCK_DESCRIPTOR_DATA_LENGTH.set(&mut p, descriptors as u16);
+    for (d, &(lba, blocks)) in p[UNMAP_HEADER_LEN..].chunks_exact_mut(UNMAP_DESCRIPTOR_LEN).zip(ranges) {
+        UNMAP_DESCRIPTOR_LBA.set(d, lba);
+        UNMAP_DESCRIPTOR_BLOCKS.set(d, blocks);
     }
     p
 }

@@ -1,6 +1,7 @@
 //! INQUIRY: standard data and the vital product data pages a Linux, Windows
 //! or VMware initiator reads to configure a disk.
 
+use crate::cdb::field::*;
 use crate::sense::Sense;
 use crate::Lun;
 
@@ -38,22 +39,23 @@ pub fn naa_designator(naa_id: u64) -> [u8; 16] {
 
 /// INQUIRY for `lun` (`None` = not mapped: peripheral qualifier 3).
 pub fn inquiry(lun: Option<&Lun>, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
-    let evpd = cdb[1] & 0x01 != 0;
-    if cdb[1] & 0xfe != 0 {
-        return Err(Sense::invalid_cdb_field(1, Some(1))); // CmdDt is obsolete
+    let evpd = INQUIRY_EVPD.get(cdb);
+    // CMDDT is obsolete and the bits above it reserved.
+    if cdb[INQUIRY_EVPD.offset()] & !INQUIRY_EVPD.bit() != 0 {
+        return Err(Sense::invalid_in_cdb(INQUIRY_CMDDT));
     }
-    let page = cdb[2];
+    let page = INQUIRY_PAGE_CODE.get(cdb);
     let peripheral = if lun.is_some() { 0x00 } else { 0x7f };
     if !evpd {
         if page != 0 {
-            return Err(Sense::invalid_cdb_field(2, None));
+            return Err(Sense::invalid_in_cdb(INQUIRY_PAGE_CODE));
         }
         standard(lun, peripheral, out);
     } else {
         match lun {
             Some(l) => vpd(l, page, out)?,
             None if page == 0 => out.extend_from_slice(&[peripheral, 0, 0, 1, 0]),
-            None => return Err(Sense::invalid_cdb_field(2, None)),
+            None => return Err(Sense::invalid_in_cdb(INQUIRY_PAGE_CODE)),
         }
         out[0] = peripheral;
     }
@@ -130,7 +132,7 @@ fn vpd(l: &Lun, page: u8, out: &mut Vec<u8>) -> Result<(), Sense> {
                 out[6] = 0x02; // thin provisioned
             }
         }
-        _ => return Err(Sense::invalid_cdb_field(2, None)),
+        _ => return Err(Sense::invalid_in_cdb(INQUIRY_PAGE_CODE)),
     }
     let len = (out.len() - 4) as u16;
     out[2..4].copy_from_slice(&len.to_be_bytes());

@@ -138,7 +138,7 @@ pub use sense::Sense;
 /// Operation codes and service actions, for initiators as for this target.
 pub use cdb::op;
 
-use cdb::{be32, naca_or_link, truncate_to};
+use cdb::{field, naca_or_link, truncate_to};
 use commands::{Call, Handler, Lookup, Transfer};
 use reservation::{Denied, Reservations};
 use std::collections::HashMap;
@@ -425,7 +425,7 @@ impl ScsiTarget {
         };
         let len = row.map_or(commands::group_cdb_len(opcode), |c| c.cdb_len());
         if cdb.len() < len {
-            return Err(Sense::invalid_cdb_field(0, None).into());
+            return Err(Sense::invalid_in_cdb(field::OPERATION_CODE).into());
         }
         out.clear();
         let call = Call { target: self, nexus, cdb, data_out };
@@ -461,7 +461,7 @@ impl ScsiTarget {
             };
             l.res.check(who, conflict)?;
         }
-        let Lookup::Found(row) = found else { return Err(Sense::invalid_cdb_field(1, Some(4)).into()) };
+        let Lookup::Found(row) = found else { return Err(Sense::invalid_in_cdb(field::SERVICE_ACTION).into()) };
         match row.handler {
             Handler::Lun(h) => h(&call, l, out)?,
             Handler::AnyLun(h) => h(&call, Some(l), out)?,
@@ -478,10 +478,10 @@ impl ScsiTarget {
     /// REPORT LUNS. LUN 0 is always listed so initiators can probe a target
     /// whose LUN 0 is not mapped (it then answers INQUIRY with qualifier 3).
     pub(crate) fn report_luns(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
-        let select = cdb[2];
-        let alloc = be32(cdb, 6) as usize;
+        let select = field::REPORT_LUNS_SELECT.get(cdb);
+        let alloc = field::REPORT_LUNS_ALLOCATION_LENGTH.get(cdb) as usize;
         if alloc < 16 {
-            return Err(Sense::invalid_cdb_field(6, None));
+            return Err(Sense::invalid_in_cdb(field::REPORT_LUNS_ALLOCATION_LENGTH));
         }
         out.extend_from_slice(&[0; 8]);
         match select {
@@ -495,7 +495,7 @@ impl ScsiTarget {
                 }
             }
             0x01 => {} // well-known LUNs: none
-            _ => return Err(Sense::invalid_cdb_field(2, None)),
+            _ => return Err(Sense::invalid_in_cdb(field::REPORT_LUNS_SELECT)),
         }
         let len = (out.len() - 8) as u32;
         out[0..4].copy_from_slice(&len.to_be_bytes());

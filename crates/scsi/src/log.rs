@@ -3,7 +3,7 @@
 //! available" (0xFF) as SPC allows, and informational exceptions report no
 //! failure predicted. LOG SELECT is not implemented (nothing to reset).
 
-use crate::cdb::be16;
+use crate::cdb::field::*;
 use crate::sense::Sense;
 
 pub const SUPPORTED_PAGES: u8 = 0x00;
@@ -15,15 +15,15 @@ const NO_TEMPERATURE: u8 = 0xFF;
 /// Parameter control byte: binary list format (FORMAT AND LINKING = 11b).
 const BINARY: u8 = 0x03;
 
-/// LOG SENSE: `cdb[2]` = PC (7:6) | page code (5:0), `cdb[3]` subpage,
-/// `cdb[5..7]` parameter pointer, `cdb[7..9]` allocation length.
+/// LOG SENSE: the page and subpage asked for, from its parameter pointer
+/// on (PC, page control, is not looked at: every value is current).
 pub fn log_sense(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
-    if cdb[1] & 0x01 != 0 {
-        return Err(Sense::invalid_cdb_field(1, Some(0))); // SP: nothing is saved
+    if LOG_SENSE_SP.get(cdb) {
+        return Err(Sense::invalid_in_cdb(LOG_SENSE_SP)); // nothing is saved
     }
-    let page = cdb[2] & 0x3f;
-    let subpage = cdb[3];
-    let pointer = be16(cdb, 5);
+    let page = PAGE_CODE.get(cdb);
+    let subpage = SUBPAGE_CODE.get(cdb);
+    let pointer = LOG_SENSE_PARAMETER_POINTER.get(cdb);
     out.extend_from_slice(&[page, 0, 0, 0]);
     // (parameter code, value bytes) of the page, in ascending code order.
     let params: Vec<(u16, Vec<u8>)> = match (page, subpage) {
@@ -48,11 +48,11 @@ pub fn log_sense(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
         // INFORMATIONAL EXCEPTION ASC/ASCQ 0/0 (no failure predicted), most
         // recent temperature reading.
         (INFORMATIONAL_EXCEPTIONS, 0x00) => vec![(0x0000, vec![0, 0, NO_TEMPERATURE])],
-        (_, 0x00) => return Err(Sense::invalid_cdb_field(2, Some(5))),
-        _ => return Err(Sense::invalid_cdb_field(3, None)),
+        (_, 0x00) => return Err(Sense::invalid_in_cdb(PAGE_CODE)),
+        _ => return Err(Sense::invalid_in_cdb(SUBPAGE_CODE)),
     };
     if params.last().is_some_and(|(code, _)| pointer > *code) {
-        return Err(Sense::invalid_cdb_field(5, None));
+        return Err(Sense::invalid_in_cdb(LOG_SENSE_PARAMETER_POINTER));
     }
     for (code, value) in params.iter().filter(|(code, _)| *code >= pointer) {
         out.extend_from_slice(&code.to_be_bytes());

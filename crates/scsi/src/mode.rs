@@ -3,7 +3,8 @@
 //! the backend has a write cache to turn off) and SWP (software write
 //! protect); nothing can be saved.
 
-use crate::cdb::be16;
+use crate::cdb::field::*;
+use crate::cdb::{be16, be24};
 use crate::sense::Sense;
 use crate::Lun;
 use std::sync::atomic::Ordering::Relaxed;
@@ -73,22 +74,22 @@ fn wce_bit(on: bool) -> u8 {
 
 /// MODE SENSE (6) and (10).
 pub fn mode_sense(l: &Lun, cdb: &[u8], ten: bool, out: &mut Vec<u8>) -> Result<(), Sense> {
-    let dbd = cdb[1] & 0x08 != 0;
-    let llbaa = ten && cdb[1] & 0x10 != 0;
-    let pc = match cdb[2] >> 6 {
+    let dbd = MODE_SENSE_DBD.get(cdb);
+    let llbaa = ten && MODE_SENSE_LLBAA.get(cdb);
+    let pc = match MODE_SENSE_PC.get(cdb) {
         0 => Pc::Current,
         1 => Pc::Changeable,
         2 => Pc::Default,
         _ => return Err(Sense::SAVING_PARAMS_NOT_SUPPORTED),
     };
-    let code = cdb[2] & 0x3f;
-    let subpage = cdb[3];
+    let code = PAGE_CODE.get(cdb);
+    let subpage = SUBPAGE_CODE.get(cdb);
     let one = [code];
     let wanted: &[u8] = match (code, subpage) {
         (ALL_PAGES, 0x00 | 0xff) => &PAGES,
         (c, 0) if PAGES.contains(&c) => &one,
-        (c, _) if PAGES.contains(&c) || c == ALL_PAGES => return Err(Sense::invalid_cdb_field(3, None)),
-        _ => return Err(Sense::invalid_cdb_field(2, Some(5))),
+        (c, _) if PAGES.contains(&c) || c == ALL_PAGES => return Err(Sense::invalid_in_cdb(SUBPAGE_CODE)),
+        _ => return Err(Sense::invalid_in_cdb(PAGE_CODE)),
     };
     let header_len = if ten { 8 } else { 4 };
     out.resize(header_len, 0);
@@ -131,26 +132,26 @@ pub fn mode_sense(l: &Lun, cdb: &[u8], ten: bool, out: &mut Vec<u8>) -> Result<(
 /// Parameter list length of MODE SELECT (6)/(10).
 pub fn select_len(cdb: &[u8], ten: bool) -> usize {
     if ten {
-        be16(cdb, 7) as usize
+        MODE_SELECT_10_LENGTH.get(cdb) as usize
     } else {
-        cdb[4] as usize
+        MODE_SELECT_6_LENGTH.get(cdb) as usize
     }
 }
 
 /// MODE SELECT (6) and (10): accept pages whose only changes are to
 /// changeable bits, then apply them.
 pub fn mode_select(l: &Lun, cdb: &[u8], ten: bool, params: &[u8]) -> Result<(), Sense> {
-    let pf = cdb[1] & 0x10 != 0;
-    let sp = cdb[1] & 0x01 != 0;
+    let pf = MODE_SELECT_PF.get(cdb);
+    let sp = MODE_SELECT_SP.get(cdb);
     let len = select_len(cdb, ten);
     if sp {
-        return Err(Sense::invalid_cdb_field(1, Some(0)));
+        return Err(Sense::invalid_in_cdb(MODE_SELECT_SP));
     }
     if len == 0 {
         return Ok(());
     }
     if !pf {
-        return Err(Sense::invalid_cdb_field(1, Some(4)));
+        return Err(Sense::invalid_in_cdb(MODE_SELECT_PF));
     }
     if params.len() < len {
         return Err(Sense::PARAM_LIST_LENGTH_ERROR);
@@ -170,7 +171,7 @@ pub fn mode_select(l: &Lun, cdb: &[u8], ten: bool, params: &[u8]) -> Result<(), 
     }
     if bd_len > 0 {
         let bd = &p[header_len..header_len + bd_len];
-        let block_len = if long { u32::from_be_bytes([bd[12], bd[13], bd[14], bd[15]]) } else { crate::cdb::be24(bd, 5) };
+        let block_len = if long { u32::from_be_bytes([bd[12], bd[13], bd[14], bd[15]]) } else { be24(bd, 5) };
         if block_len != 512 {
             return Err(Sense::invalid_param_field((header_len + bd_len - 1) as u16, None));
         }

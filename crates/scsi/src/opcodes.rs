@@ -2,7 +2,7 @@
 //! FUNCTIONS. The operation codes, service actions and CDB usage data are
 //! the rows of [`crate::commands::COMMANDS`].
 
-use crate::cdb::be16;
+use crate::cdb::field::*;
 use crate::commands::{has_service_actions, COMMANDS};
 use crate::sense::Sense;
 
@@ -17,10 +17,10 @@ fn timeouts_descriptor(out: &mut Vec<u8>) {
 
 /// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN / 0x0C).
 pub fn report_supported_opcodes(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
-    let rctd = cdb[2] & 0x80 != 0;
-    let options = cdb[2] & 0x07;
-    let req_op = cdb[3];
-    let req_sa = be16(cdb, 4);
+    let rctd = RSOC_RCTD.get(cdb);
+    let options = RSOC_REPORTING_OPTIONS.get(cdb);
+    let req_op = RSOC_REQUESTED_OPCODE.get(cdb);
+    let req_sa = RSOC_REQUESTED_SERVICE_ACTION.get(cdb);
     match options {
         0 => {
             out.extend_from_slice(&[0; 4]);
@@ -44,7 +44,7 @@ pub fn report_supported_opcodes(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sen
             // service action (must have them); 3: either.
             let with_sa = has_service_actions(req_op);
             if (options == 1 && with_sa) || (options == 2 && !with_sa) {
-                return Err(Sense::invalid_cdb_field(2, Some(0)));
+                return Err(Sense::invalid_in_cdb(RSOC_REPORTING_OPTIONS));
             }
             let found = COMMANDS
                 .iter()
@@ -62,7 +62,7 @@ pub fn report_supported_opcodes(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sen
                 None => out[1] = 0x01, // not supported
             }
         }
-        _ => return Err(Sense::invalid_cdb_field(2, Some(0))),
+        _ => return Err(Sense::invalid_in_cdb(RSOC_REPORTING_OPTIONS)),
     }
     Ok(())
 }
@@ -71,7 +71,7 @@ pub fn report_supported_opcodes(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sen
 /// task, abort task set, clear task set, LUN reset, I_T nexus reset, target
 /// reset — what an iSCSI transport offers at ERL 0.
 pub fn report_supported_tmf(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
-    let repd = cdb[2] & 0x80 != 0;
+    let repd = RSTMF_REPD.get(cdb);
     // byte 0: ATS 0x80, ATSS 0x40, CACAS 0x20, CTSS 0x10, LURS 0x08, QTS 0x04, TRS 0x02 (target reset), WAKES 0x01
     // byte 1: QAES 0x04, QTSS 0x02, ITNRS 0x01
     if repd {

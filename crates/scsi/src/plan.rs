@@ -6,7 +6,7 @@
 //! submits itself ([`Plan::io`]), and otherwise running it
 //! ([`Plan::execute`]).
 
-use crate::cdb::{naca_or_link, op};
+use crate::cdb::{field, naca_or_link, op};
 use crate::commands::{self, Execution, Lookup, Transfer};
 use crate::sense::Sense;
 use crate::{Lun, NexusId, ScsiOutcome, ScsiTarget};
@@ -163,7 +163,7 @@ impl<'a> Plan<'a> {
             return IoPlan::Buffered;
         };
         let write = matches!(
-            self.cdb[0],
+            field::OPERATION_CODE.get(self.cdb),
             op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16
         );
         if !write && !c.reads_medium() {

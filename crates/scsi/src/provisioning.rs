@@ -4,7 +4,7 @@
 //! thin-provisioning tools and qemu can skip holes.
 
 use crate::block_io::io_sense;
-use crate::cdb::{be32, be64};
+use crate::cdb::field::*;
 use crate::sense::Sense;
 use crate::Lun;
 
@@ -18,13 +18,13 @@ const DEALLOCATED: u8 = 0x1;
 
 impl Lun {
     pub(crate) fn get_lba_status(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
-        let start = be64(cdb, 2);
-        let alloc = be32(cdb, 10) as usize;
+        let start = LBA_16.get(cdb);
+        let alloc = SAI_ALLOCATION_LENGTH.get(cdb) as usize;
         // REPORT TYPE (SBC-4 r20): 0 all, 1 non-zero status, 2 mapped,
         // 3 deallocated, 4 anchored (we never anchor).
-        let report = cdb[14] & 0x07;
+        let report = GET_LBA_STATUS_REPORT_TYPE.get(cdb);
         if report > 4 {
-            return Err(Sense::invalid_cdb_field(14, Some(0)));
+            return Err(Sense::invalid_in_cdb(GET_LBA_STATUS_REPORT_TYPE));
         }
         let blocks = self.blocks();
         if start >= blocks {

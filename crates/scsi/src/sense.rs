@@ -63,6 +63,12 @@ impl Sense {
         Sense { field: Some((true, byte, bit)), ..Sense::INVALID_FIELD_IN_CDB }
     }
 
+    /// ILLEGAL REQUEST / INVALID FIELD IN CDB pointing at the named field.
+    pub fn invalid_in_cdb(f: impl crate::cdb::FieldPointer) -> Self {
+        let (byte, bit) = f.pointer();
+        Self::invalid_cdb_field(byte, bit)
+    }
+
     /// ILLEGAL REQUEST / INVALID FIELD IN PARAMETER LIST pointing at `byte`.
     pub fn invalid_param_field(byte: u16, bit: Option<u8>) -> Self {
         Sense { field: Some((false, byte, bit)), ..Sense::INVALID_FIELD_IN_PARAM_LIST }

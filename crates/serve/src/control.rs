@@ -186,15 +186,24 @@ struct HostAdd {
     dhchap_dhgroups: Option<Vec<String>>,
 }
 
+/// An NVMe port: its address and transport (tcp unless given).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Addr {
+struct PortAddr {
     addr: String,
+    trtype: Option<String>,
 }
 
-impl Addr {
-    fn parse(&self) -> Result<std::net::SocketAddr, RpcError> {
-        config::parse_listen(&self.addr, 4420).map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("invalid params: {e}")))
+impl PortAddr {
+    /// The address, and whether it is an RDMA port.
+    fn parse(&self) -> Result<(std::net::SocketAddr, bool), RpcError> {
+        let rdma = match self.trtype.as_deref() {
+            None | Some("tcp") => false,
+            Some("rdma") => true,
+            Some(t) => return Err(RpcError::new(code::INVALID_PARAMS, format!("invalid params: trtype {t:?} (tcp or rdma)"))),
+        };
+        let addr = config::parse_listen(&self.addr, 4420).map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("invalid params: {e}")))?;
+        Ok((addr, rdma))
     }
 }
 
@@ -414,15 +423,15 @@ pub const METHODS: &[Method] = &[
         let n: NsRef = params(p)?;
         Ok(changed(live.change(|c| edit::nvme_ns_remove(c, &n.nqn, n.nsid))?))
     } },
-    Method { name: "nvme_port_add", params: "{addr: \"IP[:PORT]\"} (port 4420 unless given)", call: |live, p| {
-        let a: Addr = params(p)?;
-        let addr = a.parse()?;
-        Ok(changed(live.change(|c| edit::nvme_port_add(c, addr))?))
+    Method { name: "nvme_port_add", params: "{addr: \"IP[:PORT]\", trtype?: \"tcp\" | \"rdma\"} (port 4420 unless given)", call: |live, p| {
+        let a: PortAddr = params(p)?;
+        let (addr, rdma) = a.parse()?;
+        Ok(changed(live.change(|c| edit::nvme_port_add(c, addr, rdma))?))
     } },
-    Method { name: "nvme_port_remove", params: "{addr}", call: |live, p| {
-        let a: Addr = params(p)?;
-        let addr = a.parse()?;
-        Ok(changed(live.change(|c| edit::nvme_port_remove(c, addr))?))
+    Method { name: "nvme_port_remove", params: "{addr, trtype?}", call: |live, p| {
+        let a: PortAddr = params(p)?;
+        let (addr, rdma) = a.parse()?;
+        Ok(changed(live.change(|c| edit::nvme_port_remove(c, addr, rdma))?))
     } },
     Method { name: "nvme_host_add", params: "{nqn, host, dhchap_secret?, dhchap_ctrl_secret?, dhchap_hashes?, dhchap_dhgroups?}", call: |live, p| {
         let h: HostAdd = params(p)?;
@@ -493,6 +502,7 @@ fn status(live: &Live) -> Result<Value, RpcError> {
             "allowed_initiators": t.allowed_initiators,
         })).collect::<Vec<_>>(),
         "nvme_ports": cfg.nvme.iter().flat_map(|n| &n.listen).map(|a| a.to_string()).collect::<Vec<_>>(),
+        "nvme_rdma_ports": cfg.nvme.iter().flat_map(|n| &n.rdma_listen).map(|a| a.to_string()).collect::<Vec<_>>(),
         "nvme_subsystems": cfg.nvme.iter().flat_map(|n| &n.subsystems).map(|s| json!({
             "nqn": s.nqn, "namespaces": s.namespaces.iter().map(|n| json!({ "nsid": n.nsid, "volume": n.volume })).collect::<Vec<_>>(),
             "allowed_hosts": s.allowed_hosts.iter().cloned().chain(s.hosts.iter().map(|h| h.nqn.clone())).collect::<Vec<_>>(),

@@ -113,10 +113,11 @@ fn check_fixed(old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
     if listen(old) != listen(new) {
         return restart("iscsi.listen");
     }
-    // (nvme.listen changes live: nvme_port_add, nvme_port_remove.)
-    let nvme = |c: &ServeConfig| c.nvme.as_ref().map(|n| (n.rdma_listen.clone(), n.discovery_listen, n.cntlid_range)).unwrap_or_default();
+    // (nvme.listen and nvme.rdma_listen change live: nvme_port_add,
+    // nvme_port_remove.)
+    let nvme = |c: &ServeConfig| c.nvme.as_ref().map(|n| (n.discovery_listen, n.cntlid_range)).unwrap_or_default();
     if nvme(old) != nvme(new) {
-        return restart("nvme.rdma_listen, nvme.discovery_listen or nvme.cntlid_range");
+        return restart("nvme.discovery_listen or nvme.cntlid_range");
     }
     Ok(())
 }
@@ -570,23 +571,33 @@ pub mod edit {
         Ok(())
     }
 
-    /// Listen for NVMe/TCP at `addr` too.
-    pub fn nvme_port_add(c: &mut ServeConfig, addr: std::net::SocketAddr) -> Result<(), Refused> {
+    /// The listen list of NVMe/TCP (`rdma` false) or NVMe/RDMA, and its name.
+    fn ports(c: &mut ServeConfig, rdma: bool) -> (&mut Vec<std::net::SocketAddr>, &'static str) {
         let n = nvme(c);
-        if n.listen.contains(&addr) {
-            return Err(Refused(format!("NVMe/TCP already listens on {addr}")));
+        if rdma {
+            (&mut n.rdma_listen, "NVMe/RDMA")
+        } else {
+            (&mut n.listen, "NVMe/TCP")
         }
-        n.listen.push(addr);
+    }
+
+    /// Listen for NVMe/TCP (or NVMe/RDMA) at `addr` too.
+    pub fn nvme_port_add(c: &mut ServeConfig, addr: std::net::SocketAddr, rdma: bool) -> Result<(), Refused> {
+        let (ports, name) = ports(c, rdma);
+        if ports.contains(&addr) {
+            return Err(Refused(format!("{name} already listens on {addr}")));
+        }
+        ports.push(addr);
         Ok(())
     }
 
     /// Stop listening at `addr`; its connections close.
-    pub fn nvme_port_remove(c: &mut ServeConfig, addr: std::net::SocketAddr) -> Result<(), Refused> {
-        let n = nvme(c);
-        let before = n.listen.len();
-        n.listen.retain(|a| *a != addr);
-        if n.listen.len() == before {
-            return Err(Refused(format!("NVMe/TCP does not listen on {addr} (status lists the ports)")));
+    pub fn nvme_port_remove(c: &mut ServeConfig, addr: std::net::SocketAddr, rdma: bool) -> Result<(), Refused> {
+        let (ports, name) = ports(c, rdma);
+        let before = ports.len();
+        ports.retain(|a| *a != addr);
+        if ports.len() == before {
+            return Err(Refused(format!("{name} does not listen on {addr} (status lists the ports)")));
         }
         Ok(())
     }
@@ -666,6 +677,28 @@ mod tests {
         let mut same = old.clone();
         same.volumes[0].backend = "ram:1024K".into();
         assert_eq!(plan_volumes(&old, &same).unwrap(), VolumePlan::default());
+    }
+
+    #[test]
+    fn nvme_ports_of_both_transports_change_live() {
+        let old = cfg();
+        let mut c = old.clone();
+        let a: std::net::SocketAddr = "10.0.2.15:4420".parse().unwrap();
+        edit::nvme_port_add(&mut c, a, true).unwrap();
+        assert_eq!(c.nvme.as_ref().unwrap().rdma_listen, [a]);
+        assert!(!c.nvme.as_ref().unwrap().listen.contains(&a), "an RDMA port is not a TCP one");
+        // Listening for RDMA there is not a setting fixed at start.
+        check_fixed(&old, &c).unwrap();
+        let e = edit::nvme_port_add(&mut c, a, true).unwrap_err();
+        assert!(e.0.contains("NVMe/RDMA already listens"), "{e}");
+        let e = edit::nvme_port_remove(&mut c, a, false).unwrap_err();
+        assert!(e.0.contains("NVMe/TCP does not listen"), "{e}");
+        edit::nvme_port_remove(&mut c, a, true).unwrap();
+        assert_eq!(c, old);
+        // The discovery port still is.
+        let mut d = old.clone();
+        d.nvme.as_mut().unwrap().discovery_listen = Some("127.0.0.1:8009".parse().unwrap());
+        assert!(check_fixed(&old, &d).unwrap_err().0.contains("nvme.discovery_listen"));
     }
 
     #[test]

@@ -165,12 +165,12 @@ impl Fabric {
         self
     }
 
-    /// The NVMe/TCP ports are now `tcp` (a live change): discovery
+    /// The ports are now `tcp` and `rdma` (a live change): discovery
     /// controllers created from now on list these.
-    pub fn set_tcp_ports(&self, tcp: &[SocketAddr]) {
+    pub fn set_ports(&self, tcp: &[SocketAddr], rdma: &[SocketAddr]) {
         let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
-        let rdma = ports.iter().filter(|p| p.rdma).copied();
-        *ports = tcp.iter().map(|&addr| Port { rdma: false, addr }).chain(rdma).collect();
+        let tcp = tcp.iter().map(|&addr| Port { rdma: false, addr });
+        *ports = tcp.chain(rdma.iter().map(|&addr| Port { rdma: true, addr })).collect();
     }
 
     fn lock_ctrls(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<CtrlEntry>>> {

@@ -105,6 +105,7 @@ fn crc32c_str(s: &str) -> u32 {
 pub struct Handle {
     fabric: Arc<Fabric>,
     tcp: Arc<TcpPorts>,
+    rdma: Arc<RdmaPorts>,
 }
 
 impl Handle {
@@ -114,8 +115,10 @@ impl Handle {
     /// what changed, for the log.
     pub fn reconcile(&self, cfg: &NvmeConfig, volumes: &Volumes, resized: &std::collections::HashSet<String>) -> anyhow::Result<Vec<String>> {
         let subs = subsystems(cfg, volumes)?;
-        let (mut log, ports) = self.tcp.reconcile(&cfg.listen)?;
-        self.fabric.set_tcp_ports(&ports);
+        let (mut log, tcp) = self.tcp.reconcile(&cfg.listen)?;
+        let (rdma_log, rdma) = self.rdma.reconcile(&cfg.rdma_listen)?;
+        log.extend(rdma_log);
+        self.fabric.set_ports(&tcp, &rdma);
         log.extend(self.fabric.host_keys.replace(cfg)?);
         log.extend(self.fabric.reconcile(subs, resized));
         Ok(log)
@@ -166,7 +169,7 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
             eprintln!("blockwire: nvme subsystem {n} on rdma {bound}");
         }
         ports.push(Port { rdma: true, addr: bound });
-        rdma_listeners.push(l);
+        rdma_listeners.push((*addr, bound, l));
     }
     let admission = Admission::new(limits.clone());
     let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
@@ -192,10 +195,15 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
     });
     // NVMe/RDMA is a front-end of its own, counted apart from NVMe/TCP's
     // (controllers are counted by the fabric, across both).
-    let rdma_admission = Admission::new(limits.clone());
-    let mut rdma_threads = Vec::new();
-    for l in rdma_listeners {
-        rdma_threads.push(rdma::serve(l, fabric.clone(), rdma_admission.clone(), shutdown.clone())?);
+    let rdma = Arc::new(RdmaPorts {
+        open: Mutex::new(Vec::new()),
+        fabric: fabric.clone(),
+        admission: Admission::new(limits.clone()),
+        rt: tokio::runtime::Handle::current(),
+        shutdown: shutdown.clone(),
+    });
+    for (configured, bound, l) in rdma_listeners {
+        rdma.open(configured, bound, l)?;
     }
     let f = fabric.clone();
     let serve = Arc::new(move |a: Accepted| {
@@ -215,7 +223,7 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
     for ((configured, l), bound) in listeners.into_iter().zip(bound) {
         tcp.open(configured, bound, l);
     }
-    let handle = Handle { fabric: fabric.clone(), tcp };
+    let handle = Handle { fabric: fabric.clone(), tcp, rdma: rdma.clone() };
     let mut stopping = shutdown.clone();
     let running = tokio::spawn(async move {
         // Accept loops and connections watch the same signal.
@@ -223,9 +231,7 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         if let Some(d) = discovery {
             let _ = d.await;
         }
-        if !rdma_threads.is_empty() {
-            let _ = tokio::task::spawn_blocking(move || rdma_threads.into_iter().for_each(|t| drop(t.join()))).await;
-        }
+        let _ = tokio::task::spawn_blocking(move || rdma.stop_all()).await;
         fabric.shutdown_all();
         Ok(())
     });
@@ -299,5 +305,79 @@ impl TcpPorts {
         let open = self.lock();
         let bound = want.iter().filter_map(|a| open.iter().find(|l| l.configured == *a).map(|l| l.bound)).collect();
         Ok((log, bound))
+    }
+}
+
+/// One NVMe/RDMA port being listened on: its connection manager thread.
+struct RdmaListening {
+    configured: SocketAddr,
+    bound: SocketAddr,
+    /// Ends the thread's accept loop and every queue it accepted.
+    stop: watch::Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The NVMe/RDMA ports, added and removed while serving as the TCP ones
+/// are (`nvme_port_add`/`nvme_port_remove` with `"trtype": "rdma"`,
+/// SIGHUP), under the RDMA front-end's own admission limits.
+struct RdmaPorts {
+    open: Mutex<Vec<RdmaListening>>,
+    fabric: Arc<Fabric>,
+    admission: Arc<Admission>,
+    rt: tokio::runtime::Handle,
+    shutdown: Shutdown,
+}
+
+impl RdmaPorts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RdmaListening>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn open(&self, configured: SocketAddr, bound: SocketAddr, l: bw_rdma::Listener) -> anyhow::Result<()> {
+        let (stop, sd) = self.shutdown.child(&self.rt);
+        let thread = rdma::serve(l, self.fabric.clone(), self.admission.clone(), sd)?;
+        self.lock().push(RdmaListening { configured, bound, stop, thread });
+        Ok(())
+    }
+
+    /// As [`TcpPorts::reconcile`]: new addresses are bound first (a
+    /// failure changes nothing). A removed port's thread is waited for
+    /// (it looks at its stop every rdma.rs TICK), so its listener is
+    /// released before the answer and the address can be added again.
+    fn reconcile(&self, want: &[SocketAddr]) -> anyhow::Result<(Vec<String>, Vec<SocketAddr>)> {
+        let have: Vec<SocketAddr> = self.lock().iter().map(|l| l.configured).collect();
+        let mut added = Vec::new();
+        for a in want.iter().filter(|a| !have.contains(a)) {
+            let (l, bound) = rdma::bind(*a)?;
+            added.push((*a, bound, l));
+        }
+        let mut log = Vec::new();
+        for (a, bound, l) in added {
+            self.open(a, bound, l)?;
+            log.push(format!("nvme: rdma port {a} added (listening on {bound})"));
+        }
+        let removed: Vec<RdmaListening> = {
+            let mut open = self.lock();
+            let (keep, gone) = open.drain(..).partition(|l| want.contains(&l.configured));
+            *open = keep;
+            gone
+        };
+        for l in removed {
+            let _ = l.stop.send(true);
+            let _ = l.thread.join();
+            log.push(format!("nvme: rdma port {} removed, its connections closed", l.configured));
+        }
+        let open = self.lock();
+        let bound = want.iter().filter_map(|a| open.iter().find(|l| l.configured == *a).map(|l| l.bound)).collect();
+        Ok((log, bound))
+    }
+
+    /// At shutdown (which every thread watches): wait for them.
+    fn stop_all(&self) {
+        let all: Vec<RdmaListening> = self.lock().drain(..).collect();
+        for l in all {
+            let _ = l.stop.send(true);
+            let _ = l.thread.join();
+        }
     }
 }
