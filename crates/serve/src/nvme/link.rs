@@ -78,7 +78,10 @@ impl Link {
                 return Err(Refused { status: r.status, result: r.result });
             }
         };
-        log::debug!("{}: {}: queue {} of controller {} connected (sqsize {})", self.transport, self.peer, c.qid, e.cntlid, c.sqsize);
+        // With SQ flow control off, a successful read completes with its
+        // last C2HData PDU (SUCCESS flag) and no response capsule.
+        let sqflow = if c.cattr & fabrics::CATTR_DISABLE_SQFLOW != 0 { ", SQ flow control disabled" } else { "" };
+        log::debug!("{}: {}: queue {} of controller {} connected (sqsize {}{sqflow})", self.transport, self.peer, c.qid, e.cntlid, c.sqsize);
         // Every queue of a controller whose host has a secret authenticates.
         let auth = e.auth.as_ref().and_then(|a| Some(ControllerAuth::new(a.clone(), &e.hostnqn, &e.subsys.as_ref()?.nqn())));
         let must_authenticate = auth.is_some();
@@ -167,8 +170,8 @@ impl Link {
     }
 
     /// Count an I/O command in the queue's stats and start its timer (reads
-    /// and writes of a volume).
-    pub fn io_started(&mut self, sqe: &Sqe, volume: Option<&bw_block::Volume>) -> Option<IoTimer> {
+    /// and writes of a volume), which runs from `at`.
+    pub fn io_started(&mut self, sqe: &Sqe, volume: Option<&bw_block::Volume>, at: Instant) -> Option<IoTimer> {
         let op = match sqe.opcode() {
             nvm::READ => Op::Read,
             nvm::WRITE => Op::Write,
@@ -176,7 +179,7 @@ impl Link {
         };
         let len = bw_nvme::nvm_io::transfer_len(sqe);
         self.stats.count(op == Op::Write, len as u64);
-        volume.map(|v| self.meter.start(v.name(), op, len as usize))
+        volume.map(|v| self.meter.start_at(v.name(), op, len as usize, at))
     }
 
     /// A read or write ended.
