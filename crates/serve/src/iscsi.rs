@@ -418,6 +418,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         meter: Meter::new(Proto::Iscsi),
         stats,
         ending,
+        now: Instant::now(),
     };
     let r = match driver::run(&stream, &mut reader, &mut conn, &mut done_rx, &mut shutdown, &ctx.knobs).await {
         Exit::Closed(r) => r,
@@ -624,6 +625,9 @@ struct Connection {
     stats: Arc<SessionStats>,
     /// Set by a reinstatement, `session_disconnect` or an ACL change.
     ending: Arc<Ending>,
+    /// When the driver took the batch of PDUs being handled (I/O timers
+    /// start there).
+    now: Instant,
 }
 
 fn lun_number(lun_field: u64) -> u64 {
@@ -720,7 +724,7 @@ impl Connection {
             (Work::Data { .. }, false, true) => Some(Op::Write),
             _ => None,
         };
-        let io = op.zip(plan.volume()).map(|(op, v)| self.meter.start(v.name(), op, e.edtl as usize));
+        let io = op.zip(plan.volume()).map(|(op, v)| self.meter.start_at(v.name(), op, e.edtl as usize, self.now));
         if place == Place::Submit && self.submit(&plan, &e, io) {
             return;
         }
@@ -917,6 +921,7 @@ impl driver::Session for Connection {
             Err(e) => return Step::Close(Err(anyhow::anyhow!("bad PDU: {e}"))),
         };
         let bhs = pdu.bhs;
+        self.now = now;
         let mut actions = Vec::new();
         let r = self.session.on_pdu(pdu, now, &mut actions);
         if r.is_err() {

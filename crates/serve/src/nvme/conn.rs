@@ -57,6 +57,9 @@ struct Conn {
     local: Option<SocketAddr>,
     peer: SocketAddr,
     q: TargetQueue,
+    /// When the driver took the batch of PDUs being handled (I/O timers
+    /// start there).
+    now: Instant,
     out: Outbox,
     /// Completions from the blocking pool come back through here.
     done_tx: mpsc::UnboundedSender<Finished>,
@@ -97,6 +100,7 @@ pub async fn serve(
         local,
         peer,
         q: TargetQueue::new(cfg),
+        now: Instant::now(),
         out: Outbox::default(),
         done_tx,
         kill,
@@ -161,6 +165,7 @@ impl driver::Session for Conn {
             return Step::Close(Ok(()));
         }
         let was_logged_in = self.link.logged_in;
+        self.now = now;
         match self.q.receive(buf, now, self.out.buf_mut()) {
             Received::NeedMore => Step::NeedMore,
             Received::Pdu(None) => Step::Pdu,
@@ -299,14 +304,14 @@ impl Conn {
             Ok(r) => r,
             Err(st) => {
                 // Counted as the volume's failed I/O where there is one.
-                let timer = self.link.io_started(&sqe, sub.namespace(sqe.nsid()).map(|n| &n.volume));
+                let timer = self.link.io_started(&sqe, sub.namespace(sqe.nsid()).map(|n| &n.volume), self.now);
                 return self.finished(Finished { cid, done: IoDone { status: st, data: None }, io: timer });
             }
         };
         let volume = r.namespace(&sub).map(|n| &n.volume);
         let device = volume.map(|v| v.info());
         let work = work(&r, &sqe, device, self.knobs.zero_copy_min, self.q.digests().data);
-        let timer = self.link.io_started(&sqe, volume);
+        let timer = self.link.io_started(&sqe, volume, self.now);
         let place = dispatch::place(work, device, self.knobs.inline_max);
         if place == Place::Submit {
             match io::plan_resolved(&sub, &r, &sqe, &data) {

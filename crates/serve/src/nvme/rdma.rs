@@ -419,7 +419,7 @@ impl Conn {
             // Counted as the volume's failed I/O where there is one.
             Err(_) => sub.namespace(sqe.nsid()),
         };
-        let timer = self.link.io_started(&sqe, ns.map(|n| &n.volume));
+        let timer = self.link.io_started(&sqe, ns.map(|n| &n.volume), Instant::now());
         let done = match r {
             Ok(r) => io::execute_resolved(&sub, &r, &sqe, &data),
             Err(status) => io::IoDone { status, data: None },
