@@ -11,15 +11,17 @@
 //! - PDUs already in the receive buffer are handled before the socket is
 //!   read again (at high queue depth one read brings many commands);
 //! - the answers so far are sent after every [`Knobs::commands_per_send`]
-//!   commands taken from the buffer, so that the host works on them while
-//!   the target runs the rest: with host and target on separate CPUs,
-//!   answering a whole burst of 32 at once made the two take turns (NVMe/TCP
-//!   4 KiB random reads at QD32, 183k -> 268k IOPS answering every 8, target
-//!   sleeps per I/O 0.03 -> 0.002; docs/notes/2026-11-22-nvme-tcp-data-path.md,
-//!   Linux's target has the same budget, NVMET_TCP_RECV_BUDGET). Not when
-//!   the host is on this machine and its packets were last processed on our
-//!   CPU: there the two cannot overlap, and each early answer costs two
-//!   context switches (297k IOPS answering whole bursts, 238k every 8);
+//!   commands taken from the buffer, when set, so that the host works on
+//!   them while the target runs the rest (Linux's target has such a budget,
+//!   NVMET_TCP_RECV_BUDGET). It is off by default: answering every 8 once
+//!   won 183k -> 268k IOPS for NVMe/TCP 4 KiB reads at QD32 with host and
+//!   target on separate CPUs (docs/notes/2026-11-22-nvme-tcp-data-path.md),
+//!   but measured again on 2026-11-25 it bought nothing there and cost
+//!   12-15% more target CPU per I/O, and on the lab's veth link 10-60% more
+//!   for iSCSI (docs/notes/2026-11-25-nvme-datapath.md). Never when the host
+//!   is on this machine and its packets were last processed on our CPU:
+//!   there the two cannot overlap, and each early answer costs two context
+//!   switches (297k IOPS answering whole bursts, 238k every 8);
 //! - no new PDU is taken while [`OUT_HIGH`] bytes of answers wait in memory
 //!   (a host that sends commands but does not read cannot make us buffer
 //!   without bound); the socket is then only written;

@@ -121,7 +121,7 @@ impl Default for Tuning {
             iscsi_connection_threads: true,
             zero_copy_min: 32 * 1024,
             inline_max: 64 * 1024,
-            commands_per_send: 8,
+            commands_per_send: 0,
             tcp_congestion: Congestion::Auto,
             digest_impl: DigestImpl::Hw,
         }
@@ -162,8 +162,8 @@ mod tests {
     fn defaults_and_bounds() {
         let t = Tuning::default();
         assert!(t.validate().is_ok());
-        assert_eq!(t.commands_per_send(), 8);
-        assert_eq!(Tuning { commands_per_send: 0, ..t.clone() }.commands_per_send(), usize::MAX);
+        assert_eq!(t.commands_per_send(), usize::MAX);
+        assert_eq!(Tuning { commands_per_send: 8, ..t.clone() }.commands_per_send(), 8);
         assert!(Tuning {
             aoe_workers: 65,
             ..t.clone()

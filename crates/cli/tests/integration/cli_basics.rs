@@ -51,7 +51,7 @@ fn tuning_settings_come_from_file_and_flags() {
     );
     assert_eq!(
         (t["iscsi_connection_threads"].as_bool(), t["zero_copy_min"].as_u64(), t["inline_max"].as_u64(), t["commands_per_send"].as_u64()),
-        (Some(true), Some(32768), Some(65536), Some(8))
+        (Some(true), Some(32768), Some(65536), Some(0))
     );
     let mut args = base.to_vec();
     args.extend(["--config", cfg.to_str().unwrap(), "--iscsi-zero-copy-min", "1M", "--aoe-workers", "3", "--iscsi-connection-threads", "false", "--aoe-datapath", "packet"]);

@@ -354,7 +354,7 @@ fn a_second_login_with_the_same_isid_reinstates_the_session() {
 /// the shared runtime, every READ and WRITE on the blocking pool (its
 /// results come back to the connection task over a channel), zero-copy
 /// reads from 4 KiB on, answers sent after every command (under the former
-/// flag name) and only once the whole receive buffer is handled. Each must
+/// flag name) and after every 8. Each must
 /// still verify, digests on and off.
 #[test]
 fn iscsi_tuning_corners_verify() {
@@ -366,7 +366,7 @@ fn iscsi_tuning_corners_verify() {
             "0",
         ][..],
         &["--iscsi-zero-copy-min", "4k", "--iscsi-flush-every", "1"][..],
-        &["--commands-per-send", "0"][..],
+        &["--commands-per-send", "8"][..],
     ] {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
