@@ -135,12 +135,12 @@ struct ServeArgs {
     /// [tuning] Smallest iSCSI or NVMe/TCP READ sent with sendfile (bytes, or with K/M suffix).
     #[arg(long, alias = "iscsi-zero-copy-min", value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
     zero_copy_min: Option<usize>,
-    /// [tuning] Largest iSCSI READ/WRITE run on the connection's thread (bytes, or with K/M suffix).
-    #[arg(long, value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
-    iscsi_inline_max: Option<usize>,
-    /// [tuning] iSCSI PDUs handled in a row before answering (0: all buffered first).
-    #[arg(long, value_name = "N", help_heading = "Tuning")]
-    iscsi_flush_every: Option<usize>,
+    /// [tuning] Largest iSCSI or NVMe/TCP READ/WRITE copy run on the connection's thread (bytes, or with K/M suffix).
+    #[arg(long, alias = "iscsi-inline-max", value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
+    inline_max: Option<usize>,
+    /// [tuning] iSCSI or NVMe/TCP commands taken from the receive buffer before answering (0: all buffered first).
+    #[arg(long, alias = "iscsi-flush-every", value_name = "N", help_heading = "Tuning")]
+    commands_per_send: Option<usize>,
     /// [tuning] TCP congestion control of iSCSI and NVMe/TCP connections:
     /// auto (the system's, but not timer-paced BBR to a host on this
     /// machine), system, or an algorithm such as cubic.
@@ -577,8 +577,8 @@ fn effective_config(a: &ServeArgs) -> anyhow::Result<bw_serve::ServeConfig> {
     set_if(&mut t.aoe_datapath, a.aoe_datapath);
     set_if(&mut t.iscsi_connection_threads, a.iscsi_connection_threads);
     set_if(&mut t.zero_copy_min, a.zero_copy_min);
-    set_if(&mut t.iscsi_inline_max, a.iscsi_inline_max);
-    set_if(&mut t.iscsi_flush_every, a.iscsi_flush_every);
+    set_if(&mut t.inline_max, a.inline_max);
+    set_if(&mut t.commands_per_send, a.commands_per_send);
     set_if(&mut t.tcp_congestion, a.tcp_congestion.clone());
     if let Some(listen) = a.metrics {
         cfg.metrics = Some(bw_serve::config::MetricsConfig { listen });

@@ -43,15 +43,50 @@ pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
     resolve(subsys, sqe).map(|_| ())
 }
 
-/// The command's row and namespace, after [`precheck`]'s checks. The
-/// namespace is None only for a Flush of all namespaces. As in Linux
-/// nvmet, the namespace is checked before the opcode.
-pub fn resolve<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'static Command, Option<&'a Namespace>), Status> {
-    let row = command_table::lookup(QueueKind::Io, sqe.opcode());
-    if let Some(r) = row.filter(|r| r.ns == NsUse::ActiveOrAll && sqe.nsid() == 0xFFFF_FFFF) {
-        return Ok((r, None));
+/// An I/O command after its checks, resolved once: its command table row,
+/// its namespace (by index into the subsystem's, so that the value can go
+/// with the subsystem to another thread) and the extent it addresses. The
+/// front-ends decide from it where the command runs, and run it with
+/// [`execute_resolved`], [`plan_resolved`] or [`Resolved::read_extent`]
+/// without looking anything up again.
+#[derive(Debug, Clone, Copy)]
+pub struct Resolved {
+    pub row: &'static Command,
+    /// Index into `Subsystem::namespaces`; `None` only for a Flush of all
+    /// namespaces.
+    ns: Option<usize>,
+    /// Byte offset and length the command addresses (SLBA and NLB; the
+    /// commands that address no range ignore them).
+    pub offset: u64,
+    pub len: usize,
+}
+
+impl Resolved {
+    /// The command's namespace in `subsys` (the subsystem it was resolved in).
+    pub fn namespace<'a>(&self, subsys: &'a Subsystem) -> Option<&'a Namespace> {
+        self.ns.and_then(|i| subsys.namespaces.get(i))
     }
-    let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
+
+    /// A Read's volume and extent, for front-ends that move the bytes
+    /// themselves (straight into a send buffer, or with sendfile).
+    pub fn read_extent<'a>(&self, subsys: &'a Subsystem) -> Option<(&'a bw_block::Volume, u64, usize)> {
+        if self.row.opcode != nvm::READ {
+            return None;
+        }
+        self.namespace(subsys).map(|ns| (&ns.volume, self.offset, self.len))
+    }
+}
+
+/// The command's row, namespace and extent, after [`precheck`]'s checks.
+/// As in Linux nvmet, the namespace is checked before the opcode.
+pub fn resolve(subsys: &Subsystem, sqe: &Sqe) -> Result<Resolved, Status> {
+    let row = command_table::lookup(QueueKind::Io, sqe.opcode());
+    let (offset, len) = (sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT);
+    if let Some(r) = row.filter(|r| r.ns == NsUse::ActiveOrAll && sqe.nsid() == 0xFFFF_FFFF) {
+        return Ok(Resolved { row: r, ns: None, offset, len });
+    }
+    let i = subsys.namespaces.iter().position(|n| n.nsid == sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
+    let ns = &subsys.namespaces[i];
     if let Some(s) = subsys.ana.state().io_status() {
         return Err(s);
     }
@@ -59,7 +94,7 @@ pub fn resolve<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'static Command
     if let Handler::Io { check, .. } = row.handler {
         check(ns, sqe)?;
     }
-    Ok((row, Some(ns)))
+    Ok(Resolved { row, ns: Some(i), offset, len })
 }
 
 /// Read, Write and Compare: transfer within MDTS and the namespace, SGL
@@ -133,15 +168,14 @@ fn map_err(e: BlockError, write: bool) -> Status {
 }
 
 /// Where a Read command's data lives, after the checks [`execute`] makes:
-/// the volume, byte offset and length. For front-ends that move the bytes
-/// themselves (straight into a send buffer, or with sendfile).
+/// the volume, byte offset and length. (A front-end that has resolved the
+/// command already asks [`Resolved::read_extent`].)
 pub fn read_extent<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'a bw_block::Volume, u64, usize), Status> {
     if sqe.opcode() != nvm::READ {
         return Err(Status::INVALID_OPCODE.dnr());
     }
-    precheck(subsys, sqe)?;
-    let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
-    Ok((&ns.volume, sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT))
+    let r = resolve(subsys, sqe)?;
+    r.read_extent(subsys).ok_or(Status::INVALID_NS.dnr())
 }
 
 /// The status for a failed read of a volume.
@@ -167,16 +201,23 @@ pub enum Plan {
 /// that start requests and complete them later (volumes with
 /// `DeviceInfo::async_submit`). The checks are [`execute`]'s.
 pub fn plan(subsys: &Subsystem, sqe: &Sqe, data: &Bytes) -> Plan {
-    let op = sqe.opcode();
+    match resolve(subsys, sqe) {
+        Ok(r) => plan_resolved(subsys, &r, sqe, data),
+        Err(s) if matches!(sqe.opcode(), nvm::READ | nvm::WRITE) => Plan::Done(s),
+        Err(_) => Plan::Execute,
+    }
+}
+
+/// [`plan`] of a command [`resolve`]d already.
+pub fn plan_resolved(subsys: &Subsystem, r: &Resolved, sqe: &Sqe, data: &Bytes) -> Plan {
+    let op = r.row.opcode;
     if op != nvm::READ && op != nvm::WRITE {
         return Plan::Execute;
     }
-    let ns = match resolve(subsys, sqe) {
-        Ok((_, Some(ns))) => ns,
-        Ok((_, None)) => return Plan::Done(Status::INVALID_NS.dnr()),
-        Err(s) => return Plan::Done(s),
+    let Some(ns) = r.namespace(subsys) else {
+        return Plan::Done(Status::INVALID_NS.dnr());
     };
-    let (offset, len) = (sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT);
+    let (offset, len) = (r.offset, r.len);
     let request = if op == nvm::READ {
         bw_block::Request::read(offset, len)
     } else {
@@ -206,9 +247,16 @@ pub fn submitted(req: bw_block::Request, r: Result<(), BlockError>) -> IoDone {
 /// Run one I/O command. `data` is what the host sent (writes, compare, DSM).
 pub fn execute(subsys: &Subsystem, sqe: &Sqe, data: &[u8]) -> IoDone {
     match resolve(subsys, sqe) {
-        Ok((Command { handler: Handler::Io { run, .. }, .. }, ns)) => run(subsys, ns, sqe, data),
-        Ok(_) => IoDone::err(Status::INVALID_OPCODE.dnr()),
+        Ok(r) => execute_resolved(subsys, &r, sqe, data),
         Err(s) => IoDone::err(s),
+    }
+}
+
+/// [`execute`] a command [`resolve`]d already (in this `subsys`).
+pub fn execute_resolved(subsys: &Subsystem, r: &Resolved, sqe: &Sqe, data: &[u8]) -> IoDone {
+    match r.row.handler {
+        Handler::Io { run, .. } => run(subsys, r.namespace(subsys), sqe, data),
+        _ => IoDone::err(Status::INVALID_OPCODE.dnr()),
     }
 }
 
@@ -405,6 +453,36 @@ mod tests {
         assert_eq!(done(plan(&s, &rw(nvm::READ, 9, 0, 1), &Bytes::new())), Status::INVALID_NS.dnr());
         s.ana.set_state(crate::ana::AnaState::Inaccessible);
         assert_eq!(done(plan(&s, &rw(nvm::READ, 1, 0, 1), &Bytes::new())), Status::ANA_INACCESSIBLE);
+    }
+
+    /// resolve: one lookup of the row and the namespace, carried with the
+    /// extent; the resolved paths give the unresolved ones' outcomes.
+    #[test]
+    fn resolved_once_carries_row_namespace_and_extent() {
+        let s = subsys();
+        let data = vec![0x7Eu8; 1024];
+        let w = rw(nvm::WRITE, 1, 6, 2);
+        let r = resolve(&s, &w).unwrap();
+        assert_eq!((r.row.opcode, r.namespace(&s).map(|n| n.nsid), r.offset, r.len), (nvm::WRITE, Some(1), 6 * 512, 1024));
+        assert!(r.read_extent(&s).is_none(), "a write has no read extent");
+        assert_eq!(execute_resolved(&s, &r, &w, &data).status, Status::SUCCESS);
+        let rd = rw(nvm::READ, 1, 6, 2);
+        let r = resolve(&s, &rd).unwrap();
+        let (v, off, len) = r.read_extent(&s).unwrap();
+        assert_eq!((v.name(), off, len), ("v", 6 * 512, 1024));
+        assert_eq!(execute_resolved(&s, &r, &rd, &[]).data.unwrap()[..], data[..]);
+        assert_eq!(read_extent(&s, &rd).map(|(_, o, l)| (o, l)), Ok((6 * 512, 1024)));
+        // The second namespace: the index is its own, not the first's.
+        let r = resolve(&s, &rw(nvm::READ, 2, 0, 1)).unwrap();
+        assert_eq!(r.namespace(&s).map(|n| n.nsid), Some(2));
+        assert!(matches!(plan_resolved(&s, &r, &rw(nvm::READ, 2, 0, 1), &Bytes::new()), Plan::Submit { .. }));
+        // Flush of all namespaces: no namespace, and execute flushes them all.
+        let mut fl = Sqe::new(nvm::FLUSH, 1, 0xFFFF_FFFF);
+        fl.set_sgl(Sgl { addr: 0, length: 0, kind: sgl::TRANSPORT });
+        let r = resolve(&s, &fl).unwrap();
+        assert!(r.namespace(&s).is_none());
+        assert_eq!(execute_resolved(&s, &r, &fl, &[]).status, Status::SUCCESS);
+        assert_eq!(resolve(&s, &rw(nvm::READ, 1, 63, 2)).unwrap_err(), Status::LBA_RANGE.dnr());
     }
 
     #[test]

@@ -127,7 +127,7 @@ mod ua;
 
 pub use alua::{AluaState, PortGroup};
 pub use inquiry::naa_designator;
-pub use plan::{io_outcome, IoPlan, Plan, ReadPlan};
+pub use plan::{io_outcome, IoPlan, Plan, Planned, ReadPlan};
 
 /// The most data-out any command accepts, in bytes: a WRITE of the
 /// MAXIMUM TRANSFER LENGTH in the Block Limits VPD page (parameter lists and

@@ -67,6 +67,22 @@ pub fn io_outcome(r: &Result<(), bw_block::BlockError>, write: bool) -> ScsiOutc
     }
 }
 
+/// A [`Plan`] without its borrows ([`Plan::detach`]), to take to another
+/// thread together with the target and the CDB it was made from, where
+/// [`Planned::attach`] makes it a plan again without looking the command
+/// or the LUN up a second time.
+pub struct Planned {
+    lun: Option<std::sync::Arc<Lun>>,
+    found: Lookup,
+}
+
+impl Planned {
+    /// The plan again, over the same `target` and `cdb` it was made from.
+    pub fn attach<'a>(self, target: &'a ScsiTarget, cdb: &'a [u8]) -> Plan<'a> {
+        Plan { target, lun: self.lun, cdb, found: self.found }
+    }
+}
+
 impl ScsiTarget {
     /// Look `cdb` up once, for `lun`; ask the plan the rest.
     pub fn plan<'a>(&'a self, lun: u64, cdb: &'a [u8]) -> Plan<'a> {
@@ -80,6 +96,11 @@ impl ScsiTarget {
 }
 
 impl<'a> Plan<'a> {
+    /// What the plan found, without its borrows (see [`Planned`]).
+    pub fn detach(self) -> Planned {
+        Planned { lun: self.lun, found: self.found }
+    }
+
     /// The command's row, if supported and the CDB is long enough for it.
     fn row(&self) -> Option<&'static commands::Command> {
         match self.found {

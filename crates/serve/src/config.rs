@@ -63,8 +63,8 @@
 //! aoe_datapath = "auto"              # "xdp" (AF_XDP), "packet" (AF_PACKET); auto: AF_XDP where it works
 //! iscsi_connection_threads = true    # false: connections as tasks on the shared runtime
 //! zero_copy_min = 32768              # smallest READ sent with sendfile
-//! iscsi_inline_max = 65536           # largest READ/WRITE run on the connection's thread
-//! iscsi_flush_every = 0              # PDUs in a row before answering; 0: all buffered first
+//! inline_max = 65536                 # largest iSCSI/NVMe-TCP READ/WRITE copy run on the connection's thread
+//! commands_per_send = 0              # commands taken before the answers so far are sent; 0: all buffered first
 //! tcp_congestion = "auto"            # "system", or an algorithm ("cubic"); auto: no BBR to this machine
 //! digest_impl = "hw"                 # CRC32C digests: "hw" (CPU instruction) or "soft" (portable tables)
 //!

@@ -2,8 +2,9 @@
 //! via `bw_iscsi::target_login`, full feature phase via
 //! `bw_iscsi::target_session`, SCSI commands executed by `bw_scsi`.
 //!
-//! One concurrency model, the NVMe/TCP front-end's: the connection's task
-//! owns its session state outright and is the only one to touch it.
+//! One concurrency model and one connection driver ([`crate::driver`]),
+//! the NVMe/TCP front-end's: the connection's task owns its session state
+//! outright and is the only one to touch it.
 //! Commands that never wait for a device, and small READs and WRITEs, run
 //! on that task; READs and WRITEs of volumes that complete requests on
 //! their own threads (rbd) are submitted from the task, and the backend's
@@ -18,6 +19,7 @@
 use crate::accept::{Accepted, Acceptor, Threading};
 use crate::config::{IscsiConfig, IscsiTarget};
 use crate::dispatch::{self, Place, Work};
+use crate::driver::{self, Exit, Knobs, Step};
 use crate::metrics::{self, IoTimer, Meter, Op, Proto};
 use crate::framing::{FrameReader, Framing, Growth};
 use crate::limits::{Admission, Limits, SessionKind, Ticket};
@@ -38,14 +40,15 @@ use bw_scsi::commands::Execution;
 use bw_scsi::{AluaState, IoPlan, LunConfig, Plan, PortGroup, ReadPlan, ScsiTarget};
 use crate::session::{SessionInfo, SessionStats};
 use arc_swap::ArcSwap;
+use bytes::BytesMut;
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 
 /// Commands one session may have outstanding (MaxCmdSN window).
@@ -55,14 +58,6 @@ pub const QUEUE_DEPTH: u32 = 128;
 const NOP_INTERVAL: Duration = Duration::from_secs(15);
 /// Largest data segment accepted during login.
 const LOGIN_MAX_DATA: usize = 64 * 1024;
-
-/// The per-connection knobs of `[tuning]`.
-#[derive(Debug, Clone, Copy)]
-struct Knobs {
-    inline_max: usize,
-    zero_copy_min: usize,
-    flush_every: usize,
-}
 
 /// (initiator name, ISID, target name): what identifies an iSCSI session.
 type SessionKey = (String, [u8; 6], String);
@@ -283,11 +278,7 @@ pub async fn start(
         next_tsih: AtomicU16::new(1),
         next_nexus: AtomicU64::new(1),
         admission: admission.clone(),
-        knobs: Knobs {
-            inline_max: tuning.iscsi_inline_max,
-            zero_copy_min: tuning.zero_copy_min,
-            flush_every: tuning.iscsi_flush_every(),
-        },
+        knobs: Knobs::from(tuning),
         sessions: Mutex::new(HashMap::new()),
     });
     let mut listeners = Vec::new();
@@ -372,11 +363,11 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let published = ctx.published.load_full();
     let local = local.context("no local address")?;
     let _counted = metrics::global().connection(Proto::Iscsi);
-    let (mut rd, mut wr) = stream.into_split();
+    let mut stream = stream;
     let mut reader = FrameReader::with_capacity(256 * 1024);
     let mut dec = Decoder::new(LOGIN_MAX_DATA);
     let mut out = Outbox::default();
-    let Some(res) = login(&ctx, &published.login, &mut ticket, (&mut rd, &mut wr), &mut reader, &dec, &mut out).await? else {
+    let Some(res) = login(&ctx, &published.login, &mut ticket, &mut stream, &mut reader, &dec, &mut out).await? else {
         return Ok(());
     };
     let _session = res
@@ -385,8 +376,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let discovery_idle = (res.session_type == SessionType::Discovery)
         .then(|| ctx.admission.limits().discovery_idle_timeout());
     if discovery_idle.is_none() {
-        let stream = ticket.own_thread(rd.reunite(wr)?).await?;
-        (rd, wr) = stream.into_split();
+        stream = ticket.own_thread(stream).await?;
     }
     let digests = Digests {
         header: res.params.header_digest,
@@ -399,7 +389,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         idle_limit: discovery_idle,
     };
     let session = full_feature_session(&ctx, &published.login, &res, local, digests)
-        .with_timers(timers, std::time::Instant::now());
+        .with_timers(timers, Instant::now());
     let scsi = res.target.map(|i| published.targets[i].clone());
     let nexus = ctx.next_nexus.fetch_add(1, Ordering::Relaxed);
     if let Some(s) = &scsi {
@@ -415,34 +405,32 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     if let Some(k) = &key {
         reinstate(&ctx, k, SessionEntry { nexus, ending: ending.clone(), peer, stats: stats.clone() });
     }
-    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let mut conn = Connection {
         session,
         scsi: scsi.clone(),
         nexus,
         digests,
+        dec,
         knobs: ctx.knobs,
         out,
         done_tx,
         meter: Meter::new(Proto::Iscsi),
         stats,
+        ending,
+        now: Instant::now(),
     };
-    let mut io = ConnIo {
-        rd,
-        wr,
-        done_rx,
-        reader,
-        dec,
+    let r = match driver::run(&stream, &mut reader, &mut conn, &mut done_rx, &mut shutdown, &ctx.knobs).await {
+        Exit::Closed(r) => r,
+        Exit::Returned => Ok(()),
     };
-    let r = conn.full_feature(&mut io, &mut shutdown, &ending).await;
     if let Some(k) = &key {
         let mut map = ctx.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if map.get(k).is_some_and(|e| e.nexus == nexus) {
             map.remove(k);
         }
     }
-    let _ = conn.out.drain(io.wr.as_ref()).await;
-    let _ = io.wr.shutdown().await;
+    driver::close(stream, &mut conn.out).await;
     if let Some(s) = &scsi {
         s.nexus_gone(nexus);
     }
@@ -455,7 +443,7 @@ async fn login(
     ctx: &Ctx,
     targets: &LoginConfig,
     ticket: &mut Ticket,
-    (rd, wr): (&mut OwnedReadHalf, &mut OwnedWriteHalf),
+    stream: &mut TcpStream,
     reader: &mut FrameReader,
     dec: &Decoder,
     out: &mut Outbox,
@@ -470,7 +458,7 @@ async fn login(
     let mut login =
         TargetLogin::new(targets, tsih, chap_entropy()?).with_deadline(std::time::Instant::now() + login_timeout);
     loop {
-        let next = reader.next(rd, dec, |b| dec.decode(b));
+        let next = reader.next(&mut *stream, dec, |b| dec.decode(b));
         let pdu = match login.poll_timeout() {
             Some(deadline) => match tokio::time::timeout_at(deadline.into(), next).await {
                 Ok(r) => r?,
@@ -494,13 +482,13 @@ async fn login(
             if !ticket.begin_session(kind) {
                 resp = login.refuse(&pdu, bw_iscsi::msg::login_status::OUT_OF_RESOURCES);
                 push_pdu(out, &resp, Digests::default());
-                out.drain(wr.as_ref()).await?;
+                out.drain(stream).await?;
                 log::warn!("iSCSI login refused: the {kind:?} session pool is full ({})", kind.knob());
                 return Ok(None);
             }
         }
         push_pdu(out, &resp, Digests::default());
-        out.drain(wr.as_ref()).await?;
+        out.drain(stream).await?;
         match step {
             LoginStep::Continue => {}
             LoginStep::Complete => break,
@@ -625,6 +613,8 @@ struct Connection {
     nexus: u64,
     /// Zero-copy Data-In needs no data digest (it would need the bytes).
     digests: Digests,
+    /// Full feature phase framing (the negotiated digests and data length).
+    dec: Decoder,
     knobs: Knobs,
     /// What to send, in the order the session produced it.
     out: Outbox,
@@ -633,15 +623,11 @@ struct Connection {
     meter: Meter,
     /// Reads and writes, for `session_list`.
     stats: Arc<SessionStats>,
-}
-
-/// The socket side of one connection.
-struct ConnIo {
-    rd: OwnedReadHalf,
-    wr: OwnedWriteHalf,
-    done_rx: mpsc::UnboundedReceiver<Done>,
-    reader: FrameReader,
-    dec: Decoder,
+    /// Set by a reinstatement, `session_disconnect` or an ACL change.
+    ending: Arc<Ending>,
+    /// When the driver took the batch of PDUs being handled (I/O timers
+    /// start there).
+    now: Instant,
 }
 
 fn lun_number(lun_field: u64) -> u64 {
@@ -672,17 +658,26 @@ fn work(plan: &Plan<'_>, e: &Exec, knobs: &Knobs, digests: Digests) -> Work {
 }
 
 impl Connection {
-    /// Queue the PDUs a session call produced. `false` once the session
-    /// asks to close.
+    /// Queue the PDUs a session call produced and run the commands it
+    /// released. `false` once the session asks to close.
     fn act(&mut self, actions: Vec<Action>) -> bool {
+        self.act_counting(actions).0
+    }
+
+    /// [`Connection::act`], also returning how many commands it ran.
+    fn act_counting(&mut self, actions: Vec<Action>) -> (bool, usize) {
         let mut keep_going = true;
+        let mut commands = 0;
         for a in actions {
             match a {
                 Action::Send(p) => push_pdu(&mut self.out, &p, self.digests),
                 // Only complete_extent makes these, and its callers handle them.
                 Action::SendExtent { .. } => {}
                 Action::Close => keep_going = false,
-                Action::Execute(e) => self.execute(e),
+                Action::Execute(e) => {
+                    commands += 1;
+                    self.execute(e)
+                }
                 Action::LunReset { itt, lun } => {
                     let ok = self
                         .scsi
@@ -710,7 +705,7 @@ impl Connection {
                 }
             }
         }
-        keep_going
+        (keep_going, commands)
     }
 
     /// Run a command where [`dispatch::place`] says.
@@ -729,7 +724,7 @@ impl Connection {
             (Work::Data { .. }, false, true) => Some(Op::Write),
             _ => None,
         };
-        let io = op.zip(plan.volume()).map(|(op, v)| self.meter.start(v.name(), op, e.edtl as usize));
+        let io = op.zip(plan.volume()).map(|(op, v)| self.meter.start_at(v.name(), op, e.edtl as usize, self.now));
         if place == Place::Submit && self.submit(&plan, &e, io) {
             return;
         }
@@ -752,8 +747,11 @@ impl Connection {
             return self.finished(Done { io, ..d });
         }
         let (tx, nexus) = (self.done_tx.clone(), self.nexus);
+        // The plan goes along, without its borrows: the pool thread looks
+        // neither the command nor the LUN up again.
+        let planned = plan.detach();
         tokio::task::spawn_blocking(move || {
-            let plan = scsi.plan(lun_number(e.lun), &e.cdb);
+            let plan = planned.attach(&scsi, &e.cdb);
             let _ = tx.send(Done { io, ..run_command(&plan, nexus, &e) });
         });
     }
@@ -901,76 +899,76 @@ impl Connection {
         self.act(rest);
         true
     }
+}
 
-    async fn full_feature(
-        &mut self,
-        io: &mut ConnIo,
-        shutdown: &mut Shutdown,
-        ending: &Ending,
-    ) -> anyhow::Result<()> {
-        loop {
-            // Handle every PDU already buffered, then send what that produced.
-            let mut open = true;
-            let mut handled = 0usize;
-            while open {
-                let pdu = match io.dec.decode(io.reader.buf()) {
-                    Ok(Some(p)) => p,
-                    Ok(None) => break,
-                    Err(e) => anyhow::bail!("bad PDU: {e}"),
-                };
-                let bhs = pdu.bhs;
-                let mut actions = Vec::new();
-                let r = self.session.on_pdu(pdu, std::time::Instant::now(), &mut actions);
-                if r.is_err() {
-                    actions.push(Action::Send(
-                        self.session
-                            .reject(&bhs, bw_iscsi::msg::reject_reason::PROTOCOL_ERROR),
-                    ));
-                }
-                open = self.act(actions);
-                if let Err(e) = r {
-                    let _ = self.out.drain(io.wr.as_ref()).await;
-                    anyhow::bail!("{e}");
-                }
-                handled += 1;
-                if handled.is_multiple_of(self.knobs.flush_every) && open {
-                    // Answer part of a long burst now: the initiator works on
-                    // these while we run the rest.
-                    self.out.drain(io.wr.as_ref()).await?;
-                }
-            }
-            while let Ok(d) = io.done_rx.try_recv() {
-                self.finished(d);
-            }
-            self.out.drain(io.wr.as_ref()).await?;
-            if !open {
-                // Whatever was queued before the close has been written.
-                return Ok(());
-            }
-            let timeout = self.session.poll_timeout();
-            let far = std::time::Instant::now() + Duration::from_secs(3600);
-            tokio::select! {
-                r = io.reader.fill(&mut io.rd, &io.dec) => {
-                    if r? == 0 {
-                        return Ok(());
-                    }
-                }
-                Some(d) = io.done_rx.recv() => self.finished(d),
-                why = ending.wait() => anyhow::bail!("{why}"),
-                _ = tokio::time::sleep_until(timeout.unwrap_or(far).into()), if timeout.is_some() => {
-                    let mut actions = Vec::new();
-                    let r = self.session.handle_timeout(std::time::Instant::now(), &mut actions);
-                    self.act(actions);
-                    r?;
-                }
-                _ = shutdown.wait() => {
-                    let p = self.session.async_drop_all(2);
-                    push_pdu(&mut self.out, &p, self.digests);
-                    let _ = self.out.drain(io.wr.as_ref()).await;
-                    return Ok(());
-                }
-            }
+impl driver::Session for Connection {
+    type Done = Done;
+    /// Why the session was told to end.
+    type Signal = &'static str;
+
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.out
+    }
+
+    fn fill(&self, reader: &mut FrameReader, stream: &TcpStream) -> std::io::Result<usize> {
+        reader.try_fill(stream, &self.dec)
+    }
+
+    fn receive(&mut self, buf: &mut BytesMut, now: Instant) -> Step {
+        let pdu = match self.dec.decode(buf) {
+            Ok(Some(p)) => p,
+            Ok(None) => return Step::NeedMore,
+            Err(e) => return Step::Close(Err(anyhow::anyhow!("bad PDU: {e}"))),
+        };
+        let bhs = pdu.bhs;
+        self.now = now;
+        let mut actions = Vec::new();
+        let r = self.session.on_pdu(pdu, now, &mut actions);
+        if r.is_err() {
+            actions.push(Action::Send(self.session.reject(&bhs, bw_iscsi::msg::reject_reason::PROTOCOL_ERROR)));
         }
+        let (open, commands) = self.act_counting(actions);
+        match r {
+            // The reject goes out with what was queued before it.
+            Err(e) => Step::Close(Err(anyhow::anyhow!("{e}"))),
+            // Whatever was queued before the close is sent first.
+            Ok(()) if !open => Step::Close(Ok(())),
+            Ok(()) if commands > 0 => Step::Command,
+            Ok(()) => Step::Pdu,
+        }
+    }
+
+    fn complete(&mut self, d: Done) {
+        self.finished(d);
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.session.poll_timeout()
+    }
+
+    fn handle_timeout(&mut self, now: Instant) -> Step {
+        let mut actions = Vec::new();
+        let r = self.session.handle_timeout(now, &mut actions);
+        let open = self.act(actions);
+        match r {
+            Err(e) => Step::Close(Err(e.into())),
+            Ok(()) if !open => Step::Close(Ok(())),
+            Ok(()) => Step::Pdu,
+        }
+    }
+
+    fn signal(&self) -> impl Future<Output = &'static str> + Send + 'static {
+        let ending = self.ending.clone();
+        async move { ending.wait().await }
+    }
+
+    fn on_signal(&mut self, why: &'static str) -> Step {
+        Step::Close(Err(anyhow::anyhow!("{why}")))
+    }
+
+    fn on_shutdown(&mut self) {
+        let p = self.session.async_drop_all(2);
+        push_pdu(&mut self.out, &p, self.digests);
     }
 }
 

@@ -6,6 +6,7 @@ pub mod aoe;
 pub mod config;
 pub mod control;
 pub mod dispatch;
+pub mod driver;
 pub mod framing;
 pub mod iscsi;
 pub mod limits;

@@ -32,12 +32,18 @@ pub struct Tuning {
     /// former name, `iscsi_zero_copy_min`.
     #[serde(alias = "iscsi_zero_copy_min")]
     pub zero_copy_min: usize,
-    /// Largest iSCSI READ/WRITE, in bytes, run on the connection's thread;
-    /// bigger ones go to the blocking pool.
-    pub iscsi_inline_max: usize,
-    /// iSCSI PDUs handled in a row before the answers queued so far are
-    /// sent (0: every PDU already received first; measured no clear gain).
-    pub iscsi_flush_every: usize,
+    /// Largest READ/WRITE copy, in bytes, that iSCSI and NVMe/TCP run on
+    /// the connection's thread; bigger ones go to the blocking pool (reads
+    /// sent with sendfile copy nothing and always run there). Also read
+    /// under its former name, `iscsi_inline_max`.
+    #[serde(alias = "iscsi_inline_max")]
+    pub inline_max: usize,
+    /// Commands iSCSI and NVMe/TCP take from a connection's receive buffer
+    /// before the answers so far are sent (0: every command already
+    /// received first); see `crate::driver`. Also read under its former
+    /// name, `iscsi_flush_every`, which counted iSCSI PDUs.
+    #[serde(alias = "iscsi_flush_every")]
+    pub commands_per_send: usize,
     /// TCP congestion control of iSCSI and NVMe/TCP connections: "auto"
     /// (the system's, but no timer-paced BBR towards a host on this
     /// machine; see `bw_net::tcp`), "system", or an algorithm's name.
@@ -114,8 +120,8 @@ impl Default for Tuning {
             aoe_datapath: Datapath::Auto,
             iscsi_connection_threads: true,
             zero_copy_min: 32 * 1024,
-            iscsi_inline_max: 64 * 1024,
-            iscsi_flush_every: 0,
+            inline_max: 64 * 1024,
+            commands_per_send: 0,
             tcp_congestion: Congestion::Auto,
             digest_impl: DigestImpl::Hw,
         }
@@ -139,9 +145,9 @@ impl Tuning {
         Ok(())
     }
 
-    /// [`Tuning::iscsi_flush_every`] as a count (0: never in the middle).
-    pub fn iscsi_flush_every(&self) -> usize {
-        match self.iscsi_flush_every {
+    /// [`Tuning::commands_per_send`] as a count (0: never in the middle).
+    pub fn commands_per_send(&self) -> usize {
+        match self.commands_per_send {
             0 => usize::MAX,
             n => n,
         }
@@ -156,7 +162,8 @@ mod tests {
     fn defaults_and_bounds() {
         let t = Tuning::default();
         assert!(t.validate().is_ok());
-        assert_eq!(t.iscsi_flush_every(), usize::MAX);
+        assert_eq!(t.commands_per_send(), usize::MAX);
+        assert_eq!(Tuning { commands_per_send: 8, ..t.clone() }.commands_per_send(), 8);
         assert!(Tuning {
             aoe_workers: 65,
             ..t.clone()
@@ -173,7 +180,7 @@ mod tests {
         assert_eq!(
             (
                 toml.aoe_fanout,
-                toml.iscsi_inline_max,
+                toml.inline_max,
                 toml.zero_copy_min
             ),
             (AoeFanout::Cpu, 4096, 32 * 1024)
@@ -187,6 +194,10 @@ mod tests {
         assert_eq!(cc.tcp_congestion, Congestion::Named("cubic".into()));
         let old: Tuning = toml::from_str("iscsi_zero_copy_min = 4096").unwrap();
         assert_eq!(old.zero_copy_min, 4096, "the former name still works");
+        let old: Tuning = toml::from_str("iscsi_flush_every = 1").unwrap();
+        assert_eq!(old.commands_per_send(), 1, "the former name still works");
+        let new: Tuning = toml::from_str("inline_max = 8192").unwrap();
+        assert_eq!(new.inline_max, 8192);
         assert!(toml::from_str::<Tuning>("tcp_congestion = \"no such\"").is_err());
         assert!(
             toml::from_str::<Tuning>("aoe_wrokers = 2").is_err(),

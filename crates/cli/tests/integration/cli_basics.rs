@@ -50,14 +50,14 @@ fn tuning_settings_come_from_file_and_flags() {
         (Some(0), Some(0), Some("round-robin"), Some("auto"))
     );
     assert_eq!(
-        (t["iscsi_connection_threads"].as_bool(), t["zero_copy_min"].as_u64(), t["iscsi_inline_max"].as_u64()),
-        (Some(true), Some(32768), Some(65536))
+        (t["iscsi_connection_threads"].as_bool(), t["zero_copy_min"].as_u64(), t["inline_max"].as_u64(), t["commands_per_send"].as_u64()),
+        (Some(true), Some(32768), Some(65536), Some(0))
     );
     let mut args = base.to_vec();
     args.extend(["--config", cfg.to_str().unwrap(), "--iscsi-zero-copy-min", "1M", "--aoe-workers", "3", "--iscsi-connection-threads", "false", "--aoe-datapath", "packet"]);
     let set: serde_json::Value = serde_json::from_str(&blockwire_ok(None, &args)).expect("JSON config");
     let t = &set["tuning"];
-    assert_eq!((t["aoe_fanout"].as_str(), t["iscsi_inline_max"].as_u64()), (Some("cpu"), Some(8192)), "from the file");
+    assert_eq!((t["aoe_fanout"].as_str(), t["inline_max"].as_u64()), (Some("cpu"), Some(8192)), "from the file (its former name)");
     assert_eq!((t["zero_copy_min"].as_u64(), t["aoe_workers"].as_u64()), (Some(1 << 20), Some(3)), "from flags");
     assert_eq!((t["iscsi_connection_threads"].as_bool(), t["aoe_datapath"].as_str()), (Some(false), Some("packet")));
     for (bad, needle) in [

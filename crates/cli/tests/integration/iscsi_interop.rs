@@ -353,7 +353,8 @@ fn a_second_login_with_the_same_isid_reinstates_the_session() {
 /// The other tuning corners of the iSCSI front-end: connections as tasks on
 /// the shared runtime, every READ and WRITE on the blocking pool (its
 /// results come back to the connection task over a channel), zero-copy
-/// reads from 4 KiB on, and an answer flush after every PDU. Each must
+/// reads from 4 KiB on, answers sent after every command (under the former
+/// flag name) and after every 8. Each must
 /// still verify, digests on and off.
 #[test]
 fn iscsi_tuning_corners_verify() {
@@ -361,10 +362,11 @@ fn iscsi_tuning_corners_verify() {
         &[
             "--iscsi-connection-threads",
             "false",
-            "--iscsi-inline-max",
+            "--inline-max",
             "0",
         ][..],
         &["--iscsi-zero-copy-min", "4k", "--iscsi-flush-every", "1"][..],
+        &["--commands-per-send", "8"][..],
     ] {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");

@@ -1,5 +1,6 @@
 //! The Linux nvme-tcp host (a real Debian kernel under qemu) against
-//! `blockwire serve`: connect with and without digests, O_DIRECT 8 MiB
+//! `blockwire serve`: connect with and without digests, with SQ flow
+//! control disabled (reads completed by C2HData SUCCESS), O_DIRECT 8 MiB
 //! write/read/compare, ext4 + e2fsck, disconnect, a host NQN outside the
 //! allow list refused, the discovery controller; all in one boot
 //! (tests/kernel-vm/nvme.sh). Then our own discovery client reads the same
@@ -32,7 +33,8 @@ allowed_hosts = ["{HOSTNQN}"]
 "#,
         dir.path().display()
     );
-    let mut serve = Serve::with_config(&dir, &cfg, &["-v"]);
+    // -vv: the queues' connect lines say whether the host disabled SQ flow control.
+    let mut serve = Serve::with_config(&dir, &cfg, &["-vv"]);
     let script = dir.path().join("nvme.sh");
     let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme.sh")).unwrap();
     std::fs::write(&script, format!("PORT={port}\nDPORT={dport}\nNQN={NQN}\nHOSTNQN={HOSTNQN}\nBADNQN={BADNQN}\n{body}")).unwrap();
@@ -40,6 +42,8 @@ allowed_hosts = ["{HOSTNQN}"]
     for step in [
         "NVME-OK: no-digest O_DIRECT 8 MiB write/read/compare",
         "NVME-OK: disconnect (no digests)",
+        "NVME-OK: disable_sqflow O_DIRECT 8 MiB write/read/compare",
+        "NVME-OK: disable_sqflow,data_digest O_DIRECT 8 MiB write/read/compare",
         "NVME-OK: digest O_DIRECT 8 MiB write/read/compare",
         "NVME-OK: ext4 mkfs/mount/write/e2fsck clean",
         "NVME-OK: disconnect (digests)",
@@ -57,6 +61,13 @@ allowed_hosts = ["{HOSTNQN}"]
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(serve.log_text().contains(&needle), "refusal not logged:\n{}", serve.log_text());
+    // The Linux host did disable SQ flow control on its I/O queues, so the
+    // reads above completed with C2HData SUCCESS and no response capsule.
+    assert!(
+        serve.log_text().lines().any(|l| l.contains("queue 1 of controller") && l.contains("SQ flow control disabled")),
+        "no I/O queue connected with SQ flow control disabled:\n{}",
+        serve.log_text()
+    );
     // The kernel connected the discovery controller; our client reads its log.
     let out = blockwire_ok(None, &["nvme", "discover", &format!("127.0.0.1:{dport}"), "--initiator-name", HOSTNQN]);
     assert!(out.contains(NQN) && out.contains(&port.to_string()), "discovery log does not list the subsystem:\n{out}");

@@ -317,9 +317,17 @@ async fn write_loop(mut wr: OwnedWriteHalf, sh: Arc<Shared>) {
 /// to the caller's buffer instead).
 const READ_CHUNK: u64 = 64 * 1024;
 
-/// Most bytes a payload read waits for before the socket wakes us: a whole
-/// MDTS-sized payload, so one wakeup per 1 MiB read (docs/notes/2026-11-22-nvme-tcp-data-path.md).
-const RCVLOWAT_MAX: usize = 1 << 20;
+/// Most bytes a payload read waits for before the socket wakes us. A whole
+/// 1 MiB payload (one wakeup per read, docs/notes/2026-11-22-nvme-tcp-data-path.md)
+/// serialized the copy behind the whole transfer where data arrives in
+/// MTU-sized frames (the lab's veth links, GRO off), and the host waited
+/// for the target's last segment before copying the first: at queue depth
+/// 1 over MTU 1500 with host and target on separate CPUs, 438-440 MiB/s
+/// against 480-524 at 256 KiB and 616-632 for our iSCSI initiator; with GRO
+/// on, 428 against 948 (docs/notes/2026-11-25-nvme-datapath.md, where the
+/// whole matrix is). 256 KiB was the best single value over the paths
+/// measured (GRO off/on, MTU 1500/9000, queue depth 1/8, loopback).
+const RCVLOWAT_MAX: usize = 256 << 10;
 
 fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
     let v = n as libc::c_int;

@@ -109,8 +109,9 @@ pub struct Fabric {
     /// none (KATO 0), as Linux's target has (120 s there): it needs no
     /// credentials, so it must not stay forever.
     discovery_idle_ms: u32,
-    /// Reads at least this long go out with sendfile (`[tuning] zero_copy_min`).
-    pub zero_copy_min: usize,
+    /// The TCP connection driver's `[tuning]` knobs (zero-copy and inline
+    /// limits, commands per send).
+    pub knobs: crate::driver::Knobs,
 }
 
 /// The longest keep-alive timeout a discovery controller gets, whatever
@@ -130,7 +131,7 @@ impl Fabric {
             cntlids: (1, 0xFFEF),
             host_keys: HostKeys::default(),
             discovery_idle_ms: DISCOVERY_KATO_MAX_MS,
-            zero_copy_min: crate::tuning::Tuning::default().zero_copy_min,
+            knobs: crate::driver::Knobs::default(),
         }
     }
 
@@ -141,8 +142,8 @@ impl Fabric {
         self
     }
 
-    pub fn with_zero_copy_min(mut self, n: usize) -> Fabric {
-        self.zero_copy_min = n;
+    pub fn with_knobs(mut self, knobs: crate::driver::Knobs) -> Fabric {
+        self.knobs = knobs;
         self
     }
 

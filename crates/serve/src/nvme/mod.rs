@@ -9,6 +9,7 @@
 mod auth;
 mod conn;
 mod fabric;
+mod link;
 mod rdma;
 
 use crate::accept::{Accepted, Acceptor, Threading};
@@ -177,7 +178,7 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         Fabric::new(subs, ports)
             .with_max_controllers(limits.max_sessions, limits.max_discovery_sessions)
             .with_cntlid_range(lo, hi)
-            .with_zero_copy_min(tuning.zero_copy_min)
+            .with_knobs(crate::driver::Knobs::from(tuning))
             .with_host_auth(auth::HostKeys::from_config(cfg)?)
             // A discovery controller needs no credentials: one that asked
             // for no keep-alive may stay idle no longer than this.

@@ -24,18 +24,17 @@
 //! gone) puts the queue pair in its error state: that queue closes, its
 //! controller too if it was the admin queue, and other queues go on.
 
-use super::fabric::{CtrlEntry, Fabric};
+use super::fabric::Fabric;
+use super::link::Link;
 use crate::limits::{Admission, Ticket};
-use crate::metrics::{self, Meter, Op};
-use crate::session::SessionStats;
+use crate::metrics;
 use crate::Shutdown;
 use anyhow::Context;
-use bw_nvme::auth::{ControllerAuth, Entropy};
-use bw_nvme::controller::{AdminOutcome, Completion};
-use bw_nvme::fabrics::{self, Connect, ConnectData};
+use bw_nvme::auth::Entropy;
+use bw_nvme::fabrics::{Connect, ConnectData};
 use bw_nvme::nvm_io as io;
-use bw_nvme::queue_entry::{nvm, Sqe};
-use bw_nvme::rdma_queue::{cm, Action, Connected, Post, RdmaQueue, CAPSULE_LEN};
+use bw_nvme::queue_entry::Sqe;
+use bw_nvme::rdma_queue::{cm, Action, Post, RdmaQueue, CAPSULE_LEN};
 use bw_nvme::Status;
 use bw_rdma::{BufId, EventKind, Listener, Remote, Request, Wc};
 use bytes::Bytes;
@@ -130,7 +129,7 @@ fn accept(r: Request, fabric: &Arc<Fabric>, admission: &Arc<Admission>, login_ti
         }
     };
     let mut c = Conn {
-        fabric: fabric.clone(),
+        link: Link::new(fabric.clone(), "nvme-rdma", peer.clone()),
         peer: peer.clone(),
         q,
         rq: RdmaQueue::new(shape, Instant::now() + login_timeout),
@@ -140,13 +139,7 @@ fn accept(r: Request, fabric: &Arc<Fabric>, admission: &Arc<Admission>, login_ti
         transfers: HashMap::new(),
         next_transfer: 0,
         posts: Vec::new(),
-        ctrl: None,
-        holds_qid: false,
-        logged_in: false,
         kill: None,
-        stats: Arc::default(),
-        meter: Meter::new(metrics::Proto::Nvme),
-        counted: None,
         ticket,
         shutdown: shutdown.clone(),
     };
@@ -172,7 +165,7 @@ struct Transfer {
 }
 
 struct Conn {
-    fabric: Arc<Fabric>,
+    link: Link,
     peer: String,
     q: bw_rdma::Queue,
     rq: RdmaQueue,
@@ -184,14 +177,7 @@ struct Conn {
     transfers: HashMap<u64, Transfer>,
     next_transfer: u64,
     posts: Vec<Post>,
-    ctrl: Option<Arc<CtrlEntry>>,
-    holds_qid: bool,
-    /// Allowed and, where the host must, authenticated.
-    logged_in: bool,
     kill: Option<tokio::sync::watch::Receiver<bool>>,
-    stats: Arc<SessionStats>,
-    meter: Meter,
-    counted: Option<metrics::SessionGuard>,
     /// This connection's place in the RDMA front-end's admission limits.
     ticket: Ticket,
     shutdown: Shutdown,
@@ -247,14 +233,7 @@ impl Conn {
 
     /// Teardown: an admin queue takes its controller with it.
     fn close_queue(&mut self) {
-        if let Some(e) = &self.ctrl {
-            if self.rq.qid() == 0 {
-                self.fabric.remove(e.cntlid, "admin queue closed");
-            } else if self.holds_qid {
-                e.release_queue(self.rq.qid());
-            }
-        }
-        self.counted = None;
+        self.link.close(self.rq.qid());
     }
 
     /// One work completion; `Some` ends the queue.
@@ -345,10 +324,7 @@ impl Conn {
             // A failed authentication ends this queue alone: whoever failed
             // may not be the host that owns the controller.
             Action::Close(Some(e)) => {
-                if let Some(c) = self.ctrl.as_ref().filter(|c| !self.logged_in && c.auth.is_some()) {
-                    let subnqn = c.subsys.as_ref().map(|s| s.nqn()).unwrap_or_default();
-                    metrics::global().auth_failure(metrics::Proto::Nvme, &subnqn, &c.hostnqn);
-                }
+                self.link.closing_with_error();
                 let _ = self.post();
                 return Some(Err(e.to_string()));
             }
@@ -360,7 +336,11 @@ impl Conn {
             }
             Action::AuthSend { sqe, data } => return self.auth_send(sqe, data),
             Action::Connect { cid, connect, data } => self.connect(cid, connect, data),
-            Action::Admin { sqe, data } => self.admin(sqe, data),
+            Action::Admin { sqe, data } => {
+                if let Some(c) = self.link.admin(&sqe, &data) {
+                    self.complete(c.cid, c.status, c.result, c.data);
+                }
+            }
             Action::Io { sqe, data } => self.io(sqe, data),
         }
         None
@@ -376,61 +356,35 @@ impl Conn {
 
     fn connect(&mut self, cid: u16, c: Connect, d: ConnectData) {
         let peer = self.peer.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 0));
-        let r = if c.qid == 0 { self.fabric.connect_admin(&c, &d, None, peer) } else { self.fabric.connect_io(&c, &d) };
-        let e = match r {
-            Ok(e) => e,
-            Err(r) => {
-                if r.status == Status::CONNECT_INVALID_HOST.dnr() {
-                    metrics::global().auth_failure(metrics::Proto::Nvme, &d.subnqn, &d.hostnqn);
+        match self.link.connect(&c, &d, None, peer) {
+            Ok(done) => {
+                if let Some(e) = &self.link.ctrl {
+                    if c.qid == 0 {
+                        e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).set_keyed_sgls(true);
+                    }
+                    self.kill = Some(e.killed());
                 }
-                log::info!("nvme-rdma: {}: Connect (qid {}) refused: {}", self.peer, c.qid, r.status);
-                return self.refuse(cid, r.status, r.result);
+                if self.link.logged_in {
+                    self.ticket.logged_in();
+                }
+                // (The two queue crates' Connected are alike, field for field.)
+                let done = bw_nvme::rdma_queue::Connected { result: done.result, keep_alive: done.keep_alive, subsystem: done.subsystem, auth: done.auth };
+                self.rq.connected(cid, done, Instant::now(), &mut self.posts);
             }
-        };
-        if c.qid == 0 {
-            e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).set_keyed_sgls(true);
+            Err(r) => self.refuse(cid, r.status, r.result),
         }
-        log::debug!("nvme-rdma: {}: queue {} of controller {} connected (sqsize {})", self.peer, c.qid, e.cntlid, c.sqsize);
-        // Every queue of a controller whose host has a secret authenticates
-        // before it logs in (and an I/O queue takes its queue ID).
-        let auth = e.auth.as_ref().and_then(|a| Some(ControllerAuth::new(a.clone(), &e.hostnqn, &e.subsys.as_ref()?.nqn())));
-        let must_authenticate = auth.is_some();
-        self.kill = Some(e.killed());
-        let done = Connected { result: e.cntlid as u64, keep_alive: e.keep_alive.clone(), subsystem: e.subsys.clone(), auth };
-        self.ctrl = Some(e);
-        if !must_authenticate {
-            if let Err(why) = self.log_in() {
-                log::info!("nvme-rdma: {}: Connect (qid {}) refused: {why}", self.peer, c.qid);
-                self.ctrl = None;
-                self.kill = None;
-                return self.refuse(cid, Status::CONNECT_INVALID_PARAM.dnr(), fabrics::ipo_sqe(fabrics::CS_QID));
-            }
-        }
-        self.rq.connected(cid, done, Instant::now(), &mut self.posts);
     }
 
-    /// The queue's login is over: the host is allowed and authenticated
-    /// where it must be. An I/O queue takes its queue ID now.
+    /// The host has authenticated: the queue's login is over.
     fn log_in(&mut self) -> Result<(), String> {
-        let Some(e) = self.ctrl.clone() else { return Ok(()) };
-        let qid = self.rq.qid();
-        if qid > 0 && !self.holds_qid {
-            if !e.reserve_queue(qid) {
-                return Err(format!("queue {qid} of controller {} is taken", e.cntlid));
-            }
-            self.holds_qid = true;
-            e.stats.lock().unwrap_or_else(|p| p.into_inner()).push(self.stats.clone());
-        }
-        self.logged_in = true;
+        self.link.log_in(self.rq.qid())?;
         self.ticket.logged_in();
-        let subnqn = e.subsys.as_ref().map_or_else(|| bw_nvme::DISCOVERY_NQN.to_string(), |s| s.nqn());
-        self.counted = Some(metrics::global().login(metrics::Proto::Nvme, &subnqn, &e.hostnqn, qid == 0));
         Ok(())
     }
 
     /// Auth Send: the queue's DH-HMAC-CHAP step with fresh randomness.
     fn auth_send(&mut self, sqe: Sqe, data: Bytes) -> Option<End> {
-        match Entropy::from_os(&self.fabric.host_keys.seq) {
+        match Entropy::from_os(&self.link.fabric.host_keys.seq) {
             Ok(r) => {
                 let a = self.rq.auth_send(&sqe, &data, r, &mut self.posts)?;
                 self.act(a)
@@ -445,42 +399,29 @@ impl Conn {
 
     /// Complete the AERs a live change answered (admin queue).
     fn send_events(&mut self) {
-        let Some(e) = self.ctrl.clone().filter(|_| self.rq.qid() == 0) else { return };
-        let list = std::mem::take(&mut *e.events.lock().unwrap_or_else(|p| p.into_inner()));
-        for c in list {
+        for c in self.link.events(self.rq.qid()) {
             self.complete(c.cid, c.status, c.result, c.data);
         }
     }
 
-    fn admin(&mut self, sqe: Sqe, data: Bytes) {
-        let Some(e) = self.ctrl.clone() else {
-            return self.complete(sqe.cid(), Status::CMD_SEQ_ERROR, 0, None);
-        };
-        let out = e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).execute_admin(&sqe, &data, Instant::now());
-        if let AdminOutcome::Complete(Completion { cid, status, result, data }) = out {
-            self.complete(cid, status, result, data);
-        }
-    }
-
+    /// An I/O command, run on this thread: resolved once, then executed.
     fn io(&mut self, sqe: Sqe, data: Bytes) {
         let cid = sqe.cid();
-        let Some(sub) = self.ctrl.as_ref().and_then(|e| e.subsys.as_ref()).map(|s| s.load_full()) else {
+        let Some(sub) = self.link.subsystem() else {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
-        let op = match sqe.opcode() {
-            nvm::READ => Some(Op::Read),
-            nvm::WRITE => Some(Op::Write),
-            _ => None,
+        let r = io::resolve(&sub, &sqe);
+        let ns = match &r {
+            Ok(r) => r.namespace(&sub),
+            // Counted as the volume's failed I/O where there is one.
+            Err(_) => sub.namespace(sqe.nsid()),
         };
-        let len = io::transfer_len(&sqe);
-        if let Some(op) = op {
-            self.stats.count(op == Op::Write, len as u64);
-        }
-        let timer = op.zip(sub.namespace(sqe.nsid())).map(|(op, n)| self.meter.start(n.volume.name(), op, len as usize));
-        let done = io::execute(&sub, &sqe, &data);
-        if let Some(t) = timer {
-            self.meter.done(t, done.status == Status::SUCCESS);
-        }
+        let timer = self.link.io_started(&sqe, ns.map(|n| &n.volume), Instant::now());
+        let done = match r {
+            Ok(r) => io::execute_resolved(&sub, &r, &sqe, &data),
+            Err(status) => io::IoDone { status, data: None },
+        };
+        self.link.io_done(timer, done.status == Status::SUCCESS);
         self.complete(cid, done.status, 0, done.data);
     }
 }
