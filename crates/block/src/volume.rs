@@ -72,18 +72,49 @@ struct VolumeInner {
     size: AtomicU64,
     /// Shared with submitted requests, which count their own errors.
     stats: Arc<IoStats>,
+    /// The volume's persistent reservations, shared by every front-end
+    /// that exports it (and, through its store, by other gateways).
+    reservations: Arc<bw_reservation::Shared>,
 }
 
 impl Volume {
+    /// A volume whose reservations live in this process only.
     pub fn new(name: impl Into<String>, dev: Box<dyn BlockDevice>) -> Self {
-        let read_only = dev.info().read_only;
-        let size = AtomicU64::new(dev.info().size_bytes);
-        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default() }) }
+        Volume::with_reservations(name, dev, bw_reservation::Shared::in_memory())
     }
 
-    /// Open a backend spec and wrap it.
+    fn with_reservations(name: impl Into<String>, dev: Box<dyn BlockDevice>, reservations: Arc<bw_reservation::Shared>) -> Self {
+        let read_only = dev.info().read_only;
+        let size = AtomicU64::new(dev.info().size_bytes);
+        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default(), reservations }) }
+    }
+
+    /// Open a backend spec and wrap it. Its persistent reservations are
+    /// read back from where they live: beside a regular file
+    /// (`FILE.pr`), in a RADOS object beside an RBD image, in memory for
+    /// the rest.
     pub fn open(name: impl Into<String>, spec: &crate::BackendSpec) -> Result<Self> {
-        Ok(Volume::new(name, crate::open(spec)?))
+        let name = name.into();
+        let dev = crate::open(spec)?;
+        let store: Option<Box<dyn bw_reservation::Store>> = match &spec.kind {
+            crate::BackendKind::File { path, .. } if !spec.readonly && std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
+                Some(Box::new(bw_reservation::FileStore::beside(path)))
+            }
+            _ => dev.reservation_store()?,
+        };
+        let reservations = match store {
+            Some(store) => {
+                let what = store.describe();
+                bw_reservation::Shared::open(store).map_err(|e| std::io::Error::new(e.kind(), format!("volume {name}: reservations in {what}: {e}")))?
+            }
+            None => bw_reservation::Shared::in_memory(),
+        };
+        Ok(Volume::with_reservations(name, dev, reservations))
+    }
+
+    /// The volume's persistent reservations (SCSI and NVMe share them).
+    pub fn reservations(&self) -> &Arc<bw_reservation::Shared> {
+        &self.inner.reservations
     }
 
     pub fn name(&self) -> &str {

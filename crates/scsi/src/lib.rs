@@ -165,7 +165,7 @@ pub(crate) struct Lun {
     wce: AtomicBool,
     wce_default: bool,
     wce_changeable: bool,
-    ua: UnitAttentions,
+    ua: Arc<UnitAttentions>,
     res: Reservations,
     /// Serialises COMPARE AND WRITE commands.
     caw_lock: Mutex<()>,
@@ -176,6 +176,8 @@ impl Lun {
         let info = volume.info();
         let wce_default = info.durability != bw_block::Durability::WriteThrough;
         let blocks = volume.sectors();
+        let ua = Arc::new(UnitAttentions::default());
+        let res = Reservations::new(volume.reservations().clone(), cfg.port_group.relative_port, ua.clone());
         Lun {
             number,
             discard: info.supports_discard,
@@ -187,8 +189,8 @@ impl Lun {
             blocks: AtomicU64::new(blocks),
             volume,
             cfg,
-            ua: UnitAttentions::default(),
-            res: Reservations::default(),
+            ua,
+            res,
             caw_lock: Mutex::new(()),
         }
     }
@@ -382,6 +384,19 @@ impl ScsiTarget {
         self.ports.read().unwrap_or_else(|p| p.into_inner()).get(&nexus).copied().unwrap_or(nexus)
     }
 
+    /// The initiator port name of a nexus (a made-up one if the transport
+    /// gave none).
+    pub(crate) fn port_name(&self, nexus: NexusId) -> String {
+        let id = self.identity(nexus);
+        self.port_names.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned().unwrap_or_else(|| reservation::unnamed_port(nexus))
+    }
+
+    /// The nexus as a persistent reservation registrant of `l`: its
+    /// initiator port and the LU's relative target port.
+    pub(crate) fn pr_who(&self, nexus: NexusId, l: &Lun) -> bw_reservation::Who {
+        bw_reservation::Who::scsi(&self.port_name(nexus), l.cfg.port_group.relative_port)
+    }
+
     /// The backend of `lun` changed size: re-read it and raise CAPACITY DATA
     /// HAS CHANGED for every nexus. `false` if no such LUN.
     pub fn capacity_changed(&self, lun: u64) -> bool {
@@ -459,7 +474,7 @@ impl ScsiTarget {
                 Lookup::Found(c) => c.conflict.of(cdb),
                 _ => commands::unknown_service_action_conflict(opcode),
             };
-            l.res.check(who, conflict)?;
+            l.res.check(who, &self.pr_who(nexus, l), conflict)?;
         }
         let Lookup::Found(row) = found else { return Err(Sense::invalid_cdb_field(1, Some(4)).into()) };
         match row.handler {
@@ -471,6 +486,7 @@ impl ScsiTarget {
     }
 
     /// Names of the initiator ports seen so far, by identity.
+    #[cfg(test)]
     pub(crate) fn port_names_snapshot(&self) -> HashMap<u64, String> {
         self.port_names.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
