@@ -7,6 +7,7 @@
 use crate::queue_entry::{nvm, Sqe};
 use crate::command_table::{self, Command, Handler, NsUse, QueueKind};
 use crate::subsystem::{Namespace, Subsystem};
+pub use crate::reservation::Host;
 use crate::{Status, LBA_SHIFT};
 use bw_block::BlockError;
 use bytes::Bytes;
@@ -39,20 +40,38 @@ pub fn transfer_len(sqe: &Sqe) -> u32 {
 /// Cheap checks that need no I/O, done before any data is moved: opcode,
 /// namespace, LBA range, transfer length. The target runs them before it
 /// sends an R2T so a bad write fails without its data crossing the wire.
+/// (Reservations are checked when the command runs.)
 pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
-    resolve(subsys, sqe).map(|_| ())
+    checked(subsys, sqe).map(|_| ())
 }
 
-/// The command's row and namespace, after [`precheck`]'s checks. The
-/// namespace is None only for a Flush of all namespaces. As in Linux
-/// nvmet, the namespace is checked before the opcode.
-pub fn resolve<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'static Command, Option<&'a Namespace>), Status> {
+/// The command's row and namespace, after [`precheck`]'s checks and the
+/// reservation check for `host`. The namespace is None only for a Flush
+/// of all namespaces. As in Linux nvmet, the namespace is checked before
+/// the opcode.
+pub fn resolve<'a>(subsys: &'a Subsystem, host: &Host, sqe: &Sqe) -> Result<(&'static Command, Option<&'a Namespace>), Status> {
+    let (row, ns) = checked(subsys, sqe)?;
+    if let Some(access) = row.access {
+        // A reservation on any namespace a broadcast Flush reaches counts.
+        let mut all = subsys.namespaces.iter();
+        let refused = match ns {
+            Some(ns) => !ns.volume.reservations().allows(host.id, access),
+            None => all.any(|n| !n.volume.reservations().allows(host.id, access)),
+        };
+        if refused {
+            return Err(Status::RESERVATION_CONFLICT.dnr());
+        }
+    }
+    Ok((row, ns))
+}
+
+fn checked<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'static Command, Option<&'a Namespace>), Status> {
     let row = command_table::lookup(QueueKind::Io, sqe.opcode());
     if let Some(r) = row.filter(|r| r.ns == NsUse::ActiveOrAll && sqe.nsid() == 0xFFFF_FFFF) {
         return Ok((r, None));
     }
     let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
-    if let Some(s) = subsys.ana.state().io_status() {
+    if let Some(s) = subsys.ana.state_of(ns.ana_group).io_status() {
         return Err(s);
     }
     let row = row.ok_or(Status::INVALID_OPCODE.dnr())?;
@@ -131,11 +150,11 @@ fn map_err(e: BlockError, write: bool) -> Status {
 /// Where a Read command's data lives, after the checks [`execute`] makes:
 /// the volume, byte offset and length. For front-ends that move the bytes
 /// themselves (straight into a send buffer, or with sendfile).
-pub fn read_extent<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'a bw_block::Volume, u64, usize), Status> {
+pub fn read_extent<'a>(subsys: &'a Subsystem, host: &Host, sqe: &Sqe) -> Result<(&'a bw_block::Volume, u64, usize), Status> {
     if sqe.opcode() != nvm::READ {
         return Err(Status::INVALID_OPCODE.dnr());
     }
-    precheck(subsys, sqe)?;
+    resolve(subsys, host, sqe)?;
     let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
     Ok((&ns.volume, sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT))
 }
@@ -162,12 +181,12 @@ pub enum Plan {
 /// A Read or Write as the one request that carries it out, for front-ends
 /// that start requests and complete them later (volumes with
 /// `DeviceInfo::async_submit`). The checks are [`execute`]'s.
-pub fn plan(subsys: &Subsystem, sqe: &Sqe, data: &Bytes) -> Plan {
+pub fn plan(subsys: &Subsystem, host: &Host, sqe: &Sqe, data: &Bytes) -> Plan {
     let op = sqe.opcode();
     if op != nvm::READ && op != nvm::WRITE {
         return Plan::Execute;
     }
-    let ns = match resolve(subsys, sqe) {
+    let ns = match resolve(subsys, host, sqe) {
         Ok((_, Some(ns))) => ns,
         Ok((_, None)) => return Plan::Done(Status::INVALID_NS.dnr()),
         Err(s) => return Plan::Done(s),
@@ -200,9 +219,9 @@ pub fn submitted(req: bw_block::Request, r: Result<(), BlockError>) -> IoDone {
 }
 
 /// Run one I/O command. `data` is what the host sent (writes, compare, DSM).
-pub fn execute(subsys: &Subsystem, sqe: &Sqe, data: &[u8]) -> IoDone {
-    match resolve(subsys, sqe) {
-        Ok((Command { handler: Handler::Io { run, .. }, .. }, ns)) => run(subsys, ns, sqe, data),
+pub fn execute(subsys: &Subsystem, host: &Host, sqe: &Sqe, data: &[u8]) -> IoDone {
+    match resolve(subsys, host, sqe) {
+        Ok((Command { handler: Handler::Io { run, .. }, .. }, ns)) => run(subsys, ns, host, sqe, data),
         Ok(_) => IoDone::err(Status::INVALID_OPCODE.dnr()),
         Err(s) => IoDone::err(s),
     }
@@ -221,7 +240,7 @@ fn done(r: Result<(), BlockError>, write: bool) -> IoDone {
     }
 }
 
-pub(crate) fn read(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: &[u8]) -> IoDone {
+pub(crate) fn read(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, _: &[u8]) -> IoDone {
     let (ns, off, len) = match extent(ns, sqe) {
         Ok(x) => x,
         Err(d) => return d,
@@ -233,7 +252,7 @@ pub(crate) fn read(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: &[u8]) -
     }
 }
 
-pub(crate) fn write(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8]) -> IoDone {
+pub(crate) fn write(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, data: &[u8]) -> IoDone {
     let (ns, off, len) = match extent(ns, sqe) {
         Ok(x) => x,
         Err(d) => return d,
@@ -246,7 +265,7 @@ pub(crate) fn write(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8
     done(ns.volume.write_at(data, off).and_then(|()| if fua { ns.volume.flush() } else { Ok(()) }), true)
 }
 
-pub(crate) fn compare(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8]) -> IoDone {
+pub(crate) fn compare(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, data: &[u8]) -> IoDone {
     let (ns, off, len) = match extent(ns, sqe) {
         Ok(x) => x,
         Err(d) => return d,
@@ -262,7 +281,7 @@ pub(crate) fn compare(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[
     }
 }
 
-pub(crate) fn write_zeroes(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: &[u8]) -> IoDone {
+pub(crate) fn write_zeroes(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, _: &[u8]) -> IoDone {
     match extent(ns, sqe) {
         Ok((ns, off, len)) => done(ns.volume.write_zeroes(off, len as u64), true),
         Err(d) => d,
@@ -270,7 +289,7 @@ pub(crate) fn write_zeroes(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: 
 }
 
 /// Flush one namespace, or all of them (NSID FFFFFFFFh).
-pub(crate) fn flush(subsys: &Subsystem, ns: Option<&Namespace>, _: &Sqe, _: &[u8]) -> IoDone {
+pub(crate) fn flush(subsys: &Subsystem, ns: Option<&Namespace>, _: &Host, _: &Sqe, _: &[u8]) -> IoDone {
     match ns {
         Some(ns) => done(ns.volume.flush(), true),
         None => done(subsys.namespaces.iter().try_for_each(|n| n.volume.flush()), true),
@@ -279,7 +298,7 @@ pub(crate) fn flush(subsys: &Subsystem, ns: Option<&Namespace>, _: &Sqe, _: &[u8
 
 /// Dataset Management: only deallocate acts; every range is checked before
 /// any is discarded.
-pub(crate) fn dsm(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8]) -> IoDone {
+pub(crate) fn dsm(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, data: &[u8]) -> IoDone {
     let Some(ns) = ns else { return IoDone::err(Status::INVALID_NS.dnr()) };
     let nr = (sqe.cdw(10) & 0xFF) as usize + 1;
     if data.len() < nr * 16 {
@@ -352,6 +371,10 @@ mod tests {
         }
     }
 
+    fn h() -> Host {
+        Host::new([7; 16])
+    }
+
     fn rw(op: u8, nsid: u32, slba: u64, blocks: u32) -> Sqe {
         let mut s = Sqe::new(op, 1, nsid);
         s.set_rw(slba, blocks);
@@ -363,11 +386,11 @@ mod tests {
     fn inaccessible_ana_path_refuses_io_for_another_path() {
         let s = subsys();
         s.ana.set_state(crate::ana::AnaState::Inaccessible);
-        let st = execute(&s, &rw(nvm::READ, 1, 0, 1), &[]).status;
+        let st = execute(&s, &h(), &rw(nvm::READ, 1, 0, 1), &[]).status;
         assert_eq!(st, Status::ANA_INACCESSIBLE);
         assert_eq!(st.0 & Status::DNR, 0, "the host must be free to retry on another path");
         s.ana.set_state(crate::ana::AnaState::NonOptimized);
-        assert_eq!(execute(&s, &rw(nvm::READ, 1, 0, 1), &[]).status, Status::SUCCESS);
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 1, 0, 1), &[]).status, Status::SUCCESS);
     }
 
     /// plan: the one request a Read or Write needs, after execute's checks;
@@ -382,64 +405,64 @@ mod tests {
             volume.submit(request, move |req, r| tx.send(submitted(req, r)).unwrap());
             rx.recv().unwrap()
         };
-        assert_eq!(run(plan(&s, &rw(nvm::WRITE, 1, 6, 2), &data)).status, Status::SUCCESS);
-        let d = run(plan(&s, &rw(nvm::READ, 1, 6, 2), &Bytes::new()));
+        assert_eq!(run(plan(&s, &h(), &rw(nvm::WRITE, 1, 6, 2), &data)).status, Status::SUCCESS);
+        let d = run(plan(&s, &h(), &rw(nvm::READ, 1, 6, 2), &Bytes::new()));
         assert_eq!((d.status, d.data), (Status::SUCCESS, Some(data.clone())));
-        assert_eq!(execute(&s, &rw(nvm::READ, 1, 6, 2), &[]).data, Some(data.clone()));
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 1, 6, 2), &[]).data, Some(data.clone()));
         // FUA on a volatile (RAM) volume: a flush follows, so execute runs it.
         let mut fua = rw(nvm::WRITE, 1, 6, 2);
         fua.set_fua(true);
-        assert!(matches!(plan(&s, &fua, &data), Plan::Execute));
-        assert!(matches!(plan(&s, &Sqe::new(nvm::FLUSH, 1, 1), &Bytes::new()), Plan::Execute));
+        assert!(matches!(plan(&s, &h(), &fua, &data), Plan::Execute));
+        assert!(matches!(plan(&s, &h(), &Sqe::new(nvm::FLUSH, 1, 1), &Bytes::new()), Plan::Execute));
         let done = |p: Plan| match p {
             Plan::Done(st) => st,
             p => panic!("not refused: {p:?}"),
         };
-        assert_eq!(done(plan(&s, &rw(nvm::READ, 1, 63, 2), &Bytes::new())), Status::LBA_RANGE.dnr());
-        assert_eq!(done(plan(&s, &rw(nvm::WRITE, 1, 0, 2), &data.slice(..512))), Status::SGL_INVALID_DATA.dnr());
-        assert_eq!(done(plan(&s, &rw(nvm::WRITE, 2, 0, 2), &data)), NS_WRITE_PROTECTED.dnr());
-        assert_eq!(done(plan(&s, &rw(nvm::READ, 9, 0, 1), &Bytes::new())), Status::INVALID_NS.dnr());
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::READ, 1, 63, 2), &Bytes::new())), Status::LBA_RANGE.dnr());
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::WRITE, 1, 0, 2), &data.slice(..512))), Status::SGL_INVALID_DATA.dnr());
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::WRITE, 2, 0, 2), &data)), NS_WRITE_PROTECTED.dnr());
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::READ, 9, 0, 1), &Bytes::new())), Status::INVALID_NS.dnr());
         s.ana.set_state(crate::ana::AnaState::Inaccessible);
-        assert_eq!(done(plan(&s, &rw(nvm::READ, 1, 0, 1), &Bytes::new())), Status::ANA_INACCESSIBLE);
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::READ, 1, 0, 1), &Bytes::new())), Status::ANA_INACCESSIBLE);
     }
 
     #[test]
     fn write_read_compare_zeroes_discard() {
         let s = subsys();
         let data = vec![0x5Au8; 1024];
-        assert_eq!(execute(&s, &rw(nvm::WRITE, 1, 4, 2), &data).status, Status::SUCCESS);
-        let r = execute(&s, &rw(nvm::READ, 1, 4, 2), &[]);
+        assert_eq!(execute(&s, &h(), &rw(nvm::WRITE, 1, 4, 2), &data).status, Status::SUCCESS);
+        let r = execute(&s, &h(), &rw(nvm::READ, 1, 4, 2), &[]);
         assert_eq!(r.data.unwrap()[..], data[..]);
-        assert_eq!(execute(&s, &rw(nvm::COMPARE, 1, 4, 2), &data).status, Status::SUCCESS);
-        assert_eq!(execute(&s, &rw(nvm::COMPARE, 1, 4, 2), &[0u8; 1024]).status, Status::COMPARE_FAILED.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::COMPARE, 1, 4, 2), &data).status, Status::SUCCESS);
+        assert_eq!(execute(&s, &h(), &rw(nvm::COMPARE, 1, 4, 2), &[0u8; 1024]).status, Status::COMPARE_FAILED.dnr());
         let mut wz = rw(nvm::WRITE_ZEROES, 1, 4, 1);
         wz.set_sgl(Sgl { addr: 0, length: 0, kind: sgl::TRANSPORT });
-        assert_eq!(execute(&s, &wz, &[]).status, Status::SUCCESS);
-        let r = execute(&s, &rw(nvm::READ, 1, 4, 2), &[]).data.unwrap();
+        assert_eq!(execute(&s, &h(), &wz, &[]).status, Status::SUCCESS);
+        let r = execute(&s, &h(), &rw(nvm::READ, 1, 4, 2), &[]).data.unwrap();
         assert!(r[..512].iter().all(|&b| b == 0) && r[512..].iter().all(|&b| b == 0x5A));
         let mut dsm = Sqe::new(nvm::DSM, 1, 1);
         dsm.set_dsm(1, true);
         dsm.set_sgl(Sgl { addr: 0, length: 16, kind: sgl::INCAPSULE });
-        assert_eq!(execute(&s, &dsm, &dsm_ranges(&[(5, 1)])).status, Status::SUCCESS);
-        let r = execute(&s, &rw(nvm::READ, 1, 5, 1), &[]).data.unwrap();
+        assert_eq!(execute(&s, &h(), &dsm, &dsm_ranges(&[(5, 1)])).status, Status::SUCCESS);
+        let r = execute(&s, &h(), &rw(nvm::READ, 1, 5, 1), &[]).data.unwrap();
         assert!(r.iter().all(|&b| b == 0));
-        assert_eq!(execute(&s, &dsm, &dsm_ranges(&[(63, 2)])).status, Status::LBA_RANGE.dnr());
+        assert_eq!(execute(&s, &h(), &dsm, &dsm_ranges(&[(63, 2)])).status, Status::LBA_RANGE.dnr());
         let mut fl = Sqe::new(nvm::FLUSH, 1, 0xFFFF_FFFF);
         fl.set_sgl(Sgl { addr: 0, length: 0, kind: sgl::TRANSPORT });
-        assert_eq!(execute(&s, &fl, &[]).status, Status::SUCCESS);
+        assert_eq!(execute(&s, &h(), &fl, &[]).status, Status::SUCCESS);
     }
 
     #[test]
     fn error_statuses() {
         let s = subsys();
-        assert_eq!(execute(&s, &rw(nvm::READ, 1, 63, 2), &[]).status, Status::LBA_RANGE.dnr());
-        assert_eq!(execute(&s, &rw(nvm::READ, 1, u64::MAX, 2), &[]).status, Status::LBA_RANGE.dnr());
-        assert_eq!(execute(&s, &rw(nvm::READ, 9, 0, 1), &[]).status, Status::INVALID_NS.dnr());
-        assert_eq!(execute(&s, &rw(0x7E, 1, 0, 1), &[]).status, Status::INVALID_OPCODE.dnr());
-        assert_eq!(execute(&s, &rw(nvm::WRITE, 2, 0, 1), &[0; 512]).status, NS_WRITE_PROTECTED.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 1, 63, 2), &[]).status, Status::LBA_RANGE.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 1, u64::MAX, 2), &[]).status, Status::LBA_RANGE.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 9, 0, 1), &[]).status, Status::INVALID_NS.dnr());
+        assert_eq!(execute(&s, &h(), &rw(0x7E, 1, 0, 1), &[]).status, Status::INVALID_OPCODE.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::WRITE, 2, 0, 1), &[0; 512]).status, NS_WRITE_PROTECTED.dnr());
         let mut bad = rw(nvm::READ, 1, 0, 2);
         bad.set_sgl(Sgl { addr: 0, length: 512, kind: sgl::TRANSPORT });
-        assert_eq!(execute(&s, &bad, &[]).status, Status::SGL_INVALID_DATA.dnr());
+        assert_eq!(execute(&s, &h(), &bad, &[]).status, Status::SGL_INVALID_DATA.dnr());
         // Backend failures: a timeout may be retried (no DNR), EIO is a media error.
         let timeout = || BlockError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "rbd: timed out"));
         assert_eq!((map_err(timeout(), true), map_err(timeout(), false)), (Status::COMMAND_INTERRUPTED, Status::COMMAND_INTERRUPTED));

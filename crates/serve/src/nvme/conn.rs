@@ -528,6 +528,7 @@ impl Conn {
         let Some(sub) = e.subsys.as_ref().map(|s| s.load_full()) else {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
+        let host = e.host.clone();
         let op = match sqe.opcode() {
             nvm::READ => Some(Op::Read),
             nvm::WRITE => Some(Op::Write),
@@ -545,7 +546,7 @@ impl Conn {
         // have always run inline, whatever their length.
         let place = dispatch::place(work, device, usize::MAX);
         if place == Place::Submit {
-            match io::plan(&sub, &sqe, &data) {
+            match io::plan(&sub, &host, &sqe, &data) {
                 io::Plan::Submit { volume, request } => {
                     // The backend's own thread completes it; nothing here
                     // or on the blocking pool waits.
@@ -561,7 +562,7 @@ impl Conn {
         if place != Place::Inline {
             let tx = self.done_tx.clone();
             tokio::task::spawn_blocking(move || {
-                let run = std::panic::AssertUnwindSafe(|| io::execute(&sub, &sqe, &data));
+                let run = std::panic::AssertUnwindSafe(|| io::execute(&sub, &host, &sqe, &data));
                 let done = std::panic::catch_unwind(run).unwrap_or(IoDone {
                     status: Status::INTERNAL,
                     data: None,
@@ -569,12 +570,12 @@ impl Conn {
                 let _ = tx.send(Finished { cid, done, io: timer });
             });
         } else if sqe.opcode() == nvm::READ {
-            let ok = self.read(&sub, &sqe, work);
+            let ok = self.read(&sub, &host, &sqe, work);
             if let Some(t) = timer {
                 self.meter.done(t, ok);
             }
         } else {
-            let done = io::execute(&sub, &sqe, &data);
+            let done = io::execute(&sub, &host, &sqe, &data);
             self.finished(Finished { cid, done, io: timer });
         }
     }
@@ -583,13 +584,13 @@ impl Conn {
     /// the send buffer behind each C2HData header, or, when `work` says
     /// zero-copy, from the page cache to the socket with sendfile.
     /// Whether it succeeded.
-    fn read(&mut self, sub: &Subsystem, sqe: &Sqe, work: Work) -> bool {
+    fn read(&mut self, sub: &Subsystem, host: &io::Host, sqe: &Sqe, work: Work) -> bool {
         let cid = sqe.cid();
         let fail = |c: &mut Conn, st: Status| {
             c.complete(cid, st, 0, None);
             false
         };
-        let (vol, off, len) = match io::read_extent(sub, sqe) {
+        let (vol, off, len) = match io::read_extent(sub, host, sqe) {
             Ok(x) => x,
             Err(st) => return fail(self, st),
         };

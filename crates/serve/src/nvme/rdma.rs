@@ -480,7 +480,10 @@ impl Conn {
             self.stats.count(op == Op::Write, len as u64);
         }
         let timer = op.zip(sub.namespace(sqe.nsid())).map(|(op, n)| self.meter.start(n.volume.name(), op, len as usize));
-        let done = io::execute(&sub, &sqe, &data);
+        let Some(host) = self.ctrl.as_ref().map(|e| e.host.clone()) else {
+            return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
+        };
+        let done = io::execute(&sub, &host, &sqe, &data);
         if let Some(t) = timer {
             self.meter.done(t, done.status == Status::SUCCESS);
         }
