@@ -66,18 +66,17 @@ impl RadosStore {
         let r = store.write(|op| {
             // SAFETY: a fresh write op.
             unsafe { (lib.rados_write_op_create)(op, ffi::CREATE_EXCLUSIVE, std::ptr::null()) };
-        }, &empty);
-        match r {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(e) => return Err(e),
+        }, &empty)?;
+        // EEXIST: it is there already; keep it.
+        if r != -libc::EEXIST {
+            check(r, || format!("{}: create", store.name))?;
         }
         Ok(store)
     }
 
     /// One write operation: `guard` adds its condition, then the state and
-    /// its seq are written.
-    fn write(&self, guard: impl FnOnce(ffi::WriteOp), s: &State) -> io::Result<()> {
+    /// its seq are written. The librados return code (negative: an errno).
+    fn write(&self, guard: impl FnOnce(ffi::WriteOp), s: &State) -> io::Result<c_int> {
         let w = &self.watch;
         let lib = w.lib;
         let body = s.encode();
@@ -96,7 +95,7 @@ impl RadosStore {
             (lib.rados_release_write_op)(op);
             r
         };
-        check(r, || format!("{}: write", self.name)).map(|_| ())
+        Ok(r)
     }
 
     fn read(w: &Watch, name: &str) -> io::Result<Option<State>> {
@@ -221,12 +220,11 @@ impl Store for RadosStore {
                 unsafe { (lib.rados_write_op_cmpxattr)(op, SEQ_XATTR.as_ptr(), ffi::CMPXATTR_OP_EQ, want.as_ptr().cast(), want.len()) };
             },
             new,
-        );
+        )?;
         match r {
-            Ok(()) => Ok(true),
             // The comparison failed: someone else changed it.
-            Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => Ok(false),
-            Err(e) => Err(e),
+            r if r == -libc::ECANCELED => Ok(false),
+            r => check(r, || format!("{}: write", self.name)).map(|_| true),
         }
     }
 
