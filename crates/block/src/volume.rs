@@ -14,6 +14,25 @@ pub struct IoStats {
     pub flushes: AtomicU64,
     pub discards: AtomicU64,
     pub errors: AtomicU64,
+    /// Requests started and not finished yet (`blockwire ctl drain` waits
+    /// for them).
+    pub in_flight: AtomicU64,
+}
+
+/// Counts one request in flight until dropped.
+struct Busy(Arc<IoStats>);
+
+impl Busy {
+    fn new(stats: &Arc<IoStats>) -> Busy {
+        stats.in_flight.fetch_add(1, Relaxed);
+        Busy(stats.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
 }
 
 #[derive(Default, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -166,8 +185,14 @@ impl Volume {
         r.map_err(|e| self.inner.stats.io_error(e))
     }
 
+    /// Requests started on the volume and not finished.
+    pub fn in_flight(&self) -> u64 {
+        self.inner.stats.in_flight.load(Relaxed)
+    }
+
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.count_read(buf.len() as u64);
         self.count_err(self.inner.dev.read_at(buf, offset))
     }
@@ -191,17 +216,20 @@ impl Volume {
 
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.check_write(offset, buf.len() as u64)?;
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.count_write(buf.len() as u64);
         self.count_err(self.inner.dev.write_at(buf, offset))
     }
 
     pub fn flush(&self) -> Result<()> {
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.flushes.fetch_add(1, Relaxed);
         self.count_err(self.inner.dev.flush())
     }
 
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_write(offset, len)?;
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.discards.fetch_add(1, Relaxed);
         self.count_err(self.inner.dev.discard(offset, len))
     }
@@ -230,7 +258,14 @@ impl Volume {
         } else {
             stats.count_read(len);
         }
-        self.inner.dev.submit(req, Box::new(move |req, r| done(req, r.map_err(|e| stats.io_error(e)))));
+        let busy = Busy::new(&stats);
+        self.inner.dev.submit(
+            req,
+            Box::new(move |req, r| {
+                drop(busy);
+                done(req, r.map_err(|e| stats.io_error(e)))
+            }),
+        );
     }
 
     /// The allocation state at `offset` and how far it extends (at most
@@ -245,6 +280,7 @@ impl Volume {
 
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check_write(offset, len)?;
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.writes.fetch_add(1, Relaxed);
         self.count_err(self.inner.dev.write_zeroes(offset, len))
     }

@@ -582,7 +582,7 @@ fn pr_out(c: &Call<'_>, l: &Lun, _: DataIn<'_>) -> Result<(), Fail> {
 
 fn report_target_port_groups(c: &Call<'_>, l: &Lun, out: DataIn<'_>) -> Result<(), Fail> {
     Ok(alua::report_target_port_groups(
-        l.cfg.port_group,
+        c.target.port_group(l),
         c.cdb,
         out,
     )?)
