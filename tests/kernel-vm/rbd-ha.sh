@@ -8,6 +8,15 @@
 #  2. The same with NVMe reservations (nvme resv-*) over two NVMe/TCP
 #     controllers of two hosts (two host NQNs and IDs), plus the
 #     reservation notification log page at the preempted host.
+#  3. Planned failover under writes (NVMe/TCP native multipath): ctl
+#     ana_set moves the optimized path from A to B, the writes follow
+#     (per-path counters), ctl drain makes A inaccessible; then back to A
+#     and A killed (the unplanned failover, for comparison). No write
+#     fails; every acknowledged block reads back (here and, from the
+#     ledgers, in rbd export on the host).
+#  4. iSCSI through dm-multipath with multipathd (ALUA, path checker TUR):
+#     gateway A killed under writes; they go on through B once the path
+#     checker and the session's replacement timeout fail A; none is lost.
 # The test prepends PA, PB (NVMe ports), IA, IB (iSCSI ports), NQN, IQN and
 # CTL (the order port: "kill-a", "start-a", "ctl a|b METHOD JSON").
 # Runs under `sh -e` with busybox, after tests/kernel-vm/failover-lib.sh.
@@ -104,12 +113,14 @@ ctrl_of() { # the controller (nvmeN) connected to port $1
 }
 CA=$(ctrl_of $PA) || die "no controller for gateway A"
 CB=$(ctrl_of $PB) || die "no controller for gateway B"
-# The per-controller namespace devices (ngXnY: X the controller's instance).
+# Each controller's own path: its character device with an explicit NSID
+# (Linux 6.1 makes no per-path ngXnY devices under native multipath; with
+# one namespace, NVME_IOCTL_IO_CMD on the controller goes to it).
 n=0
-while [ -z "$(ls /dev/ng${CA#nvme}n* 2>/dev/null)" ] || [ -z "$(ls /dev/ng${CB#nvme}n* 2>/dev/null)" ]; do
-  n=$((n + 1)); [ $n -lt 100 ] || die "no namespace devices: $(ls /dev/ng* /sys/class/nvme/*)"; sleep 0.2
+while [ -z "$(ls -d /sys/class/nvme/$CA/nvme*c*n1 /sys/class/nvme/$CB/nvme*c*n1 2>/dev/null | sed -n 2p)" ]; do
+  n=$((n + 1)); [ $n -lt 100 ] || die "namespace paths did not appear"; sleep 0.2
 done
-GA=$(ls /dev/ng${CA#nvme}n* | head -1); GB=$(ls /dev/ng${CB#nvme}n* | head -1)
+GA=/dev/$CA; GB=/dev/$CB
 echo "host 1 through gateway A: $CA $GA; host 2 through gateway B: $CB $GB"
 nvme id-ns $GA -n 1 | grep -i "rescap" || true
 nvme id-ctrl /dev/$CA | grep -i "^oncs" || true
@@ -152,4 +163,153 @@ nconflicts $GA || die "restarted A let host 1 write under Exclusive Access"
 ok "NVMe: gateway A restarted reports the reservation and enforces it"
 nvme resv-release $GB -n 1 --crkey=0xb2 --rrela=1 || die "clear through B"
 nvme disconnect -n $NQN > /dev/null || die "disconnect"
+
+# ================= 3. Planned failover: ana_set and drain under writes =================
+step "planned failover over NVMe/TCP native multipath"
+for p in $PA $PB; do
+  nvme connect -t tcp -a $T -s $p -n $NQN --ctrl-loss-tmo=120 --reconnect-delay=1 || die "nvme connect to port $p"
+done
+CA=$(ctrl_of $PA) || die "no controller for gateway A"
+CB=$(ctrl_of $PB) || die "no controller for gateway B"
+n=0
+while [ -z "$(ls -d /sys/class/nvme/$CA/nvme*c*n1 /sys/class/nvme/$CB/nvme*c*n1 2>/dev/null | sed -n 2p)" ]; do
+  n=$((n + 1)); [ $n -lt 50 ] || die "namespace paths did not appear"; sleep 0.2
+done
+path_of() { basename $(ls -d /sys/class/nvme/$1/nvme*c*n1 | head -1); }
+PATHA=$(path_of $CA); PATHB=$(path_of $CB)
+DEV=/dev/$(echo $PATHA | sed 's/c[0-9]*n/n/')
+ana() { cat /sys/block/$1/ana_state; }
+writes() { awk '{print $5}' /sys/block/$1/stat; }
+# Wait up to 10 s for path $1 to be in ANA state $2.
+until_ana() {
+  n=0
+  while [ "$(ana $1)" != "$2" ]; do
+    n=$((n + 1)); [ $n -lt 100 ] || die "path $1 is '$(ana $1)', not $2, 10 s after the change"; sleep 0.1
+  done
+}
+until_ana $PATHA optimized; until_ana $PATHB non-optimized
+start_writers $DEV plan 0
+wait_acked 40
+wa=$(writes $PATHA); wb=$(writes $PATHB)
+[ $wa -gt 0 ] || die "no writes through A before the failover"
+t0=$(now)
+# B first, then A: there is an optimized path at every moment.
+order "ctl b ana_set {\"nqn\":\"$NQN\",\"state\":\"optimized\"}"
+order "ctl a ana_set {\"nqn\":\"$NQN\",\"group\":1,\"state\":\"non-optimized\"}"
+until_ana $PATHB optimized; until_ana $PATHA non-optimized
+t1=$(now)
+sleep 0.5 # requests already queued on A finish there
+wa=$(writes $PATHA); wb=$(writes $PATHB)
+wait_acked 60
+da=$(( $(writes $PATHA) - wa )); db=$(( $(writes $PATHB) - wb ))
+echo "after ana_set: $da writes on A, $db on B; the host saw the new states $(echo "$t1 $t0" | awk '{printf "%.2f", $1 - $2}') s after the first call"
+[ $db -ge 60 ] && [ $da = 0 ] || die "I/O did not move to B ($da on A, $db on B)"
+ok "planned failover: ana_set moved the optimized path from A to B, and the writes with it"
+order "ctl a drain {}"
+until_ana $PATHA inaccessible
+wa=$(writes $PATHA)
+wait_acked 40
+[ $(( $(writes $PATHA) - wa )) = 0 ] || die "writes went to the drained gateway A"
+ok "drain: A inaccessible, the writes stay on B"
+PLANNED=$(longest_gap $t0)
+# Back to A, then lose it for real: the unplanned failover, same writers.
+order "ctl a ana_set {\"nqn\":\"$NQN\",\"state\":\"optimized\"}"
+order "ctl b ana_set {\"nqn\":\"$NQN\",\"state\":\"non-optimized\"}"
+until_ana $PATHA optimized; until_ana $PATHB non-optimized
+sleep 0.5
+wa=$(writes $PATHA)
+wait_acked 40
+[ $(( $(writes $PATHA) - wa )) -ge 40 ] || die "the writes did not return to A"
+t2=$(now)
+order kill-a
+wb=$(writes $PATHB)
+wait_acked 60
+[ $(( $(writes $PATHB) - wb )) -ge 60 ] || die "the writes did not go on through B after A was killed"
+UNPLANNED=$(longest_gap $t2)
+order start-a
+stop_writers $DEV plan
+echo "FAILOVER-GAPS: nvme planned ${PLANNED} s, unplanned ${UNPLANNED} s"
+ok "no write failed and every acknowledged block reads back (planned ${PLANNED} s, unplanned ${UNPLANNED} s longest pause)"
+n=0
+while [ "$(cat /sys/class/nvme/$CA/state)" != live ]; do
+  n=$((n + 1)); [ $n -lt 600 ] || die "controller $CA did not reconnect within 60 s"; sleep 0.1
+done
+nvme disconnect -n $NQN > /dev/null || die "disconnect"
+
+# ================= 4. iSCSI with dm-multipath and multipathd =================
+step "iSCSI through dm-multipath: gateway A killed under writes"
+command -v multipathd > /dev/null || die "the image has no multipathd (tests/kernel-vm/vm lacks multipath-tools)"
+modprobe dm-multipath; modprobe dm-round-robin; modprobe scsi_dh_alua
+mkdir -p /etc/multipath
+cat > /etc/multipath.conf <<'CONF'
+defaults {
+  user_friendly_names no
+  find_multipaths off
+  polling_interval 1
+}
+devices {
+  device {
+    vendor "BLKWIRE"
+    product ".*"
+    path_grouping_policy group_by_prio
+    prio alua
+    hardware_handler "1 alua"
+    failback immediate
+    no_path_retry queue
+    path_checker tur
+  }
+}
+CONF
+for p in $IA $IB; do
+  # A dead portal fails its path's I/O after 5 s, for dm-multipath to retry on B.
+  iscsiadm -m node -T $IQN -p $T:$p -o update -n node.session.timeo.replacement_timeout -v 5 > /dev/null
+  iscsiadm -m node -T $IQN -p $T:$p --login > /dev/null || die "iSCSI login to port $p"
+done
+n=0
+while [ -z "$(disk_of $IA)" ] || [ -z "$(disk_of $IB)" ]; do
+  n=$((n + 1)); [ $n -lt 100 ] || die "no disks for the iSCSI sessions"; sleep 0.2
+done
+SA=$(disk_of $IA); SB=$(disk_of $IB)
+# No udev in the guest, and multipath skips devices udev has not seen:
+# write the two entries udev's database would hold for each path (that it
+# was seen, and its ID_SERIAL: "3" and the NAA designator, as scsi_id
+# gives it).
+mkdir -p /run/udev/data
+for d in $SA $SB; do
+  wwid=$(cat /sys/block/$d/device/wwid)
+  printf 'I:1\nE:ID_SERIAL=3%s\nE:SCSI_IDENT_LUN_NAA_REGEXT=%s\n' "${wwid#naa.}" "${wwid#naa.}" > /run/udev/data/b$(cat /sys/block/$d/dev)
+done
+multipathd -d -v2 > /tmp/multipathd.log 2>&1 &
+until_ok 100 multipathd show daemon || die "multipathd did not start: $(cat /tmp/multipathd.log)"
+n=0
+while ! multipath -ll 2>/dev/null | grep -q "dm-[0-9]"; do
+  multipath -v2 > /dev/null 2>&1 || true
+  n=$((n + 1)); [ $n -lt 50 ] || die "multipath made no map: $(multipath -v3 2>&1 | tail -30)"; sleep 0.2
+done
+multipath -ll
+# No udev to make /dev/mapper/NAME: the map's own node.
+MPDEV=/dev/$(multipath -ll | grep -m1 -o "dm-[0-9]*")
+[ -b $MPDEV ] || die "no device node $MPDEV"
+multipath -ll | grep -q "$SA" && multipath -ll | grep -q "$SB" || die "the map does not hold both paths ($SA, $SB)"
+ok "one dm-multipath map over both gateways' paths ($MPDEV)"
+start_writers $MPDEV mpath 8192
+wait_acked 40
+wa=$(writes $SA); wb=$(writes $SB)
+wait_acked 40
+da=$(( $(writes $SA) - wa )); db=$(( $(writes $SB) - wb ))
+echo "multipath: $da writes on A ($SA), $db on B ($SB)"
+[ $da -ge 40 ] && [ $db = 0 ] || die "dm-multipath does not prefer A's active/optimized path ($da on A, $db on B)"
+t3=$(now)
+order kill-a
+wb=$(writes $SB)
+wait_acked 60 1200
+db=$(( $(writes $SB) - wb ))
+echo "after the kill: $db writes on B"
+multipath -ll
+[ $db -ge 60 ] || die "only $db writes went through B"
+MPGAP=$(longest_gap $t3)
+stop_writers $MPDEV mpath
+echo "FAILOVER-GAPS: iscsi multipath unplanned ${MPGAP} s"
+ok "dm-multipath: I/O continued through B after A was killed (longest pause ${MPGAP} s), no acknowledged write lost"
+order start-a
 echo "MP-ALL-OK"

@@ -4,13 +4,15 @@
 //! sg_persist and NVMe reservations through nvme-cli, made through one
 //! gateway and enforced and reported by the other, and by a gateway
 //! killed and restarted (the state lives in a RADOS object beside the
-//! image, see docs/ceph.md).
+//! image, see docs/ceph.md); planned failover under writes (`ctl ana_set`,
+//! `ctl drain`) and, for comparison, the unplanned one (gateway A killed);
+//! iSCSI through dm-multipath and multipathd with gateway A killed.
 //!
 //! The guest steers the test through a small order port: `kill-a`,
 //! `start-a`, and `ctl a|b METHOD JSON` (a control call on a gateway).
 
 use crate::common;
-use crate::rbd_gateways::{guest_script, Orders};
+use crate::rbd_gateways::{check_ledgers, guest_script, Orders};
 use common::ceph::{gateway_toml, Ceph, Gateway, GATEWAY_IQN, GATEWAY_NQN};
 use common::*;
 use std::path::PathBuf;
@@ -83,6 +85,11 @@ fn two_rbd_gateways_share_reservations_with_a_linux_host() {
         "MP-OK: NVMe: acquired through A",
         "MP-OK: NVMe: preempted and released through B",
         "MP-OK: NVMe: gateway A restarted reports the reservation",
+        "MP-OK: planned failover: ana_set moved the optimized path from A to B",
+        "MP-OK: drain: A inaccessible",
+        "MP-OK: no write failed and every acknowledged block reads back",
+        "MP-OK: one dm-multipath map over both gateways' paths",
+        "MP-OK: dm-multipath: I/O continued through B after A was killed",
         "MP-ALL-OK",
     ] {
         assert!(run.output.contains(step), "guest did not report {step:?}\n{}", run.output);
@@ -90,6 +97,18 @@ fn two_rbd_gateways_share_reservations_with_a_linux_host() {
     assert!(run.status.success(), "guest script failed");
     assert_eq!(failures.lock().expect("failures").clone(), Vec::<String>::new(), "control calls failed");
     assert!(done.iter().filter(|o| *o == "kill-a").count() >= 2, "orders the guest gave: {done:?}");
+
+    // What the guest was told is written must be in the cluster itself.
+    let export = dir_b.path().join("export.bin");
+    ceph.rbd(&["export", "--no-progress", &format!("rbd/{image}"), export.to_str().expect("UTF-8")]);
+    let data = std::fs::read(&export).expect("read export");
+    let planned = check_ledgers(&data, &run.output, "plan");
+    let mpath = check_ledgers(&data, &run.output, "mpath");
+    eprintln!("rbd_ha: {planned} NVMe and {mpath} dm-multipath acknowledged writes of the failover runs found in rbd export");
+    assert!(planned >= 200 && mpath >= 100, "too few acknowledged writes to mean anything: {planned} NVMe, {mpath} dm-multipath");
+    for l in run.output.lines().filter(|l| l.contains("FAILOVER-GAPS")) {
+        eprintln!("rbd_ha: {l}");
+    }
 
     assert!(b.is_running(), "gateway B died:\n{}", b.log_text());
     assert!(b.stop().success(), "gateway B did not stop cleanly");
