@@ -15,8 +15,9 @@
 #     fails; every acknowledged block reads back (here and, from the
 #     ledgers, in rbd export on the host).
 #  4. iSCSI through dm-multipath with multipathd (ALUA, path checker TUR):
-#     gateway A killed under writes; they go on through B once the path
-#     checker and the session's replacement timeout fail A; none is lost.
+#     ctl tpg_set moves the writes to B and back (planned); then gateway
+#     A killed under writes; they go on through B once the session's
+#     replacement timeout and the path checker fail A; none is lost.
 # The test prepends PA, PB (NVMe ports), IA, IB (iSCSI ports), NQN, IQN and
 # CTL (the order port: "kill-a", "start-a", "ctl a|b METHOD JSON").
 # Runs under `sh -e` with busybox, after tests/kernel-vm/failover-lib.sh.
@@ -299,6 +300,28 @@ wait_acked 40
 da=$(( $(writes $SA) - wa )); db=$(( $(writes $SB) - wb ))
 echo "multipath: $da writes on A ($SA), $db on B ($SB)"
 [ $da -ge 40 ] && [ $db = 0 ] || die "dm-multipath does not prefer A's active/optimized path ($da on A, $db on B)"
+# Wait (up to 30 s) until 40 writes in a row went to path $1 and none to $2.
+until_writes_on() {
+  n=0
+  while :; do
+    w1=$(writes $1); w2=$(writes $2)
+    wait_acked 40
+    [ $(( $(writes $1) - w1 )) -ge 40 ] && [ $(( $(writes $2) - w2 )) = 0 ] && return 0
+    n=$((n + 1)); [ $n -lt 15 ] || die "the writes did not move to $1: $(multipath -ll)"
+  done
+}
+# Planned: tpg_set makes B active/optimized and A active/non-optimized;
+# the unit attention makes the host re-read the states, and multipathd
+# (failback immediate) switches the path group.
+t4=$(now)
+order "ctl b tpg_set {\"iqn\":\"$IQN\",\"state\":\"active-optimized\"}"
+order "ctl a tpg_set {\"iqn\":\"$IQN\",\"group\":1,\"state\":\"active-non-optimized\"}"
+until_writes_on $SB $SA
+ok "dm-multipath: tpg_set moved the writes from A to B"
+order "ctl a tpg_set {\"iqn\":\"$IQN\",\"state\":\"active-optimized\"}"
+order "ctl b tpg_set {\"iqn\":\"$IQN\",\"state\":\"active-non-optimized\"}"
+until_writes_on $SA $SB
+TPGGAP=$(longest_gap $t4)
 t3=$(now)
 order kill-a
 wb=$(writes $SB)
@@ -309,7 +332,7 @@ multipath -ll
 [ $db -ge 60 ] || die "only $db writes went through B"
 MPGAP=$(longest_gap $t3)
 stop_writers $MPDEV mpath
-echo "FAILOVER-GAPS: iscsi multipath unplanned ${MPGAP} s"
+echo "FAILOVER-GAPS: iscsi multipath planned ${TPGGAP} s, unplanned ${MPGAP} s"
 ok "dm-multipath: I/O continued through B after A was killed (longest pause ${MPGAP} s), no acknowledged write lost"
 order start-a
 echo "MP-ALL-OK"

@@ -89,6 +89,7 @@ fn two_rbd_gateways_share_reservations_with_a_linux_host() {
         "MP-OK: drain: A inaccessible",
         "MP-OK: no write failed and every acknowledged block reads back",
         "MP-OK: one dm-multipath map over both gateways' paths",
+        "MP-OK: dm-multipath: tpg_set moved the writes from A to B",
         "MP-OK: dm-multipath: I/O continued through B after A was killed",
         "MP-ALL-OK",
     ] {
