@@ -343,3 +343,29 @@ fn two_gateways_share_persistent_reservations_through_the_volume() {
     assert_eq!(reservation(&a), Some((0xb, 3)));
     conflict(&a, 1, &read10(0, 1, 0), &[]);
 }
+
+/// tpg_set / drain: the operator's ALUA state applies to every LUN, is
+/// reported by REPORT TARGET PORT GROUPS, gates media access, and each
+/// nexus learns it through ASYMMETRIC ACCESS STATE CHANGED; back to the
+/// configured state with `None`.
+#[test]
+fn operator_alua_state_changes_raise_a_unit_attention() {
+    use bw_scsi::AluaState;
+    let t = ram_target(64);
+    good(&t, 1, &tur(), &[]);
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    assert!(t.set_alua_state(Some(AluaState::Unavailable)));
+    assert!(!t.set_alua_state(Some(AluaState::Unavailable)), "no change, no notice");
+    // REPORT TARGET PORT GROUPS runs in every state: it gets the unit
+    // attention first (the command a host's ALUA handler sends), then the
+    // new state; media access is refused.
+    check(&t, 1, &rtpg, &[], (6, 0x2a, 0x06));
+    assert_eq!(good(&t, 1, &rtpg, &[])[4] & 0x0f, 3, "RTPG reports unavailable");
+    check(&t, 1, &read10(0, 1, 0), &[], (2, 0x04, 0x0c));
+    assert!(t.set_alua_state(Some(AluaState::ActiveNonOptimized)));
+    check(&t, 1, &tur(), &[], (6, 0x2a, 0x06));
+    good(&t, 1, &read10(0, 1, 0), &[]);
+    assert!(t.set_alua_state(None));
+    check(&t, 1, &rtpg, &[], (6, 0x2a, 0x06));
+    assert_eq!(good(&t, 1, &rtpg, &[])[4] & 0x0f, 0, "back to the configured active/optimized");
+}
