@@ -576,15 +576,7 @@ impl Controller {
         if self.aec & (1 << 8) == 0 {
             return None;
         }
-        match self.aers.pop_front() {
-            Some(cid) => Some(Completion::result(cid, AEN_NS_CHANGED as u64)),
-            None => {
-                if !self.events.contains(&AEN_NS_CHANGED) {
-                    self.events.push_back(AEN_NS_CHANGED);
-                }
-                None
-            }
-        }
+        self.raise_event(AEN_NS_CHANGED)
     }
 
     /// The subsystem was changed live (namespaces added, removed or
@@ -613,15 +605,7 @@ impl Controller {
         if self.aec & crate::ana::AEC_ANA_CHANGE == 0 || self.is_discovery() {
             return None;
         }
-        match self.aers.pop_front() {
-            Some(cid) => Some(Completion::result(cid, crate::ana::AEN_ANA_CHANGE as u64)),
-            None => {
-                if !self.events.contains(&crate::ana::AEN_ANA_CHANGE) {
-                    self.events.push_back(crate::ana::AEN_ANA_CHANGE);
-                }
-                None
-            }
-        }
+        self.raise_event(crate::ana::AEN_ANA_CHANGE)
     }
 
     fn resv_mask_of(&self, nsid: u32) -> u32 {
@@ -642,11 +626,17 @@ impl Controller {
             self.resv_log.pop_front();
         }
         self.resv_log.push_back((self.resv_count, kind, nsid));
+        self.raise_event(AEN_RESERVATION)
+    }
+
+    /// Complete a parked AER with event `aen`, or keep the event (once)
+    /// for the host's next AER.
+    fn raise_event(&mut self, aen: u32) -> Option<Completion> {
         match self.aers.pop_front() {
-            Some(cid) => Some(Completion::result(cid, AEN_RESERVATION as u64)),
+            Some(cid) => Some(Completion::result(cid, aen as u64)),
             None => {
-                if !self.events.contains(&AEN_RESERVATION) {
-                    self.events.push_back(AEN_RESERVATION);
+                if !self.events.contains(&aen) {
+                    self.events.push_back(aen);
                 }
                 None
             }
