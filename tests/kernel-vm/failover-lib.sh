@@ -20,6 +20,29 @@ order() {
   [ "$r" = "done $1" ] || die "host did not carry out '$1' (answered '$r')"
 }
 
+# ---- the paths ----
+ctrl_of() { # the NVMe controller (nvmeN) connected to port $1
+  for c in /sys/class/nvme/nvme*; do
+    grep -q "trsvcid=$1," $c/address 2>/dev/null && { basename $c; return 0; }
+  done
+  return 1
+}
+# Wait until controllers $1 and $2 both have their namespace path.
+wait_nvme_paths() {
+  n=0
+  while [ -z "$(ls -d /sys/class/nvme/$1/nvme*c*n1 /sys/class/nvme/$2/nvme*c*n1 2>/dev/null | sed -n 2p)" ]; do
+    n=$((n + 1)); [ $n -lt 100 ] || die "namespace paths did not appear"; sleep 0.2
+  done
+}
+path_of() { basename $(ls -d /sys/class/nvme/$1/nvme*c*n1 | head -1); } # controller $1's namespace path
+ana() { cat /sys/block/$1/ana_state; }
+writes() { awk '{print $5}' /sys/block/$1/stat; } # writes completed on block device $1
+disk_of() { # the sd disk of the iSCSI session through portal port $1
+  iscsiadm -m session -P 3 2>/dev/null | awk -v p="$T:$1," '
+    /Current Portal:/ { cur = index($0, p) > 0 }
+    /Attached scsi disk/ && cur { print $4; exit }'
+}
+
 # ---- writers with a ledger of acknowledged writes ----
 # writers DEV MARK FIRST: 4 writers, writer k writes blocks FIRST+k,
 # FIRST+k+4, ... each 4 KiB block holding "MARK block NNNNNNNN"; after each

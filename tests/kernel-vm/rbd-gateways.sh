@@ -31,19 +31,9 @@ step "connect to both gateways"
 for p in $PA $PB; do
   nvme connect -t tcp -a $T -s $p -n $NQN --ctrl-loss-tmo=120 --reconnect-delay=1 || die "nvme connect to port $p"
 done
-ctrl_of() { # the controller (nvmeN) connected to port $1
-  for c in /sys/class/nvme/nvme*; do
-    grep -q "trsvcid=$1," $c/address 2>/dev/null && { basename $c; return 0; }
-  done
-  return 1
-}
 CA=$(ctrl_of $PA) || die "no controller for gateway A"
 CB=$(ctrl_of $PB) || die "no controller for gateway B"
-i=0
-while [ -z "$(ls -d /sys/class/nvme/$CA/nvme*c*n1 /sys/class/nvme/$CB/nvme*c*n1 2>/dev/null | sed -n 2p)" ]; do
-  i=$((i + 1)); [ $i -lt 50 ] || die "namespace paths did not appear"; sleep 0.2
-done
-path_of() { basename $(ls -d /sys/class/nvme/$1/nvme*c*n1 | head -1); }
+wait_nvme_paths $CA $CB
 PATHA=$(path_of $CA); PATHB=$(path_of $CB)
 DEV=/dev/$(echo $PATHA | sed 's/c[0-9]*n/n/')
 [ "$DEV" = "/dev/$(echo $PATHB | sed 's/c[0-9]*n/n/')" ] || die "the gateways' namespaces did not join one multipath head ($PATHA, $PATHB)"
@@ -56,7 +46,6 @@ nvme list-subsys -o json > /tmp/subsys.json
 echo "gateway A: $CA ($PATHA, cntlid $(cat /sys/class/nvme/$CA/cntlid)), gateway B: $CB ($PATHB, cntlid $(cat /sys/class/nvme/$CB/cntlid)), head $DEV"
 ok "one multipath namespace $DEV with two paths"
 
-ana() { cat /sys/block/$1/ana_state; }
 [ "$(ana $PATHA)" = optimized ] || die "path A ANA state is '$(ana $PATHA)', not optimized"
 [ "$(ana $PATHB)" = non-optimized ] || die "path B ANA state is '$(ana $PATHB)', not non-optimized"
 nvme ana-log /dev/$CA > /tmp/ana.a || die "nvme ana-log on A"
@@ -65,8 +54,6 @@ grep -q "state.*:[[:space:]]*optimized" /tmp/ana.a && grep -q "state.*:[[:space:
   || die "nvme ana-log: A says '$(grep state /tmp/ana.a)', B says '$(grep state /tmp/ana.b)'"
 ok "ANA states: A optimized, B non-optimized (sysfs and nvme ana-log)"
 
-# Writes completed on a path (field 5 of its block stat file).
-writes() { awk '{print $5}' /sys/block/$1/stat; }
 wa=$(writes $PATHA); wb=$(writes $PATHB)
 dd if=/dev/zero of=$DEV bs=4k count=20 seek=16000 oflag=direct 2>/dev/null || die "20 writes"
 da=$(( $(writes $PATHA) - wa )); db=$(( $(writes $PATHB) - wb ))
@@ -122,11 +109,6 @@ for p in $IA $IB; do
   iscsiadm -m node -o new -T $IQN -p $T:$p > /dev/null
   iscsiadm -m node -T $IQN -p $T:$p --login > /dev/null || die "iSCSI login to port $p"
 done
-disk_of() { # the sd disk of the session through portal port $1
-  iscsiadm -m session -P 3 2>/dev/null | awk -v p="$T:$1," '
-    /Current Portal:/ { cur = index($0, p) > 0 }
-    /Attached scsi disk/ && cur { print $4; exit }'
-}
 n=0
 while [ -z "$(disk_of $IA)" ] || [ -z "$(disk_of $IB)" ] || [ ! -b /dev/$(disk_of $IA) ] || [ ! -b /dev/$(disk_of $IB) ]; do
   n=$((n + 1)); [ $n -lt 100 ] || die "no disks for the iSCSI sessions: $(iscsiadm -m session -P 3)"; sleep 0.2

@@ -43,11 +43,6 @@ for p in $IA $IB; do
   iscsiadm -m node -T $IQN -p $T:$p -o update -n node.session.timeo.replacement_timeout -v 120 > /dev/null
   iscsiadm -m node -T $IQN -p $T:$p --login > /dev/null || die "iSCSI login to port $p"
 done
-disk_of() { # the sd disk of the session through portal port $1
-  iscsiadm -m session -P 3 2>/dev/null | awk -v p="$T:$1," '
-    /Current Portal:/ { cur = index($0, p) > 0 }
-    /Attached scsi disk/ && cur { print $4; exit }'
-}
 n=0
 while [ -z "$(disk_of $IA)" ] || [ -z "$(disk_of $IB)" ] || [ ! -b /dev/$(disk_of $IA) ] || [ ! -b /dev/$(disk_of $IB) ]; do
   n=$((n + 1)); [ $n -lt 100 ] || die "no disks for the iSCSI sessions: $(iscsiadm -m session -P 3)"; sleep 0.2
@@ -106,21 +101,12 @@ H1=nqn.2014-08.org.nvmexpress:uuid:11111111-1111-1111-1111-111111111111
 H2=nqn.2014-08.org.nvmexpress:uuid:22222222-2222-2222-2222-222222222222
 nvme connect -t tcp -a $T -s $PA -n $NQN --hostnqn=$H1 --hostid=11111111-1111-1111-1111-111111111111 --ctrl-loss-tmo=120 --reconnect-delay=1 || die "nvme connect A"
 nvme connect -t tcp -a $T -s $PB -n $NQN --hostnqn=$H2 --hostid=22222222-2222-2222-2222-222222222222 --ctrl-loss-tmo=120 --reconnect-delay=1 || die "nvme connect B"
-ctrl_of() { # the controller (nvmeN) connected to port $1
-  for c in /sys/class/nvme/nvme*; do
-    grep -q "trsvcid=$1," $c/address 2>/dev/null && { basename $c; return 0; }
-  done
-  return 1
-}
 CA=$(ctrl_of $PA) || die "no controller for gateway A"
 CB=$(ctrl_of $PB) || die "no controller for gateway B"
 # Each controller's own path: its character device with an explicit NSID
 # (Linux 6.1 makes no per-path ngXnY devices under native multipath; with
 # one namespace, NVME_IOCTL_IO_CMD on the controller goes to it).
-n=0
-while [ -z "$(ls -d /sys/class/nvme/$CA/nvme*c*n1 /sys/class/nvme/$CB/nvme*c*n1 2>/dev/null | sed -n 2p)" ]; do
-  n=$((n + 1)); [ $n -lt 100 ] || die "namespace paths did not appear"; sleep 0.2
-done
+wait_nvme_paths $CA $CB
 GA=/dev/$CA; GB=/dev/$CB
 echo "host 1 through gateway A: $CA $GA; host 2 through gateway B: $CB $GB"
 nvme id-ns $GA -n 1 | grep -i "rescap" || true
@@ -141,8 +127,14 @@ nvme resv-register $GB -n 1 --nrkey=0xb2 --rrega=0 || die "resv-register through
 nvme resv-acquire $GB -n 1 --crkey=0xb2 --prkey=0xa1 --rtype=1 --racqa=1 || die "preempt through B"
 nwrite $GB > /tmp/w.b || die "B refused the new holder's write: $(cat /tmp/w.b)"
 nconflicts $GA || die "A let the preempted host write"
-nvme get-log /dev/$CA --log-id=0x80 --log-len=64 --raw-binary > /tmp/rnlog || die "reservation log page on A"
-kind=$(od -An -tu1 -j8 -N1 /tmp/rnlog | tr -d ' ')
+# The notice reaches A's controller on its own thread: read until it is there.
+n=0
+while :; do
+  nvme get-log /dev/$CA --log-id=0x80 --log-len=64 --raw-binary > /tmp/rnlog || die "reservation log page on A"
+  kind=$(od -An -tu1 -j8 -N1 /tmp/rnlog | tr -d ' ')
+  [ "$kind" = 0 ] || break
+  n=$((n + 1)); [ $n -lt 50 ] || break; sleep 0.1
+done
 [ "$kind" = 1 ] || die "host 1's reservation log page on A: type '$kind', not 1 (registration preempted): $(od -An -tx1 /tmp/rnlog | head -2)"
 nvme resv-release $GB -n 1 --crkey=0xb2 --rtype=1 --rrela=0 || die "resv-release through B"
 report $GA | tee /tmp/nr.a
@@ -172,15 +164,9 @@ for p in $PA $PB; do
 done
 CA=$(ctrl_of $PA) || die "no controller for gateway A"
 CB=$(ctrl_of $PB) || die "no controller for gateway B"
-n=0
-while [ -z "$(ls -d /sys/class/nvme/$CA/nvme*c*n1 /sys/class/nvme/$CB/nvme*c*n1 2>/dev/null | sed -n 2p)" ]; do
-  n=$((n + 1)); [ $n -lt 50 ] || die "namespace paths did not appear"; sleep 0.2
-done
-path_of() { basename $(ls -d /sys/class/nvme/$1/nvme*c*n1 | head -1); }
+wait_nvme_paths $CA $CB
 PATHA=$(path_of $CA); PATHB=$(path_of $CB)
 DEV=/dev/$(echo $PATHA | sed 's/c[0-9]*n/n/')
-ana() { cat /sys/block/$1/ana_state; }
-writes() { awk '{print $5}' /sys/block/$1/stat; }
 # Wait up to 10 s for path $1 to be in ANA state $2.
 until_ana() {
   n=0

@@ -86,16 +86,22 @@ fn listen_for_notices(e: &Arc<CtrlEntry>, s: &Subsystem) {
     for ns in &s.namespaces {
         let (weak, nsid, who) = (Arc::downgrade(e), ns.nsid, e.host.who.as_str().to_string());
         listeners.push(ns.volume.reservations().listen(move |ev| {
-            let Some(e) = weak.upgrade() else { return };
             if ev.who != who {
                 return;
             }
             let kind = bw_nvme::reservation::notice_type(ev.notice);
-            let aen = e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).reservation_notice(nsid, kind);
-            if let Some(c) = aen {
-                e.events.lock().unwrap_or_else(|p| p.into_inner()).push(c);
-                e.events_ready.notify_one();
-            }
+            // On a thread of its own: a notice can come from a change made
+            // while this very controller is locked (Set Features on the
+            // admin queue), and notices are rare.
+            let weak = weak.clone();
+            std::thread::spawn(move || {
+                let Some(e) = weak.upgrade() else { return };
+                let aen = e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).reservation_notice(nsid, kind);
+                if let Some(c) = aen {
+                    e.events.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+                    e.events_ready.notify_one();
+                }
+            });
         }));
     }
     *e.notices.lock().unwrap_or_else(|p| p.into_inner()) = listeners;
