@@ -14,80 +14,13 @@
 # The test prepends PA, PB (NVMe ports), IA, IB (iSCSI ports), NQN, IQN,
 # MACA, MACB (the gateways' AoE MACs, 12 hex digits) and CTL, a port on
 # which the host test takes orders ("kill-a", "start-a") and answers
-# "done ORDER" once carried out. Runs under `sh -e` with busybox.
+# "done ORDER" once carried out. Runs under `sh -e` with busybox, after
+# tests/kernel-vm/failover-lib.sh.
 : "${PA:=4420}" "${PB:=4421}" "${IA:=3260}" "${IB:=3261}" "${CTL:=9999}"
 : "${NQN:=nqn.2026-11.org.blockwire:rbd-mp}" "${IQN:=iqn.2026-11.org.blockwire.test:rbd-mp}"
 : "${MACA:=000000000000}" "${MACB:=000000000000}"
 T=10.0.2.2
-step() { echo "MP-STEP: $*"; }
-ok() { echo "MP-OK: $*"; }
-die() {
-  echo "MP-FAIL: $*"
-  touch /tmp/stop
-  nvme list-subsys 2>&1 || true
-  cat /sys/kernel/debug/aoe/* 2>/dev/null || true
-  dmesg | grep -i -E "nvme|aoe|iscsi|sd " | tail -30
-  exit 1
-}
-
-# Ask the host test to do something and wait until it is done.
-order() {
-  r=$(echo "$1" | nc $T $CTL) || die "control channel: nc failed for $1"
-  [ "$r" = "done $1" ] || die "host did not carry out '$1' (answered '$r')"
-}
-
-# ---- writers with a ledger of acknowledged writes ----
-# writers DEV MARK FIRST: 4 writers, writer k writes blocks FIRST+k,
-# FIRST+k+4, ... each 4 KiB block holding "MARK block NNNNNNNN"; after each
-# acknowledged O_DIRECT write the block number and the time go to its ledger.
-# Any failed write is an error the host was not supposed to see.
-writer() {
-  dev=$1 mark=$2 i=$3 led=/tmp/ledger.$4
-  while [ ! -e /tmp/stop ]; do
-    if ! printf '%s block %08d\n' $mark $i | dd of=$dev bs=4096 seek=$i count=1 conv=sync oflag=direct 2>/tmp/dd.err.$4; then
-      echo "write of block $i failed: $(cat /tmp/dd.err.$4)" > /tmp/writer.error
-      return 1
-    fi
-    echo "$i $(cut -d' ' -f1 /proc/uptime)" >> $led
-    i=$((i + 4))
-  done
-}
-start_writers() {
-  rm -f /tmp/stop /tmp/writer.error /tmp/ledger.*
-  WRITERS=""
-  for k in 0 1 2 3; do
-    : > /tmp/ledger.$k
-    writer $1 $2 $(($3 + k)) $k &
-    WRITERS="$WRITERS $!"
-  done
-}
-acked() { cat /tmp/ledger.* | wc -l; }
-# Wait until N more writes are acknowledged (or a writer failed).
-wait_acked() {
-  want=$(( $(acked) + $1 )); n=0
-  while [ $(acked) -lt $want ]; do
-    [ -e /tmp/writer.error ] && die "$(cat /tmp/writer.error)"
-    n=$((n + 1)); [ $n -lt ${2:-600} ] || die "writes stalled at $(acked) (waited $((${2:-600} / 10)) s for $want)"
-    sleep 0.1
-  done
-}
-# Stop the writers; check every acknowledged block reads back; print the
-# ledger (for the host's own check against the cluster) and the longest
-# pause between two acknowledged writes.
-stop_writers() {
-  touch /tmp/stop
-  for w in $WRITERS; do wait $w || true; done
-  [ ! -e /tmp/writer.error ] || die "$(cat /tmp/writer.error)"
-  for k in 0 1 2 3; do
-    while read -r i t; do
-      got=$(dd if=$1 bs=4096 skip=$i count=1 iflag=direct 2>/dev/null | head -c 28)
-      [ "$got" = "$(printf '%s block %08d' $2 $i)" ] || die "block $i reads back as '$got' after an acknowledged write"
-    done < /tmp/ledger.$k
-    echo "$2-LEDGER: writer $k blocks $(head -1 /tmp/ledger.$k | cut -d' ' -f1) to $(tail -1 /tmp/ledger.$k | cut -d' ' -f1) step 4 count $(wc -l < /tmp/ledger.$k)"
-  done
-  gap=$(cat /tmp/ledger.* | cut -d' ' -f2 | sort -n | awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { printf "%.2f", g }')
-  echo "$2: $(acked) acknowledged writes all read back; longest pause between acknowledgements ${gap} s"
-}
+# step, ok, die, order and the writers with their ledgers: failover-lib.sh.
 
 # ================= 1. NVMe/TCP: ANA and native multipath =================
 modprobe nvme-tcp 2>/dev/null || modprobe nvme_tcp || die "no nvme-tcp module"
@@ -98,19 +31,9 @@ step "connect to both gateways"
 for p in $PA $PB; do
   nvme connect -t tcp -a $T -s $p -n $NQN --ctrl-loss-tmo=120 --reconnect-delay=1 || die "nvme connect to port $p"
 done
-ctrl_of() { # the controller (nvmeN) connected to port $1
-  for c in /sys/class/nvme/nvme*; do
-    grep -q "trsvcid=$1," $c/address 2>/dev/null && { basename $c; return 0; }
-  done
-  return 1
-}
 CA=$(ctrl_of $PA) || die "no controller for gateway A"
 CB=$(ctrl_of $PB) || die "no controller for gateway B"
-i=0
-while [ -z "$(ls -d /sys/class/nvme/$CA/nvme*c*n1 /sys/class/nvme/$CB/nvme*c*n1 2>/dev/null | sed -n 2p)" ]; do
-  i=$((i + 1)); [ $i -lt 50 ] || die "namespace paths did not appear"; sleep 0.2
-done
-path_of() { basename $(ls -d /sys/class/nvme/$1/nvme*c*n1 | head -1); }
+wait_nvme_paths $CA $CB
 PATHA=$(path_of $CA); PATHB=$(path_of $CB)
 DEV=/dev/$(echo $PATHA | sed 's/c[0-9]*n/n/')
 [ "$DEV" = "/dev/$(echo $PATHB | sed 's/c[0-9]*n/n/')" ] || die "the gateways' namespaces did not join one multipath head ($PATHA, $PATHB)"
@@ -123,7 +46,6 @@ nvme list-subsys -o json > /tmp/subsys.json
 echo "gateway A: $CA ($PATHA, cntlid $(cat /sys/class/nvme/$CA/cntlid)), gateway B: $CB ($PATHB, cntlid $(cat /sys/class/nvme/$CB/cntlid)), head $DEV"
 ok "one multipath namespace $DEV with two paths"
 
-ana() { cat /sys/block/$1/ana_state; }
 [ "$(ana $PATHA)" = optimized ] || die "path A ANA state is '$(ana $PATHA)', not optimized"
 [ "$(ana $PATHB)" = non-optimized ] || die "path B ANA state is '$(ana $PATHB)', not non-optimized"
 nvme ana-log /dev/$CA > /tmp/ana.a || die "nvme ana-log on A"
@@ -132,8 +54,6 @@ grep -q "state.*:[[:space:]]*optimized" /tmp/ana.a && grep -q "state.*:[[:space:
   || die "nvme ana-log: A says '$(grep state /tmp/ana.a)', B says '$(grep state /tmp/ana.b)'"
 ok "ANA states: A optimized, B non-optimized (sysfs and nvme ana-log)"
 
-# Writes completed on a path (field 5 of its block stat file).
-writes() { awk '{print $5}' /sys/block/$1/stat; }
 wa=$(writes $PATHA); wb=$(writes $PATHB)
 dd if=/dev/zero of=$DEV bs=4k count=20 seek=16000 oflag=direct 2>/dev/null || die "20 writes"
 da=$(( $(writes $PATHA) - wa )); db=$(( $(writes $PATHB) - wb ))
@@ -189,11 +109,6 @@ for p in $IA $IB; do
   iscsiadm -m node -o new -T $IQN -p $T:$p > /dev/null
   iscsiadm -m node -T $IQN -p $T:$p --login > /dev/null || die "iSCSI login to port $p"
 done
-disk_of() { # the sd disk of the session through portal port $1
-  iscsiadm -m session -P 3 2>/dev/null | awk -v p="$T:$1," '
-    /Current Portal:/ { cur = index($0, p) > 0 }
-    /Attached scsi disk/ && cur { print $4; exit }'
-}
 n=0
 while [ -z "$(disk_of $IA)" ] || [ -z "$(disk_of $IB)" ] || [ ! -b /dev/$(disk_of $IA) ] || [ ! -b /dev/$(disk_of $IB) ]; do
   n=$((n + 1)); [ $n -lt 100 ] || die "no disks for the iSCSI sessions: $(iscsiadm -m session -P 3)"; sleep 0.2

@@ -149,6 +149,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Whether the bytes at `offset` are backed by storage, and for how long
     /// that stays so (at most `len`). Backends that cannot tell report
     /// everything as allocated, which is always a safe answer.
+    /// Where the volume's persistent reservations are kept so that every
+    /// process serving it sees them (`None`: this process only).
+    fn reservation_store(&self) -> io::Result<Option<Box<dyn bw_reservation::Store>>> {
+        Ok(None)
+    }
     /// Change the size to `new_size` bytes (growing reads back as zeroes).
     /// Backends that cannot say no.
     fn resize(&self, new_size: u64) -> io::Result<()> {

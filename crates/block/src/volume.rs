@@ -14,6 +14,25 @@ pub struct IoStats {
     pub flushes: AtomicU64,
     pub discards: AtomicU64,
     pub errors: AtomicU64,
+    /// Requests started and not finished yet (`blockwire ctl drain` waits
+    /// for them).
+    pub in_flight: AtomicU64,
+}
+
+/// Counts one request in flight until dropped.
+struct Busy(Arc<IoStats>);
+
+impl Busy {
+    fn new(stats: &Arc<IoStats>) -> Busy {
+        stats.in_flight.fetch_add(1, Relaxed);
+        Busy(stats.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
 }
 
 #[derive(Default, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -72,18 +91,49 @@ struct VolumeInner {
     size: AtomicU64,
     /// Shared with submitted requests, which count their own errors.
     stats: Arc<IoStats>,
+    /// The volume's persistent reservations, shared by every front-end
+    /// that exports it (and, through its store, by other gateways).
+    reservations: Arc<bw_reservation::Shared>,
 }
 
 impl Volume {
+    /// A volume whose reservations live in this process only.
     pub fn new(name: impl Into<String>, dev: Box<dyn BlockDevice>) -> Self {
-        let read_only = dev.info().read_only;
-        let size = AtomicU64::new(dev.info().size_bytes);
-        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default() }) }
+        Volume::with_reservations(name, dev, bw_reservation::Shared::in_memory())
     }
 
-    /// Open a backend spec and wrap it.
+    fn with_reservations(name: impl Into<String>, dev: Box<dyn BlockDevice>, reservations: Arc<bw_reservation::Shared>) -> Self {
+        let read_only = dev.info().read_only;
+        let size = AtomicU64::new(dev.info().size_bytes);
+        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default(), reservations }) }
+    }
+
+    /// Open a backend spec and wrap it. Its persistent reservations are
+    /// read back from where they live: beside a regular file
+    /// (`FILE.pr`), in a RADOS object beside an RBD image, in memory for
+    /// the rest.
     pub fn open(name: impl Into<String>, spec: &crate::BackendSpec) -> Result<Self> {
-        Ok(Volume::new(name, crate::open(spec)?))
+        let name = name.into();
+        let dev = crate::open(spec)?;
+        let store: Option<Box<dyn bw_reservation::Store>> = match &spec.kind {
+            crate::BackendKind::File { path, .. } if !spec.readonly && std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
+                Some(Box::new(bw_reservation::FileStore::beside(path)))
+            }
+            _ => dev.reservation_store()?,
+        };
+        let reservations = match store {
+            Some(store) => {
+                let what = store.describe();
+                bw_reservation::Shared::open(store).map_err(|e| std::io::Error::new(e.kind(), format!("volume {name}: reservations in {what}: {e}")))?
+            }
+            None => bw_reservation::Shared::in_memory(),
+        };
+        Ok(Volume::with_reservations(name, dev, reservations))
+    }
+
+    /// The volume's persistent reservations (SCSI and NVMe share them).
+    pub fn reservations(&self) -> &Arc<bw_reservation::Shared> {
+        &self.inner.reservations
     }
 
     pub fn name(&self) -> &str {
@@ -135,8 +185,14 @@ impl Volume {
         r.map_err(|e| self.inner.stats.io_error(e))
     }
 
+    /// Requests started on the volume and not finished.
+    pub fn in_flight(&self) -> u64 {
+        self.inner.stats.in_flight.load(Relaxed)
+    }
+
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.count_read(buf.len() as u64);
         self.count_err(self.inner.dev.read_at(buf, offset))
     }
@@ -160,17 +216,20 @@ impl Volume {
 
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.check_write(offset, buf.len() as u64)?;
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.count_write(buf.len() as u64);
         self.count_err(self.inner.dev.write_at(buf, offset))
     }
 
     pub fn flush(&self) -> Result<()> {
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.flushes.fetch_add(1, Relaxed);
         self.count_err(self.inner.dev.flush())
     }
 
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_write(offset, len)?;
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.discards.fetch_add(1, Relaxed);
         self.count_err(self.inner.dev.discard(offset, len))
     }
@@ -199,7 +258,14 @@ impl Volume {
         } else {
             stats.count_read(len);
         }
-        self.inner.dev.submit(req, Box::new(move |req, r| done(req, r.map_err(|e| stats.io_error(e)))));
+        let busy = Busy::new(&stats);
+        self.inner.dev.submit(
+            req,
+            Box::new(move |req, r| {
+                drop(busy);
+                done(req, r.map_err(|e| stats.io_error(e)))
+            }),
+        );
     }
 
     /// The allocation state at `offset` and how far it extends (at most
@@ -214,6 +280,7 @@ impl Volume {
 
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check_write(offset, len)?;
+        let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.writes.fetch_add(1, Relaxed);
         self.count_err(self.inner.dev.write_zeroes(offset, len))
     }

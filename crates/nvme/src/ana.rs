@@ -63,10 +63,17 @@ impl AnaState {
 /// This gateway's ANA state for a subsystem's groups. Shared by every
 /// controller of the subsystem (clones share the state), so a change is
 /// seen by all of them at once; `change_count` is CHGCNT of the log page.
+/// One state for every group (the configuration's `ana_state`), which
+/// `blockwire ctl ana_set` may override group by group at run time.
 #[derive(Debug, Clone)]
 pub struct Ana {
     state: Arc<AtomicU8>,
+    /// Per group id (1..=MAX_GROUPS): 0 follows `state`.
+    groups: Arc<[AtomicU8]>,
     change_count: Arc<AtomicU64>,
+    /// The state the configuration asks for, to tell a reload that changes
+    /// it from one that keeps it (and keeps the run-time state).
+    configured: Arc<AtomicU8>,
 }
 
 impl Default for Ana {
@@ -77,23 +84,64 @@ impl Default for Ana {
 
 impl Ana {
     pub fn new(state: AnaState) -> Ana {
-        Ana { state: Arc::new(AtomicU8::new(state as u8)), change_count: Arc::new(AtomicU64::new(1)) }
+        Ana {
+            state: Arc::new(AtomicU8::new(state as u8)),
+            groups: (0..=MAX_GROUPS).map(|_| AtomicU8::new(0)).collect(),
+            change_count: Arc::new(AtomicU64::new(1)),
+            configured: Arc::new(AtomicU8::new(state as u8)),
+        }
     }
+    /// The state of the groups without a state of their own.
     pub fn state(&self) -> AnaState {
         AnaState::from(self.state.load(Relaxed))
     }
-    /// Change the state; true if it changed (then every controller of the
-    /// subsystem should send an ANA change notice, see
-    /// [`crate::Controller::ana_changed`]).
+    /// The state of group `group`.
+    #[inline]
+    pub fn state_of(&self, group: u32) -> AnaState {
+        match self.groups.get(group as usize).map(|g| g.load(Relaxed)) {
+            Some(0) | None => self.state(),
+            Some(s) => AnaState::from(s),
+        }
+    }
+    /// Change the state of every group; true if any group's changed (then
+    /// every controller of the subsystem should send an ANA change notice,
+    /// see [`crate::Controller::ana_changed`]).
     pub fn set_state(&self, s: AnaState) -> bool {
-        let changed = self.state.swap(s as u8, Relaxed) != s as u8;
+        let mut changed = self.state.swap(s as u8, Relaxed) != s as u8;
+        for g in self.groups.iter() {
+            let old = g.swap(0, Relaxed);
+            changed |= old != 0 && old != s as u8;
+        }
         if changed {
             self.change_count.fetch_add(1, Relaxed);
         }
         changed
     }
+    /// Change one group's state; true if it changed. `None` if `group` is
+    /// not a group id.
+    pub fn set_group_state(&self, group: u32, s: AnaState) -> Option<bool> {
+        if group == 0 || group > MAX_GROUPS {
+            return None;
+        }
+        let before = self.state_of(group);
+        self.groups[group as usize].store(s as u8, Relaxed);
+        let changed = before != s;
+        if changed {
+            self.change_count.fetch_add(1, Relaxed);
+        }
+        Some(changed)
+    }
     pub fn change_count(&self) -> u64 {
         self.change_count.load(Relaxed)
+    }
+    /// The state the configuration gave.
+    pub fn configured(&self) -> AnaState {
+        AnaState::from(self.configured.load(Relaxed))
+    }
+    /// A new configuration gives `s`: true if that differs from the one
+    /// before (the caller then applies it with [`Ana::set_state`]).
+    pub fn reconfigure(&self, s: AnaState) -> bool {
+        self.configured.swap(s as u8, Relaxed) != s as u8
     }
 }
 
@@ -144,7 +192,7 @@ fn log_page_used(s: &Subsystem, groups_only: bool) -> Vec<u8> {
         field::GRPID.set(d, g);
         field::NNSIDS.set(d, if groups_only { 0 } else { nsids.len() as u32 });
         field::GROUP_CHGCNT.set(d, chg);
-        field::ANAS.set(d, s.ana.state() as u8);
+        field::ANAS.set(d, s.ana.state_of(g) as u8);
         if !groups_only {
             for id in nsids {
                 let o = b.len();
@@ -238,6 +286,14 @@ mod tests {
         assert_eq!((chg, groups[0].state), (2, 3));
         assert_eq!(AnaState::Inaccessible.io_status(), Some(Status::ANA_INACCESSIBLE));
         assert_eq!(AnaState::NonOptimized.io_status(), None);
+        // One group moved on its own; setting every group clears that.
+        assert_eq!(s.ana.set_group_state(7, AnaState::Optimized), Some(true));
+        assert_eq!(s.ana.set_group_state(7, AnaState::Optimized), Some(false));
+        assert_eq!(s.ana.set_group_state(0, AnaState::Optimized), None);
+        let (chg, groups) = parse_log(&log_page(&s, false)).unwrap();
+        assert_eq!((chg, groups[0].state, groups[1].group, groups[1].state), (3, 3, 7, 1));
+        assert!(s.ana.set_state(AnaState::Inaccessible), "group 7 changes back");
+        assert_eq!(s.ana.state_of(7), AnaState::Inaccessible);
         // Notice type 2, information 03h (ANA change), log page 0Ch.
         assert_eq!(AEN_ANA_CHANGE, 0x000C_0302);
     }

@@ -15,6 +15,8 @@
 use crate::queue_entry::{admin, nvm, Sqe};
 use crate::controller::{AdminOutcome, Controller};
 use crate::nvm_io::{self, IoDone};
+use crate::reservation::{self, Host};
+use bw_reservation::Access;
 use crate::subsystem::{Namespace, Subsystem};
 use crate::Status;
 
@@ -58,8 +60,8 @@ pub type AdminFn = fn(&mut Controller, &Sqe, &[u8]) -> AdminOutcome;
 /// Checks an I/O command against its namespace before any data moves.
 pub type CheckFn = fn(&Namespace, &Sqe) -> Result<(), Status>;
 /// Runs an I/O command whose checks passed (`ns` is None only for a
-/// broadcast Flush).
-pub type IoFn = fn(&Subsystem, Option<&Namespace>, &Sqe, &[u8]) -> IoDone;
+/// broadcast Flush) for `host`.
+pub type IoFn = fn(&Subsystem, Option<&Namespace>, &Host, &Sqe, &[u8]) -> IoDone;
 
 /// What runs the command.
 #[derive(Clone, Copy)]
@@ -81,8 +83,11 @@ pub struct Command {
     /// Its Commands Supported and Effects log entry.
     pub effects: u32,
     /// May sleep in the kernel whatever the backend (flushes, discards,
-    /// zeroing): a target runs it off the connection's thread.
+    /// zeroing, reservations): a target runs it off the connection's thread.
     pub sleeps: bool,
+    /// What an I/O command does with the medium, for the reservation
+    /// check (base 2.0, figure 512); `None`: never conflicts.
+    pub access: Option<Access>,
     pub handler: Handler,
 }
 
@@ -108,6 +113,7 @@ const fn admin_row(
         discovery,
         effects: effects::CSUPP,
         sleeps: false,
+        access: None,
         handler: Handler::Admin(run),
     }
 }
@@ -120,6 +126,7 @@ const fn io_row(
     ns: NsUse,
     effects: u32,
     sleeps: bool,
+    access: Option<Access>,
     check: CheckFn,
     run: IoFn,
 ) -> Command {
@@ -132,6 +139,7 @@ const fn io_row(
         discovery: false,
         effects,
         sleeps,
+        access,
         handler: Handler::Io { check, run },
     }
 }
@@ -186,6 +194,7 @@ pub static COMMANDS: &[Command] = &[
         NsUse::ActiveOrAll,
         CSUPP,
         true,
+        Some(Access::Write),
         nvm_io::check_none,
         nvm_io::flush,
     ),
@@ -196,6 +205,7 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP | LBCC,
         false,
+        Some(Access::Write),
         nvm_io::check_write,
         nvm_io::write,
     ),
@@ -206,6 +216,7 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP,
         false,
+        Some(Access::Read),
         nvm_io::check_read,
         nvm_io::read,
     ),
@@ -216,6 +227,7 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP,
         false,
+        Some(Access::Read),
         nvm_io::check_read,
         nvm_io::compare,
     ),
@@ -226,6 +238,7 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP | LBCC,
         true,
+        Some(Access::Write),
         nvm_io::check_write_zeroes,
         nvm_io::write_zeroes,
     ),
@@ -236,8 +249,53 @@ pub static COMMANDS: &[Command] = &[
         NsUse::Active,
         CSUPP | LBCC,
         true,
+        Some(Access::Write),
         nvm_io::check_dsm,
         nvm_io::dsm,
+    ),
+    io_row(
+        nvm::RESV_REGISTER,
+        "Reservation Register",
+        H2C,
+        NsUse::Active,
+        CSUPP,
+        true,
+        None,
+        nvm_io::check_none,
+        reservation::register,
+    ),
+    io_row(
+        nvm::RESV_REPORT,
+        "Reservation Report",
+        C2H,
+        NsUse::Active,
+        CSUPP,
+        true,
+        None,
+        nvm_io::check_none,
+        reservation::report,
+    ),
+    io_row(
+        nvm::RESV_ACQUIRE,
+        "Reservation Acquire",
+        H2C,
+        NsUse::Active,
+        CSUPP,
+        true,
+        None,
+        nvm_io::check_none,
+        reservation::acquire,
+    ),
+    io_row(
+        nvm::RESV_RELEASE,
+        "Reservation Release",
+        H2C,
+        NsUse::Active,
+        CSUPP,
+        true,
+        None,
+        nvm_io::check_none,
+        reservation::release,
     ),
 ];
 
@@ -329,7 +387,7 @@ mod tests {
     fn only_flush_addresses_all_namespaces_and_sleepers_are_the_slow_ones() {
         for c in COMMANDS.iter().filter(|c| c.queue == QueueKind::Io) {
             assert_eq!(c.ns == NsUse::ActiveOrAll, c.opcode == nvm::FLUSH, "{c:?}");
-            let slow = matches!(c.opcode, nvm::FLUSH | nvm::DSM | nvm::WRITE_ZEROES);
+            let slow = matches!(c.opcode, nvm::FLUSH | nvm::DSM | nvm::WRITE_ZEROES | nvm::RESV_REGISTER | nvm::RESV_REPORT | nvm::RESV_ACQUIRE | nvm::RESV_RELEASE);
             assert_eq!(c.sleeps, slow, "{c:?}");
         }
     }

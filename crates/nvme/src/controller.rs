@@ -38,7 +38,16 @@ pub mod feature {
     pub const NUM_QUEUES: u8 = 0x07;
     pub const ASYNC_EVENT: u8 = 0x0B;
     pub const KATO: u8 = 0x0F;
+    pub const RESV_MASK: u8 = 0x82;
+    pub const RESV_PERSIST: u8 = 0x83;
 }
+
+/// Async event: I/O command specific status (6h), Reservation Log Page
+/// Available (00h), log page 80h.
+#[allow(clippy::identity_op)]
+pub const AEN_RESERVATION: u32 = 0x06 | (0x00 << 8) | (0x80 << 16);
+/// Reservation notification log entries a controller keeps unread.
+pub const RESV_LOG_MAX: usize = 255;
 
 /// Async event: notice, namespace attribute changed, log page 04h.
 #[allow(clippy::identity_op)] // the three fields spelled out, the middle one 0
@@ -173,6 +182,13 @@ pub struct Controller {
     changed_ns: Vec<u32>,
     plain: crate::features::PlainFeatures,
     keyed_sgls: bool,
+    /// Unread Reservation Notification log entries: (count, type, NSID).
+    resv_log: VecDeque<(u64, u8, u32)>,
+    resv_count: u64,
+    /// Reservation Notification Mask per NSID (bits 1..=3 mask the log
+    /// page types), and for the namespaces not named.
+    resv_mask: std::collections::HashMap<u32, u32>,
+    resv_mask_all: u32,
 }
 
 fn cap() -> u64 {
@@ -203,6 +219,10 @@ impl Controller {
             changed_ns: Vec::new(),
             plain: Default::default(),
             keyed_sgls: false,
+            resv_log: VecDeque::new(),
+            resv_count: 0,
+            resv_mask: Default::default(),
+            resv_mask_all: 0,
         }
     }
 
@@ -255,7 +275,7 @@ impl Controller {
             iorcsz: 1,
             kas: KAS,
             aerl: AERL,
-            oncs: if cntrltype == identify::CNTRLTYPE_IO { identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES } else { 0 },
+            oncs: if cntrltype == identify::CNTRLTYPE_IO { identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES | identify::ONCS_RESERVATIONS } else { 0 },
             keyed_sgls: self.keyed_sgls,
         }
     }
@@ -418,6 +438,10 @@ impl Controller {
             }
             (lid::CMD_EFFECTS, Role::Nvm(_)) => command_table::effects_log(),
             (lid::ANA, Role::Nvm(s)) => crate::ana::log_page(s, (sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0),
+            (lid::RESERVATION, Role::Nvm(_)) => {
+                let entry = if r.rae { self.resv_log.front().copied() } else { self.resv_log.pop_front() };
+                logpage::reservation_notice(entry, self.resv_log.len().saturating_sub(r.rae as usize))
+            }
             _ => return Completion::status(cid, Status::INVALID_LOG_PAGE.dnr()).into(),
         };
         let c = match logpage::window(&page, &r) {
@@ -459,6 +483,36 @@ impl Controller {
                 self.wce = v & 1 != 0;
                 Completion::status(cid, Status::SUCCESS)
             }
+            feature::RESV_MASK if !self.is_discovery() => {
+                let nsid = sqe.nsid();
+                match nsid {
+                    0xFFFF_FFFF => {
+                        self.resv_mask_all = v & 0xE;
+                        self.resv_mask.clear();
+                    }
+                    n if self.subsystem().is_some_and(|s| s.namespace(n).is_some()) => {
+                        self.resv_mask.insert(n, v & 0xE);
+                    }
+                    _ => return Completion::status(cid, Status::INVALID_NS.dnr()).into(),
+                }
+                Completion::status(cid, Status::SUCCESS)
+            }
+            feature::RESV_PERSIST if !self.is_discovery() => {
+                let Some(ns) = self.subsystem().and_then(|s| s.namespace(sqe.nsid())) else {
+                    return Completion::status(cid, Status::INVALID_NS.dnr()).into();
+                };
+                let ptpl = v & 1 != 0;
+                match ns.volume.reservations().change(|s| {
+                    s.aptpl = ptpl;
+                    Ok(())
+                }) {
+                    Ok(_) => Completion::status(cid, Status::SUCCESS),
+                    Err(e) => {
+                        log::warn!("controller {}: reservation persistence: {e}", self.cntlid);
+                        Completion::status(cid, Status::INTERNAL)
+                    }
+                }
+            }
             fid if PlainFeatures::handles(fid) && !self.is_discovery() => match self.plain.set(fid, v) {
                 Ok(()) => Completion::status(cid, Status::SUCCESS),
                 Err(s) => Completion::status(cid, s.dnr()),
@@ -477,6 +531,8 @@ impl Controller {
             // Supported capabilities: changeable, not saveable.
             return match fid {
                 feature::NUM_QUEUES | feature::ASYNC_EVENT | feature::KATO | feature::VOLATILE_WC => Completion::result(cid, 1 << 2).into(),
+                // Namespace specific and changeable.
+                feature::RESV_MASK | feature::RESV_PERSIST if !self.is_discovery() => Completion::result(cid, 1 << 1 | 1 << 2).into(),
                 fid if PlainFeatures::handles(fid) && !self.is_discovery() => Completion::result(cid, 1 << 2).into(),
                 _ => Completion::status(cid, Status::INVALID_FIELD.dnr()).into(),
             };
@@ -490,6 +546,17 @@ impl Controller {
             feature::ASYNC_EVENT => if default { 0 } else { self.aec },
             feature::KATO => self.keep_alive.kato_ms.load(Relaxed),
             feature::VOLATILE_WC if self.subsystem().is_some_and(|s| s.write_cache()) => (if default { true } else { self.wce }) as u32,
+            feature::RESV_MASK if !self.is_discovery() => match sqe.nsid() {
+                _ if default => 0,
+                0xFFFF_FFFF => self.resv_mask_all,
+                n if self.subsystem().is_some_and(|s| s.namespace(n).is_some()) => self.resv_mask_of(n),
+                _ => return Completion::status(cid, Status::INVALID_NS.dnr()).into(),
+            },
+            feature::RESV_PERSIST if !self.is_discovery() => match self.subsystem().and_then(|s| s.namespace(sqe.nsid())) {
+                Some(_) if default => 0,
+                Some(ns) => ns.volume.reservations().cached().aptpl as u32,
+                None => return Completion::status(cid, Status::INVALID_NS.dnr()).into(),
+            },
             fid if PlainFeatures::handles(fid) && !self.is_discovery() => match self.plain.get(fid, sqe.cdw(11), default) {
                 Ok(v) => v,
                 Err(s) => return Completion::status(cid, s.dnr()).into(),
@@ -509,15 +576,7 @@ impl Controller {
         if self.aec & (1 << 8) == 0 {
             return None;
         }
-        match self.aers.pop_front() {
-            Some(cid) => Some(Completion::result(cid, AEN_NS_CHANGED as u64)),
-            None => {
-                if !self.events.contains(&AEN_NS_CHANGED) {
-                    self.events.push_back(AEN_NS_CHANGED);
-                }
-                None
-            }
-        }
+        self.raise_event(AEN_NS_CHANGED)
     }
 
     /// The subsystem was changed live (namespaces added, removed or
@@ -546,11 +605,38 @@ impl Controller {
         if self.aec & crate::ana::AEC_ANA_CHANGE == 0 || self.is_discovery() {
             return None;
         }
+        self.raise_event(crate::ana::AEN_ANA_CHANGE)
+    }
+
+    fn resv_mask_of(&self, nsid: u32) -> u32 {
+        self.resv_mask.get(&nsid).copied().unwrap_or(self.resv_mask_all)
+    }
+
+    /// A reservation notice for this controller's host on namespace
+    /// `nsid` (log page type `kind`, see [`crate::reservation::notice`]):
+    /// a Reservation Notification log entry, and the AER completion to
+    /// send if one was waiting (else the event waits for the next AER).
+    /// Masked types (Reservation Notification Mask) are dropped.
+    pub fn reservation_notice(&mut self, nsid: u32, kind: u8) -> Option<Completion> {
+        if self.is_discovery() || self.resv_mask_of(nsid) & (1 << kind) != 0 {
+            return None;
+        }
+        self.resv_count = self.resv_count.checked_add(1).unwrap_or(1);
+        if self.resv_log.len() == RESV_LOG_MAX {
+            self.resv_log.pop_front();
+        }
+        self.resv_log.push_back((self.resv_count, kind, nsid));
+        self.raise_event(AEN_RESERVATION)
+    }
+
+    /// Complete a parked AER with event `aen`, or keep the event (once)
+    /// for the host's next AER.
+    fn raise_event(&mut self, aen: u32) -> Option<Completion> {
         match self.aers.pop_front() {
-            Some(cid) => Some(Completion::result(cid, crate::ana::AEN_ANA_CHANGE as u64)),
+            Some(cid) => Some(Completion::result(cid, aen as u64)),
             None => {
-                if !self.events.contains(&crate::ana::AEN_ANA_CHANGE) {
-                    self.events.push_back(crate::ana::AEN_ANA_CHANGE);
+                if !self.events.contains(&aen) {
+                    self.events.push_back(aen);
                 }
                 None
             }

@@ -71,7 +71,7 @@ pub fn commands(data: &[u8]) {
                 assert!(d.len() <= sqe.sgl().length as usize);
             }
         }
-        let r = nvm_io::execute(&s, &sqe, extra);
+        let r = nvm_io::execute(&s, &nvm_io::Host::new([0; 16]), &sqe, extra);
         if let Some(d) = r.data {
             assert_eq!(d.len(), sqe.sgl().length as usize);
         }

@@ -62,6 +62,7 @@ pub mod ns {
     pub const NLBAF: Field<u8> = Field::at(25);
     pub const FLBAS: Field<u8> = Field::at(26);
     pub const NMIC: Field<u8> = Field::at(30);
+    pub const RESCAP: Field<u8> = Field::at(31);
     pub const DLFEAT: Field<u8> = Field::at(33);
     pub const ANAGRPID: Field<Le<u32>> = Field::at(92);
     pub const NSATTR: Field<u8> = Field::at(99);
@@ -90,6 +91,7 @@ pub const CNTRLTYPE_DISCOVERY: u8 = 2;
 pub const ONCS_COMPARE: u16 = 1 << 0;
 pub const ONCS_DSM: u16 = 1 << 2;
 pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+pub const ONCS_RESERVATIONS: u16 = 1 << 5;
 
 /// Version 1.3: namespace descriptors (CNS 3) are used, the 2.0-only
 /// command-set-independent identify is not.
@@ -227,6 +229,7 @@ pub fn namespace(n: &Namespace) -> Vec<u8> {
     ns::NLBAF.set(&mut b, 0); // one format (zero-based)
     ns::FLBAS.set(&mut b, 0); // format 0
     ns::NMIC.set(&mut b, 1); // may be shared by several controllers
+    ns::RESCAP.set(&mut b, crate::reservation::RESCAP);
     // Deallocated blocks read as zeroes; Write Zeroes may deallocate.
     ns::DLFEAT.set(&mut b, 0x01 | 0x08);
     ns::ANAGRPID.set(&mut b, n.ana_group);
@@ -307,7 +310,7 @@ mod tests {
             iorcsz: 1,
             kas: 10,
             aerl: 3,
-            oncs: ONCS_COMPARE | ONCS_DSM | ONCS_WRITE_ZEROES,
+            oncs: ONCS_COMPARE | ONCS_DSM | ONCS_WRITE_ZEROES | ONCS_RESERVATIONS,
             keyed_sgls: false,
         };
         let b = controller(&p);
@@ -317,7 +320,7 @@ mod tests {
         assert_eq!(&b[1792..1800], &[4, 1, 0, 0, 1, 0, 0, 0]);
         assert_eq!(&b[1800..1802], &[0, 0]);
         assert_eq!(&b[536..540], &[1, 0, 0x10, 0]);
-        assert_eq!(&b[520..522], &[0x0D, 0]);
+        assert_eq!(&b[520..522], &[0x2D, 0]); // compare, DSM, write zeroes, reservations
         assert_eq!(&b[4..8], b"SN1 ");
         assert_eq!(b[111], 1);
         assert_eq!(b[76] & crate::ana::CMIC_ANA, crate::ana::CMIC_ANA);

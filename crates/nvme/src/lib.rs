@@ -23,6 +23,8 @@
 //! Header fields are `bw_wire::Field<Le<..>>` constants, one per field, in
 //! the module of the structure they belong to (`queue_entry::sqe`,
 //! `pdu::field`, `identify::ctrl`, ...).
+//! - [`reservation`]: NVMe reservations on the volume's shared state
+//!   (`bw_reservation`), one per volume whichever protocol asks.
 //! - [`fuzzing`]: the fuzz harness bodies (crates/nvme/fuzz), replayed on
 //!   the inputs that once crashed them by `tests/fuzz_regressions.rs`.
 //!
@@ -45,6 +47,7 @@ pub mod pdu;
 pub mod queue_entry;
 pub mod rdma_host;
 pub mod rdma_queue;
+pub mod reservation;
 pub mod status;
 pub mod subsystem;
 pub mod target_queue;

@@ -58,6 +58,7 @@ pub mod lid {
     pub const CHANGED_NS: u8 = 0x04;
     pub const CMD_EFFECTS: u8 = 0x05;
     pub const ANA: u8 = 0x0C;
+    pub const RESERVATION: u8 = 0x80;
     pub const DISCOVERY: u8 = 0x70;
 }
 
@@ -109,7 +110,7 @@ pub fn window(page: &[u8], r: &LogRequest) -> Option<Vec<u8>> {
 }
 
 /// The pages an I/O controller serves, listed in the Supported Log Pages log.
-pub const NVM_PAGES: [u8; 7] = [lid::SUPPORTED, lid::ERROR, lid::SMART, lid::FW_SLOT, lid::CHANGED_NS, lid::CMD_EFFECTS, lid::ANA];
+pub const NVM_PAGES: [u8; 8] = [lid::SUPPORTED, lid::ERROR, lid::SMART, lid::FW_SLOT, lid::CHANGED_NS, lid::CMD_EFFECTS, lid::ANA, lid::RESERVATION];
 
 /// Supported Log Pages (base spec 2.0 5.16.1.1): one dword per log id,
 /// bit 0 LSUPP (supported), bit 1 IOS (index offset) never set.
@@ -154,6 +155,21 @@ pub fn firmware_slots(fw: &str) -> Vec<u8> {
     let mut b = vec![0u8; 512];
     b[0] = 1; // active slot 1
     put_str(&mut b[8..16], fw, b' ');
+    b
+}
+
+/// Reservation Notification log page (base 2.0, 5.16.1.26): one entry
+/// (Log Page Count, type, Number of Available Log Pages after it, NSID),
+/// or an empty page when there is none.
+pub fn reservation_notice(entry: Option<(u64, u8, u32)>, more: usize) -> Vec<u8> {
+    use bw_wire::{Field, Le};
+    let mut b = vec![0u8; 64];
+    if let Some((count, kind, nsid)) = entry {
+        Field::<Le<u64>>::at(0).set(&mut b, count);
+        b[8] = kind;
+        b[9] = more.min(255) as u8;
+        Field::<Le<u32>>::at(12).set(&mut b, nsid);
+    }
     b
 }
 
@@ -308,6 +324,7 @@ mod tests {
         assert_eq!(p.len(), 1024);
         assert_eq!(&p[..24], &[1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]);
         assert_eq!(&p[0x0C * 4..0x0C * 4 + 4], &[1, 0, 0, 0]); // ANA
-        assert!(p[24..0x0C * 4].iter().chain(&p[0x0D * 4..]).all(|&b| b == 0));
+        assert_eq!(&p[0x80 * 4..0x80 * 4 + 4], &[1, 0, 0, 0]); // reservation notifications
+        assert!(p[24..0x0C * 4].iter().chain(&p[0x0D * 4..0x80 * 4]).chain(&p[0x81 * 4..]).all(|&b| b == 0));
     }
 }

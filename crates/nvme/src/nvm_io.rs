@@ -7,6 +7,7 @@
 use crate::queue_entry::{nvm, Sqe};
 use crate::command_table::{self, Command, Handler, NsUse, QueueKind};
 use crate::subsystem::{Namespace, Subsystem};
+pub use crate::reservation::Host;
 use crate::{Status, LBA_SHIFT};
 use bw_block::BlockError;
 use bytes::Bytes;
@@ -39,8 +40,9 @@ pub fn transfer_len(sqe: &Sqe) -> u32 {
 /// Cheap checks that need no I/O, done before any data is moved: opcode,
 /// namespace, LBA range, transfer length. The target runs them before it
 /// sends an R2T so a bad write fails without its data crossing the wire.
+/// (Reservations are checked when the command runs.)
 pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
-    resolve(subsys, sqe).map(|_| ())
+    checked(subsys, sqe).map(|_| ())
 }
 
 /// An I/O command after its checks, resolved once: its command table row,
@@ -77,9 +79,25 @@ impl Resolved {
     }
 }
 
-/// The command's row, namespace and extent, after [`precheck`]'s checks.
-/// As in Linux nvmet, the namespace is checked before the opcode.
-pub fn resolve(subsys: &Subsystem, sqe: &Sqe) -> Result<Resolved, Status> {
+/// The command's row, namespace and extent, after [`precheck`]'s checks and
+/// the reservation check for `host`. As in Linux nvmet, the namespace is
+/// checked before the opcode.
+pub fn resolve(subsys: &Subsystem, host: &Host, sqe: &Sqe) -> Result<Resolved, Status> {
+    let r = checked(subsys, sqe)?;
+    if let Some(access) = r.row.access {
+        // A reservation on any namespace a broadcast Flush reaches counts.
+        let refused = match r.namespace(subsys) {
+            Some(ns) => !ns.volume.reservations().allows(host.id, access),
+            None => subsys.namespaces.iter().any(|n| !n.volume.reservations().allows(host.id, access)),
+        };
+        if refused {
+            return Err(Status::RESERVATION_CONFLICT.dnr());
+        }
+    }
+    Ok(r)
+}
+
+fn checked(subsys: &Subsystem, sqe: &Sqe) -> Result<Resolved, Status> {
     let row = command_table::lookup(QueueKind::Io, sqe.opcode());
     let (offset, len) = (sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT);
     if let Some(r) = row.filter(|r| r.ns == NsUse::ActiveOrAll && sqe.nsid() == 0xFFFF_FFFF) {
@@ -87,7 +105,7 @@ pub fn resolve(subsys: &Subsystem, sqe: &Sqe) -> Result<Resolved, Status> {
     }
     let i = subsys.namespaces.iter().position(|n| n.nsid == sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
     let ns = &subsys.namespaces[i];
-    if let Some(s) = subsys.ana.state().io_status() {
+    if let Some(s) = subsys.ana.state_of(ns.ana_group).io_status() {
         return Err(s);
     }
     let row = row.ok_or(Status::INVALID_OPCODE.dnr())?;
@@ -170,11 +188,11 @@ fn map_err(e: BlockError, write: bool) -> Status {
 /// Where a Read command's data lives, after the checks [`execute`] makes:
 /// the volume, byte offset and length. (A front-end that has resolved the
 /// command already asks [`Resolved::read_extent`].)
-pub fn read_extent<'a>(subsys: &'a Subsystem, sqe: &Sqe) -> Result<(&'a bw_block::Volume, u64, usize), Status> {
+pub fn read_extent<'a>(subsys: &'a Subsystem, host: &Host, sqe: &Sqe) -> Result<(&'a bw_block::Volume, u64, usize), Status> {
     if sqe.opcode() != nvm::READ {
         return Err(Status::INVALID_OPCODE.dnr());
     }
-    let r = resolve(subsys, sqe)?;
+    let r = resolve(subsys, host, sqe)?;
     r.read_extent(subsys).ok_or(Status::INVALID_NS.dnr())
 }
 
@@ -200,8 +218,8 @@ pub enum Plan {
 /// A Read or Write as the one request that carries it out, for front-ends
 /// that start requests and complete them later (volumes with
 /// `DeviceInfo::async_submit`). The checks are [`execute`]'s.
-pub fn plan(subsys: &Subsystem, sqe: &Sqe, data: &Bytes) -> Plan {
-    match resolve(subsys, sqe) {
+pub fn plan(subsys: &Subsystem, host: &Host, sqe: &Sqe, data: &Bytes) -> Plan {
+    match resolve(subsys, host, sqe) {
         Ok(r) => plan_resolved(subsys, &r, sqe, data),
         Err(s) if matches!(sqe.opcode(), nvm::READ | nvm::WRITE) => Plan::Done(s),
         Err(_) => Plan::Execute,
@@ -245,17 +263,17 @@ pub fn submitted(req: bw_block::Request, r: Result<(), BlockError>) -> IoDone {
 }
 
 /// Run one I/O command. `data` is what the host sent (writes, compare, DSM).
-pub fn execute(subsys: &Subsystem, sqe: &Sqe, data: &[u8]) -> IoDone {
-    match resolve(subsys, sqe) {
-        Ok(r) => execute_resolved(subsys, &r, sqe, data),
+pub fn execute(subsys: &Subsystem, host: &Host, sqe: &Sqe, data: &[u8]) -> IoDone {
+    match resolve(subsys, host, sqe) {
+        Ok(r) => execute_resolved(subsys, &r, host, sqe, data),
         Err(s) => IoDone::err(s),
     }
 }
 
 /// [`execute`] a command [`resolve`]d already (in this `subsys`).
-pub fn execute_resolved(subsys: &Subsystem, r: &Resolved, sqe: &Sqe, data: &[u8]) -> IoDone {
+pub fn execute_resolved(subsys: &Subsystem, r: &Resolved, host: &Host, sqe: &Sqe, data: &[u8]) -> IoDone {
     match r.row.handler {
-        Handler::Io { run, .. } => run(subsys, r.namespace(subsys), sqe, data),
+        Handler::Io { run, .. } => run(subsys, r.namespace(subsys), host, sqe, data),
         _ => IoDone::err(Status::INVALID_OPCODE.dnr()),
     }
 }
@@ -273,7 +291,7 @@ fn done(r: Result<(), BlockError>, write: bool) -> IoDone {
     }
 }
 
-pub(crate) fn read(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: &[u8]) -> IoDone {
+pub(crate) fn read(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, _: &[u8]) -> IoDone {
     let (ns, off, len) = match extent(ns, sqe) {
         Ok(x) => x,
         Err(d) => return d,
@@ -285,7 +303,7 @@ pub(crate) fn read(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: &[u8]) -
     }
 }
 
-pub(crate) fn write(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8]) -> IoDone {
+pub(crate) fn write(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, data: &[u8]) -> IoDone {
     let (ns, off, len) = match extent(ns, sqe) {
         Ok(x) => x,
         Err(d) => return d,
@@ -298,7 +316,7 @@ pub(crate) fn write(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8
     done(ns.volume.write_at(data, off).and_then(|()| if fua { ns.volume.flush() } else { Ok(()) }), true)
 }
 
-pub(crate) fn compare(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8]) -> IoDone {
+pub(crate) fn compare(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, data: &[u8]) -> IoDone {
     let (ns, off, len) = match extent(ns, sqe) {
         Ok(x) => x,
         Err(d) => return d,
@@ -314,7 +332,7 @@ pub(crate) fn compare(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[
     }
 }
 
-pub(crate) fn write_zeroes(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: &[u8]) -> IoDone {
+pub(crate) fn write_zeroes(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, _: &[u8]) -> IoDone {
     match extent(ns, sqe) {
         Ok((ns, off, len)) => done(ns.volume.write_zeroes(off, len as u64), true),
         Err(d) => d,
@@ -322,7 +340,7 @@ pub(crate) fn write_zeroes(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, _: 
 }
 
 /// Flush one namespace, or all of them (NSID FFFFFFFFh).
-pub(crate) fn flush(subsys: &Subsystem, ns: Option<&Namespace>, _: &Sqe, _: &[u8]) -> IoDone {
+pub(crate) fn flush(subsys: &Subsystem, ns: Option<&Namespace>, _: &Host, _: &Sqe, _: &[u8]) -> IoDone {
     match ns {
         Some(ns) => done(ns.volume.flush(), true),
         None => done(subsys.namespaces.iter().try_for_each(|n| n.volume.flush()), true),
@@ -331,7 +349,7 @@ pub(crate) fn flush(subsys: &Subsystem, ns: Option<&Namespace>, _: &Sqe, _: &[u8
 
 /// Dataset Management: only deallocate acts; every range is checked before
 /// any is discarded.
-pub(crate) fn dsm(_: &Subsystem, ns: Option<&Namespace>, sqe: &Sqe, data: &[u8]) -> IoDone {
+pub(crate) fn dsm(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe, data: &[u8]) -> IoDone {
     let Some(ns) = ns else { return IoDone::err(Status::INVALID_NS.dnr()) };
     let nr = (sqe.cdw(10) & 0xFF) as usize + 1;
     if data.len() < nr * 16 {
@@ -404,6 +422,10 @@ mod tests {
         }
     }
 
+    fn h() -> Host {
+        Host::new([7; 16])
+    }
+
     fn rw(op: u8, nsid: u32, slba: u64, blocks: u32) -> Sqe {
         let mut s = Sqe::new(op, 1, nsid);
         s.set_rw(slba, blocks);
@@ -415,11 +437,11 @@ mod tests {
     fn inaccessible_ana_path_refuses_io_for_another_path() {
         let s = subsys();
         s.ana.set_state(crate::ana::AnaState::Inaccessible);
-        let st = execute(&s, &rw(nvm::READ, 1, 0, 1), &[]).status;
+        let st = execute(&s, &h(), &rw(nvm::READ, 1, 0, 1), &[]).status;
         assert_eq!(st, Status::ANA_INACCESSIBLE);
         assert_eq!(st.0 & Status::DNR, 0, "the host must be free to retry on another path");
         s.ana.set_state(crate::ana::AnaState::NonOptimized);
-        assert_eq!(execute(&s, &rw(nvm::READ, 1, 0, 1), &[]).status, Status::SUCCESS);
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 1, 0, 1), &[]).status, Status::SUCCESS);
     }
 
     /// plan: the one request a Read or Write needs, after execute's checks;
@@ -434,25 +456,25 @@ mod tests {
             volume.submit(request, move |req, r| tx.send(submitted(req, r)).unwrap());
             rx.recv().unwrap()
         };
-        assert_eq!(run(plan(&s, &rw(nvm::WRITE, 1, 6, 2), &data)).status, Status::SUCCESS);
-        let d = run(plan(&s, &rw(nvm::READ, 1, 6, 2), &Bytes::new()));
+        assert_eq!(run(plan(&s, &h(), &rw(nvm::WRITE, 1, 6, 2), &data)).status, Status::SUCCESS);
+        let d = run(plan(&s, &h(), &rw(nvm::READ, 1, 6, 2), &Bytes::new()));
         assert_eq!((d.status, d.data), (Status::SUCCESS, Some(data.clone())));
-        assert_eq!(execute(&s, &rw(nvm::READ, 1, 6, 2), &[]).data, Some(data.clone()));
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 1, 6, 2), &[]).data, Some(data.clone()));
         // FUA on a volatile (RAM) volume: a flush follows, so execute runs it.
         let mut fua = rw(nvm::WRITE, 1, 6, 2);
         fua.set_fua(true);
-        assert!(matches!(plan(&s, &fua, &data), Plan::Execute));
-        assert!(matches!(plan(&s, &Sqe::new(nvm::FLUSH, 1, 1), &Bytes::new()), Plan::Execute));
+        assert!(matches!(plan(&s, &h(), &fua, &data), Plan::Execute));
+        assert!(matches!(plan(&s, &h(), &Sqe::new(nvm::FLUSH, 1, 1), &Bytes::new()), Plan::Execute));
         let done = |p: Plan| match p {
             Plan::Done(st) => st,
             p => panic!("not refused: {p:?}"),
         };
-        assert_eq!(done(plan(&s, &rw(nvm::READ, 1, 63, 2), &Bytes::new())), Status::LBA_RANGE.dnr());
-        assert_eq!(done(plan(&s, &rw(nvm::WRITE, 1, 0, 2), &data.slice(..512))), Status::SGL_INVALID_DATA.dnr());
-        assert_eq!(done(plan(&s, &rw(nvm::WRITE, 2, 0, 2), &data)), NS_WRITE_PROTECTED.dnr());
-        assert_eq!(done(plan(&s, &rw(nvm::READ, 9, 0, 1), &Bytes::new())), Status::INVALID_NS.dnr());
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::READ, 1, 63, 2), &Bytes::new())), Status::LBA_RANGE.dnr());
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::WRITE, 1, 0, 2), &data.slice(..512))), Status::SGL_INVALID_DATA.dnr());
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::WRITE, 2, 0, 2), &data)), NS_WRITE_PROTECTED.dnr());
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::READ, 9, 0, 1), &Bytes::new())), Status::INVALID_NS.dnr());
         s.ana.set_state(crate::ana::AnaState::Inaccessible);
-        assert_eq!(done(plan(&s, &rw(nvm::READ, 1, 0, 1), &Bytes::new())), Status::ANA_INACCESSIBLE);
+        assert_eq!(done(plan(&s, &h(), &rw(nvm::READ, 1, 0, 1), &Bytes::new())), Status::ANA_INACCESSIBLE);
     }
 
     /// resolve: one lookup of the row and the namespace, carried with the
@@ -462,66 +484,66 @@ mod tests {
         let s = subsys();
         let data = vec![0x7Eu8; 1024];
         let w = rw(nvm::WRITE, 1, 6, 2);
-        let r = resolve(&s, &w).unwrap();
+        let r = resolve(&s, &h(), &w).unwrap();
         assert_eq!((r.row.opcode, r.namespace(&s).map(|n| n.nsid), r.offset, r.len), (nvm::WRITE, Some(1), 6 * 512, 1024));
         assert!(r.read_extent(&s).is_none(), "a write has no read extent");
-        assert_eq!(execute_resolved(&s, &r, &w, &data).status, Status::SUCCESS);
+        assert_eq!(execute_resolved(&s, &r, &h(), &w, &data).status, Status::SUCCESS);
         let rd = rw(nvm::READ, 1, 6, 2);
-        let r = resolve(&s, &rd).unwrap();
+        let r = resolve(&s, &h(), &rd).unwrap();
         let (v, off, len) = r.read_extent(&s).unwrap();
         assert_eq!((v.name(), off, len), ("v", 6 * 512, 1024));
-        assert_eq!(execute_resolved(&s, &r, &rd, &[]).data.unwrap()[..], data[..]);
-        assert_eq!(read_extent(&s, &rd).map(|(_, o, l)| (o, l)), Ok((6 * 512, 1024)));
+        assert_eq!(execute_resolved(&s, &r, &h(), &rd, &[]).data.unwrap()[..], data[..]);
+        assert_eq!(read_extent(&s, &h(), &rd).map(|(_, o, l)| (o, l)), Ok((6 * 512, 1024)));
         // The second namespace: the index is its own, not the first's.
-        let r = resolve(&s, &rw(nvm::READ, 2, 0, 1)).unwrap();
+        let r = resolve(&s, &h(), &rw(nvm::READ, 2, 0, 1)).unwrap();
         assert_eq!(r.namespace(&s).map(|n| n.nsid), Some(2));
         assert!(matches!(plan_resolved(&s, &r, &rw(nvm::READ, 2, 0, 1), &Bytes::new()), Plan::Submit { .. }));
         // Flush of all namespaces: no namespace, and execute flushes them all.
         let mut fl = Sqe::new(nvm::FLUSH, 1, 0xFFFF_FFFF);
         fl.set_sgl(Sgl { addr: 0, length: 0, kind: sgl::TRANSPORT });
-        let r = resolve(&s, &fl).unwrap();
+        let r = resolve(&s, &h(), &fl).unwrap();
         assert!(r.namespace(&s).is_none());
-        assert_eq!(execute_resolved(&s, &r, &fl, &[]).status, Status::SUCCESS);
-        assert_eq!(resolve(&s, &rw(nvm::READ, 1, 63, 2)).unwrap_err(), Status::LBA_RANGE.dnr());
+        assert_eq!(execute_resolved(&s, &r, &h(), &fl, &[]).status, Status::SUCCESS);
+        assert_eq!(resolve(&s, &h(), &rw(nvm::READ, 1, 63, 2)).unwrap_err(), Status::LBA_RANGE.dnr());
     }
 
     #[test]
     fn write_read_compare_zeroes_discard() {
         let s = subsys();
         let data = vec![0x5Au8; 1024];
-        assert_eq!(execute(&s, &rw(nvm::WRITE, 1, 4, 2), &data).status, Status::SUCCESS);
-        let r = execute(&s, &rw(nvm::READ, 1, 4, 2), &[]);
+        assert_eq!(execute(&s, &h(), &rw(nvm::WRITE, 1, 4, 2), &data).status, Status::SUCCESS);
+        let r = execute(&s, &h(), &rw(nvm::READ, 1, 4, 2), &[]);
         assert_eq!(r.data.unwrap()[..], data[..]);
-        assert_eq!(execute(&s, &rw(nvm::COMPARE, 1, 4, 2), &data).status, Status::SUCCESS);
-        assert_eq!(execute(&s, &rw(nvm::COMPARE, 1, 4, 2), &[0u8; 1024]).status, Status::COMPARE_FAILED.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::COMPARE, 1, 4, 2), &data).status, Status::SUCCESS);
+        assert_eq!(execute(&s, &h(), &rw(nvm::COMPARE, 1, 4, 2), &[0u8; 1024]).status, Status::COMPARE_FAILED.dnr());
         let mut wz = rw(nvm::WRITE_ZEROES, 1, 4, 1);
         wz.set_sgl(Sgl { addr: 0, length: 0, kind: sgl::TRANSPORT });
-        assert_eq!(execute(&s, &wz, &[]).status, Status::SUCCESS);
-        let r = execute(&s, &rw(nvm::READ, 1, 4, 2), &[]).data.unwrap();
+        assert_eq!(execute(&s, &h(), &wz, &[]).status, Status::SUCCESS);
+        let r = execute(&s, &h(), &rw(nvm::READ, 1, 4, 2), &[]).data.unwrap();
         assert!(r[..512].iter().all(|&b| b == 0) && r[512..].iter().all(|&b| b == 0x5A));
         let mut dsm = Sqe::new(nvm::DSM, 1, 1);
         dsm.set_dsm(1, true);
         dsm.set_sgl(Sgl { addr: 0, length: 16, kind: sgl::INCAPSULE });
-        assert_eq!(execute(&s, &dsm, &dsm_ranges(&[(5, 1)])).status, Status::SUCCESS);
-        let r = execute(&s, &rw(nvm::READ, 1, 5, 1), &[]).data.unwrap();
+        assert_eq!(execute(&s, &h(), &dsm, &dsm_ranges(&[(5, 1)])).status, Status::SUCCESS);
+        let r = execute(&s, &h(), &rw(nvm::READ, 1, 5, 1), &[]).data.unwrap();
         assert!(r.iter().all(|&b| b == 0));
-        assert_eq!(execute(&s, &dsm, &dsm_ranges(&[(63, 2)])).status, Status::LBA_RANGE.dnr());
+        assert_eq!(execute(&s, &h(), &dsm, &dsm_ranges(&[(63, 2)])).status, Status::LBA_RANGE.dnr());
         let mut fl = Sqe::new(nvm::FLUSH, 1, 0xFFFF_FFFF);
         fl.set_sgl(Sgl { addr: 0, length: 0, kind: sgl::TRANSPORT });
-        assert_eq!(execute(&s, &fl, &[]).status, Status::SUCCESS);
+        assert_eq!(execute(&s, &h(), &fl, &[]).status, Status::SUCCESS);
     }
 
     #[test]
     fn error_statuses() {
         let s = subsys();
-        assert_eq!(execute(&s, &rw(nvm::READ, 1, 63, 2), &[]).status, Status::LBA_RANGE.dnr());
-        assert_eq!(execute(&s, &rw(nvm::READ, 1, u64::MAX, 2), &[]).status, Status::LBA_RANGE.dnr());
-        assert_eq!(execute(&s, &rw(nvm::READ, 9, 0, 1), &[]).status, Status::INVALID_NS.dnr());
-        assert_eq!(execute(&s, &rw(0x7E, 1, 0, 1), &[]).status, Status::INVALID_OPCODE.dnr());
-        assert_eq!(execute(&s, &rw(nvm::WRITE, 2, 0, 1), &[0; 512]).status, NS_WRITE_PROTECTED.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 1, 63, 2), &[]).status, Status::LBA_RANGE.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 1, u64::MAX, 2), &[]).status, Status::LBA_RANGE.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::READ, 9, 0, 1), &[]).status, Status::INVALID_NS.dnr());
+        assert_eq!(execute(&s, &h(), &rw(0x7E, 1, 0, 1), &[]).status, Status::INVALID_OPCODE.dnr());
+        assert_eq!(execute(&s, &h(), &rw(nvm::WRITE, 2, 0, 1), &[0; 512]).status, NS_WRITE_PROTECTED.dnr());
         let mut bad = rw(nvm::READ, 1, 0, 2);
         bad.set_sgl(Sgl { addr: 0, length: 512, kind: sgl::TRANSPORT });
-        assert_eq!(execute(&s, &bad, &[]).status, Status::SGL_INVALID_DATA.dnr());
+        assert_eq!(execute(&s, &h(), &bad, &[]).status, Status::SGL_INVALID_DATA.dnr());
         // Backend failures: a timeout may be retried (no DNR), EIO is a media error.
         let timeout = || BlockError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "rbd: timed out"));
         assert_eq!((map_err(timeout(), true), map_err(timeout(), false)), (Status::COMMAND_INTERRUPTED, Status::COMMAND_INTERRUPTED));

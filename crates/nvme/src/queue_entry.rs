@@ -26,6 +26,10 @@ pub mod nvm {
     pub const COMPARE: u8 = 0x05;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DSM: u8 = 0x09;
+    pub const RESV_REGISTER: u8 = 0x0D;
+    pub const RESV_REPORT: u8 = 0x0E;
+    pub const RESV_ACQUIRE: u8 = 0x11;
+    pub const RESV_RELEASE: u8 = 0x15;
     /// Dataset Management CDW11 attribute: deallocate the ranges (AD).
     pub const DSM_DEALLOCATE: u32 = 1 << 2;
     /// Most ranges one Dataset Management command carries (NR is 0's based, 8 bits).

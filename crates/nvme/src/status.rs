@@ -20,9 +20,13 @@ impl Status {
     pub const SGL_INVALID_OFFSET: Status = Status(0x16);
     /// The controller could not complete the command now; the host should
     /// retry it (base spec 2.0 Figure 102, 21h).
+    /// The host's identifier is 128 bits; a report that asks for 64-bit
+    /// ones gets this (generic 18h).
+    pub const HOST_ID_INCONSISTENT: Status = Status(0x18);
     pub const COMMAND_INTERRUPTED: Status = Status(0x21);
     pub const TRANSIENT_TRANSPORT: Status = Status(0x22);
     pub const LBA_RANGE: Status = Status(0x80);
+    pub const RESERVATION_CONFLICT: Status = Status(0x83);
     pub const CAP_EXCEEDED: Status = Status(0x81);
     pub const QID_INVALID: Status = Status(0x101);
     pub const ASYNC_LIMIT: Status = Status(0x105);
@@ -84,6 +88,8 @@ impl std::fmt::Display for Status {
             Status::TRANSIENT_TRANSPORT => "transient transport error",
             Status::LBA_RANGE => "LBA out of range",
             Status::CAP_EXCEEDED => "capacity exceeded",
+            Status::RESERVATION_CONFLICT => "reservation conflict",
+            Status::HOST_ID_INCONSISTENT => "host identifier inconsistent format",
             Status::CONNECT_INVALID_PARAM => "connect: invalid parameters (or read-only namespace)",
             Status::CONNECT_INVALID_HOST => "connect: host not allowed",
             Status::CONNECT_FORMAT => "connect: incompatible format",

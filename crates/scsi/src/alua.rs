@@ -3,8 +3,10 @@
 //! IN / 0x0A). One target port group per target by default, in the
 //! active/optimized state; the group id and state come from configuration
 //! so several gateways exporting one volume can tell initiators which path
-//! to prefer. Transitions are the configuration's, never the initiator's
-//! (SET TARGET PORT GROUPS is not implemented: implicit ALUA only).
+//! to prefer. Transitions are the configuration's or the operator's
+//! (`blockwire ctl tpg_set`, `drain`: [`crate::ScsiTarget::set_alua_state`]
+//! raises ASYMMETRIC ACCESS STATE CHANGED), never the initiator's (SET
+//! TARGET PORT GROUPS is not implemented: implicit ALUA only).
 
 use crate::cdb::field;
 use crate::commands::AluaAccess;
@@ -27,6 +29,17 @@ impl AluaState {
             AluaState::ActiveNonOptimized => 0x1,
             AluaState::Standby => 0x2,
             AluaState::Unavailable => 0x3,
+        }
+    }
+
+    /// The state with asymmetric access state code `c`.
+    pub fn from_code(c: u8) -> Option<AluaState> {
+        match c {
+            0x0 => Some(AluaState::ActiveOptimized),
+            0x1 => Some(AluaState::ActiveNonOptimized),
+            0x2 => Some(AluaState::Standby),
+            0x3 => Some(AluaState::Unavailable),
+            _ => None,
         }
     }
 

@@ -282,7 +282,7 @@ const TABLE: &[Command] = &[
     cmd(op::WRITE_6, "WRITE(6)", &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0x05], Out(Len::Blocks), Write, ActiveOnly, InlineIfSmall, OnLun(write)),
     cmd(op::INQUIRY, "INQUIRY", &[0x12, 0x01, 0xff, 0xff, 0xff, 0x05], In(Len::Be16(3)), Never, Always, Inline, AnyLun(inquiry)),
     cmd(op::MODE_SELECT_6, "MODE SELECT(6)", &[0x15, 0x11, 0, 0, 0xff, 0x05], Out(Len::Byte(4)), Write, Always, Inline, OnLun(mode_select)),
-    cmd(op::RESERVE_6, "RESERVE(6)", &[0x16, 0, 0, 0, 0, 0x05], NoData, Own, ActiveOnly, Inline, OnLun(reserve_6)),
+    cmd(op::RESERVE_6, "RESERVE(6)", &[0x16, 0, 0, 0, 0, 0x05], NoData, Own, ActiveOnly, Pool, OnLun(reserve_6)),
     cmd(op::RELEASE_6, "RELEASE(6)", &[0x17, 0, 0, 0, 0, 0x05], NoData, Own, ActiveOnly, Inline, OnLun(release_6)),
     cmd(op::MODE_SENSE_6, "MODE SENSE(6)", &[0x1a, 0x08, 0xff, 0xff, 0xff, 0x05], In(Len::Byte(4)), Read, Always, Inline, OnLun(mode_sense)),
     cmd(op::START_STOP_UNIT, "START STOP UNIT", &[0x1b, 0x01, 0, 0x0f, 0xf7, 0x05], NoData, Write, ActiveOnly, Inline, OnLun(start_stop_unit)),
@@ -299,16 +299,16 @@ const TABLE: &[Command] = &[
     cmd(op::LOG_SENSE, "LOG SENSE", &[0x4d, 0x01, 0xff, 0xff, 0, 0xff, 0xff, 0xff, 0xff, 0x05], In(Len::Be16(7)), Write, Always, Inline, OnLun(log_sense)),
     cmd(op::MODE_SELECT_10, "MODE SELECT(10)", &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0x05], Out(Len::Be16(7)), Write, Always, Inline, OnLun(mode_select)),
     cmd(op::MODE_SENSE_10, "MODE SENSE(10)", &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x05], In(Len::Be16(7)), Read, Always, Inline, OnLun(mode_sense)),
-    sa_cmd(op::PR_IN, 0x00, "PERSISTENT RESERVE IN / READ KEYS", &[0x5e, 0x00, 0, 0, 0, 0, 0, 0xff, 0xff, 0x05], In(Len::Be16(7)), Own, UpToStandby, Inline, OnLun(pr_in)),
-    sa_cmd(op::PR_IN, 0x01, "PERSISTENT RESERVE IN / READ RESERVATION", &[0x5e, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x05], In(Len::Be16(7)), Own, UpToStandby, Inline, OnLun(pr_in)),
-    sa_cmd(op::PR_IN, 0x02, "PERSISTENT RESERVE IN / REPORT CAPABILITIES", &[0x5e, 0x02, 0, 0, 0, 0, 0, 0xff, 0xff, 0x05], In(Len::Be16(7)), Own, UpToStandby, Inline, OnLun(pr_in)),
-    sa_cmd(op::PR_IN, 0x03, "PERSISTENT RESERVE IN / READ FULL STATUS", &[0x5e, 0x03, 0, 0, 0, 0, 0, 0xff, 0xff, 0x05], In(Len::Be16(7)), Own, UpToStandby, Inline, OnLun(pr_in)),
-    sa_cmd(op::PR_OUT, 0x00, "PERSISTENT RESERVE OUT / REGISTER", &[0x5f, 0x00, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Inline, OnLun(pr_out)),
-    sa_cmd(op::PR_OUT, 0x01, "PERSISTENT RESERVE OUT / RESERVE", &[0x5f, 0x01, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Inline, OnLun(pr_out)),
-    sa_cmd(op::PR_OUT, 0x02, "PERSISTENT RESERVE OUT / RELEASE", &[0x5f, 0x02, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Inline, OnLun(pr_out)),
-    sa_cmd(op::PR_OUT, 0x03, "PERSISTENT RESERVE OUT / CLEAR", &[0x5f, 0x03, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Inline, OnLun(pr_out)),
-    sa_cmd(op::PR_OUT, 0x04, "PERSISTENT RESERVE OUT / PREEMPT", &[0x5f, 0x04, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Inline, OnLun(pr_out)),
-    sa_cmd(op::PR_OUT, 0x06, "PERSISTENT RESERVE OUT / REGISTER AND IGNORE EXISTING KEY", &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Inline, OnLun(pr_out)),
+    sa_cmd(op::PR_IN, 0x00, "PERSISTENT RESERVE IN / READ KEYS", &[0x5e, 0x00, 0, 0, 0, 0, 0, 0xff, 0xff, 0x05], In(Len::Be16(7)), Own, UpToStandby, Pool, OnLun(pr_in)),
+    sa_cmd(op::PR_IN, 0x01, "PERSISTENT RESERVE IN / READ RESERVATION", &[0x5e, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x05], In(Len::Be16(7)), Own, UpToStandby, Pool, OnLun(pr_in)),
+    sa_cmd(op::PR_IN, 0x02, "PERSISTENT RESERVE IN / REPORT CAPABILITIES", &[0x5e, 0x02, 0, 0, 0, 0, 0, 0xff, 0xff, 0x05], In(Len::Be16(7)), Own, UpToStandby, Pool, OnLun(pr_in)),
+    sa_cmd(op::PR_IN, 0x03, "PERSISTENT RESERVE IN / READ FULL STATUS", &[0x5e, 0x03, 0, 0, 0, 0, 0, 0xff, 0xff, 0x05], In(Len::Be16(7)), Own, UpToStandby, Pool, OnLun(pr_in)),
+    sa_cmd(op::PR_OUT, 0x00, "PERSISTENT RESERVE OUT / REGISTER", &[0x5f, 0x00, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Pool, OnLun(pr_out)),
+    sa_cmd(op::PR_OUT, 0x01, "PERSISTENT RESERVE OUT / RESERVE", &[0x5f, 0x01, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Pool, OnLun(pr_out)),
+    sa_cmd(op::PR_OUT, 0x02, "PERSISTENT RESERVE OUT / RELEASE", &[0x5f, 0x02, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Pool, OnLun(pr_out)),
+    sa_cmd(op::PR_OUT, 0x03, "PERSISTENT RESERVE OUT / CLEAR", &[0x5f, 0x03, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Pool, OnLun(pr_out)),
+    sa_cmd(op::PR_OUT, 0x04, "PERSISTENT RESERVE OUT / PREEMPT", &[0x5f, 0x04, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Pool, OnLun(pr_out)),
+    sa_cmd(op::PR_OUT, 0x06, "PERSISTENT RESERVE OUT / REGISTER AND IGNORE EXISTING KEY", &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x05], Out(Len::Be32(5)), Own, UpToStandby, Pool, OnLun(pr_out)),
     cmd(op::READ_16, "READ(16)", &[0x88, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x05], In(Len::Blocks), Read, ActiveOnly, InlineIfSmall, OnLun(read)),
     cmd(op::COMPARE_AND_WRITE, "COMPARE AND WRITE", &[0x89, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0, 0x05], OutNoExcess(Len::Other(compare_and_write_len)), Write, ActiveOnly, Pool, OnLun(compare_and_write)),
     cmd(op::WRITE_16, "WRITE(16)", &[0x8a, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x05], Out(Len::Blocks), Write, ActiveOnly, InlineIfSmall, OnLun(write)),
@@ -571,25 +571,18 @@ fn release_6(c: &Call<'_>, l: &Lun, _: DataIn<'_>) -> Result<(), Fail> {
 }
 
 fn pr_in(c: &Call<'_>, l: &Lun, out: DataIn<'_>) -> Result<(), Fail> {
-    let names = c.target.port_names_snapshot();
-    let name_of = |n: u64| {
-        names
-            .get(&n)
-            .cloned()
-            .unwrap_or_else(|| format!("blockwire.nexus.{n}"))
-    };
-    Ok(l.res.pr_in(c.cdb, &name_of, out)?)
+    Ok(l.res.pr_in(c.cdb, out)?)
 }
 
 fn pr_out(c: &Call<'_>, l: &Lun, _: DataIn<'_>) -> Result<(), Fail> {
-    l.res.pr_out(c.who(), c.cdb, &c.joined(), &l.ua)?;
+    l.res.pr_out(c.who(), &c.target.pr_who(c.nexus, l), c.cdb, &c.joined())?;
     c.target.registrations_changed();
     Ok(())
 }
 
 fn report_target_port_groups(c: &Call<'_>, l: &Lun, out: DataIn<'_>) -> Result<(), Fail> {
     Ok(alua::report_target_port_groups(
-        l.cfg.port_group,
+        c.target.port_group(l),
         c.cdb,
         out,
     )?)

@@ -165,7 +165,7 @@ pub(crate) struct Lun {
     wce: AtomicBool,
     wce_default: bool,
     wce_changeable: bool,
-    ua: UnitAttentions,
+    ua: Arc<UnitAttentions>,
     res: Reservations,
     /// Serialises COMPARE AND WRITE commands.
     caw_lock: Mutex<()>,
@@ -176,6 +176,8 @@ impl Lun {
         let info = volume.info();
         let wce_default = info.durability != bw_block::Durability::WriteThrough;
         let blocks = volume.sectors();
+        let ua = Arc::new(UnitAttentions::default());
+        let res = Reservations::new(volume.reservations().clone(), cfg.port_group.relative_port, ua.clone());
         Lun {
             number,
             discard: info.supports_discard,
@@ -187,8 +189,8 @@ impl Lun {
             blocks: AtomicU64::new(blocks),
             volume,
             cfg,
-            ua: UnitAttentions::default(),
-            res: Reservations::default(),
+            ua,
+            res,
             caw_lock: Mutex::new(()),
         }
     }
@@ -264,7 +266,13 @@ pub struct ScsiTarget {
     /// their names, so keeping every one would grow without bound). Locked
     /// before `ports` and before any LUN's reservations.
     port_names: Mutex<HashMap<u64, String>>,
+    /// The asymmetric access state the operator set for every LUN
+    /// ([`ScsiTarget::set_alua_state`]), as its code; [`NO_ALUA_OVERRIDE`]:
+    /// each LUN's configured one.
+    alua: std::sync::atomic::AtomicU8,
 }
+
+const NO_ALUA_OVERRIDE: u8 = 0xFF;
 
 impl ScsiTarget {
     /// Build a target from `(lun number, volume, config)` triples.
@@ -272,7 +280,13 @@ impl ScsiTarget {
         let mut luns: Vec<Arc<Lun>> = luns.into_iter().map(|(n, v, c)| Arc::new(Lun::new(n, v, c))).collect();
         luns.sort_by_key(|l| l.number);
         luns.dedup_by_key(|l| l.number);
-        ScsiTarget { luns: ArcSwap::from_pointee(luns), mapping: Mutex::new(()), ports: RwLock::new(HashMap::new()), port_names: Mutex::new(HashMap::new()) }
+        ScsiTarget {
+            luns: ArcSwap::from_pointee(luns),
+            mapping: Mutex::new(()),
+            ports: RwLock::new(HashMap::new()),
+            port_names: Mutex::new(HashMap::new()),
+            alua: std::sync::atomic::AtomicU8::new(NO_ALUA_OVERRIDE),
+        }
     }
 
     /// The mapped LUN numbers, ascending.
@@ -382,6 +396,58 @@ impl ScsiTarget {
         self.ports.read().unwrap_or_else(|p| p.into_inner()).get(&nexus).copied().unwrap_or(nexus)
     }
 
+    /// The asymmetric access state `l` is reached in now.
+    #[inline]
+    pub(crate) fn alua_state(&self, l: &Lun) -> AluaState {
+        AluaState::from_code(self.alua.load(Relaxed)).unwrap_or(l.cfg.port_group.state)
+    }
+
+    /// The target port group of `l` as RTPG reports it now.
+    pub(crate) fn port_group(&self, l: &Lun) -> PortGroup {
+        PortGroup { state: self.alua_state(l), ..l.cfg.port_group }
+    }
+
+    /// Set every LUN's asymmetric access state (`None`: back to each one's
+    /// configured state) while sessions run. Every nexus gets ASYMMETRIC
+    /// ACCESS STATE CHANGED on each LUN whose state changed (SPC-4
+    /// 5.16.2.6), so initiators read REPORT TARGET PORT GROUPS again and
+    /// move their I/O. Returns whether any LUN's state changed.
+    pub fn set_alua_state(&self, state: Option<AluaState>) -> bool {
+        let _w = self.mapping.lock().unwrap_or_else(|p| p.into_inner());
+        let luns = self.luns.load();
+        let before: Vec<AluaState> = luns.iter().map(|l| self.alua_state(l)).collect();
+        self.alua.store(state.map_or(NO_ALUA_OVERRIDE, |s| s.code()), Relaxed);
+        let mut changed = false;
+        for (l, b) in luns.iter().zip(before) {
+            if self.alua_state(l) != b {
+                l.ua.broadcast(Sense::ASYMMETRIC_ACCESS_STATE_CHANGED);
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// The target port group ids of the LUNs.
+    pub fn port_group_ids(&self) -> Vec<u16> {
+        let mut ids: Vec<u16> = self.luns.load().iter().map(|l| l.cfg.port_group.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// The initiator port name of a nexus (a made-up one if the transport
+    /// gave none).
+    pub(crate) fn port_name(&self, nexus: NexusId) -> String {
+        let id = self.identity(nexus);
+        self.port_names.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned().unwrap_or_else(|| reservation::unnamed_port(nexus))
+    }
+
+    /// The nexus as a persistent reservation registrant of `l`: its
+    /// initiator port and the LU's relative target port.
+    pub(crate) fn pr_who(&self, nexus: NexusId, l: &Lun) -> bw_reservation::Who {
+        bw_reservation::Who::scsi(&self.port_name(nexus), l.cfg.port_group.relative_port)
+    }
+
     /// The backend of `lun` changed size: re-read it and raise CAPACITY DATA
     /// HAS CHANGED for every nexus. `false` if no such LUN.
     pub fn capacity_changed(&self, lun: u64) -> bool {
@@ -441,7 +507,7 @@ impl ScsiTarget {
                 _ => Err(Sense::LUN_NOT_SUPPORTED.into()),
             };
         };
-        alua::permits(l.cfg.port_group.state, row.map_or(commands::AluaAccess::ActiveOnly, |c| c.alua))?;
+        alua::permits(self.alua_state(l), row.map_or(commands::AluaAccess::ActiveOnly, |c| c.alua))?;
         let Some(row) = row else { return Err(Sense::INVALID_OPCODE.into()) };
         if naca_or_link(cdb, len) {
             return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
@@ -459,7 +525,7 @@ impl ScsiTarget {
                 Lookup::Found(c) => c.conflict.of(cdb),
                 _ => commands::unknown_service_action_conflict(opcode),
             };
-            l.res.check(who, conflict)?;
+            l.res.check(who, &self.pr_who(nexus, l), conflict)?;
         }
         let Lookup::Found(row) = found else { return Err(Sense::invalid_in_cdb(field::SERVICE_ACTION).into()) };
         match row.handler {
@@ -471,6 +537,7 @@ impl ScsiTarget {
     }
 
     /// Names of the initiator ports seen so far, by identity.
+    #[cfg(test)]
     pub(crate) fn port_names_snapshot(&self) -> HashMap<u64, String> {
         self.port_names.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

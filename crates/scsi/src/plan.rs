@@ -145,7 +145,7 @@ impl<'a> Plan<'a> {
             return None;
         }
         let l = self.lun.as_deref()?;
-        if l.ua.active() || l.res.held() || l.cfg.port_group.state.refusal().is_some() {
+        if l.ua.active() || l.res.held() || self.target.alua_state(l).refusal().is_some() {
             return None;
         }
         Some((c, l))

@@ -1,41 +1,27 @@
 //! Reservations: SPC-2 RESERVE(6)/RELEASE(6) and SPC-4 persistent
-//! reservations (PERSISTENT RESERVE IN/OUT), one state per logical unit.
+//! reservations (PERSISTENT RESERVE IN/OUT).
 //!
-//! Registrations are held per I_T nexus as the transport identifies it. The
-//! access check runs on every command, so it first reads an atomic flag that
-//! is only set while some reservation exists.
+//! Persistent reservations belong to the volume, not to this LU: they live
+//! in the volume's [`bw_reservation::Shared`], which NVMe namespaces over
+//! the same volume and other gateways serving it share (see that crate).
+//! Here is what is SCSI about them: the CDBs and parameter lists, the key
+//! checks of each service action, the PERSISTENT RESERVE IN data, the
+//! unit attentions for the notices a change causes, and the I_T nexus as
+//! a registrant ([`Who::scsi`]: initiator port name and relative target
+//! port). SPC-2 RESERVE(6) stays in this process: it does not survive a
+//! nexus loss anyway, and SPC-4 made it obsolete.
+//!
+//! The access check runs on every command; it first reads atomic flags that
+//! are only set while some reservation exists.
 
 use crate::cdb::{be32, be64};
 use crate::commands::Conflict;
 use crate::sense::Sense;
 use crate::ua::UnitAttentions;
 use crate::NexusId;
+use bw_reservation::{pr_type, Access, Listener, Notice, Refusal, Shared, State, Who};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-
-/// Persistent reservation types (SPC-4 table 169).
-#[allow(dead_code)] // the named constants document the numbers and serve the tests
-pub mod pr_type {
-    pub const WRITE_EXCLUSIVE: u8 = 1;
-    pub const EXCLUSIVE_ACCESS: u8 = 3;
-    pub const WRITE_EXCLUSIVE_REGISTRANTS_ONLY: u8 = 5;
-    pub const EXCLUSIVE_ACCESS_REGISTRANTS_ONLY: u8 = 6;
-    pub const WRITE_EXCLUSIVE_ALL_REGISTRANTS: u8 = 7;
-    pub const EXCLUSIVE_ACCESS_ALL_REGISTRANTS: u8 = 8;
-
-    pub fn valid(t: u8) -> bool {
-        matches!(t, 1 | 3 | 5 | 6 | 7 | 8)
-    }
-    pub fn all_registrants(t: u8) -> bool {
-        matches!(t, 7 | 8)
-    }
-    pub fn registrants_only_or_all(t: u8) -> bool {
-        matches!(t, 5..=8)
-    }
-    pub fn exclusive_access(t: u8) -> bool {
-        matches!(t, 3 | 6 | 8)
-    }
-}
+use std::sync::{Arc, Mutex};
 
 /// Why a command may not run.
 #[derive(Debug, PartialEq, Eq)]
@@ -50,95 +36,112 @@ impl From<Sense> for Denied {
     }
 }
 
-#[derive(Default)]
+impl From<Refusal> for Denied {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::Conflict => Denied::Conflict,
+            Refusal::WrongType => Denied::Check(Sense::INVALID_RELEASE_OF_PR),
+            Refusal::ZeroKey => Denied::Check(Sense::invalid_param_field(8, None)),
+        }
+    }
+}
+
+/// The store could not be read or written: the command fails, nothing is
+/// known to have changed.
+fn store_failed(e: std::io::Error) -> Denied {
+    log::warn!("persistent reservations: {e}");
+    Denied::Check(Sense::INTERNAL_TARGET_FAILURE)
+}
+
 pub struct Reservations {
-    /// True while a RESERVE(6) or a persistent reservation is held.
-    held: AtomicBool,
-    inner: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
+    /// True while a RESERVE(6) reservation is held.
+    spc2_held: AtomicBool,
     /// Holder of the SPC-2 RESERVE(6) reservation.
-    spc2: Option<NexusId>,
-    generation: u32,
-    /// Registered (nexus, key) pairs in registration order.
-    registrants: Vec<(NexusId, u64)>,
-    /// Persistent reservation: (holder, type). For all-registrants types the
-    /// holder is whoever reserved, but every registrant counts as holder.
-    reservation: Option<(NexusId, u8)>,
+    spc2: Mutex<Option<NexusId>>,
+    shared: Arc<Shared>,
+    /// Raises the unit attentions of the notices meant for the I_T nexuses
+    /// of this LU's target port.
+    _notices: Listener,
 }
 
-impl State {
-    fn key_of(&self, nexus: NexusId) -> Option<u64> {
-        self.registrants.iter().find(|(n, _)| *n == nexus).map(|(_, k)| *k)
+/// How a notice reads as a unit attention (SPC-4 5.12.11).
+fn sense_of(n: Notice) -> Sense {
+    match n {
+        Notice::RegistrationPreempted => Sense::REGISTRATIONS_PREEMPTED,
+        Notice::ReservationReleased => Sense::RESERVATIONS_RELEASED,
+        Notice::ReservationPreempted => Sense::RESERVATIONS_PREEMPTED,
     }
-    fn is_holder(&self, nexus: NexusId) -> bool {
-        match self.reservation {
-            Some((_, t)) if pr_type::all_registrants(t) => self.key_of(nexus).is_some(),
-            Some((h, _)) => h == nexus,
-            None => false,
-        }
-    }
-    fn unregister(&mut self, nexus: NexusId, ua: &UnitAttentions) {
-        self.registrants.retain(|(n, _)| *n != nexus);
-        if let Some((h, t)) = self.reservation {
-            let release = if pr_type::all_registrants(t) { self.registrants.is_empty() } else { h == nexus };
-            if release {
-                self.reservation = None;
-                if pr_type::registrants_only_or_all(t) && !pr_type::all_registrants(t) {
-                    // SPC-4 5.12.11.2.2: registrants-only reservation lost its holder.
-                    for (n, _) in &self.registrants {
-                        ua.raise_for(*n, Sense::RESERVATIONS_RELEASED);
-                    }
-                }
-            }
-        }
+}
+
+/// The initiator port name given to a nexus the transport did not name.
+pub(crate) fn unnamed_port(nexus: NexusId) -> String {
+    format!("blockwire.nexus.{nexus}")
+}
+
+/// The unit attention identity (see `ScsiTarget::identity`) of an
+/// initiator port name.
+pub(crate) fn identity_of(name: &str) -> NexusId {
+    match name.strip_prefix("blockwire.nexus.").and_then(|n| n.parse().ok()) {
+        Some(n) => n,
+        None => crate::ident::port_identity(name),
     }
 }
 
 impl Reservations {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// The reservations of an LU over a volume whose shared state is
+    /// `shared`, reached through relative target port `relative_port`.
+    pub fn new(shared: Arc<Shared>, relative_port: u16, ua: Arc<UnitAttentions>) -> Reservations {
+        let notices = shared.listen(move |e| {
+            let who = Who::stored(&e.who);
+            if let Some((name, rtp)) = who.scsi_parts() {
+                if rtp == relative_port {
+                    ua.raise_for(identity_of(name), sense_of(e.notice));
+                }
+            }
+        });
+        Reservations { spc2_held: AtomicBool::new(false), spc2: Mutex::new(None), shared, _notices: notices }
     }
 
-    fn update_flag(&self, s: &State) {
-        self.held.store(s.spc2.is_some() || s.reservation.is_some(), Ordering::Release);
+    fn spc2(&self) -> std::sync::MutexGuard<'_, Option<NexusId>> {
+        self.spc2.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether any reservation is held (cheap pre-check).
     #[inline]
     pub fn held(&self) -> bool {
-        self.held.load(Ordering::Acquire)
+        self.spc2_held.load(Ordering::Acquire) || self.shared.held()
     }
 
-    /// Whether `nexus` (an initiator port identity) holds a registration.
-    pub fn is_registered(&self, nexus: NexusId) -> bool {
-        self.lock().key_of(nexus).is_some()
+    /// Whether the initiator port `name` holds a registration through any
+    /// target port.
+    pub fn is_registered(&self, identity: NexusId) -> bool {
+        self.shared.cached().registrants.iter().any(|r| Who::stored(&r.who).scsi_parts().map(|(n, _)| identity_of(n)) == Some(identity))
     }
 
-    /// Add every registered initiator port to `into`.
+    /// Add every registered initiator port's identity to `into`.
     pub fn registered_into(&self, into: &mut std::collections::HashSet<NexusId>) {
-        into.extend(self.lock().registrants.iter().map(|(n, _)| *n));
+        for r in &self.shared.cached().registrants {
+            if let Some((n, _)) = Who::stored(&r.who).scsi_parts() {
+                into.insert(identity_of(n));
+            }
+        }
     }
 
-    /// Whether `nexus` may run a command of class `conflict` now (the
-    /// class comes from the command's row, see [`Conflict`]).
-    pub fn check(&self, nexus: NexusId, conflict: Conflict) -> Result<(), Denied> {
-        if !self.held.load(Ordering::Acquire) {
-            return Ok(());
+    /// Whether nexus `nexus` (as registrant `who`) may run a command of
+    /// class `conflict` now (the class comes from the command's row, see
+    /// [`Conflict`]).
+    pub fn check(&self, nexus: NexusId, who: &Who, conflict: Conflict) -> Result<(), Denied> {
+        let access = match conflict {
+            Conflict::Never | Conflict::Own => return Ok(()),
+            Conflict::Read => Access::Read,
+            _ => Access::Write,
+        };
+        if self.spc2_held.load(Ordering::Acquire) {
+            if let Some(holder) = *self.spc2() {
+                return if holder == nexus { Ok(()) } else { Err(Denied::Conflict) };
+            }
         }
-        if matches!(conflict, Conflict::Never | Conflict::Own) {
-            return Ok(());
-        }
-        let s = self.lock();
-        if let Some(holder) = s.spc2 {
-            return if holder == nexus { Ok(()) } else { Err(Denied::Conflict) };
-        }
-        let Some((holder, t)) = s.reservation else { return Ok(()) };
-        let registered = s.key_of(nexus).is_some();
-        let full_access = holder == nexus || (pr_type::registrants_only_or_all(t) && registered);
-        if full_access || (!pr_type::exclusive_access(t) && matches!(conflict, Conflict::Read)) {
+        if self.shared.allows(who.id(), access) {
             Ok(())
         } else {
             Err(Denied::Conflict)
@@ -147,15 +150,16 @@ impl Reservations {
 
     /// RESERVE(6): the whole logical unit for this nexus.
     pub fn reserve6(&self, nexus: NexusId) -> Result<(), Denied> {
-        let mut s = self.lock();
-        if !s.registrants.is_empty() || s.reservation.is_some() {
+        let s = self.shared.read().map_err(store_failed)?;
+        let mut h = self.spc2();
+        if !s.registrants.is_empty() || s.holder.is_some() {
             return Err(Denied::Conflict); // SPC-4 5.12.3: PR in effect
         }
-        match s.spc2 {
-            Some(h) if h != nexus => Err(Denied::Conflict),
+        match *h {
+            Some(x) if x != nexus => Err(Denied::Conflict),
             _ => {
-                s.spc2 = Some(nexus);
-                self.update_flag(&s);
+                *h = Some(nexus);
+                self.spc2_held.store(true, Ordering::Release);
                 Ok(())
             }
         }
@@ -163,116 +167,97 @@ impl Reservations {
 
     /// RELEASE(6): drops this nexus's reservation; a no-op for anyone else.
     pub fn release6(&self, nexus: NexusId) -> Result<(), Denied> {
-        let mut s = self.lock();
-        if s.reservation.is_some() {
+        if self.shared.cached().holder.is_some() {
             return Err(Denied::Conflict);
         }
-        if s.spc2 == Some(nexus) {
-            s.spc2 = None;
-            self.update_flag(&s);
-        }
+        self.clear_spc2(Some(nexus));
         Ok(())
     }
 
     /// LUN reset / nexus loss: RESERVE(6) does not survive either.
     pub fn clear_spc2(&self, only: Option<NexusId>) {
-        let mut s = self.lock();
-        if only.is_none() || s.spc2 == only {
-            s.spc2 = None;
-            self.update_flag(&s);
+        let mut h = self.spc2();
+        if only.is_none() || *h == only {
+            *h = None;
+            self.spc2_held.store(false, Ordering::Release);
         }
     }
 
-    /// PERSISTENT RESERVE IN.
-    pub fn pr_in(&self, cdb: &[u8], names: &dyn Fn(NexusId) -> String, out: &mut Vec<u8>) -> Result<(), Sense> {
-        let s = self.lock();
-        match cdb[1] & 0x1f {
-            0 => {
-                // READ KEYS
-                out.extend_from_slice(&s.generation.to_be_bytes());
-                out.extend_from_slice(&((s.registrants.len() * 8) as u32).to_be_bytes());
-                for (_, k) in &s.registrants {
-                    out.extend_from_slice(&k.to_be_bytes());
-                }
-            }
-            1 => {
-                // READ RESERVATION
-                out.extend_from_slice(&s.generation.to_be_bytes());
-                match s.reservation {
-                    Some((h, t)) => {
-                        out.extend_from_slice(&16u32.to_be_bytes());
-                        let key = if pr_type::all_registrants(t) { 0 } else { s.key_of(h).unwrap_or(0) };
-                        out.extend_from_slice(&key.to_be_bytes());
-                        out.extend_from_slice(&[0, 0, 0, 0, 0, t & 0x0f, 0, 0]);
-                    }
-                    None => out.extend_from_slice(&0u32.to_be_bytes()),
-                }
-            }
-            2 => {
-                // REPORT CAPABILITIES: CRH; no SIP_C/ATP_C/PTPL_C; type mask valid.
-                out.extend_from_slice(&[0x00, 0x08, 0x10, 0x80]);
-                out.extend_from_slice(&[0x80 | 0x40 | 0x20 | 0x08 | 0x02, 0x01, 0, 0]);
-            }
-            3 => {
-                // READ FULL STATUS
-                out.extend_from_slice(&s.generation.to_be_bytes());
-                out.extend_from_slice(&[0; 4]);
-                for (n, k) in &s.registrants {
-                    let holder = s.is_holder(*n);
-                    out.extend_from_slice(&k.to_be_bytes());
-                    out.extend_from_slice(&[0; 4]);
-                    out.push(if holder { 0x01 } else { 0 });
-                    out.push(match s.reservation {
-                        Some((_, t)) if holder => t & 0x0f,
-                        _ => 0,
-                    });
-                    out.extend_from_slice(&[0; 4]);
-                    out.extend_from_slice(&1u16.to_be_bytes()); // relative target port 1
-                    let tid = iscsi_transport_id(&names(*n));
-                    out.extend_from_slice(&(tid.len() as u32).to_be_bytes());
-                    out.extend_from_slice(&tid);
-                }
-                let len = (out.len() - 8) as u32;
-                out[4..8].copy_from_slice(&len.to_be_bytes());
-            }
-            _ => return Err(Sense::invalid_cdb_field(1, Some(4))),
-        }
-        Ok(())
+    /// PERSISTENT RESERVE IN, from the state as the store has it now.
+    pub fn pr_in(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Denied> {
+        let s = self.shared.read().map_err(store_failed)?;
+        Ok(pr_in_data(&s, cdb, out)?)
     }
 
-    /// PERSISTENT RESERVE OUT with its parameter list.
-    pub fn pr_out(&self, nexus: NexusId, cdb: &[u8], params: &[u8], ua: &UnitAttentions) -> Result<(), Denied> {
+    /// PERSISTENT RESERVE OUT with its parameter list, from nexus `nexus`
+    /// (registrant `who`).
+    pub fn pr_out(&self, nexus: NexusId, who: &Who, cdb: &[u8], params: &[u8]) -> Result<(), Denied> {
         let req = PrOut::parse(cdb, params)?;
-        let mut s = self.lock();
-        if s.spc2.is_some_and(|h| h != nexus) {
+        if self.spc2().is_some_and(|h| h != nexus) {
             return Err(Denied::Conflict);
         }
-        let mine = s.key_of(nexus);
-        if req.action == pr_out_action::REGISTER {
-            match mine {
-                None if req.key != 0 => return Err(Denied::Conflict),
-                Some(k) if k != req.key => return Err(Denied::Conflict),
-                _ => {}
-            }
-        }
-        if req.action == pr_out_action::REGISTER || req.action == pr_out_action::REGISTER_AND_IGNORE {
-            s.register(nexus, mine, req.sa_key, ua);
-        } else {
-            // Every other action is the work of a registrant, by its key.
-            if mine != Some(req.key) {
-                return Err(Denied::Conflict);
-            }
-            match req.action {
-                pr_out_action::RESERVE => s.reserve(nexus, req.ptype)?,
-                pr_out_action::RELEASE => s.release(nexus, req.ptype, ua)?,
-                pr_out_action::CLEAR => s.clear(nexus, ua),
-                pr_out_action::PREEMPT => s.preempt(nexus, req.ptype, req.sa_key, ua)?,
-                _ => unreachable!("checked by PrOut::parse"),
-            }
-        }
-        self.update_flag(&s);
-        Ok(())
+        let r = self.shared.change(|s| req.apply(s, who)).map_err(store_failed)?;
+        Ok(r?)
     }
+}
+
+/// The PERSISTENT RESERVE IN data of `s` (SPC-4 6.14).
+fn pr_in_data(s: &State, cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+    match cdb[1] & 0x1f {
+        0 => {
+            // READ KEYS
+            out.extend_from_slice(&s.generation.to_be_bytes());
+            out.extend_from_slice(&((s.registrants.len() * 8) as u32).to_be_bytes());
+            for r in &s.registrants {
+                out.extend_from_slice(&r.key.to_be_bytes());
+            }
+        }
+        1 => {
+            // READ RESERVATION
+            out.extend_from_slice(&s.generation.to_be_bytes());
+            match &s.holder {
+                Some(h) => {
+                    out.extend_from_slice(&16u32.to_be_bytes());
+                    out.extend_from_slice(&s.holder_key().to_be_bytes());
+                    out.extend_from_slice(&[0, 0, 0, 0, 0, h.ptype & 0x0f, 0, 0]);
+                }
+                None => out.extend_from_slice(&0u32.to_be_bytes()),
+            }
+        }
+        2 => {
+            // REPORT CAPABILITIES: CRH, PTPL_C (the state lives with the
+            // volume); no SIP_C/ATP_C; type mask valid, PTPL_A as set.
+            out.extend_from_slice(&[0x00, 0x08, 0x10 | 0x01, 0x80 | s.aptpl as u8]);
+            out.extend_from_slice(&[0x80 | 0x40 | 0x20 | 0x08 | 0x02, 0x01, 0, 0]);
+        }
+        3 => {
+            // READ FULL STATUS: the SCSI registrants (an NVMe host has no
+            // SCSI TransportID; READ KEYS lists its key).
+            out.extend_from_slice(&s.generation.to_be_bytes());
+            out.extend_from_slice(&[0; 4]);
+            for r in &s.registrants {
+                let who = Who::stored(&r.who);
+                let Some((name, rtp)) = who.scsi_parts() else { continue };
+                let holder = s.is_holder(&who);
+                out.extend_from_slice(&r.key.to_be_bytes());
+                out.extend_from_slice(&[0; 4]);
+                out.push(if holder { 0x01 } else { 0 });
+                out.push(match &s.holder {
+                    Some(h) if holder => h.ptype & 0x0f,
+                    _ => 0,
+                });
+                out.extend_from_slice(&[0; 4]);
+                out.extend_from_slice(&rtp.to_be_bytes());
+                let tid = iscsi_transport_id(name);
+                out.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+                out.extend_from_slice(&tid);
+            }
+            let len = (out.len() - 8) as u32;
+            out[4..8].copy_from_slice(&len.to_be_bytes());
+        }
+        _ => return Err(Sense::invalid_cdb_field(1, Some(4))),
+    }
+    Ok(())
 }
 
 /// PERSISTENT RESERVE OUT service actions (SPC-4 table 172) this target
@@ -293,6 +278,7 @@ struct PrOut {
     ptype: u8,
     key: u64,
     sa_key: u64,
+    aptpl: bool,
 }
 
 impl PrOut {
@@ -320,9 +306,6 @@ impl PrOut {
         if flags & 0x04 != 0 {
             return Err(Sense::invalid_param_field(20, Some(2)).into()); // ALL_TG_PT
         }
-        if flags & 0x01 != 0 {
-            return Err(Sense::invalid_param_field(20, Some(0)).into()); // APTPL
-        }
         if matches!(action, RESERVE | RELEASE | PREEMPT) {
             if scope != 0 {
                 return Err(Sense::invalid_cdb_field(2, Some(4)).into());
@@ -331,109 +314,44 @@ impl PrOut {
                 return Err(Sense::invalid_cdb_field(2, Some(0)).into());
             }
         }
-        Ok(PrOut { action, ptype, key, sa_key })
-    }
-}
-
-/// The PERSISTENT RESERVE OUT service actions, on the locked state; the
-/// caller has checked the registrant's key.
-impl State {
-    /// REGISTER / REGISTER AND IGNORE EXISTING KEY: register, change or
-    /// (with a zero key) remove `nexus`'s key.
-    fn register(&mut self, nexus: NexusId, mine: Option<u64>, sa_key: u64, ua: &UnitAttentions) {
-        match (mine, sa_key) {
-            (None, 0) => return,
-            (None, k) => self.registrants.push((nexus, k)),
-            (Some(_), 0) => self.unregister(nexus, ua),
-            (Some(_), k) => {
-                if let Some(r) = self.registrants.iter_mut().find(|(n, _)| *n == nexus) {
-                    r.1 = k;
-                }
-            }
-        }
-        self.generation = self.generation.wrapping_add(1);
+        Ok(PrOut { action, ptype, key, sa_key, aptpl: flags & 0x01 != 0 })
     }
 
-    fn reserve(&mut self, nexus: NexusId, ptype: u8) -> Result<(), Denied> {
-        match self.reservation {
-            None => self.reservation = Some((nexus, ptype)),
-            Some((_, t)) if self.is_holder(nexus) && t == ptype => {}
-            Some(_) => return Err(Denied::Conflict),
-        }
-        Ok(())
-    }
-
-    /// Releasing a reservation one does not hold succeeds and does nothing.
-    fn release(&mut self, nexus: NexusId, ptype: u8, ua: &UnitAttentions) -> Result<(), Denied> {
-        if let Some((_, t)) = self.reservation {
-            if self.is_holder(nexus) {
-                if t != ptype {
-                    return Err(Sense::INVALID_RELEASE_OF_PR.into());
-                }
-                self.reservation = None;
-                if pr_type::registrants_only_or_all(t) {
-                    for (n, _) in self.registrants.iter().filter(|(n, _)| *n != nexus) {
-                        ua.raise_for(*n, Sense::RESERVATIONS_RELEASED);
+    /// The service action on the shared state, with SPC's key checks.
+    fn apply(&self, s: &mut State, who: &Who) -> Result<(), Refusal> {
+        use pr_out_action::*;
+        let mine = s.key_of(who);
+        match self.action {
+            REGISTER | REGISTER_AND_IGNORE => {
+                if self.action == REGISTER {
+                    match mine {
+                        None if self.key != 0 => return Err(Refusal::Conflict),
+                        Some(k) if k != self.key => return Err(Refusal::Conflict),
+                        _ => {}
                     }
                 }
-            }
-        }
-        Ok(())
-    }
-
-    fn clear(&mut self, nexus: NexusId, ua: &UnitAttentions) {
-        for (n, _) in self.registrants.iter().filter(|(n, _)| *n != nexus) {
-            ua.raise_for(*n, Sense::RESERVATIONS_PREEMPTED);
-        }
-        self.registrants.clear();
-        self.reservation = None;
-        self.generation = self.generation.wrapping_add(1);
-    }
-
-    /// PREEMPT: remove the registrations with `sa_key` (all others' when
-    /// `sa_key` is 0 under an all-registrants reservation) and take the
-    /// reservation when it was theirs.
-    fn preempt(&mut self, nexus: NexusId, ptype: u8, sa_key: u64, ua: &UnitAttentions) -> Result<(), Denied> {
-        match self.reservation {
-            Some((_, t)) if pr_type::all_registrants(t) => {
-                if sa_key == 0 {
-                    self.preempt_registrations(nexus, None, ua);
-                    self.reservation = Some((nexus, ptype));
-                } else if self.preempt_registrations(nexus, Some(sa_key), ua) == 0 {
-                    return Err(Denied::Conflict);
+                match (mine, self.sa_key) {
+                    (None, 0) => return Ok(()),
+                    (Some(_), 0) => s.unregister(who),
+                    (_, k) => s.register(who, k),
                 }
-            }
-            Some((holder, _)) if self.key_of(holder) == Some(sa_key) => {
-                self.preempt_registrations(nexus, Some(sa_key), ua);
-                self.reservation = Some((nexus, ptype));
-            }
-            _ => {
-                if sa_key == 0 {
-                    return Err(Sense::invalid_param_field(8, None).into());
+                // APTPL comes with each registration (SPC-4 5.12.5).
+                if self.sa_key != 0 {
+                    s.aptpl = self.aptpl;
                 }
-                if self.preempt_registrations(nexus, Some(sa_key), ua) == 0 {
-                    return Err(Denied::Conflict);
-                }
+                Ok(())
             }
+            // Every other action is the work of a registrant, by its key.
+            _ if mine != Some(self.key) => Err(Refusal::Conflict),
+            RESERVE => s.reserve(who, self.ptype),
+            RELEASE => s.release(who, self.ptype),
+            CLEAR => {
+                s.clear(who);
+                Ok(())
+            }
+            PREEMPT => s.preempt(who, self.ptype, self.sa_key),
+            _ => unreachable!("checked by PrOut::parse"),
         }
-        self.generation = self.generation.wrapping_add(1);
-        Ok(())
-    }
-
-    /// Remove every other nexus's registration (with key `only_key`, if
-    /// given), telling each; how many were removed.
-    fn preempt_registrations(&mut self, nexus: NexusId, only_key: Option<u64>, ua: &UnitAttentions) -> usize {
-        let victims: Vec<NexusId> = self
-            .registrants
-            .iter()
-            .filter(|(n, k)| *n != nexus && !matches!(only_key, Some(ok) if *k != ok))
-            .map(|(n, _)| *n)
-            .collect();
-        for v in &victims {
-            ua.raise_for(*v, Sense::REGISTRATIONS_PREEMPTED);
-        }
-        self.registrants.retain(|(n, _)| !victims.contains(n));
-        victims.len()
     }
 }
 

@@ -46,6 +46,7 @@ impl Sense {
     pub const RESERVATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x03);
     pub const RESERVATIONS_RELEASED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x04);
     pub const REGISTRATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x05);
+    pub const ASYMMETRIC_ACCESS_STATE_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x06);
     pub const CAPACITY_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x09);
     pub const REPORTED_LUNS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x3F, 0x0E);
     pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1D, 0x00);

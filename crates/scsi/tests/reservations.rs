@@ -114,15 +114,23 @@ fn register_and_read_keys() {
     assert_eq!(keys(&t).0, 4);
     // Parameter list errors.
     check(&t, 1, &[0x5f, 0, 0, 0, 0, 0, 0, 0, 20, 0], &prout_params(0, 1)[..20], PARAM_LIST_LENGTH);
-    let mut aptpl = prout_params(0, 1);
-    aptpl[20] = 0x01;
-    check(&t, 1, &prout(REGISTER, 0), &aptpl, INVALID_FIELD_IN_PARAM);
+    let mut spec_i_pt = prout_params(0, 1);
+    spec_i_pt[20] = 0x08;
+    check(&t, 1, &prout(REGISTER, 0), &spec_i_pt, INVALID_FIELD_IN_PARAM);
     check(&t, 1, &prout(5, 0), &prout_params(0, 1), INVALID_FIELD_IN_CDB); // PREEMPT AND ABORT
     check(&t, 1, &prin(4), &[], INVALID_FIELD_IN_CDB);
-    // REPORT CAPABILITIES: length 8, type mask of the six types.
+    // REPORT CAPABILITIES: length 8, PTPL_C (the state lives with the
+    // volume), type mask of the six types, PTPL_A off.
     let caps = good(&t, 1, &prin(2), &[]);
     assert_eq!(&caps[..2], &[0, 8]);
-    assert_eq!(caps[3] & 0x80, 0x80, "TMV");
+    assert_eq!(caps[2] & 0x01, 0x01, "PTPL_C");
+    assert_eq!(caps[3] & 0x81, 0x80, "TMV, PTPL_A clear");
+    // APTPL comes with a registration, and PTPL_A reports it.
+    let mut aptpl = prout_params(0, 0x77);
+    aptpl[20] = 0x01;
+    good(&t, 3, &prout(REGISTER, 0), &aptpl);
+    assert_eq!(good(&t, 1, &prin(2), &[])[3] & 0x01, 0x01, "PTPL_A");
+    good(&t, 3, &prout(REGISTER, 0), &prout_params(0x77, 0));
     assert_eq!(u16::from_be_bytes([caps[4], caps[5]]), 0xea01);
     // READ FULL STATUS: one descriptor with the initiator name as TransportID.
     t.set_initiator_name(2, "iqn.2026-11.test:client");
@@ -278,4 +286,86 @@ fn named_initiator_port_keeps_registration_across_sessions() {
     conflict(&t, 12, &read10(0, 1, 0), &[]);
     t.nexus_gone(11);
     good(&t, 12, &read10(0, 1, 0), &[]);
+}
+
+/// Two gateways (two targets, each with its own open of one file volume
+/// and its own relative target port): a persistent reservation made
+/// through one is enforced by the other, a preemption through the other
+/// raises the unit attention at the first, and a third open (a gateway
+/// restarted) reads it all back.
+#[test]
+fn two_gateways_share_persistent_reservations_through_the_volume() {
+    let f = TempFile::new("pr-gateways");
+    let gateway = |port: u16| {
+        let mut cfg = bw_scsi::LunConfig::for_volume("disk", "iqn.2026-11.test:t", 0);
+        cfg.port_group.relative_port = port;
+        cfg.port_group.id = port;
+        target_with(f.volume(64), cfg)
+    };
+    let (a, b) = (gateway(1), gateway(2));
+    a.set_initiator_name(1, "iqn.2026-11.test:host1,i,0x1");
+    b.set_initiator_name(1, "iqn.2026-11.test:host1,i,0x2");
+    b.set_initiator_name(2, "iqn.2026-11.test:host2,i,0x3");
+    good(&a, 1, &prout(REGISTER, 0), &prout_params(0, 0xa));
+    good(&a, 1, &prout(RESERVE, 1), &prout_params(0xa, 0)); // Write Exclusive
+    // B checks against the same state: its nexuses may read, not write.
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let t = std::time::Instant::now();
+        while !f() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(30), "{what}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+    until("B never saw A's reservation", &|| run(&b, 2, &write10(0, 1, 0), &pattern(1, 0)).0.status == RESERVATION_CONFLICT);
+    conflict(&b, 1, &write10(0, 1, 0), &pattern(1, 0));
+    good(&b, 2, &read10(0, 1, 0), &[]);
+    assert_eq!(reservation(&b), Some((0xa, 1)));
+    // B registers host2 and preempts host1 through A's key.
+    good(&b, 2, &prout(REGISTER, 0), &prout_params(0, 0xb));
+    good(&b, 2, &prout(PREEMPT, 1), &prout_params(0xb, 0xa));
+    good(&b, 2, &write10(0, 1, 0), &pattern(1, 0));
+    // A's nexus learns it lost its registration, then is fenced.
+    until("A never raised REGISTRATIONS PREEMPTED", &|| {
+        let (o, _) = run(&a, 1, &tur(), &[]);
+        o.status == status::CHECK_CONDITION && sense(&o) == (6, 0x2a, 0x05)
+    });
+    conflict(&a, 1, &write10(0, 1, 0), &pattern(1, 0));
+    assert_eq!(keys(&a), (3, vec![0xb]));
+    // Released through B: A sees no reservation and may write again.
+    good(&b, 2, &prout(RELEASE, 1), &prout_params(0xb, 0));
+    until("A never saw the release", &|| run(&a, 1, &write10(0, 1, 0), &pattern(1, 0)).0.status == status::GOOD);
+    assert_eq!(reservation(&a), None);
+    // A gateway started again reads the registrations back.
+    good(&b, 2, &prout(RESERVE, 3), &prout_params(0xb, 0)); // Exclusive Access
+    drop(a);
+    let a = gateway(1);
+    a.set_initiator_name(1, "iqn.2026-11.test:host1,i,0x1");
+    assert_eq!(reservation(&a), Some((0xb, 3)));
+    conflict(&a, 1, &read10(0, 1, 0), &[]);
+}
+
+/// tpg_set / drain: the operator's ALUA state applies to every LUN, is
+/// reported by REPORT TARGET PORT GROUPS, gates media access, and each
+/// nexus learns it through ASYMMETRIC ACCESS STATE CHANGED; back to the
+/// configured state with `None`.
+#[test]
+fn operator_alua_state_changes_raise_a_unit_attention() {
+    use bw_scsi::AluaState;
+    let t = ram_target(64);
+    good(&t, 1, &tur(), &[]);
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    assert!(t.set_alua_state(Some(AluaState::Unavailable)));
+    assert!(!t.set_alua_state(Some(AluaState::Unavailable)), "no change, no notice");
+    // REPORT TARGET PORT GROUPS runs in every state: it gets the unit
+    // attention first (the command a host's ALUA handler sends), then the
+    // new state; media access is refused.
+    check(&t, 1, &rtpg, &[], (6, 0x2a, 0x06));
+    assert_eq!(good(&t, 1, &rtpg, &[])[4] & 0x0f, 3, "RTPG reports unavailable");
+    check(&t, 1, &read10(0, 1, 0), &[], (2, 0x04, 0x0c));
+    assert!(t.set_alua_state(Some(AluaState::ActiveNonOptimized)));
+    check(&t, 1, &tur(), &[], (6, 0x2a, 0x06));
+    good(&t, 1, &read10(0, 1, 0), &[]);
+    assert!(t.set_alua_state(None));
+    check(&t, 1, &rtpg, &[], (6, 0x2a, 0x06));
+    assert_eq!(good(&t, 1, &rtpg, &[])[4] & 0x0f, 0, "back to the configured active/optimized");
 }

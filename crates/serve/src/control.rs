@@ -108,6 +108,58 @@ struct Iqn {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct AnaSet {
+    nqn: String,
+    #[serde(default)]
+    group: Option<u32>,
+    state: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TpgSet {
+    iqn: String,
+    #[serde(default)]
+    group: Option<u16>,
+    state: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Drain {
+    /// Seconds to wait for the requests in flight (default 30).
+    #[serde(default)]
+    timeout_s: Option<u64>,
+}
+
+/// An ANA state by its name in the configuration (`ana_state`).
+fn ana_state(s: &str) -> Result<bw_nvme::ana::AnaState, RpcError> {
+    use bw_nvme::ana::AnaState::*;
+    Ok(match s {
+        "optimized" => Optimized,
+        "non-optimized" => NonOptimized,
+        "inaccessible" => Inaccessible,
+        "persistent-loss" => PersistentLoss,
+        "change" => Change,
+        _ => return Err(RpcError::new(code::INVALID_PARAMS, format!("ANA state {s:?}: optimized, non-optimized, inaccessible, persistent-loss or change"))),
+    })
+}
+
+/// An ALUA state by its name in the configuration (`alua_state`), or by
+/// the ANA name of its counterpart.
+fn alua_state(s: &str) -> Result<bw_scsi::AluaState, RpcError> {
+    use bw_scsi::AluaState::*;
+    Ok(match s {
+        "active-optimized" | "optimized" => ActiveOptimized,
+        "active-non-optimized" | "non-optimized" => ActiveNonOptimized,
+        "standby" => Standby,
+        "unavailable" | "inaccessible" => Unavailable,
+        _ => return Err(RpcError::new(code::INVALID_PARAMS, format!("ALUA state {s:?}: active-optimized, active-non-optimized, standby or unavailable"))),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct LunAdd {
     iqn: String,
     lun: u64,
@@ -467,6 +519,22 @@ pub const METHODS: &[Method] = &[
         let s: SessionId = params(p)?;
         live.disconnect(&s.id)?;
         Ok(changed(vec![format!("session {} disconnected", s.id)]))
+    } },
+    Method { name: "ana_set", params: "{nqn, group?, state: optimized|non-optimized|inaccessible|persistent-loss|change} (run time only)", call: |live, p| {
+        let a: AnaSet = params(p)?;
+        Ok(changed(live.ana_set(&a.nqn, a.group, ana_state(&a.state)?)?))
+    } },
+    Method { name: "tpg_set", params: "{iqn, group?, state: active-optimized|active-non-optimized|standby|unavailable} (run time only)", call: |live, p| {
+        let t: TpgSet = params(p)?;
+        Ok(changed(live.tpg_set(&t.iqn, t.group, alua_state(&t.state)?)?))
+    } },
+    Method { name: "drain", params: "{timeout_s?} (every path of this gateway inaccessible, then wait for the requests in flight)", call: |live, p| {
+        let d: Drain = params(p)?;
+        let (log, in_flight, finished) = live.drain(std::time::Duration::from_secs(d.timeout_s.unwrap_or(30)));
+        if !finished {
+            return Err(RpcError::new(code::REFUSED, format!("paths drained ({}), but requests were still in flight after the timeout", log.join("; "))));
+        }
+        Ok(json!({ "changes": log, "in_flight_at_drain": in_flight }))
     } },
     Method { name: "save_config", params: "{path}", call: |live, p| {
         let s: SavePath = params(p)?;

@@ -248,6 +248,29 @@ impl Handle {
         v
     }
 
+    /// `tpg_set`: the asymmetric access state of target `iqn`'s LUNs (its
+    /// port group `group`, if given, must be theirs), at run time; its
+    /// sessions get ASYMMETRIC ACCESS STATE CHANGED. Ok(false) if nothing
+    /// changed.
+    pub fn tpg_set(&self, iqn: &str, group: Option<u16>, state: AluaState) -> Result<bool, String> {
+        let p = self.0.published.load();
+        let i = p.login.targets.iter().position(|t| t.name == iqn).ok_or_else(|| format!("no iSCSI target {iqn}"))?;
+        let t = &p.targets[i];
+        if let Some(g) = group {
+            let ids = t.port_group_ids();
+            if !ids.contains(&g) {
+                return Err(format!("target {iqn} is in target port group {ids:?}, not {g}"));
+            }
+        }
+        Ok(t.set_alua_state(Some(state)))
+    }
+
+    /// Every target's LUNs unavailable (`drain`); the IQNs whose state changed.
+    pub fn drain(&self) -> Vec<String> {
+        let p = self.0.published.load();
+        p.login.targets.iter().zip(&p.targets).filter(|(_, t)| t.set_alua_state(Some(AluaState::Unavailable))).map(|(i, _)| i.name.clone()).collect()
+    }
+
     /// End the session with this nexus id (`session_disconnect`).
     pub fn disconnect(&self, nexus: u64) -> bool {
         let sessions = self.0.sessions.lock().unwrap_or_else(|p| p.into_inner());

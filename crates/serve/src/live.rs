@@ -333,6 +333,47 @@ impl Live {
         v
     }
 
+    /// `ana_set`: see [`nvme::Handle::ana_set`].
+    pub fn ana_set(&self, nqn: &str, group: Option<u32>, state: bw_nvme::ana::AnaState) -> Result<Vec<String>, Refused> {
+        let h = self.frontends.nvme.as_ref().ok_or("NVMe/TCP is not served")?;
+        let changed = h.ana_set(nqn, group, state)?;
+        let what = group.map_or("every ANA group".to_string(), |g| format!("ANA group {g}"));
+        Ok(vec![if changed { format!("nvme {nqn}: {what} {state:?}; hosts notified") } else { format!("nvme {nqn}: {what} already {state:?}") }])
+    }
+
+    /// `tpg_set`: see [`iscsi::Handle::tpg_set`].
+    pub fn tpg_set(&self, iqn: &str, group: Option<u16>, state: bw_scsi::AluaState) -> Result<Vec<String>, Refused> {
+        let h = self.frontends.iscsi.as_ref().ok_or("iSCSI is not served")?;
+        let changed = h.tpg_set(iqn, group, state)?;
+        Ok(vec![if changed { format!("iscsi {iqn}: {state:?}; sessions notified") } else { format!("iscsi {iqn}: already {state:?}") }])
+    }
+
+    /// `drain`: every NVMe ANA group of this gateway inaccessible and every
+    /// iSCSI target port group unavailable (hosts are told, and move their
+    /// I/O to other gateways), then wait up to `timeout` until no request
+    /// is in flight on any volume. Returns what changed, the requests in
+    /// flight when the states changed, and whether they all finished.
+    pub fn drain(&self, timeout: std::time::Duration) -> (Vec<String>, u64, bool) {
+        let mut log = Vec::new();
+        if let Some(h) = &self.frontends.nvme {
+            log.extend(h.drain().into_iter().map(|n| format!("nvme {n}: every ANA group Inaccessible; hosts notified")));
+        }
+        if let Some(h) = &self.frontends.iscsi {
+            log.extend(h.drain().into_iter().map(|n| format!("iscsi {n}: Unavailable; sessions notified")));
+        }
+        let volumes = self.volumes();
+        let busy = || volumes.iter().map(|v| v.in_flight()).sum::<u64>();
+        let at_start = busy();
+        let deadline = std::time::Instant::now() + timeout;
+        while busy() > 0 {
+            if std::time::Instant::now() >= deadline {
+                return (log, at_start, false);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        (log, at_start, true)
+    }
+
     /// End the session `id` as `session_list` names it.
     pub fn disconnect(&self, id: &str) -> Result<(), Refused> {
         let bad = || Refused(format!("no session {id:?} (ids look like iscsi:N or nvme:N; see session_list)"));

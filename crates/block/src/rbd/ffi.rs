@@ -11,6 +11,15 @@ pub type Rados = *mut c_void;
 pub type IoCtx = *mut c_void;
 pub type Image = *mut c_void;
 pub type Completion = *mut c_void;
+pub type WriteOp = *mut c_void;
+/// `rados_watchcb2_t`: argument, notify id, watch handle, notifier id, payload, its length.
+pub type WatchCallback = extern "C" fn(*mut c_void, u64, u64, u64, *mut c_void, usize);
+/// `rados_watcherrcb_t`: argument, watch handle, error.
+pub type WatchErrorCallback = extern "C" fn(*mut c_void, u64, c_int);
+/// `LIBRADOS_CMPXATTR_OP_EQ`.
+pub const CMPXATTR_OP_EQ: u8 = 1;
+/// `LIBRADOS_CREATE_EXCLUSIVE`.
+pub const CREATE_EXCLUSIVE: c_int = 1;
 pub type Callback = extern "C" fn(Completion, *mut c_void);
 /// `rbd_diff_iterate2`'s callback: offset, length, whether the extent
 /// holds data, the caller's argument; non-zero stops the walk.
@@ -32,6 +41,22 @@ pub struct Lib {
     pub rados_shutdown: unsafe extern "C" fn(Rados),
     pub rados_ioctx_create: unsafe extern "C" fn(Rados, *const c_char, *mut IoCtx) -> c_int,
     pub rados_ioctx_destroy: unsafe extern "C" fn(IoCtx),
+    pub rados_read: unsafe extern "C" fn(IoCtx, *const c_char, *mut c_char, usize, u64) -> c_int,
+    pub rados_create_write_op: unsafe extern "C" fn() -> WriteOp,
+    pub rados_release_write_op: unsafe extern "C" fn(WriteOp),
+    pub rados_write_op_create: unsafe extern "C" fn(WriteOp, c_int, *const c_char),
+    pub rados_write_op_cmpxattr: unsafe extern "C" fn(WriteOp, *const c_char, u8, *const c_char, usize),
+    pub rados_write_op_setxattr: unsafe extern "C" fn(WriteOp, *const c_char, *const c_char, usize),
+    pub rados_write_op_write_full: unsafe extern "C" fn(WriteOp, *const c_char, usize),
+    pub rados_write_op_operate: unsafe extern "C" fn(WriteOp, IoCtx, *const c_char, *mut libc::time_t, c_int) -> c_int,
+    /// ioctx, object, out cookie, notify callback, error callback, watch timeout (s), argument.
+    pub rados_watch3: unsafe extern "C" fn(IoCtx, *const c_char, *mut u64, WatchCallback, WatchErrorCallback, u32, *mut c_void) -> c_int,
+    pub rados_unwatch2: unsafe extern "C" fn(IoCtx, u64) -> c_int,
+    pub rados_watch_flush: unsafe extern "C" fn(Rados) -> c_int,
+    pub rados_notify_ack: unsafe extern "C" fn(IoCtx, *const c_char, u64, u64, *const c_char, c_int) -> c_int,
+    /// ioctx, object, payload, its length, timeout (ms), out reply buffer, out reply length.
+    pub rados_notify2: unsafe extern "C" fn(IoCtx, *const c_char, *const c_char, c_int, u64, *mut *mut c_char, *mut usize) -> c_int,
+    pub rados_buffer_free: unsafe extern "C" fn(*mut c_char),
     pub rbd_create2: unsafe extern "C" fn(IoCtx, *const c_char, u64, u64, *mut c_int) -> c_int,
     pub rbd_remove: unsafe extern "C" fn(IoCtx, *const c_char) -> c_int,
     /// parent ioctx, parent image, parent snapshot, child ioctx, child
@@ -119,6 +144,20 @@ fn load() -> Result<Lib, String> {
         rados_shutdown: sym!(rados, rados_shutdown),
         rados_ioctx_create: sym!(rados, rados_ioctx_create),
         rados_ioctx_destroy: sym!(rados, rados_ioctx_destroy),
+        rados_read: sym!(rados, rados_read),
+        rados_create_write_op: sym!(rados, rados_create_write_op),
+        rados_release_write_op: sym!(rados, rados_release_write_op),
+        rados_write_op_create: sym!(rados, rados_write_op_create),
+        rados_write_op_cmpxattr: sym!(rados, rados_write_op_cmpxattr),
+        rados_write_op_setxattr: sym!(rados, rados_write_op_setxattr),
+        rados_write_op_write_full: sym!(rados, rados_write_op_write_full),
+        rados_write_op_operate: sym!(rados, rados_write_op_operate),
+        rados_watch3: sym!(rados, rados_watch3),
+        rados_unwatch2: sym!(rados, rados_unwatch2),
+        rados_watch_flush: sym!(rados, rados_watch_flush),
+        rados_notify_ack: sym!(rados, rados_notify_ack),
+        rados_notify2: sym!(rados, rados_notify2),
+        rados_buffer_free: sym!(rados, rados_buffer_free),
         rbd_create2: sym!(rbd, rbd_create2),
         rbd_remove: sym!(rbd, rbd_remove),
         rbd_clone: sym!(rbd, rbd_clone),

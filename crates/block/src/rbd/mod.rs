@@ -29,6 +29,7 @@
 
 mod admin;
 mod ffi;
+mod pr_store;
 
 pub use admin::RbdPool;
 
@@ -44,7 +45,9 @@ use std::time::{Duration, Instant};
 pub struct RbdDevice {
     lib: &'static Lib,
     /// Dropped after the image is closed (fields drop after `drop`).
-    conn: Connection,
+    conn: Arc<Connection>,
+    /// Where the image's reservations live (the head, writable images only).
+    pool_image: Option<(String, String)>,
     image: ffi::Image,
     info: DeviceInfo,
     /// Shared with the requests in flight.
@@ -130,11 +133,12 @@ impl RbdDevice {
             None => format!("rbd:{}/{}", t.pool, t.image),
         };
         let timeout = t.timeout_secs.unwrap_or(RbdTarget::DEFAULT_TIMEOUT_SECS).to_string();
-        let conn = Connection::open(&name, t)?;
+        let conn = Arc::new(Connection::open(&name, t)?);
         // From here on `dev`'s Drop releases whatever has been set up.
         let mut dev = RbdDevice {
             lib,
             conn,
+            pool_image: (t.snap.is_none() && !spec.readonly).then(|| (t.pool.clone(), t.image.clone())),
             image: std::ptr::null_mut(),
             info: DeviceInfo {
                 kind: crate::DeviceKind::Rbd,
@@ -342,6 +346,13 @@ impl Pending {
 }
 
 impl crate::BlockDevice for RbdDevice {
+    fn reservation_store(&self) -> io::Result<Option<Box<dyn bw_reservation::Store>>> {
+        match &self.pool_image {
+            Some((pool, image)) => Ok(Some(Box::new(pr_store::RadosStore::open(self.conn.clone(), pool, image)?))),
+            None => Ok(None),
+        }
+    }
+
     fn info(&self) -> &DeviceInfo {
         &self.info
     }

@@ -37,6 +37,7 @@ mod packaging;
 mod readme_layout;
 mod rbd;
 mod rbd_gateways;
+mod rbd_ha;
 mod secrets;
 mod socket_fuzz;
 mod standalone;

@@ -83,16 +83,17 @@ impl Drop for AoeLan {
     }
 }
 
-/// Orders from the guest, carried out on gateway A: `kill-a` (SIGKILL, a
-/// crash) and `start-a` (the same config again). Answers "done ORDER".
-struct Orders {
-    port: u16,
+/// Orders from the guest, each a line, carried out by `handle` (on gateway
+/// A here: `kill-a` (SIGKILL, a crash) and `start-a` (the same config
+/// again)). Answers "done ORDER".
+pub(crate) struct Orders {
+    pub port: u16,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<Vec<String>>>,
 }
 
 impl Orders {
-    fn serve(a: Arc<Mutex<Option<Serve>>>, start_a: impl Fn() -> Serve + Send + 'static) -> Orders {
+    pub fn serve(mut handle: impl FnMut(&str) + Send + 'static) -> Orders {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the control port");
         listener.set_nonblocking(true).expect("nonblocking");
         let port = listener.local_addr().expect("addr").port();
@@ -111,18 +112,7 @@ impl Orders {
                     continue;
                 }
                 let order = line.trim().to_string();
-                match order.as_str() {
-                    "kill-a" => {
-                        if let Some(s) = a.lock().expect("gateway A").take() {
-                            eprintln!("rbd_gateways: SIGKILL gateway A ({})", s.kill_now());
-                        }
-                    }
-                    "start-a" => {
-                        *a.lock().expect("gateway A") = Some(start_a());
-                        eprintln!("rbd_gateways: gateway A restarted");
-                    }
-                    _ => {}
-                }
+                handle(&order);
                 let _ = (&conn).write_all(format!("done {order}\n").as_bytes());
                 done.push(order);
             }
@@ -135,7 +125,23 @@ impl Orders {
         }
     }
 
-    fn finish(mut self) -> Vec<String> {
+    /// `kill-a` and `start-a` on the gateway in `a`, started again by `start_a`.
+    pub fn kill_and_start(a: Arc<Mutex<Option<Serve>>>, start_a: impl Fn() -> Serve + Send + 'static) -> impl FnMut(&str) + Send + 'static {
+        move |order| match order {
+            "kill-a" => {
+                if let Some(s) = a.lock().expect("gateway A").take() {
+                    eprintln!("gateways: SIGKILL gateway A ({})", s.kill_now());
+                }
+            }
+            "start-a" => {
+                *a.lock().expect("gateway A") = Some(start_a());
+                eprintln!("gateways: gateway A restarted");
+            }
+            _ => {}
+        }
+    }
+
+    pub fn finish(mut self) -> Vec<String> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
             .take()
@@ -156,9 +162,16 @@ impl Drop for Orders {
     }
 }
 
+/// A guest script of tests/kernel-vm with the failover helpers
+/// (failover-lib.sh) in front.
+pub(crate) fn guest_script(name: &str) -> String {
+    let read = |f: &str| std::fs::read_to_string(repo_root().join("tests/kernel-vm").join(f)).expect("guest script");
+    format!("{}\n{}", read("failover-lib.sh"), read(name))
+}
+
 /// `rbd export` of the image, then every block a guest ledger line names
 /// must hold its marker: "MARK-LEDGER: writer K blocks FIRST to LAST step 4 count N".
-fn check_ledgers(image: &[u8], output: &str, mark: &str) -> usize {
+pub(crate) fn check_ledgers(image: &[u8], output: &str, mark: &str) -> usize {
     let mut checked = 0;
     for line in output
         .lines()
@@ -237,11 +250,10 @@ fn linux_host_uses_two_rbd_gateways_as_paths_and_survives_losing_one() {
         .to_str()
         .expect("UTF-8")
         .to_string();
-    let orders = Orders::serve(a.clone(), move || Serve::start(&["--config", &config_a]));
+    let orders = Orders::serve(Orders::kill_and_start(a.clone(), move || Serve::start(&["--config", &config_a])));
 
     let script = dir_a.path().join("rbd-gateways.sh");
-    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/rbd-gateways.sh"))
-        .expect("guest script");
+    let body = guest_script("rbd-gateways.sh");
     std::fs::write(
         &script,
         format!(

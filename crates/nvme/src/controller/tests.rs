@@ -273,3 +273,52 @@ fn live_subsystem_change_raises_one_namespace_event() {
     let d = run(&mut c, with_len(l.to_sqe(7, 0), 4096)).data.unwrap();
     assert_eq!(&d[..12], &[2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
 }
+
+/// Reservation notices: a log entry per notice (read once, RAE keeps it),
+/// an AEN for a parked AER, the mask drops a type; RESCAP and the
+/// persistence feature report the shared state.
+#[test]
+fn reservation_notices_log_and_features() {
+    use crate::reservation::notice;
+    let mut c = ctrl();
+    enable(&mut c);
+    let aer = Sqe::new(admin::ASYNC_EVENT, 6, 0);
+    assert_eq!(c.execute_admin(&aer, &[], Instant::now()), AdminOutcome::Held);
+    let done = c.reservation_notice(1, notice::REGISTRATION_PREEMPTED).expect("the parked AER completes");
+    assert_eq!((done.cid, done.result), (6, AEN_RESERVATION as u64));
+    assert_eq!(c.reservation_notice(1, notice::RESERVATION_RELEASED), None, "no AER parked: it waits");
+    let log = |c: &mut Controller, rae: bool| {
+        let r = LogRequest { lid: lid::RESERVATION, rae, len: 64, offset: 0 };
+        let got = run(c, with_len(r.to_sqe(7, 0xFFFF_FFFF), 64));
+        let d = got.data.unwrap();
+        (u64::from_le_bytes(d[..8].try_into().unwrap()), d[8], d[9], u32::from_le_bytes(d[12..16].try_into().unwrap()))
+    };
+    assert_eq!(log(&mut c, true), (1, notice::REGISTRATION_PREEMPTED, 1, 1), "RAE: read, kept");
+    assert_eq!(log(&mut c, false), (1, notice::REGISTRATION_PREEMPTED, 1, 1));
+    assert_eq!(log(&mut c, false), (2, notice::RESERVATION_RELEASED, 0, 1));
+    assert_eq!(log(&mut c, false), (0, 0, 0, 0), "empty");
+    assert_eq!(run(&mut c, Sqe::new(admin::ASYNC_EVENT, 8, 0)).result, AEN_RESERVATION as u64);
+    // Masked: Registration Preempted (bit 1) on namespace 1.
+    let mut sf = Sqe::new(admin::SET_FEATURES, 9, 1);
+    sf.set_cdw(10, feature::RESV_MASK as u32);
+    sf.set_cdw(11, 1 << notice::REGISTRATION_PREEMPTED);
+    assert!(run(&mut c, sf).status.is_success());
+    assert_eq!(c.reservation_notice(1, notice::REGISTRATION_PREEMPTED), None);
+    assert_eq!(log(&mut c, false).1, 0, "a masked notice leaves no entry");
+    let mut gf = Sqe::new(admin::GET_FEATURES, 10, 1);
+    gf.set_cdw(10, feature::RESV_MASK as u32);
+    assert_eq!(run(&mut c, gf).result, 1 << notice::REGISTRATION_PREEMPTED);
+    // Persistence: Set goes to the volume's state, Get reads it.
+    let mut sp = Sqe::new(admin::SET_FEATURES, 11, 1);
+    sp.set_cdw(10, feature::RESV_PERSIST as u32);
+    sp.set_cdw(11, 1);
+    assert!(run(&mut c, sp).status.is_success());
+    assert!(c.subsystem().unwrap().namespaces[0].volume.reservations().cached().aptpl);
+    let mut gp = Sqe::new(admin::GET_FEATURES, 12, 1);
+    gp.set_cdw(10, feature::RESV_PERSIST as u32);
+    assert_eq!(run(&mut c, gp).result, 1);
+    // Identify Namespace RESCAP.
+    let mut id = Sqe::new(admin::IDENTIFY, 13, 1);
+    id.set_cdw(10, crate::identify::cns::NAMESPACE as u32);
+    assert_eq!(run(&mut c, with_len(id, 4096)).data.unwrap()[31], crate::reservation::RESCAP);
+}

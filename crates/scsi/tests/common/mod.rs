@@ -36,6 +36,12 @@ impl TempFile {
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+        // Persistent reservations live beside the file.
+        for ext in [".pr", ".pr.lock"] {
+            let mut p = self.0.as_os_str().to_owned();
+            p.push(ext);
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 

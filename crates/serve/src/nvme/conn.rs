@@ -297,10 +297,10 @@ impl Conn {
     /// where [`dispatch::place`] says.
     fn io(&mut self, sqe: Sqe, data: Bytes) {
         let cid = sqe.cid();
-        let Some(sub) = self.link.subsystem() else {
+        let (Some(sub), Some(host)) = (self.link.subsystem(), self.link.ctrl.as_ref().map(|e| e.host.clone())) else {
             return self.complete_cmd(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
-        let r = match io::resolve(&sub, &sqe) {
+        let r = match io::resolve(&sub, &host, &sqe) {
             Ok(r) => r,
             Err(st) => {
                 // Counted as the volume's failed I/O where there is one.
@@ -330,7 +330,7 @@ impl Conn {
         if place != Place::Inline {
             let tx = self.done_tx.clone();
             tokio::task::spawn_blocking(move || {
-                let run = std::panic::AssertUnwindSafe(|| io::execute_resolved(&sub, &r, &sqe, &data));
+                let run = std::panic::AssertUnwindSafe(|| io::execute_resolved(&sub, &r, &host, &sqe, &data));
                 let done = std::panic::catch_unwind(run).unwrap_or(IoDone { status: Status::INTERNAL, data: None });
                 let _ = tx.send(Finished { cid, done, io: timer });
             });
@@ -338,7 +338,7 @@ impl Conn {
             let ok = self.read(cid, vol, off, len, work);
             self.link.io_done(timer, ok);
         } else {
-            let done = io::execute_resolved(&sub, &r, &sqe, &data);
+            let done = io::execute_resolved(&sub, &r, &host, &sqe, &data);
             self.finished(Finished { cid, done, io: timer });
         }
     }

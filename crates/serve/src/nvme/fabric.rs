@@ -10,6 +10,7 @@ use bw_nvme::auth::AuthConfig;
 use bw_nvme::controller::{KeepAlive, Role};
 use bw_nvme::fabrics::{self, Connect, ConnectData};
 use bw_nvme::logpage::{DiscoveryEntry, SUBTYPE_NVME, TRTYPE_RDMA, TRTYPE_TCP};
+use bw_nvme::ana::AnaState;
 use bw_nvme::{Completion, Controller, LiveSubsystem, Status, Subsystem, DISCOVERY_NQN};
 use crate::session::{SessionInfo, SessionStats};
 use std::collections::{HashMap, HashSet};
@@ -36,6 +37,11 @@ pub struct CtrlEntry {
     pub events_ready: tokio::sync::Notify,
     /// The Host ID of the admin queue's Connect: every I/O queue's must match.
     pub hostid: [u8; 16],
+    /// The host as a reservation registrant (from `hostid`).
+    pub host: Arc<bw_nvme::nvm_io::Host>,
+    /// Hands the reservation notices meant for this host to the
+    /// controller, one per namespace (dropped with the controller).
+    notices: Mutex<Vec<bw_reservation::Listener>>,
     /// DH-HMAC-CHAP settings when this host must authenticate on every queue.
     pub auth: Option<Arc<AuthConfig>>,
     /// Becomes true when the controller is torn down; every queue watches it.
@@ -69,6 +75,36 @@ impl CtrlEntry {
     fn queue_taken(&self, qid: u16) -> bool {
         self.qids.lock().unwrap_or_else(|p| p.into_inner()).contains(&qid)
     }
+}
+
+/// Give the controller of `e` the reservation notices for its host on each
+/// namespace of `s` (replacing the listeners of an older version of `s`):
+/// a Reservation Notification log entry and, when the host waits for one,
+/// the asynchronous event.
+fn listen_for_notices(e: &Arc<CtrlEntry>, s: &Subsystem) {
+    let mut listeners = Vec::new();
+    for ns in &s.namespaces {
+        let (weak, nsid, who) = (Arc::downgrade(e), ns.nsid, e.host.who.as_str().to_string());
+        listeners.push(ns.volume.reservations().listen(move |ev| {
+            if ev.who != who {
+                return;
+            }
+            let kind = bw_nvme::reservation::notice_type(ev.notice);
+            // On a thread of its own: a notice can come from a change made
+            // while this very controller is locked (Set Features on the
+            // admin queue), and notices are rare.
+            let weak = weak.clone();
+            std::thread::spawn(move || {
+                let Some(e) = weak.upgrade() else { return };
+                let aen = e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).reservation_notice(nsid, kind);
+                if let Some(c) = aen {
+                    e.events.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+                    e.events_ready.notify_one();
+                }
+            });
+        }));
+    }
+    *e.notices.lock().unwrap_or_else(|p| p.into_inner()) = listeners;
 }
 
 /// A refused Connect: status plus the invalid-parameter location.
@@ -255,10 +291,15 @@ impl Fabric {
             events: Mutex::new(Vec::new()),
             events_ready: tokio::sync::Notify::new(),
             hostid: d.hostid,
+            host: Arc::new(bw_nvme::nvm_io::Host::new(d.hostid)),
+            notices: Mutex::new(Vec::new()),
             auth,
             kill,
             qids: Mutex::new(HashSet::from([0])),
         });
+        if let Some(live) = &e.subsys {
+            listen_for_notices(&e, &live.load());
+        }
         ctrls.insert(cntlid, e.clone());
         log::info!("nvme: controller {cntlid} for {} on {} (kato {kato_ms} ms)", d.hostnqn.escape_debug(), d.subnqn.escape_debug());
         Ok(e)
@@ -316,12 +357,21 @@ impl Fabric {
         let mut table = self.subsystems.lock().unwrap_or_else(|p| p.into_inner());
         let mut next = Vec::new();
         let mut changed_cells = Vec::new();
+        let mut ana_cells = Vec::new();
         for s in subs {
             match table.iter().find(|c| c.load().nqn == s.nqn) {
                 Some(cell) => {
                     let old = cell.load_full();
-                    // Hosts know the subsystem by its serial number too.
-                    let s = if s.serial == old.serial { s } else { Arc::new(Subsystem { serial: old.serial.clone(), ..(*s).clone() }) };
+                    // Hosts know the subsystem by its serial number too. The
+                    // ANA state carries over (`ana_set` may have changed it at
+                    // run time), unless the configuration's state changed.
+                    let configured = s.ana.configured();
+                    let ana_moved = old.ana.reconfigure(configured) && old.ana.set_state(configured);
+                    if ana_moved {
+                        log.push(format!("nvme {}: ANA state {configured:?}", s.nqn));
+                        ana_cells.push(cell.clone());
+                    }
+                    let s = Arc::new(Subsystem { serial: old.serial.clone(), ana: old.ana.clone(), ..(*s).clone() });
                     let mut changed = bw_nvme::changed_namespaces(&old, &s);
                     for n in &s.namespaces {
                         if resized.contains(n.volume.name()) && !changed.contains(&n.nsid) {
@@ -353,6 +403,9 @@ impl Fabric {
         for g in &gone {
             log.push(format!("nvme {}: subsystem removed", g.nqn()));
         }
+        for cell in &ana_cells {
+            self.ana_changed(cell);
+        }
         let ctrls: Vec<Arc<CtrlEntry>> = self.lock_ctrls().values().cloned().collect();
         for e in ctrls {
             let Some(cell) = &e.subsys else { continue };
@@ -366,6 +419,7 @@ impl Fabric {
                 self.remove(e.cntlid, "its host is no longer allowed");
                 continue;
             }
+            listen_for_notices(&e, s);
             let aen = e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).subsystem_changed(s.clone(), changed);
             if let Some(c) = aen {
                 e.events.lock().unwrap_or_else(|p| p.into_inner()).push(c);
@@ -373,6 +427,40 @@ impl Fabric {
             }
         }
         log
+    }
+
+    /// Tell every controller of the subsystem in `cell` that its ANA state
+    /// changed: the ANA change event, now if it has an AER waiting.
+    fn ana_changed(&self, cell: &Arc<LiveSubsystem>) {
+        let ctrls: Vec<Arc<CtrlEntry>> = self.lock_ctrls().values().filter(|e| e.subsys.as_ref().is_some_and(|c| Arc::ptr_eq(c, cell))).cloned().collect();
+        for e in ctrls {
+            let aen = e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).ana_changed();
+            if let Some(c) = aen {
+                e.events.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+                e.events_ready.notify_one();
+            }
+        }
+    }
+
+    /// `ana_set`: this gateway's ANA state for subsystem `nqn`, for group
+    /// `group` or every group, at run time; the hosts get the ANA change
+    /// event. Ok(false) if nothing changed.
+    pub fn ana_set(&self, nqn: &str, group: Option<u32>, state: AnaState) -> Result<bool, String> {
+        let cell = self.subsystem(nqn).ok_or_else(|| format!("no NVMe subsystem {nqn}"))?;
+        let ana = cell.load().ana.clone();
+        let changed = match group {
+            None => ana.set_state(state),
+            Some(g) => ana.set_group_state(g, state).ok_or_else(|| format!("ANA group {g} is not in 1..={}", bw_nvme::ana::MAX_GROUPS))?,
+        };
+        if changed {
+            self.ana_changed(&cell);
+        }
+        Ok(changed)
+    }
+
+    /// The NQNs of the subsystems served.
+    pub fn nqns(&self) -> Vec<String> {
+        self.subsystems.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|c| c.nqn()).collect()
     }
 
     /// Every NVM controller, for `session_list`.

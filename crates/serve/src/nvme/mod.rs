@@ -130,6 +130,17 @@ impl Handle {
     }
 
     /// End the controller with this id (`session_disconnect`).
+    /// See [`Fabric::ana_set`].
+    pub fn ana_set(&self, nqn: &str, group: Option<u32>, state: AnaState) -> Result<bool, String> {
+        self.fabric.ana_set(nqn, group, state)
+    }
+
+    /// Every subsystem's every ANA group inaccessible (`drain`); the NQNs
+    /// whose state changed.
+    pub fn drain(&self) -> Vec<String> {
+        self.fabric.nqns().into_iter().filter(|n| self.fabric.ana_set(n, None, AnaState::Inaccessible).unwrap_or(false)).collect()
+    }
+
     pub fn disconnect(&self, cntlid: u16) -> bool {
         self.fabric.disconnect(cntlid)
     }

@@ -407,10 +407,10 @@ impl Conn {
     /// An I/O command, run on this thread: resolved once, then executed.
     fn io(&mut self, sqe: Sqe, data: Bytes) {
         let cid = sqe.cid();
-        let Some(sub) = self.link.subsystem() else {
+        let (Some(sub), Some(host)) = (self.link.subsystem(), self.link.ctrl.as_ref().map(|e| e.host.clone())) else {
             return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
         };
-        let r = io::resolve(&sub, &sqe);
+        let r = io::resolve(&sub, &host, &sqe);
         let ns = match &r {
             Ok(r) => r.namespace(&sub),
             // Counted as the volume's failed I/O where there is one.
@@ -418,7 +418,7 @@ impl Conn {
         };
         let timer = self.link.io_started(&sqe, ns.map(|n| &n.volume), Instant::now());
         let done = match r {
-            Ok(r) => io::execute_resolved(&sub, &r, &sqe, &data),
+            Ok(r) => io::execute_resolved(&sub, &r, &host, &sqe, &data),
             Err(status) => io::IoDone { status, data: None },
         };
         self.link.io_done(timer, done.status == Status::SUCCESS);
