@@ -393,7 +393,7 @@ impl LabRun {
                 target: s.target_name().into(),
                 initiator: c.initiator(s, &topo.client),
                 unavailable: None,
-                target_datapath: None,
+                target_datapath: None, settings: None, external: false, identity: None, skipped: None,
             })
             .collect();
         self.plan_kernel_nfs(&topo.client, &clients);
@@ -404,7 +404,7 @@ impl LabRun {
                 target: "tmpfs file".into(),
                 initiator: "fio (io_uring)".into(),
                 unavailable: None,
-                target_datapath: None,
+                target_datapath: None, settings: None, external: false, identity: None, skipped: None,
             });
         }
         let mut fs_dir_token = None;
@@ -416,7 +416,7 @@ impl LabRun {
                     target: "ext4 on a loop device over the backing file".into(),
                     initiator: "the kernel (no network)".into(),
                     unavailable: None,
-                    target_datapath: None,
+                    target_datapath: None, settings: None, external: false, identity: None, skipped: None,
                 });
             }
             if let Some(h) = topo.client.ssh() {
@@ -532,7 +532,7 @@ impl LabRun {
                 target: PeerKind::Ganesha.name().into(),
                 initiator: v.initiator(client),
                 unavailable: None,
-                target_datapath: None,
+                target_datapath: None, settings: None, external: false, identity: None, skipped: None,
             });
         }
     }
@@ -572,6 +572,17 @@ impl LabRun {
                     Some(d) => *d = format!("{d}, {datapath}"),
                     None => r.target_datapath = Some(datapath.to_string()),
                 }
+            }
+        }
+    }
+
+    /// How target `s` serves (a kernel target's version and settings), on
+    /// every client's subject of it.
+    fn record_settings(&mut self, s: Subject, settings: &str) {
+        for c in self.clients().into_iter().filter(|c| c.serves(s)) {
+            let key = c.key(s);
+            if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+                r.settings = Some(settings.to_string());
             }
         }
     }
@@ -768,6 +779,9 @@ impl LabRun {
                 .set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
             match peer.start(topo, link, &self.backing) {
                 Ok(p) => {
+                    if let Some(settings) = &p.settings {
+                        self.record_settings(subject, settings);
+                    }
                     live.push(LiveSubject::new(subject, link, procs.len()));
                     procs.push(p);
                 }
