@@ -222,7 +222,7 @@ pub struct Attached {
 /// `link`; recorded in the host's state file first.
 pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> {
     let KernelAddress { protocol, a, b, lun } =
-        s.address().kernel(link).ok_or_else(|| anyhow::anyhow!("{}: no kernel block initiator reads a subject serving files", s.key()))?;
+        s.kernel_address(link).ok_or_else(|| anyhow::anyhow!("{}: no kernel block initiator reads a subject serving files", s.key()))?;
     let what = protocol.name();
     // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
     host.record("kernel", what, &format!("{a} {b}"))?;

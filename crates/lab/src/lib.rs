@@ -71,6 +71,18 @@ pub struct LabArgs {
     /// through nfs://), or none (default: tgt,vblade).
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = subjects::parse_peer_choice)]
     pub peers: Option<Vec<subjects::PeerChoice>>,
+    /// Your own storage as a subject beside the others, NAME=URL (repeatable):
+    /// iscsi://HOST[:PORT]/IQN/LUN, nvme+tcp://HOST[:PORT]/NQN/NSID, nvme+rdma://...,
+    /// aoe://IFACE/SHELF.SLOT, or nfs://HOST[:PORT]/EXPORT. The lab never starts or stops it
+    /// and reads what it says it is (INQUIRY, Identify, the export). Block subjects get read
+    /// workloads only unless --allow-writes names them; on an NFS export the lab writes only
+    /// its own image file, removed at the end.
+    #[arg(long = "subject", value_name = "NAME=URL")]
+    pub subject: Vec<String>,
+    /// Run the write workloads on these external block subjects too (names from --subject,
+    /// comma-separated). THE LUN'S OR NAMESPACE'S CONTENTS WILL BE DESTROYED.
+    #[arg(long = "allow-writes", value_name = "NAME", value_delimiter = ',')]
+    pub allow_writes: Vec<String>,
     /// MTUs, one veth pair each (default: 1500,9000; --quick: 1500).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub mtu: Option<Vec<u32>>,
@@ -227,6 +239,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         fsync: args.fsync.clone(),
         offload: args.offload.clone(),
         digest: args.digest.clone(),
+        externals: external_subjects(args)?,
         mem_total: machine::machine_info().mem_total_bytes,
         cgroup: match cgroup::detect(std::path::Path::new(cgroup::ROOT)) {
             Ok((cgroup::Version::V1, _)) => "v1".into(),
@@ -282,6 +295,25 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         run.remote_clients = clients;
     }
     Ok(run)
+}
+
+/// `--subject` and `--allow-writes`: the external subjects, made once for
+/// the whole process (a subject refers to its row by a `'static` borrow).
+fn external_subjects(args: &LabArgs) -> anyhow::Result<Vec<&'static subjects::external::External>> {
+    let taken: Vec<&str> = subjects::PeerKind::all().iter().flat_map(|p| [p.name(), p.target().target_name()]).collect();
+    let me: String = command::first_line("hostname", &[]).unwrap_or_default().chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+    let file = format!("bwlab-{me}-{}.img", std::process::id());
+    let mut v: Vec<subjects::external::External> = vec![];
+    for s in &args.subject {
+        let e = subjects::external::parse(s, &taken, &file).map_err(|e| anyhow::anyhow!("--subject {e}"))?;
+        anyhow::ensure!(!v.iter().any(|x| x.name == e.name), "--subject {}: given twice", e.name);
+        v.push(e);
+    }
+    for name in &args.allow_writes {
+        let e = v.iter_mut().find(|e| e.name == name.trim()).ok_or_else(|| anyhow::anyhow!("--allow-writes {name}: no --subject of that name"))?;
+        e.allow_writes = true;
+    }
+    Ok(v.into_iter().map(|e| &*Box::leak(Box::new(e))).collect())
 }
 
 /// Fail early with a clear message when the lab cannot work at all.

@@ -32,8 +32,9 @@ struct LiveSubject {
     /// A kernel initiator's block device (fio runs on it instead of the
     /// bench on `url`), and what detaches it.
     kernel: Option<crate::clients::Attached>,
-    /// Index of the target process that serves it.
-    proc: usize,
+    /// Index of the target process that serves it (None: an external
+    /// subject, which the lab does not run).
+    proc: Option<usize>,
     /// The target and protocol it measures.
     subject: Subject,
     done: u64,
@@ -42,7 +43,7 @@ struct LiveSubject {
 }
 
 impl LiveSubject {
-    fn new(subject: Subject, link: &Link, proc: usize) -> LiveSubject {
+    fn new(subject: Subject, link: &Link, proc: Option<usize>) -> LiveSubject {
         LiveSubject {
             key: subject.key(),
             url: subject.url(link),
@@ -121,6 +122,22 @@ pub struct LabRun {
     kernel_nfs: bool,
     /// The file system ganesha's export is on now.
     nfs_server_fs: crate::fs_kind::FsKind,
+}
+
+/// Where blockwire's client reaches an external subject from: the client
+/// host between machines; in one box this machine itself (the lab's
+/// namespaces reach nothing outside).
+fn external_client(topo: &Topology) -> crate::host::Host {
+    if topo.remote {
+        topo.client.clone()
+    } else {
+        crate::host::Host::Local
+    }
+}
+
+/// Whether workload `w` writes (sequential or random writes, or a mix).
+fn writes(w: &Workload) -> bool {
+    w.rw != "read" && w.rw != "randread"
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -393,7 +410,7 @@ impl LabRun {
                 target: s.target_name().into(),
                 initiator: c.initiator(s, &topo.client),
                 unavailable: None,
-                target_datapath: None, settings: None, external: false, identity: None, skipped: None,
+                target_datapath: None, settings: None, external: s.external().is_some(), identity: None, skipped: None,
             })
             .collect();
         self.plan_kernel_nfs(&topo.client, &clients);
@@ -587,6 +604,42 @@ impl LabRun {
         }
     }
 
+    /// Before an external subject is measured: what it says it is
+    /// (`blockwire identify`, from where its client runs) goes on its
+    /// records, and its size must hold the run's volume. Err: why it is
+    /// unavailable.
+    fn visit_external(&mut self, topo: &Topology, s: Subject) -> Result<(), String> {
+        let Some(e) = s.external() else { return Ok(()) };
+        let client = external_client(topo);
+        let exe = client.lab_exe(&self.exe).to_string_lossy().into_owned();
+        let out = client
+            .command_with(&exe, &["identify", "--json", "--timeout", "15", e.url])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|err| format!("cannot run blockwire identify on {}: {err}", client.name()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return Err(format!("not reachable from {}: {}", client.name(), crate::command::last_lines(err.trim(), 2).replace('\n', "; ")));
+        }
+        let v: serde_json::Value = serde_json::from_str(client.program_output(&stdout).map_err(|err| format!("{err:#}"))?.trim())
+            .map_err(|err| format!("blockwire identify printed no JSON: {err}"))?;
+        let size = v["size_bytes"].as_u64().unwrap_or(0);
+        let need = self.plan.params.size_bytes;
+        if size < need {
+            return Err(format!("it has {} MiB, the run's volume is {} MiB: give --size {}M or less", size >> 20, need >> 20, size >> 20));
+        }
+        let identity = v["identity"].as_str().map(str::to_string);
+        self.say(&format!("lab: {}: {} ({} MiB), measured from {}", s.key(), identity.as_deref().unwrap_or("no identity"), size >> 20, client.name()));
+        for c in self.clients().into_iter().filter(|c| c.serves(s)) {
+            let key = c.key(s);
+            if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+                r.identity = identity.clone();
+            }
+        }
+        Ok(())
+    }
+
     /// A target that did not start: every client's subject of it.
     fn mark_target_unavailable(&mut self, s: Subject, mtu: u32, reason: String) {
         for c in self.clients().into_iter().filter(|c| c.serves(s)) {
@@ -765,7 +818,7 @@ impl LabRun {
                     self.record_target_datapath(Subject::Blockwire(crate::subjects::Protocol::Aoe), &d);
                 }
                 for (proto, _) in status.iter().filter(|(_, s)| s.is_ok()) {
-                    live.push(LiveSubject::new(Subject::Blockwire(*proto), link, procs.len()));
+                    live.push(LiveSubject::new(Subject::Blockwire(*proto), link, Some(procs.len())));
                 }
                 procs.push(p);
             }
@@ -782,10 +835,21 @@ impl LabRun {
                     if let Some(settings) = &p.settings {
                         self.record_settings(subject, settings);
                     }
-                    live.push(LiveSubject::new(subject, link, procs.len()));
+                    live.push(LiveSubject::new(subject, link, Some(procs.len())));
                     procs.push(p);
                 }
                 Err(why) => self.mark_target_unavailable(subject, link.mtu, why),
+            }
+        }
+        for s in measured.iter().copied().filter(|s| s.external().is_some()) {
+            // Not the lab's link: once per run, at the first MTU.
+            if !first_mtu {
+                continue;
+            }
+            self.progress.set_message(format!("{}: asking what it is", s.key()));
+            match self.visit_external(topo, s) {
+                Ok(()) => live.push(LiveSubject::new(s, link, None)),
+                Err(why) => self.mark_target_unavailable(s, link.mtu, why),
             }
         }
         if topo.remote {
@@ -823,8 +887,9 @@ impl LabRun {
     /// do not answer are unavailable (a layer-2 reason, not a failure of the
     /// target), for every client.
     fn check_aoe_reach(&mut self, topo: &Topology, link: &Link, live: &mut Vec<LiveSubject>) {
+        // (An external AoE target is on the user's interface, not the link's.)
         let wanted: Vec<(Subject, (u16, u8))> =
-            live.iter().filter_map(|s| s.subject.address().aoe().map(|a| (s.subject, a))).collect();
+            live.iter().filter(|s| s.subject.external().is_none()).filter_map(|s| s.subject.address().aoe().map(|a| (s.subject, a))).collect();
         if wanted.is_empty() {
             return;
         }
@@ -903,6 +968,9 @@ impl LabRun {
     ) -> anyhow::Result<()> {
         let per_subject = self.runs_per_subject(link.mtu);
         let n = live.len();
+        // The write cases a subject may not take (an external block subject
+        // without --allow-writes), named once per subject.
+        let mut skipped: Vec<Vec<String>> = vec![vec![]; n];
         for (suite, w, runtime, repeats) in self.jobs() {
             let mut samples: Vec<Vec<Sample>> = vec![vec![]; n];
             for rep in 1..=repeats {
@@ -915,11 +983,20 @@ impl LabRun {
                         continue;
                     }
                     let key = live[i].key.clone();
-                    let target = &mut procs[live[i].proc];
-                    if !target.alive() {
-                        let why = format!("{} died: {}", target.name, target.log_tail());
-                        self.give_up(&mut live[i], per_subject, link.mtu, &w.name, why, false);
+                    if !live[i].subject.writes_allowed() && writes(&w) {
+                        if rep == 1 {
+                            skipped[i].push(w.name.clone());
+                            self.progress.inc(repeats as u64);
+                            live[i].done += repeats as u64;
+                        }
                         continue;
+                    }
+                    if let Some(target) = live[i].proc.map(|p| &mut procs[p]) {
+                        if !target.alive() {
+                            let why = format!("{} died: {}", target.name, target.log_tail());
+                            self.give_up(&mut live[i], per_subject, link.mtu, &w.name, why, false);
+                            continue;
+                        }
                     }
                     self.progress
                         .set_message(format!("{key} MTU {} {} #{rep}", link.mtu, w.name));
@@ -935,7 +1012,7 @@ impl LabRun {
                         &w,
                         rep,
                         runtime,
-                        &procs[live[i].proc],
+                        live[i].proc.map(|p| &procs[p]),
                     ) {
                         Ok(s) => {
                             live[i].consecutive_failures = 0;
@@ -972,6 +1049,14 @@ impl LabRun {
                 }
             }
             self.save()?;
+        }
+        for (s, cases) in live.iter().zip(skipped) {
+            if let Some(why) = s.subject.external().and_then(|e| e.skipped_writes(&cases)) {
+                self.say(&format!("lab: {}: {why}", s.key));
+                if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == s.key) {
+                    r.skipped = Some(why);
+                }
+            }
         }
         Ok(())
     }
@@ -1023,12 +1108,13 @@ impl LabRun {
         w: &Workload,
         rep: u32,
         runtime: u32,
-        target: &TargetProcess,
+        // None: an external subject (no target of the lab's, not on its link).
+        target: Option<&TargetProcess>,
     ) -> anyhow::Result<Sample> {
         let (busy, waited) = self.wait_idle();
         let started_unix = unix_now();
-        let wire0 = topo.client_counters(link)?;
-        let cpu0 = target.cpu_seconds()?;
+        let wire0 = target.map(|_| topo.client_counters(link)).transpose()?;
+        let cpu0 = target.map(|t| t.cpu_seconds()).transpose()?;
         let machine0 = self.meter.start()?;
         let bench = if kernel {
             // `url` is the block device; the initiator's work is the kernel's.
@@ -1040,7 +1126,7 @@ impl LabRun {
         } else {
             crate::runner::run_bench(
                 &self.exe,
-                &topo.client,
+                &if target.is_some() { topo.client.clone() } else { external_client(topo) },
                 url,
                 w,
                 runtime,
@@ -1049,8 +1135,8 @@ impl LabRun {
             )?
         };
         let machine_cpu = self.meter.finish(machine0)?;
-        let cpu1 = target.cpu_seconds()?;
-        let wire1 = topo.client_counters(link)?;
+        let cpu1 = target.map(|t| t.cpu_seconds()).transpose()?;
+        let wire1 = target.map(|_| topo.client_counters(link)).transpose()?;
         Ok(Sample {
             subject: key.clone(),
             mtu: Some(link.mtu),
@@ -1059,8 +1145,8 @@ impl LabRun {
             workload: w.clone(),
             repeat: rep,
             bench,
-            target_cpu_s: Some(cpu1 - cpu0),
-            wire: Some(WireCounters::delta(&wire0, &wire1)),
+            target_cpu_s: cpu0.zip(cpu1).map(|(a, b)| b - a),
+            wire: wire0.zip(wire1).map(|(a, b)| WireCounters::delta(&a, &b)),
             busy_before: busy,
             idle_wait_s: waited,
             started_unix,
@@ -1093,13 +1179,27 @@ impl LabRun {
         let mut subjects: Vec<FsSubject> = live
             .iter()
             .filter(|s| !s.gave_up)
-            .map(|s| (s.key.clone(), Some(s.url.clone()), Some(s.proc), s.kernel.is_some()))
+            .filter(|s| s.subject.external().is_none())
+            .map(|s| (s.key.clone(), Some(s.url.clone()), s.proc, s.kernel.is_some()))
             .collect();
+        // The fs suite makes a file system on its subject: never on the
+        // user's own storage.
+        let runs = self.plan.fs_cases(false).len() as u64 * fsp.repeat as u64 * self.plan.fs_combinations.len() as u64;
+        for s in live.iter().filter(|s| s.subject.external().is_some() && !s.gave_up) {
+            let why = "the fs suite does not run on external subjects (it makes a file system on its subject)";
+            self.progress.inc(runs);
+            if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == s.key) {
+                r.skipped = Some(match r.skipped.take() {
+                    Some(x) => format!("{x}; {why}"),
+                    None => why.to_string(),
+                });
+            }
+        }
         // ganesha's process, serving the NFS subjects.
         let ganesha = live
             .iter()
             .find(|s| s.subject == Subject::Peer(crate::subjects::PeerKind::Ganesha) && !s.gave_up && s.kernel.is_none())
-            .map(|s| s.proc);
+            .and_then(|s| s.proc);
         if ganesha.is_some() && !self.kernel_nfs_client {
             self.say(&format!(
                 "lab: fs: the client ({}) has no kernel NFS client: NFS is measured through nfs:// (a file system on the image file), not on an NFS mount",

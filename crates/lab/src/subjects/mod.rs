@@ -8,6 +8,7 @@
 
 pub mod blockwire;
 pub mod configfs;
+pub mod external;
 pub mod ganesha;
 pub mod lio;
 pub mod nvmet;
@@ -82,12 +83,15 @@ pub fn parse_peer_choice(s: &str) -> Result<PeerChoice, String> {
         .map_err(|_| format!("unknown peer {s:?} ({}, or none)", names.join(", ")))
 }
 
-/// A networked subject: who serves, over which protocol (always measured
-/// with blockwire's client).
+/// A networked subject: who serves, over which protocol (measured with
+/// blockwire's client, and a kernel initiator where the client host has
+/// one). Blockwire and the peers are started by the lab; an external
+/// subject (the user's own storage) is only visited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Subject {
     Blockwire(Protocol),
     Peer(PeerKind),
+    External(&'static external::External),
 }
 
 impl Subject {
@@ -96,6 +100,7 @@ impl Subject {
         match self {
             Subject::Blockwire(_) => blockwire::NAME,
             Subject::Peer(p) => p.target().target_name(),
+            Subject::External(e) => e.name,
         }
     }
 
@@ -104,6 +109,7 @@ impl Subject {
         match self {
             Subject::Blockwire(p) => blockwire::address(p),
             Subject::Peer(p) => p.target().address(),
+            Subject::External(e) => e.address,
         }
     }
 
@@ -122,9 +128,37 @@ impl Subject {
         bw_lab_results::SubjectKey::served(self.target_name(), self.address().protocol_name())
     }
 
-    /// The URL blockwire's client uses to reach it over `link`.
+    /// The URL blockwire's client uses to reach it over `link` (an
+    /// external subject's own).
     pub fn url(self, link: &Link) -> String {
-        self.address().url(link)
+        match self {
+            Subject::External(e) => e.url.to_string(),
+            s => s.address().url(link),
+        }
+    }
+
+    /// How a kernel block initiator reaches it over `link` (None: it
+    /// serves files).
+    pub fn kernel_address(self, link: &Link) -> Option<KernelAddress> {
+        match self {
+            Subject::External(e) => e.kernel(),
+            s => s.address().kernel(link),
+        }
+    }
+
+    /// The user's own storage: never started or stopped by the lab, not
+    /// reached over the lab's link.
+    pub fn external(self) -> Option<&'static external::External> {
+        match self {
+            Subject::External(e) => Some(e),
+            Subject::Blockwire(_) | Subject::Peer(_) => None,
+        }
+    }
+
+    /// Whether write workloads may run on it (all but an external block
+    /// subject without `--allow-writes`).
+    pub fn writes_allowed(self) -> bool {
+        self.external().is_none_or(|e| e.writes_allowed())
     }
 }
 

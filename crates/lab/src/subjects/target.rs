@@ -49,7 +49,7 @@ impl std::fmt::Display for Protocol {
 /// and whether it serves files all come from, each by an exhaustive match
 /// here (a new protocol cannot fall through, a new peer gives its
 /// address and has them all).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Address {
     Aoe { shelf: u16, slot: u8 },
     /// `lun`: the volume's (tgt puts its controller on LUN 0).
