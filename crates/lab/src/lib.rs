@@ -21,8 +21,8 @@
 //! (opening and checking the hosts of a run across machines, see
 //! docs/multi-host.md), `clients` (the initiators a subject is measured
 //! with: blockwire's, or the client host's kernel ones driven by fio),
-//! `kernel_nfs` (ganesha's export on the client host's kernel NFS client,
-//! for the fs suite). The records it writes
+//! `kernel_nfs` (a file peer's export on the client host's kernel NFS
+//! client), `stage` (the storage suites as stages of one run). The records it writes
 //! (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.
@@ -46,6 +46,7 @@ pub mod rdma;
 pub mod remote;
 pub mod remote_fs;
 pub mod route;
+pub mod stage;
 pub mod runner;
 pub mod ssh;
 pub mod subjects;
@@ -210,7 +211,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         (Box::new(s) as Box<dyn suite::Suite>, out)
     } else {
         let s = storage_suites(&args)?;
-        let out = s.out.clone();
+        let out = s.cx.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
     };
     suite::run_and_report(suite.as_mut(), &out)
@@ -291,8 +292,8 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     std::fs::create_dir_all(&out)?;
     let mut run = orchestrate::LabRun::new(plan, exe, out);
     if let Some((hosts, clients)) = remote {
-        run.remote = Some(hosts);
-        run.remote_clients = clients;
+        run.cx.remote = Some(hosts);
+        run.cx.clients = clients;
     }
     Ok(run)
 }

@@ -73,9 +73,15 @@ fn ssh_keys_and_config(dir: &Path, listen: &str) {
     // A HOME of the sessions' own (root's ~/.bashrc here runs `pyenv
     // init`, which can hang on a stale shim), whose ~/.bashrc, sourced by
     // Debian's bash for ssh commands, prints on stdout as a user's profile
-    // may: the lab must read its programs' reports past it.
+    // may: JSON-like noise without a newline and a byte that is no UTF-8
+    // before the command, and an EXIT trap's goodbye after it. The lab
+    // must read its programs' reports past both (ssh::FRAME_MARK).
     std::fs::create_dir_all(dir.join("home")).unwrap();
-    std::fs::write(dir.join("home/.bashrc"), "echo 'profile says hello {\"not\": \"a report\"}'\n").unwrap();
+    std::fs::write(
+        dir.join("home/.bashrc"),
+        b"printf 'profile says hello \xe9 {\"not\": \"a report\"}'\ntrap 'echo \"bye {\\\"not\\\": 2}\"' EXIT\n",
+    )
+    .unwrap();
     let d = dir.display();
     std::fs::write(
         dir.join("sshd_config"),

@@ -99,8 +99,9 @@ fn kernel_nfs_mounts_on_a_client_host_and_what_a_killed_run_left_is_undone() {
     killed.run_line(&format!("mkdir -p {}", bw_lab::ssh::REMOTE_DIR)).unwrap();
     let server: std::net::Ipv4Addr = g.ip.parse().unwrap();
     // (Never released: the killed run's.)
-    let _v3 = kernel_nfs::mount(&host, server, NfsVersion::V3, Path::new("/mnt/bwlab-v3")).expect("NFSv3 mount");
-    let v41 = kernel_nfs::mount(&host, server, NfsVersion::V41, Path::new("/mnt/bwlab-v41")).expect("NFSv4.1 mount");
+    let export = bw_lab::subjects::Subject::Peer(bw_lab::subjects::PeerKind::Ganesha).address();
+    let _v3 = kernel_nfs::mount(&host, server, export, NfsVersion::V3, Path::new("/mnt/bwlab-v3"), "").expect("NFSv3 mount");
+    let v41 = kernel_nfs::mount(&host, server, export, NfsVersion::V41, Path::new("/mnt/bwlab-v41"), "").expect("NFSv4.1 mount");
     let state = killed.run_line(&format!("cat {}", killed.state_file())).unwrap();
     assert!(state.contains("kernel nfs /mnt/bwlab-v3") && state.contains("kernel nfs /mnt/bwlab-v41"), "state file: {state}");
     let out = killed

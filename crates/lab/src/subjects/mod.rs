@@ -17,7 +17,7 @@ pub mod vblade;
 
 pub mod target;
 
-pub use target::{Address, KernelAddress, PeerTarget, Protocol, Tool};
+pub use target::{Address, FileServer, KernelAddress, PeerTarget, Protocol, Tool};
 
 use crate::targets::TargetProcess;
 use crate::topology::{Link, Topology};
@@ -160,6 +160,14 @@ impl Subject {
     pub fn writes_allowed(self) -> bool {
         self.external().is_none_or(|e| e.writes_allowed())
     }
+
+    /// Its peer's file server, if it serves files.
+    pub fn file_server(self) -> Option<&'static dyn FileServer> {
+        match self {
+            Subject::Blockwire(_) | Subject::External(_) => None,
+            Subject::Peer(p) => p.target().file_server(),
+        }
+    }
 }
 
 /// The versions of what the run measured (`blockwire_exe`, the peers, fio).
@@ -206,5 +214,16 @@ mod tests {
             assert_eq!(Protocol::from_str(p.name(), false), Ok(p));
         }
         assert_eq!(Subject::Blockwire(Protocol::NvmeRdma).key().to_string(), "blockwire-nvme-rdma");
+    }
+
+    /// A peer serving files is a file server, and only such a peer is.
+    #[test]
+    fn file_servers_are_the_peers_serving_files() {
+        for &p in PeerKind::all() {
+            let t = p.target();
+            assert_eq!(t.file_server().is_some(), t.address().serves_files(), "{}", p.name());
+            assert_eq!(Subject::Peer(p).file_server().is_some(), t.address().serves_files());
+        }
+        assert!(Subject::Blockwire(Protocol::Iscsi).file_server().is_none());
     }
 }

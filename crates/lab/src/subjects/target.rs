@@ -3,6 +3,7 @@
 //! peer module implements. Below every subject module (they import it,
 //! `subjects` dispatches over them).
 
+use crate::fs_kind::FsKind;
 use crate::targets::TargetProcess;
 use crate::topology::{Link, Topology};
 use clap::ValueEnum;
@@ -100,6 +101,15 @@ impl Address {
         self.block_protocol().is_none()
     }
 
+    /// An NFS export's port, path and the image file on it (None: a
+    /// block device).
+    pub fn nfs_export(self) -> Option<(u16, &'static str, &'static str)> {
+        match self {
+            Address::NfsFile { port, export, file } => Some((port, export, file)),
+            Address::Aoe { .. } | Address::Iscsi { .. } | Address::Nvme { .. } | Address::NvmeRdma { .. } => None,
+        }
+    }
+
     /// The URL blockwire's client reaches it at over `link`.
     pub fn url(self, link: &Link) -> String {
         let ip = link.target_ip;
@@ -164,5 +174,26 @@ pub trait PeerTarget: Sync {
     fn version(&self) -> Option<String>;
     /// Start it on `link` serving `backing`; Err is why it is unavailable.
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String>;
+    /// What it does as a file server: Some exactly when its address
+    /// [serves files](Address::serves_files) (a test holds every peer to
+    /// that).
+    fn file_server(&self) -> Option<&dyn FileServer> {
+        None
+    }
+}
+
+/// What a peer serving files (an [`Address::NfsFile`]: the image file on
+/// an NFS export) does beyond a block peer. Its export is also mounted
+/// by the client host's kernel NFS client (`crate::kernel_nfs`: the image
+/// file with direct I/O for micro and sweep, files in `w/` at the export's
+/// root for the fs suite), and over NFS the fs suite's `--fs` is the
+/// server's file system, the one under the data: the peer serves from an
+/// export on each in turn.
+pub trait FileServer: Sync {
+    /// Serve `backing`'s bytes as the image file from an export on file
+    /// system `kind` (what [`PeerTarget::start`] does for ext4). The
+    /// process it replaces is stopped first (one server per address and
+    /// port).
+    fn start_on(&self, topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String>;
 }
 
