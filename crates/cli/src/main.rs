@@ -44,6 +44,9 @@ enum Cmd {
     /// NVMe over TCP tools.
     #[command(subcommand)]
     Nvme(NvmeCmd),
+    /// NFS tools: image files on an export (what the lab measures on a NAS).
+    #[command(subcommand)]
+    Nfs(NfsCmd),
     /// Run the same workloads over every protocol and peer; report speed, latency, CPU and wire bytes.
     Lab(bw_lab::LabArgs),
     /// Label-switching router (MPLS) on raw Ethernet ports, until SIGINT/SIGTERM.
@@ -360,6 +363,29 @@ enum NvmeCmd {
     },
 }
 
+#[derive(Subcommand)]
+enum NfsCmd {
+    /// Make an image file of SIZE bytes of data on an NFSv3 export; an existing file is an error.
+    Create {
+        /// nfs://HOST[:PORT]/EXPORT/FILE
+        url: String,
+        /// Its size (K/M/G suffixes).
+        #[arg(long, value_parser = size_arg)]
+        size: u64,
+        /// Seconds to wait for the server at each step.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
+    /// Remove a file from an NFSv3 export.
+    Remove {
+        /// nfs://HOST[:PORT]/EXPORT/FILE
+        url: String,
+        /// Seconds to wait for the server at each step.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
+}
+
 fn size_arg(s: &str) -> Result<u64, String> {
     bw_block::parse_size(s)
 }
@@ -535,6 +561,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = runtime(client.threads)?;
             let found = rt.block_on(bw_initiator::nvme::discover(&host, port, &client.options(1)))?;
             print_discovered(found, &format!("the discovery log at {address} is empty"))
+        }
+        Cmd::Nfs(c) => {
+            let rt = runtime(1)?;
+            match c {
+                NfsCmd::Create { url, size, timeout } => {
+                    rt.block_on(bw_initiator::nfs::create_image(&TargetUrl::parse(&url)?, size, Duration::from_secs(timeout)))?
+                }
+                NfsCmd::Remove { url, timeout } => rt.block_on(bw_initiator::nfs::remove_image(&TargetUrl::parse(&url)?, Duration::from_secs(timeout)))?,
+            }
+            Ok(())
         }
         Cmd::Lab(a) => bw_lab::run(a),
         Cmd::Flowop(a) => flowop::run(a),

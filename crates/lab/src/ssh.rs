@@ -299,7 +299,8 @@ remove_nvmet() {
 /// `cgroup DIR` (its processes killed, then removed), `mount MP`,
 /// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`, `lio IQN BACKSTORE`
 /// and `nvmet NQN PORTS` (kernel targets, [`configfs_removal`]), `modules
-/// NAME...` (loaded by the lab for them) and `configfs MP` (mounted by it).
+/// NAME...` (loaded by the lab for them), `configfs MP` (mounted by it) and
+/// `nfsimage URL EXE` (the lab's image file on an external NFS export).
 macro_rules! undo_function {
     () => {
         concat!(
@@ -346,6 +347,7 @@ undo() {
              # and one still in use refuses (a few rounds: dependents first)
              for cfs_r in 1 2 3 4; do for cfs_m in $a $b; do [ -d "/sys/module/$cfs_m" ] && rmmod "$cfs_m" 2>/dev/null; done; done ;;
     configfs) grep -q " $a configfs " /proc/mounts && umount "$a" 2>/dev/null ;;
+    nfsimage) "$b" nfs remove "$a" >/dev/null 2>&1 ;;
   esac
   true
 }

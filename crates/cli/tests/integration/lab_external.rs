@@ -107,3 +107,32 @@ fn lio_here_is_one_unavailable_line_and_the_run_goes_on() {
     assert!(!Path::new("/sys/kernel/config/target").exists() && !Path::new("/sys/module/target_core_mod").exists());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A NAS's export (nfs-ganesha in a namespace of its own, started by the
+/// test): the lab makes its own image file there, measures every workload
+/// on it (only its file is written), names the server and export, and
+/// removes the file at the end; the user's file beside it stays.
+#[test]
+fn an_nfs_export_gets_the_labs_own_image_file_and_nothing_else() {
+    require_root();
+    let dir = out_dir(&unique("nas"));
+    let g = crate::common::ganesha::Ganesha::start(&dir.join("export"));
+    let theirs = g.dir.join("theirs.img");
+    std::fs::write(&theirs, b"the user's data").unwrap();
+    let export = g.url("x");
+    let export = export.trim_end_matches("/x");
+    let out = dir.join("run");
+    let args = ["--quick", "--suite", "micro", "--protocols", "iscsi", "--peers", "none", "--repeat", "1", "--size", "16M", "--runtime", "1", "--no-baseline", "--micro-workloads", "randread-4k-qd1,randwrite-4k-qd32", "--subject", &format!("nas={export}")];
+    let (pid, children, stderr) = run_lab(&args, &out);
+    assert_nothing_left(pid, &children);
+    let r = results(&out);
+    assert_eq!(workloads_of(&r, "nas-nfs"), ["randread-4k-qd1", "randwrite-4k-qd32"], "{stderr}");
+    let s = subject(&r, "nas-nfs");
+    assert_eq!(s["external"], true);
+    assert_eq!(s["identity"], format!("NFS server {}:2049, export {}", g.ip, bw_lab::subjects::ganesha::EXPORT), "{s}");
+    let left: Vec<String> = std::fs::read_dir(&g.dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(left, ["theirs.img"], "the lab's image file is removed, the user's file stays");
+    assert_eq!(std::fs::read(&theirs).unwrap(), b"the user's data");
+    drop(g);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -84,6 +84,9 @@ fn visit_external(cx: &mut RunContext, topo: &Topology, s: Subject) -> Result<()
     let Some(e) = s.external() else { return Ok(()) };
     let client = external_client(topo);
     let exe = client.lab_exe(&cx.exe).to_string_lossy().into_owned();
+    if e.address.serves_files() {
+        make_nfs_image(&client, &exe, e.url, cx.plan.params.size_bytes)?;
+    }
     let out = client
         .command_with(&exe, &["identify", "--json", "--timeout", "15", e.url])
         .stdin(std::process::Stdio::null())
@@ -110,6 +113,28 @@ fn visit_external(cx: &mut RunContext, topo: &Topology, s: Subject) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The lab's own image file on an external NFS export (`url`), made from
+/// `client` with the lab's binary `exe` there, recorded first (the host's
+/// state file, `nfsimage`), removed at the run's end or by the next run.
+/// Nothing else on the export is written.
+fn make_nfs_image(client: &crate::host::Host, exe: &str, url: &str, size: u64) -> Result<(), String> {
+    let undo = crate::cleanup::Resource::owned(crate::host::ShellUndo {
+        host: client.clone(),
+        script: crate::ssh::UNDO_ONE,
+        args: vec!["nfsimage".into(), url.into(), exe.into()],
+    });
+    client.record("nfsimage", url, exe).map_err(|e| format!("{e:#}"))?;
+    crate::cleanup::registry()
+        .create(undo, || {
+            let out = client.command_with(exe, &["nfs", "create", url, "--size", &size.to_string()]).stdin(std::process::Stdio::null()).output()?;
+            let err = String::from_utf8_lossy(&out.stderr);
+            anyhow::ensure!(out.status.success(), "cannot make the lab's image file {url}: {}", crate::command::last_lines(err.trim(), 2).replace('\n', "; "));
+            Ok(())
+        })
+        .map(|_| ())
+        .map_err(|e| format!("{e:#}"))
 }
 
 /// The targets of one link and the subjects live on them.
