@@ -30,6 +30,9 @@ enum Cmd {
     Verify(VerifyArgs),
     /// Measure IOPS, bandwidth, latency and client CPU against a remote disk.
     Bench(BenchArgs),
+    /// Connect to a remote disk and print what it says it is (SCSI INQUIRY, NVMe Identify
+    /// Controller, ATA IDENTIFY, NFS server and export), its size and block size. Reads nothing else.
+    Identify(IdentifyArgs),
     /// Run a filebench-style personality (webserver, fileserver, varmail, oltp) on a directory.
     Flowop(flowop::FlowopArgs),
     /// ATA over Ethernet tools.
@@ -237,6 +240,18 @@ impl ClientArgs {
             aoe_datapath: self.aoe_datapath,
         }
     }
+}
+
+#[derive(Args)]
+struct IdentifyArgs {
+    /// aoe://IFACE/SHELF.SLOT, iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN, nvme+tcp://HOST[:PORT]/SUBNQN/NSID,
+    /// nvme+rdma://HOST[:PORT]/SUBNQN/NSID or nfs://HOST[:PORT]/EXPORT/FILE
+    url: String,
+    /// Print one JSON object (url, identity, size_bytes, block_size).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(Args)]
@@ -484,6 +499,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
                     print!("{}", r.table());
+                }
+                Ok(())
+            })
+        }
+        Cmd::Identify(a) => {
+            let rt = runtime(a.client.threads)?;
+            rt.block_on(async {
+                let client = bw_initiator::connect(&a.url, &a.client.options(1)).await?;
+                let (identity, size, block) = (client.identity(), client.size_bytes(), client.block_size());
+                let _ = client.close().await;
+                let url = bw_initiator::redact_url(&a.url);
+                if a.json {
+                    println!("{}", serde_json::json!({ "url": url, "identity": identity, "size_bytes": size, "block_size": block }));
+                } else {
+                    println!("{url}: {}, {size} bytes in {block}-byte blocks", identity.as_deref().unwrap_or("no identity"));
                 }
                 Ok(())
             })

@@ -38,6 +38,11 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
 
 #[async_trait]
 impl BlockClient for NfsClient {
+    fn identity(&self) -> Option<String> {
+        let s = self.file.spec();
+        Some(format!("NFS server {}:{}, export {}", s.host, s.port, s.export))
+    }
+
     fn describe(&self) -> String {
         let f = &self.file;
         format!("{} (NFSv3, reads up to {} B, writes up to {} B, {})", self.url, f.max_read, f.max_write, if f.spec().sync { "FILE_SYNC" } else { "UNSTABLE + COMMIT" })

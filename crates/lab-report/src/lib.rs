@@ -116,7 +116,7 @@ mod tests {
         r.params.offloads = vec!["none".into(), "stateless".into()];
         r.params.digests = vec!["none".into(), "crc32c".into(), "crc32c-soft".into()];
         for (k, p) in [("blockwire-iscsi", "iscsi"), ("blockwire-nvme", "nvme")] {
-            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None });
+            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
         }
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for offload in ["none", "stateless"] {
@@ -150,7 +150,7 @@ mod tests {
         r.params.fs_kinds = vec!["ext4".into(), "btrfs".into()];
         r.params.fsyncs = vec!["honour".into(), "ignore".into()];
         r.params.fs = results().params.fs;
-        r.subjects.push(Subject { key: key("ganesha-nfs"), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None, target_datapath: None });
+        r.subjects.push(Subject { key: key("ganesha-nfs"), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
         for rep in 1..=3u32 {
             let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
             for fs in ["", "btrfs"] {
@@ -193,7 +193,7 @@ mod tests {
                 target: t.into(),
                 initiator: "blockwire".into(),
                 unavailable: None,
-                target_datapath: None,
+                target_datapath: None, settings: None, external: false, identity: None, skipped: None,
             });
         }
         r.subjects.push(Subject {
@@ -202,7 +202,7 @@ mod tests {
             target: "blockwire".into(),
             initiator: "blockwire".into(),
             unavailable: Some("blockwire serve exited: nvme not built yet".into()),
-            target_datapath: None,
+            target_datapath: None, settings: None, external: false, identity: None, skipped: None,
         });
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for w in ["seqread-1m", "randread-4k-qd1", "randrw75-4k-qd16"] {
@@ -256,7 +256,7 @@ mod tests {
             r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
             r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
         }
-        r.subjects.push(Subject { key: bw_lab_results::fs::LOCAL, protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None, target_datapath: None });
+        r.subjects.push(Subject { key: bw_lab_results::fs::LOCAL, protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
         r.params.fs = Some(bw_lab_results::fs::FsParams {
             workloads: vec!["varmail".into(), "iogen-direct".into(), "iogen-raw".into()],
             client_mem: vec![256 << 20],

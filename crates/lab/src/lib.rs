@@ -377,7 +377,7 @@ mod tests {
     fn unknown_names_are_refused() {
         for bad in [
             &["--protocols", "aoe,fc"][..],
-            &["--peers", "lio"],
+            &["--peers", "scst"],
             &["--suite", "macro"],
             &["--suite", "net,disk"],
             &["--mtu", "big"],

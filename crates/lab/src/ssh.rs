@@ -248,6 +248,47 @@ true"#
 }
 pub const DETACH: &str = detach_script!();
 
+/// Take down a kernel target the lab set up through configfs: `remove_lio
+/// IQN HBA/NAME` (the iSCSI target with its TPGs, LUNs and portals, then
+/// the backstore and its HBA, which the lab always makes fresh) and
+/// `remove_nvmet NQN "PORT..."` (the ports the lab made, then the
+/// subsystem with its namespaces once no port links it). Only the names
+/// given: whatever else the host's LIO or nvmet serves stays.
+macro_rules! configfs_removal {
+    () => {
+        r#"remove_lio() {
+  cfs_t=/sys/kernel/config/target; cfs_d=$cfs_t/iscsi/$1
+  if [ -d "$cfs_d" ]; then
+    for cfs_g in "$cfs_d"/tpgt_*; do
+      [ -d "$cfs_g" ] || continue
+      echo 0 > "$cfs_g/enable" 2>/dev/null
+      for cfs_l in "$cfs_g"/lun/lun_*; do
+        [ -d "$cfs_l" ] || continue
+        for cfs_p in "$cfs_l"/*; do [ -L "$cfs_p" ] && rm -f "$cfs_p"; done
+        rmdir "$cfs_l"
+      done
+      for cfs_n in "$cfs_g"/np/*; do [ -d "$cfs_n" ] && rmdir "$cfs_n"; done
+      rmdir "$cfs_g"
+    done
+    rmdir "$cfs_d"
+  fi
+  if [ -n "$2" ] && [ -d "$cfs_t/core/$2" ]; then rmdir "$cfs_t/core/$2" && rmdir "$cfs_t/core/${2%/*}"; fi
+}
+remove_nvmet() {
+  cfs_n=/sys/kernel/config/nvmet; cfs_s=$cfs_n/subsystems/$1
+  for cfs_p in $2; do
+    rm -f "$cfs_n/ports/$cfs_p/subsystems/$1"
+    [ -d "$cfs_n/ports/$cfs_p" ] && rmdir "$cfs_n/ports/$cfs_p"
+  done
+  [ -d "$cfs_s" ] || return 0
+  for cfs_l in "$cfs_n"/ports/*/subsystems/"$1"; do [ -L "$cfs_l" ] && return 0; done
+  for cfs_ns in "$cfs_s"/namespaces/*; do [ -d "$cfs_ns" ] || continue; echo 0 > "$cfs_ns/enable"; rmdir "$cfs_ns"; done
+  rmdir "$cfs_s"
+}
+"#
+    };
+}
+
 /// The shell function `undo KIND A B` that undoes one state-file line, for
 /// [`CLEANUP_SCRIPT`] and [`UNDO_ONE`] (one text: what a run undoes at its
 /// end is what a later run undoes for it). Kinds: `file`, `dir` (the
@@ -256,13 +297,16 @@ pub const DETACH: &str = detach_script!();
 /// qdisc the lab put there; the kernel's default comes back), `kernel
 /// WHAT A B` (`crate::clients`), `module NAME` (loaded by the lab),
 /// `cgroup DIR` (its processes killed, then removed), `mount MP`,
-/// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`.
+/// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`, `lio IQN BACKSTORE`
+/// and `nvmet NQN PORTS` (kernel targets, [`configfs_removal`]), `modules
+/// NAME...` (loaded by the lab for them) and `configfs MP` (mounted by it).
 macro_rules! undo_function {
     () => {
         concat!(
             "detach_kernel() (\n",
             detach_script!(),
             "\n)\n",
+            configfs_removal!(),
             r#"PATH=$PATH:/usr/sbin:/sbin
 undo() {
   kind=$1; a=$2; b=$3
@@ -296,6 +340,12 @@ undo() {
                "$b" umount "$a" >/dev/null 2>&1 || umount -l "$a"
              fi ;;
     rmdir) rmdir "$a" 2>/dev/null ;;
+    lio|nvmet) grep -q " /sys/kernel/config configfs " /proc/mounts || mount -t configfs none /sys/kernel/config 2>/dev/null
+         remove_$kind "$a" "$b" ;;
+    modules) # rmmod, not modprobe -r: a module the lab did not load stays,
+             # and one still in use refuses (a few rounds: dependents first)
+             for cfs_r in 1 2 3 4; do for cfs_m in $a $b; do [ -d "/sys/module/$cfs_m" ] && rmmod "$cfs_m" 2>/dev/null; done; done ;;
+    configfs) grep -q " $a configfs " /proc/mounts && umount "$a" 2>/dev/null ;;
   esac
   true
 }
@@ -307,7 +357,7 @@ undo() {
 /// Undo what a state file lists (`$1`; `$2` is `stale` for a file an
 /// interrupted run left): processes first (only if PID and start time
 /// still match), then every other line newest first ([`undo_function`]),
-/// then the file itself. Safe to run twice.
+/// the `modules` lines last, then the file itself. Safe to run twice.
 pub const CLEANUP_SCRIPT: &str = concat!(
     undo_function!(),
     r#"s="$1"; stale="$2"; [ -f "$s" ] || exit 0
@@ -320,7 +370,9 @@ n=0; while [ $n -lt 30 ]; do
   [ -z "$left" ] && break; sleep 0.1; n=$((n+1))
 done
 for p in $left; do kill -9 "$p" 2>/dev/null; done
-tac "$s" | while read -r kind a b; do undo "$kind" "$a" "$b"; done
+# modules last: rmmod waits for what used them to be gone
+tac "$s" | while read -r kind a b; do [ "$kind" = modules ] || undo "$kind" "$a" "$b"; done
+tac "$s" | while read -r kind a b; do [ "$kind" != modules ] || undo "$kind" "$a" "$b"; done
 rm -f -- "$s"
 rmdir "${s%/*}" 2>/dev/null || true"#
 );

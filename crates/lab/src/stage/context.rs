@@ -108,6 +108,17 @@ impl RunContext {
         }
     }
 
+    /// How target `s` serves (a kernel target's version and settings), on
+    /// every client's subject of it.
+    pub fn record_settings(&mut self, s: Subject, settings: &str) {
+        for c in self.clients().into_iter().filter(|c| c.serves(s)) {
+            let key = c.key(s);
+            if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+                r.settings = Some(settings.to_string());
+            }
+        }
+    }
+
     /// A target that did not start: every client's subject of it.
     pub fn mark_target_unavailable(&mut self, s: Subject, mtu: u32, reason: String) {
         for c in self.clients().into_iter().filter(|c| c.serves(s)) {

@@ -142,6 +142,9 @@ impl<'a> LinkRun<'a> {
             cx.progress.set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
             match peer.start(topo, link, &cx.backing) {
                 Ok(p) => {
+                    if let Some(settings) = &p.settings {
+                        cx.record_settings(subject, settings);
+                    }
                     run.live.push(LiveSubject::new(subject, link, run.procs.len()));
                     run.procs.push(p);
                 }

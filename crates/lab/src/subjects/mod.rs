@@ -7,7 +7,10 @@
 //! [`target`], below them all, so no subject module imports this one.
 
 pub mod blockwire;
+pub mod configfs;
 pub mod ganesha;
+pub mod lio;
+pub mod nvmet;
 pub mod tgt;
 pub mod vblade;
 
@@ -26,6 +29,9 @@ pub enum PeerKind {
     Tgt,
     Vblade,
     Ganesha,
+    Lio,
+    Nvmet,
+    NvmetRdma,
 }
 
 impl PeerKind {
@@ -35,6 +41,9 @@ impl PeerKind {
             PeerKind::Tgt => &tgt::Tgt,
             PeerKind::Vblade => &vblade::Vblade,
             PeerKind::Ganesha => &ganesha::Ganesha,
+            PeerKind::Lio => &lio::Lio,
+            PeerKind::Nvmet => &nvmet::Nvmet { rdma: false },
+            PeerKind::NvmetRdma => &nvmet::Nvmet { rdma: true },
         }
     }
 
@@ -86,7 +95,7 @@ impl Subject {
     pub fn target_name(self) -> &'static str {
         match self {
             Subject::Blockwire(_) => blockwire::NAME,
-            Subject::Peer(p) => p.name(),
+            Subject::Peer(p) => p.target().target_name(),
         }
     }
 
@@ -166,7 +175,7 @@ mod tests {
             assert_eq!(parse_peer_choice(p.name()), Ok(PeerChoice(Some(p))));
         }
         assert_eq!(parse_peer_choice("none"), Ok(PeerChoice(None)));
-        assert!(parse_peer_choice("lio").is_err());
+        assert!(parse_peer_choice("scst").is_err());
         for p in Protocol::ALL.into_iter().chain([Protocol::NvmeRdma]) {
             assert_eq!(Protocol::from_str(p.name(), false), Ok(p));
         }

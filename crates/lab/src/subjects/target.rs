@@ -157,6 +157,11 @@ pub struct Tool {
 pub trait PeerTarget: Sync {
     /// Its name in `--peers`, subject keys and results.json (`tgt`).
     fn name(&self) -> &'static str;
+    /// The target's name in subject keys, when rows of one target differ
+    /// by transport (`nvmet` for both nvmet rows): its name otherwise.
+    fn target_name(&self) -> &'static str {
+        self.name()
+    }
     /// Where it serves the volume: its protocol, URL, kernel address, LUN
     /// and AoE address in one.
     fn address(&self) -> Address;
