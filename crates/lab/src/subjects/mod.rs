@@ -9,6 +9,7 @@
 pub mod blockwire;
 pub mod configfs;
 pub mod ganesha;
+pub mod knfsd;
 pub mod lio;
 pub mod nvmet;
 pub mod tgt;
@@ -32,6 +33,7 @@ pub enum PeerKind {
     Lio,
     Nvmet,
     NvmetRdma,
+    Knfsd,
 }
 
 impl PeerKind {
@@ -44,6 +46,7 @@ impl PeerKind {
             PeerKind::Lio => &lio::Lio,
             PeerKind::Nvmet => &nvmet::Nvmet { rdma: false },
             PeerKind::NvmetRdma => &nvmet::Nvmet { rdma: true },
+            PeerKind::Knfsd => &knfsd::Knfsd,
         }
     }
 
