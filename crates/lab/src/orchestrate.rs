@@ -176,33 +176,16 @@ impl LabRun {
             .into_iter()
             .flat_map(|s| clients.iter().filter(move |c| c.serves(s)).map(move |c| (s, *c)))
             .map(|(s, c)| SubjectRecord {
-                key: c.key(s),
-                protocol: s.address().protocol_name().into(),
-                target: s.target_name().into(),
-                initiator: c.initiator(s, &topo.client),
-                unavailable: None,
-                target_datapath: None, settings: None, external: s.external().is_some(), identity: None, skipped: None,
+                // The user's own storage, shown as such.
+                external: s.external().is_some(),
+                ..subject_record(c.key(s), s.address().protocol_name(), s.target_name(), c.initiator(s, &topo.client))
             })
             .collect();
         if cx.plan.baseline && !(cx.plan.micro.is_empty() && cx.plan.sweep.is_empty()) {
-            cx.results.subjects.push(SubjectRecord {
-                key: SubjectKey::LocalFio,
-                protocol: "local".into(),
-                target: "tmpfs file".into(),
-                initiator: "fio (io_uring)".into(),
-                unavailable: None,
-                target_datapath: None, settings: None, external: false, identity: None, skipped: None,
-            });
+            cx.results.subjects.push(subject_record(SubjectKey::LocalFio, "local", "tmpfs file", "fio (io_uring)".into()));
         }
         if cx.plan.fs.is_some() && cx.plan.baseline {
-            cx.results.subjects.push(SubjectRecord {
-                key: crate::fs::LOCAL,
-                protocol: "local".into(),
-                target: "ext4 on a loop device over the backing file".into(),
-                initiator: "the kernel (no network)".into(),
-                unavailable: None,
-                target_datapath: None, settings: None, external: false, identity: None, skipped: None,
-            });
+            cx.results.subjects.push(subject_record(crate::fs::LOCAL, "local", "ext4 on a loop device over the backing file", "the kernel (no network)".into()));
         }
         for stage in &mut self.stages {
             stage.setup(cx, &topo)?;
@@ -282,4 +265,20 @@ impl LabRun {
         Ok(())
     }
 
+}
+
+/// A subject's record as a run starts: what it is, nothing measured yet.
+fn subject_record(key: SubjectKey, protocol: &str, target: &str, initiator: String) -> SubjectRecord {
+    SubjectRecord {
+        key,
+        protocol: protocol.into(),
+        target: target.into(),
+        initiator,
+        unavailable: None,
+        target_datapath: None,
+        settings: None,
+        external: false,
+        identity: None,
+        skipped: None,
+    }
 }

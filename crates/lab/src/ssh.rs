@@ -299,8 +299,11 @@ remove_nvmet() {
 /// `cgroup DIR` (its processes killed, then removed), `mount MP`,
 /// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`, `lio IQN BACKSTORE`
 /// and `nvmet NQN PORTS` (kernel targets, [`configfs_removal`]), `modules
-/// NAME...` (loaded by the lab for them), `configfs MP` (mounted by it) and
-/// `nfsimage URL EXE` (the lab's image file on an external NFS export).
+/// NAME...` (loaded by the lab for them), `configfs MP` (mounted by it),
+/// `nfsimage URL EXE` (the lab's image file on an external NFS export),
+/// `export CLIENT:DIR` (`exportfs -u`), `nfsd` (the server's threads
+/// stopped), `kill PID START` (a process the lab started, if it is still
+/// that one) and `write FILE VALUE` (the value put back).
 macro_rules! undo_function {
     () => {
         concat!(
@@ -348,6 +351,14 @@ undo() {
              for cfs_r in 1 2 3 4; do for cfs_m in $a $b; do [ -d "/sys/module/$cfs_m" ] && rmmod "$cfs_m" 2>/dev/null; done; done ;;
     configfs) grep -q " $a configfs " /proc/mounts && umount "$a" 2>/dev/null ;;
     nfsimage) "$b" nfs remove "$a" >/dev/null 2>&1 ;;
+    # knfsd (subjects::knfsd): the lab's export, the nfsd threads it
+    # started, a process it started (PID and start time), a value it wrote
+    export) exportfs -u "$a" 2>/dev/null ;;
+    nfsd) rpc.nfsd 0 2>/dev/null ;;
+    kill) if [ "$(cut -d' ' -f22 /proc/$a/stat 2>/dev/null)" = "$b" ]; then
+            kill "$a"; n=0; while [ -d "/proc/$a" ] && [ $n -lt 30 ]; do sleep 0.1; n=$((n+1)); done
+          fi ;;
+    write) [ -w "$a" ] && echo "$b" > "$a" 2>/dev/null ;;
   esac
   true
 }

@@ -17,7 +17,7 @@ use crate::targets::TargetProcess;
 /// stdout as `rec KIND A B`, which the lab undoes when the target stops.
 /// `nocfs` ends the script with the reason it cannot run (exit 3).
 const PRELUDE: &str = r#"PATH=$PATH:/usr/sbin:/sbin; state=$1; shift
-rec() { echo "$*" >> "$state"; echo "rec $*"; }
+rec() { echo "$*" >> "$state" || fail "cannot record in $state"; echo "rec $*"; }
 nocfs() { echo "no configfs target support: $*" >&2; exit 3; }
 fail() { echo "$*" >&2; exit 1; }
 # A module not loaded yet is recorded before modprobe; at the end, every
@@ -30,7 +30,10 @@ load() {
   rec modules "$(echo "$1" | tr - _)"
   modprobe -q "$1" 2>/dev/null
 }
-if ! grep -q " /sys/kernel/config configfs " /proc/mounts; then
+"#;
+
+/// configfs mounted (recorded first) for the configfs targets.
+const CONFIGFS: &str = r#"if ! grep -q " /sys/kernel/config configfs " /proc/mounts; then
   [ -d /sys/kernel/config ] || load configfs || nocfs "the kernel of $(uname -n) $(uname -r) has no configfs"
   rec configfs /sys/kernel/config
   mount -t configfs none /sys/kernel/config || nocfs "configfs does not mount on $(uname -n)"
@@ -84,11 +87,17 @@ impl Undo for Recorded {
     }
 }
 
-/// Run `script` (after [`PRELUDE`]) with `args` on `host`; the kernel
-/// target it set up, named `name`, with its settings (the script's
-/// `settings` line). Err is why it is
-/// unavailable; whatever the script made before failing is undone.
+/// Run `script` (after [`PRELUDE`] and configfs mounted) with `args` on
+/// `host`; the kernel target it set up, named `name`, with its settings
+/// (the script's `settings` line). Err is why it is unavailable; whatever
+/// the script made before failing is undone.
 pub fn set_up(host: &Host, name: &str, script: &str, args: &[String]) -> Result<TargetProcess, String> {
+    set_up_after(host, name, &format!("{CONFIGFS}{script}"), args)
+}
+
+/// [`set_up`] for a kernel service that needs no configfs (knfsd): the
+/// same recording (`rec`, `load`, `fail`, the modules it loaded) and undo.
+pub fn set_up_after(host: &Host, name: &str, script: &str, args: &[String]) -> Result<TargetProcess, String> {
     let state = host.state_file().unwrap_or_else(|| "/dev/null".into());
     let text = format!("{PRELUDE}{script}");
     let mut a: Vec<&str> = vec!["-c", &text, "sh", &state];

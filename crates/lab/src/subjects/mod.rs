@@ -10,6 +10,7 @@ pub mod blockwire;
 pub mod configfs;
 pub mod external;
 pub mod ganesha;
+pub mod knfsd;
 pub mod lio;
 pub mod nvmet;
 pub mod tgt;
@@ -33,6 +34,7 @@ pub enum PeerKind {
     Lio,
     Nvmet,
     NvmetRdma,
+    Knfsd,
 }
 
 impl PeerKind {
@@ -45,6 +47,7 @@ impl PeerKind {
             PeerKind::Lio => &lio::Lio,
             PeerKind::Nvmet => &nvmet::Nvmet { rdma: false },
             PeerKind::NvmetRdma => &nvmet::Nvmet { rdma: true },
+            PeerKind::Knfsd => &knfsd::Knfsd,
         }
     }
 
