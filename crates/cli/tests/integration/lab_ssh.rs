@@ -929,17 +929,18 @@ mod kernel_vm {
 }
 
 /// The kernel VM as the target host (issue 39): the kernel's own targets,
-/// LIO and nvmet, set up by the lab through the guest's configfs beside
-/// blockwire serve, measured by blockwire's clients on this machine over a
-/// tap, then by the guest's own kernel initiators (the guest as client
-/// host too); a LIO target, an nvmet subsystem and port of "the user's",
-/// made before the runs, stay untouched, and nothing of the runs is left.
+/// LIO and nvmet, set up by the lab through the guest's configfs, and its
+/// NFS server (knfsd) exporting the image, beside blockwire serve, measured by blockwire's clients on this machine over a
+/// tap, then by the guest's own kernel initiators and NFS client (the
+/// guest as client host too); a LIO target, an nvmet subsystem and port
+/// and an NFS export of "the user's", made before the runs, stay
+/// untouched, and nothing of the runs is left.
 mod kernel_targets_vm {
     use super::*;
     use crate::common::BackgroundVm;
 
-    const HOST_IP: &str = "10.234.0.1";
-    const GUEST_IP: &str = "10.234.0.2";
+    const HOST_IP: &str = "10.247.39.1";
+    const GUEST_IP: &str = "10.247.39.2";
     const USER_IQN: &str = "iqn.2003-01.org.example:user";
     const USER_NQN: &str = "nqn.2014-08.org.example:user";
 
@@ -976,7 +977,7 @@ mod kernel_targets_vm {
         fn lab(&self, exe: &Path, out: &Path, extra: &[&str]) -> (std::process::ExitStatus, String) {
             let mut c = Command::new(exe);
             c.arg("lab").args(extra).args([
-                "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--protocols", "iscsi,nvme", "--peers", "lio,nvmet",
+                "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--protocols", "iscsi,nvme", "--peers", "lio,nvmet,knfsd",
                 "--micro-workloads", "randread-4k-qd1,randwrite-4k-qd32", "--data-addr", GUEST_IP,
             ]);
             c.arg("--target-host").arg(format!("ssh://root@127.0.0.1:{}", self.ports[0]));
@@ -1014,20 +1015,23 @@ mkdir $s && echo 1 > $s/attr_allow_any_host && mkdir $s/namespaces/1
 printf %s /dev/shm/user.img > $s/namespaces/1/device_path; echo 1 > $s/namespaces/1/buffered_io; echo 1 > $s/namespaces/1/enable
 mkdir $n/ports/1; echo ipv4 > $n/ports/1/addr_adrfam; echo tcp > $n/ports/1/addr_trtype; echo 127.0.0.1 > $n/ports/1/addr_traddr; echo 4430 > $n/ports/1/addr_trsvcid
 ln -s $s $n/ports/1/subsystems/NQN
+modprobe nfsd; mount -t nfsd nfsd /proc/fs/nfsd; rpcbind; mkdir -p /srv/user; exportfs -o ro,no_subtree_check 127.0.0.1:/srv/user; rpc.mountd; rpc.nfsd 2
 "#;
 
-    /// What the guest has of the user's targets: the tree and its values.
-    const USER_STATE: &str = "cd /sys/kernel/config && for f in $(find target/core/fileio_0 target/iscsi/IQN nvmet/subsystems/NQN nvmet/ports/1 | sort); do \
+    /// What the guest has of the user's targets: the tree and its values,
+    /// and the NFS server's exports.
+    const USER_STATE: &str = "exportfs -v; cd /sys/kernel/config && for f in $(find target/core/fileio_0 target/iscsi/IQN nvmet/subsystems/NQN nvmet/ports/1 | sort); do \
         if [ -L $f ]; then echo \"$f -> $(readlink $f)\"; elif [ -f $f ] && [ -r $f ]; then echo \"$f = $(head -c 200 $f 2>/dev/null | tr '\\n' ' ')\"; else echo $f; fi; done";
 
     /// What the guest has left of a lab run: the lab's configfs entries
     /// (its IQN, NQN, HBAs and ports), sessions, processes, state files.
     const LEFTOVERS: &str = "ls /sys/kernel/config/target/iscsi /sys/kernel/config/nvmet/subsystems 2>/dev/null | grep blockwire.lab; \
+        exportfs | grep bwlab; ls /srv | grep bwlab; grep bwlab /proc/mounts; \
         ls /sys/kernel/config/target/core 2>/dev/null | grep -v '^fileio_0$' | grep -v '^alua$'; ls /sys/kernel/config/nvmet/ports | grep -vx 1; \
         iscsiadm -m session 2>/dev/null; ls /sys/class/nvme-subsystem; ls /var/tmp/bwlab-remote 2>/dev/null; ls /dev/shm | grep bwlab; pidof blockwire fio iscsid; true";
 
     #[test]
-    fn lio_and_nvmet_in_the_vm_are_measured_beside_blockwire_and_the_users_targets_stay() {
+    fn lio_nvmet_and_knfsd_in_the_vm_are_measured_beside_blockwire_and_the_users_targets_stay() {
         require_root();
         assert!(Path::new("/usr/bin/fio").exists(), "fio is missing (make deps)");
         let t0 = Instant::now();
@@ -1071,7 +1075,7 @@ ln -s $s $n/ports/1/subsystems/NQN
         }
         let state = USER_STATE.replace("IQN", USER_IQN).replace("NQN", USER_NQN);
         let before = rig.guest(&state).expect("the guest answers");
-        assert!(before.contains("np/127.0.0.1:3260") && before.contains("addr_trsvcid = 4430"), "{before}");
+        assert!(before.contains("np/127.0.0.1:3260") && before.contains("addr_trsvcid = 4430") && before.contains("/srv/user"), "{before}");
         eprintln!("guest up after {:?}", t0.elapsed());
 
         // 1. blockwire's clients here, the targets in the guest.
@@ -1080,7 +1084,7 @@ ln -s $s $n/ports/1/subsystems/NQN
         eprintln!("{text}");
         assert!(st.success(), "the lab failed: {text}");
         let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out1.join("results.json")).unwrap()).unwrap();
-        let subjects = ["blockwire-iscsi", "blockwire-nvme", "lio-iscsi", "nvmet-nvme"];
+        let subjects = ["blockwire-iscsi", "blockwire-nvme", "lio-iscsi", "nvmet-nvme", "knfsd-nfs"];
         check_samples(&r, &subjects, &text);
         for (key, says) in [("lio-iscsi", "fileio backstore on /dev/shm/"), ("nvmet-nvme", "file namespace, buffered_io=1")] {
             let s = r["subjects"].as_array().unwrap().iter().find(|s| s["key"] == key).unwrap();
@@ -1100,7 +1104,7 @@ ln -s $s $n/ports/1/subsystems/NQN
         eprintln!("{text}");
         assert!(st.success(), "the lab failed: {text}");
         let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out2.join("results.json")).unwrap()).unwrap();
-        check_samples(&r, &["kernel-iscsi@blockwire", "kernel-iscsi@lio", "kernel-nvme@blockwire", "kernel-nvme@nvmet"], &text);
+        check_samples(&r, &["kernel-iscsi@blockwire", "kernel-iscsi@lio", "kernel-nvme@blockwire", "kernel-nvme@nvmet", "kernel-nfs3@knfsd", "kernel-nfs4.1@knfsd"], &text);
 
         // Nothing of either run in the guest; the user's targets as they were.
         let left = rig.guest(LEFTOVERS).expect("the guest answers");

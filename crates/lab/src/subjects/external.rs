@@ -9,7 +9,7 @@
 //! whole process, so a [`Subject`](super::Subject) holds a `&'static` one
 //! (leaked on purpose, like the strings of the peers' addresses).
 
-use super::target::{Address, KernelAddress, Protocol};
+use super::target::{Address, KernelAddress};
 
 /// One `--subject NAME=URL`.
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -82,15 +82,7 @@ impl External {
 
     /// How a kernel initiator reaches it (None: it serves files).
     pub fn kernel(&self) -> Option<KernelAddress> {
-        let host = self.host;
-        let (protocol, a, b, lun) = match self.address {
-            Address::Aoe { shelf, slot } => (Protocol::Aoe, format!("e{shelf}.{slot}"), String::new(), 0),
-            Address::Iscsi { iqn, port, lun } => (Protocol::Iscsi, iqn.to_string(), format!("{host}:{port}"), lun),
-            Address::Nvme { nqn, port } => (Protocol::Nvme, nqn.to_string(), format!("{host} {port}"), 0),
-            Address::NvmeRdma { nqn, port } => (Protocol::NvmeRdma, nqn.to_string(), format!("{host} {port}"), 0),
-            Address::NfsFile { .. } => return None,
-        };
-        Some(KernelAddress { protocol, a, b, lun })
+        self.address.kernel_at(self.host)
     }
 
     /// Why write cases are skipped on it, naming them (None: none are).

@@ -133,7 +133,12 @@ impl Address {
     /// How a kernel block initiator reaches it over `link` (None: it serves
     /// files, which no block initiator reads).
     pub fn kernel(self, link: &Link) -> Option<KernelAddress> {
-        let ip = link.target_ip;
+        self.kernel_at(&link.target_ip.to_string())
+    }
+
+    /// How a kernel block initiator reaches it at `ip` (a host name or
+    /// address; None: it serves files).
+    pub fn kernel_at(self, ip: &str) -> Option<KernelAddress> {
         let (protocol, a, b, lun) = match self {
             Address::Aoe { shelf, slot } => (Protocol::Aoe, format!("e{shelf}.{slot}"), String::new(), 0),
             Address::Iscsi { iqn, port, lun } => (Protocol::Iscsi, iqn.to_string(), format!("{ip}:{port}"), lun),
