@@ -30,6 +30,9 @@ enum Cmd {
     Verify(VerifyArgs),
     /// Measure IOPS, bandwidth, latency and client CPU against a remote disk.
     Bench(BenchArgs),
+    /// Connect to a remote disk and print what it says it is (SCSI INQUIRY, NVMe Identify
+    /// Controller, ATA IDENTIFY, NFS server and export), its size and block size. Reads nothing else.
+    Identify(IdentifyArgs),
     /// Run a filebench-style personality (webserver, fileserver, varmail, oltp) on a directory.
     Flowop(flowop::FlowopArgs),
     /// ATA over Ethernet tools.
@@ -41,6 +44,9 @@ enum Cmd {
     /// NVMe over TCP tools.
     #[command(subcommand)]
     Nvme(NvmeCmd),
+    /// NFS tools: image files on an export (what the lab measures on a NAS).
+    #[command(subcommand)]
+    Nfs(NfsCmd),
     /// Run the same workloads over every protocol and peer; report speed, latency, CPU and wire bytes.
     Lab(bw_lab::LabArgs),
     /// Label-switching router (MPLS) on raw Ethernet ports, until SIGINT/SIGTERM.
@@ -240,6 +246,18 @@ impl ClientArgs {
 }
 
 #[derive(Args)]
+struct IdentifyArgs {
+    /// aoe://IFACE/SHELF.SLOT, iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN, nvme+tcp://HOST[:PORT]/SUBNQN/NSID,
+    /// nvme+rdma://HOST[:PORT]/SUBNQN/NSID or nfs://HOST[:PORT]/EXPORT/FILE
+    url: String,
+    /// Print one JSON object (url, identity, size_bytes, block_size).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Args)]
 struct VerifyArgs {
     /// aoe://IFACE/SHELF.SLOT, iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN, nvme+tcp://HOST[:PORT]/SUBNQN/NSID or nvme+rdma://HOST[:PORT]/SUBNQN/NSID
     url: String,
@@ -342,6 +360,29 @@ enum NvmeCmd {
         address: String,
         #[command(flatten)]
         client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum NfsCmd {
+    /// Make an image file of SIZE bytes of data on an NFSv3 export; an existing file is an error.
+    Create {
+        /// nfs://HOST[:PORT]/EXPORT/FILE
+        url: String,
+        /// Its size (K/M/G suffixes).
+        #[arg(long, value_parser = size_arg)]
+        size: u64,
+        /// Seconds to wait for the server at each step.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
+    /// Remove a file from an NFSv3 export.
+    Remove {
+        /// nfs://HOST[:PORT]/EXPORT/FILE
+        url: String,
+        /// Seconds to wait for the server at each step.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
     },
 }
 
@@ -488,6 +529,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             })
         }
+        Cmd::Identify(a) => {
+            let rt = runtime(a.client.threads)?;
+            rt.block_on(async {
+                let client = bw_initiator::connect(&a.url, &a.client.options(1)).await?;
+                let (identity, size, block) = (client.identity(), client.size_bytes(), client.block_size());
+                let _ = client.close().await;
+                let url = bw_initiator::redact_url(&a.url);
+                if a.json {
+                    println!("{}", serde_json::json!({ "url": url, "identity": identity, "size_bytes": size, "block_size": block }));
+                } else {
+                    println!("{url}: {}, {size} bytes in {block}-byte blocks", identity.as_deref().unwrap_or("no identity"));
+                }
+                Ok(())
+            })
+        }
         Cmd::Aoe(AoeCmd::Discover { iface, wait }) => {
             let rt = runtime(1)?;
             let found = rt.block_on(bw_initiator::aoe::discover(&iface, Duration::from_secs_f64(wait.max(0.01))))?;
@@ -505,6 +561,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = runtime(client.threads)?;
             let found = rt.block_on(bw_initiator::nvme::discover(&host, port, &client.options(1)))?;
             print_discovered(found, &format!("the discovery log at {address} is empty"))
+        }
+        Cmd::Nfs(c) => {
+            let rt = runtime(1)?;
+            match c {
+                NfsCmd::Create { url, size, timeout } => {
+                    rt.block_on(bw_initiator::nfs::create_image(&TargetUrl::parse(&url)?, size, Duration::from_secs(timeout)))?
+                }
+                NfsCmd::Remove { url, timeout } => rt.block_on(bw_initiator::nfs::remove_image(&TargetUrl::parse(&url)?, Duration::from_secs(timeout)))?,
+            }
+            Ok(())
         }
         Cmd::Lab(a) => bw_lab::run(a),
         Cmd::Flowop(a) => flowop::run(a),

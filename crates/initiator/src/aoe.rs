@@ -147,6 +147,8 @@ struct Shared {
 }
 
 pub struct AoeClient {
+    /// ATA IDENTIFY's model and firmware.
+    identity: String,
     shared: Arc<Shared>,
     receivers: Vec<tokio::task::JoinHandle<()>>,
     sender: tokio::task::JoinHandle<()>,
@@ -429,8 +431,9 @@ impl AoeClient {
         });
         let receivers = (0..shared.socks.len()).map(|i| tokio::spawn(receive_loop(shared.clone(), i))).collect();
         let sender = tokio::spawn(send_loop(shared.clone(), FrameBatch::new(MAX_WINDOW, frame_len.max(bw_aoe::MIN_FRAME))));
-        let client = AoeClient { shared, receivers, sender };
+        let mut client = AoeClient { identity: String::new(), shared, receivers, sender };
         let id = client.identify().await?;
+        client.identity = format!("{} firmware {}", id.model.trim(), id.firmware.trim());
         client.shared.size_bytes.store(id.sectors * SECTOR as u64, Relaxed);
         log::debug!("{}: {} at {}, {} sectors, {} sectors/frame, window {window}/{max_window} (buffers {})",
             client.shared.url, id.model, format_mac(&client.shared.info.mac), id.sectors, frame_sectors, client.shared.info.buffer_count);
@@ -818,6 +821,9 @@ fn deliver(shared: &Shared, frame: &[u8], now: Instant) {
 
 #[async_trait]
 impl BlockClient for AoeClient {
+    fn identity(&self) -> Option<String> {
+        Some(self.identity.clone())
+    }
     fn describe(&self) -> String {
         let s = &self.shared;
         format!(

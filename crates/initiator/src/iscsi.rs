@@ -250,6 +250,8 @@ pub struct IscsiClient {
     size: u64,
     block: u32,
     describe: String,
+    /// Standard INQUIRY's vendor, product and revision.
+    identity: Option<String>,
     /// Most blocks one UNMAP may name, if the LUN takes UNMAP at all
     /// (LBPME in READ CAPACITY, LBPU in VPD B2, the count from VPD B0).
     unmap_max_blocks: Option<u32>,
@@ -296,6 +298,9 @@ impl IscsiClient {
 impl BlockClient for IscsiClient {
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+    fn identity(&self) -> Option<String> {
+        self.identity.clone()
     }
     fn size_bytes(&self) -> u64 {
         self.size
@@ -421,7 +426,7 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
     let (rd, wr, buf, done) = login(host, *port, Some(iqn), user.as_deref(), secret.as_deref(), opts).await?;
     let session = start_session(rd, wr, buf, &done, opts);
     let lun_field = u64::from_be_bytes(bw_scsi::encode_lun(*lun));
-    let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string(), unmap_max_blocks: None };
+    let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string(), identity: None, unmap_max_blocks: None };
     // TEST UNIT READY first: it absorbs the unit attention a fresh nexus may have.
     client.scsi(&initiator::test_unit_ready(), 0, Bytes::new()).await?;
     let cap = client.scsi(&initiator::read_capacity_16(32), 32, Bytes::new()).await?;
@@ -431,11 +436,21 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
     }
     client.block = block;
     client.size = (last_lba + 1) * block as u64;
+    // Standard INQUIRY: T10 vendor (bytes 8-15), product (16-31), revision (32-35).
+    if let Ok(d) = client.scsi(&[bw_scsi::op::INQUIRY, 0, 0, 0, 36, 0], 36, Bytes::new()).await {
+        client.identity = inquiry_identity(&d);
+    }
     if initiator::parse_lbpme(&cap) {
         client.unmap_max_blocks = client.unmap_limit().await;
     }
     log::info!("{url}: {} bytes, {} byte blocks, params {:?}", client.size, block, done.params);
     Ok(Arc::new(client))
+}
+
+/// "VENDOR PRODUCT REVISION" from standard INQUIRY data (None if short).
+fn inquiry_identity(d: &[u8]) -> Option<String> {
+    let field = |r: std::ops::Range<usize>| String::from_utf8_lossy(d.get(r).unwrap_or_default()).trim().to_string();
+    (d.len() >= 36).then(|| format!("{} {} {}", field(8..16), field(16..32), field(32..36)))
 }
 
 /// Targets found by discovery, one line each when printed:

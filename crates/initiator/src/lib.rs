@@ -145,6 +145,12 @@ pub(crate) async fn connect_tcp(host: &str, port: u16, opts: &ConnectOptions) ->
 pub trait BlockClient: Send + Sync {
     /// What this client is connected to, for logs and reports.
     fn describe(&self) -> String;
+    /// What the target says it is, as read at connect: SCSI INQUIRY's
+    /// vendor, product and revision; NVMe Identify Controller's model and
+    /// firmware; ATA IDENTIFY's over AoE; an NFS file's server and export.
+    fn identity(&self) -> Option<String> {
+        None
+    }
     fn size_bytes(&self) -> u64;
     fn block_size(&self) -> u32 {
         512

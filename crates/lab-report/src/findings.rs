@@ -63,11 +63,37 @@ fn ci_text(ci: RatioCi) -> String {
     format!("{:.2} ({:.2}–{:.2})", ci.ratio, ci.lo, ci.hi)
 }
 
-/// The two AoE/iSCSI pairs the first study's claims are checked on.
+/// The two AoE/iSCSI pairs the first study's claims are always checked on.
 static PAIRS: [(SubjectKey, SubjectKey); 2] = [
     (SubjectKey::served("blockwire", "aoe"), SubjectKey::served("blockwire", "iscsi")),
     (SubjectKey::served("vblade", "aoe"), SubjectKey::served("tgt", "iscsi")),
 ];
+
+/// The AoE targets a kernel iSCSI target is paired with, first measured first.
+static AOE_TARGETS: [&str; 2] = ["vblade", "blockwire"];
+
+/// Study 1's AoE/iSCSI pairs in this run: [`PAIRS`], and with the
+/// kernel's LIO measured, LIO against an AoE target (the study compared
+/// protocols with Linux's own targets and initiators): through blockwire's
+/// client and through the client host's kernel initiators.
+fn pairs(run: &Run) -> Vec<(SubjectKey, SubjectKey)> {
+    let mut v = PAIRS.to_vec();
+    let lio = SubjectKey::served("lio", "iscsi");
+    if let Some(aoe) = AOE_TARGETS.iter().map(|t| SubjectKey::served(t, "aoe")).find(|a| run.measured(a)).filter(|_| run.measured(&lio)) {
+        v.push((aoe, lio));
+    }
+    let kernel_lio = SubjectKey::kernel("iscsi", "lio");
+    if let Some(aoe) = AOE_TARGETS.iter().map(|t| SubjectKey::kernel("aoe", t)).find(|a| run.measured(a)).filter(|_| run.measured(&kernel_lio)) {
+        v.push((aoe, kernel_lio));
+    }
+    v
+}
+
+/// The subjects served over `protocol` through blockwire's client, in the
+/// run's order (blockwire's, the peers', the external ones).
+fn served_over<'r>(run: &'r Run, protocol: &'r str) -> impl Iterator<Item = &'r SubjectKey> + 'r {
+    run.results.subjects.iter().map(|s| &s.key).filter(move |k| matches!(k, SubjectKey::Served { protocol: p, .. } if p == protocol))
+}
 
 /// The interval lies within ±5% of 1: equal for practical purposes.
 fn equal(ci: RatioCi) -> bool {
@@ -387,7 +413,7 @@ fn micro_pairs(run: &Run, workload: &str, metric: Metric) -> Vec<Outcome> {
             out.push(Outcome::NotApplicable { compared: where_, why: format!("this run had no {link} link (add it with --link {link})") });
             continue;
         }
-        for (a, b) in &PAIRS {
+        for (a, b) in &pairs(run) {
             let compared = format!("{a} / {b}, {where_}");
             let (Some(ca), Some(cb)) = (micro_case(&run.micro, link, mtu, workload, a), micro_case(&run.micro, link, mtu, workload, b)) else {
                 if run.measured(a) || run.measured(b) {
@@ -411,7 +437,7 @@ fn cached_writes(run: &Run) -> Vec<Outcome> {
     let mut out = vec![];
     for link in &run.links {
         let Some(&mem) = run.client_mems().first() else { break };
-        for (aoe, iscsi) in &PAIRS {
+        for (aoe, iscsi) in &pairs(run) {
             let (Some(ca), Some(cb)) = (fs_case(&run.fs, link, mem, "bonnie block write", iscsi), fs_case(&run.fs, link, mem, "bonnie block write", aoe)) else {
                 continue;
             };
@@ -435,7 +461,7 @@ fn personality_pairs(run: &Run, personality: &str) -> Vec<Outcome> {
     let mut out = vec![];
     for link in &run.links {
         for &mem in run.client_mems() {
-            for (aoe, iscsi) in &PAIRS {
+            for (aoe, iscsi) in &pairs(run) {
                 let (Some(ca), Some(cb)) = (fs_case(&run.fs, link, mem, personality, aoe), fs_case(&run.fs, link, mem, personality, iscsi)) else {
                     continue;
                 };
@@ -457,9 +483,6 @@ fn personality_pairs(run: &Run, personality: &str) -> Vec<Outcome> {
     out
 }
 
-/// The iSCSI and NFS subjects study 2's comparison pairs.
-static ISCSI_SUBJECTS: [SubjectKey; 2] = [SubjectKey::served("blockwire", "iscsi"), SubjectKey::served("tgt", "iscsi")];
-static NFS_SUBJECTS: [SubjectKey; 1] = [SubjectKey::served("ganesha", "nfs")];
 
 /// Study 2, iSCSI/NFS: 4 KiB random reads at queue depth 1 (micro), and on
 /// ext4 Bonnie++'s block read and write (streaming) and PostMark. NFS here
@@ -467,8 +490,10 @@ static NFS_SUBJECTS: [SubjectKey; 1] = [SubjectKey::served("ganesha", "nfs")];
 /// ext4 on it in the fs suite: the choice between an iSCSI LUN and a raw
 /// image on NFS storage, not the study's file access over a kernel mount.
 fn iscsi_against_nfs(run: &Run) -> Vec<Outcome> {
+    // Every iSCSI target against every NFS server of the run (blockwire's,
+    // tgt, LIO, the kernel's NFS server, ganesha, an external array or NAS).
     let pairs: Vec<(&SubjectKey, &SubjectKey)> =
-        ISCSI_SUBJECTS.iter().flat_map(|i| NFS_SUBJECTS.iter().map(move |n| (i, n))).filter(|(i, n)| run.measured(i) && run.measured(n)).collect();
+        served_over(run, "iscsi").flat_map(|i| served_over(run, "nfs").map(move |n| (i, n))).filter(|(i, n)| run.measured(i) && run.measured(n)).collect();
     if pairs.is_empty() {
         return not_applicable("iSCSI against NFS", "needs an iSCSI subject and an NFS one (the ganesha peer, --peers ganesha) in the same run");
     }
@@ -571,7 +596,7 @@ fn iscsi_over_aoe_per_op(run: &Run, metric: Metric, what: &str) -> Vec<Outcome> 
     let mut out = vec![];
     let mtu = run.mtu;
     for link in &run.links {
-        for (aoe, iscsi) in &PAIRS {
+        for (aoe, iscsi) in &pairs(run) {
             let Some((x, apart, n)) = ratio_over_workloads(&run.micro, link, mtu, iscsi, aoe, metric) else { continue };
             out.push(Outcome::Measured {
                 compared: format!("{iscsi} / {aoe}, micro workloads at MTU {mtu}, link {link}"),
@@ -660,10 +685,21 @@ fn lower_at_the_larger_mtu(e: Evidence) -> (Verdict, String) {
     }
 }
 
-/// Study 4: NVMe/TCP against local, on the micro suite and on ext4.
+/// Study 4: NVMe/TCP against local, on the micro suite and on ext4, for
+/// each NVMe/TCP target of the run (blockwire's, the kernel's nvmet).
 fn nvme_share_of_local(run: &Run) -> Vec<Outcome> {
     let mut out = vec![];
-    let (nv, loc) = (&SubjectKey::served("blockwire", "nvme"), SubjectKey::LocalFio);
+    for nv in served_over(run, "nvme") {
+        nvme_share_of_local_on(run, nv, &mut out);
+    }
+    if out.is_empty() {
+        return not_applicable("blockwire-nvme against the local baseline", "needs blockwire-nvme and the local baseline");
+    }
+    out
+}
+
+fn nvme_share_of_local_on(run: &Run, nv: &SubjectKey, out: &mut Vec<Outcome>) {
+    let loc = SubjectKey::LocalFio;
     for w in ["randrw75-4k-qd16", "randread-4k-qd32"] {
         let Some(l) = run.micro.get(&CaseKey { suite: Suite::Micro, link: "none".into(), mtu: None, workload: w.into(), subject: loc.clone(), factors: Default::default() }) else { continue };
         for link in &run.links {
@@ -691,10 +727,6 @@ fn nvme_share_of_local(run: &Run) -> Vec<Outcome> {
             out.push(share_of_local(format!("{nv} / local ext4, ops/s of {} on ext4, link {link}, client mem {}", rows.join(", "), mem_name(mem)), ci));
         }
     }
-    if out.is_empty() {
-        return not_applicable("blockwire-nvme against the local baseline", "needs blockwire-nvme and the local baseline");
-    }
-    out
 }
 
 fn share_of_local(compared: String, ci: RatioCi) -> Outcome {

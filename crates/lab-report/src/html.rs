@@ -190,8 +190,18 @@ fn subjects(c: &Ctx) -> Option<Markup> {
             @for s in &c.r.subjects {
                 tr {
                     td.l { span style=(format!("color:{}", c.color(&s.key))) { "■" } " " (s.key) }
-                    td.l { (s.protocol) } td.l { (s.target) @if let Some(d) = &s.target_datapath { " (" (d) " datapath)" } } td.l { (s.initiator) }
-                    td.l { @match &s.unavailable { Some(why) => { "unavailable: " (why) }, None => { "measured" } } }
+                    td.l { (s.protocol) }
+                    td.l {
+                        @if s.external { "external: " }
+                        (s.target) @if let Some(d) = &s.target_datapath { " (" (d) " datapath)" }
+                        @if let Some(id) = &s.identity { " (" (id) ")" }
+                        @if let Some(x) = &s.settings { br; small { (x) } }
+                    }
+                    td.l { (s.initiator) }
+                    td.l {
+                        @match &s.unavailable { Some(why) => { "unavailable: " (why) }, None => { "measured" } }
+                        @if let Some(x) = &s.skipped { br; small { (x) } }
+                    }
                 }
             }
         }

@@ -116,7 +116,7 @@ mod tests {
         r.params.offloads = vec!["none".into(), "stateless".into()];
         r.params.digests = vec!["none".into(), "crc32c".into(), "crc32c-soft".into()];
         for (k, p) in [("blockwire-iscsi", "iscsi"), ("blockwire-nvme", "nvme")] {
-            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None });
+            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
         }
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for offload in ["none", "stateless"] {
@@ -150,7 +150,7 @@ mod tests {
         r.params.fs_kinds = vec!["ext4".into(), "btrfs".into()];
         r.params.fsyncs = vec!["honour".into(), "ignore".into()];
         r.params.fs = results().params.fs;
-        r.subjects.push(Subject { key: key("ganesha-nfs"), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None, target_datapath: None });
+        r.subjects.push(Subject { key: key("ganesha-nfs"), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
         for rep in 1..=3u32 {
             let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
             for fs in ["", "btrfs"] {
@@ -193,7 +193,7 @@ mod tests {
                 target: t.into(),
                 initiator: "blockwire".into(),
                 unavailable: None,
-                target_datapath: None,
+                target_datapath: None, settings: None, external: false, identity: None, skipped: None,
             });
         }
         r.subjects.push(Subject {
@@ -202,7 +202,7 @@ mod tests {
             target: "blockwire".into(),
             initiator: "blockwire".into(),
             unavailable: Some("blockwire serve exited: nvme not built yet".into()),
-            target_datapath: None,
+            target_datapath: None, settings: None, external: false, identity: None, skipped: None,
         });
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for w in ["seqread-1m", "randread-4k-qd1", "randrw75-4k-qd16"] {
@@ -256,7 +256,7 @@ mod tests {
             r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
             r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
         }
-        r.subjects.push(Subject { key: bw_lab_results::fs::LOCAL, protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None, target_datapath: None });
+        r.subjects.push(Subject { key: bw_lab_results::fs::LOCAL, protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
         r.params.fs = Some(bw_lab_results::fs::FsParams {
             workloads: vec!["varmail".into(), "iogen-direct".into(), "iogen-raw".into()],
             client_mem: vec![256 << 20],
@@ -371,6 +371,60 @@ mod tests {
     /// claims say for a full run, for one without the route suite and the
     /// fs suite, and for an empty one (every claim not applicable, and why).
     /// `FINDINGS_GOLDEN_WRITE=1` rewrites the file after a deliberate change.
+    /// A run with the kernel's targets and an external NAS: vblade and
+    /// LIO (through blockwire's client and the kernel initiators), nvmet
+    /// with the local baseline, LIO against the NAS's NFS export.
+    fn results_with_kernel_targets() -> Results {
+        let mut r = Results { format: FORMAT, ..Default::default() };
+        r.params.mtus = vec![1500];
+        r.params.repeat = 3;
+        for (k, p, t) in [("vblade-aoe", "aoe", "vblade"), ("lio-iscsi", "iscsi", "lio"), ("kernel-aoe@vblade", "aoe", "vblade"), ("kernel-iscsi@lio", "iscsi", "lio"), ("nvmet-nvme", "nvme", "nvmet"), ("nas-nfs", "nfs", "nas"), ("local-fio", "local", "tmpfs file")] {
+            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: t.into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None, settings: None, external: t == "nas", identity: None, skipped: None });
+        }
+        for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
+            // AoE as fast as iSCSI on random reads, 30% ahead on sequential ones.
+            for (subject, seq) in [("vblade-aoe", 1300.0), ("lio-iscsi", 1000.0), ("kernel-aoe@vblade", 1300.0), ("kernel-iscsi@lio", 1000.0)] {
+                r.samples.push(sample(subject, Some(1500), "seqread-1m", rep, seq * jitter, 1.0));
+                r.samples.push(sample(subject, Some(1500), "randread-4k-qd1", rep, 5000.0 * jitter, 1.0));
+            }
+            r.samples.push(sample("nas-nfs", Some(1500), "randread-4k-qd1", rep, 2500.0 * jitter, 1.0));
+            r.samples.push(sample("nvmet-nvme", Some(1500), "randread-4k-qd32", rep, 50_000.0 * jitter, 1.0));
+            r.samples.push(sample("local-fio", None, "randread-4k-qd32", rep, 100_000.0 * jitter, 1.0));
+        }
+        r
+    }
+
+    #[test]
+    fn kernel_targets_and_external_subjects_are_judged_by_the_studies() {
+        let fs = findings::findings(&results_with_kernel_targets());
+        let find = |compared: &str| fs.iter().find(|f| f.compared.starts_with(compared)).unwrap_or_else(|| panic!("no finding on {compared}: {fs:#?}"));
+        let seq = find("vblade-aoe / lio-iscsi, seqread-1m");
+        assert_eq!((seq.study, seq.verdict), (1, findings::Verdict::Reproduced), "{seq:?}");
+        assert_eq!(find("vblade-aoe / lio-iscsi, randread-4k-qd1").verdict, findings::Verdict::Reproduced, "equal on random reads");
+        assert_eq!(find("kernel-aoe@vblade / kernel-iscsi@lio, seqread-1m").verdict, findings::Verdict::Reproduced, "the kernel initiators' pair too");
+        let nfs = find("lio-iscsi / nas-nfs");
+        assert_eq!((nfs.study, nfs.verdict), (2, findings::Verdict::Reproduced), "LIO 2x the NAS on random reads: {nfs:?}");
+        let half = find("nvmet-nvme / local fio");
+        assert_eq!((half.study, half.verdict), (4, findings::Verdict::Reproduced), "nvmet at half of local: {half:?}");
+        // No kernel target in the run: no kernel pair, no new line.
+        assert!(!findings::findings(&results()).iter().any(|f| f.compared.contains("lio") || f.compared.contains("nvmet")));
+    }
+
+    #[test]
+    fn the_terminal_folds_what_a_run_cannot_judge_into_a_line_per_study() {
+        let fs = findings::findings(&results());
+        let lines = summary::findings_lines(&fs);
+        let judged = fs.iter().filter(|f| f.verdict != findings::Verdict::NotApplicable).count();
+        let folded: Vec<&String> = lines.iter().filter(|l| l.starts_with("[not applicable]")).collect();
+        assert_eq!(lines.len(), judged + folded.len(), "{lines:#?}");
+        let studies_with_na: std::collections::BTreeSet<u8> = fs.iter().filter(|f| f.verdict == findings::Verdict::NotApplicable).map(|f| f.study).collect();
+        assert_eq!(folded.len(), studies_with_na.len(), "one line per study: {folded:#?}");
+        for f in fs.iter().filter(|f| f.verdict == findings::Verdict::NotApplicable) {
+            assert!(folded.iter().any(|l| l.contains(&format!("study {}:", f.study)) && l.contains(&f.why)), "what run would judge it: {}", f.why);
+        }
+        assert!(judged > 0 && folded.len() < fs.len() - judged, "fewer lines than findings");
+    }
+
     #[test]
     fn findings_of_fixed_results_word_for_word() {
         let mut no_route_no_fs = results();

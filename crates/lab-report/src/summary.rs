@@ -13,11 +13,37 @@ pub fn print_recommendations(r: &Results) {
     }
     let fs = crate::findings::findings(r);
     if !fs.is_empty() {
-        println!("\nFindings of the studies, checked");
-        for f in fs {
-            println!("  [{}] {} — {}: {} ({})", f.verdict.word(), f.claim, f.compared, f.measured, f.why);
+        println!("\nFindings of the studies, checked (report.html has every one)");
+        for line in findings_lines(&fs) {
+            println!("  {line}");
         }
     }
+}
+
+/// The findings as the terminal shows them: each judged one on its line,
+/// and per study one line for those this run could not judge, saying what
+/// run would (the reasons, each once).
+pub fn findings_lines(fs: &[crate::findings::Finding]) -> Vec<String> {
+    use crate::findings::Verdict;
+    let mut out = vec![];
+    for (study, _) in crate::findings::STUDIES {
+        let of_study: Vec<&crate::findings::Finding> = fs.iter().filter(|f| f.study == study).collect();
+        for f in of_study.iter().filter(|f| f.verdict != Verdict::NotApplicable) {
+            out.push(format!("[{}] {} — {}: {} ({})", f.verdict.word(), f.claim, f.compared, f.measured, f.why));
+        }
+        let na: Vec<&&crate::findings::Finding> = of_study.iter().filter(|f| f.verdict == Verdict::NotApplicable).collect();
+        if na.is_empty() {
+            continue;
+        }
+        let mut why: Vec<&str> = vec![];
+        for f in &na {
+            if !why.contains(&f.why.as_str()) {
+                why.push(&f.why);
+            }
+        }
+        out.push(format!("[not applicable] study {study}: {} more finding(s) need another run: {}", na.len(), why.join("; ")));
+    }
+    out
 }
 
 fn print_answer(recs: Vec<crate::analysis::Recommendation>) {

@@ -353,6 +353,23 @@ pub struct Subject {
     /// `packet`), as its log says: blockwire's AoE subjects only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_datapath: Option<String>,
+    /// How the target served: a kernel target's kernel version, backstore
+    /// or namespace, and the cache settings that change results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<String>,
+    /// The user's own storage, given by URL (`--subject NAME=URL`): never
+    /// started or stopped by the lab.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub external: bool,
+    /// What the target says it is: SCSI INQUIRY vendor, product and
+    /// revision; NVMe Identify Controller model and firmware; an NFS
+    /// server's address and export.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// The cases not run on it and why (an external block subject is
+    /// measured read-only unless writes were allowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

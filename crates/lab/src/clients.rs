@@ -1,7 +1,8 @@
 //! The clients a subject is measured with: blockwire's own userspace
 //! initiators (`blockwire bench` on a URL), or the client host's kernel
 //! initiators (open-iscsi, nvme-tcp, the aoe driver), which make a block
-//! device that fio drives with direct I/O. One row per kernel client in
+//! device that fio drives with direct I/O, or its kernel NFS client on a
+//! peer serving files (`crate::kernel_nfs`: fio on the export's image file). One row per kernel client in
 //! [`KERNEL`]: its protocol, how to find it on a host, how to attach a
 //! target and find the device, and how to undo that (also after an
 //! interrupted run: the state file's `kernel` lines, see
@@ -9,6 +10,7 @@
 
 use crate::cleanup::{registry, Resource, Token};
 use crate::host::{Host, ShellUndo};
+use crate::kernel_nfs::NfsVersion;
 use crate::subjects::{KernelAddress, Protocol, Subject};
 use crate::topology::Link;
 use bw_lab_results::SubjectKey;
@@ -28,7 +30,10 @@ pub enum ClientChoice {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClientKind {
     Blockwire,
+    /// A kernel block initiator.
     Kernel(Protocol),
+    /// The kernel NFS client, on a peer serving files.
+    KernelNfs(NfsVersion),
 }
 
 /// A kernel initiator: what finds it on a host and what it is called.
@@ -87,15 +92,25 @@ impl ClientKind {
         match self {
             ClientKind::Blockwire => s.key(),
             ClientKind::Kernel(p) => SubjectKey::kernel(p.name(), s.target_name()),
+            ClientKind::KernelNfs(v) => v.key(s.target_name()),
         }
     }
 
-    /// Whether this client measures subject `s` (a kernel one: its protocol's).
+    /// Whether this client measures subject `s` (a kernel one: its
+    /// protocol's; the NFS client: a peer serving files).
     pub fn serves(self, s: Subject) -> bool {
         match self {
             ClientKind::Blockwire => true,
             ClientKind::Kernel(p) => s.address().block_protocol() == Some(p),
+            // (An external export is measured through blockwire's nfs://.)
+            ClientKind::KernelNfs(_) => s.address().serves_files() && s.external().is_none(),
         }
+    }
+
+    /// Whether it is one of the client host's kernel clients (attached
+    /// once per link; its CPU is the client machine's).
+    pub fn is_kernel(self) -> bool {
+        !matches!(self, ClientKind::Blockwire)
     }
 
     /// The initiator of subject `s` as the report's "Clients:" line names it.
@@ -107,6 +122,7 @@ impl ClientKind {
             ClientKind::Blockwire if on.is_empty() => "blockwire".into(),
             ClientKind::Blockwire => format!("blockwire (userspace){on}"),
             ClientKind::Kernel(p) => format!("{} with fio{on}", Self::kernel(p).initiator),
+            ClientKind::KernelNfs(v) => v.initiator(host),
         }
     }
 }
@@ -211,18 +227,47 @@ done
 echo "$dev""#;
 
 
-/// A kernel initiator attached to a subject: its block device, undone
-/// when the token is released.
+/// A kernel client attached to a subject: the block device (or the image
+/// file on an NFS mount) fio drives, undone when released.
 pub struct Attached {
     pub device: String,
-    pub token: Token,
+    /// Released newest first.
+    tokens: Vec<Token>,
+}
+
+impl Attached {
+    /// Detach (log out, disconnect, unmount).
+    pub fn release(self) -> anyhow::Result<()> {
+        let mut first = Ok(());
+        for t in self.tokens.into_iter().rev() {
+            let r = registry().release(t);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+/// Attach kernel client `c` on `host` to `s` over `link`: a block
+/// initiator of `s`'s protocol (recorded in the host's state file first),
+/// or the NFS client's mount of `s`'s export.
+pub fn attach(host: &Host, c: ClientKind, s: Subject, link: &Link) -> anyhow::Result<Attached> {
+    match c {
+        ClientKind::Blockwire => anyhow::bail!("blockwire's client attaches nothing: it reaches {} by URL", s.key()),
+        ClientKind::KernelNfs(v) => {
+            let (device, tokens) = crate::kernel_nfs::mount_image(host, link.target_ip, s.address(), v)?;
+            Ok(Attached { device, tokens })
+        }
+        ClientKind::Kernel(_) => attach_block(host, s, link),
+    }
 }
 
 /// Attach the kernel initiator of `s`'s protocol on `host` to `s` over
 /// `link`; recorded in the host's state file first.
-pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> {
+fn attach_block(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> {
     let KernelAddress { protocol, a, b, lun } =
-        s.address().kernel(link).ok_or_else(|| anyhow::anyhow!("{}: no kernel block initiator reads a subject serving files", s.key()))?;
+        s.kernel_address(link).ok_or_else(|| anyhow::anyhow!("{}: no kernel block initiator reads a subject serving files", s.key()))?;
     let what = protocol.name();
     // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
     host.record("kernel", what, &format!("{a} {b}"))?;
@@ -237,7 +282,7 @@ pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> 
     let (token, ()) = registry().create(undo, || {
         let cmd = host.command_with("sh", &["-c", script.as_str(), "sh", what, &a, &b, &lun]);
         let f = crate::runner::run_workload(cmd, "kernel attach", Duration::from_secs(120), None)?;
-        device = host.program_output(&f.stdout).unwrap_or_default().trim().to_string();
+        device = if f.ok { host.program_output(&f.stdout)?.trim().to_string() } else { String::new() };
         anyhow::ensure!(
             f.ok && device.starts_with("/dev/"),
             "{} did not attach: {}",
@@ -246,7 +291,7 @@ pub fn attach(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> 
         );
         Ok(())
     })?;
-    Ok(Attached { device, token })
+    Ok(Attached { device, tokens: vec![token] })
 }
 
 /// Whole-machine CPU time of `host` since boot from /proc/stat's `cpu`

@@ -2,7 +2,6 @@
 //! plain helpers every other module of the lab uses (so they import
 //! nothing of the lab's but [`crate::cleanup`]'s stop flag).
 
-use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -46,8 +45,7 @@ pub fn first_line(program: &str, args: &[&str]) -> Option<String> {
 pub fn run_bounded(mut cmd: Command, timeout: Duration) -> anyhow::Result<()> {
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
-    let mut err = child.stderr.take().expect("piped");
-    let err = read_in_background(move |s| err.read_to_string(s));
+    let err = read_in_background(child.stderr.take().expect("piped"));
     let deadline = Instant::now() + timeout;
     let status = loop {
         if let Some(st) = child.try_wait()? {
@@ -69,15 +67,15 @@ pub fn run_bounded(mut cmd: Command, timeout: Duration) -> anyhow::Result<()> {
     }
 }
 
-/// Read a pipe to its end on a thread; the text arrives on the channel.
-pub fn read_in_background(
-    read: impl FnOnce(&mut String) -> std::io::Result<usize> + Send + 'static,
-) -> std::sync::mpsc::Receiver<String> {
+/// Read a pipe to its end on a thread; the text arrives on the channel
+/// (bytes that are no UTF-8, say a login shell's Latin-1 banner, replaced:
+/// they do not cost the rest of the text).
+pub fn read_in_background(mut pipe: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = read(&mut s);
-        let _ = tx.send(s);
+        let mut b = vec![];
+        let _ = pipe.read_to_end(&mut b);
+        let _ = tx.send(String::from_utf8_lossy(&b).into_owned());
     });
     rx
 }

@@ -76,6 +76,25 @@ impl FsKind {
         }
     }
 
+    /// mkfs arguments (before the image's path) for a file server's export
+    /// image holding a volume of `size` bytes: quiet, forced, without
+    /// discard (nothing to discard in a new sparse file).
+    pub fn image_mkfs_args(self, size: u64) -> Vec<String> {
+        let mut a: Vec<String> = vec!["-q".into()];
+        let extra = self.mkfs_options(size);
+        match self.mkfs_type() {
+            "ext4" => {
+                a.push("-F".into());
+                if extra.is_empty() {
+                    a.extend(["-E".into(), "nodiscard".into()]);
+                }
+            }
+            _ => a.extend(["-f".into(), "-K".into()]),
+        }
+        a.extend(extra);
+        a
+    }
+
     /// mount(8) options.
     pub fn mount_options(self) -> &'static str {
         match self {

@@ -130,9 +130,18 @@ impl Host {
         }
     }
 
-    /// What a command of this host printed on `stdout`:
-    /// over ssh what follows the wrapper's mark (see
-    /// [`crate::ssh::OUTPUT_MARK`]), here all of it.
+    /// A daemon (a target, a server) whose output is a log read while it
+    /// runs: over ssh tied to its session like a service, its output not
+    /// framed (see [`SshHost::daemon_command`]).
+    pub fn daemon_command<S: AsRef<str> + AsRef<std::ffi::OsStr>>(&self, program: &str, args: &[S]) -> Command {
+        match self {
+            Host::Ssh(h) => h.daemon_command(program, args),
+            _ => self.command_with(program, args),
+        }
+    }
+
+    /// What a command of this host printed on `stdout`: over ssh its
+    /// framed record alone (see [`crate::ssh::FRAME_MARK`]), here all of it.
     pub fn program_output<'a>(&self, stdout: &'a str) -> anyhow::Result<&'a str> {
         match self {
             Host::Ssh(h) => h.program_output(stdout),

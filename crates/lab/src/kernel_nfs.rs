@@ -1,26 +1,29 @@
-//! File-level NFS through the client host's kernel NFS client: ganesha's
-//! export mounted (NFSv3 or NFSv4.1) where the fs suite then runs its
-//! workloads, as the iSCSI-vs-NFS study did. Each version is a subject of
-//! its own, `kernel-nfs3@ganesha` and `kernel-nfs4.1@ganesha` (named like
-//! `kernel-iscsi@tgt`), measured by the fs suite only: a mount is no block
-//! device for the micro and sweep cases. The file system under the data is
-//! the server's (the export's), so `--fs` chooses that one for them.
+//! The client host's kernel NFS client on a peer serving files (any
+//! [`crate::subjects::FileServer`]: ganesha, knfsd): its export mounted
+//! with NFSv3 or NFSv4.1, each version a subject of its own,
+//! `kernel-nfs3@knfsd` and `kernel-nfs4.1@knfsd` (named like
+//! `kernel-iscsi@tgt`). The micro and sweep suites drive the export's
+//! image file with fio and direct I/O, as qemu uses a disk image on NFS
+//! ([`mount_image`], held for the link's runs); the fs suite mounts the
+//! export afresh in each turn and runs its workloads in `w/` at its root,
+//! as the iSCSI-vs-NFS study did ([`mount`]). The file system under the
+//! data is the server's (the export's), so `--fs` chooses that one.
 //!
-//! On an ssh host the mount is recorded in the host's state file before it
+//! On an ssh host a mount is recorded in the host's state file before it
 //! is made (`kernel nfs MOUNTPOINT`, undone by the `nfs` case of
 //! `ssh::detach_script`), so the next run unmounts what a killed one
 //! left. On this machine the mount goes into the lab's mount namespace
 //! (nsenter --net, as `blockwire mount` does), tracked like the others.
 
-use crate::cleanup::{registry, Resource};
+use crate::cleanup::{registry, Resource, Token};
 use crate::host::{Host, ShellUndo};
 use crate::mounts::Mounted;
-use crate::subjects::{ganesha, PeerKind};
+use crate::subjects::Address;
 use bw_lab_results::SubjectKey;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NfsVersion {
     V3,
     V41,
@@ -47,14 +50,9 @@ impl NfsVersion {
         }
     }
 
-    /// Its subject key: `kernel-nfs3@ganesha`.
-    pub fn key(self) -> SubjectKey {
-        SubjectKey::kernel(self.name(), PeerKind::Ganesha.name())
-    }
-
-    /// The version a subject key names, if it is a kernel NFS subject.
-    pub fn from_key(key: &SubjectKey) -> Option<NfsVersion> {
-        VERSIONS.into_iter().find(|v| v.key() == *key)
+    /// Its subject key on the peer `target` serves: `kernel-nfs3@knfsd`.
+    pub fn key(self, target: &'static str) -> SubjectKey {
+        SubjectKey::kernel(self.name(), target)
     }
 
     /// The client as the report's subject table names it.
@@ -64,7 +62,7 @@ impl NfsVersion {
             NfsVersion::V3 => "NFSv3",
             NfsVersion::V41 => "NFSv4.1",
         };
-        format!("the kernel NFS client ({v} mount of the export, files on the server's file system){on}")
+        format!("the kernel NFS client ({v} mount of the export: the image file with fio and direct I/O, files on the server's file system){on}")
     }
 }
 
@@ -92,13 +90,16 @@ const MOUNT: &str = r#"PATH=$PATH:/usr/sbin:/sbin
 for m in nfs nfsv3 nfsv4; do modprobe -q $m 2>/dev/null; done
 mkdir -p "$1" && mount.nfs "$2" "$1" -o "$3""#;
 
-/// ganesha's export at `server` mounted on `mp` of `host` with version `v`.
-/// Released: unmounted (forcibly and lazily if the server is gone), and on
-/// a remote host the mount point removed.
-pub fn mount(host: &Host, server: Ipv4Addr, v: NfsVersion, mp: &Path) -> anyhow::Result<Mounted> {
-    let src = format!("{server}:{}", ganesha::EXPORT);
+/// The export of a file peer at `address`, served at `server`, mounted on
+/// `mp` of `host` with version `v` and mount options `extra` besides the
+/// version's. Released: unmounted (forcibly and lazily if the server is
+/// gone), and on a remote host the mount point removed.
+pub fn mount(host: &Host, server: Ipv4Addr, address: Address, v: NfsVersion, mp: &Path, extra: &str) -> anyhow::Result<Mounted> {
+    let (port, export, _) = address.nfs_export().ok_or_else(|| anyhow::anyhow!("no NFS export to mount: {address:?}"))?;
+    let src = format!("{server}:{export}");
+    let options = format!("{},port={port}{extra}", v.options());
     let mp_s = mp.to_string_lossy().into_owned();
-    let args = [mp_s.as_str(), src.as_str(), v.options()];
+    let args = [mp_s.as_str(), src.as_str(), options.as_str()];
     let (res, cmd) = match host.ssh() {
         Some(h) => {
             // `kernel nfs MP`: the cleanup script splits the rest into arguments.
@@ -121,18 +122,41 @@ pub fn mount(host: &Host, server: Ipv4Addr, v: NfsVersion, mp: &Path) -> anyhow:
     Ok(Mounted::made_elsewhere(mp, vec![token]))
 }
 
+/// For the micro and sweep suites: the export of the file peer at
+/// `address` mounted with `v` on a mount point of its own on `host`
+/// (`nosharecache`: its page cache is not the fs suite's mount's), and the
+/// image file on it, which fio then drives with direct I/O. The tokens,
+/// released newest first, unmount it and remove its mount point.
+pub fn mount_image(host: &Host, server: Ipv4Addr, address: Address, v: NfsVersion) -> anyhow::Result<(String, Vec<Token>)> {
+    let (_, export, file) = address.nfs_export().ok_or_else(|| anyhow::anyhow!("no NFS export to mount: {address:?}"))?;
+    let name = format!("knfs-{}{}", v.name(), export.replace('/', "-"));
+    let mp = host.run_path("/tmp", &name);
+    // On this machine the mount point is made here (over ssh the mount
+    // script makes it and the detach script removes it).
+    let mut tokens = vec![];
+    if host.ssh().is_none() {
+        tokens.push(registry().create(Resource::Dir(mp.clone()), || Ok(std::fs::create_dir_all(&mp)?))?.0);
+    }
+    match mount(host, server, address, v, &mp, ",nosharecache") {
+        Ok(m) => tokens.extend(m.into_tokens()),
+        Err(e) => {
+            for t in tokens {
+                let _ = registry().release(t);
+            }
+            return Err(e);
+        }
+    }
+    Ok((mp.join(file).to_string_lossy().into_owned(), tokens))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn keys_name_the_version_and_the_server() {
-        assert_eq!(NfsVersion::V3.key().to_string(), "kernel-nfs3@ganesha");
-        assert_eq!(NfsVersion::V41.key().to_string(), "kernel-nfs4.1@ganesha");
-        for v in VERSIONS {
-            assert_eq!(NfsVersion::from_key(&v.key()), Some(v));
-        }
-        assert_eq!(NfsVersion::from_key(&SubjectKey::served("ganesha", "nfs")), None);
+        assert_eq!(NfsVersion::V3.key("ganesha").to_string(), "kernel-nfs3@ganesha");
+        assert_eq!(NfsVersion::V41.key("knfsd").to_string(), "kernel-nfs4.1@knfsd");
         assert!(NfsVersion::V3.options().contains("nolock") && NfsVersion::V41.options().starts_with("vers=4.1"));
         // In one box there is no host to name.
         assert!(NfsVersion::V3.initiator(&Host::LocalNamespace("c".into())).ends_with("file system)"));

@@ -21,8 +21,8 @@
 //! (opening and checking the hosts of a run across machines, see
 //! docs/multi-host.md), `clients` (the initiators a subject is measured
 //! with: blockwire's, or the client host's kernel ones driven by fio),
-//! `kernel_nfs` (ganesha's export on the client host's kernel NFS client,
-//! for the fs suite). The records it writes
+//! `kernel_nfs` (a file peer's export on the client host's kernel NFS
+//! client), `stage` (the storage suites as stages of one run). The records it writes
 //! (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.
@@ -46,6 +46,7 @@ pub mod rdma;
 pub mod remote;
 pub mod remote_fs;
 pub mod route;
+pub mod stage;
 pub mod runner;
 pub mod ssh;
 pub mod subjects;
@@ -71,6 +72,18 @@ pub struct LabArgs {
     /// through nfs://), or none (default: tgt,vblade).
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = subjects::parse_peer_choice)]
     pub peers: Option<Vec<subjects::PeerChoice>>,
+    /// Your own storage as a subject beside the others, NAME=URL (repeatable):
+    /// iscsi://HOST[:PORT]/IQN/LUN, nvme+tcp://HOST[:PORT]/NQN/NSID, nvme+rdma://...,
+    /// aoe://IFACE/SHELF.SLOT, or nfs://HOST[:PORT]/EXPORT. The lab never starts or stops it
+    /// and reads what it says it is (INQUIRY, Identify, the export). Block subjects get read
+    /// workloads only unless --allow-writes names them; on an NFS export the lab writes only
+    /// its own image file, removed at the end.
+    #[arg(long = "subject", value_name = "NAME=URL")]
+    pub subject: Vec<String>,
+    /// Run the write workloads on these external block subjects too (names from --subject,
+    /// comma-separated). THE LUN'S OR NAMESPACE'S CONTENTS WILL BE DESTROYED.
+    #[arg(long = "allow-writes", value_name = "NAME", value_delimiter = ',')]
+    pub allow_writes: Vec<String>,
     /// MTUs, one veth pair each (default: 1500,9000; --quick: 1500).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub mtu: Option<Vec<u32>>,
@@ -198,7 +211,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         (Box::new(s) as Box<dyn suite::Suite>, out)
     } else {
         let s = storage_suites(&args)?;
-        let out = s.out.clone();
+        let out = s.cx.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
     };
     suite::run_and_report(suite.as_mut(), &out)
@@ -227,6 +240,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         fsync: args.fsync.clone(),
         offload: args.offload.clone(),
         digest: args.digest.clone(),
+        externals: external_subjects(args)?,
         mem_total: machine::machine_info().mem_total_bytes,
         cgroup: match cgroup::detect(std::path::Path::new(cgroup::ROOT)) {
             Ok((cgroup::Version::V1, _)) => "v1".into(),
@@ -278,10 +292,29 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     std::fs::create_dir_all(&out)?;
     let mut run = orchestrate::LabRun::new(plan, exe, out);
     if let Some((hosts, clients)) = remote {
-        run.remote = Some(hosts);
-        run.remote_clients = clients;
+        run.cx.remote = Some(hosts);
+        run.cx.clients = clients;
     }
     Ok(run)
+}
+
+/// `--subject` and `--allow-writes`: the external subjects, made once for
+/// the whole process (a subject refers to its row by a `'static` borrow).
+fn external_subjects(args: &LabArgs) -> anyhow::Result<Vec<&'static subjects::external::External>> {
+    let taken: Vec<&str> = subjects::PeerKind::all().iter().flat_map(|p| [p.name(), p.target().target_name()]).collect();
+    let me: String = command::first_line("hostname", &[]).unwrap_or_default().chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+    let file = format!("bwlab-{me}-{}.img", std::process::id());
+    let mut v: Vec<subjects::external::External> = vec![];
+    for s in &args.subject {
+        let e = subjects::external::parse(s, &taken, &file).map_err(|e| anyhow::anyhow!("--subject {e}"))?;
+        anyhow::ensure!(!v.iter().any(|x| x.name == e.name), "--subject {}: given twice", e.name);
+        v.push(e);
+    }
+    for name in &args.allow_writes {
+        let e = v.iter_mut().find(|e| e.name == name.trim()).ok_or_else(|| anyhow::anyhow!("--allow-writes {name}: no --subject of that name"))?;
+        e.allow_writes = true;
+    }
+    Ok(v.into_iter().map(|e| &*Box::leak(Box::new(e))).collect())
 }
 
 /// Fail early with a clear message when the lab cannot work at all.
@@ -376,7 +409,7 @@ mod tests {
     fn unknown_names_are_refused() {
         for bad in [
             &["--protocols", "aoe,fc"][..],
-            &["--peers", "lio"],
+            &["--peers", "scst"],
             &["--suite", "macro"],
             &["--suite", "net,disk"],
             &["--mtu", "big"],

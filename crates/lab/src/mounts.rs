@@ -133,6 +133,11 @@ impl Mounted {
     pub fn release(self) -> anyhow::Result<()> {
         release_all(self.tokens)
     }
+
+    /// What undoes it, in the order made (release newest first).
+    pub fn into_tokens(self) -> Vec<Token> {
+        self.tokens
+    }
 }
 
 /// `blockwire mount URL MP --mkfs ext4` from the client namespace.

@@ -121,7 +121,7 @@ pub fn iperf3_client_args(server: &str, streams: u32, secs: u32) -> Vec<String> 
 /// clients with each stream count `repeats` times (stream counts rotated
 /// between repeats, like the subjects of the other suites).
 pub fn run_net(topo: &Topology, link: &Link, shape: &LinkShape, secs: u32, repeats: u32) -> anyhow::Result<Vec<NetSample>> {
-    let mut server = topo.target.service_command("iperf3", &["-s", "-B", &link.target_ip.to_string(), "-p", &IPERF_PORT.to_string()]);
+    let mut server = topo.target.daemon_command("iperf3", &["-s", "-B", &link.target_ip.to_string(), "-p", &IPERF_PORT.to_string()]);
     server.stdin(topo.target.service_stdin()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
     let (token, _child) = registry().spawn(&mut server, "iperf3 server", crate::cleanup::Role::Service)?;
     let r = (|| {

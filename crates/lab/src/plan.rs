@@ -56,6 +56,8 @@ pub struct Choices {
     pub offload: Option<Vec<String>>,
     /// `--digest`: iSCSI/NVMe-TCP digests (None: none).
     pub digest: Option<Vec<String>>,
+    /// `--subject NAME=URL`: the user's own storage, measured beside the rest.
+    pub externals: Vec<&'static crate::subjects::external::External>,
     /// Total memory of the machine (bytes), for the default `--client-mem`.
     pub mem_total: u64,
     /// `v1`/`v2`: where the memory controller is (from `cgroup::detect`).
@@ -232,6 +234,8 @@ pub struct Plan {
     /// blockwire's protocols to measure.
     pub protocols: Vec<Protocol>,
     pub peers: Vec<PeerKind>,
+    /// `--subject`: external subjects, after the peers.
+    pub externals: Vec<&'static crate::subjects::external::External>,
     pub links: Vec<crate::net::LinkShape>,
     /// iperf3 runs per link and MTU (0 without the net suite).
     pub net_runs: u32,
@@ -293,6 +297,12 @@ impl Plan {
             // outgrow their time budgets, the test below).
             None => PeerKind::all().iter().copied().filter(|p| p.target().in_default_plan()).collect(),
         };
+        // nvmet serves NVMe/RDMA too (on the same subsystem) where the run
+        // measures NVMe/RDMA.
+        let mut peers = peers;
+        if peers.contains(&PeerKind::Nvmet) && protocols.contains(&Protocol::NvmeRdma) && !peers.contains(&PeerKind::NvmetRdma) {
+            peers.push(PeerKind::NvmetRdma);
+        }
         let mtus = chosen_mtus(c)?;
         let suites = chosen_suites(c)?;
         let links = chosen_links(c)?;
@@ -395,6 +405,7 @@ impl Plan {
             params,
             protocols,
             peers,
+            externals: c.externals.clone(),
             links,
             net_runs,
             micro,
@@ -428,12 +439,14 @@ impl Plan {
             .collect()
     }
 
-    /// Networked subjects in run order: blockwire's protocols, then peers.
+    /// Networked subjects in run order: blockwire's protocols, the peers,
+    /// then the external subjects.
     pub fn subjects(&self) -> Vec<Subject> {
         self.protocols
             .iter()
             .map(|&p| Subject::Blockwire(p))
             .chain(self.peers.iter().map(|&p| Subject::Peer(p)))
+            .chain(self.externals.iter().map(|&e| Subject::External(e)))
             .collect()
     }
 

@@ -255,11 +255,19 @@ fn choose_clients(
         let used = |p| subjects.iter().any(|s| s.address().block_protocol() == Some(p));
         let protocols: Vec<_> = crate::clients::KERNEL.iter().map(|k| k.protocol).filter(|&p| used(p)).collect();
         let (have, lack) = crate::clients::detect(host, &protocols)?;
-        if chosen.is_some() && !have.iter().any(|p| used(*p)) {
-            anyhow::bail!("--clients kernel: the client host has no kernel initiator for this run's protocols ({})", lack.join("; "));
-        }
         kinds.extend(have.into_iter().filter(|p| used(*p)).map(ClientKind::Kernel));
         notes.extend(lack);
+        // The kernel NFS client, on the peers serving files.
+        if let Some(s) = subjects.iter().find(|s| s.address().serves_files()) {
+            if crate::kernel_nfs::available(host) {
+                kinds.extend(crate::kernel_nfs::VERSIONS.map(ClientKind::KernelNfs));
+            } else {
+                notes.push(format!("{}: mount.nfs or the nfs module is missing: the kernel NFS client will not measure {} (package nfs-common)", host.name(), s.target_name()));
+            }
+        }
+        if chosen.is_some() && !kinds.iter().any(|k| k.is_kernel()) {
+            anyhow::bail!("--clients kernel: the client host has no kernel client for this run's subjects ({})", notes.join("; "));
+        }
     }
     Ok((kinds, notes))
 }

@@ -5,7 +5,6 @@ use crate::cleanup::registry;
 use crate::command::{last_lines, read_in_background};
 use bw_lab_results::{BenchResult, Latency, Workload};
 use bw_workload_report::BenchReport;
-use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -63,10 +62,10 @@ pub(crate) fn run_workload_with_stdin(
         registry().spawn_in(&mut cmd, what, crate::cleanup::Role::Workload, cgroup)?;
     let _session = child.stdin.take();
     let pid = child.id();
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let t_out = read_in_background(move |s| out.read_to_string(s));
-    let t_err = read_in_background(move |s| err.read_to_string(s));
+    let out = child.stdout.take().expect("piped");
+    let err = child.stderr.take().expect("piped");
+    let t_out = read_in_background(out);
+    let t_err = read_in_background(err);
     let deadline = Instant::now() + timeout;
     let mut status = 0i32;
     // SAFETY: zeroed rusage is a valid initial value.

@@ -34,17 +34,86 @@ const HOST_IDENTITY: &str = "$(readlink /proc/self/ns/net)";
 /// The line a wrapped remote service prints first (on stderr): its PID.
 pub const PID_MARK: &str = "bwlab-remote-pid ";
 
-/// The line every remote command prints on stdout before it starts. sshd
-/// runs a command through the user's login shell, and Debian's bash
+/// The header of the one record a remote command's output reaches the
+/// lab in: `bwlab-frame TAG LENGTH STATUS`, a line of its own, then
+/// exactly LENGTH bytes of the program's stdout (see [`framed`]).
+///
+/// sshd runs a command through the user's login shell, and Debian's bash
 /// sources `~/.bashrc` for ssh commands, so whatever a profile prints (a
-/// version manager's notice, a banner) comes first on the same stdout:
-/// the command's output is what follows this line
-/// ([`SshHost::program_output`]).
-pub const OUTPUT_MARK: &str = "bwlab-program-output";
+/// version manager's notice, a banner, with or without a newline; an EXIT
+/// trap's goodbye after the command) shares the command's stdout. The
+/// reader takes the record and nothing else ([`unframe`]): TAG is this
+/// run's random tag, which no profile prints, and the length says where
+/// the record ends, so noise before and after it is never read as output.
+/// (fio's client/server protocol is the model: a framed command stream
+/// over one connection, never scraped text.)
+pub const FRAME_MARK: &str = "bwlab-frame";
 
-/// `line` as the remote login shell runs it: the mark first.
-fn marked(line: &str) -> String {
-    format!("echo {OUTPUT_MARK}; {line}")
+/// `line` as the remote command: `sh` runs it (whatever the login shell
+/// is), its stdout is held until it ends, then written as one record:
+/// [`FRAME_MARK`], the tag, the length in bytes and the exit status on a
+/// line that starts a line, then the output. stdin and stderr stay the
+/// command's own (a service reads its session on stdin, its PID mark goes
+/// to stderr). The output is text (a shell variable holds it: a NUL byte
+/// would be dropped).
+fn framed(line: &str, tag: &str) -> String {
+    let script = format!(
+        "o=$( ( {line}\n ); s=$?; printf x; exit $s ); s=$?; o=${{o%x}}\nLC_ALL=C; printf '\\n{FRAME_MARK} %s %s %s\\n%s' {tag} \"${{#o}}\" \"$s\" \"$o\"; exit $s"
+    );
+    sh_c(&script, &[])
+}
+
+/// What went wrong reading a framed output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// No record: the command never ran (ssh or the login shell failed
+    /// first).
+    Missing,
+    /// A record cut short: the connection ended while it was written.
+    Truncated { have: usize, want: usize },
+    /// A header that does not parse.
+    BadHeader(String),
+}
+
+/// The record tagged `tag` in `stdout`: the command's output and its exit
+/// status; whatever else is there is ignored.
+pub fn unframe<'a>(stdout: &'a str, tag: &str) -> Result<(&'a str, i32), FrameError> {
+    let head = format!("{FRAME_MARK} {tag} ");
+    let mut at = 0;
+    let start = loop {
+        let i = stdout[at..].find(&head).ok_or(FrameError::Missing)? + at;
+        // Only at the start of a line (the record writes a newline first).
+        if i == 0 || stdout.as_bytes()[i - 1] == b'\n' {
+            break i + head.len();
+        }
+        at = i + head.len();
+    };
+    let nl = stdout[start..].find('\n').ok_or_else(|| FrameError::BadHeader(stdout[start..].to_string()))? + start;
+    let fields: Vec<&str> = stdout[start..nl].split(' ').collect();
+    let (len, status) = match fields[..] {
+        [len, status] => match (len.parse::<usize>(), status.parse::<i32>()) {
+            (Ok(l), Ok(s)) => (l, s),
+            _ => return Err(FrameError::BadHeader(stdout[start..nl].to_string())),
+        },
+        _ => return Err(FrameError::BadHeader(stdout[start..nl].to_string())),
+    };
+    let body = nl + 1;
+    let have = stdout.len() - body;
+    if have < len {
+        return Err(FrameError::Truncated { have, want: len });
+    }
+    stdout.get(body..body + len).map(|o| (o, status)).ok_or_else(|| FrameError::BadHeader(format!("{len} bytes end inside a character")))
+}
+
+/// A tag no login shell prints: 64 random bits, hex.
+fn new_frame_tag() -> String {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    format!("{:016x}", u64::from_le_bytes(b) ^ t.rotate_left(17) ^ std::process::id() as u64)
 }
 
 /// The remote shell script of [`SshHost::service_command`], recording the
@@ -61,18 +130,6 @@ wait $p; s=$?; kill $w 2>/dev/null; exit $s"#,
         shell_line(program, args),
         quote(state_file)
     )
-}
-
-/// The text after the [`OUTPUT_MARK`] line of `stdout`, if it has one.
-fn program_output(stdout: &str) -> Option<&str> {
-    let mut at = 0;
-    for line in stdout.split_inclusive('\n') {
-        at += line.len();
-        if line.trim_end_matches(['\n', '\r']) == OUTPUT_MARK {
-            return Some(&stdout[at..]);
-        }
-    }
-    None
 }
 
 /// Every ssh invocation of this process (the cost of the remote mode).
@@ -107,6 +164,8 @@ pub struct SshHost {
     pub run_id: String,
     /// The lab's binary there (a private directory named by its hash).
     pub exe: PathBuf,
+    /// This run's tag on the framed outputs of its commands ([`FRAME_MARK`]).
+    pub frame_tag: String,
 }
 
 /// Quote `s` for a POSIX shell.
@@ -189,6 +248,47 @@ true"#
 }
 pub const DETACH: &str = detach_script!();
 
+/// Take down a kernel target the lab set up through configfs: `remove_lio
+/// IQN HBA/NAME` (the iSCSI target with its TPGs, LUNs and portals, then
+/// the backstore and its HBA, which the lab always makes fresh) and
+/// `remove_nvmet NQN "PORT..."` (the ports the lab made, then the
+/// subsystem with its namespaces once no port links it). Only the names
+/// given: whatever else the host's LIO or nvmet serves stays.
+macro_rules! configfs_removal {
+    () => {
+        r#"remove_lio() {
+  cfs_t=/sys/kernel/config/target; cfs_d=$cfs_t/iscsi/$1
+  if [ -d "$cfs_d" ]; then
+    for cfs_g in "$cfs_d"/tpgt_*; do
+      [ -d "$cfs_g" ] || continue
+      echo 0 > "$cfs_g/enable" 2>/dev/null
+      for cfs_l in "$cfs_g"/lun/lun_*; do
+        [ -d "$cfs_l" ] || continue
+        for cfs_p in "$cfs_l"/*; do [ -L "$cfs_p" ] && rm -f "$cfs_p"; done
+        rmdir "$cfs_l"
+      done
+      for cfs_n in "$cfs_g"/np/*; do [ -d "$cfs_n" ] && rmdir "$cfs_n"; done
+      rmdir "$cfs_g"
+    done
+    rmdir "$cfs_d"
+  fi
+  if [ -n "$2" ] && [ -d "$cfs_t/core/$2" ]; then rmdir "$cfs_t/core/$2" && rmdir "$cfs_t/core/${2%/*}"; fi
+}
+remove_nvmet() {
+  cfs_n=/sys/kernel/config/nvmet; cfs_s=$cfs_n/subsystems/$1
+  for cfs_p in $2; do
+    rm -f "$cfs_n/ports/$cfs_p/subsystems/$1"
+    [ -d "$cfs_n/ports/$cfs_p" ] && rmdir "$cfs_n/ports/$cfs_p"
+  done
+  [ -d "$cfs_s" ] || return 0
+  for cfs_l in "$cfs_n"/ports/*/subsystems/"$1"; do [ -L "$cfs_l" ] && return 0; done
+  for cfs_ns in "$cfs_s"/namespaces/*; do [ -d "$cfs_ns" ] || continue; echo 0 > "$cfs_ns/enable"; rmdir "$cfs_ns"; done
+  rmdir "$cfs_s"
+}
+"#
+    };
+}
+
 /// The shell function `undo KIND A B` that undoes one state-file line, for
 /// [`CLEANUP_SCRIPT`] and [`UNDO_ONE`] (one text: what a run undoes at its
 /// end is what a later run undoes for it). Kinds: `file`, `dir` (the
@@ -197,13 +297,20 @@ pub const DETACH: &str = detach_script!();
 /// qdisc the lab put there; the kernel's default comes back), `kernel
 /// WHAT A B` (`crate::clients`), `module NAME` (loaded by the lab),
 /// `cgroup DIR` (its processes killed, then removed), `mount MP`,
-/// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`.
+/// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`, `lio IQN BACKSTORE`
+/// and `nvmet NQN PORTS` (kernel targets, [`configfs_removal`]), `modules
+/// NAME...` (loaded by the lab for them), `configfs MP` (mounted by it),
+/// `nfsimage URL EXE` (the lab's image file on an external NFS export),
+/// `export CLIENT:DIR` (`exportfs -u`), `nfsd` (the server's threads
+/// stopped), `kill PID START` (a process the lab started, if it is still
+/// that one) and `write FILE VALUE` (the value put back).
 macro_rules! undo_function {
     () => {
         concat!(
             "detach_kernel() (\n",
             detach_script!(),
             "\n)\n",
+            configfs_removal!(),
             r#"PATH=$PATH:/usr/sbin:/sbin
 undo() {
   kind=$1; a=$2; b=$3
@@ -237,6 +344,21 @@ undo() {
                "$b" umount "$a" >/dev/null 2>&1 || umount -l "$a"
              fi ;;
     rmdir) rmdir "$a" 2>/dev/null ;;
+    lio|nvmet) grep -q " /sys/kernel/config configfs " /proc/mounts || mount -t configfs none /sys/kernel/config 2>/dev/null
+         remove_$kind "$a" "$b" ;;
+    modules) # rmmod, not modprobe -r: a module the lab did not load stays,
+             # and one still in use refuses (a few rounds: dependents first)
+             for cfs_r in 1 2 3 4; do for cfs_m in $a $b; do [ -d "/sys/module/$cfs_m" ] && rmmod "$cfs_m" 2>/dev/null; done; done ;;
+    configfs) grep -q " $a configfs " /proc/mounts && umount "$a" 2>/dev/null ;;
+    nfsimage) "$b" nfs remove "$a" >/dev/null 2>&1 ;;
+    # knfsd (subjects::knfsd): the lab's export, the nfsd threads it
+    # started, a process it started (PID and start time), a value it wrote
+    export) exportfs -u "$a" 2>/dev/null ;;
+    nfsd) rpc.nfsd 0 2>/dev/null ;;
+    kill) if [ "$(cut -d' ' -f22 /proc/$a/stat 2>/dev/null)" = "$b" ]; then
+            kill "$a"; n=0; while [ -d "/proc/$a" ] && [ $n -lt 30 ]; do sleep 0.1; n=$((n+1)); done
+          fi ;;
+    write) [ -w "$a" ] && echo "$b" > "$a" 2>/dev/null ;;
   esac
   true
 }
@@ -248,7 +370,7 @@ undo() {
 /// Undo what a state file lists (`$1`; `$2` is `stale` for a file an
 /// interrupted run left): processes first (only if PID and start time
 /// still match), then every other line newest first ([`undo_function`]),
-/// then the file itself. Safe to run twice.
+/// the `modules` lines last, then the file itself. Safe to run twice.
 pub const CLEANUP_SCRIPT: &str = concat!(
     undo_function!(),
     r#"s="$1"; stale="$2"; [ -f "$s" ] || exit 0
@@ -261,7 +383,9 @@ n=0; while [ $n -lt 30 ]; do
   [ -z "$left" ] && break; sleep 0.1; n=$((n+1))
 done
 for p in $left; do kill -9 "$p" 2>/dev/null; done
-tac "$s" | while read -r kind a b; do undo "$kind" "$a" "$b"; done
+# modules last: rmmod waits for what used them to be gone
+tac "$s" | while read -r kind a b; do [ "$kind" = modules ] || undo "$kind" "$a" "$b"; done
+tac "$s" | while read -r kind a b; do [ "$kind" != modules ] || undo "$kind" "$a" "$b"; done
 rm -f -- "$s"
 rmdir "${s%/*}" 2>/dev/null || true"#
 );
@@ -297,6 +421,7 @@ impl SshHost {
             // system (namespaces of one machine), each needs a state file.
             run_id: format!("{me}-{tag}p{}-{pid}", port.unwrap_or(22)),
             exe: PathBuf::from(format!("{REMOTE_DIR}/bin-{}/blockwire", &hash[..16.min(hash.len())])),
+            frame_tag: new_frame_tag(),
             host,
         })
     }
@@ -340,16 +465,21 @@ impl SshHost {
         c
     }
 
-    /// A command running `line` (already shell-quoted) on the host.
+    /// A command running `line` (already shell-quoted) on the host, its
+    /// stdout framed ([`framed`]; read it with [`SshHost::program_output`]).
+    /// Arguments added to the command later are joined to the command
+    /// line by ssh (and split again by the remote shell): they reach
+    /// `line` as `"$@"`.
     pub fn remote(&self, line: &str) -> Command {
         let mut c = self.ssh(false);
-        c.arg(marked(line));
+        c.arg(framed(line, &self.frame_tag));
         c
     }
 
-    /// `program args` on the host, each argument quoted.
+    /// `program args` on the host, each argument quoted (any added to the
+    /// command later follow them, as the remote shell splits them).
     pub fn command_with<S: AsRef<str>>(&self, program: &str, args: &[S]) -> Command {
-        self.remote(&format!("exec {}", shell_line(program, args)))
+        self.remote(&format!("exec {} \"$@\"", shell_line(program, args)))
     }
 
     /// Run a remote shell line; its stdout, or its stderr as the error.
@@ -381,21 +511,30 @@ impl SshHost {
     /// [`PID_MARK`]), records it in the state file, and kills it once the
     /// session's stdin ends (the local ssh stopped, or the connection
     /// dropped). The caller must keep the command's stdin a pipe it holds.
+    /// Its stdout is the program's result, framed once it ends.
     pub fn service_command<S: AsRef<str>>(&self, program: &str, args: &[S]) -> Command {
         self.remote(&sh_c(&service_script(program, args, &self.state_file()), &[]))
     }
 
-    /// What a remote command printed on stdout: all after [`OUTPUT_MARK`].
-    /// Without the mark the command never ran (ssh or the login shell
-    /// failed first), and there is no output to read.
+    /// [`SshHost::service_command`] for a daemon (a target, a server)
+    /// whose output is a log, read line by line while it runs: not framed
+    /// (a profile's noise is then one more log line).
+    pub fn daemon_command<S: AsRef<str>>(&self, program: &str, args: &[S]) -> Command {
+        let mut c = self.ssh(false);
+        c.arg(sh_c(&service_script(program, args, &self.state_file()), &[]));
+        c
+    }
+
+    /// What a remote command printed on stdout: its framed record, without
+    /// whatever the login shell printed around it.
     pub fn program_output<'a>(&self, stdout: &'a str) -> anyhow::Result<&'a str> {
-        program_output(stdout).ok_or_else(|| {
-            anyhow::anyhow!(
-                "{}: the remote command never started (no output mark; it printed: {})",
-                self.url(),
-                crate::command::last_lines(stdout, 3)
-            )
-        })
+        let why = match unframe(stdout, &self.frame_tag) {
+            Ok((out, _)) => return Ok(out),
+            Err(FrameError::Missing) => "the remote command never started (no framed output)".to_string(),
+            Err(FrameError::Truncated { have, want }) => format!("the remote command's output was cut short ({have} of {want} bytes)"),
+            Err(FrameError::BadHeader(h)) => format!("a framed output with a bad header ({h:?})"),
+        };
+        anyhow::bail!("{}: {why}; it printed: {}", self.url(), crate::command::last_lines(stdout, 3))
     }
 
     /// Open the master connection: its remote command makes the lab's
@@ -573,27 +712,48 @@ mod tests {
         assert_eq!(String::from_utf8_lossy(&out.stdout), "plain|with space|it's|$HOME|a;b||");
     }
 
-    /// A login shell that prints before the command (as a `~/.bashrc`
-    /// sourced for ssh commands does) does not reach the program's output.
+    /// What the login shell around a remote command prints (a `~/.bashrc`
+    /// sourced for ssh commands; here noise without a newline first, and an
+    /// EXIT trap's goodbye after the command) never reaches the program's
+    /// output, for a service (its PID recorded, the program's exit status
+    /// kept) and a plain command, with arguments added later.
     #[test]
-    fn program_output_is_what_follows_the_mark() {
-        let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-mark-{}", std::process::id()));
+    fn program_output_is_the_framed_record_alone() {
+        let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-frame-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let state = dir.join("state");
-        let script = marked(&service_script("printf", &["{\"ops\": %s}\\n", "7"], &state.to_string_lossy()));
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(format!("echo 'pyenv: notice {{\"not\": 1}}'; {script}"))
-            .stdin(std::process::Stdio::piped())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(program_output(&stdout), Some("{\"ops\": 7}\n"));
+        let tag = new_frame_tag();
+        let login_shell = |command: &str, args: &[&str]| {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(format!("trap 'echo \"bye {{\\\"not\\\": 2}}\"' EXIT; printf 'pyenv: notice {{\"not\": 1}}'; {command}"))
+                .arg("sh")
+                .args(args)
+                .stdin(std::process::Stdio::piped())
+                .output()
+                .unwrap();
+            (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        let service = framed(&sh_c(&service_script("printf", &["{\"ops\": %s}\\n", "7"], &state.to_string_lossy()), &[]), &tag);
+        let (code, stdout) = login_shell(&service, &[]);
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(stdout.starts_with("pyenv: notice") && stdout.trim_end().ends_with("bye {\"not\": 2}"), "{stdout}");
+        assert_eq!(unframe(&stdout, &tag), Ok(("{\"ops\": 7}\n", 0)));
         assert!(std::fs::read_to_string(&state).unwrap().starts_with("pid "));
-        // The wrapper never ran: no mark, no output to read.
-        assert_eq!(program_output("pyenv: notice\n{\"ops\": 7}\n"), None);
-        assert_eq!(program_output(&format!("{OUTPUT_MARK}\n")), Some(""));
+        // A failing program: its output and status, and ssh's status too.
+        let (code, stdout) = login_shell(&framed("printf 'half\\n\\nlines'; exit 3", &tag), &[]);
+        assert_eq!((code, unframe(&stdout, &tag)), (Some(3), Ok(("half\n\nlines", 3))));
+        // `exec program "$@"` with arguments the caller added afterwards
+        // (ssh joins them to the command line: the remote shell splits them).
+        let (_, stdout) = login_shell(&format!("{} one 'ü two'", framed("exec printf '%s|' \"$@\"", &tag)), &[]);
+        assert_eq!(unframe(&stdout, &tag), Ok(("one|ü two|", 0)));
+        // The wrapper never ran, another run's tag, a record cut short.
+        assert_eq!(unframe("pyenv: notice\n{\"ops\": 7}\n", &tag), Err(FrameError::Missing));
+        assert_eq!(unframe(&stdout, "0123456789abcdef"), Err(FrameError::Missing));
+        let cut = &stdout[..stdout.find("one").unwrap() + 3];
+        assert_eq!(unframe(cut, &tag), Err(FrameError::Truncated { have: 3, want: "one|ü two|".len() }));
+        // A header not at a line's start is noise quoting it.
+        assert_eq!(unframe(&format!("x{FRAME_MARK} {tag} 2 0\nhi"), &tag), Err(FrameError::Missing));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

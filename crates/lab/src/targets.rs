@@ -15,28 +15,63 @@ use std::time::{Duration, Instant};
 /// The line `blockwire serve` prints once it listens on everything.
 pub const SERVE_READY: &str = "blockwire: ready";
 
-/// A running target process with its stderr kept (last lines) for errors.
+/// A running target process with its stderr kept (last lines) for errors,
+/// or a target inside the host's kernel (LIO, nvmet), which has no process:
+/// its CPU is the host machine's, and stopping it undoes what set it up.
 pub struct TargetProcess {
     pub name: String,
-    /// The local child: the program itself, or its ssh session.
+    /// The local child: the program itself, or its ssh session (0 for a
+    /// kernel target).
     pub pid: u32,
     /// Where it runs.
     pub host: Host,
     /// Its PID on a remote host (printed first by the session's wrapper).
     remote_pid: Arc<OnceLock<u32>>,
-    child: Child,
-    token: Token,
+    /// None: a kernel target.
+    child: Option<Child>,
+    token: Option<Token>,
     log: Arc<Mutex<VecDeque<String>>>,
     extra: Vec<Token>,
+    /// What the report says of how it serves (a kernel target's version,
+    /// backstore and cache settings).
+    pub settings: Option<String>,
 }
 
 impl TargetProcess {
+    /// A target the host's kernel serves (configfs): nothing runs for it,
+    /// `undo` (released when it stops) takes it down again.
+    pub fn kernel(name: &str, host: &Host, undo: Token) -> TargetProcess {
+        TargetProcess {
+            name: name.to_string(),
+            pid: 0,
+            host: host.clone(),
+            remote_pid: Arc::default(),
+            child: None,
+            token: Some(undo),
+            log: Arc::default(),
+            extra: vec![],
+            settings: None,
+        }
+    }
+
+    /// Whether the kernel serves it (no process of its own).
+    pub fn in_kernel(&self) -> bool {
+        self.child.is_none()
+    }
+
+    /// Its CPU time: the process's, or for a kernel target the whole host
+    /// machine's busy time (its work belongs to no process: kernel
+    /// threads, softirqs), as a kernel initiator's is measured.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        if self.in_kernel() {
+            return Ok(self.host.machine_ticks()?.busy as f64 / crate::host::USER_HZ);
+        }
         self.host.process_cpu_seconds(self.host_pid()?)
     }
 
     /// Its PID on its host.
     pub fn host_pid(&self) -> anyhow::Result<u32> {
+        anyhow::ensure!(!self.in_kernel(), "{} is served by the kernel of {}: no process", self.name, self.host.name());
         if self.host.ssh().is_none() {
             return Ok(self.pid);
         }
@@ -51,7 +86,10 @@ impl TargetProcess {
     }
 
     pub fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => true,
+        }
     }
 
     pub fn log_tail(&self) -> String {
@@ -68,19 +106,19 @@ impl TargetProcess {
     /// replaces it (a target restarted on another file system); `stop` on
     /// it afterwards is harmless.
     pub fn halt(&mut self) {
-        let _ = registry().release(self.token);
+        if let Some(t) = self.token.take() {
+            let _ = registry().release(t);
+        }
         for t in self.extra.drain(..) {
             let _ = registry().release(t);
         }
-        let _ = self.child.try_wait();
+        if let Some(c) = &mut self.child {
+            let _ = c.try_wait();
+        }
     }
 
-    pub fn stop(self) {
-        let _ = registry().release(self.token);
-        for t in self.extra {
-            let _ = registry().release(t);
-        }
-        drop(self.child);
+    pub fn stop(mut self) {
+        self.halt();
     }
 }
 
@@ -133,7 +171,7 @@ pub fn spawn_logged(
         });
     }
     let pid = child.id();
-    Ok((TargetProcess { name: what.to_string(), pid, host: host.clone(), remote_pid, child, token, log, extra: vec![] }, rx))
+    Ok((TargetProcess { name: what.to_string(), pid, host: host.clone(), remote_pid, child: Some(child), token: Some(token), log, extra: vec![], settings: None }, rx))
 }
 
 /// Wait for the ready line; on exit or timeout, stop it and return why.

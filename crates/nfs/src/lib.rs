@@ -119,11 +119,19 @@ fn check<T, E>(op: &'static str, r: v3::Nfs3Result<T, E>) -> Result<T> {
     }
 }
 
-impl NfsFile {
-    /// Mount the export, look the file up, read its size and the server's
-    /// transfer sizes. Each step waits at most `timeout`.
-    pub async fn open(spec: FileSpec, timeout: Duration) -> Result<NfsFile> {
-        let cred = credential();
+/// The export mounted: the NFS service's address, the credential, a
+/// connection to it and the handle of the export's root.
+struct Mounted {
+    addr: SocketAddr,
+    cred: opaque_auth<'static>,
+    conn: RpcConn,
+    root: nfs_fh3,
+}
+
+/// Mount `spec`'s export (the portmapper asked for MOUNT's port); each step
+/// waits at most `timeout`.
+async fn mount(spec: &FileSpec, timeout: Duration) -> Result<Mounted> {
+    let cred = credential();
         let pm = RpcConn::connect(resolve(&spec.host, PORTMAP_PORT).await?, opaque_auth::default(), timeout).await?;
         let map = mapping { prog: nfs3_types::mount::PROGRAM, vers: nfs3_types::mount::VERSION, prot: nfs3_types::portmap::IPPROTO_TCP, port: 0 };
         let mount_port: u32 = pm
@@ -139,17 +147,65 @@ impl NfsFile {
             .call(nfs3_types::mount::PROGRAM, nfs3_types::mount::VERSION, MOUNT_PROGRAM::MOUNTPROC3_MNT as u32, &path, timeout)
             .await?;
         drop(mnt);
-        let mut fh = match res {
+        let root = match res {
             mountres3::Ok(ok) => nfs_fh3 { data: Opaque::owned(ok.fhandle.0.into_owned()) },
             mountres3::Err(status) => return Err(Error::Mount { export: spec.export.clone(), status: status.to_string() }),
         };
         let addr = resolve(&spec.host, spec.port).await?;
-        let conn = Arc::new(RpcConn::connect(addr, cred.clone(), timeout).await?);
-        for name in spec.path.split('/').filter(|n| !n.is_empty()) {
-            let args = LOOKUP3args { what: diropargs3 { dir: fh, name: name.as_bytes().into() } };
-            let r: LOOKUP3res = conn.call(v3::PROGRAM, v3::VERSION, NFS_PROGRAM::NFSPROC3_LOOKUP as u32, &args, timeout).await?;
-            fh = check("LOOKUP", r).map_err(|e| Error::Invalid(format!("{}: {e}", spec.path)))?.object;
-        }
+        let conn = RpcConn::connect(addr, cred.clone(), timeout).await?;
+        Ok(Mounted { addr, cred, conn, root })
+}
+
+/// The handle of `names` (path components) under `fh`, one LOOKUP each.
+async fn lookup(conn: &RpcConn, mut fh: nfs_fh3, names: &[&str], timeout: Duration) -> Result<nfs_fh3> {
+    for name in names {
+        let args = LOOKUP3args { what: diropargs3 { dir: fh, name: name.as_bytes().into() } };
+        let r: LOOKUP3res = conn.call(v3::PROGRAM, v3::VERSION, NFS_PROGRAM::NFSPROC3_LOOKUP as u32, &args, timeout).await?;
+        fh = check("LOOKUP", r).map_err(|e| Error::Invalid(format!("{name}: {e}")))?.object;
+    }
+    Ok(fh)
+}
+
+/// The directories of `path` and its last name (`vm/disk.img`: `[vm]`, `disk.img`).
+fn split_path(path: &str) -> Result<(Vec<&str>, &str)> {
+    let mut names: Vec<&str> = path.split('/').filter(|n| !n.is_empty()).collect();
+    let last = names.pop().ok_or_else(|| Error::Invalid(format!("{path:?} names no file")))?;
+    Ok((names, last))
+}
+
+/// Create the regular file `spec` names (mode 0644, empty), GUARDED: a
+/// file already there is an error, never truncated or reused.
+pub async fn create(spec: &FileSpec, timeout: Duration) -> Result<()> {
+    let m = mount(spec, timeout).await?;
+    let (dirs, name) = split_path(&spec.path)?;
+    let dir = lookup(&m.conn, m.root, &dirs, timeout).await?;
+    let attrs = v3::sattr3 { mode: v3::Nfs3Option::Some(0o644), ..Default::default() };
+    let args = v3::CREATE3args { where_: diropargs3 { dir, name: name.as_bytes().into() }, how: v3::createhow3::GUARDED(attrs) };
+    let r: v3::CREATE3res = m.conn.call(v3::PROGRAM, v3::VERSION, NFS_PROGRAM::NFSPROC3_CREATE as u32, &args, timeout).await?;
+    check("CREATE", r).map(|_| ()).map_err(|e| Error::Invalid(format!("{}: {e}", spec.path)))
+}
+
+/// Remove the file `spec` names.
+pub async fn remove(spec: &FileSpec, timeout: Duration) -> Result<()> {
+    let m = mount(spec, timeout).await?;
+    let (dirs, name) = split_path(&spec.path)?;
+    let dir = lookup(&m.conn, m.root, &dirs, timeout).await?;
+    let args = v3::REMOVE3args { object: diropargs3 { dir, name: name.as_bytes().into() } };
+    let r: v3::REMOVE3res = m.conn.call(v3::PROGRAM, v3::VERSION, NFS_PROGRAM::NFSPROC3_REMOVE as u32, &args, timeout).await?;
+    check("REMOVE", r).map(|_| ()).map_err(|e| Error::Invalid(format!("{}: {e}", spec.path)))
+}
+
+impl NfsFile {
+    /// Mount the export, look the file up, read its size and the server's
+    /// transfer sizes. Each step waits at most `timeout`.
+    pub async fn open(spec: FileSpec, timeout: Duration) -> Result<NfsFile> {
+        let Mounted { addr, cred, conn, root } = mount(&spec, timeout).await?;
+        let names: Vec<&str> = spec.path.split('/').filter(|n| !n.is_empty()).collect();
+        let fh = lookup(&conn, root, &names, timeout).await.map_err(|e| match e {
+            Error::Invalid(why) => Error::Invalid(format!("{}: {why}", spec.path)),
+            e => e,
+        })?;
+        let conn = Arc::new(conn);
         let r: GETATTR3res = conn
             .call(v3::PROGRAM, v3::VERSION, NFS_PROGRAM::NFSPROC3_GETATTR as u32, &GETATTR3args { object: fh.clone() }, timeout)
             .await?;

@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Kept after the test (screenshot for people to look at).
-fn out_dir(tag: &str) -> PathBuf {
+pub(crate) fn out_dir(tag: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lab-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("create out dir");
@@ -56,7 +56,7 @@ fn alive(pid: u32) -> bool {
 }
 
 /// Everything a lab run with this PID could have left behind.
-fn assert_nothing_left(lab_pid: u32, children: &[(u32, String)]) {
+pub(crate) fn assert_nothing_left(lab_pid: u32, children: &[(u32, String)]) {
     let mut left = bw_lab::topology::leftovers(lab_pid);
     for (pid, cmd) in children {
         if alive(*pid) {
@@ -227,7 +227,7 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
 /// Run `blockwire lab ARGS --out OUT` to its end (at most 15 minutes),
 /// collecting its descendants for the leak check; it must succeed. Returns
 /// its PID, the processes it started and its stderr.
-fn run_lab(args: &[&str], out: &Path) -> (u32, Vec<(u32, String)>, String) {
+pub(crate) fn run_lab(args: &[&str], out: &Path) -> (u32, Vec<(u32, String)>, String) {
     let mut child = Command::new(blockwire_bin())
         .arg("lab")
         .args(args)

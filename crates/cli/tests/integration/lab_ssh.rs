@@ -73,9 +73,15 @@ fn ssh_keys_and_config(dir: &Path, listen: &str) {
     // A HOME of the sessions' own (root's ~/.bashrc here runs `pyenv
     // init`, which can hang on a stale shim), whose ~/.bashrc, sourced by
     // Debian's bash for ssh commands, prints on stdout as a user's profile
-    // may: the lab must read its programs' reports past it.
+    // may: JSON-like noise without a newline and a byte that is no UTF-8
+    // before the command, and an EXIT trap's goodbye after it. The lab
+    // must read its programs' reports past both (ssh::FRAME_MARK).
     std::fs::create_dir_all(dir.join("home")).unwrap();
-    std::fs::write(dir.join("home/.bashrc"), "echo 'profile says hello {\"not\": \"a report\"}'\n").unwrap();
+    std::fs::write(
+        dir.join("home/.bashrc"),
+        b"printf 'profile says hello \xe9 {\"not\": \"a report\"}'\ntrap 'echo \"bye {\\\"not\\\": 2}\"' EXIT\n",
+    )
+    .unwrap();
     let d = dir.display();
     std::fs::write(
         dir.join("sshd_config"),
@@ -914,6 +920,221 @@ mod kernel_vm {
             .arg("-o")
             .arg(format!("IdentityFile={key}"))
             .args(["-p", &port.to_string(), "root@127.0.0.1", &format!("ip -4 addr show dev eth1 | grep -q {GUEST_IP}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+/// The kernel VM as the target host (issue 39): the kernel's own targets,
+/// LIO and nvmet, set up by the lab through the guest's configfs, and its
+/// NFS server (knfsd) exporting the image, beside blockwire serve, measured by blockwire's clients on this machine over a
+/// tap, then by the guest's own kernel initiators and NFS client (the
+/// guest as client host too); a LIO target, an nvmet subsystem and port
+/// and an NFS export of "the user's", made before the runs, stay
+/// untouched, and nothing of the runs is left.
+mod kernel_targets_vm {
+    use super::*;
+    use crate::common::BackgroundVm;
+
+    const HOST_IP: &str = "10.247.39.1";
+    const GUEST_IP: &str = "10.247.39.2";
+    const USER_IQN: &str = "iqn.2003-01.org.example:user";
+    const USER_NQN: &str = "nqn.2014-08.org.example:user";
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    struct Rig {
+        dir: PathBuf,
+        tap: String,
+        vm: Option<BackgroundVm>,
+        /// Two forwarded ports to the guest's ssh: the target host's and
+        /// the client host's connection (one machine, two "hosts").
+        ports: [u16; 2],
+    }
+
+    impl Rig {
+        fn ssh_options(&self) -> Vec<String> {
+            let key = self.dir.join("client").display().to_string();
+            vec!["StrictHostKeyChecking=no".into(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into()]
+        }
+
+        fn guest(&self, line: &str) -> Option<String> {
+            let mut c = Command::new("ssh");
+            c.args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-p", &self.ports[0].to_string()]);
+            for o in self.ssh_options() {
+                c.arg("-o").arg(o);
+            }
+            let out = c.args(["root@127.0.0.1", line]).stdin(Stdio::null()).output().ok()?;
+            out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+
+        /// `blockwire lab` with the guest as target host (and `extra`), to its end.
+        fn lab(&self, exe: &Path, out: &Path, extra: &[&str]) -> (std::process::ExitStatus, String) {
+            let mut c = Command::new(exe);
+            c.arg("lab").args(extra).args([
+                "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--protocols", "iscsi,nvme", "--peers", "lio,nvmet,knfsd",
+                "--micro-workloads", "randread-4k-qd1,randwrite-4k-qd32", "--data-addr", GUEST_IP,
+            ]);
+            c.arg("--target-host").arg(format!("ssh://root@127.0.0.1:{}", self.ports[0]));
+            for o in self.ssh_options() {
+                c.arg("--ssh-option").arg(o);
+            }
+            let mut child = c.arg("--out").arg(out).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("start the lab");
+            wait_done(&mut child, Duration::from_secs(900), "the lab")
+        }
+    }
+
+    impl Drop for Rig {
+        fn drop(&mut self) {
+            drop(self.vm.take());
+            let _ = Command::new("ip").args(["link", "del", &self.tap]).status();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// "The user's" kernel targets, made before the lab runs: a LIO target
+    /// with a fileio backstore and a portal on the guest's loopback, an
+    /// nvmet subsystem with a namespace and a TCP port.
+    const USER_TARGETS: &str = r#"
+modprobe configfs; mount -t configfs none /sys/kernel/config
+for m in target_core_mod target_core_file iscsi_target_mod nvmet nvmet-tcp; do modprobe $m; done
+truncate -s 8M /dev/shm/user.img
+t=/sys/kernel/config/target
+mkdir -p $t/core/fileio_0/user
+echo fd_dev_name=/dev/shm/user.img,fd_dev_size=8388608 > $t/core/fileio_0/user/control
+echo 1 > $t/core/fileio_0/user/enable
+g=$t/iscsi/IQN/tpgt_1
+mkdir -p $g/lun/lun_0 && ln -s $t/core/fileio_0/user $g/lun/lun_0/user && mkdir $g/np/127.0.0.1:3260 && echo 1 > $g/enable
+n=/sys/kernel/config/nvmet; s=$n/subsystems/NQN
+mkdir $s && echo 1 > $s/attr_allow_any_host && mkdir $s/namespaces/1
+printf %s /dev/shm/user.img > $s/namespaces/1/device_path; echo 1 > $s/namespaces/1/buffered_io; echo 1 > $s/namespaces/1/enable
+mkdir $n/ports/1; echo ipv4 > $n/ports/1/addr_adrfam; echo tcp > $n/ports/1/addr_trtype; echo 127.0.0.1 > $n/ports/1/addr_traddr; echo 4430 > $n/ports/1/addr_trsvcid
+ln -s $s $n/ports/1/subsystems/NQN
+modprobe nfsd; mount -t nfsd nfsd /proc/fs/nfsd; rpcbind; mkdir -p /srv/user; exportfs -o ro,no_subtree_check 127.0.0.1:/srv/user; rpc.mountd; rpc.nfsd 2
+"#;
+
+    /// What the guest has of the user's targets: the tree and its values,
+    /// and the NFS server's exports.
+    const USER_STATE: &str = "exportfs -v; cd /sys/kernel/config && for f in $(find target/core/fileio_0 target/iscsi/IQN nvmet/subsystems/NQN nvmet/ports/1 | sort); do \
+        if [ -L $f ]; then echo \"$f -> $(readlink $f)\"; elif [ -f $f ] && [ -r $f ]; then echo \"$f = $(head -c 200 $f 2>/dev/null | tr '\\n' ' ')\"; else echo $f; fi; done";
+
+    /// What the guest has left of a lab run: the lab's configfs entries
+    /// (its IQN, NQN, HBAs and ports), sessions, processes, state files.
+    const LEFTOVERS: &str = "ls /sys/kernel/config/target/iscsi /sys/kernel/config/nvmet/subsystems 2>/dev/null | grep blockwire.lab; \
+        exportfs | grep bwlab; ls /srv | grep bwlab; grep bwlab /proc/mounts; \
+        ls /sys/kernel/config/target/core 2>/dev/null | grep -v '^fileio_0$' | grep -v '^alua$'; ls /sys/kernel/config/nvmet/ports | grep -vx 1; \
+        iscsiadm -m session 2>/dev/null; ls /sys/class/nvme-subsystem; ls /var/tmp/bwlab-remote 2>/dev/null; ls /dev/shm | grep bwlab; pidof blockwire fio iscsid; true";
+
+    #[test]
+    fn lio_nvmet_and_knfsd_in_the_vm_are_measured_beside_blockwire_and_the_users_targets_stay() {
+        require_root();
+        assert!(Path::new("/usr/bin/fio").exists(), "fio is missing (make deps)");
+        let t0 = Instant::now();
+        let id = unique("kt");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lab-kt-{id}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rig = Rig { dir: dir.clone(), tap: format!("bwt{id}"), vm: None, ports: [free_port(), free_port()] };
+        ssh_keys_and_config(&dir, "127.0.0.1:1");
+        run(&["ip", "tuntap", "add", "dev", &rig.tap, "mode", "tap"]);
+        run(&["ip", "addr", "add", &format!("{HOST_IP}/24"), "dev", &rig.tap]);
+        run(&["ip", "link", "set", &rig.tap, "up"]);
+        let user = USER_TARGETS.replace("IQN", USER_IQN).replace("NQN", USER_NQN);
+        let script = dir.join("guest.sh");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\nln -sf bash /bin/sh\nip link set lo up\nip link set eth1 up\nip addr add {GUEST_IP}/24 dev eth1\n{user}\nsleep 1200\n"),
+        )
+        .unwrap();
+        run(&["chmod", "+x", &script.to_string_lossy()]);
+        let exe = dir.join("blockwire");
+        if !Command::new("strip").arg("-o").arg(&exe).arg(blockwire_bin()).status().is_ok_and(|s| s.success()) {
+            std::fs::copy(blockwire_bin(), &exe).unwrap();
+        }
+        let key = dir.join("client.pub").display().to_string();
+        let with = ["/usr/bin/fio", "/usr/bin/ip", "/usr/bin/flock", "/usr/bin/getconf", "/lib/x86_64-linux-gnu/libgcc_s.so.1"];
+        let mut args = vec!["--tap", &rig.tap];
+        for w in &with {
+            args.extend(["--with", w]);
+        }
+        let fwd = format!("tcp:127.0.0.1:{}-:22,tcp:127.0.0.1:{}-:22", rig.ports[0], rig.ports[1]);
+        rig.vm = Some(BackgroundVm::start_with(None, &script, &fwd, &args, &[("KVM_SSH_KEY", &key), ("KVM_MEM", "1536")]));
+        let port = rig.ports[0];
+        let ready = |rig: &Rig| rig.guest(&format!("ip -4 addr show dev eth1 | grep -q {GUEST_IP} && [ -e /sys/kernel/config/nvmet/ports/1/subsystems/{USER_NQN} ]")).is_some();
+        let up = rig.vm.as_mut().unwrap().wait_until(Duration::from_secs(600), || ready_on(&dir, port));
+        up.unwrap_or_else(|console| panic!("the guest did not come up: {console}"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready(&rig) {
+            assert!(Instant::now() < deadline, "the user's targets were not made in the guest: {}", rig.guest("dmesg | tail -n 20").unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let state = USER_STATE.replace("IQN", USER_IQN).replace("NQN", USER_NQN);
+        let before = rig.guest(&state).expect("the guest answers");
+        assert!(before.contains("np/127.0.0.1:3260") && before.contains("addr_trsvcid = 4430") && before.contains("/srv/user"), "{before}");
+        eprintln!("guest up after {:?}", t0.elapsed());
+
+        // 1. blockwire's clients here, the targets in the guest.
+        let out1 = dir.join("here");
+        let (st, text) = rig.lab(&exe, &out1, &[]);
+        eprintln!("{text}");
+        assert!(st.success(), "the lab failed: {text}");
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out1.join("results.json")).unwrap()).unwrap();
+        let subjects = ["blockwire-iscsi", "blockwire-nvme", "lio-iscsi", "nvmet-nvme", "knfsd-nfs"];
+        check_samples(&r, &subjects, &text);
+        for (key, says) in [("lio-iscsi", "fileio backstore on /dev/shm/"), ("nvmet-nvme", "file namespace, buffered_io=1")] {
+            let s = r["subjects"].as_array().unwrap().iter().find(|s| s["key"] == key).unwrap();
+            let settings = s["settings"].as_str().unwrap_or_default();
+            assert!(settings.contains("in Linux 6.") && settings.contains(says), "{key}: kernel version and settings recorded: {s}");
+        }
+        if let Some(s) = r["subjects"].as_array().unwrap().iter().find(|s| s["key"] == "lio-iscsi") {
+            assert!(s["settings"].as_str().unwrap().contains("emulate_write_cache="), "LIO's write cache setting: {s}");
+        }
+        let left = rig.guest(LEFTOVERS).expect("the guest answers");
+        assert!(left.trim().is_empty(), "left in the guest after the first run: {left}");
+
+        // 2. The guest's own kernel initiators (the guest as client host).
+        let out2 = dir.join("kernel");
+        let client = format!("ssh://root@127.0.0.1:{}", rig.ports[1]);
+        let (st, text) = rig.lab(&exe, &out2, &["--client-host", &client, "--clients", "kernel"]);
+        eprintln!("{text}");
+        assert!(st.success(), "the lab failed: {text}");
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out2.join("results.json")).unwrap()).unwrap();
+        check_samples(&r, &["kernel-iscsi@blockwire", "kernel-iscsi@lio", "kernel-nvme@blockwire", "kernel-nvme@nvmet", "kernel-nfs3@knfsd", "kernel-nfs4.1@knfsd"], &text);
+
+        // Nothing of either run in the guest; the user's targets as they were.
+        let left = rig.guest(LEFTOVERS).expect("the guest answers");
+        assert!(left.trim().is_empty(), "left in the guest: {left}");
+        let after = rig.guest(&state).expect("the guest answers");
+        assert_eq!(before, after, "the user's LIO target and nvmet subsystem and port changed");
+        eprintln!("kernel targets VM test took {:?}", t0.elapsed());
+    }
+
+    fn check_samples(r: &serde_json::Value, subjects: &[&str], text: &str) {
+        let samples = r["samples"].as_array().unwrap();
+        for key in subjects {
+            let mine: Vec<_> = samples.iter().filter(|s| s["subject"] == *key).collect();
+            assert_eq!(mine.len(), 2, "{key}: a sample per workload: {text}");
+            for s in mine {
+                let b = &s["bench"];
+                // Emulated: present, never judged.
+                assert!(b["ios"].as_u64().unwrap() > 0 && b["runtime_s"].as_f64().unwrap() > 0.0 && b["lat_ns"]["p50"].as_f64().unwrap() > 0.0, "{key}: {s}");
+                assert!(s["target_cpu_s"].as_f64().is_some(), "{key}: {s}");
+            }
+        }
+    }
+
+    fn ready_on(dir: &Path, port: u16) -> bool {
+        let key = dir.join("client").display().to_string();
+        Command::new("ssh")
+            .args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"])
+            .arg("-o")
+            .arg(format!("IdentityFile={key}"))
+            .args(["-p", &port.to_string(), "root@127.0.0.1", "true"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -125,6 +125,8 @@ struct Admin {
     q: Arc<Queue>,
     cntlid: u16,
     id: IdCtrl,
+    /// Identify Controller's firmware revision (bytes 64-71).
+    firmware: String,
     mqes: u16,
 }
 
@@ -180,7 +182,8 @@ async fn open_admin(t: Transport, host: &str, port: u16, subnqn: &str, opts: &Co
     if id.icdoff != 0 || id.sgls & 3 == 0 {
         return Err(proto("controller needs ICDOFF 0 and SGL support"));
     }
-    Ok(Admin { q: Arc::new(q), cntlid, id, mqes: (cap & 0xFFFF) as u16 })
+    let firmware = String::from_utf8_lossy(d.data.get(64..72).unwrap_or_default()).trim().to_string();
+    Ok(Admin { q: Arc::new(q), cntlid, id, firmware, mqes: (cap & 0xFFFF) as u16 })
 }
 
 async fn shutdown_admin(q: &Queue) {
@@ -212,6 +215,8 @@ pub struct NvmeClient {
     io_rt: Option<tokio::runtime::Runtime>,
     /// Optional NVM commands the controller supports (Identify ONCS).
     oncs: u16,
+    /// Identify Controller's model and firmware.
+    identity: String,
 }
 
 pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
@@ -301,6 +306,7 @@ impl NvmeClient {
             cntlid: a.cntlid,
             io_rt,
             oncs: a.id.oncs,
+            identity: format!("{} firmware {}", a.id.model.trim(), a.firmware),
         })
     }
 
@@ -366,6 +372,9 @@ impl Drop for NvmeClient {
 impl BlockClient for NvmeClient {
     fn describe(&self) -> String {
         format!("{} (controller {}, {} I/O queues)", self.url, self.cntlid, self.io.len())
+    }
+    fn identity(&self) -> Option<String> {
+        Some(self.identity.clone())
     }
     fn size_bytes(&self) -> u64 {
         self.size

@@ -102,7 +102,7 @@ fn start_serve_once(serve: &Serve, protocols: &[Protocol]) -> Result<TargetProce
     let path = serve.host.run_path("/tmp", &format!("serve-{}-{}.toml", serve.host.name(), serve.link.mtu));
     let cfg_token = serve.host.create_file(&path, text.as_bytes()).map_err(|e| e.to_string())?;
     let exe = serve.host.lab_exe(serve.exe);
-    let cmd = serve.host.service_command(&exe.to_string_lossy(), &["serve", "--config", &path.to_string_lossy()]);
+    let cmd = serve.host.daemon_command(&exe.to_string_lossy(), &["serve", "--config", &path.to_string_lossy()]);
     let spawned = spawn_logged(serve.host, cmd, "blockwire serve", Some(crate::targets::SERVE_READY), serve.log.as_deref());
     let (mut p, rx) = match spawned {
         Ok(x) => x,

@@ -14,7 +14,7 @@
 //! host rpcbind or another run's. That namespace also holds the ext4 mount,
 //! which goes with its last process.
 
-use super::target::{Address, PeerTarget, Tool};
+use super::target::{Address, FileServer, PeerTarget, Tool};
 use crate::cleanup::{registry, Resource, Role};
 use crate::fs_kind::FsKind;
 use crate::targets::{spawn_logged, TargetProcess};
@@ -114,24 +114,6 @@ pub fn answers(mut rpcinfo: std::process::Command, ip: Ipv4Addr) -> bool {
     rpcinfo.args(["-T", "tcp", &ip.to_string(), "100003", "3"]).output().is_ok_and(|o| o.status.success())
 }
 
-/// mkfs arguments for the export's image of `size` bytes on `kind`:
-/// without discard (nothing to discard in a new sparse file).
-fn mkfs_args(kind: FsKind, size: u64) -> Vec<String> {
-    let mut a: Vec<String> = vec!["-q".into()];
-    let extra = kind.mkfs_options(size);
-    match kind.mkfs_type() {
-        "ext4" => {
-            a.push("-F".into());
-            if extra.is_empty() {
-                a.extend(["-E".into(), "nodiscard".into()]);
-            }
-        }
-        _ => a.extend(["-f".into(), "-K".into()]),
-    }
-    a.extend(extra);
-    a
-}
-
 impl PeerTarget for Ganesha {
     fn name(&self) -> &'static str {
         "ganesha"
@@ -162,10 +144,20 @@ impl PeerTarget for Ganesha {
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
         start_on(topo, link, backing, FsKind::Ext4)
     }
+
+    fn file_server(&self) -> Option<&dyn FileServer> {
+        Some(self)
+    }
+}
+
+impl FileServer for Ganesha {
+    fn start_on(&self, topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
+        start_on(topo, link, backing, kind)
+    }
 }
 
 /// ganesha serving `backing`'s bytes from an export on file system `kind`.
-pub fn start_on(topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
+fn start_on(topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
     // Its export image, config and state files are made on this
     // machine's file system.
     if topo.target.ssh().is_some() {
@@ -195,7 +187,7 @@ pub fn start_on(topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> R
             // sparse, so only what is written takes memory.
             let f = std::fs::File::create(&image)?;
             f.set_len(2 * size + (256 << 20))?;
-            let mut args = mkfs_args(kind, size);
+            let mut args = kind.image_mkfs_args(size);
             args.push(image.to_string_lossy().into_owned());
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             crate::command::sh(kind.mkfs_program(), &args)?;
@@ -265,11 +257,11 @@ mod tests {
 
     #[test]
     fn the_export_image_is_made_without_discard_on_each_file_system() {
-        assert_eq!(mkfs_args(FsKind::Ext4, 1 << 30), ["-q", "-F", "-E", "nodiscard"]);
+        assert_eq!(FsKind::Ext4.image_mkfs_args(1 << 30), ["-q", "-F", "-E", "nodiscard"]);
         // ext4-tuned's own -E options stand alone (mke2fs takes one -E).
-        assert_eq!(mkfs_args(FsKind::Ext4Tuned, 1 << 30)[..3], ["-q", "-F", "-E"]);
-        assert_eq!(mkfs_args(FsKind::Xfs, 1 << 30), ["-q", "-f", "-K"]);
-        assert_eq!(mkfs_args(FsKind::Btrfs, 1 << 30), ["-q", "-f", "-K"]);
+        assert_eq!(FsKind::Ext4Tuned.image_mkfs_args(1 << 30)[..3], ["-q", "-F", "-E"]);
+        assert_eq!(FsKind::Xfs.image_mkfs_args(1 << 30), ["-q", "-f", "-K"]);
+        assert_eq!(FsKind::Btrfs.image_mkfs_args(1 << 30), ["-q", "-f", "-K"]);
         let dir = Path::new("/tmp/x");
         let l = Launch { state: dir, export_dir: dir, image: Some((Path::new("/dev/shm/i"), "nodatacow")), volume_from: None, bind: None };
         assert!(l.script().contains("mount -o loop,nodatacow /dev/shm/i /tmp/x\n"));

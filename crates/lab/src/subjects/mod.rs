@@ -7,13 +7,18 @@
 //! [`target`], below them all, so no subject module imports this one.
 
 pub mod blockwire;
+pub mod configfs;
+pub mod external;
 pub mod ganesha;
+pub mod knfsd;
+pub mod lio;
+pub mod nvmet;
 pub mod tgt;
 pub mod vblade;
 
 pub mod target;
 
-pub use target::{Address, KernelAddress, PeerTarget, Protocol, Tool};
+pub use target::{Address, FileServer, KernelAddress, PeerTarget, Protocol, Tool};
 
 use crate::targets::TargetProcess;
 use crate::topology::{Link, Topology};
@@ -26,6 +31,10 @@ pub enum PeerKind {
     Tgt,
     Vblade,
     Ganesha,
+    Lio,
+    Nvmet,
+    NvmetRdma,
+    Knfsd,
 }
 
 impl PeerKind {
@@ -35,6 +44,10 @@ impl PeerKind {
             PeerKind::Tgt => &tgt::Tgt,
             PeerKind::Vblade => &vblade::Vblade,
             PeerKind::Ganesha => &ganesha::Ganesha,
+            PeerKind::Lio => &lio::Lio,
+            PeerKind::Nvmet => &nvmet::Nvmet { rdma: false },
+            PeerKind::NvmetRdma => &nvmet::Nvmet { rdma: true },
+            PeerKind::Knfsd => &knfsd::Knfsd,
         }
     }
 
@@ -73,12 +86,15 @@ pub fn parse_peer_choice(s: &str) -> Result<PeerChoice, String> {
         .map_err(|_| format!("unknown peer {s:?} ({}, or none)", names.join(", ")))
 }
 
-/// A networked subject: who serves, over which protocol (always measured
-/// with blockwire's client).
+/// A networked subject: who serves, over which protocol (measured with
+/// blockwire's client, and a kernel initiator where the client host has
+/// one). Blockwire and the peers are started by the lab; an external
+/// subject (the user's own storage) is only visited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Subject {
     Blockwire(Protocol),
     Peer(PeerKind),
+    External(&'static external::External),
 }
 
 impl Subject {
@@ -86,7 +102,8 @@ impl Subject {
     pub fn target_name(self) -> &'static str {
         match self {
             Subject::Blockwire(_) => blockwire::NAME,
-            Subject::Peer(p) => p.name(),
+            Subject::Peer(p) => p.target().target_name(),
+            Subject::External(e) => e.name,
         }
     }
 
@@ -95,6 +112,7 @@ impl Subject {
         match self {
             Subject::Blockwire(p) => blockwire::address(p),
             Subject::Peer(p) => p.target().address(),
+            Subject::External(e) => e.address,
         }
     }
 
@@ -113,9 +131,45 @@ impl Subject {
         bw_lab_results::SubjectKey::served(self.target_name(), self.address().protocol_name())
     }
 
-    /// The URL blockwire's client uses to reach it over `link`.
+    /// The URL blockwire's client uses to reach it over `link` (an
+    /// external subject's own).
     pub fn url(self, link: &Link) -> String {
-        self.address().url(link)
+        match self {
+            Subject::External(e) => e.url.to_string(),
+            s => s.address().url(link),
+        }
+    }
+
+    /// How a kernel block initiator reaches it over `link` (None: it
+    /// serves files).
+    pub fn kernel_address(self, link: &Link) -> Option<KernelAddress> {
+        match self {
+            Subject::External(e) => e.kernel(),
+            s => s.address().kernel(link),
+        }
+    }
+
+    /// The user's own storage: never started or stopped by the lab, not
+    /// reached over the lab's link.
+    pub fn external(self) -> Option<&'static external::External> {
+        match self {
+            Subject::External(e) => Some(e),
+            Subject::Blockwire(_) | Subject::Peer(_) => None,
+        }
+    }
+
+    /// Whether write workloads may run on it (all but an external block
+    /// subject without `--allow-writes`).
+    pub fn writes_allowed(self) -> bool {
+        self.external().is_none_or(|e| e.writes_allowed())
+    }
+
+    /// Its peer's file server, if it serves files.
+    pub fn file_server(self) -> Option<&'static dyn FileServer> {
+        match self {
+            Subject::Blockwire(_) | Subject::External(_) => None,
+            Subject::Peer(p) => p.target().file_server(),
+        }
     }
 }
 
@@ -158,10 +212,21 @@ mod tests {
             assert_eq!(parse_peer_choice(p.name()), Ok(PeerChoice(Some(p))));
         }
         assert_eq!(parse_peer_choice("none"), Ok(PeerChoice(None)));
-        assert!(parse_peer_choice("lio").is_err());
+        assert!(parse_peer_choice("scst").is_err());
         for p in Protocol::ALL.into_iter().chain([Protocol::NvmeRdma]) {
             assert_eq!(Protocol::from_str(p.name(), false), Ok(p));
         }
         assert_eq!(Subject::Blockwire(Protocol::NvmeRdma).key().to_string(), "blockwire-nvme-rdma");
+    }
+
+    /// A peer serving files is a file server, and only such a peer is.
+    #[test]
+    fn file_servers_are_the_peers_serving_files() {
+        for &p in PeerKind::all() {
+            let t = p.target();
+            assert_eq!(t.file_server().is_some(), t.address().serves_files(), "{}", p.name());
+            assert_eq!(Subject::Peer(p).file_server().is_some(), t.address().serves_files());
+        }
+        assert!(Subject::Blockwire(Protocol::Iscsi).file_server().is_none());
     }
 }

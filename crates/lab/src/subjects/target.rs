@@ -3,6 +3,7 @@
 //! peer module implements. Below every subject module (they import it,
 //! `subjects` dispatches over them).
 
+use crate::fs_kind::FsKind;
 use crate::targets::TargetProcess;
 use crate::topology::{Link, Topology};
 use clap::ValueEnum;
@@ -49,7 +50,7 @@ impl std::fmt::Display for Protocol {
 /// and whether it serves files all come from, each by an exhaustive match
 /// here (a new protocol cannot fall through, a new peer gives its
 /// address and has them all).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Address {
     Aoe { shelf: u16, slot: u8 },
     /// `lun`: the volume's (tgt puts its controller on LUN 0).
@@ -100,6 +101,15 @@ impl Address {
         self.block_protocol().is_none()
     }
 
+    /// An NFS export's port, path and the image file on it (None: a
+    /// block device).
+    pub fn nfs_export(self) -> Option<(u16, &'static str, &'static str)> {
+        match self {
+            Address::NfsFile { port, export, file } => Some((port, export, file)),
+            Address::Aoe { .. } | Address::Iscsi { .. } | Address::Nvme { .. } | Address::NvmeRdma { .. } => None,
+        }
+    }
+
     /// The URL blockwire's client reaches it at over `link`.
     pub fn url(self, link: &Link) -> String {
         let ip = link.target_ip;
@@ -123,7 +133,12 @@ impl Address {
     /// How a kernel block initiator reaches it over `link` (None: it serves
     /// files, which no block initiator reads).
     pub fn kernel(self, link: &Link) -> Option<KernelAddress> {
-        let ip = link.target_ip;
+        self.kernel_at(&link.target_ip.to_string())
+    }
+
+    /// How a kernel block initiator reaches it at `ip` (a host name or
+    /// address; None: it serves files).
+    pub fn kernel_at(self, ip: &str) -> Option<KernelAddress> {
         let (protocol, a, b, lun) = match self {
             Address::Aoe { shelf, slot } => (Protocol::Aoe, format!("e{shelf}.{slot}"), String::new(), 0),
             Address::Iscsi { iqn, port, lun } => (Protocol::Iscsi, iqn.to_string(), format!("{ip}:{port}"), lun),
@@ -147,6 +162,11 @@ pub struct Tool {
 pub trait PeerTarget: Sync {
     /// Its name in `--peers`, subject keys and results.json (`tgt`).
     fn name(&self) -> &'static str;
+    /// The target's name in subject keys, when rows of one target differ
+    /// by transport (`nvmet` for both nvmet rows): its name otherwise.
+    fn target_name(&self) -> &'static str {
+        self.name()
+    }
     /// Where it serves the volume: its protocol, URL, kernel address, LUN
     /// and AoE address in one.
     fn address(&self) -> Address;
@@ -159,5 +179,26 @@ pub trait PeerTarget: Sync {
     fn version(&self) -> Option<String>;
     /// Start it on `link` serving `backing`; Err is why it is unavailable.
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String>;
+    /// What it does as a file server: Some exactly when its address
+    /// [serves files](Address::serves_files) (a test holds every peer to
+    /// that).
+    fn file_server(&self) -> Option<&dyn FileServer> {
+        None
+    }
+}
+
+/// What a peer serving files (an [`Address::NfsFile`]: the image file on
+/// an NFS export) does beyond a block peer. Its export is also mounted
+/// by the client host's kernel NFS client (`crate::kernel_nfs`: the image
+/// file with direct I/O for micro and sweep, files in `w/` at the export's
+/// root for the fs suite), and over NFS the fs suite's `--fs` is the
+/// server's file system, the one under the data: the peer serves from an
+/// export on each in turn.
+pub trait FileServer: Sync {
+    /// Serve `backing`'s bytes as the image file from an export on file
+    /// system `kind` (what [`PeerTarget::start`] does for ext4). The
+    /// process it replaces is stopped first (one server per address and
+    /// port).
+    fn start_on(&self, topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String>;
 }
 

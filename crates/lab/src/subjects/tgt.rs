@@ -63,7 +63,7 @@ impl PeerTarget for Tgt {
             }
         }
         let portal = format!("portal={}:{ISCSI_PORT}", link.target_ip);
-        let cmd = topo.target.service_command("tgtd", &["-f", "-C", &port.to_string(), "--iscsi", &portal]);
+        let cmd = topo.target.daemon_command("tgtd", &["-f", "-C", &port.to_string(), "--iscsi", &portal]);
         let (mut p, _rx) = spawn_logged(&topo.target, cmd, "tgtd", None, None).map_err(|e| e.to_string())?;
         for t in leftovers {
             p.keep_until_stopped(t);

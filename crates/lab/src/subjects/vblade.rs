@@ -39,7 +39,7 @@ impl PeerTarget for Vblade {
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
         let backing = backing.to_string_lossy();
         let args = [&AOE_ADDRESS.0.to_string(), &AOE_ADDRESS.1.to_string(), &link.target_if, &*backing];
-        let cmd = topo.target.service_command("vblade", &args);
+        let cmd = topo.target.daemon_command("vblade", &args);
         let (mut p, _rx) = spawn_logged(&topo.target, cmd, "vblade", None, None).map_err(|e| e.to_string())?;
         std::thread::sleep(Duration::from_millis(500));
         if !p.alive() {

@@ -1,0 +1,183 @@
+//! What every stage of a storage run shares: the plan, the results being
+//! recorded, the progress bar, the backing file, the hosts, and the link
+//! shape and factors being measured now.
+
+use crate::plan::Plan;
+use crate::topology::Remote;
+use bw_lab_results::accounting::Case;
+use bw_lab_results::{Failure, Results, Sample, Suite, SubjectKey, Workload};
+use crate::subjects::Subject;
+use indicatif::ProgressBar;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub struct RunContext {
+    pub plan: Plan,
+    pub exe: PathBuf,
+    pub out: PathBuf,
+    pub results: Results,
+    /// The file every target serves (and the local baselines measure).
+    pub backing: PathBuf,
+    pub progress: ProgressBar,
+    idle_spent: f64,
+    /// The link shape being measured.
+    pub shape: String,
+    /// The hosts of a run across machines (None: namespaces on this one).
+    pub remote: Option<Remote>,
+    /// The clients the subjects are measured with: on a remote client
+    /// host `--clients`, narrowed to what it has; in one box blockwire's,
+    /// and the kernel NFS client where this machine has one.
+    pub clients: Vec<crate::clients::ClientKind>,
+    /// The offload study's factors being measured.
+    pub factors: bw_lab_results::Factors,
+    pub digest: crate::offload::Digest,
+    /// Whole-machine CPU of the target and client hosts' machines.
+    pub meter: crate::machine_cpu::MachineMeter,
+}
+
+impl RunContext {
+    pub fn new(plan: Plan, exe: PathBuf, out: PathBuf, results: Results, progress: ProgressBar, backing: PathBuf) -> RunContext {
+        RunContext {
+            plan,
+            exe,
+            out,
+            results,
+            backing,
+            progress,
+            idle_spent: 0.0,
+            shape: bw_lab_results::default_link(),
+            remote: None,
+            clients: vec![crate::clients::ClientKind::Blockwire],
+            factors: Default::default(),
+            digest: Default::default(),
+            meter: Default::default(),
+        }
+    }
+
+    pub fn say(&self, line: &str) {
+        // A hidden bar (not a terminal) swallows println: write directly then.
+        if self.progress.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.progress.println(line);
+        }
+    }
+
+    /// Bounded wait for an idle machine: at most `idle_max_wait_s` per run
+    /// and `idle_budget_s` over the whole run. On a shared box "idle" may
+    /// come and go all the time; once the budget is spent, runs only measure
+    /// the busy share (stored with every sample) and go, so the run keeps to
+    /// its time limit.
+    pub fn wait_idle(&mut self) -> (f64, f64) {
+        let p = &self.plan.params;
+        let left = (p.idle_budget_s - self.idle_spent).max(0.0);
+        let max = p.idle_max_wait_s.min(left);
+        let (busy, waited) = crate::machine::wait_idle(p.idle_threshold, Duration::from_secs_f64(max));
+        self.idle_spent += waited;
+        if left > 0.0 && self.idle_spent >= p.idle_budget_s {
+            self.say(&format!(
+                "lab: the machine keeps getting busy (other work; {:.0}% now): idle-wait budget of {:.0} s spent, measuring without waiting from here on",
+                busy * 100.0,
+                p.idle_budget_s
+            ));
+        }
+        (busy, waited)
+    }
+
+    pub fn save(&self) -> anyhow::Result<()> {
+        self.results.save(&self.out.join("results.json"))
+    }
+
+    /// The clients of the run.
+    pub fn clients(&self) -> Vec<crate::clients::ClientKind> {
+        self.clients.clone()
+    }
+
+    /// The AoE datapath target `s` uses, on every client's subject of it
+    /// (each MTU's, when they differ).
+    pub fn record_target_datapath(&mut self, s: Subject, datapath: &str) {
+        for c in self.clients().into_iter().filter(|c| c.serves(s)) {
+            let key = c.key(s);
+            if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+                match &mut r.target_datapath {
+                    Some(d) if d.split(", ").any(|x| x == datapath) => {}
+                    Some(d) => *d = format!("{d}, {datapath}"),
+                    None => r.target_datapath = Some(datapath.to_string()),
+                }
+            }
+        }
+    }
+
+    /// How target `s` serves (a kernel target's version and settings), on
+    /// every client's subject of it.
+    pub fn record_settings(&mut self, s: Subject, settings: &str) {
+        for c in self.clients().into_iter().filter(|c| c.serves(s)) {
+            let key = c.key(s);
+            if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+                r.settings = Some(settings.to_string());
+            }
+        }
+    }
+
+    /// Cases not run on subject `key`, and why: said once, kept on its record.
+    pub fn note_skipped(&mut self, key: &SubjectKey, why: &str) {
+        self.say(&format!("lab: {key}: {why}"));
+        if let Some(r) = self.results.subjects.iter_mut().find(|r| &r.key == key) {
+            r.skipped = Some(match r.skipped.take() {
+                Some(x) => format!("{x}; {why}"),
+                None => why.to_string(),
+            });
+        }
+    }
+
+    /// A target that did not start: every client's subject of it.
+    pub fn mark_target_unavailable(&mut self, s: Subject, mtu: u32, reason: String) {
+        for c in self.clients().into_iter().filter(|c| c.serves(s)) {
+            self.mark_unavailable(&c.key(s), mtu, reason.clone());
+        }
+    }
+
+    pub fn mark_unavailable(&mut self, key: &SubjectKey, mtu: u32, reason: String) {
+        self.say(&format!("lab: {key} at MTU {mtu}: unavailable: {reason}"));
+        if let Some(s) = self.results.subjects.iter_mut().find(|s| &s.key == key) {
+            if s.unavailable.is_none() {
+                s.unavailable = Some(reason.clone());
+            }
+        }
+        self.results.failures.push(Failure { subject: key.to_string(), mtu: Some(mtu), workload: String::new(), reason });
+        // Its runs will not happen: keep the progress bar honest.
+        let skipped = self.runs_per_subject(mtu);
+        self.progress.inc(skipped);
+    }
+
+    /// The runs one networked subject makes at `mtu` (micro, sweep, and
+    /// at the first MTU the fs suite's).
+    pub fn runs_per_subject(&self, mtu: u32) -> u64 {
+        let p = &self.plan.params;
+        let fs = match &self.plan.fs {
+            Some(f) if p.mtus.first() == Some(&mtu) => self.plan.fs_cases(false).len() as u64 * f.repeat as u64,
+            _ => 0,
+        };
+        self.plan.micro.len() as u64 * p.repeat as u64 + self.plan.sweep.len() as u64 * p.sweep_repeats() as u64 + fs
+    }
+
+    /// A case's row in the terminal (none without samples).
+    pub fn print_case_row(&self, key: &SubjectKey, mtu: Option<u32>, suite: Suite, w: &Workload, samples: Vec<Sample>) {
+        if samples.is_empty() {
+            return;
+        }
+        let case = Case {
+            key: bw_lab_results::accounting::CaseKey {
+                suite,
+                link: if mtu.is_some() { self.shape.clone() } else { bw_lab_results::default_link() },
+                mtu,
+                workload: w.name.clone(),
+                subject: key.clone(),
+                factors: samples[0].factors.clone(),
+            },
+            workload: w.clone(),
+            samples,
+        };
+        self.say(&bw_lab_report::rows::case_row(&case));
+    }
+}

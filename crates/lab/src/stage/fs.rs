@@ -1,0 +1,609 @@
+//! The fs suite as a stage: after micro and sweep, on the same targets,
+//! every subject (the networked ones that are still up, then the local
+//! baseline) gets a file system mounted in its turn, runs every
+//! (workload, memory limit) case in a memory cgroup of its own, and is
+//! unmounted; the order rotates between repetitions.
+
+use super::link::MAX_CONSECUTIVE_FAILURES;
+use super::context::RunContext;
+use super::hooks::Stage;
+use super::link::LinkRun;
+use crate::cleanup::{interrupted, registry, Resource, Token};
+use crate::targets::TargetProcess;
+use crate::topology::{Link, Topology};
+use bw_lab_results::net::WireCounters;
+use bw_lab_results::{unix_now, Failure, SubjectKey};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The fs suite's state over the run.
+#[derive(Default)]
+pub struct FsStage {
+    /// Where the fs suite mounts each subject in turn, and what made it.
+    dir: Option<PathBuf>,
+    dir_token: Option<(Token, Option<crate::mounts::SharedDir>)>,
+    /// Numbers the fs suite's cgroups.
+    serial: u64,
+    /// The memory controller of an ssh client host (`remote_fs::cgroup_base`).
+    client_cgroup: Option<(String, String)>,
+    /// The file system and fsync setting being measured.
+    fs_kind: crate::fs_kind::FsKind,
+    fsync: crate::fs_kind::Fsync,
+    fs_factors: bw_lab_results::fs::FsFactors,
+    /// The file system the file servers' exports are on now.
+    nfs_server_fs: crate::fs_kind::FsKind,
+}
+
+impl Stage for FsStage {
+    /// The mount point (on an ssh client host: there, with its memory
+    /// controller looked up).
+    fn setup(&mut self, _cx: &mut RunContext, topo: &Topology) -> anyhow::Result<()> {
+        if let Some(h) = topo.client.ssh() {
+            // The workloads run on the client host, and mount there.
+            self.client_cgroup = Some(crate::remote_fs::cgroup_base(h)?);
+            let (t, dir) = crate::remote_fs::mountpoint(h)?;
+            self.dir_token = Some((t, None));
+            self.dir = Some(dir);
+        } else {
+            // The mount point lives in a shared mount: see SharedDir.
+            let pid = std::process::id();
+            let shared = crate::mounts::SharedDir::create(&crate::mounts::fs_dir(pid))?;
+            let dir = crate::mounts::fs_mountpoint(pid);
+            let made = registry().create(Resource::Dir(dir.clone()), || Ok(std::fs::create_dir_all(&dir)?));
+            let (t, ()) = match made {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = shared.release();
+                    return Err(e);
+                }
+            };
+            self.dir_token = Some((t, Some(shared)));
+            self.dir = Some(dir);
+        }
+        Ok(())
+    }
+
+    fn needs_targets(&self) -> bool {
+        true
+    }
+
+    fn on_link(&mut self, cx: &mut RunContext, run: &mut LinkRun) -> anyhow::Result<()> {
+        self.nfs_server_fs = Default::default();
+        if run.first {
+            self.run_fs(cx, run)?;
+        }
+        Ok(())
+    }
+
+    fn teardown(&mut self) -> anyhow::Result<()> {
+        if let Some((t, shared)) = self.dir_token.take() {
+            registry().release(t)?;
+            if let Some(shared) = shared {
+                shared.release()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A subject of the fs suite: its key, how its file system is reached,
+/// and the index of its target process (none for the local baseline).
+#[derive(Clone)]
+struct FsSubject {
+    key: SubjectKey,
+    reach: Reach,
+    proc: Option<usize>,
+}
+
+/// Where an fs subject's file system is.
+#[derive(Clone)]
+enum Reach {
+    /// The local baseline: a loop device over the backing file.
+    Local,
+    /// `blockwire mount` of the URL (over NFS: a file system in the
+    /// image file, as a VM guest has one).
+    Blockwire { url: String, image_on_nfs: bool },
+    /// A kernel block initiator's device, with a file system made on it.
+    KernelDevice(String),
+    /// The client host's kernel NFS client mounting the export at
+    /// `address`: the server's file system.
+    KernelNfs(crate::kernel_nfs::NfsVersion, crate::subjects::Address),
+}
+
+/// One fs case: a workload at one memory limit on one subject's file
+/// system (or the local raw device) in one repetition.
+#[derive(Clone, Copy)]
+struct FsCaseRun<'a> {
+    topo: &'a Topology,
+    link: &'a Link,
+    /// The subject (`crate::fs::LOCAL` for the local baseline).
+    key: &'a SubjectKey,
+    /// The target serving the subject, for its CPU (none locally).
+    target: Option<&'a TargetProcess>,
+    /// The attach daemon of the mount, for the initiator's CPU.
+    daemon: Option<u32>,
+    rep: u32,
+    workload: crate::fs::FsWorkload,
+    mem: u64,
+    /// The mount point; the workload runs in its `w` directory.
+    mp: &'a Path,
+    /// The raw device the raw workload runs on (local baseline only).
+    raw_dev: Option<&'a str>,
+    /// A kernel initiator's file system: its CPU is the client machine's.
+    kernel: bool,
+}
+
+
+/// What workload `w` needs in `dir` before it is measured: PostMark's
+/// config; IOgen's file, laid out (not measured), as IOgen's file existed
+/// before its run.
+fn prepare_fs_workload(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, dir: &Path) -> anyhow::Result<()> {
+    use crate::fs::FsWorkload;
+    match w {
+        FsWorkload::Postmark => std::fs::write(
+            dir.join("postmark.cfg"),
+            crate::fs::postmark_config(fsp, dir),
+        )?,
+        FsWorkload::Iogen { .. } => {
+            // Lay the file out first (not measured), as IOgen's file existed before its run.
+            let mut cmd = Command::new("fio");
+            cmd.args(crate::fs::iogen_layout_args(
+                fsp,
+                &dir.join("iogen.dat").to_string_lossy(),
+            ));
+            let f =
+                crate::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
+            anyhow::ensure!(
+                f.ok,
+                "laying out the IOgen file failed: {}",
+                crate::command::last_lines(&f.stderr, 3)
+            );
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The result of workload `w` from what it printed.
+fn parse_fs_result(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, stdout: &str) -> anyhow::Result<crate::fs::FsResult> {
+    use crate::fs::{FsResult, FsWorkload};
+    Ok(match w {
+        FsWorkload::Flowop(_) => {
+            let r: bw_workload_report::FlowReport = crate::runner::parse_json_report(stdout)
+                .map_err(|e| anyhow::anyhow!("flowop {e}"))?;
+            anyhow::ensure!(
+                r.ops > 0,
+                "flowop did no operation (errors: {:?})",
+                r.errors
+            );
+            FsResult::Flowop(r)
+        }
+        FsWorkload::Postmark => {
+            let mut r = crate::fs::parse_postmark(stdout)?;
+            r.transactions = fsp.postmark_transactions as u64;
+            FsResult::Postmark(r)
+        }
+        FsWorkload::Bonnie => FsResult::Bonnie(crate::fs::parse_bonnie(stdout)?),
+        FsWorkload::Iogen { .. } | FsWorkload::IogenRaw => {
+            FsResult::Iogen(crate::fs::parse_iogen(stdout)?)
+        }
+    })
+}
+
+/// The memory cgroup of one fs case: on this machine, or on the ssh client
+/// host the workload runs on.
+enum FsCgroup {
+    Local(crate::cleanup::Token, crate::cgroup::MemCgroup),
+    Remote(crate::remote_fs::Cgroup),
+}
+
+impl FsStage {
+    /// File server `server` (process `pi` of `run`) restarted with its
+    /// export on `kind`: over NFS, `--fs` is the server's file system (the
+    /// one under the data), not one on the client. The kernel NFS mounts
+    /// of the micro and sweep runs on it go first: they would be stale.
+    fn serve_files_on(
+        &mut self,
+        cx: &mut RunContext,
+        run: &mut LinkRun,
+        kind: crate::fs_kind::FsKind,
+        pi: usize,
+        server: &dyn crate::subjects::FileServer,
+    ) -> Result<(), String> {
+        let (topo, link) = (run.topo, run.link);
+        for s in run.live.iter_mut().filter(|s| s.proc == Some(pi)) {
+            if let Some(k) = s.kernel.take() {
+                k.release().map_err(|e| format!("unmounting {}: {e:#}", s.key))?;
+            }
+        }
+        let p = &mut run.procs[pi];
+        cx.progress.set_message(format!("MTU {}: {}'s export on {}", link.mtu, p.name, kind.name()));
+        // One server per address and port: the old one goes first.
+        p.halt();
+        let new = server.start_on(topo, link, &cx.backing, kind)?;
+        std::mem::replace(p, new).stop();
+        Ok(())
+    }
+
+    /// The fs suite on one link: every subject (the networked ones that are
+    /// still up, then the local baseline) gets ext4 mounted in its turn,
+    /// runs every (workload, memory limit) case, and is unmounted; the
+    /// order rotates between repetitions. Subjects share the backing file,
+    /// so only one is mounted at a time, and each turn starts on a fresh
+    /// file system with an empty client cache. A peer serving files serves
+    /// from an export on each `--fs` file system in turn.
+    fn run_fs(&mut self, cx: &mut RunContext, run: &mut LinkRun) -> anyhow::Result<()> {
+        use crate::clients::ClientKind;
+        let Some(fsp) = cx.plan.fs.clone() else {
+            return Ok(());
+        };
+        let Some(mp) = self.dir.clone() else {
+            return Ok(());
+        };
+        // The fs suite makes a file system on its subject: never on the
+        // user's own storage.
+        let runs = cx.plan.fs_cases(false).len() as u64 * fsp.repeat as u64 * cx.plan.fs_combinations.len() as u64;
+        for s in run.live.iter().filter(|s| s.subject.external().is_some() && !s.gave_up) {
+            cx.progress.inc(runs);
+            cx.note_skipped(&s.key, "the fs suite does not run on external subjects (it makes a file system on its subject)");
+        }
+        let mut subjects: Vec<FsSubject> = run
+            .live
+            .iter()
+            .filter(|s| !s.gave_up && s.subject.external().is_none())
+            .map(|s| FsSubject {
+                key: s.key.clone(),
+                reach: match s.client {
+                    ClientKind::Blockwire => Reach::Blockwire { url: s.url.clone(), image_on_nfs: s.subject.address().serves_files() },
+                    ClientKind::Kernel(_) => Reach::KernelDevice(s.url.clone()),
+                    ClientKind::KernelNfs(v) => Reach::KernelNfs(v, s.subject.address()),
+                },
+                proc: s.proc,
+            })
+            .collect();
+        if cx.plan.baseline {
+            subjects.push(FsSubject { key: crate::fs::LOCAL, reach: Reach::Local, proc: None });
+        }
+        // The file servers' processes (once each), by blockwire's subject of them.
+        let servers: Vec<(usize, &'static dyn crate::subjects::FileServer)> = run
+            .live
+            .iter()
+            .filter(|s| s.client == ClientKind::Blockwire)
+            .filter_map(|s| s.subject.file_server().zip(s.proc).map(|(f, p)| (p, f)))
+            .collect();
+        for (kind, fsync) in cx.plan.fs_combinations.clone() {
+            let first = cx.results.fs.len();
+            (self.fs_kind, self.fsync) = (kind, fsync);
+            self.fs_factors = bw_lab_results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
+            if cx.plan.fs_combinations.len() > 1 {
+                cx.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
+            }
+            if self.nfs_server_fs != kind && !servers.is_empty() {
+                for &(pi, server) in &servers {
+                    if let Err(why) = self.serve_files_on(cx, run, kind, pi, server) {
+                        for s in subjects.iter().filter(|s| s.proc == Some(pi)) {
+                            self.fs_failure(cx, &s.key, Some(run.link.mtu), "(server file system)", 0, why.clone());
+                        }
+                    }
+                }
+                self.nfs_server_fs = kind;
+            }
+            self.run_fs_setting(cx, run, &subjects, &fsp, &mp)?;
+            self.print_fs_rows(cx, first);
+        }
+        Ok(())
+    }
+
+    /// The fs suite at one (file system, fsync) setting.
+    fn run_fs_setting(&mut self, cx: &mut RunContext, run: &mut LinkRun, subjects: &[FsSubject], fsp: &crate::fs::FsParams, mp: &Path) -> anyhow::Result<()> {
+        let link = run.link;
+        let n = subjects.len();
+        let mut failed_turns = vec![0u32; n];
+        for rep in 1..=fsp.repeat {
+            for turn in 0..n {
+                let i = (turn + rep as usize - 1) % n;
+                if interrupted() {
+                    anyhow::bail!("interrupted");
+                }
+                let FsSubject { key, proc, .. } = &subjects[i];
+                let (key, proc) = (key.clone(), *proc);
+                let local = proc.is_none();
+                let cases = cx.plan.fs_cases(local);
+                if failed_turns[i] >= MAX_CONSECUTIVE_FAILURES {
+                    cx.progress.inc(cases.len() as u64);
+                    continue;
+                }
+                if let Some(pi) = proc {
+                    let p = &mut run.procs[pi];
+                    if !p.alive() {
+                        let why = format!("{} died: {}", p.name, p.log_tail());
+                        self.fs_failure(cx, &key, Some(link.mtu), "(mount)", 0, why);
+                        failed_turns[i] = MAX_CONSECUTIVE_FAILURES;
+                        cx.progress.inc(cases.len() as u64);
+                        continue;
+                    }
+                }
+                let target = proc.map(|pi| &run.procs[pi]);
+                match self.fs_turn(cx, run, &subjects[i], target, rep, &cases, mp) {
+                    Ok(()) => failed_turns[i] = 0,
+                    Err(e) => {
+                        if interrupted() {
+                            anyhow::bail!("interrupted");
+                        }
+                        failed_turns[i] += 1;
+                        self.fs_failure(cx, 
+                            &key,
+                            if local { None } else { Some(link.mtu) },
+                            "(mount)",
+                            0,
+                            format!("{e:#}"),
+                        );
+                    }
+                }
+                cx.save()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn fs_failure(
+        &mut self,
+        cx: &mut RunContext,
+        subject: &SubjectKey,
+        mtu: Option<u32>,
+        workload: &str,
+        mem: u64,
+        reason: String,
+    ) {
+        let at = if mem > 0 {
+            format!(" at --client-mem {}M", mem >> 20)
+        } else {
+            String::new()
+        };
+        cx.say(&format!("lab: fs {subject} {workload}{at}: {reason}"));
+        cx.results.failures.push(Failure {
+            subject: subject.to_string(),
+            mtu,
+            workload: format!("fs {workload}{at}"),
+            reason,
+        });
+    }
+
+    /// One subject's turn: mount, every case, unmount. Cases that fail are
+    /// recorded and the turn goes on; a mount that fails ends the turn.
+    #[allow(clippy::too_many_arguments)]
+    fn fs_turn(
+        &mut self,
+        cx: &mut RunContext,
+        run: &LinkRun,
+        subject: &FsSubject,
+        target: Option<&TargetProcess>,
+        rep: u32,
+        cases: &[(crate::fs::FsWorkload, u64)],
+        mp: &Path,
+    ) -> anyhow::Result<()> {
+        let (topo, link, key) = (run.topo, run.link, &subject.key);
+        let kernel = matches!(subject.reach, Reach::KernelDevice(_));
+        use crate::fs::FsWorkload;
+        cx.progress
+            .set_message(format!("fs {key} #{rep}: mounting"));
+        let mut left = cases.len() as u64;
+        let r = (|| -> anyhow::Result<()> {
+            let base = FsCaseRun {
+                topo,
+                link,
+                key,
+                target: None,
+                daemon: None,
+                rep,
+                workload: FsWorkload::IogenRaw,
+                mem: 0,
+                mp,
+                raw_dev: None,
+                kernel,
+            };
+            let size = cx.plan.params.size_bytes;
+            let client = &topo.client;
+            let mounted = match &subject.reach {
+                Reach::KernelNfs(v, address) => crate::kernel_nfs::mount(client, link.target_ip, *address, *v, mp, "")?,
+                Reach::KernelDevice(dev) => crate::remote_fs::mount_device(client, dev, mp, self.fs_kind, size)?,
+                Reach::Blockwire { url, image_on_nfs } => {
+                    // Over NFS `--fs` is the server's file system; the
+                    // image's own (a VM guest's) stays ext4.
+                    let kind = if *image_on_nfs { crate::fs_kind::FsKind::Ext4 } else { self.fs_kind };
+                    match client.ssh() {
+                        Some(h) => crate::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
+                        None => crate::mounts::mount_remote_as(&cx.exe, client, url, mp, kind, size)?,
+                    }
+                }
+                Reach::Local => {
+                    // The raw device first: the file system goes on it next.
+                    let (loop_token, dev) = crate::mounts::loop_device(&cx.backing)?;
+                    for &(workload, mem) in cases.iter().filter(|(w, _)| *w == FsWorkload::IogenRaw) {
+                        if interrupted() {
+                            break;
+                        }
+                        self.fs_case(cx, &FsCaseRun { workload, mem, raw_dev: Some(&dev), ..base });
+                        left -= 1;
+                    }
+                    crate::mounts::mount_local_as(&dev, loop_token, mp, self.fs_kind, cx.plan.params.size_bytes)?
+                }
+            };
+            let on_fs = FsCaseRun { target, daemon: mounted.daemon_pid, ..base };
+            for &(workload, mem) in cases.iter().filter(|(w, _)| *w != FsWorkload::IogenRaw) {
+                if interrupted() {
+                    break;
+                }
+                self.fs_case(cx, &FsCaseRun { workload, mem, ..on_fs });
+                left -= 1;
+            }
+            cx.progress
+                .set_message(format!("fs {key} #{rep}: unmounting"));
+            mounted.release()
+        })();
+        cx.progress.inc(left);
+        r
+    }
+
+    /// One workload at one memory limit, in a cgroup of its own; the sample
+    /// or the failure (an OOM kill among them) goes into the results.
+    fn fs_case(&mut self, cx: &mut RunContext, c: &FsCaseRun) {
+        let (key, w, mem) = (c.key, c.workload, c.mem);
+        let local = *key == crate::fs::LOCAL;
+        let mtu = if local { None } else { Some(c.link.mtu) };
+        cx.progress
+            .set_message(format!("fs {key} {} {}M #{}", w.name(), mem >> 20, c.rep));
+        match self.fs_case_inner(cx, c) {
+            Ok(s) => cx.results.fs.push(s),
+            Err(e) => {
+                if !interrupted() {
+                    self.fs_failure(cx, key, mtu, w.name(), mem, format!("{e:#}"));
+                }
+            }
+        }
+        // (Interrupted: the file system is about to go, and writing its
+        // deletions back through a busy link is what made Ctrl-C slow.)
+        if !interrupted() {
+            if let Err(e) = crate::remote_fs::clean_dir(&c.topo.client, &c.mp.join("w")) {
+                cx.say(&format!("lab: {e:#}"));
+            }
+        }
+        cx.progress.inc(1);
+    }
+
+    fn fs_case_inner(&mut self, cx: &mut RunContext, c: &FsCaseRun) -> anyhow::Result<crate::fs::FsSample> {
+        let &FsCaseRun { topo, link, key, target, daemon, rep, workload: w, mem, mp, raw_dev, kernel } = c;
+        let fsp = cx
+            .plan
+            .fs
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
+        let local = *key == crate::fs::LOCAL;
+        let dir = mp.join("w");
+        // Over ssh the workload, its files and its cgroup are the client host's.
+        let remote = topo.client.ssh();
+        match remote {
+            Some(h) => crate::remote_fs::prepare(h, w, &fsp, &dir)?,
+            None => {
+                std::fs::create_dir_all(&dir)?;
+                prepare_fs_workload(w, &fsp, &dir)?;
+            }
+        }
+        self.serial += 1;
+        let name = format!("bwlab-{}-{}", std::process::id(), self.serial);
+        let cg = match (remote, &self.client_cgroup) {
+            (Some(h), Some(base)) => FsCgroup::Remote(crate::remote_fs::Cgroup::create(h, base, &name, mem)?),
+            (Some(_), None) => anyhow::bail!("the client host's memory controller was not looked up"),
+            (None, _) => {
+                let (t, g) = crate::cgroup::create_tracked(Path::new(crate::cgroup::ROOT), &name, mem)?;
+                FsCgroup::Local(t, g)
+            }
+        };
+        let (busy, _) = cx.wait_idle();
+        let started_unix = unix_now();
+        let wire0 = if local {
+            None
+        } else {
+            Some(topo.client_counters(link)?)
+        };
+        let cpu_t0 = target.map(|t| t.cpu_seconds()).transpose()?;
+        let cpu_d0 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
+        // A kernel initiator's work is the client machine's (see clients.rs).
+        let machine0 = if kernel { Some(crate::clients::machine_cpu_seconds(&topo.client)?) } else { None };
+        let (prog, args) = crate::fs::command(w, &fsp, &topo.client.lab_exe(&cx.exe), &dir, raw_dev);
+        // Room for making the file sets and Bonnie++'s passes over a slow link.
+        let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
+        let run = match (&cg, remote) {
+            (FsCgroup::Remote(g), Some(h)) => crate::remote_fs::run_in_cgroup(h, g, &dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout),
+            (FsCgroup::Local(_, g), _) => {
+                // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
+                let mut cmd = match self.fsync.wrapper() {
+                    Some(wrapper) => {
+                        let mut c = Command::new(wrapper);
+                        c.arg(&prog);
+                        c
+                    }
+                    None => Command::new(&prog),
+                };
+                cmd.args(&args).current_dir(&dir);
+                crate::runner::run_workload(cmd, w.name(), timeout, Some(&g.procs_file()))
+            }
+            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
+        };
+        let machine1 = if kernel { Some(crate::clients::machine_cpu_seconds(&topo.client)?) } else { None };
+        let cpu_t1 = target.map(|t| t.cpu_seconds()).transpose()?;
+        let cpu_d1 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
+        let wire1 = if local {
+            None
+        } else {
+            Some(topo.client_counters(link)?)
+        };
+        let (ooms, peak) = match (cg, remote) {
+            (FsCgroup::Remote(g), Some(h)) => g.finish(h)?,
+            (FsCgroup::Local(t, g), _) => {
+                let v = (g.oom_kills(), g.peak_bytes());
+                registry().release(t)?;
+                v
+            }
+            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
+        };
+        let f = run?;
+        if ooms > 0 {
+            anyhow::bail!(
+                "OOM: the kernel killed the workload in its {} MiB memory cgroup ({ooms} kill(s))",
+                mem >> 20
+            );
+        }
+        if !f.ok {
+            let how = match f.signal {
+                Some(sig) => format!("killed by signal {sig}"),
+                None => "failed".to_string(),
+            };
+            anyhow::bail!(
+                "{} {how}: {}",
+                prog,
+                crate::command::last_lines(&f.stderr, 3)
+            );
+        }
+        let result = parse_fs_result(w, &fsp, &f.stdout)?;
+        let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        };
+        Ok(crate::fs::FsSample {
+            subject: key.clone(),
+            link: cx.shape.clone(),
+            mtu: if local { None } else { Some(link.mtu) },
+            client_mem: mem,
+            workload: w.name().into(),
+            repeat: rep,
+            result,
+            elapsed_s: f.elapsed_s,
+            workload_cpu_s: f.cpu_s,
+            // A kernel initiator's: the client machine's CPU beside the
+            // workload's own (what the kernel did for it: initiator, block
+            // layer, the file system's writeback).
+            attach_cpu_s: match (machine0, machine1) {
+                (Some(a), Some(b)) => Some(((b.0 + b.1) - (a.0 + a.1) - f.cpu_s).max(0.0)),
+                _ => delta(cpu_d0, cpu_d1),
+            },
+            target_cpu_s: delta(cpu_t0, cpu_t1),
+            wire: match (wire0, wire1) {
+                (Some(a), Some(b)) => Some(WireCounters::delta(&a, &b)),
+                _ => None,
+            },
+            peak_mem_bytes: peak,
+            busy_before: busy,
+            started_unix,
+            factors: self.fs_factors.clone(),
+        })
+    }
+
+    /// The fs results of this link in the terminal (from `first` on).
+    fn print_fs_rows(&self, cx: &RunContext, first: usize) {
+        for line in bw_lab_report::rows::fs_rows(&cx.results.fs[first..]) {
+            cx.say(&line);
+        }
+    }
+}

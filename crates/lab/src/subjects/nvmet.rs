@@ -1,0 +1,107 @@
+//! nvmet, the Linux kernel's NVMe-oF target (study 4 measured it), set up
+//! through configfs directly (no nvmetcli): a subsystem with its own NQN,
+//! the backing file (or device) as namespace 1, any host allowed, and a
+//! port of its own per transport: NVMe/TCP (`nvmet`), and NVMe/RDMA
+//! (`nvmet-rdma`) on the same subsystem when the link has an RDMA device
+//! on both hosts (the rule of `crate::rdma`). Ports the host already has
+//! are never touched or linked: the lab's get fresh port numbers, and a
+//! subsystem of the lab's NQN that is not this run's is refused.
+
+use super::configfs;
+use super::target::{Address, PeerTarget, Tool};
+use crate::targets::TargetProcess;
+use crate::topology::{Link, Topology};
+use std::path::Path;
+
+pub const NQN: &str = "nqn.2026-11.org.blockwire.lab:nvmet";
+/// Not blockwire's 4420 (TCP) or 4421 (RDMA).
+pub const TCP_PORT: u16 = 4422;
+pub const RDMA_PORT: u16 = 4423;
+
+/// One transport of the lab's nvmet subsystem: a registry row each.
+pub struct Nvmet {
+    pub rdma: bool,
+}
+
+/// `$1` NQN, `$2` backing, `$3` transport (tcp, rdma), `$4` address, `$5`
+/// port, `$6` this run's mark (the subsystem's serial number: a second
+/// transport of the same run joins the subsystem, anyone else's is left
+/// alone). A file namespace uses buffered I/O (`buffered_io=1`: tmpfs,
+/// where the lab's backing lives, takes no O_DIRECT); the settings line
+/// says which.
+const SETUP: &str = r#"nqn=$1; backing=$2; tr=$3; addr=$4; svc=$5; mark=$6
+load nvmet || nocfs "the kernel of $(uname -n) $(uname -r) has no nvmet"
+n=/sys/kernel/config/nvmet; s=$n/subsystems/$nqn
+[ -d "$n/subsystems" ] || nocfs "$n is missing on $(uname -n)"
+load nvmet-$tr || fail "the kernel of $(uname -n) has no nvmet-$tr"
+join=""
+if [ -d "$s" ]; then
+  [ "$(sed 's/ *$//' "$s/attr_serial")" = "$mark" ] || fail "$nqn exists on $(uname -n) already (another lab's, or not the lab's): left alone"
+  join=1
+fi
+p=7700; while [ -e "$n/ports/$p" ]; do p=$((p+1)); done
+rec nvmet "$nqn" "$p"
+if [ -z "$join" ]; then
+  mkdir "$s" || fail "cannot make the subsystem $nqn"
+  echo "$mark" > "$s/attr_serial"
+  echo 1 > "$s/attr_allow_any_host"
+  mkdir "$s/namespaces/1"
+  printf %s "$backing" > "$s/namespaces/1/device_path"
+  [ -b "$backing" ] || echo 1 > "$s/namespaces/1/buffered_io"
+  echo 1 > "$s/namespaces/1/enable" || fail "namespace 1 on $backing did not enable: $(dmesg | tail -n 2 | tr '\n' ' ')"
+fi
+mkdir "$n/ports/$p"
+echo ipv4 > "$n/ports/$p/addr_adrfam"
+echo "$tr" > "$n/ports/$p/addr_trtype"
+echo "$addr" > "$n/ports/$p/addr_traddr"
+echo "$svc" > "$n/ports/$p/addr_trsvcid"
+ln -s "$s" "$n/ports/$p/subsystems/$nqn" || fail "port $p ($tr $addr:$svc) did not enable: $(dmesg | tail -n 2 | tr '\n' ' ')"
+if [ -b "$backing" ]; then io="block device namespace"; else io="file namespace, buffered_io=$(cat "$s/namespaces/1/buffered_io")"; fi
+echo "settings nvmet in Linux $(uname -r): $io on $backing, port $p ($tr $addr:$svc), any host allowed"
+"#;
+
+impl PeerTarget for Nvmet {
+    fn name(&self) -> &'static str {
+        if self.rdma {
+            "nvmet-rdma"
+        } else {
+            "nvmet"
+        }
+    }
+
+    fn target_name(&self) -> &'static str {
+        "nvmet"
+    }
+
+    fn address(&self) -> Address {
+        if self.rdma {
+            Address::NvmeRdma { nqn: NQN, port: RDMA_PORT }
+        } else {
+            Address::Nvme { nqn: NQN, port: TCP_PORT }
+        }
+    }
+
+    // Opt-in: it changes the target host's kernel state (modules, configfs).
+    fn in_default_plan(&self) -> bool {
+        false
+    }
+
+    fn tools(&self) -> &'static [Tool] {
+        &[]
+    }
+
+    fn version(&self) -> Option<String> {
+        Some("the target host's kernel (its version is in the subject table)".into())
+    }
+
+    fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
+        if self.rdma {
+            if let Some(why) = crate::rdma::check(&topo.target, &link.target_if).or_else(|| crate::rdma::check(&topo.client, &link.client_if)) {
+                return Err(why);
+            }
+        }
+        let (tr, port) = if self.rdma { ("rdma", RDMA_PORT) } else { ("tcp", TCP_PORT) };
+        let args = [NQN.to_string(), backing.to_string_lossy().into_owned(), tr.into(), link.target_ip.to_string(), port.to_string(), format!("bwlab{}", std::process::id())];
+        configfs::set_up(&topo.target, if self.rdma { "nvmet (RDMA)" } else { "nvmet" }, SETUP, &args)
+    }
+}
