@@ -390,7 +390,8 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let mut reader = FrameReader::with_capacity(256 * 1024);
     let mut dec = Decoder::new(LOGIN_MAX_DATA);
     let mut out = Outbox::default();
-    let Some(res) = login(&ctx, &published.login, &mut ticket, &mut stream, &mut reader, &dec, &mut out).await? else {
+    let Some((res, registered)) = login(&ctx, &published.login, peer, &mut ticket, &mut stream, &mut reader, &dec, &mut out).await?
+    else {
         return Ok(());
     };
     let _session = res
@@ -414,20 +415,12 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let session = full_feature_session(&ctx, &published.login, &res, local, digests)
         .with_timers(timers, Instant::now());
     let scsi = res.target.map(|i| published.targets[i].clone());
-    let nexus = ctx.next_nexus.fetch_add(1, Ordering::Relaxed);
+    let (nexus, ending, stats) = (registered.nexus, registered.ending.clone(), registered.stats.clone());
     if let Some(s) = &scsi {
         let isid: String = res.isid.iter().map(|b| format!("{b:02x}")).collect();
         s.set_initiator_name(nexus, &format!("{},i,0x{isid}", res.initiator_name));
     }
-    let key = res
-        .target
-        .map(|t| (res.initiator_name.clone(), res.isid, published.login.targets[t].name.clone()));
     drop(published);
-    let ending = Ending::new();
-    let stats = Arc::new(SessionStats::default());
-    if let Some(k) = &key {
-        reinstate(&ctx, k, SessionEntry { nexus, ending: ending.clone(), peer, stats: stats.clone() });
-    }
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let mut conn = Connection {
         session,
@@ -447,12 +440,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         Exit::Closed(r) => r,
         Exit::Returned => Ok(()),
     };
-    if let Some(k) = &key {
-        let mut map = ctx.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(k).is_some_and(|e| e.nexus == nexus) {
-            map.remove(k);
-        }
-    }
+    drop(registered);
     driver::close(stream, &mut conn.out).await;
     if let Some(s) = &scsi {
         s.nexus_gone(nexus);
@@ -460,17 +448,45 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     r
 }
 
+/// A session's place in [`Ctx::sessions`] (a normal session's; a discovery
+/// session has a nexus and no key), left when this is dropped unless a
+/// newer login of the same session has taken it.
+struct Registered {
+    ctx: Arc<Ctx>,
+    key: Option<SessionKey>,
+    nexus: u64,
+    ending: Arc<Ending>,
+    stats: Arc<SessionStats>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Some(k) = &self.key {
+            let mut map = self.ctx.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            if map.get(k).is_some_and(|e| e.nexus == self.nexus) {
+                map.remove(k);
+            }
+        }
+    }
+}
+
 /// The login phase, strictly request/response, within the login timeout.
 /// `None`: the login failed or was refused (the answer has been sent).
+///
+/// A normal session is recorded under its key (reinstating an older one)
+/// before the final login response goes out: once the initiator has that
+/// answer it may log in again with the same ISID, and that newer login
+/// must find this session to reinstate, not be reinstated by it.
 async fn login(
-    ctx: &Ctx,
+    ctx: &Arc<Ctx>,
     targets: &LoginConfig,
+    peer: SocketAddr,
     ticket: &mut Ticket,
     stream: &mut TcpStream,
     reader: &mut FrameReader,
     dec: &Decoder,
     out: &mut Outbox,
-) -> anyhow::Result<Option<LoginResult>> {
+) -> anyhow::Result<Option<(LoginResult, Registered)>> {
     let tsih = loop {
         let t = ctx.next_tsih.fetch_add(1, Ordering::Relaxed);
         if t != 0 {
@@ -480,6 +496,7 @@ async fn login(
     let login_timeout = ctx.admission.limits().login_timeout();
     let mut login =
         TargetLogin::new(targets, tsih, chap_entropy()?).with_deadline(std::time::Instant::now() + login_timeout);
+    let mut registered = None;
     loop {
         let next = reader.next(&mut *stream, dec, |b| dec.decode(b));
         let pdu = match login.poll_timeout() {
@@ -509,6 +526,18 @@ async fn login(
                 log::warn!("iSCSI login refused: the {kind:?} session pool is full ({})", kind.knob());
                 return Ok(None);
             }
+            let key = r.target.map(|t| (r.initiator_name.clone(), r.isid, targets.targets[t].name.clone()));
+            let reg = Registered {
+                ctx: ctx.clone(),
+                key,
+                nexus: ctx.next_nexus.fetch_add(1, Ordering::Relaxed),
+                ending: Ending::new(),
+                stats: Arc::new(SessionStats::default()),
+            };
+            if let Some(k) = &reg.key {
+                reinstate(ctx, k, SessionEntry { nexus: reg.nexus, ending: reg.ending.clone(), peer, stats: reg.stats.clone() });
+            }
+            registered = Some(reg);
         }
         push_pdu(out, &resp, Digests::default());
         out.drain(stream).await?;
@@ -529,9 +558,9 @@ async fn login(
             }
         }
     }
-    match login.result() {
-        Some(r) => Ok(Some(r.clone())),
-        None => anyhow::bail!("login completed without a result"),
+    match (login.result(), registered) {
+        (Some(r), Some(reg)) => Ok(Some((r.clone(), reg))),
+        _ => anyhow::bail!("login completed without a result"),
     }
 }
 
