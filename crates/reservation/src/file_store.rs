@@ -31,6 +31,20 @@ impl FileStore {
         FileStore { state, lock: PathBuf::from(lock), stop: Default::default() }
     }
 
+    /// Remove the store beside `volume_file` (state and lock file), as the
+    /// volume's deletion does: a new volume of the same name must not
+    /// inherit the old one's registrations and holder. Missing is fine.
+    pub fn remove_beside(volume_file: &Path) -> io::Result<()> {
+        let s = FileStore::beside(volume_file);
+        for p in [&s.state, &s.lock] {
+            match std::fs::remove_file(p) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     pub fn path(&self) -> &Path {
         &self.state
     }

@@ -115,7 +115,8 @@ impl PoolObject {
         match self {
             PoolObject::File(f) => match std::fs::remove_file(f) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("removing {}: {e}", f.display())),
-                _ => Ok(()),
+                // Its reservations go with it (FILE.pr beside it).
+                _ => bw_reservation::FileStore::remove_beside(f).map_err(|e| format!("removing the reservations beside {}: {e}", f.display())),
             },
             PoolObject::Rbd(t) => {
                 let p = RbdPool::connect(t).map_err(|e| e.to_string())?;

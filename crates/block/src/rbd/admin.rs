@@ -73,14 +73,15 @@ impl RbdPool {
         Ok(())
     }
 
-    /// Remove an image (librbd refuses while it has snapshots: ENOTEMPTY).
+    /// Remove an image (librbd refuses while it has snapshots: ENOTEMPTY)
+    /// and then the reservations kept beside it.
     pub fn remove(&self, image: &str) -> io::Result<()> {
         let name = cstr("image", image)?;
         // SAFETY: a live ioctx and a C string.
         check(unsafe { (self.conn.lib.rbd_remove)(self.conn.ioctx, name.as_ptr()) }, || {
             format!("{}: remove", self.what(image, None))
         })?;
-        Ok(())
+        super::pr_store::remove(&self.conn, image)
     }
 
     /// Snapshot the image and protect the snapshot (clones need a

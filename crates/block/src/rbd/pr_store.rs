@@ -53,12 +53,30 @@ pub struct RadosStore {
 unsafe impl Send for Watch {}
 unsafe impl Sync for Watch {}
 
+/// The RADOS object that holds `image`'s reservations.
+fn object_id(image: &str) -> io::Result<CString> {
+    cstr("object", &format!("blockwire.pr.{image}"))
+}
+
+/// Remove `image`'s reservation object (with the image: a new image of
+/// the same name must not inherit the old one's registrations and
+/// holder). Missing is fine.
+pub(super) fn remove(conn: &Connection, image: &str) -> io::Result<()> {
+    let oid = object_id(image)?;
+    // SAFETY: a live ioctx and a C string.
+    let r = unsafe { (conn.lib.rados_remove)(conn.ioctx, oid.as_ptr()) };
+    if r == -libc::ENOENT {
+        return Ok(());
+    }
+    check(r, || format!("rados object blockwire.pr.{image}: remove")).map(|_| ())
+}
+
 impl RadosStore {
     /// The store of `image` (in the connection's pool); creates the object
     /// (empty state) if it is missing.
     pub(super) fn open(conn: Arc<Connection>, pool: &str, image: &str) -> io::Result<RadosStore> {
         let lib = conn.lib;
-        let oid = cstr("object", &format!("blockwire.pr.{image}"))?;
+        let oid = object_id(image)?;
         let name = format!("rados object {pool}/blockwire.pr.{image}");
         let store = RadosStore { watch: Arc::new(Watch { lib, conn, oid, cookie: AtomicU64::new(0), on: Mutex::new(None) }), name };
         // Create it exclusively with the empty state; if it exists, keep it.

@@ -177,10 +177,16 @@ fn lifecycle_on_reflinks_survives_a_restart() {
     assert_eq!(list_without_allocation(&ctl(&sock, "volume_list", "{}")), list_without_allocation(&list), "volumes after the restart");
     check("after the restart");
     assert!(read_url(&url(3), 8 * MIB as u64, MIB) == pattern(3, 0, MIB), "the clone's own write is gone");
-    // Unexported, deletion goes through and takes the file.
+    // Unexported, deletion goes through and takes the file, and the
+    // reservations kept beside it (as a reservation leaves them: a new
+    // volume of the name must not inherit them).
     ctl(&sock, "nvme_ns_remove", &format!(r#"{{"nqn":"{nqn}","nsid":3}}"#));
+    for f in ["c.img.pr", "c.img.pr.lock"] {
+        std::fs::write(pool.join(f), b"{}").unwrap();
+    }
     ctl(&sock, "volume_delete", r#"{"name":"c"}"#);
     assert!(!pool.join("c.img").exists());
+    assert!(!pool.join("c.img.pr").exists() && !pool.join("c.img.pr.lock").exists(), "the reservations beside c.img were left");
     assert!(ctl_err(&sock, "volume_delete", r#"{"name":"c"}"#).contains("no volume c"));
 }
 
@@ -261,7 +267,9 @@ fn kernel_initiator_reads_snapshots_and_clones() {
 /// not the origin's later write; the clone holds the snapshot's data and
 /// takes writes); deletes are refused while exported, while a snapshot has
 /// clones and while an image has snapshots (each named), and then remove
-/// the images and the snapshot from the cluster.
+/// the images and the snapshot from the cluster, and an exported image's
+/// reservation object with it (a new image of that name must not inherit
+/// its registrations).
 #[test]
 fn rbd_pool_snapshots_and_clones() {
     let ceph = crate::common::ceph::Ceph::shared();
@@ -288,6 +296,8 @@ fn rbd_pool_snapshots_and_clones() {
     let a = pattern(0x33, 0, 4 * MIB);
     let b = pattern(0x44, MIB as u64, MIB);
     write_url(&url(1), 0, &a).unwrap();
+    let pr_object = format!("blockwire.pr.{v}");
+    assert!(ceph.rados(&["-p", "rbd", "ls"]).lines().any(|l| l == pr_object), "serving {v} made no reservation object");
     ctl(&sock, "volume_snapshot", &format!(r#"{{"name":"{v}","snapshot":"{s}"}}"#));
     write_url(&url(1), MIB as u64, &b).unwrap();
     let snaps = ceph.rbd(&["snap", "ls", "--format", "json", &format!("rbd/{v}")]);
@@ -325,6 +335,8 @@ fn rbd_pool_snapshots_and_clones() {
     ctl(&sock, "volume_delete", &format!(r#"{{"name":"{v}"}}"#));
     let images = ceph.rbd(&["ls", "rbd"]);
     assert!(!images.lines().any(|l| l == v || l == c), "images left after volume_delete: {images}");
+    let objects = ceph.rados(&["-p", "rbd", "ls"]);
+    assert!(!objects.lines().any(|l| l.starts_with("blockwire.pr.") && l.ends_with(&u)), "reservation objects left after volume_delete: {objects}");
 }
 
 /// volume_list with allocated_bytes left out (the file system may still

@@ -251,6 +251,13 @@ impl Ceph {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `rados -c CONF ARGS`, panicking with the output if it fails.
+    pub fn rados(&self, args: &[&str]) -> String {
+        let out = self.tool("rados", args, Duration::from_secs(60));
+        assert!(out.status.success(), "rados {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// `rbd -c CONF ARGS` under `timeout`, whatever its result.
     pub fn rbd_output(&self, args: &[&str], timeout: Duration) -> Output {
         self.tool("rbd", args, timeout)
