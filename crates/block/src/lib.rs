@@ -36,7 +36,7 @@ pub use rbd::{RbdDevice, RbdPool};
 pub use request::{OnDone, Request};
 pub use size::{format_size, parse_size};
 pub use spec::{BackendKind, BackendSpec, RbdTarget};
-pub use volume::{IoStats, IoStatsSnapshot, Volume};
+pub use volume::{IoStats, IoStatsSnapshot, MappedBytes, Volume};
 
 use std::io;
 

@@ -3,7 +3,7 @@
 
 use crate::{BlockDevice, BlockError, DeviceInfo, Request, Result};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 #[derive(Default, Debug)]
 pub struct IoStats {
@@ -94,6 +94,94 @@ struct VolumeInner {
     /// The volume's persistent reservations, shared by every front-end
     /// that exports it (and, through its store, by other gateways).
     reservations: Arc<bw_reservation::Shared>,
+    /// A memory-backed volume's backing file mapped read-only, made at the
+    /// first [`Volume::mapped_read`] (None: the backend has no such file,
+    /// or mmap failed).
+    mapping: OnceLock<Option<Mapping>>,
+}
+
+/// The backing file of a memory-backed volume (memfd, tmpfs) mapped
+/// read-only and shared, so that a front-end can hand its bytes to a
+/// system call (`sendmsg`) that copies them into the socket once, instead
+/// of reading them into a buffer first (a `pread`: a system call, a page
+/// cache lookup and a copy per read).
+///
+/// Nothing in user space ever reads through it: if the file were
+/// truncated under the mapping (by someone else: the volume's own size
+/// never shrinks below what it checks), a read there would raise SIGBUS
+/// and end the process, where the kernel's copy fails with EFAULT and
+/// only the system call fails.
+struct Mapping {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is read only by the kernel (system calls given its
+// addresses); the pointer is never dereferenced here, so sharing it across
+// threads cannot race in user space.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn of(fd: std::os::fd::BorrowedFd<'_>, len: u64) -> Option<Mapping> {
+        use std::os::fd::AsRawFd;
+        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
+        // SAFETY: a fresh shared read-only mapping of an open descriptor;
+        // the result is checked before use.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        (ptr != libc::MAP_FAILED).then_some(Mapping { ptr, len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `of` mapped, once; no MappedBytes refers to
+        // it any more (each holds the volume, and so this, alive).
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// `len` bytes of a volume, in its mapped backing file ([`Volume::mapped_read`]),
+/// for a system call to copy: [`MappedBytes::iovec`]. Holds the volume,
+/// and so the mapping, alive.
+pub struct MappedBytes {
+    vol: Volume,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: see `Mapping`: the bytes are only ever handed to the kernel.
+unsafe impl Send for MappedBytes {}
+unsafe impl Sync for MappedBytes {}
+
+impl MappedBytes {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes from `skip` on, for `sendmsg`/`writev` (never to be read
+    /// in user space: see `Mapping`).
+    pub fn iovec(&self, skip: usize) -> libc::iovec {
+        let skip = skip.min(self.len);
+        // SAFETY: within the mapped range (checked when made).
+        libc::iovec { iov_base: unsafe { self.ptr.add(skip) } as *mut libc::c_void, iov_len: self.len - skip }
+    }
+
+    /// `len` bytes from `start` (within these).
+    pub fn slice(&self, start: usize, len: usize) -> MappedBytes {
+        assert!(start.checked_add(len).is_some_and(|e| e <= self.len), "slice {start}+{len} of {} mapped bytes", self.len);
+        // SAFETY: within the range, as asserted.
+        MappedBytes { vol: self.vol.clone(), ptr: unsafe { self.ptr.add(start) }, len }
+    }
+
+    /// The volume the bytes are of (to count an error the copy met).
+    pub fn volume(&self) -> &Volume {
+        &self.vol
+    }
 }
 
 impl Volume {
@@ -105,7 +193,7 @@ impl Volume {
     fn with_reservations(name: impl Into<String>, dev: Box<dyn BlockDevice>, reservations: Arc<bw_reservation::Shared>) -> Self {
         let read_only = dev.info().read_only;
         let size = AtomicU64::new(dev.info().size_bytes);
-        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default(), reservations }) }
+        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default(), reservations, mapping: OnceLock::new() }) }
     }
 
     /// Open a backend spec and wrap it. Its persistent reservations are
@@ -207,6 +295,35 @@ impl Volume {
         let Some(fd) = self.inner.dev.zero_copy_fd() else { return Ok(None) };
         self.inner.stats.count_read(len);
         Ok(Some(fd))
+    }
+
+    /// `len` bytes at `offset` as a region of the volume's mapped backing
+    /// file, for a front-end that gives them to a system call which copies
+    /// them into a socket (one copy in all, where a `read_at` into a
+    /// buffer and its send make two). Counted as a read. `Ok(None)`: the
+    /// backend has no memory-backed file (see
+    /// `BlockDevice::zero_copy_fd`), or the range lies beyond the size
+    /// mapped at the first call (the volume grew since): use
+    /// [`Volume::read_at`]. A copy that fails (EFAULT: the file was
+    /// truncated by someone else) is reported with [`Volume::note_error`].
+    pub fn mapped_read(&self, offset: u64, len: u64) -> Result<Option<MappedBytes>> {
+        self.check(offset, len)?;
+        let mapping = self.inner.mapping.get_or_init(|| {
+            let fd = self.inner.dev.zero_copy_fd()?;
+            // No further than the file goes: past its end the kernel's
+            // copy would fail, where a read returns what is there.
+            let file_len = std::fs::File::from(fd.try_clone_to_owned().ok()?).metadata().ok()?.len();
+            Mapping::of(fd, self.size_bytes().min(file_len))
+        });
+        let Some(m) = mapping else { return Ok(None) };
+        let end = offset.checked_add(len).filter(|&e| e <= m.len as u64);
+        if end.is_none() {
+            return Ok(None);
+        }
+        self.inner.stats.count_read(len);
+        // SAFETY: offset + len is within the mapping (checked above).
+        let ptr = unsafe { (m.ptr as *const u8).add(offset as usize) };
+        Ok(Some(MappedBytes { vol: self.clone(), ptr, len: len as usize }))
     }
 
     /// Count an I/O error the front-end hit outside the volume's own calls.
@@ -330,6 +447,72 @@ mod tests {
         assert_eq!(got, vec![7u8; 512]);
         assert_eq!(v.stats().reads, 1);
         assert_eq!(v.stats().read_bytes, 512);
+    }
+
+    /// Bytes a system call copies out of `m` (a pipe's writev), as the
+    /// outbox's sendmsg does; the error where the copy fails.
+    fn copied_by_the_kernel(m: &MappedBytes) -> std::io::Result<Vec<u8>> {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let (mut r, w) = std::io::pipe()?;
+        let iov = m.iovec(0);
+        // SAFETY: one iovec the kernel reads.
+        let n = unsafe { libc::writev(w.as_raw_fd(), &iov, 1) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        drop(w);
+        let mut got = Vec::new();
+        r.read_to_end(&mut got)?;
+        Ok(got)
+    }
+
+    #[test]
+    fn mapped_read_hands_the_kernel_the_bytes_and_counts_them() {
+        let v = Volume::open("m", &BackendSpec::ram(8192)).unwrap();
+        v.write_at(&[9u8; 512], 1024).unwrap();
+        assert!(matches!(v.mapped_read(8000, 512), Err(BlockError::OutOfRange { .. })));
+        let m = v.mapped_read(1024, 1024).unwrap().expect("ram is memory-backed");
+        assert_eq!(copied_by_the_kernel(&m).unwrap(), [vec![9u8; 512], vec![0u8; 512]].concat());
+        // Written after the mapping was made: the kernel's copy sees it.
+        v.write_at(&[5u8; 512], 1536).unwrap();
+        assert_eq!(copied_by_the_kernel(&m.slice(512, 512)).unwrap(), vec![5u8; 512]);
+        assert_eq!(v.stats().reads, 1, "the one mapped_read is counted");
+        // Beyond what was mapped (the volume grew since): none.
+        v.resize(16384).unwrap();
+        assert!(v.mapped_read(8192, 512).unwrap().is_none());
+        // A file whose reads may wait for a device is not mapped.
+        let dir = std::env::temp_dir().join(format!("bw-map-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("d.img");
+        std::fs::write(&f, vec![0u8; 4096]).unwrap();
+        let d = Volume::open("d", &BackendSpec::parse(&format!("file:{}", f.display())).unwrap()).unwrap();
+        if !d.info().memory_backed {
+            assert!(d.mapped_read(0, 512).unwrap().is_none(), "a file on disk is mapped");
+        }
+        drop(d);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A backing file truncated under the mapping by someone else: the
+    /// kernel's copy fails (EFAULT), the process lives on (a read of the
+    /// mapping in user space would have raised SIGBUS).
+    #[test]
+    fn a_file_truncated_under_the_mapping_fails_the_copy_not_the_process() {
+        let shm = std::path::Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return;
+        }
+        let f = shm.join(format!("bw-trunc-{}.img", std::process::id()));
+        std::fs::write(&f, vec![3u8; 64 * 1024]).unwrap();
+        let v = Volume::open("t", &BackendSpec::parse(&format!("file:{}", f.display())).unwrap()).unwrap();
+        let m = v.mapped_read(32 * 1024, 4096).unwrap().expect("tmpfs is memory-backed");
+        assert_eq!(copied_by_the_kernel(&m).unwrap(), vec![3u8; 4096]);
+        std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(4096).unwrap();
+        let e = copied_by_the_kernel(&m).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
+        std::fs::remove_file(&f).unwrap();
+        let _ = std::fs::remove_file(f.with_extension("img.pr"));
     }
 
     #[test]

@@ -141,6 +141,10 @@ struct ServeArgs {
     /// [tuning] Smallest iSCSI or NVMe/TCP READ sent with sendfile (bytes, or with K/M suffix).
     #[arg(long, alias = "iscsi-zero-copy-min", value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
     zero_copy_min: Option<usize>,
+    /// [tuning] Shorter iSCSI and NVMe/TCP READs of memory-backed volumes sent from the
+    /// volume's mapping, gathered with their headers (false: copied first).
+    #[arg(long, value_name = "BOOL", help_heading = "Tuning")]
+    mapped_reads: Option<bool>,
     /// [tuning] Largest iSCSI or NVMe/TCP READ/WRITE copy run on the connection's thread (bytes, or with K/M suffix).
     #[arg(long, alias = "iscsi-inline-max", value_name = "SIZE", value_parser = byte_count_arg, help_heading = "Tuning")]
     inline_max: Option<usize>,
@@ -643,6 +647,7 @@ fn effective_config(a: &ServeArgs) -> anyhow::Result<bw_serve::ServeConfig> {
     set_if(&mut t.aoe_datapath, a.aoe_datapath);
     set_if(&mut t.iscsi_connection_threads, a.iscsi_connection_threads);
     set_if(&mut t.zero_copy_min, a.zero_copy_min);
+    set_if(&mut t.mapped_reads, a.mapped_reads);
     set_if(&mut t.inline_max, a.inline_max);
     set_if(&mut t.commands_per_send, a.commands_per_send);
     set_if(&mut t.tcp_congestion, a.tcp_congestion.clone());

@@ -63,6 +63,7 @@
 //! aoe_datapath = "auto"              # "xdp" (AF_XDP), "packet" (AF_PACKET); auto: AF_XDP where it works
 //! iscsi_connection_threads = true    # false: connections as tasks on the shared runtime
 //! zero_copy_min = 32768              # smallest READ sent with sendfile
+//! mapped_reads = true                # shorter iSCSI and NVMe/TCP READs of memory-backed volumes sent from their mapping
 //! inline_max = 65536                 # largest iSCSI/NVMe-TCP READ/WRITE copy run on the connection's thread
 //! commands_per_send = 0              # commands taken before the answers so far are sent; 0: all buffered first
 //! tcp_congestion = "auto"            # "system", or an algorithm ("cubic"); auto: no BBR to this machine

@@ -57,6 +57,8 @@ pub struct Knobs {
     pub inline_max: usize,
     /// Smallest READ sent with sendfile from the page cache.
     pub zero_copy_min: usize,
+    /// Shorter reads of memory-backed volumes sent from their mapping.
+    pub mapped_reads: bool,
     /// Commands taken from the receive buffer before the answers so far are
     /// sent (usize::MAX: the whole buffer first).
     pub commands_per_send: usize,
@@ -67,6 +69,7 @@ impl From<&crate::tuning::Tuning> for Knobs {
         Knobs {
             inline_max: t.inline_max,
             zero_copy_min: t.zero_copy_min,
+            mapped_reads: t.mapped_reads,
             commands_per_send: t.commands_per_send(),
         }
     }

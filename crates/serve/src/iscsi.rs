@@ -634,6 +634,15 @@ fn push_pdu(out: &mut Outbox, p: &Pdu, d: Digests) {
     }
 }
 
+/// Where a READ's payload is sent from when it is not copied into the
+/// send buffer.
+enum Payload {
+    /// The backing file's descriptor (sendfile from the page cache).
+    File(std::os::fd::RawFd),
+    /// The volume's mapped backing file (gathered into sendmsg).
+    Mapped(bw_block::MappedBytes),
+}
+
 /// A command finished on the blocking pool or by the backend.
 struct Done {
     itt: u32,
@@ -869,33 +878,44 @@ impl Connection {
             }
             ReadPlan::Range { volume, offset, len } => (volume, offset, len),
         };
-        if matches!(work, Work::Data { zero_copy: true, .. }) {
-            match volume.zero_copy_read(offset, len as u64) {
-                Ok(Some(fd)) => {
-                    let fd = fd.as_raw_fd();
-                    let mut actions = Vec::new();
-                    self.session.complete_extent(e.itt, e.id, len, &mut actions);
-                    let mut rest = Vec::new();
-                    for a in actions {
-                        match a {
-                            Action::SendExtent { pdu, at, len } => {
-                                self.out.buf_mut().extend_from_slice(&pdu.head(self.digests, len));
-                                self.out.push_file(volume.clone(), fd, offset + at as u64, len);
-                                let pad = bw_iscsi::pdu::pad4(len);
-                                self.out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
+        // Where the payload comes from without a copy into the buffer: the
+        // page cache by sendfile (large reads), or the volume's mapping,
+        // gathered with the headers into one sendmsg (shorter reads, no
+        // data digest: that needs the bytes in user space).
+        let source = if matches!(work, Work::Data { zero_copy: true, .. }) {
+            volume.zero_copy_read(offset, len as u64).map(|fd| fd.map(|fd| Payload::File(fd.as_raw_fd())))
+        } else if self.knobs.mapped_reads && !self.digests.data {
+            volume.mapped_read(offset, len as u64).map(|m| m.map(Payload::Mapped))
+        } else {
+            Ok(None)
+        };
+        match source {
+            Ok(Some(payload)) => {
+                let mut actions = Vec::new();
+                self.session.complete_extent(e.itt, e.id, len, &mut actions);
+                let mut rest = Vec::new();
+                for a in actions {
+                    match a {
+                        Action::SendExtent { pdu, at, len } => {
+                            self.out.buf_mut().extend_from_slice(&pdu.head(self.digests, len));
+                            match &payload {
+                                Payload::File(fd) => self.out.push_file(volume.clone(), *fd, offset + at as u64, len),
+                                Payload::Mapped(m) => self.out.push_mapped(m.slice(at, len)),
                             }
-                            a => rest.push(a),
+                            let pad = bw_iscsi::pdu::pad4(len);
+                            self.out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
                         }
+                        a => rest.push(a),
                     }
-                    self.act(rest);
-                    return Some(true);
                 }
-                Ok(None) => {}
-                Err(err) => {
-                    let o = bw_scsi::io_outcome(&Err(err), false);
-                    self.finished(Done::new(e, o, Vec::new(), Residual::None));
-                    return Some(false);
-                }
+                self.act(rest);
+                return Some(true);
+            }
+            Ok(None) => {}
+            Err(err) => {
+                let o = bw_scsi::io_outcome(&Err(err), false);
+                self.finished(Done::new(e, o, Vec::new(), Residual::None));
+                return Some(false);
             }
         }
         Some(self.read_into_outbox(e, &volume, offset, len))

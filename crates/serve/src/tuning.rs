@@ -32,6 +32,11 @@ pub struct Tuning {
     /// former name, `iscsi_zero_copy_min`.
     #[serde(alias = "iscsi_zero_copy_min")]
     pub zero_copy_min: usize,
+    /// Shorter iSCSI and NVMe/TCP READs of memory-backed volumes (no data digest)
+    /// are sent from the volume's mapped backing file, gathered with their
+    /// headers into one `sendmsg`, instead of being copied into the send
+    /// buffer first (`bw_block::Volume::mapped_read`); `false`: copied.
+    pub mapped_reads: bool,
     /// Largest READ/WRITE copy, in bytes, that iSCSI and NVMe/TCP run on
     /// the connection's thread; bigger ones go to the blocking pool (reads
     /// sent with sendfile copy nothing and always run there). Also read
@@ -120,6 +125,7 @@ impl Default for Tuning {
             aoe_datapath: Datapath::Auto,
             iscsi_connection_threads: true,
             zero_copy_min: 32 * 1024,
+            mapped_reads: true,
             inline_max: 64 * 1024,
             commands_per_send: 0,
             tcp_congestion: Congestion::Auto,
