@@ -185,17 +185,6 @@ fn map_err(e: BlockError, write: bool) -> Status {
     }
 }
 
-/// Where a Read command's data lives, after the checks [`execute`] makes:
-/// the volume, byte offset and length. (A front-end that has resolved the
-/// command already asks [`Resolved::read_extent`].)
-pub fn read_extent<'a>(subsys: &'a Subsystem, host: &Host, sqe: &Sqe) -> Result<(&'a bw_block::Volume, u64, usize), Status> {
-    if sqe.opcode() != nvm::READ {
-        return Err(Status::INVALID_OPCODE.dnr());
-    }
-    let r = resolve(subsys, host, sqe)?;
-    r.read_extent(subsys).ok_or(Status::INVALID_NS.dnr())
-}
-
 /// The status for a failed read of a volume.
 pub fn read_error(e: BlockError) -> Status {
     map_err(e, false)
@@ -493,7 +482,6 @@ mod tests {
         let (v, off, len) = r.read_extent(&s).unwrap();
         assert_eq!((v.name(), off, len), ("v", 6 * 512, 1024));
         assert_eq!(execute_resolved(&s, &r, &h(), &rd, &[]).data.unwrap()[..], data[..]);
-        assert_eq!(read_extent(&s, &h(), &rd).map(|(_, o, l)| (o, l)), Ok((6 * 512, 1024)));
         // The second namespace: the index is its own, not the first's.
         let r = resolve(&s, &h(), &rw(nvm::READ, 2, 0, 1)).unwrap();
         assert_eq!(r.namespace(&s).map(|n| n.nsid), Some(2));

@@ -23,7 +23,7 @@ use crate::driver::{self, Exit, Knobs, Step};
 use crate::metrics::{self, IoTimer, Meter, Op, Proto};
 use crate::framing::{FrameReader, Framing, Growth};
 use crate::limits::{Admission, Limits, SessionKind, Ticket};
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, Payload};
 use crate::tuning::Tuning;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
@@ -44,7 +44,6 @@ use bytes::BytesMut;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -634,15 +633,6 @@ fn push_pdu(out: &mut Outbox, p: &Pdu, d: Digests) {
     }
 }
 
-/// Where a READ's payload is sent from when it is not copied into the
-/// send buffer.
-enum Payload {
-    /// The backing file's descriptor (sendfile from the page cache).
-    File(std::os::fd::RawFd),
-    /// The volume's mapped backing file (gathered into sendmsg).
-    Mapped(bw_block::MappedBytes),
-}
-
 /// A command finished on the blocking pool or by the backend.
 struct Done {
     itt: u32,
@@ -878,17 +868,8 @@ impl Connection {
             }
             ReadPlan::Range { volume, offset, len } => (volume, offset, len),
         };
-        // Where the payload comes from without a copy into the buffer: the
-        // page cache by sendfile (large reads), or the volume's mapping,
-        // gathered with the headers into one sendmsg (shorter reads, no
-        // data digest: that needs the bytes in user space).
-        let source = if matches!(work, Work::Data { zero_copy: true, .. }) {
-            volume.zero_copy_read(offset, len as u64).map(|fd| fd.map(|fd| Payload::File(fd.as_raw_fd())))
-        } else if self.knobs.mapped_reads && !self.digests.data {
-            volume.mapped_read(offset, len as u64).map(|m| m.map(Payload::Mapped))
-        } else {
-            Ok(None)
-        };
+        let zero_copy = matches!(work, Work::Data { zero_copy: true, .. });
+        let source = Payload::of(&volume, offset, len, zero_copy, self.knobs.mapped_reads && !self.digests.data);
         match source {
             Ok(Some(payload)) => {
                 let mut actions = Vec::new();
@@ -898,10 +879,7 @@ impl Connection {
                     match a {
                         Action::SendExtent { pdu, at, len } => {
                             self.out.buf_mut().extend_from_slice(&pdu.head(self.digests, len));
-                            match &payload {
-                                Payload::File(fd) => self.out.push_file(volume.clone(), *fd, offset + at as u64, len),
-                                Payload::Mapped(m) => self.out.push_mapped(m.slice(at, len)),
-                            }
+                            self.out.push_payload(&payload, at, len);
                             let pad = bw_iscsi::pdu::pad4(len);
                             self.out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
                         }

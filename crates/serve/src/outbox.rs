@@ -38,6 +38,35 @@ enum Seg {
     Mapped { bytes: MappedBytes, pos: usize },
 }
 
+/// A READ's payload when it is not copied into the send buffer: from the
+/// page cache by sendfile, or from the volume's mapping gathered into
+/// sendmsg. Both front-ends choose it with [`Payload::of`] and queue its
+/// pieces with [`Outbox::push_payload`].
+pub enum Payload {
+    /// The volume's backing file, `off` where the read starts.
+    File { vol: Volume, fd: RawFd, off: u64 },
+    /// The read's bytes in the volume's mapped backing file.
+    Mapped(MappedBytes),
+}
+
+impl Payload {
+    /// How `len` bytes at `off` of `vol` go out without a copy into the
+    /// buffer: sendfile where `zero_copy` (the front-end's dispatch chose
+    /// it), else the mapping where `mapped` (the `mapped_reads` knob, and
+    /// no data digest: that needs the bytes in user space). `Ok(None)`:
+    /// copy them ([`Outbox::read_into`]).
+    pub fn of(vol: &Volume, off: u64, len: usize, zero_copy: bool, mapped: bool) -> bw_block::Result<Option<Payload>> {
+        if zero_copy {
+            let fd = vol.zero_copy_read(off, len as u64)?;
+            return Ok(fd.map(|fd| Payload::File { vol: vol.clone(), fd: fd.as_raw_fd(), off }));
+        }
+        if mapped {
+            return Ok(vol.mapped_read(off, len as u64)?.map(Payload::Mapped));
+        }
+        Ok(None)
+    }
+}
+
 #[derive(Default)]
 pub struct Outbox {
     segs: VecDeque<Seg>,
@@ -76,6 +105,14 @@ impl Outbox {
     pub fn push_file(&mut self, vol: Volume, fd: RawFd, off: u64, len: usize) {
         if len > 0 {
             self.segs.push_back(Seg::File { _vol: vol, fd, off, left: len });
+        }
+    }
+
+    /// Queue `len` bytes of `p` from `at` (one PDU's share of a read).
+    pub fn push_payload(&mut self, p: &Payload, at: usize, len: usize) {
+        match p {
+            Payload::File { vol, fd, off } => self.push_file(vol.clone(), *fd, off + at as u64, len),
+            Payload::Mapped(m) => self.push_mapped(m.slice(at, len)),
         }
     }
 

@@ -25,7 +25,7 @@ use crate::driver::{self, Exit, Knobs, Step};
 use crate::framing::FrameReader;
 use crate::limits::Ticket;
 use crate::metrics::{self, IoTimer};
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, Payload};
 use crate::Shutdown;
 use bw_nvme::auth::Entropy;
 use bw_nvme::fabrics::{Connect, ConnectData};
@@ -37,7 +37,6 @@ use bw_nvme::Status;
 use bytes::{Bytes, BytesMut};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
@@ -356,36 +355,19 @@ impl Conn {
             self.complete_cmd(cid, Status::SUCCESS, 0, None);
             return true;
         }
-        if matches!(work, Work::Data { zero_copy: true, .. }) {
-            match vol.zero_copy_read(off, len as u64) {
-                Ok(Some(fd)) => {
-                    let fd = fd.as_raw_fd();
-                    for (hdr, r) in self.q.read_pdus(cid, len) {
-                        self.out.buf_mut().extend_from_slice(hdr.bytes());
-                        self.out.push_file(vol.clone(), fd, off + r.start as u64, r.len());
-                    }
-                    self.q.read_sent(cid, self.out.buf_mut());
-                    return true;
-                }
-                Ok(None) => {}
-                Err(e) => return fail(self, io::read_error(e)),
-            }
-        }
         let ddgst = self.q.digests().data;
-        // A data digest needs the bytes in user space: copied below.
-        if self.knobs.mapped_reads && !ddgst && matches!(work, Work::Data { .. }) {
-            match vol.mapped_read(off, len as u64) {
-                Ok(Some(m)) => {
-                    for (hdr, r) in self.q.read_pdus(cid, len) {
-                        self.out.buf_mut().extend_from_slice(hdr.bytes());
-                        self.out.push_mapped(m.slice(r.start, r.len()));
-                    }
-                    self.q.read_sent(cid, self.out.buf_mut());
-                    return true;
+        let zero_copy = matches!(work, Work::Data { zero_copy: true, .. });
+        match Payload::of(vol, off, len, zero_copy, self.knobs.mapped_reads && !ddgst) {
+            Ok(Some(p)) => {
+                for (hdr, r) in self.q.read_pdus(cid, len) {
+                    self.out.buf_mut().extend_from_slice(hdr.bytes());
+                    self.out.push_payload(&p, r.start, r.len());
                 }
-                Ok(None) => {}
-                Err(e) => return fail(self, io::read_error(e)),
+                self.q.read_sent(cid, self.out.buf_mut());
+                return true;
             }
+            Ok(None) => {}
+            Err(e) => return fail(self, io::read_error(e)),
         }
         let start = self.out.buf_mut().len();
         for (hdr, r) in self.q.read_pdus(cid, len) {
