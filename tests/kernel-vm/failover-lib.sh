@@ -35,6 +35,21 @@ wait_nvme_paths() {
   done
 }
 path_of() { basename $(ls -d /sys/class/nvme/$1/nvme*c*n1 | head -1); } # controller $1's namespace path
+# Connect to both gateways (ports PA and PB, subsystem NQN) and wait for
+# both namespace paths; sets CA and CB (the controllers), PATHA and PATHB
+# (their paths) and DEV (the multipath head, from A's path).
+# ctrl-loss-tmo: keep reconnecting to a dead gateway for 2 minutes;
+# reconnect-delay: try every second.
+connect_both_gateways() {
+  for p in $PA $PB; do
+    nvme connect -t tcp -a $T -s $p -n $NQN --ctrl-loss-tmo=120 --reconnect-delay=1 || die "nvme connect to port $p"
+  done
+  CA=$(ctrl_of $PA) || die "no controller for gateway A"
+  CB=$(ctrl_of $PB) || die "no controller for gateway B"
+  wait_nvme_paths $CA $CB
+  PATHA=$(path_of $CA); PATHB=$(path_of $CB)
+  DEV=/dev/$(echo $PATHA | sed 's/c[0-9]*n/n/')
+}
 ana() { cat /sys/block/$1/ana_state; }
 writes() { awk '{print $5}' /sys/block/$1/stat; } # writes completed on block device $1
 disk_of() { # the sd disk of the iSCSI session through portal port $1

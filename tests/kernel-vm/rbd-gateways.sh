@@ -26,16 +26,7 @@ T=10.0.2.2
 modprobe nvme-tcp 2>/dev/null || modprobe nvme_tcp || die "no nvme-tcp module"
 [ "$(cat /sys/module/nvme_core/parameters/multipath)" = Y ] || die "native NVMe multipath is off"
 step "connect to both gateways"
-# ctrl-loss-tmo: keep reconnecting to a dead gateway for 2 minutes;
-# reconnect-delay: try every second.
-for p in $PA $PB; do
-  nvme connect -t tcp -a $T -s $p -n $NQN --ctrl-loss-tmo=120 --reconnect-delay=1 || die "nvme connect to port $p"
-done
-CA=$(ctrl_of $PA) || die "no controller for gateway A"
-CB=$(ctrl_of $PB) || die "no controller for gateway B"
-wait_nvme_paths $CA $CB
-PATHA=$(path_of $CA); PATHB=$(path_of $CB)
-DEV=/dev/$(echo $PATHA | sed 's/c[0-9]*n/n/')
+connect_both_gateways
 [ "$DEV" = "/dev/$(echo $PATHB | sed 's/c[0-9]*n/n/')" ] || die "the gateways' namespaces did not join one multipath head ($PATHA, $PATHB)"
 [ -b $DEV ] || die "$DEV missing"
 heads=$(ls /sys/block | grep -c '^nvme[0-9]*n[0-9]*$')

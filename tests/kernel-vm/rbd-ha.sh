@@ -159,14 +159,7 @@ nvme disconnect -n $NQN > /dev/null || die "disconnect"
 
 # ================= 3. Planned failover: ana_set and drain under writes =================
 step "planned failover over NVMe/TCP native multipath"
-for p in $PA $PB; do
-  nvme connect -t tcp -a $T -s $p -n $NQN --ctrl-loss-tmo=120 --reconnect-delay=1 || die "nvme connect to port $p"
-done
-CA=$(ctrl_of $PA) || die "no controller for gateway A"
-CB=$(ctrl_of $PB) || die "no controller for gateway B"
-wait_nvme_paths $CA $CB
-PATHA=$(path_of $CA); PATHB=$(path_of $CB)
-DEV=/dev/$(echo $PATHA | sed 's/c[0-9]*n/n/')
+connect_both_gateways
 # Wait up to 10 s for path $1 to be in ANA state $2.
 until_ana() {
   n=0
