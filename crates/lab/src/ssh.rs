@@ -34,6 +34,16 @@ const HOST_IDENTITY: &str = "$(readlink /proc/self/ns/net)";
 /// The line a wrapped remote service prints first (on stderr): its PID.
 pub const PID_MARK: &str = "bwlab-remote-pid ";
 
+/// The PID in a line holding [`PID_MARK`]. The mark need not start the
+/// line: a login profile may have printed something without a newline
+/// before it.
+pub fn pid_mark(line: &str) -> Option<u32> {
+    let at = line.find(PID_MARK)? + PID_MARK.len();
+    let digits = &line[at..];
+    let end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
+    digits[..end].parse().ok()
+}
+
 /// The header of the one record a remote command's output reaches the
 /// lab in: `bwlab-frame TAG LENGTH STATUS`, a line of its own, then
 /// exactly LENGTH bytes of the program's stdout (see [`framed`]).
@@ -117,12 +127,15 @@ fn new_frame_tag() -> String {
 }
 
 /// The remote shell script of [`SshHost::service_command`], recording the
-/// program's PID in `state_file`.
+/// program's PID in `state_file`. The PID mark is written by the program's
+/// own process just before it execs the program: written afterwards, by
+/// the shell that started it, it raced the program's first writes to the
+/// same stderr (a C program's unbuffered stderr goes out a few bytes per
+/// write) and could land inside one of its lines, where it went unseen.
 fn service_script<S: AsRef<str>>(program: &str, args: &[S], state_file: &str) -> String {
     format!(
         r#"exec 3<&0
-{} </dev/null & p=$!
-echo "{PID_MARK}$p" >&2
+sh -c 'echo "{PID_MARK}$$" >&2; exec "$@"' sh {} </dev/null & p=$!
 echo "pid $p $(cut -d' ' -f22 /proc/$p/stat)" >> {}
 ( read -r _ <&3; kill $p; sleep 3; kill -9 $p ) >/dev/null 2>&1 &
 w=$!; exec 3<&-
@@ -402,6 +415,20 @@ fn sh_c(script: &str, args: &[&str]) -> String {
     shell_line("sh", &a)
 }
 
+/// Remove the control sockets (`bwlab-PID-ssh-*.sock` in `dir`) of runs
+/// whose process is gone: a killed run cannot remove its own.
+fn sweep_stale_sockets(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("bwlab-").and_then(|r| r.split_once("-ssh-")).filter(|(_, r)| r.ends_with(".sock")).and_then(|(p, _)| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !crate::cleanup::alive(pid) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 impl SshHost {
     /// A host from its `ssh://` URL; its control socket and names are this
     /// run's, its binary path follows `local_exe`'s hash.
@@ -548,9 +575,20 @@ impl SshHost {
             dir = REMOTE_DIR,
             state = quote(&self.state_file())
         );
+        sweep_stale_sockets(Path::new("/tmp"));
         let mut cmd = self.ssh(true);
         cmd.arg(script).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
-        let (token, mut child) = crate::cleanup::registry().spawn(&mut cmd, "ssh master", crate::cleanup::Role::Service)?;
+        // ssh removes its control socket only when the master ends of
+        // itself, not when it is signalled, as the run's end stops it:
+        // tracked before the master, the socket is removed after it.
+        let (socket, ()) = crate::cleanup::registry().create(crate::cleanup::Resource::File(self.control.clone()), || Ok(()))?;
+        let (token, mut child) = match crate::cleanup::registry().spawn(&mut cmd, "ssh master", crate::cleanup::Role::Service) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = crate::cleanup::registry().release(socket);
+                return Err(e);
+            }
+        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
             if let Ok(Some(_)) = child.try_wait() {
@@ -560,6 +598,7 @@ impl SshHost {
                     let _ = e.read_to_string(&mut err);
                 }
                 crate::cleanup::registry().forget(token);
+                let _ = crate::cleanup::registry().release(socket);
                 anyhow::bail!("{}: not reachable: {}", self.url(), crate::command::last_lines(&err, 2));
             }
             let check = Command::new("ssh")
@@ -572,6 +611,7 @@ impl SshHost {
             }
             if std::time::Instant::now() > deadline {
                 let _ = crate::cleanup::registry().release(token);
+                let _ = crate::cleanup::registry().release(socket);
                 anyhow::bail!("{}: not reachable: no connection within 20 s", self.url());
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
@@ -724,14 +764,13 @@ mod tests {
         let state = dir.join("state");
         let tag = new_frame_tag();
         let login_shell = |command: &str, args: &[&str]| {
-            let out = Command::new("sh")
-                .arg("-c")
-                .arg(format!("trap 'echo \"bye {{\\\"not\\\": 2}}\"' EXIT; printf 'pyenv: notice {{\"not\": 1}}'; {command}"))
-                .arg("sh")
-                .args(args)
-                .stdin(std::process::Stdio::piped())
-                .output()
-                .unwrap();
+            let out = held_stdin_output(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("trap 'echo \"bye {{\\\"not\\\": 2}}\"' EXIT; printf 'pyenv: notice {{\"not\": 1}}'; {command}"))
+                    .arg("sh")
+                    .args(args),
+            );
             (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
         };
         let service = framed(&sh_c(&service_script("printf", &["{\"ops\": %s}\\n", "7"], &state.to_string_lossy()), &[]), &tag);
@@ -754,6 +793,66 @@ mod tests {
         assert_eq!(unframe(cut, &tag), Err(FrameError::Truncated { have: 3, want: "one|ü two|".len() }));
         // A header not at a line's start is noise quoting it.
         assert_eq!(unframe(&format!("x{FRAME_MARK} {tag} 2 0\nhi"), &tag), Err(FrameError::Missing));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `cmd`'s output, its stdin a pipe held open until it ends (a
+    /// service's session stops it when its stdin ends).
+    fn held_stdin_output(cmd: &mut Command) -> std::process::Output {
+        use std::process::Stdio;
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let stdin = child.stdin.take();
+        let out = child.wait_with_output().unwrap();
+        drop(stdin);
+        out
+    }
+
+    /// A dead run's control socket goes; a live one's and other files stay.
+    #[test]
+    fn stale_control_sockets_of_dead_runs_are_swept() {
+        let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-sock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A PID that is gone: a child that has been reaped.
+        let dead = Command::new("true").spawn().unwrap();
+        let dead_pid = dead.id();
+        let _ = { dead }.wait();
+        let names = [
+            format!("bwlab-{dead_pid}-ssh-127001-2222.sock"),
+            format!("bwlab-{}-ssh-127001-2222.sock", std::process::id()),
+            format!("bwlab-{dead_pid}-ssh-127001-2222.txt"),
+            "bwlab-x-ssh-1.sock".to_string(),
+        ];
+        for n in &names {
+            std::fs::write(dir.join(n), "").unwrap();
+        }
+        sweep_stale_sockets(&dir);
+        let left: Vec<bool> = names.iter().map(|n| dir.join(n).exists()).collect();
+        assert_eq!(left, [false, true, true, true]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A service that writes to stderr from its first instruction: its PID
+    /// mark still comes whole, on a line of its own, first, and names the
+    /// program's own process.
+    #[test]
+    fn a_service_pid_mark_comes_first_and_whole() {
+        let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-pid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let state = dir.join("state");
+        // A program whose stderr gets bytes at once, a few at a time
+        // (as a C program's unbuffered stderr does).
+        let chatty = r#"for i in 1 2 3 4 5 6 7 8; do printf 'tgtd: part %s ' $i >&2; done; echo "self $$" >&2"#;
+        for _ in 0..20 {
+            let out = held_stdin_output(Command::new("sh").arg("-c").arg(sh_c(&service_script("sh", &["-c", chatty], &state.to_string_lossy()), &[])));
+            let err = String::from_utf8_lossy(&out.stderr);
+            let first = err.lines().next().unwrap_or_default();
+            let pid = pid_mark(first).unwrap_or_else(|| panic!("no PID mark first: {err:?}"));
+            assert_eq!(first, format!("{PID_MARK}{pid}"), "{err:?}");
+            assert!(err.contains(&format!("self {pid}")), "the mark names another process: {err:?}");
+        }
+        assert_eq!(pid_mark("pyenv: notice bwlab-remote-pid 4242"), Some(4242));
+        assert_eq!(pid_mark("bwlab-remote-pid 17\r"), Some(17));
+        assert_eq!(pid_mark("bwlab-remote-pid x"), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

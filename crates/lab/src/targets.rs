@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The line `blockwire serve` prints once it listens on everything.
@@ -26,7 +26,7 @@ pub struct TargetProcess {
     /// Where it runs.
     pub host: Host,
     /// Its PID on a remote host (printed first by the session's wrapper).
-    remote_pid: Arc<OnceLock<u32>>,
+    remote_pid: Arc<RemotePid>,
     /// None: a kernel target.
     child: Option<Child>,
     token: Option<Token>,
@@ -75,13 +75,9 @@ impl TargetProcess {
         if self.host.ssh().is_none() {
             return Ok(self.pid);
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(p) = self.remote_pid.get() {
-                return Ok(*p);
-            }
-            anyhow::ensure!(Instant::now() < deadline, "{} on {}: its PID never came", self.name, self.host.name());
-            std::thread::sleep(Duration::from_millis(20));
+        match self.remote_pid.wait() {
+            Some(p) => Ok(p),
+            None => anyhow::bail!("{} on {}: its session ended before it printed its PID: {}", self.name, self.host.name(), self.log_tail()),
         }
     }
 
@@ -122,6 +118,56 @@ impl TargetProcess {
     }
 }
 
+/// A remote service's PID as its session's wrapper prints it. It comes
+/// when the remote shell gets to it, which on a slow host (an emulated
+/// guest, a loaded machine) can take any time: [`RemotePid::wait`] waits
+/// until it comes or until the session's output has ended (then it never
+/// will), not for a fixed time.
+#[derive(Default)]
+struct RemotePid {
+    state: Mutex<PidState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct PidState {
+    pid: Option<u32>,
+    /// Output streams of the session still being read.
+    open_streams: usize,
+}
+
+impl RemotePid {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PidState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reading(&self, streams: usize) {
+        self.lock().open_streams = streams;
+    }
+
+    fn set(&self, pid: u32) {
+        self.lock().pid.get_or_insert(pid);
+        self.changed.notify_all();
+    }
+
+    fn stream_ended(&self) {
+        let mut g = self.lock();
+        g.open_streams = g.open_streams.saturating_sub(1);
+        drop(g);
+        self.changed.notify_all();
+    }
+
+    /// The PID, or None once every stream has ended without it.
+    fn wait(&self) -> Option<u32> {
+        let g = self.lock();
+        let g = self
+            .changed
+            .wait_while(g, |s| s.pid.is_none() && s.open_streams > 0)
+            .unwrap_or_else(|p| p.into_inner());
+        g.pid
+    }
+}
+
 /// Spawn `cmd` (from `host`'s [`Host::service_command`]) with stderr (and
 /// stdout) collected line by line into a ring buffer (and into `log_file`,
 /// if given); `ready` is sent the first time a line contains `ready_marker`.
@@ -140,19 +186,20 @@ pub fn spawn_logged(
     let (token, mut child) = registry().spawn(&mut cmd, what, crate::cleanup::Role::Service)?;
     let log = Arc::new(Mutex::new(VecDeque::new()));
     let (tx, rx) = mpsc::channel();
-    let remote_pid: Arc<OnceLock<u32>> = Arc::default();
+    let remote_pid: Arc<RemotePid> = Arc::default();
     let streams: Vec<Box<dyn std::io::Read + Send>> = vec![
         Box::new(child.stderr.take().expect("piped stderr")),
         Box::new(child.stdout.take().expect("piped stdout")),
     ];
+    remote_pid.reading(streams.len());
     for stream in streams {
         let (log, tx, file, remote_pid) = (log.clone(), tx.clone(), file.clone(), remote_pid.clone());
         // Keep draining after "ready": a full pipe would block the target.
         std::thread::spawn(move || {
             for line in BufReader::new(stream).lines() {
                 let Ok(line) = line else { break };
-                if let Some(pid) = line.strip_prefix(crate::ssh::PID_MARK).and_then(|p| p.trim().parse().ok()) {
-                    let _ = remote_pid.set(pid);
+                if let Some(pid) = crate::ssh::pid_mark(&line) {
+                    remote_pid.set(pid);
                     continue;
                 }
                 if ready_marker.is_some_and(|m| line.contains(m)) {
@@ -168,6 +215,7 @@ pub fn spawn_logged(
                 }
                 g.push_back(line);
             }
+            remote_pid.stream_ended();
         });
     }
     let pid = child.id();

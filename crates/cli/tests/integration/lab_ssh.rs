@@ -909,6 +909,13 @@ mod kernel_vm {
                 assert!(!(n.starts_with("bwlab-remote-") || n.starts_with("state-")) || !of_runs(&format!("{n}-")), "left here: {d}/{n}");
             }
         }
+        // The runs' ssh control sockets: the full run removes its own, and
+        // the killed run's (which ssh, signalled, leaves) when it starts.
+        for pid in [pid1, lab.id()] {
+            let prefix = format!("bwlab-{pid}-ssh-");
+            let left: Vec<String> = std::fs::read_dir("/tmp").into_iter().flatten().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect();
+            assert!(left.is_empty(), "control sockets left in /tmp: {left:?}");
+        }
         eprintln!("kernel VM lab test took {:?}", t0.elapsed());
     }
 

@@ -488,16 +488,25 @@ impl Drop for BackgroundVm {
         }
         let pid = self.child.id() as i32;
         // kernel-vm starts qemu under `timeout`, which makes a process group
-        // of its own: signal every descendant by PID, then the group we made.
-        let below = descendants(pid);
+        // of its own: signal every descendant by PID. The script itself is
+        // left to end: with qemu gone it returns, and its EXIT trap removes
+        // its work directory (a copy of the image, ~140 MB in /tmp) and the
+        // tap it made, which a SIGKILL to it would leave behind.
         // SAFETY: signalling processes this test started.
         unsafe {
-            for p in below {
+            for p in descendants(pid) {
                 libc::kill(p, libc::SIGKILL);
             }
+        }
+        // Whatever the script started after that list was taken (a sed on
+        // the console) ends by itself; a script stopped before qemu ran
+        // (building the image) is in our group.
+        let _ = self.child.wait();
+        // SAFETY: our own process group, made for this VM; nothing of it
+        // should be left, and signalling an empty group is harmless.
+        unsafe {
             libc::kill(-pid, libc::SIGKILL);
         }
-        let _ = self.child.wait();
     }
 }
 
