@@ -206,7 +206,16 @@ pub(crate) fn report(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe,
     if sqe.cdw(11) & 1 == 0 {
         return fail(Status::HOST_ID_INCONSISTENT.dnr());
     }
-    let want = ((sqe.cdw(10) as usize) + 1) * 4;
+    // NUMD is the host's to choose (up to 16 GiB): bounded by MDTS and
+    // equal to the SGL's length (as Linux nvmet checks) before anything is
+    // sized by it.
+    let want = ((sqe.cdw(10) as u64) + 1) * 4;
+    if want > crate::controller::MAX_TRANSFER as u64 {
+        return fail(Status::INVALID_FIELD.dnr());
+    }
+    if want != sqe.sgl().length as u64 {
+        return fail(Status::SGL_INVALID_DATA.dnr());
+    }
     let s = match ns.volume.reservations().read() {
         Ok(s) => s,
         Err(e) => {
@@ -214,11 +223,9 @@ pub(crate) fn report(_: &Subsystem, ns: Option<&Namespace>, _: &Host, sqe: &Sqe,
             return fail(Status::INTERNAL);
         }
     };
-    // NUMD bytes of the page, zero-filled past its end; the transfer is
-    // the SGL's length.
+    // NUMD bytes of the page: cut there, or zero-filled past its end.
     let mut page = report_page(&s);
-    page.resize(want, 0);
-    page.resize(sqe.sgl().length as usize, 0);
+    page.resize(want as usize, 0);
     IoDone { status: Status::SUCCESS, data: Some(Bytes::from(page)) }
 }
 
@@ -344,5 +351,21 @@ mod tests {
         assert_eq!(report(&s, &a).2, vec![(1, 0xB)]);
         // The report without the extended structure: 64-bit host ids do not exist here.
         assert_eq!(execute(&s, &a, &cmd(nvm::RESV_REPORT, 15, 64), &[]).status, Status::HOST_ID_INCONSISTENT.dnr());
+        // Sizes a host chooses: NUMD past MDTS (up to 16 GiB) fails before
+        // anything is allocated by it, as does an SGL of another length;
+        // a short report is the page's start.
+        let sized = |numd: u32, len: u32| {
+            let mut c = cmd(nvm::RESV_REPORT, numd, len);
+            c.set_cdw(11, 1);
+            execute(&s, &a, &c, &[])
+        };
+        assert_eq!(sized(u32::MAX, u32::MAX).status, Status::INVALID_FIELD.dnr());
+        assert_eq!(sized(crate::controller::MAX_TRANSFER / 4, u32::MAX).status, Status::INVALID_FIELD.dnr());
+        assert_eq!(sized(15, u32::MAX).status, Status::SGL_INVALID_DATA.dnr());
+        assert_eq!(sized(15, 32).status, Status::SGL_INVALID_DATA.dnr());
+        let short = sized(3, 16);
+        assert_eq!((short.status, short.data.map(|d| d.len())), (Status::SUCCESS, Some(16)));
+        let max = sized(crate::controller::MAX_TRANSFER / 4 - 1, crate::controller::MAX_TRANSFER);
+        assert_eq!((max.status, max.data.map(|d| d.len())), (Status::SUCCESS, Some(crate::controller::MAX_TRANSFER as usize)));
     }
 }
