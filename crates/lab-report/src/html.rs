@@ -610,13 +610,22 @@ fn overhead(c: &Ctx) -> Option<Markup> {
     })
 }
 
+/// What the method says of the veths' offloads.
+fn link_offloads(p: &bw_lab_results::Params) -> &'static str {
+    match (p.veth_offloads_off, p.veth_gro) {
+        (false, _) => "The veths' offloads were left as they were (ethtool failed): frames may not have real MTU sizes.",
+        (true, true) => "TSO and GSO are off on the veths, so frames on the link have real MTU sizes; GRO is on, as on a Linux host's NIC: the receiver merges frames after the link (on veth the receive runs in the sender's softirq and is charged to the sender: with GRO off the target paid for the client's per-frame receive).",
+        (true, false) => "TSO, GSO and GRO are off on the veths: frames have real MTU sizes and the receiver handles each one on its own (the storage lab's default link before 2026-11-25).",
+    }
+}
+
 fn method(c: &Ctx) -> Option<Markup> {
     let p = &c.r.params;
     let kernel = c.r.subjects.iter().any(|s| s.key.is_kernel());
     Some(html! {
         ul.note {
             li { b { "Backing: " } (p.backing) ". Every target (blockwire serve, tgtd, vblade), the local fio baseline and the local file-system baseline use this same tmpfs file, so the only difference between subjects is the protocol and the implementation, not the storage." }
-            li { b { "Topology: " } "two network namespaces joined by one veth pair per MTU; every target runs in the target namespace for the whole link (blockwire serve exports AoE, iSCSI and NVMe/TCP at once; tgt and vblade listen on their own port and shelf), and the subjects take turns: each workload runs every subject once per repetition, in an order rotated between repetitions, so slow drifts of the machine hit all subjects alike. TSO/GSO/GRO are " (if p.veth_offloads_off { "off" } else { "left ON (ethtool failed)" }) " on the veths, so frames have real MTU sizes." }
+            li { b { "Topology: " } "two network namespaces joined by one veth pair per MTU; every target runs in the target namespace for the whole link (blockwire serve exports AoE, iSCSI and NVMe/TCP at once; tgt and vblade listen on their own port and shelf), and the subjects take turns: each workload runs every subject once per repetition, in an order rotated between repetitions, so slow drifts of the machine hit all subjects alike. " (link_offloads(p)) }
             li { b { "Clients: " } "micro and sweep: " code { "blockwire bench" } " in the client namespace (no page cache: every result is uncached). fs: " code { "blockwire mount" } " (FUSE, a loop device with direct I/O, ext4) with the kernel's page cache in play, bounded by the workload's memory cgroup."
                 @if kernel { " Kernel subjects (" code { "kernel-PROTOCOL@TARGET" } "): the client host's kernel initiator (open-iscsi, nvme-tcp, aoe) attached for the whole link, fio with direct I/O (libaio) on its block device with the same workload definitions; not in the fs suite." } }
             li { b { "CPU: " } "target CPU = utime+stime delta of the target process (all threads) from /proc/PID/stat across the run; initiator CPU = what the bench reports for itself, or for fs the workload's getrusage plus the attach daemon's /proc/PID/stat delta; fio's from getrusage of fio and its jobs."

@@ -158,7 +158,7 @@ pub struct Sample {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Factors {
     /// NIC offloads on the lab's links: `none` or `stateless` (empty: the
-    /// default, segmentation offloads off, checksums on).
+    /// default: segmentation offloads off, GRO and checksums on).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub offload: String,
     /// iSCSI/NVMe-TCP digests: `crc32c` or `crc32c-soft` (empty: none).
@@ -290,8 +290,14 @@ pub struct Params {
     #[serde(default)]
     pub idle_budget_s: f64,
     pub idle_threshold: f64,
-    /// Offloads switched off on the veths so frames have real MTU sizes.
+    /// Segmentation offloads switched off on the veths so frames have real
+    /// MTU sizes (GRO too where `veth_gro` is false).
     pub veth_offloads_off: bool,
+    /// GRO on at the veths' receiving ends, as on a Linux host's NIC (the
+    /// lab's default link since 2026-11-25; absent in older results, whose
+    /// links had it off).
+    #[serde(default)]
+    pub veth_gro: bool,
     /// Link shapes, in run order (absent in older results: unshaped only).
     #[serde(default = "default_links")]
     pub links: Vec<String>,

@@ -161,7 +161,7 @@ pub struct LabArgs {
     pub fsync: Option<Vec<String>>,
     /// The offload study: NIC offloads on the lab's links, each measured in
     /// turn: none (checksums, scatter-gather, TSO, GSO, GRO off on both ends),
-    /// stateless (all on). Default: TSO/GSO/GRO off, checksums on.
+    /// stateless (all on). Default: TSO/GSO off (frames of MTU size), GRO and checksums on.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub offload: Option<Vec<String>>,
     /// The offload study: iSCSI/NVMe-TCP digests, each measured in turn:

@@ -13,9 +13,22 @@ use crate::host::Host;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Offload {
-    /// The storage lab's default: TSO, GSO and GRO off, so frames on the
-    /// veth have real MTU sizes and frames/op and MTU effects mean what
-    /// they say; checksums and scatter-gather as the device has them.
+    /// The storage lab's default: hosts with the kernel's own receive path
+    /// behind a NIC that does not segment. TSO and GSO off, so frames on
+    /// the veth have real MTU sizes and frames/op and MTU effects mean what
+    /// they say (TCP still builds large packets and cuts them just before
+    /// the device: the kernel turns GSO on for every TCP socket whatever the
+    /// device says). GRO on, as every Linux host has it on a real NIC: the
+    /// receiver merges the MTU-sized frames after the link, so frames on
+    /// the wire do not change. With GRO off (the default until 2026-11-25)
+    /// the lab modelled a receive path nobody runs, and on veth, which
+    /// delivers in the sender's softirq, charged it to the sender: the
+    /// target paid for the client's per-segment receive, 1 MiB reads ran
+    /// at the speed of one CPU doing both ends' work, and NVMe/TCP, whose
+    /// initiator waits for a payload to arrive before reading it, lost 1 MiB
+    /// reads to iSCSI 0.69-0.72x at MTU 1500 where with GRO it leads
+    /// 1.09-1.11x (docs/notes/2026-11-25-lab-link-gro.md).
+    /// Checksums and scatter-gather as the device has them.
     #[default]
     MtuFrames,
     /// The route suite's: also transmit checksums off, since a software
@@ -53,11 +66,20 @@ impl Offload {
     pub fn features(self) -> Vec<(&'static str, bool)> {
         let all = |on: bool| crate::host::OFFLOAD_FEATURES.iter().map(|(k, _)| (*k, on)).collect();
         match self {
-            Offload::MtuFrames => vec![("tso", false), ("gso", false), ("gro", false)],
+            Offload::MtuFrames => vec![("tso", false), ("gso", false), ("gro", true)],
             Offload::Routed => vec![("tx", false), ("tso", false), ("gso", false), ("gro", false)],
             Offload::None => all(false),
             Offload::Stateless => all(true),
         }
+    }
+
+    /// Whether a veth pair set this way hands every frame to its receiving
+    /// end through NAPI: GRO on there, and TSO off at the sender (with TSO
+    /// on, the kernel's veth takes the NAPI path only for frames it could
+    /// merge, not TCP's; veth_skb_is_eligible_for_gro).
+    pub fn veth_rx_napi(self) -> bool {
+        let f = self.features();
+        f.contains(&("gro", true)) && f.contains(&("tso", false))
     }
 
     /// Set it on `dev` of `host`, and check that the device took it (a

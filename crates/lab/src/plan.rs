@@ -393,6 +393,7 @@ impl Plan {
             idle_budget_s: if c.quick { 20.0 } else { 180.0 },
             idle_threshold: 0.25,
             veth_offloads_off: false,
+            veth_gro: false,
             link_shapes: links.clone(),
             fs: fs.clone(),
             tcp_congestion: chosen_tcp_congestion(c)?,

@@ -1,0 +1,199 @@
+/* The least a TCP block target can spend per read, on this machine's links.
+ *
+ * A responder that does nothing but what every NVMe/TCP or iSCSI target
+ * must do for a READ: take a command off the socket, and send back a
+ * header and the data, copied by the kernel from the volume's page cache
+ * (the backing file mapped, as blockwire's mapped reads do), answering
+ * everything a receive brought in one writev, with no protocol, no
+ * checks and no bookkeeping. Its CPU time per read is the kernel's part
+ * of any target's on the same link, with the same client behaviour: the
+ * floor against which bench/tcp-floor sets blockwire's figure.
+ *
+ *   tcp-floor serve PORT FILE        one connection, then exit printing
+ *                                     "ops N utime_s U stime_s S"
+ *   tcp-floor load ADDR PORT QD BS SECONDS SIZE
+ *                                     keep QD reads of BS bytes at random
+ *                                     offsets below SIZE outstanding, print
+ *                                     "ops N secs T utime_s U stime_s S"
+ *
+ * Wire format (this program's own): a command is CMD bytes (the size of an
+ * NVMe/TCP command capsule), carrying the offset and length; an answer is
+ * HDR bytes (the size of a C2HData header) followed by the data.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CMD 72
+#define HDR 24
+#define MAX_BATCH 512
+
+struct cmd {
+    uint64_t off;
+    uint32_t len;
+    uint8_t pad[CMD - 12];
+} __attribute__((packed));
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static void usage_times(double *u, double *s) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *u = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
+    *s = ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+static void write_all(int fd, struct iovec *iov, int n) {
+    while (n > 0) {
+        ssize_t w = writev(fd, iov, n > IOV_MAX ? IOV_MAX : n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            die("writev");
+        }
+        while (n > 0 && (size_t)w >= iov->iov_len) {
+            w -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= w;
+        }
+    }
+}
+
+static int serve(int port, const char *file) {
+    int vf = open(file, O_RDONLY);
+    if (vf < 0) die(file);
+    struct stat st;
+    if (fstat(vf, &st) < 0) die("fstat");
+    const char *vol = mmap(NULL, st.st_size, PROT_READ, MAP_SHARED, vf, 0);
+    if (vol == MAP_FAILED) die("mmap");
+    int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (bind(ls, (struct sockaddr *)&a, sizeof a) < 0) die("bind");
+    if (listen(ls, 1) < 0) die("listen");
+    printf("ready\n");
+    fflush(stdout);
+    int c = accept(ls, NULL, NULL);
+    if (c < 0) die("accept");
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    static char in[CMD * MAX_BATCH];
+    static char hdr[MAX_BATCH][HDR];
+    static struct iovec iov[2 * MAX_BATCH];
+    size_t have = 0;
+    uint64_t ops = 0;
+    double u0, s0;
+    usage_times(&u0, &s0);
+    for (;;) {
+        ssize_t r = recv(c, in + have, sizeof in - have, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        have += r;
+        size_t n = have / CMD, k = 0;
+        for (size_t i = 0; i < n; i++) {
+            struct cmd m;
+            memcpy(&m, in + i * CMD, sizeof m);
+            if (m.len > (uint64_t)st.st_size || m.off > (uint64_t)st.st_size - m.len) {
+                fprintf(stderr, "command past the end of the volume\n");
+                return 1;
+            }
+            hdr[i][0] = 7; /* a C2HData PDU's type, for whoever captures it */
+            memcpy(hdr[i] + 8, &m.len, 4);
+            iov[k++] = (struct iovec){hdr[i], HDR};
+            iov[k++] = (struct iovec){(void *)(vol + m.off), m.len};
+        }
+        write_all(c, iov, (int)k);
+        ops += n;
+        have -= n * CMD;
+        memmove(in, in + n * CMD, have);
+    }
+    double u1, s1;
+    usage_times(&u1, &s1);
+    printf("ops %llu utime_s %.6f stime_s %.6f\n", (unsigned long long)ops, u1 - u0, s1 - s0);
+    return 0;
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static int load(const char *addr, int port, int qd, uint32_t bs, double secs, uint64_t size) {
+    if (qd < 1 || qd > MAX_BATCH || bs == 0 || size < bs) {
+        fprintf(stderr, "bad arguments\n");
+        return 2;
+    }
+    int c = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (inet_pton(AF_INET, addr, &a.sin_addr) != 1) die(addr);
+    if (connect(c, (struct sockaddr *)&a, sizeof a) < 0) die("connect");
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    uint64_t blocks = size / bs, rng = 0x9e3779b97f4a7c15ull, ops = 0;
+    static struct cmd out[MAX_BATCH];
+    size_t answer = HDR + bs, got = 0;
+    size_t cap = answer * 64 > (1 << 20) ? (1 << 20) : answer * 64;
+    char *in = malloc(cap);
+    if (!in) die("malloc");
+    int outstanding = 0, want = qd;
+    double u0, s0, t0 = now(), end = t0 + secs;
+    usage_times(&u0, &s0);
+    for (;;) {
+        if (want > 0) {
+            for (int i = 0; i < want; i++) {
+                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                memset(&out[i], 0, sizeof out[i]);
+                out[i].off = (rng % blocks) * bs;
+                out[i].len = bs;
+            }
+            struct iovec v = {out, want * sizeof out[0]};
+            write_all(c, &v, 1);
+            outstanding += want;
+            want = 0;
+        }
+        if (outstanding == 0) break;
+        ssize_t r = recv(c, in, cap, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) die("recv");
+        got += r;
+        int done = (int)(got / answer);
+        got %= answer;
+        ops += done;
+        outstanding -= done;
+        if (now() < end) want = done;
+    }
+    double t1 = now(), u1, s1;
+    usage_times(&u1, &s1);
+    shutdown(c, SHUT_WR);
+    printf("ops %llu secs %.6f utime_s %.6f stime_s %.6f\n", (unsigned long long)ops, t1 - t0, u1 - u0, s1 - s0);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]), argv[3]);
+    if (argc == 8 && !strcmp(argv[1], "load"))
+        return load(argv[2], atoi(argv[3]), atoi(argv[4]), (uint32_t)strtoul(argv[5], NULL, 0), atof(argv[6]),
+                    strtoull(argv[7], NULL, 0));
+    fprintf(stderr, "usage: tcp-floor serve PORT FILE | tcp-floor load ADDR PORT QD BS SECONDS SIZE\n");
+    return 2;
+}
