@@ -10,7 +10,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 pub use bw_workload_report::{BenchReport, DirectionReport, Latency, Rw};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
@@ -45,11 +45,25 @@ struct Shared {
     issued: AtomicU64,
     limit: u64,
     measuring: AtomicBool,
+    /// Every worker's latencies, in one pair of histograms. A pair per
+    /// worker (176 KiB each at these bounds) spread 32 workers' counters
+    /// over 11 MiB, and the counters a run's latencies fall in over more
+    /// than a CPU's caches: recording was 6.5% of the client's CPU at 4 KiB
+    /// QD32 reads over NVMe/TCP (`perf record`,
+    /// docs/notes/2026-11-25-lab-link-gro.md). Shared, they stay cached;
+    /// the lock is held for one record, by at most the runtime's threads.
+    latencies: Mutex<Latencies>,
 }
 
-struct WorkerResult {
+struct Latencies {
     read: Histogram<u64>,
     write: Histogram<u64>,
+}
+
+/// The lock, also after a worker panicked holding it (a histogram is never
+/// left half-updated by a panic elsewhere in the worker).
+fn lock(m: &Mutex<Latencies>) -> std::sync::MutexGuard<'_, Latencies> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn new_hist() -> Histogram<u64> {
@@ -79,6 +93,7 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
         issued: AtomicU64::new(0),
         limit: p.ios.map_or(u64::MAX, |n| n + p.ramp_ios),
         measuring: AtomicBool::new(p.ramp_ios == 0),
+        latencies: Mutex::new(Latencies { read: new_hist(), write: new_hist() }),
     });
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -112,16 +127,11 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
             shared.stop.store(true, Ordering::Relaxed);
         });
     }
-    let mut read = new_hist();
-    let mut write = new_hist();
     let mut first_err = None;
     let mut errors = 0;
     while let Some(r) = tasks.join_next().await {
         match r {
-            Ok(Ok(w)) => {
-                read.add(&w.read).expect("same bounds");
-                write.add(&w.write).expect("same bounds");
-            }
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 errors += 1;
                 shared.stop.store(true, Ordering::Relaxed);
@@ -136,6 +146,7 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
     }
     let elapsed = t0.elapsed().as_secs_f64().max(1e-9);
     let cpu = CpuTimes::now().since(&cpu0);
+    let Latencies { read, write } = std::mem::replace(&mut *lock(&shared.latencies), Latencies { read: new_hist(), write: new_hist() });
     if let Some(e) = first_err {
         return Err(e);
     }
@@ -193,16 +204,15 @@ async fn worker(
     job_base: u64,
     blocks: u64,
     seed: u64,
-) -> Result<WorkerResult, BenchError> {
+) -> Result<(), BenchError> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut buf = vec![0u8; p.bs];
     // Incompressible, non-zero data so no layer can cheat on zero pages.
     rng.fill(&mut buf[..]);
     let read_pct = p.rw.read_pct(p.rwmixread);
-    let mut res = WorkerResult { read: new_hist(), write: new_hist() };
     loop {
         if shared.stop.load(Ordering::Relaxed) || shared.issued.fetch_add(1, Ordering::Relaxed) >= shared.limit {
-            return Ok(res);
+            return Ok(());
         }
         let block = if p.rw.random() {
             rng.gen_range(0..blocks)
@@ -216,7 +226,8 @@ async fn worker(
         let ns = t.elapsed().as_nanos() as u64;
         r.map_err(|source| BenchError::Io { op: if is_read { "read" } else { "write" }, offset, len: p.bs, source })?;
         if shared.measuring.load(Ordering::Relaxed) {
-            let h = if is_read { &mut res.read } else { &mut res.write };
+            let mut l = lock(&shared.latencies);
+            let h = if is_read { &mut l.read } else { &mut l.write };
             h.saturating_record(ns.max(100));
         }
     }
