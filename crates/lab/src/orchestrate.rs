@@ -160,7 +160,7 @@ impl LabRun {
             }
         };
         cx.results.params.veth_offloads_off = topo.offloads_off;
-        cx.results.params.veth_gro = topo.offloads_off && crate::offload::Offload::MtuFrames.veth_rx_napi();
+        cx.results.params.veth_gro = topo.receives_through_napi();
         if cx.remote.is_none() && cx.plan.subjects().iter().any(|s| s.address().serves_files()) {
             // In one box the kernel NFS client needs no initiator of its
             // own: where this machine has one, it measures the file peers.

@@ -316,6 +316,12 @@ impl Topology {
         self.saved_offloads.iter().try_for_each(|s| s.restore())
     }
 
+    /// Whether both ends of every link receive through NAPI now (see
+    /// [`Topology::client_counters`]).
+    pub fn receives_through_napi(&self) -> bool {
+        self.napi_rx.load(Ordering::Relaxed)
+    }
+
     /// Counters of the client-side end of `link` (sent + received are both
     /// there: the veth has no other traffic), in bytes of whole frames.
     /// A veth whose receiving end runs NAPI (GRO on, or a native XDP
@@ -327,7 +333,7 @@ impl Topology {
     /// operation mean the same whatever the offloads.
     pub fn client_counters(&self, link: &Link) -> anyhow::Result<WireCounters> {
         let c = self.client.nic_counters(&link.client_if)?;
-        Ok(if self.napi_rx.load(Ordering::Relaxed) { with_ethernet_headers(c) } else { c })
+        Ok(if self.receives_through_napi() { with_ethernet_headers(c) } else { c })
     }
 
     /// Remove the veths and namespaces (also done by the registry on abort).
@@ -463,14 +469,26 @@ mod tests {
             );
             topo.target.run("python3", &["-c", &code]).unwrap();
         };
-        // The first datagram resolves the client's address (ARP) first.
+        // Until `n` more frames than `from` arrived (the veth's poll may run
+        // later, in ksoftirqd on a busy machine); the counters then.
+        let arrived = |from: &WireCounters, n: u64| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let now = topo.client_counters(&link).unwrap();
+                if now.rx_packets >= from.rx_packets + n || std::time::Instant::now() > deadline {
+                    return now;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        };
+        // The first datagram resolves the client's address first: an ARP
+        // request and the datagram reach the client.
+        let start = topo.client_counters(&link).unwrap();
         send(1);
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let before = topo.client_counters(&link).unwrap();
+        let before = arrived(&start, 2);
         send(10);
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let d = WireCounters::delta(&before, &topo.client_counters(&link).unwrap());
-        let napi = topo.napi_rx.load(Ordering::Relaxed);
+        let d = WireCounters::delta(&before, &arrived(&before, 10));
+        let napi = topo.receives_through_napi();
         topo.teardown().unwrap();
         assert!(napi, "the default link receives through NAPI (GRO on, TSO off)");
         assert_eq!((d.rx_packets, d.rx_bytes), (10, 10 * 1042), "{d:?}");

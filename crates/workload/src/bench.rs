@@ -146,18 +146,20 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
     }
     let elapsed = t0.elapsed().as_secs_f64().max(1e-9);
     let cpu = CpuTimes::now().since(&cpu0);
-    let Latencies { read, write } = std::mem::replace(&mut *lock(&shared.latencies), Latencies { read: new_hist(), write: new_hist() });
     if let Some(e) = first_err {
         return Err(e);
     }
+    // Every worker has ended: nothing records any more.
+    let latencies = lock(&shared.latencies);
+    let (read, write) = (&latencies.read, &latencies.write);
     let dir = |h: &Histogram<u64>| {
         let ios = h.len();
         let bytes = ios * p.bs as u64;
         DirectionReport { ios, bytes, iops: ios as f64 / elapsed, bw_bytes: bytes as f64 / elapsed, lat_ns: latency(h) }
     };
-    let (r, w) = (dir(&read), dir(&write));
+    let (r, w) = (dir(read), dir(write));
     let mut all = read.clone();
-    all.add(&write).expect("same bounds");
+    all.add(write).expect("same bounds");
     let ios = r.ios + w.ios;
     Ok(BenchReport {
         target: client.describe(),
