@@ -2,6 +2,12 @@
 //! `rbd:POOL/IMAGE[@SNAPSHOT]`, followed by comma-separated options `size=SIZE`,
 //! `direct`, `sync`, `readonly`, and for rbd `conf=PATH`, `id=USER`,
 //! `timeout=SECS`.
+//!
+//! The text is how a spec is written (a flag, a configuration file, an
+//! RPC parameter); code builds and passes [`BackendSpec`] values. A value
+//! whose names the text cannot carry (a comma, which starts an option; a
+//! blank the reader trims; bytes that are not UTF-8) is refused by
+//! [`BackendSpec::to_text`] and by serde, never written as another spec.
 
 use crate::parse_size;
 use std::path::PathBuf;
@@ -138,6 +144,46 @@ impl BackendSpec {
     }
 }
 
+impl BackendSpec {
+    /// The spec as text that [`BackendSpec::parse`] reads back as this
+    /// same spec, or why there is none. (`Display` writes the text
+    /// regardless, for messages.)
+    pub fn to_text(&self) -> Result<String, String> {
+        let text = self.to_string();
+        if BackendSpec::parse(&text).as_ref() == Ok(self) {
+            return Ok(text);
+        }
+        let comma = match &self.kind {
+            BackendKind::File { path, .. } => path.to_string_lossy().contains(',').then(|| format!("file name {:?}", path.display().to_string())),
+            BackendKind::Rbd(t) => [Some(t.pool.as_str()), Some(t.image.as_str()), t.snap.as_deref(), t.id.as_deref(), t.conf.as_ref().and_then(|c| c.to_str())]
+                .into_iter()
+                .flatten()
+                .find(|n| n.contains(','))
+                .map(|n| format!("name {n:?}")),
+            BackendKind::Ram { .. } => None,
+        };
+        Err(match comma {
+            Some(what) => format!("{what} holds a comma, which a backend spec reads as the start of an option: use a name without one"),
+            None => format!("backend {text:?} does not read back as the same backend (a name with a comma, a trailing blank, a '/' or '@' in an RBD name, or bytes that are not UTF-8)"),
+        })
+    }
+}
+
+/// Read from and written as the text form, so configuration files and
+/// saved configurations keep the strings people write.
+impl serde::Serialize for BackendSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_text().map_err(serde::ser::Error::custom)?)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for BackendSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        BackendSpec::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 impl std::fmt::Display for BackendSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
@@ -213,6 +259,35 @@ mod tests {
         for bad in ["rbd:p/i@", "rbd:p/@s", "rbd:p/i@s@t", "rbd:p/i@s,size=1M", "rbd:img", "rbd:/img", "rbd:pool/", "rbd:a/b/c", "rbd:p/i,direct", "rbd:p/i,size=0", "rbd:p/i,timeout=0", "rbd:p/i,timeout=x", "file:/x,conf=/y", "ram:1M,id=a"] {
             assert!(BackendSpec::parse(bad).is_err(), "{bad} parsed");
         }
+    }
+
+    /// A name the text cannot carry is refused, never written as another
+    /// spec: a file name with a comma would read as options (a file
+    /// `x,size=64M` as file `x` of 64 MiB).
+    #[test]
+    fn names_the_text_cannot_carry_are_refused() {
+        let file = |p: &str| BackendSpec { kind: BackendKind::File { path: p.into(), size: None }, direct: false, sync: false, readonly: false };
+        let e = file("/srv/x,size=64M").to_text().unwrap_err();
+        assert!(e.contains("\"/srv/x,size=64M\"") && e.contains("comma"), "{e}");
+        assert!(file("/srv/x ").to_text().is_err(), "a trailing blank is trimmed by the reader");
+        let rbd = |image: &str| BackendSpec { kind: BackendKind::Rbd(RbdTarget { pool: "p".into(), image: image.into(), snap: None, conf: None, id: None, size: None, timeout_secs: None }), direct: false, sync: false, readonly: false };
+        assert!(rbd("a,id=admin").to_text().unwrap_err().contains("comma"));
+        assert!(rbd("a/b").to_text().is_err());
+        assert_eq!(file("/srv/x.img").to_text().unwrap(), "file:/srv/x.img");
+        assert!(serde_json::to_string(&file("/srv/a,b")).is_err());
+    }
+
+    /// serde reads and writes the text; a spec that does not parse is an
+    /// error naming what is wrong.
+    #[test]
+    fn serde_uses_the_text() {
+        for s in ["ram:1G", "file:/tmp/a,size=2M,direct,sync,readonly", "rbd:p/i@s,conf=/c,id=u,timeout=3,readonly"] {
+            let spec: BackendSpec = serde_json::from_str(&format!("{s:?}")).unwrap();
+            assert_eq!(spec, BackendSpec::parse(s).unwrap());
+            assert_eq!(serde_json::to_string(&spec).unwrap(), format!("{s:?}"));
+        }
+        let e = serde_json::from_str::<BackendSpec>("\"tape:1\"").unwrap_err().to_string();
+        assert!(e.contains("invalid backend"), "{e}");
     }
 
     #[test]
