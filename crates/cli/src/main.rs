@@ -74,7 +74,7 @@ struct CtlArgs {
     #[arg(long)]
     json: bool,
     /// The server's control socket.
-    #[arg(long, value_name = "PATH", default_value = bw_serve::control::DEFAULT_PATH)]
+    #[arg(long, value_name = "PATH", default_value = bw_control::socket::DEFAULT_PATH)]
     control: std::path::PathBuf,
 }
 
@@ -596,7 +596,7 @@ fn print_discovered(found: Vec<String>, none: &str) -> anyhow::Result<()> {
 /// `blockwire ctl`: one call; the answer as text, or as JSON with --json.
 /// An error answer exits with status 1.
 fn ctl(a: CtlArgs) -> anyhow::Result<()> {
-    let reply = bw_serve::control::call(&a.control, &a.method, a.params.as_deref())?;
+    let reply = bw_control::socket::call(&a.control, &a.method, a.params.as_deref())?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&reply)?);
     }
@@ -683,15 +683,15 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let control = match a.control.as_deref() {
-        None => bw_serve::ControlPath::Default,
-        Some("none") => bw_serve::ControlPath::Off,
-        Some(p) => bw_serve::ControlPath::At(p.into()),
+        None => bw_control::run::ControlPath::Default,
+        Some("none") => bw_control::run::ControlPath::Off,
+        Some(p) => bw_control::run::ControlPath::At(p.into()),
     };
     let persist = persist_path(&a)?;
     let again = a.clone();
-    let reload: bw_serve::live::Reload = Box::new(move || effective_config(&again));
+    let reload: bw_control::live::Reload = Box::new(move || effective_config(&again));
     let rpc_http = a.rpc_http.zip(a.rpc_http_credentials.clone());
-    rt.block_on(bw_serve::serve(cfg, bw_serve::Options { control, reload: Some(reload), persist, rpc_http }))
+    rt.block_on(bw_control::run::serve(cfg, bw_control::run::Options { control, reload: Some(reload), persist, rpc_http }))
 }
 
 /// Where accepted changes are written: the `--config` file (resolved

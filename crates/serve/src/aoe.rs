@@ -297,10 +297,10 @@ impl Handle {
     }
 }
 
-#[cfg(test)]
 impl Handle {
-    /// Interfaces with no sockets or workers, for tests of live changes.
-    pub(crate) fn detached(names: &[&str]) -> Handle {
+    /// Interfaces with no sockets or workers, for tests of live changes
+    /// (bw-control's).
+    pub fn detached(names: &[&str]) -> Handle {
         let link = Link { mtu: 1500, max_sectors: max_sectors_for_mtu(1500), capacity: 16, workers: 1 };
         Handle { interfaces: Arc::new(names.iter().map(|n| Arc::new(Interface::new(n, [2, 0, 0, 0, 0, 1], link, Vec::new()))).collect()) }
     }

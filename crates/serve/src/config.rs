@@ -745,7 +745,7 @@ impl ServeConfig {
         self.tuning.validate().map_err(ConfigError::Invalid)?;
         let mut pools = std::collections::HashSet::new();
         for p in &self.pools {
-            crate::pool::check_name("pool", &p.name).map_err(ConfigError::Invalid)?;
+            check_name("pool", &p.name).map_err(ConfigError::Invalid)?;
             if !pools.insert(p.name.as_str()) {
                 return inv(format!("pool {} is listed twice", p.name));
             }
@@ -849,6 +849,20 @@ impl ServeConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// A pool or volume name: a file name that cannot escape the pool's
+/// directory or hide in it (no `/`, no leading dot).
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{what} name {name:?}: 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit"))
     }
 }
 
@@ -972,6 +986,16 @@ fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_stay_inside_the_pool() {
+        for bad in ["", "../x", "a/b", ".hidden", "-x", &"a".repeat(129)] {
+            assert!(check_name("volume", bad).is_err(), "{bad:?}");
+        }
+        for good in ["volume-1b2c", "snp-a.b_c", "0"] {
+            check_name("volume", good).unwrap();
+        }
+    }
 
     #[test]
     fn flags_build_a_valid_config() {
@@ -1304,5 +1328,35 @@ mod tests {
         assert!(parse_listen("::1", 3260).unwrap().port() == 3260);
         assert!(parse_listen(":3261", 3260).unwrap().port() == 3261);
         assert!(parse_listen("nohost", 1).is_err());
+    }
+
+    /// What save_config writes loads back to the same configuration,
+    /// secrets included.
+    #[test]
+    fn saved_configuration_round_trips() {
+        let text = r#"
+            [[volume]]
+            name = "v"
+            backend = "ram:1M"
+            [iscsi]
+            listen = ["127.0.0.1:3260"]
+            [[iscsi.target]]
+            iqn = "iqn.2026-11.org.example:v"
+            luns = [{ lun = 0, volume = "v" }]
+            chap = { user = "bob", secret = "tgt-Secret-3" }
+            [nvme]
+            listen = ["127.0.0.1:4420"]
+            [[nvme.subsystem]]
+            nqn = "nqn.2026-11.org.example:v"
+            namespaces = [{ nsid = 1, volume = "v" }]
+            [[nvme.subsystem.host]]
+            nqn = "nqn.2026-11.org.example:h"
+            dhchap_secret = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
+        "#;
+        let c: ServeConfig = toml::from_str(text).unwrap();
+        let saved = c.to_toml();
+        assert!(saved.contains("tgt-Secret-3") && saved.contains("DHHC-1:00:AAEC"), "{saved}");
+        let back: ServeConfig = toml::from_str(&saved).unwrap();
+        assert_eq!(back, c);
     }
 }

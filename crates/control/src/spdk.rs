@@ -2,7 +2,7 @@
 //! (OpenStack Cinder's SPDK driver and its `spdk-nvmeof` target helper,
 //! SPDK's own `spdk-rpc`), with SPDK's method names, parameter shapes and
 //! answers, mapped onto blockwire's pools, volumes and exports. Each is a
-//! row of [`METHODS`] (the same [`Method`] rows as blockwire's own), and
+//! row of [`METHODS`] (the same [`Method`] rows as blockwire's own, crate::methods), and
 //! each change goes through the same [`Live::change`] (validated,
 //! persisted, all or nothing).
 //!
@@ -17,11 +17,13 @@
 //! that would change what an initiator gets, if set, are refused. The
 //! table in docs/control.md lists what is supported and how it maps.
 
-use crate::config::{IscsiLun, IscsiTarget, NvmeNamespace, NvmeSubsystem, ServeConfig, VolumeConfig};
-use crate::control::{code, params, Method, RpcError};
-use crate::live::{edit, Live, Refused};
+use crate::edit;
+use crate::live::Live;
 use crate::pool;
+use crate::refused::Refused;
+use crate::rpc::{code, params, Method, RpcError};
 use bw_block::{BackendKind, BackendSpec};
+use bw_serve::config::{IscsiLun, IscsiTarget, NvmeNamespace, NvmeSubsystem, ServeConfig, VolumeConfig};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -91,7 +93,7 @@ fn lvol<'a>(c: &'a ServeConfig, name: &str) -> Result<&'a VolumeConfig, RpcError
     Ok(v)
 }
 
-fn lvstore<'a>(c: &'a ServeConfig, uuid: Option<&str>, name: Option<&str>) -> Result<&'a crate::config::PoolConfig, RpcError> {
+fn lvstore<'a>(c: &'a ServeConfig, uuid: Option<&str>, name: Option<&str>) -> Result<&'a bw_serve::config::PoolConfig, RpcError> {
     match (uuid, name) {
         (Some(_), Some(_)) => Err(err(EINVAL, "give uuid or lvs_name, not both")),
         (None, None) => Err(err(EINVAL, "give uuid or lvs_name")),
@@ -152,11 +154,11 @@ fn bdev_json(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConfig) ->
 }
 
 /// What an lvol store sits on: the pool's directory, or its Ceph pool.
-fn base_bdev(p: &crate::config::PoolConfig) -> String {
+fn base_bdev(p: &bw_serve::config::PoolConfig) -> String {
     p.rbd.as_ref().map_or_else(|| p.path.clone(), |r| format!("rbd:{r}"))
 }
 
-fn lvstore_json(c: &ServeConfig, p: &crate::config::PoolConfig) -> Value {
+fn lvstore_json(c: &ServeConfig, p: &bw_serve::config::PoolConfig) -> Value {
     let space = bw_block::reflink::fs_space(std::path::Path::new(&p.path)).ok();
     let total = space.as_ref().map_or(0, |s| s.total) / CLUSTER_SIZE;
     let free = space.as_ref().map_or(0, |s| s.available) / CLUSTER_SIZE;
@@ -674,10 +676,10 @@ pub const METHODS: &[Method] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::Frontends;
+    use bw_serve::start::Frontends;
 
     fn call(l: &Live, method: &str, p: Value) -> Result<Value, RpcError> {
-        (crate::control::all_methods().find(|m| m.name == method).unwrap().call)(l, p)
+        (METHODS.iter().find(|m| m.name == method).unwrap().call)(l, p)
     }
 
     /// An lvol's life through SPDK's methods on a pool in a temp dir
@@ -687,9 +689,9 @@ mod tests {
     fn lvols_follow_spdk() {
         let dir = std::env::temp_dir().join(format!("bw-spdk-{}", std::process::id()));
         let mut cfg = ServeConfig::default();
-        cfg.pools.push(crate::config::PoolConfig { name: "lvs0".into(), path: dir.to_str().unwrap().into(), copy: true, ..Default::default() });
+        cfg.pools.push(bw_serve::config::PoolConfig { name: "lvs0".into(), path: dir.to_str().unwrap().into(), copy: true, ..Default::default() });
         pool::ensure_dir(&cfg.pools[0]).unwrap();
-        let l = Live::new(cfg, &crate::open_volumes(&ServeConfig::default()).unwrap(), Frontends::default(), None);
+        let l = Live::new(cfg, &bw_serve::start::open_volumes(&ServeConfig::default()).unwrap(), Frontends::default(), None);
         let stores = call(&l, "bdev_lvol_get_lvstores", json!({})).unwrap();
         assert_eq!((stores[0]["name"].as_str(), stores[0]["cluster_size"].as_u64()), (Some("lvs0"), Some(CLUSTER_SIZE)), "{stores}");
         let lvs = stores[0]["uuid"].as_str().unwrap().to_string();

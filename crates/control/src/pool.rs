@@ -8,7 +8,7 @@
 //! its image, so a snapshot with clones and an image with snapshots are
 //! not deleted (the error names them).
 //! What exists is the configuration: each operation here is an edit of
-//! it (through [`Live::change_files`], so it is validated, served and
+//! it (through [`crate::live::Live::change_files`], so it is validated, served and
 //! persisted as a whole, and the files it made are removed if it is
 //! refused). Creating what exists with the same parameters changes
 //! nothing and answers the existing object; with other parameters it is
@@ -19,27 +19,14 @@
 //! doomed, the configuration not yet written or already written): they
 //! are replaced when a volume of that name is created.
 
-use crate::config::{PoolConfig, ServeConfig, VolumeConfig};
-use crate::live::{edit, Files, Live, Refused};
+use crate::edit;
+use crate::refused::Refused;
+use bw_serve::config::{check_name, PoolConfig, ServeConfig, VolumeConfig};
 use bw_block::reflink::{self, CopyKind};
 use bw_block::{BackendKind, BackendSpec, RbdPool, RbdTarget, Volume};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-/// A pool or volume name: a file name that cannot escape the pool's
-/// directory or hide in it (no `/`, no leading dot).
-pub fn check_name(what: &str, name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-        && name.as_bytes()[0].is_ascii_alphanumeric();
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{what} name {name:?}: 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit"))
-    }
-}
 
 /// A random (version 4) UUID.
 pub fn new_uuid() -> String {
@@ -99,6 +86,15 @@ fn rbd_pool_target(p: &PoolConfig) -> Option<RbdTarget> {
 
 fn connect(t: &RbdTarget) -> Result<RbdPool, Refused> {
     RbdPool::connect(t).map_err(|e| Refused(e.to_string()))
+}
+
+/// Pool objects (files, RBD images and snapshots) a change makes or
+/// unmakes beside the configuration: made ones are removed if the change
+/// is refused; doomed ones once it is served.
+#[derive(Default)]
+pub struct Files {
+    pub created: Vec<PoolObject>,
+    pub remove_after: Vec<PoolObject>,
 }
 
 /// Something a pool holds for a volume: what a change makes, or removes
@@ -500,12 +496,6 @@ pub fn volume_info(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConf
     })
 }
 
-pub fn volume_list(live: &Live) -> Value {
-    let c = live.config();
-    let sizes: HashMap<String, u64> = live.volume_sizes().into_iter().collect();
-    json!(c.volumes.iter().map(|v| volume_info(&c, &sizes, v)).collect::<Vec<_>>())
-}
-
 /// One pool as `pool_list` shows it: space of its file system, and what
 /// its volumes are provisioned and hold.
 pub fn pool_info(c: &ServeConfig, sizes: &HashMap<String, u64>, p: &PoolConfig) -> Value {
@@ -529,12 +519,6 @@ pub fn pool_info(c: &ServeConfig, sizes: &HashMap<String, u64>, p: &PoolConfig) 
     })
 }
 
-pub fn pool_list(live: &Live) -> Value {
-    let c = live.config();
-    let sizes: HashMap<String, u64> = live.volume_sizes().into_iter().collect();
-    json!(c.pools.iter().map(|p| pool_info(&c, &sizes, p)).collect::<Vec<_>>())
-}
-
 /// A pool's UUID: the configured one, or one derived from its name for a
 /// hand-written `[[pool]]` without (stable across restarts).
 pub fn pool_uuid(p: &PoolConfig) -> String {
@@ -555,16 +539,6 @@ fn derived_uuid(kind: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_stay_inside_the_pool() {
-        for bad in ["", "../x", "a/b", ".hidden", "-x", &"a".repeat(129)] {
-            assert!(check_name("volume", bad).is_err(), "{bad:?}");
-        }
-        for good in ["volume-1b2c", "snp-a.b_c", "0"] {
-            check_name("volume", good).unwrap();
-        }
-    }
 
     #[test]
     fn uuids_look_like_uuids() {

@@ -8,6 +8,7 @@
 //! connections, each with a time limit; and every change logged with the
 //! caller's address.
 
+use crate::jsonrpc;
 use crate::live::Live;
 use anyhow::Context;
 use base64::Engine;
@@ -22,7 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// Longest request head (request line and headers).
 const MAX_HEAD: usize = 16 * 1024;
 /// Longest body: a JSON-RPC request (the control socket's limit).
-const MAX_BODY: usize = crate::control::MAX_REQUEST;
+const MAX_BODY: usize = jsonrpc::MAX_REQUEST;
 /// Connections served at once; more are answered 503 and closed.
 const MAX_CONNECTIONS: usize = 16;
 /// From accept to the whole request read.
@@ -101,7 +102,7 @@ pub fn parse_head(head: &[u8]) -> Result<Head, &'static str> {
 }
 
 /// Serve until `shutdown`.
-pub async fn serve(listener: tokio::net::TcpListener, live: Arc<Live>, creds: Arc<Credentials>, mut shutdown: crate::Shutdown) -> anyhow::Result<()> {
+pub async fn serve(listener: tokio::net::TcpListener, live: Arc<Live>, creds: Arc<Credentials>, mut shutdown: bw_serve::Shutdown) -> anyhow::Result<()> {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (mut s, peer) = tokio::select! {
@@ -229,7 +230,7 @@ async fn answer(s: &mut tokio::net::TcpStream, peer: SocketAddr, live: &Arc<Live
     let out = tokio::task::spawn_blocking(move || {
         let before = l.generation();
         let text = String::from_utf8_lossy(&body);
-        let answer = crate::control::handle_line(&l, &text);
+        let answer = jsonrpc::handle_line(&l, &text);
         if l.generation() != before {
             log::info!("rpc-http: change by {peer}: {} -> {}", text.trim(), answer.as_deref().unwrap_or("(notification)"));
         }

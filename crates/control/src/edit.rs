@@ -1,0 +1,269 @@
+//! Configuration edits, one per control method: each changes a copy of
+//! the configuration or says why not; [`crate::live::Live::change`]
+//! validates and serves the result.
+
+use crate::refused::Refused;
+use bw_serve::config::*;
+
+fn iscsi(c: &mut ServeConfig) -> &mut IscsiConfig {
+    c.iscsi.get_or_insert_with(Default::default)
+}
+
+fn nvme(c: &mut ServeConfig) -> &mut NvmeConfig {
+    c.nvme.get_or_insert_with(Default::default)
+}
+
+pub fn target<'a>(c: &'a mut ServeConfig, iqn: &str) -> Result<&'a mut IscsiTarget, Refused> {
+    iscsi(c).targets.iter_mut().find(|t| t.iqn == iqn).ok_or_else(|| Refused(format!("no iSCSI target {iqn}")))
+}
+
+pub fn subsystem<'a>(c: &'a mut ServeConfig, nqn: &str) -> Result<&'a mut NvmeSubsystem, Refused> {
+    nvme(c).subsystems.iter_mut().find(|s| s.nqn == nqn).ok_or_else(|| Refused(format!("no NVMe subsystem {nqn}")))
+}
+
+/// Where a volume is exported, for refusing its removal.
+pub fn users(c: &ServeConfig, volume: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    for t in c.iscsi.iter().flat_map(|i| &i.targets) {
+        v.extend(t.luns.iter().filter(|l| l.volume == volume).map(|l| format!("iSCSI {} LUN {}", t.iqn, l.lun)));
+    }
+    for s in c.nvme.iter().flat_map(|n| &n.subsystems) {
+        v.extend(s.namespaces.iter().filter(|n| n.volume == volume).map(|n| format!("NVMe {} namespace {}", s.nqn, n.nsid)));
+    }
+    for e in c.aoe.iter().flat_map(|a| &a.exports) {
+        if e.volume == volume {
+            v.push(format!("AoE {}.{} on {}", e.shelf, e.slot, e.interface));
+        }
+    }
+    v
+}
+
+pub fn volume_add(c: &mut ServeConfig, v: VolumeConfig) -> Result<(), Refused> {
+    if v.pool.is_some() || v.snapshot_of.is_some() || v.clone_of.is_some() || v.thick {
+        return Err(Refused(format!("volume {}: pool volumes are made by volume_create, volume_snapshot and volume_clone", v.name)));
+    }
+    if c.volumes.iter().any(|o| o.name == v.name) {
+        return Err(Refused(format!("volume {} exists", v.name)));
+    }
+    c.volumes.push(v);
+    Ok(())
+}
+
+/// Without `force`, a volume still exported is not removed; with it,
+/// its LUNs, namespaces and AoE exports go first.
+pub fn volume_remove(c: &mut ServeConfig, name: &str, force: bool) -> Result<(), Refused> {
+    match c.volumes.iter().find(|v| v.name == name) {
+        None => return Err(Refused(format!("no volume {name}"))),
+        Some(v) if v.pool.is_some() => return Err(Refused(format!("volume {name} is in pool {}: volume_delete removes it and its file", v.pool.as_deref().unwrap_or_default()))),
+        Some(_) => {}
+    }
+    let users = users(c, name);
+    if !users.is_empty() && !force {
+        return Err(Refused(format!("volume {name} is in use ({}): remove those first, or pass force", users.join(", "))));
+    }
+    for t in c.iscsi.iter_mut().flat_map(|i| &mut i.targets) {
+        t.luns.retain(|l| l.volume != name);
+    }
+    for s in c.nvme.iter_mut().flat_map(|n| &mut n.subsystems) {
+        s.namespaces.retain(|n| n.volume != name);
+    }
+    if let Some(a) = &mut c.aoe {
+        a.exports.retain(|e| e.volume != name);
+    }
+    c.volumes.retain(|v| v.name != name);
+    Ok(())
+}
+
+/// The backend spec with its size set to `size` bytes.
+pub fn volume_resize(c: &mut ServeConfig, name: &str, size: u64) -> Result<(), Refused> {
+    let v = c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused(format!("no volume {name}")))?;
+    if v.snapshot_of.is_some() {
+        return Err(Refused(format!("volume {name} is a snapshot: its size is the size it was taken at")));
+    }
+    let mut spec = bw_block::BackendSpec::parse(&v.backend).map_err(Refused)?;
+    match &mut spec.kind {
+        bw_block::BackendKind::Ram { size: s } => *s = size,
+        bw_block::BackendKind::File { size: s, .. } => *s = Some(size),
+        bw_block::BackendKind::Rbd(t) => t.size = Some(size),
+    }
+    v.backend = spec.to_string();
+    Ok(())
+}
+
+pub fn iscsi_target_add(c: &mut ServeConfig, t: IscsiTarget) -> Result<(), Refused> {
+    if iscsi(c).targets.iter().any(|o| o.iqn == t.iqn) {
+        return Err(Refused(format!("iSCSI target {} exists", t.iqn)));
+    }
+    iscsi(c).targets.push(t);
+    Ok(())
+}
+
+pub fn iscsi_target_remove(c: &mut ServeConfig, iqn: &str) -> Result<(), Refused> {
+    target(c, iqn)?;
+    iscsi(c).targets.retain(|t| t.iqn != iqn);
+    Ok(())
+}
+
+pub fn iscsi_lun_add(c: &mut ServeConfig, iqn: &str, lun: IscsiLun) -> Result<(), Refused> {
+    let t = target(c, iqn)?;
+    if t.luns.iter().any(|l| l.lun == lun.lun) {
+        return Err(Refused(format!("iSCSI target {iqn} has a LUN {}", lun.lun)));
+    }
+    t.luns.push(lun);
+    Ok(())
+}
+
+pub fn iscsi_lun_remove(c: &mut ServeConfig, iqn: &str, lun: u64) -> Result<(), Refused> {
+    let t = target(c, iqn)?;
+    let n = t.luns.len();
+    t.luns.retain(|l| l.lun != lun);
+    if t.luns.len() == n {
+        return Err(Refused(format!("iSCSI target {iqn} has no LUN {lun}")));
+    }
+    Ok(())
+}
+
+pub fn iscsi_acl_add(c: &mut ServeConfig, iqn: &str, initiator: &str) -> Result<(), Refused> {
+    let t = target(c, iqn)?;
+    if t.allowed_initiators.iter().any(|i| i == initiator) {
+        return Err(Refused(format!("{initiator} is already allowed on {iqn}")));
+    }
+    t.allowed_initiators.push(initiator.into());
+    Ok(())
+}
+
+/// An initiator taken off the list: its sessions end (and with the
+/// list empty, the target is open to anyone again).
+pub fn iscsi_acl_remove(c: &mut ServeConfig, iqn: &str, initiator: &str) -> Result<(), Refused> {
+    let t = target(c, iqn)?;
+    let n = t.allowed_initiators.len();
+    t.allowed_initiators.retain(|i| i != initiator);
+    if t.allowed_initiators.len() == n {
+        return Err(Refused(format!("{initiator} is not on the list of {iqn}")));
+    }
+    Ok(())
+}
+
+pub fn iscsi_chap_set(c: &mut ServeConfig, iqn: &str, chap: Option<Credentials>, mutual_chap: Option<Credentials>) -> Result<(), Refused> {
+    let t = target(c, iqn)?;
+    t.chap = chap;
+    t.mutual_chap = mutual_chap;
+    Ok(())
+}
+
+/// An export on an interface AoE is served on (see [`crate::live::Live::change`]).
+pub fn aoe_export_add(c: &mut ServeConfig, e: AoeExport) -> Result<(), Refused> {
+    let a = c.aoe.get_or_insert_with(Default::default);
+    if a.exports.iter().any(|o| o.interface == e.interface && o.shelf == e.shelf && o.slot == e.slot) {
+        return Err(Refused(format!("AoE e{}.{} is exported on {} already", e.shelf, e.slot, e.interface)));
+    }
+    a.exports.push(e);
+    Ok(())
+}
+
+pub fn aoe_export_remove(c: &mut ServeConfig, interface: &str, shelf: u16, slot: u8) -> Result<(), Refused> {
+    let a = c.aoe.get_or_insert_with(Default::default);
+    let n = a.exports.len();
+    a.exports.retain(|e| !(e.interface == interface && e.shelf == shelf && e.slot == slot));
+    if a.exports.len() == n {
+        return Err(Refused(format!("no AoE export e{shelf}.{slot} on {interface}")));
+    }
+    Ok(())
+}
+
+pub fn nvme_subsystem_add(c: &mut ServeConfig, s: NvmeSubsystem) -> Result<(), Refused> {
+    if nvme(c).subsystems.iter().any(|o| o.nqn == s.nqn) {
+        return Err(Refused(format!("NVMe subsystem {} exists", s.nqn)));
+    }
+    nvme(c).subsystems.push(s);
+    Ok(())
+}
+
+pub fn nvme_subsystem_remove(c: &mut ServeConfig, nqn: &str) -> Result<(), Refused> {
+    subsystem(c, nqn)?;
+    nvme(c).subsystems.retain(|s| s.nqn != nqn);
+    Ok(())
+}
+
+pub fn nvme_ns_add(c: &mut ServeConfig, nqn: &str, ns: NvmeNamespace) -> Result<(), Refused> {
+    let s = subsystem(c, nqn)?;
+    if s.namespaces.iter().any(|n| n.nsid == ns.nsid) {
+        return Err(Refused(format!("NVMe {nqn} has a namespace {}", ns.nsid)));
+    }
+    s.namespaces.push(ns);
+    s.namespaces.sort_by_key(|n| n.nsid);
+    Ok(())
+}
+
+pub fn nvme_ns_remove(c: &mut ServeConfig, nqn: &str, nsid: u32) -> Result<(), Refused> {
+    let s = subsystem(c, nqn)?;
+    let n = s.namespaces.len();
+    s.namespaces.retain(|n| n.nsid != nsid);
+    if s.namespaces.len() == n {
+        return Err(Refused(format!("NVMe {nqn} has no namespace {nsid}")));
+    }
+    Ok(())
+}
+
+/// A host with keys authenticates (DH-HMAC-CHAP); without, it is only
+/// allowed. Adding a host again replaces its keys.
+pub fn nvme_host_add(c: &mut ServeConfig, nqn: &str, host: NvmeHost) -> Result<(), Refused> {
+    let s = subsystem(c, nqn)?;
+    s.hosts.retain(|h| h.nqn != host.nqn);
+    s.allowed_hosts.retain(|h| *h != host.nqn);
+    s.hosts.push(host);
+    Ok(())
+}
+
+/// The listen list of NVMe/TCP (`rdma` false) or NVMe/RDMA, and its name.
+fn ports(c: &mut ServeConfig, rdma: bool) -> (&mut Vec<std::net::SocketAddr>, &'static str) {
+    let n = nvme(c);
+    if rdma {
+        (&mut n.rdma_listen, "NVMe/RDMA")
+    } else {
+        (&mut n.listen, "NVMe/TCP")
+    }
+}
+
+/// Listen for NVMe/TCP (or NVMe/RDMA) at `addr` too.
+pub fn nvme_port_add(c: &mut ServeConfig, addr: std::net::SocketAddr, rdma: bool) -> Result<(), Refused> {
+    let (ports, name) = ports(c, rdma);
+    if ports.contains(&addr) {
+        return Err(Refused(format!("{name} already listens on {addr}")));
+    }
+    ports.push(addr);
+    Ok(())
+}
+
+/// Stop listening at `addr`; its connections close.
+pub fn nvme_port_remove(c: &mut ServeConfig, addr: std::net::SocketAddr, rdma: bool) -> Result<(), Refused> {
+    let (ports, name) = ports(c, rdma);
+    let before = ports.len();
+    ports.retain(|a| *a != addr);
+    if ports.len() == before {
+        return Err(Refused(format!("{name} does not listen on {addr} (status lists the ports)")));
+    }
+    Ok(())
+}
+
+pub fn nvme_host_allow(c: &mut ServeConfig, nqn: &str, host: &str) -> Result<(), Refused> {
+    let s = subsystem(c, nqn)?;
+    if s.allowed_hosts.iter().any(|h| h == host) || s.hosts.iter().any(|h| h.nqn == host) {
+        return Err(Refused(format!("{host} is already allowed on {nqn}")));
+    }
+    s.allowed_hosts.push(host.into());
+    Ok(())
+}
+
+/// The host's controllers end; with no host listed any more, the
+/// subsystem is open to every host.
+pub fn nvme_host_remove(c: &mut ServeConfig, nqn: &str, host: &str) -> Result<(), Refused> {
+    let s = subsystem(c, nqn)?;
+    let n = s.allowed_hosts.len() + s.hosts.len();
+    s.allowed_hosts.retain(|h| h != host);
+    s.hosts.retain(|h| h.nqn != host);
+    if s.allowed_hosts.len() + s.hosts.len() == n {
+        return Err(Refused(format!("{host} is not listed on {nqn}")));
+    }
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! Opening the configured volumes and starting every configured front-end
+//! on its sockets: what a server does before it announces readiness.
+
+use crate::config::ServeConfig;
+use crate::{aoe, iscsi, metrics, nvme, Running, Shutdown, Volumes};
+use anyhow::Context;
+use bw_block::{BackendSpec, Volume};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The running front-ends that take live changes.
+#[derive(Clone, Default)]
+pub struct Frontends {
+    pub iscsi: Option<iscsi::Handle>,
+    pub nvme: Option<nvme::Handle>,
+    pub aoe: Option<aoe::Handle>,
+}
+
+pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
+    let mut map = HashMap::new();
+    for v in &cfg.volumes {
+        let spec = BackendSpec::parse(&v.backend).map_err(anyhow::Error::msg)?;
+        let vol = Volume::open(&v.name, &spec).with_context(|| format!("volume {}", v.name))?;
+        log::info!("volume {}: {} ({} bytes)", v.name, vol.info().description, vol.size_bytes());
+        map.insert(v.name.clone(), vol);
+    }
+    Ok(Arc::new(map))
+}
+
+/// Start every front-end; each binds its sockets before this returns, so the
+/// caller can announce readiness.
+pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) -> anyhow::Result<(Vec<Running>, Frontends)> {
+    let mut running = Vec::new();
+    let mut frontends = Frontends::default();
+    cfg.tuning.digest_impl.apply();
+    if let Some(a) = &cfg.aoe {
+        if !a.exports.is_empty() {
+            let (r, h) = aoe::start(a, &cfg.tuning, volumes, shutdown.clone()).await?;
+            running.push(r);
+            frontends.aoe = Some(h);
+        }
+    }
+    if let Some(i) = &cfg.iscsi {
+        if !i.listen.is_empty() {
+            let (r, h) = iscsi::start(i, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("iSCSI")?;
+            running.push(r);
+            frontends.iscsi = Some(h);
+        }
+    }
+    if let Some(n) = &cfg.nvme {
+        // An [nvme] section without listeners starts NVMe/TCP with no
+        // port: a control-driven target adds them (nvme_port_add).
+        if !n.listen.is_empty() || !n.rdma_listen.is_empty() || n.subsystems.is_empty() {
+            let (r, h) = nvme::start(n, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("NVMe")?;
+            running.push(r);
+            frontends.nvme = Some(h);
+        }
+    }
+    if running.is_empty() {
+        anyhow::bail!("nothing to serve: give --aoe, --iscsi, --nvme or --nvme-rdma (or the same in the config file)");
+    }
+    Ok((running, frontends))
+}
+
+/// Raise the limit on open descriptors: a logged-in connection with a
+/// thread of its own costs five (its socket, and its thread's tokio
+/// runtime: epoll twice, an eventfd and a dup of the signal driver's
+/// socket, which tokio creates with any I/O driver), so the usual soft
+/// limit of 1024 would have accept() fail long before the session limits
+/// (4096 by default) apply. (A connection still logging in waits on the
+/// shared runtime and costs its socket only; before, it had its thread
+/// from accept on, and a hard limit of 20,000 ran out at 4,000 idle
+/// sockets in make soak.) Root may raise the hard limit too, up to the
+/// kernel's fs.nr_open (capped at 2^20).
+pub fn raise_fd_limit() {
+    const WANT: libc::rlim_t = 1 << 20;
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::rlim_t>().ok())
+        .unwrap_or(WANT)
+        .min(WANT);
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return;
+        }
+        let soft = r.rlim_cur;
+        if r.rlim_max < nr_open {
+            // Fails with EPERM without CAP_SYS_RESOURCE: then keep the hard limit.
+            let raised = libc::rlimit { rlim_cur: nr_open, rlim_max: nr_open };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r = raised;
+            }
+        }
+        if r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                r.rlim_cur = soft;
+            }
+        }
+        if r.rlim_cur != soft {
+            log::debug!("open descriptor limit raised from {soft} to {}", r.rlim_cur);
+        }
+        if r.rlim_cur < 8192 {
+            log::warn!("open descriptor limit is {}: connections beyond a fifth of it will be refused (raise it with ulimit -n)", r.rlim_cur);
+        }
+    }
+}
+
+/// Serve the Prometheus exposition on `addr` (bound before this returns).
+pub async fn start_metrics(addr: std::net::SocketAddr, shutdown: &Shutdown) -> anyhow::Result<Running> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
+    log::info!("metrics: http://{}/metrics", listener.local_addr()?);
+    Ok(tokio::spawn(metrics::serve_http(listener, metrics::global(), shutdown.clone())))
+}
