@@ -2,7 +2,7 @@
 //! the configuration or says why not; [`crate::live::Live::change`]
 //! validates and serves the result.
 
-use crate::refused::Refused;
+use bw_serve::refused::Refused;
 use bw_serve::config::*;
 
 fn iscsi(c: &mut ServeConfig) -> &mut IscsiConfig {
@@ -14,11 +14,11 @@ fn nvme(c: &mut ServeConfig) -> &mut NvmeConfig {
 }
 
 pub fn target<'a>(c: &'a mut ServeConfig, iqn: &str) -> Result<&'a mut IscsiTarget, Refused> {
-    iscsi(c).targets.iter_mut().find(|t| t.iqn == iqn).ok_or_else(|| Refused(format!("no iSCSI target {iqn}")))
+    iscsi(c).targets.iter_mut().find(|t| t.iqn == iqn).ok_or_else(|| Refused::NotFound(format!("no iSCSI target {iqn}")))
 }
 
 pub fn subsystem<'a>(c: &'a mut ServeConfig, nqn: &str) -> Result<&'a mut NvmeSubsystem, Refused> {
-    nvme(c).subsystems.iter_mut().find(|s| s.nqn == nqn).ok_or_else(|| Refused(format!("no NVMe subsystem {nqn}")))
+    nvme(c).subsystems.iter_mut().find(|s| s.nqn == nqn).ok_or_else(|| Refused::NotFound(format!("no NVMe subsystem {nqn}")))
 }
 
 /// Where a volume is exported, for refusing its removal.
@@ -40,10 +40,10 @@ pub fn users(c: &ServeConfig, volume: &str) -> Vec<String> {
 
 pub fn volume_add(c: &mut ServeConfig, v: VolumeConfig) -> Result<(), Refused> {
     if v.pool.is_some() || v.snapshot_of.is_some() || v.clone_of.is_some() || v.thick {
-        return Err(Refused(format!("volume {}: pool volumes are made by volume_create, volume_snapshot and volume_clone", v.name)));
+        return Err(Refused::Invalid(format!("volume {}: pool volumes are made by volume_create, volume_snapshot and volume_clone", v.name)));
     }
     if c.volumes.iter().any(|o| o.name == v.name) {
-        return Err(Refused(format!("volume {} exists", v.name)));
+        return Err(Refused::AlreadyExists(format!("volume {} exists", v.name)));
     }
     c.volumes.push(v);
     Ok(())
@@ -53,13 +53,13 @@ pub fn volume_add(c: &mut ServeConfig, v: VolumeConfig) -> Result<(), Refused> {
 /// its LUNs, namespaces and AoE exports go first.
 pub fn volume_remove(c: &mut ServeConfig, name: &str, force: bool) -> Result<(), Refused> {
     match c.volumes.iter().find(|v| v.name == name) {
-        None => return Err(Refused(format!("no volume {name}"))),
-        Some(v) if v.pool.is_some() => return Err(Refused(format!("volume {name} is in pool {}: volume_delete removes it and its file", v.pool.as_deref().unwrap_or_default()))),
+        None => return Err(Refused::NotFound(format!("no volume {name}"))),
+        Some(v) if v.pool.is_some() => return Err(Refused::Invalid(format!("volume {name} is in pool {}: volume_delete removes it and its file", v.pool.as_deref().unwrap_or_default()))),
         Some(_) => {}
     }
     let users = users(c, name);
     if !users.is_empty() && !force {
-        return Err(Refused(format!("volume {name} is in use ({}): remove those first, or pass force", users.join(", "))));
+        return Err(Refused::Busy(format!("volume {name} is in use ({}): remove those first, or pass force", users.join(", "))));
     }
     for t in c.iscsi.iter_mut().flat_map(|i| &mut i.targets) {
         t.luns.retain(|l| l.volume != name);
@@ -76,11 +76,11 @@ pub fn volume_remove(c: &mut ServeConfig, name: &str, force: bool) -> Result<(),
 
 /// The backend spec with its size set to `size` bytes.
 pub fn volume_resize(c: &mut ServeConfig, name: &str, size: u64) -> Result<(), Refused> {
-    let v = c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused(format!("no volume {name}")))?;
+    let v = c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused::NotFound(format!("no volume {name}")))?;
     if v.snapshot_of.is_some() {
-        return Err(Refused(format!("volume {name} is a snapshot: its size is the size it was taken at")));
+        return Err(Refused::Invalid(format!("volume {name} is a snapshot: its size is the size it was taken at")));
     }
-    let mut spec = bw_block::BackendSpec::parse(&v.backend).map_err(Refused)?;
+    let mut spec = bw_block::BackendSpec::parse(&v.backend).map_err(Refused::Invalid)?;
     match &mut spec.kind {
         bw_block::BackendKind::Ram { size: s } => *s = size,
         bw_block::BackendKind::File { size: s, .. } => *s = Some(size),
@@ -92,7 +92,7 @@ pub fn volume_resize(c: &mut ServeConfig, name: &str, size: u64) -> Result<(), R
 
 pub fn iscsi_target_add(c: &mut ServeConfig, t: IscsiTarget) -> Result<(), Refused> {
     if iscsi(c).targets.iter().any(|o| o.iqn == t.iqn) {
-        return Err(Refused(format!("iSCSI target {} exists", t.iqn)));
+        return Err(Refused::AlreadyExists(format!("iSCSI target {} exists", t.iqn)));
     }
     iscsi(c).targets.push(t);
     Ok(())
@@ -107,7 +107,7 @@ pub fn iscsi_target_remove(c: &mut ServeConfig, iqn: &str) -> Result<(), Refused
 pub fn iscsi_lun_add(c: &mut ServeConfig, iqn: &str, lun: IscsiLun) -> Result<(), Refused> {
     let t = target(c, iqn)?;
     if t.luns.iter().any(|l| l.lun == lun.lun) {
-        return Err(Refused(format!("iSCSI target {iqn} has a LUN {}", lun.lun)));
+        return Err(Refused::AlreadyExists(format!("iSCSI target {iqn} has a LUN {}", lun.lun)));
     }
     t.luns.push(lun);
     Ok(())
@@ -118,7 +118,7 @@ pub fn iscsi_lun_remove(c: &mut ServeConfig, iqn: &str, lun: u64) -> Result<(), 
     let n = t.luns.len();
     t.luns.retain(|l| l.lun != lun);
     if t.luns.len() == n {
-        return Err(Refused(format!("iSCSI target {iqn} has no LUN {lun}")));
+        return Err(Refused::NotFound(format!("iSCSI target {iqn} has no LUN {lun}")));
     }
     Ok(())
 }
@@ -126,7 +126,7 @@ pub fn iscsi_lun_remove(c: &mut ServeConfig, iqn: &str, lun: u64) -> Result<(), 
 pub fn iscsi_acl_add(c: &mut ServeConfig, iqn: &str, initiator: &str) -> Result<(), Refused> {
     let t = target(c, iqn)?;
     if t.allowed_initiators.iter().any(|i| i == initiator) {
-        return Err(Refused(format!("{initiator} is already allowed on {iqn}")));
+        return Err(Refused::AlreadyExists(format!("{initiator} is already allowed on {iqn}")));
     }
     t.allowed_initiators.push(initiator.into());
     Ok(())
@@ -139,7 +139,7 @@ pub fn iscsi_acl_remove(c: &mut ServeConfig, iqn: &str, initiator: &str) -> Resu
     let n = t.allowed_initiators.len();
     t.allowed_initiators.retain(|i| i != initiator);
     if t.allowed_initiators.len() == n {
-        return Err(Refused(format!("{initiator} is not on the list of {iqn}")));
+        return Err(Refused::NotFound(format!("{initiator} is not on the list of {iqn}")));
     }
     Ok(())
 }
@@ -155,7 +155,7 @@ pub fn iscsi_chap_set(c: &mut ServeConfig, iqn: &str, chap: Option<Credentials>,
 pub fn aoe_export_add(c: &mut ServeConfig, e: AoeExport) -> Result<(), Refused> {
     let a = c.aoe.get_or_insert_with(Default::default);
     if a.exports.iter().any(|o| o.interface == e.interface && o.shelf == e.shelf && o.slot == e.slot) {
-        return Err(Refused(format!("AoE e{}.{} is exported on {} already", e.shelf, e.slot, e.interface)));
+        return Err(Refused::AlreadyExists(format!("AoE e{}.{} is exported on {} already", e.shelf, e.slot, e.interface)));
     }
     a.exports.push(e);
     Ok(())
@@ -166,14 +166,14 @@ pub fn aoe_export_remove(c: &mut ServeConfig, interface: &str, shelf: u16, slot:
     let n = a.exports.len();
     a.exports.retain(|e| !(e.interface == interface && e.shelf == shelf && e.slot == slot));
     if a.exports.len() == n {
-        return Err(Refused(format!("no AoE export e{shelf}.{slot} on {interface}")));
+        return Err(Refused::NotFound(format!("no AoE export e{shelf}.{slot} on {interface}")));
     }
     Ok(())
 }
 
 pub fn nvme_subsystem_add(c: &mut ServeConfig, s: NvmeSubsystem) -> Result<(), Refused> {
     if nvme(c).subsystems.iter().any(|o| o.nqn == s.nqn) {
-        return Err(Refused(format!("NVMe subsystem {} exists", s.nqn)));
+        return Err(Refused::AlreadyExists(format!("NVMe subsystem {} exists", s.nqn)));
     }
     nvme(c).subsystems.push(s);
     Ok(())
@@ -188,7 +188,7 @@ pub fn nvme_subsystem_remove(c: &mut ServeConfig, nqn: &str) -> Result<(), Refus
 pub fn nvme_ns_add(c: &mut ServeConfig, nqn: &str, ns: NvmeNamespace) -> Result<(), Refused> {
     let s = subsystem(c, nqn)?;
     if s.namespaces.iter().any(|n| n.nsid == ns.nsid) {
-        return Err(Refused(format!("NVMe {nqn} has a namespace {}", ns.nsid)));
+        return Err(Refused::AlreadyExists(format!("NVMe {nqn} has a namespace {}", ns.nsid)));
     }
     s.namespaces.push(ns);
     s.namespaces.sort_by_key(|n| n.nsid);
@@ -200,7 +200,7 @@ pub fn nvme_ns_remove(c: &mut ServeConfig, nqn: &str, nsid: u32) -> Result<(), R
     let n = s.namespaces.len();
     s.namespaces.retain(|n| n.nsid != nsid);
     if s.namespaces.len() == n {
-        return Err(Refused(format!("NVMe {nqn} has no namespace {nsid}")));
+        return Err(Refused::NotFound(format!("NVMe {nqn} has no namespace {nsid}")));
     }
     Ok(())
 }
@@ -229,7 +229,7 @@ fn ports(c: &mut ServeConfig, rdma: bool) -> (&mut Vec<std::net::SocketAddr>, &'
 pub fn nvme_port_add(c: &mut ServeConfig, addr: std::net::SocketAddr, rdma: bool) -> Result<(), Refused> {
     let (ports, name) = ports(c, rdma);
     if ports.contains(&addr) {
-        return Err(Refused(format!("{name} already listens on {addr}")));
+        return Err(Refused::AlreadyExists(format!("{name} already listens on {addr}")));
     }
     ports.push(addr);
     Ok(())
@@ -241,7 +241,7 @@ pub fn nvme_port_remove(c: &mut ServeConfig, addr: std::net::SocketAddr, rdma: b
     let before = ports.len();
     ports.retain(|a| *a != addr);
     if ports.len() == before {
-        return Err(Refused(format!("{name} does not listen on {addr} (status lists the ports)")));
+        return Err(Refused::NotFound(format!("{name} does not listen on {addr} (status lists the ports)")));
     }
     Ok(())
 }
@@ -249,7 +249,7 @@ pub fn nvme_port_remove(c: &mut ServeConfig, addr: std::net::SocketAddr, rdma: b
 pub fn nvme_host_allow(c: &mut ServeConfig, nqn: &str, host: &str) -> Result<(), Refused> {
     let s = subsystem(c, nqn)?;
     if s.allowed_hosts.iter().any(|h| h == host) || s.hosts.iter().any(|h| h.nqn == host) {
-        return Err(Refused(format!("{host} is already allowed on {nqn}")));
+        return Err(Refused::AlreadyExists(format!("{host} is already allowed on {nqn}")));
     }
     s.allowed_hosts.push(host.into());
     Ok(())
@@ -263,7 +263,7 @@ pub fn nvme_host_remove(c: &mut ServeConfig, nqn: &str, host: &str) -> Result<()
     s.allowed_hosts.retain(|h| h != host);
     s.hosts.retain(|h| h.nqn != host);
     if s.allowed_hosts.len() + s.hosts.len() == n {
-        return Err(Refused(format!("{host} is not listed on {nqn}")));
+        return Err(Refused::NotFound(format!("{host} is not listed on {nqn}")));
     }
     Ok(())
 }

@@ -35,7 +35,11 @@ pub fn all_methods() -> impl Iterator<Item = &'static Method> {
 pub const MAX_REQUEST: usize = 1 << 20;
 
 pub fn error_response(id: Value, e: RpcError) -> Value {
-    json!({ "jsonrpc": "2.0", "id": id, "error": { "code": e.code, "message": e.message } })
+    let mut error = json!({ "code": e.code, "message": e.message });
+    if let Some(d) = e.data {
+        error["data"] = d;
+    }
+    json!({ "jsonrpc": "2.0", "id": id, "error": error })
 }
 
 /// Answer one request object; `None` for a notification (no id).
@@ -193,6 +197,16 @@ mod tests {
             assert_eq!(code_of(&r), code, "{line} -> {r}");
         }
         assert_eq!(l.config(), before);
+        // A refusal says what went wrong in data.reason.
+        for (line, reason) in [
+            (r#"{"jsonrpc":"2.0","id":1,"method":"volume_remove","params":{"name":"nope"}}"#, "not_found"),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"volume_add","params":{"name":"a","backend":"ram:1M"}}"#, "already_exists"),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"volume_add","params":{"name":"b","backend":"floppy:1M"}}"#, "invalid"),
+            (r#"{"jsonrpc":"2.0","id":1,"method":"ana_set","params":{"nqn":"nqn.x:y","state":"optimized"}}"#, "unsupported"),
+        ] {
+            let r: Value = serde_json::from_str(&handle_line(&l, line).unwrap()).unwrap();
+            assert_eq!((r["error"]["code"].as_i64(), r["error"]["data"]["reason"].as_str()), (Some(code::REFUSED), Some(reason)), "{line} -> {r}");
+        }
         // A notification gets no answer; a batch one answer per request.
         assert!(handle_line(&l, r#"{"jsonrpc":"2.0","method":"status"}"#).is_none());
         let r: Value = serde_json::from_str(&handle_line(&l, r#"[{"jsonrpc":"2.0","id":1,"method":"status"},{"jsonrpc":"2.0","id":2,"method":"nope"}]"#).unwrap()).unwrap();

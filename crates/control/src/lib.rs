@@ -8,7 +8,7 @@
 //! HTTP (crate::rpc_http) through JSON-RPC (crate::jsonrpc). crate::run is
 //! the server's run loop that puts it all together.
 //!
-//! Modules, from the bottom: refused, edit, pool, live, rpc; methods,
+//! Modules, from the bottom: edit, pool, live, rpc; methods,
 //! spdk; jsonrpc; socket, rpc_http; run. None imports one above it.
 
 pub mod edit;
@@ -16,7 +16,6 @@ pub mod jsonrpc;
 pub mod live;
 pub mod methods;
 pub mod pool;
-pub mod refused;
 pub mod rpc;
 pub mod rpc_http;
 pub mod run;

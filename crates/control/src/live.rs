@@ -13,9 +13,9 @@
 //! the login configuration, the exports of an AoE interface. The mutex here serialises changes only.
 
 use crate::pool::Files;
-use crate::refused::Refused;
+use bw_serve::refused::Refused;
 use bw_block::{BackendKind, BackendSpec, Volume};
-use bw_serve::config::{ServeConfig, VolumeConfig};
+use bw_serve::config::{ConfigError, ServeConfig, VolumeConfig};
 use bw_serve::session::SessionInfo;
 use bw_serve::start::Frontends;
 use bw_serve::{aoe, Volumes};
@@ -66,7 +66,7 @@ fn split_size(spec: &BackendSpec) -> (Option<u64>, BackendSpec) {
 /// The settings a running server cannot change, compared; `Err` names
 /// the first that differs.
 fn check_fixed(old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
-    let restart = |what: &str| Err(Refused(format!("{what} cannot change while serving: restart blockwire serve for that")));
+    let restart = |what: &str| Err(Refused::NeedsRestart(format!("{what} cannot change while serving: restart blockwire serve for that")));
     if old.limits != new.limits {
         return restart("[limits]");
     }
@@ -94,11 +94,11 @@ pub fn plan_volumes(old: &ServeConfig, new: &ServeConfig) -> Result<VolumePlan, 
             None => plan.add.push(v.clone()),
             Some(o) if o.backend == v.backend => {}
             Some(o) => {
-                let parse = |b: &str| BackendSpec::parse(b).map_err(|e| Refused(format!("volume {}: {e}", v.name)));
+                let parse = |b: &str| BackendSpec::parse(b).map_err(|e| Refused::Invalid(format!("volume {}: {e}", v.name)));
                 let (was, was_rest) = split_size(&parse(&o.backend)?);
                 let (now, now_rest) = split_size(&parse(&v.backend)?);
                 if was_rest != now_rest {
-                    return Err(Refused(format!(
+                    return Err(Refused::Invalid(format!(
                         "volume {}: backend {:?} became {:?}; only its size can change while serving (remove the volume and add it again)",
                         v.name, o.backend, v.backend
                     )));
@@ -188,26 +188,29 @@ impl Live {
     /// SIGHUP: read the configuration again and serve it.
     pub fn reload(&self) -> Result<Vec<String>, Refused> {
         let Some(reload) = &self.reload else {
-            return Err("this server was not started from a configuration it can read again".into());
+            return Err(Refused::Unsupported("this server was not started from a configuration it can read again".into()));
         };
-        let new = reload().map_err(|e| Refused(format!("{e:#}")))?;
+        let new = reload().map_err(|e| match e.downcast_ref::<ConfigError>() {
+            Some(ConfigError::Read { source, .. }) => Refused::by_kind(format!("{e:#}"), source),
+            _ => Refused::Invalid(format!("{e:#}")),
+        })?;
         self.apply(new)
     }
 
     fn apply_locked(&self, st: &mut State, new: ServeConfig) -> Result<Vec<String>, Refused> {
-        new.validate().map_err(|e| Refused(e.to_string()))?;
+        new.validate().map_err(|e| Refused::Invalid(e.to_string()))?;
         check_fixed(&st.cfg, &new)?;
         let has_targets = |c: &ServeConfig| c.iscsi.as_ref().is_some_and(|i| !i.targets.is_empty());
         if self.frontends.iscsi.is_none() && has_targets(&new) && !has_targets(&st.cfg) {
-            return Err("iSCSI is not being served (no listen address at start): restart with one to add targets".into());
+            return Err(Refused::NeedsRestart("iSCSI is not being served (no listen address at start): restart with one to add targets".into()));
         }
         let has_subsystems = |c: &ServeConfig| c.nvme.as_ref().is_some_and(|n| !n.subsystems.is_empty());
         if self.frontends.nvme.is_none() && has_subsystems(&new) && !has_subsystems(&st.cfg) {
-            return Err("NVMe/TCP is not being served (no listen address at start): restart with one to add subsystems".into());
+            return Err(Refused::NeedsRestart("NVMe/TCP is not being served (no listen address at start): restart with one to add subsystems".into()));
         }
         let served = self.frontends.aoe.as_ref().map(|h| h.interfaces()).unwrap_or_default();
         if let Some(e) = new.aoe.iter().flat_map(|a| &a.exports).find(|e| !served.contains(&e.interface)) {
-            return Err(Refused(aoe::not_served(&e.interface, &served)));
+            return Err(Refused::NeedsRestart(aoe::not_served(&e.interface, &served)));
         }
         for p in new.pools.iter().filter(|p| !st.cfg.pools.contains(p)) {
             crate::pool::ensure_dir(p)?;
@@ -216,13 +219,13 @@ impl Live {
         // What can fail comes first: opening and resizing.
         let mut opened = Vec::new();
         for v in &plan.add {
-            let spec = BackendSpec::parse(&v.backend).map_err(|e| Refused(format!("volume {}: {e}", v.name)))?;
-            let vol = Volume::open(&v.name, &spec).map_err(|e| Refused(format!("volume {}: {e}", v.name)))?;
+            let spec = BackendSpec::parse(&v.backend).map_err(|e| Refused::Invalid(format!("volume {}: {e}", v.name)))?;
+            let vol = Volume::open(&v.name, &spec).map_err(|e| Refused::block(format!("volume {}", v.name), &e))?;
             opened.push(vol);
         }
         if new != st.cfg {
             if let Some(path) = &self.persist {
-                bw_serve::config::write_atomic(path, &new.to_toml()).map_err(|e| Refused(format!("persisting the configuration to {}: {e}; nothing changed", path.display())))?;
+                bw_serve::config::write_atomic(path, &new.to_toml()).map_err(|e| Refused::by_kind(format!("persisting the configuration to {}: {e}; nothing changed", path.display()), &e))?;
             }
         }
         match self.serve_locked(st, new, plan, opened) {
@@ -245,7 +248,7 @@ impl Live {
         for (name, size) in &plan.resize {
             let vol = &st.volumes[name];
             let was = vol.size_bytes();
-            vol.resize(*size).map_err(|e| Refused(format!("volume {name}: resize to {size} bytes: {e}")))?;
+            vol.resize(*size).map_err(|e| Refused::block(format!("volume {name}: resize to {size} bytes"), &e))?;
             log.push(format!("volume {name}: resized from {was} to {size} bytes"));
             resized.insert(name.clone());
         }
@@ -256,15 +259,15 @@ impl Live {
         let volumes: Volumes = Arc::new(st.volumes.clone());
         if let Some(h) = &self.frontends.iscsi {
             let cfg = new.iscsi.clone().unwrap_or_default();
-            log.extend(h.reconcile(&cfg, &volumes, &resized).map_err(|e| Refused(format!("{e:#}")))?);
+            log.extend(h.reconcile(&cfg, &volumes, &resized).map_err(|e| Refused::Io(format!("{e:#}")))?);
         }
         if let Some(h) = &self.frontends.nvme {
             let cfg = new.nvme.clone().unwrap_or_default();
-            log.extend(h.reconcile(&cfg, &volumes, &resized).map_err(|e| Refused(format!("{e:#}")))?);
+            log.extend(h.reconcile(&cfg, &volumes, &resized).map_err(|e| Refused::Io(format!("{e:#}")))?);
         }
         if let Some(h) = &self.frontends.aoe {
             let cfg = new.aoe.clone().unwrap_or_default();
-            log.extend(h.reconcile(&cfg, &volumes).map_err(|e| Refused(format!("{e:#}")))?);
+            log.extend(h.reconcile(&cfg, &volumes).map_err(|e| Refused::Io(format!("{e:#}")))?);
         }
         for name in &plan.remove {
             if let Some(v) = st.volumes.remove(name) {
@@ -299,7 +302,7 @@ impl Live {
 
     /// `ana_set`: see [`nvme::Handle::ana_set`].
     pub fn ana_set(&self, nqn: &str, group: Option<u32>, state: bw_nvme::ana::AnaState) -> Result<Vec<String>, Refused> {
-        let h = self.frontends.nvme.as_ref().ok_or("NVMe/TCP is not served")?;
+        let h = self.frontends.nvme.as_ref().ok_or_else(|| Refused::Unsupported("NVMe/TCP is not served".into()))?;
         let changed = h.ana_set(nqn, group, state)?;
         let what = group.map_or("every ANA group".to_string(), |g| format!("ANA group {g}"));
         Ok(vec![if changed { format!("nvme {nqn}: {what} {state:?}; hosts notified") } else { format!("nvme {nqn}: {what} already {state:?}") }])
@@ -307,7 +310,7 @@ impl Live {
 
     /// `tpg_set`: see [`iscsi::Handle::tpg_set`].
     pub fn tpg_set(&self, iqn: &str, group: Option<u16>, state: bw_scsi::AluaState) -> Result<Vec<String>, Refused> {
-        let h = self.frontends.iscsi.as_ref().ok_or("iSCSI is not served")?;
+        let h = self.frontends.iscsi.as_ref().ok_or_else(|| Refused::Unsupported("iSCSI is not served".into()))?;
         let changed = h.tpg_set(iqn, group, state)?;
         Ok(vec![if changed { format!("iscsi {iqn}: {state:?}; sessions notified") } else { format!("iscsi {iqn}: already {state:?}") }])
     }
@@ -340,7 +343,7 @@ impl Live {
 
     /// End the session `id` as `session_list` names it.
     pub fn disconnect(&self, id: &str) -> Result<(), Refused> {
-        let bad = || Refused(format!("no session {id:?} (ids look like iscsi:N or nvme:N; see session_list)"));
+        let bad = || Refused::NotFound(format!("no session {id:?} (ids look like iscsi:N or nvme:N; see session_list)"));
         let (proto, n) = id.split_once(':').ok_or_else(bad)?;
         let found = match (proto, &self.frontends.iscsi, &self.frontends.nvme) {
             ("iscsi", Some(h), _) => h.disconnect(n.parse().map_err(|_| bad())?),
@@ -405,7 +408,8 @@ mod tests {
         let mut moved = old.clone();
         moved.volumes[1].backend = "file:/tmp/elsewhere,size=2M".into();
         let e = plan_volumes(&old, &moved).unwrap_err();
-        assert!(e.0.contains("only its size can change"), "{e}");
+        assert!(e.message().contains("only its size can change"), "{e}");
+        assert!(matches!(e, Refused::Invalid(_)), "{e:?}");
         edit::volume_remove(&mut new, "b", false).unwrap();
         assert_eq!(plan_volumes(&old, &new).unwrap().remove, ["b"]);
         // Spelling the same size differently is no change.
@@ -425,22 +429,26 @@ mod tests {
         // Listening for RDMA there is not a setting fixed at start.
         check_fixed(&old, &c).unwrap();
         let e = edit::nvme_port_add(&mut c, a, true).unwrap_err();
-        assert!(e.0.contains("NVMe/RDMA already listens"), "{e}");
+        assert!(e.message().contains("NVMe/RDMA already listens"), "{e}");
+        assert!(matches!(e, Refused::AlreadyExists(_)), "{e:?}");
         let e = edit::nvme_port_remove(&mut c, a, false).unwrap_err();
-        assert!(e.0.contains("NVMe/TCP does not listen"), "{e}");
+        assert!(e.message().contains("NVMe/TCP does not listen"), "{e}");
+        assert!(matches!(e, Refused::NotFound(_)), "{e:?}");
         edit::nvme_port_remove(&mut c, a, true).unwrap();
         assert_eq!(c, old);
         // The discovery port still is.
         let mut d = old.clone();
         d.nvme.as_mut().unwrap().discovery_listen = Some("127.0.0.1:8009".parse().unwrap());
-        assert!(check_fixed(&old, &d).unwrap_err().0.contains("nvme.discovery_listen"));
+        let e = check_fixed(&old, &d).unwrap_err();
+        assert!(matches!(e, Refused::NeedsRestart(_)) && e.message().contains("nvme.discovery_listen"), "{e:?}");
     }
 
     #[test]
     fn a_volume_in_use_is_removed_only_with_force_and_takes_its_exports() {
         let mut c = cfg();
         let e = edit::volume_remove(&mut c, "a", false).unwrap_err();
-        assert!(e.0.contains("iSCSI iqn.2026-11.org.example:t LUN 0") && e.0.contains("NVMe nqn.2026-11.org.example:s namespace 1"), "{e}");
+        assert!(e.message().contains("iSCSI iqn.2026-11.org.example:t LUN 0") && e.message().contains("NVMe nqn.2026-11.org.example:s namespace 1"), "{e}");
+        assert!(matches!(e, Refused::Busy(_)), "{e:?}");
         assert_eq!(c, cfg(), "a refused edit changes nothing");
         edit::volume_remove(&mut c, "a", true).unwrap();
         assert!(c.iscsi.as_ref().unwrap().targets[0].luns.is_empty());
@@ -481,10 +489,12 @@ mod tests {
         let old = cfg();
         let mut new = old.clone();
         new.iscsi.as_mut().unwrap().listen[0].set_port(3261);
-        assert!(check_fixed(&old, &new).unwrap_err().0.contains("iscsi.listen"));
+        let e = check_fixed(&old, &new).unwrap_err();
+        assert!(matches!(e, Refused::NeedsRestart(_)) && e.message().contains("iscsi.listen"), "{e:?}");
         let mut new = old.clone();
         new.limits.max_sessions = 3;
-        assert!(check_fixed(&old, &new).unwrap_err().0.contains("[limits]"));
+        let e = check_fixed(&old, &new).unwrap_err();
+        assert!(matches!(e, Refused::NeedsRestart(_)) && e.message().contains("[limits]"), "{e:?}");
         let mut new = old.clone();
         edit::iscsi_lun_remove(&mut new, "iqn.2026-11.org.example:t", 0).unwrap();
         check_fixed(&old, &new).unwrap();
@@ -504,12 +514,14 @@ mod tests {
         assert_eq!(live.volume_sizes(), [("a".to_string(), 1 << 20), ("b".to_string(), 4 << 20)]);
         let before = live.config();
         let e = live.change(|c| edit::volume_add(c, VolumeConfig { name: "c".into(), backend: "file:/nonexistent/dir/x".into(), ..Default::default() })).unwrap_err();
-        assert!(e.0.contains("volume c"), "{e}");
+        assert!(e.message().contains("volume c"), "{e}");
+        assert!(matches!(e, Refused::NotFound(_)), "{e:?}");
         let e = live.change(|c| edit::iscsi_target_add(c, IscsiTarget {
             iqn: "iqn.2026-11.org.example:t".into(), portal_group_tag: 1, luns: vec![], allowed_initiators: vec![], chap: None, mutual_chap: None,
             target_port_group: 1, alua_state: Default::default(), relative_target_port: None,
         })).unwrap_err();
-        assert!(e.0.contains("not being served"), "{e}");
+        assert!(e.message().contains("not being served"), "{e}");
+        assert!(matches!(e, Refused::NeedsRestart(_)), "{e:?}");
         assert_eq!(live.config(), before);
         assert_eq!(live.volume_sizes().len(), 2);
         live.change(|c| edit::volume_remove(c, "b", false)).unwrap();
@@ -544,13 +556,17 @@ mod tests {
         assert_eq!(aoe.exports(), [("bw0".into(), 1, 0, "a".into()), ("bw0".into(), 1, 1, "b".into())]);
         let before = live.config();
         let e = live.change(|c| edit::aoe_export_add(c, aoe_export("bw1", 1, 2, "b"))).unwrap_err();
-        assert!(e.0.contains("not served on bw1") && e.0.contains("restart"), "{e}");
+        assert!(e.message().contains("not served on bw1") && e.message().contains("restart"), "{e}");
+        assert!(matches!(e, Refused::NeedsRestart(_)), "{e:?}");
         let e = live.change(|c| edit::aoe_export_add(c, aoe_export("bw0", 1, 1, "a"))).unwrap_err();
-        assert!(e.0.contains("already"), "{e}");
+        assert!(e.message().contains("already"), "{e}");
+        assert!(matches!(e, Refused::AlreadyExists(_)), "{e:?}");
         let e = live.change(|c| edit::aoe_export_add(c, aoe_export("bw0", 2, 0, "nope"))).unwrap_err();
-        assert!(e.0.contains("nope"), "{e}");
+        assert!(e.message().contains("nope"), "{e}");
+        assert!(matches!(e, Refused::Invalid(_)), "{e:?}");
         let e = live.change(|c| edit::volume_remove(c, "b", false)).unwrap_err();
-        assert!(e.0.contains("AoE 1.1 on bw0"), "{e}");
+        assert!(e.message().contains("AoE 1.1 on bw0"), "{e}");
+        assert!(matches!(e, Refused::Busy(_)), "{e:?}");
         assert_eq!(live.config(), before);
         assert_eq!(aoe.exports().len(), 2);
         // A changed setting rebuilds the export; the other stays as it is.
@@ -576,7 +592,8 @@ mod tests {
         let vols = bw_serve::start::open_volumes(&c).unwrap();
         let live = Live::new(c.clone(), &vols, Frontends::default(), None);
         let e = live.change(|c| edit::aoe_export_add(c, aoe_export("eth0", 0, 0, "a"))).unwrap_err();
-        assert!(e.0.contains("not served on eth0") && e.0.contains("no interface"), "{e}");
+        assert!(e.message().contains("not served on eth0") && e.message().contains("no interface"), "{e}");
+        assert!(matches!(e, Refused::NeedsRestart(_)), "{e:?}");
         assert_eq!(live.config(), c);
     }
 }

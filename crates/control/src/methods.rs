@@ -6,8 +6,8 @@
 use crate::edit;
 use crate::live::Live;
 use crate::pool;
-use crate::refused::Refused;
 use crate::rpc::{code, params, Method, RpcError};
+use bw_serve::refused::Refused;
 use bw_serve::config::{self, AoeExport, Credentials, IscsiLun, IscsiTarget, NvmeHost, NvmeNamespace, NvmeSubsystem, PoolConfig, VolumeConfig};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -463,14 +463,14 @@ pub const METHODS: &[Method] = &[
         let d: Drain = params(p)?;
         let (log, in_flight, finished) = live.drain(std::time::Duration::from_secs(d.timeout_s.unwrap_or(30)));
         if !finished {
-            return Err(RpcError::new(code::REFUSED, format!("paths drained ({}), but requests were still in flight after the timeout", log.join("; "))));
+            return Err(Refused::Busy(format!("paths drained ({}), but requests were still in flight after the timeout", log.join("; "))).into());
         }
         Ok(json!({ "changes": log, "in_flight_at_drain": in_flight }))
     } },
     Method { name: "save_config", params: "{path}", call: |live, p| {
         let s: SavePath = params(p)?;
         let text = live.config().to_toml();
-        config::write_private(&s.path, &text).map_err(|e| RpcError::from(Refused(format!("writing {}: {e}", s.path))))?;
+        config::write_private(&s.path, &text).map_err(|e| RpcError::from(Refused::io(format!("writing {}", s.path), &e)))?;
         Ok(json!({ "path": s.path, "bytes": text.len() }))
     } },
     Method { name: "config_reload", params: "{}", call: |live, p| {

@@ -20,7 +20,7 @@
 //! are replaced when a volume of that name is created.
 
 use crate::edit;
-use crate::refused::Refused;
+use bw_serve::refused::Refused;
 use bw_serve::config::{check_name, PoolConfig, ServeConfig, VolumeConfig};
 use bw_block::reflink::{self, CopyKind};
 use bw_block::{BackendKind, BackendSpec, RbdPool, RbdTarget, Volume};
@@ -44,15 +44,15 @@ fn uuid_text(mut b: [u8; 16], version: u8) -> String {
 }
 
 fn pool<'a>(c: &'a ServeConfig, name: &str) -> Result<&'a PoolConfig, Refused> {
-    c.pools.iter().find(|p| p.name == name).ok_or_else(|| Refused(format!("no pool {name} (pool_list lists them)")))
+    c.pools.iter().find(|p| p.name == name).ok_or_else(|| Refused::NotFound(format!("no pool {name} (pool_list lists them)")))
 }
 
 pub fn volume<'a>(c: &'a ServeConfig, name: &str) -> Result<&'a VolumeConfig, Refused> {
-    c.volumes.iter().find(|v| v.name == name).ok_or_else(|| Refused(format!("no volume {name}")))
+    c.volumes.iter().find(|v| v.name == name).ok_or_else(|| Refused::NotFound(format!("no volume {name}")))
 }
 
 fn volume_mut<'a>(c: &'a mut ServeConfig, name: &str) -> Result<&'a mut VolumeConfig, Refused> {
-    c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused(format!("no volume {name}")))
+    c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused::NotFound(format!("no volume {name}")))
 }
 
 /// The file of a pool volume.
@@ -85,7 +85,7 @@ fn rbd_pool_target(p: &PoolConfig) -> Option<RbdTarget> {
 }
 
 fn connect(t: &RbdTarget) -> Result<RbdPool, Refused> {
-    RbdPool::connect(t).map_err(|e| Refused(e.to_string()))
+    RbdPool::connect(t).map_err(|e| Refused::by_kind(e.to_string(), &e))
 }
 
 /// Pool objects (files, RBD images and snapshots) a change makes or
@@ -136,12 +136,12 @@ enum Backing {
 fn pool_volume<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a VolumeConfig, &'a PoolConfig, Backing), Refused> {
     let v = volume(c, name)?;
     let Some(p) = &v.pool else {
-        return Err(Refused(format!("volume {name} is not in a pool ({op} works on volumes made by volume_create, volume_snapshot or volume_clone)")));
+        return Err(Refused::Invalid(format!("volume {name} is not in a pool ({op} works on volumes made by volume_create, volume_snapshot or volume_clone)")));
     };
     let backing = match (file_of(v), rbd_of(v)) {
         (Some(f), _) => Backing::File(f),
         (_, Some(t)) => Backing::Rbd(t),
-        _ => return Err(Refused(format!("volume {name}: its backend is neither a file nor an RBD image"))),
+        _ => return Err(Refused::Invalid(format!("volume {name}: its backend is neither a file nor an RBD image"))),
     };
     Ok((v, pool(c, p)?, backing))
 }
@@ -150,7 +150,7 @@ fn pool_volume<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a Volu
 fn pool_file<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a VolumeConfig, &'a PoolConfig, PathBuf), Refused> {
     match pool_volume(c, name, op)? {
         (v, p, Backing::File(f)) => Ok((v, p, f)),
-        (_, p, Backing::Rbd(_)) => Err(Refused(format!("volume {name} is in RBD pool {}: {op} is for directory pools", p.name))),
+        (_, p, Backing::Rbd(_)) => Err(Refused::Unsupported(format!("volume {name} is in RBD pool {}: {op} is for directory pools", p.name))),
     }
 }
 
@@ -159,12 +159,12 @@ fn pool_file<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a Volume
 fn new_file(p: &PoolConfig, c: &ServeConfig, name: &str) -> Result<PathBuf, Refused> {
     let path = Path::new(&p.path).join(format!("{name}.img"));
     if c.volumes.iter().any(|v| file_of(v).as_deref() == Some(path.as_path())) {
-        return Err(Refused(format!("{} belongs to another volume", path.display())));
+        return Err(Refused::AlreadyExists(format!("{} belongs to another volume", path.display())));
     }
     match std::fs::remove_file(&path) {
         Ok(()) => log::warn!("pool {}: replaced {}, a leftover of an interrupted change", p.name, path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Refused(format!("pool {}: {}: {e}", p.name, path.display()))),
+        Err(e) => return Err(Refused::by_kind(format!("pool {}: {}: {e}", p.name, path.display()), &e)),
     }
     Ok(path)
 }
@@ -191,7 +191,7 @@ fn same_or_refuse(what: &str, diffs: Vec<String>) -> Result<(), Refused> {
     if diffs.is_empty() {
         Ok(())
     } else {
-        Err(Refused(format!("{what} exists with other parameters: {}", diffs.join(", "))))
+        Err(Refused::AlreadyExists(format!("{what} exists with other parameters: {}", diffs.join(", "))))
     }
 }
 
@@ -213,9 +213,9 @@ pub fn ensure_dir(p: &PoolConfig) -> Result<(), Refused> {
     let dir = Path::new(&p.path);
     if !dir.exists() {
         use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| Refused(format!("pool {}: creating {}: {e}", p.name, p.path)))?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| Refused::by_kind(format!("pool {}: creating {}: {e}", p.name, p.path), &e))?;
     } else if !dir.is_dir() {
-        return Err(Refused(format!("pool {}: {} is not a directory", p.name, p.path)));
+        return Err(Refused::Invalid(format!("pool {}: {} is not a directory", p.name, p.path)));
     }
     Ok(())
 }
@@ -224,7 +224,7 @@ pub fn ensure_dir(p: &PoolConfig) -> Result<(), Refused> {
 /// pool (`rbd`, `conf`, `id`), which must be reachable.
 pub fn pool_create(c: &mut ServeConfig, asked: PoolConfig) -> Result<Made, Refused> {
     let name = asked.name.clone();
-    check_name("pool", &name)?;
+    check_name("pool", &name).map_err(Refused::Invalid)?;
     if let Some(p) = c.pools.iter().find(|p| p.name == name) {
         let mut d = vec![];
         differ("path", p.path.as_str(), asked.path.as_str(), &mut d);
@@ -238,21 +238,21 @@ pub fn pool_create(c: &mut ServeConfig, asked: PoolConfig) -> Result<Made, Refus
     let p = PoolConfig { uuid: Some(new_uuid()), ..asked };
     if let Some(t) = rbd_pool_target(&p) {
         if !p.path.is_empty() || p.copy {
-            return Err(Refused(format!("pool {name}: give either path (a directory, copy) or rbd (a Ceph pool)")));
+            return Err(Refused::Invalid(format!("pool {name}: give either path (a directory, copy) or rbd (a Ceph pool)")));
         }
         if let Some(o) = c.pools.iter().find(|o| o.rbd == p.rbd && o.conf == p.conf) {
-            return Err(Refused(format!("RBD pool {} is already pool {}", t.pool, o.name)));
+            return Err(Refused::AlreadyExists(format!("RBD pool {} is already pool {}", t.pool, o.name)));
         }
         connect(&t)?;
     } else {
         if let Some(o) = c.pools.iter().find(|o| o.path == p.path) {
-            return Err(Refused(format!("{} is already pool {}", p.path, o.name)));
+            return Err(Refused::AlreadyExists(format!("{} is already pool {}", p.path, o.name)));
         }
         if !Path::new(&p.path).is_absolute() {
-            return Err(Refused(format!("pool {name}: path {:?} must be absolute (or give rbd: a Ceph pool)", p.path)));
+            return Err(Refused::Invalid(format!("pool {name}: path {:?} must be absolute (or give rbd: a Ceph pool)", p.path)));
         }
         if p.conf.is_some() || p.id.is_some() {
-            return Err(Refused(format!("pool {name}: conf and id are for RBD pools")));
+            return Err(Refused::Invalid(format!("pool {name}: conf and id are for RBD pools")));
         }
         ensure_dir(&p)?;
     }
@@ -264,7 +264,7 @@ pub fn pool_delete(c: &mut ServeConfig, name: &str) -> Result<(), Refused> {
     pool(c, name)?;
     let inside: Vec<&str> = c.volumes.iter().filter(|v| v.pool.as_deref() == Some(name)).map(|v| v.name.as_str()).collect();
     if !inside.is_empty() {
-        return Err(Refused(format!("pool {name} holds volumes ({}): delete them first", inside.join(", "))));
+        return Err(Refused::Busy(format!("pool {name} holds volumes ({}): delete them first", inside.join(", "))));
     }
     c.pools.retain(|p| p.name != name);
     Ok(())
@@ -273,7 +273,7 @@ pub fn pool_delete(c: &mut ServeConfig, name: &str) -> Result<(), Refused> {
 /// `volume_create`: a sparse file of `size` bytes (or, `thick`, every
 /// block allocated) in the pool.
 pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u64, pool_name: &str, thick: bool) -> Result<Made, Refused> {
-    check_name("volume", name)?;
+    check_name("volume", name).map_err(Refused::Invalid)?;
     if let Ok(v) = volume(c, name) {
         let mut d = vec![];
         differ("pool", v.pool.as_deref().unwrap_or("(none)"), pool_name, &mut d);
@@ -284,14 +284,14 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         return Ok(Made::Existed);
     }
     if size == 0 || !size.is_multiple_of(512) {
-        return Err(Refused(format!("volume {name}: size {size} must be a positive multiple of 512 bytes")));
+        return Err(Refused::Invalid(format!("volume {name}: size {size} must be a positive multiple of 512 bytes")));
     }
     let p = pool(c, pool_name)?.clone();
     if let Some(mut t) = rbd_pool_target(&p) {
         if thick {
-            return Err(Refused(format!("volume {name}: pool {} is an RBD pool, where images are thin (thick is for directory pools)", p.name)));
+            return Err(Refused::Unsupported(format!("volume {name}: pool {} is an RBD pool, where images are thin (thick is for directory pools)", p.name)));
         }
-        connect(&t)?.create(name, size).map_err(|e| Refused(format!("volume {name}: {e}")))?;
+        connect(&t)?.create(name, size).map_err(|e| Refused::by_kind(format!("volume {name}: {e}"), &e))?;
         t.image = name.into();
         files.created.push(PoolObject::Rbd(t.clone()));
         t.size = Some(size);
@@ -309,7 +309,7 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         }
         f.sync_all()
     })();
-    made.map_err(|e| Refused(format!("volume {name}: {}: {e}", path.display())))?;
+    made.map_err(|e| Refused::by_kind(format!("volume {name}: {}: {e}", path.display()), &e))?;
     c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&path, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), thick, ..Default::default() });
     Ok(Made::Created)
 }
@@ -322,7 +322,7 @@ pub fn volume_delete(c: &mut ServeConfig, files: &mut Files, name: &str) -> Resu
     let (_, _, backing) = pool_volume(c, name, "volume_delete")?;
     let users = edit::users(c, name);
     if !users.is_empty() {
-        return Err(Refused(format!("volume {name} is exported ({}): remove those exports first", users.join(", "))));
+        return Err(Refused::Busy(format!("volume {name} is exported ({}): remove those exports first", users.join(", "))));
     }
     let object = match backing {
         Backing::File(f) => PoolObject::File(f),
@@ -332,11 +332,11 @@ pub fn volume_delete(c: &mut ServeConfig, files: &mut Files, name: &str) -> Resu
             let named = |f: fn(&VolumeConfig) -> Option<&String>| -> Vec<&str> { c.volumes.iter().filter(|v| f(v).map(String::as_str) == Some(name)).map(|v| v.name.as_str()).collect() };
             let clones = named(|v| v.clone_of.as_ref());
             if !clones.is_empty() {
-                return Err(Refused(format!("volume {name} is an RBD snapshot with clones ({}): delete them first", clones.join(", "))));
+                return Err(Refused::Busy(format!("volume {name} is an RBD snapshot with clones ({}): delete them first", clones.join(", "))));
             }
             let snaps = named(|v| v.snapshot_of.as_ref());
             if !snaps.is_empty() {
-                return Err(Refused(format!("volume {name} is an RBD image with snapshots ({}): delete them first", snaps.join(", "))));
+                return Err(Refused::Busy(format!("volume {name} is an RBD image with snapshots ({}): delete them first", snaps.join(", "))));
             }
             let mut t = t;
             t.size = None;
@@ -354,7 +354,7 @@ pub fn volume_delete(c: &mut ServeConfig, files: &mut Files, name: &str) -> Resu
 /// Reflink (or, in a copy pool, copy) `src` to a new file for `name`.
 fn copy_for(p: &PoolConfig, c: &ServeConfig, files: &mut Files, src: &Path, name: &str) -> Result<(PathBuf, CopyKind), Refused> {
     let dst = new_file(p, c, name)?;
-    let kind = reflink::clone_file(src, &dst, p.copy).map_err(|e| Refused(format!("pool {}: {name}: {e}", p.name)))?;
+    let kind = reflink::clone_file(src, &dst, p.copy).map_err(|e| Refused::by_kind(format!("pool {}: {name}: {e}", p.name), &e))?;
     files.created.push(PoolObject::File(dst.clone()));
     Ok((dst, kind))
 }
@@ -364,7 +364,7 @@ fn copy_for(p: &PoolConfig, c: &ServeConfig, files: &mut Files, src: &Path, name
 /// locks, so every write acknowledged before the call is in it and none
 /// after.
 pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, files: &mut Files, origin: &str, snap: &str) -> Result<Made, Refused> {
-    check_name("snapshot", snap)?;
+    check_name("snapshot", snap).map_err(Refused::Invalid)?;
     if let Ok(v) = volume(c, snap) {
         let mut d = vec![];
         differ("snapshot_of", v.snapshot_of.as_deref().unwrap_or("(not a snapshot)"), origin, &mut d);
@@ -373,7 +373,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
     }
     let (v, p, backing) = pool_volume(c, origin, "volume_snapshot")?;
     if v.snapshot_of.is_some() {
-        return Err(Refused(format!("volume {origin} is a snapshot already (read-only): clone it instead")));
+        return Err(Refused::Invalid(format!("volume {origin} is a snapshot already (read-only): clone it instead")));
     }
     let p = p.clone();
     let src = match backing {
@@ -382,7 +382,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
             // Writes acknowledged to initiators are on the OSDs (no librbd
             // cache): flushing is for form's sake.
             flush_before_snapshot(open, origin)?;
-            connect(&t)?.snapshot(&t.image, snap).map_err(|e| Refused(format!("volume {origin}: {e}")))?;
+            connect(&t)?.snapshot(&t.image, snap).map_err(|e| Refused::by_kind(format!("volume {origin}: {e}"), &e))?;
             t.snap = Some(snap.into());
             t.size = None;
             files.created.push(PoolObject::Rbd(t.clone()));
@@ -393,7 +393,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
     if p.copy && !reflink::reflinks_work(Path::new(&p.path)) {
         let users = edit::users(c, origin);
         if !users.is_empty() {
-            return Err(Refused(format!(
+            return Err(Refused::Busy(format!(
                 "pool {} copies instead of reflinking, and volume {origin} is exported ({}): writes during the copy would tear the snapshot; remove the exports first",
                 p.name,
                 users.join(", ")
@@ -413,14 +413,14 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
 /// The origin's acknowledged writes on stable storage before its snapshot is taken.
 fn flush_before_snapshot(open: &HashMap<String, Volume>, origin: &str) -> Result<(), Refused> {
     match open.get(origin) {
-        Some(vol) => vol.flush().map_err(|e| Refused(format!("volume {origin}: flush before the snapshot: {e}"))),
+        Some(vol) => vol.flush().map_err(|e| Refused::block(format!("volume {origin}: flush before the snapshot"), &e)),
         None => Ok(()),
     }
 }
 
 /// `volume_clone`: a writable volume holding the snapshot's data.
 pub fn volume_clone(c: &mut ServeConfig, files: &mut Files, snap: &str, name: &str) -> Result<Made, Refused> {
-    check_name("volume", name)?;
+    check_name("volume", name).map_err(Refused::Invalid)?;
     if let Ok(v) = volume(c, name) {
         let mut d = vec![];
         differ("clone_of", v.clone_of.as_deref().unwrap_or("(not a clone)"), snap, &mut d);
@@ -429,25 +429,25 @@ pub fn volume_clone(c: &mut ServeConfig, files: &mut Files, snap: &str, name: &s
     }
     let (v, p, backing) = pool_volume(c, snap, "volume_clone")?;
     if v.snapshot_of.is_none() {
-        return Err(Refused(format!("volume {snap} is not a snapshot: snapshot it first (volume_snapshot), then clone the snapshot")));
+        return Err(Refused::Invalid(format!("volume {snap} is not a snapshot: snapshot it first (volume_snapshot), then clone the snapshot")));
     }
     let p = p.clone();
     let src = match backing {
         Backing::File(f) => f,
         Backing::Rbd(parent) => {
-            let parent_snap = parent.snap.clone().ok_or_else(|| Refused(format!("volume {snap}: its backend names no RBD snapshot")))?;
+            let parent_snap = parent.snap.clone().ok_or_else(|| Refused::Invalid(format!("volume {snap}: its backend names no RBD snapshot")))?;
             let rbd = connect(&parent)?;
-            rbd.clone_snapshot(&parent.image, &parent_snap, name).map_err(|e| Refused(format!("volume {name}: {e}")))?;
+            rbd.clone_snapshot(&parent.image, &parent_snap, name).map_err(|e| Refused::by_kind(format!("volume {name}: {e}"), &e))?;
             let t = RbdTarget { image: name.into(), snap: None, size: None, ..parent };
             files.created.push(PoolObject::Rbd(t.clone()));
-            let size = rbd.size(name, None).map_err(|e| Refused(format!("volume {name}: {e}")))?;
+            let size = rbd.size(name, None).map_err(|e| Refused::by_kind(format!("volume {name}: {e}"), &e))?;
             let t = RbdTarget { size: Some(size), ..t };
             c.volumes.push(VolumeConfig { name: name.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..Default::default() });
             return Ok(Made::Created);
         }
     };
     let (dst, _) = copy_for(&p, c, files, &src, name)?;
-    let size = std::fs::metadata(&dst).map_err(|e| Refused(format!("{}: {e}", dst.display())))?.len();
+    let size = std::fs::metadata(&dst).map_err(|e| Refused::by_kind(format!("{}: {e}", dst.display()), &e))?.len();
     c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&dst, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..Default::default() });
     Ok(Made::Created)
 }
@@ -457,9 +457,9 @@ pub fn volume_clone(c: &mut ServeConfig, files: &mut Files, snap: &str, name: &s
 pub fn volume_inflate(c: &mut ServeConfig, name: &str) -> Result<(), Refused> {
     let (v, _, file) = pool_file(c, name, "inflate")?;
     if v.snapshot_of.is_some() {
-        return Err(Refused(format!("volume {name} is a snapshot (read-only): it cannot be inflated")));
+        return Err(Refused::Invalid(format!("volume {name} is a snapshot (read-only): it cannot be inflated")));
     }
-    reflink::allocate_all(&file).map_err(|e| Refused(format!("volume {name}: inflate: {e}")))?;
+    reflink::allocate_all(&file).map_err(|e| Refused::by_kind(format!("volume {name}: inflate: {e}"), &e))?;
     volume_mut(c, name)?.clone_of = None;
     Ok(())
 }

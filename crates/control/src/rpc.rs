@@ -1,11 +1,12 @@
 //! What the control methods are made of, at the bottom of the control
 //! plane: a method row (name, parameters, handler), the JSON-RPC error a
-//! handler answers, and how a [`Refused`] change becomes one. The native
+//! handler answers, and how a [`Refused`] change becomes one (re-exported
+//! here for the control plane's clients). The native
 //! methods (crate::methods) and the SPDK-compatible ones (crate::spdk) are
 //! two tables of these rows over the same operations.
 
 use crate::live::Live;
-use crate::refused::Refused;
+pub use bw_serve::refused::Refused;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
@@ -27,17 +28,39 @@ pub mod code {
 pub struct RpcError {
     pub code: i64,
     pub message: String,
+    /// The error object's `data` member, if any.
+    pub data: Option<Value>,
 }
 
 impl RpcError {
     pub fn new(code: i64, message: impl Into<String>) -> RpcError {
-        RpcError { code, message: message.into() }
+        RpcError { code, message: message.into(), data: None }
     }
 }
 
+/// What went wrong, as `data.reason` of a refusal names it for programs
+/// (the code stays [`code::REFUSED`]: nothing changed, whatever the
+/// reason).
+pub fn reason(r: &Refused) -> &'static str {
+    match r {
+        Refused::NotFound(_) => "not_found",
+        Refused::AlreadyExists(_) => "already_exists",
+        Refused::Busy(_) => "busy",
+        Refused::Invalid(_) => "invalid",
+        Refused::NeedsRestart(_) => "needs_restart",
+        Refused::Unsupported(_) => "unsupported",
+        Refused::NoSpace(_) => "no_space",
+        Refused::Unavailable(_) => "unavailable",
+        Refused::Io(_) => "io",
+    }
+}
+
+/// A refusal in blockwire's own vocabulary: [`code::REFUSED`], the
+/// message, and `data: {"reason": ...}` ([`reason`]). (The
+/// SPDK-compatible methods number refusals their own way: crate::spdk.)
 impl From<Refused> for RpcError {
     fn from(r: Refused) -> RpcError {
-        RpcError::new(code::REFUSED, r.0)
+        RpcError { code: code::REFUSED, data: Some(json!({ "reason": reason(&r) })), message: r.message().to_string() }
     }
 }
 

@@ -20,7 +20,7 @@
 use crate::edit;
 use crate::live::Live;
 use crate::pool;
-use crate::refused::Refused;
+use bw_serve::refused::Refused;
 use crate::rpc::{code, params, Method, RpcError};
 use bw_block::{BackendKind, BackendSpec};
 use bw_serve::config::{IscsiLun, IscsiTarget, NvmeNamespace, NvmeSubsystem, ServeConfig, VolumeConfig};
@@ -38,33 +38,29 @@ const SPDK_IQN_PREFIX: &str = "iqn.2016-06.io.spdk:";
 /// SPDK's NQN of the discovery subsystem, listed first by nvmf_get_subsystems.
 const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
-const ENODEV: i64 = -(libc::ENODEV as i64);
-const EEXIST: i64 = -(libc::EEXIST as i64);
-const EBUSY: i64 = -(libc::EBUSY as i64);
-const EINVAL: i64 = -(libc::EINVAL as i64);
-
-fn err(code: i64, msg: impl std::fmt::Display) -> RpcError {
-    let what = match code {
-        ENODEV => "No such device",
-        EEXIST => "File exists",
-        EBUSY => "Device or resource busy",
-        EINVAL => "Invalid argument",
-        _ => "Error",
-    };
-    RpcError::new(code, format!("{what}: {msg}"))
+/// SPDK's number for each way a change is refused: the negative errno
+/// its RPCs answer, and the errno's text it puts before the message.
+fn errno(r: &Refused) -> (i32, &'static str) {
+    match r {
+        Refused::NotFound(_) => (libc::ENODEV, "No such device"),
+        Refused::AlreadyExists(_) => (libc::EEXIST, "File exists"),
+        Refused::Busy(_) => (libc::EBUSY, "Device or resource busy"),
+        Refused::Invalid(_) | Refused::NeedsRestart(_) | Refused::Unsupported(_) => (libc::EINVAL, "Invalid argument"),
+        Refused::NoSpace(_) => (libc::ENOSPC, "No space left on device"),
+        Refused::Unavailable(_) => (libc::EAGAIN, "Resource temporarily unavailable"),
+        Refused::Io(_) => (libc::EIO, "Input/output error"),
+    }
 }
 
-/// A refused change as SPDK would number it.
+/// A refused change as SPDK answers it.
 fn refused(r: Refused) -> RpcError {
-    let m = &r.0;
-    let code = if m.starts_with("no ") || m.contains(": no volume") {
-        ENODEV
-    } else if m.contains("is exported") || m.contains("is in use") {
-        EBUSY
-    } else {
-        EINVAL
-    };
-    err(code, m)
+    let (errno, what) = errno(&r);
+    RpcError::new(-i64::from(errno), format!("{what}: {}", r.message()))
+}
+
+/// What this layer refuses itself (SPDK's parameters), as [`refused`].
+fn err(what: fn(String) -> Refused, msg: impl std::fmt::Display) -> RpcError {
+    refused(what(msg.to_string()))
 }
 
 /// The volume a bdev name means: its UUID, its alias `POOL/NAME`, or its
@@ -73,7 +69,7 @@ fn bdev<'a>(c: &'a ServeConfig, name: &str) -> Result<&'a VolumeConfig, RpcError
     c.volumes
         .iter()
         .find(|v| v.name == name || (v.pool.is_some() && pool::volume_uuid(v) == name) || alias(v).as_deref() == Some(name))
-        .ok_or_else(|| err(ENODEV, format!("no bdev {name}")))
+        .ok_or_else(|| err(Refused::NotFound, format!("no bdev {name}")))
 }
 
 fn alias(v: &VolumeConfig) -> Option<String> {
@@ -88,20 +84,20 @@ fn bdev_name(v: &VolumeConfig) -> String {
 fn lvol<'a>(c: &'a ServeConfig, name: &str) -> Result<&'a VolumeConfig, RpcError> {
     let v = bdev(c, name)?;
     if v.pool.is_none() {
-        return Err(err(ENODEV, format!("bdev {name} is not a logical volume (not in a pool)")));
+        return Err(err(Refused::NotFound, format!("bdev {name} is not a logical volume (not in a pool)")));
     }
     Ok(v)
 }
 
 fn lvstore<'a>(c: &'a ServeConfig, uuid: Option<&str>, name: Option<&str>) -> Result<&'a bw_serve::config::PoolConfig, RpcError> {
     match (uuid, name) {
-        (Some(_), Some(_)) => Err(err(EINVAL, "give uuid or lvs_name, not both")),
-        (None, None) => Err(err(EINVAL, "give uuid or lvs_name")),
+        (Some(_), Some(_)) => Err(err(Refused::Invalid, "give uuid or lvs_name, not both")),
+        (None, None) => Err(err(Refused::Invalid, "give uuid or lvs_name")),
         (u, n) => c
             .pools
             .iter()
             .find(|p| u.is_some_and(|u| pool::pool_uuid(p) == u) || n.is_some_and(|n| p.name == n))
-            .ok_or_else(|| err(ENODEV, format!("no lvol store {}", u.or(n).unwrap_or_default()))),
+            .ok_or_else(|| err(Refused::NotFound, format!("no lvol store {}", u.or(n).unwrap_or_default()))),
     }
 }
 
@@ -180,7 +176,7 @@ fn lvstore_json(c: &ServeConfig, p: &bw_serve::config::PoolConfig) -> Value {
 fn size_of(size: Option<u64>, size_in_mib: Option<u64>) -> Result<u64, RpcError> {
     match (size, size_in_mib) {
         (Some(b), None) => Ok(b),
-        (None, Some(m)) => m.checked_mul(1 << 20).ok_or_else(|| err(EINVAL, "size_in_mib too large")),
+        (None, Some(m)) => m.checked_mul(1 << 20).ok_or_else(|| err(Refused::Invalid, "size_in_mib too large")),
         _ => Err(RpcError::new(code::INVALID_PARAMS, "Invalid parameters: give size_in_mib (or size in bytes), one of them")),
     }
 }
@@ -395,14 +391,14 @@ fn target_iqn(name: &str) -> String {
 
 fn lvol_uuid(live: &Live, name: &str) -> Result<Value, RpcError> {
     let c = live.config();
-    Ok(json!(pool::volume_uuid(pool::volume(&c, name)?)))
+    Ok(json!(pool::volume_uuid(pool::volume(&c, name).map_err(refused)?)))
 }
 
 /// SPDK refuses a name in use (EEXIST), whatever the parameters:
 /// blockwire's idempotent answer is its own methods'.
 fn name_free(live: &Live, name: &str) -> Result<(), RpcError> {
     match live.config().volumes.iter().any(|v| v.name == name) {
-        true => Err(err(EEXIST, format!("a volume named {name} exists"))),
+        true => Err(err(Refused::AlreadyExists, format!("a volume named {name} exists"))),
         false => Ok(()),
     }
 }
@@ -532,11 +528,11 @@ pub const METHODS: &[Method] = &[
     Method { name: "bdev_aio_create", params: "{name, filename, block_size?: 512, readonly?, fallocate?, uuid?}", call: |live, p| {
         let a: AioCreate = params(p)?;
         if a.block_size.is_some_and(|b| b != BLOCK_SIZE) {
-            return Err(err(EINVAL, format!("block_size {}: blockwire's volumes have {BLOCK_SIZE}-byte blocks", a.block_size.unwrap_or(0))));
+            return Err(err(Refused::Unsupported, format!("block_size {}: blockwire's volumes have {BLOCK_SIZE}-byte blocks", a.block_size.unwrap_or(0))));
         }
         let spec = BackendSpec { kind: BackendKind::File { path: a.filename.into(), size: None }, direct: false, sync: false, readonly: a.readonly };
         let v = VolumeConfig { name: a.name.clone(), backend: spec.to_string(), uuid: a.uuid, ..Default::default() };
-        live.change(|c| edit::volume_add(c, v)).map_err(|r| if r.0.ends_with("exists") { err(EEXIST, r) } else { refused(r) })?;
+        live.change(|c| edit::volume_add(c, v)).map_err(refused)?;
         Ok(json!(a.name))
     } },
     Method { name: "bdev_aio_delete", params: "{name}", call: |live, p| {
@@ -544,7 +540,7 @@ pub const METHODS: &[Method] = &[
         let c = live.config();
         let v = bdev(&c, &a.name)?;
         if v.pool.is_some() || !matches!(BackendSpec::parse(&v.backend).map(|s| s.kind), Ok(BackendKind::File { .. })) {
-            return Err(err(ENODEV, format!("bdev {} is not an aio bdev", a.name)));
+            return Err(err(Refused::NotFound, format!("bdev {} is not an aio bdev", a.name)));
         }
         changed(live.change(|c| edit::volume_remove(c, &a.name, false)))
     } },
@@ -557,7 +553,7 @@ pub const METHODS: &[Method] = &[
             _ => false,
         };
         if !served {
-            return Err(err(EINVAL, format!("transport {} is not served: blockwire serves NVMe/TCP (--nvme) and NVMe/RDMA (--nvme-rdma) on the addresses given at start", a.trtype)));
+            return Err(err(Refused::Unsupported, format!("transport {} is not served: blockwire serves NVMe/TCP (--nvme) and NVMe/RDMA (--nvme-rdma) on the addresses given at start", a.trtype)));
         }
         Ok(json!(true))
     } },
@@ -566,7 +562,7 @@ pub const METHODS: &[Method] = &[
         let c = live.config();
         let subs = c.nvme.iter().flat_map(|n| &n.subsystems);
         if let Some(nqn) = &a.nqn {
-            let s = subs.clone().find(|s| &s.nqn == nqn).ok_or_else(|| err(ENODEV, format!("no subsystem {nqn}")))?;
+            let s = subs.clone().find(|s| &s.nqn == nqn).ok_or_else(|| err(Refused::NotFound, format!("no subsystem {nqn}")))?;
             return Ok(json!([subsystem_json(&c, s)]));
         }
         let discovery = json!({
@@ -577,10 +573,10 @@ pub const METHODS: &[Method] = &[
     Method { name: "nvmf_create_subsystem", params: "{nqn, serial_number?, model_number?, allow_any_host?, max_namespaces?, ana_reporting?, min_cntlid?, max_cntlid?}", call: |live, p| {
         let a: CreateSubsystem = params(p)?;
         if a.passthrough {
-            return Err(err(EINVAL, "passthrough subsystems pass an NVMe controller through; blockwire's namespaces are volumes"));
+            return Err(err(Refused::Unsupported, "passthrough subsystems pass an NVMe controller through; blockwire's namespaces are volumes"));
         }
         if a.min_cntlid.is_some() || a.max_cntlid.is_some() {
-            return Err(err(EINVAL, "controller ids are per server here ([nvme] cntlid_range), not per subsystem"));
+            return Err(err(Refused::Unsupported, "controller ids are per server here ([nvme] cntlid_range), not per subsystem"));
         }
         let s = NvmeSubsystem {
             nqn: a.nqn.clone(),
@@ -592,7 +588,7 @@ pub const METHODS: &[Method] = &[
             ana_state: Default::default(),
             hosts: vec![],
         };
-        live.change(|c| edit::nvme_subsystem_add(c, s)).map_err(|r| if r.0.ends_with("exists") { err(EEXIST, r) } else { refused(r) })?;
+        live.change(|c| edit::nvme_subsystem_add(c, s)).map_err(refused)?;
         Ok(json!(true))
     } },
     Method { name: "nvmf_delete_subsystem", params: "{nqn, tgt_name?}", call: |live, p| {
@@ -603,14 +599,14 @@ pub const METHODS: &[Method] = &[
         let a: AddListener = params(p)?;
         let c = live.config();
         if a.nqn != "discovery" && a.nqn != DISCOVERY_NQN {
-            c.nvme.iter().flat_map(|n| &n.subsystems).find(|s| s.nqn == a.nqn).ok_or_else(|| err(ENODEV, format!("no subsystem {}", a.nqn)))?;
+            c.nvme.iter().flat_map(|n| &n.subsystems).find(|s| s.nqn == a.nqn).ok_or_else(|| err(Refused::NotFound, format!("no subsystem {}", a.nqn)))?;
         }
         let l = &a.listen_address;
         let want = (l.trtype.to_ascii_uppercase(), l.traddr.clone(), l.trsvcid.clone().unwrap_or_default());
         let have = nvme_listeners(&c);
         let found = have.iter().any(|h| (h["trtype"].as_str().unwrap_or_default().to_string(), h["traddr"].as_str().unwrap_or_default().to_string(), h["trsvcid"].as_str().unwrap_or_default().to_string()) == want);
         if !found {
-            return Err(err(EINVAL, format!(
+            return Err(err(Refused::Invalid, format!(
                 "blockwire does not listen on {} {}:{} (listen addresses are fixed at start; every subsystem is served on each of them: {})",
                 want.0, want.1, want.2, have.iter().map(|h| format!("{} {}:{}", h["trtype"], h["traddr"], h["trsvcid"])).collect::<Vec<_>>().join(", ")
             )));
@@ -620,11 +616,11 @@ pub const METHODS: &[Method] = &[
     Method { name: "nvmf_subsystem_add_ns", params: "{nqn, namespace: {bdev_name, nsid?, uuid?, nguid?, eui64?, anagrpid?}}", call: |live, p| {
         let a: AddNs = params(p)?;
         if a.namespace.no_auto_visible {
-            return Err(err(EINVAL, "no_auto_visible: namespaces are visible to every host the subsystem allows (per-namespace host lists are not supported)"));
+            return Err(err(Refused::Unsupported, "no_auto_visible: namespaces are visible to every host the subsystem allows (per-namespace host lists are not supported)"));
         }
         let c = live.config();
         let volume = bdev(&c, &a.namespace.bdev_name)?.name.clone();
-        let s = c.nvme.iter().flat_map(|n| &n.subsystems).find(|s| s.nqn == a.nqn).ok_or_else(|| err(ENODEV, format!("no subsystem {}", a.nqn)))?;
+        let s = c.nvme.iter().flat_map(|n| &n.subsystems).find(|s| s.nqn == a.nqn).ok_or_else(|| err(Refused::NotFound, format!("no subsystem {}", a.nqn)))?;
         let nsid = a.namespace.nsid.filter(|&n| n != 0).unwrap_or_else(|| (1..).find(|n| !s.namespaces.iter().any(|x| x.nsid == *n)).unwrap_or(1));
         let mut ns = NvmeNamespace::new(nsid, volume, false, a.namespace.anagrpid.unwrap_or(1));
         (ns.uuid, ns.nguid, ns.eui64) = (a.namespace.uuid, a.namespace.nguid, a.namespace.eui64);
@@ -638,7 +634,7 @@ pub const METHODS: &[Method] = &[
     Method { name: "nvmf_subsystem_add_host", params: "{nqn, host}", call: |live, p| {
         let a: SubsystemHost = params(p)?;
         if a.psk.is_some() || a.dhchap_key.is_some() || a.dhchap_ctrlr_key.is_some() {
-            return Err(err(EINVAL, "keys are keyring names in SPDK, and blockwire has no keyring: give the DH-HMAC-CHAP secret itself with nvme_host_add {nqn, host, dhchap_secret}"));
+            return Err(err(Refused::Unsupported, "keys are keyring names in SPDK, and blockwire has no keyring: give the DH-HMAC-CHAP secret itself with nvme_host_add {nqn, host, dhchap_secret}"));
         }
         changed(live.change(|c| edit::nvme_host_allow(c, &a.nqn, &a.host)))
     } },
@@ -649,7 +645,7 @@ pub const METHODS: &[Method] = &[
     Method { name: "iscsi_create_target_node", params: "{name, alias_name, pg_ig_maps, luns: [{bdev_name, lun_id}], queue_depth, disable_chap?, require_chap?, mutual_chap?, chap_group?, header_digest?, data_digest?}", call: |live, p| {
         let a: CreateTargetNode = params(p)?;
         if a.require_chap || a.mutual_chap || a.chap_group != 0 {
-            return Err(err(EINVAL, "CHAP groups are SPDK's; set CHAP with iscsi_chap_set {iqn, chap: {user, secret}}"));
+            return Err(err(Refused::Unsupported, "CHAP groups are SPDK's; set CHAP with iscsi_chap_set {iqn, chap: {user, secret}}"));
         }
         let c = live.config();
         let mut luns = Vec::new();
@@ -657,9 +653,9 @@ pub const METHODS: &[Method] = &[
             let v = bdev(&c, &l.bdev_name)?;
             luns.push(IscsiLun { lun: l.lun_id, volume: v.name.clone(), readonly: false });
         }
-        let mut t: IscsiTarget = serde_json::from_value(json!({ "iqn": target_iqn(&a.name), "luns": [] })).map_err(|e| err(EINVAL, e))?;
+        let mut t: IscsiTarget = serde_json::from_value(json!({ "iqn": target_iqn(&a.name), "luns": [] })).map_err(|e| err(Refused::Invalid, e))?;
         t.luns = luns;
-        live.change(|c| edit::iscsi_target_add(c, t)).map_err(|r| if r.0.ends_with("exists") { err(EEXIST, r) } else { refused(r) })?;
+        live.change(|c| edit::iscsi_target_add(c, t)).map_err(refused)?;
         Ok(json!(true))
     } },
     Method { name: "iscsi_delete_target_node", params: "{name}", call: |live, p| {
@@ -678,8 +674,35 @@ mod tests {
     use super::*;
     use bw_serve::start::Frontends;
 
+    const ENODEV: i64 = -(libc::ENODEV as i64);
+    const EEXIST: i64 = -(libc::EEXIST as i64);
+    const EINVAL: i64 = -(libc::EINVAL as i64);
+
     fn call(l: &Live, method: &str, p: Value) -> Result<Value, RpcError> {
         (METHODS.iter().find(|m| m.name == method).unwrap().call)(l, p)
+    }
+
+    /// Every refusal is numbered by its variant, whatever its message
+    /// says (the numbers were once guessed from the text: "no ..." was
+    /// ENODEV, "is exported" EBUSY, anything else EINVAL).
+    #[test]
+    fn errnos_follow_the_variant() {
+        let m = || "no such thing is exported".to_string();
+        for (r, code) in [
+            (Refused::NotFound(m()), -19),
+            (Refused::AlreadyExists(m()), -17),
+            (Refused::Busy(m()), -16),
+            (Refused::Invalid(m()), -22),
+            (Refused::NeedsRestart(m()), -22),
+            (Refused::Unsupported(m()), -22),
+            (Refused::NoSpace(m()), -28),
+            (Refused::Unavailable(m()), -11),
+            (Refused::Io(m()), -5),
+        ] {
+            let e = refused(r.clone());
+            assert_eq!(e.code, code, "{r:?}");
+            assert!(e.message.ends_with(": no such thing is exported"), "{e:?}");
+        }
     }
 
     /// An lvol's life through SPDK's methods on a pool in a temp dir

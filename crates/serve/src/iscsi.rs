@@ -24,6 +24,7 @@ use crate::metrics::{self, IoTimer, Meter, Op, Proto};
 use crate::framing::{FrameReader, Framing, Growth};
 use crate::limits::{Admission, Limits, SessionKind, Ticket};
 use crate::outbox::{Outbox, Payload};
+use crate::refused::Refused;
 use crate::tuning::Tuning;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
@@ -251,14 +252,14 @@ impl Handle {
     /// port group `group`, if given, must be theirs), at run time; its
     /// sessions get ASYMMETRIC ACCESS STATE CHANGED. Ok(false) if nothing
     /// changed.
-    pub fn tpg_set(&self, iqn: &str, group: Option<u16>, state: AluaState) -> Result<bool, String> {
+    pub fn tpg_set(&self, iqn: &str, group: Option<u16>, state: AluaState) -> Result<bool, Refused> {
         let p = self.0.published.load();
-        let i = p.login.targets.iter().position(|t| t.name == iqn).ok_or_else(|| format!("no iSCSI target {iqn}"))?;
+        let i = p.login.targets.iter().position(|t| t.name == iqn).ok_or_else(|| Refused::NotFound(format!("no iSCSI target {iqn}")))?;
         let t = &p.targets[i];
         if let Some(g) = group {
             let ids = t.port_group_ids();
             if !ids.contains(&g) {
-                return Err(format!("target {iqn} is in target port group {ids:?}, not {g}"));
+                return Err(Refused::Invalid(format!("target {iqn} is in target port group {ids:?}, not {g}")));
             }
         }
         Ok(t.set_alua_state(Some(state)))

@@ -16,6 +16,7 @@ pub mod limits;
 pub mod metrics;
 pub mod nvme;
 pub mod outbox;
+pub mod refused;
 pub mod session;
 pub mod start;
 pub mod systemd;

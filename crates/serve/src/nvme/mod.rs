@@ -17,6 +17,7 @@ use crate::limits::{Admission, Limits};
 use crate::tuning::Tuning;
 use bw_net::tcp::CongestionPlan;
 use crate::config::{AnaStateConfig, NvmeConfig};
+use crate::refused::Refused;
 use bw_nvme::ana::AnaState;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
@@ -131,8 +132,11 @@ impl Handle {
 
     /// End the controller with this id (`session_disconnect`).
     /// See [`Fabric::ana_set`].
-    pub fn ana_set(&self, nqn: &str, group: Option<u32>, state: AnaState) -> Result<bool, String> {
-        self.fabric.ana_set(nqn, group, state)
+    pub fn ana_set(&self, nqn: &str, group: Option<u32>, state: AnaState) -> Result<bool, Refused> {
+        if !self.fabric.nqns().iter().any(|n| n == nqn) {
+            return Err(Refused::NotFound(format!("no NVMe subsystem {nqn}")));
+        }
+        self.fabric.ana_set(nqn, group, state).map_err(Refused::Invalid)
     }
 
     /// Every subsystem's every ANA group inaccessible (`drain`); the NQNs
