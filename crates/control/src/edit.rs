@@ -21,23 +21,6 @@ pub fn subsystem<'a>(c: &'a mut ServeConfig, nqn: &str) -> Result<&'a mut NvmeSu
     nvme(c).subsystems.iter_mut().find(|s| s.nqn == nqn).ok_or_else(|| Refused::NotFound(format!("no NVMe subsystem {nqn}")))
 }
 
-/// Where a volume is exported, for refusing its removal.
-pub fn users(c: &ServeConfig, volume: &str) -> Vec<String> {
-    let mut v = Vec::new();
-    for t in c.iscsi.iter().flat_map(|i| &i.targets) {
-        v.extend(t.luns.iter().filter(|l| l.volume == volume).map(|l| format!("iSCSI {} LUN {}", t.iqn, l.lun)));
-    }
-    for s in c.nvme.iter().flat_map(|n| &n.subsystems) {
-        v.extend(s.namespaces.iter().filter(|n| n.volume == volume).map(|n| format!("NVMe {} namespace {}", s.nqn, n.nsid)));
-    }
-    for e in c.aoe.iter().flat_map(|a| &a.exports) {
-        if e.volume == volume {
-            v.push(format!("AoE {}.{} on {}", e.shelf, e.slot, e.interface));
-        }
-    }
-    v
-}
-
 pub fn volume_add(c: &mut ServeConfig, v: VolumeConfig) -> Result<(), Refused> {
     if v.pool.is_some() || v.snapshot_of.is_some() || v.clone_of.is_some() || v.thick {
         return Err(Refused::Invalid(format!("volume {}: pool volumes are made by volume_create, volume_snapshot and volume_clone", v.name)));
@@ -57,19 +40,11 @@ pub fn volume_remove(c: &mut ServeConfig, name: &str, force: bool) -> Result<(),
         Some(v) if v.pool.is_some() => return Err(Refused::Invalid(format!("volume {name} is in pool {}: volume_delete removes it and its file", v.pool.as_deref().unwrap_or_default()))),
         Some(_) => {}
     }
-    let users = users(c, name);
+    let users = c.exports_of(name);
     if !users.is_empty() && !force {
         return Err(Refused::Busy(format!("volume {name} is in use ({}): remove those first, or pass force", users.join(", "))));
     }
-    for t in c.iscsi.iter_mut().flat_map(|i| &mut i.targets) {
-        t.luns.retain(|l| l.volume != name);
-    }
-    for s in c.nvme.iter_mut().flat_map(|n| &mut n.subsystems) {
-        s.namespaces.retain(|n| n.volume != name);
-    }
-    if let Some(a) = &mut c.aoe {
-        a.exports.retain(|e| e.volume != name);
-    }
+    c.unexport(name);
     c.volumes.retain(|v| v.name != name);
     Ok(())
 }

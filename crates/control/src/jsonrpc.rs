@@ -159,13 +159,13 @@ impl Framer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_serve::start::Frontends;
+    use bw_serve::start::not_started;
 
     fn live() -> Live {
         let mut c = bw_serve::ServeConfig::default();
         c.add_volume_flag("a=ram:1M").unwrap();
         let vols = bw_serve::start::open_volumes(&c).unwrap();
-        Live::new(c, &vols, Frontends::default(), None)
+        Live::new(c, &vols, not_started(), None)
     }
 
     fn code_of(r: &str) -> i64 {

@@ -5,20 +5,24 @@
 //! by the same steps: open added volumes, resize resized ones, let each
 //! front-end reconcile its targets (which tells connected initiators in
 //! their protocol's way), close removed volumes. What a running server
-//! cannot change (listen addresses other than NVMe/TCP's, limits, tuning, the interfaces AoE
-//! listens on) is refused with the reason, and then nothing has changed.
+//! cannot change (limits, tuning, and what each front-end's `admit` says:
+//! listen addresses other than NVMe's, the interfaces AoE listens on) is
+//! refused with the reason, and then nothing has changed.
+//!
+//! The front-ends are a list of [`Frontend`]s, each asked the same; none
+//! is named here.
 //!
 //! Front-ends read what changes through a lock-free load of an `Arc`'d
 //! table (`arc_swap`): the LUN table of a SCSI target, an NVMe subsystem,
 //! the login configuration, the exports of an AoE interface. The mutex here serialises changes only.
 
 use crate::pool::Files;
-use bw_serve::refused::Refused;
 use bw_block::{BackendKind, BackendSpec, Volume};
 use bw_serve::config::{ConfigError, ServeConfig, VolumeConfig};
+use bw_serve::frontend::{fixed_at_start, AccessState, Frontend, Frontends};
+use bw_serve::refused::Refused;
 use bw_serve::session::SessionInfo;
-use bw_serve::start::Frontends;
-use bw_serve::{aoe, Volumes};
+use bw_serve::Volumes;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -63,25 +67,15 @@ fn split_size(spec: &BackendSpec) -> (Option<u64>, BackendSpec) {
     (size, rest)
 }
 
-/// The settings a running server cannot change, compared; `Err` names
-/// the first that differs.
+/// The settings of every front-end that a running server cannot change
+/// (each front-end's own are its [`Frontend::admit`]); `Err` names the
+/// first that differs.
 fn check_fixed(old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
-    let restart = |what: &str| Err(Refused::NeedsRestart(format!("{what} cannot change while serving: restart blockwire serve for that")));
     if old.limits != new.limits {
-        return restart("[limits]");
+        return Err(fixed_at_start("[limits]"));
     }
     if old.tuning != new.tuning {
-        return restart("[tuning]");
-    }
-    let listen = |c: &ServeConfig| c.iscsi.as_ref().map(|i| i.listen.clone()).unwrap_or_default();
-    if listen(old) != listen(new) {
-        return restart("iscsi.listen");
-    }
-    // (nvme.listen and nvme.rdma_listen change live: nvme_port_add,
-    // nvme_port_remove.)
-    let nvme = |c: &ServeConfig| c.nvme.as_ref().map(|n| (n.discovery_listen, n.cntlid_range)).unwrap_or_default();
-    if nvme(old) != nvme(new) {
-        return restart("nvme.discovery_listen or nvme.cntlid_range");
+        return Err(fixed_at_start("[tuning]"));
     }
     Ok(())
 }
@@ -200,17 +194,8 @@ impl Live {
     fn apply_locked(&self, st: &mut State, new: ServeConfig) -> Result<Vec<String>, Refused> {
         new.validate().map_err(|e| Refused::Invalid(e.to_string()))?;
         check_fixed(&st.cfg, &new)?;
-        let has_targets = |c: &ServeConfig| c.iscsi.as_ref().is_some_and(|i| !i.targets.is_empty());
-        if self.frontends.iscsi.is_none() && has_targets(&new) && !has_targets(&st.cfg) {
-            return Err(Refused::NeedsRestart("iSCSI is not being served (no listen address at start): restart with one to add targets".into()));
-        }
-        let has_subsystems = |c: &ServeConfig| c.nvme.as_ref().is_some_and(|n| !n.subsystems.is_empty());
-        if self.frontends.nvme.is_none() && has_subsystems(&new) && !has_subsystems(&st.cfg) {
-            return Err(Refused::NeedsRestart("NVMe/TCP is not being served (no listen address at start): restart with one to add subsystems".into()));
-        }
-        let served = self.frontends.aoe.as_ref().map(|h| h.interfaces()).unwrap_or_default();
-        if let Some(e) = new.aoe.iter().flat_map(|a| &a.exports).find(|e| !served.contains(&e.interface)) {
-            return Err(Refused::NeedsRestart(aoe::not_served(&e.interface, &served)));
+        for f in &self.frontends {
+            f.admit(&st.cfg, &new)?;
         }
         for p in new.pools.iter().filter(|p| !st.cfg.pools.contains(p)) {
             crate::pool::ensure_dir(p)?;
@@ -257,17 +242,8 @@ impl Live {
             st.volumes.insert(v.name().to_string(), v);
         }
         let volumes: Volumes = Arc::new(st.volumes.clone());
-        if let Some(h) = &self.frontends.iscsi {
-            let cfg = new.iscsi.clone().unwrap_or_default();
-            log.extend(h.reconcile(&cfg, &volumes, &resized).map_err(|e| Refused::Io(format!("{e:#}")))?);
-        }
-        if let Some(h) = &self.frontends.nvme {
-            let cfg = new.nvme.clone().unwrap_or_default();
-            log.extend(h.reconcile(&cfg, &volumes, &resized).map_err(|e| Refused::Io(format!("{e:#}")))?);
-        }
-        if let Some(h) = &self.frontends.aoe {
-            let cfg = new.aoe.clone().unwrap_or_default();
-            log.extend(h.reconcile(&cfg, &volumes).map_err(|e| Refused::Io(format!("{e:#}")))?);
+        for f in &self.frontends {
+            log.extend(f.reconcile(&new, &volumes, &resized)?);
         }
         for name in &plan.remove {
             if let Some(v) = st.volumes.remove(name) {
@@ -290,44 +266,34 @@ impl Live {
 
     /// Sessions and controllers of every front-end.
     pub fn sessions(&self) -> Vec<SessionInfo> {
-        let mut v = Vec::new();
-        if let Some(h) = &self.frontends.iscsi {
-            v.extend(h.sessions());
-        }
-        if let Some(h) = &self.frontends.nvme {
-            v.extend(h.sessions());
-        }
-        v
+        self.frontends.iter().filter_map(|f| f.sessions()).flatten().collect()
     }
 
-    /// `ana_set`: see [`nvme::Handle::ana_set`].
-    pub fn ana_set(&self, nqn: &str, group: Option<u32>, state: bw_nvme::ana::AnaState) -> Result<Vec<String>, Refused> {
-        let h = self.frontends.nvme.as_ref().ok_or_else(|| Refused::Unsupported("NVMe/TCP is not served".into()))?;
-        let changed = h.ana_set(nqn, group, state)?;
-        let what = group.map_or("every ANA group".to_string(), |g| format!("ANA group {g}"));
-        Ok(vec![if changed { format!("nvme {nqn}: {what} {state:?}; hosts notified") } else { format!("nvme {nqn}: {what} already {state:?}") }])
+    /// How many sessions each front-end that has sessions has, by its name.
+    pub fn session_counts(&self) -> Vec<(&'static str, usize)> {
+        self.frontends.iter().filter_map(|f| Some((f.name(), f.sessions()?.len()))).collect()
     }
 
-    /// `tpg_set`: see [`iscsi::Handle::tpg_set`].
-    pub fn tpg_set(&self, iqn: &str, group: Option<u16>, state: bw_scsi::AluaState) -> Result<Vec<String>, Refused> {
-        let h = self.frontends.iscsi.as_ref().ok_or_else(|| Refused::Unsupported("iSCSI is not served".into()))?;
-        let changed = h.tpg_set(iqn, group, state)?;
-        Ok(vec![if changed { format!("iscsi {iqn}: {state:?}; sessions notified") } else { format!("iscsi {iqn}: already {state:?}") }])
+    /// `ana_set`, `tpg_set`: the access state of `target`'s paths on the
+    /// front-end named `protocol` (see [`Frontend::set_access`]), at run
+    /// time.
+    pub fn set_access(&self, protocol: &str, target: &str, group: Option<u32>, state: AccessState) -> Result<Vec<String>, Refused> {
+        let f = self.frontend(protocol).ok_or_else(|| Refused::Unsupported(format!("{protocol} is not served")))?;
+        Ok(vec![f.set_access(target, group, state)?])
     }
 
-    /// `drain`: every NVMe ANA group of this gateway inaccessible and every
-    /// iSCSI target port group unavailable (hosts are told, and move their
-    /// I/O to other gateways), then wait up to `timeout` until no request
-    /// is in flight on any volume. Returns what changed, the requests in
-    /// flight when the states changed, and whether they all finished.
+    fn frontend(&self, name: &str) -> Option<&dyn Frontend> {
+        self.frontends.iter().find(|f| f.name() == name).map(|f| f.as_ref())
+    }
+
+    /// `drain`: every path of this gateway inaccessible (every NVMe ANA
+    /// group, every iSCSI target port group: hosts are told, and move
+    /// their I/O to other gateways), then wait up to `timeout` until no
+    /// request is in flight on any volume. Returns what changed, the
+    /// requests in flight when the states changed, and whether they all
+    /// finished.
     pub fn drain(&self, timeout: std::time::Duration) -> (Vec<String>, u64, bool) {
-        let mut log = Vec::new();
-        if let Some(h) = &self.frontends.nvme {
-            log.extend(h.drain().into_iter().map(|n| format!("nvme {n}: every ANA group Inaccessible; hosts notified")));
-        }
-        if let Some(h) = &self.frontends.iscsi {
-            log.extend(h.drain().into_iter().map(|n| format!("iscsi {n}: Unavailable; sessions notified")));
-        }
+        let log: Vec<String> = self.frontends.iter().flat_map(|f| f.drain()).collect();
         let volumes = self.volumes();
         let busy = || volumes.iter().map(|v| v.in_flight()).sum::<u64>();
         let at_start = busy();
@@ -341,16 +307,18 @@ impl Live {
         (log, at_start, true)
     }
 
-    /// End the session `id` as `session_list` names it.
+    /// End the session `id` as `session_list` names it: `NAME:N`, where
+    /// NAME is the front-end's.
     pub fn disconnect(&self, id: &str) -> Result<(), Refused> {
-        let bad = || Refused::NotFound(format!("no session {id:?} (ids look like iscsi:N or nvme:N; see session_list)"));
-        let (proto, n) = id.split_once(':').ok_or_else(bad)?;
-        let found = match (proto, &self.frontends.iscsi, &self.frontends.nvme) {
-            ("iscsi", Some(h), _) => h.disconnect(n.parse().map_err(|_| bad())?),
-            ("nvme", _, Some(h)) => h.disconnect(n.parse().map_err(|_| bad())?),
-            _ => false,
+        let bad = || {
+            let kinds: Vec<String> = self.frontends.iter().filter(|f| f.sessions().is_some()).map(|f| format!("{}:N", f.name())).collect();
+            Refused::NotFound(format!("no session {id:?} (ids look like {}; see session_list)", kinds.join(" or ")))
         };
-        if found { Ok(()) } else { Err(bad()) }
+        let (name, n) = id.split_once(':').ok_or_else(bad)?;
+        match self.frontend(name) {
+            Some(f) if f.disconnect(n) => Ok(()),
+            _ => Err(bad()),
+        }
     }
 
     /// Current size of every volume, by name.
@@ -366,6 +334,17 @@ impl Live {
 mod tests {
     use super::*;
     use crate::edit;
+    use bw_serve::aoe::AoeFrontend;
+    use bw_serve::iscsi::IscsiFrontend;
+    use bw_serve::nvme::NvmeFrontend;
+    use bw_serve::start::not_started;
+
+    /// What a server that started no front-end refuses before anything
+    /// changes: the settings fixed at start, and each front-end's.
+    fn admit(old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
+        check_fixed(old, new)?;
+        not_started().iter().try_for_each(|f| f.admit(old, new))
+    }
     use bw_serve::config::{IscsiLun, NvmeHost, NvmeNamespace};
 
     fn cfg() -> ServeConfig {
@@ -427,7 +406,7 @@ mod tests {
         assert_eq!(c.nvme.as_ref().unwrap().rdma_listen, [a]);
         assert!(!c.nvme.as_ref().unwrap().listen.contains(&a), "an RDMA port is not a TCP one");
         // Listening for RDMA there is not a setting fixed at start.
-        check_fixed(&old, &c).unwrap();
+        admit(&old, &c).unwrap();
         let e = edit::nvme_port_add(&mut c, a, true).unwrap_err();
         assert!(e.message().contains("NVMe/RDMA already listens"), "{e}");
         assert!(matches!(e, Refused::AlreadyExists(_)), "{e:?}");
@@ -439,7 +418,7 @@ mod tests {
         // The discovery port still is.
         let mut d = old.clone();
         d.nvme.as_mut().unwrap().discovery_listen = Some("127.0.0.1:8009".parse().unwrap());
-        let e = check_fixed(&old, &d).unwrap_err();
+        let e = admit(&old, &d).unwrap_err();
         assert!(matches!(e, Refused::NeedsRestart(_)) && e.message().contains("nvme.discovery_listen"), "{e:?}");
     }
 
@@ -489,15 +468,15 @@ mod tests {
         let old = cfg();
         let mut new = old.clone();
         new.iscsi.as_mut().unwrap().listen[0].set_port(3261);
-        let e = check_fixed(&old, &new).unwrap_err();
+        let e = admit(&old, &new).unwrap_err();
         assert!(matches!(e, Refused::NeedsRestart(_)) && e.message().contains("iscsi.listen"), "{e:?}");
         let mut new = old.clone();
         new.limits.max_sessions = 3;
-        let e = check_fixed(&old, &new).unwrap_err();
+        let e = admit(&old, &new).unwrap_err();
         assert!(matches!(e, Refused::NeedsRestart(_)) && e.message().contains("[limits]"), "{e:?}");
         let mut new = old.clone();
         edit::iscsi_lun_remove(&mut new, "iqn.2026-11.org.example:t", 0).unwrap();
-        check_fixed(&old, &new).unwrap();
+        admit(&old, &new).unwrap();
     }
 
     /// A server with volumes and no front-ends: changes that need one are
@@ -507,7 +486,7 @@ mod tests {
         let mut c = ServeConfig::default();
         c.add_volume_flag("a=ram:1M").unwrap();
         let vols = bw_serve::start::open_volumes(&c).unwrap();
-        let live = Live::new(c.clone(), &vols, Frontends::default(), None);
+        let live = Live::new(c.clone(), &vols, not_started(), None);
         let log = live.change(|c| edit::volume_add(c, VolumeConfig { name: "b".into(), backend: "ram:2M".into(), ..Default::default() })).unwrap();
         assert_eq!(log, ["volume b: added (2097152 bytes)"]);
         live.change(|c| edit::volume_resize(c, "b", 4 << 20)).unwrap();
@@ -548,9 +527,9 @@ mod tests {
         c.add_volume_flag("b=ram:1M").unwrap();
         edit::aoe_export_add(&mut c, aoe_export("bw0", 1, 0, "a")).unwrap();
         let vols = bw_serve::start::open_volumes(&c).unwrap();
-        let aoe = aoe::Handle::detached(&["bw0"]);
+        let aoe = bw_serve::aoe::Handle::detached(&["bw0"]);
         aoe.reconcile(c.aoe.as_ref().unwrap(), &vols).unwrap();
-        let live = Live::new(c.clone(), &vols, Frontends { aoe: Some(aoe.clone()), ..Default::default() }, None);
+        let live = Live::new(c.clone(), &vols, vec![Box::new(IscsiFrontend(None)), Box::new(NvmeFrontend(None)), Box::new(AoeFrontend(Some(aoe.clone())))], None);
         let log = live.change(|c| edit::aoe_export_add(c, aoe_export("bw0", 1, 1, "b"))).unwrap();
         assert_eq!(log, ["AoE e1.1 on bw0: added (volume b)"]);
         assert_eq!(aoe.exports(), [("bw0".into(), 1, 0, "a".into()), ("bw0".into(), 1, 1, "b".into())]);
@@ -585,12 +564,68 @@ mod tests {
         assert_eq!(aoe.exports(), [("bw0".into(), 1, 0, "a".into())]);
     }
 
+    /// A transport the control plane has never heard of: Live asks it
+    /// what it asks any front-end, and routes its session ids and access
+    /// states to it by its name.
+    struct Carrier;
+
+    impl Frontend for Carrier {
+        fn name(&self) -> &'static str {
+            "pigeon"
+        }
+        fn admit(&self, _old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
+            match new.volumes.iter().any(|v| v.name == "far") {
+                true => Err(Refused::NeedsRestart("pigeons do not fly that far".into())),
+                false => Ok(()),
+            }
+        }
+        fn reconcile(&self, new: &ServeConfig, _: &Volumes, resized: &HashSet<String>) -> Result<Vec<String>, Refused> {
+            Ok(vec![format!("pigeon: {} volumes, {} resized", new.volumes.len(), resized.len())])
+        }
+        fn sessions(&self) -> Option<Vec<SessionInfo>> {
+            Some(vec![SessionInfo::new("pigeon:7".into(), "pigeon", "loft", "roof".into(), "coop".into(), &Default::default())])
+        }
+        fn disconnect(&self, n: &str) -> bool {
+            n == "7"
+        }
+        fn drain(&self) -> Vec<String> {
+            vec!["pigeon: grounded".into()]
+        }
+        fn set_access(&self, target: &str, _: Option<u32>, state: AccessState) -> Result<String, Refused> {
+            Ok(format!("pigeon {target}: {state:?}"))
+        }
+    }
+
+    #[test]
+    fn a_new_transport_is_asked_like_the_others_by_its_name() {
+        let mut c = ServeConfig::default();
+        c.add_volume_flag("a=ram:1M").unwrap();
+        let vols = bw_serve::start::open_volumes(&c).unwrap();
+        let live = Live::new(c.clone(), &vols, vec![Box::new(Carrier)], None);
+        let log = live.change(|c| edit::volume_resize(c, "a", 2 << 20)).unwrap();
+        assert_eq!(log, ["volume a: resized from 1048576 to 2097152 bytes", "pigeon: 1 volumes, 1 resized"]);
+        let before = live.config();
+        let e = live.change(|c| edit::volume_add(c, VolumeConfig { name: "far".into(), backend: "ram:1M".into(), ..Default::default() })).unwrap_err();
+        assert_eq!(e, Refused::NeedsRestart("pigeons do not fly that far".into()));
+        assert_eq!((live.config(), live.volume_sizes().len()), (before, 1), "refused before any volume was opened");
+        assert_eq!(live.sessions()[0].id, "pigeon:7");
+        assert_eq!(live.session_counts(), [("pigeon", 1)]);
+        live.disconnect("pigeon:7").unwrap();
+        for id in ["pigeon:8", "iscsi:7", "7"] {
+            let e = live.disconnect(id).unwrap_err();
+            assert!(matches!(&e, Refused::NotFound(m) if m.contains("pigeon:N")), "{id}: {e:?}");
+        }
+        assert_eq!(live.drain(std::time::Duration::ZERO), (vec!["pigeon: grounded".to_string()], 0, true));
+        assert_eq!(live.set_access("pigeon", "coop", None, AccessState::Standby).unwrap(), ["pigeon coop: Standby"]);
+        assert!(matches!(live.set_access("iscsi", "t", None, AccessState::Standby), Err(Refused::Unsupported(_))));
+    }
+
     #[test]
     fn without_aoe_at_start_an_export_is_refused() {
         let mut c = ServeConfig::default();
         c.add_volume_flag("a=ram:1M").unwrap();
         let vols = bw_serve::start::open_volumes(&c).unwrap();
-        let live = Live::new(c.clone(), &vols, Frontends::default(), None);
+        let live = Live::new(c.clone(), &vols, not_started(), None);
         let e = live.change(|c| edit::aoe_export_add(c, aoe_export("eth0", 0, 0, "a"))).unwrap_err();
         assert!(e.message().contains("not served on eth0") && e.message().contains("no interface"), "{e}");
         assert!(matches!(e, Refused::NeedsRestart(_)), "{e:?}");

@@ -9,6 +9,7 @@ use crate::pool;
 use crate::rpc::{code, params, Method, RpcError};
 use bw_serve::refused::Refused;
 use bw_serve::config::{self, AoeExport, Credentials, IscsiLun, IscsiTarget, NvmeHost, NvmeNamespace, NvmeSubsystem, PoolConfig, VolumeConfig};
+use bw_serve::frontend::AccessState;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -78,8 +79,8 @@ struct Drain {
 }
 
 /// An ANA state by its name in the configuration (`ana_state`).
-fn ana_state(s: &str) -> Result<bw_nvme::ana::AnaState, RpcError> {
-    use bw_nvme::ana::AnaState::*;
+fn ana_state(s: &str) -> Result<AccessState, RpcError> {
+    use AccessState::*;
     Ok(match s {
         "optimized" => Optimized,
         "non-optimized" => NonOptimized,
@@ -92,13 +93,13 @@ fn ana_state(s: &str) -> Result<bw_nvme::ana::AnaState, RpcError> {
 
 /// An ALUA state by its name in the configuration (`alua_state`), or by
 /// the ANA name of its counterpart.
-fn alua_state(s: &str) -> Result<bw_scsi::AluaState, RpcError> {
-    use bw_scsi::AluaState::*;
+fn alua_state(s: &str) -> Result<AccessState, RpcError> {
+    use AccessState::*;
     Ok(match s {
-        "active-optimized" | "optimized" => ActiveOptimized,
-        "active-non-optimized" | "non-optimized" => ActiveNonOptimized,
+        "active-optimized" | "optimized" => Optimized,
+        "active-non-optimized" | "non-optimized" => NonOptimized,
         "standby" => Standby,
-        "unavailable" | "inaccessible" => Unavailable,
+        "unavailable" | "inaccessible" => Inaccessible,
         _ => return Err(RpcError::new(code::INVALID_PARAMS, format!("ALUA state {s:?}: active-optimized, active-non-optimized, standby or unavailable"))),
     })
 }
@@ -453,11 +454,11 @@ pub const METHODS: &[Method] = &[
     } },
     Method { name: "ana_set", params: "{nqn, group?, state: optimized|non-optimized|inaccessible|persistent-loss|change} (run time only)", call: |live, p| {
         let a: AnaSet = params(p)?;
-        Ok(changed(live.ana_set(&a.nqn, a.group, ana_state(&a.state)?)?))
+        Ok(changed(live.set_access(bw_serve::nvme::NAME, &a.nqn, a.group, ana_state(&a.state)?)?))
     } },
     Method { name: "tpg_set", params: "{iqn, group?, state: active-optimized|active-non-optimized|standby|unavailable} (run time only)", call: |live, p| {
         let t: TpgSet = params(p)?;
-        Ok(changed(live.tpg_set(&t.iqn, t.group, alua_state(&t.state)?)?))
+        Ok(changed(live.set_access(bw_serve::iscsi::NAME, &t.iqn, t.group.map(u32::from), alua_state(&t.state)?)?))
     } },
     Method { name: "drain", params: "{timeout_s?} (every path of this gateway inaccessible, then wait for the requests in flight)", call: |live, p| {
         let d: Drain = params(p)?;
@@ -481,8 +482,6 @@ pub const METHODS: &[Method] = &[
 
 fn status(live: &Live) -> Result<Value, RpcError> {
     let cfg = live.config();
-    let sessions = live.sessions();
-    let count = |p: &str| sessions.iter().filter(|s| s.protocol == p).count();
     Ok(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
@@ -504,7 +503,7 @@ fn status(live: &Live) -> Result<Value, RpcError> {
         "aoe_exports": cfg.aoe.iter().flat_map(|a| &a.exports).map(|e| json!({
             "interface": e.interface, "shelf": e.shelf, "slot": e.slot, "volume": e.volume,
         })).collect::<Vec<_>>(),
-        "sessions": { "iscsi": count("iscsi"), "nvme": count("nvme") },
+        "sessions": live.session_counts().into_iter().map(|(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
     }))
 }
 

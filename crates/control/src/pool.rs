@@ -19,7 +19,6 @@
 //! doomed, the configuration not yet written or already written): they
 //! are replaced when a volume of that name is created.
 
-use crate::edit;
 use bw_serve::refused::Refused;
 use bw_serve::config::{check_name, PoolConfig, ServeConfig, VolumeConfig};
 use bw_block::reflink::{self, CopyKind};
@@ -320,7 +319,7 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
 /// volume's snapshots stay, naming the volume they were taken of.
 pub fn volume_delete(c: &mut ServeConfig, files: &mut Files, name: &str) -> Result<(), Refused> {
     let (_, _, backing) = pool_volume(c, name, "volume_delete")?;
-    let users = edit::users(c, name);
+    let users = c.exports_of(name);
     if !users.is_empty() {
         return Err(Refused::Busy(format!("volume {name} is exported ({}): remove those exports first", users.join(", "))));
     }
@@ -391,7 +390,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
         }
     };
     if p.copy && !reflink::reflinks_work(Path::new(&p.path)) {
-        let users = edit::users(c, origin);
+        let users = c.exports_of(origin);
         if !users.is_empty() {
             return Err(Refused::Busy(format!(
                 "pool {} copies instead of reflinking, and volume {origin} is exported ({}): writes during the copy would tear the snapshot; remove the exports first",
@@ -492,7 +491,7 @@ pub fn volume_info(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConf
         "clone_of": v.clone_of,
         "snapshots": c.volumes.iter().filter(|o| o.snapshot_of.as_deref() == Some(&v.name)).map(|o| o.name.clone()).collect::<Vec<_>>(),
         "clones": c.volumes.iter().filter(|o| o.clone_of.as_deref() == Some(&v.name) && v.snapshot_of.is_some()).map(|o| o.name.clone()).collect::<Vec<_>>(),
-        "exports": edit::users(c, &v.name),
+        "exports": c.exports_of(&v.name),
     })
 }
 

@@ -139,7 +139,7 @@ fn bdev_json(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConfig) ->
         "block_size": BLOCK_SIZE,
         "num_blocks": size / BLOCK_SIZE,
         "uuid": pool::volume_uuid(v),
-        "claimed": !edit::users(c, &v.name).is_empty(),
+        "claimed": !c.exports_of(&v.name).is_empty(),
         "zoned": false,
         "supported_io_types": {
             "read": true, "write": !readonly, "unmap": !readonly, "write_zeroes": !readonly, "flush": true,
@@ -672,7 +672,7 @@ pub const METHODS: &[Method] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_serve::start::Frontends;
+    use bw_serve::start::not_started;
 
     const ENODEV: i64 = -(libc::ENODEV as i64);
     const EEXIST: i64 = -(libc::EEXIST as i64);
@@ -714,7 +714,7 @@ mod tests {
         let mut cfg = ServeConfig::default();
         cfg.pools.push(bw_serve::config::PoolConfig { name: "lvs0".into(), path: dir.to_str().unwrap().into(), copy: true, ..Default::default() });
         pool::ensure_dir(&cfg.pools[0]).unwrap();
-        let l = Live::new(cfg, &bw_serve::start::open_volumes(&ServeConfig::default()).unwrap(), Frontends::default(), None);
+        let l = Live::new(cfg, &bw_serve::start::open_volumes(&ServeConfig::default()).unwrap(), not_started(), None);
         let stores = call(&l, "bdev_lvol_get_lvstores", json!({})).unwrap();
         assert_eq!((stores[0]["name"].as_str(), stores[0]["cluster_size"].as_u64()), (Some("lvs0"), Some(CLUSTER_SIZE)), "{stores}");
         let lvs = stores[0]["uuid"].as_str().unwrap().to_string();

@@ -29,8 +29,10 @@
 //! gets its sockets and workers at start only, so an export on another
 //! interface needs a restart.
 
-use crate::config::{AoeConfig, AoeExport};
+use crate::config::{AoeConfig, AoeExport, ServeConfig};
+use crate::frontend::{failed, Frontend};
 use crate::metrics::{self, AoeStats, Op, Proto, VolumeStats};
+use crate::refused::Refused;
 use crate::tuning::{AoeFanout, Tuning};
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
@@ -303,6 +305,42 @@ impl Handle {
     pub fn detached(names: &[&str]) -> Handle {
         let link = Link { mtu: 1500, max_sectors: max_sectors_for_mtu(1500), capacity: 16, workers: 1 };
         Handle { interfaces: Arc::new(names.iter().map(|n| Arc::new(Interface::new(n, [2, 0, 0, 0, 0, 1], link, Vec::new()))).collect()) }
+    }
+}
+
+/// The front-end's name.
+pub const NAME: &str = "aoe";
+
+/// AoE as the control plane sees it: the running front-end, or none (no
+/// export at start). AoE has no sessions and no path states.
+pub struct AoeFrontend(pub Option<Handle>);
+
+impl AoeFrontend {
+    fn served(&self) -> Vec<String> {
+        self.0.as_ref().map(Handle::interfaces).unwrap_or_default()
+    }
+}
+
+impl Frontend for AoeFrontend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// Each interface's sockets and workers are set up at start: an
+    /// export can be added on an interface that had one then.
+    fn admit(&self, _old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
+        let served = self.served();
+        match new.aoe.iter().flat_map(|a| &a.exports).find(|e| !served.contains(&e.interface)) {
+            Some(e) => Err(Refused::NeedsRestart(not_served(&e.interface, &served))),
+            None => Ok(()),
+        }
+    }
+
+    fn reconcile(&self, new: &ServeConfig, volumes: &Volumes, _resized: &std::collections::HashSet<String>) -> Result<Vec<String>, Refused> {
+        match &self.0 {
+            Some(h) => h.reconcile(&new.aoe.clone().unwrap_or_default(), volumes).map_err(failed),
+            None => Ok(Vec::new()),
+        }
     }
 }
 

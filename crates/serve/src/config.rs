@@ -727,6 +727,37 @@ impl ServeConfig {
         }
     }
 
+    /// Where `volume` is exported, one line each (`iSCSI IQN LUN n`,
+    /// `NVMe NQN namespace n`, `AoE s.l on IFACE`).
+    pub fn exports_of(&self, volume: &str) -> Vec<String> {
+        let mut v = Vec::new();
+        for t in self.iscsi.iter().flat_map(|i| &i.targets) {
+            v.extend(t.luns.iter().filter(|l| l.volume == volume).map(|l| format!("iSCSI {} LUN {}", t.iqn, l.lun)));
+        }
+        for s in self.nvme.iter().flat_map(|n| &n.subsystems) {
+            v.extend(s.namespaces.iter().filter(|n| n.volume == volume).map(|n| format!("NVMe {} namespace {}", s.nqn, n.nsid)));
+        }
+        for e in self.aoe.iter().flat_map(|a| &a.exports) {
+            if e.volume == volume {
+                v.push(format!("AoE {}.{} on {}", e.shelf, e.slot, e.interface));
+            }
+        }
+        v
+    }
+
+    /// Every export of `volume` removed: its LUNs, namespaces, AoE exports.
+    pub fn unexport(&mut self, volume: &str) {
+        for t in self.iscsi.iter_mut().flat_map(|i| &mut i.targets) {
+            t.luns.retain(|l| l.volume != volume);
+        }
+        for s in self.nvme.iter_mut().flat_map(|n| &mut n.subsystems) {
+            s.namespaces.retain(|n| n.volume != volume);
+        }
+        if let Some(a) = &mut self.aoe {
+            a.exports.retain(|e| e.volume != volume);
+        }
+    }
+
     /// What a server may start with: a valid configuration, with volumes
     /// unless it is `controlled` (has a control socket to be given them:
     /// a control-driven target starts empty).

@@ -17,11 +17,12 @@
 //! Data-Out reaches the backend in the pieces it arrived in.
 
 use crate::accept::{Accepted, Acceptor, Threading};
-use crate::config::{IscsiConfig, IscsiTarget};
+use crate::config::{IscsiConfig, IscsiTarget, ServeConfig};
 use crate::dispatch::{self, Place, Work};
 use crate::driver::{self, Exit, Knobs, Step};
 use crate::metrics::{self, IoTimer, Meter, Op, Proto};
 use crate::framing::{FrameReader, Framing, Growth};
+use crate::frontend::{failed, fixed_at_start, AccessState, Frontend};
 use crate::limits::{Admission, Limits, SessionKind, Ticket};
 use crate::outbox::{Outbox, Payload};
 use crate::refused::Refused;
@@ -242,7 +243,7 @@ impl Handle {
         let sessions = self.0.sessions.lock().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<SessionInfo> = sessions
             .iter()
-            .map(|((initiator, _, iqn), e)| SessionInfo::new(format!("iscsi:{}", e.nexus), "iscsi", initiator, e.peer.to_string(), iqn.clone(), &e.stats))
+            .map(|((initiator, _, iqn), e)| SessionInfo::new(format!("{NAME}:{}", e.nexus), NAME, initiator, e.peer.to_string(), iqn.clone(), &e.stats))
             .collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
@@ -279,6 +280,68 @@ impl Handle {
             e.ending.end("disconnected by the operator");
         }
         found.is_some()
+    }
+}
+
+/// The front-end's name: session ids are `iscsi:N`.
+pub const NAME: &str = "iscsi";
+
+/// iSCSI as the control plane sees it: the running front-end, or none
+/// (no listen address at start).
+pub struct IscsiFrontend(pub Option<Handle>);
+
+impl Frontend for IscsiFrontend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn admit(&self, old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
+        let listen = |c: &ServeConfig| c.iscsi.as_ref().map(|i| i.listen.clone()).unwrap_or_default();
+        if listen(old) != listen(new) {
+            return Err(fixed_at_start("iscsi.listen"));
+        }
+        let has_targets = |c: &ServeConfig| c.iscsi.as_ref().is_some_and(|i| !i.targets.is_empty());
+        if self.0.is_none() && has_targets(new) && !has_targets(old) {
+            return Err(Refused::NeedsRestart("iSCSI is not being served (no listen address at start): restart with one to add targets".into()));
+        }
+        Ok(())
+    }
+
+    fn reconcile(&self, new: &ServeConfig, volumes: &Volumes, resized: &HashSet<String>) -> Result<Vec<String>, Refused> {
+        match &self.0 {
+            Some(h) => h.reconcile(&new.iscsi.clone().unwrap_or_default(), volumes, resized).map_err(failed),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn sessions(&self) -> Option<Vec<SessionInfo>> {
+        Some(self.0.as_ref().map(Handle::sessions).unwrap_or_default())
+    }
+
+    fn disconnect(&self, n: &str) -> bool {
+        match (&self.0, n.parse()) {
+            (Some(h), Ok(nexus)) => h.disconnect(nexus),
+            _ => false,
+        }
+    }
+
+    fn drain(&self) -> Vec<String> {
+        let drained = self.0.as_ref().map(Handle::drain).unwrap_or_default();
+        drained.into_iter().map(|n| format!("iscsi {n}: Unavailable; sessions notified")).collect()
+    }
+
+    fn set_access(&self, iqn: &str, group: Option<u32>, state: AccessState) -> Result<String, Refused> {
+        let h = self.0.as_ref().ok_or_else(|| Refused::Unsupported("iSCSI is not served".into()))?;
+        let state = match state {
+            AccessState::Optimized => AluaState::ActiveOptimized,
+            AccessState::NonOptimized => AluaState::ActiveNonOptimized,
+            AccessState::Standby => AluaState::Standby,
+            AccessState::Inaccessible => AluaState::Unavailable,
+            AccessState::PersistentLoss | AccessState::Change => return Err(Refused::Invalid(format!("ALUA has no state {state:?}"))),
+        };
+        let group = group.map(u16::try_from).transpose().map_err(|_| Refused::Invalid(format!("target port group {group:?}: at most 65535")))?;
+        let changed = h.tpg_set(iqn, group, state)?;
+        Ok(if changed { format!("iscsi {iqn}: {state:?}; sessions notified") } else { format!("iscsi {iqn}: already {state:?}") })
     }
 }
 

@@ -11,6 +11,7 @@ pub mod config;
 pub mod dispatch;
 pub mod driver;
 pub mod framing;
+pub mod frontend;
 pub mod iscsi;
 pub mod limits;
 pub mod metrics;

@@ -2,19 +2,15 @@
 //! on its sockets: what a server does before it announces readiness.
 
 use crate::config::ServeConfig;
-use crate::{aoe, iscsi, metrics, nvme, Running, Shutdown, Volumes};
+use crate::aoe::{self, AoeFrontend};
+use crate::frontend::Frontends;
+use crate::iscsi::{self, IscsiFrontend};
+use crate::nvme::{self, NvmeFrontend};
+use crate::{metrics, Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_block::{BackendSpec, Volume};
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// The running front-ends that take live changes.
-#[derive(Clone, Default)]
-pub struct Frontends {
-    pub iscsi: Option<iscsi::Handle>,
-    pub nvme: Option<nvme::Handle>,
-    pub aoe: Option<aoe::Handle>,
-}
 
 pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
     let mut map = HashMap::new();
@@ -27,24 +23,26 @@ pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
     Ok(Arc::new(map))
 }
 
-/// Start every front-end; each binds its sockets before this returns, so the
-/// caller can announce readiness.
+/// Start every front-end its configuration asks for; each binds its
+/// sockets before this returns, so the caller can announce readiness.
+/// The list has every protocol, started or not (see [`Frontends`]), in
+/// the order changes are reconciled and sessions listed.
 pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) -> anyhow::Result<(Vec<Running>, Frontends)> {
     let mut running = Vec::new();
-    let mut frontends = Frontends::default();
+    let (mut aoe, mut iscsi, mut nvme) = (None, None, None);
     cfg.tuning.digest_impl.apply();
     if let Some(a) = &cfg.aoe {
         if !a.exports.is_empty() {
             let (r, h) = aoe::start(a, &cfg.tuning, volumes, shutdown.clone()).await?;
             running.push(r);
-            frontends.aoe = Some(h);
+            aoe = Some(h);
         }
     }
     if let Some(i) = &cfg.iscsi {
         if !i.listen.is_empty() {
             let (r, h) = iscsi::start(i, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("iSCSI")?;
             running.push(r);
-            frontends.iscsi = Some(h);
+            iscsi = Some(h);
         }
     }
     if let Some(n) = &cfg.nvme {
@@ -53,13 +51,19 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
         if !n.listen.is_empty() || !n.rdma_listen.is_empty() || n.subsystems.is_empty() {
             let (r, h) = nvme::start(n, &cfg.limits, &cfg.tuning, volumes, shutdown.clone()).await.context("NVMe")?;
             running.push(r);
-            frontends.nvme = Some(h);
+            nvme = Some(h);
         }
     }
     if running.is_empty() {
         anyhow::bail!("nothing to serve: give --aoe, --iscsi, --nvme or --nvme-rdma (or the same in the config file)");
     }
-    Ok((running, frontends))
+    Ok((running, vec![Box::new(IscsiFrontend(iscsi)), Box::new(NvmeFrontend(nvme)), Box::new(AoeFrontend(aoe))]))
+}
+
+/// Every protocol's front-end, none of them started: what a server
+/// without sockets refuses (for tests of the control plane).
+pub fn not_started() -> Frontends {
+    vec![Box::new(IscsiFrontend(None)), Box::new(NvmeFrontend(None)), Box::new(AoeFrontend(None))]
 }
 
 /// Raise the limit on open descriptors: a logged-in connection with a

@@ -117,6 +117,9 @@ fn refuse(status: Status, result: u64) -> Refusal {
     Refusal { status: status.dnr(), result }
 }
 
+/// The front-end's name: controller (session) ids are `nvme:CNTLID`.
+pub const NAME: &str = "nvme";
+
 /// A port the discovery log names: where hosts reach the subsystems.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Port {
@@ -463,7 +466,7 @@ impl Fabric {
         self.subsystems.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|c| c.nqn()).collect()
     }
 
-    /// Every NVM controller, for `session_list`.
+    /// Every NVM controller, for `session_list` (ids `nvme:CNTLID`).
     pub fn sessions(&self) -> Vec<SessionInfo> {
         let mut v: Vec<SessionInfo> = self
             .lock_ctrls()
@@ -472,7 +475,7 @@ impl Fabric {
                 let s = e.subsys.as_ref()?;
                 let peer = e.peer.map_or_else(String::new, |p| p.to_string());
                 let stats = SessionStats::sum(e.stats.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|s| &**s));
-                Some(SessionInfo::new(format!("nvme:{}", e.cntlid), "nvme", &e.hostnqn, peer, s.nqn(), &stats))
+                Some(SessionInfo::new(format!("{NAME}:{}", e.cntlid), NAME, &e.hostnqn, peer, s.nqn(), &stats))
             })
             .collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));

@@ -16,8 +16,10 @@ use crate::accept::{Accepted, Acceptor, Threading};
 use crate::limits::{Admission, Limits};
 use crate::tuning::Tuning;
 use bw_net::tcp::CongestionPlan;
-use crate::config::{AnaStateConfig, NvmeConfig};
+use crate::config::{AnaStateConfig, NvmeConfig, ServeConfig};
+use crate::frontend::{failed, fixed_at_start, AccessState, Frontend};
 use crate::refused::Refused;
+use crate::session::SessionInfo;
 use bw_nvme::ana::AnaState;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
@@ -126,7 +128,7 @@ impl Handle {
         Ok(log)
     }
 
-    pub fn sessions(&self) -> Vec<crate::session::SessionInfo> {
+    pub fn sessions(&self) -> Vec<SessionInfo> {
         self.fabric.sessions()
     }
 
@@ -147,6 +149,71 @@ impl Handle {
 
     pub fn disconnect(&self, cntlid: u16) -> bool {
         self.fabric.disconnect(cntlid)
+    }
+}
+
+pub use fabric::NAME;
+
+/// NVMe/TCP and NVMe/RDMA as the control plane sees them: the running
+/// front-end, or none (neither listened at start, and subsystems were
+/// configured: see crate::start).
+pub struct NvmeFrontend(pub Option<Handle>);
+
+impl Frontend for NvmeFrontend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// (nvme.listen and nvme.rdma_listen change live: nvme_port_add,
+    /// nvme_port_remove.)
+    fn admit(&self, old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
+        let fixed = |c: &ServeConfig| c.nvme.as_ref().map(|n| (n.discovery_listen, n.cntlid_range)).unwrap_or_default();
+        if fixed(old) != fixed(new) {
+            return Err(fixed_at_start("nvme.discovery_listen or nvme.cntlid_range"));
+        }
+        let has_subsystems = |c: &ServeConfig| c.nvme.as_ref().is_some_and(|n| !n.subsystems.is_empty());
+        if self.0.is_none() && has_subsystems(new) && !has_subsystems(old) {
+            return Err(Refused::NeedsRestart("NVMe/TCP is not being served (no listen address at start): restart with one to add subsystems".into()));
+        }
+        Ok(())
+    }
+
+    fn reconcile(&self, new: &ServeConfig, volumes: &Volumes, resized: &std::collections::HashSet<String>) -> Result<Vec<String>, Refused> {
+        match &self.0 {
+            Some(h) => h.reconcile(&new.nvme.clone().unwrap_or_default(), volumes, resized).map_err(failed),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn sessions(&self) -> Option<Vec<SessionInfo>> {
+        Some(self.0.as_ref().map(Handle::sessions).unwrap_or_default())
+    }
+
+    fn disconnect(&self, n: &str) -> bool {
+        match (&self.0, n.parse()) {
+            (Some(h), Ok(cntlid)) => h.disconnect(cntlid),
+            _ => false,
+        }
+    }
+
+    fn drain(&self) -> Vec<String> {
+        let drained = self.0.as_ref().map(Handle::drain).unwrap_or_default();
+        drained.into_iter().map(|n| format!("nvme {n}: every ANA group Inaccessible; hosts notified")).collect()
+    }
+
+    fn set_access(&self, nqn: &str, group: Option<u32>, state: AccessState) -> Result<String, Refused> {
+        let h = self.0.as_ref().ok_or_else(|| Refused::Unsupported("NVMe/TCP is not served".into()))?;
+        let state = match state {
+            AccessState::Optimized => AnaState::Optimized,
+            AccessState::NonOptimized => AnaState::NonOptimized,
+            AccessState::Inaccessible => AnaState::Inaccessible,
+            AccessState::PersistentLoss => AnaState::PersistentLoss,
+            AccessState::Change => AnaState::Change,
+            AccessState::Standby => return Err(Refused::Invalid("ANA has no standby state".into())),
+        };
+        let changed = h.ana_set(nqn, group, state)?;
+        let what = group.map_or("every ANA group".to_string(), |g| format!("ANA group {g}"));
+        Ok(if changed { format!("nvme {nqn}: {what} {state:?}; hosts notified") } else { format!("nvme {nqn}: {what} already {state:?}") })
     }
 }
 
