@@ -2,8 +2,8 @@
 //! the configuration or says why not; [`crate::live::Live::change`]
 //! validates and serves the result.
 
-use bw_serve::refused::Refused;
 use bw_serve::config::*;
+use bw_serve::refused::Refused;
 
 fn iscsi(c: &mut ServeConfig) -> &mut IscsiConfig {
     c.iscsi.get_or_insert_with(Default::default)
@@ -55,13 +55,11 @@ pub fn volume_resize(c: &mut ServeConfig, name: &str, size: u64) -> Result<(), R
     if v.snapshot_of.is_some() {
         return Err(Refused::Invalid(format!("volume {name} is a snapshot: its size is the size it was taken at")));
     }
-    let mut spec = bw_block::BackendSpec::parse(&v.backend).map_err(Refused::Invalid)?;
-    match &mut spec.kind {
+    match &mut v.backend.kind {
         bw_block::BackendKind::Ram { size: s } => *s = size,
         bw_block::BackendKind::File { size: s, .. } => *s = Some(size),
         bw_block::BackendKind::Rbd(t) => t.size = Some(size),
     }
-    v.backend = spec.to_string();
     Ok(())
 }
 

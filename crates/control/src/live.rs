@@ -88,13 +88,14 @@ pub fn plan_volumes(old: &ServeConfig, new: &ServeConfig) -> Result<VolumePlan, 
             None => plan.add.push(v.clone()),
             Some(o) if o.backend == v.backend => {}
             Some(o) => {
-                let parse = |b: &str| BackendSpec::parse(b).map_err(|e| Refused::Invalid(format!("volume {}: {e}", v.name)));
-                let (was, was_rest) = split_size(&parse(&o.backend)?);
-                let (now, now_rest) = split_size(&parse(&v.backend)?);
+                let (was, was_rest) = split_size(&o.backend);
+                let (now, now_rest) = split_size(&v.backend);
                 if was_rest != now_rest {
                     return Err(Refused::Invalid(format!(
                         "volume {}: backend {:?} became {:?}; only its size can change while serving (remove the volume and add it again)",
-                        v.name, o.backend, v.backend
+                        v.name,
+                        o.backend.to_string(),
+                        v.backend.to_string()
                     )));
                 }
                 if let Some(n) = now.filter(|n| Some(*n) != was) {
@@ -204,8 +205,7 @@ impl Live {
         // What can fail comes first: opening and resizing.
         let mut opened = Vec::new();
         for v in &plan.add {
-            let spec = BackendSpec::parse(&v.backend).map_err(|e| Refused::Invalid(format!("volume {}: {e}", v.name)))?;
-            let vol = Volume::open(&v.name, &spec).map_err(|e| Refused::block(format!("volume {}", v.name), &e))?;
+            let vol = Volume::open(&v.name, &v.backend).map_err(|e| Refused::block(format!("volume {}", v.name), &e))?;
             opened.push(vol);
         }
         if new != st.cfg {
@@ -339,6 +339,10 @@ mod tests {
     use bw_serve::nvme::NvmeFrontend;
     use bw_serve::start::not_started;
 
+    fn spec(s: &str) -> BackendSpec {
+        BackendSpec::parse(s).unwrap()
+    }
+
     /// What a server that started no front-end refuses before anything
     /// changes: the settings fixed at start, and each front-end's.
     fn admit(old: &ServeConfig, new: &ServeConfig) -> Result<(), Refused> {
@@ -375,17 +379,17 @@ mod tests {
     fn volume_plans_add_remove_and_resize_but_no_other_backend_change() {
         let old = cfg();
         let mut new = old.clone();
-        edit::volume_add(&mut new, VolumeConfig { name: "c".into(), backend: "ram:4M".into(), ..Default::default() }).unwrap();
+        edit::volume_add(&mut new, VolumeConfig::new("c", spec("ram:4M"))).unwrap();
         edit::volume_resize(&mut new, "a", 8 << 20).unwrap();
         edit::volume_resize(&mut new, "b", 3 << 20).unwrap();
-        assert_eq!(new.volumes[0].backend, "ram:8M");
-        assert_eq!(new.volumes[1].backend, "file:/tmp/bw-live-b,size=3M");
+        assert_eq!(new.volumes[0].backend.to_string(), "ram:8M");
+        assert_eq!(new.volumes[1].backend.to_string(), "file:/tmp/bw-live-b,size=3M");
         let p = plan_volumes(&old, &new).unwrap();
         assert_eq!(p.add.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), ["c"]);
         assert_eq!(p.resize, [("a".to_string(), 8 << 20), ("b".to_string(), 3 << 20)]);
         assert!(p.remove.is_empty());
         let mut moved = old.clone();
-        moved.volumes[1].backend = "file:/tmp/elsewhere,size=2M".into();
+        moved.volumes[1].backend = spec("file:/tmp/elsewhere,size=2M");
         let e = plan_volumes(&old, &moved).unwrap_err();
         assert!(e.message().contains("only its size can change"), "{e}");
         assert!(matches!(e, Refused::Invalid(_)), "{e:?}");
@@ -393,7 +397,7 @@ mod tests {
         assert_eq!(plan_volumes(&old, &new).unwrap().remove, ["b"]);
         // Spelling the same size differently is no change.
         let mut same = old.clone();
-        same.volumes[0].backend = "ram:1024K".into();
+        same.volumes[0].backend = spec("ram:1024K");
         assert_eq!(plan_volumes(&old, &same).unwrap(), VolumePlan::default());
     }
 
@@ -487,12 +491,12 @@ mod tests {
         c.add_volume_flag("a=ram:1M").unwrap();
         let vols = bw_serve::start::open_volumes(&c).unwrap();
         let live = Live::new(c.clone(), &vols, not_started(), None);
-        let log = live.change(|c| edit::volume_add(c, VolumeConfig { name: "b".into(), backend: "ram:2M".into(), ..Default::default() })).unwrap();
+        let log = live.change(|c| edit::volume_add(c, VolumeConfig::new("b", spec("ram:2M")))).unwrap();
         assert_eq!(log, ["volume b: added (2097152 bytes)"]);
         live.change(|c| edit::volume_resize(c, "b", 4 << 20)).unwrap();
         assert_eq!(live.volume_sizes(), [("a".to_string(), 1 << 20), ("b".to_string(), 4 << 20)]);
         let before = live.config();
-        let e = live.change(|c| edit::volume_add(c, VolumeConfig { name: "c".into(), backend: "file:/nonexistent/dir/x".into(), ..Default::default() })).unwrap_err();
+        let e = live.change(|c| edit::volume_add(c, VolumeConfig::new("c", spec("file:/nonexistent/dir/x")))).unwrap_err();
         assert!(e.message().contains("volume c"), "{e}");
         assert!(matches!(e, Refused::NotFound(_)), "{e:?}");
         let e = live.change(|c| edit::iscsi_target_add(c, IscsiTarget {
@@ -605,7 +609,7 @@ mod tests {
         let log = live.change(|c| edit::volume_resize(c, "a", 2 << 20)).unwrap();
         assert_eq!(log, ["volume a: resized from 1048576 to 2097152 bytes", "pigeon: 1 volumes, 1 resized"]);
         let before = live.config();
-        let e = live.change(|c| edit::volume_add(c, VolumeConfig { name: "far".into(), backend: "ram:1M".into(), ..Default::default() })).unwrap_err();
+        let e = live.change(|c| edit::volume_add(c, VolumeConfig::new("far", spec("ram:1M")))).unwrap_err();
         assert_eq!(e, Refused::NeedsRestart("pigeons do not fly that far".into()));
         assert_eq!((live.config(), live.volume_sizes().len()), (before, 1), "refused before any volume was opened");
         assert_eq!(live.sessions()[0].id, "pigeon:7");

@@ -7,9 +7,10 @@ use crate::edit;
 use crate::live::Live;
 use crate::pool;
 use crate::rpc::{code, params, Method, RpcError};
-use bw_serve::refused::Refused;
+use bw_block::BackendSpec;
 use bw_serve::config::{self, AoeExport, Credentials, IscsiLun, IscsiTarget, NvmeHost, NvmeNamespace, NvmeSubsystem, PoolConfig, VolumeConfig};
 use bw_serve::frontend::AccessState;
+use bw_serve::refused::Refused;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -22,6 +23,26 @@ fn changed(log: Vec<String>) -> Value {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct None_ {}
+
+/// `volume_add`'s parameters: a `[[volume]]`, whose backend text that
+/// does not parse is a refused change (as the configuration file's would
+/// be), not a malformed request.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VolumeAdd {
+    name: String,
+    backend: String,
+    #[serde(default)]
+    pool: Option<String>,
+    #[serde(default)]
+    uuid: Option<String>,
+    #[serde(default)]
+    snapshot_of: Option<String>,
+    #[serde(default)]
+    clone_of: Option<String>,
+    #[serde(default)]
+    thick: bool,
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -301,7 +322,9 @@ pub const METHODS: &[Method] = &[
         status(live)
     } },
     Method { name: "volume_add", params: "{name, backend}", call: |live, p| {
-        let v: VolumeConfig = params(p)?;
+        let a: VolumeAdd = params(p)?;
+        let backend = BackendSpec::parse(&a.backend).map_err(|e| Refused::Invalid(format!("volume {}: {e}", a.name)))?;
+        let v = VolumeConfig { uuid: a.uuid, pool: a.pool, snapshot_of: a.snapshot_of, clone_of: a.clone_of, thick: a.thick, ..VolumeConfig::new(a.name, backend) };
         Ok(changed(live.change(|c| edit::volume_add(c, v))?))
     } },
     Method { name: "volume_remove", params: "{name, force?}", call: |live, p| {
@@ -487,7 +510,7 @@ fn status(live: &Live) -> Result<Value, RpcError> {
         "pid": std::process::id(),
         "uptime_s": live.uptime().as_secs(),
         "volumes": live.volume_sizes().into_iter().map(|(n, s)| {
-            let backend = cfg.volumes.iter().find(|v| v.name == n).map(|v| v.backend.clone()).unwrap_or_default();
+            let backend = cfg.volumes.iter().find(|v| v.name == n).map(|v| v.backend.to_string()).unwrap_or_default();
             json!({ "name": n, "backend": backend, "size": s })
         }).collect::<Vec<_>>(),
         "iscsi_targets": cfg.iscsi.iter().flat_map(|i| &i.targets).map(|t| json!({

@@ -19,10 +19,10 @@
 //! doomed, the configuration not yet written or already written): they
 //! are replaced when a volume of that name is created.
 
-use bw_serve::refused::Refused;
-use bw_serve::config::{check_name, PoolConfig, ServeConfig, VolumeConfig};
 use bw_block::reflink::{self, CopyKind};
 use bw_block::{BackendKind, BackendSpec, RbdPool, RbdTarget, Volume};
+use bw_serve::config::{check_name, PoolConfig, ServeConfig, VolumeConfig};
+use bw_serve::refused::Refused;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -54,17 +54,17 @@ fn volume_mut<'a>(c: &'a mut ServeConfig, name: &str) -> Result<&'a mut VolumeCo
     c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused::NotFound(format!("no volume {name}")))
 }
 
-/// The file of a pool volume.
-pub fn file_of(v: &VolumeConfig) -> Option<PathBuf> {
-    match BackendSpec::parse(&v.backend).ok()?.kind {
+/// The file of a volume.
+pub fn file_of(v: &VolumeConfig) -> Option<&Path> {
+    match &v.backend.kind {
         BackendKind::File { path, .. } => Some(path),
         _ => None,
     }
 }
 
 /// The RBD image (or snapshot) of a volume.
-pub fn rbd_of(v: &VolumeConfig) -> Option<RbdTarget> {
-    match BackendSpec::parse(&v.backend).ok()?.kind {
+pub fn rbd_of(v: &VolumeConfig) -> Option<&RbdTarget> {
+    match &v.backend.kind {
         BackendKind::Rbd(t) => Some(t),
         _ => None,
     }
@@ -138,8 +138,8 @@ fn pool_volume<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a Volu
         return Err(Refused::Invalid(format!("volume {name} is not in a pool ({op} works on volumes made by volume_create, volume_snapshot or volume_clone)")));
     };
     let backing = match (file_of(v), rbd_of(v)) {
-        (Some(f), _) => Backing::File(f),
-        (_, Some(t)) => Backing::Rbd(t),
+        (Some(f), _) => Backing::File(f.to_path_buf()),
+        (_, Some(t)) => Backing::Rbd(t.clone()),
         _ => return Err(Refused::Invalid(format!("volume {name}: its backend is neither a file nor an RBD image"))),
     };
     Ok((v, pool(c, p)?, backing))
@@ -157,7 +157,7 @@ fn pool_file<'a>(c: &'a ServeConfig, name: &str, op: &str) -> Result<(&'a Volume
 /// comment) is removed first.
 fn new_file(p: &PoolConfig, c: &ServeConfig, name: &str) -> Result<PathBuf, Refused> {
     let path = Path::new(&p.path).join(format!("{name}.img"));
-    if c.volumes.iter().any(|v| file_of(v).as_deref() == Some(path.as_path())) {
+    if c.volumes.iter().any(|v| file_of(v) == Some(path.as_path())) {
         return Err(Refused::AlreadyExists(format!("{} belongs to another volume", path.display())));
     }
     match std::fs::remove_file(&path) {
@@ -168,19 +168,19 @@ fn new_file(p: &PoolConfig, c: &ServeConfig, name: &str) -> Result<PathBuf, Refu
     Ok(path)
 }
 
-fn file_backend(path: &Path, size: Option<u64>, readonly: bool) -> String {
-    BackendSpec { kind: BackendKind::File { path: path.to_path_buf(), size }, direct: false, sync: false, readonly }.to_string()
+fn file_backend(path: &Path, size: Option<u64>, readonly: bool) -> BackendSpec {
+    BackendSpec { kind: BackendKind::File { path: path.to_path_buf(), size }, direct: false, sync: false, readonly }
 }
 
-fn rbd_backend(t: &RbdTarget) -> String {
-    BackendSpec { kind: BackendKind::Rbd(t.clone()), direct: false, sync: false, readonly: t.snap.is_some() }.to_string()
+fn rbd_backend(t: &RbdTarget) -> BackendSpec {
+    BackendSpec { kind: BackendKind::Rbd(t.clone()), direct: false, sync: false, readonly: t.snap.is_some() }
 }
 
 /// The size a volume's backend asks for (what it was created or resized to).
 fn spec_size(v: &VolumeConfig) -> Option<u64> {
-    match BackendSpec::parse(&v.backend).ok()?.kind {
-        BackendKind::File { size, .. } => size,
-        BackendKind::Ram { size } => Some(size),
+    match &v.backend.kind {
+        BackendKind::File { size, .. } => *size,
+        BackendKind::Ram { size } => Some(*size),
         BackendKind::Rbd(t) => t.size,
     }
 }
@@ -294,7 +294,7 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         t.image = name.into();
         files.created.push(PoolObject::Rbd(t.clone()));
         t.size = Some(size);
-        c.volumes.push(VolumeConfig { name: name.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), ..Default::default() });
+        c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), ..VolumeConfig::new(name, rbd_backend(&t)) });
         return Ok(Made::Created);
     }
     let path = new_file(&p, c, name)?;
@@ -309,7 +309,7 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         f.sync_all()
     })();
     made.map_err(|e| Refused::by_kind(format!("volume {name}: {}: {e}", path.display()), &e))?;
-    c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&path, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), thick, ..Default::default() });
+    c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), thick, ..VolumeConfig::new(name, file_backend(&path, Some(size), false)) });
     Ok(Made::Created)
 }
 
@@ -385,7 +385,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
             t.snap = Some(snap.into());
             t.size = None;
             files.created.push(PoolObject::Rbd(t.clone()));
-            c.volumes.push(VolumeConfig { name: snap.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..Default::default() });
+            c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..VolumeConfig::new(snap, rbd_backend(&t)) });
             return Ok(Made::Created);
         }
     };
@@ -402,7 +402,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
     flush_before_snapshot(open, origin)?;
     let (dst, kind) = copy_for(&p, c, files, &src, snap)?;
     log::info!("volume {origin}: snapshot {snap} by {kind:?}");
-    c.volumes.push(VolumeConfig { name: snap.into(), backend: file_backend(&dst, None, true), pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..Default::default() });
+    c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..VolumeConfig::new(snap, file_backend(&dst, None, true)) });
     // As in SPDK, the origin now reads through its snapshot (shared
     // extents) until it is inflated.
     volume_mut(c, origin)?.clone_of = Some(snap.into());
@@ -441,13 +441,13 @@ pub fn volume_clone(c: &mut ServeConfig, files: &mut Files, snap: &str, name: &s
             files.created.push(PoolObject::Rbd(t.clone()));
             let size = rbd.size(name, None).map_err(|e| Refused::by_kind(format!("volume {name}: {e}"), &e))?;
             let t = RbdTarget { size: Some(size), ..t };
-            c.volumes.push(VolumeConfig { name: name.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..Default::default() });
+            c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..VolumeConfig::new(name, rbd_backend(&t)) });
             return Ok(Made::Created);
         }
     };
     let (dst, _) = copy_for(&p, c, files, &src, name)?;
     let size = std::fs::metadata(&dst).map_err(|e| Refused::by_kind(format!("{}: {e}", dst.display()), &e))?.len();
-    c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&dst, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..Default::default() });
+    c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..VolumeConfig::new(name, file_backend(&dst, Some(size), false)) });
     Ok(Made::Created)
 }
 
@@ -467,26 +467,25 @@ pub fn volume_inflate(c: &mut ServeConfig, name: &str) -> Result<(), Refused> {
 /// of its file, or the RBD objects of its image (or snapshot).
 pub fn allocated_bytes(v: &VolumeConfig) -> Option<u64> {
     if let Some(f) = file_of(v) {
-        return reflink::allocated_bytes(&f).ok();
+        return reflink::allocated_bytes(f).ok();
     }
     let t = rbd_of(v)?;
-    RbdPool::connect(&t).and_then(|p| p.allocated_bytes(&t.image, t.snap.as_deref())).map_err(|e| log::warn!("volume {}: {e}", v.name)).ok()
+    RbdPool::connect(t).and_then(|p| p.allocated_bytes(&t.image, t.snap.as_deref())).map_err(|e| log::warn!("volume {}: {e}", v.name)).ok()
 }
 
 /// One volume as `volume_list` shows it.
 pub fn volume_info(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConfig) -> Value {
     let size = sizes.get(&v.name).copied().unwrap_or(0);
-    let spec = BackendSpec::parse(&v.backend).ok();
     let allocated = allocated_bytes(v);
     json!({
         "name": v.name,
         "pool": v.pool,
         "uuid": v.uuid,
-        "backend": v.backend,
+        "backend": v.backend.to_string(),
         "provisioned_bytes": size,
         "allocated_bytes": allocated,
         "thin": !v.thick,
-        "readonly": spec.is_some_and(|s| s.readonly),
+        "readonly": v.backend.readonly,
         "snapshot_of": v.snapshot_of,
         "clone_of": v.clone_of,
         "snapshots": c.volumes.iter().filter(|o| o.snapshot_of.as_deref() == Some(&v.name)).map(|o| o.name.clone()).collect::<Vec<_>>(),

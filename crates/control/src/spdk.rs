@@ -20,10 +20,10 @@
 use crate::edit;
 use crate::live::Live;
 use crate::pool;
-use bw_serve::refused::Refused;
 use crate::rpc::{code, params, Method, RpcError};
 use bw_block::{BackendKind, BackendSpec};
 use bw_serve::config::{IscsiLun, IscsiTarget, NvmeNamespace, NvmeSubsystem, ServeConfig, VolumeConfig};
+use bw_serve::refused::Refused;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -103,9 +103,8 @@ fn lvstore<'a>(c: &'a ServeConfig, uuid: Option<&str>, name: Option<&str>) -> Re
 
 fn bdev_json(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConfig) -> Value {
     let size = sizes.get(&v.name).copied().unwrap_or(0);
-    let spec = BackendSpec::parse(&v.backend).ok();
-    let readonly = spec.as_ref().is_some_and(|s| s.readonly);
-    let (product, driver) = match (&v.pool, spec.as_ref().map(|s| &s.kind)) {
+    let readonly = v.backend.readonly;
+    let (product, driver) = match (&v.pool, &v.backend.kind) {
         (Some(p), _) => {
             let allocated = pool::allocated_bytes(v).unwrap_or(0);
             let pool_cfg = c.pools.iter().find(|x| &x.name == p);
@@ -126,11 +125,11 @@ fn bdev_json(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConfig) ->
             }
             ("Logical Volume", json!({ "lvol": l }))
         }
-        (None, Some(BackendKind::File { path, .. })) => {
+        (None, BackendKind::File { path, .. }) => {
             ("AIO disk", json!({ "aio": { "filename": path, "block_size_override": false, "readonly": readonly, "fallocate": false } }))
         }
-        (None, Some(BackendKind::Ram { .. })) => ("Malloc disk", json!({})),
-        (None, _) => ("Ceph Rbd Disk", json!({})),
+        (None, BackendKind::Ram { .. }) => ("Malloc disk", json!({})),
+        (None, BackendKind::Rbd(_)) => ("Ceph Rbd Disk", json!({})),
     };
     json!({
         "name": bdev_name(v),
@@ -531,7 +530,9 @@ pub const METHODS: &[Method] = &[
             return Err(err(Refused::Unsupported, format!("block_size {}: blockwire's volumes have {BLOCK_SIZE}-byte blocks", a.block_size.unwrap_or(0))));
         }
         let spec = BackendSpec { kind: BackendKind::File { path: a.filename.into(), size: None }, direct: false, sync: false, readonly: a.readonly };
-        let v = VolumeConfig { name: a.name.clone(), backend: spec.to_string(), uuid: a.uuid, ..Default::default() };
+        // A file name the configuration cannot carry (a comma would read
+        // back as options) is refused by the change's checks.
+        let v = VolumeConfig { uuid: a.uuid, ..VolumeConfig::new(a.name.clone(), spec) };
         live.change(|c| edit::volume_add(c, v)).map_err(refused)?;
         Ok(json!(a.name))
     } },
@@ -539,7 +540,7 @@ pub const METHODS: &[Method] = &[
         let a: BdevName = params(p)?;
         let c = live.config();
         let v = bdev(&c, &a.name)?;
-        if v.pool.is_some() || !matches!(BackendSpec::parse(&v.backend).map(|s| s.kind), Ok(BackendKind::File { .. })) {
+        if v.pool.is_some() || !matches!(v.backend.kind, BackendKind::File { .. }) {
             return Err(err(Refused::NotFound, format!("bdev {} is not an aio bdev", a.name)));
         }
         changed(live.change(|c| edit::volume_remove(c, &a.name, false)))
@@ -743,6 +744,13 @@ mod tests {
         assert_eq!(call(&l, "bdev_lvol_delete", json!({ "name": "lvs0/v" })).unwrap_err().code, ENODEV);
         assert_eq!(call(&l, "bdev_lvol_create", json!({ "lvol_name": "x", "size_in_mib": 1 })).unwrap_err().code, EINVAL);
         assert_eq!(call(&l, "bdev_get_bdevs", json!({})).unwrap(), json!([]));
+        // A file name with a comma would read back from the configuration
+        // as options (a file x of 64 MiB): refused, nothing added.
+        let before = l.config();
+        let e = call(&l, "bdev_aio_create", json!({ "name": "a", "filename": format!("{}/x,size=64M", dir.display()) })).unwrap_err();
+        assert!(e.code == EINVAL && e.message.contains("comma"), "{e:?}");
+        assert_eq!(l.config(), before);
+        assert!(!dir.join("x").exists() && !dir.join("x,size=64M").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -114,12 +114,14 @@ pub struct MetricsConfig {
     pub listen: SocketAddr,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeConfig {
     pub name: String,
-    /// Backend spec, see `bw_block::BackendSpec::parse`.
-    pub backend: String,
+    /// Where the data is: written and read as the spec's text
+    /// (`ram:1G`, `file:/srv/d.img,size=10G`, see
+    /// `bw_block::BackendSpec::parse`).
+    pub backend: bw_block::BackendSpec,
     /// The pool whose directory holds the volume's file: the volume was
     /// made by `volume_create`, `volume_snapshot` or `volume_clone`, and
     /// `volume_delete` removes its file.
@@ -139,6 +141,13 @@ pub struct VolumeConfig {
     /// Every block allocated at creation (not thin).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub thick: bool,
+}
+
+impl VolumeConfig {
+    /// A volume that is only its name and backend (not in a pool).
+    pub fn new(name: impl Into<String>, backend: bw_block::BackendSpec) -> VolumeConfig {
+        VolumeConfig { name: name.into(), backend, pool: None, uuid: None, snapshot_of: None, clone_of: None, thick: false }
+    }
 }
 
 /// `[[pool]]`: a directory serve owns, or an RBD pool. In a directory
@@ -605,7 +614,8 @@ impl ServeConfig {
         let (name, backend) = flag
             .split_once('=')
             .ok_or_else(|| ConfigError::Invalid(format!("--volume {flag:?}: expected NAME=BACKEND[,options]")))?;
-        self.volumes.push(VolumeConfig { name: name.trim().into(), backend: backend.trim().into(), ..Default::default() });
+        let backend = bw_block::BackendSpec::parse(backend.trim()).map_err(|e| ConfigError::Invalid(format!("--volume {flag:?}: {e}")))?;
+        self.volumes.push(VolumeConfig::new(name.trim(), backend));
         Ok(())
     }
 
@@ -783,6 +793,8 @@ impl ServeConfig {
             match (&p.rbd, p.path.is_empty()) {
                 (Some(_), false) | (None, true) => return inv(format!("pool {}: give either path (a directory) or rbd (a Ceph pool)", p.name)),
                 (None, false) if !std::path::Path::new(&p.path).is_absolute() => return inv(format!("pool {}: path {:?} must be absolute", p.name, p.path)),
+                // Its volumes' backends name files in it: file:PATH/NAME.img.
+                (None, false) if p.path.contains(',') => return inv(format!("pool {}: path {:?} holds a comma, which a volume's backend spec reads as the start of an option: use a directory without one", p.name, p.path)),
                 (None, false) if p.conf.is_some() || p.id.is_some() => return inv(format!("pool {}: conf and id are for rbd pools", p.name)),
                 (Some(_), true) if p.copy => return inv(format!("pool {}: copy is for directory pools (RBD clones are copy-on-write)", p.name)),
                 _ => {}
@@ -793,13 +805,14 @@ impl ServeConfig {
             if v.name.is_empty() || !names.insert(v.name.as_str()) {
                 return inv(format!("volume name {:?} is empty or used twice", v.name));
             }
-            let spec = bw_block::BackendSpec::parse(&v.backend).map_err(|e| ConfigError::Invalid(format!("volume {}: {e}", v.name)))?;
+            // What the configuration file cannot carry is not served either.
+            v.backend.to_text().map_err(|e| ConfigError::Invalid(format!("volume {}: {e}", v.name)))?;
             if let Some(p) = &v.pool {
                 if !pools.contains(p.as_str()) {
                     return inv(format!("volume {} names unknown pool {p:?}", v.name));
                 }
             }
-            if v.snapshot_of.is_some() && !spec.readonly {
+            if v.snapshot_of.is_some() && !v.backend.readonly {
                 return inv(format!("volume {} is a snapshot: its backend must be readonly", v.name));
             }
         }
@@ -1359,6 +1372,56 @@ mod tests {
         assert!(parse_listen("::1", 3260).unwrap().port() == 3260);
         assert!(parse_listen(":3261", 3260).unwrap().port() == 3261);
         assert!(parse_listen("nohost", 1).is_err());
+    }
+
+    /// Backends are typed, and read and written as the text people
+    /// write: a configuration in the spec's own spelling saves (TOML,
+    /// save_config) and prints (JSON, --print-config) with each backend
+    /// string as it was, and loads back the same. The packaging example
+    /// is one of them.
+    #[test]
+    fn backends_keep_their_text_through_save_and_print() {
+        let backends = [
+            "ram:64M",
+            "file:/srv/disk0.img,size=10G,sync",
+            "file:/dev/sdb,direct,readonly",
+            "rbd:rbd/vol1,conf=/etc/ceph/ceph.conf,id=gateway,size=1G,timeout=20",
+            "rbd:rbd/vol1@monday,readonly",
+        ];
+        let text: String = backends.iter().enumerate().map(|(i, b)| format!("[[volume]]\nname = \"v{i}\"\nbackend = \"{b}\"\n")).collect();
+        let packaged = include_str!("../../../packaging/blockwire.toml");
+        for text in [text.as_str(), packaged] {
+            let c: ServeConfig = toml::from_str(text).unwrap();
+            c.validate().unwrap();
+            let (saved, printed) = (c.to_toml(), c.to_json(false));
+            for v in &c.volumes {
+                let b = v.backend.to_string();
+                assert!(text.contains(&format!("backend = \"{b}\"")), "{b} is not how the file spelled it");
+                assert!(saved.contains(&format!("backend = \"{b}\"")), "{b} not in the saved TOML:\n{saved}");
+                assert!(printed.contains(&format!("\"backend\": \"{b}\"")), "{b} not in the printed JSON:\n{printed}");
+            }
+            assert_eq!(toml::from_str::<ServeConfig>(&saved).unwrap(), c);
+            assert_eq!(serde_json::from_str::<ServeConfig>(&printed).unwrap(), c);
+        }
+        // A spec that does not parse is an error at load, naming it.
+        let e = toml::from_str::<ServeConfig>("[[volume]]\nname = \"v\"\nbackend = \"tape:1\"").unwrap_err().to_string();
+        assert!(e.contains("invalid backend \"tape:1\""), "{e}");
+    }
+
+    /// A backend the file cannot carry is refused by the checks every
+    /// change passes, before anything is served or saved: a file name
+    /// with a comma (written, it would read back as options), or a pool
+    /// whose volumes' files would have one.
+    #[test]
+    fn backends_the_text_cannot_carry_are_refused() {
+        let mut c = ServeConfig::default();
+        let comma = bw_block::BackendSpec { kind: bw_block::BackendKind::File { path: "/srv/x,size=64M".into(), size: None }, direct: false, sync: false, readonly: false };
+        c.volumes.push(VolumeConfig::new("v", comma));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("volume v") && e.contains("comma"), "{e}");
+        let p: ServeConfig = toml::from_str("[[pool]]\nname = \"p\"\npath = \"/srv/a,b\"").unwrap();
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("pool p") && e.contains("comma"), "{e}");
     }
 
     /// What save_config writes loads back to the same configuration,

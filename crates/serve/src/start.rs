@@ -8,15 +8,14 @@ use crate::iscsi::{self, IscsiFrontend};
 use crate::nvme::{self, NvmeFrontend};
 use crate::{metrics, Running, Shutdown, Volumes};
 use anyhow::Context;
-use bw_block::{BackendSpec, Volume};
+use bw_block::Volume;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
     let mut map = HashMap::new();
     for v in &cfg.volumes {
-        let spec = BackendSpec::parse(&v.backend).map_err(anyhow::Error::msg)?;
-        let vol = Volume::open(&v.name, &spec).with_context(|| format!("volume {}", v.name))?;
+        let vol = Volume::open(&v.name, &v.backend).with_context(|| format!("volume {}", v.name))?;
         log::info!("volume {}: {} ({} bytes)", v.name, vol.info().description, vol.size_bytes());
         map.insert(v.name.clone(), vol);
     }
