@@ -437,7 +437,7 @@ impl Controller {
                 p
             }
             (lid::CMD_EFFECTS, Role::Nvm(_)) => command_table::effects_log(),
-            (lid::ANA, Role::Nvm(s)) => crate::ana::log_page(s, (sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0),
+            (lid::ANA, Role::Nvm(s)) => s.ana_log_page((sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0),
             (lid::RESERVATION, Role::Nvm(_)) => {
                 let entry = if r.rae { self.resv_log.front().copied() } else { self.resv_log.pop_front() };
                 logpage::reservation_notice(entry, self.resv_log.len().saturating_sub(r.rae as usize))
