@@ -207,7 +207,10 @@ impl<T: Transport> Queue<T> {
     }
 
     /// An I/O command: resolved once (row, namespace, extent), counted,
-    /// then run where the transport runs it.
+    /// then run where the transport runs it. (`#[inline]`, as the
+    /// transports' `run`: one function from the action to the send buffer,
+    /// as before the wrapper, instead of the command moved between three.)
+    #[inline]
     fn io(&mut self, sqe: Sqe, data: Bytes) {
         let cid = sqe.cid();
         let (Some(sub), Some(host)) = (self.link.subsystem(), self.link.ctrl.as_ref().map(|e| e.host.clone())) else {

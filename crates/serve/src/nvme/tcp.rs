@@ -268,6 +268,7 @@ impl Transport for Tcp {
     /// Where [`dispatch::place`] says: submitted to a backend that
     /// completes on its own threads, on the blocking pool, or here (a read
     /// straight into the send buffer or out of the page cache).
+    #[inline]
     fn run(c: &mut Queue<Tcp>, cmd: Io) {
         let Io { sqe, data, sub, host, r, timer } = cmd;
         let cid = sqe.cid();
@@ -316,6 +317,7 @@ impl Tcp {
     /// straight into the send buffer behind each C2HData header, or, when
     /// `work` says zero-copy, from the page cache to the socket with
     /// sendfile. Whether it succeeded (it completed the command either way).
+    #[inline]
     fn read(&mut self, cid: u16, vol: &bw_block::Volume, off: u64, len: usize, work: Work) -> bool {
         let fail = |t: &mut Tcp, st: Status| {
             t.complete(cid, st, 0, None);
