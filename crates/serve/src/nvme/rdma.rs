@@ -148,7 +148,7 @@ fn accept(r: Request, fabric: &Arc<Fabric>, admission: &Arc<Admission>, login_ti
     let shutdown = shutdown.clone();
     let spawned = std::thread::Builder::new().name("nvme-rdma-q".into()).spawn(move || {
         let _conn = metrics::global().connection(metrics::Proto::Nvme);
-        let r = c.run(&shutdown);
+        let r = c.drive(&shutdown);
         c.close();
         c.t.qp.disconnect();
         match r {
@@ -188,7 +188,7 @@ type End = anyhow::Result<()>;
 impl Queue<Rdma> {
     /// Run the queue until it ends, the controller is torn down or the
     /// target shuts down.
-    fn run(&mut self, shutdown: &Shutdown) -> End {
+    fn drive(&mut self, shutdown: &Shutdown) -> End {
         let mut wcs = [Wc::default(); 16];
         let mut armed = false;
         loop {
