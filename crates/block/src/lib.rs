@@ -22,6 +22,7 @@
 //! request ([`DeviceInfo::async_submit`]); for the others it runs the
 //! synchronous method on the calling thread.
 
+mod backend;
 mod block_locks;
 mod file;
 mod rbd;
@@ -31,6 +32,7 @@ mod size;
 mod spec;
 mod volume;
 
+pub use backend::open;
 pub use file::FileDevice;
 pub use rbd::{RbdDevice, RbdPool};
 pub use request::{OnDone, Request};
@@ -192,12 +194,4 @@ pub trait BlockDevice: Send + Sync + 'static {
 pub struct Extent {
     pub allocated: bool,
     pub len: u64,
-}
-
-/// Open a backend from its spec.
-pub fn open(spec: &BackendSpec) -> Result<Box<dyn BlockDevice>> {
-    match &spec.kind {
-        BackendKind::Rbd(t) => Ok(Box::new(RbdDevice::open(spec, t)?)),
-        BackendKind::Ram { .. } | BackendKind::File { .. } => Ok(Box::new(FileDevice::open(spec)?)),
-    }
 }

@@ -202,7 +202,7 @@ impl Volume {
     /// the rest.
     pub fn open(name: impl Into<String>, spec: &crate::BackendSpec) -> Result<Self> {
         let name = name.into();
-        let dev = crate::open(spec)?;
+        let dev = crate::backend::open(spec)?;
         let store: Option<Box<dyn bw_reservation::Store>> = match &spec.kind {
             crate::BackendKind::File { path, .. } if !spec.readonly && std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
                 Some(Box::new(bw_reservation::FileStore::beside(path)))

@@ -2,7 +2,7 @@
 //! print. The lifecycle (daemon, state file, loop device, mkfs, undo) is
 //! bw_attach's.
 
-use crate::ClientArgs;
+use crate::client_args::ClientArgs;
 use anyhow::{bail, Context};
 use clap::Args;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! definition itself, so they never drift from `--help` (`make install`
 //! and the Debian package run it; hidden from `--help`).
 
-use clap::{CommandFactory, Subcommand};
+use clap::Subcommand;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -13,8 +13,8 @@ pub enum GenerateCmd {
     Completions { shell: clap_complete::Shell },
 }
 
-pub fn run(cmd: GenerateCmd) -> anyhow::Result<()> {
-    let cli = crate::Cli::command();
+/// `cli`: the definition of the whole command line (main.rs's, passed in).
+pub fn run(cmd: GenerateCmd, cli: clap::Command) -> anyhow::Result<()> {
     match cmd {
         GenerateCmd::Man { dir } => {
             std::fs::create_dir_all(&dir)?;

@@ -1,13 +1,15 @@
 //! The `blockwire` binary: serve disks, attach to them, measure them.
 
 use anyhow::{bail, Context};
-use bw_initiator::{ConnectOptions, TargetUrl};
+use bw_initiator::TargetUrl;
 use bw_workload::{BenchParams, Rw, VerifyParams};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use client_args::ClientArgs;
 use std::time::Duration;
 
 mod router;
 mod attach;
+mod client_args;
 mod flowop;
 mod generate;
 mod ctl_text;
@@ -182,71 +184,6 @@ struct ServeArgs {
     /// authentication for --rpc-http.
     #[arg(long, value_name = "FILE", requires = "rpc_http")]
     rpc_http_credentials: Option<std::path::PathBuf>,
-}
-
-#[derive(Args, Clone)]
-struct ClientArgs {
-    /// Our iSCSI initiator IQN / NVMe host NQN.
-    #[arg(long, value_name = "NAME")]
-    initiator_name: Option<String>,
-    /// NVMe/TCP: number of I/O queues (connections).
-    #[arg(long, default_value_t = 1)]
-    queues: usize,
-    /// Request CRC32C header digests (iSCSI, NVMe/TCP).
-    #[arg(long)]
-    header_digest: bool,
-    /// Request CRC32C data digests (iSCSI, NVMe/TCP).
-    #[arg(long)]
-    data_digest: bool,
-    /// Seconds to wait for the target before giving up on a request.
-    #[arg(long, default_value_t = 30)]
-    timeout: u64,
-    /// Client runtime threads.
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
-    /// NVMe/TCP in-band authentication (DH-HMAC-CHAP): our host secret,
-    /// DHHC-1:hh:BASE64: as `nvme gen-dhchap-key` prints it. Prefer the
-    /// environment variable: arguments are visible to other users.
-    #[arg(long, value_name = "DHHC-1:..", env = "BLOCKWIRE_DHCHAP_SECRET", hide_env_values = true)]
-    dhchap_secret: Option<String>,
-    /// The controller's secret: the controller must prove it holds it
-    /// (bidirectional authentication). Needs --dhchap-secret.
-    #[arg(long, value_name = "DHHC-1:..", env = "BLOCKWIRE_DHCHAP_CTRL_SECRET", hide_env_values = true)]
-    dhchap_ctrl_secret: Option<String>,
-    /// TCP congestion control (iSCSI, NVMe/TCP): auto (the system's, but
-    /// not timer-paced BBR to a target on this machine), system, or an
-    /// algorithm such as cubic.
-    #[arg(long, value_name = "auto|system|NAME", default_value = "auto")]
-    tcp_congestion: bw_net::tcp::Congestion,
-    /// aoe://: sockets the frames move through: auto (AF_XDP where it can
-    /// be set up on the interface, else AF_PACKET), xdp, mmap (AF_PACKET
-    /// with PACKET_MMAP rings) or packet.
-    #[arg(long, value_name = "auto|xdp|mmap|packet", default_value = "auto")]
-    aoe_datapath: bw_net::Datapath,
-    /// How CRC32C digests are computed: hw (the CPU's CRC instruction) or
-    /// soft (portable tables: a CPU without CRC help).
-    #[arg(long, value_name = "hw|soft", default_value = "hw")]
-    digest_impl: bw_serve::tuning::DigestImpl,
-}
-
-impl ClientArgs {
-    fn options(&self, queue_depth: usize) -> ConnectOptions {
-        // Process-wide, like serve's `[tuning] digest_impl`: every client
-        // command builds its options before it connects.
-        self.digest_impl.apply();
-        ConnectOptions {
-            initiator_name: self.initiator_name.clone(),
-            queues: self.queues.max(1),
-            queue_depth: queue_depth.max(1),
-            header_digest: self.header_digest,
-            data_digest: self.data_digest,
-            timeout: Duration::from_secs(self.timeout.max(1)),
-            dhchap_secret: self.dhchap_secret.clone(),
-            dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
-            tcp_congestion: self.tcp_congestion.clone(),
-            aoe_datapath: self.aoe_datapath,
-        }
-    }
 }
 
 #[derive(Args)]
@@ -579,7 +516,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Lab(a) => bw_lab::run(a),
         Cmd::Flowop(a) => flowop::run(a),
         Cmd::Router(a) => router::run(a),
-        Cmd::Generate(g) => generate::run(g),
+        Cmd::Generate(g) => generate::run(g, Cli::command()),
     }
 }
 

@@ -10,7 +10,9 @@
 //! takes `&self`, and each client keeps many requests in flight internally
 //! (tags, ITTs, command IDs), so concurrency is simply concurrent calls.
 
+mod connect;
 mod url;
+pub use connect::connect;
 pub use url::{redact_url, TargetUrl, UrlError};
 
 pub mod aoe;
@@ -20,7 +22,6 @@ pub mod nvme;
 
 use async_trait::async_trait;
 pub use bw_net::tcp::Congestion;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -184,19 +185,4 @@ pub fn check_range(client: &dyn BlockClient, offset: u64, len: usize) -> Result<
         return Err(ClientError::OutOfRange { offset, len: len as u64, size });
     }
     Ok(())
-}
-
-/// Connect to the target a URL names.
-pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
-    let r = match TargetUrl::parse(url)? {
-        u @ TargetUrl::Aoe { .. } => aoe::connect(&u, opts).await,
-        u @ TargetUrl::Iscsi { .. } => iscsi::connect(&u, opts).await,
-        u @ (TargetUrl::Nvme { .. } | TargetUrl::NvmeRdma { .. }) => nvme::connect(&u, opts).await,
-        u @ TargetUrl::Nfs { .. } => nfs::connect(&u, opts).await,
-    };
-    // OS errors name no peer: say which URL they came from.
-    r.map_err(|e| match e {
-        ClientError::Io(_) => ClientError::Connect { url: url.to_string(), source: Box::new(e) },
-        e => e,
-    })
 }

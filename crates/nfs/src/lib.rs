@@ -8,11 +8,14 @@
 //! `nfs3_types`'; the RPC transport with calls matched by XID is
 //! [`rpc`]. Why not libnfs or `nfs3_client`: see this crate's README.
 
+mod error;
 pub mod rpc;
+
+pub use error::{Error, Result};
 
 use nfs3_types::mount::{dirpath, mountres3, MOUNT_PROGRAM};
 use nfs3_types::nfs3::{
-    self as v3, diropargs3, nfs_fh3, nfsstat3, stable_how, COMMIT3args, COMMIT3res, FSINFO3args, FSINFO3res, GETATTR3args, GETATTR3res,
+    self as v3, diropargs3, nfs_fh3, stable_how, COMMIT3args, COMMIT3res, FSINFO3args, FSINFO3res, GETATTR3args, GETATTR3res,
     LOOKUP3args, LOOKUP3res, READ3args, READ3res, WRITE3args, WRITE3res, NFS_PROGRAM,
 };
 use nfs3_types::portmap::{mapping, PMAP_PROG};
@@ -22,36 +25,6 @@ use rpc::RpcConn;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    #[error("XDR: {0}")]
-    Xdr(String),
-    #[error("RPC: {0}")]
-    Rpc(String),
-    /// The server answered an NFS call with an error status.
-    #[error("{op}: {status:?}")]
-    Nfs { op: &'static str, status: nfsstat3 },
-    /// The MOUNT service refused the export.
-    #[error("mount {export}: {status}")]
-    Mount { export: String, status: String },
-    #[error("timed out: {0}")]
-    Timeout(String),
-    #[error("not connected: {0}")]
-    Disconnected(String),
-    #[error("{0}")]
-    Invalid(String),
-}
-
-impl From<nfs3_types::xdr_codec::Error> for Error {
-    fn from(e: nfs3_types::xdr_codec::Error) -> Self {
-        Error::Xdr(e.to_string())
-    }
-}
-
-pub type Result<T> = std::result::Result<T, Error>;
 
 /// The portmapper's well-known port, where the MOUNT service's port is asked.
 pub const PORTMAP_PORT: u16 = 111;

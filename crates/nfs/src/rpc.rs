@@ -3,7 +3,7 @@
 //! reply. Record marking (RFC 5531 section 11) is read here; the message
 //! bodies are `nfs3_types`' XDR definitions.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use nfs3_types::rpc::{accept_stat_data, call_body, msg_body, opaque_auth, reply_body, rpc_msg, RPC_VERSION_2};
 use nfs3_types::xdr_codec::{Pack, Unpack};
 use std::collections::HashMap;

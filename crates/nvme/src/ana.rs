@@ -8,7 +8,6 @@
 //! Here: the per-gateway state ([`Ana`]), the ANA log page (LID 0Ch), and
 //! the Identify fields that announce ANA support.
 
-use crate::subsystem::Subsystem;
 use crate::Status;
 use num_enum::FromPrimitive;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
@@ -145,15 +144,17 @@ impl Ana {
     }
 }
 
-/// The ANA log page: a 16-byte header (CHGCNT, NGRPS), then one 32-byte
-/// descriptor per group in use (ANAGRPID, NNSID, CHGCNT, ANAS) followed by
-/// its NSIDs unless `groups_only` (RGO). Zero-padded to the largest size
-/// the Identify fields allow (16 + NANAGRPID * 32 + MNAN * 4): hosts size
-/// their reads by it, and nvme-cli reads it in 4 KiB pieces, so a read at
-/// an offset past the groups in use must still find the page there.
-pub fn log_page(s: &Subsystem, groups_only: bool) -> Vec<u8> {
-    let mut b = log_page_used(s, groups_only);
-    let max = 16 + MAX_GROUPS as usize * 32 + if groups_only { 0 } else { 4 * s.namespaces.len() };
+/// The ANA log page of `ana` for namespaces `members` (NSID, ANA group
+/// each; `Subsystem::ana_log_page` gives a subsystem's): a 16-byte header
+/// (CHGCNT, NGRPS), then one 32-byte descriptor per group in use
+/// (ANAGRPID, NNSID, CHGCNT, ANAS) followed by its NSIDs unless
+/// `groups_only` (RGO). Zero-padded to the largest size the Identify
+/// fields allow (16 + NANAGRPID * 32 + MNAN * 4): hosts size their reads
+/// by it, and nvme-cli reads it in 4 KiB pieces, so a read at an offset
+/// past the groups in use must still find the page there.
+pub fn log_page(ana: &Ana, members: &[(u32, u32)], groups_only: bool) -> Vec<u8> {
+    let mut b = log_page_used(ana, members, groups_only);
+    let max = 16 + MAX_GROUPS as usize * 32 + if groups_only { 0 } else { 4 * members.len() };
     b.resize(b.len().max(max), 0);
     b
 }
@@ -175,16 +176,16 @@ mod field {
     pub const NSID: Field<Le<u32>> = Field::at(0);
 }
 
-fn log_page_used(s: &Subsystem, groups_only: bool) -> Vec<u8> {
-    let mut groups: Vec<u32> = s.namespaces.iter().map(|n| n.ana_group).collect();
+fn log_page_used(ana: &Ana, members: &[(u32, u32)], groups_only: bool) -> Vec<u8> {
+    let mut groups: Vec<u32> = members.iter().map(|&(_, group)| group).collect();
     groups.sort_unstable();
     groups.dedup();
-    let chg = s.ana.change_count();
+    let chg = ana.change_count();
     let mut b = vec![0u8; field::HEADER_LEN];
     field::CHGCNT.set(&mut b, chg);
     field::NGRPS.set(&mut b, groups.len() as u16);
     for g in groups {
-        let mut nsids: Vec<u32> = s.namespaces.iter().filter(|n| n.ana_group == g).map(|n| n.nsid).collect();
+        let mut nsids: Vec<u32> = members.iter().filter(|&&(_, group)| group == g).map(|&(nsid, _)| nsid).collect();
         nsids.sort_unstable();
         let o = b.len();
         b.resize(o + field::DESCRIPTOR_LEN, 0);
@@ -192,7 +193,7 @@ fn log_page_used(s: &Subsystem, groups_only: bool) -> Vec<u8> {
         field::GRPID.set(d, g);
         field::NNSIDS.set(d, if groups_only { 0 } else { nsids.len() as u32 });
         field::GROUP_CHGCNT.set(d, chg);
-        field::ANAS.set(d, s.ana.state_of(g) as u8);
+        field::ANAS.set(d, ana.state_of(g) as u8);
         if !groups_only {
             for id in nsids {
                 let o = b.len();
@@ -237,30 +238,17 @@ pub fn parse_log(b: &[u8]) -> Option<(u64, Vec<GroupDesc>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::subsystem::Namespace;
-    use bw_block::{BackendSpec, Volume};
 
-    fn subsys(ana: Ana) -> Subsystem {
-        let v = Volume::open("v", &BackendSpec::ram(1 << 20)).unwrap();
-        let mut n3 = Namespace::new("nqn.t:s", 3, v.clone(), false);
-        n3.ana_group = 7;
-        Subsystem {
-            nqn: "nqn.t:s".into(),
-            serial: "S".into(),
-            model: "M".into(),
-            namespaces: vec![Namespace::new("nqn.t:s", 1, v.clone(), false), n3, Namespace::new("nqn.t:s", 2, v, false)],
-            allowed_hosts: vec![],
-            ana,
-        }
-    }
+    /// Namespaces 1 and 2 in group 1, 3 in group 7.
+    const MEMBERS: [(u32, u32); 3] = [(1, 1), (3, 7), (2, 1)];
 
     #[test]
     fn log_page_lists_groups_with_their_namespaces() {
-        let s = subsys(Ana::new(AnaState::NonOptimized));
-        let b = log_page(&s, false);
+        let ana = Ana::new(AnaState::NonOptimized);
+        let b = log_page(&ana, &MEMBERS, false);
         // Header + group 1 (two NSIDs) + group 7 (one NSID), then zeroes
         // up to the largest page the Identify fields allow.
-        assert_eq!(log_page_used(&s, false).len(), 16 + 32 + 8 + 32 + 4);
+        assert_eq!(log_page_used(&ana, &MEMBERS, false).len(), 16 + 32 + 8 + 32 + 4);
         assert_eq!(b.len(), 16 + 128 * 32 + 3 * 4);
         assert!(b[16 + 32 + 8 + 32 + 4..].iter().all(|&x| x == 0));
         assert_eq!(&b[8..10], &[2, 0]);
@@ -270,30 +258,30 @@ mod tests {
             groups,
             vec![GroupDesc { group: 1, state: 2, nsids: vec![1, 2] }, GroupDesc { group: 7, state: 2, nsids: vec![3] }]
         );
-        let rgo = log_page(&s, true);
-        assert_eq!((log_page_used(&s, true).len(), rgo.len()), (16 + 64, 16 + 128 * 32));
+        let rgo = log_page(&ana, &MEMBERS, true);
+        assert_eq!((log_page_used(&ana, &MEMBERS, true).len(), rgo.len()), (16 + 64, 16 + 128 * 32));
         assert_eq!(parse_log(&rgo).unwrap().1[1], GroupDesc { group: 7, state: 2, nsids: vec![] });
     }
 
     #[test]
     fn state_changes_bump_the_change_count_once() {
-        let s = subsys(Ana::default());
-        assert_eq!(s.ana.state(), AnaState::Optimized);
-        assert!(s.ana.set_state(AnaState::Inaccessible));
-        assert!(!s.ana.set_state(AnaState::Inaccessible));
-        assert_eq!(s.ana.change_count(), 2);
-        let (chg, groups) = parse_log(&log_page(&s, false)).unwrap();
+        let ana = Ana::default();
+        assert_eq!(ana.state(), AnaState::Optimized);
+        assert!(ana.set_state(AnaState::Inaccessible));
+        assert!(!ana.set_state(AnaState::Inaccessible));
+        assert_eq!(ana.change_count(), 2);
+        let (chg, groups) = parse_log(&log_page(&ana, &MEMBERS, false)).unwrap();
         assert_eq!((chg, groups[0].state), (2, 3));
         assert_eq!(AnaState::Inaccessible.io_status(), Some(Status::ANA_INACCESSIBLE));
         assert_eq!(AnaState::NonOptimized.io_status(), None);
         // One group moved on its own; setting every group clears that.
-        assert_eq!(s.ana.set_group_state(7, AnaState::Optimized), Some(true));
-        assert_eq!(s.ana.set_group_state(7, AnaState::Optimized), Some(false));
-        assert_eq!(s.ana.set_group_state(0, AnaState::Optimized), None);
-        let (chg, groups) = parse_log(&log_page(&s, false)).unwrap();
+        assert_eq!(ana.set_group_state(7, AnaState::Optimized), Some(true));
+        assert_eq!(ana.set_group_state(7, AnaState::Optimized), Some(false));
+        assert_eq!(ana.set_group_state(0, AnaState::Optimized), None);
+        let (chg, groups) = parse_log(&log_page(&ana, &MEMBERS, false)).unwrap();
         assert_eq!((chg, groups[0].state, groups[1].group, groups[1].state), (3, 3, 7, 1));
-        assert!(s.ana.set_state(AnaState::Inaccessible), "group 7 changes back");
-        assert_eq!(s.ana.state_of(7), AnaState::Inaccessible);
+        assert!(ana.set_state(AnaState::Inaccessible), "group 7 changes back");
+        assert_eq!(ana.state_of(7), AnaState::Inaccessible);
         // Notice type 2, information 03h (ANA change), log page 0Ch.
         assert_eq!(AEN_ANA_CHANGE, 0x000C_0302);
     }

@@ -14,8 +14,8 @@
 
 use crate::queue_entry::{admin, nvm, Sqe};
 use crate::controller::{AdminOutcome, Controller};
-use crate::nvm_io::{self, IoDone};
-use crate::reservation::{self, Host};
+use crate::nvm_commands::{self, Host, IoDone};
+use crate::reservation;
 use bw_reservation::Access;
 use crate::subsystem::{Namespace, Subsystem};
 use crate::Status;
@@ -155,7 +155,7 @@ pub static COMMANDS: &[Command] = &[
         "Get Log Page",
         C2H,
         true,
-        Controller::get_log_page,
+        get_log_page,
     ),
     admin_row(admin::IDENTIFY, "Identify", C2H, true, Controller::identify),
     admin_row(admin::ABORT, "Abort", NoData, false, Controller::abort),
@@ -195,8 +195,8 @@ pub static COMMANDS: &[Command] = &[
         CSUPP,
         true,
         Some(Access::Write),
-        nvm_io::check_none,
-        nvm_io::flush,
+        nvm_commands::check_none,
+        nvm_commands::flush,
     ),
     io_row(
         nvm::WRITE,
@@ -206,8 +206,8 @@ pub static COMMANDS: &[Command] = &[
         CSUPP | LBCC,
         false,
         Some(Access::Write),
-        nvm_io::check_write,
-        nvm_io::write,
+        nvm_commands::check_write,
+        nvm_commands::write,
     ),
     io_row(
         nvm::READ,
@@ -217,8 +217,8 @@ pub static COMMANDS: &[Command] = &[
         CSUPP,
         false,
         Some(Access::Read),
-        nvm_io::check_read,
-        nvm_io::read,
+        nvm_commands::check_read,
+        nvm_commands::read,
     ),
     io_row(
         nvm::COMPARE,
@@ -228,8 +228,8 @@ pub static COMMANDS: &[Command] = &[
         CSUPP,
         false,
         Some(Access::Read),
-        nvm_io::check_read,
-        nvm_io::compare,
+        nvm_commands::check_read,
+        nvm_commands::compare,
     ),
     io_row(
         nvm::WRITE_ZEROES,
@@ -239,8 +239,8 @@ pub static COMMANDS: &[Command] = &[
         CSUPP | LBCC,
         true,
         Some(Access::Write),
-        nvm_io::check_write_zeroes,
-        nvm_io::write_zeroes,
+        nvm_commands::check_write_zeroes,
+        nvm_commands::write_zeroes,
     ),
     io_row(
         nvm::DSM,
@@ -250,8 +250,8 @@ pub static COMMANDS: &[Command] = &[
         CSUPP | LBCC,
         true,
         Some(Access::Write),
-        nvm_io::check_dsm,
-        nvm_io::dsm,
+        nvm_commands::check_dsm,
+        nvm_commands::dsm,
     ),
     io_row(
         nvm::RESV_REGISTER,
@@ -261,7 +261,7 @@ pub static COMMANDS: &[Command] = &[
         CSUPP,
         true,
         None,
-        nvm_io::check_none,
+        nvm_commands::check_none,
         reservation::register,
     ),
     io_row(
@@ -272,7 +272,7 @@ pub static COMMANDS: &[Command] = &[
         CSUPP,
         true,
         None,
-        nvm_io::check_none,
+        nvm_commands::check_none,
         reservation::report,
     ),
     io_row(
@@ -283,7 +283,7 @@ pub static COMMANDS: &[Command] = &[
         CSUPP,
         true,
         None,
-        nvm_io::check_none,
+        nvm_commands::check_none,
         reservation::acquire,
     ),
     io_row(
@@ -294,10 +294,16 @@ pub static COMMANDS: &[Command] = &[
         CSUPP,
         true,
         None,
-        nvm_io::check_none,
+        nvm_commands::check_none,
         reservation::release,
     ),
 ];
+
+/// Get Log Page, given the Commands Supported and Effects page this table
+/// makes.
+fn get_log_page(c: &mut Controller, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
+    c.get_log_page(sqe, effects_log)
+}
 
 /// The row for `opcode` on a `queue`, if we implement it.
 pub fn lookup(queue: QueueKind, opcode: u8) -> Option<&'static Command> {

@@ -1,13 +1,15 @@
 //! One controller's admin state: properties (CAP/VS/CC/CSTS), features,
 //! Identify, Get Log Page, Async Event Requests, keep-alive. Connect and
 //! Disconnect are handled by whoever owns the set of controllers (the
-//! target); everything else on the admin queue comes here.
+//! target); everything else on the admin queue comes here, through
+//! [`Controller::execute_admin`] (`admin.rs`: the command table's rows
+//! name the admin commands' bodies here).
 
 use crate::queue_entry::Sqe;
-use crate::command_table::{self, Command, Handler, QueueKind};
 use crate::fabrics::{fctype, reg, Property};
 use crate::identify::{self, cns, CtrlParams};
 use crate::features::PlainFeatures;
+use crate::limits::{INCAPSULE_DATA, MAX_IO_QUEUES, MAX_QUEUE_ENTRIES, MAX_TRANSFER, MDTS};
 use crate::logpage::{self, lid, DiscoveryEntry, LogRequest};
 use crate::subsystem::Subsystem;
 use crate::Status;
@@ -17,16 +19,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Maximum queue entries (CAP.MQES + 1) and MAXCMD.
-pub const MAX_QUEUE_ENTRIES: u16 = 1024;
-/// I/O queues one controller may have.
-pub const MAX_IO_QUEUES: u16 = 64;
-/// In-capsule data the target accepts on I/O queues, bytes.
-pub const INCAPSULE_DATA: u32 = 16384;
-/// MDTS: 2^8 pages of 4 KiB = 1 MiB per command.
-pub const MDTS: u8 = 8;
-/// Largest data transfer of one command in bytes (MDTS in bytes).
-pub const MAX_TRANSFER: u32 = 4096 << MDTS;
 /// Keep-alive granularity (KAS) in 100 ms units.
 pub const KAS: u16 = 10;
 /// Outstanding AERs, zero-based (4).
@@ -138,7 +130,7 @@ pub struct Completion {
 }
 
 impl Completion {
-    fn status(cid: u16, status: Status) -> Completion {
+    pub(crate) fn status(cid: u16, status: Status) -> Completion {
         Completion { cid, status, result: 0, data: None }
     }
     fn result(cid: u16, result: u64) -> Completion {
@@ -335,27 +327,6 @@ impl Controller {
         }
     }
 
-    /// Execute one admin command (everything but Connect/Disconnect).
-    pub fn execute_admin(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> AdminOutcome {
-        self.keep_alive.touch(now);
-        let cid = sqe.cid();
-        let done = |c: Completion| AdminOutcome::Complete(c);
-        if sqe.is_fabrics() {
-            return done(match sqe.fctype() {
-                fctype::PROPERTY_GET | fctype::PROPERTY_SET => self.property(sqe),
-                // No authentication is offered (Connect never asks for it).
-                _ => Completion::status(cid, Status::INVALID_OPCODE.dnr()),
-            });
-        }
-        if !self.ready() {
-            return done(Completion::status(cid, Status::CMD_SEQ_ERROR));
-        }
-        match command_table::lookup(QueueKind::Admin, sqe.opcode()) {
-            Some(Command { handler: Handler::Admin(run), discovery, .. }) if *discovery || !self.is_discovery() => run(self, sqe, data),
-            _ => done(Completion::status(cid, Status::INVALID_OPCODE.dnr())),
-        }
-    }
-
     pub(crate) fn keep_alive_cmd(&mut self, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
         Completion::status(sqe.cid(), Status::SUCCESS).into()
     }
@@ -414,7 +385,10 @@ impl Controller {
         Completion::data(cid, page, want.min(identify::LEN)).into()
     }
 
-    pub(crate) fn get_log_page(&mut self, sqe: &Sqe, _: &[u8]) -> AdminOutcome {
+    /// Get Log Page; the Commands Supported and Effects page is what
+    /// `effects_log` makes of the command table this handler is a row of
+    /// (the table passes it in).
+    pub(crate) fn get_log_page(&mut self, sqe: &Sqe, effects_log: fn() -> Vec<u8>) -> AdminOutcome {
         let cid = sqe.cid();
         let r = LogRequest::parse(sqe);
         if r.len > MAX_TRANSFER as usize {
@@ -436,8 +410,8 @@ impl Controller {
                 }
                 p
             }
-            (lid::CMD_EFFECTS, Role::Nvm(_)) => command_table::effects_log(),
-            (lid::ANA, Role::Nvm(s)) => crate::ana::log_page(s, (sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0),
+            (lid::CMD_EFFECTS, Role::Nvm(_)) => effects_log(),
+            (lid::ANA, Role::Nvm(s)) => s.ana_log_page((sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0),
             (lid::RESERVATION, Role::Nvm(_)) => {
                 let entry = if r.rae { self.resv_log.front().copied() } else { self.resv_log.pop_front() };
                 logpage::reservation_notice(entry, self.resv_log.len().saturating_sub(r.rae as usize))

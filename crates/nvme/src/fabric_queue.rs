@@ -37,7 +37,8 @@
 
 use crate::auth::message::{AuthCommand, Message};
 use crate::auth::{ControllerAuth, Entropy, FailureReason};
-use crate::controller::{KeepAlive, INCAPSULE_DATA};
+use crate::controller::KeepAlive;
+use crate::limits::INCAPSULE_DATA;
 use crate::fabrics::{self, fctype, Connect, ConnectData};
 use crate::queue_entry::{sgl, Cqe, Sqe};
 use crate::subsystem::LiveSubsystem;

@@ -1,7 +1,7 @@
 //! NVMe over Fabrics commands: Connect (with its 1024-byte data), Property
 //! Get/Set, Disconnect. Auth Send/Receive are in [`crate::auth`].
 
-use crate::controller::MAX_QUEUE_ENTRIES;
+use crate::limits::MAX_QUEUE_ENTRIES;
 use crate::queue_entry::{sgl, Sgl, Sqe};
 use crate::{get_str, put_str, Status};
 

@@ -11,14 +11,19 @@
 //!   and SENDs out).
 //! - [`host_queue`] (NVMe/TCP) and [`rdma_host`] (NVMe/RDMA): one host-side
 //!   queue each, over [`in_flight`]: the commands in flight by ID.
-//! - [`command_table`]: every admin and NVM command, one row each.
+//! - [`command_table`]: every admin and NVM command, one row each, naming
+//!   its body ([`controller`]'s admin commands, [`nvm_commands`],
+//!   [`reservation`]); [`admin`] (`Controller::execute_admin`) and
+//!   [`nvm_io`] dispatch from it.
 //! - [`status`]: status codes as Linux spells them (SCT << 8 | SC, DNR 0x4000).
 //! - [`fabrics`]: Connect / Property Get/Set / Disconnect encodings.
 //! - [`auth`]: in-band authentication (DH-HMAC-CHAP), both sides.
 //! - [`identify`], [`logpage`]: data structures the host reads.
 //! - [`controller`]: one controller's admin state machine (properties,
 //!   features, AER, keep-alive, logs) and [`nvm_io`]: the NVM command set
-//!   over a `bw_block::Volume`.
+//!   over a `bw_block::Volume` (its entry points; the commands'
+//!   bodies are [`nvm_commands`]).
+//! - [`limits`]: queue sizes, in-capsule data and MDTS.
 //!
 //! Header fields are `bw_wire::Field<Le<..>>` constants, one per field, in
 //! the module of the structure they belong to (`queue_entry::sqe`,
@@ -30,6 +35,7 @@
 //!
 //! The target and the initiator crates put sockets around these.
 
+pub mod admin;
 pub mod auth;
 pub mod command_table;
 pub mod controller;
@@ -40,9 +46,11 @@ pub mod fuzzing;
 pub mod host_queue;
 pub mod identify;
 pub mod in_flight;
+pub mod limits;
 pub mod nvm_io;
 pub mod ana;
 pub mod logpage;
+pub mod nvm_commands;
 pub mod pdu;
 pub mod queue_entry;
 pub mod rdma_host;

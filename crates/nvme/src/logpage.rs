@@ -312,11 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn effects_and_smart() {
-        let b = crate::command_table::effects_log();
-        assert_eq!(&b[1024 + 4..1024 + 8], &[3, 0, 0, 0]); // write: supported + LBCC
-        assert_eq!(&b[1024 + 8..1024 + 12], &[1, 0, 0, 0]); // read
-        assert_eq!(&b[0x18 * 4..0x18 * 4 + 4], &[1, 0, 0, 0]); // keep alive
+    fn smart_changed_ns_and_supported_pages() {
         let s = smart(None);
         assert_eq!(s[3], 100);
         assert_eq!(changed_ns(&[3])[..4], [3, 0, 0, 0]);

@@ -35,7 +35,7 @@
 //! ([`RdmaQueue::auth_send`]).
 
 use crate::auth::Entropy;
-use crate::controller::{INCAPSULE_DATA, MAX_TRANSFER};
+use crate::limits::{INCAPSULE_DATA, MAX_TRANSFER};
 use crate::fabric_queue::{self, FabricError, FabricQueue, Refused, Setup, Wire};
 use crate::fabrics::{self, fctype, CONNECT_DATA_LEN};
 use crate::queue_entry::{Cqe, Keyed, Sqe};
@@ -136,7 +136,7 @@ pub mod cm {
         if r.recfmt != 0 {
             return Err(reject::INVALID_RECFMT);
         }
-        if r.qid > crate::controller::MAX_IO_QUEUES {
+        if r.qid > crate::limits::MAX_IO_QUEUES {
             return Err(reject::INVALID_QID);
         }
         if r.hsqsize == 0 || r.hsqsize >= super::MAX_ENTRIES {

@@ -64,6 +64,12 @@ impl Subsystem {
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         self.allowed_hosts.is_empty() || self.allowed_hosts.iter().any(|h| h == hostnqn)
     }
+    /// The ANA log page (see [`crate::ana::log_page`]) of this gateway's
+    /// groups and the namespaces in them.
+    pub fn ana_log_page(&self, groups_only: bool) -> Vec<u8> {
+        let members: Vec<(u32, u32)> = self.namespaces.iter().map(|n| (n.nsid, n.ana_group)).collect();
+        crate::ana::log_page(&self.ana, &members, groups_only)
+    }
     /// Number of namespaces (NN): the highest NSID in use.
     pub fn max_nsid(&self) -> u32 {
         self.namespaces.iter().map(|n| n.nsid).max().unwrap_or(0)

@@ -38,7 +38,7 @@
 //! else then is a fatal transport error.
 
 use crate::auth::Entropy;
-use crate::controller::{INCAPSULE_DATA, MAX_TRANSFER};
+use crate::limits::{INCAPSULE_DATA, MAX_TRANSFER};
 use crate::fabric_queue::{self, FabricError, FabricQueue, Refused, Setup, Wire};
 use crate::fabrics::{CATTR_DISABLE_SQFLOW, CONNECT_DATA_LEN};
 use crate::pdu::{

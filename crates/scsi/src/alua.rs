@@ -9,8 +9,19 @@
 //! TARGET PORT GROUPS is not implemented: implicit ALUA only).
 
 use crate::cdb::field;
-use crate::commands::AluaAccess;
 use crate::sense::Sense;
+
+/// Which asymmetric access states let the command run (SPC-4 5.16.2.4):
+/// in standby and unavailable only what inspects the LU or its paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AluaAccess {
+    /// Runs in every state.
+    Always,
+    /// Runs in the active states and standby (persistent reservations).
+    UpToStandby,
+    /// Runs in the active states only (medium access and the rest).
+    ActiveOnly,
+}
 
 /// Asymmetric access states (SPC-4 table 172).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -138,14 +149,13 @@ mod tests {
     fn states_gate_media_access() {
         assert_eq!(AluaState::ActiveNonOptimized.refusal(), None);
         assert_eq!(AluaState::Unavailable.refusal(), Some(Sense::new(2, 0x04, 0x0c)));
-        let class = |cdb: &[u8]| crate::commands::command(cdb).unwrap().alua;
-        let read10 = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
-        let pr_in = [0x5e, 0, 0, 0, 0, 0, 0, 0, 8, 0];
-        let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
-        assert_eq!(permits(AluaState::Standby, class(&read10)), Err(Sense::new(2, 0x04, 0x0b)));
-        assert_eq!(permits(AluaState::Standby, class(&pr_in)), Ok(()));
-        assert_eq!(permits(AluaState::Unavailable, class(&pr_in)), Err(Sense::new(2, 0x04, 0x0c)));
-        assert_eq!(permits(AluaState::Unavailable, class(&rtpg)), Ok(()));
-        assert_eq!(permits(AluaState::ActiveNonOptimized, class(&read10)), Ok(()));
+        // The classes of READ(10), PERSISTENT RESERVE IN and REPORT TARGET
+        // PORT GROUPS (the command table's test checks the rows have them).
+        let (read10, pr_in, rtpg) = (AluaAccess::ActiveOnly, AluaAccess::UpToStandby, AluaAccess::Always);
+        assert_eq!(permits(AluaState::Standby, read10), Err(Sense::new(2, 0x04, 0x0b)));
+        assert_eq!(permits(AluaState::Standby, pr_in), Ok(()));
+        assert_eq!(permits(AluaState::Unavailable, pr_in), Err(Sense::new(2, 0x04, 0x0c)));
+        assert_eq!(permits(AluaState::Unavailable, rtpg), Ok(()));
+        assert_eq!(permits(AluaState::ActiveNonOptimized, read10), Ok(()));
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::cdb::field::{self, *};
 use crate::cdb::op;
-use crate::inquiry::{MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BLOCKS};
+use crate::limits::{MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BLOCKS};
 use crate::sense::{key, Sense};
 use crate::Lun;
 use bw_block::{BlockError, Durability, Request};

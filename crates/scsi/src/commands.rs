@@ -20,6 +20,9 @@ use crate::block_io::{self, BLOCK};
 use crate::cdb::{cdb_len, field, op};
 use crate::sense::Sense;
 use crate::{alua, inquiry, log, mode, opcodes, Fail, Lun, ScsiTarget};
+// A row's reservation and ALUA classes, defined where they are checked.
+pub use crate::alua::AluaAccess;
+pub use crate::reservation::Conflict;
 
 /// How to find a byte count in a CDB.
 #[derive(Debug, Clone, Copy)]
@@ -80,47 +83,6 @@ impl Transfer {
             _ => None,
         }
     }
-}
-
-/// How a command stands with respect to reservations held by another
-/// I_T nexus (SPC-4 5.12.1 table 62 and the SPC-2 RESERVE rules).
-#[derive(Debug, Clone, Copy)]
-pub enum Conflict {
-    /// Never conflicts: identification, sense and capability queries.
-    Never,
-    /// Neither modifies the medium nor the device's state: allowed to
-    /// non-holders under Write Exclusive types, conflicts under Exclusive
-    /// Access.
-    Read,
-    /// Conflicts unless the nexus has access.
-    Write,
-    /// RESERVE/RELEASE and PERSISTENT RESERVE IN/OUT check for themselves.
-    Own,
-    /// Depends on the CDB (PREVENT ALLOW MEDIUM REMOVAL with PREVENT 0
-    /// never conflicts, with PREVENT set it does).
-    ByCdb(fn(&[u8]) -> Conflict),
-}
-
-impl Conflict {
-    /// The class for this CDB (resolves [`Conflict::ByCdb`]).
-    pub fn of(self, cdb: &[u8]) -> Conflict {
-        match self {
-            Conflict::ByCdb(f) => f(cdb),
-            c => c,
-        }
-    }
-}
-
-/// Which asymmetric access states let the command run (SPC-4 5.16.2.4):
-/// in standby and unavailable only what inspects the LU or its paths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AluaAccess {
-    /// Runs in every state.
-    Always,
-    /// Runs in the active states and standby (persistent reservations).
-    UpToStandby,
-    /// Runs in the active states only (medium access and the rest).
-    ActiveOnly,
 }
 
 /// Where a transport should run the command.
@@ -588,8 +550,10 @@ fn report_target_port_groups(c: &Call<'_>, l: &Lun, out: DataIn<'_>) -> Result<(
     )?)
 }
 
+/// REPORT SUPPORTED OPERATION CODES: this table's rows.
 fn report_supported_opcodes(c: &Call<'_>, _: &Lun, out: DataIn<'_>) -> Result<(), Fail> {
-    Ok(opcodes::report_supported_opcodes(c.cdb, out)?)
+    let supported = COMMANDS.iter().map(|r| opcodes::Supported { opcode: r.opcode, service_action: r.service_action, usage: r.usage });
+    Ok(opcodes::report_supported_opcodes(c.cdb, supported, out)?)
 }
 
 fn report_supported_tmf(c: &Call<'_>, _: &Lun, out: DataIn<'_>) -> Result<(), Fail> {
@@ -654,6 +618,15 @@ mod tests {
             assert_eq!(c.alua, first.alua, "{}", c.name);
             assert_eq!(c.cdb_len(), first.cdb_len(), "{}", c.name);
         }
+    }
+
+    /// The ALUA classes `alua.rs`'s test takes for these commands.
+    #[test]
+    fn alua_classes_of_read_pr_in_and_rtpg() {
+        let class = |cdb: &[u8]| command(cdb).unwrap().alua;
+        assert_eq!(class(&[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0]), AluaAccess::ActiveOnly);
+        assert_eq!(class(&[0x5e, 0, 0, 0, 0, 0, 0, 0, 8, 0]), AluaAccess::UpToStandby);
+        assert_eq!(class(&[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]), AluaAccess::Always);
     }
 
     #[test]

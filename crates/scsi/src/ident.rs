@@ -1,4 +1,10 @@
-//! Stable identifiers derived from names (serial numbers, NAA designators).
+//! Stable identifiers derived from names (serial numbers, NAA designators),
+//! and the transport's id of an I_T nexus.
+
+/// One per I_T nexus (an iSCSI session), assigned by the transport. Ids must
+/// not be reused while the nexus is alive; call [`crate::ScsiTarget::nexus_gone`]
+/// when it ends.
+pub type NexusId = u64;
 
 /// 64-bit FNV-1a over the three names; stable across builds and platforms
 /// (unlike `std`'s `DefaultHasher`), so a LUN keeps its identity on restart.

@@ -2,16 +2,10 @@
 //! or VMware initiator reads to configure a disk.
 
 use crate::cdb::field::*;
+use crate::limits::*;
 use crate::sense::Sense;
 use crate::Lun;
 
-/// Block limits advertised in VPD 0xB0 (units of 512-byte blocks).
-pub const MAX_TRANSFER_BLOCKS: u32 = 8192; // 4 MiB per command
-pub const OPTIMAL_TRANSFER_BLOCKS: u32 = 2048; // 1 MiB
-pub const OPTIMAL_GRANULARITY_BLOCKS: u16 = 8; // 4 KiB pages underneath
-pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
-pub const MAX_WRITE_SAME_BLOCKS: u64 = 0xffff; // as LIO: 32 MiB - 512
-pub const MAX_COMPARE_AND_WRITE_BLOCKS: u8 = 255;
 
 /// Locally administered company id (U/L bit set) for our NAA designators.
 const LOCAL_OUI: u64 = 0x02_6277;

@@ -40,10 +40,6 @@
 
 use bw_block::Volume;
 
-/// One per I_T nexus (an iSCSI session), assigned by the transport. Ids must
-/// not be reused while the nexus is alive; call [`ScsiTarget::nexus_gone`]
-/// when it ends.
-pub type NexusId = u64;
 
 /// SCSI status codes (SAM-5) a command can complete with.
 pub mod status {
@@ -116,6 +112,7 @@ mod cdb;
 pub mod commands;
 mod ident;
 mod inquiry;
+mod limits;
 mod log;
 mod mode;
 mod opcodes;
@@ -126,20 +123,16 @@ pub mod sense;
 mod ua;
 
 pub use alua::{AluaState, PortGroup};
+pub use ident::NexusId;
 pub use inquiry::naa_designator;
 pub use plan::{io_outcome, IoPlan, Plan, Planned, ReadPlan};
 
-/// The most data-out any command accepts, in bytes: a WRITE of the
-/// MAXIMUM TRANSFER LENGTH in the Block Limits VPD page (parameter lists and
-/// COMPARE AND WRITE are smaller). Transports refuse larger transfers
-/// before receiving them.
-pub const MAX_DATA_OUT_BYTES: u32 = inquiry::MAX_TRANSFER_BLOCKS * 512;
+pub use limits::MAX_DATA_OUT_BYTES;
 pub use sense::Sense;
 /// Operation codes and service actions, for initiators as for this target.
 pub use cdb::op;
 
-use cdb::{field, naca_or_link, truncate_to};
-use commands::{Call, Handler, Lookup, Transfer};
+use cdb::field;
 use reservation::{Denied, Reservations};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -461,81 +454,6 @@ impl ScsiTarget {
         }
     }
 
-    /// Execute one command.
-    ///
-    /// `data_out` is the data the initiator sent; it may be shorter or longer
-    /// than the CDB asks for (WRITE writes the whole blocks received and
-    /// ignores excess; parameter lists that are cut short fail). `data_in` is
-    /// cleared and filled with the data the command returns, already cut to
-    /// the CDB's allocation length; the transport truncates it further to the
-    /// expected transfer length and computes residuals.
-    pub fn execute(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[u8], data_in: &mut Vec<u8>) -> ScsiOutcome {
-        self.execute_pieces(nexus, lun, cdb, &[data_out], data_in)
-    }
-
-    /// [`ScsiTarget::execute`] with the data-out in consecutive pieces, as
-    /// a transport receives it: plain WRITEs write each piece where it
-    /// lands; other commands get the pieces joined into one buffer.
-    pub fn execute_pieces(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[&[u8]], data_in: &mut Vec<u8>) -> ScsiOutcome {
-        self.plan(lun, cdb).run(nexus, data_out, data_in)
-    }
-
-    /// Run one command through the checks every command gets, in SAM-5 /
-    /// SPC-4 order, then its handler; everything command specific comes
-    /// from its row in [`commands::COMMANDS`].
-    fn run(&self, nexus: NexusId, lun: Option<&Lun>, found: Lookup, cdb: &[u8], data_out: &[&[u8]], out: &mut Vec<u8>) -> Result<(), Fail> {
-        let Some(&opcode) = cdb.first() else { return Err(Sense::INVALID_OPCODE.into()) };
-        let row = match found {
-            Lookup::Found(c) | Lookup::UnknownServiceAction { like: c } => Some(c),
-            Lookup::UnknownOpcode => None,
-        };
-        let len = row.map_or(commands::group_cdb_len(opcode), |c| c.cdb_len());
-        if cdb.len() < len {
-            return Err(Sense::invalid_in_cdb(field::OPERATION_CODE).into());
-        }
-        out.clear();
-        let call = Call { target: self, nexus, cdb, data_out };
-        let Some(l) = lun else {
-            // Only INQUIRY, REPORT LUNS and REQUEST SENSE answer for a LUN
-            // that is not mapped.
-            return match found {
-                Lookup::Found(c @ commands::Command { handler: Handler::AnyLun(h), .. }) => {
-                    h(&call, None, out)?;
-                    truncate_data_in(c, cdb, out);
-                    Ok(())
-                }
-                _ => Err(Sense::LUN_NOT_SUPPORTED.into()),
-            };
-        };
-        alua::permits(self.alua_state(l), row.map_or(commands::AluaAccess::ActiveOnly, |c| c.alua))?;
-        let Some(row) = row else { return Err(Sense::INVALID_OPCODE.into()) };
-        if naca_or_link(cdb, len) {
-            return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
-        }
-        // Unit attentions and reservations: one atomic load each unless
-        // something is pending.
-        if l.ua.active() || l.res.held() {
-            let who = self.identity(nexus);
-            if !row.any_lun() {
-                if let Some(s) = l.ua.take(who) {
-                    return Err(s.into());
-                }
-            }
-            let conflict = match found {
-                Lookup::Found(c) => c.conflict.of(cdb),
-                _ => commands::unknown_service_action_conflict(opcode),
-            };
-            l.res.check(who, &self.pr_who(nexus, l), conflict)?;
-        }
-        let Lookup::Found(row) = found else { return Err(Sense::invalid_in_cdb(field::SERVICE_ACTION).into()) };
-        match row.handler {
-            Handler::Lun(h) => h(&call, l, out)?,
-            Handler::AnyLun(h) => h(&call, Some(l), out)?,
-        }
-        truncate_data_in(row, cdb, out);
-        Ok(())
-    }
-
     /// Names of the initiator ports seen so far, by identity.
     #[cfg(test)]
     pub(crate) fn port_names_snapshot(&self) -> HashMap<u64, String> {
@@ -644,15 +562,6 @@ pub fn decode_lun(b: [u8; 8]) -> Option<u64> {
         1 => Some((((b[0] & 0x3f) as u64) << 8) | b[1] as u64),
         3 if b[0] == 0xd2 => Some(((b[1] as u64) << 16) | ((b[2] as u64) << 8) | b[3] as u64),
         _ => None,
-    }
-}
-
-/// Cut a data-in answer to the allocation length its row names.
-fn truncate_data_in(c: &commands::Command, cdb: &[u8], out: &mut Vec<u8>) {
-    if let Transfer::In(len) = c.transfer {
-        if let Some(n) = len.of(cdb) {
-            truncate_to(out, n);
-        }
     }
 }
 

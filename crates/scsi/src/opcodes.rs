@@ -1,10 +1,20 @@
 //! REPORT SUPPORTED OPERATION CODES and REPORT SUPPORTED TASK MANAGEMENT
 //! FUNCTIONS. The operation codes, service actions and CDB usage data are
-//! the rows of [`crate::commands::COMMANDS`].
+//! the rows of [`crate::commands::COMMANDS`], which the table's row for
+//! REPORT SUPPORTED OPERATION CODES passes in ([`Supported`]): the command
+//! lists the table it is in.
 
 use crate::cdb::field::*;
-use crate::commands::{has_service_actions, COMMANDS};
 use crate::sense::Sense;
+
+/// One supported command as REPORT SUPPORTED OPERATION CODES lists it.
+#[derive(Debug, Clone, Copy)]
+pub struct Supported {
+    pub opcode: u8,
+    pub service_action: Option<u8>,
+    /// The CDB usage data (its length is the CDB's).
+    pub usage: &'static [u8],
+}
 
 /// Nominal/recommended timeouts in the RCTD descriptor (seconds; 0 = unknown).
 const TIMEOUT_SECS: u32 = 30;
@@ -15,8 +25,9 @@ fn timeouts_descriptor(out: &mut Vec<u8>) {
     out.extend_from_slice(&TIMEOUT_SECS.to_be_bytes());
 }
 
-/// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN / 0x0C).
-pub fn report_supported_opcodes(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sense> {
+/// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN / 0x0C) of the
+/// commands `supported` lists, in table order.
+pub fn report_supported_opcodes(cdb: &[u8], supported: impl Iterator<Item = Supported> + Clone, out: &mut Vec<u8>) -> Result<(), Sense> {
     let rctd = RSOC_RCTD.get(cdb);
     let options = RSOC_REPORTING_OPTIONS.get(cdb);
     let req_op = RSOC_REQUESTED_OPCODE.get(cdb);
@@ -24,7 +35,7 @@ pub fn report_supported_opcodes(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sen
     match options {
         0 => {
             out.extend_from_slice(&[0; 4]);
-            for info in COMMANDS {
+            for info in supported {
                 let sa = info.service_action.unwrap_or(0) as u16;
                 out.push(info.opcode);
                 out.push(0);
@@ -42,12 +53,12 @@ pub fn report_supported_opcodes(cdb: &[u8], out: &mut Vec<u8>) -> Result<(), Sen
         1..=3 => {
             // 1: by opcode (must not have service actions); 2: by opcode +
             // service action (must have them); 3: either.
-            let with_sa = has_service_actions(req_op);
+            let with_sa = supported.clone().any(|s| s.opcode == req_op && s.service_action.is_some());
             if (options == 1 && with_sa) || (options == 2 && !with_sa) {
                 return Err(Sense::invalid_in_cdb(RSOC_REPORTING_OPTIONS));
             }
-            let found = COMMANDS
-                .iter()
+            let found = supported
+                .clone()
                 .find(|i| i.opcode == req_op && (!with_sa || i.service_action.map(u16::from) == Some(req_sa)));
             out.extend_from_slice(&[0, 0, 0, 0]);
             match found {

@@ -4,12 +4,15 @@
 //! ([`Plan::data_out_len`]), whether it is a plain READ whose data the
 //! transport moves itself ([`Plan::read`]) or a plain READ or WRITE it
 //! submits itself ([`Plan::io`]), and otherwise running it
-//! ([`Plan::execute`]).
+//! ([`Plan::execute`]); and running one command ([`ScsiTarget::execute`]:
+//! the checks every command gets, then its handler, from its row).
 
 use crate::cdb::{field, naca_or_link, op};
-use crate::commands::{self, Execution, Lookup, Transfer};
+use crate::alua;
+use crate::cdb::truncate_to;
+use crate::commands::{self, Call, Execution, Handler, Lookup, Transfer};
 use crate::sense::Sense;
-use crate::{Lun, NexusId, ScsiOutcome, ScsiTarget};
+use crate::{Fail, Lun, NexusId, ScsiOutcome, ScsiTarget};
 use bw_block::Volume;
 
 /// One command as the table and the LUN see it (see the module comment).
@@ -260,5 +263,93 @@ impl<'a> Plan<'a> {
             data_in.clear();
         }
         ScsiOutcome::from_result(r)
+    }
+}
+
+/// Running commands: what reads the command table sits above the handlers
+/// it names (and the target and LUN state they use, in lib.rs).
+impl ScsiTarget {
+    /// Execute one command.
+    ///
+    /// `data_out` is the data the initiator sent; it may be shorter or longer
+    /// than the CDB asks for (WRITE writes the whole blocks received and
+    /// ignores excess; parameter lists that are cut short fail). `data_in` is
+    /// cleared and filled with the data the command returns, already cut to
+    /// the CDB's allocation length; the transport truncates it further to the
+    /// expected transfer length and computes residuals.
+    pub fn execute(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[u8], data_in: &mut Vec<u8>) -> ScsiOutcome {
+        self.execute_pieces(nexus, lun, cdb, &[data_out], data_in)
+    }
+
+    /// [`ScsiTarget::execute`] with the data-out in consecutive pieces, as
+    /// a transport receives it: plain WRITEs write each piece where it
+    /// lands; other commands get the pieces joined into one buffer.
+    pub fn execute_pieces(&self, nexus: NexusId, lun: u64, cdb: &[u8], data_out: &[&[u8]], data_in: &mut Vec<u8>) -> ScsiOutcome {
+        self.plan(lun, cdb).run(nexus, data_out, data_in)
+    }
+
+    /// Run one command through the checks every command gets, in SAM-5 /
+    /// SPC-4 order, then its handler; everything command specific comes
+    /// from its row in [`commands::COMMANDS`].
+    fn run(&self, nexus: NexusId, lun: Option<&Lun>, found: Lookup, cdb: &[u8], data_out: &[&[u8]], out: &mut Vec<u8>) -> Result<(), Fail> {
+        let Some(&opcode) = cdb.first() else { return Err(Sense::INVALID_OPCODE.into()) };
+        let row = match found {
+            Lookup::Found(c) | Lookup::UnknownServiceAction { like: c } => Some(c),
+            Lookup::UnknownOpcode => None,
+        };
+        let len = row.map_or(commands::group_cdb_len(opcode), |c| c.cdb_len());
+        if cdb.len() < len {
+            return Err(Sense::invalid_in_cdb(field::OPERATION_CODE).into());
+        }
+        out.clear();
+        let call = Call { target: self, nexus, cdb, data_out };
+        let Some(l) = lun else {
+            // Only INQUIRY, REPORT LUNS and REQUEST SENSE answer for a LUN
+            // that is not mapped.
+            return match found {
+                Lookup::Found(c @ commands::Command { handler: Handler::AnyLun(h), .. }) => {
+                    h(&call, None, out)?;
+                    truncate_data_in(c, cdb, out);
+                    Ok(())
+                }
+                _ => Err(Sense::LUN_NOT_SUPPORTED.into()),
+            };
+        };
+        alua::permits(self.alua_state(l), row.map_or(commands::AluaAccess::ActiveOnly, |c| c.alua))?;
+        let Some(row) = row else { return Err(Sense::INVALID_OPCODE.into()) };
+        if naca_or_link(cdb, len) {
+            return Err(Sense::invalid_cdb_field(len as u16 - 1, None).into());
+        }
+        // Unit attentions and reservations: one atomic load each unless
+        // something is pending.
+        if l.ua.active() || l.res.held() {
+            let who = self.identity(nexus);
+            if !row.any_lun() {
+                if let Some(s) = l.ua.take(who) {
+                    return Err(s.into());
+                }
+            }
+            let conflict = match found {
+                Lookup::Found(c) => c.conflict.of(cdb),
+                _ => commands::unknown_service_action_conflict(opcode),
+            };
+            l.res.check(who, &self.pr_who(nexus, l), conflict)?;
+        }
+        let Lookup::Found(row) = found else { return Err(Sense::invalid_in_cdb(field::SERVICE_ACTION).into()) };
+        match row.handler {
+            Handler::Lun(h) => h(&call, l, out)?,
+            Handler::AnyLun(h) => h(&call, Some(l), out)?,
+        }
+        truncate_data_in(row, cdb, out);
+        Ok(())
+    }
+}
+
+/// Cut a data-in answer to the allocation length its row names.
+fn truncate_data_in(c: &commands::Command, cdb: &[u8], out: &mut Vec<u8>) {
+    if let Transfer::In(len) = c.transfer {
+        if let Some(n) = len.of(cdb) {
+            truncate_to(out, n);
+        }
     }
 }

@@ -15,13 +15,41 @@
 //! are only set while some reservation exists.
 
 use crate::cdb::{be32, be64};
-use crate::commands::Conflict;
 use crate::sense::Sense;
 use crate::ua::UnitAttentions;
-use crate::NexusId;
+use crate::ident::NexusId;
 use bw_reservation::{pr_type, Access, Listener, Notice, Refusal, Shared, State, Who};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// How a command stands with respect to reservations held by another
+/// I_T nexus (SPC-4 5.12.1 table 62 and the SPC-2 RESERVE rules).
+#[derive(Debug, Clone, Copy)]
+pub enum Conflict {
+    /// Never conflicts: identification, sense and capability queries.
+    Never,
+    /// Neither modifies the medium nor the device's state: allowed to
+    /// non-holders under Write Exclusive types, conflicts under Exclusive
+    /// Access.
+    Read,
+    /// Conflicts unless the nexus has access.
+    Write,
+    /// RESERVE/RELEASE and PERSISTENT RESERVE IN/OUT check for themselves.
+    Own,
+    /// Depends on the CDB (PREVENT ALLOW MEDIUM REMOVAL with PREVENT 0
+    /// never conflicts, with PREVENT set it does).
+    ByCdb(fn(&[u8]) -> Conflict),
+}
+
+impl Conflict {
+    /// The class for this CDB (resolves [`Conflict::ByCdb`]).
+    pub fn of(self, cdb: &[u8]) -> Conflict {
+        match self {
+            Conflict::ByCdb(f) => f(cdb),
+            c => c,
+        }
+    }
+}
 
 /// Why a command may not run.
 #[derive(Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 //! case is "nothing ever happened": one relaxed atomic load, no lock.
 
 use crate::sense::Sense;
-use crate::NexusId;
+use crate::ident::NexusId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;

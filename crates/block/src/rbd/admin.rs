@@ -5,7 +5,8 @@
 //! (removing an image with snapshots, unprotecting a snapshot with
 //! clones), and its errors come back naming the image.
 
-use super::{check, cstr, ffi, Connection};
+use super::connection::{check, cstr, Connection};
+use super::ffi;
 use crate::RbdTarget;
 use std::ffi::{c_int, c_void};
 use std::io;

@@ -19,7 +19,7 @@
 //!   for it.
 
 use super::ffi::{self, Lib};
-use super::{check, cstr, Connection};
+use super::connection::{check, cstr, Connection};
 use bw_reservation::{State, Store};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;

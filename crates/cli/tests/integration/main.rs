@@ -26,6 +26,7 @@ mod lab_external;
 mod lab_ssh;
 mod load;
 mod metrics;
+mod module_cycles;
 mod mpls;
 mod nvme_auth;
 mod nvme_hostile;

@@ -14,7 +14,7 @@
 use crate::common;
 use bw_nvme::fabrics::{self, reg, Connect, ConnectData, Property};
 use bw_nvme::queue_entry::{nvm, sgl, Keyed, Sgl, Sqe};
-use bw_nvme::controller::INCAPSULE_DATA;
+use bw_nvme::limits::INCAPSULE_DATA;
 use bw_nvme::rdma_queue::{cm, CAPSULE_LEN};
 use bw_nvme::{Cqe, Status};
 use bw_rdma::{BufId, ConnectError, EventKind, Queue, Wc};

@@ -1354,7 +1354,7 @@ fn nvme_tcp_huge_length_claims_are_refused() {
         // A write asking for more than MDTS (and for 4 GiB - 512): an error
         // completion, no R2T; the queue stays up.
         let (_admin, mut io, mut seen) = open_io(&mut rng);
-        for (cid, len) in [(20u16, bw_nvme::controller::MAX_TRANSFER + 512), (21, u32::MAX - 511)] {
+        for (cid, len) in [(20u16, bw_nvme::limits::MAX_TRANSFER + 512), (21, u32::MAX - 511)] {
             let mut s = Sqe::new(nvm::WRITE, cid, 1);
             s.set_rw(0, (len / 512).min(0x1_0000));
             s.set_sgl(Sgl { addr: 0, length: len, kind: sgl::TRANSPORT });

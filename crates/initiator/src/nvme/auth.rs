@@ -1,9 +1,13 @@
 //! In-band authentication (DH-HMAC-CHAP) of one queue right after its
 //! Connect, run over Auth Send / Auth Receive. The protocol is
-//! `bw_nvme::auth::HostAuth`; this moves its messages.
+//! `bw_nvme::auth::HostAuth`; this moves its messages through whatever
+//! submits the queue's commands (`Queue::submit_raw`, passed in: the
+//! queue's Connect, in mod.rs, calls this).
 
-use super::Queue;
+use super::queue::Done;
 use crate::{ClientError, ConnectOptions, Result};
+use bw_nvme::queue_entry::Sqe;
+use std::future::Future;
 use bw_nvme::auth::host::RECEIVE_LEN;
 use bw_nvme::auth::message::{AuthCommand, Message};
 use bw_nvme::auth::{AuthConfig, Entropy, HostAction, HostAuth, Secret, SeqNum};
@@ -44,16 +48,21 @@ fn seq() -> &'static SeqNum {
     SEQ.get_or_init(|| SeqNum::from_os().unwrap_or_else(|_| SeqNum::new(1)))
 }
 
-/// Authenticate queue `q` when its Connect response (`authreq`, dword 0)
-/// asks for it, with the transaction id `qid`.
-pub async fn authenticate(
-    q: &Queue,
+/// Authenticate the queue whose commands `submit` sends (a command, the
+/// data it sends, the length it reads back) when its Connect response
+/// (`authreq`, dword 0) asks for it, with the transaction id `qid`.
+pub async fn authenticate<S, F>(
+    submit: S,
     qid: u16,
     hostnqn: &str,
     subnqn: &str,
     authreq: u32,
     cfg: Option<&Arc<AuthConfig>>,
-) -> Result<()> {
+) -> Result<()>
+where
+    S: Fn(Sqe, Option<Bytes>, u32) -> F,
+    F: Future<Output = Result<Done>>,
+{
     if authreq & AUTHREQ_ASCR != 0 {
         return Err(ClientError::Unsupported(
             "the controller requires secure channel concatenation (NVMe/TCP TLS)".into(),
@@ -87,12 +96,11 @@ pub async fn authenticate(
             HostAction::Send(b) => {
                 last = Message::parse(&b).map(|m| m.name()).unwrap_or("?");
                 log::debug!("nvme: queue {qid}: sending {last}");
-                send(q, qid, b).await.map_err(|e| closed(e, last))?;
+                send(&submit, qid, b).await.map_err(|e| closed(e, last))?;
                 h.sent()
             }
             HostAction::Receive => {
-                let d = q
-                    .submit_raw(AuthCommand::receive_sqe(0, RECEIVE_LEN), None, RECEIVE_LEN)
+                let d = submit(AuthCommand::receive_sqe(0, RECEIVE_LEN), None, RECEIVE_LEN)
                     .await
                     .map_err(|e| closed(e, last))?;
                 if !d.cqe.status.is_success() {
@@ -119,7 +127,7 @@ pub async fn authenticate(
             } => {
                 if let Some(b) = failure2 {
                     // Tell the controller why; the queue is lost either way.
-                    let _ = send(q, qid, b).await;
+                    let _ = send(&submit, qid, b).await;
                 }
                 return Err(auth_err(format!("queue {qid}: {error}")));
             }
@@ -127,14 +135,8 @@ pub async fn authenticate(
     }
 }
 
-async fn send(q: &Queue, qid: u16, b: Vec<u8>) -> Result<()> {
-    let d = q
-        .submit_raw(
-            AuthCommand::send_sqe(0, b.len() as u32),
-            Some(Bytes::from(b)),
-            0,
-        )
-        .await?;
+async fn send<F: Future<Output = Result<Done>>>(submit: impl Fn(Sqe, Option<Bytes>, u32) -> F, qid: u16, b: Vec<u8>) -> Result<()> {
+    let d = submit(AuthCommand::send_sqe(0, b.len() as u32), Some(Bytes::from(b)), 0).await?;
     if !d.cqe.status.is_success() {
         return Err(auth_err(format!(
             "queue {qid}: Auth Send failed: {}",

@@ -137,7 +137,8 @@ async fn fabrics_connect(q: &Queue, qid: u16, sqsize: u16, kato_ms: u32, data: C
     if !d.cqe.status.is_success() {
         return Err(ClientError::Target(format!("Connect (queue {qid}) refused: {} (parameter {:#x})", d.cqe.status, d.cqe.dw0())));
     }
-    auth::authenticate(q, qid, &data.hostnqn, &data.subnqn, d.cqe.dw0(), auth).await?;
+    let submit = |sqe, out, in_len| q.submit_raw(sqe, out, in_len);
+    auth::authenticate(submit, qid, &data.hostnqn, &data.subnqn, d.cqe.dw0(), auth).await?;
     Ok(d.cqe.dw0() as u16)
 }
 

@@ -8,7 +8,7 @@
 //! security strength, as RFC 7919 section 5.2 asks).
 
 use super::ffdhe;
-use super::DhGroup;
+use super::codes::DhGroup;
 use crypto_bigint::modular::{BoxedMontyForm, BoxedMontyParams};
 use crypto_bigint::{BoxedUint, Odd};
 use std::sync::OnceLock;

@@ -15,7 +15,7 @@
 //! Parsers accept trailing bytes: a host reads messages into a larger
 //! buffer (Linux: 4 KiB), and controllers pad them to it.
 
-use super::FailureReason;
+use super::codes::FailureReason;
 use crate::queue_entry::Sqe;
 use crate::fabrics::fctype;
 use crate::status::Status;

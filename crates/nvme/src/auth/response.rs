@@ -11,7 +11,7 @@
 //! S and T_ID little-endian, SC_C one byte (0: no secure channel), Kh' and
 //! Kc' the transformed keys ([`super::Secret::transformed`]).
 
-use super::HashId;
+use super::codes::HashId;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256, Sha384, Sha512};
 

@@ -11,7 +11,7 @@
 //! (`nvme_auth_extract_key`).
 
 use super::response::hmac;
-use super::HashId;
+use super::codes::HashId;
 use base64::Engine;
 use std::fmt;
 use zeroize::Zeroizing;

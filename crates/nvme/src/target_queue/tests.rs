@@ -4,7 +4,7 @@ use crate::auth::{ControllerAuth, FailureReason};
 use crate::controller::KeepAlive;
 use crate::fabrics::{self, Connect, ConnectData};
 use std::sync::Arc;
-use crate::controller::MAX_QUEUE_ENTRIES;
+use crate::limits::MAX_QUEUE_ENTRIES;
 use crate::fabrics::NQN_MAX_LEN;
 use crate::queue_entry::{nvm, Sgl};
 use crate::pdu::{IcReq, DATA_HLEN};

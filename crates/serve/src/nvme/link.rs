@@ -1,35 +1,28 @@
-//! What a queue of either NVMe transport (TCP: `conn.rs`, RDMA: `rdma.rs`)
-//! holds of its controller, and the work both do alike once the queue's
-//! protocol state machine hands out an action: Connect (create or join a
-//! controller, authenticate or log in), the login's bookkeeping (queue ID,
-//! metrics, stats), admin commands, asynchronous events, I/O accounting,
-//! and teardown. Each transport keeps only how it moves bytes.
+//! What a queue of either NVMe transport holds of its controller: Connect
+//! (create or join a controller, authenticate or log in), the login's
+//! bookkeeping (queue ID, metrics, stats), admin commands, asynchronous
+//! events, I/O accounting, and teardown. The queue wrapper (`queue.rs`)
+//! drives it from what the queue's state machine hands out.
 
-use super::fabric::{CtrlEntry, Fabric};
+use super::fabric::{CtrlEntry, Fabric, Refusal};
 use crate::metrics::{self, IoTimer, Meter, Op};
 use crate::session::SessionStats;
 use bw_nvme::auth::ControllerAuth;
 use bw_nvme::controller::{AdminOutcome, Completion};
 use bw_nvme::fabrics::{self, Connect, ConnectData};
 use bw_nvme::queue_entry::{nvm, Sqe};
-use bw_nvme::target_queue::Connected;
+use bw_nvme::fabric_queue::Connected;
 use bw_nvme::Status;
 use bytes::Bytes;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A refused Connect, as the queue's state machine reports it.
-pub struct Refused {
-    pub status: Status,
-    pub result: u64,
-}
-
 /// One queue's place in its controller (see the module comment).
 pub struct Link {
     pub fabric: Arc<Fabric>,
     /// For logs: "nvme" or "nvme-rdma", and the host's address.
-    transport: &'static str,
+    pub transport: &'static str,
     pub peer: String,
     pub ctrl: Option<Arc<CtrlEntry>>,
     /// This I/O queue holds its queue ID in `ctrl` (from its login on).
@@ -61,7 +54,7 @@ impl Link {
     /// Create (queue 0) or join a controller for a Connect the queue's
     /// checks let through. Without credentials to check, the queue logs in
     /// at once; otherwise when the host has authenticated.
-    pub fn connect(&mut self, c: &Connect, d: &ConnectData, local: Option<SocketAddr>, peer: Option<SocketAddr>) -> Result<Connected, Refused> {
+    pub fn connect(&mut self, c: &Connect, d: &ConnectData, local: Option<SocketAddr>, peer: Option<SocketAddr>) -> Result<Connected, Refusal> {
         let r = if c.qid == 0 {
             self.fabric.connect_admin(c, d, local, peer)
         } else {
@@ -75,7 +68,7 @@ impl Link {
                     metrics::global().auth_failure(metrics::Proto::Nvme, &d.subnqn, &d.hostnqn);
                 }
                 log::info!("{}: {}: Connect (qid {}) refused: {}", self.transport, self.peer, c.qid, r.status);
-                return Err(Refused { status: r.status, result: r.result });
+                return Err(r);
             }
         };
         // With SQ flow control off, a successful read completes with its
@@ -96,7 +89,7 @@ impl Link {
             if let Err(why) = self.log_in(c.qid) {
                 log::info!("{}: {}: Connect (qid {}) refused: {why}", self.transport, self.peer, c.qid);
                 self.ctrl = None;
-                return Err(Refused { status: Status::CONNECT_INVALID_PARAM.dnr(), result: fabrics::ipo_sqe(fabrics::CS_QID) });
+                return Err(Refusal { status: Status::CONNECT_INVALID_PARAM.dnr(), result: fabrics::ipo_sqe(fabrics::CS_QID) });
             }
         }
         Ok(done)

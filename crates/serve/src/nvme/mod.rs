@@ -1,16 +1,19 @@
 //! NVMe/TCP front-end: listeners, the set of live controllers, and one task
 //! per TCP connection (each connection is one queue: admin or I/O); and
 //! NVMe/RDMA beside it (`rdma.rs`), one thread per RDMA connection, on the
-//! same controllers and subsystems.
+//! same controllers and subsystems. Both transports' queues are the one
+//! queue wrapper (`queue.rs`), each transport supplying its I/O (`tcp.rs`,
+//! `rdma.rs`).
 //!
 //! Protocol logic lives in `bw_nvme` (PDU codec, controller state machine,
 //! NVM command set); this module moves bytes and owns the controllers.
 
 mod auth;
-mod conn;
 mod fabric;
 mod link;
+mod queue;
 mod rdma;
+mod tcp;
 
 use crate::accept::{Accepted, Acceptor, Threading};
 use crate::limits::{Admission, Limits};
@@ -29,30 +32,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-
-/// NVMe/TCP framing for the shared reader: the common header's PLEN is the
-/// PDU's length; `max_plen` bounds what a peer can make us buffer.
-pub(super) struct NvmeFraming {
-    pub max_plen: u32,
-}
-
-impl crate::framing::Framing for NvmeFraming {
-    fn header_len(&self) -> usize {
-        bw_nvme::pdu::CH_LEN
-    }
-    fn pdu_len(&self, header: &[u8]) -> usize {
-        bw_nvme::pdu::CommonHeader::parse(header).plen as usize
-    }
-    fn max_pdu(&self) -> usize {
-        self.max_plen as usize
-    }
-    fn growth(&self) -> crate::framing::Growth {
-        // `pdu::decode` reserves exactly what a partial PDU still needs;
-        // only a full buffer needs more room (reserving more while earlier
-        // PDUs' payloads are still referenced would copy the partial PDU).
-        crate::framing::Growth { low_water: 1, chunk: 64 * 1024, large_pdu: usize::MAX }
-    }
-}
 
 /// Build the subsystems a config describes.
 fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Subsystem>>> {
@@ -293,7 +272,7 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         // `a.ticket` lives as long as the connection's future.
         let Accepted { stream, peer, local, ticket, shutdown } = a;
         let fabric = f.clone();
-        conn::serve(stream, peer, local, fabric, shutdown, login_timeout, ticket)
+        tcp::serve(stream, peer, local, fabric, shutdown, login_timeout, ticket)
     });
     let discovery = discovery.map(|l| acceptor.accept_on(l, shutdown.clone(), serve.clone()));
     let tcp = Arc::new(TcpPorts {

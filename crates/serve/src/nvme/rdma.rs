@@ -1,6 +1,9 @@
-//! NVMe/RDMA: the verbs around [`RdmaQueue`], as `conn.rs` is the socket
-//! around NVMe/TCP's queue. Controllers, subsystems and allowed hosts are
-//! the same [`Fabric`] as NVMe/TCP's.
+//! NVMe/RDMA: the verbs around [`RdmaQueue`] in the one NVMe queue
+//! wrapper ([`Queue`]), as `tcp.rs` is the socket around NVMe/TCP's queue.
+//! Controllers, subsystems and allowed hosts are the same [`Fabric`] as
+//! NVMe/TCP's; this file is the transport's I/O: the connection manager,
+//! the queue pair's RECVs, SENDs and RDMA transfers, and commands run on
+//! the queue's thread.
 //!
 //! One thread per listener takes connect requests: a request whose private
 //! data asks for a queue we do not offer is rejected with the reason, one
@@ -26,15 +29,16 @@
 
 use super::fabric::Fabric;
 use super::link::Link;
-use crate::limits::{Admission, Ticket};
+use super::queue::{Finished, Io, Queue, Transport};
+use crate::limits::Admission;
 use crate::metrics;
 use crate::Shutdown;
-use anyhow::Context;
+use anyhow::{anyhow, Context};
 use bw_nvme::auth::Entropy;
-use bw_nvme::fabrics::{Connect, ConnectData};
+use bw_nvme::fabric_queue::Connected;
 use bw_nvme::nvm_io as io;
 use bw_nvme::queue_entry::Sqe;
-use bw_nvme::rdma_queue::{cm, Action, Post, RdmaQueue, CAPSULE_LEN};
+use bw_nvme::rdma_queue::{cm, Action, Post, RdmaQueue, RdmaQueueError, CAPSULE_LEN};
 use bw_nvme::Status;
 use bw_rdma::{BufId, EventKind, Listener, Remote, Request, Wc};
 use bytes::Bytes;
@@ -121,36 +125,35 @@ fn accept(r: Request, fabric: &Arc<Fabric>, admission: &Arc<Admission>, login_ti
         q.accept(&cm::accept(shape.sq_entries), responder, initiator)?;
         Ok((q, recv, cqes))
     });
-    let (q, recv, cqes) = match started {
+    let (qp, recv, cqes) = match started {
         Ok(x) => x,
         Err(e) => {
             log::warn!("nvme-rdma: {peer}: cannot accept: {e}");
             return;
         }
     };
-    let mut c = Conn {
-        link: Link::new(fabric.clone(), "nvme-rdma", peer.clone()),
-        peer: peer.clone(),
-        q,
+    let rdma = Rdma {
         rq: RdmaQueue::new(shape, Instant::now() + login_timeout),
+        qp,
+        // (Its port is not the CM's: the address alone, for `session_list`.)
+        peer: peer.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 0)),
         recv,
         cqes,
         free_cqes: (0..2 * entries as usize).collect(),
         transfers: HashMap::new(),
         next_transfer: 0,
         posts: Vec::new(),
-        kill: None,
-        ticket,
-        shutdown: shutdown.clone(),
     };
+    let mut c = Queue::new(Link::new(fabric.clone(), "nvme-rdma", peer.clone()), rdma, ticket);
+    let shutdown = shutdown.clone();
     let spawned = std::thread::Builder::new().name("nvme-rdma-q".into()).spawn(move || {
         let _conn = metrics::global().connection(metrics::Proto::Nvme);
-        let r = c.run();
-        c.close_queue();
-        c.q.disconnect();
+        let r = c.drive(&shutdown);
+        c.close();
+        c.t.qp.disconnect();
         match r {
-            Ok(()) => log::debug!("nvme-rdma: {}: queue {} closed", c.peer, c.rq.qid()),
-            Err(e) => log::info!("nvme-rdma: {}: queue {} of controller {} closed: {e}", c.peer, c.rq.qid(), c.rq.cntlid()),
+            Ok(()) => log::debug!("nvme-rdma: {}: queue {} closed", c.link.peer, c.t.rq.qid()),
+            Err(e) => log::info!("nvme-rdma: {}: queue {} of controller {} closed: {e:#}", c.link.peer, c.t.rq.qid(), c.t.rq.cntlid()),
         }
     });
     if let Err(e) = spawned {
@@ -164,11 +167,11 @@ struct Transfer {
     fetch_for: Option<u16>,
 }
 
-struct Conn {
-    link: Link,
-    peer: String,
-    q: bw_rdma::Queue,
+/// NVMe/RDMA's I/O under the queue wrapper.
+pub struct Rdma {
     rq: RdmaQueue,
+    qp: bw_rdma::Queue,
+    peer: Option<SocketAddr>,
     /// One receive slot of CAPSULE_LEN bytes per submission queue entry.
     recv: BufId,
     /// 16-byte completion slots for SENDs, and the free ones.
@@ -176,64 +179,65 @@ struct Conn {
     free_cqes: Vec<usize>,
     transfers: HashMap<u64, Transfer>,
     next_transfer: u64,
+    /// What the queue asked to post, in order.
     posts: Vec<Post>,
-    kill: Option<tokio::sync::watch::Receiver<bool>>,
-    /// This connection's place in the RDMA front-end's admission limits.
-    ticket: Ticket,
-    shutdown: Shutdown,
 }
 
-type End = Result<(), String>;
+type End = anyhow::Result<()>;
 
-impl Conn {
-    fn run(&mut self) -> End {
+impl Queue<Rdma> {
+    /// Run the queue until it ends, the controller is torn down or the
+    /// target shuts down.
+    fn drive(&mut self, shutdown: &Shutdown) -> End {
         let mut wcs = [Wc::default(); 16];
         let mut armed = false;
         loop {
-            if self.shutdown.is_set() || self.kill.as_ref().is_some_and(|k| *k.borrow()) {
+            if shutdown.is_set() || self.killed() {
                 return Ok(());
             }
-            let n = self.q.poll(&mut wcs).map_err(|e| e.to_string())?;
+            let n = self.t.qp.poll(&mut wcs)?;
             for wc in &wcs[..n] {
                 if let Some(end) = self.completion(wc) {
-                    return end;
+                    return self.end(end);
                 }
             }
-            self.post()?;
-            while let Some(ev) = self.q.cm_event().map_err(|e| e.to_string())? {
+            self.t.post()?;
+            while let Some(ev) = self.t.qp.cm_event()? {
                 match ev.kind {
-                    EventKind::Established => log::debug!("nvme-rdma: {}: queue {} established", self.peer, self.rq.qid()),
-                    EventKind::Disconnected | EventKind::DeviceRemoval => return Err(format!("{} from the host's side", ev.name())),
+                    EventKind::Established => log::debug!("nvme-rdma: {}: queue {} established", self.link.peer, self.t.rq.qid()),
+                    EventKind::Disconnected | EventKind::DeviceRemoval => return Err(anyhow!("{} from the host's side", ev.name())),
                     _ => {}
                 }
             }
             self.send_events();
             let now = Instant::now();
-            if self.rq.poll_timeout().is_some_and(|t| now >= t) {
-                if let Some(end) = self.rq.handle_timeout(now).and_then(|a| self.act(a)) {
-                    return end;
+            if self.t.rq.poll_timeout().is_some_and(|t| now >= t) {
+                if let Some(end) = self.t.rq.handle_timeout(now).and_then(|a| self.act(a)) {
+                    return self.end(end);
                 }
             }
-            self.post()?;
+            self.t.post()?;
             if n > 0 {
                 continue;
             }
             // Empty: ask to be woken, look once more (a completion may have
             // come in between), then sleep.
             if !armed {
-                self.q.rearm().map_err(|e| e.to_string())?;
+                self.t.qp.rearm()?;
                 armed = true;
                 continue;
             }
-            let wait = self.rq.poll_timeout().map_or(TICK, |t| t.saturating_duration_since(now).min(TICK));
-            self.q.wait(wait).map_err(|e| e.to_string())?;
+            let wait = self.t.rq.poll_timeout().map_or(TICK, |t| t.saturating_duration_since(now).min(TICK));
+            self.t.qp.wait(wait)?;
             armed = false;
         }
     }
 
-    /// Teardown: an admin queue takes its controller with it.
-    fn close_queue(&mut self) {
-        self.link.close(self.rq.qid());
+    /// The queue ends: post what it queued last (a Disconnect's
+    /// completion, an authentication's failure) first.
+    fn end(&mut self, end: End) -> End {
+        let posted = self.t.post();
+        end.and(posted)
     }
 
     /// One work completion; `Some` ends the queue.
@@ -246,64 +250,101 @@ impl Conn {
                 WR_READ => "RDMA READ",
                 _ => "RDMA WRITE",
             };
-            return Some(Err(format!("{what} failed: {}", wc.status_str())));
+            return Some(Err(anyhow!("{what} failed: {}", wc.status_str())));
         }
+        self.now = Instant::now();
+        let t = &mut self.t;
         let a = match kind {
             WR_RECV => {
                 let off = n as usize * CAPSULE_LEN;
                 let len = (wc.byte_len as usize).min(CAPSULE_LEN);
-                let capsule = &self.q.buf(self.recv)[off..off + len];
-                let a = self.rq.capsule(capsule, Instant::now(), &mut self.posts);
+                let capsule = &t.qp.buf(t.recv)[off..off + len];
+                let a = t.rq.capsule(capsule, self.now, &mut t.posts);
                 // The capsule was copied out: the slot takes the next one.
-                if let Err(e) = self.q.post_recv(wc.wr_id, self.recv, off, CAPSULE_LEN) {
-                    return Some(Err(format!("RECV: {e}")));
+                if let Err(e) = t.qp.post_recv(wc.wr_id, t.recv, off, CAPSULE_LEN) {
+                    return Some(Err(anyhow!("RECV: {e}")));
                 }
                 a
             }
             WR_SEND => {
-                self.free_cqes.push(n as usize);
+                t.free_cqes.push(n as usize);
                 None
             }
             _ => {
-                let t = self.transfers.remove(&n)?;
-                let data = self.q.release(t.buf);
-                let cid = t.fetch_for?;
-                self.rq.fetched(cid, Bytes::from(data.unwrap_or_default()), &mut self.posts)
+                let tr = t.transfers.remove(&n)?;
+                let data = t.qp.release(tr.buf);
+                let cid = tr.fetch_for?;
+                t.rq.fetched(cid, Bytes::from(data.unwrap_or_default()), &mut t.posts)
             }
         };
         a.and_then(|a| self.act(a))
     }
+}
 
+impl Transport for Rdma {
+    type Error = RdmaQueueError;
+    const KEYED_SGLS: bool = true;
+
+    fn qid(&self) -> u16 {
+        self.rq.qid()
+    }
+    fn local(&self) -> Option<SocketAddr> {
+        None
+    }
+    fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+    fn connected(&mut self, cid: u16, c: Connected, now: Instant) {
+        self.rq.connected(cid, c, now, &mut self.posts);
+    }
+    fn connect_refused(&mut self, cid: u16, status: Status, result: u64) {
+        self.rq.connect_refused(cid, status, result, &mut self.posts);
+    }
+    fn auth_send(&mut self, sqe: &Sqe, data: &[u8], entropy: Entropy) -> Option<Action> {
+        self.rq.auth_send(sqe, data, entropy, &mut self.posts)
+    }
+    fn complete(&mut self, cid: u16, status: Status, result: u64, data: Option<Bytes>) {
+        self.rq.complete(cid, status, result, data, &mut self.posts);
+    }
+
+    /// On this thread: an RDMA queue is one host CPU's queue.
+    fn run(q: &mut Queue<Rdma>, c: Io) {
+        let done = io::execute_resolved(&c.sub, &c.r, &c.host, &c.sqe, &c.data);
+        q.finished(Finished { cid: c.sqe.cid(), done, io: c.timer });
+    }
+}
+
+impl Rdma {
     /// Post what the queue asked for, in order.
     fn post(&mut self) -> End {
         for p in std::mem::take(&mut self.posts) {
             match p {
                 Post::Read { cid, from } => {
                     let len = from.length as usize;
-                    let buf = self.q.register(len, false).map_err(|e| format!("RDMA READ: {e}"))?;
+                    let buf = self.qp.register(len, false).context("RDMA READ")?;
                     let id = self.transfer(buf, Some(cid));
-                    self.q.post_read(wr_id(WR_READ, id), buf, 0, len, Remote { addr: from.addr, key: from.key }).map_err(|e| format!("RDMA READ: {e}"))?;
+                    self.qp.post_read(wr_id(WR_READ, id), buf, 0, len, Remote { addr: from.addr, key: from.key }).context("RDMA READ")?;
                 }
                 Post::Write { to, data } => {
                     let len = data.len();
-                    let buf = self.q.register_bytes(data, false).map_err(|e| format!("registering a result: {e}"))?;
+                    let buf = self.qp.register_bytes(data, false).context("registering a result")?;
                     let id = self.transfer(buf, None);
-                    self.q.post_write(wr_id(WR_WRITE, id), buf, 0, len, Remote { addr: to.addr, key: to.key }, true).map_err(|e| format!("RDMA WRITE: {e}"))?;
+                    self.qp.post_write(wr_id(WR_WRITE, id), buf, 0, len, Remote { addr: to.addr, key: to.key }, true).context("RDMA WRITE")?;
                 }
                 Post::Send { cqe, invalidate } => {
-                    let slot = self.free_cqes.pop().ok_or("no completion slot free: the host sends faster than its queue size allows")?;
-                    if let Some(b) = self.q.buf_mut(self.cqes) {
+                    let slot = self.free_cqes.pop().context("no completion slot free: the host sends faster than its queue size allows")?;
+                    if let Some(b) = self.qp.buf_mut(self.cqes) {
                         b[slot * 16..slot * 16 + 16].copy_from_slice(&cqe);
                     }
                     let id = wr_id(WR_SEND, slot as u64);
-                    let sent = self.q.post_send(id, self.cqes, slot * 16, 16, invalidate, true);
+                    let sent = self.qp.post_send(id, self.cqes, slot * 16, 16, invalidate, true);
                     // A device without SEND with Invalidate: a plain SEND, and
                     // the host invalidates its key itself.
                     let sent = match sent {
-                        Err(e) if invalidate.is_some() && e.raw_os_error() == Some(libc::EINVAL) => self.q.post_send(id, self.cqes, slot * 16, 16, None, true),
+                        Err(e) if invalidate.is_some() && e.raw_os_error() == Some(libc::EINVAL) => self.qp.post_send(id, self.cqes, slot * 16, 16, None, true),
                         r => r,
                     };
-                    sent.map_err(|e| format!("SEND: {e}"))?;
+                    sent.context("SEND")?;
                 }
             }
         }
@@ -315,113 +356,5 @@ impl Conn {
         self.next_transfer += 1;
         self.transfers.insert(id, Transfer { buf, fetch_for });
         id
-    }
-
-    /// Carry out what the queue asks for; `Some` ends the queue.
-    fn act(&mut self, a: Action) -> Option<End> {
-        match a {
-            Action::Close(None) => return Some(self.post()),
-            // A failed authentication ends this queue alone: whoever failed
-            // may not be the host that owns the controller.
-            Action::Close(Some(e)) => {
-                self.link.closing_with_error();
-                let _ = self.post();
-                return Some(Err(e.to_string()));
-            }
-            Action::Authenticated => {
-                if let Err(why) = self.log_in() {
-                    let _ = self.post();
-                    return Some(Err(why));
-                }
-            }
-            Action::AuthSend { sqe, data } => return self.auth_send(sqe, data),
-            Action::Connect { cid, connect, data } => self.connect(cid, connect, data),
-            Action::Admin { sqe, data } => {
-                if let Some(c) = self.link.admin(&sqe, &data) {
-                    self.complete(c.cid, c.status, c.result, c.data);
-                }
-            }
-            Action::Io { sqe, data } => self.io(sqe, data),
-        }
-        None
-    }
-
-    fn complete(&mut self, cid: u16, status: Status, result: u64, data: Option<Bytes>) {
-        self.rq.complete(cid, status, result, data, &mut self.posts);
-    }
-
-    fn refuse(&mut self, cid: u16, status: Status, result: u64) {
-        self.rq.connect_refused(cid, status, result, &mut self.posts);
-    }
-
-    fn connect(&mut self, cid: u16, c: Connect, d: ConnectData) {
-        let peer = self.peer.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 0));
-        match self.link.connect(&c, &d, None, peer) {
-            Ok(done) => {
-                if let Some(e) = &self.link.ctrl {
-                    if c.qid == 0 {
-                        e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).set_keyed_sgls(true);
-                    }
-                    self.kill = Some(e.killed());
-                }
-                if self.link.logged_in {
-                    self.ticket.logged_in();
-                }
-                // (The two queue crates' Connected are alike, field for field.)
-                let done = bw_nvme::rdma_queue::Connected { result: done.result, keep_alive: done.keep_alive, subsystem: done.subsystem, auth: done.auth };
-                self.rq.connected(cid, done, Instant::now(), &mut self.posts);
-            }
-            Err(r) => self.refuse(cid, r.status, r.result),
-        }
-    }
-
-    /// The host has authenticated: the queue's login is over.
-    fn log_in(&mut self) -> Result<(), String> {
-        self.link.log_in(self.rq.qid())?;
-        self.ticket.logged_in();
-        Ok(())
-    }
-
-    /// Auth Send: the queue's DH-HMAC-CHAP step with fresh randomness.
-    fn auth_send(&mut self, sqe: Sqe, data: Bytes) -> Option<End> {
-        match Entropy::from_os(&self.link.fabric.host_keys.seq) {
-            Ok(r) => {
-                let a = self.rq.auth_send(&sqe, &data, r, &mut self.posts)?;
-                self.act(a)
-            }
-            Err(err) => {
-                log::error!("nvme-rdma: {}: no random numbers from the OS: {err}", self.peer);
-                self.complete(sqe.cid(), Status::INTERNAL, 0, None);
-                None
-            }
-        }
-    }
-
-    /// Complete the AERs a live change answered (admin queue).
-    fn send_events(&mut self) {
-        for c in self.link.events(self.rq.qid()) {
-            self.complete(c.cid, c.status, c.result, c.data);
-        }
-    }
-
-    /// An I/O command, run on this thread: resolved once, then executed.
-    fn io(&mut self, sqe: Sqe, data: Bytes) {
-        let cid = sqe.cid();
-        let (Some(sub), Some(host)) = (self.link.subsystem(), self.link.ctrl.as_ref().map(|e| e.host.clone())) else {
-            return self.complete(cid, Status::INVALID_OPCODE.dnr(), 0, None);
-        };
-        let r = io::resolve(&sub, &host, &sqe);
-        let ns = match &r {
-            Ok(r) => r.namespace(&sub),
-            // Counted as the volume's failed I/O where there is one.
-            Err(_) => sub.namespace(sqe.nsid()),
-        };
-        let timer = self.link.io_started(&sqe, ns.map(|n| &n.volume), Instant::now());
-        let done = match r {
-            Ok(r) => io::execute_resolved(&sub, &r, &host, &sqe, &data),
-            Err(status) => io::IoDone { status, data: None },
-        };
-        self.link.io_done(timer, done.status == Status::SUCCESS);
-        self.complete(cid, done.status, 0, done.data);
     }
 }
