@@ -34,6 +34,36 @@ pub fn require_root() {
     assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (namespaces, raw sockets); run `make test` as root");
 }
 
+/// SIGSTOP to `pid`, returning once every one of its threads is stopped.
+/// kill(2) returns before the stop reaches the process's other threads:
+/// only one is woken to start the group stop, and on a busy machine the
+/// others went on serving for another 15-75 ms (time enough to answer a
+/// write sent after the kill).
+pub fn freeze(pid: u32) {
+    // SAFETY: kill(2) on a process the caller started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0, "SIGSTOP {pid}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let states = thread_states(pid);
+        if !states.is_empty() && states.iter().all(|&s| s == 'T') {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {pid} not stopped 60 s after SIGSTOP: thread states {states:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The state letter (R, S, D, T, ...) of each thread of `pid`.
+pub fn thread_states(pid: u32) -> Vec<char> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            stat.rsplit_once(") ")?.1.chars().next()
+        })
+        .collect()
+}
+
 /// A short unique suffix for names of namespaces and interfaces.
 pub fn unique(tag: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
