@@ -687,7 +687,14 @@ fn target_killed_under_dd_then_back(proto: Proto) {
         .process_group(0)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // Killed once dd's writes are completing (through the loop device).
+    let writes = || loop_writes_completed(&dev);
+    let (before, deadline) = (writes(), Instant::now() + Duration::from_secs(60));
+    while writes() == before {
+        assert!(dd.try_wait().unwrap().is_none(), "dd ended before the target was killed");
+        assert!(Instant::now() < deadline, "no write through {dev} 60 s after dd started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     t.stop();
     let killed = Instant::now();
     let mut status = None;
@@ -725,6 +732,14 @@ fn target_killed_under_dd_then_back(proto: Proto) {
     }
     blockwire_ok(None, &["umount", d]);
     assert_nothing_left(&dir, d);
+}
+
+/// Writes the loop device `dev` (/dev/loopN) has completed (its stat's
+/// fifth field).
+fn loop_writes_completed(dev: &str) -> u64 {
+    let name = dev.trim_start_matches("/dev/");
+    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap();
+    stat.split_whitespace().nth(4).and_then(|n| n.parse().ok()).expect("write I/Os in the loop device's stat")
 }
 
 #[test]
