@@ -13,6 +13,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -156,21 +157,65 @@ async fn record_health(attached: &Attached, mut state: AttachState) {
     }
 }
 
-/// SIGINT and SIGTERM, registered with the runtime (from then on they no
-/// longer kill the process).
+/// SIGINT and SIGTERM, each delivery counted (from then on they no longer
+/// kill the process). tokio's signal streams coalesce deliveries the
+/// runtime has not read yet: a second Ctrl-C whose handler ran before the
+/// runtime's thread got to read the first (which takes tens of ms on a
+/// busy machine) woke it once, and the second signal, the one that forces,
+/// was lost. So the signal handler itself counts each delivery, and the
+/// streams only wake us to read the counts. (A signal sent while the same
+/// one is still pending in the kernel is merged there, as POSIX has it:
+/// no process can count that one.)
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    /// Deliveries of SIGINT and SIGTERM so far (in `NAMES` order).
+    counts: Arc<[AtomicUsize; 2]>,
+    /// Deliveries already returned by `next`.
+    seen: [usize; 2],
 }
 
 impl Signals {
+    const NAMES: [&'static str; 2] = ["SIGINT", "SIGTERM"];
+
     /// Needs a runtime context (`Runtime::enter`).
     fn new() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
+        let counts: Arc<[AtomicUsize; 2]> = Arc::default();
+        for (i, sig) in [libc::SIGINT, libc::SIGTERM].into_iter().enumerate() {
+            let c = counts.clone();
+            // Registered before tokio's handler, so it runs first: when the
+            // runtime wakes for a delivery, its count is already there.
+            // SAFETY: the action only does an atomic add (async-signal-safe).
+            unsafe {
+                signal_hook::low_level::register(sig, move || {
+                    c[i].fetch_add(1, Ordering::SeqCst);
+                })
+            }?;
+        }
         Ok(Signals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
+            counts,
+            seen: [0; 2],
         })
+    }
+
+    /// The next delivery not yet returned (its signal's name), one per
+    /// delivery however close together they came.
+    async fn next(&mut self) -> &'static str {
+        loop {
+            for (i, name) in Self::NAMES.iter().enumerate() {
+                if self.counts[i].load(Ordering::SeqCst) > self.seen[i] {
+                    self.seen[i] += 1;
+                    return name;
+                }
+            }
+            tokio::select! {
+                _ = self.int.recv() => {}
+                _ = self.term.recv() => {}
+            }
+        }
     }
 }
 
@@ -180,7 +225,7 @@ impl Signals {
 /// connection is aborted, so every waiting request fails, and the mount is
 /// detached lazily. True if detached gracefully.
 async fn wait_and_detach(
-    Signals { mut int, mut term }: Signals,
+    mut deliveries: Signals,
     dir: &Path,
     loop_dev: Option<&str>,
     client: Arc<dyn BlockClient>,
@@ -188,16 +233,16 @@ async fn wait_and_detach(
     let (tx, mut signals) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            if tx.send(()).is_err() {
+            if tx.send(deliveries.next().await).is_err() {
                 return;
             }
         }
     });
-    signals.recv().await;
+    let first = signals.recv().await.unwrap_or("signal");
+    eprintln!(
+        "blockwire: {first}: flushing and detaching {} (signal again to force)",
+        dir.display()
+    );
     let graceful = async {
         if let Some(l) = loop_dev.filter(|l| loop_device::backs(l, dir)) {
             loop_device::request_detach(l);
@@ -280,4 +325,36 @@ pub fn spawn(mut daemon: Command) -> anyhow::Result<(AttachState, String)> {
     }
     let state = AttachState::read(&state_path(pid))?;
     Ok((state, line.trim().to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two deliveries before the runtime reads either are two signals, not
+    /// one (tokio's streams alone returned once and then waited for ever).
+    #[test]
+    fn two_deliveries_before_the_runtime_reads_are_two_signals() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut signals = {
+            let _in_runtime = rt.enter();
+            Signals::new().unwrap()
+        };
+        // raise(3) runs the handler before it returns, so the second is a
+        // delivery of its own (not merged in the kernel with the first).
+        // SAFETY: raise(3) to ourselves; the handlers are registered above.
+        unsafe {
+            libc::raise(libc::SIGTERM);
+            libc::raise(libc::SIGTERM);
+        }
+        rt.block_on(async {
+            for n in 1..=2 {
+                let got = tokio::time::timeout(Duration::from_secs(10), signals.next()).await;
+                assert_eq!(got, Ok("SIGTERM"), "delivery {n} of 2");
+            }
+        });
+    }
 }

@@ -349,12 +349,13 @@ fn aoe_frames_decode_cleanly_in_tshark() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawn dumpcap");
-    // dumpcap creates the file once it captures.
+    // dumpcap opens the interface before it creates the file: from then
+    // on every frame is captured (one sent the moment the file appeared
+    // was, 8 times of 8 beside stress-ng).
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cap.exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(500));
     blockwire_ok(None, &["aoe", "discover", &pair.host_if]);
     // An ATA error reply (read-only export) is in the capture too. It goes
     // first so the frames after it push it through dumpcap's buffers: the
@@ -367,7 +368,19 @@ fn aoe_frames_decode_cleanly_in_tshark() {
     let ro = rt.block_on(AoeClient::connect(&url, &opts)).expect("connect");
     assert!(rt.block_on(ro.write(0, &[0u8; 512])).is_err());
     blockwire_ok(None, &["verify", &format!("aoe://{}/1.2", pair.host_if), "--size", "2M", "--aoe-datapath", "packet"]);
-    std::thread::sleep(Duration::from_millis(1000));
+    // Stop once the capture holds what the checks below look for: dumpcap
+    // writes each frame as it takes it, so the file is read as it grows
+    // (tshark's status is not checked here: the last frame may be half
+    // written).
+    let live = |filter: &str| {
+        let out = std::process::Command::new("tshark").arg("-r").arg(&cap).args(["-Y", filter, "-T", "fields", "-e", "frame.number"]).output().expect("tshark");
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while live("aoe") <= 100 || live("aoe.ata.status == 0x41") == 0 {
+        assert!(Instant::now() < deadline, "the capture does not hold 100 AoE frames and the ATA error reply 60 s after they were sent");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // SAFETY: signalling our own child by PID.
     unsafe { libc::kill(dumpcap.id() as i32, libc::SIGINT) };
     let _ = dumpcap.wait();

@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::os::unix::process::CommandExt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const IQN: &str = "iqn.2026-11.org.blockwire:attach-test";
@@ -687,7 +687,14 @@ fn target_killed_under_dd_then_back(proto: Proto) {
         .process_group(0)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // Killed once dd's writes are completing (through the loop device).
+    let writes = || loop_writes_completed(&dev);
+    let (before, deadline) = (writes(), Instant::now() + Duration::from_secs(60));
+    while writes() == before {
+        assert!(dd.try_wait().unwrap().is_none(), "dd ended before the target was killed");
+        assert!(Instant::now() < deadline, "no write through {dev} 60 s after dd started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     t.stop();
     let killed = Instant::now();
     let mut status = None;
@@ -725,6 +732,14 @@ fn target_killed_under_dd_then_back(proto: Proto) {
     }
     blockwire_ok(None, &["umount", d]);
     assert_nothing_left(&dir, d);
+}
+
+/// Writes the loop device `dev` (/dev/loopN) has completed (its stat's
+/// fifth field).
+fn loop_writes_completed(dev: &str) -> u64 {
+    let name = dev.trim_start_matches("/dev/");
+    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap();
+    stat.split_whitespace().nth(4).and_then(|n| n.parse().ok()).expect("write I/Os in the loop device's stat")
 }
 
 #[test]
@@ -768,8 +783,13 @@ fn umount_while_the_target_is_down() {
     assert_nothing_left(&mp, &hint);
 }
 
-/// A foreground attach, started and waited for its ready line.
-struct Foreground(Child);
+/// A foreground attach, started and waited for its ready line; its stderr
+/// is read as it comes, so a test can wait for what it says.
+struct Foreground {
+    child: Child,
+    stderr: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
 
 impl Foreground {
     fn start(url: &str, dir: &Path, timeout: &str) -> Foreground {
@@ -783,37 +803,82 @@ impl Foreground {
         let mut line = String::new();
         BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
         assert!(line.starts_with("attached "), "{line}");
-        Foreground(c)
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let (lines, from) = (stderr.clone(), c.stderr.take().unwrap());
+        let reader = std::thread::spawn(move || {
+            for l in BufReader::new(from).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        });
+        Foreground { child: c, stderr, reader: Some(reader) }
     }
     fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.0.id() as i32, sig) };
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+    fn stderr_text(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+    /// Wait (up to 60 s) until a line of its stderr contains `needle`.
+    fn wait_for_line(&mut self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.stderr.lock().unwrap().iter().any(|l| l.contains(needle)) {
+            let exited = self.child.try_wait().unwrap();
+            assert!(exited.is_none() && Instant::now() < deadline, "no {needle:?} from the attach ({exited:?}):\n{}", self.stderr_text());
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     /// Exit status and stderr, within `limit` (None: still running).
     fn wait(&mut self, limit: Duration) -> Option<(std::process::ExitStatus, String)> {
         let t0 = Instant::now();
-        while t0.elapsed() < limit {
-            if let Some(st) = self.0.try_wait().unwrap() {
-                let mut err = String::new();
-                std::io::Read::read_to_string(self.0.stderr.as_mut().unwrap(), &mut err).unwrap();
-                return Some((st, err));
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                // Its stderr ends with it: read to the end.
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
+                return Some((st, self.stderr_text()));
+            }
+            if t0.elapsed() >= limit {
+                return None;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        None
     }
 }
 
 impl Drop for Foreground {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
+}
+
+/// Wait (up to 60 s) until thread `tid` of this process waits inside FUSE
+/// for the answer to a write (its kernel stack), or its write ends first:
+/// then that result.
+fn wait_write_in_fuse(tid: i32, done: &std::sync::mpsc::Receiver<std::io::Result<()>>) -> Option<std::io::Result<()>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut stack = String::new();
+    while Instant::now() < deadline {
+        if let Ok(r) = done.try_recv() {
+            return Some(r);
+        }
+        stack = std::fs::read_to_string(format!("/proc/self/task/{tid}/stack")).unwrap_or_default();
+        if stack.contains("request_wait_answer") && stack.contains("fuse_perform_write") {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("the writer is not waiting in a FUSE write 60 s after it started; its kernel stack:\n{stack}");
 }
 
 /// SIGTERM on a foreground attach: flush, unmount, exit 0, the data on the
 /// target. With the target frozen, the flush cannot finish: a second signal
 /// forces (the FUSE connection is aborted, the stuck writer gets an error).
+/// Each step waits for the one before it to have happened (the target's
+/// threads stopped, the write waiting in FUSE, the first signal taken),
+/// never for a time.
 #[test]
 fn signals_flush_and_unmount_then_force() {
     require_root();
@@ -831,25 +896,34 @@ fn signals_flush_and_unmount_then_force() {
     let back = std::fs::read(t.img()).unwrap();
     assert!(back[..1 << 20] == data[..], "the data did not reach the target");
 
-    // Now freeze the target: the flush after SIGTERM hangs (timeout 600 s).
+    // Now freeze the target: the flush after SIGINT hangs (timeout 600 s).
     let mut fg = Foreground::start(&t.url(), &dir, "600");
-    // SAFETY: kill(2) on the target process we started.
-    unsafe { libc::kill(t.pid() as i32, libc::SIGSTOP) };
+    freeze(t.pid());
     let file = dir.join("disk");
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let writer = std::thread::spawn(move || {
-        std::fs::OpenOptions::new().write(true).open(file).and_then(|mut f| std::io::Write::write_all(&mut f, &[1u8; 65536]))
+        // SAFETY: gettid has no preconditions.
+        let _ = tid_tx.send(unsafe { libc::gettid() });
+        let r = std::fs::OpenOptions::new().write(true).open(file).and_then(|mut f| std::io::Write::write_all(&mut f, &[1u8; 65536]));
+        let _ = done_tx.send(r);
     });
-    std::thread::sleep(Duration::from_millis(500));
+    let tid = tid_rx.recv().unwrap();
+    if let Some(r) = wait_write_in_fuse(tid, &done_rx) {
+        panic!("the write ended ({r:?}) with the target stopped: acknowledged without reaching it?");
+    }
     fg.signal(libc::SIGINT);
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(fg.wait(Duration::from_millis(10)).is_none(), "one signal with a frozen target should wait for the flush");
+    fg.wait_for_line("SIGINT: flushing and detaching");
+    assert!(fg.wait(Duration::ZERO).is_none(), "one signal with a frozen target should wait for the flush");
     fg.signal(libc::SIGINT);
     let done = fg.wait(Duration::from_secs(60));
-    // SAFETY: as above.
+    // SAFETY: kill(2) on the target process we started.
     unsafe { libc::kill(t.pid() as i32, libc::SIGCONT) };
     let (st, err) = done.expect("a second signal did not force the detach");
     assert!(st.success() && err.contains("second signal"), "{st}: {err}");
-    assert!(writer.join().unwrap().is_err(), "the write to the aborted connection succeeded");
+    assert!(!err.contains("flushed and detached") && !err.contains("still attached"), "the flush did not wait for the frozen target: {err}");
+    writer.join().unwrap();
+    assert!(done_rx.recv().unwrap().is_err(), "the write to the aborted connection succeeded");
     assert!(!bw_is_mounted(&dir), "still mounted after the second signal");
     assert_no_fuse_waiters();
 }

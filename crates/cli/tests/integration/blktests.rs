@@ -12,8 +12,8 @@
 //! (nvmet in the same VM, TCP and RDMA, the times, why the others do not
 //! apply). Two more tests check what the run leaves behind. blktests comes
 //! from BLKTESTS_DIR (default ../shared/blktests), copied and built in a
-//! temporary directory; where it is absent every test says so in one line
-//! and passes as skipped.
+//! temporary directory; where it is absent every test is skipped
+//! (common::skip: make test's summary counts and lists it as skipped).
 
 use crate::common::*;
 use std::collections::HashMap;
@@ -81,12 +81,13 @@ fn run_battery() -> Result<Battery, String> {
     Ok(Battery { status, diffs, loop_devices, open_volumes, console })
 }
 
-/// The shared run, or None (said why) when blktests is not there.
-fn battery(what: &str) -> Option<&'static Battery> {
+/// The shared run, or None (the calling test recorded as skipped, with
+/// why) when blktests is not there.
+fn battery() -> Option<&'static Battery> {
     match RUN.get_or_init(run_battery) {
         Ok(b) => Some(b),
         Err(why) => {
-            println!("blktests {what}: skipped: {why}");
+            skip(why);
             None
         }
     }
@@ -98,7 +99,7 @@ fn console_tail(b: &Battery) -> String {
 }
 
 fn case(name: &str) {
-    let Some(b) = battery(&format!("nvme/{name}")) else { return };
+    let Some(b) = battery() else { return };
     let st = b.status.get(name).map(String::as_str);
     if st != Some("pass") {
         let detail = match b.diffs.get(name) {
@@ -123,7 +124,7 @@ macro_rules! cases {
 /// loop` for good, and the run after nvme/003 hung.
 #[test]
 fn nvme_run_leaves_no_loop_device() {
-    let Some(b) = battery("loop devices") else { return };
+    let Some(b) = battery() else { return };
     assert_eq!(b.loop_devices, Some(0), "loop devices left bound after the blktests run\n{}", console_tail(b));
 }
 
@@ -131,7 +132,7 @@ fn nvme_run_leaves_no_loop_device() {
 /// blockwire closed its file: a deleted file held open keeps its space.
 #[test]
 fn nvme_removed_volumes_are_closed() {
-    let Some(b) = battery("open volumes") else { return };
+    let Some(b) = battery() else { return };
     assert_eq!(b.open_volumes, Some(0), "blockwire still had volume files open after the run\n{}", console_tail(b));
 }
 

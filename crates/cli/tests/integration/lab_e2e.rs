@@ -396,6 +396,21 @@ fn interrupt_lab_during_an_fs_workload(tag: &str, signals: usize) {
         .spawn()
         .expect("start blockwire lab");
     let lab_pid = child.id();
+    // Its stderr as it comes: the second Ctrl-C goes once the lab has
+    // taken the first (a SIGINT sent while the first is still pending is
+    // merged with it by the kernel).
+    let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (text, from) = (stderr.clone(), child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(from).lines().map_while(Result::ok) {
+                let mut t = text.lock().unwrap();
+                t.push_str(&l);
+                t.push('\n');
+            }
+        })
+    };
     let mut seen: Vec<(u32, String)> = vec![];
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
@@ -419,10 +434,16 @@ fn interrupt_lab_during_an_fs_workload(tag: &str, signals: usize) {
         assert!(before.iter().any(|l| l.starts_with(what)), "no {what} while the workload runs: {before:#?}");
     }
     assert!(before.iter().any(|l| l.contains("fuse")), "no FUSE connection while the workload runs: {before:#?}");
-    for _ in 0..signals {
+    for n in 0..signals {
         // SAFETY: kill(2) on the child we started.
         assert_eq!(unsafe { libc::kill(lab_pid as i32, libc::SIGINT) }, 0);
-        std::thread::sleep(Duration::from_millis(100));
+        if n + 1 < signals {
+            let taken = Instant::now() + Duration::from_secs(60);
+            while !stderr.lock().unwrap().contains("lab: SIGINT received") {
+                assert!(Instant::now() < taken, "the lab did not take SIGINT within 60 s: {}", stderr.lock().unwrap());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
     }
     // A generous bound for a loaded machine: the graceful path takes a few
     // seconds, the forced one starts 20 s after the first signal at most.
@@ -434,9 +455,8 @@ fn interrupt_lab_during_an_fs_workload(tag: &str, signals: usize) {
         assert!(Instant::now() < deadline, "lab did not stop within 60 s of SIGINT");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let mut stderr = String::new();
-    use std::io::Read;
-    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    reader.join().unwrap();
+    let stderr = stderr.lock().unwrap().clone();
     assert!(!status.success(), "an interrupted lab must not report success");
     assert!(stderr.contains("SIGINT"), "lab did not notice the signal: {stderr}");
     assert!(!stderr.contains("lab: cleanup:"), "cleanup reported problems: {stderr}");

@@ -5,6 +5,8 @@ use crate::common;
 use bw_lab::route::{self, Datapath, PathKind, RouteNet, CUSTOMER_IF, TARGET_IP};
 use common::*;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MTU: u32 = 9000;
@@ -341,19 +343,35 @@ fn malformed_mpls_is_dropped_and_random_frames_do_not_hurt(tag: &str, datapath: 
     // Listen on lsr2's west port: everything lsr1 forwards arrives there.
     // Every EtherType (ETH_P_ALL): such a tap sees frames before tc, where
     // lsr2's BPF program takes them; an MPLS-only socket would come after.
+    // It listens from before the first frame is sent (it says when its
+    // socket is open) until the sender is done, the well-formed frame came
+    // through and nothing more arrived for 300 ms (or 60 s went by).
     let lsr2 = net.routers[2].ns.clone();
+    let (listening, open) = std::sync::mpsc::channel();
+    let sender_done = Arc::new(AtomicBool::new(false));
+    let done = sender_done.clone();
     let listener = in_netns(&lsr2, move || {
         let s = bw_net::PacketSocket::open("west", 0x0003).expect("listen on lsr2 west");
-        s.set_recv_timeout(Duration::from_millis(1500))
+        s.set_recv_timeout(Duration::from_millis(300))
             .expect("timeout");
-        let mut seen = Vec::new();
+        listening.send(()).expect("the test waits");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen: Vec<Vec<u8>> = Vec::new();
         let mut buf = vec![0u8; 16384];
-        while let Ok(n) = s.recv(&mut buf) {
-            seen.push(buf[..n].to_vec());
+        while Instant::now() < deadline {
+            match s.recv(&mut buf) {
+                Ok(n) => seen.push(buf[..n].to_vec()),
+                Err(_) => {
+                    let good_seen = seen.iter().any(|f| f.windows(6).any(|w| w == good));
+                    if done.load(Ordering::SeqCst) && good_seen {
+                        break;
+                    }
+                }
+            }
         }
         seen
     });
-    std::thread::sleep(Duration::from_millis(200));
+    open.recv().expect("the listener opened its socket");
     let ler1 = net.routers[0].ns.clone();
     let sent = in_netns(&ler1, move || {
         let s = bw_net::PacketSocket::open("core", 0x8847).expect("raw socket on ler1 core");
@@ -385,6 +403,7 @@ fn malformed_mpls_is_dropped_and_random_frames_do_not_hurt(tag: &str, datapath: 
         n
     });
     let sent = sent.join().expect("sender");
+    sender_done.store(true, Ordering::SeqCst);
     assert!(sent > 2500, "only {sent} random frames went out");
     let seen = listener.join().expect("listener");
     let has = |m: &[u8; 6]| seen.iter().any(|f| f.windows(6).any(|w| w == m));

@@ -73,3 +73,36 @@ fn a_clone_alone_boots_the_kernel_vm_and_runs_make_audit() {
     assert!(lines[0].contains("no advisory database"), "{}", lines[0]);
     assert!(clone.join("target/audit.skipped").exists(), "no target/audit.skipped for make test's summary");
 }
+
+/// Without blktests (BLKTESTS_DIR names nothing), its tests skip
+/// themselves (common::skip) and `make test`'s summary (tests/test-summary
+/// on the run's output) counts them as skipped, none as passed, and lists
+/// them with the reason. This test binary runs them itself, filtered to
+/// blktests:: (each returns at once), with its own skip directory.
+#[test]
+fn tests_without_their_peer_count_as_skipped_in_the_summary() {
+    let dir = TempDir::new("skips");
+    let (skipped, log) = (dir.path().join("skipped"), dir.path().join("test.log"));
+    let out = Command::new(std::env::current_exe().expect("this test binary"))
+        .args(["blktests::", "--test-threads", "4"])
+        .env("BLKTESTS_DIR", "/nonexistent")
+        .env("BW_SKIPPED_DIR", &skipped)
+        .output()
+        .expect("run the blktests tests");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "blktests:: without blktests failed:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    let ran = text.lines().filter(|l| l.starts_with("test blktests::") && l.ends_with(" ... ok")).count();
+    assert_eq!(ran, 12, "blktests' 12 tests (10 cases, 2 checks of what the run leaves) did not all run:\n{text}");
+    std::fs::write(&log, &text).unwrap();
+
+    let out = Command::new(repo_root().join("tests/test-summary")).arg(&log).arg(&skipped).output().expect("tests/test-summary");
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "tests/test-summary: {summary}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = summary.lines().collect();
+    assert_eq!(lines.last(), Some(&"tests: 0 passed, 0 failed, 12 skipped"), "{summary}");
+    // One line for the one reason, naming all twelve.
+    assert_eq!(lines.len(), 2, "{summary}");
+    assert!(lines[0].starts_with("skipped: blktests not found at /nonexistent"), "{summary}");
+    let named = lines[0].matches("blktests::").count();
+    assert_eq!(named, 12, "{summary}");
+}

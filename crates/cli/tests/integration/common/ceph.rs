@@ -278,9 +278,12 @@ impl Ceph {
     }
 
     /// Freeze both daemons (SIGSTOP): to clients the cluster is gone, but it
-    /// keeps its (memory-only) data for [`Ceph::resume`].
+    /// keeps its (memory-only) data for [`Ceph::resume`]. Returns once
+    /// every thread of both is stopped.
     pub fn pause(&self) {
-        self.signal(libc::SIGSTOP);
+        for c in [&self.mon, &self.osd].into_iter().flatten() {
+            super::freeze(c.id());
+        }
     }
 
     pub fn resume(&self) {
@@ -296,10 +299,10 @@ impl Ceph {
 
     /// Freeze only the OSD: the monitor still answers, but no I/O completes
     /// (requests stay in flight in the clients until they time out).
+    /// Returns once every thread of the OSD is stopped.
     pub fn pause_osd(&self) {
         if let Some(c) = &self.osd {
-            // SAFETY: signalling our own child by PID.
-            unsafe { libc::kill(c.id() as i32, libc::SIGSTOP) };
+            super::freeze(c.id());
         }
     }
 

@@ -1,6 +1,28 @@
 //! Test kit shared by the integration tests: start `blockwire serve` and wait
 //! until it is ready, network namespaces with veth pairs, the kernel VM, free
 //! ports. Everything a test creates is removed on drop, processes by PID.
+//!
+//! **A test whose peer is missing** (a tool, a source tree such as
+//! ../shared/blktests, a device) calls [`skip`] with the reason and returns:
+//!
+//! ```ignore
+//! if !csi_sanity.exists() {
+//!     return skip("no csi-sanity (make deps installs it)");
+//! }
+//! ```
+//!
+//! libtest still reports it "ok", but `make test`'s summary
+//! (tests/test-summary) counts it as skipped, never as passed, and lists
+//! it with its reason, one line per reason:
+//!
+//! ```text
+//! skipped: no csi-sanity (make deps installs it): csi::sanity, csi::sanity_block
+//! tests: 1480 passed, 0 failed, 14 skipped
+//! ```
+//!
+//! Only for a peer that is absent: a peer that is there and fails is a
+//! failure, and a missing Debian package belongs in `make deps` (its test
+//! panics naming the package).
 
 
 pub mod ceph;
@@ -32,6 +54,57 @@ pub fn shared_dir() -> PathBuf {
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (namespaces, raw sockets); run `make test` as root");
+}
+
+/// Record that the calling test is skipped, and why (see the module
+/// comment); the test then returns. One file per test, named after the
+/// test, holding the reason, in `$BW_SKIPPED_DIR` (`make test` sets it to
+/// target/skipped, emptied before each run; by default the same place)
+/// for tests/test-summary. Call it on the test's own thread: libtest names
+/// that thread after the test.
+pub fn skip(reason: &str) {
+    let current = std::thread::current();
+    let name = current.name().filter(|n| *n != "main").expect("skip() called off the test's own thread (libtest names that one after the test)");
+    println!("skipped: {name}: {reason}");
+    let dir = skipped_dir();
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let file = dir.join(name);
+    std::fs::write(&file, format!("{}\n", reason.replace('\n', " "))).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+}
+
+/// Where [`skip`] records skipped tests.
+pub fn skipped_dir() -> PathBuf {
+    std::env::var_os("BW_SKIPPED_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target/skipped"))
+}
+
+/// SIGSTOP to `pid`, returning once every one of its threads is stopped.
+/// kill(2) returns before the stop reaches the process's other threads:
+/// only one is woken to start the group stop, and on a busy machine the
+/// others went on serving for another 15-75 ms (time enough to answer a
+/// write sent after the kill).
+pub fn freeze(pid: u32) {
+    // SAFETY: kill(2) on a process the caller started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0, "SIGSTOP {pid}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let states = thread_states(pid);
+        if !states.is_empty() && states.iter().all(|&s| s == 'T') {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {pid} not stopped 60 s after SIGSTOP: thread states {states:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The state letter (R, S, D, T, ...) of each thread of `pid`.
+pub fn thread_states(pid: u32) -> Vec<char> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            stat.rsplit_once(") ")?.1.chars().next()
+        })
+        .collect()
 }
 
 /// A short unique suffix for names of namespaces and interfaces.
