@@ -72,6 +72,10 @@ struct Stage {
     /// subsystem NQN connected; `iscsi`: the IQN and portals logged in.
     how: How,
     block: bool,
+    /// Target paths the volume is published at, with whether that
+    /// publication allows no other (SINGLE_NODE_SINGLE_WRITER).
+    #[serde(default)]
+    published: Vec<(PathBuf, bool)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -335,7 +339,7 @@ impl Node for NodeService {
                 args.push(staging.to_string_lossy().into_owned());
                 run("mount", &args.iter().map(String::as_str).collect::<Vec<_>>()).await?;
             }
-            self.write_record(id, &Stage { device: device.clone(), how: how.clone(), block })
+            self.write_record(id, &Stage { device: device.clone(), how: how.clone(), block, published: vec![] })
         }
         .await;
         if let Err(e) = staged {
@@ -358,6 +362,11 @@ impl Node for NodeService {
             run("umount", &[&staging.to_string_lossy()]).await?;
         }
         if let Some(s) = self.stage_record(id)? {
+            // Publications the CO did not undo would hold the device.
+            for (t, _) in s.published.iter().filter(|(t, _)| is_mounted(t)) {
+                log::warn!("volume {id}: still published at {} when unstaged: unmounted", t.display());
+                run("umount", &[&t.to_string_lossy()]).await?;
+            }
             self.detach(&s.how).await?;
         }
         let dir = self.volume_dir(id)?;
@@ -378,9 +387,13 @@ impl Node for NodeService {
         crate::controller::check_capabilities(std::slice::from_ref(cap)).map_err(Status::invalid_argument)?;
         let staging = PathBuf::from(required("staging_target_path", &r.staging_target_path)?);
         let _g = self.lock.lock().await;
-        let s = self.stage_record(id)?.ok_or_else(|| Status::failed_precondition(format!("volume {id} is not staged: NodeStageVolume first")))?;
-        if is_mounted(&target) {
+        let mut s = self.stage_record(id)?.ok_or_else(|| Status::failed_precondition(format!("volume {id} is not staged: NodeStageVolume first")))?;
+        if is_mounted(&target) && s.published.iter().any(|(t, _)| t == &target) {
             return Ok(Response::new(proto::NodePublishVolumeResponse {}));
+        }
+        let single = cap.access_mode.as_ref().is_some_and(|m| m.mode() == proto::volume_capability::access_mode::Mode::SingleNodeSingleWriter);
+        if let Some((other, _)) = s.published.iter().find(|(t, excl)| t != &target && (*excl || single)) {
+            return Err(Status::failed_precondition(format!("volume {id} is published at {} with single-writer access: one target path at a time", other.display())));
         }
         let source = if s.block {
             if let Some(parent) = target.parent() {
@@ -400,14 +413,20 @@ impl Node for NodeService {
                 return Err(e);
             }
         }
+        s.published.push((target, single));
+        self.write_record(id, &s)?;
         Ok(Response::new(proto::NodePublishVolumeResponse {}))
     }
 
     async fn node_unpublish_volume(&self, req: Request<proto::NodeUnpublishVolumeRequest>) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
         let r = req.into_inner();
-        let _id = required("volume_id", &r.volume_id)?;
+        let id = required("volume_id", &r.volume_id)?;
         let target = PathBuf::from(required("target_path", &r.target_path)?);
         let _g = self.lock.lock().await;
+        if let Ok(Some(mut s)) = self.stage_record(id) {
+            s.published.retain(|(t, _)| t != &target);
+            self.write_record(id, &s)?;
+        }
         if is_mounted(&target) {
             run("umount", &[&target.to_string_lossy()]).await?;
         }
