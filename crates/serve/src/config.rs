@@ -139,6 +139,14 @@ pub struct VolumeConfig {
     /// Every block allocated at creation (not thin).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub thick: bool,
+    /// QoS limits on the volume's I/O, every front-end alike
+    /// (`bdev_set_qos_limit`, `volume_set_qos`); none: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<bw_block::QosLimits>,
+    /// When a pool made the volume (seconds since the epoch): a CSI
+    /// snapshot's creation time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_unix: Option<i64>,
 }
 
 /// `[[pool]]`: a directory serve owns, or an RBD pool. In a directory

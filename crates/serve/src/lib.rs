@@ -79,6 +79,10 @@ pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
         let spec = BackendSpec::parse(&v.backend).map_err(anyhow::Error::msg)?;
         let vol = Volume::open(&v.name, &spec).with_context(|| format!("volume {}", v.name))?;
         log::info!("volume {}: {} ({} bytes)", v.name, vol.info().description, vol.size_bytes());
+        if let Some(q) = &v.qos {
+            vol.set_qos(*q);
+            log::info!("volume {}: QoS {}", v.name, live::qos_text(q));
+        }
         map.insert(v.name.clone(), vol);
     }
     Ok(Arc::new(map))

@@ -149,6 +149,15 @@ pub fn plan_volumes(old: &ServeConfig, new: &ServeConfig) -> Result<VolumePlan, 
     Ok(plan)
 }
 
+/// QoS limits as the change log says them.
+pub fn qos_text(q: &bw_block::QosLimits) -> String {
+    if q.is_unlimited() {
+        return "unlimited".into();
+    }
+    let v = serde_json::to_value(q).unwrap_or_default();
+    v.as_object().map(|o| o.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+}
+
 impl Live {
     pub fn new(cfg: ServeConfig, volumes: &Volumes, frontends: Frontends, reload: Option<Reload>) -> Live {
         let volumes = volumes.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -288,6 +297,15 @@ impl Live {
         for v in opened {
             log.push(format!("volume {}: added ({} bytes)", v.name(), v.size_bytes()));
             st.volumes.insert(v.name().to_string(), v);
+        }
+        // QoS limits take effect on the open volume at once, for every
+        // front-end (the limiter is the volume's).
+        for v in &new.volumes {
+            let want = v.qos.unwrap_or_default();
+            if let Some(vol) = st.volumes.get(&v.name).filter(|vol| vol.qos() != want) {
+                vol.set_qos(want);
+                log.push(format!("volume {}: QoS {}", v.name, qos_text(&want)));
+            }
         }
         let volumes: Volumes = Arc::new(st.volumes.clone());
         if let Some(h) = &self.frontends.iscsi {
@@ -469,6 +487,41 @@ pub mod edit {
         }
         c.volumes.retain(|v| v.name != name);
         Ok(())
+    }
+
+    /// Set volume `name`'s QoS limits: those given in `set` replace the
+    /// ones it had (the others stay, as SPDK's `bdev_set_qos_limit`
+    /// leaves the limits it is not given); all zero is unlimited.
+    pub fn volume_set_qos(c: &mut ServeConfig, name: &str, set: &QosUpdate) -> Result<bw_block::QosLimits, Refused> {
+        let v = c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused(format!("no volume {name}")))?;
+        let mut q = v.qos.unwrap_or_default();
+        let fields = [
+            (&mut q.rw_ios_per_sec, set.rw_ios_per_sec),
+            (&mut q.r_ios_per_sec, set.r_ios_per_sec),
+            (&mut q.w_ios_per_sec, set.w_ios_per_sec),
+            (&mut q.rw_mbytes_per_sec, set.rw_mbytes_per_sec),
+            (&mut q.r_mbytes_per_sec, set.r_mbytes_per_sec),
+            (&mut q.w_mbytes_per_sec, set.w_mbytes_per_sec),
+        ];
+        for (have, given) in fields {
+            if let Some(n) = given {
+                *have = n;
+            }
+        }
+        v.qos = (!q.is_unlimited()).then_some(q);
+        Ok(q)
+    }
+
+    /// The limits a QoS call gives (absent: unchanged).
+    #[derive(Debug, Default, Clone, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct QosUpdate {
+        pub rw_ios_per_sec: Option<u64>,
+        pub r_ios_per_sec: Option<u64>,
+        pub w_ios_per_sec: Option<u64>,
+        pub rw_mbytes_per_sec: Option<u64>,
+        pub r_mbytes_per_sec: Option<u64>,
+        pub w_mbytes_per_sec: Option<u64>,
     }
 
     /// The backend spec with its size set to `size` bytes.

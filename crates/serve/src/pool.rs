@@ -41,6 +41,11 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     }
 }
 
+/// Now, in seconds since the epoch (a pool object's creation time).
+fn now_unix() -> Option<i64> {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs() as i64)
+}
+
 /// A random (version 4) UUID.
 pub fn new_uuid() -> String {
     let mut b = [0u8; 16];
@@ -299,7 +304,7 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         t.image = name.into();
         files.created.push(PoolObject::Rbd(t.clone()));
         t.size = Some(size);
-        c.volumes.push(VolumeConfig { name: name.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), ..Default::default() });
+        c.volumes.push(VolumeConfig { name: name.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), ..Default::default() });
         return Ok(Made::Created);
     }
     let path = new_file(&p, c, name)?;
@@ -314,7 +319,7 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         f.sync_all()
     })();
     made.map_err(|e| Refused(format!("volume {name}: {}: {e}", path.display())))?;
-    c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&path, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), thick, ..Default::default() });
+    c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&path, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), thick, ..Default::default() });
     Ok(Made::Created)
 }
 
@@ -390,7 +395,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
             t.snap = Some(snap.into());
             t.size = None;
             files.created.push(PoolObject::Rbd(t.clone()));
-            c.volumes.push(VolumeConfig { name: snap.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..Default::default() });
+            c.volumes.push(VolumeConfig { name: snap.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), snapshot_of: Some(origin.into()), ..Default::default() });
             return Ok(Made::Created);
         }
     };
@@ -407,7 +412,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
     flush_before_snapshot(open, origin)?;
     let (dst, kind) = copy_for(&p, c, files, &src, snap)?;
     log::info!("volume {origin}: snapshot {snap} by {kind:?}");
-    c.volumes.push(VolumeConfig { name: snap.into(), backend: file_backend(&dst, None, true), pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..Default::default() });
+    c.volumes.push(VolumeConfig { name: snap.into(), backend: file_backend(&dst, None, true), pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), snapshot_of: Some(origin.into()), ..Default::default() });
     // As in SPDK, the origin now reads through its snapshot (shared
     // extents) until it is inflated.
     volume_mut(c, origin)?.clone_of = Some(snap.into());
@@ -446,13 +451,13 @@ pub fn volume_clone(c: &mut ServeConfig, files: &mut Files, snap: &str, name: &s
             files.created.push(PoolObject::Rbd(t.clone()));
             let size = rbd.size(name, None).map_err(|e| Refused(format!("volume {name}: {e}")))?;
             let t = RbdTarget { size: Some(size), ..t };
-            c.volumes.push(VolumeConfig { name: name.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..Default::default() });
+            c.volumes.push(VolumeConfig { name: name.into(), backend: rbd_backend(&t), pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), clone_of: Some(snap.into()), ..Default::default() });
             return Ok(Made::Created);
         }
     };
     let (dst, _) = copy_for(&p, c, files, &src, name)?;
     let size = std::fs::metadata(&dst).map_err(|e| Refused(format!("{}: {e}", dst.display())))?.len();
-    c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&dst, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..Default::default() });
+    c.volumes.push(VolumeConfig { name: name.into(), backend: file_backend(&dst, Some(size), false), pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), clone_of: Some(snap.into()), ..Default::default() });
     Ok(Made::Created)
 }
 
@@ -497,6 +502,8 @@ pub fn volume_info(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConf
         "snapshots": c.volumes.iter().filter(|o| o.snapshot_of.as_deref() == Some(&v.name)).map(|o| o.name.clone()).collect::<Vec<_>>(),
         "clones": c.volumes.iter().filter(|o| o.clone_of.as_deref() == Some(&v.name) && v.snapshot_of.is_some()).map(|o| o.name.clone()).collect::<Vec<_>>(),
         "exports": edit::users(c, &v.name),
+        "qos": v.qos.unwrap_or_default(),
+        "created_unix": v.created_unix,
     })
 }
 

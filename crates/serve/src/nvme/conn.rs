@@ -311,7 +311,7 @@ impl Conn {
         let device = volume.map(|v| v.info());
         let work = work(&r, &sqe, device, self.knobs.zero_copy_min, self.q.digests().data);
         let timer = self.link.io_started(&sqe, volume, self.now);
-        let place = dispatch::place(work, device, self.knobs.inline_max);
+        let place = dispatch::place(work, device, volume.is_some_and(|v| v.limited()), self.knobs.inline_max);
         if place == Place::Submit {
             match io::plan_resolved(&sub, &r, &sqe, &data) {
                 io::Plan::Submit { volume, request } => {
