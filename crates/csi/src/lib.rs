@@ -6,6 +6,7 @@
 //! or with blockwire's own where there are none. One binary serves
 //! Identity with either or both, on a Unix socket, as COs expect.
 
+pub mod client;
 pub mod controller;
 pub mod gateways;
 pub mod names;
@@ -25,8 +26,8 @@ use tonic::{Request, Response, Status};
 /// The name COs know the plugin by (StorageClass `provisioner`).
 pub const DRIVER_NAME: &str = "csi.blockwire.io";
 /// Largest gRPC request taken: CSI requests are small (names, maps of
-/// parameters and secrets); a larger one is refused with
-/// RESOURCE_EXHAUSTED before it is decoded.
+/// parameters and secrets); a larger one is refused before it is decoded
+/// (tonic answers OUT_OF_RANGE, "decoded message length too large").
 pub const MAX_REQUEST: usize = 1 << 20;
 
 /// How a volume reaches its nodes (StorageClass parameter `protocol`).

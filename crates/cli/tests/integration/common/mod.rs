@@ -676,3 +676,13 @@ pub fn metric_sample(text: &str, series: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("{series} not in the exposition:\n{text}"))
 }
+
+/// A test whose peer is missing: says why in one line and leaves
+/// `target/test-skips/NAME` with the reason, which `make test`'s summary
+/// counts as skipped (not passed) and lists. The test then returns.
+pub fn skipped(name: &str, why: &str) {
+    println!("{name}: skipped: {why}");
+    let dir = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target")).join("test-skips");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(name), format!("{why}\n"));
+}
