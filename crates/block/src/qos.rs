@@ -20,10 +20,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How far ahead of its rate a limit lets requests go: the burst after
-/// an idle spell, and the slack that lets requests of one queue depth
-/// start together. 10 ms: a 10 s measurement sees at most 0.1% above
-/// the limit from it.
-pub const BURST: Duration = Duration::from_millis(10);
+/// an idle spell, the slack that lets requests of one queue depth start
+/// together, and what lets a queue catch up after its client or the
+/// timer thread ran late (a budget not used within it is lost). 100 ms:
+/// a 10 s measurement sees at most 1% above the limit from it. With
+/// 10 ms, on a machine at load 16 on 2 cores, 1 MiB reads at QD8 under
+/// 200 MiB/s got 156 MiB/s (bench/qos-accuracy).
+pub const BURST: Duration = Duration::from_millis(100);
 
 /// The limits, 0 = unlimited. `*_mbytes_*` are MiB/s, as SPDK's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -167,10 +170,10 @@ mod tests {
         let ten = |n: u64| n * 10;
         let l = Limiter::new(QosLimits { rw_ios_per_sec: 2000, ..Default::default() }, Instant::now());
         let n = started(&l, Direction::Read, 4096, 10);
-        assert!((ten(2000)..=ten(2000) + 25).contains(&n), "{n} I/Os in 10 s at 2000/s");
+        assert!((ten(2000)..=ten(2000) + 201).contains(&n), "{n} I/Os in 10 s at 2000/s");
         let l = Limiter::new(QosLimits { rw_mbytes_per_sec: 10, ..Default::default() }, Instant::now());
         let n = started(&l, Direction::Write, 1 << 20, 10);
-        assert!((100..=101).contains(&n), "{n} MiB in 10 s at 10 MiB/s");
+        assert!((100..=102).contains(&n), "{n} MiB in 10 s at 10 MiB/s");
         // Requests larger than a burst: the debt they leave holds the rate.
         let l = Limiter::new(QosLimits { w_mbytes_per_sec: 1, ..Default::default() }, Instant::now());
         let n = started(&l, Direction::Write, 4 << 20, 20);
@@ -184,8 +187,8 @@ mod tests {
         // Writes of 4 KiB are not held by the read IOPS limit: 256 of them
         // fit the 1 MiB/s byte limit in a second.
         let n = started(&l, Direction::Write, 4096, 1);
-        assert!((256..=259).contains(&n), "{n}");
-        assert!(started(&l, Direction::Read, 1 << 30, 1) <= 101);
+        assert!((256..=282).contains(&n), "{n}");
+        assert!(started(&l, Direction::Read, 1 << 30, 1) <= 111);
         let u = Limiter::new(QosLimits::default(), now);
         assert_eq!(u.admit(Direction::Read, 1 << 30, now), now, "no limit, no wait");
     }
