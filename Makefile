@@ -27,6 +27,8 @@ SOAK_ENV := DURABILITY_CYCLES=20 LOAD_SESSIONS=512 LOAD_LOGIN_CYCLES=50000 LOAD_
 ADVISORY_DB ?= $(CURDIR)/../shared/advisory-db
 LIVE_ADVISORY_DB := $(CURDIR)/target/advisory-db
 CARGO_AUDIT_VERSION := 0.22.2
+# kubernetes-csi/csi-test's csi-sanity, built against CSI 1.13.0 (the csi.proto crates/csi vendors).
+CSI_SANITY_VERSION := v5.6.0
 # `make install`: where (DESTDIR stages a tree for packaging).
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -50,6 +52,14 @@ deps:
 		status=$$?; [ -z "$$guard" ] || rm -f /usr/sbin/policy-rc.d; [ $$status = 0 ] || exit 1; \
 	done
 	@command -v $(CARGO) >/dev/null || { echo "cargo (Rust stable) is required: see https://rustup.rs" >&2; exit 1; }
+	@# csi-sanity (the CSI conformance suite) where Go and its module proxy are reachable;
+	@# without it the CSI test says "skipped: no csi-sanity" and counts as skipped.
+	@if ! command -v csi-sanity >/dev/null && [ ! -x "$$(go env GOPATH 2>/dev/null)/bin/csi-sanity" ]; then \
+		if command -v go >/dev/null; then \
+			echo "installing csi-sanity $(CSI_SANITY_VERSION) with go install"; \
+			timeout 600 go install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$(CSI_SANITY_VERSION) || echo "csi-sanity: go install failed: the CSI test will be skipped"; \
+		else echo "csi-sanity: no Go toolchain: the CSI test will be skipped"; fi; \
+	fi
 
 build: deps
 	$(CARGO) build --release --workspace

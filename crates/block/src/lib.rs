@@ -25,6 +25,7 @@
 mod backend;
 mod block_locks;
 mod file;
+pub mod qos;
 mod rbd;
 pub mod reflink;
 mod request;
@@ -38,6 +39,7 @@ pub use rbd::{RbdDevice, RbdPool};
 pub use request::{OnDone, Request};
 pub use size::{format_size, parse_size};
 pub use spec::{BackendKind, BackendSpec, RbdTarget};
+pub use qos::{Direction, QosLimits};
 pub use volume::{IoStats, IoStatsSnapshot, MappedBytes, Volume};
 
 use std::io;

@@ -2,7 +2,8 @@
 //! place, plus I/O counters the lab reads.
 
 use crate::{BlockDevice, BlockError, DeviceInfo, Request, Result};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::qos::{Direction, Limiter, QosLimits};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
 #[derive(Default, Debug)]
@@ -98,6 +99,10 @@ struct VolumeInner {
     /// first [`Volume::mapped_read`] (None: the backend has no such file,
     /// or mmap failed).
     mapping: OnceLock<Option<Mapping>>,
+    /// Whether a QoS limit is set: the one relaxed load an unlimited
+    /// volume's request pays; `qos` is read only when it is.
+    limited: AtomicBool,
+    qos: arc_swap::ArcSwapOption<Limiter>,
 }
 
 /// The backing file of a memory-backed volume (memfd, tmpfs) mapped
@@ -193,7 +198,7 @@ impl Volume {
     fn with_reservations(name: impl Into<String>, dev: Box<dyn BlockDevice>, reservations: Arc<bw_reservation::Shared>) -> Self {
         let read_only = dev.info().read_only;
         let size = AtomicU64::new(dev.info().size_bytes);
-        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default(), reservations, mapping: OnceLock::new() }) }
+        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default(), reservations, mapping: OnceLock::new(), limited: AtomicBool::new(false), qos: Default::default() }) }
     }
 
     /// Open a backend spec and wrap it. Its persistent reservations are
@@ -217,6 +222,49 @@ impl Volume {
             None => bw_reservation::Shared::in_memory(),
         };
         Ok(Volume::with_reservations(name, dev, reservations))
+    }
+
+    /// Set the volume's QoS limits (all zero: unlimited), live: requests
+    /// from now on are held to them, with fresh buckets.
+    pub fn set_qos(&self, limits: QosLimits) {
+        if limits.is_unlimited() {
+            self.inner.limited.store(false, Relaxed);
+            self.inner.qos.store(None);
+        } else {
+            self.inner.qos.store(Some(Arc::new(Limiter::new(limits, std::time::Instant::now()))));
+            self.inner.limited.store(true, Relaxed);
+        }
+    }
+
+    pub fn qos(&self) -> QosLimits {
+        self.inner.qos.load().as_ref().map(|l| l.limits()).unwrap_or_default()
+    }
+
+    /// Whether QoS limits hold the volume's requests back: front-ends then
+    /// submit its reads and writes ([`Volume::submit`]), which wait on a
+    /// timer, instead of running them on a thread that serves others.
+    pub fn limited(&self) -> bool {
+        self.inner.limited.load(Relaxed)
+    }
+
+    /// When a request may start under the QoS limits (None: now).
+    fn admit(&self, dir: Direction, len: u64) -> Option<std::time::Instant> {
+        if !self.inner.limited.load(Relaxed) {
+            return None;
+        }
+        let l = self.inner.qos.load_full()?;
+        let now = std::time::Instant::now();
+        let at = l.admit(dir, len, now);
+        (at > now).then_some(at)
+    }
+
+    /// For the synchronous calls: wait on this thread until the request
+    /// may start (their callers run them on threads of their own: the
+    /// blocking pool, AoE's and NVMe/RDMA's connection threads).
+    fn throttle(&self, dir: Direction, len: u64) {
+        if let Some(at) = self.admit(dir, len) {
+            std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
+        }
     }
 
     /// The volume's persistent reservations (SCSI and NVMe share them).
@@ -280,6 +328,7 @@ impl Volume {
 
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
+        self.throttle(Direction::Read, buf.len() as u64);
         let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.count_read(buf.len() as u64);
         self.count_err(self.inner.dev.read_at(buf, offset))
@@ -292,6 +341,10 @@ impl Volume {
     /// [`Volume::note_error`].
     pub fn zero_copy_read(&self, offset: u64, len: u64) -> Result<Option<std::os::fd::BorrowedFd<'_>>> {
         self.check(offset, len)?;
+        if self.limited() {
+            // Read (and so held to the limits) with read_at.
+            return Ok(None);
+        }
         let Some(fd) = self.inner.dev.zero_copy_fd() else { return Ok(None) };
         self.inner.stats.count_read(len);
         Ok(Some(fd))
@@ -308,6 +361,9 @@ impl Volume {
     /// truncated by someone else) is reported with [`Volume::note_error`].
     pub fn mapped_read(&self, offset: u64, len: u64) -> Result<Option<MappedBytes>> {
         self.check(offset, len)?;
+        if self.limited() {
+            return Ok(None);
+        }
         let mapping = self.inner.mapping.get_or_init(|| {
             let fd = self.inner.dev.zero_copy_fd()?;
             // No further than the file goes: past its end the kernel's
@@ -333,6 +389,7 @@ impl Volume {
 
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.check_write(offset, buf.len() as u64)?;
+        self.throttle(Direction::Write, buf.len() as u64);
         let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.count_write(buf.len() as u64);
         self.count_err(self.inner.dev.write_at(buf, offset))
@@ -346,6 +403,9 @@ impl Volume {
 
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_write(offset, len)?;
+        // An I/O under the IOPS limits, moving no bytes (as SPDK counts
+        // an unmap).
+        self.throttle(Direction::Write, 0);
         let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.discards.fetch_add(1, Relaxed);
         self.count_err(self.inner.dev.discard(offset, len))
@@ -369,8 +429,26 @@ impl Volume {
         if let Err(e) = checked {
             return done(req, Err(e));
         }
+        let dir = if req.is_write() { Direction::Write } else { Direction::Read };
+        if self.limited() {
+            let at = self.admit(dir, len);
+            let info = self.info();
+            // Held back, or a backend whose calls would block the caller
+            // (a front-end's network task): the timer thread submits it.
+            if at.is_some() || (!info.async_submit && info.io_may_block()) {
+                let vol = self.clone();
+                let at = at.unwrap_or_else(std::time::Instant::now);
+                return crate::qos::timer::schedule(at, move || vol.start(req, dir, done));
+            }
+        }
+        self.start(req, dir, done)
+    }
+
+    /// Count and start a checked request.
+    fn start(&self, req: Request, dir: Direction, done: impl FnOnce(Request, Result<()>) + Send + 'static) {
+        let len = req.len();
         let stats = self.inner.stats.clone();
-        if req.is_write() {
+        if dir == Direction::Write {
             stats.count_write(len);
         } else {
             stats.count_read(len);
@@ -397,6 +475,7 @@ impl Volume {
 
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check_write(offset, len)?;
+        self.throttle(Direction::Write, 0);
         let _busy = Busy::new(&self.inner.stats);
         self.inner.stats.writes.fetch_add(1, Relaxed);
         self.count_err(self.inner.dev.write_zeroes(offset, len))
@@ -570,5 +649,44 @@ mod tests {
             v.read_at(&mut all, 0).unwrap();
             prop_assert_eq!(all, model);
         }
+    }
+}
+
+#[cfg(test)]
+mod qos_tests {
+    use super::*;
+    use crate::{BackendSpec, QosLimits};
+    use std::time::{Duration, Instant};
+
+    /// Held to the limit on both ways in (submitted and synchronous),
+    /// asserted only from above (a slow machine is only slower); lifting
+    /// the limit stops holding requests.
+    #[test]
+    fn a_limit_holds_requests_to_its_rate_and_lifting_it_frees_them() {
+        let v = Volume::open("q", &BackendSpec::ram(1 << 20)).unwrap();
+        assert!(!v.limited());
+        v.set_qos(QosLimits { rw_ios_per_sec: 1000, ..Default::default() });
+        assert!(v.limited() && v.qos().rw_ios_per_sec == 1000);
+        assert!(v.zero_copy_read(0, 512).unwrap().is_none() && v.mapped_read(0, 512).unwrap().is_none(), "no path around the limiter");
+        let t0 = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..300u64 {
+            let tx = tx.clone();
+            v.submit(Request::read((i % 64) * 4096, 4096), move |_, r| tx.send(r.is_ok()).unwrap());
+        }
+        for _ in 0..300 {
+            assert!(rx.recv().unwrap());
+        }
+        // 300 I/Os at 1000/s with a 100 ms burst: at least 0.2 s.
+        assert!(t0.elapsed() >= Duration::from_millis(195), "300 I/Os took {:?} under 1000 IOPS", t0.elapsed());
+        let t1 = Instant::now();
+        let mut b = [0u8; 4096];
+        for _ in 0..300 {
+            v.read_at(&mut b, 0).unwrap();
+        }
+        assert!(t1.elapsed() >= Duration::from_millis(195), "300 synchronous reads took {:?}", t1.elapsed());
+        v.set_qos(QosLimits::default());
+        assert!(!v.limited() && v.zero_copy_read(0, 512).unwrap().is_some());
+        assert_eq!(v.stats().reads, 601);
     }
 }

@@ -13,6 +13,7 @@ mod client_args;
 mod flowop;
 mod generate;
 mod ctl_text;
+mod csi;
 
 #[derive(Parser)]
 #[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
@@ -64,6 +65,8 @@ enum Cmd {
     Generate(generate::GenerateCmd),
     /// Call a method on a running server's control socket (JSON-RPC; see docs/control.md).
     Ctl(CtlArgs),
+    /// The Kubernetes CSI plugin (controller and node) over blockwire gateways (docs/kubernetes.md).
+    Csi(csi::CsiArgs),
 }
 
 #[derive(Args)]
@@ -401,6 +404,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Attach(a) => attach::attach(a),
         Cmd::Mount(a) => attach::mount(a),
         Cmd::Umount(a) => attach::umount(a),
+        Cmd::Csi(a) => csi::run(a),
         Cmd::Verify(a) => {
             let rt = runtime(a.client.threads)?;
             rt.block_on(async {

@@ -49,6 +49,41 @@ pub fn volume_remove(c: &mut ServeConfig, name: &str, force: bool) -> Result<(),
     Ok(())
 }
 
+/// Set volume `name`'s QoS limits: those given in `set` replace the
+/// ones it had (the others stay, as SPDK's `bdev_set_qos_limit`
+/// leaves the limits it is not given); all zero is unlimited.
+pub fn volume_set_qos(c: &mut ServeConfig, name: &str, set: &QosUpdate) -> Result<bw_block::QosLimits, Refused> {
+    let v = c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused::NotFound(format!("no volume {name}")))?;
+    let mut q = v.qos.unwrap_or_default();
+    let fields = [
+        (&mut q.rw_ios_per_sec, set.rw_ios_per_sec),
+        (&mut q.r_ios_per_sec, set.r_ios_per_sec),
+        (&mut q.w_ios_per_sec, set.w_ios_per_sec),
+        (&mut q.rw_mbytes_per_sec, set.rw_mbytes_per_sec),
+        (&mut q.r_mbytes_per_sec, set.r_mbytes_per_sec),
+        (&mut q.w_mbytes_per_sec, set.w_mbytes_per_sec),
+    ];
+    for (have, given) in fields {
+        if let Some(n) = given {
+            *have = n;
+        }
+    }
+    v.qos = (!q.is_unlimited()).then_some(q);
+    Ok(q)
+}
+
+/// The limits a QoS call gives (absent: unchanged).
+#[derive(Debug, Default, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosUpdate {
+    pub rw_ios_per_sec: Option<u64>,
+    pub r_ios_per_sec: Option<u64>,
+    pub w_ios_per_sec: Option<u64>,
+    pub rw_mbytes_per_sec: Option<u64>,
+    pub r_mbytes_per_sec: Option<u64>,
+    pub w_mbytes_per_sec: Option<u64>,
+}
+
 /// The backend spec with its size set to `size` bytes.
 pub fn volume_resize(c: &mut ServeConfig, name: &str, size: u64) -> Result<(), Refused> {
     let v = c.volumes.iter_mut().find(|v| v.name == name).ok_or_else(|| Refused::NotFound(format!("no volume {name}")))?;

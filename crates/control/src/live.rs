@@ -241,6 +241,15 @@ impl Live {
             log.push(format!("volume {}: added ({} bytes)", v.name(), v.size_bytes()));
             st.volumes.insert(v.name().to_string(), v);
         }
+        // QoS limits take effect on the open volume at once, for every
+        // front-end (the limiter is the volume's).
+        for v in &new.volumes {
+            let want = v.qos.unwrap_or_default();
+            if let Some(vol) = st.volumes.get(&v.name).filter(|vol| vol.qos() != want) {
+                vol.set_qos(want);
+                log.push(format!("volume {}: QoS {want}", v.name));
+            }
+        }
         let volumes: Volumes = Arc::new(st.volumes.clone());
         for f in &self.frontends {
             log.extend(f.reconcile(&new, &volumes, &resized)?);

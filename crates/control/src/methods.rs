@@ -336,6 +336,19 @@ pub const METHODS: &[Method] = &[
         let size = r.size.bytes()?;
         Ok(changed(live.change(|c| edit::volume_resize(c, &r.name, size))?))
     } },
+    Method { name: "volume_set_qos", params: "{name, rw_ios_per_sec?, r_ios_per_sec?, w_ios_per_sec?, rw_mbytes_per_sec?, r_mbytes_per_sec?, w_mbytes_per_sec?} (0: unlimited; absent: unchanged)", call: |live, p| {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Args {
+            name: String,
+            #[serde(flatten)]
+            set: edit::QosUpdate,
+        }
+        let a: Args = params(p)?;
+        let log = live.change(|c| edit::volume_set_qos(c, &a.name, &a.set).map(drop))?;
+        let q = live.config().volumes.iter().find(|v| v.name == a.name).and_then(|v| v.qos).unwrap_or_default();
+        Ok(json!({ "changes": log, "qos": q }))
+    } },
     Method { name: "pool_create", params: "{name, path, copy?} or {name, rbd, conf?, id?}", call: |live, p| {
         let r: PoolCreate = params(p)?;
         let asked = PoolConfig { name: r.name.clone(), path: r.path, rbd: r.rbd, conf: r.conf, id: r.id, copy: r.copy, uuid: None };

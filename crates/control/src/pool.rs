@@ -27,6 +27,11 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+/// Now, in seconds since the epoch (a pool object's creation time).
+fn now_unix() -> Option<i64> {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs() as i64)
+}
+
 /// A random (version 4) UUID.
 pub fn new_uuid() -> String {
     let mut b = [0u8; 16];
@@ -294,7 +299,7 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         t.image = name.into();
         files.created.push(PoolObject::Rbd(t.clone()));
         t.size = Some(size);
-        c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), ..VolumeConfig::new(name, rbd_backend(&t)) });
+        c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), ..VolumeConfig::new(name, rbd_backend(&t)) });
         return Ok(Made::Created);
     }
     let path = new_file(&p, c, name)?;
@@ -309,7 +314,7 @@ pub fn volume_create(c: &mut ServeConfig, files: &mut Files, name: &str, size: u
         f.sync_all()
     })();
     made.map_err(|e| Refused::by_kind(format!("volume {name}: {}: {e}", path.display()), &e))?;
-    c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), thick, ..VolumeConfig::new(name, file_backend(&path, Some(size), false)) });
+    c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), thick, ..VolumeConfig::new(name, file_backend(&path, Some(size), false)) });
     Ok(Made::Created)
 }
 
@@ -385,7 +390,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
             t.snap = Some(snap.into());
             t.size = None;
             files.created.push(PoolObject::Rbd(t.clone()));
-            c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..VolumeConfig::new(snap, rbd_backend(&t)) });
+            c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), snapshot_of: Some(origin.into()), ..VolumeConfig::new(snap, rbd_backend(&t)) });
             return Ok(Made::Created);
         }
     };
@@ -402,7 +407,7 @@ pub fn volume_snapshot(c: &mut ServeConfig, open: &HashMap<String, Volume>, file
     flush_before_snapshot(open, origin)?;
     let (dst, kind) = copy_for(&p, c, files, &src, snap)?;
     log::info!("volume {origin}: snapshot {snap} by {kind:?}");
-    c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), snapshot_of: Some(origin.into()), ..VolumeConfig::new(snap, file_backend(&dst, None, true)) });
+    c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), snapshot_of: Some(origin.into()), ..VolumeConfig::new(snap, file_backend(&dst, None, true)) });
     // As in SPDK, the origin now reads through its snapshot (shared
     // extents) until it is inflated.
     volume_mut(c, origin)?.clone_of = Some(snap.into());
@@ -441,13 +446,13 @@ pub fn volume_clone(c: &mut ServeConfig, files: &mut Files, snap: &str, name: &s
             files.created.push(PoolObject::Rbd(t.clone()));
             let size = rbd.size(name, None).map_err(|e| Refused::by_kind(format!("volume {name}: {e}"), &e))?;
             let t = RbdTarget { size: Some(size), ..t };
-            c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..VolumeConfig::new(name, rbd_backend(&t)) });
+            c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), clone_of: Some(snap.into()), ..VolumeConfig::new(name, rbd_backend(&t)) });
             return Ok(Made::Created);
         }
     };
     let (dst, _) = copy_for(&p, c, files, &src, name)?;
     let size = std::fs::metadata(&dst).map_err(|e| Refused::by_kind(format!("{}: {e}", dst.display()), &e))?.len();
-    c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), clone_of: Some(snap.into()), ..VolumeConfig::new(name, file_backend(&dst, Some(size), false)) });
+    c.volumes.push(VolumeConfig { pool: Some(p.name), uuid: Some(new_uuid()), created_unix: now_unix(), clone_of: Some(snap.into()), ..VolumeConfig::new(name, file_backend(&dst, Some(size), false)) });
     Ok(Made::Created)
 }
 
@@ -491,6 +496,8 @@ pub fn volume_info(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConf
         "snapshots": c.volumes.iter().filter(|o| o.snapshot_of.as_deref() == Some(&v.name)).map(|o| o.name.clone()).collect::<Vec<_>>(),
         "clones": c.volumes.iter().filter(|o| o.clone_of.as_deref() == Some(&v.name) && v.snapshot_of.is_some()).map(|o| o.name.clone()).collect::<Vec<_>>(),
         "exports": c.exports_of(&v.name),
+        "qos": v.qos.unwrap_or_default(),
+        "created_unix": v.created_unix,
     })
 }
 

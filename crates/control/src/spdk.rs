@@ -499,6 +499,25 @@ pub const METHODS: &[Method] = &[
         let name = lvol(&live.config(), &a.name)?.name.clone();
         changed(live.change_files(|c, _, f| pool::volume_delete(c, f, &name)))
     } },
+    Method { name: "bdev_set_qos_limit", params: "{name, rw_ios_per_sec?, rw_mbytes_per_sec?, r_mbytes_per_sec?, w_mbytes_per_sec?} (0: unlimited; absent: unchanged)", call: |live, p| {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Args {
+            name: String,
+            rw_ios_per_sec: Option<u64>,
+            rw_mbytes_per_sec: Option<u64>,
+            r_mbytes_per_sec: Option<u64>,
+            w_mbytes_per_sec: Option<u64>,
+            // blockwire's own, which SPDK lacks.
+            r_ios_per_sec: Option<u64>,
+            w_ios_per_sec: Option<u64>,
+        }
+        let a: Args = params(p)?;
+        let name = bdev(&live.config(), &a.name)?.name.clone();
+        let set = edit::QosUpdate { rw_ios_per_sec: a.rw_ios_per_sec, r_ios_per_sec: a.r_ios_per_sec, w_ios_per_sec: a.w_ios_per_sec, rw_mbytes_per_sec: a.rw_mbytes_per_sec, r_mbytes_per_sec: a.r_mbytes_per_sec, w_mbytes_per_sec: a.w_mbytes_per_sec };
+        live.change(|c| edit::volume_set_qos(c, &name, &set).map(drop)).map_err(refused)?;
+        Ok(json!(true))
+    } },
     Method { name: "bdev_lvol_resize", params: "{name, size_in_mib (or size in bytes)}", call: |live, p| {
         let a: LvolResize = params(p)?;
         let size = size_of(a.size, a.size_in_mib)?;

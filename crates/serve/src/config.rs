@@ -141,12 +141,20 @@ pub struct VolumeConfig {
     /// Every block allocated at creation (not thin).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub thick: bool,
+    /// QoS limits on the volume's I/O, every front-end alike
+    /// (`bdev_set_qos_limit`, `volume_set_qos`); none: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<bw_block::QosLimits>,
+    /// When a pool made the volume (seconds since the epoch): a CSI
+    /// snapshot's creation time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_unix: Option<i64>,
 }
 
 impl VolumeConfig {
     /// A volume that is only its name and backend (not in a pool).
     pub fn new(name: impl Into<String>, backend: bw_block::BackendSpec) -> VolumeConfig {
-        VolumeConfig { name: name.into(), backend, pool: None, uuid: None, snapshot_of: None, clone_of: None, thick: false }
+        VolumeConfig { name: name.into(), backend, pool: None, uuid: None, snapshot_of: None, clone_of: None, thick: false, created_unix: None, qos: None }
     }
 }
 

@@ -43,14 +43,17 @@ pub enum Place {
 }
 
 /// The rule (see the module comment). `device`: what backs the command's
-/// volume (`None`: no such LUN or namespace, the command fails at once).
-pub fn place(work: Work, device: Option<&DeviceInfo>, inline_max: usize) -> Place {
+/// volume (`None`: no such LUN or namespace, the command fails at once);
+/// `limited`: the volume has QoS limits (`bw_block::Volume::limited`),
+/// whose reads and writes are submitted: the volume holds them back on
+/// its timer, never on the connection's task.
+pub fn place(work: Work, device: Option<&DeviceInfo>, limited: bool, inline_max: usize) -> Place {
     match work {
         Work::Instant => Place::Inline,
         Work::Waits => Place::Pool,
         Work::Data { len, zero_copy } => match device {
             None => Place::Inline,
-            Some(d) if d.async_submit => Place::Submit,
+            Some(d) if d.async_submit || limited => Place::Submit,
             Some(d) if d.io_may_block() || d.remote => Place::Pool,
             Some(_) if !zero_copy && len > inline_max => Place::Pool,
             Some(_) => Place::Inline,
@@ -92,10 +95,10 @@ mod tests {
             len,
             zero_copy: false,
         };
-        assert_eq!(place(Work::Instant, Some(&direct), 0), Place::Inline);
-        assert_eq!(place(Work::Waits, Some(ram), usize::MAX), Place::Pool);
-        assert_eq!(place(data(4096), Some(ram), 65536), Place::Inline);
-        assert_eq!(place(data(1 << 20), Some(ram), 65536), Place::Pool);
+        assert_eq!(place(Work::Instant, Some(&direct), false, 0), Place::Inline);
+        assert_eq!(place(Work::Waits, Some(ram), false, usize::MAX), Place::Pool);
+        assert_eq!(place(data(4096), Some(ram), false, 65536), Place::Inline);
+        assert_eq!(place(data(1 << 20), Some(ram), false, 65536), Place::Pool);
         assert_eq!(
             place(
                 Work::Data {
@@ -103,15 +106,20 @@ mod tests {
                     zero_copy: true
                 },
                 Some(ram),
+                false,
                 65536
             ),
             Place::Inline
         );
+        // A limited volume's reads and writes, zero-copy or not.
+        assert_eq!(place(data(4096), Some(ram), true, 65536), Place::Submit);
+        assert_eq!(place(Work::Data { len: 1 << 20, zero_copy: true }, Some(ram), true, 65536), Place::Submit);
+        assert_eq!(place(Work::Waits, Some(ram), true, 65536), Place::Pool);
         // The block crate's io_may_block is honoured by every front-end.
-        assert_eq!(place(data(4096), Some(&direct), 65536), Place::Pool);
-        assert_eq!(place(data(4096), Some(&remote), 65536), Place::Pool);
-        assert_eq!(place(data(4096), Some(&submit), 65536), Place::Submit);
-        assert_eq!(place(data(4096), None, 0), Place::Inline);
+        assert_eq!(place(data(4096), Some(&direct), false, 65536), Place::Pool);
+        assert_eq!(place(data(4096), Some(&remote), false, 65536), Place::Pool);
+        assert_eq!(place(data(4096), Some(&submit), false, 65536), Place::Submit);
+        assert_eq!(place(data(4096), None, false, 0), Place::Inline);
         assert!(zero_copy(32768, 32768, false, Some(ram)));
         assert!(!zero_copy(32768, 32768, true, Some(ram)));
         assert!(!zero_copy(4096, 32768, false, Some(ram)));

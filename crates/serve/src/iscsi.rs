@@ -833,7 +833,8 @@ impl Connection {
         }
         let plan = scsi.plan(lun_number(e.lun), &e.cdb);
         let work = work(&plan, &e, &self.knobs, self.digests);
-        let mut place = dispatch::place(work, plan.device(), self.knobs.inline_max);
+        let limited = plan.volume().is_some_and(|v| v.limited());
+        let mut place = dispatch::place(work, plan.device(), limited, self.knobs.inline_max);
         let op = match (work, e.read, e.write) {
             (Work::Data { .. }, true, false) => Some(Op::Read),
             (Work::Data { .. }, false, true) => Some(Op::Write),
@@ -855,7 +856,7 @@ impl Connection {
             // Not sent zero-copy after all (a unit attention or reservation
             // to report first): the general path copies it.
             let copy = Work::Data { len, zero_copy: false };
-            place = dispatch::place(copy, plan.device(), self.knobs.inline_max);
+            place = dispatch::place(copy, plan.device(), limited, self.knobs.inline_max);
         }
         if place == Place::Inline {
             let d = run_command(&plan, self.nexus, &e);

@@ -17,6 +17,10 @@ pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
     for v in &cfg.volumes {
         let vol = Volume::open(&v.name, &v.backend).with_context(|| format!("volume {}", v.name))?;
         log::info!("volume {}: {} ({} bytes)", v.name, vol.info().description, vol.size_bytes());
+        if let Some(q) = &v.qos {
+            vol.set_qos(*q);
+            log::info!("volume {}: QoS {q}", v.name);
+        }
         map.insert(v.name.clone(), vol);
     }
     Ok(Arc::new(map))

@@ -15,6 +15,7 @@ mod blktests;
 mod cli_basics;
 mod conformance_kernel;
 mod control;
+mod csi;
 mod digests;
 mod durability;
 mod iscsi_hostile;

@@ -272,9 +272,11 @@ impl Transport for Tcp {
     fn run(c: &mut Queue<Tcp>, cmd: Io) {
         let Io { sqe, data, sub, host, r, timer } = cmd;
         let cid = sqe.cid();
-        let device = r.namespace(&sub).map(|n| n.volume.info());
+        let volume = r.namespace(&sub).map(|n| &n.volume);
+        let device = volume.map(|v| v.info());
+        let limited = volume.is_some_and(|v| v.limited());
         let work = work(&r, &sqe, device, c.t.knobs.zero_copy_min, c.t.q.digests().data);
-        let place = dispatch::place(work, device, c.t.knobs.inline_max);
+        let place = dispatch::place(work, device, limited, c.t.knobs.inline_max);
         if place == Place::Submit {
             match io::plan_resolved(&sub, &r, &sqe, &data) {
                 io::Plan::Submit { volume, request } => {

@@ -1,0 +1,499 @@
+//! The CSI Node service: a published volume becomes a block device on
+//! this node, then a file system at the staging path, then a bind mount at
+//! each target path (or the device itself, for raw block volumes).
+//!
+//! Two ways to a block device ([`Attacher`]):
+//! - the kernel's initiators: `nvme connect` to every address the
+//!   controller published (native NVMe multipath joins the paths into one
+//!   namespace device), or `iscsiadm` logins to every portal (dm-multipath
+//!   joins them);
+//! - where the node has no kernel initiator (this project's test machines,
+//!   containers without the modules): blockwire's own, `blockwire attach
+//!   --loop` (a FUSE file over blockwire's initiator, a loop device on it),
+//!   which the plugin logs so at start. It reaches the first published
+//!   address only (the initiator reconnects to it; it has no multipath)
+//!   and keeps its size from the attach (no online growth: the node does
+//!   not advertise EXPAND_VOLUME then).
+//!
+//! What a stage leaves is recorded in `STATE_DIR/VOLUME_ID/stage.json`
+//! (the device, how it was attached), so unstaging undoes exactly that,
+//! also after the plugin restarts.
+
+use crate::names::NodeId;
+use crate::proto::{self, node_server::Node};
+use crate::status::{required, required_msg};
+use crate::Protocol;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tokio::process::Command;
+use tonic::{Request, Response, Status};
+
+const DEFAULT_FS: &str = "ext4";
+
+/// How this node reaches volumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attacher {
+    Kernel,
+    Fuse,
+}
+
+impl Attacher {
+    /// The kernel's initiators where the NVMe/TCP host module and the
+    /// `nvme` tool are there, else blockwire's own.
+    pub fn detect() -> Attacher {
+        let module = Path::new("/sys/module/nvme_tcp").exists() || std::process::Command::new("modprobe").arg("nvme-tcp").output().is_ok_and(|o| o.status.success());
+        let tool = std::process::Command::new("nvme").arg("version").output().is_ok_and(|o| o.status.success());
+        if module && tool {
+            Attacher::Kernel
+        } else {
+            Attacher::Fuse
+        }
+    }
+}
+
+pub struct NodeService {
+    pub node: NodeId,
+    pub attacher: Attacher,
+    /// Where stage records and FUSE directories live.
+    pub state_dir: PathBuf,
+    /// The blockwire binary (`blockwire attach`, `blockwire umount`).
+    pub blockwire: PathBuf,
+    pub lock: tokio::sync::Mutex<()>,
+}
+
+/// What NodeStage did, for NodeUnstage to undo.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Stage {
+    device: String,
+    /// `fuse`: the FUSE directory of `blockwire attach`; `nvme`: the
+    /// subsystem NQN connected; `iscsi`: the IQN and portals logged in.
+    how: How,
+    block: bool,
+    /// Target paths the volume is published at, with whether that
+    /// publication allows no other (SINGLE_NODE_SINGLE_WRITER).
+    #[serde(default)]
+    published: Vec<(PathBuf, bool)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum How {
+    Fuse { dir: PathBuf },
+    Nvme { nqn: String },
+    Iscsi { iqn: String, portals: Vec<String> },
+}
+
+async fn run(program: &str, args: &[&str]) -> Result<String, Status> {
+    let out = Command::new(program).args(args).output().await.map_err(|e| Status::internal(format!("{program}: {e}")))?;
+    if !out.status.success() {
+        return Err(Status::internal(format!("{program} {}: {}: {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn is_mounted(p: &Path) -> bool {
+    bw_attach::is_mountpoint(p)
+}
+
+/// The file system on `dev`, if blkid finds one (exit 2: none).
+async fn fs_type(dev: &str) -> Result<Option<String>, Status> {
+    let out = Command::new("blkid").args(["-p", "-s", "TYPE", "-o", "value", dev]).output().await.map_err(|e| Status::internal(format!("blkid: {e}")))?;
+    match out.status.code() {
+        Some(0) => Ok(Some(String::from_utf8_lossy(&out.stdout).trim().to_string()).filter(|s| !s.is_empty())),
+        Some(2) => Ok(None),
+        _ => Err(Status::internal(format!("blkid {dev}: {}", String::from_utf8_lossy(&out.stderr).trim()))),
+    }
+}
+
+impl NodeService {
+    fn volume_dir(&self, id: &str) -> Result<PathBuf, Status> {
+        // Volume IDs are this plugin's volume names: no path separators.
+        if !crate::names::is_volume_name(id) {
+            return Err(Status::not_found(format!("volume {id:?}: not a volume of this plugin")));
+        }
+        Ok(self.state_dir.join(id))
+    }
+
+    fn stage_record(&self, id: &str) -> Result<Option<Stage>, Status> {
+        let p = self.volume_dir(id)?.join("stage.json");
+        match std::fs::read(&p) {
+            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| Status::internal(format!("{}: {e}", p.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Status::internal(format!("{}: {e}", p.display()))),
+        }
+    }
+
+    fn write_record(&self, id: &str, s: &Stage) -> Result<(), Status> {
+        let dir = self.volume_dir(id)?;
+        std::fs::create_dir_all(&dir).map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
+        let tmp = dir.join("stage.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(s).expect("JSON")).and_then(|()| std::fs::rename(&tmp, dir.join("stage.json"))).map_err(|e| Status::internal(format!("{}: {e}", dir.display())))
+    }
+
+    /// Attach the volume the publish context describes; its block device.
+    async fn attach(&self, id: &str, ctx: &HashMap<String, String>) -> Result<(String, How), Status> {
+        let get = |k: &str| ctx.get(k).filter(|v| !v.is_empty()).ok_or_else(|| Status::invalid_argument(format!("publish_context has no {k}: was the volume ControllerPublished?")));
+        let protocol: Protocol = get("protocol")?.parse().map_err(Status::invalid_argument)?;
+        let addresses: Vec<&str> = get("addresses")?.split(',').filter(|a| !a.is_empty()).collect();
+        let (name, unit) = match protocol {
+            Protocol::Iscsi => (get("iqn")?.clone(), get("lun")?.clone()),
+            _ => (get("nqn")?.clone(), get("nsid")?.clone()),
+        };
+        if name.contains('/') || unit.parse::<u64>().is_err() {
+            return Err(Status::invalid_argument(format!("publish_context: {name:?} / {unit:?}")));
+        }
+        match self.attacher {
+            Attacher::Fuse => {
+                let scheme = match protocol {
+                    Protocol::NvmeTcp => "nvme+tcp",
+                    Protocol::NvmeRdma => "nvme+rdma",
+                    Protocol::Iscsi => "iscsi",
+                };
+                let url = format!("{scheme}://{}/{name}/{unit}", addresses[0]);
+                let dir = self.volume_dir(id)?.join("fuse");
+                std::fs::create_dir_all(&dir).map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
+                let initiator = if protocol == Protocol::Iscsi { &self.node.iqn } else { &self.node.host_nqn };
+                let bin = self.blockwire.to_string_lossy().into_owned();
+                let dir_s = dir.to_string_lossy().into_owned();
+                run(&bin, &["attach", &url, &dir_s, "--loop", "--background", "--initiator-name", initiator]).await?;
+                let dev = bw_attach::AttachState::at(&dir).and_then(|s| s.loop_dev).ok_or_else(|| Status::internal(format!("blockwire attach {url}: no loop device recorded")))?;
+                Ok((dev, How::Fuse { dir }))
+            }
+            Attacher::Kernel if protocol == Protocol::Iscsi => {
+                for p in &addresses {
+                    run("iscsiadm", &["-m", "discovery", "-t", "sendtargets", "-p", p]).await?;
+                    let login = run("iscsiadm", &["-m", "node", "-T", &name, "-p", p, "--login"]).await;
+                    if let Err(e) = login {
+                        if !e.message().contains("already present") {
+                            return Err(e);
+                        }
+                    }
+                }
+                let dev = wait_for(|| iscsi_device(&name, &unit, &addresses)).await.ok_or_else(|| Status::internal(format!("iSCSI {name} LUN {unit}: no block device appeared")))?;
+                Ok((dev, How::Iscsi { iqn: name, portals: addresses.iter().map(|s| s.to_string()).collect() }))
+            }
+            Attacher::Kernel => {
+                let transport = if protocol == Protocol::NvmeRdma { "rdma" } else { "tcp" };
+                for a in &addresses {
+                    let (host, port) = a.rsplit_once(':').ok_or_else(|| Status::invalid_argument(format!("address {a:?}: HOST:PORT")))?;
+                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    let r = run("nvme", &["connect", "-t", transport, "-a", host, "-s", port, "-n", &name, "--hostnqn", &self.node.host_nqn]).await;
+                    if let Err(e) = r {
+                        if !e.message().contains("already connected") {
+                            return Err(e);
+                        }
+                    }
+                }
+                let nsid: u32 = unit.parse().map_err(|_| Status::invalid_argument("nsid"))?;
+                let dev = wait_for(|| nvme_device(&name, nsid)).await.ok_or_else(|| Status::internal(format!("NVMe {name} namespace {nsid}: no block device appeared")))?;
+                Ok((dev, How::Nvme { nqn: name }))
+            }
+        }
+    }
+
+    async fn detach(&self, how: &How) -> Result<(), Status> {
+        match how {
+            How::Fuse { dir } => {
+                if bw_attach::AttachState::at(dir).is_some() {
+                    let bin = self.blockwire.to_string_lossy().into_owned();
+                    run(&bin, &["umount", &dir.to_string_lossy()]).await?;
+                }
+            }
+            How::Nvme { nqn } => {
+                run("nvme", &["disconnect", "-n", nqn]).await?;
+            }
+            How::Iscsi { iqn, portals } => {
+                for p in portals {
+                    let r = run("iscsiadm", &["-m", "node", "-T", iqn, "-p", p, "--logout"]).await;
+                    if let Err(e) = r {
+                        if !e.message().contains("No matching sessions") {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Poll for up to 10 s (udev and the kernel's scan take a moment).
+async fn wait_for(mut f: impl FnMut() -> Option<String>) -> Option<String> {
+    for _ in 0..100 {
+        if let Some(d) = f() {
+            return Some(d);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// The namespace device of subsystem `nqn`, namespace `nsid`: with native
+/// multipath one head device (`nvmeXnY`) for all paths.
+fn nvme_device(nqn: &str, nsid: u32) -> Option<String> {
+    for sub in std::fs::read_dir("/sys/class/nvme-subsystem").ok()?.flatten() {
+        let p = sub.path();
+        if std::fs::read_to_string(p.join("subsysnqn")).ok()?.trim() != nqn {
+            continue;
+        }
+        for e in std::fs::read_dir(&p).ok()?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with("nvme") && n.contains('n') && std::fs::read_to_string(e.path().join("nsid")).is_ok_and(|s| s.trim() == nsid.to_string()) {
+                return Some(format!("/dev/{n}"));
+            }
+        }
+    }
+    None
+}
+
+/// The device of an iSCSI LUN: the dm-multipath map holding its paths
+/// when there is one, else the one path's SCSI disk.
+fn iscsi_device(iqn: &str, lun: &str, portals: &[&str]) -> Option<String> {
+    let mut disks = vec![];
+    for p in portals {
+        let link = format!("/dev/disk/by-path/ip-{p}-iscsi-{iqn}-lun-{lun}");
+        if let Ok(d) = std::fs::canonicalize(&link) {
+            disks.push(d);
+        }
+    }
+    let first = disks.first()?;
+    let name = first.file_name()?.to_string_lossy().into_owned();
+    if portals.len() > 1 {
+        let holders = std::fs::read_dir(format!("/sys/block/{name}/holders")).ok()?;
+        let dm = holders.flatten().next()?.file_name().to_string_lossy().into_owned();
+        let map = std::fs::read_to_string(format!("/sys/block/{dm}/dm/name")).ok()?;
+        return Some(format!("/dev/mapper/{}", map.trim()));
+    }
+    Some(first.to_string_lossy().into_owned())
+}
+
+fn block_size(dev: &str) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(dev).ok()?;
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x80081272, &mut size as *mut u64) };
+    (r == 0).then_some(size)
+}
+
+fn mount_volume(c: &proto::VolumeCapability) -> Option<&proto::volume_capability::MountVolume> {
+    match &c.access_type {
+        Some(proto::volume_capability::AccessType::Mount(m)) => Some(m),
+        _ => None,
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_get_capabilities(&self, _: Request<proto::NodeGetCapabilitiesRequest>) -> Result<Response<proto::NodeGetCapabilitiesResponse>, Status> {
+        use proto::node_service_capability::{rpc::Type as T, Rpc, Type};
+        let mut caps = vec![T::StageUnstageVolume, T::GetVolumeStats, T::SingleNodeMultiWriter];
+        if self.attacher == Attacher::Kernel {
+            caps.push(T::ExpandVolume);
+        }
+        Ok(Response::new(proto::NodeGetCapabilitiesResponse {
+            capabilities: caps.iter().map(|t| proto::NodeServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: *t as i32 })) }).collect(),
+        }))
+    }
+
+    async fn node_get_info(&self, _: Request<proto::NodeGetInfoRequest>) -> Result<Response<proto::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(proto::NodeGetInfoResponse { node_id: self.node.encode(), max_volumes_per_node: 0, accessible_topology: None }))
+    }
+
+    async fn node_stage_volume(&self, req: Request<proto::NodeStageVolumeRequest>) -> Result<Response<proto::NodeStageVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let id = required("volume_id", &r.volume_id)?;
+        let staging = PathBuf::from(required("staging_target_path", &r.staging_target_path)?);
+        let cap = required_msg("volume_capability", &r.volume_capability)?;
+        crate::capability::check(std::slice::from_ref(cap)).map_err(Status::invalid_argument)?;
+        let _g = self.lock.lock().await;
+        let block = mount_volume(cap).is_none();
+        if let Some(s) = self.stage_record(id)? {
+            if s.block == block && (block || is_mounted(&staging)) {
+                return Ok(Response::new(proto::NodeStageVolumeResponse {}));
+            }
+            return Err(Status::already_exists(format!("volume {id} is staged otherwise ({}): NodeUnstageVolume first", if s.block { "as a block device" } else { "with a file system" })));
+        }
+        let (device, how) = self.attach(id, &r.publish_context).await?;
+        let staged = async {
+            if let Some(m) = mount_volume(cap) {
+                let fs = [m.fs_type.as_str(), r.volume_context.get("fs").map(String::as_str).unwrap_or(""), DEFAULT_FS].into_iter().find(|f| !f.is_empty()).unwrap_or(DEFAULT_FS).to_string();
+                match fs_type(&device).await? {
+                    None => {
+                        let force = if fs == "xfs" { "-f" } else { "-F" };
+                        run(&format!("mkfs.{fs}"), &[force, &device]).await?;
+                    }
+                    Some(have) if have != fs => return Err(Status::failed_precondition(format!("volume {id} holds {have}, not {fs}"))),
+                    Some(_) => {}
+                }
+                std::fs::create_dir_all(&staging).map_err(|e| Status::internal(format!("{}: {e}", staging.display())))?;
+                let mut args = vec!["-t".to_string(), fs.clone()];
+                if !m.mount_flags.is_empty() {
+                    args.push("-o".into());
+                    args.push(m.mount_flags.join(","));
+                }
+                args.push(device.clone());
+                args.push(staging.to_string_lossy().into_owned());
+                run("mount", &args.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+            }
+            self.write_record(id, &Stage { device: device.clone(), how: how.clone(), block, published: vec![] })
+        }
+        .await;
+        if let Err(e) = staged {
+            if is_mounted(&staging) {
+                let _ = run("umount", &[&staging.to_string_lossy()]).await;
+            }
+            let _ = self.detach(&how).await;
+            return Err(e);
+        }
+        log::info!("staged volume {id}: {device} at {}", staging.display());
+        Ok(Response::new(proto::NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(&self, req: Request<proto::NodeUnstageVolumeRequest>) -> Result<Response<proto::NodeUnstageVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let id = required("volume_id", &r.volume_id)?;
+        let staging = PathBuf::from(required("staging_target_path", &r.staging_target_path)?);
+        let _g = self.lock.lock().await;
+        if is_mounted(&staging) {
+            run("umount", &[&staging.to_string_lossy()]).await?;
+        }
+        if let Some(s) = self.stage_record(id)? {
+            // Publications the CO did not undo would hold the device.
+            for (t, _) in s.published.iter().filter(|(t, _)| is_mounted(t)) {
+                log::warn!("volume {id}: still published at {} when unstaged: unmounted", t.display());
+                run("umount", &[&t.to_string_lossy()]).await?;
+            }
+            self.detach(&s.how).await?;
+        }
+        let dir = self.volume_dir(id)?;
+        if dir.exists() {
+            let _ = std::fs::remove_file(dir.join("stage.json"));
+            let _ = std::fs::remove_dir(dir.join("fuse"));
+            std::fs::remove_dir(&dir).map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
+        }
+        log::info!("unstaged volume {id}");
+        Ok(Response::new(proto::NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(&self, req: Request<proto::NodePublishVolumeRequest>) -> Result<Response<proto::NodePublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let id = required("volume_id", &r.volume_id)?;
+        let target = PathBuf::from(required("target_path", &r.target_path)?);
+        let cap = required_msg("volume_capability", &r.volume_capability)?;
+        crate::capability::check(std::slice::from_ref(cap)).map_err(Status::invalid_argument)?;
+        let staging = PathBuf::from(required("staging_target_path", &r.staging_target_path)?);
+        let _g = self.lock.lock().await;
+        let mut s = self.stage_record(id)?.ok_or_else(|| Status::failed_precondition(format!("volume {id} is not staged: NodeStageVolume first")))?;
+        if is_mounted(&target) && s.published.iter().any(|(t, _)| t == &target) {
+            return Ok(Response::new(proto::NodePublishVolumeResponse {}));
+        }
+        let single = cap.access_mode.as_ref().is_some_and(|m| m.mode() == proto::volume_capability::access_mode::Mode::SingleNodeSingleWriter);
+        if let Some((other, _)) = s.published.iter().find(|(t, excl)| t != &target && (*excl || single)) {
+            return Err(Status::failed_precondition(format!("volume {id} is published at {} with single-writer access: one target path at a time", other.display())));
+        }
+        let source = if s.block {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| Status::internal(format!("{}: {e}", parent.display())))?;
+            }
+            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&target).map_err(|e| Status::internal(format!("{}: {e}", target.display())))?;
+            s.device.clone()
+        } else {
+            std::fs::create_dir_all(&target).map_err(|e| Status::internal(format!("{}: {e}", target.display())))?;
+            staging.to_string_lossy().into_owned()
+        };
+        let t = target.to_string_lossy().into_owned();
+        run("mount", &["--bind", &source, &t]).await?;
+        if r.readonly {
+            if let Err(e) = run("mount", &["-o", "remount,bind,ro", &t]).await {
+                let _ = run("umount", &[&t]).await;
+                return Err(e);
+            }
+        }
+        s.published.push((target, single));
+        self.write_record(id, &s)?;
+        Ok(Response::new(proto::NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(&self, req: Request<proto::NodeUnpublishVolumeRequest>) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let id = required("volume_id", &r.volume_id)?;
+        let target = PathBuf::from(required("target_path", &r.target_path)?);
+        let _g = self.lock.lock().await;
+        if let Ok(Some(mut s)) = self.stage_record(id) {
+            s.published.retain(|(t, _)| t != &target);
+            self.write_record(id, &s)?;
+        }
+        if is_mounted(&target) {
+            run("umount", &[&target.to_string_lossy()]).await?;
+        }
+        // CSI: the SP removes the file or directory it made at target_path.
+        match std::fs::symlink_metadata(&target) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir(&target),
+            Ok(_) => std::fs::remove_file(&target),
+            Err(_) => Ok(()),
+        }
+        .map_err(|e| Status::internal(format!("{}: {e}", target.display())))?;
+        Ok(Response::new(proto::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(&self, req: Request<proto::NodeGetVolumeStatsRequest>) -> Result<Response<proto::NodeGetVolumeStatsResponse>, Status> {
+        use proto::volume_usage::Unit;
+        let r = req.into_inner();
+        let id = required("volume_id", &r.volume_id)?;
+        let path = PathBuf::from(required("volume_path", &r.volume_path)?);
+        let s = self.stage_record(id)?.ok_or_else(|| Status::not_found(format!("volume {id} is not staged on this node")))?;
+        if !is_mounted(&path) {
+            return Err(Status::not_found(format!("volume {id} is not at {}", path.display())));
+        }
+        if s.block {
+            let total = block_size(&s.device).ok_or_else(|| Status::internal(format!("{}: size unknown", s.device)))?;
+            let usage = vec![proto::VolumeUsage { available: 0, total: total as i64, used: 0, unit: Unit::Bytes as i32 }];
+            return Ok(Response::new(proto::NodeGetVolumeStatsResponse { usage }));
+        }
+        let st = nix_statvfs(&path).map_err(|e| Status::internal(format!("statvfs {}: {e}", path.display())))?;
+        let usage = vec![
+            proto::VolumeUsage { available: st.0 as i64, total: st.1 as i64, used: st.1.saturating_sub(st.2) as i64, unit: Unit::Bytes as i32 },
+            proto::VolumeUsage { available: st.3 as i64, total: st.4 as i64, used: st.4.saturating_sub(st.3) as i64, unit: Unit::Inodes as i32 },
+        ];
+        Ok(Response::new(proto::NodeGetVolumeStatsResponse { usage }))
+    }
+
+    async fn node_expand_volume(&self, req: Request<proto::NodeExpandVolumeRequest>) -> Result<Response<proto::NodeExpandVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let id = required("volume_id", &r.volume_id)?;
+        let path = PathBuf::from(required("volume_path", &r.volume_path)?);
+        let s = self.stage_record(id)?.ok_or_else(|| Status::not_found(format!("volume {id} is not staged on this node")))?;
+        if self.attacher == Attacher::Fuse {
+            return Err(Status::unimplemented("blockwire attach keeps the size it attached with: unstage and stage again"));
+        }
+        let _g = self.lock.lock().await;
+        if let How::Iscsi { iqn, portals } = &s.how {
+            for p in portals {
+                run("iscsiadm", &["-m", "node", "-T", iqn, "-p", p, "-R"]).await?;
+            }
+        }
+        if !s.block {
+            let m = bw_attach::mount_at(&path).ok_or_else(|| Status::not_found(format!("{}: not a mount point", path.display())))?;
+            match m.fstype.as_str() {
+                "xfs" => run("xfs_growfs", &[&path.to_string_lossy()]).await?,
+                _ => run("resize2fs", &[&s.device]).await?,
+            };
+        }
+        Ok(Response::new(proto::NodeExpandVolumeResponse { capacity_bytes: block_size(&s.device).unwrap_or(0) as i64 }))
+    }
+}
+
+/// (bytes available, total bytes, free bytes, inodes free, inodes total).
+fn nix_statvfs(p: &Path) -> std::io::Result<(u64, u64, u64, u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: statvfs fills the struct it is given.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let f = st.f_frsize as u64;
+    Ok((st.f_bavail as u64 * f, st.f_blocks as u64 * f, st.f_bfree as u64 * f, st.f_ffree as u64, st.f_files as u64))
+}
