@@ -35,6 +35,7 @@ pub mod fs;
 pub mod fs_kind;
 pub mod host;
 pub mod kernel_nfs;
+pub mod local_state;
 pub mod machine;
 pub mod machine_cpu;
 pub mod mounts;
@@ -49,6 +50,7 @@ pub mod route;
 pub mod stage;
 pub mod runner;
 pub mod ssh;
+pub mod state_file;
 pub mod subjects;
 pub mod suite;
 pub mod targets;
@@ -185,6 +187,9 @@ pub enum LabCommand {
         /// The output directory of an earlier run.
         out: PathBuf,
     },
+    /// Undo what dead runs left on this machine (what every run does first),
+    /// by their state files in /var/tmp/bwlab-local; a live run's are left alone.
+    Sweep,
 }
 
 pub fn run(args: LabArgs) -> anyhow::Result<()> {
@@ -192,6 +197,16 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         let results = bw_lab_results::Results::load(&out.join("results.json"))?;
         bw_lab_report::write_all(out, &results)?;
         println!("lab: report re-rendered: {}", out.join("report.html").display());
+        return Ok(());
+    }
+    if let Some(LabCommand::Sweep) = &args.command {
+        let swept = local_state::sweep(std::path::Path::new(local_state::LOCAL_DIR));
+        for s in &swept {
+            println!("lab: {}", s.message("this machine"));
+        }
+        if swept.is_empty() {
+            println!("lab: no dead run's state file in {}", local_state::LOCAL_DIR);
+        }
         return Ok(());
     }
     let (mut suite, out) = if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
@@ -260,6 +275,8 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     preflight(&plan, args.target_host.is_some(), args.client_host.is_some())?;
     // Before any thread exists (see install_signal_handler).
     cleanup::install_signal_handler()?;
+    // What dead runs left here goes before anything is made.
+    local_state::start_run();
     let exe = std::env::current_exe()?;
     let remote = match &args.target_host {
         None => None,

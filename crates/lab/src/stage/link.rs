@@ -122,7 +122,7 @@ fn visit_external(cx: &mut RunContext, topo: &Topology, s: Subject) -> Result<()
 fn make_nfs_image(client: &crate::host::Host, exe: &str, url: &str, size: u64) -> Result<(), String> {
     let undo = crate::cleanup::Resource::owned(crate::host::ShellUndo {
         host: client.clone(),
-        script: crate::ssh::UNDO_ONE,
+        script: crate::state_file::UNDO_ONE,
         args: vec!["nfsimage".into(), url.into(), exe.into()],
     });
     client.record("nfsimage", url, exe).map_err(|e| format!("{e:#}"))?;
