@@ -14,6 +14,7 @@ pub mod csv;
 pub mod factors;
 pub mod findings;
 pub mod html;
+pub mod resumed;
 pub mod route;
 pub mod rows;
 pub mod summary;
