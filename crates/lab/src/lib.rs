@@ -395,7 +395,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
                     for e in &errors {
                         cleanup::say(&format!("lab: cleanup: {e}"));
                     }
-                    local_state::close(errors.is_empty());
+                    local_state::close();
                     return Err(e);
                 }
             }

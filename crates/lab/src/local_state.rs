@@ -75,8 +75,8 @@ pub fn start_run() {
         crate::cleanup::say(&format!("lab: {}", s.message("this machine")));
     }
     match open(dir) {
-        Ok(_) => crate::cleanup::after_forced_end(|undone| {
-            if let Some(kept) = close(undone) {
+        Ok(_) => crate::cleanup::after_forced_end(|_| {
+            if let Some(kept) = close() {
                 crate::cleanup::say(&format!("lab: it is listed in {}: the next `blockwire lab` (or `blockwire lab sweep`) undoes it", kept.display()));
             }
         }),
@@ -121,13 +121,15 @@ pub fn line_of(res: &Resource) -> Option<(&'static str, String, String)> {
     })
 }
 
-/// The run is over: with everything undone, its state file goes; with
-/// something left, it stays for the next run, which says so. Returns the
-/// file when it was kept.
-pub fn close(everything_undone: bool) -> Option<PathBuf> {
+/// The run is over and its cleanup done: with everything it made here
+/// undone (nothing of this machine's left in the registry), its state file
+/// goes; with something left, it stays for the next run, which undoes it.
+/// Returns the file when it was kept.
+pub fn close() -> Option<PathBuf> {
+    let left_here = crate::cleanup::registry().tracked().iter().any(|r| line_of(r).is_some());
     let o = open_file().take()?;
     drop(o.file);
-    if everything_undone {
+    if !left_here {
         let _ = std::fs::remove_file(&o.path);
         if let Some(dir) = o.path.parent() {
             let _ = std::fs::remove_dir(dir);

@@ -59,7 +59,7 @@ pub fn run_and_report(suite: &mut dyn Suite, out: &Path) -> anyhow::Result<()> {
     for e in &errors {
         crate::cleanup::say(&format!("lab: cleanup: {e}"));
     }
-    if let Some(kept) = crate::local_state::close(errors.is_empty()) {
+    if let Some(kept) = crate::local_state::close() {
         crate::cleanup::say(&format!("lab: what could not be undone is listed in {}: the next run undoes it", kept.display()));
     }
     suite.print_outcome(outcome.is_ok() && saved.is_ok());
