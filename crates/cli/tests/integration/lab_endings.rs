@@ -118,7 +118,13 @@ fn count(record: &[serde_json::Value], kind: &str) -> usize {
 /// In the middle of a micro run: its first case is whole and a sample of
 /// the next one is taken.
 fn mid_case(lab: &Lab) -> bool {
-    let r = record(&lab.out);
+    in_second_case(&lab.out)
+}
+
+/// The run writing to `out` finished its first case and took a sample of
+/// the next one (by its record).
+pub(crate) fn in_second_case(out: &Path) -> bool {
+    let r = record(out);
     let last_done = r.iter().rposition(|e| e.get("done").is_some_and(|d| !d["case"].as_str().unwrap_or("").starts_with("targets")));
     let last_begin = r.iter().rposition(|e| e.get("begin").is_some());
     matches!((last_done, last_begin), (Some(d), Some(b)) if b > d && r[b..].iter().any(|e| e.get("sample").is_some()))
