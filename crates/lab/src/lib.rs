@@ -22,7 +22,12 @@
 //! docs/multi-host.md), `clients` (the initiators a subject is measured
 //! with: blockwire's, or the client host's kernel ones driven by fio),
 //! `kernel_nfs` (a file peer's export on the client host's kernel NFS
-//! client), `stage` (the storage suites as stages of one run). The records it writes
+//! client), `stage` (the storage suites as stages of one run), `state_file`
+//! (what a run makes on a host, written down before it is made, and the one
+//! script that undoes it), `local_state` (this machine's state file, and the
+//! sweep of dead runs' files every run does first), `resume` (the record of
+//! what a run measured, its stored plan, and `--resume`: see
+//! docs/lab-endings.md). The records it writes
 //! (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.
@@ -194,8 +199,10 @@ pub const ENDINGS_HELP: &str = "\
 Long runs (docs/lab-endings.md):
   A full run takes hours. Start it so that a closed terminal or a dropped
   ssh connection does not end it:
-    systemd-run --unit=bwlab --collect blockwire lab --out /var/tmp/lab1
-        (journalctl -u bwlab -f to watch; systemctl stop bwlab sends SIGTERM)
+    systemd-run --unit=bwlab --collect -p KillMode=mixed \\
+        blockwire lab --out /var/tmp/lab1
+        (journalctl -u bwlab -f to watch; systemctl stop bwlab sends SIGTERM
+        to the lab alone, which stops its own processes in order)
     nohup blockwire lab --out /var/tmp/lab1 > lab1.log 2>&1 &
     tmux new -s lab 'blockwire lab --out /var/tmp/lab1'   (detach: C-b d)
   A run that ends early goes on with: blockwire lab --resume /var/tmp/lab1
