@@ -273,7 +273,18 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         let out = s.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
     } else {
-        let s = storage_suites(&args)?;
+        let s = match storage_suites(&args) {
+            Ok(s) => s,
+            Err(e) => {
+                // What setting up made (ssh masters, files) goes now.
+                ssh::set_ending();
+                for e in cleanup::registry().cleanup_all() {
+                    cleanup::say(&format!("lab: cleanup: {e}"));
+                }
+                local_state::close();
+                return Err(e);
+            }
+        };
         let out = s.cx.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
     };
@@ -376,6 +387,11 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         }
         None => resume::stored_plan::StoredPlan { argv: resume::stored_plan::argv(), plan: described, cases: vec![] },
     };
+    // A run still writing DIR is refused before anything is made.
+    let resumed_book = match &args.resume {
+        Some(dir) => Some(resume::book::Book::reopen(dir)?),
+        None => None,
+    };
     preflight(&plan, args.target_host.is_some(), args.client_host.is_some())?;
     // Before any thread exists (see install_signal_handler).
     cleanup::install_signal_handler()?;
@@ -394,18 +410,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
                 mtu: args.mtu.clone(),
                 clients: args.clients.clone(),
             };
-            match remote::open(&choices, &plan, &exe) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    ssh::set_ending();
-                    let errors = cleanup::registry().cleanup_all();
-                    for e in &errors {
-                        cleanup::say(&format!("lab: cleanup: {e}"));
-                    }
-                    local_state::close();
-                    return Err(e);
-                }
-            }
+            Some(remote::open(&choices, &plan, &exe)?)
         }
     };
     let out = args.resume.clone().or_else(|| args.out.clone()).unwrap_or_else(|| {
@@ -415,11 +420,12 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     std::fs::create_dir_all(&out)?;
     // Once its terminal or pipe is gone, what the lab says goes here.
     cleanup::write_output_to_after_it_is_lost(out.join("ending.log"));
-    let book = match &args.resume {
-        Some(_) => resume::book::Book::reopen(&out)?,
+    let book = match resumed_book {
+        Some(b) => b,
         None => {
+            let b = resume::book::Book::fresh(&out)?;
             stored.save(&out)?;
-            resume::book::Book::fresh(&out)?
+            b
         }
     };
     let mut run = orchestrate::LabRun::new(plan, exe, out);

@@ -99,6 +99,22 @@ impl Lab {
     }
 }
 
+/// A test that failed halfway stops its labs (as Ctrl-C would).
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // SAFETY: kill(2) on the child this test started.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 pub(crate) fn signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) on a process this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0, "kill {pid} {sig}");

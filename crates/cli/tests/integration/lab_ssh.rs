@@ -285,6 +285,20 @@ fn ino(path: &str) -> Option<u64> {
 
 impl Drop for Hosts {
     fn drop(&mut self) {
+        // What a run of a failed test left on these "hosts" (their state
+        // files name their network namespace): no later test's run sees
+        // these namespaces again, so none would undo it.
+        let ids: Vec<String> = [&self.target_ns, &self.client_ns]
+            .iter()
+            .filter_map(|ns| ino(&format!("/run/netns/{ns}")).map(|i| format!("host net:[{i}]")))
+            .collect();
+        for e in std::fs::read_dir("/var/tmp/bwlab-remote").into_iter().flatten().flatten() {
+            let f = e.path();
+            let ours = std::fs::read_to_string(&f).is_ok_and(|t| t.lines().next().is_some_and(|l| ids.iter().any(|i| i == l)));
+            if ours && f.file_name().is_some_and(|n| n.to_string_lossy().starts_with("state-")) {
+                let _ = Command::new("sh").args(["-c", bw_lab::state_file::CLEANUP_SCRIPT, "sh"]).arg(&f).arg("stale").output();
+            }
+        }
         self.kill_sshd();
         if let Some(mut c) = self.client_sshd.take() {
             kill(&tree(c.id()), libc::SIGKILL);
@@ -536,13 +550,15 @@ fn a_cut_connection_then_resume_goes_on_and_leaves_nothing() {
         .map(|e| e.path())
         .find(|p| p.file_name().unwrap().to_string_lossy().ends_with(&format!("-{pid1}")))
         .expect("the cut run's state file on the target");
-    let mut session = Command::new("ip")
-        .args(["netns", "exec", &hosts.target_ns, "flock", "-x"])
-        .arg(&state)
-        .args(["sh", "-c", "read -r _"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut session = Killed(
+        Command::new("ip")
+            .args(["netns", "exec", &hosts.target_ns, "flock", "-x"])
+            .arg(&state)
+            .args(["sh", "-c", "read -r _"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let locked = || !Command::new("flock").arg("-n").arg(&state).arg("true").status().unwrap().success();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !locked() {
@@ -565,9 +581,8 @@ fn a_cut_connection_then_resume_goes_on_and_leaves_nothing() {
     let swept = stderr.lines().find(|l| l.contains(&format!("PID {pid1} on"))).unwrap_or_else(|| panic!("no word of the cut run's leftovers: {stderr}"));
     assert!(swept.contains(&format!("ssh://root@{TARGET_IP}: undid what an interrupted run left")) && swept.contains("the host still held its session"), "{swept}");
     assert!(swept.contains("backing.img"), "the cut run's backing file was not found there: {swept}");
-    let held = session.try_wait().unwrap();
+    let held = session.0.try_wait().unwrap();
     assert!(held.is_some_and(|s| !s.success()), "the orphaned session's lock holder was left running");
-    drop(session.stdin.take());
     assert!(stderr.contains("lab: resuming (start 2): 1 of 3 cases finished in earlier starts are kept"), "{stderr}");
     let r = crate::lab_endings::check_schema(&out.join("results.json"));
     assert!(r.aborted.is_none(), "{:?}", r.aborted);
@@ -579,6 +594,16 @@ fn a_cut_connection_then_resume_goes_on_and_leaves_nothing() {
     left.extend(hosts.leftovers(pid1).into_iter().filter(|l| !l.contains(&format!("bwlab-{pid1}-ssh-"))));
     assert!(left.is_empty(), "left behind: {left:#?}");
     eprintln!("cut and resumed over ssh in {:?}", t0.elapsed());
+}
+
+/// A child killed when the test is done with it (or failed halfway).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Mounts, attach daemons and attach state of a remote fs suite of the

@@ -67,10 +67,13 @@ pub struct Read {
 }
 
 impl Record {
-    /// A new record in `dir` (an earlier one there is replaced).
+    /// A new record in `dir` (an earlier one there is replaced, unless a
+    /// live run is writing it).
     pub fn create(dir: &Path) -> anyhow::Result<Record> {
         let path = dir.join(FILE);
-        let file = std::fs::File::create(&path).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        let file = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&path).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        lock(&file, dir)?;
+        file.set_len(0)?;
         Ok(Record { path, file })
     }
 
@@ -82,6 +85,7 @@ impl Record {
         let read = parse(&bytes, &path)?;
         let whole = bytes.len() - read.torn_bytes;
         let file = std::fs::OpenOptions::new().write(true).open(&path)?;
+        lock(&file, dir)?;
         file.set_len(whole as u64)?;
         let mut r = Record { path, file };
         r.file.sync_data()?;
@@ -100,6 +104,18 @@ impl Record {
         self.file.sync_data().map_err(|err| anyhow::anyhow!("syncing {}: {err}", self.path.display()))?;
         Ok(())
     }
+}
+
+/// Hold the record's lock for as long as this run lives (the lock goes
+/// with the process, however it ends): a second run writing the same
+/// directory is refused.
+fn lock(file: &std::fs::File, dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        anyhow::bail!("a lab run is writing to {} now: let it finish or stop it first", dir.display());
+    }
+    Ok(())
 }
 
 /// The entries of a record's bytes. The last line may be cut short (no
@@ -178,6 +194,10 @@ mod tests {
             let bytes = std::fs::read(&path).unwrap();
             std::fs::write(&path, &bytes[..keep]).unwrap();
         }
+        // While one run writes it, no other may.
+        let (held, _) = Record::reopen(&d).unwrap();
+        assert!(Record::reopen(&d).is_err() && Record::create(&d).is_err(), "a second writer");
+        drop(held);
         // A damaged line with whole lines after it is no kill's doing.
         let path = d.join(FILE);
         let mut bytes = std::fs::read(&path).unwrap();
