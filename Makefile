@@ -4,12 +4,13 @@ CARGO ?= cargo
 BIN := target/release/blockwire
 # Debian packages the tests, benchmarks and demo use (peers, clients, the kernel VM, the report check;
 # clang, libbpf-dev and linux-libc-dev build the router's BPF datapath, bpftool checks it is gone after tests;
-# libibverbs-dev and librdmacm-dev build crates/rdma, ibverbs-providers is soft-RoCE's provider in the kernel VM).
+# libibverbs-dev and librdmacm-dev build crates/rdma, ibverbs-providers is soft-RoCE's provider in the kernel VM;
+# stress-ng is the CPU hog the lab's ending tests are run beside to show they hold on a busy machine).
 DEB_PACKAGES := fuse3 xfsprogs btrfs-progs eatmydata tgt tgt-rbd vblade libiscsi-bin qemu-utils qemu-block-extra qemu-system-x86 fio tshark \
 	iperf3 iproute2 e2fsprogs busybox-static openssh-server kmod cpio open-iscsi chromium ethtool procps jq \
 	ceph-mon ceph-osd ceph-common librbd-dev postmark bonnie++ clang libbpf-dev linux-libc-dev bpftool \
 	prometheus systemd man-db dpkg-dev lintian nfs-ganesha nfs-ganesha-vfs rpcbind libibverbs-dev librdmacm-dev ibverbs-providers python3-venv \
-	gawk bsdextrautils
+	gawk bsdextrautils stress-ng
 # Seconds each fuzz target runs under `make fuzz`; FUZZ_RUNS=N runs N
 # executions per target instead (the campaign in docs/reliability.md used 10000000).
 FUZZ_SECONDS ?= 60

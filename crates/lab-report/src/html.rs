@@ -39,6 +39,7 @@ pub const SECTIONS: &[Section] = &[
     Section { id: "answer", title: "Answer: what to pick, and by how much", render: answer },
     Section { id: "subjects", title: "Subjects", render: subjects },
     Section { id: "hosts", title: "Hosts", render: hosts },
+    Section { id: "resumed", title: "A resumed run: which start measured what", render: crate::resumed::section },
     Section { id: "findings", title: "The studies' findings, checked", render: findings_section },
     Section { id: "recommendation", title: "Recommendation in detail", render: recommendation },
     Section { id: "net", title: "Network first: iperf3 between the namespaces", render: net },

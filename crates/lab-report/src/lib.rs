@@ -14,6 +14,7 @@ pub mod csv;
 pub mod factors;
 pub mod findings;
 pub mod html;
+pub mod resumed;
 pub mod route;
 pub mod rows;
 pub mod summary;
@@ -450,6 +451,33 @@ mod tests {
             assert_eq!(got, want, "line {} of testdata/findings.txt", i + 1);
         }
         assert_eq!(text.lines().count(), golden.lines().count());
+    }
+
+    /// results.json of a run that was not resumed, byte for byte (the
+    /// fixed results with the route suite, as `Results::save` writes them):
+    /// what a resumed run adds (`resumed`) is absent here, and nothing else
+    /// moved. `RESULTS_GOLDEN_WRITE=1` rewrites the file after a deliberate
+    /// change of the format.
+    #[test]
+    fn results_json_of_a_run_not_resumed_byte_for_byte() {
+        let dir = std::env::temp_dir().join(format!("bw-report-golden-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = results_with_route();
+        assert!(r.resumed.is_none());
+        r.save(&dir.join("results.json")).unwrap();
+        let text = std::fs::read_to_string(dir.join("results.json")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/results.json");
+        if std::env::var_os("RESULTS_GOLDEN_WRITE").is_some() {
+            std::fs::write(path, &text).unwrap();
+        }
+        let golden = std::fs::read_to_string(path).unwrap();
+        for (i, (got, want)) in text.lines().zip(golden.lines()).enumerate() {
+            assert_eq!(got, want, "line {} of testdata/results.json", i + 1);
+        }
+        assert_eq!(text, golden);
+        // And it reads back as it was.
+        assert_eq!(serde_json::from_str::<Results>(&golden).unwrap(), r);
     }
 
     #[test]

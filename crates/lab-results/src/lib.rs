@@ -12,6 +12,7 @@ pub mod accounting;
 pub mod fs;
 pub mod keys;
 pub mod net;
+pub mod resumed;
 pub mod route;
 pub mod stats;
 
@@ -410,6 +411,10 @@ pub struct Results {
     /// ssh commands the run issued (0: a run on this machine only).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ssh_commands: u64,
+    /// A run continued with `blockwire lab --resume`: its starts, and which
+    /// start measured each case (absent for a run that was not resumed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<crate::resumed::Resumed>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -1,7 +1,9 @@
 //! Everything the lab creates on the machine is tracked here (namespaces,
 //! veths, qdiscs, child processes, mounts with their loop devices and FUSE
 //! connections, memory cgroups, temporary files and directories) so it is
-//! removed on success, on error and on SIGINT/SIGTERM. A resource is
+//! removed on success, on error and on every signal that ends a run by
+//! default (HUP, INT, TERM, QUIT; and when the lab's own output goes away,
+//! what SIGPIPE stands for: see [`install_signal_handler`]). A resource is
 //! tracked *before* it is created, marked busy while that runs, so a signal
 //! arriving mid-creation cannot slip between "created" and "tracked"; the
 //! registry's lock is only held for moments, so a forced cleanup can always
@@ -12,12 +14,20 @@
 //! a workload before its cgroup and its mount, a mount before the target
 //! that serves it, processes before their namespace.
 //!
-//! Ctrl-C: the first one stops the workloads (SIGTERM; after a short grace
-//! their mounts' FUSE connections are aborted, so I/O stuck on the way to
-//! a target fails instead of being waited for, and what is left is
-//! killed), and the run saves what it has and cleans up in order. A second
-//! one, or a run still not done 20 s later, forces: FUSE connections
-//! aborted, every process killed, then the same cleanup, then exit.
+//! Each resource is also written down before it is made, through the
+//! recorder the run installs ([`set_recorder`]: this machine's state
+//! file, `crate::local_state`), so what a run that could not clean up
+//! (SIGKILL, a crash) made is undone by the next run.
+//!
+//! Ctrl-C (or any ending signal): the first one stops the workloads
+//! (SIGTERM; after a short grace their mounts' FUSE connections are
+//! aborted, so I/O stuck on the way to a target fails instead of being
+//! waited for, and what is left is killed), and the run saves what it has
+//! and cleans up in order. A second one, or a run still not done 20 s
+//! later, forces: FUSE connections aborted, every process killed, then the
+//! same cleanup for at most [`FORCED_CLEANUP`], then what is left is
+//! listed and the lab exits. A third one lists what is left and exits at
+//! once.
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -134,8 +144,29 @@ pub struct Registry {
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-/// Why the run was stopped when it was not a signal (a host lost).
+/// Why the run was stopped: the signal, or another reason (a host lost,
+/// the lab's output gone).
 static ABORT_REASON: Mutex<Option<String>> = Mutex::new(None);
+/// The signal that stopped the run (0: none): the exit status of a forced
+/// end is 128 + it.
+static STOP_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// What writes each resource down before it is made (this machine's state
+/// file): set once by the run ([`set_recorder`]).
+static RECORDER: OnceLock<fn(&Resource) -> anyhow::Result<()>> = OnceLock::new();
+
+/// Write every resource the registry tracks down with `record` before it is
+/// made (processes once they exist: their PID and start time).
+pub fn set_recorder(record: fn(&Resource) -> anyhow::Result<()>) {
+    let _ = RECORDER.set(record);
+}
+
+fn record(res: &Resource) -> anyhow::Result<()> {
+    match RECORDER.get() {
+        Some(r) => r(res),
+        None => Ok(()),
+    }
+}
 
 /// How long a cleanup waits for creations and releases that another
 /// thread has under way (a forced cleanup while the main thread still
@@ -146,6 +177,11 @@ const SETTLE: Duration = Duration::from_secs(10);
 const WORKLOAD_GRACE: Duration = Duration::from_secs(3);
 /// After the first Ctrl-C, when the run is forced to end.
 const FORCE_AFTER: Duration = Duration::from_secs(20);
+/// How long a forced end cleans up (every process already killed) before
+/// it lists what is left and exits: a umount stuck in the kernel must not
+/// keep a user who pressed Ctrl-C twice waiting. What is left stays in the
+/// state file for the next run.
+pub const FORCED_CLEANUP: Duration = Duration::from_secs(20);
 
 pub fn registry() -> &'static Registry {
     REGISTRY.get_or_init(Registry::new)
@@ -162,8 +198,8 @@ pub fn abort(reason: String) {
     if INTERRUPTED.load(Ordering::SeqCst) {
         return;
     }
-    eprintln!("\nlab: {reason}: stopping, saving partial results and cleaning up");
-    *ABORT_REASON.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+    say(&format!("\nlab: {reason}: stopping, saving partial results and cleaning up"));
+    set_reason(&reason);
     first_stop();
 }
 
@@ -231,6 +267,7 @@ impl Registry {
             if interrupted() {
                 anyhow::bail!("interrupted");
             }
+            record(&res)?;
             let id = g.next;
             g.next += 1;
             g.items.push(Entry {
@@ -254,17 +291,24 @@ impl Registry {
     }
 
     /// Create something whose identity is only known once it exists (a loop
-    /// device's number): `create` makes it and names it, under the lock, so
-    /// a signal cannot fall between the two (keep `create` short).
+    /// device's number): `intent` (what it will be, as far as known: a loop
+    /// device on its file) is written down first, then `create` makes it
+    /// and names it, under the lock, so a signal cannot fall between the
+    /// two (keep `create` short).
     pub fn create_tracked<T>(
         &self,
+        intent: Resource,
         create: impl FnOnce() -> anyhow::Result<(Resource, T)>,
     ) -> anyhow::Result<(Token, T)> {
         let mut g = self.lock();
         if interrupted() {
             anyhow::bail!("interrupted");
         }
+        record(&intent)?;
         let (res, v) = create()?;
+        if let Err(e) = record(&res) {
+            log::warn!("cannot write {res:?} down: {e:#}");
+        }
         let id = g.next;
         g.next += 1;
         g.items.push(Entry {
@@ -334,15 +378,21 @@ impl Registry {
         let child = cmd
             .spawn()
             .map_err(|e| anyhow::anyhow!("cannot start {what}: {e}"))?;
+        let res = Resource::Child {
+            pid: child.id(),
+            what: what.to_string(),
+            role,
+        };
+        // (PDEATHSIG ends it with the lab anyway; the line also covers
+        // what it may have left.)
+        if let Err(e) = record(&res) {
+            log::warn!("cannot write {what} down: {e:#}");
+        }
         let id = g.next;
         g.next += 1;
         g.items.push(Entry {
             id,
-            res: Resource::Child {
-                pid: child.id(),
-                what: what.to_string(),
-                role,
-            },
+            res,
             busy: false,
         });
         Ok((Token(id), child))
@@ -829,40 +879,154 @@ fn release_cgroup(dir: &std::path::Path) -> anyhow::Result<()> {
     }
 }
 
-/// Handle SIGINT/SIGTERM on a thread of their own (signal-hook's
-/// self-pipe; see the module comment for what each Ctrl-C does). The
-/// signals stay unblocked: children inherit their parent's signal mask
-/// (std has not reset it since Rust 1.66), and a lab that blocked them for
+/// A line on stderr that never fails the caller: once the terminal is gone
+/// (a hangup) or the reader of a pipe exited, `eprintln!` would panic.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The signals that end a process by default and end a run here, with what
+/// the run's results say stopped it. SIGPIPE is not among them: the lab
+/// writes to its children's pipes (an ssh session's stdin, a file sent to
+/// a host), and one of them ending must not end the run, so it stays
+/// ignored, as Rust programs have it; what it stands for when the lab's
+/// own output goes away is watched for instead ([`watch_outputs`]).
+const ENDING_SIGNALS: [(i32, &str, &str); 4] = [
+    (libc::SIGINT, "SIGINT", "interrupted"),
+    (libc::SIGTERM, "SIGTERM", "interrupted by SIGTERM"),
+    (libc::SIGHUP, "SIGHUP", "interrupted by SIGHUP (the terminal or the ssh session closed)"),
+    (libc::SIGQUIT, "SIGQUIT", "interrupted by SIGQUIT"),
+];
+
+/// Whether `sig` is ignored now (SIGHUP under `nohup`).
+fn ignored(sig: i32) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// Handle the ending signals (SIGHUP, SIGINT, SIGTERM, SIGQUIT) on a
+/// thread of their own (signal-hook's self-pipe; see the module comment
+/// for what each one does), and watch the lab's own output. A SIGHUP that
+/// was ignored when the lab started (`nohup`) stays ignored. The signals
+/// stay unblocked: children inherit their parent's signal mask (std has
+/// not reset it since Rust 1.66), and a lab that blocked them for
 /// sigwait(2) started every workload, target and attach daemon deaf to the
-/// SIGTERM meant to stop it. Call before any thread exists: SIGINT and
-/// SIGTERM are unblocked here in case whoever started the lab blocked them.
+/// SIGTERM meant to stop it. Call before any thread exists: the signals
+/// are unblocked here in case whoever started the lab blocked them.
 pub fn install_signal_handler() -> anyhow::Result<()> {
     use nix::sys::signal::{SigSet, Signal};
-    use signal_hook::consts::{SIGINT, SIGTERM};
     static INSTALLED: AtomicBool = AtomicBool::new(false);
     if INSTALLED.swap(true, Ordering::SeqCst) {
         return Ok(());
     }
+    let wanted: Vec<i32> = ENDING_SIGNALS.iter().map(|s| s.0).filter(|&s| s != libc::SIGHUP || !ignored(s)).collect();
     let mut set = SigSet::empty();
-    set.add(Signal::SIGINT);
-    set.add(Signal::SIGTERM);
+    for &s in &wanted {
+        set.add(Signal::try_from(s)?);
+    }
     set.thread_unblock()?;
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    let mut signals = signal_hook::iterator::Signals::new(&wanted)?;
     std::thread::Builder::new().name("lab-signals".into()).spawn(move || {
         let mut count = 0;
         for sig in signals.forever() {
             count += 1;
+            let (_, name, reason) = ENDING_SIGNALS.iter().copied().find(|s| s.0 == sig).unwrap_or((sig, "a signal", "interrupted"));
+            let _ = STOP_SIGNAL.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
             let was = INTERRUPTED.swap(true, Ordering::SeqCst);
             if count > 1 || was {
+                if FORCING.load(Ordering::SeqCst) {
+                    // A third: nothing more is waited for.
+                    say(&format!("lab: {name} again: exiting now"));
+                    exit_listing_what_is_left();
+                }
                 std::thread::spawn(force_exit);
                 continue;
             }
-            let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
-            eprintln!("\nlab: {name} received: stopping, saving partial results and cleaning up (again to force)");
+            set_reason(reason);
+            say(&format!("\nlab: {name} received: stopping, saving partial results and cleaning up (again to force)"));
             first_stop();
         }
     })?;
+    watch_outputs()?;
     Ok(())
+}
+
+fn set_reason(reason: &str) {
+    let mut r = ABORT_REASON.lock().unwrap_or_else(|p| p.into_inner());
+    if r.is_none() {
+        *r = Some(reason.to_string());
+    }
+}
+
+/// Where the lab's output goes once its terminal or pipe is gone (None:
+/// /dev/null): the run's output directory, once it is known.
+static AFTER_OUTPUT_LOST: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// What the lab says once its terminal or pipe is gone goes to `path`.
+pub fn write_output_to_after_it_is_lost(path: PathBuf) {
+    *AFTER_OUTPUT_LOST.lock().unwrap_or_else(|p| p.into_inner()) = Some(path);
+}
+
+/// Watch stdout and stderr (what SIGPIPE and SIGHUP stand for: the lab's
+/// terminal closed, or whoever read its pipe, `| tee`, `| less`, exited):
+/// when one of them breaks, what the lab still writes there goes to a file
+/// instead (writes would fail, and `eprintln!` panics then), and the run
+/// stops as on Ctrl-C. poll(2) with no events asked reports exactly that:
+/// POLLHUP for a terminal hung up, POLLERR for a pipe without a reader;
+/// a file or /dev/null never.
+fn watch_outputs() -> anyhow::Result<()> {
+    std::thread::Builder::new().name("lab-outputs".into()).spawn(|| {
+        let mut fds: Vec<libc::pollfd> = [1, 2].iter().map(|&fd| libc::pollfd { fd, events: 0, revents: 0 }).collect();
+        while !fds.is_empty() {
+            // SAFETY: poll on our own array of descriptors.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            if n < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return;
+            }
+            let mut lost = false;
+            fds.retain(|p| {
+                if p.revents & libc::POLLNVAL != 0 {
+                    return false;
+                }
+                if p.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+                    redirect_lost_output(p.fd);
+                    lost = true;
+                    return false;
+                }
+                true
+            });
+            if lost && !INTERRUPTED.load(Ordering::SeqCst) {
+                set_reason("interrupted: the lab's output went away (its terminal or the reader of its pipe)");
+                say("\nlab: the output went away: stopping, saving partial results and cleaning up");
+                first_stop();
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// Point `fd` (stdout or stderr, broken) at the file set for that, or /dev/null.
+fn redirect_lost_output(fd: i32) {
+    use std::os::unix::io::IntoRawFd;
+    let to = AFTER_OUTPUT_LOST.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let file = to
+        .and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok())
+        .or_else(|| std::fs::OpenOptions::new().write(true).open("/dev/null").ok());
+    if let Some(f) = file {
+        let new = f.into_raw_fd();
+        // SAFETY: dup2 of a descriptor we own over one of the standard ones.
+        unsafe {
+            libc::dup2(new, fd);
+            libc::close(new);
+        }
+    }
 }
 
 /// What owners want done first when the run is forced to end (an ssh
@@ -878,22 +1042,78 @@ pub fn before_forced_end(hook: fn()) {
     }
 }
 
+/// What the run wants done last when it is forced to end, given whether
+/// everything was undone (this machine's state file kept or removed).
+static AFTER_FORCED_END: Mutex<Option<fn(bool)>> = Mutex::new(None);
+
+/// Call `hook(everything_undone)` just before a forced end exits.
+pub fn after_forced_end(hook: fn(bool)) {
+    *AFTER_FORCED_END.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+}
+
+static FORCING: AtomicBool = AtomicBool::new(false);
+
+/// The forced end: FUSE aborted, every process killed, then the ordered
+/// cleanup for at most [`FORCED_CLEANUP`]; then what is left is listed and
+/// the lab exits.
 fn force_exit() {
-    static FORCING: AtomicBool = AtomicBool::new(false);
     if FORCING.swap(true, Ordering::SeqCst) {
         return;
     }
-    eprintln!("lab: forcing the end: aborting FUSE connections, killing every process, cleaning up");
+    say("lab: forcing the end: aborting FUSE connections, killing every process, cleaning up");
     for hook in FORCED_END_HOOKS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
         hook();
     }
     let reg = registry();
     reg.emergency();
-    for e in reg.cleanup_all() {
-        eprintln!("lab: cleanup: {e}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(registry().cleanup_all());
+    });
+    match rx.recv_timeout(FORCED_CLEANUP) {
+        Ok(errors) => {
+            for e in errors {
+                say(&format!("lab: cleanup: {e}"));
+            }
+        }
+        Err(_) => say(&format!("lab: the cleanup is not done after {} s", FORCED_CLEANUP.as_secs())),
     }
-    eprintln!("lab: cleaned up after interruption");
-    std::process::exit(130);
+    exit_listing_what_is_left();
+}
+
+/// List what the registry still tracks, run the last hook, exit.
+fn exit_listing_what_is_left() -> ! {
+    let left = registry().tracked();
+    if left.is_empty() {
+        say("lab: cleaned up after interruption");
+    } else {
+        let what: Vec<String> = left.iter().map(Resource::describe).collect();
+        say(&format!("lab: left behind ({}): {}", what.len(), what.join(", ")));
+    }
+    if let Some(hook) = *AFTER_FORCED_END.lock().unwrap_or_else(|p| p.into_inner()) {
+        hook(left.is_empty());
+    }
+    let sig = STOP_SIGNAL.load(Ordering::SeqCst);
+    std::process::exit(128 + if sig > 0 { sig } else { libc::SIGINT });
+}
+
+impl Resource {
+    /// What it is, as a person reads it.
+    pub fn describe(&self) -> String {
+        match self {
+            Resource::Child { pid, what, .. } => format!("process {pid} ({what})"),
+            Resource::BlockwireMount { mountpoint, .. } => format!("blockwire mount {}", mountpoint.display()),
+            Resource::Mount(mp) => format!("mount {}", mp.display()),
+            Resource::Loop { dev, backing } => format!("loop device {dev} on {}", backing.display()),
+            Resource::Cgroup(dir) => format!("cgroup {}", dir.display()),
+            Resource::Dir(dir) => format!("directory {}", dir.display()),
+            Resource::Netns(ns) => format!("namespace {ns}"),
+            Resource::Veth { name, .. } => format!("link {name}"),
+            Resource::Qdisc { dev, .. } => format!("qdisc on {dev}"),
+            Resource::File(f) => format!("file {}", f.display()),
+            Resource::Owned(o) => format!("{:?}", o.0),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! [`KERNEL`]: its protocol, how to find it on a host, how to attach a
 //! target and find the device, and how to undo that (also after an
 //! interrupted run: the state file's `kernel` lines, see
-//! `ssh::CLEANUP_SCRIPT`).
+//! `state_file::CLEANUP_SCRIPT`).
 
 use crate::cleanup::{registry, Resource, Token};
 use crate::host::{Host, ShellUndo};
@@ -141,8 +141,8 @@ load() {
 
 /// The kernel clients of `protocols` that `host` has (fio included, which
 /// drives them), and a line for each one it lacks. One round trip. Modules it loads are
-/// recorded in an ssh host's state file; on the lab's own machine they are
-/// tracked to be unloaded at the end.
+/// recorded in the host's state file; on the lab's own machine they are
+/// also tracked to be unloaded at the end.
 pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protocol>, Vec<String>)> {
     let asked = || KERNEL.iter().filter(|k| protocols.contains(&k.protocol));
     let state = host.state_file();
@@ -152,10 +152,11 @@ pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protoc
         script += &format!("( {} ) >/dev/null 2>&1 && echo has {}\n", k.probe, k.name);
     }
     let out = host.run("sh", &["-c", &script])?;
-    // Where the host keeps no state file, this run unloads them itself.
-    if state.is_none() {
+    // This machine's state file is undone by a later run only (after a
+    // kill): this run unloads them itself.
+    if host.ssh().is_none() {
         for m in out.lines().filter_map(|l| l.strip_prefix("loaded ")) {
-            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::UNDO_ONE, args: vec!["module".into(), m.into(), String::new()] });
+            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::state_file::UNDO_ONE, args: vec!["module".into(), m.into(), String::new()] });
             registry().create(undo, || Ok(()))?;
         }
     }
@@ -273,7 +274,7 @@ fn attach_block(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached
     host.record("kernel", what, &format!("{a} {b}"))?;
     let undo = Resource::owned(ShellUndo {
         host: host.clone(),
-        script: crate::ssh::DETACH,
+        script: crate::state_file::DETACH,
         args: vec![what.into(), a.clone(), b.clone()],
     });
     let lun = lun.to_string();

@@ -75,19 +75,22 @@ impl Host {
         }
     }
 
-    /// The host's state file, where it keeps one: an ssh host lists in it
-    /// what the run made there, so a later run undoes what a killed one
-    /// left. This machine keeps none (its cleanup registry is the run's).
+    /// The host's state file: an ssh host lists in it what the run made
+    /// there, this machine (and its namespaces) in `crate::local_state`'s,
+    /// so a later run undoes what a killed one left.
     pub fn state_file(&self) -> Option<String> {
-        self.ssh().map(|h| h.state_file())
+        match self.ssh() {
+            Some(h) => Some(h.state_file()),
+            None => crate::local_state::path().map(|p| p.display().to_string()),
+        }
     }
 
-    /// Write `KIND A B` in the host's state file, where it keeps one
-    /// ([`Host::state_file`]), before making the thing.
+    /// Write `KIND A B` in the host's state file ([`Host::state_file`])
+    /// before making the thing.
     pub fn record(&self, kind: &str, a: &str, b: &str) -> anyhow::Result<()> {
         match self.ssh() {
             Some(h) => h.record(kind, a, b),
-            None => Ok(()),
+            None => crate::local_state::record(kind, a, b),
         }
     }
 

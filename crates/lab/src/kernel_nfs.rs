@@ -104,7 +104,7 @@ pub fn mount(host: &Host, server: Ipv4Addr, address: Address, v: NfsVersion, mp:
         Some(h) => {
             // `kernel nfs MP`: the cleanup script splits the rest into arguments.
             h.record("kernel", "nfs", &mp_s)?;
-            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::DETACH, args: vec!["nfs".into(), mp_s.clone(), String::new()] });
+            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::state_file::DETACH, args: vec!["nfs".into(), mp_s.clone(), String::new()] });
             (undo, h.command_with("sh", &[&["-c", MOUNT, "sh"][..], &args[..]].concat()))
         }
         // `ip netns exec` would mount in a mount namespace of its own: the
@@ -179,7 +179,7 @@ mod tests {
         assert!(st.success());
         let state = dir.join("state-unit");
         std::fs::write(&state, format!("kernel nfs {}\n", mp.display())).unwrap();
-        let st = std::process::Command::new("sh").args(["-c", crate::ssh::CLEANUP_SCRIPT, "sh"]).arg(&state).status().unwrap();
+        let st = std::process::Command::new("sh").args(["-c", crate::state_file::CLEANUP_SCRIPT, "sh"]).arg(&state).status().unwrap();
         assert!(st.success());
         let mounted = std::fs::read_to_string("/proc/self/mounts").unwrap().lines().any(|l| l.split(' ').nth(1) == Some(&*mp.to_string_lossy()));
         assert!(!mounted && !mp.exists() && !state.exists(), "the mount or its point is left");

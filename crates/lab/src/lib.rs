@@ -22,7 +22,12 @@
 //! docs/multi-host.md), `clients` (the initiators a subject is measured
 //! with: blockwire's, or the client host's kernel ones driven by fio),
 //! `kernel_nfs` (a file peer's export on the client host's kernel NFS
-//! client), `stage` (the storage suites as stages of one run). The records it writes
+//! client), `stage` (the storage suites as stages of one run), `state_file`
+//! (what a run makes on a host, written down before it is made, and the one
+//! script that undoes it), `local_state` (this machine's state file, and the
+//! sweep of dead runs' files every run does first), `resume` (the record of
+//! what a run measured, its stored plan, and `--resume`: see
+//! docs/lab-endings.md). The records it writes
 //! (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.
@@ -35,6 +40,7 @@ pub mod fs;
 pub mod fs_kind;
 pub mod host;
 pub mod kernel_nfs;
+pub mod local_state;
 pub mod machine;
 pub mod machine_cpu;
 pub mod mounts;
@@ -45,10 +51,12 @@ pub mod plan;
 pub mod rdma;
 pub mod remote;
 pub mod remote_fs;
+pub mod resume;
 pub mod route;
 pub mod stage;
 pub mod runner;
 pub mod ssh;
+pub mod state_file;
 pub mod subjects;
 pub mod suite;
 pub mod targets;
@@ -58,7 +66,7 @@ pub mod topology;
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
-#[command(args_conflicts_with_subcommands = true)]
+#[command(args_conflicts_with_subcommands = true, after_long_help = ENDINGS_HELP)]
 pub struct LabArgs {
     #[command(subcommand)]
     pub command: Option<LabCommand>,
@@ -176,7 +184,44 @@ pub struct LabArgs {
     /// Suite route only: MPLS router datapaths to measure: bpf, userspace (default: bpf,userspace).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub datapath: Option<Vec<route::Datapath>>,
+    /// Go on with the run in DIR where it stopped (killed, interrupted, a
+    /// host lost, the machine rebooted): the cases it finished are kept, the
+    /// one it was in is measured again whole, the rest is measured, and DIR
+    /// gets the results.json, CSV and report of the whole run (which say
+    /// which start measured what). With no other options it runs DIR's
+    /// stored plan; options that make another plan are refused.
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
+    pub resume: Option<PathBuf>,
 }
+
+/// `blockwire lab --help`: how long runs end, and what each ending leaves.
+pub const ENDINGS_HELP: &str = "\
+Long runs (docs/lab-endings.md):
+  A full run takes hours. Start it so that a closed terminal or a dropped
+  ssh connection does not end it:
+    systemd-run --unit=bwlab --collect -p KillMode=mixed \\
+        blockwire lab --out /var/tmp/lab1
+        (journalctl -u bwlab -f to watch; systemctl stop bwlab sends SIGTERM
+        to the lab alone, which stops its own processes in order)
+    nohup blockwire lab --out /var/tmp/lab1 > lab1.log 2>&1 &
+    tmux new -s lab 'blockwire lab --out /var/tmp/lab1'   (detach: C-b d)
+  A run that ends early goes on with: blockwire lab --resume /var/tmp/lab1
+
+How a run ends, and what it leaves:
+  SIGINT (Ctrl-C), SIGTERM, SIGQUIT, SIGHUP (terminal or ssh session closed),
+  or its output gone (its terminal, or the reader of its pipe):
+      the run stops, writes results.json and the report with what it measured
+      (\"aborted\" says why), and undoes everything it made, here and on its
+      hosts. Nothing is left. A second signal while it cleans up kills every
+      process, cleans up for at most 20 s, says what is left, and exits.
+  SIGKILL, an OOM kill, a crash, a power cut:
+      no handler runs. What the run made is listed in its state file
+      (/var/tmp/bwlab-local here, /var/tmp/bwlab-remote on ssh hosts), and
+      the next blockwire lab (or blockwire lab sweep) undoes it first, and
+      says what it undid; a live run's things are never touched.
+  A lost ssh host: as SIGINT; what is left there goes with the next run.
+  In every case OUT/record.jsonl keeps each sample as it was measured:
+  blockwire lab --resume OUT goes on from there.";
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -185,6 +230,9 @@ pub enum LabCommand {
         /// The output directory of an earlier run.
         out: PathBuf,
     },
+    /// Undo what dead runs left on this machine (what every run does first),
+    /// by their state files in /var/tmp/bwlab-local; a live run's are left alone.
+    Sweep,
 }
 
 pub fn run(args: LabArgs) -> anyhow::Result<()> {
@@ -194,8 +242,23 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         println!("lab: report re-rendered: {}", out.join("report.html").display());
         return Ok(());
     }
+    if let Some(LabCommand::Sweep) = &args.command {
+        let swept = local_state::sweep(std::path::Path::new(local_state::LOCAL_DIR));
+        for s in &swept {
+            println!("lab: {}", s.message("this machine"));
+        }
+        if swept.is_empty() {
+            println!("lab: no dead run's state file in {}", local_state::LOCAL_DIR);
+        }
+        return Ok(());
+    }
+    let args = match args.resume.clone() {
+        Some(dir) => resumed_args(args, &dir)?,
+        None => args,
+    };
     let (mut suite, out) = if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
         anyhow::ensure!(args.target_host.is_none(), "the route suite runs on this machine only (no --target-host)");
+        anyhow::ensure!(args.resume.is_none(), "the route suite cannot be resumed (it runs in minutes): run it again");
         let s = route::suite::RouteSuite::from_args(&route::suite::RouteChoices {
             quick: args.quick,
             datapath: args.datapath.clone(),
@@ -210,11 +273,60 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         let out = s.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
     } else {
-        let s = storage_suites(&args)?;
+        let s = match storage_suites(&args) {
+            Ok(s) => s,
+            Err(e) => {
+                // What setting up made (ssh masters, files) goes now.
+                ssh::set_ending();
+                for e in cleanup::registry().cleanup_all() {
+                    cleanup::say(&format!("lab: cleanup: {e}"));
+                }
+                local_state::close();
+                return Err(e);
+            }
+        };
         let out = s.cx.out.clone();
         (Box::new(s) as Box<dyn suite::Suite>, out)
     };
     suite::run_and_report(suite.as_mut(), &out)
+}
+
+/// `--resume DIR` alone: the options DIR's run was started with; with
+/// options, those (the plan they make is checked against DIR's).
+fn resumed_args(args: LabArgs, dir: &std::path::Path) -> anyhow::Result<LabArgs> {
+    let stored = resume::stored_plan::StoredPlan::load(dir)?;
+    if !resume::stored_plan::argv().is_empty() {
+        return Ok(args);
+    }
+    #[derive(clap::Parser)]
+    struct Stored {
+        #[command(flatten)]
+        lab: LabArgs,
+    }
+    use clap::Parser;
+    let mut a = Stored::try_parse_from(std::iter::once("lab".to_string()).chain(stored.argv.iter().cloned()))
+        .map_err(|e| anyhow::anyhow!("{}: the options stored there do not parse: {e}", dir.join(resume::stored_plan::FILE).display()))?
+        .lab;
+    a.resume = Some(dir.to_path_buf());
+    Ok(a)
+}
+
+/// What a run's options make, as a resumed run must make it again: the
+/// parameters, the subjects (and the user's own as given), the hosts.
+fn plan_description(plan: &plan::Plan, args: &LabArgs) -> serde_json::Value {
+    serde_json::json!({
+        "params": plan.params,
+        "subjects": plan.subjects().into_iter().map(|s| s.key().to_string()).collect::<Vec<_>>(),
+        "baseline": plan.baseline,
+        "external": {"subjects": args.subject, "allow_writes": args.allow_writes},
+        "hosts": {
+            "target": args.target_host,
+            "client": args.client_host,
+            "data_addr": args.data_addr.map(|a| a.to_string()),
+            "clients": args.clients.as_ref().map(|c| format!("{c:?}")),
+            "allow_nic_changes": args.allow_nic_changes,
+        },
+    })
 }
 
 /// The net, micro, sweep and fs suites as the command line asks.
@@ -257,9 +369,34 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         args.target_host.is_some() || !args.clients.as_ref().is_some_and(|c| c.contains(&clients::ClientChoice::Kernel)),
         "--clients kernel measures kernel initiators between hosts: give --target-host (in one box the lab's clients run in network namespaces)"
     );
+    // A resumed run is the same plan, or nothing happens.
+    let described = plan_description(&plan, args);
+    let stored = match &args.resume {
+        Some(dir) => {
+            let stored = resume::stored_plan::StoredPlan::load(dir)?;
+            let d = stored.differences(&described);
+            anyhow::ensure!(
+                d.is_empty(),
+                "--resume {}: these options make another plan than that run's ({}); what differs:\n  {}\n(--resume {} alone goes on with its own plan)",
+                dir.display(),
+                dir.join(resume::stored_plan::FILE).display(),
+                d.join("\n  "),
+                dir.display()
+            );
+            stored
+        }
+        None => resume::stored_plan::StoredPlan { argv: resume::stored_plan::argv(), plan: described, cases: vec![] },
+    };
+    // A run still writing DIR is refused before anything is made.
+    let resumed_book = match &args.resume {
+        Some(dir) => Some(resume::book::Book::reopen(dir)?),
+        None => None,
+    };
     preflight(&plan, args.target_host.is_some(), args.client_host.is_some())?;
     // Before any thread exists (see install_signal_handler).
     cleanup::install_signal_handler()?;
+    // What dead runs left here goes before anything is made.
+    local_state::start_run();
     let exe = std::env::current_exe()?;
     let remote = match &args.target_host {
         None => None,
@@ -273,24 +410,27 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
                 mtu: args.mtu.clone(),
                 clients: args.clients.clone(),
             };
-            match remote::open(&choices, &plan, &exe) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    ssh::set_ending();
-                    for e in cleanup::registry().cleanup_all() {
-                        eprintln!("lab: cleanup: {e}");
-                    }
-                    return Err(e);
-                }
-            }
+            Some(remote::open(&choices, &plan, &exe)?)
         }
     };
-    let out = args.out.clone().unwrap_or_else(|| {
+    let out = args.resume.clone().or_else(|| args.out.clone()).unwrap_or_else(|| {
         let stamp: String = bw_lab_results::utc_now().chars().filter(|c| c.is_ascii_digit()).collect();
         PathBuf::from(format!("lab-{}-{}", &stamp[..8], &stamp[8..]))
     });
     std::fs::create_dir_all(&out)?;
+    // Once its terminal or pipe is gone, what the lab says goes here.
+    cleanup::write_output_to_after_it_is_lost(out.join("ending.log"));
+    let book = match resumed_book {
+        Some(b) => b,
+        None => {
+            let b = resume::book::Book::fresh(&out)?;
+            stored.save(&out)?;
+            b
+        }
+    };
     let mut run = orchestrate::LabRun::new(plan, exe, out);
+    run.cx.book = book;
+    run.stored = Some(stored);
     if let Some((hosts, clients)) = remote {
         run.cx.remote = Some(hosts);
         run.cx.clients = clients;

@@ -172,7 +172,8 @@ pub fn mount_remote_as(exe: &Path, client: &crate::host::Host, url: &str, mp: &P
 /// A loop device on `backing` (direct I/O, as `blockwire attach --loop`
 /// makes it), tracked. Returns its token and device path.
 pub fn loop_device(backing: &Path) -> anyhow::Result<(Token, String)> {
-    registry().create_tracked(|| {
+    let intent = Resource::Loop { dev: String::new(), backing: backing.to_path_buf() };
+    registry().create_tracked(intent, || {
         let dev = helper(
             Command::new("losetup")
                 .args(["--find", "--show", "--direct-io=on"])

@@ -63,7 +63,7 @@ fn shape_real_nic(host: &Host, dev: &str, rate: u64) -> anyhow::Result<Token> {
     let (t, ()) = match host.ssh() {
         Some(h) => h.recorded("qdisc", dev, "", make)?,
         None => {
-            let res = Resource::owned(ShellUndo { host: host.clone(), script: crate::ssh::UNDO_ONE, args: vec!["qdisc".into(), dev.into(), String::new()] });
+            let res = Resource::owned(ShellUndo { host: host.clone(), script: crate::state_file::UNDO_ONE, args: vec!["qdisc".into(), dev.into(), String::new()] });
             registry().create(res, make)?
         }
     };

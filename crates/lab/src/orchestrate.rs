@@ -19,6 +19,8 @@ pub struct LabRun {
     pub cx: RunContext,
     /// The plan's suites, in run order.
     stages: Vec<Box<dyn Stage>>,
+    /// The plan as stored beside the record (`crate::resume`).
+    pub stored: Option<crate::resume::stored_plan::StoredPlan>,
 }
 
 /// Fill the backing file with non-zero data so reads touch real pages
@@ -70,17 +72,22 @@ impl crate::suite::Suite for LabRun {
     fn finish(&mut self) {
         self.cx.progress.finish_and_clear();
         self.cx.results.ssh_commands = crate::ssh::invocations();
+        crate::resume::run::end_start(&mut self.cx);
         if self.cx.remote.is_some() {
             let cases = self.cx.results.samples.len() + self.cx.results.fs.len() + self.cx.results.net.len();
-            eprintln!("lab: {} ssh commands for {cases} samples", self.cx.results.ssh_commands);
+            crate::cleanup::say(&format!("lab: {} ssh commands for {cases} samples", self.cx.results.ssh_commands));
         }
     }
 
     fn print_outcome(&self, ok: bool) {
         let report = self.cx.out.join("report.html");
         if report.exists() {
-            eprintln!("lab: results: {}", self.cx.out.join("results.json").display());
-            eprintln!("lab: report:  {}", report.display());
+            crate::cleanup::say(&format!("lab: results: {}", self.cx.out.join("results.json").display()));
+            crate::cleanup::say(&format!("lab: report:  {}", report.display()));
+        }
+        if let Some(res) = &self.cx.results.resumed {
+            let by: Vec<String> = res.starts.iter().map(|s| format!("start {} measured {} cases ({})", s.n, s.cases_measured, s.ended)).collect();
+            crate::cleanup::say(&format!("lab: a resumed run: {} (report.html says which)", by.join("; ")));
         }
         if ok {
             bw_lab_report::print_recommendations(&self.cx.results);
@@ -107,7 +114,7 @@ impl LabRun {
         );
         let backing = PathBuf::from(format!("/dev/shm/bwlab-{}.img", std::process::id()));
         let stages = crate::stage::for_plan(&plan);
-        LabRun { cx: RunContext::new(plan, exe, out, results, progress, backing), stages }
+        LabRun { cx: RunContext::new(plan, exe, out, results, progress, backing), stages, stored: None }
     }
 
     fn run_inner(&mut self) -> anyhow::Result<()> {
@@ -191,6 +198,8 @@ impl LabRun {
         for stage in &mut self.stages {
             stage.setup(cx, &topo)?;
         }
+        cx.planned = crate::stage::cases::planned(&self.stages, cx, &topo.links);
+        crate::resume::run::begin_start(cx, self.stored.as_mut(), &topo)?;
         cx.save()?;
         cx.progress.enable_steady_tick(Duration::from_millis(200));
         cx.say(&bw_lab_report::rows::table_header());
@@ -250,7 +259,11 @@ impl LabRun {
                 cx.say(&format!("lab: offload {}, digest {}", if offload.name().is_empty() { "default" } else { offload.name() }, digest.name()));
             }
             for (i, link) in topo.links.iter().enumerate() {
-                let mut run = LinkRun::start(cx, topo, link, i == 0 && n == 0);
+                let first = i == 0 && n == 0;
+                if crate::resume::run::link_done(cx, &self.stages, link, first, digest) {
+                    continue;
+                }
+                let mut run = LinkRun::start(cx, topo, link, first);
                 // The idle baseline, with the targets up but nothing asked of them.
                 let mut r = crate::machine_cpu::MachineMeter::new(&[&topo.target, &topo.client]).map(|m| cx.meter = m);
                 for stage in &mut self.stages {

@@ -188,8 +188,8 @@ pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<(Remote,
         }
         match h.sweep_stale() {
             Ok(swept) => {
-                for f in swept {
-                    eprintln!("lab: {}: undid what an interrupted run left ({f})", h.url());
+                for s in swept {
+                    crate::cleanup::say(&format!("lab: {}", s.message(&h.url())));
                 }
             }
             Err(e) => fatal.push(format!("{}: cannot check for an interrupted run's leftovers: {e:#}", h.url())),

@@ -5,7 +5,7 @@
 //! memory cgroup of its own, all on that host. Each of these is written to
 //! the host's state file before it is made: released, it is undone by the
 //! same shell text a later run applies after a killed one
-//! (`ssh::UNDO_ONE`), so a cut run's mounts and cgroups do not outlive the
+//! (`state_file::UNDO_ONE`), so a cut run's mounts and cgroups do not outlive the
 //! next run's start.
 
 use crate::cleanup::{registry, Resource, Token};

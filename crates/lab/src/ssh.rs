@@ -9,11 +9,18 @@
 //! connection holds a lock on that file (`flock` running as its remote
 //! command, reading its stdin), so the lock goes when the connection does;
 //! a later run that finds a state file nobody locks undoes what it lists
-//! ([`CLEANUP_SCRIPT`]). Processes the lab starts there are tied to their
-//! own ssh session as well ([`SshHost::service_command`]).
+//! (`state_file::CLEANUP_SCRIPT`, the one undo text of every host). The
+//! file also names the lab process that owns it (`run PID START BOOT`): a
+//! connection cut without a word (a cable, a firewall) leaves the host's
+//! sshd holding the session, and its lock, until its keepalive gives up
+//! (hours, by default); a later run from the same machine that finds its
+//! owner dead takes the lock from that orphaned session and undoes the
+//! file ([`SshHost::sweep_stale`]). Processes the lab starts there are tied
+//! to their own ssh session as well ([`SshHost::service_command`]).
 
 use crate::cleanup::{Resource, Undo};
 use crate::command::run_undo_script;
+use crate::state_file::{RunOwner, Swept, CLEANUP_SCRIPT, UNDO_ONE};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -236,197 +243,12 @@ fn sha256(path: &Path) -> anyhow::Result<String> {
     Ok(out.split_whitespace().next().unwrap_or_default().to_string())
 }
 
-/// Undo one attachment (`$1` what, `$2` `$3` its address). A macro so the
-/// state file's cleanup script ([`CLEANUP_SCRIPT`]) holds the same lines.
-/// The kernel initiators (`crate::clients`, `crate::kernel_nfs`) attach;
-/// undoing is here, with the other undo steps.
-macro_rules! detach_script {
-    () => {
-        r#"PATH=$PATH:/usr/sbin:/sbin
-case "$1" in
-  iscsi) iscsiadm -m node -T "$2" -p "$3" --logout >/dev/null 2>&1
-         iscsiadm -m node -T "$2" -p "$3" -o delete >/dev/null 2>&1
-         iscsiadm -m discoverydb -t sendtargets -p "$3" -o delete >/dev/null 2>&1
-         if [ -f /run/bwlab-iscsid ] && ! iscsiadm -m session >/dev/null 2>&1; then
-           kill $(cat /run/bwlab-iscsid) 2>/dev/null; rm -f /run/bwlab-iscsid
-         fi ;;
-  nvme|nvme-rdma) nvme disconnect -n "$2" >/dev/null 2>&1 ;;
-  # the name without a newline: the driver compares the bytes written
-  aoe) [ -e /dev/etherd/flush ] && printf %s "$2" > /dev/etherd/flush 2>/dev/null ;;
-  # a kernel NFS mount (crate::kernel_nfs), also when its server is gone
-  nfs) umount -f "$2" 2>/dev/null || umount -f -l "$2" 2>/dev/null; rmdir "$2" 2>/dev/null ;;
-esac
-true"#
-    };
-}
-pub const DETACH: &str = detach_script!();
-
-/// Take down a kernel target the lab set up through configfs: `remove_lio
-/// IQN HBA/NAME` (the iSCSI target with its TPGs, LUNs and portals, then
-/// the backstore and its HBA, which the lab always makes fresh) and
-/// `remove_nvmet NQN "PORT..."` (the ports the lab made, then the
-/// subsystem with its namespaces once no port links it). Only the names
-/// given: whatever else the host's LIO or nvmet serves stays.
-macro_rules! configfs_removal {
-    () => {
-        r#"remove_lio() {
-  cfs_t=/sys/kernel/config/target; cfs_d=$cfs_t/iscsi/$1
-  if [ -d "$cfs_d" ]; then
-    for cfs_g in "$cfs_d"/tpgt_*; do
-      [ -d "$cfs_g" ] || continue
-      echo 0 > "$cfs_g/enable" 2>/dev/null
-      for cfs_l in "$cfs_g"/lun/lun_*; do
-        [ -d "$cfs_l" ] || continue
-        for cfs_p in "$cfs_l"/*; do [ -L "$cfs_p" ] && rm -f "$cfs_p"; done
-        rmdir "$cfs_l"
-      done
-      for cfs_n in "$cfs_g"/np/*; do [ -d "$cfs_n" ] && rmdir "$cfs_n"; done
-      rmdir "$cfs_g"
-    done
-    rmdir "$cfs_d"
-  fi
-  if [ -n "$2" ] && [ -d "$cfs_t/core/$2" ]; then rmdir "$cfs_t/core/$2" && rmdir "$cfs_t/core/${2%/*}"; fi
-}
-remove_nvmet() {
-  cfs_n=/sys/kernel/config/nvmet; cfs_s=$cfs_n/subsystems/$1
-  for cfs_p in $2; do
-    rm -f "$cfs_n/ports/$cfs_p/subsystems/$1"
-    [ -d "$cfs_n/ports/$cfs_p" ] && rmdir "$cfs_n/ports/$cfs_p"
-  done
-  [ -d "$cfs_s" ] || return 0
-  for cfs_l in "$cfs_n"/ports/*/subsystems/"$1"; do [ -L "$cfs_l" ] && return 0; done
-  for cfs_ns in "$cfs_s"/namespaces/*; do [ -d "$cfs_ns" ] || continue; echo 0 > "$cfs_ns/enable"; rmdir "$cfs_ns"; done
-  rmdir "$cfs_s"
-}
-"#
-    };
-}
-
-/// The shell function `undo KIND A B` that undoes one state-file line, for
-/// [`CLEANUP_SCRIPT`] and [`UNDO_ONE`] (one text: what a run undoes at its
-/// end is what a later run undoes for it). Kinds: `file`, `dir` (the
-/// binary's: kept while another run's state file lists it), `mtu DEV OLD`,
-/// `offload DEV FEATURE on|off...` (`ethtool -K`), `qdisc DEV` (the root
-/// qdisc the lab put there; the kernel's default comes back), `kernel
-/// WHAT A B` (`crate::clients`), `module NAME` (loaded by the lab),
-/// `cgroup DIR` (its processes killed, then removed), `mount MP`,
-/// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`, `lio IQN BACKSTORE`
-/// and `nvmet NQN PORTS` (kernel targets, [`configfs_removal`]), `modules
-/// NAME...` (loaded by the lab for them), `configfs MP` (mounted by it),
-/// `nfsimage URL EXE` (the lab's image file on an external NFS export),
-/// `export CLIENT:DIR` (`exportfs -u`), `nfsd` (the server's threads
-/// stopped), `kill PID START` (a process the lab started, if it is still
-/// that one) and `write FILE VALUE` (the value put back).
-macro_rules! undo_function {
-    () => {
-        concat!(
-            "detach_kernel() (\n",
-            detach_script!(),
-            "\n)\n",
-            configfs_removal!(),
-            r#"PATH=$PATH:/usr/sbin:/sbin
-undo() {
-  kind=$1; a=$2; b=$3
-  case "$kind" in
-    file) rm -f -- "$a" ;;
-    dir) # The binary's directory is shared by runs of one version: kept
-         # while another run's state file lists it.
-         keep=""; for o in "${s%/*}"/state-*; do [ "$o" != "$s" ] && grep -q "^dir $a " "$o" 2>/dev/null && keep=1; done
-         [ -n "$keep" ] || rm -rf -- "$a" ;;
-    mtu) ip link set dev "$a" mtu "$b" ;;
-    offload) ethtool -K "$a" $b >/dev/null 2>&1 ;;
-    qdisc) tc qdisc del dev "$a" root 2>/dev/null ;;
-    kernel) detach_kernel "$a" $b ;;
-    module) modprobe -r "$a" 2>/dev/null ;;
-    cgroup) if [ -d "$a" ]; then
-              n=0; while ! rmdir "$a" 2>/dev/null && [ $n -lt 50 ]; do
-                for p in $(cat "$a/cgroup.procs" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-                sleep 0.1; n=$((n+1))
-              done
-            fi ;;
-    mount) if grep -q " $a " /proc/mounts; then umount "$a" 2>/dev/null || umount -l "$a"; fi ;;
-    bwmount) if grep -q " $a " /proc/mounts; then
-               # A killed run's volume matters no more: its FUSE connection
-               # is aborted first, so the unmount writes nothing back
-               # through a daemon whose target may be gone.
-               if [ -n "$stale" ]; then
-                 f=/run/blockwire/fuse/$(printf %s "$a" | tr -c 'A-Za-z0-9' _)
-                 c=$(mountpoint -d "$f" 2>/dev/null | cut -d: -f2)
-                 [ -n "$c" ] && echo 1 > "/sys/fs/fuse/connections/$c/abort" 2>/dev/null
-               fi
-               "$b" umount "$a" >/dev/null 2>&1 || umount -l "$a"
-             fi ;;
-    rmdir) rmdir "$a" 2>/dev/null ;;
-    lio|nvmet) grep -q " /sys/kernel/config configfs " /proc/mounts || mount -t configfs none /sys/kernel/config 2>/dev/null
-         remove_$kind "$a" "$b" ;;
-    modules) # rmmod, not modprobe -r: a module the lab did not load stays,
-             # and one still in use refuses (a few rounds: dependents first)
-             for cfs_r in 1 2 3 4; do for cfs_m in $a $b; do [ -d "/sys/module/$cfs_m" ] && rmmod "$cfs_m" 2>/dev/null; done; done ;;
-    configfs) grep -q " $a configfs " /proc/mounts && umount "$a" 2>/dev/null ;;
-    nfsimage) "$b" nfs remove "$a" >/dev/null 2>&1 ;;
-    # knfsd (subjects::knfsd): the lab's export, the nfsd threads it
-    # started, a process it started (PID and start time), a value it wrote
-    export) exportfs -u "$a" 2>/dev/null ;;
-    nfsd) rpc.nfsd 0 2>/dev/null ;;
-    kill) if [ "$(cut -d' ' -f22 /proc/$a/stat 2>/dev/null)" = "$b" ]; then
-            kill "$a"; n=0; while [ -d "/proc/$a" ] && [ $n -lt 30 ]; do sleep 0.1; n=$((n+1)); done
-          fi ;;
-    write) [ -w "$a" ] && echo "$b" > "$a" 2>/dev/null ;;
-  esac
-  true
-}
-"#
-        )
-    };
-}
-
-/// Undo what a state file lists (`$1`; `$2` is `stale` for a file an
-/// interrupted run left): processes first (only if PID and start time
-/// still match), then every other line newest first ([`undo_function`]),
-/// the `modules` lines last, then the file itself. Safe to run twice.
-pub const CLEANUP_SCRIPT: &str = concat!(
-    undo_function!(),
-    r#"s="$1"; stale="$2"; [ -f "$s" ] || exit 0
-pids=""
-while read -r kind a b; do
-  if [ "$kind" = pid ] && [ "$(cut -d' ' -f22 /proc/$a/stat 2>/dev/null)" = "$b" ]; then pids="$pids $a"; kill "$a" 2>/dev/null; fi
-done < "$s"
-n=0; while [ $n -lt 30 ]; do
-  left=""; for p in $pids; do [ -d /proc/$p ] && left="$left $p"; done
-  [ -z "$left" ] && break; sleep 0.1; n=$((n+1))
-done
-for p in $left; do kill -9 "$p" 2>/dev/null; done
-# modules last: rmmod waits for what used them to be gone
-tac "$s" | while read -r kind a b; do [ "$kind" = modules ] || undo "$kind" "$a" "$b"; done
-tac "$s" | while read -r kind a b; do [ "$kind" != modules ] || undo "$kind" "$a" "$b"; done
-rm -f -- "$s"
-rmdir "${s%/*}" 2>/dev/null || true"#
-);
-
-/// Undo one state-file line now (`$1` kind, `$2` `$3`; `$4` is `stale`
-/// after an interruption): what a tracked resource recorded with
-/// [`SshHost::recorded`] runs when released.
-pub const UNDO_ONE: &str = concat!(undo_function!(), r#"stale="$4"; undo "$1" "$2" "$3""#);
 
 /// Run `script` under `sh -c` with `args` ($1...), as one remote command.
 fn sh_c(script: &str, args: &[&str]) -> String {
     let mut a = vec!["-c", script, "sh"];
     a.extend_from_slice(args);
     shell_line("sh", &a)
-}
-
-/// Remove the control sockets (`bwlab-PID-ssh-*.sock` in `dir`) of runs
-/// whose process is gone: a killed run cannot remove its own.
-fn sweep_stale_sockets(dir: &Path) {
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix("bwlab-").and_then(|r| r.split_once("-ssh-")).filter(|(_, r)| r.ends_with(".sock")).and_then(|(p, _)| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if !crate::cleanup::alive(pid) {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
 }
 
 impl SshHost {
@@ -571,11 +393,11 @@ impl SshHost {
         // A forced end kills the masters: expected then.
         crate::cleanup::before_forced_end(set_ending);
         let script = format!(
-            "mkdir -p {dir} && echo \"host {HOST_IDENTITY}\" >> {state} && exec flock -x {state} sh -c 'read -r _'",
+            "mkdir -p {dir} && echo \"host {HOST_IDENTITY}\" >> {state} && echo {owner} >> {state} && exec flock -x {state} sh -c 'read -r _'",
             dir = REMOTE_DIR,
-            state = quote(&self.state_file())
+            state = quote(&self.state_file()),
+            owner = quote(&RunOwner::current().line())
         );
-        sweep_stale_sockets(Path::new("/tmp"));
         let mut cmd = self.ssh(true);
         cmd.arg(script).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
         // ssh removes its control socket only when the master ends of
@@ -631,22 +453,62 @@ impl SshHost {
         Ok(token)
     }
 
-    /// Undo what earlier, interrupted runs left on the host (state files
-    /// nobody holds the lock of, written on this host: see
-    /// [`HOST_IDENTITY`]). Returns what it cleaned, for the log.
-    pub fn sweep_stale(&self) -> anyhow::Result<Vec<String>> {
-        let script = format!(
+    /// Undo what earlier, interrupted runs left on the host: state files
+    /// written on this host (see [`HOST_IDENTITY`]) that nobody holds the
+    /// lock of, and those whose lock an orphaned session still holds while
+    /// their owner, a lab process of this machine's boot, is gone (a cut
+    /// connection the host's sshd has not noticed: that session's lock
+    /// holder is killed first). A file whose owner runs elsewhere and is
+    /// locked is a live run's, and stays. Returns what each sweep found.
+    pub fn sweep_stale(&self) -> anyhow::Result<Vec<Swept>> {
+        let list = format!(
             r#"me="{HOST_IDENTITY}"
 for f in {REMOTE_DIR}/state-*; do
   [ -f "$f" ] && [ "$f" != {own} ] || continue
   h=$(sed -n 's/^host //p' "$f" | head -n 1)
   [ -z "$h" ] || [ "$h" = "$me" ] || continue
-  if flock -n "$f" true; then echo "$f"; sh -c "$1" sh "$f" stale; fi
+  if flock -n "$f" true; then l=free; else l=locked; fi
+  echo "bwlab-state $l $f $(grep -m1 '^run ' "$f")"
 done"#,
             own = quote(&self.state_file())
         );
-        let out = self.run_line(&sh_c(&script, &[CLEANUP_SCRIPT]))?;
-        Ok(out.lines().map(|l| l.to_string()).collect())
+        let mut stale: Vec<(String, bool, String)> = vec![];
+        for line in self.run_line(&list)?.lines() {
+            let Some(rest) = line.strip_prefix("bwlab-state ") else { continue };
+            let mut f = rest.splitn(3, ' ');
+            let (lock, file, run) = (f.next().unwrap_or(""), f.next().unwrap_or("").to_string(), f.next().unwrap_or(""));
+            let owner = RunOwner::of_state(run);
+            match (lock, &owner) {
+                ("free", Some(o)) => stale.push((file, false, format!("its ssh session ended; {}", o.describe()))),
+                ("free", None) => stale.push((file, false, "its ssh session ended".into())),
+                ("locked", Some(o)) if o.of_this_boot() && !o.is_live() => {
+                    stale.push((file, true, format!("its lab process is gone ({}), the host still held its session", o.describe())))
+                }
+                _ => {}
+            }
+        }
+        let mut swept = vec![];
+        for (file, locked, owner) in stale {
+            let script = format!(
+                r#"f="$2"
+if [ "$3" = locked ]; then
+  # the orphaned session's lock holder (`flock`) and what it runs
+  for p in /proc/[0-9]*; do
+    [ "$(cat "$p/comm" 2>/dev/null)" = flock ] || continue
+    for d in "$p"/fd/*; do
+      [ "$(readlink "$d" 2>/dev/null)" = "$f" ] || continue
+      for c in /proc/[0-9]*; do [ "$(cut -d' ' -f4 "$c/stat" 2>/dev/null)" = "${{p#/proc/}}" ] && kill -9 "${{c#/proc/}}" 2>/dev/null; done
+      kill -9 "${{p#/proc/}}" 2>/dev/null; break
+    done
+  done
+  n=0; until flock -n "$f" true || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
+fi
+flock -n "$f" true && sh -c "$1" sh "$f" stale"#
+            );
+            let out = self.run_line(&sh_c(&script, &[CLEANUP_SCRIPT, &file, if locked { "locked" } else { "free" }]))?;
+            swept.push(Swept::from_output(&file, &owner, &out));
+        }
+        Ok(swept)
     }
 
     /// Bring the lab's binary: copy it unless the same one (by hash, the
@@ -807,30 +669,6 @@ mod tests {
         out
     }
 
-    /// A dead run's control socket goes; a live one's and other files stay.
-    #[test]
-    fn stale_control_sockets_of_dead_runs_are_swept() {
-        let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-sock-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        // A PID that is gone: a child that has been reaped.
-        let dead = Command::new("true").spawn().unwrap();
-        let dead_pid = dead.id();
-        let _ = { dead }.wait();
-        let names = [
-            format!("bwlab-{dead_pid}-ssh-127001-2222.sock"),
-            format!("bwlab-{}-ssh-127001-2222.sock", std::process::id()),
-            format!("bwlab-{dead_pid}-ssh-127001-2222.txt"),
-            "bwlab-x-ssh-1.sock".to_string(),
-        ];
-        for n in &names {
-            std::fs::write(dir.join(n), "").unwrap();
-        }
-        sweep_stale_sockets(&dir);
-        let left: Vec<bool> = names.iter().map(|n| dir.join(n).exists()).collect();
-        assert_eq!(left, [false, true, true, true]);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
     /// A service that writes to stderr from its first instruction: its PID
     /// mark still comes whole, on a line of its own, first, and names the
     /// program's own process.
@@ -856,80 +694,4 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// What a killed fs suite leaves on a client host: a file system
-    /// mounted on a (kernel initiator's, here a loop) device, a memory
-    /// cgroup with a workload in it. The next run's sweep undoes both.
-    #[test]
-    fn cleanup_script_unmounts_and_removes_cgroups_of_a_killed_run() {
-        let cg_root = std::path::Path::new("/sys/fs/cgroup/memory");
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || !cg_root.join("memory.limit_in_bytes").exists() || !crate::command::which("mkfs.ext4") {
-            eprintln!("skipped: needs root, a v1 memory cgroup and mkfs.ext4");
-            return;
-        }
-        let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-fs-{}", std::process::id()));
-        let mp = dir.join("mnt");
-        std::fs::create_dir_all(&mp).unwrap();
-        let img = dir.join("img");
-        std::fs::File::create(&img).unwrap().set_len(32 << 20).unwrap();
-        let dev = crate::command::sh("losetup", &["--find", "--show", &img.to_string_lossy()]).unwrap().trim().to_string();
-        crate::command::sh("mkfs.ext4", &["-q", "-F", &dev]).unwrap();
-        crate::command::sh("mount", &[&dev, &mp.to_string_lossy()]).unwrap();
-        let cg = cg_root.join(format!("bwlab-ssh-unit-{}", std::process::id()));
-        std::fs::create_dir(&cg).unwrap();
-        let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
-        std::fs::write(cg.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
-        let state = dir.join("state-killed");
-        std::fs::write(&state, format!("host x y\nrmdir {}\nmount {}\ncgroup {}\n", mp.display(), mp.display(), cg.display())).unwrap();
-        let st = Command::new("sh").args(["-c", CLEANUP_SCRIPT, "sh"]).arg(&state).arg("stale").status().unwrap();
-        let mounted = std::fs::read_to_string("/proc/mounts").unwrap().contains(&format!(" {} ", mp.display()));
-        let killed = sleeper.wait().unwrap().code().is_none();
-        let left = (cg.exists(), mp.exists(), state.exists());
-        if mounted {
-            let _ = crate::command::sh("umount", &["-l", &mp.to_string_lossy()]);
-        }
-        let _ = std::fs::remove_dir(&cg);
-        let _ = crate::command::sh("losetup", &["-d", &dev]);
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(st.success());
-        assert!(!mounted, "{} still mounted", mp.display());
-        assert!(killed, "the cgroup's process was not killed");
-        assert_eq!(left, (false, false, false), "(cgroup, mount point, state file) left");
-    }
-
-    #[test]
-    fn cleanup_script_undoes_a_state_file() {
-        let dir = std::env::temp_dir().join(format!("bwlab-ssh-unit-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("sub")).unwrap();
-        let file = dir.join("f");
-        std::fs::write(&file, "x").unwrap();
-        let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
-        let pid = sleeper.id();
-        let start = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap().split(' ').nth(21).unwrap().to_string();
-        let state = dir.join("state");
-        std::fs::create_dir_all(dir.join("shared")).unwrap();
-        let shared = format!("dir {} \n", dir.join("shared").display());
-        // A mount point the lab made, and lines for things this machine
-        // lacks: undoing them is harmless.
-        std::fs::create_dir_all(dir.join("mp")).unwrap();
-        let others = format!("rmdir {}\nqdisc bwlab-no-such-dev\noffload bwlab-no-such-dev tx on\nmodule bwlab_no_such_module\n", dir.join("mp").display());
-        std::fs::write(&state, format!("pid {pid} {start}\npid 1 999\nfile {}\ndir {} \n{others}{shared}", file.display(), dir.join("sub").display())).unwrap();
-        // Another run's state file lists the shared directory: it stays.
-        let other = dir.join("state-other");
-        std::fs::write(&other, &shared).unwrap();
-        let state = {
-            let s = dir.join("state-this");
-            std::fs::rename(&state, &s).unwrap();
-            s
-        };
-        let st = Command::new("sh").args(["-c", CLEANUP_SCRIPT, "sh"]).arg(&state).status().unwrap();
-        assert!(st.success());
-        assert!(sleeper.wait().unwrap().code().is_none(), "the recorded process was not killed");
-        assert!(!file.exists() && !dir.join("sub").exists() && !dir.join("mp").exists() && !state.exists());
-        assert!(dir.join("shared").exists(), "a directory another run uses was removed");
-        // The other run's end removes it, and the directory once empty.
-        let st = Command::new("sh").args(["-c", CLEANUP_SCRIPT, "sh"]).arg(&other).status().unwrap();
-        assert!(st.success());
-        assert!(!dir.exists());
-    }
 }

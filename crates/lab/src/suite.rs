@@ -26,16 +26,24 @@ pub trait Suite {
 /// outcome, and clean up everything the run left.
 pub fn run_and_report(suite: &mut dyn Suite, out: &Path) -> anyhow::Result<()> {
     if let Some(e) = suite.estimate() {
-        eprintln!("{e}");
+        crate::cleanup::say(&e);
     }
     // A suite that catches the interrupt in its workload may return
-    // normally; the run is still cut short and must say so.
-    let outcome = suite.run_cases().and_then(|()| {
-        if interrupted() {
-            anyhow::bail!("{}", crate::cleanup::stop_reason())
-        }
-        Ok(())
-    });
+    // normally; the run is still cut short and must say so. A panic (a bug,
+    // or a write to a terminal that hung up) is an ending too: what was
+    // measured is saved and everything is undone as after Ctrl-C.
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| suite.run_cases()));
+    let outcome = ran
+        .unwrap_or_else(|p| {
+            let why = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+            Err(anyhow::anyhow!("the lab crashed: {why}"))
+        })
+        .and_then(|()| {
+            if interrupted() {
+                anyhow::bail!("{}", crate::cleanup::stop_reason())
+            }
+            Ok(())
+        });
     let results = suite.results();
     results.finished_utc = utc_now();
     if let Err(e) = &outcome {
@@ -47,8 +55,12 @@ pub fn run_and_report(suite: &mut dyn Suite, out: &Path) -> anyhow::Result<()> {
         .save(&out.join("results.json"))
         .and_then(|_| bw_lab_report::write_all(out, results));
     crate::ssh::set_ending();
-    for e in registry().cleanup_all() {
-        eprintln!("lab: cleanup: {e}");
+    let errors = registry().cleanup_all();
+    for e in &errors {
+        crate::cleanup::say(&format!("lab: cleanup: {e}"));
+    }
+    if let Some(kept) = crate::local_state::close() {
+        crate::cleanup::say(&format!("lab: what could not be undone is listed in {}: the next run undoes it", kept.display()));
     }
     suite.print_outcome(outcome.is_ok() && saved.is_ok());
     outcome?;

@@ -369,7 +369,7 @@ fn nfs_server_file_system_factor_gives_a_finding_and_a_chart() {
 /// and undoes everything in order.
 #[test]
 fn interrupted_lab_leaves_nothing_behind() {
-    interrupt_lab_during_an_fs_workload("sigint", 1);
+    crate::lab_endings::interrupt_an_fs_workload("sigint", libc::SIGINT, 1);
 }
 
 /// Two Ctrl-Cs: the forced end (FUSE connections aborted, every process
@@ -377,98 +377,5 @@ fn interrupted_lab_leaves_nothing_behind() {
 /// is still winding down; nothing may be left either.
 #[test]
 fn twice_interrupted_lab_leaves_nothing_behind() {
-    interrupt_lab_during_an_fs_workload("sigint2", 2);
-}
-
-fn interrupt_lab_during_an_fs_workload(tag: &str, signals: usize) {
-    require_root();
-    let out = out_dir(tag);
-    // Interrupted in the middle of an fs workload on a shaped link: the
-    // qdiscs, namespaces, targets, the mount with its attach daemon, FUSE
-    // connection and loop device, and the workload's cgroup all exist then.
-    let mut child = Command::new(blockwire_bin())
-        .args(["lab", "--quick", "--protocols", "iscsi", "--peers", "none", "--suite", "fs", "--link", "1gbit"])
-        .args(["--size", "64M", "--client-mem", "128M", "--fs-workloads", "varmail", "--fs-runtime", "60", "--out"])
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start blockwire lab");
-    let lab_pid = child.id();
-    // Its stderr as it comes: the second Ctrl-C goes once the lab has
-    // taken the first (a SIGINT sent while the first is still pending is
-    // merged with it by the kernel).
-    let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let reader = {
-        let (text, from) = (stderr.clone(), child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for l in std::io::BufReader::new(from).lines().map_while(Result::ok) {
-                let mut t = text.lock().unwrap();
-                t.push_str(&l);
-                t.push('\n');
-            }
-        })
-    };
-    let mut seen: Vec<(u32, String)> = vec![];
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        for d in descendants(lab_pid) {
-            if !seen.iter().any(|(p, _)| *p == d.0) {
-                seen.push(d);
-            }
-        }
-        let measuring = descendants(lab_pid).iter().any(|(_, c)| c.contains(" flowop "));
-        if measuring {
-            break;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "lab ended before any fs workload started");
-        assert!(Instant::now() < deadline, "no fs workload started within 3 minutes");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    seen.extend(descendants(lab_pid));
-    // Everything the run is made of is there before the signal (else the check proves nothing).
-    let before = bw_lab::topology::leftovers(lab_pid);
-    for what in ["namespace", "mount", "loop device", "cgroup", "process"] {
-        assert!(before.iter().any(|l| l.starts_with(what)), "no {what} while the workload runs: {before:#?}");
-    }
-    assert!(before.iter().any(|l| l.contains("fuse")), "no FUSE connection while the workload runs: {before:#?}");
-    for n in 0..signals {
-        // SAFETY: kill(2) on the child we started.
-        assert_eq!(unsafe { libc::kill(lab_pid as i32, libc::SIGINT) }, 0);
-        if n + 1 < signals {
-            let taken = Instant::now() + Duration::from_secs(60);
-            while !stderr.lock().unwrap().contains("lab: SIGINT received") {
-                assert!(Instant::now() < taken, "the lab did not take SIGINT within 60 s: {}", stderr.lock().unwrap());
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    }
-    // A generous bound for a loaded machine: the graceful path takes a few
-    // seconds, the forced one starts 20 s after the first signal at most.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "lab did not stop within 60 s of SIGINT");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    reader.join().unwrap();
-    let stderr = stderr.lock().unwrap().clone();
-    assert!(!status.success(), "an interrupted lab must not report success");
-    assert!(stderr.contains("SIGINT"), "lab did not notice the signal: {stderr}");
-    assert!(!stderr.contains("lab: cleanup:"), "cleanup reported problems: {stderr}");
-    assert_nothing_left(lab_pid, &seen);
-    if signals == 1 {
-        // What was measured before the interruption is kept and marked.
-        let results: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(out.join("results.json")).expect("partial results.json")).unwrap();
-        assert_eq!(results["aborted"], "interrupted");
-        assert!(out.join("report.html").exists());
-    } else {
-        assert!(stderr.contains("forcing the end"), "the second Ctrl-C did not force: {stderr}");
-    }
-    let _ = std::fs::remove_dir_all(&out);
+    crate::lab_endings::interrupt_an_fs_workload("sigint2", libc::SIGINT, 2);
 }

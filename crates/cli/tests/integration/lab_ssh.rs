@@ -285,6 +285,20 @@ fn ino(path: &str) -> Option<u64> {
 
 impl Drop for Hosts {
     fn drop(&mut self) {
+        // What a run of a failed test left on these "hosts" (their state
+        // files name their network namespace): no later test's run sees
+        // these namespaces again, so none would undo it.
+        let ids: Vec<String> = [&self.target_ns, &self.client_ns]
+            .iter()
+            .filter_map(|ns| ino(&format!("/run/netns/{ns}")).map(|i| format!("host net:[{i}]")))
+            .collect();
+        for e in std::fs::read_dir("/var/tmp/bwlab-remote").into_iter().flatten().flatten() {
+            let f = e.path();
+            let ours = std::fs::read_to_string(&f).is_ok_and(|t| t.lines().next().is_some_and(|l| ids.iter().any(|i| i == l)));
+            if ours && f.file_name().is_some_and(|n| n.to_string_lossy().starts_with("state-")) {
+                let _ = Command::new("sh").args(["-c", bw_lab::state_file::CLEANUP_SCRIPT, "sh"]).arg(&f).arg("stale").output();
+            }
+        }
         self.kill_sshd();
         if let Some(mut c) = self.client_sshd.take() {
             kill(&tree(c.id()), libc::SIGKILL);
@@ -497,6 +511,99 @@ fn a_dropped_connection_stops_the_run_and_the_next_run_cleans_up() {
     let mut left = hosts.settled_leftovers(next_pid);
     left.extend(hosts.leftovers(lab_pid));
     assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// The connection to the target host cut in the middle of a case (sshd and
+/// every session killed): the run stops with the case it finished. The host
+/// may go on holding a session of the cut run (an sshd that did not notice
+/// a silent cut keeps it, and its lock on the state file, for hours): here
+/// a `flock` holding that lock stands for it. `--resume` alone (the stored
+/// plan, hosts and ssh options) finds the state file's owner, the cut run,
+/// gone, takes the lock from that session, undoes what the cut run left on
+/// the host (saying so), keeps the finished case, measures the cut one
+/// again whole and the rest; results.json has every case, and nothing of
+/// either run is left on either side.
+#[test]
+fn a_cut_connection_then_resume_goes_on_and_leaves_nothing() {
+    let t0 = Instant::now();
+    let mut hosts = Hosts::new("r");
+    let out = out_dir("cut-resume");
+    let args = [
+        "--quick", "--suite", "micro", "--protocols", "nvme", "--peers", "none", "--repeat", "2", "--size", "8M", "--runtime", "1",
+        "--micro-workloads", "randread-4k-qd1,seqread-1m,randread-4k-qd32",
+    ];
+    let mut first = hosts.lab(&out, &args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid1 = first.id();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !crate::lab_endings::in_second_case(&out) {
+        assert!(first.try_wait().unwrap().is_none(), "the lab ended before its second case");
+        assert!(Instant::now() < deadline, "not in its second case within 5 minutes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    hosts.kill_sshd();
+    let (st, stderr) = wait_done(&mut first, Duration::from_secs(90), "the lab after its connection was cut");
+    assert!(!st.success());
+    assert!(saved(&out)["aborted"].as_str().unwrap_or_default().contains("lost the ssh connection"), "{stderr}");
+    let state = std::fs::read_dir("/var/tmp/bwlab-remote")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().ends_with(&format!("-{pid1}")))
+        .expect("the cut run's state file on the target");
+    let mut session = Killed(
+        Command::new("ip")
+            .args(["netns", "exec", &hosts.target_ns, "flock", "-x"])
+            .arg(&state)
+            .args(["sh", "-c", "read -r _"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let locked = || !Command::new("flock").arg("-n").arg(&state).arg("true").status().unwrap().success();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !locked() {
+        assert!(Instant::now() < deadline, "the stand-in session did not take the lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    hosts.start_sshd();
+    let mut again = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", hosts.client_ns))
+        .arg(blockwire_bin())
+        .args(["lab", "--resume"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid2 = again.id();
+    let (st, stderr) = wait_done(&mut again, Duration::from_secs(300), "the resumed run");
+    assert!(st.success(), "{stderr}");
+    let swept = stderr.lines().find(|l| l.contains(&format!("PID {pid1} on"))).unwrap_or_else(|| panic!("no word of the cut run's leftovers: {stderr}"));
+    assert!(swept.contains(&format!("ssh://root@{TARGET_IP}: undid what an interrupted run left")) && swept.contains("the host still held its session"), "{swept}");
+    assert!(swept.contains("backing.img"), "the cut run's backing file was not found there: {swept}");
+    let held = session.0.try_wait().unwrap();
+    assert!(held.is_some_and(|s| !s.success()), "the orphaned session's lock holder was left running");
+    assert!(stderr.contains("lab: resuming (start 2): 1 of 3 cases finished in earlier starts are kept"), "{stderr}");
+    let r = crate::lab_endings::check_schema(&out.join("results.json"));
+    assert!(r.aborted.is_none(), "{:?}", r.aborted);
+    let origin: Vec<u32> = r.resumed.as_ref().expect("resumed").cases.iter().map(|c| c.start).collect();
+    assert_eq!(origin, [1, 2, 2]);
+    assert_eq!(r.samples.len(), 6, "three workloads, two repetitions, one start each");
+    assert_eq!(r.hosts.len(), 2, "the hosts of the first start");
+    let mut left = hosts.settled_leftovers(pid2);
+    left.extend(hosts.leftovers(pid1).into_iter().filter(|l| !l.contains(&format!("bwlab-{pid1}-ssh-"))));
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    eprintln!("cut and resumed over ssh in {:?}", t0.elapsed());
+}
+
+/// A child killed when the test is done with it (or failed halfway).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Mounts, attach daemons and attach state of a remote fs suite of the

@@ -23,6 +23,7 @@ mod iscsi_interop;
 mod iscsi_kernel;
 mod iscsi_libiscsi;
 mod lab_e2e;
+mod lab_endings;
 mod lab_external;
 mod lab_ssh;
 mod load;

@@ -117,7 +117,7 @@ fn kernel_nfs_mounts_on_a_client_host_and_what_a_killed_run_left_is_undone() {
     assert!(left.contains("/mnt/bwlab-v3") && !left.contains("/mnt/bwlab-v41"), "after releasing the NFSv4.1 mount: {left}");
     // The killed run holds no lock on its state file: the next run undoes it.
     let swept = next.sweep_stale().expect("sweep");
-    assert!(swept.iter().any(|f| f.ends_with(&killed.run_id)), "swept: {swept:?}");
+    assert!(swept.iter().any(|f| f.state.ends_with(&killed.run_id)), "swept: {swept:?}");
     let left = nfs_left(&next);
     assert!(left.trim().is_empty(), "left in the guest: {left}");
     eprintln!("kernel NFS on the VM took {:?}", t0.elapsed());
@@ -258,7 +258,7 @@ fn knfsd_in_the_vm_serves_nfs3_and_nfs41_and_leaves_only_what_was_there() {
     assert!(state(&killed).contains("/srv/bwlab-knfsd"));
     let next = run("knfsd-next");
     let swept = next.sweep_stale().expect("sweep");
-    assert!(swept.iter().any(|f| f.ends_with(&killed.run_id)), "swept: {swept:?}");
+    assert!(swept.iter().any(|f| f.state.ends_with(&killed.run_id)), "swept: {swept:?}");
     assert_eq!(state(&next), theirs, "the guest after the next run's sweep");
     eprintln!("knfsd on the VM took {:?}", t0.elapsed());
 }

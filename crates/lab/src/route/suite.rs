@@ -562,6 +562,7 @@ impl RouteSuite {
         std::fs::create_dir_all(&out)?;
         // Before any thread exists (see install_signal_handler).
         crate::cleanup::install_signal_handler()?;
+        crate::local_state::start_run();
         let exe = std::env::current_exe()?;
         let mut results = bw_lab_results::Results {
             format: bw_lab_results::FORMAT,

@@ -39,9 +39,27 @@ impl BenchStage {
     }
 }
 
+impl BenchStage {
+    /// The case of workload `w` on a link (see `crate::resume::case`).
+    fn case(&self, at: &crate::resume::case::At, mtu: u32, w: &Workload) -> String {
+        crate::resume::case::bench(self.suite, &w.name, at, mtu)
+    }
+}
+
 impl Stage for BenchStage {
     fn needs_targets(&self) -> bool {
         true
+    }
+
+    fn cases_on_link(&self, cx: &RunContext, at: &crate::resume::case::At, link: &Link, _first: bool) -> Vec<String> {
+        self.jobs(cx).iter().map(|j| self.case(at, link.mtu, &j.workload)).collect()
+    }
+
+    fn cases_after_links(&self, cx: &RunContext) -> Vec<String> {
+        if !cx.plan.baseline {
+            return vec![];
+        }
+        self.jobs(cx).iter().map(|j| crate::resume::case::local(self.suite, &j.workload.name)).collect()
     }
 
     fn on_link(&mut self, cx: &mut RunContext, run: &mut LinkRun) -> anyhow::Result<()> {
@@ -54,6 +72,14 @@ impl Stage for BenchStage {
         // without --allow-writes), named once per subject.
         let mut skipped: Vec<Vec<String>> = vec![vec![]; n];
         for Job { workload: w, runtime_s, repeats } in self.jobs(cx) {
+            if !cx.begin_case(&self.case(&cx.at(), link.mtu, &w)) {
+                // Finished by an earlier start of this run: kept.
+                for s in live.iter_mut().filter(|s| !s.gave_up) {
+                    cx.progress.inc(repeats as u64);
+                    s.done += repeats as u64;
+                }
+                continue;
+            }
             let mut samples: Vec<Vec<Sample>> = vec![vec![]; n];
             for rep in 1..=repeats {
                 for turn in 0..n {
@@ -86,14 +112,14 @@ impl Stage for BenchStage {
                         Ok(s) => {
                             live[i].consecutive_failures = 0;
                             samples[i].push(s.clone());
-                            cx.results.samples.push(s);
+                            cx.push_sample(s);
                         }
                         Err(e) => {
                             if interrupted() {
                                 anyhow::bail!("interrupted");
                             }
                             live[i].consecutive_failures += 1;
-                            cx.results.failures.push(Failure {
+                            cx.push_failure(Failure {
                                 subject: key.to_string(),
                                 mtu: Some(link.mtu),
                                 workload: w.name.clone(),
@@ -115,6 +141,7 @@ impl Stage for BenchStage {
                     cx.print_case_row(&s.key, Some(link.mtu), suite, &w, got);
                 }
             }
+            cx.end_case();
             cx.save()?;
         }
         for (s, cases) in live.iter().zip(skipped) {
@@ -132,6 +159,10 @@ impl Stage for BenchStage {
         }
         let suite = self.suite;
         for Job { workload: w, runtime_s, repeats } in self.jobs(cx) {
+            if !cx.begin_case(&crate::resume::case::local(suite, &w.name)) {
+                cx.progress.inc(repeats as u64);
+                continue;
+            }
             let mut samples = vec![];
             for rep in 1..=repeats {
                 if interrupted() {
@@ -161,13 +192,13 @@ impl Stage for BenchStage {
                             machine_cpu,
                         };
                         samples.push(s.clone());
-                        cx.results.samples.push(s);
+                        cx.push_sample(s);
                     }
                     Err(e) => {
                         if interrupted() {
                             anyhow::bail!("interrupted");
                         }
-                        cx.results.failures.push(Failure {
+                        cx.push_failure(Failure {
                             subject: SubjectKey::LocalFio.to_string(),
                             mtu: None,
                             workload: w.name.clone(),
@@ -179,6 +210,7 @@ impl Stage for BenchStage {
                 cx.progress.inc(1);
             }
             cx.print_case_row(&SubjectKey::LocalFio, None, suite, &w, samples);
+            cx.end_case();
             cx.save()?;
         }
         Ok(())

@@ -1,11 +1,15 @@
 //! What every stage of a storage run shares: the plan, the results being
-//! recorded, the progress bar, the backing file, the hosts, and the link
-//! shape and factors being measured now.
+//! recorded (and the record they go to as they are measured, which a
+//! resumed run reads back: `crate::resume`), the progress bar, the backing
+//! file, the hosts, and the link shape and factors being measured now.
 
 use crate::plan::Plan;
 use crate::topology::Remote;
 use bw_lab_results::accounting::Case;
 use bw_lab_results::{Failure, Results, Sample, Suite, SubjectKey, Workload};
+use crate::resume::book::Book;
+use crate::resume::case::At;
+use crate::resume::record::Entry;
 use crate::subjects::Subject;
 use indicatif::ProgressBar;
 use std::path::PathBuf;
@@ -33,6 +37,11 @@ pub struct RunContext {
     pub digest: crate::offload::Digest,
     /// Whole-machine CPU of the target and client hosts' machines.
     pub meter: crate::machine_cpu::MachineMeter,
+    /// The run's record: what is measured goes there as it is, and a
+    /// resumed run skips the cases earlier starts finished.
+    pub book: Book,
+    /// Every case of the plan, in run order (known once the run is set up).
+    pub planned: Vec<String>,
 }
 
 impl RunContext {
@@ -51,6 +60,56 @@ impl RunContext {
             factors: Default::default(),
             digest: Default::default(),
             meter: Default::default(),
+            book: Book::none(),
+            planned: vec![],
+        }
+    }
+
+    /// Where in the plan the run is now (link shape, factors).
+    pub fn at(&self) -> At {
+        At { shape: self.shape.clone(), factors: self.factors.clone() }
+    }
+
+    /// Begin `case`; false when an earlier start of a resumed run finished
+    /// it (its samples are kept: skip it).
+    pub fn begin_case(&mut self, case: &str) -> bool {
+        self.book.begin(case)
+    }
+
+    /// The case begun last is whole (a resumed run keeps it).
+    pub fn end_case(&mut self) {
+        self.book.done();
+    }
+
+    pub fn push_sample(&mut self, s: Sample) {
+        self.book.effect(Entry::Sample(s.clone()));
+        self.results.samples.push(s);
+    }
+
+    pub fn push_fs(&mut self, s: bw_lab_results::fs::FsSample) {
+        self.book.effect(Entry::Fs(s.clone()));
+        self.results.fs.push(s);
+    }
+
+    pub fn push_net(&mut self, samples: Vec<bw_lab_results::net::NetSample>) {
+        for s in samples {
+            self.book.effect(Entry::Net(s.clone()));
+            self.results.net.push(s);
+        }
+    }
+
+    pub fn push_failure(&mut self, f: Failure) {
+        self.book.effect(Entry::Failure(f.clone()));
+        self.results.failures.push(f);
+    }
+
+    /// The results to write: this start's, or for a resumed run the whole
+    /// run's, put together from its record.
+    pub fn results_to_save(&self) -> Results {
+        if self.book.resumed() {
+            self.book.assemble(&self.results, &self.planned)
+        } else {
+            self.results.clone()
         }
     }
 
@@ -84,7 +143,11 @@ impl RunContext {
         (busy, waited)
     }
 
-    pub fn save(&self) -> anyhow::Result<()> {
+    pub fn save(&mut self) -> anyhow::Result<()> {
+        self.book.subjects(&self.results.subjects);
+        if self.book.resumed() {
+            return self.results_to_save().save(&self.out.join("results.json"));
+        }
         self.results.save(&self.out.join("results.json"))
     }
 
@@ -124,6 +187,8 @@ impl RunContext {
         self.say(&format!("lab: {key}: {why}"));
         if let Some(r) = self.results.subjects.iter_mut().find(|r| &r.key == key) {
             r.skipped = Some(match r.skipped.take() {
+                // (said again by a resumed run's start)
+                Some(x) if x.split("; ").any(|w| w == why) => x,
                 Some(x) => format!("{x}; {why}"),
                 None => why.to_string(),
             });
@@ -144,7 +209,7 @@ impl RunContext {
                 s.unavailable = Some(reason.clone());
             }
         }
-        self.results.failures.push(Failure { subject: key.to_string(), mtu: Some(mtu), workload: String::new(), reason });
+        self.push_failure(Failure { subject: key.to_string(), mtu: Some(mtu), workload: String::new(), reason });
         // Its runs will not happen: keep the progress bar honest.
         let skipped = self.runs_per_subject(mtu);
         self.progress.inc(skipped);

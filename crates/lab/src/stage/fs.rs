@@ -68,6 +68,13 @@ impl Stage for FsStage {
         true
     }
 
+    fn cases_on_link(&self, cx: &RunContext, at: &crate::resume::case::At, link: &Link, first: bool) -> Vec<String> {
+        if !first || cx.plan.fs.is_none() {
+            return vec![];
+        }
+        cx.plan.fs_combinations.iter().map(|&(kind, fsync)| fs_case(kind, fsync, &at.shape, link.mtu)).collect()
+    }
+
     fn on_link(&mut self, cx: &mut RunContext, run: &mut LinkRun) -> anyhow::Result<()> {
         self.nfs_server_fs = Default::default();
         if run.first {
@@ -85,6 +92,12 @@ impl Stage for FsStage {
         }
         Ok(())
     }
+}
+
+/// The case of the fs suite at one (file system, fsync) setting: every
+/// subject and the local baseline, every repetition (see `crate::resume::case`).
+fn fs_case(kind: crate::fs_kind::FsKind, fsync: crate::fs_kind::Fsync, shape: &str, mtu: u32) -> String {
+    crate::resume::case::fs(kind.name(), fsync.name(), shape, mtu)
 }
 
 /// A subject of the fs suite: its key, how its file system is reached,
@@ -273,6 +286,12 @@ impl FsStage {
             .filter_map(|s| s.subject.file_server().zip(s.proc).map(|(f, p)| (p, f)))
             .collect();
         for (kind, fsync) in cx.plan.fs_combinations.clone() {
+            if !cx.begin_case(&fs_case(kind, fsync, &cx.shape, run.link.mtu)) {
+                // Finished by an earlier start of this run: kept.
+                let runs: usize = subjects.iter().map(|s| cx.plan.fs_cases(s.proc.is_none()).len()).sum();
+                cx.progress.inc((runs * fsp.repeat as usize) as u64);
+                continue;
+            }
             let first = cx.results.fs.len();
             (self.fs_kind, self.fsync) = (kind, fsync);
             self.fs_factors = bw_lab_results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
@@ -291,6 +310,8 @@ impl FsStage {
             }
             self.run_fs_setting(cx, run, &subjects, &fsp, &mp)?;
             self.print_fs_rows(cx, first);
+            cx.end_case();
+            cx.save()?;
         }
         Ok(())
     }
@@ -362,7 +383,7 @@ impl FsStage {
             String::new()
         };
         cx.say(&format!("lab: fs {subject} {workload}{at}: {reason}"));
-        cx.results.failures.push(Failure {
+        cx.push_failure(Failure {
             subject: subject.to_string(),
             mtu,
             workload: format!("fs {workload}{at}"),
@@ -455,7 +476,7 @@ impl FsStage {
         cx.progress
             .set_message(format!("fs {key} {} {}M #{}", w.name(), mem >> 20, c.rep));
         match self.fs_case_inner(cx, c) {
-            Ok(s) => cx.results.fs.push(s),
+            Ok(s) => cx.push_fs(s),
             Err(e) => {
                 if !interrupted() {
                     self.fs_failure(cx, key, mtu, w.name(), mem, format!("{e:#}"));

@@ -18,6 +18,20 @@ pub trait Stage {
     fn before_targets(&mut self, _cx: &mut RunContext, _topo: &Topology, _shape: &crate::net::LinkShape) -> anyhow::Result<()> {
         Ok(())
     }
+    /// The cases [`Stage::before_targets`] measures on `link` at `at`
+    /// (`crate::resume::case`).
+    fn cases_before_targets(&self, _cx: &RunContext, _at: &crate::resume::case::At, _link: &crate::topology::Link) -> Vec<String> {
+        vec![]
+    }
+    /// The cases [`Stage::on_link`] measures on `link` at `at` (`first`:
+    /// the shape's first link and factor combination).
+    fn cases_on_link(&self, _cx: &RunContext, _at: &crate::resume::case::At, _link: &crate::topology::Link, _first: bool) -> Vec<String> {
+        vec![]
+    }
+    /// The cases [`Stage::after_links`] measures.
+    fn cases_after_links(&self, _cx: &RunContext) -> Vec<String> {
+        vec![]
+    }
     /// Whether [`Stage::on_link`] measures anything (targets start only
     /// when some stage does).
     fn needs_targets(&self) -> bool {

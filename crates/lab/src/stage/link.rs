@@ -54,7 +54,7 @@ impl LiveSubject {
         self.gave_up = true;
         cx.progress.inc(per_subject.saturating_sub(self.done));
         if !failures_recorded {
-            cx.results.failures.push(Failure { subject: self.key.to_string(), mtu: Some(mtu), workload: workload.into(), reason: why.clone() });
+            cx.push_failure(Failure { subject: self.key.to_string(), mtu: Some(mtu), workload: workload.into(), reason: why.clone() });
         }
         if cx.results.samples.iter().all(|x| x.subject != self.key) {
             let last = cx.results.failures.last().map(|f| f.reason.clone()).unwrap_or(why.clone());
@@ -122,7 +122,7 @@ fn visit_external(cx: &mut RunContext, topo: &Topology, s: Subject) -> Result<()
 fn make_nfs_image(client: &crate::host::Host, exe: &str, url: &str, size: u64) -> Result<(), String> {
     let undo = crate::cleanup::Resource::owned(crate::host::ShellUndo {
         host: client.clone(),
-        script: crate::ssh::UNDO_ONE,
+        script: crate::state_file::UNDO_ONE,
         args: vec!["nfsimage".into(), url.into(), exe.into()],
     });
     client.record("nfsimage", url, exe).map_err(|e| format!("{e:#}"))?;
@@ -154,6 +154,15 @@ impl<'a> LinkRun<'a> {
     /// client host's kernel initiators. What does not start is marked
     /// unavailable and left out.
     pub fn start(cx: &mut RunContext, topo: &'a Topology, link: &'a Link, first: bool) -> LinkRun<'a> {
+        // What starting them records (a target that did not start) belongs
+        // to them: a resumed run that starts them again records it anew.
+        cx.begin_case(&crate::resume::case::targets(&cx.at(), link.mtu));
+        let run = LinkRun::start_targets(cx, topo, link, first);
+        cx.end_case();
+        run
+    }
+
+    fn start_targets(cx: &mut RunContext, topo: &'a Topology, link: &'a Link, first: bool) -> LinkRun<'a> {
         let mut run = LinkRun { topo, link, procs: vec![], live: vec![], first };
         let measured = cx.plan.subjects_for(cx.digest);
         let mut ours: Vec<_> = cx.plan.protocols.iter().copied().filter(|p| measured.contains(&Subject::Blockwire(*p))).collect();
@@ -332,7 +341,7 @@ impl<'a> LinkRun<'a> {
                         if let Some(r) = cx.results.subjects.iter_mut().find(|x| x.key == key) {
                             r.unavailable.get_or_insert(format!("{e:#}"));
                         }
-                        cx.results.failures.push(Failure { subject: key.to_string(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
+                        cx.push_failure(Failure { subject: key.to_string(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
                         cx.say(&format!("lab: {key} at MTU {}: unavailable: {e:#}", link.mtu));
                         cx.progress.inc(per_subject);
                     }

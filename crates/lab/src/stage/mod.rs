@@ -12,6 +12,7 @@
 //! link the stages' local baselines run once. Rows print in that order.
 
 pub mod bench;
+pub mod cases;
 pub mod context;
 pub mod fs;
 pub mod hooks;

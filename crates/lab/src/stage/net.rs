@@ -12,6 +12,10 @@ use bw_lab_results::Failure;
 pub struct NetStage;
 
 impl Stage for NetStage {
+    fn cases_before_targets(&self, _cx: &RunContext, at: &crate::resume::case::At, link: &Link) -> Vec<String> {
+        vec![crate::resume::case::net(&at.shape, link.mtu)]
+    }
+
     fn before_targets(&mut self, cx: &mut RunContext, topo: &Topology, shape: &LinkShape) -> anyhow::Result<()> {
         for link in &topo.links {
             run_net(cx, topo, link, shape)?;
@@ -21,8 +25,12 @@ impl Stage for NetStage {
 }
 
 fn run_net(cx: &mut RunContext, topo: &Topology, link: &Link, shape: &LinkShape) -> anyhow::Result<()> {
-    cx.progress.set_message(format!("iperf3 MTU {} link {}", link.mtu, shape.name));
     let runs = cx.plan.net_runs as u64;
+    if !cx.begin_case(&crate::resume::case::net(&shape.name, link.mtu)) {
+        cx.progress.inc(runs);
+        return Ok(());
+    }
+    cx.progress.set_message(format!("iperf3 MTU {} link {}", link.mtu, shape.name));
     let repeats = runs / crate::net::STREAMS.len() as u64;
     match crate::net::run_net(topo, link, shape, cx.plan.params.net_runtime_s, repeats as u32) {
         Ok(samples) => {
@@ -43,14 +51,14 @@ fn run_net(cx: &mut RunContext, topo: &Topology, link: &Link, shape: &LinkShape)
                     shape.name
                 ));
             }
-            cx.results.net.extend(samples);
+            cx.push_net(samples);
         }
         Err(e) => {
             if interrupted() {
                 anyhow::bail!("interrupted");
             }
             cx.say(&format!("lab: iperf3 at MTU {} link {} failed: {e:#}", link.mtu, shape.name));
-            cx.results.failures.push(Failure {
+            cx.push_failure(Failure {
                 subject: "iperf3".into(),
                 mtu: Some(link.mtu),
                 workload: format!("net link {}", shape.name),
@@ -59,5 +67,6 @@ fn run_net(cx: &mut RunContext, topo: &Topology, link: &Link, shape: &LinkShape)
         }
     }
     cx.progress.inc(runs);
+    cx.end_case();
     cx.save()
 }

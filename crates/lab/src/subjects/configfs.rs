@@ -64,7 +64,7 @@ fn parse(out: &str) -> SetUp {
 }
 
 /// The lines a setup recorded, undone newest first as a later run would
-/// undo them from the state file (`ssh::UNDO_ONE`).
+/// undo them from the state file (`state_file::UNDO_ONE`).
 #[derive(Debug)]
 struct Recorded {
     host: Host,
@@ -78,7 +78,7 @@ impl Undo for Recorded {
         // while the target still uses them.
         let (modules, rest): (Vec<&[String; 3]>, Vec<&[String; 3]>) = self.records.iter().rev().partition(|r| r[0] == "modules");
         for r in rest.into_iter().chain(modules) {
-            let run = crate::command::run_undo_script(self.host.name(), crate::ssh::UNDO_ONE, &r[..], |a| self.host.command_with("sh", a));
+            let run = crate::command::run_undo_script(self.host.name(), crate::state_file::UNDO_ONE, &r[..], |a| self.host.command_with("sh", a));
             if let Err(e) = run {
                 first_err.get_or_insert(e);
             }

@@ -1,0 +1,122 @@
+//! The plan a run was started with, kept beside its record in
+//! `OUT/plan.json`: the lab's options as given (what `--resume DIR` alone
+//! runs again), what they made (parameters, subjects, hosts), and once the
+//! run knows them every case in run order. A resumed run must be the same
+//! plan: options given with `--resume` that make another plan are refused,
+//! with what differs named.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+pub const FILE: &str = "plan.json";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredPlan {
+    /// The lab's options as given, without `--out` and `--resume`.
+    pub argv: Vec<String>,
+    /// What they made: `params`, `subjects`, `hosts`.
+    pub plan: serde_json::Value,
+    /// Every case of the plan in run order (empty until the run knew them:
+    /// between hosts the MTU is the NICs').
+    #[serde(default)]
+    pub cases: Vec<String>,
+}
+
+impl StoredPlan {
+    pub fn load(dir: &Path) -> anyhow::Result<StoredPlan> {
+        let path = dir.join(FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            anyhow::anyhow!("{}: {e}: not the output directory of a lab run (or one from before runs could be resumed)", path.display())
+        })?;
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))
+    }
+
+    /// Written whole or not at all.
+    pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
+        let path = dir.join(FILE);
+        let tmp = dir.join(format!("{FILE}.tmp"));
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
+    /// What differs between this plan and `other` (empty: the same plan).
+    pub fn differences(&self, other: &serde_json::Value) -> Vec<String> {
+        let mut out = vec![];
+        diff("", &self.plan, other, &mut out);
+        out
+    }
+}
+
+/// Each leaf that differs between `a` (the stored plan) and `b` (this
+/// one), as `path: A there, B here`.
+fn diff(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    if let (Value::Object(x), Value::Object(y)) = (a, b) {
+        let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+        for k in keys {
+            let p = match path {
+                "" | "params" => k.clone(),
+                _ => format!("{path}.{k}"),
+            };
+            diff(&p, x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), out);
+        }
+    } else if a != b {
+        out.push(format!("{path}: {} in the stored plan, {} in this one", show(a), show(b)));
+    }
+}
+
+fn show(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => "none".into(),
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(a) if a.iter().all(|x| x.is_string() || x.is_number()) => {
+            let items: Vec<String> = a.iter().map(show).collect();
+            if items.is_empty() { "none".into() } else { items.join(",") }
+        }
+        // (a suite's settings where the other plan has none of that suite)
+        serde_json::Value::Object(_) => "its settings".into(),
+        other => other.to_string(),
+    }
+}
+
+/// This process's lab options as given on its command line (after `lab`),
+/// without `--out` and `--resume`.
+pub fn argv() -> Vec<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(at) = args.iter().position(|a| a == "lab") else { return vec![] };
+    let mut out = vec![];
+    let mut it = args[at + 1..].iter();
+    while let Some(a) = it.next() {
+        if a == "--out" || a == "--resume" {
+            it.next();
+        } else if !(a.starts_with("--out=") || a.starts_with("--resume=")) {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_difference_is_named() {
+        let stored = StoredPlan {
+            argv: vec![],
+            plan: serde_json::json!({"params": {"protocols": ["nvme"], "repeat": 3, "fs": {"repeat": 3}}, "subjects": ["blockwire-nvme"]}),
+            cases: vec![],
+        };
+        assert!(stored.differences(&stored.plan.clone()).is_empty());
+        let other = serde_json::json!({"params": {"protocols": ["iscsi", "nvme"], "repeat": 3, "fs": {"repeat": 2}}, "subjects": ["blockwire-iscsi", "blockwire-nvme"]});
+        assert_eq!(
+            stored.differences(&other),
+            [
+                "fs.repeat: 3 in the stored plan, 2 in this one",
+                "protocols: nvme in the stored plan, iscsi,nvme in this one",
+                "subjects: blockwire-nvme in the stored plan, blockwire-iscsi,blockwire-nvme in this one",
+            ]
+        );
+    }
+}
