@@ -197,18 +197,14 @@ impl Volume {
     }
 
     /// Open a backend spec and wrap it. Its persistent reservations are
-    /// read back from where they live: beside a regular file
+    /// read back from where the backend keeps them
+    /// ([`crate::BlockDevice::reservation_store`]): beside a regular file
     /// (`FILE.pr`), in a RADOS object beside an RBD image, in memory for
     /// the rest.
     pub fn open(name: impl Into<String>, spec: &crate::BackendSpec) -> Result<Self> {
         let name = name.into();
         let dev = crate::open(spec)?;
-        let store: Option<Box<dyn bw_reservation::Store>> = match &spec.kind {
-            crate::BackendKind::File { path, .. } if !spec.readonly && std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
-                Some(Box::new(bw_reservation::FileStore::beside(path)))
-            }
-            _ => dev.reservation_store()?,
-        };
+        let store = dev.reservation_store()?;
         let reservations = match store {
             Some(store) => {
                 let what = store.describe();
