@@ -884,64 +884,33 @@ pub fn permission_warning(path: &str, cfg: &ServeConfig) -> Option<String> {
     })
 }
 
-/// Write `text` to a file only its owner can read (secrets may be in it).
-/// `serve` runs as root, so the path is not trusted to lead where it says:
-/// a symbolic link there (O_NOFOLLOW), or a file with other names (a hard
-/// link to, say, /etc/shadow), is refused before anything is truncated.
+/// Write `text` (secrets may be in it) to `path`, replacing what is there
+/// whole: a new file of root's, mode 600, written beside it, synced and
+/// renamed over it (bw_rootdir). serve runs as root and the path is a
+/// caller's, so whatever is at the path (another user's file, a link to,
+/// say, /etc/shadow, another name of a file) is replaced, never written
+/// through, and the directory must be one only root may write; otherwise
+/// nothing is written and the error says which directory lets whom in.
 pub fn write_private(path: &str, text: &str) -> std::io::Result<()> {
-    use std::io::{Error, ErrorKind, Write};
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => Error::new(ErrorKind::InvalidInput, "is a symbolic link; not following it"),
-            _ => e,
-        })?;
-    let meta = f.metadata()?;
-    if !meta.is_file() {
-        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
-    }
-    if meta.nlink() > 1 {
-        return Err(Error::new(ErrorKind::InvalidInput, "the file has other hard links; not overwriting it"));
-    }
-    f.set_len(0)?;
-    // `mode` applies only to a file this call creates.
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    f.write_all(text.as_bytes())
+    write_atomic(std::path::Path::new(path), text)
 }
 
-/// Replace the file at `path` with `text` whole or not at all: written to
-/// a new file beside it (mode 600) and synced, renamed over it, and the
-/// directory synced, so a crash at any moment leaves the old file or the
-/// new one, never a mix. (`path` is used as given: serve resolves the
-/// `--config` path once at start, so a symbolic link there is followed
-/// then and not replaced now.)
+/// Replace the file at `path` with `text` whole or not at all, as
+/// [`write_private`] does: a crash at any moment leaves the old file or
+/// the new one, never a mix, and at worst a temporary `.NAME.new-PID`
+/// beside it, which [`remove_temporaries`] removes at the next start.
+/// (serve resolves the `--config` path once at start, so a symbolic link
+/// there is followed then and not replaced now.)
 pub fn write_atomic(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let name = path.file_name().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".new-{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    // A file left by a crash of this same pid (after a reboot) goes first.
-    let _ = std::fs::remove_file(&tmp);
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    bw_rootdir::replace_file(path, text.as_bytes(), 0o600)
+}
+
+/// Remove the temporaries a killed serve left beside the configuration
+/// file `path` it persists changes to; what went. Fails if changes cannot
+/// be persisted there (a directory other users may write).
+pub fn remove_temporaries(path: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let (dir, name) = bw_rootdir::RootDir::of(path)?;
+    Ok(dir.remove_temporaries(&name)?.into_iter().map(|t| dir.join(t)).collect())
 }
 
 /// `ADDR`, `ADDR:PORT`, `:PORT` or `[v6]:PORT`.
@@ -1196,26 +1165,35 @@ mod tests {
             assert_eq!(w.is_some(), warn, "mode {mode:o}: {w:?}");
             assert!(permission_warning(p, &plain).is_none(), "no secrets, no warning");
         }
-        // Saved configurations are private, even over an existing readable file.
+        // Saved configurations are private and root's, even over an
+        // existing readable file of another user's.
         let saved = dir.join("saved.json");
         std::fs::write(&saved, "old").unwrap();
         std::fs::set_permissions(&saved, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::chown(&saved, Some(65534), None).unwrap();
+        let theirs = std::fs::File::open(&saved).unwrap();
         write_private(saved.to_str().unwrap(), &c.to_json(true)).unwrap();
-        assert_eq!(std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777, 0o600);
-        // Neither a symbolic link nor a hard link at the path is written through.
+        let m = std::fs::metadata(&saved).unwrap();
+        assert_eq!((m.permissions().mode() & 0o777, std::os::unix::fs::MetadataExt::uid(&m)), (0o600, 0));
+        assert_eq!(std::io::read_to_string(theirs).unwrap(), "old", "the secrets went into the other user's file");
+        // Neither a symbolic link nor a hard link at the path is written
+        // through: the name is replaced.
         let victim = dir.join("victim");
         std::fs::write(&victim, "keep").unwrap();
         let victim_mode = std::fs::metadata(&victim).unwrap().permissions().mode();
         let sym = dir.join("sym.json");
         std::os::unix::fs::symlink(&victim, &sym).unwrap();
-        let e = write_private(sym.to_str().unwrap(), "x").unwrap_err();
-        assert!(e.to_string().contains("symbolic link"), "{e}");
+        write_private(sym.to_str().unwrap(), "x").unwrap();
         let hard = dir.join("hard.json");
         std::fs::hard_link(&victim, &hard).unwrap();
-        let e = write_private(hard.to_str().unwrap(), "x").unwrap_err();
-        assert!(e.to_string().contains("hard links"), "{e}");
+        write_private(hard.to_str().unwrap(), "x").unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
         assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode(), victim_mode);
+        assert!(std::fs::symlink_metadata(&sym).unwrap().is_file());
+        // A directory another user may write is refused, with the reason.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = write_private(saved.to_str().unwrap(), "x").unwrap_err();
+        assert!(e.to_string().contains("may be written by every user"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -226,6 +226,10 @@ pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
     }
     let mut live = live::Live::new(cfg, &volumes, frontends, opts.reload);
     if let Some(p) = opts.persist {
+        match config::remove_temporaries(&p) {
+            Ok(gone) => gone.iter().for_each(|t| log::info!("removed {}, left by a serve killed while writing it", t.display())),
+            Err(e) => log::warn!("changes cannot be persisted to {}: {e}; every change will be refused", p.display()),
+        }
         log::info!("changes are persisted to {}", p.display());
         live = live.persist_to(p);
     }
