@@ -1,8 +1,10 @@
 //! Reservations of a file volume, kept beside the file: `FILE.pr` holds the
 //! state (JSON, replaced whole: written to `.FILE.pr.new-PID`, synced,
-//! renamed), `FILE.pr.lock` is flock()ed around each compare-and-swap, so
-//! several processes on one host that serve the same file agree. Each
-//! process learns of the others' changes through inotify on the directory.
+//! renamed; older blockwires wrote `FILE.pr.tmpPID`; a killed writer's
+//! temporary of either name is removed when the store is opened),
+//! `FILE.pr.lock` is flock()ed around each compare-and-swap, so several
+//! processes on one host that serve the same file agree. Each process
+//! learns of the others' changes through inotify on the directory.
 //!
 //! The directory must be one only root may write ([`RootDir`]): the files
 //! are made, read and replaced there by root, relative to the directory
@@ -131,13 +133,20 @@ impl FileStore {
         let at = Beside { dir, state, lock, volume };
         {
             let _l = at.lock()?;
-            for t in at.dir.remove_temporaries(&at.state)? {
+            let mut older = at.state.clone();
+            older.push(".tmp");
+            for t in at.dir.remove_temporaries(&at.state)?.into_iter().chain(at.dir.remove_left_by_dead(&older)?) {
                 log::info!("reservations of {}: removed {}, left by a writer that was killed", volume_file.display(), at.dir.join(t).display());
             }
             let written = at.dir.modified(&at.state)?;
             let stale = match at.read_raw()? {
                 Some(_) if created => Some("the file was just created".to_string()),
-                Some(_) if born.zip(written).is_some_and(|(b, w)| w < b) => Some("they were last written before the file was made".to_string()),
+                // An older blockwire's state names no file: one last
+                // written before the file was made cannot be its (a
+                // state that names its file is judged by that alone).
+                Some(OnDisk { volume: None, .. }) if born.zip(written).is_some_and(|(b, w)| w < b) => {
+                    Some("they name no file and were last written before the file was made".to_string())
+                }
                 Some(OnDisk { volume: Some(v), .. }) if v != at.volume => Some(format!("they are of another file ({v}), not of this one ({})", at.volume)),
                 Some(OnDisk { volume: None, .. }) => {
                     log::info!("reservations in {} name no file (an older blockwire wrote them): taken as {}'s", at.describe(), volume_file.display());
@@ -168,6 +177,9 @@ impl FileStore {
         dir.remove(&lock)?;
         dir.remove(&bw_rootdir::temporary_name(&state))?;
         dir.remove_temporaries(&state)?;
+        let mut older = state.clone();
+        older.push(".tmp");
+        dir.remove_left_by_dead(&older)?;
         Ok(())
     }
 

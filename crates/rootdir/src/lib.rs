@@ -356,14 +356,21 @@ impl RootDir {
     /// its writer was killed (`.NAME.new-PID` whose process is gone; this
     /// process's own is left to its next replace). Returns what went.
     pub fn remove_temporaries(&self, name: &OsStr) -> io::Result<Vec<OsString>> {
-        let mut prefix = b".".to_vec();
-        prefix.extend_from_slice(name.as_bytes());
-        prefix.extend_from_slice(b".new-");
+        let mut prefix = OsString::from(".");
+        prefix.push(name);
+        prefix.push(".new-");
+        self.remove_left_by_dead(&prefix)
+    }
+
+    /// Remove every `PREFIXPID` in it whose process PID is gone (not this
+    /// process's): files a writer names after itself (an older blockwire
+    /// named its temporaries so). Returns what went.
+    pub fn remove_left_by_dead(&self, prefix: &OsStr) -> io::Result<Vec<OsString>> {
+        let prefix = prefix.as_bytes();
         let mut gone = Vec::new();
         for e in std::fs::read_dir(self.proc_path())? {
-            let e = e?;
-            let n = e.file_name().into_vec();
-            let Some(pid) = n.strip_prefix(prefix.as_slice()).and_then(|p| std::str::from_utf8(p).ok()).and_then(|p| p.parse::<i32>().ok()) else {
+            let n = e?.file_name().into_vec();
+            let Some(pid) = n.strip_prefix(prefix).and_then(|p| std::str::from_utf8(p).ok()).and_then(|p| p.parse::<i32>().ok()) else {
                 continue;
             };
             if pid as u32 == std::process::id() || pid_alive(pid) {
