@@ -170,6 +170,9 @@ fn new_file(p: &PoolConfig, c: &ServeConfig, name: &str) -> Result<PathBuf, Refu
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Refused(format!("pool {}: {}: {e}", p.name, path.display()))),
     }
+    // A deleted volume's reservations may be left beside it too (a crash
+    // between the two removals, or an older blockwire): never inherited.
+    bw_reservation::FileStore::remove_beside(&path).map_err(|e| Refused(format!("pool {}: the reservations beside {}: {e}", p.name, path.display())))?;
     Ok(path)
 }
 
