@@ -741,6 +741,7 @@ impl ServeConfig {
     /// Cross-checks that TOML syntax cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let inv = |s: String| Err(ConfigError::Invalid(s));
+        self.refuse_control_characters()?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
         self.tuning.validate().map_err(ConfigError::Invalid)?;
         let mut pools = std::collections::HashSet::new();
@@ -849,6 +850,29 @@ impl ServeConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl ServeConfig {
+    /// No string of the configuration (a name, a path, an initiator, a
+    /// secret) may hold a control character: names are logged, listed and
+    /// written back into files, where a newline splits a line and a NUL
+    /// ends a C string early (a path "x.img\0.pr" is not the file it says).
+    /// The error names the field; a secret's value is not shown.
+    fn refuse_control_characters(&self) -> Result<(), ConfigError> {
+        fn walk(v: &serde_json::Value, at: &str) -> Result<(), String> {
+            match v {
+                serde_json::Value::String(s) if s.chars().any(char::is_control) => {
+                    let shown = if at.contains("secret") { "(a secret)".to_string() } else { format!("{s:?}") };
+                    Err(format!("{at}: {shown} holds a control character"))
+                }
+                serde_json::Value::Array(a) => a.iter().enumerate().try_for_each(|(i, v)| walk(v, &format!("{at}[{i}]"))),
+                serde_json::Value::Object(o) => o.iter().try_for_each(|(k, v)| walk(v, &if at.is_empty() { k.clone() } else { format!("{at}.{k}") })),
+                _ => Ok(()),
+            }
+        }
+        let all = reveal_secrets(|| serde_json::to_value(self)).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        walk(&all, "").map_err(ConfigError::Invalid)
     }
 }
 
@@ -1266,6 +1290,26 @@ mod tests {
             } = Some(bad.into());
             let e = m.ids().unwrap_err();
             assert!(e.starts_with(field), "{e}");
+        }
+    }
+
+    /// NUL, newline and the other control characters, in every string.
+    #[test]
+    fn control_characters_are_refused_in_every_name() {
+        let base = "[[volume]]\nname = \"a\"\nbackend = \"ram:1M\"\n[iscsi]\nlisten = [\"127.0.0.1:3260\"]\n[[iscsi.target]]\niqn = \"iqn.2026-11.org.example:t\"\nluns = [{ lun = 0, volume = \"a\" }]\n";
+        let ok: ServeConfig = toml::from_str(base).unwrap();
+        ok.validate().unwrap();
+        for (field, bad) in [
+            ("\"a\\nb\"", base.replace("name = \"a\"", "name = \"a\\nb\"").replace("volume = \"a\"", "volume = \"a\\nb\"")),
+            ("volume[0].backend", base.replace("ram:1M", "file:/srv/x.img\\u0000.pr")),
+            ("iscsi.target[0].iqn", base.replace("example:t", "example:t\\r")),
+            ("iscsi.target[0].allowed_initiators[0]", base.replace("luns =", "allowed_initiators = [\"iqn.x:\\u001b[2J\"]\nluns =")),
+            ("iscsi.target[0].chap.secret", base.to_string() + "chap = { user = \"u\", secret = \"twelve-chars\\u0007x\" }\n"),
+        ] {
+            let c: ServeConfig = toml::from_str(&bad).unwrap_or_else(|e| panic!("{field}: {e}"));
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("control character"), "{field}: {e}");
+            assert!(!e.contains("twelve"), "a secret was shown: {e}");
         }
     }
 
