@@ -105,6 +105,68 @@ pub struct ServeConfig {
     pub tuning: crate::tuning::Tuning,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsConfig>,
+    /// What the control methods (the socket and `--rpc-http`) may reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<ControlConfig>,
+}
+
+/// `[control]`: whoever may call the control methods may otherwise name
+/// any file on the host as a volume's backing file (and so read and
+/// write it through an initiator) and any path as `save_config`'s target
+/// (and so replace that file); docs/control.md says so.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    /// Directories that backing files added through the control methods
+    /// (`volume_add`, `bdev_aio_create`), `save_config` targets and new
+    /// pools' directories must lie in, after every link is followed. Each
+    /// must be one only root may write (else a local user could swap a
+    /// checked name for a link); pools' volumes are always allowed. Unset:
+    /// anywhere; empty: nowhere but the pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_paths: Option<Vec<String>>,
+}
+
+/// `path` as it will be reached: every link followed, `.` and `..`
+/// resolved; a missing tail (a file or directory to be made) is appended
+/// to its nearest existing ancestor, and may not hold `.` or `..`.
+fn resolve(path: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    match std::fs::canonicalize(path) {
+        Ok(p) => Ok(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (Some(parent), Some(name)) = (path.parent().filter(|p| !p.as_os_str().is_empty()), path.file_name()) else {
+                return Err(format!("{}: {e}", path.display()));
+            };
+            Ok(resolve(parent)?.join(name))
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+impl ServeConfig {
+    /// Whether the control methods may name `path` (`what` it is, for the
+    /// message): see [`ControlConfig::allowed_paths`]. Checked where each
+    /// method names a path, so a change of `[control]` (SIGHUP) applies to
+    /// the next call.
+    pub fn check_allowed(&self, path: &std::path::Path, what: &str) -> Result<(), String> {
+        let Some(allowed) = self.control.as_ref().and_then(|c| c.allowed_paths.as_ref()) else {
+            return Ok(());
+        };
+        let real = resolve(path)?;
+        if self.pools.iter().filter(|p| p.rbd.is_none()).any(|p| resolve(std::path::Path::new(&p.path)).is_ok_and(|d| real.starts_with(d))) {
+            return Ok(());
+        }
+        for dir in allowed {
+            let Ok(d) = std::fs::canonicalize(dir) else { continue };
+            if real.starts_with(&d) {
+                // Others may not write it: a name checked here could not
+                // be swapped for a link before serve opens it.
+                return bw_rootdir::RootDir::open(&d).map(drop).map_err(|e| format!("{what} {}: allowed path {dir}: {e}", path.display()));
+            }
+        }
+        let listed = if allowed.is_empty() { "none is listed".to_string() } else { allowed.join(", ") };
+        Err(format!("{what} {} (as resolved: {}) is outside [control] allowed_paths ({listed}) and outside every pool", path.display(), real.display()))
+    }
 }
 
 /// `[metrics]`: where the Prometheus exposition is served (`--metrics`).
@@ -744,6 +806,11 @@ impl ServeConfig {
         self.refuse_control_characters()?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
         self.tuning.validate().map_err(ConfigError::Invalid)?;
+        for a in self.control.iter().flat_map(|c| c.allowed_paths.iter().flatten()) {
+            if !std::path::Path::new(a).is_absolute() {
+                return inv(format!("[control] allowed_paths: {a:?} is not an absolute path"));
+            }
+        }
         let mut pools = std::collections::HashSet::new();
         for p in &self.pools {
             crate::pool::check_name("pool", &p.name).map_err(ConfigError::Invalid)?;
@@ -1311,6 +1378,40 @@ mod tests {
             assert!(e.contains(field) && e.contains("control character"), "{field}: {e}");
             assert!(!e.contains("twelve"), "a secret was shown: {e}");
         }
+    }
+
+    /// [control] allowed_paths: inside (after links), in a pool, or refused
+    /// with the reason; an allowed directory others may write is no place.
+    #[test]
+    fn allowed_paths_confine_what_the_control_methods_name() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("bw-cfg-allowed-{}", std::process::id()));
+        for sub in ["in", "out", "pool", "open"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        std::fs::set_permissions(d.join("open"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::fs::write(d.join("out/secret"), "s").unwrap();
+        std::os::unix::fs::symlink(d.join("out/secret"), d.join("in/link")).unwrap();
+        let text = format!(
+            "[[pool]]\nname = \"p\"\npath = \"{0}/pool\"\n[control]\nallowed_paths = [\"{0}/in\", \"{0}/open\"]\n",
+            d.display()
+        );
+        let c: ServeConfig = toml::from_str(&text).unwrap();
+        c.validate().unwrap();
+        let at = |p: &str| c.check_allowed(&d.join(p), "file");
+        at("in/new.img").unwrap();
+        at("pool/v.img").unwrap();
+        for bad in ["out/secret", "in/link", "in/../out/secret", "out/new/x"] {
+            assert!(at(bad).unwrap_err().contains("outside [control] allowed_paths"), "{bad}");
+        }
+        assert!(c.check_allowed(std::path::Path::new("/etc/shadow"), "file").is_err());
+        assert!(at("open/x.img").unwrap_err().contains("may be written by every user"));
+        let nowhere: ServeConfig = toml::from_str("[control]\nallowed_paths = []\n").unwrap();
+        assert!(nowhere.check_allowed(&d.join("in/x"), "file").unwrap_err().contains("none is listed"));
+        ServeConfig::default().check_allowed(std::path::Path::new("/etc/shadow"), "file").unwrap();
+        let relative: ServeConfig = toml::from_str("[control]\nallowed_paths = [\"srv\"]\n").unwrap();
+        assert!(relative.validate().is_err());
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
