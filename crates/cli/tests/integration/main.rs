@@ -17,6 +17,7 @@ mod conformance_kernel;
 mod control;
 mod digests;
 mod durability;
+mod hostile;
 mod iscsi_hostile;
 mod iscsi_interop;
 mod iscsi_kernel;
