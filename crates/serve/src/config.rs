@@ -877,9 +877,18 @@ impl ServeConfig {
                 if t.relative_target_port == Some(0) {
                     return inv(format!("iSCSI target {}: relative_target_port 0 is reserved (1..=65535)", t.iqn));
                 }
+                let mut luns = std::collections::HashSet::new();
                 for l in &t.luns {
                     if !known(&l.volume) {
                         return inv(format!("iSCSI target {} LUN {} names unknown volume {:?}", t.iqn, l.lun, l.volume));
+                    }
+                    // The largest LUN SAM-5's extended flat space carries:
+                    // a larger one was encoded as another LUN's number.
+                    if l.lun > bw_scsi::MAX_LUN {
+                        return inv(format!("iSCSI target {} LUN {}: LUNs are at most {}", t.iqn, l.lun, bw_scsi::MAX_LUN));
+                    }
+                    if !luns.insert(l.lun) {
+                        return inv(format!("iSCSI target {} has LUN {} twice", t.iqn, l.lun));
                     }
                 }
             }
@@ -1427,5 +1436,17 @@ mod tests {
         assert!(parse_listen("::1", 3260).unwrap().port() == 3260);
         assert!(parse_listen(":3261", 3260).unwrap().port() == 3261);
         assert!(parse_listen("nohost", 1).is_err());
+        // LUNs: no larger than their encoding carries, none twice.
+        let mut c = ServeConfig::default();
+        c.add_volume_flag("d=ram:1M").unwrap();
+        c.add_iscsi_flag("127.0.0.1").unwrap();
+        c.iscsi.as_mut().unwrap().targets[0].luns[0].lun = bw_scsi::MAX_LUN;
+        c.validate().unwrap();
+        c.iscsi.as_mut().unwrap().targets[0].luns[0].lun = bw_scsi::MAX_LUN + 1;
+        assert!(c.validate().unwrap_err().to_string().contains("at most 16777215"));
+        let again = c.iscsi.as_ref().unwrap().targets[0].luns[0].clone();
+        c.iscsi.as_mut().unwrap().targets[0].luns[0].lun = 3;
+        c.iscsi.as_mut().unwrap().targets[0].luns.push(IscsiLun { lun: 3, ..again });
+        assert!(c.validate().unwrap_err().to_string().contains("LUN 3 twice"));
     }
 }
