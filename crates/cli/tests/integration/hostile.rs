@@ -105,6 +105,24 @@ fn nvme_config(port: u16, volumes: &[(&str, String)], extra: &str) -> String {
     t + extra
 }
 
+/// `serve` of `volumes` and `extra` (nvme_config) in `dir`, on NVMe/TCP at
+/// a free port, with a control socket `dir/c.sock`: (serve, its socket,
+/// its NVMe/TCP port).
+fn controlled(dir: &TempDir, volumes: &[(&str, String)], extra: &str) -> (Serve, std::path::PathBuf, u16) {
+    let (sock, np) = (dir.path().join("c.sock"), free_port());
+    let serve = Serve::with_config(dir, &nvme_config(np, volumes, extra), &["--control", sock.to_str().unwrap()]);
+    (serve, sock, np)
+}
+
+/// A directory `name` in `parent` that every user may write (mode 1777,
+/// as /tmp).
+fn everyones_dir(parent: &Path, name: &str) -> std::path::PathBuf {
+    let d = parent.join(name);
+    std::fs::create_dir(&d).unwrap();
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    d
+}
+
 /// `blockwire ctl METHOD PARAMS` on `sock`: the result, or the error's text.
 fn ctl(sock: &Path, method: &str, params: &str) -> Result<Value, String> {
     let o = blockwire(None, &["ctl", "--control", sock.to_str().unwrap(), "--json", method, params]);
@@ -133,6 +151,26 @@ fn started_or_refused(mut c: Command, port: u16) -> Result<(), String> {
         assert!(std::time::Instant::now() < deadline, "serve neither served nor exited in 60 s");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// serve with `args` must refuse to start, saying `why` (`what` names the
+/// case in the problems), NVMe/TCP at `port` telling whether it started.
+fn refuses_to_start(args: &[&str], port: u16, why: &str, what: &str, problems: &mut Vec<String>) {
+    let mut c = Command::new(blockwire_bin());
+    c.arg("serve").args(args);
+    match started_or_refused(c, port) {
+        Ok(()) => problems.push(format!("serve started {what}")),
+        Err(e) if !e.contains(why) => problems.push(format!("{what}: refused without the reason ({why}): {e}")),
+        Err(_) => {}
+    }
+}
+
+/// `--rpc-http-credentials` in `dir` (cinder:s3cret-pass, root's, mode 600).
+fn credentials(dir: &Path) -> std::path::PathBuf {
+    let creds = dir.join("rpc.creds");
+    std::fs::write(&creds, "cinder:s3cret-pass\n").unwrap();
+    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    creds
 }
 
 fn assert_none(what: &str, problems: Vec<String>) {
@@ -201,10 +239,8 @@ fn hostile_reservation_state_at_the_maximum_or_left_by_a_deleted_volume() {
     // Host 1 holds Write Exclusive - Registrants Only (SPC type 5); host 3
     // is registered; the counter is at its maximum.
     std::fs::write(d.join("v.img.pr"), state_json(u64::MAX, &[(1, 0xA), (3, 0xC)], Some((1, 5)))).unwrap();
-    let np = free_port();
-    let sock = d.join("c.sock");
     let pool = format!("[[pool]]\nname = \"p\"\npath = \"{}/pool\"\n", d.display());
-    let serve = Serve::with_config(&dir, &nvme_config(np, &[("v", format!("file:{}", vol.display()))], &pool), &["--control", sock.to_str().unwrap()]);
+    let (serve, sock, np) = controlled(&dir, &[("v", format!("file:{}", vol.display()))], &pool);
     let (mut one, mut three) = (Host::connect(np, 1), Host::connect(np, 3));
     let mut problems = Vec::new();
     let w = three.write(1);
@@ -271,19 +307,12 @@ fn hostile_secrets_never_go_where_another_user_reads_them() {
     }
     drop(serve);
     // Credentials for --rpc-http another user owns (mode 600: theirs to read).
-    let creds = d.join("rpc.creds");
-    std::fs::write(&creds, "cinder:s3cret-pass\n").unwrap();
-    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let creds = credentials(d);
     std::os::unix::fs::chown(&creds, Some(NOBODY), Some(NOBODY)).unwrap();
-    let port = free_port();
-    let mut c = Command::new(blockwire_bin());
-    c.args(["serve", "--volume", "a=ram:1M", "--nvme", &format!("127.0.0.1:{}", free_port()), "--control", "none"]);
-    c.args(["--rpc-http", &format!("127.0.0.1:{port}"), "--rpc-http-credentials", creds.to_str().unwrap()]);
-    match started_or_refused(c, port) {
-        Ok(()) => problems.push("serve took --rpc-http credentials another user owns".into()),
-        Err(e) if !e.contains("owned by root") => problems.push(format!("refused without the reason: {e}")),
-        Err(_) => {}
-    }
+    let (np, hp) = (free_port(), free_port());
+    let (listen, http) = (format!("127.0.0.1:{np}"), format!("127.0.0.1:{hp}"));
+    let args = ["--volume", "a=ram:1M", "--nvme", &listen, "--control", "none", "--rpc-http", &http, "--rpc-http-credentials", creds.to_str().unwrap()];
+    refuses_to_start(&args, np, "owned by root", "with --rpc-http credentials another user owns", &mut problems);
     assert_none("secrets", problems);
 }
 
@@ -348,19 +377,13 @@ fn hostile_control_socket_only_where_root_alone_writes() {
     let theirs = nobody_dir(d, "run");
     std::fs::write(d.join("victim"), "precious\n").unwrap();
     nobody_sh(&format!("ln -s {}/victim {}/c.sock.lock", d.display(), theirs.display()));
-    let shared = d.join("shared");
-    std::fs::create_dir(&shared).unwrap();
-    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let shared = everyones_dir(d, "shared");
     let mut problems = Vec::new();
     for (sock, why) in [(theirs.join("c.sock"), "owned by uid 65534"), (shared.join("c.sock"), "may be written by every user")] {
         let np = free_port();
-        let mut c = Command::new(blockwire_bin());
-        c.args(["serve", "--volume", "a=ram:1M", "--nvme", &format!("127.0.0.1:{np}"), "--control", sock.to_str().unwrap()]);
-        match started_or_refused(c, np) {
-            Ok(()) => problems.push(format!("serve made its control socket {} where another user may write", sock.display())),
-            Err(e) if !e.contains(why) => problems.push(format!("{}: refused without the reason: {e}", sock.display())),
-            Err(_) => {}
-        }
+        let listen = format!("127.0.0.1:{np}");
+        let what = format!("with its control socket {} where another user may write", sock.display());
+        refuses_to_start(&["--volume", "a=ram:1M", "--nvme", &listen, "--control", sock.to_str().unwrap()], np, why, &what, &mut problems);
     }
     let now = std::fs::read_to_string(d.join("victim")).unwrap();
     if now != "precious\n" {
@@ -377,12 +400,8 @@ fn hostile_pool_directories_others_may_write_are_refused() {
     require_root();
     let dir = TempDir::new("hn-pool");
     let d = dir.path();
-    let sock = d.join("c.sock");
-    let np = free_port();
-    let serve = Serve::with_config(&dir, &nvme_config(np, &[("a", "ram:1M".into())], ""), &["--control", sock.to_str().unwrap()]);
-    let shared = d.join("shared");
-    std::fs::create_dir(&shared).unwrap();
-    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let (serve, sock, _) = controlled(&dir, &[("a", "ram:1M".into())], "");
+    let shared = everyones_dir(d, "shared");
     let theirs = nobody_dir(d, "theirs");
     let mut problems = Vec::new();
     for (path, why) in [(&shared, "may be written by every user (mode 1777)"), (&theirs, "is owned by uid 65534")] {
@@ -404,13 +423,8 @@ fn hostile_pool_directories_others_may_write_are_refused() {
     // At start.
     let np = free_port();
     std::fs::write(d.join("start.toml"), nvme_config(np, &[], &format!("[[pool]]\nname = \"p\"\npath = \"{}\"\n", shared.display()))).unwrap();
-    let mut c = Command::new(blockwire_bin());
-    c.args(["serve", "--config", d.join("start.toml").to_str().unwrap(), "--control", "none"]);
-    match started_or_refused(c, np) {
-        Ok(()) => problems.push("serve started with a [[pool]] every user may write".into()),
-        Err(e) if !e.contains("may be written by every user") => problems.push(format!("refused at start without the reason: {e}")),
-        Err(_) => {}
-    }
+    let args = ["--config", d.join("start.toml").to_str().unwrap(), "--control", "none"];
+    refuses_to_start(&args, np, "may be written by every user", "with a [[pool]] every user may write", &mut problems);
     assert_none("pool directories", problems);
 }
 
@@ -426,9 +440,7 @@ fn hostile_idle_http_connections_keep_no_client_out() {
     require_root();
     let dir = TempDir::new("hn-http");
     let d = dir.path();
-    let creds = d.join("rpc.creds");
-    std::fs::write(&creds, "cinder:s3cret-pass\n").unwrap();
-    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let creds = credentials(d);
     let (hp, mp) = (free_port(), free_port());
     let _serve = Serve::start(&[
         "--volume", "a=ram:1M", "--nvme", &format!("127.0.0.1:{}", free_port()), "--control", "none",
@@ -482,10 +494,7 @@ fn hostile_idle_http_connections_keep_no_client_out() {
 fn hostile_huge_parameters_are_refused_before_anything_changes() {
     require_root();
     let dir = TempDir::new("hn-huge");
-    let d = dir.path();
-    let sock = d.join("c.sock");
-    let np = free_port();
-    let serve = Serve::with_config(&dir, &nvme_config(np, &[("a", "ram:1M".into())], ""), &["--control", sock.to_str().unwrap()]);
+    let (serve, sock, np) = controlled(&dir, &[("a", "ram:1M".into())], "");
     let mut host = Host::connect(np, 1);
     let mut problems = Vec::new();
     let before = ctl(&sock, "status", "{}").unwrap();
@@ -522,12 +531,10 @@ fn hostile_spellings_of_files_and_names_are_refused() {
     require_root();
     let dir = TempDir::new("hn-spell");
     let d = dir.path();
-    let sock = d.join("c.sock");
-    let np = free_port();
     let data = d.join("data");
     std::fs::File::create(&data).unwrap().set_len(8 << 20).unwrap();
     let pool = format!("[[pool]]\nname = \"p\"\npath = \"{}/pool\"\n", d.display());
-    let serve = Serve::with_config(&dir, &nvme_config(np, &[("d", format!("file:{}", data.display()))], &pool), &["--control", sock.to_str().unwrap()]);
+    let (serve, sock, _) = controlled(&dir, &[("d", format!("file:{}", data.display()))], &pool);
     ctl(&sock, "volume_create", r#"{"name":"x","size":"4M","pool":"p"}"#).unwrap();
     let mut problems = Vec::new();
     let dn = d.display();
@@ -575,9 +582,7 @@ fn hostile_credentials_are_confined_to_allowed_paths() {
     std::fs::create_dir(d.join("outside")).unwrap();
     std::fs::File::create(d.join("outside/secret.img")).unwrap().set_len(1 << 20).unwrap();
     std::os::unix::fs::symlink(d.join("outside/secret.img"), allowed.join("link.img")).unwrap();
-    let creds = d.join("rpc.creds");
-    std::fs::write(&creds, "cinder:s3cret-pass\n").unwrap();
-    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let creds = credentials(d);
     let hp = free_port();
     let extra = format!("[[pool]]\nname = \"p\"\npath = \"{}/pool\"\n[control]\nallowed_paths = [\"{}\"]\n", d.display(), allowed.display());
     let _serve = Serve::with_config(&dir, &nvme_config(free_port(), &[], &extra), &["--control", "none", "--rpc-http", &format!("127.0.0.1:{hp}"), "--rpc-http-credentials", creds.to_str().unwrap()]);
