@@ -313,20 +313,6 @@ impl RootDir {
         }
     }
 
-    /// Whether something (a file, a link, anything) is at `name`.
-    pub fn contains(&self, name: &OsStr) -> io::Result<bool> {
-        let c = c_name(name)?;
-        // SAFETY: fstatat fills a plain struct; the name is not followed.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstatat(self.fd.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0 {
-            return Ok(true);
-        }
-        match io::Error::last_os_error() {
-            e if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            e => Err(self.errno_at(name, e)),
-        }
-    }
-
     /// When `name` (not followed if a link) was last modified; `None` if
     /// it is missing.
     pub fn modified(&self, name: &OsStr) -> io::Result<Option<std::time::SystemTime>> {
@@ -341,6 +327,18 @@ impl RootDir {
         }
         let at = std::time::Duration::new(u64::try_from(st.st_mtime).unwrap_or(0), st.st_mtime_nsec as u32);
         Ok(Some(std::time::SystemTime::UNIX_EPOCH + at))
+    }
+
+    /// Set `name`'s permission bits (a socket just bound here, which no
+    /// open descriptor can reach). Only root can have put a link at the
+    /// name in a directory only root may write.
+    pub fn set_mode(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        let c = c_name(name)?;
+        // SAFETY: a valid directory descriptor and C string.
+        if unsafe { libc::fchmodat(self.fd.as_raw_fd(), c.as_ptr(), mode as libc::mode_t, 0) } != 0 {
+            return Err(self.errno_at(name, io::Error::last_os_error()));
+        }
+        Ok(())
     }
 
     /// Make what was renamed or removed in it durable.
