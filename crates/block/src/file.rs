@@ -243,6 +243,13 @@ impl crate::BlockDevice for FileDevice {
         &self.info
     }
 
+    fn backing(&self) -> Option<crate::Backing> {
+        use std::os::unix::fs::MetadataExt;
+        self.beside.as_ref()?;
+        let m = self.file.metadata().ok()?;
+        Some(if self.is_block_device { crate::Backing::Device { rdev: m.rdev() } } else { crate::Backing::File { dev: m.dev(), ino: m.ino() } })
+    }
+
     /// A writable regular file keeps its reservations beside it
     /// (`FILE.pr`: bw_reservation::FileStore), where other processes
     /// serving it see them, if only root may write its directory; if
@@ -544,6 +551,25 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
         let d = FileDevice::open(&BackendSpec::parse(&format!("file:{},readonly", path.display())).unwrap()).unwrap();
         assert!(!d.info().memory_backed);
+    }
+
+    /// Two spellings of one file, or two nodes of one device, are one
+    /// backing; memory is none.
+    #[test]
+    fn backing_is_the_file_whatever_its_spelling() {
+        let dir = std::env::temp_dir().join(format!("bw-block-backing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let open = |s: String| FileDevice::open(&BackendSpec::parse(&s).unwrap()).unwrap();
+        let a = open(format!("file:{}/a.img,size=64k", dir.display()));
+        let again = open(format!("file:{}/./a.img", dir.display()));
+        std::os::unix::fs::symlink(dir.join("a.img"), dir.join("link.img")).unwrap();
+        let linked = open(format!("file:{}/link.img", dir.display()));
+        let b = open(format!("file:{}/b.img,size=64k", dir.display()));
+        use crate::BlockDevice;
+        assert!(a.backing().is_some() && a.backing() == again.backing() && a.backing() == linked.backing());
+        assert_ne!(a.backing(), b.backing());
+        assert_eq!(FileDevice::open(&BackendSpec::ram(4096)).unwrap().backing(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A missing backing file is made private and root's, only where no

@@ -215,6 +215,11 @@ impl Volume {
         Ok(Volume::with_reservations(name, dev, reservations))
     }
 
+    /// What the volume's data is on this host (one file, one volume).
+    pub fn backing(&self) -> Option<crate::Backing> {
+        self.inner.dev.backing()
+    }
+
     /// The volume's persistent reservations (SCSI and NVMe share them).
     pub fn reservations(&self) -> &Arc<bw_reservation::Shared> {
         &self.inner.reservations
