@@ -31,6 +31,9 @@ pub mod code {
     pub const REFUSED: i64 = -32000;
     /// The client is not root.
     pub const PERMISSION_DENIED: i64 = -32001;
+    /// The change was made, but what it then waits for did not finish in
+    /// time (`drain`): unlike REFUSED, things changed.
+    pub const INCOMPLETE: i64 = -32002;
 }
 
 /// A JSON-RPC error object.
@@ -131,6 +134,9 @@ struct Drain {
     #[serde(default)]
     timeout_s: Option<u64>,
 }
+
+/// The longest `drain` waits for requests in flight.
+const MAX_DRAIN_S: u64 = 24 * 3600;
 
 /// An ANA state by its name in the configuration (`ana_state`).
 fn ana_state(s: &str) -> Result<bw_nvme::ana::AnaState, RpcError> {
@@ -530,9 +536,14 @@ pub const METHODS: &[Method] = &[
     } },
     Method { name: "drain", params: "{timeout_s?} (every path of this gateway inaccessible, then wait for the requests in flight)", call: |live, p| {
         let d: Drain = params(p)?;
-        let (log, in_flight, finished) = live.drain(std::time::Duration::from_secs(d.timeout_s.unwrap_or(30)));
+        // Checked before any path changes: a refusal changes nothing.
+        let secs = d.timeout_s.unwrap_or(30);
+        if secs > MAX_DRAIN_S {
+            return Err(RpcError::new(code::INVALID_PARAMS, format!("invalid params: timeout_s {secs}: at most {MAX_DRAIN_S} (a day)")));
+        }
+        let (log, in_flight, finished) = live.drain(std::time::Duration::from_secs(secs))?;
         if !finished {
-            return Err(RpcError::new(code::REFUSED, format!("paths drained ({}), but requests were still in flight after the timeout", log.join("; "))));
+            return Err(RpcError::new(code::INCOMPLETE, format!("paths drained ({}), but requests were still in flight after the timeout", log.join("; "))));
         }
         Ok(json!({ "changes": log, "in_flight_at_drain": in_flight }))
     } },

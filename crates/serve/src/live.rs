@@ -353,7 +353,10 @@ impl Live {
     /// I/O to other gateways), then wait up to `timeout` until no request
     /// is in flight on any volume. Returns what changed, the requests in
     /// flight when the states changed, and whether they all finished.
-    pub fn drain(&self, timeout: std::time::Duration) -> (Vec<String>, u64, bool) {
+    pub fn drain(&self, timeout: std::time::Duration) -> Result<(Vec<String>, u64, bool), Refused> {
+        // Before any path changes (a deadline past the clock's range made
+        // the addition below panic after every path was down).
+        let deadline = std::time::Instant::now().checked_add(timeout).ok_or_else(|| Refused(format!("a wait of {timeout:?} is past the clock's range")))?;
         let mut log = Vec::new();
         if let Some(h) = &self.frontends.nvme {
             log.extend(h.drain().into_iter().map(|n| format!("nvme {n}: every ANA group Inaccessible; hosts notified")));
@@ -364,14 +367,13 @@ impl Live {
         let volumes = self.volumes();
         let busy = || volumes.iter().map(|v| v.in_flight()).sum::<u64>();
         let at_start = busy();
-        let deadline = std::time::Instant::now() + timeout;
         while busy() > 0 {
             if std::time::Instant::now() >= deadline {
-                return (log, at_start, false);
+                return Ok((log, at_start, false));
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        (log, at_start, true)
+        Ok((log, at_start, true))
     }
 
     /// End the session `id` as `session_list` names it.
