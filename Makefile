@@ -105,8 +105,9 @@ test: build audit
 
 # Faults, load and hostile input for longer (under 2 hours on 2 cores): 20
 # SIGKILL cycles per protocol, 512 mixed sessions, 50,000 login cycles,
-# 3,000 idle sockets, 30 minutes of socket fuzzing each for iSCSI and
-# NVMe/TCP (the two run side by side). `make test` runs the short versions.
+# 3,000 idle sockets, 30 minutes of socket fuzzing each for iSCSI, NVMe/TCP
+# and the control methods over HTTP (the three run side by side). `make
+# test` runs the short versions.
 # --nocapture: the summary lines below come from passing tests; the targets'
 # own log lines ([serve]) go only to target/soak.log.
 soak: build

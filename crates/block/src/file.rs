@@ -23,6 +23,16 @@ fn on_memory_fs(file: &File) -> bool {
     matches!(st.f_type as libc::c_long, TMPFS_MAGIC | RAMFS_MAGIC)
 }
 
+/// Make a missing backing file: empty, root's, private (its data is the
+/// volume's), in a directory only root may write, never through a link
+/// planted at the name (a dangling one would have root create the file it
+/// points to). The caller opens it then, and grows it.
+fn create_backing_file(path: &std::path::Path) -> io::Result<()> {
+    let (dir, name) = bw_rootdir::RootDir::of(path).map_err(|e| io::Error::new(e.kind(), format!("cannot create {}: {e}", path.display())))?;
+    dir.create_new(&name, 0o600)?;
+    dir.sync()
+}
+
 /// Alignment O_DIRECT needs for buffers, offsets and lengths. 4096 covers
 /// every logical block size in common use.
 const DIRECT_ALIGN: usize = 4096;
@@ -34,6 +44,9 @@ pub struct FileDevice {
     info: DeviceInfo,
     direct: bool,
     is_block_device: bool,
+    /// A file's path, and whether opening it made it (its reservations
+    /// are kept beside it: [`crate::BlockDevice::reservation_store`]).
+    beside: Option<(std::path::PathBuf, bool)>,
 }
 
 impl FileDevice {
@@ -51,12 +64,16 @@ impl FileDevice {
                     flags |= libc::O_DSYNC;
                 }
                 oo.custom_flags(flags);
-                if size.is_some() && !spec.readonly {
-                    oo.create(true);
+                let mut created = false;
+                let file = match oo.open(path) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound && size.is_some() && !spec.readonly => {
+                        create_backing_file(path)?;
+                        created = true;
+                        oo.open(path)
+                    }
+                    r => r,
                 }
-                let file = oo.open(path).map_err(|e| {
-                    io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display()))
-                })?;
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))?;
                 let meta = file.metadata()?;
                 let is_block_device = meta.file_type().is_block_device();
                 let size_bytes = if is_block_device {
@@ -103,6 +120,7 @@ impl FileDevice {
                     direct: spec.direct,
                     locks: BlockLocks::new(DIRECT_ALIGN),
                     is_block_device,
+                    beside: Some((path.clone(), created)),
                 })
             }
             BackendKind::Rbd(_) => Err(io::Error::other("an rbd: spec is opened by RbdDevice, not FileDevice").into()),
@@ -136,6 +154,7 @@ impl FileDevice {
             direct: false,
             locks: BlockLocks::new(DIRECT_ALIGN),
             is_block_device: false,
+            beside: None,
         })
     }
 
@@ -222,6 +241,32 @@ fn aligned_bounds(offset: u64, len: usize, size: u64) -> (u64, u64) {
 impl crate::BlockDevice for FileDevice {
     fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    fn backing(&self) -> Option<crate::Backing> {
+        use std::os::unix::fs::MetadataExt;
+        self.beside.as_ref()?;
+        let m = self.file.metadata().ok()?;
+        Some(if self.is_block_device { crate::Backing::Device { rdev: m.rdev() } } else { crate::Backing::File { dev: m.dev(), ino: m.ino() } })
+    }
+
+    /// A writable regular file keeps its reservations beside it
+    /// (`FILE.pr`: bw_reservation::FileStore), where other processes
+    /// serving it see them, if only root may write its directory; if
+    /// others may, they are kept in this process only (with a warning):
+    /// root makes no files there.
+    fn reservation_store(&self) -> io::Result<Option<Box<dyn bw_reservation::Store>>> {
+        let Some((path, created)) = self.beside.as_ref().filter(|_| !self.info.read_only && !self.is_block_device) else {
+            return Ok(None);
+        };
+        match bw_reservation::FileStore::beside(path, &self.file, *created) {
+            Ok(s) => Ok(Some(Box::new(s))),
+            Err(e) if bw_rootdir::is_untrusted(&e) => {
+                log::warn!("{}: persistent reservations are kept in this process only, not beside the file: {e}", path.display());
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Files and memory files are truncated or extended; a block device's
@@ -493,16 +538,61 @@ mod tests {
         assert!(FileDevice::open(&BackendSpec::ram(4096)).unwrap().info().memory_backed);
         let shm = std::path::Path::new("/dev/shm");
         if shm.is_dir() {
-            let path = shm.join(format!("bw-block-memtest-{}", std::process::id()));
+            // A directory of its own: /dev/shm itself is everyone's.
+            let dir = shm.join(format!("bw-block-memtest-{}", std::process::id()));
+            std::fs::create_dir(&dir).unwrap();
+            let path = dir.join("disk.img");
             let d = FileDevice::open(&BackendSpec::parse(&format!("file:{},size=4k", path.display())).unwrap()).unwrap();
             assert!(d.info().memory_backed, "/dev/shm is tmpfs");
             drop(d);
-            std::fs::remove_file(&path).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
         }
         // The crate's own directory is on a disk file system, not tmpfs.
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
         let d = FileDevice::open(&BackendSpec::parse(&format!("file:{},readonly", path.display())).unwrap()).unwrap();
         assert!(!d.info().memory_backed);
+    }
+
+    /// Two spellings of one file, or two nodes of one device, are one
+    /// backing; memory is none.
+    #[test]
+    fn backing_is_the_file_whatever_its_spelling() {
+        let dir = std::env::temp_dir().join(format!("bw-block-backing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let open = |s: String| FileDevice::open(&BackendSpec::parse(&s).unwrap()).unwrap();
+        let a = open(format!("file:{}/a.img,size=64k", dir.display()));
+        let again = open(format!("file:{}/./a.img", dir.display()));
+        std::os::unix::fs::symlink(dir.join("a.img"), dir.join("link.img")).unwrap();
+        let linked = open(format!("file:{}/link.img", dir.display()));
+        let b = open(format!("file:{}/b.img,size=64k", dir.display()));
+        use crate::BlockDevice;
+        assert!(a.backing().is_some() && a.backing() == again.backing() && a.backing() == linked.backing());
+        assert_ne!(a.backing(), b.backing());
+        assert_eq!(FileDevice::open(&BackendSpec::ram(4096)).unwrap().backing(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A missing backing file is made private and root's, only where no
+    /// other user may write, and never where a planted link points.
+    #[test]
+    fn backing_files_are_made_private_and_never_through_links() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("bw-block-make-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let open = |p: &std::path::Path| FileDevice::open(&BackendSpec::parse(&format!("file:{},size=64k", p.display())).unwrap());
+        let made = dir.join("made.img");
+        drop(open(&made).unwrap());
+        assert_eq!(std::fs::metadata(&made).unwrap().permissions().mode() & 0o777, 0o600);
+        let target = dir.join("target");
+        std::os::unix::fs::symlink(&target, dir.join("dangling.img")).unwrap();
+        assert!(open(&dir.join("dangling.img")).is_err());
+        assert!(!target.exists(), "a file was made where a planted link pointed");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = open(&dir.join("shared.img")).err().unwrap().to_string();
+        assert!(e.contains("cannot create") && e.contains("may be written by every user"), "{e}");
+        // An existing file there is the administrator's to serve.
+        open(&made).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

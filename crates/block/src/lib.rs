@@ -129,6 +129,16 @@ impl DeviceInfo {
     }
 }
 
+/// What a volume's data is on this host ([`BlockDevice::backing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backing {
+    /// A regular file: its file system's device and its inode.
+    File { dev: u64, ino: u64 },
+    /// A block device, by its device number (one disk has many nodes:
+    /// /dev/sdb, /dev/disk/by-id/...).
+    Device { rdev: u64 },
+}
+
 /// A backend. All methods take absolute byte offsets already checked by
 /// [`Volume`]; implementations only have to do the I/O.
 pub trait BlockDevice: Send + Sync + 'static {
@@ -150,13 +160,18 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn zero_copy_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
-    /// Whether the bytes at `offset` are backed by storage, and for how long
-    /// that stays so (at most `len`). Backends that cannot tell report
-    /// everything as allocated, which is always a safe answer.
     /// Where the volume's persistent reservations are kept so that every
     /// process serving it sees them (`None`: this process only).
     fn reservation_store(&self) -> io::Result<Option<Box<dyn bw_reservation::Store>>> {
         Ok(None)
+    }
+    /// What the backend is on this host, whatever path named it: a file's
+    /// device and inode, a block device's device number ([`Backing`]);
+    /// `None` for what no other volume can share (memory, a remote image).
+    /// One file is one volume: two volumes on one `Backing` would each
+    /// think the data, and its reservations, theirs.
+    fn backing(&self) -> Option<Backing> {
+        None
     }
     /// Change the size to `new_size` bytes (growing reads back as zeroes).
     /// Backends that cannot say no.
@@ -164,6 +179,9 @@ pub trait BlockDevice: Send + Sync + 'static {
         let _ = new_size;
         Err(io::Error::new(io::ErrorKind::Unsupported, "this backend cannot be resized"))
     }
+    /// Whether the bytes at `offset` are backed by storage, and for how long
+    /// that stays so (at most `len`). Backends that cannot tell report
+    /// everything as allocated, which is always a safe answer.
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Extent> {
         let _ = offset;
         Ok(Extent { allocated: true, len })

@@ -202,18 +202,14 @@ impl Volume {
     }
 
     /// Open a backend spec and wrap it. Its persistent reservations are
-    /// read back from where they live: beside a regular file
+    /// read back from where the backend keeps them
+    /// ([`crate::BlockDevice::reservation_store`]): beside a regular file
     /// (`FILE.pr`), in a RADOS object beside an RBD image, in memory for
     /// the rest.
     pub fn open(name: impl Into<String>, spec: &crate::BackendSpec) -> Result<Self> {
         let name = name.into();
         let dev = crate::backend::open(spec)?;
-        let store: Option<Box<dyn bw_reservation::Store>> = match &spec.kind {
-            crate::BackendKind::File { path, .. } if !spec.readonly && std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
-                Some(Box::new(bw_reservation::FileStore::beside(path)))
-            }
-            _ => dev.reservation_store()?,
-        };
+        let store = dev.reservation_store()?;
         let reservations = match store {
             Some(store) => {
                 let what = store.describe();
@@ -265,6 +261,11 @@ impl Volume {
         if let Some(at) = self.admit(dir, len) {
             std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
         }
+    }
+
+    /// What the volume's data is on this host (one file, one volume).
+    pub fn backing(&self) -> Option<crate::Backing> {
+        self.inner.dev.backing()
     }
 
     /// The volume's persistent reservations (SCSI and NVMe share them).

@@ -301,19 +301,21 @@ impl Live {
     /// request is in flight on any volume. Returns what changed, the
     /// requests in flight when the states changed, and whether they all
     /// finished.
-    pub fn drain(&self, timeout: std::time::Duration) -> (Vec<String>, u64, bool) {
+    pub fn drain(&self, timeout: std::time::Duration) -> Result<(Vec<String>, u64, bool), Refused> {
+        // Before any path changes (a deadline past the clock's range made
+        // the addition panic after every path was down).
+        let deadline = std::time::Instant::now().checked_add(timeout).ok_or_else(|| Refused::Invalid(format!("a wait of {timeout:?} is past the clock's range")))?;
         let log: Vec<String> = self.frontends.iter().flat_map(|f| f.drain()).collect();
         let volumes = self.volumes();
         let busy = || volumes.iter().map(|v| v.in_flight()).sum::<u64>();
         let at_start = busy();
-        let deadline = std::time::Instant::now() + timeout;
         while busy() > 0 {
             if std::time::Instant::now() >= deadline {
-                return (log, at_start, false);
+                return Ok((log, at_start, false));
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        (log, at_start, true)
+        Ok((log, at_start, true))
     }
 
     /// End the session `id` as `session_list` names it: `NAME:N`, where
@@ -628,7 +630,7 @@ mod tests {
             let e = live.disconnect(id).unwrap_err();
             assert!(matches!(&e, Refused::NotFound(m) if m.contains("pigeon:N")), "{id}: {e:?}");
         }
-        assert_eq!(live.drain(std::time::Duration::ZERO), (vec!["pigeon: grounded".to_string()], 0, true));
+        assert_eq!(live.drain(std::time::Duration::ZERO).unwrap(), (vec!["pigeon: grounded".to_string()], 0, true));
         assert_eq!(live.set_access("pigeon", "coop", None, AccessState::Standby).unwrap(), ["pigeon coop: Standby"]);
         assert!(matches!(live.set_access("iscsi", "t", None, AccessState::Standby), Err(Refused::Unsupported(_))));
     }

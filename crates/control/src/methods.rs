@@ -99,6 +99,9 @@ struct Drain {
     timeout_s: Option<u64>,
 }
 
+/// The longest `drain` waits for requests in flight.
+const MAX_DRAIN_S: u64 = 24 * 3600;
+
 /// An ANA state by its name in the configuration (`ana_state`).
 fn ana_state(s: &str) -> Result<AccessState, RpcError> {
     use AccessState::*;
@@ -498,9 +501,14 @@ pub const METHODS: &[Method] = &[
     } },
     Method { name: "drain", params: "{timeout_s?} (every path of this gateway inaccessible, then wait for the requests in flight)", call: |live, p| {
         let d: Drain = params(p)?;
-        let (log, in_flight, finished) = live.drain(std::time::Duration::from_secs(d.timeout_s.unwrap_or(30)));
+        // Checked before any path changes: a refusal changes nothing.
+        let secs = d.timeout_s.unwrap_or(30);
+        if secs > MAX_DRAIN_S {
+            return Err(RpcError::new(code::INVALID_PARAMS, format!("invalid params: timeout_s {secs}: at most {MAX_DRAIN_S} (a day)")));
+        }
+        let (log, in_flight, finished) = live.drain(std::time::Duration::from_secs(secs))?;
         if !finished {
-            return Err(Refused::Busy(format!("paths drained ({}), but requests were still in flight after the timeout", log.join("; "))).into());
+            return Err(RpcError::new(code::INCOMPLETE, format!("paths drained ({}), but requests were still in flight after the timeout", log.join("; "))));
         }
         Ok(json!({ "changes": log, "in_flight_at_drain": in_flight }))
     } },

@@ -170,6 +170,9 @@ fn new_file(p: &PoolConfig, c: &ServeConfig, name: &str) -> Result<PathBuf, Refu
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Refused::by_kind(format!("pool {}: {}: {e}", p.name, path.display()), &e)),
     }
+    // A deleted volume's reservations may be left beside it too (a crash
+    // between the two removals, or an older blockwire): never inherited.
+    bw_reservation::FileStore::remove_beside(&path).map_err(|e| Refused::by_kind(format!("pool {}: the reservations beside {}: {e}", p.name, path.display()), &e))?;
     Ok(path)
 }
 
@@ -212,16 +215,13 @@ pub enum Made {
     Existed,
 }
 
-/// Make a pool's directory (mode 700) if it is missing.
+/// Make a pool's directory (mode 700, root's, and its missing parents
+/// likewise) if it is missing. An existing one must be one only root may
+/// write, it and every directory above it (bw_rootdir): a user who may
+/// write there could plant links beside the volumes' files, or replace
+/// them. Otherwise refused, saying which directory lets whom in.
 pub fn ensure_dir(p: &PoolConfig) -> Result<(), Refused> {
-    let dir = Path::new(&p.path);
-    if !dir.exists() {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| Refused::by_kind(format!("pool {}: creating {}: {e}", p.name, p.path), &e))?;
-    } else if !dir.is_dir() {
-        return Err(Refused::Invalid(format!("pool {}: {} is not a directory", p.name, p.path)));
-    }
-    Ok(())
+    bw_rootdir::RootDir::create(Path::new(&p.path)).map(drop).map_err(|e| Refused::by_kind(format!("pool {}: {e}", p.name), &e))
 }
 
 /// `pool_create`: `asked` names a directory (`path`, `copy`) or an RBD

@@ -21,6 +21,9 @@ pub mod code {
     pub const REFUSED: i64 = -32000;
     /// The client is not root.
     pub const PERMISSION_DENIED: i64 = -32001;
+    /// The change was made, but what it then waits for did not finish in
+    /// time (`drain`): unlike REFUSED, things changed.
+    pub const INCOMPLETE: i64 = -32002;
 }
 
 /// A JSON-RPC error object.

@@ -200,6 +200,14 @@ pub const EVENTS_KEPT: usize = 64;
 pub struct State {
     /// Counts every stored change: caches and stores compare it.
     pub seq: u64,
+    /// Which run of `seq` this is: drawn at random when a change is first
+    /// stored over nothing (or over a state from before epochs), and again
+    /// when `seq` would pass its maximum (only a damaged or crafted state
+    /// holds it), so a cache tells a state of another run, which it
+    /// adopts, from an older one of its own, which it ignores
+    /// ([`Shared`]). 0: no change stored since epochs were introduced.
+    #[serde(default)]
+    pub epoch: u64,
     /// PRgeneration (SPC) / GEN (NVMe): counts registration changes.
     pub generation: u32,
     /// Activate Persist Through Power Loss (SPC APTPL, NVMe PTPL). The
@@ -237,13 +245,18 @@ impl State {
     /// Decode a stored state ([`State::encode`]).
     pub fn decode(b: &[u8]) -> io::Result<State> {
         let mut s: State = serde_json::from_slice(b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reservation state: {e}")))?;
-        for r in &mut s.registrants {
+        s.fill_ids();
+        Ok(s)
+    }
+
+    /// The ids a stored state leaves out (they are derived).
+    pub(crate) fn fill_ids(&mut self) {
+        for r in &mut self.registrants {
             r.id = fnv1a(r.who.as_bytes());
         }
-        if let Some(h) = &mut s.holder {
+        if let Some(h) = &mut self.holder {
             h.id = fnv1a(h.who.as_bytes());
         }
-        Ok(s)
     }
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("the state serialises")
@@ -299,6 +312,13 @@ impl State {
             Some(r) => r.key = key,
             None => self.registrants.push(Registrant { who: who.as_str().to_string(), key, id }),
         }
+        self.count_registration_change();
+    }
+
+    /// PRgeneration (SPC-4) and GEN (NVMe's Reservation Status) are each
+    /// defined as "a 32-bit wrapping counter": wrapping is the spec, not an
+    /// overflow.
+    fn count_registration_change(&mut self) {
         self.generation = self.generation.wrapping_add(1);
     }
 
@@ -319,7 +339,7 @@ impl State {
                 }
             }
         }
-        self.generation = self.generation.wrapping_add(1);
+        self.count_registration_change();
     }
 
     fn others(&self, id: u64) -> Vec<String> {
@@ -364,7 +384,7 @@ impl State {
         }
         self.registrants.clear();
         self.holder = None;
-        self.generation = self.generation.wrapping_add(1);
+        self.count_registration_change();
     }
 
     /// PREEMPT (SPC) / Acquire with Preempt (NVMe): remove the registrations
@@ -395,7 +415,7 @@ impl State {
                 }
             }
         }
-        self.generation = self.generation.wrapping_add(1);
+        self.count_registration_change();
         Ok(())
     }
 

@@ -5,9 +5,27 @@ use crate::{Access, Event, Refusal, State, Store, EVENTS_KEPT};
 use arc_swap::ArcSwap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
 
 type ListenFn = Arc<dyn Fn(&Event) + Send + Sync>;
+
+/// Epochs a cache remembers having left: a watch delivers at most a few
+/// states late.
+const EPOCHS_REMEMBERED: usize = 16;
+
+/// A random epoch, never 0.
+fn new_epoch() -> u64 {
+    loop {
+        let mut b = [0u8; 8];
+        // SAFETY: getrandom fills the buffer we own.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+        let e = u64::from_ne_bytes(b);
+        if n == 8 && e != 0 {
+            return e;
+        }
+    }
+}
 
 pub struct Shared {
     store: Box<dyn Store>,
@@ -19,9 +37,11 @@ pub struct Shared {
     /// The store cannot promise to tell us of others' changes (a lost
     /// watch): every check reads the store until it can again.
     stale: AtomicBool,
-    /// Serialises this process's changes, and the cache's updates.
+    /// Serialises this process's changes.
     changing: Mutex<()>,
-    adopting: Mutex<()>,
+    /// Serialises the cache's updates; holds the epochs this cache has
+    /// left behind (see [`Shared::adopt`]).
+    adopting: Mutex<VecDeque<u64>>,
     listeners: Mutex<Vec<(u64, ListenFn)>>,
     next_listener: AtomicU64,
 }
@@ -56,7 +76,7 @@ impl Shared {
             store,
             stale: AtomicBool::new(false),
             changing: Mutex::new(()),
-            adopting: Mutex::new(()),
+            adopting: Mutex::new(VecDeque::new()),
             listeners: Mutex::new(Vec::new()),
             next_listener: AtomicU64::new(1),
         });
@@ -142,7 +162,17 @@ impl Shared {
                 self.adopt(cur);
                 return Ok(Ok(r));
             }
-            next.seq = cur.seq + 1;
+            match cur.seq.checked_add(1) {
+                Some(seq) if cur.epoch != 0 => next.seq = seq,
+                // A first change, or one past the counter's maximum: a new
+                // epoch, which every cache adopts whatever its seq, with
+                // only this change's notices.
+                _ => {
+                    next.epoch = new_epoch();
+                    next.seq = 1;
+                    next.events.retain(|e| e.seq == 0);
+                }
+            }
             for e in next.events.iter_mut().filter(|e| e.seq == 0) {
                 e.seq = next.seq;
             }
@@ -160,16 +190,29 @@ impl Shared {
         Err(io::Error::other(format!("reservations of {}: the state kept changing under 1000 attempts", self.describe())))
     }
 
-    /// Take `s` into the cache if it is newer, and hand its new notices to
-    /// the listeners.
+    /// Take `s` into the cache unless it is one the cache has moved past,
+    /// and hand its new notices to the listeners. Within an epoch a larger
+    /// seq is newer (a watch may deliver an older state after this process
+    /// stored a newer one); a state of another epoch is adopted whatever
+    /// its seq (the store was started again, or the counter passed its
+    /// maximum), unless it is of an epoch this cache left (a late delivery).
+    /// Epoch 0 (nothing stored) is never left behind: a store emptied
+    /// under a cache empties it.
     fn adopt(&self, s: State) {
         let fresh = {
-            let _one = self.adopting.lock().unwrap_or_else(|p| p.into_inner());
+            let mut left = self.adopting.lock().unwrap_or_else(|p| p.into_inner());
             let old = self.cache.load();
-            if s.seq <= old.seq {
+            let same_epoch = s.epoch == old.epoch;
+            if (same_epoch && s.seq <= old.seq) || (!same_epoch && left.contains(&s.epoch)) {
                 return;
             }
-            let fresh: Vec<Event> = s.events.iter().filter(|e| e.seq > old.seq).cloned().collect();
+            if !same_epoch && old.epoch != 0 {
+                left.push_back(old.epoch);
+                if left.len() > EPOCHS_REMEMBERED {
+                    left.pop_front();
+                }
+            }
+            let fresh: Vec<Event> = s.events.iter().filter(|e| !same_epoch || e.seq > old.seq).cloned().collect();
             self.held.store(s.holder.is_some(), Ordering::Release);
             self.cache.store(Arc::new(s));
             fresh
@@ -183,6 +226,11 @@ impl Shared {
                 f(e);
             }
         }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn adopt_for_test(&self, s: State) {
+        self.adopt(s)
     }
 
     /// Call `f` with every notice from now on (changes made here and

@@ -135,13 +135,43 @@ fn changes_are_compare_and_swap_on_the_store() {
     assert_eq!(store.load().unwrap().unwrap().seq, 2);
 }
 
+/// A directory under /tmp only root may write, removed on drop.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        use std::os::unix::fs::PermissionsExt;
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("bw-pr-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Scratch(p)
+    }
+    /// A volume file in it, open as a gateway has it.
+    fn volume(&self, name: &str) -> (std::path::PathBuf, std::fs::File) {
+        let p = self.0.join(name);
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).unwrap();
+        (p, f)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn file_store(vol: &std::path::Path, f: &std::fs::File) -> Box<FileStore> {
+    Box::new(FileStore::beside(vol, f, false).unwrap())
+}
+
 #[test]
 fn file_store_is_shared_by_two_openers_and_read_back() {
-    let dir = std::env::temp_dir().join(format!("bw-pr-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let vol = dir.join("disk.img");
-    let g1 = Shared::open(Box::new(FileStore::beside(&vol))).unwrap();
-    let g2 = Shared::open(Box::new(FileStore::beside(&vol))).unwrap();
+    let dir = Scratch::new("share");
+    let (vol, f) = dir.volume("disk.img");
+    let g1 = Shared::open(file_store(&vol, &f)).unwrap();
+    let g2 = Shared::open(file_store(&vol, &f)).unwrap();
     g1.change(|s| {
         s.register(&a(), 0xA);
         s.reserve(&a(), pr_type::EXCLUSIVE_ACCESS)
@@ -157,7 +187,117 @@ fn file_store_is_shared_by_two_openers_and_read_back() {
     assert!(!g2.allows(b().id(), Access::Read));
     drop((g1, g2));
     // Opened again ("a restarted gateway"): read back.
-    let g3 = Shared::open(Box::new(FileStore::beside(&vol))).unwrap();
+    let g3 = Shared::open(file_store(&vol, &f)).unwrap();
     assert!(g3.held() && g3.cached().is_holder(&a()));
-    std::fs::remove_dir_all(&dir).unwrap();
+    // Nothing beside the volume but its state and lock.
+    let mut names: Vec<String> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["disk.img", "disk.img.pr", "disk.img.pr.lock"]);
+}
+
+/// A state at the counter's maximum (a damaged or crafted file): the next
+/// change starts a new epoch, and a gateway that cached the old state
+/// adopts it, so a preempted host is fenced there too. Before epochs, the
+/// counter wrapped to 0, which the other gateway took for an old state
+/// and ignored, letting the preempted host write.
+#[test]
+fn a_state_at_the_counter_maximum_keeps_fencing() {
+    let store = Arc::new(MemoryStore::default());
+    let mut s = State { seq: u64::MAX, epoch: 7, ..Default::default() };
+    s.register(&a(), 0xA);
+    s.reserve(&a(), pr_type::WRITE_EXCLUSIVE_REGISTRANTS_ONLY).unwrap();
+    s.register(&host(), 0xC);
+    store.replace(0, &s).unwrap();
+    let g1 = Shared::open(Box::new(Both(store.clone()))).unwrap();
+    let g2 = Shared::open(Box::new(Both(store.clone()))).unwrap();
+    assert!(g2.allows(host().id(), Access::Write), "a registrant may write under registrants-only");
+    // b preempts the host through g1.
+    g1.change(|s| {
+        s.register(&b(), 0xB);
+        Ok(())
+    })
+    .unwrap()
+    .unwrap();
+    g1.change(|s| s.preempt(&b(), pr_type::WRITE_EXCLUSIVE_REGISTRANTS_ONLY, 0xC)).unwrap().unwrap();
+    let stored = store.load().unwrap().unwrap();
+    assert!(stored.epoch != 7 && stored.seq == 2, "a new epoch from the maximum on: {stored:?}");
+    g2.read().unwrap();
+    assert!(!g2.allows(host().id(), Access::Write), "the preempted host still writes through the other gateway");
+    // Later changes are adopted as usual; an old state is not.
+    g1.change(|s| s.release(&a(), pr_type::WRITE_EXCLUSIVE_REGISTRANTS_ONLY)).unwrap().unwrap();
+    g2.read().unwrap();
+    assert!(!g2.held());
+    g2.adopt_for_test(s);
+    assert!(!g2.held() && g2.cached().epoch == stored.epoch, "a late delivery of the epoch left behind was adopted");
+}
+
+#[test]
+fn a_deleted_volumes_state_is_discarded_not_inherited() {
+    let dir = Scratch::new("stale");
+    let mut held = State::default();
+    held.register(&a(), 0xA);
+    held.reserve(&a(), pr_type::EXCLUSIVE_ACCESS).unwrap();
+    held.seq = 9;
+    held.epoch = 3;
+    let plant = |name: &str, volume: Option<&str>| {
+        let mut v: serde_json::Value = serde_json::from_slice(&held.encode()).unwrap();
+        if let Some(id) = volume {
+            v["volume"] = serde_json::json!(id);
+        }
+        std::fs::write(dir.0.join(format!("{name}.pr")), v.to_string()).unwrap();
+    };
+    // Another file's state (the volume before, deleted; this file may even
+    // have its inode number).
+    let (vol, f) = dir.volume("a.img");
+    plant("a.img", Some("inode 1 born 1.000000000"));
+    let g = Shared::open(file_store(&vol, &f)).unwrap();
+    assert!(!g.held() && !dir.0.join("a.img.pr").exists());
+    // An older blockwire's (no identity), written before the file was made.
+    plant("b.img", None);
+    std::thread::sleep(Duration::from_millis(20));
+    let (vol, f) = dir.volume("b.img");
+    assert!(!Shared::open(file_store(&vol, &f)).unwrap().held());
+    // ... and after: the file's own, adopted (and bound at the next change).
+    plant("b.img", None);
+    let g = Shared::open(file_store(&vol, &f)).unwrap();
+    assert!(g.held());
+    g.change(|s| {
+        s.register(&b(), 0xB);
+        Ok(())
+    })
+    .unwrap()
+    .unwrap();
+    assert!(std::fs::read_to_string(dir.0.join("b.img.pr")).unwrap().contains("\"volume\":\"inode "));
+    // A file the open created has nothing beside it of its own.
+    let (vol, f) = dir.volume("c.img");
+    plant("c.img", None);
+    let g = Shared::open(Box::new(FileStore::beside(&vol, &f, true).unwrap())).unwrap();
+    assert!(!g.held());
+    // Another file's state appearing while serving is refused, not taken.
+    let (vol, f) = dir.volume("d.img");
+    let g = Shared::open(file_store(&vol, &f)).unwrap();
+    plant("d.img", Some("inode 1"));
+    let e = g.change(|s| s.reserve(&a(), 1)).unwrap_err();
+    assert!(e.to_string().contains("the reservations of another file"), "{e}");
+}
+
+/// Only in a directory only root may write, and never through a link.
+#[test]
+fn files_beside_a_volume_are_made_where_only_root_writes_and_never_through_links() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = Scratch::new("links");
+    let victim = dir.0.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let (vol, f) = dir.volume("v.img");
+    symlink(&victim, dir.0.join("v.img.pr.lock")).unwrap();
+    let e = FileStore::beside(&vol, &f, false).err().expect("a link at the lock file was followed");
+    assert!(e.to_string().contains("symbolic link; not following it"), "{e}");
+    std::fs::remove_file(dir.0.join("v.img.pr.lock")).unwrap();
+    symlink(&victim, dir.0.join("v.img.pr")).unwrap();
+    let e = FileStore::beside(&vol, &f, false).err().expect("a link at the state was followed");
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let e = FileStore::beside(&vol, &f, false).err().expect("a world-writable directory was trusted");
+    assert!(bw_rootdir::is_untrusted(&e), "{e}");
 }

@@ -535,9 +535,14 @@ const _: () = {
     assert_send_sync::<ScsiTarget>();
 };
 
+/// The largest LUN [`encode_lun`] can write (24-bit extended flat space):
+/// a configuration may not name a larger one.
+pub const MAX_LUN: u64 = 0xFF_FFFF;
+
 /// SAM-5 LUN encoding: peripheral addressing below 256, flat space below
-/// 16384, extended flat space above.
+/// 16384, extended flat space up to [`MAX_LUN`].
 pub fn encode_lun(lun: u64) -> [u8; 8] {
+    debug_assert!(lun <= MAX_LUN, "LUN {lun} has no encoding");
     let mut b = [0u8; 8];
     if lun < 256 {
         b[1] = lun as u8;

@@ -105,6 +105,68 @@ pub struct ServeConfig {
     pub tuning: crate::tuning::Tuning,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsConfig>,
+    /// What the control methods (the socket and `--rpc-http`) may reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<ControlConfig>,
+}
+
+/// `[control]`: whoever may call the control methods may otherwise name
+/// any file on the host as a volume's backing file (and so read and
+/// write it through an initiator) and any path as `save_config`'s target
+/// (and so replace that file); docs/control.md says so.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    /// Directories that backing files added through the control methods
+    /// (`volume_add`, `bdev_aio_create`), `save_config` targets and new
+    /// pools' directories must lie in, after every link is followed. Each
+    /// must be one only root may write (else a local user could swap a
+    /// checked name for a link); pools' volumes are always allowed. Unset:
+    /// anywhere; empty: nowhere but the pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_paths: Option<Vec<String>>,
+}
+
+/// `path` as it will be reached: every link followed, `.` and `..`
+/// resolved; a missing tail (a file or directory to be made) is appended
+/// to its nearest existing ancestor, and may not hold `.` or `..`.
+fn resolve(path: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    match std::fs::canonicalize(path) {
+        Ok(p) => Ok(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (Some(parent), Some(name)) = (path.parent().filter(|p| !p.as_os_str().is_empty()), path.file_name()) else {
+                return Err(format!("{}: {e}", path.display()));
+            };
+            Ok(resolve(parent)?.join(name))
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+impl ServeConfig {
+    /// Whether the control methods may name `path` (`what` it is, for the
+    /// message): see [`ControlConfig::allowed_paths`]. Checked where each
+    /// method names a path, so a change of `[control]` (SIGHUP) applies to
+    /// the next call.
+    pub fn check_allowed(&self, path: &std::path::Path, what: &str) -> Result<(), String> {
+        let Some(allowed) = self.control.as_ref().and_then(|c| c.allowed_paths.as_ref()) else {
+            return Ok(());
+        };
+        let real = resolve(path)?;
+        if self.pools.iter().filter(|p| p.rbd.is_none()).any(|p| resolve(std::path::Path::new(&p.path)).is_ok_and(|d| real.starts_with(d))) {
+            return Ok(());
+        }
+        for dir in allowed {
+            let Ok(d) = std::fs::canonicalize(dir) else { continue };
+            if real.starts_with(&d) {
+                // Others may not write it: a name checked here could not
+                // be swapped for a link before serve opens it.
+                return bw_rootdir::RootDir::open(&d).map(drop).map_err(|e| format!("{what} {}: allowed path {dir}: {e}", path.display()));
+            }
+        }
+        let listed = if allowed.is_empty() { "none is listed".to_string() } else { allowed.join(", ") };
+        Err(format!("{what} {} (as resolved: {}) is outside [control] allowed_paths ({listed}) and outside every pool", path.display(), real.display()))
+    }
 }
 
 /// `[metrics]`: where the Prometheus exposition is served (`--metrics`).
@@ -790,8 +852,14 @@ impl ServeConfig {
     /// Cross-checks that TOML syntax cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let inv = |s: String| Err(ConfigError::Invalid(s));
+        self.refuse_control_characters()?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
         self.tuning.validate().map_err(ConfigError::Invalid)?;
+        for a in self.control.iter().flat_map(|c| c.allowed_paths.iter().flatten()) {
+            if !std::path::Path::new(a).is_absolute() {
+                return inv(format!("[control] allowed_paths: {a:?} is not an absolute path"));
+            }
+        }
         let mut pools = std::collections::HashSet::new();
         for p in &self.pools {
             check_name("pool", &p.name).map_err(ConfigError::Invalid)?;
@@ -861,9 +929,18 @@ impl ServeConfig {
                 if t.relative_target_port == Some(0) {
                     return inv(format!("iSCSI target {}: relative_target_port 0 is reserved (1..=65535)", t.iqn));
                 }
+                let mut luns = std::collections::HashSet::new();
                 for l in &t.luns {
                     if !known(&l.volume) {
                         return inv(format!("iSCSI target {} LUN {} names unknown volume {:?}", t.iqn, l.lun, l.volume));
+                    }
+                    // The largest LUN SAM-5's extended flat space carries:
+                    // a larger one was encoded as another LUN's number.
+                    if l.lun > bw_scsi::MAX_LUN {
+                        return inv(format!("iSCSI target {} LUN {}: LUNs are at most {}", t.iqn, l.lun, bw_scsi::MAX_LUN));
+                    }
+                    if !luns.insert(l.lun) {
+                        return inv(format!("iSCSI target {} has LUN {} twice", t.iqn, l.lun));
                     }
                 }
             }
@@ -918,6 +995,31 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     }
 }
 
+impl ServeConfig {
+    /// No string of the configuration (a name, a path, an initiator, a
+    /// secret) may hold a control character: names are logged, listed and
+    /// written back into files, where a newline splits a line and a NUL
+    /// ends a C string early (a path "x.img\0.pr" is not the file it says).
+    /// The error names the field; a secret's value is not shown.
+    fn refuse_control_characters(&self) -> Result<(), ConfigError> {
+        fn walk(v: &serde_json::Value, at: &str) -> Result<(), String> {
+            match v {
+                serde_json::Value::String(s) if s.chars().any(char::is_control) => {
+                    let shown = if at.contains("secret") { "(a secret)".to_string() } else { format!("{s:?}") };
+                    Err(format!("{at}: {shown} holds a control character"))
+                }
+                serde_json::Value::Array(a) => a.iter().enumerate().try_for_each(|(i, v)| walk(v, &format!("{at}[{i}]"))),
+                serde_json::Value::Object(o) => o.iter().try_for_each(|(k, v)| walk(v, &if at.is_empty() { k.clone() } else { format!("{at}.{k}") })),
+                _ => Ok(()),
+            }
+        }
+        // A configuration that cannot be written (a backend its text cannot
+        // carry) is refused by the checks after this one, which say why.
+        let Ok(all) = reveal_secrets(|| serde_json::to_value(self)) else { return Ok(()) };
+        walk(&all, "").map_err(ConfigError::Invalid)
+    }
+}
+
 /// What a subsystem or host name must be: an NQN as the NVMe Base
 /// Specification bounds it (UTF-8, at most 223 bytes), not empty, without
 /// control characters (it is logged and shown). Its two formats
@@ -950,64 +1052,33 @@ pub fn permission_warning(path: &str, cfg: &ServeConfig) -> Option<String> {
     })
 }
 
-/// Write `text` to a file only its owner can read (secrets may be in it).
-/// `serve` runs as root, so the path is not trusted to lead where it says:
-/// a symbolic link there (O_NOFOLLOW), or a file with other names (a hard
-/// link to, say, /etc/shadow), is refused before anything is truncated.
+/// Write `text` (secrets may be in it) to `path`, replacing what is there
+/// whole: a new file of root's, mode 600, written beside it, synced and
+/// renamed over it (bw_rootdir). serve runs as root and the path is a
+/// caller's, so whatever is at the path (another user's file, a link to,
+/// say, /etc/shadow, another name of a file) is replaced, never written
+/// through, and the directory must be one only root may write; otherwise
+/// nothing is written and the error says which directory lets whom in.
 pub fn write_private(path: &str, text: &str) -> std::io::Result<()> {
-    use std::io::{Error, ErrorKind, Write};
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => Error::new(ErrorKind::InvalidInput, "is a symbolic link; not following it"),
-            _ => e,
-        })?;
-    let meta = f.metadata()?;
-    if !meta.is_file() {
-        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
-    }
-    if meta.nlink() > 1 {
-        return Err(Error::new(ErrorKind::InvalidInput, "the file has other hard links; not overwriting it"));
-    }
-    f.set_len(0)?;
-    // `mode` applies only to a file this call creates.
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    f.write_all(text.as_bytes())
+    write_atomic(std::path::Path::new(path), text)
 }
 
-/// Replace the file at `path` with `text` whole or not at all: written to
-/// a new file beside it (mode 600) and synced, renamed over it, and the
-/// directory synced, so a crash at any moment leaves the old file or the
-/// new one, never a mix. (`path` is used as given: serve resolves the
-/// `--config` path once at start, so a symbolic link there is followed
-/// then and not replaced now.)
+/// Replace the file at `path` with `text` whole or not at all, as
+/// [`write_private`] does: a crash at any moment leaves the old file or
+/// the new one, never a mix, and at worst a temporary `.NAME.new-PID`
+/// beside it, which [`remove_temporaries`] removes at the next start.
+/// (serve resolves the `--config` path once at start, so a symbolic link
+/// there is followed then and not replaced now.)
 pub fn write_atomic(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let name = path.file_name().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".new-{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    // A file left by a crash of this same pid (after a reboot) goes first.
-    let _ = std::fs::remove_file(&tmp);
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    bw_rootdir::replace_file(path, text.as_bytes(), 0o600)
+}
+
+/// Remove the temporaries a killed serve left beside the configuration
+/// file `path` it persists changes to; what went. Fails if changes cannot
+/// be persisted there (a directory other users may write).
+pub fn remove_temporaries(path: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let (dir, name) = bw_rootdir::RootDir::of(path)?;
+    Ok(dir.remove_temporaries(&name)?.into_iter().map(|t| dir.join(t)).collect())
 }
 
 /// `ADDR`, `ADDR:PORT`, `:PORT` or `[v6]:PORT`.
@@ -1272,26 +1343,35 @@ mod tests {
             assert_eq!(w.is_some(), warn, "mode {mode:o}: {w:?}");
             assert!(permission_warning(p, &plain).is_none(), "no secrets, no warning");
         }
-        // Saved configurations are private, even over an existing readable file.
+        // Saved configurations are private and root's, even over an
+        // existing readable file of another user's.
         let saved = dir.join("saved.json");
         std::fs::write(&saved, "old").unwrap();
         std::fs::set_permissions(&saved, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::chown(&saved, Some(65534), None).unwrap();
+        let theirs = std::fs::File::open(&saved).unwrap();
         write_private(saved.to_str().unwrap(), &c.to_json(true)).unwrap();
-        assert_eq!(std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777, 0o600);
-        // Neither a symbolic link nor a hard link at the path is written through.
+        let m = std::fs::metadata(&saved).unwrap();
+        assert_eq!((m.permissions().mode() & 0o777, std::os::unix::fs::MetadataExt::uid(&m)), (0o600, 0));
+        assert_eq!(std::io::read_to_string(theirs).unwrap(), "old", "the secrets went into the other user's file");
+        // Neither a symbolic link nor a hard link at the path is written
+        // through: the name is replaced.
         let victim = dir.join("victim");
         std::fs::write(&victim, "keep").unwrap();
         let victim_mode = std::fs::metadata(&victim).unwrap().permissions().mode();
         let sym = dir.join("sym.json");
         std::os::unix::fs::symlink(&victim, &sym).unwrap();
-        let e = write_private(sym.to_str().unwrap(), "x").unwrap_err();
-        assert!(e.to_string().contains("symbolic link"), "{e}");
+        write_private(sym.to_str().unwrap(), "x").unwrap();
         let hard = dir.join("hard.json");
         std::fs::hard_link(&victim, &hard).unwrap();
-        let e = write_private(hard.to_str().unwrap(), "x").unwrap_err();
-        assert!(e.to_string().contains("hard links"), "{e}");
+        write_private(hard.to_str().unwrap(), "x").unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
         assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode(), victim_mode);
+        assert!(std::fs::symlink_metadata(&sym).unwrap().is_file());
+        // A directory another user may write is refused, with the reason.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = write_private(saved.to_str().unwrap(), "x").unwrap_err();
+        assert!(e.to_string().contains("may be written by every user"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1367,6 +1447,60 @@ mod tests {
         }
     }
 
+    /// NUL, newline and the other control characters, in every string.
+    #[test]
+    fn control_characters_are_refused_in_every_name() {
+        let base = "[[volume]]\nname = \"a\"\nbackend = \"ram:1M\"\n[iscsi]\nlisten = [\"127.0.0.1:3260\"]\n[[iscsi.target]]\niqn = \"iqn.2026-11.org.example:t\"\nluns = [{ lun = 0, volume = \"a\" }]\n";
+        let ok: ServeConfig = toml::from_str(base).unwrap();
+        ok.validate().unwrap();
+        for (field, bad) in [
+            ("\"a\\nb\"", base.replace("name = \"a\"", "name = \"a\\nb\"").replace("volume = \"a\"", "volume = \"a\\nb\"")),
+            ("volume[0].backend", base.replace("ram:1M", "file:/srv/x.img\\u0000.pr")),
+            ("iscsi.target[0].iqn", base.replace("example:t", "example:t\\r")),
+            ("iscsi.target[0].allowed_initiators[0]", base.replace("luns =", "allowed_initiators = [\"iqn.x:\\u001b[2J\"]\nluns =")),
+            ("iscsi.target[0].chap.secret", base.to_string() + "chap = { user = \"u\", secret = \"twelve-chars\\u0007x\" }\n"),
+        ] {
+            let c: ServeConfig = toml::from_str(&bad).unwrap_or_else(|e| panic!("{field}: {e}"));
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("control character"), "{field}: {e}");
+            assert!(!e.contains("twelve"), "a secret was shown: {e}");
+        }
+    }
+
+    /// [control] allowed_paths: inside (after links), in a pool, or refused
+    /// with the reason; an allowed directory others may write is no place.
+    #[test]
+    fn allowed_paths_confine_what_the_control_methods_name() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("bw-cfg-allowed-{}", std::process::id()));
+        for sub in ["in", "out", "pool", "open"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        std::fs::set_permissions(d.join("open"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::fs::write(d.join("out/secret"), "s").unwrap();
+        std::os::unix::fs::symlink(d.join("out/secret"), d.join("in/link")).unwrap();
+        let text = format!(
+            "[[pool]]\nname = \"p\"\npath = \"{0}/pool\"\n[control]\nallowed_paths = [\"{0}/in\", \"{0}/open\"]\n",
+            d.display()
+        );
+        let c: ServeConfig = toml::from_str(&text).unwrap();
+        c.validate().unwrap();
+        let at = |p: &str| c.check_allowed(&d.join(p), "file");
+        at("in/new.img").unwrap();
+        at("pool/v.img").unwrap();
+        for bad in ["out/secret", "in/link", "in/../out/secret", "out/new/x"] {
+            assert!(at(bad).unwrap_err().contains("outside [control] allowed_paths"), "{bad}");
+        }
+        assert!(c.check_allowed(std::path::Path::new("/etc/shadow"), "file").is_err());
+        assert!(at("open/x.img").unwrap_err().contains("may be written by every user"));
+        let nowhere: ServeConfig = toml::from_str("[control]\nallowed_paths = []\n").unwrap();
+        assert!(nowhere.check_allowed(&d.join("in/x"), "file").unwrap_err().contains("none is listed"));
+        ServeConfig::default().check_allowed(std::path::Path::new("/etc/shadow"), "file").unwrap();
+        let relative: ServeConfig = toml::from_str("[control]\nallowed_paths = [\"srv\"]\n").unwrap();
+        assert!(relative.validate().is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
     #[test]
     fn validation_catches_mistakes() {
         let mut c = ServeConfig::default();
@@ -1380,6 +1514,18 @@ mod tests {
         assert!(parse_listen("::1", 3260).unwrap().port() == 3260);
         assert!(parse_listen(":3261", 3260).unwrap().port() == 3261);
         assert!(parse_listen("nohost", 1).is_err());
+        // LUNs: no larger than their encoding carries, none twice.
+        let mut c = ServeConfig::default();
+        c.add_volume_flag("d=ram:1M").unwrap();
+        c.add_iscsi_flag("127.0.0.1").unwrap();
+        c.iscsi.as_mut().unwrap().targets[0].luns[0].lun = bw_scsi::MAX_LUN;
+        c.validate().unwrap();
+        c.iscsi.as_mut().unwrap().targets[0].luns[0].lun = bw_scsi::MAX_LUN + 1;
+        assert!(c.validate().unwrap_err().to_string().contains("at most 16777215"));
+        let again = c.iscsi.as_ref().unwrap().targets[0].luns[0].clone();
+        c.iscsi.as_mut().unwrap().targets[0].luns[0].lun = 3;
+        c.iscsi.as_mut().unwrap().targets[0].luns.push(IscsiLun { lun: 3, ..again });
+        assert!(c.validate().unwrap_err().to_string().contains("LUN 3 twice"));
     }
 
     /// Backends are typed, and read and written as the text people

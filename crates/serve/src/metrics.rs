@@ -627,73 +627,48 @@ impl Snapshot {
     }
 }
 
-/// Scrapes answered at once; connections beyond are closed unanswered, so
-/// a flood of idle connections cannot pile up tasks.
-const MAX_SCRAPES: usize = 16;
+/// The metrics endpoint's bounds: requests are small GETs; no client
+/// authenticates, so every scrape is answered from the pending slots,
+/// where a peer holds at most 4 and the oldest idle one goes for a new
+/// connection (bw_http::admission): a flood of idle connections from one
+/// address or many cannot keep Prometheus out.
+const LIMITS: bw_http::Limits = bw_http::Limits {
+    admission: bw_http::AdmissionLimits { pending: 16, per_peer: 4, authenticated: 1 },
+    max_head: 16 * 1024,
+    max_body: 0,
+    head_timeout: std::time::Duration::from_secs(5),
+    body_timeout: std::time::Duration::from_secs(5),
+    send_timeout: std::time::Duration::from_secs(10),
+};
 
-/// Serve `GET /metrics` on `listener` until shutdown; anything else gets 404.
-pub async fn serve_http(listener: tokio::net::TcpListener, metrics: &'static Metrics, mut shutdown: crate::Shutdown) -> anyhow::Result<()> {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
-    loop {
-        let (mut s, _) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    log::warn!("metrics: accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.wait() => return Ok(()),
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            log::debug!("metrics: {MAX_SCRAPES} scrapes under way; connection closed");
-            continue;
-        };
-        tokio::spawn(async move {
-            let _slot = slot;
-            if let Err(e) = answer(&mut s, metrics).await {
-                log::debug!("metrics: {e}");
-            }
-        });
+/// `GET /metrics` (and `/`); anything else 404, other methods 405.
+struct Scrapes(&'static Metrics);
+
+impl bw_http::Endpoint for Scrapes {
+    fn name(&self) -> &'static str {
+        "metrics"
+    }
+
+    fn check(&self, head: &bw_http::Head, _: std::net::SocketAddr) -> bw_http::Verdict {
+        match head.method.as_str() {
+            "GET" | "HEAD" => bw_http::Verdict::Anonymous,
+            _ => bw_http::Verdict::Refused(bw_http::Answer::new(405, "text/plain; charset=utf-8", "GET only\n")),
+        }
+    }
+
+    fn answer(&self, head: &bw_http::Head, _: bytes::Bytes, _: std::net::SocketAddr) -> bw_http::Answer {
+        match head.uri.path() {
+            "/metrics" => bw_http::Answer::new(200, "text/plain; version=0.0.4; charset=utf-8", self.0.snapshot().exposition()),
+            "/" => bw_http::Answer::new(200, "text/plain; charset=utf-8", "blockwire: metrics at /metrics\n"),
+            _ => bw_http::Answer::new(404, "text/plain; charset=utf-8", "not found\n"),
+        }
     }
 }
 
-/// One request, one answer, then close (scrapers reconnect; no keep-alive).
-async fn answer(s: &mut tokio::net::TcpStream, metrics: &'static Metrics) -> anyhow::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut req = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    let read = async {
-        while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).await?;
-            if n == 0 || req.len() > 16 * 1024 {
-                anyhow::bail!("incomplete request");
-            }
-            req.extend_from_slice(&buf[..n]);
-        }
-        Ok(())
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(10), read).await??;
-    let line = String::from_utf8_lossy(req.split(|&b| b == b'\n').next().unwrap_or_default()).to_string();
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, kind, body) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => {
-            let text = tokio::task::spawn_blocking(move || metrics.snapshot().exposition()).await?;
-            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text)
-        }
-        ("GET" | "HEAD", "/") => ("200 OK", "text/plain; charset=utf-8", "blockwire: metrics at /metrics\n".to_string()),
-        ("GET" | "HEAD", _) => ("404 Not Found", "text/plain; charset=utf-8", "not found\n".to_string()),
-        _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "GET only\n".to_string()),
-    };
-    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-    s.write_all(head.as_bytes()).await?;
-    if method != "HEAD" {
-        s.write_all(body.as_bytes()).await?;
-    }
-    s.shutdown().await?;
+/// Serve `GET /metrics` on `listener` until shutdown (one request per
+/// connection: scrapers reconnect).
+pub async fn serve_http(listener: tokio::net::TcpListener, metrics: &'static Metrics, mut shutdown: crate::Shutdown) -> anyhow::Result<()> {
+    bw_http::serve(listener, Arc::new(Scrapes(metrics)), LIMITS, async move { shutdown.wait().await }).await;
     Ok(())
 }
 

@@ -18,6 +18,7 @@ mod control;
 mod csi;
 mod digests;
 mod durability;
+mod hostile;
 mod iscsi_hostile;
 mod iscsi_interop;
 mod iscsi_kernel;

@@ -1,10 +1,13 @@
 //! Socket-level fuzzing of the iSCSI and NVMe/TCP front-ends of `blockwire
-//! serve`: scripted clients build valid sessions (login or ICReq/Connect,
-//! admin and SCSI/NVM commands with data, answers to R2Ts, logout) and
-//! mutate what they send: bit flips, smashed header fields, huge length
-//! claims, truncation, duplication, reordering, dropped PDUs, garbage and
-//! PDUs split into small writes. Meanwhile a clean session of each protocol
-//! verifies its own volume over and over.
+//! serve` and of its control methods over HTTP: scripted clients build
+//! valid sessions (login or ICReq/Connect, admin and SCSI/NVM commands with
+//! data, answers to R2Ts, logout; JSON-RPC requests POSTed without, with
+//! wrong and with the right credentials, so the fuzzing reaches past
+//! authentication) and mutate what they send: bit flips, smashed header
+//! fields, huge length claims, truncation, duplication, reordering, dropped
+//! PDUs, garbage and PDUs split into small writes. Meanwhile a clean session
+//! of each protocol verifies its own volume (or, over HTTP, asks for the
+//! status) over and over.
 //!
 //! Checks: the target never dies and never panics (its log), the clean
 //! sessions never fail, the target's anonymous memory stays bounded, and
@@ -72,6 +75,15 @@ impl Wire {
         let s = TcpStream::connect(("127.0.0.1", port)).ok()?;
         s.set_nodelay(true).ok()?;
         // A target that stops reading must not hang the fuzzer.
+        s.set_write_timeout(Some(Duration::from_secs(3))).ok()?;
+        Some(Wire { s, inbox: BytesMut::new(), closed: false })
+    }
+
+    /// [`Wire::connect`] from 127.0.0.`from` (all of 127/8 is loopback):
+    /// HTTP admission counts connections per address.
+    fn connect_from(port: u16, from: u8) -> Option<Wire> {
+        let s = tcp_connect_from(port, from).ok()?;
+        s.set_nodelay(true).ok()?;
         s.set_write_timeout(Some(Duration::from_secs(3))).ok()?;
         Some(Wire { s, inbox: BytesMut::new(), closed: false })
     }
@@ -210,6 +222,17 @@ impl Sender<'_> {
                 b[at..end].copy_from_slice(&bytes[4 - (end - at)..]);
                 format!("field {at}+{width} = {v:#x}")
             }
+            Mutation::HugeLength if self.layout.lengths.is_empty() => {
+                // A text protocol (HTTP): a huge Content-Length or chunk size.
+                let huge = ["99999999999999999999", "4294967296", "18446744073709551616", "-1", "ffffffffffffffff"][self.rng.gen_range(0..5)];
+                let text = String::from_utf8_lossy(&b).into_owned();
+                let (from, to) = match text.find("Content-Length: ") {
+                    Some(at) => (at + 16, text[at + 16..].find("\r\n").map_or(text.len(), |e| at + 16 + e)),
+                    None => (0, text.find("\r\n").unwrap_or(0)),
+                };
+                b.splice(from..to, huge.bytes());
+                format!("length {huge}")
+            }
             Mutation::HugeLength => {
                 let (at, width) = self.layout.lengths[self.rng.gen_range(0..self.layout.lengths.len())];
                 if at + width <= b.len() {
@@ -300,7 +323,7 @@ impl Outcome {
 }
 
 /// Endings of a session that nothing disturbed.
-const CLEAN_ENDINGS: [&str; 2] = ["logged out", "closed by us"];
+const CLEAN_ENDINGS: [&str; 3] = ["logged out", "closed by us", "answered as expected"];
 
 // ---------------------------------------------------------------- iSCSI
 
@@ -958,6 +981,8 @@ fn nvme_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutatio
 enum Proto {
     Iscsi,
     Nvme,
+    /// The control methods over HTTP (`--rpc-http`).
+    Http,
 }
 
 fn config(dir: &TempDir, iscsi_port: u16, nvme_port: u16) -> String {
@@ -1017,15 +1042,24 @@ fn run(proto: Proto) {
     let dir = TempDir::new("sfz");
     let (ip, np) = (free_port(), free_port());
     let cfg = config(&dir, ip, np);
-    let mut serve = Serve::start(&["--config", &cfg]);
+    let hp = free_port();
+    let creds = http_credentials(&dir);
+    let http = [format!("127.0.0.1:{hp}"), creds.display().to_string()];
+    let mut args = vec!["--config", &cfg, "--control", "none"];
+    if proto == Proto::Http {
+        args.extend(["--rpc-http", &http[0], "--rpc-http-credentials", &http[1]]);
+    }
+    let mut serve = Serve::start(&args);
     let pid = serve.pid();
     let (port, clean_url) = match proto {
         Proto::Iscsi => (ip, format!("iscsi://127.0.0.1:{ip}/{CLEAN_IQN}/0")),
         Proto::Nvme => (np, format!("nvme+tcp://127.0.0.1:{np}/{CLEAN_NQN}/1")),
+        Proto::Http => (hp, format!("http://127.0.0.1:{hp}/")),
     };
     let session = |p: u16, s: u64, rate: f64, c: &Mutex<BTreeMap<Mutation, u64>>| match proto {
         Proto::Iscsi => iscsi_session(p, s, rate, c),
         Proto::Nvme => nvme_session(p, s, rate, c),
+        Proto::Http => http_session(p, s, rate, c),
     };
     // Warm up with clean sessions (allocator arenas, thread pools), then
     // take the baseline.
@@ -1038,7 +1072,10 @@ fn run(proto: Proto) {
     let stop = Arc::new(AtomicBool::new(false));
     let clean = {
         let (u, s) = (clean_url.clone(), stop.clone());
-        std::thread::spawn(move || clean_loop(u, s))
+        match proto {
+            Proto::Http => std::thread::spawn(move || http_clean_loop(hp, s)),
+            _ => std::thread::spawn(move || clean_loop(u, s)),
+        }
     };
     let sampler = Sampler::start(pid);
     let sessions = AtomicU64::new(0);
@@ -1092,10 +1129,11 @@ fn run(proto: Proto) {
     let mutations: u64 = counts.values().sum();
     eprintln!(
         "SOCKET FUZZ {proto:?}: {} sessions, {} PDUs, {mutations} mutations {counts:?}, in {fuzz_time:?} (busy machine); endings {:?}; \
-         clean session: {passes} verifies of 2 MiB passed, {} failed; target before {before:?}, peak {peak:?}, after {after:?}",
+         clean session: {passes} {} passed, {} failed; target before {before:?}, peak {peak:?}, after {after:?}",
         sessions.load(Ordering::Relaxed),
         pdus_total.load(Ordering::Relaxed),
         endings.lock().expect("endings"),
+        if proto == Proto::Http { "authenticated status requests" } else { "verifies of 2 MiB" },
         failures.len()
     );
     let unmutated_failures = unmutated_failures.into_inner().expect("unmutated");
@@ -1130,6 +1168,149 @@ fn iscsi_survives_mutated_sessions() {
 #[test]
 fn nvme_tcp_survives_mutated_sessions() {
     run(Proto::Nvme);
+}
+
+/// The HTTP control endpoint: mutated requests before and after
+/// authentication, while an authenticated client keeps asking.
+#[test]
+fn http_control_survives_mutated_requests() {
+    run(Proto::Http);
+}
+
+// ---------------------------------------------------------------- HTTP
+
+/// `USER:PASSWORD` of the fuzzed endpoint.
+const HTTP_USER: &str = "fuzz:fuzz-pass-52";
+
+/// A private credentials file for `--rpc-http-credentials` in `dir`.
+fn http_credentials(dir: &TempDir) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.path().join("rpc.creds");
+    std::fs::write(&p, format!("{HTTP_USER}\n")).expect("write credentials");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod credentials");
+    p
+}
+
+/// JSON-RPC bodies the HTTP sessions send: reads, errors, a batch, and a
+/// change and its undoing.
+const HTTP_BODIES: &[&str] = &[
+    r#"{"jsonrpc":"2.0","id":1,"method":"status"}"#,
+    r#"{"jsonrpc":"2.0","id":2,"method":"bdev_get_bdevs"}"#,
+    r#"{"jsonrpc":"2.0","id":3,"method":"rpc_get_methods"}"#,
+    r#"[{"jsonrpc":"2.0","id":4,"method":"volume_list"},{"jsonrpc":"2.0","id":5,"method":"nope"}]"#,
+    r#"{"jsonrpc":"2.0","id":6,"method":"volume_add","params":{"name":"fz","backend":"ram:1M"}}"#,
+    r#"{"jsonrpc":"2.0","id":7,"method":"volume_remove","params":{"name":"fz"}}"#,
+    r#"{"jsonrpc":"2.0","id":8,"method":"volume_resize","params":{"name":"f0","size":"lots"}}"#,
+    r#"{"jsonrpc":"2.0","id":9,"method":"drain","params":{"timeout_s":18446744073709551615}}"#,
+];
+
+/// A request's head (`auth`: USER:PASSWORD, or none) and body.
+fn http_request(rng: &mut SmallRng, auth: Option<&str>) -> (Vec<u8>, Vec<u8>, &'static str) {
+    let method = if rng.gen_bool(0.9) { "POST" } else { ["GET", "PUT", "OPTIONS"][rng.gen_range(0..3)] };
+    let body = HTTP_BODIES[rng.gen_range(0..HTTP_BODIES.len())];
+    let auth = auth.map(|a| format!("Authorization: Basic {}\r\n", base64(a.as_bytes()))).unwrap_or_default();
+    let (length, body) = if rng.gen_bool(0.15) {
+        ("Transfer-Encoding: chunked".to_string(), format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len()))
+    } else {
+        (format!("Content-Length: {}", body.len()), body.to_string())
+    };
+    let head = format!("{method} / HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\n{length}\r\n\r\n");
+    (head.into_bytes(), body.into_bytes(), method)
+}
+
+/// The status of an HTTP answer in `inbox`, once its head has come.
+fn http_status(inbox: &[u8]) -> Option<u16> {
+    let head = inbox.windows(4).position(|w| w == b"\r\n\r\n").map(|e| &inbox[..e])?;
+    std::str::from_utf8(head).ok()?.split(' ').nth(1)?.parse().ok()
+}
+
+/// One fuzzing session against the HTTP endpoint: one to three requests,
+/// each on its own connection (one request per connection), without,
+/// with wrong or (mostly) with the right credentials; unmutated, each
+/// must get what it asks for (200, 401, 405).
+fn http_session(port: u16, seed: u64, rate: f64, counts: &Mutex<BTreeMap<Mutation, u64>>) -> Outcome {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let (mut pdus, mut log) = (0, Vec::new());
+    let mut ending = "answered as expected";
+    let mut detail = String::new();
+    for r in 0..rng.gen_range(1..=3u64) {
+        // An address per session, so sessions at once are different peers
+        // as often as not (admission counts per address).
+        let Some(wire) = Wire::connect_from(port, 10 + (seed % 100) as u8) else { return Outcome::early("connect failed", None) };
+        let auth = [None, Some("fuzz:wrong-pass"), Some(HTTP_USER), Some(HTTP_USER), Some(HTTP_USER)][rng.gen_range(0..5)];
+        let (head, body, method) = http_request(&mut rng, auth);
+        let expect = match (auth, method) {
+            (Some(HTTP_USER), "POST") => 200,
+            (Some(HTTP_USER), _) => 405,
+            _ => 401,
+        };
+        let mut tx = Sender {
+            wire,
+            rng: SmallRng::seed_from_u64(seed ^ r ^ 0x5eed),
+            rate,
+            layout: Layout { header_len: head.len(), lengths: &[] },
+            held: None,
+            pdus: 0,
+            log: Vec::new(),
+            counts,
+        };
+        let sent = tx.pdu("head", head);
+        tx.layout.header_len = body.len();
+        if sent && !body.is_empty() {
+            tx.pdu("body", body);
+        }
+        tx.flush_held();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !tx.wire.closed && Instant::now() < deadline && http_status(&tx.wire.inbox).is_none() {
+            tx.wire.pump(Duration::from_millis(100));
+        }
+        let got = http_status(&tx.wire.inbox);
+        pdus += tx.pdus;
+        log.extend(tx.log.iter().map(|l| format!("request {r}: {l}")));
+        let this = match got {
+            Some(s) if s == expect => "answered as expected",
+            Some(_) => "answered otherwise",
+            None if tx.wire.closed => "closed unanswered",
+            None => "no answer in 3 s",
+        };
+        if this != "answered as expected" {
+            ending = this;
+            detail = format!("request {r}: {method} with {auth:?}: {got:?}, expected {expect}");
+        }
+    }
+    Outcome { ending, detail, pdus, log }
+}
+
+/// An authenticated client asking for the status over and over until
+/// `stop`, from an address of its own; (passes, failures).
+fn http_clean_loop(port: u16, stop: Arc<AtomicBool>) -> (u64, Vec<String>) {
+    let (mut passes, mut failures) = (0u64, Vec::new());
+    let req = format!(
+        "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic {}\r\nContent-Length: {}\r\n\r\n{}",
+        base64(HTTP_USER.as_bytes()),
+        HTTP_BODIES[0].len(),
+        HTTP_BODIES[0]
+    );
+    while !stop.load(Ordering::Relaxed) {
+        let Some(mut w) = Wire::connect_from(port, 2) else {
+            failures.push("connect failed".into());
+            break;
+        };
+        let sent = w.send(req.as_bytes());
+        // Read until the server closes: an answer comes whole or not at all.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sent && !w.closed && Instant::now() < deadline {
+            w.pump(Duration::from_millis(100));
+        }
+        let text = String::from_utf8_lossy(&w.inbox).into_owned();
+        if !(text.starts_with("HTTP/1.1 200") && text.contains("\"result\"")) {
+            failures.push(format!("status: {:?}", text.lines().next().unwrap_or("(nothing)")));
+            break;
+        }
+        passes += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (passes, failures)
 }
 
 // ---------------------------------------------------------------- huge claims

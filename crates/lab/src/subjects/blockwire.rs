@@ -50,7 +50,9 @@ pub struct Serve<'a> {
 fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
     let ip = link.target_ip;
     let q = |s: &str| toml::Value::String(s.to_string()).to_string();
-    let mut t = format!("[[volume]]\nname = \"lab\"\nbackend = {}\n", q(backend));
+    // The lab's serve is built from this file alone: its control methods
+    // (the default socket) may name no file (docs/control.md).
+    let mut t = format!("[control]\nallowed_paths = []\n\n[[volume]]\nname = \"lab\"\nbackend = {}\n", q(backend));
     for p in protocols {
         match p {
             Protocol::Aoe => {
@@ -163,6 +165,7 @@ mod tests {
         let text = serve_config(&link, "file:/dev/shm/x.img", &all);
         let v: toml::Table = toml::from_str(&text).unwrap();
         assert_eq!(v["volume"][0]["backend"].as_str(), Some("file:/dev/shm/x.img"));
+        assert_eq!(v["control"]["allowed_paths"].as_array().map(Vec::len), Some(0));
         assert_eq!(v["aoe"]["export"][0]["interface"].as_str(), Some("bwl1at"));
         assert_eq!(v["aoe"]["export"][0]["shelf"].as_integer(), Some(1));
         assert_eq!(v["iscsi"]["listen"][0].as_str(), Some("198.18.1.1:3260"));

@@ -19,14 +19,17 @@ pub fn ram_target(blocks: u64) -> ScsiTarget {
     target_with(ram_volume("disk", blocks), LunConfig::for_volume("disk", "iqn.2026-11.test:t", 0))
 }
 
-/// A file in the temp dir that is removed on drop (file backends are
-/// write-back and so exercise the flush paths).
+/// A file in a private directory of its own in the temp dir (serve makes
+/// backing files only where root alone may write), removed on drop with
+/// what lies beside it (file backends are write-back and so exercise the
+/// flush paths; their reservations live beside them).
 pub struct TempFile(pub std::path::PathBuf);
 impl TempFile {
     pub fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("bw-scsi-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        TempFile(p)
+        let dir = std::env::temp_dir().join(format!("bw-scsi-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        TempFile(dir.join("disk.img"))
     }
     pub fn volume(&self, blocks: u64) -> Volume {
         let spec = BackendSpec::parse(&format!("file:{},size={}", self.0.display(), blocks * BS as u64)).unwrap();
@@ -35,12 +38,8 @@ impl TempFile {
 }
 impl Drop for TempFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-        // Persistent reservations live beside the file.
-        for ext in [".pr", ".pr.lock"] {
-            let mut p = self.0.as_os_str().to_owned();
-            p.push(ext);
-            let _ = std::fs::remove_file(p);
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }

@@ -36,8 +36,11 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The binary under test: this build's, or `$BLOCKWIRE_BIN` (to run a
+/// test against another build, e.g. to see a new test fail on an older
+/// one).
 pub fn blockwire_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_blockwire"))
+    std::env::var_os("BLOCKWIRE_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_blockwire")))
 }
 
 /// The repository root (two levels above this crate).
@@ -105,6 +108,50 @@ pub fn thread_states(pid: u32) -> Vec<char> {
             stat.rsplit_once(") ")?.1.chars().next()
         })
         .collect()
+}
+
+/// The unprivileged local user the hostile tests act as: what they plant,
+/// they plant as this user, so a step the user could not take fails the
+/// test instead of proving nothing.
+pub const NOBODY: u32 = 65534;
+
+/// Run `cmd` as [`NOBODY`] (no supplementary groups, its group and user
+/// set in the child before exec).
+pub fn as_nobody(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(NOBODY) != 0 || libc::setuid(NOBODY) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// `sh -c script` as [`NOBODY`]; panics with its output if it fails.
+pub fn nobody_sh(script: &str) -> String {
+    let out = as_nobody(Command::new("sh").arg("-c").arg(script)).output().expect("spawn sh as nobody");
+    assert!(out.status.success(), "as nobody: {script}\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A directory `name` in `parent` that [`NOBODY`] owns (and may write):
+/// where an unprivileged user plants what an attacker plants.
+pub fn nobody_dir(parent: &Path, name: &str) -> PathBuf {
+    let d = parent.join(name);
+    std::fs::create_dir(&d).expect("mkdir");
+    std::os::unix::fs::chown(&d, Some(NOBODY), Some(NOBODY)).expect("chown to nobody");
+    d
+}
+
+/// A process id that no process has now (a child that ran and was
+/// reaped): what a killed writer leaves in file names.
+pub fn dead_pid() -> u32 {
+    let mut c = Command::new("true").spawn().expect("spawn true");
+    c.wait().expect("wait for true");
+    c.id()
 }
 
 /// A short unique suffix for names of namespaces and interfaces.
@@ -348,6 +395,60 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no free port in {base}..{}", base + span)
+}
+
+/// A TCP connection to 127.0.0.1:`port` from 127.0.0.`from` (all of
+/// 127/8 is loopback): a peer of its own for servers that count
+/// connections per address.
+pub fn tcp_connect_from(port: u16, from: u8) -> std::io::Result<std::net::TcpStream> {
+    // SAFETY: plain socket calls on a descriptor the TcpStream made from
+    // it owns at once.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let s = <std::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd);
+        let addr = |ip: [u8; 4], port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(ip) },
+            sin_zero: [0; 8],
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let (me, them) = (addr([127, 0, 0, from], 0), addr([127, 0, 0, 1], port));
+        if libc::bind(fd, (&me as *const libc::sockaddr_in).cast(), len) != 0 || libc::connect(fd, (&them as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+}
+
+/// Standard base64 (HTTP basic authentication).
+pub fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            out.push(if i <= c.len() { A[(n >> (18 - 6 * i)) as usize & 63] as char } else { '=' });
+        }
+    }
+    out
+}
+
+/// POST `body` to 127.0.0.1:`port` from 127.0.0.`from` as one HTTP/1.1
+/// request, with basic authentication `auth` (USER:PASSWORD) if given;
+/// the whole answer (read until the server closes).
+pub fn http_post_from(port: u16, from: u8, auth: Option<&str>, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = tcp_connect_from(port, from).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    let auth = auth.map(|a| format!("Authorization: Basic {}\r\n", base64(a.as_bytes()))).unwrap_or_default();
+    let _ = write!(s, "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
 }
 
 /// Wait until something accepts TCP connections on 127.0.0.1:port.
