@@ -492,20 +492,14 @@ const READ_CHUNK_SMALL_IO: usize = 256 * 1024;
 
 /// Read the rest of a Data-In payload from the socket straight into its
 /// command's buffer, as it arrives.
-async fn recv_direct(rd: &mut OwnedReadHalf, sh: &Shared, d: &mut DirectRead) -> std::result::Result<(), String> {
-    while !d.is_done() {
-        rd.readable().await.map_err(|e| format!("receive failed: {e}"))?;
+async fn recv_direct(rd: &OwnedReadHalf, sh: &Shared, d: &mut DirectRead) -> std::result::Result<(), String> {
+    crate::direct::recv(rd, d.left(), crate::direct::Wakeups::Eager, || {
         // Under the session lock: a caller that gives up takes its buffer
         // back under the same lock (`InFlight`).
-        let r = sh.lock().s.direct_fill(d, |dst| rd.try_read(dst));
-        match r {
-            Ok(0) => return Err("target closed the connection".into()),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(format!("receive failed: {e}")),
-        }
-    }
-    Ok(())
+        let n = sh.lock().s.direct_fill(d, |dst| rd.try_read(dst))?;
+        Ok((n, d.left()))
+    })
+    .await
 }
 
 /// Feed the session what the target sends: everything one socket read
@@ -538,7 +532,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
             Err(why) => break why,
             Ok(Some(mut d)) => {
                 let large = d.left() >= READ_CHUNK;
-                if let Err(why) = recv_direct(&mut rd, &sh, &mut d).await {
+                if let Err(why) = recv_direct(&rd, &sh, &mut d).await {
                     break why;
                 }
                 header_only = large;

@@ -16,6 +16,7 @@ pub use connect::connect;
 pub use url::{redact_url, TargetUrl, UrlError};
 
 pub mod aoe;
+mod direct;
 pub mod iscsi;
 pub mod nfs;
 pub mod nvme;
