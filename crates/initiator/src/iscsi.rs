@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use bw_iscsi::initiator_login::{InitiatorConfig, InitiatorLogin, LoginDone, Progress};
 use bw_iscsi::target_login::Secret;
 use bw_iscsi::msg::*;
-use bw_iscsi::negotiate::{Digest, LocalLimits};
+use bw_iscsi::negotiate::LocalLimits;
 use bw_iscsi::pdu::{Decoder, Digests, Pdu, RESERVED_TAG};
 use bw_iscsi::initiator_session::{Command, Completion, Context, DirectRead, InitiatorSession, Payload, Received, TaskError, Ticket};
 use bw_scsi::{initiator, sense, status};

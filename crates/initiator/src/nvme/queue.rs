@@ -11,7 +11,6 @@ use bw_nvme::queue_entry::Sqe;
 use bw_nvme::host_queue::{Context, DirectRead, HostConfig, HostError, HostQueue, Payload, Ticket};
 use bw_nvme::pdu::{self, Digests};
 use bytes::{Bytes, BytesMut};
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
