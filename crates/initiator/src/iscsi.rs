@@ -445,39 +445,16 @@ impl IscsiClient {
     }
 }
 
-/// Send what the session queues: woken when there is something, it lets
-/// the other ready tasks (callers woken by the completions just read) submit
-/// first, so that one write carries a whole burst of commands.
-async fn write_loop(mut wr: OwnedWriteHalf, sh: Arc<Shared>) {
-    let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
-    loop {
-        sh.wake.notified().await;
-        tokio::task::yield_now().await;
-        loop {
-            let (dead, big) = {
-                let mut st = sh.lock();
-                (st.s.dead().is_some(), st.s.poll_transmit(&mut batch))
-            };
-            if dead {
-                let _ = wr.shutdown().await;
-                return;
-            }
-            if !batch.is_empty() && wr.write_all(&batch).await.is_err() {
-                return sh.fail_all("send failed");
-            }
-            batch.clear();
-            match big {
-                Some(b) => {
-                    if wr.write_all(&b).await.is_err() {
-                        return sh.fail_all("send failed");
-                    }
-                }
-                None => break,
-            }
-        }
-        if batch.capacity() > 1 << 20 {
-            batch = Vec::with_capacity(64 * 1024);
-        }
+impl crate::send::Transmit for Shared {
+    fn wake(&self) -> &Notify {
+        &self.wake
+    }
+    fn poll(&self, out: &mut Vec<u8>) -> (bool, Option<bytes::Bytes>) {
+        let mut st = self.lock();
+        (st.s.dead().is_some(), st.s.poll_transmit(out))
+    }
+    fn fail_all(&self, why: &str) {
+        Shared::fail_all(self, why)
     }
 }
 
@@ -587,7 +564,8 @@ fn start_session(rd: OwnedReadHalf, wr: OwnedWriteHalf, buf: BytesMut, d: &Login
         state: Mutex::new(State { s: machine, mailboxes: Vec::new(), free: Vec::new(), logout: None }),
         wake: Notify::new(),
     });
-    tokio::spawn(write_loop(wr, shared.clone()));
+    let sh = shared.clone();
+    tokio::spawn(async move { crate::send::send_loop(wr, &*sh).await });
     let reader = tokio::spawn(read_loop(rd, buf, shared.clone()));
     let timer = tokio::spawn(timer_loop(shared.clone(), opts.timeout));
     Session { shared, slots: Semaphore::new(opts.queue_depth.max(1)), tasks: [reader, timer] }

@@ -20,6 +20,7 @@ mod direct;
 pub mod iscsi;
 pub mod nfs;
 pub mod nvme;
+mod send;
 
 use async_trait::async_trait;
 pub use bw_net::tcp::Congestion;

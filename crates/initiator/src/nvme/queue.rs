@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{oneshot, Notify, Semaphore};
 
 pub use bw_nvme::host_queue::Done;
@@ -146,7 +146,8 @@ impl TcpQueue {
             q: Mutex::new(q),
             wake: Notify::new(),
         });
-        tokio::spawn(write_loop(wr, shared.clone()));
+        let sh = shared.clone();
+        tokio::spawn(async move { crate::send::send_loop(wr, &*sh).await });
         let reader = tokio::spawn(read_loop(rd, buf, digests, shared.clone()));
         Ok(TcpQueue {
             qid,
@@ -275,39 +276,16 @@ pub(super) fn succeeded(qid: u16, op: u8, d: Done) -> Result<Done> {
     Ok(d)
 }
 
-async fn write_loop(mut wr: OwnedWriteHalf, sh: Arc<Shared>) {
-    let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
-    loop {
-        sh.wake.notified().await;
-        // Let the other ready tasks (callers woken by the completions just
-        // read) submit first, so one send carries many capsules: the
-        // scheduler would otherwise run this task right after each submit.
-        tokio::task::yield_now().await;
-        loop {
-            let (dead, big) = {
-                let mut q = sh.lock();
-                (q.dead().is_some(), q.poll_transmit(&mut batch))
-            };
-            if dead {
-                let _ = wr.shutdown().await;
-                return;
-            }
-            if !batch.is_empty() && wr.write_all(&batch).await.is_err() {
-                return sh.fail_all("send failed");
-            }
-            batch.clear();
-            match big {
-                Some(b) => {
-                    if wr.write_all(&b).await.is_err() {
-                        return sh.fail_all("send failed");
-                    }
-                }
-                None => break,
-            }
-        }
-        if batch.capacity() > 1 << 20 {
-            batch = Vec::with_capacity(64 * 1024);
-        }
+impl crate::send::Transmit for Shared {
+    fn wake(&self) -> &Notify {
+        &self.wake
+    }
+    fn poll(&self, out: &mut Vec<u8>) -> (bool, Option<Bytes>) {
+        let mut q = self.lock();
+        (q.dead().is_some(), q.poll_transmit(out))
+    }
+    fn fail_all(&self, why: &str) {
+        Shared::fail_all(self, why)
     }
 }
 
