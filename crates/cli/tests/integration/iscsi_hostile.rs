@@ -42,6 +42,13 @@ impl Client {
         Client::login_to(port, initiator, IQN, keys)
     }
 
+    /// A login that must succeed (status 0).
+    fn logged_in(port: u16, initiator: &str, keys: &[(&str, &str)]) -> Client {
+        let (c, status) = Client::login(port, initiator, keys);
+        assert_eq!(status, 0, "login of {initiator:?} refused");
+        c
+    }
+
     fn login_to(port: u16, initiator: &str, target: &str, keys: &[(&str, &str)]) -> (Client, u16) {
         let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         s.set_nodelay(true).expect("nodelay");
@@ -195,8 +202,7 @@ fn iscsi_unsolicited_data_out_flood_is_bounded() {
         ("MaxBurstLength", "1048576"),
         ("MaxRecvDataSegmentLength", "262144"),
     ];
-    let (mut c, status) = Client::login(port, "iqn.2026-11.org.blockwire.test:flood", &keys);
-    assert_eq!(status, 0, "login refused");
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:flood", &keys);
     let before = proc_stats(pid);
     let sampler = Sampler::start(pid);
     assert!(c.write(1, 0, (4 << 20) / 512, false));
@@ -246,8 +252,7 @@ fn iscsi_unsolicited_data_out_flood_is_bounded() {
 fn iscsi_write_data_out_budget_per_connection() {
     let (_dir, mut serve, port) = target();
     let keys = [("InitialR2T", "Yes"), ("ImmediateData", "No"), ("MaxBurstLength", "1048576"), ("MaxOutstandingR2T", "1")];
-    let (mut c, status) = Client::login(port, "iqn.2026-11.org.blockwire.test:budget", &keys);
-    assert_eq!(status, 0, "login refused");
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:budget", &keys);
     let blocks = (4 << 20) / 512;
     for itt in 0..128u32 {
         assert!(c.write(itt, u64::from(itt % 8) * u64::from(blocks), blocks, true), "connection closed");
@@ -294,8 +299,7 @@ fn opcode(p: &Pdu) -> u8 {
 fn iscsi_immediate_data_within_the_negotiated_bounds_only() {
     let (_dir, mut serve, port) = target();
     let keys = [("InitialR2T", "No"), ("ImmediateData", "Yes"), ("FirstBurstLength", "8192"), ("MaxRecvDataSegmentLength", "262144")];
-    let (mut c, status) = Client::login(port, "iqn.2026-11.org.blockwire.test:imm", &keys);
-    assert_eq!(status, 0, "login refused");
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:imm", &keys);
     let block = Bytes::from((0..4096u32).map(|i| (i % 251) as u8 + 1).collect::<Vec<u8>>());
     assert!(c.write_immediate(1, 8, block.clone()));
     let answer = c.until_ping_answered();
@@ -311,14 +315,13 @@ fn iscsi_immediate_data_within_the_negotiated_bounds_only() {
     assert!(c.next_pdu(Duration::from_secs(30)).is_none(), "the connection stays up after immediate data past FirstBurstLength");
     // ImmediateData=No negotiated: 4 KiB of it is refused as well.
     let keys = [("InitialR2T", "Yes"), ("ImmediateData", "No")];
-    let (mut c, status) = Client::login(port, "iqn.2026-11.org.blockwire.test:imm-no", &keys);
-    assert_eq!(status, 0, "login refused");
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:imm-no", &keys);
     assert!(c.write_immediate(4, 200, block.clone()));
     let p = c.next_pdu(Duration::from_secs(30)).expect("no answer to immediate data with ImmediateData=No");
     assert_eq!(opcode(&p), 0x3F, "expected a Reject, got opcode {:#x}", opcode(&p));
     assert!(c.next_pdu(Duration::from_secs(30)).is_none());
     // Nothing of either refused write is on the volume.
-    let (mut c, _) = Client::login(port, "iqn.2026-11.org.blockwire.test:check", &[]);
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:check", &[]);
     assert_eq!(c.read(5, 64, 128), Some(vec![0u8; 64 * 1024]), "refused immediate data was written");
     assert_eq!(c.read(6, 200, 8), Some(vec![0u8; 4096]), "refused immediate data was written");
     assert!(serve.is_running());
@@ -337,8 +340,7 @@ fn iscsi_unsolicited_data_past_first_burst_is_refused_and_not_held() {
     let (_dir, mut serve, port) = target();
     let pid = serve.pid();
     let keys = [("InitialR2T", "No"), ("ImmediateData", "Yes"), ("FirstBurstLength", "65536"), ("MaxBurstLength", "262144"), ("MaxRecvDataSegmentLength", "262144")];
-    let (mut c, status) = Client::login(port, "iqn.2026-11.org.blockwire.test:burst", &keys);
-    assert_eq!(status, 0, "login refused");
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:burst", &keys);
     let before = proc_stats(pid);
     let sampler = Sampler::start(pid);
     let piece = |n: usize| Bytes::from(vec![0x5Au8; n]);
@@ -406,8 +408,7 @@ fn one_record_per_line(log: &str) -> bool {
 fn iscsi_initiator_names_are_logged_escaped() {
     let (_dir, serve, port) = target();
     let forged = "iqn.2026-11.org.blockwire.test:a\nFORGED-iSCSI-LINE";
-    let (mut c, status) = Client::login(port, forged, &[]);
-    assert_eq!(status, 0, "login refused");
+    let mut c = Client::logged_in(port, forged, &[]);
     c.until_ping_answered();
     drop(c);
     // The target logs the session before it answers anything in it; its
