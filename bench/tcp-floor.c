@@ -1,24 +1,31 @@
-/* The least a TCP block target can spend per read, on this machine's links.
+/* The least a TCP block target can spend per read or write, on this
+ * machine's links.
  *
  * A responder that does nothing but what every NVMe/TCP or iSCSI target
- * must do for a READ: take a command off the socket, and send back a
+ * must do: for a READ, take a command off the socket and send back a
  * header and the data, copied by the kernel from the volume's page cache
- * (the backing file mapped, as blockwire's mapped reads do), answering
- * everything a receive brought in one writev, with no protocol, no
- * checks and no bookkeeping. Its CPU time per read is the kernel's part
- * of any target's on the same link, with the same client behaviour: the
- * floor against which bench/tcp-floor sets blockwire's figure.
+ * (the backing file mapped, as blockwire's mapped reads do); for a WRITE,
+ * take the command and its data off the socket, copy the data into the
+ * mapped volume and send back a header. It answers everything a receive
+ * brought in one writev, with no protocol, no checks and no bookkeeping.
+ * Its CPU time per operation is the kernel's part of any target's on the
+ * same link, with the same client behaviour (plus, for writes, the one
+ * copy into the volume every target makes): the floor against which
+ * bench/tcp-floor sets blockwire's figure.
  *
  *   tcp-floor serve PORT FILE        one connection, then exit printing
  *                                     "ops N utime_s U stime_s S"
- *   tcp-floor load ADDR PORT QD BS SECONDS SIZE
- *                                     keep QD reads of BS bytes at random
- *                                     offsets below SIZE outstanding, print
+ *   tcp-floor load ADDR PORT QD BS SECONDS SIZE [read|write]
+ *                                     keep QD reads (or writes) of BS bytes
+ *                                     at random offsets below SIZE
+ *                                     outstanding, print
  *                                     "ops N secs T utime_s U stime_s S"
  *
  * Wire format (this program's own): a command is CMD bytes (the size of an
- * NVMe/TCP command capsule), carrying the offset and length; an answer is
- * HDR bytes (the size of a C2HData header) followed by the data.
+ * NVMe/TCP command capsule), carrying the operation, offset and length,
+ * and for a write the data behind it; an answer is HDR bytes (the size of
+ * a C2HData header or a completion capsule) followed, for a read, by the
+ * data.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -42,11 +49,16 @@
 #define CMD 72
 #define HDR 24
 #define MAX_BATCH 512
+/* Most bytes one receive takes: 512 commands with 4 KiB of write data each. */
+#define IN_MAX (MAX_BATCH * (CMD + 4096))
+
+enum { OP_READ = 0, OP_WRITE = 1 };
 
 struct cmd {
     uint64_t off;
     uint32_t len;
-    uint8_t pad[CMD - 12];
+    uint8_t op;
+    uint8_t pad[CMD - 13];
 } __attribute__((packed));
 
 static void die(const char *what) {
@@ -81,11 +93,11 @@ static void write_all(int fd, struct iovec *iov, int n) {
 }
 
 static int serve(int port, const char *file) {
-    int vf = open(file, O_RDONLY);
+    int vf = open(file, O_RDWR);
     if (vf < 0) die(file);
     struct stat st;
     if (fstat(vf, &st) < 0) die("fstat");
-    const char *vol = mmap(NULL, st.st_size, PROT_READ, MAP_SHARED, vf, 0);
+    char *vol = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, vf, 0);
     if (vol == MAP_FAILED) die("mmap");
     int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -97,7 +109,7 @@ static int serve(int port, const char *file) {
     int c = accept(ls, NULL, NULL);
     if (c < 0) die("accept");
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    static char in[CMD * MAX_BATCH];
+    static char in[IN_MAX];
     static char hdr[MAX_BATCH][HDR];
     static struct iovec iov[2 * MAX_BATCH];
     size_t have = 0;
@@ -109,23 +121,32 @@ static int serve(int port, const char *file) {
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         have += r;
-        size_t n = have / CMD, k = 0;
-        for (size_t i = 0; i < n; i++) {
+        size_t pos = 0, n = 0, k = 0;
+        while (n < MAX_BATCH && have - pos >= CMD) {
             struct cmd m;
-            memcpy(&m, in + i * CMD, sizeof m);
-            if (m.len > (uint64_t)st.st_size || m.off > (uint64_t)st.st_size - m.len) {
+            memcpy(&m, in + pos, sizeof m);
+            if (m.len > (uint64_t)st.st_size || m.off > (uint64_t)st.st_size - m.len ||
+                (m.op == OP_WRITE && m.len > sizeof in - CMD)) {
                 fprintf(stderr, "command past the end of the volume\n");
                 return 1;
             }
-            hdr[i][0] = 7; /* a C2HData PDU's type, for whoever captures it */
-            memcpy(hdr[i] + 8, &m.len, 4);
-            iov[k++] = (struct iovec){hdr[i], HDR};
-            iov[k++] = (struct iovec){(void *)(vol + m.off), m.len};
+            size_t need = CMD + (m.op == OP_WRITE ? m.len : 0);
+            if (have - pos < need) break;
+            /* a C2HData PDU's type or a response capsule's, for whoever captures it */
+            hdr[n][0] = m.op == OP_WRITE ? 5 : 7;
+            memcpy(hdr[n] + 8, &m.len, 4);
+            iov[k++] = (struct iovec){hdr[n], HDR};
+            if (m.op == OP_WRITE)
+                memcpy(vol + m.off, in + pos + CMD, m.len);
+            else
+                iov[k++] = (struct iovec){vol + m.off, m.len};
+            pos += need;
+            n++;
         }
         write_all(c, iov, (int)k);
         ops += n;
-        have -= n * CMD;
-        memmove(in, in + n * CMD, have);
+        have -= pos;
+        memmove(in, in + pos, have);
     }
     double u1, s1;
     usage_times(&u1, &s1);
@@ -139,8 +160,8 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static int load(const char *addr, int port, int qd, uint32_t bs, double secs, uint64_t size) {
-    if (qd < 1 || qd > MAX_BATCH || bs == 0 || size < bs) {
+static int load(const char *addr, int port, int qd, uint32_t bs, double secs, uint64_t size, int op) {
+    if (qd < 1 || qd > MAX_BATCH || bs == 0 || size < bs || (op == OP_WRITE && bs > IN_MAX - CMD)) {
         fprintf(stderr, "bad arguments\n");
         return 2;
     }
@@ -151,7 +172,12 @@ static int load(const char *addr, int port, int qd, uint32_t bs, double secs, ui
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     uint64_t blocks = size / bs, rng = 0x9e3779b97f4a7c15ull, ops = 0;
     static struct cmd out[MAX_BATCH];
-    size_t answer = HDR + bs, got = 0;
+    static struct iovec v[2 * MAX_BATCH];
+    /* What writes send: one block of bytes that are not all zero. */
+    char *data = malloc(bs);
+    if (!data) die("malloc");
+    for (uint32_t i = 0; i < bs; i++) data[i] = (char)(i * 131 + 7);
+    size_t answer = HDR + (op == OP_WRITE ? 0 : bs), got = 0;
     size_t cap = answer * 64 > (1 << 20) ? (1 << 20) : answer * 64;
     char *in = malloc(cap);
     if (!in) die("malloc");
@@ -160,14 +186,17 @@ static int load(const char *addr, int port, int qd, uint32_t bs, double secs, ui
     usage_times(&u0, &s0);
     for (;;) {
         if (want > 0) {
+            int k = 0;
             for (int i = 0; i < want; i++) {
                 rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
                 memset(&out[i], 0, sizeof out[i]);
                 out[i].off = (rng % blocks) * bs;
                 out[i].len = bs;
+                out[i].op = (uint8_t)op;
+                v[k++] = (struct iovec){&out[i], sizeof out[i]};
+                if (op == OP_WRITE) v[k++] = (struct iovec){data, bs};
             }
-            struct iovec v = {out, want * sizeof out[0]};
-            write_all(c, &v, 1);
+            write_all(c, v, k);
             outstanding += want;
             want = 0;
         }
@@ -191,9 +220,15 @@ static int load(const char *addr, int port, int qd, uint32_t bs, double secs, ui
 
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]), argv[3]);
-    if (argc == 8 && !strcmp(argv[1], "load"))
+    if ((argc == 8 || argc == 9) && !strcmp(argv[1], "load")) {
+        int op = argc == 9 && !strcmp(argv[8], "write") ? OP_WRITE : OP_READ;
+        if (argc == 9 && op == OP_READ && strcmp(argv[8], "read")) {
+            fprintf(stderr, "load: the operation is read or write, not %s\n", argv[8]);
+            return 2;
+        }
         return load(argv[2], atoi(argv[3]), atoi(argv[4]), (uint32_t)strtoul(argv[5], NULL, 0), atof(argv[6]),
-                    strtoull(argv[7], NULL, 0));
-    fprintf(stderr, "usage: tcp-floor serve PORT FILE | tcp-floor load ADDR PORT QD BS SECONDS SIZE\n");
+                    strtoull(argv[7], NULL, 0), op);
+    }
+    fprintf(stderr, "usage: tcp-floor serve PORT FILE | tcp-floor load ADDR PORT QD BS SECONDS SIZE [read|write]\n");
     return 2;
 }

@@ -52,6 +52,13 @@ iscsiadm -m node -T $IQN -p $PORTAL --login
 DEV=$(disk_of)
 step "disk $DEV: $(cat /sys/block/${DEV#/dev/}/size) sectors"
 
+step "writes need no R2T: ImmediateData=Yes, InitialR2T=No, FirstBurstLength >= 4096"
+iscsiadm -m session -P 2 > /tmp/sess
+grep -E "ImmediateData|InitialR2T|FirstBurstLength" /tmp/sess
+grep -q "ImmediateData: Yes" /tmp/sess
+grep -q "InitialR2T: No" /tmp/sess
+[ "$(sed -n 's/.*FirstBurstLength: \([0-9]*\).*/\1/p' /tmp/sess | head -1)" -ge 4096 ]
+
 step "O_DIRECT write/read/compare 8 MiB"
 dd if=/dev/urandom of=/tmp/pattern bs=1M count=8 2>/dev/null
 dd if=/tmp/pattern of=$DEV bs=1M count=8 oflag=direct 2>/dev/null

@@ -16,9 +16,11 @@ pub use connect::connect;
 pub use url::{redact_url, TargetUrl, UrlError};
 
 pub mod aoe;
+mod direct;
 pub mod iscsi;
 pub mod nfs;
 pub mod nvme;
+mod send;
 
 use async_trait::async_trait;
 pub use bw_net::tcp::Congestion;

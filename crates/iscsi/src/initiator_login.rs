@@ -341,6 +341,46 @@ mod tests {
         assert_eq!(target_login(&t).poll_timeout(), None, "no deadline unless given one");
     }
 
+    /// Writes need no R2T round trip with our target: ImmediateData=Yes,
+    /// InitialR2T=No and a first burst of at least 4 KiB come out of what
+    /// blockwire's initiator offers, and of what open-iscsi (iscsid.conf's
+    /// defaults) and libiscsi offer. (The kernel VM test checks
+    /// open-iscsi's own view of it, iscsiadm -m session -P 2.)
+    #[test]
+    fn writes_need_no_r2t_with_the_initiators_people_run() {
+        let ours = || {
+            let cfg = InitiatorConfig {
+                initiator_name: "iqn.2026-11.org.test:i".into(),
+                target_name: Some("iqn.2026-11.org.test:t".into()),
+                chap: None,
+                mutual_chap: None,
+                limits: LocalLimits::initiator(false, false),
+                isid: [0x80, 0, 0, 0, 0, 3],
+            };
+            InitiatorLogin::new(cfg, ChapEntropy([7; 33]))
+        };
+        let t = target(None, None, vec![]);
+        let (d, _) = run(&t, ours()).unwrap();
+        let no_r2t = |p: &SessionParams| p.immediate_data && !p.initial_r2t && p.first_burst_length >= 4096;
+        assert!(no_r2t(&d.params), "blockwire's initiator: {:?}", d.params);
+        let common = [("HeaderDigest", "None"), ("DataDigest", "None"), ("InitialR2T", "No"), ("ImmediateData", "Yes"), ("MaxRecvDataSegmentLength", "262144"), ("FirstBurstLength", "262144"), ("MaxOutstandingR2T", "1"), ("ErrorRecoveryLevel", "0")];
+        for (who, max_burst) in [("open-iscsi", "16776192"), ("libiscsi", "262144")] {
+            let mut keys = vec![("InitiatorName", "iqn.2026-11.org.test:i"), ("TargetName", "iqn.2026-11.org.test:t"), ("SessionType", "Normal"), ("MaxBurstLength", max_burst)];
+            keys.extend(common);
+            let req = LoginRequest { transit: true, csg: 1, nsg: 3, isid: [0x80, 0, 0, 0, 0, 2], ..Default::default() };
+            let pdu = Pdu::new(Message::LoginRequest(req).encode(), bytes::Bytes::from(crate::text::encode(&keys)));
+            let mut tl = target_login(&t);
+            let (_, step) = tl.step(&pdu);
+            assert_eq!(step, LoginStep::Complete, "{who}");
+            let p = &tl.result().expect("logged in").params;
+            assert!(no_r2t(p), "{who}: {p:?}");
+        }
+        // A target that insists on R2T (InitialR2T=Yes) is followed.
+        let mut strict = target(None, None, vec![]);
+        strict.limits.initial_r2t = true;
+        assert!(run(&strict, ours()).unwrap().0.params.initial_r2t);
+    }
+
     #[test]
     fn plain_login_negotiates() {
         let (d, seen) = run(&target(None, None, vec![]), initiator(None, None, Some("iqn.2026-11.org.test:t"))).unwrap();

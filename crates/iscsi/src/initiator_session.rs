@@ -1,29 +1,91 @@
-//! The initiator side of a logged-in iSCSI session, without sockets: commands
-//! and PDUs from the target in, PDUs to send and completed commands out, the
-//! time passed in. It keeps the CmdSN window (commands wait inside it until
-//! MaxCmdSN allows them), assigns ITTs, reassembles Data-In, answers R2Ts with
-//! Data-Out and NOP-In pings with NOP-Out, and times commands out.
+//! The initiator side of a logged-in iSCSI session (one connection),
+//! without sockets, in the style of the NVMe/TCP host queue
+//! (`bw_nvme::host_queue`): commands in, with the caller's context `C`;
+//! bytes received in; bytes to send and finished commands out; the time
+//! passed in.
 //!
-//! The socket driver (`bw-initiator`) only moves PDUs and completions.
+//! It keeps the CmdSN window (commands wait inside it until MaxCmdSN
+//! allows them), gives each command an ITT (a slot of its own, so nothing
+//! is hashed or allocated per command once the slots exist), encodes the
+//! commands with their immediate and unsolicited data straight into one
+//! send buffer (so a burst of commands leaves in one write), answers R2Ts
+//! with Data-Out and NOP-In pings with NOP-Out, puts Data-In into the
+//! caller's own buffer (read straight from the socket with
+//! [`InitiatorSession::direct_fill`] where the transport can: no staging
+//! copy), and times commands out.
+//!
+//! A command the caller gave up on ([`InitiatorSession::cancel`], or a
+//! timeout) keeps its ITT until the target answers, so a late answer is
+//! never taken for a newer command; its data is read and dropped.
+//!
+//! Data-In must come in order (DataPDUInOrder and DataSequenceInOrder are
+//! Yes: we offer Yes and the result is the OR of both sides): each PDU
+//! continues where the last one ended, so a caller's buffer is filled
+//! whole or the command fails, never left with holes.
 
 use crate::msg::*;
 use crate::negotiate::SessionParams;
-use crate::pdu::{Pdu, RESERVED_TAG};
+use crate::pdu::{self, Bhs, Decoder, Digests, Header, Opcode, RESERVED_TAG};
 use crate::target_session::sn_lt;
-use bytes::Bytes;
-use std::collections::{HashMap, VecDeque};
+use bytes::{Buf, Bytes, BytesMut};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+/// Data segments at least this long, of data the caller handed over, go to
+/// the transport to be written from where they are instead of being copied
+/// into the send buffer.
+pub const WRITE_DIRECT_MIN: usize = 64 * 1024;
+
+/// Most slots (commands in flight, given up ones included): ITTs are the
+/// slot in the low 16 bits and a generation in the high 16, and never
+/// [`RESERVED_TAG`] or our Logout Request's.
+const MAX_SLOTS: usize = 0xFFFE;
+
+/// The caller's context for one command.
+pub trait Context {
+    /// Where this command's Data-In goes, if the caller gave a buffer
+    /// (exactly the read length). None: the data is collected into
+    /// [`Completion::data`].
+    fn read_buf(&mut self) -> Option<&mut [u8]>;
+}
+
+/// Data a command sends to the target.
+#[derive(Clone)]
+pub enum Payload<'a> {
+    None,
+    /// Kept, not copied, until sent (large segments go out from where they
+    /// are, see [`WRITE_DIRECT_MIN`]).
+    Owned(Bytes),
+    /// Copied into the send buffer at once (and into a buffer of its own
+    /// only if the target is to ask for part of it with R2T).
+    Borrowed(&'a [u8]),
+}
+
+impl Payload<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::None => &[],
+            Payload::Owned(b) => b,
+            Payload::Borrowed(s) => s,
+        }
+    }
+    fn to_owned_range(&self, r: std::ops::Range<usize>) -> Bytes {
+        match self {
+            Payload::Owned(b) => b.slice(r),
+            _ => Bytes::copy_from_slice(&self.bytes()[r]),
+        }
+    }
+}
+
 /// One SCSI command to run.
-#[derive(Debug, Clone)]
-pub struct Command {
+pub struct Command<'a> {
     /// The 8-byte LUN field (`bw_scsi::encode_lun`).
     pub lun: u64,
     pub cdb: [u8; 16],
     /// Bytes of Data-In expected (reads).
     pub read_len: usize,
     /// Data-Out (writes).
-    pub write: Bytes,
+    pub write: Payload<'a>,
 }
 
 /// A command the target completed (any SCSI status).
@@ -31,7 +93,11 @@ pub struct Command {
 pub struct Completion {
     pub status: u8,
     pub sense: Bytes,
+    /// The Data-In of a command without a buffer of its own, `read_len`
+    /// bytes (zeros past what the target sent); empty otherwise.
     pub data: Vec<u8>,
+    /// Bytes of Data-In the target sent.
+    pub received: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,17 +110,12 @@ pub enum TaskError {
     Rejected(u8),
     #[error("target failure (iSCSI response {0:#04x})")]
     ServiceResponse(u8),
+    #[error("GOOD status after {got} of {want} bytes of Data-In")]
+    ShortData { got: usize, want: usize },
+    #[error("no free task tag")]
+    NoFreeTag,
     #[error("{0}")]
     Disconnected(String),
-}
-
-#[derive(Debug)]
-pub enum Action {
-    Send(Pdu),
-    /// The command with this ITT is finished; it will not be reported again.
-    Complete { itt: u32, result: Result<Completion, TaskError> },
-    /// The target answered our Logout Request.
-    LoggedOut,
 }
 
 /// A violation that ends the connection.
@@ -62,51 +123,158 @@ pub enum Action {
 #[error("{0}")]
 pub struct ConnectionError(pub String);
 
-struct Task {
-    lun: u64,
-    data: Vec<u8>,
-    write: Bytes,
-    deadline: Instant,
-    /// Completed with a timeout; kept until the target answers so its ITT
-    /// is not reused while the target may still send data for it.
-    abandoned: bool,
+fn violation(s: impl Into<String>) -> ConnectionError {
+    ConnectionError(s.into())
 }
 
-struct Waiting {
+/// Identifies one submission (a slot is reused; a ticket is not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    pub itt: u32,
+}
+
+/// What one call to [`InitiatorSession::receive`] found.
+#[derive(Debug)]
+pub enum Received {
+    /// No whole PDU header at the front of the buffer.
+    NeedMore,
+    /// A PDU was handled.
+    Pdu,
+    /// A Data-In PDU for a command with a buffer of its own: its header is
+    /// taken and what of its data was in the buffer is in place; the rest
+    /// (see [`DirectRead::left`]) is to be read with
+    /// [`InitiatorSession::direct_fill`].
+    Direct(DirectRead),
+}
+
+/// The Data-In status fields that apply once a direct payload is complete.
+#[derive(Debug, Clone, Copy)]
+struct DataInStatus {
+    status: u8,
+    stat_sn: u32,
+}
+
+/// A Data-In payload being read straight into its command's buffer.
+#[derive(Debug)]
+pub struct DirectRead {
     itt: u32,
-    cmd: Command,
+    /// Offset in the command's transfer of the next byte.
+    at: usize,
+    left: usize,
+    /// Padding and digest behind the payload, dropped from the stream.
+    trailer: usize,
+    status: Option<DataInStatus>,
 }
 
-pub struct InitiatorSession {
+impl DirectRead {
+    pub fn is_done(&self) -> bool {
+        self.left == 0
+    }
+    /// Payload bytes still to come.
+    pub fn left(&self) -> usize {
+        self.left
+    }
+}
+
+/// A command not sent yet (the CmdSN window was closed).
+struct Unsent {
+    cdb: [u8; 16],
+    write: Bytes,
+}
+
+struct Task<C> {
+    /// None once the caller gave up (the task stays until the target
+    /// answers, or is forgotten if it was never sent).
+    ctx: Option<C>,
+    itt: u32,
+    lun: u64,
+    deadline: Instant,
+    read_len: usize,
+    /// Bytes of Data-In so far (they arrive in order).
+    received: usize,
+    /// Data-In of a command without a buffer of its own.
+    collected: Vec<u8>,
+    /// Write data the target may still ask for with R2T: bytes from
+    /// `write_from` on.
+    write: Bytes,
+    write_from: usize,
+    write_len: usize,
+    unsent: Option<Unsent>,
+}
+
+pub struct InitiatorSession<C> {
     params: SessionParams,
+    digests: Digests,
+    dec: Decoder,
     timeout: Duration,
     cmd_sn: u32,
     max_cmd_sn: u32,
     exp_stat_sn: u32,
-    next_itt: u32,
-    tasks: HashMap<u32, Task>,
-    /// Commands outside the CmdSN window, in submission order.
-    waiting: VecDeque<Waiting>,
+    slots: Vec<Option<Task<C>>>,
+    /// Free slots, the lowest last.
+    free: Vec<u16>,
+    generation: u16,
+    /// Commands outside the CmdSN window, by ITT, in submission order.
+    waiting: VecDeque<u32>,
+    /// Encoded PDUs not yet taken by the transport.
+    tx: Vec<u8>,
+    /// Large payloads to send, each after the bytes queued before it.
+    tx_big: VecDeque<(Vec<u8>, Bytes)>,
+    done: VecDeque<(C, Result<Completion, TaskError>)>,
+    /// Bytes of the stream to drop (a direct payload's padding and digest).
+    skip: usize,
+    /// Where data of a command given up on goes.
+    scratch: Vec<u8>,
+    logged_out: bool,
     dead: Option<String>,
+    /// Commands in flight that read at least [`LARGE_READ`] bytes.
+    large_reads: usize,
 }
 
-/// ITT of our Logout Request (never handed to a command).
+/// Reads this long or longer count as large (see
+/// [`InitiatorSession::large_reads`]).
+pub const LARGE_READ: usize = 64 * 1024;
+
+/// ITT of our Logout Request (never a command's).
 const LOGOUT_ITT: u32 = RESERVED_TAG - 1;
 
-impl InitiatorSession {
-    /// A session after login: the numbers from the final Login Response.
+impl<C: Context> InitiatorSession<C> {
+    /// A session after login: the negotiated parameters and digests, the
+    /// numbers from the final Login Response, and how long a command may
+    /// take.
     pub fn new(params: SessionParams, cmd_sn: u32, max_cmd_sn: u32, exp_stat_sn: u32, timeout: Duration) -> Self {
+        let digests = Digests { header: params.header_digest, data: params.data_digest };
+        let mut dec = Decoder::new(params.max_recv_data_segment_length as usize);
+        dec.digests = digests;
         InitiatorSession {
             params,
+            digests,
+            dec,
             timeout,
             cmd_sn,
             max_cmd_sn,
             exp_stat_sn,
-            next_itt: 1,
-            tasks: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            generation: 0,
             waiting: VecDeque::new(),
+            tx: Vec::new(),
+            tx_big: VecDeque::new(),
+            done: VecDeque::new(),
+            skip: 0,
+            scratch: Vec::new(),
+            logged_out: false,
             dead: None,
+            large_reads: 0,
         }
+    }
+
+    /// Commands in flight that read [`LARGE_READ`] bytes or more: while
+    /// there are none, the transport may read the socket in large chunks
+    /// (no Data-In payload it would rather read straight into its buffer
+    /// can be in them).
+    pub fn large_reads(&self) -> usize {
+        self.large_reads
     }
 
     /// Why the session ended, if it has.
@@ -114,80 +282,155 @@ impl InitiatorSession {
         self.dead.as_deref()
     }
 
-    /// Commands submitted and not yet completed (including those waiting for the window).
+    pub fn digests(&self) -> Digests {
+        self.digests
+    }
+
+    /// Commands submitted and not yet completed (those waiting for the
+    /// window included; those given up on not).
     pub fn outstanding(&self) -> usize {
-        self.tasks.values().filter(|t| !t.abandoned).count()
+        self.slots.iter().flatten().filter(|t| t.ctx.is_some()).count()
     }
 
     fn window_open(&self) -> bool {
         !sn_lt(self.max_cmd_sn, self.cmd_sn)
     }
 
-    /// Start `cmd`; returns its ITT, under which it completes. It is sent at
-    /// once if the CmdSN window allows, else when a response opens it.
-    pub fn submit(&mut self, cmd: Command, now: Instant, out: &mut Vec<Action>) -> Result<u32, TaskError> {
-        if let Some(d) = &self.dead {
-            return Err(TaskError::Disconnected(d.clone()));
-        }
-        let mut itt = self.next_itt;
-        while itt == RESERVED_TAG || itt == LOGOUT_ITT || self.tasks.contains_key(&itt) {
-            itt = itt.wrapping_add(1);
-        }
-        self.next_itt = itt.wrapping_add(1);
-        let task = Task { lun: cmd.lun, data: vec![0u8; cmd.read_len], write: cmd.write.clone(), deadline: now + self.timeout, abandoned: false };
-        self.tasks.insert(itt, task);
-        // Commands leave in CmdSN order: behind any already waiting.
-        if self.waiting.is_empty() && self.window_open() {
-            self.send_command(itt, &cmd, out);
-        } else {
-            self.waiting.push_back(Waiting { itt, cmd });
-        }
-        Ok(itt)
+    fn task(&mut self, itt: u32) -> Option<&mut Task<C>> {
+        self.slots.get_mut((itt & 0xFFFF) as usize)?.as_mut().filter(|t| t.itt == itt)
     }
 
-    fn send_command(&mut self, itt: u32, cmd: &Command, out: &mut Vec<Action>) {
+    fn remove(&mut self, itt: u32) -> Option<Task<C>> {
+        let slot = (itt & 0xFFFF) as usize;
+        let s = self.slots.get_mut(slot)?;
+        if s.as_ref().is_none_or(|t| t.itt != itt) {
+            return None;
+        }
+        self.free.push(slot as u16);
+        let t = s.take();
+        if t.as_ref().is_some_and(|t| t.read_len >= LARGE_READ) {
+            self.large_reads -= 1;
+        }
+        t
+    }
+
+    /// Start `cmd`; it completes with `ctx` through
+    /// [`InitiatorSession::poll_completion`]. It is queued to send at once
+    /// if the CmdSN window allows, else when a response opens it.
+    pub fn submit(&mut self, cmd: Command<'_>, ctx: C, now: Instant) -> Result<Ticket, (C, TaskError)> {
+        if let Some(d) = &self.dead {
+            return Err((ctx, TaskError::Disconnected(d.clone())));
+        }
+        let slot = match self.free.pop() {
+            Some(s) => s as usize,
+            None if self.slots.len() < MAX_SLOTS => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+            None => return Err((ctx, TaskError::NoFreeTag)),
+        };
+        self.generation = self.generation.wrapping_add(1);
+        let itt = (self.generation as u32) << 16 | slot as u32;
+        let write_len = cmd.write.bytes().len();
+        let mut task = Task {
+            ctx: Some(ctx),
+            itt,
+            lun: cmd.lun,
+            deadline: now + self.timeout,
+            read_len: cmd.read_len,
+            received: 0,
+            collected: Vec::new(),
+            write: Bytes::new(),
+            write_from: write_len,
+            write_len,
+            unsent: None,
+        };
+        // Commands leave in CmdSN order: behind any already waiting.
+        if self.waiting.is_empty() && self.window_open() {
+            let (from, tail) = self.send_command(itt, &mut task, &cmd.cdb, &cmd.write);
+            task.write_from = from;
+            task.write = tail;
+        } else {
+            task.unsent = Some(Unsent { cdb: cmd.cdb, write: cmd.write.to_owned_range(0..write_len) });
+            self.waiting.push_back(itt);
+        }
+        if cmd.read_len >= LARGE_READ {
+            self.large_reads += 1;
+        }
+        self.slots[slot] = Some(task);
+        Ok(Ticket { itt })
+    }
+
+    /// Encode the command, its immediate data and its unsolicited Data-Out
+    /// into the send buffer. Returns where the data the target may ask for
+    /// with R2T starts, and those bytes.
+    fn send_command(&mut self, itt: u32, t: &mut Task<C>, cdb: &[u8; 16], write: &Payload<'_>) -> (usize, Bytes) {
         let p = &self.params;
-        let write = &cmd.write;
-        let mss = p.max_send_data_segment_length as usize;
+        let data = write.bytes();
+        let mss = p.max_send_data_segment_length.max(512) as usize;
         let first_burst = p.first_burst_length as usize;
-        let imm_len = if p.immediate_data { write.len().min(first_burst).min(mss) } else { 0 };
-        let unsolicited_end = if p.initial_r2t { imm_len } else { write.len().min(first_burst) };
+        let imm_len = if p.immediate_data { data.len().min(first_burst).min(mss) } else { 0 };
+        let unsolicited_end = if p.initial_r2t { imm_len } else { data.len().min(first_burst) };
         let c = ScsiCommand {
             immediate: false,
             final_: unsolicited_end == imm_len,
-            read: cmd.read_len > 0,
-            write: !write.is_empty(),
+            read: t.read_len > 0,
+            write: !data.is_empty(),
             attr: 1, // SIMPLE
-            lun: cmd.lun,
+            lun: t.lun,
             itt,
-            edtl: if write.is_empty() { cmd.read_len as u32 } else { write.len() as u32 },
+            edtl: if data.is_empty() { t.read_len as u32 } else { data.len() as u32 },
             cmd_sn: self.cmd_sn,
             exp_stat_sn: self.exp_stat_sn,
-            cdb: cmd.cdb,
+            cdb: *cdb,
         };
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
-        out.push(Action::Send(Pdu::new(Message::ScsiCommand(c).encode(), write.slice(..imm_len))));
+        self.push_pdu(&Message::ScsiCommand(c).encode(), write, 0..imm_len);
         // Unsolicited Data-Out up to FirstBurstLength.
         if unsolicited_end > imm_len {
-            self.send_data_out(cmd.lun, itt, RESERVED_TAG, write, imm_len, unsolicited_end, out);
+            self.send_data_out(t.lun, itt, RESERVED_TAG, write, 0, imm_len..unsolicited_end);
+        }
+        if unsolicited_end < data.len() {
+            (unsolicited_end, write.to_owned_range(unsolicited_end..data.len()))
+        } else {
+            (data.len(), Bytes::new())
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn send_data_out(&self, lun: u64, itt: u32, ttt: u32, data: &Bytes, from: usize, to: usize, out: &mut Vec<Action>) {
+    /// Queue one PDU whose data segment is `range` of `data`: copied into
+    /// the send buffer, or handed to the transport as it is if it is large
+    /// and the caller's own.
+    fn push_pdu(&mut self, bhs: &Bhs, data: &Payload<'_>, range: std::ops::Range<usize>) {
+        let d = self.digests;
+        match data {
+            Payload::Owned(b) if range.len() >= WRITE_DIRECT_MIN => {
+                let seg = b.slice(range);
+                pdu::encode_head_into(bhs, seg.len(), d, &mut self.tx);
+                let (t, n) = pdu::trailer(&seg, d);
+                let head = std::mem::take(&mut self.tx);
+                self.tx_big.push_back((head, seg));
+                self.tx.extend_from_slice(&t[..n]);
+            }
+            _ => pdu::encode_into(bhs, &data.bytes()[range], d, &mut self.tx),
+        }
+    }
+
+    /// Data-Out PDUs for `range` of `data` (bytes `base..` of the
+    /// transfer), each at most the target's MaxRecvDataSegmentLength.
+    fn send_data_out(&mut self, lun: u64, itt: u32, ttt: u32, data: &Payload<'_>, base: usize, range: std::ops::Range<usize>) {
         let mss = self.params.max_send_data_segment_length.max(512) as usize;
-        let mut off = from;
+        let mut off = range.start;
         let mut sn = 0;
-        while off < to {
-            let end = (off + mss).min(to);
-            let d = DataOut { final_: end == to, lun, itt, ttt, exp_stat_sn: self.exp_stat_sn, data_sn: sn, buffer_offset: off as u32 };
-            out.push(Action::Send(Pdu::new(Message::DataOut(d).encode(), data.slice(off..end))));
+        while off < range.end {
+            let end = (off + mss).min(range.end);
+            let d = DataOut { final_: end == range.end, lun, itt, ttt, exp_stat_sn: self.exp_stat_sn, data_sn: sn, buffer_offset: (base + off) as u32 };
+            self.push_pdu(&Message::DataOut(d).encode(), data, off..end);
             sn += 1;
             off = end;
         }
     }
 
-    fn update_window(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32, out: &mut Vec<Action>) {
+    fn update_window(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32) {
         // Ignore nonsense windows (MaxCmdSN < ExpCmdSN - 1) as the RFC says.
         if sn_lt(max_cmd_sn.wrapping_add(1), exp_cmd_sn) {
             return;
@@ -196,140 +439,352 @@ impl InitiatorSession {
             self.max_cmd_sn = max_cmd_sn;
         }
         while self.window_open() {
-            let Some(w) = self.waiting.pop_front() else { break };
-            self.send_command(w.itt, &w.cmd, out);
+            let Some(itt) = self.waiting.pop_front() else { break };
+            let slot = (itt & 0xFFFF) as usize;
+            // Given up on and forgotten while it waited (its slot may
+            // have a newer command since).
+            if self.slots[slot].as_ref().is_none_or(|t| t.itt != itt) {
+                continue;
+            }
+            let Some(mut t) = self.slots[slot].take() else { continue };
+            if let Some(u) = t.unsent.take() {
+                let w = Payload::Owned(u.write);
+                let (from, tail) = self.send_command(itt, &mut t, &u.cdb, &w);
+                t.write_from = from;
+                t.write = tail;
+            }
+            self.slots[slot] = Some(t);
         }
     }
 
-    fn finish(&mut self, itt: u32, result: impl FnOnce(Vec<u8>) -> Result<Completion, TaskError>, out: &mut Vec<Action>) {
-        if let Some(mut t) = self.tasks.remove(&itt) {
-            if !t.abandoned {
-                out.push(Action::Complete { itt, result: result(std::mem::take(&mut t.data)) });
-            }
+    /// The command's end: free its ITT, hand its result to the caller (if
+    /// the caller still waits).
+    fn finish(&mut self, itt: u32, result: impl FnOnce(&mut Task<C>) -> Result<Completion, TaskError>) {
+        let Some(mut t) = self.remove(itt) else { return };
+        let r = result(&mut t);
+        if let Some(ctx) = t.ctx {
+            self.done.push_back((ctx, r));
         }
     }
 
-    /// Complete every command whose time is up (`now` past its deadline).
-    pub fn on_timer(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let waiting: Vec<u32> = self.waiting.iter().map(|w| w.itt).collect();
-        for (itt, t) in self.tasks.iter_mut() {
-            if !t.abandoned && t.deadline <= now {
-                let not_sent = waiting.contains(itt);
-                t.abandoned = true;
-                out.push(Action::Complete { itt: *itt, result: Err(if not_sent { TaskError::WindowClosed } else { TaskError::Timeout }) });
+    /// A status for `itt`: GOOD needs all the Data-In a caller's buffer
+    /// waits for; a command without a buffer gets its data padded to the
+    /// length it asked for.
+    fn complete(&mut self, itt: u32, status: u8, sense: Bytes) {
+        self.finish(itt, |t| {
+            let want = t.read_len;
+            let has_buf = t.ctx.as_mut().is_some_and(|c| c.read_buf().is_some());
+            if has_buf && status == crate::target_session::status::GOOD && t.received < want {
+                return Err(TaskError::ShortData { got: t.received, want });
             }
-        }
-        // A command never sent has no ITT at the target: forget it now.
-        let tasks = &mut self.tasks;
-        self.waiting.retain(|w| {
-            let gone = tasks.get(&w.itt).is_none_or(|t| t.abandoned);
-            if gone {
-                tasks.remove(&w.itt);
+            let mut data = std::mem::take(&mut t.collected);
+            if !has_buf && t.ctx.is_some() && want > 0 {
+                data.resize(want, 0);
             }
-            !gone
+            Ok(Completion { status, sense, data, received: t.received })
         });
     }
 
-    /// The earliest deadline of a command still waiting for its answer.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        self.tasks.values().filter(|t| !t.abandoned).map(|t| t.deadline).min()
+    /// Bytes the transport should read next when it wants no more than the
+    /// next PDU's header (after a large direct payload, so that the next
+    /// one goes straight to its buffer too): what is left to drop of the
+    /// last payload's padding, and a BHS with its header digest.
+    pub fn next_header_len(&self) -> usize {
+        self.skip + pdu::BHS_LEN + if self.digests.header { 4 } else { 0 }
     }
 
-    /// Send a Logout Request (close the session); [`Action::LoggedOut`]
-    /// follows when the target answers. Nothing if the session is over.
-    pub fn logout(&mut self, out: &mut Vec<Action>) {
+    /// Something to send?
+    pub fn has_transmit(&self) -> bool {
+        !self.tx.is_empty() || !self.tx_big.is_empty()
+    }
+
+    /// Append bytes to send to `out`, up to the next large payload, which
+    /// is returned to be written right after them (None: all queued bytes
+    /// are in `out`).
+    pub fn poll_transmit(&mut self, out: &mut Vec<u8>) -> Option<Bytes> {
+        if let Some((head, big)) = self.tx_big.pop_front() {
+            out.extend_from_slice(&head);
+            return Some(big);
+        }
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.tx);
+        } else {
+            out.extend_from_slice(&self.tx);
+            self.tx.clear();
+        }
+        None
+    }
+
+    /// The next finished command (or one failed by the session's end).
+    pub fn poll_completion(&mut self) -> Option<(C, Result<Completion, TaskError>)> {
+        self.done.pop_front()
+    }
+
+    /// The caller gave up on a command: forget its context (and so its
+    /// buffer). A command never sent is forgotten; one sent keeps its ITT
+    /// until the target answers.
+    pub fn cancel(&mut self, t: Ticket) {
+        let Some(task) = self.task(t.itt) else { return };
+        task.ctx = None;
+        if task.unsent.is_some() {
+            self.remove(t.itt);
+        }
+    }
+
+    /// The earliest deadline of a command whose caller waits.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.slots.iter().flatten().filter(|t| t.ctx.is_some()).map(|t| t.deadline).min()
+    }
+
+    /// Complete every command whose time is up (`now` past its deadline):
+    /// one never sent with [`TaskError::WindowClosed`] (and forgotten),
+    /// one sent with [`TaskError::Timeout`] (its ITT kept until the target
+    /// answers).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for i in 0..self.slots.len() {
+            let Some(t) = self.slots[i].as_mut().filter(|t| t.ctx.is_some() && t.deadline <= now) else { continue };
+            let (itt, unsent) = (t.itt, t.unsent.is_some());
+            if let Some(ctx) = t.ctx.take() {
+                self.done.push_back((ctx, Err(if unsent { TaskError::WindowClosed } else { TaskError::Timeout })));
+            }
+            if unsent {
+                self.remove(itt);
+            }
+        }
+    }
+
+    /// Queue a Logout Request (close the session);
+    /// [`InitiatorSession::take_logged_out`] says when the target answered.
+    /// Nothing if the session is over.
+    pub fn logout(&mut self) {
         if self.dead.is_some() {
             return;
         }
         let l = LogoutRequest { immediate: true, reason: 0, itt: LOGOUT_ITT, cid: 0, cmd_sn: self.cmd_sn, exp_stat_sn: self.exp_stat_sn };
-        out.push(Action::Send(Pdu::new(Message::LogoutRequest(l).encode(), Bytes::new())));
+        pdu::encode_into(&Message::LogoutRequest(l).encode(), &[], self.digests, &mut self.tx);
+    }
+
+    /// Whether the target answered our Logout Request (once).
+    pub fn take_logged_out(&mut self) -> bool {
+        std::mem::take(&mut self.logged_out)
     }
 
     /// The connection is gone (or the driver is closing): fail every command.
-    pub fn fail_all(&mut self, why: &str, out: &mut Vec<Action>) {
-        self.dead.get_or_insert_with(|| why.to_string());
+    pub fn fail_all(&mut self, why: &str) {
+        let why = self.dead.get_or_insert_with(|| why.to_string()).clone();
         self.waiting.clear();
-        let mut itts: Vec<u32> = self.tasks.keys().copied().collect();
-        itts.sort_unstable();
-        for itt in itts {
-            self.finish(itt, |_| Err(TaskError::Disconnected(why.to_string())), out);
+        self.free.clear();
+        self.large_reads = 0;
+        for (i, s) in self.slots.iter_mut().enumerate().rev() {
+            if let Some(ctx) = s.take().and_then(|t| t.ctx) {
+                self.done.push_back((ctx, Err(TaskError::Disconnected(why.clone()))));
+            }
+            self.free.push(i as u16);
+        }
+        self.tx.clear();
+        self.tx_big.clear();
+    }
+
+    fn die(&mut self, e: ConnectionError) -> ConnectionError {
+        self.fail_all(&e.0);
+        e
+    }
+
+    /// Handle at most one PDU from the front of `buf`. An error has already
+    /// failed every command: the connection must end.
+    pub fn receive(&mut self, buf: &mut BytesMut) -> Result<Received, ConnectionError> {
+        if self.dead.is_some() {
+            return Ok(Received::NeedMore);
+        }
+        if self.skip > 0 {
+            let n = self.skip.min(buf.len());
+            buf.advance(n);
+            self.skip -= n;
+            if self.skip > 0 {
+                return Ok(Received::NeedMore);
+            }
+        }
+        let h = match self.dec.peek_header(buf) {
+            Ok(Some(h)) => h,
+            Ok(None) => return Ok(Received::NeedMore),
+            Err(e) => return Err(self.die(violation(e.to_string()))),
+        };
+        if h.bhs.opcode_raw() == Opcode::DataIn as u8 && !self.digests.data {
+            if let Some(d) = self.begin_direct(&h, buf).map_err(|e| self.die(e))? {
+                return Ok(Received::Direct(d));
+            }
+        }
+        let pdu = match self.dec.decode(buf) {
+            Ok(Some(p)) => p,
+            Ok(None) => return Ok(Received::NeedMore),
+            Err(e) => return Err(self.die(violation(e.to_string()))),
+        };
+        self.on_pdu(&pdu.bhs, pdu.data).map_err(|e| self.die(e))?;
+        Ok(Received::Pdu)
+    }
+
+    /// Check a Data-In against its command: in flight, at the next offset,
+    /// within the read. `Ok(None)`: for a command no longer in flight.
+    fn check_data_in(&mut self, d: &DataIn, len: usize) -> Result<Option<&mut Task<C>>, ConnectionError> {
+        let Some(t) = self.task(d.itt) else {
+            return if d.itt == RESERVED_TAG { Err(violation("Data-In without a task tag")) } else { Ok(None) };
+        };
+        let off = d.buffer_offset as usize;
+        if off != t.received {
+            return Err(violation(format!("Data-In at offset {off}, expected {} (DataPDUInOrder)", t.received)));
+        }
+        if off + len > t.read_len {
+            return Err(violation(format!("Data-In past the read ({} > {})", off + len, t.read_len)));
+        }
+        Ok(Some(t))
+    }
+
+    /// A Data-In for a command with a buffer of its own: take its header,
+    /// put what of its data is in `buf` in place, and hand back the rest to
+    /// read. None: not such a command (the PDU goes the ordinary way).
+    fn begin_direct(&mut self, h: &Header, buf: &mut BytesMut) -> Result<Option<DirectRead>, ConnectionError> {
+        let Ok(Message::DataIn(d)) = Message::decode(&h.bhs) else { return Ok(None) };
+        let has_buf = self.task(d.itt).is_some_and(|t| t.ctx.as_mut().is_some_and(|c| c.read_buf().is_some()));
+        if !has_buf {
+            return Ok(None);
+        }
+        self.check_data_in(&d, h.data_len)?;
+        self.update_window(d.exp_cmd_sn, d.max_cmd_sn);
+        buf.advance(h.header_len);
+        let mut dr = DirectRead {
+            itt: d.itt,
+            at: d.buffer_offset as usize,
+            left: h.data_len,
+            trailer: h.trailer_len(self.digests),
+            status: d.has_status.then_some(DataInStatus { status: d.status, stat_sn: d.stat_sn }),
+        };
+        let have = buf.len().min(dr.left);
+        if have > 0 {
+            let src = buf.split_to(have);
+            let _ = self.direct_fill(&mut dr, |dst| {
+                dst[..have].copy_from_slice(&src);
+                Ok::<usize, ()>(have)
+            });
+        } else if dr.left == 0 {
+            self.direct_done(&dr);
+        }
+        Ok(Some(dr))
+    }
+
+    /// Let `read` fill the next part of a direct payload (the command's
+    /// buffer, or scratch space if the caller gave up); it returns how many
+    /// bytes it wrote. When the payload is complete its padding is dropped
+    /// from the stream and a status it carried completes the command.
+    pub fn direct_fill<E>(&mut self, d: &mut DirectRead, read: impl FnOnce(&mut [u8]) -> Result<usize, E>) -> Result<usize, E> {
+        let (at, left) = (d.at, d.left);
+        let slot = (d.itt & 0xFFFF) as usize;
+        let task = self.slots.get_mut(slot).and_then(|s| s.as_mut()).filter(|t| t.itt == d.itt);
+        let dst = match task.and_then(|t| t.ctx.as_mut()).and_then(|c| c.read_buf()) {
+            Some(b) => &mut b[at..at + left],
+            None => {
+                self.scratch.resize(left.min(64 * 1024), 0);
+                &mut self.scratch[..]
+            }
+        };
+        let n = read(dst)?.min(left);
+        d.at += n;
+        d.left -= n;
+        if let Some(t) = self.task(d.itt) {
+            t.received += n;
+        }
+        if d.left == 0 {
+            self.direct_done(d);
+        }
+        Ok(n)
+    }
+
+    fn direct_done(&mut self, d: &DirectRead) {
+        self.skip += d.trailer;
+        if let Some(s) = d.status {
+            self.exp_stat_sn = s.stat_sn.wrapping_add(1);
+            self.complete(d.itt, s.status, Bytes::new());
         }
     }
 
-    /// One PDU from the target. An error means the connection must end (the
-    /// caller then calls [`InitiatorSession::fail_all`]).
-    pub fn on_pdu(&mut self, pdu: Pdu, out: &mut Vec<Action>) -> Result<(), ConnectionError> {
-        let msg = Message::decode(&pdu.bhs).map_err(|e| ConnectionError(e.to_string()))?;
+    /// One whole PDU from the target.
+    fn on_pdu(&mut self, bhs: &Bhs, data: Bytes) -> Result<(), ConnectionError> {
+        let msg = Message::decode(bhs).map_err(|e| violation(e.to_string()))?;
         match msg {
             Message::DataIn(d) => {
-                self.update_window(d.exp_cmd_sn, d.max_cmd_sn, out);
-                let Some(t) = self.tasks.get_mut(&d.itt) else { return Ok(()) };
-                let off = d.buffer_offset as usize;
-                let end = off + pdu.data.len();
-                if end > t.data.len() {
-                    return Err(ConnectionError(format!("Data-In past the buffer ({end} > {})", t.data.len())));
+                self.update_window(d.exp_cmd_sn, d.max_cmd_sn);
+                if let Some(t) = self.check_data_in(&d, data.len())? {
+                    let off = t.received;
+                    let waiting = t.ctx.is_some();
+                    match t.ctx.as_mut().and_then(|c| c.read_buf()) {
+                        Some(b) => b[off..off + data.len()].copy_from_slice(&data),
+                        None if waiting => t.collected.extend_from_slice(&data),
+                        None => {}
+                    }
+                    t.received += data.len();
                 }
-                t.data[off..end].copy_from_slice(&pdu.data);
                 if d.has_status {
                     self.exp_stat_sn = d.stat_sn.wrapping_add(1);
-                    self.finish(d.itt, |data| Ok(Completion { status: d.status, sense: Bytes::new(), data }), out);
+                    self.complete(d.itt, d.status, Bytes::new());
                 }
             }
             Message::ScsiResponse(r) => {
                 self.exp_stat_sn = r.stat_sn.wrapping_add(1);
-                self.update_window(r.exp_cmd_sn, r.max_cmd_sn, out);
+                self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
                 // Sense data: a 2-byte length, then the sense bytes.
-                let sense = if pdu.data.len() >= 2 {
-                    let n = u16::from_be_bytes([pdu.data[0], pdu.data[1]]) as usize;
-                    pdu.data.slice(2..(2 + n).min(pdu.data.len()))
+                let sense = if data.len() >= 2 {
+                    let n = u16::from_be_bytes([data[0], data[1]]) as usize;
+                    data.slice(2..(2 + n).min(data.len()))
                 } else {
                     Bytes::new()
                 };
                 if r.response != 0 {
-                    self.finish(r.itt, |_| Err(TaskError::ServiceResponse(r.response)), out);
+                    self.finish(r.itt, |_| Err(TaskError::ServiceResponse(r.response)));
                 } else {
-                    self.finish(r.itt, |data| Ok(Completion { status: r.status, sense, data }), out);
+                    self.complete(r.itt, r.status, sense);
                 }
             }
             Message::R2t(r) => {
-                self.update_window(r.exp_cmd_sn, r.max_cmd_sn, out);
-                let Some(t) = self.tasks.get(&r.itt) else { return Ok(()) };
+                self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
+                let Some(t) = self.task(r.itt) else { return Ok(()) };
                 let from = r.buffer_offset as usize;
                 let to = from + r.desired_length as usize;
-                if to > t.write.len() {
-                    return Err(ConnectionError("R2T asks for data past the end of the write".into()));
+                if from < t.write_from || to > t.write_len {
+                    return Err(violation(format!(
+                        "R2T asks for bytes {from}..{to}, outside the {}..{} of the write not sent unsolicited",
+                        t.write_from, t.write_len
+                    )));
                 }
-                let (lun, data) = (t.lun, t.write.clone());
-                self.send_data_out(lun, r.itt, r.ttt, &data, from, to, out);
+                let (lun, base, data) = (t.lun, t.write_from, Payload::Owned(t.write.clone()));
+                self.send_data_out(lun, r.itt, r.ttt, &data, base, from - base..to - base);
             }
             Message::NopIn(n) => {
-                self.update_window(n.exp_cmd_sn, n.max_cmd_sn, out);
+                self.update_window(n.exp_cmd_sn, n.max_cmd_sn);
                 if n.ttt != RESERVED_TAG {
                     // The target pings us: answer with the same TTT.
                     let o = NopOut { immediate: true, lun: n.lun, itt: RESERVED_TAG, ttt: n.ttt, cmd_sn: self.cmd_sn, exp_stat_sn: self.exp_stat_sn };
-                    out.push(Action::Send(Pdu::new(Message::NopOut(o).encode(), Bytes::new())));
+                    pdu::encode_into(&Message::NopOut(o).encode(), &[], self.digests, &mut self.tx);
                 }
             }
             Message::LogoutResponse(l) => {
                 self.exp_stat_sn = l.stat_sn.wrapping_add(1);
-                out.push(Action::LoggedOut);
+                self.logged_out = true;
             }
             Message::AsyncMessage(a) => {
                 self.exp_stat_sn = a.stat_sn.wrapping_add(1);
-                self.update_window(a.exp_cmd_sn, a.max_cmd_sn, out);
+                self.update_window(a.exp_cmd_sn, a.max_cmd_sn);
                 if matches!(a.event, async_event::DROP_CONNECTION | async_event::DROP_ALL_CONNECTIONS | async_event::LOGOUT_REQUESTED) {
-                    return Err(ConnectionError(format!("target asked to end the session (async event {})", a.event)));
+                    return Err(violation(format!("target asked to end the session (async event {})", a.event)));
                 }
             }
             Message::Reject(r) => {
                 // The rejected header comes back as data: fail that command.
-                if pdu.data.len() >= 48 {
-                    let itt = u32::from_be_bytes([pdu.data[16], pdu.data[17], pdu.data[18], pdu.data[19]]);
-                    self.finish(itt, |_| Err(TaskError::Rejected(r.reason)), out);
+                if data.len() >= 48 {
+                    let itt = u32::from_be_bytes([data[16], data[17], data[18], data[19]]);
+                    self.finish(itt, |_| Err(TaskError::Rejected(r.reason)));
                 }
             }
             Message::TaskMgmtResponse(_) | Message::TextResponse(_) => {}
-            other => return Err(ConnectionError(format!("unexpected PDU from target: {other:?}"))),
+            other => return Err(violation(format!("unexpected PDU from target: {other:?}"))),
         }
         Ok(())
     }

@@ -84,6 +84,29 @@ impl Default for LocalLimits {
     }
 }
 
+impl LocalLimits {
+    /// What blockwire's initiator offers (`header`/`data`: ask for CRC32C
+    /// digests, None accepted too: some targets, tgt, only do None). Writes
+    /// need no R2T round trip: immediate data and an unsolicited first
+    /// burst of 256 KiB, as open-iscsi and libiscsi offer; Data-In of up to
+    /// 256 KiB per PDU.
+    pub fn initiator(header: bool, data: bool) -> LocalLimits {
+        let digests = |on: bool| if on { vec![Digest::Crc32c, Digest::None] } else { vec![Digest::None] };
+        LocalLimits {
+            header_digests: digests(header),
+            data_digests: digests(data),
+            initial_r2t: false,
+            immediate_data: true,
+            first_burst_length: 262144,
+            max_burst_length: 16776192,
+            max_recv_data_segment_length: 262144,
+            max_outstanding_r2t: 1,
+            default_time2retain: 0,
+            ..LocalLimits::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Digest {
     None,

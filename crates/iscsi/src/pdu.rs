@@ -288,18 +288,7 @@ impl Pdu {
 
     /// Padding and data digest that follow the data segment (empty if none).
     pub fn trailer(&self, d: Digests) -> ([u8; 8], usize) {
-        let mut t = [0u8; 8];
-        if self.data.is_empty() {
-            return (t, 0);
-        }
-        let pad = pad4(self.data.len());
-        let mut n = pad;
-        if d.data {
-            let crc = crc32c_append(crc32c(&self.data), &t[..pad]);
-            t[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
-            n += 4;
-        }
-        (t, n)
+        trailer(&self.data, d)
     }
 
     /// The whole PDU in one buffer (copies the data; fine for small PDUs).
@@ -311,6 +300,47 @@ impl Pdu {
         out.put_slice(&t[..n]);
         out
     }
+}
+
+/// Append one PDU without AHS to `out` as it goes on the wire: the BHS
+/// with its data segment length, the header digest, `data`, its padding
+/// and the data digest (as `d` says). The one encoding both ends use for
+/// PDUs they build in a send buffer.
+pub fn encode_into(bhs: &Bhs, data: &[u8], d: Digests, out: &mut Vec<u8>) {
+    encode_head_into(bhs, data.len(), d, out);
+    out.extend_from_slice(data);
+    let (t, n) = trailer(data, d);
+    out.extend_from_slice(&t[..n]);
+}
+
+/// Append the header part of a PDU without AHS for a data segment of
+/// `data_len` bytes that the caller sends itself (then [`trailer`]).
+pub fn encode_head_into(bhs: &Bhs, data_len: usize, d: Digests, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&bhs.0);
+    field::TOTAL_AHS_LENGTH.set(&mut out[start..], 0);
+    field::DATA_SEGMENT_LENGTH.set(&mut out[start..], data_len as u32);
+    if d.header {
+        let crc = crc32c(&out[start..]);
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// The padding and data digest that follow `data` on the wire, and how
+/// many of the 8 bytes they take (none for an empty data segment).
+pub fn trailer(data: &[u8], d: Digests) -> ([u8; 8], usize) {
+    let mut t = [0u8; 8];
+    if data.is_empty() {
+        return (t, 0);
+    }
+    let pad = pad4(data.len());
+    let mut n = pad;
+    if d.data {
+        let crc = crc32c_append(crc32c(data), &t[..pad]);
+        t[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
+        n += 4;
+    }
+    (t, n)
 }
 
 /// The header part of a PDU on the wire (see [`Pdu::head`]).
@@ -361,6 +391,27 @@ impl Pdu {
     }
 }
 
+/// A PDU's header as [`Decoder::peek_header`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub bhs: Bhs,
+    /// Bytes on the wire before the data segment (BHS, AHS, header digest).
+    pub header_len: usize,
+    /// The data segment's length, without padding and digest.
+    pub data_len: usize,
+}
+
+impl Header {
+    /// Padding and digest after the data segment, with digests `d`.
+    pub fn trailer_len(&self, d: Digests) -> usize {
+        if self.data_len == 0 {
+            0
+        } else {
+            pad4(self.data_len) + if d.data { 4 } else { 0 }
+        }
+    }
+}
+
 /// Splits a byte stream into PDUs.
 #[derive(Debug, Clone)]
 pub struct Decoder {
@@ -393,6 +444,35 @@ impl Decoder {
         (header_len, header_len + data_total)
     }
 
+    /// The header of the PDU at the front of `buf`, checked (header digest,
+    /// data segment length), once the whole header is there: a transport
+    /// that puts a data segment somewhere of its own reads the header with
+    /// this and the data itself. `Ok(None)`: the header is not complete.
+    pub fn peek_header(&self, buf: &[u8]) -> Result<Option<Header>, PduError> {
+        if buf.len() < BHS_LEN {
+            return Ok(None);
+        }
+        let mut bhs = Bhs::default();
+        bhs.0.copy_from_slice(&buf[..BHS_LEN]);
+        let (header_len, _) = self.lengths(&bhs);
+        if buf.len() < header_len {
+            return Ok(None);
+        }
+        let ahs_len = bhs.total_ahs_len();
+        if self.digests.header {
+            let want = crc32c(&buf[..BHS_LEN + ahs_len]);
+            let at = BHS_LEN + ahs_len;
+            if want != u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) {
+                return Err(PduError::HeaderDigest);
+            }
+        }
+        let data_len = bhs.data_segment_len();
+        if data_len > self.max_data {
+            return Err(PduError::DataTooLong { len: data_len, max: self.max_data });
+        }
+        Ok(Some(Header { bhs, header_len, data_len }))
+    }
+
     /// Take one complete PDU off the front of `buf`, if there is one. On
     /// error the stream cannot be resynchronised: close the connection.
     pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Pdu>, PduError> {
@@ -403,7 +483,6 @@ impl Decoder {
         bhs.0.copy_from_slice(&buf[..BHS_LEN]);
         let ahs_len = bhs.total_ahs_len();
         let dlen = bhs.data_segment_len();
-        let hd = if self.digests.header { 4 } else { 0 };
         let (header_len, total) = self.lengths(&bhs);
         if buf.len() >= header_len && self.digests.header {
             let want = crc32c(&buf[..BHS_LEN + ahs_len]);
@@ -424,21 +503,26 @@ impl Decoder {
             buf.reserve(total - buf.len());
             return Ok(None);
         }
-        let mut frame = buf.split_to(total);
-        frame.advance(BHS_LEN);
-        let ahs = frame.split_to(ahs_len).freeze();
-        frame.advance(hd);
-        let mut data = frame.split_to(dlen);
         if dlen > 0 && self.digests.data {
-            let pad = pad4(dlen);
-            let want = crc32c_append(crc32c(&data), &frame[..pad]);
-            let got = u32::from_le_bytes([frame[pad], frame[pad + 1], frame[pad + 2], frame[pad + 3]]);
-            if want != got {
+            let (d, pad) = (&buf[header_len..header_len + dlen], pad4(dlen));
+            let t = &buf[header_len + dlen..];
+            let want = crc32c_append(crc32c(d), &t[..pad]);
+            if want != u32::from_le_bytes([t[pad], t[pad + 1], t[pad + 2], t[pad + 3]]) {
                 return Err(PduError::DataDigest);
             }
         }
-        data.truncate(dlen);
-        Ok(Some(Pdu { bhs, ahs, data: data.freeze() }))
+        // Only the data segment is cut out of the buffer (a reference, no
+        // copy): a PDU without data (most commands) takes no reference at
+        // all, and an AHS (rare: extended CDBs) is copied.
+        let ahs = if ahs_len == 0 { Bytes::new() } else { Bytes::copy_from_slice(&buf[BHS_LEN..BHS_LEN + ahs_len]) };
+        let data = if dlen == 0 {
+            Bytes::new()
+        } else {
+            buf.advance(header_len);
+            buf.split_to(dlen).freeze()
+        };
+        buf.advance(total - if dlen == 0 { 0 } else { header_len + dlen });
+        Ok(Some(Pdu { bhs, ahs, data }))
     }
 }
 
@@ -523,6 +607,37 @@ mod tests {
                 assert_eq!(parts.len(), p.wire_len(d));
             }
         }
+    }
+
+    /// `encode_into` writes what `Pdu::encode` does, and `peek_header`
+    /// reads the header back (checked) once it is whole.
+    #[test]
+    fn encode_into_and_peek_header() {
+        let mut bhs = Bhs::default();
+        bhs.set_bits(field::OPCODE, 0x25);
+        bhs.set(field::ITT, 77);
+        for data in [&b""[..], b"a", b"abcde"] {
+            for d in [Digests::default(), Digests { header: true, data: true }] {
+                let p = Pdu::new(bhs, Bytes::copy_from_slice(data));
+                let mut out = vec![9u8];
+                encode_into(&bhs, data, d, &mut out);
+                assert_eq!(&out[1..], &p.encode(d)[..]);
+                let mut dec = Decoder::new(8192);
+                dec.digests = d;
+                let hl = BHS_LEN + if d.header { 4 } else { 0 };
+                assert_eq!(dec.peek_header(&out[1..hl]), Ok(None));
+                let h = dec.peek_header(&out[1..]).unwrap().unwrap();
+                assert_eq!((h.bhs.itt(), h.header_len, h.data_len), (77, hl, data.len()));
+                assert_eq!(hl + h.data_len + h.trailer_len(d), out.len() - 1);
+                if d.header {
+                    out[3] ^= 1;
+                    assert_eq!(dec.peek_header(&out[1..]), Err(PduError::HeaderDigest));
+                }
+            }
+        }
+        let mut big = bhs;
+        big.set_data_segment_len(9000);
+        assert!(matches!(Decoder::new(8192).peek_header(&big.0), Err(PduError::DataTooLong { .. })));
     }
 
     #[test]

@@ -19,6 +19,11 @@ use crate::pdu::{extended_cdb, Pdu, RESERVED_TAG};
 use crate::text;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
+
+/// The session's tasks by ITT. The initiator picks the keys, but the CmdSN
+/// window bounds how many there are, so a fast hash is enough (with a
+/// random seed per session all the same).
+type Tasks = HashMap<u32, Task, foldhash::fast::RandomState>;
 use std::time::{Duration, Instant};
 
 /// RFC 1982 serial number comparison: a < b.
@@ -60,6 +65,9 @@ pub struct SessionConfig {
 /// larger than the budget still makes progress.
 pub const DATA_OUT_BUDGET: usize = 16 << 20;
 
+/// A write's data-out pieces (see [`Exec::data_out`]).
+pub type DataOutPieces = smallvec::SmallVec<[Bytes; 1]>;
+
 /// A SCSI command ready to run.
 #[derive(Debug, Clone)]
 pub struct Exec {
@@ -68,11 +76,12 @@ pub struct Exec {
     /// reused after an abort.
     pub id: u64,
     pub lun: u64,
-    pub cdb: Bytes,
+    pub cdb: Cdb,
     /// Everything the initiator sent (EDTL bytes for writes, else empty),
     /// in consecutive pieces as they arrived (immediate data, Data-Out
-    /// segments), not copied into one buffer.
-    pub data_out: Vec<Bytes>,
+    /// segments), not copied into one buffer (one piece, the usual small
+    /// write's, held inline).
+    pub data_out: DataOutPieces,
     pub edtl: u32,
     pub read: bool,
     pub write: bool,
@@ -141,11 +150,30 @@ struct R2tState {
     next_data_sn: u32,
 }
 
+/// A command's CDB: the 16 bytes of its BHS, kept as they are (no
+/// allocation), or, with an extended CDB in an AHS (longer CDBs, rare),
+/// the whole of it in a buffer of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cdb {
+    Short([u8; 16]),
+    Long(Bytes),
+}
+
+impl std::ops::Deref for Cdb {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Cdb::Short(b) => b,
+            Cdb::Long(b) => b,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Task {
     id: u64,
     lun: u64,
-    cdb: Bytes,
+    cdb: Cdb,
     edtl: u32,
     read: bool,
     write: bool,
@@ -173,6 +201,13 @@ struct Task {
     immediate: bool,
 }
 
+impl Task {
+    /// The command to run, with its data-out.
+    fn exec(&self, itt: u32, data_out: DataOutPieces) -> Exec {
+        Exec { itt, id: self.id, lun: self.lun, cdb: self.cdb.clone(), data_out, edtl: self.edtl, read: self.read, write: self.write }
+    }
+}
+
 /// Immediate commands (which the CmdSN window does not bound) a session
 /// may have outstanding; more get TASK SET FULL.
 pub const MAX_IMMEDIATE_TASKS: usize = 16;
@@ -183,7 +218,7 @@ pub struct TargetSession {
     exp_cmd_sn: u32,
     max_cmd_sn: u32,
     stat_sn: u32,
-    tasks: HashMap<u32, Task>,
+    tasks: Tasks,
     /// Sum of the tasks' `held` bytes.
     data_out_held: usize,
     /// Of `data_out_held`, the bytes of tasks given R2T service.
@@ -210,7 +245,7 @@ impl TargetSession {
             exp_cmd_sn: cfg.exp_cmd_sn,
             max_cmd_sn: cfg.exp_cmd_sn.wrapping_add(qd - 1),
             stat_sn: cfg.stat_sn,
-            tasks: HashMap::new(),
+            tasks: Tasks::default(),
             data_out_held: 0,
             solicited_held: 0,
             r2t_waiting: VecDeque::new(),
@@ -442,9 +477,9 @@ impl TargetSession {
             Some(ext) => {
                 let mut v = c.cdb.to_vec();
                 v.extend_from_slice(ext);
-                Bytes::from(v)
+                Cdb::Long(Bytes::from(v))
             }
-            None => Bytes::copy_from_slice(&c.cdb),
+            None => Cdb::Short(c.cdb),
         };
         let id = self.next_id;
         self.next_id += 1;
@@ -499,10 +534,12 @@ impl TargetSession {
         task.held = task.unsolicited_end.unwrap_or(imm) as usize;
         self.data_out_held += task.held;
         if imm == edtl {
-            // All data (possibly none) is here.
-            let data = if imm == 0 { Vec::new() } else { vec![pdu.data] };
+            // All data (possibly none) is here: run it (the task is looked
+            // up no more until it completes).
+            let data = if imm == 0 { DataOutPieces::new() } else { smallvec::smallvec![pdu.data] };
+            task.executing = true;
+            out.push(Action::Execute(task.exec(c.itt, data)));
             self.tasks.insert(c.itt, task);
-            self.start(c.itt, data, out);
             return Ok(());
         }
         if imm > 0 {
@@ -557,19 +594,10 @@ impl TargetSession {
         self.solicited_held -= t.solicited;
     }
 
-    fn start(&mut self, itt: u32, data: Vec<Bytes>, out: &mut Vec<Action>) {
+    fn start(&mut self, itt: u32, data: DataOutPieces, out: &mut Vec<Action>) {
         if let Some(t) = self.tasks.get_mut(&itt) {
             t.executing = true;
-            out.push(Action::Execute(Exec {
-                itt,
-                id: t.id,
-                lun: t.lun,
-                cdb: t.cdb.clone(),
-                data_out: data,
-                edtl: t.edtl,
-                read: t.read,
-                write: t.write,
-            }));
+            out.push(Action::Execute(t.exec(itt, data)));
         }
     }
 
@@ -757,11 +785,12 @@ impl TargetSession {
     /// The task `itt` if it is still the one with `id` (not aborted
     /// meanwhile), removed; its command slot and data-out budget are freed.
     fn take_task(&mut self, itt: u32, id: u64) -> Option<Task> {
-        match self.tasks.get(&itt) {
-            Some(t) if t.id == id => {}
-            _ => return None,
-        }
         let t = self.tasks.remove(&itt)?;
+        if t.id != id {
+            // A newer task with the ITT (the one asked for was aborted).
+            self.tasks.insert(itt, t);
+            return None;
+        }
         if !t.immediate {
             self.slot_done();
         }
@@ -1030,7 +1059,7 @@ impl TargetSession {
 /// The received pieces as consecutive buffers from offset 0. Pieces
 /// normally arrive in order and back to back (DataPDUInOrder); anything else
 /// (gaps, overlaps) is assembled into one zero-filled buffer of `len` bytes.
-fn in_order(mut pieces: Vec<(u32, Bytes)>, len: usize) -> Vec<Bytes> {
+fn in_order(mut pieces: Vec<(u32, Bytes)>, len: usize) -> DataOutPieces {
     pieces.sort_by_key(|(off, _)| *off);
     let mut next = 0usize;
     let contiguous = pieces.iter().all(|(off, b)| {
@@ -1049,7 +1078,7 @@ fn in_order(mut pieces: Vec<(u32, Bytes)>, len: usize) -> Vec<Bytes> {
             buf[off..end].copy_from_slice(&b[..end - off]);
         }
     }
-    vec![buf.freeze()]
+    smallvec::smallvec![buf.freeze()]
 }
 
 fn log_drop(_cmd_sn: u32, _exp: u32, _max: u32) {
@@ -1173,11 +1202,11 @@ mod tests {
     fn data_out_pieces_in_order() {
         let b = |v: &[u8]| Bytes::copy_from_slice(v);
         let tiled = in_order(vec![(3, b(b"def")), (0, b(b"abc")), (6, b(b"g"))], 7);
-        assert_eq!(tiled, vec![b(b"abc"), b(b"def"), b(b"g")]);
+        assert_eq!(tiled.to_vec(), vec![b(b"abc"), b(b"def"), b(b"g")]);
         let gap = in_order(vec![(0, b(b"ab")), (4, b(b"ef"))], 6);
-        assert_eq!(gap, vec![b(b"ab\0\0ef")]);
+        assert_eq!(gap.to_vec(), vec![b(b"ab\0\0ef")]);
         let overlap = in_order(vec![(0, b(b"abc")), (2, b(b"XY"))], 4);
-        assert_eq!(overlap, vec![b(b"abXY")]);
+        assert_eq!(overlap.to_vec(), vec![b(b"abXY")]);
         assert!(in_order(Vec::new(), 0).is_empty());
     }
 

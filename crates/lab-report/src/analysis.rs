@@ -6,7 +6,7 @@
 
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
 use bw_lab_results::fs::{FsFactors, FsSample};
-use bw_lab_results::{SubjectKey, Suite};
+use bw_lab_results::{Sample, SubjectKey, Suite};
 use bw_lab_results::Results;
 use bw_lab_results::stats::{advantage, describe_advantage, mean_ci, Verdict};
 use std::collections::BTreeMap;
@@ -157,6 +157,75 @@ pub struct Recommendation {
     pub latency: Option<Decision>,
     pub cpu: Option<Decision>,
     pub vs_local: Option<String>,
+    /// Subjects whose client, not their target, bounds this comparison
+    /// (see [`ClientBound`]); the micro suite's only.
+    pub client_bound: Vec<ClientBound>,
+}
+
+/// A client's CPU per operation above this many times its target's, on a
+/// machine whose CPUs were full, flags the comparison: the client bounds
+/// what the target can show.
+pub const CLIENT_BOUND_RATIO: f64 = 2.0;
+/// The share of a machine's CPUs (anyone's work counted) above which they
+/// count as full.
+pub const CPUS_FULL: f64 = 0.9;
+
+/// A subject whose initiator is the bottleneck of a comparison: with the
+/// machine's CPUs full, the initiator spent over [`CLIENT_BOUND_RATIO`]
+/// times its target's CPU per operation, so its throughput is the
+/// client's and a verdict on it says more about the initiator (the lab's
+/// instrument) than about the target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientBound {
+    pub subject: String,
+    /// Means over the repetitions, µs per operation.
+    pub client_us: f64,
+    pub target_us: f64,
+    /// The busiest machine's CPUs in use over the runs (mean share).
+    pub busy: f64,
+}
+
+impl ClientBound {
+    pub fn text(&self) -> String {
+        format!(
+            "{}: its client spent {:.1} µs of CPU per op, {:.1}x its target's {:.1}, with the machine's CPUs {:.0}% busy: the client bounds this result",
+            self.subject,
+            self.client_us,
+            self.client_us / self.target_us,
+            self.target_us,
+            self.busy * 100.0
+        )
+    }
+}
+
+/// The share of the CPUs in use over `s`'s run on its busiest machine
+/// (everyone's work, the idle baseline included): `None` without
+/// whole-machine figures or a CPU count.
+pub fn machine_busy_share(r: &Results, s: &Sample) -> Option<f64> {
+    let runtime = s.bench.runtime_s;
+    s.machine_cpu
+        .iter()
+        .filter_map(|m| {
+            // A run across machines names each machine's hosts; on one
+            // machine the run's own CPU count applies.
+            let cpus = r
+                .hosts
+                .iter()
+                .find(|h| m.hosts.iter().any(|n| h.address.contains(n.as_str())))
+                .map_or(r.machine.cpus, |h| h.cpus);
+            (cpus > 0 && runtime > 0.0).then(|| m.busy_s / (runtime * cpus as f64))
+        })
+        .max_by(f64::total_cmp)
+}
+
+/// Whether `c`'s client bounds it (see [`ClientBound`]).
+pub fn client_bound(r: &Results, c: &Case) -> Option<ClientBound> {
+    let client_us = mean(&c.values(Metric::InitiatorCpuUsPerOp));
+    let target_us = mean(&c.values(Metric::TargetCpuUsPerOp));
+    let busy: Vec<f64> = c.samples.iter().filter_map(|s| machine_busy_share(r, s)).collect();
+    let busy = mean(&busy);
+    (target_us > 0.0 && client_us > CLIENT_BOUND_RATIO * target_us && busy >= CPUS_FULL)
+        .then(|| ClientBound { subject: c.key.subject.to_string(), client_us, target_us, busy })
 }
 
 /// The micro suite's recommendations, per (--offload/--digest setting, link, MTU, workload).
@@ -197,6 +266,7 @@ pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
             latency: decide(&Quantity::of(Metric::LatP50Us), &entries(Metric::LatP50Us)),
             cpu: decide(&Quantity::of(Metric::TotalCpuUsPerOp), &entries(Metric::TotalCpuUsPerOp)),
             vs_local,
+            client_bound: cs.iter().filter_map(|c| client_bound(r, c)).collect(),
         });
     }
     out
@@ -351,6 +421,7 @@ pub fn fs_recommendations(r: &Results) -> Vec<Recommendation> {
             latency,
             cpu,
             vs_local,
+            client_bound: vec![],
         });
     }
     out

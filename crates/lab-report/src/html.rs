@@ -142,6 +142,11 @@ fn answer(c: &Ctx) -> Option<Markup> {
                     }
                 }
             }
+            @let bound: Vec<(&Recommendation, &analysis::ClientBound)> = c.recs.iter().flat_map(|r| r.client_bound.iter().map(move |b| (r, b))).collect();
+            @if !bound.is_empty() {
+                p.warn { "Where the client is the bottleneck (its CPU per operation over " (analysis::CLIENT_BOUND_RATIO) "x its target's, on a machine whose CPUs were full), a verdict says more about the initiator, the lab's instrument, than about the target:" }
+                ul { @for (rec, b) in &bound { li { (rec.scenario) " " (rec.workload) ": " (b.text()) } } }
+            }
         }
         p.note {
             "Clients: " (c.r.subjects.iter().map(|s| format!("{} by {}", s.key, s.initiator)).collect::<Vec<_>>().join("; ")) "."
@@ -256,6 +261,11 @@ fn recommendation(c: &Ctx) -> Option<Markup> {
                 tr { th.l { "workload" } th.l { "throughput" } th.l { "latency" } th.l { "CPU per op" } th.l { "best vs local" } }
                 @for rec in recs {
                     tr { td.l { (rec.workload) } (decision_cell(&rec.throughput)) (decision_cell(&rec.latency)) (decision_cell(&rec.cpu)) td.l { (rec.vs_local.as_deref().unwrap_or("–")) } }
+                }
+            }
+            @for rec in recs {
+                @for b in &rec.client_bound {
+                    p.warn { (rec.workload) ": " (b.text()) }
                 }
             }
         }

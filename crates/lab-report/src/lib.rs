@@ -480,6 +480,53 @@ mod tests {
         assert_eq!(serde_json::from_str::<Results>(&golden).unwrap(), r);
     }
 
+    /// iSCSI and NVMe/TCP at 4 KiB QD32, NVMe/TCP's client costing `nvme_client`
+    /// times its target per op, with the machine `busy` (share of its two
+    /// CPUs in use over each run).
+    fn results_client_bound(nvme_client: f64, busy: f64) -> Results {
+        let mut r = Results { format: FORMAT, ..Default::default() };
+        r.params.mtus = vec![1500];
+        r.params.repeat = 3;
+        r.machine.cpus = 2;
+        for (k, p) in [("blockwire-iscsi", "iscsi"), ("blockwire-nvme", "nvme")] {
+            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
+        }
+        for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
+            for (subject, iops, client) in [("blockwire-iscsi", 100_000.0, 1.2), ("blockwire-nvme", 120_000.0, nvme_client)] {
+                let mut s = sample(subject, Some(1500), "randread-4k-qd32", rep, iops * jitter, 1.0);
+                s.bench.cpu_user_s = client / 2.0;
+                s.bench.cpu_sys_s = client / 2.0;
+                // 2 s runs on 2 CPUs: 4 CPU-seconds in all.
+                s.machine_cpu = vec![MachineCpu { hosts: vec!["t".into(), "c".into()], busy_s: 4.0 * busy, idle_s: 0.1 }];
+                r.samples.push(s);
+            }
+        }
+        r
+    }
+
+    /// A comparison is flagged where a subject's client spends more than
+    /// twice its target's CPU per op and the machine's CPUs were full, in
+    /// the terminal summary and the report, and nowhere else.
+    #[test]
+    fn a_comparison_bound_by_the_client_is_flagged() {
+        let flagged = |r: &Results| -> Vec<String> { recommendations(r).iter().flat_map(|rec| rec.client_bound.iter().map(|c| c.subject.clone())).collect() };
+        let r = results_client_bound(2.5, 0.97);
+        assert_eq!(flagged(&r), vec!["blockwire-nvme".to_string()]);
+        let lines = summary::client_bound_lines(&recommendations(&r));
+        assert!(lines.len() == 2 && lines[1].contains("randread-4k-qd32") && lines[1].contains("2.5x its target's") && lines[1].contains("97% busy"), "{lines:?}");
+        let page = html::page(&r);
+        assert!(page.contains("Where the client is the bottleneck") && page.contains("blockwire-nvme: its client spent"), "in the report");
+        // Not when the machine had CPU to spare, nor at 1.5x, nor without
+        // whole-machine figures.
+        for r in [results_client_bound(2.5, 0.6), results_client_bound(1.5, 0.97)] {
+            assert!(flagged(&r).is_empty());
+            assert!(!html::page(&r).contains("Where the client is the bottleneck"));
+        }
+        let mut r = results_client_bound(2.5, 0.97);
+        r.samples.iter_mut().for_each(|s| s.machine_cpu.clear());
+        assert!(flagged(&r).is_empty());
+    }
+
     #[test]
     fn the_offload_section_shows_every_setting_and_whole_machine_cpu() {
         let page = html::page(&results_with_factors());

@@ -60,6 +60,9 @@ fn print_answer(recs: Vec<crate::analysis::Recommendation>) {
     for r in &rows {
         line(&r.iter().map(String::as_str).collect::<Vec<_>>());
     }
+    for l in client_bound_lines(&recs) {
+        println!("{l}");
+    }
     println!("\nRecommendation in detail (throughput, latency, CPU per op)");
     for rec in recs {
         println!("  {} {}:", rec.scenario, rec.workload);
@@ -71,5 +74,25 @@ fn print_answer(recs: Vec<crate::analysis::Recommendation>) {
         if let Some(v) = rec.vs_local {
             println!("    {:<10} {v}", "vs local");
         }
+        for c in &rec.client_bound {
+            println!("    {:<10} {}", "client", c.text());
+        }
     }
+}
+
+/// Below the answer: the comparisons a subject's client bounds, each
+/// with why (empty when none).
+pub fn client_bound_lines(recs: &[crate::analysis::Recommendation]) -> Vec<String> {
+    let flagged: Vec<String> = recs
+        .iter()
+        .flat_map(|rec| rec.client_bound.iter().map(move |c| format!("  {} {}: {}", rec.scenario, rec.workload, c.text())))
+        .collect();
+    if flagged.is_empty() {
+        return flagged;
+    }
+    let head = format!(
+        "\nWhere the client is the bottleneck (its CPU per op over {}x its target's, on a machine whose CPUs were full), a verdict says more about the initiator than the target:",
+        crate::analysis::CLIENT_BOUND_RATIO
+    );
+    std::iter::once(head).chain(flagged).collect()
 }

@@ -236,7 +236,7 @@ impl<'a> Plan<'a> {
             );
         }
         // The pieces received, cut to what the CDB transfers.
-        let mut pieces: Vec<&[u8]> = Vec::with_capacity(data_out.len());
+        let mut pieces: smallvec::SmallVec<[&[u8]; 4]> = smallvec::SmallVec::with_capacity(data_out.len());
         let mut left = wanted;
         for p in data_out {
             let k = p.len().min(left);

@@ -124,6 +124,9 @@ pub trait Session {
     fn on_signal(&mut self, s: Self::Signal) -> Step;
     /// The target is shutting down: queue a last word if the protocol has one.
     fn on_shutdown(&mut self) {}
+    /// What the outbox holds is about to be sent (a batch is over): a
+    /// session that times its I/Os once per batch does it here.
+    fn before_send(&mut self) {}
 }
 
 /// How [`run`] ended.
@@ -212,6 +215,7 @@ pub async fn run<S: Session>(
         while let Ok(d) = done_rx.try_recv() {
             s.complete(d);
         }
+        s.before_send();
         if let Err(e) = s.outbox().send(stream) {
             return Exit::Closed(Err(e.into()));
         }

@@ -498,12 +498,14 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
         stats,
         ending,
         now: Instant::now(),
+        spare: Vec::new(),
     };
     let r = match driver::run(&stream, &mut reader, &mut conn, &mut done_rx, &mut shutdown, &ctx.knobs).await {
         Exit::Closed(r) => r,
         Exit::Returned => Ok(()),
     };
     drop(registered);
+    conn.meter.flush();
     driver::close(stream, &mut conn.out).await;
     if let Some(s) = &scsi {
         s.nexus_gone(nexus);
@@ -743,6 +745,9 @@ struct Connection {
     /// When the driver took the batch of PDUs being handled (I/O timers
     /// start there).
     now: Instant,
+    /// Action lists to reuse (a command's handling nests two: the PDU's
+    /// and its completion's), so that none is allocated per command.
+    spare: Vec<Vec<Action>>,
 }
 
 fn lun_number(lun_field: u64) -> u64 {
@@ -751,7 +756,7 @@ fn lun_number(lun_field: u64) -> u64 {
 
 /// Run one SCSI command; the result as the session wants it.
 fn run_command(plan: &Plan<'_>, nexus: u64, e: &Exec) -> Done {
-    let data_out: Vec<&[u8]> = e.data_out.iter().map(|b| &b[..]).collect();
+    let data_out: smallvec::SmallVec<[&[u8]; 4]> = e.data_out.iter().map(|b| &b[..]).collect();
     let mut data_in = Vec::new();
     let (o, wanted) = plan.execute(nexus, &data_out, e.edtl as usize, &mut data_in);
     Done::new(e, o, data_in, data_out_residual(wanted, e.edtl))
@@ -773,6 +778,11 @@ fn work(plan: &Plan<'_>, e: &Exec, knobs: &Knobs, digests: Digests) -> Work {
 }
 
 impl Connection {
+    /// An empty action list (see [`Connection::spare`]).
+    fn actions(&mut self) -> Vec<Action> {
+        self.spare.pop().unwrap_or_default()
+    }
+
     /// Queue the PDUs a session call produced and run the commands it
     /// released. `false` once the session asks to close.
     fn act(&mut self, actions: Vec<Action>) -> bool {
@@ -780,10 +790,10 @@ impl Connection {
     }
 
     /// [`Connection::act`], also returning how many commands it ran.
-    fn act_counting(&mut self, actions: Vec<Action>) -> (bool, usize) {
+    fn act_counting(&mut self, mut actions: Vec<Action>) -> (bool, usize) {
         let mut keep_going = true;
         let mut commands = 0;
-        for a in actions {
+        for a in actions.drain(..) {
             match a {
                 Action::Send(p) => push_pdu(&mut self.out, &p, self.digests),
                 // Only complete_extent makes these, and its callers handle them.
@@ -820,6 +830,9 @@ impl Connection {
                 }
             }
         }
+        if self.spare.len() < 4 {
+            self.spare.push(actions);
+        }
         (keep_going, commands)
     }
 
@@ -847,7 +860,7 @@ impl Connection {
         if place == Place::Inline && e.read && !e.write {
             if let Some(ok) = self.read(&plan, &e, work) {
                 if let Some(t) = io {
-                    self.meter.done(t, ok);
+                    self.meter.done_later(t, ok);
                 }
                 return;
             }
@@ -903,9 +916,9 @@ impl Connection {
     /// reports from `execute`).
     fn finished(&mut self, d: Done) {
         if let Some(t) = d.io {
-            self.meter.done(t, d.status == bw_scsi::ScsiOutcome::GOOD.status);
+            self.meter.done_later(t, d.status == bw_scsi::ScsiOutcome::GOOD.status);
         }
-        let mut actions = Vec::new();
+        let mut actions = self.actions();
         self.session.complete(
             d.itt,
             d.id,
@@ -937,21 +950,22 @@ impl Connection {
         let source = Payload::of(&volume, offset, len, zero_copy, self.knobs.mapped_reads && !self.digests.data);
         match source {
             Ok(Some(payload)) => {
-                let mut actions = Vec::new();
+                let mut actions = self.actions();
                 self.session.complete_extent(e.itt, e.id, len, &mut actions);
-                let mut rest = Vec::new();
-                for a in actions {
-                    match a {
-                        Action::SendExtent { pdu, at, len } => {
-                            self.out.buf_mut().extend_from_slice(&pdu.head(self.digests, len));
-                            self.out.push_payload(&payload, at, len);
-                            let pad = bw_iscsi::pdu::pad4(len);
-                            self.out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
+                let (out, digests) = (&mut self.out, self.digests);
+                actions.retain(|a| match a {
+                    Action::SendExtent { pdu, at, len } => {
+                        out.buf_mut().extend_from_slice(&pdu.head(digests, *len));
+                        out.push_payload(&payload, *at, *len);
+                        let pad = bw_iscsi::pdu::pad4(*len);
+                        if pad > 0 {
+                            out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
                         }
-                        a => rest.push(a),
+                        false
                     }
-                }
-                self.act(rest);
+                    _ => true,
+                });
+                self.act(actions);
                 return Some(true);
             }
             Ok(None) => {}
@@ -993,25 +1007,25 @@ impl Connection {
                 b.extend_from_slice(&crc.to_le_bytes());
             }
         }
-        let mut actions = Vec::new();
+        let mut actions = self.actions();
         self.session.complete_extent(e.itt, e.id, len, &mut actions);
         let mut heads = heads.into_iter();
-        let mut rest = Vec::new();
-        for a in actions {
-            match a {
-                Action::SendExtent { pdu, len, .. } => {
-                    let Some(h) = heads.next() else { continue };
-                    let head = pdu.head(self.digests, len);
-                    self.out.buf_mut()[h..h + head_len].copy_from_slice(&head);
+        let (out, digests) = (&mut self.out, self.digests);
+        actions.retain(|a| match a {
+            Action::SendExtent { pdu, len, .. } => {
+                if let Some(h) = heads.next() {
+                    let head = pdu.head(digests, *len);
+                    out.buf_mut()[h..h + head_len].copy_from_slice(&head);
                 }
-                a => rest.push(a),
+                false
             }
-        }
+            _ => true,
+        });
         if heads.next().is_some() {
             // The task was aborted meanwhile: nothing of it goes out.
             self.out.buf_mut().truncate(start);
         }
-        self.act(rest);
+        self.act(actions);
         true
     }
 }
@@ -1037,7 +1051,7 @@ impl driver::Session for Connection {
         };
         let bhs = pdu.bhs;
         self.now = now;
-        let mut actions = Vec::new();
+        let mut actions = self.actions();
         let r = self.session.on_pdu(pdu, now, &mut actions);
         if r.is_err() {
             actions.push(Action::Send(self.session.reject(&bhs, bw_iscsi::msg::reject_reason::PROTOCOL_ERROR)));
@@ -1062,7 +1076,7 @@ impl driver::Session for Connection {
     }
 
     fn handle_timeout(&mut self, now: Instant) -> Step {
-        let mut actions = Vec::new();
+        let mut actions = self.actions();
         let r = self.session.handle_timeout(now, &mut actions);
         let open = self.act(actions);
         match r {
@@ -1084,6 +1098,10 @@ impl driver::Session for Connection {
     fn on_shutdown(&mut self) {
         let p = self.session.async_drop_all(2);
         push_pdu(&mut self.out, &p, self.digests);
+    }
+
+    fn before_send(&mut self) {
+        self.meter.flush();
     }
 }
 

@@ -42,6 +42,13 @@ impl Client {
         Client::login_to(port, initiator, IQN, keys)
     }
 
+    /// A login that must succeed (status 0).
+    fn logged_in(port: u16, initiator: &str, keys: &[(&str, &str)]) -> Client {
+        let (c, status) = Client::login(port, initiator, keys);
+        assert_eq!(status, 0, "login of {initiator:?} refused");
+        c
+    }
+
     fn login_to(port: u16, initiator: &str, target: &str, keys: &[(&str, &str)]) -> (Client, u16) {
         let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         s.set_nodelay(true).expect("nodelay");
@@ -93,6 +100,42 @@ impl Client {
         let c = ScsiCommand { final_, write: true, itt, edtl: blocks * 512, cmd_sn: self.cmd_sn, cdb, ..Default::default() };
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
         self.send(Message::ScsiCommand(c).encode(), Bytes::new())
+    }
+
+    /// A WRITE(16) carrying `data` as immediate data (F set: nothing more
+    /// follows unsolicited).
+    fn write_immediate(&mut self, itt: u32, lba: u64, data: Bytes) -> bool {
+        let blocks = (data.len() / 512) as u32;
+        let cdb = bw_scsi::initiator::write_16(lba, blocks);
+        let c = ScsiCommand { final_: true, write: true, itt, edtl: data.len() as u32, cmd_sn: self.cmd_sn, cdb, ..Default::default() };
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        self.send(Message::ScsiCommand(c).encode(), data)
+    }
+
+    /// READ(16) of `blocks` 512-byte blocks at `lba`: the data, or `None`
+    /// if the command failed or the connection ended.
+    fn read(&mut self, itt: u32, lba: u64, blocks: u32) -> Option<Vec<u8>> {
+        let cdb = bw_scsi::initiator::read_16(lba, blocks);
+        let c = ScsiCommand { final_: true, read: true, itt, edtl: blocks * 512, cmd_sn: self.cmd_sn, cdb, ..Default::default() };
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        if !self.send(Message::ScsiCommand(c).encode(), Bytes::new()) {
+            return None;
+        }
+        let mut data = vec![0u8; blocks as usize * 512];
+        loop {
+            let p = self.next_pdu(Duration::from_secs(30))?;
+            match Message::decode(&p.bhs) {
+                Ok(Message::DataIn(d)) if d.itt == itt => {
+                    let at = d.buffer_offset as usize;
+                    data[at..at + p.data.len()].copy_from_slice(&p.data);
+                    if d.has_status {
+                        return (d.status == bw_scsi::status::GOOD).then_some(data);
+                    }
+                }
+                Ok(Message::ScsiResponse(r)) if r.itt == itt => return (r.status == bw_scsi::status::GOOD).then_some(data),
+                _ => {}
+            }
+        }
     }
 
     fn data_out(&mut self, itt: u32, ttt: u32, data_sn: u32, buffer_offset: u32, data: Bytes, final_: bool) -> bool {
@@ -159,8 +202,7 @@ fn iscsi_unsolicited_data_out_flood_is_bounded() {
         ("MaxBurstLength", "1048576"),
         ("MaxRecvDataSegmentLength", "262144"),
     ];
-    let (mut c, status) = Client::login(port, "iqn.2026-11.org.blockwire.test:flood", &keys);
-    assert_eq!(status, 0, "login refused");
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:flood", &keys);
     let before = proc_stats(pid);
     let sampler = Sampler::start(pid);
     assert!(c.write(1, 0, (4 << 20) / 512, false));
@@ -210,8 +252,7 @@ fn iscsi_unsolicited_data_out_flood_is_bounded() {
 fn iscsi_write_data_out_budget_per_connection() {
     let (_dir, mut serve, port) = target();
     let keys = [("InitialR2T", "Yes"), ("ImmediateData", "No"), ("MaxBurstLength", "1048576"), ("MaxOutstandingR2T", "1")];
-    let (mut c, status) = Client::login(port, "iqn.2026-11.org.blockwire.test:budget", &keys);
-    assert_eq!(status, 0, "login refused");
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:budget", &keys);
     let blocks = (4 << 20) / 512;
     for itt in 0..128u32 {
         assert!(c.write(itt, u64::from(itt % 8) * u64::from(blocks), blocks, true), "connection closed");
@@ -244,6 +285,116 @@ fn iscsi_write_data_out_budget_per_connection() {
     assert!(serve.stop().success());
 }
 
+/// The opcode of a PDU.
+fn opcode(p: &Pdu) -> u8 {
+    p.bhs.0[0] & 0x3F
+}
+
+/// Immediate data within what was negotiated is written with no R2T round
+/// trip (the 4 KiB write of open-iscsi and libiscsi: one PDU each way);
+/// more than FirstBurstLength of it, or any when ImmediateData=No was
+/// negotiated, is refused (a Reject, then the connection ends) and nothing
+/// of it is written.
+#[test]
+fn iscsi_immediate_data_within_the_negotiated_bounds_only() {
+    let (_dir, mut serve, port) = target();
+    let keys = [("InitialR2T", "No"), ("ImmediateData", "Yes"), ("FirstBurstLength", "8192"), ("MaxRecvDataSegmentLength", "262144")];
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:imm", &keys);
+    let block = Bytes::from((0..4096u32).map(|i| (i % 251) as u8 + 1).collect::<Vec<u8>>());
+    assert!(c.write_immediate(1, 8, block.clone()));
+    let answer = c.until_ping_answered();
+    assert!(!answer.iter().any(is_r2t), "an R2T for a write whose data all came with the command");
+    let r = answer.iter().find(|p| opcode(p) == 0x21 && p.bhs.itt() == 1).expect("no SCSI Response to a 4 KiB write with immediate data");
+    assert_eq!(r.bhs.0[3], bw_scsi::status::GOOD);
+    assert_eq!(c.read(2, 8, 8).as_deref(), Some(&block[..]), "the immediate data was not written");
+    // 64 KiB of immediate data against FirstBurstLength 8192: refused.
+    let big = Bytes::from(vec![0xEEu8; 64 * 1024]);
+    assert!(c.write_immediate(3, 64, big.clone()));
+    let p = c.next_pdu(Duration::from_secs(30)).expect("no answer to immediate data past FirstBurstLength");
+    assert_eq!(opcode(&p), 0x3F, "expected a Reject, got opcode {:#x}", opcode(&p));
+    assert!(c.next_pdu(Duration::from_secs(30)).is_none(), "the connection stays up after immediate data past FirstBurstLength");
+    // ImmediateData=No negotiated: 4 KiB of it is refused as well.
+    let keys = [("InitialR2T", "Yes"), ("ImmediateData", "No")];
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:imm-no", &keys);
+    assert!(c.write_immediate(4, 200, block.clone()));
+    let p = c.next_pdu(Duration::from_secs(30)).expect("no answer to immediate data with ImmediateData=No");
+    assert_eq!(opcode(&p), 0x3F, "expected a Reject, got opcode {:#x}", opcode(&p));
+    assert!(c.next_pdu(Duration::from_secs(30)).is_none());
+    // Nothing of either refused write is on the volume.
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:check", &[]);
+    assert_eq!(c.read(5, 64, 128), Some(vec![0u8; 64 * 1024]), "refused immediate data was written");
+    assert_eq!(c.read(6, 200, 8), Some(vec![0u8; 4096]), "refused immediate data was written");
+    assert!(serve.is_running());
+    assert!(serve.stop().success());
+}
+
+/// A hostile initiator sends more unsolicited Data-Out than it negotiated
+/// (FirstBurstLength 64 KiB) for eight 4 MiB WRITEs at once: in order and
+/// on past the burst's end (or one PDU straddling it), up to the end of
+/// each write, 32 MiB in all. Each task fails with DATA PHASE ERROR at the
+/// first byte past its burst and the rest is dropped: the target holds no
+/// more than the negotiated bursts (a target that took it all would hold
+/// 32 MiB), writes nothing of it, and the session goes on.
+#[test]
+fn iscsi_unsolicited_data_past_first_burst_is_refused_and_not_held() {
+    let (_dir, mut serve, port) = target();
+    let pid = serve.pid();
+    let keys = [("InitialR2T", "No"), ("ImmediateData", "Yes"), ("FirstBurstLength", "65536"), ("MaxBurstLength", "262144"), ("MaxRecvDataSegmentLength", "262144")];
+    let mut c = Client::logged_in(port, "iqn.2026-11.org.blockwire.test:burst", &keys);
+    let before = proc_stats(pid);
+    let sampler = Sampler::start(pid);
+    let piece = |n: usize| Bytes::from(vec![0x5Au8; n]);
+    const WRITE: u32 = 4 << 20;
+    // The burst before the flood, as (offset, length): one PDU straddling
+    // its end, or the whole burst and then an unsolicited PDU after it.
+    let bursts: [&[(u32, usize)]; 2] = [&[(0, 16 * 1024), (16 * K, 16 * 1024), (32 * K, 16 * 1024), (48 * K, 32 * 1024)], &[(0, 64 * 1024), (64 * K, 64 * 1024)]];
+    let itts: Vec<u32> = (10..18).collect();
+    let mut next = vec![0u32; itts.len()];
+    let mut sn = vec![0u32; itts.len()];
+    for (i, &itt) in itts.iter().enumerate() {
+        assert!(c.write(itt, u64::from(itt - 10) * u64::from(WRITE / 512), WRITE / 512, false));
+        for &(off, len) in bursts[i % 2] {
+            assert!(c.data_out(itt, 0xFFFF_FFFF, sn[i], off, piece(len), false), "connection closed");
+            sn[i] += 1;
+            next[i] = off + len as u32;
+        }
+    }
+    // The flood: on in order, 256 KiB at a time, every write to its end.
+    let mut sent = 0usize;
+    loop {
+        let mut any = false;
+        for (i, &itt) in itts.iter().enumerate() {
+            let len = (WRITE.saturating_sub(next[i])).min(256 * K) as usize;
+            if len == 0 {
+                continue;
+            }
+            assert!(c.data_out(itt, 0xFFFF_FFFF, sn[i], next[i], piece(len), false), "the target closed the connection during the flood");
+            sn[i] += 1;
+            next[i] += len as u32;
+            sent += len;
+            any = true;
+        }
+        if !any {
+            break;
+        }
+    }
+    for &itt in &itts {
+        let r = c.response(itt).expect("no SCSI Response for a write whose unsolicited data ran past FirstBurstLength");
+        assert_eq!(r.bhs.0[3], bw_scsi::status::CHECK_CONDITION, "unsolicited data past FirstBurstLength was taken");
+        assert_eq!((r.data[2 + 2] & 0x0F, r.data[2 + 12], r.data[2 + 13]), (0x0B, 0x4B, 0x00), "sense {:02x?}", &r.data[..]);
+    }
+    let peak = sampler.finish();
+    let grown_kib = peak.rss_kib.saturating_sub(before.rss_kib);
+    eprintln!("unsolicited data past FirstBurstLength: {} MiB sent; target VmRSS {} -> peak {} KiB (+{grown_kib} KiB)", sent >> 20, before.rss_kib, peak.rss_kib);
+    assert!(grown_kib < 8 * 1024, "the target held {grown_kib} KiB of unsolicited data past the negotiated bursts");
+    // Nothing of it was written, and the session still works.
+    for (i, &itt) in itts.iter().enumerate().take(2) {
+        assert_eq!(c.read(20 + i as u32, u64::from(itt - 10) * u64::from(WRITE / 512), 128), Some(vec![0u8; 64 * 1024]), "refused unsolicited data was written");
+    }
+    assert!(serve.is_running());
+    assert!(serve.stop().success());
+}
+
 /// Every line with the forged name is a log record of its own (env_logger
 /// indents the lines a newline inside a record starts).
 fn one_record_per_line(log: &str) -> bool {
@@ -257,8 +408,7 @@ fn one_record_per_line(log: &str) -> bool {
 fn iscsi_initiator_names_are_logged_escaped() {
     let (_dir, serve, port) = target();
     let forged = "iqn.2026-11.org.blockwire.test:a\nFORGED-iSCSI-LINE";
-    let (mut c, status) = Client::login(port, forged, &[]);
-    assert_eq!(status, 0, "login refused");
+    let mut c = Client::logged_in(port, forged, &[]);
     c.until_ping_answered();
     drop(c);
     // The target logs the session before it answers anything in it; its

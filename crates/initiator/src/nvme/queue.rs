@@ -11,11 +11,10 @@ use bw_nvme::queue_entry::Sqe;
 use bw_nvme::host_queue::{Context, DirectRead, HostConfig, HostError, HostQueue, Payload, Ticket};
 use bw_nvme::pdu::{self, Digests};
 use bytes::{Bytes, BytesMut};
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{oneshot, Notify, Semaphore};
 
 pub use bw_nvme::host_queue::Done;
@@ -147,7 +146,8 @@ impl TcpQueue {
             q: Mutex::new(q),
             wake: Notify::new(),
         });
-        tokio::spawn(write_loop(wr, shared.clone()));
+        let sh = shared.clone();
+        tokio::spawn(async move { crate::send::send_loop(wr, &*sh).await });
         let reader = tokio::spawn(read_loop(rd, buf, digests, shared.clone()));
         Ok(TcpQueue {
             qid,
@@ -276,39 +276,16 @@ pub(super) fn succeeded(qid: u16, op: u8, d: Done) -> Result<Done> {
     Ok(d)
 }
 
-async fn write_loop(mut wr: OwnedWriteHalf, sh: Arc<Shared>) {
-    let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
-    loop {
-        sh.wake.notified().await;
-        // Let the other ready tasks (callers woken by the completions just
-        // read) submit first, so one send carries many capsules: the
-        // scheduler would otherwise run this task right after each submit.
-        tokio::task::yield_now().await;
-        loop {
-            let (dead, big) = {
-                let mut q = sh.lock();
-                (q.dead().is_some(), q.poll_transmit(&mut batch))
-            };
-            if dead {
-                let _ = wr.shutdown().await;
-                return;
-            }
-            if !batch.is_empty() && wr.write_all(&batch).await.is_err() {
-                return sh.fail_all("send failed");
-            }
-            batch.clear();
-            match big {
-                Some(b) => {
-                    if wr.write_all(&b).await.is_err() {
-                        return sh.fail_all("send failed");
-                    }
-                }
-                None => break,
-            }
-        }
-        if batch.capacity() > 1 << 20 {
-            batch = Vec::with_capacity(64 * 1024);
-        }
+impl crate::send::Transmit for Shared {
+    fn wake(&self) -> &Notify {
+        &self.wake
+    }
+    fn poll(&self, out: &mut Vec<u8>) -> (bool, Option<Bytes>) {
+        let mut q = self.lock();
+        (q.dead().is_some(), q.poll_transmit(out))
+    }
+    fn fail_all(&self, why: &str) {
+        Shared::fail_all(self, why)
     }
 }
 
@@ -329,57 +306,25 @@ const READ_CHUNK: u64 = 64 * 1024;
 /// measured (GRO off/on, MTU 1500/9000, queue depth 1/8, loopback).
 const RCVLOWAT_MAX: usize = 256 << 10;
 
-fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
-    let v = n as libc::c_int;
-    // SAFETY: a valid fd and a c_int option value of the right size.
-    unsafe {
-        libc::setsockopt(
-            rd.as_ref().as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            &v as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
-}
-
 /// Read the rest of a C2HData payload from the socket straight into its
 /// command's buffer (one copy: measured against a copy through a 64 KiB
 /// staging buffer, 220 against 288 µs of client CPU per 1 MiB read, see
-/// docs/notes/2026-11-22-nvme-tcp-data-path.md). While the payload is large, the socket is told
-/// not to wake us before `SO_RCVLOWAT` bytes (what is left of it) are
-/// there: one wakeup per payload rather than per segment (each wakeup
-/// costs the sender a cross-CPU IPI).
+/// docs/notes/2026-11-22-nvme-tcp-data-path.md). While the payload is
+/// large, the socket is told not to wake us before `SO_RCVLOWAT` bytes
+/// (what is left of it, at most [`RCVLOWAT_MAX`]) are there: fewer
+/// wakeups than one per segment (each costs the sender a cross-CPU IPI).
 async fn recv_direct(
-    rd: &mut OwnedReadHalf,
+    rd: &OwnedReadHalf,
     sh: &Shared,
     dr: &mut DirectRead,
 ) -> std::result::Result<(), String> {
-    let mut lowat = 1;
-    while !dr.is_done() {
-        rd.readable()
-            .await
-            .map_err(|e| format!("receive failed: {e}"))?;
+    crate::direct::recv(rd, dr.left(), crate::direct::Wakeups::LowWater(RCVLOWAT_MAX), || {
         // Under the queue lock: a caller that gives up takes its buffer
         // back under the same lock (`Cancel`).
-        let r = sh.lock().direct_fill(dr, |dst| rd.try_read(dst));
-        match r {
-            Ok(0) => return Err("target closed the connection".into()),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let want = dr.left().min(RCVLOWAT_MAX);
-                if want != lowat {
-                    set_rcvlowat(rd, want);
-                    lowat = want;
-                }
-            }
-            Err(e) => return Err(format!("receive failed: {e}")),
-        }
-    }
-    if lowat != 1 {
-        set_rcvlowat(rd, 1);
-    }
-    Ok(())
+        let n = sh.lock().direct_fill(dr, |dst| rd.try_read(dst))?;
+        Ok((n, dr.left()))
+    })
+    .await
 }
 
 async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc<Shared>) {
@@ -394,7 +339,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
             Err(e) => break e.to_string(),
             Ok(Some(mut dr)) => {
                 let large = dr.left() >= READ_CHUNK as usize;
-                if let Err(why) = recv_direct(&mut rd, &sh, &mut dr).await {
+                if let Err(why) = recv_direct(&rd, &sh, &mut dr).await {
                     break why;
                 }
                 header_only = large;

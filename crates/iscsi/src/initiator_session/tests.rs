@@ -1,35 +1,94 @@
 use super::*;
+use crate::pdu::Pdu;
 
 fn params() -> SessionParams {
-    SessionParams { max_send_data_segment_length: 512, ..SessionParams::default() }
+    SessionParams { max_send_data_segment_length: 512, max_recv_data_segment_length: 8192, ..SessionParams::default() }
 }
 
-fn session(cmd_sn: u32, max_cmd_sn: u32) -> InitiatorSession {
-    InitiatorSession::new(params(), cmd_sn, max_cmd_sn, 100, Duration::from_secs(10))
+/// A caller: an id to tell completions apart, and maybe a buffer.
+#[derive(Debug)]
+struct Caller {
+    id: u32,
+    buf: Option<Vec<u8>>,
 }
 
-fn read(len: usize) -> Command {
-    Command { lun: 0, cdb: [0x88; 16], read_len: len, write: Bytes::new() }
+impl Context for Caller {
+    fn read_buf(&mut self) -> Option<&mut [u8]> {
+        self.buf.as_deref_mut()
+    }
 }
 
-fn write(data: &[u8]) -> Command {
-    Command { lun: 0, cdb: [0x8A; 16], read_len: 0, write: Bytes::copy_from_slice(data) }
+type Session = InitiatorSession<Caller>;
+
+fn session_with(p: SessionParams, cmd_sn: u32, max_cmd_sn: u32) -> Session {
+    InitiatorSession::new(p, cmd_sn, max_cmd_sn, 100, Duration::from_secs(10))
 }
 
-fn sent(out: &mut Vec<Action>) -> Vec<(Message, Bytes)> {
-    let mut v = Vec::new();
-    out.retain(|a| match a {
-        Action::Send(p) => {
-            v.push((Message::decode(&p.bhs).expect("we send valid PDUs"), p.data.clone()));
-            false
+fn session(cmd_sn: u32, max_cmd_sn: u32) -> Session {
+    session_with(params(), cmd_sn, max_cmd_sn)
+}
+
+fn read(len: usize) -> Command<'static> {
+    Command { lun: 0, cdb: [0x88; 16], read_len: len, write: Payload::None }
+}
+
+fn write(data: &[u8]) -> Command<'_> {
+    Command { lun: 0, cdb: [0x8A; 16], read_len: 0, write: Payload::Borrowed(data) }
+}
+
+fn caller(id: u32) -> Caller {
+    Caller { id, buf: None }
+}
+
+fn submit(s: &mut Session, c: Command<'_>, ctx: Caller) -> u32 {
+    s.submit(c, ctx, Instant::now()).map_err(|(_, e)| e).unwrap().itt
+}
+
+/// Everything queued to send, as PDUs (large payloads included).
+fn sent(s: &mut Session) -> Vec<(Message, Bytes)> {
+    let mut wire = BytesMut::new();
+    loop {
+        let mut out = Vec::new();
+        let big = s.poll_transmit(&mut out);
+        wire.extend_from_slice(&out);
+        match big {
+            Some(b) => wire.extend_from_slice(&b),
+            None => break,
         }
-        _ => true,
-    });
+    }
+    let mut dec = Decoder::new(1 << 24);
+    dec.digests = s.digests();
+    let mut v = Vec::new();
+    while let Some(p) = dec.decode(&mut wire).expect("we send valid PDUs") {
+        v.push((Message::decode(&p.bhs).expect("we send valid PDUs"), p.data));
+    }
+    assert!(wire.is_empty(), "a partial PDU queued");
     v
+}
+
+fn done(s: &mut Session) -> Vec<(Caller, Result<Completion, TaskError>)> {
+    std::iter::from_fn(|| s.poll_completion()).collect()
 }
 
 fn pdu(m: Message, data: &[u8]) -> Pdu {
     Pdu::new(m.encode(), Bytes::copy_from_slice(data))
+}
+
+/// Feed whole PDUs; direct payloads are all in the buffer.
+fn feed(s: &mut Session, pdus: &[Pdu]) -> Result<(), ConnectionError> {
+    let mut buf = BytesMut::new();
+    for p in pdus {
+        buf.extend_from_slice(&p.encode(s.digests()));
+    }
+    loop {
+        match s.receive(&mut buf)? {
+            Received::NeedMore => break,
+            Received::Pdu => {}
+            Received::Direct(d) => assert!(d.is_done(), "the payload was all there"),
+        }
+    }
+    assert!(buf.is_empty(), "{} bytes left", buf.len());
+    Ok(())
 }
 
 fn response(itt: u32, stat_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) -> Pdu {
@@ -40,18 +99,16 @@ fn response(itt: u32, stat_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) -> Pdu {
 fn commands_wait_for_the_cmdsn_window_and_leave_in_order() {
     // Window of one command: CmdSN 7, MaxCmdSN 7.
     let mut s = session(7, 7);
-    let now = Instant::now();
-    let mut out = Vec::new();
-    let a = s.submit(read(0), now, &mut out).unwrap();
-    let b = s.submit(read(0), now, &mut out).unwrap();
-    let c = s.submit(read(0), now, &mut out).unwrap();
-    let first = sent(&mut out);
+    let a = submit(&mut s, read(0), caller(1));
+    let b = submit(&mut s, read(0), caller(2));
+    let c = submit(&mut s, read(0), caller(3));
+    let first = sent(&mut s);
     assert_eq!(first.len(), 1);
     let Message::ScsiCommand(cmd) = &first[0].0 else { panic!("{first:?}") };
     assert_eq!((cmd.itt, cmd.cmd_sn), (a, 7));
     // The answer opens the window by two: both waiting commands go, in order.
-    s.on_pdu(response(a, 100, 8, 9), &mut out).unwrap();
-    let next = sent(&mut out);
+    feed(&mut s, &[response(a, 100, 8, 9)]).unwrap();
+    let next = sent(&mut s);
     let sns: Vec<(u32, u32)> = next
         .iter()
         .map(|(m, _)| match m {
@@ -63,69 +120,145 @@ fn commands_wait_for_the_cmdsn_window_and_leave_in_order() {
     // ExpStatSN follows the target's StatSN.
     let Message::ScsiCommand(cmd) = &next[0].0 else { unreachable!() };
     assert_eq!(cmd.exp_stat_sn, 101);
-    assert!(matches!(&out[..], [Action::Complete { itt, result: Ok(_) }] if *itt == a));
+    assert!(matches!(&done(&mut s)[..], [(Caller { id: 1, .. }, Ok(_))]));
+}
+
+/// A burst of commands is one run of bytes for one write, and each command
+/// has a tag of its own (tags of finished commands are reused).
+#[test]
+fn a_burst_of_commands_leaves_in_one_send() {
+    let mut s = session(1, 100);
+    let itts: Vec<u32> = (0..32).map(|i| submit(&mut s, read(4096), caller(i))).collect();
+    let mut out = Vec::new();
+    assert!(s.poll_transmit(&mut out).is_none());
+    assert_eq!(out.len(), 32 * pdu::BHS_LEN);
+    assert!(!s.has_transmit());
+    let mut sorted = itts.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 32);
+    assert_eq!(s.outstanding(), 32);
+    // The transport reads in large chunks only while no large read is in
+    // flight (its payloads go straight to the callers' buffers).
+    assert_eq!(s.large_reads(), 0);
+    let big = submit(&mut s, read(LARGE_READ), Caller { id: 99, buf: Some(vec![0; LARGE_READ]) });
+    assert_eq!(s.large_reads(), 1);
+    sent(&mut s);
+    feed(&mut s, &[response(big, 100, 2, 100)]).unwrap();
+    assert_eq!(s.large_reads(), 0);
+    submit(&mut s, read(LARGE_READ), caller(100));
+    s.fail_all("gone");
+    assert_eq!(s.large_reads(), 0);
 }
 
 #[test]
 fn nonsense_window_is_ignored() {
     let mut s = session(7, 7);
-    let now = Instant::now();
-    let mut out = Vec::new();
-    let a = s.submit(read(0), now, &mut out).unwrap();
-    s.submit(read(0), now, &mut out).unwrap();
-    sent(&mut out);
+    let a = submit(&mut s, read(0), caller(1));
+    submit(&mut s, read(0), caller(2));
+    sent(&mut s);
     // MaxCmdSN < ExpCmdSN - 1: must not open the window.
-    s.on_pdu(response(a, 100, 20, 10), &mut out).unwrap();
-    assert!(sent(&mut out).is_empty());
+    feed(&mut s, &[response(a, 100, 20, 10)]).unwrap();
+    assert!(sent(&mut s).is_empty());
 }
 
+fn data_in(itt: u32, offset: u32, data_sn: u32, status: bool) -> DataIn {
+    DataIn { itt, buffer_offset: offset, data_sn, final_: status, has_status: status, stat_sn: 100, exp_cmd_sn: 2, max_cmd_sn: 11, ..Default::default() }
+}
+
+/// Data-In goes into the caller's buffer, also when its payload arrives in
+/// pieces (read straight from the socket by the transport), and the
+/// padding behind a payload is dropped from the stream.
 #[test]
-fn data_in_is_reassembled_in_any_order() {
+fn data_in_fills_the_callers_buffer() {
+    let data: Vec<u8> = (0..1030u32).map(|i| (i % 251) as u8).collect();
     let mut s = session(1, 10);
-    let now = Instant::now();
-    let mut out = Vec::new();
-    let itt = s.submit(read(1024), now, &mut out).unwrap();
-    sent(&mut out);
-    let data: Vec<u8> = (0..1024u32).map(|i| (i % 251) as u8).collect();
-    let second = DataIn { itt, buffer_offset: 512, data_sn: 1, exp_cmd_sn: 2, max_cmd_sn: 11, ..Default::default() };
-    let first = DataIn { itt, buffer_offset: 0, data_sn: 0, final_: true, has_status: true, stat_sn: 100, exp_cmd_sn: 2, max_cmd_sn: 11, ..Default::default() };
-    s.on_pdu(pdu(Message::DataIn(second), &data[512..]), &mut out).unwrap();
-    assert!(out.is_empty());
-    s.on_pdu(pdu(Message::DataIn(first), &data[..512]), &mut out).unwrap();
-    match &out[..] {
-        [Action::Complete { itt: i, result: Ok(c) }] => {
-            assert_eq!(*i, itt);
-            assert_eq!(c.status, 0);
-            assert_eq!(c.data, data);
+    let itt = submit(&mut s, read(1030), Caller { id: 1, buf: Some(vec![0; 1030]) });
+    sent(&mut s);
+    // The first 512 bytes whole, then a 518-byte PDU (2 bytes of padding)
+    // of which the header and 100 bytes are there.
+    let first = pdu(Message::DataIn(data_in(itt, 0, 0, false)), &data[..512]).encode(Digests::default());
+    let second = pdu(Message::DataIn(data_in(itt, 512, 1, true)), &data[512..]).encode(Digests::default());
+    let mut buf = BytesMut::from(&first[..]);
+    buf.extend_from_slice(&second[..pdu::BHS_LEN + 100]);
+    assert!(matches!(s.receive(&mut buf).unwrap(), Received::Direct(d) if d.is_done()));
+    let Received::Direct(mut d) = s.receive(&mut buf).unwrap() else { panic!() };
+    assert!(buf.is_empty());
+    assert_eq!(d.left(), 418);
+    assert!(done(&mut s).is_empty());
+    let rest = &second[pdu::BHS_LEN + 100..];
+    let n = s.direct_fill(&mut d, |dst| {
+        dst.copy_from_slice(&rest[..dst.len()]);
+        Ok::<_, ()>(dst.len())
+    });
+    assert_eq!((n, d.is_done()), (Ok(418), true));
+    // The padding comes next in the stream: dropped, with the PDU behind it.
+    let mut buf = BytesMut::from(&rest[418..]);
+    assert_eq!(s.next_header_len(), 2 + pdu::BHS_LEN);
+    buf.extend_from_slice(&pdu(Message::NopIn(NopIn { ttt: RESERVED_TAG, itt: RESERVED_TAG, exp_cmd_sn: 2, max_cmd_sn: 11, ..Default::default() }), &[]).encode(Digests::default()));
+    assert!(matches!(s.receive(&mut buf).unwrap(), Received::Pdu));
+    assert!(buf.is_empty());
+    match &done(&mut s)[..] {
+        [(c, Ok(r))] => {
+            assert_eq!(c.buf.as_deref(), Some(&data[..]));
+            assert_eq!((r.status, r.received, r.data.len()), (0, 1030, 0));
         }
         other => panic!("{other:?}"),
     }
     assert_eq!(s.outstanding(), 0);
 }
 
+/// Data-In must continue where the last ended and stay within the read:
+/// a gap, a repeat or an overrun ends the connection (a caller's buffer
+/// is never left with holes).
 #[test]
-fn data_in_past_the_buffer_ends_the_connection() {
+fn data_in_out_of_order_or_past_the_read_ends_the_connection() {
+    for (offset, len, why) in [(512u32, 256usize, "gap"), (0, 1024, "past the read"), (256, 600, "past the read, later")] {
+        for with_buf in [true, false] {
+            let mut s = session(1, 10);
+            let itt = submit(&mut s, read(768), Caller { id: 1, buf: with_buf.then(|| vec![0; 768]) });
+            sent(&mut s);
+            let mut pdus = vec![pdu(Message::DataIn(data_in(itt, 0, 0, false)), &[1; 256])];
+            pdus.push(pdu(Message::DataIn(data_in(itt, offset, 1, false)), &vec![2; len]));
+            assert!(feed(&mut s, &pdus).is_err(), "{why}");
+            assert!(matches!(&done(&mut s)[..], [(_, Err(TaskError::Disconnected(_)))]), "{why}");
+            assert!(s.dead().is_some());
+        }
+    }
+}
+
+/// GOOD with less Data-In than the caller's buffer is an error, not a
+/// buffer half old; a command without a buffer gets its data padded.
+#[test]
+fn short_data_in() {
     let mut s = session(1, 10);
-    let mut out = Vec::new();
-    let itt = s.submit(read(512), Instant::now(), &mut out).unwrap();
-    let d = DataIn { itt, buffer_offset: 256, ..Default::default() };
-    assert!(s.on_pdu(pdu(Message::DataIn(d), &[0u8; 512]), &mut out).is_err());
+    let a = submit(&mut s, read(1024), Caller { id: 1, buf: Some(vec![7; 1024]) });
+    let b = submit(&mut s, read(96), caller(2));
+    sent(&mut s);
+    feed(&mut s, &[pdu(Message::DataIn(data_in(a, 0, 0, true)), &[1; 512]), pdu(Message::DataIn(data_in(b, 0, 0, true)), &[3; 36])]).unwrap();
+    match &done(&mut s)[..] {
+        [(_, Err(TaskError::ShortData { got: 512, want: 1024 })), (_, Ok(c))] => {
+            assert_eq!(c.received, 36);
+            assert_eq!(c.data.len(), 96);
+            assert!(c.data[..36].iter().all(|&x| x == 3) && c.data[36..].iter().all(|&x| x == 0));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
 fn r2t_is_answered_with_data_out_of_the_asked_range() {
     // No immediate or unsolicited data: everything goes on R2T.
     let p = SessionParams { immediate_data: false, initial_r2t: true, ..params() };
-    let mut s = InitiatorSession::new(p, 1, 10, 100, Duration::from_secs(10));
-    let mut out = Vec::new();
+    let mut s = session_with(p, 1, 10);
     let data: Vec<u8> = (0..2048u32).map(|i| (i * 7) as u8).collect();
-    let itt = s.submit(write(&data), Instant::now(), &mut out).unwrap();
-    let cmd = sent(&mut out);
+    let itt = submit(&mut s, write(&data), caller(1));
+    let cmd = sent(&mut s);
     let Message::ScsiCommand(c) = &cmd[0].0 else { panic!() };
     assert!(c.final_ && c.write && cmd[0].1.is_empty() && cmd.len() == 1);
     let r2t = R2t { itt, ttt: 0x55, buffer_offset: 512, desired_length: 1024, exp_cmd_sn: 2, max_cmd_sn: 11, ..Default::default() };
-    s.on_pdu(pdu(Message::R2t(r2t), &[]), &mut out).unwrap();
-    let outs = sent(&mut out);
+    feed(&mut s, &[pdu(Message::R2t(r2t), &[])]).unwrap();
+    let outs = sent(&mut s);
     // 1024 bytes in MaxSendDataSegmentLength (512) pieces, TTT echoed, F on the last.
     assert_eq!(outs.len(), 2);
     for (i, (m, d)) in outs.iter().enumerate() {
@@ -136,103 +269,175 @@ fn r2t_is_answered_with_data_out_of_the_asked_range() {
     }
     // An R2T past the end of the write is a protocol violation.
     let bad = R2t { itt, ttt: 0x56, buffer_offset: 1536, desired_length: 1024, ..Default::default() };
-    assert!(s.on_pdu(pdu(Message::R2t(bad), &[]), &mut out).is_err());
+    assert!(feed(&mut s, &[pdu(Message::R2t(bad), &[])]).is_err());
 }
 
 #[test]
 fn immediate_and_unsolicited_data_up_to_first_burst() {
     let p = SessionParams { immediate_data: true, initial_r2t: false, first_burst_length: 1536, ..params() };
-    let mut s = InitiatorSession::new(p, 1, 10, 100, Duration::from_secs(10));
-    let mut out = Vec::new();
-    s.submit(write(&[9u8; 4096]), Instant::now(), &mut out).unwrap();
-    let pdus = sent(&mut out);
+    let mut s = session_with(p, 1, 10);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 253) as u8).collect();
+    let itt = submit(&mut s, write(&data), caller(1));
+    let pdus = sent(&mut s);
     // Command with 512 immediate bytes (segment limit), then Data-Out to 1536.
     let Message::ScsiCommand(c) = &pdus[0].0 else { panic!() };
     assert!(!c.final_);
-    assert_eq!(pdus[0].1.len(), 512);
-    let offs: Vec<u32> = pdus[1..]
+    assert_eq!(&pdus[0].1[..], &data[..512]);
+    let offs: Vec<(u32, u32, bool)> = pdus[1..]
         .iter()
-        .map(|(m, _)| match m {
-            Message::DataOut(o) => o.buffer_offset,
+        .map(|(m, d)| match m {
+            Message::DataOut(o) => {
+                assert_eq!(&d[..], &data[o.buffer_offset as usize..][..d.len()]);
+                (o.buffer_offset, o.data_sn, o.final_)
+            }
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(offs, vec![512, 1024]);
+    assert_eq!(offs, vec![(512, 0, false), (1024, 1, true)]);
+    // The rest is asked for: only what was not sent may be.
+    let r2t = R2t { itt, ttt: 9, buffer_offset: 1536, desired_length: 2560, exp_cmd_sn: 2, max_cmd_sn: 11, ..Default::default() };
+    feed(&mut s, &[pdu(Message::R2t(r2t), &[])]).unwrap();
+    let outs = sent(&mut s);
+    assert_eq!(outs.iter().map(|(_, d)| d.len()).sum::<usize>(), 2560);
+    assert_eq!(&outs[0].1[..], &data[1536..2048]);
+    let again = R2t { itt, ttt: 10, buffer_offset: 1024, desired_length: 512, ..Default::default() };
+    assert!(feed(&mut s, &[pdu(Message::R2t(again), &[])]).is_err(), "bytes already sent unsolicited");
+}
+
+/// A 4 KiB write with ImmediateData=Yes is one PDU (no R2T round trip);
+/// large payloads the caller handed over leave from where they are.
+#[test]
+fn small_writes_are_one_pdu_and_large_owned_data_is_not_copied() {
+    let p = SessionParams { immediate_data: true, initial_r2t: false, first_burst_length: 256 << 10, max_send_data_segment_length: 256 << 10, ..params() };
+    let mut s = session_with(p, 1, 10);
+    submit(&mut s, write(&[5u8; 4096]), caller(1));
+    let pdus = sent(&mut s);
+    assert_eq!(pdus.len(), 1);
+    assert!(matches!(&pdus[0].0, Message::ScsiCommand(c) if c.final_ && c.edtl == 4096));
+    let big = Bytes::from(vec![6u8; 1 << 20]);
+    let itt = submit(&mut s, Command { lun: 0, cdb: [0x8A; 16], read_len: 0, write: Payload::Owned(big.clone()) }, caller(2));
+    let mut out = Vec::new();
+    let seg = s.poll_transmit(&mut out).expect("the immediate data is handed over");
+    assert_eq!(seg.as_ptr(), big.as_ptr(), "not copied");
+    assert_eq!((out.len(), seg.len()), (pdu::BHS_LEN, 256 << 10));
+    let r2t = R2t { itt, ttt: 3, buffer_offset: 256 << 10, desired_length: 768 << 10, exp_cmd_sn: 2, max_cmd_sn: 11, ..Default::default() };
+    feed(&mut s, &[pdu(Message::R2t(r2t), &[])]).unwrap();
+    let mut out = Vec::new();
+    let seg = s.poll_transmit(&mut out).expect("Data-Out handed over");
+    assert_eq!(seg.as_ptr(), big[256 << 10..].as_ptr());
 }
 
 #[test]
 fn nop_in_ping_is_answered_with_its_ttt() {
     let mut s = session(3, 10);
-    let mut out = Vec::new();
-    s.on_pdu(pdu(Message::NopIn(NopIn { ttt: 0x1234, lun: 0, itt: RESERVED_TAG, exp_cmd_sn: 3, max_cmd_sn: 10, ..Default::default() }), &[]), &mut out).unwrap();
-    let reply = sent(&mut out);
+    feed(&mut s, &[pdu(Message::NopIn(NopIn { ttt: 0x1234, lun: 0, itt: RESERVED_TAG, exp_cmd_sn: 3, max_cmd_sn: 10, ..Default::default() }), &[])]).unwrap();
+    let reply = sent(&mut s);
     let Message::NopOut(o) = &reply[0].0 else { panic!("{reply:?}") };
     assert_eq!((o.ttt, o.itt, o.cmd_sn), (0x1234, RESERVED_TAG, 3));
     // A NOP-In that is not a ping (reserved TTT) gets no answer.
-    s.on_pdu(pdu(Message::NopIn(NopIn { ttt: RESERVED_TAG, itt: RESERVED_TAG, exp_cmd_sn: 3, max_cmd_sn: 10, ..Default::default() }), &[]), &mut out).unwrap();
-    assert!(out.is_empty());
+    feed(&mut s, &[pdu(Message::NopIn(NopIn { ttt: RESERVED_TAG, itt: RESERVED_TAG, exp_cmd_sn: 3, max_cmd_sn: 10, ..Default::default() }), &[])]).unwrap();
+    assert!(sent(&mut s).is_empty());
 }
 
 #[test]
 fn timeouts_complete_once_and_keep_the_itt_reserved() {
     let mut s = session(1, 1);
     let t0 = Instant::now();
-    let mut out = Vec::new();
-    let a = s.submit(read(0), t0, &mut out).unwrap();
-    let b = s.submit(read(0), t0 + Duration::from_secs(1), &mut out).unwrap();
-    sent(&mut out);
-    assert_eq!(s.next_deadline(), Some(t0 + Duration::from_secs(10)));
-    s.on_timer(t0 + Duration::from_secs(9), &mut out);
-    assert!(out.is_empty());
-    s.on_timer(t0 + Duration::from_secs(10), &mut out);
-    assert!(matches!(&out[..], [Action::Complete { itt, result: Err(TaskError::Timeout) }] if *itt == a));
-    out.clear();
-    s.on_timer(t0 + Duration::from_secs(11), &mut out);
+    let a = s.submit(read(0), caller(1), t0).map_err(|(_, e)| e).unwrap().itt;
+    s.submit(read(0), caller(2), t0 + Duration::from_secs(1)).map_err(|(_, e)| e).unwrap();
+    sent(&mut s);
+    assert_eq!(s.poll_timeout(), Some(t0 + Duration::from_secs(10)));
+    s.handle_timeout(t0 + Duration::from_secs(9));
+    assert!(done(&mut s).is_empty());
+    s.handle_timeout(t0 + Duration::from_secs(10));
+    assert!(matches!(&done(&mut s)[..], [(Caller { id: 1, .. }, Err(TaskError::Timeout))]));
+    s.handle_timeout(t0 + Duration::from_secs(11));
     // b never left (window of one): it fails as such and is forgotten.
-    assert!(matches!(&out[..], [Action::Complete { itt, result: Err(TaskError::WindowClosed) }] if *itt == b));
-    out.clear();
+    assert!(matches!(&done(&mut s)[..], [(Caller { id: 2, .. }, Err(TaskError::WindowClosed))]));
+    assert_eq!(s.poll_timeout(), None);
     // a's ITT stays taken until the target answers.
-    let c = s.submit(read(0), t0, &mut out).unwrap();
+    let c = submit(&mut s, read(0), caller(3));
     assert_ne!(c, a);
     // The late answer completes nothing (a was reported), and opens the window for c.
-    s.on_pdu(response(a, 100, 2, 2), &mut out).unwrap();
-    assert!(!out.iter().any(|x| matches!(x, Action::Complete { .. })));
-    assert_eq!(sent(&mut out).len(), 1);
+    feed(&mut s, &[response(a, 100, 2, 2)]).unwrap();
+    assert!(done(&mut s).is_empty());
+    assert_eq!(sent(&mut s).len(), 1);
+}
+
+/// A caller that gives up never has its buffer written again: the data of
+/// its command is read and dropped, its ITT kept until the answer.
+#[test]
+fn a_cancelled_read_writes_nothing_more() {
+    let mut s = session(1, 10);
+    let t = s.submit(read(1024), Caller { id: 1, buf: Some(vec![0; 1024]) }, Instant::now()).map_err(|(_, e)| e).unwrap();
+    sent(&mut s);
+    let first = pdu(Message::DataIn(data_in(t.itt, 0, 0, false)), &[1; 512]).encode(Digests::default());
+    let mut buf = BytesMut::from(&first[..pdu::BHS_LEN + 100]);
+    let Received::Direct(mut d) = s.receive(&mut buf).unwrap() else { panic!() };
+    s.cancel(t);
+    let n = s.direct_fill(&mut d, |dst| {
+        assert!(dst.len() <= 64 * 1024, "scratch, not the buffer");
+        Ok::<_, ()>(412)
+    });
+    assert_eq!(n, Ok(412));
+    let other = submit(&mut s, read(0), caller(2));
+    assert_ne!(other & 0xFFFF, t.itt & 0xFFFF, "the slot is still taken");
+    feed(&mut s, &[pdu(Message::DataIn(data_in(t.itt, 512, 1, true)), &[2; 512])]).unwrap();
+    assert!(done(&mut s).is_empty(), "nothing to report for a cancelled command");
+    assert_eq!(s.outstanding(), 1);
+    // Given up on before it was sent: forgotten at once.
+    let mut s = session(1, 0);
+    let t = s.submit(read(0), caller(3), Instant::now()).map_err(|(_, e)| e).unwrap();
+    s.cancel(t);
+    feed(&mut s, &[response(RESERVED_TAG - 5, 100, 1, 5)]).unwrap();
+    assert!(sent(&mut s).is_empty(), "a cancelled command left when the window opened");
 }
 
 #[test]
 fn reject_fails_the_command_and_service_response_is_an_error() {
     let mut s = session(1, 10);
-    let mut out = Vec::new();
-    let a = s.submit(read(0), Instant::now(), &mut out).unwrap();
-    let b = s.submit(read(0), Instant::now(), &mut out).unwrap();
-    let cmds = sent(&mut out);
+    let a = submit(&mut s, read(0), caller(1));
+    let b = submit(&mut s, read(0), caller(2));
+    let cmds = sent(&mut s);
     // The rejected header rides in the data segment.
     let Message::ScsiCommand(c) = &cmds[0].0 else { panic!() };
+    assert_eq!(c.itt, a);
     let hdr = Message::ScsiCommand(c.clone()).encode();
-    s.on_pdu(pdu(Message::Reject(Reject { reason: 0x04, ..Default::default() }), &hdr.0[..]), &mut out).unwrap();
-    assert!(matches!(&out[..], [Action::Complete { itt, result: Err(TaskError::Rejected(4)) }] if *itt == a));
-    out.clear();
+    feed(&mut s, &[pdu(Message::Reject(Reject { reason: 0x04, ..Default::default() }), &hdr.0[..])]).unwrap();
+    assert!(matches!(&done(&mut s)[..], [(Caller { id: 1, .. }, Err(TaskError::Rejected(4)))]));
     let r = ScsiResponse { itt: b, response: 1, stat_sn: 100, exp_cmd_sn: 3, max_cmd_sn: 10, ..Default::default() };
-    s.on_pdu(pdu(Message::ScsiResponse(r), &[]), &mut out).unwrap();
-    assert!(matches!(&out[..], [Action::Complete { itt, result: Err(TaskError::ServiceResponse(1)) }] if *itt == b));
+    feed(&mut s, &[pdu(Message::ScsiResponse(r), &[])]).unwrap();
+    assert!(matches!(&done(&mut s)[..], [(Caller { id: 2, .. }, Err(TaskError::ServiceResponse(1)))]));
 }
 
 #[test]
 fn sense_data_and_fail_all() {
     let mut s = session(1, 10);
-    let mut out = Vec::new();
-    let a = s.submit(read(0), Instant::now(), &mut out).unwrap();
-    let b = s.submit(read(0), Instant::now(), &mut out).unwrap();
-    sent(&mut out);
+    let a = submit(&mut s, read(0), caller(1));
+    submit(&mut s, read(0), caller(2));
+    sent(&mut s);
     let r = ScsiResponse { itt: a, status: 2, stat_sn: 100, exp_cmd_sn: 3, max_cmd_sn: 10, ..Default::default() };
-    s.on_pdu(pdu(Message::ScsiResponse(r), &[0, 3, 0x70, 0, 6, 0xEE]), &mut out).unwrap();
-    match &out[..] {
-        [Action::Complete { result: Ok(c), .. }] => assert_eq!((c.status, &c.sense[..]), (2, &[0x70, 0, 6][..])),
+    feed(&mut s, &[pdu(Message::ScsiResponse(r), &[0, 3, 0x70, 0, 6, 0xEE])]).unwrap();
+    match &done(&mut s)[..] {
+        [(_, Ok(c))] => assert_eq!((c.status, &c.sense[..]), (2, &[0x70, 0, 6][..])),
         other => panic!("{other:?}"),
     }
-    out.clear();
-    s.fail_all("gone", &mut out);
-    assert!(matches!(&out[..], [Action::Complete { itt, result: Err(TaskError::Disconnected(_)) }] if *itt == b));
-    assert!(s.submit(read(0), Instant::now(), &mut out).is_err());
+    s.fail_all("gone");
+    assert!(matches!(&done(&mut s)[..], [(Caller { id: 2, .. }, Err(TaskError::Disconnected(_)))]));
+    assert!(s.submit(read(0), caller(3), Instant::now()).is_err());
+}
+
+/// With digests, Data-In is checked whole (the data digest needs all of
+/// it) and still lands in the caller's buffer.
+#[test]
+fn data_in_with_digests() {
+    let p = SessionParams { header_digest: true, data_digest: true, ..params() };
+    let mut s = session_with(p, 1, 10);
+    let itt = submit(&mut s, read(6), Caller { id: 1, buf: Some(vec![0; 6]) });
+    assert_eq!(sent(&mut s).len(), 1);
+    feed(&mut s, &[pdu(Message::DataIn(data_in(itt, 0, 0, true)), b"abcdef")]).unwrap();
+    match &done(&mut s)[..] {
+        [(c, Ok(_))] => assert_eq!(c.buf.as_deref(), Some(&b"abcdef"[..])),
+        other => panic!("{other:?}"),
+    }
 }

@@ -1,0 +1,56 @@
+//! Sending what a TCP initiator's queue encoded, for both (NVMe/TCP's
+//! HostQueue, iSCSI's InitiatorSession): one socket write per burst of
+//! commands, a large payload written from its own buffer after the bytes
+//! queued before it.
+
+use bytes::Bytes;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::Notify;
+
+/// What the send loop asks of its queue.
+pub(crate) trait Transmit {
+    /// Woken when the queue has something to send.
+    fn wake(&self) -> &Notify;
+    /// Under the queue's lock: whether the queue has ended, and its
+    /// `poll_transmit` (bytes appended to `out`, then the next large
+    /// payload if any).
+    fn poll(&self, out: &mut Vec<u8>) -> (bool, Option<Bytes>);
+    /// The connection failed: fail every command with `why`.
+    fn fail_all(&self, why: &str);
+}
+
+/// Send what the queue encodes until it ends or the socket fails. Woken
+/// when there is something, it first lets the other ready tasks (callers
+/// woken by the completions just read) submit, so that one send carries a
+/// whole burst of commands: the scheduler would otherwise run this task
+/// right after each submit.
+pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit) {
+    let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
+    loop {
+        q.wake().notified().await;
+        tokio::task::yield_now().await;
+        loop {
+            let (dead, big) = q.poll(&mut batch);
+            if dead {
+                let _ = wr.shutdown().await;
+                return;
+            }
+            if !batch.is_empty() && wr.write_all(&batch).await.is_err() {
+                return q.fail_all("send failed");
+            }
+            batch.clear();
+            match big {
+                Some(b) => {
+                    if wr.write_all(&b).await.is_err() {
+                        return q.fail_all("send failed");
+                    }
+                }
+                None => break,
+            }
+        }
+        if batch.capacity() > 1 << 20 {
+            batch = Vec::with_capacity(64 * 1024);
+        }
+    }
+}
