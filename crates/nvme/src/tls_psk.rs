@@ -72,7 +72,7 @@ impl PskHash {
         }
     }
     /// Output (and key) length in bytes.
-    pub fn len(self) -> usize {
+    pub fn key_len(self) -> usize {
         match self {
             PskHash::Sha256 => 32,
             PskHash::Sha384 => 48,
@@ -200,7 +200,7 @@ pub enum PskError {
     Length(usize),
     #[error("the key's CRC-32 does not match: the PSK was mistyped or truncated")]
     Crc,
-    #[error("a PSK with hash {hash} must be {} bytes long, not {got}", hash.len())]
+    #[error("a PSK with hash {hash} must be {} bytes long, not {got}", hash.key_len())]
     HashLength { hash: PskHash, got: usize },
     #[error("unexpected text after the key's closing ':'")]
     Trailing,
@@ -239,7 +239,7 @@ impl ConfiguredPsk {
         if !matches!(key.len(), 32 | 48) {
             return Err(PskError::Length(key.len() + 4));
         }
-        if let Some(hash) = transform.filter(|h| h.len() != key.len()) {
+        if let Some(hash) = transform.filter(|h| h.key_len() != key.len()) {
             return Err(PskError::HashLength { hash, got: key.len() });
         }
         Ok(ConfiguredPsk { transform, key: Zeroizing::new(key.to_vec()) })
