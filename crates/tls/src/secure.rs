@@ -29,23 +29,47 @@ pub enum SecureError {
     Record(#[from] RecordError),
 }
 
-/// The user-space record layer of one connection.
+/// A socket's read side, as the record layer reads it (a `TcpStream`, or
+/// the read half of one split in two).
+pub trait TryRead {
+    fn try_read_into(&self, buf: &mut impl BufMut) -> io::Result<usize>;
+}
+
+impl TryRead for TcpStream {
+    fn try_read_into(&self, buf: &mut impl BufMut) -> io::Result<usize> {
+        self.try_read_buf(buf)
+    }
+}
+
+impl TryRead for tokio::net::tcp::OwnedReadHalf {
+    fn try_read_into(&self, buf: &mut impl BufMut) -> io::Result<usize> {
+        self.try_read_buf(buf)
+    }
+}
+
+/// The user-space record layer of one connection: what we send goes
+/// through `sealer`, what we receive through `reader`.
 pub struct UserRecords {
     pub sealer: Sealer,
-    pub opener: Opener,
+    pub reader: RecordReader,
+}
+
+/// The receiving half of the user-space record layer.
+pub struct RecordReader {
+    opener: Opener,
     /// Received bytes of a record not yet whole.
     pending: BytesMut,
     /// The peer sent close_notify.
     closed: bool,
 }
 
-impl UserRecords {
+impl RecordReader {
     /// Read what the socket has, without waiting, and append the content
     /// of every whole record to `plain`: the bytes added (0: the peer
     /// closed, by close_notify or the end of the stream), or `WouldBlock`
     /// when no whole record came. At most one record's worth is read and
     /// held at a time.
-    pub fn fill(&mut self, stream: &TcpStream, plain: &mut BytesMut) -> io::Result<usize> {
+    pub fn fill(&mut self, sock: &impl TryRead, plain: &mut BytesMut) -> io::Result<usize> {
         let start = plain.len();
         loop {
             if self.closed {
@@ -53,7 +77,7 @@ impl UserRecords {
             }
             let room = (HEADER_LEN + MAX_CIPHERTEXT).saturating_sub(self.pending.len()).max(HEADER_LEN);
             self.pending.reserve(room);
-            match stream.try_read_buf(&mut (&mut self.pending).limit(room)) {
+            match sock.try_read_into(&mut (&mut self.pending).limit(room)) {
                 Ok(0) => {
                     if !self.pending.is_empty() {
                         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended inside a TLS record"));
@@ -61,18 +85,23 @@ impl UserRecords {
                     self.closed = true;
                     return Ok(plain.len() - start);
                 }
-                Ok(_) => {
-                    self.closed = self.open_all(plain).map_err(io::Error::other)?;
-                }
+                Ok(_) => self.closed = open_records(&mut self.opener, &mut self.pending, plain).map_err(io::Error::other)?,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && plain.len() > start => return Ok(plain.len() - start),
                 Err(e) => return Err(e),
             }
         }
     }
 
-    /// Open the whole records held; whether the peer closed.
-    fn open_all(&mut self, plain: &mut BytesMut) -> Result<bool, RecordError> {
-        open_records(&mut self.opener, &mut self.pending, plain)
+    /// Ciphertext held for a record not yet whole (for a receive budget).
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+impl UserRecords {
+    /// [`RecordReader::fill`].
+    pub fn fill(&mut self, sock: &impl TryRead, plain: &mut BytesMut) -> io::Result<usize> {
+        self.reader.fill(sock, plain)
     }
 
     /// Encrypt `data` into records appended to `out`.
@@ -214,7 +243,7 @@ pub async fn establish(stream: &TcpStream, mut est: Established, mut leftover: B
         ktls::set_keys(fd, Direction::Receive, &est.rx)?;
         (RecordLayer::Kernel, None)
     } else {
-        (RecordLayer::User, Some(UserRecords { sealer: Sealer::new(&est.tx), opener, pending: leftover, closed }))
+        (RecordLayer::User, Some(UserRecords { sealer: Sealer::new(&est.tx), reader: RecordReader { opener, pending: leftover, closed } }))
     };
     if closed && kernel {
         return Err(SecureError::Closed);
