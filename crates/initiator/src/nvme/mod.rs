@@ -493,7 +493,11 @@ pub async fn discover(host: &str, port: u16, opts: &ConnectOptions) -> Result<Ve
                 _ => "unknown",
             };
             let scheme = if e.trtype == logpage::TRTYPE_RDMA { "nvme+rdma" } else { "nvme+tcp" };
-            format!("{scheme}://{}:{}/{} (subtype {kind}, portid {})", e.traddr.trim(), e.trsvcid.trim(), e.subnqn, e.portid)
+            let tls = match e.tls {
+                logpage::SecureChannel::None => String::new(),
+                t => format!(", TLS {}", t.name()),
+            };
+            format!("{scheme}://{}:{}/{} (subtype {kind}, portid {}{tls})", e.traddr.trim(), e.trsvcid.trim(), e.subnqn, e.portid)
         })
         .collect())
 }

@@ -228,7 +228,7 @@ impl Fabric {
                 let a = p.addr;
                 let ip = if a.ip().is_unspecified() { local.map(|l| l.ip()).unwrap_or(a.ip()) } else { a.ip() };
                 let trtype = if p.rdma { TRTYPE_RDMA } else { TRTYPE_TCP };
-                v.push(DiscoveryEntry { trtype, subnqn: s.nqn.clone(), traddr: ip.to_string(), trsvcid: a.port().to_string(), portid: i as u16 + 1, subtype: SUBTYPE_NVME });
+                v.push(DiscoveryEntry { trtype, subnqn: s.nqn.clone(), traddr: ip.to_string(), trsvcid: a.port().to_string(), portid: i as u16 + 1, subtype: SUBTYPE_NVME, tls: Default::default() });
             }
         }
         v
