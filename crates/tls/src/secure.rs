@@ -85,7 +85,13 @@ impl RecordReader {
                     self.closed = true;
                     return Ok(plain.len() - start);
                 }
-                Ok(_) => self.closed = open_records(&mut self.opener, &mut self.pending, plain).map_err(io::Error::other)?,
+                Ok(_) => {
+                    self.closed = open_records(&mut self.opener, &mut self.pending, plain).map_err(io::Error::other)?;
+                    // One read's worth at a time: the caller bounds what it holds.
+                    if plain.len() > start {
+                        return Ok(plain.len() - start);
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && plain.len() > start => return Ok(plain.len() - start),
                 Err(e) => return Err(e),
             }
