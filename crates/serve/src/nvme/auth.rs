@@ -60,9 +60,12 @@ impl HostKeys {
         let mut keys = HashMap::new();
         for s in &cfg.subsystems {
             for h in &s.hosts {
-                let a = h
+                let Some(a) = h
                     .auth_config()
-                    .map_err(|e| anyhow::anyhow!("NVMe {} host {}: {e}", s.nqn, h.nqn))?;
+                    .map_err(|e| anyhow::anyhow!("NVMe {} host {}: {e}", s.nqn, h.nqn))?
+                else {
+                    continue;
+                };
                 log::info!(
                     "nvme: {} requires DH-HMAC-CHAP from {}{} (hashes {:?}, groups {:?})",
                     s.nqn,
