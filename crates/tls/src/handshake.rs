@@ -34,7 +34,8 @@ use zeroize::Zeroizing;
 pub const HANDSHAKE_LIMIT: usize = 64 << 10;
 
 /// A key a server may use for an identity, and what it is (for the log:
-/// which derivation of which configured key).
+/// which derivation of which configured key). Debug shows no key.
+#[derive(Debug)]
 pub struct Candidate {
     pub psk: TlsPsk,
     pub note: String,
