@@ -59,21 +59,8 @@ impl TlsKeys {
     /// per host.
     pub fn replace(&self, cfg: &NvmeConfig) -> anyhow::Result<Vec<String>> {
         let keys = Self::keys(cfg)?;
-        let mut old = self.lock();
-        let mut log = Vec::new();
-        for ((sub, host), k) in &keys {
-            match old.get(&(sub.clone(), host.clone())) {
-                None => log.push(format!("nvme {sub}: host {host} has a TLS PSK from its next connection")),
-                Some(o) if o != k => log.push(format!("nvme {sub}: host {host}: TLS PSK changed (from its next connection)")),
-                Some(_) => {}
-            }
-        }
-        for (sub, host) in old.keys().filter(|k| !keys.contains_key(*k)) {
-            log.push(format!("nvme {sub}: host {host} no longer has a TLS PSK"));
-        }
-        log.sort();
-        *old = keys;
-        Ok(log)
+        let says = ["has a TLS PSK from its next connection", "TLS PSK changed (from its next connection)", "no longer has a TLS PSK"];
+        Ok(super::auth::swap_host_keys(&mut self.lock(), keys, says))
     }
 
     fn keys(cfg: &NvmeConfig) -> anyhow::Result<HashMap<(String, String), Arc<ConfiguredPsk>>> {
