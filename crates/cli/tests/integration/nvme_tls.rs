@@ -22,7 +22,7 @@ use bytes::BytesMut;
 use common::*;
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const NQN: &str = "nqn.2026-11.org.blockwire:tls";
 /// `nvme gen-tls-key --secret=000102..1f --hmac=1` (nvme-cli 2.13).
@@ -97,14 +97,7 @@ fn ok(o: &std::process::Output, what: &str) -> String {
 }
 
 fn wait_log(serve: &Serve, needle: &str) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(20) {
-        if serve.log_text().contains(needle) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+    serve.wait_log(needle, Duration::from_secs(20))
 }
 
 #[test]
