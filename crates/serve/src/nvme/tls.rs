@@ -11,7 +11,6 @@
 //! and subsystem, and the queue's Connect must name the same ones
 //! ([`Secured::check_connect`]).
 
-use super::fabric::Fabric;
 use crate::config::NvmeConfig;
 use crate::framing::FrameReader;
 use crate::outbox::Outbox;
@@ -19,7 +18,7 @@ use bw_nvme::logpage::SecureChannel;
 use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity};
 use bw_tls::handshake::{Candidate, PskStore};
 use bw_tls::secure::{self, SecureError};
-use bw_tls::{RecordLayer, Suite};
+use bw_tls::{RecordChoice, RecordLayer, Suite};
 use bytes::BytesMut;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -152,12 +151,14 @@ async fn peek(stream: &TcpStream) -> std::io::Result<Option<[u8; 3]>> {
 /// handshake when the host starts one (the records then set up in
 /// `reader` and `out`), None when it goes on in plaintext. An error ends
 /// the connection (a plaintext host on a TLS-only port, a failed
-/// handshake: each logged with its reason).
+/// handshake: each logged with its reason). `keys` are the hosts' PSKs,
+/// `records` who keeps the records (`[tuning] tls_records`).
 #[allow(clippy::too_many_arguments)]
 pub async fn start(
     stream: &TcpStream,
     mode: SecureChannel,
-    fabric: &Fabric,
+    keys: Arc<TlsKeys>,
+    records: RecordChoice,
     peer: SocketAddr,
     local: Option<SocketAddr>,
     deadline: Instant,
@@ -183,8 +184,8 @@ pub async fn start(
             anyhow::bail!("plaintext connection on a TLS-required port");
         }
     }
-    let store: Arc<dyn PskStore> = fabric.tls_keys.clone();
-    let r = tokio::time::timeout_at(limit, secure::accept(stream, store, BytesMut::new(), fabric.tls_records)).await;
+    let store: Arc<dyn PskStore> = keys;
+    let r = tokio::time::timeout_at(limit, secure::accept(stream, store, BytesMut::new(), records)).await;
     let s = match r {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
