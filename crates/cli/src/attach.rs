@@ -193,10 +193,14 @@ fn daemon_command(a: &AttachArgs, dir: &Path) -> anyhow::Result<Command> {
     }
     cmd.args(["--tcp-congestion", &c.tcp_congestion.to_string()]);
     cmd.args(["--aoe-datapath", &c.aoe_datapath.to_string()]);
-    // Secrets go through the environment, not the daemon's visible arguments.
+    cmd.args(["--tls-identity", &c.tls_identity.to_string()]);
+    // Secrets go through the environment, not the daemon's visible
+    // arguments (a PSK file is read here, so the daemon needs no access).
+    let psk = c.tls_psk()?;
     for (var, v) in [
         ("BLOCKWIRE_DHCHAP_SECRET", &c.dhchap_secret),
         ("BLOCKWIRE_DHCHAP_CTRL_SECRET", &c.dhchap_ctrl_secret),
+        ("BLOCKWIRE_TLS_PSK", &psk),
     ] {
         match v {
             Some(s) => cmd.env(var, s),

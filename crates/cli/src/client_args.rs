@@ -1,6 +1,7 @@
 //! The options every command that connects to a target takes (`attach`,
 //! `mount`, `bench`, `verify`, ...), and the initiator options they make.
 
+use anyhow::Context;
 use bw_initiator::ConnectOptions;
 use clap::Args;
 use std::time::Duration;
@@ -34,6 +35,20 @@ pub struct ClientArgs {
     /// (bidirectional authentication). Needs --dhchap-secret.
     #[arg(long, value_name = "DHHC-1:..", env = "BLOCKWIRE_DHCHAP_CTRL_SECRET", hide_env_values = true)]
     pub dhchap_ctrl_secret: Option<String>,
+    /// NVMe/TCP over TLS (`nvme+tcp://...?tls`): the configured PSK,
+    /// NVMeTLSkey-1:hh:BASE64: as `nvme gen-tls-key` prints it. Prefer the
+    /// environment variable or --tls-psk-file: arguments are visible to
+    /// other users.
+    #[arg(long, value_name = "NVMeTLSkey-1:..", env = "BLOCKWIRE_TLS_PSK", hide_env_values = true, conflicts_with = "tls_psk_file")]
+    pub tls_psk: Option<String>,
+    /// A file holding the PSK (its first line; keep it mode 600).
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk_file: Option<std::path::PathBuf>,
+    /// The TLS PSK identity's form: 0 (`NVMe0R01 HOSTNQN SUBNQN`, what
+    /// Linux's host uses before 6.13 and `nvme gen-tls-key --insert`
+    /// inserts by default) or 1 (with the PSK digest, TCP transport 1.1).
+    #[arg(long, value_name = "0|1", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub tls_identity: u8,
     /// TCP congestion control (iSCSI, NVMe/TCP): auto (the system's, but
     /// not timer-paced BBR to a target on this machine), system, or an
     /// algorithm such as cubic.
@@ -51,10 +66,25 @@ pub struct ClientArgs {
 }
 
 impl ClientArgs {
+    /// The PSK given inline or in --tls-psk-file (its first line).
+    pub fn tls_psk(&self) -> anyhow::Result<Option<String>> {
+        match &self.tls_psk_file {
+            None => Ok(self.tls_psk.clone()),
+            Some(p) => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("--tls-psk-file {}", p.display()))?;
+                let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default();
+                anyhow::ensure!(!line.is_empty(), "--tls-psk-file {}: empty", p.display());
+                Ok(Some(line.to_string()))
+            }
+        }
+    }
+
     pub fn options(&self, queue_depth: usize) -> ConnectOptions {
         // Process-wide, like serve's `[tuning] digest_impl`: every client
         // command builds its options before it connects.
         self.digest_impl.apply();
+        // A file that cannot be read fails the connection with its reason.
+        let tls_psk = self.tls_psk().unwrap_or_else(|e| Some(format!("({e:#})")));
         ConnectOptions {
             initiator_name: self.initiator_name.clone(),
             queues: self.queues.max(1),
@@ -64,6 +94,8 @@ impl ClientArgs {
             timeout: Duration::from_secs(self.timeout.max(1)),
             dhchap_secret: self.dhchap_secret.clone(),
             dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
+            tls_psk,
+            tls_identity: if self.tls_identity == 1 { bw_initiator::TlsIdentity::V1 } else { bw_initiator::TlsIdentity::V0 },
             tcp_congestion: self.tcp_congestion.clone(),
             aoe_datapath: self.aoe_datapath,
         }

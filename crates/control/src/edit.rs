@@ -213,8 +213,8 @@ pub fn nvme_ns_remove(c: &mut ServeConfig, nqn: &str, nsid: u32) -> Result<(), R
     Ok(())
 }
 
-/// A host with keys authenticates (DH-HMAC-CHAP); without, it is only
-/// allowed. Adding a host again replaces its keys.
+/// A host with keys authenticates (DH-HMAC-CHAP) or has a TLS PSK;
+/// without, it is only allowed. Adding a host again replaces its keys.
 pub fn nvme_host_add(c: &mut ServeConfig, nqn: &str, host: NvmeHost) -> Result<(), Refused> {
     let s = subsystem(c, nqn)?;
     s.hosts.retain(|h| h.nqn != host.nqn);

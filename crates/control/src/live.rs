@@ -469,7 +469,7 @@ mod tests {
         assert!(edit::nvme_ns_remove(&mut c, s, 1).is_err());
         edit::nvme_host_allow(&mut c, s, "nqn.2014-08.org.example:h").unwrap();
         let key = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
-        let h = NvmeHost { nqn: "nqn.2014-08.org.example:h".into(), dhchap_secret: bw_serve::config::Secret::new(key), dhchap_ctrl_secret: None, dhchap_hashes: None, dhchap_dhgroups: None };
+        let h = NvmeHost { dhchap_secret: Some(bw_serve::config::Secret::new(key)), ..NvmeHost::new("nqn.2014-08.org.example:h") };
         edit::nvme_host_add(&mut c, s, h).unwrap();
         let sub = &c.nvme.as_ref().unwrap().subsystems[0];
         assert!(sub.allowed_hosts.is_empty() && sub.hosts.len() == 1, "keys replace the plain entry");

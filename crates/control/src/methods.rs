@@ -206,6 +206,10 @@ struct HostAdd {
     dhchap_hashes: Option<Vec<String>>,
     #[serde(default)]
     dhchap_dhgroups: Option<Vec<String>>,
+    #[serde(default)]
+    tls_psk: Option<config::Secret>,
+    #[serde(default)]
+    tls_key: Option<String>,
 }
 
 /// An NVMe port: its address and transport (tcp unless given).
@@ -456,18 +460,21 @@ pub const METHODS: &[Method] = &[
         let (addr, rdma) = a.parse()?;
         Ok(changed(live.change(|c| edit::nvme_port_remove(c, addr, rdma))?))
     } },
-    Method { name: "nvme_host_add", params: "{nqn, host, dhchap_secret?, dhchap_ctrl_secret?, dhchap_hashes?, dhchap_dhgroups?}", call: |live, p| {
+    Method { name: "nvme_host_add", params: "{nqn, host, dhchap_secret?, dhchap_ctrl_secret?, dhchap_hashes?, dhchap_dhgroups?, tls_psk?: \"NVMeTLSkey-1:...\", tls_key?: KEY_NAME}", call: |live, p| {
         let h: HostAdd = params(p)?;
-        let r = match h.dhchap_secret {
-            Some(secret) => {
-                let host = NvmeHost { nqn: h.host, dhchap_secret: secret, dhchap_ctrl_secret: h.dhchap_ctrl_secret, dhchap_hashes: h.dhchap_hashes, dhchap_dhgroups: h.dhchap_dhgroups };
-                live.change(|c| edit::nvme_host_add(c, &h.nqn, host))
-            }
-            None if h.dhchap_ctrl_secret.is_some() || h.dhchap_hashes.is_some() || h.dhchap_dhgroups.is_some() => {
-                return Err(RpcError::new(code::INVALID_PARAMS, "invalid params: DH-HMAC-CHAP settings need dhchap_secret"));
-            }
-            None => live.change(|c| edit::nvme_host_allow(c, &h.nqn, &h.host)),
+        let host = NvmeHost {
+            nqn: h.host.clone(),
+            dhchap_secret: h.dhchap_secret,
+            dhchap_ctrl_secret: h.dhchap_ctrl_secret,
+            dhchap_hashes: h.dhchap_hashes,
+            dhchap_dhgroups: h.dhchap_dhgroups,
+            tls_psk: h.tls_psk,
+            tls_key: h.tls_key,
         };
+        if let Err(e) = host.auth_config() {
+            return Err(RpcError::new(code::INVALID_PARAMS, format!("invalid params: {e}")));
+        }
+        let r = if host == NvmeHost::new(h.host.clone()) { live.change(|c| edit::nvme_host_allow(c, &h.nqn, &h.host)) } else { live.change(|c| edit::nvme_host_add(c, &h.nqn, host)) };
         Ok(changed(r?))
     } },
     Method { name: "nvme_host_remove", params: "{nqn, host}", call: |live, p| {

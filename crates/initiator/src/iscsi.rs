@@ -565,7 +565,7 @@ fn start_session(rd: OwnedReadHalf, wr: OwnedWriteHalf, buf: BytesMut, d: &Login
         wake: Notify::new(),
     });
     let sh = shared.clone();
-    tokio::spawn(async move { crate::send::send_loop(wr, &*sh).await });
+    tokio::spawn(async move { crate::send::send_loop(wr, &*sh, None).await });
     let reader = tokio::spawn(read_loop(rd, buf, shared.clone()));
     let timer = tokio::spawn(timer_loop(shared.clone(), opts.timeout));
     Session { shared, slots: Semaphore::new(opts.queue_depth.max(1)), tasks: [reader, timer] }

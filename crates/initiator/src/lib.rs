@@ -50,9 +50,15 @@ pub enum ClientError {
     /// In-band authentication failed or was needed and not possible.
     #[error("authentication: {0}")]
     Auth(String),
+    /// NVMe/TCP's TLS: a PSK that does not parse, a handshake refused.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// The TLS PSK identity's form ([`ConnectOptions::tls_identity`]).
+pub use bw_nvme::tls_psk::IdentityVersion as TlsIdentity;
 
 /// Options shared by every protocol; each client ignores what does not apply.
 #[derive(Clone)]
@@ -73,6 +79,13 @@ pub struct ConnectOptions {
     pub dhchap_secret: Option<String>,
     /// ... and the controller's, to make it prove itself (bidirectional).
     pub dhchap_ctrl_secret: Option<String>,
+    /// NVMe/TCP with `?tls`: the configured PSK, `NVMeTLSkey-1:hh:base64:`
+    /// as `nvme gen-tls-key` prints it.
+    pub tls_psk: Option<String>,
+    /// The PSK identity's form: version 0 (`NVMe0R01 host subsystem`, what
+    /// Linux's host looks up before 6.13 and nvme-cli inserts by default)
+    /// or 1 (with the PSK digest).
+    pub tls_identity: bw_nvme::tls_psk::IdentityVersion,
     /// iSCSI / NVMe: the connections' TCP congestion control.
     pub tcp_congestion: Congestion,
     /// AoE: AF_XDP or AF_PACKET sockets (`auto`: AF_XDP where it can be set up).
@@ -91,6 +104,8 @@ impl std::fmt::Debug for ConnectOptions {
             .field("timeout", &self.timeout)
             .field("dhchap_secret", &hidden(&self.dhchap_secret))
             .field("dhchap_ctrl_secret", &hidden(&self.dhchap_ctrl_secret))
+            .field("tls_psk", &hidden(&self.tls_psk))
+            .field("tls_identity", &self.tls_identity)
             .field("tcp_congestion", &self.tcp_congestion)
             .field("aoe_datapath", &self.aoe_datapath)
             .finish()
@@ -108,6 +123,8 @@ impl Default for ConnectOptions {
             timeout: Duration::from_secs(30),
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            tls_psk: None,
+            tls_identity: bw_nvme::tls_psk::IdentityVersion::V0,
             tcp_congestion: Congestion::Auto,
             aoe_datapath: bw_net::Datapath::Auto,
         }

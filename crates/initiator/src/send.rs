@@ -3,6 +3,7 @@
 //! commands, a large payload written from its own buffer after the bytes
 //! queued before it.
 
+use bw_tls::record::Sealer;
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -24,8 +25,9 @@ pub(crate) trait Transmit {
 /// when there is something, it first lets the other ready tasks (callers
 /// woken by the completions just read) submit, so that one send carries a
 /// whole burst of commands: the scheduler would otherwise run this task
-/// right after each submit.
-pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit) {
+/// right after each submit. With `sealer` (NVMe/TCP over user-space TLS)
+/// the bytes go out as TLS records.
+pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit, mut sealer: Option<Sealer>) {
     let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
     loop {
         q.wake().notified().await;
@@ -36,13 +38,13 @@ pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit) {
                 let _ = wr.shutdown().await;
                 return;
             }
-            if !batch.is_empty() && wr.write_all(&batch).await.is_err() {
+            if !batch.is_empty() && send(&mut wr, sealer.as_mut(), &batch).await.is_err() {
                 return q.fail_all("send failed");
             }
             batch.clear();
             match big {
                 Some(b) => {
-                    if wr.write_all(&b).await.is_err() {
+                    if send(&mut wr, sealer.as_mut(), &b).await.is_err() {
                         return q.fail_all("send failed");
                     }
                 }
@@ -51,6 +53,18 @@ pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit) {
         }
         if batch.capacity() > 1 << 20 {
             batch = Vec::with_capacity(64 * 1024);
+        }
+    }
+}
+
+/// Write `data`, through the user-space record layer when there is one.
+pub(crate) async fn send(wr: &mut OwnedWriteHalf, sealer: Option<&mut Sealer>, data: &[u8]) -> std::io::Result<()> {
+    match sealer {
+        None => wr.write_all(data).await,
+        Some(s) => {
+            let mut out = Vec::with_capacity(data.len() + data.len() / 512 + 64);
+            s.seal_all(data, &mut out);
+            wr.write_all(&out).await
         }
     }
 }

@@ -8,8 +8,11 @@ pub enum TargetUrl {
     Aoe { iface: String, shelf: u16, slot: u8 },
     /// `iscsi://[USER[%SECRET]@]HOST[:PORT]/IQN/LUN`
     Iscsi { host: String, port: u16, iqn: String, lun: u64, user: Option<String>, secret: Option<String> },
-    /// `nvme+tcp://HOST[:PORT]/SUBNQN/NSID`
-    Nvme { host: String, port: u16, subnqn: String, nsid: u32 },
+    /// `nvme+tcp://HOST[:PORT]/SUBNQN/NSID[?tls[=auto|kernel|user]]`: with
+    /// `tls`, every queue runs TLS 1.3 with the PSK of
+    /// `ConnectOptions::tls_psk`, its records kept by the kernel (kTLS)
+    /// or in user space as asked (auto: the kernel's where it has TLS).
+    Nvme { host: String, port: u16, subnqn: String, nsid: u32, tls: Option<bw_tls::RecordChoice> },
     /// `nvme+rdma://HOST[:PORT]/SUBNQN/NSID`: HOST is an address of the
     /// target's RDMA device (RoCE, iWARP, IPoIB).
     NvmeRdma { host: String, port: u16, subnqn: String, nsid: u32 },
@@ -107,6 +110,18 @@ impl TargetUrl {
                 Ok(TargetUrl::Iscsi { host, port, iqn: iqn.to_string(), lun, user, secret })
             }
             "nvme+tcp" | "nvme-tcp" | "nvme" | "nvme+rdma" | "nvme-rdma" => {
+                let (rest, tls) = match rest.split_once('?') {
+                    None => (rest, None),
+                    Some((r, q)) if !scheme.ends_with("rdma") => {
+                        let choice = match q {
+                            "tls" => "auto",
+                            q => q.strip_prefix("tls=").ok_or_else(|| err(url, format!("unknown option {q:?} (tls, tls=auto|kernel|user)")))?,
+                        };
+                        let c = bw_tls::RecordChoice::parse(choice).ok_or_else(|| err(url, format!("tls={choice}: the record layer is auto, kernel or user")))?;
+                        (r, Some(c))
+                    }
+                    Some((_, q)) => return Err(err(url, format!("unknown option {q:?} (NVMe/RDMA has no TLS)"))),
+                };
                 let mut parts = rest.splitn(3, '/');
                 let hp = parts.next().unwrap_or_default();
                 let subnqn = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| err(url, "missing subsystem NQN"))?.to_string();
@@ -118,7 +133,7 @@ impl TargetUrl {
                 Ok(if scheme.ends_with("rdma") {
                     TargetUrl::NvmeRdma { host, port, subnqn, nsid }
                 } else {
-                    TargetUrl::Nvme { host, port, subnqn, nsid }
+                    TargetUrl::Nvme { host, port, subnqn, nsid, tls }
                 })
             }
             "nfs" => {
@@ -160,7 +175,15 @@ impl fmt::Display for TargetUrl {
                 let u = user.as_ref().map(|u| format!("{u}@")).unwrap_or_default();
                 write!(f, "iscsi://{u}{}:{port}/{iqn}/{lun}", host(h))
             }
-            TargetUrl::Nvme { host: h, port, subnqn, nsid } => write!(f, "nvme+tcp://{}:{port}/{subnqn}/{nsid}", host(h)),
+            TargetUrl::Nvme { host: h, port, subnqn, nsid, tls } => {
+                let q = match tls {
+                    None => "",
+                    Some(bw_tls::RecordChoice::Auto) => "?tls",
+                    Some(bw_tls::RecordChoice::Kernel) => "?tls=kernel",
+                    Some(bw_tls::RecordChoice::User) => "?tls=user",
+                };
+                write!(f, "nvme+tcp://{}:{port}/{subnqn}/{nsid}{q}", host(h))
+            }
             TargetUrl::NvmeRdma { host: h, port, subnqn, nsid } => write!(f, "nvme+rdma://{}:{port}/{subnqn}/{nsid}", host(h)),
             TargetUrl::Nfs { host: h, port, export, file, sync } => {
                 write!(f, "nfs://{}:{port}{export}/{file}{}", host(h), if *sync { "?sync" } else { "" })
@@ -192,8 +215,16 @@ mod tests {
         );
         assert_eq!(
             TargetUrl::parse("nvme+tcp://[::1]/nqn.2026-11.org.example:s/2").unwrap(),
-            TargetUrl::Nvme { host: "::1".into(), port: 4420, subnqn: "nqn.2026-11.org.example:s".into(), nsid: 2 }
+            TargetUrl::Nvme { host: "::1".into(), port: 4420, subnqn: "nqn.2026-11.org.example:s".into(), nsid: 2, tls: None }
         );
+        for (q, want) in [("?tls", bw_tls::RecordChoice::Auto), ("?tls=user", bw_tls::RecordChoice::User), ("?tls=kernel", bw_tls::RecordChoice::Kernel)] {
+            let u = TargetUrl::parse(&format!("nvme+tcp://h/nqn.x:s/1{q}")).unwrap();
+            assert!(matches!(u, TargetUrl::Nvme { tls: Some(c), .. } if c == want));
+            assert_eq!(u.to_string(), format!("nvme+tcp://h:4420/nqn.x:s/1{q}"));
+        }
+        assert!(TargetUrl::parse("nvme+tcp://h/nqn.x:s/1?tls=maybe").is_err());
+        assert!(TargetUrl::parse("nvme+tcp://h/nqn.x:s/1?sync").is_err());
+        assert!(TargetUrl::parse("nvme+rdma://h/nqn.x:s/1?tls").is_err());
         let u = TargetUrl::parse("nvme+rdma://10.0.0.1/nqn.2026-11.org.example:s/1").unwrap();
         assert_eq!(u, TargetUrl::NvmeRdma { host: "10.0.0.1".into(), port: 4420, subnqn: "nqn.2026-11.org.example:s".into(), nsid: 1 });
         assert_eq!(u.to_string(), "nvme+rdma://10.0.0.1:4420/nqn.2026-11.org.example:s/1");

@@ -47,6 +47,7 @@ pub mod host_queue;
 pub mod identify;
 pub mod in_flight;
 pub mod limits;
+mod key_text;
 pub mod nvm_io;
 pub mod ana;
 pub mod logpage;
@@ -59,6 +60,7 @@ pub mod reservation;
 pub mod status;
 pub mod subsystem;
 pub mod target_queue;
+pub mod tls_psk;
 
 pub use queue_entry::{Cqe, Sqe};
 pub use controller::{AdminOutcome, Completion, Controller};

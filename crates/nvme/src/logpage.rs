@@ -197,6 +197,41 @@ pub struct DiscoveryEntry {
     pub portid: u16,
     /// 2 = NVM subsystem, 3 = this discovery controller.
     pub subtype: u8,
+    /// TCP: whether the port requires, allows or does not offer TLS.
+    pub tls: SecureChannel,
+}
+
+/// An NVMe/TCP port's secure channel (TLS 1.3, NVMe/TCP TP 8011), as its
+/// discovery log entries say it: TREQ bits 1:0 and the TCP TSAS's SECTYPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum SecureChannel {
+    /// No TLS: TREQ "not required", SECTYPE none.
+    #[default]
+    None,
+    /// TLS or plaintext: TREQ "not required", SECTYPE TLS 1.3 (what Linux's
+    /// nvmet says with addr_treq "not required" and addr_tsas tls1.3).
+    Allowed,
+    /// TLS only: TREQ "required", SECTYPE TLS 1.3 (nvme-cli's connect-all
+    /// then connects with --tls).
+    Required,
+}
+
+impl SecureChannel {
+    pub fn name(self) -> &'static str {
+        match self {
+            SecureChannel::None => "none",
+            SecureChannel::Allowed => "allowed",
+            SecureChannel::Required => "required",
+        }
+    }
+    /// Whether a host may connect without TLS.
+    pub fn plaintext_ok(self) -> bool {
+        self != SecureChannel::Required
+    }
+    /// Whether a host may connect with TLS.
+    pub fn tls_ok(self) -> bool {
+        self != SecureChannel::None
+    }
 }
 
 pub const TRTYPE_RDMA: u8 = 1;
@@ -205,8 +240,14 @@ pub const ADRFAM_IPV4: u8 = 1;
 pub const ADRFAM_IPV6: u8 = 2;
 pub const SUBTYPE_NVME: u8 = 2;
 pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
+/// TREQ: a secure channel is required.
+const TREQ_REQUIRED: u8 = 0x01;
 /// TREQ: a secure channel is not required.
 const TREQ_NOT_REQUIRED: u8 = 0x02;
+const TREQ_SECURE_CHANNEL: u8 = 0x03;
+/// TCP SECTYPE: no security; TLS 1.3 (1 was TLS 1.2, obsolete).
+pub const SECTYPE_NONE: u8 = 0;
+pub const SECTYPE_TLS13: u8 = 2;
 /// TREQ: the controller lets a host disable SQ flow control (Connect CATTR).
 const TREQ_DISABLE_SQFLOW: u8 = 0x04;
 /// RDMA TSAS values (NVMe-oF 1.1 figure 49): a reliable connected queue
@@ -229,7 +270,8 @@ pub fn discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> {
         discovery::SUBTYPE.set(r, e.subtype);
         // The RDMA queue keeps SQ flow control (its SQ head is what frees
         // the host's receive buffers): only TCP offers to disable it.
-        let treq = if e.trtype == TRTYPE_TCP { TREQ_NOT_REQUIRED | TREQ_DISABLE_SQFLOW } else { TREQ_NOT_REQUIRED };
+        let secure = if e.trtype == TRTYPE_TCP && e.tls == SecureChannel::Required { TREQ_REQUIRED } else { TREQ_NOT_REQUIRED };
+        let treq = if e.trtype == TRTYPE_TCP { secure | TREQ_DISABLE_SQFLOW } else { secure };
         discovery::TREQ.set(r, treq);
         discovery::PORTID.set(r, e.portid);
         discovery::CNTLID.set(r, 0xFFFF); // dynamic controller
@@ -243,7 +285,7 @@ pub fn discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> {
             discovery::RDMA_CMS.set(r, RDMA_CMS_RDMA_CM);
             discovery::RDMA_PKEY.set(r, 0); // no partition key (not InfiniBand)
         } else {
-            discovery::TSAS.set(r, 0); // TCP SECTYPE: no security
+            discovery::TSAS.set(r, if e.tls.tls_ok() { SECTYPE_TLS13 } else { SECTYPE_NONE });
         }
     }
     b
@@ -266,6 +308,11 @@ pub fn parse_discovery_log(b: &[u8]) -> Option<(u64, Vec<DiscoveryEntry>)> {
             trsvcid: get_str(&r[32..64]),
             portid: discovery::PORTID.get(r),
             subtype: discovery::SUBTYPE.get(r),
+            tls: match (discovery::TRTYPE.get(r), discovery::TREQ.get(r) & TREQ_SECURE_CHANNEL, discovery::TSAS.get(r)) {
+                (TRTYPE_TCP, TREQ_REQUIRED, SECTYPE_TLS13) => SecureChannel::Required,
+                (TRTYPE_TCP, _, SECTYPE_TLS13) => SecureChannel::Allowed,
+                _ => SecureChannel::None,
+            },
         });
     }
     Some((discovery::GENCTR.get(b), v))
@@ -294,7 +341,7 @@ mod tests {
 
     #[test]
     fn discovery_log_layout() {
-        let e = DiscoveryEntry { trtype: TRTYPE_TCP, subnqn: "nqn.2026-11.org.blockwire:x".into(), traddr: "127.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: SUBTYPE_NVME };
+        let e = DiscoveryEntry { trtype: TRTYPE_TCP, subnqn: "nqn.2026-11.org.blockwire:x".into(), traddr: "127.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: SUBTYPE_NVME, tls: SecureChannel::None };
         let rdma = DiscoveryEntry { trtype: TRTYPE_RDMA, traddr: "fd00::7".into(), trsvcid: "4421".into(), portid: 2, ..e.clone() };
         let b = discovery_log(7, &[e.clone(), rdma.clone()]);
         assert_eq!(b.len(), 3072);
@@ -308,7 +355,21 @@ mod tests {
         assert_eq!(&r[..8], &[1, 2, 2, 2, 2, 0, 0xFF, 0xFF]);
         assert_eq!(&r[768..778], &[1, 1, 1, 0, 0, 0, 0, 0, 0, 0], "TSAS: connected, provider not specified, RDMA CM, no P_Key");
         assert_eq!(&r[512..520], b"fd00::7 ");
-        assert_eq!(parse_discovery_log(&b), Some((7, vec![e, rdma])));
+        assert_eq!(parse_discovery_log(&b), Some((7, vec![e.clone(), rdma])));
+    }
+
+    /// TREQ and SECTYPE as Linux's nvmet writes them for addr_treq
+    /// "required"/"not required" with addr_tsas "tls1.3", and as libnvme's
+    /// connect-all reads them (TLS whenever SECTYPE is not none).
+    #[test]
+    fn discovery_log_says_tls() {
+        let base = DiscoveryEntry { trtype: TRTYPE_TCP, subnqn: "nqn.x:s".into(), traddr: "10.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: SUBTYPE_NVME, tls: SecureChannel::None };
+        for (tls, treq, sectype) in [(SecureChannel::None, 0x06, 0), (SecureChannel::Allowed, 0x06, 2), (SecureChannel::Required, 0x05, 2)] {
+            let e = DiscoveryEntry { tls, ..base.clone() };
+            let b = discovery_log(1, std::slice::from_ref(&e));
+            assert_eq!((b[1024 + 3], b[1024 + 768]), (treq, sectype), "{tls:?}");
+            assert_eq!(parse_discovery_log(&b).unwrap().1, vec![e]);
+        }
     }
 
     #[test]

@@ -32,6 +32,11 @@
 //! [nvme]
 //! listen = ["0.0.0.0:4420"]
 //! discovery_listen = "0.0.0.0:8009"
+//! tls = "none"                       # TLS 1.3 on the TCP ports: "none", "allowed" or "required"
+//! # tls_ports = { "0.0.0.0:4421" = "required" }   # ports that differ from `tls`
+//! # [[nvme.key]]                     # a named PSK file (SPDK's keyring_file_add_key), mode 600
+//! # name = "key0"
+//! # path = "/etc/blockwire/key0.psk"
 //! # NVMe/RDMA on an RDMA device's address (RoCE, iWARP, IPoIB), same subsystems
 //! # rdma_listen = ["192.168.50.1:4420"]
 //! [[nvme.subsystem]]
@@ -47,6 +52,8 @@
 //! dhchap_ctrl_secret = "DHHC-1:00:...:"   # optional: the controller proves itself too
 //! dhchap_hashes = ["sha256", "sha384", "sha512"]              # optional, preference order
 //! dhchap_dhgroups = ["ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192", "null"]
+//! tls_psk = "NVMeTLSkey-1:01:...:"        # the host's TLS PSK (`nvme gen-tls-key`), or:
+//! # tls_key = "key0"                      # one of [[nvme.key]]
 //!
 //! [limits]                           # per front-end (iSCSI, NVMe/TCP, NVMe/RDMA); these are the defaults
 //! max_sessions = 4096                # iSCSI sessions / NVMe controllers, once logged in
@@ -489,6 +496,87 @@ pub struct NvmeConfig {
     /// a second controller with an id it already has in the subsystem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cntlid_range: Option<[u16; 2]>,
+    /// TLS 1.3 (NVMe/TCP TP 8011) on the NVMe/TCP ports (`listen` and
+    /// `discovery_listen`), as the discovery log announces it.
+    #[serde(default, skip_serializing_if = "TlsMode::is_none")]
+    pub tls: TlsMode,
+    /// Ports whose TLS is not `tls` (`nvme_port_add` with `tls`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tls_ports: std::collections::BTreeMap<SocketAddr, TlsMode>,
+    /// Named PSK files (SPDK's `keyring_file_add_key`), for hosts' `tls_key`.
+    #[serde(default, rename = "key", skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<NvmeKey>,
+}
+
+impl NvmeConfig {
+    /// The TLS mode of the TCP port configured as `addr`.
+    pub fn tls_of(&self, addr: &SocketAddr) -> TlsMode {
+        self.tls_ports.get(addr).copied().unwrap_or(self.tls)
+    }
+}
+
+/// Whether an NVMe/TCP port runs TLS 1.3 (NVMe/TCP TP 8011).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// Plaintext only.
+    #[default]
+    None,
+    /// TLS or plaintext, as each host starts.
+    Allowed,
+    /// TLS only: a plaintext ICReq is refused.
+    Required,
+}
+
+impl TlsMode {
+    fn is_none(&self) -> bool {
+        *self == TlsMode::None
+    }
+    pub fn parse(s: &str) -> Option<TlsMode> {
+        Some(match s {
+            "none" => TlsMode::None,
+            "allowed" => TlsMode::Allowed,
+            "required" => TlsMode::Required,
+            _ => return None,
+        })
+    }
+}
+
+impl From<TlsMode> for bw_nvme::logpage::SecureChannel {
+    fn from(m: TlsMode) -> Self {
+        match m {
+            TlsMode::None => bw_nvme::logpage::SecureChannel::None,
+            TlsMode::Allowed => bw_nvme::logpage::SecureChannel::Allowed,
+            TlsMode::Required => bw_nvme::logpage::SecureChannel::Required,
+        }
+    }
+}
+
+/// A PSK in a file of its own (`NVMeTLSkey-1:...`, its first line), by name.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeKey {
+    pub name: String,
+    pub path: std::path::PathBuf,
+}
+
+impl NvmeKey {
+    /// The PSK the file holds; the file must be a regular file of mode 600
+    /// or stricter (as SPDK's keyring_file insists), not a link.
+    pub fn read(&self) -> Result<bw_nvme::tls_psk::ConfiguredPsk, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let p = &self.path;
+        let m = std::fs::symlink_metadata(p).map_err(|e| format!("key {:?}: {}: {e}", self.name, p.display()))?;
+        if !m.file_type().is_file() {
+            return Err(format!("key {:?}: {} is not a regular file", self.name, p.display()));
+        }
+        if m.permissions().mode() & 0o077 != 0 {
+            return Err(format!("key {:?}: {} is readable by others (mode {:o}): keys must be mode 600", self.name, p.display(), m.permissions().mode() & 0o777));
+        }
+        let text = zeroize::Zeroizing::new(std::fs::read_to_string(p).map_err(|e| format!("key {:?}: {}: {e}", self.name, p.display()))?);
+        let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default();
+        bw_nvme::tls_psk::ConfiguredPsk::parse(line).map_err(|e| format!("key {:?} ({}): {e}", self.name, p.display()))
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -519,13 +607,15 @@ pub struct NvmeSubsystem {
     pub hosts: Vec<NvmeHost>,
 }
 
-/// One host's DH-HMAC-CHAP settings on a subsystem.
+/// One host's keys on a subsystem: DH-HMAC-CHAP and/or a TLS PSK.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NvmeHost {
     pub nqn: String,
-    /// The host's key, `DHHC-1:<hh>:<base64>:` (`nvme gen-dhchap-key`).
-    pub dhchap_secret: Secret,
+    /// The host's key, `DHHC-1:<hh>:<base64>:` (`nvme gen-dhchap-key`):
+    /// with it the host authenticates in band on every queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_secret: Option<Secret>,
     /// The controller's key: with it, the controller proves itself to a
     /// host that asks (`nvme connect --dhchap-ctrl-secret`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -538,14 +628,44 @@ pub struct NvmeHost {
     /// ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192, null).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhchap_dhgroups: Option<Vec<String>>,
+    /// The host's configured TLS PSK, `NVMeTLSkey-1:<hh>:<base64>:`
+    /// (`nvme gen-tls-key`), for the subsystem's TLS ports ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_psk: Option<Secret>,
+    /// ... or the name of an `[[nvme.key]]` holding it (SPDK's `psk`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<String>,
 }
 
 impl NvmeHost {
+    /// A host with keys of neither kind (only allowed).
+    pub fn new(nqn: impl Into<String>) -> NvmeHost {
+        NvmeHost { nqn: nqn.into(), dhchap_secret: None, dhchap_ctrl_secret: None, dhchap_hashes: None, dhchap_dhgroups: None, tls_psk: None, tls_key: None }
+    }
+
+    /// The host's TLS PSK, read (a `tls_key` from its file among `keys`);
+    /// None when it has none.
+    pub fn tls_psk(&self, keys: &[NvmeKey]) -> Result<Option<bw_nvme::tls_psk::ConfiguredPsk>, String> {
+        match (&self.tls_psk, &self.tls_key) {
+            (Some(_), Some(_)) => Err("tls_psk and tls_key: give one".into()),
+            (Some(s), None) => bw_nvme::tls_psk::ConfiguredPsk::parse(s.expose()).map(Some).map_err(|e| format!("tls_psk: {e}")),
+            (None, Some(name)) => keys.iter().find(|k| &k.name == name).ok_or_else(|| format!("tls_key {name:?}: no [[nvme.key]] of that name"))?.read().map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// The authentication settings, checked: secrets parse (with their
-    /// CRC), names are known, lists are not empty.
-    pub fn auth_config(&self) -> Result<bw_nvme::auth::AuthConfig, String> {
+    /// CRC), names are known, lists are not empty. None without
+    /// `dhchap_secret` (then no other DH-HMAC-CHAP setting may be there).
+    pub fn auth_config(&self) -> Result<Option<bw_nvme::auth::AuthConfig>, String> {
         use bw_nvme::auth::{AuthConfig, DhGroup, HashId, Secret as Key};
-        let host_key = Key::parse(self.dhchap_secret.expose()).map_err(|e| format!("dhchap_secret: {e}"))?;
+        let Some(secret) = &self.dhchap_secret else {
+            if self.dhchap_ctrl_secret.is_some() || self.dhchap_hashes.is_some() || self.dhchap_dhgroups.is_some() {
+                return Err("DH-HMAC-CHAP settings need dhchap_secret".into());
+            }
+            return Ok(None);
+        };
+        let host_key = Key::parse(secret.expose()).map_err(|e| format!("dhchap_secret: {e}"))?;
         let ctrl_key = match &self.dhchap_ctrl_secret {
             Some(s) => Some(Key::parse(s.expose()).map_err(|e| format!("dhchap_ctrl_secret: {e}"))?),
             None => None,
@@ -566,7 +686,7 @@ impl NvmeHost {
         if cfg.hashes.is_empty() || cfg.groups.is_empty() {
             return Err("dhchap_hashes and dhchap_dhgroups must not be empty".into());
         }
-        Ok(cfg)
+        Ok(Some(cfg))
     }
 }
 
@@ -951,6 +1071,17 @@ impl ServeConfig {
                     return inv(format!("nvme.cntlid_range [{lo}, {hi}]: controller ids must be an ascending range within 1..=65519"));
                 }
             }
+            let mut names = std::collections::HashSet::new();
+            for k in &n.keys {
+                if k.name.is_empty() || !names.insert(k.name.as_str()) {
+                    return inv(format!("nvme.key {:?}: key names must be set and distinct", k.name));
+                }
+            }
+            for a in n.tls_ports.keys() {
+                if !n.listen.contains(a) && n.discovery_listen != Some(*a) {
+                    return inv(format!("nvme.tls_ports names {a}, which is not an NVMe/TCP port (listen, discovery_listen)"));
+                }
+            }
             for s in &n.subsystems {
                 check_nqn(&s.nqn).map_err(|e| ConfigError::Invalid(format!("NVMe subsystem name {:?}: {e}", s.nqn)))?;
                 if s.nqn == bw_nvme::DISCOVERY_NQN {
@@ -965,6 +1096,15 @@ impl ServeConfig {
                         return inv(format!("NVMe {}: host {:?} is listed twice", s.nqn, h.nqn));
                     }
                     h.auth_config().map_err(|e| ConfigError::Invalid(format!("NVMe {} host {}: {e}", s.nqn, h.nqn)))?;
+                    // Key files are read when the keys are taken (start,
+                    // live changes): here only that they are named.
+                    let check = match (&h.tls_psk, &h.tls_key) {
+                        (Some(_), None) => h.tls_psk(&[]).map(|_| ()),
+                        (None, Some(name)) if !n.keys.iter().any(|k| &k.name == name) => Err(format!("tls_key {name:?}: no [[nvme.key]] of that name")),
+                        (Some(_), Some(_)) => Err("tls_psk and tls_key: give one".into()),
+                        _ => Ok(()),
+                    };
+                    check.map_err(|e| ConfigError::Invalid(format!("NVMe {} host {}: {e}", s.nqn, h.nqn)))?;
                 }
                 for ns in &s.namespaces {
                     if ns.nsid == 0 || ns.nsid == u32::MAX || !known(&ns.volume) {
@@ -1398,7 +1538,7 @@ mod tests {
         let c: ServeConfig = toml::from_str(&text).unwrap();
         c.validate().unwrap();
         let h = &c.nvme.as_ref().unwrap().subsystems[0].hosts[0];
-        let a = h.auth_config().unwrap();
+        let a = h.auth_config().unwrap().unwrap();
         use bw_nvme::auth::{DhGroup, HashId};
         assert_eq!(a.hashes, [HashId::Sha512, HashId::Sha256]);
         assert_eq!(a.groups, [DhGroup::Ffdhe4096, DhGroup::Null]);
@@ -1422,6 +1562,67 @@ mod tests {
         // Names outside the NQN formats, as nvmet takes them (blktests').
         let other = text.replace("nqn.2026-11.org.example:v", "blktests-subsystem-1").replace("nqn.2026-11.org.example:h", "blktests-host");
         toml::from_str::<ServeConfig>(&other).unwrap().validate().unwrap();
+    }
+
+    #[test]
+    fn tls_ports_and_psks_are_checked_and_redacted() {
+        use std::os::unix::fs::PermissionsExt;
+        let psk = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+        let dir = std::env::temp_dir().join(format!("bw-tls-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key0");
+        std::fs::write(&file, format!("{psk}\n")).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let text = format!(
+            r#"
+            [[volume]]
+            name = "v"
+            backend = "ram:1M"
+            [nvme]
+            listen = ["127.0.0.1:4420", "127.0.0.1:4421"]
+            tls = "required"
+            tls_ports = {{ "127.0.0.1:4421" = "allowed" }}
+            [[nvme.key]]
+            name = "key0"
+            path = "{}"
+            [[nvme.subsystem]]
+            nqn = "nqn.2026-11.org.example:v"
+            namespaces = [{{ nsid = 1, volume = "v" }}]
+            [[nvme.subsystem.host]]
+            nqn = "nqn.2026-11.org.example:h1"
+            tls_psk = "{psk}"
+            [[nvme.subsystem.host]]
+            nqn = "nqn.2026-11.org.example:h2"
+            tls_key = "key0"
+        "#,
+            file.display()
+        );
+        let c: ServeConfig = toml::from_str(&text).unwrap();
+        c.validate().unwrap();
+        let n = c.nvme.as_ref().unwrap();
+        assert_eq!(n.tls_of(&"127.0.0.1:4420".parse().unwrap()), TlsMode::Required);
+        assert_eq!(n.tls_of(&"127.0.0.1:4421".parse().unwrap()), TlsMode::Allowed);
+        let hosts = &n.subsystems[0].hosts;
+        assert_eq!(hosts[0].tls_psk(&n.keys).unwrap(), hosts[1].tls_psk(&n.keys).unwrap());
+        assert!(hosts[0].auth_config().unwrap().is_none(), "a PSK alone is no DH-HMAC-CHAP");
+        let shown = c.to_json(false);
+        assert!(!shown.contains("AAECAwQF") && shown.contains(REDACTED), "{shown}");
+        assert!(c.has_secrets());
+        // The key file must be private.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(hosts[1].tls_psk(&n.keys).unwrap_err().contains("mode 600"));
+        for bad in [
+            text.replace("AAECAwQF", "AAECAwQG"),
+            text.replace("tls_key = \"key0\"", "tls_key = \"key1\""),
+            text.replace("tls_key = \"key0\"", &format!("tls_key = \"key0\"\ntls_psk = \"{psk}\"")),
+            text.replace("{ \"127.0.0.1:4421\" = \"allowed\" }", "{ \"127.0.0.1:4422\" = \"allowed\" }"),
+            text.replace("tls_psk = \"NVMeTLSkey", "tls_psk = \"DHHC"),
+        ] {
+            let c: ServeConfig = toml::from_str(&bad).unwrap();
+            assert!(c.validate().is_err(), "accepted: {bad}");
+        }
+        assert!(toml::from_str::<ServeConfig>(&text.replace("\"required\"", "\"maybe\"")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -48,13 +48,22 @@ pub struct Growth {
 /// The receive side of one connection.
 pub struct FrameReader {
     buf: BytesMut,
+    /// NVMe/TCP over TLS with the records ours: what the socket holds is
+    /// records, opened into `buf` (at most one record's worth read per fill).
+    tls: Option<bw_tls::secure::RecordReader>,
 }
 
 impl FrameReader {
     pub fn with_capacity(n: usize) -> Self {
         FrameReader {
             buf: BytesMut::with_capacity(n),
+            tls: None,
         }
+    }
+
+    /// From now on the socket's bytes are TLS records `r` opens.
+    pub fn set_tls(&mut self, r: bw_tls::secure::RecordReader) {
+        self.tls = Some(r);
     }
 
     /// The received bytes, for the protocol's decoder to take PDUs off.
@@ -107,6 +116,11 @@ impl FrameReader {
     /// [`FrameReader::fill`] without waiting: `WouldBlock` when the socket
     /// has nothing.
     pub fn try_fill(&mut self, stream: &TcpStream, f: &impl Framing) -> io::Result<usize> {
+        if let Some(r) = &mut self.tls {
+            // The records' content lands in whole records; the decoder
+            // bounds PDUs as without TLS.
+            return r.fill(stream, &mut self.buf);
+        }
         match self.prepare(f) {
             Some(n) => stream.try_read_buf(&mut (&mut self.buf).limit(n)),
             None => stream.try_read_buf(&mut self.buf),

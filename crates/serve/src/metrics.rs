@@ -286,6 +286,22 @@ pub struct Metrics {
     aoe: Mutex<BTreeMap<String, Arc<AoeStats>>>,
     connections: [AtomicI64; 3],
     connections_total: [AtomicU64; 3],
+    /// NVMe/TCP connections over TLS open, by record layer (kernel, user).
+    tls: [AtomicI64; 2],
+    tls_total: [AtomicU64; 2],
+    /// Connections refused before or during their TLS handshake.
+    tls_refused: AtomicU64,
+}
+
+/// An NVMe/TCP connection over TLS, counted by record layer while this lives.
+pub struct TlsGuard {
+    gauge: &'static AtomicI64,
+}
+
+impl Drop for TlsGuard {
+    fn drop(&mut self) {
+        self.gauge.fetch_sub(1, Relaxed);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -313,7 +329,24 @@ impl Metrics {
             aoe: Mutex::default(),
             connections: Default::default(),
             connections_total: Default::default(),
+            tls: Default::default(),
+            tls_total: Default::default(),
+            tls_refused: AtomicU64::new(0),
         }
+    }
+
+    /// An NVMe/TCP connection secured with its records kept by `layer`.
+    pub fn tls_connection(&'static self, layer: bw_tls::RecordLayer) -> TlsGuard {
+        let i = layer as usize;
+        self.tls_total[i].fetch_add(1, Relaxed);
+        self.tls[i].fetch_add(1, Relaxed);
+        TlsGuard { gauge: &self.tls[i] }
+    }
+
+    /// A connection refused for TLS: a failed handshake, or plaintext on a
+    /// TLS-only port.
+    pub fn tls_refused(&self) {
+        self.tls_refused.fetch_add(1, Relaxed);
     }
 
     /// The counters of `volume` over `proto`, made on first use.
@@ -428,7 +461,11 @@ impl Metrics {
                 total: self.connections_total[p as usize].load(Relaxed),
             })
             .collect();
-        Snapshot { volumes, targets, aoe, connections, process: ProcessSnapshot::read() }
+        let tls = [bw_tls::RecordLayer::Kernel, bw_tls::RecordLayer::User]
+            .into_iter()
+            .map(|l| TlsSnapshot { record_layer: l.name(), open: self.tls[l as usize].load(Relaxed), total: self.tls_total[l as usize].load(Relaxed) })
+            .collect();
+        Snapshot { volumes, targets, aoe, connections, tls, tls_refused: self.tls_refused.load(Relaxed), process: ProcessSnapshot::read() }
     }
 }
 
@@ -457,6 +494,14 @@ pub struct AoeSnapshot {
     pub frames_received: u64,
     pub frames_sent: u64,
     pub retransmits: u64,
+}
+
+/// NVMe/TCP connections over TLS with one record layer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TlsSnapshot {
+    pub record_layer: &'static str,
+    pub open: i64,
+    pub total: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -511,6 +556,8 @@ pub struct Snapshot {
     pub targets: Vec<TargetSnapshot>,
     pub aoe: Vec<AoeSnapshot>,
     pub connections: Vec<ConnectionSnapshot>,
+    pub tls: Vec<TlsSnapshot>,
+    pub tls_refused: u64,
     pub process: ProcessSnapshot,
 }
 
@@ -628,6 +675,16 @@ impl Snapshot {
         for c in &self.connections {
             f.sample("blockwire_connections_accepted_total", &[("protocol", c.protocol)], c.total);
         }
+        f.head("blockwire_tls_connections", "gauge", "NVMe/TCP connections over TLS open, by who keeps their records (ktls: the kernel, user: this process).");
+        for t in &self.tls {
+            f.sample("blockwire_tls_connections", &[("protocol", "nvme-tcp"), ("record_layer", t.record_layer)], t.open);
+        }
+        f.head("blockwire_tls_handshakes_total", "counter", "NVMe/TCP TLS handshakes completed, by record layer.");
+        for t in &self.tls {
+            f.sample("blockwire_tls_handshakes_total", &[("protocol", "nvme-tcp"), ("record_layer", t.record_layer)], t.total);
+        }
+        f.head("blockwire_tls_refused_total", "counter", "NVMe/TCP connections refused for TLS: failed handshakes, plaintext on TLS-required ports.");
+        f.sample("blockwire_tls_refused_total", &[("protocol", "nvme-tcp")], self.tls_refused);
         let aoe: [Column<AoeSnapshot, u64>; 3] = [
             ("blockwire_aoe_frames_received_total", "AoE frames received.", |a| a.frames_received),
             ("blockwire_aoe_frames_sent_total", "AoE replies sent.", |a| a.frames_sent),

@@ -10,8 +10,17 @@
 //! and payloads, so nothing is copied before the send).
 //! Sending never blocks: [`Outbox::send`] writes what the socket takes and
 //! leaves the rest for the next writable event; [`Outbox::drain`] waits.
+//!
+//! On an NVMe/TCP connection over TLS whose records are ours (not the
+//! kernel's), what is queued goes through a [`Sealer`] on its way out: the
+//! byte buffers are encrypted straight into records (several PDUs to a
+//! record, up to 16 KiB), and only the records are written. Such a
+//! connection queues no file or mapped payloads: a mapping is never read
+//! in user space (a file shrunk under it would raise SIGBUS), so its reads
+//! are copied into the buffer, and the encryption reads them from there.
 
 use bw_block::{MappedBytes, Volume};
+use bw_tls::record::{ContentType, Sealer, MAX_PLAINTEXT};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -28,6 +37,10 @@ const KEEP_BUFFERS: usize = 64;
 /// At most this many pieces go to one `sendmsg` (a burst of 32 reads is 64:
 /// a header and a payload each).
 const MAX_IOV: usize = 64;
+
+/// With user-space TLS: plaintext encrypted ahead of what the socket took
+/// (the records stay in the cache between encryption and the write).
+const SEAL_AHEAD: usize = 256 << 10;
 
 enum Seg {
     Buf { data: Vec<u8>, pos: usize },
@@ -74,13 +87,28 @@ pub struct Outbox {
     /// Unsent bytes of the byte buffers other than the last segment (the
     /// one [`Outbox::buf_mut`] appends to): [`Outbox::buffered`] without a
     /// walk over every segment, which the driver asks before each PDU (with
-    /// a burst of mapped reads queued, 64 segments each time).
+    /// a burst of mapped reads queued, 64 segments each time). Always 0
+    /// with user-space TLS, where only byte buffers are queued and
+    /// [`Outbox::buf_mut`] appends to the one there is.
     sealed: usize,
+    /// User-space TLS: the records made so far and how much of them went.
+    tls: Option<Tls>,
+}
+
+struct Tls {
+    sealer: Sealer,
+    records: Vec<u8>,
+    sent: usize,
 }
 
 impl Outbox {
+    /// What is queued from now on goes out through `sealer`'s records.
+    pub fn set_tls(&mut self, sealer: Sealer) {
+        self.tls = Some(Tls { sealer, records: Vec::new(), sent: 0 });
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.segs.is_empty()
+        self.segs.is_empty() && self.tls.as_ref().is_none_or(|t| t.sent == t.records.len())
     }
 
     /// Bytes held in memory waiting to be sent (file payloads not counted).
@@ -89,7 +117,8 @@ impl Outbox {
             Some(Seg::Buf { data, pos }) => data.len() - pos,
             _ => 0,
         };
-        self.sealed + open
+        let records = self.tls.as_ref().map_or(0, |t| t.records.len() - t.sent);
+        records + self.sealed + open
     }
 
     /// A segment goes behind the last: a byte buffer there is sealed.
@@ -98,6 +127,19 @@ impl Outbox {
             self.sealed += data.len() - pos;
         }
         self.segs.push_back(s);
+    }
+
+    /// With TLS: a close_notify alert after everything queued (the orderly
+    /// end of what we send).
+    pub fn close_notify(&mut self) {
+        if self.tls.is_none() {
+            return;
+        }
+        self.seal(usize::MAX);
+        if let Some(t) = &mut self.tls {
+            let Tls { sealer, records, .. } = t;
+            sealer.close_notify(records);
+        }
     }
 
     /// The buffer new PDUs are appended to (after everything queued).
@@ -114,6 +156,7 @@ impl Outbox {
 
     /// Queue `len` bytes of `vol`'s backing file `fd` at `off`.
     pub fn push_file(&mut self, vol: Volume, fd: RawFd, off: u64, len: usize) {
+        debug_assert!(self.tls.is_none(), "a file payload on a user-space TLS connection");
         if len > 0 {
             self.push_seg(Seg::File { _vol: vol, fd, off, left: len });
         }
@@ -130,6 +173,7 @@ impl Outbox {
     /// Queue bytes of a volume's mapped backing file
     /// ([`bw_block::Volume::mapped_read`]).
     pub fn push_mapped(&mut self, bytes: MappedBytes) {
+        debug_assert!(self.tls.is_none(), "a mapped payload on a user-space TLS connection");
         if !bytes.is_empty() {
             self.push_seg(Seg::Mapped { bytes, pos: 0 });
         }
@@ -157,6 +201,9 @@ impl Outbox {
     /// Send as much as the socket takes now. `Ok` both when everything went
     /// and when the socket is full; an error means the connection is broken.
     pub fn send(&mut self, sock: &TcpStream) -> io::Result<()> {
+        if self.tls.is_some() {
+            return self.send_records(sock);
+        }
         let sfd = sock.as_raw_fd();
         loop {
             let Some(seg) = self.segs.front_mut() else { break };
@@ -200,6 +247,71 @@ impl Outbox {
             }
         }
         Ok(())
+    }
+
+    /// User-space TLS: encrypt what is queued, a window ahead, and write the records.
+    fn send_records(&mut self, sock: &TcpStream) -> io::Result<()> {
+        loop {
+            let Some(t) = &mut self.tls else { return Ok(()) };
+            while t.sent < t.records.len() {
+                match sock.try_write(&t.records[t.sent..]) {
+                    Ok(n) => t.sent += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            t.records.clear();
+            t.sent = 0;
+            if self.segs.is_empty() {
+                return Ok(());
+            }
+            self.seal(SEAL_AHEAD);
+        }
+    }
+
+    /// Encrypt queued byte buffers into records until about `limit` bytes
+    /// of plaintext went in or nothing is left; each record gathers the
+    /// pieces of as many buffers as fit.
+    fn seal(&mut self, limit: usize) {
+        let Some(mut t) = self.tls.take() else { return };
+        let mut sealed = 0;
+        while sealed < limit {
+            let mut pieces: Vec<&[u8]> = Vec::new();
+            let mut n = 0;
+            for seg in self.segs.iter() {
+                let Seg::Buf { data, pos } = seg else { break };
+                let take = (data.len() - pos).min(MAX_PLAINTEXT - n);
+                if take > 0 {
+                    pieces.push(&data[*pos..*pos + take]);
+                    n += take;
+                }
+                if n == MAX_PLAINTEXT {
+                    break;
+                }
+            }
+            if n == 0 {
+                // Only empty buffers (or, wrongly, a payload that cannot be
+                // read here) left.
+                while matches!(self.segs.front(), Some(Seg::Buf { data, pos }) if *pos == data.len()) {
+                    self.pop_front();
+                }
+                break;
+            }
+            t.sealer.seal(ContentType::ApplicationData, &pieces, &mut t.records);
+            sealed += n;
+            let mut left = n;
+            while left > 0 {
+                let Some(Seg::Buf { data, pos }) = self.segs.front_mut() else { break };
+                let here = (data.len() - *pos).min(left);
+                *pos += here;
+                left -= here;
+                if *pos == data.len() {
+                    self.pop_front();
+                }
+            }
+        }
+        self.tls = Some(t);
     }
 
     /// Send everything, waiting for the socket as needed.
@@ -391,6 +503,51 @@ mod tests {
             let mut got = vec![0u8; want.len()];
             peer.read_exact(&mut got).unwrap();
             assert!(got == want, "the bytes on the wire are not the headers and payloads in order");
+        });
+    }
+
+    /// User-space TLS: PDUs of every size (past one record, across record
+    /// boundaries) come out as records the peer opens to the same bytes,
+    /// in order, then a close_notify; nothing is held back.
+    #[test]
+    fn queued_buffers_go_out_as_tls_records() {
+        use bw_tls::record::{Keys, Opened, Opener};
+        use bw_tls::Suite;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let keys = || Keys::from_secret(Suite::Aes256GcmSha384, &[5u8; 48]);
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let sock = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let (mut peer, _) = listener.accept().unwrap();
+            let mut out = Outbox::default();
+            out.set_tls(Sealer::new(&keys()));
+            let mut want = Vec::new();
+            for (i, len) in [24usize, 4096, 24, 70_000, 1, 16384].into_iter().enumerate() {
+                let pdu: Vec<u8> = (0..len).map(|j| (i * 31 + j) as u8).collect();
+                out.buf_mut().extend_from_slice(&pdu);
+                want.extend_from_slice(&pdu);
+                if i == 2 {
+                    out.buf_mut();
+                    out.send(&sock).unwrap();
+                }
+            }
+            out.close_notify();
+            out.drain(&sock).await.unwrap();
+            assert!(out.is_empty() && out.buffered() == 0);
+            assert_eq!(unsent(&sock), 0);
+            drop(sock);
+            let mut wire = Vec::new();
+            peer.read_to_end(&mut wire).unwrap();
+            let mut o = Opener::new(&keys(), false);
+            let mut got = bytes::BytesMut::new();
+            let mut at = 0;
+            let mut closed = false;
+            while let Some((n, what)) = o.open(&wire[at..], &mut got).unwrap() {
+                at += n;
+                closed = what == Opened::Closed;
+            }
+            assert!(closed && at == wire.len());
+            assert!(got[..] == want[..], "the records do not hold the PDUs in order");
         });
     }
 }

@@ -54,11 +54,15 @@ pub struct SessionInfo {
     pub writes: u64,
     pub read_bytes: u64,
     pub written_bytes: u64,
+    /// NVMe/TCP over TLS: the admin queue's cipher suite and who keeps
+    /// its records ("TLS_AES_128_GCM_SHA256 ktls", "... user").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<String>,
 }
 
 impl SessionInfo {
     pub fn new(id: String, protocol: &'static str, initiator: &str, peer: String, target: String, stats: &SessionStats) -> SessionInfo {
         let [reads, writes, read_bytes, written_bytes] = stats.snapshot();
-        SessionInfo { id, protocol, initiator: initiator.to_string(), peer, target, reads, writes, read_bytes, written_bytes }
+        SessionInfo { id, protocol, initiator: initiator.to_string(), peer, target, reads, writes, read_bytes, written_bytes, tls: None }
     }
 }

@@ -58,6 +58,30 @@ pub struct Tuning {
     /// CRC instruction, or "soft", portable tables (a CPU or NIC without
     /// CRC help; the lab's `--digest crc32c-soft`).
     pub digest_impl: DigestImpl,
+    /// Who keeps the records of NVMe/TCP connections over TLS: "auto" (the
+    /// kernel, kTLS, where it has TLS; else this process), "kernel" (a
+    /// connection fails without kTLS) or "user" (this process).
+    pub tls_records: TlsRecords,
+}
+
+/// [`Tuning::tls_records`].
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum TlsRecords {
+    #[default]
+    Auto,
+    Kernel,
+    User,
+}
+
+impl From<TlsRecords> for bw_tls::RecordChoice {
+    fn from(t: TlsRecords) -> Self {
+        match t {
+            TlsRecords::Auto => bw_tls::RecordChoice::Auto,
+            TlsRecords::Kernel => bw_tls::RecordChoice::Kernel,
+            TlsRecords::User => bw_tls::RecordChoice::User,
+        }
+    }
 }
 
 /// [`Tuning::digest_impl`].
@@ -130,6 +154,7 @@ impl Default for Tuning {
             commands_per_send: 0,
             tcp_congestion: Congestion::Auto,
             digest_impl: DigestImpl::Hw,
+            tls_records: TlsRecords::Auto,
         }
     }
 }
@@ -196,6 +221,9 @@ mod tests {
         let soft: Tuning = toml::from_str("digest_impl = \"soft\"").unwrap();
         assert_eq!(soft.digest_impl, DigestImpl::Soft);
         assert!(toml::from_str::<Tuning>("digest_impl = \"fast\"").is_err());
+        let t: Tuning = toml::from_str("tls_records = \"user\"").unwrap();
+        assert_eq!(bw_tls::RecordChoice::from(t.tls_records), bw_tls::RecordChoice::User);
+        assert!(toml::from_str::<Tuning>("tls_records = \"openssl\"").is_err());
         let cc: Tuning = toml::from_str("tcp_congestion = \"cubic\"").unwrap();
         assert_eq!(cc.tcp_congestion, Congestion::Named("cubic".into()));
         let old: Tuning = toml::from_str("iscsi_zero_copy_min = 4096").unwrap();

@@ -38,6 +38,7 @@ mod nvme_kernel;
 mod nfs;
 mod nvme_nvmet;
 mod nvme_rdma;
+mod nvme_tls;
 mod packaging;
 mod readme_layout;
 mod rbd;

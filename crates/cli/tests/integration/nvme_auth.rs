@@ -105,14 +105,7 @@ fn verify(
 }
 
 fn wait_log(serve: &Serve, needle: &str) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(10) {
-        if serve.log_text().contains(needle) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+    serve.wait_log(needle, Duration::from_secs(10))
 }
 
 #[test]

@@ -10,6 +10,7 @@
 mod auth;
 mod queue;
 mod rdma;
+mod tls;
 
 use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
 use async_trait::async_trait;
@@ -68,9 +69,9 @@ pub enum Queue {
 }
 
 impl Queue {
-    async fn open(t: Transport, host: &str, port: u16, qid: u16, depth: usize, opts: &ConnectOptions) -> Result<Queue> {
+    async fn open(t: Transport, host: &str, port: u16, qid: u16, depth: usize, opts: &ConnectOptions, tls: Option<&tls::TlsClient>) -> Result<Queue> {
         Ok(match t {
-            Transport::Tcp => Queue::Tcp(queue::TcpQueue::open(host, port, qid, depth, opts).await?),
+            Transport::Tcp => Queue::Tcp(queue::TcpQueue::open(host, port, qid, depth, opts, tls).await?),
             Transport::Rdma => Queue::Rdma(rdma::RdmaQueue::open(host, port, qid, depth, opts).await?),
         })
     }
@@ -78,6 +79,13 @@ impl Queue {
         match self {
             Queue::Tcp(q) => q.qid,
             Queue::Rdma(q) => q.qid,
+        }
+    }
+    /// With TLS: the suite and who keeps the records.
+    fn tls(&self) -> Option<&str> {
+        match self {
+            Queue::Tcp(q) => q.tls.as_deref(),
+            Queue::Rdma(_) => None,
         }
     }
     fn set_incapsule(&self, n: usize) {
@@ -150,8 +158,9 @@ async fn prop_set(q: &Queue, off: u32, v: u64) -> Result<()> {
     q.submit(Property::set_sqe(0, off, v), None, 0).await.map(|_| ())
 }
 
-async fn open_admin(t: Transport, host: &str, port: u16, subnqn: &str, opts: &ConnectOptions, kato_ms: u32, auth: Option<&Arc<AuthConfig>>) -> Result<Admin> {
-    let q = Queue::open(t, host, port, 0, ADMIN_DEPTH, opts).await?;
+#[allow(clippy::too_many_arguments)]
+async fn open_admin(t: Transport, host: &str, port: u16, subnqn: &str, opts: &ConnectOptions, kato_ms: u32, auth: Option<&Arc<AuthConfig>>, tls: Option<&tls::TlsClient>) -> Result<Admin> {
+    let q = Queue::open(t, host, port, 0, ADMIN_DEPTH, opts, tls).await?;
     let hostnqn = host_nqn(opts);
     let data = ConnectData { hostid: host_id(&hostnqn), cntlid: 0xFFFF, subnqn: subnqn.into(), hostnqn };
     let cntlid = fabrics_connect(&q, 0, ADMIN_DEPTH as u16 - 1, kato_ms, data, auth).await?;
@@ -218,6 +227,8 @@ pub struct NvmeClient {
     oncs: u16,
     /// Identify Controller's model and firmware.
     identity: String,
+    /// ", TLS <suite>, <record layer>" when the queues run TLS.
+    secured: String,
 }
 
 pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
@@ -226,13 +237,14 @@ pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn B
 
 impl NvmeClient {
     pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<NvmeClient> {
-        let (t, host, port, subnqn, nsid) = match url {
-            TargetUrl::Nvme { host, port, subnqn, nsid } => (Transport::Tcp, host, port, subnqn, nsid),
-            TargetUrl::NvmeRdma { host, port, subnqn, nsid } => (Transport::Rdma, host, port, subnqn, nsid),
+        let (t, host, port, subnqn, nsid, tls) = match url {
+            TargetUrl::Nvme { host, port, subnqn, nsid, tls } => (Transport::Tcp, host, port, subnqn, nsid, *tls),
+            TargetUrl::NvmeRdma { host, port, subnqn, nsid } => (Transport::Rdma, host, port, subnqn, nsid, None),
             _ => return Err(proto(format!("{url} is not an nvme+tcp or nvme+rdma URL"))),
         };
         let auth = auth::config(opts)?;
-        let a = open_admin(t, host, *port, subnqn, opts, KATO_MS, auth.as_ref()).await?;
+        let tls = tls::TlsClient::new(opts, tls, &host_nqn(opts), subnqn)?.map(Arc::new);
+        let a = open_admin(t, host, *port, subnqn, opts, KATO_MS, auth.as_ref(), tls.as_deref()).await?;
         let want = opts.queues.clamp(1, 0xFFFF) as u32;
         let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
         s.set_cdw(10, feature::NUM_QUEUES as u32);
@@ -267,10 +279,10 @@ impl NvmeClient {
         };
         let mut io = Vec::new();
         for qid in 1..=granted as u16 {
-            let (host, port, opts, auth) = (host.clone(), *port, opts.clone(), auth.clone());
+            let (host, port, opts, auth, tls) = (host.clone(), *port, opts.clone(), auth.clone(), tls.clone());
             let data = ConnectData { hostid: host_id(&hostnqn), cntlid: a.cntlid, subnqn: subnqn.clone(), hostnqn: hostnqn.clone() };
             let open = async move {
-                let q = Queue::open(t, &host, port, qid, depth, &opts).await?;
+                let q = Queue::open(t, &host, port, qid, depth, &opts, tls.as_deref()).await?;
                 fabrics_connect(&q, qid, depth as u16 - 1, 0, data, auth.as_ref()).await?;
                 q.set_incapsule(incapsule);
                 Ok::<Queue, ClientError>(q)
@@ -292,7 +304,8 @@ impl NvmeClient {
                 }
             }
         });
-        log::info!("nvme: {url}: controller {} with {granted} I/O queues of depth {depth}, {blocks} blocks of {block} bytes", a.cntlid);
+        let secured = a.q.tls().map(|t| format!(", TLS {t}")).unwrap_or_default();
+        log::info!("nvme: {url}: controller {} with {granted} I/O queues of depth {depth}, {blocks} blocks of {block} bytes{secured}", a.cntlid);
         Ok(NvmeClient {
             url: url.to_string(),
             admin: a.q,
@@ -308,6 +321,7 @@ impl NvmeClient {
             io_rt,
             oncs: a.id.oncs,
             identity: format!("{} firmware {}", a.id.model.trim(), a.firmware),
+            secured,
         })
     }
 
@@ -372,7 +386,7 @@ impl Drop for NvmeClient {
 #[async_trait]
 impl BlockClient for NvmeClient {
     fn describe(&self) -> String {
-        format!("{} (controller {}, {} I/O queues)", self.url, self.cntlid, self.io.len())
+        format!("{} (controller {}, {} I/O queues{})", self.url, self.cntlid, self.io.len(), self.secured)
     }
     fn identity(&self) -> Option<String> {
         Some(self.identity.clone())
@@ -455,7 +469,7 @@ pub async fn discover(host: &str, port: u16, opts: &ConnectOptions) -> Result<Ve
     // Discovery controllers do not prove themselves here: the log they
     // serve is not secret, and each subsystem it names is checked on connect.
     let auth = auth::config(opts)?.map(|c| Arc::new(AuthConfig { ctrl_key: None, ..(*c).clone() }));
-    let a = open_admin(Transport::Tcp, host, port, bw_nvme::DISCOVERY_NQN, opts, 0, auth.as_ref()).await?;
+    let a = open_admin(Transport::Tcp, host, port, bw_nvme::DISCOVERY_NQN, opts, 0, auth.as_ref(), None).await?;
     let get = |len: usize| {
         let q = a.q.clone();
         async move {
@@ -479,7 +493,11 @@ pub async fn discover(host: &str, port: u16, opts: &ConnectOptions) -> Result<Ve
                 _ => "unknown",
             };
             let scheme = if e.trtype == logpage::TRTYPE_RDMA { "nvme+rdma" } else { "nvme+tcp" };
-            format!("{scheme}://{}:{}/{} (subtype {kind}, portid {})", e.traddr.trim(), e.trsvcid.trim(), e.subnqn, e.portid)
+            let tls = match e.tls {
+                logpage::SecureChannel::None => String::new(),
+                t => format!(", TLS {}", t.name()),
+            };
+            format!("{scheme}://{}:{}/{} (subtype {kind}, portid {}{tls})", e.traddr.trim(), e.trsvcid.trim(), e.subnqn, e.portid)
         })
         .collect())
 }

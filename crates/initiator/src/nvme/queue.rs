@@ -13,9 +13,10 @@ use bw_nvme::pdu::{self, Digests};
 use bytes::{Bytes, BytesMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{oneshot, Notify, Semaphore};
+use bw_tls::secure::RecordReader;
 
 pub use bw_nvme::host_queue::Done;
 
@@ -90,6 +91,8 @@ impl Drop for Cancel<'_> {
 
 pub struct TcpQueue {
     pub qid: u16,
+    /// With TLS: the suite and who keeps the records ("TLS_AES_128_GCM_SHA256, ktls").
+    pub tls: Option<String>,
     shared: Arc<Shared>,
     slots: Semaphore,
     timeout: Duration,
@@ -112,9 +115,24 @@ impl TcpQueue {
     /// TCP connect and the ICReq/ICResp exchange. `depth` commands may be in
     /// flight at once (the caller connects with sqsize = depth - 1 or more).
     /// Digests, the timeout and the TCP options come from `opts`.
-    pub async fn open(host: &str, port: u16, qid: u16, depth: usize, opts: &ConnectOptions) -> Result<TcpQueue> {
+    /// With `tls`, the connection is secured first (see super::tls).
+    pub async fn open(host: &str, port: u16, qid: u16, depth: usize, opts: &ConnectOptions, tls: Option<&super::tls::TlsClient>) -> Result<TcpQueue> {
         let (digests, timeout) = (Digests { header: opts.header_digest, data: opts.data_digest }, opts.timeout);
-        let stream = crate::connect_tcp(host, port, opts).await?;
+        let (stream, mut buf, mut sealer, mut reader, described) = match tls {
+            None => (crate::connect_tcp(host, port, opts).await?, BytesMut::with_capacity(256 * 1024), None, None, None),
+            Some(t) => {
+                let (stream, sec) = t.open(host, port, opts).await?;
+                let described = format!("{}, {}", sec.suite, sec.layer);
+                log::info!("nvme: queue {qid}: TLS as {:?}: {described}", sec.identity);
+                let mut buf = BytesMut::with_capacity(256 * 1024);
+                buf.extend_from_slice(&sec.plaintext);
+                let (sealer, reader) = match sec.user {
+                    Some(u) => (Some(u.sealer), Some(u.reader)),
+                    None => (None, None),
+                };
+                (stream, buf, sealer, reader, Some(described))
+            }
+        };
         let (mut rd, mut wr) = stream.into_split();
         let depth = depth.clamp(1, 65535);
         let mut q = HostQueue::new(HostConfig {
@@ -126,12 +144,11 @@ impl TcpQueue {
         });
         let mut ic = Vec::new();
         q.poll_transmit(&mut ic);
-        wr.write_all(&ic).await?;
-        let mut buf = BytesMut::with_capacity(256 * 1024);
+        crate::send::send(&mut wr, sealer.as_mut(), &ic).await?;
         tokio::time::timeout(timeout, async {
             while !q.is_ready() {
                 if !q.receive(&mut buf).map_err(|e| proto(e.to_string()))?
-                    && rd.read_buf(&mut buf).await? == 0
+                    && receive(&mut rd, reader.as_mut(), &mut buf, u64::MAX).await? == 0
                 {
                     return Err(ClientError::Disconnected(
                         "connection closed during ICReq".into(),
@@ -147,10 +164,11 @@ impl TcpQueue {
             wake: Notify::new(),
         });
         let sh = shared.clone();
-        tokio::spawn(async move { crate::send::send_loop(wr, &*sh).await });
-        let reader = tokio::spawn(read_loop(rd, buf, digests, shared.clone()));
+        tokio::spawn(async move { crate::send::send_loop(wr, &*sh, sealer).await });
+        let reader = tokio::spawn(read_loop(rd, buf, digests, shared.clone(), reader));
         Ok(TcpQueue {
             qid,
+            tls: described,
             shared,
             slots: Semaphore::new(depth),
             timeout,
@@ -289,6 +307,21 @@ impl crate::send::Transmit for Shared {
     }
 }
 
+/// Read more into `buf` (at most `limit` bytes without TLS): the bytes
+/// added, 0 at the end of the stream.
+async fn receive(rd: &mut OwnedReadHalf, reader: Option<&mut RecordReader>, buf: &mut BytesMut, limit: u64) -> std::io::Result<usize> {
+    match reader {
+        None => rd.take(limit).read_buf(buf).await,
+        Some(r) => loop {
+            rd.readable().await?;
+            match r.fill(rd, buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                other => return other,
+            }
+        },
+    }
+}
+
 /// Without data digests, socket reads stop at this many bytes so that little
 /// of a large read's payload lands in the staging buffer (it goes straight
 /// to the caller's buffer instead).
@@ -327,14 +360,16 @@ async fn recv_direct(
     .await
 }
 
-async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc<Shared>) {
+async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc<Shared>, mut tls: Option<RecordReader>) {
     // After a large payload went straight to its buffer, the next read takes
     // just a data PDU header: the next large payload then follows it
     // straight to its buffer too instead of partly into `buf`.
     let hdr_len = (pdu::DATA_HLEN + if d.header { pdu::DIGEST_LEN } else { 0 }) as u64;
     let mut header_only = false;
     let why = loop {
-        let direct = sh.lock().begin_direct(&mut buf);
+        // Through the user-space record layer, payloads come out of the
+        // records into `buf`; the queue copies them on from there.
+        let direct = if tls.is_some() { Ok(None) } else { sh.lock().begin_direct(&mut buf) };
         match direct {
             Err(e) => break e.to_string(),
             Ok(Some(mut dr)) => {
@@ -378,11 +413,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
             READ_CHUNK
         };
         header_only = false;
-        let r = if d.data {
-            rd.read_buf(&mut buf).await
-        } else {
-            (&mut rd).take(limit).read_buf(&mut buf).await
-        };
+        let r = receive(&mut rd, tls.as_mut(), &mut buf, if d.data { u64::MAX } else { limit }).await;
         match r {
             Ok(0) => break "target closed the connection".to_string(),
             Ok(_) => {}

@@ -12,9 +12,11 @@
 
 use super::response::hmac;
 use super::codes::HashId;
-use base64::Engine;
+use crate::key_text::{self, KeyTextError};
 use std::fmt;
 use zeroize::Zeroizing;
+
+const PREFIX: &str = "DHHC-1:";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SecretError {
@@ -50,34 +52,20 @@ pub struct Secret {
 impl Secret {
     /// Parse `DHHC-1:hh:BASE64:` (the final ':' may be left out).
     pub fn parse(text: &str) -> Result<Secret, SecretError> {
-        let rest = text
-            .trim()
-            .strip_prefix("DHHC-1:")
-            .ok_or(SecretError::Prefix)?;
-        let (id, rest) = rest.split_once(':').ok_or(SecretError::Transform)?;
+        let (id, key) = key_text::decode(text, PREFIX, &[32, 48, 64]).map_err(|e| match e {
+            KeyTextError::Prefix => SecretError::Prefix,
+            KeyTextError::Id => SecretError::Transform,
+            KeyTextError::Base64 => SecretError::Base64,
+            KeyTextError::Length(n) => SecretError::Length(n),
+            KeyTextError::Crc => SecretError::Crc,
+            KeyTextError::Trailing => SecretError::Trailing,
+        })?;
         let transform = match id {
-            "00" => None,
-            "01" | "02" | "03" => HashId::from_id(id.as_bytes()[1] - b'0'),
+            0 => None,
+            1..=3 => HashId::from_id(id),
             _ => return Err(SecretError::Transform),
         };
-        let b64 = match rest.split_once(':') {
-            Some((k, "")) => k,
-            Some(_) => return Err(SecretError::Trailing),
-            None => rest,
-        };
-        let raw = Zeroizing::new(
-            base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .map_err(|_| SecretError::Base64)?,
-        );
-        if !matches!(raw.len(), 36 | 52 | 68) {
-            return Err(SecretError::Length(raw.len()));
-        }
-        let (key, crc) = raw.split_at(raw.len() - 4);
-        if crc32fast::hash(key).to_le_bytes() != crc {
-            return Err(SecretError::Crc);
-        }
-        Secret::from_key(key, transform)
+        Secret::from_key(&key, transform)
     }
 
     /// A secret from raw key bytes (32, 48 or 64 of them).
@@ -100,13 +88,7 @@ impl Secret {
 
     /// The `DHHC-1:hh:BASE64:` text (what configuration files hold).
     pub fn encode(&self) -> String {
-        let mut raw = Zeroizing::new(self.key.to_vec());
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
-        let id = self.transform.map_or(0, HashId::id);
-        format!(
-            "DHHC-1:{id:02x}:{}:",
-            base64::engine::general_purpose::STANDARD.encode(&*raw)
-        )
+        key_text::encode(PREFIX, self.transform.map_or(0, HashId::id), &self.key)
     }
 
     pub fn transform(&self) -> Option<HashId> {

@@ -172,7 +172,7 @@ fn a_bounded_keep_alive_expires_whatever_the_host_asks() {
 
 #[test]
 fn discovery_controller_serves_log_page() {
-    let e = DiscoveryEntry { trtype: logpage::TRTYPE_TCP, subnqn: "nqn.t:s".into(), traddr: "127.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: 2 };
+    let e = DiscoveryEntry { trtype: logpage::TRTYPE_TCP, subnqn: "nqn.t:s".into(), traddr: "127.0.0.1".into(), trsvcid: "4420".into(), portid: 1, subtype: 2, tls: Default::default() };
     let mut c = Controller::new(1, Role::Discovery(vec![e.clone()]), "h".into(), [0; 16], 0, Instant::now());
     enable(&mut c);
     let l = LogRequest { lid: lid::DISCOVERY, rae: false, len: 16, offset: 0 };

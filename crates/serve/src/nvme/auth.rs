@@ -40,29 +40,20 @@ impl HostKeys {
     pub fn replace(&self, cfg: &NvmeConfig) -> anyhow::Result<Vec<String>> {
         let keys = Self::keys(cfg)?;
         let mut old = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-        let mut log = Vec::new();
-        for ((sub, host), a) in &keys {
-            match old.get(&(sub.clone(), host.clone())) {
-                None => log.push(format!("nvme {sub}: host {host} authenticates (DH-HMAC-CHAP) from its next Connect")),
-                Some(o) if o != a => log.push(format!("nvme {sub}: host {host}: DH-HMAC-CHAP keys, hashes or groups changed (from its next Connect)")),
-                Some(_) => {}
-            }
-        }
-        for (sub, host) in old.keys().filter(|k| !keys.contains_key(*k)) {
-            log.push(format!("nvme {sub}: host {host} no longer authenticates (DH-HMAC-CHAP)"));
-        }
-        log.sort();
-        *old = keys;
-        Ok(log)
+        let says = ["authenticates (DH-HMAC-CHAP) from its next Connect", "DH-HMAC-CHAP keys, hashes or groups changed (from its next Connect)", "no longer authenticates (DH-HMAC-CHAP)"];
+        Ok(swap_host_keys(&mut old, keys, says))
     }
 
     fn keys(cfg: &NvmeConfig) -> anyhow::Result<HashMap<(String, String), Arc<AuthConfig>>> {
         let mut keys = HashMap::new();
         for s in &cfg.subsystems {
             for h in &s.hosts {
-                let a = h
+                let Some(a) = h
                     .auth_config()
-                    .map_err(|e| anyhow::anyhow!("NVMe {} host {}: {e}", s.nqn, h.nqn))?;
+                    .map_err(|e| anyhow::anyhow!("NVMe {} host {}: {e}", s.nqn, h.nqn))?
+                else {
+                    continue;
+                };
                 log::info!(
                     "nvme: {} requires DH-HMAC-CHAP from {}{} (hashes {:?}, groups {:?})",
                     s.nqn,
@@ -88,4 +79,25 @@ impl HostKeys {
             .get(&(subnqn.to_string(), hostnqn.to_string()))
             .cloned()
     }
+}
+
+/// Put `new` in place of `old` (keys by subsystem and host NQN) and say
+/// what changed for the log, sorted: `says` is what a host that got keys,
+/// whose keys changed and that lost them is told.
+pub(super) fn swap_host_keys<V: PartialEq>(old: &mut HashMap<(String, String), V>, new: HashMap<(String, String), V>, says: [&str; 3]) -> Vec<String> {
+    let [added, changed, removed] = says;
+    let mut log = Vec::new();
+    for ((sub, host), k) in &new {
+        match old.get(&(sub.clone(), host.clone())) {
+            None => log.push(format!("nvme {sub}: host {host} {added}")),
+            Some(o) if o != k => log.push(format!("nvme {sub}: host {host}: {changed}")),
+            Some(_) => {}
+        }
+    }
+    for (sub, host) in old.keys().filter(|k| !new.contains_key(*k)) {
+        log.push(format!("nvme {sub}: host {host} {removed}"));
+    }
+    log.sort();
+    *old = new;
+    log
 }

@@ -9,7 +9,8 @@ use super::auth::HostKeys;
 use bw_nvme::auth::AuthConfig;
 use bw_nvme::controller::{KeepAlive, Role};
 use bw_nvme::fabrics::{self, Connect, ConnectData};
-use bw_nvme::logpage::{DiscoveryEntry, SUBTYPE_NVME, TRTYPE_RDMA, TRTYPE_TCP};
+use bw_nvme::logpage::{DiscoveryEntry, SecureChannel, SUBTYPE_NVME, TRTYPE_RDMA, TRTYPE_TCP};
+use super::tls::TlsKeys;
 use bw_nvme::ana::AnaState;
 use bw_nvme::{Completion, Controller, LiveSubsystem, Status, Subsystem, DISCOVERY_NQN};
 use crate::session::{SessionInfo, SessionStats};
@@ -44,6 +45,8 @@ pub struct CtrlEntry {
     notices: Mutex<Vec<bw_reservation::Listener>>,
     /// DH-HMAC-CHAP settings when this host must authenticate on every queue.
     pub auth: Option<Arc<AuthConfig>>,
+    /// The admin queue's TLS ("<suite> <record layer>"), for `session_list`.
+    pub tls: std::sync::OnceLock<String>,
     /// Becomes true when the controller is torn down; every queue watches it.
     pub kill: watch::Sender<bool>,
     qids: Mutex<HashSet<u16>>,
@@ -125,6 +128,8 @@ pub const NAME: &str = "nvme";
 pub struct Port {
     pub rdma: bool,
     pub addr: SocketAddr,
+    /// TCP: whether it requires, allows or does not offer TLS.
+    pub tls: SecureChannel,
 }
 
 pub struct Fabric {
@@ -151,6 +156,10 @@ pub struct Fabric {
     /// The TCP connection driver's `[tuning]` knobs (zero-copy and inline
     /// limits, commands per send).
     pub knobs: crate::driver::Knobs,
+    /// Hosts' TLS PSKs, for the handshakes of ports with TLS.
+    pub tls_keys: Arc<TlsKeys>,
+    /// Who keeps TLS connections' records (`[tuning] tls_records`).
+    pub tls_records: bw_tls::RecordChoice,
 }
 
 /// The longest keep-alive timeout a discovery controller gets, whatever
@@ -171,7 +180,15 @@ impl Fabric {
             host_keys: HostKeys::default(),
             discovery_idle_ms: DISCOVERY_KATO_MAX_MS,
             knobs: crate::driver::Knobs::default(),
+            tls_keys: Arc::default(),
+            tls_records: bw_tls::RecordChoice::Auto,
         }
+    }
+
+    pub fn with_tls(mut self, keys: TlsKeys, records: bw_tls::RecordChoice) -> Fabric {
+        self.tls_keys = Arc::new(keys);
+        self.tls_records = records;
+        self
     }
 
     /// How long a discovery controller whose host asked for no keep-alive
@@ -207,10 +224,10 @@ impl Fabric {
 
     /// The ports are now `tcp` and `rdma` (a live change): discovery
     /// controllers created from now on list these.
-    pub fn set_ports(&self, tcp: &[SocketAddr], rdma: &[SocketAddr]) {
+    pub fn set_ports(&self, tcp: &[(SocketAddr, SecureChannel)], rdma: &[SocketAddr]) {
         let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
-        let tcp = tcp.iter().map(|&addr| Port { rdma: false, addr });
-        *ports = tcp.chain(rdma.iter().map(|&addr| Port { rdma: true, addr })).collect();
+        let tcp = tcp.iter().map(|&(addr, tls)| Port { rdma: false, addr, tls });
+        *ports = tcp.chain(rdma.iter().map(|&addr| Port { rdma: true, addr, tls: SecureChannel::None })).collect();
     }
 
     fn lock_ctrls(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<CtrlEntry>>> {
@@ -228,7 +245,7 @@ impl Fabric {
                 let a = p.addr;
                 let ip = if a.ip().is_unspecified() { local.map(|l| l.ip()).unwrap_or(a.ip()) } else { a.ip() };
                 let trtype = if p.rdma { TRTYPE_RDMA } else { TRTYPE_TCP };
-                v.push(DiscoveryEntry { trtype, subnqn: s.nqn.clone(), traddr: ip.to_string(), trsvcid: a.port().to_string(), portid: i as u16 + 1, subtype: SUBTYPE_NVME });
+                v.push(DiscoveryEntry { trtype, subnqn: s.nqn.clone(), traddr: ip.to_string(), trsvcid: a.port().to_string(), portid: i as u16 + 1, subtype: SUBTYPE_NVME, tls: p.tls });
             }
         }
         v
@@ -297,6 +314,7 @@ impl Fabric {
             host: Arc::new(bw_nvme::nvm_io::Host::new(d.hostid)),
             notices: Mutex::new(Vec::new()),
             auth,
+            tls: std::sync::OnceLock::new(),
             kill,
             qids: Mutex::new(HashSet::from([0])),
         });
@@ -475,7 +493,9 @@ impl Fabric {
                 let s = e.subsys.as_ref()?;
                 let peer = e.peer.map_or_else(String::new, |p| p.to_string());
                 let stats = SessionStats::sum(e.stats.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|s| &**s));
-                Some(SessionInfo::new(format!("{NAME}:{}", e.cntlid), NAME, &e.hostnqn, peer, s.nqn(), &stats))
+                let mut i = SessionInfo::new(format!("{NAME}:{}", e.cntlid), NAME, &e.hostnqn, peer, s.nqn(), &stats);
+                i.tls = e.tls.get().cloned();
+                Some(i)
             })
             .collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));

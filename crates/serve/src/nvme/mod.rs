@@ -14,6 +14,7 @@ mod link;
 mod queue;
 mod rdma;
 mod tcp;
+mod tls;
 
 use crate::accept::{Accepted, Acceptor, Threading};
 use crate::limits::{Admission, Limits};
@@ -27,7 +28,9 @@ use bw_nvme::ana::AnaState;
 use crate::{Running, Shutdown, Volumes};
 use anyhow::Context;
 use bw_nvme::{Namespace, Subsystem};
+use bw_nvme::logpage::SecureChannel;
 use fabric::{Fabric, Port};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
@@ -98,11 +101,15 @@ impl Handle {
     /// what changed, for the log.
     pub fn reconcile(&self, cfg: &NvmeConfig, volumes: &Volumes, resized: &std::collections::HashSet<String>) -> anyhow::Result<Vec<String>> {
         let subs = subsystems(cfg, volumes)?;
-        let (mut log, tcp) = self.tcp.reconcile(&cfg.listen)?;
+        // Keys first: a key file that cannot be read refuses the change
+        // before any port moves.
+        self.fabric.tls_keys.check(cfg)?;
+        let (mut log, tcp) = self.tcp.reconcile(cfg)?;
         let (rdma_log, rdma) = self.rdma.reconcile(&cfg.rdma_listen)?;
         log.extend(rdma_log);
         self.fabric.set_ports(&tcp, &rdma);
         log.extend(self.fabric.host_keys.replace(cfg)?);
+        log.extend(self.fabric.tls_keys.replace(cfg)?);
         log.extend(self.fabric.reconcile(subs, resized));
         Ok(log)
     }
@@ -204,6 +211,7 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         let l = crate::accept::listen(*addr, &congestion).with_context(|| format!("NVMe/TCP listen on {addr}"))?;
         listeners.push((*addr, l));
     }
+    let tls_keys = tls::TlsKeys::from_config(cfg)?;
     let bound: Vec<std::net::SocketAddr> = listeners.iter().map(|(_, l)| l.local_addr()).collect::<Result<_, _>>()?;
     let mut discovery = None;
     if let Some(d) = cfg.discovery_listen {
@@ -224,13 +232,18 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
     // RDMA listeners are bound before the fabric exists: the discovery log
     // names them beside the TCP ports.
     let mut rdma_listeners = Vec::new();
-    let mut ports: Vec<Port> = bound.iter().map(|&addr| Port { rdma: false, addr }).collect();
+    let mut ports: Vec<Port> = bound.iter().zip(&cfg.listen).map(|(&addr, c)| Port { rdma: false, addr, tls: cfg.tls_of(c).into() }).collect();
+    for (p, c) in ports.iter().zip(&cfg.listen) {
+        if p.tls != SecureChannel::None {
+            log::info!("nvme: port {c}: TLS {}", p.tls.name());
+        }
+    }
     for addr in &cfg.rdma_listen {
         let (l, bound) = rdma::bind(*addr)?;
         for n in &names {
             eprintln!("blockwire: nvme subsystem {n} on rdma {bound}");
         }
-        ports.push(Port { rdma: true, addr: bound });
+        ports.push(Port { rdma: true, addr: bound, tls: SecureChannel::None });
         rdma_listeners.push((*addr, bound, l));
     }
     let admission = Admission::new(limits.clone());
@@ -241,6 +254,7 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
             .with_cntlid_range(lo, hi)
             .with_knobs(crate::driver::Knobs::from(tuning))
             .with_host_auth(auth::HostKeys::from_config(cfg)?)
+            .with_tls(tls_keys, tuning.tls_records.into())
             // A discovery controller needs no credentials: one that asked
             // for no keep-alive may stay idle no longer than this.
             .with_discovery_idle(limits.discovery_idle_timeout()),
@@ -268,22 +282,30 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         rdma.open(configured, bound, l)?;
     }
     let f = fabric.clone();
-    let serve = Arc::new(move |a: Accepted| {
-        // `a.ticket` lives as long as the connection's future.
-        let Accepted { stream, peer, local, ticket, shutdown } = a;
-        let fabric = f.clone();
-        tcp::serve(stream, peer, local, fabric, shutdown, login_timeout, ticket)
+    // One accept closure per port: each reads its port's TLS as it is now
+    // (a live change may set it).
+    let serve = move |tls: Arc<PortTls>| {
+        let f = f.clone();
+        Arc::new(move |a: Accepted| {
+            // `a.ticket` lives as long as the connection's future.
+            let Accepted { stream, peer, local, ticket, shutdown } = a;
+            let fabric = f.clone();
+            tcp::serve(stream, peer, local, fabric, shutdown, login_timeout, ticket, tls.get())
+        })
+    };
+    let discovery = discovery.map(|l| {
+        let mode = cfg.discovery_listen.map_or(SecureChannel::None, |d| cfg.tls_of(&d).into());
+        acceptor.accept_on(l, shutdown.clone(), serve(Arc::new(PortTls::new(mode))))
     });
-    let discovery = discovery.map(|l| acceptor.accept_on(l, shutdown.clone(), serve.clone()));
     let tcp = Arc::new(TcpPorts {
         open: Mutex::new(Vec::new()),
         congestion,
         rt: tokio::runtime::Handle::current(),
         shutdown: shutdown.clone(),
-        accept: Box::new(move |l, sd| drop(acceptor.accept_on(l, sd, serve.clone()))),
+        accept: Box::new(move |l, sd, tls| drop(acceptor.accept_on(l, sd, serve(tls)))),
     });
     for ((configured, l), bound) in listeners.into_iter().zip(bound) {
-        tcp.open(configured, bound, l);
+        tcp.open(configured, bound, l, cfg.tls_of(&configured).into());
     }
     let handle = Handle { fabric: fabric.clone(), tcp, rdma: rdma.clone() };
     let mut stopping = shutdown.clone();
@@ -300,12 +322,36 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
     Ok((running, handle))
 }
 
+/// A port's TLS as its accept loop reads it for each new connection.
+struct PortTls(AtomicU8);
+
+impl PortTls {
+    fn new(m: SecureChannel) -> PortTls {
+        PortTls(AtomicU8::new(m as u8))
+    }
+    fn get(&self) -> SecureChannel {
+        match self.0.load(Ordering::Relaxed) {
+            1 => SecureChannel::Allowed,
+            2 => SecureChannel::Required,
+            _ => SecureChannel::None,
+        }
+    }
+    fn set(&self, m: SecureChannel) {
+        self.0.store(m as u8, Ordering::Relaxed);
+    }
+}
+
+/// A TCP port as bound, with its TLS (what the discovery log says).
+type BoundPort = (SocketAddr, SecureChannel);
+
 /// One NVMe/TCP port being listened on.
 struct Listening {
     /// As configured (`nvme.listen`): what `nvme_port_remove` names.
     configured: SocketAddr,
     /// As bound (port 0 made concrete): what the discovery log names.
     bound: SocketAddr,
+    /// Its TLS (connections accepted from now on).
+    tls: Arc<PortTls>,
     /// Ends its accept loop and every connection it accepted.
     stop: watch::Sender<bool>,
 }
@@ -317,8 +363,8 @@ struct TcpPorts {
     congestion: CongestionPlan,
     rt: tokio::runtime::Handle,
     shutdown: Shutdown,
-    /// Accept on a listener until its shutdown.
-    accept: Box<dyn Fn(TcpListener, Shutdown) + Send + Sync>,
+    /// Accept on a listener until its shutdown, with the port's TLS.
+    accept: Box<dyn Fn(TcpListener, Shutdown, Arc<PortTls>) + Send + Sync>,
 }
 
 impl TcpPorts {
@@ -327,19 +373,22 @@ impl TcpPorts {
     }
 
     /// Accept on `l` from now on, under a shutdown of its own.
-    fn open(&self, configured: SocketAddr, bound: SocketAddr, l: TcpListener) {
+    fn open(&self, configured: SocketAddr, bound: SocketAddr, l: TcpListener, tls: SecureChannel) {
         let _rt = self.rt.enter();
         let (stop, sd) = self.shutdown.child(&self.rt);
-        (self.accept)(l, sd);
-        self.lock().push(Listening { configured, bound, stop });
+        let tls = Arc::new(PortTls::new(tls));
+        (self.accept)(l, sd, tls.clone());
+        self.lock().push(Listening { configured, bound, tls, stop });
     }
 
     /// Listen on `want` and nowhere else: new addresses are bound first
     /// (any failure changes nothing), then served; ports no longer
     /// wanted stop accepting and close their connections (the hosts
     /// reconnect elsewhere or retry, as after nvmet removes a port).
-    /// Returns what changed and the bound addresses.
-    fn reconcile(&self, want: &[SocketAddr]) -> anyhow::Result<(Vec<String>, Vec<SocketAddr>)> {
+    /// Returns what changed and the bound addresses with their TLS. A
+    /// port whose TLS changed keeps its connections; new ones get the new.
+    fn reconcile(&self, cfg: &NvmeConfig) -> anyhow::Result<(Vec<String>, Vec<BoundPort>)> {
+        let want = &cfg.listen;
         let have: Vec<SocketAddr> = self.lock().iter().map(|l| l.configured).collect();
         let mut added = Vec::new();
         {
@@ -352,8 +401,17 @@ impl TcpPorts {
         }
         let mut log = Vec::new();
         for (a, bound, l) in added {
-            log.push(format!("nvme: port {a} added (listening on {bound})"));
-            self.open(a, bound, l);
+            let tls: SecureChannel = cfg.tls_of(&a).into();
+            let with = if tls == SecureChannel::None { String::new() } else { format!(", TLS {}", tls.name()) };
+            log.push(format!("nvme: port {a} added (listening on {bound}{with})"));
+            self.open(a, bound, l, tls);
+        }
+        for l in self.lock().iter() {
+            let tls: SecureChannel = cfg.tls_of(&l.configured).into();
+            if l.tls.get() != tls {
+                log.push(format!("nvme: port {}: TLS {} (new connections)", l.configured, tls.name()));
+                l.tls.set(tls);
+            }
         }
         self.lock().retain(|l| {
             let keep = want.contains(&l.configured);
@@ -365,7 +423,7 @@ impl TcpPorts {
         });
         // In the order configured: the discovery log's port IDs follow it.
         let open = self.lock();
-        let bound = want.iter().filter_map(|a| open.iter().find(|l| l.configured == *a).map(|l| l.bound)).collect();
+        let bound = want.iter().filter_map(|a| open.iter().find(|l| l.configured == *a).map(|l| (l.bound, l.tls.get()))).collect();
         Ok((log, bound))
     }
 }

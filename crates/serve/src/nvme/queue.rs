@@ -49,6 +49,11 @@ pub trait Transport: Sized {
     fn local(&self) -> Option<SocketAddr>;
     /// The host's address, for `session_list`.
     fn peer(&self) -> Option<SocketAddr>;
+    /// The TLS session the queue runs over (NVMe/TCP with a PSK): a
+    /// Connect must be its PSK identity's host's, to its subsystem.
+    fn tls(&self) -> Option<&super::tls::Secured> {
+        None
+    }
     /// See `FabricQueue::connected`.
     fn connected(&mut self, cid: u16, c: Connected, now: Instant);
     /// See `FabricQueue::connect_refused`.
@@ -167,11 +172,20 @@ impl<T: Transport> Queue<T> {
     }
 
     fn connect(&mut self, cid: u16, c: Connect, d: ConnectData) {
+        if let Err(why) = self.t.tls().map_or(Ok(()), |t| t.check_connect(&d.hostnqn, &d.subnqn)) {
+            log::warn!("{}: {}: {why}: refused", self.link.transport, self.link.peer);
+            crate::metrics::global().tls_refused();
+            return self.t.connect_refused(cid, Status::CONNECT_INVALID_HOST, bw_nvme::fabrics::ipo_data(bw_nvme::fabrics::CD_HOSTNQN));
+        }
         match self.link.connect(&c, &d, self.t.local(), self.t.peer()) {
             Ok(done) => {
                 if let Some(e) = &self.link.ctrl {
                     if c.qid == 0 && T::KEYED_SGLS {
                         e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).set_keyed_sgls(true);
+                    }
+                    if let (0, Some(t)) = (c.qid, self.t.tls()) {
+                        // `session_list` says the admin queue's.
+                        let _ = e.tls.set(t.describe());
                     }
                     self.kill = Some(e.killed());
                 }

@@ -83,6 +83,9 @@ pub struct Tcp {
     /// Commands run on the blocking pool or by the backend come back here.
     done_tx: mpsc::UnboundedSender<Finished>,
     knobs: Knobs,
+    /// Over TLS: the suite, record layer and PSK identity (the Connect must
+    /// be the identity's), counted in the metrics while it lives.
+    tls: Option<(super::tls::Secured, crate::metrics::TlsGuard)>,
 }
 
 /// What wakes a queue from outside (see [`driver::Session::signal`]).
@@ -96,6 +99,8 @@ pub enum Signal {
 /// `login_timeout`: from accept to a successful Connect; a connection that
 /// is silent, sends half a PDU or never connects is dropped then. `ticket`
 /// holds the connection's places in the admission limits until it ends.
+/// `tls`: the port's (see super::tls: the handshake, if any, comes first).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     mut stream: TcpStream,
     peer: SocketAddr,
@@ -104,17 +109,29 @@ pub async fn serve(
     mut shutdown: Shutdown,
     login_timeout: Duration,
     ticket: Ticket,
+    tls: bw_nvme::logpage::SecureChannel,
 ) -> anyhow::Result<()> {
     // One C2HData per read (up to MDTS): 128 KiB PDUs cost the target 14%
     // and the host 21% more CPU per 1 MiB read (docs/notes/2026-11-22-nvme-tcp-data-path.md).
-    let cfg = QueueConfig::new(Instant::now() + login_timeout);
+    let deadline = Instant::now() + login_timeout;
+    let cfg = QueueConfig::new(deadline);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let knobs = fabric.knobs;
     let link = Link::new(fabric, "nvme", peer.to_string());
-    let tcp = Tcp { q: TargetQueue::new(cfg), out: Outbox::default(), local, peer, done_tx, knobs };
+    let tcp = Tcp { q: TargetQueue::new(cfg), out: Outbox::default(), local, peer, done_tx, knobs, tls: None };
     let mut c = Queue::new(link, tcp, ticket);
     let _counted = metrics::global().connection(metrics::Proto::Nvme);
     let mut reader = FrameReader::with_capacity(256 * 1024);
+    if let Some(s) = super::tls::start(&stream, tls, c.link.fabric.tls_keys.clone(), c.link.fabric.tls_records, peer, local, deadline, &mut reader, &mut c.t.out).await? {
+        if s.layer == bw_tls::RecordLayer::User {
+            // Our records are encrypted from the send buffer: reads are
+            // copied there, never sent from a mapping or by sendfile.
+            c.t.knobs.mapped_reads = false;
+            c.t.knobs.zero_copy_min = usize::MAX;
+        }
+        let guard = metrics::global().tls_connection(s.layer);
+        c.t.tls = Some((s, guard));
+    }
     let r = loop {
         match driver::run(&stream, &mut reader, &mut c, &mut done_rx, &mut shutdown, &knobs).await {
             Exit::Closed(r) => break r,
@@ -136,7 +153,9 @@ pub async fn serve(
         }
     };
     c.close();
-    // Let queued replies (a TermReq, a Disconnect's completion) go out.
+    // Let queued replies (a TermReq, a Disconnect's completion) go out,
+    // and over TLS a close_notify after them.
+    c.t.out.close_notify();
     driver::close(stream, &mut c.t.out).await;
     r
 }
@@ -250,6 +269,9 @@ impl Transport for Tcp {
     }
     fn peer(&self) -> Option<SocketAddr> {
         Some(self.peer)
+    }
+    fn tls(&self) -> Option<&super::tls::Secured> {
+        self.tls.as_ref().map(|(s, _)| s)
     }
     fn connected(&mut self, cid: u16, c: Connected, now: Instant) {
         self.q.connected(cid, c, now, self.out.buf_mut());

@@ -268,6 +268,19 @@ impl Serve {
         self.log.lock().expect("log lock").join("\n")
     }
 
+    /// Whether a line saying `needle` appears in its log within `within`
+    /// (it comes when the server gets to it, on a busy machine too).
+    pub fn wait_log(&self, needle: &str, within: Duration) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < within {
+            if self.log_text().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
     /// Its log lines as they come, also after it stopped (for its last words).
     pub fn log_lines(&self) -> Arc<Mutex<Vec<String>>> {
         self.log.clone()

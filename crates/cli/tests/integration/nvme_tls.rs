@@ -1,0 +1,316 @@
+//! NVMe/TCP over TLS 1.3 (TP 8011) on this host, whose kernel has no kTLS:
+//! every connection here uses the user-space record layer.
+//! - blockwire's initiator against `blockwire serve` on a TLS-required
+//!   port and a TLS-allowed one: PSKs inline and from a key file, both
+//!   suites, both identity versions, with DH-HMAC-CHAP on top; what
+//!   `session_list`, the metrics and the discovery log say;
+//! - refusals: a wrong PSK, a plaintext host on a TLS-required port, a
+//!   Connect as another host than the PSK's;
+//! - hostile input (malformed, oversized and out-of-place records, a
+//!   ClientHello without a PSK from `openssl s_client`, a post-handshake
+//!   KeyUpdate, a flood of handshake bytes) closes that connection only
+//!   and the target serves the next host;
+
+use crate::common;
+use bw_nvme::fabrics::{Connect, ConnectData};
+use bw_nvme::pdu::{self, Digests, IcReq, Pdu};
+use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, IdentityVersion};
+use bw_tls::record::{ContentType, Sealer};
+use bw_tls::secure::{self, RecordReader};
+use bw_tls::RecordChoice;
+use bytes::BytesMut;
+use common::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+const NQN: &str = "nqn.2026-11.org.blockwire:tls";
+/// `nvme gen-tls-key --secret=000102..1f --hmac=1` (nvme-cli 2.13).
+const K256: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+/// `nvme gen-tls-key --secret=404142..6f --hmac=2`.
+const K384: &str = "NVMeTLSkey-1:02:QEFCQ0RFRkdISUpLTE1OT1BRUlNUVVZXWFlaW1xdXl9gYWJjZGVmZ2hpamtsbW5voBXMjQ==:";
+/// Used as it is (00), for the host that authenticates too.
+const K00: &str = "NVMeTLSkey-1:00:oKGio6SlpqeoqaqrrK2ur7CxsrO0tba3uLm6u7y9vr8G4daz:";
+/// Valid, and nobody's.
+const BAD: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+const DHCHAP: &str = "DHHC-1:00:icgRoAopl0tiy0SClYpv7+LgxqHrXYjx8KqHslq+Cjci2Jq0:";
+
+fn host(i: u32) -> String {
+    format!("nqn.2026-11.org.blockwire:tls-host-{i}")
+}
+
+/// Port `req` requires TLS, `allowed` allows it. Host 1: K256 inline;
+/// host 2: K384 from a key file; host 3: K00 and DH-HMAC-CHAP.
+fn config(dir: &TempDir, req: u16, allowed: u16) -> String {
+    let key = dir.path().join("key384");
+    std::fs::write(&key, format!("{K384}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    format!(
+        r#"
+[[volume]]
+name = "d0"
+backend = "ram:64M"
+[nvme]
+listen = ["127.0.0.1:{req}", "127.0.0.1:{allowed}"]
+tls = "required"
+tls_ports = {{ "127.0.0.1:{allowed}" = "allowed" }}
+[[nvme.key]]
+name = "key384"
+path = "{key}"
+[[nvme.subsystem]]
+nqn = "{NQN}"
+namespaces = [{{ nsid = 1, volume = "d0" }}]
+[[nvme.subsystem.host]]
+nqn = "{h1}"
+tls_psk = "{K256}"
+[[nvme.subsystem.host]]
+nqn = "{h2}"
+tls_key = "key384"
+[[nvme.subsystem.host]]
+nqn = "{h3}"
+tls_psk = "{K00}"
+dhchap_secret = "{DHCHAP}"
+"#,
+        key = key.display(),
+        h1 = host(1),
+        h2 = host(2),
+        h3 = host(3),
+    )
+}
+
+fn verify(port: u16, q: &str, hostnqn: &str, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let url = format!("nvme+tcp://127.0.0.1:{port}/{NQN}/1{q}");
+    let mut c = std::process::Command::new(blockwire_bin());
+    c.args(["verify", &url, "--size", "2M", "--initiator-name", hostnqn, "--timeout", "20"]).args(extra);
+    c.env_remove("BLOCKWIRE_TLS_PSK").env_remove("BLOCKWIRE_DHCHAP_SECRET");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run blockwire verify")
+}
+
+fn ok(o: &std::process::Output, what: &str) -> String {
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{what}: {out}");
+    out
+}
+
+fn wait_log(serve: &Serve, needle: &str) -> bool {
+    serve.wait_log(needle, Duration::from_secs(20))
+}
+
+#[test]
+fn blockwire_initiator_over_tls_and_refusals() {
+    let dir = TempDir::new("nvtls");
+    let (req, allowed) = (free_port(), free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let sock = dir.path().join("control.sock");
+    let mut serve = Serve::with_config(&dir, &config(&dir, req, allowed), &["-v", "--metrics", &metrics, "--control", sock.to_str().unwrap()]);
+    let psk = "BLOCKWIRE_TLS_PSK";
+
+    // Host 1, identity version 0 (as Linux before 6.13), SHA-256 suite.
+    let out = ok(&verify(req, "?tls", &host(1), &[], &[(psk, K256)]), "host 1");
+    assert!(out.contains("TLS TLS_AES_128_GCM_SHA256, user"), "{out}");
+    assert!(wait_log(&serve, &format!("TLS TLS_AES_128_GCM_SHA256 as \"NVMe0R01 {} {NQN}\"", host(1))), "{}", serve.log_text());
+    // Host 2: a key file, the SHA-384 suite, identity version 1, the
+    // record layer asked for by name, the PSK from a file.
+    let pskfile = dir.path().join("host2.psk");
+    std::fs::write(&pskfile, K384).unwrap();
+    let out = ok(&verify(req, "?tls=user", &host(2), &["--tls-identity", "1", "--tls-psk-file", pskfile.to_str().unwrap()], &[]), "host 2");
+    assert!(out.contains("TLS TLS_AES_256_GCM_SHA384, user"), "{out}");
+    assert!(wait_log(&serve, &format!("as \"NVMe1R02 {} {NQN} ", host(2))));
+    // Host 3: TLS first, then DH-HMAC-CHAP on every queue, inside it.
+    ok(&verify(req, "?tls", &host(3), &["--queues", "2"], &[(psk, K00), ("BLOCKWIRE_DHCHAP_SECRET", DHCHAP)]), "host 3");
+    assert!(wait_log(&serve, &format!("queue 1: {} authenticated (DH-HMAC-CHAP", host(3))), "{}", serve.log_text());
+    // This host has no kTLS: asking for it is refused, clearly.
+    if !std::path::Path::new("/proc/net/tls_stat").exists() {
+        let o = verify(req, "?tls=kernel", &host(1), &[], &[(psk, K256)]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("kTLS"), "{err}");
+    }
+
+    // Refusals, each with its reason on both sides.
+    let o = verify(req, "?tls", &host(1), &[], &[(psk, BAD)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("refused the TLS handshake"), "wrong PSK: {err}");
+    assert!(wait_log(&serve, "is not the one configured for it (the PSK binder does not verify)"), "{}", serve.log_text());
+    let o = verify(req, "", &host(1), &[], &[]);
+    assert!(!o.status.success(), "plaintext on the TLS-required port connected");
+    assert!(wait_log(&serve, "on a port that requires TLS: refused"));
+    let o = verify(req, "?tls", &host(9), &[], &[(psk, K256)]);
+    assert!(!o.status.success());
+    assert!(wait_log(&serve, &format!("PSK identity \"NVMe0R01 {} {NQN}\" refused: no key is configured for it", host(9))), "{}", serve.log_text());
+    // The allowed port: plaintext and TLS alike.
+    ok(&verify(allowed, "", &host(1), &[], &[]), "plaintext on the allowed port");
+    ok(&verify(allowed, "?tls", &host(1), &[], &[(psk, K256)]), "TLS on the allowed port");
+    // A PSK without ?tls is a mistake, said before connecting.
+    let o = verify(allowed, "", &host(1), &[], &[(psk, K256)]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not ask for TLS (add ?tls)"));
+
+    // The discovery log (read over the allowed port, in plaintext).
+    let o = blockwire(None, &["nvme", "discover", &format!("127.0.0.1:{allowed}"), "--initiator-name", &host(1)]);
+    let disc = ok(&o, "discover");
+    assert!(disc.contains(&format!("127.0.0.1:{req}/{NQN} (subtype nvme, portid 1, TLS required)")), "{disc}");
+    assert!(disc.contains(&format!("127.0.0.1:{allowed}/{NQN} (subtype nvme, portid 2, TLS allowed)")), "{disc}");
+
+    // session_list and the metrics while a TLS controller is connected.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let opts = bw_initiator::ConnectOptions { initiator_name: Some(host(1)), tls_psk: Some(K256.into()), timeout: Duration::from_secs(20), ..Default::default() };
+    let client = rt.block_on(bw_initiator::connect(&format!("nvme+tcp://127.0.0.1:{req}/{NQN}/1?tls"), &opts)).unwrap();
+    let o = blockwire(None, &["ctl", "--control", sock.to_str().unwrap(), "--json", "session_list"]);
+    let v: Value = serde_json::from_str(&ok(&o, "session_list")).unwrap();
+    let sessions = v["result"].as_array().cloned().unwrap_or_default();
+    assert!(sessions.iter().any(|s| s["initiator"] == host(1) && s["tls"] == "TLS_AES_128_GCM_SHA256 user"), "{v}");
+    let text = scrape_metrics(&metrics);
+    assert!(metric_sample(&text, "blockwire_tls_connections{protocol=\"nvme-tcp\",record_layer=\"user\"}") >= 2.0, "{text}");
+    assert!(metric_sample(&text, "blockwire_tls_handshakes_total{protocol=\"nvme-tcp\",record_layer=\"user\"}") >= 8.0, "{text}");
+    assert!(metric_sample(&text, "blockwire_tls_refused_total{protocol=\"nvme-tcp\"}") >= 3.0, "{text}");
+    assert!(!text.contains("AAECAwQF") && !serve.log_text().contains("AAECAwQF"), "a secret in the metrics or the log");
+    rt.block_on(client.close()).unwrap();
+    drop(client);
+    assert!(serve.is_running());
+}
+
+/// A TLS connection made by hand: the handshake as `identity` with
+/// `psk`, then the records ours.
+struct RawTls {
+    stream: tokio::net::TcpStream,
+    sealer: Sealer,
+    reader: RecordReader,
+    plain: BytesMut,
+}
+
+impl RawTls {
+    async fn open(port: u16, hostnqn: &str) -> RawTls {
+        let c = ConfiguredPsk::parse(K256).unwrap();
+        let id = c.identity(Derivation::Rfc8446, IdentityVersion::V0, hostnqn, NQN);
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let s = secure::connect(&stream, &id.to_string(), c.tls_psk(Derivation::Rfc8446, &id).unwrap(), RecordChoice::User).await.unwrap();
+        let u = s.user.unwrap();
+        RawTls { stream, sealer: u.sealer, reader: u.reader, plain: s.plaintext }
+    }
+
+    async fn send(&mut self, kind: ContentType, b: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        let mut out = Vec::new();
+        self.sealer.seal(kind, &[b], &mut out);
+        self.stream.write_all(&out).await.unwrap();
+    }
+
+    async fn send_pdu(&mut self, p: Pdu) {
+        self.send(ContentType::ApplicationData, &p.encode_parts(Digests::default()).concat()).await;
+    }
+
+    /// The next PDU; None when the target closed the connection.
+    async fn next(&mut self) -> Option<Pdu> {
+        loop {
+            if let Ok(Some(p)) = pdu::decode(&mut self.plain, Digests::default(), 1 << 20) {
+                return Some(p);
+            }
+            tokio::time::timeout(RawNvme::WAIT, self.stream.readable()).await.ok()?.ok()?;
+            match self.reader.fill(&self.stream, &mut self.plain) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+use common::nvme_raw::RawNvme;
+
+/// Whether the target closed `s` within the wait (reads EOF or a reset).
+fn closed(s: &mut std::net::TcpStream) -> bool {
+    s.set_read_timeout(Some(RawNvme::WAIT)).unwrap();
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn hostile_tls_input_closes_that_connection_only() {
+    let dir = TempDir::new("nvtlsh");
+    let (req, allowed) = (free_port(), free_port());
+    // A short login deadline: the half record below is dropped by it.
+    let cfg = format!("{}\n[limits]\nlogin_timeout_s = 3\n", config(&dir, req, allowed));
+    let mut serve = Serve::with_config(&dir, &cfg, &["-v"]);
+    let raw = |bytes: &[u8]| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", req)).unwrap();
+        s.write_all(bytes).unwrap();
+        s
+    };
+    // A record longer than TLS allows; a record of an unknown type; a
+    // record version no TLS has; application data before any handshake.
+    for (bytes, says) in [
+        (&[22u8, 3, 1, 0x41, 0x01][..], "over the 16640 TLS allows"),
+        (&[22, 3, 1, 0, 1, 0, 24, 3, 3, 0, 1, 0][..], "TLS handshake failed"),
+        (&[22, 3, 2, 0, 4, 1, 0, 0, 0][..], "TLS handshake failed"),
+        (&[23, 3, 3, 0, 1, 0][..], "first byte 0x17"),
+    ] {
+        let mut s = raw(bytes);
+        assert!(closed(&mut s), "{bytes:?} left open");
+        assert!(wait_log(&serve, says), "{bytes:?}: no {says:?} in\n{}", serve.log_text());
+    }
+    // Half a record, then nothing: the login deadline (3 s) ends it; the
+    // half left in place meanwhile is all it holds.
+    let mut half = raw(&[22, 3, 1, 0x10, 0x00, 1, 0, 0x0f]);
+    // A flood of handshake records announcing a 16 MB ClientHello: closed
+    // after at most 64 KiB were taken, the writer sees the door shut long
+    // before 16 MB went.
+    let mut flood = std::net::TcpStream::connect(("127.0.0.1", req)).unwrap();
+    let mut rec = vec![22u8, 3, 1, 0x40, 0x00];
+    rec.extend(std::iter::repeat_n(0u8, 0x4000));
+    rec[5..9].copy_from_slice(&[1, 0xFF, 0xFF, 0xFF]);
+    let mut sent = 0usize;
+    flood.set_write_timeout(Some(RawNvme::WAIT)).unwrap();
+    while sent < 16 << 20 {
+        match flood.write(&rec) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+        rec[5..9].fill(0);
+    }
+    assert!(sent < 16 << 20, "16 MB of handshake accepted");
+    assert!(wait_log(&serve, "went past 65536 bytes") || wait_log(&serve, "excessive message size"), "{}", serve.log_text());
+    // A real TLS 1.3 client that offers no PSK (a certificate handshake).
+    let o = std::process::Command::new("openssl")
+        .args(["s_client", "-tls1_3", "-connect", &format!("127.0.0.1:{req}")])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl s_client (make deps installs openssl)");
+    assert!(!o.status.success() || !String::from_utf8_lossy(&o.stdout).contains("Verification"), "s_client connected");
+    assert!(wait_log(&serve, "the ClientHello offered no pre-shared key"), "{}", serve.log_text());
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // A post-handshake KeyUpdate (and so any renegotiation attempt):
+        // the connection ends with the reason.
+        let mut t = RawTls::open(req, &host(1)).await;
+        t.send(ContentType::Handshake, &[24, 0, 0, 1, 0]).await;
+        assert!(t.next().await.is_none(), "a KeyUpdate was taken");
+        // TLS as host 1, Connect as host 2: refused.
+        let mut t = RawTls::open(req, &host(1)).await;
+        t.send_pdu(Pdu::IcReq(IcReq { pfv: 0, hpda: 0, digests: Digests::default(), maxr2t: 0 })).await;
+        assert!(matches!(t.next().await, Some(Pdu::IcResp(_))));
+        let c = Connect { recfmt: 0, qid: 0, sqsize: 31, cattr: 0, kato_ms: 30_000 };
+        let d = ConnectData { hostid: [1; 16], cntlid: 0xFFFF, subnqn: NQN.into(), hostnqn: host(2) };
+        t.send_pdu(Pdu::CapsuleCmd(pdu::CapsuleCmd { sqe: c.to_sqe(1), data: bytes::Bytes::from(d.encode()) })).await;
+        match t.next().await {
+            Some(Pdu::CapsuleResp(cqe)) => assert_eq!(cqe.status, bw_nvme::Status::CONNECT_INVALID_HOST),
+            other => panic!("Connect as another host: {other:?}"),
+        }
+    });
+    assert!(wait_log(&serve, "post-handshake TLS message of type 24"), "{}", serve.log_text());
+    assert!(wait_log(&serve, &format!("Connect as host {} over a TLS connection keyed for {}", host(2), host(1))));
+    // Meanwhile the half record sat there; the target still serves hosts.
+    ok(&verify(req, "?tls", &host(1), &[], &[("BLOCKWIRE_TLS_PSK", K256)]), "after the hostile input");
+    assert!(closed(&mut half), "the half record was held past the login deadline");
+    assert!(serve.is_running());
+}

@@ -1,0 +1,193 @@
+//! Our client against our server in memory, and hostile input against the
+//! server: what reaches OpenSSL, and what each failure says.
+
+use super::*;
+use crate::record::{Opened, Opener, Sealer, MAX_CIPHERTEXT};
+use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity, IdentityVersion, PskHash};
+use bytes::BytesMut;
+
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host";
+const SUB: &str = "nqn.2026-11.org.blockwire:sub";
+const K256: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+const K384: &str = "NVMeTLSkey-1:02:QEFCQ0RFRkdISUpLTE1OT1BRUlNUVVZXWFlaW1xdXl9gYWJjZGVmZ2hpamtsbW5voBXMjQ==:";
+
+/// The candidates NVMe gives: each derivation of one configured key.
+struct Store(ConfiguredPsk);
+
+impl PskStore for Store {
+    fn lookup(&self, identity: &str, attempt: usize) -> Result<Option<Candidate>, String> {
+        let id = Identity::parse(identity).map_err(|e| e.to_string())?;
+        if id.hostnqn != HOST {
+            return Ok(None);
+        }
+        Ok(Derivation::ALL.iter().filter_map(|&d| self.0.tls_psk(d, &id).map(|psk| Candidate { psk, note: format!("{d:?}") })).nth(attempt))
+    }
+}
+
+fn server(key: &str) -> Handshake {
+    Handshake::server(Arc::new(Store(ConfiguredPsk::parse(key).unwrap()))).unwrap()
+}
+
+fn client(key: &str, d: Derivation, v: IdentityVersion) -> Handshake {
+    let psk = ConfiguredPsk::parse(key).unwrap();
+    let id = psk.identity(d, v, HOST, SUB);
+    Handshake::client(&id.to_string(), psk.tls_psk(d, &id).unwrap()).unwrap()
+}
+
+/// Run both to the end, passing each side's output to the other whole; the
+/// two results, and the bytes the server left after its last record.
+fn run(mut c: Handshake, mut s: Handshake, after: &[u8]) -> (Result<Established, HandshakeError>, Result<Established, HandshakeError>, Vec<u8>) {
+    let (mut cr, mut sr) = (None, None);
+    let mut to_server = c.take_output();
+    let mut left = Vec::new();
+    for _ in 0..10 {
+        if sr.is_none() {
+            let done = cr.as_ref().is_some_and(|r: &Result<_, _>| r.is_ok());
+            if done {
+                to_server.extend_from_slice(after);
+            }
+            match s.feed(&to_server) {
+                Ok((n, e)) => {
+                    if let Some(e) = e {
+                        left = to_server[n..].to_vec();
+                        sr = Some(Ok(e));
+                    }
+                }
+                Err(e) => sr = Some(Err(e)),
+            }
+        }
+        let to_client = s.take_output();
+        if cr.is_none() {
+            match c.feed(&to_client) {
+                Ok((_, Some(e))) => cr = Some(Ok(e)),
+                Ok((_, None)) => {}
+                Err(e) => cr = Some(Err(e)),
+            }
+        }
+        to_server = c.take_output();
+        if cr.is_some() && sr.is_some() {
+            break;
+        }
+        if to_server.is_empty() && sr.is_none() && cr.as_ref().is_some_and(|r| r.is_err()) {
+            sr = Some(Err(HandshakeError::Tls("client gave up".into())));
+        }
+    }
+    (cr.expect("client finished"), sr.expect("server finished"), left)
+}
+
+#[test]
+fn both_suites_both_identity_versions_both_derivations() {
+    for key in [K256, K384] {
+        for d in Derivation::ALL {
+            for v in [IdentityVersion::V0, IdentityVersion::V1] {
+                let (c, s, left) = run(client(key, d, v), server(key), b"after");
+                let (c, s) = (c.unwrap(), s.unwrap());
+                let want = if key == K256 { Suite::Aes128GcmSha256 } else { Suite::Aes256GcmSha384 };
+                assert_eq!((c.suite, s.suite), (want, want));
+                assert_eq!(c.identity, s.identity);
+                assert_eq!(s.note.as_deref(), Some(format!("{d:?}").as_str()), "{key} {d:?} {v:?}");
+                // The client's Finished was the server's last record; what
+                // followed it is the caller's.
+                assert_eq!(left, b"after");
+                // Each side's send keys are the other's receive keys.
+                assert_eq!((&*c.tx.key, c.tx.iv), (&*s.rx.key, s.rx.iv));
+                assert_eq!((&*s.tx.key, s.tx.iv), (&*c.rx.key, c.rx.iv));
+                let mut wire = Vec::new();
+                Sealer::new(&c.tx).seal_all(b"ICReq", &mut wire);
+                let mut plain = BytesMut::new();
+                assert_eq!(Opener::new(&s.rx, false).open(&wire, &mut plain).unwrap(), Some((wire.len(), Opened::Data(5))));
+                assert_eq!(&plain[..], b"ICReq");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_wrong_key_fails_on_both_sides_with_reasons() {
+    // Same identity (version 0 names no key), another key of the same hash.
+    let other = ConfiguredPsk::from_key(&[0x55; 32], Some(PskHash::Sha256)).unwrap().encode();
+    let (c, s, _) = run(client(&other, Derivation::Rfc8446, IdentityVersion::V0), server(K256), b"");
+    let s = s.unwrap_err();
+    assert!(matches!(&s, HandshakeError::WrongKey { identity, tried } if identity.starts_with("NVMe0R01") && tried.contains("Rfc8446") && tried.contains("Libnvme115")), "{s}");
+    assert!(s.to_string().contains("binder"), "{s}");
+    let c = c.unwrap_err();
+    assert!(matches!(c, HandshakeError::PeerAlert { .. }), "client: {c}");
+    // A host the store does not know.
+    let psk = ConfiguredPsk::parse(K256).unwrap();
+    let id = psk.identity(Derivation::Rfc8446, IdentityVersion::V0, "nqn.2014-08.org.nvmexpress:uuid:stranger", SUB);
+    let (_, s, _) = run(Handshake::client(&id.to_string(), psk.tls_psk(Derivation::Rfc8446, &id).unwrap()).unwrap(), server(K256), b"");
+    let s = s.unwrap_err();
+    assert!(matches!(&s, HandshakeError::Refused { why, .. } if why.contains("no key")), "{s}");
+    // An identity that is not NVMe's form.
+    let (_, s, _) = run(Handshake::client("psk-identity", psk.tls_psk(Derivation::Rfc8446, &id).unwrap()).unwrap(), server(K256), b"");
+    assert!(matches!(s.unwrap_err(), HandshakeError::Refused { why, .. } if why.contains("NVMe0R")));
+    // A SHA-384 key offered for a SHA-256 identity: no candidate.
+    let (_, s, _) = run(client(K384, Derivation::Rfc8446, IdentityVersion::V0), server(K256), b"");
+    assert!(matches!(s.unwrap_err(), HandshakeError::Refused { .. }));
+}
+
+/// A client that offers no PSK at all (a certificate handshake).
+#[test]
+fn a_clienthello_without_a_psk_is_refused() {
+    let mut b = openssl::ssl::SslConnector::builder(SslMethod::tls_client()).unwrap();
+    b.set_verify(openssl::ssl::SslVerifyMode::NONE);
+    let mut ssl = b.build().configure().unwrap().into_ssl("target").unwrap();
+    ssl.set_connect_state();
+    let mut c = SslStream::new(ssl, Pipe::default()).unwrap();
+    assert_eq!(c.do_handshake().unwrap_err().code(), ErrorCode::WANT_READ);
+    let hello = std::mem::take(&mut c.get_mut().output);
+    let mut s = server(K256);
+    let e = s.feed(&hello).unwrap_err();
+    assert!(matches!(e, HandshakeError::NoPsk), "{e}");
+    assert!(e.to_string().contains("no pre-shared key"));
+    // The peer is told (an alert).
+    assert!(!s.take_output().is_empty());
+}
+
+#[test]
+fn hostile_framing_is_refused_before_openssl() {
+    let hello = client(K256, Derivation::Rfc8446, IdentityVersion::V0).take_output();
+    // A truncated record takes nothing, however it is cut.
+    for cut in 0..hello.len() {
+        let mut s = server(K256);
+        let (n, done) = s.feed(&hello[..cut]).unwrap();
+        assert!(n == 0 && done.is_none(), "cut at {cut}");
+        assert!(s.take_output().is_empty());
+    }
+    // Oversized, unknown type, bad version, application data first.
+    let cases: [(&[u8], &str); 5] = [
+        (&[22, 3, 1, 0x41, 0x01], "over the 16640"),
+        (&[24, 3, 3, 0, 1, 0], "unknown content type 24"),
+        (&[22, 2, 0, 0, 1, 0], "version 0x0200"),
+        (&[23, 3, 3, 0, 1, 0], "ApplicationData record where the TLS handshake"),
+        (&[21, 3, 3, 0, 2, 2, 40], "alert 40 (handshake_failure)"),
+    ];
+    for (bytes, says) in cases {
+        let e = server(K256).feed(bytes).unwrap_err();
+        assert!(e.to_string().contains(says), "{bytes:?}: {e}");
+    }
+    // Records of the largest size carrying a ClientHello that claims 16 MB:
+    // OpenSSL waits for the rest; we stop at HANDSHAKE_LIMIT.
+    let mut s = server(K256);
+    let mut body = vec![0u8; MAX_CIPHERTEXT - 256];
+    body[..4].copy_from_slice(&[1, 0xFF, 0xFF, 0xFF]);
+    let mut rec = vec![22, 3, 1, (body.len() >> 8) as u8, body.len() as u8];
+    rec.extend_from_slice(&body);
+    let mut fed = 0;
+    let e = loop {
+        match s.feed(&rec) {
+            Ok((n, None)) => {
+                assert_eq!(n, rec.len());
+                fed += n;
+                assert!(fed <= HANDSHAKE_LIMIT);
+                rec[5..].fill(0);
+            }
+            Ok((_, Some(_))) => panic!("a handshake out of zeros"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(e, HandshakeError::TooLarge | HandshakeError::Tls(_)), "{e}");
+    // Garbage in a well-framed handshake record: OpenSSL's own refusal.
+    let e = server(K256).feed(&[22, 3, 1, 0, 4, 1, 0, 0, 0]).unwrap_err();
+    assert!(matches!(e, HandshakeError::Tls(_) | HandshakeError::NoPsk), "{e}");
+}

@@ -1,0 +1,536 @@
+//! TLS 1.3 records (RFC 8446 section 5): the 5-byte header and its limits,
+//! and the AEAD protection of one direction of a connection once the
+//! handshake is over — what the user-space record layer runs, and what
+//! the kernel runs instead with kTLS (the same keys and sequence numbers,
+//! [`Keys`]).
+//!
+//! Every protected record goes out as type application_data, version
+//! 0x0303, `len` bytes of AES-GCM ciphertext and tag; inside, the content,
+//! then its real type, then optional zero padding (we send none). The
+//! nonce is the 12-byte IV XORed with the 64-bit record sequence number.
+
+use crate::Suite;
+use bw_nvme::tls_psk::hkdf_expand_label;
+use bytes::BytesMut;
+use openssl::cipher::Cipher;
+use openssl::cipher_ctx::CipherCtx;
+use zeroize::Zeroizing;
+
+pub const HEADER_LEN: usize = 5;
+/// Most content one record carries.
+pub const MAX_PLAINTEXT: usize = 1 << 14;
+/// Most bytes after a record's header (RFC 8446 5.2: content, type, padding and tag).
+pub const MAX_CIPHERTEXT: usize = MAX_PLAINTEXT + 256;
+pub const TAG_LEN: usize = 16;
+const IV_LEN: usize = 12;
+
+/// A record's content type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentType {
+    ChangeCipherSpec,
+    Alert,
+    Handshake,
+    ApplicationData,
+}
+
+impl ContentType {
+    pub fn from_u8(b: u8) -> Option<ContentType> {
+        Some(match b {
+            20 => ContentType::ChangeCipherSpec,
+            21 => ContentType::Alert,
+            22 => ContentType::Handshake,
+            23 => ContentType::ApplicationData,
+            _ => return None,
+        })
+    }
+    pub fn to_u8(self) -> u8 {
+        match self {
+            ContentType::ChangeCipherSpec => 20,
+            ContentType::Alert => 21,
+            ContentType::Handshake => 22,
+            ContentType::ApplicationData => 23,
+        }
+    }
+}
+
+/// Why a record was refused; each ends the connection.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("a TLS record of unknown content type {0}")]
+    ContentType(u8),
+    #[error("a TLS record with version {0:#06x} (TLS records say 0x0301 to 0x0303)")]
+    Version(u16),
+    #[error("a TLS record of {0} bytes, over the {MAX_CIPHERTEXT} TLS allows")]
+    TooLong(usize),
+    #[error("a protected TLS record of {0} bytes, shorter than its tag")]
+    TooShort(usize),
+    #[error("a {0:?} record where only protected records may come")]
+    Unprotected(ContentType),
+    #[error("a TLS record failed authentication (bad_record_mac): another key, or altered on the way")]
+    BadMac,
+    #[error("a TLS record holding {0} bytes, over the 16384 TLS allows")]
+    PlaintextTooLong(usize),
+    #[error("a TLS record with no content type (all padding)")]
+    NoContentType,
+    #[error("the peer sent a post-handshake TLS message of type {0} (a KeyUpdate, or a renegotiation attempt): not supported by NVMe/TCP's record layer here, so the connection is closed")]
+    PostHandshake(u8),
+    #[error("the peer sent TLS alert {0} ({})", alert_name(*.0))]
+    Alert(u8),
+    #[error("a malformed TLS {0:?} record")]
+    Malformed(ContentType),
+}
+
+/// RFC 8446 6's names of the alerts a peer is likely to send.
+pub fn alert_name(desc: u8) -> &'static str {
+    match desc {
+        0 => "close_notify",
+        10 => "unexpected_message",
+        20 => "bad_record_mac",
+        22 => "record_overflow",
+        40 => "handshake_failure",
+        47 => "illegal_parameter",
+        50 => "decode_error",
+        51 => "decrypt_error",
+        70 => "protocol_version",
+        80 => "internal_error",
+        90 => "user_canceled",
+        109 => "missing_extension",
+        110 => "unsupported_extension",
+        115 => "unknown_psk_identity",
+        _ => "other",
+    }
+}
+
+/// A record header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: ContentType,
+    /// Bytes after the header.
+    pub len: usize,
+}
+
+impl Header {
+    /// The header at the front of `b`, checked; `Ok(None)` while fewer than
+    /// [`HEADER_LEN`] bytes are there.
+    pub fn parse(b: &[u8]) -> Result<Option<Header>, RecordError> {
+        let Some(h) = b.get(..HEADER_LEN) else { return Ok(None) };
+        let kind = ContentType::from_u8(h[0]).ok_or(RecordError::ContentType(h[0]))?;
+        let version = u16::from_be_bytes([h[1], h[2]]);
+        if !(0x0301..=0x0303).contains(&version) {
+            return Err(RecordError::Version(version));
+        }
+        let len = u16::from_be_bytes([h[3], h[4]]) as usize;
+        if len > MAX_CIPHERTEXT {
+            return Err(RecordError::TooLong(len));
+        }
+        Ok(Some(Header { kind, len }))
+    }
+
+    /// Header plus content.
+    pub fn total(&self) -> usize {
+        HEADER_LEN + self.len
+    }
+}
+
+/// Whether `first` (the first bytes a peer sent) starts a TLS handshake
+/// record rather than an NVMe/TCP PDU (an ICReq starts with PDU type 0):
+/// `None` while too few bytes are there to tell.
+pub fn starts_handshake(first: &[u8]) -> Option<bool> {
+    match first {
+        [] => None,
+        [22] | [22, 3] => None,
+        [22, 3, v, ..] => Some((1..=3).contains(v)),
+        _ => Some(false),
+    }
+}
+
+/// One direction's traffic keys: the AEAD key and IV derived from a
+/// traffic secret (RFC 8446 7.3), and the next record's sequence number.
+pub struct Keys {
+    pub suite: Suite,
+    pub key: Zeroizing<Vec<u8>>,
+    pub iv: [u8; IV_LEN],
+    pub seq: u64,
+}
+
+impl Keys {
+    /// The keys of `secret` (a `*_TRAFFIC_SECRET_0`), from record 0.
+    pub fn from_secret(suite: Suite, secret: &[u8]) -> Keys {
+        let key = hkdf_expand_label(suite.hash(), secret, "key", b"", suite.key_len());
+        let mut iv = [0u8; IV_LEN];
+        iv.copy_from_slice(&hkdf_expand_label(suite.hash(), secret, "iv", b"", IV_LEN));
+        Keys { suite, key, iv, seq: 0 }
+    }
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Keys({:?}, record {}, <redacted>)", self.suite, self.seq)
+    }
+}
+
+/// The AEAD state of one direction.
+struct Aead {
+    ctx: CipherCtx,
+    iv: [u8; IV_LEN],
+    seq: u64,
+}
+
+impl Aead {
+    fn new(k: &Keys, encrypt: bool) -> Aead {
+        let cipher = match k.suite {
+            Suite::Aes128GcmSha256 => Cipher::aes_128_gcm(),
+            Suite::Aes256GcmSha384 => Cipher::aes_256_gcm(),
+        };
+        let mut ctx = CipherCtx::new().expect("OpenSSL cipher context");
+        let r = if encrypt { ctx.encrypt_init(Some(cipher), Some(&k.key), None) } else { ctx.decrypt_init(Some(cipher), Some(&k.key), None) };
+        r.expect("AES-GCM key of the suite's length");
+        Aead { ctx, iv: k.iv, seq: k.seq }
+    }
+
+    /// Start the next record: its nonce, and the header as additional data.
+    fn begin(&mut self, header: &[u8; HEADER_LEN], encrypt: bool) {
+        let mut nonce = self.iv;
+        for (n, s) in nonce[IV_LEN - 8..].iter_mut().zip(self.seq.to_be_bytes()) {
+            *n ^= s;
+        }
+        // A connection cannot live through 2^64 records (RFC 8446 5.5
+        // limits AES-GCM keys to far fewer, 2^24.5 full records, before a
+        // KeyUpdate; see the crate's notes).
+        self.seq = self.seq.checked_add(1).expect("TLS record sequence number wrapped");
+        let r = if encrypt { self.ctx.encrypt_init(None, None, Some(&nonce)) } else { self.ctx.decrypt_init(None, None, Some(&nonce)) };
+        r.expect("a 12-byte GCM nonce");
+        self.ctx.cipher_update(header, None).expect("GCM additional data");
+    }
+}
+
+/// Protects what we send.
+pub struct Sealer(Aead);
+
+impl Sealer {
+    pub fn new(k: &Keys) -> Sealer {
+        Sealer(Aead::new(k, true))
+    }
+
+    /// The sequence number of the next record.
+    pub fn seq(&self) -> u64 {
+        self.0.seq
+    }
+
+    /// Append one record of `kind` carrying the bytes of `pieces`, in
+    /// order (at most [`MAX_PLAINTEXT`] in all), to `out`: each piece is
+    /// encrypted from where it is, straight into `out`.
+    pub fn seal(&mut self, kind: ContentType, pieces: &[&[u8]], out: &mut Vec<u8>) {
+        let len: usize = pieces.iter().map(|p| p.len()).sum();
+        assert!(len <= MAX_PLAINTEXT, "a record carries at most {MAX_PLAINTEXT} bytes, not {len}");
+        let body = len + 1 + TAG_LEN;
+        let h = [ContentType::ApplicationData.to_u8(), 3, 3, (body >> 8) as u8, body as u8];
+        self.0.begin(&h, true);
+        let start = out.len();
+        out.extend_from_slice(&h);
+        out.resize(start + HEADER_LEN + body, 0);
+        let mut at = start + HEADER_LEN;
+        let ctx = &mut self.0.ctx;
+        for p in pieces.iter().chain([&&[kind.to_u8()][..]]) {
+            let n = ctx.cipher_update(p, Some(&mut out[at..at + p.len()])).expect("GCM encryption");
+            debug_assert_eq!(n, p.len());
+            at += p.len();
+        }
+        ctx.cipher_final(&mut []).expect("GCM final");
+        ctx.tag(&mut out[at..at + TAG_LEN]).expect("GCM tag");
+    }
+
+    /// Append `data` as application data records of at most [`MAX_PLAINTEXT`] each.
+    pub fn seal_all(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        for chunk in data.chunks(MAX_PLAINTEXT) {
+            self.seal(ContentType::ApplicationData, &[chunk], out);
+        }
+    }
+
+    /// Append a close_notify alert: the orderly end of what we send.
+    pub fn close_notify(&mut self, out: &mut Vec<u8>) {
+        self.seal(ContentType::Alert, &[&[1, 0]], out);
+    }
+}
+
+/// What one protected record held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// Application data, appended to the output.
+    Data(usize),
+    /// The peer ends its side in order (close_notify).
+    Closed,
+    /// A NewSessionTicket, dropped: nothing here resumes sessions.
+    Ticket,
+}
+
+/// Removes the protection of what we receive.
+pub struct Opener {
+    aead: Aead,
+    /// Whether a peer's NewSessionTicket is dropped (we are its client)
+    /// rather than refused.
+    drop_tickets: bool,
+}
+
+impl Opener {
+    pub fn new(k: &Keys, drop_tickets: bool) -> Opener {
+        Opener { aead: Aead::new(k, false), drop_tickets }
+    }
+
+    /// The sequence number of the next record.
+    pub fn seq(&self) -> u64 {
+        self.aead.seq
+    }
+
+    /// Open the record at the front of `input` and append its application
+    /// data to `out`. `Ok(None)` while the record is incomplete (nothing
+    /// consumed); else the bytes it took from `input` and what it held.
+    /// An alert other than close_notify, a post-handshake message other
+    /// than a ticket, an unprotected record or a failed tag is an error.
+    pub fn open(&mut self, input: &[u8], out: &mut BytesMut) -> Result<Option<(usize, Opened)>, RecordError> {
+        let Some(h) = Header::parse(input)? else { return Ok(None) };
+        if input.len() < h.total() {
+            return Ok(None);
+        }
+        if h.kind != ContentType::ApplicationData {
+            return Err(RecordError::Unprotected(h.kind));
+        }
+        if h.len < TAG_LEN + 1 {
+            return Err(RecordError::TooShort(h.len));
+        }
+        let header: &[u8; HEADER_LEN] = input[..HEADER_LEN].try_into().expect("5 bytes");
+        let (ct, tag) = input[HEADER_LEN..h.total()].split_at(h.len - TAG_LEN);
+        self.aead.begin(header, false);
+        let start = out.len();
+        out.resize(start + ct.len(), 0);
+        let ctx = &mut self.aead.ctx;
+        let ok = ctx.cipher_update(ct, Some(&mut out[start..])).is_ok() && ctx.set_tag(tag).is_ok() && ctx.cipher_final(&mut []).is_ok();
+        if !ok {
+            out.truncate(start);
+            return Err(RecordError::BadMac);
+        }
+        // The content type is the last byte that is not padding.
+        let Some(end) = out[start..].iter().rposition(|&b| b != 0) else {
+            out.truncate(start);
+            return Err(RecordError::NoContentType);
+        };
+        let kind = out[start + end];
+        let content = end;
+        if content > MAX_PLAINTEXT {
+            out.truncate(start);
+            return Err(RecordError::PlaintextTooLong(content));
+        }
+        let opened = match ContentType::from_u8(kind) {
+            Some(ContentType::ApplicationData) => {
+                out.truncate(start + content);
+                return Ok(Some((h.total(), Opened::Data(content))));
+            }
+            Some(ContentType::Alert) => match out[start..start + content] {
+                [_, 0] => Opened::Closed,
+                [_, desc] => {
+                    out.truncate(start);
+                    return Err(RecordError::Alert(desc));
+                }
+                _ => {
+                    out.truncate(start);
+                    return Err(RecordError::Malformed(ContentType::Alert));
+                }
+            },
+            // NewSessionTicket (4): one record may hold several messages;
+            // a ticket is dropped only when the record holds nothing else.
+            Some(ContentType::Handshake) if self.drop_tickets && only_tickets(&out[start..start + content]) => Opened::Ticket,
+            Some(ContentType::Handshake) => {
+                let t = out.get(start).copied().unwrap_or(0);
+                out.truncate(start);
+                return Err(RecordError::PostHandshake(t));
+            }
+            Some(k) => {
+                out.truncate(start);
+                return Err(RecordError::Unprotected(k));
+            }
+            None => {
+                out.truncate(start);
+                return Err(RecordError::ContentType(kind));
+            }
+        };
+        out.truncate(start);
+        Ok(Some((h.total(), opened)))
+    }
+}
+
+/// Whether `msgs` is one or more whole NewSessionTicket messages.
+fn only_tickets(mut msgs: &[u8]) -> bool {
+    if msgs.is_empty() {
+        return false;
+    }
+    while let [4, a, b, c, rest @ ..] = msgs {
+        let len = u32::from_be_bytes([0, *a, *b, *c]) as usize;
+        if rest.len() < len {
+            return false;
+        }
+        msgs = &rest[len..];
+    }
+    msgs.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    /// RFC 8448 3 (a simple 1-RTT handshake): the server's first protected
+    /// record (EncryptedExtensions .. Finished) from its handshake traffic
+    /// secret, byte for byte; opened again, it gives the handshake bytes.
+    #[test]
+    fn rfc8448_server_handshake_record() {
+        let secret = hex("b67b7d690cc16c4e75e54213cb2d37b4e9c912bcded9105d42befd59d391ad38");
+        let keys = Keys::from_secret(Suite::Aes128GcmSha256, &secret);
+        assert_eq!(*keys.key, hex("3fce516009c21727d0f2e4e86ee403bc"));
+        assert_eq!(keys.iv.to_vec(), hex("5d313eb2671276ee13000b30"));
+        // The start of the plaintext (EncryptedExtensions) and of the record.
+        let plain_start = hex("080000240022000a00140012001d00170018001901000101010201030104001c0002400100000000");
+        let mut out = Vec::new();
+        let mut s = Sealer::new(&keys);
+        s.seal(ContentType::Handshake, &[&plain_start], &mut out);
+        // The RFC's record begins "17 03 03 02 a2 d1 ff 33 4a 56 f5 bf f6 59
+        // 4a 07 cc 87 b5 80 23 3f 50 0f 45 e4 89 e7 f3 3a f3 5e df 78 69 fc f4
+        // 0a a4 0a a2 b8 ea 73 f8": the same keystream over the same first
+        // bytes (the tag differs: the record here is shorter).
+        let want = hex("d1ff334a56f5bff6594a07cc87b580233f500f45e489e7f33af35edf7869fcf40aa40aa2b8ea73f8");
+        assert_eq!(&out[HEADER_LEN..HEADER_LEN + want.len()], &want[..]);
+    }
+
+    fn pair(suite: Suite) -> (Sealer, Opener) {
+        let keys = Keys::from_secret(suite, &[7u8; 48][..suite.hash().key_len()]);
+        (Sealer::new(&keys), Opener::new(&keys, false))
+    }
+
+    #[test]
+    fn gathered_pieces_round_trip_in_order() {
+        for suite in [Suite::Aes128GcmSha256, Suite::Aes256GcmSha384] {
+            let (mut s, mut o) = pair(suite);
+            let header = [1u8; 24];
+            let payload: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+            let mut wire = Vec::new();
+            s.seal(ContentType::ApplicationData, &[&header, &payload, &header], &mut wire);
+            s.seal_all(&vec![9u8; MAX_PLAINTEXT + 10], &mut wire);
+            s.close_notify(&mut wire);
+            let mut plain = BytesMut::new();
+            let mut at = 0;
+            let mut seen = Vec::new();
+            // Byte by byte: a partial record is never consumed.
+            let mut avail = 0;
+            while at < wire.len() {
+                avail = (avail + 1).min(wire.len());
+                match o.open(&wire[at..avail], &mut plain).unwrap() {
+                    None => continue,
+                    Some((n, what)) => {
+                        at += n;
+                        seen.push(what);
+                    }
+                }
+            }
+            assert_eq!(seen, [Opened::Data(4144), Opened::Data(MAX_PLAINTEXT), Opened::Data(10), Opened::Closed]);
+            let mut want = header.to_vec();
+            want.extend_from_slice(&payload);
+            want.extend_from_slice(&header);
+            want.extend_from_slice(&vec![9u8; MAX_PLAINTEXT + 10]);
+            assert_eq!(&plain[..], &want[..]);
+            assert_eq!((s.seq(), o.seq()), (4, 4));
+        }
+    }
+
+    #[test]
+    fn altered_truncated_oversized_and_out_of_order_records_are_refused() {
+        let (mut s, _) = pair(Suite::Aes128GcmSha256);
+        let mut wire = Vec::new();
+        s.seal_all(b"hello", &mut wire);
+        s.seal_all(b"world", &mut wire);
+        let one = wire.len() / 2;
+        let mut plain = BytesMut::new();
+        // A flipped bit anywhere (header, ciphertext, tag).
+        for i in 0..one {
+            let mut w = wire[..one].to_vec();
+            w[i] ^= 1;
+            let (_, mut o) = pair(Suite::Aes128GcmSha256);
+            let r = o.open(&w, &mut plain);
+            assert!(matches!(r, Err(_) | Ok(None)), "byte {i} altered: {r:?}");
+            assert!(plain.is_empty());
+        }
+        // The second record first (a replay or reordering): wrong nonce.
+        let (_, mut o) = pair(Suite::Aes128GcmSha256);
+        assert_eq!(o.open(&wire[one..], &mut plain), Err(RecordError::BadMac));
+        // Another key.
+        let (_, mut o) = pair(Suite::Aes256GcmSha384);
+        assert_eq!(o.open(&wire, &mut plain), Err(RecordError::BadMac));
+        // A header claiming more than TLS allows, or an odd type or version.
+        let (_, mut o) = pair(Suite::Aes128GcmSha256);
+        assert_eq!(o.open(&[23, 3, 3, 0x48, 0x01], &mut plain), Err(RecordError::TooLong(0x4801)));
+        assert_eq!(o.open(&[24, 3, 3, 0, 1, 0], &mut plain), Err(RecordError::ContentType(24)));
+        assert_eq!(o.open(&[23, 3, 4, 0, 1, 0], &mut plain), Err(RecordError::Version(0x0304)));
+        assert_eq!(o.open(&[22, 3, 3, 0, 1, 0], &mut plain), Err(RecordError::Unprotected(ContentType::Handshake)));
+        assert_eq!(o.open(&[23, 3, 3, 0, 3, 0, 0, 0], &mut plain), Err(RecordError::TooShort(3)));
+        assert!(plain.is_empty());
+    }
+
+    #[test]
+    fn alerts_and_post_handshake_messages() {
+        type Case<'a> = (ContentType, &'a [u8], bool, Result<Opened, RecordError>);
+        let cases: [Case; 6] = [
+            (ContentType::Alert, &[2, 40], false, Err(RecordError::Alert(40))),
+            (ContentType::Alert, &[1], false, Err(RecordError::Malformed(ContentType::Alert))),
+            // KeyUpdate
+            (ContentType::Handshake, &[24, 0, 0, 1, 0], true, Err(RecordError::PostHandshake(24))),
+            // NewSessionTicket: dropped by a client, refused by a server.
+            (ContentType::Handshake, &[4, 0, 0, 2, 9, 9], true, Ok(Opened::Ticket)),
+            (ContentType::Handshake, &[4, 0, 0, 2, 9, 9], false, Err(RecordError::PostHandshake(4))),
+            // A ticket with a ClientHello behind it in the same record.
+            (ContentType::Handshake, &[4, 0, 0, 0, 1, 0, 0, 0], true, Err(RecordError::PostHandshake(4))),
+        ];
+        for (kind, body, client, want) in cases {
+            let keys = Keys::from_secret(Suite::Aes128GcmSha256, &[3u8; 32]);
+            let (mut s, mut o) = (Sealer::new(&keys), Opener::new(&keys, client));
+            let mut wire = Vec::new();
+            s.seal(kind, &[body], &mut wire);
+            let mut plain = BytesMut::new();
+            let got = o.open(&wire, &mut plain).map(|r| r.unwrap().1);
+            assert_eq!(got, want, "{kind:?} {body:?}");
+            assert!(plain.is_empty());
+        }
+        // All padding, no type.
+        let keys = Keys::from_secret(Suite::Aes128GcmSha256, &[3u8; 32]);
+        let (mut s, mut o) = (Sealer::new(&keys), Opener::new(&keys, false));
+        let mut wire = Vec::new();
+        // A record whose "type" is 0 looks like one of all padding.
+        s.seal(ContentType::ApplicationData, &[], &mut wire);
+        let last = wire.len() - TAG_LEN - 1;
+        let mut tampered = Vec::new();
+        let mut s2 = Sealer::new(&keys);
+        s2.0.begin(wire[..HEADER_LEN].try_into().unwrap(), true);
+        tampered.extend_from_slice(&wire[..HEADER_LEN]);
+        let mut b = [0u8; 1];
+        s2.0.ctx.cipher_update(&[0], Some(&mut b)).unwrap();
+        s2.0.ctx.cipher_final(&mut []).unwrap();
+        tampered.extend_from_slice(&b);
+        let mut tag = [0u8; TAG_LEN];
+        s2.0.ctx.tag(&mut tag).unwrap();
+        tampered.extend_from_slice(&tag);
+        assert_eq!(last, HEADER_LEN);
+        assert_eq!(o.open(&tampered, &mut BytesMut::new()), Err(RecordError::NoContentType));
+    }
+
+    #[test]
+    fn tells_handshakes_from_pdus() {
+        assert_eq!(starts_handshake(&[]), None);
+        assert_eq!(starts_handshake(&[22, 3]), None);
+        assert_eq!(starts_handshake(&[22, 3, 1]), Some(true));
+        assert_eq!(starts_handshake(&[22, 3, 3, 0, 200]), Some(true));
+        assert_eq!(starts_handshake(&[22, 3, 9]), Some(false));
+        // An ICReq: PDU type 0, HLEN 128.
+        assert_eq!(starts_handshake(&[0, 0, 128, 0]), Some(false));
+    }
+}

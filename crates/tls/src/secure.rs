@@ -1,0 +1,367 @@
+//! A TCP connection made secure: the handshake over a tokio socket
+//! ([`handshake`]), then the record layer ([`establish`]): the kernel's
+//! (kTLS: the socket then carries plaintext, and the connection's code
+//! runs as before) or ours ([`UserRecords`]: the caller reads and writes
+//! through it).
+
+use crate::handshake::{Established, Handshake, HandshakeError, PskStore};
+use crate::ktls::{self, Direction};
+use crate::record::{Header, Opened, Opener, RecordError, Sealer, HEADER_LEN, MAX_CIPHERTEXT};
+use crate::{RecordChoice, RecordLayer, Suite};
+use bw_nvme::tls_psk::TlsPsk;
+use bytes::{Buf, BufMut, BytesMut};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use tokio::net::TcpStream;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecureError {
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    #[error("the peer closed the connection during the TLS handshake")]
+    Closed,
+    #[error("TLS: {0}")]
+    Io(#[from] io::Error),
+    #[error("kTLS was asked for and the kernel refused it ({0}; /proc/net/tls_stat is there when it has TLS)")]
+    NoKtls(io::Error),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
+
+/// A socket's read side, as the record layer reads it (a `TcpStream`, or
+/// the read half of one split in two).
+pub trait TryRead {
+    fn try_read_into(&self, buf: &mut impl BufMut) -> io::Result<usize>;
+}
+
+impl TryRead for TcpStream {
+    fn try_read_into(&self, buf: &mut impl BufMut) -> io::Result<usize> {
+        self.try_read_buf(buf)
+    }
+}
+
+impl TryRead for tokio::net::tcp::OwnedReadHalf {
+    fn try_read_into(&self, buf: &mut impl BufMut) -> io::Result<usize> {
+        self.try_read_buf(buf)
+    }
+}
+
+/// The user-space record layer of one connection: what we send goes
+/// through `sealer`, what we receive through `reader`.
+pub struct UserRecords {
+    pub sealer: Sealer,
+    pub reader: RecordReader,
+}
+
+/// The receiving half of the user-space record layer.
+pub struct RecordReader {
+    opener: Opener,
+    /// Received bytes of a record not yet whole.
+    pending: BytesMut,
+    /// The peer sent close_notify.
+    closed: bool,
+}
+
+impl RecordReader {
+    /// Read what the socket has, without waiting, and append the content
+    /// of every whole record to `plain`: the bytes added (0: the peer
+    /// closed, by close_notify or the end of the stream), or `WouldBlock`
+    /// when no whole record came. At most one record's worth is read and
+    /// held at a time.
+    pub fn fill(&mut self, sock: &impl TryRead, plain: &mut BytesMut) -> io::Result<usize> {
+        let start = plain.len();
+        loop {
+            if self.closed {
+                return Ok(plain.len() - start);
+            }
+            let room = (HEADER_LEN + MAX_CIPHERTEXT).saturating_sub(self.pending.len()).max(HEADER_LEN);
+            self.pending.reserve(room);
+            match sock.try_read_into(&mut (&mut self.pending).limit(room)) {
+                Ok(0) => {
+                    if !self.pending.is_empty() {
+                        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended inside a TLS record"));
+                    }
+                    self.closed = true;
+                    return Ok(plain.len() - start);
+                }
+                Ok(_) => {
+                    self.closed = open_records(&mut self.opener, &mut self.pending, plain).map_err(io::Error::other)?;
+                    // One read's worth at a time: the caller bounds what it holds.
+                    if plain.len() > start {
+                        return Ok(plain.len() - start);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && plain.len() > start => return Ok(plain.len() - start),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Ciphertext held for a record not yet whole (for a receive budget).
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+impl UserRecords {
+    /// [`RecordReader::fill`].
+    pub fn fill(&mut self, sock: &impl TryRead, plain: &mut BytesMut) -> io::Result<usize> {
+        self.reader.fill(sock, plain)
+    }
+
+    /// Encrypt `data` into records appended to `out`.
+    pub fn seal(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        self.sealer.seal_all(data, out);
+    }
+}
+
+/// Open every whole record at the front of `input` into `plain`; whether
+/// a close_notify came.
+fn open_records(opener: &mut Opener, input: &mut BytesMut, plain: &mut BytesMut) -> Result<bool, RecordError> {
+    while let Some((n, what)) = opener.open(input, plain)? {
+        input.advance(n);
+        if what == Opened::Closed {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A connection after its handshake.
+pub struct Secured {
+    pub layer: RecordLayer,
+    pub suite: Suite,
+    pub identity: String,
+    /// The server's note on the key that verified.
+    pub note: Option<String>,
+    /// With [`RecordLayer::User`]: what the connection reads and writes through.
+    pub user: Option<UserRecords>,
+    /// Application data that came with the handshake's last records, opened.
+    pub plaintext: BytesMut,
+}
+
+impl std::fmt::Debug for Secured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secured({}, {}, {:?})", self.layer, self.suite, self.identity)
+    }
+}
+
+async fn send_all(stream: &TcpStream, mut b: &[u8]) -> io::Result<()> {
+    while !b.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(b) {
+            Ok(n) => b = &b[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Read at least one byte more into `buf` (at most `max` in all).
+async fn read_more(stream: &TcpStream, buf: &mut BytesMut, max: usize) -> Result<(), SecureError> {
+    loop {
+        stream.readable().await?;
+        let room = max.saturating_sub(buf.len()).max(1);
+        buf.reserve(room);
+        match stream.try_read_buf(&mut (&mut *buf).limit(room)) {
+            Ok(0) => return Err(SecureError::Closed),
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Run `hs` over `stream`, `received` holding what was read already; on
+/// return it holds what came after the handshake. On failure what the
+/// handshake had to say (an alert) is sent first.
+pub async fn handshake(stream: &TcpStream, mut hs: Handshake, received: &mut BytesMut) -> Result<Established, SecureError> {
+    loop {
+        let fed = if received.is_empty() { Ok((0, None)) } else { hs.feed(received) };
+        // What the handshake says goes out first, an alert on failure too.
+        let out = hs.take_output();
+        match fed {
+            Ok((n, done)) => {
+                send_all(stream, &out).await?;
+                received.advance(n);
+                if let Some(e) = done {
+                    return Ok(e);
+                }
+            }
+            Err(e) => {
+                let _ = send_all(stream, &out).await;
+                return Err(e.into());
+            }
+        }
+        // At most one record beyond what the handshake took is held.
+        read_more(stream, received, HEADER_LEN + MAX_CIPHERTEXT).await?;
+    }
+}
+
+/// The server side: accept a handshake keyed by `store`, then set up the
+/// record layer as `choice` says.
+pub async fn accept(stream: &TcpStream, store: Arc<dyn PskStore>, mut received: BytesMut, choice: RecordChoice) -> Result<Secured, SecureError> {
+    let est = handshake(stream, Handshake::server(store)?, &mut received).await?;
+    establish(stream, est, received, choice, false).await
+}
+
+/// The client side: offer `psk` as `identity`.
+pub async fn connect(stream: &TcpStream, identity: &str, psk: TlsPsk, choice: RecordChoice) -> Result<Secured, SecureError> {
+    let mut received = BytesMut::new();
+    let est = handshake(stream, Handshake::client(identity, psk)?, &mut received).await?;
+    establish(stream, est, received, choice, true).await
+}
+
+/// After the handshake: kTLS where `choice` allows and the kernel has it,
+/// else the user-space layer. `leftover` is what came after the
+/// handshake's last record; `client` drops the server's session tickets.
+pub async fn establish(stream: &TcpStream, mut est: Established, mut leftover: BytesMut, choice: RecordChoice, client: bool) -> Result<Secured, SecureError> {
+    let mut opener = Opener::new(&est.rx, client);
+    let mut plaintext = BytesMut::new();
+    let mut closed = open_records(&mut opener, &mut leftover, &mut plaintext)?;
+    let fd = stream.as_raw_fd();
+    let kernel = match choice {
+        RecordChoice::User => false,
+        RecordChoice::Kernel | RecordChoice::Auto => match ktls::attach(fd) {
+            Ok(()) => true,
+            Err(e) if choice == RecordChoice::Kernel => return Err(SecureError::NoKtls(e)),
+            Err(e) => {
+                log::debug!("tls: no kTLS here ({e}): the record layer runs in user space");
+                false
+            }
+        },
+    };
+    let (layer, user) = if kernel {
+        // The kernel must start at a record boundary: finish a record that
+        // came in part, in user space.
+        while !leftover.is_empty() {
+            let need = match Header::parse(&leftover)? {
+                Some(h) => h.total(),
+                None => HEADER_LEN,
+            };
+            read_more(stream, &mut leftover, need).await?;
+            closed |= open_records(&mut opener, &mut leftover, &mut plaintext)?;
+        }
+        est.rx.seq = opener.seq();
+        ktls::set_keys(fd, Direction::Send, &est.tx)?;
+        ktls::set_keys(fd, Direction::Receive, &est.rx)?;
+        (RecordLayer::Kernel, None)
+    } else {
+        (RecordLayer::User, Some(UserRecords { sealer: Sealer::new(&est.tx), reader: RecordReader { opener, pending: leftover, closed } }))
+    };
+    if closed && kernel {
+        return Err(SecureError::Closed);
+    }
+    Ok(Secured { layer, suite: est.suite, identity: est.identity, note: est.note, user, plaintext })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handshake::Candidate;
+    use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity, IdentityVersion};
+
+    const KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+
+    struct Store(ConfiguredPsk);
+    impl PskStore for Store {
+        fn lookup(&self, identity: &str, attempt: usize) -> Result<Option<Candidate>, String> {
+            let id = Identity::parse(identity).map_err(|e| e.to_string())?;
+            Ok(Derivation::ALL.iter().filter_map(|&d| self.0.tls_psk(d, &id)).nth(attempt).map(|psk| Candidate { psk, note: String::new() }))
+        }
+    }
+
+    /// Over loopback, the client's first application data in the same
+    /// write as its Finished: the server opens it with the handshake's
+    /// leftovers; then both ways through the user-space layer, and a
+    /// close_notify ends the stream.
+    #[tokio::test]
+    async fn user_space_records_over_a_socket() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let psk = ConfiguredPsk::parse(KEY).unwrap();
+        let id = psk.identity(Derivation::Libnvme115, IdentityVersion::V1, "nqn.h", "nqn.s");
+        let tls = psk.tls_psk(Derivation::Libnvme115, &id).unwrap();
+        let server = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            let store = Arc::new(Store(ConfiguredPsk::parse(KEY).unwrap()));
+            let mut sec = accept(&s, store, BytesMut::new(), RecordChoice::User).await.unwrap();
+            let mut got = sec.plaintext.split();
+            let u = sec.user.as_mut().unwrap();
+            while got.len() < 100_000 {
+                s.readable().await.unwrap();
+                match u.fill(&s, &mut got) {
+                    Ok(n) => assert!(n > 0),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let mut out = Vec::new();
+            u.seal(&got[..10], &mut out);
+            u.sealer.close_notify(&mut out);
+            send_all(&s, &out).await.unwrap();
+            got
+        });
+        let c = TcpStream::connect(addr).await.unwrap();
+        let mut sec = connect(&c, &id.to_string(), tls, RecordChoice::User).await.unwrap();
+        assert_eq!(sec.layer, RecordLayer::User);
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        let u = sec.user.as_mut().unwrap();
+        let mut out = Vec::new();
+        u.seal(&data, &mut out);
+        send_all(&c, &out).await.unwrap();
+        let mut back = BytesMut::new();
+        loop {
+            c.readable().await.unwrap();
+            match u.fill(&c, &mut back) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(&back[..], &data[..10]);
+        assert_eq!(&server.await.unwrap()[..], &data[..]);
+    }
+
+    /// kTLS as asked: the kernel's where it has TLS (the kernel VM), a
+    /// clear refusal where it does not (this host's kernel has no tls.ko).
+    #[tokio::test]
+    async fn kernel_records_or_a_clear_refusal() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let psk = ConfiguredPsk::parse(KEY).unwrap();
+        let id = psk.identity(Derivation::Rfc8446, IdentityVersion::V0, "nqn.h", "nqn.s");
+        let tls = psk.tls_psk(Derivation::Rfc8446, &id).unwrap();
+        let server = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            let store = Arc::new(Store(ConfiguredPsk::parse(KEY).unwrap()));
+            let sec = accept(&s, store, BytesMut::new(), RecordChoice::User).await.unwrap();
+            let mut got = sec.plaintext;
+            let mut u = sec.user.unwrap();
+            while got.len() < 5 {
+                s.readable().await.unwrap();
+                let _ = u.fill(&s, &mut got);
+            }
+            got
+        });
+        let c = TcpStream::connect(addr).await.unwrap();
+        let has_ktls = std::path::Path::new("/proc/net/tls_stat").exists();
+        match connect(&c, &id.to_string(), tls, RecordChoice::Kernel).await {
+            Ok(sec) => {
+                assert!(has_ktls);
+                assert_eq!(sec.layer, RecordLayer::Kernel);
+                // Plaintext in, records out: the kernel encrypts.
+                send_all(&c, b"hello").await.unwrap();
+                assert_eq!(&server.await.unwrap()[..], b"hello");
+            }
+            Err(e) => {
+                assert!(!has_ktls, "{e}");
+                assert!(matches!(e, SecureError::NoKtls(_)) && e.to_string().contains("kTLS"), "{e}");
+                server.abort();
+            }
+        }
+    }
+}
