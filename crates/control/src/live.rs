@@ -108,6 +108,98 @@ pub fn plan_volumes(old: &ServeConfig, new: &ServeConfig) -> Result<VolumePlan, 
     Ok(plan)
 }
 
+/// Whether a change is confined to `[control] allowed_paths`: those of
+/// the control methods are; SIGHUP's re-read of the administrator's own
+/// file is not (as the file read at start is not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    Confined,
+    Anywhere,
+}
+
+/// `[control] allowed_paths` (ServeConfig::check_allowed) for what a
+/// change by a control method names anew: each new pool's directory, by
+/// the configuration being served (so a change cannot widen its own
+/// reach, nor allow a pool by being one), then each added volume's file,
+/// where the pools the change makes count as pools (they passed first).
+/// Nothing is made before this: `pool_create` leaves making the
+/// directory to [`Live::apply_locked`].
+fn check_reach(old: &ServeConfig, new: &ServeConfig, plan: &VolumePlan) -> Result<(), Refused> {
+    for p in new.pools.iter().filter(|p| p.rbd.is_none() && !old.pools.iter().any(|o| o.path == p.path)) {
+        old.check_allowed(std::path::Path::new(&p.path), &format!("pool {}'s directory", p.name)).map_err(Refused::Invalid)?;
+    }
+    let scope = ServeConfig { pools: new.pools.clone(), control: old.control.clone(), ..ServeConfig::default() };
+    for v in &plan.add {
+        if let BackendKind::File { path, .. } = &v.backend.kind {
+            scope.check_allowed(path, &format!("volume {}'s file", v.name)).map_err(Refused::Invalid)?;
+        }
+    }
+    Ok(())
+}
+
+/// What a volume's data is, to tell two volumes on one file apart from
+/// two on two files: the file's identity once it exists
+/// (bw_block::Backing, as [`Volume::backing`] says it of an open one),
+/// else where it will be made.
+#[derive(Debug, PartialEq)]
+enum FileKey {
+    Is(bw_block::Backing),
+    WillBe(std::path::PathBuf),
+}
+
+fn file_key(path: &std::path::Path) -> Option<FileKey> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_block_device() => Some(FileKey::Is(bw_block::Backing::Device { rdev: m.rdev() })),
+        Ok(m) => Some(FileKey::Is(bw_block::Backing::File { dev: m.dev(), ino: m.ino() })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => resolved(path).map(FileKey::WillBe),
+        // Opening it says why.
+        Err(_) => None,
+    }
+}
+
+/// `path` with its links, `.` and `..` resolved (a missing file by its
+/// directory's), or None if its directory is missing too.
+fn resolved(path: &std::path::Path) -> Option<std::path::PathBuf> {
+    std::fs::canonicalize(path).ok().or_else(|| Some(std::fs::canonicalize(path.parent()?).ok()?.join(path.file_name()?)))
+}
+
+/// One file is one volume, whatever its spelling (`./`, `..`, a link, a
+/// pool volume's file named from outside the pool): two volumes on one
+/// file would each cache, reserve and (a pool's) delete it as its own.
+/// Looked up before anything is opened; the volumes this change removes
+/// no longer count.
+///
+/// A pool's directory holds that pool's volumes only: a file there named
+/// as a volume of its own would be removed as a leftover when the pool
+/// makes a volume of that name.
+fn check_one_file_one_volume(st: &State, new: &ServeConfig, plan: &VolumePlan) -> Result<(), Refused> {
+    let mut taken: Vec<(FileKey, &str)> = st
+        .volumes
+        .iter()
+        .filter(|(name, _)| !plan.remove.contains(name))
+        .filter_map(|(name, v)| Some((FileKey::Is(v.backing()?), name.as_str())))
+        .collect();
+    for v in &plan.add {
+        let BackendKind::File { path, .. } = &v.backend.kind else { continue };
+        let Some(key) = file_key(path) else { continue };
+        if let Some((_, other)) = taken.iter().find(|(k, _)| *k == key) {
+            return Err(Refused::AlreadyExists(format!("volume {}: {} is the file of volume {other} (one file is one volume)", v.name, path.display())));
+        }
+        taken.push((key, &v.name));
+    }
+    let pool_dirs: Vec<(std::path::PathBuf, &str)> =
+        new.pools.iter().filter(|p| p.rbd.is_none()).filter_map(|p| Some((std::fs::canonicalize(&p.path).ok()?, p.name.as_str()))).collect();
+    for v in plan.add.iter().filter(|v| v.pool.is_none()) {
+        let BackendKind::File { path, .. } = &v.backend.kind else { continue };
+        let Some(at) = resolved(path) else { continue };
+        if let Some((_, pool)) = pool_dirs.iter().find(|(d, _)| at.starts_with(d)) {
+            return Err(Refused::Invalid(format!("volume {}: {} is in pool {pool}'s directory, which holds that pool's volumes only (volume_create makes one)", v.name, path.display())));
+        }
+    }
+    Ok(())
+}
+
 impl Live {
     pub fn new(cfg: ServeConfig, volumes: &Volumes, frontends: Frontends, reload: Option<Reload>) -> Live {
         let volumes = volumes.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -118,6 +210,16 @@ impl Live {
     pub fn persist_to(mut self, path: std::path::PathBuf) -> Live {
         self.persist = Some(path);
         self
+    }
+
+    /// `save_config`: the configuration being served, written to `path`
+    /// if `[control] allowed_paths` reaches it; its length.
+    pub fn save_config(&self, path: &str) -> Result<usize, Refused> {
+        let cfg = self.config();
+        cfg.check_allowed(std::path::Path::new(path), "save_config's target").map_err(Refused::Invalid)?;
+        let text = cfg.to_toml();
+        bw_serve::config::write_private(path, &text).map_err(|e| Refused::io(format!("writing {path}"), &e))?;
+        Ok(text.len())
     }
 
     /// How many changes were applied since start.
@@ -157,7 +259,7 @@ impl Live {
         let mut st = self.lock();
         let mut new = st.cfg.clone();
         let mut files = Files::default();
-        let r = edit(&mut new, &st.volumes, &mut files).and_then(|()| self.apply_locked(&mut st, new));
+        let r = edit(&mut new, &st.volumes, &mut files).and_then(|()| self.apply_locked(&mut st, new, Reach::Confined));
         match &r {
             // Newest first: an RBD snapshot goes before its image.
             Err(_) => files.created.iter().rev().for_each(|f| {
@@ -177,7 +279,7 @@ impl Live {
     /// Serve `new` instead of the current configuration.
     pub fn apply(&self, new: ServeConfig) -> Result<Vec<String>, Refused> {
         let mut st = self.lock();
-        self.apply_locked(&mut st, new)
+        self.apply_locked(&mut st, new, Reach::Anywhere)
     }
 
     /// SIGHUP: read the configuration again and serve it.
@@ -192,16 +294,23 @@ impl Live {
         self.apply(new)
     }
 
-    fn apply_locked(&self, st: &mut State, new: ServeConfig) -> Result<Vec<String>, Refused> {
+    /// Serve `new`. Everything that can refuse comes before anything is
+    /// made (a pool's directory, a volume's file: opening `file:...,size=`
+    /// creates it), so a refused change made nothing.
+    fn apply_locked(&self, st: &mut State, new: ServeConfig, reach: Reach) -> Result<Vec<String>, Refused> {
         new.validate().map_err(|e| Refused::Invalid(e.to_string()))?;
         check_fixed(&st.cfg, &new)?;
         for f in &self.frontends {
             f.admit(&st.cfg, &new)?;
         }
+        let plan = plan_volumes(&st.cfg, &new)?;
+        if reach == Reach::Confined {
+            check_reach(&st.cfg, &new, &plan)?;
+        }
+        check_one_file_one_volume(st, &new, &plan)?;
         for p in new.pools.iter().filter(|p| !st.cfg.pools.contains(p)) {
             crate::pool::ensure_dir(p)?;
         }
-        let plan = plan_volumes(&st.cfg, &new)?;
         // What can fail comes first: opening and resizing.
         let mut opened = Vec::new();
         for v in &plan.add {
@@ -521,6 +630,64 @@ mod tests {
         live.change(|c| edit::volume_remove(c, "b", false)).unwrap();
         assert_eq!(live.volume_sizes().len(), 1);
         assert!(live.reload().is_err(), "no configuration to read again");
+    }
+
+    /// One file is one volume, whatever the spelling; a control method's
+    /// change reaches only [control] allowed_paths and the pools (a new
+    /// pool's directory is checked before it is made); SIGHUP's is not
+    /// confined. Each refusal made nothing.
+    #[test]
+    fn changes_name_only_reachable_files_and_each_file_once() {
+        let d = std::env::temp_dir().join(format!("bw-live-reach-{}", std::process::id()));
+        for sub in ["in", "out", "in/pool"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        std::fs::File::create(d.join("in/a.img")).unwrap().set_len(1 << 20).unwrap();
+        std::fs::File::create(d.join("out/s.img")).unwrap().set_len(1 << 20).unwrap();
+        let mut c = ServeConfig { control: Some(bw_serve::config::ControlConfig { allowed_paths: Some(vec![format!("{}/in", d.display())]) }), ..Default::default() };
+        c.add_volume_flag(&format!("a=file:{}/in/a.img", d.display())).unwrap();
+        c.pools.push(bw_serve::config::PoolConfig { name: "p".into(), path: format!("{}/in/pool", d.display()), ..Default::default() });
+        let vols = bw_serve::start::open_volumes(&c).unwrap();
+        let live = Live::new(c.clone(), &vols, not_started(), None);
+        let file = |name: &str, path: String| VolumeConfig::new(name, spec(&format!("file:{path}")));
+        let dn = d.display();
+        for (name, path) in [("b", format!("{dn}/in/./a.img")), ("c", format!("{dn}/in/../in/a.img"))] {
+            let e = live.change(|c| edit::volume_add(c, file(name, path.clone()))).unwrap_err();
+            assert!(matches!(&e, Refused::AlreadyExists(m) if m.contains("volume a")), "{path}: {e:?}");
+        }
+        for path in [format!("{dn}/out/s.img"), format!("{dn}/in/../out/s.img"), format!("{dn}/out/new.img,size=1M")] {
+            let e = live.change(|c| edit::volume_add(c, file("o", path.clone()))).unwrap_err();
+            assert!(e.message().contains("allowed_paths"), "{path}: {e:?}");
+        }
+        let e = live.change(|c| crate::pool::pool_create(c, bw_serve::config::PoolConfig { name: "q".into(), path: format!("{dn}/out/q"), ..Default::default() }).map(drop)).unwrap_err();
+        assert!(e.message().contains("allowed_paths"), "{e:?}");
+        assert!(!d.join("out/q").exists() && !d.join("out/new.img").exists(), "a refused change made something");
+        assert_eq!(live.config(), c);
+        // Inside, a new file: taken (twice in one change: refused).
+        live.change(|c| edit::volume_add(c, file("n", format!("{dn}/in/n.img,size=1M")))).unwrap();
+        let e = live.change(|c| {
+            edit::volume_add(c, file("m1", format!("{dn}/in/m.img,size=1M")))?;
+            edit::volume_add(c, file("m2", format!("{dn}/in/./m.img,size=1M")))
+        }).unwrap_err();
+        assert!(matches!(&e, Refused::AlreadyExists(m) if m.contains("volume m1")), "{e:?}");
+        assert!(!d.join("in/m.img").exists());
+        // A pool's directory is the pool's: a file there is no volume of its own.
+        let e = live.change(|c| edit::volume_add(c, file("y", format!("{dn}/in/pool/../pool/y.img,size=1M")))).unwrap_err();
+        assert!(matches!(&e, Refused::Invalid(m) if m.contains("pool p's directory")), "{e:?}");
+        assert!(!d.join("in/pool/y.img").exists());
+        // The administrator's own file is not confined, but is one file one volume too.
+        let mut new = live.config();
+        edit::volume_add(&mut new, file("o", format!("{dn}/out/s.img"))).unwrap();
+        live.apply(new.clone()).unwrap();
+        edit::volume_add(&mut new, file("o2", format!("{dn}/out/./s.img"))).unwrap();
+        assert!(matches!(live.apply(new), Err(Refused::AlreadyExists(_))));
+        // A removed volume's file is free again in the same change.
+        let mut new = live.config();
+        edit::volume_remove(&mut new, "o", false).unwrap();
+        edit::volume_add(&mut new, file("o3", format!("{dn}/out/./s.img"))).unwrap();
+        live.apply(new).unwrap();
+        drop(live);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     use bw_serve::config::IscsiTarget;

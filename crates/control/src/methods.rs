@@ -521,9 +521,8 @@ pub const METHODS: &[Method] = &[
     } },
     Method { name: "save_config", params: "{path}", call: |live, p| {
         let s: SavePath = params(p)?;
-        let text = live.config().to_toml();
-        config::write_private(&s.path, &text).map_err(|e| RpcError::from(Refused::io(format!("writing {}", s.path), &e)))?;
-        Ok(json!({ "path": s.path, "bytes": text.len() }))
+        let bytes = live.save_config(&s.path)?;
+        Ok(json!({ "path": s.path, "bytes": bytes }))
     } },
     Method { name: "config_reload", params: "{}", call: |live, p| {
         params::<None_>(p)?;

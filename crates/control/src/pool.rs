@@ -258,7 +258,8 @@ pub fn pool_create(c: &mut ServeConfig, asked: PoolConfig) -> Result<Made, Refus
         if p.conf.is_some() || p.id.is_some() {
             return Err(Refused::Invalid(format!("pool {name}: conf and id are for RBD pools")));
         }
-        ensure_dir(&p)?;
+        // Its directory is made (or checked) by Live once the change has
+        // passed every check, [control] allowed_paths among them.
     }
     c.pools.push(p);
     Ok(Made::Created)
