@@ -35,15 +35,37 @@ pub struct Credentials([u8; 32]);
 
 impl Credentials {
     /// Read `USER:PASSWORD` (one line) from `path`, which must be a
-    /// regular file that neither group nor others may read or write.
+    /// regular file (not a link) owned by the user serve runs as, that
+    /// neither group nor others may read or write.
     pub fn from_file(path: &Path) -> anyhow::Result<Credentials> {
-        use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(path).with_context(|| format!("--rpc-http-credentials {}", path.display()))?;
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+        let shown = path.display();
+        // Not through a link (whoever may write its directory could point
+        // it at a file of theirs), and read from the file checked, not
+        // from whatever is at the path afterwards.
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => anyhow::anyhow!("--rpc-http-credentials {shown}: is a symbolic link; name the file itself"),
+                _ => anyhow::Error::new(e).context(format!("--rpc-http-credentials {shown}")),
+            })?;
+        let meta = file.metadata()?;
         let mode = meta.permissions().mode() & 0o777;
         if !meta.is_file() || mode & 0o077 != 0 {
-            anyhow::bail!("--rpc-http-credentials {}: must be a regular file of mode 600 (it is {mode:03o}): chmod 600 {}", path.display(), path.display());
+            anyhow::bail!("--rpc-http-credentials {shown}: must be a regular file of mode 600 (it is {mode:03o}): chmod 600 {shown}");
         }
-        let text = zeroize::Zeroizing::new(std::fs::read_to_string(path)?);
+        // Another user who owns it reads (and may change) the credentials.
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me {
+            let whom = if me == 0 { "root".to_string() } else { format!("uid {me}, which serve runs as") };
+            anyhow::bail!("--rpc-http-credentials {shown}: must be owned by {whom} (it is owned by uid {}): chown {me} {shown}", meta.uid());
+        }
+        let mut text = zeroize::Zeroizing::new(String::new());
+        file.read_to_string(&mut text)?;
         let line = text.lines().next().unwrap_or("").trim_end();
         match line.split_once(':') {
             Some((u, p)) if !u.is_empty() && !p.is_empty() => Ok(Credentials::new(line)),
@@ -277,6 +299,15 @@ mod tests {
         assert!(Credentials::from_file(&p).err().unwrap().to_string().contains("mode 600"));
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(Credentials::from_file(&p).unwrap().admit(Some(&format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("cinder:s3cret")))));
+        let link = p.with_extension("link");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert!(Credentials::from_file(&link).err().unwrap().to_string().contains("symbolic link"));
+        std::fs::remove_file(&link).unwrap();
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
+            assert!(Credentials::from_file(&p).err().unwrap().to_string().contains("owned by root (it is owned by uid 65534)"));
+            std::os::unix::fs::chown(&p, Some(0), None).unwrap();
+        }
         std::fs::write(&p, "no-colon\n").unwrap();
         assert!(Credentials::from_file(&p).is_err());
         std::fs::remove_file(&p).unwrap();
