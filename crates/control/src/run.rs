@@ -72,6 +72,11 @@ pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
     let mut live = Live::new(cfg, &volumes, frontends, opts.reload);
     if let Some(p) = opts.persist {
         log::info!("changes are persisted to {}", p.display());
+        // A serve killed while persisting left `.NAME.new-PID` beside it.
+        match config::remove_temporaries(&p) {
+            Ok(gone) => gone.iter().for_each(|t| log::info!("removed {}, left by a killed writer", t.display())),
+            Err(e) => log::warn!("temporaries beside {} not cleaned: {e}", p.display()),
+        }
         live = live.persist_to(p);
     }
     let live = Arc::new(live);

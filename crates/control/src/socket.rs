@@ -6,7 +6,7 @@ use crate::live::Live;
 use crate::rpc::{code, RpcError};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,21 +35,24 @@ impl Drop for ControlSocket {
 /// socket nobody answers on is stale and replaced; anything else at the
 /// path is an error.
 pub fn bind(path: &Path, explicit: bool) -> anyhow::Result<Option<ControlSocket>> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
-        std::fs::create_dir_all(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
+    // Only in a directory only root may write (made 700 if missing): in
+    // another, whoever may write it could put a link at the lock and have
+    // root create or empty the file it points to, or replace the socket.
+    let name = path.file_name().ok_or_else(|| anyhow::anyhow!("control socket {}: names no file", path.display()))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = bw_rootdir::RootDir::create(dir)
+        .map_err(|e| anyhow::anyhow!("control socket {}: {e}; give a --control PATH in a directory only root may write", path.display()))?;
     // Servers starting at the same moment take turns: otherwise one can
     // find the other's socket bound but not yet listening, remove it as
     // stale, and leave the other failing on a path that is gone.
-    let mut lock_path = path.as_os_str().to_owned();
-    lock_path.push(".lock");
-    let lock = std::fs::File::create(&lock_path).map_err(|e| anyhow::anyhow!("control socket lock {}: {e}", Path::new(&lock_path).display()))?;
+    let mut lock_name = name.to_owned();
+    lock_name.push(".lock");
+    let lock = dir.open_lock(&lock_name).map_err(|e| anyhow::anyhow!("control socket lock: {e}"))?;
     // SAFETY: flock on a descriptor this function owns; released when
     // `lock` is closed at the end of the function.
     if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
         let e = std::io::Error::last_os_error();
-        anyhow::bail!("control socket lock {}: {e}", Path::new(&lock_path).display());
+        anyhow::bail!("control socket lock {}: {e}", dir.join(&lock_name).display());
     }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
@@ -63,10 +66,7 @@ pub fn bind(path: &Path, explicit: bool) -> anyhow::Result<Option<ControlSocket>
             return Ok(None);
         }
         log::info!("control socket {}: removing a stale socket", path.display());
-        match std::fs::remove_file(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-            _ => {}
-        }
+        dir.remove(name)?;
     }
     let listener = match tokio::net::UnixListener::bind(path) {
         Ok(l) => l,
@@ -77,7 +77,7 @@ pub fn bind(path: &Path, explicit: bool) -> anyhow::Result<Option<ControlSocket>
         }
         Err(e) => anyhow::bail!("control socket {}: {e}", path.display()),
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    dir.set_mode(name, 0o600)?;
     let ino = std::fs::symlink_metadata(path)?.ino();
     log::info!("control socket on {}", path.display());
     Ok(Some(ControlSocket { listener, path: path.to_path_buf(), ino }))
