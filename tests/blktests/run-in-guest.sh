@@ -96,8 +96,10 @@ fi
 for t in $TARGETS; do
   case $t in
     blockwire)
-      printf '[nvme]\n' > /tmp/bw.toml
-      "$BW" serve --config /tmp/bw.toml --control /run/blockwire/blktests.sock > /tmp/bw-serve.log 2>&1 &
+      # In a directory only root may write: serve persists every change
+      # there, and refuses to write a configuration where others may (/tmp).
+      printf '[nvme]\n' > /run/blockwire/bw.toml
+      "$BW" serve --config /run/blockwire/bw.toml --control /run/blockwire/blktests.sock > /tmp/bw-serve.log 2>&1 &
       pid=$!
       for _ in $(seq 600); do [ -S /run/blockwire/blktests.sock ] && break; sleep 0.1; done
       # nvmet_blkdev_type=file: blktests prepares the backing it names on
