@@ -134,6 +134,19 @@ impl LabRun {
             Some(h) => h.fill_random(&backing, size)?,
             None => registry().create(Resource::File(backing.clone()), || make_backing(&backing, size))?.0,
         };
+        // serve keeps a file volume's reservations beside it (FILE.pr and
+        // its lock, bw_reservation::FileStore) where only root may write,
+        // as /dev/shm is in some guests: they go with the backing file.
+        let mut beside_tokens = Vec::new();
+        for suffix in [".pr", ".pr.lock"] {
+            let mut p = backing.clone().into_os_string();
+            p.push(suffix);
+            let p = PathBuf::from(p);
+            beside_tokens.push(match &cx.remote {
+                Some(r) => r.target.track_file(&p)?,
+                None => registry().create(Resource::File(p), || Ok(()))?.0,
+            });
+        }
         cx.results.params.backing = format!(
             "{}{on} ({} MiB, tmpfs) shared by every target{}",
             backing.display(),
@@ -241,6 +254,9 @@ impl LabRun {
             r = r.and(stage.teardown());
         }
         r?;
+        for t in beside_tokens {
+            registry().release(t)?;
+        }
         registry().release(backing_token)?;
         Ok(())
     }
