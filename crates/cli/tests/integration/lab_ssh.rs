@@ -800,8 +800,6 @@ mod kernel_vm {
     use super::*;
     use crate::common::BackgroundVm;
 
-    const HOST_IP: &str = "10.233.0.1";
-    const GUEST_IP: &str = "10.233.0.2";
     /// The kernel subjects the run must measure (every client against
     /// blockwire and the peer of its protocol).
     const KERNEL_SUBJECTS: [&str; 5] =
@@ -815,6 +813,9 @@ mod kernel_vm {
     struct Rig {
         dir: PathBuf,
         tap: String,
+        /// The tap's address here (the target's data address), on a /24
+        /// no other device holds ([`crate::common::free_subnet`]).
+        host_ip: String,
         sshd: Option<Child>,
         vm: Option<BackgroundVm>,
         target_port: u16,
@@ -850,7 +851,7 @@ mod kernel_vm {
         fn lab(&self, exe: &Path, out: &Path, log: &Path, extra: &[&str]) -> Child {
             let mut c = Command::new(exe);
             c.arg("lab").args(extra).args([
-                "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--data-addr", HOST_IP,
+                "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--data-addr", &self.host_ip,
             ]);
             c.arg("--target-host").arg(format!("ssh://root@127.0.0.1:{}", self.target_port));
             c.arg("--client-host").arg(format!("ssh://root@127.0.0.1:{}", self.guest_port));
@@ -889,20 +890,22 @@ mod kernel_vm {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lab-kvm-{id}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut rig = Rig { dir: dir.clone(), tap: format!("bwk{id}"), sshd: None, vm: None, target_port: free_port(), guest_port: free_port() };
+        let net = crate::common::free_subnet([233, 0]);
+        let (host_ip, guest_ip) = (format!("{net}.1"), format!("{net}.2"));
+        let mut rig = Rig { dir: dir.clone(), tap: format!("bwk{id}"), host_ip: host_ip.clone(), sshd: None, vm: None, target_port: free_port(), guest_port: free_port() };
         ssh_keys_and_config(&dir, &format!("127.0.0.1:{}", rig.target_port));
         std::fs::create_dir_all("/run/sshd").unwrap();
         rig.sshd = Some(Command::new(SSHD).arg("-D").arg("-f").arg(dir.join("sshd_config")).arg("-E").arg(dir.join("sshd.log")).stdin(Stdio::null()).spawn().unwrap());
         // The storage link: a tap here (the target's NIC), eth1 in the guest.
         run(&["ip", "tuntap", "add", "dev", &rig.tap, "mode", "tap"]);
-        run(&["ip", "addr", "add", &format!("{HOST_IP}/24"), "dev", &rig.tap]);
+        run(&["ip", "addr", "add", &format!("{host_ip}/24"), "dev", &rig.tap]);
         run(&["ip", "link", "set", &rig.tap, "up"]);
         let script = dir.join("guest.sh");
         std::fs::write(
             &script,
             format!(
                 "#!/bin/sh\n# the lab's remote lines want a shell that finds programs on PATH (busybox's prefers its applets)\n\
-                 ln -sf bash /bin/sh\nip link set eth1 up\nip addr add {GUEST_IP}/24 dev eth1\nsleep 1200\n"
+                 ln -sf bash /bin/sh\nip link set eth1 up\nip addr add {guest_ip}/24 dev eth1\nsleep 1200\n"
             ),
         )
         .unwrap();
@@ -923,7 +926,7 @@ mod kernel_vm {
         }
         let fwd = format!("tcp:127.0.0.1:{}-:22", rig.guest_port);
         rig.vm = Some(BackgroundVm::start_with(None, &script, &fwd, &args, &[("KVM_SSH_KEY", &key), ("KVM_MEM", "1536")]));
-        let up = rig.vm.as_mut().unwrap().wait_until(Duration::from_secs(600), || rig_guest_ready(&dir, rig.guest_port));
+        let up = rig.vm.as_mut().unwrap().wait_until(Duration::from_secs(600), || rig_guest_ready(&dir, rig.guest_port, &guest_ip));
         up.unwrap_or_else(|console| panic!("the guest did not come up: {console}"));
         eprintln!("guest up after {:?}", t0.elapsed());
 
@@ -1007,7 +1010,7 @@ mod kernel_vm {
         let ours: Vec<String> = all_pids()
             .into_iter()
             .map(cmdline)
-            .filter(|c| !the_vm(c) && (c.contains(HOST_IP) || c.contains(&rig.tap) || of_runs(c)))
+            .filter(|c| !the_vm(c) && (c.contains(&host_ip) || c.contains(&rig.tap) || of_runs(c)))
             .collect();
         assert!(ours.is_empty(), "processes of the runs left here: {ours:?}");
         for d in ["/dev/shm", "/tmp", "/var/tmp/bwlab-remote"] {
@@ -1027,13 +1030,13 @@ mod kernel_vm {
     }
 
     /// The guest answers ssh (dropbear is up, eth1 configured).
-    fn rig_guest_ready(dir: &Path, port: u16) -> bool {
+    fn rig_guest_ready(dir: &Path, port: u16, guest_ip: &str) -> bool {
         let key = dir.join("client").display().to_string();
         Command::new("ssh")
             .args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"])
             .arg("-o")
             .arg(format!("IdentityFile={key}"))
-            .args(["-p", &port.to_string(), "root@127.0.0.1", &format!("ip -4 addr show dev eth1 | grep -q {GUEST_IP}")])
+            .args(["-p", &port.to_string(), "root@127.0.0.1", &format!("ip -4 addr show dev eth1 | grep -q {guest_ip}")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -1053,8 +1056,6 @@ mod kernel_targets_vm {
     use super::*;
     use crate::common::BackgroundVm;
 
-    const HOST_IP: &str = "10.247.39.1";
-    const GUEST_IP: &str = "10.247.39.2";
     const USER_IQN: &str = "iqn.2003-01.org.example:user";
     const USER_NQN: &str = "nqn.2014-08.org.example:user";
 
@@ -1065,6 +1066,9 @@ mod kernel_targets_vm {
     struct Rig {
         dir: PathBuf,
         tap: String,
+        /// The guest's address on the tap's /24, which no other device
+        /// here holds ([`crate::common::free_subnet`]).
+        guest_ip: String,
         vm: Option<BackgroundVm>,
         /// Two forwarded ports to the guest's ssh: the target host's and
         /// the client host's connection (one machine, two "hosts").
@@ -1092,7 +1096,7 @@ mod kernel_targets_vm {
             let mut c = Command::new(exe);
             c.arg("lab").args(extra).args([
                 "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--protocols", "iscsi,nvme", "--peers", "lio,nvmet,knfsd",
-                "--micro-workloads", "randread-4k-qd1,randwrite-4k-qd32", "--data-addr", GUEST_IP,
+                "--micro-workloads", "randread-4k-qd1,randwrite-4k-qd32", "--data-addr", &self.guest_ip,
             ]);
             c.arg("--target-host").arg(format!("ssh://root@127.0.0.1:{}", self.ports[0]));
             for o in self.ssh_options() {
@@ -1153,16 +1157,18 @@ modprobe nfsd; mount -t nfsd nfsd /proc/fs/nfsd; rpcbind; mkdir -p /srv/user; ex
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lab-kt-{id}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut rig = Rig { dir: dir.clone(), tap: format!("bwt{id}"), vm: None, ports: [free_port(), free_port()] };
+        let net = crate::common::free_subnet([247, 39]);
+        let (host_ip, guest_ip) = (format!("{net}.1"), format!("{net}.2"));
+        let mut rig = Rig { dir: dir.clone(), tap: format!("bwt{id}"), guest_ip: guest_ip.clone(), vm: None, ports: [free_port(), free_port()] };
         ssh_keys_and_config(&dir, "127.0.0.1:1");
         run(&["ip", "tuntap", "add", "dev", &rig.tap, "mode", "tap"]);
-        run(&["ip", "addr", "add", &format!("{HOST_IP}/24"), "dev", &rig.tap]);
+        run(&["ip", "addr", "add", &format!("{host_ip}/24"), "dev", &rig.tap]);
         run(&["ip", "link", "set", &rig.tap, "up"]);
         let user = USER_TARGETS.replace("IQN", USER_IQN).replace("NQN", USER_NQN);
         let script = dir.join("guest.sh");
         std::fs::write(
             &script,
-            format!("#!/bin/sh\nln -sf bash /bin/sh\nip link set lo up\nip link set eth1 up\nip addr add {GUEST_IP}/24 dev eth1\n{user}\nsleep 1200\n"),
+            format!("#!/bin/sh\nln -sf bash /bin/sh\nip link set lo up\nip link set eth1 up\nip addr add {guest_ip}/24 dev eth1\n{user}\nsleep 1200\n"),
         )
         .unwrap();
         run(&["chmod", "+x", &script.to_string_lossy()]);
@@ -1179,7 +1185,7 @@ modprobe nfsd; mount -t nfsd nfsd /proc/fs/nfsd; rpcbind; mkdir -p /srv/user; ex
         let fwd = format!("tcp:127.0.0.1:{}-:22,tcp:127.0.0.1:{}-:22", rig.ports[0], rig.ports[1]);
         rig.vm = Some(BackgroundVm::start_with(None, &script, &fwd, &args, &[("KVM_SSH_KEY", &key), ("KVM_MEM", "1536")]));
         let port = rig.ports[0];
-        let ready = |rig: &Rig| rig.guest(&format!("ip -4 addr show dev eth1 | grep -q {GUEST_IP} && [ -e /sys/kernel/config/nvmet/ports/1/subsystems/{USER_NQN} ]")).is_some();
+        let ready = |rig: &Rig| rig.guest(&format!("ip -4 addr show dev eth1 | grep -q {} && [ -e /sys/kernel/config/nvmet/ports/1/subsystems/{USER_NQN} ]", rig.guest_ip)).is_some();
         let up = rig.vm.as_mut().unwrap().wait_until(Duration::from_secs(600), || ready_on(&dir, port));
         up.unwrap_or_else(|console| panic!("the guest did not come up: {console}"));
         let deadline = Instant::now() + Duration::from_secs(60);

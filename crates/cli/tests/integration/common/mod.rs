@@ -410,6 +410,25 @@ pub fn free_port() -> u16 {
     panic!("no free port in {base}..{}", base + span)
 }
 
+/// A /24 on this host's own links for a test's tap, as "10.A.B" (host .1,
+/// guest .2): the first from `10.first.0` upwards that no address or route
+/// here already covers. A fixed subnet broke a test once: a tap that an
+/// interrupted run of another test had left still held its address, and
+/// the lab took that device for the target's. Callers start from
+/// different `first`s so two tests running at once do not pick the same.
+pub fn free_subnet(first: [u8; 2]) -> String {
+    let held = format!("{}{}", sh("ip -4 -o addr show"), sh("ip -4 route show table all"));
+    let taken = |net: &str| held.contains(&format!(" {net}.")) || held.contains(&format!("\n{net}.")) || held.starts_with(&format!("{net}."));
+    let start = u16::from(first[0]) << 8 | u16::from(first[1]);
+    for n in start..=u16::MAX {
+        let net = format!("10.{}.{}", n >> 8, n & 0xff);
+        if !taken(&net) {
+            return net;
+        }
+    }
+    panic!("no free 10.x.y.0/24 from 10.{}.{} up on this host", first[0], first[1])
+}
+
 /// A TCP connection to 127.0.0.1:`port` from 127.0.0.`from` (all of
 /// 127/8 is loopback): a peer of its own for servers that count
 /// connections per address.
