@@ -12,10 +12,21 @@ use bw_block::Volume;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Open every configured volume. One file is one volume, as the control
+/// methods hold live (bw-control's check_one_file_one_volume): two volumes
+/// on one file, however spelled (`./`, `..`, a link, two device nodes of
+/// one disk), would each cache and reserve it as its own.
 pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
     let mut map = HashMap::new();
+    let mut files: Vec<(bw_block::Backing, &str)> = Vec::new();
     for v in &cfg.volumes {
         let vol = Volume::open(&v.name, &v.backend).with_context(|| format!("volume {}", v.name))?;
+        if let Some(key) = vol.backing() {
+            if let Some((_, other)) = files.iter().find(|(k, _)| *k == key) {
+                anyhow::bail!("volume {}: {} is the file of volume {other} (one file is one volume)", v.name, v.backend);
+            }
+            files.push((key, &v.name));
+        }
         log::info!("volume {}: {} ({} bytes)", v.name, vol.info().description, vol.size_bytes());
         if let Some(q) = &v.qos {
             vol.set_qos(*q);
@@ -120,4 +131,26 @@ pub async fn start_metrics(addr: std::net::SocketAddr, shutdown: &Shutdown) -> a
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
     log::info!("metrics: http://{}/metrics", listener.local_addr()?);
     Ok(tokio::spawn(metrics::serve_http(listener, metrics::global(), shutdown.clone())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two volumes on one file are refused at start as live changes refuse
+    /// them, whatever the spelling; two files are two volumes.
+    #[test]
+    fn one_file_is_one_volume_at_start() {
+        let dir = std::env::temp_dir().join(format!("bw-serve-start-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.display();
+        let mut c = ServeConfig::default();
+        c.add_volume_flag(&format!("a=file:{d}/a.img,size=64k")).unwrap();
+        c.add_volume_flag(&format!("b=file:{d}/b.img,size=64k")).unwrap();
+        assert_eq!(open_volumes(&c).unwrap().len(), 2);
+        c.add_volume_flag(&format!("c=file:{d}/./a.img")).unwrap();
+        let e = format!("{:#}", open_volumes(&c).err().expect("a second volume on a.img"));
+        assert!(e.contains("volume c") && e.contains("file of volume a") && e.contains("one file is one volume"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
