@@ -128,10 +128,26 @@ fn check_reach(old: &ServeConfig, new: &ServeConfig, plan: &VolumePlan) -> Resul
     for p in new.pools.iter().filter(|p| p.rbd.is_none() && !old.pools.iter().any(|o| o.path == p.path)) {
         old.check_allowed(std::path::Path::new(&p.path), &format!("pool {}'s directory", p.name)).map_err(Refused::Invalid)?;
     }
+    // A ceph.conf is read by librados (and may name keyrings and logs):
+    // one a control method names anew is confined as a file is.
+    for p in new.pools.iter().filter(|p| p.rbd.is_some()) {
+        let Some(conf) = &p.conf else { continue };
+        if !old.pools.iter().any(|o| o.name == p.name && o.conf.as_ref() == Some(conf)) {
+            old.check_allowed(std::path::Path::new(conf), &format!("pool {}'s ceph.conf", p.name)).map_err(Refused::Invalid)?;
+        }
+    }
     let scope = ServeConfig { pools: new.pools.clone(), control: old.control.clone(), ..ServeConfig::default() };
     for v in &plan.add {
-        if let BackendKind::File { path, .. } = &v.backend.kind {
-            scope.check_allowed(path, &format!("volume {}'s file", v.name)).map_err(Refused::Invalid)?;
+        match &v.backend.kind {
+            BackendKind::File { path, .. } => scope.check_allowed(path, &format!("volume {}'s file", v.name)).map_err(Refused::Invalid)?,
+            BackendKind::Rbd(t) => {
+                // A pool's volume carries the pool's conf, checked above.
+                let pools_conf = new.pools.iter().any(|p| p.rbd.is_some() && p.conf.as_deref().map(std::path::Path::new) == t.conf.as_deref());
+                if let (Some(conf), false) = (&t.conf, pools_conf) {
+                    old.check_allowed(conf, &format!("volume {}'s ceph.conf", v.name)).map_err(Refused::Invalid)?;
+                }
+            }
+            BackendKind::Ram { .. } => {}
         }
     }
     Ok(())
@@ -661,6 +677,12 @@ mod tests {
         }
         let e = live.change(|c| crate::pool::pool_create(c, bw_serve::config::PoolConfig { name: "q".into(), path: format!("{dn}/out/q"), ..Default::default() }).map(drop)).unwrap_err();
         assert!(e.message().contains("allowed_paths"), "{e:?}");
+        // A ceph.conf is read by librados: confined as a file is.
+        let e = live.change(|c| edit::volume_add(c, VolumeConfig::new("r", spec(&format!("rbd:rbd/img,conf={dn}/out/ceph.conf"))))).unwrap_err();
+        assert!(e.message().contains("volume r's ceph.conf") && e.message().contains("allowed_paths"), "{e:?}");
+        let rbd_pool = bw_serve::config::PoolConfig { name: "cp".into(), rbd: Some("rbd".into()), conf: Some(format!("{dn}/out/ceph.conf")), ..Default::default() };
+        let e = live.change(|c| crate::pool::pool_create(c, rbd_pool.clone()).map(drop)).unwrap_err();
+        assert!(e.message().contains("pool cp's ceph.conf") && e.message().contains("allowed_paths"), "{e:?}");
         assert!(!d.join("out/q").exists() && !d.join("out/new.img").exists(), "a refused change made something");
         assert_eq!(live.config(), c);
         // Inside, a new file: taken (twice in one change: refused).

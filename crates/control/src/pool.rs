@@ -247,6 +247,11 @@ pub fn pool_create(c: &mut ServeConfig, asked: PoolConfig) -> Result<Made, Refus
         if let Some(o) = c.pools.iter().find(|o| o.rbd == p.rbd && o.conf == p.conf) {
             return Err(Refused::AlreadyExists(format!("RBD pool {} is already pool {}", t.pool, o.name)));
         }
+        // librados reads the conf (and the keyrings and logs it names):
+        // confined as a volume's file is, before anything reads it.
+        if let Some(conf) = &p.conf {
+            c.check_allowed(Path::new(conf), &format!("pool {name}'s ceph.conf")).map_err(Refused::Invalid)?;
+        }
         connect(&t)?;
     } else {
         if let Some(o) = c.pools.iter().find(|o| o.path == p.path) {
