@@ -99,6 +99,9 @@ impl Credentials {
 struct Methods {
     live: Arc<Live>,
     creds: Arc<Credentials>,
+    /// One line per peer and interval for refusals (a password guesser
+    /// must not fill the journal).
+    refusals: bw_http::LogThrottle,
 }
 
 impl bw_http::Endpoint for Methods {
@@ -110,7 +113,7 @@ impl bw_http::Endpoint for Methods {
         // Credentials before anything else is looked at.
         let authorization = head.headers.get("authorization").and_then(|v| v.to_str().ok());
         if !self.creds.admit(authorization) {
-            log::warn!("rpc-http: {peer}: refused (no or wrong credentials)");
+            self.refusals.warn(peer.ip(), format_args!("rpc-http: {peer}: refused (no or wrong credentials)"));
             return bw_http::Verdict::Refused(bw_http::Answer::status(401).with_header("WWW-Authenticate", "Basic realm=\"blockwire\""));
         }
         if head.method.as_str() != "POST" {
@@ -132,7 +135,7 @@ impl bw_http::Endpoint for Methods {
 
 /// Serve until `shutdown`.
 pub async fn serve(listener: tokio::net::TcpListener, live: Arc<Live>, creds: Arc<Credentials>, mut shutdown: bw_serve::Shutdown) -> anyhow::Result<()> {
-    bw_http::serve(listener, Arc::new(Methods { live, creds }), LIMITS, async move { shutdown.wait().await }).await;
+    bw_http::serve(listener, Arc::new(Methods { live, creds, refusals: bw_http::LogThrottle::new(std::time::Duration::from_secs(10)) }), LIMITS, async move { shutdown.wait().await }).await;
     Ok(())
 }
 

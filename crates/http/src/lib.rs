@@ -9,8 +9,10 @@
 //! then the connection closed without losing the answer.
 
 pub mod admission;
+pub mod log_throttle;
 
 pub use admission::{Accept, Admission, AdmissionLimits, ConnId};
+pub use log_throttle::LogThrottle;
 pub use hyper::http::request::Parts as Head;
 
 use bytes::Bytes;
