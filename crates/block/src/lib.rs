@@ -25,6 +25,7 @@
 mod backend;
 mod block_locks;
 mod file;
+mod mapped_copy;
 pub mod qos;
 mod rbd;
 pub mod reflink;
