@@ -116,7 +116,7 @@ pub fn page(r: &Results) -> String {
         + "\n"
 }
 
-/// The route suite renders its own body (crates/lab/src/route/report.rs).
+/// The route suite renders its own body (its section: `crate::route::section`).
 fn route(c: &Ctx) -> Option<Markup> {
     c.r.route.as_ref().map(|r| PreEscaped(crate::route::section(Some(r))))
 }

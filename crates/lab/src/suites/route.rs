@@ -538,7 +538,7 @@ fn veth(ns_a: &str, if_a: &str, ns_b: &str, if_b: &str, mtu: u32) -> anyhow::Res
 /// Real MTU-sized frames with finished checksums (see the module comment).
 /// Best effort: a device without a feature refuses to change it.
 fn offloads_off(ns: &str, ifname: &str) {
-    if let Err(e) = crate::offload::Offload::Routed.apply(&crate::host::Host::LocalNamespace(ns.to_string()), ifname) {
+    if let Err(e) = crate::network::offload::Offload::Routed.apply(&crate::hosts::host::Host::LocalNamespace(ns.to_string()), ifname) {
         log::warn!("offloads on {ifname} in {ns}: {e}");
     }
 }

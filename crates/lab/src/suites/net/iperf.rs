@@ -5,8 +5,8 @@
 //! of the veth pair (this kernel has no netem).
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::host::{Host, ShellUndo};
-use crate::topology::{Link, Topology};
+use crate::hosts::host::{Host, ShellUndo};
+use crate::network::topology::{Link, Topology};
 pub use bw_lab_results::net::*;
 
 /// iperf3's TCP port inside the target namespace.
@@ -63,7 +63,7 @@ fn shape_real_nic(host: &Host, dev: &str, rate: u64) -> anyhow::Result<Token> {
     let (t, ()) = match host.ssh() {
         Some(h) => h.recorded("qdisc", dev, "", make)?,
         None => {
-            let res = Resource::owned(ShellUndo { host: host.clone(), script: crate::state_file::UNDO_ONE, args: vec!["qdisc".into(), dev.into(), String::new()] });
+            let res = Resource::owned(ShellUndo { host: host.clone(), script: crate::hosts::state_file::UNDO_ONE, args: vec!["qdisc".into(), dev.into(), String::new()] });
             registry().create(res, make)?
         }
     };
