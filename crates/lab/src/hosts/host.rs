@@ -75,6 +75,57 @@ impl Host {
         }
     }
 
+    /// Whether its links are the lab's own veths (a namespace the lab
+    /// made), which it may reshape and reset freely; a real NIC keeps what
+    /// its owner set up.
+    pub fn links_are_the_labs(&self) -> bool {
+        self.namespace().is_some()
+    }
+
+    /// Whether it is this machine (itself or one of its namespaces): its
+    /// files, processes and kernel are this machine's, and what the run
+    /// makes there this run undoes itself (an ssh host's state file is
+    /// undone by its own script, also by a later run).
+    pub fn on_this_machine(&self) -> bool {
+        !matches!(self, Host::Ssh(_))
+    }
+
+    /// Its boot id, for another machine only (this machine's is the run's
+    /// own, `state_file::boot_id`).
+    pub fn other_machine_boot_id(&self) -> Option<String> {
+        match self {
+            Host::Ssh(_) => self.run("cat", &["/proc/sys/kernel/random/boot_id"]).ok().map(|b| b.trim().to_string()),
+            Host::LocalNamespace(_) | Host::Local => None,
+        }
+    }
+
+    /// Make something with `make`, tracked so it is undone: on an ssh host
+    /// recorded first as `kind a b` in its state file (undone as a later
+    /// run would undo the line); on this machine as `here`.
+    pub fn create_recorded<T>(&self, kind: &str, a: &str, b: &str, here: Resource, make: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(Token, T)> {
+        match self {
+            Host::Ssh(h) => h.recorded(kind, a, b, make),
+            Host::LocalNamespace(_) | Host::Local => registry().create(here, make),
+        }
+    }
+
+    /// Put a root qdisc on `dev` with `tc ARGS`, tracked: in a namespace
+    /// of the lab's it goes with the namespace's cleanup; on a real NIC
+    /// (this machine's or an ssh host's) the undo deletes the root qdisc,
+    /// and on an ssh host the qdisc is in its state file first.
+    pub fn set_root_qdisc(&self, dev: &str, tc_args: &[String]) -> anyhow::Result<Token> {
+        let make = || self.tc(tc_args);
+        let here = match self {
+            Host::LocalNamespace(ns) => Resource::Qdisc { ns: ns.clone(), dev: dev.to_string() },
+            Host::Local | Host::Ssh(_) => Resource::owned(ShellUndo {
+                host: self.clone(),
+                script: crate::hosts::state_file::UNDO_ONE,
+                args: vec!["qdisc".into(), dev.into(), String::new()],
+            }),
+        };
+        Ok(self.create_recorded("qdisc", dev, "", here, make)?.0)
+    }
+
     /// The host's state file: an ssh host lists in it what the run made
     /// there, this machine (and its namespaces) in `crate::hosts::local_state`'s,
     /// so a later run undoes what a killed one left.

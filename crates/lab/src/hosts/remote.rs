@@ -249,7 +249,7 @@ fn choose_clients(
         kinds.push(ClientKind::Blockwire);
     }
     let mut notes = vec![];
-    let kernel_by_default = host.ssh().is_some();
+    let kernel_by_default = !host.on_this_machine();
     if chosen.map_or(kernel_by_default, |v| v.contains(&ClientChoice::Kernel)) {
         // Only the protocols some subject of the run speaks.
         let used = |p| subjects.iter().any(|s| s.address().block_protocol() == Some(p));

@@ -31,10 +31,8 @@ pub fn begin_start(cx: &mut RunContext, stored: Option<&mut StoredPlan>, topo: &
     }
     let mut host_boots = vec![];
     for host in [&topo.target, &topo.client] {
-        if host.ssh().is_some() {
-            if let Ok(b) = host.run("cat", &["/proc/sys/kernel/random/boot_id"]) {
-                host_boots.push((host.address(), b.trim().to_string()));
-            }
+        if let Some(b) = host.other_machine_boot_id() {
+            host_boots.push((host.address(), b));
         }
     }
     let r = &cx.results;

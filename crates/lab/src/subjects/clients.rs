@@ -154,7 +154,7 @@ pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protoc
     let out = host.run("sh", &["-c", &script])?;
     // This machine's state file is undone by a later run only (after a
     // kill): this run unloads them itself.
-    if host.ssh().is_none() {
+    if host.on_this_machine() {
         for m in out.lines().filter_map(|l| l.strip_prefix("loaded ")) {
             let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::hosts::state_file::UNDO_ONE, args: vec!["module".into(), m.into(), String::new()] });
             registry().create(undo, || Ok(()))?;

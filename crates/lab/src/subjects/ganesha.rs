@@ -160,7 +160,7 @@ impl FileServer for Ganesha {
 fn start_on(topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
     // Its export image, config and state files are made on this
     // machine's file system.
-    if topo.target.ssh().is_some() {
+    if !topo.target.on_this_machine() {
         return Err("the ganesha peer runs only on a target host of this machine for now".into());
     }
     if crate::command::package_version("nfs-ganesha-vfs").is_none() {

@@ -134,7 +134,7 @@ pub fn mount_image(host: &Host, server: Ipv4Addr, address: Address, v: NfsVersio
     // On this machine the mount point is made here (over ssh the mount
     // script makes it and the detach script removes it).
     let mut tokens = vec![];
-    if host.ssh().is_none() {
+    if host.on_this_machine() {
         tokens.push(registry().create(Resource::Dir(mp.clone()), || Ok(std::fs::create_dir_all(&mp)?))?.0);
     }
     match mount(host, server, address, v, &mp, ",nosharecache") {

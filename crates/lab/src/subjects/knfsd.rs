@@ -160,7 +160,7 @@ pub fn serve(host: &crate::hosts::host::Host, link: &Link, backing: &Path, kind:
             return Err(format!("{} is not installed on {} (package {})", t.program, host.name(), t.package));
         }
     }
-    if host.ssh().is_none() {
+    if host.on_this_machine() {
         return Err("knfsd is measured on a target host reached over ssh (--target-host): in one box its server, mountd and export table would be this machine's".into());
     }
     let image = host.run_path("/dev/shm", &format!("knfsd-{}.img", kind.name()));

@@ -72,7 +72,7 @@ impl TargetProcess {
     /// Its PID on its host.
     pub fn host_pid(&self) -> anyhow::Result<u32> {
         anyhow::ensure!(!self.in_kernel(), "{} is served by the kernel of {}: no process", self.name, self.host.name());
-        if self.host.ssh().is_none() {
+        if self.host.on_this_machine() {
             return Ok(self.pid);
         }
         match self.remote_pid.wait() {

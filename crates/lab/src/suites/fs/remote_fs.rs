@@ -79,10 +79,7 @@ pub fn mount_device(host: &Host, dev: &str, mp: &Path, kind: FsKind, size: u64) 
         run_sbin(host, &mkfs)?;
         run_sbin(host, &["mount", "-o", kind.mount_options(), dev, &p]).map(|_| ())
     };
-    let (t, ()) = match host.ssh() {
-        Some(h) => h.recorded("mount", &p, "", make)?,
-        None => registry().create(Resource::Mount(mp.to_path_buf()), make)?,
-    };
+    let (t, ()) = host.create_recorded("mount", &p, "", Resource::Mount(mp.to_path_buf()), make)?;
     Ok(Mounted::new(mp.to_path_buf(), None, vec![t]))
 }
 
