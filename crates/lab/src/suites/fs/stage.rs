@@ -211,6 +211,100 @@ enum FsCgroup {
     Remote(crate::suites::fs::remote_fs::Cgroup),
 }
 
+/// What an fs case reads before and after its workload: the client's wire
+/// counters (networked subjects), the target's and the client daemon's
+/// CPU time, and for a kernel initiator the client machine's CPU.
+struct Readings {
+    wire: Option<WireCounters>,
+    target_cpu: Option<f64>,
+    daemon_cpu: Option<f64>,
+    machine_cpu: Option<(f64, f64)>,
+}
+
+impl Readings {
+    fn before(topo: &Topology, link: &Link, local: bool, target: Option<&TargetProcess>, daemon: Option<u32>, kernel: bool) -> anyhow::Result<Readings> {
+        let wire = if local { None } else { Some(topo.client_counters(link)?) };
+        let target_cpu = target.map(|t| t.cpu_seconds()).transpose()?;
+        let daemon_cpu = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
+        // A kernel initiator's work is the client machine's (see clients.rs).
+        let machine_cpu = if kernel { Some(crate::subjects::clients::machine_cpu_seconds(&topo.client)?) } else { None };
+        Ok(Readings { wire, target_cpu, daemon_cpu, machine_cpu })
+    }
+
+    /// The same, read in the reverse order (the machine's CPU first).
+    fn after(topo: &Topology, link: &Link, local: bool, target: Option<&TargetProcess>, daemon: Option<u32>, kernel: bool) -> anyhow::Result<Readings> {
+        let machine_cpu = if kernel { Some(crate::subjects::clients::machine_cpu_seconds(&topo.client)?) } else { None };
+        let target_cpu = target.map(|t| t.cpu_seconds()).transpose()?;
+        let daemon_cpu = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
+        let wire = if local { None } else { Some(topo.client_counters(link)?) };
+        Ok(Readings { wire, target_cpu, daemon_cpu, machine_cpu })
+    }
+
+    fn delta(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+        Some(b? - a?)
+    }
+
+    /// A kernel initiator's: the client machine's CPU beside the
+    /// workload's own (what the kernel did for it: initiator, block layer,
+    /// the file system's writeback); else the client daemon's.
+    fn attach_cpu_s(&self, after: &Readings, workload_cpu_s: f64) -> Option<f64> {
+        match (self.machine_cpu, after.machine_cpu) {
+            (Some(a), Some(b)) => Some(((b.0 + b.1) - (a.0 + a.1) - workload_cpu_s).max(0.0)),
+            _ => Readings::delta(self.daemon_cpu, after.daemon_cpu),
+        }
+    }
+}
+
+impl FsCgroup {
+    /// On the ssh client host (`remote`) under its memory controller
+    /// `base`, or on this machine.
+    fn create(remote: Option<&crate::hosts::ssh::SshHost>, base: Option<&(String, String)>, name: &str, mem: u64) -> anyhow::Result<FsCgroup> {
+        Ok(match (remote, base) {
+            (Some(h), Some(base)) => FsCgroup::Remote(crate::suites::fs::remote_fs::Cgroup::create(h, base, name, mem)?),
+            (Some(_), None) => anyhow::bail!("the client host's memory controller was not looked up"),
+            (None, _) => {
+                let (t, g) = crate::hosts::cgroup::create_tracked(Path::new(crate::hosts::cgroup::ROOT), name, mem)?;
+                FsCgroup::Local(t, g)
+            }
+        })
+    }
+
+    /// `prog args` in `dir`, in this cgroup (through the fsync `wrapper`).
+    #[allow(clippy::too_many_arguments)]
+    fn run(&self, remote: Option<&crate::hosts::ssh::SshHost>, dir: &Path, wrapper: Option<&str>, prog: &str, args: &[String], name: &str, timeout: Duration) -> anyhow::Result<crate::suites::runner::Finished> {
+        match (self, remote) {
+            (FsCgroup::Remote(g), Some(h)) => crate::suites::fs::remote_fs::run_in_cgroup(h, g, dir, wrapper, prog, args, name, timeout),
+            (FsCgroup::Local(_, g), _) => {
+                // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
+                let mut cmd = match wrapper {
+                    Some(wrapper) => {
+                        let mut c = Command::new(wrapper);
+                        c.arg(prog);
+                        c
+                    }
+                    None => Command::new(prog),
+                };
+                cmd.args(args).current_dir(dir);
+                crate::suites::runner::run_workload(cmd, name, timeout, Some(&g.procs_file()))
+            }
+            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
+        }
+    }
+
+    /// The OOM kills and the peak memory; the cgroup is removed.
+    fn finish(self, remote: Option<&crate::hosts::ssh::SshHost>) -> anyhow::Result<(u64, Option<u64>)> {
+        Ok(match (self, remote) {
+            (FsCgroup::Remote(g), Some(h)) => g.finish(h)?,
+            (FsCgroup::Local(t, g), _) => {
+                let v = (g.oom_kills(), g.peak_bytes());
+                registry().release(t)?;
+                v
+            }
+            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
+        })
+    }
+}
+
 impl FsStage {
     /// File server `server` (process `pi` of `run`) restarted with its
     /// export on `kind`: over NFS, `--fs` is the server's file system (the
@@ -513,62 +607,16 @@ impl FsStage {
         }
         self.serial += 1;
         let name = format!("bwlab-{}-{}", std::process::id(), self.serial);
-        let cg = match (remote, &self.client_cgroup) {
-            (Some(h), Some(base)) => FsCgroup::Remote(crate::suites::fs::remote_fs::Cgroup::create(h, base, &name, mem)?),
-            (Some(_), None) => anyhow::bail!("the client host's memory controller was not looked up"),
-            (None, _) => {
-                let (t, g) = crate::hosts::cgroup::create_tracked(Path::new(crate::hosts::cgroup::ROOT), &name, mem)?;
-                FsCgroup::Local(t, g)
-            }
-        };
+        let cg = FsCgroup::create(remote, self.client_cgroup.as_ref(), &name, mem)?;
         let (busy, _) = cx.wait_idle();
         let started_unix = unix_now();
-        let wire0 = if local {
-            None
-        } else {
-            Some(topo.client_counters(link)?)
-        };
-        let cpu_t0 = target.map(|t| t.cpu_seconds()).transpose()?;
-        let cpu_d0 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
-        // A kernel initiator's work is the client machine's (see clients.rs).
-        let machine0 = if kernel { Some(crate::subjects::clients::machine_cpu_seconds(&topo.client)?) } else { None };
+        let before = Readings::before(topo, link, local, target, daemon, kernel)?;
         let (prog, args) = crate::suites::fs::workloads::command(w, &fsp, &topo.client.lab_exe(&cx.exe), &dir, raw_dev);
         // Room for making the file sets and Bonnie++'s passes over a slow link.
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
-        let run = match (&cg, remote) {
-            (FsCgroup::Remote(g), Some(h)) => crate::suites::fs::remote_fs::run_in_cgroup(h, g, &dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout),
-            (FsCgroup::Local(_, g), _) => {
-                // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
-                let mut cmd = match self.fsync.wrapper() {
-                    Some(wrapper) => {
-                        let mut c = Command::new(wrapper);
-                        c.arg(&prog);
-                        c
-                    }
-                    None => Command::new(&prog),
-                };
-                cmd.args(&args).current_dir(&dir);
-                crate::suites::runner::run_workload(cmd, w.name(), timeout, Some(&g.procs_file()))
-            }
-            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
-        };
-        let machine1 = if kernel { Some(crate::subjects::clients::machine_cpu_seconds(&topo.client)?) } else { None };
-        let cpu_t1 = target.map(|t| t.cpu_seconds()).transpose()?;
-        let cpu_d1 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
-        let wire1 = if local {
-            None
-        } else {
-            Some(topo.client_counters(link)?)
-        };
-        let (ooms, peak) = match (cg, remote) {
-            (FsCgroup::Remote(g), Some(h)) => g.finish(h)?,
-            (FsCgroup::Local(t, g), _) => {
-                let v = (g.oom_kills(), g.peak_bytes());
-                registry().release(t)?;
-                v
-            }
-            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
-        };
+        let run = cg.run(remote, &dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout);
+        let after = Readings::after(topo, link, local, target, daemon, kernel)?;
+        let (ooms, peak) = cg.finish(remote)?;
         let f = run?;
         if ooms > 0 {
             anyhow::bail!(
@@ -588,10 +636,6 @@ impl FsStage {
             );
         }
         let result = parse_fs_result(w, &fsp, &f.stdout)?;
-        let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) => Some(b - a),
-            _ => None,
-        };
         Ok(crate::suites::fs::workloads::FsSample {
             subject: key.clone(),
             link: cx.shape.clone(),
@@ -602,15 +646,9 @@ impl FsStage {
             result,
             elapsed_s: f.elapsed_s,
             workload_cpu_s: f.cpu_s,
-            // A kernel initiator's: the client machine's CPU beside the
-            // workload's own (what the kernel did for it: initiator, block
-            // layer, the file system's writeback).
-            attach_cpu_s: match (machine0, machine1) {
-                (Some(a), Some(b)) => Some(((b.0 + b.1) - (a.0 + a.1) - f.cpu_s).max(0.0)),
-                _ => delta(cpu_d0, cpu_d1),
-            },
-            target_cpu_s: delta(cpu_t0, cpu_t1),
-            wire: match (wire0, wire1) {
+            attach_cpu_s: before.attach_cpu_s(&after, f.cpu_s),
+            target_cpu_s: Readings::delta(before.target_cpu, after.target_cpu),
+            wire: match (before.wire, after.wire) {
                 (Some(a), Some(b)) => Some(WireCounters::delta(&a, &b)),
                 _ => None,
             },
