@@ -8,16 +8,16 @@ pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
 pub const GIB: u64 = 1024 * MIB;
 
-/// The micro suite: the studies' sequential/random cases.
 /// The micro workloads a `--quick` run keeps.
-const QUICK_MICRO: [&str; 4] = [
-    "seqread-1m",
-    "randread-4k-qd1",
-    "randread-4k-qd32",
-    "randwrite-4k-qd32",
+const QUICK_MICRO: [MicroWorkload; 4] = [
+    MicroWorkload::SeqRead1m,
+    MicroWorkload::RandRead4kQd1,
+    MicroWorkload::RandRead4kQd32,
+    MicroWorkload::RandWrite4kQd32,
 ];
 
 pub use bw_lab_results::{micro_workloads, sweep_workload};
+use bw_lab_results::MicroWorkload;
 
 /// `1G`, `64M`, `512K`, plain bytes (blockwire's one size syntax,
 /// [`bw_block::parse_size`]); zero is refused.
@@ -342,7 +342,7 @@ impl Plan {
             // The demo's five-minute budget: the workloads the findings use.
             micro_workloads()
                 .into_iter()
-                .filter(|w| QUICK_MICRO.contains(&w.name.as_str()))
+                .filter(|w| QUICK_MICRO.iter().any(|q| q.name() == w.name))
                 .collect()
         } else {
             micro_workloads()
