@@ -6,11 +6,11 @@ use crate::context::Ctx;
 use crate::svg::{self, Bar};
 use bw_lab_results::accounting::{Case, Metric};
 use bw_lab_results::stats::mean_ci;
-use bw_lab_results::{SubjectKey, Suite};
+use bw_lab_results::{MicroWorkload, SubjectKey, Suite};
 use maud::{html, Markup};
 
 /// The workloads the charts show: one throughput-bound, one per-op.
-const CHARTED: [(&str, Metric); 2] = [("seqread-1m", Metric::MachineCpuSPerGb), ("randread-4k-qd32", Metric::MachineCpuUsPerOp)];
+const CHARTED: [(MicroWorkload, Metric); 2] = [(MicroWorkload::SeqRead1m, Metric::MachineCpuSPerGb), (MicroWorkload::RandRead4kQd32, Metric::MachineCpuUsPerOp)];
 
 fn ci_bar(v: &[f64]) -> Option<Bar> {
     if v.is_empty() {
@@ -64,7 +64,7 @@ pub fn section(c: &Ctx) -> Option<Markup> {
             @for (w, m) in CHARTED {
                 @let groups: Vec<String> = subjects.iter().map(|s| s.to_string()).collect();
                 @let series: Vec<(String, String)> = settings.iter().enumerate().map(|(i, f)| (if f.is_default() { "defaults".to_string() } else { f.describe() }, svg::PALETTE[i % svg::PALETTE.len()].to_string())).collect();
-                @let values: Vec<Vec<Option<Bar>>> = subjects.iter().map(|s| settings.iter().map(|f| here.iter().find(|x| &x.key.subject == s && x.key.workload == w && &x.key.factors == f).and_then(|x| ci_bar(&x.values(m)))).collect()).collect();
+                @let values: Vec<Vec<Option<Bar>>> = subjects.iter().map(|s| settings.iter().map(|f| here.iter().find(|x| &x.key.subject == s && x.key.workload == w.name() && &x.key.factors == f).and_then(|x| ci_bar(&x.values(m)))).collect()).collect();
                 @if values.iter().flatten().any(|v| v.is_some()) {
                     (svg::grouped_bars(&format!("{w}: {}", m.label()), m.label(), &groups, &series, &values))
                 }

@@ -5,7 +5,7 @@
 
 use crate::analysis::{fs_cases, fs_cases_all, mean, mem_name, FsCase, FsKey};
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
-use bw_lab_results::{Results, SubjectKey, Suite};
+use bw_lab_results::{MicroWorkload, Results, SubjectKey, Suite};
 use bw_lab_results::route::{RouteResults, WORKLOADS};
 use bw_lab_results::stats::{ratio_of_means, RatioCi, PRACTICAL};
 use std::collections::BTreeMap;
@@ -127,8 +127,8 @@ fn same(ci: RatioCi) -> (Verdict, String) {
     }
 }
 
-fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &str, mtu: u32, workload: &str, subject: &SubjectKey) -> Option<&'a Case> {
-    all.get(&CaseKey { suite: Suite::Micro, link: link.into(), mtu: Some(mtu), workload: workload.into(), subject: subject.clone(), factors: Default::default() })
+fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &str, mtu: u32, workload: MicroWorkload, subject: &SubjectKey) -> Option<&'a Case> {
+    all.get(&CaseKey { suite: Suite::Micro, link: link.into(), mtu: Some(mtu), workload: workload.name().into(), subject: subject.clone(), factors: Default::default() })
 }
 
 fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &str, mem: u64, row: &str, subject: &SubjectKey) -> Option<&'a FsCase> {
@@ -239,13 +239,13 @@ pub static CLAIMS: &[Claim] = &[
     Claim {
         study: 1,
         claim: "AoE about 20% faster than iSCSI on uncached sequential reads",
-        compute: |run| micro_pairs(run, "seqread-1m", Metric::MibPerS),
+        compute: |run| micro_pairs(run, MicroWorkload::SeqRead1m, Metric::MibPerS),
         rule: |e| ahead(e.ratio(), "AoE", "iSCSI"),
     },
     Claim {
         study: 1,
         claim: "AoE and iSCSI equal on uncached random reads",
-        compute: |run| micro_pairs(run, "randread-4k-qd1", Metric::Iops),
+        compute: |run| micro_pairs(run, MicroWorkload::RandRead4kQd1, Metric::Iops),
         rule: |e| same(e.ratio()),
     },
     Claim { study: 1, claim: "iSCSI faster than AoE on cached writes (client write-back)", compute: cached_writes, rule: |e| ahead(e.ratio(), "iSCSI", "AoE") },
@@ -273,10 +273,10 @@ pub static CLAIMS: &[Claim] = &[
     Claim { study: 4, claim: "NVMe/TCP reaches about half of local", compute: nvme_share_of_local, rule: about_half_of_local },
     Claim { study: 4, claim: "a file system costs a lot locally (ZFS kept about 10% of raw)", compute: local_fs_over_raw, rule: the_fs_costs_a_lot },
     Claim { study: 4, claim: "over NFS the file system matters little", compute: file_systems_over_nfs, rule: matters_little },
-    Claim { study: 5, claim: "offload wins on CPU per unit of throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MachineCpuSPerGb), rule: |e| more_cpu(e, ON_VETH) },
-    Claim { study: 5, claim: "offload wins on CPU per operation (no offload against stateless offload)", compute: |run| offload_pairs(run, "randread-4k-qd32", Metric::MachineCpuUsPerOp), rule: |e| more_cpu(e, ON_VETH) },
-    Claim { study: 5, claim: "software won on throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, "seqread-1m", Metric::MibPerS), rule: |e| ahead(e.ratio(), "no offload", "stateless offload") },
-    Claim { study: 5, claim: "software won on latency (p50 of 4 KiB reads at QD1; measured: none/stateless)", compute: |run| offload_pairs(run, "randread-4k-qd1", Metric::LatP50Us), rule: |e| ahead(e.ratio().inverse(), "no offload (lower latency)", "stateless offload") },
+    Claim { study: 5, claim: "offload wins on CPU per unit of throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, MicroWorkload::SeqRead1m, Metric::MachineCpuSPerGb), rule: |e| more_cpu(e, ON_VETH) },
+    Claim { study: 5, claim: "offload wins on CPU per operation (no offload against stateless offload)", compute: |run| offload_pairs(run, MicroWorkload::RandRead4kQd32, Metric::MachineCpuUsPerOp), rule: |e| more_cpu(e, ON_VETH) },
+    Claim { study: 5, claim: "software won on throughput (no offload against stateless offload)", compute: |run| offload_pairs(run, MicroWorkload::SeqRead1m, Metric::MibPerS), rule: |e| ahead(e.ratio(), "no offload", "stateless offload") },
+    Claim { study: 5, claim: "software won on latency (p50 of 4 KiB reads at QD1; measured: none/stateless)", compute: |run| offload_pairs(run, MicroWorkload::RandRead4kQd1, Metric::LatP50Us), rule: |e| ahead(e.ratio().inverse(), "no offload (lower latency)", "stateless offload") },
     Claim { study: 5, claim: "CRC help saves CPU per unit of throughput on digests (software CRC32C against the CPU's instruction)", compute: |run| digest_pairs(run, Metric::MachineCpuSPerGb), rule: |e| more_cpu(e, SOFT_CRC) },
     Claim { study: 5, claim: "CRC help keeps digests off the throughput (measured: software CRC32C / the CPU's instruction)", compute: |run| digest_pairs(run, Metric::MibPerS), rule: |e| ahead(e.ratio().inverse(), "the CPU's CRC instruction", "software CRC32C") },
     Claim {
@@ -301,7 +301,7 @@ fn other_factor_values(run: &Run, offload: bool) -> Vec<String> {
 
 /// a/b of `metric` per networked subject measured both ways: offload none
 /// over stateless, or digest crc32c-soft over crc32c.
-fn factor_pairs(run: &Run, workload: &str, metric: Metric, offload: bool) -> Vec<Outcome> {
+fn factor_pairs(run: &Run, workload: MicroWorkload, metric: Metric, offload: bool) -> Vec<Outcome> {
     use bw_lab_results::Factors;
     let (what, needs) = if offload { ("offload none / stateless", "--offload none,stateless") } else { ("digest crc32c-soft / crc32c", "--digest crc32c,crc32c-soft") };
     let mut out = vec![];
@@ -311,7 +311,7 @@ fn factor_pairs(run: &Run, workload: &str, metric: Metric, offload: bool) -> Vec
         } else {
             (Factors { offload: other.clone(), digest: "crc32c-soft".into() }, Factors { offload: other.clone(), digest: "crc32c".into() })
         };
-        for ca in run.micro.values().filter(|c| c.key.suite == Suite::Micro && c.key.workload == workload && c.key.mtu == Some(run.mtu) && c.key.factors == fa) {
+        for ca in run.micro.values().filter(|c| c.key.suite == Suite::Micro && c.key.workload == workload.name() && c.key.mtu == Some(run.mtu) && c.key.factors == fa) {
             let Some(cb) = run.micro.get(&CaseKey { factors: fb.clone(), ..ca.key.clone() }) else { continue };
             let at = match (offload, other.is_empty()) {
                 (_, true) => String::new(),
@@ -332,12 +332,12 @@ fn factor_pairs(run: &Run, workload: &str, metric: Metric, offload: bool) -> Vec
     out
 }
 
-fn offload_pairs(run: &Run, workload: &str, metric: Metric) -> Vec<Outcome> {
+fn offload_pairs(run: &Run, workload: MicroWorkload, metric: Metric) -> Vec<Outcome> {
     factor_pairs(run, workload, metric, true)
 }
 
 fn digest_pairs(run: &Run, metric: Metric) -> Vec<Outcome> {
-    factor_pairs(run, "seqread-1m", metric, false)
+    factor_pairs(run, MicroWorkload::SeqRead1m, metric, false)
 }
 
 /// What the digest claims say: the software path stands for missing CRC help.
@@ -404,7 +404,7 @@ fn nothing_to_judge(_: Evidence) -> (Verdict, String) {
 
 /// Study 1's micro claims on the unshaped link and at 1 Gbit/s: `a/b` of
 /// `metric` on `workload` for each AoE/iSCSI pair.
-fn micro_pairs(run: &Run, workload: &str, metric: Metric) -> Vec<Outcome> {
+fn micro_pairs(run: &Run, workload: MicroWorkload, metric: Metric) -> Vec<Outcome> {
     let mut out = vec![];
     let mtu = run.mtu;
     for link in ["none", "1gbit"] {
@@ -506,7 +506,7 @@ fn iscsi_against_nfs(run: &Run) -> Vec<Outcome> {
     };
     for link in &run.links {
         for &(i, n) in &pairs {
-            if let (Some(a), Some(b)) = (micro_case(&run.micro, link, mtu, "randread-4k-qd1", i), micro_case(&run.micro, link, mtu, "randread-4k-qd1", n)) {
+            if let (Some(a), Some(b)) = (micro_case(&run.micro, link, mtu, MicroWorkload::RandRead4kQd1, i), micro_case(&run.micro, link, mtu, MicroWorkload::RandRead4kQd1, n)) {
                 push(format!("{i} / {n} (nfs:// image), randread-4k-qd1 at MTU {mtu}, link {link}"), "IOPS", a.values(Metric::Iops), b.values(Metric::Iops));
             }
             for &mem in run.client_mems() {
@@ -639,9 +639,9 @@ fn larger_mtu_per_op(run: &Run) -> Vec<Outcome> {
             // Reads and writes apart: pooled, their different costs
             // per op (about 2x) widened the interval past the 5%
             // line even when both were lower in every repeat.
-            let cis: Vec<_> = ["seqread-1m", "seqwrite-1m"]
+            let cis: Vec<_> = [MicroWorkload::SeqRead1m, MicroWorkload::SeqWrite1m]
                 .iter()
-                .filter_map(|w| {
+                .filter_map(|&w| {
                     let a = micro_case(&run.micro, &link, big, w, &s.key)?;
                     let b = micro_case(&run.micro, &link, small, w, &s.key)?;
                     ratio_of_means(&a.values(metric), &b.values(metric))
@@ -700,8 +700,8 @@ fn nvme_share_of_local(run: &Run) -> Vec<Outcome> {
 
 fn nvme_share_of_local_on(run: &Run, nv: &SubjectKey, out: &mut Vec<Outcome>) {
     let loc = SubjectKey::LocalFio;
-    for w in ["randrw75-4k-qd16", "randread-4k-qd32"] {
-        let Some(l) = run.micro.get(&CaseKey { suite: Suite::Micro, link: "none".into(), mtu: None, workload: w.into(), subject: loc.clone(), factors: Default::default() }) else { continue };
+    for w in [MicroWorkload::RandRw75_4kQd16, MicroWorkload::RandRead4kQd32] {
+        let Some(l) = run.micro.get(&CaseKey { suite: Suite::Micro, link: "none".into(), mtu: None, workload: w.name().into(), subject: loc.clone(), factors: Default::default() }) else { continue };
         for link in &run.links {
             let Some(n) = micro_case(&run.micro, link, run.mtu, w, nv) else { continue };
             let Some(ci) = ratio_of_means(&n.values(Metric::Iops), &l.values(Metric::Iops)) else { continue };

@@ -8,7 +8,7 @@
 use crate::analysis::{self, first_link, mem_name, row_order, with_interval, FsCase, FsKey, Recommendation};
 use crate::findings::{self, Finding};
 use bw_lab_results::accounting::{Case, CaseKey, Metric};
-use bw_lab_results::{Results, SubjectKey, Suite};
+use bw_lab_results::{MicroWorkload, Results, SubjectKey, Suite};
 use bw_lab_results::stats::{mean_ci, Summary};
 use crate::context::Ctx;
 use crate::svg::{self, Bar};
@@ -116,7 +116,7 @@ pub fn page(r: &Results) -> String {
         + "\n"
 }
 
-/// The route suite renders its own body (crates/lab/src/route/report.rs).
+/// The route suite renders its own body (its section: `crate::route::section`).
 fn route(c: &Ctx) -> Option<Markup> {
     c.r.route.as_ref().map(|r| PreEscaped(crate::route::section(Some(r))))
 }
@@ -319,7 +319,7 @@ fn links(c: &Ctx) -> Option<Markup> {
                 @for &mtu in &r.params.mtus {
                     @let ceiling = bw_lab_results::net::ceiling(&r.net, &s.name, mtu);
                     @let best = c.micro.values()
-                        .filter(|k| k.key.suite == Suite::Micro && k.key.link == s.name && k.key.mtu == Some(mtu) && k.key.workload == "seqread-1m")
+                        .filter(|k| k.key.suite == Suite::Micro && k.key.link == s.name && k.key.mtu == Some(mtu) && k.key.workload == MicroWorkload::SeqRead1m.name())
                         .filter_map(|k| k.summary(Metric::MibPerS).map(|m| (k.key.subject.clone(), m.mean)))
                         .max_by(|a, b| a.1.total_cmp(&b.1));
                     tr {
@@ -581,8 +581,8 @@ fn overhead(c: &Ctx) -> Option<Markup> {
     let mut rows = vec![];
     for s in r.subjects.iter().filter(|s| !s.key.is_local()) {
         for &mtu in &r.params.mtus {
-            let get = |w: &str| c.micro.get(&CaseKey { suite: Suite::Micro, link: link.clone(), mtu: Some(mtu), workload: w.into(), subject: s.key.clone(), factors: Default::default() });
-            let (rd, wr) = (get("seqread-1m"), get("seqwrite-1m"));
+            let get = |w: MicroWorkload| c.micro.get(&CaseKey { suite: Suite::Micro, link: link.clone(), mtu: Some(mtu), workload: w.name().into(), subject: s.key.clone(), factors: Default::default() });
+            let (rd, wr) = (get(MicroWorkload::SeqRead1m), get(MicroWorkload::SeqWrite1m));
             if rd.is_some() || wr.is_some() {
                 rows.push((s.key.clone(), mtu, rd, wr));
             }

@@ -2,7 +2,7 @@
 //! with, what each one produced (the filebench personalities through
 //! `blockwire flowop`, PostMark, Bonnie++, an IOgen-like fio run) and the
 //! numbers the report compares. How they are run and how their output is
-//! read is the lab's (`bw_lab::fs`).
+//! read is the lab's (`bw_lab::suites::fs`).
 
 use crate::net::WireCounters;
 use crate::keys::SubjectKey;

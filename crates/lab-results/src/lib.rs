@@ -88,23 +88,68 @@ impl Workload {
 
 /// The micro suite: the studies' sequential/random cases.
 pub fn micro_workloads() -> Vec<Workload> {
-    let w = |name: &str, rw: &str, bs: u64, iodepth: u32, rwmixread: Option<u32>| Workload {
-        name: name.into(),
-        rw: rw.into(),
-        bs,
-        iodepth,
-        numjobs: 1,
-        rwmixread,
-    };
-    vec![
-        w("seqread-1m", "read", MIB, 1, None),
-        w("seqwrite-1m", "write", MIB, 1, None),
-        w("randread-4k-qd1", "randread", 4 * KIB, 1, None),
-        w("randread-4k-qd32", "randread", 4 * KIB, 32, None),
-        w("randwrite-4k-qd1", "randwrite", 4 * KIB, 1, None),
-        w("randwrite-4k-qd32", "randwrite", 4 * KIB, 32, None),
-        w("randrw75-4k-qd16", "randrw", 4 * KIB, 16, Some(75)),
-    ]
+    MicroWorkload::ALL.iter().map(|m| m.workload()).collect()
+}
+
+/// The micro suite's workloads by name: the report's findings and tables
+/// pick cases by these (`CaseKey.workload` holds the name, also for the
+/// sweep's points), so a misspelt workload is a compile error, not an
+/// empty finding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MicroWorkload {
+    SeqRead1m,
+    SeqWrite1m,
+    RandRead4kQd1,
+    RandRead4kQd32,
+    RandWrite4kQd1,
+    RandWrite4kQd32,
+    RandRw75_4kQd16,
+}
+
+impl MicroWorkload {
+    /// In the micro suite's order.
+    pub const ALL: [MicroWorkload; 7] = [
+        MicroWorkload::SeqRead1m,
+        MicroWorkload::SeqWrite1m,
+        MicroWorkload::RandRead4kQd1,
+        MicroWorkload::RandRead4kQd32,
+        MicroWorkload::RandWrite4kQd1,
+        MicroWorkload::RandWrite4kQd32,
+        MicroWorkload::RandRw75_4kQd16,
+    ];
+
+    /// Its name in results.json and the report (`Workload.name`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            MicroWorkload::SeqRead1m => "seqread-1m",
+            MicroWorkload::SeqWrite1m => "seqwrite-1m",
+            MicroWorkload::RandRead4kQd1 => "randread-4k-qd1",
+            MicroWorkload::RandRead4kQd32 => "randread-4k-qd32",
+            MicroWorkload::RandWrite4kQd1 => "randwrite-4k-qd1",
+            MicroWorkload::RandWrite4kQd32 => "randwrite-4k-qd32",
+            MicroWorkload::RandRw75_4kQd16 => "randrw75-4k-qd16",
+        }
+    }
+
+    /// Its shape, fio vocabulary.
+    pub fn workload(self) -> Workload {
+        let w = |rw: &str, bs: u64, iodepth: u32, rwmixread: Option<u32>| Workload { name: self.name().into(), rw: rw.into(), bs, iodepth, numjobs: 1, rwmixread };
+        match self {
+            MicroWorkload::SeqRead1m => w("read", MIB, 1, None),
+            MicroWorkload::SeqWrite1m => w("write", MIB, 1, None),
+            MicroWorkload::RandRead4kQd1 => w("randread", 4 * KIB, 1, None),
+            MicroWorkload::RandRead4kQd32 => w("randread", 4 * KIB, 32, None),
+            MicroWorkload::RandWrite4kQd1 => w("randwrite", 4 * KIB, 1, None),
+            MicroWorkload::RandWrite4kQd32 => w("randwrite", 4 * KIB, 32, None),
+            MicroWorkload::RandRw75_4kQd16 => w("randrw", 4 * KIB, 16, Some(75)),
+        }
+    }
+}
+
+impl std::fmt::Display for MicroWorkload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
 }
 
 /// One point of the numjobs x iodepth sweep (4 KiB, 75 % reads).

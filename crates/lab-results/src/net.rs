@@ -1,7 +1,7 @@
 //! The net suite's records: the link shapes a run used and the iperf3 runs
 //! per MTU, link shape and stream count, with the ceiling (the best mean
 //! rate) the report shows beside every protocol's numbers. Running iperf3
-//! and shaping the links is the lab's (`bw_lab::net`).
+//! and shaping the links is the lab's (`bw_lab::suites::net`).
 
 use serde::{Deserialize, Serialize};
 

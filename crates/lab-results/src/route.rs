@@ -1,7 +1,7 @@
 //! The route suite's records (`--suite route`): the same workloads over
 //! each path (direct, MPLS with each router datapath, VXLAN), interleaved
 //! within rounds, with where the CPU went and the header bytes per frame.
-//! Running the paths and measuring is the lab's (`bw_lab::route`).
+//! Running the paths and measuring is the lab's (`bw_lab::suites::route`).
 
 use serde::{Deserialize, Serialize};
 
@@ -97,7 +97,7 @@ pub struct Overhead {
 }
 
 /// CPU seconds spent during one run, by whom (how each is measured, and
-/// why: `bw_lab::route::cpu`).
+/// why: `bw_lab::suites::route::cpu`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct CpuAccount {
     pub client_s: f64,

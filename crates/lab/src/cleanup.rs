@@ -16,7 +16,7 @@
 //!
 //! Each resource is also written down before it is made, through the
 //! recorder the run installs ([`set_recorder`]: this machine's state
-//! file, `crate::local_state`), so what a run that could not clean up
+//! file, `crate::hosts::local_state`), so what a run that could not clean up
 //! (SIGKILL, a crash) made is undone by the next run.
 //!
 //! Ctrl-C (or any ending signal): the first one stops the workloads

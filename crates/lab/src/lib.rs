@@ -8,59 +8,40 @@
 //! workloads in a memory-limited cgroup, runs the same locally as the
 //! baseline, and writes results.json, results.csv and report.html.
 //!
-//! Modules, one job each: `plan` (what to run), `orchestrate` (the run: the
-//! interleaved loops over subjects), `topology` (namespaces and veths),
-//! `net` (link shapes, iperf3), `targets` (target processes), `runner` (one
-//! bench or fio run), `fs` (the fs workloads and their output), `mounts`
-//! (a file system on a subject), `cgroup` (client memory limits),
-//! `machine` (/proc facts, idle wait), `cleanup` (tracking and signal
-//! handling; a leaf: what only an owner knows how to undo, such as a file
-//! on an ssh host, the owner registers as a `cleanup::Undo`), `command`
-//! (running programs on this machine), `route` (the routed-path suite), `host` (where things run:
-//! a namespace, this machine, or another machine over `ssh`), `remote`
-//! (opening and checking the hosts of a run across machines, see
-//! docs/multi-host.md), `clients` (the initiators a subject is measured
-//! with: blockwire's, or the client host's kernel ones driven by fio),
-//! `kernel_nfs` (a file peer's export on the client host's kernel NFS
-//! client), `stage` (the storage suites as stages of one run), `state_file`
-//! (what a run makes on a host, written down before it is made, and the one
-//! script that undoes it), `local_state` (this machine's state file, and the
-//! sweep of dead runs' files every run does first), `resume` (the record of
-//! what a run measured, its stored plan, and `--resume`: see
-//! docs/lab-endings.md). The records it writes
-//! (results.json, with `stats` and `accounting`) are the crate
+//! Rooms, one job each (docs/notes/2026-11-26-lab-rooms.md has the table):
+//! `plan` (what to run, from the command line), `orchestrate` (the storage
+//! run's one loop over link shapes, links and stages), `stage` (what the
+//! storage suites share: the run context, a stage's hooks, one link's
+//! targets and live subjects, the cases in run order), `suites` (each suite
+//! in a room of its own: `net`, `bench` (micro and sweep), `fs`, `route`;
+//! `runner` runs one measured workload; `suites` itself says what every
+//! suite is to the lab), `subjects` (what is measured: blockwire and each
+//! peer, their target `process`es, the `clients` a subject is measured
+//! with, the `kernel_nfs` client), `network` (namespaces and veths,
+//! offloads, RDMA's check), `hosts` (where things run: a namespace, this
+//! machine, or another over `ssh`; `remote` opens a run across machines,
+//! see docs/multi-host.md; `/proc` facts, whole-machine CPU, the client's
+//! memory cgroup, the `state_file` of what a run makes on a host and this
+//! machine's `local_state`), `cleanup` (tracking and signal handling; a
+//! leaf: what only an owner knows how to undo, such as a file on an ssh
+//! host, the owner registers as a `cleanup::Undo`), `command` (running
+//! programs on this machine), `resume` (the record of what a run measured,
+//! its stored plan, and `--resume`: see docs/lab-endings.md). The records
+//! it writes (results.json, with `stats` and `accounting`) are the crate
 //! `bw-lab-results`; the report it renders from them (analysis, CSV, the
 //! HTML sections, charts) is `bw-lab-report`.
+//! HTML sections, charts) is `bw-lab-report`.
 
-pub mod cgroup;
-pub mod clients;
 pub mod cleanup;
 pub mod command;
-pub mod fs;
-pub mod fs_kind;
-pub mod host;
-pub mod kernel_nfs;
-pub mod local_state;
-pub mod machine;
-pub mod machine_cpu;
-pub mod mounts;
-pub mod net;
-pub mod offload;
+pub mod hosts;
+pub mod network;
 pub mod orchestrate;
 pub mod plan;
-pub mod rdma;
-pub mod remote;
-pub mod remote_fs;
 pub mod resume;
-pub mod route;
 pub mod stage;
-pub mod runner;
-pub mod ssh;
-pub mod state_file;
 pub mod subjects;
-pub mod suite;
-pub mod targets;
-pub mod topology;
+pub mod suites;
 
 
 use std::path::PathBuf;
@@ -144,14 +125,14 @@ pub struct LabArgs {
     #[arg(long, value_name = "ADDR", requires = "target_host")]
     pub data_addr: Option<std::net::Ipv4Addr>,
     /// An ssh option for every host, KEY=VALUE (repeatable), passed as `-o KEY=VALUE`.
-    #[arg(long = "ssh-option", value_name = "KEY=VALUE", value_parser = ssh::parse_option)]
+    #[arg(long = "ssh-option", value_name = "KEY=VALUE", value_parser = hosts::ssh::parse_option)]
     pub ssh_option: Vec<(String, String)>,
     /// Initiators to measure every target with: blockwire (its userspace
     /// clients), kernel (the client host's open-iscsi, nvme-tcp and aoe,
     /// driven by fio; between hosts only). Default: blockwire, and with
     /// --client-host every kernel initiator that host has.
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
-    pub clients: Option<Vec<clients::ClientChoice>>,
+    pub clients: Option<Vec<subjects::clients::ClientChoice>>,
     /// Let the lab change real NICs: the MTU to --mtu, offloads (--offload),
     /// qdiscs (--link shapes, on NICs with the kernel's default root
     /// qdisc); each written to the host's state file first and restored at
@@ -180,10 +161,10 @@ pub struct LabArgs {
     pub digest: Option<Vec<String>>,
     /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
-    pub path: Option<Vec<route::PathChoice>>,
+    pub path: Option<Vec<suites::route::PathChoice>>,
     /// Suite route only: MPLS router datapaths to measure: bpf, userspace (default: bpf,userspace).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
-    pub datapath: Option<Vec<route::Datapath>>,
+    pub datapath: Option<Vec<suites::route::Datapath>>,
     /// Go on with the run in DIR where it stopped (killed, interrupted, a
     /// host lost, the machine rebooted): the cases it finished are kept, the
     /// one it was in is measured again whole, the rest is measured, and DIR
@@ -243,12 +224,12 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(LabCommand::Sweep) = &args.command {
-        let swept = local_state::sweep(std::path::Path::new(local_state::LOCAL_DIR));
+        let swept = hosts::local_state::sweep(std::path::Path::new(hosts::local_state::LOCAL_DIR));
         for s in &swept {
             println!("lab: {}", s.message("this machine"));
         }
         if swept.is_empty() {
-            println!("lab: no dead run's state file in {}", local_state::LOCAL_DIR);
+            println!("lab: no dead run's state file in {}", hosts::local_state::LOCAL_DIR);
         }
         return Ok(());
     }
@@ -259,7 +240,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
     let (mut suite, out) = if args.suite.as_deref() == Some(&[plan::SuiteChoice::Route]) {
         anyhow::ensure!(args.target_host.is_none(), "the route suite runs on this machine only (no --target-host)");
         anyhow::ensure!(args.resume.is_none(), "the route suite cannot be resumed (it runs in minutes): run it again");
-        let s = route::suite::RouteSuite::from_args(&route::suite::RouteChoices {
+        let s = suites::route::suite::RouteSuite::from_args(&suites::route::suite::RouteChoices {
             quick: args.quick,
             datapath: args.datapath.clone(),
             path: args.path.clone(),
@@ -271,24 +252,24 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             out: args.out.clone(),
         })?;
         let out = s.out.clone();
-        (Box::new(s) as Box<dyn suite::Suite>, out)
+        (Box::new(s) as Box<dyn suites::Suite>, out)
     } else {
         let s = match storage_suites(&args) {
             Ok(s) => s,
             Err(e) => {
                 // What setting up made (ssh masters, files) goes now.
-                ssh::set_ending();
+                hosts::ssh::set_ending();
                 for e in cleanup::registry().cleanup_all() {
                     cleanup::say(&format!("lab: cleanup: {e}"));
                 }
-                local_state::close();
+                hosts::local_state::close();
                 return Err(e);
             }
         };
         let out = s.cx.out.clone();
-        (Box::new(s) as Box<dyn suite::Suite>, out)
+        (Box::new(s) as Box<dyn suites::Suite>, out)
     };
-    suite::run_and_report(suite.as_mut(), &out)
+    suites::run_and_report(suite.as_mut(), &out)
 }
 
 /// `--resume DIR` alone: the options DIR's run was started with; with
@@ -353,20 +334,20 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         offload: args.offload.clone(),
         digest: args.digest.clone(),
         externals: external_subjects(args)?,
-        mem_total: machine::machine_info().mem_total_bytes,
-        cgroup: match cgroup::detect(std::path::Path::new(cgroup::ROOT)) {
-            Ok((cgroup::Version::V1, _)) => "v1".into(),
-            Ok((cgroup::Version::V2, _)) => "v2".into(),
+        mem_total: hosts::proc::machine_info().mem_total_bytes,
+        cgroup: match hosts::cgroup::detect(std::path::Path::new(hosts::cgroup::ROOT)) {
+            Ok((hosts::cgroup::Version::V1, _)) => "v1".into(),
+            Ok((hosts::cgroup::Version::V2, _)) => "v2".into(),
             Err(_) => "none".into(),
         },
     })?;
     let mut plan = plan;
     if args.target_host.is_some() {
-        let fatal = remote::adapt_plan(&mut plan, args.allow_nic_changes);
+        let fatal = hosts::remote::adapt_plan(&mut plan, args.allow_nic_changes);
         anyhow::ensure!(fatal.is_empty(), "{}", fatal.join("\n"));
     }
     anyhow::ensure!(
-        args.target_host.is_some() || !args.clients.as_ref().is_some_and(|c| c.contains(&clients::ClientChoice::Kernel)),
+        args.target_host.is_some() || !args.clients.as_ref().is_some_and(|c| c.contains(&subjects::clients::ClientChoice::Kernel)),
         "--clients kernel measures kernel initiators between hosts: give --target-host (in one box the lab's clients run in network namespaces)"
     );
     // A resumed run is the same plan, or nothing happens.
@@ -396,12 +377,12 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
     // Before any thread exists (see install_signal_handler).
     cleanup::install_signal_handler()?;
     // What dead runs left here goes before anything is made.
-    local_state::start_run();
+    hosts::local_state::start_run();
     let exe = std::env::current_exe()?;
     let remote = match &args.target_host {
         None => None,
         Some(_) => {
-            let choices = remote::HostChoices {
+            let choices = hosts::remote::HostChoices {
                 target_host: args.target_host.clone(),
                 client_host: args.client_host.clone(),
                 data_addr: args.data_addr,
@@ -410,7 +391,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
                 mtu: args.mtu.clone(),
                 clients: args.clients.clone(),
             };
-            Some(remote::open(&choices, &plan, &exe)?)
+            Some(hosts::remote::open(&choices, &plan, &exe)?)
         }
     };
     let out = args.resume.clone().or_else(|| args.out.clone()).unwrap_or_else(|| {
@@ -484,9 +465,9 @@ fn preflight(plan: &plan::Plan, remote: bool, remote_client: bool) -> anyhow::Re
     }
     if let Some(fs) = &plan.fs {
         anyhow::ensure!(
-            cgroup::detect(std::path::Path::new(cgroup::ROOT)).is_ok(),
+            hosts::cgroup::detect(std::path::Path::new(hosts::cgroup::ROOT)).is_ok(),
             "the fs suite limits the client's memory with a memory cgroup, and {} has no memory controller",
-            cgroup::ROOT
+            hosts::cgroup::ROOT
         );
         anyhow::ensure!(std::path::Path::new("/dev/fuse").exists(), "the fs suite mounts through FUSE: /dev/fuse is missing (modprobe fuse)");
         for (tool, package) in [("nsenter", "util-linux"), ("losetup", "util-linux"), ("mkfs.ext4", "e2fsprogs"), ("fio", "fio")] {
@@ -541,8 +522,8 @@ mod tests {
         assert_eq!(a.suite, Some(vec![plan::SuiteChoice::Net, plan::SuiteChoice::Fs]));
         assert_eq!(parse(&["--peers", "none"]).unwrap().peers, Some(vec![subjects::PeerChoice(None)]));
         let r = parse(&["--suite", "route", "--path", "direct,mpls-bpf", "--datapath", "userspace"]).unwrap();
-        assert_eq!(r.path, Some(vec![route::PathChoice::Direct, route::PathChoice::MplsBpf]));
-        assert_eq!(r.datapath, Some(vec![route::Datapath::Userspace]));
+        assert_eq!(r.path, Some(vec![suites::route::PathChoice::Direct, suites::route::PathChoice::MplsBpf]));
+        assert_eq!(r.datapath, Some(vec![suites::route::Datapath::Userspace]));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use crate::cleanup::{registry, Resource};
 use crate::plan::Plan;
 use crate::stage::{LinkRun, RunContext, Stage};
-use crate::topology::Topology;
+use crate::network::topology::Topology;
 use bw_lab_results::{utc_now, Results, Subject as SubjectRecord, SubjectKey, FORMAT};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
@@ -47,7 +47,7 @@ fn make_backing(path: &Path, size: u64) -> anyhow::Result<()> {
 
 /// The storage suites (net, micro, sweep, fs) run as one: they share the
 /// targets started per link, and every case takes turns over the subjects.
-impl crate::suite::Suite for LabRun {
+impl crate::suites::Suite for LabRun {
     fn estimate(&self) -> Option<String> {
         let plan = &self.cx.plan;
         Some(format!(
@@ -71,7 +71,7 @@ impl crate::suite::Suite for LabRun {
 
     fn finish(&mut self) {
         self.cx.progress.finish_and_clear();
-        self.cx.results.ssh_commands = crate::ssh::invocations();
+        self.cx.results.ssh_commands = crate::hosts::ssh::invocations();
         crate::resume::run::end_start(&mut self.cx);
         if self.cx.remote.is_some() {
             let cases = self.cx.results.samples.len() + self.cx.results.fs.len() + self.cx.results.net.len();
@@ -103,7 +103,7 @@ impl LabRun {
             ..Default::default()
         };
         results.params = plan.params.clone();
-        results.machine = crate::machine::machine_info();
+        results.machine = crate::hosts::proc::machine_info();
         results.software = crate::subjects::software(&exe);
         let progress = ProgressBar::new(plan.total_runs());
         progress.set_style(
@@ -170,7 +170,7 @@ impl LabRun {
                 cx.plan.params.mtus = vec![l.mtu];
                 cx.results.params.mtus = vec![l.mtu];
                 for (role, host, nic) in [("target", &t.target, &l.target_if), ("client", &t.client, &l.client_if)] {
-                    let info = crate::remote::host_info(host, role, nic)?;
+                    let info = crate::hosts::remote::host_info(host, role, nic)?;
                     if info.emulated {
                         cx.say(&format!("lab: the {role} host {} is a virtual machine (hypervisor flag): its timings are the VM's", host.name()));
                     }
@@ -184,8 +184,8 @@ impl LabRun {
         if cx.remote.is_none() && cx.plan.subjects().iter().any(|s| s.address().serves_files()) {
             // In one box the kernel NFS client needs no initiator of its
             // own: where this machine has one, it measures the file peers.
-            if crate::kernel_nfs::available_here() {
-                cx.clients.extend(crate::kernel_nfs::VERSIONS.map(crate::clients::ClientKind::KernelNfs));
+            if crate::subjects::kernel_nfs::available_here() {
+                cx.clients.extend(crate::subjects::kernel_nfs::VERSIONS.map(crate::subjects::clients::ClientKind::KernelNfs));
             } else {
                 cx.say("lab: this machine has no kernel NFS client (mount.nfs and the nfs module): the peers serving files are measured through nfs:// alone");
             }
@@ -206,7 +206,7 @@ impl LabRun {
             cx.results.subjects.push(subject_record(SubjectKey::LocalFio, "local", "tmpfs file", "fio (io_uring)".into()));
         }
         if cx.plan.fs.is_some() && cx.plan.baseline {
-            cx.results.subjects.push(subject_record(crate::fs::LOCAL, "local", "ext4 on a loop device over the backing file", "the kernel (no network)".into()));
+            cx.results.subjects.push(subject_record(crate::suites::fs::workloads::LOCAL, "local", "ext4 on a loop device over the backing file", "the kernel (no network)".into()));
         }
         for stage in &mut self.stages {
             stage.setup(cx, &topo)?;
@@ -225,7 +225,7 @@ impl LabRun {
             // A real NIC is shaped only with --allow-nic-changes (the plan
             // refuses shapes between hosts without it).
             for link in &links {
-                qdiscs.extend(crate::net::apply_shape(&topo, link, &shape)?);
+                qdiscs.extend(crate::suites::net::iperf::apply_shape(&topo, link, &shape)?);
             }
             self.cx.shape = shape.name.clone();
             for stage in &mut self.stages {
@@ -266,7 +266,7 @@ impl LabRun {
     fn run_factors(&mut self, topo: &Topology) -> anyhow::Result<()> {
         let cx = &mut self.cx;
         for (n, (offload, digest)) in cx.plan.factor_combinations().into_iter().enumerate() {
-            if offload != crate::offload::Offload::MtuFrames {
+            if offload != crate::network::offload::Offload::MtuFrames {
                 topo.set_offload(offload)?;
             }
             cx.factors = bw_lab_results::Factors { offload: offload.name().into(), digest: digest.factor().into() };
@@ -281,7 +281,7 @@ impl LabRun {
                 }
                 let mut run = LinkRun::start(cx, topo, link, first);
                 // The idle baseline, with the targets up but nothing asked of them.
-                let mut r = crate::machine_cpu::MachineMeter::new(&[&topo.target, &topo.client]).map(|m| cx.meter = m);
+                let mut r = crate::hosts::machine_cpu::MachineMeter::new(&[&topo.target, &topo.client]).map(|m| cx.meter = m);
                 for stage in &mut self.stages {
                     if r.is_err() {
                         break;

@@ -8,16 +8,16 @@ pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
 pub const GIB: u64 = 1024 * MIB;
 
-/// The micro suite: the studies' sequential/random cases.
 /// The micro workloads a `--quick` run keeps.
-const QUICK_MICRO: [&str; 4] = [
-    "seqread-1m",
-    "randread-4k-qd1",
-    "randread-4k-qd32",
-    "randwrite-4k-qd32",
+const QUICK_MICRO: [MicroWorkload; 4] = [
+    MicroWorkload::SeqRead1m,
+    MicroWorkload::RandRead4kQd1,
+    MicroWorkload::RandRead4kQd32,
+    MicroWorkload::RandWrite4kQd32,
 ];
 
 pub use bw_lab_results::{micro_workloads, sweep_workload};
+use bw_lab_results::MicroWorkload;
 
 /// `1G`, `64M`, `512K`, plain bytes (blockwire's one size syntax,
 /// [`bw_block::parse_size`]); zero is refused.
@@ -73,7 +73,7 @@ pub enum SuiteChoice {
     Fs,
     /// net, micro, sweep and fs.
     All,
-    /// The routed-path suite, which runs alone (`crate::route`).
+    /// The routed-path suite, which runs alone (`crate::suites::route`).
     Route,
 }
 
@@ -94,18 +94,18 @@ pub fn default_client_mem(mem_total: u64) -> Vec<u64> {
 }
 
 /// The fs suite's parameters for a volume of `size` bytes.
-fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::FsParams> {
+fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::suites::fs::workloads::FsParams> {
     let workloads: Vec<String> = match &c.fs_workloads {
         Some(v) => v.iter().map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect(),
         None if c.quick => QUICK_FS.iter().map(|s| s.to_string()).collect(),
-        None => crate::fs::ALL
+        None => crate::suites::fs::workloads::ALL
             .iter()
             .map(|w| w.name().to_string())
             .collect(),
     };
     anyhow::ensure!(!workloads.is_empty(), "no fs workload given");
     for w in &workloads {
-        crate::fs::FsWorkload::parse(w)?;
+        crate::suites::fs::workloads::FsWorkload::parse(w)?;
     }
     let mut client_mem: Vec<u64> = match &c.client_mem {
         Some(v) => v
@@ -142,7 +142,7 @@ fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::F
     ];
     // Twice the smallest limit (so it cannot all be cached), within half the volume.
     let big_file = (2 * smallest).min(size / 2).max(16 * MIB) / MIB * MIB;
-    Ok(crate::fs::FsParams {
+    Ok(crate::suites::fs::workloads::FsParams {
         workloads,
         client_mem,
         cgroup: c.cgroup.clone(),
@@ -160,7 +160,7 @@ fn fs_params(c: &Choices, size: u64, repeat: u32) -> anyhow::Result<crate::fs::F
 }
 
 /// The distinct names of one of the fs factors, in run order.
-fn fs_names(combos: &[(crate::fs_kind::FsKind, crate::fs_kind::Fsync)], name: impl Fn(&(crate::fs_kind::FsKind, crate::fs_kind::Fsync)) -> &'static str) -> Vec<String> {
+fn fs_names(combos: &[(crate::suites::fs::fs_kind::FsKind, crate::suites::fs::fs_kind::Fsync)], name: impl Fn(&(crate::suites::fs::fs_kind::FsKind, crate::suites::fs::fs_kind::Fsync)) -> &'static str) -> Vec<String> {
     let mut v: Vec<String> = vec![];
     for c in combos {
         if !v.iter().any(|x| x == name(c)) {
@@ -204,14 +204,14 @@ fn chosen_suites(c: &Choices) -> anyhow::Result<Vec<String>> {
 }
 
 /// `--link` shapes, or the plain veth.
-fn chosen_links(c: &Choices) -> anyhow::Result<Vec<crate::net::LinkShape>> {
-    let links: Vec<crate::net::LinkShape> = match &c.link {
+fn chosen_links(c: &Choices) -> anyhow::Result<Vec<crate::suites::net::iperf::LinkShape>> {
+    let links: Vec<crate::suites::net::iperf::LinkShape> = match &c.link {
         Some(v) => v
             .iter()
             .filter(|x| !x.trim().is_empty())
-            .map(|x| crate::net::parse_link(x))
+            .map(|x| crate::suites::net::iperf::parse_link(x))
             .collect::<anyhow::Result<_>>()?,
-        None => vec![crate::net::LinkShape::none()],
+        None => vec![crate::suites::net::iperf::LinkShape::none()],
     };
     anyhow::ensure!(!links.is_empty(), "no link given");
     Ok(links)
@@ -236,19 +236,19 @@ pub struct Plan {
     pub peers: Vec<PeerKind>,
     /// `--subject`: external subjects, after the peers.
     pub externals: Vec<&'static crate::subjects::external::External>,
-    pub links: Vec<crate::net::LinkShape>,
+    pub links: Vec<crate::suites::net::iperf::LinkShape>,
     /// iperf3 runs per link and MTU (0 without the net suite).
     pub net_runs: u32,
     pub micro: Vec<Workload>,
     pub sweep: Vec<Workload>,
     pub baseline: bool,
     /// The fs suite, when it runs.
-    pub fs: Option<crate::fs::FsParams>,
+    pub fs: Option<crate::suites::fs::workloads::FsParams>,
     /// The offload study's factors, every combination per link shape.
-    pub offloads: Vec<crate::offload::Offload>,
-    pub digests: Vec<crate::offload::Digest>,
+    pub offloads: Vec<crate::network::offload::Offload>,
+    pub digests: Vec<crate::network::offload::Digest>,
     /// The fs suite's (file system, fsync) combinations, in run order.
-    pub fs_combinations: Vec<(crate::fs_kind::FsKind, crate::fs_kind::Fsync)>,
+    pub fs_combinations: Vec<(crate::suites::fs::fs_kind::FsKind, crate::suites::fs::fs_kind::Fsync)>,
 }
 
 /// A factor's `--LIST` values, parsed, in order without repeats; `default`
@@ -268,8 +268,8 @@ fn factor_list<T: PartialEq>(v: &Option<Vec<String>>, parse: impl Fn(&str) -> an
 }
 
 /// `--fs` x `--fsync`, or ext4 with fsync honoured.
-fn chosen_fs_combinations(c: &Choices, size: u64) -> anyhow::Result<Vec<(crate::fs_kind::FsKind, crate::fs_kind::Fsync)>> {
-    use crate::fs_kind::{FsKind, Fsync};
+fn chosen_fs_combinations(c: &Choices, size: u64) -> anyhow::Result<Vec<(crate::suites::fs::fs_kind::FsKind, crate::suites::fs::fs_kind::Fsync)>> {
+    use crate::suites::fs::fs_kind::{FsKind, Fsync};
     let kinds = factor_list(&c.fs_kinds, FsKind::parse, FsKind::Ext4)?;
     let syncs = factor_list(&c.fsync, Fsync::parse, Fsync::Honour)?;
     for k in &kinds {
@@ -279,8 +279,8 @@ fn chosen_fs_combinations(c: &Choices, size: u64) -> anyhow::Result<Vec<(crate::
 }
 
 /// `--offload` and `--digest`, or the defaults (one setting each).
-fn chosen_factors(c: &Choices) -> anyhow::Result<(Vec<crate::offload::Offload>, Vec<crate::offload::Digest>)> {
-    use crate::offload::{Digest, Offload};
+fn chosen_factors(c: &Choices) -> anyhow::Result<(Vec<crate::network::offload::Offload>, Vec<crate::network::offload::Digest>)> {
+    use crate::network::offload::{Digest, Offload};
     Ok((factor_list(&c.offload, Offload::parse, Offload::MtuFrames)?, factor_list(&c.digest, Digest::parse, Digest::None)?))
 }
 
@@ -342,7 +342,7 @@ impl Plan {
             // The demo's five-minute budget: the workloads the findings use.
             micro_workloads()
                 .into_iter()
-                .filter(|w| QUICK_MICRO.contains(&w.name.as_str()))
+                .filter(|w| QUICK_MICRO.iter().any(|q| q.name() == w.name))
                 .collect()
         } else {
             micro_workloads()
@@ -367,7 +367,7 @@ impl Plan {
         // iperf3's rates hardly move between runs: three repeats are plenty.
         let net_repeat = if c.quick { 1 } else { repeat.min(3) };
         let net_runs = if suites.iter().any(|s| s == "net") {
-            crate::net::STREAMS.len() as u32 * net_repeat
+            crate::suites::net::iperf::STREAMS.len() as u32 * net_repeat
         } else {
             0
         };
@@ -426,17 +426,17 @@ impl Plan {
     }
 
     /// The (offload, digest) combinations each link shape runs, in order.
-    pub fn factor_combinations(&self) -> Vec<(crate::offload::Offload, crate::offload::Digest)> {
+    pub fn factor_combinations(&self) -> Vec<(crate::network::offload::Offload, crate::network::offload::Digest)> {
         self.offloads.iter().flat_map(|&o| self.digests.iter().map(move |&d| (o, d))).collect()
     }
 
     /// The networked subjects a digest setting measures: all of them
     /// without digests; with, blockwire's iSCSI and NVMe/TCP only (AoE has
     /// no digest, and the peers' own CRC code is not ours to switch).
-    pub fn subjects_for(&self, digest: crate::offload::Digest) -> Vec<Subject> {
+    pub fn subjects_for(&self, digest: crate::network::offload::Digest) -> Vec<Subject> {
         self.subjects()
             .into_iter()
-            .filter(|s| digest == crate::offload::Digest::None || matches!(s, Subject::Blockwire(Protocol::Iscsi | Protocol::Nvme)))
+            .filter(|s| digest == crate::network::offload::Digest::None || matches!(s, Subject::Blockwire(Protocol::Iscsi | Protocol::Nvme)))
             .collect()
     }
 
@@ -455,19 +455,19 @@ impl Plan {
     pub fn fs_subjects(&self) -> Vec<bw_lab_results::SubjectKey> {
         let mut v: Vec<bw_lab_results::SubjectKey> = self.subjects().into_iter().map(Subject::key).collect();
         if self.baseline {
-            v.push(crate::fs::LOCAL);
+            v.push(crate::suites::fs::workloads::LOCAL);
         }
         v
     }
 
     /// (workload, memory limit) pairs one fs subject runs per repetition.
-    pub fn fs_cases(&self, local: bool) -> Vec<(crate::fs::FsWorkload, u64)> {
+    pub fn fs_cases(&self, local: bool) -> Vec<(crate::suites::fs::workloads::FsWorkload, u64)> {
         let Some(p) = &self.fs else { return vec![] };
         let mut v = vec![];
         for w in p
             .workloads
             .iter()
-            .filter_map(|w| crate::fs::FsWorkload::parse(w).ok())
+            .filter_map(|w| crate::suites::fs::workloads::FsWorkload::parse(w).ok())
         {
             if w.local_only() && !local {
                 continue;
@@ -488,7 +488,7 @@ impl Plan {
         let Some(p) = &self.fs else { return 0 };
         self.fs_subjects()
             .iter()
-            .map(|s| self.fs_cases(*s == crate::fs::LOCAL).len() as u64)
+            .map(|s| self.fs_cases(*s == crate::suites::fs::workloads::LOCAL).len() as u64)
             .sum::<u64>()
             * p.repeat as u64
             * self.fs_combinations.len() as u64
@@ -573,8 +573,8 @@ const FS_MIB_PER_S: f64 = 100.0;
 const POSTMARK_S: f64 = 5.0;
 
 /// Seconds one fs case takes, from its parameters.
-fn fs_case_s(w: crate::fs::FsWorkload, p: &crate::fs::FsParams) -> f64 {
-    use crate::fs::FsWorkload;
+fn fs_case_s(w: crate::suites::fs::workloads::FsWorkload, p: &crate::suites::fs::workloads::FsParams) -> f64 {
+    use crate::suites::fs::workloads::FsWorkload;
     let mib = |bytes: f64| bytes / MIB as f64;
     let run = p.runtime_s as f64;
     FS_CASE_AROUND_S
@@ -727,7 +727,7 @@ mod tests {
 
     #[test]
     fn offload_and_digest_factors() {
-        use crate::offload::{Digest, Offload};
+        use crate::network::offload::{Digest, Offload};
         let p = Plan::from_choices(&Choices { offload: Some(list("none,stateless")), digest: Some(list("none,crc32c,crc32c-soft")), quick: true, ..choices() }).unwrap();
         assert_eq!(p.factor_combinations().len(), 6);
         assert_eq!(p.factor_combinations()[1], (Offload::None, Digest::Crc32c));
@@ -746,7 +746,7 @@ mod tests {
 
     #[test]
     fn file_system_factors() {
-        use crate::fs_kind::{FsKind, Fsync};
+        use crate::suites::fs::fs_kind::{FsKind, Fsync};
         let p = Plan::from_choices(&Choices { fs_kinds: Some(list("ext4,btrfs")), fsync: Some(list("honour,ignore")), suite: Some(vec![SuiteChoice::Fs]), quick: true, size: Some("256M".into()), ..choices() }).unwrap();
         assert_eq!(p.fs_combinations, vec![(FsKind::Ext4, Fsync::Honour), (FsKind::Ext4, Fsync::Ignore), (FsKind::Btrfs, Fsync::Honour), (FsKind::Btrfs, Fsync::Ignore)]);
         assert_eq!((p.params.fs_kinds.clone(), p.params.fsyncs.clone()), (list("ext4,btrfs"), list("honour,ignore")));

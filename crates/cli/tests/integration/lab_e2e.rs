@@ -57,7 +57,7 @@ fn alive(pid: u32) -> bool {
 
 /// Everything a lab run with this PID could have left behind.
 pub(crate) fn assert_nothing_left(lab_pid: u32, children: &[(u32, String)]) {
-    let mut left = bw_lab::topology::leftovers(lab_pid);
+    let mut left = bw_lab::network::topology::leftovers(lab_pid);
     for (pid, cmd) in children {
         if alive(*pid) {
             left.push(format!("process {pid} ({cmd})"));
@@ -153,7 +153,7 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
     assert!(count("ganesha-nfs") > 0, "no ganesha sample; failures: {}", results["failures"]);
     let nfs = results["subjects"].as_array().unwrap().iter().find(|s| s["key"] == "ganesha-nfs").expect("ganesha subject");
     assert!(nfs["initiator"].as_str().unwrap_or("").contains("nfs://"), "{nfs}");
-    if !bw_lab::kernel_nfs::available_here() {
+    if !bw_lab::subjects::kernel_nfs::available_here() {
         assert_eq!(stderr.matches("no kernel NFS client").count(), 1, "{stderr}");
     }
     let iscsi = samples.iter().find(|s| s["subject"] == "blockwire-iscsi").unwrap();

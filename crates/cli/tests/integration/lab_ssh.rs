@@ -254,7 +254,7 @@ impl Hosts {
     /// names count (its run id ends in `-PID`), and the binary's directory
     /// (shared by runs of one version) only when no other run is live.
     fn leftovers(&self, lab_pid: u32) -> Vec<String> {
-        let mut left = bw_lab::topology::leftovers(lab_pid);
+        let mut left = bw_lab::network::topology::leftovers(lab_pid);
         left.extend(self.target_processes().into_iter().map(|p| format!("process on the target: {p}")));
         let remote_dir = Path::new("/var/tmp/bwlab-remote");
         let entries: Vec<String> = std::fs::read_dir(remote_dir).into_iter().flatten().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
@@ -296,7 +296,7 @@ impl Drop for Hosts {
             let f = e.path();
             let ours = std::fs::read_to_string(&f).is_ok_and(|t| t.lines().next().is_some_and(|l| ids.iter().any(|i| i == l)));
             if ours && f.file_name().is_some_and(|n| n.to_string_lossy().starts_with("state-")) {
-                let _ = Command::new("sh").args(["-c", bw_lab::state_file::CLEANUP_SCRIPT, "sh"]).arg(&f).arg("stale").output();
+                let _ = Command::new("sh").args(["-c", bw_lab::hosts::state_file::CLEANUP_SCRIPT, "sh"]).arg(&f).arg("stale").output();
             }
         }
         self.kill_sshd();

@@ -2,7 +2,7 @@
 //! namespaces (client - LER - LSR - LSR - LSR - LER - target). Needs root.
 
 use crate::common;
-use bw_lab::route::{self, Datapath, PathKind, RouteNet, CUSTOMER_IF, TARGET_IP};
+use bw_lab::suites::route::{self, Datapath, PathKind, RouteNet, CUSTOMER_IF, TARGET_IP};
 use common::*;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -45,7 +45,7 @@ fn nfs_bad_input_says_one_line() {
     }
 }
 
-/// The lab's kernel NFS subjects' mounts (`bw_lab::kernel_nfs`) on a
+/// The lab's kernel NFS subjects' mounts (`bw_lab::subjects::kernel_nfs`) on a
 /// client host with a kernel NFS client: the kernel VM over ssh (dropbear
 /// behind a qemu port forward), reaching ganesha in its namespace through
 /// qemu's user network. NFSv3 and NFSv4.1 mounts of the export, each
@@ -56,9 +56,9 @@ fn nfs_bad_input_says_one_line() {
 /// unlocked state files unmounts it. One boot.
 #[test]
 fn kernel_nfs_mounts_on_a_client_host_and_what_a_killed_run_left_is_undone() {
-    use bw_lab::host::Host;
-    use bw_lab::kernel_nfs::{self, NfsVersion};
-    use bw_lab::ssh::SshHost;
+    use bw_lab::hosts::host::Host;
+    use bw_lab::subjects::kernel_nfs::{self, NfsVersion};
+    use bw_lab::hosts::ssh::SshHost;
     use std::path::Path;
     use std::time::{Duration, Instant};
     let t0 = Instant::now();
@@ -96,7 +96,7 @@ fn kernel_nfs_mounts_on_a_client_host_and_what_a_killed_run_left_is_undone() {
     eprintln!("guest up after {:?}", t0.elapsed());
     let host = Host::Ssh(killed.clone());
     assert!(kernel_nfs::available(&host), "the guest has no kernel NFS client");
-    killed.run_line(&format!("mkdir -p {}", bw_lab::ssh::REMOTE_DIR)).unwrap();
+    killed.run_line(&format!("mkdir -p {}", bw_lab::hosts::ssh::REMOTE_DIR)).unwrap();
     let server: std::net::Ipv4Addr = g.ip.parse().unwrap();
     // (Never released: the killed run's.)
     let export = bw_lab::subjects::Subject::Peer(bw_lab::subjects::PeerKind::Ganesha).address();
@@ -141,10 +141,10 @@ fn kernel_nfs_mounts_on_a_client_host_and_what_a_killed_run_left_is_undone() {
 ///   the guest's own export is still there.
 #[test]
 fn knfsd_in_the_vm_serves_nfs3_and_nfs41_and_leaves_only_what_was_there() {
-    use bw_lab::fs_kind::FsKind;
-    use bw_lab::host::Host;
-    use bw_lab::kernel_nfs::{self, NfsVersion};
-    use bw_lab::ssh::SshHost;
+    use bw_lab::suites::fs::fs_kind::FsKind;
+    use bw_lab::hosts::host::Host;
+    use bw_lab::subjects::kernel_nfs::{self, NfsVersion};
+    use bw_lab::hosts::ssh::SshHost;
     use bw_lab::subjects::knfsd;
     use std::path::Path;
     use std::time::{Duration, Instant};
@@ -178,12 +178,12 @@ fn knfsd_in_the_vm_serves_nfs3_and_nfs41_and_leaves_only_what_was_there() {
     eprintln!("guest up after {:?}", t0.elapsed());
     let host = Host::Ssh(first.clone());
     let line = |h: &SshHost, l: &str| h.run_line(l).unwrap_or_else(|e| panic!("{l}: {e:#}"));
-    line(&first, &format!("mkdir -p {}", bw_lab::ssh::REMOTE_DIR));
+    line(&first, &format!("mkdir -p {}", bw_lab::hosts::ssh::REMOTE_DIR));
     let backing = Path::new("/dev/shm/bwlab-test-backing");
     line(&first, &format!("dd if=/dev/urandom of={} bs=1M count=16 2>/dev/null", backing.display()));
     let md5 = line(&first, &format!("md5sum < {}", backing.display()));
     let local: std::net::Ipv4Addr = "127.0.0.1".parse().unwrap();
-    let link = bw_lab::topology::Link { mtu: 1500, target_if: "lo".into(), client_if: "lo".into(), target_ip: local, client_ip: local };
+    let link = bw_lab::network::topology::Link { mtu: 1500, target_if: "lo".into(), client_if: "lo".into(), target_ip: local, client_ip: local };
     // What of NFS the guest runs: module, daemons, threads, exports, mounts.
     let state = |h: &SshHost| {
         line(
@@ -242,7 +242,7 @@ fn knfsd_in_the_vm_serves_nfs3_and_nfs41_and_leaves_only_what_was_there() {
     let second = run("knfsd-second");
     // (The lab's directory is its master connection's to make; the first
     // run's end removed it.)
-    line(&second, &format!("mkdir -p {}", bw_lab::ssh::REMOTE_DIR));
+    line(&second, &format!("mkdir -p {}", bw_lab::hosts::ssh::REMOTE_DIR));
     let p = knfsd::serve(&Host::Ssh(second.clone()), &link, backing, FsKind::Ext4).unwrap_or_else(|e| panic!("knfsd beside the guest's: {e}"));
     let up = state(&second);
     assert!(up.contains("/srv/theirs 127.0.0.2") && up.contains("/srv/bwlab-knfsd 127.0.0.1") && up.contains("threads 4"), "{up}");
@@ -252,7 +252,7 @@ fn knfsd_in_the_vm_serves_nfs3_and_nfs41_and_leaves_only_what_was_there() {
 
     // 3. A run that never stops (killed): the next run undoes it.
     let killed = run("knfsd-killed");
-    line(&killed, &format!("mkdir -p {}", bw_lab::ssh::REMOTE_DIR));
+    line(&killed, &format!("mkdir -p {}", bw_lab::hosts::ssh::REMOTE_DIR));
     let p = knfsd::serve(&Host::Ssh(killed.clone()), &link, backing, FsKind::Ext4).unwrap_or_else(|e| panic!("knfsd: {e}"));
     std::mem::forget(p);
     assert!(state(&killed).contains("/srv/bwlab-knfsd"));

@@ -334,13 +334,13 @@ fn guest_admission() {
 }
 
 /// Runs inside the guest once rxe0 is on eth0: the lab's availability rule
-/// for its NVMe/RDMA subjects (bw_lab::rdma) on a host that has a device.
+/// for its NVMe/RDMA subjects (bw_lab::network::rdma) on a host that has a device.
 #[test]
 #[ignore = "runs inside the kernel VM (tests/kernel-vm/nvme-rdma.sh)"]
 fn guest_lab_rdma_rule() {
-    use bw_lab::host::Host;
-    assert_eq!(bw_lab::rdma::check(&Host::Local, "eth0"), None, "rxe0 on eth0 not found");
-    let why = bw_lab::rdma::check(&Host::Local, "lo").expect("lo has no RDMA device");
+    use bw_lab::hosts::host::Host;
+    assert_eq!(bw_lab::network::rdma::check(&Host::Local, "eth0"), None, "rxe0 on eth0 not found");
+    let why = bw_lab::network::rdma::check(&Host::Local, "lo").expect("lo has no RDMA device");
     assert!(why.starts_with("no RDMA device on lo of this machine (it has rxe0 on eth0"), "{why}");
     println!("PROBE-OK: the lab finds rxe0 on eth0 and no RDMA device on lo ({why})");
 }

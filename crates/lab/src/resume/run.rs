@@ -10,7 +10,7 @@ use super::record::StartEntry;
 use super::stored_plan::StoredPlan;
 use crate::stage::hooks::Stage;
 use crate::stage::context::RunContext;
-use crate::topology::{Link, Topology};
+use crate::network::topology::{Link, Topology};
 
 /// The start begins measuring: its cases checked against the stored
 /// plan's (stored there by the first start), the start written down.
@@ -31,10 +31,8 @@ pub fn begin_start(cx: &mut RunContext, stored: Option<&mut StoredPlan>, topo: &
     }
     let mut host_boots = vec![];
     for host in [&topo.target, &topo.client] {
-        if host.ssh().is_some() {
-            if let Ok(b) = host.run("cat", &["/proc/sys/kernel/random/boot_id"]) {
-                host_boots.push((host.address(), b.trim().to_string()));
-            }
+        if let Some(b) = host.other_machine_boot_id() {
+            host_boots.push((host.address(), b));
         }
     }
     let r = &cx.results;
@@ -42,7 +40,7 @@ pub fn begin_start(cx: &mut RunContext, stored: Option<&mut StoredPlan>, topo: &
         n: 0,
         utc: r.started_utc.clone(),
         pid: std::process::id(),
-        boot_id: crate::state_file::boot_id(),
+        boot_id: crate::hosts::state_file::boot_id(),
         machine: r.machine.clone(),
         software: r.software.clone(),
         hosts: r.hosts.clone(),
@@ -78,7 +76,7 @@ fn list(v: &[&String]) -> String {
 
 /// Whether every case on `link` here (the current shape and factors) was
 /// finished by an earlier start: its targets need not start.
-pub fn link_done(cx: &mut RunContext, stages: &[Box<dyn Stage>], link: &Link, first: bool, digest: crate::offload::Digest) -> bool {
+pub fn link_done(cx: &mut RunContext, stages: &[Box<dyn Stage>], link: &Link, first: bool, digest: crate::network::offload::Digest) -> bool {
     let at = cx.at();
     let cases = crate::stage::cases::on_link(stages, cx, &at, link, first);
     if cases.is_empty() || !cases.iter().all(|c| cx.book.is_done(c)) {

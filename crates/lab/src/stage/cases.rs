@@ -8,11 +8,11 @@
 use super::context::RunContext;
 use super::hooks::Stage;
 use crate::resume::case::At;
-use crate::topology::Link;
+use crate::network::topology::Link;
 use bw_lab_results::Factors;
 
 /// The run's place at `shape` and factor combination `(offload, digest)`.
-pub fn at(shape: &str, offload: crate::offload::Offload, digest: crate::offload::Digest) -> At {
+pub fn at(shape: &str, offload: crate::network::offload::Offload, digest: crate::network::offload::Digest) -> At {
     At { shape: shape.to_string(), factors: Factors { offload: offload.name().into(), digest: digest.factor().into() } }
 }
 

@@ -4,7 +4,7 @@
 //! file, the hosts, and the link shape and factors being measured now.
 
 use crate::plan::Plan;
-use crate::topology::Remote;
+use crate::network::topology::Remote;
 use bw_lab_results::accounting::Case;
 use bw_lab_results::{Failure, Results, Sample, Suite, SubjectKey, Workload};
 use crate::resume::book::Book;
@@ -31,12 +31,12 @@ pub struct RunContext {
     /// The clients the subjects are measured with: on a remote client
     /// host `--clients`, narrowed to what it has; in one box blockwire's,
     /// and the kernel NFS client where this machine has one.
-    pub clients: Vec<crate::clients::ClientKind>,
+    pub clients: Vec<crate::subjects::clients::ClientKind>,
     /// The offload study's factors being measured.
     pub factors: bw_lab_results::Factors,
-    pub digest: crate::offload::Digest,
+    pub digest: crate::network::offload::Digest,
     /// Whole-machine CPU of the target and client hosts' machines.
-    pub meter: crate::machine_cpu::MachineMeter,
+    pub meter: crate::hosts::machine_cpu::MachineMeter,
     /// The run's record: what is measured goes there as it is, and a
     /// resumed run skips the cases earlier starts finished.
     pub book: Book,
@@ -56,7 +56,7 @@ impl RunContext {
             idle_spent: 0.0,
             shape: bw_lab_results::default_link(),
             remote: None,
-            clients: vec![crate::clients::ClientKind::Blockwire],
+            clients: vec![crate::subjects::clients::ClientKind::Blockwire],
             factors: Default::default(),
             digest: Default::default(),
             meter: Default::default(),
@@ -131,7 +131,7 @@ impl RunContext {
         let p = &self.plan.params;
         let left = (p.idle_budget_s - self.idle_spent).max(0.0);
         let max = p.idle_max_wait_s.min(left);
-        let (busy, waited) = crate::machine::wait_idle(p.idle_threshold, Duration::from_secs_f64(max));
+        let (busy, waited) = crate::hosts::proc::wait_idle(p.idle_threshold, Duration::from_secs_f64(max));
         self.idle_spent += waited;
         if left > 0.0 && self.idle_spent >= p.idle_budget_s {
             self.say(&format!(
@@ -152,7 +152,7 @@ impl RunContext {
     }
 
     /// The clients of the run.
-    pub fn clients(&self) -> Vec<crate::clients::ClientKind> {
+    pub fn clients(&self) -> Vec<crate::subjects::clients::ClientKind> {
         self.clients.clone()
     }
 

@@ -3,7 +3,7 @@
 
 use super::context::RunContext;
 use super::link::LinkRun;
-use crate::topology::Topology;
+use crate::network::topology::Topology;
 
 /// One suite of the storage run. Each hook defaults to nothing: a stage
 /// takes part where it measures something.
@@ -15,17 +15,17 @@ pub trait Stage {
     }
     /// Once per link shape, on every link, before any target starts (the
     /// network itself).
-    fn before_targets(&mut self, _cx: &mut RunContext, _topo: &Topology, _shape: &crate::net::LinkShape) -> anyhow::Result<()> {
+    fn before_targets(&mut self, _cx: &mut RunContext, _topo: &Topology, _shape: &crate::suites::net::iperf::LinkShape) -> anyhow::Result<()> {
         Ok(())
     }
     /// The cases [`Stage::before_targets`] measures on `link` at `at`
     /// (`crate::resume::case`).
-    fn cases_before_targets(&self, _cx: &RunContext, _at: &crate::resume::case::At, _link: &crate::topology::Link) -> Vec<String> {
+    fn cases_before_targets(&self, _cx: &RunContext, _at: &crate::resume::case::At, _link: &crate::network::topology::Link) -> Vec<String> {
         vec![]
     }
     /// The cases [`Stage::on_link`] measures on `link` at `at` (`first`:
     /// the shape's first link and factor combination).
-    fn cases_on_link(&self, _cx: &RunContext, _at: &crate::resume::case::At, _link: &crate::topology::Link, _first: bool) -> Vec<String> {
+    fn cases_on_link(&self, _cx: &RunContext, _at: &crate::resume::case::At, _link: &crate::network::topology::Link, _first: bool) -> Vec<String> {
         vec![]
     }
     /// The cases [`Stage::after_links`] measures.

@@ -6,8 +6,8 @@
 
 use super::context::RunContext;
 use crate::subjects::{blockwire, Subject};
-use crate::targets::TargetProcess;
-use crate::topology::{Link, Topology};
+use crate::subjects::process::TargetProcess;
+use crate::network::topology::{Link, Topology};
 use bw_lab_results::{Failure, SubjectKey};
 use std::time::Duration;
 
@@ -20,14 +20,14 @@ pub struct LiveSubject {
     pub url: String,
     /// A kernel initiator's block device (fio runs on it instead of the
     /// bench on `url`), and what detaches it.
-    pub kernel: Option<crate::clients::Attached>,
+    pub kernel: Option<crate::subjects::clients::Attached>,
     /// Index of the target process that serves it (None: an external
     /// subject, which the lab does not run).
     pub proc: Option<usize>,
     /// The target and protocol it measures.
     pub subject: Subject,
     /// The client measuring it.
-    pub client: crate::clients::ClientKind,
+    pub client: crate::subjects::clients::ClientKind,
     pub done: u64,
     pub consecutive_failures: u32,
     pub gave_up: bool,
@@ -41,7 +41,7 @@ impl LiveSubject {
             kernel: None,
             proc,
             subject,
-            client: crate::clients::ClientKind::Blockwire,
+            client: crate::subjects::clients::ClientKind::Blockwire,
             done: 0,
             consecutive_failures: 0,
             gave_up: false,
@@ -69,11 +69,11 @@ impl LiveSubject {
 /// Where blockwire's client reaches an external subject from: the client
 /// host between machines; in one box this machine itself (the lab's
 /// namespaces reach nothing outside).
-pub fn external_client(topo: &Topology) -> crate::host::Host {
+pub fn external_client(topo: &Topology) -> crate::hosts::host::Host {
     if topo.remote {
         topo.client.clone()
     } else {
-        crate::host::Host::Local
+        crate::hosts::host::Host::Local
     }
 }
 
@@ -119,10 +119,10 @@ fn visit_external(cx: &mut RunContext, topo: &Topology, s: Subject) -> Result<()
 /// `client` with the lab's binary `exe` there, recorded first (the host's
 /// state file, `nfsimage`), removed at the run's end or by the next run.
 /// Nothing else on the export is written.
-fn make_nfs_image(client: &crate::host::Host, exe: &str, url: &str, size: u64) -> Result<(), String> {
-    let undo = crate::cleanup::Resource::owned(crate::host::ShellUndo {
+fn make_nfs_image(client: &crate::hosts::host::Host, exe: &str, url: &str, size: u64) -> Result<(), String> {
+    let undo = crate::cleanup::Resource::owned(crate::hosts::host::ShellUndo {
         host: client.clone(),
-        script: crate::state_file::UNDO_ONE,
+        script: crate::hosts::state_file::UNDO_ONE,
         args: vec!["nfsimage".into(), url.into(), exe.into()],
     });
     client.record("nfsimage", url, exe).map_err(|e| format!("{e:#}"))?;
@@ -182,7 +182,7 @@ impl<'a> LinkRun<'a> {
         let rdma = crate::subjects::Protocol::NvmeRdma;
         if ours.contains(&rdma) {
             // No RDMA device on the link: one line, no serve that fails to bind.
-            let why = crate::rdma::check(&topo.target, &link.target_if).or_else(|| crate::rdma::check(&topo.client, &link.client_if));
+            let why = crate::network::rdma::check(&topo.target, &link.target_if).or_else(|| crate::network::rdma::check(&topo.client, &link.client_if));
             if let Some(why) = why {
                 cx.mark_target_unavailable(Subject::Blockwire(rdma), link.mtu, why);
                 ours.retain(|p| *p != rdma);
@@ -197,7 +197,7 @@ impl<'a> LinkRun<'a> {
                 backend: format!("file:{}", cx.backing.display()),
                 log: None,
                 ready_within: Duration::from_secs(20),
-                soft_digest: cx.digest == crate::offload::Digest::Crc32cSoft,
+                soft_digest: cx.digest == crate::network::offload::Digest::Crc32cSoft,
             };
             let (proc, status) = blockwire::start(&serve, &ours);
             for (proto, st) in &status {
@@ -246,7 +246,7 @@ impl<'a> LinkRun<'a> {
         }
         // Kernel initiators negotiate no digests here: they are measured in
         // the digest-free combination only.
-        if cx.digest == crate::offload::Digest::None {
+        if cx.digest == crate::network::offload::Digest::None {
             run.attach_kernel_clients(cx);
         }
         run
@@ -273,7 +273,7 @@ impl<'a> LinkRun<'a> {
         // (or emulated) host is not a missing layer-2 path.
         let mut result = (vec![], String::new());
         for wait_s in [2, 5] {
-            result = match crate::remote::aoe_answers(&topo.client, &cx.exe, &link.client_if, &addrs, wait_s) {
+            result = match crate::hosts::remote::aoe_answers(&topo.client, &cx.exe, &link.client_if, &addrs, wait_s) {
                 Ok(v) => v,
                 Err(e) => (vec![], format!("{e:#}")),
             };
@@ -304,7 +304,7 @@ impl<'a> LinkRun<'a> {
     /// it: the fs suite mounts it in its own turns). blockwire's own client
     /// leaves the runs unless the run's clients have it.
     fn attach_kernel_clients(&mut self, cx: &mut RunContext) {
-        use crate::clients::ClientKind;
+        use crate::subjects::clients::ClientKind;
         let (topo, link) = (self.topo, self.link);
         let clients = cx.clients();
         let per_subject = cx.runs_per_subject(link.mtu);
@@ -316,7 +316,7 @@ impl<'a> LinkRun<'a> {
             for &c in clients.iter().filter(|c| c.is_kernel() && c.serves(subject)) {
                 let key = c.key(subject);
                 cx.progress.inc_length(per_subject);
-                let live = |kernel: Option<crate::clients::Attached>| LiveSubject {
+                let live = |kernel: Option<crate::subjects::clients::Attached>| LiveSubject {
                     key: key.clone(),
                     url: kernel.as_ref().map(|a| a.device.clone()).unwrap_or_default(),
                     kernel,
@@ -332,7 +332,7 @@ impl<'a> LinkRun<'a> {
                     continue;
                 }
                 cx.progress.set_message(format!("MTU {}: attaching {key}", link.mtu));
-                match crate::clients::attach(&topo.client, c, subject, link) {
+                match crate::subjects::clients::attach(&topo.client, c, subject, link) {
                     Ok(a) => {
                         cx.say(&format!("lab: {key}: {} on {}", a.device, topo.client.name()));
                         added.push(live(Some(a)));

@@ -11,13 +11,10 @@
 //! turn after them, on the same targets); the targets stop; after every
 //! link the stages' local baselines run once. Rows print in that order.
 
-pub mod bench;
 pub mod cases;
 pub mod context;
-pub mod fs;
 pub mod hooks;
 pub mod link;
-pub mod net;
 
 pub use context::RunContext;
 pub use hooks::Stage;
@@ -27,16 +24,16 @@ pub use link::LinkRun;
 pub fn for_plan(plan: &crate::plan::Plan) -> Vec<Box<dyn Stage>> {
     let mut v: Vec<Box<dyn Stage>> = vec![];
     if plan.net_runs > 0 {
-        v.push(Box::new(net::NetStage));
+        v.push(Box::new(crate::suites::net::stage::NetStage));
     }
     if !plan.micro.is_empty() {
-        v.push(Box::new(bench::BenchStage { suite: bw_lab_results::Suite::Micro }));
+        v.push(Box::new(crate::suites::bench::stage::BenchStage { suite: bw_lab_results::Suite::Micro }));
     }
     if !plan.sweep.is_empty() {
-        v.push(Box::new(bench::BenchStage { suite: bw_lab_results::Suite::Sweep }));
+        v.push(Box::new(crate::suites::bench::stage::BenchStage { suite: bw_lab_results::Suite::Sweep }));
     }
     if plan.fs.is_some() {
-        v.push(Box::new(fs::FsStage::default()));
+        v.push(Box::new(crate::suites::fs::stage::FsStage::default()));
     }
     v
 }

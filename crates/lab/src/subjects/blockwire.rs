@@ -3,9 +3,9 @@
 
 use super::target::{Address, Protocol};
 use crate::cleanup::registry;
-use crate::host::Host;
-use crate::targets::{await_ready, spawn_logged, TargetProcess};
-use crate::topology::Link;
+use crate::hosts::host::Host;
+use crate::subjects::process::{await_ready, spawn_logged, TargetProcess};
+use crate::network::topology::Link;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -105,7 +105,7 @@ fn start_serve_once(serve: &Serve, protocols: &[Protocol]) -> Result<TargetProce
     let cfg_token = serve.host.create_file(&path, text.as_bytes()).map_err(|e| e.to_string())?;
     let exe = serve.host.lab_exe(serve.exe);
     let cmd = serve.host.daemon_command(&exe.to_string_lossy(), &["serve", "--config", &path.to_string_lossy()]);
-    let spawned = spawn_logged(serve.host, cmd, "blockwire serve", Some(crate::targets::SERVE_READY), serve.log.as_deref());
+    let spawned = spawn_logged(serve.host, cmd, "blockwire serve", Some(crate::subjects::process::SERVE_READY), serve.log.as_deref());
     let (mut p, rx) = match spawned {
         Ok(x) => x,
         Err(e) => {
@@ -160,7 +160,7 @@ mod tests {
 
     #[test]
     fn serve_config_is_well_formed_toml() {
-        let link = crate::topology::test_link();
+        let link = crate::network::topology::test_link();
         let all = Protocol::ALL;
         let text = serve_config(&link, "file:/dev/shm/x.img", &all);
         let v: toml::Table = toml::from_str(&text).unwrap();

@@ -9,8 +9,8 @@
 //! one reason, "no configfs target support: ...", and nothing is left.
 
 use crate::cleanup::{registry, Resource, Undo};
-use crate::host::Host;
-use crate::targets::TargetProcess;
+use crate::hosts::host::Host;
+use crate::subjects::process::TargetProcess;
 
 /// Loading modules and mounting configfs, recording each first: in the
 /// state file (`$state`; /dev/null on a host that keeps none) and on
@@ -78,7 +78,7 @@ impl Undo for Recorded {
         // while the target still uses them.
         let (modules, rest): (Vec<&[String; 3]>, Vec<&[String; 3]>) = self.records.iter().rev().partition(|r| r[0] == "modules");
         for r in rest.into_iter().chain(modules) {
-            let run = crate::command::run_undo_script(self.host.name(), crate::state_file::UNDO_ONE, &r[..], |a| self.host.command_with("sh", a));
+            let run = crate::command::run_undo_script(self.host.name(), crate::hosts::state_file::UNDO_ONE, &r[..], |a| self.host.command_with("sh", a));
             if let Err(e) = run {
                 first_err.get_or_insert(e);
             }

@@ -4,7 +4,7 @@
 //! `--fs` setting: the server's file system is the one under NFS data),
 //! with `files/` beside it. Measured through blockwire's `nfs://` client,
 //! as qemu and Proxmox use a disk image on NFS, and where the client host
-//! has one through the kernel's NFS client (`crate::kernel_nfs`, whose
+//! has one through the kernel's NFS client (`crate::subjects::kernel_nfs`, whose
 //! workloads run in `w/` at the export's root, where the fs suite puts
 //! every subject's).
 //!
@@ -16,9 +16,9 @@
 
 use super::target::{Address, FileServer, PeerTarget, Tool};
 use crate::cleanup::{registry, Resource, Role};
-use crate::fs_kind::FsKind;
-use crate::targets::{spawn_logged, TargetProcess};
-use crate::topology::{Link, Topology};
+use crate::suites::fs::fs_kind::FsKind;
+use crate::subjects::process::{spawn_logged, TargetProcess};
+use crate::network::topology::{Link, Topology};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -160,7 +160,7 @@ impl FileServer for Ganesha {
 fn start_on(topo: &Topology, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
     // Its export image, config and state files are made on this
     // machine's file system.
-    if topo.target.ssh().is_some() {
+    if !topo.target.on_this_machine() {
         return Err("the ganesha peer runs only on a target host of this machine for now".into());
     }
     if crate::command::package_version("nfs-ganesha-vfs").is_none() {

@@ -5,7 +5,7 @@
 //! the target host's /dev/shm, filled with the backing's bytes; ext4, or
 //! the fs suite's `--fs` setting: over NFS the server's file system is the
 //! one under the data). Measured through blockwire's `nfs://` client and
-//! the client host's kernel NFS client (`crate::kernel_nfs`).
+//! the client host's kernel NFS client (`crate::subjects::kernel_nfs`).
 //!
 //! What the host already runs is left alone: the lab adds its own export
 //! with `exportfs -o OPTIONS CLIENT:DIR` (never /etc/exports, never
@@ -23,9 +23,9 @@
 
 use super::configfs;
 use super::target::{Address, FileServer, PeerTarget, Tool};
-use crate::fs_kind::FsKind;
-use crate::targets::TargetProcess;
-use crate::topology::{Link, Topology};
+use crate::suites::fs::fs_kind::FsKind;
+use crate::subjects::process::TargetProcess;
+use crate::network::topology::{Link, Topology};
 use std::path::Path;
 
 /// The exported directory (the mount point of the export's file system).
@@ -148,7 +148,7 @@ impl FileServer for Knfsd {
 /// of kind `kind` holding a copy of `backing` (a file on `host`) as
 /// [`VOLUME_FILE`]. Err is why it is unavailable; what it made before
 /// failing is undone. Stopped, the target undoes what it set up.
-pub fn serve(host: &crate::host::Host, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
+pub fn serve(host: &crate::hosts::host::Host, link: &Link, backing: &Path, kind: FsKind) -> Result<TargetProcess, String> {
     // The kernel first: on a host without nfsd that is the one reason.
     let out = host.command_with("sh", &["-c", CHECK, "sh"]).stdin(std::process::Stdio::null()).output().map_err(|e| format!("cannot ask {} for nfsd: {e}", host.name()))?;
     if !out.status.success() {
@@ -160,7 +160,7 @@ pub fn serve(host: &crate::host::Host, link: &Link, backing: &Path, kind: FsKind
             return Err(format!("{} is not installed on {} (package {})", t.program, host.name(), t.package));
         }
     }
-    if host.ssh().is_none() {
+    if host.on_this_machine() {
         return Err("knfsd is measured on a target host reached over ssh (--target-host): in one box its server, mountd and export table would be this machine's".into());
     }
     let image = host.run_path("/dev/shm", &format!("knfsd-{}.img", kind.name()));

@@ -10,8 +10,8 @@
 
 use super::configfs;
 use super::target::{Address, PeerTarget, Tool};
-use crate::targets::TargetProcess;
-use crate::topology::{Link, Topology};
+use crate::subjects::process::TargetProcess;
+use crate::network::topology::{Link, Topology};
 use std::path::Path;
 
 pub const IQN: &str = "iqn.2026-11.org.blockwire.lab:lio";

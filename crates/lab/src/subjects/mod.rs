@@ -7,12 +7,15 @@
 //! [`target`], below them all, so no subject module imports this one.
 
 pub mod blockwire;
+pub mod clients;
 pub mod configfs;
 pub mod external;
 pub mod ganesha;
+pub mod kernel_nfs;
 pub mod knfsd;
 pub mod lio;
 pub mod nvmet;
+pub mod process;
 pub mod tgt;
 pub mod vblade;
 
@@ -20,8 +23,8 @@ pub mod target;
 
 pub use target::{Address, FileServer, KernelAddress, PeerTarget, Protocol, Tool};
 
-use crate::targets::TargetProcess;
-use crate::topology::{Link, Topology};
+use crate::subjects::process::TargetProcess;
+use crate::network::topology::{Link, Topology};
 use clap::ValueEnum;
 use std::path::Path;
 
@@ -192,7 +195,7 @@ mod tests {
 
     #[test]
     fn urls_per_subject() {
-        let l = crate::topology::test_link();
+        let l = crate::network::topology::test_link();
         assert_eq!(Subject::Blockwire(Protocol::Aoe).url(&l), "aoe://bwl1ac/1.0");
         assert_eq!(Subject::Peer(PeerKind::Vblade).url(&l), "aoe://bwl1ac/2.0");
         assert_eq!(Subject::Peer(PeerKind::Tgt).url(&l), format!("iscsi://198.18.1.1:3261/{}/1", tgt::IQN));

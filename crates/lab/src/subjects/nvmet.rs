@@ -3,14 +3,14 @@
 //! the backing file (or device) as namespace 1, any host allowed, and a
 //! port of its own per transport: NVMe/TCP (`nvmet`), and NVMe/RDMA
 //! (`nvmet-rdma`) on the same subsystem when the link has an RDMA device
-//! on both hosts (the rule of `crate::rdma`). Ports the host already has
+//! on both hosts (the rule of `crate::network::rdma`). Ports the host already has
 //! are never touched or linked: the lab's get fresh port numbers, and a
 //! subsystem of the lab's NQN that is not this run's is refused.
 
 use super::configfs;
 use super::target::{Address, PeerTarget, Tool};
-use crate::targets::TargetProcess;
-use crate::topology::{Link, Topology};
+use crate::subjects::process::TargetProcess;
+use crate::network::topology::{Link, Topology};
 use std::path::Path;
 
 pub const NQN: &str = "nqn.2026-11.org.blockwire.lab:nvmet";
@@ -96,7 +96,7 @@ impl PeerTarget for Nvmet {
 
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
         if self.rdma {
-            if let Some(why) = crate::rdma::check(&topo.target, &link.target_if).or_else(|| crate::rdma::check(&topo.client, &link.client_if)) {
+            if let Some(why) = crate::network::rdma::check(&topo.target, &link.target_if).or_else(|| crate::network::rdma::check(&topo.client, &link.client_if)) {
                 return Err(why);
             }
         }

@@ -3,9 +3,9 @@
 //! peer module implements. Below every subject module (they import it,
 //! `subjects` dispatches over them).
 
-use crate::fs_kind::FsKind;
-use crate::targets::TargetProcess;
-use crate::topology::{Link, Topology};
+use crate::suites::fs::fs_kind::FsKind;
+use crate::subjects::process::TargetProcess;
+use crate::network::topology::{Link, Topology};
 use clap::ValueEnum;
 use std::path::Path;
 
@@ -18,7 +18,7 @@ pub enum Protocol {
     Iscsi,
     Nvme,
     // Measured where both hosts have an RDMA device on the link
-    // (crate::rdma); not in ALL: the default plans keep to their time
+    // (crate::network::rdma); not in ALL: the default plans keep to their time
     // budgets without it.
     /// NVMe over RDMA (needs an RDMA device on the link; not in the default)
     NvmeRdma,
@@ -189,7 +189,7 @@ pub trait PeerTarget: Sync {
 
 /// What a peer serving files (an [`Address::NfsFile`]: the image file on
 /// an NFS export) does beyond a block peer. Its export is also mounted
-/// by the client host's kernel NFS client (`crate::kernel_nfs`: the image
+/// by the client host's kernel NFS client (`crate::subjects::kernel_nfs`: the image
 /// file with direct I/O for micro and sweep, files in `w/` at the export's
 /// root for the fs suite), and over NFS the fs suite's `--fs` is the
 /// server's file system, the one under the data: the peer serves from an

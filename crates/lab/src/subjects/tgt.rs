@@ -2,8 +2,8 @@
 //! never meets a system tgtd), one target with the backing file as LUN 1.
 
 use super::target::{Address, PeerTarget, Tool};
-use crate::targets::{spawn_logged, TargetProcess};
-use crate::topology::{Link, Topology};
+use crate::subjects::process::{spawn_logged, TargetProcess};
+use crate::network::topology::{Link, Topology};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,8 @@
 //! shelf, beside blockwire's.
 
 use super::target::{Address, PeerTarget, Tool};
-use crate::targets::{spawn_logged, TargetProcess};
-use crate::topology::{Link, Topology};
+use crate::subjects::process::{spawn_logged, TargetProcess};
+use crate::network::topology::{Link, Topology};
 use std::path::Path;
 use std::time::Duration;
 

@@ -4,13 +4,13 @@
 //! (workload, memory limit) case in a memory cgroup of its own, and is
 //! unmounted; the order rotates between repetitions.
 
-use super::link::MAX_CONSECUTIVE_FAILURES;
-use super::context::RunContext;
-use super::hooks::Stage;
-use super::link::LinkRun;
+use crate::stage::link::MAX_CONSECUTIVE_FAILURES;
+use crate::stage::context::RunContext;
+use crate::stage::hooks::Stage;
+use crate::stage::link::LinkRun;
 use crate::cleanup::{interrupted, registry, Resource, Token};
-use crate::targets::TargetProcess;
-use crate::topology::{Link, Topology};
+use crate::subjects::process::TargetProcess;
+use crate::network::topology::{Link, Topology};
 use bw_lab_results::net::WireCounters;
 use bw_lab_results::{unix_now, Failure, SubjectKey};
 use std::path::{Path, PathBuf};
@@ -22,17 +22,17 @@ use std::time::Duration;
 pub struct FsStage {
     /// Where the fs suite mounts each subject in turn, and what made it.
     dir: Option<PathBuf>,
-    dir_token: Option<(Token, Option<crate::mounts::SharedDir>)>,
+    dir_token: Option<(Token, Option<crate::suites::fs::mounts::SharedDir>)>,
     /// Numbers the fs suite's cgroups.
     serial: u64,
     /// The memory controller of an ssh client host (`remote_fs::cgroup_base`).
     client_cgroup: Option<(String, String)>,
     /// The file system and fsync setting being measured.
-    fs_kind: crate::fs_kind::FsKind,
-    fsync: crate::fs_kind::Fsync,
+    fs_kind: crate::suites::fs::fs_kind::FsKind,
+    fsync: crate::suites::fs::fs_kind::Fsync,
     fs_factors: bw_lab_results::fs::FsFactors,
     /// The file system the file servers' exports are on now.
-    nfs_server_fs: crate::fs_kind::FsKind,
+    nfs_server_fs: crate::suites::fs::fs_kind::FsKind,
 }
 
 impl Stage for FsStage {
@@ -41,15 +41,15 @@ impl Stage for FsStage {
     fn setup(&mut self, _cx: &mut RunContext, topo: &Topology) -> anyhow::Result<()> {
         if let Some(h) = topo.client.ssh() {
             // The workloads run on the client host, and mount there.
-            self.client_cgroup = Some(crate::remote_fs::cgroup_base(h)?);
-            let (t, dir) = crate::remote_fs::mountpoint(h)?;
+            self.client_cgroup = Some(crate::suites::fs::remote_fs::cgroup_base(h)?);
+            let (t, dir) = crate::suites::fs::remote_fs::mountpoint(h)?;
             self.dir_token = Some((t, None));
             self.dir = Some(dir);
         } else {
             // The mount point lives in a shared mount: see SharedDir.
             let pid = std::process::id();
-            let shared = crate::mounts::SharedDir::create(&crate::mounts::fs_dir(pid))?;
-            let dir = crate::mounts::fs_mountpoint(pid);
+            let shared = crate::suites::fs::mounts::SharedDir::create(&crate::suites::fs::mounts::fs_dir(pid))?;
+            let dir = crate::suites::fs::mounts::fs_mountpoint(pid);
             let made = registry().create(Resource::Dir(dir.clone()), || Ok(std::fs::create_dir_all(&dir)?));
             let (t, ()) = match made {
                 Ok(v) => v,
@@ -96,7 +96,7 @@ impl Stage for FsStage {
 
 /// The case of the fs suite at one (file system, fsync) setting: every
 /// subject and the local baseline, every repetition (see `crate::resume::case`).
-fn fs_case(kind: crate::fs_kind::FsKind, fsync: crate::fs_kind::Fsync, shape: &str, mtu: u32) -> String {
+fn fs_case(kind: crate::suites::fs::fs_kind::FsKind, fsync: crate::suites::fs::fs_kind::Fsync, shape: &str, mtu: u32) -> String {
     crate::resume::case::fs(kind.name(), fsync.name(), shape, mtu)
 }
 
@@ -121,7 +121,7 @@ enum Reach {
     KernelDevice(String),
     /// The client host's kernel NFS client mounting the export at
     /// `address`: the server's file system.
-    KernelNfs(crate::kernel_nfs::NfsVersion, crate::subjects::Address),
+    KernelNfs(crate::subjects::kernel_nfs::NfsVersion, crate::subjects::Address),
 }
 
 /// One fs case: a workload at one memory limit on one subject's file
@@ -130,14 +130,14 @@ enum Reach {
 struct FsCaseRun<'a> {
     topo: &'a Topology,
     link: &'a Link,
-    /// The subject (`crate::fs::LOCAL` for the local baseline).
+    /// The subject (`crate::suites::fs::workloads::LOCAL` for the local baseline).
     key: &'a SubjectKey,
     /// The target serving the subject, for its CPU (none locally).
     target: Option<&'a TargetProcess>,
     /// The attach daemon of the mount, for the initiator's CPU.
     daemon: Option<u32>,
     rep: u32,
-    workload: crate::fs::FsWorkload,
+    workload: crate::suites::fs::workloads::FsWorkload,
     mem: u64,
     /// The mount point; the workload runs in its `w` directory.
     mp: &'a Path,
@@ -151,22 +151,22 @@ struct FsCaseRun<'a> {
 /// What workload `w` needs in `dir` before it is measured: PostMark's
 /// config; IOgen's file, laid out (not measured), as IOgen's file existed
 /// before its run.
-fn prepare_fs_workload(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, dir: &Path) -> anyhow::Result<()> {
-    use crate::fs::FsWorkload;
+fn prepare_fs_workload(w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::suites::fs::workloads::FsParams, dir: &Path) -> anyhow::Result<()> {
+    use crate::suites::fs::workloads::FsWorkload;
     match w {
         FsWorkload::Postmark => std::fs::write(
             dir.join("postmark.cfg"),
-            crate::fs::postmark_config(fsp, dir),
+            crate::suites::fs::workloads::postmark_config(fsp, dir),
         )?,
         FsWorkload::Iogen { .. } => {
             // Lay the file out first (not measured), as IOgen's file existed before its run.
             let mut cmd = Command::new("fio");
-            cmd.args(crate::fs::iogen_layout_args(
+            cmd.args(crate::suites::fs::workloads::iogen_layout_args(
                 fsp,
                 &dir.join("iogen.dat").to_string_lossy(),
             ));
             let f =
-                crate::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
+                crate::suites::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
             anyhow::ensure!(
                 f.ok,
                 "laying out the IOgen file failed: {}",
@@ -179,11 +179,11 @@ fn prepare_fs_workload(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, dir:
 }
 
 /// The result of workload `w` from what it printed.
-fn parse_fs_result(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, stdout: &str) -> anyhow::Result<crate::fs::FsResult> {
-    use crate::fs::{FsResult, FsWorkload};
+fn parse_fs_result(w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::suites::fs::workloads::FsParams, stdout: &str) -> anyhow::Result<crate::suites::fs::workloads::FsResult> {
+    use crate::suites::fs::workloads::{FsResult, FsWorkload};
     Ok(match w {
         FsWorkload::Flowop(_) => {
-            let r: bw_workload_report::FlowReport = crate::runner::parse_json_report(stdout)
+            let r: bw_workload_report::FlowReport = crate::suites::runner::parse_json_report(stdout)
                 .map_err(|e| anyhow::anyhow!("flowop {e}"))?;
             anyhow::ensure!(
                 r.ops > 0,
@@ -193,13 +193,13 @@ fn parse_fs_result(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, stdout: 
             FsResult::Flowop(r)
         }
         FsWorkload::Postmark => {
-            let mut r = crate::fs::parse_postmark(stdout)?;
+            let mut r = crate::suites::fs::workloads::parse_postmark(stdout)?;
             r.transactions = fsp.postmark_transactions as u64;
             FsResult::Postmark(r)
         }
-        FsWorkload::Bonnie => FsResult::Bonnie(crate::fs::parse_bonnie(stdout)?),
+        FsWorkload::Bonnie => FsResult::Bonnie(crate::suites::fs::workloads::parse_bonnie(stdout)?),
         FsWorkload::Iogen { .. } | FsWorkload::IogenRaw => {
-            FsResult::Iogen(crate::fs::parse_iogen(stdout)?)
+            FsResult::Iogen(crate::suites::fs::workloads::parse_iogen(stdout)?)
         }
     })
 }
@@ -207,8 +207,102 @@ fn parse_fs_result(w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, stdout: 
 /// The memory cgroup of one fs case: on this machine, or on the ssh client
 /// host the workload runs on.
 enum FsCgroup {
-    Local(crate::cleanup::Token, crate::cgroup::MemCgroup),
-    Remote(crate::remote_fs::Cgroup),
+    Local(crate::cleanup::Token, crate::hosts::cgroup::MemCgroup),
+    Remote(crate::suites::fs::remote_fs::Cgroup),
+}
+
+/// What an fs case reads before and after its workload: the client's wire
+/// counters (networked subjects), the target's and the client daemon's
+/// CPU time, and for a kernel initiator the client machine's CPU.
+struct Readings {
+    wire: Option<WireCounters>,
+    target_cpu: Option<f64>,
+    daemon_cpu: Option<f64>,
+    machine_cpu: Option<(f64, f64)>,
+}
+
+impl Readings {
+    fn before(topo: &Topology, link: &Link, local: bool, target: Option<&TargetProcess>, daemon: Option<u32>, kernel: bool) -> anyhow::Result<Readings> {
+        let wire = if local { None } else { Some(topo.client_counters(link)?) };
+        let target_cpu = target.map(|t| t.cpu_seconds()).transpose()?;
+        let daemon_cpu = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
+        // A kernel initiator's work is the client machine's (see clients.rs).
+        let machine_cpu = if kernel { Some(crate::subjects::clients::machine_cpu_seconds(&topo.client)?) } else { None };
+        Ok(Readings { wire, target_cpu, daemon_cpu, machine_cpu })
+    }
+
+    /// The same, read in the reverse order (the machine's CPU first).
+    fn after(topo: &Topology, link: &Link, local: bool, target: Option<&TargetProcess>, daemon: Option<u32>, kernel: bool) -> anyhow::Result<Readings> {
+        let machine_cpu = if kernel { Some(crate::subjects::clients::machine_cpu_seconds(&topo.client)?) } else { None };
+        let target_cpu = target.map(|t| t.cpu_seconds()).transpose()?;
+        let daemon_cpu = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
+        let wire = if local { None } else { Some(topo.client_counters(link)?) };
+        Ok(Readings { wire, target_cpu, daemon_cpu, machine_cpu })
+    }
+
+    fn delta(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+        Some(b? - a?)
+    }
+
+    /// A kernel initiator's: the client machine's CPU beside the
+    /// workload's own (what the kernel did for it: initiator, block layer,
+    /// the file system's writeback); else the client daemon's.
+    fn attach_cpu_s(&self, after: &Readings, workload_cpu_s: f64) -> Option<f64> {
+        match (self.machine_cpu, after.machine_cpu) {
+            (Some(a), Some(b)) => Some(((b.0 + b.1) - (a.0 + a.1) - workload_cpu_s).max(0.0)),
+            _ => Readings::delta(self.daemon_cpu, after.daemon_cpu),
+        }
+    }
+}
+
+impl FsCgroup {
+    /// On the ssh client host (`remote`) under its memory controller
+    /// `base`, or on this machine.
+    fn create(remote: Option<&crate::hosts::ssh::SshHost>, base: Option<&(String, String)>, name: &str, mem: u64) -> anyhow::Result<FsCgroup> {
+        Ok(match (remote, base) {
+            (Some(h), Some(base)) => FsCgroup::Remote(crate::suites::fs::remote_fs::Cgroup::create(h, base, name, mem)?),
+            (Some(_), None) => anyhow::bail!("the client host's memory controller was not looked up"),
+            (None, _) => {
+                let (t, g) = crate::hosts::cgroup::create_tracked(Path::new(crate::hosts::cgroup::ROOT), name, mem)?;
+                FsCgroup::Local(t, g)
+            }
+        })
+    }
+
+    /// `prog args` in `dir`, in this cgroup (through the fsync `wrapper`).
+    #[allow(clippy::too_many_arguments)]
+    fn run(&self, remote: Option<&crate::hosts::ssh::SshHost>, dir: &Path, wrapper: Option<&str>, prog: &str, args: &[String], name: &str, timeout: Duration) -> anyhow::Result<crate::suites::runner::Finished> {
+        match (self, remote) {
+            (FsCgroup::Remote(g), Some(h)) => crate::suites::fs::remote_fs::run_in_cgroup(h, g, dir, wrapper, prog, args, name, timeout),
+            (FsCgroup::Local(_, g), _) => {
+                // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
+                let mut cmd = match wrapper {
+                    Some(wrapper) => {
+                        let mut c = Command::new(wrapper);
+                        c.arg(prog);
+                        c
+                    }
+                    None => Command::new(prog),
+                };
+                cmd.args(args).current_dir(dir);
+                crate::suites::runner::run_workload(cmd, name, timeout, Some(&g.procs_file()))
+            }
+            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
+        }
+    }
+
+    /// The OOM kills and the peak memory; the cgroup is removed.
+    fn finish(self, remote: Option<&crate::hosts::ssh::SshHost>) -> anyhow::Result<(u64, Option<u64>)> {
+        Ok(match (self, remote) {
+            (FsCgroup::Remote(g), Some(h)) => g.finish(h)?,
+            (FsCgroup::Local(t, g), _) => {
+                let v = (g.oom_kills(), g.peak_bytes());
+                registry().release(t)?;
+                v
+            }
+            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
+        })
+    }
 }
 
 impl FsStage {
@@ -220,7 +314,7 @@ impl FsStage {
         &mut self,
         cx: &mut RunContext,
         run: &mut LinkRun,
-        kind: crate::fs_kind::FsKind,
+        kind: crate::suites::fs::fs_kind::FsKind,
         pi: usize,
         server: &dyn crate::subjects::FileServer,
     ) -> Result<(), String> {
@@ -247,7 +341,7 @@ impl FsStage {
     /// file system with an empty client cache. A peer serving files serves
     /// from an export on each `--fs` file system in turn.
     fn run_fs(&mut self, cx: &mut RunContext, run: &mut LinkRun) -> anyhow::Result<()> {
-        use crate::clients::ClientKind;
+        use crate::subjects::clients::ClientKind;
         let Some(fsp) = cx.plan.fs.clone() else {
             return Ok(());
         };
@@ -276,7 +370,7 @@ impl FsStage {
             })
             .collect();
         if cx.plan.baseline {
-            subjects.push(FsSubject { key: crate::fs::LOCAL, reach: Reach::Local, proc: None });
+            subjects.push(FsSubject { key: crate::suites::fs::workloads::LOCAL, reach: Reach::Local, proc: None });
         }
         // The file servers' processes (once each), by blockwire's subject of them.
         let servers: Vec<(usize, &'static dyn crate::subjects::FileServer)> = run
@@ -317,7 +411,7 @@ impl FsStage {
     }
 
     /// The fs suite at one (file system, fsync) setting.
-    fn run_fs_setting(&mut self, cx: &mut RunContext, run: &mut LinkRun, subjects: &[FsSubject], fsp: &crate::fs::FsParams, mp: &Path) -> anyhow::Result<()> {
+    fn run_fs_setting(&mut self, cx: &mut RunContext, run: &mut LinkRun, subjects: &[FsSubject], fsp: &crate::suites::fs::workloads::FsParams, mp: &Path) -> anyhow::Result<()> {
         let link = run.link;
         let n = subjects.len();
         let mut failed_turns = vec![0u32; n];
@@ -401,12 +495,12 @@ impl FsStage {
         subject: &FsSubject,
         target: Option<&TargetProcess>,
         rep: u32,
-        cases: &[(crate::fs::FsWorkload, u64)],
+        cases: &[(crate::suites::fs::workloads::FsWorkload, u64)],
         mp: &Path,
     ) -> anyhow::Result<()> {
         let (topo, link, key) = (run.topo, run.link, &subject.key);
         let kernel = matches!(subject.reach, Reach::KernelDevice(_));
-        use crate::fs::FsWorkload;
+        use crate::suites::fs::workloads::FsWorkload;
         cx.progress
             .set_message(format!("fs {key} #{rep}: mounting"));
         let mut left = cases.len() as u64;
@@ -427,20 +521,20 @@ impl FsStage {
             let size = cx.plan.params.size_bytes;
             let client = &topo.client;
             let mounted = match &subject.reach {
-                Reach::KernelNfs(v, address) => crate::kernel_nfs::mount(client, link.target_ip, *address, *v, mp, "")?,
-                Reach::KernelDevice(dev) => crate::remote_fs::mount_device(client, dev, mp, self.fs_kind, size)?,
+                Reach::KernelNfs(v, address) => crate::subjects::kernel_nfs::mount(client, link.target_ip, *address, *v, mp, "")?,
+                Reach::KernelDevice(dev) => crate::suites::fs::remote_fs::mount_device(client, dev, mp, self.fs_kind, size)?,
                 Reach::Blockwire { url, image_on_nfs } => {
                     // Over NFS `--fs` is the server's file system; the
                     // image's own (a VM guest's) stays ext4.
-                    let kind = if *image_on_nfs { crate::fs_kind::FsKind::Ext4 } else { self.fs_kind };
+                    let kind = if *image_on_nfs { crate::suites::fs::fs_kind::FsKind::Ext4 } else { self.fs_kind };
                     match client.ssh() {
-                        Some(h) => crate::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
-                        None => crate::mounts::mount_remote_as(&cx.exe, client, url, mp, kind, size)?,
+                        Some(h) => crate::suites::fs::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
+                        None => crate::suites::fs::mounts::mount_remote_as(&cx.exe, client, url, mp, kind, size)?,
                     }
                 }
                 Reach::Local => {
                     // The raw device first: the file system goes on it next.
-                    let (loop_token, dev) = crate::mounts::loop_device(&cx.backing)?;
+                    let (loop_token, dev) = crate::suites::fs::mounts::loop_device(&cx.backing)?;
                     for &(workload, mem) in cases.iter().filter(|(w, _)| *w == FsWorkload::IogenRaw) {
                         if interrupted() {
                             break;
@@ -448,7 +542,7 @@ impl FsStage {
                         self.fs_case(cx, &FsCaseRun { workload, mem, raw_dev: Some(&dev), ..base });
                         left -= 1;
                     }
-                    crate::mounts::mount_local_as(&dev, loop_token, mp, self.fs_kind, cx.plan.params.size_bytes)?
+                    crate::suites::fs::mounts::mount_local_as(&dev, loop_token, mp, self.fs_kind, cx.plan.params.size_bytes)?
                 }
             };
             let on_fs = FsCaseRun { target, daemon: mounted.daemon_pid, ..base };
@@ -471,7 +565,7 @@ impl FsStage {
     /// or the failure (an OOM kill among them) goes into the results.
     fn fs_case(&mut self, cx: &mut RunContext, c: &FsCaseRun) {
         let (key, w, mem) = (c.key, c.workload, c.mem);
-        let local = *key == crate::fs::LOCAL;
+        let local = *key == crate::suites::fs::workloads::LOCAL;
         let mtu = if local { None } else { Some(c.link.mtu) };
         cx.progress
             .set_message(format!("fs {key} {} {}M #{}", w.name(), mem >> 20, c.rep));
@@ -486,26 +580,26 @@ impl FsStage {
         // (Interrupted: the file system is about to go, and writing its
         // deletions back through a busy link is what made Ctrl-C slow.)
         if !interrupted() {
-            if let Err(e) = crate::remote_fs::clean_dir(&c.topo.client, &c.mp.join("w")) {
+            if let Err(e) = crate::suites::fs::remote_fs::clean_dir(&c.topo.client, &c.mp.join("w")) {
                 cx.say(&format!("lab: {e:#}"));
             }
         }
         cx.progress.inc(1);
     }
 
-    fn fs_case_inner(&mut self, cx: &mut RunContext, c: &FsCaseRun) -> anyhow::Result<crate::fs::FsSample> {
+    fn fs_case_inner(&mut self, cx: &mut RunContext, c: &FsCaseRun) -> anyhow::Result<crate::suites::fs::workloads::FsSample> {
         let &FsCaseRun { topo, link, key, target, daemon, rep, workload: w, mem, mp, raw_dev, kernel } = c;
         let fsp = cx
             .plan
             .fs
             .clone()
             .ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
-        let local = *key == crate::fs::LOCAL;
+        let local = *key == crate::suites::fs::workloads::LOCAL;
         let dir = mp.join("w");
         // Over ssh the workload, its files and its cgroup are the client host's.
         let remote = topo.client.ssh();
         match remote {
-            Some(h) => crate::remote_fs::prepare(h, w, &fsp, &dir)?,
+            Some(h) => crate::suites::fs::remote_fs::prepare(h, w, &fsp, &dir)?,
             None => {
                 std::fs::create_dir_all(&dir)?;
                 prepare_fs_workload(w, &fsp, &dir)?;
@@ -513,62 +607,16 @@ impl FsStage {
         }
         self.serial += 1;
         let name = format!("bwlab-{}-{}", std::process::id(), self.serial);
-        let cg = match (remote, &self.client_cgroup) {
-            (Some(h), Some(base)) => FsCgroup::Remote(crate::remote_fs::Cgroup::create(h, base, &name, mem)?),
-            (Some(_), None) => anyhow::bail!("the client host's memory controller was not looked up"),
-            (None, _) => {
-                let (t, g) = crate::cgroup::create_tracked(Path::new(crate::cgroup::ROOT), &name, mem)?;
-                FsCgroup::Local(t, g)
-            }
-        };
+        let cg = FsCgroup::create(remote, self.client_cgroup.as_ref(), &name, mem)?;
         let (busy, _) = cx.wait_idle();
         let started_unix = unix_now();
-        let wire0 = if local {
-            None
-        } else {
-            Some(topo.client_counters(link)?)
-        };
-        let cpu_t0 = target.map(|t| t.cpu_seconds()).transpose()?;
-        let cpu_d0 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
-        // A kernel initiator's work is the client machine's (see clients.rs).
-        let machine0 = if kernel { Some(crate::clients::machine_cpu_seconds(&topo.client)?) } else { None };
-        let (prog, args) = crate::fs::command(w, &fsp, &topo.client.lab_exe(&cx.exe), &dir, raw_dev);
+        let before = Readings::before(topo, link, local, target, daemon, kernel)?;
+        let (prog, args) = crate::suites::fs::workloads::command(w, &fsp, &topo.client.lab_exe(&cx.exe), &dir, raw_dev);
         // Room for making the file sets and Bonnie++'s passes over a slow link.
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
-        let run = match (&cg, remote) {
-            (FsCgroup::Remote(g), Some(h)) => crate::remote_fs::run_in_cgroup(h, g, &dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout),
-            (FsCgroup::Local(_, g), _) => {
-                // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
-                let mut cmd = match self.fsync.wrapper() {
-                    Some(wrapper) => {
-                        let mut c = Command::new(wrapper);
-                        c.arg(&prog);
-                        c
-                    }
-                    None => Command::new(&prog),
-                };
-                cmd.args(&args).current_dir(&dir);
-                crate::runner::run_workload(cmd, w.name(), timeout, Some(&g.procs_file()))
-            }
-            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
-        };
-        let machine1 = if kernel { Some(crate::clients::machine_cpu_seconds(&topo.client)?) } else { None };
-        let cpu_t1 = target.map(|t| t.cpu_seconds()).transpose()?;
-        let cpu_d1 = daemon.and_then(|p| topo.client.process_cpu_seconds(p).ok());
-        let wire1 = if local {
-            None
-        } else {
-            Some(topo.client_counters(link)?)
-        };
-        let (ooms, peak) = match (cg, remote) {
-            (FsCgroup::Remote(g), Some(h)) => g.finish(h)?,
-            (FsCgroup::Local(t, g), _) => {
-                let v = (g.oom_kills(), g.peak_bytes());
-                registry().release(t)?;
-                v
-            }
-            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
-        };
+        let run = cg.run(remote, &dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout);
+        let after = Readings::after(topo, link, local, target, daemon, kernel)?;
+        let (ooms, peak) = cg.finish(remote)?;
         let f = run?;
         if ooms > 0 {
             anyhow::bail!(
@@ -588,11 +636,7 @@ impl FsStage {
             );
         }
         let result = parse_fs_result(w, &fsp, &f.stdout)?;
-        let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) => Some(b - a),
-            _ => None,
-        };
-        Ok(crate::fs::FsSample {
+        Ok(crate::suites::fs::workloads::FsSample {
             subject: key.clone(),
             link: cx.shape.clone(),
             mtu: if local { None } else { Some(link.mtu) },
@@ -602,15 +646,9 @@ impl FsStage {
             result,
             elapsed_s: f.elapsed_s,
             workload_cpu_s: f.cpu_s,
-            // A kernel initiator's: the client machine's CPU beside the
-            // workload's own (what the kernel did for it: initiator, block
-            // layer, the file system's writeback).
-            attach_cpu_s: match (machine0, machine1) {
-                (Some(a), Some(b)) => Some(((b.0 + b.1) - (a.0 + a.1) - f.cpu_s).max(0.0)),
-                _ => delta(cpu_d0, cpu_d1),
-            },
-            target_cpu_s: delta(cpu_t0, cpu_t1),
-            wire: match (wire0, wire1) {
+            attach_cpu_s: before.attach_cpu_s(&after, f.cpu_s),
+            target_cpu_s: Readings::delta(before.target_cpu, after.target_cpu),
+            wire: match (before.wire, after.wire) {
                 (Some(a), Some(b)) => Some(WireCounters::delta(&a, &b)),
                 _ => None,
             },

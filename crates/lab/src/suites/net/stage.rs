@@ -2,11 +2,11 @@
 //! starts, iperf3's rate with 1..8 streams, the ceiling every protocol on
 //! that link is shown against.
 
-use super::context::RunContext;
-use super::hooks::Stage;
+use crate::stage::context::RunContext;
+use crate::stage::hooks::Stage;
 use crate::cleanup::interrupted;
-use crate::net::LinkShape;
-use crate::topology::{Link, Topology};
+use crate::suites::net::iperf::LinkShape;
+use crate::network::topology::{Link, Topology};
 use bw_lab_results::Failure;
 
 pub struct NetStage;
@@ -31,11 +31,11 @@ fn run_net(cx: &mut RunContext, topo: &Topology, link: &Link, shape: &LinkShape)
         return Ok(());
     }
     cx.progress.set_message(format!("iperf3 MTU {} link {}", link.mtu, shape.name));
-    let repeats = runs / crate::net::STREAMS.len() as u64;
-    match crate::net::run_net(topo, link, shape, cx.plan.params.net_runtime_s, repeats as u32) {
+    let repeats = runs / crate::suites::net::iperf::STREAMS.len() as u64;
+    match crate::suites::net::iperf::run_net(topo, link, shape, cx.plan.params.net_runtime_s, repeats as u32) {
         Ok(samples) => {
-            for n in crate::net::STREAMS {
-                let v: Vec<&crate::net::NetSample> = samples.iter().filter(|s| s.streams == n).collect();
+            for n in crate::suites::net::iperf::STREAMS {
+                let v: Vec<&crate::suites::net::iperf::NetSample> = samples.iter().filter(|s| s.streams == n).collect();
                 if v.is_empty() {
                     continue;
                 }

@@ -20,7 +20,7 @@
 
 use crate::cleanup::{Resource, Undo};
 use crate::command::run_undo_script;
-use crate::state_file::{RunOwner, Swept, CLEANUP_SCRIPT, UNDO_ONE};
+use crate::hosts::state_file::{RunOwner, Swept, CLEANUP_SCRIPT, UNDO_ONE};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

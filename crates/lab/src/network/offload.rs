@@ -9,7 +9,7 @@
 //! what a stateless-offload NIC can save; a TOE or an iSCSI HBA, which take
 //! the TCP or iSCSI state itself off the CPU, cannot be emulated here.
 
-use crate::host::Host;
+use crate::hosts::host::Host;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Offload {
@@ -64,7 +64,7 @@ impl Offload {
 
     /// The `ethtool -K` features it sets (the others stay as they are).
     pub fn features(self) -> Vec<(&'static str, bool)> {
-        let all = |on: bool| crate::host::OFFLOAD_FEATURES.iter().map(|(k, _)| (*k, on)).collect();
+        let all = |on: bool| crate::hosts::host::OFFLOAD_FEATURES.iter().map(|(k, _)| (*k, on)).collect();
         match self {
             Offload::MtuFrames => vec![("tso", false), ("gso", false), ("gro", true)],
             Offload::Routed => vec![("tx", false), ("tso", false), ("gso", false), ("gro", false)],

@@ -231,92 +231,11 @@ impl RouteNet {
         let (c, t) = (net.client_ns.clone(), net.target_ns.clone());
         net.add_ns(&c)?;
         net.add_ns(&t)?;
-        match kind {
-            PathKind::Direct => {
-                veth(&c, CUSTOMER_IF, &t, CUSTOMER_IF, mtu)?;
-                net.middle = [
-                    (c.clone(), CUSTOMER_IF.into()),
-                    (t.clone(), CUSTOMER_IF.into()),
-                ];
-            }
-            PathKind::Vxlan => {
-                veth(&c, "under0", &t, "under0", mtu + VXLAN_EXTRA)?;
-                for (ns, me, peer) in [
-                    (&c, "198.19.0.2", "198.19.0.1"),
-                    (&t, "198.19.0.1", "198.19.0.2"),
-                ] {
-                    in_ns(
-                        ns,
-                        &["ip", "addr", "add", &format!("{me}/30"), "dev", "under0"],
-                    )?;
-                    in_ns(ns, &["ip", "link", "set", "under0", "up"])?;
-                    in_ns(
-                        ns,
-                        &[
-                            "ip",
-                            "link",
-                            "add",
-                            CUSTOMER_IF,
-                            "type",
-                            "vxlan",
-                            "id",
-                            "42",
-                            "local",
-                            me,
-                            "remote",
-                            peer,
-                            "dstport",
-                            "4789",
-                            "dev",
-                            "under0",
-                        ],
-                    )?;
-                    in_ns(
-                        ns,
-                        &["ip", "link", "set", CUSTOMER_IF, "mtu", &mtu.to_string()],
-                    )?;
-                    offloads_off(ns, "under0");
-                }
-                net.middle = [(c.clone(), "under0".into()), (t.clone(), "under0".into())];
-            }
-            PathKind::Mpls(datapath) => {
-                let names: Vec<String> = ROUTERS.iter().map(|r| format!("bwr{tag}-{r}")).collect();
-                for n in &names {
-                    net.add_ns(n)?;
-                }
-                let core = mtu + MPLS_CORE_EXTRA;
-                // Port names: edges "cust" and "core", switches "west" and "east".
-                let ports = |r: usize| -> [&'static str; 2] {
-                    match r {
-                        0 => ["cust", "core"],
-                        4 => ["core", "cust"],
-                        _ => ["west", "east"],
-                    }
-                };
-                veth(&c, CUSTOMER_IF, &names[0], "cust", mtu)?;
-                for r in 0..4 {
-                    veth(&names[r], ports(r)[1], &names[r + 1], ports(r + 1)[0], core)?;
-                }
-                veth(&names[4], "cust", &t, CUSTOMER_IF, mtu)?;
-                for (r, n) in names.iter().enumerate() {
-                    for (p, ifname) in ports(r).iter().enumerate() {
-                        in_ns(
-                            n,
-                            &["ip", "link", "set", ifname, "address", &router_mac(r, p)],
-                        )?;
-                        offloads_off(n, ifname);
-                    }
-                }
-                for (r, n) in names.iter().enumerate() {
-                    let args = router_args(r, datapath);
-                    net.start_router(ROUTERS[r], n, args)?;
-                }
-                net.middle = [
-                    (names[1].clone(), "east".into()),
-                    (names[2].clone(), "west".into()),
-                ];
-            }
-        }
+        net.middle = match kind {
+            PathKind::Direct => net.join_direct(&c, &t)?,
+            PathKind::Vxlan => net.join_vxlan(&c, &t)?,
+            PathKind::Mpls(datapath) => net.join_mpls(&c, &t, tag, datapath)?,
+        };
         for (ns, ip) in [(&c, CLIENT_IP), (&t, TARGET_IP)] {
             in_ns(
                 ns,
@@ -331,6 +250,99 @@ impl RouteNet {
         }
         net.wait_up()?;
         Ok(net)
+    }
+
+    /// The direct path: one veth between client and target. Returns the
+    /// middle link's two ends.
+    fn join_direct(&self, c: &str, t: &str) -> anyhow::Result<[(String, String); 2]> {
+        veth(c, CUSTOMER_IF, t, CUSTOMER_IF, self.mtu)?;
+        Ok([
+            (c.to_string(), CUSTOMER_IF.into()),
+            (t.to_string(), CUSTOMER_IF.into()),
+        ])
+    }
+
+    /// VXLAN over a veth underlay (id 42, port 4789): the underlay's MTU
+    /// carries the encapsulation.
+    fn join_vxlan(&self, c: &str, t: &str) -> anyhow::Result<[(String, String); 2]> {
+        veth(c, "under0", t, "under0", self.mtu + VXLAN_EXTRA)?;
+        for (ns, me, peer) in [
+            (c, "198.19.0.2", "198.19.0.1"),
+            (t, "198.19.0.1", "198.19.0.2"),
+        ] {
+            in_ns(
+                ns,
+                &["ip", "addr", "add", &format!("{me}/30"), "dev", "under0"],
+            )?;
+            in_ns(ns, &["ip", "link", "set", "under0", "up"])?;
+            in_ns(
+                ns,
+                &[
+                    "ip",
+                    "link",
+                    "add",
+                    CUSTOMER_IF,
+                    "type",
+                    "vxlan",
+                    "id",
+                    "42",
+                    "local",
+                    me,
+                    "remote",
+                    peer,
+                    "dstport",
+                    "4789",
+                    "dev",
+                    "under0",
+                ],
+            )?;
+            in_ns(
+                ns,
+                &["ip", "link", "set", CUSTOMER_IF, "mtu", &self.mtu.to_string()],
+            )?;
+            offloads_off(ns, "under0");
+        }
+        Ok([(c.to_string(), "under0".into()), (t.to_string(), "under0".into())])
+    }
+
+    /// MPLS through five routers (edge, three switches, edge), each a
+    /// namespace running `datapath`; the core links carry the label stack.
+    fn join_mpls(&mut self, c: &str, t: &str, tag: &str, datapath: Datapath) -> anyhow::Result<[(String, String); 2]> {
+        let names: Vec<String> = ROUTERS.iter().map(|r| format!("bwr{tag}-{r}")).collect();
+        for n in &names {
+            self.add_ns(n)?;
+        }
+        let core = self.mtu + MPLS_CORE_EXTRA;
+        // Port names: edges "cust" and "core", switches "west" and "east".
+        let ports = |r: usize| -> [&'static str; 2] {
+            match r {
+                0 => ["cust", "core"],
+                4 => ["core", "cust"],
+                _ => ["west", "east"],
+            }
+        };
+        veth(c, CUSTOMER_IF, &names[0], "cust", self.mtu)?;
+        for r in 0..4 {
+            veth(&names[r], ports(r)[1], &names[r + 1], ports(r + 1)[0], core)?;
+        }
+        veth(&names[4], "cust", t, CUSTOMER_IF, self.mtu)?;
+        for (r, n) in names.iter().enumerate() {
+            for (p, ifname) in ports(r).iter().enumerate() {
+                in_ns(
+                    n,
+                    &["ip", "link", "set", ifname, "address", &router_mac(r, p)],
+                )?;
+                offloads_off(n, ifname);
+            }
+        }
+        for (r, n) in names.iter().enumerate() {
+            let args = router_args(r, datapath);
+            self.start_router(ROUTERS[r], n, args)?;
+        }
+        Ok([
+            (names[1].clone(), "east".into()),
+            (names[2].clone(), "west".into()),
+        ])
     }
 
     fn add_ns(&mut self, ns: &str) -> anyhow::Result<()> {
@@ -538,7 +550,7 @@ fn veth(ns_a: &str, if_a: &str, ns_b: &str, if_b: &str, mtu: u32) -> anyhow::Res
 /// Real MTU-sized frames with finished checksums (see the module comment).
 /// Best effort: a device without a feature refuses to change it.
 fn offloads_off(ns: &str, ifname: &str) {
-    if let Err(e) = crate::offload::Offload::Routed.apply(&crate::host::Host::LocalNamespace(ns.to_string()), ifname) {
+    if let Err(e) = crate::network::offload::Offload::Routed.apply(&crate::hosts::host::Host::LocalNamespace(ns.to_string()), ifname) {
         log::warn!("offloads on {ifname} in {ns}: {e}");
     }
 }

@@ -30,7 +30,7 @@ pub use bw_lab_results::route::CpuAccount;
 /// utime + stime of a process, in seconds.
 pub fn process_cpu_s(pid: u32) -> Option<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    crate::machine::parse_stat_cpu_ticks(&s).map(|t| t as f64 / crate::machine::clk_tck())
+    crate::hosts::proc::parse_stat_cpu_ticks(&s).map(|t| t as f64 / crate::hosts::proc::clk_tck())
 }
 
 /// CPU of reaped children so far (getrusage RUSAGE_CHILDREN), in seconds.
@@ -87,8 +87,8 @@ pub fn ksoftirqd_pids() -> Vec<u32> {
 
 /// (softirq seconds, busy seconds) over all CPUs from /proc/stat.
 pub fn machine_softirq_busy_s() -> (f64, f64) {
-    crate::machine::CpuTicks::here()
-        .map(|c| (c.softirq as f64 / crate::machine::clk_tck(), c.busy() as f64 / crate::machine::clk_tck()))
+    crate::hosts::proc::CpuTicks::here()
+        .map(|c| (c.softirq as f64 / crate::hosts::proc::clk_tck(), c.busy() as f64 / crate::hosts::proc::clk_tck()))
         .unwrap_or((0.0, 0.0))
 }
 
@@ -162,7 +162,7 @@ mod tests {
     #[test]
     fn proc_stat_softirq_and_busy() {
         let t = "cpu  148982 64 40150 160457 4402 0 4683 13266 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n";
-        let c = crate::machine::CpuTicks::parse(t).unwrap();
+        let c = crate::hosts::proc::CpuTicks::parse(t).unwrap();
         assert_eq!((c.softirq, c.busy()), (4683, 148982 + 64 + 40150 + 4683 + 13266));
     }
 }

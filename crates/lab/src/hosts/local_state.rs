@@ -1,6 +1,6 @@
 //! This machine's state file: what a run makes here, written down before it
 //! is made, in the format and with the undo script the ssh hosts' state
-//! files have (`crate::state_file`). The cleanup registry records each
+//! files have (`crate::hosts::state_file`). The cleanup registry records each
 //! resource it tracks (namespaces, links, qdiscs, processes with their
 //! start times, files, directories, mounts, `blockwire mount`s, loop
 //! devices, cgroups) through [`open`]'s recorder, and what an owner makes
@@ -16,7 +16,7 @@
 //! dead run's file lists.
 
 use crate::cleanup::Resource;
-use crate::state_file::{RunOwner, Swept, CLEANUP_SCRIPT};
+use crate::hosts::state_file::{RunOwner, Swept, CLEANUP_SCRIPT};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -107,7 +107,7 @@ fn record_resource(res: &Resource) -> anyhow::Result<()> {
 pub fn line_of(res: &Resource) -> Option<(&'static str, String, String)> {
     let p = |p: &Path| p.to_string_lossy().into_owned();
     Some(match res {
-        Resource::Child { pid, .. } => ("pid", pid.to_string(), crate::state_file::start_ticks(*pid)?.to_string()),
+        Resource::Child { pid, .. } => ("pid", pid.to_string(), crate::hosts::state_file::start_ticks(*pid)?.to_string()),
         Resource::BlockwireMount { exe, mountpoint } => ("bwmount", p(mountpoint), p(exe)),
         Resource::Mount(mp) => ("mount", p(mp), String::new()),
         Resource::Loop { dev, backing } => ("loop", if dev.is_empty() { "-".into() } else { dev.clone() }, p(backing)),
@@ -225,7 +225,7 @@ mod tests {
         assert_eq!(l(Resource::Loop { dev: String::new(), backing: "/dev/shm/x".into() }).as_deref(), Some("loop - /dev/shm/x"));
         assert_eq!(l(Resource::Dir("/tmp/d".into())).as_deref(), Some("rmdir /tmp/d"));
         let me = std::process::id();
-        let start = crate::state_file::start_ticks(me).unwrap();
+        let start = crate::hosts::state_file::start_ticks(me).unwrap();
         assert_eq!(l(Resource::Child { pid: me, what: "x".into(), role: crate::cleanup::Role::Service }), Some(format!("pid {me} {start}")));
     }
 
@@ -250,7 +250,7 @@ mod tests {
             assert!(Instant::now() < deadline);
             std::thread::sleep(Duration::from_millis(20));
         }
-        let live_owner = RunOwner { pid, start: crate::state_file::start_ticks(pid).unwrap(), boot_id: crate::state_file::boot_id(), host: "-".into() };
+        let live_owner = RunOwner { pid, start: crate::hosts::state_file::start_ticks(pid).unwrap(), boot_id: crate::hosts::state_file::boot_id(), host: "-".into() };
         let gone = RunOwner { start: live_owner.start + 1, ..live_owner.clone() };
         let earlier_boot = RunOwner { boot_id: "0000-earlier".into(), ..live_owner.clone() };
         let write = |name: &str, owner: Option<&RunOwner>, f: &Path| {

@@ -9,11 +9,11 @@
 //! next run's start.
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::fs_kind::FsKind;
-use crate::host::Host;
-use crate::mounts::Mounted;
-use crate::runner::Finished;
-use crate::ssh::{quote, shell_line, SshHost};
+use crate::suites::fs::fs_kind::FsKind;
+use crate::hosts::host::Host;
+use crate::suites::fs::mounts::Mounted;
+use crate::suites::runner::Finished;
+use crate::hosts::ssh::{quote, shell_line, SshHost};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -79,10 +79,7 @@ pub fn mount_device(host: &Host, dev: &str, mp: &Path, kind: FsKind, size: u64) 
         run_sbin(host, &mkfs)?;
         run_sbin(host, &["mount", "-o", kind.mount_options(), dev, &p]).map(|_| ())
     };
-    let (t, ()) = match host.ssh() {
-        Some(h) => h.recorded("mount", &p, "", make)?,
-        None => registry().create(Resource::Mount(mp.to_path_buf()), make)?,
-    };
+    let (t, ()) = host.create_recorded("mount", &p, "", Resource::Mount(mp.to_path_buf()), make)?;
     Ok(Mounted::new(mp.to_path_buf(), None, vec![t]))
 }
 
@@ -128,7 +125,7 @@ impl Cgroup {
         registry().release(self.token)?;
         let text = read?;
         let peak = text.lines().next().and_then(|l| l.trim().parse().ok());
-        Ok((crate::cgroup::parse_oom_kill(&text), peak))
+        Ok((crate::hosts::cgroup::parse_oom_kill(&text), peak))
     }
 }
 
@@ -189,7 +186,7 @@ pub fn run_in_cgroup(
     a.push(prog);
     a.extend(args.iter().map(|s| s.as_str()));
     let cmd = h.service_command("sh", &a);
-    let mut f = crate::runner::run_workload_with_stdin(cmd, what, timeout, None, std::process::Stdio::piped())?;
+    let mut f = crate::suites::runner::run_workload_with_stdin(cmd, what, timeout, None, std::process::Stdio::piped())?;
     if f.ok {
         f.stdout = h.program_output(&f.stdout)?.to_string();
     }
@@ -201,20 +198,20 @@ pub fn run_in_cgroup(
 /// What workload `w` needs in `dir` on the host before it is measured (as
 /// `orchestrate::prepare_fs_workload` does here): the directory, PostMark's
 /// config, IOgen's file laid out.
-pub fn prepare(h: &SshHost, w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams, dir: &Path) -> anyhow::Result<()> {
-    use crate::fs::FsWorkload;
+pub fn prepare(h: &SshHost, w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::suites::fs::workloads::FsParams, dir: &Path) -> anyhow::Result<()> {
+    use crate::suites::fs::workloads::FsWorkload;
     let d = quote(&dir.to_string_lossy());
     match w {
         FsWorkload::Postmark => {
-            let cfg = crate::fs::postmark_config(fsp, dir);
+            let cfg = crate::suites::fs::workloads::postmark_config(fsp, dir);
             h.run_line(&format!("mkdir -p {d} && printf %s {} > {d}/postmark.cfg", quote(&cfg)))?;
         }
         FsWorkload::Iogen { .. } => {
             h.run_line(&format!("mkdir -p {d}"))?;
-            let args = crate::fs::iogen_layout_args(fsp, &dir.join("iogen.dat").to_string_lossy());
+            let args = crate::suites::fs::workloads::iogen_layout_args(fsp, &dir.join("iogen.dat").to_string_lossy());
             // Tied to its session like the workloads: Ctrl-C stops it there.
             let cmd = h.service_command("fio", &args);
-            let f = crate::runner::run_workload_with_stdin(cmd, "fio layout", Duration::from_secs(600), None, std::process::Stdio::piped())?;
+            let f = crate::suites::runner::run_workload_with_stdin(cmd, "fio layout", Duration::from_secs(600), None, std::process::Stdio::piped())?;
             anyhow::ensure!(f.ok, "laying out the IOgen file failed: {}", crate::command::last_lines(&f.stderr, 3));
         }
         _ => {
@@ -229,7 +226,7 @@ pub fn prepare(h: &SshHost, w: crate::fs::FsWorkload, fsp: &crate::fs::FsParams,
 pub fn clean_dir(host: &Host, dir: &Path) -> anyhow::Result<()> {
     match host.ssh() {
         Some(h) => h.run_line(&format!("rm -rf -- {}; sync", quote(&dir.to_string_lossy()))).map(|_| ()),
-        None => crate::mounts::clean_dir(dir),
+        None => crate::suites::fs::mounts::clean_dir(dir),
     }
 }
 
@@ -276,7 +273,7 @@ mod tests {
         std::fs::create_dir_all(&mp).unwrap();
         let img = base.join("img");
         std::fs::File::create(&img).unwrap().set_len(32 << 20).unwrap();
-        let (loop_token, dev) = crate::mounts::loop_device(&img).unwrap();
+        let (loop_token, dev) = crate::suites::fs::mounts::loop_device(&img).unwrap();
         let mounted = mount_device(&Host::Local, &dev, &mp, FsKind::Ext4, 32 << 20);
         let is_mounted = || std::fs::read_to_string("/proc/mounts").unwrap().lines().any(|l| l.contains(&format!(" {} ext4 ", mp.display())));
         let was = is_mounted();

@@ -144,7 +144,7 @@ pub fn bench_args(url: &str, w: &Workload, runtime_s: u32, size: u64) -> Vec<Str
 /// Parse the JSON report a workload command prints with `--json` (`bench`:
 /// [`BenchReport`], `flowop`: `FlowReport`): its whole output is that one
 /// object (what an ssh login shell prints first is cut off by
-/// [`crate::host::Host::program_output`]).
+/// [`crate::hosts::host::Host::program_output`]).
 pub fn parse_json_report<T: serde::de::DeserializeOwned>(stdout: &str) -> anyhow::Result<T> {
     serde_json::from_str(stdout.trim())
         .map_err(|e| anyhow::anyhow!("printed no JSON report ({e}): {}", last_lines(stdout, 3)))
@@ -158,7 +158,7 @@ pub fn parse_bench_json(stdout: &str) -> anyhow::Result<BenchResult> {
 
 pub fn run_bench(
     exe: &Path,
-    client: &crate::host::Host,
+    client: &crate::hosts::host::Host,
     url: &str,
     w: &Workload,
     runtime_s: u32,
@@ -226,7 +226,7 @@ pub fn fio_args(file: &Path, w: &Workload, runtime_s: u32, size: u64, on: FioOn)
 /// initiator's), as a service like the bench: it ends with its session.
 /// Its CPU is not kept (the caller measures the whole machine's).
 pub fn run_fio_on_device(
-    client: &crate::host::Host,
+    client: &crate::hosts::host::Host,
     dev: &str,
     w: &Workload,
     runtime_s: u32,

@@ -5,7 +5,7 @@
 //! without any (most machines, this lab's own) makes the RDMA subjects
 //! unavailable with one line saying so, before any target starts.
 
-use crate::host::Host;
+use crate::hosts::host::Host;
 
 /// One line per (RDMA device, network interface it carries): RoCE and
 /// soft-RoCE devices name theirs in the GID table, InfiniBand and iWARP

@@ -6,13 +6,13 @@
 //! After the links, the same workloads with fio on the backing file: the
 //! local, no-network baseline.
 
-use super::link::{LiveSubject, MAX_CONSECUTIVE_FAILURES};
-use super::context::RunContext;
-use super::hooks::Stage;
-use super::link::LinkRun;
+use crate::stage::link::{LiveSubject, MAX_CONSECUTIVE_FAILURES};
+use crate::stage::context::RunContext;
+use crate::stage::hooks::Stage;
+use crate::stage::link::LinkRun;
 use crate::cleanup::interrupted;
-use crate::targets::TargetProcess;
-use crate::topology::{Link, Topology};
+use crate::subjects::process::TargetProcess;
+use crate::network::topology::{Link, Topology};
 use bw_lab_results::net::WireCounters;
 use bw_lab_results::{unix_now, Failure, Sample, SubjectKey, Suite, Workload};
 
@@ -172,7 +172,7 @@ impl Stage for BenchStage {
                 let (busy, waited) = cx.wait_idle();
                 let started_unix = unix_now();
                 let machine0 = cx.meter.start()?;
-                match crate::runner::run_fio(&cx.backing, &w, runtime_s, cx.plan.params.size_bytes) {
+                match crate::suites::runner::run_fio(&cx.backing, &w, runtime_s, cx.plan.params.size_bytes) {
                     Ok(bench) => {
                         let machine_cpu = cx.meter.finish(machine0)?;
                         let s = Sample {
@@ -244,14 +244,14 @@ impl Networked<'_> {
         let machine0 = cx.meter.start()?;
         let bench = if s.kernel.is_some() {
             // `url` is the block device; the initiator's work is the kernel's.
-            let m0 = crate::clients::machine_cpu_seconds(&topo.client)?;
-            let mut b = crate::runner::run_fio_on_device(&topo.client, &s.url, w, runtime, cx.plan.params.size_bytes)?;
-            let m1 = crate::clients::machine_cpu_seconds(&topo.client)?;
+            let m0 = crate::subjects::clients::machine_cpu_seconds(&topo.client)?;
+            let mut b = crate::suites::runner::run_fio_on_device(&topo.client, &s.url, w, runtime, cx.plan.params.size_bytes)?;
+            let m1 = crate::subjects::clients::machine_cpu_seconds(&topo.client)?;
             (b.cpu_user_s, b.cpu_sys_s) = ((m1.0 - m0.0).max(0.0), (m1.1 - m0.1).max(0.0));
             b
         } else {
-            let client = if target.is_some() { topo.client.clone() } else { super::link::external_client(topo) };
-            crate::runner::run_bench(&cx.exe, &client, &s.url, w, runtime, cx.plan.params.size_bytes, cx.digest.bench_args())?
+            let client = if target.is_some() { topo.client.clone() } else { crate::stage::link::external_client(topo) };
+            crate::suites::runner::run_bench(&cx.exe, &client, &s.url, w, runtime, cx.plan.params.size_bytes, cx.digest.bench_args())?
         };
         let machine_cpu = cx.meter.finish(machine0)?;
         let cpu1 = target.map(|t| t.cpu_seconds()).transpose()?;

@@ -7,7 +7,7 @@
 
 use crate::cleanup::{registry, Resource, Token, Undo};
 use crate::command::sh;
-use crate::host::Host;
+use crate::hosts::host::Host;
 use bw_lab_results::net::WireCounters;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,7 +49,7 @@ pub struct Topology {
     /// GRO on): their byte counters leave out each frame's Ethernet header.
     napi_rx: AtomicBool,
     /// Every link end's offloads as they were before the lab changed them.
-    saved_offloads: Vec<crate::offload::Saved>,
+    saved_offloads: Vec<crate::network::offload::Saved>,
     tokens: Vec<Token>,
 }
 
@@ -188,11 +188,11 @@ impl Topology {
             for (host, ifname, ip) in [(&target, &tif, target_ip), (&client, &cif, client_ip)] {
                 host.set_mtu(ifname, mtu)?;
                 host.ip(&["addr", "add", &format!("{ip}/24"), "dev", ifname])?;
-                match crate::offload::Saved::take(host, ifname) {
+                match crate::network::offload::Saved::take(host, ifname) {
                     Ok(saved) => saved_offloads.push(saved),
                     Err(e) => log::warn!("cannot read the offloads of {ifname}: {e}"),
                 }
-                if let Err(e) = crate::offload::Offload::MtuFrames.apply(host, ifname) {
+                if let Err(e) = crate::network::offload::Offload::MtuFrames.apply(host, ifname) {
                     log::warn!("cannot switch offloads off on {ifname}: {e}");
                     offloads_off = false;
                 }
@@ -200,7 +200,7 @@ impl Topology {
             }
             links.push(Link { mtu, target_if: tif, client_if: cif, target_ip, client_ip });
         }
-        let napi_rx = AtomicBool::new(offloads_off && crate::offload::Offload::MtuFrames.veth_rx_napi());
+        let napi_rx = AtomicBool::new(offloads_off && crate::network::offload::Offload::MtuFrames.veth_rx_napi());
         let topo = Topology { target, client, links, offloads_off, remote: false, routed: false, nic_changes_allowed: true, napi_rx, saved_offloads, tokens };
         topo.wait_reachable()?;
         Ok(topo)
@@ -257,7 +257,7 @@ impl Topology {
         let mut saved_offloads = vec![];
         if r.allow_nic_changes {
             for (host, dev) in [(&r.target, &target_if), (&r.client, &client_if)] {
-                let saved = crate::offload::Saved::take(host, dev)?;
+                let saved = crate::network::offload::Saved::take(host, dev)?;
                 host.record("offload", dev, &saved.ethtool_args())?;
                 saved_offloads.push(saved);
             }
@@ -299,7 +299,7 @@ impl Topology {
     }
 
     /// Set `offload` on both ends of every link.
-    pub fn set_offload(&self, offload: crate::offload::Offload) -> anyhow::Result<()> {
+    pub fn set_offload(&self, offload: crate::network::offload::Offload) -> anyhow::Result<()> {
         anyhow::ensure!(self.nic_changes_allowed, "the links' offloads are not ours to change (--allow-nic-changes)");
         for l in &self.links {
             for (host, ifname) in [(&self.target, &l.target_if), (&self.client, &l.client_if)] {
@@ -391,7 +391,7 @@ pub fn leftovers(pid: u32) -> Vec<String> {
     // The attach daemon of the fs suite's `blockwire mount` serves the
     // volume from a FUSE directory named after the mount point, and the
     // loop device's backing file lives there.
-    let fuse_dir = bw_attach::mount_fuse_dir(&crate::mounts::fs_mountpoint(pid));
+    let fuse_dir = bw_attach::mount_fuse_dir(&crate::suites::fs::mounts::fs_mountpoint(pid));
     let fuse_tag = fuse_dir.to_string_lossy().into_owned();
     // File systems, FUSE connections (the attach daemon's mount) and netns binds.
     if let Ok(m) = std::fs::read_to_string("/proc/mounts") {

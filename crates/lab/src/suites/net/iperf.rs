@@ -4,9 +4,9 @@
 //! beside every protocol's numbers. Link shapes are tc tbf on both directions
 //! of the veth pair (this kernel has no netem).
 
-use crate::cleanup::{registry, Resource, Token};
-use crate::host::{Host, ShellUndo};
-use crate::topology::{Link, Topology};
+use crate::cleanup::{registry, Token};
+use crate::hosts::host::Host;
+use crate::network::topology::{Link, Topology};
 pub use bw_lab_results::net::*;
 
 /// iperf3's TCP port inside the target namespace.
@@ -31,19 +31,18 @@ pub fn tbf_args(dev: &str, bits_per_s: u64) -> Vec<String> {
 pub fn apply_shape(topo: &Topology, link: &Link, shape: &LinkShape) -> anyhow::Result<Vec<Token>> {
     let mut tokens = vec![];
     for (host, dev) in [(&topo.target, &link.target_if), (&topo.client, &link.client_if)] {
-        match (shape.bits_per_s, host.namespace()) {
-            (Some(rate), Some(ns)) => {
-                let (t, ()) = registry().create(Resource::Qdisc { ns: ns.to_string(), dev: dev.clone() }, || host.tc(&tbf_args(dev, rate)))?;
-                tokens.push(t);
-            }
-            (Some(rate), None) => tokens.push(shape_real_nic(host, dev, rate)?),
+        match shape.bits_per_s {
+            // The lab's own veths are reshaped freely; a real NIC only
+            // from the kernel's default qdisc.
+            Some(rate) if host.links_are_the_labs() => tokens.push(host.set_root_qdisc(dev, &tbf_args(dev, rate))?),
+            Some(rate) => tokens.push(shape_real_nic(host, dev, rate)?),
             // The default qdisc comes back when the root one goes.
-            (None, Some(_)) => {
+            None if host.links_are_the_labs() => {
                 let _ = host.tc(&["qdisc".into(), "del".into(), "dev".into(), dev.clone(), "root".into()]);
             }
             // A real NIC's own qdiscs are never touched; ours went with
             // the previous shape's tokens.
-            (None, None) => {}
+            None => {}
         }
     }
     Ok(tokens)
@@ -59,15 +58,7 @@ fn shape_real_nic(host: &Host, dev: &str, rate: u64) -> anyhow::Result<Token> {
             host.name()
         );
     }
-    let make = || host.tc(&tbf_args(dev, rate));
-    let (t, ()) = match host.ssh() {
-        Some(h) => h.recorded("qdisc", dev, "", make)?,
-        None => {
-            let res = Resource::owned(ShellUndo { host: host.clone(), script: crate::state_file::UNDO_ONE, args: vec!["qdisc".into(), dev.into(), String::new()] });
-            registry().create(res, make)?
-        }
-    };
-    Ok(t)
+    host.set_root_qdisc(dev, &tbf_args(dev, rate))
 }
 
 /// The root qdisc in `tc -j qdisc show dev DEV root` output when it is not

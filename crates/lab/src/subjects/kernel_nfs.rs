@@ -16,8 +16,8 @@
 //! (nsenter --net, as `blockwire mount` does), tracked like the others.
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::host::{Host, ShellUndo};
-use crate::mounts::Mounted;
+use crate::hosts::host::{Host, ShellUndo};
+use crate::suites::fs::mounts::Mounted;
 use crate::subjects::Address;
 use bw_lab_results::SubjectKey;
 use std::net::Ipv4Addr;
@@ -104,7 +104,7 @@ pub fn mount(host: &Host, server: Ipv4Addr, address: Address, v: NfsVersion, mp:
         Some(h) => {
             // `kernel nfs MP`: the cleanup script splits the rest into arguments.
             h.record("kernel", "nfs", &mp_s)?;
-            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::state_file::DETACH, args: vec!["nfs".into(), mp_s.clone(), String::new()] });
+            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::hosts::state_file::DETACH, args: vec!["nfs".into(), mp_s.clone(), String::new()] });
             (undo, h.command_with("sh", &[&["-c", MOUNT, "sh"][..], &args[..]].concat()))
         }
         // `ip netns exec` would mount in a mount namespace of its own: the
@@ -117,7 +117,7 @@ pub fn mount(host: &Host, server: Ipv4Addr, address: Address, v: NfsVersion, mp:
     };
     let mut cmd = cmd;
     let (token, ()) = registry().create(res, || {
-        crate::mounts::helper(&mut cmd).map(|_| ()).map_err(|e| anyhow::anyhow!("mounting {src} with {} on {}: {e:#}", v.name(), host.name()))
+        crate::suites::fs::mounts::helper(&mut cmd).map(|_| ()).map_err(|e| anyhow::anyhow!("mounting {src} with {} on {}: {e:#}", v.name(), host.name()))
     })?;
     Ok(Mounted::made_elsewhere(mp, vec![token]))
 }
@@ -134,7 +134,7 @@ pub fn mount_image(host: &Host, server: Ipv4Addr, address: Address, v: NfsVersio
     // On this machine the mount point is made here (over ssh the mount
     // script makes it and the detach script removes it).
     let mut tokens = vec![];
-    if host.ssh().is_none() {
+    if host.on_this_machine() {
         tokens.push(registry().create(Resource::Dir(mp.clone()), || Ok(std::fs::create_dir_all(&mp)?))?.0);
     }
     match mount(host, server, address, v, &mp, ",nosharecache") {
@@ -179,7 +179,7 @@ mod tests {
         assert!(st.success());
         let state = dir.join("state-unit");
         std::fs::write(&state, format!("kernel nfs {}\n", mp.display())).unwrap();
-        let st = std::process::Command::new("sh").args(["-c", crate::state_file::CLEANUP_SCRIPT, "sh"]).arg(&state).status().unwrap();
+        let st = std::process::Command::new("sh").args(["-c", crate::hosts::state_file::CLEANUP_SCRIPT, "sh"]).arg(&state).status().unwrap();
         assert!(st.success());
         let mounted = std::fs::read_to_string("/proc/self/mounts").unwrap().lines().any(|l| l.split(' ').nth(1) == Some(&*mp.to_string_lossy()));
         assert!(!mounted && !mp.exists() && !state.exists(), "the mount or its point is left");

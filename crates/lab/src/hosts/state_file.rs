@@ -1,7 +1,7 @@
 //! The state file: one format for every host a run touches. What the lab
 //! makes on a host is written there as a line `KIND A B` before it is made
-//! (on an ssh host by `crate::ssh`, on this machine by
-//! `crate::local_state`), and one shell text undoes the lines: the run's
+//! (on an ssh host by `crate::hosts::ssh`, on this machine by
+//! `crate::hosts::local_state`), and one shell text undoes the lines: the run's
 //! own end ([`UNDO_ONE`] per thing, [`CLEANUP_SCRIPT`] for the whole file)
 //! and a later run that finds the file of a dead run ([`CLEANUP_SCRIPT`]
 //! with `stale`, which also says what it found and what stayed). The
@@ -12,7 +12,7 @@
 
 /// Undo one attachment (`$1` what, `$2` `$3` its address). A macro so the
 /// state file's cleanup script ([`CLEANUP_SCRIPT`]) holds the same lines.
-/// The kernel initiators (`crate::clients`, `crate::kernel_nfs`) attach;
+/// The kernel initiators (`crate::subjects::clients`, `crate::subjects::kernel_nfs`) attach;
 /// undoing is here, with the other undo steps.
 macro_rules! detach_script {
     () => {
@@ -27,7 +27,7 @@ case "$1" in
   nvme|nvme-rdma) nvme disconnect -n "$2" >/dev/null 2>&1 ;;
   # the name without a newline: the driver compares the bytes written
   aoe) [ -e /dev/etherd/flush ] && printf %s "$2" > /dev/etherd/flush 2>/dev/null ;;
-  # a kernel NFS mount (crate::kernel_nfs), also when its server is gone
+  # a kernel NFS mount (crate::subjects::kernel_nfs), also when its server is gone
   nfs) umount -f "$2" 2>/dev/null || umount -f -l "$2" 2>/dev/null; rmdir "$2" 2>/dev/null ;;
 esac
 true"#
@@ -82,7 +82,7 @@ remove_nvmet() {
 /// binary's: kept while another run's state file lists it), `mtu DEV OLD`,
 /// `offload DEV FEATURE on|off...` (`ethtool -K`), `qdisc DEV` (the root
 /// qdisc the lab put there; the kernel's default comes back), `kernel
-/// WHAT A B` (`crate::clients`), `module NAME` (loaded by the lab),
+/// WHAT A B` (`crate::subjects::clients`), `module NAME` (loaded by the lab),
 /// `cgroup DIR` (its processes killed, then removed), `mount MP`,
 /// `bwmount MP EXE` (`blockwire umount`), `rmdir DIR`, `lio IQN BACKSTORE`
 /// and `nvmet NQN PORTS` (kernel targets, [`configfs_removal`]), `modules

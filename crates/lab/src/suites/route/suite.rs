@@ -12,10 +12,10 @@ use super::{
     TARGET_IP,
 };
 use crate::cleanup::{interrupted, registry};
-use crate::host::Host;
+use crate::hosts::host::Host;
 use crate::subjects::{blockwire, Protocol, Subject};
-use crate::targets::TargetProcess;
-use crate::topology::Link;
+use crate::subjects::process::TargetProcess;
+use crate::network::topology::Link;
 use anyhow::{bail, Context};
 pub use bw_lab_results::route::{Overhead, RouteResults, RouteSample, RouterCpu, WORKLOADS};
 use std::io::Read;
@@ -496,7 +496,7 @@ pub fn sample_line(s: &RouteSample) -> String {
     )
 }
 
-/// The route suite as the lab runs it (see [`crate::suite::Suite`]).
+/// The route suite as the lab runs it (see [`crate::suites::Suite`]).
 pub struct RouteSuite {
     pub plan: SuitePlan,
     pub out: PathBuf,
@@ -562,12 +562,12 @@ impl RouteSuite {
         std::fs::create_dir_all(&out)?;
         // Before any thread exists (see install_signal_handler).
         crate::cleanup::install_signal_handler()?;
-        crate::local_state::start_run();
+        crate::hosts::local_state::start_run();
         let exe = std::env::current_exe()?;
         let mut results = bw_lab_results::Results {
             format: bw_lab_results::FORMAT,
             started_utc: bw_lab_results::utc_now(),
-            machine: crate::machine::machine_info(),
+            machine: crate::hosts::proc::machine_info(),
             software: crate::subjects::software(&exe),
             ..Default::default()
         };
@@ -583,7 +583,7 @@ impl RouteSuite {
     }
 }
 
-impl crate::suite::Suite for RouteSuite {
+impl crate::suites::Suite for RouteSuite {
     fn estimate(&self) -> Option<String> {
         None
     }

@@ -8,7 +8,7 @@
 //! it lands on the lab, on other processes, or on idle. The whole-machine
 //! figure is the honest one for "CPU per unit of throughput".
 
-use crate::host::{Host, MachineTicks};
+use crate::hosts::host::{Host, MachineTicks};
 use bw_lab_results::MachineCpu;
 use std::time::{Duration, Instant};
 

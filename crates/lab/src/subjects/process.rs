@@ -4,7 +4,7 @@
 //! carries on with the others.
 
 use crate::cleanup::{registry, Token};
-use crate::host::Host;
+use crate::hosts::host::Host;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Stdio};
@@ -64,7 +64,7 @@ impl TargetProcess {
     /// threads, softirqs), as a kernel initiator's is measured.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
         if self.in_kernel() {
-            return Ok(self.host.machine_ticks()?.busy as f64 / crate::host::USER_HZ);
+            return Ok(self.host.machine_ticks()?.busy as f64 / crate::hosts::host::USER_HZ);
         }
         self.host.process_cpu_seconds(self.host_pid()?)
     }
@@ -72,7 +72,7 @@ impl TargetProcess {
     /// Its PID on its host.
     pub fn host_pid(&self) -> anyhow::Result<u32> {
         anyhow::ensure!(!self.in_kernel(), "{} is served by the kernel of {}: no process", self.name, self.host.name());
-        if self.host.ssh().is_none() {
+        if self.host.on_this_machine() {
             return Ok(self.pid);
         }
         match self.remote_pid.wait() {
@@ -198,7 +198,7 @@ pub fn spawn_logged(
         std::thread::spawn(move || {
             for line in BufReader::new(stream).lines() {
                 let Ok(line) = line else { break };
-                if let Some(pid) = crate::ssh::pid_mark(&line) {
+                if let Some(pid) = crate::hosts::ssh::pid_mark(&line) {
                     remote_pid.set(pid);
                     continue;
                 }

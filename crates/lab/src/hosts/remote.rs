@@ -4,11 +4,11 @@
 //! problem.
 
 use crate::cleanup::{registry, Resource};
-use crate::host::Host;
+use crate::hosts::host::Host;
 use crate::plan::Plan;
-use crate::ssh::SshHost;
+use crate::hosts::ssh::SshHost;
 use crate::subjects::Subject;
-use crate::topology::Remote;
+use crate::network::topology::Remote;
 use std::path::Path;
 
 /// What the command line says about hosts.
@@ -21,7 +21,7 @@ pub struct HostChoices {
     pub allow_nic_changes: bool,
     pub mtu: Option<Vec<u32>>,
     /// `--clients` (None: blockwire's and every kernel one the client host has).
-    pub clients: Option<Vec<crate::clients::ClientChoice>>,
+    pub clients: Option<Vec<crate::subjects::clients::ClientChoice>>,
 }
 
 /// Which side of the run a host is.
@@ -96,7 +96,7 @@ struct Probed {
 }
 
 fn probe(h: &SshHost, programs: &[&str]) -> anyhow::Result<Probed> {
-    let list: Vec<String> = programs.iter().map(|p| crate::ssh::quote(p)).collect();
+    let list: Vec<String> = programs.iter().map(|p| crate::hosts::ssh::quote(p)).collect();
     let line = format!(
         "PATH=$PATH:/usr/sbin:/sbin; for p in {}; do command -v \"$p\" >/dev/null || echo \"missing $p\"; done; echo \"uid $(id -u)\"; echo \"shm $(df -Pk /dev/shm | awk 'NR==2{{print $4}}')\"; \
          [ -e /dev/fuse ] && echo fuse; {{ [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ] || grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; }} && echo memcg; true",
@@ -168,7 +168,7 @@ pub fn adapt_plan(plan: &mut Plan, allow_nic_changes: bool) -> Vec<String> {
 /// binary. Everything made is tracked (the run's cleanup undoes it).
 /// With the hosts come the clients the subjects are measured with
 /// (`--clients`, narrowed to what the client host has).
-pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<(Remote, Vec<crate::clients::ClientKind>)> {
+pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<(Remote, Vec<crate::subjects::clients::ClientKind>)> {
     let target_url = c.target_host.as_deref().ok_or_else(|| anyhow::anyhow!("no --target-host"))?;
     let mtu = match c.mtu.as_deref() {
         None => None,
@@ -194,7 +194,7 @@ pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<(Remote,
             }
             Err(e) => fatal.push(format!("{}: cannot check for an interrupted run's leftovers: {e:#}", h.url())),
         }
-        registry().create(Resource::owned(crate::ssh::RunOnHost(h.clone())), || Ok(()))?;
+        registry().create(Resource::owned(crate::hosts::ssh::RunOnHost(h.clone())), || Ok(()))?;
         match preflight(h, *role, plan) {
             Ok((f, n)) => {
                 fatal.extend(f);
@@ -240,27 +240,27 @@ pub fn open(c: &HostChoices, plan: &Plan, exe: &Path) -> anyhow::Result<(Remote,
 /// none there is a problem). Also notes on what it lacks.
 fn choose_clients(
     host: &Host,
-    chosen: Option<&[crate::clients::ClientChoice]>,
+    chosen: Option<&[crate::subjects::clients::ClientChoice]>,
     subjects: &[Subject],
-) -> anyhow::Result<(Vec<crate::clients::ClientKind>, Vec<String>)> {
-    use crate::clients::{ClientChoice, ClientKind};
+) -> anyhow::Result<(Vec<crate::subjects::clients::ClientKind>, Vec<String>)> {
+    use crate::subjects::clients::{ClientChoice, ClientKind};
     let mut kinds = vec![];
     if chosen.is_none_or(|v| v.contains(&ClientChoice::Blockwire)) {
         kinds.push(ClientKind::Blockwire);
     }
     let mut notes = vec![];
-    let kernel_by_default = host.ssh().is_some();
+    let kernel_by_default = !host.on_this_machine();
     if chosen.map_or(kernel_by_default, |v| v.contains(&ClientChoice::Kernel)) {
         // Only the protocols some subject of the run speaks.
         let used = |p| subjects.iter().any(|s| s.address().block_protocol() == Some(p));
-        let protocols: Vec<_> = crate::clients::KERNEL.iter().map(|k| k.protocol).filter(|&p| used(p)).collect();
-        let (have, lack) = crate::clients::detect(host, &protocols)?;
+        let protocols: Vec<_> = crate::subjects::clients::KERNEL.iter().map(|k| k.protocol).filter(|&p| used(p)).collect();
+        let (have, lack) = crate::subjects::clients::detect(host, &protocols)?;
         kinds.extend(have.into_iter().filter(|p| used(*p)).map(ClientKind::Kernel));
         notes.extend(lack);
         // The kernel NFS client, on the peers serving files.
         if let Some(s) = subjects.iter().find(|s| s.address().serves_files()) {
-            if crate::kernel_nfs::available(host) {
-                kinds.extend(crate::kernel_nfs::VERSIONS.map(ClientKind::KernelNfs));
+            if crate::subjects::kernel_nfs::available(host) {
+                kinds.extend(crate::subjects::kernel_nfs::VERSIONS.map(ClientKind::KernelNfs));
             } else {
                 notes.push(format!("{}: mount.nfs or the nfs module is missing: the kernel NFS client will not measure {} (package nfs-common)", host.name(), s.target_name()));
             }

@@ -141,13 +141,13 @@ impl Mounted {
 }
 
 /// `blockwire mount URL MP --mkfs ext4` from the client namespace.
-pub fn mount_remote(exe: &Path, client: &crate::host::Host, url: &str, mp: &Path) -> anyhow::Result<Mounted> {
-    mount_remote_as(exe, client, url, mp, crate::fs_kind::FsKind::Ext4, 0)
+pub fn mount_remote(exe: &Path, client: &crate::hosts::host::Host, url: &str, mp: &Path) -> anyhow::Result<Mounted> {
+    mount_remote_as(exe, client, url, mp, crate::suites::fs::fs_kind::FsKind::Ext4, 0)
 }
 
 /// `blockwire mount URL MP --mkfs TYPE` from the client namespace, with
 /// `kind`'s mkfs and mount options (`size`: the volume's, for them).
-pub fn mount_remote_as(exe: &Path, client: &crate::host::Host, url: &str, mp: &Path, kind: crate::fs_kind::FsKind, size: u64) -> anyhow::Result<Mounted> {
+pub fn mount_remote_as(exe: &Path, client: &crate::hosts::host::Host, url: &str, mp: &Path, kind: crate::suites::fs::fs_kind::FsKind, size: u64) -> anyhow::Result<Mounted> {
     let res = Resource::BlockwireMount {
         exe: exe.to_path_buf(),
         mountpoint: mp.to_path_buf(),
@@ -192,12 +192,12 @@ pub fn loop_device(backing: &Path) -> anyhow::Result<(Token, String)> {
 
 /// ext4 on the local loop device `dev` (from [`loop_device`]), mounted on `mp`.
 pub fn mount_local(dev: &str, loop_token: Token, mp: &Path) -> anyhow::Result<Mounted> {
-    mount_local_as(dev, loop_token, mp, crate::fs_kind::FsKind::Ext4, 0)
+    mount_local_as(dev, loop_token, mp, crate::suites::fs::fs_kind::FsKind::Ext4, 0)
 }
 
 /// `kind` on the local loop device `dev`, mounted on `mp` (`size`: the
 /// volume's, for mkfs's options).
-pub fn mount_local_as(dev: &str, loop_token: Token, mp: &Path, kind: crate::fs_kind::FsKind, size: u64) -> anyhow::Result<Mounted> {
+pub fn mount_local_as(dev: &str, loop_token: Token, mp: &Path, kind: crate::suites::fs::fs_kind::FsKind, size: u64) -> anyhow::Result<Mounted> {
     let force = if kind.mkfs_type() == "ext4" { "-F" } else { "-f" };
     let make = || {
         let mut c = Command::new(kind.mkfs_program());

@@ -3,6 +3,13 @@
 //! way a suite runs: its cases, then results.json and the report (also after
 //! a failure or an interrupt, with what was measured), then the cleanup.
 
+
+pub mod bench;
+pub mod fs;
+pub mod net;
+pub mod route;
+pub mod runner;
+
 use crate::cleanup::{interrupted, registry};
 use bw_lab_results::{utc_now, Results};
 use std::path::Path;
@@ -54,12 +61,12 @@ pub fn run_and_report(suite: &mut dyn Suite, out: &Path) -> anyhow::Result<()> {
     let saved = results
         .save(&out.join("results.json"))
         .and_then(|_| bw_lab_report::write_all(out, results));
-    crate::ssh::set_ending();
+    crate::hosts::ssh::set_ending();
     let errors = registry().cleanup_all();
     for e in &errors {
         crate::cleanup::say(&format!("lab: cleanup: {e}"));
     }
-    if let Some(kept) = crate::local_state::close() {
+    if let Some(kept) = crate::hosts::local_state::close() {
         crate::cleanup::say(&format!("lab: what could not be undone is listed in {}: the next run undoes it", kept.display()));
     }
     suite.print_outcome(outcome.is_ok() && saved.is_ok());

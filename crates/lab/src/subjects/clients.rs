@@ -2,17 +2,17 @@
 //! initiators (`blockwire bench` on a URL), or the client host's kernel
 //! initiators (open-iscsi, nvme-tcp, the aoe driver), which make a block
 //! device that fio drives with direct I/O, or its kernel NFS client on a
-//! peer serving files (`crate::kernel_nfs`: fio on the export's image file). One row per kernel client in
+//! peer serving files (`crate::subjects::kernel_nfs`: fio on the export's image file). One row per kernel client in
 //! [`KERNEL`]: its protocol, how to find it on a host, how to attach a
 //! target and find the device, and how to undo that (also after an
 //! interrupted run: the state file's `kernel` lines, see
 //! `state_file::CLEANUP_SCRIPT`).
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::host::{Host, ShellUndo};
-use crate::kernel_nfs::NfsVersion;
+use crate::hosts::host::{Host, ShellUndo};
+use crate::subjects::kernel_nfs::NfsVersion;
 use crate::subjects::{KernelAddress, Protocol, Subject};
-use crate::topology::Link;
+use crate::network::topology::Link;
 use bw_lab_results::SubjectKey;
 use clap::ValueEnum;
 use std::time::Duration;
@@ -147,16 +147,16 @@ pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protoc
     let asked = || KERNEL.iter().filter(|k| protocols.contains(&k.protocol));
     let state = host.state_file();
     let state_or_none = state.clone().unwrap_or_else(|| "/dev/null".into());
-    let mut script = format!("PATH=$PATH:/usr/sbin:/sbin; state={}\n{LOAD}command -v fio >/dev/null || echo nofio\n", crate::ssh::quote(&state_or_none));
+    let mut script = format!("PATH=$PATH:/usr/sbin:/sbin; state={}\n{LOAD}command -v fio >/dev/null || echo nofio\n", crate::hosts::ssh::quote(&state_or_none));
     for k in asked() {
         script += &format!("( {} ) >/dev/null 2>&1 && echo has {}\n", k.probe, k.name);
     }
     let out = host.run("sh", &["-c", &script])?;
     // This machine's state file is undone by a later run only (after a
     // kill): this run unloads them itself.
-    if host.ssh().is_none() {
+    if host.on_this_machine() {
         for m in out.lines().filter_map(|l| l.strip_prefix("loaded ")) {
-            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::state_file::UNDO_ONE, args: vec!["module".into(), m.into(), String::new()] });
+            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::hosts::state_file::UNDO_ONE, args: vec!["module".into(), m.into(), String::new()] });
             registry().create(undo, || Ok(()))?;
         }
     }
@@ -257,7 +257,7 @@ pub fn attach(host: &Host, c: ClientKind, s: Subject, link: &Link) -> anyhow::Re
     match c {
         ClientKind::Blockwire => anyhow::bail!("blockwire's client attaches nothing: it reaches {} by URL", s.key()),
         ClientKind::KernelNfs(v) => {
-            let (device, tokens) = crate::kernel_nfs::mount_image(host, link.target_ip, s.address(), v)?;
+            let (device, tokens) = crate::subjects::kernel_nfs::mount_image(host, link.target_ip, s.address(), v)?;
             Ok(Attached { device, tokens })
         }
         ClientKind::Kernel(_) => attach_block(host, s, link),
@@ -274,7 +274,7 @@ fn attach_block(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached
     host.record("kernel", what, &format!("{a} {b}"))?;
     let undo = Resource::owned(ShellUndo {
         host: host.clone(),
-        script: crate::state_file::DETACH,
+        script: crate::hosts::state_file::DETACH,
         args: vec![what.into(), a.clone(), b.clone()],
     });
     let lun = lun.to_string();
@@ -282,7 +282,7 @@ fn attach_block(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached
     let mut device = String::new();
     let (token, ()) = registry().create(undo, || {
         let cmd = host.command_with("sh", &["-c", script.as_str(), "sh", what, &a, &b, &lun]);
-        let f = crate::runner::run_workload(cmd, "kernel attach", Duration::from_secs(120), None)?;
+        let f = crate::suites::runner::run_workload(cmd, "kernel attach", Duration::from_secs(120), None)?;
         device = if f.ok { host.program_output(&f.stdout)?.trim().to_string() } else { String::new() };
         anyhow::ensure!(
             f.ok && device.starts_with("/dev/"),
@@ -307,8 +307,8 @@ pub fn machine_cpu_seconds(host: &Host) -> anyhow::Result<(f64, f64)> {
 /// The `cpu` line of /proc/stat as seconds: (user + nice, system + irq +
 /// softirq).
 fn parse_proc_stat_cpu(line: &str) -> Option<(f64, f64)> {
-    let c = crate::machine::CpuTicks::parse(line)?;
-    let s = |ticks: u64| ticks as f64 / crate::host::USER_HZ;
+    let c = crate::hosts::proc::CpuTicks::parse(line)?;
+    let s = |ticks: u64| ticks as f64 / crate::hosts::host::USER_HZ;
     Some((s(c.user + c.nice), s(c.system + c.irq + c.softirq)))
 }
 

@@ -1,11 +1,11 @@
 //! Where the lab's processes run. Every command, process, counter and link
 //! setting goes through a [`Host`], so the lab does not care where a side
 //! lives: a network namespace of this machine (the one-box lab), this
-//! machine itself, or another machine reached over ssh (`crate::ssh`).
+//! machine itself, or another machine reached over ssh (`crate::hosts::ssh`).
 
 use crate::cleanup::{registry, Resource, Token, Undo};
 use bw_lab_results::net::WireCounters;
-use crate::ssh::{RemoteFile, SshHost};
+use crate::hosts::ssh::{RemoteFile, SshHost};
 use crate::command::{sh, which};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -75,13 +75,64 @@ impl Host {
         }
     }
 
+    /// Whether its links are the lab's own veths (a namespace the lab
+    /// made), which it may reshape and reset freely; a real NIC keeps what
+    /// its owner set up.
+    pub fn links_are_the_labs(&self) -> bool {
+        self.namespace().is_some()
+    }
+
+    /// Whether it is this machine (itself or one of its namespaces): its
+    /// files, processes and kernel are this machine's, and what the run
+    /// makes there this run undoes itself (an ssh host's state file is
+    /// undone by its own script, also by a later run).
+    pub fn on_this_machine(&self) -> bool {
+        !matches!(self, Host::Ssh(_))
+    }
+
+    /// Its boot id, for another machine only (this machine's is the run's
+    /// own, `state_file::boot_id`).
+    pub fn other_machine_boot_id(&self) -> Option<String> {
+        match self {
+            Host::Ssh(_) => self.run("cat", &["/proc/sys/kernel/random/boot_id"]).ok().map(|b| b.trim().to_string()),
+            Host::LocalNamespace(_) | Host::Local => None,
+        }
+    }
+
+    /// Make something with `make`, tracked so it is undone: on an ssh host
+    /// recorded first as `kind a b` in its state file (undone as a later
+    /// run would undo the line); on this machine as `here`.
+    pub fn create_recorded<T>(&self, kind: &str, a: &str, b: &str, here: Resource, make: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(Token, T)> {
+        match self {
+            Host::Ssh(h) => h.recorded(kind, a, b, make),
+            Host::LocalNamespace(_) | Host::Local => registry().create(here, make),
+        }
+    }
+
+    /// Put a root qdisc on `dev` with `tc ARGS`, tracked: in a namespace
+    /// of the lab's it goes with the namespace's cleanup; on a real NIC
+    /// (this machine's or an ssh host's) the undo deletes the root qdisc,
+    /// and on an ssh host the qdisc is in its state file first.
+    pub fn set_root_qdisc(&self, dev: &str, tc_args: &[String]) -> anyhow::Result<Token> {
+        let make = || self.tc(tc_args);
+        let here = match self {
+            Host::LocalNamespace(ns) => Resource::Qdisc { ns: ns.clone(), dev: dev.to_string() },
+            Host::Local | Host::Ssh(_) => Resource::owned(ShellUndo {
+                host: self.clone(),
+                script: crate::hosts::state_file::UNDO_ONE,
+                args: vec!["qdisc".into(), dev.into(), String::new()],
+            }),
+        };
+        Ok(self.create_recorded("qdisc", dev, "", here, make)?.0)
+    }
+
     /// The host's state file: an ssh host lists in it what the run made
-    /// there, this machine (and its namespaces) in `crate::local_state`'s,
+    /// there, this machine (and its namespaces) in `crate::hosts::local_state`'s,
     /// so a later run undoes what a killed one left.
     pub fn state_file(&self) -> Option<String> {
         match self.ssh() {
             Some(h) => Some(h.state_file()),
-            None => crate::local_state::path().map(|p| p.display().to_string()),
+            None => crate::hosts::local_state::path().map(|p| p.display().to_string()),
         }
     }
 
@@ -90,7 +141,7 @@ impl Host {
     pub fn record(&self, kind: &str, a: &str, b: &str) -> anyhow::Result<()> {
         match self.ssh() {
             Some(h) => h.record(kind, a, b),
-            None => crate::local_state::record(kind, a, b),
+            None => crate::hosts::local_state::record(kind, a, b),
         }
     }
 
@@ -144,7 +195,7 @@ impl Host {
     }
 
     /// What a command of this host printed on `stdout`: over ssh its
-    /// framed record alone (see [`crate::ssh::FRAME_MARK`]), here all of it.
+    /// framed record alone (see [`crate::hosts::ssh::FRAME_MARK`]), here all of it.
     pub fn program_output<'a>(&self, stdout: &'a str) -> anyhow::Result<&'a str> {
         match self {
             Host::Ssh(h) => h.program_output(stdout),
@@ -210,7 +261,7 @@ impl Host {
     pub fn has(&self, program: &str) -> bool {
         match self {
             Host::Ssh(h) => h
-                .run_line(&format!("PATH=$PATH:/usr/sbin:/sbin command -v {}", crate::ssh::quote(program)))
+                .run_line(&format!("PATH=$PATH:/usr/sbin:/sbin command -v {}", crate::hosts::ssh::quote(program)))
                 .is_ok(),
             // Local namespaces share this machine's file system.
             _ => which(program),
@@ -247,12 +298,12 @@ impl Host {
     pub fn process_cpu_seconds(&self, pid: u32) -> anyhow::Result<f64> {
         match self {
             // A namespace shares this machine's /proc.
-            Host::LocalNamespace(_) | Host::Local => crate::machine::process_cpu_seconds(pid),
+            Host::LocalNamespace(_) | Host::Local => crate::hosts::proc::process_cpu_seconds(pid),
             Host::Ssh(h) => {
                 let out = h.run_line(&format!("getconf CLK_TCK; cat /proc/{pid}/stat"))?;
                 let (tck, stat) = out.split_once('\n').ok_or_else(|| anyhow::anyhow!("process {pid} on {}: no /proc entry", h.host))?;
                 let tck: f64 = tck.trim().parse().unwrap_or(100.0);
-                let ticks = crate::machine::parse_stat_cpu_ticks(stat)
+                let ticks = crate::hosts::proc::parse_stat_cpu_ticks(stat)
                     .ok_or_else(|| anyhow::anyhow!("cannot parse /proc/{pid}/stat on {}", h.host))?;
                 Ok(ticks as f64 / tck)
             }
@@ -269,7 +320,7 @@ impl Host {
                 let res = Resource::owned(RemoteFile { host: h.clone(), path: path.to_path_buf() });
                 let (t, ()) = registry().create(res, || {
                     use std::io::Write;
-                    let mut c = h.remote(&format!("cat > {}", crate::ssh::quote(&p)));
+                    let mut c = h.remote(&format!("cat > {}", crate::hosts::ssh::quote(&p)));
                     let mut child = c.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
                     child.stdin.take().expect("piped").write_all(contents)?;
                     let out = child.wait_with_output()?;
@@ -373,7 +424,7 @@ pub fn parse_machine_ticks(text: &str) -> Option<MachineTicks> {
     if boot_id.is_empty() || boot_id.starts_with("cpu") {
         return None;
     }
-    let cpu = crate::machine::CpuTicks::parse(text)?;
+    let cpu = crate::hosts::proc::CpuTicks::parse(text)?;
     let (busy, total) = (cpu.busy(), cpu.total());
     Some(MachineTicks { boot_id, busy, total })
 }
