@@ -29,6 +29,9 @@ pub(crate) trait Transmit {
 /// the bytes go out as TLS records.
 pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit, mut sealer: Option<Sealer>) {
     let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
+    // With TLS: the records of a burst, kept from burst to burst (a fresh
+    // buffer each time cost an allocation and its page faults per write).
+    let mut records: Vec<u8> = Vec::new();
     loop {
         q.wake().notified().await;
         tokio::task::yield_now().await;
@@ -38,21 +41,36 @@ pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit, mut sea
                 let _ = wr.shutdown().await;
                 return;
             }
-            if !batch.is_empty() && send(&mut wr, sealer.as_mut(), &batch).await.is_err() {
+            let sent = match sealer.as_mut() {
+                // The burst's headers and the large payload behind them go
+                // out as one run of records, in one write.
+                Some(s) => {
+                    s.seal_run(&[&batch, big.as_deref().unwrap_or_default()], &mut records);
+                    let r = wr.write_all(&records).await;
+                    records.clear();
+                    r
+                }
+                None => {
+                    let mut r = if batch.is_empty() { Ok(()) } else { wr.write_all(&batch).await };
+                    if let (Ok(()), Some(b)) = (&r, &big) {
+                        r = wr.write_all(b).await;
+                    }
+                    r
+                }
+            };
+            if sent.is_err() {
                 return q.fail_all("send failed");
             }
             batch.clear();
-            match big {
-                Some(b) => {
-                    if send(&mut wr, sealer.as_mut(), &b).await.is_err() {
-                        return q.fail_all("send failed");
-                    }
-                }
-                None => break,
+            if big.is_none() {
+                break;
             }
         }
         if batch.capacity() > 1 << 20 {
             batch = Vec::with_capacity(64 * 1024);
+        }
+        if records.capacity() > 4 << 20 {
+            records = Vec::new();
         }
     }
 }

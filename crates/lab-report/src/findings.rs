@@ -307,9 +307,9 @@ fn factor_pairs(run: &Run, workload: MicroWorkload, metric: Metric, offload: boo
     let mut out = vec![];
     for other in other_factor_values(run, offload) {
         let (fa, fb) = if offload {
-            (Factors { offload: "none".into(), digest: other.clone() }, Factors { offload: "stateless".into(), digest: other.clone() })
+            (Factors { offload: "none".into(), digest: other.clone(), ..Default::default() }, Factors { offload: "stateless".into(), digest: other.clone(), ..Default::default() })
         } else {
-            (Factors { offload: other.clone(), digest: "crc32c-soft".into() }, Factors { offload: other.clone(), digest: "crc32c".into() })
+            (Factors { offload: other.clone(), digest: "crc32c-soft".into(), ..Default::default() }, Factors { offload: other.clone(), digest: "crc32c".into(), ..Default::default() })
         };
         for ca in run.micro.values().filter(|c| c.key.suite == Suite::Micro && c.key.workload == workload.name() && c.key.mtu == Some(run.mtu) && c.key.factors == fa) {
             let Some(cb) = run.micro.get(&CaseKey { factors: fb.clone(), ..ca.key.clone() }) else { continue };

@@ -210,6 +210,9 @@ pub struct Factors {
     /// iSCSI/NVMe-TCP digests: `crc32c` or `crc32c-soft` (empty: none).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub digest: String,
+    /// NVMe/TCP over TLS 1.3: `on` (empty: off, plaintext).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tls: String,
 }
 
 impl Factors {
@@ -225,6 +228,9 @@ impl Factors {
         }
         if !self.digest.is_empty() {
             v.push(format!("digest {}", self.digest));
+        }
+        if !self.tls.is_empty() {
+            v.push(format!("tls {}", self.tls));
         }
         v.join(", ")
     }
@@ -366,6 +372,9 @@ pub struct Params {
     /// `--digest` values in run order (empty: none only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub digests: Vec<String>,
+    /// `--tls` values in run order (empty: off only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls: Vec<String>,
     /// `--fs` values in run order (empty: ext4 only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fs_kinds: Vec<String>,

@@ -159,6 +159,13 @@ pub struct LabArgs {
     /// NVMe/TCP run. Default: none.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub digest: Option<Vec<String>>,
+    /// The offload study: NVMe/TCP over TLS 1.3, each measured in turn: off,
+    /// on (blockwire's target requires TLS with a PSK the lab makes; the
+    /// record layer is the kernel's where the hosts have kTLS, else user
+    /// space, and the report says which). With TLS only blockwire's
+    /// NVMe/TCP runs. Default: off.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub tls: Option<Vec<String>>,
     /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub path: Option<Vec<suites::route::PathChoice>>,
@@ -333,6 +340,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         fsync: args.fsync.clone(),
         offload: args.offload.clone(),
         digest: args.digest.clone(),
+        tls: args.tls.clone(),
         externals: external_subjects(args)?,
         mem_total: hosts::proc::machine_info().mem_total_bytes,
         cgroup: match hosts::cgroup::detect(std::path::Path::new(hosts::cgroup::ROOT)) {

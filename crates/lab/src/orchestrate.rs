@@ -265,18 +265,20 @@ impl LabRun {
     /// runs at the first combination only (its cases carry no factors).
     fn run_factors(&mut self, topo: &Topology) -> anyhow::Result<()> {
         let cx = &mut self.cx;
-        for (n, (offload, digest)) in cx.plan.factor_combinations().into_iter().enumerate() {
+        for (n, (offload, digest, tls)) in cx.plan.factor_combinations().into_iter().enumerate() {
             if offload != crate::network::offload::Offload::MtuFrames {
                 topo.set_offload(offload)?;
             }
-            cx.factors = bw_lab_results::Factors { offload: offload.name().into(), digest: digest.factor().into() };
+            cx.factors = bw_lab_results::Factors { offload: offload.name().into(), digest: digest.factor().into(), tls: tls.factor().into() };
             cx.digest = digest;
+            cx.tls = tls;
             if cx.plan.factor_combinations().len() > 1 {
-                cx.say(&format!("lab: offload {}, digest {}", if offload.name().is_empty() { "default" } else { offload.name() }, digest.name()));
+                let off = if offload.name().is_empty() { "default" } else { offload.name() };
+                cx.say(&format!("lab: offload {off}, digest {}, tls {}", digest.name(), tls.name()));
             }
             for (i, link) in topo.links.iter().enumerate() {
                 let first = i == 0 && n == 0;
-                if crate::resume::run::link_done(cx, &self.stages, link, first, digest) {
+                if crate::resume::run::link_done(cx, &self.stages, link, first, digest, tls) {
                     continue;
                 }
                 let mut run = LinkRun::start(cx, topo, link, first);

@@ -56,6 +56,8 @@ pub struct Choices {
     pub offload: Option<Vec<String>>,
     /// `--digest`: iSCSI/NVMe-TCP digests (None: none).
     pub digest: Option<Vec<String>>,
+    /// `--tls`: NVMe/TCP over TLS (None: off).
+    pub tls: Option<Vec<String>>,
     /// `--subject NAME=URL`: the user's own storage, measured beside the rest.
     pub externals: Vec<&'static crate::subjects::external::External>,
     /// Total memory of the machine (bytes), for the default `--client-mem`.
@@ -247,6 +249,7 @@ pub struct Plan {
     /// The offload study's factors, every combination per link shape.
     pub offloads: Vec<crate::network::offload::Offload>,
     pub digests: Vec<crate::network::offload::Digest>,
+    pub tls: Vec<crate::network::offload::Tls>,
     /// The fs suite's (file system, fsync) combinations, in run order.
     pub fs_combinations: Vec<(crate::suites::fs::fs_kind::FsKind, crate::suites::fs::fs_kind::Fsync)>,
 }
@@ -278,10 +281,17 @@ fn chosen_fs_combinations(c: &Choices, size: u64) -> anyhow::Result<Vec<(crate::
     Ok(kinds.iter().flat_map(|&k| syncs.iter().map(move |&f| (k, f))).collect())
 }
 
-/// `--offload` and `--digest`, or the defaults (one setting each).
-fn chosen_factors(c: &Choices) -> anyhow::Result<(Vec<crate::network::offload::Offload>, Vec<crate::network::offload::Digest>)> {
-    use crate::network::offload::{Digest, Offload};
-    Ok((factor_list(&c.offload, Offload::parse, Offload::MtuFrames)?, factor_list(&c.digest, Digest::parse, Digest::None)?))
+/// The offload study's factors.
+type FactorLists = (Vec<crate::network::offload::Offload>, Vec<crate::network::offload::Digest>, Vec<crate::network::offload::Tls>);
+
+/// `--offload`, `--digest` and `--tls`, or the defaults (one setting each).
+fn chosen_factors(c: &Choices) -> anyhow::Result<FactorLists> {
+    use crate::network::offload::{Digest, Offload, Tls};
+    Ok((
+        factor_list(&c.offload, Offload::parse, Offload::MtuFrames)?,
+        factor_list(&c.digest, Digest::parse, Digest::None)?,
+        factor_list(&c.tls, Tls::parse, Tls::Off)?,
+    ))
 }
 
 impl Plan {
@@ -306,7 +316,7 @@ impl Plan {
         let mtus = chosen_mtus(c)?;
         let suites = chosen_suites(c)?;
         let links = chosen_links(c)?;
-        let (offloads, digests) = chosen_factors(c)?;
+        let (offloads, digests, tls) = chosen_factors(c)?;
         // Five repeats: with fewer, no honest interval is narrow enough to
         // name a winner even when one subject needs 8x the CPU of another
         // (stats::ratio_of_means widens small samples' intervals). The
@@ -399,6 +409,7 @@ impl Plan {
             tcp_congestion: chosen_tcp_congestion(c)?,
             offloads: offloads.iter().map(|o| o.name().to_string()).filter(|n| !n.is_empty()).collect(),
             digests: if c.digest.is_some() { digests.iter().map(|d| d.name().to_string()).collect() } else { vec![] },
+            tls: if c.tls.is_some() { tls.iter().map(|t| t.name().to_string()).collect() } else { vec![] },
             fs_kinds: if c.fs_kinds.is_some() { fs_names(&fs_combinations, |(k, _)| k.name()) } else { vec![] },
             fsyncs: if c.fsync.is_some() { fs_names(&fs_combinations, |(_, f)| f.name()) } else { vec![] },
         };
@@ -415,6 +426,7 @@ impl Plan {
             fs,
             offloads,
             digests,
+            tls,
             fs_combinations,
         })
     }
@@ -422,21 +434,32 @@ impl Plan {
     /// Networked subjects over every factor combination: how many turns
     /// each micro and sweep case takes per MTU and link.
     pub fn subject_turns(&self) -> usize {
-        self.factor_combinations().iter().map(|&(_, d)| self.subjects_for(d).len()).sum()
+        self.factor_combinations().iter().map(|&(_, d, t)| self.subjects_for(d, t).len()).sum()
     }
 
-    /// The (offload, digest) combinations each link shape runs, in order.
-    pub fn factor_combinations(&self) -> Vec<(crate::network::offload::Offload, crate::network::offload::Digest)> {
-        self.offloads.iter().flat_map(|&o| self.digests.iter().map(move |&d| (o, d))).collect()
+    /// The (offload, digest, TLS) combinations each link shape runs, in order.
+    pub fn factor_combinations(&self) -> Vec<(crate::network::offload::Offload, crate::network::offload::Digest, crate::network::offload::Tls)> {
+        let mut v = vec![];
+        for &o in &self.offloads {
+            for &d in &self.digests {
+                v.extend(self.tls.iter().map(|&t| (o, d, t)));
+            }
+        }
+        v
     }
 
-    /// The networked subjects a digest setting measures: all of them
-    /// without digests; with, blockwire's iSCSI and NVMe/TCP only (AoE has
-    /// no digest, and the peers' own CRC code is not ours to switch).
-    pub fn subjects_for(&self, digest: crate::network::offload::Digest) -> Vec<Subject> {
+    /// The networked subjects a digest and TLS setting measures: all of
+    /// them without either; with digests, blockwire's iSCSI and NVMe/TCP
+    /// only (AoE has no digest, and the peers' own CRC code is not ours to
+    /// switch); with TLS, blockwire's NVMe/TCP only (nvmet's TLS needs
+    /// tlshd and the kernel keyring on the target host, which the lab's
+    /// nvmet setup does not configure).
+    pub fn subjects_for(&self, digest: crate::network::offload::Digest, tls: crate::network::offload::Tls) -> Vec<Subject> {
+        use crate::network::offload::{Digest, Tls};
         self.subjects()
             .into_iter()
-            .filter(|s| digest == crate::network::offload::Digest::None || matches!(s, Subject::Blockwire(Protocol::Iscsi | Protocol::Nvme)))
+            .filter(|s| digest == Digest::None || matches!(s, Subject::Blockwire(Protocol::Iscsi | Protocol::Nvme)))
+            .filter(|s| tls == Tls::Off || *s == Subject::Blockwire(Protocol::Nvme))
             .collect()
     }
 
@@ -730,18 +753,31 @@ mod tests {
         use crate::network::offload::{Digest, Offload};
         let p = Plan::from_choices(&Choices { offload: Some(list("none,stateless")), digest: Some(list("none,crc32c,crc32c-soft")), quick: true, ..choices() }).unwrap();
         assert_eq!(p.factor_combinations().len(), 6);
-        assert_eq!(p.factor_combinations()[1], (Offload::None, Digest::Crc32c));
+        assert_eq!(p.factor_combinations()[1], (Offload::None, Digest::Crc32c, crate::network::offload::Tls::Off));
         // 5 subjects without digests, blockwire's iSCSI and NVMe/TCP with.
         assert_eq!(p.subject_turns(), 2 * (5 + 2 + 2));
         assert_eq!((p.params.offloads.clone(), p.params.digests.len()), (list("none,stateless"), 3));
         let d = Plan::from_choices(&choices()).unwrap();
-        assert_eq!(d.factor_combinations(), vec![(Offload::MtuFrames, Digest::None)]);
+        assert_eq!(d.factor_combinations(), vec![(Offload::MtuFrames, Digest::None, crate::network::offload::Tls::Off)]);
         assert!(d.params.offloads.is_empty() && d.params.digests.is_empty(), "defaults are not named");
         assert!(Plan::from_choices(&Choices { offload: Some(list("toe")), ..choices() }).is_err());
         assert!(Plan::from_choices(&Choices { digest: Some(list("md5")), ..choices() }).is_err());
         let one = Plan::from_choices(&Choices { micro_workloads: Some(list("seqread-1m")), ..choices() }).unwrap();
         assert_eq!(one.micro.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(), ["seqread-1m"]);
         assert!(Plan::from_choices(&Choices { micro_workloads: Some(list("seqread-2m")), ..choices() }).is_err());
+    }
+
+    #[test]
+    fn tls_factor() {
+        use crate::network::offload::{Digest, Offload, Tls};
+        let p = Plan::from_choices(&Choices { tls: Some(list("off,on")), quick: true, ..choices() }).unwrap();
+        assert_eq!(p.factor_combinations(), vec![(Offload::MtuFrames, Digest::None, Tls::Off), (Offload::MtuFrames, Digest::None, Tls::On)]);
+        // 5 subjects in plaintext, blockwire's NVMe/TCP alone over TLS.
+        assert_eq!(p.subjects_for(Digest::None, Tls::On), vec![Subject::Blockwire(Protocol::Nvme)]);
+        assert_eq!(p.subject_turns(), 5 + 1);
+        assert_eq!(p.params.tls, list("off,on"));
+        assert!(Plan::from_choices(&choices()).unwrap().params.tls.is_empty(), "the default is not named");
+        assert!(Plan::from_choices(&Choices { tls: Some(list("ktls")), ..choices() }).is_err());
     }
 
     #[test]

@@ -27,8 +27,12 @@ use std::os::fd::{AsRawFd, RawFd};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Byte buffers larger than this are not kept for reuse.
-const KEEP_CAPACITY: usize = 1 << 20;
+/// Byte buffers larger than this are not kept for reuse (a 1 MiB read
+/// copied behind its PDU headers fits).
+const KEEP_CAPACITY: usize = (1 << 20) + (64 << 10);
+
+/// Most bytes of byte buffers kept for reuse, all together.
+const KEEP_BYTES: usize = 8 << 20;
 
 /// Byte buffers kept for reuse (with mapped payloads a buffer holds the
 /// headers between two of them, so a burst uses one per read).
@@ -84,12 +88,12 @@ impl Payload {
 pub struct Outbox {
     segs: VecDeque<Seg>,
     spares: Vec<Vec<u8>>,
+    /// The capacity of `spares`, added up.
+    spare_bytes: usize,
     /// Unsent bytes of the byte buffers other than the last segment (the
     /// one [`Outbox::buf_mut`] appends to): [`Outbox::buffered`] without a
     /// walk over every segment, which the driver asks before each PDU (with
-    /// a burst of mapped reads queued, 64 segments each time). Always 0
-    /// with user-space TLS, where only byte buffers are queued and
-    /// [`Outbox::buf_mut`] appends to the one there is.
+    /// a burst of mapped reads queued, 64 segments each time).
     sealed: usize,
     /// User-space TLS: the records made so far and how much of them went.
     tls: Option<Tls>,
@@ -144,9 +148,16 @@ impl Outbox {
 
     /// The buffer new PDUs are appended to (after everything queued).
     pub fn buf_mut(&mut self) -> &mut Vec<u8> {
-        if !matches!(self.segs.back(), Some(Seg::Buf { .. })) {
+        // With TLS a buffer already sealed in part takes no more: behind
+        // it a new one starts, so that each is taken off, and kept for
+        // reuse, once sealed (one growing without end was dropped, too
+        // large to keep, and the next grew again by reallocation: copies
+        // and page faults per large read).
+        let sealing = self.tls.is_some() && matches!(self.segs.back(), Some(Seg::Buf { pos, .. }) if *pos > 0);
+        if sealing || !matches!(self.segs.back(), Some(Seg::Buf { .. })) {
             let data = self.spares.pop().unwrap_or_default();
-            self.segs.push_back(Seg::Buf { data, pos: 0 });
+            self.spare_bytes -= data.capacity();
+            self.push_seg(Seg::Buf { data, pos: 0 });
         }
         match self.segs.back_mut() {
             Some(Seg::Buf { data, .. }) => data,
@@ -277,19 +288,23 @@ impl Outbox {
         let Some(mut t) = self.tls.take() else { return };
         let mut sealed = 0;
         while sealed < limit {
-            let mut pieces: Vec<&[u8]> = Vec::new();
-            let mut n = 0;
+            // The pieces of one record: the fronts of the buffers queued
+            // (no allocation per record).
+            let mut pieces: [&[u8]; 16] = [&[]; 16];
+            let (mut n, mut k) = (0, 0);
             for seg in self.segs.iter() {
                 let Seg::Buf { data, pos } = seg else { break };
                 let take = (data.len() - pos).min(MAX_PLAINTEXT - n);
                 if take > 0 {
-                    pieces.push(&data[*pos..*pos + take]);
+                    pieces[k] = &data[*pos..*pos + take];
                     n += take;
+                    k += 1;
                 }
-                if n == MAX_PLAINTEXT {
+                if n == MAX_PLAINTEXT || k == pieces.len() {
                     break;
                 }
             }
+            let pieces = &pieces[..k];
             if n == 0 {
                 // Only empty buffers (or, wrongly, a payload that cannot be
                 // read here) left.
@@ -298,14 +313,18 @@ impl Outbox {
                 }
                 break;
             }
-            t.sealer.seal(ContentType::ApplicationData, &pieces, &mut t.records);
+            t.sealer.seal(ContentType::ApplicationData, pieces, &mut t.records);
             sealed += n;
             let mut left = n;
             while left > 0 {
+                let behind = self.segs.len() > 1;
                 let Some(Seg::Buf { data, pos }) = self.segs.front_mut() else { break };
                 let here = (data.len() - *pos).min(left);
                 *pos += here;
                 left -= here;
+                if behind {
+                    self.sealed -= here;
+                }
                 if *pos == data.len() {
                     self.pop_front();
                 }
@@ -416,8 +435,10 @@ impl Outbox {
 
     fn pop_front(&mut self) {
         if let Some(Seg::Buf { mut data, .. }) = self.segs.pop_front() {
-            if data.capacity() <= KEEP_CAPACITY && self.spares.len() < KEEP_BUFFERS {
+            let cap = data.capacity();
+            if cap <= KEEP_CAPACITY && self.spares.len() < KEEP_BUFFERS && self.spare_bytes + cap <= KEEP_BYTES {
                 data.clear();
+                self.spare_bytes += cap;
                 self.spares.push(data);
             }
         }
@@ -503,6 +524,54 @@ mod tests {
             let mut got = vec![0u8; want.len()];
             peer.read_exact(&mut got).unwrap();
             assert!(got == want, "the bytes on the wire are not the headers and payloads in order");
+        });
+    }
+
+    /// User-space TLS: a buffer sealed in part takes no more PDUs (it is
+    /// taken off and kept for reuse once sealed, not grown without end),
+    /// and what is queued is counted right throughout.
+    #[test]
+    fn tls_buffers_sealed_in_part_take_no_more() {
+        use bw_tls::record::{Keys, Opener};
+        use bw_tls::Suite;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let keys = || Keys::from_secret(Suite::Aes128GcmSha256, &[6u8; 32]);
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let sock = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let (mut peer, _) = listener.accept().unwrap();
+            let mut out = Outbox::default();
+            out.set_tls(Sealer::new(&keys()));
+            // More than is sealed ahead at once, and than the socket takes:
+            // the buffer stays, sealed in part.
+            // (16 MiB: more than loopback's socket buffers hold.)
+            let big: Vec<u8> = (0..64 * SEAL_AHEAD + 7).map(|j| (j % 251) as u8).collect();
+            out.buf_mut().extend_from_slice(&big);
+            out.send(&sock).unwrap();
+            assert!(matches!(out.segs.front(), Some(Seg::Buf { pos, data }) if *pos > 0 && *pos < data.len()));
+            let before = out.buffered();
+            out.buf_mut().extend_from_slice(b"next pdu");
+            // A new buffer behind the one sealed in part, and counted.
+            assert_eq!(out.segs.len(), 2);
+            assert_eq!(out.buffered(), before + 8);
+            let reader = std::thread::spawn(move || {
+                let mut wire = Vec::new();
+                peer.read_to_end(&mut wire).unwrap();
+                wire
+            });
+            out.drain(&sock).await.unwrap();
+            assert!(out.is_empty() && out.buffered() == 0, "{} bytes left counted", out.buffered());
+            drop(sock);
+            let wire = reader.join().unwrap();
+            let mut o = Opener::new(&keys(), false);
+            let mut got = bytes::BytesMut::new();
+            let mut at = 0;
+            while let Some((n, _)) = o.open(&wire[at..], &mut got).unwrap() {
+                at += n;
+            }
+            let mut want = big;
+            want.extend_from_slice(b"next pdu");
+            assert!(at == wire.len() && got[..] == want[..]);
         });
     }
 

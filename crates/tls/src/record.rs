@@ -204,6 +204,22 @@ impl Aead {
     }
 }
 
+/// `EVP_CipherUpdate` of `input` into `out`, which may be memory not yet
+/// initialized (the openssl crate's `cipher_update` takes `&mut [u8]`,
+/// which such memory must not be made into); the bytes written.
+///
+/// # Safety
+/// `out` must have room for `input.len()` bytes (AES-GCM writes as many
+/// as it reads).
+unsafe fn evp_update(ctx: &mut CipherCtx, out: *mut u8, input: &[u8]) -> usize {
+    use foreign_types::ForeignTypeRef;
+    let mut n: std::os::raw::c_int = 0;
+    let len = std::os::raw::c_int::try_from(input.len()).expect("a record's piece fits an int");
+    let r = openssl_sys::EVP_CipherUpdate(ctx.as_ptr(), out, &mut n, input.as_ptr(), len);
+    assert_eq!(r, 1, "AES-GCM update failed");
+    n as usize
+}
+
 /// Protects what we send.
 pub struct Sealer(Aead);
 
@@ -219,31 +235,63 @@ impl Sealer {
 
     /// Append one record of `kind` carrying the bytes of `pieces`, in
     /// order (at most [`MAX_PLAINTEXT`] in all), to `out`: each piece is
-    /// encrypted from where it is, straight into `out`.
+    /// encrypted from where it is, straight into `out`'s spare room (not
+    /// zero-filled first: each byte is written once, by the cipher).
     pub fn seal(&mut self, kind: ContentType, pieces: &[&[u8]], out: &mut Vec<u8>) {
         let len: usize = pieces.iter().map(|p| p.len()).sum();
         assert!(len <= MAX_PLAINTEXT, "a record carries at most {MAX_PLAINTEXT} bytes, not {len}");
         let body = len + 1 + TAG_LEN;
         let h = [ContentType::ApplicationData.to_u8(), 3, 3, (body >> 8) as u8, body as u8];
         self.0.begin(&h, true);
-        let start = out.len();
+        out.reserve(HEADER_LEN + body);
         out.extend_from_slice(&h);
-        out.resize(start + HEADER_LEN + body, 0);
-        let mut at = start + HEADER_LEN;
         let ctx = &mut self.0.ctx;
         for p in pieces.iter().chain([&&[kind.to_u8()][..]]) {
-            let n = ctx.cipher_update(p, Some(&mut out[at..at + p.len()])).expect("GCM encryption");
-            debug_assert_eq!(n, p.len());
-            at += p.len();
+            // SAFETY: `reserve` made room for the whole record; the
+            // cipher writes exactly `p.len()` bytes there (GCM is a stream
+            // mode: no block is held back), which `set_len` then covers.
+            unsafe {
+                let n = evp_update(ctx, out.as_mut_ptr().add(out.len()), p);
+                debug_assert_eq!(n, p.len());
+                out.set_len(out.len() + p.len());
+            }
         }
         ctx.cipher_final(&mut []).expect("GCM final");
-        ctx.tag(&mut out[at..at + TAG_LEN]).expect("GCM tag");
+        let at = out.len();
+        out.extend_from_slice(&[0; TAG_LEN]);
+        ctx.tag(&mut out[at..]).expect("GCM tag");
     }
 
     /// Append `data` as application data records of at most [`MAX_PLAINTEXT`] each.
     pub fn seal_all(&mut self, data: &[u8], out: &mut Vec<u8>) {
-        for chunk in data.chunks(MAX_PLAINTEXT) {
-            self.seal(ContentType::ApplicationData, &[chunk], out);
+        self.seal_run(&[data], out);
+    }
+
+    /// Append the bytes of `run`, in order, as application data records
+    /// of [`MAX_PLAINTEXT`] each (the last shorter): a record gathers the
+    /// end of one piece and the start of the next (a burst's PDU headers
+    /// and the payload behind them share records).
+    pub fn seal_run(&mut self, run: &[&[u8]], out: &mut Vec<u8>) {
+        let total: usize = run.iter().map(|p| p.len()).sum();
+        out.reserve(total + total.div_ceil(MAX_PLAINTEXT) * (HEADER_LEN + 1 + TAG_LEN));
+        let mut rest = run.iter().copied().filter(|p| !p.is_empty());
+        let mut cur: &[u8] = rest.next().unwrap_or_default();
+        while !cur.is_empty() {
+            // At most a few pieces a record: a burst is one buffer of
+            // headers and a payload.
+            let mut pieces: [&[u8]; 8] = [&[]; 8];
+            let (mut n, mut k) = (0, 0);
+            while n < MAX_PLAINTEXT && k < pieces.len() && !cur.is_empty() {
+                let take = cur.len().min(MAX_PLAINTEXT - n);
+                pieces[k] = &cur[..take];
+                cur = &cur[take..];
+                n += take;
+                k += 1;
+                if cur.is_empty() {
+                    cur = rest.next().unwrap_or_default();
+                }
+            }
+            self.seal(ContentType::ApplicationData, &pieces[..k], out);
         }
     }
 
@@ -302,9 +350,16 @@ impl Opener {
         let (ct, tag) = input[HEADER_LEN..h.total()].split_at(h.len - TAG_LEN);
         self.aead.begin(header, false);
         let start = out.len();
-        out.resize(start + ct.len(), 0);
+        out.reserve(ct.len());
         let ctx = &mut self.aead.ctx;
-        let ok = ctx.cipher_update(ct, Some(&mut out[start..])).is_ok() && ctx.set_tag(tag).is_ok() && ctx.cipher_final(&mut []).is_ok();
+        // SAFETY: room for `ct.len()` bytes was reserved, and the cipher
+        // writes as many (GCM holds no block back); `set_len` covers them.
+        unsafe {
+            let n = evp_update(ctx, out.as_mut_ptr().add(start), ct);
+            debug_assert_eq!(n, ct.len());
+            out.set_len(start + ct.len());
+        }
+        let ok = ctx.set_tag(tag).is_ok() && ctx.cipher_final(&mut []).is_ok();
         if !ok {
             out.truncate(start);
             return Err(RecordError::BadMac);
@@ -442,6 +497,30 @@ mod tests {
             assert_eq!(&plain[..], &want[..]);
             assert_eq!((s.seq(), o.seq()), (4, 4));
         }
+    }
+
+    /// A run of pieces (a burst's headers, then a payload) fills whole
+    /// records across the pieces' boundaries: as many records as the
+    /// bytes need, not one more per piece.
+    #[test]
+    fn a_run_of_pieces_shares_records() {
+        let (mut s, mut o) = pair(Suite::Aes128GcmSha256);
+        let headers = vec![1u8; 3 * 24];
+        // Headers and payload fill 64 records exactly: a record per piece
+        // would take 65.
+        let payload: Vec<u8> = (0..(1u32 << 20) - headers.len() as u32).map(|i| (i % 249) as u8).collect();
+        let mut wire = Vec::new();
+        s.seal_run(&[&headers, &[], &payload], &mut wire);
+        let total = headers.len() + payload.len();
+        assert_eq!(s.seq() as usize, total.div_ceil(MAX_PLAINTEXT));
+        assert_eq!(wire.len(), total + total.div_ceil(MAX_PLAINTEXT) * (HEADER_LEN + 1 + TAG_LEN));
+        let mut plain = BytesMut::new();
+        let mut at = 0;
+        while let Some((n, _)) = o.open(&wire[at..], &mut plain).unwrap() {
+            at += n;
+        }
+        assert_eq!(at, wire.len());
+        assert!(plain[..headers.len()] == headers[..] && plain[headers.len()..] == payload[..]);
     }
 
     #[test]

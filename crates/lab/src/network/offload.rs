@@ -144,6 +144,41 @@ impl Digest {
     }
 }
 
+/// NVMe/TCP over TLS 1.3 (`--tls`): blockwire's NVMe/TCP target requires
+/// it (a PSK the lab makes for the run) and `blockwire bench` connects with
+/// `?tls`. Which record layer a connection used (the kernel's, kTLS, or
+/// the user-space one) is the bench's to say, and the report shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tls {
+    #[default]
+    Off,
+    On,
+}
+
+impl Tls {
+    pub const ALL: [Tls; 2] = [Tls::Off, Tls::On];
+
+    /// The name in `--tls`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tls::Off => "off",
+            Tls::On => "on",
+        }
+    }
+
+    /// The name a sample's factors record (empty: the default, off).
+    pub fn factor(self) -> &'static str {
+        match self {
+            Tls::Off => "",
+            Tls::On => "on",
+        }
+    }
+
+    pub fn parse(s: &str) -> anyhow::Result<Tls> {
+        Tls::ALL.into_iter().find(|t| t.name() == s.trim()).ok_or_else(|| anyhow::anyhow!("--tls {s:?}: expected off or on"))
+    }
+}
+
 /// What the offloads of one device were before the lab changed them.
 #[derive(Debug, Clone)]
 pub struct Saved {

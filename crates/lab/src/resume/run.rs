@@ -76,14 +76,14 @@ fn list(v: &[&String]) -> String {
 
 /// Whether every case on `link` here (the current shape and factors) was
 /// finished by an earlier start: its targets need not start.
-pub fn link_done(cx: &mut RunContext, stages: &[Box<dyn Stage>], link: &Link, first: bool, digest: crate::network::offload::Digest) -> bool {
+pub fn link_done(cx: &mut RunContext, stages: &[Box<dyn Stage>], link: &Link, first: bool, digest: crate::network::offload::Digest, tls: crate::network::offload::Tls) -> bool {
     let at = cx.at();
     let cases = crate::stage::cases::on_link(stages, cx, &at, link, first);
     if cases.is_empty() || !cases.iter().all(|c| cx.book.is_done(c)) {
         return false;
     }
     let p = &cx.plan;
-    let bench = p.subjects_for(digest).len() as u64 * (p.micro.len() as u64 * p.params.repeat as u64 + p.sweep.len() as u64 * p.params.sweep_repeats() as u64);
+    let bench = p.subjects_for(digest, tls).len() as u64 * (p.micro.len() as u64 * p.params.repeat as u64 + p.sweep.len() as u64 * p.params.sweep_repeats() as u64);
     cx.progress.inc(bench + if first { p.fs_runs() } else { 0 });
     cx.say(&format!("lab: {}: all {} cases finished in an earlier start; its targets are not started", crate::resume::case::targets(&at, link.mtu).trim_start_matches("targets, "), cases.len()));
     true

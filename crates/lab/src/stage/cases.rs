@@ -11,9 +11,9 @@ use crate::resume::case::At;
 use crate::network::topology::Link;
 use bw_lab_results::Factors;
 
-/// The run's place at `shape` and factor combination `(offload, digest)`.
-pub fn at(shape: &str, offload: crate::network::offload::Offload, digest: crate::network::offload::Digest) -> At {
-    At { shape: shape.to_string(), factors: Factors { offload: offload.name().into(), digest: digest.factor().into() } }
+/// The run's place at `shape` and factor combination `(offload, digest, tls)`.
+pub fn at(shape: &str, offload: crate::network::offload::Offload, digest: crate::network::offload::Digest, tls: crate::network::offload::Tls) -> At {
+    At { shape: shape.to_string(), factors: Factors { offload: offload.name().into(), digest: digest.factor().into(), tls: tls.factor().into() } }
 }
 
 /// Every case the stages measure over `links`, in run order.
@@ -28,9 +28,9 @@ pub fn planned(stages: &[Box<dyn Stage>], cx: &RunContext, links: &[Link]) -> Ve
             }
         }
         if measures_subjects {
-            for (n, (o, d)) in cx.plan.factor_combinations().into_iter().enumerate() {
+            for (n, (o, d, t)) in cx.plan.factor_combinations().into_iter().enumerate() {
                 for (i, l) in links.iter().enumerate() {
-                    v.extend(on_link(stages, cx, &at(&shape.name, o, d), l, i == 0 && n == 0));
+                    v.extend(on_link(stages, cx, &at(&shape.name, o, d, t), l, i == 0 && n == 0));
                 }
             }
         }

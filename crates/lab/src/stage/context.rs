@@ -35,6 +35,7 @@ pub struct RunContext {
     /// The offload study's factors being measured.
     pub factors: bw_lab_results::Factors,
     pub digest: crate::network::offload::Digest,
+    pub tls: crate::network::offload::Tls,
     /// Whole-machine CPU of the target and client hosts' machines.
     pub meter: crate::hosts::machine_cpu::MachineMeter,
     /// The run's record: what is measured goes there as it is, and a
@@ -59,6 +60,7 @@ impl RunContext {
             clients: vec![crate::subjects::clients::ClientKind::Blockwire],
             factors: Default::default(),
             digest: Default::default(),
+            tls: Default::default(),
             meter: Default::default(),
             book: Book::none(),
             planned: vec![],

@@ -164,7 +164,7 @@ impl<'a> LinkRun<'a> {
 
     fn start_targets(cx: &mut RunContext, topo: &'a Topology, link: &'a Link, first: bool) -> LinkRun<'a> {
         let mut run = LinkRun { topo, link, procs: vec![], live: vec![], first };
-        let measured = cx.plan.subjects_for(cx.digest);
+        let measured = cx.plan.subjects_for(cx.digest, cx.tls);
         let mut ours: Vec<_> = cx.plan.protocols.iter().copied().filter(|p| measured.contains(&Subject::Blockwire(*p))).collect();
         let mut peers = cx.plan.peers.clone();
         if topo.routed {
@@ -198,6 +198,7 @@ impl<'a> LinkRun<'a> {
                 log: None,
                 ready_within: Duration::from_secs(20),
                 soft_digest: cx.digest == crate::network::offload::Digest::Crc32cSoft,
+                tls: cx.tls == crate::network::offload::Tls::On,
             };
             let (proc, status) = blockwire::start(&serve, &ours);
             for (proto, st) in &status {
@@ -244,9 +245,9 @@ impl<'a> LinkRun<'a> {
         if topo.remote {
             run.check_aoe_reach(cx);
         }
-        // Kernel initiators negotiate no digests here: they are measured in
-        // the digest-free combination only.
-        if cx.digest == crate::network::offload::Digest::None {
+        // Kernel initiators negotiate no digests or TLS here: they are
+        // measured in the plaintext, digest-free combination only.
+        if cx.digest == crate::network::offload::Digest::None && cx.tls == crate::network::offload::Tls::Off {
             run.attach_kernel_clients(cx);
         }
         run

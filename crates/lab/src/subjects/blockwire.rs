@@ -16,6 +16,11 @@ pub const NQN: &str = "nqn.2026-11.org.blockwire.lab:disk";
 pub const AOE_ADDRESS: (u16, u8) = (1, 0);
 pub const ISCSI_PORT: u16 = 3260;
 pub const NVME_PORT: u16 = 4420;
+/// With `--tls on`: the host NQN `blockwire bench` connects as, and its
+/// PSK (`nvme gen-tls-key` form). A fixed key of the lab's own: the lab
+/// measures what encryption costs on its links, not what it hides.
+pub const TLS_HOST: &str = "nqn.2026-11.org.blockwire.lab:tls-client";
+pub const TLS_PSK: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
 /// Not NVMe/TCP's port: an iWARP device's connection manager shares the
 /// TCP port space.
 pub const NVME_RDMA_PORT: u16 = 4421;
@@ -43,11 +48,33 @@ pub struct Serve<'a> {
     pub ready_within: Duration,
     /// CRC32C digests with portable tables (`[tuning] digest_impl`).
     pub soft_digest: bool,
+    /// NVMe/TCP requires TLS ([`TLS_HOST`] with [`TLS_PSK`]).
+    pub tls: bool,
+}
+
+/// `blockwire bench` options for an NVMe/TCP subject over TLS: the host
+/// the target knows the PSK of, and the PSK.
+pub fn tls_bench_args() -> [&'static str; 4] {
+    ["--initiator-name", TLS_HOST, "--tls-psk", TLS_PSK]
+}
+
+/// The record layer serve's log says its last TLS connection got
+/// (`nvme: PEER on PORT: TLS SUITE as "ID" (..), records LAYER`): `TLS
+/// SUITE LAYER records` (user: user space; ktls: the kernel's; no comma:
+/// a subject's datapaths are a comma-separated list).
+pub fn tls_records(log: &str) -> Option<String> {
+    const RECORDS: &str = ", records ";
+    let at = log.rfind(RECORDS)?;
+    let before = &log[..at];
+    let suite = before[before.rfind(": TLS ")? + ": TLS ".len()..].split(' ').next()?;
+    let layer: String = log[at + RECORDS.len()..].chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+    (!layer.is_empty()).then(|| format!("TLS {suite} {layer} records"))
 }
 
 /// The `blockwire serve --config` TOML for `protocols` on `link` (schema of
-/// bw_serve::config; written as text so the lab does not link the target).
-fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
+/// bw_serve::config; written as text so the lab does not link the target);
+/// with `tls`, NVMe/TCP requires TLS from [`TLS_HOST`].
+fn serve_config(link: &Link, backend: &str, protocols: &[Protocol], tls: bool) -> String {
     let ip = link.target_ip;
     let q = |s: &str| toml::Value::String(s.to_string()).to_string();
     // The lab's serve is built from this file alone: its control methods
@@ -78,11 +105,17 @@ fn serve_config(link: &Link, backend: &str, protocols: &[Protocol]) -> String {
         t += "\n[nvme]\n";
         if tcp {
             t += &format!("listen = [\"{ip}:{NVME_PORT}\"]\ndiscovery_listen = \"{ip}:8009\"\n");
+            if tls {
+                t += "tls = \"required\"\n";
+            }
         }
         if rdma {
             t += &format!("rdma_listen = [\"{ip}:{NVME_RDMA_PORT}\"]\n");
         }
         t += &format!("[[nvme.subsystem]]\nnqn = {}\nnamespaces = [{{ nsid = 1, volume = \"lab\" }}]\n", q(NQN));
+        if tcp && tls {
+            t += &format!("[[nvme.subsystem.host]]\nnqn = {}\ntls_psk = {}\n", q(TLS_HOST), q(TLS_PSK));
+        }
     }
     t
 }
@@ -97,10 +130,11 @@ pub fn aoe_datapath(log: &str) -> Option<String> {
 
 /// Start serve and wait (at most 20 s) for its ready line.
 fn start_serve_once(serve: &Serve, protocols: &[Protocol]) -> Result<TargetProcess, String> {
-    let mut text = serve_config(serve.link, &serve.backend, protocols);
+    let mut text = serve_config(serve.link, &serve.backend, protocols, serve.tls);
     if serve.soft_digest {
         text += "\n[tuning]\ndigest_impl = \"soft\"\n";
     }
+
     let path = serve.host.run_path("/tmp", &format!("serve-{}-{}.toml", serve.host.name(), serve.link.mtu));
     let cfg_token = serve.host.create_file(&path, text.as_bytes()).map_err(|e| e.to_string())?;
     let exe = serve.host.lab_exe(serve.exe);
@@ -162,7 +196,7 @@ mod tests {
     fn serve_config_is_well_formed_toml() {
         let link = crate::network::topology::test_link();
         let all = Protocol::ALL;
-        let text = serve_config(&link, "file:/dev/shm/x.img", &all);
+        let text = serve_config(&link, "file:/dev/shm/x.img", &all, false);
         let v: toml::Table = toml::from_str(&text).unwrap();
         assert_eq!(v["volume"][0]["backend"].as_str(), Some("file:/dev/shm/x.img"));
         assert_eq!(v["control"]["allowed_paths"].as_array().map(Vec::len), Some(0));
@@ -172,16 +206,31 @@ mod tests {
         assert_eq!(v["iscsi"]["target"][0]["iqn"].as_str(), Some(IQN));
         assert_eq!(v["iscsi"]["target"][0]["luns"][0]["lun"].as_integer(), Some(0));
         assert_eq!(v["nvme"]["subsystem"][0]["namespaces"][0]["nsid"].as_integer(), Some(1));
-        let only_aoe: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &all[..1])).unwrap();
+        let only_aoe: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &all[..1], false)).unwrap();
         assert!(only_aoe.get("iscsi").is_none() && only_aoe.get("nvme").is_none());
         assert!(v["nvme"].get("rdma_listen").is_none());
         // Both NVMe transports share one [nvme] table and subsystem.
-        let both: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &[Protocol::NvmeRdma, Protocol::Nvme])).unwrap();
+        let both: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &[Protocol::NvmeRdma, Protocol::Nvme], false)).unwrap();
         assert_eq!(both["nvme"]["listen"][0].as_str(), Some("198.18.1.1:4420"));
         assert_eq!(both["nvme"]["rdma_listen"][0].as_str(), Some("198.18.1.1:4421"));
         assert_eq!(both["nvme"]["subsystem"].as_array().map(|a| a.len()), Some(1));
-        let rdma: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &[Protocol::NvmeRdma])).unwrap();
+        let rdma: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &[Protocol::NvmeRdma], false)).unwrap();
         assert!(rdma["nvme"].get("listen").is_none() && rdma["nvme"].get("discovery_listen").is_none());
+        // --tls on: NVMe/TCP requires it, from the lab's host with its PSK.
+        let tls: toml::Table = toml::from_str(&serve_config(&link, "file:/x", &all, true)).unwrap();
+        assert_eq!(tls["nvme"]["tls"].as_str(), Some("required"));
+        assert_eq!(tls["nvme"]["subsystem"][0]["host"][0]["nqn"].as_str(), Some(TLS_HOST));
+        assert_eq!(tls["nvme"]["subsystem"][0]["host"][0]["tls_psk"].as_str(), Some(TLS_PSK));
+        assert!(v["nvme"].get("tls").is_none() && v["nvme"]["subsystem"][0].get("host").is_none());
+    }
+
+    #[test]
+    fn tls_records_are_read_from_the_log() {
+        let log = "nvme: 10.0.0.2:5 on 10.0.0.1:4420: TLS TLS_AES_128_GCM_SHA256 as \"NVMe0R01 h s\" (s's PSK derived by RFC 8446), records user\nblockwire: x";
+        assert_eq!(tls_records(log).as_deref(), Some("TLS TLS_AES_128_GCM_SHA256 user records"));
+        assert_eq!(tls_records("blockwire: ready"), None);
+        // As the lab's log tail joins lines.
+        assert_eq!(tls_records("a | nvme: p on q: TLS TLS_AES_256_GCM_SHA384 as \"x\" (), records ktls | b").as_deref(), Some("TLS TLS_AES_256_GCM_SHA384 ktls records"));
     }
 
     #[test]

@@ -365,7 +365,13 @@ impl Tcp {
             Ok(None) => {}
             Err(e) => return fail(self, io::read_error(e)),
         }
-        let start = self.out.buf_mut().len();
+        // Room for the whole read and its headers at once: grown PDU by
+        // PDU, a large read's buffer was reallocated (and copied) on the
+        // way.
+        // (A header and two digests, 32 bytes, per 4 KiB at most.)
+        let b = self.out.buf_mut();
+        b.reserve(len + (len / 4096 + 1) * 32);
+        let start = b.len();
         for (hdr, r) in self.q.read_pdus(cid, len) {
             self.out.buf_mut().extend_from_slice(hdr.bytes());
             let at = match self.out.read_into(vol, off + r.start as u64, r.len()) {

@@ -251,7 +251,19 @@ impl Networked<'_> {
             b
         } else {
             let client = if target.is_some() { topo.client.clone() } else { crate::stage::link::external_client(topo) };
-            crate::suites::runner::run_bench(&cx.exe, &client, &s.url, w, runtime, cx.plan.params.size_bytes, cx.digest.bench_args())?
+            let mut extra = cx.digest.bench_args().to_vec();
+            let mut url = s.url.clone();
+            let tls = cx.tls == crate::network::offload::Tls::On && s.subject == crate::subjects::Subject::Blockwire(crate::subjects::Protocol::Nvme);
+            if tls {
+                url += "?tls";
+                extra.extend(crate::subjects::blockwire::tls_bench_args());
+            }
+            let b = crate::suites::runner::run_bench(&cx.exe, &client, &url, w, runtime, cx.plan.params.size_bytes, &extra)?;
+            // Which record layer the connection got, as the target says.
+            if let Some(d) = target.filter(|_| tls).and_then(|t| crate::subjects::blockwire::tls_records(&t.log_tail())) {
+                cx.record_target_datapath(s.subject, &d);
+            }
+            b
         };
         let machine_cpu = cx.meter.finish(machine0)?;
         let cpu1 = target.map(|t| t.cpu_seconds()).transpose()?;

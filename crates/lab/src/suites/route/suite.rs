@@ -99,6 +99,7 @@ fn start_target(net: &RouteNet, exe: &Path, plan: &SuitePlan, size: u64, log: &P
         log: Some(log.to_path_buf()),
         ready_within: Duration::from_secs(30),
         soft_digest: false,
+        tls: false,
     };
     let (process, status) = blockwire::start(&serve, protocols);
     let target = Target(process);
