@@ -3,7 +3,7 @@
 use anyhow::{bail, Context};
 use bw_initiator::TargetUrl;
 use bw_workload::{BenchParams, Rw, VerifyParams};
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use client_args::ClientArgs;
 use std::time::Duration;
 
@@ -14,9 +14,12 @@ mod flowop;
 mod generate;
 mod ctl_text;
 mod csi;
+mod help;
 
 #[derive(Parser)]
-#[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
+// `about` and the lists in serve's and lab's help are filled in from the
+// registries that define them (help.rs).
+#[command(name = "blockwire", version)]
 struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -27,7 +30,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Export volumes over AoE, iSCSI and NVMe/TCP until SIGINT/SIGTERM.
+    // Its help names the transports from their table: help.rs.
     Serve(ServeArgs),
     /// Write a deterministic pattern to a remote disk, read it back, compare.
     Verify(VerifyArgs),
@@ -379,8 +382,14 @@ fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all().build()?)
 }
 
+/// The command line as users see it: the derive's, with its lists made
+/// from the registries.
+fn cli_command() -> clap::Command {
+    help::command(Cli::command())
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&cli_command().get_matches()).unwrap_or_else(|e| e.exit());
     let default_level = match (cli.verbose, &cli.cmd) {
         (0, Cmd::Serve(_)) | (0, Cmd::Lab(_)) | (0, Cmd::Router(_)) => "info",
         (0, _) => "warn",
@@ -520,7 +529,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Lab(a) => bw_lab::run(a),
         Cmd::Flowop(a) => flowop::run(a),
         Cmd::Router(a) => router::run(a),
-        Cmd::Generate(g) => generate::run(g, Cli::command()),
+        Cmd::Generate(g) => generate::run(g, cli_command()),
     }
 }
 
@@ -644,7 +653,8 @@ fn persist_path(a: &ServeArgs) -> anyhow::Result<Option<std::path::PathBuf>> {
         return Ok(None);
     };
     if !(a.volumes.is_empty() && a.aoe.is_empty() && a.iscsi.is_empty() && a.nvme.is_empty() && a.nvme_rdma.is_empty()) {
-        log::warn!("changes through the control socket are not written to {path}: --volume, --aoe, --iscsi or --nvme flags add to it (save_config writes the running configuration)");
+        let flags = bw_serve::start::transport_flags();
+        log::warn!("changes through the control socket are not written to {path}: --volume, {flags} flags add to it (save_config writes the running configuration)");
         return Ok(None);
     }
     Ok(Some(std::fs::canonicalize(path).with_context(|| format!("config {path}"))?))
