@@ -167,7 +167,6 @@ pub async fn start_metrics(addr: std::net::SocketAddr, shutdown: &Shutdown) -> a
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frontend::Frontend;
     use std::collections::BTreeSet;
 
     /// The transport table and the front-ends serve makes name the same
