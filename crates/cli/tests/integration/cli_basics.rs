@@ -199,9 +199,19 @@ mod from_the_registries {
     #[test]
     fn docs_control_tables_list_exactly_the_methods() {
         let doc = repo_file("docs/control.md");
-        let own: BTreeSet<String> = std::iter::once("rpc_get_methods").chain(methods::METHODS.iter().map(|m| m.name)).map(String::from).collect();
-        assert_eq!(documented_methods(&doc, "Methods"), own, "docs/control.md, Methods");
-        let spdk: BTreeSet<String> = std::iter::once("rpc_get_methods").chain(spdk::METHODS.iter().map(|m| m.name)).map(String::from).collect();
-        assert_eq!(documented_methods(&doc, "SPDK-compatible methods"), spdk, "docs/control.md, SPDK-compatible methods");
+        let own = std::iter::once("rpc_get_methods").chain(methods::METHODS.iter().map(|m| m.name));
+        let spdk = std::iter::once("rpc_get_methods").chain(spdk::METHODS.iter().map(|m| m.name));
+        let mut problems = Vec::new();
+        for (heading, methods) in [("Methods", own.collect::<Vec<_>>()), ("SPDK-compatible methods", spdk.collect())] {
+            let documented = documented_methods(&doc, heading);
+            let methods: BTreeSet<String> = methods.into_iter().map(String::from).collect();
+            for m in methods.difference(&documented) {
+                problems.push(format!("docs/control.md, {heading}: no row for method {m}"));
+            }
+            for m in documented.difference(&methods) {
+                problems.push(format!("docs/control.md, {heading}: a row for {m}, which is no such method"));
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
     }
 }
