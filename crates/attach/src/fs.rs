@@ -165,110 +165,17 @@ impl VolumeFs {
 
     /// What to do with one request.
     pub fn handle<'a>(&self, req: &Request<'a>) -> Step<'a> {
-        let h = &req.header;
-        let ino = h.nodeid;
-        match h.opcode {
-            op::LOOKUP => {
-                // The name is NUL-terminated.
-                let name = req.payload.split(|&b| b == 0).next().unwrap_or_default();
-                if ino == ROOT && name == self.name.as_bytes() {
-                    let out = abi::EntryOut {
-                        nodeid: DISK,
-                        entry_valid: TTL.as_secs(),
-                        attr_valid: TTL.as_secs(),
-                        attr: self.attr(DISK),
-                        ..Default::default()
-                    };
-                    ok(out.as_bytes().to_vec())
-                } else {
-                    err(libc::ENOENT)
-                }
-            }
+        let ino = req.header.nodeid;
+        match req.header.opcode {
+            op::LOOKUP => self.lookup(ino, req.payload),
             op::FORGET | op::BATCH_FORGET | op::INTERRUPT => Step::Silent,
             op::GETATTR if ino == ROOT || ino == DISK => self.attr_out(ino),
             op::GETATTR => err(libc::ENOENT),
-            op::SETATTR => {
-                let Ok(s) = abi::SetattrIn::read_from_bytes(req.op) else {
-                    return err(libc::EINVAL);
-                };
-                // The volume's size is the target's: O_TRUNC or ftruncate to
-                // another size would silently not happen, so refuse them.
-                // Times and modes are accepted and forgotten.
-                if ino == DISK && s.valid & abi::FATTR_SIZE != 0 && s.size != self.size {
-                    err(libc::EPERM)
-                } else if ino == ROOT || ino == DISK {
-                    self.attr_out(ino)
-                } else {
-                    err(libc::ENOENT)
-                }
-            }
-            op::OPEN => {
-                let Ok(o) = abi::OpenIn::read_from_bytes(req.op) else {
-                    return err(libc::EINVAL);
-                };
-                if ino != DISK {
-                    return err(libc::EISDIR);
-                }
-                if self.readonly && (o.flags as i32 & libc::O_ACCMODE) != libc::O_RDONLY {
-                    return err(libc::EROFS);
-                }
-                let out = abi::OpenOut {
-                    fh: 0,
-                    open_flags: abi::FOPEN_PARALLEL_DIRECT_WRITES,
-                    backing_id: 0,
-                };
-                ok(out.as_bytes().to_vec())
-            }
-            op::READ => {
-                let Ok(r) = abi::ReadIn::read_from_bytes(req.op) else {
-                    return err(libc::EINVAL);
-                };
-                if ino != DISK {
-                    return err(libc::EISDIR);
-                }
-                let len = (r.size as u64).min(self.size.saturating_sub(r.offset)) as usize;
-                if len == 0 {
-                    return ok(Vec::new());
-                }
-                Step::Io(Io::Read {
-                    offset: r.offset,
-                    len,
-                })
-            }
-            op::WRITE => {
-                let Ok(w) = abi::WriteIn::read_from_bytes(req.op) else {
-                    return err(libc::EINVAL);
-                };
-                if ino != DISK {
-                    return err(libc::EISDIR);
-                }
-                if self.readonly {
-                    return err(libc::EROFS);
-                }
-                if w.size as usize != req.payload.len() {
-                    return err(libc::EINVAL);
-                }
-                if w.offset >= self.size {
-                    return err(libc::ENOSPC);
-                }
-                let len = (req.payload.len() as u64).min(self.size - w.offset) as usize;
-                Step::Io(Io::Write {
-                    offset: w.offset,
-                    data: &req.payload[..len],
-                })
-            }
-            op::STATFS => {
-                let bs = self.block.max(512);
-                let out = abi::StatfsOut {
-                    blocks: self.size / bs,
-                    files: 2,
-                    bsize: bs as u32,
-                    namelen: 255,
-                    frsize: bs as u32,
-                    ..Default::default()
-                };
-                ok(out.as_bytes().to_vec())
-            }
+            op::SETATTR => self.setattr(ino, req.op),
+            op::OPEN => self.open(ino, req.op),
+            op::READ => self.read(ino, req.op),
+            op::WRITE => self.write(ino, req.op, req.payload),
+            op::STATFS => self.statfs(),
             // close(): nothing is buffered here; durability is fsync's job.
             op::RELEASE | op::RELEASEDIR | op::FLUSH | op::FSYNCDIR => ok(Vec::new()),
             op::FSYNC => Step::Io(Io::Flush),
@@ -308,6 +215,113 @@ impl VolumeFs {
             // handles itself or reports as unsupported.
             _ => err(libc::ENOSYS),
         }
+    }
+
+    /// LOOKUP of `payload`'s name in directory `ino`: only the one file.
+    fn lookup(&self, ino: u64, payload: &[u8]) -> Step<'static> {
+        // The name is NUL-terminated.
+        let name = payload.split(|&b| b == 0).next().unwrap_or_default();
+        if ino == ROOT && name == self.name.as_bytes() {
+            let out = abi::EntryOut {
+                nodeid: DISK,
+                entry_valid: TTL.as_secs(),
+                attr_valid: TTL.as_secs(),
+                attr: self.attr(DISK),
+                ..Default::default()
+            };
+            ok(out.as_bytes().to_vec())
+        } else {
+            err(libc::ENOENT)
+        }
+    }
+
+    fn setattr(&self, ino: u64, op_in: &[u8]) -> Step<'static> {
+        let Ok(s) = abi::SetattrIn::read_from_bytes(op_in) else {
+            return err(libc::EINVAL);
+        };
+        // The volume's size is the target's: O_TRUNC or ftruncate to
+        // another size would silently not happen, so refuse them.
+        // Times and modes are accepted and forgotten.
+        if ino == DISK && s.valid & abi::FATTR_SIZE != 0 && s.size != self.size {
+            err(libc::EPERM)
+        } else if ino == ROOT || ino == DISK {
+            self.attr_out(ino)
+        } else {
+            err(libc::ENOENT)
+        }
+    }
+
+    fn open(&self, ino: u64, op_in: &[u8]) -> Step<'static> {
+        let Ok(o) = abi::OpenIn::read_from_bytes(op_in) else {
+            return err(libc::EINVAL);
+        };
+        if ino != DISK {
+            return err(libc::EISDIR);
+        }
+        if self.readonly && (o.flags as i32 & libc::O_ACCMODE) != libc::O_RDONLY {
+            return err(libc::EROFS);
+        }
+        let out = abi::OpenOut {
+            fh: 0,
+            open_flags: abi::FOPEN_PARALLEL_DIRECT_WRITES,
+            backing_id: 0,
+        };
+        ok(out.as_bytes().to_vec())
+    }
+
+    /// READ: the part of the request inside the volume, from the target.
+    fn read(&self, ino: u64, op_in: &[u8]) -> Step<'static> {
+        let Ok(r) = abi::ReadIn::read_from_bytes(op_in) else {
+            return err(libc::EINVAL);
+        };
+        if ino != DISK {
+            return err(libc::EISDIR);
+        }
+        let len = (r.size as u64).min(self.size.saturating_sub(r.offset)) as usize;
+        if len == 0 {
+            return ok(Vec::new());
+        }
+        Step::Io(Io::Read {
+            offset: r.offset,
+            len,
+        })
+    }
+
+    /// WRITE of `payload`: the part inside the volume, to the target.
+    fn write<'a>(&self, ino: u64, op_in: &[u8], payload: &'a [u8]) -> Step<'a> {
+        let Ok(w) = abi::WriteIn::read_from_bytes(op_in) else {
+            return err(libc::EINVAL);
+        };
+        if ino != DISK {
+            return err(libc::EISDIR);
+        }
+        if self.readonly {
+            return err(libc::EROFS);
+        }
+        if w.size as usize != payload.len() {
+            return err(libc::EINVAL);
+        }
+        if w.offset >= self.size {
+            return err(libc::ENOSPC);
+        }
+        let len = (payload.len() as u64).min(self.size - w.offset) as usize;
+        Step::Io(Io::Write {
+            offset: w.offset,
+            data: &payload[..len],
+        })
+    }
+
+    fn statfs(&self) -> Step<'static> {
+        let bs = self.block.max(512);
+        let out = abi::StatfsOut {
+            blocks: self.size / bs,
+            files: 2,
+            bsize: bs as u32,
+            namelen: 255,
+            frsize: bs as u32,
+            ..Default::default()
+        };
+        ok(out.as_bytes().to_vec())
     }
 
     fn readdir(&self, offset: u64, max: usize) -> Vec<u8> {

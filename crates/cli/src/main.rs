@@ -3,7 +3,7 @@
 use anyhow::{bail, Context};
 use bw_initiator::TargetUrl;
 use bw_workload::{BenchParams, Rw, VerifyParams};
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use client_args::ClientArgs;
 use std::time::Duration;
 
@@ -14,9 +14,12 @@ mod flowop;
 mod generate;
 mod ctl_text;
 mod csi;
+mod help;
 
 #[derive(Parser)]
-#[command(name = "blockwire", version, about = "Serve, attach to and measure AoE, iSCSI and NVMe/TCP disks")]
+// `about` and the lists in serve's and lab's help are filled in from the
+// registries that define them (help.rs).
+#[command(name = "blockwire", version)]
 struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -27,7 +30,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Export volumes over AoE, iSCSI and NVMe/TCP until SIGINT/SIGTERM.
+    // Its help names the transports from their table: help.rs.
     Serve(ServeArgs),
     /// Write a deterministic pattern to a remote disk, read it back, compare.
     Verify(VerifyArgs),
@@ -379,8 +382,14 @@ fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all().build()?)
 }
 
+/// The command line as users see it: the derive's, with its lists made
+/// from the registries.
+fn cli_command() -> clap::Command {
+    help::command(Cli::command())
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&cli_command().get_matches()).unwrap_or_else(|e| e.exit());
     let default_level = match (cli.verbose, &cli.cmd) {
         (0, Cmd::Serve(_)) | (0, Cmd::Lab(_)) | (0, Cmd::Router(_)) => "info",
         (0, _) => "warn",
@@ -405,90 +414,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Mount(a) => attach::mount(a),
         Cmd::Umount(a) => attach::umount(a),
         Cmd::Csi(a) => csi::run(a),
-        Cmd::Verify(a) => {
-            let rt = runtime(a.client.threads)?;
-            rt.block_on(async {
-                let client = bw_initiator::connect(&a.url, &a.client.options(a.concurrency)).await?;
-                let mut p = VerifyParams {
-                    offset: a.offset,
-                    size: a.size,
-                    seed: a.seed,
-                    chunk: a.chunk as usize,
-                    concurrency: a.concurrency,
-                };
-                let mut pass = 1u64;
-                let r = loop {
-                    let r = bw_workload::verify(client.clone(), &p).await;
-                    let more = a.while_exists.as_deref().is_some_and(|f| f.exists());
-                    match r {
-                        Ok(r) if more => {
-                            println!("verify pass {pass}: {} bytes at offset {} OK", r.size, r.offset);
-                            pass += 1;
-                            p.seed = p.seed.wrapping_add(1);
-                        }
-                        r => break r,
-                    }
-                };
-                let _ = client.close().await;
-                let r = r?;
-                let passes = if pass > 1 { format!(", {pass} passes") } else { String::new() };
-                println!(
-                    "verify {}: {} bytes at offset {} OK (write {:.2} s, read {:.2} s{passes})",
-                    client.describe(),
-                    r.size,
-                    r.offset,
-                    r.write_s,
-                    r.read_s
-                );
-                Ok(())
-            })
-        }
-        Cmd::Bench(a) => {
-            if a.runtime.is_none() && a.ios.is_none() {
-                bail!("give --runtime SECS or --ios N");
-            }
-            let rt = runtime(a.client.threads)?;
-            rt.block_on(async {
-                let client = bw_initiator::connect(&a.url, &a.client.options(a.iodepth * a.numjobs)).await?;
-                let p = BenchParams {
-                    rw: a.rw,
-                    bs: a.bs as usize,
-                    iodepth: a.iodepth,
-                    numjobs: a.numjobs,
-                    rwmixread: a.rwmixread,
-                    runtime: a.runtime.map(Duration::from_secs_f64),
-                    ios: a.ios,
-                    offset: a.offset,
-                    size: a.size,
-                    seed: a.seed,
-                    ramp_ios: a.ramp_ios,
-                };
-                let r = bw_workload::bench(client.clone(), &p).await;
-                let _ = client.close().await;
-                let r = r?;
-                if a.json {
-                    println!("{}", serde_json::to_string(&r)?);
-                } else {
-                    print!("{}", r.table());
-                }
-                Ok(())
-            })
-        }
-        Cmd::Identify(a) => {
-            let rt = runtime(a.client.threads)?;
-            rt.block_on(async {
-                let client = bw_initiator::connect(&a.url, &a.client.options(1)).await?;
-                let (identity, size, block) = (client.identity(), client.size_bytes(), client.block_size());
-                let _ = client.close().await;
-                let url = bw_initiator::redact_url(&a.url);
-                if a.json {
-                    println!("{}", serde_json::json!({ "url": url, "identity": identity, "size_bytes": size, "block_size": block }));
-                } else {
-                    println!("{url}: {}, {size} bytes in {block}-byte blocks", identity.as_deref().unwrap_or("no identity"));
-                }
-                Ok(())
-            })
-        }
+        Cmd::Verify(a) => verify(a),
+        Cmd::Bench(a) => bench(a),
+        Cmd::Identify(a) => identify(a),
         Cmd::Aoe(AoeCmd::Discover { iface, wait }) => {
             let rt = runtime(1)?;
             let found = rt.block_on(bw_initiator::aoe::discover(&iface, Duration::from_secs_f64(wait.max(0.01))))?;
@@ -507,21 +435,115 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let found = rt.block_on(bw_initiator::nvme::discover(&host, port, &client.options(1)))?;
             print_discovered(found, &format!("the discovery log at {address} is empty"))
         }
-        Cmd::Nfs(c) => {
-            let rt = runtime(1)?;
-            match c {
-                NfsCmd::Create { url, size, timeout } => {
-                    rt.block_on(bw_initiator::nfs::create_image(&TargetUrl::parse(&url)?, size, Duration::from_secs(timeout)))?
-                }
-                NfsCmd::Remove { url, timeout } => rt.block_on(bw_initiator::nfs::remove_image(&TargetUrl::parse(&url)?, Duration::from_secs(timeout)))?,
-            }
-            Ok(())
-        }
+        Cmd::Nfs(c) => nfs(c),
         Cmd::Lab(a) => bw_lab::run(a),
         Cmd::Flowop(a) => flowop::run(a),
         Cmd::Router(a) => router::run(a),
-        Cmd::Generate(g) => generate::run(g, Cli::command()),
+        Cmd::Generate(g) => generate::run(g, cli_command()),
     }
+}
+
+/// `blockwire verify`: write the pattern, read it back, compare (pass
+/// after pass while --while-exists's file is there).
+fn verify(a: VerifyArgs) -> anyhow::Result<()> {
+    let rt = runtime(a.client.threads)?;
+    rt.block_on(async {
+        let client = bw_initiator::connect(&a.url, &a.client.options(a.concurrency)).await?;
+        let mut p = VerifyParams {
+            offset: a.offset,
+            size: a.size,
+            seed: a.seed,
+            chunk: a.chunk as usize,
+            concurrency: a.concurrency,
+        };
+        let mut pass = 1u64;
+        let r = loop {
+            let r = bw_workload::verify(client.clone(), &p).await;
+            let more = a.while_exists.as_deref().is_some_and(|f| f.exists());
+            match r {
+                Ok(r) if more => {
+                    println!("verify pass {pass}: {} bytes at offset {} OK", r.size, r.offset);
+                    pass += 1;
+                    p.seed = p.seed.wrapping_add(1);
+                }
+                r => break r,
+            }
+        };
+        let _ = client.close().await;
+        let r = r?;
+        let passes = if pass > 1 { format!(", {pass} passes") } else { String::new() };
+        println!(
+            "verify {}: {} bytes at offset {} OK (write {:.2} s, read {:.2} s{passes})",
+            client.describe(),
+            r.size,
+            r.offset,
+            r.write_s,
+            r.read_s
+        );
+        Ok(())
+    })
+}
+
+/// `blockwire bench`: one run, as a table or one JSON object.
+fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    if a.runtime.is_none() && a.ios.is_none() {
+        bail!("give --runtime SECS or --ios N");
+    }
+    let rt = runtime(a.client.threads)?;
+    rt.block_on(async {
+        let client = bw_initiator::connect(&a.url, &a.client.options(a.iodepth * a.numjobs)).await?;
+        let p = BenchParams {
+            rw: a.rw,
+            bs: a.bs as usize,
+            iodepth: a.iodepth,
+            numjobs: a.numjobs,
+            rwmixread: a.rwmixread,
+            runtime: a.runtime.map(Duration::from_secs_f64),
+            ios: a.ios,
+            offset: a.offset,
+            size: a.size,
+            seed: a.seed,
+            ramp_ios: a.ramp_ios,
+        };
+        let r = bw_workload::bench(client.clone(), &p).await;
+        let _ = client.close().await;
+        let r = r?;
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            print!("{}", r.table());
+        }
+        Ok(())
+    })
+}
+
+/// `blockwire identify`: what the disk says it is, its size and block size.
+fn identify(a: IdentifyArgs) -> anyhow::Result<()> {
+    let rt = runtime(a.client.threads)?;
+    rt.block_on(async {
+        let client = bw_initiator::connect(&a.url, &a.client.options(1)).await?;
+        let (identity, size, block) = (client.identity(), client.size_bytes(), client.block_size());
+        let _ = client.close().await;
+        let url = bw_initiator::redact_url(&a.url);
+        if a.json {
+            println!("{}", serde_json::json!({ "url": url, "identity": identity, "size_bytes": size, "block_size": block }));
+        } else {
+            println!("{url}: {}, {size} bytes in {block}-byte blocks", identity.as_deref().unwrap_or("no identity"));
+        }
+        Ok(())
+    })
+}
+
+/// `blockwire nfs create|remove`: an image file on an NFSv3 export.
+fn nfs(c: NfsCmd) -> anyhow::Result<()> {
+    let rt = runtime(1)?;
+    match c {
+        NfsCmd::Create { url, size, timeout } => {
+            rt.block_on(bw_initiator::nfs::create_image(&TargetUrl::parse(&url)?, size, Duration::from_secs(timeout)))?
+        }
+        NfsCmd::Remove { url, timeout } => rt.block_on(bw_initiator::nfs::remove_image(&TargetUrl::parse(&url)?, Duration::from_secs(timeout)))?,
+    }
+    Ok(())
 }
 
 fn print_discovered(found: Vec<String>, none: &str) -> anyhow::Result<()> {
@@ -644,7 +666,8 @@ fn persist_path(a: &ServeArgs) -> anyhow::Result<Option<std::path::PathBuf>> {
         return Ok(None);
     };
     if !(a.volumes.is_empty() && a.aoe.is_empty() && a.iscsi.is_empty() && a.nvme.is_empty() && a.nvme_rdma.is_empty()) {
-        log::warn!("changes through the control socket are not written to {path}: --volume, --aoe, --iscsi or --nvme flags add to it (save_config writes the running configuration)");
+        let flags = bw_serve::start::transport_flags();
+        log::warn!("changes through the control socket are not written to {path}: --volume, {flags} flags add to it (save_config writes the running configuration)");
         return Ok(None);
     }
     Ok(Some(std::fs::canonicalize(path).with_context(|| format!("config {path}"))?))

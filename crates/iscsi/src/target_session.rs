@@ -473,60 +473,11 @@ impl TargetSession {
         if imm > 0 && (!c.write || !self.params.immediate_data || imm > self.params.first_burst_length || imm > c.edtl) {
             return Err(SessionError::Protocol("immediate data not allowed or too long"));
         }
-        let cdb = match extended_cdb(&pdu.ahs) {
-            Some(ext) => {
-                let mut v = c.cdb.to_vec();
-                v.extend_from_slice(ext);
-                Cdb::Long(Bytes::from(v))
-            }
-            None => Cdb::Short(c.cdb),
-        };
-        let id = self.next_id;
-        self.next_id += 1;
-        let edtl = if c.write { c.edtl } else { 0 };
-        // Unsolicited Data-Out follows unless the F bit says otherwise (or
-        // the immediate data already filled the first burst).
-        let unsolicited_end = if c.write && !c.final_ && !self.params.initial_r2t {
-            Some(self.params.first_burst_length.min(c.edtl)).filter(|&end| end > imm)
-        } else {
-            None
-        };
-        if c.write && !c.final_ && self.params.initial_r2t {
-            return Err(SessionError::Protocol("unsolicited data announced but InitialR2T=Yes"));
-        }
-        let mut task = Task {
-            id,
-            lun: c.lun,
-            cdb,
-            edtl: c.edtl,
-            read: c.read,
-            write: c.write,
-            pieces: Vec::new(),
-            received: imm,
-            unsolicited_end,
-            unsolicited_data_sn: 0,
-            next_r2t_offset: unsolicited_end.unwrap_or(imm),
-            r2t_sn: 0,
-            r2ts: Vec::new(),
-            held: 0,
-            solicited: 0,
-            executing: false,
-            immediate: c.immediate,
-        };
-        if c.immediate && self.immediate_outstanding() >= MAX_IMMEDIATE_TASKS {
-            // Immediate commands bypass the window; bound them here.
+        let mut task = self.new_task(&c, full_cdb(&c, &pdu.ahs), imm)?;
+        let (id, edtl) = (task.id, if c.write { c.edtl } else { 0 });
+        if let Some((status, sense)) = self.refused_at_once(&c) {
             self.tasks.insert(c.itt, task);
-            self.complete(c.itt, id, status::TASK_SET_FULL, &[], Vec::new(), Residual::None, out);
-            return Ok(());
-        }
-        if c.write && c.edtl > bw_scsi::MAX_DATA_OUT_BYTES {
-            // More data than any command takes (the Block Limits VPD page
-            // says so): refuse now rather than solicit it with R2Ts and
-            // hold gigabytes until the last byte arrives. Data-Out that
-            // still comes for this task is dropped as the task is gone.
-            self.tasks.insert(c.itt, task);
-            let sense = bw_scsi::Sense::INVALID_FIELD_IN_CDB.to_fixed();
-            self.complete(c.itt, id, status::CHECK_CONDITION, &sense, Vec::new(), Residual::None, out);
+            self.complete(c.itt, id, status, &sense, Vec::new(), Residual::None, out);
             return Ok(());
         }
         // The data this command brings without asking, which the
@@ -551,6 +502,61 @@ impl TargetSession {
             self.solicit(c.itt, id, out);
         }
         Ok(())
+    }
+
+    /// A new command's task, with `imm` bytes of immediate data in, and
+    /// where its unsolicited Data-Out (if any) ends.
+    #[inline]
+    fn new_task(&mut self, c: &ScsiCommand, cdb: Cdb, imm: u32) -> Result<Task, SessionError> {
+        // Unsolicited Data-Out follows unless the F bit says otherwise (or
+        // the immediate data already filled the first burst).
+        let unsolicited_end = if c.write && !c.final_ && !self.params.initial_r2t {
+            Some(self.params.first_burst_length.min(c.edtl)).filter(|&end| end > imm)
+        } else {
+            None
+        };
+        if c.write && !c.final_ && self.params.initial_r2t {
+            return Err(SessionError::Protocol("unsolicited data announced but InitialR2T=Yes"));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        Ok(Task {
+            id,
+            lun: c.lun,
+            cdb,
+            edtl: c.edtl,
+            read: c.read,
+            write: c.write,
+            pieces: Vec::new(),
+            received: imm,
+            unsolicited_end,
+            unsolicited_data_sn: 0,
+            next_r2t_offset: unsolicited_end.unwrap_or(imm),
+            r2t_sn: 0,
+            r2ts: Vec::new(),
+            held: 0,
+            solicited: 0,
+            executing: false,
+            immediate: c.immediate,
+        })
+    }
+
+    /// The status (and sense) a command is answered with at once, without
+    /// running it, if the session will not take it.
+    #[inline]
+    fn refused_at_once(&self, c: &ScsiCommand) -> Option<(u8, Vec<u8>)> {
+        if c.immediate && self.immediate_outstanding() >= MAX_IMMEDIATE_TASKS {
+            // Immediate commands bypass the window; bound them here.
+            return Some((status::TASK_SET_FULL, Vec::new()));
+        }
+        if c.write && c.edtl > bw_scsi::MAX_DATA_OUT_BYTES {
+            // More data than any command takes (the Block Limits VPD page
+            // says so): refuse now rather than solicit it with R2Ts and
+            // hold gigabytes until the last byte arrives. Data-Out that
+            // still comes for this task is dropped as the task is gone.
+            return Some((status::CHECK_CONDITION, bw_scsi::Sense::INVALID_FIELD_IN_CDB.to_fixed()));
+        }
+        None
     }
 
     /// The task's unsolicited data (if any) is in: ask for the rest with
@@ -1079,6 +1085,19 @@ fn in_order(mut pieces: Vec<(u32, Bytes)>, len: usize) -> DataOutPieces {
         }
     }
     smallvec::smallvec![buf.freeze()]
+}
+
+/// The command's CDB, with an extended CDB AHS's bytes after its 16.
+#[inline]
+fn full_cdb(c: &ScsiCommand, ahs: &[u8]) -> Cdb {
+    match extended_cdb(ahs) {
+        Some(ext) => {
+            let mut v = c.cdb.to_vec();
+            v.extend_from_slice(ext);
+            Cdb::Long(Bytes::from(v))
+        }
+        None => Cdb::Short(c.cdb),
+    }
 }
 
 fn log_drop(_cmd_sn: u32, _exp: u32, _max: u32) {

@@ -80,6 +80,7 @@
 //! listen = "127.0.0.1:9433"
 //! ```
 
+use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
@@ -971,16 +972,33 @@ impl ServeConfig {
 
     /// Cross-checks that TOML syntax cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let inv = |s: String| Err(ConfigError::Invalid(s));
         self.refuse_control_characters()?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
         self.tuning.validate().map_err(ConfigError::Invalid)?;
         for a in self.control.iter().flat_map(|c| c.allowed_paths.iter().flatten()) {
             if !std::path::Path::new(a).is_absolute() {
-                return inv(format!("[control] allowed_paths: {a:?} is not an absolute path"));
+                return Err(ConfigError::Invalid(format!("[control] allowed_paths: {a:?} is not an absolute path")));
             }
         }
-        let mut pools = std::collections::HashSet::new();
+        let pools = self.validate_pools()?;
+        let volumes = self.validate_volumes(&pools)?;
+        let known = |n: &str| volumes.contains(n);
+        if let Some(a) = &self.aoe {
+            a.validate(&known)?;
+        }
+        if let Some(i) = &self.iscsi {
+            i.validate(&known)?;
+        }
+        if let Some(n) = &self.nvme {
+            n.validate(&known)?;
+        }
+        Ok(())
+    }
+
+    /// The pools' names (each once) and kinds; returns the names.
+    fn validate_pools(&self) -> Result<HashSet<&str>, ConfigError> {
+        let inv = |s: String| Err(ConfigError::Invalid(s));
+        let mut pools = HashSet::new();
         for p in &self.pools {
             check_name("pool", &p.name).map_err(ConfigError::Invalid)?;
             if !pools.insert(p.name.as_str()) {
@@ -996,7 +1014,13 @@ impl ServeConfig {
                 _ => {}
             }
         }
-        let mut names = std::collections::HashSet::new();
+        Ok(pools)
+    }
+
+    /// The volumes' names (each once), backends and pools; returns the names.
+    fn validate_volumes(&self, pools: &HashSet<&str>) -> Result<HashSet<&str>, ConfigError> {
+        let inv = |s: String| Err(ConfigError::Invalid(s));
+        let mut names = HashSet::new();
         for v in &self.volumes {
             if v.name.is_empty() || !names.insert(v.name.as_str()) {
                 return inv(format!("volume name {:?} is empty or used twice", v.name));
@@ -1012,109 +1036,133 @@ impl ServeConfig {
                 return inv(format!("volume {} is a snapshot: its backend must be readonly", v.name));
             }
         }
-        let known = |n: &str| names.contains(n);
-        if let Some(a) = &self.aoe {
-            let mut addrs = std::collections::HashSet::new();
-            for e in &a.exports {
-                if !known(&e.volume) {
-                    return inv(format!("AoE export on {} names unknown volume {:?}", e.interface, e.volume));
+        Ok(names)
+    }
+}
+
+impl AoeConfig {
+    /// The exports, on volumes that are `known`.
+    fn validate(&self, known: &dyn Fn(&str) -> bool) -> Result<(), ConfigError> {
+        let inv = |s: String| Err(ConfigError::Invalid(s));
+        let mut addrs = HashSet::new();
+        for e in &self.exports {
+            if !known(&e.volume) {
+                return inv(format!("AoE export on {} names unknown volume {:?}", e.interface, e.volume));
+            }
+            if e.shelf == 0xFFFF || e.slot == 0xFF {
+                return inv(format!("AoE shelf {} slot {} is the broadcast address", e.shelf, e.slot));
+            }
+            if !addrs.insert((e.interface.as_str(), e.shelf, e.slot)) {
+                return inv(format!("AoE {}.{} exported twice on {}", e.shelf, e.slot, e.interface));
+            }
+            if e.config_string.len() > 1024 {
+                return inv("AoE config string longer than 1024 bytes".into());
+            }
+            if e.allow.len() > bw_aoe::target::MAX_ALLOW {
+                return inv(format!("AoE {}.{}: more than {} MAC addresses in allow", e.shelf, e.slot, bw_aoe::target::MAX_ALLOW));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl IscsiConfig {
+    /// Discovery's CHAP and the targets, whose LUNs are on volumes that are `known`.
+    fn validate(&self, known: &dyn Fn(&str) -> bool) -> Result<(), ConfigError> {
+        let inv = |s: String| Err(ConfigError::Invalid(s));
+        if self.discovery_mutual_chap.is_some() && self.discovery_chap.is_none() {
+            return inv("iscsi.discovery_mutual_chap needs iscsi.discovery_chap: the initiator authenticates first".into());
+        }
+        check_chap_pair("iscsi", ("discovery_chap", &self.discovery_chap), ("discovery_mutual_chap", &self.discovery_mutual_chap)).map_err(ConfigError::Invalid)?;
+        for t in &self.targets {
+            if !t.iqn.starts_with("iqn.") && !t.iqn.starts_with("eui.") && !t.iqn.starts_with("naa.") {
+                return inv(format!("iSCSI target name {:?} must start with iqn., eui. or naa.", t.iqn));
+            }
+            if t.mutual_chap.is_some() && t.chap.is_none() {
+                return inv(format!("iSCSI target {}: mutual_chap needs chap: the initiator authenticates first", t.iqn));
+            }
+            check_chap_pair(&format!("iSCSI target {}", t.iqn), ("chap", &t.chap), ("mutual_chap", &t.mutual_chap)).map_err(ConfigError::Invalid)?;
+            if t.relative_target_port == Some(0) {
+                return inv(format!("iSCSI target {}: relative_target_port 0 is reserved (1..=65535)", t.iqn));
+            }
+            let mut luns = HashSet::new();
+            for l in &t.luns {
+                if !known(&l.volume) {
+                    return inv(format!("iSCSI target {} LUN {} names unknown volume {:?}", t.iqn, l.lun, l.volume));
                 }
-                if e.shelf == 0xFFFF || e.slot == 0xFF {
-                    return inv(format!("AoE shelf {} slot {} is the broadcast address", e.shelf, e.slot));
+                // The largest LUN SAM-5's extended flat space carries:
+                // a larger one was encoded as another LUN's number.
+                if l.lun > bw_scsi::MAX_LUN {
+                    return inv(format!("iSCSI target {} LUN {}: LUNs are at most {}", t.iqn, l.lun, bw_scsi::MAX_LUN));
                 }
-                if !addrs.insert((e.interface.as_str(), e.shelf, e.slot)) {
-                    return inv(format!("AoE {}.{} exported twice on {}", e.shelf, e.slot, e.interface));
-                }
-                if e.config_string.len() > 1024 {
-                    return inv("AoE config string longer than 1024 bytes".into());
-                }
-                if e.allow.len() > bw_aoe::target::MAX_ALLOW {
-                    return inv(format!("AoE {}.{}: more than {} MAC addresses in allow", e.shelf, e.slot, bw_aoe::target::MAX_ALLOW));
+                if !luns.insert(l.lun) {
+                    return inv(format!("iSCSI target {} has LUN {} twice", t.iqn, l.lun));
                 }
             }
         }
-        if let Some(i) = &self.iscsi {
-            if i.discovery_mutual_chap.is_some() && i.discovery_chap.is_none() {
-                return inv("iscsi.discovery_mutual_chap needs iscsi.discovery_chap: the initiator authenticates first".into());
-            }
-            check_chap_pair("iscsi", ("discovery_chap", &i.discovery_chap), ("discovery_mutual_chap", &i.discovery_mutual_chap)).map_err(ConfigError::Invalid)?;
-            for t in &i.targets {
-                if !t.iqn.starts_with("iqn.") && !t.iqn.starts_with("eui.") && !t.iqn.starts_with("naa.") {
-                    return inv(format!("iSCSI target name {:?} must start with iqn., eui. or naa.", t.iqn));
-                }
-                if t.mutual_chap.is_some() && t.chap.is_none() {
-                    return inv(format!("iSCSI target {}: mutual_chap needs chap: the initiator authenticates first", t.iqn));
-                }
-                check_chap_pair(&format!("iSCSI target {}", t.iqn), ("chap", &t.chap), ("mutual_chap", &t.mutual_chap)).map_err(ConfigError::Invalid)?;
-                if t.relative_target_port == Some(0) {
-                    return inv(format!("iSCSI target {}: relative_target_port 0 is reserved (1..=65535)", t.iqn));
-                }
-                let mut luns = std::collections::HashSet::new();
-                for l in &t.luns {
-                    if !known(&l.volume) {
-                        return inv(format!("iSCSI target {} LUN {} names unknown volume {:?}", t.iqn, l.lun, l.volume));
-                    }
-                    // The largest LUN SAM-5's extended flat space carries:
-                    // a larger one was encoded as another LUN's number.
-                    if l.lun > bw_scsi::MAX_LUN {
-                        return inv(format!("iSCSI target {} LUN {}: LUNs are at most {}", t.iqn, l.lun, bw_scsi::MAX_LUN));
-                    }
-                    if !luns.insert(l.lun) {
-                        return inv(format!("iSCSI target {} has LUN {} twice", t.iqn, l.lun));
-                    }
-                }
+        Ok(())
+    }
+}
+
+impl NvmeConfig {
+    /// The controller ids, keys, TLS ports and subsystems.
+    fn validate(&self, known: &dyn Fn(&str) -> bool) -> Result<(), ConfigError> {
+        let inv = |s: String| Err(ConfigError::Invalid(s));
+        if let Some([lo, hi]) = self.cntlid_range {
+            if lo == 0 || lo > hi || hi > 0xFFEF {
+                return inv(format!("nvme.cntlid_range [{lo}, {hi}]: controller ids must be an ascending range within 1..=65519"));
             }
         }
-        if let Some(n) = &self.nvme {
-            if let Some([lo, hi]) = n.cntlid_range {
-                if lo == 0 || lo > hi || hi > 0xFFEF {
-                    return inv(format!("nvme.cntlid_range [{lo}, {hi}]: controller ids must be an ascending range within 1..=65519"));
-                }
+        let mut names = HashSet::new();
+        for k in &self.keys {
+            if k.name.is_empty() || !names.insert(k.name.as_str()) {
+                return inv(format!("nvme.key {:?}: key names must be set and distinct", k.name));
             }
-            let mut names = std::collections::HashSet::new();
-            for k in &n.keys {
-                if k.name.is_empty() || !names.insert(k.name.as_str()) {
-                    return inv(format!("nvme.key {:?}: key names must be set and distinct", k.name));
-                }
+        }
+        for a in self.tls_ports.keys() {
+            if !self.listen.contains(a) && self.discovery_listen != Some(*a) {
+                return inv(format!("nvme.tls_ports names {a}, which is not an NVMe/TCP port (listen, discovery_listen)"));
             }
-            for a in n.tls_ports.keys() {
-                if !n.listen.contains(a) && n.discovery_listen != Some(*a) {
-                    return inv(format!("nvme.tls_ports names {a}, which is not an NVMe/TCP port (listen, discovery_listen)"));
-                }
+        }
+        for s in &self.subsystems {
+            self.validate_subsystem(s, known)?;
+        }
+        Ok(())
+    }
+
+    /// One subsystem: its name, hosts (with their keys) and namespaces.
+    fn validate_subsystem(&self, s: &NvmeSubsystem, known: &dyn Fn(&str) -> bool) -> Result<(), ConfigError> {
+        let inv = |s: String| Err(ConfigError::Invalid(s));
+        check_nqn(&s.nqn).map_err(|e| ConfigError::Invalid(format!("NVMe subsystem name {:?}: {e}", s.nqn)))?;
+        if s.nqn == bw_nvme::DISCOVERY_NQN {
+            return inv(format!("NVMe subsystem name {:?} is the discovery subsystem's", s.nqn));
+        }
+        let mut hosts = HashSet::new();
+        for h in s.allowed_hosts.iter().chain(s.hosts.iter().map(|h| &h.nqn)) {
+            check_nqn(h).map_err(|e| ConfigError::Invalid(format!("NVMe {}: host {h:?}: {e}", s.nqn)))?;
+        }
+        for h in &s.hosts {
+            if !hosts.insert(h.nqn.as_str()) {
+                return inv(format!("NVMe {}: host {:?} is listed twice", s.nqn, h.nqn));
             }
-            for s in &n.subsystems {
-                check_nqn(&s.nqn).map_err(|e| ConfigError::Invalid(format!("NVMe subsystem name {:?}: {e}", s.nqn)))?;
-                if s.nqn == bw_nvme::DISCOVERY_NQN {
-                    return inv(format!("NVMe subsystem name {:?} is the discovery subsystem's", s.nqn));
-                }
-                let mut hosts = std::collections::HashSet::new();
-                for h in s.allowed_hosts.iter().chain(s.hosts.iter().map(|h| &h.nqn)) {
-                    check_nqn(h).map_err(|e| ConfigError::Invalid(format!("NVMe {}: host {h:?}: {e}", s.nqn)))?;
-                }
-                for h in &s.hosts {
-                    if !hosts.insert(h.nqn.as_str()) {
-                        return inv(format!("NVMe {}: host {:?} is listed twice", s.nqn, h.nqn));
-                    }
-                    h.auth_config().map_err(|e| ConfigError::Invalid(format!("NVMe {} host {}: {e}", s.nqn, h.nqn)))?;
-                    // Key files are read when the keys are taken (start,
-                    // live changes): here only that they are named.
-                    let check = match (&h.tls_psk, &h.tls_key) {
-                        (Some(_), None) => h.tls_psk(&[]).map(|_| ()),
-                        (None, Some(name)) if !n.keys.iter().any(|k| &k.name == name) => Err(format!("tls_key {name:?}: no [[nvme.key]] of that name")),
-                        (Some(_), Some(_)) => Err("tls_psk and tls_key: give one".into()),
-                        _ => Ok(()),
-                    };
-                    check.map_err(|e| ConfigError::Invalid(format!("NVMe {} host {}: {e}", s.nqn, h.nqn)))?;
-                }
-                for ns in &s.namespaces {
-                    if ns.nsid == 0 || ns.nsid == u32::MAX || !known(&ns.volume) {
-                        return inv(format!("NVMe {} namespace {} is invalid or names unknown volume {:?}", s.nqn, ns.nsid, ns.volume));
-                    }
-                    ns.ids().map_err(|e| ConfigError::Invalid(format!("NVMe {} namespace {}: {e}", s.nqn, ns.nsid)))?;
-                    if ns.ana_group == 0 || ns.ana_group > bw_nvme::ana::MAX_GROUPS {
-                        return inv(format!("NVMe {} namespace {}: ana_group {} is not in 1..={}", s.nqn, ns.nsid, ns.ana_group, bw_nvme::ana::MAX_GROUPS));
-                    }
-                }
+            h.auth_config().map_err(|e| ConfigError::Invalid(format!("NVMe {} host {}: {e}", s.nqn, h.nqn)))?;
+            // Key files are read when the keys are taken (start,
+            // live changes): here only that they are named.
+            let check = match (&h.tls_psk, &h.tls_key) {
+                (Some(_), None) => h.tls_psk(&[]).map(|_| ()),
+                (None, Some(name)) if !self.keys.iter().any(|k| &k.name == name) => Err(format!("tls_key {name:?}: no [[nvme.key]] of that name")),
+                (Some(_), Some(_)) => Err("tls_psk and tls_key: give one".into()),
+                _ => Ok(()),
+            };
+            check.map_err(|e| ConfigError::Invalid(format!("NVMe {} host {}: {e}", s.nqn, h.nqn)))?;
+        }
+        for ns in &s.namespaces {
+            if ns.nsid == 0 || ns.nsid == u32::MAX || !known(&ns.volume) {
+                return inv(format!("NVMe {} namespace {} is invalid or names unknown volume {:?}", s.nqn, ns.nsid, ns.volume));
+            }
+            ns.ids().map_err(|e| ConfigError::Invalid(format!("NVMe {} namespace {}: {e}", s.nqn, ns.nsid)))?;
+            if ns.ana_group == 0 || ns.ana_group > bw_nvme::ana::MAX_GROUPS {
+                return inv(format!("NVMe {} namespace {}: ana_group {} is not in 1..={}", s.nqn, ns.nsid, ns.ana_group, bw_nvme::ana::MAX_GROUPS));
             }
         }
         Ok(())

@@ -12,6 +12,48 @@ use bw_block::Volume;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// A transport serve speaks: what people call it, the `serve` flag that
+/// listens for it (and its section's key), and the front-end
+/// ([`crate::frontend::Frontend::name`]) that serves it. Help text, the
+/// README and the errors that list transports are made from or checked
+/// against this table, and the table against the front-ends [`start`]
+/// makes (a test in crates/cli), so a new transport is one row here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transport {
+    pub name: &'static str,
+    pub flag: &'static str,
+    pub frontend: &'static str,
+}
+
+/// Every transport, in the order help text names them.
+pub const TRANSPORTS: &[Transport] = &[
+    Transport { name: "AoE", flag: "aoe", frontend: aoe::NAME },
+    Transport { name: "iSCSI", flag: "iscsi", frontend: iscsi::NAME },
+    Transport { name: "NVMe/TCP", flag: "nvme", frontend: nvme::NAME },
+    Transport { name: "NVMe/RDMA", flag: "nvme-rdma", frontend: nvme::NAME },
+];
+
+/// The transports' names in prose: "AoE, iSCSI, NVMe/TCP and NVMe/RDMA".
+pub fn transport_names() -> String {
+    prose_list(TRANSPORTS.iter().map(|t| t.name), "and")
+}
+
+/// The transports' flags in prose: "--aoe, --iscsi, --nvme or --nvme-rdma".
+pub fn transport_flags() -> String {
+    let flags: Vec<String> = TRANSPORTS.iter().map(|t| format!("--{}", t.flag)).collect();
+    prose_list(flags.iter().map(String::as_str), "or")
+}
+
+/// "a", "a CONJ b", "a, b CONJ c".
+pub fn prose_list<'a>(items: impl IntoIterator<Item = &'a str>, conj: &str) -> String {
+    let v: Vec<&str> = items.into_iter().collect();
+    match v.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} {conj} {last}", rest.join(", ")),
+    }
+}
+
 /// Open every configured volume. One file is one volume, as the control
 /// methods hold live (bw-control's check_one_file_one_volume): two volumes
 /// on one file, however spelled (`./`, `..`, a link, two device nodes of
@@ -69,7 +111,7 @@ pub async fn start(cfg: &ServeConfig, volumes: &Volumes, shutdown: &Shutdown) ->
         }
     }
     if running.is_empty() {
-        anyhow::bail!("nothing to serve: give --aoe, --iscsi, --nvme or --nvme-rdma (or the same in the config file)");
+        anyhow::bail!("nothing to serve: give {} (or the same in the config file)", transport_flags());
     }
     Ok((running, vec![Box::new(IscsiFrontend(iscsi)), Box::new(NvmeFrontend(nvme)), Box::new(AoeFrontend(aoe))]))
 }
@@ -136,6 +178,7 @@ pub async fn start_metrics(addr: std::net::SocketAddr, shutdown: &Shutdown) -> a
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     /// Two volumes on one file are refused at start as live changes refuse
     /// them, whatever the spelling; two files are two volumes.
@@ -152,5 +195,24 @@ mod tests {
         let e = format!("{:#}", open_volumes(&c).err().expect("a second volume on a.img"));
         assert!(e.contains("volume c") && e.contains("file of volume a") && e.contains("one file is one volume"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The transport table and the front-ends serve makes name the same
+    /// front-ends: a front-end no transport names would be missing from
+    /// every help text and error that lists the transports.
+    #[test]
+    fn every_front_end_has_a_transport_and_every_transport_a_front_end() {
+        let made: BTreeSet<&str> = not_started().iter().map(|f| f.name()).collect();
+        let named: BTreeSet<&str> = TRANSPORTS.iter().map(|t| t.frontend).collect();
+        assert_eq!(made, named);
+    }
+
+    #[test]
+    fn lists_read_as_prose() {
+        assert_eq!(prose_list([], "and"), "");
+        assert_eq!(prose_list(["a"], "and"), "a");
+        assert_eq!(prose_list(["a", "b"], "or"), "a or b");
+        assert_eq!(prose_list(["a", "b", "c"], "and"), "a, b and c");
+        assert_eq!(transport_flags(), "--aoe, --iscsi, --nvme or --nvme-rdma");
     }
 }

@@ -114,3 +114,104 @@ fn errors_name_the_object_and_say_the_cause_once() {
         assert_eq!(last.matches(cause).count(), 1, "{args:?}: cause not said exactly once: {last}");
     }
 }
+
+/// Help, the README's opening and docs/control.md's method tables name
+/// what the registries define: the transports (`bw_serve::start`), the
+/// lab's peers and protocols (`bw_lab::subjects`), the control methods
+/// (`bw_control::methods`, `bw_control::spdk`). Help is made from them
+/// (help.rs); the hand-written text is compared with them here.
+mod from_the_registries {
+    use super::*;
+    use bw_control::{jsonrpc, methods, spdk};
+    use bw_lab::subjects::{PeerKind, Protocol};
+    use bw_serve::start::TRANSPORTS;
+    use clap::ValueEnum;
+    use std::collections::BTreeSet;
+
+    fn repo_file(name: &str) -> String {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().parent().unwrap();
+        std::fs::read_to_string(root.join(name)).unwrap()
+    }
+
+    /// `word` in `text` as a word of its own (`tgt` is not in `tgtd`;
+    /// `ganesha` is in `nfs-ganesha`).
+    fn has_word(text: &str, word: &str) -> bool {
+        let edge = |c: Option<char>| c.is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+        text.match_indices(word).any(|(i, _)| edge(text[..i].chars().next_back()) && edge(text[i + word.len()..].chars().next()))
+    }
+
+    fn missing<'a>(text: &str, words: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+        words.into_iter().filter(|w| !has_word(text, w)).collect()
+    }
+
+    #[test]
+    fn help_names_every_transport_peer_and_protocol() {
+        let top = blockwire_ok(None, &["--help"]);
+        assert_eq!(missing(&top, TRANSPORTS.iter().map(|t| t.name)), Vec::<&str>::new(), "blockwire --help:\n{top}");
+        let serve = blockwire_ok(None, &["serve", "--help"]);
+        assert_eq!(missing(&serve, TRANSPORTS.iter().map(|t| t.name)), Vec::<&str>::new(), "serve --help:\n{serve}");
+        let flags: Vec<String> = TRANSPORTS.iter().map(|t| format!("--{}", t.flag)).collect();
+        assert_eq!(missing(&serve, flags.iter().map(String::as_str)), Vec::<&str>::new(), "serve --help:\n{serve}");
+        let lab = blockwire_ok(None, &["lab", "--help"]);
+        let peers = PeerKind::all().iter().map(|p| p.name());
+        assert_eq!(missing(&lab, peers), Vec::<&str>::new(), "lab --help:\n{lab}");
+        let protocols = Protocol::value_variants().iter().map(|p| p.name());
+        assert_eq!(missing(&lab, protocols), Vec::<&str>::new(), "lab --help:\n{lab}");
+    }
+
+    /// The README's opening paragraph ("blockwire is ..."): every transport,
+    /// every peer target, and what the control methods offer (pools,
+    /// snapshots, clones, the SPDK-compatible methods) and the CSI plugin.
+    #[test]
+    fn readme_opening_names_every_transport_peer_and_feature() {
+        let readme = repo_file("README.md");
+        let start = readme.find("\nblockwire is ").expect("the README opens with \"blockwire is ...\"");
+        let opening = &readme[start..start + readme[start..].find("\n\n").unwrap()];
+        let mut words: Vec<&str> = TRANSPORTS.iter().map(|t| t.name).collect();
+        words.extend(PeerKind::all().iter().map(|p| p.target().target_name()));
+        let names: Vec<&str> = jsonrpc::all_methods().map(|m| m.name).collect();
+        // A feature the methods offer, by the word a reader looks for.
+        for (method_part, word) in [("pool_", "pools"), ("snapshot", "snapshots"), ("clone", "clones")] {
+            if names.iter().any(|n| n.contains(method_part)) {
+                words.push(word);
+            }
+        }
+        if !spdk::METHODS.is_empty() {
+            words.push("SPDK-compatible");
+        }
+        let help = blockwire_ok(None, &["--help"]);
+        if help.lines().any(|l| l.trim_start().starts_with("csi ")) {
+            words.push("CSI");
+        }
+        // Prose capitalises as it likes (LIO, lio).
+        let lower: Vec<String> = words.iter().map(|w| w.to_lowercase()).collect();
+        let opening_lower = opening.to_lowercase();
+        let absent = missing(&opening_lower, lower.iter().map(String::as_str));
+        assert_eq!(absent, Vec::<&str>::new(), "README's opening paragraph:{opening}");
+    }
+
+    /// The method names docs/control.md's table in section `heading` lists.
+    fn documented_methods(doc: &str, heading: &str) -> BTreeSet<String> {
+        let section = doc.split("\n## ").find(|s| s.starts_with(heading)).unwrap_or_else(|| panic!("no section {heading}"));
+        section.lines().filter_map(|l| Some(l.strip_prefix("| `")?.split('`').next()?.to_string())).collect()
+    }
+
+    #[test]
+    fn docs_control_tables_list_exactly_the_methods() {
+        let doc = repo_file("docs/control.md");
+        let own = std::iter::once("rpc_get_methods").chain(methods::METHODS.iter().map(|m| m.name));
+        let spdk = std::iter::once("rpc_get_methods").chain(spdk::METHODS.iter().map(|m| m.name));
+        let mut problems = Vec::new();
+        for (heading, methods) in [("Methods", own.collect::<Vec<_>>()), ("SPDK-compatible methods", spdk.collect())] {
+            let documented = documented_methods(&doc, heading);
+            let methods: BTreeSet<String> = methods.into_iter().map(String::from).collect();
+            for m in methods.difference(&documented) {
+                problems.push(format!("docs/control.md, {heading}: no row for method {m}"));
+            }
+            for m in documented.difference(&methods) {
+                problems.push(format!("docs/control.md, {heading}: a row for {m}, which is no such method"));
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+}
