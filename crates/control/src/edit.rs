@@ -233,13 +233,65 @@ fn ports(c: &mut ServeConfig, rdma: bool) -> (&mut Vec<std::net::SocketAddr>, &'
     }
 }
 
-/// Listen for NVMe/TCP (or NVMe/RDMA) at `addr` too.
-pub fn nvme_port_add(c: &mut ServeConfig, addr: std::net::SocketAddr, rdma: bool) -> Result<(), Refused> {
+/// Listen for NVMe/TCP (or NVMe/RDMA) at `addr` too; `tls` (TCP only)
+/// when the port's TLS is not `[nvme] tls`.
+pub fn nvme_port_add(c: &mut ServeConfig, addr: std::net::SocketAddr, rdma: bool, tls: Option<TlsMode>) -> Result<(), Refused> {
+    if rdma && tls.is_some() {
+        return Err(Refused::Invalid(format!("NVMe/RDMA port {addr}: TLS is for NVMe/TCP ports only")));
+    }
     let (ports, name) = ports(c, rdma);
     if ports.contains(&addr) {
         return Err(Refused::AlreadyExists(format!("{name} already listens on {addr}")));
     }
     ports.push(addr);
+    if let Some(t) = tls {
+        nvme_port_tls(c, addr, t)?;
+    }
+    Ok(())
+}
+
+/// Set the TLS of NVMe/TCP port `addr` (new connections take it; the
+/// discovery log says it).
+pub fn nvme_port_tls(c: &mut ServeConfig, addr: std::net::SocketAddr, tls: TlsMode) -> Result<(), Refused> {
+    let n = nvme(c);
+    if !n.listen.contains(&addr) && n.discovery_listen != Some(addr) {
+        return Err(Refused::NotFound(format!("NVMe/TCP does not listen on {addr} (status lists the ports)")));
+    }
+    if tls == n.tls {
+        n.tls_ports.remove(&addr);
+    } else {
+        n.tls_ports.insert(addr, tls);
+    }
+    Ok(())
+}
+
+/// A named PSK file (SPDK's `keyring_file_add_key`): it must hold a
+/// valid `NVMeTLSkey-1` PSK and be mode 600, read now so a bad file is
+/// refused here rather than at the first connection.
+pub fn nvme_key_add(c: &mut ServeConfig, key: NvmeKey) -> Result<(), Refused> {
+    let n = nvme(c);
+    if n.keys.iter().any(|k| k.name == key.name) {
+        return Err(Refused::AlreadyExists(format!("key {:?} exists", key.name)));
+    }
+    if !key.path.is_absolute() {
+        return Err(Refused::Invalid(format!("key {:?}: {} is not an absolute path", key.name, key.path.display())));
+    }
+    key.read().map_err(Refused::Invalid)?;
+    n.keys.push(key);
+    Ok(())
+}
+
+/// Forget a named key; refused while a host's `tls_key` names it.
+pub fn nvme_key_remove(c: &mut ServeConfig, name: &str) -> Result<(), Refused> {
+    let n = nvme(c);
+    if let Some((s, h)) = n.subsystems.iter().flat_map(|s| s.hosts.iter().map(move |h| (s, h))).find(|(_, h)| h.tls_key.as_deref() == Some(name)) {
+        return Err(Refused::Invalid(format!("key {name:?} is host {}'s PSK on {}: remove the host first", h.nqn, s.nqn)));
+    }
+    let before = n.keys.len();
+    n.keys.retain(|k| k.name != name);
+    if n.keys.len() == before {
+        return Err(Refused::NotFound(format!("no key {name:?}")));
+    }
     Ok(())
 }
 

@@ -542,12 +542,12 @@ mod tests {
         let old = cfg();
         let mut c = old.clone();
         let a: std::net::SocketAddr = "10.0.2.15:4420".parse().unwrap();
-        edit::nvme_port_add(&mut c, a, true).unwrap();
+        edit::nvme_port_add(&mut c, a, true, None).unwrap();
         assert_eq!(c.nvme.as_ref().unwrap().rdma_listen, [a]);
         assert!(!c.nvme.as_ref().unwrap().listen.contains(&a), "an RDMA port is not a TCP one");
         // Listening for RDMA there is not a setting fixed at start.
         admit(&old, &c).unwrap();
-        let e = edit::nvme_port_add(&mut c, a, true).unwrap_err();
+        let e = edit::nvme_port_add(&mut c, a, true, None).unwrap_err();
         assert!(e.message().contains("NVMe/RDMA already listens"), "{e}");
         assert!(matches!(e, Refused::AlreadyExists(_)), "{e:?}");
         let e = edit::nvme_port_remove(&mut c, a, false).unwrap_err();

@@ -218,6 +218,9 @@ struct HostAdd {
 struct PortAddr {
     addr: String,
     trtype: Option<String>,
+    /// `required`, `allowed` or `none` (NVMe/TCP ports; `[nvme] tls` unless given).
+    #[serde(default)]
+    tls: Option<config::TlsMode>,
 }
 
 impl PortAddr {
@@ -450,13 +453,25 @@ pub const METHODS: &[Method] = &[
         let n: NsRef = params(p)?;
         Ok(changed(live.change(|c| edit::nvme_ns_remove(c, &n.nqn, n.nsid))?))
     } },
-    Method { name: "nvme_port_add", params: "{addr: \"IP[:PORT]\", trtype?: \"tcp\" | \"rdma\"} (port 4420 unless given)", call: |live, p| {
+    Method { name: "nvme_port_add", params: "{addr: \"IP[:PORT]\", trtype?: \"tcp\" | \"rdma\", tls?: \"required\" | \"allowed\" | \"none\"} (port 4420 unless given; TLS as [nvme] tls unless given)", call: |live, p| {
         let a: PortAddr = params(p)?;
         let (addr, rdma) = a.parse()?;
-        Ok(changed(live.change(|c| edit::nvme_port_add(c, addr, rdma))?))
+        Ok(changed(live.change(|c| edit::nvme_port_add(c, addr, rdma, a.tls))?))
+    } },
+    Method { name: "nvme_port_tls", params: "{addr, tls: \"required\" | \"allowed\" | \"none\"} (new connections take it)", call: |live, p| {
+        let a: PortAddr = params(p)?;
+        let (addr, rdma) = a.parse()?;
+        let tls = a.tls.ok_or_else(|| RpcError::new(code::INVALID_PARAMS, "invalid params: tls is missing"))?;
+        if rdma {
+            return Err(RpcError::new(code::INVALID_PARAMS, "invalid params: TLS is for NVMe/TCP ports only"));
+        }
+        Ok(changed(live.change(|c| edit::nvme_port_tls(c, addr, tls))?))
     } },
     Method { name: "nvme_port_remove", params: "{addr, trtype?}", call: |live, p| {
         let a: PortAddr = params(p)?;
+        if a.tls.is_some() {
+            return Err(RpcError::new(code::INVALID_PARAMS, "invalid params: tls is for nvme_port_add and nvme_port_tls"));
+        }
         let (addr, rdma) = a.parse()?;
         Ok(changed(live.change(|c| edit::nvme_port_remove(c, addr, rdma))?))
     } },

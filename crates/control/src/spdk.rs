@@ -297,6 +297,20 @@ struct ListenAddress {
 struct AddListener {
     nqn: String,
     listen_address: ListenAddress,
+    /// TLS 1.3 on the listener (SPDK: the port then requires it).
+    #[serde(default)]
+    secure_channel: bool,
+}
+
+#[derive(Deserialize)]
+struct KeyringFileKey {
+    name: String,
+    path: std::path::PathBuf,
+}
+
+#[derive(Deserialize)]
+struct KeyName {
+    name: String,
 }
 
 #[derive(Deserialize)]
@@ -631,6 +645,13 @@ pub const METHODS: &[Method] = &[
                 want.0, want.1, want.2, have.iter().map(|h| format!("{} {}:{}", h["trtype"], h["traddr"], h["trsvcid"])).collect::<Vec<_>>().join(", ")
             )));
         }
+        if a.secure_channel {
+            if want.0 != "TCP" {
+                return Err(err(Refused::Invalid, "secure_channel: TLS is for NVMe/TCP listeners only"));
+            }
+            let addr: std::net::SocketAddr = format!("{}:{}", want.1, want.2).parse().map_err(|e| err(Refused::Invalid, format!("listen address {}:{}: {e}", want.1, want.2)))?;
+            live.change(|c| edit::nvme_port_tls(c, addr, bw_serve::config::TlsMode::Required)).map_err(refused)?;
+        }
         Ok(json!(true))
     } },
     Method { name: "nvmf_subsystem_add_ns", params: "{nqn, namespace: {bdev_name, nsid?, uuid?, nguid?, eui64?, anagrpid?}}", call: |live, p| {
@@ -651,12 +672,38 @@ pub const METHODS: &[Method] = &[
         let a: RemoveNs = params(p)?;
         changed(live.change(|c| edit::nvme_ns_remove(c, &a.nqn, a.nsid)))
     } },
-    Method { name: "nvmf_subsystem_add_host", params: "{nqn, host}", call: |live, p| {
+    Method { name: "keyring_file_add_key", params: "{name, path} (a file of mode 600 holding an NVMeTLSkey-1 PSK)", call: |live, p| {
+        let a: KeyringFileKey = params(p)?;
+        let key = bw_serve::config::NvmeKey { name: a.name, path: a.path };
+        changed(live.change(|c| edit::nvme_key_add(c, key)))
+    } },
+    Method { name: "keyring_file_remove_key", params: "{name}", call: |live, p| {
+        let a: KeyName = params(p)?;
+        changed(live.change(|c| edit::nvme_key_remove(c, &a.name)))
+    } },
+    Method { name: "keyring_get_keys", params: "{}", call: |live, _p| {
+        let c = live.config();
+        let n = c.nvme.clone().unwrap_or_default();
+        // As SPDK answers: name, path, how many hosts hold it; never the key.
+        Ok(Value::Array(n.keys.iter().map(|k| {
+            let refcnt = n.subsystems.iter().flat_map(|s| &s.hosts).filter(|h| h.tls_key.as_deref() == Some(k.name.as_str())).count();
+            json!({ "name": k.name, "path": k.path, "module": "keyring_file", "removed": false, "probed": false, "refcnt": refcnt })
+        }).collect()))
+    } },
+    Method { name: "nvmf_subsystem_add_host", params: "{nqn, host, psk?: KEY_NAME}", call: |live, p| {
         let a: SubsystemHost = params(p)?;
-        if a.psk.is_some() || a.dhchap_key.is_some() || a.dhchap_ctrlr_key.is_some() {
-            return Err(err(Refused::Unsupported, "keys are keyring names in SPDK, and blockwire has no keyring: give the DH-HMAC-CHAP secret itself with nvme_host_add {nqn, host, dhchap_secret}"));
+        if a.dhchap_key.is_some() || a.dhchap_ctrlr_key.is_some() {
+            return Err(err(Refused::Unsupported, "dhchap_key: blockwire's keyring holds TLS PSKs only: give the DH-HMAC-CHAP secret itself with nvme_host_add {nqn, host, dhchap_secret}"));
         }
-        changed(live.change(|c| edit::nvme_host_allow(c, &a.nqn, &a.host)))
+        match a.psk {
+            // The PSK by its keyring name (keyring_file_add_key).
+            Some(name) => {
+                let mut h = bw_serve::config::NvmeHost::new(a.host.clone());
+                h.tls_key = Some(name);
+                changed(live.change(|c| edit::nvme_host_add(c, &a.nqn, h)))
+            }
+            None => changed(live.change(|c| edit::nvme_host_allow(c, &a.nqn, &a.host))),
+        }
     } },
     Method { name: "nvmf_subsystem_remove_host", params: "{nqn, host}", call: |live, p| {
         let a: SubsystemHost = params(p)?;

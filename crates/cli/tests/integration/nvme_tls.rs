@@ -314,3 +314,129 @@ fn hostile_tls_input_closes_that_connection_only() {
     assert!(closed(&mut half), "the half record was held past the login deadline");
     assert!(serve.is_running());
 }
+
+/// The Linux host and the kernel's nvmet against blockwire over TLS, in one
+/// boot of Linux 6.12 (tests/kernel-vm/nvme-tls.sh): the Linux host (tlshd,
+/// kTLS on its side) to `blockwire serve` here (user-space record layer:
+/// this host has no kTLS), ext4 made and fsck clean, `connect-all` from the
+/// discovery log, DH-HMAC-CHAP inside TLS, a wrong PSK and plaintext
+/// refused; `blockwire serve` in the guest on kTLS with the guest's Linux
+/// host; blockwire's initiator here against nvmet requiring TLS.
+#[test]
+fn linux_host_and_nvmet_over_tls() {
+    require_root();
+    let kvm = kernel_612_image();
+    let dir = TempDir::new("nvtlsvm");
+    let port = free_port();
+    let sock = dir.path().join("control.sock");
+    let cfg = format!(
+        r#"
+[[volume]]
+name = "d0"
+backend = "ram:64M"
+[nvme]
+listen = ["127.0.0.1:{port}"]
+tls = "required"
+[[nvme.subsystem]]
+nqn = "{NQN}"
+namespaces = [{{ nsid = 1, volume = "d0" }}]
+[[nvme.subsystem.host]]
+nqn = "{h1}"
+tls_psk = "{K256}"
+[[nvme.subsystem.host]]
+nqn = "{h2}"
+tls_psk = "{K00}"
+dhchap_secret = "{DHCHAP}"
+[[nvme.subsystem.host]]
+nqn = "{h3}"
+tls_psk = "{K00}"
+"#,
+        h1 = host(1),
+        h2 = host(2),
+        h3 = host(3)
+    );
+    let mut serve = Serve::with_config(&dir, &cfg, &["-v", "--control", sock.to_str().unwrap()]);
+    // blockwire in the guest: a copy without debug information (the image
+    // is an initrd in guest memory).
+    let bw = dir.path().join("blockwire");
+    let st = std::process::Command::new("strip").arg("-o").arg(&bw).arg(blockwire_bin()).status().unwrap();
+    assert!(st.success(), "strip blockwire");
+    let (tnqn, done) = ("nqn.2026-11.org.blockwire:nvmet-tls", "nqn.2026-11.org.blockwire:tls-done");
+    let script = dir.path().join("nvme-tls.sh");
+    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme-tls.sh")).unwrap();
+    let vars = format!(
+        "PORT={port}\nNQN={NQN}\nH1={}\nK1='{K256}'\nH2={}\nK2='{K00}'\nD2='{DHCHAP}'\nH3={}\nBAD='{BAD}'\nBW={}\nTNQN={tnqn}\nTH={}\nTK='{K256}'\nDONE={done}\n",
+        host(1),
+        host(2),
+        host(3),
+        bw.display(),
+        host(4)
+    );
+    std::fs::write(&script, format!("{vars}{body}")).unwrap();
+    let (tport, dport) = (free_port(), free_port());
+    let fwd = format!("tcp:127.0.0.1:{tport}-:4420,tcp:127.0.0.1:{dport}-:4422");
+    let with = bw.to_str().unwrap().to_string();
+    // nvmet is up (after the guest's steps A to C) once its plaintext port
+    // lists the subsystem to host 4.
+    let up = || {
+        let o = blockwire(None, &["nvme", "discover", &format!("127.0.0.1:{dport}"), "--initiator-name", &host(4), "--timeout", "10"]);
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains(tnqn)
+    };
+    let mut boots = 0;
+    let vm = loop {
+        boots += 1;
+        let mut vm = BackgroundVm::start_with(Some(&kvm), &script, &fwd, &["--with", &with], &[]);
+        match vm.wait_until(Duration::from_secs(900), up) {
+            Ok(()) => break vm,
+            Err(console) if vm_boot_flaked(&console) && boots < 3 => eprintln!("guest boot failed (emulated timer check), booting again"),
+            Err(console) => panic!("{console}"),
+        }
+    };
+    // What the target here saw of the Linux host's steps.
+    for line in [
+        format!("as \"NVMe0R01 {} {NQN}\"", host(1)),
+        format!("TLS TLS_AES_128_GCM_SHA256 as \"NVMe0R01 {} {NQN}\"", host(2)),
+        format!("queue 1: {} authenticated (DH-HMAC-CHAP", host(2)),
+        "is not the one configured for it (the PSK binder does not verify)".to_string(),
+        "on a port that requires TLS: refused".to_string(),
+    ] {
+        assert!(wait_log(&serve, &line), "target log lacks {line:?}:\n{}", serve.log_text());
+    }
+    // blockwire's initiator against nvmet requiring TLS (user-space records).
+    let url = format!("nvme+tcp://127.0.0.1:{tport}/{tnqn}/1");
+    let run = |q: &str, h: &str, psk: &str| {
+        let mut c = std::process::Command::new(blockwire_bin());
+        c.args(["verify", &format!("{url}{q}"), "--size", "4M", "--queues", "2", "--initiator-name", h, "--timeout", "120"]);
+        c.env_remove("BLOCKWIRE_DHCHAP_SECRET").env("BLOCKWIRE_TLS_PSK", psk);
+        if psk.is_empty() {
+            c.env_remove("BLOCKWIRE_TLS_PSK");
+        }
+        c.output().unwrap()
+    };
+    let out = ok(&run("?tls", &host(4), K256), "blockwire to nvmet over TLS");
+    assert!(out.contains("TLS TLS_AES_128_GCM_SHA256, user"), "{out}");
+    let o = run("?tls", &host(4), BAD);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("refused the TLS handshake"), "wrong PSK against nvmet: {err}");
+    let o = run("", &host(4), "");
+    assert!(!o.status.success(), "plaintext to nvmet's TLS-required port connected");
+    eprintln!("plaintext to nvmet: {}", String::from_utf8_lossy(&o.stderr));
+    // The done signal, over the plaintext port.
+    let _ = blockwire(None, &["verify", &format!("nvme+tcp://127.0.0.1:{dport}/{tnqn}/1"), "--size", "1M", "--initiator-name", done, "--timeout", "20"]);
+    let (status, all) = vm.finish();
+    for step in [
+        "TLS-OK: nvme connect --tls, ext4 made, written, fsck clean, disconnected",
+        "TLS-OK: the discovery log says TLS 1.3 is required",
+        "TLS-OK: TLS with DH-HMAC-CHAP, ext4 fsck clean",
+        "TLS-OK: wrong PSK refused, the next host served",
+        "TLS-OK: plaintext refused on the TLS-required port",
+        "TLS-OK: kTLS record layer: Linux host to blockwire serve in the guest",
+        "TLS-OK: connect-all over TLS from the discovery log",
+        "TLS-ALL-OK",
+    ] {
+        assert!(all.contains(step), "guest did not report {step:?}\n{all}");
+    }
+    assert!(status.success(), "kernel-vm failed: {status}");
+    assert!(serve.is_running(), "target died");
+    assert!(serve.stop().success());
+}

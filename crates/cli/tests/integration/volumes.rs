@@ -721,3 +721,64 @@ fn cinder_spdk_driver_over_http() {
     assert_eq!((end["bdevs"].as_array().map(Vec::len), end["subsystems"].as_array().map(Vec::len)), (Some(0), Some(1)), "{end}");
     assert!(py.wait().unwrap().success());
 }
+
+/// TLS PSKs and the secure channel through SPDK's own client: a key file
+/// (mode 600) named with keyring_file_add_key, a host given it by name
+/// with nvmf_subsystem_add_host --psk, the listener made TLS-required with
+/// nvmf_subsystem_add_listener --secure-channel; blockwire's initiator then
+/// connects over TLS with that PSK and plaintext is refused. A key file
+/// others can read is refused, a key in use is not removed, and neither
+/// keyring_get_keys nor save_config's file (mode 600) holds the key.
+#[test]
+fn spdk_client_sets_tls_keys_and_secure_channel() {
+    use std::os::unix::fs::PermissionsExt;
+    const PSK: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+    let venv = venv(&["spdk"]);
+    let dir = TempDir::new("vol-spdk-tls");
+    let sock = dir.path().join("spdk.sock");
+    let (ip, np) = (free_port(), free_port());
+    let nqn = "nqn.2016-06.io.spdk:tls1";
+    let host = "nqn.2016-06.io.spdk:host1";
+    let cfg = format!(
+        "{}[[nvme.subsystem]]\nnqn = \"{nqn}\"\nnamespaces = [{{ nsid = 1, volume = \"d0\" }}]\nallowed_hosts = [\"nqn.2016-06.io.spdk:other\"]\n",
+        server_toml("[[volume]]\nname = \"d0\"\nbackend = \"ram:8M\"\n", ip, np)
+    );
+    let _serve = Serve::with_config(&dir, &cfg, &["--control", sock.to_str().unwrap()]);
+    let rpc = |args: &[&str]| spdk_rpc(&venv, &sock, args).unwrap_or_else(|e| panic!("spdk-rpc {args:?}: {e}"));
+    let key = dir.path().join("key0");
+    std::fs::write(&key, format!("{PSK}\n")).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = spdk_rpc(&venv, &sock, &["keyring_file_add_key", "key0", key.to_str().unwrap()]).unwrap_err();
+    assert!(e.contains("keys must be mode 600"), "{e}");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    rpc(&["keyring_file_add_key", "key0", key.to_str().unwrap()]);
+    rpc(&["nvmf_subsystem_add_host", nqn, host, "--psk", "key0"]);
+    rpc(&["nvmf_subsystem_add_listener", "-t", "tcp", "-a", "127.0.0.1", "-s", &np.to_string(), "--secure-channel", nqn]);
+    let keys = rpc(&["keyring_get_keys"]);
+    assert_eq!((keys[0]["name"].as_str(), keys[0]["path"].as_str(), keys[0]["refcnt"].as_u64()), (Some("key0"), key.to_str(), Some(1)), "{keys}");
+    let verify = |q: &str| {
+        Command::new(blockwire_bin())
+            .args(["verify", &format!("nvme+tcp://127.0.0.1:{np}/{nqn}/1{q}"), "--size", "1M", "--initiator-name", host, "--timeout", "20"])
+            .env("BLOCKWIRE_TLS_PSK", PSK)
+            .output()
+            .unwrap()
+    };
+    let o = verify("?tls");
+    assert!(o.status.success(), "TLS with the keyring's PSK: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(blockwire_bin())
+        .args(["verify", &format!("nvme+tcp://127.0.0.1:{np}/{nqn}/1"), "--size", "1M", "--initiator-name", host, "--timeout", "20"])
+        .env_remove("BLOCKWIRE_TLS_PSK")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "plaintext on the secure-channel listener connected");
+    let e = spdk_rpc(&venv, &sock, &["keyring_file_remove_key", "key0"]).unwrap_err();
+    assert!(e.contains("remove the host first"), "{e}");
+    let saved = dir.path().join("saved.toml");
+    ctl(&sock, "save_config", &format!(r#"{{"path":"{}"}}"#, saved.display()));
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert_eq!(std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(text.contains("tls_key = \"key0\"") && !text.contains("AAECAwQF") && !keys.to_string().contains("AAECAwQF"), "{text}");
+    rpc(&["nvmf_subsystem_remove_host", nqn, host]);
+    rpc(&["keyring_file_remove_key", "key0"]);
+    assert_eq!(rpc(&["keyring_get_keys"]), serde_json::json!([]));
+}

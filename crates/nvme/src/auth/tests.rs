@@ -443,6 +443,8 @@ fn out_of_order_and_malformed_commands() {
         matches!(f, Message::Failure1(x) if x.reason == FailureReason::CONCAT_MISMATCH && x.tid == 2),
         "{f:?}"
     );
+    let why = c.why().unwrap_or_default();
+    assert!(why.contains("secure channel concatenation") && why.contains("does not implement") && why.contains("tls_psk"), "{why}");
     // Command fields: wrong SECP or a length that disagrees with the data.
     let mut c = ControllerAuth::new(k.clone(), HOST, SUB);
     let n = Message::Negotiate(message::Negotiate {
