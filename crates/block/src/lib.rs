@@ -41,7 +41,7 @@ pub use request::{OnDone, Request};
 pub use size::{format_size, parse_size};
 pub use spec::{BackendKind, BackendSpec, RbdTarget};
 pub use qos::{Direction, QosLimits};
-pub use volume::{IoStats, IoStatsSnapshot, MappedBytes, Volume};
+pub use volume::{IoStats, IoStatsSnapshot, MappedBytes, QosThrottled, Volume};
 
 use std::io;
 

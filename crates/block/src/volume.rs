@@ -107,6 +107,19 @@ struct VolumeInner {
     /// volume's request pays; `qos` is read only when it is.
     limited: AtomicBool,
     qos: arc_swap::ArcSwapOption<Limiter>,
+    /// Requests the QoS limits held back, and for how long in all
+    /// (nanoseconds), reads then writes: for the metrics.
+    qos_delayed: [AtomicU64; 2],
+    qos_delay_ns: [AtomicU64; 2],
+}
+
+/// What the QoS limits of a volume have held back since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QosThrottled {
+    /// Reads and writes that had to wait.
+    pub delayed: [u64; 2],
+    /// How long they waited in all, nanoseconds (reads, writes).
+    pub delay_ns: [u64; 2],
 }
 
 /// The backing file of a memory-backed volume (memfd, tmpfs) mapped
@@ -221,7 +234,7 @@ impl Volume {
     fn with_reservations(name: impl Into<String>, dev: Box<dyn BlockDevice>, reservations: Arc<bw_reservation::Shared>) -> Self {
         let read_only = dev.info().read_only;
         let size = AtomicU64::new(dev.info().size_bytes);
-        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default(), reservations, mapping: OnceLock::new(), write_stripes: Box::new(std::array::from_fn(|_| std::sync::Mutex::new(()))), limited: AtomicBool::new(false), qos: Default::default() }) }
+        Volume { inner: Arc::new(VolumeInner { name: name.into(), dev, read_only, size, stats: Arc::default(), reservations, mapping: OnceLock::new(), write_stripes: Box::new(std::array::from_fn(|_| std::sync::Mutex::new(()))), limited: AtomicBool::new(false), qos: Default::default(), qos_delayed: Default::default(), qos_delay_ns: Default::default() }) }
     }
 
     /// Open a backend spec and wrap it. Its persistent reservations are
@@ -274,7 +287,18 @@ impl Volume {
         let l = self.inner.qos.load_full()?;
         let now = std::time::Instant::now();
         let at = l.admit(dir, len, now);
-        (at > now).then_some(at)
+        let wait = at.checked_duration_since(now).filter(|w| !w.is_zero())?;
+        let d = dir as usize;
+        self.inner.qos_delayed[d].fetch_add(1, Relaxed);
+        self.inner.qos_delay_ns[d].fetch_add(wait.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+        Some(at)
+    }
+
+    /// What the QoS limits have held back so far (counters that only grow,
+    /// across limit changes).
+    pub fn qos_throttled(&self) -> QosThrottled {
+        let get = |a: &[AtomicU64; 2]| [a[0].load(Relaxed), a[1].load(Relaxed)];
+        QosThrottled { delayed: get(&self.inner.qos_delayed), delay_ns: get(&self.inner.qos_delay_ns) }
     }
 
     /// For the synchronous calls: wait on this thread until the request

@@ -213,6 +213,28 @@ pub fn nvme_ns_remove(c: &mut ServeConfig, nqn: &str, nsid: u32) -> Result<(), R
     Ok(())
 }
 
+/// Let host `host` see namespace `nsid` of `nqn` (SPDK's
+/// `nvmf_ns_add_host`), or (`visible` false) no longer see it
+/// (`nvmf_ns_remove_host`). Only a `no_auto_visible` namespace has a host
+/// list: the others are visible to every allowed host, as in SPDK (which
+/// answers EPERM). As in SPDK, adding a host listed already, or removing
+/// one not listed, changes nothing and is no error.
+pub fn nvme_ns_host(c: &mut ServeConfig, nqn: &str, nsid: u32, host: &str, visible: bool) -> Result<(), Refused> {
+    check_nqn(host).map_err(|e| Refused::Invalid(format!("host {host:?}: {e}")))?;
+    let s = subsystem(c, nqn)?;
+    let ns = s.namespaces.iter_mut().find(|n| n.nsid == nsid).ok_or_else(|| Refused::NotFound(format!("NVMe {nqn} has no namespace {nsid}")))?;
+    if !ns.no_auto_visible {
+        return Err(Refused::Invalid(format!("NVMe {nqn} namespace {nsid} is visible to every allowed host: per-host visibility needs a namespace added with no_auto_visible")));
+    }
+    let listed = ns.hosts.iter().any(|h| h == host);
+    if visible && !listed {
+        ns.hosts.push(host.to_string());
+    } else if !visible {
+        ns.hosts.retain(|h| h != host);
+    }
+    Ok(())
+}
+
 /// A host with keys authenticates (DH-HMAC-CHAP) or has a TLS PSK;
 /// without, it is only allowed. Adding a host again replaces its keys.
 pub fn nvme_host_add(c: &mut ServeConfig, nqn: &str, host: NvmeHost) -> Result<(), Refused> {

@@ -364,6 +364,7 @@ impl Live {
         }
         for v in opened {
             log.push(format!("volume {}: added ({} bytes)", v.name(), v.size_bytes()));
+            bw_serve::metrics::global().watch_volume(&v);
             st.volumes.insert(v.name().to_string(), v);
         }
         // QoS limits take effect on the open volume at once, for every

@@ -184,6 +184,20 @@ struct NsAdd {
     nguid: Option<String>,
     #[serde(default)]
     eui64: Option<String>,
+    #[serde(default)]
+    no_auto_visible: bool,
+    #[serde(default)]
+    hosts: Vec<String>,
+}
+
+/// `nvme_ns_host_add` / `nvme_ns_host_remove`: a host of a namespace's
+/// visibility list.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NsHost {
+    nqn: String,
+    nsid: u32,
+    host: String,
 }
 
 #[derive(Deserialize)]
@@ -444,10 +458,18 @@ pub const METHODS: &[Method] = &[
         let s: Nqn = params(p)?;
         Ok(changed(live.change(|c| edit::nvme_subsystem_remove(c, &s.nqn))?))
     } },
-    Method { name: "nvme_ns_add", params: "{nqn, nsid, volume, readonly?, ana_group?, uuid?, nguid?, eui64?}", call: |live, p| {
+    Method { name: "nvme_ns_add", params: "{nqn, nsid, volume, readonly?, ana_group?, uuid?, nguid?, eui64?, no_auto_visible?, hosts?: [HOSTNQN]}", call: |live, p| {
         let n: NsAdd = params(p)?;
-        let ns = NvmeNamespace { uuid: n.uuid, nguid: n.nguid, eui64: n.eui64, ..NvmeNamespace::new(n.nsid, n.volume, n.readonly, n.ana_group.unwrap_or(1)) };
+        let ns = NvmeNamespace { uuid: n.uuid, nguid: n.nguid, eui64: n.eui64, no_auto_visible: n.no_auto_visible, hosts: n.hosts, ..NvmeNamespace::new(n.nsid, n.volume, n.readonly, n.ana_group.unwrap_or(1)) };
         Ok(changed(live.change(|c| edit::nvme_ns_add(c, &n.nqn, ns))?))
+    } },
+    Method { name: "nvme_ns_host_add", params: "{nqn, nsid, host} (a no_auto_visible namespace becomes visible to host)", call: |live, p| {
+        let n: NsHost = params(p)?;
+        Ok(changed(live.change(|c| edit::nvme_ns_host(c, &n.nqn, n.nsid, &n.host, true))?))
+    } },
+    Method { name: "nvme_ns_host_remove", params: "{nqn, nsid, host}", call: |live, p| {
+        let n: NsHost = params(p)?;
+        Ok(changed(live.change(|c| edit::nvme_ns_host(c, &n.nqn, n.nsid, &n.host, false))?))
     } },
     Method { name: "nvme_ns_remove", params: "{nqn, nsid}", call: |live, p| {
         let n: NsRef = params(p)?;
@@ -562,7 +584,7 @@ fn status(live: &Live) -> Result<Value, RpcError> {
         "nvme_ports": cfg.nvme.iter().flat_map(|n| &n.listen).map(|a| a.to_string()).collect::<Vec<_>>(),
         "nvme_rdma_ports": cfg.nvme.iter().flat_map(|n| &n.rdma_listen).map(|a| a.to_string()).collect::<Vec<_>>(),
         "nvme_subsystems": cfg.nvme.iter().flat_map(|n| &n.subsystems).map(|s| json!({
-            "nqn": s.nqn, "namespaces": s.namespaces.iter().map(|n| json!({ "nsid": n.nsid, "volume": n.volume })).collect::<Vec<_>>(),
+            "nqn": s.nqn, "namespaces": s.namespaces.iter().map(|n| json!({ "nsid": n.nsid, "volume": n.volume, "no_auto_visible": n.no_auto_visible, "hosts": n.hosts })).collect::<Vec<_>>(),
             "allowed_hosts": s.allowed_hosts.iter().cloned().chain(s.hosts.iter().map(|h| h.nqn.clone())).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "aoe_exports": cfg.aoe.iter().flat_map(|a| &a.exports).map(|e| json!({

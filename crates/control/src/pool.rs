@@ -502,6 +502,11 @@ pub fn volume_info(c: &ServeConfig, sizes: &HashMap<String, u64>, v: &VolumeConf
         "snapshots": c.volumes.iter().filter(|o| o.snapshot_of.as_deref() == Some(&v.name)).map(|o| o.name.clone()).collect::<Vec<_>>(),
         "clones": c.volumes.iter().filter(|o| o.clone_of.as_deref() == Some(&v.name) && v.snapshot_of.is_some()).map(|o| o.name.clone()).collect::<Vec<_>>(),
         "exports": c.exports_of(&v.name),
+        // Which hosts see each NVMe namespace of the volume ("all": every
+        // host the subsystem allows).
+        "nvme_visibility": c.nvme.iter().flat_map(|n| &n.subsystems).flat_map(|s| s.namespaces.iter().filter(|n| n.volume == v.name).map(move |n| json!({
+            "nqn": s.nqn, "nsid": n.nsid, "hosts": if n.no_auto_visible { json!(n.hosts) } else { json!("all") },
+        }))).collect::<Vec<_>>(),
         "qos": v.qos.unwrap_or_default(),
         "created_unix": v.created_unix,
     })

@@ -334,6 +334,15 @@ struct AddNs {
 }
 
 #[derive(Deserialize)]
+struct NsVisibleHost {
+    nqn: String,
+    nsid: u32,
+    host: String,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
+#[derive(Deserialize)]
 struct RemoveNs {
     nqn: String,
     nsid: u32,
@@ -452,6 +461,8 @@ fn subsystem_json(c: &ServeConfig, s: &NvmeSubsystem) -> Value {
                 "name": v.map(bdev_name),
                 "uuid": v.map(pool::volume_uuid),
                 "anagrpid": n.ana_group,
+                "no_auto_visible": n.no_auto_visible,
+                "hosts": n.hosts.iter().map(|h| json!({ "nqn": h })).collect::<Vec<_>>(),
             })
         }).collect::<Vec<_>>(),
     })
@@ -654,23 +665,29 @@ pub const METHODS: &[Method] = &[
         }
         Ok(json!(true))
     } },
-    Method { name: "nvmf_subsystem_add_ns", params: "{nqn, namespace: {bdev_name, nsid?, uuid?, nguid?, eui64?, anagrpid?}}", call: |live, p| {
+    Method { name: "nvmf_subsystem_add_ns", params: "{nqn, namespace: {bdev_name, nsid?, uuid?, nguid?, eui64?, anagrpid?, no_auto_visible?}}", call: |live, p| {
         let a: AddNs = params(p)?;
-        if a.namespace.no_auto_visible {
-            return Err(err(Refused::Unsupported, "no_auto_visible: namespaces are visible to every host the subsystem allows (per-namespace host lists are not supported)"));
-        }
         let c = live.config();
         let volume = bdev(&c, &a.namespace.bdev_name)?.name.clone();
         let s = c.nvme.iter().flat_map(|n| &n.subsystems).find(|s| s.nqn == a.nqn).ok_or_else(|| err(Refused::NotFound, format!("no subsystem {}", a.nqn)))?;
         let nsid = a.namespace.nsid.filter(|&n| n != 0).unwrap_or_else(|| (1..).find(|n| !s.namespaces.iter().any(|x| x.nsid == *n)).unwrap_or(1));
         let mut ns = NvmeNamespace::new(nsid, volume, false, a.namespace.anagrpid.unwrap_or(1));
         (ns.uuid, ns.nguid, ns.eui64) = (a.namespace.uuid, a.namespace.nguid, a.namespace.eui64);
+        ns.no_auto_visible = a.namespace.no_auto_visible;
         live.change(|c| edit::nvme_ns_add(c, &a.nqn, ns)).map_err(refused)?;
         Ok(json!(nsid))
     } },
     Method { name: "nvmf_subsystem_remove_ns", params: "{nqn, nsid}", call: |live, p| {
         let a: RemoveNs = params(p)?;
         changed(live.change(|c| edit::nvme_ns_remove(c, &a.nqn, a.nsid)))
+    } },
+    Method { name: "nvmf_ns_add_host", params: "{nqn, nsid, host, tgt_name?}", call: |live, p| {
+        let a: NsVisibleHost = params(p)?;
+        changed(live.change(|c| edit::nvme_ns_host(c, &a.nqn, a.nsid, &a.host, true)))
+    } },
+    Method { name: "nvmf_ns_remove_host", params: "{nqn, nsid, host, tgt_name?}", call: |live, p| {
+        let a: NsVisibleHost = params(p)?;
+        changed(live.change(|c| edit::nvme_ns_host(c, &a.nqn, a.nsid, &a.host, false)))
     } },
     Method { name: "keyring_file_add_key", params: "{name, path} (a file of mode 600 holding an NVMeTLSkey-1 PSK)", call: |live, p| {
         let a: KeyringFileKey = params(p)?;

@@ -63,13 +63,31 @@ struct Params {
     pool: Option<String>,
     protocol: Protocol,
     fs: Option<String>,
+    /// `nvmeSubsystem: shared`: publish through one subsystem shared by
+    /// the class's volumes, a namespace per volume shown only to the
+    /// hosts it is published to (ceph-csi's NVMe-oF way); `per-volume`
+    /// (the default): a subsystem per volume (democratic-csi's).
+    shared: bool,
 }
 
+/// The `nvmeSubsystem` parameter's values, and the volume context key
+/// that carries the choice to ControllerPublishVolume.
+const SUBSYSTEM_KEY: &str = "nvmeSubsystem";
+const SHARED: &str = "shared";
+const PER_VOLUME: &str = "per-volume";
+
 fn params(p: &HashMap<String, String>) -> Result<Params, Status> {
-    let mut out = Params { pool: None, protocol: Protocol::NvmeTcp, fs: None };
+    let mut out = Params { pool: None, protocol: Protocol::NvmeTcp, fs: None, shared: false };
     for (k, v) in p {
         match k.as_str() {
             "pool" => out.pool = Some(v.clone()),
+            SUBSYSTEM_KEY => {
+                out.shared = match v.as_str() {
+                    SHARED => true,
+                    PER_VOLUME => false,
+                    _ => return Err(Status::invalid_argument(format!("parameter {k}: {v:?} is not {SHARED} or {PER_VOLUME}"))),
+                }
+            }
             "protocol" => out.protocol = v.parse().map_err(Status::invalid_argument)?,
             "fs" | "fsType" => {
                 if !capability::FILE_SYSTEMS.contains(&v.as_str()) {
@@ -78,8 +96,11 @@ fn params(p: &HashMap<String, String>) -> Result<Params, Status> {
                 out.fs = Some(v.clone())
             }
             k if k.starts_with("csi.storage.k8s.io/") => {}
-            _ => return Err(Status::invalid_argument(format!("parameter {k:?} is not known (pool, protocol, fs)"))),
+            _ => return Err(Status::invalid_argument(format!("parameter {k:?} is not known (pool, protocol, fs, {SUBSYSTEM_KEY})"))),
         }
+    }
+    if out.shared && out.protocol == Protocol::Iscsi {
+        return Err(Status::invalid_argument(format!("parameter {SUBSYSTEM_KEY}: {SHARED} is for the NVMe protocols")));
     }
     Ok(out)
 }
@@ -191,7 +212,8 @@ impl ControllerService {
         let mut nodes = vec![];
         for g in p.all() {
             let st = g.status(creds).await.map_err(from_rpc)?;
-            let hosts = gateways::subsystem_hosts(&st, &names::subsystem_nqn(&self.nqn_prefix, &p.info.name)).unwrap_or_default();
+            let mut hosts = gateways::subsystem_hosts(&st, &names::subsystem_nqn(&self.nqn_prefix, &p.info.name)).unwrap_or_default();
+            hosts.extend(gateways::shared_namespace(&st, &names::shared_subsystem_nqn(&self.nqn_prefix), &p.info.name).map(|(_, h)| h).unwrap_or_default());
             let inits = gateways::target_initiators(&st, &names::target_iqn(&self.iqn_prefix, &p.info.name)).unwrap_or_default();
             for n in hosts.into_iter().chain(inits) {
                 if !nodes.contains(&n) {
@@ -200,6 +222,74 @@ impl ControllerService {
             }
         }
         Ok(nodes)
+    }
+
+    /// The NSID volume `id` has in the shared subsystem: the one it has
+    /// on a gateway already, else the lowest free on every gateway.
+    async fn shared_nsid(&self, creds: Option<&Credentials>, p: &Placement<'_>, id: &str) -> Result<u32, Status> {
+        let nqn = names::shared_subsystem_nqn(&self.nqn_prefix);
+        let mut used = vec![];
+        for g in p.all() {
+            let st = g.status(creds).await.map_err(from_rpc)?;
+            if let Some((nsid, _)) = gateways::shared_namespace(&st, &nqn, id) {
+                return Ok(nsid);
+            }
+            used.extend(gateways::nsids_in_use(&st, &nqn));
+        }
+        (1..u32::MAX).find(|n| !used.contains(n)).ok_or_else(|| Status::resource_exhausted("no free NSID in the shared subsystem"))
+    }
+
+    /// On gateway `g` (whose `status` is `st`): the shared subsystem made
+    /// if missing, `host` allowed on it, volume `id` its namespace `nsid`
+    /// shown to `host` (and to no host not given it). Returns the NSID.
+    #[allow(clippy::too_many_arguments)]
+    async fn publish_shared(&self, creds: Option<&Credentials>, g: &Gateway, st: &Value, nqn: &str, id: &str, host: &str, nsid: u32) -> Result<u32, Status> {
+        match gateways::subsystem_hosts(st, nqn) {
+            None => {
+                g.call(creds, "nvme_subsystem_add", json!({ "nqn": nqn, "namespaces": [], "allowed_hosts": [host], "allow_any_host": false })).await.map_err(from_rpc)?;
+            }
+            Some(hosts) if !hosts.iter().any(|h| h == host) => {
+                g.call(creds, "nvme_host_add", json!({ "nqn": nqn, "host": host })).await.map_err(from_rpc)?;
+            }
+            Some(_) => {}
+        }
+        match gateways::shared_namespace(st, nqn, id) {
+            None => {
+                g.call(creds, "nvme_ns_add", json!({ "nqn": nqn, "nsid": nsid, "volume": id, "no_auto_visible": true, "hosts": [host] })).await.map_err(from_rpc)?;
+                Ok(nsid)
+            }
+            Some((nsid, hosts)) => {
+                if !hosts.iter().any(|h| h == host) {
+                    g.call(creds, "nvme_ns_host_add", json!({ "nqn": nqn, "nsid": nsid, "host": host })).await.map_err(from_rpc)?;
+                }
+                Ok(nsid)
+            }
+        }
+    }
+
+    /// Volume `id`'s namespace `nsid` of the shared subsystem on `g`
+    /// hidden from `host` (every host if None): the namespace removed
+    /// with its last host, a host no namespace is shown to removed from
+    /// the subsystem, and the subsystem with its last namespace.
+    async fn unpublish_shared(&self, creds: Option<&Credentials>, g: &Gateway, nqn: &str, nsid: u32, hosts: &[String], host: Option<&str>) -> Result<(), Status> {
+        let left: Vec<&String> = hosts.iter().filter(|h| host.is_some_and(|n| n != h.as_str())).collect();
+        if left.is_empty() {
+            g.call(creds, "nvme_ns_remove", json!({ "nqn": nqn, "nsid": nsid })).await.map_err(from_rpc)?;
+        } else if let Some(h) = host.filter(|h| hosts.iter().any(|x| x == h)) {
+            g.call(creds, "nvme_ns_host_remove", json!({ "nqn": nqn, "nsid": nsid, "host": h })).await.map_err(from_rpc)?;
+        }
+        let st = g.status(creds).await.map_err(from_rpc)?;
+        if gateways::nsids_in_use(&st, nqn).is_empty() {
+            g.call(creds, "nvme_subsystem_remove", json!({ "nqn": nqn })).await.map_err(from_rpc)?;
+            return Ok(());
+        }
+        let gone: Vec<&String> = hosts.iter().filter(|h| host.is_none_or(|n| n == h.as_str())).collect();
+        for h in gone {
+            if !gateways::host_has_namespaces(&st, nqn, h) && gateways::subsystem_hosts(&st, nqn).is_some_and(|a| a.contains(h)) {
+                g.call(creds, "nvme_host_remove", json!({ "nqn": nqn, "host": h })).await.map_err(from_rpc)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -244,6 +334,9 @@ impl Controller for ControllerService {
         let mut ctx = HashMap::from([("protocol".to_string(), par.protocol.to_string())]);
         if let Some(fs) = &par.fs {
             ctx.insert("fs".into(), fs.clone());
+        }
+        if par.shared {
+            ctx.insert(SUBSYSTEM_KEY.into(), SHARED.into());
         }
         let _g = self.lock.lock().await;
         let source_id = match r.volume_content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
@@ -373,11 +466,22 @@ impl Controller for ControllerService {
         };
         let node = NodeId::parse(node).ok_or_else(|| Status::not_found(format!("node {node:?}: not a node of this plugin (\"HOSTNQN IQN\")")))?;
         let protocol: Protocol = r.volume_context.get("protocol").map(|s| s.parse()).transpose().map_err(Status::invalid_argument)?.unwrap_or(Protocol::NvmeTcp);
+        let shared = r.volume_context.get(SUBSYSTEM_KEY).is_some_and(|v| v == SHARED);
         let mut ctx = HashMap::from([("protocol".to_string(), protocol.to_string())]);
         let mut addresses = vec![];
+        // In a shared subsystem the namespace has one NSID on every gateway
+        // (multipath joins paths by it): one free on all of them.
+        let nsid = if shared { self.shared_nsid(creds, &p, id).await? } else { 1 };
         for g in p.all() {
             let st = g.status(creds).await.map_err(from_rpc)?;
             match protocol {
+                Protocol::NvmeTcp | Protocol::NvmeRdma if shared => {
+                    let nqn = names::shared_subsystem_nqn(&self.nqn_prefix);
+                    let nsid = self.publish_shared(creds, g, &st, &nqn, id, &node.host_nqn, nsid).await?;
+                    ctx.insert("nqn".into(), nqn);
+                    ctx.insert("nsid".into(), nsid.to_string());
+                    addresses.extend(g.nvme_addresses(&st, protocol == Protocol::NvmeRdma));
+                }
                 Protocol::NvmeTcp | Protocol::NvmeRdma => {
                     let nqn = names::subsystem_nqn(&self.nqn_prefix, id);
                     match gateways::subsystem_hosts(&st, &nqn) {
@@ -433,8 +537,12 @@ impl Controller for ControllerService {
         let node = if r.node_id.is_empty() { None } else { Some(NodeId::parse(&r.node_id).ok_or_else(|| Status::not_found(format!("node {:?}: not a node of this plugin", r.node_id)))?) };
         let nqn = names::subsystem_nqn(&self.nqn_prefix, id);
         let iqn = names::target_iqn(&self.iqn_prefix, id);
+        let shared = names::shared_subsystem_nqn(&self.nqn_prefix);
         for g in p.all() {
             let st = g.status(creds).await.map_err(from_rpc)?;
+            if let Some((nsid, hosts)) = gateways::shared_namespace(&st, &shared, id) {
+                self.unpublish_shared(creds, g, &shared, nsid, &hosts, node.as_ref().map(|n| n.host_nqn.as_str())).await?;
+            }
             if let Some(hosts) = gateways::subsystem_hosts(&st, &nqn) {
                 let left: Vec<_> = hosts.iter().filter(|h| node.as_ref().is_some_and(|n| &n.host_nqn != *h)).collect();
                 if left.is_empty() {

@@ -115,6 +115,27 @@ pub fn subsystem_hosts(status: &Value, nqn: &str) -> Option<Vec<String>> {
     Some(s.get("allowed_hosts").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect()).unwrap_or_default())
 }
 
+/// The namespace of `volume` in subsystem `nqn` as `status` lists it:
+/// its NSID and the hosts it is visible to (`no_auto_visible` ones).
+pub fn shared_namespace(status: &Value, nqn: &str, volume: &str) -> Option<(u32, Vec<String>)> {
+    let s = status.get("nvme_subsystems")?.as_array()?.iter().find(|s| s.get("nqn").and_then(Value::as_str) == Some(nqn))?;
+    let n = s.get("namespaces")?.as_array()?.iter().find(|n| n.get("volume").and_then(Value::as_str) == Some(volume))?;
+    let hosts = n.get("hosts").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect()).unwrap_or_default();
+    Some((n.get("nsid")?.as_u64()?.try_into().ok()?, hosts))
+}
+
+/// The NSIDs subsystem `nqn` uses, as `status` lists them.
+pub fn nsids_in_use(status: &Value, nqn: &str) -> Vec<u32> {
+    let s = status.get("nvme_subsystems").and_then(Value::as_array).and_then(|a| a.iter().find(|s| s.get("nqn").and_then(Value::as_str) == Some(nqn)));
+    s.and_then(|s| s.get("namespaces")?.as_array().cloned()).unwrap_or_default().iter().filter_map(|n| n.get("nsid")?.as_u64()?.try_into().ok()).collect()
+}
+
+/// Whether any namespace of subsystem `nqn` is shown to `host`.
+pub fn host_has_namespaces(status: &Value, nqn: &str, host: &str) -> bool {
+    let s = status.get("nvme_subsystems").and_then(Value::as_array).and_then(|a| a.iter().find(|s| s.get("nqn").and_then(Value::as_str) == Some(nqn)));
+    s.and_then(|s| s.get("namespaces")?.as_array().cloned()).unwrap_or_default().iter().any(|n| n.get("hosts").and_then(Value::as_array).is_some_and(|h| h.iter().any(|h| h.as_str() == Some(host))))
+}
+
 /// The iSCSI target `iqn` as `status` lists it: its allowed initiators.
 pub fn target_initiators(status: &Value, iqn: &str) -> Option<Vec<String>> {
     let t = status.get("iscsi_targets")?.as_array()?.iter().find(|t| t.get("iqn").and_then(Value::as_str) == Some(iqn))?;

@@ -45,6 +45,13 @@ pub fn subsystem_nqn(prefix: &str, id: &str) -> String {
     format!("{prefix}:{}", name_part(id))
 }
 
+/// The one NVMe subsystem that exports every volume of a StorageClass
+/// with `nvmeSubsystem: shared`, each as a namespace only the hosts it
+/// is published to see.
+pub fn shared_subsystem_nqn(prefix: &str) -> String {
+    format!("{prefix}:shared")
+}
+
 /// The iSCSI target exporting volume `id` as LUN 0.
 pub fn target_iqn(prefix: &str, id: &str) -> String {
     format!("{prefix}:{}", name_part(id))

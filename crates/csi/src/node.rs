@@ -192,6 +192,23 @@ impl NodeService {
         }
     }
 
+    /// [`NodeService::detach`], unless another volume staged here came
+    /// through the same NVMe subsystem (a shared one: disconnecting would
+    /// take its namespace away too); the namespace of this one goes with
+    /// ControllerUnpublishVolume, which the kernel hears of (AEN, rescan).
+    async fn detach_unless_shared(&self, id: &str, how: &How) -> Result<(), Status> {
+        if let How::Nvme { nqn } = how {
+            let others = std::fs::read_dir(&self.state_dir).into_iter().flatten().flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| n != id);
+            for other in others {
+                if matches!(self.stage_record(&other), Ok(Some(Stage { how: How::Nvme { nqn: o }, .. })) if &o == nqn) {
+                    log::info!("volume {id}: NVMe {nqn} stays connected for volume {other}");
+                    return Ok(());
+                }
+            }
+        }
+        self.detach(how).await
+    }
+
     async fn detach(&self, how: &How) -> Result<(), Status> {
         match how {
             How::Fuse { dir } => {
@@ -344,7 +361,7 @@ impl Node for NodeService {
             if is_mounted(&staging) {
                 let _ = run("umount", &[&staging.to_string_lossy()]).await;
             }
-            let _ = self.detach(&how).await;
+            let _ = self.detach_unless_shared(id, &how).await;
             return Err(e);
         }
         log::info!("staged volume {id}: {device} at {}", staging.display());
@@ -365,7 +382,7 @@ impl Node for NodeService {
                 log::warn!("volume {id}: still published at {} when unstaged: unmounted", t.display());
                 run("umount", &[&t.to_string_lossy()]).await?;
             }
-            self.detach(&s.how).await?;
+            self.detach_unless_shared(id, &s.how).await?;
         }
         let dir = self.volume_dir(id)?;
         if dir.exists() {

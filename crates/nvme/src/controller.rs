@@ -229,6 +229,10 @@ impl Controller {
             Role::Discovery(_) => None,
         }
     }
+    /// Whether this controller's host sees namespace `nsid`.
+    fn sees(&self, nsid: u32) -> bool {
+        self.subsystem().is_some_and(|s| s.visible_namespace(nsid, &self.hostnqn).is_some())
+    }
     pub fn is_discovery(&self) -> bool {
         matches!(self.role, Role::Discovery(_))
     }
@@ -356,11 +360,13 @@ impl Controller {
         let csi = (sqe.cdw(11) >> 24) as u8;
         let nsid = sqe.nsid();
         let bad_ns = Completion::status(cid, Status::INVALID_NS.dnr());
+        let host = self.hostnqn.as_str();
         let page = match (c, &self.role) {
             (cns::CONTROLLER, _) => identify::controller(&self.params()),
-            (cns::NAMESPACE, Role::Nvm(s)) => match s.namespace(nsid) {
+            (cns::NAMESPACE, Role::Nvm(s)) => match s.visible_namespace(nsid, host) {
                 Some(ns) => identify::namespace(ns),
-                // Inactive but valid NSID: a zeroed structure.
+                // Inactive but valid NSID (none there, or one this host
+                // may not see): a zeroed structure.
                 None if nsid != 0 && nsid <= s.max_nsid() => vec![0u8; identify::LEN],
                 None => return bad_ns.into(),
             },
@@ -368,15 +374,15 @@ impl Controller {
                 if nsid >= 0xFFFF_FFFE {
                     return bad_ns.into();
                 }
-                identify::active_ns_list(s, nsid)
+                identify::active_ns_list(s, nsid, host)
             }
-            (cns::NS_DESCRIPTORS, Role::Nvm(s)) => match s.namespace(nsid) {
+            (cns::NS_DESCRIPTORS, Role::Nvm(s)) => match s.visible_namespace(nsid, host) {
                 Some(ns) => identify::ns_descriptors(ns),
                 None => return bad_ns.into(),
             },
             // NVM command set specific structures: no limits to report.
             (cns::CS_CONTROLLER, Role::Nvm(_)) if csi == 0 => vec![0u8; identify::LEN],
-            (cns::CS_NAMESPACE, Role::Nvm(s)) if csi == 0 => match s.namespace(nsid) {
+            (cns::CS_NAMESPACE, Role::Nvm(s)) if csi == 0 => match s.visible_namespace(nsid, host) {
                 Some(_) => vec![0u8; identify::LEN],
                 None => return bad_ns.into(),
             },
@@ -411,7 +417,7 @@ impl Controller {
                 p
             }
             (lid::CMD_EFFECTS, Role::Nvm(_)) => effects_log(),
-            (lid::ANA, Role::Nvm(s)) => s.ana_log_page((sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0),
+            (lid::ANA, Role::Nvm(s)) => s.ana_log_page((sqe.cdw(10) >> 8) & crate::ana::LSP_RGO != 0, &self.hostnqn),
             (lid::RESERVATION, Role::Nvm(_)) => {
                 let entry = if r.rae { self.resv_log.front().copied() } else { self.resv_log.pop_front() };
                 logpage::reservation_notice(entry, self.resv_log.len().saturating_sub(r.rae as usize))
@@ -464,7 +470,7 @@ impl Controller {
                         self.resv_mask_all = v & 0xE;
                         self.resv_mask.clear();
                     }
-                    n if self.subsystem().is_some_and(|s| s.namespace(n).is_some()) => {
+                    n if self.sees(n) => {
                         self.resv_mask.insert(n, v & 0xE);
                     }
                     _ => return Completion::status(cid, Status::INVALID_NS.dnr()).into(),
@@ -472,7 +478,7 @@ impl Controller {
                 Completion::status(cid, Status::SUCCESS)
             }
             feature::RESV_PERSIST if !self.is_discovery() => {
-                let Some(ns) = self.subsystem().and_then(|s| s.namespace(sqe.nsid())) else {
+                let Some(ns) = self.subsystem().and_then(|s| s.visible_namespace(sqe.nsid(), &self.hostnqn)) else {
                     return Completion::status(cid, Status::INVALID_NS.dnr()).into();
                 };
                 let ptpl = v & 1 != 0;
@@ -523,10 +529,10 @@ impl Controller {
             feature::RESV_MASK if !self.is_discovery() => match sqe.nsid() {
                 _ if default => 0,
                 0xFFFF_FFFF => self.resv_mask_all,
-                n if self.subsystem().is_some_and(|s| s.namespace(n).is_some()) => self.resv_mask_of(n),
+                n if self.sees(n) => self.resv_mask_of(n),
                 _ => return Completion::status(cid, Status::INVALID_NS.dnr()).into(),
             },
-            feature::RESV_PERSIST if !self.is_discovery() => match self.subsystem().and_then(|s| s.namespace(sqe.nsid())) {
+            feature::RESV_PERSIST if !self.is_discovery() => match self.subsystem().and_then(|s| s.visible_namespace(sqe.nsid(), &self.hostnqn)) {
                 Some(_) if default => 0,
                 Some(ns) => ns.volume.reservations().cached().aptpl as u32,
                 None => return Completion::status(cid, Status::INVALID_NS.dnr()).into(),
@@ -556,8 +562,9 @@ impl Controller {
     /// The subsystem was changed live (namespaces added, removed or
     /// resized: `changed`): Identify answers from `new` from now on, and
     /// each change is reported as [`Controller::namespace_changed`] does.
-    /// Returns the AER completion to send: one event for them all, the
-    /// log lists every NSID. for them all: the log lists every NSID.
+    /// `changed` is what this controller's host is told (see
+    /// [`crate::changed_for_host`]). Returns the AER completion to send:
+    /// one event for them all, the log lists every NSID.
     pub fn subsystem_changed(&mut self, new: Arc<Subsystem>, changed: &[u32]) -> Option<Completion> {
         if let Role::Nvm(s) = &mut self.role {
             *s = new;
@@ -592,7 +599,7 @@ impl Controller {
     /// send if one was waiting (else the event waits for the next AER).
     /// Masked types (Reservation Notification Mask) are dropped.
     pub fn reservation_notice(&mut self, nsid: u32, kind: u8) -> Option<Completion> {
-        if self.is_discovery() || self.resv_mask_of(nsid) & (1 << kind) != 0 {
+        if !self.sees(nsid) || self.resv_mask_of(nsid) & (1 << kind) != 0 {
             return None;
         }
         self.resv_count = self.resv_count.checked_add(1).unwrap_or(1);

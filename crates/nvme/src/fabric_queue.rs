@@ -106,6 +106,9 @@ pub struct Connected {
     /// The subsystem behind an I/O controller (for checks made before
     /// asking for write data).
     pub subsystem: Option<Arc<LiveSubsystem>>,
+    /// The controller's host NQN: which of the subsystem's namespaces
+    /// its commands may reach.
+    pub hostnqn: String,
     /// The host must authenticate on this queue (DH-HMAC-CHAP): the
     /// Connect response asks for it (AUTHREQ.ATR) and the login deadline
     /// stays armed until it has.
@@ -219,6 +222,7 @@ pub struct FabricQueue {
     /// it completes succeeded, when the controller's keep-alive starts.
     last_capsule: Option<Instant>,
     subsystem: Option<Arc<LiveSubsystem>>,
+    hostnqn: String,
 }
 
 impl FabricQueue {
@@ -238,6 +242,7 @@ impl FabricQueue {
             keep_alive: None,
             last_capsule: None,
             subsystem: None,
+            hostnqn: String::new(),
         }
     }
 
@@ -317,7 +322,7 @@ impl FabricQueue {
             return Err(Status::AUTH_REQUIRED.dnr());
         }
         match (&self.subsystem, self.qid > 0 && !sqe.is_fabrics()) {
-            (Some(sub), true) => nvm_io::precheck(&sub.load(), sqe),
+            (Some(sub), true) => nvm_io::precheck(&sub.load(), &self.hostnqn, sqe),
             _ => Ok(()),
         }
     }
@@ -385,6 +390,7 @@ impl FabricQueue {
         }
         self.keep_alive = Some(c.keep_alive);
         self.subsystem = c.subsystem;
+        self.hostnqn = c.hostnqn;
         let authreq = if c.auth.is_some() { fabrics::AUTHREQ_ATR as u64 } else { 0 };
         self.login_open = c.auth.is_some();
         self.auth = c.auth;

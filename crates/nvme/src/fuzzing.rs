@@ -71,7 +71,7 @@ pub fn commands(data: &[u8]) {
                 assert!(d.len() <= sqe.sgl().length as usize);
             }
         }
-        let r = nvm_io::execute(&s, &nvm_io::Host::new([0; 16]), &sqe, extra);
+        let r = nvm_io::execute(&s, &nvm_io::Host::new([0; 16], "nqn.t:h"), &sqe, extra);
         if let Some(d) = r.data {
             assert_eq!(d.len(), sqe.sgl().length as usize);
         }
@@ -115,7 +115,7 @@ pub fn rdma_queue(data: &[u8]) {
             let done = match a {
                 Action::Connect { cid, .. } => {
                     let ka = Arc::new(crate::controller::KeepAlive::new(0, now));
-                    let c = Connected { result: 1, keep_alive: ka, subsystem: Some(s.clone()), auth: None };
+                    let c = Connected { result: 1, keep_alive: ka, subsystem: Some(s.clone()), hostnqn: "nqn.t:h".into(), auth: None };
                     q.connected(cid, c, now, &mut out);
                     continue;
                 }

@@ -253,9 +253,10 @@ pub fn parse_namespace(b: &[u8]) -> Option<(u64, u32, bool)> {
     Some((ns::NSZE.get(b), 1u32 << lbads, ns::NSATTR.get(b) & 1 != 0))
 }
 
-/// Active NSIDs greater than `after`, ascending, up to 1024.
-pub fn active_ns_list(s: &Subsystem, after: u32) -> Vec<u8> {
-    let mut ids: Vec<u32> = s.namespaces.iter().map(|n| n.nsid).filter(|&n| n > after).collect();
+/// NSIDs active for host `hostnqn` (the namespaces it sees) greater than
+/// `after`, ascending, up to 1024.
+pub fn active_ns_list(s: &Subsystem, after: u32, hostnqn: &str) -> Vec<u8> {
+    let mut ids: Vec<u32> = s.namespaces.iter().filter(|n| n.visible_to(hostnqn)).map(|n| n.nsid).filter(|&n| n > after).collect();
     ids.sort_unstable();
     let mut b = vec![0u8; LEN];
     for (i, id) in ids.iter().take(LEN / 4).enumerate() {
@@ -360,9 +361,14 @@ mod tests {
         assert_eq!((&d[12..16], &d[16..32]), (&[2, 16, 0, 0][..], &[2; 16][..]));
         assert_eq!((&d[32..36], &d[36..52]), (&[3, 16, 0, 0][..], &[1; 16][..]));
         let s = Subsystem { nqn: "nqn.x:y".into(), serial: "s".into(), model: "m".into(), namespaces: vec![n.clone(), Namespace::new("nqn.x:y", 7, n.volume.clone(), false)], allowed_hosts: vec![], ana: Default::default() };
-        let l = active_ns_list(&s, 0);
+        let l = active_ns_list(&s, 0, "h");
         assert_eq!(&l[..12], &[1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0]);
-        let l = active_ns_list(&s, 1);
+        let l = active_ns_list(&s, 1, "h");
         assert_eq!(&l[..8], &[7, 0, 0, 0, 0, 0, 0, 0]);
+        // Namespace 1 shown only to host "a": "b" lists 7 alone.
+        let mut s = s;
+        s.namespaces[0].visible_to = Some(vec!["a".into()]);
+        assert_eq!(&active_ns_list(&s, 0, "a")[..12], &[1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&active_ns_list(&s, 0, "b")[..8], &[7, 0, 0, 0, 0, 0, 0, 0]);
     }
 }

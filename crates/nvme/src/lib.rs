@@ -64,7 +64,7 @@ pub mod tls_psk;
 
 pub use queue_entry::{Cqe, Sqe};
 pub use controller::{AdminOutcome, Completion, Controller};
-pub use subsystem::{changed_namespaces, LiveSubsystem, Namespace, Subsystem, DISCOVERY_NQN};
+pub use subsystem::{changed_for_host, changed_namespaces, LiveSubsystem, Namespace, Subsystem, DISCOVERY_NQN};
 
 pub use pdu::{Digests, Pdu, PduError};
 pub use status::Status;

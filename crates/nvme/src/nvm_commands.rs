@@ -35,15 +35,17 @@ pub const NS_WRITE_PROTECTED: Status = Status(0x20);
 #[derive(Debug, Clone)]
 pub struct Host {
     pub hostid: [u8; 16],
+    /// The host NQN of its Connect: which namespaces it sees.
+    pub nqn: String,
     /// `Who::nvme(hostid)` and its id, made once per controller.
     pub who: Who,
     pub id: u64,
 }
 
 impl Host {
-    pub fn new(hostid: [u8; 16]) -> Host {
+    pub fn new(hostid: [u8; 16], nqn: impl Into<String>) -> Host {
         let who = Who::nvme(&hostid);
-        Host { hostid, id: who.id(), who }
+        Host { hostid, nqn: nqn.into(), id: who.id(), who }
     }
 }
 

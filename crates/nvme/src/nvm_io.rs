@@ -27,9 +27,10 @@ pub fn transfer_len(sqe: &Sqe) -> u32 {
 /// Cheap checks that need no I/O, done before any data is moved: opcode,
 /// namespace, LBA range, transfer length. The target runs them before it
 /// sends an R2T so a bad write fails without its data crossing the wire.
+/// A namespace host `hostnqn` may not see is an inactive NSID.
 /// (Reservations are checked when the command runs.)
-pub fn precheck(subsys: &Subsystem, sqe: &Sqe) -> Result<(), Status> {
-    checked(subsys, sqe).map(|_| ())
+pub fn precheck(subsys: &Subsystem, hostnqn: &str, sqe: &Sqe) -> Result<(), Status> {
+    checked(subsys, hostnqn, sqe).map(|_| ())
 }
 
 /// An I/O command after its checks, resolved once: its command table row,
@@ -70,12 +71,12 @@ impl Resolved {
 /// the reservation check for `host`. As in Linux nvmet, the namespace is
 /// checked before the opcode.
 pub fn resolve(subsys: &Subsystem, host: &Host, sqe: &Sqe) -> Result<Resolved, Status> {
-    let r = checked(subsys, sqe)?;
+    let r = checked(subsys, &host.nqn, sqe)?;
     if let Some(access) = r.row.access {
         // A reservation on any namespace a broadcast Flush reaches counts.
         let refused = match r.namespace(subsys) {
             Some(ns) => !ns.volume.reservations().allows(host.id, access),
-            None => subsys.namespaces.iter().any(|n| !n.volume.reservations().allows(host.id, access)),
+            None => subsys.namespaces.iter().filter(|n| n.visible_to(&host.nqn)).any(|n| !n.volume.reservations().allows(host.id, access)),
         };
         if refused {
             return Err(Status::RESERVATION_CONFLICT.dnr());
@@ -84,13 +85,16 @@ pub fn resolve(subsys: &Subsystem, host: &Host, sqe: &Sqe) -> Result<Resolved, S
     Ok(r)
 }
 
-fn checked(subsys: &Subsystem, sqe: &Sqe) -> Result<Resolved, Status> {
+fn checked(subsys: &Subsystem, hostnqn: &str, sqe: &Sqe) -> Result<Resolved, Status> {
     let row = command_table::lookup(QueueKind::Io, sqe.opcode());
     let (offset, len) = (sqe.slba() << LBA_SHIFT, (sqe.nlb() as usize) << LBA_SHIFT);
     if let Some(r) = row.filter(|r| r.ns == NsUse::ActiveOrAll && sqe.nsid() == 0xFFFF_FFFF) {
         return Ok(Resolved { row: r, ns: None, offset, len });
     }
-    let i = subsys.namespaces.iter().position(|n| n.nsid == sqe.nsid()).ok_or(Status::INVALID_NS.dnr())?;
+    // A namespace the host may not see is inactive for it, as one never
+    // added: Invalid Namespace or Format (NVMe base 2.0, 3.2.1.4; Linux
+    // nvmet and SPDK answer the same).
+    let i = subsys.namespaces.iter().position(|n| n.nsid == sqe.nsid() && n.visible_to(hostnqn)).ok_or(Status::INVALID_NS.dnr())?;
     let ns = &subsys.namespaces[i];
     if let Some(s) = subsys.ana.state_of(ns.ana_group).io_status() {
         return Err(s);
@@ -200,7 +204,7 @@ mod tests {
     }
 
     fn h() -> Host {
-        Host::new([7; 16])
+        Host::new([7; 16], "nqn.t:h")
     }
 
     fn rw(op: u8, nsid: u32, slba: u64, blocks: u32) -> Sqe {

@@ -22,6 +22,11 @@ pub struct Namespace {
     /// ANA group (ANAGRPID, 1..=[`crate::ana::MAX_GROUPS`]); the same on
     /// every gateway exporting the namespace.
     pub ana_group: u32,
+    /// The hosts that see the namespace, when it is not visible to every
+    /// host the subsystem allows (SPDK's `no_auto_visible`, filled by
+    /// `nvmf_ns_add_host`). To any other host it is an inactive NSID:
+    /// absent from the lists, zeroed in Identify, refused for I/O.
+    pub visible_to: Option<Vec<String>>,
 }
 
 impl Namespace {
@@ -34,7 +39,7 @@ impl Namespace {
         }
         uuid[6] = (uuid[6] & 0x0F) | 0x40; // version 4 layout
         uuid[8] = (uuid[8] & 0x3F) | 0x80; // RFC 4122 variant
-        Namespace { nsid, volume, readonly, uuid, nguid: uuid, eui64: None, ana_group: 1 }
+        Namespace { nsid, volume, readonly, uuid, nguid: uuid, eui64: None, ana_group: 1, visible_to: None }
     }
     /// Size in logical blocks.
     pub fn blocks(&self) -> u64 {
@@ -42,6 +47,11 @@ impl Namespace {
     }
     pub fn read_only(&self) -> bool {
         self.readonly || self.volume.read_only()
+    }
+    /// Whether host `hostnqn` sees the namespace (it is active for it).
+    #[inline]
+    pub fn visible_to(&self, hostnqn: &str) -> bool {
+        self.visible_to.as_ref().is_none_or(|hosts| hosts.iter().any(|h| h == hostnqn))
     }
 }
 
@@ -61,13 +71,19 @@ impl Subsystem {
     pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
         self.namespaces.iter().find(|n| n.nsid == nsid)
     }
+    /// Namespace `nsid` if host `hostnqn` sees it: what every command of
+    /// that host's controller looks namespaces up with.
+    pub fn visible_namespace(&self, nsid: u32, hostnqn: &str) -> Option<&Namespace> {
+        self.namespace(nsid).filter(|n| n.visible_to(hostnqn))
+    }
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         self.allowed_hosts.is_empty() || self.allowed_hosts.iter().any(|h| h == hostnqn)
     }
     /// The ANA log page (see [`crate::ana::log_page`]) of this gateway's
     /// groups and the namespaces in them.
-    pub fn ana_log_page(&self, groups_only: bool) -> Vec<u8> {
-        let members: Vec<(u32, u32)> = self.namespaces.iter().map(|n| (n.nsid, n.ana_group)).collect();
+    /// Only the namespaces `hostnqn` sees are listed.
+    pub fn ana_log_page(&self, groups_only: bool, hostnqn: &str) -> Vec<u8> {
+        let members: Vec<(u32, u32)> = self.namespaces.iter().filter(|n| n.visible_to(hostnqn)).map(|n| (n.nsid, n.ana_group)).collect();
         crate::ana::log_page(&self.ana, &members, groups_only)
     }
     /// Number of namespaces (NN): the highest NSID in use.
@@ -119,6 +135,23 @@ pub fn changed_namespaces(old: &Subsystem, new: &Subsystem) -> Vec<u32> {
         }
     }
     ids.extend(old.namespaces.iter().filter(|o| new.namespace(o.nsid).is_none()).map(|o| o.nsid));
+    ids.sort_unstable();
+    ids
+}
+
+/// What host `hostnqn` is told of a change from `old` to `new` whose
+/// namespaces `changed` (from [`changed_namespaces`], with resizes): the
+/// changed ones it sees before or after, and those that appeared to it or
+/// vanished from it because their host list changed. Hosts that see none
+/// of it get no event.
+pub fn changed_for_host(old: &Subsystem, new: &Subsystem, changed: &[u32], hostnqn: &str) -> Vec<u32> {
+    let sees = |s: &Subsystem, nsid: u32| s.visible_namespace(nsid, hostnqn).is_some();
+    let mut ids: Vec<u32> = changed.iter().copied().filter(|&n| sees(old, n) || sees(new, n)).collect();
+    for n in &new.namespaces {
+        if old.namespace(n.nsid).is_some() && sees(old, n.nsid) != sees(new, n.nsid) && !ids.contains(&n.nsid) {
+            ids.push(n.nsid);
+        }
+    }
     ids.sort_unstable();
     ids
 }

@@ -42,6 +42,8 @@
 //! [[nvme.subsystem]]
 //! nqn = "nqn.2026-11.org.example:disk0"
 //! namespaces = [{ nsid = 1, volume = "disk0" }]         # ana_group = 1 by default
+//! # A namespace only some hosts see (SPDK's no_auto_visible + nvmf_ns_add_host):
+//! # namespaces = [{ nsid = 2, volume = "disk1", no_auto_visible = true, hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."] }]
 //! allowed_hosts = []                                        # empty: any host
 //! ana_state = "optimized"   # this gateway's ANA state: or non-optimized, inaccessible, persistent-loss
 //! # Gateways exporting one subsystem need distinct controller ids:
@@ -723,12 +725,25 @@ pub struct NvmeNamespace {
     pub nguid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eui64: Option<String>,
+    /// Visible only to the hosts in `hosts` (SPDK's `no_auto_visible`);
+    /// by default every host the subsystem allows sees the namespace.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_auto_visible: bool,
+    /// The host NQNs that see a `no_auto_visible` namespace
+    /// (`nvmf_ns_add_host`); they must be allowed on the subsystem too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
 
 impl NvmeNamespace {
-    /// A namespace with the derived identifiers.
+    /// A namespace with the derived identifiers, visible to every allowed host.
     pub fn new(nsid: u32, volume: String, readonly: bool, ana_group: u32) -> NvmeNamespace {
-        NvmeNamespace { nsid, volume, readonly, ana_group, uuid: None, nguid: None, eui64: None }
+        NvmeNamespace { nsid, volume, readonly, ana_group, uuid: None, nguid: None, eui64: None, no_auto_visible: false, hosts: vec![] }
+    }
+
+    /// Which hosts see the namespace: `None` for every allowed host.
+    pub fn visible_to(&self) -> Option<Vec<String>> {
+        self.no_auto_visible.then(|| self.hosts.clone())
     }
 
     /// The identifiers set, parsed: (UUID, NGUID, EUI-64).
@@ -1163,6 +1178,16 @@ impl NvmeConfig {
             ns.ids().map_err(|e| ConfigError::Invalid(format!("NVMe {} namespace {}: {e}", s.nqn, ns.nsid)))?;
             if ns.ana_group == 0 || ns.ana_group > bw_nvme::ana::MAX_GROUPS {
                 return inv(format!("NVMe {} namespace {}: ana_group {} is not in 1..={}", s.nqn, ns.nsid, ns.ana_group, bw_nvme::ana::MAX_GROUPS));
+            }
+            if !ns.no_auto_visible && !ns.hosts.is_empty() {
+                return inv(format!("NVMe {} namespace {}: hosts are listed only on a no_auto_visible namespace (the others are visible to every allowed host)", s.nqn, ns.nsid));
+            }
+            let mut seen = std::collections::HashSet::new();
+            for h in &ns.hosts {
+                check_nqn(h).map_err(|e| ConfigError::Invalid(format!("NVMe {} namespace {}: host {h:?}: {e}", s.nqn, ns.nsid)))?;
+                if !seen.insert(h.as_str()) {
+                    return inv(format!("NVMe {} namespace {}: host {h:?} is listed twice", s.nqn, ns.nsid));
+                }
             }
         }
         Ok(())

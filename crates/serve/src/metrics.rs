@@ -291,6 +291,9 @@ pub struct Metrics {
     tls_total: [AtomicU64; 2],
     /// Connections refused before or during their TLS handshake.
     tls_refused: AtomicU64,
+    /// The open volumes, by name: their QoS limits and what the limits
+    /// held back are read from them at each scrape.
+    open_volumes: Mutex<BTreeMap<String, bw_block::Volume>>,
 }
 
 /// An NVMe/TCP connection over TLS, counted by record layer while this lives.
@@ -332,7 +335,14 @@ impl Metrics {
             tls: Default::default(),
             tls_total: Default::default(),
             tls_refused: AtomicU64::new(0),
+            open_volumes: Mutex::default(),
         }
+    }
+
+    /// Report `volume`'s QoS (its limits, what they held back) until
+    /// [`Metrics::forget_volume`].
+    pub fn watch_volume(&self, volume: &bw_block::Volume) {
+        lock(&self.open_volumes).insert(volume.name().to_string(), volume.clone());
     }
 
     /// An NVMe/TCP connection secured with its records kept by `layer`.
@@ -364,6 +374,7 @@ impl Metrics {
     /// counters keep counting into the detached copy).
     pub fn forget_volume(&self, volume: &str) {
         lock(&self.volumes).retain(|s| s.volume != volume);
+        lock(&self.open_volumes).remove(volume);
     }
 
     /// The counters of AoE interface `iface`.
@@ -465,7 +476,8 @@ impl Metrics {
             .into_iter()
             .map(|l| TlsSnapshot { record_layer: l.name(), open: self.tls[l as usize].load(Relaxed), total: self.tls_total[l as usize].load(Relaxed) })
             .collect();
-        Snapshot { volumes, targets, aoe, connections, tls, tls_refused: self.tls_refused.load(Relaxed), process: ProcessSnapshot::read() }
+        let qos = lock(&self.open_volumes).iter().map(|(name, v)| QosSnapshot { volume: name.clone(), limits: v.qos(), throttled: v.qos_throttled() }).collect();
+        Snapshot { volumes, targets, aoe, connections, tls, tls_refused: self.tls_refused.load(Relaxed), qos, process: ProcessSnapshot::read() }
     }
 }
 
@@ -558,7 +570,16 @@ pub struct Snapshot {
     pub connections: Vec<ConnectionSnapshot>,
     pub tls: Vec<TlsSnapshot>,
     pub tls_refused: u64,
+    /// Every open volume's QoS, by name.
+    pub qos: Vec<QosSnapshot>,
     pub process: ProcessSnapshot,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QosSnapshot {
+    pub volume: String,
+    pub limits: bw_block::QosLimits,
+    pub throttled: bw_block::QosThrottled,
 }
 
 /// A label value with `\`, `"` and newlines escaped.
@@ -643,6 +664,34 @@ impl Snapshot {
                 }
                 f.sample(&format!("{h}_sum"), &base, seconds(o.latency_ns_sum));
                 f.sample(&format!("{h}_count"), &base, o.ops);
+            }
+        }
+        f.head("blockwire_volume_qos_limit", "gauge", "QoS limits set on a volume (bdev_set_qos_limit's names; per second, MiB for the mbytes ones); limits not set are absent.");
+        for q in &self.qos {
+            let l = &q.limits;
+            for (limit, n) in [
+                ("rw_ios_per_sec", l.rw_ios_per_sec),
+                ("r_ios_per_sec", l.r_ios_per_sec),
+                ("w_ios_per_sec", l.w_ios_per_sec),
+                ("rw_mbytes_per_sec", l.rw_mbytes_per_sec),
+                ("r_mbytes_per_sec", l.r_mbytes_per_sec),
+                ("w_mbytes_per_sec", l.w_mbytes_per_sec),
+            ] {
+                if n != 0 {
+                    f.sample("blockwire_volume_qos_limit", &[("volume", &q.volume), ("limit", limit)], n);
+                }
+            }
+        }
+        f.head("blockwire_volume_qos_delayed_total", "counter", "Reads and writes the volume's QoS limits held back (every protocol).");
+        for q in &self.qos {
+            for (i, op) in [Op::Read, Op::Write].into_iter().enumerate() {
+                f.sample("blockwire_volume_qos_delayed_total", &[("volume", &q.volume), ("op", op.label())], q.throttled.delayed[i]);
+            }
+        }
+        f.head("blockwire_volume_qos_delay_seconds_total", "counter", "Time the QoS limits held reads and writes back, summed over requests.");
+        for q in &self.qos {
+            for (i, op) in [Op::Read, Op::Write].into_iter().enumerate() {
+                f.sample("blockwire_volume_qos_delay_seconds_total", &[("volume", &q.volume), ("op", op.label())], seconds(q.throttled.delay_ns[i]));
             }
         }
         let gauges: [Column<TargetSnapshot, i64>; 2] = [

@@ -74,6 +74,7 @@ pub fn open_volumes(cfg: &ServeConfig) -> anyhow::Result<Volumes> {
             vol.set_qos(*q);
             log::info!("volume {}: QoS {q}", v.name);
         }
+        crate::metrics::global().watch_volume(&vol);
         map.insert(v.name.clone(), vol);
     }
     Ok(Arc::new(map))

@@ -258,7 +258,7 @@ fn sighup_applies_the_file_or_refuses_it_whole() {
 }
 
 /// The phase the guest of tests/kernel-vm/live.sh wrote to the mailbox.
-fn mailbox(path: &Path) -> String {
+pub(crate) fn mailbox(path: &Path) -> String {
     let b = std::fs::read(path).unwrap_or_default();
     String::from_utf8_lossy(&b[..b.len().min(512)]).trim_matches(|c: char| c.is_whitespace() || c == '\0').to_string()
 }

@@ -350,3 +350,72 @@ fn base64_encode(b: &[u8]) -> String {
     }
     out
 }
+
+/// `nvmeSubsystem: shared`: two volumes published through one subsystem,
+/// each a namespace only the nodes it was published to see (checked with
+/// a raw NVMe/TCP host per node: its Identify active namespace list);
+/// unpublishing hides it, the last unpublish removes the namespace and
+/// then the subsystem. About 3 s.
+#[test]
+fn shared_subsystem_shows_each_node_its_own_namespaces() {
+    use bw_csi::proto;
+    let s = Setup::start("csis");
+    let (a, b) = ("nqn.2026-11.io.blockwire.test:node-a", "nqn.2026-11.io.blockwire.test:node-b");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ch = rt.block_on(bw_csi::client::connect_unix(s.socket.clone())).expect("connect");
+    let mut c = proto::controller_client::ControllerClient::new(ch);
+    let cap = proto::VolumeCapability {
+        access_mode: Some(proto::volume_capability::AccessMode { mode: proto::volume_capability::access_mode::Mode::SingleNodeWriter as i32 }),
+        access_type: Some(proto::volume_capability::AccessType::Block(Default::default())),
+    };
+    let params: std::collections::HashMap<String, String> = [("pool".to_string(), "p".to_string()), ("nvmeSubsystem".to_string(), "shared".to_string())].into();
+    let bad = rt.block_on(c.create_volume(proto::CreateVolumeRequest { name: "pvc-x".into(), volume_capabilities: vec![cap.clone()], parameters: [("nvmeSubsystem".to_string(), "some".to_string())].into(), ..Default::default() }));
+    assert_eq!(bad.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let mut vols = vec![];
+    for name in ["pvc-s1", "pvc-s2"] {
+        let req = proto::CreateVolumeRequest { name: name.into(), capacity_range: Some(proto::CapacityRange { required_bytes: 8 << 20, limit_bytes: 0 }), volume_capabilities: vec![cap.clone()], parameters: params.clone(), ..Default::default() };
+        vols.push(rt.block_on(c.create_volume(req)).unwrap().into_inner().volume.unwrap());
+    }
+    let publish = |c: &mut proto::controller_client::ControllerClient<_>, v: &proto::Volume, host: &str| {
+        let req = proto::ControllerPublishVolumeRequest { volume_id: v.volume_id.clone(), node_id: format!("{host} iqn.2026-11.io.blockwire.test:x"), volume_capability: Some(cap.clone()), volume_context: v.volume_context.clone(), ..Default::default() };
+        rt.block_on(c.controller_publish_volume(req)).unwrap().into_inner().publish_context
+    };
+    let unpublish = |c: &mut proto::controller_client::ControllerClient<_>, v: &proto::Volume, host: &str| {
+        rt.block_on(c.controller_unpublish_volume(proto::ControllerUnpublishVolumeRequest { volume_id: v.volume_id.clone(), node_id: format!("{host} iqn.2026-11.io.blockwire.test:x"), ..Default::default() })).unwrap();
+    };
+    let p1 = publish(&mut c, &vols[0], a);
+    let p2 = publish(&mut c, &vols[1], b);
+    let again = publish(&mut c, &vols[0], a);
+    assert_eq!(p1, again, "publishing again is idempotent");
+    assert_eq!(p1["nqn"], p2["nqn"], "one subsystem");
+    assert_eq!((p1["nsid"].as_str(), p2["nsid"].as_str()), ("1", "2"));
+    let nqn = p1["nqn"].clone();
+    // What each node's host sees: the active namespace list.
+    let active = |host: &str| -> Vec<u32> {
+        let (mut q, cq) = crate::common::nvme_raw::RawNvme::connected(s.nvme, &nqn, 0, 0xFFFF, host, [3; 16]);
+        assert!(cq.status.is_success(), "{host}: {cq:?}");
+        assert!(q.command(bw_nvme::fabrics::Property::set_sqe(2, bw_nvme::fabrics::reg::CC, 0x46_0001), &[]).unwrap().status.is_success());
+        let mut id = bw_nvme::queue_entry::Sqe::new(bw_nvme::queue_entry::admin::IDENTIFY, 5, 0);
+        id.set_cdw(10, bw_nvme::identify::cns::ACTIVE_NS_LIST as u32);
+        id.set_sgl(bw_nvme::queue_entry::Sgl { addr: 0, length: 4096, kind: bw_nvme::queue_entry::sgl::TRANSPORT });
+        let (_, d) = q.exchange(id, &[]).unwrap();
+        d.chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).take_while(|n| *n != 0).collect()
+    };
+    assert_eq!((active(a), active(b)), (vec![1], vec![2]));
+    publish(&mut c, &vols[1], a);
+    assert_eq!((active(a), active(b)), (vec![1, 2], vec![2]));
+    let del = rt.block_on(c.delete_volume(proto::DeleteVolumeRequest { volume_id: vols[1].volume_id.clone(), ..Default::default() }));
+    assert_eq!(del.unwrap_err().code(), tonic::Code::FailedPrecondition, "a published volume was deleted");
+    unpublish(&mut c, &vols[1], a);
+    assert_eq!((active(a), active(b)), (vec![1], vec![2]));
+    unpublish(&mut c, &vols[0], a);
+    let st = s.ctl("status", "null");
+    let sub = st["nvme_subsystems"].as_array().unwrap().iter().find(|x| x["nqn"] == nqn).expect("the subsystem stays while it has a namespace").clone();
+    assert_eq!(sub["allowed_hosts"], serde_json::json!([b]), "node a, shown nothing, left the subsystem: {sub}");
+    unpublish(&mut c, &vols[1], b);
+    assert!(!s.ctl("status", "null")["nvme_subsystems"].as_array().unwrap().iter().any(|x| x["nqn"] == nqn), "the empty subsystem was left");
+    for v in &vols {
+        rt.block_on(c.delete_volume(proto::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() })).unwrap();
+    }
+    s.assert_nothing_left();
+}

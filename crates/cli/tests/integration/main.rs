@@ -39,6 +39,7 @@ mod nfs;
 mod nvme_nvmet;
 mod nvme_rdma;
 mod nvme_tls;
+mod ns_visibility;
 mod packaging;
 mod readme_layout;
 mod rbd;

@@ -84,11 +84,12 @@ fn promtool_accepts_the_exposition_and_prometheus_queries_a_bench() {
     let dir = TempDir::new("metrics");
     let toml = format!(
         "[[volume]]\nname = \"d0\"\nbackend = \"ram:32M\"\n\
+         [[volume]]\nname = \"q0\"\nbackend = \"ram:4M\"\nqos = {{ rw_ios_per_sec = 20 }}\n\
          [iscsi]\nlisten = [\"127.0.0.1:{iport}\"]\n\
          [[iscsi.target]]\niqn = \"{IQN}\"\nluns = [{{ lun = 0, volume = \"d0\" }}]\n\
          [[iscsi.target]]\niqn = \"{IQN_CHAP}\"\nluns = [{{ lun = 0, volume = \"d0\" }}]\nchap = {{ user = \"bob\", secret = \"0123456789ab\" }}\n\
          [nvme]\nlisten = [\"127.0.0.1:{nport}\"]\ndiscovery_listen = \"127.0.0.1:{dport}\"\n\
-         [[nvme.subsystem]]\nnqn = \"{NQN}\"\nnamespaces = [{{ nsid = 1, volume = \"d0\" }}]\n\
+         [[nvme.subsystem]]\nnqn = \"{NQN}\"\nnamespaces = [{{ nsid = 1, volume = \"d0\" }}, {{ nsid = 2, volume = \"q0\" }}]\n\
          [metrics]\nlisten = \"127.0.0.1:{mport}\"\n"
     );
     let serve = Serve::with_config(&dir, &toml, &[]);
@@ -96,6 +97,9 @@ fn promtool_accepts_the_exposition_and_prometheus_queries_a_bench() {
     blockwire_ok(None, &["bench", &iscsi, "--rw", "randrw", "--ios", "300", "--iodepth", "4"]);
     let nvme = format!("nvme+tcp://127.0.0.1:{nport}/{NQN}/1");
     blockwire_ok(None, &["bench", &nvme, "--rw", "randwrite", "--bs", "8k", "--ios", "200", "--iodepth", "4"]);
+    // 40 I/Os under a limit of 20 per second: all but a burst's wait.
+    let limited = format!("nvme+tcp://127.0.0.1:{nport}/{NQN}/2");
+    blockwire_ok(None, &["bench", &limited, "--rw", "randread", "--ios", "40", "--iodepth", "4"]);
     let wrong = format!("iscsi://bob%wrong-secret@127.0.0.1:{iport}/{IQN_CHAP}/0");
     let refused = blockwire(None, &["bench", &wrong, "--ios", "1", "--initiator-name", "iqn.2026-11.org.example:intruder"]);
     assert!(!refused.status.success(), "a wrong CHAP secret logged in");
@@ -133,6 +137,15 @@ fn promtool_accepts_the_exposition_and_prometheus_queries_a_bench() {
         sample(&text, &format!("blockwire_target_auth_failures_total{{protocol=\"iscsi\",target=\"{IQN_CHAP}\",initiator=\"iqn.2026-11.org.example:intruder\"}}")),
         1.0
     );
+    // QoS: the limit set, what it held back (reads: the bench's; its
+    // burst of 100 ms lets about 3 of 40 through at once; a client stalled
+    // for longer than a burst may send a few more unheld), and nothing for d0.
+    assert_eq!(sample(&text, "blockwire_volume_qos_limit{volume=\"q0\",limit=\"rw_ios_per_sec\"}"), 20.0);
+    assert!(!text.contains("blockwire_volume_qos_limit{volume=\"d0\""), "{text}");
+    let delayed = sample(&text, "blockwire_volume_qos_delayed_total{volume=\"q0\",op=\"read\"}");
+    let waited = sample(&text, "blockwire_volume_qos_delay_seconds_total{volume=\"q0\",op=\"read\"}");
+    assert!(delayed >= 20.0 && waited > 0.0, "delayed {delayed}, waited {waited} s");
+    assert_eq!(sample(&text, "blockwire_volume_qos_delayed_total{volume=\"d0\",op=\"read\"}"), 0.0);
     assert!(sample(&text, "process_resident_memory_bytes") > 0.0);
     let other = http_get(&format!("127.0.0.1:{mport}"), "/nothing").unwrap();
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");

@@ -497,7 +497,7 @@ fn snapshots_hold_every_write_acknowledged_before_them() {
 /// A venv under target/ with `packages` from PyPI; installing is done once
 /// per machine (pip is quick when they are there). A machine that cannot
 /// reach PyPI fails here, saying so.
-fn venv(packages: &[&str]) -> PathBuf {
+pub(crate) fn venv(packages: &[&str]) -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let v = repo_root().join("target/pyvenv-volumes");
@@ -517,7 +517,7 @@ fn venv(packages: &[&str]) -> PathBuf {
 }
 
 /// `spdk-rpc -s SOCK ARGS`: its stdout as JSON (or a string), or its error text.
-fn spdk_rpc(venv: &Path, sock: &Path, args: &[&str]) -> Result<Value, String> {
+pub(crate) fn spdk_rpc(venv: &Path, sock: &Path, args: &[&str]) -> Result<Value, String> {
     let o = Command::new(venv.join("bin/spdk-rpc")).arg("-s").arg(sock).args(args).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout).trim().to_string();
     if !o.status.success() {

@@ -322,3 +322,89 @@ fn reservation_notices_log_and_features() {
     id.set_cdw(10, crate::identify::cns::NAMESPACE as u32);
     assert_eq!(run(&mut c, with_len(id, 4096)).data.unwrap()[31], crate::reservation::RESCAP);
 }
+
+/// Per-host visibility: a namespace shown only to "nqn.h" is inactive for
+/// any other host (absent from its lists, zeroed in Identify, refused for
+/// admin features, I/O and reservations), and a change of its host list
+/// reaches only the hosts it concerns, as the AEN config allows.
+#[test]
+fn a_namespace_hidden_from_a_host_is_inactive_for_it() {
+    use crate::nvm_io::{self, Host};
+    use crate::queue_entry::nvm;
+    let v = Volume::open("v", &BackendSpec::ram(1 << 20)).unwrap();
+    let mut hidden = Namespace::new("nqn.t:s", 2, v.clone(), false);
+    hidden.visible_to = Some(vec!["nqn.h".into()]);
+    let old = Arc::new(Subsystem { nqn: "nqn.t:s".into(), serial: "S".into(), model: "M".into(), namespaces: vec![Namespace::new("nqn.t:s", 1, v, false), hidden], allowed_hosts: vec![], ana: Default::default() });
+    let ctrl_of = |host: &str| {
+        let mut c = Controller::new(3, Role::Nvm(old.clone()), host.into(), [0; 16], 5000, Instant::now());
+        enable(&mut c);
+        c
+    };
+    let identify = |c: &mut Controller, cns: u8, nsid: u32| {
+        let mut s = with_len(Sqe::new(admin::IDENTIFY, 4, nsid), 4096);
+        s.set_cdw(10, cns as u32);
+        run(c, s)
+    };
+    let active = |c: &mut Controller| -> Vec<u32> {
+        let d = identify(c, cns::ACTIVE_NS_LIST, 0).data.unwrap();
+        d.chunks(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).take_while(|n| *n != 0).collect()
+    };
+    let (mut mine, mut other) = (ctrl_of("nqn.h"), ctrl_of("nqn.other"));
+    assert_eq!((active(&mut mine), active(&mut other)), (vec![1, 2], vec![1]));
+    assert_eq!(identify::parse_namespace(&identify(&mut mine, cns::NAMESPACE, 2).data.unwrap()), Some((2048, 512, false)));
+    assert_eq!(identify(&mut other, cns::NAMESPACE, 2).data.unwrap(), vec![0u8; 4096], "inactive: zeroed");
+    for cns in [cns::NS_DESCRIPTORS, cns::CS_NAMESPACE] {
+        assert_eq!(identify(&mut other, cns, 2).status, Status::INVALID_NS.dnr());
+        assert!(identify(&mut mine, cns, 2).status.is_success());
+    }
+    let mut mask = Sqe::new(admin::SET_FEATURES, 5, 2);
+    mask.set_cdw(10, feature::RESV_MASK as u32);
+    assert_eq!(run(&mut other, mask).status, Status::INVALID_NS.dnr());
+    // The ANA log names only the namespaces the host sees.
+    let ana = |c: &mut Controller| run(c, with_len(LogRequest { lid: lid::ANA, rae: false, len: 4096, offset: 0 }.to_sqe(7, 0), 4096)).data.unwrap();
+    assert_ne!(ana(&mut mine), ana(&mut other));
+
+    // I/O and reservation commands: Invalid Namespace or Format, before
+    // any data moves (precheck) and when run.
+    let mut read = with_len(Sqe::new(nvm::READ, 1, 2), 512);
+    read.set_cdw(12, 0);
+    let mut report = with_len(Sqe::new(nvm::RESV_REPORT, 2, 2), 4096);
+    report.set_cdw(10, 4096 / 4 - 1);
+    report.set_cdw(11, 1); // extended data structure
+    let (h, o) = (Host::new([1; 16], "nqn.h"), Host::new([2; 16], "nqn.other"));
+    for s in [&read, &report] {
+        assert_eq!(nvm_io::execute(&old, &o, s, &[]).status, Status::INVALID_NS.dnr());
+        assert_eq!(nvm_io::precheck(&old, "nqn.other", s), Err(Status::INVALID_NS.dnr()));
+        assert!(nvm_io::execute(&old, &h, s, &[]).status.is_success());
+    }
+    let mut flush_all = Sqe::new(nvm::FLUSH, 3, 0xFFFF_FFFF);
+    flush_all.set_sgl(Sgl { addr: 0, length: 0, kind: sgl::TRANSPORT });
+    assert!(nvm_io::execute(&old, &o, &flush_all, &[]).status.is_success());
+
+    // "nqn.other" is added to the namespace: only it is told, and only
+    // once it enabled the notice.
+    let mut new = (*old).clone();
+    new.namespaces[1].visible_to = Some(vec!["nqn.h".into(), "nqn.other".into()]);
+    let new = Arc::new(new);
+    let changed = crate::changed_namespaces(&old, &new);
+    assert_eq!(changed, Vec::<u32>::new(), "no attribute changed");
+    assert_eq!(crate::changed_for_host(&old, &new, &changed, "nqn.h"), Vec::<u32>::new());
+    assert_eq!(crate::changed_for_host(&old, &new, &changed, "nqn.other"), vec![2]);
+    let mut quiet = ctrl_of("nqn.other");
+    assert_eq!(quiet.execute_admin(&Sqe::new(admin::ASYNC_EVENT, 10, 0), &[], Instant::now()), AdminOutcome::Held);
+    assert_eq!(quiet.subsystem_changed(new.clone(), &[2]), None, "the notice is not enabled (Async Event Configuration bit 8)");
+    let mut aec = Sqe::new(admin::SET_FEATURES, 5, 0);
+    aec.set_cdw(10, feature::ASYNC_EVENT as u32);
+    aec.set_cdw(11, 1 << 8);
+    run(&mut other, aec);
+    assert_eq!(other.execute_admin(&Sqe::new(admin::ASYNC_EVENT, 10, 0), &[], Instant::now()), AdminOutcome::Held);
+    let done = other.subsystem_changed(new.clone(), &[2]).unwrap();
+    assert_eq!((done.cid, done.result), (10, AEN_NS_CHANGED as u64));
+    assert_eq!(active(&mut other), vec![1, 2]);
+    let l = LogRequest { lid: lid::CHANGED_NS, rae: false, len: 4096, offset: 0 };
+    assert_eq!(&run(&mut other, with_len(l.to_sqe(7, 0), 4096)).data.unwrap()[..8], &[2, 0, 0, 0, 0, 0, 0, 0]);
+    assert!(nvm_io::execute(&new, &o, &read, &[]).status.is_success());
+    // And removed again: it vanishes for that host alone.
+    assert_eq!(crate::changed_for_host(&new, &old, &[], "nqn.other"), vec![2]);
+    assert_eq!(crate::changed_for_host(&new, &old, &[], "nqn.h"), Vec::<u32>::new());
+}

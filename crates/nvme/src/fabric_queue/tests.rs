@@ -112,7 +112,7 @@ impl Q {
         assert_eq!((cid, connect.qid, connect.sqsize, data.hostnqn.as_str()), (1, qid, sqsize, HOSTNQN));
         assert!(self.w.completed.is_empty(), "the transport answers the Connect");
         let auth = auth.then(|| ControllerAuth::new(Arc::new(AuthConfig::new(key(5), None)), HOSTNQN, SUBNQN));
-        let c = Connected { result: CNTLID, keep_alive: self.ka.clone(), subsystem: Some(live()), auth };
+        let c = Connected { result: CNTLID, keep_alive: self.ka.clone(), subsystem: Some(live()), hostnqn: "nqn.t:h".into(), auth };
         self.q.connected(cid, c, self.now, &mut self.w);
         assert!(self.q.is_connected());
         self.w.one()
@@ -227,7 +227,7 @@ fn a_refused_connect_may_be_tried_again_and_one_at_a_time() {
     assert_eq!(q.w.one().status, Status::CONNECT_INVALID_HOST.dnr());
     assert!(!q.q.is_connected() && q.q.connect().is_none());
     // A late success for the refused Connect changes nothing.
-    let c = Connected { result: CNTLID, keep_alive: q.ka.clone(), subsystem: None, auth: None };
+    let c = Connected { result: CNTLID, keep_alive: q.ka.clone(), subsystem: None, hostnqn: "nqn.t:h".into(), auth: None };
     q.q.connected(1, c, q.now, &mut q.w);
     assert!(!q.q.is_connected() && q.w.completed.is_empty());
     assert!(matches!(q.send(connect_sqe(3, 0, 31), connect_data(HOSTNQN)), Some(Action::Connect { cid: 3, .. })));

@@ -61,7 +61,7 @@ fn connected(qid: u16, entries: u16) -> RdmaQueue {
     let Some(Action::Connect { cid, connect, data }) = q.fetched(1, connect_data(), &mut out) else { panic!("no Connect") };
     assert_eq!((cid, connect.qid, data.hostnqn.as_str()), (1, qid, "nqn.h:1"));
     let ka = Arc::new(KeepAlive::new(0, now));
-    q.connected(1, Connected { result: 5, keep_alive: ka, subsystem: Some(subsystem()), auth: None }, now, &mut out);
+    q.connected(1, Connected { result: 5, keep_alive: ka, subsystem: Some(subsystem()), hostnqn: "nqn.t:h".into(), auth: None }, now, &mut out);
     assert_eq!(out.len(), 1);
     let c = cqe_of(&out[0]);
     assert_eq!((c.cid, c.status, c.result, c.sq_id, c.sq_head), (1, Status::SUCCESS, 5, qid, 1));
@@ -232,7 +232,7 @@ mod auth {
         assert!(matches!(out.pop(), Some(Post::Read { cid: 1, .. })));
         let Some(Action::Connect { cid, .. }) = q.fetched(1, connect_data(), &mut out) else { panic!("no Connect") };
         let auth = ControllerAuth::new(Arc::new(AuthConfig::new(key(), None)), "nqn.h:1", "nqn.t:s");
-        let c = Connected { result: 5, keep_alive: Arc::new(KeepAlive::new(1000, now)), subsystem: Some(subsystem()), auth: Some(auth) };
+        let c = Connected { result: 5, keep_alive: Arc::new(KeepAlive::new(1000, now)), subsystem: Some(subsystem()), hostnqn: "nqn.t:h".into(), auth: Some(auth) };
         q.connected(cid, c, now, &mut out);
         let c = cqe_of(&out[0]);
         assert_eq!((c.status, c.result), (Status::SUCCESS, 5 | fabrics::AUTHREQ_ATR as u64));

@@ -57,7 +57,7 @@ fn write(s: &Subsystem, h: &Host) -> Status {
 #[test]
 fn blktests_054_sequence() {
     let s = subsys();
-    let h = Host::new([1; 16]);
+    let h = Host::new([1; 16], "nqn.t:h");
     assert_eq!(report(&s, &h), (0, 0, vec![]));
     assert_eq!(reg(&s, &h, 0, 0, 4), Status::SUCCESS);
     assert_eq!(report(&s, &h), (1, 0, vec![(0, 4)]));
@@ -81,7 +81,7 @@ fn blktests_054_sequence() {
 #[test]
 fn a_reservation_fences_other_hosts_and_refuses_bad_keys() {
     let s = subsys();
-    let (a, b) = (Host::new([1; 16]), Host::new([2; 16]));
+    let (a, b) = (Host::new([1; 16], "nqn.t:h"), Host::new([2; 16], "nqn.t:h"));
     assert_eq!(reg(&s, &a, 0, 0, 0xA), Status::SUCCESS);
     assert_eq!(reg(&s, &a, 0, 0, 0xA), Status::SUCCESS, "registering the same key again");
     assert_eq!(reg(&s, &a, 0, 0, 0xB), Status::RESERVATION_CONFLICT.dnr());

@@ -141,6 +141,7 @@ impl Host {
             result: CNTLID,
             keep_alive: self.ka.clone(),
             subsystem: Some(Arc::new(crate::LiveSubsystem::new(self.sub.clone()))),
+            hostnqn: "nqn.t:h".into(),
             auth: None,
         };
         self.q.connected(*cid, c, self.now, &mut tx);
@@ -1207,6 +1208,7 @@ mod auth {
             result: CNTLID,
             keep_alive: h.ka.clone(),
             subsystem: Some(Arc::new(crate::LiveSubsystem::new(h.sub.clone()))),
+            hostnqn: "nqn.t:h".into(),
             auth: Some(ControllerAuth::new(ctrl_cfg(), "nqn.t:h", "nqn.t:s")),
         };
         let mut tx = Vec::new();

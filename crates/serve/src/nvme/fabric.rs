@@ -86,7 +86,7 @@ impl CtrlEntry {
 /// the asynchronous event.
 fn listen_for_notices(e: &Arc<CtrlEntry>, s: &Subsystem) {
     let mut listeners = Vec::new();
-    for ns in &s.namespaces {
+    for ns in s.namespaces.iter().filter(|n| n.visible_to(&e.hostnqn)) {
         let (weak, nsid, who) = (Arc::downgrade(e), ns.nsid, e.host.who.as_str().to_string());
         listeners.push(ns.volume.reservations().listen(move |ev| {
             if ev.who != who {
@@ -311,7 +311,7 @@ impl Fabric {
             events: Mutex::new(Vec::new()),
             events_ready: tokio::sync::Notify::new(),
             hostid: d.hostid,
-            host: Arc::new(bw_nvme::nvm_io::Host::new(d.hostid)),
+            host: Arc::new(bw_nvme::nvm_io::Host::new(d.hostid, d.hostnqn.clone())),
             notices: Mutex::new(Vec::new()),
             auth,
             tls: std::sync::OnceLock::new(),
@@ -409,7 +409,13 @@ impl Fabric {
                         };
                         log.push(format!("nvme {}: namespace {n} {what}", s.nqn));
                     }
-                    changed_cells.push((cell.clone(), s, changed));
+                    for n in &s.namespaces {
+                        if old.namespace(n.nsid).is_some_and(|o| o.visible_to != n.visible_to) {
+                            let to = n.visible_to.as_ref().map_or("every allowed host".to_string(), |h| format!("hosts [{}]", h.join(", ")));
+                            log.push(format!("nvme {}: namespace {} visible to {to}", s.nqn, n.nsid));
+                        }
+                    }
+                    changed_cells.push((cell.clone(), old, s, changed));
                     next.push(cell.clone());
                 }
                 None => {
@@ -434,14 +440,15 @@ impl Fabric {
                 self.remove(e.cntlid, "its subsystem was removed");
                 continue;
             }
-            let Some((_, s, changed)) = changed_cells.iter().find(|(c, ..)| Arc::ptr_eq(c, cell)) else { continue };
+            let Some((_, old, s, changed)) = changed_cells.iter().find(|(c, ..)| Arc::ptr_eq(c, cell)) else { continue };
             if !s.host_allowed(&e.hostnqn) {
                 log.push(format!("nvme {}: host {} no longer allowed: controller {} ends", s.nqn, e.hostnqn, e.cntlid));
                 self.remove(e.cntlid, "its host is no longer allowed");
                 continue;
             }
             listen_for_notices(&e, s);
-            let aen = e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).subsystem_changed(s.clone(), changed);
+            let changed = bw_nvme::changed_for_host(old, s, changed, &e.hostnqn);
+            let aen = e.ctrl.lock().unwrap_or_else(|p| p.into_inner()).subsystem_changed(s.clone(), &changed);
             if let Some(c) = aen {
                 e.events.lock().unwrap_or_else(|p| p.into_inner()).push(c);
                 e.events_ready.notify_one();

@@ -82,6 +82,7 @@ impl Link {
             result: e.cntlid as u64,
             keep_alive: e.keep_alive.clone(),
             subsystem: e.subsys.clone(),
+            hostnqn: e.hostnqn.clone(),
             auth,
         };
         self.ctrl = Some(e);

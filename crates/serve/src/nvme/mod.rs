@@ -56,6 +56,7 @@ fn subsystems(cfg: &NvmeConfig, volumes: &Volumes) -> anyhow::Result<Vec<Arc<Sub
             let v = volumes.get(&n.volume).with_context(|| format!("subsystem {}: no volume {:?}", s.nqn, n.volume))?;
             let mut ns = Namespace::new(&s.nqn, n.nsid, v.clone(), n.readonly);
             ns.ana_group = n.ana_group;
+            ns.visible_to = n.visible_to();
             // (Validated with the configuration.)
             let ids = n.ids().map_err(anyhow::Error::msg)?;
             ns.uuid = ids.uuid.unwrap_or(ns.uuid);
