@@ -10,7 +10,7 @@ DEB_PACKAGES := fuse3 xfsprogs btrfs-progs eatmydata tgt tgt-rbd vblade libiscsi
 	iperf3 iproute2 e2fsprogs busybox-static openssh-server kmod cpio open-iscsi chromium ethtool procps jq \
 	ceph-mon ceph-osd ceph-common librbd-dev postmark bonnie++ clang libbpf-dev linux-libc-dev bpftool \
 	prometheus systemd man-db dpkg-dev lintian nfs-ganesha nfs-ganesha-vfs rpcbind libibverbs-dev librdmacm-dev ibverbs-providers python3-venv \
-	gawk bsdextrautils stress-ng libssl-dev pkg-config
+	gawk bsdextrautils stress-ng libssl-dev pkg-config socat
 # Seconds each fuzz target runs under `make fuzz`; FUZZ_RUNS=N runs N
 # executions per target instead (the campaign in docs/reliability.md used 10000000).
 FUZZ_SECONDS ?= 60

@@ -81,7 +81,21 @@ struct Stage {
 enum How {
     Fuse { dir: PathBuf },
     Nvme { nqn: String },
-    Iscsi { iqn: String, portals: Vec<String> },
+    Iscsi {
+        iqn: String,
+        portals: Vec<String>,
+        /// The open-iscsi interface logged in through ([`NodeService::iscsi_iface`]).
+        #[serde(default)]
+        iface: Option<String>,
+    },
+}
+
+/// `-I IFACE` where there is one.
+fn with_iface<'a>(mut args: Vec<&'a str>, iface: &'a Option<String>) -> Vec<&'a str> {
+    if let Some(i) = iface {
+        args.extend(["-I", i.as_str()]);
+    }
+    args
 }
 
 async fn run(program: &str, args: &[&str]) -> Result<String, Status> {
@@ -161,9 +175,20 @@ impl NodeService {
                 Ok((dev, How::Fuse { dir }))
             }
             Attacher::Kernel if protocol == Protocol::Iscsi => {
+                let iface = Some(self.iscsi_iface().await?);
                 for p in &addresses {
-                    run("iscsiadm", &["-m", "discovery", "-t", "sendtargets", "-p", p]).await?;
-                    let login = run("iscsiadm", &["-m", "node", "-T", &name, "-p", p, "--login"]).await;
+                    // A node record for exactly this portal, not SendTargets
+                    // discovery: a gateway reports the addresses it listens
+                    // on, which a node behind NAT (or reaching a gateway
+                    // that listens on 0.0.0.0) cannot use, and discovery
+                    // would record every target the gateway has.
+                    let made = run("iscsiadm", &with_iface(vec!["-m", "node", "-o", "new", "-T", &name, "-p", p], &iface)).await;
+                    if let Err(e) = made {
+                        if !e.message().contains("exists") {
+                            return Err(e);
+                        }
+                    }
+                    let login = run("iscsiadm", &with_iface(vec!["-m", "node", "-T", &name, "-p", p, "--login"], &iface)).await;
                     if let Err(e) = login {
                         if !e.message().contains("already present") {
                             return Err(e);
@@ -171,7 +196,7 @@ impl NodeService {
                     }
                 }
                 let dev = wait_for(|| iscsi_device(&name, &unit, &addresses)).await.ok_or_else(|| Status::internal(format!("iSCSI {name} LUN {unit}: no block device appeared")))?;
-                Ok((dev, How::Iscsi { iqn: name, portals: addresses.iter().map(|s| s.to_string()).collect() }))
+                Ok((dev, How::Iscsi { iqn: name, portals: addresses.iter().map(|s| s.to_string()).collect(), iface }))
             }
             Attacher::Kernel => {
                 let transport = if protocol == Protocol::NvmeRdma { "rdma" } else { "tcp" };
@@ -209,6 +234,25 @@ impl NodeService {
         self.detach(how).await
     }
 
+    /// The open-iscsi interface whose initiator name is this node's IQN,
+    /// made if missing. Without one iscsiadm logs in with the host's
+    /// /etc/iscsi/initiatorname.iscsi, which need not be the IQN that
+    /// NodeGetInfo reported and ControllerPublish allowed (the target
+    /// then refuses the login: authorization failure, seen in the kernel
+    /// VM with `--iqn`). Named after the IQN, so two plugins with two
+    /// identities on one host do not share one.
+    async fn iscsi_iface(&self) -> Result<String, Status> {
+        use sha2::{Digest, Sha256};
+        let name = format!("bwcsi-{}", &hex::encode(Sha256::digest(self.node.iqn.as_bytes()))[..16]);
+        if let Err(e) = run("iscsiadm", &["-m", "iface", "-I", &name, "-o", "new"]).await {
+            if !e.message().contains("exists") {
+                return Err(e);
+            }
+        }
+        run("iscsiadm", &["-m", "iface", "-I", &name, "-o", "update", "-n", "iface.initiatorname", "-v", &self.node.iqn]).await?;
+        Ok(name)
+    }
+
     async fn detach(&self, how: &How) -> Result<(), Status> {
         match how {
             How::Fuse { dir } => {
@@ -220,14 +264,16 @@ impl NodeService {
             How::Nvme { nqn } => {
                 run("nvme", &["disconnect", "-n", nqn]).await?;
             }
-            How::Iscsi { iqn, portals } => {
+            How::Iscsi { iqn, portals, iface } => {
                 for p in portals {
-                    let r = run("iscsiadm", &["-m", "node", "-T", iqn, "-p", p, "--logout"]).await;
+                    let r = run("iscsiadm", &with_iface(vec!["-m", "node", "-T", iqn, "-p", p, "--logout"], iface)).await;
                     if let Err(e) = r {
                         if !e.message().contains("No matching sessions") {
                             return Err(e);
                         }
                     }
+                    // The node record stage made: nothing of the volume left.
+                    let _ = run("iscsiadm", &with_iface(vec!["-m", "node", "-o", "delete", "-T", iqn, "-p", p], iface)).await;
                 }
             }
         }
@@ -265,24 +311,51 @@ fn nvme_device(nqn: &str, nsid: u32) -> Option<String> {
 }
 
 /// The device of an iSCSI LUN: the dm-multipath map holding its paths
-/// when there is one, else the one path's SCSI disk.
+/// when there is one, else the one path's SCSI disk. Found in sysfs (the
+/// session's target name and portal, the LUN's disk), not through udev's
+/// /dev/disk/by-path links, which a node without udev (a container, an
+/// initramfs) does not have.
 fn iscsi_device(iqn: &str, lun: &str, portals: &[&str]) -> Option<String> {
-    let mut disks = vec![];
-    for p in portals {
-        let link = format!("/dev/disk/by-path/ip-{p}-iscsi-{iqn}-lun-{lun}");
-        if let Ok(d) = std::fs::canonicalize(&link) {
-            disks.push(d);
-        }
-    }
+    let disks: Vec<String> = portals.iter().filter_map(|p| iscsi_disk(iqn, lun, p)).collect();
     let first = disks.first()?;
-    let name = first.file_name()?.to_string_lossy().into_owned();
     if portals.len() > 1 {
-        let holders = std::fs::read_dir(format!("/sys/block/{name}/holders")).ok()?;
+        let holders = std::fs::read_dir(format!("/sys/block/{first}/holders")).ok()?;
         let dm = holders.flatten().next()?.file_name().to_string_lossy().into_owned();
         let map = std::fs::read_to_string(format!("/sys/block/{dm}/dm/name")).ok()?;
         return Some(format!("/dev/mapper/{}", map.trim()));
     }
-    Some(first.to_string_lossy().into_owned())
+    Some(format!("/dev/{first}"))
+}
+
+/// The SCSI disk (`sdX`) of LUN `lun` in the session logged in to `iqn`
+/// through `portal` (HOST:PORT).
+fn iscsi_disk(iqn: &str, lun: &str, portal: &str) -> Option<String> {
+    let read = |p: PathBuf| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    for s in std::fs::read_dir("/sys/class/iscsi_session").ok()?.flatten() {
+        if read(s.path().join("targetname")).as_deref() != Some(iqn) {
+            continue;
+        }
+        let session = s.file_name().to_string_lossy().into_owned();
+        let n = session.strip_prefix("session")?;
+        let conn = std::fs::read_dir("/sys/class/iscsi_connection").ok()?.flatten().find(|c| c.file_name().to_string_lossy().starts_with(&format!("connection{n}:")))?;
+        let (addr, port) = (read(conn.path().join("persistent_address"))?, read(conn.path().join("persistent_port"))?);
+        let (want_host, want_port) = portal.rsplit_once(':')?;
+        if addr != want_host.trim_start_matches('[').trim_end_matches(']') || port != want_port {
+            continue;
+        }
+        // .../sessionN/targetH:C:T/H:C:T:LUN/block/sdX
+        let dev = std::fs::canonicalize(s.path().join("device")).ok()?;
+        for t in std::fs::read_dir(&dev).ok()?.flatten().filter(|t| t.file_name().to_string_lossy().starts_with("target")) {
+            for l in std::fs::read_dir(t.path()).ok()?.flatten() {
+                if l.file_name().to_string_lossy().rsplit(':').next() == Some(lun) {
+                    if let Some(b) = std::fs::read_dir(l.path().join("block")).ok().and_then(|mut d| d.next()).and_then(|e| e.ok()) {
+                        return Some(b.file_name().to_string_lossy().into_owned());
+                    }
+                }
+            }
+        }
+    }
+    None
 }
 
 fn block_size(dev: &str) -> Option<u64> {
@@ -486,10 +559,13 @@ impl Node for NodeService {
             return Err(Status::unimplemented("blockwire attach keeps the size it attached with: unstage and stage again"));
         }
         let _g = self.lock.lock().await;
-        if let How::Iscsi { iqn, portals } = &s.how {
+        if let How::Iscsi { iqn, portals, .. } = &s.how {
             for p in portals {
                 run("iscsiadm", &["-m", "node", "-T", iqn, "-p", p, "-R"]).await?;
             }
+        }
+        if let Some(want) = r.capacity_range.as_ref().map(|c| c.required_bytes.max(0) as u64).filter(|w| *w > 0) {
+            grown_to(&s, want).await?;
         }
         if !s.block {
             let m = bw_attach::mount_at(&path).ok_or_else(|| Status::not_found(format!("{}: not a mount point", path.display())))?;
@@ -500,6 +576,43 @@ impl Node for NodeService {
         }
         Ok(Response::new(proto::NodeExpandVolumeResponse { capacity_bytes: block_size(&s.device).unwrap_or(0) as i64 }))
     }
+}
+
+/// Wait until the staged device is `want` bytes or more. The gateways tell
+/// NVMe hosts of a resize with an asynchronous event (Namespace Attribute
+/// Changed) that the kernel handles in its own time; ControllerExpand has
+/// returned by then, and growing the file system before the device has
+/// grown would do nothing and report success. Where the event is late or
+/// lost, each controller is asked to rescan.
+async fn grown_to(s: &Stage, want: u64) -> Result<(), Status> {
+    for i in 0..100 {
+        if block_size(&s.device).is_some_and(|b| b >= want) {
+            return Ok(());
+        }
+        if let (How::Nvme { nqn }, 20 | 60) = (&s.how, i) {
+            for c in nvme_controllers(nqn) {
+                let _ = run("nvme", &["ns-rescan", &format!("/dev/{c}")]).await;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Err(Status::unavailable(format!("{} is {} bytes, not yet the {want} asked for: retry", s.device, block_size(&s.device).unwrap_or(0))))
+}
+
+/// The controllers (`nvmeN`) connected to subsystem `nqn`.
+fn nvme_controllers(nqn: &str) -> Vec<String> {
+    let mut out = vec![];
+    for sub in std::fs::read_dir("/sys/class/nvme-subsystem").into_iter().flatten().flatten() {
+        if std::fs::read_to_string(sub.path().join("subsysnqn")).is_ok_and(|n| n.trim() == nqn) {
+            for e in std::fs::read_dir(sub.path()).into_iter().flatten().flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.strip_prefix("nvme").is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())) {
+                    out.push(n);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// (bytes available, total bytes, free bytes, inodes free, inodes total).

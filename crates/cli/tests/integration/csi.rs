@@ -82,17 +82,7 @@ impl Setup {
 
     /// A control call over HTTP, as the plugin makes them.
     fn ctl(&self, method: &str, params: &str) -> serde_json::Value {
-        use std::io::{Read, Write};
-        let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{params}}}"#);
-        let auth = base64_encode(std::fs::read_to_string(&self.creds).unwrap().trim().as_bytes());
-        let mut t = std::net::TcpStream::connect(&self.http).expect("connect to --rpc-http");
-        write!(t, "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-        let mut answer = String::new();
-        t.read_to_string(&mut answer).unwrap();
-        let json = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-        let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{method}: {e}: {answer}"));
-        assert!(v.get("error").is_none(), "{method}: {v}");
-        v["result"].clone()
+        control_call(&self.http, &self.creds, method, params)
     }
 
     fn plugin_log(&self) -> String {
@@ -337,6 +327,22 @@ fn qos_from_controller_modify_volume_holds_over_nvme_tcp() {
     s.ctl("nvme_subsystem_remove", r#"{"nqn":"nqn.2026-11.io.blockwire.test:qos"}"#);
     s.ctl("volume_delete", &format!(r#"{{"name":"{id}"}}"#));
     s.assert_nothing_left();
+}
+
+/// A control call to a gateway's `--rpc-http` endpoint `http` with the
+/// USER:PASSWORD in `creds`; its result (an error fails the test).
+pub(crate) fn control_call(http: &str, creds: &Path, method: &str, params: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{params}}}"#);
+    let auth = base64_encode(std::fs::read_to_string(creds).unwrap().trim().as_bytes());
+    let mut t = std::net::TcpStream::connect(http).expect("connect to --rpc-http");
+    write!(t, "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut answer = String::new();
+    t.read_to_string(&mut answer).unwrap();
+    let json = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{method}: {e}: {answer}"));
+    assert!(v.get("error").is_none(), "{method}: {v}");
+    v["result"].clone()
 }
 
 fn base64_encode(b: &[u8]) -> String {

@@ -16,6 +16,7 @@ mod cli_basics;
 mod conformance_kernel;
 mod control;
 mod csi;
+mod csi_kernel;
 mod digests;
 mod durability;
 mod hostile;
