@@ -6,7 +6,7 @@
 # visibility with SPDK's RPC names. The test prepends NPORT, NQN, H1, H2.
 T=10.0.2.2
 step() { echo "VIS-STEP: $*"; }
-die() { echo "VIS-FAIL: $*"; dmesg | grep -i nvme | tail -30; exit 1; }
+die() { echo "VIS-FAIL: $*"; dmesg | tail -40; exit 1; }
 # Poll (0.5 s apart, at most $1 tries) until "$2" succeeds.
 poll() { n=0; while ! eval "$2" >/dev/null 2>&1; do n=$((n + 1)); [ $n -lt $1 ] || return 1; sleep 0.5; done; }
 
@@ -46,8 +46,10 @@ mark() {
   step "$1"
 }
 
+# Two hosts have two host IDs: each connect gives its own (the guest's
+# /etc/nvme/hostid would otherwise be the same for both NQNs).
 step "host 1 connects"
-nvme connect -t tcp -a $T -s $NPORT -n $NQN --hostnqn $H1 || die "nvme connect as $H1"
+nvme connect -t tcp -a $T -s $NPORT -n $NQN --hostnqn $H1 --hostid $(cat /proc/sys/kernel/random/uuid) || die "nvme connect as $H1"
 poll 100 "ctrl_of $H1" || die "no controller for $H1"
 C=$(ctrl_of $H1); CNTLID=$(cat /sys/class/nvme/$C/cntlid)
 poll 100 "sees $C '1 2'" || die "host 1 sees '$(active $C)', not '1 2'"
@@ -70,7 +72,7 @@ step "$C stayed live as controller $CNTLID throughout"
 nvme disconnect -n $NQN >/dev/null || die "disconnect"
 
 step "host 2 connects"
-nvme connect -t tcp -a $T -s $NPORT -n $NQN --hostnqn $H2 || die "nvme connect as $H2"
+timeout 90 nvme connect -t tcp -a $T -s $NPORT -n $NQN --hostnqn $H2 --hostid $(cat /proc/sys/kernel/random/uuid) || die "nvme connect as $H2"
 poll 100 "ctrl_of $H2" || die "no controller for $H2"
 C=$(ctrl_of $H2)
 poll 100 "sees $C '1 3'" || die "host 2 sees '$(active $C)', not '1 3'"
