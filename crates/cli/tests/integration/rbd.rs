@@ -159,7 +159,7 @@ fn rbd_volume_serves_every_protocol_and_two_gateways_share_it() {
         a.stop().success() && b.stop().success(),
         "a gateway did not stop cleanly"
     );
-    ceph.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+    ceph.rbd_rm(&format!("rbd/{image}"));
 }
 
 /// The backend itself, without a front-end: size= creates an image and must
@@ -320,7 +320,7 @@ fn rbd_backend_creates_sizes_flushes_discards_and_zeroes() {
     let done: Vec<bool> = rx.try_iter().collect();
     assert_eq!(done.len(), 32, "requests still in flight after the device was dropped");
     assert!(done.iter().all(|&ok| ok), "a write in flight at close failed");
-    ceph.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+    ceph.rbd_rm(&format!("rbd/{image}"));
 }
 
 /// Checks that `len` bytes at `at` are all `byte`.

@@ -240,6 +240,24 @@ impl Ceph {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `rbd rm POOL/IMAGE`, waiting out a watch that a stopped gateway left:
+    /// serve exits without closing an image that a front-end's thread still
+    /// holds when its 5 s for stopping run out (AoE's I/O threads), and the
+    /// OSD drops that watch only after its timeout (30 s). Any other
+    /// failure, or a watch that outlives 60 s, panics.
+    pub fn rbd_rm(&self, image: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = self.rbd_output(&["rm", "--no-progress", image], Duration::from_secs(60));
+            if out.status.success() {
+                return;
+            }
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("has watchers") && std::time::Instant::now() < deadline, "rbd rm {image} failed: {err}");
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+
     /// `rbd -c CONF ARGS`, panicking with the output if it fails.
     pub fn rbd(&self, args: &[&str]) -> String {
         let out = self.rbd_output(args, Duration::from_secs(60));
