@@ -128,20 +128,15 @@ fn check_reach(old: &ServeConfig, new: &ServeConfig, plan: &VolumePlan) -> Resul
     for p in new.pools.iter().filter(|p| p.rbd.is_none() && !old.pools.iter().any(|o| o.path == p.path)) {
         old.check_allowed(std::path::Path::new(&p.path), &format!("pool {}'s directory", p.name)).map_err(Refused::Invalid)?;
     }
-    // A ceph.conf is read by librados (and may name keyrings and logs):
-    // one a control method names anew is confined as a file is.
-    for p in new.pools.iter().filter(|p| p.rbd.is_some()) {
-        let Some(conf) = &p.conf else { continue };
-        if !old.pools.iter().any(|o| o.name == p.name && o.conf.as_ref() == Some(conf)) {
-            old.check_allowed(std::path::Path::new(conf), &format!("pool {}'s ceph.conf", p.name)).map_err(Refused::Invalid)?;
-        }
-    }
     let scope = ServeConfig { pools: new.pools.clone(), control: old.control.clone(), ..ServeConfig::default() };
     for v in &plan.add {
         match &v.backend.kind {
             BackendKind::File { path, .. } => scope.check_allowed(path, &format!("volume {}'s file", v.name)).map_err(Refused::Invalid)?,
             BackendKind::Rbd(t) => {
-                // A pool's volume carries the pool's conf, checked above.
+                // A ceph.conf is read by librados (and may name keyrings
+                // and logs): confined as a file is. A pool's volume
+                // carries its pool's conf, which pool_create checked
+                // before it connected.
                 let pools_conf = new.pools.iter().any(|p| p.rbd.is_some() && p.conf.as_deref().map(std::path::Path::new) == t.conf.as_deref());
                 if let (Some(conf), false) = (&t.conf, pools_conf) {
                     old.check_allowed(conf, &format!("volume {}'s ceph.conf", v.name)).map_err(Refused::Invalid)?;
