@@ -4,22 +4,21 @@
 //! and torn down for each case by blktests through NVME_TARGET_CONTROL
 //! (tests/blktests/blockwire-target-control, over `blockwire ctl`).
 //!
-//! One VM boot runs every case below (tests/blktests/run-vm.sh); each
-//! #[test] reads its case's verdict from that shared run and, on failure,
-//! shows the case's .out diff. The cases are among those that apply to an
-//! external target over TCP and that blockwire passes, as many as fit make
-//! test's time; docs/notes/2026-11-25-blktests.md has the whole table
-//! (nvmet in the same VM, TCP and RDMA, the times, why the others do not
-//! apply). Two more tests check what the run leaves behind. blktests comes
-//! from BLKTESTS_DIR (default ../shared/blktests), copied and built in a
-//! temporary directory; where it is absent every test is skipped
+//! One VM boot runs every case below (tests/blktests/run-vm.sh), and one
+//! #[test] reads every case's verdict from it and what the run left behind;
+//! on failure it names each failed case with its .out diff. The cases are
+//! among those that apply to an external target over TCP and that
+//! blockwire passes, as many as fit make test's time;
+//! docs/notes/2026-11-25-blktests.md has the whole table (nvmet in the
+//! same VM, TCP and RDMA, the times, why the others do not apply). blktests
+//! comes from BLKTESTS_DIR (default ../shared/blktests), copied and built
+//! in a temporary directory; where it is absent the test is skipped
 //! (common::skip: make test's summary counts and lists it as skipped).
 
 use crate::common::*;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 /// What the shared run saw: each case's status, its diff, the loop
 /// devices left bound, the volume files blockwire still had open at the
@@ -32,14 +31,12 @@ struct Battery {
     console: String,
 }
 
-/// Err: why the battery did not run (blktests is not there).
-static RUN: OnceLock<Result<Battery, String>> = OnceLock::new();
-
 fn blktests_src() -> PathBuf {
     std::env::var_os("BLKTESTS_DIR").map(PathBuf::from).unwrap_or_else(|| shared_dir().join("blktests"))
 }
 
-/// Every case's verdict, from the one VM run.
+/// Every case's verdict, from the one VM run; Err: why it did not run
+/// (blktests is not there).
 fn run_battery() -> Result<Battery, String> {
     let src = blktests_src();
     if !src.join("check").is_file() {
@@ -81,13 +78,13 @@ fn run_battery() -> Result<Battery, String> {
     Ok(Battery { status, diffs, loop_devices, open_volumes, console })
 }
 
-/// The shared run, or None (the calling test recorded as skipped, with
-/// why) when blktests is not there.
-fn battery() -> Option<&'static Battery> {
-    match RUN.get_or_init(run_battery) {
+/// The run, or None (the test recorded as skipped, with why) when
+/// blktests is not there.
+fn battery() -> Option<Battery> {
+    match run_battery() {
         Ok(b) => Some(b),
         Err(why) => {
-            skip(why);
+            skip(&why);
             None
         }
     }
@@ -98,55 +95,44 @@ fn console_tail(b: &Battery) -> String {
     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
-fn case(name: &str) {
-    let Some(b) = battery() else { return };
+/// Why `name` failed, or None when it passed.
+fn case_failure(b: &Battery, name: &str) -> Option<String> {
     let st = b.status.get(name).map(String::as_str);
-    if st != Some("pass") {
-        let detail = match b.diffs.get(name) {
-            Some(d) => d.clone(),
-            None => console_tail(b),
-        };
-        panic!("blktests nvme/{name} against blockwire: {}\n{detail}", st.unwrap_or("no verdict"));
+    if st == Some("pass") {
+        return None;
     }
+    let detail = b.diffs.get(name).cloned().unwrap_or_default();
+    Some(format!("blktests nvme/{name} against blockwire: {}\n{detail}", st.unwrap_or("no verdict")))
 }
 
-/// One #[test] per case, and CASES: every case the shared run runs.
-macro_rules! cases {
-    ($($name:ident => $case:literal),* $(,)?) => {
-        const CASES: &[&str] = &[$($case),*];
-        $( #[test] fn $name() { case($case) } )*
-    };
-}
-
-/// blktests leaves nothing bound on the host side: a loop device left by
-/// one case (blktests' default backing, "device", under
-/// NVME_TARGET_CONTROL) held the next case's `modprobe --remove --wait
-/// loop` for good, and the run after nvme/003 hung.
+/// Every case of the shared run, and what the run leaves behind, in one
+/// #[test]: the run is one VM boot of about three minutes, and one test
+/// per case had libtest's second thread block on the same run for all of
+/// it (make test's wall time, not its coverage). The failure message names
+/// every case that failed, with its .out diff.
 #[test]
-fn nvme_run_leaves_no_loop_device() {
+fn nvme_group_passes_and_leaves_nothing() {
     let Some(b) = battery() else { return };
-    assert_eq!(b.loop_devices, Some(0), "loop devices left bound after the blktests run\n{}", console_tail(b));
-}
-
-/// Every case's cleanup removed its volume (`volume_remove`), and
-/// blockwire closed its file: a deleted file held open keeps its space.
-#[test]
-fn nvme_removed_volumes_are_closed() {
-    let Some(b) = battery() else { return };
-    assert_eq!(b.open_volumes, Some(0), "blockwire still had volume files open after the run\n{}", console_tail(b));
+    let mut failed: Vec<String> = CASES.iter().filter_map(|c| case_failure(&b, c)).collect();
+    // blktests leaves nothing bound on the host side: a loop device left by
+    // one case (blktests' default backing, "device", under
+    // NVME_TARGET_CONTROL) held the next case's `modprobe --remove --wait
+    // loop` for good, and the run after nvme/003 hung.
+    if b.loop_devices != Some(0) {
+        failed.push(format!("loop devices left bound after the blktests run: {:?}", b.loop_devices));
+    }
+    // Every case's cleanup removed its volume (`volume_remove`), and
+    // blockwire closed its file: a deleted file held open keeps its space.
+    if b.open_volumes != Some(0) {
+        failed.push(format!("blockwire still had volume files open after the run: {:?}", b.open_volumes));
+    }
+    assert!(failed.is_empty(), "{} of {} checks failed:\n{}\n--- console tail\n{}", failed.len(), CASES.len() + 2, failed.join("\n"), console_tail(&b));
 }
 
 // The cases blockwire passes over TCP, as many as fit make test's time
 // (the others, with their times, are in the note's table).
-cases! {
-    nvme_003_discovery_keep_alive => "003",
-    nvme_004_uuid_ns_descriptors => "004",
-    nvme_010_fio_verify => "010",
-    nvme_019_dsm_discard => "019",
-    nvme_026_ns_descs => "026",
-    nvme_027_ns_rescan => "027",
-    nvme_040_reset_disconnect_during_io => "040",
-    nvme_041_authenticated_connect => "041",
-    nvme_043_auth_hash_and_dh_groups => "043",
-    nvme_044_bidirectional_auth => "044",
-}
+// nvme/003 discovery keep-alive, 004 UUID namespace descriptors, 010 fio
+// verify, 019 DSM discard, 026 namespace descriptors, 027 namespace rescan,
+// 040 reset and disconnect during I/O, 041 authenticated connect, 043 auth
+// hashes and DH groups, 044 bidirectional auth.
+const CASES: &[&str] = &["003", "004", "010", "019", "026", "027", "040", "041", "043", "044"];
