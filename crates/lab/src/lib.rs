@@ -97,6 +97,13 @@ pub struct LabArgs {
     /// Seconds per sweep point (default 1).
     #[arg(long, value_name = "SECS")]
     pub sweep_runtime: Option<u32>,
+    /// The most to wait, over the whole run, for the machine to go idle
+    /// before each measurement (at most 1 s per run with --quick, 3 s
+    /// otherwise; default 20 s in all with --quick, 180 s otherwise). 0
+    /// measures at once, on a machine that is never idle: each sample still
+    /// records how busy the machine was before it.
+    #[arg(long, value_name = "SECS")]
+    pub idle_wait: Option<f64>,
     /// Skip the local fio baseline.
     #[arg(long)]
     pub no_baseline: bool,
@@ -329,6 +336,7 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         size: args.size.clone(),
         runtime: args.runtime,
         sweep_runtime: args.sweep_runtime,
+        idle_wait: args.idle_wait,
         no_baseline: args.no_baseline,
         link: args.link.clone(),
         client_mem: args.client_mem.clone(),

@@ -39,6 +39,9 @@ pub struct Choices {
     pub size: Option<String>,
     pub runtime: Option<u32>,
     pub sweep_runtime: Option<u32>,
+    /// `--idle-wait`: the whole run's budget for waiting on an idle machine
+    /// (None: by `quick`).
+    pub idle_wait: Option<f64>,
     pub no_baseline: bool,
     pub link: Option<Vec<String>>,
     pub client_mem: Option<Vec<String>>,
@@ -332,6 +335,8 @@ impl Plan {
         let runtime_s = c.runtime.unwrap_or(if c.quick { 1 } else { 2 });
         let sweep_runtime_s = c.sweep_runtime.unwrap_or(1).max(1);
         anyhow::ensure!(runtime_s >= 1, "--runtime must be at least 1 s");
+        let idle_budget_s = c.idle_wait.unwrap_or(if c.quick { 20.0 } else { 180.0 });
+        anyhow::ensure!(idle_budget_s.is_finite() && idle_budget_s >= 0.0, "--idle-wait must be 0 or more seconds");
         let (sweep_numjobs, sweep_iodepth) = if c.quick {
             (vec![1, 8], vec![1, 16])
         } else {
@@ -400,7 +405,7 @@ impl Plan {
             sweep_iodepth,
             backing: String::new(),
             idle_max_wait_s: if c.quick { 1.0 } else { 3.0 },
-            idle_budget_s: if c.quick { 20.0 } else { 180.0 },
+            idle_budget_s,
             idle_threshold: 0.25,
             veth_offloads_off: false,
             veth_gro: false,
@@ -803,6 +808,18 @@ mod tests {
         assert_eq!(Plan::from_choices(&choices()).unwrap().params.tcp_congestion, "");
         assert!(cc("auto").is_err(), "auto is a per-connection policy, not an algorithm");
         assert!(cc("no such").is_err());
+    }
+
+    #[test]
+    fn idle_wait_budget() {
+        let budget = |quick, w| Plan::from_choices(&Choices { quick, idle_wait: w, ..choices() }).map(|p| p.params.idle_budget_s);
+        assert_eq!(budget(true, None).unwrap(), 20.0);
+        assert_eq!(budget(false, None).unwrap(), 180.0);
+        assert_eq!(budget(false, Some(0.0)).unwrap(), 0.0, "0: measure at once");
+        assert_eq!(budget(true, Some(45.0)).unwrap(), 45.0);
+        assert!(budget(true, Some(-1.0)).is_err() && budget(true, Some(f64::NAN)).is_err());
+        let none = Plan::from_choices(&Choices { quick: true, idle_wait: Some(0.0), ..choices() }).unwrap().estimate();
+        assert_eq!(none.idle_s, 0.0, "the estimate waits for nothing");
     }
 
     #[test]
