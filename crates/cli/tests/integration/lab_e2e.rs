@@ -230,6 +230,7 @@ fn quick_lab_run_produces_a_report_that_renders_and_cleans_up() {
 pub(crate) fn run_lab(args: &[&str], out: &Path) -> (u32, Vec<(u32, String)>, String) {
     let mut child = Command::new(blockwire_bin())
         .arg("lab")
+        .args(common::LAB_AT_ONCE)
         .args(args)
         .arg("--out")
         .arg(out)

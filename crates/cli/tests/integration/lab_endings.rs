@@ -10,7 +10,7 @@
 //! is always what the run has done (a line of its record, a process it
 //! started), never a time. Needs root.
 
-use crate::common::{blockwire_bin, require_root};
+use crate::common::{blockwire_bin, require_root, LAB_AT_ONCE};
 use crate::lab_e2e::out_dir;
 use std::collections::BTreeSet;
 use std::io::Read;
@@ -38,7 +38,7 @@ impl Lab {
     /// `blockwire lab ARGS` (ARGS include `--out` or `--resume`; `out` is
     /// where its files go).
     pub fn start(args: &[&str], out: &Path) -> Lab {
-        Lab::spawn(Command::new(blockwire_bin()).arg("lab").args(args), out)
+        Lab::spawn(Command::new(blockwire_bin()).arg("lab").args(LAB_AT_ONCE).args(args), out)
     }
 
     pub fn spawn(cmd: &mut Command, out: &Path) -> Lab {
@@ -352,7 +352,7 @@ fn losing_the_output_mid_run_ends_the_run_and_leaves_nothing() {
     let mut args: Vec<&str> = MICRO.to_vec();
     let outs = out.to_string_lossy().into_owned();
     args.extend(["--repeat", "50", "--micro-workloads", "randread-4k-qd1", "--no-baseline", "--out", &outs]);
-    let mut child = Command::new(blockwire_bin()).arg("lab").args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = Command::new(blockwire_bin()).arg("lab").args(LAB_AT_ONCE).args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let pid = child.id();
     let deadline = Instant::now() + Duration::from_secs(120);
     while count(&record(&out), "sample") == 0 {

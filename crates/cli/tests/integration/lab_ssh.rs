@@ -215,7 +215,7 @@ impl Hosts {
     /// sharing this machine's mounts (nsenter enters only the network).
     fn lab(&self, out: &Path, args: &[&str]) -> Command {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", self.client_ns)).arg(blockwire_bin()).arg("lab").args(args);
+        c.arg(format!("--net=/run/netns/{}", self.client_ns)).arg(blockwire_bin()).arg("lab").args(common::LAB_AT_ONCE).args(args);
         c.args(["--target-host", &format!("ssh://root@{TARGET_IP}")]);
         for o in self.ssh_options() {
             c.arg("--ssh-option").arg(o);
@@ -385,7 +385,7 @@ fn remote_quick_lab_writes_what_a_local_one_does_and_leaves_nothing() {
 
     // The same, on this machine's namespaces.
     let local_out = out_dir("local");
-    let st = Command::new(blockwire_bin()).arg("lab").args(SMALL).arg("--out").arg(&local_out).stdout(Stdio::null()).stderr(Stdio::null()).status().unwrap();
+    let st = Command::new(blockwire_bin()).arg("lab").args(common::LAB_AT_ONCE).args(SMALL).arg("--out").arg(&local_out).stdout(Stdio::null()).stderr(Stdio::null()).status().unwrap();
     assert!(st.success(), "the local lab failed");
 
     let load = |d: &Path| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(d.join("results.json")).unwrap()).unwrap() };
@@ -569,7 +569,9 @@ fn a_cut_connection_then_resume_goes_on_and_leaves_nothing() {
     let mut again = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{}", hosts.client_ns))
         .arg(blockwire_bin())
-        .args(["lab", "--resume"])
+        .arg("lab")
+        .args(common::LAB_AT_ONCE)
+        .arg("--resume")
         .arg(&out)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -853,7 +855,7 @@ mod kernel_vm {
             // One read and one write workload: what the test checks is that
             // every kernel initiator is attached, measured and undone; the
             // quick set's other two cost a minute of emulated fio.
-            c.arg("lab").args(extra).args([
+            c.arg("lab").args(common::LAB_AT_ONCE).args(extra).args([
                 "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--micro-workloads", "randread-4k-qd32,randwrite-4k-qd32",
                 "--data-addr", &self.host_ip,
             ]);
@@ -1098,7 +1100,7 @@ mod kernel_targets_vm {
         /// `blockwire lab` with the guest as target host (and `extra`), to its end.
         fn lab(&self, exe: &Path, out: &Path, extra: &[&str]) -> (std::process::ExitStatus, String) {
             let mut c = Command::new(exe);
-            c.arg("lab").args(extra).args([
+            c.arg("lab").args(common::LAB_AT_ONCE).args(extra).args([
                 "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--protocols", "iscsi,nvme", "--peers", "lio,nvmet,knfsd",
                 "--micro-workloads", "randread-4k-qd1,randwrite-4k-qd32", "--data-addr", &self.guest_ip,
             ]);

@@ -904,7 +904,9 @@ fn interrupted_route_suite_leaves_nothing_behind() {
     require_root();
     let out = TempDir::new("route-sigint");
     let mut lab = Command::new(blockwire_bin())
-        .args(["lab", "--suite", "route", "--quick", "--protocols", "aoe"])
+        .arg("lab")
+        .args(common::LAB_AT_ONCE)
+        .args(["--suite", "route", "--quick", "--protocols", "aoe"])
         .args([
             "--path",
             "direct,mpls,vxlan",

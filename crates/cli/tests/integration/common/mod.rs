@@ -75,6 +75,12 @@ pub fn skip(reason: &str) {
     std::fs::write(&file, format!("{}\n", reason.replace('\n', " "))).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
 }
 
+/// Put first among `blockwire lab`'s options in tests: measure without
+/// waiting for an idle machine. Under make test the machine is never idle
+/// (the other test thread), so each quick run's default 20 s of waiting
+/// bought nothing but wall time; `make demo` keeps the default.
+pub const LAB_AT_ONCE: [&str; 2] = ["--idle-wait", "0"];
+
 /// Where [`skip`] records skipped tests.
 pub fn skipped_dir() -> PathBuf {
     std::env::var_os("BW_SKIPPED_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target/skipped"))
