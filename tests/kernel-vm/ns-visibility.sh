@@ -7,8 +7,10 @@
 T=10.0.2.2
 step() { echo "VIS-STEP: $*"; }
 die() { echo "VIS-FAIL: $*"; dmesg | tail -40; exit 1; }
-# Poll (0.5 s apart, at most $1 tries) until "$2" succeeds.
-poll() { n=0; while ! eval "$2" >/dev/null 2>&1; do n=$((n + 1)); [ $n -lt $1 ] || return 1; sleep 0.5; done; }
+# Poll (0.5 s apart, at most $1 tries) until "$2" succeeds. The counter is
+# local: the checks it runs have loop variables of their own (a shared `n`
+# reset by them made this loop endless).
+poll() { local tries=0; while ! eval "$2" >/dev/null 2>&1; do tries=$((tries + 1)); [ $tries -lt $1 ] || return 1; sleep 0.5; done; }
 
 modprobe nvme-tcp 2>/dev/null || modprobe nvme_tcp || die "no nvme-tcp module"
 command -v nvme >/dev/null || die "no nvme-cli in the guest"
@@ -20,14 +22,17 @@ ctrl_of() {
   done
   return 1
 }
-# The block device of namespace $2 through controller $1 (with multipath
-# the path nvme0c0n2 has the head nvme0n2).
+# The block device of NSID $2 through controller $1, found by its sysfs
+# `nsid`: the N in nvmeXnN is the kernel's own instance number, not the
+# NSID (a host shown namespaces 1 and 3 gets nvmeXn1 and nvmeXn2). With
+# multipath the path nvme0c0n2 has the head nvme0n2.
 ns_dev() {
-  for d in /sys/class/nvme/$1/nvme*n$2 /sys/class/nvme/$1/nvme*c*n$2; do
-    [ -e "$d" ] || continue
-    n=$(basename "$d"); h=$(echo "$n" | sed 's/c[0-9]*n/n/')
+  local d p h
+  for d in /sys/class/nvme/$1/nvme*n*; do
+    [ "$(cat $d/nsid 2>/dev/null)" = "$2" ] || continue
+    p=$(basename "$d"); h=$(echo "$p" | sed 's/c[0-9]*n/n/')
     [ -b /dev/$h ] && { echo $h; return 0; }
-    [ -b /dev/$n ] && { echo $n; return 0; }
+    [ -b /dev/$p ] && { echo $p; return 0; }
   done
   return 1
 }
@@ -36,9 +41,10 @@ ns_dev() {
 active() { nvme list-ns /dev/$1 | sed -n 's/.*:0x\([0-9a-f]*\).*/\1/p' | while read -r x; do printf '%d ' 0x$x; done | sed 's/ $//'; }
 # Both the controller's list and the kernel's block devices say "$2".
 sees() {
+  local id
   [ "$(active $1)" = "$2" ] || return 1
-  for n in 1 2 3; do
-    case " $2 " in *" $n "*) ns_dev $1 $n >/dev/null || return 1 ;; *) ! ns_dev $1 $n >/dev/null || return 1 ;; esac
+  for id in 1 2 3; do
+    case " $2 " in *" $id "*) ns_dev $1 $id >/dev/null || return 1 ;; *) ! ns_dev $1 $id >/dev/null || return 1 ;; esac
   done
 }
 mark() {
@@ -72,7 +78,7 @@ step "$C stayed live as controller $CNTLID throughout"
 nvme disconnect -n $NQN >/dev/null || die "disconnect"
 
 step "host 2 connects"
-timeout 90 nvme connect -t tcp -a $T -s $NPORT -n $NQN --hostnqn $H2 --hostid $(cat /proc/sys/kernel/random/uuid) || die "nvme connect as $H2"
+nvme connect -t tcp -a $T -s $NPORT -n $NQN --hostnqn $H2 --hostid $(cat /proc/sys/kernel/random/uuid) || die "nvme connect as $H2"
 poll 100 "ctrl_of $H2" || die "no controller for $H2"
 C=$(ctrl_of $H2)
 poll 100 "sees $C '1 3'" || die "host 2 sees '$(active $C)', not '1 3'"

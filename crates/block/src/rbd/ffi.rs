@@ -24,6 +24,9 @@ pub type Callback = extern "C" fn(Completion, *mut c_void);
 /// `rbd_diff_iterate2`'s callback: offset, length, whether the extent
 /// holds data, the caller's argument; non-zero stops the walk.
 pub type DiffCallback = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
+/// `librbd_progress_fn_t`: offset, total, the caller's argument; non-zero
+/// cancels.
+pub type ProgressCallback = extern "C" fn(u64, u64, *mut c_void) -> c_int;
 
 /// RBD_FEATURE_LAYERING: the only feature of images we create. Without
 /// exclusive-lock, several gateways can write one image without passing a
@@ -76,6 +79,7 @@ pub struct Lib {
         unsafe extern "C" fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int,
     pub rbd_close: unsafe extern "C" fn(Image) -> c_int,
     pub rbd_get_size: unsafe extern "C" fn(Image, *mut u64) -> c_int,
+    pub rbd_resize2: unsafe extern "C" fn(Image, u64, bool, ProgressCallback, *mut c_void) -> c_int,
     pub rbd_get_features: unsafe extern "C" fn(Image, *mut u64) -> c_int,
     pub rbd_snap_create: unsafe extern "C" fn(Image, *const c_char) -> c_int,
     pub rbd_snap_remove: unsafe extern "C" fn(Image, *const c_char) -> c_int,
@@ -167,6 +171,7 @@ fn load() -> Result<Lib, String> {
         rbd_open_read_only: sym!(rbd, rbd_open_read_only),
         rbd_close: sym!(rbd, rbd_close),
         rbd_get_size: sym!(rbd, rbd_get_size),
+        rbd_resize2: sym!(rbd, rbd_resize2),
         rbd_get_features: sym!(rbd, rbd_get_features),
         rbd_snap_create: sym!(rbd, rbd_snap_create),
         rbd_snap_remove: sym!(rbd, rbd_snap_remove),

@@ -431,6 +431,34 @@ impl crate::BlockDevice for RbdDevice {
         .map(|_| ())
     }
 
+    /// Grow the image (`rbd_resize2`). The image's header tells every
+    /// other client that has it open (librbd watches it and refreshes), so
+    /// another gateway's `rbd_get_size` says the new size at once; each
+    /// gateway's hosts learn it when that gateway is told (`volume_resize`
+    /// with the same size: a no-op here), which is what the CSI controller
+    /// does for every gateway of the volume. Shrinking is refused: other
+    /// gateways' hosts may be using the end of the image, and `rbd resize`
+    /// too wants `--allow-shrink` for it.
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        let mut now = 0u64;
+        // SAFETY: an open image and an out-pointer.
+        check(unsafe { (self.lib.rbd_get_size)(self.image, &mut now) }, || format!("{}: rbd_get_size", self.info.description))?;
+        if new_size < now {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: the image has {} and RBD images are not shrunk ({} asked)", self.info.description, crate::format_size(now), crate::format_size(new_size)),
+            ));
+        }
+        if new_size > now {
+            // SAFETY: an open image; the progress callback ignores its
+            // (null) argument.
+            check(unsafe { (self.lib.rbd_resize2)(self.image, new_size, false, no_progress, std::ptr::null_mut()) }, || {
+                format!("{}: resize to {}", self.info.description, crate::format_size(new_size))
+            })?;
+        }
+        Ok(())
+    }
+
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         let img = self.image;
         // Split so each call's length fits size_t on any target.
@@ -446,6 +474,11 @@ impl crate::BlockDevice for RbdDevice {
         }
         Ok(())
     }
+}
+
+/// `rbd_resize2` reports its progress here; nothing is done with it.
+extern "C" fn no_progress(_offset: u64, _total: u64, _arg: *mut c_void) -> c_int {
+    0
 }
 
 /// librbd returns the bytes read; anything short (never expected inside

@@ -53,20 +53,20 @@ fn ctl_out(sock: &Path, args: &[&str]) -> Output {
 }
 
 /// `blockwire ctl` that must succeed; its stdout.
-fn ctl(sock: &Path, args: &[&str]) -> String {
+pub(crate) fn ctl(sock: &Path, args: &[&str]) -> String {
     let o = ctl_out(sock, args);
     assert!(o.status.success(), "ctl {args:?}: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// `blockwire ctl` that must fail; its stderr.
-fn ctl_err(sock: &Path, args: &[&str]) -> String {
+pub(crate) fn ctl_err(sock: &Path, args: &[&str]) -> String {
     let o = ctl_out(sock, args);
     assert!(!o.status.success(), "ctl {args:?} succeeded: {}", String::from_utf8_lossy(&o.stdout));
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn status(sock: &Path) -> Value {
+pub(crate) fn status(sock: &Path) -> Value {
     let v: Value = serde_json::from_str(&ctl(sock, &["--json", "status"])).unwrap();
     v["result"].clone()
 }
@@ -80,11 +80,12 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// An enabled admin queue that asked for namespace notices and has one
-/// Asynchronous Event Request outstanding.
-fn admin_waiting_for_events(port: u16) -> RawNvme {
+/// An enabled admin queue of subsystem `nqn` that asked for namespace
+/// notices and has one Asynchronous Event Request (command id 40)
+/// outstanding.
+pub(crate) fn admin_waiting_for_events(port: u16, nqn: &str) -> RawNvme {
     let mut q = RawNvme::open(port);
-    let c = q.connect(NQN, 0, 0xFFFF, HOST, [7; 16], 600_000).expect("Connect answered");
+    let c = q.connect(nqn, 0, 0xFFFF, HOST, [7; 16], 600_000).expect("Connect answered");
     assert!(c.status.is_success(), "{c:?}");
     assert!(q.command(Property::set_sqe(2, reg::CC, 0x46_0001), &[]).unwrap().status.is_success());
     let mut s = Sqe::new(admin::SET_FEATURES, 3, 0);
@@ -97,7 +98,7 @@ fn admin_waiting_for_events(port: u16) -> RawNvme {
     q
 }
 
-fn changed_namespace_log(q: &mut RawNvme) -> Vec<u32> {
+pub(crate) fn changed_namespace_log(q: &mut RawNvme) -> Vec<u32> {
     let l = LogRequest { lid: lid::CHANGED_NS, rae: false, len: 4096, offset: 0 };
     let mut s = l.to_sqe(41, 0);
     s.set_sgl(Sgl { addr: 0, length: 4096, kind: sgl::TRANSPORT });
@@ -117,7 +118,7 @@ fn ctl_changes_a_running_server_and_hosts_are_told() {
     let text = ctl(&sock, &["status"]);
     assert!(text.contains(IQN) && text.contains(NQN), "{text}");
 
-    let mut host = admin_waiting_for_events(np);
+    let mut host = admin_waiting_for_events(np, NQN);
     let sessions: Value = serde_json::from_str(&ctl(&sock, &["--json", "session_list"])).unwrap();
     let row = sessions["result"].as_array().unwrap().iter().find(|s| s["initiator"] == HOST).expect("the host's controller is listed").clone();
     assert_eq!((row["protocol"].as_str(), row["target"].as_str()), (Some("nvme"), Some(NQN)));

@@ -16,8 +16,9 @@
 //!   read back after unstage (no subsystem, mount or record left) on B,
 //!   which connects with its own host NQN.
 //! - ControllerExpandVolume and NodeExpandVolume grow a mounted ext4
-//!   (resize2fs) and xfs (xfs_growfs), on the directory pool (one path):
-//!   serve cannot resize an RBD volume yet.
+//!   (resize2fs) on the RBD pool (both gateways, two paths: each gateway
+//!   resizes and tells its path) and xfs (xfs_growfs) on the directory
+//!   pool (one path).
 //! - A raw block volume: published as the device itself.
 //! - QoS on it, fio in the guest at 4 KiB QD32 and 1 MiB QD8: unlimited
 //!   first (it must be over twice the limit, or the check could not
@@ -324,10 +325,9 @@ fn kernel_node_stages_over_nvme_multipath_and_iscsi_and_qos_holds_under_fio() {
         g.assert_clean(&id, &nqn);
         c.delete_volume(proto::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
 
-        // ---- growing ext4 and xfs (mkfs.xfs wants 300 MiB or more) ----
-        // On the directory pool (one gateway, one path): serve cannot
-        // resize an RBD volume yet (docs/notes/2026-11-26-csi-node-vm.md).
-        let v = create(&mut c, "pvc-kvm-grow", 64, &[("pool", "d")], &ext4).await;
+        // ---- growing ext4 (RBD: both gateways, two paths) and xfs
+        // (directory pool, one path; mkfs.xfs wants 300 MiB or more) ----
+        let v = create(&mut c, "pvc-kvm-grow", 64, &[("pool", "r"), ("protocol", "nvme-tcp")], &ext4).await;
         let id = v.volume_id.clone();
         let ctx = attach(&mut c, &mut na, &v, &id_a, &ext4, "pod-a").await;
         let (before, after) = expand(&mut c, &mut na, &g, &id, "pod-a", 160, &ext4).await;

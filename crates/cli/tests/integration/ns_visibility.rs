@@ -224,17 +224,10 @@ fn hosts_see_only_the_namespaces_they_were_given_and_hear_of_changes() {
 /// The Linux host in the kernel VM (tests/kernel-vm/ns-visibility.sh),
 /// in one boot: as host 1 it lists (`nvme list-ns`) and has block devices
 /// for only namespaces 1 and 2; namespace 3 appears when given to it and
-/// goes when taken away, with no reconnect; as host 2 it sees 1 and 3.
-///
-/// Ignored (counted as skipped) until the host-2 hang is understood
-/// (docs/notes/2026-11-26-ns-visibility.md): host 1's part passes; host
-/// 2's `nvme connect` then never returns (not even to `timeout 90`: the
-/// write to /dev/nvme-fabrics is stuck in the kernel). The target had
-/// answered every admin command of controller 2 (nothing unread or
-/// unsent on its socket) and the kernel sent no keep-alive after, so the
-/// guest is stuck in its controller set-up after our answers.
+/// goes when taken away, with no reconnect; as host 2 it sees 1 and 3
+/// (whose block device is nvmeXn2: the script finds devices by their
+/// sysfs `nsid`, not by name).
 #[test]
-#[ignore = "the Linux host's second connect hangs in the guest kernel after the target answered (see the doc comment)"]
 fn linux_hosts_see_only_their_namespaces() {
     require_root();
     let venv = venv(&["spdk"]);

@@ -1,10 +1,15 @@
 //! Ceph RBD behind blockwire gateways (issue 14), with our own initiators:
-//! every protocol on an `rbd:` volume, two gateways sharing one image, the
-//! backend's flush/discard/write-zeroes/size, and a Ceph outage under load.
+//! every protocol on an `rbd:` volume, two gateways sharing one image (and
+//! growing it), the backend's flush/discard/write-zeroes/size, and a Ceph outage under load.
 //! The Linux host against two gateways is in `rbd_gateways`.
 
 use crate::common;
 
+use crate::common::nvme_raw::RawNvme;
+use crate::control::{admin_waiting_for_events, changed_namespace_log, ctl, ctl_err, status};
+use bw_nvme::identify::cns;
+use bw_nvme::pdu::Pdu;
+use bw_nvme::queue_entry::{admin, sgl, Sgl, Sqe};
 use common::blockwire_ok;
 use common::ceph::{gateway_toml, Ceph, Gateway, GATEWAY_IQN as IQN, GATEWAY_NQN as NQN};
 use std::io::Read;
@@ -62,10 +67,11 @@ fn rbd_volume_serves_every_protocol_and_two_gateways_share_it() {
     let pair = common::NetnsPair::new("rbd", 1500);
     let dir = common::TempDir::new("rbd-gw");
     let (ia, na) = (common::free_port(), common::free_port());
+    let sock_a = dir.path().join("control.sock");
     let a = common::Serve::with_config(
         &dir,
         &gateway_toml(ceph, &gateway(&image, 1, ia, na, Some(&pair.host_if), 8)),
-        &[],
+        &["--control", sock_a.to_str().expect("utf-8")],
     );
 
     blockwire_ok(
@@ -110,10 +116,11 @@ fn rbd_volume_serves_every_protocol_and_two_gateways_share_it() {
 
     let dir_b = common::TempDir::new("rbd-gwb");
     let (ib, nb) = (common::free_port(), common::free_port());
+    let sock_b = dir_b.path().join("control.sock");
     let b = common::Serve::with_config(
         &dir_b,
         &gateway_toml(ceph, &gateway(&image, 2, ib, nb, None, 8)),
-        &[],
+        &["--control", sock_b.to_str().expect("utf-8")],
     );
     let src = dir.path().join("src.bin");
     let back = dir.path().join("back.bin");
@@ -155,11 +162,65 @@ fn rbd_volume_serves_every_protocol_and_two_gateways_share_it() {
         std::fs::read(&exported).expect("read export") == data,
         "rbd export differs from what gateway A acknowledged"
     );
+    grow_through_both_gateways(ceph, &image, [(&sock_a, na, ia), (&sock_b, nb, ib)], &dir);
     assert!(
         a.stop().success() && b.stop().success(),
         "a gateway did not stop cleanly"
     );
     ceph.rbd_rm(&format!("rbd/{image}"));
+}
+
+/// Growing the shared image 64 -> 96 MiB as the CSI controller's
+/// ControllerExpandVolume does: `volume_resize` on every gateway. Gateway
+/// A grows the image (`rbd info` says so) and tells its NVMe host
+/// (Namespace Attribute Changed, Changed Namespace List [1], Identify
+/// NSZE); B is unchanged until told, then, told the size the image already
+/// has, tells its own host. Shrinking is refused and changes nothing. The
+/// new end, written through B, reads back through A (iSCSI, a fresh
+/// session: READ CAPACITY says 96 MiB) as `rbd export` has it.
+fn grow_through_both_gateways(ceph: &Ceph, image: &str, gateways: [(&std::path::Path, u16, u16); 2], dir: &common::TempDir) {
+    const OLD: u64 = 64 << 20;
+    const NEW: u64 = 96 << 20;
+    let rbd_size = || ceph.rbd(&["info", "--format", "json", &format!("rbd/{image}")]).parse::<serde_json::Value>().expect("rbd info json")["size"].as_u64();
+    let mut hosts: Vec<RawNvme> = gateways.iter().map(|(_, np, _)| admin_waiting_for_events(*np, NQN)).collect();
+    let nsze = |q: &mut RawNvme| {
+        let mut s = Sqe::new(admin::IDENTIFY, 50, 1);
+        s.set_cdw(10, cns::NAMESPACE as u32);
+        s.set_sgl(Sgl { addr: 0, length: 4096, kind: sgl::TRANSPORT });
+        let (c, d) = q.exchange(s, &[]).expect("Identify Namespace answered");
+        assert!(c.status.is_success(), "{c:?}");
+        u64::from_le_bytes(d[..8].try_into().expect("8 bytes")) * 512
+    };
+    let told = |q: &mut RawNvme, who: &str| {
+        match q.next(RawNvme::WAIT) {
+            Some(Pdu::CapsuleResp(c)) => assert_eq!((c.cid, c.result), (40, bw_nvme::controller::AEN_NS_CHANGED as u64), "{who}"),
+            p => panic!("{who}'s host got no Namespace Attribute Changed event: {:?}", p.map(|p| p.kind())),
+        }
+        assert_eq!(changed_namespace_log(q), [1], "{who}");
+        assert_eq!(nsze(q), NEW, "{who}: Identify Namespace's size");
+    };
+    let size_of = |sock: &std::path::Path| status(sock)["volumes"][0]["size"].as_u64();
+    let resize = |sock: &std::path::Path, size: &str| ctl(sock, &["volume_resize", &format!(r#"{{"name": "v", "size": "{size}"}}"#)]);
+
+    resize(gateways[0].0, "96M");
+    assert_eq!(rbd_size(), Some(NEW), "the image did not grow");
+    told(&mut hosts[0], "gateway A");
+    assert_eq!(size_of(gateways[1].0), Some(OLD), "gateway B changed before it was told");
+    assert_eq!(nsze(&mut hosts[1]), OLD);
+    resize(gateways[1].0, "96M");
+    told(&mut hosts[1], "gateway B");
+    let e = ctl_err(gateways[0].0, &["volume_resize", r#"{"name": "v", "size": "32M"}"#]);
+    assert!(e.contains("not shrunk"), "{e}");
+    assert_eq!((rbd_size(), size_of(gateways[0].0)), (Some(NEW), Some(NEW)), "a refused shrink changed something");
+
+    blockwire_ok(None, &["verify", &format!("nvme+tcp://127.0.0.1:{}/{NQN}/1", gateways[1].1), "--size", "16M", "--offset", "80M", "--seed", "9"]);
+    let (via_a, exported) = (dir.path().join("grown-a.bin"), dir.path().join("grown-export.bin"));
+    qemu_img(&["convert", "-f", "raw", "-O", "raw", &format!("iscsi://127.0.0.1:{}/{IQN}/0", gateways[0].2), via_a.to_str().expect("utf-8")]);
+    ceph.rbd(&["export", "--no-progress", &format!("rbd/{image}"), exported.to_str().expect("utf-8")]);
+    let (via_a, exported) = (std::fs::read(&via_a).expect("read"), std::fs::read(&exported).expect("read"));
+    assert_eq!(via_a.len() as u64, NEW, "gateway A's LUN is not the grown size");
+    assert!(via_a == exported, "gateway A reads other data than the image has after B wrote its new end");
+    assert!(via_a[(80 << 20)..].iter().any(|&b| b != 0), "nothing of B's write past the old end");
 }
 
 /// The backend itself, without a front-end: size= creates an image and must
