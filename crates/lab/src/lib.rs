@@ -273,7 +273,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
                 return Err(e);
             }
         };
-        let out = s.cx.out.clone();
+        let out = s.cx.out_dir().to_path_buf();
         (Box::new(s) as Box<dyn suites::Suite>, out)
     };
     suites::run_and_report(suite.as_mut(), &out)
@@ -418,11 +418,10 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         }
     };
     let mut run = orchestrate::LabRun::new(plan, exe, out);
-    run.cx.book = book;
+    run.cx.keep_book(book);
     run.stored = Some(stored);
     if let Some((hosts, clients)) = remote {
-        run.cx.remote = Some(hosts);
-        run.cx.clients = clients;
+        run.cx.run_across(hosts, clients);
     }
     Ok(run)
 }

@@ -20,7 +20,7 @@ pub fn at(shape: &str, offload: crate::network::offload::Offload, digest: crate:
 pub fn planned(stages: &[Box<dyn Stage>], cx: &RunContext, links: &[Link]) -> Vec<String> {
     let mut v = vec![];
     let measures_subjects = stages.iter().any(|s| s.needs_targets());
-    for shape in &cx.plan.links {
+    for shape in &cx.plan().links {
         let plain = At { shape: shape.name.clone(), factors: Factors::default() };
         for s in stages {
             for l in links {
@@ -28,7 +28,7 @@ pub fn planned(stages: &[Box<dyn Stage>], cx: &RunContext, links: &[Link]) -> Ve
             }
         }
         if measures_subjects {
-            for (n, (o, d, t)) in cx.plan.factor_combinations().into_iter().enumerate() {
+            for (n, (o, d, t)) in cx.plan().factor_combinations().into_iter().enumerate() {
                 for (i, l) in links.iter().enumerate() {
                     v.extend(on_link(stages, cx, &at(&shape.name, o, d, t), l, i == 0 && n == 0));
                 }

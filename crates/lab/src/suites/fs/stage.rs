@@ -69,10 +69,10 @@ impl Stage for FsStage {
     }
 
     fn cases_on_link(&self, cx: &RunContext, at: &crate::resume::case::At, link: &Link, first: bool) -> Vec<String> {
-        if !first || cx.plan.fs.is_none() {
+        if !first || cx.plan().fs.is_none() {
             return vec![];
         }
-        cx.plan.fs_combinations.iter().map(|&(kind, fsync)| fs_case(kind, fsync, &at.shape, link.mtu)).collect()
+        cx.plan().fs_combinations.iter().map(|&(kind, fsync)| fs_case(kind, fsync, &at.shape, link.mtu)).collect()
     }
 
     fn on_link(&mut self, cx: &mut RunContext, run: &mut LinkRun) -> anyhow::Result<()> {
@@ -325,10 +325,10 @@ impl FsStage {
             }
         }
         let p = &mut run.procs[pi];
-        cx.progress.set_message(format!("MTU {}: {}'s export on {}", link.mtu, p.name, kind.name()));
+        cx.progress().set_message(format!("MTU {}: {}'s export on {}", link.mtu, p.name, kind.name()));
         // One server per address and port: the old one goes first.
         p.halt();
-        let new = server.start_on(topo, link, &cx.backing, kind)?;
+        let new = server.start_on(topo, link, cx.backing(), kind)?;
         std::mem::replace(p, new).stop();
         Ok(())
     }
@@ -342,7 +342,7 @@ impl FsStage {
     /// from an export on each `--fs` file system in turn.
     fn run_fs(&mut self, cx: &mut RunContext, run: &mut LinkRun) -> anyhow::Result<()> {
         use crate::subjects::clients::ClientKind;
-        let Some(fsp) = cx.plan.fs.clone() else {
+        let Some(fsp) = cx.plan().fs.clone() else {
             return Ok(());
         };
         let Some(mp) = self.dir.clone() else {
@@ -350,9 +350,9 @@ impl FsStage {
         };
         // The fs suite makes a file system on its subject: never on the
         // user's own storage.
-        let runs = cx.plan.fs_cases(false).len() as u64 * fsp.repeat as u64 * cx.plan.fs_combinations.len() as u64;
+        let runs = cx.plan().fs_cases(false).len() as u64 * fsp.repeat as u64 * cx.plan().fs_combinations.len() as u64;
         for s in run.live.iter().filter(|s| s.subject.external().is_some() && !s.gave_up) {
-            cx.progress.inc(runs);
+            cx.progress().inc(runs);
             cx.note_skipped(&s.key, "the fs suite does not run on external subjects (it makes a file system on its subject)");
         }
         let mut subjects: Vec<FsSubject> = run
@@ -369,7 +369,7 @@ impl FsStage {
                 proc: s.proc,
             })
             .collect();
-        if cx.plan.baseline {
+        if cx.plan().baseline {
             subjects.push(FsSubject { key: crate::suites::fs::workloads::LOCAL, reach: Reach::Local, proc: None });
         }
         // The file servers' processes (once each), by blockwire's subject of them.
@@ -379,17 +379,17 @@ impl FsStage {
             .filter(|s| s.client == ClientKind::Blockwire)
             .filter_map(|s| s.subject.file_server().zip(s.proc).map(|(f, p)| (p, f)))
             .collect();
-        for (kind, fsync) in cx.plan.fs_combinations.clone() {
-            if !cx.begin_case(&fs_case(kind, fsync, &cx.shape, run.link.mtu)) {
+        for (kind, fsync) in cx.plan().fs_combinations.clone() {
+            if !cx.begin_case(&fs_case(kind, fsync, &cx.link_shape(), run.link.mtu)) {
                 // Finished by an earlier start of this run: kept.
-                let runs: usize = subjects.iter().map(|s| cx.plan.fs_cases(s.proc.is_none()).len()).sum();
-                cx.progress.inc((runs * fsp.repeat as usize) as u64);
+                let runs: usize = subjects.iter().map(|s| cx.plan().fs_cases(s.proc.is_none()).len()).sum();
+                cx.progress().inc((runs * fsp.repeat as usize) as u64);
                 continue;
             }
-            let first = cx.results.fs.len();
+            let first = cx.results().fs.len();
             (self.fs_kind, self.fsync) = (kind, fsync);
             self.fs_factors = bw_lab_results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
-            if cx.plan.fs_combinations.len() > 1 {
+            if cx.plan().fs_combinations.len() > 1 {
                 cx.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
             }
             if self.nfs_server_fs != kind && !servers.is_empty() {
@@ -424,9 +424,9 @@ impl FsStage {
                 let FsSubject { key, proc, .. } = &subjects[i];
                 let (key, proc) = (key.clone(), *proc);
                 let local = proc.is_none();
-                let cases = cx.plan.fs_cases(local);
+                let cases = cx.plan().fs_cases(local);
                 if failed_turns[i] >= MAX_CONSECUTIVE_FAILURES {
-                    cx.progress.inc(cases.len() as u64);
+                    cx.progress().inc(cases.len() as u64);
                     continue;
                 }
                 if let Some(pi) = proc {
@@ -435,7 +435,7 @@ impl FsStage {
                         let why = format!("{} died: {}", p.name, p.log_tail());
                         self.fs_failure(cx, &key, Some(link.mtu), "(mount)", 0, why);
                         failed_turns[i] = MAX_CONSECUTIVE_FAILURES;
-                        cx.progress.inc(cases.len() as u64);
+                        cx.progress().inc(cases.len() as u64);
                         continue;
                     }
                 }
@@ -501,7 +501,7 @@ impl FsStage {
         let (topo, link, key) = (run.topo, run.link, &subject.key);
         let kernel = matches!(subject.reach, Reach::KernelDevice(_));
         use crate::suites::fs::workloads::FsWorkload;
-        cx.progress
+        cx.progress()
             .set_message(format!("fs {key} #{rep}: mounting"));
         let mut left = cases.len() as u64;
         let r = (|| -> anyhow::Result<()> {
@@ -518,7 +518,7 @@ impl FsStage {
                 raw_dev: None,
                 kernel,
             };
-            let size = cx.plan.params.size_bytes;
+            let size = cx.plan().params.size_bytes;
             let client = &topo.client;
             let mounted = match &subject.reach {
                 Reach::KernelNfs(v, address) => crate::subjects::kernel_nfs::mount(client, link.target_ip, *address, *v, mp, "")?,
@@ -529,12 +529,12 @@ impl FsStage {
                     let kind = if *image_on_nfs { crate::suites::fs::fs_kind::FsKind::Ext4 } else { self.fs_kind };
                     match client.ssh() {
                         Some(h) => crate::suites::fs::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
-                        None => crate::suites::fs::mounts::mount_remote_as(&cx.exe, client, url, mp, kind, size)?,
+                        None => crate::suites::fs::mounts::mount_remote_as(cx.exe(), client, url, mp, kind, size)?,
                     }
                 }
                 Reach::Local => {
                     // The raw device first: the file system goes on it next.
-                    let (loop_token, dev) = crate::suites::fs::mounts::loop_device(&cx.backing)?;
+                    let (loop_token, dev) = crate::suites::fs::mounts::loop_device(cx.backing())?;
                     for &(workload, mem) in cases.iter().filter(|(w, _)| *w == FsWorkload::IogenRaw) {
                         if interrupted() {
                             break;
@@ -542,7 +542,7 @@ impl FsStage {
                         self.fs_case(cx, &FsCaseRun { workload, mem, raw_dev: Some(&dev), ..base });
                         left -= 1;
                     }
-                    crate::suites::fs::mounts::mount_local_as(&dev, loop_token, mp, self.fs_kind, cx.plan.params.size_bytes)?
+                    crate::suites::fs::mounts::mount_local_as(&dev, loop_token, mp, self.fs_kind, cx.plan().params.size_bytes)?
                 }
             };
             let on_fs = FsCaseRun { target, daemon: mounted.daemon_pid, ..base };
@@ -553,11 +553,11 @@ impl FsStage {
                 self.fs_case(cx, &FsCaseRun { workload, mem, ..on_fs });
                 left -= 1;
             }
-            cx.progress
+            cx.progress()
                 .set_message(format!("fs {key} #{rep}: unmounting"));
             mounted.release()
         })();
-        cx.progress.inc(left);
+        cx.progress().inc(left);
         r
     }
 
@@ -567,7 +567,7 @@ impl FsStage {
         let (key, w, mem) = (c.key, c.workload, c.mem);
         let local = *key == crate::suites::fs::workloads::LOCAL;
         let mtu = if local { None } else { Some(c.link.mtu) };
-        cx.progress
+        cx.progress()
             .set_message(format!("fs {key} {} {}M #{}", w.name(), mem >> 20, c.rep));
         match self.fs_case_inner(cx, c) {
             Ok(s) => cx.push_fs(s),
@@ -584,16 +584,12 @@ impl FsStage {
                 cx.say(&format!("lab: {e:#}"));
             }
         }
-        cx.progress.inc(1);
+        cx.progress().inc(1);
     }
 
     fn fs_case_inner(&mut self, cx: &mut RunContext, c: &FsCaseRun) -> anyhow::Result<crate::suites::fs::workloads::FsSample> {
         let &FsCaseRun { topo, link, key, target, daemon, rep, workload: w, mem, mp, raw_dev, kernel } = c;
-        let fsp = cx
-            .plan
-            .fs
-            .clone()
-            .ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
+        let fsp = cx.plan().fs.clone().ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
         let local = *key == crate::suites::fs::workloads::LOCAL;
         let dir = mp.join("w");
         // Over ssh the workload, its files and its cgroup are the client host's.
@@ -611,7 +607,7 @@ impl FsStage {
         let (busy, _) = cx.wait_idle();
         let started_unix = unix_now();
         let before = Readings::before(topo, link, local, target, daemon, kernel)?;
-        let (prog, args) = crate::suites::fs::workloads::command(w, &fsp, &topo.client.lab_exe(&cx.exe), &dir, raw_dev);
+        let (prog, args) = crate::suites::fs::workloads::command(w, &fsp, &topo.client.lab_exe(cx.exe()), &dir, raw_dev);
         // Room for making the file sets and Bonnie++'s passes over a slow link.
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
         let run = cg.run(remote, &dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout);
@@ -638,7 +634,7 @@ impl FsStage {
         let result = parse_fs_result(w, &fsp, &f.stdout)?;
         Ok(crate::suites::fs::workloads::FsSample {
             subject: key.clone(),
-            link: cx.shape.clone(),
+            link: cx.link_shape().to_string(),
             mtu: if local { None } else { Some(link.mtu) },
             client_mem: mem,
             workload: w.name().into(),
@@ -661,7 +657,7 @@ impl FsStage {
 
     /// The fs results of this link in the terminal (from `first` on).
     fn print_fs_rows(&self, cx: &RunContext, first: usize) {
-        for line in bw_lab_report::rows::fs_rows(&cx.results.fs[first..]) {
+        for line in bw_lab_report::rows::fs_rows(&cx.results().fs[first..]) {
             cx.say(&line);
         }
     }
