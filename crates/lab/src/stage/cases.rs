@@ -13,7 +13,7 @@ use bw_lab_results::Factors;
 
 /// The run's place at `shape` and factor combination `(offload, digest, tls)`.
 pub fn at(shape: &str, offload: crate::network::offload::Offload, digest: crate::network::offload::Digest, tls: crate::network::offload::Tls) -> At {
-    At { shape: shape.to_string(), factors: Factors { offload: offload.name().into(), digest: digest.factor().into(), tls: tls.factor().into() } }
+    At { shape: shape.to_string(), factors: crate::network::offload::recorded(offload, digest, tls) }
 }
 
 /// Every case the stages measure over `links`, in run order.

@@ -249,7 +249,7 @@ impl RunContext {
 
     /// Measure at these factors from now on.
     pub fn set_factors(&mut self, offload: Offload, digest: Digest, tls: Tls) {
-        self.factors = bw_lab_results::Factors { offload: offload.name().into(), digest: digest.factor().into(), tls: tls.factor().into() };
+        self.factors = crate::network::offload::recorded(offload, digest, tls);
         self.digest = digest;
         self.tls = tls;
     }
