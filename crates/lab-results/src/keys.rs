@@ -171,6 +171,60 @@ impl PartialOrd for Suite {
     }
 }
 
+/// What a [`crate::Failure`] is of: a subject, or the net suite's iperf3
+/// runs (which measure the links, no subject). results.json holds the
+/// subject's name or `iperf3`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum FailureSubject {
+    Subject(SubjectKey),
+    Iperf3,
+}
+
+impl FailureSubject {
+    pub fn name(&self) -> Cow<'static, str> {
+        match self {
+            FailureSubject::Subject(k) => k.name(),
+            FailureSubject::Iperf3 => Cow::Borrowed("iperf3"),
+        }
+    }
+}
+
+impl From<SubjectKey> for FailureSubject {
+    fn from(k: SubjectKey) -> FailureSubject {
+        FailureSubject::Subject(k)
+    }
+}
+
+impl FromStr for FailureSubject {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<FailureSubject, String> {
+        match s {
+            "iperf3" => Ok(FailureSubject::Iperf3),
+            _ => s.parse().map(FailureSubject::Subject),
+        }
+    }
+}
+
+impl fmt::Display for FailureSubject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl Serialize for FailureSubject {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for FailureSubject {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<FailureSubject, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// One value set of the offload study's factors ([`crate::Factors`]):
 /// results.json holds a value as its name, and the lab's default as the
 /// empty text (left out of the record), byte for byte as the strings they
@@ -286,6 +340,15 @@ mod tests {
         let mut d = DigestFactor::ALL.to_vec();
         d.sort();
         assert_eq!(d.iter().map(|v| v.name()).collect::<Vec<_>>(), ["", "crc32c", "crc32c-soft"]);
+    }
+
+    #[test]
+    fn failure_subjects_round_trip_as_their_names() {
+        for (v, json) in [(FailureSubject::Iperf3, "\"iperf3\""), (FailureSubject::Subject(SubjectKey::served("tgt", "iscsi")), "\"tgt-iscsi\""), (FailureSubject::Subject(SubjectKey::LocalFio), "\"local-fio\"")] {
+            assert_eq!(serde_json::to_string(&v).unwrap(), json);
+            assert_eq!(serde_json::from_str::<FailureSubject>(json).unwrap(), v);
+        }
+        assert!(serde_json::from_str::<FailureSubject>("\"iperf\"").is_err());
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod resumed;
 pub mod route;
 pub mod stats;
 
-pub use keys::{DigestFactor, OffloadFactor, Suite, SubjectKey, TlsFactor};
+pub use keys::{DigestFactor, FailureSubject, OffloadFactor, Suite, SubjectKey, TlsFactor};
 use net::WireCounters;
 
 use serde::{Deserialize, Serialize};
@@ -261,7 +261,7 @@ impl MachineCpu {
 /// A run or a whole subject that produced no numbers, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
-    pub subject: String,
+    pub subject: FailureSubject,
     pub mtu: Option<u32>,
     /// Empty when the whole subject could not start.
     pub workload: String,

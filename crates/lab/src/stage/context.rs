@@ -356,7 +356,7 @@ impl RunContext {
                 s.unavailable = Some(reason.clone());
             }
         }
-        self.push_failure(Failure { subject: key.to_string(), mtu: Some(mtu), workload: String::new(), reason });
+        self.push_failure(Failure { subject: key.clone().into(), mtu: Some(mtu), workload: String::new(), reason });
         // Its runs will not happen: keep the progress bar honest.
         let skipped = self.runs_per_subject(mtu);
         self.progress.inc(skipped);

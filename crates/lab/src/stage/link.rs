@@ -54,7 +54,7 @@ impl LiveSubject {
         self.gave_up = true;
         cx.progress().inc(per_subject.saturating_sub(self.done));
         if !failures_recorded {
-            cx.push_failure(Failure { subject: self.key.to_string(), mtu: Some(mtu), workload: workload.into(), reason: why.clone() });
+            cx.push_failure(Failure { subject: self.key.clone().into(), mtu: Some(mtu), workload: workload.into(), reason: why.clone() });
         }
         if cx.results().samples.iter().all(|x| x.subject != self.key) {
             let last = cx.results().failures.last().map(|f| f.reason.clone()).unwrap_or(why.clone());
@@ -342,7 +342,7 @@ impl<'a> LinkRun<'a> {
                         if let Some(r) = cx.subject_record_mut(&key) {
                             r.unavailable.get_or_insert(format!("{e:#}"));
                         }
-                        cx.push_failure(Failure { subject: key.to_string(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
+                        cx.push_failure(Failure { subject: key.clone().into(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
                         cx.say(&format!("lab: {key} at MTU {}: unavailable: {e:#}", link.mtu));
                         cx.progress().inc(per_subject);
                     }

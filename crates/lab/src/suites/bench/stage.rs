@@ -120,7 +120,7 @@ impl Stage for BenchStage {
                             }
                             live[i].consecutive_failures += 1;
                             cx.push_failure(Failure {
-                                subject: key.to_string(),
+                                subject: key.clone().into(),
                                 mtu: Some(link.mtu),
                                 workload: w.name.clone(),
                                 reason: format!("{e:#}"),
@@ -199,7 +199,7 @@ impl Stage for BenchStage {
                             anyhow::bail!("interrupted");
                         }
                         cx.push_failure(Failure {
-                            subject: SubjectKey::LocalFio.to_string(),
+                            subject: SubjectKey::LocalFio.into(),
                             mtu: None,
                             workload: w.name.clone(),
                             reason: format!("{e:#}"),

@@ -478,7 +478,7 @@ impl FsStage {
         };
         cx.say(&format!("lab: fs {subject} {workload}{at}: {reason}"));
         cx.push_failure(Failure {
-            subject: subject.to_string(),
+            subject: subject.clone().into(),
             mtu,
             workload: format!("fs {workload}{at}"),
             reason,

@@ -59,7 +59,7 @@ fn run_net(cx: &mut RunContext, topo: &Topology, link: &Link, shape: &LinkShape)
             }
             cx.say(&format!("lab: iperf3 at MTU {} link {} failed: {e:#}", link.mtu, shape.name));
             cx.push_failure(Failure {
-                subject: "iperf3".into(),
+                subject: bw_lab_results::FailureSubject::Iperf3,
                 mtu: Some(link.mtu),
                 workload: format!("net link {}", shape.name),
                 reason: format!("{e:#}"),
