@@ -8,25 +8,24 @@ use crate::stage::link::MAX_CONSECUTIVE_FAILURES;
 use crate::stage::context::RunContext;
 use crate::stage::hooks::Stage;
 use crate::stage::link::LinkRun;
-use crate::cleanup::{interrupted, registry, Resource, Token};
+use crate::cleanup::interrupted;
+use crate::suites::fs::client::{FsClient, Mountpoint};
 use crate::subjects::process::TargetProcess;
 use crate::network::topology::{Link, Topology};
 use bw_lab_results::net::WireCounters;
 use bw_lab_results::{unix_now, Failure, SubjectKey};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 /// The fs suite's state over the run.
 #[derive(Default)]
 pub struct FsStage {
-    /// Where the fs suite mounts each subject in turn, and what made it.
-    dir: Option<PathBuf>,
-    dir_token: Option<(Token, Option<crate::suites::fs::mounts::SharedDir>)>,
+    /// Where the fs suite mounts each subject in turn.
+    mountpoint: Option<Mountpoint>,
     /// Numbers the fs suite's cgroups.
     serial: u64,
-    /// The memory controller of an ssh client host (`remote_fs::cgroup_base`).
-    client_cgroup: Option<(String, String)>,
+    /// Where the workloads run: here, or on an ssh client host.
+    client: Option<FsClient>,
     /// The file system and fsync setting being measured.
     fs_kind: crate::suites::fs::fs_kind::FsKind,
     fsync: crate::suites::fs::fs_kind::Fsync,
@@ -39,28 +38,9 @@ impl Stage for FsStage {
     /// The mount point (on an ssh client host: there, with its memory
     /// controller looked up).
     fn setup(&mut self, _cx: &mut RunContext, topo: &Topology) -> anyhow::Result<()> {
-        if let Some(h) = topo.client.ssh() {
-            // The workloads run on the client host, and mount there.
-            self.client_cgroup = Some(crate::suites::fs::remote_fs::cgroup_base(h)?);
-            let (t, dir) = crate::suites::fs::remote_fs::mountpoint(h)?;
-            self.dir_token = Some((t, None));
-            self.dir = Some(dir);
-        } else {
-            // The mount point lives in a shared mount: see SharedDir.
-            let pid = std::process::id();
-            let shared = crate::suites::fs::mounts::SharedDir::create(&crate::suites::fs::mounts::fs_dir(pid))?;
-            let dir = crate::suites::fs::mounts::fs_mountpoint(pid);
-            let made = registry().create(Resource::Dir(dir.clone()), || Ok(std::fs::create_dir_all(&dir)?));
-            let (t, ()) = match made {
-                Ok(v) => v,
-                Err(e) => {
-                    let _ = shared.release();
-                    return Err(e);
-                }
-            };
-            self.dir_token = Some((t, Some(shared)));
-            self.dir = Some(dir);
-        }
+        let client = FsClient::of(&topo.client)?;
+        self.mountpoint = Some(client.mountpoint()?);
+        self.client = Some(client);
         Ok(())
     }
 
@@ -84,11 +64,8 @@ impl Stage for FsStage {
     }
 
     fn teardown(&mut self) -> anyhow::Result<()> {
-        if let Some((t, shared)) = self.dir_token.take() {
-            registry().release(t)?;
-            if let Some(shared) = shared {
-                shared.release()?;
-            }
+        if let Some(m) = self.mountpoint.take() {
+            m.release()?;
         }
         Ok(())
     }
@@ -148,36 +125,6 @@ struct FsCaseRun<'a> {
 }
 
 
-/// What workload `w` needs in `dir` before it is measured: PostMark's
-/// config; IOgen's file, laid out (not measured), as IOgen's file existed
-/// before its run.
-fn prepare_fs_workload(w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::suites::fs::workloads::FsParams, dir: &Path) -> anyhow::Result<()> {
-    use crate::suites::fs::workloads::FsWorkload;
-    match w {
-        FsWorkload::Postmark => std::fs::write(
-            dir.join("postmark.cfg"),
-            crate::suites::fs::workloads::postmark_config(fsp, dir),
-        )?,
-        FsWorkload::Iogen { .. } => {
-            // Lay the file out first (not measured), as IOgen's file existed before its run.
-            let mut cmd = Command::new("fio");
-            cmd.args(crate::suites::fs::workloads::iogen_layout_args(
-                fsp,
-                &dir.join("iogen.dat").to_string_lossy(),
-            ));
-            let f =
-                crate::suites::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
-            anyhow::ensure!(
-                f.ok,
-                "laying out the IOgen file failed: {}",
-                crate::command::last_lines(&f.stderr, 3)
-            );
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
 /// The result of workload `w` from what it printed.
 fn parse_fs_result(w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::suites::fs::workloads::FsParams, stdout: &str) -> anyhow::Result<crate::suites::fs::workloads::FsResult> {
     use crate::suites::fs::workloads::{FsResult, FsWorkload};
@@ -202,13 +149,6 @@ fn parse_fs_result(w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::sui
             FsResult::Iogen(crate::suites::fs::workloads::parse_iogen(stdout)?)
         }
     })
-}
-
-/// The memory cgroup of one fs case: on this machine, or on the ssh client
-/// host the workload runs on.
-enum FsCgroup {
-    Local(crate::cleanup::Token, crate::hosts::cgroup::MemCgroup),
-    Remote(crate::suites::fs::remote_fs::Cgroup),
 }
 
 /// What an fs case reads before and after its workload: the client's wire
@@ -255,57 +195,12 @@ impl Readings {
     }
 }
 
-impl FsCgroup {
-    /// On the ssh client host (`remote`) under its memory controller
-    /// `base`, or on this machine.
-    fn create(remote: Option<&crate::hosts::ssh::SshHost>, base: Option<&(String, String)>, name: &str, mem: u64) -> anyhow::Result<FsCgroup> {
-        Ok(match (remote, base) {
-            (Some(h), Some(base)) => FsCgroup::Remote(crate::suites::fs::remote_fs::Cgroup::create(h, base, name, mem)?),
-            (Some(_), None) => anyhow::bail!("the client host's memory controller was not looked up"),
-            (None, _) => {
-                let (t, g) = crate::hosts::cgroup::create_tracked(Path::new(crate::hosts::cgroup::ROOT), name, mem)?;
-                FsCgroup::Local(t, g)
-            }
-        })
-    }
-
-    /// `prog args` in `dir`, in this cgroup (through the fsync `wrapper`).
-    #[allow(clippy::too_many_arguments)]
-    fn run(&self, remote: Option<&crate::hosts::ssh::SshHost>, dir: &Path, wrapper: Option<&str>, prog: &str, args: &[String], name: &str, timeout: Duration) -> anyhow::Result<crate::suites::runner::Finished> {
-        match (self, remote) {
-            (FsCgroup::Remote(g), Some(h)) => crate::suites::fs::remote_fs::run_in_cgroup(h, g, dir, wrapper, prog, args, name, timeout),
-            (FsCgroup::Local(_, g), _) => {
-                // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
-                let mut cmd = match wrapper {
-                    Some(wrapper) => {
-                        let mut c = Command::new(wrapper);
-                        c.arg(prog);
-                        c
-                    }
-                    None => Command::new(prog),
-                };
-                cmd.args(args).current_dir(dir);
-                crate::suites::runner::run_workload(cmd, name, timeout, Some(&g.procs_file()))
-            }
-            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
-        }
-    }
-
-    /// The OOM kills and the peak memory; the cgroup is removed.
-    fn finish(self, remote: Option<&crate::hosts::ssh::SshHost>) -> anyhow::Result<(u64, Option<u64>)> {
-        Ok(match (self, remote) {
-            (FsCgroup::Remote(g), Some(h)) => g.finish(h)?,
-            (FsCgroup::Local(t, g), _) => {
-                let v = (g.oom_kills(), g.peak_bytes());
-                registry().release(t)?;
-                v
-            }
-            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
-        })
-    }
-}
-
 impl FsStage {
+    /// The fs suite's client (made in `setup`).
+    fn client(&self) -> anyhow::Result<&FsClient> {
+        self.client.as_ref().ok_or_else(|| anyhow::anyhow!("the fs suite's client is not set up"))
+    }
+
     /// File server `server` (process `pi` of `run`) restarted with its
     /// export on `kind`: over NFS, `--fs` is the server's file system (the
     /// one under the data), not one on the client. The kernel NFS mounts
@@ -345,7 +240,7 @@ impl FsStage {
         let Some(fsp) = cx.plan().fs.clone() else {
             return Ok(());
         };
-        let Some(mp) = self.dir.clone() else {
+        let Some(mp) = self.mountpoint.as_ref().map(|m| m.dir.clone()) else {
             return Ok(());
         };
         // The fs suite makes a file system on its subject: never on the
@@ -527,10 +422,7 @@ impl FsStage {
                     // Over NFS `--fs` is the server's file system; the
                     // image's own (a VM guest's) stays ext4.
                     let kind = if *image_on_nfs { crate::suites::fs::fs_kind::FsKind::Ext4 } else { self.fs_kind };
-                    match client.ssh() {
-                        Some(h) => crate::suites::fs::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
-                        None => crate::suites::fs::mounts::mount_remote_as(cx.exe(), client, url, mp, kind, size)?,
-                    }
+                    self.client()?.mount_blockwire(cx.exe(), client, url, mp, kind, size)?
                 }
                 Reach::Local => {
                     // The raw device first: the file system goes on it next.
@@ -580,7 +472,7 @@ impl FsStage {
         // (Interrupted: the file system is about to go, and writing its
         // deletions back through a busy link is what made Ctrl-C slow.)
         if !interrupted() {
-            if let Err(e) = crate::suites::fs::remote_fs::clean_dir(&c.topo.client, &c.mp.join("w")) {
+            if let Err(e) = self.client().and_then(|client| client.clean_dir(&c.mp.join("w"))) {
                 cx.say(&format!("lab: {e:#}"));
             }
         }
@@ -592,27 +484,21 @@ impl FsStage {
         let fsp = cx.plan().fs.clone().ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
         let local = *key == crate::suites::fs::workloads::LOCAL;
         let dir = mp.join("w");
-        // Over ssh the workload, its files and its cgroup are the client host's.
-        let remote = topo.client.ssh();
-        match remote {
-            Some(h) => crate::suites::fs::remote_fs::prepare(h, w, &fsp, &dir)?,
-            None => {
-                std::fs::create_dir_all(&dir)?;
-                prepare_fs_workload(w, &fsp, &dir)?;
-            }
-        }
         self.serial += 1;
         let name = format!("bwlab-{}-{}", std::process::id(), self.serial);
-        let cg = FsCgroup::create(remote, self.client_cgroup.as_ref(), &name, mem)?;
+        // Over ssh the workload, its files and its cgroup are the client host's.
+        let client = self.client()?;
+        client.prepare(w, &fsp, &dir)?;
+        let cg = client.cgroup(&name, mem)?;
         let (busy, _) = cx.wait_idle();
         let started_unix = unix_now();
         let before = Readings::before(topo, link, local, target, daemon, kernel)?;
         let (prog, args) = crate::suites::fs::workloads::command(w, &fsp, &topo.client.lab_exe(cx.exe()), &dir, raw_dev);
         // Room for making the file sets and Bonnie++'s passes over a slow link.
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
-        let run = cg.run(remote, &dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout);
+        let run = cg.run(&dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout);
         let after = Readings::after(topo, link, local, target, daemon, kernel)?;
-        let (ooms, peak) = cg.finish(remote)?;
+        let (ooms, peak) = cg.finish()?;
         let f = run?;
         if ooms > 0 {
             anyhow::bail!(
