@@ -57,8 +57,9 @@ pub struct LabArgs {
     /// blockwire protocols to measure (default: aoe,iscsi,nvme).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub protocols: Option<Vec<subjects::Protocol>>,
-    /// Peer targets on the same backing file: tgt (iSCSI), vblade (AoE), ganesha (NFS, an image file
-    /// through nfs://), or none (default: tgt,vblade).
+    /// Peer targets on the same backing file, or none. The help users see
+    /// is made from `subjects::PeerKind` by the cli (crates/cli/src/help.rs,
+    /// `lab_peers_help`), so it names every peer.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = subjects::parse_peer_choice)]
     pub peers: Option<Vec<subjects::PeerChoice>>,
     /// Your own storage as a subject beside the others, NAME=URL (repeatable):
