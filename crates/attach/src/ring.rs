@@ -202,6 +202,64 @@ impl Ring {
     }
 }
 
+/// An eventfd the ring's completions signal, so they wake the runtime.
+fn completion_eventfd(uring: &IoUring<squeue::Entry128, cqueue::Entry>) -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes integers; the result is checked.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if efd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: efd is a fresh descriptor we own.
+    let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+    uring.submitter().register_eventfd(efd.as_raw_fd())?;
+    Ok(efd)
+}
+
+impl Entry {
+    /// An entry of queue `qid`: its request header and a payload buffer of
+    /// `max_payload` bytes, and the iovec pair the kernel writes them through.
+    fn new(qid: u16, max_payload: usize) -> Entry {
+        let mut header = Box::new(UringReqHeader::new_zeroed());
+        // calloc'd: pages cost nothing until the kernel writes them.
+        let mut payload = vec![0u8; max_payload].into_boxed_slice();
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: (&mut *header as *mut UringReqHeader).cast(),
+                iov_len: std::mem::size_of::<UringReqHeader>(),
+            },
+            libc::iovec {
+                iov_base: payload.as_mut_ptr().cast(),
+                iov_len: payload.len(),
+            },
+        ]);
+        Entry {
+            qid,
+            header: UnsafeCell::new(header),
+            payload: UnsafeCell::new(payload),
+            iov,
+        }
+    }
+}
+
+impl Ring {
+    /// Hand every entry to the kernel (REGISTER): each comes back with a
+    /// request in it.
+    fn register_entries(&self) {
+        for (i, e) in self.entries.iter().enumerate() {
+            let sqe = uring_cmd(
+                self.fuse_fd,
+                abi::URING_CMD_REGISTER,
+                e.qid,
+                0,
+                Some(e.iov.as_ptr() as u64),
+                i as u64,
+            );
+            self.push(&sqe);
+        }
+        self.submit();
+    }
+}
+
 /// Register `per_queue` entries on every queue of the FUSE connection `fd`
 /// (past INIT, with FUSE_OVER_IO_URING negotiated) and serve requests until
 /// the connection ends. Must run inside a `LocalSet`.
@@ -216,38 +274,10 @@ pub async fn serve(
     let total = queues * per_queue.max(1);
     let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
         .build((total as u32 * 2).next_power_of_two())?;
-    // Completions wake the runtime through an eventfd.
-    // SAFETY: eventfd takes integers; the result is checked.
-    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if efd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: efd is a fresh descriptor we own.
-    let efd = unsafe { OwnedFd::from_raw_fd(efd) };
-    uring.submitter().register_eventfd(efd.as_raw_fd())?;
-    let mut entries = Vec::with_capacity(total);
-    for i in 0..total {
-        let header = Box::new(UringReqHeader::new_zeroed());
-        // calloc'd: pages cost nothing until the kernel writes them.
-        let mut payload = vec![0u8; max_payload].into_boxed_slice();
-        let mut header = header;
-        let iov = Box::new([
-            libc::iovec {
-                iov_base: (&mut *header as *mut UringReqHeader).cast(),
-                iov_len: std::mem::size_of::<UringReqHeader>(),
-            },
-            libc::iovec {
-                iov_base: payload.as_mut_ptr().cast(),
-                iov_len: payload.len(),
-            },
-        ]);
-        entries.push(Entry {
-            qid: (i / per_queue.max(1)) as u16,
-            header: UnsafeCell::new(header),
-            payload: UnsafeCell::new(payload),
-            iov,
-        });
-    }
+    let efd = completion_eventfd(&uring)?;
+    let entries = (0..total)
+        .map(|i| Entry::new((i / per_queue.max(1)) as u16, max_payload))
+        .collect();
     let ring = Rc::new(Ring {
         uring: RefCell::new(uring),
         fuse_fd: fd.as_raw_fd(),
@@ -256,18 +286,7 @@ pub async fn serve(
         disk,
         submit_pending: std::cell::Cell::new(false),
     });
-    for (i, e) in ring.entries.iter().enumerate() {
-        let sqe = uring_cmd(
-            ring.fuse_fd,
-            abi::URING_CMD_REGISTER,
-            e.qid,
-            0,
-            Some(e.iov.as_ptr() as u64),
-            i as u64,
-        );
-        ring.push(&sqe);
-    }
-    ring.submit();
+    ring.register_entries();
     // SAFETY: the AsyncFd owns efd, so it stays open and the same while registered.
     let wake = unsafe { AsyncFd::register_with_interest(efd, Interest::READABLE) }?;
     let mut live = total;

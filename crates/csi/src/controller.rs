@@ -293,6 +293,75 @@ impl ControllerService {
     }
 }
 
+impl ControllerService {
+    /// Where a clone of `src` (a snapshot if `is_snap`, else a volume)
+    /// goes: its source's gateway and pool, once the request is checked
+    /// against the source.
+    async fn source_placement(&self, creds: Option<&Credentials>, is_snap: bool, src: &str, par: &Params, r: &proto::CreateVolumeRequest) -> Result<(&Gateway, PoolInfo, Vec<&Gateway>), Status> {
+        let Some(sp) = self.find(creds, src).await? else {
+            return Err(Status::not_found(format!("source {} {src} not found", if is_snap { "snapshot" } else { "volume" })));
+        };
+        if sp.info.snapshot_of.is_some() != is_snap {
+            return Err(Status::not_found(format!("{src} is not a {}", if is_snap { "snapshot" } else { "volume" })));
+        }
+        if par.pool.as_deref().is_some_and(|want| sp.info.pool.as_deref() != Some(want)) {
+            return Err(Status::invalid_argument(format!("source {src} is in pool {:?}, not {:?}: clones stay in their source's pool", sp.info.pool, par.pool)));
+        }
+        if r.capacity_range.as_ref().is_some_and(|c| c.limit_bytes > 0 && sp.info.provisioned_bytes > c.limit_bytes as u64) {
+            return Err(Status::out_of_range(format!("source {src} is {} bytes, more than the limit asked", sp.info.provisioned_bytes)));
+        }
+        let pool = PoolInfo { name: sp.info.pool.clone().unwrap_or_default(), rbd: None, free_bytes: None };
+        Ok((sp.home, pool, sp.peers))
+    }
+}
+
+/// What of an existing volume `v` differs from a CreateVolume request for
+/// it (none: the request is answered with it).
+fn differences(v: &VolumeInfo, r: &proto::CreateVolumeRequest, par: &Params, source_id: &Option<(bool, String)>, id: &str) -> Vec<String> {
+    let mut differs = vec![];
+    if v.snapshot_of.is_some() {
+        differs.push("it is a snapshot".to_string());
+    }
+    if !fits(v.provisioned_bytes, r.capacity_range.as_ref()) {
+        differs.push(format!("its size is {} bytes", v.provisioned_bytes));
+    }
+    if par.pool.as_deref().is_some_and(|want| v.pool.as_deref() != Some(want)) {
+        differs.push(format!("it is in pool {:?}", v.pool));
+    }
+    match source_id {
+        Some((true, s)) if v.clone_of.as_deref() != Some(s) => differs.push(format!("it is not a clone of snapshot {s}")),
+        Some((false, s)) if v.clone_of.as_deref() != Some(&clone_source_name(id)) => differs.push(format!("it is not a clone of volume {s}")),
+        _ => {}
+    }
+    differs
+}
+
+/// Make volume `id` on `home`: a new one in `pool`, a clone of a snapshot
+/// (`(true, snapshot)`), or a clone of a volume (`(false, volume)`).
+async fn make_volume(home: &Gateway, creds: Option<&Credentials>, source_id: &Option<(bool, String)>, id: &str, size: u64, pool: &PoolInfo) -> Result<(), Status> {
+    match source_id {
+        None => {
+            home.call(creds, "volume_create", json!({ "name": id, "size": size, "pool": pool.name })).await.map_err(from_rpc)?;
+        }
+        Some((true, snap)) => {
+            home.call(creds, "volume_clone", json!({ "snapshot": snap, "name": id })).await.map_err(from_rpc)?;
+        }
+        Some((false, vol)) => {
+            // A clone of a volume: of a snapshot taken for it, which a
+            // directory pool drops at once (the clone's reflinked
+            // extents are its own); RBD keeps it (the clone's parent).
+            let snap = clone_source_name(id);
+            home.call(creds, "volume_snapshot", json!({ "name": vol, "snapshot": snap })).await.map_err(from_rpc)?;
+            home.call(creds, "volume_clone", json!({ "snapshot": snap, "name": id })).await.map_err(from_rpc)?;
+            let kept = home.volume(creds, &snap).await.map_err(from_rpc)?.is_some_and(|s| s.backend.starts_with("rbd:"));
+            if !kept {
+                home.call(creds, "volume_delete", json!({ "name": snap })).await.map_err(from_rpc)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 #[tonic::async_trait]
 impl Controller for ControllerService {
     async fn controller_get_capabilities(&self, _: Request<proto::ControllerGetCapabilitiesRequest>) -> Result<Response<proto::ControllerGetCapabilitiesResponse>, Status> {
@@ -346,21 +415,7 @@ impl Controller for ControllerService {
         };
         if let Some(p) = self.find(creds, &id).await? {
             let v = &p.info;
-            let mut differs = vec![];
-            if v.snapshot_of.is_some() {
-                differs.push("it is a snapshot".to_string());
-            }
-            if !fits(v.provisioned_bytes, r.capacity_range.as_ref()) {
-                differs.push(format!("its size is {} bytes", v.provisioned_bytes));
-            }
-            if par.pool.as_deref().is_some_and(|want| v.pool.as_deref() != Some(want)) {
-                differs.push(format!("it is in pool {:?}", v.pool));
-            }
-            match &source_id {
-                Some((true, s)) if v.clone_of.as_deref() != Some(s) => differs.push(format!("it is not a clone of snapshot {s}")),
-                Some((false, s)) if v.clone_of.as_deref() != Some(&clone_source_name(&id)) => differs.push(format!("it is not a clone of volume {s}")),
-                _ => {}
-            }
+            let differs = differences(v, &r, &par, &source_id, &id);
             if !differs.is_empty() {
                 return Err(Status::already_exists(format!("volume {id} (name {name:?}) exists with other parameters: {}", differs.join("; "))));
             }
@@ -371,46 +426,10 @@ impl Controller for ControllerService {
         }
         let (home, pool, peers) = match &source_id {
             None => self.pool(creds, par.pool.as_deref()).await?,
-            Some((is_snap, src)) => {
-                let Some(sp) = self.find(creds, src).await? else {
-                    return Err(Status::not_found(format!("source {} {src} not found", if *is_snap { "snapshot" } else { "volume" })));
-                };
-                if sp.info.snapshot_of.is_some() != *is_snap {
-                    return Err(Status::not_found(format!("{src} is not a {}", if *is_snap { "snapshot" } else { "volume" })));
-                }
-                if par.pool.as_deref().is_some_and(|want| sp.info.pool.as_deref() != Some(want)) {
-                    return Err(Status::invalid_argument(format!("source {src} is in pool {:?}, not {:?}: clones stay in their source's pool", sp.info.pool, par.pool)));
-                }
-                if r.capacity_range.as_ref().is_some_and(|c| c.limit_bytes > 0 && sp.info.provisioned_bytes > c.limit_bytes as u64) {
-                    return Err(Status::out_of_range(format!("source {src} is {} bytes, more than the limit asked", sp.info.provisioned_bytes)));
-                }
-                let pool = PoolInfo { name: sp.info.pool.clone().unwrap_or_default(), rbd: None, free_bytes: None };
-                let peers = sp.peers.clone();
-                (sp.home, pool, peers)
-            }
+            Some((is_snap, src)) => self.source_placement(creds, *is_snap, src, &par, &r).await?,
         };
-        let mut source = r.volume_content_source.clone();
-        match &source_id {
-            None => {
-                home.call(creds, "volume_create", json!({ "name": id, "size": size, "pool": pool.name })).await.map_err(from_rpc)?;
-                source = None;
-            }
-            Some((true, snap)) => {
-                home.call(creds, "volume_clone", json!({ "snapshot": snap, "name": id })).await.map_err(from_rpc)?;
-            }
-            Some((false, vol)) => {
-                // A clone of a volume: of a snapshot taken for it, which a
-                // directory pool drops at once (the clone's reflinked
-                // extents are its own); RBD keeps it (the clone's parent).
-                let snap = clone_source_name(&id);
-                home.call(creds, "volume_snapshot", json!({ "name": vol, "snapshot": snap })).await.map_err(from_rpc)?;
-                home.call(creds, "volume_clone", json!({ "snapshot": snap, "name": id })).await.map_err(from_rpc)?;
-                let kept = home.volume(creds, &snap).await.map_err(from_rpc)?.is_some_and(|s| s.backend.starts_with("rbd:"));
-                if !kept {
-                    home.call(creds, "volume_delete", json!({ "name": snap })).await.map_err(from_rpc)?;
-                }
-            }
-        }
+        make_volume(home, creds, &source_id, &id, size, &pool).await?;
+        let source = if source_id.is_none() { None } else { r.volume_content_source.clone() };
         let mut v = home.volume(creds, &id).await.map_err(from_rpc)?.ok_or_else(|| Status::internal(format!("volume {id} made but not listed")))?;
         // A clone is its source's size unless more was asked.
         let asked = r.capacity_range.as_ref().is_some_and(|c| c.required_bytes > 0);

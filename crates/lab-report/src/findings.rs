@@ -290,34 +290,37 @@ pub static CLAIMS: &[Claim] = &[
 /// What the offload claims say about veth, where the compared cases ran.
 const ON_VETH: &str = "on veth an offload skips the work rather than moving it to hardware, so this bounds from above what a stateless-offload NIC saves";
 
-/// The values the other factor took in the run (`""`: its default): an
-/// offload claim compares at each digest setting, a digest claim at each
-/// offload setting.
-fn other_factor_values(run: &Run, offload: bool) -> Vec<String> {
+/// The values the other factor took in the run (the default if it did
+/// not vary): an offload claim compares at each digest setting, a digest
+/// claim at each offload setting. A value this report does not know (a
+/// newer lab's) has no case it could pair: it is passed over.
+fn other_factor_values(run: &Run, offload: bool) -> Vec<bw_lab_results::Factors> {
+    use bw_lab_results::{DigestFactor, Factors};
     let p = &run.results.params;
-    let v: Vec<String> = if offload { p.digests.iter().map(|d| if d == "none" { String::new() } else { d.clone() }).collect() } else { p.offloads.clone() };
-    if v.is_empty() { vec![String::new()] } else { v }
+    let v: Vec<Factors> = if offload {
+        // `--digest none` is the default, recorded as the empty name.
+        p.digests.iter().filter_map(|d| if d == "none" { Some(DigestFactor::Off) } else { d.parse().ok() }).map(|digest| Factors { digest, ..Default::default() }).collect()
+    } else {
+        p.offloads.iter().filter_map(|o| o.parse().ok()).map(|offload| Factors { offload, ..Default::default() }).collect()
+    };
+    if v.is_empty() { vec![Factors::default()] } else { v }
 }
 
 /// a/b of `metric` per networked subject measured both ways: offload none
 /// over stateless, or digest crc32c-soft over crc32c.
 fn factor_pairs(run: &Run, workload: MicroWorkload, metric: Metric, offload: bool) -> Vec<Outcome> {
-    use bw_lab_results::Factors;
+    use bw_lab_results::{DigestFactor, Factors, OffloadFactor};
     let (what, needs) = if offload { ("offload none / stateless", "--offload none,stateless") } else { ("digest crc32c-soft / crc32c", "--digest crc32c,crc32c-soft") };
     let mut out = vec![];
     for other in other_factor_values(run, offload) {
         let (fa, fb) = if offload {
-            (Factors { offload: "none".into(), digest: other.clone(), ..Default::default() }, Factors { offload: "stateless".into(), digest: other.clone(), ..Default::default() })
+            (Factors { offload: OffloadFactor::None, ..other.clone() }, Factors { offload: OffloadFactor::Stateless, ..other.clone() })
         } else {
-            (Factors { offload: other.clone(), digest: "crc32c-soft".into(), ..Default::default() }, Factors { offload: other.clone(), digest: "crc32c".into(), ..Default::default() })
+            (Factors { digest: DigestFactor::Crc32cSoft, ..other.clone() }, Factors { digest: DigestFactor::Crc32c, ..other.clone() })
         };
         for ca in run.micro.values().filter(|c| c.key.suite == Suite::Micro && c.key.workload == workload.name() && c.key.mtu == Some(run.mtu) && c.key.factors == fa) {
             let Some(cb) = run.micro.get(&CaseKey { factors: fb.clone(), ..ca.key.clone() }) else { continue };
-            let at = match (offload, other.is_empty()) {
-                (_, true) => String::new(),
-                (true, false) => format!(", digest {other}"),
-                (false, false) => format!(", offload {other}"),
-            };
+            let at = if other.is_default() { String::new() } else { format!(", {}", other.describe()) };
             let compared = format!("{}, {what}, {workload} at MTU {}, link {}{at}", ca.key.subject, run.mtu, ca.key.link);
             let Some(ci) = ratio_of_means(&ca.values(metric), &cb.values(metric)) else {
                 out.push(Outcome::NotApplicable { compared, why: format!("fewer than two runs with {}: no interval", metric.noun()) });

@@ -132,7 +132,7 @@ mod tests {
                                 cpu *= 1.3;
                             }
                             s.machine_cpu = vec![MachineCpu { hosts: vec!["t".into(), "c".into()], busy_s: cpu * jitter * slow + 0.1, idle_s: 0.1 }];
-                            s.factors = Factors { offload: offload.into(), digest: digest.into(), ..Default::default() };
+                            s.factors = Factors { offload: offload.parse().unwrap(), digest: digest.parse().unwrap(), ..Default::default() };
                             r.samples.push(s);
                         }
                     }

@@ -301,92 +301,12 @@ impl FsSample {
     /// Every number of this run the report shows, grouped in rows.
     pub fn measures(&self) -> Vec<Measure> {
         let w = self.workload.as_str();
-        let mut v = vec![];
-        match &self.result {
-            FsResult::Flowop(f) => {
-                v.push(m(w, "ops/s", "ops/s", true, true, f.ops_per_s));
-                v.push(m(w, "MiB/s", "MiB/s", true, false, f.mib_per_s));
-                for (name, s) in &f.flowops {
-                    if s.count > 0 {
-                        v.push(m(
-                            w,
-                            &format!("{name} mean"),
-                            "µs",
-                            false,
-                            false,
-                            s.mean_lat_us(),
-                        ));
-                        v.push(m(
-                            w,
-                            &format!("{name} p99"),
-                            "µs",
-                            false,
-                            false,
-                            s.lat_p99_ns as f64 / 1e3,
-                        ));
-                    }
-                }
-            }
-            FsResult::Postmark(p) => {
-                let t = self.elapsed_s.max(1e-9);
-                v.push(m(
-                    w,
-                    "transactions/s",
-                    "tx/s",
-                    true,
-                    true,
-                    p.transactions as f64 / t,
-                ));
-                v.push(m(
-                    w,
-                    "files created/s",
-                    "files/s",
-                    true,
-                    false,
-                    p.created as f64 / t,
-                ));
-                v.push(m(
-                    w,
-                    "MiB/s read+written",
-                    "MiB/s",
-                    true,
-                    false,
-                    (p.mb_read + p.mb_written) * 1e6 / MIB / t,
-                ));
-            }
-            FsResult::Bonnie(b) => {
-                for (row, rate, lat) in [
-                    (
-                        "bonnie block write",
-                        b.block_write_kib_s,
-                        b.block_write_lat_us,
-                    ),
-                    ("bonnie rewrite", b.rewrite_kib_s, b.rewrite_lat_us),
-                    ("bonnie block read", b.block_read_kib_s, b.block_read_lat_us),
-                ] {
-                    if let Some(r) = rate {
-                        v.push(m(row, "MiB/s", "MiB/s", true, true, r / 1024.0));
-                    }
-                    if let Some(l) = lat {
-                        v.push(m(row, "worst latency", "µs", false, false, l));
-                    }
-                }
-                if let Some(s) = b.seeks_per_s {
-                    v.push(m("bonnie seeks", "seeks/s", "seeks/s", true, true, s));
-                }
-                if let Some(l) = b.seeks_lat_us {
-                    v.push(m("bonnie seeks", "worst latency", "µs", false, false, l));
-                }
-            }
-            FsResult::Iogen(i) => {
-                v.push(m(w, "IOPS", "IOPS", true, true, i.iops));
-                v.push(m(w, "response time", "µs", false, false, i.response_us));
-                if let Some(s) = i.service_us {
-                    v.push(m(w, "service time", "µs", false, false, s));
-                }
-                v.push(m(w, "MiB/s", "MiB/s", true, false, i.bw_bytes / MIB));
-            }
-        }
+        let mut v = match &self.result {
+            FsResult::Flowop(f) => flowop_measures(w, f),
+            FsResult::Postmark(p) => postmark_measures(w, p, self.elapsed_s),
+            FsResult::Bonnie(b) => bonnie_measures(b),
+            FsResult::Iogen(i) => iogen_measures(w, i),
+        };
         if let Some(c) = self.cpu_us_per_op() {
             for row in v
                 .iter()
@@ -409,6 +329,107 @@ impl FsSample {
         }
         v
     }
+}
+
+
+/// A flowop workload's rows: ops/s and MiB/s, each flowop's mean and p99 latency.
+fn flowop_measures(w: &str, f: &FlowReport) -> Vec<Measure> {
+    let mut v = vec![];
+    v.push(m(w, "ops/s", "ops/s", true, true, f.ops_per_s));
+    v.push(m(w, "MiB/s", "MiB/s", true, false, f.mib_per_s));
+    for (name, s) in &f.flowops {
+        if s.count > 0 {
+            v.push(m(
+                w,
+                &format!("{name} mean"),
+                "µs",
+                false,
+                false,
+                s.mean_lat_us(),
+            ));
+            v.push(m(
+                w,
+                &format!("{name} p99"),
+                "µs",
+                false,
+                false,
+                s.lat_p99_ns as f64 / 1e3,
+            ));
+        }
+    }
+    v
+}
+
+/// PostMark's rows: transactions, files created and bytes moved per second.
+fn postmark_measures(w: &str, p: &PostmarkResult, elapsed_s: f64) -> Vec<Measure> {
+    let mut v = vec![];
+    let t = elapsed_s.max(1e-9);
+    v.push(m(
+        w,
+        "transactions/s",
+        "tx/s",
+        true,
+        true,
+        p.transactions as f64 / t,
+    ));
+    v.push(m(
+        w,
+        "files created/s",
+        "files/s",
+        true,
+        false,
+        p.created as f64 / t,
+    ));
+    v.push(m(
+        w,
+        "MiB/s read+written",
+        "MiB/s",
+        true,
+        false,
+        (p.mb_read + p.mb_written) * 1e6 / MIB / t,
+    ));
+    v
+}
+
+/// Bonnie++'s rows: block write, rewrite, block read and seeks, each with
+/// its worst latency.
+fn bonnie_measures(b: &BonnieResult) -> Vec<Measure> {
+    let mut v = vec![];
+    for (row, rate, lat) in [
+        (
+            "bonnie block write",
+            b.block_write_kib_s,
+            b.block_write_lat_us,
+        ),
+        ("bonnie rewrite", b.rewrite_kib_s, b.rewrite_lat_us),
+        ("bonnie block read", b.block_read_kib_s, b.block_read_lat_us),
+    ] {
+        if let Some(r) = rate {
+            v.push(m(row, "MiB/s", "MiB/s", true, true, r / 1024.0));
+        }
+        if let Some(l) = lat {
+            v.push(m(row, "worst latency", "µs", false, false, l));
+        }
+    }
+    if let Some(s) = b.seeks_per_s {
+        v.push(m("bonnie seeks", "seeks/s", "seeks/s", true, true, s));
+    }
+    if let Some(l) = b.seeks_lat_us {
+        v.push(m("bonnie seeks", "worst latency", "µs", false, false, l));
+    }
+    v
+}
+
+/// IOgen's rows: IOPS, response and service time, MiB/s.
+fn iogen_measures(w: &str, i: &IogenResult) -> Vec<Measure> {
+    let mut v = vec![];
+    v.push(m(w, "IOPS", "IOPS", true, true, i.iops));
+    v.push(m(w, "response time", "µs", false, false, i.response_us));
+    if let Some(s) = i.service_us {
+        v.push(m(w, "service time", "µs", false, false, s));
+    }
+    v.push(m(w, "MiB/s", "MiB/s", true, false, i.bw_bytes / MIB));
+    v
 }
 
 #[cfg(test)]

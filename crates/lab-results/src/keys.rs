@@ -171,12 +171,186 @@ impl PartialOrd for Suite {
     }
 }
 
+/// What a [`crate::Failure`] is of: a subject, or the net suite's iperf3
+/// runs (which measure the links, no subject). results.json holds the
+/// subject's name or `iperf3`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum FailureSubject {
+    Subject(SubjectKey),
+    Iperf3,
+}
+
+impl FailureSubject {
+    pub fn name(&self) -> Cow<'static, str> {
+        match self {
+            FailureSubject::Subject(k) => k.name(),
+            FailureSubject::Iperf3 => Cow::Borrowed("iperf3"),
+        }
+    }
+}
+
+impl From<SubjectKey> for FailureSubject {
+    fn from(k: SubjectKey) -> FailureSubject {
+        FailureSubject::Subject(k)
+    }
+}
+
+impl FromStr for FailureSubject {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<FailureSubject, String> {
+        match s {
+            "iperf3" => Ok(FailureSubject::Iperf3),
+            _ => s.parse().map(FailureSubject::Subject),
+        }
+    }
+}
+
+impl fmt::Display for FailureSubject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl Serialize for FailureSubject {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for FailureSubject {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<FailureSubject, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One value set of the offload study's factors ([`crate::Factors`]):
+/// results.json holds a value as its name, and the lab's default as the
+/// empty text (left out of the record), byte for byte as the strings they
+/// replace. Ordered by name, as those strings were.
+macro_rules! factor {
+    ($(#[$doc:meta])* $ty:ident, $flag:literal, { $default:ident, $($(#[$vdoc:meta])* $v:ident = $name:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+        pub enum $ty {
+            /// The lab's default (recorded as the empty text).
+            #[default]
+            $default,
+            $($(#[$vdoc])* $v),+
+        }
+
+        impl $ty {
+            pub const ALL: &'static [$ty] = &[$ty::$default, $($ty::$v),+];
+
+            /// Its name in results.json (empty at the default).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $ty::$default => "",
+                    $($ty::$v => $name),+
+                }
+            }
+
+            pub fn is_default(&self) -> bool {
+                *self == $ty::$default
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = String;
+
+            fn from_str(s: &str) -> Result<$ty, String> {
+                $ty::ALL.iter().copied().find(|v| v.name() == s).ok_or_else(|| format!("{} {s:?}: not one of {:?}", $flag, $ty::ALL.iter().map(|v| v.name()).collect::<Vec<_>>()))
+            }
+        }
+
+        impl Ord for $ty {
+            fn cmp(&self, other: &$ty) -> Ordering {
+                self.name().cmp(other.name())
+            }
+        }
+
+        impl PartialOrd for $ty {
+            fn partial_cmp(&self, other: &$ty) -> Option<Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+factor!(
+    /// NIC offloads on the lab's links (`--offload`); the default:
+    /// segmentation offloads off, GRO and checksums on.
+    OffloadFactor, "offload", { Default,
+    /// Every offload off.
+    None = "none",
+    /// Every stateless offload on (checksums, segmentation, GRO).
+    Stateless = "stateless",
+});
+
+factor!(
+    /// iSCSI and NVMe/TCP digests (`--digest`); the default: none.
+    DigestFactor, "digest", { Off,
+    /// CRC32C with the CPU's instruction.
+    Crc32c = "crc32c",
+    /// CRC32C in software (what a CPU without CRC help pays).
+    Crc32cSoft = "crc32c-soft",
+});
+
+factor!(
+    /// NVMe/TCP over TLS 1.3 (`--tls`); the default: plaintext.
+    TlsFactor, "tls", { Off,
+    On = "on",
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Every key the lab writes reads back as its kind and prints as it
     /// was; keys order as their names did.
+    #[test]
+    fn factors_round_trip_as_their_names_and_order_by_them() {
+        for (v, json) in [(OffloadFactor::Default, "\"\""), (OffloadFactor::None, "\"none\""), (OffloadFactor::Stateless, "\"stateless\"")] {
+            assert_eq!(serde_json::to_string(&v).unwrap(), json);
+            assert_eq!(serde_json::from_str::<OffloadFactor>(json).unwrap(), v);
+        }
+        assert_eq!(serde_json::to_string(&DigestFactor::Crc32cSoft).unwrap(), "\"crc32c-soft\"");
+        assert_eq!(serde_json::from_str::<TlsFactor>("\"on\"").unwrap(), TlsFactor::On);
+        assert!(serde_json::from_str::<DigestFactor>("\"crc64\"").is_err());
+        let mut d = DigestFactor::ALL.to_vec();
+        d.sort();
+        assert_eq!(d.iter().map(|v| v.name()).collect::<Vec<_>>(), ["", "crc32c", "crc32c-soft"]);
+    }
+
+    #[test]
+    fn failure_subjects_round_trip_as_their_names() {
+        for (v, json) in [(FailureSubject::Iperf3, "\"iperf3\""), (FailureSubject::Subject(SubjectKey::served("tgt", "iscsi")), "\"tgt-iscsi\""), (FailureSubject::Subject(SubjectKey::LocalFio), "\"local-fio\"")] {
+            assert_eq!(serde_json::to_string(&v).unwrap(), json);
+            assert_eq!(serde_json::from_str::<FailureSubject>(json).unwrap(), v);
+        }
+        assert!(serde_json::from_str::<FailureSubject>("\"iperf\"").is_err());
+    }
+
     #[test]
     fn subject_keys_round_trip_and_order_by_name() {
         let kinds = [

@@ -16,7 +16,7 @@ pub mod resumed;
 pub mod route;
 pub mod stats;
 
-pub use keys::{Suite, SubjectKey};
+pub use keys::{DigestFactor, FailureSubject, OffloadFactor, Suite, SubjectKey, TlsFactor};
 use net::WireCounters;
 
 use serde::{Deserialize, Serialize};
@@ -205,14 +205,14 @@ pub struct Sample {
 pub struct Factors {
     /// NIC offloads on the lab's links: `none` or `stateless` (empty: the
     /// default: segmentation offloads off, GRO and checksums on).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub offload: String,
+    #[serde(default, skip_serializing_if = "OffloadFactor::is_default")]
+    pub offload: OffloadFactor,
     /// iSCSI/NVMe-TCP digests: `crc32c` or `crc32c-soft` (empty: none).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub digest: String,
+    #[serde(default, skip_serializing_if = "DigestFactor::is_default")]
+    pub digest: DigestFactor,
     /// NVMe/TCP over TLS 1.3: `on` (empty: off, plaintext).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub tls: String,
+    #[serde(default, skip_serializing_if = "TlsFactor::is_default")]
+    pub tls: TlsFactor,
 }
 
 impl Factors {
@@ -223,13 +223,13 @@ impl Factors {
     /// `offload none, digest crc32c` (empty at the defaults).
     pub fn describe(&self) -> String {
         let mut v = vec![];
-        if !self.offload.is_empty() {
+        if !self.offload.is_default() {
             v.push(format!("offload {}", self.offload));
         }
-        if !self.digest.is_empty() {
+        if !self.digest.is_default() {
             v.push(format!("digest {}", self.digest));
         }
-        if !self.tls.is_empty() {
+        if !self.tls.is_default() {
             v.push(format!("tls {}", self.tls));
         }
         v.join(", ")
@@ -261,7 +261,7 @@ impl MachineCpu {
 /// A run or a whole subject that produced no numbers, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
-    pub subject: String,
+    pub subject: FailureSubject,
     pub mtu: Option<u32>,
     /// Empty when the whole subject could not start.
     pub workload: String,

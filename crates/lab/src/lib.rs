@@ -57,8 +57,9 @@ pub struct LabArgs {
     /// blockwire protocols to measure (default: aoe,iscsi,nvme).
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     pub protocols: Option<Vec<subjects::Protocol>>,
-    /// Peer targets on the same backing file: tgt (iSCSI), vblade (AoE), ganesha (NFS, an image file
-    /// through nfs://), or none (default: tgt,vblade).
+    /// Peer targets on the same backing file, or none. The help users see
+    /// is made from `subjects::PeerKind` by the cli (crates/cli/src/help.rs,
+    /// `lab_peers_help`), so it names every peer.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = subjects::parse_peer_choice)]
     pub peers: Option<Vec<subjects::PeerChoice>>,
     /// Your own storage as a subject beside the others, NAME=URL (repeatable):
@@ -280,7 +281,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
                 return Err(e);
             }
         };
-        let out = s.cx.out.clone();
+        let out = s.cx.out_dir().to_path_buf();
         (Box::new(s) as Box<dyn suites::Suite>, out)
     };
     suites::run_and_report(suite.as_mut(), &out)
@@ -325,8 +326,9 @@ fn plan_description(plan: &plan::Plan, args: &LabArgs) -> serde_json::Value {
 }
 
 /// The net, micro, sweep and fs suites as the command line asks.
-fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
-    let plan = plan::Plan::from_choices(&plan::Choices {
+/// The plan's choices from the command line (and what this machine has).
+fn choices(args: &LabArgs) -> anyhow::Result<plan::Choices> {
+    Ok(plan::Choices {
         quick: args.quick,
         protocols: args.protocols.clone(),
         peers: args.peers.clone(),
@@ -356,19 +358,15 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
             Ok((hosts::cgroup::Version::V2, _)) => "v2".into(),
             Err(_) => "none".into(),
         },
-    })?;
-    let mut plan = plan;
-    if args.target_host.is_some() {
-        let fatal = hosts::remote::adapt_plan(&mut plan, args.allow_nic_changes);
-        anyhow::ensure!(fatal.is_empty(), "{}", fatal.join("\n"));
-    }
-    anyhow::ensure!(
-        args.target_host.is_some() || !args.clients.as_ref().is_some_and(|c| c.contains(&subjects::clients::ClientChoice::Kernel)),
-        "--clients kernel measures kernel initiators between hosts: give --target-host (in one box the lab's clients run in network namespaces)"
-    );
-    // A resumed run is the same plan, or nothing happens.
-    let described = plan_description(&plan, args);
-    let stored = match &args.resume {
+    })
+}
+
+/// The plan as stored beside the run's record: this run's, or for
+/// `--resume` the stored one, which this run's options must not change
+/// (a resumed run is the same plan, or nothing happens).
+fn stored_plan(args: &LabArgs, plan: &plan::Plan) -> anyhow::Result<resume::stored_plan::StoredPlan> {
+    let described = plan_description(plan, args);
+    Ok(match &args.resume {
         Some(dir) => {
             let stored = resume::stored_plan::StoredPlan::load(dir)?;
             let d = stored.differences(&described);
@@ -383,7 +381,21 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
             stored
         }
         None => resume::stored_plan::StoredPlan { argv: resume::stored_plan::argv(), plan: described, cases: vec![] },
-    };
+    })
+}
+
+fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
+    let plan = plan::Plan::from_choices(&choices(args)?)?;
+    let mut plan = plan;
+    if args.target_host.is_some() {
+        let fatal = hosts::remote::adapt_plan(&mut plan, args.allow_nic_changes);
+        anyhow::ensure!(fatal.is_empty(), "{}", fatal.join("\n"));
+    }
+    anyhow::ensure!(
+        args.target_host.is_some() || !args.clients.as_ref().is_some_and(|c| c.contains(&subjects::clients::ClientChoice::Kernel)),
+        "--clients kernel measures kernel initiators between hosts: give --target-host (in one box the lab's clients run in network namespaces)"
+    );
+    let stored = stored_plan(args, &plan)?;
     // A run still writing DIR is refused before anything is made.
     let resumed_book = match &args.resume {
         Some(dir) => Some(resume::book::Book::reopen(dir)?),
@@ -426,11 +438,10 @@ fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
         }
     };
     let mut run = orchestrate::LabRun::new(plan, exe, out);
-    run.cx.book = book;
+    run.cx.keep_book(book);
     run.stored = Some(stored);
     if let Some((hosts, clients)) = remote {
-        run.cx.remote = Some(hosts);
-        run.cx.clients = clients;
+        run.cx.run_across(hosts, clients);
     }
     Ok(run)
 }

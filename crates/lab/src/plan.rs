@@ -176,6 +176,64 @@ fn fs_names(combos: &[(crate::suites::fs::fs_kind::FsKind, crate::suites::fs::fs
 }
 
 /// `--mtu`, or the default, in range.
+/// `--protocols` and `--peers`: every protocol and the default plan's
+/// peers unless named; nvmet serves NVMe/RDMA too (on the same subsystem)
+/// where the run measures NVMe/RDMA.
+fn chosen_protocols_and_peers(c: &Choices) -> (Vec<Protocol>, Vec<PeerKind>) {
+    let protocols: Vec<Protocol> = match &c.protocols {
+        Some(v) => v.clone(),
+        None => Protocol::ALL.to_vec(),
+    };
+    // `none` alone (or given with peers) leaves them out.
+    let mut peers: Vec<PeerKind> = match &c.peers {
+        Some(v) => v.iter().filter_map(|p| p.0).collect(),
+        // Some only when named (ganesha: with it the default plans
+        // outgrow their time budgets, the test below).
+        None => PeerKind::all().iter().copied().filter(|p| p.target().in_default_plan()).collect(),
+    };
+    if peers.contains(&PeerKind::Nvmet) && protocols.contains(&Protocol::NvmeRdma) && !peers.contains(&PeerKind::NvmetRdma) {
+        peers.push(PeerKind::NvmetRdma);
+    }
+    (protocols, peers)
+}
+
+/// `--size`: the backing file's (and every volume's) size.
+fn chosen_size(c: &Choices) -> anyhow::Result<u64> {
+    let size = match &c.size {
+        Some(s) => parse_size(s)?,
+        None if c.quick => 128 * MIB,
+        None => GIB,
+    };
+    anyhow::ensure!(size >= MIB, "--size must be at least 1 MiB");
+    Ok(size)
+}
+
+/// `--micro-workloads`, by name; else `--quick`'s four or all seven.
+fn chosen_micro(c: &Choices) -> anyhow::Result<Vec<Workload>> {
+    if let Some(names) = &c.micro_workloads {
+        let all = micro_workloads();
+        let mut v = vec![];
+        for n in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+            let w = all.iter().find(|w| w.name == n);
+            v.push(w.cloned().ok_or_else(|| anyhow::anyhow!("--micro-workloads {n:?}: not one of {:?}", all.iter().map(|w| w.name.as_str()).collect::<Vec<_>>()))?);
+        }
+        anyhow::ensure!(!v.is_empty(), "no micro workload given");
+        Ok(v)
+    } else if c.quick {
+        // The demo's five-minute budget: the workloads the findings use.
+        Ok(micro_workloads().into_iter().filter(|w| QUICK_MICRO.iter().any(|q| q.name() == w.name)).collect())
+    } else {
+        Ok(micro_workloads())
+    }
+}
+
+/// The net suite's iperf3 runs per link: one per stream count and repeat.
+fn net_runs(c: &Choices, repeat: u32) -> u32 {
+    // iperf3's rates hardly move between runs: three repeats are plenty.
+    let net_repeat = if c.quick { 1 } else { repeat.min(3) };
+    crate::suites::net::iperf::STREAMS.len() as u32 * net_repeat
+}
+
 fn chosen_mtus(c: &Choices) -> anyhow::Result<Vec<u32>> {
     let mtus: Vec<u32> = match &c.mtu {
         Some(v) => v.clone(),
@@ -299,23 +357,7 @@ fn chosen_factors(c: &Choices) -> anyhow::Result<FactorLists> {
 
 impl Plan {
     pub fn from_choices(c: &Choices) -> anyhow::Result<Plan> {
-        let protocols: Vec<Protocol> = match &c.protocols {
-            Some(v) => v.clone(),
-            None => Protocol::ALL.to_vec(),
-        };
-        // `none` alone (or given with peers) leaves them out.
-        let peers: Vec<PeerKind> = match &c.peers {
-            Some(v) => v.iter().filter_map(|p| p.0).collect(),
-            // Some only when named (ganesha: with it the default plans
-            // outgrow their time budgets, the test below).
-            None => PeerKind::all().iter().copied().filter(|p| p.target().in_default_plan()).collect(),
-        };
-        // nvmet serves NVMe/RDMA too (on the same subsystem) where the run
-        // measures NVMe/RDMA.
-        let mut peers = peers;
-        if peers.contains(&PeerKind::Nvmet) && protocols.contains(&Protocol::NvmeRdma) && !peers.contains(&PeerKind::NvmetRdma) {
-            peers.push(PeerKind::NvmetRdma);
-        }
+        let (protocols, peers) = chosen_protocols_and_peers(c);
         let mtus = chosen_mtus(c)?;
         let suites = chosen_suites(c)?;
         let links = chosen_links(c)?;
@@ -326,12 +368,7 @@ impl Plan {
         // full run buys them with 2 s runs instead of 3.
         let repeat = c.repeat.unwrap_or(5);
         anyhow::ensure!(repeat >= 1, "--repeat must be at least 1");
-        let size = match &c.size {
-            Some(s) => parse_size(s)?,
-            None if c.quick => 128 * MIB,
-            None => GIB,
-        };
-        anyhow::ensure!(size >= MIB, "--size must be at least 1 MiB");
+        let size = chosen_size(c)?;
         let runtime_s = c.runtime.unwrap_or(if c.quick { 1 } else { 2 });
         let sweep_runtime_s = c.sweep_runtime.unwrap_or(1).max(1);
         anyhow::ensure!(runtime_s >= 1, "--runtime must be at least 1 s");
@@ -342,26 +379,7 @@ impl Plan {
         } else {
             (vec![1, 4, 16, 64], vec![1, 4, 16, 64])
         };
-        let micro = if !suites.iter().any(|s| s == "micro") {
-            vec![]
-        } else if let Some(names) = &c.micro_workloads {
-            let all = micro_workloads();
-            let mut v = vec![];
-            for n in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
-                let w = all.iter().find(|w| w.name == n);
-                v.push(w.cloned().ok_or_else(|| anyhow::anyhow!("--micro-workloads {n:?}: not one of {:?}", all.iter().map(|w| w.name.as_str()).collect::<Vec<_>>()))?);
-            }
-            anyhow::ensure!(!v.is_empty(), "no micro workload given");
-            v
-        } else if c.quick {
-            // The demo's five-minute budget: the workloads the findings use.
-            micro_workloads()
-                .into_iter()
-                .filter(|w| QUICK_MICRO.iter().any(|q| q.name() == w.name))
-                .collect()
-        } else {
-            micro_workloads()
-        };
+        let micro = if suites.iter().any(|s| s == "micro") { chosen_micro(c)? } else { vec![] };
         let sweep = if suites.iter().any(|s| s == "sweep") {
             sweep_numjobs
                 .iter()
@@ -379,13 +397,7 @@ impl Plan {
             None
         };
         let net_runtime_s = if c.quick { 1 } else { 3 };
-        // iperf3's rates hardly move between runs: three repeats are plenty.
-        let net_repeat = if c.quick { 1 } else { repeat.min(3) };
-        let net_runs = if suites.iter().any(|s| s == "net") {
-            crate::suites::net::iperf::STREAMS.len() as u32 * net_repeat
-        } else {
-            0
-        };
+        let net_runs = if suites.iter().any(|s| s == "net") { net_runs(c, repeat) } else { 0 };
         let params = Params {
             links: links.iter().map(|l| l.name.clone()).collect(),
             net_runtime_s,

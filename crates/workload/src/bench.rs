@@ -70,7 +70,9 @@ fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(100, 120_000_000_000, 3).expect("static bounds are valid")
 }
 
-pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<BenchReport, BenchError> {
+/// The blocks (of `--bs`) each job's share of the region holds, once the
+/// parameters are checked against the device.
+fn blocks_per_job(client: &dyn BlockClient, p: &BenchParams) -> Result<u64, BenchError> {
     let bs = client.block_size() as u64;
     let dev = client.size_bytes();
     if p.bs == 0 || !(p.bs as u64).is_multiple_of(bs) {
@@ -88,6 +90,12 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
     if p.runtime.is_none() && p.ios.is_none() {
         return Err(BenchError::Params("give --runtime or --ios".into()));
     }
+    Ok(blocks_per_job)
+}
+
+pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<BenchReport, BenchError> {
+    let blocks_per_job = blocks_per_job(client.as_ref(), p)?;
+    let numjobs = p.numjobs.max(1) as u64;
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
         issued: AtomicU64::new(0),
@@ -127,6 +135,18 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
             shared.stop.store(true, Ordering::Relaxed);
         });
     }
+    let (errors, first_err) = join_workers(&mut tasks, &shared).await;
+    let elapsed = t0.elapsed().as_secs_f64().max(1e-9);
+    let cpu = CpuTimes::now().since(&cpu0);
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    Ok(report(client.as_ref(), p, &shared, elapsed, cpu, errors))
+}
+
+/// Wait for every worker; the first error stops the others. The count of
+/// workers that failed, and the first error.
+async fn join_workers(tasks: &mut tokio::task::JoinSet<Result<(), BenchError>>, shared: &Shared) -> (u64, Option<BenchError>) {
     let mut first_err = None;
     let mut errors = 0;
     while let Some(r) = tasks.join_next().await {
@@ -144,11 +164,11 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
             }
         }
     }
-    let elapsed = t0.elapsed().as_secs_f64().max(1e-9);
-    let cpu = CpuTimes::now().since(&cpu0);
-    if let Some(e) = first_err {
-        return Err(e);
-    }
+    (errors, first_err)
+}
+
+/// The report from the workers' latencies, once every worker has ended.
+fn report(client: &dyn BlockClient, p: &BenchParams, shared: &Shared, elapsed: f64, cpu: CpuTimes, errors: u64) -> BenchReport {
     // Every worker has ended: nothing records any more.
     let latencies = lock(&shared.latencies);
     let (read, write) = (&latencies.read, &latencies.write);
@@ -161,7 +181,7 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
     let mut all = read.clone();
     all.add(write).expect("same bounds");
     let ios = r.ios + w.ios;
-    Ok(BenchReport {
+    BenchReport {
         target: client.describe(),
         rw: p.rw,
         bs: p.bs,
@@ -180,7 +200,7 @@ pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<Benc
         cpu_sys_s: cpu.sys_s,
         cpu_per_io_us: if ios > 0 { (cpu.user_s + cpu.sys_s) * 1e6 / ios as f64 } else { 0.0 },
         errors,
-    })
+    }
 }
 
 fn latency(h: &Histogram<u64>) -> Latency {

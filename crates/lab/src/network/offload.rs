@@ -55,6 +55,15 @@ impl Offload {
         }
     }
 
+    /// How a sample records it.
+    pub fn factor(self) -> bw_lab_results::OffloadFactor {
+        match self {
+            Offload::MtuFrames | Offload::Routed => bw_lab_results::OffloadFactor::Default,
+            Offload::None => bw_lab_results::OffloadFactor::None,
+            Offload::Stateless => bw_lab_results::OffloadFactor::Stateless,
+        }
+    }
+
     pub fn parse(s: &str) -> anyhow::Result<Offload> {
         STUDY
             .into_iter()
@@ -120,10 +129,12 @@ impl Digest {
     }
 
     /// The name a sample's factors record (empty: the default, none).
-    pub fn factor(self) -> &'static str {
+    /// How a sample records it.
+    pub fn factor(self) -> bw_lab_results::DigestFactor {
         match self {
-            Digest::None => "",
-            d => d.name(),
+            Digest::None => bw_lab_results::DigestFactor::Off,
+            Digest::Crc32c => bw_lab_results::DigestFactor::Crc32c,
+            Digest::Crc32cSoft => bw_lab_results::DigestFactor::Crc32cSoft,
         }
     }
 
@@ -167,10 +178,11 @@ impl Tls {
     }
 
     /// The name a sample's factors record (empty: the default, off).
-    pub fn factor(self) -> &'static str {
+    /// How a sample records it.
+    pub fn factor(self) -> bw_lab_results::TlsFactor {
         match self {
-            Tls::Off => "",
-            Tls::On => "on",
+            Tls::Off => bw_lab_results::TlsFactor::Off,
+            Tls::On => bw_lab_results::TlsFactor::On,
         }
     }
 
@@ -180,6 +192,11 @@ impl Tls {
 }
 
 /// What the offloads of one device were before the lab changed them.
+/// The factors a sample at `(offload, digest, tls)` records.
+pub fn recorded(offload: Offload, digest: Digest, tls: Tls) -> bw_lab_results::Factors {
+    bw_lab_results::Factors { offload: offload.factor(), digest: digest.factor(), tls: tls.factor() }
+}
+
 #[derive(Debug, Clone)]
 pub struct Saved {
     pub host: Host,
@@ -221,7 +238,14 @@ mod tests {
         assert!(Offload::Stateless.features().iter().all(|(_, on)| *on));
         assert_eq!(Digest::parse("crc32c-soft").unwrap(), Digest::Crc32cSoft);
         assert!(Digest::parse("md5").is_err());
-        assert_eq!((Digest::None.factor(), Digest::Crc32c.factor()), ("", "crc32c"));
+        assert_eq!((Digest::None.factor().name(), Digest::Crc32c.factor().name()), ("", "crc32c"));
+        for d in Digest::ALL {
+            // The recorded name is the flag's, but for the default.
+            assert_eq!(d.factor().name(), if d == Digest::None { "" } else { d.name() });
+        }
+        for o in [Offload::MtuFrames, Offload::Routed, Offload::None, Offload::Stateless] {
+            assert_eq!(o.factor().name(), o.name());
+        }
         assert!(Offload::MtuFrames.features().iter().all(|(k, _)| ["tso", "gso", "gro"].contains(k)));
         let saved = Saved { host: Host::Local, dev: "eth0".into(), features: vec![("tx", true), ("gro", false)] };
         assert_eq!(saved.ethtool_args(), "tx on gro off");

@@ -410,7 +410,7 @@ mod tests {
         let mut b1 = Book::fresh(&dir).unwrap();
         b1.begin_start(start(0, "boot-1", "6.1"));
         assert!(b1.begin("targets, link none, MTU 1500"));
-        b1.effect(Entry::Failure(Failure { subject: "tgt-iscsi".into(), mtu: Some(1500), workload: String::new(), reason: "not installed".into() }));
+        b1.effect(Entry::Failure(Failure { subject: SubjectKey::served("tgt", "iscsi").into(), mtu: Some(1500), workload: String::new(), reason: "not installed".into() }));
         b1.done();
         assert!(b1.begin("a"));
         b1.effect(sample("a", 1, 10.0));
@@ -430,7 +430,7 @@ mod tests {
         b2.begin_start(now);
         // The link's targets start again: their record replaces start 1's.
         assert!(b2.begin("targets, link none, MTU 1500"));
-        b2.effect(Entry::Failure(Failure { subject: "tgt-iscsi".into(), mtu: Some(1500), workload: String::new(), reason: "still not installed".into() }));
+        b2.effect(Entry::Failure(Failure { subject: SubjectKey::served("tgt", "iscsi").into(), mtu: Some(1500), workload: String::new(), reason: "still not installed".into() }));
         b2.done();
         assert!(!b2.begin("a"), "a finished case is measured again");
         assert!(b2.begin("b"));

@@ -63,7 +63,7 @@ mod tests {
 
     #[test]
     fn names_say_where_and_what() {
-        let at = At { shape: "1gbit".into(), factors: Factors { offload: "none".into(), digest: "crc32c".into(), tls: String::new() } };
+        let at = At { shape: "1gbit".into(), factors: Factors { offload: bw_lab_results::OffloadFactor::None, digest: bw_lab_results::DigestFactor::Crc32c, tls: Default::default() } };
         assert_eq!(bench(Suite::Micro, "seqread-1m", &at, 9000), "micro seqread-1m, link 1gbit, MTU 9000, offload none, digest crc32c");
         let plain = At { shape: "none".into(), factors: Factors::default() };
         assert_eq!(bench(Suite::Sweep, "sweep-j1-qd1", &plain, 1500), "sweep sweep-j1-qd1, link none, MTU 1500");

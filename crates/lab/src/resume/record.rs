@@ -158,7 +158,7 @@ mod tests {
     }
 
     fn failure(n: u32) -> Entry {
-        Entry::Failure(Failure { subject: format!("s{n}"), mtu: Some(1500), workload: "w".into(), reason: "r".into() })
+        Entry::Failure(Failure { subject: format!("s{n}-p").parse::<bw_lab_results::SubjectKey>().unwrap().into(), mtu: Some(1500), workload: "w".into(), reason: "r".into() })
     }
 
     /// A kill in the middle of a line's write: every whole line is read,

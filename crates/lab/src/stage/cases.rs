@@ -13,14 +13,14 @@ use bw_lab_results::Factors;
 
 /// The run's place at `shape` and factor combination `(offload, digest, tls)`.
 pub fn at(shape: &str, offload: crate::network::offload::Offload, digest: crate::network::offload::Digest, tls: crate::network::offload::Tls) -> At {
-    At { shape: shape.to_string(), factors: Factors { offload: offload.name().into(), digest: digest.factor().into(), tls: tls.factor().into() } }
+    At { shape: shape.to_string(), factors: crate::network::offload::recorded(offload, digest, tls) }
 }
 
 /// Every case the stages measure over `links`, in run order.
 pub fn planned(stages: &[Box<dyn Stage>], cx: &RunContext, links: &[Link]) -> Vec<String> {
     let mut v = vec![];
     let measures_subjects = stages.iter().any(|s| s.needs_targets());
-    for shape in &cx.plan.links {
+    for shape in &cx.plan().links {
         let plain = At { shape: shape.name.clone(), factors: Factors::default() };
         for s in stages {
             for l in links {
@@ -28,7 +28,7 @@ pub fn planned(stages: &[Box<dyn Stage>], cx: &RunContext, links: &[Link]) -> Ve
             }
         }
         if measures_subjects {
-            for (n, (o, d, t)) in cx.plan.factor_combinations().into_iter().enumerate() {
+            for (n, (o, d, t)) in cx.plan().factor_combinations().into_iter().enumerate() {
                 for (i, l) in links.iter().enumerate() {
                     v.extend(on_link(stages, cx, &at(&shape.name, o, d, t), l, i == 0 && n == 0));
                 }

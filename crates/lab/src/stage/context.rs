@@ -10,39 +10,50 @@ use bw_lab_results::{Failure, Results, Sample, Suite, SubjectKey, Workload};
 use crate::resume::book::Book;
 use crate::resume::case::At;
 use crate::resume::record::Entry;
+use crate::hosts::machine_cpu::MachineMeter;
+use crate::network::offload::{Digest, Offload, Tls};
+use crate::subjects::clients::ClientKind;
 use crate::subjects::Subject;
 use indicatif::ProgressBar;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// What the stages share, behind methods that say what each gives: the
+/// plan and the paths are read-only once the run is set up; where the run
+/// is now (link shape, factors) is set by the run's loop
+/// (`crate::orchestrate`); results go in through the `push_*`, `record_*`
+/// and `mark_*` methods so that the run's record (`Book`) sees each.
 pub struct RunContext {
-    pub plan: Plan,
-    pub exe: PathBuf,
-    pub out: PathBuf,
-    pub results: Results,
+    plan: Plan,
+    /// The blockwire binary the targets and clients run.
+    exe: PathBuf,
+    /// The run's output directory (results.json, report.html, the record).
+    out: PathBuf,
+    results: Results,
     /// The file every target serves (and the local baselines measure).
-    pub backing: PathBuf,
-    pub progress: ProgressBar,
+    backing: PathBuf,
+    progress: ProgressBar,
     idle_spent: f64,
     /// The link shape being measured.
-    pub shape: String,
+    shape: String,
     /// The hosts of a run across machines (None: namespaces on this one).
-    pub remote: Option<Remote>,
+    remote: Option<Remote>,
     /// The clients the subjects are measured with: on a remote client
     /// host `--clients`, narrowed to what it has; in one box blockwire's,
     /// and the kernel NFS client where this machine has one.
-    pub clients: Vec<crate::subjects::clients::ClientKind>,
-    /// The offload study's factors being measured.
-    pub factors: bw_lab_results::Factors,
-    pub digest: crate::network::offload::Digest,
-    pub tls: crate::network::offload::Tls,
+    clients: Vec<ClientKind>,
+    /// The offload study's factors being measured, as recorded, and the
+    /// digest and TLS settings they name.
+    factors: bw_lab_results::Factors,
+    digest: Digest,
+    tls: Tls,
     /// Whole-machine CPU of the target and client hosts' machines.
-    pub meter: crate::hosts::machine_cpu::MachineMeter,
+    meter: MachineMeter,
     /// The run's record: what is measured goes there as it is, and a
     /// resumed run skips the cases earlier starts finished.
-    pub book: Book,
+    book: Book,
     /// Every case of the plan, in run order (known once the run is set up).
-    pub planned: Vec<String>,
+    planned: Vec<String>,
 }
 
 impl RunContext {
@@ -57,7 +68,7 @@ impl RunContext {
             idle_spent: 0.0,
             shape: bw_lab_results::default_link(),
             remote: None,
-            clients: vec![crate::subjects::clients::ClientKind::Blockwire],
+            clients: vec![ClientKind::Blockwire],
             factors: Default::default(),
             digest: Default::default(),
             tls: Default::default(),
@@ -154,8 +165,142 @@ impl RunContext {
     }
 
     /// The clients of the run.
-    pub fn clients(&self) -> Vec<crate::subjects::clients::ClientKind> {
+    pub fn clients(&self) -> Vec<ClientKind> {
         self.clients.clone()
+    }
+
+    /// Clients this machine adds to a run in one box (the kernel NFS
+    /// client's versions).
+    pub fn add_clients(&mut self, more: impl IntoIterator<Item = ClientKind>) {
+        self.clients.extend(more);
+    }
+
+    /// A run across machines: its hosts, and the clients its client host has.
+    pub fn run_across(&mut self, hosts: Remote, clients: Vec<ClientKind>) {
+        self.remote = Some(hosts);
+        self.clients = clients;
+    }
+
+    /// The hosts of a run across machines (None: namespaces on this one).
+    pub fn remote(&self) -> Option<&Remote> {
+        self.remote.as_ref()
+    }
+
+    /// What the run will do.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The run measures at the NICs' MTU (between hosts): the plan's and
+    /// the recorded parameters say so.
+    pub fn measure_at_mtu(&mut self, mtu: u32) {
+        self.plan.params.mtus = vec![mtu];
+        self.results.params.mtus = vec![mtu];
+    }
+
+    /// The blockwire binary the targets and clients run.
+    pub fn exe(&self) -> &Path {
+        &self.exe
+    }
+
+    /// The run's output directory.
+    pub fn out_dir(&self) -> &Path {
+        &self.out
+    }
+
+    /// The file every target serves (and the local baselines measure).
+    pub fn backing(&self) -> &Path {
+        &self.backing
+    }
+
+    /// The backing file is on the target host, at `path`.
+    pub fn set_backing(&mut self, path: PathBuf) {
+        self.backing = path;
+    }
+
+    /// The run's progress bar (runs done, what runs now).
+    pub fn progress(&self) -> &ProgressBar {
+        &self.progress
+    }
+
+    /// The link shape being measured.
+    pub fn link_shape(&self) -> &str {
+        &self.shape
+    }
+
+    pub fn set_link_shape(&mut self, name: &str) {
+        self.shape = name.to_string();
+    }
+
+    /// The factors being measured, as a sample records them.
+    pub fn factors(&self) -> &bw_lab_results::Factors {
+        &self.factors
+    }
+
+    /// The digest setting being measured.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// The TLS setting being measured.
+    pub fn tls(&self) -> Tls {
+        self.tls
+    }
+
+    /// Measure at these factors from now on.
+    pub fn set_factors(&mut self, offload: Offload, digest: Digest, tls: Tls) {
+        self.factors = crate::network::offload::recorded(offload, digest, tls);
+        self.digest = digest;
+        self.tls = tls;
+    }
+
+    /// Whole-machine CPU of the target and client hosts' machines.
+    pub fn machine_meter(&self) -> &MachineMeter {
+        &self.meter
+    }
+
+    pub fn set_machine_meter(&mut self, meter: MachineMeter) {
+        self.meter = meter;
+    }
+
+    /// What the run has recorded so far (this start's).
+    pub fn results(&self) -> &Results {
+        &self.results
+    }
+
+    /// The results, for the run's setup and end (`crate::orchestrate`,
+    /// `crate::resume::run`); a stage records through `push_*`,
+    /// `record_*` and `mark_*`.
+    pub fn results_mut(&mut self) -> &mut Results {
+        &mut self.results
+    }
+
+    /// The record of subject `key`.
+    pub fn subject_record_mut(&mut self, key: &SubjectKey) -> Option<&mut bw_lab_results::Subject> {
+        self.results.subjects.iter_mut().find(|r| &r.key == key)
+    }
+
+    /// The run's record (`crate::resume`).
+    pub fn book(&self) -> &Book {
+        &self.book
+    }
+
+    pub fn book_mut(&mut self) -> &mut Book {
+        &mut self.book
+    }
+
+    /// The record this run keeps (a fresh one, or a resumed run's).
+    pub fn keep_book(&mut self, book: Book) {
+        self.book = book;
+    }
+
+    /// Every case of the plan, in run order.
+    pub fn planned(&self) -> &[String] {
+        &self.planned
+    }
+
+    pub fn set_planned(&mut self, cases: Vec<String>) {
+        self.planned = cases;
     }
 
     /// The AoE datapath target `s` uses, on every client's subject of it
@@ -163,7 +308,7 @@ impl RunContext {
     pub fn record_target_datapath(&mut self, s: Subject, datapath: &str) {
         for c in self.clients().into_iter().filter(|c| c.serves(s)) {
             let key = c.key(s);
-            if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+            if let Some(r) = self.subject_record_mut(&key) {
                 match &mut r.target_datapath {
                     Some(d) if d.split(", ").any(|x| x == datapath) => {}
                     Some(d) => *d = format!("{d}, {datapath}"),
@@ -178,7 +323,7 @@ impl RunContext {
     pub fn record_settings(&mut self, s: Subject, settings: &str) {
         for c in self.clients().into_iter().filter(|c| c.serves(s)) {
             let key = c.key(s);
-            if let Some(r) = self.results.subjects.iter_mut().find(|r| r.key == key) {
+            if let Some(r) = self.subject_record_mut(&key) {
                 r.settings = Some(settings.to_string());
             }
         }
@@ -187,7 +332,7 @@ impl RunContext {
     /// Cases not run on subject `key`, and why: said once, kept on its record.
     pub fn note_skipped(&mut self, key: &SubjectKey, why: &str) {
         self.say(&format!("lab: {key}: {why}"));
-        if let Some(r) = self.results.subjects.iter_mut().find(|r| &r.key == key) {
+        if let Some(r) = self.subject_record_mut(key) {
             r.skipped = Some(match r.skipped.take() {
                 // (said again by a resumed run's start)
                 Some(x) if x.split("; ").any(|w| w == why) => x,
@@ -206,12 +351,12 @@ impl RunContext {
 
     pub fn mark_unavailable(&mut self, key: &SubjectKey, mtu: u32, reason: String) {
         self.say(&format!("lab: {key} at MTU {mtu}: unavailable: {reason}"));
-        if let Some(s) = self.results.subjects.iter_mut().find(|s| &s.key == key) {
+        if let Some(s) = self.subject_record_mut(key) {
             if s.unavailable.is_none() {
                 s.unavailable = Some(reason.clone());
             }
         }
-        self.push_failure(Failure { subject: key.to_string(), mtu: Some(mtu), workload: String::new(), reason });
+        self.push_failure(Failure { subject: key.clone().into(), mtu: Some(mtu), workload: String::new(), reason });
         // Its runs will not happen: keep the progress bar honest.
         let skipped = self.runs_per_subject(mtu);
         self.progress.inc(skipped);

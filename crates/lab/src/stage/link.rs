@@ -52,13 +52,13 @@ impl LiveSubject {
     /// honest, and mark it unavailable if it never produced a sample.
     pub fn give_up(&mut self, cx: &mut RunContext, per_subject: u64, mtu: u32, workload: &str, why: String, failures_recorded: bool) {
         self.gave_up = true;
-        cx.progress.inc(per_subject.saturating_sub(self.done));
+        cx.progress().inc(per_subject.saturating_sub(self.done));
         if !failures_recorded {
-            cx.push_failure(Failure { subject: self.key.to_string(), mtu: Some(mtu), workload: workload.into(), reason: why.clone() });
+            cx.push_failure(Failure { subject: self.key.clone().into(), mtu: Some(mtu), workload: workload.into(), reason: why.clone() });
         }
-        if cx.results.samples.iter().all(|x| x.subject != self.key) {
-            let last = cx.results.failures.last().map(|f| f.reason.clone()).unwrap_or(why.clone());
-            if let Some(subj) = cx.results.subjects.iter_mut().find(|x| x.key == self.key) {
+        if cx.results().samples.iter().all(|x| x.subject != self.key) {
+            let last = cx.results().failures.last().map(|f| f.reason.clone()).unwrap_or(why.clone());
+            if let Some(subj) = cx.subject_record_mut(&self.key) {
                 subj.unavailable.get_or_insert(last);
             }
         }
@@ -83,9 +83,9 @@ pub fn external_client(topo: &Topology) -> crate::hosts::host::Host {
 fn visit_external(cx: &mut RunContext, topo: &Topology, s: Subject) -> Result<(), String> {
     let Some(e) = s.external() else { return Ok(()) };
     let client = external_client(topo);
-    let exe = client.lab_exe(&cx.exe).to_string_lossy().into_owned();
+    let exe = client.lab_exe(cx.exe()).to_string_lossy().into_owned();
     if e.address.serves_files() {
-        make_nfs_image(&client, &exe, e.url, cx.plan.params.size_bytes)?;
+        make_nfs_image(&client, &exe, e.url, cx.plan().params.size_bytes)?;
     }
     let out = client
         .command_with(&exe, &["identify", "--json", "--timeout", "15", e.url])
@@ -100,7 +100,7 @@ fn visit_external(cx: &mut RunContext, topo: &Topology, s: Subject) -> Result<()
     let json = client.program_output(&stdout).map_err(|err| format!("{err:#}"))?;
     let v: serde_json::Value = serde_json::from_str(json.trim()).map_err(|err| format!("blockwire identify printed no JSON: {err}"))?;
     let size = v["size_bytes"].as_u64().unwrap_or(0);
-    let need = cx.plan.params.size_bytes;
+    let need = cx.plan().params.size_bytes;
     if size < need {
         return Err(format!("it has {} MiB, the run's volume is {} MiB: give --size {}M or less", size >> 20, need >> 20, size >> 20));
     }
@@ -108,7 +108,7 @@ fn visit_external(cx: &mut RunContext, topo: &Topology, s: Subject) -> Result<()
     cx.say(&format!("lab: {}: {} ({} MiB), measured from {}", s.key(), identity.as_deref().unwrap_or("no identity"), size >> 20, client.name()));
     for c in cx.clients().into_iter().filter(|c| c.serves(s)) {
         let key = c.key(s);
-        if let Some(r) = cx.results.subjects.iter_mut().find(|r| r.key == key) {
+        if let Some(r) = cx.subject_record_mut(&key) {
             r.identity = identity.clone();
         }
     }
@@ -164,9 +164,9 @@ impl<'a> LinkRun<'a> {
 
     fn start_targets(cx: &mut RunContext, topo: &'a Topology, link: &'a Link, first: bool) -> LinkRun<'a> {
         let mut run = LinkRun { topo, link, procs: vec![], live: vec![], first };
-        let measured = cx.plan.subjects_for(cx.digest, cx.tls);
-        let mut ours: Vec<_> = cx.plan.protocols.iter().copied().filter(|p| measured.contains(&Subject::Blockwire(*p))).collect();
-        let mut peers = cx.plan.peers.clone();
+        let measured = cx.plan().subjects_for(cx.digest(), cx.tls());
+        let mut ours: Vec<_> = cx.plan().protocols.iter().copied().filter(|p| measured.contains(&Subject::Blockwire(*p))).collect();
+        let mut peers = cx.plan().peers.clone();
         if topo.routed {
             // AoE is Ethernet frames: a router between the hosts ends it.
             let why = "AoE needs the hosts on one layer-2 segment; the client reaches the target through a router";
@@ -189,16 +189,16 @@ impl<'a> LinkRun<'a> {
             }
         }
         if !ours.is_empty() {
-            cx.progress.set_message(format!("MTU {}: starting blockwire serve", link.mtu));
+            cx.progress().set_message(format!("MTU {}: starting blockwire serve", link.mtu));
             let serve = blockwire::Serve {
-                exe: &cx.exe,
+                exe: cx.exe(),
                 host: &topo.target,
                 link,
-                backend: format!("file:{}", cx.backing.display()),
+                backend: format!("file:{}", cx.backing().display()),
                 log: None,
                 ready_within: Duration::from_secs(20),
-                soft_digest: cx.digest == crate::network::offload::Digest::Crc32cSoft,
-                tls: cx.tls == crate::network::offload::Tls::On,
+                soft_digest: cx.digest() == crate::network::offload::Digest::Crc32cSoft,
+                tls: cx.tls() == crate::network::offload::Tls::On,
             };
             let (proc, status) = blockwire::start(&serve, &ours);
             for (proto, st) in &status {
@@ -221,8 +221,8 @@ impl<'a> LinkRun<'a> {
             if !measured.contains(&subject) {
                 continue;
             }
-            cx.progress.set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
-            match peer.start(topo, link, &cx.backing) {
+            cx.progress().set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
+            match peer.start(topo, link, cx.backing()) {
                 Ok(p) => {
                     if let Some(settings) = &p.settings {
                         cx.record_settings(subject, settings);
@@ -236,7 +236,7 @@ impl<'a> LinkRun<'a> {
         // The user's own storage: not on the lab's link, visited once per
         // run (at the first link), never started.
         for s in measured.iter().copied().filter(|s| s.external().is_some() && first) {
-            cx.progress.set_message(format!("{}: asking what it is", s.key()));
+            cx.progress().set_message(format!("{}: asking what it is", s.key()));
             match visit_external(cx, topo, s) {
                 Ok(()) => run.live.push(LiveSubject::new(s, link, None)),
                 Err(why) => cx.mark_target_unavailable(s, link.mtu, why),
@@ -247,7 +247,7 @@ impl<'a> LinkRun<'a> {
         }
         // Kernel initiators negotiate no digests or TLS here: they are
         // measured in the plaintext, digest-free combination only.
-        if cx.digest == crate::network::offload::Digest::None && cx.tls == crate::network::offload::Tls::Off {
+        if cx.digest() == crate::network::offload::Digest::None && cx.tls() == crate::network::offload::Tls::Off {
             run.attach_kernel_clients(cx);
         }
         run
@@ -274,7 +274,7 @@ impl<'a> LinkRun<'a> {
         // (or emulated) host is not a missing layer-2 path.
         let mut result = (vec![], String::new());
         for wait_s in [2, 5] {
-            result = match crate::hosts::remote::aoe_answers(&topo.client, &cx.exe, &link.client_if, &addrs, wait_s) {
+            result = match crate::hosts::remote::aoe_answers(&topo.client, cx.exe(), &link.client_if, &addrs, wait_s) {
                 Ok(v) => v,
                 Err(e) => (vec![], format!("{e:#}")),
             };
@@ -309,14 +309,14 @@ impl<'a> LinkRun<'a> {
         let (topo, link) = (self.topo, self.link);
         let clients = cx.clients();
         let per_subject = cx.runs_per_subject(link.mtu);
-        let benched = !(cx.plan.micro.is_empty() && cx.plan.sweep.is_empty());
+        let benched = !(cx.plan().micro.is_empty() && cx.plan().sweep.is_empty());
         let mut added = vec![];
         let has_runs = per_subject > 0;
         for s in self.live.iter().filter(|_| has_runs) {
             let subject = s.subject;
             for &c in clients.iter().filter(|c| c.is_kernel() && c.serves(subject)) {
                 let key = c.key(subject);
-                cx.progress.inc_length(per_subject);
+                cx.progress().inc_length(per_subject);
                 let live = |kernel: Option<crate::subjects::clients::Attached>| LiveSubject {
                     key: key.clone(),
                     url: kernel.as_ref().map(|a| a.device.clone()).unwrap_or_default(),
@@ -332,19 +332,19 @@ impl<'a> LinkRun<'a> {
                     added.push(live(None));
                     continue;
                 }
-                cx.progress.set_message(format!("MTU {}: attaching {key}", link.mtu));
+                cx.progress().set_message(format!("MTU {}: attaching {key}", link.mtu));
                 match crate::subjects::clients::attach(&topo.client, c, subject, link) {
                     Ok(a) => {
                         cx.say(&format!("lab: {key}: {} on {}", a.device, topo.client.name()));
                         added.push(live(Some(a)));
                     }
                     Err(e) => {
-                        if let Some(r) = cx.results.subjects.iter_mut().find(|x| x.key == key) {
+                        if let Some(r) = cx.subject_record_mut(&key) {
                             r.unavailable.get_or_insert(format!("{e:#}"));
                         }
-                        cx.push_failure(Failure { subject: key.to_string(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
+                        cx.push_failure(Failure { subject: key.clone().into(), mtu: Some(link.mtu), workload: String::new(), reason: format!("{e:#}") });
                         cx.say(&format!("lab: {key} at MTU {}: unavailable: {e:#}", link.mtu));
-                        cx.progress.inc(per_subject);
+                        cx.progress().inc(per_subject);
                     }
                 }
             }

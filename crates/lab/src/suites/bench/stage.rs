@@ -30,10 +30,10 @@ struct Job {
 
 impl BenchStage {
     fn jobs(&self, cx: &RunContext) -> Vec<Job> {
-        let p = &cx.plan.params;
+        let p = &cx.plan().params;
         let (workloads, runtime_s, repeats) = match self.suite {
-            Suite::Micro => (&cx.plan.micro, p.runtime_s, p.repeat),
-            Suite::Sweep => (&cx.plan.sweep, p.sweep_runtime_s, p.sweep_repeats()),
+            Suite::Micro => (&cx.plan().micro, p.runtime_s, p.repeat),
+            Suite::Sweep => (&cx.plan().sweep, p.sweep_runtime_s, p.sweep_repeats()),
         };
         workloads.iter().map(|w| Job { workload: w.clone(), runtime_s, repeats }).collect()
     }
@@ -56,7 +56,7 @@ impl Stage for BenchStage {
     }
 
     fn cases_after_links(&self, cx: &RunContext) -> Vec<String> {
-        if !cx.plan.baseline {
+        if !cx.plan().baseline {
             return vec![];
         }
         self.jobs(cx).iter().map(|j| crate::resume::case::local(self.suite, &j.workload.name)).collect()
@@ -75,7 +75,7 @@ impl Stage for BenchStage {
             if !cx.begin_case(&self.case(&cx.at(), link.mtu, &w)) {
                 // Finished by an earlier start of this run: kept.
                 for s in live.iter_mut().filter(|s| !s.gave_up) {
-                    cx.progress.inc(repeats as u64);
+                    cx.progress().inc(repeats as u64);
                     s.done += repeats as u64;
                 }
                 continue;
@@ -94,7 +94,7 @@ impl Stage for BenchStage {
                     if !live[i].subject.writes_allowed() && writes(&w) {
                         if rep == 1 {
                             skipped[i].push(w.name.clone());
-                            cx.progress.inc(repeats as u64);
+                            cx.progress().inc(repeats as u64);
                             live[i].done += repeats as u64;
                         }
                         continue;
@@ -106,7 +106,7 @@ impl Stage for BenchStage {
                             continue;
                         }
                     }
-                    cx.progress.set_message(format!("{key} MTU {} {} #{rep}", link.mtu, w.name));
+                    cx.progress().set_message(format!("{key} MTU {} {} #{rep}", link.mtu, w.name));
                     let case = Networked { topo, link, suite, workload: &w, rep, runtime_s, target: live[i].proc.map(|p| &procs[p]) };
                     match case.run(cx, &live[i]) {
                         Ok(s) => {
@@ -120,7 +120,7 @@ impl Stage for BenchStage {
                             }
                             live[i].consecutive_failures += 1;
                             cx.push_failure(Failure {
-                                subject: key.to_string(),
+                                subject: key.clone().into(),
                                 mtu: Some(link.mtu),
                                 workload: w.name.clone(),
                                 reason: format!("{e:#}"),
@@ -128,7 +128,7 @@ impl Stage for BenchStage {
                             cx.say(&format!("lab: {key} {} run {rep} failed: {e:#}", w.name));
                         }
                     }
-                    cx.progress.inc(1);
+                    cx.progress().inc(1);
                     live[i].done += 1;
                     if live[i].consecutive_failures >= MAX_CONSECUTIVE_FAILURES {
                         let reason = format!("gave up after {MAX_CONSECUTIVE_FAILURES} failed runs in a row");
@@ -154,13 +154,13 @@ impl Stage for BenchStage {
 
     /// fio on the backing file, every workload of the suite.
     fn after_links(&mut self, cx: &mut RunContext) -> anyhow::Result<()> {
-        if !cx.plan.baseline {
+        if !cx.plan().baseline {
             return Ok(());
         }
         let suite = self.suite;
         for Job { workload: w, runtime_s, repeats } in self.jobs(cx) {
             if !cx.begin_case(&crate::resume::case::local(suite, &w.name)) {
-                cx.progress.inc(repeats as u64);
+                cx.progress().inc(repeats as u64);
                 continue;
             }
             let mut samples = vec![];
@@ -168,13 +168,13 @@ impl Stage for BenchStage {
                 if interrupted() {
                     anyhow::bail!("interrupted");
                 }
-                cx.progress.set_message(format!("local fio {} #{rep}", w.name));
+                cx.progress().set_message(format!("local fio {} #{rep}", w.name));
                 let (busy, waited) = cx.wait_idle();
                 let started_unix = unix_now();
-                let machine0 = cx.meter.start()?;
-                match crate::suites::runner::run_fio(&cx.backing, &w, runtime_s, cx.plan.params.size_bytes) {
+                let machine0 = cx.machine_meter().start()?;
+                match crate::suites::runner::run_fio(cx.backing(), &w, runtime_s, cx.plan().params.size_bytes) {
                     Ok(bench) => {
-                        let machine_cpu = cx.meter.finish(machine0)?;
+                        let machine_cpu = cx.machine_meter().finish(machine0)?;
                         let s = Sample {
                             subject: SubjectKey::LocalFio,
                             mtu: None,
@@ -199,7 +199,7 @@ impl Stage for BenchStage {
                             anyhow::bail!("interrupted");
                         }
                         cx.push_failure(Failure {
-                            subject: SubjectKey::LocalFio.to_string(),
+                            subject: SubjectKey::LocalFio.into(),
                             mtu: None,
                             workload: w.name.clone(),
                             reason: format!("{e:#}"),
@@ -207,7 +207,7 @@ impl Stage for BenchStage {
                         cx.say(&format!("lab: local fio {} failed: {e:#}", w.name));
                     }
                 }
-                cx.progress.inc(1);
+                cx.progress().inc(1);
             }
             cx.print_case_row(&SubjectKey::LocalFio, None, suite, &w, samples);
             cx.end_case();
@@ -241,37 +241,37 @@ impl Networked<'_> {
         let started_unix = unix_now();
         let wire0 = target.map(|_| topo.client_counters(link)).transpose()?;
         let cpu0 = target.map(|t| t.cpu_seconds()).transpose()?;
-        let machine0 = cx.meter.start()?;
+        let machine0 = cx.machine_meter().start()?;
         let bench = if s.kernel.is_some() {
             // `url` is the block device; the initiator's work is the kernel's.
             let m0 = crate::subjects::clients::machine_cpu_seconds(&topo.client)?;
-            let mut b = crate::suites::runner::run_fio_on_device(&topo.client, &s.url, w, runtime, cx.plan.params.size_bytes)?;
+            let mut b = crate::suites::runner::run_fio_on_device(&topo.client, &s.url, w, runtime, cx.plan().params.size_bytes)?;
             let m1 = crate::subjects::clients::machine_cpu_seconds(&topo.client)?;
             (b.cpu_user_s, b.cpu_sys_s) = ((m1.0 - m0.0).max(0.0), (m1.1 - m0.1).max(0.0));
             b
         } else {
             let client = if target.is_some() { topo.client.clone() } else { crate::stage::link::external_client(topo) };
-            let mut extra = cx.digest.bench_args().to_vec();
+            let mut extra = cx.digest().bench_args().to_vec();
             let mut url = s.url.clone();
-            let tls = cx.tls == crate::network::offload::Tls::On && s.subject == crate::subjects::Subject::Blockwire(crate::subjects::Protocol::Nvme);
+            let tls = cx.tls() == crate::network::offload::Tls::On && s.subject == crate::subjects::Subject::Blockwire(crate::subjects::Protocol::Nvme);
             if tls {
                 url += "?tls";
                 extra.extend(crate::subjects::blockwire::tls_bench_args());
             }
-            let b = crate::suites::runner::run_bench(&cx.exe, &client, &url, w, runtime, cx.plan.params.size_bytes, &extra)?;
+            let b = crate::suites::runner::run_bench(cx.exe(), &client, &url, w, runtime, cx.plan().params.size_bytes, &extra)?;
             // Which record layer the connection got, as the target says.
             if let Some(d) = target.filter(|_| tls).and_then(|t| crate::subjects::blockwire::tls_records(&t.log_tail())) {
                 cx.record_target_datapath(s.subject, &d);
             }
             b
         };
-        let machine_cpu = cx.meter.finish(machine0)?;
+        let machine_cpu = cx.machine_meter().finish(machine0)?;
         let cpu1 = target.map(|t| t.cpu_seconds()).transpose()?;
         let wire1 = target.map(|_| topo.client_counters(link)).transpose()?;
         Ok(Sample {
             subject: s.key.clone(),
             mtu: Some(link.mtu),
-            link: cx.shape.clone(),
+            link: cx.link_shape().to_string(),
             suite,
             workload: w.clone(),
             repeat: rep,
@@ -281,7 +281,7 @@ impl Networked<'_> {
             busy_before: busy,
             idle_wait_s: waited,
             started_unix,
-            factors: cx.factors.clone(),
+            factors: cx.factors().clone(),
             machine_cpu,
         })
     }

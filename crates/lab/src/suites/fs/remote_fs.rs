@@ -196,7 +196,7 @@ pub fn run_in_cgroup(
 }
 
 /// What workload `w` needs in `dir` on the host before it is measured (as
-/// `orchestrate::prepare_fs_workload` does here): the directory, PostMark's
+/// `client::FsClient::prepare` does here): the directory, PostMark's
 /// config, IOgen's file laid out.
 pub fn prepare(h: &SshHost, w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::suites::fs::workloads::FsParams, dir: &Path) -> anyhow::Result<()> {
     use crate::suites::fs::workloads::FsWorkload;
@@ -219,15 +219,6 @@ pub fn prepare(h: &SshHost, w: crate::suites::fs::workloads::FsWorkload, fsp: &c
         }
     }
     Ok(())
-}
-
-/// Remove what a workload left in `dir` on `host` and write the rest back
-/// (`mounts::clean_dir` for this machine).
-pub fn clean_dir(host: &Host, dir: &Path) -> anyhow::Result<()> {
-    match host.ssh() {
-        Some(h) => h.run_line(&format!("rm -rf -- {}; sync", quote(&dir.to_string_lossy()))).map(|_| ()),
-        None => crate::suites::fs::mounts::clean_dir(dir),
-    }
 }
 
 #[cfg(test)]

@@ -8,25 +8,24 @@ use crate::stage::link::MAX_CONSECUTIVE_FAILURES;
 use crate::stage::context::RunContext;
 use crate::stage::hooks::Stage;
 use crate::stage::link::LinkRun;
-use crate::cleanup::{interrupted, registry, Resource, Token};
+use crate::cleanup::interrupted;
+use crate::suites::fs::client::{FsClient, Mountpoint};
 use crate::subjects::process::TargetProcess;
 use crate::network::topology::{Link, Topology};
 use bw_lab_results::net::WireCounters;
 use bw_lab_results::{unix_now, Failure, SubjectKey};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 /// The fs suite's state over the run.
 #[derive(Default)]
 pub struct FsStage {
-    /// Where the fs suite mounts each subject in turn, and what made it.
-    dir: Option<PathBuf>,
-    dir_token: Option<(Token, Option<crate::suites::fs::mounts::SharedDir>)>,
+    /// Where the fs suite mounts each subject in turn.
+    mountpoint: Option<Mountpoint>,
     /// Numbers the fs suite's cgroups.
     serial: u64,
-    /// The memory controller of an ssh client host (`remote_fs::cgroup_base`).
-    client_cgroup: Option<(String, String)>,
+    /// Where the workloads run: here, or on an ssh client host.
+    client: Option<FsClient>,
     /// The file system and fsync setting being measured.
     fs_kind: crate::suites::fs::fs_kind::FsKind,
     fsync: crate::suites::fs::fs_kind::Fsync,
@@ -39,28 +38,9 @@ impl Stage for FsStage {
     /// The mount point (on an ssh client host: there, with its memory
     /// controller looked up).
     fn setup(&mut self, _cx: &mut RunContext, topo: &Topology) -> anyhow::Result<()> {
-        if let Some(h) = topo.client.ssh() {
-            // The workloads run on the client host, and mount there.
-            self.client_cgroup = Some(crate::suites::fs::remote_fs::cgroup_base(h)?);
-            let (t, dir) = crate::suites::fs::remote_fs::mountpoint(h)?;
-            self.dir_token = Some((t, None));
-            self.dir = Some(dir);
-        } else {
-            // The mount point lives in a shared mount: see SharedDir.
-            let pid = std::process::id();
-            let shared = crate::suites::fs::mounts::SharedDir::create(&crate::suites::fs::mounts::fs_dir(pid))?;
-            let dir = crate::suites::fs::mounts::fs_mountpoint(pid);
-            let made = registry().create(Resource::Dir(dir.clone()), || Ok(std::fs::create_dir_all(&dir)?));
-            let (t, ()) = match made {
-                Ok(v) => v,
-                Err(e) => {
-                    let _ = shared.release();
-                    return Err(e);
-                }
-            };
-            self.dir_token = Some((t, Some(shared)));
-            self.dir = Some(dir);
-        }
+        let client = FsClient::of(&topo.client)?;
+        self.mountpoint = Some(client.mountpoint()?);
+        self.client = Some(client);
         Ok(())
     }
 
@@ -69,10 +49,10 @@ impl Stage for FsStage {
     }
 
     fn cases_on_link(&self, cx: &RunContext, at: &crate::resume::case::At, link: &Link, first: bool) -> Vec<String> {
-        if !first || cx.plan.fs.is_none() {
+        if !first || cx.plan().fs.is_none() {
             return vec![];
         }
-        cx.plan.fs_combinations.iter().map(|&(kind, fsync)| fs_case(kind, fsync, &at.shape, link.mtu)).collect()
+        cx.plan().fs_combinations.iter().map(|&(kind, fsync)| fs_case(kind, fsync, &at.shape, link.mtu)).collect()
     }
 
     fn on_link(&mut self, cx: &mut RunContext, run: &mut LinkRun) -> anyhow::Result<()> {
@@ -84,11 +64,8 @@ impl Stage for FsStage {
     }
 
     fn teardown(&mut self) -> anyhow::Result<()> {
-        if let Some((t, shared)) = self.dir_token.take() {
-            registry().release(t)?;
-            if let Some(shared) = shared {
-                shared.release()?;
-            }
+        if let Some(m) = self.mountpoint.take() {
+            m.release()?;
         }
         Ok(())
     }
@@ -148,36 +125,6 @@ struct FsCaseRun<'a> {
 }
 
 
-/// What workload `w` needs in `dir` before it is measured: PostMark's
-/// config; IOgen's file, laid out (not measured), as IOgen's file existed
-/// before its run.
-fn prepare_fs_workload(w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::suites::fs::workloads::FsParams, dir: &Path) -> anyhow::Result<()> {
-    use crate::suites::fs::workloads::FsWorkload;
-    match w {
-        FsWorkload::Postmark => std::fs::write(
-            dir.join("postmark.cfg"),
-            crate::suites::fs::workloads::postmark_config(fsp, dir),
-        )?,
-        FsWorkload::Iogen { .. } => {
-            // Lay the file out first (not measured), as IOgen's file existed before its run.
-            let mut cmd = Command::new("fio");
-            cmd.args(crate::suites::fs::workloads::iogen_layout_args(
-                fsp,
-                &dir.join("iogen.dat").to_string_lossy(),
-            ));
-            let f =
-                crate::suites::runner::run_workload(cmd, "fio layout", Duration::from_secs(600), None)?;
-            anyhow::ensure!(
-                f.ok,
-                "laying out the IOgen file failed: {}",
-                crate::command::last_lines(&f.stderr, 3)
-            );
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
 /// The result of workload `w` from what it printed.
 fn parse_fs_result(w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::suites::fs::workloads::FsParams, stdout: &str) -> anyhow::Result<crate::suites::fs::workloads::FsResult> {
     use crate::suites::fs::workloads::{FsResult, FsWorkload};
@@ -202,13 +149,6 @@ fn parse_fs_result(w: crate::suites::fs::workloads::FsWorkload, fsp: &crate::sui
             FsResult::Iogen(crate::suites::fs::workloads::parse_iogen(stdout)?)
         }
     })
-}
-
-/// The memory cgroup of one fs case: on this machine, or on the ssh client
-/// host the workload runs on.
-enum FsCgroup {
-    Local(crate::cleanup::Token, crate::hosts::cgroup::MemCgroup),
-    Remote(crate::suites::fs::remote_fs::Cgroup),
 }
 
 /// What an fs case reads before and after its workload: the client's wire
@@ -255,57 +195,12 @@ impl Readings {
     }
 }
 
-impl FsCgroup {
-    /// On the ssh client host (`remote`) under its memory controller
-    /// `base`, or on this machine.
-    fn create(remote: Option<&crate::hosts::ssh::SshHost>, base: Option<&(String, String)>, name: &str, mem: u64) -> anyhow::Result<FsCgroup> {
-        Ok(match (remote, base) {
-            (Some(h), Some(base)) => FsCgroup::Remote(crate::suites::fs::remote_fs::Cgroup::create(h, base, name, mem)?),
-            (Some(_), None) => anyhow::bail!("the client host's memory controller was not looked up"),
-            (None, _) => {
-                let (t, g) = crate::hosts::cgroup::create_tracked(Path::new(crate::hosts::cgroup::ROOT), name, mem)?;
-                FsCgroup::Local(t, g)
-            }
-        })
-    }
-
-    /// `prog args` in `dir`, in this cgroup (through the fsync `wrapper`).
-    #[allow(clippy::too_many_arguments)]
-    fn run(&self, remote: Option<&crate::hosts::ssh::SshHost>, dir: &Path, wrapper: Option<&str>, prog: &str, args: &[String], name: &str, timeout: Duration) -> anyhow::Result<crate::suites::runner::Finished> {
-        match (self, remote) {
-            (FsCgroup::Remote(g), Some(h)) => crate::suites::fs::remote_fs::run_in_cgroup(h, g, dir, wrapper, prog, args, name, timeout),
-            (FsCgroup::Local(_, g), _) => {
-                // eatmydata execs the workload: the PID (cgroup, rusage) stays its.
-                let mut cmd = match wrapper {
-                    Some(wrapper) => {
-                        let mut c = Command::new(wrapper);
-                        c.arg(prog);
-                        c
-                    }
-                    None => Command::new(prog),
-                };
-                cmd.args(args).current_dir(dir);
-                crate::suites::runner::run_workload(cmd, name, timeout, Some(&g.procs_file()))
-            }
-            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
-        }
-    }
-
-    /// The OOM kills and the peak memory; the cgroup is removed.
-    fn finish(self, remote: Option<&crate::hosts::ssh::SshHost>) -> anyhow::Result<(u64, Option<u64>)> {
-        Ok(match (self, remote) {
-            (FsCgroup::Remote(g), Some(h)) => g.finish(h)?,
-            (FsCgroup::Local(t, g), _) => {
-                let v = (g.oom_kills(), g.peak_bytes());
-                registry().release(t)?;
-                v
-            }
-            (FsCgroup::Remote(_), None) => unreachable!("a remote cgroup is made for an ssh client only"),
-        })
-    }
-}
-
 impl FsStage {
+    /// The fs suite's client (made in `setup`).
+    fn client(&self) -> anyhow::Result<&FsClient> {
+        self.client.as_ref().ok_or_else(|| anyhow::anyhow!("the fs suite's client is not set up"))
+    }
+
     /// File server `server` (process `pi` of `run`) restarted with its
     /// export on `kind`: over NFS, `--fs` is the server's file system (the
     /// one under the data), not one on the client. The kernel NFS mounts
@@ -325,10 +220,10 @@ impl FsStage {
             }
         }
         let p = &mut run.procs[pi];
-        cx.progress.set_message(format!("MTU {}: {}'s export on {}", link.mtu, p.name, kind.name()));
+        cx.progress().set_message(format!("MTU {}: {}'s export on {}", link.mtu, p.name, kind.name()));
         // One server per address and port: the old one goes first.
         p.halt();
-        let new = server.start_on(topo, link, &cx.backing, kind)?;
+        let new = server.start_on(topo, link, cx.backing(), kind)?;
         std::mem::replace(p, new).stop();
         Ok(())
     }
@@ -342,17 +237,17 @@ impl FsStage {
     /// from an export on each `--fs` file system in turn.
     fn run_fs(&mut self, cx: &mut RunContext, run: &mut LinkRun) -> anyhow::Result<()> {
         use crate::subjects::clients::ClientKind;
-        let Some(fsp) = cx.plan.fs.clone() else {
+        let Some(fsp) = cx.plan().fs.clone() else {
             return Ok(());
         };
-        let Some(mp) = self.dir.clone() else {
+        let Some(mp) = self.mountpoint.as_ref().map(|m| m.dir.clone()) else {
             return Ok(());
         };
         // The fs suite makes a file system on its subject: never on the
         // user's own storage.
-        let runs = cx.plan.fs_cases(false).len() as u64 * fsp.repeat as u64 * cx.plan.fs_combinations.len() as u64;
+        let runs = cx.plan().fs_cases(false).len() as u64 * fsp.repeat as u64 * cx.plan().fs_combinations.len() as u64;
         for s in run.live.iter().filter(|s| s.subject.external().is_some() && !s.gave_up) {
-            cx.progress.inc(runs);
+            cx.progress().inc(runs);
             cx.note_skipped(&s.key, "the fs suite does not run on external subjects (it makes a file system on its subject)");
         }
         let mut subjects: Vec<FsSubject> = run
@@ -369,7 +264,7 @@ impl FsStage {
                 proc: s.proc,
             })
             .collect();
-        if cx.plan.baseline {
+        if cx.plan().baseline {
             subjects.push(FsSubject { key: crate::suites::fs::workloads::LOCAL, reach: Reach::Local, proc: None });
         }
         // The file servers' processes (once each), by blockwire's subject of them.
@@ -379,17 +274,17 @@ impl FsStage {
             .filter(|s| s.client == ClientKind::Blockwire)
             .filter_map(|s| s.subject.file_server().zip(s.proc).map(|(f, p)| (p, f)))
             .collect();
-        for (kind, fsync) in cx.plan.fs_combinations.clone() {
-            if !cx.begin_case(&fs_case(kind, fsync, &cx.shape, run.link.mtu)) {
+        for (kind, fsync) in cx.plan().fs_combinations.clone() {
+            if !cx.begin_case(&fs_case(kind, fsync, &cx.link_shape(), run.link.mtu)) {
                 // Finished by an earlier start of this run: kept.
-                let runs: usize = subjects.iter().map(|s| cx.plan.fs_cases(s.proc.is_none()).len()).sum();
-                cx.progress.inc((runs * fsp.repeat as usize) as u64);
+                let runs: usize = subjects.iter().map(|s| cx.plan().fs_cases(s.proc.is_none()).len()).sum();
+                cx.progress().inc((runs * fsp.repeat as usize) as u64);
                 continue;
             }
-            let first = cx.results.fs.len();
+            let first = cx.results().fs.len();
             (self.fs_kind, self.fsync) = (kind, fsync);
             self.fs_factors = bw_lab_results::fs::FsFactors { fs: kind.factor().into(), fsync: fsync.factor().into() };
-            if cx.plan.fs_combinations.len() > 1 {
+            if cx.plan().fs_combinations.len() > 1 {
                 cx.say(&format!("lab: fs suite on {}, fsync {}", kind.name(), fsync.name()));
             }
             if self.nfs_server_fs != kind && !servers.is_empty() {
@@ -424,9 +319,9 @@ impl FsStage {
                 let FsSubject { key, proc, .. } = &subjects[i];
                 let (key, proc) = (key.clone(), *proc);
                 let local = proc.is_none();
-                let cases = cx.plan.fs_cases(local);
+                let cases = cx.plan().fs_cases(local);
                 if failed_turns[i] >= MAX_CONSECUTIVE_FAILURES {
-                    cx.progress.inc(cases.len() as u64);
+                    cx.progress().inc(cases.len() as u64);
                     continue;
                 }
                 if let Some(pi) = proc {
@@ -435,7 +330,7 @@ impl FsStage {
                         let why = format!("{} died: {}", p.name, p.log_tail());
                         self.fs_failure(cx, &key, Some(link.mtu), "(mount)", 0, why);
                         failed_turns[i] = MAX_CONSECUTIVE_FAILURES;
-                        cx.progress.inc(cases.len() as u64);
+                        cx.progress().inc(cases.len() as u64);
                         continue;
                     }
                 }
@@ -478,7 +373,7 @@ impl FsStage {
         };
         cx.say(&format!("lab: fs {subject} {workload}{at}: {reason}"));
         cx.push_failure(Failure {
-            subject: subject.to_string(),
+            subject: subject.clone().into(),
             mtu,
             workload: format!("fs {workload}{at}"),
             reason,
@@ -501,7 +396,7 @@ impl FsStage {
         let (topo, link, key) = (run.topo, run.link, &subject.key);
         let kernel = matches!(subject.reach, Reach::KernelDevice(_));
         use crate::suites::fs::workloads::FsWorkload;
-        cx.progress
+        cx.progress()
             .set_message(format!("fs {key} #{rep}: mounting"));
         let mut left = cases.len() as u64;
         let r = (|| -> anyhow::Result<()> {
@@ -518,7 +413,7 @@ impl FsStage {
                 raw_dev: None,
                 kernel,
             };
-            let size = cx.plan.params.size_bytes;
+            let size = cx.plan().params.size_bytes;
             let client = &topo.client;
             let mounted = match &subject.reach {
                 Reach::KernelNfs(v, address) => crate::subjects::kernel_nfs::mount(client, link.target_ip, *address, *v, mp, "")?,
@@ -527,14 +422,11 @@ impl FsStage {
                     // Over NFS `--fs` is the server's file system; the
                     // image's own (a VM guest's) stays ext4.
                     let kind = if *image_on_nfs { crate::suites::fs::fs_kind::FsKind::Ext4 } else { self.fs_kind };
-                    match client.ssh() {
-                        Some(h) => crate::suites::fs::remote_fs::mount_blockwire(h, url, mp, kind, size)?,
-                        None => crate::suites::fs::mounts::mount_remote_as(&cx.exe, client, url, mp, kind, size)?,
-                    }
+                    self.client()?.mount_blockwire(cx.exe(), client, url, mp, kind, size)?
                 }
                 Reach::Local => {
                     // The raw device first: the file system goes on it next.
-                    let (loop_token, dev) = crate::suites::fs::mounts::loop_device(&cx.backing)?;
+                    let (loop_token, dev) = crate::suites::fs::mounts::loop_device(cx.backing())?;
                     for &(workload, mem) in cases.iter().filter(|(w, _)| *w == FsWorkload::IogenRaw) {
                         if interrupted() {
                             break;
@@ -542,7 +434,7 @@ impl FsStage {
                         self.fs_case(cx, &FsCaseRun { workload, mem, raw_dev: Some(&dev), ..base });
                         left -= 1;
                     }
-                    crate::suites::fs::mounts::mount_local_as(&dev, loop_token, mp, self.fs_kind, cx.plan.params.size_bytes)?
+                    crate::suites::fs::mounts::mount_local_as(&dev, loop_token, mp, self.fs_kind, cx.plan().params.size_bytes)?
                 }
             };
             let on_fs = FsCaseRun { target, daemon: mounted.daemon_pid, ..base };
@@ -553,11 +445,11 @@ impl FsStage {
                 self.fs_case(cx, &FsCaseRun { workload, mem, ..on_fs });
                 left -= 1;
             }
-            cx.progress
+            cx.progress()
                 .set_message(format!("fs {key} #{rep}: unmounting"));
             mounted.release()
         })();
-        cx.progress.inc(left);
+        cx.progress().inc(left);
         r
     }
 
@@ -567,7 +459,7 @@ impl FsStage {
         let (key, w, mem) = (c.key, c.workload, c.mem);
         let local = *key == crate::suites::fs::workloads::LOCAL;
         let mtu = if local { None } else { Some(c.link.mtu) };
-        cx.progress
+        cx.progress()
             .set_message(format!("fs {key} {} {}M #{}", w.name(), mem >> 20, c.rep));
         match self.fs_case_inner(cx, c) {
             Ok(s) => cx.push_fs(s),
@@ -580,43 +472,33 @@ impl FsStage {
         // (Interrupted: the file system is about to go, and writing its
         // deletions back through a busy link is what made Ctrl-C slow.)
         if !interrupted() {
-            if let Err(e) = crate::suites::fs::remote_fs::clean_dir(&c.topo.client, &c.mp.join("w")) {
+            if let Err(e) = self.client().and_then(|client| client.clean_dir(&c.mp.join("w"))) {
                 cx.say(&format!("lab: {e:#}"));
             }
         }
-        cx.progress.inc(1);
+        cx.progress().inc(1);
     }
 
     fn fs_case_inner(&mut self, cx: &mut RunContext, c: &FsCaseRun) -> anyhow::Result<crate::suites::fs::workloads::FsSample> {
         let &FsCaseRun { topo, link, key, target, daemon, rep, workload: w, mem, mp, raw_dev, kernel } = c;
-        let fsp = cx
-            .plan
-            .fs
-            .clone()
-            .ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
+        let fsp = cx.plan().fs.clone().ok_or_else(|| anyhow::anyhow!("no fs suite"))?;
         let local = *key == crate::suites::fs::workloads::LOCAL;
         let dir = mp.join("w");
-        // Over ssh the workload, its files and its cgroup are the client host's.
-        let remote = topo.client.ssh();
-        match remote {
-            Some(h) => crate::suites::fs::remote_fs::prepare(h, w, &fsp, &dir)?,
-            None => {
-                std::fs::create_dir_all(&dir)?;
-                prepare_fs_workload(w, &fsp, &dir)?;
-            }
-        }
         self.serial += 1;
         let name = format!("bwlab-{}-{}", std::process::id(), self.serial);
-        let cg = FsCgroup::create(remote, self.client_cgroup.as_ref(), &name, mem)?;
+        // Over ssh the workload, its files and its cgroup are the client host's.
+        let client = self.client()?;
+        client.prepare(w, &fsp, &dir)?;
+        let cg = client.cgroup(&name, mem)?;
         let (busy, _) = cx.wait_idle();
         let started_unix = unix_now();
         let before = Readings::before(topo, link, local, target, daemon, kernel)?;
-        let (prog, args) = crate::suites::fs::workloads::command(w, &fsp, &topo.client.lab_exe(&cx.exe), &dir, raw_dev);
+        let (prog, args) = crate::suites::fs::workloads::command(w, &fsp, &topo.client.lab_exe(cx.exe()), &dir, raw_dev);
         // Room for making the file sets and Bonnie++'s passes over a slow link.
         let timeout = Duration::from_secs(fsp.runtime_s as u64 + 600);
-        let run = cg.run(remote, &dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout);
+        let run = cg.run(&dir, self.fsync.wrapper(), &prog, &args, w.name(), timeout);
         let after = Readings::after(topo, link, local, target, daemon, kernel)?;
-        let (ooms, peak) = cg.finish(remote)?;
+        let (ooms, peak) = cg.finish()?;
         let f = run?;
         if ooms > 0 {
             anyhow::bail!(
@@ -638,7 +520,7 @@ impl FsStage {
         let result = parse_fs_result(w, &fsp, &f.stdout)?;
         Ok(crate::suites::fs::workloads::FsSample {
             subject: key.clone(),
-            link: cx.shape.clone(),
+            link: cx.link_shape().to_string(),
             mtu: if local { None } else { Some(link.mtu) },
             client_mem: mem,
             workload: w.name().into(),
@@ -661,7 +543,7 @@ impl FsStage {
 
     /// The fs results of this link in the terminal (from `first` on).
     fn print_fs_rows(&self, cx: &RunContext, first: usize) {
-        for line in bw_lab_report::rows::fs_rows(&cx.results.fs[first..]) {
+        for line in bw_lab_report::rows::fs_rows(&cx.results().fs[first..]) {
             cx.say(&line);
         }
     }

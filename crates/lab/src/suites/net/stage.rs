@@ -25,14 +25,14 @@ impl Stage for NetStage {
 }
 
 fn run_net(cx: &mut RunContext, topo: &Topology, link: &Link, shape: &LinkShape) -> anyhow::Result<()> {
-    let runs = cx.plan.net_runs as u64;
+    let runs = cx.plan().net_runs as u64;
     if !cx.begin_case(&crate::resume::case::net(&shape.name, link.mtu)) {
-        cx.progress.inc(runs);
+        cx.progress().inc(runs);
         return Ok(());
     }
-    cx.progress.set_message(format!("iperf3 MTU {} link {}", link.mtu, shape.name));
+    cx.progress().set_message(format!("iperf3 MTU {} link {}", link.mtu, shape.name));
     let repeats = runs / crate::suites::net::iperf::STREAMS.len() as u64;
-    match crate::suites::net::iperf::run_net(topo, link, shape, cx.plan.params.net_runtime_s, repeats as u32) {
+    match crate::suites::net::iperf::run_net(topo, link, shape, cx.plan().params.net_runtime_s, repeats as u32) {
         Ok(samples) => {
             for n in crate::suites::net::iperf::STREAMS {
                 let v: Vec<&crate::suites::net::iperf::NetSample> = samples.iter().filter(|s| s.streams == n).collect();
@@ -59,14 +59,14 @@ fn run_net(cx: &mut RunContext, topo: &Topology, link: &Link, shape: &LinkShape)
             }
             cx.say(&format!("lab: iperf3 at MTU {} link {} failed: {e:#}", link.mtu, shape.name));
             cx.push_failure(Failure {
-                subject: "iperf3".into(),
+                subject: bw_lab_results::FailureSubject::Iperf3,
                 mtu: Some(link.mtu),
                 workload: format!("net link {}", shape.name),
                 reason: format!("{e:#}"),
             });
         }
     }
-    cx.progress.inc(runs);
+    cx.progress().inc(runs);
     cx.end_case();
     cx.save()
 }

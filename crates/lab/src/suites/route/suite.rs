@@ -244,12 +244,39 @@ fn measure_overhead_once(
     dir: &Path,
 ) -> anyhow::Result<Overhead> {
     let pcap = dir.join(format!("{}-{p}.pcap", net.kind.name()));
+    let bench = capture_while(net, &pcap, || {
+        client(net, exe, &["bench", url, "--rw", "read", "--bs", "1M", "--iodepth", "4", "--ios", "64"])
+    })?;
+    bench.context("the read during the capture")?;
+    let pcap_s = pcap.to_str().context("pcap path")?.to_string();
+    let counts = frames_by_header_bytes(&pcap_s, p)?;
+    let mut m = vec!["tshark".to_string(), "-r".into(), pcap_s];
+    m.extend(tshark_decode_args());
+    m.extend(["-Y".into(), "_ws.malformed".into()]);
+    let malformed = run_text(&m)?.lines().count();
+    let frames = counts.values().sum();
+    let (&bytes_per_frame, _) = counts
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .context("no data frames in the capture")?;
+    Ok(Overhead {
+        path: net.kind.name().into(),
+        protocol: p.name().into(),
+        bytes_per_frame,
+        frames,
+        malformed,
+    })
+}
+
+/// Capture (up to 400 frames) at the path's capture point into `pcap`
+/// while `run` runs; `run`'s outcome once the capture has stopped.
+fn capture_while<T>(net: &RouteNet, pcap: &Path, run: impl FnOnce() -> T) -> anyhow::Result<T> {
     let (ns, ifname) = &net.capture_point();
     let mut cmd = Command::new("ip");
     cmd.args([
         "netns", "exec", ns, "tshark", "-q", "-c", "400", "-i", ifname, "-w",
     ])
-    .arg(&pcap)
+    .arg(pcap)
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
     let (token, mut tshark) = spawn_service(&mut cmd, "tshark")?;
@@ -271,22 +298,7 @@ fn measure_overhead_once(
         }
     });
     let _ = rx.recv_timeout(Duration::from_secs(20));
-    let bench = client(
-        net,
-        exe,
-        &[
-            "bench",
-            url,
-            "--rw",
-            "read",
-            "--bs",
-            "1M",
-            "--iodepth",
-            "4",
-            "--ios",
-            "64",
-        ],
-    );
+    let outcome = run();
     let deadline = Instant::now() + Duration::from_secs(10);
     while tshark.try_wait()?.is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -295,9 +307,13 @@ fn measure_overhead_once(
     unsafe { libc::kill(tshark.id() as i32, libc::SIGINT) };
     let _ = tshark.wait();
     registry().forget(token);
-    bench.context("the read during the capture")?;
-    let pcap_s = pcap.to_str().context("pcap path")?.to_string();
-    let mut args = vec!["tshark".to_string(), "-r".into(), pcap_s.clone()];
+    Ok(outcome)
+}
+
+/// The data frames of the capture by their bytes besides the payload
+/// (headers, digests): how many frames had each count.
+fn frames_by_header_bytes(pcap_s: &str, p: Protocol) -> anyhow::Result<std::collections::BTreeMap<u32, usize>> {
+    let mut args = vec!["tshark".to_string(), "-r".into(), pcap_s.to_string()];
     args.extend(tshark_decode_args());
     let (filter, fields) = if p == Protocol::Aoe {
         (
@@ -321,22 +337,7 @@ fn measure_overhead_once(
             *counts.entry(v[0].saturating_sub(payload)).or_default() += 1;
         }
     }
-    let mut m = vec!["tshark".to_string(), "-r".into(), pcap_s];
-    m.extend(tshark_decode_args());
-    m.extend(["-Y".into(), "_ws.malformed".into()]);
-    let malformed = run_text(&m)?.lines().count();
-    let frames = counts.values().sum();
-    let (&bytes_per_frame, _) = counts
-        .iter()
-        .max_by_key(|(_, n)| **n)
-        .context("no data frames in the capture")?;
-    Ok(Overhead {
-        path: net.kind.name().into(),
-        protocol: p.name().into(),
-        bytes_per_frame,
-        frames,
-        malformed,
-    })
+    Ok(counts)
 }
 
 /// tshark options that decode the pseudowire (Ethernet with control word).
