@@ -22,7 +22,7 @@ use bw_iscsi::initiator_session::{Command, Completion, Context, DirectRead, Init
 use bw_scsi::{initiator, sense, status};
 use bytes::{Bytes, BytesMut};
 use std::sync::{Arc, Mutex, MutexGuard};
-use crate::waiting::{self, Deadlines, Mailboxes};
+use crate::waiting::{self, Deadlines, InFlight, Mailboxes, Waits};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -104,31 +104,16 @@ impl Shared {
     }
 }
 
-/// One command between its submission and its result. Dropped early (its
-/// caller gave up), it takes the command's context out of the session
-/// first: a buffer that is going away is never written again.
-struct InFlight<'a> {
-    sh: &'a Shared,
-    ticket: Ticket,
-    mailbox: usize,
-    finished: bool,
-}
-
-impl InFlight<'_> {
-    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<std::result::Result<Completion, TaskError>> {
-        let r = self.sh.lock().mailboxes.poll(self.mailbox, cx);
-        self.finished = r.is_ready();
-        r
+impl Waits for Shared {
+    type Result = std::result::Result<Completion, TaskError>;
+    type Ticket = Ticket;
+    fn poll_mailbox(&self, m: usize, cx: &mut std::task::Context<'_>) -> Poll<Self::Result> {
+        self.lock().mailboxes.poll(m, cx)
     }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if !self.finished {
-            let mut st = self.sh.lock();
-            st.s.cancel(self.ticket);
-            st.mailboxes.release(self.mailbox);
-        }
+    fn cancel(&self, t: Ticket, m: usize) {
+        let mut st = self.lock();
+        st.s.cancel(t);
+        st.mailboxes.release(m);
     }
 }
 
@@ -172,8 +157,7 @@ impl Session {
                 }
             }
         };
-        let mut f = InFlight { sh: &self.shared, ticket, mailbox, finished: false };
-        std::future::poll_fn(|cx| f.poll(cx)).await.map_err(|e| task_error(e, cdb))
+        InFlight::new(&*self.shared, ticket, mailbox).wait().await.map_err(|e| task_error(e, cdb))
     }
 }
 

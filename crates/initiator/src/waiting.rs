@@ -72,6 +72,54 @@ impl<R> Mailboxes<R> {
     }
 }
 
+/// A session (or queue) whose callers wait in [`Mailboxes`] kept under
+/// its lock with its protocol state.
+pub(crate) trait Waits {
+    type Result;
+    /// What its state machine names a command by.
+    type Ticket: Copy;
+    /// Poll mailbox `m` under the lock (see [`Mailboxes::poll`]).
+    fn poll_mailbox(&self, m: usize, cx: &mut Context<'_>) -> Poll<Self::Result>;
+    /// The caller of `t` gave up: take its command (and the buffer it
+    /// would write to) out of the state machine and release mailbox `m`,
+    /// both under the lock.
+    fn cancel(&self, t: Self::Ticket, m: usize);
+}
+
+/// One command between its submission and its result. Dropped early (its
+/// caller gave up), it takes the command out of the session first: a
+/// buffer that is going away is never written again.
+pub(crate) struct InFlight<'a, S: Waits> {
+    sh: &'a S,
+    ticket: S::Ticket,
+    mailbox: usize,
+    finished: bool,
+}
+
+impl<'a, S: Waits> InFlight<'a, S> {
+    pub fn new(sh: &'a S, ticket: S::Ticket, mailbox: usize) -> Self {
+        InFlight { sh, ticket, mailbox, finished: false }
+    }
+
+    /// The command's result.
+    pub async fn wait(mut self) -> S::Result {
+        std::future::poll_fn(|cx| {
+            let r = self.sh.poll_mailbox(self.mailbox, cx);
+            self.finished = r.is_ready();
+            r
+        })
+        .await
+    }
+}
+
+impl<S: Waits> Drop for InFlight<'_, S> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.sh.cancel(self.ticket, self.mailbox);
+        }
+    }
+}
+
 /// A session's (or queue's) deadlines, for [`timer_loop`].
 pub(crate) trait Deadlines: Send + Sync + 'static {
     /// The earliest deadline of a command in flight; `Err(())` once the

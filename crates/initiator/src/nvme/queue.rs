@@ -12,7 +12,7 @@ use bw_nvme::host_queue::{Context, DirectRead, HostConfig, HostError, HostQueue,
 use bw_nvme::pdu::{self, Digests};
 use bytes::{Bytes, BytesMut};
 use std::sync::{Arc, Mutex, MutexGuard};
-use crate::waiting::{self, Deadlines, Mailboxes};
+use crate::waiting::{self, Deadlines, InFlight, Mailboxes, Waits};
 use std::task::Poll;
 use std::time::Instant;
 use tokio::io::AsyncReadExt;
@@ -100,31 +100,16 @@ impl Deadlines for Shared {
     }
 }
 
-/// One command between its submission and its result. Dropped early (its
-/// caller gave up), it takes the command out of the queue first: a buffer
-/// that is going away is never written again.
-struct InFlight<'a> {
-    sh: &'a Shared,
-    ticket: Ticket,
-    mailbox: usize,
-    finished: bool,
-}
-
-impl InFlight<'_> {
-    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<std::result::Result<Done, HostError>> {
-        let r = self.sh.lock().mailboxes.poll(self.mailbox, cx);
-        self.finished = r.is_ready();
-        r
+impl Waits for Shared {
+    type Result = std::result::Result<Done, HostError>;
+    type Ticket = Ticket;
+    fn poll_mailbox(&self, m: usize, cx: &mut std::task::Context<'_>) -> Poll<Self::Result> {
+        self.lock().mailboxes.poll(m, cx)
     }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if !self.finished {
-            let mut st = self.sh.lock();
-            st.q.cancel(self.ticket);
-            st.mailboxes.release(self.mailbox);
-        }
+    fn cancel(&self, t: Ticket, m: usize) {
+        let mut st = self.lock();
+        st.q.cancel(t);
+        st.mailboxes.release(m);
     }
 }
 
@@ -304,8 +289,7 @@ impl TcpQueue {
                 }
             }
         };
-        let mut f = InFlight { sh: &self.shared, ticket, mailbox, finished: false };
-        std::future::poll_fn(|cx| f.poll(cx)).await.map_err(|e| self.client_error(e, &sqe))
+        InFlight::new(&*self.shared, ticket, mailbox).wait().await.map_err(|e| self.client_error(e, &sqe))
     }
 
     pub fn is_dead(&self) -> bool {
