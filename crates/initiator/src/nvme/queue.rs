@@ -435,3 +435,40 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
     log::debug!("nvme queue reader: {why}");
     sh.fail_all(&why);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bw_nvme::queue_entry::admin;
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+
+    /// The queue has no timer per command: its one timer task must still
+    /// fail a command the controller never answers, and the queue with it.
+    #[tokio::test]
+    async fn a_command_never_answered_times_out_and_takes_the_queue_down() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let controller = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut ic = [0u8; pdu::IC_LEN];
+            s.read_exact(&mut ic).await.unwrap();
+            let mut out = BytesMut::new();
+            let resp = pdu::IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 128 << 10 };
+            pdu::Pdu::IcResp(resp).encode(Digests::default(), &mut out);
+            s.write_all(&out).await.unwrap();
+            // Take commands, answer none.
+            let mut sink = vec![0u8; 64 << 10];
+            while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        });
+        let opts = ConnectOptions { timeout: Duration::from_millis(200), ..Default::default() };
+        let q = TcpQueue::open("127.0.0.1", port, 0, 4, &opts, None).await.unwrap();
+        // (The bound only turns a hang into a failure; nothing is timed.)
+        let r = tokio::time::timeout(Duration::from_secs(120), q.submit(Sqe::new(admin::KEEP_ALIVE, 0, 0), None, 0))
+            .await
+            .expect("the command was never failed");
+        assert!(matches!(r, Err(ClientError::Timeout(_))), "{r:?}");
+        assert!(q.is_dead());
+        controller.abort();
+    }
+}
