@@ -22,7 +22,8 @@ use bw_iscsi::initiator_session::{Command, Completion, Context, DirectRead, Init
 use bw_scsi::{initiator, sense, status};
 use bytes::{Bytes, BytesMut};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Poll, Waker};
+use crate::waiting::{self, Deadlines, InFlight, Mailboxes, Waits};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -62,33 +63,11 @@ impl Context for Waiter {
     }
 }
 
-/// Where one command's result waits for its caller.
-#[derive(Default)]
-struct Mailbox {
-    result: Option<std::result::Result<Completion, TaskError>>,
-    waker: Option<Waker>,
-}
-
 /// The session state machine and the callers waiting on it.
 struct State {
     s: InitiatorSession<Waiter>,
-    mailboxes: Vec<Mailbox>,
-    /// Mailboxes no command uses.
-    free: Vec<usize>,
+    mailboxes: Mailboxes<std::result::Result<Completion, TaskError>>,
     logout: Option<oneshot::Sender<()>>,
-}
-
-impl State {
-    fn mailbox(&mut self) -> usize {
-        self.free.pop().unwrap_or_else(|| {
-            self.mailboxes.push(Mailbox::default());
-            self.mailboxes.len() - 1
-        })
-    }
-    fn release(&mut self, m: usize) {
-        self.mailboxes[m] = Mailbox::default();
-        self.free.push(m);
-    }
 }
 
 struct Shared {
@@ -106,11 +85,7 @@ impl Shared {
     /// the batch), and wake the writer if there is something to send.
     fn deliver(&self, st: &mut State) {
         while let Some((w, r)) = st.s.poll_completion() {
-            let b = &mut st.mailboxes[w.mailbox];
-            b.result = Some(r);
-            if let Some(k) = b.waker.take() {
-                k.wake();
-            }
+            st.mailboxes.post(w.mailbox, r);
         }
         if st.s.take_logged_out() || st.s.dead().is_some() {
             if let Some(l) = st.logout.take() {
@@ -129,39 +104,16 @@ impl Shared {
     }
 }
 
-/// One command between its submission and its result. Dropped early (its
-/// caller gave up), it takes the command's context out of the session
-/// first: a buffer that is going away is never written again.
-struct InFlight<'a> {
-    sh: &'a Shared,
-    ticket: Ticket,
-    mailbox: usize,
-    finished: bool,
-}
-
-impl InFlight<'_> {
-    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<std::result::Result<Completion, TaskError>> {
-        let mut st = self.sh.lock();
-        let b = &mut st.mailboxes[self.mailbox];
-        if let Some(r) = b.result.take() {
-            st.release(self.mailbox);
-            self.finished = true;
-            return Poll::Ready(r);
-        }
-        if !b.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            b.waker = Some(cx.waker().clone());
-        }
-        Poll::Pending
+impl Waits for Shared {
+    type Result = std::result::Result<Completion, TaskError>;
+    type Ticket = Ticket;
+    fn poll_mailbox(&self, m: usize, cx: &mut std::task::Context<'_>) -> Poll<Self::Result> {
+        self.lock().mailboxes.poll(m, cx)
     }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if !self.finished {
-            let mut st = self.sh.lock();
-            st.s.cancel(self.ticket);
-            st.release(self.mailbox);
-        }
+    fn cancel(&self, t: Ticket, m: usize) {
+        let mut st = self.lock();
+        st.s.cancel(t);
+        st.mailboxes.release(m);
     }
 }
 
@@ -192,7 +144,7 @@ impl Session {
         c[..cdb.len().min(16)].copy_from_slice(&cdb[..cdb.len().min(16)]);
         let (ticket, mailbox) = {
             let mut st = self.shared.lock();
-            let mailbox = st.mailbox();
+            let mailbox = st.mailboxes.open();
             let cmd = Command { lun, cdb: c, read_len, write };
             match st.s.submit(cmd, Waiter { mailbox, dest }, Instant::now()) {
                 Ok(t) => {
@@ -200,13 +152,12 @@ impl Session {
                     (t, mailbox)
                 }
                 Err((_, e)) => {
-                    st.release(mailbox);
+                    st.mailboxes.release(mailbox);
                     return Err(task_error(e, cdb));
                 }
             }
         };
-        let mut f = InFlight { sh: &self.shared, ticket, mailbox, finished: false };
-        std::future::poll_fn(|cx| f.poll(cx)).await.map_err(|e| task_error(e, cdb))
+        InFlight::new(&*self.shared, ticket, mailbox).wait().await.map_err(|e| task_error(e, cdb))
     }
 }
 
@@ -536,24 +487,18 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
     sh.fail_all(&why);
 }
 
-/// Fail commands whose time is up: one timer for the whole session, armed
-/// for its earliest deadline (a command's own timer would cost a timer
-/// wheel entry per command).
-async fn timer_loop(sh: Arc<Shared>, timeout: Duration) {
-    loop {
-        let next = {
-            let st = sh.lock();
-            if st.s.dead().is_some() {
-                return;
-            }
-            // With nothing in flight, a command submitted from now on is
-            // due after this.
-            st.s.poll_timeout().unwrap_or_else(|| Instant::now() + timeout)
-        };
-        tokio::time::sleep_until(next.into()).await;
-        let mut st = sh.lock();
-        st.s.handle_timeout(Instant::now());
-        sh.deliver(&mut st);
+impl Deadlines for Shared {
+    fn next_deadline(&self) -> std::result::Result<Option<Instant>, ()> {
+        let st = self.lock();
+        if st.s.dead().is_some() {
+            return Err(());
+        }
+        Ok(st.s.poll_timeout())
+    }
+    fn expire(&self, now: Instant) {
+        let mut st = self.lock();
+        st.s.handle_timeout(now);
+        self.deliver(&mut st);
     }
 }
 
@@ -561,13 +506,13 @@ async fn timer_loop(sh: Arc<Shared>, timeout: Duration) {
 fn start_session(rd: OwnedReadHalf, wr: OwnedWriteHalf, buf: BytesMut, d: &LoginDone, opts: &ConnectOptions) -> Session {
     let machine = InitiatorSession::new(d.params.clone(), d.cmd_sn, d.max_cmd_sn, d.exp_stat_sn, opts.timeout);
     let shared = Arc::new(Shared {
-        state: Mutex::new(State { s: machine, mailboxes: Vec::new(), free: Vec::new(), logout: None }),
+        state: Mutex::new(State { s: machine, mailboxes: Mailboxes::default(), logout: None }),
         wake: Notify::new(),
     });
     let sh = shared.clone();
     tokio::spawn(async move { crate::send::send_loop(wr, &*sh, None).await });
     let reader = tokio::spawn(read_loop(rd, buf, shared.clone()));
-    let timer = tokio::spawn(timer_loop(shared.clone(), opts.timeout));
+    let timer = tokio::spawn(waiting::timer_loop(shared.clone(), opts.timeout));
     Session { shared, slots: Semaphore::new(opts.queue_depth.max(1)), tasks: [reader, timer] }
 }
 

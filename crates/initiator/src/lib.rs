@@ -21,6 +21,7 @@ pub mod iscsi;
 pub mod nfs;
 pub mod nvme;
 mod send;
+mod waiting;
 
 use async_trait::async_trait;
 pub use bw_net::tcp::Congestion;

@@ -198,12 +198,6 @@ impl Meter {
         IoTimer { slot, op, bytes: bytes.min(u32::MAX as usize) as u32, start: at }
     }
 
-    /// The I/O `t` has its answer queued.
-    #[inline]
-    pub fn done(&self, t: IoTimer, ok: bool) {
-        self.record(t, ok, Instant::now());
-    }
-
     fn record(&self, t: IoTimer, ok: bool, now: Instant) {
         let ns = now.saturating_duration_since(t.start).as_nanos().min(u64::MAX as u128) as u64;
         self.seen[t.slot].record(t.op, t.bytes as u64, ok, ns);
@@ -820,7 +814,8 @@ mod tests {
         let m = leaked();
         let mut meter = Meter::with(m, Proto::Iscsi);
         let t = meter.start("d0", Op::Read, 4096);
-        meter.done(t, true);
+        meter.done_later(t, true);
+        meter.flush();
         m.volume("d0", Proto::Iscsi).record(Op::Write, 8192, true, 7_000);
         m.volume("d0", Proto::Iscsi).record(Op::Write, 8192, false, 2_000_000_000);
         let s = m.snapshot();

@@ -12,10 +12,12 @@ use bw_nvme::host_queue::{Context, DirectRead, HostConfig, HostError, HostQueue,
 use bw_nvme::pdu::{self, Digests};
 use bytes::{Bytes, BytesMut};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use crate::waiting::{self, Deadlines, InFlight, Mailboxes, Waits};
+use std::task::Poll;
+use std::time::Instant;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
-use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 use bw_tls::secure::RecordReader;
 
 pub use bw_nvme::host_queue::Done;
@@ -26,16 +28,17 @@ struct Dest {
     len: usize,
 }
 
-/// A caller waiting for its command.
+/// A caller waiting for its command: its mailbox (see
+/// [`crate::waiting`]) and maybe the buffer its read data goes to.
 struct Waiter {
-    done: oneshot::Sender<std::result::Result<Done, HostError>>,
+    mailbox: usize,
     dest: Option<Dest>,
 }
 
 // SAFETY: the Dest pointer is only dereferenced (in `read_buf`) under the
 // queue lock while the submitting future that owns the buffer is alive:
 // that future cancels its ticket under the same lock before the buffer can
-// go away (`Cancel`), which drops the Waiter's place in the queue.
+// go away (`InFlight`'s Drop), which drops the Waiter's place in the queue.
 unsafe impl Send for Dest {}
 
 impl Context for Waiter {
@@ -47,45 +50,66 @@ impl Context for Waiter {
     }
 }
 
+/// The queue's state machine and the callers waiting on it.
+struct State {
+    q: HostQueue<Waiter>,
+    mailboxes: Mailboxes<std::result::Result<Done, HostError>>,
+}
+
 struct Shared {
-    q: Mutex<HostQueue<Waiter>>,
+    state: Mutex<State>,
     /// Tells the writer the queue has something to send.
     wake: Notify,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, HostQueue<Waiter>> {
-        self.q.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hand finished commands to their callers; wake the writer if there
-    /// is something to send.
-    fn deliver(&self, q: &mut HostQueue<Waiter>) {
-        while let Some((w, r)) = q.poll_completion() {
-            let _ = w.done.send(r);
+    /// Hand finished commands to their callers (each woken once); wake the
+    /// writer if there is something to send.
+    fn deliver(&self, st: &mut State) {
+        while let Some((w, r)) = st.q.poll_completion() {
+            st.mailboxes.post(w.mailbox, r);
         }
-        if q.has_transmit() || q.dead().is_some() {
+        if st.q.has_transmit() || st.q.dead().is_some() {
             self.wake.notify_one();
         }
     }
 
     fn fail_all(&self, why: &str) {
-        let mut q = self.lock();
-        q.fail_all(why);
-        self.deliver(&mut q);
+        let mut st = self.lock();
+        st.q.fail_all(why);
+        self.deliver(&mut st);
     }
 }
 
-/// Takes a command out of the queue when its submitting future ends,
-/// however it ends: a buffer that is going away is never written again.
-struct Cancel<'a> {
-    shared: &'a Shared,
-    ticket: Ticket,
+impl Deadlines for Shared {
+    fn next_deadline(&self) -> std::result::Result<Option<Instant>, ()> {
+        let st = self.lock();
+        if st.q.dead().is_some() {
+            return Err(());
+        }
+        Ok(st.q.poll_timeout())
+    }
+    fn expire(&self, now: Instant) {
+        let mut st = self.lock();
+        st.q.handle_timeout(now);
+        self.deliver(&mut st);
+    }
 }
 
-impl Drop for Cancel<'_> {
-    fn drop(&mut self) {
-        self.shared.lock().cancel(self.ticket);
+impl Waits for Shared {
+    type Result = std::result::Result<Done, HostError>;
+    type Ticket = Ticket;
+    fn poll_mailbox(&self, m: usize, cx: &mut std::task::Context<'_>) -> Poll<Self::Result> {
+        self.lock().mailboxes.poll(m, cx)
+    }
+    fn cancel(&self, t: Ticket, m: usize) {
+        let mut st = self.lock();
+        st.q.cancel(t);
+        st.mailboxes.release(m);
     }
 }
 
@@ -95,13 +119,15 @@ pub struct TcpQueue {
     pub tls: Option<String>,
     shared: Arc<Shared>,
     slots: Semaphore,
-    timeout: Duration,
-    reader: tokio::task::JoinHandle<()>,
+    /// The reader and the timer (the writer ends when the queue dies).
+    tasks: [tokio::task::JoinHandle<()>; 2],
 }
 
 impl Drop for TcpQueue {
     fn drop(&mut self) {
-        self.reader.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
         // The writer ends when it sees the queue dead.
         self.shared.fail_all("queue closed");
     }
@@ -160,25 +186,25 @@ impl TcpQueue {
         .await
         .map_err(|_| ClientError::Timeout("ICResp".into()))??;
         let shared = Arc::new(Shared {
-            q: Mutex::new(q),
+            state: Mutex::new(State { q, mailboxes: Mailboxes::default() }),
             wake: Notify::new(),
         });
         let sh = shared.clone();
         tokio::spawn(async move { crate::send::send_loop(wr, &*sh, sealer).await });
         let reader = tokio::spawn(read_loop(rd, buf, digests, shared.clone(), reader));
+        let timer = tokio::spawn(waiting::timer_loop(shared.clone(), timeout));
         Ok(TcpQueue {
             qid,
             tls: described,
             shared,
             slots: Semaphore::new(depth),
-            timeout,
-            reader,
+            tasks: [reader, timer],
         })
     }
 
     /// Largest in-capsule data the controller takes on this queue.
     pub fn set_incapsule(&self, n: usize) {
-        self.shared.lock().set_incapsule(n);
+        self.shared.lock().q.set_incapsule(n);
     }
 
     /// Submit one command. `out` is data for the controller: sent in the
@@ -247,41 +273,27 @@ impl TcpQueue {
             .acquire()
             .await
             .map_err(|_| ClientError::Disconnected("queue closed".into()))?;
-        let now = Instant::now();
-        let (tx, mut rx) = oneshot::channel();
-        let ticket = {
-            let mut q = self.shared.lock();
-            let t = q
-                .submit(sqe, out, in_len, Waiter { done: tx, dest }, now)
-                .map_err(|(_, e)| self.client_error(e, &sqe))?;
-            self.shared.wake.notify_one();
-            t
-        };
-        let _cancel = Cancel {
-            shared: &self.shared,
-            ticket,
-        };
-        // The queue's deadline for this command is the same instant.
-        let r = match tokio::time::timeout_at((now + self.timeout).into(), &mut rx).await {
-            Ok(r) => r,
-            Err(_) => {
-                {
-                    let mut q = self.shared.lock();
-                    q.handle_timeout(Instant::now());
-                    self.shared.deliver(&mut q);
+        // No timer of its own: the queue's timer task fails it at its
+        // deadline (`waiting::timer_loop`).
+        let (ticket, mailbox) = {
+            let mut st = self.shared.lock();
+            let mailbox = st.mailboxes.open();
+            match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, Instant::now()) {
+                Ok(t) => {
+                    self.shared.wake.notify_one();
+                    (t, mailbox)
                 }
-                (&mut rx).await
+                Err((_, e)) => {
+                    st.mailboxes.release(mailbox);
+                    return Err(self.client_error(e, &sqe));
+                }
             }
         };
-        match r {
-            Ok(Ok(d)) => Ok(d),
-            Ok(Err(e)) => Err(self.client_error(e, &sqe)),
-            Err(_) => Err(ClientError::Disconnected("queue closed".into())),
-        }
+        InFlight::new(&*self.shared, ticket, mailbox).wait().await.map_err(|e| self.client_error(e, &sqe))
     }
 
     pub fn is_dead(&self) -> bool {
-        self.shared.lock().dead().is_some()
+        self.shared.lock().q.dead().is_some()
     }
 }
 
@@ -299,8 +311,8 @@ impl crate::send::Transmit for Shared {
         &self.wake
     }
     fn poll(&self, out: &mut Vec<u8>) -> (bool, Option<Bytes>) {
-        let mut q = self.lock();
-        (q.dead().is_some(), q.poll_transmit(out))
+        let mut st = self.lock();
+        (st.q.dead().is_some(), st.q.poll_transmit(out))
     }
     fn fail_all(&self, why: &str) {
         Shared::fail_all(self, why)
@@ -353,8 +365,8 @@ async fn recv_direct(
 ) -> std::result::Result<(), String> {
     crate::direct::recv(rd, dr.left(), crate::direct::Wakeups::LowWater(RCVLOWAT_MAX), || {
         // Under the queue lock: a caller that gives up takes its buffer
-        // back under the same lock (`Cancel`).
-        let n = sh.lock().direct_fill(dr, |dst| rd.try_read(dst))?;
+        // back under the same lock (`InFlight`).
+        let n = sh.lock().q.direct_fill(dr, |dst| rd.try_read(dst))?;
         Ok((n, dr.left()))
     })
     .await
@@ -369,7 +381,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
     let why = loop {
         // Through the user-space record layer, payloads come out of the
         // records into `buf`; the queue copies them on from there.
-        let direct = if tls.is_some() { Ok(None) } else { sh.lock().begin_direct(&mut buf) };
+        let direct = if tls.is_some() { Ok(None) } else { sh.lock().q.begin_direct(&mut buf) };
         match direct {
             Err(e) => break e.to_string(),
             Ok(Some(mut dr)) => {
@@ -378,8 +390,8 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
                     break why;
                 }
                 header_only = large;
-                let mut q = sh.lock();
-                sh.deliver(&mut q);
+                let mut st = sh.lock();
+                sh.deliver(&mut st);
                 continue;
             }
             Ok(None) => {}
@@ -394,9 +406,9 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
         let partial_data_header =
             !d.data && buf.first() == Some(&pdu::kind::C2H_DATA) && buf.len() < hdr_need;
         if !partial_data_header {
-            let mut q = sh.lock();
-            let r = q.receive(&mut buf);
-            sh.deliver(&mut q);
+            let mut st = sh.lock();
+            let r = st.q.receive(&mut buf);
+            sh.deliver(&mut st);
             match r {
                 Err(e) => break e.to_string(),
                 Ok(true) => continue,
@@ -422,4 +434,41 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
     };
     log::debug!("nvme queue reader: {why}");
     sh.fail_all(&why);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bw_nvme::queue_entry::admin;
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+
+    /// The queue has no timer per command: its one timer task must still
+    /// fail a command the controller never answers, and the queue with it.
+    #[tokio::test]
+    async fn a_command_never_answered_times_out_and_takes_the_queue_down() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let controller = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut ic = [0u8; pdu::IC_LEN];
+            s.read_exact(&mut ic).await.unwrap();
+            let mut out = BytesMut::new();
+            let resp = pdu::IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 128 << 10 };
+            pdu::Pdu::IcResp(resp).encode(Digests::default(), &mut out);
+            s.write_all(&out).await.unwrap();
+            // Take commands, answer none.
+            let mut sink = vec![0u8; 64 << 10];
+            while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        });
+        let opts = ConnectOptions { timeout: Duration::from_millis(200), ..Default::default() };
+        let q = TcpQueue::open("127.0.0.1", port, 0, 4, &opts, None).await.unwrap();
+        // (The bound only turns a hang into a failure; nothing is timed.)
+        let r = tokio::time::timeout(Duration::from_secs(120), q.submit(Sqe::new(admin::KEEP_ALIVE, 0, 0), None, 0))
+            .await
+            .expect("the command was never failed");
+        assert!(matches!(r, Err(ClientError::Timeout(_))), "{r:?}");
+        assert!(q.is_dead());
+        controller.abort();
+    }
 }

@@ -201,6 +201,7 @@ impl Queue<Rdma> {
                     return self.end(end);
                 }
             }
+            self.link.timed();
             self.t.post()?;
             while let Some(ev) = self.t.qp.cm_event()? {
                 match ev.kind {

@@ -255,6 +255,10 @@ impl driver::Session for Queue<Tcp> {
             Signal::Killed => Step::Close(Ok(())),
         }
     }
+
+    fn before_send(&mut self) {
+        self.link.timed();
+    }
 }
 
 impl Transport for Tcp {

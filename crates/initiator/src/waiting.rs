@@ -1,0 +1,181 @@
+//! How callers of the TCP initiators (iSCSI, NVMe/TCP) wait for their
+//! commands: a mailbox per command in flight, reused, that the reader task
+//! fills and wakes, and one timer per session or queue armed for the
+//! earliest deadline. Per command this allocates nothing and registers no
+//! timer: a oneshot channel and a `tokio::time::timeout` per command (the
+//! NVMe/TCP initiator's before) cost an allocation, a free and a timer
+//! wheel entry each (docs/notes/2026-11-26-floor-3.md).
+
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// Where one command's result waits for its caller.
+struct Mailbox<R> {
+    result: Option<R>,
+    waker: Option<Waker>,
+}
+
+/// The mailboxes of a session's (or queue's) commands, kept under the
+/// same lock as its protocol state.
+pub(crate) struct Mailboxes<R> {
+    boxes: Vec<Mailbox<R>>,
+    /// Mailboxes no command uses.
+    free: Vec<usize>,
+}
+
+impl<R> Default for Mailboxes<R> {
+    fn default() -> Self {
+        Mailboxes { boxes: Vec::new(), free: Vec::new() }
+    }
+}
+
+impl<R> Mailboxes<R> {
+    /// A mailbox for a new command.
+    pub fn open(&mut self) -> usize {
+        self.free.pop().unwrap_or_else(|| {
+            self.boxes.push(Mailbox { result: None, waker: None });
+            self.boxes.len() - 1
+        })
+    }
+
+    /// The command of mailbox `m` is over (or its caller gave up).
+    pub fn release(&mut self, m: usize) {
+        let b = &mut self.boxes[m];
+        b.result = None;
+        b.waker = None;
+        self.free.push(m);
+    }
+
+    /// The command of mailbox `m` finished: keep its result and wake its
+    /// caller.
+    pub fn post(&mut self, m: usize, r: R) {
+        let b = &mut self.boxes[m];
+        b.result = Some(r);
+        if let Some(k) = b.waker.take() {
+            k.wake();
+        }
+    }
+
+    /// The result, once there (the mailbox is then released), else the
+    /// caller's waker is kept for [`Mailboxes::post`].
+    pub fn poll(&mut self, m: usize, cx: &mut Context<'_>) -> Poll<R> {
+        let b = &mut self.boxes[m];
+        if let Some(r) = b.result.take() {
+            self.release(m);
+            return Poll::Ready(r);
+        }
+        if !b.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            b.waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+/// A session (or queue) whose callers wait in [`Mailboxes`] kept under
+/// its lock with its protocol state.
+pub(crate) trait Waits {
+    type Result;
+    /// What its state machine names a command by.
+    type Ticket: Copy;
+    /// Poll mailbox `m` under the lock (see [`Mailboxes::poll`]).
+    fn poll_mailbox(&self, m: usize, cx: &mut Context<'_>) -> Poll<Self::Result>;
+    /// The caller of `t` gave up: take its command (and the buffer it
+    /// would write to) out of the state machine and release mailbox `m`,
+    /// both under the lock.
+    fn cancel(&self, t: Self::Ticket, m: usize);
+}
+
+/// One command between its submission and its result. Dropped early (its
+/// caller gave up), it takes the command out of the session first: a
+/// buffer that is going away is never written again.
+pub(crate) struct InFlight<'a, S: Waits> {
+    sh: &'a S,
+    ticket: S::Ticket,
+    mailbox: usize,
+    finished: bool,
+}
+
+impl<'a, S: Waits> InFlight<'a, S> {
+    pub fn new(sh: &'a S, ticket: S::Ticket, mailbox: usize) -> Self {
+        InFlight { sh, ticket, mailbox, finished: false }
+    }
+
+    /// The command's result.
+    pub async fn wait(mut self) -> S::Result {
+        std::future::poll_fn(|cx| {
+            let r = self.sh.poll_mailbox(self.mailbox, cx);
+            self.finished = r.is_ready();
+            r
+        })
+        .await
+    }
+}
+
+impl<S: Waits> Drop for InFlight<'_, S> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.sh.cancel(self.ticket, self.mailbox);
+        }
+    }
+}
+
+/// A session's (or queue's) deadlines, for [`timer_loop`].
+pub(crate) trait Deadlines: Send + Sync + 'static {
+    /// The earliest deadline of a command in flight; `Err(())` once the
+    /// session is dead (the timer ends).
+    fn next_deadline(&self) -> Result<Option<Instant>, ()>;
+    /// Time passed: fail what is late and hand it to its callers.
+    fn expire(&self, now: Instant);
+}
+
+/// Fail commands whose time is up: one timer for the whole session, armed
+/// for its earliest deadline.
+pub(crate) async fn timer_loop<S: Deadlines>(sh: Arc<S>, timeout: Duration) {
+    loop {
+        let Ok(next) = sh.next_deadline() else { return };
+        // With nothing in flight, a command submitted from now on is due
+        // after this.
+        let next = next.unwrap_or_else(|| Instant::now() + timeout);
+        tokio::time::sleep_until(next.into()).await;
+        sh.expire(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_result_reaches_its_caller_once_and_the_mailbox_is_reused() {
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut m = Mailboxes::<u32>::default();
+        let (a, b) = (m.open(), m.open());
+        assert_ne!(a, b);
+        assert!(m.poll(a, &mut cx).is_pending());
+        m.post(a, 7);
+        assert_eq!(woken.0.load(Ordering::Relaxed), 1);
+        assert_eq!(m.poll(a, &mut cx), Poll::Ready(7));
+        // Released on delivery: the next command gets it, empty.
+        let c = m.open();
+        assert_eq!(c, a);
+        assert!(m.poll(c, &mut cx).is_pending());
+        // A caller that gave up: its result is gone with it.
+        m.post(b, 9);
+        m.release(b);
+        let d = m.open();
+        assert_eq!(d, b);
+        assert!(m.poll(d, &mut cx).is_pending());
+    }
+}
