@@ -205,7 +205,8 @@ unsafe extern "C" fn find_session(
                 let note = if hash == c.psk.hash {
                     c.note
                 } else {
-                    format!("{}; bound with {hash:?}, not the identity's {:?}: a Linux host's tlshd 1.0", c.note, c.psk.hash)
+                    let name = |h| if h == PskHash::Sha256 { "SHA-256" } else { "SHA-384" };
+                    format!("{}; bound with {}, not the identity's {}: a Linux host's tlshd 1.0", c.note, name(hash), name(c.psk.hash))
                 };
                 st.note = Some(note.clone());
                 st.notes.push(note);

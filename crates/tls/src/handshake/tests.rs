@@ -206,7 +206,7 @@ fn a_sha384_psk_bound_with_sha256_as_tlshd_1_0_does() {
     let (c, s, _) = run(c, server(K384), b"");
     let (c, s) = (c.unwrap(), s.unwrap());
     assert_eq!((c.suite, s.suite), (Suite::Chacha20Poly1305Sha256, Suite::Chacha20Poly1305Sha256));
-    assert!(s.note.as_deref().unwrap().contains("bound with Sha256"), "{:?}", s.note);
+    assert!(s.note.as_deref().unwrap().contains("bound with SHA-256, not the identity's SHA-384"), "{:?}", s.note);
     let mut wire = Vec::new();
     Sealer::new(&c.tx).seal_all(&[7u8; 40000], &mut wire);
     let mut plain = BytesMut::new();
