@@ -6,16 +6,18 @@
 #      host's kernel has no kTLS): connect --tls, ext4 made, written, fsck
 #      clean; connect-all from the discovery log; DH-HMAC-CHAP inside TLS;
 #      a wrong PSK refused and the target still serving; plaintext refused
-#      on the TLS-required port;
+#      on the TLS-required port; a SHA-384 PSK (NVMeTLSkey-1:02), which this
+#      tlshd binds with SHA-256 (TLS_CHACHA20_POLY1305_SHA256 results);
 #   B. `blockwire serve` inside the guest with kTLS (tls_records = "kernel")
-#      and the guest's own Linux host connecting to it over TLS;
+#      and the guest's own Linux host connecting to it over TLS (the SHA-384
+#      PSK's host too: ChaCha20-Poly1305 on kTLS);
 #   C. secure channel concatenation (--concat): what this kernel offers;
 #   D. the kernel's nvmet requiring TLS on guest port 4420 for blockwire's
 #      initiator on the host (qemu hostfwd); the guest stays up until the
 #      host connects with host NQN $DONE to the plaintext port 4422.
 # The test prepends: PORT (host serve, TLS required), NQN, H1/K1 (TLS),
 # H2/K2/D2 (TLS + DH-HMAC-CHAP secret D2), H3/K3 (the target has K3, the
-# guest is given BAD), BW (blockwire in the guest), TNQN/TH/TK (nvmet's
+# guest is given BAD), H5/K5 (a SHA-384 PSK), BW (blockwire in the guest), TNQN/TH/TK (nvmet's
 # subsystem, host and PSK), DONE. Runs under `sh -e` (busybox).
 : "${LIMIT:=600}"
 T=10.0.2.2
@@ -103,6 +105,7 @@ insert "$K1" $H1 $NQN
 insert "$K1" $H1 $DISC
 insert "$K2" $H2 $NQN
 insert "$BAD" $H3 $NQN
+insert "$K5" $H5 $NQN
 keyctl show %:.nvme 2>&1 | sed 's/^/keyring: /' | head -10
 c=$(connect $T $PORT $NQN $H1 --tls) || die "nvme connect --tls as $H1: $(cat /tmp/conn)"
 dev=$(wait_blockdev $c) || die "no namespace on $c"
@@ -148,6 +151,28 @@ if nvme connect -t tcp -a $T -s $PORT -n $NQN --hostnqn=$H1 >/tmp/conn 2>&1; the
 echo "plaintext: $(tr '\n' ' ' </tmp/conn)"
 ok "plaintext refused on the TLS-required port"
 
+# rw_round DEV: 1 MiB written at 1 MiB and read back, direct
+rw_round() {
+  dd if=/dev/urandom of=/tmp/pat1 bs=1M count=1 2>/dev/null
+  dd if=/tmp/pat1 of=$1 bs=1M seek=1 count=1 oflag=direct 2>/dev/null || die "write on $1"
+  dd if=$1 of=/tmp/back1 bs=1M skip=1 count=1 iflag=direct 2>/dev/null || die "read on $1"
+  cmp /tmp/pat1 /tmp/back1 || die "read back on $1 differs"
+}
+
+# tlshd 1.0 (GnuTLS credentials without a hash) binds a SHA-384 PSK with
+# SHA-256 and offers TLS_AES_256_GCM_SHA384 and
+# TLS_CHACHA20_POLY1305_SHA256: the target must pick the latter.
+stepA6() {
+step "A6 a SHA-384 PSK"
+c=$(connect $T $PORT $NQN $H5 --tls) || die "nvme connect --tls with a SHA-384 PSK as $H5: $(cat /tmp/conn)"
+dev=$(wait_blockdev $c) || die "no namespace on $c"
+echo "controller $c: $(tls_of $c)"
+rw_round $dev
+disconnect $c
+ok "a SHA-384 PSK connects, 1 MiB written and read back"
+}
+run_step stepA6
+
 # ---- B. blockwire serve in the guest, kTLS records ------------------------
 stepB() {
 step "B kTLS: blockwire serve in the guest"
@@ -164,6 +189,9 @@ namespaces = [{ nsid = 1, volume = "g0" }]
 [[nvme.subsystem.host]]
 nqn = "$H1"
 tls_psk = "$K1"
+[[nvme.subsystem.host]]
+nqn = "$H5"
+tls_psk = "$K5"
 [tuning]
 tls_records = "kernel"
 EOF
@@ -179,6 +207,13 @@ echo "guest session_list: $(cat /tmp/bw/sl)"
 grep -q '"tls": *"TLS_AES_[0-9]*_GCM_SHA[0-9]* ktls"' /tmp/bw/sl || die "the guest serve's session is not on kTLS"
 sed 's/^/tls_stat: /' /proc/net/tls_stat
 disconnect $c
+c=$(connect 127.0.0.1 4421 $NQN $H5 --tls) || die "nvme connect --tls with a SHA-384 PSK to the guest serve: $(cat /tmp/conn)"
+dev=$(wait_blockdev $c) || die "no namespace on $c"
+rw_round $dev
+$BW ctl --control /tmp/bw/ctl.sock --json session_list >/tmp/bw/sl 2>&1 || die "session_list: $(cat /tmp/bw/sl)"
+grep -q '"tls": *"TLS_CHACHA20_POLY1305_SHA256 ktls"' /tmp/bw/sl || die "the SHA-384 PSK's session is not ChaCha20-Poly1305 on kTLS: $(cat /tmp/bw/sl)"
+disconnect $c
+ok "a SHA-384 PSK on kTLS (ChaCha20-Poly1305)"
 nvme connect-all -t tcp -a 127.0.0.1 -s 4421 --hostnqn=$H1 --tls >/tmp/ca 2>&1 || die "nvme connect-all --tls: $(cat /tmp/ca)"
 c=$(ctrl_of $H1 $NQN) || die "connect-all made no controller for $NQN: $(cat /tmp/ca)"
 dev=$(wait_blockdev $c) || die "no namespace on $c"

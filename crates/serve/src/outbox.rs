@@ -194,6 +194,39 @@ impl Outbox {
     /// queued); returns where they start in [`Outbox::buf_mut`]. On an
     /// error the buffer is as it was.
     pub fn read_into(&mut self, vol: &Volume, off: u64, len: usize) -> bw_block::Result<usize> {
+        // A backend with a readable file (RAM, files) is read with pread
+        // straight into the buffer's spare room: nothing to zero first
+        // (under user-space TLS, where every read is copied, the memset was
+        // a tenth of the target's CPU on 1 MiB reads).
+        if let Some(fd) = vol.zero_copy_read(off, len as u64)? {
+            let fd = fd.as_raw_fd();
+            let b = self.buf_mut();
+            let start = b.len();
+            b.reserve(len);
+            let mut done = 0;
+            while done < len {
+                // SAFETY: `reserve` made room for `len` bytes after `start`;
+                // pread writes at most `len - done` bytes from `start + done`.
+                let n = unsafe { libc::pread(fd, b.as_mut_ptr().add(start + done).cast(), len - done, (off + done as u64) as libc::off_t) };
+                match n {
+                    n if n > 0 => done += n as usize,
+                    0 => {
+                        vol.note_error();
+                        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "backing file ended before the volume's size").into());
+                    }
+                    _ => {
+                        let e = io::Error::last_os_error();
+                        if e.kind() != io::ErrorKind::Interrupted {
+                            vol.note_error();
+                            return Err(e.into());
+                        }
+                    }
+                }
+            }
+            // SAFETY: pread wrote all `len` bytes after `start`.
+            unsafe { b.set_len(start + len) };
+            return Ok(start);
+        }
         let b = self.buf_mut();
         let start = b.len();
         // Zero-filled: `read_at` takes `&mut [u8]`, which must not refer to
@@ -492,6 +525,30 @@ mod tests {
                 assert_eq!(out.buffered(), naive(&out), "step {step}");
             }
         });
+    }
+
+    /// A copied read lands behind what the buffer held, whole, from the
+    /// volume's file (pread into the spare room) or through `read_at`
+    /// (a throttled volume), and a read past the end changes nothing.
+    #[test]
+    fn copied_reads_land_behind_the_headers() {
+        let data: Vec<u8> = (0..3 * 65536u32).map(|i| (i % 253) as u8).collect();
+        for limited in [false, true] {
+            let vol = Volume::open("o", &BackendSpec::ram(1 << 20)).unwrap();
+            if limited {
+                vol.set_qos(bw_block::QosLimits { r_ios_per_sec: 1_000_000, ..Default::default() });
+            }
+            vol.write_at(&data, 4096).unwrap();
+            let mut out = Outbox::default();
+            out.buf_mut().extend_from_slice(&[9; 24]);
+            let at = out.read_into(&vol, 4096 + 100, 2 * 65536 + 7).unwrap();
+            assert_eq!(at, 24);
+            let b = out.buf_mut();
+            assert_eq!(&b[..24], &[9; 24]);
+            assert!(b[24..] == data[100..100 + 2 * 65536 + 7], "limited {limited}");
+            assert!(out.read_into(&vol, (1 << 20) - 10, 20).is_err());
+            assert_eq!(out.buf_mut().len(), 24 + 2 * 65536 + 7);
+        }
     }
 
     /// Headers and mapped payloads go out in order, whole, and the last of

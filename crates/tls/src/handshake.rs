@@ -18,13 +18,24 @@
 //! the first one's binder does not verify, the same ClientHello is tried
 //! against the next before anything was sent, and the one that verified
 //! is reported ([`Established::note`]).
+//!
+//! The hash a PSK is used with is the one its binder was made with, read
+//! off the ClientHello before OpenSSL picks a suite ([`binder_hash`]): NVMe
+//! says a PSK identity's hash (`NVMe0R02`: SHA-384), but Linux hosts whose
+//! tlshd (ktls-utils 1.0, Debian 13) allocates GnuTLS's PSK credentials
+//! without a hash bind every PSK with SHA-256 while offering only the
+//! SHA-384 PSK's suites plus TLS_CHACHA20_POLY1305_SHA256 (captured:
+//! binder 32 bytes, suites 0x1302 0x1303); GnuTLS then accepts only a suite
+//! of the binder's hash. So a SHA-256 binder gets the SHA-256 suites
+//! (AES-128-GCM first, ChaCha20-Poly1305 when that is all the host offers)
+//! and a SHA-384 one TLS_AES_256_GCM_SHA384, whatever the identity says.
 
 use crate::record::{self, alert_name, ContentType, Header, Keys};
 use crate::Suite;
-use bw_nvme::tls_psk::TlsPsk;
+use bw_nvme::tls_psk::{PskHash, TlsPsk};
 use foreign_types::ForeignTypeRef;
 use openssl::ex_data::Index;
-use openssl::ssl::{ErrorCode, Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef, SslStream, SslVersion};
+use openssl::ssl::{ClientHelloResponse, ErrorCode, Ssl, SslAlert, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef, SslStream, SslVersion};
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex, OnceLock};
 use zeroize::Zeroizing;
@@ -107,6 +118,9 @@ struct State {
     notes: Vec<String>,
     /// The client's key.
     psk: Option<TlsPsk>,
+    /// The hash the (first) binder is made with: the server reads it off
+    /// the ClientHello, a client binds with it.
+    binder_hash: Option<PskHash>,
     client_secret: Option<Zeroizing<Vec<u8>>>,
     server_secret: Option<Zeroizing<Vec<u8>>>,
 }
@@ -136,16 +150,18 @@ mod ffi {
         pub fn SSL_SESSION_set_protocol_version(s: *mut SSL_SESSION, version: c_int) -> c_int;
         pub fn SSL_CIPHER_find(ssl: *mut SSL, code: *const c_uchar) -> *const SSL_CIPHER;
         pub fn SSL_SESSION_get0_cipher(s: *const SSL_SESSION) -> *const SSL_CIPHER;
+        pub fn SSL_client_hello_get0_ext(s: *mut SSL, ext: libc::c_uint, out: *mut *const c_uchar, outlen: *mut size_t) -> c_int;
     }
 }
 
-/// A TLS 1.3 session carrying `psk` as its resumption secret: how OpenSSL
-/// takes an external PSK with its cipher suite. Null on failure.
+/// A TLS 1.3 session carrying `psk` as its resumption secret, to be used
+/// with `hash`: how OpenSSL takes an external PSK (the session's suite
+/// says the hash). Null on failure.
 ///
 /// # Safety
 /// `ssl` is a live SSL.
-unsafe fn psk_session(ssl: *mut openssl_sys::SSL, psk: &TlsPsk) -> *mut openssl_sys::SSL_SESSION {
-    let cipher = ffi::SSL_CIPHER_find(ssl, Suite::of(psk.hash).code().as_ptr());
+unsafe fn psk_session(ssl: *mut openssl_sys::SSL, psk: &TlsPsk, hash: PskHash) -> *mut openssl_sys::SSL_SESSION {
+    let cipher = ffi::SSL_CIPHER_find(ssl, Suite::of(hash).code().as_ptr());
     if cipher.is_null() {
         return std::ptr::null_mut();
     }
@@ -185,9 +201,16 @@ unsafe extern "C" fn find_session(
         let store = st.store.clone()?;
         match store.lookup(text, st.attempt) {
             Ok(Some(c)) => {
-                st.note = Some(c.note.clone());
-                st.notes.push(c.note);
-                Some(c.psk)
+                let hash = st.binder_hash.unwrap_or(c.psk.hash);
+                let note = if hash == c.psk.hash {
+                    c.note
+                } else {
+                    let name = |h| if h == PskHash::Sha256 { "SHA-256" } else { "SHA-384" };
+                    format!("{}; bound with {}, not the identity's {}: a Linux host's tlshd 1.0", c.note, name(hash), name(c.psk.hash))
+                };
+                st.note = Some(note.clone());
+                st.notes.push(note);
+                Some((c.psk, hash))
             }
             Ok(None) => {
                 st.refused = Some("no key is configured for it".into());
@@ -201,8 +224,8 @@ unsafe extern "C" fn find_session(
     });
     match found {
         // SAFETY: the live SSL OpenSSL passed.
-        Ok(Some(psk)) => {
-            let s = unsafe { psk_session(ssl, &psk) };
+        Ok(Some((psk, hash))) => {
+            let s = unsafe { psk_session(ssl, &psk, hash) };
             *sess = s;
             (!s.is_null()) as libc::c_int
         }
@@ -224,7 +247,7 @@ unsafe extern "C" fn use_session(
     let ssl_ref = SslRef::from_ptr(ssl);
     let st = state(ssl_ref);
     let (Some(identity), Some(psk)) = (&st.identity, &st.psk) else { return 0 };
-    let s = psk_session(ssl, psk);
+    let s = psk_session(ssl, psk, st.binder_hash.unwrap_or(psk.hash));
     if s.is_null() {
         return 0;
     }
@@ -241,6 +264,43 @@ unsafe extern "C" fn use_session(
     *idlen = identity.len();
     *sess = s;
     1
+}
+
+/// The TLS extension that carries PSK identities and binders (RFC 8446 4.2.11).
+const PRE_SHARED_KEY: libc::c_uint = 41;
+
+/// The hash of the first binder in a pre_shared_key extension's body (by
+/// its length: 32 bytes SHA-256, 48 SHA-384); None when the body is
+/// malformed or the length is neither (OpenSSL then refuses it).
+pub fn binder_hash(ext: &[u8]) -> Option<PskHash> {
+    let ids = u16::from_be_bytes(ext.get(..2)?.try_into().ok()?) as usize;
+    let binders = ext.get(2 + ids..)?;
+    let _all = u16::from_be_bytes(binders.get(..2)?.try_into().ok()?);
+    match binders.get(2)? {
+        32 => Some(PskHash::Sha256),
+        48 => Some(PskHash::Sha384),
+        _ => None,
+    }
+}
+
+/// Server, before OpenSSL picks a suite: the suites of the binder's hash
+/// (see the module's notes), ours in preference.
+fn client_hello(ssl: &mut SslRef, _alert: &mut SslAlert) -> Result<ClientHelloResponse, openssl::error::ErrorStack> {
+    let mut p: *const libc::c_uchar = std::ptr::null();
+    let mut n: libc::size_t = 0;
+    // SAFETY: a live SSL inside its ClientHello callback; OpenSSL points
+    // `p` at the extension's `n` bytes, valid for the callback.
+    let ext = unsafe {
+        (ffi::SSL_client_hello_get0_ext(ssl.as_ptr(), PRE_SHARED_KEY, &mut p, &mut n) == 1 && !p.is_null()).then(|| std::slice::from_raw_parts(p, n))
+    };
+    let Some(hash) = ext.and_then(binder_hash) else { return Ok(ClientHelloResponse::SUCCESS) };
+    state(ssl).binder_hash = Some(hash);
+    let suites = match hash {
+        PskHash::Sha256 => "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256",
+        PskHash::Sha384 => "TLS_AES_256_GCM_SHA384",
+    };
+    ssl.set_ciphersuites(suites)?;
+    Ok(ClientHelloResponse::SUCCESS)
 }
 
 /// Record the application traffic secrets as OpenSSL derives them.
@@ -284,6 +344,12 @@ fn context(role: Role) -> &'static SslContext {
         b.set_num_tickets(0).expect("no tickets");
         b.set_options(SslOptions::NO_TICKET);
         b.set_keylog_callback(keylog);
+        if role == Role::Server {
+            // Our order among the suites of the binder's hash: AES-GCM
+            // before ChaCha20-Poly1305 (see client_hello).
+            b.set_options(SslOptions::CIPHER_SERVER_PREFERENCE);
+            b.set_client_hello_callback(client_hello);
+        }
         // SAFETY: a live context being built; callbacks with the signatures
         // OpenSSL declares.
         unsafe {
@@ -353,26 +419,34 @@ impl Handshake {
 
     fn server_attempt(store: Arc<dyn PskStore>, attempt: usize) -> Result<Handshake, HandshakeError> {
         let st = State { store: Some(store), attempt, ..State::default() };
-        Handshake::new(Role::Server, st, None)
+        Handshake::new(Role::Server, st, &[])
     }
 
     /// A client's handshake offering `psk` as `identity`; its ClientHello
     /// is ready in [`Handshake::take_output`].
     pub fn client(identity: &str, psk: TlsPsk) -> Result<Handshake, HandshakeError> {
-        let suite = Suite::of(psk.hash);
-        let st = State { identity: Some(identity.as_bytes().to_vec()), psk: Some(psk), ..State::default() };
-        let mut h = Handshake::new(Role::Client, st, Some(suite))?;
+        let hash = psk.hash;
+        Handshake::client_offering(identity, psk, hash, &[Suite::of(hash)])
+    }
+
+    /// A client binding `psk` with `bind` and offering `suites`: ours
+    /// binds with the PSK's hash and offers its one suite; tlshd 1.0 binds
+    /// with SHA-256 and offers the suites of the PSK's hash (the tests
+    /// play it).
+    fn client_offering(identity: &str, psk: TlsPsk, bind: PskHash, suites: &[Suite]) -> Result<Handshake, HandshakeError> {
+        let st = State { identity: Some(identity.as_bytes().to_vec()), psk: Some(psk), binder_hash: Some(bind), ..State::default() };
+        let mut h = Handshake::new(Role::Client, st, suites)?;
         h.step()?;
         Ok(h)
     }
 
-    fn new(role: Role, st: State, suite: Option<Suite>) -> Result<Handshake, HandshakeError> {
+    fn new(role: Role, st: State, suites: &[Suite]) -> Result<Handshake, HandshakeError> {
         let tls = |e: openssl::error::ErrorStack| HandshakeError::Tls(e.to_string());
         let mut ssl = Ssl::new(context(role)).map_err(tls)?;
         ssl.set_ex_data(index(), Mutex::new(st));
-        if let Some(s) = suite {
-            // Offer only the suite the PSK is for.
-            ssl.set_ciphersuites(s.name()).map_err(tls)?;
+        if !suites.is_empty() {
+            // A client offers only the suites its PSK is for.
+            ssl.set_ciphersuites(&suites.iter().map(|s| s.name()).collect::<Vec<_>>().join(":")).map_err(tls)?;
         }
         match role {
             Role::Server => ssl.set_accept_state(),

@@ -26,9 +26,11 @@ const TCP_ULP: libc::c_int = 31;
 const TLS_1_3_VERSION: u16 = 0x0304;
 const TLS_CIPHER_AES_GCM_128: u16 = 51;
 const TLS_CIPHER_AES_GCM_256: u16 = 52;
+const TLS_CIPHER_CHACHA20_POLY1305: u16 = 54;
 
 /// `struct tls12_crypto_info_aes_gcm_{128,256}`: the 12-byte IV split as
 /// a 4-byte salt and 8 bytes, the next record's sequence number big-endian.
+/// (`tls12_crypto_info_chacha20_poly1305` is [`ChachaInfo`].)
 #[repr(C)]
 struct CryptoInfo<const K: usize> {
     version: u16,
@@ -53,6 +55,31 @@ impl<const K: usize> Drop for CryptoInfo<K> {
     fn drop(&mut self) {
         self.key.zeroize();
         self.salt.zeroize();
+        self.iv.zeroize();
+    }
+}
+
+/// `struct tls12_crypto_info_chacha20_poly1305`: the whole 12-byte IV, no salt.
+#[repr(C)]
+struct ChachaInfo {
+    version: u16,
+    cipher_type: u16,
+    iv: [u8; 12],
+    key: [u8; 32],
+    rec_seq: [u8; 8],
+}
+
+impl ChachaInfo {
+    fn new(k: &Keys) -> Self {
+        let mut c = ChachaInfo { version: TLS_1_3_VERSION, cipher_type: TLS_CIPHER_CHACHA20_POLY1305, iv: k.iv, key: [0; 32], rec_seq: k.seq.to_be_bytes() };
+        c.key.copy_from_slice(&k.key);
+        c
+    }
+}
+
+impl Drop for ChachaInfo {
+    fn drop(&mut self) {
+        self.key.zeroize();
         self.iv.zeroize();
     }
 }
@@ -92,6 +119,10 @@ pub fn set_keys(fd: RawFd, dir: Direction, k: &Keys) -> io::Result<()> {
             let c = CryptoInfo::<32>::new(TLS_CIPHER_AES_GCM_256, k);
             setsockopt(fd, SOL_TLS, name, &c, std::mem::size_of_val(&c))
         }
+        Suite::Chacha20Poly1305Sha256 => {
+            let c = ChachaInfo::new(k);
+            setsockopt(fd, SOL_TLS, name, &c, std::mem::size_of_val(&c))
+        }
     }
 }
 
@@ -99,11 +130,12 @@ pub fn set_keys(fd: RawFd, dir: Direction, k: &Keys) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    /// The layouts the kernel copies (`sizeof` of its structs: 40 and 56).
+    /// The layouts the kernel copies (`sizeof` of its structs: 40, 56 and 56).
     #[test]
     fn crypto_info_layouts_are_the_kernels() {
         assert_eq!(std::mem::size_of::<CryptoInfo<16>>(), 40);
         assert_eq!(std::mem::size_of::<CryptoInfo<32>>(), 56);
+        assert_eq!(std::mem::size_of::<ChachaInfo>(), 56);
         let k = Keys::from_secret(Suite::Aes128GcmSha256, &[1; 32]);
         let mut k2 = Keys::from_secret(Suite::Aes128GcmSha256, &[1; 32]);
         k2.seq = 0x0102030405060708;

@@ -3,7 +3,9 @@
 //! TLS 1.3, only PSK authentication with (EC)DHE key exchange
 //! (psk_dhe_ke: forward secrecy), only TLS_AES_128_GCM_SHA256 and
 //! TLS_AES_256_GCM_SHA384 (a PSK's hash picks one), no session tickets, no
-//! early data, no post-handshake messages.
+//! early data, no post-handshake messages. TLS_CHACHA20_POLY1305_SHA256
+//! only for the Linux hosts whose tlshd binds a SHA-384 PSK with SHA-256
+//! (see [`handshake`]): the one suite of that hash they offer.
 //!
 //! - [`handshake`]: the handshake through OpenSSL (rustls has no external
 //!   PSKs), sans-IO: bytes in, bytes out, whole records only, with the
@@ -28,11 +30,13 @@ pub mod secure;
 
 use bw_nvme::tls_psk::PskHash;
 
-/// The two cipher suites NVMe/TCP uses.
+/// The cipher suites NVMe/TCP uses (the first two), and the one a Linux
+/// host's tlshd 1.0 leaves for a SHA-384 PSK it binds with SHA-256.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Suite {
     Aes128GcmSha256,
     Aes256GcmSha384,
+    Chacha20Poly1305Sha256,
 }
 
 impl Suite {
@@ -47,12 +51,13 @@ impl Suite {
         match self {
             Suite::Aes128GcmSha256 => PskHash::Sha256,
             Suite::Aes256GcmSha384 => PskHash::Sha384,
+            Suite::Chacha20Poly1305Sha256 => PskHash::Sha256,
         }
     }
     pub fn key_len(self) -> usize {
         match self {
             Suite::Aes128GcmSha256 => 16,
-            Suite::Aes256GcmSha384 => 32,
+            Suite::Aes256GcmSha384 | Suite::Chacha20Poly1305Sha256 => 32,
         }
     }
     /// The IANA name (as OpenSSL's TLS 1.3 ciphersuites take it).
@@ -60,6 +65,7 @@ impl Suite {
         match self {
             Suite::Aes128GcmSha256 => "TLS_AES_128_GCM_SHA256",
             Suite::Aes256GcmSha384 => "TLS_AES_256_GCM_SHA384",
+            Suite::Chacha20Poly1305Sha256 => "TLS_CHACHA20_POLY1305_SHA256",
         }
     }
     /// The suite's two-byte code point.
@@ -67,12 +73,14 @@ impl Suite {
         match self {
             Suite::Aes128GcmSha256 => [0x13, 0x01],
             Suite::Aes256GcmSha384 => [0x13, 0x02],
+            Suite::Chacha20Poly1305Sha256 => [0x13, 0x03],
         }
     }
     pub fn from_code(code: [u8; 2]) -> Option<Suite> {
         match code {
             [0x13, 0x01] => Some(Suite::Aes128GcmSha256),
             [0x13, 0x02] => Some(Suite::Aes256GcmSha384),
+            [0x13, 0x03] => Some(Suite::Chacha20Poly1305Sha256),
             _ => None,
         }
     }

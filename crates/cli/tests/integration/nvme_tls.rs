@@ -350,10 +350,14 @@ dhchap_secret = "{DHCHAP}"
 [[nvme.subsystem.host]]
 nqn = "{h3}"
 tls_psk = "{K00}"
+[[nvme.subsystem.host]]
+nqn = "{h5}"
+tls_psk = "{K384}"
 "#,
         h1 = host(1),
         h2 = host(2),
-        h3 = host(3)
+        h3 = host(3),
+        h5 = host(5)
     );
     let mut serve = Serve::with_config(&dir, &cfg, &["-v", "--control", sock.to_str().unwrap()]);
     // blockwire in the guest: a copy without debug information (the image
@@ -365,10 +369,11 @@ tls_psk = "{K00}"
     let script = dir.path().join("nvme-tls.sh");
     let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme-tls.sh")).unwrap();
     let vars = format!(
-        "PORT={port}\nNQN={NQN}\nH1={}\nK1='{K256}'\nH2={}\nK2='{K00}'\nD2='{DHCHAP}'\nH3={}\nBAD='{BAD}'\nBW={}\nTNQN={tnqn}\nTH={}\nTK='{K256}'\nDONE={done}\n",
+        "PORT={port}\nNQN={NQN}\nH1={}\nK1='{K256}'\nH2={}\nK2='{K00}'\nD2='{DHCHAP}'\nH3={}\nBAD='{BAD}'\nH5={}\nK5='{K384}'\nBW={}\nTNQN={tnqn}\nTH={}\nTK='{K256}'\nDONE={done}\n",
         host(1),
         host(2),
         host(3),
+        host(5),
         bw.display(),
         host(4)
     );
@@ -399,6 +404,9 @@ tls_psk = "{K00}"
         format!("queue 1: {} authenticated (DH-HMAC-CHAP", host(2)),
         "is not the one configured for it (the PSK binder does not verify)".to_string(),
         "on a port that requires TLS: refused".to_string(),
+        // tlshd 1.0 binds the SHA-384 PSK with SHA-256: the one suite of
+        // that hash it offers.
+        format!("TLS TLS_CHACHA20_POLY1305_SHA256 as \"NVMe0R02 {} {NQN}\"", host(5)),
     ] {
         assert!(wait_log(&serve, &line), "target log lacks {line:?}:\n{}", serve.log_text());
     }
@@ -430,6 +438,8 @@ tls_psk = "{K00}"
         "TLS-OK: TLS with DH-HMAC-CHAP, ext4 fsck clean",
         "TLS-OK: wrong PSK refused, the next host served",
         "TLS-OK: plaintext refused on the TLS-required port",
+        "TLS-OK: a SHA-384 PSK connects, 1 MiB written and read back",
+        "TLS-OK: a SHA-384 PSK on kTLS (ChaCha20-Poly1305)",
         "TLS-OK: kTLS record layer: Linux host to blockwire serve in the guest",
         "TLS-OK: connect-all over TLS from the discovery log",
         "TLS-ALL-OK",

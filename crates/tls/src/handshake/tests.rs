@@ -191,3 +191,51 @@ fn hostile_framing_is_refused_before_openssl() {
     let e = server(K256).feed(&[22, 3, 1, 0, 4, 1, 0, 0, 0]).unwrap_err();
     assert!(matches!(e, HandshakeError::Tls(_) | HandshakeError::NoPsk), "{e}");
 }
+
+/// A Linux host whose tlshd 1.0 binds a SHA-384 PSK with SHA-256 and
+/// offers TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256 (its
+/// ClientHello as captured from Debian 13's tlshd): the server takes the
+/// binder's hash and the one suite of it offered, and records flow.
+#[test]
+fn a_sha384_psk_bound_with_sha256_as_tlshd_1_0_does() {
+    let psk = ConfiguredPsk::parse(K384).unwrap();
+    let id = psk.identity(Derivation::Rfc8446, IdentityVersion::V0, HOST, SUB);
+    assert!(id.to_string().starts_with("NVMe0R02 "));
+    let key = psk.tls_psk(Derivation::Rfc8446, &id).unwrap();
+    let c = Handshake::client_offering(&id.to_string(), key, PskHash::Sha256, &[Suite::Aes256GcmSha384, Suite::Chacha20Poly1305Sha256]).unwrap();
+    let (c, s, _) = run(c, server(K384), b"");
+    let (c, s) = (c.unwrap(), s.unwrap());
+    assert_eq!((c.suite, s.suite), (Suite::Chacha20Poly1305Sha256, Suite::Chacha20Poly1305Sha256));
+    assert!(s.note.as_deref().unwrap().contains("bound with SHA-256, not the identity's SHA-384"), "{:?}", s.note);
+    let mut wire = Vec::new();
+    Sealer::new(&c.tx).seal_all(&[7u8; 40000], &mut wire);
+    let mut plain = BytesMut::new();
+    let mut o = Opener::new(&s.rx, false);
+    let mut at = 0;
+    while let Some((n, _)) = o.open(&wire[at..], &mut plain).unwrap() {
+        at += n;
+    }
+    assert_eq!(&plain[..], &[7u8; 40000][..]);
+    // A host offering AES-128-GCM too gets it (ours first), bound with SHA-256.
+    let key = psk.tls_psk(Derivation::Rfc8446, &id).unwrap();
+    let c = Handshake::client_offering(&id.to_string(), key, PskHash::Sha256, &[Suite::Chacha20Poly1305Sha256, Suite::Aes128GcmSha256]).unwrap();
+    let (_, s, _) = run(c, server(K384), b"");
+    assert_eq!(s.unwrap().suite, Suite::Aes128GcmSha256);
+}
+
+#[test]
+fn binder_hash_reads_the_first_binder() {
+    // identities: one of 3 bytes + age; binders: one of 32, then 48
+    let mut ext = vec![0, 9, 0, 3, b'a', b'b', b'c', 0, 0, 0, 0];
+    ext.extend_from_slice(&[0, 33 + 49, 32]);
+    ext.extend_from_slice(&[0; 32]);
+    ext.push(48);
+    ext.extend_from_slice(&[0; 48]);
+    assert_eq!(binder_hash(&ext), Some(PskHash::Sha256));
+    ext[13] = 48;
+    assert_eq!(binder_hash(&ext), Some(PskHash::Sha384));
+    ext[13] = 20;
+    assert_eq!(binder_hash(&ext), None);
+    assert_eq!(binder_hash(&ext[..12]), None);
+    assert_eq!(binder_hash(&[0xff, 0xff]), None);
+}
