@@ -287,11 +287,12 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
     suites::run_and_report(suite.as_mut(), &out)
 }
 
-/// `--resume DIR` alone: the options DIR's run was started with; with
-/// options, those (the plan they make is checked against DIR's).
+/// `--resume DIR` alone (or with pacing options only, which then apply):
+/// the options DIR's run was started with; with options, those (the plan
+/// they make is checked against DIR's).
 fn resumed_args(args: LabArgs, dir: &std::path::Path) -> anyhow::Result<LabArgs> {
     let stored = resume::stored_plan::StoredPlan::load(dir)?;
-    if !resume::stored_plan::argv().is_empty() {
+    if !resume::stored_plan::plan_options(&resume::stored_plan::argv()).is_empty() {
         return Ok(args);
     }
     #[derive(clap::Parser)]
@@ -304,6 +305,9 @@ fn resumed_args(args: LabArgs, dir: &std::path::Path) -> anyhow::Result<LabArgs>
         .map_err(|e| anyhow::anyhow!("{}: the options stored there do not parse: {e}", dir.join(resume::stored_plan::FILE).display()))?
         .lab;
     a.resume = Some(dir.to_path_buf());
+    if args.idle_wait.is_some() {
+        a.idle_wait = args.idle_wait;
+    }
     Ok(a)
 }
 

@@ -41,11 +41,44 @@ impl StoredPlan {
     }
 
     /// What differs between this plan and `other` (empty: the same plan).
+    /// The pacing parameters are not compared: a resumed run may wait
+    /// for an idle machine more or less than the first did.
     pub fn differences(&self, other: &serde_json::Value) -> Vec<String> {
+        let unpaced = |v: &serde_json::Value| {
+            let mut v = v.clone();
+            if let Some(params) = v.get_mut("params").and_then(|p| p.as_object_mut()) {
+                for k in PACING_PARAMS {
+                    params.remove(*k);
+                }
+            }
+            v
+        };
         let mut out = vec![];
-        diff("", &self.plan, other, &mut out);
+        diff("", &unpaced(&self.plan), &unpaced(other), &mut out);
         out
     }
+}
+
+/// Options that pace a run without changing what it measures. Given with
+/// `--resume DIR` they apply to the resumed run, on top of the options
+/// stored there, and do not make another plan.
+pub const PACING: &[&str] = &["--idle-wait"];
+/// The plan's parameters the pacing options set.
+const PACING_PARAMS: &[&str] = &["idle_budget_s"];
+
+/// `argv` without the pacing options (and their values): empty when
+/// `--resume DIR` was given nothing that could make another plan.
+pub fn plan_options(argv: &[String]) -> Vec<String> {
+    let mut out = vec![];
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        if PACING.contains(&a.as_str()) {
+            it.next();
+        } else if !PACING.iter().any(|p| a.starts_with(&format!("{p}="))) {
+            out.push(a.clone());
+        }
+    }
+    out
 }
 
 /// Each leaf that differs between `a` (the stored plan) and `b` (this
@@ -110,6 +143,9 @@ mod tests {
         };
         assert!(stored.differences(&stored.plan.clone()).is_empty());
         let other = serde_json::json!({"params": {"protocols": ["iscsi", "nvme"], "repeat": 3, "fs": {"repeat": 2}}, "subjects": ["blockwire-iscsi", "blockwire-nvme"]});
+        let mut paced = stored.plan.clone();
+        paced["params"]["idle_budget_s"] = serde_json::json!(0.0);
+        assert!(stored.differences(&paced).is_empty(), "the idle wait is pacing, not the plan");
         assert_eq!(
             stored.differences(&other),
             [
@@ -118,5 +154,13 @@ mod tests {
                 "subjects: blockwire-nvme in the stored plan, blockwire-iscsi,blockwire-nvme in this one",
             ]
         );
+    }
+
+    #[test]
+    fn pacing_options_are_not_plan_options() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(plan_options(&v(&["--idle-wait", "0"])).is_empty());
+        assert!(plan_options(&v(&["--idle-wait=5"])).is_empty());
+        assert_eq!(plan_options(&v(&["--idle-wait", "0", "--quick"])), v(&["--quick"]));
     }
 }
