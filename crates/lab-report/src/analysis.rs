@@ -6,7 +6,7 @@
 
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
 use bw_lab_results::fs::{FsFactors, FsSample};
-use bw_lab_results::{Sample, SubjectKey, Suite};
+use bw_lab_results::{LinkName, Sample, SubjectKey, Suite};
 use bw_lab_results::Results;
 use bw_lab_results::stats::{advantage, describe_advantage, mean_ci, Verdict};
 use std::collections::BTreeMap;
@@ -123,14 +123,14 @@ pub fn decide(q: &Quantity, entries: &[(String, Vec<f64>)]) -> Option<Decision> 
 
 /// The first link shape of the run: sections that show one scenario per
 /// MTU (micro charts, tables, heat maps) show this one.
-pub fn first_link(r: &Results) -> String {
-    r.params.links.first().cloned().unwrap_or_else(bw_lab_results::default_link)
+pub fn first_link(r: &Results) -> LinkName {
+    r.params.links.first().cloned().unwrap_or_default()
 }
 
 /// "MTU 1500" or "MTU 1500, 1gbit" with the iperf3 ceiling when measured.
-pub fn scenario(r: &Results, link: &str, mtu: u32) -> String {
+pub fn scenario(r: &Results, link: &LinkName, mtu: u32) -> String {
     let mut s = format!("MTU {mtu}");
-    if link != "none" {
+    if !link.is_none() {
         s.push_str(&format!(", {link}"));
     }
     if let Some((bps, _)) = bw_lab_results::net::ceiling(&r.net, link, mtu) {
@@ -146,7 +146,7 @@ pub fn scenario(r: &Results, link: &str, mtu: u32) -> String {
 pub struct Recommendation {
     /// `micro` or `fs`.
     pub suite: &'static str,
-    pub link: String,
+    pub link: LinkName,
     pub mtu: u32,
     /// The fs suite's client memory limit (bytes).
     pub client_mem: Option<u64>,
@@ -235,7 +235,7 @@ pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
     let all = cases(&r.samples);
     let local: BTreeMap<String, &Case> =
         all.values().filter(|c| c.key.mtu.is_none() && c.key.suite == Suite::Micro).map(|c| (c.key.workload.clone(), c)).collect();
-    let mut groups: BTreeMap<(String, String, u32, String), Vec<&Case>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, LinkName, u32, String), Vec<&Case>> = BTreeMap::new();
     for c in all.values().filter(|c| c.key.suite == Suite::Micro) {
         if let Some(mtu) = c.key.mtu {
             groups.entry((c.key.factors.describe(), c.key.link.clone(), mtu, c.key.workload.clone())).or_default().push(c);
@@ -277,7 +277,7 @@ pub fn micro_recommendations(r: &Results) -> Vec<Recommendation> {
 /// measure's values over the repetitions.
 #[derive(Debug, Clone)]
 pub struct FsCase {
-    pub link: String,
+    pub link: LinkName,
     pub mtu: Option<u32>,
     pub client_mem: u64,
     pub row: String,
@@ -310,7 +310,7 @@ impl FsCase {
 /// row order).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FsKey {
-    pub link: String,
+    pub link: LinkName,
     pub client_mem: u64,
     pub row: String,
     pub subject: SubjectKey,
@@ -319,8 +319,8 @@ pub struct FsKey {
 
 impl FsKey {
     /// A case at the default file system and fsync setting.
-    pub fn new(link: &str, client_mem: u64, row: &str, subject: &SubjectKey) -> FsKey {
-        FsKey { link: link.into(), client_mem, row: row.into(), subject: subject.clone(), factors: FsFactors::default() }
+    pub fn new(link: &LinkName, client_mem: u64, row: &str, subject: &SubjectKey) -> FsKey {
+        FsKey { link: link.clone(), client_mem, row: row.into(), subject: subject.clone(), factors: FsFactors::default() }
     }
 }
 
@@ -375,7 +375,7 @@ pub fn row_order(row: &str) -> usize {
 /// it has one, and on CPU per operation.
 pub fn fs_recommendations(r: &Results) -> Vec<Recommendation> {
     let all = fs_cases(&r.fs);
-    let mut groups: BTreeMap<(String, u64, usize, String), Vec<&FsCase>> = BTreeMap::new();
+    let mut groups: BTreeMap<(LinkName, u64, usize, String), Vec<&FsCase>> = BTreeMap::new();
     for c in all.values() {
         groups.entry((c.link.clone(), c.client_mem, row_order(&c.row), c.row.clone())).or_default().push(c);
     }

@@ -132,7 +132,7 @@ pub fn fs_csv(r: &Results) -> String {
         x.measures().into_iter().map(move |m| {
             vec![
                 x.subject.to_string(),
-                x.link.clone(),
+                x.link.to_string(),
                 opt(x.mtu),
                 x.client_mem.to_string(),
                 x.workload.clone(),

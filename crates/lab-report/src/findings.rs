@@ -5,7 +5,7 @@
 
 use crate::analysis::{fs_cases, fs_cases_all, mean, mem_name, FsCase, FsKey};
 use bw_lab_results::accounting::{cases, Case, CaseKey, Metric};
-use bw_lab_results::{MicroWorkload, Results, SubjectKey, Suite};
+use bw_lab_results::{LinkName, MicroWorkload, Results, SubjectKey, Suite};
 use bw_lab_results::route::{RouteResults, WORKLOADS};
 use bw_lab_results::stats::{ratio_of_means, RatioCi, PRACTICAL};
 use std::collections::BTreeMap;
@@ -127,20 +127,20 @@ fn same(ci: RatioCi) -> (Verdict, String) {
     }
 }
 
-fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &str, mtu: u32, workload: MicroWorkload, subject: &SubjectKey) -> Option<&'a Case> {
-    all.get(&CaseKey { suite: Suite::Micro, link: link.into(), mtu: Some(mtu), workload: workload.name().into(), subject: subject.clone(), factors: Default::default() })
+fn micro_case<'a>(all: &'a BTreeMap<CaseKey, Case>, link: &LinkName, mtu: u32, workload: MicroWorkload, subject: &SubjectKey) -> Option<&'a Case> {
+    all.get(&CaseKey { suite: Suite::Micro, link: link.clone(), mtu: Some(mtu), workload: workload.name().into(), subject: subject.clone(), factors: Default::default() })
 }
 
-fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &str, mem: u64, row: &str, subject: &SubjectKey) -> Option<&'a FsCase> {
+fn fs_case<'a>(all: &'a BTreeMap<FsKey, FsCase>, link: &LinkName, mem: u64, row: &str, subject: &SubjectKey) -> Option<&'a FsCase> {
     all.get(&FsKey::new(link, mem, row, subject))
 }
 
 /// Geometric mean of a/b over the micro workloads both ran, with how many
 /// were apart beyond the threshold.
-fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &str, mtu: u32, a: &SubjectKey, b: &SubjectKey, metric: Metric) -> Option<(f64, usize, usize)> {
+fn ratio_over_workloads(all: &BTreeMap<CaseKey, Case>, link: &LinkName, mtu: u32, a: &SubjectKey, b: &SubjectKey, metric: Metric) -> Option<(f64, usize, usize)> {
     let mut logs = vec![];
     let mut apart = 0;
-    for c in all.values().filter(|c| c.key.suite == Suite::Micro && c.key.link == link && c.key.mtu == Some(mtu) && &c.key.subject == a && c.key.factors.is_default()) {
+    for c in all.values().filter(|c| c.key.suite == Suite::Micro && &c.key.link == link && c.key.mtu == Some(mtu) && &c.key.subject == a && c.key.factors.is_default()) {
         let Some(cb) = all.get(&CaseKey { subject: b.clone(), ..c.key.clone() }) else { continue };
         let (va, vb) = (c.values(metric), cb.values(metric));
         if mean(&va) > 0.0 && mean(&vb) > 0.0 {
@@ -206,7 +206,7 @@ pub struct Run<'a> {
     /// The fs cases of every `--fs`/`--fsync` setting.
     pub fs_all: BTreeMap<FsKey, FsCase>,
     /// The link shapes, in run order (`none` when the run named none).
-    pub links: Vec<String>,
+    pub links: Vec<LinkName>,
     /// The first MTU: the one the micro claims are checked at.
     pub mtu: u32,
 }
@@ -218,7 +218,7 @@ impl<'a> Run<'a> {
             micro: cases(&r.samples),
             fs: fs_cases(&r.fs),
             fs_all: fs_cases_all(&r.fs),
-            links: if r.params.links.is_empty() { vec!["none".into()] } else { r.params.links.clone() },
+            links: if r.params.links.is_empty() { vec![LinkName::none()] } else { r.params.links.clone() },
             mtu: r.params.mtus.first().copied().unwrap_or(1500),
         }
     }
@@ -410,15 +410,15 @@ fn nothing_to_judge(_: Evidence) -> (Verdict, String) {
 fn micro_pairs(run: &Run, workload: MicroWorkload, metric: Metric) -> Vec<Outcome> {
     let mut out = vec![];
     let mtu = run.mtu;
-    for link in ["none", "1gbit"] {
+    for link in [LinkName::none(), LinkName::new("1gbit")] {
         let where_ = format!("{} at MTU {mtu}, link {link}", workload);
-        if !run.links.iter().any(|l| l == link) {
+        if !run.links.contains(&link) {
             out.push(Outcome::NotApplicable { compared: where_, why: format!("this run had no {link} link (add it with --link {link})") });
             continue;
         }
         for (a, b) in &pairs(run) {
             let compared = format!("{a} / {b}, {where_}");
-            let (Some(ca), Some(cb)) = (micro_case(&run.micro, link, mtu, workload, a), micro_case(&run.micro, link, mtu, workload, b)) else {
+            let (Some(ca), Some(cb)) = (micro_case(&run.micro, &link, mtu, workload, a), micro_case(&run.micro, &link, mtu, workload, b)) else {
                 if run.measured(a) || run.measured(b) {
                     out.push(Outcome::NotApplicable { compared, why: format!("needs both {a} and {b} in the micro suite") });
                 }
@@ -704,7 +704,7 @@ fn nvme_share_of_local(run: &Run) -> Vec<Outcome> {
 fn nvme_share_of_local_on(run: &Run, nv: &SubjectKey, out: &mut Vec<Outcome>) {
     let loc = SubjectKey::LocalFio;
     for w in [MicroWorkload::RandRw75_4kQd16, MicroWorkload::RandRead4kQd32] {
-        let Some(l) = run.micro.get(&CaseKey { suite: Suite::Micro, link: "none".into(), mtu: None, workload: w.name().into(), subject: loc.clone(), factors: Default::default() }) else { continue };
+        let Some(l) = run.micro.get(&CaseKey { suite: Suite::Micro, link: LinkName::none(), mtu: None, workload: w.name().into(), subject: loc.clone(), factors: Default::default() }) else { continue };
         for link in &run.links {
             let Some(n) = micro_case(&run.micro, link, run.mtu, w, nv) else { continue };
             let Some(ci) = ratio_of_means(&n.values(Metric::Iops), &l.values(Metric::Iops)) else { continue };

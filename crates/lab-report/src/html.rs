@@ -8,7 +8,7 @@
 use crate::analysis::{self, first_link, mem_name, row_order, with_interval, FsCase, FsKey, Recommendation};
 use crate::findings::{self, Finding};
 use bw_lab_results::accounting::{Case, CaseKey, Metric};
-use bw_lab_results::{MicroWorkload, Results, SubjectKey, Suite};
+use bw_lab_results::{LinkName, MicroWorkload, Results, SubjectKey, Suite};
 use bw_lab_results::stats::{mean_ci, Summary};
 use crate::context::Ctx;
 use crate::svg::{self, Bar};
@@ -153,7 +153,7 @@ fn answer(c: &Ctx) -> Option<Markup> {
         }
         p.note {
             "Parameters: protocols " (p.protocols.join(", ")) "; peers " (if p.peers.is_empty() { "none".to_string() } else { p.peers.join(", ") })
-            "; MTU " (p.mtus.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", ")) "; links " (p.links.join(", "))
+            "; MTU " (p.mtus.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", ")) "; links " (p.links.iter().map(LinkName::as_str).collect::<Vec<_>>().join(", "))
             "; suites " (p.suites.join(", ")) "; " (p.repeat) " repetitions; volume " (p.size_bytes >> 20) " MiB; "
             (p.runtime_s) " s per micro run, " (p.sweep_runtime_s) " s per sweep point"
             @if p.quick { "; --quick" } "."
@@ -249,7 +249,7 @@ fn recommendation(c: &Ctx) -> Option<Markup> {
     if c.recs.is_empty() {
         return None;
     }
-    let mut by_scenario: BTreeMap<(&str, String, u32, u64), Vec<&Recommendation>> = BTreeMap::new();
+    let mut by_scenario: BTreeMap<(&str, LinkName, u32, u64), Vec<&Recommendation>> = BTreeMap::new();
     for rec in &c.recs {
         by_scenario.entry((rec.suite, rec.link.clone(), rec.mtu, rec.client_mem.unwrap_or(0))).or_default().push(rec);
     }
@@ -277,7 +277,7 @@ fn net(c: &Ctx) -> Option<Markup> {
     if r.net.is_empty() {
         return None;
     }
-    let mut keys: Vec<(String, u32, u32)> = r.net.iter().map(|s| (s.link.clone(), s.mtu, s.streams)).collect();
+    let mut keys: Vec<(LinkName, u32, u32)> = r.net.iter().map(|s| (s.link.clone(), s.mtu, s.streams)).collect();
     keys.sort();
     keys.dedup();
     Some(html! {
@@ -304,7 +304,7 @@ fn net(c: &Ctx) -> Option<Markup> {
 fn links(c: &Ctx) -> Option<Markup> {
     let r = c.r;
     let shapes: Vec<bw_lab_results::net::LinkShape> = if r.params.link_shapes.is_empty() {
-        r.params.links.iter().filter_map(|l| bw_lab_results::net::parse_link(l).ok()).collect()
+        r.params.links.iter().filter_map(|l| bw_lab_results::net::parse_link(l.as_str()).ok()).collect()
     } else {
         r.params.link_shapes.clone()
     };
@@ -401,7 +401,7 @@ fn micro(c: &Ctx) -> Option<Markup> {
                         @let groups: Vec<String> = workloads.iter().filter(|(_, s)| *s == seq).map(|(n, _)| n.clone()).collect();
                         @let values: Vec<Vec<Option<Bar>>> = groups.iter().map(|g| subjects.iter().map(|subj| {
                             let local = *subj == SubjectKey::LocalFio;
-                            let key = CaseKey { suite: Suite::Micro, link: if local { "none".into() } else { link.clone() }, mtu: if local { None } else { Some(mtu) }, workload: g.clone(), subject: subj.clone(), factors: Default::default() };
+                            let key = CaseKey { suite: Suite::Micro, link: if local { LinkName::none() } else { link.clone() }, mtu: if local { None } else { Some(mtu) }, workload: g.clone(), subject: subj.clone(), factors: Default::default() };
                             all.get(&key).and_then(|x| x.summary(metric)).map(bar_of)
                         }).collect()).collect();
                         @if !groups.is_empty() && values.iter().flatten().any(|v| v.is_some()) {
@@ -485,7 +485,7 @@ fn fs(c: &Ctx) -> Option<Markup> {
         return None;
     }
     let p = r.params.fs.as_ref();
-    let mut links: Vec<String> = c.fs.values().map(|x| x.link.clone()).collect();
+    let mut links: Vec<LinkName> = c.fs.values().map(|x| x.link.clone()).collect();
     links.sort_by_key(|l| r.params.links.iter().position(|x| x == l).unwrap_or(99));
     links.dedup();
     let subjects: Vec<SubjectKey> = r.subjects.iter().map(|s| s.key.clone()).filter(|k| c.fs.values().any(|x| &x.subject == k)).collect();
@@ -496,7 +496,7 @@ fn fs(c: &Ctx) -> Option<Markup> {
     let mut rows: Vec<String> = c.fs.values().map(|x| x.row.clone()).collect();
     rows.sort_by_key(|x| (row_order(x), x.clone()));
     rows.dedup();
-    let case = |link: &str, mem: u64, row: &str, subj: &SubjectKey| c.fs.get(&FsKey::new(link, mem, row, subj));
+    let case = |link: &LinkName, mem: u64, row: &str, subj: &SubjectKey| c.fs.get(&FsKey::new(link, mem, row, subj));
     Some(html! {
         @if let Some(p) = p {
             p.note {

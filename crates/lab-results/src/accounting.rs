@@ -2,7 +2,7 @@
 //! (target and initiator apart), bytes and frames on the wire per op, and the
 //! header overhead per frame. Also the grouping of repeated samples into cases.
 
-use crate::keys::{SubjectKey, Suite};
+use crate::keys::{LinkName, SubjectKey, Suite};
 use crate::{Sample, Workload};
 use crate::stats::Summary;
 use std::collections::BTreeMap;
@@ -168,7 +168,7 @@ fn machine_cpu_s(s: &Sample) -> Option<f64> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CaseKey {
     pub suite: Suite,
-    pub link: String,
+    pub link: LinkName,
     pub mtu: Option<u32>,
     pub workload: String,
     pub subject: SubjectKey,

@@ -5,7 +5,7 @@
 //! read is the lab's (`bw_lab::suites::fs`).
 
 use crate::net::WireCounters;
-use crate::keys::SubjectKey;
+use crate::keys::{LinkName, SubjectKey};
 use bw_workload_report::FlowReport;
 use serde::{Deserialize, Serialize};
 
@@ -173,7 +173,7 @@ pub enum FsResult {
 pub struct FsSample {
     /// `blockwire-iscsi`, `tgt-iscsi`, ..., or `local-fs`.
     pub subject: SubjectKey,
-    pub link: String,
+    pub link: LinkName,
     /// `None` for the local baseline.
     pub mtu: Option<u32>,
     /// The memory limit of the cgroup the workload ran in, bytes.

@@ -225,6 +225,63 @@ impl<'de> Deserialize<'de> for FailureSubject {
     }
 }
 
+/// A link shape's name, as the user gave it to `--link` (`none`, `1gbit`,
+/// `100mbit`): the key samples of one shape are filed under. The shapes
+/// are the user's, so this is the name and not a list of variants; what a
+/// name means (its rate) is [`crate::net::parse_link`]'s. `none`, the
+/// unshaped veth, is the default, and what results older than link shapes
+/// are read as. results.json holds the name as it was, byte for byte; it
+/// orders and prints (padding included) as the name did.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LinkName(String);
+
+impl LinkName {
+    /// `none`: the unshaped veth.
+    pub const NONE: &'static str = "none";
+
+    pub fn new(name: impl Into<String>) -> LinkName {
+        LinkName(name.into())
+    }
+
+    /// The unshaped link, `none`.
+    pub fn none() -> LinkName {
+        LinkName::new(LinkName::NONE)
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.0 == LinkName::NONE
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for LinkName {
+    fn from(name: &str) -> LinkName {
+        LinkName::new(name)
+    }
+}
+
+impl From<String> for LinkName {
+    fn from(name: String) -> LinkName {
+        LinkName(name)
+    }
+}
+
+impl Default for LinkName {
+    fn default() -> LinkName {
+        LinkName::none()
+    }
+}
+
+impl fmt::Display for LinkName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&self.0)
+    }
+}
+
 /// One value set of the offload study's factors ([`crate::Factors`]):
 /// results.json holds a value as its name, and the lab's default as the
 /// empty text (left out of the record), byte for byte as the strings they
@@ -340,6 +397,22 @@ mod tests {
         let mut d = DigestFactor::ALL.to_vec();
         d.sort();
         assert_eq!(d.iter().map(|v| v.name()).collect::<Vec<_>>(), ["", "crc32c", "crc32c-soft"]);
+    }
+
+    #[test]
+    fn link_names_are_their_names() {
+        for name in ["none", "1gbit", "100mbit"] {
+            let json = format!("\"{name}\"");
+            let l: LinkName = serde_json::from_str(&json).unwrap();
+            assert_eq!(l, LinkName::new(name));
+            assert_eq!(serde_json::to_string(&l).unwrap(), json);
+            assert_eq!(l.to_string(), name);
+        }
+        assert!(LinkName::default().is_none() && !LinkName::new("1gbit").is_none());
+        assert_eq!(format!("{:>6}|", LinkName::new("1gbit")), " 1gbit|");
+        let mut v = vec![LinkName::new("none"), LinkName::new("10gbit"), LinkName::new("1gbit")];
+        v.sort();
+        assert_eq!(v.iter().map(|l| l.as_str()).collect::<Vec<_>>(), ["10gbit", "1gbit", "none"]);
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod resumed;
 pub mod route;
 pub mod stats;
 
-pub use keys::{DigestFactor, FailureSubject, OffloadFactor, Suite, SubjectKey, TlsFactor};
+pub use keys::{DigestFactor, FailureSubject, LinkName, OffloadFactor, Suite, SubjectKey, TlsFactor};
 use net::WireCounters;
 
 use serde::{Deserialize, Serialize};
@@ -172,8 +172,8 @@ pub struct Sample {
     /// `None` for the local baseline (no network).
     pub mtu: Option<u32>,
     /// The link shape (`none`, `1gbit`, ...; absent in older results: `none`).
-    #[serde(default = "default_link")]
-    pub link: String,
+    #[serde(default)]
+    pub link: LinkName,
     pub suite: Suite,
     pub workload: Workload,
     /// 1-based repetition number.
@@ -352,7 +352,7 @@ pub struct Params {
     pub veth_gro: bool,
     /// Link shapes, in run order (absent in older results: unshaped only).
     #[serde(default = "default_links")]
-    pub links: Vec<String>,
+    pub links: Vec<LinkName>,
     /// Seconds per iperf3 run of the net suite.
     #[serde(default)]
     pub net_runtime_s: u32,
@@ -383,12 +383,8 @@ pub struct Params {
     pub fsyncs: Vec<String>,
 }
 
-pub fn default_link() -> String {
-    "none".into()
-}
-
-fn default_links() -> Vec<String> {
-    vec![default_link()]
+fn default_links() -> Vec<LinkName> {
+    vec![LinkName::none()]
 }
 
 impl Params {

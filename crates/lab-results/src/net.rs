@@ -3,6 +3,7 @@
 //! rate) the report shows beside every protocol's numbers. Running iperf3
 //! and shaping the links is the lab's (`bw_lab::suites::net`).
 
+use crate::keys::LinkName;
 use serde::{Deserialize, Serialize};
 
 /// Counter deltas of the client-side veth over one run (both directions).
@@ -39,20 +40,20 @@ pub const STREAMS: [u32; 4] = [1, 2, 4, 8];
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkShape {
     /// As given: `none`, `1gbit`, `10gbit`, `500mbit`.
-    pub name: String,
+    pub name: LinkName,
     pub bits_per_s: Option<u64>,
 }
 
 impl LinkShape {
     pub fn none() -> LinkShape {
-        LinkShape { name: "none".into(), bits_per_s: None }
+        LinkShape { name: LinkName::none(), bits_per_s: None }
     }
 }
 
 /// Parse `none`, `1gbit`, `10gbit`, `100mbit` (tc's rate units).
 pub fn parse_link(s: &str) -> anyhow::Result<LinkShape> {
     let s = s.trim().to_ascii_lowercase();
-    if s == "none" {
+    if s == LinkName::NONE {
         return Ok(LinkShape::none());
     }
     let (num, mul) = if let Some(n) = s.strip_suffix("gbit") {
@@ -64,7 +65,7 @@ pub fn parse_link(s: &str) -> anyhow::Result<LinkShape> {
     };
     let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("invalid link rate {s:?}"))?;
     anyhow::ensure!(n > 0, "invalid link rate {s:?}");
-    Ok(LinkShape { name: s.clone(), bits_per_s: Some(n * mul) })
+    Ok(LinkShape { name: LinkName::new(s), bits_per_s: Some(n * mul) })
 }
 
 /// The token bucket for a rate: 4 ms of traffic, at least 64 KiB (bytes).
@@ -75,7 +76,7 @@ pub fn tbf_burst(bits_per_s: u64) -> u64 {
 /// One iperf3 run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NetSample {
-    pub link: String,
+    pub link: LinkName,
     pub mtu: u32,
     pub streams: u32,
     pub repeat: u32,
@@ -88,10 +89,10 @@ pub struct NetSample {
 }
 
 /// The best mean rate over stream counts at (`link`, `mtu`), in bits/s.
-pub fn ceiling(samples: &[NetSample], link: &str, mtu: u32) -> Option<(f64, u32)> {
+pub fn ceiling(samples: &[NetSample], link: &LinkName, mtu: u32) -> Option<(f64, u32)> {
     let mut best: Option<(f64, u32)> = None;
     for &n in &STREAMS {
-        let v: Vec<f64> = samples.iter().filter(|s| s.link == link && s.mtu == mtu && s.streams == n).map(|s| s.bits_per_s).collect();
+        let v: Vec<f64> = samples.iter().filter(|s| &s.link == link && s.mtu == mtu && s.streams == n).map(|s| s.bits_per_s).collect();
         if v.is_empty() {
             continue;
         }
@@ -131,7 +132,7 @@ mod tests {
             server_cpu_pct: 0.0,
         };
         let v = vec![s(1, 5e9), s(1, 7e9), s(2, 6.5e9), s(2, 6.0e9), s(8, 1e9)];
-        assert_eq!(ceiling(&v, "none", 1500), Some((6.25e9, 2)));
-        assert_eq!(ceiling(&v, "1gbit", 1500), None);
+        assert_eq!(ceiling(&v, &LinkName::none(), 1500), Some((6.25e9, 2)));
+        assert_eq!(ceiling(&v, &LinkName::new("1gbit"), 1500), None);
     }
 }

@@ -623,13 +623,26 @@ fn seconds(ns: u64) -> f64 {
 }
 
 impl Snapshot {
-    /// The Prometheus text exposition format (version 0.0.4).
+    /// The Prometheus text exposition format (version 0.0.4): the families
+    /// in the order scrapes have always shown them (volumes, their QoS,
+    /// targets, connections, TLS, AoE, the process), each group written by
+    /// a function of its own.
     pub fn exposition(&self) -> String {
         let mut out = String::with_capacity(4096 + self.volumes.len() * 4096);
         let mut f = Family { out: &mut out };
-        fn ops(v: &VolumeSnapshot) -> [(Op, &OpSnapshot); 2] {
-            [(Op::Read, &v.read), (Op::Write, &v.write)]
-        }
+        self.volume_counters(&mut f);
+        self.volume_latency(&mut f);
+        self.volume_qos(&mut f);
+        self.target_families(&mut f);
+        self.connection_families(&mut f);
+        self.tls_families(&mut f);
+        self.aoe_families(&mut f);
+        self.process.families(&mut f);
+        out
+    }
+
+    /// Operations, bytes and errors per volume, protocol and direction.
+    fn volume_counters(&self, f: &mut Family) {
         let counters: [Column<OpSnapshot, u64>; 3] = [
             ("blockwire_volume_operations_total", "Reads and writes finished, by volume, protocol and direction.", |o| o.ops),
             ("blockwire_volume_bytes_total", "Bytes read or written successfully.", |o| o.bytes),
@@ -638,15 +651,19 @@ impl Snapshot {
         for (name, help, get) in counters {
             f.head(name, "counter", help);
             for v in &self.volumes {
-                for (op, o) in ops(v) {
+                for (op, o) in v.ops() {
                     f.sample(name, &[("volume", &v.volume), ("protocol", v.protocol), ("op", op.label())], get(o));
                 }
             }
         }
+    }
+
+    /// The latency histogram: cumulative buckets, sum and count.
+    fn volume_latency(&self, f: &mut Family) {
         let h = "blockwire_volume_latency_seconds";
         f.head(h, "histogram", "Time from a command's arrival at the front-end to its answer being queued.");
         for v in &self.volumes {
-            for (op, o) in ops(v) {
+            for (op, o) in v.ops() {
                 let base = [("volume", v.volume.as_str()), ("protocol", v.protocol), ("op", op.label())];
                 let mut cumulative = 0;
                 for (i, n) in o.buckets.iter().enumerate() {
@@ -660,6 +677,10 @@ impl Snapshot {
                 f.sample(&format!("{h}_count"), &base, o.ops);
             }
         }
+    }
+
+    /// The limits set on each volume and what they held back.
+    fn volume_qos(&self, f: &mut Family) {
         f.head("blockwire_volume_qos_limit", "gauge", "QoS limits set on a volume (bdev_set_qos_limit's names; per second, MiB for the mbytes ones); limits not set are absent.");
         for q in &self.qos {
             let l = &q.limits;
@@ -688,6 +709,10 @@ impl Snapshot {
                 f.sample("blockwire_volume_qos_delay_seconds_total", &[("volume", &q.volume), ("op", op.label())], seconds(q.throttled.delay_ns[i]));
             }
         }
+    }
+
+    /// Sessions and connections per target, logins and refusals per initiator.
+    fn target_families(&self, f: &mut Family) {
         let gauges: [Column<TargetSnapshot, i64>; 2] = [
             ("blockwire_target_sessions", "Sessions open (iSCSI sessions, NVMe/TCP controllers).", |t| t.sessions),
             ("blockwire_target_connections", "Logged-in connections (iSCSI connections, NVMe/TCP queues).", |t| t.connections),
@@ -710,6 +735,10 @@ impl Snapshot {
                 }
             }
         }
+    }
+
+    /// TCP connections per protocol, logged in or not.
+    fn connection_families(&self, f: &mut Family) {
         f.head("blockwire_connections", "gauge", "TCP connections open, logged in or not.");
         for c in &self.connections {
             f.sample("blockwire_connections", &[("protocol", c.protocol)], c.open);
@@ -718,6 +747,10 @@ impl Snapshot {
         for c in &self.connections {
             f.sample("blockwire_connections_accepted_total", &[("protocol", c.protocol)], c.total);
         }
+    }
+
+    /// NVMe/TCP over TLS: open, handshakes, refusals.
+    fn tls_families(&self, f: &mut Family) {
         f.head("blockwire_tls_connections", "gauge", "NVMe/TCP connections over TLS open, by who keeps their records (ktls: the kernel, user: this process).");
         for t in &self.tls {
             f.sample("blockwire_tls_connections", &[("protocol", "nvme-tcp"), ("record_layer", t.record_layer)], t.open);
@@ -728,6 +761,10 @@ impl Snapshot {
         }
         f.head("blockwire_tls_refused_total", "counter", "NVMe/TCP connections refused for TLS: failed handshakes, plaintext on TLS-required ports.");
         f.sample("blockwire_tls_refused_total", &[("protocol", "nvme-tcp")], self.tls_refused);
+    }
+
+    /// Frames per AoE interface.
+    fn aoe_families(&self, f: &mut Family) {
         let aoe: [Column<AoeSnapshot, u64>; 3] = [
             ("blockwire_aoe_frames_received_total", "AoE frames received.", |a| a.frames_received),
             ("blockwire_aoe_frames_sent_total", "AoE replies sent.", |a| a.frames_sent),
@@ -739,20 +776,31 @@ impl Snapshot {
                 f.sample(name, &[("interface", &a.interface)], get(a));
             }
         }
-        let p = &self.process;
-        f.head("process_cpu_seconds_total", "counter", "User and system CPU time spent in seconds.");
-        f.sample("process_cpu_seconds_total", &[], p.cpu_seconds);
-        f.head("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-        f.sample("process_resident_memory_bytes", &[], p.resident_bytes);
-        f.head("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
-        f.sample("process_virtual_memory_bytes", &[], p.virtual_bytes);
-        f.head("process_open_fds", "gauge", "Number of open file descriptors.");
-        f.sample("process_open_fds", &[], p.open_fds);
-        f.head("process_threads", "gauge", "Number of OS threads in the process.");
-        f.sample("process_threads", &[], p.threads);
-        f.head("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.");
-        f.sample("process_start_time_seconds", &[], p.start_time_seconds);
-        out
+    }
+}
+
+impl VolumeSnapshot {
+    fn ops(&self) -> [(Op, &OpSnapshot); 2] {
+        [(Op::Read, &self.read), (Op::Write, &self.write)]
+    }
+}
+
+impl ProcessSnapshot {
+    /// The standard `process_*` families, as Prometheus's client
+    /// libraries name and describe them.
+    fn families(&self, f: &mut Family) {
+        let families: [(&str, &str, &str, &dyn std::fmt::Display); 6] = [
+            ("process_cpu_seconds_total", "counter", "User and system CPU time spent in seconds.", &self.cpu_seconds),
+            ("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", &self.resident_bytes),
+            ("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", &self.virtual_bytes),
+            ("process_open_fds", "gauge", "Number of open file descriptors.", &self.open_fds),
+            ("process_threads", "gauge", "Number of OS threads in the process.", &self.threads),
+            ("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", &self.start_time_seconds),
+        ];
+        for (name, kind, help, value) in families {
+            f.head(name, kind, help);
+            f.sample(name, &[], value);
+        }
     }
 }
 

@@ -5,12 +5,12 @@
 //! belong together. The names are read by people (the report lists which
 //! start measured each), and compared as they are.
 
-use bw_lab_results::{Factors, Suite};
+use bw_lab_results::{Factors, LinkName, Suite};
 
 /// Where in the plan the run is: the link shape and the factors measured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct At {
-    pub shape: String,
+    pub shape: LinkName,
     pub factors: Factors,
 }
 
@@ -24,7 +24,7 @@ fn place(at: &At, mtu: u32) -> String {
 }
 
 /// iperf3 on one link of a shape.
-pub fn net(shape: &str, mtu: u32) -> String {
+pub fn net(shape: &LinkName, mtu: u32) -> String {
     format!("net, link {shape}, MTU {mtu}")
 }
 
@@ -40,7 +40,7 @@ pub fn local(suite: Suite, workload: &str) -> String {
 
 /// The fs suite at one (file system, fsync) setting on every subject and
 /// the local baseline.
-pub fn fs(kind: &str, fsync: &str, shape: &str, mtu: u32) -> String {
+pub fn fs(kind: &str, fsync: &str, shape: &LinkName, mtu: u32) -> String {
     format!("fs on {kind}, fsync {fsync}, link {shape}, MTU {mtu}")
 }
 
@@ -68,7 +68,7 @@ mod tests {
         let plain = At { shape: "none".into(), factors: Factors::default() };
         assert_eq!(bench(Suite::Sweep, "sweep-j1-qd1", &plain, 1500), "sweep sweep-j1-qd1, link none, MTU 1500");
         assert_eq!(local(Suite::Micro, "seqread-1m"), "micro seqread-1m, local");
-        assert!(is_case(&net("none", 1500)) && is_case(&fs("ext4", "honour", "none", 1500)));
+        assert!(is_case(&net(&LinkName::none(), 1500)) && is_case(&fs("ext4", "honour", &LinkName::none(), 1500)));
         assert!(!is_case(&targets(&plain, 1500)));
     }
 }

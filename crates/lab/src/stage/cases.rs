@@ -9,11 +9,11 @@ use super::context::RunContext;
 use super::hooks::Stage;
 use crate::resume::case::At;
 use crate::network::topology::Link;
-use bw_lab_results::Factors;
+use bw_lab_results::{Factors, LinkName};
 
 /// The run's place at `shape` and factor combination `(offload, digest, tls)`.
-pub fn at(shape: &str, offload: crate::network::offload::Offload, digest: crate::network::offload::Digest, tls: crate::network::offload::Tls) -> At {
-    At { shape: shape.to_string(), factors: crate::network::offload::recorded(offload, digest, tls) }
+pub fn at(shape: &LinkName, offload: crate::network::offload::Offload, digest: crate::network::offload::Digest, tls: crate::network::offload::Tls) -> At {
+    At { shape: shape.clone(), factors: crate::network::offload::recorded(offload, digest, tls) }
 }
 
 /// Every case the stages measure over `links`, in run order.

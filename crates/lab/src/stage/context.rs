@@ -6,7 +6,7 @@
 use crate::plan::Plan;
 use crate::network::topology::Remote;
 use bw_lab_results::accounting::Case;
-use bw_lab_results::{Failure, Results, Sample, Suite, SubjectKey, Workload};
+use bw_lab_results::{Failure, LinkName, Results, Sample, Suite, SubjectKey, Workload};
 use crate::resume::book::Book;
 use crate::resume::case::At;
 use crate::resume::record::Entry;
@@ -35,7 +35,7 @@ pub struct RunContext {
     progress: ProgressBar,
     idle_spent: f64,
     /// The link shape being measured.
-    shape: String,
+    shape: LinkName,
     /// The hosts of a run across machines (None: namespaces on this one).
     remote: Option<Remote>,
     /// The clients the subjects are measured with: on a remote client
@@ -66,7 +66,7 @@ impl RunContext {
             backing,
             progress,
             idle_spent: 0.0,
-            shape: bw_lab_results::default_link(),
+            shape: LinkName::none(),
             remote: None,
             clients: vec![ClientKind::Blockwire],
             factors: Default::default(),
@@ -224,12 +224,12 @@ impl RunContext {
     }
 
     /// The link shape being measured.
-    pub fn link_shape(&self) -> &str {
+    pub fn link_shape(&self) -> &LinkName {
         &self.shape
     }
 
-    pub fn set_link_shape(&mut self, name: &str) {
-        self.shape = name.to_string();
+    pub fn set_link_shape(&mut self, name: &LinkName) {
+        self.shape = name.clone();
     }
 
     /// The factors being measured, as a sample records them.
@@ -381,7 +381,7 @@ impl RunContext {
         let case = Case {
             key: bw_lab_results::accounting::CaseKey {
                 suite,
-                link: if mtu.is_some() { self.shape.clone() } else { bw_lab_results::default_link() },
+                link: if mtu.is_some() { self.shape.clone() } else { LinkName::none() },
                 mtu,
                 workload: w.name.clone(),
                 subject: key.clone(),

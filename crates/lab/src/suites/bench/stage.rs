@@ -178,7 +178,7 @@ impl Stage for BenchStage {
                         let s = Sample {
                             subject: SubjectKey::LocalFio,
                             mtu: None,
-                            link: bw_lab_results::default_link(),
+                            link: bw_lab_results::LinkName::none(),
                             suite,
                             workload: w.clone(),
                             repeat: rep,
@@ -271,7 +271,7 @@ impl Networked<'_> {
         Ok(Sample {
             subject: s.key.clone(),
             mtu: Some(link.mtu),
-            link: cx.link_shape().to_string(),
+            link: cx.link_shape().clone(),
             suite,
             workload: w.clone(),
             repeat: rep,

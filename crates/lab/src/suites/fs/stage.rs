@@ -73,7 +73,7 @@ impl Stage for FsStage {
 
 /// The case of the fs suite at one (file system, fsync) setting: every
 /// subject and the local baseline, every repetition (see `crate::resume::case`).
-fn fs_case(kind: crate::suites::fs::fs_kind::FsKind, fsync: crate::suites::fs::fs_kind::Fsync, shape: &str, mtu: u32) -> String {
+fn fs_case(kind: crate::suites::fs::fs_kind::FsKind, fsync: crate::suites::fs::fs_kind::Fsync, shape: &bw_lab_results::LinkName, mtu: u32) -> String {
     crate::resume::case::fs(kind.name(), fsync.name(), shape, mtu)
 }
 
@@ -275,7 +275,7 @@ impl FsStage {
             .filter_map(|s| s.subject.file_server().zip(s.proc).map(|(f, p)| (p, f)))
             .collect();
         for (kind, fsync) in cx.plan().fs_combinations.clone() {
-            if !cx.begin_case(&fs_case(kind, fsync, &cx.link_shape(), run.link.mtu)) {
+            if !cx.begin_case(&fs_case(kind, fsync, cx.link_shape(), run.link.mtu)) {
                 // Finished by an earlier start of this run: kept.
                 let runs: usize = subjects.iter().map(|s| cx.plan().fs_cases(s.proc.is_none()).len()).sum();
                 cx.progress().inc((runs * fsp.repeat as usize) as u64);
@@ -520,7 +520,7 @@ impl FsStage {
         let result = parse_fs_result(w, &fsp, &f.stdout)?;
         Ok(crate::suites::fs::workloads::FsSample {
             subject: key.clone(),
-            link: cx.link_shape().to_string(),
+            link: cx.link_shape().clone(),
             mtu: if local { None } else { Some(link.mtu) },
             client_mem: mem,
             workload: w.name().into(),
