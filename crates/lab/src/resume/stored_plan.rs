@@ -69,16 +69,7 @@ const PACING_PARAMS: &[&str] = &["idle_budget_s"];
 /// `argv` without the pacing options (and their values): empty when
 /// `--resume DIR` was given nothing that could make another plan.
 pub fn plan_options(argv: &[String]) -> Vec<String> {
-    let mut out = vec![];
-    let mut it = argv.iter();
-    while let Some(a) = it.next() {
-        if PACING.contains(&a.as_str()) {
-            it.next();
-        } else if !PACING.iter().any(|p| a.starts_with(&format!("{p}="))) {
-            out.push(a.clone());
-        }
-    }
-    out
+    without_options(argv, PACING)
 }
 
 /// Each leaf that differs between `a` (the stored plan) and `b` (this
@@ -118,12 +109,18 @@ fn show(v: &serde_json::Value) -> String {
 pub fn argv() -> Vec<String> {
     let args: Vec<String> = std::env::args().collect();
     let Some(at) = args.iter().position(|a| a == "lab") else { return vec![] };
+    without_options(&args[at + 1..], &["--out", "--resume"])
+}
+
+/// `args` without the options `names`, each with its value (`--name V`
+/// or `--name=V`).
+fn without_options(args: &[String], names: &[&str]) -> Vec<String> {
     let mut out = vec![];
-    let mut it = args[at + 1..].iter();
+    let mut it = args.iter();
     while let Some(a) = it.next() {
-        if a == "--out" || a == "--resume" {
+        if names.contains(&a.as_str()) {
             it.next();
-        } else if !(a.starts_with("--out=") || a.starts_with("--resume=")) {
+        } else if !names.iter().any(|n| a.strip_prefix(n).is_some_and(|v| v.starts_with('='))) {
             out.push(a.clone());
         }
     }
