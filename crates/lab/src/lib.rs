@@ -389,8 +389,7 @@ fn stored_plan(args: &LabArgs, plan: &plan::Plan) -> anyhow::Result<resume::stor
 }
 
 fn storage_suites(args: &LabArgs) -> anyhow::Result<orchestrate::LabRun> {
-    let plan = plan::Plan::from_choices(&choices(args)?)?;
-    let mut plan = plan;
+    let mut plan = plan::Plan::from_choices(&choices(args)?)?;
     if args.target_host.is_some() {
         let fatal = hosts::remote::adapt_plan(&mut plan, args.allow_nic_changes);
         anyhow::ensure!(fatal.is_empty(), "{}", fatal.join("\n"));
