@@ -119,6 +119,8 @@ pub struct TcpQueue {
     pub tls: Option<String>,
     shared: Arc<Shared>,
     slots: Semaphore,
+    /// Where commands' deadlines count from.
+    clock: waiting::SubmitClock,
     /// The reader and the timer (the writer ends when the queue dies).
     tasks: [tokio::task::JoinHandle<()>; 2],
 }
@@ -198,6 +200,7 @@ impl TcpQueue {
             tls: described,
             shared,
             slots: Semaphore::new(depth),
+            clock: waiting::SubmitClock::new(),
             tasks: [reader, timer],
         })
     }
@@ -268,17 +271,13 @@ impl TcpQueue {
         in_len: u32,
         dest: Option<Dest>,
     ) -> Result<Done> {
-        let _permit = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| ClientError::Disconnected("queue closed".into()))?;
+        let _permit = waiting::slot(&self.slots).await.ok_or_else(|| ClientError::Disconnected("queue closed".into()))?;
         // No timer of its own: the queue's timer task fails it at its
         // deadline (`waiting::timer_loop`).
         let (ticket, mailbox) = {
             let mut st = self.shared.lock();
             let mailbox = st.mailboxes.open();
-            match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, Instant::now()) {
+            match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, self.clock.now_or_later()) {
                 Ok(t) => {
                     self.shared.wake.notify_one();
                     (t, mailbox)
