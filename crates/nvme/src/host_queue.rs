@@ -196,7 +196,12 @@ pub struct HostQueue<C> {
     done: VecDeque<(C, Result<Done, HostError>)>,
     /// Where data of a cancelled command goes.
     scratch: Vec<u8>,
+    /// Commands in flight that read at least [`LARGE_READ`] bytes.
+    large_reads: usize,
 }
+
+/// Reads this long or longer count as large (see [`HostQueue::large_reads`]).
+pub const LARGE_READ: usize = 64 * 1024;
 
 impl<C: Context> HostQueue<C> {
     /// A new queue; its ICReq is ready to send.
@@ -220,6 +225,7 @@ impl<C: Context> HostQueue<C> {
             tx_big: VecDeque::new(),
             done: VecDeque::new(),
             scratch: Vec::new(),
+            large_reads: 0,
         }
     }
 
@@ -246,6 +252,23 @@ impl<C: Context> HostQueue<C> {
     /// Commands in flight (including cancelled ones not yet completed).
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// Commands in flight that read [`LARGE_READ`] bytes or more: while
+    /// there are none, the transport may read the socket in large chunks
+    /// (no C2HData payload it would rather read straight into its buffer
+    /// can be in them).
+    pub fn large_reads(&self) -> usize {
+        self.large_reads
+    }
+
+    /// Take command `cid` out of the queue (completed or timed out).
+    fn remove(&mut self, cid: u16) -> Option<Slot<C>> {
+        let s = self.in_flight.remove(cid)?;
+        if s.state.expect >= LARGE_READ {
+            self.large_reads -= 1;
+        }
+        Some(s)
     }
 
     /// Encode and queue one command. `in_len` bytes are expected back
@@ -308,6 +331,9 @@ impl<C: Context> HostQueue<C> {
             Err(ctx) => return Err((ctx, HostError::NoFreeCid)),
         };
         self.next_seq += 1;
+        if expect >= LARGE_READ {
+            self.large_reads += 1;
+        }
         sqe.set_cid(cid);
         pdu::encode_capsule(&sqe, capsule, self.cfg.digests, &mut self.tx);
         Ok(Ticket { cid, seq })
@@ -361,7 +387,7 @@ impl<C: Context> HostQueue<C> {
             return;
         }
         for cid in late {
-            if let Some(ctx) = self.in_flight.remove(cid).and_then(|s| s.ctx) {
+            if let Some(ctx) = self.remove(cid).and_then(|s| s.ctx) {
                 self.done.push_back((ctx, Err(HostError::Timeout)));
             }
         }
@@ -374,6 +400,7 @@ impl<C: Context> HostQueue<C> {
             self.phase = Phase::Dead(why.to_string());
         }
         let why = self.dead().unwrap_or(why).to_string();
+        self.large_reads = 0;
         for ctx in self.in_flight.drain().filter_map(|s| s.ctx) {
             self.done
                 .push_back((ctx, Err(HostError::Closed(why.clone()))));
@@ -666,7 +693,7 @@ impl<C: Context> HostQueue<C> {
 
     /// The command's completion: free its ID, hand back its result.
     fn finish(&mut self, cqe: Cqe) {
-        let Some(s) = self.in_flight.remove(cqe.cid) else {
+        let Some(s) = self.remove(cqe.cid) else {
             return;
         };
         let Some(mut ctx) = s.ctx else { return };

@@ -119,6 +119,8 @@ pub struct TcpQueue {
     pub tls: Option<String>,
     shared: Arc<Shared>,
     slots: Semaphore,
+    /// Where commands' deadlines count from.
+    clock: waiting::SubmitClock,
     /// The reader and the timer (the writer ends when the queue dies).
     tasks: [tokio::task::JoinHandle<()>; 2],
 }
@@ -198,6 +200,7 @@ impl TcpQueue {
             tls: described,
             shared,
             slots: Semaphore::new(depth),
+            clock: waiting::SubmitClock::new(),
             tasks: [reader, timer],
         })
     }
@@ -268,17 +271,13 @@ impl TcpQueue {
         in_len: u32,
         dest: Option<Dest>,
     ) -> Result<Done> {
-        let _permit = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| ClientError::Disconnected("queue closed".into()))?;
+        let _permit = waiting::slot(&self.slots).await.ok_or_else(|| ClientError::Disconnected("queue closed".into()))?;
         // No timer of its own: the queue's timer task fails it at its
         // deadline (`waiting::timer_loop`).
         let (ticket, mailbox) = {
             let mut st = self.shared.lock();
             let mailbox = st.mailboxes.open();
-            match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, Instant::now()) {
+            match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, self.clock.now_or_later()) {
                 Ok(t) => {
                     self.shared.wake.notify_one();
                     (t, mailbox)
@@ -334,10 +333,18 @@ async fn receive(rd: &mut OwnedReadHalf, reader: Option<&mut RecordReader>, buf:
     }
 }
 
-/// Without data digests, socket reads stop at this many bytes so that little
-/// of a large read's payload lands in the staging buffer (it goes straight
-/// to the caller's buffer instead).
-const READ_CHUNK: u64 = 64 * 1024;
+/// Without data digests, while a large read is in flight, socket reads
+/// stop at this many bytes so that little of a large read's payload lands
+/// in the staging buffer (it goes straight to the caller's buffer
+/// instead) ...
+const READ_CHUNK: usize = bw_nvme::host_queue::LARGE_READ;
+/// ... and otherwise at this many: a burst of 32 answers to 4 KiB reads
+/// (132 KiB) in one read, as the iSCSI initiator reads. With 64 KiB, and
+/// the buffer grown only once full (so that a read often had only the few
+/// KiB left at its end to fill), this queue made 2.5x the iSCSI
+/// initiator's socket reads at 4 KiB QD32 (28k against 11k per 200k
+/// reads, docs/notes/2026-11-26-floor-4.md).
+const READ_CHUNK_SMALL_IO: usize = 256 * 1024;
 
 /// Most bytes a payload read waits for before the socket wakes us. A whole
 /// 1 MiB payload (one wakeup per read, docs/notes/2026-11-22-nvme-tcp-data-path.md)
@@ -381,11 +388,15 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
     let why = loop {
         // Through the user-space record layer, payloads come out of the
         // records into `buf`; the queue copies them on from there.
-        let direct = if tls.is_some() { Ok(None) } else { sh.lock().q.begin_direct(&mut buf) };
+        let (direct, large_reads) = {
+            let mut st = sh.lock();
+            let d = if tls.is_some() { Ok(None) } else { st.q.begin_direct(&mut buf) };
+            (d, st.q.large_reads() > 0)
+        };
         match direct {
             Err(e) => break e.to_string(),
             Ok(Some(mut dr)) => {
-                let large = dr.left() >= READ_CHUNK as usize;
+                let large = dr.left() >= READ_CHUNK;
                 if let Err(why) = recv_direct(&rd, &sh, &mut dr).await {
                     break why;
                 }
@@ -415,17 +426,17 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
                 Ok(false) => {}
             }
         }
-        // See the target's reader: grow only when full.
-        if buf.capacity() == buf.len() {
-            buf.reserve(64 * 1024);
-        }
-        let limit = if header_only {
-            hdr_len.saturating_sub(buf.len() as u64).max(1)
-        } else {
-            READ_CHUNK
+        let limit = match (header_only, large_reads) {
+            (true, _) => (hdr_len as usize).saturating_sub(buf.len()).max(1),
+            (false, true) => READ_CHUNK,
+            (false, false) => READ_CHUNK_SMALL_IO,
         };
+        // Room for a whole chunk: a read is as short as the buffer's room.
+        if buf.capacity() - buf.len() < limit.min(READ_CHUNK) {
+            buf.reserve(limit);
+        }
         header_only = false;
-        let r = receive(&mut rd, tls.as_mut(), &mut buf, if d.data { u64::MAX } else { limit }).await;
+        let r = receive(&mut rd, tls.as_mut(), &mut buf, if d.data { u64::MAX } else { limit as u64 }).await;
         match r {
             Ok(0) => break "target closed the connection".to_string(),
             Ok(_) => {}

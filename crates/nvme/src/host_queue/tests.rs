@@ -770,3 +770,28 @@ mod fuzz {
         }
     }
 }
+
+/// The transport reads the socket in large chunks only while no large read
+/// is in flight: the count must follow every way a command leaves the
+/// queue (answered, cancelled and then answered, the queue's end).
+#[test]
+fn large_reads_are_counted_until_they_leave_the_queue() {
+    let mut c = Ctrl::new(Digests::default(), 8, 8192);
+    let small = c.read(0, 4096, false);
+    assert_eq!(c.q.large_reads(), 0);
+    let large = c.read(1, LARGE_READ, false);
+    let cancelled = c.read(2, 2 * LARGE_READ, true);
+    c.write(3, pattern(3, 2 * LARGE_READ));
+    assert_eq!(c.q.large_reads(), 2, "two reads of 64 KiB or more; a large write is no read");
+    c.q.cancel(cancelled);
+    assert_eq!(c.q.large_reads(), 2, "a cancelled read's data is still to come");
+    c.send(&[c2h(small.cid, 0, pattern(0, 4096), true, true)]);
+    c.send(&[c2h(large.cid, 0, pattern(1, LARGE_READ), true, true)]);
+    assert_eq!(c.q.large_reads(), 1);
+    c.send(&[c2h(cancelled.cid, 0, pattern(2, 2 * LARGE_READ), true, true)]);
+    assert_eq!(c.q.large_reads(), 0);
+    c.read(4, LARGE_READ, false);
+    assert_eq!(c.q.large_reads(), 1);
+    c.q.fail_all("gone");
+    assert_eq!(c.q.large_reads(), 0);
+}
