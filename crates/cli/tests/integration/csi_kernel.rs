@@ -27,6 +27,13 @@
 //!   over twice the limit again.
 //! - iSCSI (one portal: the directory pool's gateway): iscsiadm login,
 //!   ext4, mount; unstage logs out and leaves no node record.
+//! - iSCSI over both gateways (the RBD pool): two sessions joined by
+//!   dm-multipath (`multipath -ll`: two active paths), ext4 on the
+//!   /dev/mapper map; gateway A's session logged out under the mount, and
+//!   the data still read and written through B; unstage flushes the map
+//!   and logs out: no map, no session, no record. The guest has no udev:
+//!   its script keeps udev's database entries for SCSI disks (what
+//!   multipath asks udev for) and gives multipath.conf, as rbd-ha.sh does.
 
 use crate::common::ceph::Ceph;
 use crate::common::*;
@@ -46,8 +53,43 @@ const LIMIT_MIBS: f64 = 4.0;
 /// The guest: both node services, each behind a TCP port, until /tmp/done.
 const GUEST: &str = r#"
 modprobe nvme-tcp; modprobe iscsi_tcp; modprobe sd_mod; modprobe xfs || true; modprobe ext4 || true
+modprobe dm-multipath; modprobe dm-round-robin; modprobe scsi_dh_alua
 echo "multipath: $(cat /sys/module/nvme_core/parameters/multipath)"
 iscsid
+# dm-multipath's configuration, as a node's admin gives it (rbd-ha.sh's)
+mkdir -p /etc/multipath
+cat > /etc/multipath.conf <<'CONF'
+defaults {
+  user_friendly_names no
+  find_multipaths off
+}
+devices {
+  device {
+    vendor "BLKWIRE"
+    product ".*"
+    path_grouping_policy group_by_prio
+    prio alua
+    hardware_handler "1 alua"
+    failback immediate
+    no_path_retry queue
+    path_checker tur
+  }
+}
+CONF
+# A stand-in for udev's database, which multipath reads (that a disk was
+# seen, and its ID_SERIAL: "3" and the NAA designator, as scsi_id gives
+# it): kept for every SCSI disk, rewritten when a device number is reused.
+mkdir -p /run/udev/data
+while [ ! -e /tmp/done ]; do
+  for b in /sys/block/sd*; do
+    [ -e $b/device/wwid ] || continue
+    w=$(cat $b/device/wwid); w=${w#naa.}
+    e=$(printf 'I:1\nE:ID_SERIAL=3%s\nE:SCSI_IDENT_LUN_NAA_REGEXT=%s' "$w" "$w")
+    f=/run/udev/data/b$(cat $b/dev)
+    [ "$(cat $f 2>/dev/null)" = "$e" ] || echo "$e" > $f
+  done
+  sleep 0.2
+done &
 mkdir -p /run/csi
 for n in a b; do
   eval "nqn=\$NQN_$n iqn=\$IQN_$n"
@@ -403,6 +445,40 @@ fn kernel_node_stages_over_nvme_multipath_and_iscsi_and_qos_holds_under_fio() {
         g.ok(&format!("echo iscsi > {}/i && sync", target(&id, "pod-a")));
         detach(&mut c, &mut na, &id, &id_a, "pod-a").await;
         g.assert_clean(&id, &ctx["iqn"]);
+        c.delete_volume(proto::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
+
+        // ---- iSCSI over both gateways (RBD pool): dm-multipath ----
+        let v = create(&mut c, "pvc-kvm-mpath", 64, &[("pool", "r"), ("protocol", "iscsi")], &ext4).await;
+        let id = v.volume_id.clone();
+        let ctx = attach(&mut c, &mut na, &v, &id_a, &ext4, "pod-a").await;
+        let iqn = ctx["iqn"].clone();
+        let sessions = g.ok("iscsiadm -m session");
+        let paths = g.ok("multipath -ll 2>/dev/null");
+        eprintln!("---- iSCSI over two gateways staged: iscsiadm -m session ----\n{sessions}---- multipath -ll ----\n{paths}----");
+        for gw in &gateways {
+            assert!(sessions.lines().any(|l| l.contains(&iqn) && l.contains(&format!("10.0.2.2:{},", gw.iscsi))), "no session to the gateway on port {}:\n{sessions}", gw.iscsi);
+        }
+        assert_eq!(paths.matches("active ready running").count(), 2, "multipath -ll shows not two active paths:\n{paths}");
+        let (_, mounts) = g.show("iSCSI multipath volume staged");
+        let dev = mounts.lines().find(|l| l.contains(&staging(&id))).and_then(|l| l.split(' ').next()).unwrap_or_else(|| panic!("nothing mounted at the staging path: {mounts}")).to_string();
+        assert!(dev.starts_with("/dev/mapper/") && mounts.contains(" ext4 "), "staged on {dev}, not the dm-multipath map: {mounts}");
+        let t = target(&id, "pod-a");
+        let sum = g.ok(&format!("cd {t} && dd if=/dev/urandom of=blob bs=1M count=8 2>/dev/null && sync && sha256sum blob"));
+        // Gateway A's path goes (its session logged out under the mount):
+        // the file system goes on through B's.
+        let port_a = gateways[0].iscsi;
+        g.ok(&format!("for c in /sys/class/iscsi_connection/connection*; do [ $(cat $c/persistent_port) = {port_a} ] || continue; n=${{c##*/connection}}; iscsiadm -m session -r ${{n%%:*}} -u; done"));
+        let sessions = g.ok("iscsiadm -m session");
+        assert!(!sessions.contains(&format!("10.0.2.2:{port_a},")), "gateway A's session still there:\n{sessions}");
+        let back = g.ok(&format!("cd {t} && echo after-a > after && sync && echo 3 > /proc/sys/vm/drop_caches && sha256sum blob && cat after"));
+        let paths = g.ok("multipath -ll 2>/dev/null");
+        eprintln!("---- gateway A's session logged out: multipath -ll ----\n{paths}----");
+        assert_eq!(paths.matches("active ready running").count(), 1, "multipath -ll after A's path went:\n{paths}");
+        assert_eq!(back, format!("{sum}after-a\n"), "read and written through gateway B after A's path went");
+        detach(&mut c, &mut na, &id, &id_a, "pod-a").await;
+        g.assert_clean(&id, &iqn);
+        let maps = g.ok("multipath -ll 2>/dev/null; ls /sys/block | grep dm- ; ls /dev/mapper 2>/dev/null | grep -v control; true");
+        assert!(maps.trim().is_empty(), "dm-multipath map left after unstage: {maps}");
         c.delete_volume(proto::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
         rows
     });
