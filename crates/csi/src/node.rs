@@ -393,16 +393,41 @@ const MULTIPATH_REPLACEMENT_TIMEOUT_S: u32 = 5;
 /// with `multipath` (which also adds a path a map lacks). Its name; its
 /// /dev/mapper node made where no udev makes it (libdevmapper leaves node
 /// creation to udev for multipath's maps).
+///
+/// multipath names a path by the WWID udev's database gives for it, not
+/// the kernel's: where that entry is stale (udev behind, still holding a
+/// removed disk's entry for the device number the new disk reuses), it
+/// makes a map of the old WWID over the new disk; asked again once udev
+/// has caught up, it makes the LUN's map over all the disks beside it
+/// (device-mapper lets several maps hold one disk). Such a map (its WWID
+/// not the one the disks report in sysfs) is flushed; the map returned is
+/// the one of the LUN's WWID holding every disk, once no other holds any.
 async fn multipath_map(disks: &[String]) -> Result<String, Status> {
+    if on_path("udevadm") {
+        // udev done with the logins' disks (and the removals before them).
+        let _ = Command::new("udevadm").args(["settle", "--timeout=10"]).output().await;
+    }
+    let want = multipath_wwid(&disks[0]);
     let mut said = String::new();
+    let mut held = vec![];
     for i in 0..50 {
-        let holders: Vec<Option<String>> = disks.iter().map(|d| std::fs::read_dir(format!("/sys/block/{d}/holders")).ok().and_then(|mut h| h.next()).and_then(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned())).collect();
-        if let Some(Some(dm)) = holders.first().filter(|first| first.is_some() && holders.iter().all(|h| h == *first)) {
-            let name = std::fs::read_to_string(format!("/sys/block/{dm}/dm/name")).map_err(|e| Status::internal(format!("{dm}: {e}")))?.trim().to_string();
-            make_mapper_node(&name, dm)?;
-            return Ok(name);
+        held = disks.iter().map(|d| holders(d)).collect::<Vec<_>>();
+        // Multipath's maps (others, e.g. LVM's, are not this function's).
+        let stale: Vec<&Holder> = held.iter().flatten().filter(|m| m.wwid.is_some() && want.is_some() && m.wwid != want).collect();
+        let mut flushed = false;
+        for map in &stale {
+            let r = run("multipath", &["-f", &map.name]).await;
+            let outcome = r.as_ref().map_or_else(|e| format!("flush failed ({}), tried again", e.message()), |_| "flushed".into());
+            log::warn!("dm-multipath map {} ({}) holds one of {} but is of WWID {:?}, not the LUN's {:?} (made from stale udev data, e.g. a removed disk's entry for a reused device number): {outcome}", map.name, map.dm, disks.join(", "), map.wwid, want);
+            flushed |= r.is_ok();
         }
-        if i % 5 == 0 {
+        if stale.is_empty() {
+            if let Some(map) = held[0].iter().find(|m| m.wwid.is_some() && held.iter().all(|h| h.contains(m))) {
+                make_mapper_node(&map.name, &map.dm)?;
+                return Ok(map.name.clone());
+            }
+        }
+        if i % 5 == 0 || flushed {
             // Paths multipath has not seen yet (udev still probing them)
             // are skipped; asked again until all are in one map.
             let out = Command::new("multipath").args(["-v2", &format!("/dev/{}", disks[0])]).output().await.map_err(|e| Status::internal(format!("multipath: {e}")))?;
@@ -410,11 +435,44 @@ async fn multipath_map(disks: &[String]) -> Result<String, Status> {
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+    let held: Vec<String> = disks.iter().zip(&held).map(|(d, h)| format!("{d} in {}", if h.is_empty() { "no map".into() } else { h.iter().map(|m| format!("{} (WWID {:?})", m.name, m.wwid)).collect::<Vec<_>>().join(" and ") })).collect();
     Err(Status::failed_precondition(format!(
-        "dm-multipath made no map over {} in 10 s (multipath said: {said:?}); see multipath.conf (blacklist, find_multipaths) and `multipath -v3 /dev/{}`",
+        "dm-multipath made no map of WWID {want:?} over {} alone in 10 s ({}; multipath said: {said:?}); see multipath.conf (blacklist, find_multipaths), udev's database (`udevadm info /dev/{}`) and `multipath -v3 /dev/{}`",
         disks.join(", "),
+        held.join(", "),
+        disks[0],
         disks[0]
     )))
+}
+
+/// A device-mapper device holding a disk: its `dm-N`, name, and the WWID
+/// of its uuid when multipath made it (`mpath-WWID`), else None.
+#[derive(Debug, PartialEq)]
+struct Holder {
+    dm: String,
+    name: String,
+    wwid: Option<String>,
+}
+
+/// Every device-mapper device holding `disk`.
+fn holders(disk: &str) -> Vec<Holder> {
+    let dms = std::fs::read_dir(format!("/sys/block/{disk}/holders")).into_iter().flatten().flatten().map(|e| e.file_name().to_string_lossy().into_owned());
+    dms.filter_map(|dm| {
+        let read = |f: &str| std::fs::read_to_string(format!("/sys/block/{dm}/dm/{f}")).ok().map(|s| s.trim().to_string());
+        let name = read("name")?;
+        let wwid = read("uuid").and_then(|u| u.strip_prefix("mpath-").map(str::to_ascii_lowercase));
+        Some(Holder { dm, name, wwid })
+    })
+    .collect()
+}
+
+/// The WWID multipath gives a SCSI disk (udev's ID_SERIAL, as scsi_id
+/// makes it: the designator's type digit, then its hex), from the kernel's
+/// own `device/wwid`; None for a designator this does not map.
+fn multipath_wwid(disk: &str) -> Option<String> {
+    let w = std::fs::read_to_string(format!("/sys/block/{disk}/device/wwid")).ok()?;
+    let w = w.trim().to_ascii_lowercase();
+    [("naa.", '3'), ("eui.", '2')].iter().find_map(|(prefix, digit)| w.strip_prefix(prefix).map(|hex| format!("{digit}{hex}")))
 }
 
 /// The `dm-N` of the device-mapper device named `name`, if there is one.
