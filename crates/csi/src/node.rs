@@ -475,6 +475,34 @@ fn multipath_wwid(disk: &str) -> Option<String> {
     [("naa.", '3'), ("eui.", '2')].iter().find_map(|(prefix, digit)| w.strip_prefix(prefix).map(|hex| format!("{digit}{hex}")))
 }
 
+/// A dm-multipath map to its paths' size, once they have it (`want`
+/// bytes, when known; the rescan that grows them is the kernel's, after
+/// `iscsiadm -R`): multipathd's `resize map` where multipathd runs (it
+/// keeps its own idea of the map's size), else `multipath -r`: without
+/// `-r` multipath leaves the paths of an existing map alone and never
+/// compares sizes (multipath-tools 0.9.4, coalesce_paths); with it the map
+/// is rebuilt from its paths, at their size.
+async fn resize_map(name: &str, want: Option<u64>) -> Result<(), Status> {
+    let dm = dm_by_name(name).ok_or_else(|| Status::not_found(format!("dm-multipath map {name} is gone")))?;
+    let paths: Vec<String> = std::fs::read_dir(format!("/sys/block/{dm}/slaves")).map_err(|e| Status::internal(format!("{dm}/slaves: {e}")))?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let grown = |d: &String| want.is_none_or(|w| block_size(&format!("/dev/{d}")).is_some_and(|b| b >= w));
+    if paths.is_empty() || wait_for(|| paths.iter().all(grown).then_some(())).await.is_none() {
+        let sizes: Vec<String> = paths.iter().map(|d| format!("{d} {} bytes", block_size(&format!("/dev/{d}")).unwrap_or(0))).collect();
+        return Err(Status::unavailable(format!("map {name}'s paths ({}) have not grown to {want:?} bytes after the rescan: retry", sizes.join(", "))));
+    }
+    let daemon = Command::new("multipathd").args(["show", "daemon"]).output().await.is_ok_and(|o| o.status.success());
+    if daemon {
+        let said = run("multipathd", &["resize", "map", name]).await?;
+        if !said.trim().starts_with("ok") {
+            return Err(Status::internal(format!("multipathd resize map {name}: {}", said.trim())));
+        }
+    } else {
+        run("multipath", &["-v2", "-r", &format!("/dev/{}", paths[0])]).await?;
+    }
+    log::info!("dm-multipath map {name} resized over {} ({})", paths.join(", "), if daemon { "multipathd" } else { "multipath" });
+    Ok(())
+}
+
 /// The `dm-N` of the device-mapper device named `name`, if there is one.
 fn dm_by_name(name: &str) -> Option<String> {
     std::fs::read_dir("/sys/block").ok()?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).find(|d| d.starts_with("dm-") && std::fs::read_to_string(format!("/sys/block/{d}/dm/name")).is_ok_and(|n| n.trim() == name))
@@ -739,12 +767,16 @@ impl Node for NodeService {
             return Err(Status::unimplemented("blockwire attach keeps the size it attached with: unstage and stage again"));
         }
         let _g = self.lock.lock().await;
-        if let How::Iscsi { iqn, portals, .. } = &s.how {
+        let want = r.capacity_range.as_ref().map(|c| c.required_bytes.max(0) as u64).filter(|w| *w > 0);
+        if let How::Iscsi { iqn, portals, iface, map } = &s.how {
             for p in portals {
-                run("iscsiadm", &["-m", "node", "-T", iqn, "-p", p, "-R"]).await?;
+                run("iscsiadm", &with_iface(vec!["-m", "node", "-T", iqn, "-p", p, "-R"], iface)).await?;
+            }
+            if let Some(m) = map {
+                resize_map(m, want).await?;
             }
         }
-        if let Some(want) = r.capacity_range.as_ref().map(|c| c.required_bytes.max(0) as u64).filter(|w| *w > 0) {
+        if let Some(want) = want {
             grown_to(&s, want).await?;
         }
         if !s.block {
