@@ -87,6 +87,9 @@ enum How {
         /// The open-iscsi interface logged in through ([`NodeService::iscsi_iface`]).
         #[serde(default)]
         iface: Option<String>,
+        /// The dm-multipath map over the portals' disks, when several.
+        #[serde(default)]
+        map: Option<String>,
     },
 }
 
@@ -176,27 +179,44 @@ impl NodeService {
             }
             Attacher::Kernel if protocol == Protocol::Iscsi => {
                 let iface = Some(self.iscsi_iface().await?);
-                for p in &addresses {
-                    // A node record for exactly this portal, not SendTargets
-                    // discovery: a gateway reports the addresses it listens
-                    // on, which a node behind NAT (or reaching a gateway
-                    // that listens on 0.0.0.0) cannot use, and discovery
-                    // would record every target the gateway has.
-                    let made = run("iscsiadm", &with_iface(vec!["-m", "node", "-o", "new", "-T", &name, "-p", p], &iface)).await;
-                    if let Err(e) = made {
-                        if !e.message().contains("exists") {
-                            return Err(e);
-                        }
+                // Several portals (a volume on an RBD pool, published
+                // through every gateway) are joined by dm-multipath; a node
+                // without it gets one path, and the log says so: two SCSI
+                // disks of one LUN without a map over them would be two
+                // devices for one volume, and no failover either way.
+                let multipath = match (addresses.len() > 1).then(dm_multipath_missing) {
+                    Some(Some(why)) => {
+                        log::warn!("volume {id}: iSCSI {name} is published through {} portals but {why}: staged on ONE path only ({}), with no failover to the others", addresses.len(), addresses[0]);
+                        false
                     }
-                    let login = run("iscsiadm", &with_iface(vec!["-m", "node", "-T", &name, "-p", p, "--login"], &iface)).await;
-                    if let Err(e) = login {
-                        if !e.message().contains("already present") {
-                            return Err(e);
+                    Some(None) => true,
+                    None => false,
+                };
+                let portals: Vec<String> = if multipath { addresses.iter().map(|s| s.to_string()).collect() } else { vec![addresses[0].to_string()] };
+                let how = How::Iscsi { iqn: name.clone(), portals: portals.clone(), iface: iface.clone(), map: None };
+                let attached = async {
+                    for p in &portals {
+                        self.iscsi_login(&name, p, &iface, multipath).await?;
+                    }
+                    let disks = wait_for(|| portals.iter().map(|p| iscsi_disk(&name, &unit, p)).collect::<Option<Vec<String>>>()).await;
+                    let disks = disks.ok_or_else(|| Status::internal(format!("iSCSI {name} LUN {unit}: no SCSI disk appeared for every portal of {}", portals.join(", "))))?;
+                    if multipath {
+                        let map = multipath_map(&disks).await?;
+                        log::info!("volume {id}: dm-multipath map {map} over {} ({})", disks.join(", "), portals.join(", "));
+                        Ok((format!("/dev/mapper/{map}"), How::Iscsi { iqn: name.clone(), portals: portals.clone(), iface: iface.clone(), map: Some(map) }))
+                    } else {
+                        if addresses.len() == 1 {
+                            log::info!("volume {id}: iSCSI {name} has one portal ({}): staged on its disk {}, no multipath", portals[0], disks[0]);
                         }
+                        Ok((format!("/dev/{}", disks[0]), how.clone()))
                     }
                 }
-                let dev = wait_for(|| iscsi_device(&name, &unit, &addresses)).await.ok_or_else(|| Status::internal(format!("iSCSI {name} LUN {unit}: no block device appeared")))?;
-                Ok((dev, How::Iscsi { iqn: name, portals: addresses.iter().map(|s| s.to_string()).collect(), iface }))
+                .await;
+                if attached.is_err() {
+                    // Nothing half-made left behind: the sessions and records go.
+                    let _ = self.detach(&how).await;
+                }
+                attached
             }
             Attacher::Kernel => {
                 let transport = if protocol == Protocol::NvmeRdma { "rdma" } else { "tcp" };
@@ -253,6 +273,33 @@ impl NodeService {
         Ok(name)
     }
 
+    /// A node record for exactly `portal`, not SendTargets discovery: a
+    /// gateway reports the addresses it listens on, which a node behind NAT
+    /// (or reaching a gateway that listens on 0.0.0.0) cannot use, and
+    /// discovery would record every target the gateway has. Then the login.
+    async fn iscsi_login(&self, iqn: &str, portal: &str, iface: &Option<String>, multipath: bool) -> Result<(), Status> {
+        let made = run("iscsiadm", &with_iface(vec!["-m", "node", "-o", "new", "-T", iqn, "-p", portal], iface)).await;
+        if let Err(e) = made {
+            if !e.message().contains("exists") {
+                return Err(e);
+            }
+        }
+        if multipath {
+            // open-iscsi's default (120 s) holds a dead gateway's I/O for
+            // two minutes before dm-multipath may retry it on another path;
+            // iscsid.conf's advice for dm-multipath is a few seconds.
+            let t = MULTIPATH_REPLACEMENT_TIMEOUT_S.to_string();
+            run("iscsiadm", &with_iface(vec!["-m", "node", "-T", iqn, "-p", portal, "-o", "update", "-n", "node.session.timeo.replacement_timeout", "-v", &t], iface)).await?;
+        }
+        let login = run("iscsiadm", &with_iface(vec!["-m", "node", "-T", iqn, "-p", portal, "--login"], iface)).await;
+        if let Err(e) = login {
+            if !e.message().contains("already present") {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     async fn detach(&self, how: &How) -> Result<(), Status> {
         match how {
             How::Fuse { dir } => {
@@ -264,7 +311,17 @@ impl NodeService {
             How::Nvme { nqn } => {
                 run("nvme", &["disconnect", "-n", nqn]).await?;
             }
-            How::Iscsi { iqn, portals, iface } => {
+            How::Iscsi { iqn, portals, iface, map } => {
+                // The map first: logged out under it, its paths would fail
+                // and the map stay (queueing I/O forever with no_path_retry
+                // queue). A map still open (mounted) is refused here, and
+                // the sessions stay for the retry.
+                if let Some(m) = map {
+                    if dm_by_name(m).is_some() {
+                        run("multipath", &["-f", m]).await?;
+                    }
+                    remove_stale_mapper_node(m);
+                }
                 for p in portals {
                     let r = run("iscsiadm", &with_iface(vec!["-m", "node", "-T", iqn, "-p", p, "--logout"], iface)).await;
                     if let Err(e) = r {
@@ -282,7 +339,7 @@ impl NodeService {
 }
 
 /// Poll for up to 10 s (udev and the kernel's scan take a moment).
-async fn wait_for(mut f: impl FnMut() -> Option<String>) -> Option<String> {
+async fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
     for _ in 0..100 {
         if let Some(d) = f() {
             return Some(d);
@@ -310,21 +367,172 @@ fn nvme_device(nqn: &str, nsid: u32) -> Option<String> {
     None
 }
 
-/// The device of an iSCSI LUN: the dm-multipath map holding its paths
-/// when there is one, else the one path's SCSI disk. Found in sysfs (the
-/// session's target name and portal, the LUN's disk), not through udev's
-/// /dev/disk/by-path links, which a node without udev (a container, an
-/// initramfs) does not have.
-fn iscsi_device(iqn: &str, lun: &str, portals: &[&str]) -> Option<String> {
-    let disks: Vec<String> = portals.iter().filter_map(|p| iscsi_disk(iqn, lun, p)).collect();
-    let first = disks.first()?;
-    if portals.len() > 1 {
-        let holders = std::fs::read_dir(format!("/sys/block/{first}/holders")).ok()?;
-        let dm = holders.flatten().next()?.file_name().to_string_lossy().into_owned();
-        let map = std::fs::read_to_string(format!("/sys/block/{dm}/dm/name")).ok()?;
-        return Some(format!("/dev/mapper/{}", map.trim()));
+/// Why dm-multipath cannot join paths on this node, if it cannot: no
+/// `multipath` tool, or no dm-multipath in the kernel.
+fn dm_multipath_missing() -> Option<String> {
+    if !on_path("multipath") {
+        return Some("this node has no `multipath` (multipath-tools)".into());
     }
-    Some(format!("/dev/{first}"))
+    let module = Path::new("/sys/module/dm_multipath").exists() || std::process::Command::new("modprobe").arg("dm-multipath").output().is_ok_and(|o| o.status.success());
+    if !module {
+        return Some("this node's kernel has no dm-multipath (modprobe dm-multipath failed)".into());
+    }
+    None
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+/// Seconds an iSCSI session down holds its I/O before failing it to
+/// dm-multipath (open-iscsi's `replacement_timeout`).
+const MULTIPATH_REPLACEMENT_TIMEOUT_S: u32 = 5;
+
+/// The dm-multipath map over `disks` (one LUN's SCSI disks, one per
+/// portal): multipathd's, where it made one from udev's events, else made
+/// with `multipath` (which also adds a path a map lacks). Its name; its
+/// /dev/mapper node made where no udev makes it (libdevmapper leaves node
+/// creation to udev for multipath's maps).
+///
+/// multipath names a path by the WWID udev's database gives for it, not
+/// the kernel's: where that entry is stale (udev behind, still holding a
+/// removed disk's entry for the device number the new disk reuses), it
+/// makes a map of the old WWID over the new disk; asked again once udev
+/// has caught up, it makes the LUN's map over all the disks beside it
+/// (device-mapper lets several maps hold one disk). Such a map (its WWID
+/// not the one the disks report in sysfs) is flushed; the map returned is
+/// the one of the LUN's WWID holding every disk, once no other holds any.
+async fn multipath_map(disks: &[String]) -> Result<String, Status> {
+    if on_path("udevadm") {
+        // udev done with the logins' disks (and the removals before them).
+        let _ = Command::new("udevadm").args(["settle", "--timeout=10"]).output().await;
+    }
+    let want = multipath_wwid(&disks[0]);
+    let mut said = String::new();
+    let mut held = vec![];
+    for i in 0..50 {
+        held = disks.iter().map(|d| holders(d)).collect::<Vec<_>>();
+        // Multipath's maps (others, e.g. LVM's, are not this function's).
+        let stale: Vec<&Holder> = held.iter().flatten().filter(|m| m.wwid.is_some() && want.is_some() && m.wwid != want).collect();
+        let mut flushed = false;
+        for map in &stale {
+            let r = run("multipath", &["-f", &map.name]).await;
+            let outcome = r.as_ref().map_or_else(|e| format!("flush failed ({}), tried again", e.message()), |_| "flushed".into());
+            log::warn!("dm-multipath map {} ({}) holds one of {} but is of WWID {:?}, not the LUN's {:?} (made from stale udev data, e.g. a removed disk's entry for a reused device number): {outcome}", map.name, map.dm, disks.join(", "), map.wwid, want);
+            flushed |= r.is_ok();
+        }
+        if stale.is_empty() {
+            if let Some(map) = held[0].iter().find(|m| m.wwid.is_some() && held.iter().all(|h| h.contains(m))) {
+                make_mapper_node(&map.name, &map.dm)?;
+                return Ok(map.name.clone());
+            }
+        }
+        if i % 5 == 0 || flushed {
+            // Paths multipath has not seen yet (udev still probing them)
+            // are skipped; asked again until all are in one map.
+            let out = Command::new("multipath").args(["-v2", &format!("/dev/{}", disks[0])]).output().await.map_err(|e| Status::internal(format!("multipath: {e}")))?;
+            said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)).trim().to_string();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let held: Vec<String> = disks.iter().zip(&held).map(|(d, h)| format!("{d} in {}", if h.is_empty() { "no map".into() } else { h.iter().map(|m| format!("{} (WWID {:?})", m.name, m.wwid)).collect::<Vec<_>>().join(" and ") })).collect();
+    Err(Status::failed_precondition(format!(
+        "dm-multipath made no map of WWID {want:?} over {} alone in 10 s ({}; multipath said: {said:?}); see multipath.conf (blacklist, find_multipaths), udev's database (`udevadm info /dev/{}`) and `multipath -v3 /dev/{}`",
+        disks.join(", "),
+        held.join(", "),
+        disks[0],
+        disks[0]
+    )))
+}
+
+/// A device-mapper device holding a disk: its `dm-N`, name, and the WWID
+/// of its uuid when multipath made it (`mpath-WWID`), else None.
+#[derive(Debug, PartialEq)]
+struct Holder {
+    dm: String,
+    name: String,
+    wwid: Option<String>,
+}
+
+/// Every device-mapper device holding `disk`.
+fn holders(disk: &str) -> Vec<Holder> {
+    let dms = std::fs::read_dir(format!("/sys/block/{disk}/holders")).into_iter().flatten().flatten().map(|e| e.file_name().to_string_lossy().into_owned());
+    dms.filter_map(|dm| {
+        let read = |f: &str| std::fs::read_to_string(format!("/sys/block/{dm}/dm/{f}")).ok().map(|s| s.trim().to_string());
+        let name = read("name")?;
+        let wwid = read("uuid").and_then(|u| u.strip_prefix("mpath-").map(str::to_ascii_lowercase));
+        Some(Holder { dm, name, wwid })
+    })
+    .collect()
+}
+
+/// The WWID multipath gives a SCSI disk (udev's ID_SERIAL, as scsi_id
+/// makes it: the designator's type digit, then its hex), from the kernel's
+/// own `device/wwid`; None for a designator this does not map.
+fn multipath_wwid(disk: &str) -> Option<String> {
+    let w = std::fs::read_to_string(format!("/sys/block/{disk}/device/wwid")).ok()?;
+    let w = w.trim().to_ascii_lowercase();
+    [("naa.", '3'), ("eui.", '2')].iter().find_map(|(prefix, digit)| w.strip_prefix(prefix).map(|hex| format!("{digit}{hex}")))
+}
+
+/// A dm-multipath map to its paths' size, once they have it (`want`
+/// bytes, when known; the rescan that grows them is the kernel's, after
+/// `iscsiadm -R`): multipathd's `resize map` where multipathd runs (it
+/// keeps its own idea of the map's size), else `multipath -r`: without
+/// `-r` multipath leaves the paths of an existing map alone and never
+/// compares sizes (multipath-tools 0.9.4, coalesce_paths); with it the map
+/// is rebuilt from its paths, at their size.
+async fn resize_map(name: &str, want: Option<u64>) -> Result<(), Status> {
+    let dm = dm_by_name(name).ok_or_else(|| Status::not_found(format!("dm-multipath map {name} is gone")))?;
+    let paths: Vec<String> = std::fs::read_dir(format!("/sys/block/{dm}/slaves")).map_err(|e| Status::internal(format!("{dm}/slaves: {e}")))?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let grown = |d: &String| want.is_none_or(|w| block_size(&format!("/dev/{d}")).is_some_and(|b| b >= w));
+    if paths.is_empty() || wait_for(|| paths.iter().all(grown).then_some(())).await.is_none() {
+        let sizes: Vec<String> = paths.iter().map(|d| format!("{d} {} bytes", block_size(&format!("/dev/{d}")).unwrap_or(0))).collect();
+        return Err(Status::unavailable(format!("map {name}'s paths ({}) have not grown to {want:?} bytes after the rescan: retry", sizes.join(", "))));
+    }
+    let daemon = Command::new("multipathd").args(["show", "daemon"]).output().await.is_ok_and(|o| o.status.success());
+    if daemon {
+        let said = run("multipathd", &["resize", "map", name]).await?;
+        if !said.trim().starts_with("ok") {
+            return Err(Status::internal(format!("multipathd resize map {name}: {}", said.trim())));
+        }
+    } else {
+        run("multipath", &["-v2", "-r", &format!("/dev/{}", paths[0])]).await?;
+    }
+    log::info!("dm-multipath map {name} resized over {} ({})", paths.join(", "), if daemon { "multipathd" } else { "multipath" });
+    Ok(())
+}
+
+/// The `dm-N` of the device-mapper device named `name`, if there is one.
+fn dm_by_name(name: &str) -> Option<String> {
+    std::fs::read_dir("/sys/block").ok()?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).find(|d| d.starts_with("dm-") && std::fs::read_to_string(format!("/sys/block/{d}/dm/name")).is_ok_and(|n| n.trim() == name))
+}
+
+fn make_mapper_node(name: &str, dm: &str) -> Result<(), Status> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = PathBuf::from(format!("/dev/mapper/{name}"));
+    if path.exists() {
+        return Ok(());
+    }
+    let devno = std::fs::read_to_string(format!("/sys/block/{dm}/dev")).map_err(|e| Status::internal(format!("{dm}: {e}")))?;
+    let (maj, min) = devno.trim().split_once(':').and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?))).ok_or_else(|| Status::internal(format!("{dm}/dev: {devno:?}")))?;
+    std::fs::create_dir_all("/dev/mapper").map_err(|e| Status::internal(format!("/dev/mapper: {e}")))?;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| Status::internal(e.to_string()))?;
+    // SAFETY: mknod with a NUL-terminated path.
+    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(maj, min)) } != 0 {
+        return Err(Status::internal(format!("mknod {}: {}", path.display(), std::io::Error::last_os_error())));
+    }
+    log::info!("made {} ({maj}:{min}): no udev made it", path.display());
+    Ok(())
+}
+
+/// The /dev/mapper node of a map that is gone (udev removes it; without
+/// udev it stays, pointing at a device number the next map may take).
+fn remove_stale_mapper_node(name: &str) {
+    let path = PathBuf::from(format!("/dev/mapper/{name}"));
+    if dm_by_name(name).is_none() && path.exists() {
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 /// The SCSI disk (`sdX`) of LUN `lun` in the session logged in to `iqn`
@@ -559,12 +767,16 @@ impl Node for NodeService {
             return Err(Status::unimplemented("blockwire attach keeps the size it attached with: unstage and stage again"));
         }
         let _g = self.lock.lock().await;
-        if let How::Iscsi { iqn, portals, .. } = &s.how {
+        let want = r.capacity_range.as_ref().map(|c| c.required_bytes.max(0) as u64).filter(|w| *w > 0);
+        if let How::Iscsi { iqn, portals, iface, map } = &s.how {
             for p in portals {
-                run("iscsiadm", &["-m", "node", "-T", iqn, "-p", p, "-R"]).await?;
+                run("iscsiadm", &with_iface(vec!["-m", "node", "-T", iqn, "-p", p, "-R"], iface)).await?;
+            }
+            if let Some(m) = map {
+                resize_map(m, want).await?;
             }
         }
-        if let Some(want) = r.capacity_range.as_ref().map(|c| c.required_bytes.max(0) as u64).filter(|w| *w > 0) {
+        if let Some(want) = want {
             grown_to(&s, want).await?;
         }
         if !s.block {

@@ -27,6 +27,18 @@
 //!   over twice the limit again.
 //! - iSCSI (one portal: the directory pool's gateway): iscsiadm login,
 //!   ext4, mount; unstage logs out and leaves no node record.
+//! - iSCSI over both gateways (the RBD pool): two sessions joined by
+//!   dm-multipath (`multipath -ll`: two active paths), ext4 on the
+//!   /dev/mapper map; gateway A's session logged out under the mount, and
+//!   the data still read and written through B; unstage flushes the map
+//!   and logs out: no map, no session, no record. The guest has no udev:
+//!   its script keeps udev's database entries for SCSI disks (what
+//!   multipath asks udev for) and gives multipath.conf, as rbd-ha.sh does.
+//!   The stage runs with that database behind (a removed disk's entry for
+//!   the device number sda reuses): node A flushes the stale map multipath
+//!   makes from it. Grown online (both disks rescanned, the map reloaded,
+//!   resize2fs). Then node B, which has no multipath-tools, stages the
+//!   same volume on one path (the first portal) and reads back A's data.
 
 use crate::common::ceph::Ceph;
 use crate::common::*;
@@ -46,12 +58,66 @@ const LIMIT_MIBS: f64 = 4.0;
 /// The guest: both node services, each behind a TCP port, until /tmp/done.
 const GUEST: &str = r#"
 modprobe nvme-tcp; modprobe iscsi_tcp; modprobe sd_mod; modprobe xfs || true; modprobe ext4 || true
+modprobe dm-multipath; modprobe dm-round-robin; modprobe scsi_dh_alua
 echo "multipath: $(cat /sys/module/nvme_core/parameters/multipath)"
 iscsid
+# dm-multipath's configuration, as a node's admin gives it (rbd-ha.sh's)
+mkdir -p /etc/multipath
+cat > /etc/multipath.conf <<'CONF'
+defaults {
+  user_friendly_names no
+  find_multipaths off
+}
+devices {
+  device {
+    vendor "BLKWIRE"
+    product ".*"
+    path_grouping_policy group_by_prio
+    prio alua
+    hardware_handler "1 alua"
+    failback immediate
+    no_path_retry queue
+    path_checker tur
+  }
+}
+CONF
+# A stand-in for udev's database, which multipath reads (that a disk was
+# seen, and its ID_SERIAL: "3" and the NAA designator, as scsi_id gives
+# it). Each pass drops the entries of disks gone (udev's "remove": the next
+# disk reuses the device number) and writes those of the disks there. Any
+# read may fail (a disk removed mid-pass) without ending the loop: under
+# sh -e one failed `$(cat ...)` once ended it, and a removed disk's entry
+# stayed for good (docs/notes/2026-11-26-csi-iscsi-multipath.md). While
+# /tmp/udev-hold exists it stands still, as a udev running behind does,
+# until a map holds a SCSI disk; it notes that map's name in
+# /tmp/udev-held-map and goes on.
+mkdir -p /run/udev/data
+while [ ! -e /tmp/done ]; do
+  if [ -e /tmp/udev-hold ]; then
+    h=$(ls /sys/block/sd*/holders 2>/dev/null | grep -m1 dm- || true)
+    if [ -n "$h" ]; then cat /sys/block/$h/dm/name > /tmp/udev-held-map 2>/dev/null || true; rm -f /tmp/udev-hold; fi
+    sleep 0.2; continue
+  fi
+  for f in /run/udev/data/b*; do
+    [ -e "$f" ] || continue
+    [ -e /sys/dev/block/${f#/run/udev/data/b} ] || rm -f "$f"
+  done
+  for b in /sys/block/sd*; do
+    w=$(cat $b/device/wwid 2>/dev/null) && n=$(cat $b/dev 2>/dev/null) || continue
+    w=${w#naa.}
+    e=$(printf 'I:1\nE:ID_SERIAL=3%s\nE:SCSI_IDENT_LUN_NAA_REGEXT=%s' "$w" "$w")
+    [ "$(cat /run/udev/data/b$n 2>/dev/null)" = "$e" ] || echo "$e" > /run/udev/data/b$n || true
+  done
+  sleep 0.2
+done &
+# Node B has no multipath-tools: its PATH has the guest's programs but
+# multipath and multipathd (in /sbin; the others are links in /run/nomp).
+mkdir -p /run/nomp && ln -s /sbin/* /run/nomp/ && rm -f /run/nomp/multipath /run/nomp/multipathd
 mkdir -p /run/csi
 for n in a b; do
   eval "nqn=\$NQN_$n iqn=\$IQN_$n"
-  $BW csi --mode node --attach kernel --endpoint unix:///run/csi/$n.sock --state-dir /run/csi/state-$n \
+  p=$PATH; [ $n = a ] || p=/run/nomp:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/bin
+  PATH=$p $BW csi --mode node --attach kernel --endpoint unix:///run/csi/$n.sock --state-dir /run/csi/state-$n \
     --host-nqn $nqn --iqn $iqn -v > /tmp/node-$n.log 2>&1 &
 done
 socat TCP-LISTEN:7000,fork,reuseaddr UNIX-CONNECT:/run/csi/a.sock &
@@ -185,7 +251,8 @@ async fn detach(c: &mut Ctl, n: &mut NodeC, id: &str, node: &str, pod: &str) {
 
 /// `df` of a mount point in the guest: its size in KiB.
 fn df_kib(g: &Guest, path: &str) -> u64 {
-    let out = g.ok(&format!("df -k {path} | tail -1"));
+    // -P: one line per file system (a long /dev/mapper name would wrap it).
+    let out = g.ok(&format!("df -kP {path} | tail -1"));
     out.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("df: {out}"))
 }
 
@@ -403,6 +470,80 @@ fn kernel_node_stages_over_nvme_multipath_and_iscsi_and_qos_holds_under_fio() {
         g.ok(&format!("echo iscsi > {}/i && sync", target(&id, "pod-a")));
         detach(&mut c, &mut na, &id, &id_a, "pod-a").await;
         g.assert_clean(&id, &ctx["iqn"]);
+        c.delete_volume(proto::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
+
+        // ---- iSCSI over both gateways (RBD pool): dm-multipath ----
+        // udev's database behind (the stand-in held), still holding a
+        // removed disk's entry for 8:0, the device number sda reuses (with
+        // a SCSI_IDENT_ property: multipath's built-in blacklist exception
+        // skips disks without one):
+        // multipath's first map over sda is of that disk's WWID; the node
+        // must flush it and join both disks in the LUN's own.
+        let stale = format!("36{}dead", "0".repeat(27));
+        let sds = g.ok("ls /sys/block | grep sd || true");
+        assert!(sds.is_empty(), "SCSI disks before the multipath volume: {sds}");
+        g.ok(&format!("touch /tmp/udev-hold && printf 'I:1\\nE:ID_SERIAL=%s\\nE:SCSI_IDENT_LUN_NAA_REGEXT=%s\\n' {stale} {} > /run/udev/data/b8:0", &stale[1..]));
+        let v = create(&mut c, "pvc-kvm-mpath", 64, &[("pool", "r"), ("protocol", "iscsi")], &ext4).await;
+        let id = v.volume_id.clone();
+        let ctx = attach(&mut c, &mut na, &v, &id_a, &ext4, "pod-a").await;
+        let iqn = ctx["iqn"].clone();
+        let held = g.ok("cat /tmp/udev-held-map; ls /tmp/udev-hold 2>&1 || true");
+        assert!(held.starts_with(&stale) && held.contains("No such file"), "the stale udev entry made no map of its WWID (or the stand-in still holds): {held}");
+        let flushed = g.ok("grep -c 'made from stale udev data' /tmp/node-a.log || true");
+        assert!(flushed.trim().parse::<u32>().unwrap_or(0) >= 1, "node A's log says nothing of flushing the stale map {stale}");
+        let sessions = g.ok("iscsiadm -m session");
+        let paths = g.ok("multipath -ll 2>/dev/null");
+        eprintln!("---- iSCSI over two gateways staged: iscsiadm -m session ----\n{sessions}---- multipath -ll ----\n{paths}----");
+        for gw in &gateways {
+            assert!(sessions.lines().any(|l| l.contains(&iqn) && l.contains(&format!("10.0.2.2:{},", gw.iscsi))), "no session to the gateway on port {}:\n{sessions}", gw.iscsi);
+        }
+        assert_eq!(paths.matches("active ready running").count(), 2, "multipath -ll shows not two active paths:\n{paths}");
+        let (_, mounts) = g.show("iSCSI multipath volume staged");
+        let dev = mounts.lines().find(|l| l.contains(&staging(&id))).and_then(|l| l.split(' ').next()).unwrap_or_else(|| panic!("nothing mounted at the staging path: {mounts}")).to_string();
+        assert!(dev.starts_with("/dev/mapper/") && mounts.contains(" ext4 "), "staged on {dev}, not the dm-multipath map: {mounts}");
+        assert!(!dev.contains(&stale), "staged on the stale map: {dev}");
+        let t = target(&id, "pod-a");
+        let sum = g.ok(&format!("cd {t} && dd if=/dev/urandom of=blob bs=1M count=8 2>/dev/null && sync && sha256sum blob"));
+        // Grown over both paths: each disk rescanned, then the map reloaded.
+        let (before, after) = expand(&mut c, &mut na, &g, &id, "pod-a", 128, &ext4).await;
+        let paths = g.ok("multipath -ll 2>/dev/null");
+        eprintln!("csi_kernel: ext4 on the dm-multipath map grown from {before} to {after} KiB\n{paths}");
+        assert!(after >= before + (64 << 10) * 9 / 10, "ext4 on the map {before} -> {after} KiB after growing 64 -> 128 MiB");
+        assert!(paths.contains("size=128M") && paths.matches("active ready running").count() == 2, "the map after growing:\n{paths}");
+        // Gateway A's path goes (its session logged out under the mount):
+        // the file system goes on through B's.
+        let port_a = gateways[0].iscsi;
+        g.ok(&format!("for c in /sys/class/iscsi_connection/connection*; do [ $(cat $c/persistent_port) = {port_a} ] || continue; n=${{c##*/connection}}; iscsiadm -m session -r ${{n%%:*}} -u; done"));
+        let sessions = g.ok("iscsiadm -m session");
+        assert!(!sessions.contains(&format!("10.0.2.2:{port_a},")), "gateway A's session still there:\n{sessions}");
+        let back = g.ok(&format!("cd {t} && echo after-a > after && sync && echo 3 > /proc/sys/vm/drop_caches && sha256sum blob && cat after"));
+        let paths = g.ok("multipath -ll 2>/dev/null");
+        eprintln!("---- gateway A's session logged out: multipath -ll ----\n{paths}----");
+        assert_eq!(paths.matches("active ready running").count(), 1, "multipath -ll after A's path went:\n{paths}");
+        assert_eq!(back, format!("{sum}after-a\n"), "read and written through gateway B after A's path went");
+        detach(&mut c, &mut na, &id, &id_a, "pod-a").await;
+        g.assert_clean(&id, &iqn);
+        let maps = "multipath -ll 2>/dev/null; ls /sys/block | grep dm- ; ls /dev/mapper 2>/dev/null | grep -v control; true";
+        let left = g.ok(maps);
+        assert!(left.trim().is_empty(), "dm-multipath map left after unstage: {left}");
+
+        // ---- the same volume on node B, which has no multipath: one path ----
+        let ctx = attach(&mut c, &mut nb, &v, &id_b, &ext4, "pod-b").await;
+        let first = ctx["addresses"].split(',').next().expect("an address").to_string();
+        let sessions = g.ok("iscsiadm -m session");
+        eprintln!("---- on node B, without multipath: iscsiadm -m session ----\n{sessions}----");
+        let ours: Vec<&str> = sessions.lines().filter(|l| l.contains(&iqn)).collect();
+        assert!(ours.len() == 1 && ours[0].contains(&format!("{first},")), "not one session, to the first portal {first}:\n{sessions}");
+        let (_, mounts) = g.show("iSCSI multipath volume staged on node B (one path)");
+        assert!(mounts.lines().any(|l| l.starts_with("/dev/sd") && l.contains(&staging(&id)) && l.contains(" ext4 ")), "not staged on the one SCSI disk: {mounts}");
+        let back = g.ok(&format!("cd {} && sha256sum blob && cat after", target(&id, "pod-b")));
+        assert_eq!(back, format!("{sum}after-a\n"), "what node A wrote, read on node B over one path");
+        let warned = g.ok("grep 'staged on ONE path only' /tmp/node-b.log || true");
+        assert!(warned.contains(&id) && warned.contains("no `multipath`"), "node B's log does not say it staged on one path: {warned:?}");
+        detach(&mut c, &mut nb, &id, &id_b, "pod-b").await;
+        g.assert_clean(&id, &iqn);
+        let left = g.ok(maps);
+        assert!(left.trim().is_empty(), "a map on node B: {left}");
         c.delete_volume(proto::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
         rows
     });
