@@ -333,10 +333,10 @@ fn subject_record(key: SubjectKey, protocol: &str, target: &str, initiator: Stri
         target: target.into(),
         initiator,
         unavailable: None,
-        target_datapath: None,
+        target_datapath: vec![],
         settings: None,
         external: false,
         identity: None,
-        skipped: None,
+        skipped: vec![],
     }
 }
