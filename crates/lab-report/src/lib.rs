@@ -117,7 +117,7 @@ mod tests {
         r.params.offloads = vec!["none".into(), "stateless".into()];
         r.params.digests = vec!["none".into(), "crc32c".into(), "crc32c-soft".into()];
         for (k, p) in [("blockwire-iscsi", "iscsi"), ("blockwire-nvme", "nvme")] {
-            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: vec![], settings: None, external: false, identity: None, skipped: vec![] });
+            r.subjects.push(Subject::new(key(k), p, "blockwire", "blockwire"));
         }
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for offload in ["none", "stateless"] {
@@ -151,7 +151,7 @@ mod tests {
         r.params.fs_kinds = vec!["ext4".into(), "btrfs".into()];
         r.params.fsyncs = vec!["honour".into(), "ignore".into()];
         r.params.fs = results().params.fs;
-        r.subjects.push(Subject { key: key("ganesha-nfs"), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None, target_datapath: vec![], settings: None, external: false, identity: None, skipped: vec![] });
+        r.subjects.push(Subject::new(key("ganesha-nfs"), "nfs", "nfs-ganesha", "the kernel"));
         for rep in 1..=3u32 {
             let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
             for fs in ["", "btrfs"] {
@@ -199,24 +199,13 @@ mod tests {
             ("ganesha-nfs", "nfs", "ganesha"),
             ("local-fio", "local", "tmpfs file"),
         ] {
-            subjects.push(Subject {
-                key: key(k),
-                protocol: p.into(),
-                target: t.into(),
-                initiator: "blockwire".into(),
-                unavailable: None,
-                target_datapath: vec![], settings: None, external: false, identity: None, skipped: vec![],
-            });
+            subjects.push(Subject::new(key(k), p, t, "blockwire"));
         }
         subjects.push(Subject {
-            key: key("blockwire-nvme"),
-            protocol: "nvme".into(),
-            target: "blockwire".into(),
-            initiator: "blockwire".into(),
             unavailable: Some("blockwire serve exited: nvme not built yet".into()),
-            target_datapath: vec![], settings: None, external: false, identity: None, skipped: vec![],
+            ..Subject::new(key("blockwire-nvme"), "nvme", "blockwire", "blockwire")
         });
-        subjects.push(Subject { key: bw_lab_results::fs::LOCAL, protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None, target_datapath: vec![], settings: None, external: false, identity: None, skipped: vec![] });
+        subjects.push(Subject::new(bw_lab_results::fs::LOCAL, "local", "loop", "kernel"));
         subjects
     }
 
@@ -404,7 +393,7 @@ mod tests {
         r.params.mtus = vec![1500];
         r.params.repeat = 3;
         for (k, p, t) in [("vblade-aoe", "aoe", "vblade"), ("lio-iscsi", "iscsi", "lio"), ("kernel-aoe@vblade", "aoe", "vblade"), ("kernel-iscsi@lio", "iscsi", "lio"), ("nvmet-nvme", "nvme", "nvmet"), ("nas-nfs", "nfs", "nas"), ("local-fio", "local", "tmpfs file")] {
-            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: t.into(), initiator: "blockwire".into(), unavailable: None, target_datapath: vec![], settings: None, external: t == "nas", identity: None, skipped: vec![] });
+            r.subjects.push(Subject { external: t == "nas", ..Subject::new(key(k), p, t, "blockwire") });
         }
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             // AoE as fast as iSCSI on random reads, 30% ahead on sequential ones.
@@ -513,7 +502,7 @@ mod tests {
         r.params.repeat = 3;
         r.machine.cpus = 2;
         for (k, p) in [("blockwire-iscsi", "iscsi"), ("blockwire-nvme", "nvme")] {
-            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: vec![], settings: None, external: false, identity: None, skipped: vec![] });
+            r.subjects.push(Subject::new(key(k), p, "blockwire", "blockwire"));
         }
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for (subject, iops, client) in [("blockwire-iscsi", 100_000.0, 1.2), ("blockwire-nvme", 120_000.0, nvme_client)] {

@@ -29,28 +29,21 @@ fn read<'de, D: Deserializer<'de>>(d: D, sep: &str) -> Result<Vec<String>, D::Er
     })
 }
 
-/// Items joined by `", "` (`#[serde(with = "joined::comma")]`).
-pub mod comma {
-    const SEP: &str = ", ";
+/// A module for `#[serde(with = "joined::NAME")]`: items joined by `$sep`.
+macro_rules! joined_by {
+    ($name:ident, $sep:literal) => {
+        #[doc = concat!("Items joined by `\"", $sep, "\"` (`#[serde(with = \"joined::", stringify!($name), "\")]`).")]
+        pub mod $name {
+            pub fn serialize<S: serde::Serializer>(items: &[String], s: S) -> Result<S::Ok, S::Error> {
+                super::write(items, $sep, s)
+            }
 
-    pub fn serialize<S: serde::Serializer>(items: &[String], s: S) -> Result<S::Ok, S::Error> {
-        super::write(items, SEP, s)
-    }
-
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-        super::read(d, SEP)
-    }
+            pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+                super::read(d, $sep)
+            }
+        }
+    };
 }
 
-/// Items joined by `"; "` (`#[serde(with = "joined::semicolon")]`).
-pub mod semicolon {
-    const SEP: &str = "; ";
-
-    pub fn serialize<S: serde::Serializer>(items: &[String], s: S) -> Result<S::Ok, S::Error> {
-        super::write(items, SEP, s)
-    }
-
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-        super::read(d, SEP)
-    }
-}
+joined_by!(comma, ", ");
+joined_by!(semicolon, "; ");

@@ -432,6 +432,24 @@ pub struct Subject {
     pub skipped: Vec<String>,
 }
 
+impl Subject {
+    /// A subject as a run starts: what it is, nothing measured or noted yet.
+    pub fn new(key: SubjectKey, protocol: &str, target: &str, initiator: &str) -> Subject {
+        Subject {
+            key,
+            protocol: protocol.into(),
+            target: target.into(),
+            initiator: initiator.into(),
+            unavailable: None,
+            target_datapath: vec![],
+            settings: None,
+            external: false,
+            identity: None,
+            skipped: vec![],
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Results {
     pub format: u32,
@@ -557,18 +575,7 @@ mod tests {
     /// empty, and read back from that text.
     #[test]
     fn subject_lists_are_their_joined_text() {
-        let mut s = Subject {
-            key: "blockwire-aoe".parse().unwrap(),
-            protocol: "aoe".into(),
-            target: "blockwire".into(),
-            initiator: "blockwire".into(),
-            unavailable: None,
-            target_datapath: vec![],
-            settings: None,
-            external: false,
-            identity: None,
-            skipped: vec![],
-        };
+        let mut s = Subject::new("blockwire-aoe".parse().unwrap(), "aoe", "blockwire", "blockwire");
         let plain = r#"{"key":"blockwire-aoe","protocol":"aoe","target":"blockwire","initiator":"blockwire"}"#;
         assert_eq!(serde_json::to_string(&s).unwrap(), plain);
         assert_eq!(serde_json::from_str::<Subject>(plain).unwrap(), s);

@@ -288,30 +288,15 @@ fn record_subjects(cx: &mut RunContext, topo: &Topology) {
         .map(|(s, c)| SubjectRecord {
             // The user's own storage, shown as such.
             external: s.external().is_some(),
-            ..subject_record(c.key(s), s.address().protocol_name(), s.target_name(), c.initiator(s, &topo.client))
+            ..SubjectRecord::new(c.key(s), s.address().protocol_name(), s.target_name(), &c.initiator(s, &topo.client))
         })
         .collect();
     cx.results_mut().subjects = subjects;
     if cx.plan().baseline && !(cx.plan().micro.is_empty() && cx.plan().sweep.is_empty()) {
-        cx.results_mut().subjects.push(subject_record(SubjectKey::LocalFio, "local", "tmpfs file", "fio (io_uring)".into()));
+        cx.results_mut().subjects.push(SubjectRecord::new(SubjectKey::LocalFio, "local", "tmpfs file", "fio (io_uring)"));
     }
     if cx.plan().fs.is_some() && cx.plan().baseline {
-        cx.results_mut().subjects.push(subject_record(crate::suites::fs::workloads::LOCAL, "local", "ext4 on a loop device over the backing file", "the kernel (no network)".into()));
+        cx.results_mut().subjects.push(SubjectRecord::new(crate::suites::fs::workloads::LOCAL, "local", "ext4 on a loop device over the backing file", "the kernel (no network)"));
     }
 }
 
-/// A subject's record as a run starts: what it is, nothing measured yet.
-fn subject_record(key: SubjectKey, protocol: &str, target: &str, initiator: String) -> SubjectRecord {
-    SubjectRecord {
-        key,
-        protocol: protocol.into(),
-        target: target.into(),
-        initiator,
-        unavailable: None,
-        target_datapath: vec![],
-        settings: None,
-        external: false,
-        identity: None,
-        skipped: vec![],
-    }
-}
