@@ -9,7 +9,8 @@ use std::time::Duration;
 
 #[derive(Args)]
 pub struct FlowopArgs {
-    /// The personality (help.rs fills in `flowop::NAMES`).
+    /// webserver, fileserver, varmail, oltp or oltp-direct (`flowop::NAMES`;
+    /// cli_basics checks this list against it).
     pub personality: String,
     /// Directory to run in (created if missing; the file sets stay there).
     pub dir: PathBuf,

@@ -29,10 +29,10 @@ pub fn command(cli: clap::Command) -> clap::Command {
                 .mut_arg("protocols", |a| a.help(lab_protocols_help()))
                 .mut_arg("fs_workloads", |a| a.help(lab_fs_workloads_help()))
         })
+        // Only the about: clap's `mut_arg` re-adds the argument it
+        // changes, and the positional PERSONALITY then came after DIR.
         .mut_subcommand("flowop", |c| {
-            let personalities = prose_list(flowop::NAMES, "or");
-            c.about(format!("Run a filebench-style personality ({personalities}) on a directory"))
-                .mut_arg("personality", |a| a.help(personalities))
+            c.about(format!("Run a filebench-style personality ({}) on a directory", prose_list(flowop::NAMES, "or")))
         })
 }
 

@@ -164,11 +164,14 @@ mod from_the_registries {
         assert_eq!(missing(&lab, file_systems), Vec::<&str>::new(), "lab --help:\n{lab}");
         let top = blockwire_ok(None, &["--help"]);
         let flowop = blockwire_ok(None, &["flowop", "--help"]);
-        for (text, what) in [(&top, "blockwire --help"), (&flowop, "flowop --help")] {
-            // The top help shows flowop's about only.
-            let about = text.lines().find(|l| l.contains("filebench-style")).unwrap_or(text);
+        // The top help shows flowop's about; flowop's own also PERSONALITY's
+        // help (hand-written: `mut_arg` would move the positional).
+        let personality = flowop.lines().find(|l| l.trim_start().starts_with("<PERSONALITY>")).unwrap_or(&flowop);
+        for (text, line, what) in [(&top, "filebench-style", "blockwire --help"), (&flowop, "filebench-style", "flowop --help"), (&flowop, personality, "flowop --help")] {
+            let about = text.lines().find(|l| l.contains(line)).unwrap_or(text);
             assert_eq!(missing(about, bw_workload::flowop::NAMES), Vec::<&str>::new(), "{what}:\n{text}");
         }
+        assert!(flowop.contains("<PERSONALITY> <DIR>"), "flowop takes PERSONALITY then DIR:\n{flowop}");
     }
 
     /// The README's opening paragraph ("blockwire is ..."): every transport,
