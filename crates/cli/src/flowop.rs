@@ -9,8 +9,8 @@ use std::time::Duration;
 
 #[derive(Args)]
 pub struct FlowopArgs {
-    /// webserver, fileserver, varmail, oltp or oltp-direct (`flowop::NAMES`;
-    /// cli_basics checks this list against it).
+    // `flowop::NAMES`, listed by hand: cli_basics checks the list.
+    /// webserver, fileserver, varmail, oltp or oltp-direct.
     pub personality: String,
     /// Directory to run in (created if missing; the file sets stay there).
     pub dir: PathBuf,
