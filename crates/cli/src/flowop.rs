@@ -1,5 +1,5 @@
-//! `blockwire flowop`: a filebench-style personality (webserver, fileserver,
-//! varmail, oltp) on a directory, with ops/s, MiB/s and latency per flowop.
+//! `blockwire flowop`: a filebench-style personality (`flowop::NAMES`) on a
+//! directory, with ops/s, MiB/s and latency per flowop.
 //! The lab's fs suite runs it inside a memory cgroup on a mounted volume.
 
 use bw_workload::flowop::{self, Options, Scale, Stop};
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 #[derive(Args)]
 pub struct FlowopArgs {
+    // `flowop::NAMES`, listed by hand: cli_basics checks the list.
     /// webserver, fileserver, varmail, oltp or oltp-direct.
     pub personality: String,
     /// Directory to run in (created if missing; the file sets stay there).

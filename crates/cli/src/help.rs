@@ -1,12 +1,15 @@
 //! Help text that lists what a registry defines, made from that registry
 //! so it cannot go stale: the transports serve speaks
-//! (`bw_serve::start::TRANSPORTS`) and the lab's peers and protocols
-//! (`bw_lab::subjects`). The derive in main.rs holds the rest; this fills
+//! (`bw_serve::start::TRANSPORTS`), the lab's peers and protocols
+//! (`bw_lab::subjects`) and fs workloads (`bw_lab_results::fs::ALL`), and
+//! flowop's personalities (`bw_workload::flowop::NAMES`). The derive in main.rs holds the rest; this fills
 //! in the lists when the command line is built. The README, which must
 //! stay hand-written, is compared with the same registries by
 //! tests/integration/cli_basics.rs.
 
+use bw_lab::plan::QUICK_FS;
 use bw_lab::subjects::{PeerKind, Protocol};
+use bw_workload::flowop;
 use bw_serve::start::{prose_list, transport_names};
 
 /// The whole command line, its lists filled in from the registries.
@@ -22,8 +25,21 @@ pub fn command(cli: clap::Command) -> clap::Command {
                 ))
         })
         .mut_subcommand("lab", |c| {
-            c.mut_arg("peers", |a| a.help(lab_peers_help())).mut_arg("protocols", |a| a.help(lab_protocols_help()))
+            c.mut_arg("peers", |a| a.help(lab_peers_help()))
+                .mut_arg("protocols", |a| a.help(lab_protocols_help()))
+                .mut_arg("fs_workloads", |a| a.help(lab_fs_workloads_help()))
         })
+        // Only the about: clap's `mut_arg` re-adds the argument it
+        // changes, and the positional PERSONALITY then came after DIR.
+        .mut_subcommand("flowop", |c| {
+            c.about(format!("Run a filebench-style personality ({}) on a directory", prose_list(flowop::NAMES, "or")))
+        })
+}
+
+/// `blockwire lab --fs-workloads`: every fs workload, and `--quick`'s.
+pub fn lab_fs_workloads_help() -> String {
+    let all: Vec<&str> = bw_lab::suites::fs::workloads::ALL.iter().map(|w| w.name()).collect();
+    format!("fs suite: workloads ({}; default: all; --quick: {})", all.join(", "), QUICK_FS.join(","))
 }
 
 /// `blockwire lab --peers`: every peer of the subject registry with the

@@ -39,7 +39,7 @@ enum Cmd {
     /// Connect to a remote disk and print what it says it is (SCSI INQUIRY, NVMe Identify
     /// Controller, ATA IDENTIFY, NFS server and export), its size and block size. Reads nothing else.
     Identify(IdentifyArgs),
-    /// Run a filebench-style personality (webserver, fileserver, varmail, oltp) on a directory.
+    /// Run a filebench-style personality on a directory (help.rs names them).
     Flowop(flowop::FlowopArgs),
     /// ATA over Ethernet tools.
     #[command(subcommand)]

@@ -199,14 +199,14 @@ fn subjects(c: &Ctx) -> Option<Markup> {
                     td.l { (s.protocol) }
                     td.l {
                         @if s.external { "external: " }
-                        (s.target) @if let Some(d) = &s.target_datapath { " (" (d) " datapath)" }
+                        (s.target) @if !s.target_datapath.is_empty() { " (" (s.target_datapath.join(", ")) " datapath)" }
                         @if let Some(id) = &s.identity { " (" (id) ")" }
                         @if let Some(x) = &s.settings { br; small { (x) } }
                     }
                     td.l { (s.initiator) }
                     td.l {
                         @match &s.unavailable { Some(why) => { "unavailable: " (why) }, None => { "measured" } }
-                        @if let Some(x) = &s.skipped { br; small { (x) } }
+                        @if !s.skipped.is_empty() { br; small { (s.skipped.join("; ")) } }
                     }
                 }
             }

@@ -117,7 +117,7 @@ mod tests {
         r.params.offloads = vec!["none".into(), "stateless".into()];
         r.params.digests = vec!["none".into(), "crc32c".into(), "crc32c-soft".into()];
         for (k, p) in [("blockwire-iscsi", "iscsi"), ("blockwire-nvme", "nvme")] {
-            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
+            r.subjects.push(Subject::new(key(k), p, "blockwire", "blockwire"));
         }
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for offload in ["none", "stateless"] {
@@ -151,7 +151,7 @@ mod tests {
         r.params.fs_kinds = vec!["ext4".into(), "btrfs".into()];
         r.params.fsyncs = vec!["honour".into(), "ignore".into()];
         r.params.fs = results().params.fs;
-        r.subjects.push(Subject { key: key("ganesha-nfs"), protocol: "nfs".into(), target: "nfs-ganesha".into(), initiator: "the kernel".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
+        r.subjects.push(Subject::new(key("ganesha-nfs"), "nfs", "nfs-ganesha", "the kernel"));
         for rep in 1..=3u32 {
             let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
             for fs in ["", "btrfs"] {
@@ -173,6 +173,8 @@ mod tests {
         r
     }
 
+    /// The golden data: five subjects (one unavailable) and the local
+    /// baselines, micro and sweep samples over three repeats, fs samples.
     fn results() -> Results {
         let mut r = Results {
             format: FORMAT,
@@ -182,32 +184,36 @@ mod tests {
         r.params.repeat = 3;
         r.params.sweep_numjobs = vec![1, 4];
         r.params.sweep_iodepth = vec![1, 16];
+        r.subjects = subjects();
+        r.samples = micro_and_sweep_samples();
+        r.fs = fs_samples();
+        r.params.fs = Some(fs_params());
+        r
+    }
+
+    fn subjects() -> Vec<Subject> {
+        let mut subjects = vec![];
         for (k, p, t) in [
             ("blockwire-aoe", "aoe", "blockwire"),
             ("blockwire-iscsi", "iscsi", "blockwire"),
             ("ganesha-nfs", "nfs", "ganesha"),
             ("local-fio", "local", "tmpfs file"),
         ] {
-            r.subjects.push(Subject {
-                key: key(k),
-                protocol: p.into(),
-                target: t.into(),
-                initiator: "blockwire".into(),
-                unavailable: None,
-                target_datapath: None, settings: None, external: false, identity: None, skipped: None,
-            });
+            subjects.push(Subject::new(key(k), p, t, "blockwire"));
         }
-        r.subjects.push(Subject {
-            key: key("blockwire-nvme"),
-            protocol: "nvme".into(),
-            target: "blockwire".into(),
-            initiator: "blockwire".into(),
+        subjects.push(Subject {
             unavailable: Some("blockwire serve exited: nvme not built yet".into()),
-            target_datapath: None, settings: None, external: false, identity: None, skipped: None,
+            ..Subject::new(key("blockwire-nvme"), "nvme", "blockwire", "blockwire")
         });
+        subjects.push(Subject::new(bw_lab_results::fs::LOCAL, "local", "loop", "kernel"));
+        subjects
+    }
+
+    fn micro_and_sweep_samples() -> Vec<Sample> {
+        let mut samples = vec![];
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for w in ["seqread-1m", "randread-4k-qd1", "randrw75-4k-qd16"] {
-                r.samples.push(sample(
+                samples.push(sample(
                     "blockwire-aoe",
                     Some(1500),
                     w,
@@ -221,13 +227,13 @@ mod tests {
                 } else {
                     20_000.0 * (2.0 - jitter)
                 };
-                r.samples
+                samples
                     .push(sample("blockwire-iscsi", Some(1500), w, rep, iops, 1.3));
-                r.samples
+                samples
                     .push(sample("local-fio", None, w, rep, 90_000.0 * jitter, 0.5));
                 // NFS (an image file through nfs://): random reads at half of iSCSI's.
                 if w == "randread-4k-qd1" {
-                    r.samples.push(sample("ganesha-nfs", Some(1500), w, rep, 10_000.0 * jitter, 2.0));
+                    samples.push(sample("ganesha-nfs", Some(1500), w, rep, 10_000.0 * jitter, 2.0));
                 }
             }
             let mut s = sample(
@@ -240,25 +246,33 @@ mod tests {
             );
             s.suite = Suite::Sweep;
             s.workload = bw_lab_results::sweep_workload(4, 16);
-            r.samples.push(s);
+            samples.push(s);
         }
+        samples
+    }
+
+    fn fs_samples() -> Vec<bw_lab_results::fs::FsSample> {
+        let mut fs = vec![];
         // fs: varmail at 256 MiB, AoE clearly ahead of iSCSI; the local
         // baseline; IOgen on local ext4 and on the raw device.
         for rep in 1..=3u32 {
             let jitter = [0.98, 1.0, 1.02][rep as usize - 1];
-            r.fs.push(fs_sample("blockwire-aoe", "varmail", rep, flow(1300.0 * jitter)));
-            r.fs.push(fs_sample("blockwire-iscsi", "varmail", rep, flow(1000.0 * jitter)));
+            fs.push(fs_sample("blockwire-aoe", "varmail", rep, flow(1300.0 * jitter)));
+            fs.push(fs_sample("blockwire-iscsi", "varmail", rep, flow(1000.0 * jitter)));
             // PostMark: iSCSI and NFS equal within the noise (the interval says inconclusive or equal).
             for (subject, tx) in [("blockwire-iscsi", 5000), ("ganesha-nfs", 4900 + 100 * rep as u64)] {
                 let pm = bw_lab_results::fs::PostmarkResult { transactions: tx, created: 1000, ..Default::default() };
-                r.fs.push(fs_sample(subject, "postmark", rep, bw_lab_results::fs::FsResult::Postmark(pm)));
+                fs.push(fs_sample(subject, "postmark", rep, bw_lab_results::fs::FsResult::Postmark(pm)));
             }
-            r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
-            r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
-            r.fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
+            fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "varmail", rep, flow(4000.0 * jitter)));
+            fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-direct", rep, iogen(60_000.0 * jitter)));
+            fs.push(fs_sample(&bw_lab_results::fs::LOCAL, "iogen-raw", rep, iogen(80_000.0 * jitter)));
         }
-        r.subjects.push(Subject { key: bw_lab_results::fs::LOCAL, protocol: "local".into(), target: "loop".into(), initiator: "kernel".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
-        r.params.fs = Some(bw_lab_results::fs::FsParams {
+        fs
+    }
+
+    fn fs_params() -> bw_lab_results::fs::FsParams {
+        bw_lab_results::fs::FsParams {
             workloads: vec!["varmail".into(), "iogen-direct".into(), "iogen-raw".into()],
             client_mem: vec![256 << 20],
             cgroup: "v1".into(),
@@ -272,8 +286,7 @@ mod tests {
             iogen_jobs: 4,
             iogen_bs: 8192,
             iogen_read_pct: 70,
-        });
-        r
+        }
     }
 
     fn flow(ops_per_s: f64) -> bw_lab_results::fs::FsResult {
@@ -380,7 +393,7 @@ mod tests {
         r.params.mtus = vec![1500];
         r.params.repeat = 3;
         for (k, p, t) in [("vblade-aoe", "aoe", "vblade"), ("lio-iscsi", "iscsi", "lio"), ("kernel-aoe@vblade", "aoe", "vblade"), ("kernel-iscsi@lio", "iscsi", "lio"), ("nvmet-nvme", "nvme", "nvmet"), ("nas-nfs", "nfs", "nas"), ("local-fio", "local", "tmpfs file")] {
-            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: t.into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None, settings: None, external: t == "nas", identity: None, skipped: None });
+            r.subjects.push(Subject { external: t == "nas", ..Subject::new(key(k), p, t, "blockwire") });
         }
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             // AoE as fast as iSCSI on random reads, 30% ahead on sequential ones.
@@ -489,7 +502,7 @@ mod tests {
         r.params.repeat = 3;
         r.machine.cpus = 2;
         for (k, p) in [("blockwire-iscsi", "iscsi"), ("blockwire-nvme", "nvme")] {
-            r.subjects.push(Subject { key: key(k), protocol: p.into(), target: "blockwire".into(), initiator: "blockwire".into(), unavailable: None, target_datapath: None, settings: None, external: false, identity: None, skipped: None });
+            r.subjects.push(Subject::new(key(k), p, "blockwire", "blockwire"));
         }
         for (rep, jitter) in [(1, 0.98), (2, 1.0), (3, 1.02)] {
             for (subject, iops, client) in [("blockwire-iscsi", 100_000.0, 1.2), ("blockwire-nvme", 120_000.0, nvme_client)] {

@@ -10,6 +10,7 @@
 
 pub mod accounting;
 pub mod fs;
+pub mod joined;
 pub mod keys;
 pub mod net;
 pub mod resumed;
@@ -407,9 +408,10 @@ pub struct Subject {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable: Option<String>,
     /// The sockets the target's AoE front-end moved frames through (`xdp`,
-    /// `packet`), as its log says: blockwire's AoE subjects only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_datapath: Option<String>,
+    /// `packet`), as its log says, each once: blockwire's AoE subjects
+    /// only. Written as one text, joined by ", ".
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "joined::comma")]
+    pub target_datapath: Vec<String>,
     /// How the target served: a kernel target's kernel version, backstore
     /// or namespace, and the cache settings that change results.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -424,9 +426,28 @@ pub struct Subject {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
     /// The cases not run on it and why (an external block subject is
-    /// measured read-only unless writes were allowed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub skipped: Option<String>,
+    /// measured read-only unless writes were allowed), each reason once.
+    /// Written as one text, joined by "; ".
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "joined::semicolon")]
+    pub skipped: Vec<String>,
+}
+
+impl Subject {
+    /// A subject as a run starts: what it is, nothing measured or noted yet.
+    pub fn new(key: SubjectKey, protocol: &str, target: &str, initiator: &str) -> Subject {
+        Subject {
+            key,
+            protocol: protocol.into(),
+            target: target.into(),
+            initiator: initiator.into(),
+            unavailable: None,
+            target_datapath: vec![],
+            settings: None,
+            external: false,
+            identity: None,
+            skipped: vec![],
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -547,6 +568,29 @@ mod tests {
         assert_eq!(old.peers, vec![pv("tgt", "tgt 1"), pv("vblade", "vblade 2")]);
         let new = Software { peers: vec![pv("ganesha", "nfs-ganesha 4.3")], ..old };
         assert_eq!(serde_json::from_str::<Software>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
+    }
+
+    /// A subject's datapaths and skipped cases are lists written as the
+    /// joined text results.json always held (", " and "; "), left out when
+    /// empty, and read back from that text.
+    #[test]
+    fn subject_lists_are_their_joined_text() {
+        let mut s = Subject::new("blockwire-aoe".parse().unwrap(), "aoe", "blockwire", "blockwire");
+        let plain = r#"{"key":"blockwire-aoe","protocol":"aoe","target":"blockwire","initiator":"blockwire"}"#;
+        assert_eq!(serde_json::to_string(&s).unwrap(), plain);
+        assert_eq!(serde_json::from_str::<Subject>(plain).unwrap(), s);
+        for d in ["xdp", "packet", "xdp"] {
+            joined::add_once(&mut s.target_datapath, d);
+        }
+        for why in ["writes skipped", "fs suite skipped", "writes skipped"] {
+            joined::add_once(&mut s.skipped, why);
+        }
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(
+            json,
+            r#"{"key":"blockwire-aoe","protocol":"aoe","target":"blockwire","initiator":"blockwire","target_datapath":"xdp, packet","skipped":"writes skipped; fs suite skipped"}"#
+        );
+        assert_eq!(serde_json::from_str::<Subject>(&json).unwrap(), s);
     }
 
     #[test]

@@ -111,7 +111,9 @@ pub struct LabArgs {
     /// fs suite: memory limits of the workload's cgroup, which bound the client's page cache (default: 256M,2G; --quick: 256M).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub client_mem: Option<Vec<String>>,
-    /// fs suite: workloads (webserver, fileserver, varmail, oltp, oltp-direct, postmark, bonnie, iogen, iogen-direct, iogen-raw; default: all; --quick: varmail).
+    /// fs suite: workloads (default: all; --quick: varmail). The help users
+    /// see is made from `bw_lab_results::fs::ALL` by the cli
+    /// (crates/cli/src/help.rs, `lab_fs_workloads_help`), so it names every one.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub fs_workloads: Option<Vec<String>>,
     /// fs suite: seconds per flowop and fio run (default 4; --quick: 2).

@@ -4,14 +4,14 @@
 //! on them (see `crate::stage`: net, micro, sweep, fs), recording raw
 //! samples as it goes; the local baselines run once after the links.
 
-use crate::cleanup::{registry, Resource, Token};
+use crate::cleanup::{registry, Token};
+use crate::hosts::host::Host;
 use crate::plan::Plan;
 use crate::stage::{LinkRun, RunContext, Stage};
 use crate::network::topology::Topology;
 use bw_lab_results::{utc_now, Results, Subject as SubjectRecord, SubjectKey, FORMAT};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub struct LabRun {
@@ -21,28 +21,6 @@ pub struct LabRun {
     stages: Vec<Box<dyn Stage>>,
     /// The plan as stored beside the record (`crate::resume`).
     pub stored: Option<crate::resume::stored_plan::StoredPlan>,
-}
-
-/// Fill the backing file with non-zero data so reads touch real pages
-/// (a sparse tmpfs file would answer reads from the shared zero page).
-fn make_backing(path: &Path, size: u64) -> anyhow::Result<()> {
-    let mut f = std::fs::File::create(path)?;
-    let mut block = vec![0u8; 1 << 20];
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    for chunk in block.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
-    let mut left = size;
-    while left > 0 {
-        let n = left.min(block.len() as u64) as usize;
-        f.write_all(&block[..n])?;
-        left -= n as u64;
-    }
-    f.sync_all()?;
-    Ok(())
 }
 
 /// The storage suites (net, micro, sweep, fs) run as one: they share the
@@ -233,10 +211,10 @@ fn fill_backing(cx: &mut RunContext) -> anyhow::Result<(Token, Vec<Token>)> {
         backing.display(),
         size >> 20
     ));
-    let backing_token = match cx.remote().and_then(|r| r.target.ssh()) {
-        Some(h) => h.fill_random(&backing, size)?,
-        None => registry().create(Resource::File(backing.clone()), || make_backing(&backing, size))?.0,
-    };
+    // Without a remote target, the target's namespace shares this
+    // machine's files.
+    let target = cx.remote().map_or(Host::Local, |r| r.target.clone());
+    let backing_token = target.fill_random(&backing, size)?;
     // serve keeps a file volume's reservations beside it (FILE.pr and
     // its lock, bw_reservation::FileStore) where only root may write,
     // as /dev/shm is in some guests: they go with the backing file.
@@ -245,10 +223,7 @@ fn fill_backing(cx: &mut RunContext) -> anyhow::Result<(Token, Vec<Token>)> {
         let mut p = backing.clone().into_os_string();
         p.push(suffix);
         let p = PathBuf::from(p);
-        beside_tokens.push(match cx.remote() {
-            Some(r) => r.target.track_file(&p)?,
-            None => registry().create(Resource::File(p), || Ok(()))?.0,
-        });
+        beside_tokens.push(target.track_file(&p)?);
     }
     cx.results_mut().params.backing = format!(
         "{}{on} ({} MiB, tmpfs) shared by every target{}",
@@ -313,30 +288,15 @@ fn record_subjects(cx: &mut RunContext, topo: &Topology) {
         .map(|(s, c)| SubjectRecord {
             // The user's own storage, shown as such.
             external: s.external().is_some(),
-            ..subject_record(c.key(s), s.address().protocol_name(), s.target_name(), c.initiator(s, &topo.client))
+            ..SubjectRecord::new(c.key(s), s.address().protocol_name(), s.target_name(), &c.initiator(s, &topo.client))
         })
         .collect();
     cx.results_mut().subjects = subjects;
     if cx.plan().baseline && !(cx.plan().micro.is_empty() && cx.plan().sweep.is_empty()) {
-        cx.results_mut().subjects.push(subject_record(SubjectKey::LocalFio, "local", "tmpfs file", "fio (io_uring)".into()));
+        cx.results_mut().subjects.push(SubjectRecord::new(SubjectKey::LocalFio, "local", "tmpfs file", "fio (io_uring)"));
     }
     if cx.plan().fs.is_some() && cx.plan().baseline {
-        cx.results_mut().subjects.push(subject_record(crate::suites::fs::workloads::LOCAL, "local", "ext4 on a loop device over the backing file", "the kernel (no network)".into()));
+        cx.results_mut().subjects.push(SubjectRecord::new(crate::suites::fs::workloads::LOCAL, "local", "ext4 on a loop device over the backing file", "the kernel (no network)"));
     }
 }
 
-/// A subject's record as a run starts: what it is, nothing measured yet.
-fn subject_record(key: SubjectKey, protocol: &str, target: &str, initiator: String) -> SubjectRecord {
-    SubjectRecord {
-        key,
-        protocol: protocol.into(),
-        target: target.into(),
-        initiator,
-        unavailable: None,
-        target_datapath: None,
-        settings: None,
-        external: false,
-        identity: None,
-        skipped: None,
-    }
-}

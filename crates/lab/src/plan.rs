@@ -88,7 +88,7 @@ pub const ALL_SUITES: [(SuiteChoice, &str); 4] =
 
 /// The fs workloads `--quick` runs: one personality, the one with an fsync
 /// in every loop (the protocol's flush is on its path).
-const QUICK_FS: [&str; 1] = ["varmail"];
+pub const QUICK_FS: [&str; 1] = ["varmail"];
 
 /// The default client memory limits: 256 MiB and 2 GiB (the study's
 /// 512 MiB and 4 GiB, halved for a smaller machine), the larger one at most

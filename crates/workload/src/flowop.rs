@@ -592,122 +592,124 @@ struct Worker<'a> {
     buf: AlignedBuf,
 }
 
-impl Worker<'_> {
-    /// One flowop; Ok(bytes moved) or Err when it could not run.
+fn no_suitable_file() -> std::io::Error {
+    std::io::Error::other("no suitable file")
+}
+
+fn no_open_file() -> std::io::Error {
+    std::io::Error::other("no open file")
+}
+
+impl<'a> Worker<'a> {
+    /// One flowop; Ok(bytes moved) or Err when it could not run. One arm
+    /// per kind of flowop, as an opcode table: what each does is the
+    /// method it names.
     fn step(&mut self, op: &Flowop) -> std::io::Result<u64> {
-        let none = || std::io::Error::other("no suitable file");
-        let closed = || std::io::Error::other("no open file");
-        let sets = self.sets;
         match *op {
-            Flowop::Create { set } => {
-                self.open = None;
-                let s = &sets[set];
-                let i = s.take(&mut self.rng, Entry::Absent).ok_or_else(none)?;
-                let created = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(s.path(i));
-                match created {
-                    Ok(file) => self.open = Some(OpenFile { file, set: s, index: i }),
-                    Err(e) => {
-                        s.put(i, Entry::Absent);
-                        return Err(e);
-                    }
-                }
-                Ok(0)
-            }
-            Flowop::Open { set } => {
-                self.open = None;
-                let s = &sets[set];
-                let i = s.take(&mut self.rng, Entry::Present).ok_or_else(none)?;
-                match s.open(i, true, false) {
-                    Ok(file) => self.open = Some(OpenFile { file, set: s, index: i }),
-                    Err(e) => {
-                        s.put(i, Entry::Present);
-                        return Err(e);
-                    }
-                }
-                Ok(0)
-            }
-            Flowop::Close => {
-                self.open.take().ok_or_else(closed)?;
-                Ok(0)
-            }
-            Flowop::ReadWhole { iosize } => {
-                let f = &mut self.open.as_mut().ok_or_else(closed)?.file;
-                let mut total = 0;
-                let buf = self.buf.get(iosize as usize);
-                loop {
-                    let n = f.read(buf)?;
-                    if n == 0 {
-                        break;
-                    }
-                    total += n as u64;
-                }
-                Ok(total)
-            }
-            Flowop::WriteWhole { iosize } => {
-                let o = self.open.as_mut().ok_or_else(closed)?;
-                let (f, size) = (&mut o.file, o.set.def.size);
-                let mut left = size;
-                while left > 0 {
-                    let n = left.min(iosize) as usize;
-                    f.write_all(self.buf.get(n))?;
-                    left -= n as u64;
-                }
-                Ok(size)
-            }
-            Flowop::AppendRand { mean } => {
-                let n = self.rng.gen_range(1..=2 * mean) as usize;
-                let f = &self.open.as_ref().ok_or_else(closed)?.file;
-                let end = f.metadata()?.len();
-                f.write_all_at(self.buf.get(n), end)?;
-                Ok(n as u64)
-            }
+            Flowop::Create { set } => self.open_one(set, Entry::Absent, |s, i| {
+                OpenOptions::new().read(true).write(true).create(true).truncate(true).open(s.path(i))
+            }),
+            Flowop::Open { set } => self.open_one(set, Entry::Present, |s, i| s.open(i, true, false)),
+            Flowop::Close => self.open.take().map(|_| 0).ok_or_else(no_open_file),
+            Flowop::ReadWhole { iosize } => self.read_whole(iosize),
+            Flowop::WriteWhole { iosize } => self.write_whole(iosize),
+            Flowop::AppendRand { mean } => self.append_rand(mean),
             Flowop::Fsync => {
-                self.open.as_ref().ok_or_else(closed)?.file.sync_all()?;
+                self.open.as_ref().ok_or_else(no_open_file)?.file.sync_all()?;
                 Ok(0)
             }
-            Flowop::Delete { set } => {
-                let s = &sets[set];
-                let i = s.take(&mut self.rng, Entry::Present).ok_or_else(none)?;
-                let r = std::fs::remove_file(s.path(i));
-                s.put(i, if r.is_ok() { Entry::Absent } else { Entry::Present });
-                r?;
-                Ok(0)
-            }
-            Flowop::Stat { set } => {
-                let s = &sets[set];
-                let i = s.take(&mut self.rng, Entry::Present).ok_or_else(none)?;
-                let r = std::fs::metadata(s.path(i));
-                s.put(i, Entry::Present);
-                r?;
-                Ok(0)
-            }
-            Flowop::ReadRandom { set, iosize } | Flowop::WriteRandom { set, iosize, .. } => {
-                let s = &sets[set];
-                let i = self.rng.gen_range(0..s.def.count);
-                let write = matches!(op, Flowop::WriteRandom { .. });
-                let dsync = matches!(op, Flowop::WriteRandom { dsync: true, .. });
-                let f = match self.held.entry((set, i, write)) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        e.insert(s.open(i, write, dsync)?)
-                    }
-                };
-                let blocks = (s.def.size / iosize).max(1);
-                let off = self.rng.gen_range(0..blocks) * iosize;
-                let buf = self.buf.get(iosize as usize);
-                if write {
-                    f.write_all_at(buf, off)?;
-                } else {
-                    f.read_exact_at(buf, off)?;
-                }
-                Ok(iosize)
+            Flowop::Delete { set } => self.on_existing(set, Entry::Absent, |p| std::fs::remove_file(p)),
+            Flowop::Stat { set } => self.on_existing(set, Entry::Present, |p| std::fs::metadata(p).map(drop)),
+            Flowop::ReadRandom { set, iosize } => self.random_io(set, iosize, None),
+            Flowop::WriteRandom { set, iosize, dsync } => self.random_io(set, iosize, Some(dsync)),
+        }
+    }
+
+    /// Create or open a file of `set` that is `from` (absent or present):
+    /// it becomes the thread's open file, and goes back to `from` if it
+    /// cannot be opened.
+    fn open_one(&mut self, set: usize, from: Entry, open: impl FnOnce(&Set, usize) -> std::io::Result<File>) -> std::io::Result<u64> {
+        self.open = None;
+        let sets: &'a [Set] = self.sets;
+        let s = &sets[set];
+        let i = s.take(&mut self.rng, from).ok_or_else(no_suitable_file)?;
+        match open(s, i) {
+            Ok(file) => self.open = Some(OpenFile { file, set: s, index: i }),
+            Err(e) => {
+                s.put(i, from);
+                return Err(e);
             }
         }
+        Ok(0)
+    }
+
+    /// Read the open file from start to end in `iosize` chunks.
+    fn read_whole(&mut self, iosize: u64) -> std::io::Result<u64> {
+        let f = &mut self.open.as_mut().ok_or_else(no_open_file)?.file;
+        let mut total = 0;
+        let buf = self.buf.get(iosize as usize);
+        loop {
+            let n = f.read(buf)?;
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        Ok(total)
+    }
+
+    /// Write the set's file size to the open file in `iosize` chunks.
+    fn write_whole(&mut self, iosize: u64) -> std::io::Result<u64> {
+        let o = self.open.as_mut().ok_or_else(no_open_file)?;
+        let (f, size) = (&mut o.file, o.set.def.size);
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(iosize) as usize;
+            f.write_all(self.buf.get(n))?;
+            left -= n as u64;
+        }
+        Ok(size)
+    }
+
+    /// Append a random 1..=2*mean bytes to the open file.
+    fn append_rand(&mut self, mean: u64) -> std::io::Result<u64> {
+        let n = self.rng.gen_range(1..=2 * mean) as usize;
+        let f = &self.open.as_ref().ok_or_else(no_open_file)?.file;
+        let end = f.metadata()?.len();
+        f.write_all_at(self.buf.get(n), end)?;
+        Ok(n as u64)
+    }
+
+    /// `act` on the path of an existing file of `set`, which is then
+    /// `after` (absent once deleted), or still present if `act` failed.
+    fn on_existing(&mut self, set: usize, after: Entry, act: impl FnOnce(&Path) -> std::io::Result<()>) -> std::io::Result<u64> {
+        let sets: &'a [Set] = self.sets;
+        let s = &sets[set];
+        let i = s.take(&mut self.rng, Entry::Present).ok_or_else(no_suitable_file)?;
+        let r = act(&s.path(i));
+        s.put(i, if r.is_ok() { after } else { Entry::Present });
+        r.map(|()| 0)
+    }
+
+    /// pread (`write` None) or pwrite (Some(dsync)) of `iosize` at a random
+    /// aligned offset of a random file of `set`, kept open for the next.
+    fn random_io(&mut self, set: usize, iosize: u64, write: Option<bool>) -> std::io::Result<u64> {
+        let sets: &'a [Set] = self.sets;
+        let s = &sets[set];
+        let i = self.rng.gen_range(0..s.def.count);
+        let f = match self.held.entry((set, i, write.is_some())) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(s.open(i, write.is_some(), write == Some(true))?),
+        };
+        let blocks = (s.def.size / iosize).max(1);
+        let off = self.rng.gen_range(0..blocks) * iosize;
+        let buf = self.buf.get(iosize as usize);
+        if write.is_some() {
+            f.write_all_at(buf, off)?;
+        } else {
+            f.read_exact_at(buf, off)?;
+        }
+        Ok(iosize)
     }
 
     fn run(&mut self, flowops: &[Flowop], stop: Stop, started: Instant) {

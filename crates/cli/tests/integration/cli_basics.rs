@@ -117,7 +117,8 @@ fn errors_name_the_object_and_say_the_cause_once() {
 
 /// Help, the README's opening and docs/control.md's method tables name
 /// what the registries define: the transports (`bw_serve::start`), the
-/// lab's peers and protocols (`bw_lab::subjects`), the control methods
+/// lab's peers and protocols (`bw_lab::subjects`), its fs workloads and
+/// file systems, flowop's personalities, the control methods
 /// (`bw_control::methods`, `bw_control::spdk`). Help is made from them
 /// (help.rs); the hand-written text is compared with them here.
 mod from_the_registries {
@@ -157,6 +158,20 @@ mod from_the_registries {
         assert_eq!(missing(&lab, peers), Vec::<&str>::new(), "lab --help:\n{lab}");
         let protocols = Protocol::value_variants().iter().map(|p| p.name());
         assert_eq!(missing(&lab, protocols), Vec::<&str>::new(), "lab --help:\n{lab}");
+        let fs_workloads = bw_lab_results::fs::ALL.iter().map(|w| w.name());
+        assert_eq!(missing(&lab, fs_workloads), Vec::<&str>::new(), "lab --help:\n{lab}");
+        let file_systems = bw_lab::suites::fs::fs_kind::ALL.iter().map(|k| k.name());
+        assert_eq!(missing(&lab, file_systems), Vec::<&str>::new(), "lab --help:\n{lab}");
+        let top = blockwire_ok(None, &["--help"]);
+        let flowop = blockwire_ok(None, &["flowop", "--help"]);
+        // The top help shows flowop's about; flowop's own also PERSONALITY's
+        // help (hand-written: `mut_arg` would move the positional).
+        let personality = flowop.lines().find(|l| l.trim_start().starts_with("<PERSONALITY>")).unwrap_or(&flowop);
+        for (text, line, what) in [(&top, "filebench-style", "blockwire --help"), (&flowop, "filebench-style", "flowop --help"), (&flowop, personality, "flowop --help")] {
+            let about = text.lines().find(|l| l.contains(line)).unwrap_or(text);
+            assert_eq!(missing(about, bw_workload::flowop::NAMES), Vec::<&str>::new(), "{what}:\n{text}");
+        }
+        assert!(flowop.contains("<PERSONALITY> <DIR>"), "flowop takes PERSONALITY then DIR:\n{flowop}");
     }
 
     /// The README's opening paragraph ("blockwire is ..."): every transport,

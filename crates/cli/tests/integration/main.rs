@@ -19,6 +19,7 @@ mod csi;
 mod csi_kernel;
 mod digests;
 mod durability;
+mod fn_length;
 mod hostile;
 mod iscsi_hostile;
 mod iscsi_interop;

@@ -46,7 +46,7 @@ fn crates_dir() -> PathBuf {
 }
 
 /// Every crate of the workspace: each `crates/*` with a src/.
-fn workspace_crates() -> Vec<PathBuf> {
+pub fn workspace_crates() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(crates_dir()).unwrap().flatten().map(|e| e.path()).filter(|p| p.join("src").is_dir()).collect();
     v.sort();
     v
@@ -56,7 +56,7 @@ fn workspace_crates() -> Vec<PathBuf> {
 /// punctuation of paths and `use` trees. Comments, strings and chars are
 /// dropped, so a path in a doc comment or a message is no import.
 #[derive(Debug, Clone, PartialEq)]
-enum Tok {
+pub enum Tok {
     Ident(String),
     PathSep,
     Open,
@@ -69,106 +69,131 @@ enum Tok {
 }
 
 fn lex(src: &str) -> Vec<Tok> {
+    lex_at(src).into_iter().map(|(_, t)| t).collect()
+}
+
+fn ident_char(c: u8) -> bool {
+    c == b'_' || c.is_ascii_alphanumeric()
+}
+
+/// The end of the (nested) block comment starting at `i`.
+fn block_comment_end(b: &[u8], mut i: usize) -> usize {
+    let mut depth = 0;
+    while i < b.len() {
+        if b[i..].starts_with(b"/*") {
+            depth += 1;
+            i += 2;
+        } else if b[i..].starts_with(b"*/") {
+            depth -= 1;
+            i += 2;
+            if depth == 0 {
+                break;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    i
+}
+
+/// The end of a raw string (`r"…"`, `r#"…"#`) starting at `i`, if one does.
+fn raw_string_end(b: &[u8], i: usize) -> Option<usize> {
+    if b[i] != b'r' {
+        return None;
+    }
+    let mut j = i + 1;
+    while b.get(j) == Some(&b'#') {
+        j += 1;
+    }
+    if b.get(j) != Some(&b'"') {
+        return None;
+    }
+    let hashes = j - i - 1;
+    j += 1;
+    let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat_n(b'#', hashes)).collect();
+    while j < b.len() && !b[j..].starts_with(&close) {
+        j += 1;
+    }
+    Some(j + close.len())
+}
+
+/// The end of a char literal ('x', '\n', '\u{..}') or a lifetime ('a)
+/// starting at `i`.
+fn char_or_lifetime_end(src: &str, mut i: usize) -> usize {
+    let b = src.as_bytes();
+    if b.get(i + 1) == Some(&b'\\') {
+        i += 2;
+        while i < b.len() && b[i] != b'\'' {
+            i += 1;
+        }
+        return i + 1;
+    }
+    if b.get(i + 2) == Some(&b'\'') {
+        return i + 3;
+    }
+    // A lifetime, or a multi-byte char: skip the quote only.
+    let ch_len = src[i + 1..].chars().next().map_or(1, char::len_utf8);
+    if b.get(i + 1 + ch_len) == Some(&b'\'') {
+        return i + 2 + ch_len;
+    }
+    i += 1;
+    while i < b.len() && ident_char(b[i]) {
+        i += 1;
+    }
+    i
+}
+
+/// The tokens of `src`, each with the byte offset it starts at (for
+/// `fn_length`, which counts lines).
+pub fn lex_at(src: &str) -> Vec<(usize, Tok)> {
     let b = src.as_bytes();
     let mut out = vec![];
     let mut i = 0;
-    let ident_char = |c: u8| c == b'_' || c.is_ascii_alphanumeric();
     while i < b.len() {
-        let c = b[i];
+        let (c, start) = (b[i], i);
         if b[i..].starts_with(b"//") {
             while i < b.len() && b[i] != b'\n' {
                 i += 1;
             }
         } else if b[i..].starts_with(b"/*") {
-            let mut depth = 0;
-            while i < b.len() {
-                if b[i..].starts_with(b"/*") {
-                    depth += 1;
-                    i += 2;
-                } else if b[i..].starts_with(b"*/") {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    i += 1;
-                }
-            }
-        } else if c == b'r' && matches!(b.get(i + 1), Some(b'"') | Some(b'#')) && {
-            let mut j = i + 1;
-            while b.get(j) == Some(&b'#') {
-                j += 1;
-            }
-            b.get(j) == Some(&b'"')
-        } {
-            // A raw string: r"…", r#"…"#.
-            let mut j = i + 1;
-            let mut hashes = 0;
-            while b[j] == b'#' {
-                hashes += 1;
-                j += 1;
-            }
-            j += 1;
-            let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat_n(b'#', hashes)).collect();
-            while j < b.len() && !b[j..].starts_with(&close) {
-                j += 1;
-            }
-            i = j + close.len();
-            out.push(Tok::Other);
+            i = block_comment_end(b, i);
+        } else if let Some(end) = raw_string_end(b, i) {
+            i = end;
+            out.push((start, Tok::Other));
         } else if c == b'"' {
             i += 1;
             while i < b.len() && b[i] != b'"' {
                 i += if b[i] == b'\\' { 2 } else { 1 };
             }
             i += 1;
-            out.push(Tok::Other);
+            out.push((start, Tok::Other));
         } else if c == b'\'' {
-            // A char literal ('x', '\n', '\u{..}') or a lifetime ('a).
-            if b.get(i + 1) == Some(&b'\\') {
-                i += 2;
-                while i < b.len() && b[i] != b'\'' {
-                    i += 1;
-                }
-                i += 1;
-            } else if b.get(i + 2) == Some(&b'\'') {
-                i += 3;
-            } else {
-                // A lifetime, or a multi-byte char: skip the quote only.
-                let ch_len = src[i + 1..].chars().next().map_or(1, char::len_utf8);
-                if b.get(i + 1 + ch_len) == Some(&b'\'') {
-                    i += 2 + ch_len;
-                } else {
-                    i += 1;
-                    while i < b.len() && ident_char(b[i]) {
-                        i += 1;
-                    }
-                }
-            }
-            out.push(Tok::Other);
+            i = char_or_lifetime_end(src, i);
+            out.push((start, Tok::Other));
         } else if ident_char(c) {
-            let s = i;
             while i < b.len() && ident_char(b[i]) {
                 i += 1;
             }
-            let word = &src[s..i];
             // `r#ident` is the identifier.
-            out.push(if c.is_ascii_digit() { Tok::Other } else { Tok::Ident(word.to_string()) });
+            out.push((start, if c.is_ascii_digit() { Tok::Other } else { Tok::Ident(src[start..i].to_string()) }));
         } else if c.is_ascii_whitespace() {
             i += 1;
         } else if b[i..].starts_with(b"::") {
-            out.push(Tok::PathSep);
+            out.push((start, Tok::PathSep));
             i += 2;
         } else {
-            out.push(match c {
-                b'{' => Tok::Open,
-                b'}' => Tok::Close,
-                b',' => Tok::Comma,
-                b';' => Tok::Semi,
-                b'*' => Tok::Star,
-                b'.' => Tok::Dot,
-                _ => Tok::Other,
-            });
+            out.push((
+                start,
+                match c {
+                    b'{' => Tok::Open,
+                    b'}' => Tok::Close,
+                    b',' => Tok::Comma,
+                    b';' => Tok::Semi,
+                    b'*' => Tok::Star,
+                    b'.' => Tok::Dot,
+                    _ => Tok::Other,
+                },
+            ));
             i += if c.is_ascii() { 1 } else { src[i..].chars().next().unwrap().len_utf8() };
         }
     }
@@ -176,12 +201,12 @@ fn lex(src: &str) -> Vec<Tok> {
 }
 
 /// One file of a crate: its module path (`[]` for the crate root).
-struct File {
-    path: PathBuf,
+pub struct File {
+    pub path: PathBuf,
     module: Vec<String>,
 }
 
-fn files_of(src: &Path) -> Vec<File> {
+pub fn files_of(src: &Path) -> Vec<File> {
     let mut out = vec![];
     let mut stack = vec![src.to_path_buf()];
     while let Some(dir) = stack.pop() {

@@ -333,6 +333,41 @@ impl Host {
         }
     }
 
+    /// A file of `size` random bytes at `path` (incompressible, so no
+    /// layer's compression flatters a read of it), tracked as
+    /// [`Host::create_file`]'s: over ssh from /dev/urandom, here from a
+    /// fast generator (a backing file of GiBs is not worth the kernel's
+    /// entropy).
+    pub fn fill_random(&self, path: &Path, size: u64) -> anyhow::Result<Token> {
+        match self {
+            Host::Ssh(h) => h.fill_random(path, size),
+            _ => Ok(registry().create(Resource::File(path.to_path_buf()), || fill_random_here(path, size))?.0),
+        }
+    }
+
+    /// `sh -c SCRIPT sh ARGS`, made to mount something on `mp` of this
+    /// host, and what unmounts it. On an ssh host the mount is first a
+    /// line `kind a MP` of its state file (`record`), undone by the state
+    /// file's script `undo.0` with arguments `undo.1`. On this machine the
+    /// network namespace alone is entered (`ip netns exec` would mount in a
+    /// mount namespace of its own: the mount lands here), and the mount
+    /// point is unmounted.
+    pub fn mount_command(&self, script: &str, args: &[&str], mp: &Path, record: (&str, &str), undo: (&'static str, Vec<String>)) -> anyhow::Result<(Resource, Command)> {
+        let sh_args = [&["-c", script, "sh"][..], args].concat();
+        match self {
+            Host::Ssh(h) => {
+                h.record(record.0, record.1, &mp.to_string_lossy())?;
+                let res = Resource::owned(ShellUndo { host: self.clone(), script: undo.0, args: undo.1 });
+                Ok((res, h.command_with("sh", &sh_args)))
+            }
+            Host::LocalNamespace(_) | Host::Local => {
+                let mut c = self.command_sharing_mounts(Path::new("sh"));
+                c.args(sh_args);
+                Ok((Resource::Mount(mp.to_path_buf()), c))
+            }
+        }
+    }
+
     /// Track a file a program on the host may leave at `path`.
     pub fn track_file(&self, path: &Path) -> anyhow::Result<Token> {
         match self {
@@ -343,6 +378,30 @@ impl Host {
             _ => Ok(registry().create(Resource::File(path.to_path_buf()), || Ok(()))?.0),
         }
     }
+}
+
+/// `size` bytes of xorshift output at `path`, synced: non-zero data so
+/// reads touch real pages (a sparse tmpfs file would answer reads from the
+/// shared zero page).
+fn fill_random_here(path: &Path, size: u64) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    let mut block = vec![0u8; 1 << 20];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for chunk in block.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(())
 }
 
 /// Something a shell script on a host undoes (`sh -c SCRIPT sh ARGS`): a

@@ -309,11 +309,7 @@ impl RunContext {
         for c in self.clients().into_iter().filter(|c| c.serves(s)) {
             let key = c.key(s);
             if let Some(r) = self.subject_record_mut(&key) {
-                match &mut r.target_datapath {
-                    Some(d) if d.split(", ").any(|x| x == datapath) => {}
-                    Some(d) => *d = format!("{d}, {datapath}"),
-                    None => r.target_datapath = Some(datapath.to_string()),
-                }
+                bw_lab_results::joined::add_once(&mut r.target_datapath, datapath);
             }
         }
     }
@@ -333,12 +329,8 @@ impl RunContext {
     pub fn note_skipped(&mut self, key: &SubjectKey, why: &str) {
         self.say(&format!("lab: {key}: {why}"));
         if let Some(r) = self.subject_record_mut(key) {
-            r.skipped = Some(match r.skipped.take() {
-                // (said again by a resumed run's start)
-                Some(x) if x.split("; ").any(|w| w == why) => x,
-                Some(x) => format!("{x}; {why}"),
-                None => why.to_string(),
-            });
+            // (said again by a resumed run's start)
+            bw_lab_results::joined::add_once(&mut r.skipped, why);
         }
     }
 

@@ -16,7 +16,7 @@
 //! (nsenter --net, as `blockwire mount` does), tracked like the others.
 
 use crate::cleanup::{registry, Resource, Token};
-use crate::hosts::host::{Host, ShellUndo};
+use crate::hosts::host::Host;
 use crate::suites::fs::mounts::Mounted;
 use crate::subjects::Address;
 use bw_lab_results::SubjectKey;
@@ -100,22 +100,9 @@ pub fn mount(host: &Host, server: Ipv4Addr, address: Address, v: NfsVersion, mp:
     let options = format!("{},port={port}{extra}", v.options());
     let mp_s = mp.to_string_lossy().into_owned();
     let args = [mp_s.as_str(), src.as_str(), options.as_str()];
-    let (res, cmd) = match host.ssh() {
-        Some(h) => {
-            // `kernel nfs MP`: the cleanup script splits the rest into arguments.
-            h.record("kernel", "nfs", &mp_s)?;
-            let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::hosts::state_file::DETACH, args: vec!["nfs".into(), mp_s.clone(), String::new()] });
-            (undo, h.command_with("sh", &[&["-c", MOUNT, "sh"][..], &args[..]].concat()))
-        }
-        // `ip netns exec` would mount in a mount namespace of its own: the
-        // network namespace alone is entered, the mount lands here.
-        None => {
-            let mut c = host.command_sharing_mounts(Path::new("sh"));
-            c.args(["-c", MOUNT, "sh"]).args(args);
-            (Resource::Mount(mp.to_path_buf()), c)
-        }
-    };
-    let mut cmd = cmd;
+    // `kernel nfs MP`: the cleanup script splits the rest into arguments.
+    let detach = (crate::hosts::state_file::DETACH, vec!["nfs".into(), mp_s.clone(), String::new()]);
+    let (res, mut cmd) = host.mount_command(MOUNT, &args, mp, ("kernel", "nfs"), detach)?;
     let (token, ()) = registry().create(res, || {
         crate::suites::fs::mounts::helper(&mut cmd).map(|_| ()).map_err(|e| anyhow::anyhow!("mounting {src} with {} on {}: {e:#}", v.name(), host.name()))
     })?;

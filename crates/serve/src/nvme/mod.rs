@@ -206,67 +206,20 @@ impl Frontend for NvmeFrontend {
 
 pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: &Volumes, shutdown: Shutdown) -> anyhow::Result<(Running, Handle)> {
     let subs = subsystems(cfg, volumes)?;
-    let mut listeners = Vec::new();
     let congestion = CongestionPlan::new(tuning.tcp_congestion.clone());
-    for addr in &cfg.listen {
-        let l = crate::accept::listen(*addr, &congestion).with_context(|| format!("NVMe/TCP listen on {addr}"))?;
-        listeners.push((*addr, l));
-    }
+    let listeners = listen_tcp(&cfg.listen, &congestion)?;
     let tls_keys = tls::TlsKeys::from_config(cfg)?;
-    let bound: Vec<std::net::SocketAddr> = listeners.iter().map(|(_, l)| l.local_addr()).collect::<Result<_, _>>()?;
-    let mut discovery = None;
-    if let Some(d) = cfg.discovery_listen {
-        if !cfg.listen.contains(&d) {
-            let l = crate::accept::listen(d, &congestion).with_context(|| format!("NVMe/TCP discovery listen on {d}"))?;
-            log::info!("nvme: discovery controller on {}", l.local_addr()?);
-            discovery = Some(l);
-        }
-    }
-    // What each subsystem is announced as, on every listener.
-    let names: Vec<String> = subs.iter().map(|s| format!("{} ({} namespaces)", s.nqn, s.namespaces.len())).collect();
-    if !bound.is_empty() {
-        let ports: Vec<String> = bound.iter().map(|a| a.to_string()).collect();
-        for n in &names {
-            eprintln!("blockwire: nvme subsystem {n} on {}", ports.join(", "));
-        }
-    }
-    // RDMA listeners are bound before the fabric exists: the discovery log
-    // names them beside the TCP ports.
-    let mut rdma_listeners = Vec::new();
-    let mut ports: Vec<Port> = bound.iter().zip(&cfg.listen).map(|(&addr, c)| Port { rdma: false, addr, tls: cfg.tls_of(c).into() }).collect();
-    for (p, c) in ports.iter().zip(&cfg.listen) {
-        if p.tls != SecureChannel::None {
-            log::info!("nvme: port {c}: TLS {}", p.tls.name());
-        }
-    }
-    for addr in &cfg.rdma_listen {
-        let (l, bound) = rdma::bind(*addr)?;
-        for n in &names {
-            eprintln!("blockwire: nvme subsystem {n} on rdma {bound}");
-        }
-        ports.push(Port { rdma: true, addr: bound, tls: SecureChannel::None });
-        rdma_listeners.push((*addr, bound, l));
-    }
-    let admission = Admission::new(limits.clone());
-    let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
-    let fabric = Arc::new(
-        Fabric::new(subs, ports)
-            .with_max_controllers(limits.max_sessions, limits.max_discovery_sessions)
-            .with_cntlid_range(lo, hi)
-            .with_knobs(crate::driver::Knobs::from(tuning))
-            .with_host_auth(auth::HostKeys::from_config(cfg)?)
-            .with_tls(tls_keys, tuning.tls_records.into())
-            // A discovery controller needs no credentials: one that asked
-            // for no keep-alive may stay idle no longer than this.
-            .with_discovery_idle(limits.discovery_idle_timeout()),
-    );
+    let bound: Vec<SocketAddr> = listeners.iter().map(|(_, l)| l.local_addr()).collect::<Result<_, _>>()?;
+    let discovery = listen_discovery(cfg, &congestion)?;
+    let (ports, rdma_listeners) = announce_ports(cfg, &subs, &bound)?;
+    let fabric = Arc::new(make_fabric(cfg, limits, tuning, subs, ports, tls_keys)?);
     let login_timeout = limits.login_timeout();
     // One thread per connected queue (discovery controllers excepted), as
     // iSCSI connections by default: see `Threading::ThreadPerConnection`.
     let acceptor = Arc::new(Acceptor {
         name: "nvme",
         thread_name: "nvme-conn",
-        admission,
+        admission: Admission::new(limits.clone()),
         threading: Threading::ThreadPerConnection,
         congestion: congestion.clone(),
     });
@@ -321,6 +274,73 @@ pub async fn start(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, volumes: 
         Ok(())
     });
     Ok((running, handle))
+}
+
+/// The NVMe/TCP listeners, one per configured address.
+fn listen_tcp(addrs: &[SocketAddr], congestion: &CongestionPlan) -> anyhow::Result<Vec<(SocketAddr, TcpListener)>> {
+    let mut listeners = Vec::new();
+    for addr in addrs {
+        let l = crate::accept::listen(*addr, congestion).with_context(|| format!("NVMe/TCP listen on {addr}"))?;
+        listeners.push((*addr, l));
+    }
+    Ok(listeners)
+}
+
+/// The discovery controller's own listener, if it has an address that is
+/// not already one of the I/O listeners (which answer discovery too).
+fn listen_discovery(cfg: &NvmeConfig, congestion: &CongestionPlan) -> anyhow::Result<Option<TcpListener>> {
+    let Some(d) = cfg.discovery_listen.filter(|d| !cfg.listen.contains(d)) else { return Ok(None) };
+    let l = crate::accept::listen(d, congestion).with_context(|| format!("NVMe/TCP discovery listen on {d}"))?;
+    log::info!("nvme: discovery controller on {}", l.local_addr()?);
+    Ok(Some(l))
+}
+
+/// An RDMA listener bound before the fabric exists: (configured, bound, listener).
+type RdmaBound = (SocketAddr, SocketAddr, bw_rdma::Listener);
+
+/// The ports the discovery log names: the bound TCP ports with their TLS,
+/// and the RDMA ports, bound here (before the fabric exists) so that the
+/// log names them beside the TCP ports. Each subsystem is announced on
+/// every port.
+fn announce_ports(cfg: &NvmeConfig, subs: &[Arc<Subsystem>], bound: &[SocketAddr]) -> anyhow::Result<(Vec<Port>, Vec<RdmaBound>)> {
+    let names: Vec<String> = subs.iter().map(|s| format!("{} ({} namespaces)", s.nqn, s.namespaces.len())).collect();
+    if !bound.is_empty() {
+        let ports: Vec<String> = bound.iter().map(|a| a.to_string()).collect();
+        for n in &names {
+            eprintln!("blockwire: nvme subsystem {n} on {}", ports.join(", "));
+        }
+    }
+    let mut rdma_listeners = Vec::new();
+    let mut ports: Vec<Port> = bound.iter().zip(&cfg.listen).map(|(&addr, c)| Port { rdma: false, addr, tls: cfg.tls_of(c).into() }).collect();
+    for (p, c) in ports.iter().zip(&cfg.listen) {
+        if p.tls != SecureChannel::None {
+            log::info!("nvme: port {c}: TLS {}", p.tls.name());
+        }
+    }
+    for addr in &cfg.rdma_listen {
+        let (l, bound) = rdma::bind(*addr)?;
+        for n in &names {
+            eprintln!("blockwire: nvme subsystem {n} on rdma {bound}");
+        }
+        ports.push(Port { rdma: true, addr: bound, tls: SecureChannel::None });
+        rdma_listeners.push((*addr, bound, l));
+    }
+    Ok((ports, rdma_listeners))
+}
+
+/// The controllers' fabric over the subsystems and ports, with the
+/// configuration's limits, host keys and TLS.
+fn make_fabric(cfg: &NvmeConfig, limits: &Limits, tuning: &Tuning, subs: Vec<Arc<Subsystem>>, ports: Vec<Port>, tls_keys: tls::TlsKeys) -> anyhow::Result<Fabric> {
+    let [lo, hi] = cfg.cntlid_range.unwrap_or([1, 0xFFEF]);
+    Ok(Fabric::new(subs, ports)
+        .with_max_controllers(limits.max_sessions, limits.max_discovery_sessions)
+        .with_cntlid_range(lo, hi)
+        .with_knobs(crate::driver::Knobs::from(tuning))
+        .with_host_auth(auth::HostKeys::from_config(cfg)?)
+        .with_tls(tls_keys, tuning.tls_records.into())
+        // A discovery controller needs no credentials: one that asked
+        // for no keep-alive may stay idle no longer than this.
+        .with_discovery_idle(limits.discovery_idle_timeout()))
 }
 
 /// A port's TLS as its accept loop reads it for each new connection.
