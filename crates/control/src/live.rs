@@ -26,6 +26,22 @@ use bw_serve::Volumes;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+/// Hand each size watch's news to [`Live::size_news`], off the runtime's
+/// threads (it reads the backend and writes the configuration), one at a
+/// time, until shutdown.
+pub async fn follow_sizes(live: Arc<Live>, mut news: tokio::sync::mpsc::UnboundedReceiver<SizeNews>, mut shutdown: bw_serve::Shutdown) {
+    loop {
+        let n = tokio::select! {
+            _ = shutdown.wait() => return,
+            n = news.recv() => match n { Some(n) => n, None => return },
+        };
+        let l = live.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || l.size_news(&n)).await {
+            log::error!("following a size change failed: {e}");
+        }
+    }
+}
+
 /// Reads the configuration again (the file and the flags given at start),
 /// for SIGHUP.
 pub type Reload = Box<dyn Fn() -> anyhow::Result<ServeConfig> + Send + Sync>;
@@ -40,11 +56,38 @@ pub struct Live {
     /// Changes applied so far (the HTTP endpoint logs the calls that moved it).
     generation: std::sync::atomic::AtomicU64,
     started: std::time::Instant,
+    /// Where the volumes' size watches send their news, once
+    /// [`Live::watch_sizes`] has been called.
+    size_news: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<SizeNews>>,
+    /// Numbers the watches, so news from an ended one is told apart.
+    next_watch: std::sync::atomic::AtomicU64,
 }
 
 struct State {
     cfg: ServeConfig,
     volumes: HashMap<String, Volume>,
+    /// The size watch of each volume whose backend has one (rbd).
+    watches: HashMap<String, Watched>,
+}
+
+/// A volume's size watch ([`Volume::watch_size`]) in force.
+struct Watched {
+    /// Which watch, for [`SizeNews::watch`].
+    id: u64,
+    /// News sent and not yet handled: the callback sends again only once
+    /// [`Live::size_news`] has cleared it, so a burst of header updates
+    /// makes one look at the size, not a queue of them.
+    pending: Arc<std::sync::atomic::AtomicBool>,
+    _watch: bw_block::SizeWatch,
+}
+
+/// A volume's backend says its size may have changed (another gateway
+/// resized the RBD image, or `rbd resize` did); [`Live::size_news`]
+/// takes it from there.
+#[derive(Debug)]
+pub struct SizeNews {
+    volume: String,
+    watch: u64,
 }
 
 /// What a change does to the volumes; computed before anything is done.
@@ -214,7 +257,111 @@ fn check_one_file_one_volume(st: &State, new: &ServeConfig, plan: &VolumePlan) -
 impl Live {
     pub fn new(cfg: ServeConfig, volumes: &Volumes, frontends: Frontends, reload: Option<Reload>) -> Live {
         let volumes = volumes.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        Live { state: Mutex::new(State { cfg, volumes }), frontends, reload, persist: None, generation: Default::default(), started: std::time::Instant::now() }
+        Live {
+            state: Mutex::new(State { cfg, volumes, watches: HashMap::new() }),
+            frontends,
+            reload,
+            persist: None,
+            generation: Default::default(),
+            started: std::time::Instant::now(),
+            size_news: std::sync::OnceLock::new(),
+            next_watch: Default::default(),
+        }
+    }
+
+    /// Watch every volume's backend for size changes made elsewhere (now
+    /// and each volume added later), for [`follow_sizes`] to hand to
+    /// [`Live::size_news`]. Called once.
+    pub fn watch_sizes(&self) -> tokio::sync::mpsc::UnboundedReceiver<SizeNews> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        if self.size_news.set(tx).is_err() {
+            panic!("Live::watch_sizes called twice");
+        }
+        let mut st = self.lock();
+        let volumes: Vec<Volume> = st.volumes.values().cloned().collect();
+        for v in volumes {
+            self.watch_size(&mut st, &v);
+        }
+        rx
+    }
+
+    /// Start `vol`'s size watch, if sizes are watched and its backend can.
+    /// The callback runs on the backend's thread: it only sends the news
+    /// (an unbounded channel's send never waits).
+    fn watch_size(&self, st: &mut State, vol: &Volume) {
+        let Some(tx) = self.size_news.get() else { return };
+        let id = self.next_watch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pending = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p, tx, volume) = (pending.clone(), tx.clone(), vol.name().to_string());
+        let changed = Box::new(move || {
+            if !p.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                // Fails only once the control path is gone (shutdown).
+                let _ = tx.send(SizeNews { volume: volume.clone(), watch: id });
+            }
+        });
+        match vol.watch_size(changed) {
+            Ok(Some(w)) => {
+                st.watches.insert(vol.name().to_string(), Watched { id, pending, _watch: w });
+            }
+            Ok(None) => {}
+            Err(e) => log::warn!("volume {}: resizes made by other clients will not be noticed: {e}", vol.name()),
+        }
+    }
+
+    /// Whether `name`'s size is watched.
+    pub fn size_watched(&self, name: &str) -> bool {
+        self.lock().watches.contains_key(name)
+    }
+
+    /// A size watch's news: if the backend's size now differs from the
+    /// volume's, serve the volume at the backend's size as a
+    /// `volume_resize` to it would (hosts told, the configuration persisted
+    /// whole first). A backend that shrank is followed too, with a
+    /// warning: the end is gone from the image, and serving the old size
+    /// would fail every request there with a cluster error instead of the
+    /// range error hosts get now, and only after they were told the new
+    /// size. Returns what changed.
+    pub fn size_news(&self, news: &SizeNews) -> Vec<String> {
+        let mut st = self.lock();
+        match st.watches.get(&news.volume) {
+            // Before the size is read: news after this read sends again.
+            Some(w) if w.id == news.watch => w.pending.store(false, std::sync::atomic::Ordering::Release),
+            // Sent before the volume was removed (or replaced): its watch
+            // has ended.
+            _ => {
+                log::info!("volume {}: news from a size watch that has ended, ignored", news.volume);
+                return Vec::new();
+            }
+        }
+        let Some(vol) = st.volumes.get(&news.volume).cloned() else { return Vec::new() };
+        let (was, now) = match vol.size_now() {
+            Ok(now) => (vol.size_bytes(), now),
+            Err(e) => {
+                log::error!("volume {}: its backend changed, but its size cannot be read: {e}; serving {} bytes as before", news.volume, vol.size_bytes());
+                return Vec::new();
+            }
+        };
+        if now == was {
+            return Vec::new();
+        }
+        if now < was {
+            log::warn!(
+                "volume {}: its backend shrank from {was} to {now} bytes outside this gateway; hosts are told, and requests past {now} bytes are refused as out of range (what was there is gone)",
+                news.volume
+            );
+        }
+        let mut new = st.cfg.clone();
+        let r = crate::edit::volume_resize(&mut new, &news.volume, now).and_then(|()| self.apply_locked(&mut st, new, Reach::Anywhere));
+        match r {
+            Ok(log) => {
+                log::info!("volume {}: resized outside this gateway from {was} to {now} bytes; now served at that size", news.volume);
+                log
+            }
+            Err(e) => {
+                log::error!("volume {}: resized outside this gateway from {was} to {now} bytes, but not followed (still served at {was}): {e}", news.volume);
+                Vec::new()
+            }
+        }
     }
 
     /// Write every accepted change to `path` before acknowledging it.
@@ -360,6 +507,7 @@ impl Live {
         for v in opened {
             log.push(format!("volume {}: added ({} bytes)", v.name(), v.size_bytes()));
             bw_serve::metrics::global().watch_volume(&v);
+            self.watch_size(st, &v);
             st.volumes.insert(v.name().to_string(), v);
         }
         // QoS limits take effect on the open volume at once, for every
@@ -376,6 +524,8 @@ impl Live {
             log.extend(f.reconcile(&new, &volumes, &resized)?);
         }
         for name in &plan.remove {
+            // Ended before the volume goes: no news of it after this.
+            st.watches.remove(name);
             if let Some(v) = st.volumes.remove(name) {
                 if let Err(e) = v.flush() {
                     log::warn!("volume {name}: flush before removal failed: {e}");
