@@ -946,6 +946,111 @@ mod tests {
         }
     }
 
+    /// A backend another client resizes (as `rbd resize` does an RBD
+    /// image): its size is `size`, and `watch` holds the callback of its
+    /// one size watch while that is in force.
+    #[derive(Default)]
+    struct Elsewhere {
+        size: std::sync::atomic::AtomicU64,
+        watch: Mutex<Option<bw_block::SizeChanged>>,
+    }
+
+    struct ElsewhereDev(Arc<Elsewhere>, bw_block::DeviceInfo);
+
+    impl bw_block::BlockDevice for ElsewhereDev {
+        fn info(&self) -> &bw_block::DeviceInfo {
+            &self.1
+        }
+        fn read_at(&self, buf: &mut [u8], _: u64) -> std::io::Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn discard(&self, _: u64, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, _: u64, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        /// As rbd: resizing to the size the store already has is a no-op.
+        fn resize(&self, new_size: u64) -> std::io::Result<()> {
+            self.0.size.store(new_size, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+        fn size_now(&self) -> std::io::Result<u64> {
+            Ok(self.0.size.load(std::sync::atomic::Ordering::Relaxed))
+        }
+        fn watch_size(&self, changed: bw_block::SizeChanged) -> std::io::Result<Option<u64>> {
+            *self.0.watch.lock().unwrap() = Some(changed);
+            Ok(Some(7))
+        }
+        fn unwatch_size(&self, id: u64) {
+            assert_eq!(id, 7);
+            *self.0.watch.lock().unwrap() = None;
+        }
+    }
+
+    /// A resize made elsewhere, as the serve's control path gets it: the
+    /// callback's news (a burst is one piece of news until it is handled),
+    /// then the change a `volume_resize` to the store's size makes, with
+    /// the front-ends told and the file written; a shrink is followed as
+    /// well. Removing the volume ends its watch, and news sent before that
+    /// changes nothing.
+    #[test]
+    fn a_resize_made_elsewhere_is_served_told_and_persisted_and_removal_ends_the_watch() {
+        use std::os::unix::fs::DirBuilderExt;
+        let store = Arc::new(Elsewhere::default());
+        store.size.store(1 << 20, std::sync::atomic::Ordering::Relaxed);
+        let info = bw_block::DeviceInfo { kind: bw_block::DeviceKind::Rbd, direct: false, size_bytes: 1 << 20, read_only: false, durability: bw_block::Durability::WriteThrough, supports_discard: false, memory_backed: false, remote: true, async_submit: false, description: "elsewhere".into() };
+        let mut c = ServeConfig::default();
+        c.add_volume_flag("a=ram:1M").unwrap();
+        let vols: Volumes = Arc::new(HashMap::from([("a".to_string(), Volume::new("a", Box::new(ElsewhereDev(store.clone(), info))))]));
+        // Persisting refuses a directory every user may write (/tmp).
+        let dir = std::env::temp_dir().join(format!("bw-live-elsewhere-{}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(&file, c.to_toml()).unwrap();
+        let live = Live::new(c, &vols, vec![Box::new(Carrier)], None).persist_to(file.clone());
+        drop(vols);
+        let mut news = live.watch_sizes();
+        assert!(live.size_watched("a"));
+        let changed = || (store.watch.lock().unwrap().as_ref().expect("a watch in force"))();
+
+        store.size.store(3 << 20, std::sync::atomic::Ordering::Relaxed);
+        changed();
+        changed();
+        let n = news.try_recv().expect("news of the resize");
+        assert!(news.try_recv().is_err(), "a burst of callbacks is one piece of news until handled");
+        assert_eq!(live.size_news(&n), ["volume a: resized from 1048576 to 3145728 bytes", "pigeon: 1 volumes, 1 resized"]);
+        assert_eq!(live.volume_sizes(), [("a".to_string(), 3 << 20)]);
+        assert!(std::fs::read_to_string(&file).unwrap().contains("ram:3M"), "the new size is not persisted");
+        // Handled: the next callback is news again; the same size is no change.
+        changed();
+        let n = news.try_recv().expect("news after the last was handled");
+        assert!(live.size_news(&n).is_empty());
+
+        store.size.store(2 << 20, std::sync::atomic::Ordering::Relaxed);
+        changed();
+        let n = news.try_recv().expect("news of the shrink");
+        assert_eq!(live.size_news(&n), ["volume a: resized from 3145728 to 2097152 bytes", "pigeon: 1 volumes, 1 resized"]);
+        assert!(std::fs::read_to_string(&file).unwrap().contains("ram:2M"));
+
+        store.size.store(4 << 20, std::sync::atomic::Ordering::Relaxed);
+        changed();
+        let late = news.try_recv().expect("news sent before the removal");
+        live.change(|c| edit::volume_remove(c, "a", true)).unwrap();
+        assert!(store.watch.lock().unwrap().is_none(), "the removed volume's watch is still in force");
+        assert!(!live.size_watched("a"));
+        assert!(live.size_news(&late).is_empty());
+        assert!(live.volume_sizes().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_new_transport_is_asked_like_the_others_by_its_name() {
         let mut c = ServeConfig::default();
