@@ -41,7 +41,7 @@ pub use request::{OnDone, Request};
 pub use size::{format_size, parse_size};
 pub use spec::{BackendKind, BackendSpec, RbdTarget};
 pub use qos::{Direction, QosLimits};
-pub use volume::{IoStats, IoStatsSnapshot, MappedBytes, QosThrottled, Volume};
+pub use volume::{IoStats, IoStatsSnapshot, MappedBytes, QosThrottled, SizeWatch, Volume};
 
 use std::io;
 
@@ -140,6 +140,12 @@ pub enum Backing {
     Device { rdev: u64 },
 }
 
+/// What [`BlockDevice::watch_size`] calls when the store says its size
+/// may have been changed by another client. It runs on the backend's own
+/// thread (librbd's), which waits for it: it must hand the news on and
+/// return (a channel send), never wait or do I/O.
+pub type SizeChanged = Box<dyn Fn() + Send + Sync>;
+
 /// A backend. All methods take absolute byte offsets already checked by
 /// [`Volume`]; implementations only have to do the I/O.
 pub trait BlockDevice: Send + Sync + 'static {
@@ -179,6 +185,25 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn resize(&self, new_size: u64) -> io::Result<()> {
         let _ = new_size;
         Err(io::Error::new(io::ErrorKind::Unsupported, "this backend cannot be resized"))
+    }
+    /// The size the store has now, asked afresh: another client (a second
+    /// gateway, `rbd resize`) may have changed it since the volume read
+    /// it. Backends only this process changes say their opened size.
+    fn size_now(&self) -> io::Result<u64> {
+        Ok(self.info().size_bytes)
+    }
+    /// Have `changed` called whenever another client may have changed the
+    /// size (for rbd: any update of the image's header, librbd's
+    /// `rbd_update_watch`); the id is for [`BlockDevice::unwatch_size`].
+    /// `None`: the backend has no such news.
+    fn watch_size(&self, changed: SizeChanged) -> io::Result<Option<u64>> {
+        drop(changed);
+        Ok(None)
+    }
+    /// End a [`BlockDevice::watch_size`]: once this returns, its `changed`
+    /// is not running and is never called again.
+    fn unwatch_size(&self, id: u64) {
+        let _ = id;
     }
     /// Whether the bytes at `offset` are backed by storage, and for how long
     /// that stays so (at most `len`). Backends that cannot tell report

@@ -113,6 +113,19 @@ struct VolumeInner {
     qos_delay_ns: [AtomicU64; 2],
 }
 
+/// A [`Volume::watch_size`] in force; dropping it ends the watch (and
+/// waits for a callback that is running).
+pub struct SizeWatch {
+    volume: Volume,
+    id: u64,
+}
+
+impl Drop for SizeWatch {
+    fn drop(&mut self) {
+        self.volume.inner.dev.unwatch_size(self.id);
+    }
+}
+
 /// What the QoS limits of a volume have held back since it was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QosThrottled {
@@ -338,6 +351,19 @@ impl Volume {
         self.inner.dev.resize(new_size).map_err(BlockError::Io)?;
         self.inner.size.store(new_size, Relaxed);
         Ok(())
+    }
+    /// The size the backend's store has now ([`crate::BlockDevice::size_now`]),
+    /// which differs from [`Volume::size_bytes`] when another client
+    /// resized it and this volume has not been resized to match yet.
+    pub fn size_now(&self) -> Result<u64> {
+        self.inner.dev.size_now().map_err(BlockError::Io)
+    }
+    /// Have `changed` called when another client may have changed the
+    /// backend's size, until the returned watch is dropped; `None` if the
+    /// backend has no such news. The watch keeps the volume open.
+    pub fn watch_size(&self, changed: crate::SizeChanged) -> Result<Option<SizeWatch>> {
+        let id = self.inner.dev.watch_size(changed).map_err(BlockError::Io)?;
+        Ok(id.map(|id| SizeWatch { volume: self.clone(), id }))
     }
     /// Number of 512-byte sectors.
     pub fn sectors(&self) -> u64 {

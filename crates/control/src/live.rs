@@ -26,6 +26,22 @@ use bw_serve::Volumes;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+/// Hand each size watch's news to [`Live::size_news`], off the runtime's
+/// threads (it reads the backend and writes the configuration), one at a
+/// time, until shutdown.
+pub async fn follow_sizes(live: Arc<Live>, mut news: tokio::sync::mpsc::UnboundedReceiver<SizeNews>, mut shutdown: bw_serve::Shutdown) {
+    loop {
+        let n = tokio::select! {
+            _ = shutdown.wait() => return,
+            n = news.recv() => match n { Some(n) => n, None => return },
+        };
+        let l = live.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || l.size_news(&n)).await {
+            log::error!("following a size change failed: {e}");
+        }
+    }
+}
+
 /// Reads the configuration again (the file and the flags given at start),
 /// for SIGHUP.
 pub type Reload = Box<dyn Fn() -> anyhow::Result<ServeConfig> + Send + Sync>;
@@ -40,11 +56,38 @@ pub struct Live {
     /// Changes applied so far (the HTTP endpoint logs the calls that moved it).
     generation: std::sync::atomic::AtomicU64,
     started: std::time::Instant,
+    /// Where the volumes' size watches send their news, once
+    /// [`Live::watch_sizes`] has been called.
+    size_news: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<SizeNews>>,
+    /// Numbers the watches, so news from an ended one is told apart.
+    next_watch: std::sync::atomic::AtomicU64,
 }
 
 struct State {
     cfg: ServeConfig,
     volumes: HashMap<String, Volume>,
+    /// The size watch of each volume whose backend has one (rbd).
+    watches: HashMap<String, Watched>,
+}
+
+/// A volume's size watch ([`Volume::watch_size`]) in force.
+struct Watched {
+    /// Which watch, for [`SizeNews::watch`].
+    id: u64,
+    /// News sent and not yet handled: the callback sends again only once
+    /// [`Live::size_news`] has cleared it, so a burst of header updates
+    /// makes one look at the size, not a queue of them.
+    pending: Arc<std::sync::atomic::AtomicBool>,
+    _watch: bw_block::SizeWatch,
+}
+
+/// A volume's backend says its size may have changed (another gateway
+/// resized the RBD image, or `rbd resize` did); [`Live::size_news`]
+/// takes it from there.
+#[derive(Debug)]
+pub struct SizeNews {
+    volume: String,
+    watch: u64,
 }
 
 /// What a change does to the volumes; computed before anything is done.
@@ -214,7 +257,111 @@ fn check_one_file_one_volume(st: &State, new: &ServeConfig, plan: &VolumePlan) -
 impl Live {
     pub fn new(cfg: ServeConfig, volumes: &Volumes, frontends: Frontends, reload: Option<Reload>) -> Live {
         let volumes = volumes.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        Live { state: Mutex::new(State { cfg, volumes }), frontends, reload, persist: None, generation: Default::default(), started: std::time::Instant::now() }
+        Live {
+            state: Mutex::new(State { cfg, volumes, watches: HashMap::new() }),
+            frontends,
+            reload,
+            persist: None,
+            generation: Default::default(),
+            started: std::time::Instant::now(),
+            size_news: std::sync::OnceLock::new(),
+            next_watch: Default::default(),
+        }
+    }
+
+    /// Watch every volume's backend for size changes made elsewhere (now
+    /// and each volume added later), for [`follow_sizes`] to hand to
+    /// [`Live::size_news`]. Called once.
+    pub fn watch_sizes(&self) -> tokio::sync::mpsc::UnboundedReceiver<SizeNews> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        if self.size_news.set(tx).is_err() {
+            panic!("Live::watch_sizes called twice");
+        }
+        let mut st = self.lock();
+        let volumes: Vec<Volume> = st.volumes.values().cloned().collect();
+        for v in volumes {
+            self.watch_size(&mut st, &v);
+        }
+        rx
+    }
+
+    /// Start `vol`'s size watch, if sizes are watched and its backend can.
+    /// The callback runs on the backend's thread: it only sends the news
+    /// (an unbounded channel's send never waits).
+    fn watch_size(&self, st: &mut State, vol: &Volume) {
+        let Some(tx) = self.size_news.get() else { return };
+        let id = self.next_watch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pending = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p, tx, volume) = (pending.clone(), tx.clone(), vol.name().to_string());
+        let changed = Box::new(move || {
+            if !p.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                // Fails only once the control path is gone (shutdown).
+                let _ = tx.send(SizeNews { volume: volume.clone(), watch: id });
+            }
+        });
+        match vol.watch_size(changed) {
+            Ok(Some(w)) => {
+                st.watches.insert(vol.name().to_string(), Watched { id, pending, _watch: w });
+            }
+            Ok(None) => {}
+            Err(e) => log::warn!("volume {}: resizes made by other clients will not be noticed: {e}", vol.name()),
+        }
+    }
+
+    /// Whether `name`'s size is watched.
+    pub fn size_watched(&self, name: &str) -> bool {
+        self.lock().watches.contains_key(name)
+    }
+
+    /// A size watch's news: if the backend's size now differs from the
+    /// volume's, serve the volume at the backend's size as a
+    /// `volume_resize` to it would (hosts told, the configuration persisted
+    /// whole first). A backend that shrank is followed too, with a
+    /// warning: the end is gone from the image, and serving the old size
+    /// would fail every request there with a cluster error instead of the
+    /// range error hosts get now, and only after they were told the new
+    /// size. Returns what changed.
+    pub fn size_news(&self, news: &SizeNews) -> Vec<String> {
+        let mut st = self.lock();
+        match st.watches.get(&news.volume) {
+            // Before the size is read: news after this read sends again.
+            Some(w) if w.id == news.watch => w.pending.store(false, std::sync::atomic::Ordering::Release),
+            // Sent before the volume was removed (or replaced): its watch
+            // has ended.
+            _ => {
+                log::info!("volume {}: news from a size watch that has ended, ignored", news.volume);
+                return Vec::new();
+            }
+        }
+        let Some(vol) = st.volumes.get(&news.volume).cloned() else { return Vec::new() };
+        let (was, now) = match vol.size_now() {
+            Ok(now) => (vol.size_bytes(), now),
+            Err(e) => {
+                log::error!("volume {}: its backend changed, but its size cannot be read: {e}; serving {} bytes as before", news.volume, vol.size_bytes());
+                return Vec::new();
+            }
+        };
+        if now == was {
+            return Vec::new();
+        }
+        if now < was {
+            log::warn!(
+                "volume {}: its backend shrank from {was} to {now} bytes outside this gateway; hosts are told, and requests past {now} bytes are refused as out of range (what was there is gone)",
+                news.volume
+            );
+        }
+        let mut new = st.cfg.clone();
+        let r = crate::edit::volume_resize(&mut new, &news.volume, now).and_then(|()| self.apply_locked(&mut st, new, Reach::Anywhere));
+        match r {
+            Ok(log) => {
+                log::info!("volume {}: resized outside this gateway from {was} to {now} bytes; now served at that size", news.volume);
+                log
+            }
+            Err(e) => {
+                log::error!("volume {}: resized outside this gateway from {was} to {now} bytes, but not followed (still served at {was}): {e}", news.volume);
+                Vec::new()
+            }
+        }
     }
 
     /// Write every accepted change to `path` before acknowledging it.
@@ -360,6 +507,7 @@ impl Live {
         for v in opened {
             log.push(format!("volume {}: added ({} bytes)", v.name(), v.size_bytes()));
             bw_serve::metrics::global().watch_volume(&v);
+            self.watch_size(st, &v);
             st.volumes.insert(v.name().to_string(), v);
         }
         // QoS limits take effect on the open volume at once, for every
@@ -376,6 +524,8 @@ impl Live {
             log.extend(f.reconcile(&new, &volumes, &resized)?);
         }
         for name in &plan.remove {
+            // Ended before the volume goes: no news of it after this.
+            st.watches.remove(name);
             if let Some(v) = st.volumes.remove(name) {
                 if let Err(e) = v.flush() {
                     log::warn!("volume {name}: flush before removal failed: {e}");
@@ -794,6 +944,111 @@ mod tests {
         fn set_access(&self, target: &str, _: Option<u32>, state: AccessState) -> Result<String, Refused> {
             Ok(format!("pigeon {target}: {state:?}"))
         }
+    }
+
+    /// A backend another client resizes (as `rbd resize` does an RBD
+    /// image): its size is `size`, and `watch` holds the callback of its
+    /// one size watch while that is in force.
+    #[derive(Default)]
+    struct Elsewhere {
+        size: std::sync::atomic::AtomicU64,
+        watch: Mutex<Option<bw_block::SizeChanged>>,
+    }
+
+    struct ElsewhereDev(Arc<Elsewhere>, bw_block::DeviceInfo);
+
+    impl bw_block::BlockDevice for ElsewhereDev {
+        fn info(&self) -> &bw_block::DeviceInfo {
+            &self.1
+        }
+        fn read_at(&self, buf: &mut [u8], _: u64) -> std::io::Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn discard(&self, _: u64, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, _: u64, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        /// As rbd: resizing to the size the store already has is a no-op.
+        fn resize(&self, new_size: u64) -> std::io::Result<()> {
+            self.0.size.store(new_size, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+        fn size_now(&self) -> std::io::Result<u64> {
+            Ok(self.0.size.load(std::sync::atomic::Ordering::Relaxed))
+        }
+        fn watch_size(&self, changed: bw_block::SizeChanged) -> std::io::Result<Option<u64>> {
+            *self.0.watch.lock().unwrap() = Some(changed);
+            Ok(Some(7))
+        }
+        fn unwatch_size(&self, id: u64) {
+            assert_eq!(id, 7);
+            *self.0.watch.lock().unwrap() = None;
+        }
+    }
+
+    /// A resize made elsewhere, as the serve's control path gets it: the
+    /// callback's news (a burst is one piece of news until it is handled),
+    /// then the change a `volume_resize` to the store's size makes, with
+    /// the front-ends told and the file written; a shrink is followed as
+    /// well. Removing the volume ends its watch, and news sent before that
+    /// changes nothing.
+    #[test]
+    fn a_resize_made_elsewhere_is_served_told_and_persisted_and_removal_ends_the_watch() {
+        use std::os::unix::fs::DirBuilderExt;
+        let store = Arc::new(Elsewhere::default());
+        store.size.store(1 << 20, std::sync::atomic::Ordering::Relaxed);
+        let info = bw_block::DeviceInfo { kind: bw_block::DeviceKind::Rbd, direct: false, size_bytes: 1 << 20, read_only: false, durability: bw_block::Durability::WriteThrough, supports_discard: false, memory_backed: false, remote: true, async_submit: false, description: "elsewhere".into() };
+        let mut c = ServeConfig::default();
+        c.add_volume_flag("a=ram:1M").unwrap();
+        let vols: Volumes = Arc::new(HashMap::from([("a".to_string(), Volume::new("a", Box::new(ElsewhereDev(store.clone(), info))))]));
+        // Persisting refuses a directory every user may write (/tmp).
+        let dir = std::env::temp_dir().join(format!("bw-live-elsewhere-{}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(&file, c.to_toml()).unwrap();
+        let live = Live::new(c, &vols, vec![Box::new(Carrier)], None).persist_to(file.clone());
+        drop(vols);
+        let mut news = live.watch_sizes();
+        assert!(live.size_watched("a"));
+        let changed = || (store.watch.lock().unwrap().as_ref().expect("a watch in force"))();
+
+        store.size.store(3 << 20, std::sync::atomic::Ordering::Relaxed);
+        changed();
+        changed();
+        let n = news.try_recv().expect("news of the resize");
+        assert!(news.try_recv().is_err(), "a burst of callbacks is one piece of news until handled");
+        assert_eq!(live.size_news(&n), ["volume a: resized from 1048576 to 3145728 bytes", "pigeon: 1 volumes, 1 resized"]);
+        assert_eq!(live.volume_sizes(), [("a".to_string(), 3 << 20)]);
+        assert!(std::fs::read_to_string(&file).unwrap().contains("ram:3M"), "the new size is not persisted");
+        // Handled: the next callback is news again; the same size is no change.
+        changed();
+        let n = news.try_recv().expect("news after the last was handled");
+        assert!(live.size_news(&n).is_empty());
+
+        store.size.store(2 << 20, std::sync::atomic::Ordering::Relaxed);
+        changed();
+        let n = news.try_recv().expect("news of the shrink");
+        assert_eq!(live.size_news(&n), ["volume a: resized from 3145728 to 2097152 bytes", "pigeon: 1 volumes, 1 resized"]);
+        assert!(std::fs::read_to_string(&file).unwrap().contains("ram:2M"));
+
+        store.size.store(4 << 20, std::sync::atomic::Ordering::Relaxed);
+        changed();
+        let late = news.try_recv().expect("news sent before the removal");
+        live.change(|c| edit::volume_remove(c, "a", true)).unwrap();
+        assert!(store.watch.lock().unwrap().is_none(), "the removed volume's watch is still in force");
+        assert!(!live.size_watched("a"));
+        assert!(live.size_news(&late).is_empty());
+        assert!(live.volume_sizes().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -575,8 +575,13 @@ fn status(live: &Live) -> Result<Value, RpcError> {
         "uptime_s": live.uptime().as_secs(),
         "volumes": live.volume_sizes().into_iter().map(|(n, s)| {
             let backend = cfg.volumes.iter().find(|v| v.name == n).map(|v| v.backend.to_string()).unwrap_or_default();
-            json!({ "name": n, "backend": backend, "size": s })
+            // size_watched: resizes by other clients (another gateway,
+            // `rbd resize`) are followed.
+            json!({ "name": n, "backend": backend, "size": s, "size_watched": live.size_watched(&n) })
         }).collect::<Vec<_>>(),
+        // librbd update watches in force in the process: one per watched
+        // RBD volume (more would be a removed volume's, leaked).
+        "rbd_update_watches": bw_block::RbdDevice::update_watches(),
         "iscsi_targets": cfg.iscsi.iter().flat_map(|i| &i.targets).map(|t| json!({
             "iqn": t.iqn, "luns": t.luns.iter().map(|l| json!({ "lun": l.lun, "volume": l.volume })).collect::<Vec<_>>(),
             "allowed_initiators": t.allowed_initiators,

@@ -81,6 +81,9 @@ pub async fn serve(cfg: ServeConfig, opts: Options) -> anyhow::Result<()> {
     }
     let live = Arc::new(live);
     drop(volumes);
+    // Resizes made elsewhere (another gateway, `rbd resize`) are followed.
+    // Not one of `running`: it ends at shutdown, not the server.
+    tokio::spawn(live::follow_sizes(live.clone(), live.watch_sizes(), shutdown.clone()));
     let control = socket.map(|s| tokio::spawn(s.run(live.clone(), shutdown.clone())));
     if let Some((l, creds)) = rpc_http {
         running.push(tokio::spawn(rpc_http::serve(l, live.clone(), creds, shutdown.clone())));

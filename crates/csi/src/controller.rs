@@ -765,7 +765,9 @@ impl Controller for ControllerService {
         if have < size {
             // The home gateway resizes the image or file; the others serve
             // the same RBD image and are told its size (the namespace's
-            // hosts are told by each).
+            // hosts are told by each). They would follow the image by
+            // themselves (librbd update watch); told, they serve the new
+            // size before this call returns.
             for g in p.all() {
                 g.call(creds, "volume_resize", json!({ "name": id, "size": size })).await.map_err(from_rpc)?;
             }

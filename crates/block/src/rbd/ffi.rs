@@ -27,6 +27,8 @@ pub type DiffCallback = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
 /// `librbd_progress_fn_t`: offset, total, the caller's argument; non-zero
 /// cancels.
 pub type ProgressCallback = extern "C" fn(u64, u64, *mut c_void) -> c_int;
+/// `rbd_update_callback_t`: the caller's argument.
+pub type UpdateCallback = extern "C" fn(*mut c_void);
 
 /// RBD_FEATURE_LAYERING: the only feature of images we create. Without
 /// exclusive-lock, several gateways can write one image without passing a
@@ -81,6 +83,11 @@ pub struct Lib {
     pub rbd_get_size: unsafe extern "C" fn(Image, *mut u64) -> c_int,
     pub rbd_resize2: unsafe extern "C" fn(Image, u64, bool, ProgressCallback, *mut c_void) -> c_int,
     pub rbd_get_features: unsafe extern "C" fn(Image, *mut u64) -> c_int,
+    /// image, out handle, callback, argument: the callback runs (on a
+    /// librbd thread) whenever the image's header changed, by any client.
+    pub rbd_update_watch: unsafe extern "C" fn(Image, *mut u64, UpdateCallback, *mut c_void) -> c_int,
+    /// Returns once a callback in flight for this handle has returned.
+    pub rbd_update_unwatch: unsafe extern "C" fn(Image, u64) -> c_int,
     pub rbd_snap_create: unsafe extern "C" fn(Image, *const c_char) -> c_int,
     pub rbd_snap_remove: unsafe extern "C" fn(Image, *const c_char) -> c_int,
     pub rbd_snap_protect: unsafe extern "C" fn(Image, *const c_char) -> c_int,
@@ -173,6 +180,8 @@ fn load() -> Result<Lib, String> {
         rbd_get_size: sym!(rbd, rbd_get_size),
         rbd_resize2: sym!(rbd, rbd_resize2),
         rbd_get_features: sym!(rbd, rbd_get_features),
+        rbd_update_watch: sym!(rbd, rbd_update_watch),
+        rbd_update_unwatch: sym!(rbd, rbd_update_unwatch),
         rbd_snap_create: sym!(rbd, rbd_snap_create),
         rbd_snap_remove: sym!(rbd, rbd_snap_remove),
         rbd_snap_protect: sym!(rbd, rbd_snap_protect),

@@ -54,7 +54,18 @@ pub struct RbdDevice {
     info: DeviceInfo,
     /// Shared with the requests in flight.
     failures: Arc<FailureLog>,
+    /// Update watches in force, by librbd's handle: the callback each was
+    /// given ([`RbdDevice::watch_size`]), freed once it is unwatched.
+    watches: Mutex<std::collections::HashMap<u64, UpdateArg>>,
 }
+
+/// A [`crate::SizeChanged`] handed to librbd as its callback's argument
+/// (from `Box::into_raw`).
+struct UpdateArg(*mut crate::SizeChanged);
+
+/// Update watches in force in this process, all images: a removed volume
+/// whose watch outlived it would show here (`status` reports it).
+static UPDATE_WATCHES: AtomicU64 = AtomicU64::new(0);
 
 /// Failed requests, logged at most once per [`FailureLog::EVERY`] with the
 /// count since the last line: during a cluster outage every request fails,
@@ -103,6 +114,37 @@ unsafe impl Send for RbdDevice {}
 unsafe impl Sync for RbdDevice {}
 
 impl RbdDevice {
+    /// How many librbd update watches this process has in force.
+    pub fn update_watches() -> u64 {
+        UPDATE_WATCHES.load(Relaxed)
+    }
+
+    /// `rbd_get_size`, which refreshes the image first if its header
+    /// changed since librbd last read it.
+    fn image_size(&self) -> io::Result<u64> {
+        let mut size = 0u64;
+        // SAFETY: an open image and an out-pointer.
+        check(unsafe { (self.lib.rbd_get_size)(self.image, &mut size) }, || format!("{}: rbd_get_size", self.info.description))?;
+        Ok(size)
+    }
+
+    /// `rbd_update_unwatch`, then free the callback (librbd has returned
+    /// from it for good once the call returns).
+    fn unwatch(&self, handle: u64, arg: UpdateArg) {
+        // SAFETY: an open image and a handle of ours, unwatched once (it
+        // left the map).
+        let r = unsafe { (self.lib.rbd_update_unwatch)(self.image, handle) };
+        if let Err(e) = check(r, || format!("{}: rbd_update_unwatch", self.info.description)) {
+            // Only -ENOENT (never registered) is possible: nothing calls
+            // back with it either way.
+            log::warn!("{e}");
+        }
+        UPDATE_WATCHES.fetch_sub(1, Relaxed);
+        // SAFETY: from `Box::into_raw` in `watch_size`; librbd no longer
+        // has it.
+        drop(unsafe { Box::from_raw(arg.0) });
+    }
+
     pub fn open(spec: &BackendSpec, t: &RbdTarget) -> Result<Self, BlockError> {
         let lib = ffi::lib().map_err(io::Error::other)?;
         let name = match &t.snap {
@@ -130,6 +172,7 @@ impl RbdDevice {
                 description: String::new(),
             },
             failures: Arc::default(),
+            watches: Mutex::default(),
         };
         dev.open_image(&name, spec, t)?;
         let size = dev.checked_size(&name, t)?;
@@ -195,12 +238,7 @@ impl RbdDevice {
 
     /// The image's size, which must be the spec's `size=` if it gives one.
     fn checked_size(&self, name: &str, t: &RbdTarget) -> io::Result<u64> {
-        let lib = self.lib;
-        let mut size = 0u64;
-        // SAFETY: an open image and an out-pointer.
-        check(unsafe { (lib.rbd_get_size)(self.image, &mut size) }, || {
-            format!("{name}: rbd_get_size")
-        })?;
+        let size = self.image_size().map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
         if let Some(want) = t.size {
             if want != size {
                 return Err(io::Error::other(format!(
@@ -433,16 +471,13 @@ impl crate::BlockDevice for RbdDevice {
 
     /// Grow the image (`rbd_resize2`). The image's header tells every
     /// other client that has it open (librbd watches it and refreshes), so
-    /// another gateway's `rbd_get_size` says the new size at once; each
-    /// gateway's hosts learn it when that gateway is told (`volume_resize`
-    /// with the same size: a no-op here), which is what the CSI controller
-    /// does for every gateway of the volume. Shrinking is refused: other
-    /// gateways' hosts may be using the end of the image, and `rbd resize`
-    /// too wants `--allow-shrink` for it.
+    /// another gateway's `rbd_get_size` says the new size at once, and its
+    /// update watch ([`RbdDevice::watch_size`]) has it resize its volume
+    /// to the size the image already has: a no-op here. Shrinking is
+    /// refused: other gateways' hosts may be using the end of the image,
+    /// and `rbd resize` too wants `--allow-shrink` for it.
     fn resize(&self, new_size: u64) -> io::Result<()> {
-        let mut now = 0u64;
-        // SAFETY: an open image and an out-pointer.
-        check(unsafe { (self.lib.rbd_get_size)(self.image, &mut now) }, || format!("{}: rbd_get_size", self.info.description))?;
+        let now = self.image_size()?;
         if new_size < now {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -457,6 +492,36 @@ impl crate::BlockDevice for RbdDevice {
             })?;
         }
         Ok(())
+    }
+
+    fn size_now(&self) -> io::Result<u64> {
+        self.image_size()
+    }
+
+    /// `rbd_update_watch`: librbd calls back on its own thread after any
+    /// client updated the image's header (a resize among other things);
+    /// `changed` only passes the news on.
+    fn watch_size(&self, changed: crate::SizeChanged) -> io::Result<Option<u64>> {
+        let arg = Box::into_raw(Box::new(changed));
+        let mut handle = 0u64;
+        // SAFETY: an open image, an out-pointer, and an argument that
+        // lives until `unwatch` has unregistered it.
+        let r = unsafe { (self.lib.rbd_update_watch)(self.image, &mut handle, on_update, arg as *mut c_void) };
+        if let Err(e) = check(r, || format!("{}: rbd_update_watch", self.info.description)) {
+            // SAFETY: librbd refused it and never calls back with it.
+            drop(unsafe { Box::from_raw(arg) });
+            return Err(e);
+        }
+        UPDATE_WATCHES.fetch_add(1, Relaxed);
+        self.watches.lock().unwrap_or_else(|p| p.into_inner()).insert(handle, UpdateArg(arg));
+        Ok(Some(handle))
+    }
+
+    fn unwatch_size(&self, id: u64) {
+        let arg = self.watches.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        if let Some(arg) = arg {
+            self.unwatch(id, arg);
+        }
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -476,6 +541,18 @@ impl crate::BlockDevice for RbdDevice {
     }
 }
 
+/// librbd's update callback, on its update-watchers thread (which waits
+/// for it: `changed` only hands the news on).
+extern "C" fn on_update(arg: *mut c_void) {
+    // SAFETY: `arg` is the `SizeChanged` boxed in `watch_size`, freed only
+    // after `rbd_update_unwatch` returned, which waits for this call.
+    let changed = unsafe { &*(arg as *const crate::SizeChanged) };
+    // A panic must not unwind into librbd's thread.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(changed)).is_err() {
+        log::error!("rbd: an update watch's callback panicked");
+    }
+}
+
 /// `rbd_resize2` reports its progress here; nothing is done with it.
 extern "C" fn no_progress(_offset: u64, _total: u64, _arg: *mut c_void) -> c_int {
     0
@@ -491,6 +568,12 @@ fn zero_tail(buf: &mut [u8], n: isize) {
 
 impl Drop for RbdDevice {
     fn drop(&mut self) {
+        // Update watches left (none while a `SizeWatch` holds the volume
+        // open) end first, so their callbacks are freed.
+        let watches = std::mem::take(self.watches.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (handle, arg) in watches {
+            self.unwatch(handle, arg);
+        }
         // SAFETY: each handle was created by us and is released once, image
         // before ioctx before cluster. `rbd_close` waits for the requests
         // still in flight (submitted ones may be) until their callbacks have

@@ -92,10 +92,16 @@ pub(crate) fn admin_waiting_for_events(port: u16, nqn: &str) -> RawNvme {
     s.set_cdw(10, bw_nvme::controller::feature::ASYNC_EVENT as u32);
     s.set_cdw(11, 1 << 8);
     assert!(q.command(s, &[]).unwrap().status.is_success());
+    wait_for_event(&mut q);
+    q
+}
+
+/// Leave an Asynchronous Event Request (cid 40) outstanding: the host's
+/// next event completes it.
+pub(crate) fn wait_for_event(q: &mut RawNvme) {
     let mut out = Vec::new();
     pdu::encode_capsule(&Sqe::new(admin::ASYNC_EVENT, 40, 0), &[], Digests::default(), &mut out);
     q.s.write_all(&out).unwrap();
-    q
 }
 
 pub(crate) fn changed_namespace_log(q: &mut RawNvme) -> Vec<u32> {

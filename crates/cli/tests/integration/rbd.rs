@@ -6,7 +6,7 @@
 use crate::common;
 
 use crate::common::nvme_raw::RawNvme;
-use crate::control::{admin_waiting_for_events, changed_namespace_log, ctl, ctl_err, status};
+use crate::control::{admin_waiting_for_events, changed_namespace_log, ctl, ctl_err, status, wait_for_event};
 use bw_nvme::identify::cns;
 use bw_nvme::pdu::Pdu;
 use bw_nvme::queue_entry::{admin, sgl, Sgl, Sqe};
@@ -163,6 +163,7 @@ fn rbd_volume_serves_every_protocol_and_two_gateways_share_it() {
         "rbd export differs from what gateway A acknowledged"
     );
     grow_through_both_gateways(ceph, &image, [(&sock_a, na, ia), (&sock_b, nb, ib)], &dir);
+    follow_resizes_made_elsewhere(ceph, &image, [(&sock_a, na, &dir), (&sock_b, nb, &dir_b)], &b);
     assert!(
         a.stop().success() && b.stop().success(),
         "a gateway did not stop cleanly"
@@ -170,45 +171,52 @@ fn rbd_volume_serves_every_protocol_and_two_gateways_share_it() {
     ceph.rbd_rm(&format!("rbd/{image}"));
 }
 
-/// Growing the shared image 64 -> 96 MiB as the CSI controller's
-/// ControllerExpandVolume does: `volume_resize` on every gateway. Gateway
-/// A grows the image (`rbd info` says so) and tells its NVMe host
-/// (Namespace Attribute Changed, Changed Namespace List [1], Identify
-/// NSZE); B is unchanged until told, then, told the size the image already
-/// has, tells its own host. Shrinking is refused and changes nothing. The
-/// new end, written through B, reads back through A (iSCSI, a fresh
-/// session: READ CAPACITY says 96 MiB) as `rbd export` has it.
+/// A raw NVMe host's checks that its gateway told it of a resize:
+/// Namespace Attribute Changed (the AER it left outstanding, cid 40),
+/// Changed Namespace List [1], Identify Namespace's NSZE `size`; then it
+/// waits for the next event.
+fn host_told(q: &mut RawNvme, who: &str, size: u64) {
+    match q.next(RawNvme::WAIT) {
+        Some(Pdu::CapsuleResp(c)) => assert_eq!((c.cid, c.result), (40, bw_nvme::controller::AEN_NS_CHANGED as u64), "{who}"),
+        p => panic!("{who}'s host got no Namespace Attribute Changed event: {:?}", p.map(|p| p.kind())),
+    }
+    assert_eq!(changed_namespace_log(q), [1], "{who}");
+    assert_eq!(nsze(q), size, "{who}: Identify Namespace's size");
+    wait_for_event(q);
+}
+
+/// Identify Namespace 1's size (NSZE) in bytes.
+fn nsze(q: &mut RawNvme) -> u64 {
+    let mut s = Sqe::new(admin::IDENTIFY, 50, 1);
+    s.set_cdw(10, cns::NAMESPACE as u32);
+    s.set_sgl(Sgl { addr: 0, length: 4096, kind: sgl::TRANSPORT });
+    let (c, d) = q.exchange(s, &[]).expect("Identify Namespace answered");
+    assert!(c.status.is_success(), "{c:?}");
+    u64::from_le_bytes(d[..8].try_into().expect("8 bytes")) * 512
+}
+
+/// Volume v's size as a gateway's `status` says it.
+fn size_of(sock: &std::path::Path) -> Option<u64> {
+    status(sock)["volumes"][0]["size"].as_u64()
+}
+
+/// Growing the shared image 64 -> 96 MiB through gateway A's control API
+/// (`volume_resize`, as ControllerExpandVolume does): A grows the image
+/// (`rbd info` says so) and tells its NVMe host; B, never told, follows
+/// by itself (its librbd update watch) and tells its own host the same
+/// way. Shrinking is refused and changes nothing. The new end, written
+/// through B, reads back through A (iSCSI, a fresh session: READ CAPACITY
+/// says 96 MiB) as `rbd export` has it.
 fn grow_through_both_gateways(ceph: &Ceph, image: &str, gateways: [(&std::path::Path, u16, u16); 2], dir: &common::TempDir) {
-    const OLD: u64 = 64 << 20;
     const NEW: u64 = 96 << 20;
     let rbd_size = || ceph.rbd(&["info", "--format", "json", &format!("rbd/{image}")]).parse::<serde_json::Value>().expect("rbd info json")["size"].as_u64();
     let mut hosts: Vec<RawNvme> = gateways.iter().map(|(_, np, _)| admin_waiting_for_events(*np, NQN)).collect();
-    let nsze = |q: &mut RawNvme| {
-        let mut s = Sqe::new(admin::IDENTIFY, 50, 1);
-        s.set_cdw(10, cns::NAMESPACE as u32);
-        s.set_sgl(Sgl { addr: 0, length: 4096, kind: sgl::TRANSPORT });
-        let (c, d) = q.exchange(s, &[]).expect("Identify Namespace answered");
-        assert!(c.status.is_success(), "{c:?}");
-        u64::from_le_bytes(d[..8].try_into().expect("8 bytes")) * 512
-    };
-    let told = |q: &mut RawNvme, who: &str| {
-        match q.next(RawNvme::WAIT) {
-            Some(Pdu::CapsuleResp(c)) => assert_eq!((c.cid, c.result), (40, bw_nvme::controller::AEN_NS_CHANGED as u64), "{who}"),
-            p => panic!("{who}'s host got no Namespace Attribute Changed event: {:?}", p.map(|p| p.kind())),
-        }
-        assert_eq!(changed_namespace_log(q), [1], "{who}");
-        assert_eq!(nsze(q), NEW, "{who}: Identify Namespace's size");
-    };
-    let size_of = |sock: &std::path::Path| status(sock)["volumes"][0]["size"].as_u64();
-    let resize = |sock: &std::path::Path, size: &str| ctl(sock, &["volume_resize", &format!(r#"{{"name": "v", "size": "{size}"}}"#)]);
 
-    resize(gateways[0].0, "96M");
+    ctl(gateways[0].0, &["volume_resize", r#"{"name": "v", "size": "96M"}"#]);
     assert_eq!(rbd_size(), Some(NEW), "the image did not grow");
-    told(&mut hosts[0], "gateway A");
-    assert_eq!(size_of(gateways[1].0), Some(OLD), "gateway B changed before it was told");
-    assert_eq!(nsze(&mut hosts[1]), OLD);
-    resize(gateways[1].0, "96M");
-    told(&mut hosts[1], "gateway B");
+    host_told(&mut hosts[0], "gateway A", NEW);
+    host_told(&mut hosts[1], "gateway B (not told, following the image)", NEW);
+    assert_eq!(size_of(gateways[1].0), Some(NEW), "gateway B's status");
     let e = ctl_err(gateways[0].0, &["volume_resize", r#"{"name": "v", "size": "32M"}"#]);
     assert!(e.contains("not shrunk"), "{e}");
     assert_eq!((rbd_size(), size_of(gateways[0].0)), (Some(NEW), Some(NEW)), "a refused shrink changed something");
@@ -221,6 +229,45 @@ fn grow_through_both_gateways(ceph: &Ceph, image: &str, gateways: [(&std::path::
     assert_eq!(via_a.len() as u64, NEW, "gateway A's LUN is not the grown size");
     assert!(via_a == exported, "gateway A reads other data than the image has after B wrote its new end");
     assert!(via_a[(80 << 20)..].iter().any(|&b| b != 0), "nothing of B's write past the old end");
+}
+
+/// Resizes neither gateway was told of: `rbd resize` from Ceph's CLI grows
+/// the image to 128 MiB, then shrinks it (`--allow-shrink`) to 112 MiB.
+/// Each gateway follows by itself (status, its NVMe host told, the new
+/// `size=` in its configuration file); after the shrink a request past the
+/// new end is refused and the gateway says why in its log. Removing the
+/// volume from B ends B's update watch: none left in the process, and a
+/// later resize, which A follows, reaches nothing of B's.
+fn follow_resizes_made_elsewhere(ceph: &Ceph, image: &str, gateways: [(&std::path::Path, u16, &common::TempDir); 2], b: &common::Serve) {
+    let mut hosts: Vec<RawNvme> = gateways.iter().map(|(_, np, _)| admin_waiting_for_events(*np, NQN)).collect();
+    let followed = |hosts: &mut [RawNvme], size: u64, spelled: &str| {
+        for (i, (sock, _, dir)) in gateways.iter().enumerate() {
+            let who = format!("gateway {} after rbd resize to {spelled}", ["A", "B"][i]);
+            host_told(&mut hosts[i], &who, size);
+            assert_eq!(size_of(sock), Some(size), "{who}: status");
+            let saved = std::fs::read_to_string(dir.path().join("serve.toml")).expect("read serve.toml");
+            assert!(saved.contains(&format!(",size={spelled}")), "{who}: serve.toml does not have the new size:\n{saved}");
+        }
+    };
+    let rbd_resize = |size: &str, extra: &[&str]| ceph.rbd(&[&["resize", "--no-progress", "--size", size], extra, &[&format!("rbd/{image}")]].concat());
+
+    rbd_resize("128M", &[]);
+    followed(&mut hosts, 128 << 20, "128M");
+    rbd_resize("112M", &["--allow-shrink"]);
+    followed(&mut hosts, 112 << 20, "112M");
+    assert!(b.log_text().contains("shrank from 134217728 to 117440512 bytes outside this gateway"), "gateway B did not log the shrink:\n{}", b.log_text());
+    let past_end = common::blockwire(None, &["verify", &format!("nvme+tcp://127.0.0.1:{}/{NQN}/1", gateways[1].1), "--size", "1M", "--offset", "112M"]);
+    let err = String::from_utf8_lossy(&past_end.stderr);
+    assert!(!past_end.status.success() && err.contains("range"), "a write past the shrunk end through B: {}\n{err}", past_end.status);
+
+    let (sock_b, sock_a) = (gateways[1].0, gateways[0].0);
+    assert_eq!((status(sock_b)["volumes"][0]["size_watched"].as_bool(), status(sock_b)["rbd_update_watches"].as_u64()), (Some(true), Some(1)));
+    ctl(sock_b, &["volume_remove", r#"{"name": "v", "force": true}"#]);
+    assert_eq!(status(sock_b)["rbd_update_watches"].as_u64(), Some(0), "B's update watch outlived its volume");
+    rbd_resize("120M", &[]);
+    host_told(&mut hosts[0], "gateway A after rbd resize to 120M", 120 << 20);
+    assert_eq!(size_of(sock_a), Some(120 << 20));
+    assert!(!b.log_text().contains("size watch that has ended"), "B heard of the image after its volume was removed:\n{}", b.log_text());
 }
 
 /// The backend itself, without a front-end: size= creates an image and must
@@ -366,6 +413,42 @@ fn rbd_backend_creates_sizes_flushes_discards_and_zeroes() {
         std::fs::read(&export).expect("export") == back,
         "rbd export differs from what the backend reads"
     );
+    // Update watches: another client's resize (`rbd resize`) calls each
+    // back on librbd's thread, and size_now reads the new size; an ended
+    // watch is never called again. librbd calls its watchers in the order
+    // they were made, on one thread, so once the second has heard of the
+    // next resize the ended first one would have too.
+    let (wtx, wrx) = std::sync::mpsc::channel();
+    let watch = |k: u8| {
+        let t = wtx.clone();
+        dev.watch_size(Box::new(move || t.send(k).expect("send"))).expect("rbd_update_watch").expect("rbd volumes have update watches")
+    };
+    let (first, second) = (watch(1), watch(2));
+    let heard = |who: u8| loop {
+        match wrx.recv_timeout(Duration::from_secs(60)) {
+            Ok(k) if k == who => break,
+            Ok(_) => {}
+            Err(e) => panic!("update watch {who} heard nothing of rbd resize: {e}"),
+        }
+    };
+    ceph.rbd(&["resize", "--no-progress", "--size", "14M", &format!("rbd/{image}")]);
+    heard(1);
+    heard(2);
+    assert_eq!(dev.size_now().expect("size_now"), 14 << 20, "size_now after rbd resize");
+    dev.unwatch_size(first);
+    let _ = wrx.try_iter().count();
+    ceph.rbd(&["resize", "--no-progress", "--size", "16M", &format!("rbd/{image}")]);
+    loop {
+        match wrx.recv_timeout(Duration::from_secs(60)) {
+            Ok(2) => break,
+            Ok(k) => panic!("update watch {k} was called after it ended"),
+            Err(e) => panic!("update watch 2 heard nothing of the second rbd resize: {e}"),
+        }
+    }
+    // librbd refreshes the image at the first call after a header update:
+    // here, not under the writes left in flight at the drop below.
+    assert_eq!(dev.size_now().expect("size_now"), 16 << 20, "size_now after the second rbd resize");
+    dev.unwatch_size(second);
     // Dropped with requests in flight: rbd_close waits for them, so every
     // callback has run (and none runs on a closed image) once drop returns.
     let (tx, rx) = std::sync::mpsc::channel();
