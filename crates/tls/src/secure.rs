@@ -75,6 +75,11 @@ impl RecordReader {
     /// closed, by close_notify or the end of the stream), or `WouldBlock`
     /// when no whole record came. At most [`READ_WINDOW`] bytes of
     /// records are read and held at a time.
+    ///
+    /// The records are read straight into `plain`'s room and opened where
+    /// they lie, each one's content moved onto the end of the one before
+    /// by the decryption itself ([`Opener::open_within`]): the only copy
+    /// is of a record that came in part, set aside until its rest comes.
     pub fn fill(&mut self, sock: &impl TryRead, plain: &mut BytesMut) -> io::Result<usize> {
         let start = plain.len();
         loop {
@@ -82,8 +87,17 @@ impl RecordReader {
                 return Ok(plain.len() - start);
             }
             let room = READ_WINDOW.saturating_sub(self.pending.len()).max(HEADER_LEN);
-            self.pending.reserve(room);
-            match sock.try_read_into(&mut (&mut self.pending).limit(room)) {
+            let opened = plain.len();
+            plain.reserve(self.pending.len() + room);
+            plain.extend_from_slice(&self.pending);
+            self.pending.clear();
+            let r = sock.try_read_into(&mut (&mut *plain).limit(room));
+            if !matches!(r, Ok(n) if n > 0) {
+                // Nothing new: what was set aside goes back aside.
+                self.pending.extend_from_slice(&plain[opened..]);
+                plain.truncate(opened);
+            }
+            match r {
                 Ok(0) => {
                     if !self.pending.is_empty() {
                         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended inside a TLS record"));
@@ -92,7 +106,13 @@ impl RecordReader {
                     return Ok(plain.len() - start);
                 }
                 Ok(_) => {
-                    self.closed = open_records(&mut self.opener, &mut self.pending, plain).map_err(io::Error::other)?;
+                    let (content, unopened, closed) = open_in_place(&mut self.opener, plain, opened).map_err(io::Error::other)?;
+                    self.closed = closed;
+                    // A record not yet whole waits aside (at most one).
+                    if !closed {
+                        self.pending.extend_from_slice(&plain[unopened..]);
+                    }
+                    plain.truncate(content);
                     // One read's worth at a time: the caller bounds what it holds.
                     if plain.len() > start {
                         return Ok(plain.len() - start);
@@ -132,6 +152,23 @@ fn open_records(opener: &mut Opener, input: &mut BytesMut, plain: &mut BytesMut)
         }
     }
     Ok(false)
+}
+
+/// Open the whole records in `buf[from..]` where they lie, their
+/// content gathered from `buf[from]` on: where the content ends and where
+/// the first record not opened starts (`buf` is left as is past the
+/// content), and whether a close_notify came (nothing after it is opened).
+fn open_in_place(opener: &mut Opener, buf: &mut [u8], from: usize) -> Result<(usize, usize, bool), RecordError> {
+    let (mut to, mut at) = (from, from);
+    while let Some((n, what)) = opener.open_within(buf, to, at)? {
+        at += n;
+        match what {
+            Opened::Data(len) => to += len,
+            Opened::Ticket => {}
+            Opened::Closed => return Ok((to, at, true)),
+        }
+    }
+    Ok((to, at, false))
 }
 
 /// A connection after its handshake.
