@@ -124,10 +124,13 @@ pub async fn serve(
     let mut reader = FrameReader::with_capacity(256 * 1024);
     if let Some(s) = super::tls::start(&stream, tls, c.link.fabric.tls_keys.clone(), c.link.fabric.tls_records, peer, local, deadline, &mut reader, &mut c.t.out).await? {
         if s.layer == bw_tls::RecordLayer::User {
-            // Our records are encrypted from the send buffer: reads are
-            // copied there, never sent from a mapping or by sendfile.
+            // Our records are filled from the volume's file: every read
+            // of a volume that has one (whatever its size) is queued as a
+            // file payload that the outbox preads straight into the
+            // records it seals in place (one copy; through the send buffer
+            // it was two), never from a mapping (SIGBUS, see the outbox).
             c.t.knobs.mapped_reads = false;
-            c.t.knobs.zero_copy_min = usize::MAX;
+            c.t.knobs.zero_copy_min = 0;
         }
         let guard = metrics::global().tls_connection(s.layer);
         c.t.tls = Some((s, guard));
