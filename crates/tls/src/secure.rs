@@ -124,6 +124,62 @@ impl RecordReader {
         }
     }
 
+    /// Like [`RecordReader::fill`], for a payload whose place is known
+    /// (a C2HData's in its command's buffer): records are read straight
+    /// into `dst` and opened there, where their content belongs, so the
+    /// payload is never copied in user space. A record that cannot lie
+    /// whole in `dst` (the payload's last, shared with the next PDU's
+    /// header) is opened into `spill` as `fill` does and its share copied
+    /// into `dst`; what follows the payload stays in `spill`. The bytes
+    /// written to `dst` (at most its length; 0: the peer closed), or
+    /// `WouldBlock`.
+    pub fn fill_direct(&mut self, sock: &impl TryRead, dst: &mut [u8], spill: &mut BytesMut) -> io::Result<usize> {
+        let need = match Header::parse(&self.pending).map_err(io::Error::other)? {
+            Some(h) => h.total(),
+            None => HEADER_LEN + MAX_CIPHERTEXT,
+        };
+        if !spill.is_empty() || dst.len() < need.max(self.pending.len()) {
+            if spill.is_empty() {
+                self.fill(sock, spill)?;
+            }
+            let n = spill.len().min(dst.len());
+            dst[..n].copy_from_slice(&spill[..n]);
+            spill.advance(n);
+            return Ok(n);
+        }
+        loop {
+            if self.closed {
+                return Ok(0);
+            }
+            let held = self.pending.len();
+            dst[..held].copy_from_slice(&self.pending);
+            self.pending.clear();
+            let r = sock.try_read_into(&mut &mut dst[held..]);
+            let got = match r {
+                Ok(n) => held + n,
+                Err(_) => held,
+            };
+            if let Ok(0) = r {
+                self.pending.extend_from_slice(&dst[..held]);
+                if held > 0 {
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended inside a TLS record"));
+                }
+                self.closed = true;
+                return Ok(0);
+            }
+            let (content, unopened, closed) = open_in_place(&mut self.opener, &mut dst[..got], 0).map_err(io::Error::other)?;
+            self.closed = closed;
+            if !closed {
+                self.pending.extend_from_slice(&dst[unopened..got]);
+            }
+            match r {
+                _ if content > 0 || closed => return Ok(content),
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Ciphertext held for a record not yet whole (for a receive budget).
     pub fn pending(&self) -> usize {
         self.pending.len()
@@ -390,6 +446,67 @@ mod tests {
         let n = r.fill(&s, &mut plain).unwrap();
         assert_eq!(n, 4 * crate::record::MAX_PLAINTEXT, "one fill opened {} records", n / crate::record::MAX_PLAINTEXT);
         assert!(r.pending() < HEADER_LEN + MAX_CIPHERTEXT);
+    }
+
+    /// A payload whose place is known is opened straight into it, the
+    /// records wholly inside it where they lie, the one it shares with
+    /// the next PDU through the spill buffer: the payload whole and in
+    /// place, the next PDU's bytes left in the spill buffer, however the
+    /// records arrive (here in pieces of every size).
+    #[tokio::test]
+    async fn a_payload_is_opened_in_its_place() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let keys = crate::record::Keys::from_secret(Suite::Aes128GcmSha256, &[5u8; 32]);
+        let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 239) as u8).collect();
+        let mut sealer = Sealer::new(&keys);
+        let mut wire = Vec::new();
+        sealer.seal_run(&[&[1; 24], &payload, &[2; 24]], &mut wire);
+        let writer = tokio::spawn(async move {
+            for (i, piece) in wire.chunks(7001).enumerate() {
+                send_all(&c, piece).await.unwrap();
+                if i % 3 == 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+            c
+        });
+        let mut r = RecordReader { opener: Opener::new(&keys, false), pending: BytesMut::new(), closed: false };
+        let mut head = BytesMut::new();
+        // The PDU header first, as the queue reads it.
+        while head.len() < 24 {
+            s.readable().await.unwrap();
+            let _ = r.fill(&s, &mut head);
+        }
+        assert_eq!(&head[..24], &[1; 24]);
+        head.advance(24);
+        let mut dst = vec![0u8; payload.len()];
+        let have = head.len().min(dst.len());
+        dst[..have].copy_from_slice(&head.split_to(have));
+        let mut spill = BytesMut::new();
+        let (mut at, mut direct) = (have, 0);
+        while at < dst.len() {
+            s.readable().await.unwrap();
+            match r.fill_direct(&s, &mut dst[at..], &mut spill) {
+                Ok(n) => {
+                    assert!(n > 0, "closed early");
+                    at += n;
+                    // Opened in place: the spill buffer never had room made.
+                    direct += usize::from(spill.capacity() == 0);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(dst == payload, "the payload is not whole in its place");
+        let _c = writer.await.unwrap();
+        while spill.len() < 24 {
+            s.readable().await.unwrap();
+            let _ = r.fill(&s, &mut spill);
+        }
+        assert_eq!(&spill[..], &[2; 24], "the next PDU's bytes");
+        assert!(direct > 0, "no record was opened in place");
     }
 
     /// kTLS as asked: the kernel's where it has TLS (the kernel VM), a
