@@ -14,11 +14,11 @@
 //! On an NVMe/TCP connection over TLS whose records are ours (not the
 //! kernel's), what is queued goes through a [`Sealer`] on its way out:
 //! each record is filled where it is sealed, several PDUs to a record (up
-//! to 16 KiB), the byte buffers' headers copied in and file payloads read
-//! into it with pread, then encrypted in place, and only the records are
-//! written. Such a connection queues no mapped payloads: a mapping is
-//! never read in user space (a file shrunk under it would raise SIGBUS;
-//! pread fails cleanly instead).
+//! to 16 KiB), the byte buffers' headers copied in, file payloads read
+//! into it with pread and mapped payloads copied from the mapping with
+//! `MappedBytes::copy_into` (never a plain read of the mapping: a file
+//! shrunk under it would raise SIGBUS; that copy fails like a system call
+//! instead), then encrypted in place; only the records are written.
 
 use bw_block::{MappedBytes, Volume};
 use bw_tls::record::{ContentType, Sealer, HEADER_LEN, MAX_PLAINTEXT, TAG_LEN};
@@ -214,8 +214,10 @@ impl Outbox {
 
     /// Queue bytes of a volume's mapped backing file
     /// ([`bw_block::Volume::mapped_read`]).
+    /// Over user-space TLS they are copied into the records with
+    /// [`MappedBytes::copy_into`] (the front-end queues them only where it
+    /// can copy).
     pub fn push_mapped(&mut self, bytes: MappedBytes) {
-        debug_assert!(self.tls.is_none(), "a mapped payload on a user-space TLS connection");
         if !bytes.is_empty() {
             self.push_seg(Seg::Mapped { bytes, pos: 0 });
         }
@@ -323,8 +325,6 @@ impl Outbox {
             }
             self.seal(SEAL_AHEAD)?;
             if self.tls.as_ref().is_some_and(|t| t.records.is_empty()) {
-                // Nothing that can be sealed (never: only buffers and file
-                // payloads are queued under TLS).
                 return Ok(());
             }
         }
@@ -333,11 +333,12 @@ impl Outbox {
     /// Encrypt what is queued into records until about `limit` bytes of
     /// plaintext went in or nothing is left. A record is filled where it
     /// will be sealed ([`Sealer::begin`]): PDU headers (and reads copied
-    /// into the buffer) are copied in, a file payload is read straight
-    /// into it with pread, and the record is encrypted in place: a read's
-    /// bytes are copied once in user space, by the read. An error: a
-    /// payload's file could not be read (the connection cannot go on,
-    /// as when sendfile fails).
+    /// into the buffer) are copied in, a payload is copied into it from
+    /// the volume's mapping (small reads: no system call) or read into it
+    /// with pread (file payloads, large reads), and the record is
+    /// encrypted in place: a read's bytes are copied once in user space.
+    /// An error: a payload could not be read (the connection cannot go
+    /// on, as when sendfile fails).
     fn seal(&mut self, limit: usize) -> io::Result<()> {
         let Some(mut t) = self.tls.take() else { return Ok(()) };
         let r = self.seal_into(&mut t, limit);
@@ -348,12 +349,11 @@ impl Outbox {
     fn seal_into(&mut self, t: &mut Tls, limit: usize) -> io::Result<()> {
         let mut sealed = 0;
         while sealed < limit {
-            // Spent buffers off the front; only buffers and file payloads
-            // can be sealed (no mapped payload is queued under TLS).
+            // Spent buffers off the front.
             while matches!(self.segs.front(), Some(Seg::Buf { data, pos }) if *pos == data.len()) {
                 self.pop_front();
             }
-            if !matches!(self.segs.front(), Some(Seg::Buf { .. } | Seg::File { .. })) {
+            if self.segs.is_empty() {
                 return Ok(());
             }
             t.records.reserve(HEADER_LEN + MAX_PLAINTEXT + 1 + TAG_LEN);
@@ -388,7 +388,21 @@ impl Outbox {
                             self.pop_front();
                         }
                     }
-                    _ => break,
+                    Some(Seg::Mapped { bytes, pos }) => {
+                        let take = (bytes.len() - *pos).min(MAX_PLAINTEXT - n);
+                        let copied = bytes.copy_into(*pos, take, &mut t.records).unwrap_or_else(|| Err(io::Error::other("no fault-safe copy from a mapping on this machine")));
+                        if let Err(e) = copied {
+                            bytes.volume().note_error();
+                            Sealer::abandon(&mut t.records, record);
+                            return Err(io::Error::other(format!("a volume's backing file shrank under its mapping (truncated by someone else?): {e}")));
+                        }
+                        *pos += take;
+                        n += take;
+                        if *pos == bytes.len() {
+                            self.pop_front();
+                        }
+                    }
+                    None => break,
                 }
             }
             t.sealer.finish(ContentType::ApplicationData, &mut t.records, record);
@@ -663,13 +677,13 @@ mod tests {
         });
     }
 
-    /// User-space TLS: reads queued as file payloads between PDU headers
-    /// are read into the records themselves and come out whole and in
+    /// User-space TLS: reads queued as file or mapped payloads between PDU
+    /// headers are read or copied into the records themselves and come out whole and in
     /// order, records full across the headers' and payloads' boundaries;
     /// a payload whose file cannot be read breaks the stream with an
     /// error (as sendfile's would) and sends nothing of its record.
     #[test]
-    fn tls_file_payloads_are_read_into_the_records() {
+    fn tls_payloads_are_read_into_the_records() {
         use bw_tls::record::{Keys, Opener};
         use bw_tls::Suite;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -693,7 +707,8 @@ mod tests {
                 let head = [i as u8 + 1; 24];
                 out.buf_mut().extend_from_slice(&head);
                 want.extend_from_slice(&head);
-                let p = Payload::of(&vol, off, len, true, false).unwrap().expect("a RAM volume has a file");
+                // File payloads (pread) and mapped ones (copied) in turn.
+                let p = Payload::of(&vol, off, len, i % 2 == 0, i % 2 == 1).unwrap().expect("a RAM volume has a file and a mapping");
                 out.push_payload(&p, 0, len);
                 want.extend_from_slice(&data[off as usize..][..len]);
             }
