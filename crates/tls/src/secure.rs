@@ -425,19 +425,26 @@ mod tests {
         assert_eq!(&server.await.unwrap()[..], &data[..]);
     }
 
+    /// A connected pair over loopback (sender, receiver), keys from
+    /// `seed`, and a record reader of them.
+    async fn records_over_loopback(seed: u8) -> (TcpStream, TcpStream, crate::record::Keys, RecordReader) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let keys = crate::record::Keys::from_secret(Suite::Aes128GcmSha256, &[seed; 32]);
+        let r = RecordReader { opener: Opener::new(&keys, false), pending: BytesMut::new(), closed: false };
+        (c, s, keys, r)
+    }
+
     /// One fill takes the records waiting on the socket up to
     /// [`READ_WINDOW`] (four whole records), not one a read.
     #[tokio::test]
     async fn one_fill_opens_several_records() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let (s, _) = l.accept().await.unwrap();
-        let keys = crate::record::Keys::from_secret(Suite::Aes128GcmSha256, &[9u8; 32]);
+        let (c, s, keys, mut r) = records_over_loopback(9).await;
         let mut sealer = Sealer::new(&keys);
         let mut wire = Vec::new();
         sealer.seal_all(&vec![7u8; 6 * crate::record::MAX_PLAINTEXT], &mut wire);
         send_all(&c, &wire).await.unwrap();
-        let mut r = RecordReader { opener: Opener::new(&keys, false), pending: BytesMut::new(), closed: false };
         // Wait until all of it is there.
         while s.peek(&mut vec![0u8; wire.len()]).await.unwrap() < wire.len() {
             tokio::task::yield_now().await;
@@ -455,10 +462,7 @@ mod tests {
     /// records arrive (here in pieces of every size).
     #[tokio::test]
     async fn a_payload_is_opened_in_its_place() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let (s, _) = l.accept().await.unwrap();
-        let keys = crate::record::Keys::from_secret(Suite::Aes128GcmSha256, &[5u8; 32]);
+        let (c, s, keys, mut r) = records_over_loopback(5).await;
         let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 239) as u8).collect();
         let mut sealer = Sealer::new(&keys);
         let mut wire = Vec::new();
@@ -472,7 +476,6 @@ mod tests {
             }
             c
         });
-        let mut r = RecordReader { opener: Opener::new(&keys, false), pending: BytesMut::new(), closed: false };
         let mut head = BytesMut::new();
         // The PDU header first, as the queue reads it.
         while head.len() < 24 {
