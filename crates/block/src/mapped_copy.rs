@@ -114,11 +114,24 @@ mod imp {
     /// it other than SIGBUS is not caught) that nothing else reads as Rust
     /// memory.
     pub unsafe fn copy(dst: *mut u8, src: &[u8]) -> Option<std::io::Result<()>> {
+        // SAFETY: the caller's contract.
+        unsafe { copy_raw(dst, src.as_ptr(), src.len()) }
+    }
+
+    /// Copy `len` bytes from `src` to `dst`, either of which may be in a
+    /// mapping (a read of a truncated file's mapping faults alike);
+    /// `None` if this cannot copy safely here.
+    ///
+    /// # Safety
+    /// Both must be valid for `len` bytes but for SIGBUS (a fault other
+    /// than SIGBUS is not caught), and `dst` must not be read as Rust
+    /// memory while the copy runs.
+    pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) -> Option<std::io::Result<()>> {
         if !installed() {
             return None;
         }
         // SAFETY: the caller's contract; the handler turns SIGBUS into 1.
-        let r = unsafe { bw_mapped_copy(dst, src.as_ptr(), src.len()) };
+        let r = unsafe { bw_mapped_copy(dst, src, len) };
         Some(if r == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(libc::EFAULT)) })
     }
 }
@@ -129,9 +142,12 @@ mod imp {
     pub unsafe fn copy(_dst: *mut u8, _src: &[u8]) -> Option<std::io::Result<()>> {
         None
     }
+    pub unsafe fn copy_raw(_dst: *mut u8, _src: *const u8, _len: usize) -> Option<std::io::Result<()>> {
+        None
+    }
 }
 
-pub(crate) use imp::copy;
+pub(crate) use imp::{copy, copy_raw};
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {

@@ -232,6 +232,36 @@ impl MappedBytes {
         MappedBytes { vol: self.vol.clone(), ptr: unsafe { self.ptr.add(start) }, len }
     }
 
+    /// Append `len` bytes from `skip` on to `out`, copied in user space
+    /// with the copy that fails like a system call where the page is
+    /// gone (`mapped_copy`: the file truncated under the mapping fails
+    /// this copy with EFAULT, and never raises SIGBUS in the process):
+    /// for a caller that needs the bytes in its own memory (user-space
+    /// TLS seals them there) without a `pread`'s system call and page
+    /// cache lookup. `None`: this machine has no such copy (a caller
+    /// reads the file instead); on an error `out` is as it was.
+    pub fn copy_into(&self, skip: usize, len: usize, out: &mut Vec<u8>) -> Option<std::io::Result<()>> {
+        assert!(skip.checked_add(len).is_some_and(|e| e <= self.len), "{skip}+{len} of {} mapped bytes", self.len);
+        out.reserve(len);
+        let start = out.len();
+        // SAFETY: the source is within the mapped range (asserted), which
+        // the volume keeps mapped; the destination is `out`'s spare room,
+        // `len` bytes reserved, not read until the copy is over.
+        let r = unsafe { crate::mapped_copy::copy_raw(out.as_mut_ptr().add(start), self.ptr.add(skip), len) }?;
+        if r.is_ok() {
+            // SAFETY: the copy wrote all `len` bytes.
+            unsafe { out.set_len(start + len) };
+        }
+        Some(r)
+    }
+
+    /// Whether [`MappedBytes::copy_into`] can copy on this machine.
+    pub fn can_copy() -> bool {
+        let mut probe = Vec::new();
+        // SAFETY: a zero-byte copy reads and writes nothing.
+        unsafe { crate::mapped_copy::copy_raw(probe.as_mut_ptr(), [0u8; 1].as_ptr(), 0) }.is_some()
+    }
+
     /// The volume the bytes are of (to count an error the copy met).
     pub fn volume(&self) -> &Volume {
         &self.vol

@@ -12,15 +12,16 @@
 //! leaves the rest for the next writable event; [`Outbox::drain`] waits.
 //!
 //! On an NVMe/TCP connection over TLS whose records are ours (not the
-//! kernel's), what is queued goes through a [`Sealer`] on its way out: the
-//! byte buffers are encrypted straight into records (several PDUs to a
-//! record, up to 16 KiB), and only the records are written. Such a
-//! connection queues no file or mapped payloads: a mapping is never read
-//! in user space (a file shrunk under it would raise SIGBUS), so its reads
-//! are copied into the buffer, and the encryption reads them from there.
+//! kernel's), what is queued goes through a [`Sealer`] on its way out:
+//! each record is filled where it is sealed, several PDUs to a record (up
+//! to 16 KiB), the byte buffers' headers copied in, file payloads read
+//! into it with pread and mapped payloads copied from the mapping with
+//! `MappedBytes::copy_into` (never a plain read of the mapping: a file
+//! shrunk under it would raise SIGBUS; that copy fails like a system call
+//! instead), then encrypted in place; only the records are written.
 
 use bw_block::{MappedBytes, Volume};
-use bw_tls::record::{ContentType, Sealer, MAX_PLAINTEXT};
+use bw_tls::record::{ContentType, Sealer, HEADER_LEN, MAX_PLAINTEXT, TAG_LEN};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -105,6 +106,33 @@ struct Tls {
     sent: usize,
 }
 
+/// Append `len` bytes of the file `fd` at `off` to `b`, read with pread
+/// straight into its spare room (nothing zeroed first). On an error `b`
+/// is as it was.
+fn pread_append(b: &mut Vec<u8>, fd: RawFd, off: u64, len: usize) -> io::Result<()> {
+    let start = b.len();
+    b.reserve(len);
+    let mut done = 0;
+    while done < len {
+        // SAFETY: `reserve` made room for `len` bytes after `start`;
+        // pread writes at most `len - done` bytes from `start + done`.
+        let n = unsafe { libc::pread(fd, b.as_mut_ptr().add(start + done).cast(), len - done, (off + done as u64) as libc::off_t) };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "backing file ended before the volume's size")),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    // SAFETY: pread wrote all `len` bytes after `start`.
+    unsafe { b.set_len(start + len) };
+    Ok(())
+}
+
 impl Outbox {
     /// What is queued from now on goes out through `sealer`'s records.
     pub fn set_tls(&mut self, sealer: Sealer) {
@@ -139,7 +167,10 @@ impl Outbox {
         if self.tls.is_none() {
             return;
         }
-        self.seal(usize::MAX);
+        if self.seal(usize::MAX).is_err() {
+            // A payload could not be read: the stream is broken anyway.
+            return;
+        }
         if let Some(t) = &mut self.tls {
             let Tls { sealer, records, .. } = t;
             sealer.close_notify(records);
@@ -166,8 +197,8 @@ impl Outbox {
     }
 
     /// Queue `len` bytes of `vol`'s backing file `fd` at `off`.
+    /// Over user-space TLS the records are filled from the file with pread.
     pub fn push_file(&mut self, vol: Volume, fd: RawFd, off: u64, len: usize) {
-        debug_assert!(self.tls.is_none(), "a file payload on a user-space TLS connection");
         if len > 0 {
             self.push_seg(Seg::File { _vol: vol, fd, off, left: len });
         }
@@ -183,8 +214,10 @@ impl Outbox {
 
     /// Queue bytes of a volume's mapped backing file
     /// ([`bw_block::Volume::mapped_read`]).
+    /// Over user-space TLS they are copied into the records with
+    /// [`MappedBytes::copy_into`] (the front-end queues them only where it
+    /// can copy).
     pub fn push_mapped(&mut self, bytes: MappedBytes) {
-        debug_assert!(self.tls.is_none(), "a mapped payload on a user-space TLS connection");
         if !bytes.is_empty() {
             self.push_seg(Seg::Mapped { bytes, pos: 0 });
         }
@@ -199,32 +232,12 @@ impl Outbox {
         // (under user-space TLS, where every read is copied, the memset was
         // a tenth of the target's CPU on 1 MiB reads).
         if let Some(fd) = vol.zero_copy_read(off, len as u64)? {
-            let fd = fd.as_raw_fd();
             let b = self.buf_mut();
             let start = b.len();
-            b.reserve(len);
-            let mut done = 0;
-            while done < len {
-                // SAFETY: `reserve` made room for `len` bytes after `start`;
-                // pread writes at most `len - done` bytes from `start + done`.
-                let n = unsafe { libc::pread(fd, b.as_mut_ptr().add(start + done).cast(), len - done, (off + done as u64) as libc::off_t) };
-                match n {
-                    n if n > 0 => done += n as usize,
-                    0 => {
-                        vol.note_error();
-                        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "backing file ended before the volume's size").into());
-                    }
-                    _ => {
-                        let e = io::Error::last_os_error();
-                        if e.kind() != io::ErrorKind::Interrupted {
-                            vol.note_error();
-                            return Err(e.into());
-                        }
-                    }
-                }
+            if let Err(e) = pread_append(b, fd.as_raw_fd(), off, len) {
+                vol.note_error();
+                return Err(e.into());
             }
-            // SAFETY: pread wrote all `len` bytes after `start`.
-            unsafe { b.set_len(start + len) };
             return Ok(start);
         }
         let b = self.buf_mut();
@@ -310,60 +323,92 @@ impl Outbox {
             if self.segs.is_empty() {
                 return Ok(());
             }
-            self.seal(SEAL_AHEAD);
+            self.seal(SEAL_AHEAD)?;
+            if self.tls.as_ref().is_some_and(|t| t.records.is_empty()) {
+                return Ok(());
+            }
         }
     }
 
-    /// Encrypt queued byte buffers into records until about `limit` bytes
-    /// of plaintext went in or nothing is left; each record gathers the
-    /// pieces of as many buffers as fit.
-    fn seal(&mut self, limit: usize) {
-        let Some(mut t) = self.tls.take() else { return };
+    /// Encrypt what is queued into records until about `limit` bytes of
+    /// plaintext went in or nothing is left. A record is filled where it
+    /// will be sealed ([`Sealer::begin`]): PDU headers (and reads copied
+    /// into the buffer) are copied in, a payload is copied into it from
+    /// the volume's mapping (small reads: no system call) or read into it
+    /// with pread (file payloads, large reads), and the record is
+    /// encrypted in place: a read's bytes are copied once in user space.
+    /// An error: a payload could not be read (the connection cannot go
+    /// on, as when sendfile fails).
+    fn seal(&mut self, limit: usize) -> io::Result<()> {
+        let Some(mut t) = self.tls.take() else { return Ok(()) };
+        let r = self.seal_into(&mut t, limit);
+        self.tls = Some(t);
+        r
+    }
+
+    fn seal_into(&mut self, t: &mut Tls, limit: usize) -> io::Result<()> {
         let mut sealed = 0;
         while sealed < limit {
-            // The pieces of one record: the fronts of the buffers queued
-            // (no allocation per record).
-            let mut pieces: [&[u8]; 16] = [&[]; 16];
-            let (mut n, mut k) = (0, 0);
-            for seg in self.segs.iter() {
-                let Seg::Buf { data, pos } = seg else { break };
-                let take = (data.len() - pos).min(MAX_PLAINTEXT - n);
-                if take > 0 {
-                    pieces[k] = &data[*pos..*pos + take];
-                    n += take;
-                    k += 1;
-                }
-                if n == MAX_PLAINTEXT || k == pieces.len() {
-                    break;
-                }
+            // Spent buffers off the front.
+            while matches!(self.segs.front(), Some(Seg::Buf { data, pos }) if *pos == data.len()) {
+                self.pop_front();
             }
-            let pieces = &pieces[..k];
-            if n == 0 {
-                // Only empty buffers (or, wrongly, a payload that cannot be
-                // read here) left.
-                while matches!(self.segs.front(), Some(Seg::Buf { data, pos }) if *pos == data.len()) {
-                    self.pop_front();
-                }
-                break;
+            if self.segs.is_empty() {
+                return Ok(());
             }
-            t.sealer.seal(ContentType::ApplicationData, pieces, &mut t.records);
-            sealed += n;
-            let mut left = n;
-            while left > 0 {
+            t.records.reserve(HEADER_LEN + MAX_PLAINTEXT + 1 + TAG_LEN);
+            let record = Sealer::begin(&mut t.records);
+            let mut n = 0;
+            while n < MAX_PLAINTEXT {
                 let behind = self.segs.len() > 1;
-                let Some(Seg::Buf { data, pos }) = self.segs.front_mut() else { break };
-                let here = (data.len() - *pos).min(left);
-                *pos += here;
-                left -= here;
-                if behind {
-                    self.sealed -= here;
-                }
-                if *pos == data.len() {
-                    self.pop_front();
+                match self.segs.front_mut() {
+                    Some(Seg::Buf { data, pos }) => {
+                        let take = (data.len() - *pos).min(MAX_PLAINTEXT - n);
+                        t.records.extend_from_slice(&data[*pos..*pos + take]);
+                        *pos += take;
+                        n += take;
+                        if behind {
+                            self.sealed -= take;
+                        }
+                        if *pos == data.len() {
+                            self.pop_front();
+                        }
+                    }
+                    Some(Seg::File { _vol, fd, off, left }) => {
+                        let take = (*left).min(MAX_PLAINTEXT - n);
+                        if let Err(e) = pread_append(&mut t.records, *fd, *off, take) {
+                            _vol.note_error();
+                            Sealer::abandon(&mut t.records, record);
+                            return Err(e);
+                        }
+                        *off += take as u64;
+                        *left -= take;
+                        n += take;
+                        if *left == 0 {
+                            self.pop_front();
+                        }
+                    }
+                    Some(Seg::Mapped { bytes, pos }) => {
+                        let take = (bytes.len() - *pos).min(MAX_PLAINTEXT - n);
+                        let copied = bytes.copy_into(*pos, take, &mut t.records).unwrap_or_else(|| Err(io::Error::other("no fault-safe copy from a mapping on this machine")));
+                        if let Err(e) = copied {
+                            bytes.volume().note_error();
+                            Sealer::abandon(&mut t.records, record);
+                            return Err(io::Error::other(format!("a volume's backing file shrank under its mapping (truncated by someone else?): {e}")));
+                        }
+                        *pos += take;
+                        n += take;
+                        if *pos == bytes.len() {
+                            self.pop_front();
+                        }
+                    }
+                    None => break,
                 }
             }
+            t.sealer.finish(ContentType::ApplicationData, &mut t.records, record);
+            sealed += n;
         }
-        self.tls = Some(t);
+        Ok(())
     }
 
     /// Send everything, waiting for the socket as needed.
@@ -629,6 +674,64 @@ mod tests {
             let mut want = big;
             want.extend_from_slice(b"next pdu");
             assert!(at == wire.len() && got[..] == want[..]);
+        });
+    }
+
+    /// User-space TLS: reads queued as file or mapped payloads between PDU
+    /// headers are read or copied into the records themselves and come out whole and in
+    /// order, records full across the headers' and payloads' boundaries;
+    /// a payload whose file cannot be read breaks the stream with an
+    /// error (as sendfile's would) and sends nothing of its record.
+    #[test]
+    fn tls_payloads_are_read_into_the_records() {
+        use bw_tls::record::{Keys, Opener};
+        use bw_tls::Suite;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let keys = || Keys::from_secret(Suite::Aes128GcmSha256, &[4u8; 32]);
+            let vol = Volume::open("o", &BackendSpec::ram(4 << 20)).unwrap();
+            let data: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
+            vol.write_at(&data, 0).unwrap();
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let sock = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let (mut peer, _) = listener.accept().unwrap();
+            let reader = std::thread::spawn(move || {
+                let mut wire = Vec::new();
+                peer.read_to_end(&mut wire).unwrap();
+                wire
+            });
+            let mut out = Outbox::default();
+            out.set_tls(Sealer::new(&keys()));
+            let mut want = Vec::new();
+            for (i, (off, len)) in [(0u64, 4096usize), (8192, 1 << 20), (100, 5), ((3 << 20) + 1, 70_000)].into_iter().enumerate() {
+                let head = [i as u8 + 1; 24];
+                out.buf_mut().extend_from_slice(&head);
+                want.extend_from_slice(&head);
+                // File payloads (pread) and mapped ones (copied) in turn.
+                let p = Payload::of(&vol, off, len, i % 2 == 0, i % 2 == 1).unwrap().expect("a RAM volume has a file and a mapping");
+                out.push_payload(&p, 0, len);
+                want.extend_from_slice(&data[off as usize..][..len]);
+            }
+            out.buf_mut().extend_from_slice(b"last");
+            want.extend_from_slice(b"last");
+            out.drain(&sock).await.unwrap();
+            assert!(out.is_empty() && out.buffered() == 0);
+            // A payload past the file's end: an error, no record of it.
+            out.buf_mut().extend_from_slice(&[9; 24]);
+            let fd = vol.zero_copy_read(0, 1).unwrap().unwrap().as_raw_fd();
+            out.push_file(vol.clone(), fd, 4 << 20, 10);
+            assert!(out.send(&sock).is_err(), "a payload past the end of its file was sent");
+            drop(sock);
+            let wire = reader.join().unwrap();
+            let mut o = Opener::new(&keys(), false);
+            let mut got = bytes::BytesMut::new();
+            let (mut at, mut records) = (0, 0);
+            while let Some((n, _)) = o.open(&wire[at..], &mut got).unwrap() {
+                at += n;
+                records += 1;
+            }
+            assert!(at == wire.len() && got[..] == want[..], "the records do not hold the headers and payloads in order");
+            assert_eq!(records, want.len().div_ceil(MAX_PLAINTEXT), "records not filled across the pieces");
         });
     }
 

@@ -206,6 +206,11 @@ impl Aead {
 /// Protects what we send.
 pub struct Sealer(Aead);
 
+/// A record [`Sealer::begin`] started: where its header goes in the output.
+#[must_use = "a record begun is finished or abandoned"]
+#[derive(Debug)]
+pub struct Started(usize);
+
 impl Sealer {
     pub fn new(k: &Keys) -> Sealer {
         Sealer(Aead::new(k))
@@ -222,19 +227,46 @@ impl Sealer {
     /// in the cache (the copy costs a small part of the cipher's time).
     pub fn seal(&mut self, kind: ContentType, pieces: &[&[u8]], out: &mut Vec<u8>) {
         let len: usize = pieces.iter().map(|p| p.len()).sum();
+        out.reserve(HEADER_LEN + len + 1 + TAG_LEN);
+        let record = Sealer::begin(out);
+        for p in pieces {
+            out.extend_from_slice(p);
+        }
+        self.finish(kind, out, record);
+    }
+
+    /// Start a record at the end of `out`: room for its header is kept in
+    /// front, and the caller appends the record's content (at most
+    /// [`MAX_PLAINTEXT`] bytes) to `out` itself, from wherever it comes
+    /// (a `pread` from a volume's file straight into the record), before
+    /// [`Sealer::finish`] encrypts it there, in place: the content is
+    /// written once, by whoever produces it, and never copied again.
+    pub fn begin(out: &mut Vec<u8>) -> Started {
+        let at = out.len();
+        out.extend_from_slice(&[0; HEADER_LEN]);
+        Started(at)
+    }
+
+    /// Seal the record [`Sealer::begin`] started: everything appended to
+    /// `out` since is its content, of type `kind`; its header is written
+    /// in the room kept, its type and tag appended.
+    pub fn finish(&mut self, kind: ContentType, out: &mut Vec<u8>, record: Started) {
+        let start = record.0 + HEADER_LEN;
+        let len = out.len() - start;
         assert!(len <= MAX_PLAINTEXT, "a record carries at most {MAX_PLAINTEXT} bytes, not {len}");
         let body = len + 1 + TAG_LEN;
         let h = [ContentType::ApplicationData.to_u8(), 3, 3, (body >> 8) as u8, body as u8];
         let nonce = self.0.next_nonce();
-        out.reserve(HEADER_LEN + body);
-        out.extend_from_slice(&h);
-        let start = out.len();
-        for p in pieces {
-            out.extend_from_slice(p);
-        }
+        out[record.0..start].copy_from_slice(&h);
         out.push(kind.to_u8());
         let tag = self.0.key.seal_in_place_separate_tag(nonce, Aad::from(h), &mut out[start..]).expect("AEAD seal of a record");
         out.extend_from_slice(tag.as_ref());
+    }
+
+    /// Undo [`Sealer::begin`] (nothing was sealed: the content could not
+    /// be had): `out` as it was before.
+    pub fn abandon(out: &mut Vec<u8>, record: Started) {
+        out.truncate(record.0);
     }
 
     /// Append `data` as application data records of at most [`MAX_PLAINTEXT`] each.
@@ -315,6 +347,32 @@ impl Opener {
         if input.len() < h.total() {
             return Ok(None);
         }
+        // Copied to `out` and opened there (it keeps `out` initialized).
+        let start = out.len();
+        out.extend_from_slice(&input[..h.total()]);
+        let r = self.open_within(out, start, start);
+        out.truncate(match r {
+            Ok(Some((_, Opened::Data(n)))) => start + n,
+            _ => start,
+        });
+        r
+    }
+
+    /// Open the record at `buf[at..]` where it lies: its content is
+    /// written from `buf[to..]` on (`to <= at`), over the record's own
+    /// header and whatever was between (ring decrypts and moves in one
+    /// pass), so records read straight into a receive buffer become
+    /// contiguous plaintext there with no copy. `Ok(None)` while the
+    /// record is incomplete; else the record's bytes and what it held
+    /// (only [`Opened::Data`]'s content is left at `buf[to..]`; other
+    /// records leave garbage there). Errors as [`Opener::open`].
+    pub fn open_within(&mut self, buf: &mut [u8], to: usize, at: usize) -> Result<Option<(usize, Opened)>, RecordError> {
+        assert!(to <= at, "a record's content moves towards the front only");
+        let input = &buf[at..];
+        let Some(h) = Header::parse(input)? else { return Ok(None) };
+        if input.len() < h.total() {
+            return Ok(None);
+        }
         if h.kind != ContentType::ApplicationData {
             return Err(RecordError::Unprotected(h.kind));
         }
@@ -323,61 +381,31 @@ impl Opener {
         }
         let header: [u8; HEADER_LEN] = input[..HEADER_LEN].try_into().expect("5 bytes");
         let nonce = self.aead.next_nonce();
-        // Ciphertext and tag copied to `out` and opened there (the copy is
-        // a small part of the cipher's time; it keeps `out` initialized).
-        let start = out.len();
-        out.extend_from_slice(&input[HEADER_LEN..h.total()]);
-        let ok = self.aead.key.open_in_place(nonce, Aad::from(header), &mut out[start..]).is_ok();
-        out.truncate(start + h.len - TAG_LEN);
-        if !ok {
-            out.truncate(start);
-            return Err(RecordError::BadMac);
-        }
+        let region = &mut buf[to..at + h.total()];
+        let plain = self.aead.key.open_within(nonce, Aad::from(header), region, at + HEADER_LEN - to..).map_err(|_| RecordError::BadMac)?;
         // The content type is the last byte that is not padding.
-        let Some(end) = out[start..].iter().rposition(|&b| b != 0) else {
-            out.truncate(start);
+        let Some(content) = plain.iter().rposition(|&b| b != 0) else {
             return Err(RecordError::NoContentType);
         };
-        let kind = out[start + end];
-        let content = end;
+        let kind = plain[content];
         if content > MAX_PLAINTEXT {
-            out.truncate(start);
             return Err(RecordError::PlaintextTooLong(content));
         }
+        let body = &plain[..content];
         let opened = match ContentType::from_u8(kind) {
-            Some(ContentType::ApplicationData) => {
-                out.truncate(start + content);
-                return Ok(Some((h.total(), Opened::Data(content))));
-            }
-            Some(ContentType::Alert) => match out[start..start + content] {
+            Some(ContentType::ApplicationData) => Opened::Data(content),
+            Some(ContentType::Alert) => match *body {
                 [_, 0] => Opened::Closed,
-                [_, desc] => {
-                    out.truncate(start);
-                    return Err(RecordError::Alert(desc));
-                }
-                _ => {
-                    out.truncate(start);
-                    return Err(RecordError::Malformed(ContentType::Alert));
-                }
+                [_, desc] => return Err(RecordError::Alert(desc)),
+                _ => return Err(RecordError::Malformed(ContentType::Alert)),
             },
             // NewSessionTicket (4): one record may hold several messages;
             // a ticket is dropped only when the record holds nothing else.
-            Some(ContentType::Handshake) if self.drop_tickets && only_tickets(&out[start..start + content]) => Opened::Ticket,
-            Some(ContentType::Handshake) => {
-                let t = out.get(start).copied().unwrap_or(0);
-                out.truncate(start);
-                return Err(RecordError::PostHandshake(t));
-            }
-            Some(k) => {
-                out.truncate(start);
-                return Err(RecordError::Unprotected(k));
-            }
-            None => {
-                out.truncate(start);
-                return Err(RecordError::ContentType(kind));
-            }
+            Some(ContentType::Handshake) if self.drop_tickets && only_tickets(body) => Opened::Ticket,
+            Some(ContentType::Handshake) => return Err(RecordError::PostHandshake(body.first().copied().unwrap_or(0))),
+            Some(k) => return Err(RecordError::Unprotected(k)),
+            None => return Err(RecordError::ContentType(kind)),
         };
-        out.truncate(start);
         Ok(Some((h.total(), opened)))
     }
 }
@@ -490,6 +518,38 @@ mod tests {
         }
         assert_eq!(at, wire.len());
         assert!(plain[..headers.len()] == headers[..] && plain[headers.len()..] == payload[..]);
+    }
+
+    /// Records back to back in one buffer, opened where they lie: their
+    /// contents end up contiguous at the front, a dropped ticket in
+    /// between leaves nothing, and each record's bytes are counted.
+    #[test]
+    fn records_open_within_one_buffer_into_contiguous_content() {
+        for suite in [Suite::Aes128GcmSha256, Suite::Aes256GcmSha384, Suite::Chacha20Poly1305Sha256] {
+            let keys = Keys::from_secret(suite, &[8u8; 48][..suite.hash().key_len()]);
+            let (mut s, mut o) = (Sealer::new(&keys), Opener::new(&keys, true));
+            let data: Vec<u8> = (0..3 * MAX_PLAINTEXT as u32 + 77).map(|i| (i % 241) as u8).collect();
+            let mut wire = vec![0xee; 3];
+            s.seal_all(&data[..MAX_PLAINTEXT + 5], &mut wire);
+            s.seal(ContentType::Handshake, &[&[4, 0, 0, 1, 7]], &mut wire);
+            s.seal_all(&data[MAX_PLAINTEXT + 5..], &mut wire);
+            let (mut to, mut at, mut seen) = (3, 3, Vec::new());
+            while let Some((n, what)) = o.open_within(&mut wire, to, at).unwrap() {
+                at += n;
+                if let Opened::Data(len) = what {
+                    to += len;
+                }
+                seen.push(what);
+            }
+            assert_eq!(at, wire.len(), "{suite:?}");
+            assert_eq!(seen.len(), 6, "{suite:?}");
+            assert!(wire[..3] == [0xee; 3] && wire[3..to] == data[..], "{suite:?}: the content is not contiguous");
+            // A bit flipped in the next record: refused, where it lies too.
+            s.seal_all(b"more", &mut wire);
+            let last = wire.len() - 1;
+            wire[last] ^= 1;
+            assert_eq!(o.open_within(&mut wire, to, at), Err(RecordError::BadMac));
+        }
     }
 
     #[test]

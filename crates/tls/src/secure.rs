@@ -75,6 +75,11 @@ impl RecordReader {
     /// closed, by close_notify or the end of the stream), or `WouldBlock`
     /// when no whole record came. At most [`READ_WINDOW`] bytes of
     /// records are read and held at a time.
+    ///
+    /// The records are read straight into `plain`'s room and opened where
+    /// they lie, each one's content moved onto the end of the one before
+    /// by the decryption itself ([`Opener::open_within`]): the only copy
+    /// is of a record that came in part, set aside until its rest comes.
     pub fn fill(&mut self, sock: &impl TryRead, plain: &mut BytesMut) -> io::Result<usize> {
         let start = plain.len();
         loop {
@@ -82,8 +87,17 @@ impl RecordReader {
                 return Ok(plain.len() - start);
             }
             let room = READ_WINDOW.saturating_sub(self.pending.len()).max(HEADER_LEN);
-            self.pending.reserve(room);
-            match sock.try_read_into(&mut (&mut self.pending).limit(room)) {
+            let opened = plain.len();
+            plain.reserve(self.pending.len() + room);
+            plain.extend_from_slice(&self.pending);
+            self.pending.clear();
+            let r = sock.try_read_into(&mut (&mut *plain).limit(room));
+            if !matches!(r, Ok(n) if n > 0) {
+                // Nothing new: what was set aside goes back aside.
+                self.pending.extend_from_slice(&plain[opened..]);
+                plain.truncate(opened);
+            }
+            match r {
                 Ok(0) => {
                     if !self.pending.is_empty() {
                         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended inside a TLS record"));
@@ -92,13 +106,75 @@ impl RecordReader {
                     return Ok(plain.len() - start);
                 }
                 Ok(_) => {
-                    self.closed = open_records(&mut self.opener, &mut self.pending, plain).map_err(io::Error::other)?;
+                    let (content, unopened, closed) = open_in_place(&mut self.opener, plain, opened).map_err(io::Error::other)?;
+                    self.closed = closed;
+                    // A record not yet whole waits aside (at most one).
+                    if !closed {
+                        self.pending.extend_from_slice(&plain[unopened..]);
+                    }
+                    plain.truncate(content);
                     // One read's worth at a time: the caller bounds what it holds.
                     if plain.len() > start {
                         return Ok(plain.len() - start);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && plain.len() > start => return Ok(plain.len() - start),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Like [`RecordReader::fill`], for a payload whose place is known
+    /// (a C2HData's in its command's buffer): records are read straight
+    /// into `dst` and opened there, where their content belongs, so the
+    /// payload is never copied in user space. A record that cannot lie
+    /// whole in `dst` (the payload's last, shared with the next PDU's
+    /// header) is opened into `spill` as `fill` does and its share copied
+    /// into `dst`; what follows the payload stays in `spill`. The bytes
+    /// written to `dst` (at most its length; 0: the peer closed), or
+    /// `WouldBlock`.
+    pub fn fill_direct(&mut self, sock: &impl TryRead, dst: &mut [u8], spill: &mut BytesMut) -> io::Result<usize> {
+        let need = match Header::parse(&self.pending).map_err(io::Error::other)? {
+            Some(h) => h.total(),
+            None => HEADER_LEN + MAX_CIPHERTEXT,
+        };
+        if !spill.is_empty() || dst.len() < need.max(self.pending.len()) {
+            if spill.is_empty() {
+                self.fill(sock, spill)?;
+            }
+            let n = spill.len().min(dst.len());
+            dst[..n].copy_from_slice(&spill[..n]);
+            spill.advance(n);
+            return Ok(n);
+        }
+        loop {
+            if self.closed {
+                return Ok(0);
+            }
+            let held = self.pending.len();
+            dst[..held].copy_from_slice(&self.pending);
+            self.pending.clear();
+            let r = sock.try_read_into(&mut &mut dst[held..]);
+            let got = match r {
+                Ok(n) => held + n,
+                Err(_) => held,
+            };
+            if let Ok(0) = r {
+                self.pending.extend_from_slice(&dst[..held]);
+                if held > 0 {
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended inside a TLS record"));
+                }
+                self.closed = true;
+                return Ok(0);
+            }
+            let (content, unopened, closed) = open_in_place(&mut self.opener, &mut dst[..got], 0).map_err(io::Error::other)?;
+            self.closed = closed;
+            if !closed {
+                self.pending.extend_from_slice(&dst[unopened..got]);
+            }
+            match r {
+                _ if content > 0 || closed => return Ok(content),
+                Ok(_) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -132,6 +208,23 @@ fn open_records(opener: &mut Opener, input: &mut BytesMut, plain: &mut BytesMut)
         }
     }
     Ok(false)
+}
+
+/// Open the whole records in `buf[from..]` where they lie, their
+/// content gathered from `buf[from]` on: where the content ends and where
+/// the first record not opened starts (`buf` is left as is past the
+/// content), and whether a close_notify came (nothing after it is opened).
+fn open_in_place(opener: &mut Opener, buf: &mut [u8], from: usize) -> Result<(usize, usize, bool), RecordError> {
+    let (mut to, mut at) = (from, from);
+    while let Some((n, what)) = opener.open_within(buf, to, at)? {
+        at += n;
+        match what {
+            Opened::Data(len) => to += len,
+            Opened::Ticket => {}
+            Opened::Closed => return Ok((to, at, true)),
+        }
+    }
+    Ok((to, at, false))
 }
 
 /// A connection after its handshake.
@@ -332,19 +425,26 @@ mod tests {
         assert_eq!(&server.await.unwrap()[..], &data[..]);
     }
 
+    /// A connected pair over loopback (sender, receiver), keys from
+    /// `seed`, and a record reader of them.
+    async fn records_over_loopback(seed: u8) -> (TcpStream, TcpStream, crate::record::Keys, RecordReader) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let keys = crate::record::Keys::from_secret(Suite::Aes128GcmSha256, &[seed; 32]);
+        let r = RecordReader { opener: Opener::new(&keys, false), pending: BytesMut::new(), closed: false };
+        (c, s, keys, r)
+    }
+
     /// One fill takes the records waiting on the socket up to
     /// [`READ_WINDOW`] (four whole records), not one a read.
     #[tokio::test]
     async fn one_fill_opens_several_records() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let (s, _) = l.accept().await.unwrap();
-        let keys = crate::record::Keys::from_secret(Suite::Aes128GcmSha256, &[9u8; 32]);
+        let (c, s, keys, mut r) = records_over_loopback(9).await;
         let mut sealer = Sealer::new(&keys);
         let mut wire = Vec::new();
         sealer.seal_all(&vec![7u8; 6 * crate::record::MAX_PLAINTEXT], &mut wire);
         send_all(&c, &wire).await.unwrap();
-        let mut r = RecordReader { opener: Opener::new(&keys, false), pending: BytesMut::new(), closed: false };
         // Wait until all of it is there.
         while s.peek(&mut vec![0u8; wire.len()]).await.unwrap() < wire.len() {
             tokio::task::yield_now().await;
@@ -353,6 +453,63 @@ mod tests {
         let n = r.fill(&s, &mut plain).unwrap();
         assert_eq!(n, 4 * crate::record::MAX_PLAINTEXT, "one fill opened {} records", n / crate::record::MAX_PLAINTEXT);
         assert!(r.pending() < HEADER_LEN + MAX_CIPHERTEXT);
+    }
+
+    /// A payload whose place is known is opened straight into it, the
+    /// records wholly inside it where they lie, the one it shares with
+    /// the next PDU through the spill buffer: the payload whole and in
+    /// place, the next PDU's bytes left in the spill buffer, however the
+    /// records arrive (here in pieces of every size).
+    #[tokio::test]
+    async fn a_payload_is_opened_in_its_place() {
+        let (c, s, keys, mut r) = records_over_loopback(5).await;
+        let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 239) as u8).collect();
+        let mut sealer = Sealer::new(&keys);
+        let mut wire = Vec::new();
+        sealer.seal_run(&[&[1; 24], &payload, &[2; 24]], &mut wire);
+        let writer = tokio::spawn(async move {
+            for (i, piece) in wire.chunks(7001).enumerate() {
+                send_all(&c, piece).await.unwrap();
+                if i % 3 == 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+            c
+        });
+        let mut head = BytesMut::new();
+        // The PDU header first, as the queue reads it.
+        while head.len() < 24 {
+            s.readable().await.unwrap();
+            let _ = r.fill(&s, &mut head);
+        }
+        assert_eq!(&head[..24], &[1; 24]);
+        head.advance(24);
+        let mut dst = vec![0u8; payload.len()];
+        let have = head.len().min(dst.len());
+        dst[..have].copy_from_slice(&head.split_to(have));
+        let mut spill = BytesMut::new();
+        let (mut at, mut direct) = (have, 0);
+        while at < dst.len() {
+            s.readable().await.unwrap();
+            match r.fill_direct(&s, &mut dst[at..], &mut spill) {
+                Ok(n) => {
+                    assert!(n > 0, "closed early");
+                    at += n;
+                    // Opened in place: the spill buffer never had room made.
+                    direct += usize::from(spill.capacity() == 0);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(dst == payload, "the payload is not whole in its place");
+        let _c = writer.await.unwrap();
+        while spill.len() < 24 {
+            s.readable().await.unwrap();
+            let _ = r.fill(&s, &mut spill);
+        }
+        assert_eq!(&spill[..], &[2; 24], "the next PDU's bytes");
+        assert!(direct > 0, "no record was opened in place");
     }
 
     /// kTLS as asked: the kernel's where it has TLS (the kernel VM), a

@@ -379,6 +379,24 @@ async fn recv_direct(
     .await
 }
 
+/// [`recv_direct`] through the user-space record layer: the records are
+/// opened in the command's buffer ([`RecordReader::fill_direct`]), what
+/// follows the payload lands in `buf`. The socket's low-water mark counts
+/// the part of a record already read and held.
+async fn recv_direct_tls(
+    rd: &OwnedReadHalf,
+    r: &mut RecordReader,
+    buf: &mut BytesMut,
+    sh: &Shared,
+    dr: &mut DirectRead,
+) -> std::result::Result<(), String> {
+    crate::direct::recv(rd, dr.left(), crate::direct::Wakeups::LowWater(RCVLOWAT_MAX), || {
+        let n = sh.lock().q.direct_fill(dr, |dst| r.fill_direct(rd, dst, buf))?;
+        Ok((n, dr.left().saturating_sub(r.pending()).max(1).min(dr.left())))
+    })
+    .await
+}
+
 async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc<Shared>, mut tls: Option<RecordReader>) {
     // After a large payload went straight to its buffer, the next read takes
     // just a data PDU header: the next large payload then follows it
@@ -386,18 +404,23 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
     let hdr_len = (pdu::DATA_HLEN + if d.header { pdu::DIGEST_LEN } else { 0 }) as u64;
     let mut header_only = false;
     let why = loop {
-        // Through the user-space record layer, payloads come out of the
-        // records into `buf`; the queue copies them on from there.
+        // Through the user-space record layer, payloads are opened in
+        // their command's buffer (recv_direct_tls); only a record shared
+        // with the next PDU goes through `buf`.
         let (direct, large_reads) = {
             let mut st = sh.lock();
-            let d = if tls.is_some() { Ok(None) } else { st.q.begin_direct(&mut buf) };
+            let d = st.q.begin_direct(&mut buf);
             (d, st.q.large_reads() > 0)
         };
         match direct {
             Err(e) => break e.to_string(),
             Ok(Some(mut dr)) => {
                 let large = dr.left() >= READ_CHUNK;
-                if let Err(why) = recv_direct(&rd, &sh, &mut dr).await {
+                let r = match tls.as_mut() {
+                    None => recv_direct(&rd, &sh, &mut dr).await,
+                    Some(r) => recv_direct_tls(&rd, r, &mut buf, &sh, &mut dr).await,
+                };
+                if let Err(why) = r {
                     break why;
                 }
                 header_only = large;

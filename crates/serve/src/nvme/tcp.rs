@@ -124,10 +124,12 @@ pub async fn serve(
     let mut reader = FrameReader::with_capacity(256 * 1024);
     if let Some(s) = super::tls::start(&stream, tls, c.link.fabric.tls_keys.clone(), c.link.fabric.tls_records, peer, local, deadline, &mut reader, &mut c.t.out).await? {
         if s.layer == bw_tls::RecordLayer::User {
-            // Our records are encrypted from the send buffer: reads are
-            // copied there, never sent from a mapping or by sendfile.
-            c.t.knobs.mapped_reads = false;
-            c.t.knobs.zero_copy_min = usize::MAX;
+            // Reads are queued as without TLS (small ones from the
+            // volume's mapping, large ones as file payloads) and the outbox
+            // copies them into the records it seals in place: one copy in
+            // user space (through the send buffer it was two). Mapped only
+            // where the fault-safe copy exists (see the outbox).
+            c.t.knobs.mapped_reads &= bw_block::MappedBytes::can_copy();
         }
         let guard = metrics::global().tls_connection(s.layer);
         c.t.tls = Some((s, guard));
