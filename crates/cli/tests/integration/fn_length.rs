@@ -24,13 +24,6 @@ struct Allowed {
 /// function was split or renamed: take it out).
 const ALLOWED: &[Allowed] = &[
     Allowed {
-        file: "serve/src/driver.rs",
-        function: "run",
-        why: "the connection loop every iSCSI and NVMe/TCP byte passes through: its receive buffer, outbox \
-              and pending step live across iterations, so pieces would take five or six &mut each, and \
-              moving code on this path changed instructions per read before (2026-11-25 NVMe wrapper note)",
-    },
-    Allowed {
         file: "cli/tests/integration/socket_fuzz.rs",
         function: "iscsi_session",
         why: "one fuzzed iSCSI session as a script: login, then each phase's PDUs mutated in turn; its steps \
