@@ -152,8 +152,14 @@ pub fn parse_json_report<T: serde::de::DeserializeOwned>(stdout: &str) -> anyhow
 
 /// What the lab keeps of a `blockwire bench --json` run.
 pub fn parse_bench_json(stdout: &str) -> anyhow::Result<BenchResult> {
+    parse_bench_json_described(stdout).map(|(b, _)| b)
+}
+
+/// The result and what the client said it ran against (its `target`:
+/// the URL, the controller, and `TLS SUITE, LAYER` over TLS).
+fn parse_bench_json_described(stdout: &str) -> anyhow::Result<(BenchResult, String)> {
     let r: BenchReport = parse_json_report(stdout).map_err(|e| anyhow::anyhow!("bench {e}"))?;
-    Ok(BenchResult::from(&r))
+    Ok((BenchResult::from(&r), r.target.clone()))
 }
 
 pub fn run_bench(
@@ -165,6 +171,19 @@ pub fn run_bench(
     size: u64,
     extra: &[&str],
 ) -> anyhow::Result<BenchResult> {
+    run_bench_described(exe, client, url, w, runtime_s, size, extra).map(|(b, _)| b)
+}
+
+/// [`run_bench`], with what the client said it ran against.
+pub fn run_bench_described(
+    exe: &Path,
+    client: &crate::hosts::host::Host,
+    url: &str,
+    w: &Workload,
+    runtime_s: u32,
+    size: u64,
+    extra: &[&str],
+) -> anyhow::Result<(BenchResult, String)> {
     // As a service: a bench on another host ends with its ssh session
     // (Ctrl-C, a lost connection) instead of running out its time.
     let mut args = bench_args(url, w, runtime_s, size);
@@ -176,7 +195,7 @@ pub fn run_bench(
     if !ok {
         anyhow::bail!("bench {url} {} failed: {}", w.name, last_lines(&stderr, 3));
     }
-    parse_bench_json(client.program_output(&stdout)?)
+    parse_bench_json_described(client.program_output(&stdout)?)
         .map_err(|e| anyhow::anyhow!("{e} (stderr: {})", last_lines(&stderr, 2)))
 }
 
