@@ -162,20 +162,10 @@ fn parse_bench_json_described(stdout: &str) -> anyhow::Result<(BenchResult, Stri
     Ok((BenchResult::from(&r), r.target.clone()))
 }
 
+/// `blockwire bench` of workload `w` on `url` from `client`: the result and
+/// what the client said it ran against (the URL, the controller, and
+/// `TLS SUITE, LAYER` over TLS).
 pub fn run_bench(
-    exe: &Path,
-    client: &crate::hosts::host::Host,
-    url: &str,
-    w: &Workload,
-    runtime_s: u32,
-    size: u64,
-    extra: &[&str],
-) -> anyhow::Result<BenchResult> {
-    run_bench_described(exe, client, url, w, runtime_s, size, extra).map(|(b, _)| b)
-}
-
-/// [`run_bench`], with what the client said it ran against.
-pub fn run_bench_described(
     exe: &Path,
     client: &crate::hosts::host::Host,
     url: &str,

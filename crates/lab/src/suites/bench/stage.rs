@@ -276,7 +276,7 @@ impl Networked<'_> {
                 url += "?tls";
                 extra.extend(crate::subjects::blockwire::tls_bench_args());
             }
-            let (b, described) = crate::suites::runner::run_bench_described(cx.exe(), &client, &url, w, runtime, cx.plan().params.size_bytes, &extra)?;
+            let (b, described) = crate::suites::runner::run_bench(cx.exe(), &client, &url, w, runtime, cx.plan().params.size_bytes, &extra)?;
             if tls {
                 record_tls(cx, s, target, &described);
             }
