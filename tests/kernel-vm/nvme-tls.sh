@@ -12,13 +12,16 @@
 #      and the guest's own Linux host connecting to it over TLS (the SHA-384
 #      PSK's host too: ChaCha20-Poly1305 on kTLS);
 #   C. secure channel concatenation (--concat): what this kernel offers;
-#   D. the kernel's nvmet requiring TLS on guest port 4420 for blockwire's
-#      initiator on the host (qemu hostfwd); the guest stays up until the
-#      host connects with host NQN $DONE to the plaintext port 4422.
+#   D. the kernel's nvmet requiring TLS on guest port 4430 for blockwire's
+#      initiator on the host (qemu hostfwd), a SHA-384 PSK from the guest's
+#      Linux host to it; then the host's `blockwire lab --tls on` over ssh
+#      (nvmet and blockwire serve set up by the lab); the guest stays up
+#      until the host connects with host NQN $DONE to the plaintext port 4431.
 # The test prepends: PORT (host serve, TLS required), NQN, H1/K1 (TLS),
 # H2/K2/D2 (TLS + DH-HMAC-CHAP secret D2), H3/K3 (the target has K3, the
 # guest is given BAD), H5/K5 (a SHA-384 PSK), BW (blockwire in the guest), TNQN/TH/TK (nvmet's
-# subsystem, host and PSK), DONE. Runs under `sh -e` (busybox).
+# subsystem, host and PSK), TH5 (nvmet's host with K5), DONE. The host's
+# KPORT reaches the second guest serve (B, port 4424, kTLS). Runs under `sh -e` (busybox).
 : "${LIMIT:=600}"
 T=10.0.2.2
 DISC=nqn.2014-08.org.nvmexpress.discovery
@@ -225,6 +228,13 @@ ok "connect-all over TLS from the discovery log"
 kill $BWPID; wait $BWPID 2>/dev/null || true
 grep -i "tls" /tmp/bw/serve.log | sed 's/^/guest serve: /' | head -10
 ok "kTLS record layer: Linux host to blockwire serve in the guest"
+# The same serve on eth0 (qemu forwards the host's KPORT there), left
+# running for the host's KeyUpdate on kTLS receive (checked in stepKU).
+sed 's/127.0.0.1:4421/10.0.2.15:4424/' /tmp/bw/serve.toml > /tmp/bw/serve2.toml
+$BW serve --config /tmp/bw/serve2.toml --control /tmp/bw/ctl2.sock -v >/tmp/bw/serve2.log 2>&1 &
+echo $! > /tmp/bw/serve2.pid
+i=0; while [ ! -S /tmp/bw/ctl2.sock ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
+[ -S /tmp/bw/ctl2.sock ] || { cat /tmp/bw/serve2.log; die "the second guest serve did not start"; }
 }
 run_step stepB
 
@@ -236,7 +246,25 @@ else
   echo "CONCAT: this kernel's host has no concat option (fabrics options lack it)"
 fi
 
+# ---- B2 (after the host's turn): a KeyUpdate on kTLS receive -------------
+# The host's raw TLS client sent a KeyUpdate to the second guest serve
+# (kTLS records) and saw the connection end, then verified as host 1. Linux
+# 6.12's kTLS hands such a record only to a read with a control buffer
+# (a plain read fails with EIO): serve's log must say it was a KeyUpdate.
+stepKU() {
+step "B2 KeyUpdate on kTLS receive"
+pid=$(cat /tmp/bw/serve2.pid) || die "no second guest serve"
+kill -0 $pid 2>/dev/null || die "the second guest serve is gone: $(tail -5 /tmp/bw/serve2.log)"
+grep -i "keyupdate\|ended\|records" /tmp/bw/serve2.log | sed 's/^/guest serve 2: /' | head -10
+grep -q "records ktls" /tmp/bw/serve2.log || die "the host's connections to the second guest serve were not on kTLS"
+grep -q "KeyUpdate is not supported on kTLS receive" /tmp/bw/serve2.log || die "the guest serve's log does not say the connection ended for a KeyUpdate"
+kill $pid; wait $pid 2>/dev/null || true
+ok "a KeyUpdate on kTLS receive ends that connection, the log says why"
+}
+
 # ---- D. nvmet requiring TLS, for blockwire's initiator on the host --------
+# (guest ports 4430 and 4431: the lab's run over ssh, below, takes 4420,
+# 4422 and 8009 on eth0.)
 step "D nvmet over TLS"
 modprobe nvmet 2>/dev/null || modprobe nvmet || die "no nvmet module"
 modprobe nvmet-tcp 2>/dev/null || modprobe nvmet_tcp || die "no nvmet-tcp module"
@@ -250,25 +278,49 @@ mkdir $S/namespaces/1
 echo -n /tmp/disk > $S/namespaces/1/device_path
 echo 1 > $S/namespaces/1/buffered_io 2>/dev/null || true
 echo 1 > $S/namespaces/1/enable || die "enable namespace"
-for h in $TH $DONE; do mkdir $N/hosts/$h && ln -s $N/hosts/$h $S/allowed_hosts/$h || die "host $h"; done
+for h in $TH $TH5 $DONE; do mkdir $N/hosts/$h && ln -s $N/hosts/$h $S/allowed_hosts/$h || die "host $h"; done
 insert "$TK" $TH $TNQN
+insert "$K5" $TH5 $TNQN
 P=$N/ports/1
 mkdir $P
 echo tcp > $P/addr_trtype
 echo ipv4 > $P/addr_adrfam
 echo 0.0.0.0 > $P/addr_traddr
-echo 4420 > $P/addr_trsvcid
+echo 4430 > $P/addr_trsvcid
 [ -e $P/addr_tsas ] || die "nvmet has no addr_tsas (CONFIG_NVME_TARGET_TCP_TLS)"
 echo tls1.3 > $P/addr_tsas || die "addr_tsas tls1.3"
 echo required > $P/addr_treq || die "addr_treq required"
 echo "port: tsas=$(cat $P/addr_tsas) treq=$(cat $P/addr_treq)"
 ln -s $S $P/subsystems/$TNQN || die "link subsystem to port"
-# port 2 (4422) is plaintext: the host's done signal comes there
+# port 2 (4431) is plaintext: the host's done signal comes there
 P2=$N/ports/2
 mkdir $P2
 echo tcp > $P2/addr_trtype; echo ipv4 > $P2/addr_adrfam
-echo 0.0.0.0 > $P2/addr_traddr; echo 4422 > $P2/addr_trsvcid
+echo 0.0.0.0 > $P2/addr_traddr; echo 4431 > $P2/addr_trsvcid
 ln -s $S $P2/subsystems/$TNQN || die "link subsystem to port 2"
+# A SHA-384 PSK between the guest's Linux host and nvmet: tlshd makes
+# both ends' handshakes (client and server); what they agree on is in
+# tlshd's session descriptions.
+stepD384() {
+step "D2 a SHA-384 PSK, Linux host to nvmet (tlshd on both ends)"
+n0=$(wc -l < /tmp/tlshd.log)
+c=$(connect 127.0.0.1 4430 $TNQN $TH5 --tls) || die "nvme connect --tls with a SHA-384 PSK to nvmet: $(cat /tmp/conn)"
+dev=$(wait_blockdev $c) || die "no namespace on $c"
+echo "controller $c: $(tls_of $c)"
+rw_round $dev
+disconnect $c
+tail -n +$((n0 + 1)) /tmp/tlshd.log | sed 's/^/tlshd (D2): /'
+ok "a SHA-384 PSK from the Linux host to nvmet: $(tail -n +$((n0 + 1)) /tmp/tlshd.log | grep -o 'Session description: [^ ]*' | sort -u | tr '\n' ' ')"
+}
+run_step stepD384
+# The host's `blockwire lab --tls on` comes over ssh (dropbear, KVM_SSH_KEY)
+# as to a user's server: Debian 13's nvme-cli, tlshd and keyctl where a
+# server has them, and bash as sh (as tests/kernel-vm users of the lab do).
+for p in nvme tlshd keyctl; do
+  for d in /usr/sbin /bin; do [ -e $d/$p ] && ln -sf /opt/trixie/bin/$p $d/$p; done
+  ln -sf /opt/trixie/bin/$p /sbin/$p
+done
+ln -sf bash /bin/sh
 [ -z "$FAILED" ] || echo "TLS-FAILED-STEPS:$FAILED"
 echo "NVMET-READY"
 i=0
@@ -276,6 +328,7 @@ while [ $i -lt $LIMIT ]; do
   if dmesg | grep -q "$DONE"; then
     dmesg | grep -i "nvmet" | tail -20
     sed 's/^/tlshd: /' /tmp/tlshd.log | tail -20
+    run_step stepKU
     [ -z "$FAILED" ] || die "failed:$FAILED"
     echo "TLS-ALL-OK"; exit 0
   fi

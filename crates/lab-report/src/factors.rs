@@ -53,8 +53,9 @@ pub fn section(c: &Ctx) -> Option<Markup> {
             "super-frame crosses instead of ~45), so the difference bounds from above what a stateless-offload NIC saves. "
             "Digests (" code { "--digest" } "): " b { "crc32c" } " computes iSCSI HeaderDigest/DataDigest and NVMe/TCP HDGST/DDGST with the CPU's CRC "
             "instruction, " b { "crc32c-soft" } " with portable tables on both ends (a CPU or NIC without CRC help); only blockwire's iSCSI and NVMe/TCP run with digests. "
-            "TLS (" code { "--tls" } "): " b { "on" } " runs blockwire's NVMe/TCP over TLS 1.3 with a PSK (TLS_AES_128_GCM_SHA256); the subject's target datapath says "
-            "which record layer its connections had (user: encrypted in blockwire's processes; ktls: by the kernel). "
+            "TLS (" code { "--tls" } "): " b { "on" } " runs NVMe/TCP over TLS 1.3 with a PSK (blockwire's target, and nvmet's with tlshd making its handshakes); "
+            "the subject's datapaths say which record layer each end's connections had (user: encrypted in blockwire's processes; ktls: by the kernel; "
+            "\"client\": the initiator's end). "
             "There is no TCP offload engine or iSCSI HBA here: what they would take off the CPU (TCP or iSCSI state) cannot be emulated."
         }
         p.note {

@@ -170,10 +170,13 @@ pub struct LabArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub digest: Option<Vec<String>>,
     /// The offload study: NVMe/TCP over TLS 1.3, each measured in turn: off,
-    /// on (blockwire's target requires TLS with a PSK the lab makes; the
-    /// record layer is the kernel's where the hosts have kTLS, else user
-    /// space, and the report says which). With TLS only blockwire's
-    /// NVMe/TCP runs. Default: off.
+    /// on (blockwire's target, and nvmet's TCP port with --peers nvmet,
+    /// require TLS with a PSK the lab makes; nvmet needs tlshd running and
+    /// a kernel with TLS on the target host, and the kernel initiator the
+    /// same on the client host; blockwire's record layer is the kernel's
+    /// where the hosts have kTLS, else user space, and the report says
+    /// which for each end). With TLS only those NVMe/TCP subjects run.
+    /// Default: off.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub tls: Option<Vec<String>>,
     /// Suite route only: paths to compare: direct, mpls (one path per --datapath), mpls-bpf, mpls-userspace, vxlan (default: direct,mpls,vxlan).

@@ -468,15 +468,15 @@ impl Plan {
     /// The networked subjects a digest and TLS setting measures: all of
     /// them without either; with digests, blockwire's iSCSI and NVMe/TCP
     /// only (AoE has no digest, and the peers' own CRC code is not ours to
-    /// switch); with TLS, blockwire's NVMe/TCP only (nvmet's TLS needs
-    /// tlshd and the kernel keyring on the target host, which the lab's
-    /// nvmet setup does not configure).
+    /// switch); with TLS, those that serve NVMe/TCP over TLS (blockwire's
+    /// NVMe/TCP, and nvmet's TCP port with tlshd and the kernel keyring on
+    /// the target host).
     pub fn subjects_for(&self, digest: crate::network::offload::Digest, tls: crate::network::offload::Tls) -> Vec<Subject> {
         use crate::network::offload::{Digest, Tls};
         self.subjects()
             .into_iter()
             .filter(|s| digest == Digest::None || matches!(s, Subject::Blockwire(Protocol::Iscsi | Protocol::Nvme)))
-            .filter(|s| tls == Tls::Off || *s == Subject::Blockwire(Protocol::Nvme))
+            .filter(|s| tls == Tls::Off || s.serves_tls())
             .collect()
     }
 
@@ -795,6 +795,10 @@ mod tests {
         assert_eq!(p.params.tls, list("off,on"));
         assert!(Plan::from_choices(&choices()).unwrap().params.tls.is_empty(), "the default is not named");
         assert!(Plan::from_choices(&Choices { tls: Some(list("ktls")), ..choices() }).is_err());
+        // nvmet's TCP port serves TLS (tlshd); its RDMA port and LIO do not.
+        let peers = [PeerKind::Lio, PeerKind::Nvmet, PeerKind::NvmetRdma].map(|p| PeerChoice(Some(p))).to_vec();
+        let p = Plan::from_choices(&Choices { tls: Some(list("on")), protocols: Some(vec![Protocol::Iscsi, Protocol::Nvme]), peers: Some(peers), quick: true, ..choices() }).unwrap();
+        assert_eq!(p.subjects_for(Digest::None, Tls::On), vec![Subject::Blockwire(Protocol::Nvme), Subject::Peer(PeerKind::Nvmet)]);
     }
 
     #[test]

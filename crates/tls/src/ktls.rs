@@ -22,6 +22,8 @@ use zeroize::Zeroize;
 const SOL_TLS: libc::c_int = 282;
 const TLS_TX: libc::c_int = 1;
 const TLS_RX: libc::c_int = 2;
+/// The control message naming a received record's content type.
+const TLS_GET_RECORD_TYPE: libc::c_int = 2;
 const TCP_ULP: libc::c_int = 31;
 const TLS_1_3_VERSION: u16 = 0x0304;
 const TLS_CIPHER_AES_GCM_128: u16 = 51;
@@ -126,6 +128,69 @@ pub fn set_keys(fd: RawFd, dir: Direction, k: &Keys) -> io::Result<()> {
     }
 }
 
+/// A record of another type than application data that made a plain read
+/// of a kTLS socket fail (EIO: the kernel hands such a record only to a
+/// read with a control buffer, and keeps it for one): its content type
+/// and the start of its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldRecord {
+    pub kind: u8,
+    pub head: Vec<u8>,
+}
+
+impl HeldRecord {
+    /// Why the connection ends, for the log. Linux's kTLS receive (up to
+    /// 6.12) cannot take new keys after a KeyUpdate (TLS 1.3 rekey came to
+    /// kTLS with the "tls: implement key updates for TLS1.3" series, after
+    /// 6.12), and neither record layer here does KeyUpdate.
+    pub fn describe(&self) -> String {
+        use crate::record::alert_name;
+        match (self.kind, self.head.as_slice()) {
+            (22, [24, _, _, _, req, ..]) => format!(
+                "the peer sent a TLS KeyUpdate (request_update {req}) after the handshake: KeyUpdate is not supported on kTLS receive (this kernel's kTLS cannot take the new keys, and blockwire does not rekey), so the connection is closed"
+            ),
+            (22, [t, ..]) => format!("the peer sent a post-handshake TLS message of type {t} over kTLS: not supported (no KeyUpdate, no renegotiation), so the connection is closed"),
+            (21, [_, 0, ..]) => "the peer ended TLS (close_notify)".to_string(),
+            (21, [level, desc, ..]) => format!("the peer sent TLS alert {desc} ({}, level {level}) over kTLS", alert_name(*desc)),
+            (k, _) => format!("the kernel's TLS received a record of content type {k} ({} bytes) where application data belongs", self.head.len()),
+        }
+    }
+}
+
+/// After a read of the kTLS socket `fd` failed with EIO: the record that
+/// made it fail, read now with a control buffer (without waiting). None
+/// when there is none (the EIO was another failure).
+pub fn held_record(fd: RawFd) -> io::Result<Option<HeldRecord>> {
+    let mut data = [0u8; 64];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    // u64s: cmsghdr's alignment.
+    let mut control = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid (no name, no iov, no control yet).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: msg points to the buffers above, alive for the call.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+    }
+    let mut kind = None;
+    // SAFETY: the CMSG_* walk stays within msg_control as the kernel filled it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == SOL_TLS && (*c).cmsg_type == TLS_GET_RECORD_TYPE {
+                kind = Some(*libc::CMSG_DATA(c));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(kind.map(|kind| HeldRecord { kind, head: data[..n as usize].to_vec() }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +208,16 @@ mod tests {
         assert_eq!(c.salt, k.iv[..4]);
         assert_eq!(c.iv, k.iv[4..]);
         assert_eq!(c.rec_seq, [1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn held_records_say_what_they_were() {
+        let d = |kind, head: &[u8]| HeldRecord { kind, head: head.to_vec() }.describe();
+        assert!(d(22, &[24, 0, 0, 1, 1]).contains("KeyUpdate (request_update 1)"), "{}", d(22, &[24, 0, 0, 1, 1]));
+        assert!(d(22, &[24, 0, 0, 1, 0]).contains("KeyUpdate is not supported on kTLS receive"));
+        assert!(d(22, &[1, 0, 0, 4]).contains("type 1"));
+        assert_eq!(d(21, &[1, 0]), "the peer ended TLS (close_notify)");
+        assert!(d(21, &[2, 20]).contains("bad_record_mac"));
+        assert!(d(20, &[1]).contains("content type 20"));
     }
 }

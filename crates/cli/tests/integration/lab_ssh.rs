@@ -65,7 +65,7 @@ fn kill(pids: &[u32], sig: i32) {
 
 /// In `dir`: a throwaway host key (`host`), a client key (`client`)
 /// authorized for root, and an sshd_config listening on `listen`.
-fn ssh_keys_and_config(dir: &Path, listen: &str) {
+pub(crate) fn ssh_keys_and_config(dir: &Path, listen: &str) {
     for k in ["host", "client"] {
         run(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bwlab-test", "-f", &dir.join(k).to_string_lossy()]);
     }
@@ -331,7 +331,7 @@ fn out_dir(tag: &str) -> PathBuf {
 
 /// Wait for the lab (at most `limit`, then it is killed and the test
 /// fails); its status and stderr.
-fn wait_done(child: &mut Child, limit: Duration, what: &str) -> (std::process::ExitStatus, String) {
+pub(crate) fn wait_done(child: &mut Child, limit: Duration, what: &str) -> (std::process::ExitStatus, String) {
     use std::io::Read;
     // Read stderr as it comes: a full pipe would stall the lab.
     let mut err_pipe = child.stderr.take().expect("piped stderr");

@@ -202,6 +202,24 @@ impl RawTls {
         self.send(ContentType::ApplicationData, &p.encode_parts(Digests::default()).concat()).await;
     }
 
+    /// Whether the target closed the connection within `wait` (EOF, a
+    /// reset or an alert), reading and dropping what comes before.
+    async fn ended(&mut self, wait: Duration) -> bool {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(until, self.stream.readable()).await {
+                Err(_) => return false,
+                Ok(Err(_)) => return true,
+                Ok(Ok(())) => {}
+            }
+            match self.reader.fill(&self.stream, &mut self.plain) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(0) | Err(_) => return true,
+                Ok(_) => self.plain.clear(),
+            }
+        }
+    }
+
     /// The next PDU; None when the target closed the connection.
     async fn next(&mut self) -> Option<Pdu> {
         loop {
@@ -369,18 +387,32 @@ tls_psk = "{K384}"
     let script = dir.path().join("nvme-tls.sh");
     let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme-tls.sh")).unwrap();
     let vars = format!(
-        "PORT={port}\nNQN={NQN}\nH1={}\nK1='{K256}'\nH2={}\nK2='{K00}'\nD2='{DHCHAP}'\nH3={}\nBAD='{BAD}'\nH5={}\nK5='{K384}'\nBW={}\nTNQN={tnqn}\nTH={}\nTK='{K256}'\nDONE={done}\n",
+        "PORT={port}\nNQN={NQN}\nH1={}\nK1='{K256}'\nH2={}\nK2='{K00}'\nD2='{DHCHAP}'\nH3={}\nBAD='{BAD}'\nH5={}\nK5='{K384}'\nBW={}\nTNQN={tnqn}\nTH={}\nTK='{K256}'\nTH5={}\nDONE={done}\n",
         host(1),
         host(2),
         host(3),
         host(5),
         bw.display(),
-        host(4)
+        host(4),
+        host(6)
     );
     std::fs::write(&script, format!("{vars}{body}")).unwrap();
-    let (tport, dport) = (free_port(), free_port());
-    let fwd = format!("tcp:127.0.0.1:{tport}-:4420,tcp:127.0.0.1:{dport}-:4422");
-    let with = bw.to_str().unwrap().to_string();
+    let (tport, dport, kport) = (free_port(), free_port(), free_port());
+    // kport: the guest's second serve (kTLS records), for the KeyUpdate;
+    // ssh: the guest as the lab's target host and client host.
+    let ssh = [free_port(), free_port()];
+    let fwd = format!(
+        "tcp:127.0.0.1:{tport}-:4430,tcp:127.0.0.1:{dport}-:4431,tcp:127.0.0.1:{kport}-:4424,tcp:127.0.0.1:{}-:22,tcp:127.0.0.1:{}-:22",
+        ssh[0], ssh[1]
+    );
+    crate::lab_ssh::ssh_keys_and_config(dir.path(), "127.0.0.1:1");
+    let key_pub = dir.path().join("client.pub").display().to_string();
+    let bw_path = bw.to_str().unwrap().to_string();
+    // What the lab runs in the guest besides blockwire (as lab_ssh's VM test).
+    let mut with = vec!["--with", &bw_path];
+    for w in ["/usr/bin/fio", "/usr/bin/ip", "/usr/bin/flock", "/usr/bin/getconf", "/lib/x86_64-linux-gnu/libgcc_s.so.1"] {
+        with.extend(["--with", w]);
+    }
     // nvmet is up (after the guest's steps A to C) once its plaintext port
     // lists the subsystem to host 4.
     let up = || {
@@ -390,7 +422,7 @@ tls_psk = "{K384}"
     let mut boots = 0;
     let vm = loop {
         boots += 1;
-        let mut vm = BackgroundVm::start_with(Some(&kvm), &script, &fwd, &["--with", &with], &[]);
+        let mut vm = BackgroundVm::start_with(Some(&kvm), &script, &fwd, &with, &[("KVM_SSH_KEY", &key_pub), ("KVM_MEM", "1536")]);
         match vm.wait_until(Duration::from_secs(900), up) {
             Ok(()) => break vm,
             Err(console) if vm_boot_flaked(&console) && boots < 3 => eprintln!("guest boot failed (emulated timer check), booting again"),
@@ -429,6 +461,37 @@ tls_psk = "{K384}"
     let o = run("", &host(4), "");
     assert!(!o.status.success(), "plaintext to nvmet's TLS-required port connected");
     eprintln!("plaintext to nvmet: {}", String::from_utf8_lossy(&o.stderr));
+    // A SHA-384 PSK (NVMeTLSkey-1:02) against nvmet, whose handshakes are
+    // tlshd 1.0's (GnuTLS server credentials without a hash: SHA-256
+    // binders): our initiator binds it with SHA-384 for
+    // TLS_AES_256_GCM_SHA384, as TP 8011 says.
+    let o = run("?tls", &host(6), K384);
+    eprintln!("SHA-384 PSK to nvmet: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    // A KeyUpdate to the guest's serve on kTLS receive: that connection
+    // ends (the guest checks serve's reason, stepKU), the next host is served.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut t = RawTls::open(kport, &host(1)).await;
+        // ICReq/ICResp first: the records are then the kernel's (a record
+        // sent right after the handshake is read with it, in user space).
+        t.send_pdu(Pdu::IcReq(IcReq { pfv: 0, hpda: 0, digests: Digests::default(), maxr2t: 0 })).await;
+        assert!(matches!(t.next().await, Some(Pdu::IcResp(_))), "no ICResp from the guest's serve");
+        t.send(ContentType::Handshake, &[24, 0, 0, 1, 0]).await;
+        assert!(t.ended(Duration::from_secs(60)).await, "the guest's serve on kTLS kept the connection after a KeyUpdate");
+    });
+    let log = guest_sh(dir.path(), ssh[0], "cat /tmp/bw/serve2.log");
+    assert!(log.contains("records ktls"), "the guest's second serve is not on kTLS: {log}");
+    assert!(log.contains("KeyUpdate is not supported on kTLS receive"), "the guest serve's log does not say the connection ended for a KeyUpdate: {log}");
+    let guest = format!("nvme+tcp://127.0.0.1:{kport}/{NQN}/1?tls");
+    let o = std::process::Command::new(blockwire_bin())
+        .args(["verify", &guest, "--size", "1M", "--initiator-name", &host(1), "--timeout", "120"])
+        .env_remove("BLOCKWIRE_DHCHAP_SECRET")
+        .env("BLOCKWIRE_TLS_PSK", K256)
+        .output()
+        .unwrap();
+    ok(&o, "the guest's serve after the KeyUpdate");
+    // The lab with --tls on, the guest as target and client host over ssh.
+    let lab = lab_over_tls(dir.path(), &bw, ssh);
     // The done signal, over the plaintext port.
     let _ = blockwire(None, &["verify", &format!("nvme+tcp://127.0.0.1:{dport}/{tnqn}/1"), "--size", "1M", "--initiator-name", done, "--timeout", "20"]);
     let (status, all) = vm.finish();
@@ -442,6 +505,8 @@ tls_psk = "{K384}"
         "TLS-OK: a SHA-384 PSK on kTLS (ChaCha20-Poly1305)",
         "TLS-OK: kTLS record layer: Linux host to blockwire serve in the guest",
         "TLS-OK: connect-all over TLS from the discovery log",
+        "TLS-OK: a SHA-384 PSK from the Linux host to nvmet",
+        "TLS-OK: a KeyUpdate on kTLS receive ends that connection, the log says why",
         "TLS-ALL-OK",
     ] {
         assert!(all.contains(step), "guest did not report {step:?}\n{all}");
@@ -449,4 +514,77 @@ tls_psk = "{K384}"
     assert!(status.success(), "kernel-vm failed: {status}");
     assert!(serve.is_running(), "target died");
     assert!(serve.stop().success());
+    eprintln!("lab --tls on in the guest took {lab:?}");
+}
+
+/// `blockwire lab --tls on` with the guest as target host (nvmet with
+/// tlshd, blockwire serve) and client host (blockwire bench, nvme-tcp with
+/// --tls) over ssh: every subject measured over TLS, the report saying how
+/// each end's records went, and nothing left in the guest (its lab
+/// subsystem, port and PSK). How long it took.
+fn lab_over_tls(dir: &std::path::Path, exe: &std::path::Path, ssh: [u16; 2]) -> Duration {
+    let t0 = std::time::Instant::now();
+    let opts = guest_ssh_options(dir);
+    let out = dir.join("lab");
+    // The stripped copy: the lab copies itself to the guest's memory.
+    let mut c = std::process::Command::new(exe);
+    c.arg("lab").args(common::LAB_AT_ONCE).args([
+        "--quick", "--suite", "micro", "--repeat", "1", "--size", "16M", "--runtime", "1", "--protocols", "nvme", "--peers", "nvmet",
+        "--clients", "blockwire,kernel", "--tls", "on", "--micro-workloads", "randread-4k-qd1", "--data-addr", "10.0.2.15",
+    ]);
+    c.arg("--target-host").arg(format!("ssh://root@127.0.0.1:{}", ssh[0]));
+    c.arg("--client-host").arg(format!("ssh://root@127.0.0.1:{}", ssh[1]));
+    for o in &opts {
+        c.arg("--ssh-option").arg(o);
+    }
+    let mut child = c.arg("--out").arg(&out).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().expect("start the lab");
+    let (st, text) = crate::lab_ssh::wait_done(&mut child, Duration::from_secs(600), "the lab");
+    eprintln!("{text}");
+    assert!(st.success(), "the lab failed: {text}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let subject = |k: &str| r["subjects"].as_array().unwrap().iter().find(|s| s["key"] == k).cloned().unwrap_or_else(|| panic!("no subject {k}: {text}"));
+    for (k, says) in [
+        ("nvmet-nvme", "TLS_AES_128_GCM_SHA256 ktls records (tlshd handshake)"),
+        ("nvmet-nvme", "client ktls records"),
+        ("blockwire-nvme", "ktls records"),
+        ("kernel-nvme@nvmet", "client ktls records (nvme connect --tls"),
+        ("kernel-nvme@blockwire", "client ktls records (nvme connect --tls"),
+    ] {
+        let s = subject(k);
+        eprintln!("{k}: datapaths {}; settings {}", s["target_datapath"], s["settings"]);
+        let samples: Vec<&Value> = r["samples"].as_array().unwrap().iter().filter(|x| x["subject"] == k).collect();
+        assert!(!samples.is_empty() && samples.iter().all(|x| x["bench"]["ios"].as_u64().unwrap_or(0) > 0), "{k}: no samples over TLS: {text}");
+        assert!(s["target_datapath"].to_string().contains(says), "{k}: datapath {} lacks {says:?}", s["target_datapath"]);
+    }
+    let settings = subject("nvmet-nvme")["settings"].as_str().unwrap_or_default().to_string();
+    assert!(settings.contains("NVMe/TCP over TLS 1.3 required") && settings.contains("records by the kernel (kTLS)"), "nvmet's settings: {settings}");
+    // Nothing of the run left in the guest: its subsystem, ports, PSKs.
+    let left = guest_sh(
+        dir,
+        ssh[0],
+        "ls /sys/kernel/config/nvmet/subsystems | grep blockwire.lab; ls /sys/kernel/config/nvmet/ports | grep -vx 1 | grep -vx 2; \
+             h=nqn.2026-11.org.blockwire.lab:tls-client; for n in nqn.2026-11.org.blockwire.lab:nvmet nqn.2026-11.org.blockwire.lab:disk; do \
+             keyctl show %:.nvme | grep -F \"psk: NVMe0R01 $h $n\"; done; \
+             ls /sys/class/nvme-subsystem; pidof fio; true",
+    );
+    assert!(left.trim().is_empty(), "left in the guest after the lab: {left}");
+    t0.elapsed()
+}
+
+/// The ssh options for the guest (the client key made in `dir`).
+fn guest_ssh_options(dir: &std::path::Path) -> [String; 4] {
+    let key = dir.join("client").display().to_string();
+    ["StrictHostKeyChecking=no".to_string(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into()]
+}
+
+/// What `line` prints in the guest, over ssh.
+fn guest_sh(dir: &std::path::Path, port: u16, line: &str) -> String {
+    let o = std::process::Command::new("ssh")
+        .args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"])
+        .args(guest_ssh_options(dir).iter().flat_map(|o| ["-o".to_string(), o.clone()]))
+        .args(["-p", &port.to_string(), "root@127.0.0.1", line])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }

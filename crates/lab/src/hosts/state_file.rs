@@ -90,7 +90,8 @@ remove_nvmet() {
 /// `nfsimage URL EXE` (the lab's image file on an external NFS export),
 /// `export CLIENT:DIR` (`exportfs -u`), `nfsd` (the server's threads
 /// stopped), `kill PID START` (a process the lab started, if it is still
-/// that one) and `write FILE VALUE` (the value put back); on this machine
+/// that one), `write FILE VALUE` (the value put back) and `tlskey KEYRING
+/// DESCRIPTION` (a TLS PSK the lab inserted for nvmet, invalidated); on this machine
 /// also `netns NAME` (the processes left inside killed, then deleted),
 /// `link NAME NS` (a link, in namespace NS or the root one), `qdisc DEV
 /// NS` (in a namespace) and `loop DEV BACKING` (detached only while it
@@ -105,6 +106,9 @@ macro_rules! undo_function {
             "\n)\n",
             configfs_removal!(),
             r#"PATH=$PATH:/usr/sbin:/sbin
+# The serials of the TLS PSKs described $2 in keyring $1, as `keyctl show`
+# lists them (a search is refused: root does not possess the kernel's keys).
+tls_psk_serial() { keyctl show "%:$1" 2>/dev/null | awk -v d="psk: $2" 'substr($0, length($0) - length(d) + 1) == d { print $1 }'; }
 undo() {
   kind=$1; a=$2; b=$3
   case "$kind" in
@@ -166,6 +170,10 @@ undo() {
             kill "$a"; n=0; while [ -d "/proc/$a" ] && [ $n -lt 30 ]; do sleep 0.1; n=$((n+1)); done
           fi ;;
     write) [ -w "$a" ] && echo "$b" > "$a" 2>/dev/null ;;
+    # a TLS PSK the lab put in keyring $a under description $b (--tls):
+    # unlinked (the kernel then drops it); only the keyring's writer may
+    # do that to the kernel's .nvme keys, not search or invalidate them
+    tlskey) for k in $(tls_psk_serial "$a" "$b"); do keyctl unlink "$k" "%:$a" >/dev/null 2>&1; done ;;
   esac
   true
 }
@@ -184,6 +192,7 @@ present() {
             [ "$(cat "$l/loop/backing_file" 2>/dev/null)" = "$b" ] && { [ "$a" = - ] || [ "/dev/${l##*/}" = "$a" ]; } && return 0
           done; return 1 ;;
     module) [ -d "/sys/module/$a" ] ;;
+    tlskey) [ -n "$(tls_psk_serial "$a" "$b")" ] ;;
     mtu) [ -e "/sys/class/net/$a" ] && [ "$(cat "/sys/class/net/$a/mtu")" != "$b" ] ;;
     qdisc) if [ -z "$b" ]; then tc qdisc show dev "$a" root 2>/dev/null | grep -q tbf
            else [ -e "/run/netns/$b" ] && ip netns exec "$b" tc qdisc show dev "$a" root 2>/dev/null | grep -q tbf; fi ;;

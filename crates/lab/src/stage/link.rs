@@ -222,7 +222,7 @@ impl<'a> LinkRun<'a> {
                 continue;
             }
             cx.progress().set_message(format!("MTU {}: starting {}", link.mtu, peer.name()));
-            match peer.start(topo, link, cx.backing()) {
+            match peer.start(topo, link, cx.backing(), cx.tls() == crate::network::offload::Tls::On) {
                 Ok(p) => {
                     if let Some(settings) = &p.settings {
                         cx.record_settings(subject, settings);
@@ -245,9 +245,10 @@ impl<'a> LinkRun<'a> {
         if topo.remote {
             run.check_aoe_reach(cx);
         }
-        // Kernel initiators negotiate no digests or TLS here: they are
-        // measured in the plaintext, digest-free combination only.
-        if cx.digest() == crate::network::offload::Digest::None && cx.tls() == crate::network::offload::Tls::Off {
+        // Kernel initiators negotiate no digests here: they are measured in
+        // the digest-free combinations only; with TLS, nvme-tcp connects
+        // with --tls to the subjects that serve it (the only ones left).
+        if cx.digest() == crate::network::offload::Digest::None {
             run.attach_kernel_clients(cx);
         }
         run
@@ -310,11 +311,13 @@ impl<'a> LinkRun<'a> {
         let clients = cx.clients();
         let per_subject = cx.runs_per_subject(link.mtu);
         let benched = !(cx.plan().micro.is_empty() && cx.plan().sweep.is_empty());
+        let tls = cx.tls() == crate::network::offload::Tls::On;
         let mut added = vec![];
         let has_runs = per_subject > 0;
         for s in self.live.iter().filter(|_| has_runs) {
             let subject = s.subject;
-            for &c in clients.iter().filter(|c| c.is_kernel() && c.serves(subject)) {
+            let over_tls = |c: &ClientKind| !tls || *c == ClientKind::Kernel(crate::subjects::Protocol::Nvme);
+            for &c in clients.iter().filter(|c| c.is_kernel() && c.serves(subject) && over_tls(c)) {
                 let key = c.key(subject);
                 cx.progress().inc_length(per_subject);
                 let live = |kernel: Option<crate::subjects::clients::Attached>| LiveSubject {
@@ -333,9 +336,14 @@ impl<'a> LinkRun<'a> {
                     continue;
                 }
                 cx.progress().set_message(format!("MTU {}: attaching {key}", link.mtu));
-                match crate::subjects::clients::attach(&topo.client, c, subject, link) {
+                match crate::subjects::clients::attach(&topo.client, c, subject, link, tls) {
                     Ok(a) => {
                         cx.say(&format!("lab: {key}: {} on {}", a.device, topo.client.name()));
+                        if tls {
+                            if let Some(r) = cx.subject_record_mut(&key) {
+                                bw_lab_results::joined::add_once(&mut r.target_datapath, "client ktls records (nvme connect --tls, tlshd handshake)");
+                            }
+                        }
                         added.push(live(Some(a)));
                     }
                     Err(e) => {

@@ -71,6 +71,17 @@ pub fn tls_records(log: &str) -> Option<String> {
     (!layer.is_empty()).then(|| format!("TLS {suite} {layer} records"))
 }
 
+/// The TLS of blockwire's client as its bench report names the target
+/// (`URL (controller 1, 2 I/O queues, TLS SUITE, LAYER)`): `(SUITE,
+/// LAYER)`, LAYER `user` or `ktls`.
+pub fn client_tls(described: &str) -> Option<(String, String)> {
+    let at = described.rfind(", TLS ")? + ", TLS ".len();
+    let mut parts = described[at..].trim_end_matches(')').splitn(2, ", ");
+    let suite = parts.next()?.trim();
+    let layer: String = parts.next()?.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+    (!suite.is_empty() && !layer.is_empty()).then(|| (suite.to_string(), layer))
+}
+
 /// The `blockwire serve --config` TOML for `protocols` on `link` (schema of
 /// bw_serve::config; written as text so the lab does not link the target);
 /// with `tls`, NVMe/TCP requires TLS from [`TLS_HOST`].
@@ -231,6 +242,13 @@ mod tests {
         assert_eq!(tls_records("blockwire: ready"), None);
         // As the lab's log tail joins lines.
         assert_eq!(tls_records("a | nvme: p on q: TLS TLS_AES_256_GCM_SHA384 as \"x\" (), records ktls | b").as_deref(), Some("TLS TLS_AES_256_GCM_SHA384 ktls records"));
+    }
+
+    #[test]
+    fn client_tls_is_read_from_the_bench_report() {
+        let d = "nvme+tcp://198.18.1.1:4422/nqn.x:nvmet/1?tls (controller 1, 2 I/O queues, TLS TLS_AES_128_GCM_SHA256, ktls)";
+        assert_eq!(client_tls(d), Some(("TLS_AES_128_GCM_SHA256".into(), "ktls".into())));
+        assert_eq!(client_tls("nvme+tcp://h:1/n/1 (controller 1, 2 I/O queues)"), None);
     }
 
     #[test]

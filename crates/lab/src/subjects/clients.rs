@@ -178,13 +178,16 @@ pub fn detect(host: &Host, protocols: &[Protocol]) -> anyhow::Result<(Vec<Protoc
 /// a host may have no /etc/nvme/hostnqn).
 const HOSTNQN: &str = "nqn.2026-11.org.blockwire.lab:kernel-client";
 
-/// Attach: `$1` what, `$2` `$3` its address, `$4` the LUN. Prints the
+/// Attach: `$1` what, `$2` `$3` its address, `$4` the LUN; for NVMe/TCP
+/// over TLS 1.3 `$5` `tls`, `$6` the host NQN and `$7` its PSK (inserted
+/// into the `.nvme` keyring as nvme-cli does; tlshd makes the handshake,
+/// the kernel keeps the records). Prints the
 /// block device once it is there (at most ~60 s: an emulated host is slow).
 /// find_dev must not assign `n`, the wait loop's counter: before the
 /// namespace appears its glob stays unexpanded, and bash then evaluates
 /// `n=$((n+1))` with n = "nvme*n*", which refers to itself.
-const ATTACH: &str = r#"PATH=$PATH:/usr/sbin:/sbin; what=$1; a=$2; b=$3; lun=$4
-dev=""
+const ATTACH: &str = r#"PATH=$PATH:/usr/sbin:/sbin; what=$1; a=$2; b=$3; lun=$4; tls=$5; tlshost=$6; psk=$7
+dev=""; q="$HOSTNQN"; opts=""
 find_dev() {
   case "$what" in
     iscsi) for s in /sys/class/iscsi_session/session*; do
@@ -214,7 +217,15 @@ case "$what" in
          n=0; until iscsiadm -m discovery -t sendtargets -p "$b" >/dev/null; do n=$((n+1)); [ $n -lt 10 ] || exit 1; sleep 1; done
          iscsiadm -m node -T "$a" -p "$b" --login >/dev/null || exit 1 ;;
   nvme) modprobe -q nvme-tcp
-        nvme connect -t tcp -a "${b% *}" -s "${b#* }" -n "$a" -q "$HOSTNQN" >/dev/null || exit 1 ;;
+        if [ -n "$tls" ]; then
+          modprobe -q tls
+          tlshd_pid >/dev/null || { echo "NVMe/TCP over TLS: no tlshd running on $(uname -n): the kernel's TLS handshakes are tlshd's (package ktls-utils; systemctl start tlshd)" >&2; exit 1; }
+          grep -q tls /dev/nvme-fabrics 2>/dev/null || { echo "NVMe/TCP over TLS: the nvme-tcp of Linux $(uname -r) on $(uname -n) has no TLS (CONFIG_NVME_TCP_TLS, Linux 6.7 or later)" >&2; exit 1; }
+          nvme check-tls-key --insert --keyring=.nvme --hostnqn="$tlshost" --subsysnqn="$a" --keydata="$psk" >/dev/null 2>&1 \
+            || { echo "NVMe/TCP over TLS: nvme check-tls-key --insert failed on $(uname -n) (nvme-cli 2.7 or later)" >&2; exit 1; }
+          q=$tlshost; opts=--tls
+        fi
+        nvme connect -t tcp -a "${b% *}" -s "${b#* }" -n "$a" -q "$q" $opts >/dev/null || exit 1 ;;
   nvme-rdma) modprobe -q nvme-rdma
         nvme connect -t rdma -a "${b% *}" -s "${b#* }" -n "$a" -q "$HOSTNQN" >/dev/null || exit 1 ;;
   aoe) modprobe -q aoe ;;
@@ -253,23 +264,40 @@ impl Attached {
 /// Attach kernel client `c` on `host` to `s` over `link`: a block
 /// initiator of `s`'s protocol (recorded in the host's state file first),
 /// or the NFS client's mount of `s`'s export.
-pub fn attach(host: &Host, c: ClientKind, s: Subject, link: &Link) -> anyhow::Result<Attached> {
+/// With `tls`, NVMe/TCP connects over TLS 1.3 as the lab's host with its
+/// PSK (`blockwire::TLS_HOST`, `TLS_PSK`).
+pub fn attach(host: &Host, c: ClientKind, s: Subject, link: &Link, tls: bool) -> anyhow::Result<Attached> {
+    if tls && c != ClientKind::Kernel(Protocol::Nvme) {
+        anyhow::bail!("{} does not connect over TLS", c.key(s));
+    }
     match c {
         ClientKind::Blockwire => anyhow::bail!("blockwire's client attaches nothing: it reaches {} by URL", s.key()),
         ClientKind::KernelNfs(v) => {
             let (device, tokens) = crate::subjects::kernel_nfs::mount_image(host, link.target_ip, s.address(), v)?;
             Ok(Attached { device, tokens })
         }
-        ClientKind::Kernel(_) => attach_block(host, s, link),
+        ClientKind::Kernel(_) => attach_block(host, s, link, tls),
     }
 }
 
 /// Attach the kernel initiator of `s`'s protocol on `host` to `s` over
 /// `link`; recorded in the host's state file first.
-fn attach_block(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached> {
+fn attach_block(host: &Host, s: Subject, link: &Link, tls: bool) -> anyhow::Result<Attached> {
     let KernelAddress { protocol, a, b, lun } =
         s.kernel_address(link).ok_or_else(|| anyhow::anyhow!("{}: no kernel block initiator reads a subject serving files", s.key()))?;
     let what = protocol.name();
+    let mut tokens = vec![];
+    let mut tls_args: Vec<String> = vec![];
+    if tls {
+        // The PSK goes into the keyring under its TLS PSK identity: removed
+        // after the session (released after it: newest first).
+        use crate::subjects::blockwire::{TLS_HOST, TLS_PSK};
+        let id = format!("NVMe0R01 {TLS_HOST} {a}");
+        host.record("tlskey", ".nvme", &id)?;
+        let undo = Resource::owned(ShellUndo { host: host.clone(), script: crate::hosts::state_file::UNDO_ONE, args: vec!["tlskey".into(), ".nvme".into(), id] });
+        tokens.push(registry().create(undo, || Ok(()))?.0);
+        tls_args = ["tls", TLS_HOST, TLS_PSK].map(String::from).to_vec();
+    }
     // `kernel WHAT A B`: the cleanup script splits the rest into arguments.
     host.record("kernel", what, &format!("{a} {b}"))?;
     let undo = Resource::owned(ShellUndo {
@@ -278,10 +306,12 @@ fn attach_block(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached
         args: vec![what.into(), a.clone(), b.clone()],
     });
     let lun = lun.to_string();
-    let script = ATTACH.replace("$HOSTNQN", HOSTNQN);
+    let script = format!("{}{ATTACH}", crate::subjects::nvmet::TLSHD_PID).replace("$HOSTNQN", HOSTNQN);
     let mut device = String::new();
-    let (token, ()) = registry().create(undo, || {
-        let cmd = host.command_with("sh", &["-c", script.as_str(), "sh", what, &a, &b, &lun]);
+    let made = registry().create(undo, || {
+        let mut args = vec!["-c", script.as_str(), "sh", what, &a, &b, &lun];
+        args.extend(tls_args.iter().map(String::as_str));
+        let cmd = host.command_with("sh", &args);
         let f = crate::suites::runner::run_workload(cmd, "kernel attach", Duration::from_secs(120), None)?;
         device = if f.ok { host.program_output(&f.stdout)?.trim().to_string() } else { String::new() };
         anyhow::ensure!(
@@ -291,8 +321,18 @@ fn attach_block(host: &Host, s: Subject, link: &Link) -> anyhow::Result<Attached
             crate::command::last_lines(&f.stderr, 2)
         );
         Ok(())
-    })?;
-    Ok(Attached { device, tokens: vec![token] })
+    });
+    match made {
+        Ok((token, ())) => tokens.push(token),
+        Err(e) => {
+            // The PSK goes again.
+            for t in tokens.into_iter().rev() {
+                let _ = registry().release(t);
+            }
+            return Err(e);
+        }
+    }
+    Ok(Attached { device, tokens })
 }
 
 /// Whole-machine CPU time of `host` since boot from /proc/stat's `cpu`

@@ -63,14 +63,19 @@ impl PeerKind {
     }
 
     /// Start the peer, first checking its tools are installed.
-    pub fn start(self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String> {
+    /// Start it on `link`; with `tls`, requiring NVMe/TCP over TLS 1.3.
+    pub fn start(self, topo: &Topology, link: &Link, backing: &Path, tls: bool) -> Result<TargetProcess, String> {
         let t = self.target();
         for tool in t.tools() {
             if !topo.target.has(tool.program) {
                 return Err(format!("{} is not installed (package {})", tool.program, tool.package));
             }
         }
-        t.start(topo, link, backing)
+        if tls {
+            t.start_tls(topo, link, backing)
+        } else {
+            t.start(topo, link, backing)
+        }
     }
 }
 
@@ -154,6 +159,16 @@ impl Subject {
 
     /// The user's own storage: never started or stopped by the lab, not
     /// reached over the lab's link.
+    /// Whether `--tls on` measures it: NVMe/TCP over TLS 1.3 (blockwire's
+    /// NVMe/TCP, nvmet's TCP port with tlshd).
+    pub fn serves_tls(self) -> bool {
+        match self {
+            Subject::Blockwire(p) => p == Protocol::Nvme,
+            Subject::Peer(p) => p.target().serves_tls(),
+            Subject::External(_) => false,
+        }
+    }
+
     pub fn external(self) -> Option<&'static external::External> {
         match self {
             Subject::External(e) => Some(e),

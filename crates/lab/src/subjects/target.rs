@@ -179,6 +179,16 @@ pub trait PeerTarget: Sync {
     fn version(&self) -> Option<String>;
     /// Start it on `link` serving `backing`; Err is why it is unavailable.
     fn start(&self, topo: &Topology, link: &Link, backing: &Path) -> Result<TargetProcess, String>;
+    /// Whether it can serve NVMe/TCP over TLS 1.3 (`--tls on`).
+    fn serves_tls(&self) -> bool {
+        false
+    }
+    /// Start it requiring NVMe/TCP over TLS 1.3 from the lab's host with
+    /// the lab's PSK (`blockwire::TLS_HOST`, `blockwire::TLS_PSK`); only
+    /// where [`PeerTarget::serves_tls`]. Err is why it is unavailable.
+    fn start_tls(&self, _topo: &Topology, _link: &Link, _backing: &Path) -> Result<TargetProcess, String> {
+        Err(format!("{} does not serve NVMe/TCP over TLS", self.name()))
+    }
     /// What it does as a file server: Some exactly when its address
     /// [serves files](Address::serves_files) (a test holds every peer to
     /// that).

@@ -152,10 +152,19 @@ pub fn parse_json_report<T: serde::de::DeserializeOwned>(stdout: &str) -> anyhow
 
 /// What the lab keeps of a `blockwire bench --json` run.
 pub fn parse_bench_json(stdout: &str) -> anyhow::Result<BenchResult> {
-    let r: BenchReport = parse_json_report(stdout).map_err(|e| anyhow::anyhow!("bench {e}"))?;
-    Ok(BenchResult::from(&r))
+    parse_bench_json_described(stdout).map(|(b, _)| b)
 }
 
+/// The result and what the client said it ran against (its `target`:
+/// the URL, the controller, and `TLS SUITE, LAYER` over TLS).
+fn parse_bench_json_described(stdout: &str) -> anyhow::Result<(BenchResult, String)> {
+    let r: BenchReport = parse_json_report(stdout).map_err(|e| anyhow::anyhow!("bench {e}"))?;
+    Ok((BenchResult::from(&r), r.target.clone()))
+}
+
+/// `blockwire bench` of workload `w` on `url` from `client`: the result and
+/// what the client said it ran against (the URL, the controller, and
+/// `TLS SUITE, LAYER` over TLS).
 pub fn run_bench(
     exe: &Path,
     client: &crate::hosts::host::Host,
@@ -164,7 +173,7 @@ pub fn run_bench(
     runtime_s: u32,
     size: u64,
     extra: &[&str],
-) -> anyhow::Result<BenchResult> {
+) -> anyhow::Result<(BenchResult, String)> {
     // As a service: a bench on another host ends with its ssh session
     // (Ctrl-C, a lost connection) instead of running out its time.
     let mut args = bench_args(url, w, runtime_s, size);
@@ -176,7 +185,7 @@ pub fn run_bench(
     if !ok {
         anyhow::bail!("bench {url} {} failed: {}", w.name, last_lines(&stderr, 3));
     }
-    parse_bench_json(client.program_output(&stdout)?)
+    parse_bench_json_described(client.program_output(&stdout)?)
         .map_err(|e| anyhow::anyhow!("{e} (stderr: {})", last_lines(&stderr, 2)))
 }
 

@@ -154,6 +154,7 @@ pub async fn serve(
             }
         }
     };
+    let r = super::tls::explain_end(&stream, c.t.tls.as_ref().map(|t| &t.0), r);
     c.close();
     // Let queued replies (a TermReq, a Disconnect's completion) go out,
     // and over TLS a close_notify after them.

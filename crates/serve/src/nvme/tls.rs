@@ -209,6 +209,24 @@ pub async fn start(
     Ok(Some(Secured { suite: s.suite, layer: s.layer, identity }))
 }
 
+/// How a connection on kTLS ended, said plainly: a read that failed with
+/// EIO met a record that is not application data (a KeyUpdate, an alert),
+/// which the kernel keeps for a read with a control buffer; that read
+/// names it. Any other end is `r` as it is.
+pub fn explain_end(stream: &TcpStream, tls: Option<&Secured>, r: anyhow::Result<()>) -> anyhow::Result<()> {
+    let Err(e) = r else { return r };
+    let eio = e.downcast_ref::<std::io::Error>().and_then(|e| e.raw_os_error()) == Some(libc::EIO);
+    if !eio || tls.map(|t| t.layer) != Some(RecordLayer::Kernel) {
+        return Err(e);
+    }
+    use std::os::fd::AsRawFd;
+    match bw_tls::ktls::held_record(stream.as_raw_fd()) {
+        Ok(Some(h)) => Err(anyhow::anyhow!("{} (kTLS read: {e})", h.describe())),
+        Ok(None) => Err(e.context("kTLS receive failed with no record held")),
+        Err(why) => Err(e.context(format!("kTLS receive failed, and reading the record held failed too ({why})"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -217,6 +217,24 @@ impl Stage for BenchStage {
     }
 }
 
+/// Which record layer each end of a TLS connection had: the target's
+/// (blockwire serve's log says; nvmet's are always the kernel's, after
+/// tlshd's handshake) and blockwire's client's (its report says), each a
+/// datapath of the subject as blockwire's client measures it (`s`).
+fn record_tls(cx: &mut RunContext, s: &LiveSubject, target: Option<&TargetProcess>, described: &str) {
+    use crate::subjects::{blockwire, Subject};
+    let client = blockwire::client_tls(described);
+    let target_side = match s.subject {
+        Subject::Blockwire(_) => target.and_then(|t| blockwire::tls_records(&t.log_tail())),
+        _ => client.as_ref().map(|(suite, _)| format!("TLS {suite} ktls records (tlshd handshake)")),
+    };
+    if let Some(r) = cx.subject_record_mut(&s.key) {
+        for d in target_side.into_iter().chain(client.map(|(_, layer)| format!("client {layer} records"))) {
+            bw_lab_results::joined::add_once(&mut r.target_datapath, &d);
+        }
+    }
+}
+
 /// One run of a workload on a networked subject.
 struct Networked<'a> {
     topo: &'a Topology,
@@ -253,15 +271,14 @@ impl Networked<'_> {
             let client = if target.is_some() { topo.client.clone() } else { crate::stage::link::external_client(topo) };
             let mut extra = cx.digest().bench_args().to_vec();
             let mut url = s.url.clone();
-            let tls = cx.tls() == crate::network::offload::Tls::On && s.subject == crate::subjects::Subject::Blockwire(crate::subjects::Protocol::Nvme);
+            let tls = cx.tls() == crate::network::offload::Tls::On && s.subject.serves_tls();
             if tls {
                 url += "?tls";
                 extra.extend(crate::subjects::blockwire::tls_bench_args());
             }
-            let b = crate::suites::runner::run_bench(cx.exe(), &client, &url, w, runtime, cx.plan().params.size_bytes, &extra)?;
-            // Which record layer the connection got, as the target says.
-            if let Some(d) = target.filter(|_| tls).and_then(|t| crate::subjects::blockwire::tls_records(&t.log_tail())) {
-                cx.record_target_datapath(s.subject, &d);
+            let (b, described) = crate::suites::runner::run_bench(cx.exe(), &client, &url, w, runtime, cx.plan().params.size_bytes, &extra)?;
+            if tls {
+                record_tls(cx, s, target, &described);
             }
             b
         };
