@@ -32,7 +32,7 @@ use crate::driver::{self, Exit, Knobs, Step};
 use crate::framing::FrameReader;
 use crate::limits::Ticket;
 use crate::metrics;
-use crate::outbox::{Outbox, Payload};
+use crate::outbox::Outbox;
 use crate::Shutdown;
 use bw_nvme::auth::Entropy;
 use bw_nvme::fabric_queue::Connected;
@@ -360,7 +360,7 @@ impl Tcp {
         }
         let ddgst = self.q.digests().data;
         let zero_copy = matches!(work, Work::Data { zero_copy: true, .. });
-        match Payload::of(vol, off, len, zero_copy, self.knobs.mapped_reads && !ddgst) {
+        match self.out.payload(vol, off, len, zero_copy, self.knobs.mapped_reads && !ddgst) {
             Ok(Some(p)) => {
                 for (hdr, r) in self.q.read_pdus(cid, len) {
                     self.out.buf_mut().extend_from_slice(hdr.bytes());
