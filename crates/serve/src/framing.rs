@@ -342,16 +342,8 @@ mod tests {
     #[tokio::test]
     async fn a_short_read_waits_for_more_instead_of_reading_again() {
         use tokio::io::AsyncWriteExt;
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut peer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let (stream, _) = l.accept().await.unwrap();
-        // (The bound only turns a hang into a failure; nothing is timed.)
-        let readable = || async {
-            tokio::time::timeout(std::time::Duration::from_secs(120), stream.readable())
-                .await
-                .expect("the socket's next bytes were never seen")
-                .unwrap()
-        };
+        let (mut peer, stream) = connected().await;
+        let readable = || readable(&stream);
         let mut r = FrameReader::with_capacity(4096);
         peer.write_all(&pdu(10, 1)).await.unwrap();
         readable().await;
@@ -366,6 +358,22 @@ mod tests {
         drop(peer);
         readable().await;
         assert_eq!(r.try_fill(&stream, &Len4).unwrap(), 0, "the end of the stream is seen");
+    }
+
+    /// Both ends of a loopback connection: (the peer, ours).
+    async fn connected() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        (peer, l.accept().await.unwrap().0)
+    }
+
+    /// Wait for tokio to see the socket readable. (The bound only turns a
+    /// hang into a failure; nothing is timed.)
+    async fn readable(stream: &TcpStream) {
+        tokio::time::timeout(std::time::Duration::from_secs(120), stream.readable())
+            .await
+            .expect("the socket's next bytes were never seen")
+            .unwrap()
     }
 
     /// Whether tokio would try the socket on the next read (readiness
@@ -386,16 +394,8 @@ mod tests {
     #[tokio::test]
     async fn spare_reads_are_kept_while_they_find_data() {
         use tokio::io::AsyncWriteExt;
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut peer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let (stream, _) = l.accept().await.unwrap();
-        let readable = || async {
-            // (The bound only turns a hang into a failure; nothing is timed.)
-            tokio::time::timeout(std::time::Duration::from_secs(120), stream.readable())
-                .await
-                .expect("the socket's next bytes were never seen")
-                .unwrap()
-        };
+        let (mut peer, stream) = connected().await;
+        let readable = || readable(&stream);
         let mut r = FrameReader::with_capacity(1 << 20);
         // A host that sends nothing between batches: at most the probes.
         let mut kept = 0;
