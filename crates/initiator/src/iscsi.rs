@@ -402,9 +402,12 @@ impl crate::send::Transmit for Shared {
     fn wake(&self) -> &Notify {
         &self.wake
     }
-    fn poll(&self, out: &mut Vec<u8>) -> (bool, Option<bytes::Bytes>) {
+    fn poll(&self, out: &mut Vec<u8>, refs: &mut Vec<(usize, bytes::Bytes)>) -> bool {
         let mut st = self.lock();
-        (st.s.dead().is_some(), st.s.poll_transmit(out))
+        while let Some(big) = st.s.poll_transmit(out) {
+            refs.push((out.len(), big));
+        }
+        st.s.dead().is_some()
     }
     fn fail_all(&self, why: &str) {
         Shared::fail_all(self, why)

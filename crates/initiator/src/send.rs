@@ -1,10 +1,12 @@
 //! Sending what a TCP initiator's queue encoded, for both (NVMe/TCP's
 //! HostQueue, iSCSI's InitiatorSession): one socket write per burst of
-//! commands, a large payload written from its own buffer after the bytes
-//! queued before it.
+//! commands, the payloads a queue kept by reference (instead of copying
+//! them into its send buffer) gathered with the headers around them in
+//! the same write.
 
 use bw_tls::record::Sealer;
 use bytes::Bytes;
+use std::io::IoSlice;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
@@ -13,10 +15,11 @@ use tokio::sync::Notify;
 pub(crate) trait Transmit {
     /// Woken when the queue has something to send.
     fn wake(&self) -> &Notify;
-    /// Under the queue's lock: whether the queue has ended, and its
-    /// `poll_transmit` (bytes appended to `out`, then the next large
-    /// payload if any).
-    fn poll(&self, out: &mut Vec<u8>) -> (bool, Option<Bytes>);
+    /// Under the queue's lock: whether the queue has ended; and everything
+    /// it has to send: bytes appended to `out`, payloads to send from
+    /// where they are appended to `refs`, each with the length of `out` it
+    /// follows.
+    fn poll(&self, out: &mut Vec<u8>, refs: &mut Vec<(usize, Bytes)>) -> bool;
     /// The connection failed: fail every command with `why`.
     fn fail_all(&self, why: &str);
 }
@@ -29,43 +32,35 @@ pub(crate) trait Transmit {
 /// the bytes go out as TLS records.
 pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit, mut sealer: Option<Sealer>) {
     let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut refs: Vec<(usize, Bytes)> = Vec::new();
     // With TLS: the records of a burst, kept from burst to burst (a fresh
     // buffer each time cost an allocation and its page faults per write).
     let mut records: Vec<u8> = Vec::new();
     loop {
         q.wake().notified().await;
         tokio::task::yield_now().await;
-        loop {
-            let (dead, big) = q.poll(&mut batch);
-            if dead {
-                let _ = wr.shutdown().await;
-                return;
-            }
-            let sent = match sealer.as_mut() {
-                // The burst's headers and the large payload behind them go
-                // out as one run of records, in one write.
-                Some(s) => {
-                    s.seal_run(&[&batch, big.as_deref().unwrap_or_default()], &mut records);
-                    let r = wr.write_all(&records).await;
-                    records.clear();
-                    r
-                }
-                None => {
-                    let mut r = if batch.is_empty() { Ok(()) } else { wr.write_all(&batch).await };
-                    if let (Ok(()), Some(b)) = (&r, &big) {
-                        r = wr.write_all(b).await;
-                    }
-                    r
-                }
-            };
-            if sent.is_err() {
-                return q.fail_all("send failed");
-            }
-            batch.clear();
-            if big.is_none() {
-                break;
-            }
+        if q.poll(&mut batch, &mut refs) {
+            let _ = wr.shutdown().await;
+            return;
         }
+        let sent = match sealer.as_mut() {
+            // The burst's headers and payloads go out as one run of
+            // records, in one write.
+            Some(s) => {
+                let run: Vec<&[u8]> = gathered(&batch, &refs).collect();
+                s.seal_run(&run, &mut records);
+                let r = wr.write_all(&records).await;
+                records.clear();
+                r
+            }
+            None => write_gathered(&mut wr, &batch, &refs).await,
+        };
+        if sent.is_err() {
+            return q.fail_all("send failed");
+        }
+        batch.clear();
+        // The payloads go back to their owners (or are freed) once sent.
+        refs.clear();
         if batch.capacity() > 1 << 20 {
             batch = Vec::with_capacity(64 * 1024);
         }
@@ -73,6 +68,50 @@ pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit, mut sea
             records = Vec::new();
         }
     }
+}
+
+/// What a queue handed over, in the order it goes on the wire: `bytes` cut
+/// where each of `refs` goes in; no empty pieces.
+fn gathered<'a>(bytes: &'a [u8], refs: &'a [(usize, Bytes)]) -> impl Iterator<Item = &'a [u8]> {
+    let starts = std::iter::once(0).chain(refs.iter().map(|r| r.0));
+    let tail = &bytes[refs.last().map_or(0, |r| r.0)..];
+    starts
+        .zip(refs)
+        .flat_map(move |(start, (end, b))| [&bytes[start..*end], &b[..]])
+        .chain(std::iter::once(tail))
+        .filter(|s| !s.is_empty())
+}
+
+/// Write all of it with as few writev calls as the socket allows (one
+/// per burst when the socket has room; the kernel takes up to IOV_MAX
+/// pieces per call, and std asks for no more).
+async fn write_gathered(wr: &mut OwnedWriteHalf, bytes: &[u8], refs: &[(usize, Bytes)]) -> std::io::Result<()> {
+    if refs.is_empty() {
+        return if bytes.is_empty() { Ok(()) } else { wr.write_all(bytes).await };
+    }
+    // (A plain loop: the iterator chain of `gathered` cost ~50
+    // instructions per 4 KiB write here, by callgrind.)
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * refs.len() + 1);
+    let mut at = 0;
+    for (end, b) in refs {
+        if at < *end {
+            slices.push(IoSlice::new(&bytes[at..*end]));
+        }
+        slices.push(IoSlice::new(b));
+        at = *end;
+    }
+    if at < bytes.len() {
+        slices.push(IoSlice::new(&bytes[at..]));
+    }
+    let mut left = &mut slices[..];
+    while !left.is_empty() {
+        let n = wr.write_vectored(left).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut left, n);
+    }
+    Ok(())
 }
 
 /// Write `data`, through the user-space record layer when there is one.
@@ -84,5 +123,20 @@ pub(crate) async fn send(wr: &mut OwnedWriteHalf, sealer: Option<&mut Sealer>, d
             s.seal_all(data, &mut out);
             wr.write_all(&out).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathered_puts_each_payload_where_it_goes() {
+        let bytes = b"aabbbc";
+        let refs = [(0, Bytes::from_static(b"X")), (2, Bytes::from_static(b"YY")), (2, Bytes::from_static(b"Z")), (6, Bytes::from_static(b"W"))];
+        let all: Vec<u8> = gathered(bytes, &refs).flatten().copied().collect();
+        assert_eq!(all, b"XaaYYZbbbcW");
+        assert!(gathered(b"", &[]).next().is_none());
+        assert_eq!(gathered(b"abc", &[]).collect::<Vec<_>>(), [&b"abc"[..]]);
     }
 }

@@ -537,13 +537,24 @@ fn data_header(h: &[u8], f: u8) -> DataPduHeader {
 /// Append a CapsuleCmd (commands, the host's most common PDU) with its
 /// in-capsule `data`, straight from where the caller keeps them.
 pub fn encode_capsule(sqe: &Sqe, data: &[u8], digests: Digests, out: &mut Vec<u8>) {
+    encode_capsule_head(sqe, data.len(), digests, out);
+    out.extend_from_slice(data);
+    if let Some(d) = capsule_data_digest(data, digests) {
+        out.extend_from_slice(&d);
+    }
+}
+
+/// What [`encode_capsule`] puts before the in-capsule data (`data_len`
+/// bytes of it): for a sender that sends the data from where it is, then
+/// [`capsule_data_digest`] if there is one.
+pub fn encode_capsule_head(sqe: &Sqe, data_len: usize, digests: Digests, out: &mut Vec<u8>) {
     let hd = if digests.header { DIGEST_LEN } else { 0 };
-    let dd = if digests.data && !data.is_empty() { DIGEST_LEN } else { 0 };
+    let dd = if digests.data && data_len > 0 { DIGEST_LEN } else { 0 };
     let start = out.len();
     out.resize(start + CMD_HLEN, 0);
     let fl = (if hd != 0 { flags::HDGST } else { 0 }) | (if dd != 0 { flags::DDGST } else { 0 });
-    let pdo = if data.is_empty() { 0 } else { (CMD_HLEN + hd) as u8 };
-    let plen = (CMD_HLEN + hd + data.len() + dd) as u32;
+    let pdo = if data_len == 0 { 0 } else { (CMD_HLEN + hd) as u8 };
+    let plen = (CMD_HLEN + hd + data_len + dd) as u32;
     let h = &mut out[start..];
     CommonHeader { kind: kind::CAPSULE_CMD, flags: fl, hlen: CMD_HLEN as u8, pdo, plen }.write(h);
     h[CH_LEN..CH_LEN + 64].copy_from_slice(&sqe.0);
@@ -551,10 +562,12 @@ pub fn encode_capsule(sqe: &Sqe, data: &[u8], digests: Digests, out: &mut Vec<u8
         let crc = crc32c(&out[start..]);
         out.extend_from_slice(&crc.to_le_bytes());
     }
-    out.extend_from_slice(data);
-    if dd != 0 {
-        out.extend_from_slice(&crc32c(data).to_le_bytes());
-    }
+}
+
+/// The data digest that follows in-capsule `data`, if the connection has
+/// data digests.
+pub fn capsule_data_digest(data: &[u8], digests: Digests) -> Option<[u8; DIGEST_LEN]> {
+    (digests.data && !data.is_empty()).then(|| crc32c(data).to_le_bytes())
 }
 
 /// A PDU ready to send: header (with header digest and padding), payload,

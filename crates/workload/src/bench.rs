@@ -231,6 +231,12 @@ async fn worker(
     let mut buf = vec![0u8; p.bs];
     // Incompressible, non-zero data so no layer can cheat on zero pages.
     rng.fill(&mut buf[..]);
+    // Writes hand their data over (`write_owned`, a reference count per
+    // write, not a copy), as the FUSE attach path does: a client may then
+    // send it from where it is instead of copying it into its send buffer
+    // (NVMe/TCP: 1 KiB and up, bw_nvme::host_queue::SEND_IN_PLACE_MIN).
+    // The lab's load is this loop too (it runs `blockwire bench`).
+    let data = bytes::Bytes::from(buf.clone());
     let read_pct = p.rw.read_pct(p.rwmixread);
     // One clock read per request, not two: a request's end is the next
     // one's start. What lies between (the stop check, the offset, the
@@ -250,7 +256,7 @@ async fn worker(
         };
         let offset = job_base + block * p.bs as u64;
         let is_read = read_pct == 100 || (read_pct > 0 && rng.gen_range(0..100u8) < read_pct);
-        let r = if is_read { client.read(offset, &mut buf).await } else { client.write(offset, &buf).await };
+        let r = if is_read { client.read(offset, &mut buf).await } else { client.write_owned(offset, data.clone()).await };
         let end = Instant::now();
         let ns = end.saturating_duration_since(t).as_nanos() as u64;
         t = end;

@@ -171,7 +171,7 @@ impl TcpQueue {
             incapsule: 8192,
         });
         let mut ic = Vec::new();
-        q.poll_transmit(&mut ic);
+        q.poll_transmit(&mut ic, &mut Vec::new());
         crate::send::send(&mut wr, sealer.as_mut(), &ic).await?;
         tokio::time::timeout(timeout, async {
             while !q.is_ready() {
@@ -309,9 +309,10 @@ impl crate::send::Transmit for Shared {
     fn wake(&self) -> &Notify {
         &self.wake
     }
-    fn poll(&self, out: &mut Vec<u8>) -> (bool, Option<Bytes>) {
+    fn poll(&self, out: &mut Vec<u8>, refs: &mut Vec<(usize, Bytes)>) -> bool {
         let mut st = self.lock();
-        (st.q.dead().is_some(), st.q.poll_transmit(out))
+        st.q.poll_transmit(out, refs);
+        st.q.dead().is_some()
     }
     fn fail_all(&self, why: &str) {
         Shared::fail_all(self, why)

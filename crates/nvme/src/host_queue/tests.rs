@@ -125,18 +125,24 @@ impl Ctrl {
     }
 }
 
-/// Everything the queue has to send, large payloads in their place.
+/// Everything the queue has to send, payloads sent in place in their places.
 fn take(q: &mut HostQueue<Ctx>) -> Vec<u8> {
+    let (mut out, mut refs) = (Vec::new(), Vec::new());
+    q.poll_transmit(&mut out, &mut refs);
+    wire(&out, &refs)
+}
+
+/// The bytes on the wire: `out` with each of `refs` where it goes.
+fn wire(out: &[u8], refs: &[(usize, Bytes)]) -> Vec<u8> {
     let mut all = Vec::new();
-    loop {
-        let mut out = Vec::new();
-        let big = q.poll_transmit(&mut out);
-        all.extend_from_slice(&out);
-        match big {
-            Some(b) => all.extend_from_slice(&b),
-            None => return all,
-        }
+    let mut at = 0;
+    for (end, b) in refs {
+        all.extend_from_slice(&out[at..*end]);
+        all.extend_from_slice(b);
+        at = *end;
     }
+    all.extend_from_slice(&out[at..]);
+    all
 }
 
 fn c2h(cid: u16, offset: u32, data: Vec<u8>, last: bool, success: bool) -> Pdu {
@@ -385,12 +391,11 @@ fn r2t_is_answered_with_h2c_data_split_to_maxh2cdata() {
             offset: 0,
             length: data.len() as u32,
         })]);
-        let mut out = Vec::new();
-        let big =
-            c.q.poll_transmit(&mut out)
-                .expect("the payload is not copied");
-        assert_eq!(big.len(), data.len());
-        let got = c.sent_after(out, big);
+        let (mut out, mut refs) = (Vec::new(), Vec::new());
+        c.q.poll_transmit(&mut out, &mut refs);
+        assert_eq!(refs.len(), 1, "the payload is not copied");
+        assert_eq!(refs[0].1.len(), data.len());
+        let got = c.decode(&wire(&out, &refs));
         let [Pdu::H2CData(h)] = &got[..] else {
             panic!("{got:?}")
         };
@@ -401,16 +406,14 @@ fn r2t_is_answered_with_h2c_data_split_to_maxh2cdata() {
 }
 
 impl Ctrl {
-    /// Decode `head`, `big` and whatever follows them.
-    fn sent_after(&mut self, head: Vec<u8>, big: Bytes) -> Vec<Pdu> {
-        let mut all = head;
-        all.extend_from_slice(&big);
-        all.extend_from_slice(&take(&mut self.q));
-        let mut buf = BytesMut::from(&all[..]);
+    /// Decode what went on the wire.
+    fn decode(&mut self, all: &[u8]) -> Vec<Pdu> {
+        let mut buf = BytesMut::from(all);
         let mut out = Vec::new();
         while let Some(p) = pdu::decode(&mut buf, self.d, u32::MAX).unwrap() {
             out.push(p);
         }
+        assert!(buf.is_empty());
         out
     }
 }
@@ -431,6 +434,43 @@ fn small_writes_go_in_the_capsule() {
         }
     );
     assert_eq!(&cc.data[..], &pattern(1, 4096)[..]);
+}
+
+/// A write's data handed over (owned) goes on the wire from the caller's
+/// buffer, gathered between its capsule's header and the next command,
+/// with or without digests; a caller that gives up meanwhile cannot take
+/// it away (the queue holds a reference until the transport takes it).
+/// Short payloads and borrowed ones are copied.
+#[test]
+fn owned_write_data_is_sent_from_where_it_is() {
+    for d in [Digests::default(), Digests { header: true, data: true }] {
+        let mut c = Ctrl::new(d, 8, 8192);
+        let data = Bytes::from(pattern(4, 4096));
+        let mut s = Sqe::new(nvm::WRITE, 0, 1);
+        s.set_rw(0, 8);
+        let t = c.q.submit(s, Payload::Owned(data.clone()), 0, ctx(1, None), c.t0).map_err(|e| e.1).unwrap();
+        let small = pattern(5, 512);
+        c.q.submit(s, Payload::Owned(Bytes::from(small.clone())), 0, ctx(2, None), c.t0).map_err(|e| e.1).unwrap();
+        let borrowed = pattern(6, 2048);
+        c.q.submit(s, Payload::Borrowed(&borrowed), 0, ctx(3, None), c.t0).map_err(|e| e.1).unwrap();
+        c.q.cancel(t);
+        let ptr = data.as_ptr();
+        drop(data);
+        let (mut out, mut refs) = (Vec::new(), Vec::new());
+        c.q.poll_transmit(&mut out, &mut refs);
+        assert_eq!(refs.len(), 1, "{d:?}: only the long owned payload goes in place");
+        assert_eq!(refs[0].1.as_ptr(), ptr, "{d:?}: the payload was copied");
+        let got = c.decode(&wire(&out, &refs));
+        let datas: Vec<&[u8]> = got
+            .iter()
+            .map(|p| match p {
+                Pdu::CapsuleCmd(cc) => &cc.data[..],
+                p => panic!("{p:?}"),
+            })
+            .collect();
+        assert_eq!(datas, [&pattern(4, 4096)[..], &small[..], &borrowed[..]], "{d:?}");
+        assert!(!c.q.has_transmit());
+    }
 }
 
 /// Replies that do not fit a command in flight end the queue, and every
