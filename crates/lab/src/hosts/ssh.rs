@@ -20,7 +20,7 @@
 
 use crate::cleanup::{Resource, Undo};
 use crate::command::run_undo_script;
-use crate::hosts::state_file::{RunOwner, Swept, CLEANUP_SCRIPT, UNDO_ONE};
+use crate::hosts::state_file::{without_comments, RunOwner, Swept, CLEANUP_SCRIPT, UNDO_ONE};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -249,6 +249,30 @@ fn sh_c(script: &str, args: &[&str]) -> String {
     let mut a = vec!["-c", script, "sh"];
     a.extend_from_slice(args);
     shell_line("sh", &a)
+}
+
+/// Sweeping one stale state file (`$2`; `$3` `locked` or `free`) with the
+/// cleanup script (`$1`): a session the host still holds is ended first.
+const SWEEP_WRAPPER: &str = r#"f="$2"
+if [ "$3" = locked ]; then
+  # the orphaned session's lock holder (`flock`) and what it runs
+  for p in /proc/[0-9]*; do
+    [ "$(cat "$p/comm" 2>/dev/null)" = flock ] || continue
+    for d in "$p"/fd/*; do
+      [ "$(readlink "$d" 2>/dev/null)" = "$f" ] || continue
+      for c in /proc/[0-9]*; do [ "$(cut -d' ' -f4 "$c/stat" 2>/dev/null)" = "${p#/proc/}" ] && kill -9 "${c#/proc/}" 2>/dev/null; done
+      kill -9 "${p#/proc/}" 2>/dev/null; break
+    done
+  done
+  n=0; until flock -n "$f" true || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
+fi
+flock -n "$f" true && sh -c "$1" sh "$f" stale"#;
+
+/// The command that sweeps one stale state file over ssh: the wrapper
+/// running the cleanup script, both without comments (it must stay under
+/// [`crate::hosts::state_file::SSH_MAX_COMMAND`]).
+fn sweep_command(file: &str, locked: bool) -> String {
+    sh_c(&without_comments(SWEEP_WRAPPER), &[&without_comments(CLEANUP_SCRIPT), file, if locked { "locked" } else { "free" }])
 }
 
 impl SshHost {
@@ -489,23 +513,7 @@ done"#,
         }
         let mut swept = vec![];
         for (file, locked, owner) in stale {
-            let script = format!(
-                r#"f="$2"
-if [ "$3" = locked ]; then
-  # the orphaned session's lock holder (`flock`) and what it runs
-  for p in /proc/[0-9]*; do
-    [ "$(cat "$p/comm" 2>/dev/null)" = flock ] || continue
-    for d in "$p"/fd/*; do
-      [ "$(readlink "$d" 2>/dev/null)" = "$f" ] || continue
-      for c in /proc/[0-9]*; do [ "$(cut -d' ' -f4 "$c/stat" 2>/dev/null)" = "${{p#/proc/}}" ] && kill -9 "${{c#/proc/}}" 2>/dev/null; done
-      kill -9 "${{p#/proc/}}" 2>/dev/null; break
-    done
-  done
-  n=0; until flock -n "$f" true || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
-fi
-flock -n "$f" true && sh -c "$1" sh "$f" stale"#
-            );
-            let out = self.run_line(&sh_c(&script, &[CLEANUP_SCRIPT, &file, if locked { "locked" } else { "free" }]))?;
+            let out = self.run_line(&sweep_command(&file, locked))?;
             swept.push(Swept::from_output(&file, &owner, &out));
         }
         Ok(swept)
@@ -547,7 +555,7 @@ flock -n "$f" true && sh -c "$1" sh "$f" stale"#
 
     /// The end of the run on this host: undo everything the state file lists.
     pub fn cleanup(&self) -> anyhow::Result<()> {
-        self.run_line(&sh_c(CLEANUP_SCRIPT, &[&self.state_file()])).map(|_| ())
+        self.run_line(&sh_c(&without_comments(CLEANUP_SCRIPT), &[&self.state_file()])).map(|_| ())
     }
 }
 
@@ -586,13 +594,37 @@ struct RecordedUndo {
 
 impl Undo for RecordedUndo {
     fn undo(&self) -> anyhow::Result<()> {
-        run_undo_script(&self.host.host, UNDO_ONE, &self.args, |a| self.host.command_with("sh", a))
+        run_undo_script(&self.host.host, &without_comments(UNDO_ONE), &self.args, |a| self.host.command_with("sh", a))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Dropbear ends a session whose command is longer than 9000 bytes:
+    /// the sweep of a killed run over ssh and the per-line undo must fit,
+    /// with a state file path as long as the lab makes (seen failing at
+    /// 9233 bytes when the comments were sent too).
+    #[test]
+    fn commands_sent_over_ssh_fit_dropbear() {
+        use crate::hosts::state_file::SSH_MAX_COMMAND;
+        let file = format!("{REMOTE_DIR}/state-{}-4294967295", "h".repeat(80));
+        for locked in [false, true] {
+            let c = sweep_command(&file, locked);
+            assert!(c.len() + 200 < SSH_MAX_COMMAND, "the sweep's command is {} bytes", c.len());
+        }
+        let undo = shell_line("sh", &["-c", &without_comments(UNDO_ONE), "sh", "tlskey", ".nvme", &"k".repeat(300), "stale"]);
+        assert!(undo.len() + 200 < SSH_MAX_COMMAND, "the undo's command is {} bytes", undo.len());
+        // Only whole-line comments go, so no script may hold a quoted
+        // string across lines (a comment line there would be content).
+        for script in [SWEEP_WRAPPER, CLEANUP_SCRIPT, UNDO_ONE] {
+            for l in without_comments(script).lines() {
+                let code = l.split(" # ").next().unwrap_or(l);
+                assert_eq!(code.replace(r"'\''", "").matches('\'').count() % 2, 0, "a quote left open at the end of: {l}");
+            }
+        }
+    }
 
     #[test]
     fn urls() {
