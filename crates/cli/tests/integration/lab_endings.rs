@@ -42,6 +42,19 @@ impl Lab {
     }
 
     pub fn spawn(cmd: &mut Command, out: &Path) -> Lab {
+        // The lab keeps an inherited, ignored SIGHUP ignored (as under
+        // `nohup`, by design); a test run started under nohup passes that
+        // on, and the hangup test then waited 90 s for an ending that
+        // never came (2026-11-26). The lab under test starts with SIGHUP's
+        // default, as from a terminal.
+        use std::os::unix::process::CommandExt;
+        // SAFETY: signal() is async-signal-safe; nothing else runs here.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGHUP, libc::SIG_DFL);
+                Ok(())
+            });
+        }
         let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("start blockwire lab");
         let err = Arc::new(Mutex::new(String::new()));
         let mut pipe = child.stderr.take().unwrap();
