@@ -92,8 +92,11 @@ pub fn last_lines(s: &str, n: usize) -> String {
 /// last writes). Bounded: a kernel driver can hold an undo (an aoe flush
 /// waits for its device's pending work); the host's state file still
 /// lists it for the next run.
+/// The script goes without its comment lines: over ssh a command must fit
+/// dropbear's limit ([`crate::hosts::state_file::SSH_MAX_COMMAND`]).
 pub fn run_undo_script(on: &str, script: &str, args: &[String], cmd: impl FnOnce(&[&str]) -> Command) -> anyhow::Result<()> {
-    let mut a: Vec<&str> = vec!["-c", script, "sh"];
+    let script = crate::hosts::state_file::without_comments(script);
+    let mut a: Vec<&str> = vec!["-c", &script, "sh"];
     a.extend(args.iter().map(|s| s.as_str()));
     if crate::cleanup::interrupted() {
         a.push("stale");

@@ -594,7 +594,7 @@ struct RecordedUndo {
 
 impl Undo for RecordedUndo {
     fn undo(&self) -> anyhow::Result<()> {
-        run_undo_script(&self.host.host, &without_comments(UNDO_ONE), &self.args, |a| self.host.command_with("sh", a))
+        run_undo_script(&self.host.host, UNDO_ONE, &self.args, |a| self.host.command_with("sh", a))
     }
 }
 
