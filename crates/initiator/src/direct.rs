@@ -30,25 +30,58 @@ fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
     }
 }
 
+/// What one attempt to read more of a payload into place did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Filled {
+    /// Some of the payload went into place; `left` bytes of it are still to come.
+    Placed { left: usize },
+    /// Nothing went into place: the socket must first hold `need` more
+    /// bytes (at least) than it does now. Counted when the attempt ends:
+    /// through the TLS record layer an attempt can take bytes off the
+    /// socket (part of a record, held) and place nothing, so what was
+    /// left before it overstates what is still to come on the wire.
+    Waiting { need: usize },
+    /// The peer closed the connection.
+    Closed,
+}
+
+impl Filled {
+    /// The outcome of a plain socket read (`try_read`) of a payload that
+    /// then has `left` bytes to come: a read that would block took nothing.
+    pub(crate) fn of_read(r: std::io::Result<usize>, left: usize) -> std::io::Result<Filled> {
+        match r {
+            Ok(0) => Ok(Filled::Closed),
+            Ok(_) => Ok(Filled::Placed { left }),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Filled::Waiting { need: left }),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// Read the `left` bytes still to come of a payload: `fill` reads what the
 /// socket holds into place (with `OwnedReadHalf::try_read`, under the
 /// session's lock, so that a caller giving up takes its buffer back under
-/// the same lock) and says how many bytes it read and how many are left.
+/// the same lock) and says what it did.
+///
+/// With [`Wakeups::LowWater`] the socket is told to wake us only once it
+/// holds what `fill` last said it needs: never more than will come, or
+/// the read waits for bytes the target will never send (until the
+/// command's timeout; docs/notes/2026-11-26-tls-lowat.md).
 pub(crate) async fn recv(
     rd: &OwnedReadHalf,
     mut left: usize,
     wakeups: Wakeups,
-    mut fill: impl FnMut() -> std::io::Result<(usize, usize)>,
+    mut fill: impl FnMut() -> std::io::Result<Filled>,
 ) -> Result<(), String> {
     let mut lowat = 1;
     while left > 0 {
         rd.readable().await.map_err(|e| format!("receive failed: {e}"))?;
         match fill() {
-            Ok((0, _)) => return Err("target closed the connection".into()),
-            Ok((_, l)) => left = l,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            Ok(Filled::Placed { left: l }) => left = l,
+            Ok(Filled::Closed) => return Err("target closed the connection".into()),
+            Ok(Filled::Waiting { need }) => {
                 if let Wakeups::LowWater(max) = wakeups {
-                    let want = left.min(max).max(1);
+                    let want = need.min(max).max(1);
                     if want != lowat {
                         set_rcvlowat(rd, want);
                         lowat = want;

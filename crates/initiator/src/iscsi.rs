@@ -429,8 +429,8 @@ async fn recv_direct(rd: &OwnedReadHalf, sh: &Shared, d: &mut DirectRead) -> std
     crate::direct::recv(rd, d.left(), crate::direct::Wakeups::Eager, || {
         // Under the session lock: a caller that gives up takes its buffer
         // back under the same lock (`InFlight`).
-        let n = sh.lock().s.direct_fill(d, |dst| rd.try_read(dst))?;
-        Ok((n, d.left()))
+        let r = sh.lock().s.direct_fill(d, |dst| rd.try_read(dst));
+        crate::direct::Filled::of_read(r, d.left())
     })
     .await
 }
