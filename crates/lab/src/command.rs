@@ -95,11 +95,26 @@ pub fn last_lines(s: &str, n: usize) -> String {
 /// The script goes without its comment lines: over ssh a command must fit
 /// dropbear's limit ([`crate::hosts::state_file::SSH_MAX_COMMAND`]).
 pub fn run_undo_script(on: &str, script: &str, args: &[String], cmd: impl FnOnce(&[&str]) -> Command) -> anyhow::Result<()> {
-    let script = crate::hosts::state_file::without_comments(script);
+    let script = without_comments(script);
     let mut a: Vec<&str> = vec!["-c", &script, "sh"];
     a.extend(args.iter().map(|s| s.as_str()));
     if crate::cleanup::interrupted() {
         a.push("stale");
     }
     run_bounded(cmd(&a), Duration::from_secs(180)).map_err(|e| anyhow::anyhow!("undo on {on}: {e:#}"))
+}
+
+/// `script` without its comment lines, for sending over ssh: the cleanup
+/// scripts' comments alone are ~1.5 KB, which took the sweep's command
+/// past `hosts::state_file::SSH_MAX_COMMAND` on 2026-11-26. Only whole-line comments go:
+/// no script here has a quoted string that spans lines (a test checks).
+pub fn without_comments(script: &str) -> String {
+    script
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            !t.starts_with('#') || t.starts_with("#!")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

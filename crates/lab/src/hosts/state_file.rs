@@ -242,20 +242,7 @@ rmdir "${s%/*}" 2>/dev/null || true"#
 /// kernel VM's sshd and many small hosts'; OpenSSH allows far more.
 pub const SSH_MAX_COMMAND: usize = 9000;
 
-/// `script` without its comment lines, for sending over ssh: the cleanup
-/// scripts' comments alone are ~1.5 KB, which took the sweep's command
-/// past [`SSH_MAX_COMMAND`] on 2026-11-26. Only whole-line comments go:
-/// no script here has a quoted string that spans lines (a test checks).
-pub fn without_comments(script: &str) -> String {
-    script
-        .lines()
-        .filter(|l| {
-            let t = l.trim_start();
-            !t.starts_with('#') || t.starts_with("#!")
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+pub use crate::command::without_comments;
 
 /// Undo one state-file line now (`$1` kind, `$2` `$3`; `$4` is `stale`
 /// after an interruption): what a tracked resource recorded with
