@@ -417,10 +417,39 @@ impl Outbox {
                     None => break,
                 }
             }
+            // The next record's payload pages start on their way from
+            // memory while this one is encrypted: copied cold, a 4 KiB
+            // random read's copy waited on memory longer than its cipher
+            // ran (0.6 against 0.43 us); with the hint the target's CPU per
+            // read over TLS is 4.5% lower. Large sequential reads gain
+            // nothing (the CPU's own prefetcher streams them);
+            // docs/notes/2026-11-26-nvme-tls-7.md.
+            self.prefetch_mapped(MAX_PLAINTEXT);
             t.sealer.finish(ContentType::ApplicationData, &mut t.records, record);
             sealed += n;
         }
         Ok(())
+    }
+
+    /// Prefetch the mapped payload bytes among the next `limit` bytes
+    /// queued (see [`MappedBytes::prefetch`]: a hint, safe whatever became
+    /// of the mapping). Byte buffers count towards `limit`; a file payload
+    /// ends the look ahead (pread brings it).
+    fn prefetch_mapped(&self, mut limit: usize) {
+        for seg in &self.segs {
+            if limit == 0 {
+                return;
+            }
+            match seg {
+                Seg::Buf { data, pos } => limit = limit.saturating_sub(data.len() - pos),
+                Seg::Mapped { bytes, pos } => {
+                    let take = (bytes.len() - pos).min(limit);
+                    bytes.prefetch(*pos, take);
+                    limit -= take;
+                }
+                Seg::File { .. } => return,
+            }
+        }
     }
 
     /// Send everything, waiting for the socket as needed.
