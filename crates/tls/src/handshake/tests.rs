@@ -242,10 +242,11 @@ fn binder_hash_reads_the_first_binder() {
 
 /// nvmet's server as tlshd 1.0 makes it (GnuTLS PSK credentials allocated
 /// without a hash): every key, a SHA-384 PSK's 48 bytes too, is bound with
-/// SHA-256, and its priorities for a SHA-384 PSK keep
-/// TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256 (a SHA-384
-/// binder: `unhandled error -55, returning EACCES`).
-fn tlshd_server(key: TlsPsk) -> Handshake {
+/// SHA-256, so a SHA-384 binder is refused (`unhandled error -55,
+/// returning EACCES`), with `suites` as its priorities. In the VM it
+/// agreed on TLS_AES_128_GCM_SHA256 with our client; its client side
+/// offers TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256 only.
+fn tlshd_server(key: TlsPsk, suites: &str) -> Handshake {
     unsafe extern "C" fn find(ssl: *mut openssl_sys::SSL, _id: *const libc::c_uchar, _len: libc::size_t, sess: *mut *mut openssl_sys::SSL_SESSION) -> libc::c_int {
         // SAFETY: OpenSSL passes the live SSL; its state holds the key.
         let st = state(unsafe { SslRef::from_ptr(ssl) });
@@ -255,7 +256,7 @@ fn tlshd_server(key: TlsPsk) -> Handshake {
     }
     let mut b = SslContextBuilder::new(SslMethod::tls_server()).unwrap();
     b.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
-    b.set_ciphersuites("TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256").unwrap();
+    b.set_ciphersuites(suites).unwrap();
     b.set_num_tickets(0).unwrap();
     b.set_keylog_callback(keylog);
     // SAFETY: a context being built; the callback has OpenSSL's signature.
@@ -270,8 +271,9 @@ fn tlshd_server(key: TlsPsk) -> Handshake {
 
 /// Our client with a SHA-384 PSK against a tlshd 1.0 server: TP 8011's
 /// binding is refused; the SHA-256 binding of the same 48 bytes gets
-/// TLS_CHACHA20_POLY1305_SHA256 (the one SHA-256 suite tlshd keeps for
-/// it), and records flow both ways. Our own server takes either binding.
+/// TLS_AES_128_GCM_SHA256 (as nvmet gave in the VM), or
+/// TLS_CHACHA20_POLY1305_SHA256 from a server whose only SHA-256 suite it
+/// is, and records flow both ways. Our own server takes either binding.
 #[test]
 fn a_sha384_psk_bound_with_sha256_for_a_tlshd_server() {
     let psk = ConfiguredPsk::parse(K384).unwrap();
@@ -280,17 +282,22 @@ fn a_sha384_psk_bound_with_sha256_for_a_tlshd_server() {
     assert_eq!(key().key().len(), 48);
     assert_eq!(Binding::candidates(PskHash::Sha384), &[Binding::Specified, Binding::Sha256]);
     assert_eq!(Binding::candidates(PskHash::Sha256), &[Binding::Specified]);
-    let (c, s, _) = run(Handshake::client_bound(&id.to_string(), key(), Binding::Specified).unwrap(), tlshd_server(key()), b"");
-    assert!(c.is_err() && s.is_err(), "TP 8011's SHA-384 binding against tlshd 1.0: {:?} / {:?}", c.map(|e| e.suite), s.map(|e| e.suite));
-    let (c, s, _) = run(Handshake::client_bound(&id.to_string(), key(), Binding::Sha256).unwrap(), tlshd_server(key()), b"");
-    let (c, s) = (c.unwrap(), s.unwrap());
-    assert_eq!((c.suite, s.suite), (Suite::Chacha20Poly1305Sha256, Suite::Chacha20Poly1305Sha256));
-    for (tx, rx) in [(&c.tx, &s.rx), (&s.tx, &c.rx)] {
-        let mut wire = Vec::new();
-        Sealer::new(tx).seal_all(b"ICReq", &mut wire);
-        let mut plain = BytesMut::new();
-        assert_eq!(Opener::new(rx, false).open(&wire, &mut plain).unwrap(), Some((wire.len(), Opened::Data(5))));
-        assert_eq!(&plain[..], b"ICReq");
+    for (suites, want) in [
+        ("TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256", Suite::Aes128GcmSha256),
+        ("TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256", Suite::Chacha20Poly1305Sha256),
+    ] {
+        let (c, s, _) = run(Handshake::client_bound(&id.to_string(), key(), Binding::Specified).unwrap(), tlshd_server(key(), suites), b"");
+        assert!(c.is_err() && s.is_err(), "TP 8011's SHA-384 binding against tlshd 1.0 ({suites}): {:?} / {:?}", c.map(|e| e.suite), s.map(|e| e.suite));
+        let (c, s, _) = run(Handshake::client_bound(&id.to_string(), key(), Binding::Sha256).unwrap(), tlshd_server(key(), suites), b"");
+        let (c, s) = (c.unwrap(), s.unwrap());
+        assert_eq!((c.suite, s.suite), (want, want), "{suites}");
+        for (tx, rx) in [(&c.tx, &s.rx), (&s.tx, &c.rx)] {
+            let mut wire = Vec::new();
+            Sealer::new(tx).seal_all(b"ICReq", &mut wire);
+            let mut plain = BytesMut::new();
+            assert_eq!(Opener::new(rx, false).open(&wire, &mut plain).unwrap(), Some((wire.len(), Opened::Data(5))));
+            assert_eq!(&plain[..], b"ICReq");
+        }
     }
     // Our own server: TP 8011's binding gets TLS_AES_256_GCM_SHA384, the
     // SHA-256 one AES-128-GCM (ours before ChaCha20), the key's note says so.
