@@ -60,6 +60,63 @@ pub trait PskStore: Send + Sync {
     fn lookup(&self, identity: &str, attempt: usize) -> Result<Option<Candidate>, String>;
 }
 
+/// How a client binds its PSK: the hash of its binder, and so the suites
+/// it can offer (TLS 1.3 uses a PSK only with suites of its binder's hash).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Binding {
+    /// TP 8011's: with the PSK's own hash, offering that hash's suite
+    /// (SHA-256: TLS_AES_128_GCM_SHA256; SHA-384: TLS_AES_256_GCM_SHA384).
+    /// Our target and SPDK take it.
+    Specified,
+    /// A SHA-384 PSK's 48 bytes bound with SHA-256, offering
+    /// TLS_AES_128_GCM_SHA256 and TLS_CHACHA20_POLY1305_SHA256: what Linux
+    /// nvmet takes, whose handshakes tlshd 1.0 makes with GnuTLS PSK
+    /// credentials allocated without a hash (SHA-256 binders only; two
+    /// tlshd ends agree on ChaCha20-Poly1305). The same as
+    /// [`Binding::Specified`] for a SHA-256 PSK.
+    Sha256,
+}
+
+impl Binding {
+    /// The bindings worth trying for a PSK of `hash`, the specification's first.
+    pub fn candidates(hash: PskHash) -> &'static [Binding] {
+        match hash {
+            PskHash::Sha256 => &[Binding::Specified],
+            PskHash::Sha384 => &[Binding::Specified, Binding::Sha256],
+        }
+    }
+    /// The binder's hash for a PSK of `hash`.
+    pub fn hash(self, hash: PskHash) -> PskHash {
+        match self {
+            Binding::Specified => hash,
+            Binding::Sha256 => PskHash::Sha256,
+        }
+    }
+    /// The suites a client offers for a PSK of `hash`, in its preference.
+    pub fn suites(self, hash: PskHash) -> &'static [Suite] {
+        match self.hash(hash) {
+            PskHash::Sha256 if hash == PskHash::Sha384 => &[Suite::Aes128GcmSha256, Suite::Chacha20Poly1305Sha256],
+            PskHash::Sha256 => &[Suite::Aes128GcmSha256],
+            PskHash::Sha384 => &[Suite::Aes256GcmSha384],
+        }
+    }
+    /// For logs and descriptions: how a PSK of `hash` was bound.
+    pub fn describe(self, hash: PskHash) -> String {
+        match self {
+            Binding::Sha256 if hash != PskHash::Sha256 => format!("{} PSK bound with SHA-256 as tlshd 1.0 does", hash_name(hash)),
+            _ => format!("{} PSK bound with {} as TP 8011 says", hash_name(hash), hash_name(hash)),
+        }
+    }
+}
+
+/// A PSK hash as the logs name it.
+fn hash_name(h: PskHash) -> &'static str {
+    match h {
+        PskHash::Sha256 => "SHA-256",
+        PskHash::Sha384 => "SHA-384",
+    }
+}
+
 /// Why a handshake failed; the connection ends.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
@@ -205,8 +262,7 @@ unsafe extern "C" fn find_session(
                 let note = if hash == c.psk.hash {
                     c.note
                 } else {
-                    let name = |h| if h == PskHash::Sha256 { "SHA-256" } else { "SHA-384" };
-                    format!("{}; bound with {}, not the identity's {}: a Linux host's tlshd 1.0", c.note, name(hash), name(c.psk.hash))
+                    format!("{}; bound with {}, not the identity's {}: a Linux host's tlshd 1.0", c.note, hash_name(hash), hash_name(c.psk.hash))
                 };
                 st.note = Some(note.clone());
                 st.notes.push(note);
@@ -422,11 +478,17 @@ impl Handshake {
         Handshake::new(Role::Server, st, &[])
     }
 
-    /// A client's handshake offering `psk` as `identity`; its ClientHello
-    /// is ready in [`Handshake::take_output`].
+    /// A client's handshake offering `psk` as `identity`, bound as TP 8011
+    /// says; its ClientHello is ready in [`Handshake::take_output`].
     pub fn client(identity: &str, psk: TlsPsk) -> Result<Handshake, HandshakeError> {
+        Handshake::client_bound(identity, psk, Binding::Specified)
+    }
+
+    /// A client's handshake offering `psk` as `identity`, bound as `binding`
+    /// says (with the suites it allows).
+    pub fn client_bound(identity: &str, psk: TlsPsk, binding: Binding) -> Result<Handshake, HandshakeError> {
         let hash = psk.hash;
-        Handshake::client_offering(identity, psk, hash, &[Suite::of(hash)])
+        Handshake::client_offering(identity, psk, binding.hash(hash), binding.suites(hash))
     }
 
     /// A client binding `psk` with `bind` and offering `suites`: ours

@@ -4,7 +4,7 @@
 //! runs as before) or ours ([`UserRecords`]: the caller reads and writes
 //! through it).
 
-use crate::handshake::{Established, Handshake, HandshakeError, PskStore};
+use crate::handshake::{Binding, Established, Handshake, HandshakeError, PskStore};
 use crate::ktls::{self, Direction};
 use crate::record::{Header, Opened, Opener, RecordError, Sealer, HEADER_LEN, MAX_CIPHERTEXT};
 use crate::{RecordChoice, RecordLayer, Suite};
@@ -306,10 +306,15 @@ pub async fn accept(stream: &TcpStream, store: Arc<dyn PskStore>, mut received: 
     establish(stream, est, received, choice, false).await
 }
 
-/// The client side: offer `psk` as `identity`.
+/// The client side: offer `psk` as `identity`, bound as TP 8011 says.
 pub async fn connect(stream: &TcpStream, identity: &str, psk: TlsPsk, choice: RecordChoice) -> Result<Secured, SecureError> {
+    connect_bound(stream, identity, psk, Binding::Specified, choice).await
+}
+
+/// [`connect`] with the PSK bound as `binding` says.
+pub async fn connect_bound(stream: &TcpStream, identity: &str, psk: TlsPsk, binding: Binding, choice: RecordChoice) -> Result<Secured, SecureError> {
     let mut received = BytesMut::new();
-    let est = handshake(stream, Handshake::client(identity, psk)?, &mut received).await?;
+    let est = handshake(stream, Handshake::client_bound(identity, psk, binding)?, &mut received).await?;
     establish(stream, est, received, choice, true).await
 }
 

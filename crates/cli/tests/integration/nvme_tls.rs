@@ -447,7 +447,8 @@ tls_psk = "{K384}"
     let run = |q: &str, h: &str, psk: &str| {
         let mut c = std::process::Command::new(blockwire_bin());
         c.args(["verify", &format!("{url}{q}"), "--size", "4M", "--queues", "2", "--initiator-name", h, "--timeout", "120"]);
-        c.env_remove("BLOCKWIRE_DHCHAP_SECRET").env("BLOCKWIRE_TLS_PSK", psk);
+        // The TLS candidates the initiator tried, and the one that worked.
+        c.env_remove("BLOCKWIRE_DHCHAP_SECRET").env("BLOCKWIRE_TLS_PSK", psk).env("RUST_LOG", "warn,bw_initiator::nvme::tls=debug");
         if psk.is_empty() {
             c.env_remove("BLOCKWIRE_TLS_PSK");
         }
@@ -464,9 +465,23 @@ tls_psk = "{K384}"
     // A SHA-384 PSK (NVMeTLSkey-1:02) against nvmet, whose handshakes are
     // tlshd 1.0's (GnuTLS server credentials without a hash: SHA-256
     // binders): our initiator binds it with SHA-384 for
-    // TLS_AES_256_GCM_SHA384, as TP 8011 says.
+    // TLS_AES_256_GCM_SHA384 first, as TP 8011 says; refused, it binds the
+    // same 48 bytes with SHA-256 and gets TLS_AES_128_GCM_SHA256 (tlshd's
+    // server side takes it; its client side offers only ChaCha20 of that
+    // hash), on both queues.
     let o = run("?tls", &host(6), K384);
     eprintln!("SHA-384 PSK to nvmet: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let out = ok(&o, "blockwire to nvmet over TLS with a SHA-384 PSK");
+    assert!(out.contains("TLS TLS_AES_128_GCM_SHA256, user, SHA-384 PSK bound with SHA-256 as tlshd 1.0 does"), "{out}");
+    // The first queue was refused TP 8011's binding and said which one
+    // worked; the other two started with that (no refusal after it).
+    let lines: Vec<&str> = out.lines().collect();
+    let took: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains("the controller's other queues use this one")).collect();
+    let refused: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains("nvme: TLS with the PSK derived by")).collect();
+    assert_eq!(took.len(), 1, "{out}");
+    assert!(lines[took[0]].contains("SHA-384 PSK bound with SHA-256 as tlshd 1.0 does"), "{out}");
+    assert!(refused.first().is_some_and(|r| lines[*r].contains("SHA-384 PSK bound with SHA-384 as TP 8011 says")), "{out}");
+    assert!(refused.iter().all(|&r| r < took[0]), "a queue after the first was refused again: {out}");
     // A KeyUpdate to the guest's serve on kTLS receive: that connection
     // ends (the guest checks serve's reason, stepKU), the next host is served.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

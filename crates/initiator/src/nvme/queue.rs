@@ -115,7 +115,8 @@ impl Waits for Shared {
 
 pub struct TcpQueue {
     pub qid: u16,
-    /// With TLS: the suite and who keeps the records ("TLS_AES_128_GCM_SHA256, ktls").
+    /// With TLS: the suite and who keeps the records ("TLS_AES_128_GCM_SHA256, ktls"),
+    /// then a binding other than TP 8011's ("..., user, SHA-384 PSK bound with SHA-256 as tlshd 1.0 does").
     pub tls: Option<String>,
     shared: Arc<Shared>,
     slots: Semaphore,
@@ -149,8 +150,12 @@ impl TcpQueue {
         let (stream, mut buf, mut sealer, mut reader, described) = match tls {
             None => (crate::connect_tcp(host, port, opts).await?, BytesMut::with_capacity(256 * 1024), None, None, None),
             Some(t) => {
-                let (stream, sec) = t.open(host, port, opts).await?;
-                let described = format!("{}, {}", sec.suite, sec.layer);
+                let (stream, sec, bound) = t.open(host, port, opts).await?;
+                let described = match bound {
+                    None => format!("{}, {}", sec.suite, sec.layer),
+                    // After the layer: bw_lab reads "suite, layer" off the front.
+                    Some(b) => format!("{}, {}, {b}", sec.suite, sec.layer),
+                };
                 log::info!("nvme: queue {qid}: TLS as {:?}: {described}", sec.identity);
                 let mut buf = BytesMut::with_capacity(256 * 1024);
                 buf.extend_from_slice(&sec.plaintext);

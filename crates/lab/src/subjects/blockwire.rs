@@ -249,6 +249,9 @@ mod tests {
         let d = "nvme+tcp://198.18.1.1:4422/nqn.x:nvmet/1?tls (controller 1, 2 I/O queues, TLS TLS_AES_128_GCM_SHA256, ktls)";
         assert_eq!(client_tls(d), Some(("TLS_AES_128_GCM_SHA256".into(), "ktls".into())));
         assert_eq!(client_tls("nvme+tcp://h:1/n/1 (controller 1, 2 I/O queues)"), None);
+        // A SHA-384 PSK bound with SHA-256 (Linux nvmet): the binding comes after.
+        let d = "nvme+tcp://h:1/n/1?tls (controller 1, 2 I/O queues, TLS TLS_CHACHA20_POLY1305_SHA256, user, SHA-384 PSK bound with SHA-256 as tlshd 1.0 does)";
+        assert_eq!(client_tls(d), Some(("TLS_CHACHA20_POLY1305_SHA256".into(), "user".into())));
     }
 
     #[test]

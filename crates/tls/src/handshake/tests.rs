@@ -239,3 +239,77 @@ fn binder_hash_reads_the_first_binder() {
     assert_eq!(binder_hash(&ext[..12]), None);
     assert_eq!(binder_hash(&[0xff, 0xff]), None);
 }
+
+/// nvmet's server as tlshd 1.0 makes it (GnuTLS PSK credentials allocated
+/// without a hash): every key, a SHA-384 PSK's 48 bytes too, is bound with
+/// SHA-256, so a SHA-384 binder is refused (`unhandled error -55,
+/// returning EACCES`), with `suites` as its priorities. In the VM it
+/// agreed on TLS_AES_128_GCM_SHA256 with our client; its client side
+/// offers TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256 only.
+fn tlshd_server(key: TlsPsk, suites: &str) -> Handshake {
+    unsafe extern "C" fn find(ssl: *mut openssl_sys::SSL, _id: *const libc::c_uchar, _len: libc::size_t, sess: *mut *mut openssl_sys::SSL_SESSION) -> libc::c_int {
+        // SAFETY: OpenSSL passes the live SSL; its state holds the key.
+        let st = state(unsafe { SslRef::from_ptr(ssl) });
+        let Some(psk) = st.psk.as_ref() else { return 0 };
+        *sess = psk_session(ssl, psk, PskHash::Sha256);
+        (!(*sess).is_null()) as libc::c_int
+    }
+    let mut b = SslContextBuilder::new(SslMethod::tls_server()).unwrap();
+    b.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
+    b.set_ciphersuites(suites).unwrap();
+    b.set_num_tickets(0).unwrap();
+    b.set_keylog_callback(keylog);
+    // SAFETY: a context being built; the callback has OpenSSL's signature.
+    unsafe { ffi::SSL_CTX_set_psk_find_session_callback(b.as_ptr(), Some(find)) };
+    let ctx = b.build();
+    let mut ssl = Ssl::new(&ctx).unwrap();
+    ssl.set_ex_data(index(), Mutex::new(State { psk: Some(key), ..State::default() }));
+    ssl.set_accept_state();
+    let stream = SslStream::new(ssl, Pipe::default()).unwrap();
+    Handshake { role: Role::Server, stream, taken: 0, replay: Vec::new(), sent: false, peer_alert: None, done: false }
+}
+
+/// Our client with a SHA-384 PSK against a tlshd 1.0 server: TP 8011's
+/// binding is refused; the SHA-256 binding of the same 48 bytes gets
+/// TLS_AES_128_GCM_SHA256 (as nvmet gave in the VM), or
+/// TLS_CHACHA20_POLY1305_SHA256 from a server whose only SHA-256 suite it
+/// is, and records flow both ways. Our own server takes either binding.
+#[test]
+fn a_sha384_psk_bound_with_sha256_for_a_tlshd_server() {
+    let psk = ConfiguredPsk::parse(K384).unwrap();
+    let id = psk.identity(Derivation::Rfc8446, IdentityVersion::V0, HOST, SUB);
+    let key = || psk.tls_psk(Derivation::Rfc8446, &id).unwrap();
+    assert_eq!(key().key().len(), 48);
+    assert_eq!(Binding::candidates(PskHash::Sha384), &[Binding::Specified, Binding::Sha256]);
+    assert_eq!(Binding::candidates(PskHash::Sha256), &[Binding::Specified]);
+    for (suites, want) in [
+        ("TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256", Suite::Aes128GcmSha256),
+        ("TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256", Suite::Chacha20Poly1305Sha256),
+    ] {
+        let (c, s, _) = run(Handshake::client_bound(&id.to_string(), key(), Binding::Specified).unwrap(), tlshd_server(key(), suites), b"");
+        assert!(c.is_err() && s.is_err(), "TP 8011's SHA-384 binding against tlshd 1.0 ({suites}): {:?} / {:?}", c.map(|e| e.suite), s.map(|e| e.suite));
+        let (c, s, _) = run(Handshake::client_bound(&id.to_string(), key(), Binding::Sha256).unwrap(), tlshd_server(key(), suites), b"");
+        let (c, s) = (c.unwrap(), s.unwrap());
+        assert_eq!((c.suite, s.suite), (want, want), "{suites}");
+        for (tx, rx) in [(&c.tx, &s.rx), (&s.tx, &c.rx)] {
+            let mut wire = Vec::new();
+            Sealer::new(tx).seal_all(b"ICReq", &mut wire);
+            let mut plain = BytesMut::new();
+            assert_eq!(Opener::new(rx, false).open(&wire, &mut plain).unwrap(), Some((wire.len(), Opened::Data(5))));
+            assert_eq!(&plain[..], b"ICReq");
+        }
+    }
+    // Our own server: TP 8011's binding gets TLS_AES_256_GCM_SHA384, the
+    // SHA-256 one AES-128-GCM (ours before ChaCha20), the key's note says so.
+    let (_, s, _) = run(Handshake::client_bound(&id.to_string(), key(), Binding::Specified).unwrap(), server(K384), b"");
+    assert_eq!(s.unwrap().suite, Suite::Aes256GcmSha384);
+    let (c, s, _) = run(Handshake::client_bound(&id.to_string(), key(), Binding::Sha256).unwrap(), server(K384), b"");
+    let s = s.unwrap();
+    assert_eq!((c.unwrap().suite, s.suite), (Suite::Aes128GcmSha256, Suite::Aes128GcmSha256));
+    assert!(s.note.as_deref().unwrap().contains("bound with SHA-256"), "{:?}", s.note);
+    // A SHA-256 PSK: one binding, the same suite either way.
+    let k256 = ConfiguredPsk::parse(K256).unwrap();
+    let id = k256.identity(Derivation::Rfc8446, IdentityVersion::V0, HOST, SUB);
+    let (c, _, _) = run(Handshake::client_bound(&id.to_string(), k256.tls_psk(Derivation::Rfc8446, &id).unwrap(), Binding::Sha256).unwrap(), server(K256), b"");
+    assert_eq!(c.unwrap().suite, Suite::Aes128GcmSha256);
+}
