@@ -28,8 +28,9 @@ pub(crate) trait Transmit {
 /// when there is something, it first lets the other ready tasks (callers
 /// woken by the completions just read) submit, so that one send carries a
 /// whole burst of commands: the scheduler would otherwise run this task
-/// right after each submit. With `sealer` (NVMe/TCP over user-space TLS)
-/// the bytes go out as TLS records.
+/// right after each submit (a task woken by a running one goes to tokio's
+/// LIFO slot). With `sealer` (NVMe/TCP over user-space TLS) the bytes go
+/// out as TLS records.
 pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit, mut sealer: Option<Sealer>) {
     let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut refs: Vec<(usize, Bytes)> = Vec::new();
@@ -38,7 +39,7 @@ pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit, mut sea
     let mut records: Vec<u8> = Vec::new();
     loop {
         q.wake().notified().await;
-        tokio::task::yield_now().await;
+        behind_ready_tasks().await;
         if q.poll(&mut batch, &mut refs) {
             let _ = wr.shutdown().await;
             return;
@@ -68,6 +69,27 @@ pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit, mut sea
             records = Vec::new();
         }
     }
+}
+
+/// Let every task that is ready now run first: this task is queued again
+/// at the back of the runtime's run queue, behind them. Not
+/// `tokio::task::yield_now`: that defers the task until the worker has
+/// polled its I/O driver, one extra `epoll_wait` (with a zero timeout)
+/// per burst, the client's second of two per batch of answers
+/// (docs/notes/2026-11-26-floor-6.md). A task that wakes itself while it
+/// runs is rescheduled as a yield, at the back of the queue, with no
+/// driver poll in between.
+async fn behind_ready_tasks() {
+    let mut queued = false;
+    std::future::poll_fn(|cx| {
+        if queued {
+            return std::task::Poll::Ready(());
+        }
+        queued = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// What a queue handed over, in the order it goes on the wire: `bytes` cut

@@ -660,11 +660,14 @@ impl<C: Context> InitiatorSession<C> {
         };
         let have = buf.len().min(dr.left);
         if have > 0 {
-            let src = buf.split_to(have);
+            // Copied from where it is, then dropped from `buf` (not
+            // `split_to`: a second handle on the buffer, an atomic count up
+            // and down per read).
             let _ = self.direct_fill(&mut dr, |dst| {
-                dst[..have].copy_from_slice(&src);
+                dst[..have].copy_from_slice(&buf[..have]);
                 Ok::<usize, ()>(have)
             });
+            buf.advance(have);
         } else if dr.left == 0 {
             self.direct_done(&dr);
         }

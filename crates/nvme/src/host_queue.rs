@@ -617,12 +617,16 @@ impl<C: Context> HostQueue<C> {
         };
         let have = buf.len().min(d.left);
         if have > 0 {
-            let src = buf.split_to(have);
+            // Copied from where it is, then dropped from `buf`: a
+            // `split_to` made a second handle on the buffer (an atomic
+            // count up and down per read, ~90 instructions of a 4 KiB
+            // read's ~4,000; docs/notes/2026-11-26-floor-6.md).
             self.direct_fill(&mut d, |dst| {
-                dst[..have].copy_from_slice(&src);
+                dst[..have].copy_from_slice(&buf[..have]);
                 Ok::<usize, ()>(have)
             })
             .ok();
+            buf.advance(have);
         }
         Ok(Some(d))
     }
