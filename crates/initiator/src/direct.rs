@@ -46,13 +46,15 @@ pub(crate) enum Filled {
 }
 
 impl Filled {
-    /// The outcome of a plain socket read (`try_read`) of a payload that
-    /// then has `left` bytes to come: a read that would block took nothing.
-    pub(crate) fn of_read(r: std::io::Result<usize>, left: usize) -> std::io::Result<Filled> {
+    /// The outcome of one read attempt `r` (bytes placed, or an error)
+    /// after which the payload has `left` bytes to come, `held` of them
+    /// already taken off the socket and held (part of a TLS record; 0 for
+    /// a plain socket read, which takes nothing when it would block).
+    pub(crate) fn after(r: std::io::Result<usize>, left: usize, held: usize) -> std::io::Result<Filled> {
         match r {
             Ok(0) => Ok(Filled::Closed),
             Ok(_) => Ok(Filled::Placed { left }),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Filled::Waiting { need: left }),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Filled::Waiting { need: left.saturating_sub(held) }),
             Err(e) => Err(e),
         }
     }

@@ -430,7 +430,7 @@ async fn recv_direct(rd: &OwnedReadHalf, sh: &Shared, d: &mut DirectRead) -> std
         // Under the session lock: a caller that gives up takes its buffer
         // back under the same lock (`InFlight`).
         let r = sh.lock().s.direct_fill(d, |dst| rd.try_read(dst));
-        crate::direct::Filled::of_read(r, d.left())
+        crate::direct::Filled::after(r, d.left(), 0)
     })
     .await
 }

@@ -380,7 +380,7 @@ async fn recv_direct(
         // Under the queue lock: a caller that gives up takes its buffer
         // back under the same lock (`InFlight`).
         let r = sh.lock().q.direct_fill(dr, |dst| rd.try_read(dst));
-        crate::direct::Filled::of_read(r, dr.left())
+        crate::direct::Filled::after(r, dr.left(), 0)
     })
     .await
 }
@@ -401,14 +401,8 @@ async fn recv_direct_tls(
     dr: &mut DirectRead,
 ) -> std::result::Result<(), String> {
     crate::direct::recv(rd, dr.left(), crate::direct::Wakeups::LowWater(RCVLOWAT_MAX), || {
-        match sh.lock().q.direct_fill(dr, |dst| r.fill_direct(rd, dst, buf)) {
-            Ok(0) => Ok(crate::direct::Filled::Closed),
-            Ok(_) => Ok(crate::direct::Filled::Placed { left: dr.left() }),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                Ok(crate::direct::Filled::Waiting { need: dr.left().saturating_sub(r.pending()).max(1) })
-            }
-            Err(e) => Err(e),
-        }
+        let got = sh.lock().q.direct_fill(dr, |dst| r.fill_direct(rd, dst, buf));
+        crate::direct::Filled::after(got, dr.left(), r.pending())
     })
     .await
 }
