@@ -93,17 +93,19 @@ impl TlsClient {
             match r {
                 Ok(s) => {
                     let bound = binding.describe(hash);
+                    // Not TP 8011's binding: the SHA-384 PSK bound with SHA-256.
+                    let fell_back = binding.hash(hash) != hash;
                     if worked != Some(c) {
                         // Once per controller (and again if the target changes its mind).
-                        let fallback = if binding.hash(hash) == hash {
-                            ""
-                        } else {
+                        let fallback = if fell_back {
                             ": the target refused TP 8011's binding (a Linux nvmet, whose tlshd 1.0 binds every PSK with SHA-256); the controller's other queues use this one"
+                        } else {
+                            ""
                         };
                         log::info!("nvme: TLS with {host}:{port} as {:?}: {}, the PSK derived by {d}, {bound}{fallback}", s.identity, s.suite);
                     }
                     *self.worked.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
-                    return Ok((stream, s, (binding.hash(hash) != hash).then_some(bound)));
+                    return Ok((stream, s, fell_back.then_some(bound)));
                 }
                 // Refused during the handshake: perhaps another key or binding.
                 Err(e @ (SecureError::Handshake(_) | SecureError::Closed)) => {
