@@ -85,6 +85,13 @@ impl PskHash {
             PskHash::Sha384 => "TLS_AES_256_GCM_SHA384",
         }
     }
+    /// The hash as logs and descriptions name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PskHash::Sha256 => "SHA-256",
+            PskHash::Sha384 => "SHA-384",
+        }
+    }
     fn by_key_len(len: usize) -> PskHash {
         if len == 48 { PskHash::Sha384 } else { PskHash::Sha256 }
     }

@@ -2,30 +2,19 @@
 //! by the crate's tests: untrusted bytes where a peer that has proven
 //! nothing can put them. Panics mean bugs.
 
-use crate::handshake::{Candidate, Handshake, PskStore, HANDSHAKE_LIMIT};
+use crate::handshake::{Handshake, OneKey, HANDSHAKE_LIMIT};
 use crate::record::{Keys, Opener};
 use crate::Suite;
-use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity};
 use bytes::BytesMut;
 use std::sync::Arc;
-
-/// The key the fuzzed server knows: the interchange example of
-/// bw_nvme::tls_psk's tests, for any host.
-struct AnyHost(ConfiguredPsk);
-
-impl PskStore for AnyHost {
-    fn lookup(&self, identity: &str, attempt: usize) -> Result<Option<Candidate>, String> {
-        let id = Identity::parse(identity).map_err(|e| e.to_string())?;
-        Ok(Derivation::ALL.iter().filter_map(|&d| self.0.tls_psk(d, &id)).nth(attempt).map(|psk| Candidate { psk, note: String::new() }))
-    }
-}
 
 /// A server's handshake fed arbitrary bytes, in pieces whose sizes the
 /// first byte picks: never panics, never takes a partial record, never
 /// takes more than [`HANDSHAKE_LIMIT`], and an error is final.
 pub fn server_handshake(data: &[u8]) {
     let Some((&sel, rest)) = data.split_first() else { return };
-    let store = AnyHost(ConfiguredPsk::parse("NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:").expect("a valid key"));
+    // The interchange example of bw_nvme::tls_psk's tests, for any host.
+    let store = OneKey::any_host("NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:").expect("a valid key");
     let Ok(mut hs) = Handshake::server(Arc::new(store)) else { return };
     let step = 1 + sel as usize * 7;
     let mut buf = Vec::new();

@@ -32,7 +32,7 @@
 
 use crate::record::{self, alert_name, ContentType, Header, Keys};
 use crate::Suite;
-use bw_nvme::tls_psk::{PskHash, TlsPsk};
+use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity, PskError, PskHash, TlsPsk};
 use foreign_types::ForeignTypeRef;
 use openssl::ex_data::Index;
 use openssl::ssl::{ClientHelloResponse, ErrorCode, Ssl, SslAlert, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef, SslStream, SslVersion};
@@ -58,6 +58,33 @@ pub trait PskStore: Send + Sync {
     /// ClientHello names it: `Ok(None)` when there is none (or no more),
     /// `Err` with the reason when the identity is refused outright.
     fn lookup(&self, identity: &str, attempt: usize) -> Result<Option<Candidate>, String>;
+}
+
+/// One configured PSK, in each of its derivations, for the hosts it is
+/// given for (every host when `hosts` is empty): a server's store with no
+/// configuration file behind it, as tests, the fuzz targets and tools need
+/// (the target's store is `bw_serve`'s `TlsKeys`). The note names the
+/// derivation.
+pub struct OneKey {
+    pub key: ConfiguredPsk,
+    pub hosts: Vec<String>,
+}
+
+impl OneKey {
+    /// The key of interchange text `key`, for every host.
+    pub fn any_host(key: &str) -> Result<OneKey, PskError> {
+        Ok(OneKey { key: ConfiguredPsk::parse(key)?, hosts: Vec::new() })
+    }
+}
+
+impl PskStore for OneKey {
+    fn lookup(&self, identity: &str, attempt: usize) -> Result<Option<Candidate>, String> {
+        let id = Identity::parse(identity).map_err(|e| e.to_string())?;
+        if !self.hosts.is_empty() && !self.hosts.iter().any(|h| *h == id.hostnqn) {
+            return Ok(None);
+        }
+        Ok(Derivation::ALL.iter().filter_map(|&d| self.key.tls_psk(d, &id).map(|psk| Candidate { psk, note: format!("{d:?}") })).nth(attempt))
+    }
 }
 
 /// How a client binds its PSK: the hash of its binder, and so the suites
@@ -103,19 +130,12 @@ impl Binding {
     /// For logs and descriptions: how a PSK of `hash` was bound.
     pub fn describe(self, hash: PskHash) -> String {
         match self {
-            Binding::Sha256 if hash != PskHash::Sha256 => format!("{} PSK bound with SHA-256 as tlshd 1.0 does", hash_name(hash)),
-            _ => format!("{} PSK bound with {} as TP 8011 says", hash_name(hash), hash_name(hash)),
+            Binding::Sha256 if hash != PskHash::Sha256 => format!("{} PSK bound with SHA-256 as tlshd 1.0 does", hash.name()),
+            _ => format!("{} PSK bound with {} as TP 8011 says", hash.name(), hash.name()),
         }
     }
 }
 
-/// A PSK hash as the logs name it.
-fn hash_name(h: PskHash) -> &'static str {
-    match h {
-        PskHash::Sha256 => "SHA-256",
-        PskHash::Sha384 => "SHA-384",
-    }
-}
 
 /// Why a handshake failed; the connection ends.
 #[derive(Debug, thiserror::Error)]
@@ -262,7 +282,7 @@ unsafe extern "C" fn find_session(
                 let note = if hash == c.psk.hash {
                     c.note
                 } else {
-                    format!("{}; bound with {}, not the identity's {}: a Linux host's tlshd 1.0", c.note, hash_name(hash), hash_name(c.psk.hash))
+                    format!("{}; bound with {}, not the identity's {}: a Linux host's tlshd 1.0", c.note, hash.name(), c.psk.hash.name())
                 };
                 st.note = Some(note.clone());
                 st.notes.push(note);

@@ -364,18 +364,10 @@ pub async fn establish(stream: &TcpStream, mut est: Established, mut leftover: B
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handshake::Candidate;
-    use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity, IdentityVersion};
+    use crate::handshake::OneKey;
+    use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, IdentityVersion};
 
     const KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
-
-    struct Store(ConfiguredPsk);
-    impl PskStore for Store {
-        fn lookup(&self, identity: &str, attempt: usize) -> Result<Option<Candidate>, String> {
-            let id = Identity::parse(identity).map_err(|e| e.to_string())?;
-            Ok(Derivation::ALL.iter().filter_map(|&d| self.0.tls_psk(d, &id)).nth(attempt).map(|psk| Candidate { psk, note: String::new() }))
-        }
-    }
 
     /// Over loopback, the client's first application data in the same
     /// write as its Finished: the server opens it with the handshake's
@@ -390,7 +382,7 @@ mod tests {
         let tls = psk.tls_psk(Derivation::Libnvme115, &id).unwrap();
         let server = tokio::spawn(async move {
             let (s, _) = l.accept().await.unwrap();
-            let store = Arc::new(Store(ConfiguredPsk::parse(KEY).unwrap()));
+            let store = Arc::new(OneKey::any_host(KEY).unwrap());
             let mut sec = accept(&s, store, BytesMut::new(), RecordChoice::User).await.unwrap();
             let mut got = sec.plaintext.split();
             let u = sec.user.as_mut().unwrap();
@@ -528,7 +520,7 @@ mod tests {
         let tls = psk.tls_psk(Derivation::Rfc8446, &id).unwrap();
         let server = tokio::spawn(async move {
             let (s, _) = l.accept().await.unwrap();
-            let store = Arc::new(Store(ConfiguredPsk::parse(KEY).unwrap()));
+            let store = Arc::new(OneKey::any_host(KEY).unwrap());
             let sec = accept(&s, store, BytesMut::new(), RecordChoice::User).await.unwrap();
             let mut got = sec.plaintext;
             let mut u = sec.user.unwrap();

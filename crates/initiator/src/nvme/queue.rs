@@ -536,17 +536,7 @@ mod tests {
     /// records anywhere: CI, 2026-11-26.)
     #[tokio::test]
     async fn a_tls_payload_whose_last_record_comes_in_two_parts_completes() {
-        use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity};
-        use bw_tls::handshake::Candidate;
-        use bw_tls::handshake::PskStore;
         const KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
-        struct Store(ConfiguredPsk);
-        impl PskStore for Store {
-            fn lookup(&self, identity: &str, attempt: usize) -> std::result::Result<Option<Candidate>, String> {
-                let id = Identity::parse(identity).map_err(|e| e.to_string())?;
-                Ok(Derivation::ALL.iter().filter_map(|&d| self.0.tls_psk(d, &id)).nth(attempt).map(|psk| Candidate { psk, note: String::new() }))
-            }
-        }
         const LEN: usize = 20_000;
         let payload: Vec<u8> = (0..LEN).map(|i| (i * 7 + 3) as u8).collect();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -554,7 +544,7 @@ mod tests {
         let sent = payload.clone();
         let controller = tokio::spawn(async move {
             let (mut s, host) = l.accept().await.unwrap();
-            let store = std::sync::Arc::new(Store(ConfiguredPsk::parse(KEY).unwrap()));
+            let store = std::sync::Arc::new(bw_tls::handshake::OneKey::any_host(KEY).unwrap());
             let mut sec = bw_tls::secure::accept(&s, store, BytesMut::new(), bw_tls::RecordChoice::User).await.unwrap();
             let mut got = sec.plaintext.split();
             let u = sec.user.as_mut().unwrap();

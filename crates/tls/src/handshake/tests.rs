@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::record::{Opened, Opener, Sealer, MAX_CIPHERTEXT};
-use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity, IdentityVersion, PskHash};
+use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, IdentityVersion, PskHash};
 use bytes::BytesMut;
 
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host";
@@ -11,21 +11,8 @@ const SUB: &str = "nqn.2026-11.org.blockwire:sub";
 const K256: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
 const K384: &str = "NVMeTLSkey-1:02:QEFCQ0RFRkdISUpLTE1OT1BRUlNUVVZXWFlaW1xdXl9gYWJjZGVmZ2hpamtsbW5voBXMjQ==:";
 
-/// The candidates NVMe gives: each derivation of one configured key.
-struct Store(ConfiguredPsk);
-
-impl PskStore for Store {
-    fn lookup(&self, identity: &str, attempt: usize) -> Result<Option<Candidate>, String> {
-        let id = Identity::parse(identity).map_err(|e| e.to_string())?;
-        if id.hostnqn != HOST {
-            return Ok(None);
-        }
-        Ok(Derivation::ALL.iter().filter_map(|&d| self.0.tls_psk(d, &id).map(|psk| Candidate { psk, note: format!("{d:?}") })).nth(attempt))
-    }
-}
-
 fn server(key: &str) -> Handshake {
-    Handshake::server(Arc::new(Store(ConfiguredPsk::parse(key).unwrap()))).unwrap()
+    Handshake::server(Arc::new(OneKey { key: ConfiguredPsk::parse(key).unwrap(), hosts: vec![HOST.into()] })).unwrap()
 }
 
 fn client(key: &str, d: Derivation, v: IdentityVersion) -> Handshake {
