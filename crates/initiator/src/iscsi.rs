@@ -144,9 +144,10 @@ impl Session {
         let _slot = self.slots.take().await;
         let mut c = [0u8; 16];
         c[..cdb.len().min(16)].copy_from_slice(&cdb[..cdb.len().min(16)]);
+        let waker = waiting::own_waker().await;
         let (ticket, mailbox) = {
             let mut st = self.shared.lock();
-            let mailbox = st.mailboxes.open();
+            let mailbox = st.mailboxes.open_for(waker);
             let cmd = Command { lun, cdb: c, read_len, write };
             match st.s.submit(cmd, Waiter { mailbox, dest }, self.clock.now_or_later()) {
                 Ok(t) => {

@@ -279,9 +279,10 @@ impl TcpQueue {
         let _slot = self.slots.take().await;
         // No timer of its own: the queue's timer task fails it at its
         // deadline (`waiting::timer_loop`).
+        let waker = waiting::own_waker().await;
         let (ticket, mailbox) = {
             let mut st = self.shared.lock();
-            let mailbox = st.mailboxes.open();
+            let mailbox = st.mailboxes.open_for(waker);
             match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, self.clock.now_or_later()) {
                 Ok(t) => {
                     self.shared.wake.notify_one();
