@@ -367,6 +367,59 @@ mod tests {
         assert_eq!(slots.waiting.load(Ordering::SeqCst), 0);
     }
 
+    /// A session for [`InFlight`]: its mailboxes, the lock's takes and the
+    /// tickets cancelled.
+    #[derive(Default)]
+    struct Fake {
+        m: std::sync::Mutex<Mailboxes<u32>>,
+        locks: AtomicUsize,
+        cancelled: std::sync::Mutex<Vec<u32>>,
+    }
+    impl Waits for Fake {
+        type Result = u32;
+        type Ticket = u32;
+        fn poll_mailbox(&self, m: usize, cx: &mut Context<'_>) -> Poll<u32> {
+            self.locks.fetch_add(1, Ordering::Relaxed);
+            self.m.lock().unwrap().poll(m, cx)
+        }
+        fn cancel(&self, t: u32, m: usize) {
+            self.cancelled.lock().unwrap().push(t);
+            self.m.lock().unwrap().release(m);
+        }
+    }
+
+    /// The waker goes in with the submission: the wait's first poll takes
+    /// no lock, a posted result wakes the caller and reaches it, and a
+    /// caller that gives up after its first poll cancels its command and
+    /// frees its mailbox.
+    #[test]
+    fn a_waiter_registered_at_submission_is_woken_and_a_dropped_one_cancels() {
+        use std::future::Future;
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let fake = Fake::default();
+        let submit = |ticket: u32| {
+            let fake = &fake;
+            Box::pin(async move {
+                let waker = own_waker().await;
+                let mailbox = fake.m.lock().unwrap().open_for(waker);
+                (mailbox, InFlight::new(fake, ticket, mailbox).wait().await)
+            })
+        };
+        let mut a = submit(1);
+        assert!(a.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(fake.locks.load(Ordering::Relaxed), 0, "the first poll took the lock");
+        fake.m.lock().unwrap().post(0, 7);
+        assert_eq!(woken.0.load(Ordering::Relaxed), 1, "the posted result woke its caller");
+        assert_eq!(a.as_mut().poll(&mut cx), Poll::Ready((0, 7)));
+        let mut b = submit(2);
+        assert!(b.as_mut().poll(&mut cx).is_pending());
+        drop(b);
+        assert_eq!(*fake.cancelled.lock().unwrap(), vec![2], "the dropped command was cancelled");
+        assert_eq!(fake.m.lock().unwrap().open(), 0, "its mailbox is free again");
+    }
+
     #[test]
     fn a_result_reaches_its_caller_once_and_the_mailbox_is_reused() {
         let woken = Arc::new(Count(AtomicUsize::new(0)));
