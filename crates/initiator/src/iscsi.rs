@@ -27,7 +27,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::sync::{oneshot, Notify};
 
 const DEFAULT_INITIATOR: &str = "iqn.2026-11.org.blockwire:initiator";
 
@@ -119,7 +119,7 @@ impl Waits for Shared {
 
 struct Session {
     shared: Arc<Shared>,
-    slots: Semaphore,
+    slots: waiting::Slots,
     /// Where commands' deadlines count from.
     clock: waiting::SubmitClock,
     /// The reader and the timer (the writer ends when the session dies).
@@ -141,12 +141,13 @@ impl Session {
     /// if given), `write` sent. No task, timer or allocation of its own:
     /// the command waits in a mailbox the reader fills.
     async fn command(&self, lun: u64, cdb: &[u8], read_len: usize, write: Payload<'_>, dest: Option<Dest>) -> Result<Completion> {
-        let _slot = waiting::slot(&self.slots).await.ok_or_else(|| ClientError::Disconnected("session closed".into()))?;
+        let _slot = self.slots.take().await;
         let mut c = [0u8; 16];
         c[..cdb.len().min(16)].copy_from_slice(&cdb[..cdb.len().min(16)]);
+        let waker = waiting::own_waker().await;
         let (ticket, mailbox) = {
             let mut st = self.shared.lock();
-            let mailbox = st.mailboxes.open();
+            let mailbox = st.mailboxes.open_for(waker);
             let cmd = Command { lun, cdb: c, read_len, write };
             match st.s.submit(cmd, Waiter { mailbox, dest }, self.clock.now_or_later()) {
                 Ok(t) => {
@@ -518,7 +519,7 @@ fn start_session(rd: OwnedReadHalf, wr: OwnedWriteHalf, buf: BytesMut, d: &Login
     tokio::spawn(async move { crate::send::send_loop(wr, &*sh, None).await });
     let reader = tokio::spawn(read_loop(rd, buf, shared.clone()));
     let timer = tokio::spawn(waiting::timer_loop(shared.clone(), opts.timeout));
-    Session { shared, slots: Semaphore::new(opts.queue_depth.max(1)), clock: waiting::SubmitClock::new(), tasks: [reader, timer] }
+    Session { shared, slots: waiting::Slots::new(opts.queue_depth.max(1)), clock: waiting::SubmitClock::new(), tasks: [reader, timer] }
 }
 
 pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {

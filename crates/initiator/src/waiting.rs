@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
-use tokio::sync::{Semaphore, SemaphorePermit, TryAcquireError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio::sync::Notify;
 
 /// Where one command's result waits for its caller.
 struct Mailbox<R> {
@@ -38,6 +39,14 @@ impl<R> Mailboxes<R> {
             self.boxes.push(Mailbox { result: None, waker: None });
             self.boxes.len() - 1
         })
+    }
+
+    /// A mailbox for a new command whose caller `waker` wakes (see
+    /// [`InFlight::wait`]).
+    pub fn open_for(&mut self, waker: Waker) -> usize {
+        let m = self.open();
+        self.boxes[m].waker = Some(waker);
+        m
     }
 
     /// The command of mailbox `m` is over (or its caller gave up).
@@ -102,15 +111,31 @@ impl<'a, S: Waits> InFlight<'a, S> {
         InFlight { sh, ticket, mailbox, finished: false }
     }
 
-    /// The command's result.
+    /// The command's result. The caller's waker is already in the mailbox
+    /// ([`Mailboxes::open_for`], in the critical section that submitted
+    /// the command), so the first poll, in the same poll of the caller's
+    /// task as the submission, returns at once without the lock: the
+    /// result cannot be there unless the reader posted it since, and then
+    /// it woke that waker. Polling the fresh mailbox took the lock a second
+    /// time per command (~90 instructions of ~3,900 per 4 KiB QD32 read,
+    /// docs/notes/2026-11-26-floor-6.md).
     pub async fn wait(mut self) -> S::Result {
+        let mut first = true;
         std::future::poll_fn(|cx| {
+            if std::mem::take(&mut first) {
+                return Poll::Pending;
+            }
             let r = self.sh.poll_mailbox(self.mailbox, cx);
             self.finished = r.is_ready();
             r
         })
         .await
     }
+}
+
+/// The waker of the task that awaits this: for [`Mailboxes::open_for`].
+pub(crate) async fn own_waker() -> Waker {
+    std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await
 }
 
 impl<S: Waits> Drop for InFlight<'_, S> {
@@ -121,16 +146,89 @@ impl<S: Waits> Drop for InFlight<'_, S> {
     }
 }
 
-/// A free slot of `slots` (the commands a session or queue may have in
-/// flight), without the wait's future and its queue node when one is free,
-/// as it is at any queue depth below the session's (the bench's 32 against
-/// 128): the awaited acquire was about 100 instructions per command
-/// (callgrind, docs/notes/2026-11-26-floor-4.md). `None`: closed.
-pub(crate) async fn slot(slots: &Semaphore) -> Option<SemaphorePermit<'_>> {
-    match slots.try_acquire() {
-        Ok(p) => Some(p),
-        Err(TryAcquireError::Closed) => None,
-        Err(TryAcquireError::NoPermits) => slots.acquire().await.ok(),
+/// The commands a session or queue may have in flight: a count of free
+/// slots, and a [`Notify`] that only callers who found none wait on. A
+/// tokio `Semaphore` releases a permit under its waiters' lock even when no
+/// one waits: ~84 instructions per command of the ~3,900 the NVMe/TCP
+/// initiator spent per 4 KiB QD32 read (callgrind,
+/// docs/notes/2026-11-26-floor-6.md); here a release with no one waiting is
+/// two atomic operations.
+pub(crate) struct Slots {
+    free: AtomicUsize,
+    /// Callers registered on `freed` (or about to look again).
+    waiting: AtomicUsize,
+    freed: Notify,
+}
+
+/// One slot of [`Slots`], given back when dropped.
+pub(crate) struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    pub fn new(n: usize) -> Slots {
+        Slots { free: AtomicUsize::new(n), waiting: AtomicUsize::new(0), freed: Notify::new() }
+    }
+
+    fn try_take(&self) -> Option<Slot<'_>> {
+        let mut n = self.free.load(Ordering::SeqCst);
+        while n > 0 {
+            match self.free.compare_exchange_weak(n, n - 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return Some(Slot(self)),
+                Err(now) => n = now,
+            }
+        }
+        None
+    }
+
+    /// A free slot, once there is one. Cancel-safe: a caller that gives up
+    /// while waiting holds no slot, and a wake it had been given goes on to
+    /// another waiter (tokio's `Notified` passes a `notify_one` it did not
+    /// consume on when dropped).
+    pub async fn take(&self) -> Slot<'_> {
+        if let Some(s) = self.try_take() {
+            return s;
+        }
+        loop {
+            let notified = self.freed.notified();
+            tokio::pin!(notified);
+            // Registered before it is counted: a release that sees the
+            // count wakes it. Counted before the second look: a release
+            // that did not see the count made its slot free before that
+            // look (both SeqCst), so the look finds it.
+            notified.as_mut().enable();
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            let _counted = Uncount(&self.waiting);
+            if let Some(s) = self.try_take() {
+                return s;
+            }
+            notified.await;
+            if let Some(s) = self.try_take() {
+                return s;
+            }
+            // Another caller took the freed slot first: wait again.
+        }
+    }
+
+    fn give_back(&self) {
+        self.free.fetch_add(1, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.freed.notify_one();
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.give_back();
+    }
+}
+
+/// Takes one off a waiting count when dropped (the wait ended or was
+/// cancelled).
+struct Uncount<'a>(&'a AtomicUsize);
+
+impl Drop for Uncount<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -235,6 +333,91 @@ mod tests {
             }
         }
         assert!(n > 1000);
+    }
+
+    /// A full queue: a caller waiting for a slot is woken when one frees;
+    /// one that gives up after its wake passes the wake on, and no slot is
+    /// lost either way.
+    #[test]
+    fn a_freed_slot_wakes_a_waiter_and_a_cancelled_waiter_loses_none() {
+        use std::future::Future;
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let slots = Slots::new(2);
+        let take = || Box::pin(slots.take());
+        let (Poll::Ready(a), Poll::Ready(b)) = (take().as_mut().poll(&mut cx), take().as_mut().poll(&mut cx)) else {
+            panic!("two free slots")
+        };
+        let (mut w1, mut w2, mut w3) = (take(), take(), take());
+        assert!(w1.as_mut().poll(&mut cx).is_pending(), "the queue is full");
+        assert!(w2.as_mut().poll(&mut cx).is_pending());
+        assert!(w3.as_mut().poll(&mut cx).is_pending());
+        // A waiter that gives up before any slot frees.
+        drop(w3);
+        assert_eq!(slots.waiting.load(Ordering::SeqCst), 2);
+        drop(a);
+        assert_eq!(woken.0.load(Ordering::Relaxed), 1, "a freed slot wakes a waiter");
+        // The woken waiter gives up: its wake goes to the next one.
+        drop(w1);
+        assert_eq!(woken.0.load(Ordering::Relaxed), 2, "the wake was passed on");
+        let Poll::Ready(c) = w2.as_mut().poll(&mut cx) else { panic!("the freed slot was lost") };
+        drop((b, c, w2));
+        assert_eq!(slots.free.load(Ordering::SeqCst), 2, "every slot is back");
+        assert_eq!(slots.waiting.load(Ordering::SeqCst), 0);
+    }
+
+    /// A session for [`InFlight`]: its mailboxes, the lock's takes and the
+    /// tickets cancelled.
+    #[derive(Default)]
+    struct Fake {
+        m: std::sync::Mutex<Mailboxes<u32>>,
+        locks: AtomicUsize,
+        cancelled: std::sync::Mutex<Vec<u32>>,
+    }
+    impl Waits for Fake {
+        type Result = u32;
+        type Ticket = u32;
+        fn poll_mailbox(&self, m: usize, cx: &mut Context<'_>) -> Poll<u32> {
+            self.locks.fetch_add(1, Ordering::Relaxed);
+            self.m.lock().unwrap().poll(m, cx)
+        }
+        fn cancel(&self, t: u32, m: usize) {
+            self.cancelled.lock().unwrap().push(t);
+            self.m.lock().unwrap().release(m);
+        }
+    }
+
+    /// The waker goes in with the submission: the wait's first poll takes
+    /// no lock, a posted result wakes the caller and reaches it, and a
+    /// caller that gives up after its first poll cancels its command and
+    /// frees its mailbox.
+    #[test]
+    fn a_waiter_registered_at_submission_is_woken_and_a_dropped_one_cancels() {
+        use std::future::Future;
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let fake = Fake::default();
+        let submit = |ticket: u32| {
+            let fake = &fake;
+            Box::pin(async move {
+                let waker = own_waker().await;
+                let mailbox = fake.m.lock().unwrap().open_for(waker);
+                (mailbox, InFlight::new(fake, ticket, mailbox).wait().await)
+            })
+        };
+        let mut a = submit(1);
+        assert!(a.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(fake.locks.load(Ordering::Relaxed), 0, "the first poll took the lock");
+        fake.m.lock().unwrap().post(0, 7);
+        assert_eq!(woken.0.load(Ordering::Relaxed), 1, "the posted result woke its caller");
+        assert_eq!(a.as_mut().poll(&mut cx), Poll::Ready((0, 7)));
+        let mut b = submit(2);
+        assert!(b.as_mut().poll(&mut cx).is_pending());
+        drop(b);
+        assert_eq!(*fake.cancelled.lock().unwrap(), vec![2], "the dropped command was cancelled");
+        assert_eq!(fake.m.lock().unwrap().open(), 0, "its mailbox is free again");
     }
 
     #[test]

@@ -51,8 +51,54 @@ struct Shared {
     /// than a CPU's caches: recording was 6.5% of the client's CPU at 4 KiB
     /// QD32 reads over NVMe/TCP (`perf record`,
     /// docs/notes/2026-11-25-lab-link-gro.md). Shared, they stay cached;
-    /// the lock is held for one record, by at most the runtime's threads.
+    /// Each worker gathers [`BATCH`] latencies before it takes the lock
+    /// ([`Recorder`]): the lock per request was ~50 of the client's ~3,900
+    /// instructions per 4 KiB QD32 read (callgrind,
+    /// docs/notes/2026-11-26-floor-7.md).
     latencies: Mutex<Latencies>,
+}
+
+/// Latencies a worker records under one take of the shared lock.
+const BATCH: usize = 64;
+
+/// A worker's latencies not yet in the shared histograms: each as
+/// nanoseconds shifted left once, the low bit set for a read. Dropped
+/// (the worker ended, however), it records what it holds, so the report,
+/// made once every worker has ended, has every request.
+struct Recorder<'a> {
+    shared: &'a Shared,
+    held: Vec<u64>,
+}
+
+impl<'a> Recorder<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        Recorder { shared, held: Vec::with_capacity(BATCH) }
+    }
+
+    fn record(&mut self, ns: u64, is_read: bool) {
+        self.held.push(ns.max(100).min(u64::MAX >> 1) << 1 | is_read as u64);
+        if self.held.len() == BATCH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut l = lock(&self.shared.latencies);
+        for &x in &self.held {
+            let h = if x & 1 == 1 { &mut l.read } else { &mut l.write };
+            h.saturating_record(x >> 1);
+        }
+        self.held.clear();
+    }
+}
+
+impl Drop for Recorder<'_> {
+    fn drop(&mut self) {
+        self.flush();
+    }
 }
 
 struct Latencies {
@@ -244,6 +290,7 @@ async fn worker(
     // latency; the second read was 1.5-2% of the client's CPU at 4 KiB
     // QD32 (docs/notes/2026-11-26-floor-3.md), where the floor's load
     // generator reads no clock per request at all.
+    let mut recorder = Recorder::new(&shared);
     let mut t = Instant::now();
     loop {
         if shared.stop.load(Ordering::Relaxed) || shared.issued.fetch_add(1, Ordering::Relaxed) >= shared.limit {
@@ -262,9 +309,7 @@ async fn worker(
         t = end;
         r.map_err(|source| BenchError::Io { op: if is_read { "read" } else { "write" }, offset, len: p.bs, source })?;
         if shared.measuring.load(Ordering::Relaxed) {
-            let mut l = lock(&shared.latencies);
-            let h = if is_read { &mut l.read } else { &mut l.write };
-            h.saturating_record(ns.max(100));
+            recorder.record(ns, is_read);
         }
     }
 }

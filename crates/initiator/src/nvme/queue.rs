@@ -17,7 +17,7 @@ use std::task::Poll;
 use std::time::Instant;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use bw_tls::secure::RecordReader;
 
 pub use bw_nvme::host_queue::Done;
@@ -119,7 +119,7 @@ pub struct TcpQueue {
     /// then a binding other than TP 8011's ("..., user, SHA-384 PSK bound with SHA-256 as tlshd 1.0 does").
     pub tls: Option<String>,
     shared: Arc<Shared>,
-    slots: Semaphore,
+    slots: waiting::Slots,
     /// Where commands' deadlines count from.
     clock: waiting::SubmitClock,
     /// The reader and the timer (the writer ends when the queue dies).
@@ -204,7 +204,7 @@ impl TcpQueue {
             qid,
             tls: described,
             shared,
-            slots: Semaphore::new(depth),
+            slots: waiting::Slots::new(depth),
             clock: waiting::SubmitClock::new(),
             tasks: [reader, timer],
         })
@@ -276,12 +276,13 @@ impl TcpQueue {
         in_len: u32,
         dest: Option<Dest>,
     ) -> Result<Done> {
-        let _permit = waiting::slot(&self.slots).await.ok_or_else(|| ClientError::Disconnected("queue closed".into()))?;
+        let _slot = self.slots.take().await;
         // No timer of its own: the queue's timer task fails it at its
         // deadline (`waiting::timer_loop`).
+        let waker = waiting::own_waker().await;
         let (ticket, mailbox) = {
             let mut st = self.shared.lock();
-            let mailbox = st.mailboxes.open();
+            let mailbox = st.mailboxes.open_for(waker);
             match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, self.clock.now_or_later()) {
                 Ok(t) => {
                     self.shared.wake.notify_one();
