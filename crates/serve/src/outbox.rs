@@ -775,6 +775,40 @@ mod tests {
         n
     }
 
+    /// A RAM volume of `size` bytes, written whole with a pattern, and the pattern.
+    fn patterned(size: u32) -> (Volume, Vec<u8>) {
+        let vol = Volume::open("o", &BackendSpec::ram(size as u64)).unwrap();
+        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8 ^ (i >> 14) as u8).collect();
+        vol.write_at(&data, 0).unwrap();
+        (vol, data)
+    }
+
+    /// A connected socket, and a thread that reads all its peer gets.
+    async fn read_to_end_beside() -> (TcpStream, std::thread::JoinHandle<Vec<u8>>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sock = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut wire = Vec::new();
+            peer.read_to_end(&mut wire).unwrap();
+            wire
+        });
+        (sock, reader)
+    }
+
+    /// The content of every record of `wire`, opened in order, how many
+    /// records, and how many bytes of `wire` they took.
+    fn open_all(keys: &bw_tls::record::Keys, wire: &[u8]) -> (bytes::BytesMut, usize, usize) {
+        let mut o = bw_tls::record::Opener::new(keys, false);
+        let mut got = bytes::BytesMut::new();
+        let (mut at, mut records) = (0, 0);
+        while let Some((n, _)) = o.open(&wire[at..], &mut got).unwrap() {
+            at += n;
+            records += 1;
+        }
+        (got, records, at)
+    }
+
     /// What waits in memory, counted as segments come and go, is what the
     /// segments hold (the driver stops reading at OUT_HIGH by it): byte
     /// buffers filled, sealed by payloads behind them, sent in pieces of
@@ -921,22 +955,13 @@ mod tests {
     /// error (as sendfile's would) and sends nothing of its record.
     #[test]
     fn tls_payloads_are_read_into_the_records() {
-        use bw_tls::record::{Keys, Opener};
+        use bw_tls::record::Keys;
         use bw_tls::Suite;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let keys = || Keys::from_secret(Suite::Aes128GcmSha256, &[4u8; 32]);
-            let vol = Volume::open("o", &BackendSpec::ram(4 << 20)).unwrap();
-            let data: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
-            vol.write_at(&data, 0).unwrap();
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let sock = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-            let (mut peer, _) = listener.accept().unwrap();
-            let reader = std::thread::spawn(move || {
-                let mut wire = Vec::new();
-                peer.read_to_end(&mut wire).unwrap();
-                wire
-            });
+            let (vol, data) = patterned(4 << 20);
+            let (sock, reader) = read_to_end_beside().await;
             let mut out = Outbox::default();
             out.set_tls(Sealer::new(&keys()));
             let mut want = Vec::new();
@@ -960,13 +985,7 @@ mod tests {
             assert!(out.send(&sock).is_err(), "a payload past the end of its file was sent");
             drop(sock);
             let wire = reader.join().unwrap();
-            let mut o = Opener::new(&keys(), false);
-            let mut got = bytes::BytesMut::new();
-            let (mut at, mut records) = (0, 0);
-            while let Some((n, _)) = o.open(&wire[at..], &mut got).unwrap() {
-                at += n;
-                records += 1;
-            }
+            let (got, records, at) = open_all(&keys(), &wire);
             assert!(at == wire.len() && got[..] == want[..], "the records do not hold the headers and payloads in order");
             assert_eq!(records, want.len().div_ceil(MAX_PLAINTEXT), "records not filled across the pieces");
         });
@@ -979,22 +998,13 @@ mod tests {
     /// never start the helper.
     #[test]
     fn large_mapped_reads_are_sealed_on_two_threads_in_order() {
-        use bw_tls::record::{Keys, Opener};
+        use bw_tls::record::Keys;
         use bw_tls::Suite;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let keys = || Keys::from_secret(Suite::Aes128GcmSha256, &[3u8; 32]);
-            let vol = Volume::open("o", &BackendSpec::ram(8 << 20)).unwrap();
-            let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8 ^ (i >> 14) as u8).collect();
-            vol.write_at(&data, 0).unwrap();
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let sock = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-            let (mut peer, _) = listener.accept().unwrap();
-            let reader = std::thread::spawn(move || {
-                let mut wire = Vec::new();
-                peer.read_to_end(&mut wire).unwrap();
-                wire
-            });
+            let (vol, data) = patterned(8 << 20);
+            let (sock, reader) = read_to_end_beside().await;
             let mut out = Outbox::default();
             out.set_tls(Sealer::new(&keys()));
             let mut want = Vec::new();
@@ -1018,13 +1028,7 @@ mod tests {
             out.drain(&sock).await.unwrap();
             drop(sock);
             let wire = reader.join().unwrap();
-            let mut o = Opener::new(&keys(), false);
-            let mut got = bytes::BytesMut::new();
-            let (mut at, mut records) = (0, 0);
-            while let Some((n, _)) = o.open(&wire[at..], &mut got).unwrap() {
-                at += n;
-                records += 1;
-            }
+            let (got, records, at) = open_all(&keys(), &wire);
             assert_eq!(at, wire.len());
             assert!(got[..] == want[..], "the records do not hold the headers and payloads in order");
             // The 4 KiB read went out on its own; the rest in full records.
