@@ -176,6 +176,10 @@ struct Aead {
     key: LessSafeKey,
     iv: [u8; IV_LEN],
     seq: u64,
+    /// The first sequence number this state may not use: a
+    /// [`Sealer::take_run`] seals only the records it was given (a nonce
+    /// used twice would give away the key stream).
+    end: u64,
 }
 
 impl Aead {
@@ -186,11 +190,12 @@ impl Aead {
             Suite::Chacha20Poly1305Sha256 => &aead::CHACHA20_POLY1305,
         };
         let key = UnboundKey::new(alg, &k.key).expect("a key of the suite's length");
-        Aead { key: LessSafeKey::new(key), iv: k.iv, seq: k.seq }
+        Aead { key: LessSafeKey::new(key), iv: k.iv, seq: k.seq, end: u64::MAX }
     }
 
     /// The next record's nonce (RFC 8446 5.3), counting the record.
     fn next_nonce(&mut self) -> Nonce {
+        assert!(self.seq < self.end, "a run of TLS records sealed past its last sequence number ({})", self.end);
         let mut nonce = self.iv;
         for (n, s) in nonce[IV_LEN - 8..].iter_mut().zip(self.seq.to_be_bytes()) {
             *n ^= s;
@@ -219,6 +224,17 @@ impl Sealer {
     /// The sequence number of the next record.
     pub fn seq(&self) -> u64 {
         self.0.seq
+    }
+
+    /// A sealer for the next `records` records only (it refuses to seal
+    /// more), which may seal them on another thread; this one goes on
+    /// after them. Records of several runs sealed at once are sent in the
+    /// order the runs were taken: the peer opens them by sequence number.
+    pub fn take_run(&mut self, records: u64) -> Sealer {
+        let seq = self.0.seq;
+        let end = seq.checked_add(records).filter(|e| *e <= self.0.end).expect("a run of TLS records past the sealer's own");
+        self.0.seq = end;
+        Sealer(Aead { key: self.0.key.clone(), iv: self.0.iv, seq, end })
     }
 
     /// Append one record of `kind` carrying the bytes of `pieces`, in
@@ -518,6 +534,47 @@ mod tests {
         }
         assert_eq!(at, wire.len());
         assert!(plain[..headers.len()] == headers[..] && plain[headers.len()..] == payload[..]);
+    }
+
+    /// Runs taken off a sealer seal their own records, on other threads,
+    /// in any order: sent in the order the runs were taken they open in
+    /// sequence (the nonces are the ones the sealer would have used),
+    /// the sealer goes on after them, and a run seals no more than it
+    /// was given.
+    #[test]
+    fn runs_taken_off_a_sealer_seal_on_other_threads_in_sequence() {
+        let (mut s, mut o) = pair(Suite::Aes128GcmSha256);
+        let data: Vec<u8> = (0..10 * MAX_PLAINTEXT as u32).map(|i| (i % 247) as u8).collect();
+        let mut first = Vec::new();
+        s.seal_all(&data[..MAX_PLAINTEXT], &mut first);
+        let mut a = s.take_run(3);
+        let mut b = s.take_run(4);
+        let (pa, pb) = (&data[MAX_PLAINTEXT..4 * MAX_PLAINTEXT], &data[4 * MAX_PLAINTEXT..8 * MAX_PLAINTEXT]);
+        // The later run first, on a thread of its own.
+        let wb = std::thread::scope(|sc| {
+            let later = sc.spawn(move || {
+                let mut w = Vec::new();
+                b.seal_all(pb, &mut w);
+                (w, b)
+            });
+            let (w, b) = later.join().unwrap();
+            assert_eq!(b.seq(), 8);
+            w
+        });
+        let mut wa = Vec::new();
+        a.seal_all(pa, &mut wa);
+        assert_eq!(s.seq(), 8);
+        let mut rest = Vec::new();
+        s.seal_all(&data[8 * MAX_PLAINTEXT..], &mut rest);
+        let wire = [first, wa, wb, rest].concat();
+        let mut plain = BytesMut::new();
+        let mut at = 0;
+        while let Some((n, _)) = o.open(&wire[at..], &mut plain).unwrap() {
+            at += n;
+        }
+        assert!(at == wire.len() && plain[..] == data[..]);
+        let over = std::panic::catch_unwind(move || a.seal_all(&[1], &mut Vec::new()));
+        assert!(over.is_err(), "a run sealed a record past the ones it was given");
     }
 
     /// Records back to back in one buffer, opened where they lie: their
