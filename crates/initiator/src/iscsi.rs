@@ -290,24 +290,61 @@ impl IscsiClient {
     /// on UNIT ATTENTION (reported once per nexus after resets and capacity
     /// changes). Anything but GOOD is an error.
     async fn run(&self, cdb: &[u8], read_len: usize, write: Payload<'_>, mut buf: Option<&mut [u8]>) -> Result<Completion> {
-        for _ in 0..4 {
-            let dest = buf.as_mut().map(|b| Dest { ptr: b.as_mut_ptr(), len: b.len() });
-            let c = self.session.command(self.lun, cdb, read_len, write.clone(), dest).await?;
-            if c.status == status::GOOD {
-                return Ok(c);
-            }
-            if c.status == status::CHECK_CONDITION && sense::key_of(&c.sense) == Some(sense::key::UNIT_ATTENTION) {
-                continue;
-            }
-            return Err(ClientError::Target(format!(
-                "SCSI command {:#04x} failed: status {:#04x}, sense {}",
-                cdb[0],
-                c.status,
-                c.sense.iter().take(18).map(|b| format!("{b:02x}")).collect::<String>()
-            )));
+        let c = self.session.command(self.lun, cdb, read_len, write.clone(), dest_of(&mut buf)).await?;
+        if c.status == status::GOOD {
+            return Ok(c);
         }
-        Err(ClientError::Target(format!("SCSI command {:#04x}: unit attention does not clear", cdb[0])))
+        // The retries are boxed, off the common path: async_trait moves each
+        // call's whole future into its box, and a future holds everything
+        // any of its awaits may need (issue 51; the iSCSI counterpart of
+        // 0ff2ed8's boxed RDMA arm). A unit attention is rare (once per
+        // nexus and event), so a box then costs nothing that matters.
+        Box::pin(retry_unit_attention(c, cdb, || {
+            self.session.command(self.lun, cdb, read_len, write.clone(), dest_of(&mut buf))
+        }))
+        .await
     }
+}
+
+/// Where a command's Data-In goes, if it has a buffer.
+fn dest_of(buf: &mut Option<&mut [u8]>) -> Option<Dest> {
+    buf.as_mut().map(|b| Dest { ptr: b.as_mut_ptr(), len: b.len() })
+}
+
+fn is_unit_attention(c: &Completion) -> bool {
+    c.status == status::CHECK_CONDITION && sense::key_of(&c.sense) == Some(sense::key::UNIT_ATTENTION)
+}
+
+/// How many times a command is sent while it meets UNIT ATTENTION.
+const UNIT_ATTENTION_ATTEMPTS: usize = 4;
+
+/// After a first answer `c` that was not GOOD: send the command again
+/// (`again`) while it meets UNIT ATTENTION, up to
+/// [`UNIT_ATTENTION_ATTEMPTS`] sends in all. Anything else but GOOD is an
+/// error.
+async fn retry_unit_attention<F, Fut>(mut c: Completion, cdb: &[u8], mut again: F) -> Result<Completion>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Completion>>,
+{
+    for _ in 1..UNIT_ATTENTION_ATTEMPTS {
+        if !is_unit_attention(&c) {
+            break;
+        }
+        c = again().await?;
+        if c.status == status::GOOD {
+            return Ok(c);
+        }
+    }
+    if is_unit_attention(&c) {
+        return Err(ClientError::Target(format!("SCSI command {:#04x}: unit attention does not clear", cdb[0])));
+    }
+    Err(ClientError::Target(format!(
+        "SCSI command {:#04x} failed: status {:#04x}, sense {}",
+        cdb[0],
+        c.status,
+        c.sense.iter().take(18).map(|b| format!("{b:02x}")).collect::<String>()
+    )))
 }
 
 #[async_trait]
@@ -638,4 +675,54 @@ mod write_tests {
         assert_eq!(w.0, p.encode(d).to_vec());
     }
 
+}
+
+#[cfg(test)]
+mod unit_attention_tests {
+    use super::*;
+    use bw_scsi::sense::{key, Sense};
+
+    fn answer(status: u8, sense_key: Option<u8>) -> Completion {
+        let sense = sense_key.map(|k| Bytes::from(Sense::new(k, 0x29, 0).to_fixed())).unwrap_or_default();
+        Completion { status, sense, data: Vec::new(), received: 0 }
+    }
+    fn ua() -> Completion {
+        answer(status::CHECK_CONDITION, Some(key::UNIT_ATTENTION))
+    }
+
+    /// Runs `retry_unit_attention` after a first answer, later answers from
+    /// `rest`; the result and how many times the command was sent in all.
+    async fn run(first: Completion, rest: Vec<Completion>) -> (Result<Completion>, usize) {
+        let mut rest = rest.into_iter();
+        let mut sends = 1;
+        let r = retry_unit_attention(first, &[0x88], || {
+            sends += 1;
+            let next = rest.next().expect("sent more often than the test expects");
+            async move { Ok(next) }
+        })
+        .await;
+        (r, sends)
+    }
+
+    #[tokio::test]
+    async fn unit_attention_is_retried_up_to_four_sends_in_all() {
+        let (r, sends) = run(ua(), vec![ua(), answer(status::GOOD, None)]).await;
+        assert_eq!((r.unwrap().status, sends), (status::GOOD, 3));
+        let (r, sends) = run(ua(), vec![ua(), ua(), answer(status::GOOD, None)]).await;
+        assert_eq!((r.unwrap().status, sends), (status::GOOD, 4));
+        let (r, sends) = run(ua(), vec![ua(), ua(), ua()]).await;
+        assert!(r.unwrap_err().to_string().contains("unit attention does not clear"));
+        assert_eq!(sends, 4);
+    }
+
+    #[tokio::test]
+    async fn other_failures_are_not_retried() {
+        let (r, sends) = run(answer(status::CHECK_CONDITION, Some(key::MEDIUM_ERROR)), vec![]).await;
+        assert!(r.unwrap_err().to_string().contains("0x88 failed: status 0x02"));
+        assert_eq!(sends, 1);
+        // A unit attention, then another failure: that failure, not retried.
+        let (r, sends) = run(ua(), vec![answer(status::CHECK_CONDITION, Some(key::ILLEGAL_REQUEST)), ua()]).await;
+        assert!(r.unwrap_err().to_string().contains("failed: status 0x02, sense 70"));
+        assert_eq!(sends, 2);
+    }
 }
