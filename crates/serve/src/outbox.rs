@@ -219,6 +219,17 @@ fn split_sealing() -> bool {
 /// ones (4 KiB reads) never hand anything over.
 const SPLIT_MIN: usize = 8 * MAX_PLAINTEXT;
 
+/// `take` bytes of the mapping at `pos` appended to `out` with the
+/// fault-safe copy; a file shrunk under the mapping is the volume's error
+/// and the connection's (never SIGBUS).
+fn copy_mapped(bytes: &MappedBytes, pos: usize, take: usize, out: &mut Vec<u8>) -> io::Result<()> {
+    let copied = bytes.copy_into(pos, take, out).unwrap_or_else(|| Err(io::Error::other("no fault-safe copy from a mapping on this machine")));
+    copied.map_err(|e| {
+        bytes.volume().note_error();
+        io::Error::other(format!("a volume's backing file shrank under its mapping (truncated by someone else?): {e}"))
+    })
+}
+
 /// Records of `bytes` (whole records but the last) sealed by `sealer`,
 /// appended to `out`: the fault-safe copy from the mapping, then the
 /// cipher in place.
@@ -228,11 +239,9 @@ fn seal_mapped(sealer: &mut Sealer, bytes: &MappedBytes, out: &mut Vec<u8>) -> i
         let take = (bytes.len() - pos).min(MAX_PLAINTEXT);
         out.reserve(HEADER_LEN + take + 1 + TAG_LEN);
         let record = Sealer::begin(out);
-        let copied = bytes.copy_into(pos, take, out).unwrap_or_else(|| Err(io::Error::other("no fault-safe copy from a mapping on this machine")));
-        if let Err(e) = copied {
+        if let Err(e) = copy_mapped(bytes, pos, take, out) {
             Sealer::abandon(out, record);
-            bytes.volume().note_error();
-            return Err(io::Error::other(format!("a volume's backing file shrank under its mapping (truncated by someone else?): {e}")));
+            return Err(e);
         }
         sealer.finish(ContentType::ApplicationData, out, record);
         pos += take;
@@ -598,11 +607,9 @@ impl Outbox {
                     }
                     Some(Seg::Mapped { bytes, pos }) => {
                         let take = (bytes.len() - *pos).min(MAX_PLAINTEXT - n);
-                        let copied = bytes.copy_into(*pos, take, &mut t.records).unwrap_or_else(|| Err(io::Error::other("no fault-safe copy from a mapping on this machine")));
-                        if let Err(e) = copied {
-                            bytes.volume().note_error();
+                        if let Err(e) = copy_mapped(bytes, *pos, take, &mut t.records) {
                             Sealer::abandon(&mut t.records, record);
-                            return Err(io::Error::other(format!("a volume's backing file shrank under its mapping (truncated by someone else?): {e}")));
+                            return Err(e);
                         }
                         *pos += take;
                         n += take;
