@@ -202,6 +202,9 @@ impl SealHelper {
         let weak = std::sync::Arc::downgrade(&running);
         let thread = std::thread::Builder::new().name("bw-tls-seal".into()).spawn(move || {
             let _running = running;
+            // However the thread ends (a panic too), the driver is woken
+            // to find the channel closed, not left waiting.
+            let woken = WakeOnDrop(woken);
             for SealJob { mut sealer, bytes, mut out } in rx {
                 #[cfg(test)]
                 if let Some(g) = &gate {
@@ -213,7 +216,7 @@ impl SealHelper {
                 if tx.send((out, r)).is_err() {
                     return;
                 }
-                woken.notify_one();
+                woken.0.notify_one();
             }
         })?;
         Ok(SealHelper {
@@ -234,6 +237,15 @@ impl SealHelper {
             Err(std::sync::mpsc::TryRecvError::Empty) => None,
             Err(std::sync::mpsc::TryRecvError::Disconnected) => Some(Err(io::Error::other("the TLS sealing thread ended"))),
         }
+    }
+}
+
+/// Notifies its waiter when dropped.
+struct WakeOnDrop(std::sync::Arc<tokio::sync::Notify>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
     }
 }
 
