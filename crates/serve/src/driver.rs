@@ -28,7 +28,9 @@
 //! - after [`READS_PER_YIELD`] socket reads in a row the task lets others
 //!   on its runtime run.
 //! Sending never blocks the handling of PDUs: the driver writes what the
-//! socket takes and waits for writability only when it has nothing else to do.
+//! socket takes and waits for writability only when it has nothing else to
+//! do; over user-space TLS it never waits for the outbox's sealing thread
+//! either, which wakes it when its records are ready ([`Outbox::sealed`]).
 
 use crate::framing::FrameReader;
 use crate::outbox::Outbox;
@@ -215,19 +217,28 @@ pub async fn run<S: Session>(
             continue;
         }
         reads_in_a_row = 0;
-        let interest = match (reading, s.outbox().is_empty()) {
-            (true, true) => Interest::READABLE,
-            (true, false) => Interest::READABLE | Interest::WRITABLE,
-            (false, _) => Interest::WRITABLE,
+        // With user-space TLS the next records may be a helper thread's,
+        // still being sealed: then its wake, not the socket's writability,
+        // brings the next send (and with no room to read, the socket is
+        // not waited on at all).
+        let sealed = s.outbox().sealed();
+        let interest = match (reading, s.outbox().can_send()) {
+            (true, false) => Some(Interest::READABLE),
+            (true, true) => Some(Interest::READABLE | Interest::WRITABLE),
+            (false, true) => Some(Interest::WRITABLE),
+            (false, false) if sealed.is_none() => Some(Interest::WRITABLE),
+            (false, false) => None,
         };
         let timeout = s.poll_timeout();
         let far = Instant::now() + Duration::from_secs(3600);
         let signal = s.signal();
+        let sealing = sealed.is_some();
         let step = tokio::select! {
-            r = stream.ready(interest) => match r {
+            r = stream.ready(interest.unwrap_or(Interest::WRITABLE)), if interest.is_some() => match r {
                 Ok(_) => None,
                 Err(e) => return Exit::Closed(Err(e.into())),
             },
+            _ = async { if let Some(w) = sealed { w.await } }, if sealing => None,
             sig = signal => Some(s.on_signal(sig)),
             Some(d) = done_rx.recv() => {
                 s.complete(d);

@@ -23,6 +23,7 @@
 use bw_block::{MappedBytes, Volume};
 use bw_tls::record::{ContentType, Sealer, HEADER_LEN, MAX_PLAINTEXT, TAG_LEN};
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use tokio::io::Interest;
@@ -112,6 +113,21 @@ struct Tls {
     pending: Option<Pending>,
     /// A records buffer for the helper's next run.
     spare: Vec<u8>,
+    /// A close_notify is to follow everything queued (sealed once the rest
+    /// is, behind the helper's records if a run is out).
+    close: bool,
+    /// Tests: the helper waits for a word on this before each run.
+    #[cfg(test)]
+    gate: Option<Gate>,
+}
+
+/// Tests: what holds the helper before each run, and whether it ever
+/// stopped waiting on its own (no word within a minute: someone waited
+/// for it instead of letting it be woken).
+#[cfg(test)]
+struct Gate {
+    go: std::sync::mpsc::Receiver<()>,
+    gave_up: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the helper was given: its run's plaintext length (counted in
@@ -121,14 +137,19 @@ struct Pending {
 }
 
 impl Tls {
-    /// The helper's records, if it has some, behind `records`: waited for
-    /// (a run is at most [`SEAL_AHEAD`] of plaintext), and taken as they
-    /// are when nothing of `records` is left to send, else copied behind
-    /// (before a close_notify).
-    fn collect(&mut self) -> io::Result<()> {
-        let Some(_) = self.pending.take() else { return Ok(()) };
+    /// The helper's records, if it handed them back, behind `records`:
+    /// taken as they are when nothing of `records` is left to send, else
+    /// copied behind. Never waits: `Ok(false)` while the helper still
+    /// seals (its wake, [`Outbox::sealed`], says when to try again), and
+    /// nothing may be sealed then (it would go out before the helper's).
+    fn collect(&mut self) -> io::Result<bool> {
+        if self.pending.is_none() {
+            return Ok(true);
+        }
         let Some(h) = &self.helper else { unreachable!("records pending without a helper") };
-        let mut theirs = h.wait()?;
+        let Some(r) = h.try_take() else { return Ok(false) };
+        self.pending = None;
+        let mut theirs = r?;
         if self.sent == self.records.len() {
             self.records.clear();
             self.sent = 0;
@@ -138,7 +159,7 @@ impl Tls {
         }
         theirs.clear();
         self.spare = theirs;
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -151,13 +172,19 @@ struct SealJob {
 
 /// A thread of a connection's own that seals runs of records
 /// ([`SealJob`]) handed to it, one at a time, and hands each back
-/// sealed. Dropped with the connection's outbox: it finishes the run it
+/// sealed, then wakes the connection's driver through `wake` (the driver
+/// goes on with other PDUs meanwhile: it never waits on the thread while
+/// running on a runtime's worker). Dropped with the connection's outbox: it finishes the run it
 /// has (at most [`SEAL_AHEAD`] of plaintext, well under a millisecond),
 /// drops it, and ends; the drop waits for that, so no mapping or volume
 /// outlives the connection.
 struct SealHelper {
     jobs: Option<std::sync::mpsc::Sender<SealJob>>,
     done: std::sync::mpsc::Receiver<(Vec<u8>, io::Result<()>)>,
+    /// Notified after each run handed back. A permit left by a run taken
+    /// before anyone waited wakes the next wait early once: a wasted turn,
+    /// never a lost wake.
+    wake: std::sync::Arc<tokio::sync::Notify>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Alive while the thread runs (what the tests look at).
     #[cfg(test)]
@@ -165,36 +192,60 @@ struct SealHelper {
 }
 
 impl SealHelper {
-    fn start() -> io::Result<SealHelper> {
+    fn start(#[cfg(test)] gate: Option<Gate>) -> io::Result<SealHelper> {
         let (jobs, rx) = std::sync::mpsc::channel::<SealJob>();
         let (tx, done) = std::sync::mpsc::channel();
+        let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+        let woken = wake.clone();
         let running = std::sync::Arc::new(());
         #[cfg(test)]
         let weak = std::sync::Arc::downgrade(&running);
         let thread = std::thread::Builder::new().name("bw-tls-seal".into()).spawn(move || {
             let _running = running;
+            // However the thread ends (a panic too), the driver is woken
+            // to find the channel closed, not left waiting.
+            let woken = WakeOnDrop(woken);
             for SealJob { mut sealer, bytes, mut out } in rx {
+                #[cfg(test)]
+                if let Some(g) = &gate {
+                    if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = g.go.recv_timeout(std::time::Duration::from_secs(60)) {
+                        g.gave_up.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
                 let r = seal_mapped(&mut sealer, &bytes, &mut out);
                 if tx.send((out, r)).is_err() {
                     return;
                 }
+                woken.0.notify_one();
             }
         })?;
         Ok(SealHelper {
             jobs: Some(jobs),
             done,
+            wake,
             thread: Some(thread),
             #[cfg(test)]
             running: weak,
         })
     }
 
-    /// The records of the run handed over last, waiting for them.
-    fn wait(&self) -> io::Result<Vec<u8>> {
-        match self.done.recv() {
-            Ok((out, r)) => r.map(|()| out),
-            Err(_) => Err(io::Error::other("the TLS sealing thread ended")),
+    /// The records of the run handed over last, if the thread is done
+    /// with them (never waits).
+    fn try_take(&self) -> Option<io::Result<Vec<u8>>> {
+        match self.done.try_recv() {
+            Ok((out, r)) => Some(r.map(|()| out)),
+            Err(std::sync::mpsc::TryRecvError::Empty) => None,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => Some(Err(io::Error::other("the TLS sealing thread ended"))),
         }
+    }
+}
+
+/// Notifies its waiter when dropped.
+struct WakeOnDrop(std::sync::Arc<tokio::sync::Notify>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
     }
 }
 
@@ -279,11 +330,43 @@ fn pread_append(b: &mut Vec<u8>, fd: RawFd, off: u64, len: usize) -> io::Result<
 impl Outbox {
     /// What is queued from now on goes out through `sealer`'s records.
     pub fn set_tls(&mut self, sealer: Sealer) {
-        self.tls = Some(Tls { sealer, records: Vec::new(), sent: 0, helper: None, pending: None, spare: Vec::new() });
+        self.tls = Some(Tls {
+            sealer,
+            records: Vec::new(),
+            sent: 0,
+            helper: None,
+            pending: None,
+            spare: Vec::new(),
+            close: false,
+            #[cfg(test)]
+            gate: None,
+        });
     }
 
     pub fn is_empty(&self) -> bool {
-        self.segs.is_empty() && self.tls.as_ref().is_none_or(|t| t.sent == t.records.len() && t.pending.is_none())
+        self.segs.is_empty() && self.tls.as_ref().is_none_or(|t| t.sent == t.records.len() && t.pending.is_none() && !t.close)
+    }
+
+    /// Whether [`Outbox::send`] has something for the socket now: not
+    /// when empty, nor while the next records are the helper's, still
+    /// being sealed (then wait for [`Outbox::sealed`], not for the socket:
+    /// a writable socket would wake the driver for nothing, again and
+    /// again).
+    pub fn can_send(&self) -> bool {
+        !self.is_empty() && self.sealed().is_none()
+    }
+
+    /// While the next records to write are the helper's, still being
+    /// sealed: a future that resolves when it hands some back (then
+    /// [`Outbox::send`] goes on). Made afresh each time the driver waits;
+    /// it may resolve early once (see `SealHelper::wake`).
+    pub fn sealed(&self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let t = self.tls.as_ref()?;
+        if t.pending.is_none() || t.sent < t.records.len() {
+            return None;
+        }
+        let wake = t.helper.as_ref()?.wake.clone();
+        Some(async move { wake.notified().await })
     }
 
     /// Bytes held in memory waiting to be sent (file payloads not counted).
@@ -305,18 +388,10 @@ impl Outbox {
     }
 
     /// With TLS: a close_notify alert after everything queued (the orderly
-    /// end of what we send).
+    /// end of what we send), sealed by [`Outbox::send`] once all before it is.
     pub fn close_notify(&mut self) {
-        if self.tls.is_none() {
-            return;
-        }
-        if self.seal(usize::MAX).is_err() {
-            // A payload could not be read: the stream is broken anyway.
-            return;
-        }
         if let Some(t) = &mut self.tls {
-            let Tls { sealer, records, .. } = t;
-            sealer.close_notify(records);
+            t.close = true;
         }
     }
 
@@ -478,10 +553,18 @@ impl Outbox {
             // The helper's records next (usually sealed while ours were
             // written); then the next window is sealed behind them, and
             // handed in part to the helper again, before they are written.
-            t.collect()?;
+            // Still sealing: nothing more now (what is queued goes behind
+            // its records); its wake brings the driver back.
+            if !t.collect()? {
+                return Ok(());
+            }
             if self.segs.is_empty() {
                 if t.records.is_empty() {
-                    return Ok(());
+                    if !t.close {
+                        return Ok(());
+                    }
+                    t.close = false;
+                    t.sealer.close_notify(&mut t.records);
                 }
                 continue;
             }
@@ -500,14 +583,17 @@ impl Outbox {
     /// with pread (file payloads, large reads), and the record is
     /// encrypted in place: a read's bytes are copied once in user space.
     /// A large mapped payload is sealed in part on a second thread
-    /// ([`Outbox::seal_split`]) unless `limit` is unbounded (the last
-    /// records before a close_notify). Records the helper still seals
-    /// are taken in first: what is sealed now goes after them.
+    /// ([`Outbox::seal_split`]). Records the helper still seals come
+    /// first: while it seals, nothing is sealed here (what would be goes
+    /// after its records).
     /// An error: a payload could not be read (the connection cannot go
     /// on, as when sendfile fails).
     fn seal(&mut self, limit: usize) -> io::Result<()> {
         let Some(mut t) = self.tls.take() else { return Ok(()) };
-        let r = t.collect().and_then(|()| self.seal_into(&mut t, limit));
+        let r = match t.collect() {
+            Ok(true) => self.seal_into(&mut t, limit),
+            other => other.map(|_| ()),
+        };
         self.tls = Some(t);
         r
     }
@@ -532,7 +618,11 @@ impl Outbox {
             self.pop_front();
         }
         if t.helper.is_none() {
-            t.helper = SealHelper::start().ok();
+            t.helper = SealHelper::start(
+                #[cfg(test)]
+                t.gate.take(),
+            )
+            .ok();
         }
         let mut run = t.sealer.take_run(ours as u64);
         match &t.helper {
@@ -562,7 +652,7 @@ impl Outbox {
             if self.segs.is_empty() {
                 return Ok(());
             }
-            if limit != usize::MAX && split_sealing() {
+            if split_sealing() {
                 if let Some(Seg::Mapped { bytes, pos }) = self.segs.front() {
                     let left = bytes.len() - pos;
                     if left >= SPLIT_MIN {
@@ -662,7 +752,10 @@ impl Outbox {
             if self.is_empty() {
                 return Ok(());
             }
-            sock.writable().await?;
+            match self.sealed() {
+                Some(w) => w.await,
+                None => sock.writable().await?,
+            }
         }
     }
 
@@ -1040,6 +1133,67 @@ mod tests {
             assert!(got[..] == want[..], "the records do not hold the headers and payloads in order");
             // The 4 KiB read went out on its own; the rest in full records.
             assert_eq!(records, 1 + (want.len() - 4096 - 24).div_ceil(MAX_PLAINTEXT) + 1, "records not full");
+        });
+    }
+
+    /// User-space TLS: while the helper seals part of a large read, a
+    /// send never waits for it: it returns with the helper's run still out
+    /// (the driver goes on taking PDUs, queued behind it), the driver's
+    /// wake for it stays pending until the helper hands its records back,
+    /// and then fires; the wire still has every record in sequence and the
+    /// PDUs in order, the close_notify last. (Waiting for the helper in
+    /// the send, as before, held the helper's gate until it gave up.)
+    #[test]
+    fn a_send_does_not_wait_for_the_sealing_thread() {
+        use bw_tls::record::Keys;
+        use bw_tls::Suite;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        use std::task::{Context, Poll, Waker};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let keys = || Keys::from_secret(Suite::Aes128GcmSha256, &[7u8; 32]);
+            let (vol, data) = patterned(2 << 20);
+            let (sock, reader) = read_to_end_beside().await;
+            let mut out = Outbox::default();
+            out.set_tls(Sealer::new(&keys()));
+            let (go, held) = std::sync::mpsc::channel();
+            let gave_up = Arc::new(AtomicBool::new(false));
+            out.tls.as_mut().unwrap().gate = Some(Gate { go: held, gave_up: gave_up.clone() });
+            let mut want = Vec::new();
+            out.buf_mut().extend_from_slice(&[1; 24]);
+            want.extend_from_slice(&[1; 24]);
+            out.push_mapped(vol.mapped_read(0, 1 << 20).unwrap().expect("ram is mapped"));
+            want.extend_from_slice(&data[..1 << 20]);
+            // Our share of the first window out; then only the helper's
+            // records are next.
+            while out.sealed().is_none() && !out.is_empty() {
+                out.send(&sock).unwrap();
+                if out.sealed().is_none() {
+                    sock.writable().await.unwrap();
+                }
+            }
+            assert!(out.sealed().is_some() && !gave_up.load(Ordering::SeqCst), "the send waited for the sealing thread");
+            assert!(!out.can_send(), "a writable socket would wake the driver for nothing");
+            // Other work meanwhile: a response queued and sent behind the
+            // run goes nowhere yet, and the send comes back at once.
+            out.buf_mut().extend_from_slice(b"a 4 KiB read's response");
+            want.extend_from_slice(b"a 4 KiB read's response");
+            out.send(&sock).unwrap();
+            let mut wake = Box::pin(out.sealed().expect("still the helper's turn"));
+            assert!(wake.as_mut().poll(&mut Context::from_waker(Waker::noop())) == Poll::Pending, "woken with nothing handed back");
+            assert!(!gave_up.load(Ordering::SeqCst));
+            // Let the helper go (each of its runs): its wake brings the rest.
+            drop(go);
+            wake.await;
+            out.close_notify();
+            out.drain(&sock).await.unwrap();
+            assert!(out.is_empty() && out.buffered() == 0);
+            drop(sock);
+            let wire = reader.join().unwrap();
+            let (got, _, at) = open_all(&keys(), &wire);
+            assert_eq!(at, wire.len(), "records left unopened (the close_notify is not last?)");
+            assert!(got[..] == want[..], "the records do not hold the PDUs in order");
         });
     }
 
