@@ -266,6 +266,10 @@ struct BenchArgs {
     /// Warm-up requests before the clock starts.
     #[arg(long, default_value_t = 0)]
     ramp_ios: u64,
+    /// Start each job's I/O buffer this many bytes past a page boundary
+    /// (0: page-aligned, as fio's; 16 is where a large heap buffer starts).
+    #[arg(long, default_value_t = 0)]
+    buf_offset: usize,
     /// Seed for offsets and data.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -504,6 +508,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
             size: a.size,
             seed: a.seed,
             ramp_ios: a.ramp_ios,
+            buf_offset: a.buf_offset,
         };
         let r = bw_workload::bench(client.clone(), &p).await;
         let _ = client.close().await;

@@ -30,6 +30,77 @@ fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
     }
 }
 
+/// Where a plain socket read of a payload lands: straight in the
+/// destination, or, when the destination is not aligned to a cache line,
+/// in an aligned staging buffer whose bytes are then copied in small pieces.
+///
+/// Why: the kernel copies received bytes out with `rep movsb` where the
+/// CPU has fast short `rep movs` (FSRM), and on AMD Zen 3 that runs at a
+/// fraction of its speed when the source (the socket buffer's pages: page
+/// cache pages under `sendfile`) is aligned and the destination is not
+/// (glibc BZ 30994). A 1 MiB read into a heap buffer 16 bytes past a page
+/// cost our initiators 3x the CPU of a page-aligned one, more than the
+/// TLS path, which decrypts into the destination with vector stores
+/// (docs/notes/2026-11-27-h51h-seqread.md). Staging costs one more copy,
+/// from a buffer the cache still holds, in pieces short enough that
+/// glibc's `memcpy` uses vector moves, not `rep movsb`, for them.
+pub(crate) struct Landing {
+    /// Allocated on the first misaligned payload.
+    staging: Vec<u8>,
+    /// Whether the payload being read is staged; decided on its first
+    /// read from where it starts (not per read: a direct read ends
+    /// anywhere, and the next starts there).
+    staged: Option<bool>,
+    /// Bytes that went through the staging buffer (for tests).
+    pub(crate) staged_bytes: u64,
+}
+
+/// The alignment a destination needs for a direct read.
+const LANDING_ALIGN: usize = 64;
+/// The staging buffer: within a core's L2 cache (512 KiB on Zen 3), which
+/// the copy out of it then reads from.
+const STAGING: usize = 128 << 10;
+/// The copy out of the staging buffer goes in pieces of at most this many
+/// bytes: below the smallest size for which glibc's `memcpy` uses
+/// `rep movsb` (2 KiB, `rep_movsb_threshold` with 16-byte vectors).
+const PIECE: usize = 1024;
+
+impl Landing {
+    pub(crate) fn new() -> Landing {
+        Landing { staging: Vec::new(), staged: None, staged_bytes: 0 }
+    }
+
+    /// A new payload starts: decide again on its first read.
+    pub(crate) fn begin(&mut self) {
+        self.staged = None;
+    }
+
+    /// Read what the socket holds (up to `dst.len()` bytes) into `dst`;
+    /// as `try_read`, nothing taken off the socket when it would block.
+    pub(crate) fn read(&mut self, rd: &OwnedReadHalf, dst: &mut [u8]) -> std::io::Result<usize> {
+        self.read_with(dst, |b| rd.try_read(b))
+    }
+
+    fn read_with(&mut self, dst: &mut [u8], read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>) -> std::io::Result<usize> {
+        let staged = *self.staged.get_or_insert_with(|| dst.as_ptr() as usize % LANDING_ALIGN != 0);
+        if !staged {
+            return read(dst);
+        }
+        if self.staging.is_empty() {
+            self.staging = vec![0u8; STAGING + LANDING_ALIGN];
+        }
+        let at = self.staging.as_ptr().align_offset(LANDING_ALIGN);
+        let n = dst.len().min(STAGING);
+        let stage = &mut self.staging[at..at + n];
+        let got = read(stage)?.min(n);
+        for (d, s) in dst[..got].chunks_mut(PIECE).zip(stage[..got].chunks(PIECE)) {
+            d.copy_from_slice(s);
+        }
+        self.staged_bytes += got as u64;
+        Ok(got)
+    }
+}
+
 /// What one attempt to read more of a payload into place did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Filled {
@@ -97,4 +168,57 @@ pub(crate) async fn recv(
         set_rcvlowat(rd, 1);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `data` to a read in the sizes of `cuts`, as a socket would.
+    fn reads<'a>(data: &'a [u8], cuts: &'a [usize]) -> impl FnMut(&mut [u8]) -> std::io::Result<usize> + 'a {
+        let (mut at, mut i) = (0, 0);
+        move |b: &mut [u8]| {
+            let n = cuts[i % cuts.len()].min(b.len()).min(data.len() - at);
+            b[..n].copy_from_slice(&data[at..at + n]);
+            at += n;
+            i += 1;
+            Ok(n)
+        }
+    }
+
+    fn land(offset: usize) -> (Vec<u8>, Vec<u8>, u64) {
+        const LEN: usize = 300_000;
+        let data: Vec<u8> = (0..LEN).map(|i| (i * 31 + 7) as u8).collect();
+        let mut space = vec![0u8; LEN + 2 * LANDING_ALIGN];
+        let start = space.as_ptr().align_offset(LANDING_ALIGN) + offset;
+        let dst = &mut space[start..start + LEN];
+        let mut l = Landing::new();
+        l.begin();
+        {
+            let mut read = reads(&data, &[1448, 70_000, 200_000, 3]);
+            let mut placed = 0;
+            while placed < LEN {
+                placed += l.read_with(&mut dst[placed..], &mut read).unwrap();
+            }
+        }
+        (dst.to_vec(), data, l.staged_bytes)
+    }
+
+    /// A payload into an aligned buffer goes straight there, in reads
+    /// that end anywhere (its later reads start unaligned).
+    #[test]
+    fn an_aligned_destination_is_read_into_directly() {
+        let (got, want, staged) = land(0);
+        assert!(got == want);
+        assert_eq!(staged, 0);
+    }
+
+    /// A payload into a buffer 16 bytes past a cache line (where a large
+    /// heap buffer starts) goes through the staging buffer, intact.
+    #[test]
+    fn a_misaligned_destination_is_staged_and_arrives_intact() {
+        let (got, want, staged) = land(16);
+        assert!(got == want);
+        assert_eq!(staged, want.len() as u64);
+    }
 }

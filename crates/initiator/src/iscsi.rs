@@ -463,11 +463,12 @@ const READ_CHUNK_SMALL_IO: usize = 256 * 1024;
 
 /// Read the rest of a Data-In payload from the socket straight into its
 /// command's buffer, as it arrives.
-async fn recv_direct(rd: &OwnedReadHalf, sh: &Shared, d: &mut DirectRead) -> std::result::Result<(), String> {
+async fn recv_direct(rd: &OwnedReadHalf, landing: &mut crate::direct::Landing, sh: &Shared, d: &mut DirectRead) -> std::result::Result<(), String> {
+    landing.begin();
     crate::direct::recv(rd, d.left(), crate::direct::Wakeups::Eager, || {
         // Under the session lock: a caller that gives up takes its buffer
         // back under the same lock (`InFlight`).
-        let r = sh.lock().s.direct_fill(d, |dst| rd.try_read(dst));
+        let r = sh.lock().s.direct_fill(d, |dst| landing.read(rd, dst));
         crate::direct::Filled::after(r, d.left(), 0)
     })
     .await
@@ -481,6 +482,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
     // just the next PDU's header: a large payload behind it then goes
     // straight to its buffer too instead of into `buf`.
     let mut header_only = false;
+    let mut landing = crate::direct::Landing::new();
     let why = loop {
         let (step, header_len, large) = {
             let mut st = sh.lock();
@@ -503,7 +505,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
             Err(why) => break why,
             Ok(Some(mut d)) => {
                 let large = d.left() >= READ_CHUNK;
-                if let Err(why) = recv_direct(&rd, &sh, &mut d).await {
+                if let Err(why) = recv_direct(&rd, &mut landing, &sh, &mut d).await {
                     break why;
                 }
                 header_only = large;

@@ -30,6 +30,9 @@ pub struct BenchParams {
     pub seed: u64,
     /// Requests issued before measuring starts (warms caches and windows).
     pub ramp_ios: u64,
+    /// Where each job's buffer starts: this many bytes past a page boundary
+    /// (0: page-aligned, as fio's buffers and the kernel's pages are).
+    pub buf_offset: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -264,6 +267,8 @@ fn latency(h: &Histogram<u64>) -> Latency {
     }
 }
 
+const PAGE: usize = 4096;
+
 async fn worker(
     client: Arc<dyn BlockClient>,
     shared: Arc<Shared>,
@@ -274,7 +279,15 @@ async fn worker(
     seed: u64,
 ) -> Result<(), BenchError> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut buf = vec![0u8; p.bs];
+    // Page-aligned unless asked otherwise, as fio's buffers are: a heap
+    // buffer this large is mapped on its own and starts 16 bytes past a
+    // page, and where the kernel's `rep movsb` copies into a destination
+    // aligned unlike its source (AMD Zen 3), a receive into it cost our
+    // initiators 3x the CPU per MiB of a page-aligned one
+    // (docs/notes/2026-11-27-h51h-seqread.md).
+    let mut space = vec![0u8; p.bs + PAGE + p.buf_offset];
+    let at = space.as_ptr().align_offset(PAGE) + p.buf_offset;
+    let buf = &mut space[at..at + p.bs];
     // Incompressible, non-zero data so no layer can cheat on zero pages.
     rng.fill(&mut buf[..]);
     // Writes hand their data over (`write_owned`, a reference count per
@@ -282,7 +295,7 @@ async fn worker(
     // send it from where it is instead of copying it into its send buffer
     // (NVMe/TCP: 1 KiB and up, bw_nvme::host_queue::SEND_IN_PLACE_MIN).
     // The lab's load is this loop too (it runs `blockwire bench`).
-    let data = bytes::Bytes::from(buf.clone());
+    let data = bytes::Bytes::copy_from_slice(buf);
     let read_pct = p.rw.read_pct(p.rwmixread);
     // One clock read per request, not two: a request's end is the next
     // one's start. What lies between (the stop check, the offset, the
@@ -303,7 +316,7 @@ async fn worker(
         };
         let offset = job_base + block * p.bs as u64;
         let is_read = read_pct == 100 || (read_pct > 0 && rng.gen_range(0..100u8) < read_pct);
-        let r = if is_read { client.read(offset, &mut buf).await } else { client.write_owned(offset, data.clone()).await };
+        let r = if is_read { client.read(offset, buf).await } else { client.write_owned(offset, data.clone()).await };
         let end = Instant::now();
         let ns = end.saturating_duration_since(t).as_nanos() as u64;
         t = end;
@@ -332,6 +345,7 @@ mod tests {
             size: 0,
             seed: 1,
             ramp_ios: 0,
+            buf_offset: 0,
         }
     }
 

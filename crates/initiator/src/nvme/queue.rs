@@ -374,13 +374,15 @@ const RCVLOWAT_MAX: usize = 256 << 10;
 /// wakeups than one per segment (each costs the sender a cross-CPU IPI).
 async fn recv_direct(
     rd: &OwnedReadHalf,
+    landing: &mut crate::direct::Landing,
     sh: &Shared,
     dr: &mut DirectRead,
 ) -> std::result::Result<(), String> {
+    landing.begin();
     crate::direct::recv(rd, dr.left(), crate::direct::Wakeups::LowWater(RCVLOWAT_MAX), || {
         // Under the queue lock: a caller that gives up takes its buffer
         // back under the same lock (`InFlight`).
-        let r = sh.lock().q.direct_fill(dr, |dst| rd.try_read(dst));
+        let r = sh.lock().q.direct_fill(dr, |dst| landing.read(rd, dst));
         crate::direct::Filled::after(r, dr.left(), 0)
     })
     .await
@@ -414,6 +416,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
     // straight to its buffer too instead of partly into `buf`.
     let hdr_len = (pdu::DATA_HLEN + if d.header { pdu::DIGEST_LEN } else { 0 }) as u64;
     let mut header_only = false;
+    let mut landing = crate::direct::Landing::new();
     let why = loop {
         // Through the user-space record layer, payloads are opened in
         // their command's buffer (recv_direct_tls); only a record shared
@@ -428,7 +431,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
             Ok(Some(mut dr)) => {
                 let large = dr.left() >= READ_CHUNK;
                 let r = match tls.as_mut() {
-                    None => recv_direct(&rd, &sh, &mut dr).await,
+                    None => recv_direct(&rd, &mut landing, &sh, &mut dr).await,
                     Some(r) => recv_direct_tls(&rd, r, &mut buf, &sh, &mut dr).await,
                 };
                 if let Err(why) = r {
