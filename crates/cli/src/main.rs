@@ -1,7 +1,7 @@
 //! The `blockwire` binary: serve disks, attach to them, measure them.
 
 use anyhow::{bail, Context};
-use bw_initiator::TargetUrl;
+use bw_initiator::{Connected, TargetUrl};
 use bw_workload::{BenchParams, Rw, VerifyParams};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use client_args::ClientArgs;
@@ -495,7 +495,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     }
     let rt = runtime(a.client.threads)?;
     rt.block_on(async {
-        let client = bw_initiator::connect(&a.url, &a.client.options(a.iodepth * a.numjobs)).await?;
+        let client = bw_initiator::connect_typed(&a.url, &a.client.options(a.iodepth * a.numjobs)).await?;
         let p = BenchParams {
             rw: a.rw,
             bs: a.bs as usize,
@@ -510,8 +510,14 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
             ramp_ios: a.ramp_ios,
             buf_offset: a.buf_offset,
         };
-        let r = bw_workload::bench(client.clone(), &p).await;
-        let _ = client.close().await;
+        // By the client's type where it has one: the workers then hold
+        // each request's future instead of a box per request.
+        let r = match &client {
+            Connected::Nvme(c) => bw_workload::bench(c.clone(), &p).await,
+            Connected::Iscsi(c) => bw_workload::bench(c.clone(), &p).await,
+            Connected::Other(c) => bw_workload::bench(c.clone(), &p).await,
+        };
+        let _ = client.shared().close().await;
         let r = r?;
         if a.json {
             println!("{}", serde_json::to_string(&r)?);

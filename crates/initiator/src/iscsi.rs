@@ -11,7 +11,7 @@
 //! Data-In payloads straight into the callers' buffers; one timer serves the
 //! whole session's deadlines.
 
-use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
+use crate::{check_range, BlockClient, ClientError, ConnectOptions, HeldIo, Result, TargetUrl};
 use async_trait::async_trait;
 use bw_iscsi::initiator_login::{InitiatorConfig, InitiatorLogin, LoginDone, Progress};
 use bw_iscsi::target_login::Secret;
@@ -347,6 +347,23 @@ where
     )))
 }
 
+impl HeldIo for IscsiClient {
+    async fn read_held(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_range(self, offset, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let bs = self.block as u64;
+        let cdb = initiator::read_16(offset / bs, (buf.len() as u64 / bs) as u32);
+        self.run(&cdb, buf.len(), Payload::None, Some(buf)).await?;
+        Ok(())
+    }
+    async fn write_owned_held(&self, offset: u64, data: Bytes) -> Result<()> {
+        check_range(self, offset, data.len())?;
+        self.write_payload(offset, Payload::Owned(data)).await
+    }
+}
+
 #[async_trait]
 impl BlockClient for IscsiClient {
     fn describe(&self) -> String {
@@ -362,22 +379,14 @@ impl BlockClient for IscsiClient {
         self.block
     }
     async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        check_range(self, offset, buf.len())?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let bs = self.block as u64;
-        let cdb = initiator::read_16(offset / bs, (buf.len() as u64 / bs) as u32);
-        self.run(&cdb, buf.len(), Payload::None, Some(buf)).await?;
-        Ok(())
+        self.read_held(offset, buf).await
     }
     async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         check_range(self, offset, data.len())?;
         self.write_payload(offset, Payload::Borrowed(data)).await
     }
     async fn write_owned(&self, offset: u64, data: Bytes) -> Result<()> {
-        check_range(self, offset, data.len())?;
-        self.write_payload(offset, Payload::Owned(data)).await
+        self.write_owned_held(offset, data).await
     }
     async fn flush(&self) -> Result<()> {
         self.scsi(&initiator::synchronize_cache_10(), 0, Payload::None).await?;
@@ -562,31 +571,37 @@ fn start_session(rd: OwnedReadHalf, wr: OwnedWriteHalf, buf: BytesMut, d: &Login
 }
 
 pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {
-    let TargetUrl::Iscsi { host, port, iqn, lun, user, secret } = url else {
-        return Err(proto(format!("{url} is not an iscsi:// URL")));
-    };
-    let (rd, wr, buf, done) = login(host, *port, Some(iqn), user.as_deref(), secret.as_deref(), opts).await?;
-    let session = start_session(rd, wr, buf, &done, opts);
-    let lun_field = u64::from_be_bytes(bw_scsi::encode_lun(*lun));
-    let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string(), identity: None, unmap_max_blocks: None };
-    // TEST UNIT READY first: it absorbs the unit attention a fresh nexus may have.
-    client.scsi(&initiator::test_unit_ready(), 0, Payload::None).await?;
-    let cap = client.scsi(&initiator::read_capacity_16(32), 32, Payload::None).await?;
-    let (last_lba, block) = initiator::parse_read_capacity_16(&cap).ok_or_else(|| proto("short READ CAPACITY"))?;
-    if block == 0 || block % 512 != 0 {
-        return Err(proto(format!("unsupported block size {block}")));
+    Ok(Arc::new(IscsiClient::connect(url, opts).await?))
+}
+
+impl IscsiClient {
+    pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<IscsiClient> {
+        let TargetUrl::Iscsi { host, port, iqn, lun, user, secret } = url else {
+            return Err(proto(format!("{url} is not an iscsi:// URL")));
+        };
+        let (rd, wr, buf, done) = login(host, *port, Some(iqn), user.as_deref(), secret.as_deref(), opts).await?;
+        let session = start_session(rd, wr, buf, &done, opts);
+        let lun_field = u64::from_be_bytes(bw_scsi::encode_lun(*lun));
+        let mut client = IscsiClient { session, lun: lun_field, size: 0, block: 512, describe: url.to_string(), identity: None, unmap_max_blocks: None };
+        // TEST UNIT READY first: it absorbs the unit attention a fresh nexus may have.
+        client.scsi(&initiator::test_unit_ready(), 0, Payload::None).await?;
+        let cap = client.scsi(&initiator::read_capacity_16(32), 32, Payload::None).await?;
+        let (last_lba, block) = initiator::parse_read_capacity_16(&cap).ok_or_else(|| proto("short READ CAPACITY"))?;
+        if block == 0 || block % 512 != 0 {
+            return Err(proto(format!("unsupported block size {block}")));
+        }
+        client.block = block;
+        client.size = (last_lba + 1) * block as u64;
+        // Standard INQUIRY: T10 vendor (bytes 8-15), product (16-31), revision (32-35).
+        if let Ok(d) = client.scsi(&[bw_scsi::op::INQUIRY, 0, 0, 0, 36, 0], 36, Payload::None).await {
+            client.identity = inquiry_identity(&d);
+        }
+        if initiator::parse_lbpme(&cap) {
+            client.unmap_max_blocks = client.unmap_limit().await;
+        }
+        log::info!("{url}: {} bytes, {} byte blocks, params {:?}", client.size, block, done.params);
+        Ok(client)
     }
-    client.block = block;
-    client.size = (last_lba + 1) * block as u64;
-    // Standard INQUIRY: T10 vendor (bytes 8-15), product (16-31), revision (32-35).
-    if let Ok(d) = client.scsi(&[bw_scsi::op::INQUIRY, 0, 0, 0, 36, 0], 36, Payload::None).await {
-        client.identity = inquiry_identity(&d);
-    }
-    if initiator::parse_lbpme(&cap) {
-        client.unmap_max_blocks = client.unmap_limit().await;
-    }
-    log::info!("{url}: {} bytes, {} byte blocks, params {:?}", client.size, block, done.params);
-    Ok(Arc::new(client))
 }
 
 /// "VENDOR PRODUCT REVISION" from standard INQUIRY data (None if short).

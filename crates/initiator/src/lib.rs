@@ -12,7 +12,7 @@
 
 mod connect;
 mod url;
-pub use connect::connect;
+pub use connect::{connect, connect_typed, Connected};
 pub use url::{redact_url, TargetUrl, UrlError};
 
 pub mod aoe;
@@ -194,6 +194,28 @@ pub trait BlockClient: Send + Sync {
     }
     /// Log out / disconnect cleanly.
     async fn close(&self) -> Result<()>;
+}
+
+/// Reads and writes of a client whose type the caller knows, with each
+/// request's future held in the caller's own (a bench worker's task): a
+/// [`BlockClient`] call through `dyn` returns its future boxed, one malloc
+/// and free per request and the future moved into the box (~150-250
+/// instructions of a 4 KiB read's ~3,700 in `blockwire bench`;
+/// docs/notes/2026-11-27-h51i-client.md). The same requests as
+/// [`BlockClient::read`] and [`BlockClient::write_owned`].
+pub trait HeldIo: BlockClient {
+    fn read_held(&self, offset: u64, buf: &mut [u8]) -> impl std::future::Future<Output = Result<()>> + Send;
+    fn write_owned_held(&self, offset: u64, data: bytes::Bytes) -> impl std::future::Future<Output = Result<()>> + Send;
+}
+
+/// Any client, through `dyn`: its boxed futures.
+impl HeldIo for dyn BlockClient {
+    async fn read_held(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read(offset, buf).await
+    }
+    async fn write_owned_held(&self, offset: u64, data: bytes::Bytes) -> Result<()> {
+        self.write_owned(offset, data).await
+    }
 }
 
 /// Check an I/O request against the device geometry before it goes on the wire.

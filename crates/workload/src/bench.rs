@@ -4,7 +4,7 @@
 //! flight. Latency is recorded per request in HDR histograms.
 
 use crate::cpu::CpuTimes;
-use bw_initiator::BlockClient;
+use bw_initiator::{BlockClient, HeldIo};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -121,7 +121,7 @@ fn new_hist() -> Histogram<u64> {
 
 /// The blocks (of `--bs`) each job's share of the region holds, once the
 /// parameters are checked against the device.
-fn blocks_per_job(client: &dyn BlockClient, p: &BenchParams) -> Result<u64, BenchError> {
+fn blocks_per_job<C: BlockClient + ?Sized>(client: &C, p: &BenchParams) -> Result<u64, BenchError> {
     let bs = client.block_size() as u64;
     let dev = client.size_bytes();
     if p.bs == 0 || !(p.bs as u64).is_multiple_of(bs) {
@@ -142,7 +142,10 @@ fn blocks_per_job(client: &dyn BlockClient, p: &BenchParams) -> Result<u64, Benc
     Ok(blocks_per_job)
 }
 
-pub async fn bench(client: Arc<dyn BlockClient>, p: &BenchParams) -> Result<BenchReport, BenchError> {
+/// Run the workload over `client`. With a client of known type (not `dyn
+/// BlockClient`) each worker holds its requests' futures in its own
+/// ([`HeldIo`]): no box per request.
+pub async fn bench<C: HeldIo + ?Sized + 'static>(client: Arc<C>, p: &BenchParams) -> Result<BenchReport, BenchError> {
     let blocks_per_job = blocks_per_job(client.as_ref(), p)?;
     let numjobs = p.numjobs.max(1) as u64;
     let shared = Arc::new(Shared {
@@ -217,7 +220,7 @@ async fn join_workers(tasks: &mut tokio::task::JoinSet<Result<(), BenchError>>, 
 }
 
 /// The report from the workers' latencies, once every worker has ended.
-fn report(client: &dyn BlockClient, p: &BenchParams, shared: &Shared, elapsed: f64, cpu: CpuTimes, errors: u64) -> BenchReport {
+fn report<C: BlockClient + ?Sized>(client: &C, p: &BenchParams, shared: &Shared, elapsed: f64, cpu: CpuTimes, errors: u64) -> BenchReport {
     // Every worker has ended: nothing records any more.
     let latencies = lock(&shared.latencies);
     let (read, write) = (&latencies.read, &latencies.write);
@@ -269,8 +272,8 @@ fn latency(h: &Histogram<u64>) -> Latency {
 
 const PAGE: usize = 4096;
 
-async fn worker(
-    client: Arc<dyn BlockClient>,
+async fn worker<C: HeldIo + ?Sized>(
+    client: Arc<C>,
     shared: Arc<Shared>,
     cursor: Arc<AtomicU64>,
     p: BenchParams,
@@ -316,7 +319,7 @@ async fn worker(
         };
         let offset = job_base + block * p.bs as u64;
         let is_read = read_pct == 100 || (read_pct > 0 && rng.gen_range(0..100u8) < read_pct);
-        let r = if is_read { client.read(offset, buf).await } else { client.write_owned(offset, data.clone()).await };
+        let r = if is_read { client.read_held(offset, buf).await } else { client.write_owned_held(offset, data.clone()).await };
         let end = Instant::now();
         let ns = end.saturating_duration_since(t).as_nanos() as u64;
         t = end;
@@ -368,6 +371,66 @@ mod tests {
         p.bs = 64 << 10;
         let r = bench(mem(1 << 20, None), &p).await.unwrap();
         assert_eq!(r.write.ios, 2000);
+    }
+
+    /// Allocations made on this thread: every worker of a bench run on a
+    /// current-thread runtime runs on it, and other tests' threads do not
+    /// count.
+    mod allocs {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static COUNT: Cell<u64> = const { Cell::new(0) };
+        }
+
+        pub struct Counting;
+
+        // SAFETY: System's allocation, counted on the side.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+                let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+                unsafe { System.alloc(l) }
+            }
+            unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+                unsafe { System.dealloc(p, l) }
+            }
+        }
+
+        pub fn count() -> u64 {
+            COUNT.with(|c| c.get())
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: allocs::Counting = allocs::Counting;
+
+    /// Allocations per request of a bench run, from two runs of `n` and `2n` requests.
+    fn allocations_per_request<C: HeldIo + ?Sized + 'static>(client: Arc<C>, rw: Rw) -> f64 {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let run = |n: u64| {
+            let mut p = params(rw);
+            p.ios = Some(n);
+            let before = allocs::count();
+            let r = rt.block_on(bench(client.clone(), &p)).unwrap();
+            assert_eq!(r.ios, n);
+            allocs::count() - before
+        };
+        let (a, b) = (run(2000), run(4000));
+        b.saturating_sub(a) as f64 / 2000.0
+    }
+
+    #[test]
+    fn a_client_of_known_type_allocates_nothing_per_request() {
+        use crate::verify::tests::mem_typed;
+        for rw in [Rw::RandRead, Rw::RandWrite] {
+            // Through `dyn BlockClient` each request's future is boxed: the
+            // count sees it.
+            let boxed = allocations_per_request(mem(1 << 20, None), rw);
+            assert!(boxed >= 1.0, "{rw:?} through dyn: {boxed} allocations per request");
+            let held = allocations_per_request(mem_typed(1 << 20, None), rw);
+            assert!(held < 0.05, "{rw:?} held: {held} allocations per request");
+        }
     }
 
     #[tokio::test]

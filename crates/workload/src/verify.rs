@@ -130,15 +130,8 @@ pub(crate) mod tests {
         pub corrupt_at: Option<u64>,
     }
 
-    #[async_trait]
-    impl BlockClient for MemClient {
-        fn describe(&self) -> String {
-            "mem".into()
-        }
-        fn size_bytes(&self) -> u64 {
-            self.data.lock().unwrap().len() as u64
-        }
-        async fn read(&self, offset: u64, buf: &mut [u8]) -> bw_initiator::Result<()> {
+    impl MemClient {
+        fn read_mem(&self, offset: u64, buf: &mut [u8]) -> bw_initiator::Result<()> {
             bw_initiator::check_range(self, offset, buf.len())?;
             let d = self.data.lock().unwrap();
             buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
@@ -149,10 +142,35 @@ pub(crate) mod tests {
             }
             Ok(())
         }
-        async fn write(&self, offset: u64, data: &[u8]) -> bw_initiator::Result<()> {
+        fn write_mem(&self, offset: u64, data: &[u8]) -> bw_initiator::Result<()> {
             bw_initiator::check_range(self, offset, data.len())?;
             self.data.lock().unwrap()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
             Ok(())
+        }
+    }
+
+    impl bw_initiator::HeldIo for MemClient {
+        async fn read_held(&self, offset: u64, buf: &mut [u8]) -> bw_initiator::Result<()> {
+            self.read_mem(offset, buf)
+        }
+        async fn write_owned_held(&self, offset: u64, data: bytes::Bytes) -> bw_initiator::Result<()> {
+            self.write_mem(offset, &data)
+        }
+    }
+
+    #[async_trait]
+    impl BlockClient for MemClient {
+        fn describe(&self) -> String {
+            "mem".into()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.data.lock().unwrap().len() as u64
+        }
+        async fn read(&self, offset: u64, buf: &mut [u8]) -> bw_initiator::Result<()> {
+            self.read_mem(offset, buf)
+        }
+        async fn write(&self, offset: u64, data: &[u8]) -> bw_initiator::Result<()> {
+            self.write_mem(offset, data)
         }
         async fn flush(&self) -> bw_initiator::Result<()> {
             Ok(())
@@ -163,6 +181,10 @@ pub(crate) mod tests {
     }
 
     pub fn mem(size: usize, corrupt_at: Option<u64>) -> Arc<dyn BlockClient> {
+        mem_typed(size, corrupt_at)
+    }
+
+    pub fn mem_typed(size: usize, corrupt_at: Option<u64>) -> Arc<MemClient> {
         Arc::new(MemClient { data: Mutex::new(vec![0; size]), corrupt_at })
     }
 

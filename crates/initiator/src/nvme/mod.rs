@@ -12,7 +12,7 @@ mod queue;
 mod rdma;
 mod tls;
 
-use crate::{check_range, BlockClient, ClientError, ConnectOptions, Result, TargetUrl};
+use crate::{check_range, BlockClient, ClientError, ConnectOptions, HeldIo, Result, TargetUrl};
 use async_trait::async_trait;
 use bw_nvme::queue_entry::{admin, nvm, Sqe};
 use bw_nvme::controller::feature;
@@ -389,6 +389,27 @@ impl Drop for NvmeClient {
     }
 }
 
+impl HeldIo for NvmeClient {
+    async fn read_held(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_range(self, offset, buf.len())?;
+        let mut done = 0;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(self.max_transfer);
+            let sqe = self.rw_sqe(nvm::READ, offset + done as u64, n);
+            let d = self.queue_for(n).submit_read(sqe, &mut buf[done..done + n]).await?;
+            if d.received != n {
+                return Err(proto(format!("read of {n} bytes returned {}", d.received)));
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    async fn write_owned_held(&self, offset: u64, data: bytes::Bytes) -> Result<()> {
+        self.write_payload(offset, data.len(), |r| Payload::Owned(data.slice(r))).await
+    }
+}
+
 #[async_trait]
 impl BlockClient for NvmeClient {
     fn describe(&self) -> String {
@@ -405,18 +426,7 @@ impl BlockClient for NvmeClient {
     }
 
     async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        check_range(self, offset, buf.len())?;
-        let mut done = 0;
-        while done < buf.len() {
-            let n = (buf.len() - done).min(self.max_transfer);
-            let sqe = self.rw_sqe(nvm::READ, offset + done as u64, n);
-            let d = self.queue_for(n).submit_read(sqe, &mut buf[done..done + n]).await?;
-            if d.received != n {
-                return Err(proto(format!("read of {n} bytes returned {}", d.received)));
-            }
-            done += n;
-        }
-        Ok(())
+        self.read_held(offset, buf).await
     }
 
     async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
@@ -424,7 +434,7 @@ impl BlockClient for NvmeClient {
     }
 
     async fn write_owned(&self, offset: u64, data: bytes::Bytes) -> Result<()> {
-        self.write_payload(offset, data.len(), |r| Payload::Owned(data.slice(r))).await
+        self.write_owned_held(offset, data).await
     }
 
     async fn flush(&self) -> Result<()> {
