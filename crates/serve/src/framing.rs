@@ -48,6 +48,9 @@ pub struct Growth {
 /// The receive side of one connection.
 pub struct FrameReader {
     buf: BytesMut,
+    /// The buffer's size as made: the room a read is offered again once
+    /// the PDUs before it are gone (see [`FrameReader::prepare`]).
+    size: usize,
     /// NVMe/TCP over TLS with the records ours: what the socket holds is
     /// records, opened into `buf` (at most one record's worth read per fill).
     tls: Option<bw_tls::secure::RecordReader>,
@@ -58,6 +61,7 @@ impl FrameReader {
     pub fn with_capacity(n: usize) -> Self {
         FrameReader {
             buf: BytesMut::with_capacity(n),
+            size: n,
             tls: None,
             spare: SpareReads::default(),
         }
@@ -95,6 +99,20 @@ impl FrameReader {
                     return Some(want);
                 }
             }
+        }
+        // A burst of small PDUs in one read: the room a read is offered is
+        // what is left of the buffer past the PDUs already taken, and
+        // without this a QD32 burst of 4 KiB writes (133 KiB) landed in two
+        // reads about every other time (the second capped at the 123 KiB
+        // left of 256 KiB), its answers went out in two sends and the
+        // host's next burst came split too (measured: half the target's
+        // reads filled their room; docs/notes/2026-11-27-h51j-writes.md).
+        // So once the PDUs before the partial one are gone, the buffer is
+        // taken back from its start, copying only the partial PDU (at
+        // most a quarter of the buffer): never an allocation, and nothing
+        // happens while earlier PDUs' payloads still hold the buffer.
+        if have <= self.size / 4 && self.buf.capacity() - have < self.size - self.size / 4 {
+            let _ = self.buf.try_reclaim(self.size - have);
         }
         if self.buf.capacity() - have < g.low_water.max(1) {
             want = want.max(g.chunk);
@@ -424,6 +442,40 @@ mod tests {
         readable().await;
         assert_eq!(r.try_fill(&stream, &Len4).unwrap(), 10);
         assert!(would_read_again(&stream), "spare reads that found data were dropped");
+    }
+
+    #[tokio::test]
+    async fn a_burst_lands_in_one_read_once_the_pdus_before_it_are_gone() {
+        let mut r = FrameReader::with_capacity(4096);
+        let burst = |fill| (0..40).flat_map(|_| pdu(90, fill)).collect::<Vec<u8>>();
+        let mut wire = burst(1);
+        // (PDUs under Len4's large_pdu: small ones, many to a read.)
+        let next = pdu(90, 2);
+        wire.extend_from_slice(&next[..10]);
+        let mut rd = &wire[..];
+        assert_eq!(r.fill(&mut rd, &Len4).await.unwrap(), 3610);
+        let mut taken = Vec::new();
+        while let Some(p) = decode(r.buf()).unwrap() {
+            taken.push(p);
+        }
+        assert_eq!(taken.len(), 40);
+        // While the PDUs taken still hold the buffer, nothing is copied or
+        // allocated: the room is what was left.
+        r.prepare(&Len4);
+        assert_eq!(r.buf().capacity() - r.buf().len(), 4096 - 3610);
+        drop(taken);
+        // Then the next burst (the partial PDU's rest and 40 more) comes in one
+        // read, not in the 486 bytes left at the buffer's end.
+        let mut wire = next[10..].to_vec();
+        wire.extend(burst(3));
+        let mut rd = &wire[..];
+        assert_eq!(r.fill(&mut rd, &Len4).await.unwrap(), 80 + 3600);
+        let (mut n, later) = (0, pdu(90, 3));
+        while let Some(p) = decode(r.buf()).unwrap() {
+            assert_eq!(&p[..], if n == 0 { &next[..] } else { &later[..] });
+            n += 1;
+        }
+        assert_eq!((n, r.pending().len()), (41, 0));
     }
 
     #[tokio::test]
