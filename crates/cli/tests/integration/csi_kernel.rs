@@ -440,7 +440,14 @@ fn kernel_node_stages_over_nvme_multipath_and_iscsi_and_qos_holds_under_fio() {
                 }
             };
             let unlimited = measure();
-            assert!(unlimited > 2.0 * value, "{bs} unlimited: {unlimited:.1}, not over twice the limit {value}: the limit could not be seen");
+            // The limit sits at a quarter of what this guest reaches
+            // unlimited when that is under the fixed one: the guest's CPU
+            // is emulated, and on a busy host its own speed falls near
+            // the fixed limit (make test, 2026-11-27: 490 IOPS unlimited,
+            // 369 after lifting, against 200), where "limited" and
+            // "lifted" could not be told apart.
+            let value = value.min((unlimited / 4.0).floor());
+            assert!(value >= 1.0, "{bs} unlimited: {unlimited:.1}: too slow a guest to see a limit");
             limit(field, value);
             let by_rpc = measure();
             limit(field, 0.0);
