@@ -54,6 +54,8 @@ impl Context for Waiter {
 struct State {
     q: HostQueue<Waiter>,
     mailboxes: Mailboxes<std::result::Result<Done, HostError>>,
+    /// Where commands' deadlines count from.
+    clock: waiting::SubmitClock,
 }
 
 struct Shared {
@@ -120,8 +122,6 @@ pub struct TcpQueue {
     pub tls: Option<String>,
     shared: Arc<Shared>,
     slots: waiting::Slots,
-    /// Where commands' deadlines count from.
-    clock: waiting::SubmitClock,
     /// The reader and the timer (the writer ends when the queue dies).
     tasks: [tokio::task::JoinHandle<()>; 2],
 }
@@ -193,7 +193,7 @@ impl TcpQueue {
         .await
         .map_err(|_| ClientError::Timeout("ICResp".into()))??;
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { q, mailboxes: Mailboxes::default() }),
+            state: Mutex::new(State { q, mailboxes: Mailboxes::default(), clock: waiting::SubmitClock::new() }),
             wake: Notify::new(),
         });
         let sh = shared.clone();
@@ -205,7 +205,6 @@ impl TcpQueue {
             tls: described,
             shared,
             slots: waiting::Slots::new(depth),
-            clock: waiting::SubmitClock::new(),
             tasks: [reader, timer],
         })
     }
@@ -283,7 +282,8 @@ impl TcpQueue {
         let (ticket, mailbox) = {
             let mut st = self.shared.lock();
             let mailbox = st.mailboxes.open_for(waker);
-            match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, self.clock.now_or_later()) {
+            let now = st.clock.now_or_later();
+            match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, now) {
                 Ok(t) => {
                     self.shared.wake.notify_one();
                     (t, mailbox)
