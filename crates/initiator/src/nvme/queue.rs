@@ -500,6 +500,16 @@ mod tests {
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
 
+    /// The controller's side of the connection's start, without TLS.
+    async fn answer_icreq(s: &mut tokio::net::TcpStream) {
+        let mut ic = [0u8; pdu::IC_LEN];
+        s.read_exact(&mut ic).await.unwrap();
+        let mut out = BytesMut::new();
+        let resp = pdu::IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 128 << 10 };
+        pdu::Pdu::IcResp(resp).encode(Digests::default(), &mut out);
+        s.write_all(&out).await.unwrap();
+    }
+
     /// The queue has no timer per command: its one timer task must still
     /// fail a command the controller never answers, and the queue with it.
     #[tokio::test]
@@ -508,12 +518,7 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let controller = tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
-            let mut ic = [0u8; pdu::IC_LEN];
-            s.read_exact(&mut ic).await.unwrap();
-            let mut out = BytesMut::new();
-            let resp = pdu::IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 128 << 10 };
-            pdu::Pdu::IcResp(resp).encode(Digests::default(), &mut out);
-            s.write_all(&out).await.unwrap();
+            answer_icreq(&mut s).await;
             // Take commands, answer none.
             let mut sink = vec![0u8; 64 << 10];
             while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
@@ -538,6 +543,20 @@ mod tests {
         let row = table.lines().find(|l| l.split_whitespace().nth(1) == Some(want.as_str()))?;
         let queues = row.split_whitespace().nth(4)?;
         u64::from_str_radix(queues.split(':').nth(1)?, 16).ok()
+    }
+
+    /// Send `wire` to the host at `host` in two writes, the second (from
+    /// `cut` on) once the host has read all of the first; then take what
+    /// the host sends until it closes.
+    async fn send_in_two(s: &mut tokio::net::TcpStream, host: std::net::SocketAddr, wire: &[u8], cut: usize) {
+        let (first, last) = wire.split_at(cut);
+        s.write_all(first).await.unwrap();
+        while unread_on(host) != Some(0) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        s.write_all(last).await.unwrap();
+        let mut sink = vec![0u8; 4096];
+        while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
     }
 
     /// Through the user-space TLS record layer, a read's payload whose
@@ -587,14 +606,7 @@ mod tests {
             u.seal(&plain, &mut wire);
             // All but the last record's last 10 bytes; the rest once the
             // host has read all of that.
-            let (first, last) = wire.split_at(wire.len() - 10);
-            s.write_all(first).await.unwrap();
-            while unread_on(host) != Some(0) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            s.write_all(last).await.unwrap();
-            let mut sink = vec![0u8; 4096];
-            while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+            send_in_two(&mut s, host, &wire, wire.len() - 10).await;
         });
         let opts = ConnectOptions {
             timeout: Duration::from_secs(120),
@@ -627,12 +639,7 @@ mod tests {
         let controller = tokio::spawn(async move {
             let (mut s, host) = l.accept().await.unwrap();
             let mut got = BytesMut::new();
-            let mut ic = [0u8; pdu::IC_LEN];
-            s.read_exact(&mut ic).await.unwrap();
-            let mut out = BytesMut::new();
-            let resp = pdu::IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 128 << 10 };
-            pdu::Pdu::IcResp(resp).encode(Digests::default(), &mut out);
-            s.write_all(&out).await.unwrap();
+            answer_icreq(&mut s).await;
             let mut cids = Vec::new();
             while cids.len() < N {
                 match pdu::decode(&mut got, Digests::default(), u32::MAX).unwrap() {
@@ -649,14 +656,7 @@ mod tests {
             }
             // All but the last answer and 10 bytes of its header; the rest
             // once the host has read all of that.
-            let (first, last) = wire.split_at(wire.len() - LEN - pdu::DATA_HLEN + 10);
-            s.write_all(first).await.unwrap();
-            while unread_on(host) != Some(0) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            s.write_all(last).await.unwrap();
-            let mut sink = vec![0u8; 4096];
-            while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+            send_in_two(&mut s, host, &wire, wire.len() - LEN - pdu::DATA_HLEN + 10).await;
         });
         let opts = ConnectOptions { timeout: Duration::from_secs(120), ..Default::default() };
         let q = Arc::new(TcpQueue::open("127.0.0.1", port, 1, N, &opts, None).await.unwrap());
