@@ -68,6 +68,8 @@ struct State {
     s: InitiatorSession<Waiter>,
     mailboxes: Mailboxes<std::result::Result<Completion, TaskError>>,
     logout: Option<oneshot::Sender<()>>,
+    /// Where commands' deadlines count from.
+    clock: waiting::SubmitClock,
 }
 
 struct Shared {
@@ -120,8 +122,6 @@ impl Waits for Shared {
 struct Session {
     shared: Arc<Shared>,
     slots: waiting::Slots,
-    /// Where commands' deadlines count from.
-    clock: waiting::SubmitClock,
     /// The reader and the timer (the writer ends when the session dies).
     tasks: [tokio::task::JoinHandle<()>; 2],
 }
@@ -149,7 +149,8 @@ impl Session {
             let mut st = self.shared.lock();
             let mailbox = st.mailboxes.open_for(waker);
             let cmd = Command { lun, cdb: c, read_len, write };
-            match st.s.submit(cmd, Waiter { mailbox, dest }, self.clock.now_or_later()) {
+            let now = st.clock.now_or_later();
+            match st.s.submit(cmd, Waiter { mailbox, dest }, now) {
                 Ok(t) => {
                     self.shared.wake.notify_one();
                     (t, mailbox)
@@ -560,14 +561,14 @@ impl Deadlines for Shared {
 fn start_session(rd: OwnedReadHalf, wr: OwnedWriteHalf, buf: BytesMut, d: &LoginDone, opts: &ConnectOptions) -> Session {
     let machine = InitiatorSession::new(d.params.clone(), d.cmd_sn, d.max_cmd_sn, d.exp_stat_sn, opts.timeout);
     let shared = Arc::new(Shared {
-        state: Mutex::new(State { s: machine, mailboxes: Mailboxes::default(), logout: None }),
+        state: Mutex::new(State { s: machine, mailboxes: Mailboxes::default(), logout: None, clock: waiting::SubmitClock::new() }),
         wake: Notify::new(),
     });
     let sh = shared.clone();
     tokio::spawn(async move { crate::send::send_loop(wr, &*sh, None).await });
     let reader = tokio::spawn(read_loop(rd, buf, shared.clone()));
     let timer = tokio::spawn(waiting::timer_loop(shared.clone(), opts.timeout));
-    Session { shared, slots: waiting::Slots::new(opts.queue_depth.max(1)), clock: waiting::SubmitClock::new(), tasks: [reader, timer] }
+    Session { shared, slots: waiting::Slots::new(opts.queue_depth.max(1)), tasks: [reader, timer] }
 }
 
 pub async fn connect(url: &TargetUrl, opts: &ConnectOptions) -> Result<Arc<dyn BlockClient>> {

@@ -237,20 +237,31 @@ impl Drop for Uncount<'_> {
 /// `Instant`'s scale and rounded up, so that a deadline is never early and
 /// at most a few ticks (a few ms against seconds of timeout) late. The
 /// precise clock read per command was 1.5% of the NVMe/TCP initiator's CPU
-/// at 4 KiB QD32 (`perf`, docs/notes/2026-11-26-floor-4.md).
+/// at 4 KiB QD32 (`perf`, docs/notes/2026-11-26-floor-4.md). Kept under
+/// the session's lock: the coarse clock moves once a tick (1-4 ms), and
+/// every command of that tick gets the `Instant` worked out for its first
+/// (moving the reading onto `Instant`'s scale cost ~60 of the ~110
+/// instructions per command, docs/notes/2026-11-27-h51k-client.md).
 pub(crate) struct SubmitClock {
     /// An `Instant` read just after `base_coarse`.
     base: Instant,
     base_coarse: Duration,
     /// Whole ticks added to every reading (see [`SubmitClock::now_or_later`]).
     margin: Duration,
+    /// The last coarse reading (seconds, nanoseconds) and what
+    /// [`SubmitClock::now_or_later`] made of it.
+    last: Option<((i64, i64), Instant)>,
+}
+
+/// The coarse clock as (seconds, nanoseconds).
+fn coarse_raw() -> Option<(i64, i64)> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid clock id and a timespec to write.
+    (unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0).then(|| (ts.tv_sec as i64, ts.tv_nsec as i64))
 }
 
 fn coarse() -> Option<Duration> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock id and a timespec to write.
-    (unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0)
-        .then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    coarse_raw().map(|(s, ns)| Duration::new(s as u64, ns as u32))
 }
 
 impl SubmitClock {
@@ -263,7 +274,7 @@ impl SubmitClock {
             Duration::ZERO
         };
         let base_coarse = coarse().unwrap_or_default();
-        SubmitClock { base: Instant::now(), base_coarse, margin: 2 * tick }
+        SubmitClock { base: Instant::now(), base_coarse, margin: 2 * tick, last: None }
     }
 
     /// An instant no earlier than now. The coarse clock lags the precise
@@ -271,10 +282,19 @@ impl SubmitClock {
     /// `base` was read after `base_coarse`: so `base + (coarse - base_coarse)`
     /// is less than a tick early at worst, and one tick of margin makes it
     /// never early (two are kept). Without the coarse clock (clock_getres
-    /// or clock_gettime failing), the precise one.
-    pub fn now_or_later(&self) -> Instant {
-        match coarse() {
-            Some(c) if !self.margin.is_zero() => self.base + c.saturating_sub(self.base_coarse) + self.margin,
+    /// or clock_gettime failing), the precise one. The same coarse reading
+    /// gives the same instant, worked out once.
+    pub fn now_or_later(&mut self) -> Instant {
+        match coarse_raw() {
+            Some(raw) if !self.margin.is_zero() => match self.last {
+                Some((at, then)) if at == raw => then,
+                _ => {
+                    let c = Duration::new(raw.0 as u64, raw.1 as u32);
+                    let then = self.base + c.saturating_sub(self.base_coarse) + self.margin;
+                    self.last = Some((raw, then));
+                    then
+                }
+            },
             _ => Instant::now(),
         }
     }
@@ -319,7 +339,7 @@ mod tests {
     /// reading is at or after a precise reading taken before it.
     #[test]
     fn the_submit_clock_is_never_behind_the_precise_one() {
-        let c = SubmitClock::new();
+        let mut c = SubmitClock::new();
         assert!(!c.margin.is_zero(), "this kernel has a coarse monotonic clock");
         let end = Instant::now() + Duration::from_millis(50);
         let mut n = 0u64;

@@ -54,6 +54,8 @@ impl Context for Waiter {
 struct State {
     q: HostQueue<Waiter>,
     mailboxes: Mailboxes<std::result::Result<Done, HostError>>,
+    /// Where commands' deadlines count from.
+    clock: waiting::SubmitClock,
 }
 
 struct Shared {
@@ -120,8 +122,6 @@ pub struct TcpQueue {
     pub tls: Option<String>,
     shared: Arc<Shared>,
     slots: waiting::Slots,
-    /// Where commands' deadlines count from.
-    clock: waiting::SubmitClock,
     /// The reader and the timer (the writer ends when the queue dies).
     tasks: [tokio::task::JoinHandle<()>; 2],
 }
@@ -193,7 +193,7 @@ impl TcpQueue {
         .await
         .map_err(|_| ClientError::Timeout("ICResp".into()))??;
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { q, mailboxes: Mailboxes::default() }),
+            state: Mutex::new(State { q, mailboxes: Mailboxes::default(), clock: waiting::SubmitClock::new() }),
             wake: Notify::new(),
         });
         let sh = shared.clone();
@@ -205,7 +205,6 @@ impl TcpQueue {
             tls: described,
             shared,
             slots: waiting::Slots::new(depth),
-            clock: waiting::SubmitClock::new(),
             tasks: [reader, timer],
         })
     }
@@ -283,7 +282,8 @@ impl TcpQueue {
         let (ticket, mailbox) = {
             let mut st = self.shared.lock();
             let mailbox = st.mailboxes.open_for(waker);
-            match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, self.clock.now_or_later()) {
+            let now = st.clock.now_or_later();
+            match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, now) {
                 Ok(t) => {
                     self.shared.wake.notify_one();
                     (t, mailbox)
@@ -418,16 +418,44 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
     let mut header_only = false;
     let mut landing = crate::direct::Landing::new();
     let why = loop {
-        // Through the user-space record layer, payloads are opened in
-        // their command's buffer (recv_direct_tls); only a record shared
-        // with the next PDU goes through `buf`.
-        let (direct, large_reads) = {
+        // Everything the last socket read brought is handled under one
+        // lock, and the callers of the commands it finished are woken
+        // together: taking the lock twice per answer (to start it, then
+        // to hand it over) cost ~150 instructions of a 4 KiB QD32 read
+        // (docs/notes/2026-11-27-h51k-client.md). Through the
+        // user-space record layer, payloads are opened in their command's
+        // buffer (recv_direct_tls); only a record shared with the next PDU
+        // goes through `buf`.
+        let (step, large_reads) = {
             let mut st = sh.lock();
-            let d = st.q.begin_direct(&mut buf);
-            (d, st.q.large_reads() > 0)
+            let step = loop {
+                match st.q.begin_direct(&mut buf) {
+                    Err(e) => break Err(e.to_string()),
+                    // All of its payload was in `buf`.
+                    Ok(Some(dr)) if dr.is_done() => {
+                        header_only = false;
+                        continue;
+                    }
+                    Ok(Some(dr)) => break Ok(Some(dr)),
+                    Ok(None) => {}
+                }
+                // A data PDU's header still incomplete: read on without the
+                // decoder reserving room for the whole payload.
+                let hdr_need = if buf.len() >= pdu::CH_LEN { (buf[3] as usize).max(pdu::DATA_HLEN) } else { pdu::CH_LEN };
+                if !d.data && buf.first() == Some(&pdu::kind::C2H_DATA) && buf.len() < hdr_need {
+                    break Ok(None);
+                }
+                match st.q.receive(&mut buf) {
+                    Err(e) => break Err(e.to_string()),
+                    Ok(true) => {}
+                    Ok(false) => break Ok(None),
+                }
+            };
+            sh.deliver(&mut st);
+            (step, st.q.large_reads() > 0)
         };
-        match direct {
-            Err(e) => break e.to_string(),
+        match step {
+            Err(why) => break why,
             Ok(Some(mut dr)) => {
                 let large = dr.left() >= READ_CHUNK;
                 let r = match tls.as_mut() {
@@ -443,25 +471,6 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
                 continue;
             }
             Ok(None) => {}
-        }
-        // A data PDU's header still incomplete: read on without the decoder
-        // reserving room for the whole payload.
-        let hdr_need = if buf.len() >= pdu::CH_LEN {
-            (buf[3] as usize).max(pdu::DATA_HLEN)
-        } else {
-            pdu::CH_LEN
-        };
-        let partial_data_header =
-            !d.data && buf.first() == Some(&pdu::kind::C2H_DATA) && buf.len() < hdr_need;
-        if !partial_data_header {
-            let mut st = sh.lock();
-            let r = st.q.receive(&mut buf);
-            sh.deliver(&mut st);
-            match r {
-                Err(e) => break e.to_string(),
-                Ok(true) => continue,
-                Ok(false) => {}
-            }
         }
         let limit = match (header_only, large_reads) {
             (true, _) => (hdr_len as usize).saturating_sub(buf.len()).max(1),
@@ -491,6 +500,16 @@ mod tests {
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
 
+    /// The controller's side of the connection's start, without TLS.
+    async fn answer_icreq(s: &mut tokio::net::TcpStream) {
+        let mut ic = [0u8; pdu::IC_LEN];
+        s.read_exact(&mut ic).await.unwrap();
+        let mut out = BytesMut::new();
+        let resp = pdu::IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 128 << 10 };
+        pdu::Pdu::IcResp(resp).encode(Digests::default(), &mut out);
+        s.write_all(&out).await.unwrap();
+    }
+
     /// The queue has no timer per command: its one timer task must still
     /// fail a command the controller never answers, and the queue with it.
     #[tokio::test]
@@ -499,12 +518,7 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let controller = tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
-            let mut ic = [0u8; pdu::IC_LEN];
-            s.read_exact(&mut ic).await.unwrap();
-            let mut out = BytesMut::new();
-            let resp = pdu::IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 128 << 10 };
-            pdu::Pdu::IcResp(resp).encode(Digests::default(), &mut out);
-            s.write_all(&out).await.unwrap();
+            answer_icreq(&mut s).await;
             // Take commands, answer none.
             let mut sink = vec![0u8; 64 << 10];
             while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
@@ -529,6 +543,20 @@ mod tests {
         let row = table.lines().find(|l| l.split_whitespace().nth(1) == Some(want.as_str()))?;
         let queues = row.split_whitespace().nth(4)?;
         u64::from_str_radix(queues.split(':').nth(1)?, 16).ok()
+    }
+
+    /// Send `wire` to the host at `host` in two writes, the second (from
+    /// `cut` on) once the host has read all of the first; then take what
+    /// the host sends until it closes.
+    async fn send_in_two(s: &mut tokio::net::TcpStream, host: std::net::SocketAddr, wire: &[u8], cut: usize) {
+        let (first, last) = wire.split_at(cut);
+        s.write_all(first).await.unwrap();
+        while unread_on(host) != Some(0) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        s.write_all(last).await.unwrap();
+        let mut sink = vec![0u8; 4096];
+        while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
     }
 
     /// Through the user-space TLS record layer, a read's payload whose
@@ -578,14 +606,7 @@ mod tests {
             u.seal(&plain, &mut wire);
             // All but the last record's last 10 bytes; the rest once the
             // host has read all of that.
-            let (first, last) = wire.split_at(wire.len() - 10);
-            s.write_all(first).await.unwrap();
-            while unread_on(host) != Some(0) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            s.write_all(last).await.unwrap();
-            let mut sink = vec![0u8; 4096];
-            while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+            send_in_two(&mut s, host, &wire, wire.len() - 10).await;
         });
         let opts = ConnectOptions {
             timeout: Duration::from_secs(120),
@@ -601,6 +622,62 @@ mod tests {
             .expect("the read waited for more than the target had left to send");
         r.unwrap();
         assert!(buf == payload, "the payload arrived changed");
+        controller.abort();
+    }
+
+    /// A burst of answers in one segment is handled in one pass under the
+    /// queue's lock (the reader's batch loop): answers out of order, the
+    /// last one's header cut in two across socket reads, each payload
+    /// lands in its own caller's buffer and every caller completes.
+    #[tokio::test]
+    async fn a_burst_of_answers_out_of_order_and_cut_anywhere_reaches_every_caller() {
+        const N: usize = 8;
+        const LEN: usize = 4096;
+        let fill = |cid: u16| -> Vec<u8> { (0..LEN).map(|i| (i as u16).wrapping_mul(31).wrapping_add(cid * 7) as u8).collect() };
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let controller = tokio::spawn(async move {
+            let (mut s, host) = l.accept().await.unwrap();
+            let mut got = BytesMut::new();
+            answer_icreq(&mut s).await;
+            let mut cids = Vec::new();
+            while cids.len() < N {
+                match pdu::decode(&mut got, Digests::default(), u32::MAX).unwrap() {
+                    Some(pdu::Pdu::CapsuleCmd(c)) => cids.push(c.sqe.cid()),
+                    Some(_) => panic!("not a command"),
+                    None => assert!(s.read_buf(&mut got).await.unwrap() > 0, "the host closed"),
+                }
+            }
+            let mut wire = Vec::new();
+            for &cid in cids.iter().rev() {
+                let hdr = pdu::DataPduHeader { cid, ttag: 0, offset: 0, last: true, success: true };
+                wire.extend_from_slice(pdu::DataHeader::new(false, &hdr, LEN as u32, Digests::default()).bytes());
+                wire.extend_from_slice(&fill(cid));
+            }
+            // All but the last answer and 10 bytes of its header; the rest
+            // once the host has read all of that.
+            send_in_two(&mut s, host, &wire, wire.len() - LEN - pdu::DATA_HLEN + 10).await;
+        });
+        let opts = ConnectOptions { timeout: Duration::from_secs(120), ..Default::default() };
+        let q = Arc::new(TcpQueue::open("127.0.0.1", port, 1, N, &opts, None).await.unwrap());
+        let reads: Vec<_> = (0..N)
+            .map(|_| {
+                let q = q.clone();
+                tokio::spawn(async move {
+                    // 64-byte aligned, as a direct read lands unstaged.
+                    let mut space = vec![0u8; LEN + 64];
+                    let at = space.as_ptr().align_offset(64);
+                    let buf = &mut space[at..at + LEN];
+                    let d = q.submit_read(Sqe::new(bw_nvme::queue_entry::nvm::READ, 0, 1), buf).await.unwrap();
+                    (d.cqe.cid, buf.to_vec())
+                })
+            })
+            .collect();
+        for r in reads {
+            // (The bound only turns a hang into a failure; nothing is timed.)
+            let (cid, got) = tokio::time::timeout(Duration::from_secs(60), r).await.expect("a caller was never answered").unwrap();
+            assert!(got == fill(cid), "command {cid}'s payload arrived changed or elsewhere");
+        }
         controller.abort();
     }
 }
