@@ -147,8 +147,8 @@ const TAIL: usize = 32 << 10;
 /// what is left to copy after the last byte shrinks to at most [`TAIL`]
 /// (about 0.25 MiB -> 32 KiB, one wakeup more or so per large payload).
 /// On the lab's MTU 9000 link, with host and target on their own CPUs,
-/// the time from the target's last `sendfile` to the next command fell
-/// from 40-70 to 19-24 µs (docs/notes/2026-11-27-h51l-seqread-9000.md).
+/// the median time from the target's last `sendfile` to the next command
+/// fell from 22-70 to 17-54 µs, under load (docs/notes/2026-11-27-h51l-seqread-9000.md).
 fn low_water(need: usize, max: usize) -> usize {
     let max = max.max(1);
     if need <= TAIL {
