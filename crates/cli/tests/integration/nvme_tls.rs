@@ -189,7 +189,7 @@ fn large_reads_over_tls_sealed_on_a_thread() {
     let (req, allowed) = (free_port(), free_port());
     let sock = dir.path().join("control.sock");
     let cfg = format!("{}\n[tuning]\ntls_sealing = \"thread\"\n", config(&dir, req, allowed));
-    let serve = Serve::with_config(&dir, &cfg, &["-v", "--control", sock.to_str().unwrap()]);
+    let mut serve = Serve::with_config(&dir, &cfg, &["-v", "--control", sock.to_str().unwrap()]);
     let env = [("BLOCKWIRE_TLS_PSK", K256)];
     ok(&verify(req, "?tls", &host(1), &["--chunk", "1M"], &env), "1 MiB reads sealed on a thread");
     assert!(wait_log(&serve, "records user (sealed thread)"), "{}", serve.log_text());
