@@ -77,6 +77,7 @@
 //! commands_per_send = 0              # commands taken before the answers so far are sent; 0: all buffered first
 //! tcp_congestion = "auto"            # "system", or an algorithm ("cubic"); auto: no BBR to this machine
 //! digest_impl = "hw"                 # CRC32C digests: "hw" (CPU instruction) or "soft" (portable tables)
+//! tls_sealing = "inline"            # large reads' TLS records sealed on the connection's thread, or "thread" (a helper)
 //!
 //! [metrics]                          # Prometheus metrics at http://ADDR:PORT/metrics (docs/metrics.md)
 //! listen = "127.0.0.1:9433"

@@ -64,6 +64,8 @@ pub struct Knobs {
     /// Commands taken from the receive buffer before the answers so far are
     /// sent (usize::MAX: the whole buffer first).
     pub commands_per_send: usize,
+    /// Where user-space TLS seals large reads (`[tuning] tls_sealing`).
+    pub tls_sealing: crate::tuning::TlsSealing,
 }
 
 impl From<&crate::tuning::Tuning> for Knobs {
@@ -73,6 +75,7 @@ impl From<&crate::tuning::Tuning> for Knobs {
             zero_copy_min: t.zero_copy_min,
             mapped_reads: t.mapped_reads,
             commands_per_send: t.commands_per_send(),
+            tls_sealing: t.tls_sealing,
         }
     }
 }

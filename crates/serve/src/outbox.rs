@@ -20,6 +20,7 @@
 //! shrunk under it would raise SIGBUS; that copy fails like a system call
 //! instead), then encrypted in place; only the records are written.
 
+use crate::tuning::TlsSealing;
 use bw_block::{MappedBytes, Volume};
 use bw_tls::record::{ContentType, Sealer, HEADER_LEN, MAX_PLAINTEXT, TAG_LEN};
 use std::collections::VecDeque;
@@ -113,6 +114,8 @@ struct Tls {
     pending: Option<Pending>,
     /// A records buffer for the helper's next run.
     spare: Vec<u8>,
+    /// Large mapped payloads are sealed on two threads ([`split_sealing`]).
+    split: bool,
     /// A close_notify is to follow everything queued (sealed once the rest
     /// is, behind the helper's records if a run is out).
     close: bool,
@@ -258,11 +261,12 @@ impl Drop for SealHelper {
     }
 }
 
-/// Whether large payloads are sealed on two threads: only where there is
-/// a second CPU to run the helper.
-fn split_sealing() -> bool {
+/// Whether large payloads of a connection sealing as `how` are sealed on
+/// two threads: when asked to (`[tuning] tls_sealing`), and only where
+/// there is a second CPU to run the helper.
+fn split_sealing(how: TlsSealing) -> bool {
     static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())) > 1
+    how == TlsSealing::Thread && *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())) > 1
 }
 
 /// A mapped payload queued at a record's start with at least this many
@@ -328,8 +332,9 @@ fn pread_append(b: &mut Vec<u8>, fd: RawFd, off: u64, len: usize) -> io::Result<
 }
 
 impl Outbox {
-    /// What is queued from now on goes out through `sealer`'s records.
-    pub fn set_tls(&mut self, sealer: Sealer) {
+    /// What is queued from now on goes out through `sealer`'s records,
+    /// large mapped payloads sealed as `how` says.
+    pub fn set_tls(&mut self, sealer: Sealer, how: TlsSealing) {
         self.tls = Some(Tls {
             sealer,
             records: Vec::new(),
@@ -337,6 +342,7 @@ impl Outbox {
             helper: None,
             pending: None,
             spare: Vec::new(),
+            split: split_sealing(how),
             close: false,
             #[cfg(test)]
             gate: None,
@@ -652,7 +658,7 @@ impl Outbox {
             if self.segs.is_empty() {
                 return Ok(());
             }
-            if split_sealing() {
+            if t.split {
                 if let Some(Seg::Mapped { bytes, pos }) = self.segs.front() {
                     let left = bytes.len() - pos;
                     if left >= SPLIT_MIN {
@@ -1014,7 +1020,7 @@ mod tests {
             let sock = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
             let (mut peer, _) = listener.accept().unwrap();
             let mut out = Outbox::default();
-            out.set_tls(Sealer::new(&keys()));
+            out.set_tls(Sealer::new(&keys()), TlsSealing::Thread);
             // More than is sealed ahead at once, and than the socket takes:
             // the buffer stays, sealed in part.
             // (16 MiB: more than loopback's socket buffers hold.)
@@ -1063,7 +1069,7 @@ mod tests {
             let (vol, data) = patterned(4 << 20);
             let (sock, reader) = read_to_end_beside().await;
             let mut out = Outbox::default();
-            out.set_tls(Sealer::new(&keys()));
+            out.set_tls(Sealer::new(&keys()), TlsSealing::Thread);
             let mut want = Vec::new();
             for (i, (off, len)) in [(0u64, 4096usize), (8192, 1 << 20), (100, 5), ((3 << 20) + 1, 70_000)].into_iter().enumerate() {
                 let head = [i as u8 + 1; 24];
@@ -1092,12 +1098,19 @@ mod tests {
     }
 
     /// User-space TLS: a large mapped read is sealed in part on the
-    /// helper thread, and its records still come out in order with the
-    /// sequence numbers the peer expects (it opens them one after the
-    /// other), full, behind and before the PDUs around it; small reads
-    /// never start the helper.
+    /// helper thread (`tls_sealing = "thread"`), or all on the
+    /// connection's (`"inline"`: no helper ever starts), and either way its
+    /// records come out in order with the sequence numbers the peer
+    /// expects (it opens them one after the other), full, behind and
+    /// before the PDUs around it; small reads never start the helper.
     #[test]
-    fn large_mapped_reads_are_sealed_on_two_threads_in_order() {
+    fn large_mapped_reads_are_sealed_in_order_inline_or_on_two_threads() {
+        for how in [TlsSealing::Thread, TlsSealing::Inline] {
+            large_mapped_reads_sealed(how);
+        }
+    }
+
+    fn large_mapped_reads_sealed(how: TlsSealing) {
         use bw_tls::record::Keys;
         use bw_tls::Suite;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -1106,7 +1119,7 @@ mod tests {
             let (vol, data) = patterned(8 << 20);
             let (sock, reader) = read_to_end_beside().await;
             let mut out = Outbox::default();
-            out.set_tls(Sealer::new(&keys()));
+            out.set_tls(Sealer::new(&keys()), how);
             let mut want = Vec::new();
             for (i, (off, len)) in [(0u64, 4096usize), (4096, 1 << 20), (5 << 20, 3 << 20), (7, 200_001), (1 << 20, 4096)].into_iter().enumerate() {
                 let head = [i as u8 + 1; 24];
@@ -1123,7 +1136,8 @@ mod tests {
             want.extend_from_slice(b"last");
             out.drain(&sock).await.unwrap();
             assert!(out.is_empty() && out.buffered() == 0);
-            assert!(out.tls.as_ref().unwrap().helper.is_some(), "no large read was sealed on the helper");
+            let helper = out.tls.as_ref().unwrap().helper.is_some();
+            assert_eq!(helper, how == TlsSealing::Thread, "{how:?}: a helper thread {}", if helper { "started" } else { "never started" });
             out.close_notify();
             out.drain(&sock).await.unwrap();
             drop(sock);
@@ -1156,7 +1170,7 @@ mod tests {
             let (vol, data) = patterned(2 << 20);
             let (sock, reader) = read_to_end_beside().await;
             let mut out = Outbox::default();
-            out.set_tls(Sealer::new(&keys()));
+            out.set_tls(Sealer::new(&keys()), TlsSealing::Thread);
             let (go, held) = std::sync::mpsc::channel();
             let gave_up = Arc::new(AtomicBool::new(false));
             out.tls.as_mut().unwrap().gate = Some(Gate { go: held, gave_up: gave_up.clone() });
@@ -1211,7 +1225,7 @@ mod tests {
             let sock = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
             let (_peer, _) = listener.accept().unwrap();
             let mut out = Outbox::default();
-            out.set_tls(Sealer::new(&Keys::from_secret(Suite::Aes128GcmSha256, &[2u8; 32])));
+            out.set_tls(Sealer::new(&Keys::from_secret(Suite::Aes128GcmSha256, &[2u8; 32])), TlsSealing::Thread);
             out.buf_mut().extend_from_slice(&[1; 24]);
             out.push_mapped(vol.mapped_read(0, 16 << 20).unwrap().expect("ram is mapped"));
             out.send(&sock).unwrap();
@@ -1240,7 +1254,7 @@ mod tests {
             None => "copied",
         };
         assert_eq!((kind(&out, true), kind(&out, false)), ("file", "file"));
-        out.set_tls(Sealer::new(&Keys::from_secret(Suite::Aes128GcmSha256, &[1u8; 32])));
+        out.set_tls(Sealer::new(&Keys::from_secret(Suite::Aes128GcmSha256, &[1u8; 32])), TlsSealing::Thread);
         assert_eq!((kind(&out, true), kind(&out, false)), ("mapped", "file"));
     }
 
@@ -1258,7 +1272,7 @@ mod tests {
             let sock = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
             let (mut peer, _) = listener.accept().unwrap();
             let mut out = Outbox::default();
-            out.set_tls(Sealer::new(&keys()));
+            out.set_tls(Sealer::new(&keys()), TlsSealing::Thread);
             let mut want = Vec::new();
             for (i, len) in [24usize, 4096, 24, 70_000, 1, 16384].into_iter().enumerate() {
                 let pdu: Vec<u8> = (0..len).map(|j| (i * 31 + j) as u8).collect();

@@ -62,6 +62,28 @@ pub struct Tuning {
     /// kernel, kTLS, where it has TLS; else this process), "kernel" (a
     /// connection fails without kTLS) or "user" (this process).
     pub tls_records: TlsRecords,
+    /// Where a user-space TLS connection seals a large read's records:
+    /// "inline", all on the connection's thread; "thread", three quarters
+    /// of each window on a helper thread of the connection's own, beside
+    /// the connection's sends (docs/notes/2026-11-27-h53l-sealing.md).
+    pub tls_sealing: TlsSealing,
+}
+
+/// [`Tuning::tls_sealing`].
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum TlsSealing {
+    /// On the connection's thread. The default: the helper thread cost
+    /// the target 100-450 µs more CPU per MiB (hand-offs, wake-ups, record
+    /// buffers written on one core and sent from another) and bought no
+    /// throughput where client and target share two cores
+    /// (docs/notes/2026-11-27-h53k-tls-1m.md, 2026-11-27-h53l-sealing.md).
+    #[default]
+    Inline,
+    /// A quarter on the connection's thread, the rest on a helper thread
+    /// (nvme-tls-9): for a target with cores to spare beyond its busy
+    /// connections'.
+    Thread,
 }
 
 /// [`Tuning::tls_records`].
@@ -114,6 +136,16 @@ impl DigestImpl {
     }
 }
 
+impl TlsSealing {
+    /// As the config says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsSealing::Inline => "inline",
+            TlsSealing::Thread => "thread",
+        }
+    }
+}
+
 /// AoE fanout: how frames are spread over an interface's workers.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -155,6 +187,7 @@ impl Default for Tuning {
             tcp_congestion: Congestion::Auto,
             digest_impl: DigestImpl::Hw,
             tls_records: TlsRecords::Auto,
+            tls_sealing: TlsSealing::Inline,
         }
     }
 }
@@ -224,6 +257,11 @@ mod tests {
         let t: Tuning = toml::from_str("tls_records = \"user\"").unwrap();
         assert_eq!(bw_tls::RecordChoice::from(t.tls_records), bw_tls::RecordChoice::User);
         assert!(toml::from_str::<Tuning>("tls_records = \"openssl\"").is_err());
+        assert_eq!(Tuning::default().tls_sealing, TlsSealing::Inline);
+        let t: Tuning = toml::from_str("tls_sealing = \"thread\"").unwrap();
+        assert_eq!(t.tls_sealing, TlsSealing::Thread);
+        assert_eq!(crate::driver::Knobs::from(&t).tls_sealing, TlsSealing::Thread, "the connections get it");
+        assert!(toml::from_str::<Tuning>("tls_sealing = \"helper\"").is_err());
         let cc: Tuning = toml::from_str("tcp_congestion = \"cubic\"").unwrap();
         assert_eq!(cc.tcp_congestion, Congestion::Named("cubic".into()));
         let old: Tuning = toml::from_str("iscsi_zero_copy_min = 4096").unwrap();

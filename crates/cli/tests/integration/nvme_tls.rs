@@ -155,20 +155,45 @@ fn blockwire_initiator_over_tls_and_refusals() {
     assert!(disc.contains(&format!("127.0.0.1:{allowed}/{NQN} (subtype nvme, portid 2, TLS allowed)")), "{disc}");
 
     // session_list and the metrics while a TLS controller is connected.
+    while_connected(req, &sock, "TLS_AES_128_GCM_SHA256 user, sealed inline", || {
+        let text = scrape_metrics(&metrics);
+        assert!(metric_sample(&text, "blockwire_tls_connections{protocol=\"nvme-tcp\",record_layer=\"user\"}") >= 2.0, "{text}");
+        assert!(metric_sample(&text, "blockwire_tls_handshakes_total{protocol=\"nvme-tcp\",record_layer=\"user\"}") >= 8.0, "{text}");
+        assert!(metric_sample(&text, "blockwire_tls_refused_total{protocol=\"nvme-tcp\"}") >= 3.0, "{text}");
+        assert!(!text.contains("AAECAwQF") && !serve.log_text().contains("AAECAwQF"), "a secret in the metrics or the log");
+    });
+    assert!(serve.is_running());
+}
+
+/// While host 1 has a controller over TLS on `port`: `session_list` (on
+/// control socket `sock`) says its TLS is `tls`, then `more` runs.
+fn while_connected(port: u16, sock: &std::path::Path, tls: &str, more: impl FnOnce()) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let opts = bw_initiator::ConnectOptions { initiator_name: Some(host(1)), tls_psk: Some(K256.into()), timeout: Duration::from_secs(20), ..Default::default() };
-    let client = rt.block_on(bw_initiator::connect(&format!("nvme+tcp://127.0.0.1:{req}/{NQN}/1?tls"), &opts)).unwrap();
+    let client = rt.block_on(bw_initiator::connect(&format!("nvme+tcp://127.0.0.1:{port}/{NQN}/1?tls"), &opts)).unwrap();
     let o = blockwire(None, &["ctl", "--control", sock.to_str().unwrap(), "--json", "session_list"]);
     let v: Value = serde_json::from_str(&ok(&o, "session_list")).unwrap();
     let sessions = v["result"].as_array().cloned().unwrap_or_default();
-    assert!(sessions.iter().any(|s| s["initiator"] == host(1) && s["tls"] == "TLS_AES_128_GCM_SHA256 user"), "{v}");
-    let text = scrape_metrics(&metrics);
-    assert!(metric_sample(&text, "blockwire_tls_connections{protocol=\"nvme-tcp\",record_layer=\"user\"}") >= 2.0, "{text}");
-    assert!(metric_sample(&text, "blockwire_tls_handshakes_total{protocol=\"nvme-tcp\",record_layer=\"user\"}") >= 8.0, "{text}");
-    assert!(metric_sample(&text, "blockwire_tls_refused_total{protocol=\"nvme-tcp\"}") >= 3.0, "{text}");
-    assert!(!text.contains("AAECAwQF") && !serve.log_text().contains("AAECAwQF"), "a secret in the metrics or the log");
+    assert!(sessions.iter().any(|s| s["initiator"] == host(1) && s["tls"] == tls), "{v}");
+    more();
     rt.block_on(client.close()).unwrap();
-    drop(client);
+}
+
+/// `[tuning] tls_sealing = "thread"` reaches the connections (serve's log
+/// and `session_list` say it) and 1 MiB reads sealed in part on the helper
+/// thread come back whole (`verify` compares what it wrote), as they do
+/// sealed inline, the default (`blockwire_initiator_over_tls_and_refusals`).
+#[test]
+fn large_reads_over_tls_sealed_on_a_thread() {
+    let dir = TempDir::new("nvtls-seal");
+    let (req, allowed) = (free_port(), free_port());
+    let sock = dir.path().join("control.sock");
+    let cfg = format!("{}\n[tuning]\ntls_sealing = \"thread\"\n", config(&dir, req, allowed));
+    let mut serve = Serve::with_config(&dir, &cfg, &["-v", "--control", sock.to_str().unwrap()]);
+    let env = [("BLOCKWIRE_TLS_PSK", K256)];
+    ok(&verify(req, "?tls", &host(1), &["--chunk", "1M"], &env), "1 MiB reads sealed on a thread");
+    assert!(wait_log(&serve, "records user (sealed thread)"), "{}", serve.log_text());
+    while_connected(req, &sock, "TLS_AES_128_GCM_SHA256 user, sealed thread", || {});
     assert!(serve.is_running());
 }
 

@@ -122,7 +122,7 @@ pub async fn serve(
     let mut c = Queue::new(link, tcp, ticket);
     let _counted = metrics::global().connection(metrics::Proto::Nvme);
     let mut reader = FrameReader::with_capacity(256 * 1024);
-    if let Some(s) = super::tls::start(&stream, tls, c.link.fabric.tls_keys.clone(), c.link.fabric.tls_records, peer, local, deadline, &mut reader, &mut c.t.out).await? {
+    if let Some(s) = super::tls::start(&stream, tls, c.link.fabric.tls_keys.clone(), c.link.fabric.tls_records, c.t.knobs.tls_sealing, peer, local, deadline, &mut reader, &mut c.t.out).await? {
         if s.layer == bw_tls::RecordLayer::User {
             // Reads are queued as without TLS (small ones from the
             // volume's mapping, large ones as file payloads) and the outbox

@@ -18,6 +18,7 @@ use bw_nvme::logpage::SecureChannel;
 use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity};
 use bw_tls::handshake::{Candidate, PskStore};
 use bw_tls::secure::{self, SecureError};
+use crate::tuning::TlsSealing;
 use bw_tls::{RecordChoice, RecordLayer, Suite};
 use bytes::BytesMut;
 use std::collections::HashMap;
@@ -106,13 +107,18 @@ impl PskStore for TlsKeys {
 pub struct Secured {
     pub suite: Suite,
     pub layer: RecordLayer,
+    /// Where large reads' records are sealed (user-space records only).
+    pub sealing: Option<TlsSealing>,
     pub identity: Identity,
 }
 
 impl Secured {
     /// As `session_list` says it.
     pub fn describe(&self) -> String {
-        format!("{} {}", self.suite, self.layer)
+        match self.sealing {
+            Some(how) => format!("{} {}, sealed {}", self.suite, self.layer, how.name()),
+            None => format!("{} {}", self.suite, self.layer),
+        }
     }
 
     /// A Connect over this connection must be the identity's host's, to
@@ -152,13 +158,15 @@ async fn peek(stream: &TcpStream) -> std::io::Result<Option<[u8; 3]>> {
 /// `reader` and `out`), None when it goes on in plaintext. An error ends
 /// the connection (a plaintext host on a TLS-only port, a failed
 /// handshake: each logged with its reason). `keys` are the hosts' PSKs,
-/// `records` who keeps the records (`[tuning] tls_records`).
+/// `records` who keeps the records (`[tuning] tls_records`), `sealing`
+/// where user-space records of large reads are sealed (`tls_sealing`).
 #[allow(clippy::too_many_arguments)]
 pub async fn start(
     stream: &TcpStream,
     mode: SecureChannel,
     keys: Arc<TlsKeys>,
     records: RecordChoice,
+    sealing: TlsSealing,
     peer: SocketAddr,
     local: Option<SocketAddr>,
     deadline: Instant,
@@ -200,13 +208,16 @@ pub async fn start(
         }
     };
     let identity = Identity::parse(&s.identity).map_err(|e| anyhow::anyhow!("{e}"))?;
-    log::info!("nvme: {peer} on {port}: TLS {} as {:?} ({}), records {}", s.suite, s.identity, s.note.as_deref().unwrap_or(""), s.layer);
+    let sealing = s.user.is_some().then_some(sealing);
+    // (The lab reads the layer from this line: it ends at the word.)
+    let sealed = sealing.map_or_else(String::new, |h| format!(" (sealed {})", h.name()));
+    log::info!("nvme: {peer} on {port}: TLS {} as {:?} ({}), records {}{sealed}", s.suite, s.identity, s.note.as_deref().unwrap_or(""), s.layer);
     reader.buf().extend_from_slice(&s.plaintext);
     if let Some(u) = s.user {
         reader.set_tls(u.reader);
-        out.set_tls(u.sealer);
+        out.set_tls(u.sealer, sealing.unwrap_or_default());
     }
-    Ok(Some(Secured { suite: s.suite, layer: s.layer, identity }))
+    Ok(Some(Secured { suite: s.suite, layer: s.layer, sealing, identity }))
 }
 
 /// How a connection on kTLS ended, said plainly: a read that failed with
@@ -279,11 +290,13 @@ mod tests {
 
     #[test]
     fn connects_must_match_the_identity() {
-        let s = Secured { suite: Suite::Aes128GcmSha256, layer: RecordLayer::User, identity: Identity::parse("NVMe0R01 nqn.x:h nqn.x:a").unwrap() };
+        let s = Secured { suite: Suite::Aes128GcmSha256, layer: RecordLayer::User, sealing: None, identity: Identity::parse("NVMe0R01 nqn.x:h nqn.x:a").unwrap() };
         assert!(s.check_connect("nqn.x:h", "nqn.x:a").is_ok());
         assert!(s.check_connect("nqn.x:h", bw_nvme::DISCOVERY_NQN).is_ok());
         assert!(s.check_connect("nqn.x:evil", "nqn.x:a").is_err());
         assert!(s.check_connect("nqn.x:h", "nqn.x:b").is_err());
         assert_eq!(s.describe(), "TLS_AES_128_GCM_SHA256 user");
+        let s = Secured { sealing: Some(TlsSealing::Thread), ..s };
+        assert_eq!(s.describe(), "TLS_AES_128_GCM_SHA256 user, sealed thread");
     }
 }
