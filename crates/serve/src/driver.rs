@@ -310,3 +310,18 @@ pub async fn close(stream: TcpStream, out: &mut Outbox) {
         let _ = s.shutdown().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[tuning] tls_sealing` reaches the connections through the knobs.
+    /// (Here, not in tuning.rs's tests: the driver imports tuning, and a
+    /// test there naming the driver would close an import cycle.)
+    #[test]
+    fn the_knobs_carry_the_sealing_placement() {
+        let t: crate::tuning::Tuning = toml::from_str("tls_sealing = \"thread\"").unwrap();
+        assert_eq!(Knobs::from(&t).tls_sealing, crate::tuning::TlsSealing::Thread, "the connections get it");
+        assert_eq!(Knobs::default().tls_sealing, crate::tuning::TlsSealing::Inline);
+    }
+}

@@ -260,7 +260,6 @@ mod tests {
         assert_eq!(Tuning::default().tls_sealing, TlsSealing::Inline);
         let t: Tuning = toml::from_str("tls_sealing = \"thread\"").unwrap();
         assert_eq!(t.tls_sealing, TlsSealing::Thread);
-        assert_eq!(crate::driver::Knobs::from(&t).tls_sealing, TlsSealing::Thread, "the connections get it");
         assert!(toml::from_str::<Tuning>("tls_sealing = \"helper\"").is_err());
         let cc: Tuning = toml::from_str("tcp_congestion = \"cubic\"").unwrap();
         assert_eq!(cc.tcp_congestion, Congestion::Named("cubic".into()));
