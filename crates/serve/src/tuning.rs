@@ -73,11 +73,13 @@ pub struct Tuning {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum TlsSealing {
-    /// On the connection's thread. The default: the helper thread cost
-    /// the target 100-450 µs more CPU per MiB (hand-offs, wake-ups, record
-    /// buffers written on one core and sent from another) and bought no
-    /// throughput where client and target share two cores
-    /// (docs/notes/2026-11-27-h53k-tls-1m.md, 2026-11-27-h53l-sealing.md).
+    /// On the connection's thread. The default: where client and target
+    /// share two cores, the helper thread cost the target more CPU per
+    /// MiB at MTU 9000 and over loopback (hand-offs, wake-ups, record
+    /// buffers written on one core and sent from another) for no more
+    /// throughput; it won only at MTU 1500 (1.24-1.27x)
+    /// (docs/notes/2026-11-27-h53l-sealing.md,
+    /// docs/lab-runs/2026-11-27-session-9).
     #[default]
     Inline,
     /// A quarter on the connection's thread, the rest on a helper thread

@@ -14,11 +14,11 @@
 use crate::config::NvmeConfig;
 use crate::framing::FrameReader;
 use crate::outbox::Outbox;
+use crate::tuning::TlsSealing;
 use bw_nvme::logpage::SecureChannel;
 use bw_nvme::tls_psk::{ConfiguredPsk, Derivation, Identity};
 use bw_tls::handshake::{Candidate, PskStore};
 use bw_tls::secure::{self, SecureError};
-use crate::tuning::TlsSealing;
 use bw_tls::{RecordChoice, RecordLayer, Suite};
 use bytes::BytesMut;
 use std::collections::HashMap;
@@ -158,7 +158,7 @@ async fn peek(stream: &TcpStream) -> std::io::Result<Option<[u8; 3]>> {
 /// `reader` and `out`), None when it goes on in plaintext. An error ends
 /// the connection (a plaintext host on a TLS-only port, a failed
 /// handshake: each logged with its reason). `keys` are the hosts' PSKs,
-/// `records` who keeps the records (`[tuning] tls_records`), `sealing`
+/// `records` who keeps the records (`[tuning] tls_records`), `how`
 /// where user-space records of large reads are sealed (`tls_sealing`).
 #[allow(clippy::too_many_arguments)]
 pub async fn start(
@@ -166,7 +166,7 @@ pub async fn start(
     mode: SecureChannel,
     keys: Arc<TlsKeys>,
     records: RecordChoice,
-    sealing: TlsSealing,
+    how: TlsSealing,
     peer: SocketAddr,
     local: Option<SocketAddr>,
     deadline: Instant,
@@ -208,14 +208,15 @@ pub async fn start(
         }
     };
     let identity = Identity::parse(&s.identity).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let sealing = s.user.is_some().then_some(sealing);
+    // Only user-space records are sealed here; kTLS's are the kernel's.
+    let sealing = s.user.is_some().then_some(how);
     // (The lab reads the layer from this line: it ends at the word.)
     let sealed = sealing.map_or_else(String::new, |h| format!(" (sealed {})", h.name()));
     log::info!("nvme: {peer} on {port}: TLS {} as {:?} ({}), records {}{sealed}", s.suite, s.identity, s.note.as_deref().unwrap_or(""), s.layer);
     reader.buf().extend_from_slice(&s.plaintext);
     if let Some(u) = s.user {
         reader.set_tls(u.reader);
-        out.set_tls(u.sealer, sealing.unwrap_or_default());
+        out.set_tls(u.sealer, how);
     }
     Ok(Some(Secured { suite: s.suite, layer: s.layer, sealing, identity }))
 }
