@@ -756,6 +756,34 @@ impl TargetSession {
         self.serve_waiting(out);
     }
 
+    /// [`TargetSession::complete`] for a command that produced neither
+    /// data-in nor sense (a write, most often): the header of its SCSI
+    /// Response, which the transport queues at once, ahead of what `out`
+    /// gets (R2Ts for writes that waited for the budget this one held).
+    /// No action, PDU or buffer is made for it. `None`: the task is gone
+    /// (aborted meanwhile), nothing to send.
+    pub fn complete_status(&mut self, itt: u32, id: u64, status: u8, write_residual: Residual, out: &mut Vec<Action>) -> Option<crate::pdu::Bhs> {
+        let t = self.take_task(itt, id)?;
+        let residual = if t.write && !t.read { write_residual } else { Residual::of(0, t.edtl as usize) };
+        let r = self.status_response(itt, &t, status, 0, residual);
+        self.serve_waiting(out);
+        Some(Message::ScsiResponse(r).encode())
+    }
+
+    /// The SCSI Response that ends task `t` after `data_sn` Data-In PDUs.
+    fn status_response(&mut self, itt: u32, t: &Task, status: u8, data_sn: u32, residual: Residual) -> ScsiResponse {
+        ScsiResponse {
+            response: 0,
+            status,
+            itt,
+            stat_sn: self.take_stat_sn(),
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn,
+            exp_data_sn: data_sn.max(t.r2t_sn),
+            residual,
+        }
+    }
+
     /// A read finished as a read extent of `len` bytes that the transport
     /// sends itself: GOOD status, Data-In PDUs as [`Action::SendExtent`]
     /// (the extent is cut to the expected transfer length).
@@ -845,16 +873,7 @@ impl TargetSession {
             data_sn += 1;
         }
         if len == 0 || !collapse {
-            let r = ScsiResponse {
-                response: 0,
-                status,
-                itt,
-                stat_sn: self.take_stat_sn(),
-                exp_cmd_sn: self.exp_cmd_sn,
-                max_cmd_sn: self.max_cmd_sn,
-                exp_data_sn: data_sn.max(t.r2t_sn),
-                residual: read_residual,
-            };
+            let r = self.status_response(itt, t, status, data_sn, read_residual);
             let data = if sense.is_empty() {
                 Bytes::new()
             } else {
@@ -1213,6 +1232,41 @@ mod tests {
             assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
             assert_eq!(a.max_cmd_sn(), b.max_cmd_sn());
         }
+    }
+
+    /// A completion with neither data nor sense, taken the short way,
+    /// sends what [`TargetSession::complete`] sends: the same SCSI Response
+    /// (status, residual, StatSN, window), then the R2Ts of a write that
+    /// waited for the budget it gave back; a read that produced nothing
+    /// reports its whole length as underflow; an aborted task sends nothing.
+    #[test]
+    fn status_completion_matches_complete() {
+        let mut a = write_session(true, 8, 64 << 10);
+        let mut b = write_session(true, 8, 64 << 10);
+        for s in [&mut a, &mut b] {
+            assert_eq!(r2ts(&write(s, 1, 64 << 10, true)).len(), 1);
+            assert!(r2ts(&write(s, 2, 64 << 10, true)).is_empty(), "waits for the budget");
+        }
+        let (mut long, mut short) = (Vec::new(), Vec::new());
+        a.complete(1, 1, status::GOOD, &[], Vec::new(), Residual::Underflow(512), &mut long);
+        let head = b.complete_status(1, 1, status::GOOD, Residual::Underflow(512), &mut short).expect("a live task");
+        let Some(Action::Send(resp)) = long.first() else { panic!("{long:?}") };
+        assert_eq!(resp.bhs.0, head.0);
+        assert!(resp.data.is_empty());
+        assert_eq!(r2ts(&long[1..]), r2ts(&short));
+        assert_eq!(r2ts(&short).len(), 1, "the waiting write got its R2T");
+        assert_eq!((a.outstanding(), a.max_cmd_sn(), a.data_out_held()), (b.outstanding(), b.max_cmd_sn(), b.data_out_held()));
+
+        let (mut x, mut y) = (session(8192), session(8192));
+        let (ex, ey) = (read_command(&mut x, 7, 4096), read_command(&mut y, 7, 4096));
+        let mut long = Vec::new();
+        x.complete(7, ex.id, status::GOOD, &[], Vec::new(), Residual::None, &mut long);
+        let head = y.complete_status(7, ey.id, status::GOOD, Residual::None, &mut Vec::new()).unwrap();
+        let [Action::Send(resp)] = &long[..] else { panic!("{long:?}") };
+        assert_eq!(resp.bhs.0, head.0);
+        let Ok(Message::ScsiResponse(r)) = Message::decode(&head) else { panic!() };
+        assert_eq!(r.residual, Residual::Underflow(4096));
+        assert_eq!(y.complete_status(7, ey.id, status::GOOD, Residual::None, &mut Vec::new()), None, "gone");
     }
 
     /// Data-out pieces are handed over as received when they tile the

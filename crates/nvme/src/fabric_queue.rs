@@ -301,8 +301,14 @@ impl FabricQueue {
             let outstanding = self.inflight.len + 1;
             return Err(Refused::Fatal(FabricError::QueueOverflow { outstanding, entries: self.sq_entries }));
         }
+        // The transports give every command of a receive batch the batch's
+        // instant: the batch's first command touched the keep-alive with it
+        // already (a clock subtraction and a division per command saved),
+        // and touching it again could only move it back behind another
+        // queue's later touch.
+        let same_batch = self.last_capsule == Some(now);
         self.last_capsule = Some(now);
-        if let Some(k) = self.keep_alive.as_ref().filter(|_| !self.awaiting_auth()) {
+        if let Some(k) = self.keep_alive.as_ref().filter(|_| !same_batch && !self.awaiting_auth()) {
             k.touch(now);
         }
         if !self.inflight.insert(cid) {

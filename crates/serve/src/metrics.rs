@@ -198,10 +198,7 @@ impl Meter {
         IoTimer { slot, op, bytes: bytes.min(u32::MAX as usize) as u32, start: at }
     }
 
-    fn record(&self, t: IoTimer, ok: bool, now: Instant) {
-        let ns = now.saturating_duration_since(t.start).as_nanos().min(u64::MAX as u128) as u64;
-        self.seen[t.slot].record(t.op, t.bytes as u64, ok, ns);
-    }
+
 
     /// The I/O `t` has its answer queued; it is timed and counted at the
     /// next [`Meter::flush`], which a TCP front-end calls as it sends the
@@ -220,11 +217,27 @@ impl Meter {
         }
         let now = Instant::now();
         let mut ended = std::mem::take(&mut self.ended);
+        // The I/Os of a receive batch share its start (`start_at`): one
+        // clock subtraction for each run of them, not one per I/O.
+        let mut last: Option<(Instant, u64)> = None;
         for (t, ok) in ended.drain(..) {
-            self.record(t, ok, now);
+            let ns = match last {
+                Some((start, ns)) if start == t.start => ns,
+                _ => {
+                    let ns = elapsed_ns(t.start, now);
+                    last = Some((t.start, ns));
+                    ns
+                }
+            };
+            self.seen[t.slot].record(t.op, t.bytes as u64, ok, ns);
         }
         self.ended = ended;
     }
+}
+
+/// Nanoseconds from `start` to `now` (0 if `now` is earlier).
+fn elapsed_ns(start: Instant, now: Instant) -> u64 {
+    now.saturating_duration_since(start).as_nanos().min(u64::MAX as u128) as u64
 }
 
 /// Logins and sessions of one target (iSCSI target, NVMe subsystem).

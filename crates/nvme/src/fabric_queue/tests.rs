@@ -331,6 +331,27 @@ fn admin_queue_enforces_keep_alive_with_any_command_as_traffic() {
     }
 }
 
+/// A batch's commands share its instant: only the first touches the
+/// controller's keep-alive, so a later touch from another of its queues is
+/// not undone by the rest of the batch.
+#[test]
+fn the_rest_of_a_batch_does_not_move_the_keep_alive_back() {
+    let mut q = Q::with(1, 31);
+    q.connect(1, 31, false);
+    let batch = q.t0 + Duration::from_millis(500);
+    q.now = batch;
+    q.send(read(3), Bytes::new());
+    // Another queue of the controller takes a command later.
+    let other = batch + Duration::from_millis(300);
+    q.ka.touch(other);
+    q.send(read(4), Bytes::new());
+    assert_eq!(q.ka.deadline(), Some(other + Duration::from_millis(1001)), "the later touch stands");
+    // The next batch touches it again.
+    q.now = other + Duration::from_millis(100);
+    q.send(read(5), Bytes::new());
+    assert_eq!(q.ka.deadline(), Some(q.now + Duration::from_millis(1001)));
+}
+
 #[test]
 fn in_capsule_data_must_match_its_descriptor() {
     let mut w = write(1);
