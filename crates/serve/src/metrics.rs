@@ -198,8 +198,6 @@ impl Meter {
         IoTimer { slot, op, bytes: bytes.min(u32::MAX as usize) as u32, start: at }
     }
 
-
-
     /// The I/O `t` has its answer queued; it is timed and counted at the
     /// next [`Meter::flush`], which a TCP front-end calls as it sends the
     /// batch: one clock read for all the I/Os of a batch instead of one
