@@ -381,6 +381,34 @@ mod tests {
         assert!(run(&strict, ours()).unwrap().0.params.initial_r2t);
     }
 
+    /// A 1 MiB read is one Data-In between our initiator and our target:
+    /// the initiator declares MaxRecvDataSegmentLength 1 MiB and the target's
+    /// MaxBurstLength allows it (four 256 KiB Data-Ins before). A target
+    /// that answers a smaller MaxBurstLength is followed.
+    #[test]
+    fn one_data_in_per_1m_read_with_our_target() {
+        let ours = || {
+            let cfg = InitiatorConfig {
+                initiator_name: "iqn.2026-11.org.test:i".into(),
+                target_name: Some("iqn.2026-11.org.test:t".into()),
+                chap: None,
+                mutual_chap: None,
+                limits: LocalLimits::initiator(false, false),
+                isid: [0x80, 0, 0, 0, 0, 4],
+            };
+            InitiatorLogin::new(cfg, ChapEntropy([9; 33]))
+        };
+        let t = target(None, None, vec![]);
+        let mut tl = target_login(&t);
+        let (d, _) = run_with(&mut tl, ours()).unwrap();
+        assert_eq!(d.params.max_recv_data_segment_length, 1 << 20, "what our decoder takes");
+        let p = &tl.result().expect("logged in").params;
+        assert_eq!((p.max_send_data_segment_length, p.max_burst_length), (1 << 20, 1 << 20), "{p:?}");
+        let mut small = target(None, None, vec![]);
+        small.limits.max_burst_length = 262144;
+        assert_eq!(run(&small, ours()).unwrap().0.params.max_burst_length, 262144);
+    }
+
     #[test]
     fn plain_login_negotiates() {
         let (d, seen) = run(&target(None, None, vec![]), initiator(None, None, Some("iqn.2026-11.org.test:t"))).unwrap();
