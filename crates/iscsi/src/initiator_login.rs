@@ -287,6 +287,19 @@ mod tests {
         }, ChapEntropy(core::array::from_fn(|i| 0xA0 ^ i as u8)))
     }
 
+    /// Blockwire's initiator as it logs in (its own limits, no CHAP).
+    fn ours() -> InitiatorLogin {
+        let cfg = InitiatorConfig {
+            initiator_name: "iqn.2026-11.org.test:i".into(),
+            target_name: Some("iqn.2026-11.org.test:t".into()),
+            chap: None,
+            mutual_chap: None,
+            limits: LocalLimits::initiator(false, false),
+            isid: [0x80, 0, 0, 0, 0, 3],
+        };
+        InitiatorLogin::new(cfg, ChapEntropy([7; 33]))
+    }
+
     /// Run both engines against each other; Ok(params) or the failing status.
     fn run(t: &LoginConfig, i: InitiatorLogin) -> Result<(LoginDone, Vec<String>), String> {
         run_with(&mut target_login(t), i)
@@ -348,17 +361,6 @@ mod tests {
     /// open-iscsi's own view of it, iscsiadm -m session -P 2.)
     #[test]
     fn writes_need_no_r2t_with_the_initiators_people_run() {
-        let ours = || {
-            let cfg = InitiatorConfig {
-                initiator_name: "iqn.2026-11.org.test:i".into(),
-                target_name: Some("iqn.2026-11.org.test:t".into()),
-                chap: None,
-                mutual_chap: None,
-                limits: LocalLimits::initiator(false, false),
-                isid: [0x80, 0, 0, 0, 0, 3],
-            };
-            InitiatorLogin::new(cfg, ChapEntropy([7; 33]))
-        };
         let t = target(None, None, vec![]);
         let (d, _) = run(&t, ours()).unwrap();
         let no_r2t = |p: &SessionParams| p.immediate_data && !p.initial_r2t && p.first_burst_length >= 4096;
@@ -379,6 +381,23 @@ mod tests {
         let mut strict = target(None, None, vec![]);
         strict.limits.initial_r2t = true;
         assert!(run(&strict, ours()).unwrap().0.params.initial_r2t);
+    }
+
+    /// A 1 MiB read is one Data-In between our initiator and our target:
+    /// the initiator declares MaxRecvDataSegmentLength 1 MiB and the target's
+    /// MaxBurstLength allows it (four 256 KiB Data-Ins before). A target
+    /// that answers a smaller MaxBurstLength is followed.
+    #[test]
+    fn one_data_in_per_1m_read_with_our_target() {
+        let t = target(None, None, vec![]);
+        let mut tl = target_login(&t);
+        let (d, _) = run_with(&mut tl, ours()).unwrap();
+        assert_eq!(d.params.max_recv_data_segment_length, 1 << 20, "what our decoder takes");
+        let p = &tl.result().expect("logged in").params;
+        assert_eq!((p.max_send_data_segment_length, p.max_burst_length), (1 << 20, 1 << 20), "{p:?}");
+        let mut small = target(None, None, vec![]);
+        small.limits.max_burst_length = 262144;
+        assert_eq!(run(&small, ours()).unwrap().0.params.max_burst_length, 262144);
     }
 
     #[test]

@@ -88,8 +88,12 @@ impl LocalLimits {
     /// What blockwire's initiator offers (`header`/`data`: ask for CRC32C
     /// digests, None accepted too: some targets, tgt, only do None). Writes
     /// need no R2T round trip: immediate data and an unsolicited first
-    /// burst of 256 KiB, as open-iscsi and libiscsi offer; Data-In of up to
-    /// 256 KiB per PDU.
+    /// burst of 256 KiB, as open-iscsi and libiscsi offer. Data-In of up to
+    /// 1 MiB per PDU (MaxRecvDataSegmentLength): a 1 MiB read comes as one
+    /// Data-In where 256 KiB cut it into four, each a header read and a
+    /// direct receive of its own on our side (see
+    /// docs/notes/2026-11-27-h51o-datain.md). A target that declares less,
+    /// or answers a smaller MaxBurstLength, still cuts it smaller.
     pub fn initiator(header: bool, data: bool) -> LocalLimits {
         let digests = |on: bool| if on { vec![Digest::Crc32c, Digest::None] } else { vec![Digest::None] };
         LocalLimits {
@@ -99,7 +103,7 @@ impl LocalLimits {
             immediate_data: true,
             first_burst_length: 262144,
             max_burst_length: 16776192,
-            max_recv_data_segment_length: 262144,
+            max_recv_data_segment_length: 1 << 20,
             max_outstanding_r2t: 1,
             default_time2retain: 0,
             ..LocalLimits::default()
