@@ -553,23 +553,24 @@ impl Placing {
             };
         }
         self.headers[0][..k].copy_from_slice(&buf[..]);
-        let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2 * PLAN_MAX + 1];
+        // Not zeroed first (2 KiB a read): only the first 2n + 1 are used.
+        let mut iov = [const { std::mem::MaybeUninit::<libc::iovec>::uninit() }; 2 * PLAN_MAX + 1];
         let mut planned = 0;
         for (i, &(at, len)) in self.dest.iter().enumerate() {
             let from = if i == 0 { k } else { 0 };
-            iov[2 * i] = libc::iovec { iov_base: self.headers[i][from..].as_mut_ptr().cast(), iov_len: pdu::BHS_LEN - from };
-            iov[2 * i + 1] = libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len };
+            iov[2 * i].write(libc::iovec { iov_base: self.headers[i][from..].as_mut_ptr().cast(), iov_len: pdu::BHS_LEN - from });
+            iov[2 * i + 1].write(libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len });
             planned += pdu::BHS_LEN - from + len;
         }
         let spare = buf.spare_capacity_mut();
-        iov[2 * n] = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() };
+        iov[2 * n].write(libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() });
         let fd = rd.as_ref().as_raw_fd();
         let got = rd.as_ref().try_io(tokio::io::Interest::READABLE, || {
             // SAFETY: every iovec is writable memory of its length: the
             // headers', the receive buffer's spare capacity, and the plan's
             // callers' buffers, theirs while the session lock is held (the
-            // caller holds it).
-            let r = unsafe { libc::readv(fd, iov.as_ptr(), (2 * n + 1) as libc::c_int) };
+            // caller holds it); the first 2n + 1 were written above.
+            let r = unsafe { libc::readv(fd, iov.as_ptr().cast(), (2 * n + 1) as libc::c_int) };
             if r < 0 {
                 Err(std::io::Error::last_os_error())
             } else {
