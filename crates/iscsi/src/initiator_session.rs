@@ -11,8 +11,9 @@
 //! send buffer (so a burst of commands leaves in one write), answers R2Ts
 //! with Data-Out and NOP-In pings with NOP-Out, puts Data-In into the
 //! caller's own buffer (read straight from the socket with
-//! [`InitiatorSession::direct_fill`] where the transport can: no staging
-//! copy), and times commands out.
+//! [`InitiatorSession::direct_fill`] where the transport can, and small
+//! ones, a batch at a time, with [`InitiatorSession::plan_placed`]: no
+//! staging copy), and times commands out.
 //!
 //! A command the caller gave up on ([`InitiatorSession::cancel`], or a
 //! timeout) keeps its ITT until the target answers, so a late answer is
