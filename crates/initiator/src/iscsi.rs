@@ -605,29 +605,36 @@ impl Placing {
                 }
                 self.misses += 1;
             }
-            // Out of turn (or the header not whole): the stream from piece
-            // `i` on goes back into the receive buffer, in order.
-            self.gather.clear();
-            for j in i..n {
-                if left == 0 {
-                    break;
-                }
-                let from = if j == 0 { k } else { 0 };
-                let h = left.min(pdu::BHS_LEN - from);
-                self.gather.extend_from_slice(&self.headers[j][..from + h]);
-                left -= h;
-                let p = left.min(self.dest[j].1);
-                // SAFETY: as for the readv above; readv wrote these `p` bytes.
-                self.gather.extend_from_slice(unsafe { std::slice::from_raw_parts(self.dest[j].0 as *const u8, p) });
-                left -= p;
-            }
-            let mut nb = BytesMut::with_capacity(self.gather.len() + buf.len() + READ_CHUNK_SMALL_IO);
-            nb.extend_from_slice(&self.gather);
-            nb.extend_from_slice(buf);
-            *buf = nb;
+            // Out of turn (or the header not whole).
+            self.gather_back(i, k, left, buf);
             break;
         }
         Ok(PlacedRead::Read(None))
+    }
+
+    /// The stream from planned piece `i` on (`left` bytes of the read, the
+    /// first piece's header `k` bytes short of what `headers[0]` holds) goes
+    /// back into the receive buffer, in order, ahead of what is there.
+    fn gather_back(&mut self, i: usize, k: usize, mut left: usize, buf: &mut BytesMut) {
+        self.gather.clear();
+        for j in i..self.dest.len() {
+            if left == 0 {
+                break;
+            }
+            let from = if j == 0 { k } else { 0 };
+            let h = left.min(pdu::BHS_LEN - from);
+            self.gather.extend_from_slice(&self.headers[j][..from + h]);
+            left -= h;
+            let p = left.min(self.dest[j].1);
+            // SAFETY: as for the readv in `read` (under the same lock);
+            // readv wrote these `p` bytes.
+            self.gather.extend_from_slice(unsafe { std::slice::from_raw_parts(self.dest[j].0 as *const u8, p) });
+            left -= p;
+        }
+        let mut nb = BytesMut::with_capacity(self.gather.len() + buf.len() + READ_CHUNK_SMALL_IO);
+        nb.extend_from_slice(&self.gather);
+        nb.extend_from_slice(buf);
+        *buf = nb;
     }
 }
 
