@@ -17,10 +17,11 @@ use bw_iscsi::initiator_login::{InitiatorConfig, InitiatorLogin, LoginDone, Prog
 use bw_iscsi::target_login::Secret;
 use bw_iscsi::msg::*;
 use bw_iscsi::negotiate::LocalLimits;
-use bw_iscsi::pdu::{Decoder, Digests, Pdu, RESERVED_TAG};
-use bw_iscsi::initiator_session::{Command, Completion, Context, DirectRead, InitiatorSession, Payload, Received, TaskError, Ticket};
+use bw_iscsi::pdu::{self, Decoder, Digests, Pdu, RESERVED_TAG};
+use bw_iscsi::initiator_session::{Command, Completion, Context, DirectRead, InitiatorSession, Payload, Received, TaskError, Ticket, PLAN_MAX};
 use bw_scsi::{initiator, sense, status};
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use crate::waiting::{self, Deadlines, InFlight, Mailboxes, Waits};
 use std::task::Poll;
@@ -484,6 +485,159 @@ async fn recv_direct(rd: &OwnedReadHalf, landing: &mut crate::direct::Landing, s
     .await
 }
 
+/// A socket read of the answers the session expects next, in the order
+/// their commands were sent (`InitiatorSession::plan_placed`): for each, its
+/// BHS into `headers` and its payload straight into its caller's buffer,
+/// then whatever else came into the receive buffer. No copy of the
+/// payloads out of the receive buffer when the target answers in turn;
+/// when it does not, the bytes from the first answer out of turn on are
+/// gathered back into the receive buffer, in stream order, and handled
+/// from there as any other (the buffers they passed through belong to
+/// commands still waiting for their own data, which overwrites them).
+struct Placing {
+    headers: Vec<[u8; pdu::BHS_LEN]>,
+    /// The plan's buffers (address, length), valid while the session lock
+    /// that planned them is held.
+    dest: Vec<(usize, usize)>,
+    gather: Vec<u8>,
+    /// For the log: planned reads, the payloads they placed, and those in
+    /// which the target answered out of turn.
+    reads: u64,
+    placed: u64,
+    misses: u64,
+    noplan: u64,
+}
+
+/// What a planned read did.
+enum PlacedRead {
+    /// Read; what was not placed is in the receive buffer, and maybe a
+    /// payload is still to come straight into its buffer.
+    Read(Option<DirectRead>),
+    Closed,
+}
+
+impl Placing {
+    fn new() -> Placing {
+        Placing { headers: vec![[0; pdu::BHS_LEN]; PLAN_MAX], dest: Vec::with_capacity(PLAN_MAX), gather: Vec::new(), reads: 0, placed: 0, misses: 0, noplan: 0 }
+    }
+
+    /// Plan and make one read under the session lock (the plan's buffers
+    /// stay their callers' while it is held: see `Dest`). `buf` holds less
+    /// than a BHS: the start of the first expected header.
+    fn read(&mut self, rd: &OwnedReadHalf, buf: &mut BytesMut, s: &mut InitiatorSession<Waiter>) -> std::io::Result<PlacedRead> {
+        let k = buf.len();
+        debug_assert!(k < pdu::BHS_LEN);
+        self.dest.clear();
+        let dest = &mut self.dest;
+        // Aligned buffers only (the kernel's copy into a misaligned one is
+        // slow on some CPUs: see `direct::Landing`).
+        let n = s.plan_placed(|b| {
+            let ok = b.as_ptr() as usize % 64 == 0;
+            if ok {
+                dest.push((b.as_mut_ptr() as usize, b.len()));
+            }
+            ok
+        });
+        if buf.capacity() - k < READ_CHUNK_SMALL_IO {
+            buf.reserve(READ_CHUNK_SMALL_IO);
+        }
+        if n == 0 {
+            // Nothing to plan (the callers have yet to send their next
+            // commands, say): read without waiting, so that the wait is
+            // for readiness and the answers, when they come, are planned
+            // for (a blocking read here would stage them all).
+            self.noplan += 1;
+            return match rd.try_read_buf(buf)? {
+                0 => Ok(PlacedRead::Closed),
+                _ => Ok(PlacedRead::Read(None)),
+            };
+        }
+        self.headers[0][..k].copy_from_slice(&buf[..]);
+        // Not zeroed first (2 KiB a read): only the first 2n + 1 are used.
+        let mut iov = [const { std::mem::MaybeUninit::<libc::iovec>::uninit() }; 2 * PLAN_MAX + 1];
+        let mut planned = 0;
+        for (i, &(at, len)) in self.dest.iter().enumerate() {
+            let from = if i == 0 { k } else { 0 };
+            iov[2 * i].write(libc::iovec { iov_base: self.headers[i][from..].as_mut_ptr().cast(), iov_len: pdu::BHS_LEN - from });
+            iov[2 * i + 1].write(libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len });
+            planned += pdu::BHS_LEN - from + len;
+        }
+        let spare = buf.spare_capacity_mut();
+        iov[2 * n].write(libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() });
+        let fd = rd.as_ref().as_raw_fd();
+        let got = rd.as_ref().try_io(tokio::io::Interest::READABLE, || {
+            // SAFETY: every iovec is writable memory of its length: the
+            // headers', the receive buffer's spare capacity, and the plan's
+            // callers' buffers, theirs while the session lock is held (the
+            // caller holds it); the first 2n + 1 were written above.
+            let r = unsafe { libc::readv(fd, iov.as_ptr().cast(), (2 * n + 1) as libc::c_int) };
+            if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        })?;
+        if got == 0 {
+            return Ok(PlacedRead::Closed);
+        }
+        self.reads += 1;
+        let tail = got.saturating_sub(planned);
+        // SAFETY: readv wrote `tail` bytes into the spare capacity.
+        unsafe { buf.set_len(k + tail) };
+        buf.advance(k);
+        // Take the pieces in turn while they are what the plan expected.
+        let mut left = got;
+        for i in 0..n {
+            if left == 0 {
+                break;
+            }
+            let from = if i == 0 { k } else { 0 };
+            let (hl, len) = (pdu::BHS_LEN - from, self.dest[i].1);
+            if left >= hl {
+                let placed = (left - hl).min(len);
+                if let Some(d) = s.receive_placed(i, &self.headers[i], placed) {
+                    left -= hl + placed;
+                    self.placed += 1;
+                    if d.is_done() {
+                        continue;
+                    }
+                    return Ok(PlacedRead::Read(Some(d)));
+                }
+                self.misses += 1;
+            }
+            // Out of turn (or the header not whole).
+            self.gather_back(i, k, left, buf);
+            break;
+        }
+        Ok(PlacedRead::Read(None))
+    }
+
+    /// The stream from planned piece `i` on (`left` bytes of the read, the
+    /// first piece's header `k` bytes short of what `headers[0]` holds) goes
+    /// back into the receive buffer, in order, ahead of what is there.
+    fn gather_back(&mut self, i: usize, k: usize, mut left: usize, buf: &mut BytesMut) {
+        self.gather.clear();
+        for j in i..self.dest.len() {
+            if left == 0 {
+                break;
+            }
+            let from = if j == 0 { k } else { 0 };
+            let h = left.min(pdu::BHS_LEN - from);
+            self.gather.extend_from_slice(&self.headers[j][..from + h]);
+            left -= h;
+            let p = left.min(self.dest[j].1);
+            // SAFETY: as for the readv in `read` (under the same lock);
+            // readv wrote these `p` bytes.
+            self.gather.extend_from_slice(unsafe { std::slice::from_raw_parts(self.dest[j].0 as *const u8, p) });
+            left -= p;
+        }
+        let mut nb = BytesMut::with_capacity(self.gather.len() + buf.len() + READ_CHUNK_SMALL_IO);
+        nb.extend_from_slice(&self.gather);
+        nb.extend_from_slice(buf);
+        *buf = nb;
+    }
+}
+
 /// Feed the session what the target sends: everything one socket read
 /// brought is handled under one lock and its commands' callers woken
 /// together; Data-In payloads go straight to the callers' buffers.
@@ -493,8 +647,9 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
     // straight to its buffer too instead of into `buf`.
     let mut header_only = false;
     let mut landing = crate::direct::Landing::new();
+    let mut placing = Placing::new();
     let why = loop {
-        let (step, header_len, large) = {
+        let (step, header_len, large, placed) = {
             let mut st = sh.lock();
             let step = loop {
                 match st.s.receive(&mut buf) {
@@ -505,12 +660,37 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
                     Err(e) => break Err(e.to_string()),
                 }
             };
+            let large = st.s.large_reads() > 0;
+            // Small reads in flight and the stream at a header: read the
+            // answers expected next straight into place.
+            let placed = match step {
+                Ok(None) if !header_only && !large && buf.len() < pdu::BHS_LEN => Some(placing.read(&rd, &mut buf, &mut st.s)),
+                _ => None,
+            };
             sh.deliver(&mut st);
             if let Some(why) = st.s.dead() {
                 break why.to_string();
             }
-            (step, st.s.next_header_len(), st.s.large_reads() > 0)
+            (step, st.s.next_header_len(), large, placed)
         };
+        match placed {
+            None => {}
+            Some(Ok(PlacedRead::Read(None))) => continue,
+            Some(Ok(PlacedRead::Read(Some(mut d)))) => {
+                if let Err(why) = recv_direct(&rd, &mut landing, &sh, &mut d).await {
+                    break why;
+                }
+                continue;
+            }
+            Some(Ok(PlacedRead::Closed)) => break "target closed the connection".to_string(),
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Err(e) = rd.readable().await {
+                    break format!("receive failed: {e}");
+                }
+                continue;
+            }
+            Some(Err(e)) => break format!("receive failed: {e}"),
+        }
         match step {
             Err(why) => break why,
             Ok(Some(mut d)) => {
@@ -538,7 +718,14 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
             Err(e) => break format!("receive failed: {e}"),
         }
     };
-    log::debug!("iSCSI session ended: {why}");
+    log::debug!(
+        "iSCSI session ended: {why} ({} bytes of Data-In copied out of the receive buffer, planned reads {} placing {} payloads, {} answered out of turn, {} times nothing to plan)",
+        sh.lock().s.staged_bytes(),
+        placing.reads,
+        placing.placed,
+        placing.misses,
+        placing.noplan
+    );
     sh.fail_all(&why);
 }
 
@@ -742,5 +929,119 @@ mod unit_attention_tests {
         let (r, sends) = run(ua(), vec![answer(status::CHECK_CONDITION, Some(key::ILLEGAL_REQUEST)), ua()]).await;
         assert!(r.unwrap_err().to_string().contains("failed: status 0x02, sense 70"));
         assert_eq!(sends, 2);
+    }
+}
+
+#[cfg(test)]
+mod placed_tests {
+    use super::*;
+    use bw_iscsi::negotiate::SessionParams;
+    use tokio::net::{TcpListener, TcpStream};
+
+    const N: usize = 8;
+    const LEN: usize = 4096;
+
+    /// A logged-in session over loopback and the target's end of it.
+    async fn pair() -> (Session, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (c, t) = tokio::join!(TcpStream::connect(l.local_addr().unwrap()), l.accept());
+        let (rd, wr) = c.unwrap().into_split();
+        let done = LoginDone { params: SessionParams::default(), tsih: 1, cmd_sn: 1, max_cmd_sn: 64, exp_stat_sn: 1 };
+        let opts = ConnectOptions { timeout: Duration::from_secs(20), queue_depth: 32, ..ConnectOptions::default() };
+        (start_session(rd, wr, BytesMut::new(), &done, &opts), t.unwrap().0)
+    }
+
+    /// Reads `N` commands off the target's end; their ITTs in CmdSN order.
+    async fn commands(t: &mut TcpStream) -> Vec<u32> {
+        let (mut buf, dec) = (BytesMut::new(), Decoder::new(1 << 20));
+        let mut itts = Vec::new();
+        while itts.len() < N {
+            let p = read_pdu_from(&mut *t, &mut buf, &dec).await;
+            let Ok(Message::ScsiCommand(c)) = Message::decode(&p.bhs) else { panic!("expected a SCSI command") };
+            itts.push(c.itt);
+        }
+        itts
+    }
+
+    async fn read_pdu_from<R: tokio::io::AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut, dec: &Decoder) -> Pdu {
+        loop {
+            if let Some(p) = dec.decode(buf).unwrap() {
+                return p;
+            }
+            assert!(rd.read_buf(buf).await.unwrap() > 0, "initiator closed");
+        }
+    }
+
+    fn payload(i: usize) -> Vec<u8> {
+        (0..LEN).map(|b| (b * 7 + i * 31) as u8).collect()
+    }
+
+    /// Each read's Data-In with status (phase collapse), in `order`, as one
+    /// byte stream.
+    fn answers(itts: &[u32], order: &[usize]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        for (n, &i) in order.iter().enumerate() {
+            let d = DataIn { final_: true, has_status: true, itt: itts[i], stat_sn: 1 + n as u32, exp_cmd_sn: 1 + N as u32, max_cmd_sn: 64, ..Default::default() };
+            wire.extend_from_slice(&Pdu::new(Message::DataIn(d).encode(), Bytes::from(payload(i))).encode(Digests::default()));
+        }
+        wire
+    }
+
+    /// `N` reads into cache-line aligned buffers; the target answers them
+    /// in `order`, its bytes written in pieces cut at `cuts`. Every read
+    /// must get its own payload; returns the bytes the initiator copied
+    /// out of its receive buffer.
+    async fn run(order: [usize; N], cuts: &[usize]) -> u64 {
+        let (s, mut t) = pair().await;
+        let mut space = vec![0u8; N * LEN + 64];
+        let at = space.as_ptr().align_offset(64);
+        let bufs: Vec<&mut [u8]> = space[at..at + N * LEN].chunks_mut(LEN).collect();
+        let s = &s;
+        let reads = futures::future::join_all(bufs.into_iter().map(|b| async move {
+            let dest = Some(Dest { ptr: b.as_mut_ptr(), len: b.len() });
+            let c = s.command(0, &initiator::read_16(0, 8), LEN, Payload::None, dest).await.unwrap();
+            assert_eq!(c.status, status::GOOD);
+        }));
+        let target = async {
+            let itts = commands(&mut t).await;
+            let wire = answers(&itts, &order);
+            let mut from = 0;
+            for &c in cuts.iter().chain([wire.len()].iter()) {
+                t.write_all(&wire[from..c]).await.unwrap();
+                t.flush().await.unwrap();
+                // Let the initiator read each piece apart.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                from = c;
+            }
+        };
+        tokio::join!(reads, target);
+        for (i, b) in space[at..at + N * LEN].chunks(LEN).enumerate() {
+            assert!(b == &payload(i)[..], "read {i} got another's data");
+        }
+        let staged = s.shared.lock().s.staged_bytes();
+        staged
+    }
+
+    /// A target that answers in turn: every payload is read straight into
+    /// its caller's buffer, none copied out of the receive buffer (all of
+    /// them were, before the planned reads).
+    #[tokio::test]
+    async fn answers_in_turn_go_straight_into_the_callers_buffers() {
+        assert_eq!(run([0, 1, 2, 3, 4, 5, 6, 7], &[]).await, 0);
+    }
+
+    /// Out of turn, and cut inside headers and payloads: the bytes that went
+    /// to the wrong buffers are gathered back and every read still gets
+    /// its own data.
+    #[tokio::test]
+    async fn answers_out_of_turn_and_cut_anywhere_reach_their_callers() {
+        let h = pdu::BHS_LEN;
+        let piece = h + LEN;
+        // In turn but cut in a header, then in a payload, then between PDUs.
+        run([0, 1, 2, 3, 4, 5, 6, 7], &[20, piece + h + 100, 3 * piece]).await;
+        // Reversed, whole.
+        assert!(run([7, 6, 5, 4, 3, 2, 1, 0], &[]).await > 0);
+        // Two swapped in the middle, cut inside the swapped pair's header.
+        run([0, 1, 3, 2, 4, 5, 6, 7], &[2 * piece + 30, 5 * piece + h + 7]).await;
     }
 }

@@ -11,8 +11,9 @@
 //! send buffer (so a burst of commands leaves in one write), answers R2Ts
 //! with Data-Out and NOP-In pings with NOP-Out, puts Data-In into the
 //! caller's own buffer (read straight from the socket with
-//! [`InitiatorSession::direct_fill`] where the transport can: no staging
-//! copy), and times commands out.
+//! [`InitiatorSession::direct_fill`] where the transport can, and small
+//! ones, a batch at a time, with [`InitiatorSession::plan_placed`]: no
+//! staging copy), and times commands out.
 //!
 //! A command the caller gave up on ([`InitiatorSession::cancel`], or a
 //! timeout) keeps its ITT until the target answers, so a late answer is
@@ -229,7 +230,20 @@ pub struct InitiatorSession<C> {
     dead: Option<String>,
     /// Commands in flight that read at least [`LARGE_READ`] bytes.
     large_reads: usize,
+    /// ITTs in the order their commands were sent (those answered are
+    /// dropped from the front as plans meet them): the order a target
+    /// that answers in turn sends their Data-In.
+    sent: VecDeque<u32>,
+    /// The last [`InitiatorSession::plan_placed`]: ITT and read length of
+    /// each Data-In the transport reads ahead of its header.
+    plan: Vec<(u32, usize)>,
+    /// Bytes of Data-In copied out of the receive buffer (rather than
+    /// read straight into place).
+    staged_bytes: u64,
 }
+
+/// Most pieces in one plan (two iovecs each, well within `IOV_MAX`).
+pub const PLAN_MAX: usize = 64;
 
 /// Reads this long or longer count as large (see
 /// [`InitiatorSession::large_reads`]).
@@ -266,6 +280,9 @@ impl<C: Context> InitiatorSession<C> {
             logged_out: false,
             dead: None,
             large_reads: 0,
+            sent: VecDeque::new(),
+            plan: Vec::new(),
+            staged_bytes: 0,
         }
     }
 
@@ -275,6 +292,12 @@ impl<C: Context> InitiatorSession<C> {
     /// can be in them).
     pub fn large_reads(&self) -> usize {
         self.large_reads
+    }
+
+    /// Bytes of Data-In copied out of the receive buffer so far (the rest
+    /// was read straight into place).
+    pub fn staged_bytes(&self) -> u64 {
+        self.staged_bytes
     }
 
     /// Why the session ended, if it has.
@@ -385,6 +408,7 @@ impl<C: Context> InitiatorSession<C> {
             cdb: *cdb,
         };
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        self.sent.push_back(itt);
         self.push_pdu(&Message::ScsiCommand(c).encode(), write, 0..imm_len);
         // Unsolicited Data-Out up to FirstBurstLength.
         if unsolicited_end > imm_len {
@@ -583,6 +607,8 @@ impl<C: Context> InitiatorSession<C> {
         }
         self.tx.clear();
         self.tx_big.clear();
+        self.sent.clear();
+        self.plan.clear();
     }
 
     fn die(&mut self, e: ConnectionError) -> ConnectionError {
@@ -667,6 +693,7 @@ impl<C: Context> InitiatorSession<C> {
                 dst[..have].copy_from_slice(&buf[..have]);
                 Ok::<usize, ()>(have)
             });
+            self.staged_bytes += have as u64;
             buf.advance(have);
         } else if dr.left == 0 {
             self.direct_done(&dr);
@@ -690,6 +717,12 @@ impl<C: Context> InitiatorSession<C> {
             }
         };
         let n = read(dst)?.min(left);
+        self.direct_advance(d, n);
+        Ok(n)
+    }
+
+    /// `n` more bytes of a direct payload are in place.
+    fn direct_advance(&mut self, d: &mut DirectRead, n: usize) {
         d.at += n;
         d.left -= n;
         if let Some(t) = self.task(d.itt) {
@@ -698,7 +731,98 @@ impl<C: Context> InitiatorSession<C> {
         if d.left == 0 {
             self.direct_done(d);
         }
-        Ok(n)
+    }
+
+    /// Plan a socket read that puts Data-In payloads straight into their
+    /// callers' buffers ahead of seeing their headers: the reads the
+    /// target answers next if it answers in the order the commands were
+    /// sent (as a target that serves them in turn does), each in one
+    /// Data-In PDU with nothing behind its payload. `take` gets each one's
+    /// buffer (its whole read, in plan order) and may refuse it, which
+    /// ends the plan, as does the first command that does not fit. Returns
+    /// the number of pieces: the transport reads, for piece `i`, a BHS
+    /// (into a buffer of its own) and then `i`'s buffer, and hands each
+    /// piece to [`InitiatorSession::receive_placed`]; what follows the
+    /// pieces goes to [`InitiatorSession::receive`] as usual. None planned
+    /// (0) unless the stream is at the start of a PDU with no digests.
+    pub fn plan_placed(&mut self, mut take: impl FnMut(&mut [u8]) -> bool) -> usize {
+        self.plan.clear();
+        if self.dead.is_some() || self.skip > 0 || self.digests.header || self.digests.data {
+            return 0;
+        }
+        // Answered commands leave the front; a long-lived one there (a
+        // large read, a write waiting for R2T) must not let the queue grow
+        // without bound behind it.
+        while let Some(&itt) = self.sent.front() {
+            if self.task(itt).is_some() {
+                break;
+            }
+            self.sent.pop_front();
+        }
+        if self.sent.len() > 4 * PLAN_MAX.max(self.slots.len()) {
+            let slots = &self.slots;
+            self.sent.retain(|&itt| slots.get((itt & 0xFFFF) as usize).is_some_and(|s| s.as_ref().is_some_and(|t| t.itt == itt)));
+        }
+        let max_data = self.params.max_recv_data_segment_length as usize;
+        for i in 0..self.sent.len() {
+            if self.plan.len() == PLAN_MAX {
+                break;
+            }
+            let itt = self.sent[i];
+            let slot = (itt & 0xFFFF) as usize;
+            let Some(t) = self.slots.get_mut(slot).and_then(|s| s.as_mut()).filter(|t| t.itt == itt) else {
+                // Answered out of turn: not in the stream any more.
+                continue;
+            };
+            let len = t.read_len;
+            let fits = t.received == 0 && t.unsent.is_none() && len > 0 && len % 4 == 0 && len <= max_data && len < LARGE_READ;
+            if !fits {
+                break;
+            }
+            match t.ctx.as_mut().and_then(|c| c.read_buf()) {
+                Some(b) if b.len() == len => {
+                    if !take(b) {
+                        break;
+                    }
+                    self.plan.push((itt, len));
+                }
+                _ => break,
+            }
+        }
+        self.plan.len()
+    }
+
+    /// Piece `i` of the last plan arrived: its BHS `header`, and `got`
+    /// bytes of its payload read into the caller's buffer (all of them, or
+    /// the socket held no more). `Some`: it was the Data-In the plan
+    /// expected, now taken, with the rest of its payload (if any) to read
+    /// with [`InitiatorSession::direct_fill`]. `None`: it was not (another
+    /// command's answer, another PDU, a payload of another length), and
+    /// nothing was taken: the stream from `header` on (the bytes read into
+    /// the buffers included) goes to [`InitiatorSession::receive`].
+    pub fn receive_placed(&mut self, i: usize, header: &[u8], got: usize) -> Option<DirectRead> {
+        let &(itt, len) = self.plan.get(i)?;
+        // No digests (or there is no plan), and `len` is within what we
+        // declared we take: no more to check than the Decoder would.
+        let mut bhs = Bhs::default();
+        bhs.0.copy_from_slice(header.get(..pdu::BHS_LEN)?);
+        if bhs.opcode_raw() != Opcode::DataIn as u8 || bhs.total_ahs_len() != 0 || bhs.data_segment_len() != len {
+            return None;
+        }
+        let d = DataIn::from_bhs(&bhs);
+        if d.itt != itt || d.buffer_offset != 0 || self.task(itt).is_none_or(|t| t.received != 0) {
+            return None;
+        }
+        self.update_window(d.exp_cmd_sn, d.max_cmd_sn);
+        let mut dr = DirectRead {
+            itt,
+            at: 0,
+            left: len,
+            trailer: 0,
+            status: d.has_status.then_some(DataInStatus { status: d.status, stat_sn: d.stat_sn }),
+        };
+        self.direct_advance(&mut dr, got.min(len));
+        Some(dr)
     }
 
     fn direct_done(&mut self, d: &DirectRead) {
@@ -724,6 +848,7 @@ impl<C: Context> InitiatorSession<C> {
                         None => {}
                     }
                     t.received += data.len();
+                    self.staged_bytes += data.len() as u64;
                 }
                 if d.has_status {
                     self.exp_stat_sn = d.stat_sn.wrapping_add(1);

@@ -670,6 +670,14 @@ header! { TextResponse, i: false, f: true, {
     max_cmd_sn: MAX_CMD_SN,
 } }
 
+impl DataIn {
+    /// A BHS already known to be a Data-In's, read without going through
+    /// [`Message`] (the initiator's per-read path).
+    pub fn from_bhs(b: &Bhs) -> DataIn {
+        <DataIn as Header>::read(b)
+    }
+}
+
 impl Header for DataIn {
     fn read(b: &Bhs) -> DataIn {
         let has_status = b.flag(STATUS_PRESENT);

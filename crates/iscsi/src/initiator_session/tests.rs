@@ -441,3 +441,49 @@ fn data_in_with_digests() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A planned read: the reads in flight in the order they were sent, each
+/// taken when its header is the Data-In expected (its payload already in
+/// place, whole or in part), refused, with nothing taken, when it is not.
+#[test]
+fn planned_reads_are_taken_only_when_the_target_answers_in_turn() {
+    let mut s = session(1, 10);
+    let a = submit(&mut s, read(1024), Caller { id: 1, buf: Some(vec![0; 1024]) });
+    let b = submit(&mut s, read(1024), Caller { id: 2, buf: Some(vec![0; 1024]) });
+    let c = submit(&mut s, read(1024), Caller { id: 3, buf: Some(vec![0; 1024]) });
+    // No buffer of its own: ends the plan.
+    submit(&mut s, read(1024), caller(4));
+    sent(&mut s);
+    let mut lens = Vec::new();
+    assert_eq!(s.plan_placed(|b| {
+        lens.push(b.len());
+        true
+    }), 3);
+    assert_eq!(lens, [1024; 3]);
+    let head = |itt: u32| pdu(Message::DataIn(data_in(itt, 0, 0, true)), &[0; 1024]).encode(Digests::default())[..pdu::BHS_LEN].to_vec();
+    // a: whole; then c where b was expected: refused, nothing taken.
+    assert!(s.receive_placed(0, &head(a), 1024).is_some_and(|d| d.is_done()));
+    assert!(s.receive_placed(1, &head(c), 1024).is_none());
+    assert_eq!(s.outstanding(), 3);
+    // b in turn, with 100 bytes of its payload there: the rest to fill.
+    let mut d = s.receive_placed(1, &head(b), 100).expect("b was expected");
+    assert_eq!(d.left(), 924);
+    let _ = s.direct_fill(&mut d, |dst| Ok::<_, ()>(dst.len()));
+    let ids: Vec<u32> = done(&mut s).into_iter().map(|(c, r)| {
+        assert_eq!(r.unwrap().received, 1024);
+        c.id
+    }).collect();
+    assert_eq!(ids, [1, 2]);
+    assert_eq!(s.staged_bytes(), 0);
+    // The next plan starts at c (a and b answered); a caller's refusal ends it.
+    assert_eq!(s.plan_placed(|_| false), 0);
+    assert_eq!(s.plan_placed(|_| true), 1);
+    // A header for c of another length, or not a Data-In: refused.
+    let short = pdu(Message::DataIn(data_in(c, 0, 0, true)), &[0; 512]).encode(Digests::default());
+    assert!(s.receive_placed(0, &short[..pdu::BHS_LEN], 0).is_none());
+    assert!(s.receive_placed(0, &response(c, 100, 2, 11).encode(Digests::default())[..pdu::BHS_LEN], 0).is_none());
+    // Nothing planned with digests on.
+    let mut d = session_with(SessionParams { header_digest: true, ..params() }, 1, 10);
+    submit(&mut d, read(1024), Caller { id: 5, buf: Some(vec![0; 1024]) });
+    assert_eq!(d.plan_placed(|_| true), 0);
+}
