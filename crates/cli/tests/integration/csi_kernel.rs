@@ -454,7 +454,21 @@ fn kernel_node_stages_over_nvme_multipath_and_iscsi_and_qos_holds_under_fio() {
             c.controller_modify_volume(proto::ControllerModifyVolumeRequest { volume_id: id.clone(), mutable_parameters: [(field.to_string(), value.to_string())].into(), ..Default::default() }).await.unwrap();
             let by_modify = measure();
             c.controller_modify_volume(proto::ControllerModifyVolumeRequest { volume_id: id.clone(), mutable_parameters: [(field.to_string(), "0".to_string())].into(), ..Default::default() }).await.unwrap();
-            let lifted = measure();
+            // Under a limit the figure can only be low, so the checks of a
+            // limit hold on any host; "lifted" is a lower bound, which a busy
+            // host's emulated guest can miss for a while (make test,
+            // 2026-11-27: 1212 IOPS unlimited, 361 after lifting a limit of
+            // 200). A limit still in force never gives more than 1.1x, so
+            // measuring again until the guest shows it is free proves the
+            // same thing without racing the host's load.
+            let mut lifted = measure();
+            for _ in 0..3 {
+                if lifted > 2.0 * value {
+                    break;
+                }
+                eprintln!("csi_kernel: QoS {bs} lifted: {lifted:.1}, not yet 2x the limit {value}: measuring again");
+                lifted = lifted.max(measure());
+            }
             eprintln!("csi_kernel: QoS {bs} {rw} QD{qd}, {field} {value}: unlimited {unlimited:.1}, bdev_set_qos_limit {by_rpc:.1}, ControllerModifyVolume {by_modify:.1}, lifted {lifted:.1}");
             assert!(by_rpc <= 1.1 * value && by_rpc > 0.0, "{bs}: {by_rpc:.1} under a limit of {value} (bdev_set_qos_limit)");
             assert!(by_modify <= 1.1 * value && by_modify > 0.0, "{bs}: {by_modify:.1} under a limit of {value} (ControllerModifyVolume)");
