@@ -206,6 +206,23 @@ impl Task {
     fn exec(&self, itt: u32, data_out: DataOutPieces) -> Exec {
         Exec { itt, id: self.id, lun: self.lun, cdb: self.cdb.clone(), data_out, edtl: self.edtl, read: self.read, write: self.write }
     }
+
+    /// A write with no read side: its residual is the data-out's
+    /// (`write_residual`), and it sends no data-in.
+    fn write_only(&self) -> bool {
+        self.write && !self.read
+    }
+
+    /// The residual its SCSI Response reports when it produced `produced`
+    /// bytes of data-in: the data-out's for a write, else against the
+    /// expected transfer length.
+    fn residual(&self, produced: usize, write_residual: Residual) -> Residual {
+        if self.write_only() {
+            write_residual
+        } else {
+            Residual::of(produced, self.edtl as usize)
+        }
+    }
 }
 
 /// Immediate commands (which the CmdSN window does not bound) a session
@@ -742,14 +759,10 @@ impl TargetSession {
     #[allow(clippy::too_many_arguments)]
     pub fn complete(&mut self, itt: u32, id: u64, status: u8, sense: &[u8], mut data_in: Vec<u8>, write_residual: Residual, out: &mut Vec<Action>) {
         let Some(t) = self.take_task(itt, id) else { return };
-        let edtl = t.edtl as usize;
-        let read_residual = if t.write && !t.read {
-            write_residual
-        } else {
-            let r = Residual::of(data_in.len(), edtl);
-            data_in.truncate(edtl);
-            r
-        };
+        let read_residual = t.residual(data_in.len(), write_residual);
+        if !t.write_only() {
+            data_in.truncate(t.edtl as usize);
+        }
         let data_in = Bytes::from(data_in);
         let len = data_in.len();
         self.respond(itt, &t, status, sense, len, read_residual, out, |pdu, off, end| Action::Send(Pdu { data: data_in.slice(off..end), ..pdu }));
@@ -764,7 +777,7 @@ impl TargetSession {
     /// (aborted meanwhile), nothing to send.
     pub fn complete_status(&mut self, itt: u32, id: u64, status: u8, write_residual: Residual, out: &mut Vec<Action>) -> Option<crate::pdu::Bhs> {
         let t = self.take_task(itt, id)?;
-        let residual = if t.write && !t.read { write_residual } else { Residual::of(0, t.edtl as usize) };
+        let residual = t.residual(0, write_residual);
         let r = self.status_response(itt, &t, status, 0, residual);
         self.serve_waiting(out);
         Some(Message::ScsiResponse(r).encode())
