@@ -12,6 +12,7 @@ pub mod negotiate;
 pub mod pdu;
 pub mod target_login;
 pub mod target_session;
+pub mod task_map;
 pub mod text;
 
 pub use msg::Message;

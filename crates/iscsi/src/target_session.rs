@@ -18,12 +18,12 @@ use crate::negotiate::{SessionParams, SessionType};
 use crate::pdu::{extended_cdb, Pdu, RESERVED_TAG};
 use crate::text;
 use bytes::{BufMut, Bytes, BytesMut};
-use std::collections::{HashMap, VecDeque};
+use crate::task_map::TaskMap;
+use std::collections::VecDeque;
 
-/// The session's tasks by ITT. The initiator picks the keys, but the CmdSN
-/// window bounds how many there are, so a fast hash is enough (with a
-/// random seed per session all the same).
-type Tasks = HashMap<u32, Task, foldhash::fast::RandomState>;
+/// The session's tasks by ITT (the newest held outside the hash map: see
+/// [`TaskMap`]).
+type Tasks = TaskMap<Task>;
 use std::time::{Duration, Instant};
 
 /// RFC 1982 serial number comparison: a < b.
@@ -1406,6 +1406,55 @@ mod tests {
             s.complete(e.itt, e.id, status::GOOD, &[], vec![0u8; 512], Residual::None, &mut out);
         }
         assert_eq!((s.exp_cmd_sn(), s.max_cmd_sn(), s.outstanding()), (exp, max, 0), "immediate commands moved the window");
+    }
+
+    /// A 4 KiB write with its data immediate, as a transport would run it
+    /// inline: the Execute it releases.
+    fn immediate_write(s: &mut TargetSession, itt: u32, lun: u64) -> Exec {
+        let c = ScsiCommand { final_: true, write: true, itt, lun, edtl: 4096, cmd_sn: s.exp_cmd_sn(), cdb: [0x8A; 16], ..Default::default() };
+        let mut out = Vec::new();
+        s.on_pdu(Pdu::new(Message::ScsiCommand(c).encode(), Bytes::from(vec![7u8; 4096])), Instant::now(), &mut out).unwrap();
+        match out.pop() {
+            Some(Action::Execute(e)) => e,
+            other => panic!("expected Execute, got {other:?}"),
+        }
+    }
+
+    fn tmf_response(out: &[Action]) -> u8 {
+        match out.iter().find_map(|a| match a { Action::Send(p) => Message::decode(&p.bhs).ok(), _ => None }) {
+            Some(Message::TaskMgmtResponse(r)) => r.response,
+            other => panic!("expected a TMF response, got {other:?}"),
+        }
+    }
+
+    /// Task management finds a running write wherever the session holds
+    /// it: the newest task (kept beside the task map, see
+    /// [`crate::task_map`]) as well as older ones. ABORT TASK ends the
+    /// newest and its completion then sends nothing; LUN RESET ends the
+    /// LUN's tasks, the newest among them, and leaves other LUNs'.
+    #[test]
+    fn task_management_finds_the_newest_task() {
+        let mut s = write_session(false, 8, DATA_OUT_BUDGET);
+        let e = immediate_write(&mut s, 1, 0);
+        let tmf = TaskMgmtRequest { immediate: true, function: TmfFunction::AbortTask as u8, itt: 90, referenced_task_tag: 1, ..Default::default() };
+        assert_eq!(tmf_response(&send(&mut s, Message::TaskMgmtRequest(tmf))), tmf_response::FUNCTION_COMPLETE);
+        assert_eq!(s.outstanding(), 0);
+        assert!(s.complete_status(1, e.id, status::GOOD, Residual::None, &mut Vec::new()).is_none(), "an aborted write answered");
+
+        let other_lun = 1u64 << 48;
+        let older = immediate_write(&mut s, 2, 0);
+        let kept = immediate_write(&mut s, 3, other_lun);
+        let newest = immediate_write(&mut s, 4, 0);
+        assert_eq!(s.data_out_held(), 3 * 4096);
+        let reset = TaskMgmtRequest { immediate: true, function: TmfFunction::LunReset as u8, itt: 91, lun: 0, ..Default::default() };
+        let out = send(&mut s, Message::TaskMgmtRequest(reset));
+        assert!(matches!(out.last(), Some(Action::LunReset { itt: 91, lun: 0 })), "{out:?}");
+        assert_eq!((s.outstanding(), s.data_out_held()), (1, 4096));
+        let mut out = Vec::new();
+        assert!(s.complete_status(4, newest.id, status::GOOD, Residual::None, &mut out).is_none(), "the newest write survived a LUN reset");
+        assert!(s.complete_status(2, older.id, status::GOOD, Residual::None, &mut out).is_none());
+        assert!(s.complete_status(3, kept.id, status::GOOD, Residual::None, &mut out).is_some(), "another LUN's write was ended");
+        assert_eq!((s.outstanding(), s.data_out_held()), (0, 0));
     }
 
     /// A task aborted while its extent was being planned gets no PDUs.
