@@ -453,9 +453,7 @@ impl crate::send::Transmit for Shared {
     }
     fn poll(&self, out: &mut Vec<u8>, refs: &mut Vec<(usize, bytes::Bytes)>) -> bool {
         let mut st = self.lock();
-        while let Some(big) = st.s.poll_transmit(out) {
-            refs.push((out.len(), big));
-        }
+        st.s.poll_transmit(out, refs);
         st.s.dead().is_some()
     }
     fn fail_all(&self, why: &str) {
