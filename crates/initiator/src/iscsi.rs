@@ -453,9 +453,7 @@ impl crate::send::Transmit for Shared {
     }
     fn poll(&self, out: &mut Vec<u8>, refs: &mut Vec<(usize, bytes::Bytes)>) -> bool {
         let mut st = self.lock();
-        while let Some(big) = st.s.poll_transmit(out) {
-            refs.push((out.len(), big));
-        }
+        st.s.poll_transmit(out, refs);
         st.s.dead().is_some()
     }
     fn fail_all(&self, why: &str) {
@@ -880,6 +878,53 @@ mod write_tests {
         assert_eq!(w.0, p.encode(d).to_vec());
     }
 
+}
+
+/// Writes whose data the caller handed over leave from where they are
+/// (gathered with their headers by the send loop's writev): each command
+/// must still carry its own data, whole, as immediate data.
+#[cfg(test)]
+mod owned_write_tests {
+    use super::*;
+    use bw_iscsi::negotiate::SessionParams;
+    use tokio::net::TcpListener;
+
+    #[tokio::test]
+    async fn owned_writes_carry_their_own_data_as_immediate_data() {
+        const N: u64 = 16;
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (c, t) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
+        let (rd, wr) = c.unwrap().into_split();
+        let mut t = t.unwrap().0;
+        let done = LoginDone { params: SessionParams::default(), tsih: 1, cmd_sn: 1, max_cmd_sn: 64, exp_stat_sn: 1 };
+        let opts = ConnectOptions { timeout: Duration::from_secs(20), queue_depth: 32, ..ConnectOptions::default() };
+        let s = start_session(rd, wr, BytesMut::new(), &done, &opts);
+        // Block `lba`'s data: 4 KiB, different for every block.
+        let data = |lba: u64| Bytes::from((0..4096u64).map(|b| (b * 13 + lba * 101) as u8).collect::<Vec<u8>>());
+        let s = &s;
+        let writes = futures::future::join_all((0..N).map(|lba| async move {
+            let c = s.command(0, &initiator::write_16(lba * 8, 8), 0, Payload::Owned(data(lba)), None).await.unwrap();
+            assert_eq!(c.status, status::GOOD);
+        }));
+        let target = async {
+            let (mut buf, dec) = (BytesMut::new(), Decoder::new(1 << 20));
+            for n in 0..N as u32 {
+                let p = loop {
+                    if let Some(p) = dec.decode(&mut buf).unwrap() {
+                        break p;
+                    }
+                    assert!(t.read_buf(&mut buf).await.unwrap() > 0, "initiator closed");
+                };
+                let Ok(Message::ScsiCommand(c)) = Message::decode(&p.bhs) else { panic!("expected a SCSI command") };
+                let lba = u64::from_be_bytes(c.cdb[2..10].try_into().unwrap()) / 8;
+                assert!(c.final_ && c.edtl == 4096, "4 KiB of immediate data, no Data-Out to follow");
+                assert!(p.data == data(lba), "block {lba}'s command carried other data");
+                let r = ScsiResponse { itt: c.itt, stat_sn: 1 + n, exp_cmd_sn: 2 + n, max_cmd_sn: 64 + n, ..Default::default() };
+                t.write_all(&Pdu::new(Message::ScsiResponse(r).encode(), Bytes::new()).encode(Digests::default())).await.unwrap();
+            }
+        };
+        tokio::join!(writes, target);
+    }
 }
 
 #[cfg(test)]

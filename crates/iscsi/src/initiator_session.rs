@@ -32,10 +32,15 @@ use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// Data segments at least this long, of data the caller handed over, go to
-/// the transport to be written from where they are instead of being copied
-/// into the send buffer.
-pub const WRITE_DIRECT_MIN: usize = 64 * 1024;
+/// Data segments at least this long, of data the caller handed over
+/// ([`Payload::Owned`]), go to the transport to be written from where they
+/// are, gathered with the headers around them in one writev, instead of
+/// being copied into the send buffer: as NVMe/TCP's host queue
+/// (`bw_nvme::host_queue::SEND_IN_PLACE_MIN`, the same judgement for short
+/// payloads). At 64 KiB, a 4 KiB write's immediate data was copied: ~410 of
+/// the client's ~3,880 instructions per 4 KiB QD32 write (callgrind,
+/// docs/notes/2026-11-27-h51q-client-writes.md).
+pub const WRITE_DIRECT_MIN: usize = 1024;
 
 /// Most slots (commands in flight, given up ones included): ITTs are the
 /// slot in the low 16 bits and a generation in the high 16, and never
@@ -219,8 +224,9 @@ pub struct InitiatorSession<C> {
     waiting: VecDeque<u32>,
     /// Encoded PDUs not yet taken by the transport.
     tx: Vec<u8>,
-    /// Large payloads to send, each after the bytes queued before it.
-    tx_big: VecDeque<(Vec<u8>, Bytes)>,
+    /// Payloads to send from where they are, each with the length of `tx`
+    /// it follows (see [`WRITE_DIRECT_MIN`]).
+    tx_refs: Vec<(usize, Bytes)>,
     done: VecDeque<(C, Result<Completion, TaskError>)>,
     /// Bytes of the stream to drop (a direct payload's padding and digest).
     skip: usize,
@@ -273,7 +279,7 @@ impl<C: Context> InitiatorSession<C> {
             generation: 0,
             waiting: VecDeque::new(),
             tx: Vec::new(),
-            tx_big: VecDeque::new(),
+            tx_refs: Vec::new(),
             done: VecDeque::new(),
             skip: 0,
             scratch: Vec::new(),
@@ -431,8 +437,7 @@ impl<C: Context> InitiatorSession<C> {
                 let seg = b.slice(range);
                 pdu::encode_head_into(bhs, seg.len(), d, &mut self.tx);
                 let (t, n) = pdu::trailer(&seg, d);
-                let head = std::mem::take(&mut self.tx);
-                self.tx_big.push_back((head, seg));
+                self.tx_refs.push((self.tx.len(), seg));
                 self.tx.extend_from_slice(&t[..n]);
             }
             _ => pdu::encode_into(bhs, &data.bytes()[range], d, &mut self.tx),
@@ -519,24 +524,25 @@ impl<C: Context> InitiatorSession<C> {
 
     /// Something to send?
     pub fn has_transmit(&self) -> bool {
-        !self.tx.is_empty() || !self.tx_big.is_empty()
+        !self.tx.is_empty() || !self.tx_refs.is_empty()
     }
 
-    /// Append bytes to send to `out`, up to the next large payload, which
-    /// is returned to be written right after them (None: all queued bytes
-    /// are in `out`).
-    pub fn poll_transmit(&mut self, out: &mut Vec<u8>) -> Option<Bytes> {
-        if let Some((head, big)) = self.tx_big.pop_front() {
-            out.extend_from_slice(&head);
-            return Some(big);
-        }
-        if out.is_empty() {
+    /// Hand over everything queued to send: the encoded bytes appended to
+    /// `out`, and the payloads to send from where they are appended to
+    /// `refs`, each with the length of `out` it follows (see
+    /// [`WRITE_DIRECT_MIN`]). A whole burst in one call: a payload queued
+    /// apart from the bytes before it (as before) cost a fresh send buffer,
+    /// an allocation, per payload.
+    pub fn poll_transmit(&mut self, out: &mut Vec<u8>, refs: &mut Vec<(usize, Bytes)>) {
+        let base = out.len();
+        if base == 0 && refs.is_empty() {
             std::mem::swap(out, &mut self.tx);
-        } else {
-            out.extend_from_slice(&self.tx);
-            self.tx.clear();
+            std::mem::swap(refs, &mut self.tx_refs);
+            return;
         }
-        None
+        out.extend_from_slice(&self.tx);
+        self.tx.clear();
+        refs.extend(self.tx_refs.drain(..).map(|(at, b)| (base + at, b)));
     }
 
     /// The next finished command (or one failed by the session's end).
@@ -606,7 +612,7 @@ impl<C: Context> InitiatorSession<C> {
             self.free.push(i as u16);
         }
         self.tx.clear();
-        self.tx_big.clear();
+        self.tx_refs.clear();
         self.sent.clear();
         self.plan.clear();
     }

@@ -46,16 +46,16 @@ fn submit(s: &mut Session, c: Command<'_>, ctx: Caller) -> u32 {
 
 /// Everything queued to send, as PDUs (large payloads included).
 fn sent(s: &mut Session) -> Vec<(Message, Bytes)> {
+    let (mut out, mut refs) = (Vec::new(), Vec::new());
+    s.poll_transmit(&mut out, &mut refs);
     let mut wire = BytesMut::new();
-    loop {
-        let mut out = Vec::new();
-        let big = s.poll_transmit(&mut out);
-        wire.extend_from_slice(&out);
-        match big {
-            Some(b) => wire.extend_from_slice(&b),
-            None => break,
-        }
+    let mut at = 0;
+    for (end, b) in refs {
+        wire.extend_from_slice(&out[at..end]);
+        wire.extend_from_slice(&b);
+        at = end;
     }
+    wire.extend_from_slice(&out[at..]);
     let mut dec = Decoder::new(1 << 24);
     dec.digests = s.digests();
     let mut v = Vec::new();
@@ -129,8 +129,9 @@ fn commands_wait_for_the_cmdsn_window_and_leave_in_order() {
 fn a_burst_of_commands_leaves_in_one_send() {
     let mut s = session(1, 100);
     let itts: Vec<u32> = (0..32).map(|i| submit(&mut s, read(4096), caller(i))).collect();
-    let mut out = Vec::new();
-    assert!(s.poll_transmit(&mut out).is_none());
+    let (mut out, mut refs) = (Vec::new(), Vec::new());
+    s.poll_transmit(&mut out, &mut refs);
+    assert!(refs.is_empty());
     assert_eq!(out.len(), 32 * pdu::BHS_LEN);
     assert!(!s.has_transmit());
     let mut sorted = itts.clone();
@@ -305,26 +306,39 @@ fn immediate_and_unsolicited_data_up_to_first_burst() {
 }
 
 /// A 4 KiB write with ImmediateData=Yes is one PDU (no R2T round trip);
-/// large payloads the caller handed over leave from where they are.
+/// payloads the caller handed over leave from where they are, 4 KiB ones
+/// (a burst of them handed over in one call) as large ones.
 #[test]
-fn small_writes_are_one_pdu_and_large_owned_data_is_not_copied() {
+fn small_writes_are_one_pdu_and_owned_data_is_not_copied() {
     let p = SessionParams { immediate_data: true, initial_r2t: false, first_burst_length: 256 << 10, max_send_data_segment_length: 256 << 10, ..params() };
     let mut s = session_with(p, 1, 10);
     submit(&mut s, write(&[5u8; 4096]), caller(1));
     let pdus = sent(&mut s);
     assert_eq!(pdus.len(), 1);
     assert!(matches!(&pdus[0].0, Message::ScsiCommand(c) if c.final_ && c.edtl == 4096));
+    // Two 4 KiB writes handed over: each BHS in the send buffer, each
+    // payload by reference right after its own.
+    let small: Vec<Bytes> = (0..2u8).map(|i| Bytes::from(vec![i; 4096])).collect();
+    for (i, b) in small.iter().enumerate() {
+        submit(&mut s, Command { lun: 0, cdb: [0x8A; 16], read_len: 0, write: Payload::Owned(b.clone()) }, caller(10 + i as u32));
+    }
+    let (mut out, mut refs) = (Vec::new(), Vec::new());
+    s.poll_transmit(&mut out, &mut refs);
+    assert_eq!(out.len(), 2 * pdu::BHS_LEN, "the 4 KiB payloads were copied into the send buffer");
+    assert_eq!(refs.iter().map(|(at, b)| (*at, b.as_ptr())).collect::<Vec<_>>(), [(pdu::BHS_LEN, small[0].as_ptr()), (2 * pdu::BHS_LEN, small[1].as_ptr())]);
+    assert!(!s.has_transmit());
     let big = Bytes::from(vec![6u8; 1 << 20]);
     let itt = submit(&mut s, Command { lun: 0, cdb: [0x8A; 16], read_len: 0, write: Payload::Owned(big.clone()) }, caller(2));
-    let mut out = Vec::new();
-    let seg = s.poll_transmit(&mut out).expect("the immediate data is handed over");
+    let (mut out, mut refs) = (Vec::new(), Vec::new());
+    s.poll_transmit(&mut out, &mut refs);
+    let [(at, seg)] = &refs[..] else { panic!("the immediate data is handed over: {refs:?}") };
     assert_eq!(seg.as_ptr(), big.as_ptr(), "not copied");
-    assert_eq!((out.len(), seg.len()), (pdu::BHS_LEN, 256 << 10));
-    let r2t = R2t { itt, ttt: 3, buffer_offset: 256 << 10, desired_length: 768 << 10, exp_cmd_sn: 2, max_cmd_sn: 11, ..Default::default() };
+    assert_eq!((*at, out.len(), seg.len()), (pdu::BHS_LEN, pdu::BHS_LEN, 256 << 10));
+    let r2t = R2t { itt, ttt: 3, buffer_offset: 256 << 10, desired_length: 768 << 10, exp_cmd_sn: 4, max_cmd_sn: 13, ..Default::default() };
     feed(&mut s, &[pdu(Message::R2t(r2t), &[])]).unwrap();
-    let mut out = Vec::new();
-    let seg = s.poll_transmit(&mut out).expect("Data-Out handed over");
-    assert_eq!(seg.as_ptr(), big[256 << 10..].as_ptr());
+    let (mut out, mut refs) = (Vec::new(), Vec::new());
+    s.poll_transmit(&mut out, &mut refs);
+    assert_eq!(refs.first().expect("Data-Out handed over").1.as_ptr(), big[256 << 10..].as_ptr());
 }
 
 #[test]
