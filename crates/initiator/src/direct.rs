@@ -75,6 +75,15 @@ impl Landing {
         self.staged = None;
     }
 
+    /// A payload goes on whose start a planned read (`placed`) put into
+    /// place, at an aligned address (the plan takes no other): the rest
+    /// goes straight there too, wherever the first read ended. (Decided
+    /// from where the rest starts, a 1 MiB read was all staged: 42k more
+    /// instructions of copy per read, h51p's note.)
+    pub(crate) fn go_on_placed(&mut self) {
+        self.staged = Some(false);
+    }
+
     /// Read what the socket holds (up to `dst.len()` bytes) into `dst`;
     /// as `try_read`, nothing taken off the socket when it would block.
     pub(crate) fn read(&mut self, rd: &OwnedReadHalf, dst: &mut [u8]) -> std::io::Result<usize> {
@@ -272,5 +281,26 @@ mod tests {
         let (got, want, staged) = land(16);
         assert!(got == want);
         assert_eq!(staged, want.len() as u64);
+    }
+
+    /// The rest of a payload whose start a planned read placed (at an
+    /// aligned address) goes straight on from wherever that read ended.
+    #[test]
+    fn the_rest_of_a_placed_payload_is_not_staged() {
+        let data: Vec<u8> = (0..100_000).map(|i| (i * 13 + 1) as u8).collect();
+        let mut space = vec![0u8; data.len() + LANDING_ALIGN];
+        let start = space.as_ptr().align_offset(LANDING_ALIGN);
+        let dst = &mut space[start..start + data.len()];
+        // The planned read placed 1,424 bytes (a segment less a header).
+        dst[..1424].copy_from_slice(&data[..1424]);
+        let mut l = Landing::new();
+        l.go_on_placed();
+        let mut read = reads(&data[1424..], &[1448, 65_536]);
+        let mut placed = 1424;
+        while placed < data.len() {
+            placed += l.read_with(&mut dst[placed..], &mut read).unwrap();
+        }
+        assert!(dst == &data[..]);
+        assert_eq!(l.staged_bytes, 0);
     }
 }

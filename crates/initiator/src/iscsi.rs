@@ -18,10 +18,10 @@ use bw_iscsi::target_login::Secret;
 use bw_iscsi::msg::*;
 use bw_iscsi::negotiate::LocalLimits;
 use bw_iscsi::pdu::{self, Decoder, Digests, Pdu, RESERVED_TAG};
-use bw_iscsi::initiator_session::{Command, Completion, Context, DirectRead, InitiatorSession, Payload, Received, TaskError, Ticket, PLAN_MAX};
+use bw_iscsi::initiator_session::{Command, Completion, Context, DirectRead, InitiatorSession, Payload, Received, TaskError, Ticket};
+use crate::placed::{PlacedRead, Placing, READ_CHUNK_SMALL_IO};
 use bw_scsi::{initiator, sense, status};
-use bytes::{Buf, Bytes, BytesMut};
-use std::os::fd::AsRawFd;
+use bytes::{Bytes, BytesMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 use crate::waiting::{self, Deadlines, InFlight, Mailboxes, Waits};
 use std::task::Poll;
@@ -465,15 +465,18 @@ impl crate::send::Transmit for Shared {
 /// so that little of a large Data-In payload lands in the receive buffer
 /// (it goes straight to the caller's buffer instead) ...
 const READ_CHUNK: usize = 64 * 1024;
-/// ... and otherwise at this many: a burst of 32 answers to 4 KiB reads
-/// (132 KiB) in one read, where 64 KiB took three (6.4 reads per 4 KiB
-/// read at queue depth 32 on the lab's link).
-const READ_CHUNK_SMALL_IO: usize = 256 * 1024;
+// ... and otherwise at `placed::READ_CHUNK_SMALL_IO`: a burst of 32
+// answers to 4 KiB reads (132 KiB) in one read, where 64 KiB took three
+// (6.4 reads per 4 KiB read at queue depth 32 on the lab's link).
 
 /// Read the rest of a Data-In payload from the socket straight into its
 /// command's buffer, as it arrives.
-async fn recv_direct(rd: &OwnedReadHalf, landing: &mut crate::direct::Landing, sh: &Shared, d: &mut DirectRead) -> std::result::Result<(), String> {
-    landing.begin();
+async fn recv_direct(rd: &OwnedReadHalf, landing: &mut crate::direct::Landing, sh: &Shared, d: &mut DirectRead, placed: bool) -> std::result::Result<(), String> {
+    if placed {
+        landing.go_on_placed();
+    } else {
+        landing.begin();
+    }
     crate::direct::recv(rd, d.left(), crate::direct::Wakeups::Eager, || {
         // Under the session lock: a caller that gives up takes its buffer
         // back under the same lock (`InFlight`).
@@ -483,158 +486,7 @@ async fn recv_direct(rd: &OwnedReadHalf, landing: &mut crate::direct::Landing, s
     .await
 }
 
-/// A socket read of the answers the session expects next, in the order
-/// their commands were sent (`InitiatorSession::plan_placed`): for each, its
-/// BHS into `headers` and its payload straight into its caller's buffer,
-/// then whatever else came into the receive buffer. No copy of the
-/// payloads out of the receive buffer when the target answers in turn;
-/// when it does not, the bytes from the first answer out of turn on are
-/// gathered back into the receive buffer, in stream order, and handled
-/// from there as any other (the buffers they passed through belong to
-/// commands still waiting for their own data, which overwrites them).
-struct Placing {
-    headers: Vec<[u8; pdu::BHS_LEN]>,
-    /// The plan's buffers (address, length), valid while the session lock
-    /// that planned them is held.
-    dest: Vec<(usize, usize)>,
-    gather: Vec<u8>,
-    /// For the log: planned reads, the payloads they placed, and those in
-    /// which the target answered out of turn.
-    reads: u64,
-    placed: u64,
-    misses: u64,
-    noplan: u64,
-}
-
-/// What a planned read did.
-enum PlacedRead {
-    /// Read; what was not placed is in the receive buffer, and maybe a
-    /// payload is still to come straight into its buffer.
-    Read(Option<DirectRead>),
-    Closed,
-}
-
-impl Placing {
-    fn new() -> Placing {
-        Placing { headers: vec![[0; pdu::BHS_LEN]; PLAN_MAX], dest: Vec::with_capacity(PLAN_MAX), gather: Vec::new(), reads: 0, placed: 0, misses: 0, noplan: 0 }
-    }
-
-    /// Plan and make one read under the session lock (the plan's buffers
-    /// stay their callers' while it is held: see `Dest`). `buf` holds less
-    /// than a BHS: the start of the first expected header.
-    fn read(&mut self, rd: &OwnedReadHalf, buf: &mut BytesMut, s: &mut InitiatorSession<Waiter>) -> std::io::Result<PlacedRead> {
-        let k = buf.len();
-        debug_assert!(k < pdu::BHS_LEN);
-        self.dest.clear();
-        let dest = &mut self.dest;
-        // Aligned buffers only (the kernel's copy into a misaligned one is
-        // slow on some CPUs: see `direct::Landing`).
-        let n = s.plan_placed(|b| {
-            let ok = b.as_ptr() as usize % 64 == 0;
-            if ok {
-                dest.push((b.as_mut_ptr() as usize, b.len()));
-            }
-            ok
-        });
-        if buf.capacity() - k < READ_CHUNK_SMALL_IO {
-            buf.reserve(READ_CHUNK_SMALL_IO);
-        }
-        if n == 0 {
-            // Nothing to plan (the callers have yet to send their next
-            // commands, say): read without waiting, so that the wait is
-            // for readiness and the answers, when they come, are planned
-            // for (a blocking read here would stage them all).
-            self.noplan += 1;
-            return match rd.try_read_buf(buf)? {
-                0 => Ok(PlacedRead::Closed),
-                _ => Ok(PlacedRead::Read(None)),
-            };
-        }
-        self.headers[0][..k].copy_from_slice(&buf[..]);
-        // Not zeroed first (2 KiB a read): only the first 2n + 1 are used.
-        let mut iov = [const { std::mem::MaybeUninit::<libc::iovec>::uninit() }; 2 * PLAN_MAX + 1];
-        let mut planned = 0;
-        for (i, &(at, len)) in self.dest.iter().enumerate() {
-            let from = if i == 0 { k } else { 0 };
-            iov[2 * i].write(libc::iovec { iov_base: self.headers[i][from..].as_mut_ptr().cast(), iov_len: pdu::BHS_LEN - from });
-            iov[2 * i + 1].write(libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len });
-            planned += pdu::BHS_LEN - from + len;
-        }
-        let spare = buf.spare_capacity_mut();
-        iov[2 * n].write(libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() });
-        let fd = rd.as_ref().as_raw_fd();
-        let got = rd.as_ref().try_io(tokio::io::Interest::READABLE, || {
-            // SAFETY: every iovec is writable memory of its length: the
-            // headers', the receive buffer's spare capacity, and the plan's
-            // callers' buffers, theirs while the session lock is held (the
-            // caller holds it); the first 2n + 1 were written above.
-            let r = unsafe { libc::readv(fd, iov.as_ptr().cast(), (2 * n + 1) as libc::c_int) };
-            if r < 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                Ok(r as usize)
-            }
-        })?;
-        if got == 0 {
-            return Ok(PlacedRead::Closed);
-        }
-        self.reads += 1;
-        let tail = got.saturating_sub(planned);
-        // SAFETY: readv wrote `tail` bytes into the spare capacity.
-        unsafe { buf.set_len(k + tail) };
-        buf.advance(k);
-        // Take the pieces in turn while they are what the plan expected.
-        let mut left = got;
-        for i in 0..n {
-            if left == 0 {
-                break;
-            }
-            let from = if i == 0 { k } else { 0 };
-            let (hl, len) = (pdu::BHS_LEN - from, self.dest[i].1);
-            if left >= hl {
-                let placed = (left - hl).min(len);
-                if let Some(d) = s.receive_placed(i, &self.headers[i], placed) {
-                    left -= hl + placed;
-                    self.placed += 1;
-                    if d.is_done() {
-                        continue;
-                    }
-                    return Ok(PlacedRead::Read(Some(d)));
-                }
-                self.misses += 1;
-            }
-            // Out of turn (or the header not whole).
-            self.gather_back(i, k, left, buf);
-            break;
-        }
-        Ok(PlacedRead::Read(None))
-    }
-
-    /// The stream from planned piece `i` on (`left` bytes of the read, the
-    /// first piece's header `k` bytes short of what `headers[0]` holds) goes
-    /// back into the receive buffer, in order, ahead of what is there.
-    fn gather_back(&mut self, i: usize, k: usize, mut left: usize, buf: &mut BytesMut) {
-        self.gather.clear();
-        for j in i..self.dest.len() {
-            if left == 0 {
-                break;
-            }
-            let from = if j == 0 { k } else { 0 };
-            let h = left.min(pdu::BHS_LEN - from);
-            self.gather.extend_from_slice(&self.headers[j][..from + h]);
-            left -= h;
-            let p = left.min(self.dest[j].1);
-            // SAFETY: as for the readv in `read` (under the same lock);
-            // readv wrote these `p` bytes.
-            self.gather.extend_from_slice(unsafe { std::slice::from_raw_parts(self.dest[j].0 as *const u8, p) });
-            left -= p;
-        }
-        let mut nb = BytesMut::with_capacity(self.gather.len() + buf.len() + READ_CHUNK_SMALL_IO);
-        nb.extend_from_slice(&self.gather);
-        nb.extend_from_slice(buf);
-        *buf = nb;
-    }
-}
+crate::placed::plans_by!(InitiatorSession<Waiter>, DirectRead, pdu::BHS_LEN);
 
 /// Feed the session what the target sends: everything one socket read
 /// brought is handled under one lock and its commands' callers woken
@@ -662,7 +514,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
             // Small reads in flight and the stream at a header: read the
             // answers expected next straight into place.
             let placed = match step {
-                Ok(None) if !header_only && !large && buf.len() < pdu::BHS_LEN => Some(placing.read(&rd, &mut buf, &mut st.s)),
+                Ok(None) if !header_only && !large && buf.len() < pdu::BHS_LEN => Some(placing.read(&rd, &mut buf, &mut st.s, true)),
                 _ => None,
             };
             sh.deliver(&mut st);
@@ -675,12 +527,13 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
             None => {}
             Some(Ok(PlacedRead::Read(None))) => continue,
             Some(Ok(PlacedRead::Read(Some(mut d)))) => {
-                if let Err(why) = recv_direct(&rd, &mut landing, &sh, &mut d).await {
+                if let Err(why) = recv_direct(&rd, &mut landing, &sh, &mut d, true).await {
                     break why;
                 }
                 continue;
             }
             Some(Ok(PlacedRead::Closed)) => break "target closed the connection".to_string(),
+            Some(Ok(PlacedRead::Unplanned)) => {}
             Some(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if let Err(e) = rd.readable().await {
                     break format!("receive failed: {e}");
@@ -693,7 +546,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, sh: Arc<Shared>) {
             Err(why) => break why,
             Ok(Some(mut d)) => {
                 let large = d.left() >= READ_CHUNK;
-                if let Err(why) = recv_direct(&rd, &mut landing, &sh, &mut d).await {
+                if let Err(why) = recv_direct(&rd, &mut landing, &sh, &mut d, false).await {
                     break why;
                 }
                 header_only = large;

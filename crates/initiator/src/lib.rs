@@ -17,6 +17,7 @@ pub use url::{redact_url, TargetUrl, UrlError};
 
 pub mod aoe;
 mod direct;
+mod placed;
 pub mod iscsi;
 pub mod nfs;
 pub mod nvme;

@@ -210,7 +210,21 @@ pub struct HostQueue<C> {
     scratch: Vec<u8>,
     /// Commands in flight that read at least [`LARGE_READ`] bytes.
     large_reads: usize,
+    /// Commands (ID, submission) in the order they were sent (those
+    /// answered are dropped from the front as plans meet them): the order
+    /// a controller that serves them in turn answers in.
+    sent: VecDeque<(u16, u64)>,
+    /// The last [`HostQueue::plan_placed`]: command, submission and read
+    /// length of each piece.
+    plan: Vec<(u16, u64, usize)>,
+    /// Payload bytes copied out of the transport's receive buffer into
+    /// commands' buffers (for the log and the tests: planned reads and
+    /// direct reads copy none).
+    staged: u64,
 }
+
+/// Most pieces in one plan (two iovecs each, well within `IOV_MAX`).
+pub const PLAN_MAX: usize = 64;
 
 /// Reads this long or longer count as large (see [`HostQueue::large_reads`]).
 pub const LARGE_READ: usize = 64 * 1024;
@@ -238,6 +252,9 @@ impl<C: Context> HostQueue<C> {
             done: VecDeque::new(),
             scratch: Vec::new(),
             large_reads: 0,
+            sent: VecDeque::new(),
+            plan: Vec::new(),
+            staged: 0,
         }
     }
 
@@ -272,6 +289,12 @@ impl<C: Context> HostQueue<C> {
     /// can be in them).
     pub fn large_reads(&self) -> usize {
         self.large_reads
+    }
+
+    /// Payload bytes copied out of the transport's receive buffer into
+    /// commands' buffers so far.
+    pub fn staged_bytes(&self) -> u64 {
+        self.staged
     }
 
     /// Take command `cid` out of the queue (completed or timed out).
@@ -351,6 +374,7 @@ impl<C: Context> HostQueue<C> {
             self.large_reads += 1;
         }
         sqe.set_cid(cid);
+        self.sent.push_back((cid, seq));
         match capsule_ref {
             None => pdu::encode_capsule(&sqe, capsule, self.cfg.digests, &mut self.tx),
             Some(b) => {
@@ -426,6 +450,8 @@ impl<C: Context> HostQueue<C> {
         }
         let why = self.dead().unwrap_or(why).to_string();
         self.large_reads = 0;
+        self.sent.clear();
+        self.plan.clear();
         for ctx in self.in_flight.drain().filter_map(|s| s.ctx) {
             self.done
                 .push_back((ctx, Err(HostError::Closed(why.clone()))));
@@ -545,14 +571,15 @@ impl<C: Context> HostQueue<C> {
         if d.success && !d.last {
             return Err(ProtocolError::SuccessNotLast(d.cid));
         }
-        let Some(s) = self.slot(d.cid) else {
+        let Some(s) = self.in_flight.get_mut(d.cid) else {
             return Ok(());
         };
         let n = d.data.len();
         let has_ctx = s.ctx.is_some();
         match s.ctx.as_mut().and_then(|c| c.read_buf()) {
             Some(dst) if dst.len() >= s.state.received + n => {
-                dst[s.state.received..s.state.received + n].copy_from_slice(&d.data)
+                dst[s.state.received..s.state.received + n].copy_from_slice(&d.data);
+                self.staged += n as u64;
             }
             Some(_) => {
                 return Err(ProtocolError::DataOverrun {
@@ -626,6 +653,7 @@ impl<C: Context> HostQueue<C> {
                 Ok::<usize, ()>(have)
             })
             .ok();
+            self.staged += have as u64;
             buf.advance(have);
         }
         Ok(Some(d))
@@ -669,6 +697,111 @@ impl<C: Context> HostQueue<C> {
             });
         }
         Ok(n)
+    }
+
+    /// Plan a socket read that puts C2HData payloads straight into their
+    /// commands' buffers ahead of seeing their headers: the reads the
+    /// controller answers next if it answers in the order the commands
+    /// were sent (as ours does), each in one C2HData PDU (the whole
+    /// transfer, LAST set) with nothing behind its payload. `take` gets
+    /// each one's buffer (its whole read, in plan order) and may refuse
+    /// it, which ends the plan, as does the first command that does not
+    /// fit (a write, a command without a buffer of its own) and a large
+    /// read (the plan's last piece: the rest of it is read with
+    /// [`HostQueue::direct_fill`] as it comes). Returns the number of
+    /// pieces: the transport reads, for piece `i`, a [`pdu::DATA_HLEN`]
+    /// header (into a buffer of its own) and then `i`'s buffer, and hands
+    /// each piece to [`HostQueue::receive_placed`]; what follows the pieces
+    /// goes to [`HostQueue::receive`] as usual. None planned (0) unless the
+    /// stream is at the start of a PDU, with no digests.
+    pub fn plan_placed(&mut self, mut take: impl FnMut(&mut [u8]) -> bool) -> usize {
+        self.plan.clear();
+        if self.phase != Phase::Live || self.cfg.digests.header || self.cfg.digests.data {
+            return 0;
+        }
+        // Answered commands leave the front; a long-lived one there (a
+        // write waiting for R2T, say) must not let the queue grow without
+        // bound behind it.
+        while let Some(&(cid, seq)) = self.sent.front() {
+            if self.in_flight.get_mut(cid).is_some_and(|s| s.state.seq == seq) {
+                break;
+            }
+            self.sent.pop_front();
+        }
+        if self.sent.len() > 4 * PLAN_MAX.max(self.cfg.depth) {
+            let f = &mut self.in_flight;
+            self.sent.retain(|&(cid, seq)| f.get_mut(cid).is_some_and(|s| s.state.seq == seq));
+        }
+        for i in 0..self.sent.len() {
+            if self.plan.len() == PLAN_MAX {
+                break;
+            }
+            let (cid, seq) = self.sent[i];
+            let Some(s) = self.in_flight.get_mut(cid).filter(|s| s.state.seq == seq) else {
+                // Answered out of turn: not in the stream any more.
+                continue;
+            };
+            let len = s.state.expect;
+            if s.state.received != 0 || len == 0 || len > MAX_PLEN as usize - pdu::DATA_HLEN {
+                break;
+            }
+            match s.ctx.as_mut().and_then(|c| c.read_buf()) {
+                Some(b) if b.len() == len => {
+                    if !take(b) {
+                        break;
+                    }
+                    self.plan.push((cid, seq, len));
+                }
+                _ => break,
+            }
+            if len >= LARGE_READ {
+                break;
+            }
+        }
+        self.plan.len()
+    }
+
+    /// Piece `i` of the last plan arrived: its `header`, and `got` bytes
+    /// of its payload read into the command's buffer (all of them, or the
+    /// socket held no more). `Some`: it was the C2HData the plan expected,
+    /// now taken (the command completed if it said SUCCESS and `got` is
+    /// all of it), with the rest of its payload (if any) to read with
+    /// [`HostQueue::direct_fill`]. `None`: it was not (another command's
+    /// answer, another PDU, a split transfer), and nothing was taken: the
+    /// stream from `header` on (the bytes read into the buffers included)
+    /// goes to [`HostQueue::receive`].
+    pub fn receive_placed(&mut self, i: usize, header: &[u8], got: usize) -> Option<DirectRead> {
+        let &(cid, seq, len) = self.plan.get(i)?;
+        let h = header.get(..pdu::DATA_HLEN)?;
+        let ch = pdu::CommonHeader::parse(h);
+        // No digests (or there is no plan): the one layout of a whole
+        // transfer in one PDU, checked as `pdu::peek_data_header` would.
+        let want_flags = pdu::flags::DATA_LAST;
+        if ch.kind != pdu::kind::C2H_DATA
+            || ch.hlen as usize != pdu::DATA_HLEN
+            || ch.pdo as usize != pdu::DATA_HLEN
+            || ch.flags & !pdu::flags::DATA_SUCCESS != want_flags
+            || ch.plen as usize != pdu::DATA_HLEN + len
+            || pdu::field::DATAL.get(h) as usize != len
+            || pdu::field::DATAO.get(h) != 0
+            || pdu::field::CCCID.get(h) != cid
+        {
+            return None;
+        }
+        if !self.in_flight.get_mut(cid).is_some_and(|s| s.state.seq == seq && s.state.received == 0) {
+            return None;
+        }
+        let mut d = DirectRead {
+            cid,
+            seq,
+            at: 0,
+            left: len,
+            success: ch.flags & pdu::flags::DATA_SUCCESS != 0,
+        };
+        let got = got.min(len);
+        // The bytes are in place already: only counted.
+        let _ = self.direct_fill(&mut d, |_| Ok::<usize, ()>(got));
+        Some(d)
     }
 
     fn r2t(&mut self, r: pdu::R2t) -> Result<(), ProtocolError> {

@@ -835,3 +835,109 @@ fn large_reads_are_counted_until_they_leave_the_queue() {
     c.q.fail_all("gone");
     assert_eq!(c.q.large_reads(), 0);
 }
+
+/// The header [`HostQueue::receive_placed`] gets for piece `i`: a whole
+/// transfer in one C2HData.
+fn c2h_header(cid: u16, len: usize, success: bool) -> Vec<u8> {
+    let h = pdu::DataPduHeader { cid, ttag: 0, offset: 0, last: true, success };
+    pdu::DataHeader::new(false, &h, len as u32, Digests::default()).bytes().to_vec()
+}
+
+/// The cids of the commands the host sent, in order.
+fn cids(c: &mut Ctrl) -> Vec<u16> {
+    c.sent()
+        .iter()
+        .map(|p| match p {
+            Pdu::CapsuleCmd(c) => c.sqe.cid(),
+            _ => panic!("not a command"),
+        })
+        .collect()
+}
+
+#[test]
+fn planned_reads_are_taken_only_when_the_controller_answers_in_turn() {
+    let mut c = Ctrl::new(Digests::default(), 8, 8192);
+    c.read(0, 4096, true);
+    c.read(1, 4096, true);
+    c.read(2, 8192, true);
+    // No buffer of its own: the plan ends before it.
+    c.read(3, 512, false);
+    c.read(4, 4096, true);
+    let cid = cids(&mut c);
+    let mut lens = Vec::new();
+    assert_eq!(c.q.plan_placed(|b| {
+        lens.push(b.len());
+        true
+    }), 3);
+    assert_eq!(lens, [4096, 4096, 8192]);
+    // Piece 0 as planned, all of it: done, completed (SUCCESS).
+    let d = c.q.receive_placed(0, &c2h_header(cid[0], 4096, true), 4096).expect("piece 0 taken");
+    assert!(d.is_done());
+    let done = c.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].0.name, 0);
+    assert_eq!(done[0].1.as_ref().unwrap().received, 4096);
+    // Piece 1: another command's answer, another length, not a data PDU,
+    // a split transfer: refused, nothing taken.
+    assert!(c.q.receive_placed(1, &c2h_header(cid[2], 4096, true), 4096).is_none());
+    assert!(c.q.receive_placed(1, &c2h_header(cid[1], 2048, true), 2048).is_none());
+    let mut r = Vec::new();
+    resp(cid[1], Status::SUCCESS).encode_into(Digests::default(), &mut r);
+    assert!(c.q.receive_placed(1, &r, 0).is_none());
+    let mut split = c2h_header(cid[1], 4096, true);
+    split[1] &= !pdu::flags::DATA_LAST;
+    assert!(c.q.receive_placed(1, &split, 4096).is_none());
+    assert!(c.completions().is_empty());
+    // Piece 1 in part: taken, the rest to read in place.
+    let mut d = c.q.receive_placed(1, &c2h_header(cid[1], 4096, true), 100).expect("piece 1 taken");
+    assert_eq!(d.left(), 3996);
+    c.q.direct_fill(&mut d, |dst| Ok::<usize, ()>(dst.len())).unwrap();
+    assert_eq!(c.completions()[0].0.name, 1);
+    // Piece 2 without SUCCESS: its CapsuleResp completes it.
+    let d = c.q.receive_placed(2, &c2h_header(cid[2], 8192, false), 8192).expect("piece 2 taken");
+    assert!(d.is_done());
+    assert!(c.completions().is_empty());
+    c.send(&[resp(cid[2], Status::SUCCESS)]);
+    let done = c.completions();
+    assert_eq!((done[0].0.name, done[0].1.as_ref().unwrap().received), (2, 8192));
+    // A refused buffer ends the plan; the next plan starts at read 3,
+    // which has no buffer: nothing planned until it is answered.
+    assert_eq!(c.q.plan_placed(|_| true), 0);
+    c.send(&[c2h(cid[3], 0, pattern(3, 512), true, true)]);
+    assert_eq!(c.q.plan_placed(|_| false), 0);
+    assert_eq!(c.q.plan_placed(|_| true), 1);
+    assert!(c.q.receive_placed(0, &c2h_header(cid[4], 4096, true), 4096).is_some());
+    assert_eq!(c.q.staged_bytes(), 0);
+}
+
+#[test]
+fn planned_reads_stop_at_a_write_and_go_on_after_it() {
+    let mut c = Ctrl::new(Digests::default(), 8, 8192);
+    c.read(0, 4096, true);
+    c.write(1, pattern(1, 4096));
+    c.read(2, 4096, true);
+    let cid = cids(&mut c);
+    assert_eq!(c.q.plan_placed(|_| true), 1);
+    assert!(c.q.receive_placed(0, &c2h_header(cid[0], 4096, true), 4096).is_some());
+    // The write's answer first: then the read behind it is planned.
+    assert_eq!(c.q.plan_placed(|_| true), 0);
+    c.send(&[resp(cid[1], Status::SUCCESS)]);
+    assert_eq!(c.q.plan_placed(|_| true), 1);
+    assert!(c.q.receive_placed(0, &c2h_header(cid[2], 4096, true), 4096).is_some());
+    let names: Vec<u32> = c.completions().iter().map(|d| d.0.name).collect();
+    assert_eq!(names, [0, 1, 2]);
+}
+
+#[test]
+fn a_large_read_ends_the_plan_and_nothing_is_planned_with_digests() {
+    let mut c = Ctrl::new(Digests::default(), 8, 8192);
+    c.read(0, 4096, true);
+    c.read(1, 1 << 20, true);
+    c.read(2, 4096, true);
+    assert_eq!(c.q.plan_placed(|_| true), 2);
+    for d in [Digests { header: true, data: false }, Digests { header: false, data: true }] {
+        let mut c = Ctrl::new(d, 8, 8192);
+        c.read(0, 4096, true);
+        assert_eq!(c.q.plan_placed(|_| true), 0);
+    }
+}
