@@ -22,13 +22,6 @@ const HEADER_MAX: usize = 48;
 /// Room in the receive buffer for what follows the pieces: a burst of 32
 /// answers to 4 KiB reads (132 KiB) in one read.
 pub(crate) const READ_CHUNK_SMALL_IO: usize = 256 * 1024;
-/// A piece this long (a large read, which a session plans only as its
-/// plan's last piece) ends the read: nothing past its payload goes into
-/// the receive buffer. Else the next answer's header and the start of its
-/// large payload landed there, and were taken, and the rest read, by the
-/// old path, which then reads a header at a time (`header_only`), and the
-/// next plan never came: at 1 MiB QD8 4 of 2,000 payloads were placed.
-const LARGE: usize = 64 * 1024;
 
 /// A session (iSCSI's or an NVMe/TCP queue's) that plans reads.
 pub(crate) trait Plans {
@@ -147,14 +140,13 @@ impl Placing {
         }
         let spare = buf.spare_capacity_mut();
         iov[2 * n].write(libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() });
-        let iovs = if self.dest[n - 1].1 >= LARGE { 2 * n } else { 2 * n + 1 };
         let fd = rd.as_ref().as_raw_fd();
         let got = rd.as_ref().try_io(tokio::io::Interest::READABLE, || {
             // SAFETY: every iovec is writable memory of its length: the
             // headers', the receive buffer's spare capacity, and the plan's
             // callers' buffers, theirs while the session lock is held (the
             // caller holds it); the first 2n + 1 were written above.
-            let r = unsafe { libc::readv(fd, iov.as_ptr().cast(), iovs as libc::c_int) };
+            let r = unsafe { libc::readv(fd, iov.as_ptr().cast(), (2 * n + 1) as libc::c_int) };
             if r < 0 {
                 Err(std::io::Error::last_os_error())
             } else {
