@@ -320,40 +320,34 @@ impl<C: Context> HostQueue<C> {
         if let Phase::Dead(why) = &self.phase {
             return Err((ctx, HostError::Closed(why.clone())));
         }
+        let len = out.bytes().map(<[u8]>::len);
+        let in_capsule = len.is_some_and(|n| n <= self.cfg.incapsule);
+        sqe.set_sgl(Sgl {
+            addr: 0,
+            length: len.map_or(in_len, |n| n as u32),
+            kind: if in_capsule { sgl::INCAPSULE } else { sgl::TRANSPORT },
+        });
+        // An owned payload is moved to where it goes (a reference to send
+        // from, the data kept for R2T), not cloned there and dropped with
+        // `out`: a clone is an atomic increment now and a decrement later.
         let mut capsule: &[u8] = &[];
         let mut capsule_ref = None;
+        // Owned but short: copied into the capsule.
+        let mut small = None;
         let mut write_data = None;
-        match out.bytes() {
-            Some(d) if d.len() <= self.cfg.incapsule => {
-                if let (Payload::Owned(b), true) = (&out, d.len() >= SEND_IN_PLACE_MIN) {
-                    capsule_ref = Some(b.clone());
-                }
-                sqe.set_sgl(Sgl {
-                    addr: 0,
-                    length: d.len() as u32,
-                    kind: sgl::INCAPSULE,
-                });
-                capsule = d;
-            }
-            Some(d) => {
-                sqe.set_sgl(Sgl {
-                    addr: 0,
-                    length: d.len() as u32,
-                    kind: sgl::TRANSPORT,
-                });
-                write_data = Some(match &out {
-                    Payload::Owned(b) => b.clone(),
-                    _ => Bytes::copy_from_slice(d),
-                });
-            }
-            None => sqe.set_sgl(Sgl {
-                addr: 0,
-                length: in_len,
-                kind: sgl::TRANSPORT,
-            }),
+        match out {
+            Payload::None => {}
+            Payload::Owned(b) if in_capsule && b.len() >= SEND_IN_PLACE_MIN => capsule_ref = Some(b),
+            Payload::Owned(b) if in_capsule => small = Some(b),
+            Payload::Borrowed(d) if in_capsule => capsule = d,
+            Payload::Owned(b) => write_data = Some(b),
+            Payload::Borrowed(d) => write_data = Some(Bytes::copy_from_slice(d)),
+        }
+        if let Some(b) = &small {
+            capsule = &b[..];
         }
         let seq = self.next_seq;
-        let expect = if write_data.is_some() || !capsule.is_empty() {
+        let expect = if len.is_some_and(|n| n > 0) {
             0
         } else {
             in_len as usize

@@ -365,7 +365,7 @@ impl NvmeClient {
 
     /// Write `len` bytes at `offset` in commands of at most `max_transfer`,
     /// each carrying `piece(range)` of the data.
-    async fn write_payload<'a>(&self, offset: u64, len: usize, piece: impl Fn(std::ops::Range<usize>) -> Payload<'a>) -> Result<()> {
+    async fn write_payload<'a>(&self, offset: u64, len: usize, mut piece: impl FnMut(std::ops::Range<usize>) -> Payload<'a>) -> Result<()> {
         check_range(self, offset, len)?;
         let mut done = 0;
         while done < len {
@@ -405,8 +405,12 @@ impl HeldIo for NvmeClient {
         Ok(())
     }
 
-    async fn write_owned_held(&self, offset: u64, data: bytes::Bytes) -> Result<()> {
-        self.write_payload(offset, data.len(), |r| Payload::Owned(data.slice(r))).await
+    async fn write_owned_held(&self, offset: u64, mut data: bytes::Bytes) -> Result<()> {
+        let len = data.len();
+        // A write of one command hands its data on as it is: a slice is a
+        // reference count taken and given back (an atomic operation each)
+        // per write.
+        self.write_payload(offset, len, |r| Payload::Owned(if r.len() == len { std::mem::take(&mut data) } else { data.slice(r) })).await
     }
 }
 
