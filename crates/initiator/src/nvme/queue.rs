@@ -419,6 +419,36 @@ async fn recv_direct_tls(
     .await
 }
 
+/// Hand the queue every whole PDU in `buf`: what is left is a large
+/// payload to receive straight into its command's buffer (`Some`), or
+/// nothing until the socket brings more (`None`). A payload found whole in
+/// `buf` ends the header-only reads that follow a large payload.
+fn handle_buffered(q: &mut HostQueue<Waiter>, buf: &mut BytesMut, d: Digests, header_only: &mut bool) -> std::result::Result<Option<DirectRead>, String> {
+    loop {
+        match q.begin_direct(buf) {
+            Err(e) => return Err(e.to_string()),
+            // All of its payload was in `buf`.
+            Ok(Some(dr)) if dr.is_done() => {
+                *header_only = false;
+                continue;
+            }
+            Ok(Some(dr)) => return Ok(Some(dr)),
+            Ok(None) => {}
+        }
+        // A data PDU's header still incomplete: read on without the
+        // decoder reserving room for the whole payload.
+        let hdr_need = if buf.len() >= pdu::CH_LEN { (buf[3] as usize).max(pdu::DATA_HLEN) } else { pdu::CH_LEN };
+        if !d.data && buf.first() == Some(&pdu::kind::C2H_DATA) && buf.len() < hdr_need {
+            return Ok(None);
+        }
+        match q.receive(buf) {
+            Err(e) => return Err(e.to_string()),
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+        }
+    }
+}
+
 async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc<Shared>, mut tls: Option<RecordReader>) {
     // After a large payload went straight to its buffer, the next read takes
     // just a data PDU header: the next large payload then follows it
@@ -438,29 +468,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut buf: BytesMut, d: Digests, sh: Arc
         // goes through `buf`.
         let (step, large_reads, placed) = {
             let mut st = sh.lock();
-            let step = loop {
-                match st.q.begin_direct(&mut buf) {
-                    Err(e) => break Err(e.to_string()),
-                    // All of its payload was in `buf`.
-                    Ok(Some(dr)) if dr.is_done() => {
-                        header_only = false;
-                        continue;
-                    }
-                    Ok(Some(dr)) => break Ok(Some(dr)),
-                    Ok(None) => {}
-                }
-                // A data PDU's header still incomplete: read on without the
-                // decoder reserving room for the whole payload.
-                let hdr_need = if buf.len() >= pdu::CH_LEN { (buf[3] as usize).max(pdu::DATA_HLEN) } else { pdu::CH_LEN };
-                if !d.data && buf.first() == Some(&pdu::kind::C2H_DATA) && buf.len() < hdr_need {
-                    break Ok(None);
-                }
-                match st.q.receive(&mut buf) {
-                    Err(e) => break Err(e.to_string()),
-                    Ok(true) => {}
-                    Ok(false) => break Ok(None),
-                }
-            };
+            let step = handle_buffered(&mut st.q, &mut buf, d, &mut header_only);
             let large = st.q.large_reads() > 0;
             // Without TLS, the stream at a header: read the answers
             // expected next straight into place (with only large reads
