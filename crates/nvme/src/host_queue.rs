@@ -767,18 +767,18 @@ impl<C: Context> HostQueue<C> {
     pub fn receive_placed(&mut self, i: usize, header: &[u8], got: usize) -> Option<DirectRead> {
         let &(cid, seq, len) = self.plan.get(i)?;
         let h = header.get(..pdu::DATA_HLEN)?;
-        let ch = pdu::CommonHeader::parse(h);
-        // No digests (or there is no plan): the one layout of a whole
-        // transfer in one PDU, checked as `pdu::peek_data_header` would.
-        let want_flags = pdu::flags::DATA_LAST;
-        if ch.kind != pdu::kind::C2H_DATA
-            || ch.hlen as usize != pdu::DATA_HLEN
-            || ch.pdo as usize != pdu::DATA_HLEN
-            || ch.flags & !pdu::flags::DATA_SUCCESS != want_flags
-            || ch.plen as usize != pdu::DATA_HLEN + len
-            || pdu::field::DATAL.get(h) as usize != len
-            || pdu::field::DATAO.get(h) != 0
-            || pdu::field::CCCID.get(h) != cid
+        // Checked as the receive path checks a data PDU (no digests: there
+        // is no plan with them), then held to the one layout a plan
+        // expects: the whole transfer in one C2HData, no flag but LAST and
+        // SUCCESS.
+        let v = pdu::peek_data_header(h, self.cfg.digests, MAX_PLEN).ok()??;
+        if v.kind != pdu::kind::C2H_DATA
+            || v.data_start != pdu::DATA_HLEN
+            || v.data_len != len
+            || v.hdr.offset != 0
+            || !v.hdr.last
+            || v.hdr.cid != cid
+            || pdu::CommonHeader::parse(h).flags & !(pdu::flags::DATA_LAST | pdu::flags::DATA_SUCCESS) != 0
         {
             return None;
         }
@@ -790,7 +790,7 @@ impl<C: Context> HostQueue<C> {
             seq,
             at: 0,
             left: len,
-            success: ch.flags & pdu::flags::DATA_SUCCESS != 0,
+            success: v.hdr.success,
         };
         let got = got.min(len);
         // The bytes are in place already: only counted.
