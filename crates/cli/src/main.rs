@@ -382,8 +382,23 @@ fn split_host_port(s: &str, default_port: u16) -> anyhow::Result<(String, u16)> 
     Ok((p.host, p.port))
 }
 
+/// The client commands' runtime. One thread asked for: a current-thread
+/// runtime on the calling thread, so a wakeup between a bench worker and
+/// its connection's tasks is a push onto a local queue. The multi-thread
+/// runtime with one worker ran the tasks on that worker and `block_on` on
+/// the main thread, and paid its scheduler's atomics, injection queue and
+/// unparks per I/O (issue 51, docs/notes/2026-11-27-h51s-client-runtime.md).
+/// Nothing here needs a second thread: `spawn_blocking` has its pool on
+/// either flavour and nothing calls `block_in_place`.
 fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all().build()?)
+    let mut b = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    Ok(b.enable_all().build()?)
 }
 
 /// The command line as users see it: the derive's, with its lists made
@@ -682,4 +697,22 @@ fn persist_path(a: &ServeArgs) -> anyhow::Result<Option<std::path::PathBuf>> {
         return Ok(None);
     }
     Ok(Some(std::fs::canonicalize(path).with_context(|| format!("config {path}"))?))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::runtime::RuntimeFlavor;
+
+    /// `--threads 1` (the default, what bench/tcp-floor and the lab run):
+    /// the client's tasks run on the calling thread, not on a worker of a
+    /// multi-thread runtime beside it; more threads still get that.
+    #[test]
+    fn one_client_thread_is_the_calling_thread() {
+        for threads in [0, 1] {
+            assert_eq!(super::runtime(threads).unwrap().handle().runtime_flavor(), RuntimeFlavor::CurrentThread);
+        }
+        let rt = super::runtime(3).unwrap();
+        assert_eq!(rt.handle().runtime_flavor(), RuntimeFlavor::MultiThread);
+        assert_eq!(rt.metrics().num_workers(), 3);
+    }
 }
