@@ -322,7 +322,7 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
     // reference counts per PDU and the header's 200 instructions a second
     // time (docs/notes/2026-11-27-h51t-nvme-target.md).
     let checked = check_typed(&ch, &buf[..plen], want, hd, has_data_room && carries_data, digests);
-    let (pdu, data) = match checked {
+    let (mut pdu, data) = match checked {
         Ok(c) => c,
         Err(e) => {
             buf.advance(plen);
@@ -333,10 +333,13 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
         buf.advance(plen);
         return Ok(Some(pdu));
     }
-    buf.advance(data.start);
-    let payload = buf.split_to(data.len()).freeze();
-    buf.advance(plen - data.end);
-    Ok(Some(pdu.with_data(payload)))
+    let mut payload = buf.split_to(data.end);
+    payload.advance(data.start);
+    if plen > data.end {
+        buf.advance(plen - data.end);
+    }
+    pdu.set_data(payload.freeze());
+    Ok(Some(pdu))
 }
 
 /// The digest checks of a framed PDU `raw` (`hd`: its header digest's
@@ -387,15 +390,14 @@ fn check_typed(ch: &CommonHeader, raw: &[u8], want: usize, hd: usize, with_data:
 }
 
 impl Pdu {
-    /// The PDU with `d` as its payload (a PDU kind without one drops it).
-    fn with_data(mut self, d: Bytes) -> Pdu {
-        match &mut self {
+    /// Make `d` the PDU's payload (a PDU kind without one drops it).
+    fn set_data(&mut self, d: Bytes) {
+        match self {
             Pdu::H2CTermReq(t) | Pdu::C2HTermReq(t) => t.data = d,
             Pdu::CapsuleCmd(c) => c.data = d,
             Pdu::H2CData(p) | Pdu::C2HData(p) => p.data = d,
             _ => {}
         }
-        self
     }
 }
 
