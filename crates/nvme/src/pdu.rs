@@ -318,9 +318,10 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
     // Checked and typed where it lies; then the PDU leaves `buf` (also
     // when a check below fails: the TermReq quotes what follows it), with
     // only a payload split off (no copy, one reference). Splitting the
-    // whole PDU off and slicing its payload out of that cost two more
-    // reference counts per PDU and the header's 200 instructions a second
-    // time (docs/notes/2026-11-27-h51t-nvme-target.md).
+    // whole PDU off and slicing its payload out of that cost a split, a
+    // freeze, a slice and two reference counts per PDU: -83 instructions
+    // per read command, which has no payload; a 4 KiB write still pays
+    // +40 (docs/notes/2026-11-27-h51t-nvme-target.md).
     let checked = check_typed(&ch, &buf[..plen], want, hd, has_data_room && carries_data, digests);
     let (mut pdu, data) = match checked {
         Ok(c) => c,
