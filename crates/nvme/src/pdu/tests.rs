@@ -288,3 +288,34 @@ fn digest_mismatches_caught_with_either_crc_implementation() {
     }
     set_impl(Impl::Hardware);
 }
+
+/// A PDU that fails a check once framed (a digest, a data length) still
+/// leaves the buffer whole, and only it: a target's C2HTermReq quotes what
+/// follows. A good one's payload is the receive buffer's own bytes.
+#[test]
+fn decode_consumes_exactly_the_pdu_it_checks_and_keeps_the_payload_in_place() {
+    let data = DataPdu { cid: 9, ttag: 9, offset: 0, last: true, success: false, data: Bytes::from(vec![7u8; 4096]) };
+    let good = Pdu::H2CData(data.clone()).encode_parts(BOTH).concat();
+    let next = Pdu::R2T(R2t { cid: 1, ttag: 1, offset: 0, length: 512 }).encode_parts(BOTH).concat();
+    let mut bad_hdgst = good.clone();
+    bad_hdgst[12] ^= 1;
+    let mut bad_ddgst = good.clone();
+    let n = bad_ddgst.len();
+    bad_ddgst[n - 9] ^= 1;
+    let mut bad_datal = Pdu::H2CData(data.clone()).encode_parts(NONE).concat();
+    bad_datal[16] ^= 1;
+    for (what, pdu, d) in [("header digest", &bad_hdgst, BOTH), ("data digest", &bad_ddgst, BOTH), ("DATAL", &bad_datal, NONE)] {
+        let next = Pdu::R2T(R2t { cid: 1, ttag: 1, offset: 0, length: 512 }).encode_parts(d).concat();
+        let mut b = BytesMut::from(&[&pdu[..], &next[..]].concat()[..]);
+        assert!(decode(&mut b, d, 1 << 20).is_err(), "{what}");
+        assert_eq!(&b[..], &next[..], "{what}: the bad PDU, and only it, is consumed");
+    }
+    let mut b = BytesMut::from(&[&good[..], &next[..]].concat()[..]);
+    let range = b.as_ptr() as usize..b.as_ptr() as usize + b.len();
+    let Some(Pdu::H2CData(got)) = decode(&mut b, BOTH, 1 << 20).unwrap() else { panic!("not H2CData") };
+    assert_eq!(got, data);
+    assert!(range.contains(&(got.data.as_ptr() as usize)), "the payload was copied");
+    assert_eq!(&b[..], &next[..]);
+    assert_eq!(decode(&mut b, BOTH, 1 << 20).unwrap(), Some(Pdu::R2T(R2t { cid: 1, ttag: 1, offset: 0, length: 512 })));
+    assert!(b.is_empty());
+}

@@ -34,6 +34,10 @@ pub struct Link {
     meter: Meter,
     /// This queue's place in the target's session and connection counts.
     counted: Option<metrics::SessionGuard>,
+    /// The subsystem as loaded by the first I/O command of the batch being
+    /// handled, until [`Link::timed`] ends the batch (see
+    /// [`Link::subsystem`]).
+    batch_subsystem: Option<Arc<bw_nvme::Subsystem>>,
 }
 
 impl Link {
@@ -48,6 +52,7 @@ impl Link {
             stats: Arc::default(),
             meter: Meter::new(metrics::Proto::Nvme),
             counted: None,
+            batch_subsystem: None,
         }
     }
 
@@ -157,11 +162,20 @@ impl Link {
         }
     }
 
-    /// The subsystem behind this queue's controller as it is now (a
-    /// lock-free load: live changes swap it); `None` for a discovery
-    /// controller or before Connect.
-    pub fn subsystem(&self) -> Option<Arc<bw_nvme::Subsystem>> {
-        self.ctrl.as_ref().and_then(|e| e.subsys.as_ref()).map(|s| s.load_full())
+    /// The subsystem behind this queue's controller as it was when the
+    /// transport's batch of commands (one receive, one poll of completions)
+    /// came to its first I/O command; `None` for a discovery controller or
+    /// before Connect. Live changes swap the subsystem; every command of a
+    /// batch arrived before its load, so one taking effect during the batch
+    /// is one taking effect after it. A load per command (arc-swap's debt
+    /// list, ~75 instructions per 4 KiB I/O) became one per batch
+    /// (docs/notes/2026-11-27-h51t-nvme-target.md); [`Link::timed`] drops it,
+    /// so an idle queue holds no removed namespace's volume.
+    pub fn subsystem(&mut self) -> Option<&Arc<bw_nvme::Subsystem>> {
+        if self.batch_subsystem.is_none() {
+            self.batch_subsystem = self.ctrl.as_ref().and_then(|e| e.subsys.as_ref()).map(|s| s.load_full());
+        }
+        self.batch_subsystem.as_ref()
     }
 
     /// Count an I/O command in the queue's stats and start its timer (reads
@@ -188,8 +202,10 @@ impl Link {
         }
     }
 
-    /// Time and count the reads and writes that ended since the last call.
+    /// Time and count the reads and writes that ended since the last call;
+    /// the transport's batch of commands is over.
     pub fn timed(&mut self) {
         self.meter.flush();
+        self.batch_subsystem = None;
     }
 }
