@@ -207,6 +207,25 @@ impl Task {
         Exec { itt, id: self.id, lun: self.lun, cdb: self.cdb.clone(), data_out, edtl: self.edtl, read: self.read, write: self.write }
     }
 
+    /// What its completion needs of it once it is removed.
+    fn ended(&self) -> Ended {
+        Ended { lun: self.lun, edtl: self.edtl, read: self.read, write: self.write, r2t_sn: self.r2t_sn }
+    }
+}
+
+/// What a completion needs of a task that [`TargetSession::take_task`]
+/// removed: copied out of it, so that the task (~150 bytes) is dropped
+/// where it lies instead of being moved out.
+#[derive(Debug, Clone, Copy)]
+struct Ended {
+    lun: u64,
+    edtl: u32,
+    read: bool,
+    write: bool,
+    r2t_sn: u32,
+}
+
+impl Ended {
     /// A write with no read side: its residual is the data-out's
     /// (`write_residual`), and it sends no data-in.
     fn write_only(&self) -> bool {
@@ -612,9 +631,9 @@ impl TargetSession {
 
     /// A task ended: give back the budget it held (then call
     /// `serve_waiting`).
-    fn release(&mut self, t: &Task) {
-        self.data_out_held -= t.held;
-        self.solicited_held -= t.solicited;
+    fn release(&mut self, held: usize, solicited: usize) {
+        self.data_out_held -= held;
+        self.solicited_held -= solicited;
     }
 
     fn start(&mut self, itt: u32, data: DataOutPieces, out: &mut Vec<Action>) {
@@ -784,7 +803,7 @@ impl TargetSession {
     }
 
     /// The SCSI Response that ends task `t` after `data_sn` Data-In PDUs.
-    fn status_response(&mut self, itt: u32, t: &Task, status: u8, data_sn: u32, residual: Residual) -> ScsiResponse {
+    fn status_response(&mut self, itt: u32, t: &Ended, status: u8, data_sn: u32, residual: Residual) -> ScsiResponse {
         ScsiResponse {
             response: 0,
             status,
@@ -831,17 +850,16 @@ impl TargetSession {
 
     /// The task `itt` if it is still the one with `id` (not aborted
     /// meanwhile), removed; its command slot and data-out budget are freed.
-    fn take_task(&mut self, itt: u32, id: u64) -> Option<Task> {
-        let t = self.tasks.remove(&itt)?;
-        if t.id != id {
-            // A newer task with the ITT (the one asked for was aborted).
-            self.tasks.insert(itt, t);
-            return None;
-        }
-        if !t.immediate {
+    fn take_task(&mut self, itt: u32, id: u64) -> Option<Ended> {
+        // A task with the ITT but another id is a newer one (the one asked
+        // for was aborted): it stays.
+        let (t, immediate, held, solicited) = self
+            .tasks
+            .remove_with(&itt, |t| (t.id == id).then(|| (t.ended(), t.immediate, t.held, t.solicited)))?;
+        if !immediate {
             self.slot_done();
         }
-        self.release(&t);
+        self.release(held, solicited);
         Some(t)
     }
 
@@ -852,7 +870,7 @@ impl TargetSession {
     fn respond(
         &mut self,
         itt: u32,
-        t: &Task,
+        t: &Ended,
         status: u8,
         sense: &[u8],
         len: usize,
@@ -937,7 +955,7 @@ impl TargetSession {
                 if !t.immediate {
                     self.slot_done();
                 }
-                self.release(&t);
+                self.release(t.held, t.solicited);
             }
         }
         self.serve_waiting(out);
