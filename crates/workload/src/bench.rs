@@ -481,6 +481,66 @@ mod tests {
         }
     }
 
+    /// A client over memory that notes how many tokio tasks are alive at
+    /// each request, and yields once per request so that every worker has
+    /// started before any ends.
+    struct TaskCounting {
+        mem: Arc<crate::verify::tests::MemClient>,
+        most_tasks: AtomicU64,
+    }
+
+    impl TaskCounting {
+        async fn note(&self) {
+            let alive = tokio::runtime::Handle::current().metrics().num_alive_tasks() as u64;
+            self.most_tasks.fetch_max(alive, Ordering::Relaxed);
+            tokio::task::yield_now().await;
+        }
+    }
+
+    impl HeldIo for TaskCounting {
+        async fn read_held(&self, offset: u64, buf: &mut [u8]) -> bw_initiator::Result<()> {
+            self.note().await;
+            self.mem.read_held(offset, buf).await
+        }
+        async fn write_owned_held(&self, offset: u64, data: bytes::Bytes) -> bw_initiator::Result<()> {
+            self.note().await;
+            self.mem.write_owned_held(offset, data).await
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl BlockClient for TaskCounting {
+        fn describe(&self) -> String {
+            self.mem.describe()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.mem.size_bytes()
+        }
+        async fn read(&self, offset: u64, buf: &mut [u8]) -> bw_initiator::Result<()> {
+            self.read_held(offset, buf).await
+        }
+        async fn write(&self, offset: u64, data: &[u8]) -> bw_initiator::Result<()> {
+            self.write_owned_held(offset, bytes::Bytes::copy_from_slice(data)).await
+        }
+        async fn flush(&self) -> bw_initiator::Result<()> {
+            Ok(())
+        }
+        async fn close(&self) -> bw_initiator::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Each job is one task however deep its queue: its workers are polled
+    /// inside it, so a completion does not schedule a task of its own.
+    #[tokio::test]
+    async fn a_job_is_one_task_whatever_its_iodepth() {
+        let client = Arc::new(TaskCounting { mem: crate::verify::tests::mem_typed(1 << 20, None), most_tasks: AtomicU64::new(0) });
+        let p = params(Rw::RandRw);
+        let r = bench(client.clone(), &p).await.unwrap();
+        assert_eq!(r.ios, 2000);
+        assert_eq!(client.most_tasks.load(Ordering::Relaxed), p.numjobs as u64, "{} jobs of iodepth {}", p.numjobs, p.iodepth);
+    }
+
     #[tokio::test]
     async fn rejects_bad_parameters() {
         let mut p = params(Rw::Read);
