@@ -911,7 +911,8 @@ mod kernel_vm {
             &script,
             format!(
                 "#!/bin/sh\n# the lab's remote lines want a shell that finds programs on PATH (busybox's prefers its applets)\n\
-                 ln -sf bash /bin/sh\nip link set eth1 up\nip addr add {guest_ip}/24 dev eth1\nsleep 1200\n"
+                 ln -sf bash /bin/sh\nip link set eth1 up\nip addr add {guest_ip}/24 dev eth1\n{}",
+                crate::common::guest_stays_up()
             ),
         )
         .unwrap();
@@ -931,7 +932,8 @@ mod kernel_vm {
             args.extend(["--with", w]);
         }
         let fwd = format!("tcp:127.0.0.1:{}-:22", rig.guest_port);
-        rig.vm = Some(BackgroundVm::start_with(None, &script, &fwd, &args, &[("KVM_SSH_KEY", &key), ("KVM_MEM", "1536")]));
+        let life = crate::common::stays_up_timeout();
+        rig.vm = Some(BackgroundVm::start_with(None, &script, &fwd, &args, &[("KVM_SSH_KEY", &key), ("KVM_MEM", "1536"), (life.0, &life.1)]));
         let up = rig.vm.as_mut().unwrap().wait_until(Duration::from_secs(600), || rig_guest_ready(&dir, rig.guest_port, &guest_ip));
         up.unwrap_or_else(|console| panic!("the guest did not come up: {console}"));
         eprintln!("guest up after {:?}", t0.elapsed());
@@ -1174,7 +1176,7 @@ modprobe nfsd; mount -t nfsd nfsd /proc/fs/nfsd; rpcbind; mkdir -p /srv/user; ex
         let script = dir.join("guest.sh");
         std::fs::write(
             &script,
-            format!("#!/bin/sh\nln -sf bash /bin/sh\nip link set lo up\nip link set eth1 up\nip addr add {guest_ip}/24 dev eth1\n{user}\nsleep 1200\n"),
+            format!("#!/bin/sh\nln -sf bash /bin/sh\nip link set lo up\nip link set eth1 up\nip addr add {guest_ip}/24 dev eth1\n{user}\n{}", crate::common::guest_stays_up()),
         )
         .unwrap();
         run(&["chmod", "+x", &script.to_string_lossy()]);
@@ -1189,7 +1191,8 @@ modprobe nfsd; mount -t nfsd nfsd /proc/fs/nfsd; rpcbind; mkdir -p /srv/user; ex
             args.extend(["--with", w]);
         }
         let fwd = format!("tcp:127.0.0.1:{}-:22,tcp:127.0.0.1:{}-:22", rig.ports[0], rig.ports[1]);
-        rig.vm = Some(BackgroundVm::start_with(None, &script, &fwd, &args, &[("KVM_SSH_KEY", &key), ("KVM_MEM", "1536")]));
+        let life = crate::common::stays_up_timeout();
+        rig.vm = Some(BackgroundVm::start_with(None, &script, &fwd, &args, &[("KVM_SSH_KEY", &key), ("KVM_MEM", "1536"), (life.0, &life.1)]));
         let port = rig.ports[0];
         let ready = |rig: &Rig| rig.guest(&format!("ip -4 addr show dev eth1 | grep -q {} && [ -e /sys/kernel/config/nvmet/ports/1/subsystems/{USER_NQN} ]", rig.guest_ip)).is_some();
         let up = rig.vm.as_mut().unwrap().wait_until(Duration::from_secs(600), || ready_on(&dir, port));

@@ -69,14 +69,15 @@ fn kernel_nfs_mounts_on_a_client_host_and_what_a_killed_run_left_is_undone() {
     let script = dir.join("guest.sh");
     // The lab's remote lines want a shell that finds programs on PATH
     // (busybox's prefers its applets).
-    std::fs::write(&script, "#!/bin/sh\nln -sf bash /bin/sh\nsleep 900\n").unwrap();
+    std::fs::write(&script, format!("#!/bin/sh\nln -sf bash /bin/sh\n{}", crate::common::guest_stays_up())).unwrap();
     sh(&format!("chmod +x {}", script.display()));
     let key = dir.join("client.pub").display().to_string();
     let exe = blockwire_bin().display().to_string();
     // flock for the sweep's lock test; libgcc_s for the binary.
     let with = ["--with", exe.as_str(), "--with", "/usr/bin/flock", "--with", "/lib/x86_64-linux-gnu/libgcc_s.so.1"];
     let port = free_port();
-    let mut vm = BackgroundVm::start_with(None, &script, &format!("tcp:127.0.0.1:{port}-:22"), &with, &[("KVM_SSH_KEY", &key)]);
+    let life = crate::common::stays_up_timeout();
+    let mut vm = BackgroundVm::start_with(None, &script, &format!("tcp:127.0.0.1:{port}-:22"), &with, &[("KVM_SSH_KEY", &key), (life.0, &life.1)]);
     let opts: Vec<(String, String)> = [
         ("IdentityFile", dir.join("client").display().to_string()),
         ("IdentitiesOnly", "yes".into()),
@@ -153,13 +154,14 @@ fn knfsd_in_the_vm_serves_nfs3_and_nfs41_and_leaves_only_what_was_there() {
     let dir = tmp.path();
     sh(&format!("ssh-keygen -q -t ed25519 -N '' -C bwknfsd -f {}", dir.join("client").display()));
     let script = dir.join("guest.sh");
-    std::fs::write(&script, "#!/bin/sh\nln -sf bash /bin/sh\nsleep 900\n").unwrap();
+    std::fs::write(&script, format!("#!/bin/sh\nln -sf bash /bin/sh\n{}", crate::common::guest_stays_up())).unwrap();
     sh(&format!("chmod +x {}", script.display()));
     let key = dir.join("client.pub").display().to_string();
     let exe = blockwire_bin().display().to_string();
     let with = ["--with", exe.as_str(), "--with", "/usr/bin/flock", "--with", "/lib/x86_64-linux-gnu/libgcc_s.so.1"];
     let port = free_port();
-    let mut vm = BackgroundVm::start_with(None, &script, &format!("tcp:127.0.0.1:{port}-:22"), &with, &[("KVM_SSH_KEY", &key)]);
+    let life = crate::common::stays_up_timeout();
+    let mut vm = BackgroundVm::start_with(None, &script, &format!("tcp:127.0.0.1:{port}-:22"), &with, &[("KVM_SSH_KEY", &key), (life.0, &life.1)]);
     let opts: Vec<(String, String)> = [
         ("IdentityFile", dir.join("client").display().to_string()),
         ("IdentitiesOnly", "yes".into()),

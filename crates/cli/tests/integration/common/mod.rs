@@ -563,6 +563,25 @@ pub fn vm_boot_flaked(console: &str) -> bool {
     console.contains("IO-APIC + timer doesn't work")
 }
 
+/// How long a background guest may live, in seconds: longer than the sum
+/// of any test's own deadlines (10 min to boot, then up to 35 min of runs),
+/// so that the guest never powers off under a test still using it on a
+/// busy machine (CI, 2026-11-27: a guest that slept 15 min ended before
+/// its test's last check). The test ends the guest on drop; this bound only
+/// matters for a test process killed before its drop ran.
+pub const BACKGROUND_VM_LIFE_S: u64 = 3600;
+
+/// The last line of a background guest's script: stay up until the test
+/// ends the guest (or [`BACKGROUND_VM_LIFE_S`] passes).
+pub fn guest_stays_up() -> String {
+    format!("sleep {BACKGROUND_VM_LIFE_S}\n")
+}
+
+/// The KVM_TIMEOUT for a guest whose script ends in [`guest_stays_up`].
+pub fn stays_up_timeout() -> (&'static str, String) {
+    ("KVM_TIMEOUT", (BACKGROUND_VM_LIFE_S + 60).to_string())
+}
+
 /// `kernel-vm run` in the background, for guests that serve something
 /// (a kernel target reached through `hostfwd` rules) while the test drives
 /// it from the host. It runs in its own process group, killed as a group on
@@ -588,9 +607,11 @@ impl BackgroundVm {
         c.arg("run")
             .arg(script)
             .args(args)
+            // A guest whose script ends by itself has 15 min; one that
+            // stays up (`guest_stays_up`) passes its own KVM_TIMEOUT.
+            .env("KVM_TIMEOUT", "900")
             .envs(env.iter().copied())
-            .env("KVM_HOSTFWD", hostfwd)
-            .env("KVM_TIMEOUT", "900");
+            .env("KVM_HOSTFWD", hostfwd);
         if let Some(d) = kvm_dir {
             c.env("KVM_DIR", d);
         }
