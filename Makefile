@@ -64,6 +64,8 @@ deps:
 
 build: deps
 	$(CARGO) build --release --workspace
+	@# The examples (bench/ runs some) are built too, so that none rots unseen.
+	$(CARGO) build --release --workspace --examples
 
 # Known vulnerabilities and unsound code in Cargo.lock's crates fail;
 # unmaintained crates are listed as warnings (.cargo/audit.toml). With no

@@ -49,7 +49,7 @@ fn tcp(n: usize, write: bool) {
     let mut tx = Vec::new();
     while let Received::Pdu(a) = q.receive(&mut buf, now, &mut tx) {
         if let Some(Action::Connect { cid, .. }) = a {
-            q.connected(cid, Connected { result: 1, keep_alive: ka(now), subsystem: None, auth: None }, now, &mut tx);
+            q.connected(cid, Connected { result: 1, keep_alive: ka(now), subsystem: None, hostnqn: "h".into(), auth: None }, now, &mut tx);
         }
     }
     assert!(q.is_connected());
@@ -98,7 +98,7 @@ fn rdma(n: usize) {
     let capsule = [&sqe.0[..], &cd.encode()[..]].concat();
     let mut out: Vec<Post> = Vec::new();
     let Some(rdma_queue::Action::Connect { cid, .. }) = q.capsule(&capsule, now, &mut out) else { panic!("no Connect") };
-    q.connected(cid, rdma_queue::Connected { result: 1, keep_alive: ka(now), subsystem: None, auth: None }, now, &mut out);
+    q.connected(cid, rdma_queue::Connected { result: 1, keep_alive: ka(now), subsystem: None, hostnqn: "h".into(), auth: None }, now, &mut out);
     assert!(q.is_connected());
     let data = Bytes::from(vec![7u8; 4096]);
     let mut ios = 0;
