@@ -320,8 +320,9 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
     // only a payload split off (no copy, one reference). Splitting the
     // whole PDU off and slicing its payload out of that cost a split, a
     // freeze, a slice and two reference counts per PDU: -83 instructions
-    // per read command, which has no payload; a 4 KiB write still pays
-    // +40 (docs/notes/2026-11-27-h51t-nvme-target.md).
+    // per read command, which has no payload, -39 per 4 KiB write with
+    // the payload handled as below (docs/notes/2026-11-27-h51t-nvme-target.md,
+    // docs/notes/2026-11-27-h51x-nvme-writes.md).
     let checked = check_typed(&ch, &buf[..plen], want, hd, has_data_room && carries_data, digests);
     let (mut pdu, data) = match checked {
         Ok(c) => c,
@@ -334,9 +335,9 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
         buf.advance(plen);
         return Ok(Some(pdu));
     }
-    // Frozen before it is advanced past its header: `Bytes::advance` is a
-    // few inlined instructions where `BytesMut::advance` is a call with
-    // its KIND_VEC branch (~30).
+    // Frozen before it is advanced past its header: `Bytes::advance` is
+    // ~10 instructions where `BytesMut::advance` is ~30 (its KIND_VEC
+    // branch).
     let mut payload = buf.split_to(data.end).freeze();
     payload.advance(data.start);
     if plen > data.end {
