@@ -320,8 +320,9 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
     // only a payload split off (no copy, one reference). Splitting the
     // whole PDU off and slicing its payload out of that cost a split, a
     // freeze, a slice and two reference counts per PDU: -83 instructions
-    // per read command, which has no payload; a 4 KiB write still pays
-    // +40 (docs/notes/2026-11-27-h51t-nvme-target.md).
+    // per read command, which has no payload, -39 per 4 KiB write with
+    // the payload handled as below (docs/notes/2026-11-27-h51t-nvme-target.md,
+    // docs/notes/2026-11-27-h51x-nvme-writes.md).
     let checked = check_typed(&ch, &buf[..plen], want, hd, has_data_room && carries_data, digests);
     let (mut pdu, data) = match checked {
         Ok(c) => c,
@@ -334,12 +335,15 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
         buf.advance(plen);
         return Ok(Some(pdu));
     }
-    let mut payload = buf.split_to(data.end);
+    // Frozen before it is advanced past its header: `Bytes::advance` is
+    // ~10 instructions where `BytesMut::advance` is ~30 (its KIND_VEC
+    // branch).
+    let mut payload = buf.split_to(data.end).freeze();
     payload.advance(data.start);
     if plen > data.end {
         buf.advance(plen - data.end);
     }
-    pdu.set_data(payload.freeze());
+    pdu.set_data(payload);
     Ok(Some(pdu))
 }
 
@@ -392,6 +396,8 @@ fn check_typed(ch: &CommonHeader, raw: &[u8], want: usize, hd: usize, with_data:
 
 impl Pdu {
     /// Make `d` the PDU's payload (a PDU kind without one drops it).
+    /// Inlined: as a call it was 28 instructions per write.
+    #[inline(always)]
     fn set_data(&mut self, d: Bytes) {
         match self {
             Pdu::H2CTermReq(t) | Pdu::C2HTermReq(t) => t.data = d,
