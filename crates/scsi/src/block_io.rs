@@ -188,16 +188,17 @@ impl Lun {
     /// it lands: no copy into one buffer. Writes the whole blocks the
     /// initiator actually sent (an iSCSI overflow may send fewer), ignores
     /// excess data.
-    pub fn write_pieces(&self, cdb: &[u8], pieces: &[&[u8]], verify: bool) -> Result<(), Sense> {
+    pub fn write_pieces<P: AsRef<[u8]>>(&self, cdb: &[u8], pieces: &[P], verify: bool) -> Result<(), Sense> {
         let lba = self.write_checks(cdb)?;
         let want = lba_and_len(cdb).1 as usize * BLOCK;
-        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        let total: usize = pieces.iter().map(|p| p.as_ref().len()).sum();
         let have = want.min(total / BLOCK * BLOCK);
         if have == 0 {
             return Ok(());
         }
         let (mut at, mut left) = (lba * BLOCK_U64, have);
         for p in pieces {
+            let p = p.as_ref();
             let k = p.len().min(left);
             if k > 0 {
                 self.volume.write_at(&p[..k], at).map_err(|e| io_sense(&e, true))?;
@@ -210,8 +211,13 @@ impl Lun {
         if verify && BYTCHK.get(cdb) & 0b01 != 0 {
             // BYTCHK: read the medium back and compare.
             let data: std::borrow::Cow<[u8]> = match pieces {
-                [one] => (&one[..have]).into(),
-                _ => pieces.concat()[..have].to_vec().into(),
+                [one] => (&one.as_ref()[..have]).into(),
+                _ => {
+                    let mut joined = Vec::with_capacity(total);
+                    pieces.iter().for_each(|p| joined.extend_from_slice(p.as_ref()));
+                    joined.truncate(have);
+                    joined.into()
+                }
             };
             self.compare_medium(lba, &data)?;
         }
