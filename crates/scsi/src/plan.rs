@@ -218,7 +218,7 @@ impl<'a> Plan<'a> {
     /// unit attention, reservation or ALUA refusal), nothing was done: run
     /// it with [`Plan::execute`].
     pub fn write<P: AsRef<[u8]>>(&self, data_out: &[P]) -> Option<(ScsiOutcome, usize)> {
-        let (c, l) = self.plain()?;
+        let (_, l) = self.plain()?;
         let write = matches!(
             field::OPERATION_CODE.get(self.cdb),
             op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16
@@ -226,7 +226,8 @@ impl<'a> Plan<'a> {
         if !write {
             return None;
         }
-        let wanted = c.transfer.data_out(self.cdb)?;
+        // The rows' `Out(Len::Blocks)`, without the table's indirection.
+        let wanted = (crate::block_io::lba_and_len(self.cdb).1 as usize).saturating_mul(crate::block_io::BLOCK);
         let r = l.write_pieces(self.cdb, data_out, false).map_err(Fail::from);
         Some((ScsiOutcome::from_result(r), wanted))
     }

@@ -786,7 +786,20 @@ impl Connection {
     /// Queue the PDUs a session call produced and run the commands it
     /// released. `false` once the session asks to close.
     fn act(&mut self, actions: Vec<Action>) -> bool {
+        if actions.is_empty() {
+            // A good write's completion (its status already queued).
+            self.recycle(actions);
+            return true;
+        }
         self.act_counting(actions).0
+    }
+
+    /// Keep an emptied action list for [`Connection::actions`].
+    fn recycle(&mut self, mut actions: Vec<Action>) {
+        actions.clear();
+        if self.spare.len() < 4 {
+            self.spare.push(actions);
+        }
     }
 
     /// [`Connection::act`], also returning how many commands it ran.
@@ -832,10 +845,7 @@ impl Connection {
                 }
             }
         }
-        actions.clear();
-        if self.spare.len() < 4 {
-            self.spare.push(actions);
-        }
+        self.recycle(actions);
         (keep_going, commands)
     }
 
