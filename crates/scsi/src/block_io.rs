@@ -123,11 +123,11 @@ impl Lun {
     /// request (a flush after it: FUA or the write cache off on a
     /// write-back volume) or has nothing to write.
     pub(crate) fn write_request(&self, cdb: &[u8], data: &[Bytes]) -> Result<Option<Request>, Sense> {
-        let lba = self.write_checks(cdb)?;
+        let (lba, n) = self.write_checks(cdb)?;
         if (fua(cdb) || !self.wce.load(Relaxed)) && self.volume.info().durability == Durability::WriteBack {
             return Ok(None);
         }
-        let want = lba_and_len(cdb).1 as usize * BLOCK;
+        let want = n as usize * BLOCK;
         let total: usize = data.iter().map(|p| p.len()).sum();
         let mut left = want.min(total / BLOCK * BLOCK);
         if left == 0 {
@@ -144,8 +144,9 @@ impl Lun {
         Ok(Some(Request::Write { offset: lba * BLOCK_U64, data: pieces }))
     }
 
-    /// The checks of WRITE (6/10/12/16) and WRITE AND VERIFY; the LBA.
-    fn write_checks(&self, cdb: &[u8]) -> Result<u64, Sense> {
+    /// The checks of WRITE (6/10/12/16) and WRITE AND VERIFY; the LBA and
+    /// number of blocks.
+    fn write_checks(&self, cdb: &[u8]) -> Result<(u64, u64), Sense> {
         let six = OPERATION_CODE.get(cdb) == op::WRITE_6;
         if !six && PROTECT.get(cdb) != 0 {
             return Err(Sense::invalid_in_cdb(PROTECT)); // WRPROTECT
@@ -156,7 +157,7 @@ impl Lun {
             return Err(transfer_length_invalid(cdb));
         }
         self.check_writable()?;
-        Ok(lba)
+        Ok((lba, n))
     }
 
     /// READ (6/10/12/16) into `out`, the general path (commands the plan
@@ -188,16 +189,17 @@ impl Lun {
     /// it lands: no copy into one buffer. Writes the whole blocks the
     /// initiator actually sent (an iSCSI overflow may send fewer), ignores
     /// excess data.
-    pub fn write_pieces(&self, cdb: &[u8], pieces: &[&[u8]], verify: bool) -> Result<(), Sense> {
-        let lba = self.write_checks(cdb)?;
-        let want = lba_and_len(cdb).1 as usize * BLOCK;
-        let total: usize = pieces.iter().map(|p| p.len()).sum();
+    pub fn write_pieces<P: AsRef<[u8]>>(&self, cdb: &[u8], pieces: &[P], verify: bool) -> Result<(), Sense> {
+        let (lba, n) = self.write_checks(cdb)?;
+        let want = n as usize * BLOCK;
+        let total: usize = pieces.iter().map(|p| p.as_ref().len()).sum();
         let have = want.min(total / BLOCK * BLOCK);
         if have == 0 {
             return Ok(());
         }
         let (mut at, mut left) = (lba * BLOCK_U64, have);
         for p in pieces {
+            let p = p.as_ref();
             let k = p.len().min(left);
             if k > 0 {
                 self.volume.write_at(&p[..k], at).map_err(|e| io_sense(&e, true))?;
@@ -210,8 +212,13 @@ impl Lun {
         if verify && BYTCHK.get(cdb) & 0b01 != 0 {
             // BYTCHK: read the medium back and compare.
             let data: std::borrow::Cow<[u8]> = match pieces {
-                [one] => (&one[..have]).into(),
-                _ => pieces.concat()[..have].to_vec().into(),
+                [one] => (&one.as_ref()[..have]).into(),
+                _ => {
+                    let mut joined = Vec::with_capacity(total);
+                    pieces.iter().for_each(|p| joined.extend_from_slice(p.as_ref()));
+                    joined.truncate(have);
+                    joined.into()
+                }
             };
             self.compare_medium(lba, &data)?;
         }

@@ -208,6 +208,30 @@ impl<'a> Plan<'a> {
         }
     }
 
+    /// For a plain WRITE (6/10/12/16) run on the caller's thread: check it
+    /// and write the whole blocks of `data_out` the CDB transfers, as
+    /// [`Plan::execute`] would, but without the general path's checks for
+    /// every command and its slices of the pieces (~250 instructions of a
+    /// 4 KiB write: docs/notes/2026-11-27-h51y-iscsi-writes.md). The
+    /// outcome and the data-out length the CDB transfers (for the
+    /// residual); `None`: not the plain case (another command, a pending
+    /// unit attention, reservation or ALUA refusal), nothing was done: run
+    /// it with [`Plan::execute`].
+    pub fn write<P: AsRef<[u8]>>(&self, data_out: &[P]) -> Option<(ScsiOutcome, usize)> {
+        let (_, l) = self.plain()?;
+        let write = matches!(
+            field::OPERATION_CODE.get(self.cdb),
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16
+        );
+        if !write {
+            return None;
+        }
+        // The rows' `Out(Len::Blocks)`, without the table's indirection.
+        let wanted = (crate::block_io::lba_and_len(self.cdb).1 as usize).saturating_mul(crate::block_io::BLOCK);
+        let r = l.write_pieces(self.cdb, data_out, false).map_err(Fail::from);
+        Some((ScsiOutcome::from_result(r), wanted))
+    }
+
     /// Execute the command as a transport receives it (SAM-5 Execute
     /// Command): `data_out` in the pieces that arrived, `buffer_size` the
     /// data-out length the initiator announced (iSCSI's expected data

@@ -735,6 +735,52 @@ fn plan_io_requests() {
     check(&t, 1, &read10(0, 1, 0), &[], POWER_ON_RESET);
 }
 
+/// `plan().write()` writes a plain WRITE on the caller's thread as execute
+/// would: the whole blocks of the pieces received (excess ignored), the
+/// data-out length the CDB transfers, execute's sense for failed checks,
+/// and a flush for FUA; anything that execute must see (other commands,
+/// unknown LUNs, a pending unit attention) is left to it untouched.
+#[test]
+fn plan_write_writes_as_execute_does() {
+    use bytes::Bytes;
+    let t = ram_target(64);
+    let pattern: Vec<u8> = (0..8 * BS).map(|i| (i * 11 % 251) as u8).collect();
+    // Three pieces, 7.2 blocks: 7 whole blocks are written.
+    let pieces = [Bytes::copy_from_slice(&pattern[..1000]), Bytes::copy_from_slice(&pattern[1000..3000]), Bytes::copy_from_slice(&pattern[3000..3700])];
+    let (o, wanted) = t.plan(0, &write10(4, 8, 0)).write(&pieces).expect("a plain WRITE");
+    assert!(o.is_good());
+    assert_eq!(wanted, 8 * BS, "what the CDB transfers");
+    let back = good(&t, 1, &read10(4, 8, 0), &[]);
+    assert_eq!(&back[..7 * BS], &pattern[..7 * BS]);
+    // More than the CDB asks for: the excess is ignored; 16-byte CDBs too.
+    let (o, _) = t.plan(0, &cdb16(0x8a, 0, 20, 1)).write(&[&pattern[..]]).expect("WRITE(16)");
+    assert!(o.is_good());
+    assert_eq!(good(&t, 1, &read10(20, 2, 0), &[]), [&pattern[..BS], &vec![0u8; BS][..]].concat());
+    // Failed checks answer like execute, and write nothing.
+    let (o, _) = t.plan(0, &write10(60, 8, 0)).write(&[&pattern[..]]).expect("checked");
+    assert_eq!(sense(&o), LBA_OUT_OF_RANGE);
+    let (o, _) = t.plan(0, &write10(0, 1, 0x20)).write(&[&pattern[..BS]]).expect("checked");
+    assert_eq!(sense(&o), INVALID_FIELD_IN_CDB);
+    assert_eq!(good(&t, 1, &read10(0, 1, 0), &[]), vec![0u8; BS]);
+    let ro = target_with(ram_volume("ro", 64), LunConfig { read_only: true, ..LunConfig::for_volume("ro", "iqn.2026-11.test:t", 0) });
+    let (o, _) = ro.plan(0, &write10(0, 1, 0)).write(&[&pattern[..BS]]).expect("checked");
+    assert_eq!(sense(&o), WRITE_PROTECTED);
+    // FUA on a write-back volume: written and flushed (GOOD).
+    let f = TempFile::new("plan-write");
+    let wb = target_with(f.volume(64), LunConfig::for_volume("filedisk", "iqn.2026-11.test:t", 0));
+    let (o, _) = wb.plan(0, &write10(0, 1, 0x08)).write(&[&pattern[..BS]]).expect("FUA write");
+    assert!(o.is_good());
+    assert_eq!(good(&wb, 1, &read10(0, 1, 0), &[]), pattern[..BS].to_vec());
+    // Not for this path: other commands (WRITE AND VERIFY, READ), unknown
+    // LUNs, and a pending unit attention, which execute must report.
+    assert!(t.plan(0, &cdb10(0x2e, 0, 0, 1)).write(&[&pattern[..BS]]).is_none());
+    assert!(t.plan(0, &read10(0, 1, 0)).write::<&[u8]>(&[]).is_none());
+    assert!(t.plan(3, &write10(0, 1, 0)).write(&[&pattern[..BS]]).is_none());
+    assert!(t.lun_reset(0));
+    assert!(t.plan(0, &write10(0, 1, 0)).write(&[&pattern[..BS]]).is_none());
+    check(&t, 1, &write10(0, 1, 0), &pattern[..BS], POWER_ON_RESET);
+}
+
 /// pread through std (no libc dependency in this crate's tests).
 unsafe fn libc_pread(fd: std::os::fd::RawFd, buf: &mut [u8], offset: u64) -> usize {
     use std::os::unix::fs::FileExt;

@@ -786,7 +786,20 @@ impl Connection {
     /// Queue the PDUs a session call produced and run the commands it
     /// released. `false` once the session asks to close.
     fn act(&mut self, actions: Vec<Action>) -> bool {
+        if actions.is_empty() {
+            // A good write's completion (its status already queued).
+            self.recycle(actions);
+            return true;
+        }
         self.act_counting(actions).0
+    }
+
+    /// Keep an emptied action list for [`Connection::actions`].
+    fn recycle(&mut self, mut actions: Vec<Action>) {
+        actions.clear();
+        if self.spare.len() < 4 {
+            self.spare.push(actions);
+        }
     }
 
     /// [`Connection::act`], also returning how many commands it ran.
@@ -832,19 +845,26 @@ impl Connection {
                 }
             }
         }
-        actions.clear();
-        if self.spare.len() < 4 {
-            self.spare.push(actions);
-        }
+        self.recycle(actions);
         (keep_going, commands)
     }
 
     /// Run a command where [`dispatch::place`] says; only one sent to the
     /// blocking pool has its data-out taken from `e`.
     fn execute(&mut self, e: &mut Exec) {
-        let Some(scsi) = self.scsi.clone() else {
+        // The target is lent out for the command rather than its `Arc`
+        // cloned (two locked atomic operations per command): nothing a
+        // command's run does reads it from `self` (its completion's actions
+        // are PDUs to send, never a LUN or target reset).
+        let Some(scsi) = self.scsi.take() else {
             return;
         };
+        self.execute_on(&scsi, e);
+        self.scsi = Some(scsi);
+    }
+
+    /// [`Connection::execute`] on `scsi`, the session's target.
+    fn execute_on(&mut self, scsi: &Arc<ScsiTarget>, e: &mut Exec) {
         if e.read != e.write {
             self.stats.count(e.write, e.edtl as u64);
         }
@@ -876,10 +896,14 @@ impl Connection {
             place = dispatch::place(copy, plan.device(), limited, self.knobs.inline_max);
         }
         if place == Place::Inline {
+            if let Some((o, wanted)) = plan.write(&e.data_out) {
+                let residual = data_out_residual(Some(wanted), e.edtl);
+                return self.finished(Done { io, ..Done::new(e, o, Vec::new(), residual) });
+            }
             let d = run_command(&plan, self.nexus, e);
             return self.finished(Done { io, ..d });
         }
-        let (tx, nexus) = (self.done_tx.clone(), self.nexus);
+        let (tx, nexus, scsi) = (self.done_tx.clone(), self.nexus, scsi.clone());
         // The plan goes along, without its borrows: the pool thread looks
         // neither the command nor the LUN up again.
         let planned = plan.detach();
