@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn the_sender_is_woken_once_per_burst() {
         use std::future::Future;
-        use std::task::{Context, Poll, Waker};
+        use std::task::{Context, Waker};
         let mut cx = Context::from_waker(Waker::noop());
         let w = SendWake::default();
         let mut first = std::pin::pin!(w.woken());
