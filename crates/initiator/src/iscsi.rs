@@ -28,7 +28,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 
 const DEFAULT_INITIATOR: &str = "iqn.2026-11.org.blockwire:initiator";
 
@@ -76,7 +76,7 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     /// Tells the writer the session has something to send.
-    wake: Notify,
+    wake: crate::send::SendWake,
 }
 
 impl Shared {
@@ -96,7 +96,7 @@ impl Shared {
             }
         }
         if st.s.has_transmit() || st.s.dead().is_some() {
-            self.wake.notify_one();
+            self.wake.wake();
         }
     }
 
@@ -153,7 +153,7 @@ impl Session {
             let now = st.clock.now_or_later();
             match st.s.submit(cmd, Waiter { mailbox, dest }, now) {
                 Ok(t) => {
-                    self.shared.wake.notify_one();
+                    self.shared.wake.wake();
                     (t, mailbox)
                 }
                 Err((_, e)) => {
@@ -448,7 +448,7 @@ impl IscsiClient {
 }
 
 impl crate::send::Transmit for Shared {
-    fn wake(&self) -> &Notify {
+    fn wake(&self) -> &crate::send::SendWake {
         &self.wake
     }
     fn poll(&self, out: &mut Vec<u8>, refs: &mut Vec<(usize, bytes::Bytes)>) -> bool {
@@ -600,7 +600,7 @@ fn start_session(rd: OwnedReadHalf, wr: OwnedWriteHalf, buf: BytesMut, d: &Login
     let machine = InitiatorSession::new(d.params.clone(), d.cmd_sn, d.max_cmd_sn, d.exp_stat_sn, opts.timeout);
     let shared = Arc::new(Shared {
         state: Mutex::new(State { s: machine, mailboxes: Mailboxes::default(), logout: None, clock: waiting::SubmitClock::new() }),
-        wake: Notify::new(),
+        wake: Default::default(),
     });
     let sh = shared.clone();
     tokio::spawn(async move { crate::send::send_loop(wr, &*sh, None).await });

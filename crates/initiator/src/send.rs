@@ -7,14 +7,49 @@
 use bw_tls::record::Sealer;
 use bytes::Bytes;
 use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
+/// Wakes the send loop when its queue has something to send, once per
+/// burst: a `notify_one` per submitted command cost ~20 client
+/// instructions of a 4 KiB QD32 I/O (docs/notes/2026-11-27-h51w-client.md),
+/// and every wake after the first of a burst is one the loop does not
+/// need, since its next `poll` takes all that was queued before it.
+#[derive(Default)]
+pub(crate) struct SendWake {
+    notify: Notify,
+    /// Woken and not yet polled: set by the first wake of a burst, cleared
+    /// by the loop before it polls (before, not after: a command queued
+    /// between the poll and the clearing would wake nobody).
+    pending: AtomicBool,
+}
+
+impl SendWake {
+    /// Called after queueing something to send (under the queue's lock).
+    pub(crate) fn wake(&self) {
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            self.notify.notify_one();
+        }
+    }
+
+    /// The send loop: wait until woken.
+    async fn woken(&self) {
+        self.notify.notified().await
+    }
+
+    /// The send loop, about to poll its queue: what is queued from now on
+    /// wakes it again.
+    fn polling(&self) {
+        self.pending.store(false, Ordering::Release);
+    }
+}
+
 /// What the send loop asks of its queue.
 pub(crate) trait Transmit {
     /// Woken when the queue has something to send.
-    fn wake(&self) -> &Notify;
+    fn wake(&self) -> &SendWake;
     /// Under the queue's lock: whether the queue has ended; and everything
     /// it has to send: bytes appended to `out`, payloads to send from
     /// where they are appended to `refs`, each with the length of `out` it
@@ -38,8 +73,9 @@ pub(crate) async fn send_loop(mut wr: OwnedWriteHalf, q: &impl Transmit, mut sea
     // buffer each time cost an allocation and its page faults per write).
     let mut records: Vec<u8> = Vec::new();
     loop {
-        q.wake().notified().await;
+        q.wake().woken().await;
         behind_ready_tasks().await;
+        q.wake().polling();
         if q.poll(&mut batch, &mut refs) {
             let _ = wr.shutdown().await;
             return;
@@ -160,5 +196,27 @@ mod tests {
         assert_eq!(all, b"XaaYYZbbbcW");
         assert!(gathered(b"", &[]).next().is_none());
         assert_eq!(gathered(b"abc", &[]).collect::<Vec<_>>(), [&b"abc"[..]]);
+    }
+
+    /// The send loop is woken once per burst: the wakes after the first
+    /// (before the loop polls) leave no second wake-up behind them, and
+    /// once the loop polls, the next command wakes it again.
+    #[test]
+    fn the_sender_is_woken_once_per_burst() {
+        use std::future::Future;
+        use std::task::{Context, Waker};
+        let mut cx = Context::from_waker(Waker::noop());
+        let w = SendWake::default();
+        let mut first = std::pin::pin!(w.woken());
+        assert!(first.as_mut().poll(&mut cx).is_pending());
+        for _ in 0..3 {
+            w.wake();
+        }
+        assert!(first.as_mut().poll(&mut cx).is_ready());
+        let mut second = std::pin::pin!(w.woken());
+        assert!(second.as_mut().poll(&mut cx).is_pending(), "a burst's later wakes woke the loop again");
+        w.polling();
+        w.wake();
+        assert!(second.as_mut().poll(&mut cx).is_ready(), "a command queued after the poll woke nobody");
     }
 }

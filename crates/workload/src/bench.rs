@@ -9,7 +9,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 pub use bw_workload_report::{BenchReport, DirectionReport, Latency, Rw};
-use futures::stream::{FuturesUnordered, StreamExt};
+use crate::ready_set::ReadySet;
 use futures::FutureExt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -172,15 +172,14 @@ pub async fn bench<C: HeldIo + ?Sized + 'static>(client: Arc<C>, p: &BenchParams
         // Sequential workers of one job share a cursor so together they stream.
         let cursor = Arc::new(AtomicU64::new(0));
         let job_base = p.offset + job * blocks_per_job * p.bs as u64;
-        let workers: FuturesUnordered<_> = (0..p.iodepth.max(1))
+        let workers = ReadySet::new((0..p.iodepth.max(1))
             .map(|w| {
                 let (client, shared, cursor, p) = (client.clone(), shared.clone(), cursor.clone(), p.clone());
                 let seed = p.seed ^ (job << 32) ^ w as u64;
                 // A panic stays this worker's, counted as its error, as it
                 // was when each worker was a task of its own.
                 AssertUnwindSafe(worker(client, shared, cursor, p, job_base, blocks_per_job, seed)).catch_unwind()
-            })
-            .collect();
+            }));
         tasks.spawn(run_job(workers, shared.clone()));
     }
 
@@ -238,15 +237,15 @@ fn panicked(payload: &(dyn std::any::Any + Send)) -> BenchError {
 }
 
 /// Run one job's workers to their end; the first error stops every job.
-async fn run_job<F: Future<Output = WorkerResult>>(mut workers: FuturesUnordered<F>, shared: Arc<Shared>) -> Failures {
+async fn run_job<F: Future<Output = WorkerResult>>(workers: ReadySet<F>, shared: Arc<Shared>) -> Failures {
     let mut failures = Failures::default();
-    while let Some(r) = workers.next().await {
-        match r {
+    workers
+        .run(|r| match r {
             Ok(Ok(())) => {}
             Ok(Err(e)) => failures.add(e, &shared),
             Err(p) => failures.add(panicked(p.as_ref()), &shared),
-        }
-    }
+        })
+        .await;
     failures
 }
 

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod cpu;
 pub mod flowop;
 pub mod pattern;
+mod ready_set;
 pub mod verify;
 
 pub use bench::{bench, BenchParams, BenchReport, Rw};

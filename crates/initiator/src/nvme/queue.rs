@@ -18,7 +18,6 @@ use std::task::Poll;
 use std::time::Instant;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
-use tokio::sync::Notify;
 use bw_tls::secure::RecordReader;
 
 pub use bw_nvme::host_queue::Done;
@@ -62,7 +61,7 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     /// Tells the writer the queue has something to send.
-    wake: Notify,
+    wake: crate::send::SendWake,
 }
 
 impl Shared {
@@ -77,7 +76,7 @@ impl Shared {
             st.mailboxes.post(w.mailbox, r);
         }
         if st.q.has_transmit() || st.q.dead().is_some() {
-            self.wake.notify_one();
+            self.wake.wake();
         }
     }
 
@@ -195,7 +194,7 @@ impl TcpQueue {
         .map_err(|_| ClientError::Timeout("ICResp".into()))??;
         let shared = Arc::new(Shared {
             state: Mutex::new(State { q, mailboxes: Mailboxes::default(), clock: waiting::SubmitClock::new() }),
-            wake: Notify::new(),
+            wake: Default::default(),
         });
         let sh = shared.clone();
         tokio::spawn(async move { crate::send::send_loop(wr, &*sh, sealer).await });
@@ -286,7 +285,7 @@ impl TcpQueue {
             let now = st.clock.now_or_later();
             match st.q.submit(sqe, out, in_len, Waiter { mailbox, dest }, now) {
                 Ok(t) => {
-                    self.shared.wake.notify_one();
+                    self.shared.wake.wake();
                     (t, mailbox)
                 }
                 Err((_, e)) => {
@@ -313,7 +312,7 @@ pub(super) fn succeeded(qid: u16, op: u8, d: Done) -> Result<Done> {
 }
 
 impl crate::send::Transmit for Shared {
-    fn wake(&self) -> &Notify {
+    fn wake(&self) -> &crate::send::SendWake {
         &self.wake
     }
     fn poll(&self, out: &mut Vec<u8>, refs: &mut Vec<(usize, Bytes)>) -> bool {
