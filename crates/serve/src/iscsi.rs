@@ -39,7 +39,7 @@ use bw_iscsi::target_session::{
 };
 use bw_net::tcp::CongestionPlan;
 use bw_scsi::commands::Execution;
-use bw_scsi::{AluaState, IoPlan, LunConfig, Plan, PortGroup, ReadPlan, ScsiTarget};
+use bw_scsi::{AluaState, IoPlan, LunCache, LunConfig, Plan, PortGroup, ReadPlan, ScsiTarget};
 use crate::session::{SessionInfo, SessionStats};
 use arc_swap::ArcSwap;
 use bytes::BytesMut;
@@ -488,6 +488,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let mut conn = Connection {
         session,
         scsi: scsi.clone(),
+        lun_cache: LunCache::default(),
         nexus,
         digests,
         dec,
@@ -727,6 +728,8 @@ fn data_out_residual(wanted: Option<usize>, edtl: u32) -> Residual {
 struct Connection {
     session: TargetSession,
     scsi: Option<Arc<ScsiTarget>>,
+    /// The LUN this connection's commands used last (see [`LunCache`]).
+    lun_cache: LunCache,
     nexus: u64,
     /// Zero-copy Data-In needs no data digest (it would need the bytes).
     digests: Digests,
@@ -868,7 +871,7 @@ impl Connection {
         if e.read != e.write {
             self.stats.count(e.write, e.edtl as u64);
         }
-        let plan = scsi.plan(lun_number(e.lun), &e.cdb);
+        let plan = scsi.plan_cached(&mut self.lun_cache, lun_number(e.lun), &e.cdb);
         let work = work(&plan, &e, &self.knobs, self.digests);
         let limited = plan.volume().is_some_and(|v| v.limited());
         let mut place = dispatch::place(work, plan.device(), limited, self.knobs.inline_max);
