@@ -984,19 +984,16 @@ impl Connection {
         match source {
             Ok(Some(payload)) => {
                 let mut actions = self.actions();
-                self.session.complete_extent(e.itt, e.id, len, &mut actions);
+                // Each Data-In header is queued as the session makes it,
+                // its data (from the mapping or the file) behind it.
                 let (out, digests) = (&mut self.out, self.digests);
-                actions.retain(|a| match a {
-                    Action::SendExtent { pdu, at, len } => {
-                        out.buf_mut().extend_from_slice(&pdu.head(digests, *len));
-                        out.push_payload(&payload, *at, *len);
-                        let pad = bw_iscsi::pdu::pad4(*len);
-                        if pad > 0 {
-                            out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
-                        }
-                        false
+                self.session.complete_extent_with(e.itt, e.id, len, &mut actions, |pdu, at, len| {
+                    out.buf_mut().extend_from_slice(&pdu.head(digests, len));
+                    out.push_payload(&payload, at, len);
+                    let pad = bw_iscsi::pdu::pad4(len);
+                    if pad > 0 {
+                        out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
                     }
-                    _ => true,
                 });
                 self.act(actions);
                 return Some(true);
