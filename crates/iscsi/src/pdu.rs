@@ -515,13 +515,19 @@ impl Decoder {
         // copy): a PDU without data (most commands) takes no reference at
         // all, and an AHS (rare: extended CDBs) is copied.
         let ahs = if ahs_len == 0 { Bytes::new() } else { Bytes::copy_from_slice(&buf[BHS_LEN..BHS_LEN + ahs_len]) };
-        let data = if dlen == 0 {
-            Bytes::new()
-        } else {
-            buf.advance(header_len);
-            buf.split_to(dlen).freeze()
-        };
-        buf.advance(total - if dlen == 0 { 0 } else { header_len + dlen });
+        // The buffer is moved on only as often as needed (each move is an
+        // out-of-line call in `bytes`): a 4 KiB write's data needs no
+        // padding or digest skipped after it.
+        if dlen == 0 {
+            buf.advance(total);
+            return Ok(Some(Pdu { bhs, ahs, data: Bytes::new() }));
+        }
+        buf.advance(header_len);
+        let data = buf.split_to(dlen).freeze();
+        let trailer = total - header_len - dlen;
+        if trailer > 0 {
+            buf.advance(trailer);
+        }
         Ok(Some(Pdu { bhs, ahs, data }))
     }
 }

@@ -12,7 +12,7 @@ use crate::alua;
 use crate::cdb::truncate_to;
 use crate::commands::{self, Call, Execution, Handler, Lookup, Transfer};
 use crate::sense::Sense;
-use crate::{Fail, Lun, NexusId, ScsiOutcome, ScsiTarget};
+use crate::{Fail, Lun, LunCache, NexusId, ScsiOutcome, ScsiTarget};
 use bw_block::Volume;
 
 /// One command as the table and the LUN see it (see the module comment).
@@ -92,6 +92,18 @@ impl ScsiTarget {
         Plan {
             target: self,
             lun: self.lun(lun),
+            cdb,
+            found: commands::lookup(cdb),
+        }
+    }
+
+    /// [`ScsiTarget::plan`] with the LUN looked up through a connection's
+    /// `cache` (see [`LunCache`]): the same plan, one table load fewer per
+    /// command while the connection keeps using one LUN.
+    pub fn plan_cached<'a>(&'a self, cache: &mut LunCache, lun: u64, cdb: &'a [u8]) -> Plan<'a> {
+        Plan {
+            target: self,
+            lun: self.lun_cached(cache, lun),
             cdb,
             found: commands::lookup(cdb),
         }

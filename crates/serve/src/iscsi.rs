@@ -39,7 +39,7 @@ use bw_iscsi::target_session::{
 };
 use bw_net::tcp::CongestionPlan;
 use bw_scsi::commands::Execution;
-use bw_scsi::{AluaState, IoPlan, LunConfig, Plan, PortGroup, ReadPlan, ScsiTarget};
+use bw_scsi::{AluaState, IoPlan, LunCache, LunConfig, Plan, PortGroup, ReadPlan, ScsiTarget};
 use crate::session::{SessionInfo, SessionStats};
 use arc_swap::ArcSwap;
 use bytes::BytesMut;
@@ -488,6 +488,7 @@ async fn connection(a: Accepted, ctx: Arc<Ctx>) -> anyhow::Result<()> {
     let mut conn = Connection {
         session,
         scsi: scsi.clone(),
+        lun_cache: LunCache::default(),
         nexus,
         digests,
         dec,
@@ -727,6 +728,8 @@ fn data_out_residual(wanted: Option<usize>, edtl: u32) -> Residual {
 struct Connection {
     session: TargetSession,
     scsi: Option<Arc<ScsiTarget>>,
+    /// The LUN this connection's commands used last (see [`LunCache`]).
+    lun_cache: LunCache,
     nexus: u64,
     /// Zero-copy Data-In needs no data digest (it would need the bytes).
     digests: Digests,
@@ -868,7 +871,7 @@ impl Connection {
         if e.read != e.write {
             self.stats.count(e.write, e.edtl as u64);
         }
-        let plan = scsi.plan(lun_number(e.lun), &e.cdb);
+        let plan = scsi.plan_cached(&mut self.lun_cache, lun_number(e.lun), &e.cdb);
         let work = work(&plan, &e, &self.knobs, self.digests);
         let limited = plan.volume().is_some_and(|v| v.limited());
         let mut place = dispatch::place(work, plan.device(), limited, self.knobs.inline_max);
@@ -981,19 +984,16 @@ impl Connection {
         match source {
             Ok(Some(payload)) => {
                 let mut actions = self.actions();
-                self.session.complete_extent(e.itt, e.id, len, &mut actions);
+                // Each Data-In header is queued as the session makes it,
+                // its data (from the mapping or the file) behind it.
                 let (out, digests) = (&mut self.out, self.digests);
-                actions.retain(|a| match a {
-                    Action::SendExtent { pdu, at, len } => {
-                        out.buf_mut().extend_from_slice(&pdu.head(digests, *len));
-                        out.push_payload(&payload, *at, *len);
-                        let pad = bw_iscsi::pdu::pad4(*len);
-                        if pad > 0 {
-                            out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
-                        }
-                        false
+                self.session.complete_extent_with(e.itt, e.id, len, &mut actions, |pdu, at, len| {
+                    out.buf_mut().extend_from_slice(&pdu.head(digests, len));
+                    out.push_payload(&payload, at, len);
+                    let pad = bw_iscsi::pdu::pad4(len);
+                    if pad > 0 {
+                        out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);
                     }
-                    _ => true,
                 });
                 self.act(actions);
                 return Some(true);
