@@ -552,3 +552,62 @@ fn the_command_header_is_the_generic_encodings() {
     pdu::encode_into(&Message::ScsiCommand(c).encode(), &[5u8; 300], s.digests(), &mut want);
     assert_eq!(out, want);
 }
+
+/// What `receive_placed` took from a piece's header through the generic
+/// decoding before `placed_data_in`.
+fn placed_by_generic_decoding(header: &[u8], itt: u32, len: usize) -> Option<PlacedDataIn> {
+    let mut bhs = Bhs::default();
+    bhs.0.copy_from_slice(header.get(..pdu::BHS_LEN)?);
+    if bhs.opcode_raw() != Opcode::DataIn as u8 || bhs.total_ahs_len() != 0 || bhs.data_segment_len() != len {
+        return None;
+    }
+    let d = DataIn::from_bhs(&bhs);
+    if d.itt != itt || d.buffer_offset != 0 {
+        return None;
+    }
+    let status = d.has_status.then_some(DataInStatus { status: d.status, stat_sn: d.stat_sn });
+    Some(PlacedDataIn { exp_cmd_sn: d.exp_cmd_sn, max_cmd_sn: d.max_cmd_sn, status })
+}
+
+/// The fixed-field reading of a planned piece's header gives the generic
+/// decoding's answer for the Data-In a plan expects (with and without
+/// status) and for every one-byte change of it (each byte 0, 0xFF, each
+/// bit flipped), other tasks and other lengths.
+#[test]
+fn a_planned_data_in_is_read_as_the_generic_decoding_reads_it() {
+    let mut seen = [0usize; 2];
+    for &(itt, len) in &[(0u32, 1usize), (0x0001_0002, 512), (0xABCD_0007, 4096), (0xFFFF_FFFE, 0xFF_FFFF)] {
+        for status in [false, true] {
+            let mut d = data_in(itt, 0, 3, status);
+            d.exp_cmd_sn = 0x1122_3344;
+            d.max_cmd_sn = 0x5566_7788;
+            d.stat_sn = 0x99AA_BBCC;
+            d.status = if status { 2 } else { 0 };
+            let mut good = Message::DataIn(d).encode().0;
+            good[5..8].copy_from_slice(&(len as u32).to_be_bytes()[1..]);
+            let mut hs = vec![good];
+            for i in 0..pdu::BHS_LEN {
+                for v in [0u8, 0xFF] {
+                    let mut h = good;
+                    h[i] = v;
+                    hs.push(h);
+                }
+                for bit in 0..8 {
+                    let mut h = good;
+                    h[i] ^= 1 << bit;
+                    hs.push(h);
+                }
+            }
+            for h in &hs {
+                for (t, l) in [(itt, len), (itt ^ 0x10000, len), (itt, len + 1), (itt, len.saturating_sub(1))] {
+                    let want = placed_by_generic_decoding(h, t, l);
+                    assert_eq!(placed_data_in(h, t, l), want, "{h:02x?} itt {t:#x} len {l}");
+                    seen[want.is_some() as usize] += 1;
+                }
+            }
+            let p = placed_data_in(&good, itt, len).expect("the expected Data-In");
+            assert_eq!(p.status.is_some(), status);
+        }
+    }
+    assert!(seen[0] > 1000 && seen[1] > 20, "{seen:?}");
+}
