@@ -941,3 +941,58 @@ fn a_large_read_ends_the_plan_and_nothing_is_planned_with_digests() {
         assert_eq!(c.q.plan_placed(|_| true), 0);
     }
 }
+
+/// What `receive_placed` asked of a piece's header through the generic
+/// parse before `placed_header_success`: `Some(success)` if taken.
+fn placed_by_generic_parse(h: &[u8], cid: u16, len: usize) -> Option<bool> {
+    let v = pdu::peek_data_header(h, Digests::default(), MAX_PLEN).ok()??;
+    let bad = v.kind != pdu::kind::C2H_DATA
+        || v.data_start != pdu::DATA_HLEN
+        || v.data_len != len
+        || v.hdr.offset != 0
+        || !v.hdr.last
+        || v.hdr.cid != cid
+        || pdu::CommonHeader::parse(h).flags & !(pdu::flags::DATA_LAST | pdu::flags::DATA_SUCCESS) != 0;
+    (!bad).then_some(v.hdr.success)
+}
+
+/// The fixed-field check of a planned piece's header gives the generic
+/// parse's answer for the header a plan expects and for every one-byte
+/// change of it (each byte set to 0, to 0xFF, and with each bit flipped),
+/// other PDU types, other commands and other lengths.
+#[test]
+fn a_planned_header_is_checked_as_the_generic_parse_checks_it() {
+    let mut seen = [0usize; 2];
+    for &(cid, len) in &[(0u16, 1usize), (5, 512), (0x1234, 4096), (65535, 65536), (7, MAX_PLEN as usize - pdu::DATA_HLEN)] {
+        for success in [false, true] {
+            let good = c2h_header(cid, len, success);
+            let mut hs = vec![good.clone()];
+            for i in 0..pdu::DATA_HLEN {
+                for v in [0u8, 0xFF] {
+                    let mut h = good.clone();
+                    h[i] = v;
+                    hs.push(h);
+                }
+                for bit in 0..8 {
+                    let mut h = good.clone();
+                    h[i] ^= 1 << bit;
+                    hs.push(h);
+                }
+            }
+            let mut r = Vec::new();
+            resp(cid, Status::SUCCESS).encode_into(Digests::default(), &mut r);
+            r.resize(pdu::DATA_HLEN.max(r.len()), 0);
+            hs.push(r);
+            for h in &hs {
+                let h24: &[u8; pdu::DATA_HLEN] = h[..pdu::DATA_HLEN].try_into().unwrap();
+                for (c, l) in [(cid, len), (cid.wrapping_add(1), len), (cid, len + 1), (cid, len.saturating_sub(1).max(1))] {
+                    let want = placed_by_generic_parse(h, c, l);
+                    assert_eq!(placed_header_success(h24, c, l), want, "{h:02x?} cid {c} len {l}");
+                    seen[want.is_some() as usize] += 1;
+                }
+            }
+            assert_eq!(placed_header_success(good[..].try_into().unwrap(), cid, len), Some(success));
+        }
+    }
+    assert!(seen[0] > 1000 && seen[1] > 20, "{seen:?}");
+}
