@@ -78,6 +78,14 @@ pub struct Tcp {
     q: TargetQueue,
     /// What goes to the host: PDUs, and read payloads by reference.
     out: Outbox,
+    /// What the queue's state machine says while it takes a PDU in, or
+    /// as a mapped read's payload is queued (R2Ts, a TermReq, a refused
+    /// command's completion, a read's CapsuleResp): moved to `out` only
+    /// when there is any ([`Tcp::flush_said`]). Most PDUs say nothing there,
+    /// and `out`'s byte buffer, asked for each time, cost ~30
+    /// instructions per PDU and, behind a mapped read's payload, a new
+    /// buffer started for nothing (docs/notes/2026-11-27-h51z2-nvme-target.md).
+    said: Vec<u8>,
     local: Option<SocketAddr>,
     peer: SocketAddr,
     /// Commands run on the blocking pool or by the backend come back here.
@@ -118,7 +126,7 @@ pub async fn serve(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let knobs = fabric.knobs;
     let link = Link::new(fabric, "nvme", peer.to_string());
-    let tcp = Tcp { q: TargetQueue::new(cfg), out: Outbox::default(), local, peer, done_tx, knobs, tls: None };
+    let tcp = Tcp { q: TargetQueue::new(cfg), out: Outbox::default(), said: Vec::new(), local, peer, done_tx, knobs, tls: None };
     let mut c = Queue::new(link, tcp, ticket);
     let _counted = metrics::global().connection(metrics::Proto::Nvme);
     let mut reader = FrameReader::with_capacity(256 * 1024);
@@ -194,7 +202,10 @@ impl driver::Session for Queue<Tcp> {
         }
         let was_logged_in = self.link.logged_in;
         self.now = now;
-        match self.t.q.receive(buf, now, self.t.out.buf_mut()) {
+        let r = self.t.q.receive(buf, now, &mut self.t.said);
+        // Before whatever the action queues.
+        self.t.flush_said();
+        match r {
             Received::NeedMore => Step::NeedMore,
             Received::Pdu(None) => Step::Pdu,
             Received::Pdu(Some(a)) => {
@@ -338,6 +349,15 @@ impl Transport for Tcp {
 }
 
 impl Tcp {
+    /// Queue what the state machine said into `said`, if anything.
+    #[inline]
+    fn flush_said(&mut self) {
+        if !self.said.is_empty() {
+            self.out.buf_mut().extend_from_slice(&self.said);
+            self.said.clear();
+        }
+    }
+
     /// Append what the socket holds to `reader` without waiting, as
     /// NVMe/TCP's framing wants it.
     fn fill(&self, reader: &mut FrameReader, stream: &TcpStream) -> std::io::Result<usize> {
@@ -363,10 +383,10 @@ impl Tcp {
         match self.out.payload(vol, off, len, zero_copy, self.knobs.mapped_reads && !ddgst) {
             Ok(Some(p)) => {
                 for (hdr, r) in self.q.read_pdus(cid, len) {
-                    self.out.buf_mut().extend_from_slice(hdr.bytes());
-                    self.out.push_payload(&p, r.start, r.len());
+                    self.out.push_headed(hdr.bytes(), &p, r.start, r.len());
                 }
-                self.q.read_sent(cid, self.out.buf_mut());
+                self.q.read_sent(cid, &mut self.said);
+                self.flush_said();
                 return true;
             }
             Ok(None) => {}
