@@ -820,12 +820,7 @@ impl TargetSession {
     /// sends itself: GOOD status, Data-In PDUs as [`Action::SendExtent`]
     /// (the extent is cut to the expected transfer length).
     pub fn complete_extent(&mut self, itt: u32, id: u64, len: usize, out: &mut Vec<Action>) {
-        let Some(t) = self.take_task(itt, id) else { return };
-        let edtl = t.edtl as usize;
-        let residual = Residual::of(len, edtl);
-        let len = len.min(edtl);
-        self.respond(itt, &t, status::GOOD, &[], len, residual, out, |pdu, at, end| Some(Action::SendExtent { pdu, at, len: end - at }));
-        self.serve_waiting(out);
+        self.respond_extent(itt, id, len, out, |pdu, at, len| Some(Action::SendExtent { pdu, at, len }));
     }
 
     /// [`TargetSession::complete_extent`] with each Data-In PDU handed to
@@ -835,14 +830,23 @@ impl TargetSession {
     /// with no action built, moved and matched per read (~100
     /// instructions of a 4 KiB read). `out` gets the rest, as there.
     pub fn complete_extent_with(&mut self, itt: u32, id: u64, len: usize, out: &mut Vec<Action>, mut data_in: impl FnMut(Pdu, usize, usize)) {
+        self.respond_extent(itt, id, len, out, |pdu, at, len| {
+            data_in(pdu, at, len);
+            None
+        });
+    }
+
+    /// What [`TargetSession::complete_extent`] and
+    /// [`TargetSession::complete_extent_with`] share: the task ended with
+    /// GOOD and a `len`-byte extent cut to its expected transfer length,
+    /// each Data-In PDU given to `data_pdu` with the offset and length of
+    /// its data (an action it returns goes to `out`).
+    fn respond_extent(&mut self, itt: u32, id: u64, len: usize, out: &mut Vec<Action>, mut data_pdu: impl FnMut(Pdu, usize, usize) -> Option<Action>) {
         let Some(t) = self.take_task(itt, id) else { return };
         let edtl = t.edtl as usize;
         let residual = Residual::of(len, edtl);
         let len = len.min(edtl);
-        self.respond(itt, &t, status::GOOD, &[], len, residual, out, |pdu, at, end| {
-            data_in(pdu, at, end - at);
-            None
-        });
+        self.respond(itt, &t, status::GOOD, &[], len, residual, out, |pdu, at, end| data_pdu(pdu, at, end - at));
         self.serve_waiting(out);
     }
 
