@@ -857,35 +857,39 @@ impl<C: Context> HostQueue<C> {
 
     /// The command's completion: free its ID, hand back its result.
     fn finish(&mut self, cqe: Cqe) {
-        let Some(s) = self.remove(cqe.cid) else {
-            return;
-        };
-        let Some(mut ctx) = s.ctx else { return };
-        let r = if cqe.status.is_success() && s.state.received < s.state.expect {
-            Err(HostError::ShortData {
-                cid: cqe.cid,
-                got: s.state.received,
-                want: s.state.expect,
-            })
-        } else {
-            let data = if ctx.read_buf().is_some() || s.state.chunks.is_empty() {
-                Bytes::new()
-            } else if s.state.chunks.len() == 1 {
-                s.state.chunks.into_iter().next().unwrap_or_default()
+        let (large_reads, done) = (&mut self.large_reads, &mut self.done);
+        self.in_flight.remove_with(cqe.cid, |s| {
+            let st = &mut s.state;
+            if st.expect >= LARGE_READ {
+                *large_reads -= 1;
+            }
+            let Some(mut ctx) = s.ctx.take() else { return };
+            let r = if cqe.status.is_success() && st.received < st.expect {
+                Err(HostError::ShortData {
+                    cid: cqe.cid,
+                    got: st.received,
+                    want: st.expect,
+                })
             } else {
-                let mut all = BytesMut::with_capacity(s.state.received);
-                for c in s.state.chunks {
-                    all.extend_from_slice(&c);
-                }
-                all.freeze()
+                let data = if ctx.read_buf().is_some() || st.chunks.is_empty() {
+                    Bytes::new()
+                } else if st.chunks.len() == 1 {
+                    st.chunks.pop().unwrap_or_default()
+                } else {
+                    let mut all = BytesMut::with_capacity(st.received);
+                    for c in &st.chunks {
+                        all.extend_from_slice(c);
+                    }
+                    all.freeze()
+                };
+                Ok(Done {
+                    cqe,
+                    data,
+                    received: st.received,
+                })
             };
-            Ok(Done {
-                cqe,
-                data,
-                received: s.state.received,
-            })
-        };
-        self.done.push_back((ctx, r));
+            done.push_back((ctx, r));
+        });
     }
 }
 
