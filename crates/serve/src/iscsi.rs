@@ -814,7 +814,7 @@ impl Connection {
         for a in actions.iter_mut() {
             match a {
                 Action::Send(p) => push_pdu(&mut self.out, p, self.digests),
-                // Only complete_extent makes these, and its callers handle them.
+                // Only complete_extent makes these (tests); the transport takes Data-In headers from complete_extent_with.
                 Action::SendExtent { .. } => {}
                 Action::Close => keep_going = false,
                 Action::Execute(e) => {
@@ -1038,18 +1038,13 @@ impl Connection {
             }
         }
         let mut actions = self.actions();
-        self.session.complete_extent(e.itt, e.id, len, &mut actions);
         let mut heads = heads.into_iter();
         let (out, digests) = (&mut self.out, self.digests);
-        actions.retain(|a| match a {
-            Action::SendExtent { pdu, len, .. } => {
-                if let Some(h) = heads.next() {
-                    let head = pdu.head(digests, *len);
-                    out.buf_mut()[h..h + head_len].copy_from_slice(&head);
-                }
-                false
+        self.session.complete_extent_with(e.itt, e.id, len, &mut actions, |pdu, _, len| {
+            if let Some(h) = heads.next() {
+                let head = pdu.head(digests, len);
+                out.buf_mut()[h..h + head_len].copy_from_slice(&head);
             }
-            _ => true,
         });
         if heads.next().is_some() {
             // The task was aborted meanwhile: nothing of it goes out.
