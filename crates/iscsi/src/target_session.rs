@@ -922,7 +922,7 @@ impl TargetSession {
                 buffer_offset: off as u32,
                 residual: if with_status { read_residual } else { Residual::None },
             };
-            if let Some(a) = data_pdu(Pdu::new(crate::pdu::Bhs(data_in_bhs(&m, end - off)), Bytes::new()), off, end) {
+            if let Some(a) = data_pdu(Pdu::new(Message::DataIn(m).encode(), Bytes::new()), off, end) {
                 out.push(a);
             }
             data_sn += 1;
@@ -1191,94 +1191,9 @@ pub fn write_outcome(wanted: usize, got: usize) -> (Residual, Option<Vec<u8>>) {
     }
 }
 
-/// The BHS of a Data-In (RFC 7143 11.7) with a `data_len`-byte data
-/// segment and no AHS, written field by field into one array: the same
-/// bytes as `Message::DataIn(m).encode()` with the length set by
-/// `pdu::encode_head_into` (a test holds them equal). The generic path
-/// (a `Bhs` built by the `header!` list per field) cost ~100 instructions
-/// of a 4 KiB read.
-fn data_in_bhs(m: &DataIn, data_len: usize) -> [u8; crate::pdu::BHS_LEN] {
-    let mut b = [0u8; crate::pdu::BHS_LEN];
-    b[0] = crate::pdu::Opcode::DataIn as u8;
-    b[1] = (m.final_ as u8) << 7 | (m.ack as u8) << 6;
-    if m.has_status {
-        let (flag, count) = match m.residual {
-            Residual::None => (0, 0),
-            Residual::Overflow(n) => (0x04, n),
-            Residual::Underflow(n) => (0x02, n),
-        };
-        b[1] |= 0x01 | flag;
-        b[3] = m.status;
-        b[44..48].copy_from_slice(&count.to_be_bytes());
-    }
-    // Byte 4, TotalAHSLength, stays 0; DataSegmentLength is 24 bits.
-    b[4..8].copy_from_slice(&((data_len as u32) & 0x00FF_FFFF).to_be_bytes());
-    b[8..16].copy_from_slice(&m.lun.to_be_bytes());
-    b[16..20].copy_from_slice(&m.itt.to_be_bytes());
-    b[20..24].copy_from_slice(&m.ttt.to_be_bytes());
-    b[24..28].copy_from_slice(&m.stat_sn.to_be_bytes());
-    b[28..32].copy_from_slice(&m.exp_cmd_sn.to_be_bytes());
-    b[32..36].copy_from_slice(&m.max_cmd_sn.to_be_bytes());
-    b[36..40].copy_from_slice(&m.data_sn.to_be_bytes());
-    b[40..44].copy_from_slice(&m.buffer_offset.to_be_bytes());
-    b
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The Data-In header written field by field is the generic
-    /// encoding's, byte for byte, over every flag, status, residual and a
-    /// spread of values in every field and data length; with header
-    /// digests `Pdu::head` gives the generic digest.
-    #[test]
-    fn the_data_in_header_is_the_generic_encodings() {
-        use crate::pdu::{encode_head_into, Bhs, Digests};
-        let mut n = 0u64;
-        let mut next = || {
-            // xorshift: repeatable values that set high and low bits.
-            n = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            n ^ (n >> 29)
-        };
-        for flags in 0..8u8 {
-            for residual in 0..3 {
-                for _ in 0..16 {
-                    let has_status = flags & 4 != 0;
-                    let count = next() as u32;
-                    let m = DataIn {
-                        final_: flags & 1 != 0,
-                        ack: flags & 2 != 0,
-                        has_status,
-                        status: if has_status { next() as u8 } else { 0 },
-                        lun: next(),
-                        itt: next() as u32,
-                        ttt: next() as u32,
-                        stat_sn: next() as u32,
-                        exp_cmd_sn: next() as u32,
-                        max_cmd_sn: next() as u32,
-                        data_sn: next() as u32,
-                        buffer_offset: next() as u32,
-                        residual: match (has_status, residual) {
-                            (false, _) | (_, 0) => Residual::None,
-                            (_, 1) => Residual::Overflow(count),
-                            _ => Residual::Underflow(count),
-                        },
-                    };
-                    for len in [0usize, 1, 4096, (next() as usize) & 0xFF_FFFF, crate::pdu::MAX_DATA_SEGMENT] {
-                        for header in [false, true] {
-                            let d = Digests { header, data: header };
-                            let mut want = Vec::new();
-                            encode_head_into(&Message::DataIn(m.clone()).encode(), len, d, &mut want);
-                            let got = Pdu::new(Bhs(data_in_bhs(&m, len)), Bytes::new()).head(d, len);
-                            assert_eq!(&got[..], &want[..], "{m:?} len {len} digests {header}");
-                            assert_eq!(&data_in_bhs(&m, len)[..], &want[..crate::pdu::BHS_LEN], "{m:?} len {len}");
-                        }
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn keep_alive_and_idle_timers() {
