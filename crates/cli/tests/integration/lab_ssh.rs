@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 const SSHD: &str = "/usr/sbin/sshd";
 const TARGET_IP: &str = "10.231.0.1";
 const CLIENT_IP: &str = "10.231.0.2";
+/// ssh's ConnectTimeout for the kernel VM's guest (its CPU is emulated).
+const GUEST_CONNECT_TIMEOUT_S: u32 = 120;
 
 fn run(args: &[&str]) -> String {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
@@ -827,13 +829,16 @@ mod kernel_vm {
     impl Rig {
         fn ssh_options(&self) -> Vec<String> {
             let key = self.dir.join("client").display().to_string();
-            vec!["StrictHostKeyChecking=no".into(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into()]
+            // The guest's CPU is emulated: on a busy machine its sshd has
+            // taken more than the lab's default 10 s to send its banner
+            // (CI, 2026-11-28). A user's option comes first and wins.
+            vec!["StrictHostKeyChecking=no".into(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into(), format!("ConnectTimeout={GUEST_CONNECT_TIMEOUT_S}")]
         }
 
         /// A command in the guest (None: ssh failed).
         fn guest(&self, line: &str) -> Option<String> {
             let mut c = Command::new("ssh");
-            c.args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-p", &self.guest_port.to_string()]);
+            c.args(["-o", "BatchMode=yes", "-p", &self.guest_port.to_string()]);
             for o in self.ssh_options() {
                 c.arg("-o").arg(o);
             }
@@ -1086,12 +1091,15 @@ mod kernel_targets_vm {
     impl Rig {
         fn ssh_options(&self) -> Vec<String> {
             let key = self.dir.join("client").display().to_string();
-            vec!["StrictHostKeyChecking=no".into(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into()]
+            // The guest's CPU is emulated: on a busy machine its sshd has
+            // taken more than the lab's default 10 s to send its banner
+            // (CI, 2026-11-28). A user's option comes first and wins.
+            vec!["StrictHostKeyChecking=no".into(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into(), format!("ConnectTimeout={GUEST_CONNECT_TIMEOUT_S}")]
         }
 
         fn guest(&self, line: &str) -> Option<String> {
             let mut c = Command::new("ssh");
-            c.args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-p", &self.ports[0].to_string()]);
+            c.args(["-o", "BatchMode=yes", "-p", &self.ports[0].to_string()]);
             for o in self.ssh_options() {
                 c.arg("-o").arg(o);
             }

@@ -29,6 +29,11 @@ use std::sync::Mutex;
 /// Where the lab keeps its state files and its binary on a remote host.
 pub const REMOTE_DIR: &str = "/var/tmp/bwlab-remote";
 
+/// ssh's ConnectTimeout unless the user sets one (seconds).
+const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
+/// How much longer than the connect timeout the master may take to be up.
+const MASTER_GRACE_S: u64 = 10;
+
 /// Which system a state file's lines belong to, written first into it
 /// (`host net:[INODE]`): the network namespace of the ssh session. Two
 /// "hosts" that share a file system (namespaces of one machine, as in the
@@ -316,6 +321,16 @@ impl SshHost {
         PathBuf::from(format!("{base}/bwlab-remote-{}-{name}", self.run_id))
     }
 
+    /// ssh's ConnectTimeout for this host: the user's (`--ssh-option
+    /// ConnectTimeout=N`, which ssh takes before ours) or ours.
+    fn connect_timeout_s(&self) -> u64 {
+        self.options
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("ConnectTimeout"))
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT_S)
+    }
+
     fn ssh(&self, master: bool) -> Command {
         INVOCATIONS.fetch_add(1, Ordering::Relaxed);
         let mut c = Command::new("ssh");
@@ -327,7 +342,7 @@ impl SshHost {
             c.arg("-o").arg(format!("{k}={v}"));
         }
         // A dropped connection is noticed within ~6 s.
-        c.args(["-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=10"]);
+        c.args(["-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3", "-o"]).arg(format!("ConnectTimeout={DEFAULT_CONNECT_TIMEOUT_S}"));
         if let Some(p) = self.port {
             c.arg("-p").arg(p.to_string());
         }
@@ -435,7 +450,12 @@ impl SshHost {
                 return Err(e);
             }
         };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        // ssh gives up by itself after its ConnectTimeout (which also bounds
+        // the banner exchange); this deadline only catches a master that
+        // hangs after that, so it follows the timeout in effect: a user who
+        // raised it for a slow host is not cut off at our default.
+        let wait = self.connect_timeout_s() + MASTER_GRACE_S;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(wait);
         loop {
             if let Ok(Some(_)) = child.try_wait() {
                 let mut err = String::new();
@@ -458,7 +478,7 @@ impl SshHost {
             if std::time::Instant::now() > deadline {
                 let _ = crate::cleanup::registry().release(token);
                 let _ = crate::cleanup::registry().release(socket);
-                anyhow::bail!("{}: not reachable: no connection within 20 s", self.url());
+                anyhow::bail!("{}: not reachable: no connection within {wait} s", self.url());
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
@@ -636,6 +656,20 @@ mod tests {
         assert!(parse_url("ssh://").is_err());
         assert_eq!(parse_option("StrictHostKeyChecking=no"), Ok(("StrictHostKeyChecking".into(), "no".into())));
         assert!(parse_option("novalue").is_err());
+    }
+
+    /// The master's wait follows the ConnectTimeout ssh will use: the
+    /// user's where given (ssh takes the first value, theirs), else ours.
+    #[test]
+    fn the_connect_timeout_is_the_users_where_given() {
+        let exe = std::env::current_exe().unwrap();
+        let host = |opts: &[(&str, &str)]| {
+            let o: Vec<(String, String)> = opts.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            SshHost::new("ssh://root@10.0.0.1", &o, &exe).unwrap()
+        };
+        assert_eq!(host(&[]).connect_timeout_s(), DEFAULT_CONNECT_TIMEOUT_S);
+        assert_eq!(host(&[("LogLevel", "ERROR"), ("connecttimeout", "120")]).connect_timeout_s(), 120);
+        assert_eq!(host(&[("ConnectTimeout", "soon")]).connect_timeout_s(), DEFAULT_CONNECT_TIMEOUT_S);
     }
 
     #[test]
