@@ -24,6 +24,27 @@ const CLIENT_IP: &str = "10.231.0.2";
 /// ssh's ConnectTimeout for the kernel VM's guest (its CPU is emulated).
 const GUEST_CONNECT_TIMEOUT_S: u32 = 120;
 
+/// ssh options for the kernel VM tests' guest, keyed by the rig's `dir`.
+/// The guest's CPU is emulated: on a busy machine its sshd has taken more
+/// than the lab's default 10 s to send its banner (CI, 2026-11-28); a
+/// user's option comes first and wins.
+fn guest_ssh_options(dir: &Path) -> Vec<String> {
+    let key = dir.join("client").display().to_string();
+    vec!["StrictHostKeyChecking=no".into(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into(), format!("ConnectTimeout={GUEST_CONNECT_TIMEOUT_S}")]
+}
+
+/// `line` run in the kernel VM's guest over its forwarded ssh `port`
+/// (None: ssh failed).
+fn in_guest(dir: &Path, port: u16, line: &str) -> Option<String> {
+    let mut c = Command::new("ssh");
+    c.args(["-o", "BatchMode=yes", "-p", &port.to_string()]);
+    for o in guest_ssh_options(dir) {
+        c.arg("-o").arg(o);
+    }
+    let out = c.args(["root@127.0.0.1", line]).stdin(Stdio::null()).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 fn run(args: &[&str]) -> String {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -828,22 +849,12 @@ mod kernel_vm {
 
     impl Rig {
         fn ssh_options(&self) -> Vec<String> {
-            let key = self.dir.join("client").display().to_string();
-            // The guest's CPU is emulated: on a busy machine its sshd has
-            // taken more than the lab's default 10 s to send its banner
-            // (CI, 2026-11-28). A user's option comes first and wins.
-            vec!["StrictHostKeyChecking=no".into(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into(), format!("ConnectTimeout={GUEST_CONNECT_TIMEOUT_S}")]
+            guest_ssh_options(&self.dir)
         }
 
         /// A command in the guest (None: ssh failed).
         fn guest(&self, line: &str) -> Option<String> {
-            let mut c = Command::new("ssh");
-            c.args(["-o", "BatchMode=yes", "-p", &self.guest_port.to_string()]);
-            for o in self.ssh_options() {
-                c.arg("-o").arg(o);
-            }
-            let out = c.args(["root@127.0.0.1", line]).stdin(Stdio::null()).output().ok()?;
-            out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+            in_guest(&self.dir, self.guest_port, line)
         }
 
         /// Both ends of the storage link as the kernels see them, for a
@@ -1090,21 +1101,11 @@ mod kernel_targets_vm {
 
     impl Rig {
         fn ssh_options(&self) -> Vec<String> {
-            let key = self.dir.join("client").display().to_string();
-            // The guest's CPU is emulated: on a busy machine its sshd has
-            // taken more than the lab's default 10 s to send its banner
-            // (CI, 2026-11-28). A user's option comes first and wins.
-            vec!["StrictHostKeyChecking=no".into(), "UserKnownHostsFile=/dev/null".into(), format!("IdentityFile={key}"), "LogLevel=ERROR".into(), format!("ConnectTimeout={GUEST_CONNECT_TIMEOUT_S}")]
+            guest_ssh_options(&self.dir)
         }
 
         fn guest(&self, line: &str) -> Option<String> {
-            let mut c = Command::new("ssh");
-            c.args(["-o", "BatchMode=yes", "-p", &self.ports[0].to_string()]);
-            for o in self.ssh_options() {
-                c.arg("-o").arg(o);
-            }
-            let out = c.args(["root@127.0.0.1", line]).stdin(Stdio::null()).output().ok()?;
-            out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+            in_guest(&self.dir, self.ports[0], line)
         }
 
         /// `blockwire lab` with the guest as target host (and `extra`), to its end.
