@@ -90,11 +90,6 @@ pub struct Exec {
 #[derive(Debug, Clone)]
 pub enum Action {
     Send(Pdu),
-    /// A Data-In PDU whose data segment is bytes `at..at + len` of the read
-    /// extent the transport gave [`TargetSession::complete_extent`]: send the
-    /// header of `pdu` for that length (see [`Pdu::header_bytes_for`]), then
-    /// those bytes, then padding. Only without a data digest.
-    SendExtent { pdu: Pdu, at: usize, len: usize },
     Execute(Exec),
     /// Reset the LUN in the SCSI layer, then call [`TargetSession::finish_tmf`].
     LunReset { itt: u32, lun: u64 },
@@ -817,43 +812,31 @@ impl TargetSession {
     }
 
     /// A read finished as a read extent of `len` bytes that the transport
-    /// sends itself: GOOD status, Data-In PDUs as [`Action::SendExtent`]
-    /// (the extent is cut to the expected transfer length).
-    pub fn complete_extent(&mut self, itt: u32, id: u64, len: usize, out: &mut Vec<Action>) {
-        self.respond_extent(itt, id, len, out, |pdu, at, len| Some(Action::SendExtent { pdu, at, len }));
-    }
-
-    /// [`TargetSession::complete_extent`] with each Data-In PDU handed to
-    /// `data_in` (the PDU, the offset of its data in the extent and its
-    /// length, in order) instead of pushed to `out` as an
-    /// [`Action::SendExtent`]: the transport queues it where it is made,
-    /// with no action built, moved and matched per read (~100
-    /// instructions of a 4 KiB read). `out` gets the rest, as there.
+    /// sends itself: GOOD status, each Data-In PDU handed to `data_in` (the
+    /// PDU, the offset of its data in the extent and its length, in order;
+    /// the extent is cut to the expected transfer length). The transport
+    /// sends the header for that length (see [`Pdu::header_bytes_for`]),
+    /// the bytes, then padding; only without a data digest. The PDUs are
+    /// handed over rather than pushed to `out` as actions: the transport
+    /// queues each where it is made, with no action built, moved and
+    /// matched per read (~100 instructions of a 4 KiB read). `out` gets
+    /// the rest (R2Ts of writes that waited for the budget this read held).
     pub fn complete_extent_with(&mut self, itt: u32, id: u64, len: usize, out: &mut Vec<Action>, mut data_in: impl FnMut(Pdu, usize, usize)) {
-        self.respond_extent(itt, id, len, out, |pdu, at, len| {
-            data_in(pdu, at, len);
-            None
-        });
-    }
-
-    /// What [`TargetSession::complete_extent`] and
-    /// [`TargetSession::complete_extent_with`] share: the task ended with
-    /// GOOD and a `len`-byte extent cut to its expected transfer length,
-    /// each Data-In PDU given to `data_pdu` with the offset and length of
-    /// its data (an action it returns goes to `out`).
-    fn respond_extent(&mut self, itt: u32, id: u64, len: usize, out: &mut Vec<Action>, mut data_pdu: impl FnMut(Pdu, usize, usize) -> Option<Action>) {
         let Some(t) = self.take_task(itt, id) else { return };
         let edtl = t.edtl as usize;
         let residual = Residual::of(len, edtl);
         let len = len.min(edtl);
-        self.respond(itt, &t, status::GOOD, &[], len, residual, out, |pdu, at, end| data_pdu(pdu, at, end - at));
+        self.respond(itt, &t, status::GOOD, &[], len, residual, out, |pdu, at, end| {
+            data_in(pdu, at, end - at);
+            None
+        });
         self.serve_waiting(out);
     }
 
     /// The byte ranges of the Data-In PDUs that carry `len` bytes of
     /// data-in: each ends at the initiator's segment limit or at a burst
     /// boundary. A transport that reads the data into its send buffer
-    /// itself lays it out by these before [`TargetSession::complete_extent`]
+    /// itself lays it out by these before [`TargetSession::complete_extent_with`]
     /// makes the headers (one per range, in this order).
     pub fn data_in_segments(&self, len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
         let mss = self.params.max_send_data_segment_length.max(512) as usize;
@@ -1257,19 +1240,20 @@ mod tests {
     /// and an extent longer than the EDTL is cut with an overflow residual.
     #[test]
     fn extent_completion_matches_buffered() {
-        for (len, edtl) in [(20_000usize, 20_000u32), (20_000, 12_288), (512, 4096)] {
+        for (len, edtl) in [(4096usize, 4096u32), (20_000, 20_000), (20_000, 12_288), (512, 4096)] {
             let mut a = session(8192);
             let mut b = session(8192);
             let ea = read_command(&mut a, 5, edtl);
             let eb = read_command(&mut b, 5, edtl);
             let mut buffered = Vec::new();
             a.complete(5, ea.id, status::GOOD, &[], vec![7u8; len], Residual::None, &mut buffered);
-            let mut extent = Vec::new();
-            b.complete_extent(5, eb.id, len, &mut extent);
-            assert_eq!(buffered.len(), extent.len());
+            let (mut handed, mut rest) = (Vec::new(), Vec::new());
+            b.complete_extent_with(5, eb.id, len, &mut rest, |pdu, at, n| handed.push((pdu, at, n)));
+            assert!(rest.is_empty(), "{rest:?}");
+            assert_eq!(buffered.len(), handed.len());
             let mut next = 0;
-            for (x, y) in buffered.iter().zip(&extent) {
-                let (Action::Send(p), Action::SendExtent { pdu, at, len: n }) = (x, y) else { panic!("{x:?} / {y:?}") };
+            for (x, (pdu, at, n)) in buffered.iter().zip(&handed) {
+                let Action::Send(p) = x else { panic!("{x:?}") };
                 assert_eq!((*at, p.data.len()), (next, *n));
                 next += n;
                 assert!(pdu.data.is_empty());
@@ -1278,47 +1262,12 @@ mod tests {
                 assert_eq!(&pdu.header_bytes_for(Default::default(), *n)[..], &p.header_bytes(Default::default())[..]);
             }
             assert_eq!(next, len.min(edtl as usize));
-            let last = data_in(match extent.last() {
-                Some(Action::SendExtent { pdu, .. }) => pdu,
-                _ => unreachable!(),
-            });
+            let last = data_in(&handed.last().unwrap().0);
             assert!(last.has_status && last.final_);
             assert_eq!(last.residual, Residual::of(len, edtl as usize));
             assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
-            assert_eq!(a.max_cmd_sn(), b.max_cmd_sn());
-        }
-    }
-
-    /// `complete_extent_with` hands over, in order, the Data-In PDUs
-    /// `complete_extent` makes as actions (same headers, offsets, lengths,
-    /// StatSN and window), and an aborted task's completion hands none.
-    #[test]
-    fn extent_completion_handed_over_matches_actions() {
-        for (len, edtl) in [(4096usize, 4096u32), (20_000, 20_000), (20_000, 12_288), (512, 4096)] {
-            let mut a = session(8192);
-            let mut b = session(8192);
-            let ea = read_command(&mut a, 5, edtl);
-            let eb = read_command(&mut b, 5, edtl);
-            let mut extent = Vec::new();
-            a.complete_extent(5, ea.id, len, &mut extent);
-            let (mut handed, mut rest) = (Vec::new(), Vec::new());
-            b.complete_extent_with(5, eb.id, len, &mut rest, |pdu, at, n| handed.push((pdu, at, n)));
-            assert!(rest.is_empty(), "{rest:?}");
-            assert_eq!(extent.len(), handed.len());
-            for (x, (pdu, at, n)) in extent.iter().zip(&handed) {
-                let Action::SendExtent { pdu: p, at: xa, len: xn } = x else { panic!("{x:?}") };
-                assert_eq!((xa, xn), (at, n));
-                assert_eq!(p.bhs, pdu.bhs);
-            }
-            assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
             assert_eq!((a.max_cmd_sn(), a.exp_cmd_sn()), (b.max_cmd_sn(), b.exp_cmd_sn()));
         }
-        // The task is gone (another id): nothing is handed over.
-        let mut b = session(8192);
-        let eb = read_command(&mut b, 5, 4096);
-        let mut rest = Vec::new();
-        b.complete_extent_with(5, eb.id + 1, 4096, &mut rest, |_, _, _| panic!("a Data-In for a task that is gone"));
-        assert!(rest.is_empty());
     }
 
     /// A completion with neither data nor sense, taken the short way,
@@ -1537,7 +1486,7 @@ mod tests {
         let mut s = session(8192);
         let e = read_command(&mut s, 9, 4096);
         let mut out = Vec::new();
-        s.complete_extent(9, e.id + 1, 4096, &mut out);
+        s.complete_extent_with(9, e.id + 1, 4096, &mut out, |_, _, _| panic!("a Data-In for a task that is gone"));
         assert!(out.is_empty());
         assert_eq!(s.outstanding(), 1);
     }

@@ -814,8 +814,6 @@ impl Connection {
         for a in actions.iter_mut() {
             match a {
                 Action::Send(p) => push_pdu(&mut self.out, p, self.digests),
-                // Only complete_extent makes these (tests); the transport takes Data-In headers from complete_extent_with.
-                Action::SendExtent { .. } => {}
                 Action::Close => keep_going = false,
                 Action::Execute(e) => {
                     commands += 1;
