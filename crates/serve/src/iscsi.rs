@@ -986,8 +986,7 @@ impl Connection {
                 // its data (from the mapping or the file) behind it.
                 let (out, digests) = (&mut self.out, self.digests);
                 self.session.complete_extent_with(e.itt, e.id, len, &mut actions, |pdu, at, len| {
-                    out.buf_mut().extend_from_slice(&pdu.head(digests, len));
-                    out.push_payload(&payload, at, len);
+                    out.push_headed(&pdu.head(digests, len), &payload, at, len);
                     let pad = bw_iscsi::pdu::pad4(len);
                     if pad > 0 {
                         out.buf_mut().extend_from_slice(&[0u8; 4][..pad]);

@@ -63,9 +63,10 @@ enum Seg {
     Headed { head: [u8; HEAD_MAX], hlen: u8, bytes: MappedBytes, pos: usize },
 }
 
-/// The longest header a [`Seg::Headed`] holds: an NVMe/TCP C2HData
-/// header with its header digest (24 + 4 bytes).
-pub const HEAD_MAX: usize = 28;
+/// The longest header a [`Seg::Headed`] holds: an iSCSI Data-In's basic
+/// header segment with its header digest (48 + 4 bytes; an NVMe/TCP
+/// C2HData header with its digest is 28).
+pub const HEAD_MAX: usize = 52;
 
 /// A READ's payload when it is not copied into the send buffer: from the
 /// page cache by sendfile, or from the volume's mapping gathered into
