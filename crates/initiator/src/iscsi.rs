@@ -296,11 +296,16 @@ impl IscsiClient {
         if c.status == status::GOOD {
             return Ok(c);
         }
-        // The retries are boxed, off the common path: async_trait moves each
-        // call's whole future into its box, and a future holds everything
-        // any of its awaits may need (issue 51; the iSCSI counterpart of
-        // 0ff2ed8's boxed RDMA arm). A unit attention is rare (once per
-        // nexus and event), so a box then costs nothing that matters.
+        self.not_good(c, cdb, read_len, write, buf).await
+    }
+
+    /// [`IscsiClient::run`] after a first answer `c` that was not GOOD: the
+    /// UNIT ATTENTION retries, boxed, off the common path: async_trait
+    /// moves each call's whole future into its box, and a future holds
+    /// everything any of its awaits may need (issue 51; the iSCSI
+    /// counterpart of 0ff2ed8's boxed RDMA arm). A unit attention is rare
+    /// (once per nexus and event), so a box then costs nothing that matters.
+    async fn not_good(&self, c: Completion, cdb: &[u8], read_len: usize, write: Payload<'_>, mut buf: Option<&mut [u8]>) -> Result<Completion> {
         Box::pin(retry_unit_attention(c, cdb, || {
             self.session.command(self.lun, cdb, read_len, write.clone(), dest_of(&mut buf))
         }))
@@ -357,7 +362,13 @@ impl HeldIo for IscsiClient {
         }
         let bs = self.block as u64;
         let cdb = initiator::read_16(offset / bs, (buf.len() as u64 / bs) as u32);
-        self.run(&cdb, buf.len(), Payload::None, Some(buf)).await?;
+        // `run` spelled out: one future fewer wrapped around every read
+        // (each layer is polled, and moves its state, twice per command).
+        let dest = Dest { ptr: buf.as_mut_ptr(), len: buf.len() };
+        let c = self.session.command(self.lun, &cdb, buf.len(), Payload::None, Some(dest)).await?;
+        if c.status != status::GOOD {
+            self.not_good(c, &cdb, buf.len(), Payload::None, Some(buf)).await?;
+        }
         Ok(())
     }
     async fn write_owned_held(&self, offset: u64, data: Bytes) -> Result<()> {
@@ -442,7 +453,11 @@ impl IscsiClient {
         }
         let bs = self.block as u64;
         let cdb = initiator::write_16(offset / bs, (len as u64 / bs) as u32);
-        self.run(&cdb, 0, data, None).await?;
+        // `run` spelled out, as in `read_held`.
+        let c = self.session.command(self.lun, &cdb, 0, data.clone(), None).await?;
+        if c.status != status::GOOD {
+            self.not_good(c, &cdb, 0, data, None).await?;
+        }
         Ok(())
     }
 }
