@@ -14,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use crate::placed::{PlacedRead, Placing};
 use std::sync::{Arc, Mutex, MutexGuard};
 use crate::waiting::{self, Deadlines, InFlight, Mailboxes, Waits};
+use std::future::Future;
 use std::task::Poll;
 use std::time::Instant;
 use tokio::io::AsyncReadExt;
@@ -222,40 +223,35 @@ impl TcpQueue {
             Some(b) => Payload::Owned(b),
             None => Payload::None,
         };
-        self.submit_inner(sqe, payload, in_len, None).await
+        self.submit_inner(sqe, payload, in_len, None, Status::AsIs).await
     }
 
     /// Submit a command that writes `data`; an unsuccessful status is an
     /// error. A borrowed payload is copied once (into the capsule, or to a
     /// buffer for R2T); an owned one is kept, not copied, until sent.
-    pub async fn submit_write(&self, sqe: Sqe, data: Payload<'_>) -> Result<Done> {
-        let op = sqe.opcode();
-        self.succeeded(op, self.submit_inner(sqe, data, 0, None).await?)
+    // Not `async`: the future is `submit_inner`'s, not one more layer
+    // around it polled twice per command (as with `submit_read`).
+    pub fn submit_write<'a>(&'a self, sqe: Sqe, data: Payload<'a>) -> impl Future<Output = Result<Done>> + 'a {
+        self.submit_inner(sqe, data, 0, None, Status::Success)
     }
 
     /// Submit a command that reads `buf.len()` bytes into `buf`; an
     /// unsuccessful status is an error.
-    pub async fn submit_read(&self, sqe: Sqe, buf: &mut [u8]) -> Result<Done> {
-        let op = sqe.opcode();
+    pub fn submit_read<'a>(&'a self, sqe: Sqe, buf: &'a mut [u8]) -> impl Future<Output = Result<Done>> + 'a {
         let dest = Dest {
             ptr: buf.as_mut_ptr(),
             len: buf.len(),
         };
-        self.succeeded(
-            op,
-            self.submit_inner(sqe, Payload::None, buf.len() as u32, Some(dest))
-                .await?,
-        )
+        self.submit_inner(sqe, Payload::None, buf.len() as u32, Some(dest), Status::Success)
     }
 
     /// Like [`TcpQueue::submit_raw`] but an unsuccessful status is an error.
     pub async fn submit(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
-        let op = sqe.opcode();
-        self.succeeded(op, self.submit_raw(sqe, out, in_len).await?)
-    }
-
-    fn succeeded(&self, op: u8, d: Done) -> Result<Done> {
-        succeeded(self.qid, op, d)
+        let payload = match out {
+            Some(b) => Payload::Owned(b),
+            None => Payload::None,
+        };
+        self.submit_inner(sqe, payload, in_len, None, Status::Success).await
     }
 
     fn client_error(&self, e: HostError, sqe: &Sqe) -> ClientError {
@@ -268,12 +264,15 @@ impl TcpQueue {
         }
     }
 
+    /// `dest`'s buffer must outlive the returned future (the reader writes
+    /// into it until the command completes or the future is dropped).
     async fn submit_inner(
         &self,
         sqe: Sqe,
         out: Payload<'_>,
         in_len: u32,
         dest: Option<Dest>,
+        status: Status,
     ) -> Result<Done> {
         let _slot = self.slots.take().await;
         // No timer of its own: the queue's timer task fails it at its
@@ -294,12 +293,25 @@ impl TcpQueue {
                 }
             }
         };
-        InFlight::new(&*self.shared, ticket, mailbox).wait().await.map_err(|e| self.client_error(e, &sqe))
+        let d = InFlight::new(&*self.shared, ticket, mailbox).wait().await.map_err(|e| self.client_error(e, &sqe))?;
+        match status {
+            Status::AsIs => Ok(d),
+            Status::Success => succeeded(self.qid, sqe.opcode(), d),
+        }
     }
 
     pub fn is_dead(&self) -> bool {
         self.shared.lock().q.dead().is_some()
     }
+}
+
+/// What a submission makes of an unsuccessful completion status.
+#[derive(Clone, Copy)]
+enum Status {
+    /// Returned with the rest of the completion.
+    AsIs,
+    /// An error ([`succeeded`]).
+    Success,
 }
 
 /// `d`, or an error naming the queue and opcode if its status is not
