@@ -371,9 +371,10 @@ impl HeldIo for IscsiClient {
         }
         Ok(())
     }
-    async fn write_owned_held(&self, offset: u64, data: Bytes) -> Result<()> {
-        check_range(self, offset, data.len())?;
-        self.write_payload(offset, Payload::Owned(data)).await
+    // Not `async`: `write_payload`'s future is this one, not wrapped in one
+    // more state machine polled twice per command.
+    fn write_owned_held(&self, offset: u64, data: Bytes) -> impl std::future::Future<Output = Result<()>> + Send {
+        self.write_payload(offset, Payload::Owned(data))
     }
 }
 
@@ -395,7 +396,6 @@ impl BlockClient for IscsiClient {
         self.read_held(offset, buf).await
     }
     async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        check_range(self, offset, data.len())?;
         self.write_payload(offset, Payload::Borrowed(data)).await
     }
     async fn write_owned(&self, offset: u64, data: Bytes) -> Result<()> {
@@ -442,12 +442,14 @@ impl BlockClient for IscsiClient {
 }
 
 impl IscsiClient {
+    /// Write `data` at `offset` (checked against the LUN's geometry).
     async fn write_payload(&self, offset: u64, data: Payload<'_>) -> Result<()> {
         let len = match &data {
             Payload::Owned(b) => b.len(),
             Payload::Borrowed(s) => s.len(),
             Payload::None => 0,
         };
+        check_range(self, offset, len)?;
         if len == 0 {
             return Ok(());
         }

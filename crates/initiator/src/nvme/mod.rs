@@ -405,12 +405,14 @@ impl HeldIo for NvmeClient {
         Ok(())
     }
 
-    async fn write_owned_held(&self, offset: u64, mut data: bytes::Bytes) -> Result<()> {
+    // Not `async`: `write_payload`'s future is this one, not wrapped in one
+    // more state machine polled twice per command.
+    fn write_owned_held(&self, offset: u64, mut data: bytes::Bytes) -> impl std::future::Future<Output = Result<()>> + Send {
         let len = data.len();
         // A write of one command hands its data on as it is: a slice is a
         // reference count taken and given back (an atomic operation each)
         // per write.
-        self.write_payload(offset, len, |r| Payload::Owned(if r.len() == len { std::mem::take(&mut data) } else { data.slice(r) })).await
+        self.write_payload(offset, len, move |r| Payload::Owned(if r.len() == len { std::mem::take(&mut data) } else { data.slice(r) }))
     }
 }
 
