@@ -749,16 +749,16 @@ impl Pdu {
     /// are written in place without building the parts first.
     pub fn encode_into(&self, digests: Digests, out: &mut Vec<u8>) {
         if let Pdu::CapsuleResp(cqe) = self {
+            // Built in an array of the header's fixed length, where the
+            // fields' bounds are known when compiling, then appended once.
             let hd = if digests.header { DIGEST_LEN } else { 0 };
-            let start = out.len();
-            out.resize(start + RESP_HLEN, 0);
-            let h = &mut out[start..];
+            let mut h = [0u8; RESP_HLEN];
             let fl = if hd != 0 { flags::HDGST } else { 0 };
-            CommonHeader { kind: kind::CAPSULE_RESP, flags: fl, hlen: RESP_HLEN as u8, pdo: 0, plen: (RESP_HLEN + hd) as u32 }.write(h);
-            cqe.write(&mut h[CH_LEN..RESP_HLEN]);
+            CommonHeader { kind: kind::CAPSULE_RESP, flags: fl, hlen: RESP_HLEN as u8, pdo: 0, plen: (RESP_HLEN + hd) as u32 }.write(&mut h);
+            cqe.write(&mut h[CH_LEN..]);
+            out.extend_from_slice(&h);
             if hd != 0 {
-                let c = crc32c(&out[start..]);
-                out.extend_from_slice(&c.to_le_bytes());
+                out.extend_from_slice(&crc32c(&h).to_le_bytes());
             }
             return;
         }
