@@ -374,16 +374,17 @@ fn iscsi_tuning_corners_verify() {
         args.extend_from_slice(flags);
         let mut serve = Serve::start(&args);
         let url = format!("iscsi://127.0.0.1:{port}/{}/0", target_iqn(&serve));
-        // A header digest alone keeps reads mapped: each Data-In header
-        // (52 bytes with its digest) goes out with its payload.
-        for digest in [&[][..], &["--header-digest"][..], &["--header-digest", "--data-digest"][..]] {
+        // A header digest alone keeps reads below the zero-copy size
+        // mapped: each Data-In header (52 bytes with its digest) goes out
+        // in one segment with its payload (`Outbox::push_headed`).
+        for (digest, chunk) in [(&[][..], "128k"), (&["--header-digest"][..], "16k"), (&["--header-digest", "--data-digest"][..], "128k")] {
             let mut v = vec![
                 "verify",
                 url.as_str(),
                 "--size",
                 "16M",
                 "--chunk",
-                "128k",
+                chunk,
                 "--concurrency",
                 "8",
             ];

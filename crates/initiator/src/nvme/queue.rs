@@ -219,11 +219,7 @@ impl TcpQueue {
     /// capsule when it fits, else on R2T. Returns the completion and any
     /// data the controller sent, whatever its status.
     pub async fn submit_raw(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
-        let payload = match out {
-            Some(b) => Payload::Owned(b),
-            None => Payload::None,
-        };
-        self.submit_inner(sqe, payload, in_len, None, Status::AsIs).await
+        self.submit_inner(sqe, out.map_or(Payload::None, Payload::Owned), in_len, None, Status::AsIs).await
     }
 
     /// Submit a command that writes `data`; an unsuccessful status is an
@@ -232,7 +228,7 @@ impl TcpQueue {
     // Not `async`: the future is `submit_inner`'s, not one more layer
     // around it polled twice per command (as with `submit_read`).
     pub fn submit_write<'a>(&'a self, sqe: Sqe, data: Payload<'a>) -> impl Future<Output = Result<Done>> + 'a {
-        self.submit_inner(sqe, data, 0, None, Status::Success)
+        self.submit_inner(sqe, data, 0, None, Status::MustSucceed)
     }
 
     /// Submit a command that reads `buf.len()` bytes into `buf`; an
@@ -242,16 +238,12 @@ impl TcpQueue {
             ptr: buf.as_mut_ptr(),
             len: buf.len(),
         };
-        self.submit_inner(sqe, Payload::None, buf.len() as u32, Some(dest), Status::Success)
+        self.submit_inner(sqe, Payload::None, buf.len() as u32, Some(dest), Status::MustSucceed)
     }
 
     /// Like [`TcpQueue::submit_raw`] but an unsuccessful status is an error.
     pub async fn submit(&self, sqe: Sqe, out: Option<Bytes>, in_len: u32) -> Result<Done> {
-        let payload = match out {
-            Some(b) => Payload::Owned(b),
-            None => Payload::None,
-        };
-        self.submit_inner(sqe, payload, in_len, None, Status::Success).await
+        self.submit_inner(sqe, out.map_or(Payload::None, Payload::Owned), in_len, None, Status::MustSucceed).await
     }
 
     fn client_error(&self, e: HostError, sqe: &Sqe) -> ClientError {
@@ -296,7 +288,7 @@ impl TcpQueue {
         let d = InFlight::new(&*self.shared, ticket, mailbox).wait().await.map_err(|e| self.client_error(e, &sqe))?;
         match status {
             Status::AsIs => Ok(d),
-            Status::Success => succeeded(self.qid, sqe.opcode(), d),
+            Status::MustSucceed => succeeded(self.qid, sqe.opcode(), d),
         }
     }
 
@@ -311,7 +303,7 @@ enum Status {
     /// Returned with the rest of the completion.
     AsIs,
     /// An error ([`succeeded`]).
-    Success,
+    MustSucceed,
 }
 
 /// `d`, or an error naming the queue and opcode if its status is not
