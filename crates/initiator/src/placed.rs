@@ -85,6 +85,20 @@ pub(crate) struct Placing {
     pub noplan: u64,
 }
 
+/// A read of `got` bytes into `room` was short: the socket's receive
+/// queue was empty when it ended, so its readiness is cleared here, and the
+/// next read attempt waits for readiness instead of making a system call
+/// that fails with EAGAIN (one per wake at 4 KiB QD32: the read after the
+/// batch's answers were placed, while their callers had not yet sent
+/// more). Safe because the socket is registered edge-triggered: bytes that
+/// arrive after this read raise a new edge, which sets the readiness
+/// again (tokio's own `poll_read` clears it after a short read so).
+fn drained_if_short(rd: &OwnedReadHalf, got: usize, room: usize) {
+    if got < room {
+        let _ = rd.as_ref().try_io(tokio::io::Interest::READABLE, || Err::<(), _>(std::io::ErrorKind::WouldBlock.into()));
+    }
+}
+
 impl Placing {
     pub fn new() -> Placing {
         Placing { headers: vec![[0; HEADER_MAX]; PLAN_MAX], dest: Vec::with_capacity(PLAN_MAX), gather: Vec::new(), reads: 0, placed: 0, misses: 0, noplan: 0 }
@@ -120,9 +134,13 @@ impl Placing {
             if buf.capacity() - k < READ_CHUNK_SMALL_IO {
                 buf.reserve(READ_CHUNK_SMALL_IO);
             }
+            let room = buf.capacity() - k;
             return match rd.try_read_buf(buf)? {
                 0 => Ok(PlacedRead::Closed),
-                _ => Ok(PlacedRead::Read(None)),
+                n => {
+                    drained_if_short(rd, n, room);
+                    Ok(PlacedRead::Read(None))
+                }
             };
         }
         if buf.capacity() - k < READ_CHUNK_SMALL_IO {
@@ -139,7 +157,8 @@ impl Placing {
             planned += hl - from + len;
         }
         let spare = buf.spare_capacity_mut();
-        iov[2 * n].write(libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() });
+        let spare_len = spare.len();
+        iov[2 * n].write(libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare_len });
         let fd = rd.as_ref().as_raw_fd();
         let got = rd.as_ref().try_io(tokio::io::Interest::READABLE, || {
             // SAFETY: every iovec is writable memory of its length: the
@@ -156,6 +175,7 @@ impl Placing {
         if got == 0 {
             return Ok(PlacedRead::Closed);
         }
+        drained_if_short(rd, got, planned + spare_len);
         self.reads += 1;
         let tail = got.saturating_sub(planned);
         // SAFETY: readv wrote `tail` bytes into the spare capacity.
