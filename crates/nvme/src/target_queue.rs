@@ -207,7 +207,7 @@ impl Wire for TcpWire<'_> {
     }
 
     fn refuse(&mut self, cqe: Cqe) {
-        Pdu::CapsuleResp(cqe).encode_into(self.tcp.digests, self.tx);
+        pdu::encode_capsule_resp(&cqe, self.tcp.digests, self.tx);
     }
 }
 
