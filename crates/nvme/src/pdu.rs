@@ -368,7 +368,9 @@ pub fn frame(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opti
 
 /// The digest checks of a framed PDU `raw` (`hd`: its header digest's
 /// length; `with_data`: it carries a payload), and where its payload lies
-/// in `raw`.
+/// in `raw`. Inlined into [`frame`], its one caller: as a call it was
+/// ~40 instructions per PDU (`#[inline]` alone left it a call).
+#[inline(always)]
 fn check(ch: &CommonHeader, raw: &[u8], want: usize, hd: usize, with_data: bool, digests: Digests) -> Result<Range<usize>, PduError> {
     let plen = raw.len();
     if hd != 0 {
