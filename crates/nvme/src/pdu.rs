@@ -7,9 +7,12 @@
 //! ICResp never carry digests.
 //!
 //! [`decode`] frames and validates one PDU from a receive buffer, lending the
-//! payload as `Bytes` (no copy); [`Pdu::encode_parts`] produces the header
-//! bytes, the payload and the trailing digest separately so a sender can
-//! write large payloads without copying them.
+//! payload as `Bytes` (no copy). Its first step, [`frame`] (every check
+//! but a data PDU's DATAL), lets a receiver read the PDU type it handles
+//! most where it lies (a controller's commands: [`Framed::sqe`]).
+//! [`Pdu::encode_parts`] produces the header bytes, the payload and the
+//! trailing digest separately so a sender can write large payloads
+//! without copying them.
 
 use crate::queue_entry::{Cqe, Sqe};
 use bw_wire::{Field, Le};
@@ -274,8 +277,40 @@ pub fn crc32c(b: &[u8]) -> u32 {
 
 /// Frame one PDU from the front of `buf`. Returns `Ok(None)` when more bytes
 /// are needed; on success the PDU's bytes are removed from `buf`.
-/// `max_plen` bounds what a peer can make us buffer.
+/// `max_plen` bounds what a peer can make us buffer. [`frame`], then
+/// [`Framed::into_pdu`].
 pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Option<Pdu>, PduError> {
+    match frame(buf, digests, max_plen)? {
+        Some(f) => f.into_pdu().map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A PDU framed at the front of a receive buffer and checked, still in
+/// the buffer: see [`frame`]. Taken out by [`Framed::take`] or
+/// [`Framed::into_pdu`]; until then the next [`frame`] finds it again.
+#[must_use = "a framed PDU stays in the buffer until it is taken"]
+pub struct Framed<'a> {
+    buf: &'a mut BytesMut,
+    ch: CommonHeader,
+    /// Its header's length (without the header digest).
+    hlen: usize,
+    /// Where its payload lies (a TermReq's: the part of the offending
+    /// header it quotes).
+    data: Range<usize>,
+}
+
+/// Every check of the PDU at the front of `buf` but a data PDU's DATAL
+/// (the one [`Framed::into_pdu`] makes): its common header, each field
+/// as soon as its 8 bytes are in, then, once all `plen` bytes are, its
+/// digests and payload bounds. `Ok(None)`: more bytes are needed (room
+/// for them reserved). A PDU that fails a check once framed leaves
+/// `buf` (the TermReq quotes what follows it).
+///
+/// [`decode`] is this and [`Framed::into_pdu`]; a receiver that handles
+/// one PDU type itself (a controller's commands, [`Framed::sqe`]) reads
+/// it where it lies and takes its payload without building a [`Pdu`].
+pub fn frame(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Option<Framed<'_>>, PduError> {
     if buf.len() < CH_LEN {
         return Ok(None);
     }
@@ -315,42 +350,28 @@ pub fn decode(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opt
         buf.reserve(plen - buf.len());
         return Ok(None);
     }
-    // Checked and typed where it lies; then the PDU leaves `buf` (also
-    // when a check below fails: the TermReq quotes what follows it), with
-    // only a payload split off (no copy, one reference). Splitting the
-    // whole PDU off and slicing its payload out of that cost a split, a
-    // freeze, a slice and two reference counts per PDU: -83 instructions
-    // per read command, which has no payload, -39 per 4 KiB write with
-    // the payload handled as below (docs/notes/2026-11-27-h51t-nvme-target.md,
+    // Checked where it lies; it leaves `buf` when it is taken, with only
+    // a payload split off (no copy, one reference). Splitting the whole
+    // PDU off and slicing its payload out of that cost a split, a freeze,
+    // a slice and two reference counts per PDU: -83 instructions per read
+    // command, which has no payload, -39 per 4 KiB write with the payload
+    // handled as in `Framed::take` (docs/notes/2026-11-27-h51t-nvme-target.md,
     // docs/notes/2026-11-27-h51x-nvme-writes.md).
-    let checked = check_typed(&ch, &buf[..plen], want, hd, has_data_room && carries_data, digests);
-    let (mut pdu, data) = match checked {
-        Ok(c) => c,
+    match check(&ch, &buf[..plen], want, hd, has_data_room && carries_data, digests) {
+        Ok(data) => Ok(Some(Framed { buf, ch, hlen: want, data })),
         Err(e) => {
             buf.advance(plen);
-            return Err(e);
+            Err(e)
         }
-    };
-    if data.is_empty() {
-        buf.advance(plen);
-        return Ok(Some(pdu));
     }
-    // Frozen before it is advanced past its header: `Bytes::advance` is
-    // ~10 instructions where `BytesMut::advance` is ~30 (its KIND_VEC
-    // branch).
-    let mut payload = buf.split_to(data.end).freeze();
-    payload.advance(data.start);
-    if plen > data.end {
-        buf.advance(plen - data.end);
-    }
-    pdu.set_data(payload);
-    Ok(Some(pdu))
 }
 
 /// The digest checks of a framed PDU `raw` (`hd`: its header digest's
-/// length; `with_data`: it carries a payload) and its typed form, with
-/// its payload left out: where that lies in `raw`.
-fn check_typed(ch: &CommonHeader, raw: &[u8], want: usize, hd: usize, with_data: bool, digests: Digests) -> Result<(Pdu, Range<usize>), PduError> {
+/// length; `with_data`: it carries a payload), and where its payload lies
+/// in `raw`. Inlined into [`frame`], its one caller: as a call it was
+/// ~40 instructions per PDU (`#[inline]` alone left it a call).
+#[inline(always)]
+fn check(ch: &CommonHeader, raw: &[u8], want: usize, hd: usize, with_data: bool, digests: Digests) -> Result<Range<usize>, PduError> {
     let plen = raw.len();
     if hd != 0 {
         let got = digest_at(want).get(raw);
@@ -373,25 +394,76 @@ fn check_typed(ch: &CommonHeader, raw: &[u8], want: usize, hd: usize, with_data:
     } else {
         (want + hd, want + hd, 0)
     };
-    let h = &raw[..want];
     if dd != 0 {
         let got = digest_at(data_end).get(raw);
         if crc32c(&raw[data_start..data_end]) != got {
             let cid = match ch.kind {
-                kind::CAPSULE_CMD => crate::queue_entry::sqe::CID.get(&h[CH_LEN..]),
-                _ => field::CCCID.get(h),
+                kind::CAPSULE_CMD => crate::queue_entry::sqe::CID.get(&raw[CH_LEN..want]),
+                _ => field::CCCID.get(raw),
             };
             return Err(PduError::DataDigest { kind: ch.kind, cid });
         }
     }
-    let pdu = typed(ch, h, data_end - data_start)?;
     // What a TermReq may carry (TERM_MAX_DATA); a longer one from a broken
     // peer is still taken as the termination it is.
-    let data = match pdu {
-        Pdu::H2CTermReq(_) | Pdu::C2HTermReq(_) => want..plen.min(want + TERM_MAX_DATA),
-        _ => data_start..data_end,
-    };
-    Ok((pdu, data))
+    if matches!(ch.kind, kind::H2C_TERM_REQ | kind::C2H_TERM_REQ) {
+        return Ok(want..plen.min(want + TERM_MAX_DATA));
+    }
+    Ok(data_start..data_end)
+}
+
+impl Framed<'_> {
+    /// Its PDU type.
+    pub fn kind(&self) -> u8 {
+        self.ch.kind
+    }
+
+    /// A CapsuleCmd's SQE, read where it lies (None for other PDU types).
+    /// With [`Framed::take`], a controller's commands without the generic
+    /// [`Pdu`] built, returned and matched again (a target's
+    /// `TargetQueue::receive`: -84 instructions per 4 KiB read command,
+    /// -117 per write, docs/notes/2026-11-28-h51zd-nvme-decode.md).
+    #[inline]
+    pub fn sqe(&self) -> Option<Sqe> {
+        (self.ch.kind == kind::CAPSULE_CMD).then(|| Sqe::from_slice(&self.buf[CH_LEN..CMD_HLEN]))
+    }
+
+    /// Take the PDU out of the buffer; its payload (empty if it has none)
+    /// stays where it was received.
+    #[inline]
+    pub fn take(self) -> Bytes {
+        let plen = self.ch.plen as usize;
+        if self.data.is_empty() {
+            self.buf.advance(plen);
+            return Bytes::new();
+        }
+        // Frozen before it is advanced past its header: `Bytes::advance` is
+        // ~10 instructions where `BytesMut::advance` is ~30 (its KIND_VEC
+        // branch).
+        let mut payload = self.buf.split_to(self.data.end).freeze();
+        payload.advance(self.data.start);
+        if plen > self.data.end {
+            self.buf.advance(plen - self.data.end);
+        }
+        payload
+    }
+
+    /// The typed PDU, taken out of the buffer (also when its typed fields
+    /// fail the last check, a data PDU's DATAL).
+    pub fn into_pdu(self) -> Result<Pdu, PduError> {
+        let mut pdu = match typed(&self.ch, &self.buf[..self.hlen], self.data.len()) {
+            Ok(p) => p,
+            Err(e) => {
+                self.buf.advance(self.ch.plen as usize);
+                return Err(e);
+            }
+        };
+        let data = self.take();
+        if !data.is_empty() {
+            pdu.set_data(data);
+        }
+        Ok(pdu)
+    }
 }
 
 impl Pdu {
@@ -619,6 +691,27 @@ pub fn encode_capsule_head(sqe: &Sqe, data_len: usize, digests: Digests, out: &m
     }
 }
 
+/// Append a CapsuleResp (completions, the controller's most common PDU)
+/// for `cqe`: the one encoder of its layout, [`Pdu::encode_into`]'s too.
+/// Inlined, so a controller completing a command does not build a
+/// [`Pdu`] only to have `encode_into` match it again (a target's
+/// `TcpWire::complete`: -23 instructions per 4 KiB write,
+/// docs/notes/2026-11-28-h51zd-nvme-decode.md).
+#[inline]
+pub fn encode_capsule_resp(cqe: &Cqe, digests: Digests, out: &mut Vec<u8>) {
+    // Built in an array of the header's fixed length, where the fields'
+    // bounds are known when compiling, then appended once.
+    let hd = if digests.header { DIGEST_LEN } else { 0 };
+    let mut h = [0u8; RESP_HLEN];
+    let fl = if hd != 0 { flags::HDGST } else { 0 };
+    CommonHeader { kind: kind::CAPSULE_RESP, flags: fl, hlen: RESP_HLEN as u8, pdo: 0, plen: (RESP_HLEN + hd) as u32 }.write(&mut h);
+    cqe.write(&mut h[CH_LEN..]);
+    out.extend_from_slice(&h);
+    if hd != 0 {
+        out.extend_from_slice(&crc32c(&h).to_le_bytes());
+    }
+}
+
 /// The data digest that follows in-capsule `data`, if the connection has
 /// data digests.
 pub fn capsule_data_digest(data: &[u8], digests: Digests) -> Option<[u8; DIGEST_LEN]> {
@@ -749,18 +842,7 @@ impl Pdu {
     /// are written in place without building the parts first.
     pub fn encode_into(&self, digests: Digests, out: &mut Vec<u8>) {
         if let Pdu::CapsuleResp(cqe) = self {
-            // Built in an array of the header's fixed length, where the
-            // fields' bounds are known when compiling, then appended once.
-            let hd = if digests.header { DIGEST_LEN } else { 0 };
-            let mut h = [0u8; RESP_HLEN];
-            let fl = if hd != 0 { flags::HDGST } else { 0 };
-            CommonHeader { kind: kind::CAPSULE_RESP, flags: fl, hlen: RESP_HLEN as u8, pdo: 0, plen: (RESP_HLEN + hd) as u32 }.write(&mut h);
-            cqe.write(&mut h[CH_LEN..]);
-            out.extend_from_slice(&h);
-            if hd != 0 {
-                out.extend_from_slice(&crc32c(&h).to_le_bytes());
-            }
-            return;
+            return encode_capsule_resp(cqe, digests, out);
         }
         if let Pdu::CapsuleCmd(c) = self {
             return encode_capsule(&c.sqe, &c.data, digests, out);

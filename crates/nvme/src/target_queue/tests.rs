@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::limits::MAX_QUEUE_ENTRIES;
 use crate::fabrics::NQN_MAX_LEN;
 use crate::queue_entry::{nvm, Sgl};
-use crate::pdu::{IcReq, DATA_HLEN};
+use crate::pdu::{CapsuleCmd, IcReq, DATA_HLEN};
 use crate::subsystem::{Namespace, Subsystem};
 use bw_block::{BackendSpec, Volume};
 use std::time::Duration;
