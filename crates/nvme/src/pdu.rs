@@ -413,11 +413,6 @@ fn check(ch: &CommonHeader, raw: &[u8], want: usize, hd: usize, with_data: bool,
 }
 
 impl Framed<'_> {
-    /// Its PDU type.
-    pub fn kind(&self) -> u8 {
-        self.ch.kind
-    }
-
     /// A CapsuleCmd's SQE, read where it lies (None for other PDU types).
     /// With [`Framed::take`], a controller's commands without the generic
     /// [`Pdu`] built, returned and matched again (a target's
