@@ -300,6 +300,109 @@ pub struct Framed<'a> {
     data: Range<usize>,
 }
 
+// The checks shared by `frame` (and `check`, `Framed::into_pdu`) and
+// `peek_data_header`: the one copy of each. Macros, so that a failed check
+// returns its error from the function that makes it, as each did with its
+// own copy: as `#[inline(always)]` functions returning a `Result`, the
+// errors' fields were packed on the per-PDU path whatever the PDU, +6 to
+// +15 instructions per `frame`, +9 per `peek_data_header` (callgrind,
+// docs/notes/2026-11-28-h51pk-data-header-checks.md).
+
+/// A PDU's layout as its common header gives it: `check_common!`.
+struct Layout {
+    /// Its header's length (without the header digest).
+    hlen: usize,
+    /// Its header digest's length (0 or [`DIGEST_LEN`]).
+    hd: usize,
+    /// It has room for a payload after the header and is a type that
+    /// carries one (its DDGST flag and PDO mean something: `check_payload!`).
+    with_data: bool,
+}
+
+/// The checks of a PDU's common header, all its first [`CH_LEN`] bytes
+/// allow, once its type is known to have `want`-byte headers, in this
+/// order: header length, HDGST flag against the negotiated digests (IC
+/// PDUs: no digest flags at all; TermReqs: taken without digests), `plen`
+/// against `max_plen`, then against the least the header needs and the
+/// room the type may have for a payload. Gives its [`Layout`].
+macro_rules! check_common {
+    ($ch:expr, $want:expr, $digests:expr, $max_plen:expr) => {{
+        let (ch, want, digests, max_plen): (&CommonHeader, usize, Digests, u32) = ($ch, $want, $digests, $max_plen);
+        if ch.hlen as usize != want {
+            return Err(PduError::BadHlen { kind: ch.kind, hlen: ch.hlen, want: want as u8 });
+        }
+        let is_ic = matches!(ch.kind, kind::IC_REQ | kind::IC_RESP);
+        let is_term = matches!(ch.kind, kind::H2C_TERM_REQ | kind::C2H_TERM_REQ);
+        // TermReqs are sent when the digest state may be in doubt: like Linux, take
+        // them without digests.
+        let hd = if is_ic || is_term {
+            if ch.flags & (flags::HDGST | flags::DDGST) != 0 && is_ic {
+                return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
+            }
+            0
+        } else {
+            if (ch.flags & flags::HDGST != 0) != digests.header {
+                return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
+            }
+            if digests.header { DIGEST_LEN } else { 0 }
+        };
+        let plen = ch.plen as usize;
+        if ch.plen > max_plen {
+            return Err(PduError::TooLarge { plen: ch.plen, max: max_plen });
+        }
+        if plen < want + hd || (is_ic && plen != IC_LEN) {
+            return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
+        }
+        let has_data_room = plen > want + hd;
+        let carries_data = matches!(ch.kind, kind::CAPSULE_CMD | kind::H2C_DATA | kind::C2H_DATA);
+        if has_data_room && !carries_data && !is_term {
+            return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
+        }
+        Layout { hlen: want, hd, with_data: has_data_room && carries_data }
+    }};
+}
+
+
+/// The header digest of a PDU `raw` whose `hlen`-byte header it follows
+/// (at least `hlen` + [`DIGEST_LEN`] bytes of it).
+macro_rules! check_header_digest {
+    ($ch:expr, $raw:expr, $hlen:expr) => {{
+        let (ch, raw, hlen): (&CommonHeader, &[u8], usize) = ($ch, $raw, $hlen);
+        if crc32c(&raw[..hlen]) != digest_at(hlen).get(raw) {
+            return Err(PduError::HeaderDigest { kind: ch.kind });
+        }
+    }};
+}
+
+/// The payload bounds of a `plen`-byte PDU that carries data
+/// (`Layout::with_data`) and whose header (with its digest) ends at
+/// `header_end`: its DDGST flag against the negotiated digests, then PDO.
+/// Gives where the payload starts and the data digest's length.
+macro_rules! check_payload {
+    ($ch:expr, $header_end:expr, $plen:expr, $digests:expr) => {{
+        let (ch, header_end, plen, digests): (&CommonHeader, usize, usize, Digests) = ($ch, $header_end, $plen, $digests);
+        let dd = if ch.flags & flags::DDGST != 0 { DIGEST_LEN } else { 0 };
+        if (dd != 0) != digests.data {
+            return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
+        }
+        let pdo = ch.pdo as usize;
+        if pdo < header_end || pdo + dd > plen {
+            return Err(PduError::BadPdo { kind: ch.kind, pdo: ch.pdo });
+        }
+        (pdo, dd)
+    }};
+}
+
+/// A data PDU's DATAL (in its header `h`) against its payload's length.
+macro_rules! check_datal {
+    ($ch:expr, $h:expr, $data_len:expr) => {{
+        let (ch, h, data_len): (&CommonHeader, &[u8], usize) = ($ch, $h, $data_len);
+        if field::DATAL.get(h) as usize != data_len {
+            return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
+        }
+    }};
+}
+
 /// Every check of the PDU at the front of `buf` but a data PDU's DATAL
 /// (the one [`Framed::into_pdu`] makes): its common header, each field
 /// as soon as its 8 bytes are in, then, once all `plen` bytes are, its
@@ -316,36 +419,8 @@ pub fn frame(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opti
     }
     let ch = CommonHeader::parse(&buf[..CH_LEN]);
     let want = expected_hlen(ch.kind).ok_or(PduError::UnknownType(ch.kind))?;
-    if ch.hlen as usize != want {
-        return Err(PduError::BadHlen { kind: ch.kind, hlen: ch.hlen, want: want as u8 });
-    }
-    let is_ic = matches!(ch.kind, kind::IC_REQ | kind::IC_RESP);
-    let is_term = matches!(ch.kind, kind::H2C_TERM_REQ | kind::C2H_TERM_REQ);
-    // TermReqs are sent when the digest state may be in doubt: like Linux, take
-    // them without digests.
-    let hd = if is_ic || is_term {
-        if ch.flags & (flags::HDGST | flags::DDGST) != 0 && is_ic {
-            return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
-        }
-        0
-    } else {
-        if (ch.flags & flags::HDGST != 0) != digests.header {
-            return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
-        }
-        if digests.header { DIGEST_LEN } else { 0 }
-    };
+    let Layout { hlen: want, hd, with_data } = check_common!(&ch, want, digests, max_plen);
     let plen = ch.plen as usize;
-    if ch.plen > max_plen {
-        return Err(PduError::TooLarge { plen: ch.plen, max: max_plen });
-    }
-    if plen < want + hd || (is_ic && plen != IC_LEN) {
-        return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
-    }
-    let has_data_room = plen > want + hd;
-    let carries_data = matches!(ch.kind, kind::CAPSULE_CMD | kind::H2C_DATA | kind::C2H_DATA);
-    if has_data_room && !carries_data && !is_term {
-        return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
-    }
     if buf.len() < plen {
         buf.reserve(plen - buf.len());
         return Ok(None);
@@ -357,7 +432,7 @@ pub fn frame(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opti
     // command, which has no payload, -39 per 4 KiB write with the payload
     // handled as in `Framed::take` (docs/notes/2026-11-27-h51t-nvme-target.md,
     // docs/notes/2026-11-27-h51x-nvme-writes.md).
-    match check(&ch, &buf[..plen], want, hd, has_data_room && carries_data, digests) {
+    match check(&ch, &buf[..plen], want, hd, with_data, digests) {
         Ok(data) => Ok(Some(Framed { buf, ch, hlen: want, data })),
         Err(e) => {
             buf.advance(plen);
@@ -374,22 +449,12 @@ pub fn frame(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opti
 fn check(ch: &CommonHeader, raw: &[u8], want: usize, hd: usize, with_data: bool, digests: Digests) -> Result<Range<usize>, PduError> {
     let plen = raw.len();
     if hd != 0 {
-        let got = digest_at(want).get(raw);
-        if crc32c(&raw[..want]) != got {
-            return Err(PduError::HeaderDigest { kind: ch.kind });
-        }
+        check_header_digest!(ch, raw, want);
     }
     // Payload bounds, and whether a data digest follows the payload (only
     // a PDU that carries data has one: a TermReq's DDGST flag means nothing).
     let (data_start, data_end, dd) = if with_data {
-        let dd = if ch.flags & flags::DDGST != 0 { DIGEST_LEN } else { 0 };
-        if (dd != 0) != digests.data {
-            return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
-        }
-        let pdo = ch.pdo as usize;
-        if pdo < want + hd || pdo + dd > plen {
-            return Err(PduError::BadPdo { kind: ch.kind, pdo: ch.pdo });
-        }
+        let (pdo, dd) = check_payload!(ch, want + hd, plen, digests);
         (pdo, plen - dd, dd)
     } else {
         (want + hd, want + hd, 0)
@@ -503,10 +568,7 @@ fn typed(ch: &CommonHeader, h: &[u8], data_len: usize) -> Result<Pdu, PduError> 
         kind::CAPSULE_CMD => Pdu::CapsuleCmd(CapsuleCmd { sqe: Sqe::from_slice(&h[CH_LEN..CH_LEN + 64]), data: Bytes::new() }),
         kind::CAPSULE_RESP => Pdu::CapsuleResp(Cqe::parse(&h[CH_LEN..CH_LEN + 16])),
         kind::H2C_DATA | kind::C2H_DATA => {
-            let length = field::DATAL.get(h);
-            if length as usize != data_len {
-                return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
-            }
+            check_datal!(ch, h, data_len);
             let DataPduHeader { cid, ttag, offset, last, success } = data_header(h, ch.flags);
             let d = DataPdu { cid, ttag, offset, last, success, data: Bytes::new() };
             if ch.kind == kind::H2C_DATA {
@@ -549,41 +611,26 @@ pub fn peek_data_header(buf: &[u8], digests: Digests, max_plen: u32) -> Result<O
     if !matches!(ch.kind, kind::C2H_DATA | kind::H2C_DATA) {
         return Ok(None);
     }
-    if ch.hlen as usize != DATA_HLEN {
-        return Err(PduError::BadHlen { kind: ch.kind, hlen: ch.hlen, want: DATA_HLEN as u8 });
-    }
-    if (ch.flags & flags::HDGST != 0) != digests.header {
-        return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
-    }
-    let hd = if digests.header { DIGEST_LEN } else { 0 };
-    if ch.plen > max_plen {
-        return Err(PduError::TooLarge { plen: ch.plen, max: max_plen });
-    }
-    let plen = ch.plen as usize;
-    if plen < DATA_HLEN + hd {
-        return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
-    }
-    if plen == DATA_HLEN + hd {
+    // `decode`'s checks, its very code, in the order the bytes allow: the
+    // common header's; the payload bounds, which need only the common
+    // header (`check` makes them after the header digest, once all of the
+    // PDU is in); the header digest once the header is in; DATAL (which
+    // `decode` makes after the data digest, which this never sees). So of
+    // a PDU with two faults this may report the other one.
+    let Layout { hlen, hd, with_data } = check_common!(&ch, DATA_HLEN, digests, max_plen);
+    if !with_data {
         return Ok(None);
     }
-    let dd = if ch.flags & flags::DDGST != 0 { DIGEST_LEN } else { 0 };
-    if (dd != 0) != digests.data {
-        return Err(PduError::DigestFlags { kind: ch.kind, flags: ch.flags });
-    }
-    let pdo = ch.pdo as usize;
-    if pdo < DATA_HLEN + hd || pdo + dd > plen {
-        return Err(PduError::BadPdo { kind: ch.kind, pdo: ch.pdo });
-    }
+    let plen = ch.plen as usize;
+    let (pdo, dd) = check_payload!(&ch, hlen + hd, plen, digests);
     if buf.len() < pdo {
         return Ok(None);
     }
-    if hd != 0 && crc32c(&buf[..DATA_HLEN]) != digest_at(DATA_HLEN).get(buf) {
-        return Err(PduError::HeaderDigest { kind: ch.kind });
+    if hd != 0 {
+        check_header_digest!(&ch, buf, hlen);
     }
     let data_len = plen - dd - pdo;
-    if field::DATAL.get(buf) as usize != data_len {
-        return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
-    }
+    check_datal!(&ch, buf, data_len);
     let hdr = data_header(buf, ch.flags);
     Ok(Some(DataHeaderView { kind: ch.kind, hdr, data_start: pdo, data_len, ddgst: dd != 0 }))
 }

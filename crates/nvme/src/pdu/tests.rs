@@ -399,3 +399,270 @@ proptest! {
         assert_sqe_path_agrees(&all, if same { enc } else { d }, 1 << 20);
     }
 }
+
+/// One fault put into a valid data PDU by [`faulty_data_pdu`]: a header
+/// field, a digest, or `max_plen`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    Hlen,
+    HdgstFlag,
+    TooLarge,
+    /// PLEN short of the header (and its digest).
+    PlenShort,
+    /// PLEN of the header alone: no room for the payload DATAL names.
+    PlenNoData,
+    /// PLEN one byte more than header, payload and digests.
+    PlenLong,
+    HeaderDigest,
+    DdgstFlag,
+    /// PDO inside the header or its digest.
+    PdoLow,
+    /// PDO past where the data digest (or the PDU) starts.
+    PdoHigh,
+    /// PDO where the data digest (or the PDU's end) starts: an empty payload.
+    PdoEnd,
+    DataDigest,
+    /// DATAL two more than the payload (PLEN one more is a fault of its own).
+    Datal,
+}
+
+const FAULTS: [Fault; 13] = {
+    use Fault::*;
+    [Hlen, HdgstFlag, TooLarge, PlenShort, PlenNoData, PlenLong, HeaderDigest, DdgstFlag, PdoLow, PdoHigh, PdoEnd, DataDigest, Datal]
+};
+
+impl Fault {
+    /// It can be put into a PDU with an `n`-byte payload and `d`.
+    fn applies(self, n: usize, d: Digests) -> bool {
+        use Fault::*;
+        match self {
+            HeaderDigest => d.header,
+            DataDigest => d.data && n > 0,
+            PlenNoData | PlenLong | DdgstFlag | PdoLow | PdoHigh | PdoEnd => n > 0,
+            _ => true,
+        }
+    }
+    /// The field it sets: two faults on one field are not combined.
+    fn field(self) -> u8 {
+        use Fault::*;
+        match self {
+            PlenShort | PlenNoData | PlenLong => 100,
+            PdoLow | PdoHigh | PdoEnd => 101,
+            f => f as u8,
+        }
+    }
+    /// Its place in `decode`'s order of checks (0-3: the common header's,
+    /// made as soon as 8 bytes are in; the rest once all PLEN bytes are).
+    fn decode_rank(self) -> u8 {
+        use Fault::*;
+        match self {
+            Hlen => 0,
+            HdgstFlag => 1,
+            TooLarge => 2,
+            PlenShort => 3,
+            HeaderDigest => 4,
+            DdgstFlag => 5,
+            PdoLow | PdoHigh => 6,
+            DataDigest => 7,
+            PlenNoData | PlenLong | PdoEnd | Datal => 8,
+        }
+    }
+    /// Its place in `peek_data_header`'s order (0-3 as `decode`; 5-6 from
+    /// the common header alone too; 7-8 once PDO bytes are in); None: not
+    /// seen (the data digest follows the payload; with no room for a
+    /// payload, peek has nothing to say).
+    fn peek_rank(self) -> Option<u8> {
+        use Fault::*;
+        match self {
+            Hlen => Some(0),
+            HdgstFlag => Some(1),
+            TooLarge => Some(2),
+            PlenShort => Some(3),
+            DdgstFlag => Some(5),
+            PdoLow | PdoHigh => Some(6),
+            HeaderDigest => Some(7),
+            PlenLong | PdoEnd | Datal => Some(8),
+            DataDigest | PlenNoData => None,
+        }
+    }
+    /// The error it is reported as, for the faulty header `ch`.
+    fn error(self, ch: &CommonHeader, max: u32, cid: u16) -> PduError {
+        use Fault::*;
+        let kind = ch.kind;
+        match self {
+            Hlen => PduError::BadHlen { kind, hlen: ch.hlen, want: DATA_HLEN as u8 },
+            HdgstFlag | DdgstFlag => PduError::DigestFlags { kind, flags: ch.flags },
+            TooLarge => PduError::TooLarge { plen: ch.plen, max },
+            PlenShort | PlenNoData | PlenLong | PdoEnd | Datal => PduError::BadPlen { kind, plen: ch.plen },
+            HeaderDigest => PduError::HeaderDigest { kind },
+            PdoLow | PdoHigh => PduError::BadPdo { kind, pdo: ch.pdo },
+            DataDigest => PduError::DataDigest { kind, cid },
+        }
+    }
+}
+
+const CID: u16 = 0x1234;
+
+/// A data PDU of `kind` with an `n`-byte payload (after `pad` bytes of
+/// padding, PDO = header + digest + pad), digests `d`, with `faults` put
+/// in, both digests made anew over what they cover after the header
+/// faults (so that each fault is the only one), then `max_plen`.
+fn faulty_data_pdu(kind: u8, d: Digests, n: usize, pad: usize, faults: &[Fault]) -> (Vec<u8>, u32) {
+    use Fault::*;
+    let hd = if d.header { DIGEST_LEN } else { 0 };
+    let dd = if d.data && n > 0 { DIGEST_LEN } else { 0 };
+    let mut plen = DATA_HLEN + hd + pad + n + dd;
+    let mut b = vec![0xEEu8; plen];
+    let mut fl = flags::DATA_LAST | if kind == kind::C2H_DATA { flags::DATA_SUCCESS } else { 0 };
+    fl |= if hd != 0 { flags::HDGST } else { 0 } | if dd != 0 { flags::DDGST } else { 0 };
+    let mut pdo = if n > 0 { DATA_HLEN + hd + pad } else { 0 };
+    let mut datal = n as u32;
+    for i in 0..n {
+        b[DATA_HLEN + hd + pad + i] = i as u8 * 7 + 1;
+    }
+    let mut hlen = DATA_HLEN as u8;
+    // PLEN first: PDO faults are relative to it.
+    for f in faults {
+        match f {
+            PlenShort => plen = DATA_HLEN + hd - 1,
+            PlenNoData => plen = DATA_HLEN + hd,
+            PlenLong => {
+                plen += 1;
+                b.push(0xAB);
+            }
+            _ => {}
+        }
+    }
+    for f in faults {
+        match f {
+            Hlen => hlen += 1,
+            HdgstFlag => fl ^= flags::HDGST,
+            DdgstFlag => fl ^= flags::DDGST,
+            PdoLow => pdo = DATA_HLEN + hd - 1,
+            PdoHigh => pdo = plen - dd + 1,
+            PdoEnd => pdo = plen - dd,
+            Datal => datal += 2,
+            _ => {}
+        }
+    }
+    CommonHeader { kind, flags: fl, hlen, pdo: u8::try_from(pdo).unwrap(), plen: plen as u32 }.write(&mut b);
+    field::CCCID.set(&mut b, CID);
+    field::TTAG.set(&mut b, if kind == kind::H2C_DATA { 0x55 } else { 0 });
+    field::DATAO.set(&mut b, 0x10000);
+    field::DATAL.set(&mut b, datal);
+    if dd != 0 && pdo >= DATA_HLEN + hd && pdo + DIGEST_LEN <= plen && plen <= b.len() {
+        let c = crc32c(&b[pdo..plen - DIGEST_LEN]);
+        digest_at(plen - DIGEST_LEN).set(&mut b, c);
+    }
+    if hd != 0 {
+        let c = crc32c(&b[..DATA_HLEN]);
+        digest_at(DATA_HLEN).set(&mut b, c);
+    }
+    if faults.contains(&HeaderDigest) {
+        b[DATA_HLEN] ^= 1;
+    }
+    // (No data digest in a PDU cut short of its payload.)
+    if faults.contains(&DataDigest) && plen > DATA_HLEN + hd {
+        b[plen - 1] ^= 1;
+    }
+    let max = if faults.contains(&TooLarge) { plen as u32 - 1 } else { 1 << 20 };
+    (b, max)
+}
+
+/// Data PDUs (both kinds, every digest combination, payloads of 0-64
+/// bytes, with and without padding before them) with no fault, each
+/// fault, and each pair of faults on different fields, cut at every
+/// length: `decode` and `peek_data_header` each report the error of the
+/// fault it checks first, in its own order, as soon as it has the bytes
+/// for it, and agree on the PDU when neither finds one. They differ only
+/// in what peek cannot see or does not look at: the data digest, a PDU
+/// without room for a payload (peek: `None`), bytes past PDO (peek needs
+/// none of them), and so the order (PDO and DDGST before the header
+/// digest; DATAL before the data digest).
+#[test]
+fn peek_data_header_and_decode_report_each_fault_as_specified() {
+    let all = [NONE, BOTH, Digests { header: true, data: false }, Digests { header: false, data: true }];
+    let mut checked = 0usize;
+    for kind in [kind::H2C_DATA, kind::C2H_DATA] {
+        for d in all {
+            for (n, pad) in [(0, 0), (1, 0), (5, 0), (5, 4), (64, 0), (64, 4)] {
+                let mut sets: Vec<Vec<Fault>> = vec![vec![]];
+                let fs: Vec<Fault> = FAULTS.iter().copied().filter(|f| f.applies(n, d)).collect();
+                for (i, &a) in fs.iter().enumerate() {
+                    sets.push(vec![a]);
+                    for &b in &fs[i + 1..] {
+                        if a.field() != b.field() {
+                            sets.push(vec![a, b]);
+                        }
+                    }
+                }
+                for faults in sets {
+                    let (b, max) = faulty_data_pdu(kind, d, n, pad, &faults);
+                    let ch = CommonHeader::parse(&b);
+                    let (plen, pdo) = (ch.plen as usize, ch.pdo as usize);
+                    let hd = if d.header { DIGEST_LEN } else { 0 };
+                    let no_room = plen == DATA_HLEN + hd;
+                    let what = format!("{kind:#x} {d:?} n {n} pad {pad} {faults:?}");
+                    // decode's first fault; with no room for a payload,
+                    // DDGST, PDO and the data digest are not looked at.
+                    let dec_first = faults
+                        .iter()
+                        .filter(|f| !(no_room && matches!(f, Fault::DdgstFlag | Fault::PdoLow | Fault::PdoHigh | Fault::DataDigest)))
+                        .min_by_key(|f| f.decode_rank())
+                        .copied();
+                    let peek_first = faults.iter().filter_map(|f| f.peek_rank().map(|r| (r, *f))).min_by_key(|x| x.0);
+                    for cut in 0..=b.len() {
+                        // decode
+                        let mut buf = BytesMut::from(&b[..cut]);
+                        let got = decode(&mut buf, d, max);
+                        let want = match dec_first {
+                            _ if cut < CH_LEN => Ok(false),
+                            Some(f) if f.decode_rank() <= 3 => Err(f.error(&ch, max, CID)),
+                            _ if cut < plen => Ok(false),
+                            Some(f) => Err(f.error(&ch, max, CID)),
+                            None => Ok(true),
+                        };
+                        match (&got, &want) {
+                            (Ok(Some(Pdu::H2CData(p) | Pdu::C2HData(p))), Ok(true)) => {
+                                assert_eq!(got.as_ref().unwrap().as_ref().unwrap().kind(), kind, "{what} cut {cut}");
+                                assert_eq!((p.cid, p.offset, p.last, p.success), (CID, 0x10000, true, kind == kind::C2H_DATA), "{what}");
+                                assert_eq!(&p.data[..], &b[pdo..pdo + n], "{what}");
+                            }
+                            (Ok(None), Ok(false)) => {}
+                            (Err(g), Err(w)) => assert_eq!(g, w, "decode: {what} cut {cut}"),
+                            _ => panic!("decode: {what} cut {cut}: got {got:?}, want {want:?}"),
+                        }
+                        // peek_data_header
+                        let got = peek_data_header(&b[..cut], d, max);
+                        let want = match peek_first {
+                            _ if cut < CH_LEN => Ok(false),
+                            Some((r, f)) if r <= 3 => Err(f.error(&ch, max, CID)),
+                            _ if no_room => Ok(false),
+                            Some((r, f)) if r <= 6 => Err(f.error(&ch, max, CID)),
+                            _ if cut < pdo => Ok(false),
+                            Some((_, f)) => Err(f.error(&ch, max, CID)),
+                            None => Ok(true),
+                        };
+                        match (&got, &want) {
+                            (Ok(Some(v)), Ok(true)) => {
+                                let hdr = DataPduHeader {
+                                    cid: CID,
+                                    ttag: if kind == kind::H2C_DATA { 0x55 } else { 0 },
+                                    offset: 0x10000,
+                                    last: true,
+                                    success: kind == kind::C2H_DATA,
+                                };
+                                assert_eq!(*v, DataHeaderView { kind, hdr, data_start: pdo, data_len: n, ddgst: d.data }, "{what} cut {cut}");
+                            }
+                            (Ok(None), Ok(false)) => {}
+                            (Err(g), Err(w)) => assert_eq!(g, w, "peek: {what} cut {cut}"),
+                            _ => panic!("peek: {what} cut {cut}: got {got:?}, want {want:?}"),
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 100_000, "{checked}");
+}
