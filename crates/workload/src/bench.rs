@@ -3,6 +3,7 @@
 //! keeps one request outstanding, so `numjobs * iodepth` requests are in
 //! flight. Latency is recorded per request in HDR histograms.
 
+use crate::clock::LatencyClock;
 use crate::cpu::CpuTimes;
 use bw_initiator::{BlockClient, HeldIo};
 use hdrhistogram::Histogram;
@@ -52,6 +53,8 @@ struct Shared {
     issued: AtomicU64,
     limit: u64,
     measuring: AtomicBool,
+    /// Every request's start and end ([`LatencyClock`]).
+    clock: LatencyClock,
     /// Every worker's latencies, in one pair of histograms. A pair per
     /// worker (176 KiB each at these bounds) spread 32 workers' counters
     /// over 11 MiB, and the counters a run's latencies fall in over more
@@ -152,7 +155,11 @@ fn blocks_per_job<C: BlockClient + ?Sized>(client: &C, p: &BenchParams) -> Resul
 pub async fn bench<C: HeldIo + ?Sized + 'static>(client: Arc<C>, p: &BenchParams) -> Result<BenchReport, BenchError> {
     let blocks_per_job = blocks_per_job(client.as_ref(), p)?;
     let numjobs = p.numjobs.max(1) as u64;
+    // Before any request or CPU time is counted: the first in a process
+    // calibrates the TSC.
+    let clock = LatencyClock::new();
     let shared = Arc::new(Shared {
+        clock,
         stop: AtomicBool::new(false),
         issued: AtomicU64::new(0),
         limit: p.ios.map_or(u64::MAX, |n| n + p.ramp_ios),
@@ -319,20 +326,6 @@ fn latency(h: &Histogram<u64>) -> Latency {
 
 const PAGE: usize = 4096;
 
-/// The monotonic clock (`Instant`'s) in nanoseconds: a request's latency
-/// is then one subtraction, where `Instant::saturating_duration_since` and
-/// `Duration::as_nanos` were ~60 instructions per request, ~3% of the
-/// client's user-space work at 4 KiB QD32 (callgrind, 2026-11-28).
-#[inline]
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock id and a timespec to write; CLOCK_MONOTONIC
-    // cannot fail on Linux (and a zero reading would only make one
-    // latency 0, floored at 100 ns by the recorder).
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 async fn worker<C: HeldIo + ?Sized>(
     client: Arc<C>,
     shared: Arc<Shared>,
@@ -368,7 +361,7 @@ async fn worker<C: HeldIo + ?Sized>(
     // QD32 (docs/notes/2026-11-26-floor-3.md), where the floor's load
     // generator reads no clock per request at all.
     let mut recorder = Recorder::new(&shared);
-    let mut t = monotonic_ns();
+    let mut t = shared.clock.now();
     loop {
         if shared.stop.load(Ordering::Relaxed) || shared.issued.fetch_add(1, Ordering::Relaxed) >= shared.limit {
             return Ok(());
@@ -381,8 +374,8 @@ async fn worker<C: HeldIo + ?Sized>(
         let offset = job_base + block * p.bs as u64;
         let is_read = read_pct == 100 || (read_pct > 0 && rng.gen_range(0..100u8) < read_pct);
         let r = if is_read { client.read_held(offset, buf).await } else { client.write_owned_held(offset, data.clone()).await };
-        let end = monotonic_ns();
-        let ns = end.saturating_sub(t);
+        let end = shared.clock.now();
+        let ns = shared.clock.ns_between(t, end);
         t = end;
         r.map_err(|source| BenchError::Io { op: if is_read { "read" } else { "write" }, offset, len: p.bs, source })?;
         if shared.measuring.load(Ordering::Relaxed) {

@@ -6,6 +6,7 @@
 //!   client's CPU time.
 
 pub mod bench;
+mod clock;
 pub mod cpu;
 pub mod flowop;
 pub mod pattern;
