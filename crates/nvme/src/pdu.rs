@@ -362,7 +362,6 @@ macro_rules! check_common {
     }};
 }
 
-
 /// The header digest of a PDU `raw` whose `hlen`-byte header it follows
 /// (at least `hlen` + [`DIGEST_LEN`] bytes of it).
 macro_rules! check_header_digest {

@@ -43,15 +43,21 @@ impl Wake for MemberWaker {
 /// completions woke submitted 32 requests that left in one send after
 /// ~30 µs of client work: the target then slept while the client
 /// worked, and the client while the target did. On this 2-CPU host the
-/// machine sat 40-50% idle at 4 KiB QD32 over NVMe/TCP and iSCSI, each
-/// batch paying two wakes. Sent four at a time, the target starts on
-/// the first four while the client prepares the next: idle 7-16%, IOPS
-/// x1.6-2.2, target CPU per request -15-25%, client's -5-15% (MTU 9000,
-/// reads and writes, 2 interleaved rounds, 2026-11-28; one at a time
-/// and two at a time cost more per request in sends, eight left the
-/// machine ~30% idle: docs/notes/2026-11-28-merges-18.md). fio too sends
-/// each request as it is queued unless told to batch
-/// (`iodepth_batch_submit`, 1 by default).
+/// machine sat 40-50% idle at 4 KiB QD32 over NVMe/TCP and iSCSI at MTU
+/// 9000, each batch paying two wakes. Sent four at a time, the target
+/// starts on the first four while the client prepares the next:
+/// `bench/tcp-floor` (3 interleaved rounds, this against the build
+/// before, 2026-11-28) measured idle 11-19% against 41-48%, IOPS x1.28
+/// (iSCSI reads) to x1.98 (NVMe/TCP writes), target CPU per request
+/// x0.75-0.95, the client's x0.92-1.07. At MTU 1500, where the two
+/// already overlapped (idle ~20%), IOPS moved x0.93-1.13 and CPU per
+/// request up to +15% in that run, within noise in another. One at a
+/// time cost 40-90% more CPU per request in sends; two at a time did as
+/// well on reads but worse on writes; eight, or staggering only a batch
+/// that found the target idle, left the machine 25-35% idle
+/// (docs/notes/2026-11-28-merges-18.md). fio too sends each request as
+/// it is queued unless told to batch (`iodepth_batch_submit`, 1 by
+/// default).
 const POLL_BATCH: usize = 4;
 
 pub(crate) struct ReadySet<F: Future> {
