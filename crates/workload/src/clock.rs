@@ -88,9 +88,12 @@ mod tests {
             let outer = t.elapsed().as_nanos() as u64;
             let ns = clock.ns_between(a, b);
             // At least the sleep, and inside Instant's interval (read
-            // around it), give or take a calibration error of 2%.
-            assert!(ns >= 19_600_000, "{ns} ns measured over a 20 ms sleep");
-            assert!(ns <= outer + outer / 50, "{ns} ns measured inside {outer} ns");
+            // around it), give or take a calibration error. quanta stops
+            // calibrating early only once its estimate holds within 10 ns
+            // over 500 samples (ppm); 5% leaves room for a calibration cut
+            // short at its 200 ms deadline on a loaded machine.
+            assert!(ns >= 19_000_000, "{ns} ns measured over a 20 ms sleep");
+            assert!(ns <= outer + outer / 20, "{ns} ns measured inside {outer} ns");
         }
     }
 
