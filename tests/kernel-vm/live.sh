@@ -68,7 +68,11 @@ mark P1
 
 step "waiting for LUN 1 (unit attention, then a rescan) and namespace 2 (no action)"
 poll 240 "iscsiadm -m session -R; lun_dev 1" || die "LUN 1 not found after rescans"
-dmesg | grep -q "LUN assignments on this target have changed" || die "no REPORTED LUNS DATA HAS CHANGED unit attention seen"
+# The I/O loop on LUN 0 meets the unit attention on its next command, which
+# may end after the rescan has found LUN 1 (a 4 MiB direct transfer takes a
+# while in this emulated guest: 2026-11-28, the rescan won by ~0.1 s and a
+# single look at dmesg failed), so wait for it as for the rest.
+poll 240 "dmesg | grep -q 'LUN assignments on this target have changed'" || die "no REPORTED LUNS DATA HAS CHANGED unit attention seen"
 poll 240 "ns_dev $inst 2" || die "namespace 2 did not appear"
 LUN1=$(lun_dev 1); NS2=$(ns_dev $inst 2)
 step "LUN 1 is /dev/$LUN1 ($(cat /sys/block/$LUN1/size) sectors), namespace 2 is /dev/$NS2 ($(cat /sys/block/$NS2/size) sectors)"
