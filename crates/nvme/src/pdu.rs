@@ -310,8 +310,6 @@ pub struct Framed<'a> {
 
 /// A PDU's layout as its common header gives it: `check_common!`.
 struct Layout {
-    /// Its header's length (without the header digest).
-    hlen: usize,
     /// Its header digest's length (0 or [`DIGEST_LEN`]).
     hd: usize,
     /// It has room for a payload after the header and is a type that
@@ -358,7 +356,7 @@ macro_rules! check_common {
         if has_data_room && !carries_data && !is_term {
             return Err(PduError::BadPlen { kind: ch.kind, plen: ch.plen });
         }
-        Layout { hlen: want, hd, with_data: has_data_room && carries_data }
+        Layout { hd, with_data: has_data_room && carries_data }
     }};
 }
 
@@ -418,7 +416,7 @@ pub fn frame(buf: &mut BytesMut, digests: Digests, max_plen: u32) -> Result<Opti
     }
     let ch = CommonHeader::parse(&buf[..CH_LEN]);
     let want = expected_hlen(ch.kind).ok_or(PduError::UnknownType(ch.kind))?;
-    let Layout { hlen: want, hd, with_data } = check_common!(&ch, want, digests, max_plen);
+    let Layout { hd, with_data } = check_common!(&ch, want, digests, max_plen);
     let plen = ch.plen as usize;
     if buf.len() < plen {
         buf.reserve(plen - buf.len());
@@ -616,17 +614,17 @@ pub fn peek_data_header(buf: &[u8], digests: Digests, max_plen: u32) -> Result<O
     // PDU is in); the header digest once the header is in; DATAL (which
     // `decode` makes after the data digest, which this never sees). So of
     // a PDU with two faults this may report the other one.
-    let Layout { hlen, hd, with_data } = check_common!(&ch, DATA_HLEN, digests, max_plen);
+    let Layout { hd, with_data } = check_common!(&ch, DATA_HLEN, digests, max_plen);
     if !with_data {
         return Ok(None);
     }
     let plen = ch.plen as usize;
-    let (pdo, dd) = check_payload!(&ch, hlen + hd, plen, digests);
+    let (pdo, dd) = check_payload!(&ch, DATA_HLEN + hd, plen, digests);
     if buf.len() < pdo {
         return Ok(None);
     }
     if hd != 0 {
-        check_header_digest!(&ch, buf, hlen);
+        check_header_digest!(&ch, buf, DATA_HLEN);
     }
     let data_len = plen - dd - pdo;
     check_datal!(&ch, buf, data_len);
