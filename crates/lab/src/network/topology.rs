@@ -111,6 +111,54 @@ impl Undo for MtuBefore {
     }
 }
 
+/// The algorithms a network namespace other than the first may take as its
+/// default (the first namespace's list: the kernel refuses any other with
+/// EPERM, whoever asks).
+const ALLOWED_CONGESTION: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+/// `list` (an allowed list as the kernel prints it) with `cc` added, or
+/// `None` where it is there already.
+fn allowed_with(list: &str, cc: &str) -> Option<String> {
+    let names: Vec<&str> = list.split_whitespace().collect();
+    (!names.contains(&cc)).then(|| names.into_iter().chain([cc]).collect::<Vec<_>>().join(" "))
+}
+
+/// The allowed list as it was before the run added an algorithm: put back.
+#[derive(Debug)]
+struct AllowedCongestionBefore(String);
+
+impl Undo for AllowedCongestionBefore {
+    fn undo(&self) -> anyhow::Result<()> {
+        std::fs::write(ALLOWED_CONGESTION, format!("{}\n", self.0)).map_err(|e| anyhow::anyhow!("{ALLOWED_CONGESTION}: {e}"))
+    }
+}
+
+/// Let the lab's namespaces take `cc` as their default (`--tcp-congestion`).
+/// The allowed list holds the system's default and reno unless an
+/// administrator widened it: on Debian with BBR chosen, "reno bbr", so
+/// `--tcp-congestion cubic` failed with sysctl's bare "Operation not
+/// permitted" (2026-11-28). The run adds `cc` to it, written to its state
+/// file first (`write FILE VALUE`) and put back at its end. A namespace
+/// keeps the default it took when the list shrinks again, so a run that
+/// restores the list does not change another run's namespaces.
+fn allow_congestion(cc: &str, tokens: &mut Vec<Token>) -> anyhow::Result<()> {
+    let list = std::fs::read_to_string(ALLOWED_CONGESTION).map_err(|e| anyhow::anyhow!("{ALLOWED_CONGESTION}: {e}"))?;
+    let list = list.trim().to_string();
+    let Some(wider) = allowed_with(&list, cc) else { return Ok(()) };
+    crate::hosts::local_state::record("write", ALLOWED_CONGESTION, &list)?;
+    let (t, ()) = registry().create(Resource::owned(AllowedCongestionBefore(list.clone())), || {
+        std::fs::write(ALLOWED_CONGESTION, format!("{wider}\n")).map_err(|e| {
+            let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
+            anyhow::anyhow!(
+                "--tcp-congestion {cc}: cannot add it to {ALLOWED_CONGESTION} ({list}), which the lab's namespaces need: {e} (the kernel has: {})",
+                available.trim()
+            )
+        })
+    })?;
+    tokens.push(t);
+    Ok(())
+}
+
 fn mtu_of(host: &Host, dev: &str) -> anyhow::Result<u32> {
     let out = host.ip(&["-j", "link", "show", "dev", dev])?;
     let v: serde_json::Value = serde_json::from_str(&out)?;
@@ -157,6 +205,9 @@ impl Topology {
         let (tns, cns) = names(pid);
         let reg = registry();
         let mut tokens = vec![];
+        if let Some(cc) = tcp_congestion {
+            allow_congestion(cc, &mut tokens)?;
+        }
         let (target, client) = (Host::LocalNamespace(tns.clone()), Host::LocalNamespace(cns.clone()));
         for host in [&target, &client] {
             let ns = host.name();
@@ -441,6 +492,46 @@ pub fn leftovers(pid: u32) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// A topology's names are the process's (`names`): tests that set one
+    /// up take turns.
+    static ONE_TOPOLOGY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn an_allowed_list_gains_only_what_it_lacks() {
+        assert_eq!(allowed_with("reno bbr", "cubic").as_deref(), Some("reno bbr cubic"));
+        assert_eq!(allowed_with("reno bbr", "bbr"), None);
+        assert_eq!(allowed_with("reno cubic\n", "cubic"), None);
+        assert_eq!(allowed_with("", "cubic").as_deref(), Some("cubic"));
+    }
+
+    /// `--tcp-congestion` with an algorithm the first namespace's allowed
+    /// list lacks (on this kind of machine "reno bbr", so cubic): the
+    /// namespaces take it, and the list is as before once the run is over.
+    #[test]
+    fn namespaces_take_an_algorithm_the_allowed_list_lacked() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (network namespaces)");
+            return;
+        }
+        let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap();
+        let allowed = std::fs::read_to_string(ALLOWED_CONGESTION).unwrap();
+        // One the kernel has but the list lacks, if any; else one it lists.
+        let cc = ["cubic", "reno", "bbr"]
+            .into_iter()
+            .find(|c| available.split_whitespace().any(|a| a == *c) && !allowed.split_whitespace().any(|a| a == *c))
+            .unwrap_or("reno");
+        let _one = ONE_TOPOLOGY.lock().unwrap_or_else(|p| p.into_inner());
+        let topo = Topology::setup(&[1500], Some(cc)).unwrap();
+        let took = |h: &Host| h.run("sysctl", &["-n", "net.ipv4.tcp_congestion_control"]).unwrap().trim().to_string();
+        let (t, c) = (took(&topo.target), took(&topo.client));
+        let during = std::fs::read_to_string(ALLOWED_CONGESTION).unwrap();
+        topo.teardown().unwrap();
+        assert_eq!((t.as_str(), c.as_str()), (cc, cc), "both namespaces default to {cc}");
+        assert!(during.split_whitespace().any(|a| a == cc), "allowed while the run lasts: {during}");
+        assert_eq!(std::fs::read_to_string(ALLOWED_CONGESTION).unwrap(), allowed, "the allowed list put back");
+    }
+
     #[test]
     fn names_fit_the_kernel_limit() {
         let (t, c) = veth_names(4_194_304, 25);
@@ -460,6 +551,7 @@ mod tests {
             eprintln!("skipped: needs root (network namespaces)");
             return;
         }
+        let _one = ONE_TOPOLOGY.lock().unwrap_or_else(|p| p.into_inner());
         let topo = Topology::setup(&[1500], None).unwrap();
         let link = topo.links[0].clone();
         let send = |n: u32| {
