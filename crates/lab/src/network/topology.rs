@@ -116,6 +116,9 @@ impl Undo for MtuBefore {
 /// EPERM, whoever asks).
 const ALLOWED_CONGESTION: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
 
+/// The algorithms the kernel has (built in or loaded).
+const AVAILABLE_CONGESTION: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+
 /// `list` (an allowed list as the kernel prints it) with `cc` added, or
 /// `None` where it is there already.
 fn allowed_with(list: &str, cc: &str) -> Option<String> {
@@ -137,7 +140,7 @@ impl Undo for AllowedCongestionBefore {
 /// The allowed list holds the system's default and reno unless an
 /// administrator widened it: on Debian with BBR chosen, "reno bbr", so
 /// `--tcp-congestion cubic` failed with sysctl's bare "Operation not
-/// permitted" (2026-11-28). The run adds `cc` to it, written to its state
+/// permitted". The run adds `cc` to it, written to its state
 /// file first (`write FILE VALUE`) and put back at its end. A namespace
 /// keeps the default it took when the list shrinks again, so a run that
 /// restores the list does not change another run's namespaces.
@@ -148,7 +151,7 @@ fn allow_congestion(cc: &str, tokens: &mut Vec<Token>) -> anyhow::Result<()> {
     crate::hosts::local_state::record("write", ALLOWED_CONGESTION, &list)?;
     let (t, ()) = registry().create(Resource::owned(AllowedCongestionBefore(list.clone())), || {
         std::fs::write(ALLOWED_CONGESTION, format!("{wider}\n")).map_err(|e| {
-            let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
+            let available = std::fs::read_to_string(AVAILABLE_CONGESTION).unwrap_or_default();
             anyhow::anyhow!(
                 "--tcp-congestion {cc}: cannot add it to {ALLOWED_CONGESTION} ({list}), which the lab's namespaces need: {e} (the kernel has: {})",
                 available.trim()
@@ -514,7 +517,7 @@ mod tests {
             eprintln!("skipped: needs root (network namespaces)");
             return;
         }
-        let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap();
+        let available = std::fs::read_to_string(AVAILABLE_CONGESTION).unwrap();
         let allowed = std::fs::read_to_string(ALLOWED_CONGESTION).unwrap();
         // One the kernel has but the list lacks, if any; else one it lists.
         let cc = ["cubic", "reno", "bbr"]
