@@ -6,15 +6,25 @@
 use std::os::fd::AsRawFd;
 use tokio::net::tcp::OwnedReadHalf;
 
-/// How long a read waits for the socket to hold more of a payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wakeups {
-    /// Take what is there each time the socket has anything.
-    Eager,
-    /// Sleep until this much of what is left (at most) is there
-    /// (`SO_RCVLOWAT`): fewer wakeups, each a larger copy.
-    LowWater(usize),
-}
+/// Most bytes a payload read waits for before the socket wakes us
+/// (`SO_RCVLOWAT`). A whole 1 MiB payload (one wakeup per read,
+/// docs/notes/2026-11-22-nvme-tcp-data-path.md) serialized the copy behind
+/// the whole transfer where data arrives in MTU-sized frames (the lab's
+/// veth links, GRO off), and the host waited for the target's last segment
+/// before copying the first: at queue depth 1 over MTU 1500 with host and
+/// target on separate CPUs, 438-440 MiB/s against 480-524 at 256 KiB
+/// (docs/notes/2026-11-25-nvme-datapath.md, where the whole matrix is).
+/// 256 KiB was the best single value over the paths measured (GRO off/on,
+/// MTU 1500/9000, queue depth 1/8, loopback).
+///
+/// Both initiators wait so, so that the lab compares protocols, not wakeup
+/// policies: an iSCSI initiator taking each segment as it came read 1 MiB
+/// at MTU 9000 at 1,093-1,184 MiB/s against NVMe/TCP's 1,610-1,655 under
+/// BBR (timer-paced on the lab's veth links, where each wakeup takes a CPU
+/// the sender shares), and tied with it under cubic; with the low-water
+/// mark it ties under both (1,457-1,801 against 1,554-1,777 under BBR) and
+/// spends 20-30% less CPU per read (docs/notes/2026-11-28-merges-20.md).
+pub(crate) const RCVLOWAT_MAX: usize = 256 << 10;
 
 fn set_rcvlowat(rd: &OwnedReadHalf, n: usize) {
     let v = n as libc::c_int;
@@ -171,14 +181,13 @@ fn low_water(need: usize, max: usize) -> usize {
 /// session's lock, so that a caller giving up takes its buffer back under
 /// the same lock) and says what it did.
 ///
-/// With [`Wakeups::LowWater`] the socket is told to wake us only once it
-/// holds what `fill` last said it needs: never more than will come, or
+/// The socket is told to wake us only once it holds what `fill` last said
+/// it needs (at most [`RCVLOWAT_MAX`]): never more than will come, or
 /// the read waits for bytes the target will never send (until the
 /// command's timeout; docs/notes/2026-11-26-tls-lowat.md).
 pub(crate) async fn recv(
     rd: &OwnedReadHalf,
     mut left: usize,
-    wakeups: Wakeups,
     mut fill: impl FnMut() -> std::io::Result<Filled>,
 ) -> Result<(), String> {
     let mut lowat = 1;
@@ -188,12 +197,10 @@ pub(crate) async fn recv(
             Ok(Filled::Placed { left: l }) => left = l,
             Ok(Filled::Closed) => return Err("target closed the connection".into()),
             Ok(Filled::Waiting { need }) => {
-                if let Wakeups::LowWater(max) = wakeups {
-                    let want = low_water(need, max);
-                    if want != lowat {
-                        set_rcvlowat(rd, want);
-                        lowat = want;
-                    }
+                let want = low_water(need, RCVLOWAT_MAX);
+                if want != lowat {
+                    set_rcvlowat(rd, want);
+                    lowat = want;
                 }
             }
             Err(e) => return Err(format!("receive failed: {e}")),

@@ -487,14 +487,14 @@ const READ_CHUNK: usize = 64 * 1024;
 // (6.4 reads per 4 KiB read at queue depth 32 on the lab's link).
 
 /// Read the rest of a Data-In payload from the socket straight into its
-/// command's buffer, as it arrives.
+/// command's buffer, woken as NVMe/TCP's is (`crate::direct::RCVLOWAT_MAX`).
 async fn recv_direct(rd: &OwnedReadHalf, landing: &mut crate::direct::Landing, sh: &Shared, d: &mut DirectRead, placed: bool) -> std::result::Result<(), String> {
     if placed {
         landing.go_on_placed();
     } else {
         landing.begin();
     }
-    crate::direct::recv(rd, d.left(), crate::direct::Wakeups::Eager, || {
+    crate::direct::recv(rd, d.left(), || {
         // Under the session lock: a caller that gives up takes its buffer
         // back under the same lock (`InFlight`).
         let r = sh.lock().s.direct_fill(d, |dst| landing.read(rd, dst));

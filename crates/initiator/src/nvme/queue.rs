@@ -360,24 +360,12 @@ const READ_CHUNK: usize = bw_nvme::host_queue::LARGE_READ;
 /// reads, docs/notes/2026-11-26-floor-4.md).
 const READ_CHUNK_SMALL_IO: usize = 256 * 1024;
 
-/// Most bytes a payload read waits for before the socket wakes us. A whole
-/// 1 MiB payload (one wakeup per read, docs/notes/2026-11-22-nvme-tcp-data-path.md)
-/// serialized the copy behind the whole transfer where data arrives in
-/// MTU-sized frames (the lab's veth links, GRO off), and the host waited
-/// for the target's last segment before copying the first: at queue depth
-/// 1 over MTU 1500 with host and target on separate CPUs, 438-440 MiB/s
-/// against 480-524 at 256 KiB and 616-632 for our iSCSI initiator; with GRO
-/// on, 428 against 948 (docs/notes/2026-11-25-nvme-datapath.md, where the
-/// whole matrix is). 256 KiB was the best single value over the paths
-/// measured (GRO off/on, MTU 1500/9000, queue depth 1/8, loopback).
-const RCVLOWAT_MAX: usize = 256 << 10;
-
 /// Read the rest of a C2HData payload from the socket straight into its
 /// command's buffer (one copy: measured against a copy through a 64 KiB
 /// staging buffer, 220 against 288 µs of client CPU per 1 MiB read, see
 /// docs/notes/2026-11-22-nvme-tcp-data-path.md). While the payload is
 /// large, the socket is told not to wake us before `SO_RCVLOWAT` bytes
-/// (what is left of it, at most [`RCVLOWAT_MAX`]) are there: fewer
+/// (what is left of it, at most [`crate::direct::RCVLOWAT_MAX`]) are there: fewer
 /// wakeups than one per segment (each costs the sender a cross-CPU IPI).
 async fn recv_direct(
     rd: &OwnedReadHalf,
@@ -391,7 +379,7 @@ async fn recv_direct(
     } else {
         landing.begin();
     }
-    crate::direct::recv(rd, dr.left(), crate::direct::Wakeups::LowWater(RCVLOWAT_MAX), || {
+    crate::direct::recv(rd, dr.left(), || {
         // Under the queue lock: a caller that gives up takes its buffer
         // back under the same lock (`InFlight`).
         let r = sh.lock().q.direct_fill(dr, |dst| landing.read(rd, dst));
@@ -415,7 +403,7 @@ async fn recv_direct_tls(
     sh: &Shared,
     dr: &mut DirectRead,
 ) -> std::result::Result<(), String> {
-    crate::direct::recv(rd, dr.left(), crate::direct::Wakeups::LowWater(RCVLOWAT_MAX), || {
+    crate::direct::recv(rd, dr.left(), || {
         let got = sh.lock().q.direct_fill(dr, |dst| r.fill_direct(rd, dst, buf));
         crate::direct::Filled::after(got, dr.left(), r.pending())
     })
