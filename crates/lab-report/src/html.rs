@@ -95,7 +95,10 @@ pub fn page(r: &Results) -> String {
                 p.note {
                     "Run " (r.started_utc) " → " (r.finished_utc) " on " (m.cpu_model) " (" (m.cpus) " CPUs, "
                     (m.mem_total_bytes >> 30) " GiB RAM, kernel " (m.kernel)
-                    @if !r.params.tcp_congestion.is_empty() { ", TCP congestion control " (r.params.tcp_congestion) " in the lab's namespaces" }
+                    @if !r.params.tcp_congestion.is_empty() {
+                        ", TCP congestion control " (r.params.tcp_congestion) " in the lab's namespaces"
+                        @if !m.tcp_congestion.is_empty() && m.tcp_congestion != r.params.tcp_congestion { " (the system's: " (m.tcp_congestion) ")" }
+                    }
                     @else if !m.tcp_congestion.is_empty() { ", TCP congestion control " (m.tcp_congestion) }
                     "). " (sw.blockwire) "; " @for p in &sw.peers { (p.version) "; " } (sw.fio) "."
                 }

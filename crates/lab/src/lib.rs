@@ -119,9 +119,12 @@ pub struct LabArgs {
     /// fs suite: seconds per flowop and fio run (default 4; --quick: 2).
     #[arg(long, value_name = "SECS")]
     pub fs_runtime: Option<u32>,
-    /// TCP congestion control inside the lab's namespaces, e.g. cubic or bbr
-    /// (default: system, what new namespaces inherit). Every TCP target and
-    /// client of a run uses it alike.
+    /// TCP congestion control inside the lab's namespaces: auto (the
+    /// default: cubic where the system's paces by timer, as BBR does on the
+    /// lab's veth links, which have no qdisc to pace for it; otherwise the
+    /// system's), system (what new namespaces inherit), or an algorithm,
+    /// e.g. cubic or bbr. Every TCP target and client of a run uses it alike;
+    /// between real hosts each keeps its own.
     #[arg(long, value_name = "NAME")]
     pub tcp_congestion: Option<String>,
     /// Run the targets on this host, ssh://[USER@]HOST[:PORT], instead of a
@@ -362,6 +365,8 @@ fn choices(args: &LabArgs) -> anyhow::Result<plan::Choices> {
         tls: args.tls.clone(),
         externals: external_subjects(args)?,
         mem_total: hosts::proc::machine_info().mem_total_bytes,
+        system_congestion: bw_net::tcp::system_default().unwrap_or_default(),
+        available_congestion: bw_net::tcp::available().unwrap_or_default(),
         cgroup: match hosts::cgroup::detect(std::path::Path::new(hosts::cgroup::ROOT)) {
             Ok((hosts::cgroup::Version::V1, _)) => "v1".into(),
             Ok((hosts::cgroup::Version::V2, _)) => "v2".into(),

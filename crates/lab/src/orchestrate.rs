@@ -241,8 +241,14 @@ fn set_up_topology(cx: &mut RunContext) -> anyhow::Result<Topology> {
     let topo = match connected {
         None => {
             cx.say("lab: creating namespaces and veth pairs ...");
-            let cc = Some(cx.plan().params.tcp_congestion.as_str()).filter(|c| !c.is_empty());
-            Topology::setup(&cx.plan().params.mtus, cc)?
+            let cc = Some(cx.plan().params.tcp_congestion.clone()).filter(|c| !c.is_empty());
+            if let (Some(cc), bw_net::tcp::Congestion::Auto) = (&cc, &cx.plan().tcp_congestion) {
+                let system = bw_net::tcp::system_default().unwrap_or_default();
+                cx.say(&format!(
+                    "lab: TCP congestion control {cc} in the namespaces: the system's {system} paces by timer on links without a qdisc (--tcp-congestion system keeps it)"
+                ));
+            }
+            Topology::setup(&cx.plan().params.mtus, cc.as_deref())?
         }
         Some(t) => {
             let l = &t.links[0];

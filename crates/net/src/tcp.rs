@@ -144,6 +144,25 @@ pub fn system_default() -> io::Result<String> {
     Ok(std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")?.trim().to_string())
 }
 
+/// The algorithms the kernel has, built in or loaded, as it prints them.
+pub const AVAILABLE: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+
+/// The algorithms the kernel has ([`AVAILABLE`]), space-separated.
+pub fn available() -> io::Result<String> {
+    Ok(std::fs::read_to_string(AVAILABLE)?.trim().to_string())
+}
+
+/// What links within one machine (loopback, veth pairs between network
+/// namespaces) should run instead of `default`: the first unpaced
+/// algorithm the kernel has (`available`, as [`AVAILABLE`] prints it)
+/// when `default` paces by timer; `None` to keep `default`.
+pub fn unpaced_in_place_of(default: &str, available: &str) -> Option<&'static str> {
+    if !paces_by_timer(default) {
+        return None;
+    }
+    UNPACED.into_iter().find(|a| available.split_whitespace().any(|x| x == *a))
+}
+
 /// Whether `ip` is one of this machine's addresses: binding to it works
 /// (without `net.ipv4.ip_nonlocal_bind`, only local addresses bind).
 pub fn is_own_address(ip: IpAddr) -> bool {
@@ -236,6 +255,15 @@ mod tests {
         for bad in ["", "cu bic", "../x", "a_name_too_long_x"] {
             assert!(bad.parse::<Congestion>().is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn unpaced_replacements() {
+        assert_eq!(unpaced_in_place_of("bbr", "reno bbr cubic"), Some("cubic"));
+        assert_eq!(unpaced_in_place_of("bbr3", "reno bbr3"), Some("reno"), "reno when cubic is not built");
+        assert_eq!(unpaced_in_place_of("cubic", "reno bbr cubic"), None, "an unpaced default is kept");
+        assert_eq!(unpaced_in_place_of("dctcp", "reno dctcp"), None);
+        assert_eq!(unpaced_in_place_of("bbr", "bbr"), None, "nothing to take");
     }
 
     #[test]

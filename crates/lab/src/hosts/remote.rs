@@ -157,9 +157,12 @@ pub fn adapt_plan(plan: &mut Plan, allow_nic_changes: bool) -> Vec<String> {
     if plan.links.iter().any(|l| l.bits_per_s.is_some()) && !allow_nic_changes {
         fatal.push("--link shapes a NIC's qdiscs: between real hosts the lab leaves them alone unless --allow-nic-changes (or use --link none)".to_string());
     }
-    if !plan.params.tcp_congestion.is_empty() {
+    // auto (the default) leaves real hosts' algorithms alone: they pace on
+    // real NICs, and it is what they would run in production.
+    if let bw_net::tcp::Congestion::Named(_) = plan.tcp_congestion {
         fatal.push("--tcp-congestion is a host-wide setting: between real hosts set it yourself (the report records each host's)".to_string());
     }
+    plan.params.tcp_congestion.clear();
     fatal
 }
 

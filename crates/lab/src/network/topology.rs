@@ -116,9 +116,6 @@ impl Undo for MtuBefore {
 /// EPERM, whoever asks).
 const ALLOWED_CONGESTION: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
 
-/// The algorithms the kernel has (built in or loaded).
-const AVAILABLE_CONGESTION: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
-
 /// `list` (an allowed list as the kernel prints it) with `cc` added, or
 /// `None` where it is there already.
 fn allowed_with(list: &str, cc: &str) -> Option<String> {
@@ -151,7 +148,7 @@ fn allow_congestion(cc: &str, tokens: &mut Vec<Token>) -> anyhow::Result<()> {
     crate::hosts::local_state::record("write", ALLOWED_CONGESTION, &list)?;
     let (t, ()) = registry().create(Resource::owned(AllowedCongestionBefore(list.clone())), || {
         std::fs::write(ALLOWED_CONGESTION, format!("{wider}\n")).map_err(|e| {
-            let available = std::fs::read_to_string(AVAILABLE_CONGESTION).unwrap_or_default();
+            let available = std::fs::read_to_string(bw_net::tcp::AVAILABLE).unwrap_or_default();
             anyhow::anyhow!(
                 "--tcp-congestion {cc}: cannot add it to {ALLOWED_CONGESTION} ({list}), which the lab's namespaces need: {e} (the kernel has: {})",
                 available.trim()
@@ -517,7 +514,7 @@ mod tests {
             eprintln!("skipped: needs root (network namespaces)");
             return;
         }
-        let available = std::fs::read_to_string(AVAILABLE_CONGESTION).unwrap();
+        let available = std::fs::read_to_string(bw_net::tcp::AVAILABLE).unwrap();
         let allowed = std::fs::read_to_string(ALLOWED_CONGESTION).unwrap();
         // One the kernel has but the list lacks, if any; else one it lists.
         let cc = ["cubic", "reno", "bbr"]
