@@ -157,8 +157,9 @@ pub fn adapt_plan(plan: &mut Plan, allow_nic_changes: bool) -> Vec<String> {
     if plan.links.iter().any(|l| l.bits_per_s.is_some()) && !allow_nic_changes {
         fatal.push("--link shapes a NIC's qdiscs: between real hosts the lab leaves them alone unless --allow-nic-changes (or use --link none)".to_string());
     }
-    // auto (the default) leaves real hosts' algorithms alone: they pace on
-    // real NICs, and it is what they would run in production.
+    // auto (the default) leaves real hosts' algorithms alone: between real
+    // hosts the congestion control is part of what the user deploys (the
+    // report records each host's); in one box it is the lab's choice.
     if let bw_net::tcp::Congestion::Named(_) = plan.tcp_congestion {
         fatal.push("--tcp-congestion is a host-wide setting: between real hosts set it yourself (the report records each host's)".to_string());
     }
@@ -346,6 +347,30 @@ pub fn host_info(host: &Host, role: &str, nic: &str) -> anyhow::Result<bw_lab_re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Between real hosts, `auto` (which would run cubic in one box under a
+    /// BBR default) sets nothing, and a named algorithm is refused.
+    #[test]
+    fn real_hosts_keep_their_congestion_control() {
+        let plan = |cc: Option<&str>| {
+            Plan::from_choices(&crate::plan::Choices {
+                tcp_congestion: cc.map(String::from),
+                mem_total: 24 << 30,
+                cgroup: "v1".into(),
+                system_congestion: "bbr".into(),
+                available_congestion: "reno bbr cubic".into(),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let mut auto = plan(None);
+        assert_eq!(auto.params.tcp_congestion, "cubic", "in one box");
+        assert!(adapt_plan(&mut auto, false).is_empty());
+        assert_eq!(auto.params.tcp_congestion, "", "the hosts keep theirs");
+        let mut named = plan(Some("cubic"));
+        assert_eq!(adapt_plan(&mut named, false).len(), 1, "a named algorithm is a host-wide change");
+        assert!(adapt_plan(&mut plan(Some("system")), false).is_empty());
+    }
 
     #[test]
     fn aoe_answers_are_read_from_discover() {
