@@ -268,8 +268,6 @@ pub(crate) fn run_lab(args: &[&str], out: &Path) -> (u32, Vec<(u32, String)>, St
 fn offload_and_digest_factors_give_samples_charts_and_findings() {
     require_root();
     let out = out_dir("offload");
-    let allowed = || std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control").unwrap();
-    let allowed_before = allowed();
     let (lab_pid, seen, stderr) = run_lab(&[
         "--quick", "--protocols", "iscsi,nvme", "--peers", "none", "--suite", "micro", "--no-baseline",
         "--micro-workloads", "seqread-1m", "--repeat", "2", "--size", "64M", "--runtime", "1",
@@ -300,7 +298,9 @@ fn offload_and_digest_factors_give_samples_charts_and_findings() {
     assert!(html.contains("MTU 1500, offload stateless, digest crc32c-soft"), "no answer row for a setting");
     // --tcp-congestion auto (the default): where the system's algorithm
     // paces by timer (BBR, as on this project's machines), the namespaces
-    // ran cubic, said so, and the allowed list is as it was.
+    // ran cubic and said so. (That the allowed list is put back is
+    // network::topology's test: here other lab runs, in parallel, widen
+    // and restore the same system-wide list.)
     let system = bw_net::tcp::system_default().unwrap();
     let has_cubic = bw_net::tcp::available().unwrap().split_whitespace().any(|a| a == "cubic");
     let ran = results["params"]["tcp_congestion"].as_str().unwrap_or("");
@@ -311,7 +311,6 @@ fn offload_and_digest_factors_give_samples_charts_and_findings() {
     } else if !bw_net::tcp::paces_by_timer(&system) {
         assert_eq!(ran, "", "an unpaced {system} default is kept");
     }
-    assert_eq!(allowed(), allowed_before, "the allowed congestion controls put back");
     assert_nothing_left(lab_pid, &seen);
 }
 
