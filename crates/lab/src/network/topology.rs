@@ -123,12 +123,46 @@ fn allowed_with(list: &str, cc: &str) -> Option<String> {
     (!names.contains(&cc)).then(|| names.into_iter().chain([cc]).collect::<Vec<_>>().join(" "))
 }
 
+/// Held by a run from its look at the allowed list until both its
+/// namespaces have taken their default, and by a run putting the list
+/// back: otherwise a run ending between another's look (the algorithm
+/// there, added by the first) and that one's `sysctl` takes the algorithm
+/// off the list, and the `sysctl` fails with EPERM. Lab runs in parallel
+/// (the integration tests' are) all do this since `auto` became the
+/// default. The lock file is [`CONGESTION_LOCK`] in the runs' state
+/// directory; a holder keeps it for milliseconds.
+struct CongestionLock(#[allow(dead_code)] std::fs::File);
+
+/// The lock file's name in `local_state::LOCAL_DIR` (not a `state-` file:
+/// the sweep of dead runs' files passes it by).
+const CONGESTION_LOCK: &str = "congestion.lock";
+/// How long a run waits for the lock before it gives up with an error.
+const CONGESTION_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl CongestionLock {
+    fn take() -> anyhow::Result<CongestionLock> {
+        use std::os::unix::io::AsRawFd;
+        let dir = std::path::Path::new(crate::hosts::local_state::LOCAL_DIR);
+        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        let path = dir.join(CONGESTION_LOCK);
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let deadline = std::time::Instant::now() + CONGESTION_LOCK_WAIT;
+        // SAFETY: flock on a descriptor we own.
+        while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            anyhow::ensure!(std::time::Instant::now() < deadline, "{}: another lab run has held it for {CONGESTION_LOCK_WAIT:?}", path.display());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(CongestionLock(f))
+    }
+}
+
 /// The allowed list as it was before the run added an algorithm: put back.
 #[derive(Debug)]
 struct AllowedCongestionBefore(String);
 
 impl Undo for AllowedCongestionBefore {
     fn undo(&self) -> anyhow::Result<()> {
+        let _lock = CongestionLock::take()?;
         std::fs::write(ALLOWED_CONGESTION, format!("{}\n", self.0)).map_err(|e| anyhow::anyhow!("{ALLOWED_CONGESTION}: {e}"))
     }
 }
@@ -140,7 +174,8 @@ impl Undo for AllowedCongestionBefore {
 /// permitted". The run adds `cc` to it, written to its state
 /// file first (`write FILE VALUE`) and put back at its end. A namespace
 /// keeps the default it took when the list shrinks again, so a run that
-/// restores the list does not change another run's namespaces.
+/// restores the list does not change another run's namespaces. Called
+/// under [`CongestionLock`].
 fn allow_congestion(cc: &str, tokens: &mut Vec<Token>) -> anyhow::Result<()> {
     let list = std::fs::read_to_string(ALLOWED_CONGESTION).map_err(|e| anyhow::anyhow!("{ALLOWED_CONGESTION}: {e}"))?;
     let list = list.trim().to_string();
@@ -205,6 +240,8 @@ impl Topology {
         let (tns, cns) = names(pid);
         let reg = registry();
         let mut tokens = vec![];
+        // Until both namespaces have taken `tcp_congestion` (see CongestionLock).
+        let congestion_lock = tcp_congestion.map(|_| CongestionLock::take()).transpose()?;
         if let Some(cc) = tcp_congestion {
             allow_congestion(cc, &mut tokens)?;
         }
@@ -224,6 +261,7 @@ impl Topology {
                 host.run("sysctl", &["-qw", &format!("net.ipv4.tcp_congestion_control={cc}")])?;
             }
         }
+        drop(congestion_lock);
         let mut links = vec![];
         let mut offloads_off = true;
         let mut saved_offloads = vec![];
@@ -495,6 +533,29 @@ mod tests {
     /// A topology's names are the process's (`names`): tests that set one
     /// up take turns.
     static ONE_TOPOLOGY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// While one run holds the congestion lock (between its look at the
+    /// allowed list and its namespaces' `sysctl`), another cannot take it
+    /// (to put the list back) until it is let go. (A slow machine can only
+    /// make the second taker later, never let it in early.)
+    #[test]
+    fn the_congestion_lock_keeps_a_second_taker_out() {
+        let _one = ONE_TOPOLOGY.lock().unwrap_or_else(|p| p.into_inner());
+        let first = CongestionLock::take().unwrap();
+        let took = std::sync::Arc::new(AtomicBool::new(false));
+        let second = {
+            let took = took.clone();
+            std::thread::spawn(move || {
+                let _l = CongestionLock::take().unwrap();
+                took.store(true, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(!took.load(Ordering::SeqCst), "a second taker got the lock while the first held it");
+        drop(first);
+        second.join().unwrap();
+        assert!(took.load(Ordering::SeqCst));
+    }
 
     #[test]
     fn an_allowed_list_gains_only_what_it_lacks() {
