@@ -340,6 +340,7 @@ fn plan_description(plan: &plan::Plan, args: &LabArgs) -> serde_json::Value {
 /// The net, micro, sweep and fs suites as the command line asks.
 /// The plan's choices from the command line (and what this machine has).
 fn choices(args: &LabArgs) -> anyhow::Result<plan::Choices> {
+    let machine = hosts::proc::machine_info();
     Ok(plan::Choices {
         quick: args.quick,
         protocols: args.protocols.clone(),
@@ -364,8 +365,8 @@ fn choices(args: &LabArgs) -> anyhow::Result<plan::Choices> {
         digest: args.digest.clone(),
         tls: args.tls.clone(),
         externals: external_subjects(args)?,
-        mem_total: hosts::proc::machine_info().mem_total_bytes,
-        system_congestion: bw_net::tcp::system_default().unwrap_or_default(),
+        mem_total: machine.mem_total_bytes,
+        system_congestion: machine.tcp_congestion,
         available_congestion: bw_net::tcp::available().unwrap_or_default(),
         cgroup: match hosts::cgroup::detect(std::path::Path::new(hosts::cgroup::ROOT)) {
             Ok((hosts::cgroup::Version::V1, _)) => "v1".into(),

@@ -243,9 +243,9 @@ fn set_up_topology(cx: &mut RunContext) -> anyhow::Result<Topology> {
             cx.say("lab: creating namespaces and veth pairs ...");
             let cc = Some(cx.plan().params.tcp_congestion.clone()).filter(|c| !c.is_empty());
             if let (Some(cc), bw_net::tcp::Congestion::Auto) = (&cc, &cx.plan().tcp_congestion) {
-                let system = bw_net::tcp::system_default().unwrap_or_default();
                 cx.say(&format!(
-                    "lab: TCP congestion control {cc} in the namespaces: the system's {system} paces by timer on links without a qdisc (--tcp-congestion system keeps it)"
+                    "lab: TCP congestion control {cc} in the namespaces: the system's {} paces by timer on links without a qdisc (--tcp-congestion system keeps it)",
+                    cx.results().machine.tcp_congestion
                 ));
             }
             Topology::setup(&cx.plan().params.mtus, cc.as_deref())?

@@ -145,16 +145,16 @@ pub fn system_default() -> io::Result<String> {
 }
 
 /// The algorithms the kernel has, built in or loaded, as it prints them.
-pub const AVAILABLE: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+const AVAILABLE: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
 
-/// The algorithms the kernel has ([`AVAILABLE`]), space-separated.
+/// The algorithms the kernel has (net.ipv4.tcp_available_congestion_control), space-separated.
 pub fn available() -> io::Result<String> {
     Ok(std::fs::read_to_string(AVAILABLE)?.trim().to_string())
 }
 
 /// What links within one machine (loopback, veth pairs between network
 /// namespaces) should run instead of `default`: the first unpaced
-/// algorithm the kernel has (`available`, as [`AVAILABLE`] prints it)
+/// algorithm the kernel has (`available`, as [`available`] gives it)
 /// when `default` paces by timer; `None` to keep `default`.
 pub fn unpaced_in_place_of(default: &str, available: &str) -> Option<&'static str> {
     if !paces_by_timer(default) {

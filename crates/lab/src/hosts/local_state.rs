@@ -173,21 +173,35 @@ pub fn sweep(dir: &Path) -> Vec<Swept> {
     out
 }
 
+/// Take `f`'s exclusive lock (`flock`), trying every `poll` for at most
+/// `wait`; whether it was taken. A lock the runs on this machine share,
+/// each holder keeping it a bounded time: a run that waits longer reports
+/// it rather than hang.
+pub(crate) fn lock_within(f: &std::fs::File, wait: Duration, poll: Duration) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let deadline = Instant::now() + wait;
+    // SAFETY: flock on a descriptor we own.
+    while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(poll);
+    }
+    true
+}
+
 /// Undo one dead run's state file, holding its lock (so two runs starting
 /// at once undo it once); `None` when another sweep removed it meanwhile.
 fn sweep_one(state: &Path, owner: &str) -> anyhow::Result<Option<Swept>> {
-    use std::os::unix::io::AsRawFd;
     let f = match std::fs::File::open(state) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let deadline = Instant::now() + SWEEP_LOCK_WAIT;
-    // SAFETY: flock on a descriptor we own.
-    while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        anyhow::ensure!(Instant::now() < deadline, "another run has been sweeping it for {SWEEP_LOCK_WAIT:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    anyhow::ensure!(
+        lock_within(&f, SWEEP_LOCK_WAIT, Duration::from_millis(100)),
+        "another run has been sweeping it for {SWEEP_LOCK_WAIT:?}"
+    );
     if !state.exists() {
         return Ok(None);
     }

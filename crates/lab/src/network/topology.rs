@@ -141,17 +141,15 @@ const CONGESTION_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs
 
 impl CongestionLock {
     fn take() -> anyhow::Result<CongestionLock> {
-        use std::os::unix::io::AsRawFd;
         let dir = std::path::Path::new(crate::hosts::local_state::LOCAL_DIR);
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
         let path = dir.join(CONGESTION_LOCK);
         let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let deadline = std::time::Instant::now() + CONGESTION_LOCK_WAIT;
-        // SAFETY: flock on a descriptor we own.
-        while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            anyhow::ensure!(std::time::Instant::now() < deadline, "{}: another lab run has held it for {CONGESTION_LOCK_WAIT:?}", path.display());
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        anyhow::ensure!(
+            crate::hosts::local_state::lock_within(&f, CONGESTION_LOCK_WAIT, std::time::Duration::from_millis(20)),
+            "{}: another lab run has held it for {CONGESTION_LOCK_WAIT:?}",
+            path.display()
+        );
         Ok(CongestionLock(f))
     }
 }
@@ -183,10 +181,9 @@ fn allow_congestion(cc: &str, tokens: &mut Vec<Token>) -> anyhow::Result<()> {
     crate::hosts::local_state::record("write", ALLOWED_CONGESTION, &list)?;
     let (t, ()) = registry().create(Resource::owned(AllowedCongestionBefore(list.clone())), || {
         std::fs::write(ALLOWED_CONGESTION, format!("{wider}\n")).map_err(|e| {
-            let available = std::fs::read_to_string(bw_net::tcp::AVAILABLE).unwrap_or_default();
             anyhow::anyhow!(
                 "--tcp-congestion {cc}: cannot add it to {ALLOWED_CONGESTION} ({list}), which the lab's namespaces need: {e} (the kernel has: {})",
-                available.trim()
+                bw_net::tcp::available().unwrap_or_default()
             )
         })
     })?;
@@ -575,7 +572,7 @@ mod tests {
             eprintln!("skipped: needs root (network namespaces)");
             return;
         }
-        let available = std::fs::read_to_string(bw_net::tcp::AVAILABLE).unwrap();
+        let available = bw_net::tcp::available().unwrap();
         let allowed = std::fs::read_to_string(ALLOWED_CONGESTION).unwrap();
         // One the kernel has but the list lacks, if any; else one it lists.
         let cc = ["cubic", "reno", "bbr"]
