@@ -141,10 +141,17 @@ const CONGESTION_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs
 
 impl CongestionLock {
     fn take() -> anyhow::Result<CongestionLock> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         let dir = std::path::Path::new(crate::hosts::local_state::LOCAL_DIR);
-        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        // As `local_state::open` makes it: root's alone, in a /var/tmp anyone writes.
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
         let path = dir.join(CONGESTION_LOCK);
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         anyhow::ensure!(
             crate::hosts::local_state::lock_within(&f, CONGESTION_LOCK_WAIT, std::time::Duration::from_millis(20)),
             "{}: another lab run has held it for {CONGESTION_LOCK_WAIT:?}",
