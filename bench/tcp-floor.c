@@ -7,11 +7,24 @@
  * (the backing file mapped, as blockwire's mapped reads do); for a WRITE,
  * take the command and its data off the socket, copy the data into the
  * mapped volume and send back a header. It answers everything a receive
- * brought in one writev, with no protocol, no checks and no bookkeeping.
+ * brought in one sendmsg (a large read's data follows by sendfile, below),
+ * with no protocol, no checks and no bookkeeping.
  * Its CPU time per operation is the kernel's part of any target's on the
  * same link, with the same client behaviour (plus, for writes, the one
  * copy into the volume every target makes): the floor against which
  * bench/tcp-floor sets blockwire's figure.
+ *
+ * Reads of SENDFILE_MIN bytes and more are answered as blockwire's targets
+ * answer them (`zero_copy_min`): the header, then the data with sendfile
+ * from the volume's page cache (no copy on the sending side). The load
+ * generator takes such an answer as blockwire's initiators take a large
+ * payload (crates/initiator/src/direct.rs): into a page-aligned buffer,
+ * waking at a low-water mark (SO_RCVLOWAT) of half of what is still to
+ * come, 32 KiB to 256 KiB. On veth the receiver's TCP work runs in the
+ * sender's softirq, so how the client wakes decides whose CPU does it:
+ * the floor's client must wake as ours do for its figure to be a floor for
+ * theirs (docs/notes/2026-11-25-lab-link-gro.md,
+ * docs/notes/2026-11-28-merges-20.md).
  *
  *   tcp-floor serve PORT FILE        one connection, then exit printing
  *                                     "ops N utime_s U stime_s S"
@@ -40,6 +53,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -51,6 +65,13 @@
 #define MAX_BATCH 512
 /* Most bytes one receive takes: 512 commands with 4 KiB of write data each. */
 #define IN_MAX (MAX_BATCH * (CMD + 4096))
+/* Reads this large and larger go out with sendfile (blockwire's
+ * `zero_copy_min` default) and are received at a low-water mark. */
+#define SENDFILE_MIN (32 * 1024)
+/* The low-water mark's bounds: crates/initiator/src/direct.rs's
+ * RCVLOWAT_MAX and TAIL. */
+#define LOWAT_MAX (256 * 1024)
+#define LOWAT_TAIL (32 * 1024)
 
 enum { OP_READ = 0, OP_WRITE = 1 };
 
@@ -73,12 +94,13 @@ static void usage_times(double *u, double *s) {
     *s = ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
 }
 
-static void write_all(int fd, struct iovec *iov, int n) {
+static void send_iov(int fd, struct iovec *iov, int n, int flags) {
     while (n > 0) {
-        ssize_t w = writev(fd, iov, n > IOV_MAX ? IOV_MAX : n);
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = n > IOV_MAX ? IOV_MAX : n};
+        ssize_t w = sendmsg(fd, &m, flags);
         if (w < 0) {
             if (errno == EINTR) continue;
-            die("writev");
+            die("sendmsg");
         }
         while (n > 0 && (size_t)w >= iov->iov_len) {
             w -= iov->iov_len;
@@ -89,6 +111,22 @@ static void write_all(int fd, struct iovec *iov, int n) {
             iov->iov_base = (char *)iov->iov_base + w;
             iov->iov_len -= w;
         }
+    }
+}
+
+static void write_all(int fd, struct iovec *iov, int n) { send_iov(fd, iov, n, 0); }
+
+/* Send `len` bytes of the file `vf` from `off`, as the kernel takes them. */
+static void sendfile_all(int c, int vf, off_t off, size_t len) {
+    while (len > 0) {
+        ssize_t s = sendfile(c, vf, &off, len);
+        if (s < 0 && errno == EINTR) continue;
+        if (s < 0) die("sendfile");
+        if (s == 0) {
+            fprintf(stderr, "sendfile: the volume ended early\n");
+            exit(1);
+        }
+        len -= (size_t)s;
     }
 }
 
@@ -136,10 +174,16 @@ static int serve(int port, const char *file) {
             hdr[n][0] = m.op == OP_WRITE ? 5 : 7;
             memcpy(hdr[n] + 8, &m.len, 4);
             iov[k++] = (struct iovec){hdr[n], HDR};
-            if (m.op == OP_WRITE)
+            if (m.op == OP_WRITE) {
                 memcpy(vol + m.off, in + pos + CMD, m.len);
-            else
+            } else if (m.len >= SENDFILE_MIN) {
+                /* what is queued, this header last, then the data from the page cache */
+                send_iov(c, iov, (int)k, MSG_MORE);
+                k = 0;
+                sendfile_all(c, vf, (off_t)m.off, m.len);
+            } else {
                 iov[k++] = (struct iovec){vol + m.off, m.len};
+            }
             pos += need;
             n++;
         }
@@ -158,6 +202,41 @@ static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* The low-water mark for a payload with `need` bytes still to come:
+ * crates/initiator/src/direct.rs's `low_water` (half of it, 32 KiB to
+ * 256 KiB; all of it below 32 KiB). */
+static int low_water(size_t need) {
+    if (need <= LOWAT_TAIL) return need ? (int)need : 1;
+    size_t h = need / 2;
+    return (int)(h < LOWAT_TAIL ? LOWAT_TAIL : h > LOWAT_MAX ? LOWAT_MAX : h);
+}
+
+/* Take one large answer off the socket: its header into `hdr`, its data
+ * straight into `dst`, waking at the low-water mark. */
+static void recv_large(int c, char *hdr, char *dst, size_t len, int *lowat) {
+    size_t total = HDR + len, got = 0;
+    while (got < total) {
+        int want = low_water(total - got);
+        if (want != *lowat) {
+            if (setsockopt(c, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) < 0) die("SO_RCVLOWAT");
+            *lowat = want;
+        }
+        struct iovec v[2];
+        int n = 0;
+        if (got < HDR) {
+            v[n++] = (struct iovec){hdr + got, HDR - got};
+            v[n++] = (struct iovec){dst, len};
+        } else {
+            v[n++] = (struct iovec){dst + (got - HDR), total - got};
+        }
+        struct msghdr m = {.msg_iov = v, .msg_iovlen = n};
+        ssize_t r = recvmsg(c, &m, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) die("recv");
+        got += (size_t)r;
+    }
 }
 
 static int load(const char *addr, int port, int qd, uint32_t bs, double secs, uint64_t size, int op) {
@@ -179,8 +258,12 @@ static int load(const char *addr, int port, int qd, uint32_t bs, double secs, ui
     for (uint32_t i = 0; i < bs; i++) data[i] = (char)(i * 131 + 7);
     size_t answer = HDR + (op == OP_WRITE ? 0 : bs), got = 0;
     size_t cap = answer * 64 > (1 << 20) ? (1 << 20) : answer * 64;
-    char *in = malloc(cap);
-    if (!in) die("malloc");
+    /* Large reads land in a page-aligned buffer, as fio's and blockwire
+     * bench's do (docs/notes/2026-11-27-h51h-seqread.md: on AMD Zen 3 the
+     * kernel's copy into a misaligned one costs 3x). */
+    int large = op == OP_READ && bs >= SENDFILE_MIN, lowat = 1;
+    char *in = NULL, hdr[HDR];
+    if (large ? posix_memalign((void **)&in, 4096, bs) != 0 : (in = malloc(cap)) == NULL) die("malloc");
     int outstanding = 0, want = qd;
     double u0, s0, t0 = now(), end = t0 + secs;
     usage_times(&u0, &s0);
@@ -201,12 +284,17 @@ static int load(const char *addr, int port, int qd, uint32_t bs, double secs, ui
             want = 0;
         }
         if (outstanding == 0) break;
-        ssize_t r = recv(c, in, cap, 0);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) die("recv");
-        got += r;
-        int done = (int)(got / answer);
-        got %= answer;
+        int done = 1;
+        if (large) {
+            recv_large(c, hdr, in, bs, &lowat);
+        } else {
+            ssize_t r = recv(c, in, cap, 0);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) die("recv");
+            got += r;
+            done = (int)(got / answer);
+            got %= answer;
+        }
         ops += done;
         outstanding -= done;
         if (now() < end) want = done;
