@@ -164,7 +164,7 @@ pub fn sweep(dir: &Path) -> Vec<Swept> {
             // Not a file of this format (a run's files always start with it).
             None => continue,
         };
-        match sweep_one(&state, &owner) {
+        match sweep_one(&state, &owner, &text) {
             Ok(Some(s)) => out.push(s),
             Ok(None) => {}
             Err(e) => out.push(Swept { state: state.display().to_string(), owner, still: vec![format!("({e:#})")], ..Default::default() }),
@@ -190,9 +190,52 @@ pub(crate) fn lock_within(f: &std::fs::File, wait: Duration, poll: Duration) -> 
     true
 }
 
-/// Undo one dead run's state file, holding its lock (so two runs starting
-/// at once undo it once); `None` when another sweep removed it meanwhile.
-fn sweep_one(state: &Path, owner: &str) -> anyhow::Result<Option<Swept>> {
+/// Held by a run from its look at the allowed list until both its
+/// namespaces have taken their default, and by a run putting the list
+/// back: otherwise a run ending between another's look (the algorithm
+/// there, added by the first) and that one's `sysctl` takes the algorithm
+/// off the list, and the `sysctl` fails with EPERM. Lab runs in parallel
+/// (the integration tests' are) all do this since `auto` became the
+/// default. A sweep putting back a dead run's `write` lines holds it too
+/// ([`sweep_one`]). The lock file is [`CONGESTION_LOCK`] in the runs' state
+/// directory; a holder keeps it for milliseconds.
+pub(crate) struct CongestionLock(#[allow(dead_code)] std::fs::File);
+
+/// The lock file's name in [`LOCAL_DIR`] (not a `state-` file:
+/// the sweep of dead runs' files passes it by).
+const CONGESTION_LOCK: &str = "congestion.lock";
+/// How long a run waits for the lock before it gives up with an error.
+const CONGESTION_LOCK_WAIT: Duration = Duration::from_secs(60);
+
+impl CongestionLock {
+    pub(crate) fn take() -> anyhow::Result<CongestionLock> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let dir = Path::new(LOCAL_DIR);
+        // As `open` makes it: root's alone, in a /var/tmp anyone writes.
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        let path = dir.join(CONGESTION_LOCK);
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        anyhow::ensure!(
+            lock_within(&f, CONGESTION_LOCK_WAIT, Duration::from_millis(20)),
+            "{}: another lab run has held it for {CONGESTION_LOCK_WAIT:?}",
+            path.display()
+        );
+        Ok(CongestionLock(f))
+    }
+}
+
+/// Undo one dead run's state file (`text`), holding its lock (so two runs
+/// starting at once undo it once); `None` when another sweep removed it
+/// meanwhile. Where it puts a system setting back (a `write` line: the
+/// allowed congestion list is the one runs write), the congestion lock is
+/// held too: a live run between its look at the list and its namespaces'
+/// `sysctl` would otherwise see the algorithm it found there taken away.
+fn sweep_one(state: &Path, owner: &str, text: &str) -> anyhow::Result<Option<Swept>> {
     let f = match std::fs::File::open(state) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -205,6 +248,7 @@ fn sweep_one(state: &Path, owner: &str) -> anyhow::Result<Option<Swept>> {
     if !state.exists() {
         return Ok(None);
     }
+    let _congestion = text.lines().any(|l| l.starts_with("write ")).then(CongestionLock::take).transpose()?;
     let exe = std::env::current_exe().unwrap_or_default();
     let out = std::process::Command::new("sh")
         .args(["-c", CLEANUP_SCRIPT, "sh"])
@@ -291,6 +335,31 @@ mod tests {
         assert!(swept.iter().any(|s| s.owner.contains("this boot, gone")));
         assert!(d.join("state-local-live").exists() && d.join("state-local-noowner").exists());
         assert!(!d.join("state-local-gone").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+    /// A dead run's `write` line (the allowed congestion list it widened)
+    /// is put back only under the congestion lock, which a live run holds
+    /// from its look at the list to its namespaces' `sysctl`. (A slow
+    /// machine can only make the sweep later, never let it in early.)
+    #[test]
+    fn a_dead_runs_setting_is_put_back_under_the_congestion_lock() {
+        let d = dir("sweep-write");
+        let setting = d.join("setting");
+        std::fs::write(&setting, "widened\n").unwrap();
+        let dead = RunOwner { pid: 1, start: 1, boot_id: "0000-earlier".into(), host: "-".into() };
+        std::fs::write(d.join("state-local-dead"), format!("{}\nwrite {} as it was\n", dead.line(), setting.display())).unwrap();
+        let held = CongestionLock::take().unwrap();
+        let sweeping = {
+            let d = d.clone();
+            std::thread::spawn(move || sweep(&d))
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(std::fs::read_to_string(&setting).unwrap(), "widened\n", "put back while another run held the congestion lock");
+        drop(held);
+        let swept = sweeping.join().unwrap();
+        assert_eq!(swept.len(), 1, "{swept:#?}");
+        assert!(swept[0].still.is_empty(), "{swept:#?}");
+        assert_eq!(std::fs::read_to_string(&setting).unwrap(), "as it was\n");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -8,6 +8,7 @@
 use crate::cleanup::{registry, Resource, Token, Undo};
 use crate::command::sh;
 use crate::hosts::host::Host;
+use crate::hosts::local_state::CongestionLock;
 use bw_lab_results::net::WireCounters;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,44 +122,6 @@ const ALLOWED_CONGESTION: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_cont
 fn allowed_with(list: &str, cc: &str) -> Option<String> {
     let names: Vec<&str> = list.split_whitespace().collect();
     (!names.contains(&cc)).then(|| names.into_iter().chain([cc]).collect::<Vec<_>>().join(" "))
-}
-
-/// Held by a run from its look at the allowed list until both its
-/// namespaces have taken their default, and by a run putting the list
-/// back: otherwise a run ending between another's look (the algorithm
-/// there, added by the first) and that one's `sysctl` takes the algorithm
-/// off the list, and the `sysctl` fails with EPERM. Lab runs in parallel
-/// (the integration tests' are) all do this since `auto` became the
-/// default. The lock file is [`CONGESTION_LOCK`] in the runs' state
-/// directory; a holder keeps it for milliseconds.
-struct CongestionLock(#[allow(dead_code)] std::fs::File);
-
-/// The lock file's name in `local_state::LOCAL_DIR` (not a `state-` file:
-/// the sweep of dead runs' files passes it by).
-const CONGESTION_LOCK: &str = "congestion.lock";
-/// How long a run waits for the lock before it gives up with an error.
-const CONGESTION_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
-impl CongestionLock {
-    fn take() -> anyhow::Result<CongestionLock> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        let dir = std::path::Path::new(crate::hosts::local_state::LOCAL_DIR);
-        // As `local_state::open` makes it: root's alone, in a /var/tmp anyone writes.
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
-        let path = dir.join(CONGESTION_LOCK);
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        anyhow::ensure!(
-            crate::hosts::local_state::lock_within(&f, CONGESTION_LOCK_WAIT, std::time::Duration::from_millis(20)),
-            "{}: another lab run has held it for {CONGESTION_LOCK_WAIT:?}",
-            path.display()
-        );
-        Ok(CongestionLock(f))
-    }
 }
 
 /// The allowed list as it was before the run added an algorithm: put back.
