@@ -196,9 +196,9 @@ pub(crate) fn lock_within(f: &std::fs::File, wait: Duration, poll: Duration) -> 
 /// there, added by the first) and that one's `sysctl` takes the algorithm
 /// off the list, and the `sysctl` fails with EPERM. Lab runs in parallel
 /// (the integration tests' are) all do this since `auto` became the
-/// default. A sweep putting back a dead run's `write` lines holds it too
-/// ([`sweep_one`]). The lock file is [`CONGESTION_LOCK`] in the runs' state
-/// directory; a holder keeps it for milliseconds.
+/// default. A sweep's undo script takes it around each `write` line it
+/// puts back ([`sweep_one`]). The lock file is [`CONGESTION_LOCK`] in the
+/// runs' state directory; a holder keeps it for milliseconds.
 pub(crate) struct CongestionLock(#[allow(dead_code)] std::fs::File);
 
 /// The lock file's name in [`LOCAL_DIR`] (not a `state-` file:
@@ -208,7 +208,8 @@ const CONGESTION_LOCK: &str = "congestion.lock";
 const CONGESTION_LOCK_WAIT: Duration = Duration::from_secs(60);
 
 impl CongestionLock {
-    pub(crate) fn take() -> anyhow::Result<CongestionLock> {
+    /// The lock file, made if it is not there, and its path.
+    fn file() -> anyhow::Result<(std::fs::File, PathBuf)> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         let dir = Path::new(LOCAL_DIR);
         // As `open` makes it: root's alone, in a /var/tmp anyone writes.
@@ -220,6 +221,11 @@ impl CongestionLock {
             .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok((f, path))
+    }
+
+    pub(crate) fn take() -> anyhow::Result<CongestionLock> {
+        let (f, path) = CongestionLock::file()?;
         anyhow::ensure!(
             lock_within(&f, CONGESTION_LOCK_WAIT, Duration::from_millis(20)),
             "{}: another lab run has held it for {CONGESTION_LOCK_WAIT:?}",
@@ -231,10 +237,12 @@ impl CongestionLock {
 
 /// Undo one dead run's state file (`text`), holding its lock (so two runs
 /// starting at once undo it once); `None` when another sweep removed it
-/// meanwhile. Where it puts a system setting back (a `write` line: the
-/// allowed congestion list is the one runs write), the congestion lock is
-/// held too: a live run between its look at the list and its namespaces'
-/// `sysctl` would otherwise see the algorithm it found there taken away.
+/// meanwhile. Its `write` lines (values put back: the allowed congestion
+/// list a run widened, knfsd's settings) are written under the congestion
+/// lock, each on its own (the script's `flock`, not the whole undo, which
+/// can take minutes): a live run between its look at the allowed list and
+/// its namespaces' `sysctl` would otherwise see the algorithm it found
+/// there taken away.
 fn sweep_one(state: &Path, owner: &str, text: &str) -> anyhow::Result<Option<Swept>> {
     let f = match std::fs::File::open(state) {
         Ok(f) => f,
@@ -248,12 +256,13 @@ fn sweep_one(state: &Path, owner: &str, text: &str) -> anyhow::Result<Option<Swe
     if !state.exists() {
         return Ok(None);
     }
-    let _congestion = text.lines().any(|l| l.starts_with("write ")).then(CongestionLock::take).transpose()?;
     let exe = std::env::current_exe().unwrap_or_default();
-    let out = std::process::Command::new("sh")
-        .args(["-c", CLEANUP_SCRIPT, "sh"])
-        .arg(state)
-        .arg("stale")
+    let mut undo = std::process::Command::new("sh");
+    undo.args(["-c", CLEANUP_SCRIPT, "sh"]).arg(state).arg("stale");
+    if text.lines().any(|l| l.starts_with("write ")) {
+        undo.env("BWLAB_CONGESTION_LOCK", CongestionLock::file()?.1);
+    }
+    let out = undo
         // A dead run's `bwmount` line names its binary: this one, if that is gone.
         .env("BWLAB_EXE", &exe)
         .stdin(std::process::Stdio::null())
@@ -337,6 +346,7 @@ mod tests {
         assert!(!d.join("state-local-gone").exists());
         std::fs::remove_dir_all(&d).unwrap();
     }
+
     /// A dead run's `write` line (the allowed congestion list it widened)
     /// is put back only under the congestion lock, which a live run holds
     /// from its look at the list to its namespaces' `sysctl`. (A slow
