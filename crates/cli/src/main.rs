@@ -270,6 +270,11 @@ struct BenchArgs {
     /// (0: page-aligned, as fio's; 16 is where a large heap buffer starts).
     #[arg(long, default_value_t = 0)]
     buf_offset: usize,
+    /// Requests a job submits in a row before it lets the client send them
+    /// (as fio's iodepth_batch_submit): larger makes fewer sends, smaller
+    /// starts the target sooner; which costs less depends on the machine.
+    #[arg(long, default_value_t = bw_workload::DEFAULT_SUBMIT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..))]
+    submit_batch: u16,
     /// Seed for offsets and data.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -524,6 +529,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
             seed: a.seed,
             ramp_ios: a.ramp_ios,
             buf_offset: a.buf_offset,
+            submit_batch: a.submit_batch.into(),
         };
         // By the client's type where it has one: the workers then hold
         // each request's future instead of a box per request.

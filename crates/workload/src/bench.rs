@@ -38,6 +38,10 @@ pub struct BenchParams {
     /// Where each job's buffer starts: this many bytes past a page boundary
     /// (0: page-aligned, as fio's buffers and the kernel's pages are).
     pub buf_offset: usize,
+    /// Workers of a job polled at most per pass before the job lets the
+    /// client send what they submitted ([`crate::DEFAULT_SUBMIT_BATCH`]
+    /// says why and which; 0 counts as 1).
+    pub submit_batch: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,7 +190,7 @@ pub async fn bench<C: HeldIo + ?Sized + 'static>(client: Arc<C>, p: &BenchParams
                 // A panic stays this worker's, counted as its error, as it
                 // was when each worker was a task of its own.
                 AssertUnwindSafe(worker(client, shared, cursor, p, job_base, blocks_per_job, seed)).catch_unwind()
-            }));
+            }), p.submit_batch);
         tasks.spawn(run_job(workers, shared.clone()));
     }
 
@@ -403,6 +407,7 @@ mod tests {
             seed: 1,
             ramp_ios: 0,
             buf_offset: 0,
+            submit_batch: crate::DEFAULT_SUBMIT_BATCH,
         }
     }
 

@@ -14,4 +14,5 @@ mod ready_set;
 pub mod verify;
 
 pub use bench::{bench, BenchParams, BenchReport, Rw};
+pub use ready_set::DEFAULT_SUBMIT_BATCH;
 pub use verify::{verify, VerifyParams, VerifyReport};

@@ -35,30 +35,30 @@ impl Wake for MemberWaker {
     }
 }
 
-/// Members one pass polls at most before the set's task yields.
+/// Members one pass polls at most before the set's task yields, unless
+/// the bench is told otherwise (`BenchParams::submit_batch`).
 ///
 /// Why yield at all: a member's poll submits its next request, and the
 /// client sends what was submitted only when its own task runs, after
 /// this one yields. Polled all at once, the 32 members a burst of
 /// completions woke submitted 32 requests that left in one send after
-/// ~30 µs of client work: the target then slept while the client
-/// worked, and the client while the target did. On this 2-CPU host the
-/// machine sat 40-50% idle at 4 KiB QD32 over NVMe/TCP and iSCSI at MTU
-/// 9000, each batch paying two wakes. Sent four at a time, the target
-/// starts on the first four while the client prepares the next:
-/// `bench/tcp-floor` (3 interleaved rounds, this against the build
-/// before, 2026-11-28) measured idle 11-19% against 41-48%, IOPS x1.28
-/// (iSCSI reads) to x1.98 (NVMe/TCP writes), target CPU per request
-/// x0.75-0.95, the client's x0.92-1.07. At MTU 1500, where the two
-/// already overlapped (idle ~20%), IOPS moved x0.93-1.13 and CPU per
-/// request up to +15% in that run, within noise in another. One at a
-/// time cost 40-90% more CPU per request in sends; two at a time did as
-/// well on reads but worse on writes; eight, or staggering only a batch
-/// that found the target idle, left the machine 25-35% idle
-/// (docs/notes/2026-11-28-merges-18.md). fio too sends each request as
-/// it is queued unless told to batch (`iodepth_batch_submit`, 1 by
-/// default).
-const POLL_BATCH: usize = 4;
+/// ~30 µs of client work, and on the AMD Zen 3 machines of sessions 14-20
+/// the target then slept while the client worked, and the client while the
+/// target did: 40-50% idle at 4 KiB QD32 over NVMe/TCP and iSCSI at MTU
+/// 9000. There four at a time was best (idle 7-22%, IOPS x1.3-2.0 against
+/// all; eight left the machine 24-34% idle, docs/notes/2026-11-28-merges-18.md).
+/// On the AMD Zen 2 machine of sessions 21-22 the pair does not fall into
+/// turns: eight (which the scheduler turns into sends of ~16, two passes
+/// per send) against four, `bench/tcp-floor` A/B, 3 interleaved rounds,
+/// reads and writes at MTU 1500 and 9000: client CPU per request x0.81-0.90,
+/// target x0.84-0.99, IOPS x1.00-1.24, under cubic and under BBR alike;
+/// sixteen and all (32) the same as eight within noise
+/// (docs/notes/2026-11-29-merges-22.md). Eight is the default as the
+/// smallest pass with the whole gain here; `blockwire bench
+/// --submit-batch 4` is session 18's choice, for machines like those.
+/// fio too sends each request as it is queued unless told to batch
+/// (`iodepth_batch_submit`, 1 by default).
+pub const DEFAULT_SUBMIT_BATCH: usize = 8;
 
 pub(crate) struct ReadySet<F: Future> {
     /// `None` once finished.
@@ -70,10 +70,13 @@ pub(crate) struct ReadySet<F: Future> {
     /// woken again and again.
     taken: Vec<u64>,
     live: usize,
+    /// Members one pass polls at most.
+    pass: usize,
 }
 
 impl<F: Future> ReadySet<F> {
-    pub(crate) fn new(futures: impl IntoIterator<Item = F>) -> Self {
+    /// The set of `futures`, polled at most `pass` (at least 1) per pass.
+    pub(crate) fn new(futures: impl IntoIterator<Item = F>, pass: usize) -> Self {
         let members: Vec<_> = futures.into_iter().map(|f| Some(Box::pin(f))).collect();
         let n = members.len();
         // Every member is polled once to start.
@@ -81,7 +84,7 @@ impl<F: Future> ReadySet<F> {
         let ready = Arc::new(Ready { bits, task: AtomicWaker::new() });
         let wakers = (0..n).map(|i| Waker::from(Arc::new(MemberWaker { ready: ready.clone(), i }))).collect();
         let taken = vec![0; n.div_ceil(64)];
-        ReadySet { members, wakers, ready, taken, live: n }
+        ReadySet { members, wakers, ready, taken, live: n, pass: pass.max(1) }
     }
 
     /// Run every member to its end, handing each output to `done` as it
@@ -90,7 +93,7 @@ impl<F: Future> ReadySet<F> {
         std::future::poll_fn(|cx| self.poll_woken(cx, &mut done)).await
     }
 
-    /// One pass: up to [`POLL_BATCH`] of the members woken and not yet
+    /// One pass: up to `pass` of the members woken and not yet
     /// polled, oldest wakes first. A member woken meanwhile wakes this task
     /// again (its waker was registered first), and a pass that leaves
     /// members unpolled wakes it itself: so the task yields between
@@ -105,7 +108,7 @@ impl<F: Future> ReadySet<F> {
         let mut polled = 0;
         for w in 0..self.taken.len() {
             while self.taken[w] != 0 {
-                if polled == POLL_BATCH {
+                if polled == self.pass {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
@@ -149,7 +152,7 @@ mod tests {
                     Ok(i)
                 }
             }
-        }));
+        }), DEFAULT_SUBMIT_BATCH);
         let run = tokio::spawn(async move {
             let mut outs = Vec::new();
             set.run(|o| outs.push(o)).await;
@@ -195,14 +198,15 @@ mod tests {
         }
     }
 
-    /// A pass polls at most `POLL_BATCH` members and wakes its task to
+    /// A pass polls at most `pass` members and wakes its task to
     /// come back for the rest; members taken together are all polled
     /// before one woken since, however often it is woken again.
     #[test]
     fn a_pass_polls_a_few_and_the_oldest_wakes_go_first() {
         let log = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let n = 2 * POLL_BATCH + 2;
-        let mut set = ReadySet::new((0..n).map(|i| Probe { i, log: log.clone() }));
+        const PASS: usize = 3;
+        let n = 2 * PASS + 2;
+        let mut set = ReadySet::new((0..n).map(|i| Probe { i, log: log.clone() }), PASS);
         let task = Arc::new(CountWakes(Default::default()));
         let waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&waker);
@@ -212,14 +216,14 @@ mod tests {
             std::mem::take(&mut *log.lock().unwrap())
         };
         // Every member starts woken: the first pass takes the first few.
-        assert_eq!(pass(&mut set), (0..POLL_BATCH).collect::<Vec<_>>());
+        assert_eq!(pass(&mut set), (0..PASS).collect::<Vec<_>>());
         assert_eq!(task.0.load(Ordering::Relaxed), 1, "the pass woke its task for the rest");
         // Member 0 is woken again, twice: it waits for the rest of its
         // generation.
         set.wakers[0].wake_by_ref();
         set.wakers[0].wake_by_ref();
-        assert_eq!(pass(&mut set), (POLL_BATCH..2 * POLL_BATCH).collect::<Vec<_>>());
-        assert_eq!(pass(&mut set), (2 * POLL_BATCH..n).collect::<Vec<_>>());
+        assert_eq!(pass(&mut set), (PASS..2 * PASS).collect::<Vec<_>>());
+        assert_eq!(pass(&mut set), (2 * PASS..n).collect::<Vec<_>>());
         // The generation is done: the next pass takes member 0's wake, once.
         assert_eq!(pass(&mut set), vec![0]);
         assert_eq!(pass(&mut set), Vec::<usize>::new(), "nothing woken, nothing polled");
@@ -230,9 +234,9 @@ mod tests {
     #[tokio::test]
     async fn members_that_end_at_once_and_an_empty_set_end() {
         let mut n = 0;
-        ReadySet::new((0..3).map(|_| async {})).run(|()| n += 1).await;
+        ReadySet::new((0..3).map(|_| async {}), 1).run(|()| n += 1).await;
         assert_eq!(n, 3);
-        ReadySet::new(std::iter::empty::<std::future::Ready<()>>()).run(|()| n += 1).await;
+        ReadySet::new(std::iter::empty::<std::future::Ready<()>>(), 1).run(|()| n += 1).await;
         assert_eq!(n, 3);
     }
 }
