@@ -260,7 +260,8 @@ fn sweep_one(state: &Path, owner: &str, text: &str) -> anyhow::Result<Option<Swe
     let mut undo = std::process::Command::new("sh");
     undo.args(["-c", CLEANUP_SCRIPT, "sh"]).arg(state).arg("stale");
     if text.lines().any(|l| l.starts_with("write ")) {
-        undo.env("BWLAB_CONGESTION_LOCK", CongestionLock::file()?.1);
+        undo.env("BWLAB_CONGESTION_LOCK", CongestionLock::file()?.1)
+            .env("BWLAB_CONGESTION_LOCK_WAIT", CONGESTION_LOCK_WAIT.as_secs().to_string());
     }
     let out = undo
         // A dead run's `bwmount` line names its binary: this one, if that is gone.

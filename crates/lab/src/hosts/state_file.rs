@@ -170,11 +170,12 @@ undo() {
             kill "$a"; n=0; while [ -d "/proc/$a" ] && [ $n -lt 30 ]; do sleep 0.1; n=$((n+1)); done
           fi ;;
     # a value put back; where the local sweep names the lab's congestion
-    # lock, under it (hosts::local_state::CongestionLock: a live run holds
-    # it from its look at the allowed list to its namespaces' sysctl)
+    # lock (and how long a run waits for it), under it
+    # (hosts::local_state::CongestionLock: a live run holds it from its
+    # look at the allowed list to its namespaces' sysctl)
     write) [ -w "$a" ] || return 0
            if [ -n "$BWLAB_CONGESTION_LOCK" ]; then
-             flock -w 60 "$BWLAB_CONGESTION_LOCK" sh -c 'echo "$1" > "$2"' sh "$b" "$a" 2>/dev/null
+             flock -w "$BWLAB_CONGESTION_LOCK_WAIT" "$BWLAB_CONGESTION_LOCK" sh -c 'echo "$1" > "$2"' sh "$b" "$a" 2>/dev/null
            else echo "$b" > "$a" 2>/dev/null; fi ;;
     # a TLS PSK the lab put in keyring $a under description $b (--tls):
     # unlinked (the kernel then drops it); only the keyring's writer may
