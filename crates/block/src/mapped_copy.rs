@@ -203,25 +203,44 @@ mod imp {
     }
 
     /// [`copy`] with stores that bypass the cache (see the module's
-    /// comment), where `dst` is 16-byte aligned and the length a multiple
-    /// of 64 (every block-sized write into a volume's mapping); otherwise,
-    /// and for an empty `src`, as [`copy`].
+    /// comment) for the part of `dst` from its first 16-byte boundary on,
+    /// in whole 64-byte pieces (all of a block-sized write into a volume's
+    /// mapping); the few bytes before and after it, and a copy with fewer
+    /// than [`STREAM_MIN`] such bytes, as [`copy`].
     ///
     /// # Safety
     /// As [`copy`].
     pub unsafe fn copy_streaming(dst: *mut u8, src: &[u8]) -> Option<std::io::Result<()>> {
-        if src.is_empty() || dst as usize % 16 != 0 || src.len() % 64 != 0 {
+        let head = dst.align_offset(16).min(src.len());
+        let middle = (src.len() - head) / 64 * 64;
+        if middle < STREAM_MIN {
             // SAFETY: the caller's contract.
             return unsafe { copy(dst, src) };
         }
         if !installed() {
             return None;
         }
-        // SAFETY: the caller's contract; the length suits the loop (checked
-        // above); the handler turns SIGBUS into 1.
-        let r = unsafe { bw_mapped_copy_nt(dst, src.as_ptr(), src.len()) };
-        Some(if r == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(libc::EFAULT)) })
+        let fail = || Some(Err(std::io::Error::from_raw_os_error(libc::EFAULT)));
+        // SAFETY (the three copies): each within `dst`'s `src.len()` bytes
+        // (the caller's contract); the middle starts 16-byte aligned and
+        // is a non-zero multiple of 64 long, as the loop needs; the handler
+        // turns SIGBUS into 1.
+        if head > 0 && unsafe { bw_mapped_copy(dst, src.as_ptr(), head) } != 0 {
+            return fail();
+        }
+        if unsafe { bw_mapped_copy_nt(dst.add(head), src.as_ptr().add(head), middle) } != 0 {
+            return fail();
+        }
+        let tail = head + middle;
+        if tail < src.len() && unsafe { bw_mapped_copy(dst.add(tail), src.as_ptr().add(tail), src.len() - tail) } != 0 {
+            return fail();
+        }
+        Some(Ok(()))
     }
+
+    /// The fewest bytes worth streaming: below a few lines, the fence
+    /// and the loop's setup cost more than the reads they spare.
+    const STREAM_MIN: usize = 256;
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -290,13 +309,13 @@ mod tests {
     }
 
     /// The streaming copy writes exactly its bytes, whatever the source's
-    /// alignment, and falls back to the plain copy where its loop cannot
-    /// (a destination not 16-byte aligned, a length not a multiple of 64).
+    /// and the destination's alignment and the length (the unaligned head
+    /// and the tail short of 64 bytes copied plainly, a short copy wholly).
     #[test]
     fn a_streaming_copy_writes_exactly_its_bytes() {
         let (f, p) = mapped(2);
         let src: Vec<u8> = (0..8192 + 64).map(|i| (i * 7 + i / 251) as u8).collect();
-        for (at, from, len) in [(0, 0, 4096), (64, 3, 4096), (512, 1, 1024), (16, 5, 64), (1, 0, 100), (32, 9, 130), (4096, 0, 4096 - 48)] {
+        for (at, from, len) in [(0, 0, 4096), (64, 3, 4096), (512, 1, 1024), (16, 5, 64), (1, 0, 100), (32, 9, 130), (4096, 0, 4096 - 48), (7, 2, 4096), (9, 0, 300), (48, 1, 4000)] {
             let before = vec![0x5au8; 8192];
             std::os::unix::fs::FileExt::write_all_at(&f, &before, 0).unwrap();
             // SAFETY: at + len is within the two mapped pages.
