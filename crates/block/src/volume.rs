@@ -214,28 +214,10 @@ fn last_level_cache_bytes() -> u64 {
             .flatten()
             .flatten()
             .filter_map(|e| std::fs::read_to_string(e.path().join("size")).ok())
-            .filter_map(|s| parse_cache_size(&s))
+            .filter_map(|s| crate::size::parse_size(&s).ok())
             .max()
             .unwrap_or(32 << 20)
     })
-}
-
-/// sysfs's cache size: "16384K", "32M", or bytes.
-fn parse_cache_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => s.split_at(i),
-        None => (s, ""),
-    };
-    let n: u64 = digits.parse().ok()?;
-    let shift = match unit {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        _ => return None,
-    };
-    n.checked_mul(1 << shift)
 }
 
 impl Drop for Mapping {
@@ -862,12 +844,13 @@ mod tests {
 
     #[test]
     fn cache_sizes_read_as_sysfs_writes_them() {
-        assert_eq!(parse_cache_size("16384K\n"), Some(16 << 20));
-        assert_eq!(parse_cache_size("32M"), Some(32 << 20));
-        assert_eq!(parse_cache_size("512"), Some(512));
-        assert_eq!(parse_cache_size("1G"), Some(1 << 30));
-        assert_eq!(parse_cache_size("12X"), None);
-        assert_eq!(parse_cache_size(""), None);
+        let parse = |s: &str| crate::size::parse_size(s).ok();
+        assert_eq!(parse("16384K\n"), Some(16 << 20));
+        assert_eq!(parse("32M"), Some(32 << 20));
+        assert_eq!(parse("512"), Some(512));
+        assert_eq!(parse("1G"), Some(1 << 30));
+        assert_eq!(parse("12X"), None);
+        assert_eq!(parse(""), None);
         assert!(last_level_cache_bytes() >= 1 << 10);
     }
 
