@@ -198,8 +198,13 @@ mod imp {
             return None;
         }
         // SAFETY: the caller's contract; the handler turns SIGBUS into 1.
-        let r = unsafe { bw_mapped_copy(dst, src, len) };
-        Some(if r == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(libc::EFAULT)) })
+        Some(outcome(unsafe { bw_mapped_copy(dst, src, len) }))
+    }
+
+    /// What the assembly copies return: 0 copied, 1 from a fault landing
+    /// (failed as the kernel's copy fails, EFAULT).
+    fn outcome(r: u32) -> std::io::Result<()> {
+        if r == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(libc::EFAULT)) }
     }
 
     /// [`copy`] with stores that bypass the cache (see the module's
@@ -220,26 +225,26 @@ mod imp {
         if !installed() {
             return None;
         }
-        let fail = || Some(Err(std::io::Error::from_raw_os_error(libc::EFAULT)));
+        let tail = head + middle;
         // SAFETY (the three copies): each within `dst`'s `src.len()` bytes
         // (the caller's contract); the middle starts 16-byte aligned and
         // is a non-zero multiple of 64 long, as the loop needs; the handler
-        // turns SIGBUS into 1.
-        if head > 0 && unsafe { bw_mapped_copy(dst, src.as_ptr(), head) } != 0 {
-            return fail();
-        }
-        if unsafe { bw_mapped_copy_nt(dst.add(head), src.as_ptr().add(head), middle) } != 0 {
-            return fail();
-        }
-        let tail = head + middle;
-        if tail < src.len() && unsafe { bw_mapped_copy(dst.add(tail), src.as_ptr().add(tail), src.len() - tail) } != 0 {
-            return fail();
-        }
-        Some(Ok(()))
+        // turns SIGBUS into 1. A copy that fails ends it (`?`).
+        Some((|| {
+            if head > 0 {
+                outcome(unsafe { bw_mapped_copy(dst, src.as_ptr(), head) })?;
+            }
+            outcome(unsafe { bw_mapped_copy_nt(dst.add(head), src.as_ptr().add(head), middle) })?;
+            if tail < src.len() {
+                outcome(unsafe { bw_mapped_copy(dst.add(tail), src.as_ptr().add(tail), src.len() - tail) })?;
+            }
+            Ok(())
+        })())
     }
 
-    /// The fewest bytes worth streaming: below a few lines, the fence
-    /// and the loop's setup cost more than the reads they spare.
+    /// The fewest bytes worth streaming: a few lines, so that the fence
+    /// and the loop's setup are spread over some stores. Chosen, not
+    /// measured: a volume's writes are mostly whole blocks (>= 512).
     const STREAM_MIN: usize = 256;
 }
 
