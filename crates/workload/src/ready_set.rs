@@ -94,32 +94,42 @@ impl<F: Future> ReadySet<F> {
     }
 
     /// One pass: up to `pass` of the members woken and not yet
-    /// polled, oldest wakes first. A member woken meanwhile wakes this task
-    /// again (its waker was registered first), and a pass that leaves
-    /// members unpolled wakes it itself: so the task yields between
-    /// passes, and never misses a wake.
+    /// polled, oldest wakes first: those taken are all polled before the
+    /// set takes the wakes that came since. A pass that leaves members
+    /// unpolled wakes the task itself, so the task yields between passes;
+    /// a pass that polled them all takes the wakes again before it waits,
+    /// so no wake is left behind in the bits: one that came while the
+    /// task was already woken (for the rest of a pass) has no wake of its
+    /// own to come back for.
     fn poll_woken(&mut self, cx: &mut Context<'_>, done: &mut impl FnMut(F::Output)) -> Poll<()> {
         self.ready.task.register(cx.waker());
-        if self.taken.iter().all(|&b| b == 0) {
-            for (t, r) in self.taken.iter_mut().zip(&self.ready.bits) {
-                *t = r.swap(0, Ordering::AcqRel);
-            }
-        }
         let mut polled = 0;
-        for w in 0..self.taken.len() {
-            while self.taken[w] != 0 {
-                if polled == self.pass {
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
+        loop {
+            if self.taken.iter().all(|&b| b == 0) {
+                let mut any = 0;
+                for (t, r) in self.taken.iter_mut().zip(&self.ready.bits) {
+                    *t = r.swap(0, Ordering::AcqRel);
+                    any |= *t;
                 }
-                let i = w * 64 + self.taken[w].trailing_zeros() as usize;
-                self.taken[w] &= self.taken[w] - 1;
-                let Some(f) = self.members[i].as_mut() else { continue };
-                polled += 1;
-                if let Poll::Ready(out) = f.as_mut().poll(&mut Context::from_waker(&self.wakers[i])) {
-                    self.members[i] = None;
-                    self.live -= 1;
-                    done(out);
+                if any == 0 {
+                    break;
+                }
+            }
+            for w in 0..self.taken.len() {
+                while self.taken[w] != 0 {
+                    if polled == self.pass {
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    let i = w * 64 + self.taken[w].trailing_zeros() as usize;
+                    self.taken[w] &= self.taken[w] - 1;
+                    let Some(f) = self.members[i].as_mut() else { continue };
+                    polled += 1;
+                    if let Poll::Ready(out) = f.as_mut().poll(&mut Context::from_waker(&self.wakers[i])) {
+                        self.members[i] = None;
+                        self.live -= 1;
+                        done(out);
+                    }
                 }
             }
         }
@@ -223,10 +233,74 @@ mod tests {
         set.wakers[0].wake_by_ref();
         set.wakers[0].wake_by_ref();
         assert_eq!(pass(&mut set), (PASS..2 * PASS).collect::<Vec<_>>());
-        assert_eq!(pass(&mut set), (2 * PASS..n).collect::<Vec<_>>());
-        // The generation is done: the next pass takes member 0's wake, once.
-        assert_eq!(pass(&mut set), vec![0]);
+        // The generation ends within this pass, which then takes member
+        // 0's wake, once.
+        assert_eq!(pass(&mut set), (2 * PASS..n).chain([0]).collect::<Vec<_>>());
         assert_eq!(pass(&mut set), Vec::<usize>::new(), "nothing woken, nothing polled");
+    }
+
+    /// Member `i` ends once `open[i]` is set.
+    struct Gate {
+        i: usize,
+        open: Arc<[std::sync::atomic::AtomicBool; 3]>,
+    }
+
+    impl Future for Gate {
+        type Output = usize;
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<usize> {
+            if self.open[self.i].load(Ordering::Relaxed) { Poll::Ready(self.i) } else { Poll::Pending }
+        }
+    }
+
+    /// A task's wakes coalesce, as a runtime's do: woken again before it
+    /// runs, it runs once.
+    struct Flag(std::sync::atomic::AtomicBool);
+
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A member woken while its task was already woken to finish a pass
+    /// is polled without another wake: the set takes the wakes again
+    /// before it waits. (Before, the pass that finished the others
+    /// returned with member 2's wake in the bits and no wake to come: the
+    /// set never ended.)
+    #[test]
+    fn a_wake_that_comes_while_the_task_is_woken_is_not_left_behind() {
+        let open: Arc<[std::sync::atomic::AtomicBool; 3]> = Arc::new(Default::default());
+        let mut set = ReadySet::new((0..3).map(|i| Gate { i, open: open.clone() }), 1);
+        let task = Arc::new(Flag(Default::default()));
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut outs = Vec::new();
+        // Poll as a runtime does: a wake is taken when the poll starts
+        // (one that comes during the poll runs it again after).
+        fn poll(set: &mut ReadySet<Gate>, cx: &mut Context<'_>, task: &Flag, outs: &mut Vec<usize>) -> Poll<()> {
+            task.0.store(false, Ordering::Relaxed);
+            set.poll_woken(cx, &mut |o| outs.push(o))
+        }
+        fn run(set: &mut ReadySet<Gate>, cx: &mut Context<'_>, task: &Flag, outs: &mut Vec<usize>) -> Poll<()> {
+            let mut r = poll(set, cx, task, outs);
+            while r.is_pending() && task.0.load(Ordering::Relaxed) {
+                r = poll(set, cx, task, outs);
+            }
+            r
+        }
+        assert!(run(&mut set, &mut cx, &task, &mut outs).is_pending(), "every member waits");
+        for i in [0, 1] {
+            open[i].store(true, Ordering::Relaxed);
+            set.wakers[i].wake_by_ref();
+        }
+        // One pass (of one): member 0 ends; the task wakes itself for 1.
+        assert!(poll(&mut set, &mut cx, &task, &mut outs).is_pending());
+        assert_eq!(outs, [0]);
+        // Member 2's wake comes before the task runs again.
+        open[2].store(true, Ordering::Relaxed);
+        set.wakers[2].wake_by_ref();
+        assert!(run(&mut set, &mut cx, &task, &mut outs).is_ready(), "the set ended; members ended: {outs:?}");
+        assert_eq!(outs, [0, 1, 2]);
     }
 
     /// A set whose members end at once ends at its first poll; an empty
