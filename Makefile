@@ -134,17 +134,20 @@ fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_RUNS=$(FUZZ_RUNS) tests/fuzz-campaign
 
 # The binary, systemd unit, man pages, shell completions and example config
-# under $(DESTDIR)$(PREFIX) (docs/install.md). Builds only the binary
-# (NO_BUILD=1: install $(BIN) as it is, as the tests do from inside cargo).
+# under $(DESTDIR)$(PREFIX) (docs/install.md). Builds only the binary, with
+# the `dist` profile (Cargo.toml says why) (NO_BUILD=1: install $(BIN) as
+# it is, as the tests do from inside cargo).
+DIST_BIN := target/dist/blockwire
+SHIP_BIN = $(if $(NO_BUILD),$(BIN),$(DIST_BIN))
 install:
-	@[ -n "$(NO_BUILD)" ] || $(CARGO) build --release -p blockwire
-	packaging/install $(BIN) "$(DESTDIR)" "$(PREFIX)"
+	@[ -n "$(NO_BUILD)" ] || $(CARGO) build --profile dist -p blockwire
+	packaging/install $(SHIP_BIN) "$(DESTDIR)" "$(PREFIX)"
 
 # A Debian package of the same files under /usr, in $(DEB_DIR).
 DEB_DIR ?= target/deb
 deb:
-	@[ -n "$(NO_BUILD)" ] || $(CARGO) build --release -p blockwire
-	packaging/build-deb $(BIN) $(DEB_DIR)
+	@[ -n "$(NO_BUILD)" ] || $(CARGO) build --profile dist -p blockwire
+	packaging/build-deb $(SHIP_BIN) $(DEB_DIR)
 
 clean:
 	$(CARGO) clean
