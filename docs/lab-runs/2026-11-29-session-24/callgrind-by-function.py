@@ -1,5 +1,5 @@
 # Self instructions per I/O by function from two callgrind outputs of one run pair
-# (PREFIX.20000, PREFIX.60000: `KEEP=PREFIX callgrind-client.sh ...`); with a
+# (PREFIX.20000, PREFIX.60000: `KEEP=PREFIX callgrind.sh ...`); with a
 # second PREFIX, A against B, largest differences first.
 import re,subprocess,sys
 def load(f):
