@@ -273,6 +273,15 @@ mod tests {
     use std::time::Duration;
     use tokio::io::unix::AsyncFd;
 
+    /// A loopback connection: the peer's end (blocking) and ours (non-blocking).
+    fn connected() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (ours, _) = l.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        (peer, ours)
+    }
+
     /// Bytes that arrive while a short read runs, and that the runtime's
     /// I/O driver (on a worker thread) takes in before the read's
     /// readiness is cleared, still wake the next wait for readiness. The
@@ -284,10 +293,7 @@ mod tests {
     /// failure.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn bytes_that_arrive_during_a_short_read_are_not_lost() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (ours, _) = l.accept().unwrap();
-        ours.set_nonblocking(true).unwrap();
+        let (mut peer, ours) = connected();
         // The same socket, registered a second time (a duplicate
         // descriptor) to see when the driver takes in an arrival.
         // SAFETY: the descriptor is open and owned by the OwnedFd, which
@@ -323,10 +329,7 @@ mod tests {
     /// the next attempt waits instead of making a system call.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_short_read_clears_the_readiness() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (ours, _) = l.accept().unwrap();
-        ours.set_nonblocking(true).unwrap();
+        let (mut peer, ours) = connected();
         let (rd, _wr) = tokio::net::TcpStream::from_std(ours).unwrap().into_split();
         peer.write_all(&[1; 100]).unwrap();
         rd.readable().await.unwrap();
