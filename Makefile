@@ -19,7 +19,7 @@ FUZZ_RUNS ?=
 # 3,000 idle sockets: each connection costs the target five descriptors (its
 # own thread's tokio runtime), and 4,000 hit a hard limit of 20,000 where the
 # target may not raise it (no CAP_SYS_RESOURCE, as in this container).
-SOAK_ENV := DURABILITY_CYCLES=20 LOAD_SESSIONS=512 LOAD_LOGIN_CYCLES=50000 LOAD_IDLE_SOCKETS=3000 SOCKET_FUZZ_SECONDS=1800
+SOAK_ENV := DURABILITY_CYCLES=20 LOAD_SESSIONS=512 LOAD_LOGIN_CYCLES=50000 LOAD_BURST_CYCLES=20000 LOAD_IDLE_SOCKETS=3000 SOCKET_FUZZ_SECONDS=1800
 # The RustSec advisory database `make audit` checks Cargo.lock against: the
 # offline snapshot at ADVISORY_DB when there is one (CI keeps one beside the
 # repository); otherwise the live database, which cargo-audit fetches into
