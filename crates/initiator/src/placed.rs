@@ -121,20 +121,6 @@ fn read_clearing_if_short(rd: &OwnedReadHalf, room: usize, read: impl FnOnce() -
     }
 }
 
-/// `readv(2)` of `n` iovecs on `fd`.
-///
-/// # Safety
-/// `iov` points at `n` initialized iovecs, each writable memory of its length.
-unsafe fn readv(fd: std::os::fd::RawFd, iov: *const libc::iovec, n: usize) -> std::io::Result<usize> {
-    // SAFETY: as the caller promises.
-    let r = unsafe { libc::readv(fd, iov, n as libc::c_int) };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
-}
-
 impl Placing {
     pub fn new() -> Placing {
         Placing { headers: vec![[0; HEADER_MAX]; PLAN_MAX], dest: Vec::with_capacity(PLAN_MAX), gather: Vec::new(), reads: 0, placed: 0, misses: 0, noplan: 0 }
@@ -170,17 +156,11 @@ impl Placing {
             if buf.capacity() - k < READ_CHUNK_SMALL_IO {
                 buf.reserve(READ_CHUNK_SMALL_IO);
             }
-            let spare = buf.spare_capacity_mut();
-            let (room, fd) = (spare.len(), rd.as_ref().as_raw_fd());
-            let iov = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: room };
-            // SAFETY: one iovec, the receive buffer's spare capacity.
-            let got = read_clearing_if_short(rd, room, || unsafe { readv(fd, &iov, 1) })?;
-            if got == 0 {
-                return Ok(PlacedRead::Closed);
-            }
-            // SAFETY: readv wrote `got` bytes into the spare capacity.
-            unsafe { buf.set_len(k + got) };
-            return Ok(PlacedRead::Read(None));
+            let room = buf.capacity() - k;
+            return match read_clearing_if_short(rd, room, || rd.try_read_buf(buf))? {
+                0 => Ok(PlacedRead::Closed),
+                _ => Ok(PlacedRead::Read(None)),
+            };
         }
         if buf.capacity() - k < READ_CHUNK_SMALL_IO {
             buf.reserve(READ_CHUNK_SMALL_IO);
@@ -199,11 +179,18 @@ impl Placing {
         let spare_len = spare.len();
         iov[2 * n].write(libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare_len });
         let fd = rd.as_ref().as_raw_fd();
-        // SAFETY: every iovec is writable memory of its length: the
-        // headers', the receive buffer's spare capacity, and the plan's
-        // callers' buffers, theirs while the session lock is held (the
-        // caller holds it); the first 2n + 1 were written above.
-        let got = read_clearing_if_short(rd, planned + spare_len, || unsafe { readv(fd, iov.as_ptr().cast(), 2 * n + 1) })?;
+        let got = read_clearing_if_short(rd, planned + spare_len, || {
+            // SAFETY: every iovec is writable memory of its length: the
+            // headers', the receive buffer's spare capacity, and the plan's
+            // callers' buffers, theirs while the session lock is held (the
+            // caller holds it); the first 2n + 1 were written above.
+            let r = unsafe { libc::readv(fd, iov.as_ptr().cast(), (2 * n + 1) as libc::c_int) };
+            if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        })?;
         if got == 0 {
             return Ok(PlacedRead::Closed);
         }
@@ -347,6 +334,7 @@ mod tests {
         // A full read keeps it.
         peer.write_all(&[3; 8]).unwrap();
         rd.readable().await.unwrap();
+        // SAFETY: a buffer of at least 8 bytes.
         let got = read_clearing_if_short(&rd, 8, || Ok(unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) } as usize)).unwrap();
         assert_eq!(got, 8);
         let _ = rd.as_ref().try_io(tokio::io::Interest::READABLE, || {
