@@ -87,38 +87,14 @@ pub(crate) struct Placing {
 
 /// One read that cannot block (`read`, a system call into `room` bytes
 /// of buffers): the bytes it brought. A read short of `room` emptied the
-/// socket's receive queue, so the socket's read readiness is cleared, and
-/// the next read attempt waits for readiness instead of making a system
-/// call that fails with EAGAIN (one per wake at 4 KiB QD32: the read after
-/// the batch's answers were placed, while their callers had not yet sent
-/// more).
-///
-/// Cleared as tokio saw it *before* the read, as its own `poll_read` and
-/// the target's `framing::read_draining` do: `read` runs inside `try_io`,
-/// and a short read answers it with WouldBlock (its bytes kept aside), so
-/// tokio clears only the readiness of the event seen before the read;
-/// bytes that arrive after the read raise an event with a later tick,
-/// which survives the clear. Cleared by a second `try_io` after the read,
-/// as until 2026-11-29, it lost that event whenever the runtime's I/O
-/// driver took it in on another thread between the two: the reader then
-/// waited for readiness with the bytes in its receive queue, the window
-/// filled, the target stopped sending, and the command timed out
-/// (docs/notes/2026-11-29-lost-read-edge.md).
+/// socket's receive queue, so the socket's read readiness is cleared
+/// (`bw_net::tcp_read`, as the target's `framing::read_draining` does),
+/// and the next read attempt waits for readiness instead of making a
+/// system call that fails with EAGAIN (one per wake at 4 KiB QD32: the
+/// read after the batch's answers were placed, while their callers had not
+/// yet sent more).
 fn read_clearing_if_short(rd: &OwnedReadHalf, room: usize, read: impl FnOnce() -> std::io::Result<usize>) -> std::io::Result<usize> {
-    let mut short = None;
-    let r = rd.as_ref().try_io(tokio::io::Interest::READABLE, || {
-        let n = read()?;
-        if 0 < n && n < room {
-            short = Some(n);
-            // Not an error: WouldBlock only makes tokio clear what it saw.
-            return Err(std::io::ErrorKind::WouldBlock.into());
-        }
-        Ok(n)
-    });
-    match short {
-        Some(n) => Ok(n),
-        None => r,
-    }
+    bw_net::tcp_read::read_clearing_if_short(rd.as_ref(), room, false, read).map(|(n, _)| n)
 }
 
 impl Placing {
@@ -249,98 +225,5 @@ impl Placing {
         nb.extend_from_slice(&self.gather);
         nb.extend_from_slice(buf);
         *buf = nb;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    use std::time::Duration;
-    use tokio::io::unix::AsyncFd;
-
-    /// A loopback connection: the peer's end (blocking) and ours (non-blocking).
-    fn connected() -> (std::net::TcpStream, std::net::TcpStream) {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (ours, _) = l.accept().unwrap();
-        ours.set_nonblocking(true).unwrap();
-        (peer, ours)
-    }
-
-    /// Bytes that arrive while a short read runs, and that the runtime's
-    /// I/O driver (on a worker thread) takes in before the read's
-    /// readiness is cleared, still wake the next wait for readiness. The
-    /// read here waits, after its system call, until the driver has seen
-    /// the new bytes (through a second registration of the same socket,
-    /// woken by the same arrival): then clearing the readiness as it was
-    /// after the read would lose the event, and the wait below would
-    /// never end. Nothing is timed: the bound only turns a hang into a
-    /// failure.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn bytes_that_arrive_during_a_short_read_are_not_lost() {
-        let (mut peer, ours) = connected();
-        // The same socket, registered a second time (a duplicate
-        // descriptor) to see when the driver takes in an arrival.
-        // SAFETY: the descriptor is open and owned by the OwnedFd, which
-        // the AsyncFd owns until it is dropped.
-        let watch = unsafe { AsyncFd::register(OwnedFd::from_raw_fd(libc::dup(ours.as_raw_fd()))) }.unwrap_or_else(|e| panic!("{e}"));
-        let (rd, _wr) = tokio::net::TcpStream::from_std(ours).unwrap().into_split();
-        peer.write_all(&[1; 100]).unwrap();
-        rd.readable().await.unwrap();
-        watch.readable().await.unwrap().clear_ready();
-        let (seen_tx, seen_rx) = std::sync::mpsc::channel();
-        let seen = tokio::spawn(async move {
-            watch.readable().await.unwrap().retain_ready();
-            seen_tx.send(()).unwrap();
-            watch
-        });
-        let fd = rd.as_ref().as_raw_fd();
-        let mut b = [0u8; 4096];
-        let got = read_clearing_if_short(&rd, b.len(), || {
-            // SAFETY: a buffer of its length.
-            let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) };
-            peer.write_all(&[2; 50]).unwrap();
-            seen_rx.recv_timeout(Duration::from_secs(120)).expect("the driver never took in the arrival");
-            Ok(n as usize)
-        })
-        .unwrap();
-        assert_eq!(got, 100);
-        drop(seen.await.unwrap());
-        tokio::time::timeout(Duration::from_secs(120), rd.readable()).await.expect("the bytes that came during the read were never seen").unwrap();
-        assert_eq!(rd.try_read(&mut b).unwrap(), 50);
-    }
-
-    /// A short read with nothing arriving after it clears the readiness:
-    /// the next attempt waits instead of making a system call.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_short_read_clears_the_readiness() {
-        let (mut peer, ours) = connected();
-        let (rd, _wr) = tokio::net::TcpStream::from_std(ours).unwrap().into_split();
-        peer.write_all(&[1; 100]).unwrap();
-        rd.readable().await.unwrap();
-        let fd = rd.as_ref().as_raw_fd();
-        let mut b = [0u8; 4096];
-        // SAFETY: a buffer of its length.
-        let got = read_clearing_if_short(&rd, b.len(), || Ok(unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) } as usize)).unwrap();
-        assert_eq!(got, 100);
-        let mut tried = false;
-        let _ = rd.as_ref().try_io(tokio::io::Interest::READABLE, || {
-            tried = true;
-            Ok(())
-        });
-        assert!(!tried, "the readiness was kept after a short read");
-        // A full read keeps it.
-        peer.write_all(&[3; 8]).unwrap();
-        rd.readable().await.unwrap();
-        // SAFETY: a buffer of at least 8 bytes.
-        let got = read_clearing_if_short(&rd, 8, || Ok(unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) } as usize)).unwrap();
-        assert_eq!(got, 8);
-        let _ = rd.as_ref().try_io(tokio::io::Interest::READABLE, || {
-            tried = true;
-            Ok(())
-        });
-        assert!(tried, "a read that filled its room cleared the readiness");
     }
 }

@@ -1,5 +1,6 @@
 //! Network drivers: AF_PACKET and AF_XDP sockets with batched receive/send,
-//! and TCP helpers ([`tcp`]: the congestion-control algorithm of a connection).
+//! and TCP helpers ([`tcp`]: the congestion-control algorithm of a connection;
+//! [`tcp_read`]: a read of a tokio socket that keeps its readiness right).
 //!
 //! [`PacketSocket`] is a raw Ethernet socket bound to one interface and one
 //! EtherType. Frames move in batches ([`FrameBatch`]) with one
@@ -16,6 +17,7 @@ pub mod frames;
 pub mod packet;
 pub mod ring;
 pub mod tcp;
+pub mod tcp_read;
 pub mod xdp;
 
 pub use frames::{Datapath, FrameSocket};

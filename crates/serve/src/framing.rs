@@ -18,7 +18,7 @@
 
 use bytes::{BufMut, BytesMut};
 use std::io;
-use tokio::io::{AsyncRead, AsyncReadExt, Interest};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 
 /// A protocol's framing, as far as the reader needs it.
@@ -180,34 +180,13 @@ impl FrameReader {
 }
 
 /// One read that cannot block, into `buf`'s room: the bytes read, and
-/// whether the read was short (fewer than the room it was offered: it
-/// emptied the socket). After a short read, unless `keep`, tokio is told
-/// the socket is empty (its readiness is cleared, as its own `poll_read`
-/// does after a short read), so that the next read waits for the socket's
-/// next edge instead of trying the socket again; `try_read_buf` alone
-/// leaves readiness set until a read fails. Data that arrives after the
-/// read is not missed: it raises a new edge, and tokio clears only the
-/// readiness of the event seen before the read (a later event has a later
-/// tick and survives the clear).
+/// whether the read was short (it emptied the socket). After a short read,
+/// unless `keep`, tokio's readiness is cleared as it saw it before the read
+/// (`bw_net::tcp_read`): the next read waits for the socket's next edge
+/// instead of trying the socket again.
 fn read_draining(stream: &TcpStream, buf: &mut impl BufMut, keep: bool) -> io::Result<(usize, bool)> {
     let room = buf.chunk_mut().len();
-    let mut got = None;
-    let r = stream.try_io(Interest::READABLE, || {
-        let n = stream.try_read_buf(buf)?;
-        let short = 0 < n && n < room;
-        got = Some((n, short));
-        if short && !keep {
-            // Not an error: the bytes are kept in `got`; WouldBlock only
-            // makes tokio clear the readiness it saw.
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        Ok((n, short))
-    });
-    match (r, got) {
-        (_, Some(got)) => Ok(got),
-        (Err(e), None) => Err(e),
-        (Ok(got), None) => Ok(got),
-    }
+    bw_net::tcp_read::read_clearing_if_short(stream, room, keep, || stream.try_read_buf(buf))
 }
 
 /// Whether the socket is read once more after a read that emptied it
@@ -271,6 +250,7 @@ pub enum ReadError<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::Interest;
 
     /// Toy framing: 4-byte header = big-endian total length.
     struct Len4;
