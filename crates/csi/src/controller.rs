@@ -130,7 +130,7 @@ fn fits(size: u64, range: Option<&proto::CapacityRange>) -> bool {
     size >= r.required_bytes.max(0) as u64 && (r.limit_bytes <= 0 || size <= r.limit_bytes as u64)
 }
 
-fn creds_of<'a>(secrets: &HashMap<String, String>, default: &'a Option<Credentials>) -> Option<Credentials> {
+fn creds_of(secrets: &HashMap<String, String>, default: &Option<Credentials>) -> Option<Credentials> {
     Credentials::from_secrets(secrets).or_else(|| default.clone())
 }
 

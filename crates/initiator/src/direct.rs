@@ -101,7 +101,7 @@ impl Landing {
     }
 
     fn read_with(&mut self, dst: &mut [u8], read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>) -> std::io::Result<usize> {
-        let staged = *self.staged.get_or_insert_with(|| dst.as_ptr() as usize % LANDING_ALIGN != 0);
+        let staged = *self.staged.get_or_insert_with(|| !(dst.as_ptr() as usize).is_multiple_of(LANDING_ALIGN));
         if !staged {
             return read(dst);
         }

@@ -118,7 +118,7 @@ impl Placing {
         // Aligned buffers only (the kernel's copy into a misaligned one is
         // slow on some CPUs: see `direct::Landing`).
         let n = s.plan_placed(|b| {
-            let ok = b.as_ptr() as usize % 64 == 0 && dest.len() < PLAN_MAX;
+            let ok = (b.as_ptr() as usize).is_multiple_of(64) && dest.len() < PLAN_MAX;
             if ok {
                 dest.push((b.as_mut_ptr() as usize, b.len()));
             }

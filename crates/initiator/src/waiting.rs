@@ -257,7 +257,7 @@ pub(crate) struct SubmitClock {
 fn coarse_raw() -> Option<(i64, i64)> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid clock id and a timespec to write.
-    (unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0).then(|| (ts.tv_sec as i64, ts.tv_nsec as i64))
+    (unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0).then_some((ts.tv_sec, ts.tv_nsec))
 }
 
 fn coarse() -> Option<Duration> {

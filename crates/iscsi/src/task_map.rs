@@ -138,7 +138,7 @@ mod tests {
         for step in 0..2000u32 {
             x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
             let k = (x >> 16) % 6;
-            if (x >> 8) % 3 == 0 {
+            if (x >> 8).is_multiple_of(3) {
                 assert_eq!(m.remove(&k), want.remove(&k), "step {step}: remove {k}");
             } else if (x >> 8) % 5 == 1 {
                 // remove_with, refused for odd values (left in place).

@@ -410,7 +410,7 @@ mod tests {
         }
         assert!(LinkName::default().is_none() && !LinkName::new("1gbit").is_none());
         assert_eq!(format!("{:>6}|", LinkName::new("1gbit")), " 1gbit|");
-        let mut v = vec![LinkName::new("none"), LinkName::new("10gbit"), LinkName::new("1gbit")];
+        let mut v = [LinkName::new("none"), LinkName::new("10gbit"), LinkName::new("1gbit")];
         v.sort();
         assert_eq!(v.iter().map(|l| l.as_str()).collect::<Vec<_>>(), ["10gbit", "1gbit", "none"]);
     }

@@ -27,6 +27,7 @@
 //!   without bound); the socket is then only written;
 //! - after [`READS_PER_YIELD`] socket reads in a row the task lets others
 //!   on its runtime run.
+//!
 //! Sending never blocks the handling of PDUs: the driver writes what the
 //! socket takes and waits for writability only when it has nothing else to
 //! do; over user-space TLS it never waits for the outbox's sealing thread

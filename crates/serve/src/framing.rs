@@ -217,7 +217,7 @@ impl SpareReads {
     /// Whether a short read now should keep readiness (the next read is
     /// then a spare read, whose outcome [`SpareReads::saw`] counts).
     fn keep_after_short_read(&self) -> bool {
-        self.hits >= 2 || self.shorts.wrapping_add(1) % Self::PROBE_EVERY == 0
+        self.hits >= 2 || self.shorts.wrapping_add(1).is_multiple_of(Self::PROBE_EVERY)
     }
 
     /// A read's outcome; `kept`: what [`SpareReads::keep_after_short_read`]

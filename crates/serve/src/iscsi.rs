@@ -870,7 +870,7 @@ impl Connection {
             self.stats.count(e.write, e.edtl as u64);
         }
         let plan = scsi.plan_cached(&mut self.lun_cache, lun_number(e.lun), &e.cdb);
-        let work = work(&plan, &e, &self.knobs, self.digests);
+        let work = work(&plan, e, &self.knobs, self.digests);
         let limited = plan.volume().is_some_and(|v| v.limited());
         let mut place = dispatch::place(work, plan.device(), limited, self.knobs.inline_max);
         let op = match (work, e.read, e.write) {

@@ -530,8 +530,7 @@ impl Outbox {
             return self.send_records(sock);
         }
         let sfd = sock.as_raw_fd();
-        loop {
-            let Some(seg) = self.segs.front_mut() else { break };
+        while let Some(seg) = self.segs.front_mut() {
             let r = match seg {
                 Seg::Buf { .. } | Seg::Mapped { .. } | Seg::Headed { .. } => self.send_gathered(sock),
                 Seg::File { _vol, fd, off, left } => {

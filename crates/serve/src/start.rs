@@ -193,7 +193,7 @@ mod tests {
         c.add_volume_flag(&format!("b=file:{d}/b.img,size=64k")).unwrap();
         assert_eq!(open_volumes(&c).unwrap().len(), 2);
         c.add_volume_flag(&format!("c=file:{d}/./a.img")).unwrap();
-        let e = format!("{:#}", open_volumes(&c).err().expect("a second volume on a.img"));
+        let e = format!("{:#}", open_volumes(&c).expect_err("a second volume on a.img"));
         assert!(e.contains("volume c") && e.contains("file of volume a") && e.contains("one file is one volume"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

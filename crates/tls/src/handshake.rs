@@ -80,7 +80,7 @@ impl OneKey {
 impl PskStore for OneKey {
     fn lookup(&self, identity: &str, attempt: usize) -> Result<Option<Candidate>, String> {
         let id = Identity::parse(identity).map_err(|e| e.to_string())?;
-        if !self.hosts.is_empty() && !self.hosts.iter().any(|h| *h == id.hostnqn) {
+        if !self.hosts.is_empty() && !self.hosts.contains(&id.hostnqn) {
             return Ok(None);
         }
         Ok(Derivation::ALL.iter().filter_map(|&d| self.key.tls_psk(d, &id).map(|psk| Candidate { psk, note: format!("{d:?}") })).nth(attempt))

@@ -90,7 +90,7 @@ impl<'a> Recorder<'a> {
     }
 
     fn record(&mut self, ns: u64, is_read: bool) {
-        self.held.push(ns.max(100).min(u64::MAX >> 1) << 1 | is_read as u64);
+        self.held.push(ns.clamp(100, u64::MAX >> 1) << 1 | is_read as u64);
         if self.held.len() == BATCH {
             self.flush();
         }

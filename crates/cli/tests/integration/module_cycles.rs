@@ -362,23 +362,21 @@ fn named_paths(toks: &[Tok], file_module: &[String], children: &BTreeMap<Vec<Str
                 i = next.max(i + 1);
                 continue;
             }
-            Tok::Ident(first) if i == 0 || toks[i - 1] != Tok::PathSep => {
-                if toks.get(i + 1) == Some(&Tok::PathSep) {
-                    let mut path = vec![first.clone()];
-                    let mut j = i + 1;
-                    while toks.get(j) == Some(&Tok::PathSep) {
-                        match toks.get(j + 1) {
-                            Some(Tok::Ident(s)) => path.push(s.clone()),
-                            _ => break,
-                        }
-                        j += 2;
+            Tok::Ident(first) if (i == 0 || toks[i - 1] != Tok::PathSep) && toks.get(i + 1) == Some(&Tok::PathSep) => {
+                let mut path = vec![first.clone()];
+                let mut j = i + 1;
+                while toks.get(j) == Some(&Tok::PathSep) {
+                    match toks.get(j + 1) {
+                        Some(Tok::Ident(s)) => path.push(s.clone()),
+                        _ => break,
                     }
-                    if let Some(path) = resolve(&current(&inline), &path) {
-                        resolved.push(Named { path, reexport: None, imported_as: None });
-                    }
-                    i = j;
-                    continue;
+                    j += 2;
                 }
+                if let Some(path) = resolve(&current(&inline), &path) {
+                    resolved.push(Named { path, reexport: None, imported_as: None });
+                }
+                i = j;
+                continue;
             }
             _ => {}
         }

@@ -18,7 +18,7 @@ pub fn begin_start(cx: &mut RunContext, stored: Option<&mut StoredPlan>, topo: &
     if let Some(stored) = stored {
         if stored.cases.is_empty() {
             stored.cases = cx.planned().to_vec();
-            stored.save(&cx.out_dir())?;
+            stored.save(cx.out_dir())?;
         } else if stored.cases != cx.planned() {
             let there: Vec<&String> = stored.cases.iter().filter(|c| !cx.planned().contains(c)).collect();
             let here: Vec<&String> = cx.planned().iter().filter(|c| !stored.cases.contains(c)).collect();
@@ -47,7 +47,7 @@ pub fn begin_start(cx: &mut RunContext, stored: Option<&mut StoredPlan>, topo: &
         host_boots,
     };
     if cx.book().resumed() {
-        for line in cx.book().summary(&cx.planned(), &StartEntry { n: cx.book().start_number(), ..entry.clone() }) {
+        for line in cx.book().summary(cx.planned(), &StartEntry { n: cx.book().start_number(), ..entry.clone() }) {
             cx.say(&line);
         }
         // What earlier starts recorded of the subjects (what they said of
