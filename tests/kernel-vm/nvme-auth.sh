@@ -1,7 +1,8 @@
 # Guest script for crates/cli/tests/integration/nvme_auth.rs: the Linux nvme-tcp
 # host (Linux 6.12: tests/kernel-vm/kernel-6.12.sh) with nvme-cli against
 # `blockwire serve` requiring DH-HMAC-CHAP, in ONE boot. The test prepends
-# PORT, NQN and the host NQNs and secrets below. Runs under `sh -e` (busybox).
+# PORT, NQN and the host NQNs and secrets below, and the helpers of
+# nvme-host-lib.sh. Runs under `sh -e` (busybox).
 #   H1/K1          one-way, key used as is (DHHC-1:00)
 #   H2/K2, C2      bidirectional; K2 SHA-512-transformed, C2 SHA-384-transformed
 #   H3/K3          one-way, SHA-256 transformed; the target offers only sha384 + null group
@@ -24,29 +25,6 @@ ok "nvme check-dhchap-key accepts every secret"
 
 dd if=/dev/urandom of=/tmp/pat bs=1M count=8 2>/dev/null
 
-# The controller nvmeN connected for host NQN $1, if any.
-ctrl_of() {
-  for c in /sys/class/nvme/nvme*; do
-    [ -e "$c/hostnqn" ] || continue
-    [ "$(cat $c/hostnqn)" = "$1" ] && [ "$(cat $c/subsysnqn)" = "$NQN" ] && { basename $c; return 0; }
-  done
-  return 1
-}
-
-wait_blockdev() {
-  i=0
-  while [ $i -lt 100 ]; do
-    for d in /sys/class/nvme/$1/nvme*n1 /sys/class/nvme/$1/nvme*c*n1; do
-      [ -e "$d" ] || continue
-      n=$(basename "$d"); h=$(echo "$n" | sed 's/c[0-9]*n/n/')
-      [ -b /dev/$h ] && { echo /dev/$h; return 0; }
-      [ -b /dev/$n ] && { echo /dev/$n; return 0; }
-    done
-    sleep 0.2; i=$((i + 1))
-  done
-  return 1
-}
-
 # connect HOSTNQN [nvme connect options...]: connect, 8 MiB O_DIRECT
 # write/read/compare at offset $OFF MiB, disconnect.
 io_round() {
@@ -59,9 +37,7 @@ io_round() {
   dd if=$dev of=/tmp/back bs=1M count=8 skip=$OFF iflag=direct 2>/dev/null || die "O_DIRECT read from $dev"
   cmp /tmp/pat /tmp/back || die "8 MiB read back differs on $dev"
   echo "$host: $c $dev, $(cat /sys/class/nvme/$c/queue_count 2>/dev/null || echo '?') queues"
-  nvme disconnect -d $c >/dev/null 2>&1 || echo 1 > /sys/class/nvme/$c/delete_controller
-  i=0; while [ -e /sys/class/nvme/$c ] && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
-  [ ! -e /sys/class/nvme/$c ] || die "$c still present after disconnect"
+  disconnect $c
 }
 
 # refused HOSTNQN WHAT [nvme connect options...]: the connect must fail and

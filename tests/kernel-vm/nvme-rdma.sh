@@ -1,4 +1,5 @@
-# Guest script for crates/cli/tests/integration/nvme_rdma.rs: NVMe over RDMA
+# Guest script for crates/cli/tests/integration/nvme_rdma.rs (after the
+# helpers of nvme-host-lib.sh, which the test puts in front): NVMe over RDMA
 # on soft-RoCE (rxe0 on eth0), in ONE boot:
 #   1. `blockwire serve --nvme-rdma` in the guest; the Linux nvme-rdma host
 #      connects, mkfs.ext4, writes a checksummed tree, e2fsck -fn is clean,
@@ -43,39 +44,11 @@ ibv_devices | grep -q rxe0 || die "rxe0 not listed by ibv_devices"
 ok "rxe0 on eth0 ($A)"
 if [ -n "$PROBE_LAB" ]; then $PROBE_LAB || die "the lab's RDMA rule"; fi
 
-fabrics_connect() {
-  exec 3<>/dev/nvme-fabrics
-  if ! echo "$1" >&3; then exec 3>&-; return 1; fi
-  read -r line <&3 || true
-  exec 3>&-
-  echo "$line"
-}
-instance_of() { echo "$1" | sed -n 's/.*instance=\([0-9]*\).*/\1/p'; }
-wait_blockdev() {
-  i=0
-  while [ $i -lt 150 ]; do
-    for d in /sys/class/nvme/nvme$1/nvme*n1 /sys/class/nvme/nvme$1/nvme*c*n1; do
-      [ -e "$d" ] || continue
-      n=$(basename "$d")
-      h=$(echo "$n" | sed 's/c[0-9]*n/n/')
-      [ -b /dev/$h ] && { echo /dev/$h; return 0; }
-      [ -b /dev/$n ] && { echo /dev/$n; return 0; }
-    done
-    sleep 0.2; i=$((i + 1))
-  done
-  return 1
-}
-disconnect() {
-  echo 1 > /sys/class/nvme/nvme$1/delete_controller
-  i=0
-  while [ -e /sys/class/nvme/nvme$1 ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
-  [ ! -e /sys/class/nvme/nvme$1 ] || die "nvme$1 still present after delete_controller"
-}
 connect_bw() {
   out=$(fabrics_connect "transport=rdma,traddr=$A,trsvcid=$PORT,nqn=$NQN,hostnqn=$HOSTNQN") || die "nvme-rdma connect"
   inst=$(instance_of "$out"); [ -n "$inst" ] || die "no instance in '$out'"
   [ "$(cat /sys/class/nvme/nvme$inst/transport)" = "rdma" ] || die "transport is not rdma"
-  dev=$(wait_blockdev $inst) || die "no namespace block device for nvme$inst"
+  dev=$(wait_blockdev nvme$inst) || die "no namespace block device for nvme$inst"
 }
 
 # start_bw CONFIG LOG: blockwire serve in the background (pid in BW_PID),
@@ -128,7 +101,7 @@ dd if=/dev/urandom of=/mnt/t/big bs=1M count=6 2>/dev/null
 umount /mnt/t
 e2fsck -fn $dev || die "e2fsck -fn found problems"
 ok "ext4 mkfs, checksummed tree, e2fsck -fn clean"
-disconnect $inst
+disconnect nvme$inst
 connect_bw
 mount -t ext4 $dev /mnt/t || die "mount after reconnect"
 (cd /mnt/t && sha256sum -c -s /tmp/sums) || die "checksums differ after reconnect"
@@ -148,7 +121,7 @@ if [ -n "$PROBE" ]; then
 fi
 umount /mnt/t
 e2fsck -fn $dev || die "e2fsck -fn at the end"
-disconnect $inst
+disconnect nvme$inst
 ok "disconnect"
 
 step "discovery lists the RDMA port"
@@ -180,9 +153,9 @@ for c in /sys/class/nvme/nvme*; do
 done
 [ -n "$inst" ] || die "connect-all made no controller for $NQN"
 [ "$(cat /sys/class/nvme/nvme$inst/transport)" = "rdma" ] || die "connect-all did not use rdma"
-dev=$(wait_blockdev $inst) || die "no namespace block device after connect-all"
+dev=$(wait_blockdev nvme$inst) || die "no namespace block device after connect-all"
 e2fsck -fn $dev || die "e2fsck -fn after connect-all"
-disconnect $inst
+disconnect nvme$inst
 ok "nvme connect-all connects over rdma through the discovery log"
 
 step "admission limits on RDMA queues"
@@ -219,8 +192,8 @@ ok "a host not on the allow-list refused"
 if [ -n "$PROBE_LIMITS" ]; then
   BW_RDMA_TARGET="$A:$LPORT" $PROBE_LIMITS || die "admission probe"
 fi
-wait_blockdev $inst >/dev/null || die "the first host lost its namespace"
-disconnect $inst
+wait_blockdev nvme$inst >/dev/null || die "the first host lost its namespace"
+disconnect nvme$inst
 kill -0 $SERVE2 || die "the limited blockwire died"
 kill $SERVE2
 grep -E "refused|closed:" /tmp/serve2.log | sed 's/^/TARGET2-LOG: /'

@@ -1,5 +1,6 @@
 # Guest script for crates/cli/tests/integration/nvme_tls.rs
-# (linux_host_and_nvmet_over_tls): NVMe/TCP over TLS 1.3 (TP 8011) between
+# (linux_host_and_nvmet_over_tls; after the helpers of nvme-host-lib.sh,
+# which the test puts in front): NVMe/TCP over TLS 1.3 (TP 8011) between
 # Linux 6.12 (tests/kernel-vm/kernel-6.12.sh) and blockwire, in ONE boot:
 #   A. the Linux host (nvme-cli 2.13, tlshd, the kernel's TLS records) against
 #      `blockwire serve` on the host (user-space record layer there: the
@@ -52,31 +53,6 @@ insert() {
   echo "inserted: $(tr '\n' ' ' </tmp/ins)"
 }
 
-ctrl_of() {
-  for c in /sys/class/nvme/nvme*; do
-    [ -e "$c/hostnqn" ] || continue
-    [ "$(cat $c/hostnqn)" = "$1" ] && [ "$(cat $c/subsysnqn)" = "$2" ] && { basename $c; return 0; }
-  done
-  return 1
-}
-wait_blockdev() {
-  i=0
-  while [ $i -lt 100 ]; do
-    for d in /sys/class/nvme/$1/nvme*n1 /sys/class/nvme/$1/nvme*c*n1; do
-      [ -e "$d" ] || continue
-      n=$(basename "$d"); h=$(echo "$n" | sed 's/c[0-9]*n/n/')
-      [ -b /dev/$h ] && { echo /dev/$h; return 0; }
-      [ -b /dev/$n ] && { echo /dev/$n; return 0; }
-    done
-    sleep 0.2; i=$((i + 1))
-  done
-  return 1
-}
-disconnect() {
-  nvme disconnect -d $1 >/dev/null 2>&1 || echo 1 > /sys/class/nvme/$1/delete_controller
-  i=0; while [ -e /sys/class/nvme/$1 ] && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
-  [ ! -e /sys/class/nvme/$1 ] || die "$1 still present after disconnect"
-}
 # the controller's TLS as sysfs says (tls_key, tls_configured_key, tls_keyring)
 tls_of() { for f in tls_key tls_configured_key tls_keyring; do [ -e /sys/class/nvme/$1/$f ] && printf '%s=%s ' $f "$(cat /sys/class/nvme/$1/$f)"; done; echo; }
 

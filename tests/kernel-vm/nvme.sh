@@ -1,7 +1,8 @@
 # Guest script for crates/cli/tests/integration/nvme_kernel.rs: the Linux nvme-tcp host
 # against `blockwire serve --nvme`, in ONE boot. The test prepends the
-# settings below (PORT, DPORT, NQN, HOSTNQN, BADNQN); defaults are for running
-# it by hand with `kernel-vm run`. Runs under `sh -e` with busybox.
+# settings below (PORT, DPORT, NQN, HOSTNQN, BADNQN) and the helpers of
+# nvme-host-lib.sh; defaults are for running it by hand with `kernel-vm run`
+# (that file in front). Runs under `sh -e` with busybox.
 : "${PORT:=4420}" "${DPORT:=8009}" "${NQN:=nqn.2026-11.org.blockwire:test}"
 : "${HOSTNQN:=nqn.2026-11.org.blockwire:kernel-vm}" "${BADNQN:=nqn.2026-11.org.blockwire:intruder}"
 T=10.0.2.2
@@ -11,41 +12,6 @@ die() { echo "NVME-FAIL: $*"; dmesg | grep -i nvme | tail -20; exit 1; }
 
 modprobe nvme-tcp 2>/dev/null || modprobe nvme_tcp || die "no nvme-tcp module"
 [ -c /dev/nvme-fabrics ] || die "/dev/nvme-fabrics missing"
-
-# Write an option string to /dev/nvme-fabrics and print "instance=N,cntlid=M".
-fabrics_connect() {
-  exec 3<>/dev/nvme-fabrics
-  if ! echo "$1" >&3; then exec 3>&-; return 1; fi
-  read -r line <&3 || true
-  exec 3>&-
-  echo "$line"
-}
-instance_of() { echo "$1" | sed -n 's/.*instance=\([0-9]*\).*/\1/p'; }
-
-# The namespace block device of controller nvmeI (multipath names it after
-# the subsystem, so look it up through sysfs).
-wait_blockdev() {
-  i=0
-  while [ $i -lt 100 ]; do
-    for d in /sys/class/nvme/nvme$1/nvme*n1 /sys/class/nvme/nvme$1/nvme*c*n1; do
-      [ -e "$d" ] || continue
-      n=$(basename "$d")
-      # nvme0c0n1 (path) -> nvme0n1 (head) when multipath is on
-      h=$(echo "$n" | sed 's/c[0-9]*n/n/')
-      [ -b /dev/$h ] && { echo /dev/$h; return 0; }
-      [ -b /dev/$n ] && { echo /dev/$n; return 0; }
-    done
-    sleep 0.2; i=$((i + 1))
-  done
-  return 1
-}
-
-disconnect() {
-  echo 1 > /sys/class/nvme/nvme$1/delete_controller
-  i=0
-  while [ -e /sys/class/nvme/nvme$1 ] && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
-  [ ! -e /sys/class/nvme/nvme$1 ] || die "nvme$1 still present after delete_controller"
-}
 
 dd if=/dev/urandom of=/tmp/pat bs=1M count=8 2>/dev/null
 
@@ -67,11 +33,11 @@ out=$(fabrics_connect "transport=tcp,traddr=$T,trsvcid=$PORT,nqn=$NQN,hostnqn=$H
 inst=$(instance_of "$out"); [ -n "$inst" ] || die "no instance in '$out'"
 [ "$(cat /sys/class/nvme/nvme$inst/subsysnqn)" = "$NQN" ] || die "subsysnqn mismatch"
 [ "$(cat /sys/class/nvme/nvme$inst/transport)" = "tcp" ] || die "transport"
-dev=$(wait_blockdev $inst) || die "no namespace block device for nvme$inst"
+dev=$(wait_blockdev nvme$inst) || die "no namespace block device for nvme$inst"
 echo "controller nvme$inst ($out) namespace $dev size $(cat /sys/block/$(basename $dev)/size) sectors"
 direct_io $dev
 ok "no-digest O_DIRECT 8 MiB write/read/compare"
-disconnect $inst
+disconnect nvme$inst
 ok "disconnect (no digests)"
 
 # A host that disables SQ flow control (Connect CATTR bit 2) lets the
@@ -84,18 +50,18 @@ for opts in disable_sqflow disable_sqflow,data_digest; do
   step "connect with $opts"
   out=$(fabrics_connect "transport=tcp,traddr=$T,trsvcid=$PORT,nqn=$NQN,hostnqn=$HOSTNQN,$opts") || die "connect ($opts)"
   inst=$(instance_of "$out"); [ -n "$inst" ] || die "no instance in '$out'"
-  dev=$(wait_blockdev $inst) || die "no namespace block device for nvme$inst"
+  dev=$(wait_blockdev nvme$inst) || die "no namespace block device for nvme$inst"
   direct_io $dev
   dd if=$dev of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null || die "64 MiB O_DIRECT read ($opts)"
   dmesg | grep -i "nvme$inst" | grep -qi "SUCCESS set but not last\|error recovery\|unexpected\|not found" && die "host complained: $(dmesg | grep -i nvme$inst | tail -5)"
   ok "$opts O_DIRECT 8 MiB write/read/compare"
-  disconnect $inst
+  disconnect nvme$inst
 done
 
 step "connect with header and data digests"
 out=$(fabrics_connect "transport=tcp,traddr=$T,trsvcid=$PORT,nqn=$NQN,hostnqn=$HOSTNQN,hdr_digest,data_digest") || die "connect (digests)"
 inst=$(instance_of "$out"); [ -n "$inst" ] || die "no instance in '$out'"
-dev=$(wait_blockdev $inst) || die "no namespace block device for nvme$inst"
+dev=$(wait_blockdev nvme$inst) || die "no namespace block device for nvme$inst"
 direct_io $dev
 ok "digest O_DIRECT 8 MiB write/read/compare"
 modprobe ext4 2>/dev/null || true
@@ -110,7 +76,7 @@ mount -t ext4 $dev /mnt/bw || die "remount"
 umount /mnt/bw
 e2fsck -fn $dev || die "e2fsck found problems"
 ok "ext4 mkfs/mount/write/e2fsck clean"
-disconnect $inst
+disconnect nvme$inst
 ok "disconnect (digests)"
 
 step "host NQN outside the allow list"
@@ -123,6 +89,6 @@ step "discovery controller on port $DPORT"
 out=$(fabrics_connect "transport=tcp,traddr=$T,trsvcid=$DPORT,nqn=nqn.2014-08.org.nvmexpress.discovery,hostnqn=$HOSTNQN") || die "discovery connect"
 inst=$(instance_of "$out"); [ -n "$inst" ] || die "no instance in '$out'"
 [ "$(cat /sys/class/nvme/nvme$inst/subsysnqn)" = "nqn.2014-08.org.nvmexpress.discovery" ] || die "discovery subsysnqn"
-disconnect $inst
+disconnect nvme$inst
 ok "discovery controller connect/disconnect"
 echo "NVME-ALL-OK"

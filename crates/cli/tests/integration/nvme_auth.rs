@@ -482,7 +482,7 @@ fn linux_host_with_nvme_cli_authenticates_against_blockwire() {
     let port = free_port();
     let mut serve = Serve::with_config(&dir, &config(&dir, port, ""), &["-v"]);
     let script = dir.path().join("nvme-auth.sh");
-    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme-auth.sh")).unwrap();
+    let body = guest_script_with("nvme-host-lib.sh", "nvme-auth.sh");
     let vars = format!(
         "PORT={port}\nNQN={NQN}\nH1={}\nH2={}\nH3={}\nK1='{K1}'\nK2='{K2}'\nC2='{C2}'\nK3='{K3}'\nBAD='{BAD}'\n",
         host(1),

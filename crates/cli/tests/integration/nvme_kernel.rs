@@ -36,7 +36,7 @@ allowed_hosts = ["{HOSTNQN}"]
     // -vv: the queues' connect lines say whether the host disabled SQ flow control.
     let mut serve = Serve::with_config(&dir, &cfg, &["-vv"]);
     let script = dir.path().join("nvme.sh");
-    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme.sh")).unwrap();
+    let body = guest_script_with("nvme-host-lib.sh", "nvme.sh");
     std::fs::write(&script, format!("PORT={port}\nDPORT={dport}\nNQN={NQN}\nHOSTNQN={HOSTNQN}\nBADNQN={BADNQN}\n{body}")).unwrap();
     let run = kernel_vm(&script, None, None);
     for step in [

@@ -39,7 +39,7 @@ fn nvme_rdma_on_soft_roce() {
     let exe = std::env::current_exe().expect("test binary path");
     let probe_of = |name: &str| format!("{} nvme_rdma::{name} --exact --ignored --nocapture --test-threads 1", exe.display());
     let (probe, probe_limits, probe_lab) = (probe_of("guest_bad_input"), probe_of("guest_admission"), probe_of("guest_lab_rdma_rule"));
-    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme-rdma.sh")).unwrap();
+    let body = guest_script_with("nvme-host-lib.sh", "nvme-rdma.sh");
     let script = dir.path().join("nvme-rdma.sh");
     let head = format!(
         "BW={}\nPROBE='{probe}'\nPROBE_LIMITS='{probe_limits}'\nPROBE_LAB='{probe_lab}'\nPORT=4420\nDPORT=8009\nLPORT=4422\nKPORT=4421\nNQN={NQN}\nKNQN={KNQN}\nHOSTNQN={HOSTNQN}\nAUTH_KEY='{AUTH_KEY}'\nAUTH_CTRL_KEY='{AUTH_CTRL_KEY}'\nAUTH_BAD_KEY='{AUTH_BAD_KEY}'\n",

@@ -410,7 +410,7 @@ tls_psk = "{K384}"
     assert!(st.success(), "strip blockwire");
     let (tnqn, done) = ("nqn.2026-11.org.blockwire:nvmet-tls", "nqn.2026-11.org.blockwire:tls-done");
     let script = dir.path().join("nvme-tls.sh");
-    let body = std::fs::read_to_string(repo_root().join("tests/kernel-vm/nvme-tls.sh")).unwrap();
+    let body = guest_script_with("nvme-host-lib.sh", "nvme-tls.sh");
     let vars = format!(
         "PORT={port}\nNQN={NQN}\nH1={}\nK1='{K256}'\nH2={}\nK2='{K00}'\nD2='{DHCHAP}'\nH3={}\nBAD='{BAD}'\nH5={}\nK5='{K384}'\nBW={}\nTNQN={tnqn}\nTH={}\nTK='{K256}'\nTH5={}\nDONE={done}\n",
         host(1),

@@ -165,8 +165,7 @@ impl Drop for Orders {
 /// A guest script of tests/kernel-vm with the failover helpers
 /// (failover-lib.sh) in front.
 pub(crate) fn guest_script(name: &str) -> String {
-    let read = |f: &str| std::fs::read_to_string(repo_root().join("tests/kernel-vm").join(f)).expect("guest script");
-    format!("{}\n{}", read("failover-lib.sh"), read(name))
+    crate::common::guest_script_with("failover-lib.sh", name)
 }
 
 /// `rbd export` of the image, then every block a guest ledger line names

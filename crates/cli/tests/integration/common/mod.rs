@@ -48,6 +48,13 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
 }
 
+/// A guest script of tests/kernel-vm with the helpers it uses (`lib`, a
+/// file beside it) in front.
+pub fn guest_script_with(lib: &str, name: &str) -> String {
+    let read = |f: &str| std::fs::read_to_string(repo_root().join("tests/kernel-vm").join(f)).expect("guest script");
+    format!("{}\n{}", read(lib), read(name))
+}
+
 /// `../shared` beside the repository, or `$BLOCKWIRE_SHARED` (a git
 /// worktree elsewhere has no `../shared`).
 pub fn shared_dir() -> PathBuf {
