@@ -252,6 +252,7 @@ impl MappedBytes {
 
     /// The bytes from `skip` on, for `sendmsg`/`writev` (never to be read
     /// in user space: see `Mapping`).
+    #[inline]
     pub fn iovec(&self, skip: usize) -> libc::iovec {
         let skip = skip.min(self.len);
         // SAFETY: within the mapped range (checked when made).
@@ -259,6 +260,7 @@ impl MappedBytes {
     }
 
     /// `len` bytes from `start` (within these).
+    #[inline]
     pub fn slice(&self, start: usize, len: usize) -> MappedBytes {
         assert!(start.checked_add(len).is_some_and(|e| e <= self.len), "slice {start}+{len} of {} mapped bytes", self.len);
         // SAFETY: within the range, as asserted.
@@ -382,6 +384,7 @@ impl Volume {
     /// Whether QoS limits hold the volume's requests back: front-ends then
     /// submit its reads and writes ([`Volume::submit`]), which wait on a
     /// timer, instead of running them on a thread that serves others.
+    #[inline]
     pub fn limited(&self) -> bool {
         self.inner.limited.load(Relaxed)
     }
@@ -430,9 +433,11 @@ impl Volume {
     pub fn name(&self) -> &str {
         &self.inner.name
     }
+    #[inline]
     pub fn info(&self) -> &DeviceInfo {
         self.inner.dev.info()
     }
+    #[inline]
     pub fn size_bytes(&self) -> u64 {
         self.inner.size.load(Relaxed)
     }

@@ -20,6 +20,7 @@ use bytes::Bytes;
 
 /// Bytes of data the host will send with this command (writes, compare,
 /// DSM range list) or expects back (reads), from its SGL.
+#[inline]
 pub fn transfer_len(sqe: &Sqe) -> u32 {
     sqe.sgl().length
 }

@@ -673,6 +673,7 @@ impl DataHeader {
         }
         DataHeader { buf, len: DATA_HLEN + hd }
     }
+    #[inline]
     pub fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }

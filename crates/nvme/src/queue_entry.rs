@@ -137,6 +137,10 @@ impl std::fmt::Debug for Sqe {
     }
 }
 
+// The accessors a command's path calls are `#[inline]`: the targets and
+// initiators call them from other crates, where without it each stayed a
+// call of one to four instructions (a dozen per 4 KiB I/O, callgrind,
+// docs/notes/2026-11-29-where-the-rest-goes.md).
 impl Sqe {
     /// From exactly 64 bytes (callers slice the capsule header).
     pub fn from_slice(b: &[u8]) -> Sqe {
@@ -145,6 +149,7 @@ impl Sqe {
         Sqe(a)
     }
     /// A new command with the SGL flag set, as every fabrics host sends.
+    #[inline]
     pub fn new(opcode: u8, cid: u16, nsid: u32) -> Sqe {
         let mut s = Sqe::default();
         sqe::OPCODE.set(&mut s.0, opcode);
@@ -159,37 +164,47 @@ impl Sqe {
         sqe::FCTYPE.set(&mut s.0, fctype);
         s
     }
+    #[inline]
     pub fn opcode(&self) -> u8 {
         sqe::OPCODE.get(&self.0)
     }
+    #[inline]
     pub fn flags(&self) -> u8 {
         sqe::FLAGS.get(&self.0)
     }
+    #[inline]
     pub fn cid(&self) -> u16 {
         sqe::CID.get(&self.0)
     }
+    #[inline]
     pub fn set_cid(&mut self, cid: u16) {
         sqe::CID.set(&mut self.0, cid)
     }
+    #[inline]
     pub fn nsid(&self) -> u32 {
         sqe::NSID.get(&self.0)
     }
     /// Fabrics command type (only meaningful when opcode is 0x7F).
+    #[inline]
     pub fn fctype(&self) -> u8 {
         sqe::FCTYPE.get(&self.0)
     }
+    #[inline]
     pub fn is_fabrics(&self) -> bool {
         self.opcode() == FABRICS_OPCODE
     }
     /// Command dword N (10..=15), also 2 and 3.
+    #[inline]
     pub fn cdw(&self, n: usize) -> u32 {
         sqe::cdw(n).get(&self.0)
     }
+    #[inline]
     pub fn set_cdw(&mut self, n: usize, v: u32) {
         sqe::cdw(n).set(&mut self.0, v)
     }
     /// The SGL data descriptor; for a keyed one (RDMA) `length` is its
     /// 3-byte length, so every transfer length check reads it the same way.
+    #[inline]
     pub fn sgl(&self) -> Sgl {
         let kind = sqe::SGL_TYPE.get(&self.0);
         let length = if kind == sgl::KEYED || kind == sgl::KEYED_INVALIDATE {
@@ -200,6 +215,7 @@ impl Sqe {
         };
         Sgl { addr: sqe::SGL_ADDR.get(&self.0), length, kind }
     }
+    #[inline]
     pub fn set_sgl(&mut self, s: Sgl) {
         sqe::SGL_ADDR.set(&mut self.0, s.addr);
         sqe::SGL_LENGTH.set(&mut self.0, s.length);
@@ -232,17 +248,21 @@ impl Sqe {
     }
     /// Starting LBA (cdw10-11) and zero-based block count (cdw12 bits 15:0)
     /// of Read/Write/Compare/Write Zeroes.
+    #[inline]
     pub fn slba(&self) -> u64 {
         sqe::SLBA.get(&self.0)
     }
+    #[inline]
     pub fn nlb(&self) -> u32 {
         (self.cdw(12) & 0xFFFF) + 1
     }
+    #[inline]
     pub fn set_rw(&mut self, slba: u64, blocks: u32) {
         sqe::SLBA.set(&mut self.0, slba);
         self.set_cdw(12, blocks.saturating_sub(1) & 0xFFFF);
     }
     /// Force Unit Access ([`nvm::RW_FUA`]) of a Read or Write.
+    #[inline]
     pub fn fua(&self) -> bool {
         self.cdw(12) & nvm::RW_FUA != 0
     }
